@@ -1,0 +1,192 @@
+// Package agent is the composition root of tendril-agent: it builds every
+// module from the configuration and starts them in the order of
+// ARCHITECTURE.md (config, sysctls and clients, BPF maps, restore, watchers,
+// identities, host IPs, regeneration, then health, metrics and the API).
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/option"
+)
+
+// Deps are what the caller (cmd/tendril-agent) hands the agent besides its
+// config: the logger, its level (changed by PATCH /v1/config) and the
+// resolved flag set (the effective configuration).
+type Deps struct {
+	Log      *slog.Logger
+	LogLevel *slog.LevelVar
+	Flags    *pflag.FlagSet
+	Sources  map[string]option.Source
+}
+
+// Agent is a running node agent.
+type Agent struct {
+	cfg      Config
+	log      *slog.Logger
+	logLevel *slog.LevelVar
+	flags    *pflag.FlagSet
+	sources  map[string]option.Source
+
+	lc      *lifecycle.Lifecycle
+	health  *health.Registry
+	runtime *option.Runtime
+	metrics *metrics.Server
+	api     *server.Server
+
+	mu       sync.Mutex
+	started  time.Time
+	sections []func() ext.Section
+}
+
+// New builds the agent and its modules; nothing starts until Run.
+func New(cfg Config, deps Deps) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.NodeName == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("node-name not set and host name unknown: %w", err)
+		}
+		cfg.NodeName = host
+	}
+	log := deps.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	level := deps.LogLevel
+	if level == nil {
+		level = new(slog.LevelVar)
+	}
+	a := &Agent{
+		cfg:      cfg,
+		log:      log,
+		logLevel: level,
+		flags:    deps.Flags,
+		sources:  deps.Sources,
+		lc:       lifecycle.New(log),
+		health:   health.NewRegistry(),
+		runtime:  option.NewRuntime(option.RuntimeValues{PolicyEnforcement: cfg.PolicyEnforcement, Debug: cfg.Debug}),
+	}
+	a.runtime.Subscribe(func(v option.RuntimeValues) {
+		if v.Debug {
+			a.logLevel.Set(slog.LevelDebug)
+		} else {
+			a.logLevel.Set(slog.LevelInfo)
+		}
+		a.log.Info("Runtime options changed", "policy-enforcement", v.PolicyEnforcement, "debug", v.Debug)
+	})
+	a.metrics = metrics.New(cfg.Metrics, log.With("module", "metrics"))
+	api, err := server.New(cfg.API, log.With("module", "api"), a.metrics.Registry)
+	if err != nil {
+		return nil, err
+	}
+	a.api = api
+	a.registerDaemonAPI()
+	a.buildStartList()
+	return a, nil
+}
+
+// buildStartList appends the modules in start order. Each later capability
+// adds its module here, at its place in the order.
+func (a *Agent) buildStartList() {
+	// 1. config: already resolved; check the directories we own.
+	a.appendModule("config", func(ctx context.Context) error {
+		if err := os.MkdirAll(a.cfg.StateDir, 0o750); err != nil {
+			return fmt.Errorf("create state dir %s: %w", a.cfg.StateDir, err)
+		}
+		return nil
+	}, nil)
+
+	// 10. health, status, metrics, then serve the API; mark ready.
+	a.appendModule("metrics", a.metrics.Start, a.metrics.Stop)
+	a.appendModule("api-server", func(context.Context) error {
+		if err := a.api.Listen(); err != nil {
+			return err
+		}
+		return a.api.Serve()
+	}, a.api.Stop)
+}
+
+// appendModule adds a module whose health is OK once it has started.
+func (a *Agent) appendModule(name string, start, stop func(context.Context) error) {
+	rep := a.health.Reporter(name)
+	a.lc.Append(lifecycle.Hook{
+		Name: name,
+		Start: func(ctx context.Context) error {
+			if start != nil {
+				if err := start(ctx); err != nil {
+					rep.Failed(err.Error())
+					return err
+				}
+			}
+			rep.OK("started")
+			return nil
+		},
+		Stop: func(ctx context.Context) error {
+			rep.Stopped()
+			if stop == nil {
+				return nil
+			}
+			return stop(ctx)
+		},
+	})
+}
+
+// AddStatusSection registers a provider of status lines for `tendril status`.
+func (a *Agent) AddStatusSection(fn func() ext.Section) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.sections = append(a.sections, fn)
+}
+
+// Start starts every module in order; on failure the started ones are stopped.
+func (a *Agent) Start(ctx context.Context) error {
+	a.mu.Lock()
+	a.started = time.Now()
+	a.mu.Unlock()
+	a.log.Info("Starting tendril-agent", "node", a.cfg.NodeName, "state-dir", a.cfg.StateDir, "bpf-root", a.cfg.BPFRoot)
+	if err := a.lc.Start(ctx); err != nil {
+		return err
+	}
+	_, total := a.lc.Stats()
+	a.log.Info("Agent ready", "bootstrap", total)
+	return nil
+}
+
+// Stop stops every module in reverse order.
+func (a *Agent) Stop(ctx context.Context) error {
+	a.log.Info("Stopping tendril-agent")
+	return a.lc.Stop(ctx)
+}
+
+// Run starts the agent, serves until ctx ends, then stops it within
+// stopTimeout.
+func (a *Agent) Run(ctx context.Context, stopTimeout time.Duration) error {
+	if err := a.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
+	defer cancel()
+	return a.Stop(stopCtx)
+}
+
+// API returns the REST server so modules can register handlers.
+func (a *Agent) API() *server.Server { return a.api }
+
+// Health returns the health registry.
+func (a *Agent) Health() *health.Registry { return a.health }

@@ -1,0 +1,68 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/version"
+)
+
+// NewCommand returns the tendril-agent command: it resolves the config
+// (flags > TENDRIL_* > config dir > defaults), builds the agent and runs it
+// until SIGINT or SIGTERM.
+func NewCommand(stderr io.Writer) *cobra.Command {
+	cfg := DefaultConfig()
+	cmd := &cobra.Command{
+		Use:           "tendril-agent",
+		Short:         "Tendril node agent: eBPF networking, security and observability",
+		Version:       version.String(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fs := cmd.Flags()
+			if !fs.Changed("config-dir") {
+				if v, ok := os.LookupEnv(option.EnvName("config-dir")); ok {
+					cfg.ConfigDir = v
+				}
+			}
+			sources, err := option.Resolver{ConfigDir: cfg.ConfigDir}.Resolve(fs)
+			if err != nil {
+				return fmt.Errorf("invalid configuration: %w", err)
+			}
+			level := new(slog.LevelVar)
+			if cfg.Debug {
+				level.Set(slog.LevelDebug)
+			}
+			opts := &slog.HandlerOptions{Level: level}
+			var handler slog.Handler
+			switch cfg.LogFormat {
+			case "json":
+				handler = slog.NewJSONHandler(stderr, opts)
+			case "text":
+				handler = slog.NewTextHandler(stderr, opts)
+			default:
+				return fmt.Errorf("invalid configuration: log-format %q: must be text or json", cfg.LogFormat)
+			}
+			log := slog.New(handler)
+			a, err := New(cfg, Deps{Log: log, LogLevel: level, Flags: fs, Sources: sources})
+			if err != nil {
+				return fmt.Errorf("invalid configuration: %w", err)
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return a.Run(ctx, 4*time.Second)
+		},
+	}
+	cfg.Flags(cmd.Flags())
+	return cmd
+}

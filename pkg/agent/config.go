@@ -1,0 +1,89 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/spf13/pflag"
+
+	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/option"
+)
+
+// Config is the agent's whole configuration: its own options and each
+// module's config struct.
+type Config struct {
+	// ConfigDir is a directory of one file per option (a mounted ConfigMap).
+	ConfigDir string
+	// StateDir holds endpoint state and allocator state across restarts.
+	StateDir string
+	// BPFRoot is the bpffs directory of this node's pinned maps and links.
+	BPFRoot string
+	// NodeName is this node's name (the Kubernetes Node name).
+	NodeName string
+	// PolicyEnforcement is default, always or never; changeable at run time.
+	PolicyEnforcement string
+	// Debug turns on debug logging; changeable at run time.
+	Debug bool
+	// LogFormat is text or json.
+	LogFormat string
+	// MTU is the pods' device MTU announced to CNI plugins.
+	MTU int
+
+	API     server.Config
+	Metrics metrics.Config
+}
+
+// DefaultConfig returns the defaults of every option.
+func DefaultConfig() Config {
+	return Config{
+		StateDir:          "/var/run/tendril/state",
+		BPFRoot:           "/sys/fs/bpf/tendril",
+		PolicyEnforcement: option.EnforcementDefault,
+		LogFormat:         "text",
+		MTU:               1500,
+		API:               server.DefaultConfig(),
+		Metrics:           metrics.DefaultConfig(),
+	}
+}
+
+// Flags registers every option as a flag; the flag names are also the
+// config-directory keys and, as TENDRIL_*, the environment variables.
+func (c *Config) Flags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.ConfigDir, "config-dir", c.ConfigDir, "Directory with one file per option (e.g. a mounted ConfigMap)")
+	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "Directory for state kept across restarts")
+	fs.StringVar(&c.BPFRoot, "bpf-root", c.BPFRoot, "bpffs directory for this node's pinned maps and links")
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "Name of this node (default: the host name)")
+	fs.StringVar(&c.PolicyEnforcement, "policy-enforcement", c.PolicyEnforcement, "Policy enforcement mode: default, always or never")
+	fs.BoolVar(&c.Debug, "debug", c.Debug, "Log at debug level")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "Log format: text or json")
+	fs.IntVar(&c.MTU, "mtu", c.MTU, "MTU of pod devices")
+	c.API.Flags(fs)
+	c.Metrics.Flags(fs)
+}
+
+// Validate checks the values; each error names its option.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
+		errs = append(errs, fmt.Errorf("state-dir %q: must be an absolute path", c.StateDir))
+	}
+	if c.BPFRoot == "" || !filepath.IsAbs(c.BPFRoot) {
+		errs = append(errs, fmt.Errorf("bpf-root %q: must be an absolute path", c.BPFRoot))
+	}
+	if c.API.Socket == "" || !filepath.IsAbs(c.API.Socket) {
+		errs = append(errs, fmt.Errorf("socket %q: must be an absolute path", c.API.Socket))
+	}
+	if err := option.ValidateEnforcement(c.PolicyEnforcement); err != nil {
+		errs = append(errs, err)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		errs = append(errs, fmt.Errorf("log-format %q: must be text or json", c.LogFormat))
+	}
+	if c.MTU < 1280 || c.MTU > 65535 {
+		errs = append(errs, fmt.Errorf("mtu %d: must be between 1280 and 65535", c.MTU))
+	}
+	return errors.Join(errs...)
+}

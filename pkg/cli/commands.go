@@ -1,0 +1,9 @@
+package cli
+
+import "github.com/spf13/cobra"
+
+// commandConstructors lists the subcommands beyond status, config and
+// version, in help order. Each capability adds its constructor here.
+func commandConstructors() []func(*Options) *cobra.Command {
+	return []func(*Options) *cobra.Command{}
+}
