@@ -1,0 +1,59 @@
+SHELL := /bin/bash
+# Tendril build, test and demo entry points. `make demo` and `make test` are
+# the README's two set-up commands; both work on a fresh Debian machine.
+
+GO       ?= go
+BIN      := $(CURDIR)/bin
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS  := -X github.com/tendril-net/tendril/pkg/version.Version=$(VERSION) \
+            -X github.com/tendril-net/tendril/pkg/version.Commit=$(COMMIT)
+COMMANDS := $(notdir $(wildcard cmd/*))
+# Generated files that `make generate` must leave unchanged in CI.
+GENERATED_PATHS := pkg/datapath bpf pkg/k8s deploy/crds pkg/policy/api
+
+.PHONY: all build deps generate verify-generated lint test test-unit demo demo-down k8s-binaries clean
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(COMMANDS))
+
+deps:
+	@hack/install-deps.sh
+
+generate:
+	@if [ -x hack/generate-bpf.sh ]; then hack/generate-bpf.sh; fi
+	@if [ -x hack/update-codegen.sh ]; then hack/update-codegen.sh; fi
+
+# Regenerates everything and fails when a committed generated file was stale.
+verify-generated: generate
+	@git diff --exit-code --stat -- $(GENERATED_PATHS) || \
+		(echo "generated files are stale: run 'make generate' and commit" >&2; exit 1)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+k8s-binaries:
+	@if [ -x hack/k8s-binaries.sh ]; then hack/k8s-binaries.sh; fi
+
+# Everything CI runs: system packages, generated-file check, lint, build,
+# Kubernetes binaries (cached outside the repo), then every test including
+# the privileged ones (CI=true turns their skips into failures).
+test: deps verify-generated lint build k8s-binaries
+	TENDRIL_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 45m ./... 2>&1 | tee $(CURDIR)/.test-output.log; \
+		status=$${PIPESTATUS[0]}; hack/test-summary.sh $(CURDIR)/.test-output.log; exit $$status
+
+test-unit:
+	$(GO) test -count=1 ./...
+
+demo: deps build
+	@hack/demo.sh
+
+demo-down:
+	@if [ -x hack/demo-down.sh ]; then hack/demo-down.sh; fi
+
+clean:
+	rm -rf $(BIN) .test-output.log

@@ -1,0 +1,233 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/cilium/api/v1/models"
+	"github.com/spf13/pflag"
+
+	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/client"
+	"github.com/tendril-net/tendril/pkg/option"
+)
+
+// startAgent runs an agent in-process with its own state dir and socket.
+func startAgent(t *testing.T, mutate func(*Config)) (*Agent, *client.Client) {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.StateDir = filepath.Join(dir, "state")
+	cfg.API.Socket = filepath.Join(dir, "run", "tendril.sock")
+	cfg.BPFRoot = filepath.Join("/sys/fs/bpf", "tendril-test-"+filepath.Base(dir))
+	cfg.Metrics.ServeAddr = ""
+	cfg.NodeName = "node-a"
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	cfg.Flags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, Deps{Flags: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	c, err := client.New("unix://" + cfg.API.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, c
+}
+
+func TestHealthzThroughSocket(t *testing.T) {
+	_, c := startAgent(t, nil)
+	ctx := context.Background()
+	var st ext.StatusResponse
+	if err := c.Do(ctx, http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Cilium == nil || st.Cilium.State != models.StatusStateOk {
+		t.Fatalf("cilium state = %+v", st.Cilium)
+	}
+	if st.Tendril == nil || st.Tendril.NodeName != "node-a" {
+		t.Fatalf("tendril status = %+v", st.Tendril)
+	}
+	names := map[string]bool{}
+	for _, s := range st.Tendril.Bootstrap.Steps {
+		names[s.Name] = true
+	}
+	for _, want := range []string{"config", "metrics", "api-server"} {
+		if !names[want] {
+			t.Errorf("bootstrap stats lack step %s: %+v", want, st.Tendril.Bootstrap.Steps)
+		}
+	}
+	for _, m := range st.Tendril.Modules {
+		if m.Level != "Ok" || m.Since.IsZero() {
+			t.Errorf("module %+v not ok", m)
+		}
+	}
+	// brief answers only the overall state.
+	var brief ext.StatusResponse
+	if err := c.Do(ctx, http.MethodGet, "/healthz", nil, http.Header{"Brief": {"true"}}, nil, &brief); err != nil {
+		t.Fatal(err)
+	}
+	if brief.Tendril != nil || brief.Cilium.State != models.StatusStateOk {
+		t.Fatalf("brief = %+v", brief)
+	}
+	err := c.Do(ctx, http.MethodGet, "/healthz", nil, http.Header{"Brief": {"maybe"}}, nil, &brief)
+	assertAPIError(t, err, 400, "header brief")
+}
+
+func TestHealthzReportsAFailedModule(t *testing.T) {
+	a, c := startAgent(t, nil)
+	a.Health().Reporter("datapath").Failed("map full")
+	var st ext.StatusResponse
+	if err := c.Do(context.Background(), http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Cilium.State != models.StatusStateFailure || !strings.Contains(st.Cilium.Msg, "datapath: map full") {
+		t.Fatalf("cilium = %+v", st.Cilium)
+	}
+}
+
+func TestConfigGetAndPatch(t *testing.T) {
+	_, c := startAgent(t, nil)
+	ctx := context.Background()
+	get := func() *models.DaemonConfiguration {
+		var cfg models.DaemonConfiguration
+		if err := c.Do(ctx, http.MethodGet, "/config", nil, nil, nil, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		return &cfg
+	}
+	cfg := get()
+	if cfg.Spec.PolicyEnforcement != option.EnforcementDefault || cfg.Status.DeviceMTU != 1500 ||
+		cfg.Status.DatapathMode != models.DatapathModeVeth || cfg.Status.Addressing == nil || !cfg.Status.Addressing.IPV4.Enabled {
+		t.Fatalf("config = %+v / %+v", cfg.Spec, cfg.Status)
+	}
+	if cfg.Status.DaemonConfigurationMap["node-name"] != "node-a" {
+		t.Fatalf("effective map lacks node-name: %v", cfg.Status.DaemonConfigurationMap)
+	}
+
+	tests := []struct {
+		name     string
+		body     any
+		wantCode int
+		wantMsg  string
+	}{
+		{"enforcement always", models.DaemonConfigurationSpec{PolicyEnforcement: "always"}, 0, ""},
+		{"debug on", models.DaemonConfigurationSpec{Options: models.ConfigurationMap{"Debug": "Enabled"}}, 0, ""},
+		{"bad mode", models.DaemonConfigurationSpec{PolicyEnforcement: "sometimes"}, 400, "must be default, always or never"},
+		{"immutable", models.DaemonConfigurationSpec{Options: models.ConfigurationMap{"state-dir": "/x"}}, 403, "cannot change at run time"},
+		{"unknown", models.DaemonConfigurationSpec{Options: models.ConfigurationMap{"Bogus": "1"}}, 400, "unknown option Bogus"},
+		{"malformed", "not an object", 400, "malformed JSON body"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := c.Do(ctx, http.MethodPatch, "/config", nil, nil, tt.body, nil)
+			if tt.wantCode == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			assertAPIError(t, err, tt.wantCode, tt.wantMsg)
+		})
+	}
+	cfg = get()
+	if cfg.Spec.PolicyEnforcement != "always" || cfg.Spec.Options["Debug"] != "Enabled" {
+		t.Fatalf("after patch: %+v", cfg.Spec)
+	}
+	if cfg.Status.DaemonConfigurationMap["policy-enforcement"] != "always" {
+		t.Fatalf("effective map not updated: %v", cfg.Status.DaemonConfigurationMap["policy-enforcement"])
+	}
+}
+
+func TestDebugInfo(t *testing.T) {
+	t.Setenv("TENDRIL_EXAMPLE", "1")
+	_, c := startAgent(t, nil)
+	var info models.DebugInfo
+	if err := c.Do(context.Background(), http.MethodGet, "/debuginfo", nil, nil, nil, &info); err != nil {
+		t.Fatal(err)
+	}
+	if info.KernelVersion == "" || info.CiliumStatus == nil || !strings.Contains(info.CiliumVersion, "tendril") {
+		t.Fatalf("debuginfo = %+v", info)
+	}
+	found := false
+	for _, e := range info.EnvironmentVariables {
+		found = found || e == "TENDRIL_EXAMPLE=1"
+	}
+	if !found {
+		t.Fatalf("env = %v", info.EnvironmentVariables)
+	}
+}
+
+func TestStartFailureRollsBack(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.StateDir = filepath.Join(dir, "state")
+	cfg.API.Socket = filepath.Join(dir, "t.sock")
+	// An address that cannot be listened on makes the metrics module fail
+	// after config started; the agent must stop what it started.
+	cfg.Metrics.ServeAddr = "256.0.0.1:1"
+	cfg.NodeName = "n"
+	a, err := New(cfg, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = a.Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "start metrics") {
+		t.Fatalf("Start = %v, want metrics failure", err)
+	}
+	c, _ := client.New("unix://" + cfg.API.Socket)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := c.Do(ctx, http.MethodGet, "/healthz", nil, nil, nil, nil); err == nil {
+		t.Fatal("API served although start failed")
+	}
+}
+
+func TestInvalidConfigIsRejected(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   string
+	}{
+		{"relative state dir", func(c *Config) { c.StateDir = "state" }, "state-dir"},
+		{"bad enforcement", func(c *Config) { c.PolicyEnforcement = "x" }, "policy-enforcement"},
+		{"bad log format", func(c *Config) { c.LogFormat = "xml" }, "log-format"},
+		{"bad mtu", func(c *Config) { c.MTU = 10 }, "mtu"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			tt.mutate(&cfg)
+			_, err := New(cfg, Deps{})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New = %v, want error naming %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func assertAPIError(t *testing.T, err error, code int, msg string) {
+	t.Helper()
+	var apiErr *client.APIError
+	if !errors.As(err, &apiErr) {
+		t.Fatalf("error = %v, want API error %d", err, code)
+	}
+	if apiErr.Code != code || !strings.Contains(apiErr.Message, msg) {
+		t.Fatalf("API error = %d %q, want %d containing %q", apiErr.Code, apiErr.Message, code, msg)
+	}
+}

@@ -1,0 +1,275 @@
+// Package agent_test drives the tendril-agent and tendril binaries as real
+// processes: start, CLI, signals, socket handling, config errors.
+package agent_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tendril-net/tendril/pkg/testutil/binaries"
+)
+
+var builder *binaries.Builder
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "tendril-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	builder = binaries.NewBuilder(dir)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type agentProc struct {
+	cmd    *exec.Cmd
+	socket string
+	stderr *bytes.Buffer
+}
+
+func startAgent(t *testing.T, extraEnv []string, args ...string) *agentProc {
+	t.Helper()
+	bin, err := builder.Build("tendril-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "t.sock")
+	base := []string{"--state-dir", filepath.Join(dir, "state"), "--socket", sock,
+		"--bpf-root", "/sys/fs/bpf/tendril-proc-" + filepath.Base(dir), "--prometheus-serve-addr", "", "--node-name", "proc-node"}
+	cmd := exec.Command(bin, append(base, args...)...)
+	cmd.Env = append(os.Environ(), extraEnv...)
+	p := &agentProc{cmd: cmd, socket: sock, stderr: &bytes.Buffer{}}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return p
+}
+
+// waitServing polls the socket (never asserting a wall-clock bound: the
+// deadline only keeps a broken agent from hanging the test).
+func (p *agentProc) waitServing(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, _, code := runCLI(t, p.socket, "status", "--brief"); code == 0 {
+			return
+		}
+		if p.cmd.ProcessState != nil {
+			t.Fatalf("agent exited: %s", p.stderr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("agent not serving; stderr:\n%s", p.stderr)
+}
+
+func runCLI(t *testing.T, socket string, args ...string) (string, string, int) {
+	t.Helper()
+	bin, err := builder.Build("tendril")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, append([]string{"-H", "unix://" + socket}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func TestCLIAgainstRealAgent(t *testing.T) {
+	p := startAgent(t, nil)
+	p.waitServing(t)
+
+	out, _, code := runCLI(t, p.socket, "status", "--brief")
+	if code != 0 || strings.TrimSpace(out) != "Ok" {
+		t.Fatalf("status --brief = %q (exit %d)", out, code)
+	}
+	out, _, code = runCLI(t, p.socket, "status")
+	for _, want := range []string{"Tendril:", "Ok", "Modules:", "api-server", "Bootstrap:", "proc-node"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("status lacks %q (exit %d):\n%s", want, code, out)
+		}
+	}
+	out, _, code = runCLI(t, p.socket, "-o", "json", "status")
+	var st map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st["cilium"] == nil {
+		t.Fatalf("status -o json = %q (exit %d)", out, code)
+	}
+	out, _, code = runCLI(t, p.socket, "-o", "yaml", "config", "get")
+	if code != 0 || !strings.Contains(out, "policy-enforcement: default") {
+		t.Fatalf("config get -o yaml (exit %d):\n%s", code, out)
+	}
+	if _, errOut, code := runCLI(t, p.socket, "config", "set", "policy-enforcement=always", "debug=true"); code != 0 {
+		t.Fatalf("config set failed (exit %d): %s", code, errOut)
+	}
+	out, _, _ = runCLI(t, p.socket, "config", "get")
+	if !strings.Contains(out, "policy-enforcement") || !strings.Contains(out, "always") {
+		t.Fatalf("config get after set:\n%s", out)
+	}
+	_, errOut, code := runCLI(t, p.socket, "config", "set", "state-dir=/elsewhere")
+	if code == 0 || !strings.Contains(errOut, "403") {
+		t.Fatalf("immutable set: exit %d, %s", code, errOut)
+	}
+	out, _, code = runCLI(t, p.socket, "version")
+	if code != 0 || !strings.Contains(out, "Client:") || !strings.Contains(out, "Agent:") {
+		t.Fatalf("version (exit %d): %s", code, out)
+	}
+	if out, _, code := runCLI(t, p.socket, "completion", "bash"); code != 0 || !strings.Contains(out, "bash completion") {
+		t.Fatalf("completion bash (exit %d)", code)
+	}
+
+	// The raw API answers the spec's StatusResponse shape.
+	hc := &http.Client{Transport: &http.Transport{Dial: func(_, _ string) (c netConn, err error) { return dialUnix(p.socket) }}}
+	resp, err := hc.Get("http://x/v1/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("content-type %q", resp.Header.Get("Content-Type"))
+	}
+
+	// SIGTERM stops the agent and removes its socket.
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("agent exit after SIGTERM: %v\n%s", err, p.stderr)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent did not stop after SIGTERM")
+	}
+	if _, err := os.Stat(p.socket); !os.IsNotExist(err) {
+		t.Fatalf("socket left behind: %v", err)
+	}
+	_, _, code = runCLI(t, p.socket, "status", "--brief")
+	if code == 0 {
+		t.Fatal("status --brief exit 0 with no agent")
+	}
+}
+
+func TestSecondAgentOnSameSocketRefuses(t *testing.T) {
+	p := startAgent(t, nil)
+	p.waitServing(t)
+	bin, _ := builder.Build("tendril-agent")
+	dir := t.TempDir()
+	out, err := exec.Command(bin, "--state-dir", filepath.Join(dir, "s"), "--socket", p.socket,
+		"--prometheus-serve-addr", "", "--node-name", "x").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "served by a running agent") {
+		t.Fatalf("second agent: err %v, output %s", err, out)
+	}
+	if _, _, code := runCLI(t, p.socket, "status", "--brief"); code != 0 {
+		t.Fatal("first agent disturbed by the second")
+	}
+}
+
+func TestStaleSocketAfterKill(t *testing.T) {
+	p := startAgent(t, nil)
+	p.waitServing(t)
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+	if _, err := os.Stat(p.socket); err != nil {
+		t.Fatalf("kill -9 should leave the socket file: %v", err)
+	}
+	// A new agent on the same socket replaces the stale file.
+	bin, _ := builder.Build("tendril-agent")
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "--state-dir", filepath.Join(dir, "s"), "--socket", p.socket, "--prometheus-serve-addr", "", "--node-name", "y")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	q := &agentProc{cmd: cmd, socket: p.socket, stderr: &stderr}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	q.waitServing(t)
+}
+
+func TestInvalidConfigStopsTheAgent(t *testing.T) {
+	bin, err := builder.Build("tendril-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(cfgDir, "mtu"), []byte("lots\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"env", []string{"TENDRIL_POLICY_ENFORCEMENT=sometimes"}, nil, "policy-enforcement"},
+		{"config dir", nil, []string{"--config-dir", cfgDir}, "invalid value \"lots\" for mtu"},
+		{"flag", nil, []string{"--log-format", "xml"}, "log-format"},
+		{"env bool", []string{"TENDRIL_DEBUG=maybe"}, nil, "TENDRIL_DEBUG"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			args := append([]string{"--state-dir", filepath.Join(dir, "s"), "--socket", filepath.Join(dir, "t.sock"), "--prometheus-serve-addr", ""}, tt.args...)
+			cmd := exec.Command(bin, args...)
+			cmd.Env = append(os.Environ(), tt.env...)
+			out, err := cmd.CombinedOutput()
+			if err == nil || !strings.Contains(string(out), tt.want) {
+				t.Fatalf("agent: err %v, output %s; want a message naming %s", err, out, tt.want)
+			}
+		})
+	}
+}
+
+func TestConfigDirAndEnvApply(t *testing.T) {
+	cfgDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(cfgDir, "policy-enforcement"), []byte("never"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cfgDir, "mtu"), []byte("1400"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startAgent(t, []string{"TENDRIL_MTU=1450", "TENDRIL_CONFIG_DIR=" + cfgDir})
+	p.waitServing(t)
+	out, _, code := runCLI(t, p.socket, "-o", "json", "config", "get")
+	if code != 0 {
+		t.Fatalf("config get exit %d", code)
+	}
+	var cfg struct {
+		Status struct {
+			Map map[string]any `json:"daemonConfigurationMap"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(out), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Status.Map["policy-enforcement"] != "never" || cfg.Status.Map["mtu"] != "1450" {
+		t.Fatalf("config dir / env not applied: %v %v", cfg.Status.Map["policy-enforcement"], cfg.Status.Map["mtu"])
+	}
+}
