@@ -43,8 +43,11 @@ k8s-binaries:
 # Kubernetes binaries (cached outside the repo), then every test including
 # the privileged ones (CI=true turns their skips into failures).
 test: deps verify-generated lint build k8s-binaries
-	TENDRIL_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 45m ./... 2>&1 | tee $(CURDIR)/.test-output.log; \
-		status=$${PIPESTATUS[0]}; hack/test-summary.sh $(CURDIR)/.test-output.log; exit $$status
+	@echo "==> go test (full log in .test-output.log)"
+	@TENDRIL_BIN_DIR=$(BIN) $(GO) test -v -count=1 -timeout 50m ./... > $(CURDIR)/.test-output.log 2>&1; \
+		status=$$?; hack/test-summary.sh $(CURDIR)/.test-output.log; \
+		if [ $$status -ne 0 ]; then echo "==> failures in detail:"; grep -B2 -A30 -E '^\s*--- FAIL' $(CURDIR)/.test-output.log | head -400; fi; \
+		exit $$status
 
 test-unit:
 	$(GO) test -count=1 ./...

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Prints a closing "N passed, N failed, N skipped" line for a `go test` log,
-# counting top-level and sub-tests from the verbose-free output's package
-# lines and any --- FAIL / --- SKIP lines.
+# Summarizes a `go test -v` log: prints the package results, every failed or
+# skipped test, and a closing "N passed, N failed, N skipped" line counting
+# tests and subtests.
 set -euo pipefail
 log=$1
-ok=$(grep -c '^ok ' "$log" || true)
-fail=$(grep -cE '^FAIL\s' "$log" || true)
-skip=$(grep -c '^?   ' "$log" || true)
-echo "packages: ${ok} passed, ${fail} failed, ${skip} skipped"
+grep -E '^(ok|FAIL|---|panic:|\?)' "$log" | grep -vE -- '--- PASS' || true
+# A skip line is indented for subtests; count all levels.
+passed=$(grep -cE '^\s*--- PASS' "$log" || true)
+failed=$(grep -cE '^\s*--- FAIL' "$log" || true)
+skipped=$(grep -cE '^\s*--- SKIP' "$log" || true)
+build_failed=$(grep -cE '^FAIL\s.*\[(build|setup) failed\]' "$log" || true)
+failed=$((failed + build_failed))
+echo "tests: ${passed} passed, ${failed} failed, ${skipped} skipped"
