@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -229,5 +230,28 @@ func assertAPIError(t *testing.T, err error, code int, msg string) {
 	}
 	if apiErr.Code != code || !strings.Contains(apiErr.Message, msg) {
 		t.Fatalf("API error = %d %q, want %d containing %q", apiErr.Code, apiErr.Message, code, msg)
+	}
+}
+
+func TestMetricsServed(t *testing.T) {
+	a, c := startAgent(t, func(cfg *Config) { cfg.Metrics.ServeAddr = "127.0.0.1:0" })
+	if err := c.Do(context.Background(), http.MethodGet, "/healthz", nil, nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Do(context.Background(), http.MethodGet, "/nope", nil, nil, nil, nil)
+	resp, err := http.Get("http://" + a.metrics.Addr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		"go_goroutines",
+		`tendril_api_requests_total{code="200",method="GET",path="/v1/healthz"} 1`,
+		`tendril_api_requests_total{code="404",method="GET",path="unmatched"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 }

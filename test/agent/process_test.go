@@ -273,3 +273,20 @@ func TestConfigDirAndEnvApply(t *testing.T) {
 		t.Fatalf("config dir / env not applied: %v %v", cfg.Status.Map["policy-enforcement"], cfg.Status.Map["mtu"])
 	}
 }
+
+func TestJSONLogFormat(t *testing.T) {
+	p := startAgent(t, nil, "--log-format", "json")
+	p.waitServing(t)
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Wait()
+	lines := strings.Split(strings.TrimSpace(p.stderr.String()), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("too few log lines: %q", p.stderr.String())
+	}
+	for _, l := range lines {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil || rec["msg"] == nil || rec["level"] == nil {
+			t.Fatalf("log line is not a JSON record: %q", l)
+		}
+	}
+}
