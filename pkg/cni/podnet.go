@@ -1,0 +1,189 @@
+package cni
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// podLink is the pod side of a veth pair as created.
+type podLink struct {
+	mac   net.HardwareAddr
+	index int
+	mtu   int
+}
+
+// podHandle opens a netlink handle inside the pod's namespace: no thread
+// has to switch namespaces to configure the pod.
+func podHandle(podNS ns.NetNS) (*netlink.Handle, error) {
+	h, err := netlink.NewHandleAt(netns.NsHandle(podNS.Fd()))
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle in %s: %w", podNS.Path(), err)
+	}
+	return h, nil
+}
+
+// createVeth creates the pair in one request: hostName in the node's
+// namespace and its peer, already named ifname, inside the pod's. Creating
+// the peer in place (rather than moving and renaming it) leaves no
+// half-moved device behind when something fails.
+func createVeth(nl *netlink.Handle, hostName, ifname string, mtu int, podNS ns.NetNS) (netlink.Link, *podLink, error) {
+	ph, err := podHandle(podNS)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer ph.Close()
+	if _, err := ph.LinkByName(ifname); err == nil {
+		return nil, nil, fmt.Errorf("interface %s already exists in %s", ifname, podNS.Path())
+	}
+	la := netlink.NewLinkAttrs()
+	la.Name = hostName
+	if mtu > 0 {
+		la.MTU = mtu
+	}
+	veth := &netlink.Veth{LinkAttrs: la, PeerName: ifname, PeerNamespace: netlink.NsFd(int(podNS.Fd()))}
+	if mtu > 0 {
+		veth.PeerMTU = uint32(mtu)
+	}
+	if err := nl.LinkAdd(veth); err != nil {
+		return nil, nil, fmt.Errorf("add veth %s (peer %s in %s): %w", hostName, ifname, podNS.Path(), err)
+	}
+	host, err := nl.LinkByName(hostName)
+	if err != nil {
+		return nil, nil, fmt.Errorf("look up %s: %w", hostName, err)
+	}
+	peer, err := ph.LinkByName(ifname)
+	if err != nil {
+		return host, nil, fmt.Errorf("look up %s in %s: %w", ifname, podNS.Path(), err)
+	}
+	return host, &podLink{mac: peer.Attrs().HardwareAddr, index: peer.Attrs().Index, mtu: peer.Attrs().MTU}, nil
+}
+
+// configurePod sets up the pod's side: loopback up, the interface up, the
+// pod addresses as /32 and /128, a permanent neighbor entry for each router
+// address pointing at the host veth's MAC (so the pod needs no ARP or NDP
+// answer for an address that is not on the veth), a link route to the
+// router address and the default route through it.
+func configurePod(podNS ns.NetNS, ifname string, a *addresses, hostMAC net.HardwareAddr, pod *podLink) error {
+	ph, err := podHandle(podNS)
+	if err != nil {
+		return err
+	}
+	defer ph.Close()
+	lo, err := ph.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("look up lo: %w", err)
+	}
+	if err := ph.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	link, err := ph.LinkByIndex(pod.index)
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", ifname, err)
+	}
+	if err := ph.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", ifname, err)
+	}
+	type fam struct {
+		ip, router net.IP
+		bits       int
+		family     int
+	}
+	for _, f := range []fam{{a.v4, a.router4, 32, unix.AF_INET}, {a.v6, a.router6, 128, unix.AF_INET6}} {
+		if f.ip == nil {
+			continue
+		}
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: f.ip, Mask: net.CIDRMask(f.bits, f.bits)}}
+		if f.family == unix.AF_INET6 {
+			// Without NODAD the address stays tentative for about a
+			// second and cannot be a source address yet.
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := ph.AddrAdd(link, addr); err != nil {
+			return fmt.Errorf("add %s to %s: %w", addr.IPNet, ifname, err)
+		}
+		neigh := &netlink.Neigh{LinkIndex: pod.index, Family: f.family, State: netlink.NUD_PERMANENT, IP: f.router, HardwareAddr: hostMAC}
+		if err := ph.NeighSet(neigh); err != nil {
+			return fmt.Errorf("neighbor %s -> %s on %s: %w", f.router, hostMAC, ifname, err)
+		}
+		routes := []*netlink.Route{
+			{LinkIndex: pod.index, Dst: &net.IPNet{IP: f.router, Mask: net.CIDRMask(f.bits, f.bits)}, Scope: netlink.SCOPE_LINK},
+			{LinkIndex: pod.index, Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, f.bits)}, Gw: f.router},
+		}
+		if f.family == unix.AF_INET {
+			routes[1].Dst.IP = net.IPv4zero.To4()
+		}
+		for _, r := range routes {
+			if err := ph.RouteReplace(r); err != nil {
+				return fmt.Errorf("route %s via %v dev %s: %w", r.Dst, r.Gw, ifname, err)
+			}
+		}
+	}
+	return nil
+}
+
+// checkPod verifies the pod side against the result of ADD.
+func checkPod(podNS ns.NetNS, ifname string, prev *current.Result) error {
+	ph, err := podHandle(podNS)
+	if err != nil {
+		return err
+	}
+	defer ph.Close()
+	link, err := ph.LinkByName(ifname)
+	if err != nil {
+		return fmt.Errorf("interface %s: %w", ifname, err)
+	}
+	if link.Attrs().Flags&net.FlagUp == 0 {
+		return fmt.Errorf("interface %s is down", ifname)
+	}
+	for i, intf := range prev.Interfaces {
+		if intf.Sandbox != "" && intf.Name == ifname && intf.Mac != "" && intf.Mac != link.Attrs().HardwareAddr.String() {
+			return fmt.Errorf("interface %s has MAC %s, ADD reported %s (interface %d)", ifname, link.Attrs().HardwareAddr, intf.Mac, i)
+		}
+	}
+	addrs, err := ph.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return fmt.Errorf("list addresses of %s: %w", ifname, err)
+	}
+	have := map[string]bool{}
+	for _, a := range addrs {
+		have[a.IPNet.String()] = true
+	}
+	if len(prev.IPs) == 0 {
+		return errors.New("prevResult holds no addresses")
+	}
+	for _, ipc := range prev.IPs {
+		if !have[ipc.Address.String()] {
+			return fmt.Errorf("address %s missing on %s", ipc.Address.String(), ifname)
+		}
+	}
+	routes, err := ph.RouteList(link, netlink.FAMILY_ALL)
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return fmt.Errorf("list routes of %s: %w", ifname, err)
+	}
+	for _, want := range prev.Routes {
+		found := false
+		for _, r := range routes {
+			ones, _ := want.Dst.Mask.Size()
+			rOnes := 0
+			if r.Dst != nil {
+				rOnes, _ = r.Dst.Mask.Size()
+			}
+			dstMatch := (r.Dst == nil && ones == 0) || (r.Dst != nil && r.Dst.IP.Equal(want.Dst.IP) && rOnes == ones)
+			if dstMatch && (want.GW == nil || want.GW.Equal(r.Gw)) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return fmt.Errorf("route %s via %s missing in the pod", want.Dst.String(), want.GW)
+		}
+	}
+	return nil
+}
