@@ -165,14 +165,18 @@ func startNode(t testing.TB, agentArgs ...string) *node {
 }
 
 // runtime is a libcni runtime whose plugins run inside the node's netns.
+// The plugins see CILIUM_SOCK, so the stock cilium-cni finds this node's
+// agent too.
 func (n *node) runtime(cacheDir string) *libcni.CNIConfig {
-	return libcni.NewCNIConfigWithCacheDir([]string{n.binDir}, cacheDir, &nsExec{netns: n.netns})
+	return libcni.NewCNIConfigWithCacheDir([]string{n.binDir}, cacheDir,
+		&nsExec{netns: n.netns, env: []string{"CILIUM_SOCK=" + n.socket}})
 }
 
 // nsExec runs CNI plugins in a network namespace through nsenter, as a
 // container runtime on that node would run them.
 type nsExec struct {
 	netns string
+	env   []string
 	// decoder decodes VERSION answers.
 	decoder version.PluginDecoder
 }
@@ -180,7 +184,7 @@ type nsExec struct {
 func (e *nsExec) ExecPlugin(ctx context.Context, pluginPath string, stdinData []byte, environ []string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
 	c := exec.CommandContext(ctx, "nsenter", "--net="+e.netns, pluginPath)
-	c.Env = environ
+	c.Env = append(append([]string(nil), environ...), e.env...)
 	c.Stdin = bytes.NewReader(stdinData)
 	c.Stdout, c.Stderr = &stdout, &stderr
 	if err := c.Run(); err != nil {
