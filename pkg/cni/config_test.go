@@ -15,8 +15,6 @@ import (
 	"github.com/cilium/cilium/api/v1/models"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-
-	"github.com/tendril-net/tendril/pkg/client"
 )
 
 func cniCode(t *testing.T, err error) uint {
@@ -119,11 +117,13 @@ func TestValidateIfName(t *testing.T) {
 }
 
 func TestParseIPAM(t *testing.T) {
-	ok := &models.IPAMResponse{
+	// The agent's answer as the Cilium models encode it, read through the
+	// plugin's own wire structs.
+	ok := wireRoundTrip[ipamResponse](t, &models.IPAMResponse{
 		Address:        &models.AddressPair{IPV4: "10.1.0.7", IPV6: "fd00::7", IPV4ExpirationUUID: "u4"},
 		HostAddressing: &models.NodeAddressing{IPV4: &models.NodeAddressingElement{Enabled: true, IP: "10.1.0.1"}, IPV6: &models.NodeAddressingElement{Enabled: true, IP: "fd00::1"}},
 		IPV6:           &models.IPAMAddressResponse{IP: "fd00::7", ExpirationUUID: "u6"},
-	}
+	})
 	a, err := parseIPAM(ok)
 	if err != nil {
 		t.Fatal(err)
@@ -135,12 +135,12 @@ func TestParseIPAM(t *testing.T) {
 		t.Errorf("expiration UUIDs %q %q, want u4 u6", a.expire4, a.expire6)
 	}
 	// Gateway of the family answer when host-addressing has no IP.
-	gw := &models.IPAMResponse{Address: &models.AddressPair{IPV4: "10.1.0.8"}, IPV4: &models.IPAMAddressResponse{Gateway: "10.1.0.1"}}
+	gw := &ipamResponse{Address: &addressPair{IPV4: "10.1.0.8"}, IPV4: &ipamAddressResponse{Gateway: "10.1.0.1"}}
 	if a, err := parseIPAM(gw); err != nil || a.router4.String() != "10.1.0.1" {
 		t.Errorf("gateway fallback: %v %v", a, err)
 	}
 	// A broken answer still reports what was allocated, so it is released.
-	noRouter := &models.IPAMResponse{Address: &models.AddressPair{IPV4: "10.1.0.9"}}
+	noRouter := &ipamResponse{Address: &addressPair{IPV4: "10.1.0.9"}}
 	a, err = parseIPAM(noRouter)
 	if err == nil {
 		t.Fatal("answer without a router address accepted")
@@ -148,7 +148,7 @@ func TestParseIPAM(t *testing.T) {
 	if len(a.allocated) != 1 || a.allocated[0].String() != "10.1.0.9" {
 		t.Errorf("allocated %v, want [10.1.0.9] for rollback", a.allocated)
 	}
-	for _, bad := range []*models.IPAMResponse{nil, {}, {Address: &models.AddressPair{}}, {Address: &models.AddressPair{IPV4: "fd00::1"}}} {
+	for _, bad := range []*ipamResponse{nil, {}, {Address: &addressPair{}}, {Address: &addressPair{IPV4: "fd00::1"}}} {
 		if _, err := parseIPAM(bad); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
@@ -162,8 +162,8 @@ func TestCNIErrorCodes(t *testing.T) {
 		want uint
 	}{
 		{fmt.Errorf("wrapped: %w", refused), types.ErrTryAgainLater},
-		{&client.APIError{Code: http.StatusServiceUnavailable}, types.ErrTryAgainLater},
-		{&client.APIError{Code: http.StatusInternalServerError, Message: "pool exhausted"}, ErrAllocation},
+		{&APIError{Code: http.StatusServiceUnavailable}, types.ErrTryAgainLater},
+		{&APIError{Code: http.StatusInternalServerError, Message: "pool exhausted"}, ErrAllocation},
 		{types.NewError(types.ErrInvalidNetNS, "x", ""), types.ErrInvalidNetNS},
 	}
 	for _, c := range cases {
@@ -234,14 +234,61 @@ func TestStatus(t *testing.T) {
 }
 
 func TestEndpointAttachment(t *testing.T) {
-	ep := &models.Endpoint{ID: 7, Status: &models.EndpointStatus{
+	ep := wireRoundTrip[endpoint](t, &models.Endpoint{ID: 7, Status: &models.EndpointStatus{
 		ExternalIdentifiers: &models.EndpointIdentifiers{ContainerID: "c1"},
 		Networking:          &models.EndpointNetworking{ContainerInterfaceName: "eth0"},
-	}}
-	if cid, ifn := endpointAttachment(ep); cid != "c1" || ifn != "eth0" {
-		t.Errorf("got %q %q", cid, ifn)
+	}})
+	if cid, ifn := endpointAttachment(ep); cid != "c1" || ifn != "eth0" || ep.ID != 7 {
+		t.Errorf("got %q %q %d", cid, ifn, ep.ID)
 	}
-	if cid, _ := endpointAttachment(&models.Endpoint{ID: 1, Status: &models.EndpointStatus{}}); cid != "" {
+	if cid, _ := endpointAttachment(wireRoundTrip[endpoint](t, &models.Endpoint{ID: 1, Status: &models.EndpointStatus{}})); cid != "" {
 		t.Errorf("host endpoint reported container %q", cid)
+	}
+}
+
+// wireRoundTrip encodes a Cilium model and decodes it into the plugin's wire
+// struct W: the field names must agree.
+func wireRoundTrip[W any](t *testing.T, model any) *W {
+	t.Helper()
+	b, err := json.Marshal(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w W
+	if err := json.Unmarshal(b, &w); err != nil {
+		t.Fatal(err)
+	}
+	return &w
+}
+
+// TestWireFormat checks the plugin's requests decode into the Cilium models
+// with every field intact, and the config and health answers the other way.
+func TestWireFormat(t *testing.T) {
+	req := &endpointChangeRequest{
+		Addressing:  &addressPair{IPV4: "10.0.0.2", IPV4ExpirationUUID: "u4", IPV6: "fd00::2", IPV6ExpirationUUID: "u6"},
+		ContainerID: "cid", ContainerInterfaceName: "eth0", InterfaceName: "tdrx", InterfaceIndex: 9,
+		HostMac: "aa:bb:cc:dd:ee:ff", Mac: "11:22:33:44:55:66", K8sNamespace: "ns", K8sPodName: "p", K8sUID: "uid",
+		Properties: map[string]any{"netns-path": "/run/netns/x"}, State: "waiting-for-identity", SyncBuildEndpoint: true,
+		DatapathConfiguration: &endpointDatapathConfiguration{InstallEndpointRoute: true},
+	}
+	m := wireRoundTrip[models.EndpointChangeRequest](t, req)
+	back := wireRoundTrip[endpointChangeRequest](t, m)
+	a, _ := json.Marshal(req)
+	b, _ := json.Marshal(back)
+	if string(a) != string(b) {
+		t.Errorf("endpoint change request lost fields through the model:\n plugin %s\n model  %s", a, b)
+	}
+	if m.State == nil || *m.State != models.EndpointStateWaitingDashForDashIdentity || !m.SyncBuildEndpoint || m.Addressing.IPV4ExpirationUUID != "u4" {
+		t.Errorf("model read %+v", m)
+	}
+
+	cfg := wireRoundTrip[daemonConfiguration](t, &models.DaemonConfiguration{Status: &models.DaemonConfigurationStatus{
+		DeviceMTU: 1450, Addressing: &models.NodeAddressing{IPV4: &models.NodeAddressingElement{Enabled: true, IP: "10.0.0.1", AllocRange: "10.0.0.0/24"}}}})
+	if cfg.Status == nil || cfg.Status.DeviceMTU != 1450 || cfg.Status.Addressing.IPV4.AllocRange != "10.0.0.0/24" {
+		t.Errorf("config read %+v", cfg.Status)
+	}
+	h := wireRoundTrip[endpointHealth](t, &models.EndpointHealth{OverallHealth: models.EndpointHealthStatusFailure, Bpf: models.EndpointHealthStatusOK})
+	if h.OverallHealth != "Failure" || h.Bpf != "OK" {
+		t.Errorf("health read %+v", h)
 	}
 }

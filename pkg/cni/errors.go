@@ -7,8 +7,6 @@ import (
 	"syscall"
 
 	"github.com/containernetworking/cni/pkg/types"
-
-	"github.com/tendril-net/tendril/pkg/client"
 )
 
 // The plugin's own error codes (the spec leaves 100 and up to plugins).
@@ -49,7 +47,7 @@ func cniError(code uint, msg string, err error) *types.Error {
 // agentUnreachable reports whether err means no agent answered (no socket,
 // connection refused), as opposed to an agent that answered with an error.
 func agentUnreachable(err error) bool {
-	var apiErr *client.APIError
+	var apiErr *APIError
 	if errors.As(err, &apiErr) {
 		return apiErr.Code == 503
 	}
@@ -59,7 +57,7 @@ func agentUnreachable(err error) bool {
 
 // apiCode is the HTTP status of an agent error, 0 when err is no API error.
 func apiCode(err error) int {
-	var apiErr *client.APIError
+	var apiErr *APIError
 	if errors.As(err, &apiErr) {
 		return apiErr.Code
 	}

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/cilium/cilium/api/v1/models"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -20,7 +19,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/tendril-net/tendril/pkg/client"
 	dplinux "github.com/tendril-net/tendril/pkg/datapath/linux"
 )
 
@@ -60,7 +58,7 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 type env struct {
 	conf   *NetConf
 	log    *slog.Logger
-	agent  *client.Client
+	agent  *agentClient
 	nl     *netlink.Handle
 	host   *dplinux.Host
 	closer func()
@@ -73,7 +71,7 @@ func (p *Plugin) setup(stdin []byte, command string) (*env, error) {
 	}
 	log, closeLog := p.logger(conf)
 	log = log.With("command", command)
-	agent, err := client.New(conf.AgentSocket)
+	agent, err := newAgentClient(conf.AgentSocket)
 	if err != nil {
 		closeLog()
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "agent-socket", err.Error())
@@ -152,7 +150,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (retErr error) {
 	ctx, cancel := p.context()
 	defer cancel()
 
-	agentConf, err := e.agent.ConfigGet(ctx)
+	agentConf, err := e.agent.configGet(ctx)
 	if err != nil {
 		return cniError(ErrAgent, "read agent configuration", err)
 	}
@@ -174,7 +172,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (retErr error) {
 	}
 
 	owner := podArgs.Owner(args.ContainerID)
-	ipam, err := e.agent.IPAMAllocate(ctx, "", owner, true)
+	ipam, err := e.agent.ipamAllocate(ctx, owner)
 	if err != nil {
 		if agentUnreachable(err) {
 			return cniError(ErrAllocation, "allocate pod address", err)
@@ -191,7 +189,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (retErr error) {
 		rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer rcancel()
 		for _, ip := range addrs.allocated {
-			if err := e.agent.IPAMRelease(rctx, ip.String()); err != nil && !client.IsNotFound(err) {
+			if err := e.agent.ipamRelease(rctx, ip.String()); err != nil && !isNotFound(err) {
 				log.Warn("Rollback: release address", "ip", ip, "error", err)
 			}
 		}
@@ -227,7 +225,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (retErr error) {
 		}
 	}
 
-	req := &models.EndpointChangeRequest{
+	req := &endpointChangeRequest{
 		ContainerID:            args.ContainerID,
 		ContainerInterfaceName: args.IfName,
 		InterfaceName:          hostName,
@@ -239,16 +237,16 @@ func (p *Plugin) Add(args *skel.CmdArgs) (retErr error) {
 		K8sUID:                 string(podArgs.K8S_POD_UID),
 		Properties:             map[string]any{"netns-path": args.Netns},
 		SyncBuildEndpoint:      true,
-		State:                  models.EndpointStateWaitingDashForDashIdentity.Pointer(),
-		Addressing: &models.AddressPair{
+		State:                  "waiting-for-identity",
+		Addressing: &addressPair{
 			IPV4: ipString(addrs.v4), IPV4ExpirationUUID: addrs.expire4,
 			IPV6: ipString(addrs.v6), IPV6ExpirationUUID: addrs.expire6,
 		},
-		DatapathConfiguration: &models.EndpointDatapathConfiguration{
+		DatapathConfiguration: &endpointDatapathConfiguration{
 			InstallEndpointRoute: true,
 		},
 	}
-	if _, err := e.agent.EndpointPut(ctx, "cilium-local:0", req); err != nil {
+	if err := e.agent.endpointPut(ctx, "cilium-local:0", req); err != nil {
 		if agentUnreachable(err) {
 			return cniError(ErrEndpoint, "create endpoint", err)
 		}
@@ -270,7 +268,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (retErr error) {
 // addressing's IP (what cilium-cni uses as the gateway), else the gateway
 // of the family's answer. allocated is filled first so a partial answer is
 // still released on failure.
-func parseIPAM(r *models.IPAMResponse) (*addresses, error) {
+func parseIPAM(r *ipamResponse) (*addresses, error) {
 	a := &addresses{}
 	if r == nil || r.Address == nil {
 		return a, errors.New("no address in the answer")
@@ -291,7 +289,7 @@ func parseIPAM(r *models.IPAMResponse) (*addresses, error) {
 		return a, errors.New("the answer holds neither an IPv4 nor an IPv6 address")
 	}
 	a.expire4, a.expire6 = r.Address.IPV4ExpirationUUID, r.Address.IPV6ExpirationUUID
-	router := func(host *models.NodeAddressingElement, fam *models.IPAMAddressResponse) (net.IP, string) {
+	router := func(host *nodeAddressingElement, fam *ipamAddressResponse) (net.IP, string) {
 		var s string
 		if host != nil && host.IP != "" {
 			s = host.IP
@@ -300,7 +298,7 @@ func parseIPAM(r *models.IPAMResponse) (*addresses, error) {
 		}
 		return net.ParseIP(s), s
 	}
-	var h4, h6 *models.NodeAddressingElement
+	var h4, h6 *nodeAddressingElement
 	if r.HostAddressing != nil {
 		h4, h6 = r.HostAddressing.IPV4, r.HostAddressing.IPV6
 	}
@@ -374,7 +372,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return cniError(ErrLink, "remove host veth "+hostName, err)
 	}
 	// The agent releases the endpoint's addresses with it.
-	if err := e.agent.EndpointDeleteByContainerID(ctx, args.ContainerID); err != nil && !client.IsNotFound(err) {
+	if err := e.agent.endpointDeleteByContainerID(ctx, args.ContainerID); err != nil && !isNotFound(err) {
 		if agentUnreachable(err) {
 			// The runtime retries DEL; the agent's restore also drops
 			// endpoints whose interface is gone.
@@ -418,14 +416,14 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	ctx, cancel := p.context()
 	defer cancel()
 	id := "cni-attachment-id:" + AttachmentID(args.ContainerID, args.IfName)
-	health, err := e.agent.EndpointHealthz(ctx, id)
+	health, err := e.agent.endpointHealthz(ctx, id)
 	if err != nil {
 		if agentUnreachable(err) {
 			return cniError(ErrCheck, "endpoint health", err)
 		}
 		return types.NewError(ErrCheck, "endpoint "+id, err.Error())
 	}
-	if health.OverallHealth == models.EndpointHealthStatusFailure {
+	if health.OverallHealth == "Failure" {
 		return errorf(ErrCheck, "endpoint %s is unhealthy (bpf %s, policy %s)", id, health.Bpf, health.Policy)
 	}
 	return nil
@@ -441,9 +439,9 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	defer e.closer()
 	ctx, cancel := p.context()
 	defer cancel()
-	cfg, err := e.agent.ConfigGet(ctx)
+	cfg, err := e.agent.configGet(ctx)
 	if err != nil {
-		return types.NewError(ErrPluginNotAvailable, "agent not reachable at "+e.agent.Socket(), err.Error())
+		return types.NewError(ErrPluginNotAvailable, "agent not reachable at "+e.agent.socket, err.Error())
 	}
 	if cfg.Status == nil || cfg.Status.Addressing == nil {
 		return errorf(ErrPluginNotAvailable, "agent reports no addressing")
@@ -472,7 +470,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		valid[AttachmentID(a.ContainerID, a.IfName)] = true
 		validCID[a.ContainerID] = true
 	}
-	eps, err := e.agent.EndpointList(ctx)
+	eps, err := e.agent.endpointList(ctx)
 	if err != nil {
 		return cniError(ErrEndpoint, "list endpoints", err)
 	}
@@ -485,7 +483,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 			continue
 		}
 		e.log.Info("GC: removing stale attachment", "endpoint", ep.ID, "container", cid, "ifname", ifname)
-		if err := e.agent.EndpointDelete(ctx, strconv.FormatInt(ep.ID, 10)); err != nil && !client.IsNotFound(err) {
+		if err := e.agent.endpointDelete(ctx, strconv.FormatInt(ep.ID, 10)); err != nil && !isNotFound(err) {
 			errs = append(errs, err)
 		}
 		if ifname != "" {
@@ -502,7 +500,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 
 // endpointAttachment returns an endpoint's container ID and interface name,
 // empty for endpoints that are not CNI attachments (host, health).
-func endpointAttachment(ep *models.Endpoint) (string, string) {
+func endpointAttachment(ep *endpoint) (string, string) {
 	if ep == nil || ep.Status == nil {
 		return "", ""
 	}
