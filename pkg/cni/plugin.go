@@ -205,7 +205,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (retErr error) {
 	if err != nil {
 		return cniError(ErrLink, "create veth pair", err)
 	}
-	if err := e.host.ConfigureHostVeth(hostName); err != nil {
+	if err := e.host.ConfigureHostVeth(hostName, nil); err != nil {
 		return cniError(ErrLink, "configure host veth", err)
 	}
 	if err := e.nl.LinkSetUp(hostLink); err != nil {

@@ -57,15 +57,19 @@ func TestPrivilegedStockCiliumCNI(t *testing.T) {
 	if len(resA.IPs) == 0 || len(resB.IPs) == 0 {
 		t.Fatalf("results without addresses: %v / %v", resA, resB)
 	}
-	ipA, ipB := resA.IPs[0].Address.IP.String(), resB.IPs[0].Address.IP.String()
 	if len(n.endpoints()) < 2 {
 		t.Errorf("agent has %d endpoints after two ADDs", len(n.endpoints()))
 	}
-	if err := ping(a, ipB); err != nil {
-		t.Error(err)
+	// Every family the agent handed out must carry traffic.
+	for _, ip := range resB.IPs {
+		if err := ping(a, ip.Address.IP.String()); err != nil {
+			t.Error(err)
+		}
 	}
-	if err := ping(b, ipA); err != nil {
-		t.Error(err)
+	for _, ip := range resA.IPs {
+		if err := ping(b, ip.Address.IP.String()); err != nil {
+			t.Error(err)
+		}
 	}
 	for _, p := range []*pod{a, b} {
 		if err := n.check(list, p); err != nil {

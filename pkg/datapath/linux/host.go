@@ -139,19 +139,40 @@ func (h *Host) EnableForwarding(v4, v6 bool) error {
 	return nil
 }
 
-// ConfigureHostVeth sets the sysctls of a pod's host-side veth: reverse path
-// filtering off (the kernel uses the maximum of "all" and the device's
-// value, so this relaxes it only where "all" allows) because a pod's source
-// address is checked by the datapath, not by the kernel; and no duplicate
-// address detection, so the veth's IPv6 link-local address can be the
-// source of neighbor solicitations for the pod from the first packet on.
-func (h *Host) ConfigureHostVeth(ifname string) error {
+// ConfigureHostVeth prepares a pod's host-side veth:
+//   - reverse path filtering off (the kernel uses the maximum of "all" and
+//     the device's value, so this relaxes it only where "all" allows),
+//     because a pod's source address is checked by the datapath;
+//   - no duplicate address detection, so the veth's IPv6 link-local address
+//     can be the source of neighbor solicitations for the pod at once;
+//   - with routerV6, proxy NDP for the router address on the veth. IPv4
+//     needs nothing: Linux answers ARP for any local address (the router
+//     address on tendril_host) on every interface, but IPv6 answers
+//     solicitations only for addresses of the receiving interface, and a
+//     plugin that does not pin the router's neighbor entry in the pod (the
+//     stock cilium-cni) relies on that answer.
+func (h *Host) ConfigureHostVeth(ifname string, routerV6 net.IP) error {
 	if err := h.sysctl.Set("0", "net", "ipv4", "conf", ifname, "rp_filter"); err != nil {
 		return err
 	}
 	if err := h.sysctl.Set("0", "net", "ipv6", "conf", ifname, "accept_dad"); err != nil {
 		// A kernel without IPv6 has no such file; IPv4 still works.
 		h.log.Debug("Cannot turn off DAD on host veth", "interface", ifname, "error", err)
+		return nil
+	}
+	if routerV6 == nil {
+		return nil
+	}
+	if err := h.sysctl.Set("1", "net", "ipv6", "conf", ifname, "proxy_ndp"); err != nil {
+		return err
+	}
+	link, err := h.handle.LinkByName(ifname)
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", ifname, err)
+	}
+	proxy := &netlink.Neigh{LinkIndex: link.Attrs().Index, Family: unix.AF_INET6, Flags: netlink.NTF_PROXY, IP: routerV6}
+	if err := h.handle.NeighSet(proxy); err != nil {
+		return fmt.Errorf("proxy NDP for %s on %s: %w", routerV6, ifname, err)
 	}
 	return nil
 }

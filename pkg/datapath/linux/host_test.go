@@ -88,8 +88,15 @@ func TestPrivilegedEndpointRoutes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := host.ConfigureHostVeth("tdrlnx-a"); err != nil {
+	if err := host.ConfigureHostVeth("tdrlnx-a", net.ParseIP("fd00:77::1")); err != nil {
 		t.Fatal(err)
+	}
+	proxies, err := h.NeighProxyList(a.Attrs().Index, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(proxies) != 1 || !proxies[0].IP.Equal(net.ParseIP("fd00:77::1")) {
+		t.Errorf("proxy NDP entries on host veth: %v, want the router fd00:77::1", proxies)
 	}
 	if v, _ := host.Sysctl().Get("net", "ipv4", "conf", "tdrlnx-a", "rp_filter"); v != "0" {
 		t.Errorf("rp_filter of host veth = %q, want 0", v)
