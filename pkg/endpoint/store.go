@@ -1,0 +1,152 @@
+package endpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// stateVersion is the on-disk format version; a newer or older version is
+// not misread.
+const stateVersion = 1
+
+type onDisk struct {
+	Version  int       `json:"version"`
+	Endpoint *Endpoint `json:"endpoint"`
+}
+
+// Store keeps one directory per endpoint under Dir: Dir/<id>/state.json,
+// written atomically (temp file, fsync, rename, fsync of the directory).
+type Store struct {
+	Dir string
+	Log *slog.Logger
+}
+
+// NewStore returns a store under dir, creating it.
+func NewStore(dir string, log *slog.Logger) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("create endpoint state dir %s: %w", dir, err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Store{Dir: dir, Log: log}, nil
+}
+
+func (s *Store) epDir(id uint16) string { return filepath.Join(s.Dir, strconv.Itoa(int(id))) }
+
+// Write stores the endpoint atomically.
+func (s *Store) Write(ep *Endpoint) error {
+	dir := s.epDir(ep.ID)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("write endpoint %d: %w", ep.ID, err)
+	}
+	data, err := json.MarshalIndent(onDisk{Version: stateVersion, Endpoint: ep}, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode endpoint %d: %w", ep.ID, err)
+	}
+	return writeAtomic(dir, "state.json", data)
+}
+
+func writeAtomic(dir, name string, data []byte) error {
+	tmp, err := os.CreateTemp(dir, "."+name+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", filepath.Join(dir, name), err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("rename into %s: %w", filepath.Join(dir, name), err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Remove deletes the endpoint's directory.
+func (s *Store) Remove(id uint16) error {
+	if err := os.RemoveAll(s.epDir(id)); err != nil {
+		return fmt.Errorf("remove state of endpoint %d: %w", id, err)
+	}
+	return nil
+}
+
+// LoadAll reads every endpoint. A directory whose state is missing, corrupt
+// or of another version is logged and moved aside (renamed *.corrupt-<time>)
+// so the others still restore and the bad one is kept for inspection.
+func (s *Store) LoadAll() ([]*Endpoint, error) {
+	entries, err := os.ReadDir(s.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("read endpoint state dir %s: %w", s.Dir, err)
+	}
+	var out []*Endpoint
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		id, err := strconv.ParseUint(e.Name(), 10, 16)
+		if err != nil {
+			continue // moved-aside or foreign directories
+		}
+		ep, err := s.load(e.Name())
+		if err == nil && ep.ID != uint16(id) {
+			err = fmt.Errorf("state says ID %d", ep.ID)
+		}
+		if err != nil {
+			aside := filepath.Join(s.Dir, fmt.Sprintf("%s.corrupt-%d", e.Name(), time.Now().UnixNano()))
+			s.Log.Error("Endpoint state unreadable; moved aside, the other endpoints still restore",
+				"endpoint", e.Name(), "error", err, "moved-to", aside)
+			if mvErr := os.Rename(filepath.Join(s.Dir, e.Name()), aside); mvErr != nil {
+				s.Log.Error("Could not move bad endpoint state aside", "endpoint", e.Name(), "error", mvErr)
+			}
+			continue
+		}
+		out = append(out, ep)
+	}
+	return out, nil
+}
+
+func (s *Store) load(name string) (*Endpoint, error) {
+	data, err := os.ReadFile(filepath.Join(s.Dir, name, "state.json"))
+	if err != nil {
+		return nil, err
+	}
+	var d onDisk
+	if err := json.Unmarshal(data, &d); err != nil {
+		return nil, fmt.Errorf("parse state: %w", err)
+	}
+	if d.Version != stateVersion {
+		return nil, fmt.Errorf("state version %d, this agent reads %d", d.Version, stateVersion)
+	}
+	if d.Endpoint == nil {
+		return nil, errors.New("state holds no endpoint")
+	}
+	return d.Endpoint, nil
+}
+
+// WriteFile writes a small file in the store's directory atomically (used
+// for the ID allocator's cursor).
+func (s *Store) WriteFile(name string, data []byte) error { return writeAtomic(s.Dir, name, data) }
+
+// ReadFile reads a file written by WriteFile.
+func (s *Store) ReadFile(name string) ([]byte, error) {
+	return os.ReadFile(filepath.Join(s.Dir, name))
+}

@@ -1,0 +1,574 @@
+// Package endpointmanager owns the node's set of endpoints: it assigns their
+// 16-bit IDs (persisted, never reused while in use), finds them by every ID
+// form of the Cilium v1 API, persists them, restores them after a restart and
+// drives their regeneration through the Regenerator the agent plugs in.
+package endpointmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/ipam"
+)
+
+// Regenerator brings an endpoint's datapath in line with its desired state
+// (identity, ipcache, policy, BPF programs, routes) and tears it down.
+type Regenerator interface {
+	// Regenerate realizes the endpoint; it may update ep (identity, policy
+	// revision, enforcement) in place.
+	Regenerate(ctx context.Context, ep *endpoint.Endpoint) error
+	// Remove undoes Regenerate for a deleted endpoint.
+	Remove(ctx context.Context, ep *endpoint.Endpoint) error
+}
+
+// NopRegenerator does nothing: an endpoint is ready as soon as it exists.
+type NopRegenerator struct{}
+
+func (NopRegenerator) Regenerate(context.Context, *endpoint.Endpoint) error { return nil }
+func (NopRegenerator) Remove(context.Context, *endpoint.Endpoint) error     { return nil }
+
+// Errors the API maps to status codes.
+var (
+	ErrNotFound  = errors.New("endpoint not found")
+	ErrInvalidID = errors.New("invalid endpoint ID")
+	ErrExists    = errors.New("endpoint already exists")
+	ErrNoIDs     = errors.New("no free endpoint ID")
+)
+
+// MaxID is the largest endpoint ID.
+const MaxID = 4095
+
+// Manager holds the endpoints.
+type Manager struct {
+	log   *slog.Logger
+	store *endpoint.Store
+	ipam  *ipam.IPAM
+	now   func() time.Time
+
+	mu        sync.Mutex
+	regen     Regenerator
+	endpoints map[uint16]*endpoint.Endpoint
+	nextID    uint16
+	// regenMu serializes regenerations per endpoint.
+	regenLocks map[uint16]*sync.Mutex
+	listeners  []func(ev Event)
+}
+
+// EventKind says what happened to an endpoint.
+type EventKind int
+
+const (
+	EventUpsert EventKind = iota
+	EventDelete
+)
+
+// Event tells listeners about endpoint changes.
+type Event struct {
+	Kind     EventKind
+	Endpoint *endpoint.Endpoint
+}
+
+// New returns a manager persisting to store and allocating from ipam.
+func New(store *endpoint.Store, ipamAlloc *ipam.IPAM, log *slog.Logger) *Manager {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m := &Manager{
+		log: log, store: store, ipam: ipamAlloc, now: time.Now,
+		regen: NopRegenerator{}, endpoints: map[uint16]*endpoint.Endpoint{}, nextID: 1,
+		regenLocks: map[uint16]*sync.Mutex{},
+	}
+	if data, err := store.ReadFile("next-id"); err == nil {
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 16); err == nil && n >= 1 && n <= MaxID {
+			m.nextID = uint16(n)
+		}
+	}
+	return m
+}
+
+// SetRegenerator plugs in the datapath side.
+func (m *Manager) SetRegenerator(r Regenerator) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.regen = r
+}
+
+// Subscribe calls fn after each endpoint change (outside the manager's lock).
+func (m *Manager) Subscribe(fn func(Event)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.listeners = append(m.listeners, fn)
+}
+
+func (m *Manager) notify(ev Event) {
+	m.mu.Lock()
+	ls := append(([]func(Event))(nil), m.listeners...)
+	m.mu.Unlock()
+	for _, fn := range ls {
+		fn(ev)
+	}
+}
+
+// allocateID picks the next free ID after the persisted cursor, so a freed ID
+// is not reused at once.
+func (m *Manager) allocateIDLocked() (uint16, error) {
+	for n := 0; n < MaxID; n++ {
+		id := m.nextID
+		m.nextID++
+		if m.nextID > MaxID {
+			m.nextID = 1
+		}
+		if _, used := m.endpoints[id]; !used {
+			if err := m.store.WriteFile("next-id", []byte(strconv.Itoa(int(m.nextID)))); err != nil {
+				return 0, fmt.Errorf("persist endpoint ID cursor: %w", err)
+			}
+			return id, nil
+		}
+	}
+	return 0, ErrNoIDs
+}
+
+// Lookup finds an endpoint by any ID form of the API: "N", "cilium-local:N",
+// "container-id:X", "cni-attachment-id:X", "pod-name:NS/NAME",
+// "container-name:X". It returns a copy.
+func (m *Manager) Lookup(id string) (*endpoint.Endpoint, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ep, err := m.lookupLocked(id)
+	if err != nil {
+		return nil, err
+	}
+	return ep.Clone(), nil
+}
+
+func (m *Manager) lookupLocked(id string) (*endpoint.Endpoint, error) {
+	prefix, value, hasPrefix := strings.Cut(id, ":")
+	if !hasPrefix {
+		prefix, value = "cilium-local", id
+	}
+	match := func(pred func(*endpoint.Endpoint) bool) (*endpoint.Endpoint, error) {
+		for _, ep := range m.endpoints {
+			if pred(ep) {
+				return ep, nil
+			}
+		}
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	switch prefix {
+	case "cilium-local":
+		n, err := strconv.ParseUint(value, 10, 16)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %q is not a number", ErrInvalidID, id)
+		}
+		if ep, ok := m.endpoints[uint16(n)]; ok {
+			return ep, nil
+		}
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case "container-id":
+		return match(func(e *endpoint.Endpoint) bool { return e.ContainerID == value })
+	case "cni-attachment-id":
+		return match(func(e *endpoint.Endpoint) bool { return e.AttachmentID() == value })
+	case "pod-name":
+		if !strings.Contains(value, "/") {
+			return nil, fmt.Errorf("%w: %q: pod-name needs namespace/name", ErrInvalidID, id)
+		}
+		return match(func(e *endpoint.Endpoint) bool { return e.PodKey() == value })
+	case "container-name":
+		return match(func(e *endpoint.Endpoint) bool { return e.ContainerName == value })
+	case "docker-endpoint", "docker-net-endpoint", "ipv4", "ipv6", "cep-name":
+		return nil, fmt.Errorf("%w: ID form %s: is not supported by tendril", ErrInvalidID, prefix)
+	}
+	return nil, fmt.Errorf("%w: unknown ID prefix %q", ErrInvalidID, prefix)
+}
+
+// IsNewID reports whether id asks the agent to assign an ID ("0",
+// "cilium-local:0").
+func IsNewID(id string) bool {
+	return id == "0" || id == "cilium-local:0"
+}
+
+// CreateOptions are the caller's wishes for a new endpoint.
+type CreateOptions struct {
+	// SyncBuild waits until the endpoint's datapath is ready.
+	SyncBuild bool
+	// ExpirationUUIDs claim IPAM allocations made with expiration.
+	ExpirationUUIDs map[netip.Addr]string
+	// RequestedID is a specific ID, 0 to assign one.
+	RequestedID uint16
+}
+
+// Create adds an endpoint: it claims (or reserves) its addresses, persists
+// it and regenerates it (waiting when SyncBuild). A failure leaves nothing
+// behind.
+func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts CreateOptions) (*endpoint.Endpoint, error) {
+	m.mu.Lock()
+	if ep.ContainerID != "" {
+		for _, other := range m.endpoints {
+			if other.AttachmentID() == ep.AttachmentID() {
+				m.mu.Unlock()
+				return nil, fmt.Errorf("%w: attachment %s is endpoint %d", ErrExists, ep.AttachmentID(), other.ID)
+			}
+		}
+	}
+	if opts.RequestedID != 0 {
+		if opts.RequestedID > MaxID {
+			m.mu.Unlock()
+			return nil, fmt.Errorf("%w: %d is above %d", ErrInvalidID, opts.RequestedID, MaxID)
+		}
+		if _, used := m.endpoints[opts.RequestedID]; used {
+			m.mu.Unlock()
+			return nil, fmt.Errorf("%w: ID %d", ErrExists, opts.RequestedID)
+		}
+		ep.ID = opts.RequestedID
+	} else {
+		id, err := m.allocateIDLocked()
+		if err != nil {
+			m.mu.Unlock()
+			return nil, err
+		}
+		ep.ID = id
+	}
+	// Claim the addresses: stop their expiration, or reserve them when the
+	// caller allocated them elsewhere (e.g. a restarted plugin).
+	var reserved []netip.Addr
+	rollback := func() {
+		for _, ip := range reserved {
+			_ = m.ipam.Release(ip)
+		}
+	}
+	if m.ipam != nil {
+		for _, ip := range ep.Addresses() {
+			if alloc, ok := m.ipam.Lookup(ip); ok {
+				if uuid := opts.ExpirationUUIDs[ip]; uuid != "" || alloc.ExpirationUUID != "" {
+					if err := m.ipam.StopExpiration(ip, opts.ExpirationUUIDs[ip]); err != nil {
+						rollback()
+						m.mu.Unlock()
+						return nil, fmt.Errorf("claim address %s: %w", ip, err)
+					}
+				}
+				continue
+			}
+			if _, err := m.ipam.Allocate(ip, ep.IPAMOwner()); err != nil {
+				rollback()
+				m.mu.Unlock()
+				return nil, fmt.Errorf("reserve address %s: %w", ip, err)
+			}
+			reserved = append(reserved, ip)
+		}
+	}
+	ep.Created = m.now()
+	if err := ep.SetState(endpoint.StateWaitingForIdentity, "Endpoint created", m.now()); err != nil {
+		rollback()
+		m.mu.Unlock()
+		return nil, err
+	}
+	if err := m.store.Write(ep); err != nil {
+		rollback()
+		m.mu.Unlock()
+		return nil, err
+	}
+	m.endpoints[ep.ID] = ep
+	m.mu.Unlock()
+	m.log.Info("Endpoint created", "endpoint", ep.ID, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
+
+	if opts.SyncBuild {
+		if err := m.Regenerate(ctx, ep.ID, "Initial build"); err != nil {
+			// A pod whose datapath cannot be built must not run half-wired:
+			// remove it so the CNI plugin can retry from scratch.
+			_ = m.Delete(context.WithoutCancel(ctx), ep.ID)
+			return nil, fmt.Errorf("build endpoint %d: %w", ep.ID, err)
+		}
+	} else {
+		go func() {
+			if err := m.Regenerate(context.Background(), ep.ID, "Initial build"); err != nil {
+				m.log.Error("Endpoint build failed", "endpoint", ep.ID, "error", err)
+			}
+		}()
+	}
+	m.notify(Event{Kind: EventUpsert, Endpoint: m.mustGet(ep.ID)})
+	return m.Lookup(strconv.Itoa(int(ep.ID)))
+}
+
+func (m *Manager) mustGet(id uint16) *endpoint.Endpoint {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ep, ok := m.endpoints[id]; ok {
+		return ep.Clone()
+	}
+	return nil
+}
+
+func (m *Manager) regenLock(id uint16) *sync.Mutex {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l, ok := m.regenLocks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		m.regenLocks[id] = l
+	}
+	return l
+}
+
+// Regenerate runs the regenerator on the endpoint and records the outcome.
+func (m *Manager) Regenerate(ctx context.Context, id uint16, reason string) error {
+	lock := m.regenLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+
+	m.mu.Lock()
+	ep, ok := m.endpoints[id]
+	if !ok {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	if ep.State == endpoint.StateDisconnecting || ep.State == endpoint.StateDisconnected {
+		m.mu.Unlock()
+		return nil
+	}
+	if ep.State != endpoint.StateWaitingToRegenerate && ep.State != endpoint.StateRestoring {
+		if err := ep.SetState(endpoint.StateWaitingToRegenerate, reason, m.now()); err != nil {
+			m.mu.Unlock()
+			return err
+		}
+	}
+	if err := ep.SetState(endpoint.StateRegenerating, "Regenerating: "+reason, m.now()); err != nil {
+		m.mu.Unlock()
+		return err
+	}
+	work := ep.Clone()
+	regen := m.regen
+	m.mu.Unlock()
+
+	err := regen.Regenerate(ctx, work)
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ep, ok = m.endpoints[id]
+	if !ok || ep.State != endpoint.StateRegenerating {
+		return nil // deleted meanwhile
+	}
+	// Take over what the regenerator computed.
+	ep.Identity, ep.PolicyRevision = work.Identity, work.PolicyRevision
+	ep.EnforceIngress, ep.EnforceEgress = work.EnforceIngress, work.EnforceEgress
+	ep.Labels = work.Labels
+	if ep.HostIfIndex == 0 {
+		ep.HostIfIndex = work.HostIfIndex
+	}
+	if err != nil {
+		ep.LastRegenerationError = err.Error()
+		_ = ep.SetState(endpoint.StateNotReady, "Regeneration failed: "+err.Error(), m.now())
+		ep.LogFailure(err.Error(), m.now())
+	} else {
+		ep.LastRegenerationError = ""
+		_ = ep.SetState(endpoint.StateReady, "Completed endpoint regeneration", m.now())
+	}
+	if wErr := m.store.Write(ep); wErr != nil {
+		m.log.Error("Persist endpoint", "endpoint", id, "error", wErr)
+	}
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+// RegenerateAll regenerates every endpoint (e.g. after a policy change) and
+// returns the errors joined.
+func (m *Manager) RegenerateAll(ctx context.Context, reason string) error {
+	var errs []error
+	for _, ep := range m.List() {
+		if err := m.Regenerate(ctx, ep.ID, reason); err != nil {
+			errs = append(errs, fmt.Errorf("regenerate endpoint %d: %w", ep.ID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Update applies fn to the endpoint, persists it and regenerates it.
+func (m *Manager) Update(ctx context.Context, id string, reason string, fn func(*endpoint.Endpoint) error) (*endpoint.Endpoint, error) {
+	m.mu.Lock()
+	ep, err := m.lookupLocked(id)
+	if err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
+	work := ep.Clone()
+	if err := fn(work); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
+	work.State, work.Log = ep.State, ep.Log
+	*ep = *work
+	if err := m.store.Write(ep); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
+	numeric := ep.ID
+	m.mu.Unlock()
+	if err := m.Regenerate(ctx, numeric, reason); err != nil {
+		return nil, err
+	}
+	m.notify(Event{Kind: EventUpsert, Endpoint: m.mustGet(numeric)})
+	return m.Lookup(strconv.Itoa(int(numeric)))
+}
+
+// Delete removes an endpoint: tears down its datapath, releases its
+// addresses and removes its state. It answers ErrNotFound for an unknown ID.
+func (m *Manager) Delete(ctx context.Context, id uint16) error {
+	lock := m.regenLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+	m.mu.Lock()
+	ep, ok := m.endpoints[id]
+	if !ok {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	_ = ep.SetState(endpoint.StateDisconnecting, "Deleting endpoint", m.now())
+	work := ep.Clone()
+	regen := m.regen
+	m.mu.Unlock()
+
+	var errs []error
+	if err := regen.Remove(ctx, work); err != nil {
+		errs = append(errs, fmt.Errorf("remove datapath of endpoint %d: %w", id, err))
+	}
+	if m.ipam != nil {
+		for _, ip := range work.Addresses() {
+			if err := m.ipam.Release(ip); err != nil && !errors.Is(err, ipam.ErrNotAllocated) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := m.store.Remove(id); err != nil {
+		errs = append(errs, err)
+	}
+	m.mu.Lock()
+	_ = ep.SetState(endpoint.StateDisconnected, "Endpoint deleted", m.now())
+	delete(m.endpoints, id)
+	delete(m.regenLocks, id)
+	m.mu.Unlock()
+	m.log.Info("Endpoint deleted", "endpoint", id, "pod", work.PodKey())
+	m.notify(Event{Kind: EventDelete, Endpoint: work})
+	return errors.Join(errs...)
+}
+
+// DeleteByContainerID deletes every endpoint of a container and returns how
+// many there were.
+func (m *Manager) DeleteByContainerID(ctx context.Context, containerID string) (int, error) {
+	var ids []uint16
+	m.mu.Lock()
+	for id, ep := range m.endpoints {
+		if ep.ContainerID == containerID {
+			ids = append(ids, id)
+		}
+	}
+	m.mu.Unlock()
+	var errs []error
+	for _, id := range ids {
+		if err := m.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	return len(ids), errors.Join(errs...)
+}
+
+// List returns copies of all endpoints, sorted by ID.
+func (m *Manager) List() []*endpoint.Endpoint {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*endpoint.Endpoint, 0, len(m.endpoints))
+	for _, ep := range m.endpoints {
+		out = append(out, ep.Clone())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// RestoreResult says what Restore did.
+type RestoreResult struct {
+	Restored []uint16
+	// Removed are endpoints whose interface was gone.
+	Removed []uint16
+	// Failed are endpoints whose addresses could not be re-reserved.
+	Failed []uint16
+}
+
+// Restore reads the endpoints persisted by a previous run. Each endpoint
+// whose host interface still exists (linkExists) gets its ID and addresses
+// re-reserved and comes back in state restoring; the others are removed.
+// Call it before any new allocation.
+func (m *Manager) Restore(ctx context.Context, linkExists func(name string) (bool, error)) (RestoreResult, error) {
+	var res RestoreResult
+	eps, err := m.store.LoadAll()
+	if err != nil {
+		return res, err
+	}
+	sort.Slice(eps, func(i, j int) bool { return eps[i].ID < eps[j].ID })
+	for _, ep := range eps {
+		exists := true
+		if ep.HostIfName != "" && linkExists != nil {
+			ok, err := linkExists(ep.HostIfName)
+			if err != nil {
+				return res, fmt.Errorf("restore endpoint %d: check interface %s: %w", ep.ID, ep.HostIfName, err)
+			}
+			exists = ok
+		}
+		if !exists {
+			m.log.Info("Endpoint's interface is gone; removing it", "endpoint", ep.ID, "interface", ep.HostIfName)
+			_ = m.store.Remove(ep.ID)
+			res.Removed = append(res.Removed, ep.ID)
+			continue
+		}
+		var reserved []netip.Addr
+		var failed error
+		if m.ipam != nil {
+			for _, ip := range ep.Addresses() {
+				if err := m.ipam.Restore(ip, ep.IPAMOwner()); err != nil {
+					failed = err
+					break
+				}
+				reserved = append(reserved, ip)
+			}
+		}
+		if failed != nil {
+			for _, ip := range reserved {
+				_ = m.ipam.Release(ip)
+			}
+			m.log.Error("Cannot re-reserve endpoint addresses; endpoint not restored", "endpoint", ep.ID, "error", failed)
+			res.Failed = append(res.Failed, ep.ID)
+			continue
+		}
+		ep.State = ""
+		ep.LastRegenerationError = ""
+		_ = ep.SetState(endpoint.StateRestoring, "Restored from disk after agent restart", m.now())
+		m.mu.Lock()
+		m.endpoints[ep.ID] = ep
+		m.mu.Unlock()
+		res.Restored = append(res.Restored, ep.ID)
+	}
+	return res, nil
+}
+
+// RegenerateRestored regenerates the endpoints in state restoring.
+func (m *Manager) RegenerateRestored(ctx context.Context) error {
+	var errs []error
+	for _, ep := range m.List() {
+		if ep.State != endpoint.StateRestoring {
+			continue
+		}
+		if err := m.Regenerate(ctx, ep.ID, "Restored endpoint"); err != nil {
+			errs = append(errs, fmt.Errorf("regenerate restored endpoint %d: %w", ep.ID, err))
+		}
+		m.notify(Event{Kind: EventUpsert, Endpoint: m.mustGet(ep.ID)})
+	}
+	return errors.Join(errs...)
+}

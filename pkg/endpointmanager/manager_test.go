@@ -1,0 +1,183 @@
+package endpointmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/ipam"
+)
+
+type fixture struct {
+	dir   string
+	ipam  *ipam.IPAM
+	store *endpoint.Store
+	mgr   *Manager
+}
+
+func newFixture(t testing.TB, dir string) *fixture {
+	t.Helper()
+	alloc, err := ipam.New(ipam.DefaultConfig(), nil, netip.MustParsePrefix("10.5.0.0/23"), netip.Prefix{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := endpoint.NewStore(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{dir: dir, ipam: alloc, store: store, mgr: New(store, alloc, nil)}
+}
+
+func (f *fixture) createPod(t testing.TB, i int) *endpoint.Endpoint {
+	t.Helper()
+	owner := fmt.Sprintf("ns/pod-%d", i)
+	a, err := f.ipam.AllocateNextWithExpiration(ipam.IPv4, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := &endpoint.Endpoint{
+		ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0", HostIfName: fmt.Sprintf("veth%d", i),
+		IPv4: a.IP, PodNamespace: "ns", PodName: fmt.Sprintf("pod-%d", i),
+	}
+	got, err := f.mgr.Create(context.Background(), ep, CreateOptions{SyncBuild: true, ExpirationUUIDs: map[netip.Addr]string{a.IP: a.ExpirationUUID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func TestCreateLookupDelete(t *testing.T) {
+	f := newFixture(t, t.TempDir())
+	ep := f.createPod(t, 1)
+	if ep.State != endpoint.StateReady || ep.ID != 1 {
+		t.Fatalf("created %+v", ep)
+	}
+	for _, id := range []string{"1", "cilium-local:1", "container-id:c1", "cni-attachment-id:c1:eth0", "pod-name:ns/pod-1"} {
+		got, err := f.mgr.Lookup(id)
+		if err != nil || got.ID != 1 {
+			t.Errorf("Lookup(%s) = %v, %v", id, got, err)
+		}
+	}
+	for id, want := range map[string]error{"2": ErrNotFound, "abc": ErrInvalidID, "pod-name:x": ErrInvalidID, "docker-endpoint:x": ErrInvalidID, "foo:1": ErrInvalidID} {
+		if _, err := f.mgr.Lookup(id); !errors.Is(err, want) {
+			t.Errorf("Lookup(%s) = %v, want %v", id, err, want)
+		}
+	}
+	// The same attachment twice is refused.
+	dup := &endpoint.Endpoint{ContainerID: "c1", IfName: "eth0", IPv4: netip.MustParseAddr("10.5.0.100")}
+	if _, err := f.mgr.Create(context.Background(), dup, CreateOptions{}); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate create = %v", err)
+	}
+	if _, ok := f.ipam.Lookup(netip.MustParseAddr("10.5.0.100")); ok {
+		t.Fatal("refused create left an allocation")
+	}
+	if n, err := f.mgr.DeleteByContainerID(context.Background(), "c1"); n != 1 || err != nil {
+		t.Fatalf("delete = %d, %v", n, err)
+	}
+	if _, ok := f.ipam.Lookup(ep.IPv4); ok {
+		t.Fatal("address not released on delete")
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, "1")); !os.IsNotExist(err) {
+		t.Fatal("state dir not removed")
+	}
+	if err := f.mgr.Delete(context.Background(), 1); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second delete = %v", err)
+	}
+}
+
+type failingRegen struct{ NopRegenerator }
+
+func (failingRegen) Regenerate(context.Context, *endpoint.Endpoint) error {
+	return errors.New("map full")
+}
+
+func TestSyncBuildFailureLeavesNothing(t *testing.T) {
+	f := newFixture(t, t.TempDir())
+	f.mgr.SetRegenerator(failingRegen{})
+	ep := &endpoint.Endpoint{ContainerID: "c9", IfName: "eth0", IPv4: netip.MustParseAddr("10.5.0.9")}
+	if _, err := f.mgr.Create(context.Background(), ep, CreateOptions{SyncBuild: true}); err == nil {
+		t.Fatal("create succeeded although the build failed")
+	}
+	if len(f.mgr.List()) != 0 {
+		t.Fatal("endpoint left behind")
+	}
+	if _, ok := f.ipam.Lookup(netip.MustParseAddr("10.5.0.9")); ok {
+		t.Fatal("address left allocated")
+	}
+}
+
+func TestRestoreTwentyEndpoints(t *testing.T) {
+	dir := t.TempDir()
+	f := newFixture(t, dir)
+	want := map[uint16]netip.Addr{}
+	for i := 0; i < 20; i++ {
+		ep := f.createPod(t, i)
+		want[ep.ID] = ep.IPv4
+	}
+	// One endpoint's interface is gone, one state file is corrupt.
+	gone := "veth3"
+	if err := os.WriteFile(filepath.Join(dir, "8", "state.json"), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A new agent process: fresh IPAM and manager on the same state dir.
+	g := newFixture(t, dir)
+	res, err := g.mgr.Restore(context.Background(), func(name string) (bool, error) { return name != gone, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Restored) != 18 || len(res.Removed) != 1 {
+		t.Fatalf("restore result %+v", res)
+	}
+	for _, ep := range g.mgr.List() {
+		if want[ep.ID] != ep.IPv4 || ep.State != endpoint.StateRestoring {
+			t.Errorf("endpoint %d restored as %s/%s, want %s", ep.ID, ep.IPv4, ep.State, want[ep.ID])
+		}
+	}
+	if err := g.mgr.RegenerateRestored(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range g.mgr.List() {
+		if ep.State != endpoint.StateReady {
+			t.Errorf("endpoint %d is %s after regeneration", ep.ID, ep.State)
+		}
+	}
+	// The next allocation gets an address no restored endpoint holds, and a
+	// new endpoint gets a fresh ID.
+	used := map[netip.Addr]bool{}
+	for _, ep := range g.mgr.List() {
+		used[ep.IPv4] = true
+	}
+	next := g.createPodAfterRestore(t, 100)
+	if used[next.IPv4] {
+		t.Fatalf("address %s handed out twice", next.IPv4)
+	}
+	if _, clash := want[next.ID]; clash {
+		t.Fatalf("ID %d reused", next.ID)
+	}
+}
+
+func (f *fixture) createPodAfterRestore(t *testing.T, i int) *endpoint.Endpoint { return f.createPod(t, i) }
+
+func BenchmarkRestore200(b *testing.B) {
+	dir := b.TempDir()
+	f := newFixture(b, dir)
+	for i := 0; i < 200; i++ {
+		f.createPod(b, i)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		g := newFixture(b, dir)
+		res, err := g.mgr.Restore(context.Background(), func(string) (bool, error) { return true, nil })
+		if err != nil || len(res.Restored) != 200 {
+			b.Fatalf("%+v %v", res, err)
+		}
+		if err := g.mgr.RegenerateRestored(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
