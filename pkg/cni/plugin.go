@@ -160,16 +160,6 @@ func (p *Plugin) Add(args *skel.CmdArgs) (retErr error) {
 	}
 
 	hostName := HostVethName(args.ContainerID, args.IfName)
-	if ok, err := e.host.LinkExists(hostName); err != nil {
-		return cniError(ErrLink, "look up host veth", err)
-	} else if ok {
-		// A leftover of an ADD that was never followed by DEL; the runtime
-		// asks again, so start from a clean slate.
-		log.Info("Removing leftover host veth", "interface", hostName)
-		if err := deleteLink(e.nl, hostName); err != nil {
-			return cniError(ErrLink, "remove leftover host veth "+hostName, err)
-		}
-	}
 
 	owner := podArgs.Owner(args.ContainerID)
 	ipam, err := e.agent.ipamAllocate(ctx, owner)
@@ -201,7 +191,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (retErr error) {
 		return types.NewError(ErrAgent, "agent's IPAM answer unusable", err.Error())
 	}
 
-	hostLink, pod, err := createVeth(e.nl, hostName, args.IfName, mtu, podNS)
+	hostLink, pod, err := createVeth(e.nl, hostName, args.IfName, mtu, podNS, log)
 	if err != nil {
 		return cniError(ErrLink, "create veth pair", err)
 	}

@@ -3,6 +3,7 @@ package cni
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -32,16 +33,15 @@ func podHandle(podNS ns.NetNS) (*netlink.Handle, error) {
 // createVeth creates the pair in one request: hostName in the node's
 // namespace and its peer, already named ifname, inside the pod's. Creating
 // the peer in place (rather than moving and renaming it) leaves no
-// half-moved device behind when something fails.
-func createVeth(nl *netlink.Handle, hostName, ifname string, mtu int, podNS ns.NetNS) (netlink.Link, *podLink, error) {
+// half-moved device behind when something fails. The common path is a
+// single netlink request with no look-ups before it: under 50 concurrent
+// ADDs every request waits for the kernel's routing-netlink lock.
+func createVeth(nl *netlink.Handle, hostName, ifname string, mtu int, podNS ns.NetNS, log *slog.Logger) (netlink.Link, *podLink, error) {
 	ph, err := podHandle(podNS)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer ph.Close()
-	if _, err := ph.LinkByName(ifname); err == nil {
-		return nil, nil, fmt.Errorf("interface %s already exists in %s", ifname, podNS.Path())
-	}
 	la := netlink.NewLinkAttrs()
 	la.Name = hostName
 	if mtu > 0 {
@@ -51,7 +51,20 @@ func createVeth(nl *netlink.Handle, hostName, ifname string, mtu int, podNS ns.N
 	if mtu > 0 {
 		veth.PeerMTU = uint32(mtu)
 	}
-	if err := nl.LinkAdd(veth); err != nil {
+	err = nl.LinkAdd(veth)
+	if errors.Is(err, unix.EEXIST) {
+		if _, perr := ph.LinkByName(ifname); perr == nil {
+			return nil, nil, fmt.Errorf("interface %s already exists in %s", ifname, podNS.Path())
+		}
+		// A host veth left by an ADD that was never followed by DEL: the
+		// runtime asks again, so start from a clean slate.
+		log.Info("Removing leftover host veth", "interface", hostName)
+		if derr := deleteLink(nl, hostName); derr != nil {
+			return nil, nil, fmt.Errorf("remove leftover host veth: %w", derr)
+		}
+		err = nl.LinkAdd(veth)
+	}
+	if err != nil {
 		return nil, nil, fmt.Errorf("add veth %s (peer %s in %s): %w", hostName, ifname, podNS.Path(), err)
 	}
 	host, err := nl.LinkByName(hostName)

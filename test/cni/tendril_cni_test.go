@@ -27,7 +27,16 @@ func TestPrivilegedTendrilCNILifecycle(t *testing.T) {
 	}
 
 	a, b := n.newPod("pod-a"), n.newPod("pod-b")
+	// A host veth left by an earlier ADD of pod-a that never saw a DEL
+	// (the runtime retries ADD): it must be replaced, not fail the ADD.
+	leftover := cni.HostVethName(a.rt.ContainerID, "eth0")
+	if out, err := inNetns(n.netns, "ip", "link", "add", leftover, "type", "veth", "peer", "name", "tdrcni-stale"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
 	resA, resB := n.mustAdd(list, a), n.mustAdd(list, b)
+	if _, err := n.nl.LinkByName("tdrcni-stale"); err == nil {
+		t.Error("the leftover veth pair was not replaced")
+	}
 	t.Logf("ADD pod-a: %s; pod-b: %s", resA, resB)
 	if len(resA.IPs) == 0 || len(resB.IPs) == 0 {
 		t.Fatalf("results without addresses: %v / %v", resA, resB)
