@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
@@ -46,9 +48,29 @@ type Agent struct {
 	metrics *metrics.Server
 	api     *server.Server
 
+	endpoints *endpointsModule
+	// podCIDRs, when set (Kubernetes mode), returns the node's pod CIDRs
+	// from the Node object; ok=false falls back to the flags.
+	podCIDRs func(ctx context.Context) (v4, v6 netip.Prefix, ok bool)
+
 	mu       sync.Mutex
 	started  time.Time
 	sections []func() ext.Section
+	hooks    []endpointmanager.Regenerator
+}
+
+// AddRegenerateHook adds a step to every endpoint's regeneration (identity,
+// policy, BPF), run in the order added; removal runs in reverse.
+func (a *Agent) AddRegenerateHook(h endpointmanager.Regenerator) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.hooks = append(a.hooks, h)
+}
+
+func (a *Agent) regenerateHooks() []endpointmanager.Regenerator {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]endpointmanager.Regenerator(nil), a.hooks...)
 }
 
 // New builds the agent and its modules; nothing starts until Run.
@@ -95,7 +117,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		return nil, err
 	}
 	a.api = api
+	a.endpoints = &endpointsModule{a: a}
 	a.registerDaemonAPI()
+	a.registerIPAMAPI()
+	a.registerEndpointAPI()
+	a.AddStatusSection(a.endpoints.statusSection)
 	a.buildStartList()
 	return a, nil
 }
@@ -110,6 +136,13 @@ func (a *Agent) buildStartList() {
 		}
 		return nil
 	}, nil)
+
+	// 5. restore endpoints, pick the pod CIDRs, IPAM re-reserves restored
+	// addresses before any new allocation, host device.
+	a.appendModule("endpoint-restore-ipam", a.endpoints.start, a.endpoints.stop)
+
+	// 9. regenerate the restored endpoints once identities and policy are in.
+	a.appendModule("regenerate-restored", a.endpoints.regenerateRestored, nil)
 
 	// 10. health, status, metrics, then serve the API; mark ready.
 	a.appendModule("metrics", a.metrics.Start, a.metrics.Stop)

@@ -28,6 +28,8 @@ func startAgent(t *testing.T, mutate func(*Config)) (*Agent, *client.Client) {
 	cfg.BPFRoot = filepath.Join("/sys/fs/bpf", "tendril-test-"+filepath.Base(dir))
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "node-a"
+	// The test runs in the machine's own network namespace: leave it alone.
+	cfg.InstallHostNetworking = false
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -183,6 +185,7 @@ func TestStartFailureRollsBack(t *testing.T) {
 	// after config started; the agent must stop what it started.
 	cfg.Metrics.ServeAddr = "256.0.0.1:1"
 	cfg.NodeName = "n"
+	cfg.InstallHostNetworking = false
 	a, err := New(cfg, Deps{})
 	if err != nil {
 		t.Fatal(err)

@@ -80,6 +80,7 @@ func (a *Agent) Status(ctx context.Context, brief bool) *ext.StatusResponse {
 	}
 	resp.Kvstore = &models.Status{State: models.StatusStateDisabled, Msg: "standalone"}
 	resp.Kubernetes = &models.K8sStatus{State: models.StatusStateDisabled, Msg: "standalone"}
+	resp.Ipam = a.endpoints.ipamStatus()
 	resp.DatapathMode = models.DatapathModeVeth
 	resp.AttachMode = models.AttachModeTcx
 	steps, total := a.lc.Stats()
@@ -141,10 +142,7 @@ func (a *Agent) DaemonConfig() *models.DaemonConfiguration {
 // nodeAddressing reports the node's address families; IPAM fills in the
 // router addresses once it runs.
 func (a *Agent) nodeAddressing() *models.NodeAddressing {
-	return &models.NodeAddressing{
-		IPV4: &models.NodeAddressingElement{Enabled: true},
-		IPV6: &models.NodeAddressingElement{Enabled: false},
-	}
+	return a.endpoints.nodeAddressing()
 }
 
 // DebugInfo gathers what a bug report needs.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -31,6 +32,17 @@ type Config struct {
 	LogFormat string
 	// MTU is the pods' device MTU announced to CNI plugins.
 	MTU int
+	// IPv4Range and IPv6Range are the pod CIDRs: a prefix, "auto" (derived
+	// from the node name) or "none".
+	IPv4Range string
+	IPv6Range string
+	// InstallHostNetworking creates the host device and per-pod routes in the
+	// agent's network namespace. Only tests that run the agent in the
+	// machine's own namespace turn it off.
+	InstallHostNetworking bool
+	// IPAMExpiration is how long an address allocated with expiration may
+	// stay unclaimed by an endpoint.
+	IPAMExpiration time.Duration
 
 	API     server.Config
 	Metrics metrics.Config
@@ -39,13 +51,17 @@ type Config struct {
 // DefaultConfig returns the defaults of every option.
 func DefaultConfig() Config {
 	return Config{
-		StateDir:          "/var/run/tendril/state",
-		BPFRoot:           "/sys/fs/bpf/tendril",
-		PolicyEnforcement: option.EnforcementDefault,
-		LogFormat:         "text",
-		MTU:               1500,
-		API:               server.DefaultConfig(),
-		Metrics:           metrics.DefaultConfig(),
+		StateDir:              "/var/run/tendril/state",
+		BPFRoot:               "/sys/fs/bpf/tendril",
+		PolicyEnforcement:     option.EnforcementDefault,
+		LogFormat:             "text",
+		MTU:                   1500,
+		IPv4Range:             "auto",
+		IPv6Range:             "auto",
+		InstallHostNetworking: true,
+		IPAMExpiration:        10 * time.Minute,
+		API:                   server.DefaultConfig(),
+		Metrics:               metrics.DefaultConfig(),
 	}
 }
 
@@ -60,6 +76,10 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "Log at debug level")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "Log format: text or json")
 	fs.IntVar(&c.MTU, "mtu", c.MTU, "MTU of pod devices")
+	fs.StringVar(&c.IPv4Range, "ipv4-range", c.IPv4Range, "IPv4 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
+	fs.StringVar(&c.IPv6Range, "ipv6-range", c.IPv6Range, "IPv6 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
+	fs.BoolVar(&c.InstallHostNetworking, "install-host-networking", c.InstallHostNetworking, "Create the host device and per-pod routes in the agent's network namespace")
+	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)
 }
@@ -81,6 +101,12 @@ func (c *Config) Validate() error {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		errs = append(errs, fmt.Errorf("log-format %q: must be text or json", c.LogFormat))
+	}
+	if _, _, err := c.podCIDRs(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.IPAMExpiration <= 0 {
+		errs = append(errs, fmt.Errorf("ipam-expiration %s: must be positive", c.IPAMExpiration))
 	}
 	if c.MTU < 1280 || c.MTU > 65535 {
 		errs = append(errs, fmt.Errorf("mtu %d: must be between 1280 and 65535", c.MTU))

@@ -249,7 +249,7 @@ func TestPrivilegedTendrilCNIBadInput(t *testing.T) {
 // once a pod is deleted its address can be handed out again.
 func TestPrivilegedTendrilCNIExhaustedPool(t *testing.T) {
 	testutil.Privileged(t)
-	n := startNode(t, "--ipv4-range", "10.203.0.0/29")
+	n := startNode(t, "--ipv4-range", "10.203.0.0/29", "--ipv6-range", "none")
 	list := n.confList("tendril-cni", "1.1.0", nil)
 	var pods []*pod
 	var lastErr error

@@ -1,0 +1,344 @@
+package agent
+
+import (
+	"errors"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/cilium/api/v1/models"
+
+	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
+)
+
+// registerEndpointAPI serves the /v1/endpoint paths of the Cilium v1 spec.
+func (a *Agent) registerEndpointAPI() {
+	a.api.Handle(http.MethodGet, "/v1/endpoint", a.handleEndpointList)
+	a.api.Handle(http.MethodDelete, "/v1/endpoint", a.handleEndpointBatchDelete)
+	a.api.Handle(http.MethodPut, "/v1/endpoint/{id}", a.handleEndpointPut)
+	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}", a.handleEndpointGet)
+	a.api.Handle(http.MethodPatch, "/v1/endpoint/{id}", a.handleEndpointPatch)
+	a.api.Handle(http.MethodDelete, "/v1/endpoint/{id}", a.handleEndpointDelete)
+	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}/config", a.handleEndpointConfigGet)
+	a.api.Handle(http.MethodPatch, "/v1/endpoint/{id}/config", a.handleEndpointConfigPatch)
+	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}/labels", a.handleEndpointLabelsGet)
+	a.api.Handle(http.MethodPatch, "/v1/endpoint/{id}/labels", a.handleEndpointLabelsPatch)
+	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}/log", a.handleEndpointLog)
+	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}/healthz", a.handleEndpointHealthz)
+}
+
+func (a *Agent) endpointManager() (*endpointmanager.Manager, error) {
+	if a.endpoints.mgr == nil {
+		return nil, server.Errorf(http.StatusServiceUnavailable, "endpoint manager is not started yet")
+	}
+	return a.endpoints.mgr, nil
+}
+
+// endpointError maps manager errors to the spec's codes.
+func endpointError(err error) error {
+	switch {
+	case errors.Is(err, endpointmanager.ErrNotFound):
+		return server.Errorf(http.StatusNotFound, "%v", err)
+	case errors.Is(err, endpointmanager.ErrInvalidID):
+		return server.Errorf(http.StatusBadRequest, "%v", err)
+	case errors.Is(err, endpointmanager.ErrExists):
+		return server.Errorf(http.StatusConflict, "%v", err)
+	}
+	return err
+}
+
+func (a *Agent) lookupEndpoint(r *http.Request) (*endpoint.Endpoint, error) {
+	mgr, err := a.endpointManager()
+	if err != nil {
+		return nil, err
+	}
+	ep, err := mgr.Lookup(r.PathValue("id"))
+	if err != nil {
+		return nil, endpointError(err)
+	}
+	return ep, nil
+}
+
+func (a *Agent) handleEndpointList(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := a.endpointManager()
+	if err != nil {
+		return err
+	}
+	// The spec's optional label filter comes as a JSON array body.
+	var filter []string
+	if r.ContentLength > 0 {
+		if err := server.DecodeJSON(r, &filter); err != nil {
+			return err
+		}
+	}
+	out := []*models.Endpoint{}
+	for _, ep := range mgr.List() {
+		if hasAllLabels(ep.Labels, filter) {
+			out = append(out, ep.Model(a.nodeAddressing()))
+		}
+	}
+	server.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func hasAllLabels(have, want []string) bool {
+	set := map[string]bool{}
+	for _, l := range have {
+		set[l] = true
+	}
+	for _, l := range want {
+		if !set[l] {
+			return false
+		}
+	}
+	return true
+}
+
+func (a *Agent) handleEndpointPut(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := a.endpointManager()
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	var requested uint16
+	if !endpointmanager.IsNewID(id) {
+		n, err := strconv.ParseUint(strings.TrimPrefix(id, "cilium-local:"), 10, 16)
+		if err != nil || n > endpointmanager.MaxID {
+			return server.Errorf(http.StatusBadRequest, "endpoint ID %q: PUT takes a numeric ID (0 to let the agent choose) up to %d", id, endpointmanager.MaxID)
+		}
+		requested = uint16(n)
+	}
+	var req models.EndpointChangeRequest
+	if err := server.DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	if req.ID != 0 && requested == 0 {
+		requested = uint16(req.ID)
+	}
+	ep, err := endpoint.FromChangeRequest(&req)
+	if err != nil {
+		return server.Errorf(http.StatusBadRequest, "%v", err)
+	}
+	uuids := map[netip.Addr]string{}
+	if req.Addressing != nil {
+		if ep.IPv4.IsValid() && req.Addressing.IPV4ExpirationUUID != "" {
+			uuids[ep.IPv4] = req.Addressing.IPV4ExpirationUUID
+		}
+		if ep.IPv6.IsValid() && req.Addressing.IPV6ExpirationUUID != "" {
+			uuids[ep.IPv6] = req.Addressing.IPV6ExpirationUUID
+		}
+	}
+	created, err := mgr.Create(r.Context(), ep, endpointmanager.CreateOptions{
+		SyncBuild: req.SyncBuildEndpoint, ExpirationUUIDs: uuids, RequestedID: requested,
+	})
+	if err != nil {
+		if e := endpointError(err); e != err {
+			return e
+		}
+		return server.Errorf(http.StatusInternalServerError, "%v", err)
+	}
+	server.WriteJSON(w, http.StatusCreated, created.Model(a.nodeAddressing()))
+	return nil
+}
+
+func (a *Agent) handleEndpointGet(w http.ResponseWriter, r *http.Request) error {
+	ep, err := a.lookupEndpoint(r)
+	if err != nil {
+		return err
+	}
+	server.WriteJSON(w, http.StatusOK, ep.Model(a.nodeAddressing()))
+	return nil
+}
+
+// handleEndpointPatch updates the mutable parts of an endpoint: labels,
+// the host interface (a plugin that learned its index late) and pod names.
+func (a *Agent) handleEndpointPatch(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := a.endpointManager()
+	if err != nil {
+		return err
+	}
+	var req models.EndpointChangeRequest
+	if err := server.DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	_, err = mgr.Update(r.Context(), r.PathValue("id"), "Endpoint patched", func(ep *endpoint.Endpoint) error {
+		if req.Addressing != nil && ((req.Addressing.IPV4 != "" && req.Addressing.IPV4 != addrString(ep.IPv4)) ||
+			(req.Addressing.IPV6 != "" && req.Addressing.IPV6 != addrString(ep.IPv6))) {
+			return server.Errorf(http.StatusBadRequest, "an endpoint's addresses cannot change; delete and re-create it")
+		}
+		if req.Labels != nil {
+			ep.Labels = endpoint.SortedLabels(req.Labels)
+		}
+		if req.InterfaceName != "" {
+			ep.HostIfName = req.InterfaceName
+		}
+		if req.InterfaceIndex != 0 {
+			ep.HostIfIndex = int(req.InterfaceIndex)
+		}
+		if req.K8sNamespace != "" || req.K8sPodName != "" {
+			if req.K8sNamespace == "" || req.K8sPodName == "" {
+				return server.Errorf(http.StatusBadRequest, "k8s-namespace and k8s-pod-name must be given together")
+			}
+			ep.PodNamespace, ep.PodName = req.K8sNamespace, req.K8sPodName
+		}
+		return nil
+	})
+	if err != nil {
+		var apiErr *server.Error
+		if errors.As(err, &apiErr) {
+			return apiErr
+		}
+		if e := endpointError(err); e != err {
+			return e
+		}
+		return server.Errorf(http.StatusInternalServerError, "%v", err)
+	}
+	server.WriteJSON(w, http.StatusOK, nil)
+	return nil
+}
+
+func addrString(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
+}
+
+func (a *Agent) handleEndpointDelete(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := a.endpointManager()
+	if err != nil {
+		return err
+	}
+	ep, err := mgr.Lookup(r.PathValue("id"))
+	if err != nil {
+		return endpointError(err)
+	}
+	if err := mgr.Delete(r.Context(), ep.ID); err != nil {
+		if errors.Is(err, endpointmanager.ErrNotFound) {
+			return endpointError(err)
+		}
+		// Deleted, but some teardown step failed: 206 with the error count.
+		a.log.Error("Endpoint deleted with errors", "endpoint", ep.ID, "error", err)
+		server.WriteJSON(w, http.StatusPartialContent, 1)
+		return nil
+	}
+	server.WriteJSON(w, http.StatusOK, nil)
+	return nil
+}
+
+func (a *Agent) handleEndpointBatchDelete(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := a.endpointManager()
+	if err != nil {
+		return err
+	}
+	var req models.EndpointBatchDeleteRequest
+	if err := server.DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	if req.ContainerID == "" {
+		return server.Errorf(http.StatusBadRequest, "container-id is required")
+	}
+	n, err := mgr.DeleteByContainerID(r.Context(), req.ContainerID)
+	if n == 0 {
+		return server.Errorf(http.StatusNotFound, "no endpoint of container %s", req.ContainerID)
+	}
+	if err != nil {
+		a.log.Error("Endpoints deleted with errors", "container-id", req.ContainerID, "error", err)
+		server.WriteJSON(w, http.StatusPartialContent, 1)
+		return nil
+	}
+	server.WriteJSON(w, http.StatusOK, nil)
+	return nil
+}
+
+func (a *Agent) handleEndpointConfigGet(w http.ResponseWriter, r *http.Request) error {
+	ep, err := a.lookupEndpoint(r)
+	if err != nil {
+		return err
+	}
+	server.WriteJSON(w, http.StatusOK, &models.EndpointConfigurationStatus{
+		Realized:  &models.EndpointConfigurationSpec{Options: ep.Options()},
+		Immutable: models.ConfigurationMap{},
+	})
+	return nil
+}
+
+// handleEndpointConfigPatch accepts no per-endpoint option yet: enforcement
+// follows the agent's policy-enforcement mode. Unknown options are 400.
+func (a *Agent) handleEndpointConfigPatch(w http.ResponseWriter, r *http.Request) error {
+	if _, err := a.lookupEndpoint(r); err != nil {
+		return err
+	}
+	var spec models.EndpointConfigurationSpec
+	if err := server.DecodeJSON(r, &spec); err != nil {
+		return err
+	}
+	for k := range spec.Options {
+		return server.Errorf(http.StatusBadRequest, "endpoint option %s cannot be set per endpoint; use `tendril config set policy-enforcement=...`", k)
+	}
+	server.WriteJSON(w, http.StatusOK, nil)
+	return nil
+}
+
+func (a *Agent) handleEndpointLabelsGet(w http.ResponseWriter, r *http.Request) error {
+	ep, err := a.lookupEndpoint(r)
+	if err != nil {
+		return err
+	}
+	m := ep.Model(nil)
+	server.WriteJSON(w, http.StatusOK, &models.LabelConfiguration{Spec: m.Spec.LabelConfiguration, Status: m.Status.Labels})
+	return nil
+}
+
+func (a *Agent) handleEndpointLabelsPatch(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := a.endpointManager()
+	if err != nil {
+		return err
+	}
+	var spec models.LabelConfigurationSpec
+	if err := server.DecodeJSON(r, &spec); err != nil {
+		return err
+	}
+	for _, l := range spec.User {
+		if !strings.Contains(l, "=") && !strings.Contains(l, ":") {
+			return server.Errorf(http.StatusBadRequest, "label %q: want [source:]key[=value]", l)
+		}
+	}
+	if _, err := mgr.Update(r.Context(), r.PathValue("id"), "Labels changed", func(ep *endpoint.Endpoint) error {
+		ep.Labels = endpoint.SortedLabels(spec.User)
+		return nil
+	}); err != nil {
+		if e := endpointError(err); e != err {
+			return e
+		}
+		return server.Errorf(http.StatusInternalServerError, "%v", err)
+	}
+	server.WriteJSON(w, http.StatusOK, nil)
+	return nil
+}
+
+func (a *Agent) handleEndpointLog(w http.ResponseWriter, r *http.Request) error {
+	ep, err := a.lookupEndpoint(r)
+	if err != nil {
+		return err
+	}
+	log := ep.Model(nil).Status.Log
+	if log == nil {
+		log = models.EndpointStatusLog{}
+	}
+	server.WriteJSON(w, http.StatusOK, log)
+	return nil
+}
+
+func (a *Agent) handleEndpointHealthz(w http.ResponseWriter, r *http.Request) error {
+	ep, err := a.lookupEndpoint(r)
+	if err != nil {
+		return err
+	}
+	server.WriteJSON(w, http.StatusOK, ep.Health())
+	return nil
+}
+

@@ -1,0 +1,219 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cilium/cilium/api/v1/models"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/datapath/linux"
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/ipam"
+)
+
+// endpointsModule owns IPAM, the endpoint manager and the node's host
+// networking (host device, per-pod routes).
+type endpointsModule struct {
+	a        *Agent
+	ipam     *ipam.IPAM
+	mgr      *endpointmanager.Manager
+	nl       *netlink.Handle
+	host     *linux.Host
+	restored endpointmanager.RestoreResult
+	cancel   context.CancelFunc
+}
+
+// startIPAMAndRestore is start step 5: read the old endpoints, pick the pod
+// CIDRs, start IPAM and re-reserve every restored endpoint's addresses before
+// anything new is handed out, then set up the host device.
+func (m *endpointsModule) start(ctx context.Context) error {
+	a := m.a
+	v4, v6, err := a.cfg.podCIDRs()
+	if err != nil {
+		return err
+	}
+	if a.podCIDRs != nil {
+		if k4, k6, ok := a.podCIDRs(ctx); ok {
+			v4, v6 = k4, k6
+		}
+	}
+	alloc, err := ipam.New(ipam.Config{ExpirationTimeout: a.cfg.IPAMExpiration}, a.log.With("module", "ipam"), v4, v6)
+	if err != nil {
+		return fmt.Errorf("start IPAM: %w", err)
+	}
+	m.ipam = alloc
+	store, err := endpoint.NewStore(filepath.Join(a.cfg.StateDir, "endpoints"), a.log.With("module", "endpoint-store"))
+	if err != nil {
+		return err
+	}
+	nl, err := netlink.NewHandle()
+	if err != nil {
+		return fmt.Errorf("open netlink: %w", err)
+	}
+	m.nl = nl
+	m.host = linux.NewHost(nl, netns.None(), a.log.With("module", "host-networking"))
+	m.mgr = endpointmanager.New(store, alloc, a.log.With("module", "endpoint-manager"))
+	m.mgr.SetRegenerator(&regenerator{m: m})
+
+	start := time.Now()
+	res, err := m.mgr.Restore(ctx, m.host.LinkExists)
+	if err != nil {
+		return fmt.Errorf("restore endpoints: %w", err)
+	}
+	m.restored = res
+	a.log.Info("Restored endpoints from disk", "restored", len(res.Restored), "removed", len(res.Removed),
+		"failed", len(res.Failed), "duration", time.Since(start), "ipv4-cidr", v4, "ipv6-cidr", v6)
+
+	if a.cfg.InstallHostNetworking {
+		if _, err := m.host.EnsureHostDevice(addrIP(alloc.RouterIP(ipam.IPv4)), addrIP(alloc.RouterIP(ipam.IPv6))); err != nil {
+			return fmt.Errorf("set up host device: %w", err)
+		}
+	}
+	expCtx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	go alloc.RunExpiration(expCtx, 10*time.Second)
+	return nil
+}
+
+func (m *endpointsModule) stop(context.Context) error {
+	if m.cancel != nil {
+		m.cancel()
+	}
+	if m.nl != nil {
+		m.nl.Close()
+	}
+	return nil
+}
+
+// regenerateRestored is start step 9.
+func (m *endpointsModule) regenerateRestored(ctx context.Context) error {
+	if err := m.mgr.RegenerateRestored(ctx); err != nil {
+		// An endpoint that fails stays not-ready and is retried on the next
+		// regeneration; the agent itself keeps running.
+		m.a.log.Error("Some restored endpoints failed to regenerate", "error", err)
+	}
+	return nil
+}
+
+func addrIP(a netip.Addr) net.IP {
+	if !a.IsValid() {
+		return nil
+	}
+	return net.IP(a.AsSlice())
+}
+
+// nodeAddressing reports the node's families, router IPs and CIDRs.
+func (m *endpointsModule) nodeAddressing() *models.NodeAddressing {
+	elem := func(f ipam.Family) *models.NodeAddressingElement {
+		if m.ipam == nil || !m.ipam.Enabled(f) {
+			return &models.NodeAddressingElement{Enabled: false}
+		}
+		return &models.NodeAddressingElement{
+			Enabled: true, IP: m.ipam.RouterIP(f).String(), AllocRange: m.ipam.CIDR(f).String(),
+		}
+	}
+	return &models.NodeAddressing{IPV4: elem(ipam.IPv4), IPV6: elem(ipam.IPv6)}
+}
+
+// statusSection is the IPAM and endpoints part of `tendril status`.
+func (m *endpointsModule) statusSection() ext.Section {
+	sec := ext.Section{Title: "IPAM"}
+	if m.ipam == nil {
+		sec.Lines = append(sec.Lines, ext.Line{Key: "state", Value: "not started"})
+		return sec
+	}
+	for _, u := range m.ipam.Usage() {
+		sec.Lines = append(sec.Lines, ext.Line{Key: string(u.Family), Value: fmt.Sprintf("%d/%d allocated from %s (router %s)", u.Used, u.Total, u.CIDR, u.Router)})
+	}
+	counts := map[endpoint.State]int{}
+	eps := m.mgr.List()
+	for _, ep := range eps {
+		counts[ep.State]++
+	}
+	sec.Lines = append(sec.Lines, ext.Line{Key: "endpoints", Value: fmt.Sprintf("%d (%d ready)", len(eps), counts[endpoint.StateReady])})
+	return sec
+}
+
+// regenerator realizes an endpoint in the node: host veth settings and
+// routes now; identity, policy and BPF programs are added by their modules
+// through the hooks in Agent.
+type regenerator struct{ m *endpointsModule }
+
+func (r *regenerator) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
+	a := r.m.a
+	if a.cfg.InstallHostNetworking && ep.HostIfName != "" {
+		link, err := r.m.nl.LinkByName(ep.HostIfName)
+		if err != nil {
+			return fmt.Errorf("host interface %s: %w", ep.HostIfName, err)
+		}
+		ep.HostIfIndex = link.Attrs().Index
+		if err := r.m.host.ConfigureHostVeth(ep.HostIfName, addrIP(r.m.ipam.RouterIP(ipam.IPv6))); err != nil {
+			return fmt.Errorf("configure host interface %s: %w", ep.HostIfName, err)
+		}
+		for _, ip := range ep.Addresses() {
+			if err := r.m.host.UpsertEndpointRoute(addrIP(ip), ep.HostIfIndex); err != nil {
+				return fmt.Errorf("route to %s: %w", ip, err)
+			}
+		}
+	}
+	for _, hook := range a.regenerateHooks() {
+		if err := hook.Regenerate(ctx, ep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *regenerator) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
+	a := r.m.a
+	var errs []error
+	hooks := a.regenerateHooks()
+	for i := len(hooks) - 1; i >= 0; i-- {
+		if err := hooks[i].Remove(ctx, ep); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if a.cfg.InstallHostNetworking && ep.HostIfIndex != 0 {
+		for _, ip := range ep.Addresses() {
+			if err := r.m.host.DeleteEndpointRoute(addrIP(ip), ep.HostIfIndex); err != nil {
+				errs = append(errs, fmt.Errorf("delete route to %s: %w", ip, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ipamStatus is the status' ipam section: every allocation with its owner,
+// the router addresses owned by "router", as the Cilium agent reports them.
+func (m *endpointsModule) ipamStatus() *models.IPAMStatus {
+	st := &models.IPAMStatus{Allocations: models.AllocationMap{}, IPV4: []string{}, IPV6: []string{}}
+	if m.ipam == nil {
+		st.Status = "not started"
+		return st
+	}
+	var parts []string
+	for _, u := range m.ipam.Usage() {
+		st.Allocations[u.Router.String()] = "router"
+		for _, al := range u.Allocations {
+			st.Allocations[al.IP.String()] = al.Owner
+			if u.Family == ipam.IPv4 {
+				st.IPV4 = append(st.IPV4, al.IP.String())
+			} else {
+				st.IPV6 = append(st.IPV6, al.IP.String())
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%s: %d/%d allocated from %s", u.Family, u.Used, u.Total, u.CIDR))
+	}
+	st.Status = strings.Join(parts, ", ")
+	return st
+}
