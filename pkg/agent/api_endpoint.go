@@ -341,4 +341,3 @@ func (a *Agent) handleEndpointHealthz(w http.ResponseWriter, r *http.Request) er
 	server.WriteJSON(w, http.StatusOK, ep.Health())
 	return nil
 }
-
