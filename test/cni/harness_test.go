@@ -363,15 +363,19 @@ func inNetns(path string, name string, args ...string) ([]byte, error) {
 	return exec.Command("nsenter", append([]string{"--net=" + path, name}, args...)...).CombinedOutput()
 }
 
-// ping sends a few echo requests from a pod to ip and reports whether any
-// was answered. Several tries because the first packet may wait for the
-// node's neighbor resolution of the destination pod.
+// ping sends echo requests from a pod to ip until one is answered, for up
+// to ten seconds: the first packets may wait for neighbor resolution, and a
+// plugin that leaves duplicate address detection on (the stock cilium-cni)
+// has a tentative IPv6 address for a second or two after ADD.
 func ping(from *pod, ip string) error {
-	out, err := inNetns(from.netns, "ping", "-c", "3", "-i", "0.2", "-W", "2", ip)
-	if err != nil {
-		return fmt.Errorf("ping %s from %s: %w: %s", ip, from.name, err, out)
+	var out []byte
+	var err error
+	for range 10 {
+		if out, err = inNetns(from.netns, "ping", "-c", "1", "-W", "1", ip); err == nil {
+			return nil
+		}
 	}
-	return nil
+	return fmt.Errorf("ping %s from %s: %w: %s", ip, from.name, err, out)
 }
 
 // cniCode is the CNI error code of err, failing when err is no CNI error.
