@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -38,7 +39,7 @@ func startAgent(t *testing.T, mutate func(*Config)) (*Agent, *client.Client) {
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(cfg, Deps{Flags: fs})
+	a, err := New(cfg, Deps{Flags: fs, Log: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,4 +258,16 @@ func TestMetricsServed(t *testing.T) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
+}
+
+// testLogger logs through t.Log so a failing test shows the agent's log.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }

@@ -5,5 +5,8 @@ import "github.com/spf13/cobra"
 // commandConstructors lists the subcommands beyond status, config and
 // version, in help order. Each capability adds its constructor here.
 func commandConstructors() []func(*Options) *cobra.Command {
-	return []func(*Options) *cobra.Command{}
+	return []func(*Options) *cobra.Command{
+		newEndpointCommand,
+		newIPAMCommand,
+	}
 }

@@ -134,3 +134,11 @@ func printStatus(w io.Writer, st *ext.StatusResponse) {
 		fmt.Fprintf(tw, "  %s\t%s\n", s.Name, line)
 	}
 }
+
+func fetchStatusFull(ctx context.Context, opts *Options) (*ext.StatusResponse, error) {
+	c, err := opts.Client()
+	if err != nil {
+		return nil, err
+	}
+	return fetchStatus(ctx, c, false)
+}

@@ -4,6 +4,7 @@ package agent_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -15,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/cilium/api/v1/models"
+
+	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/testutil/binaries"
 )
 
@@ -288,5 +292,49 @@ func TestJSONLogFormat(t *testing.T) {
 		if err := json.Unmarshal([]byte(l), &rec); err != nil || rec["msg"] == nil || rec["level"] == nil {
 			t.Fatalf("log line is not a JSON record: %q", l)
 		}
+	}
+}
+
+func TestCLIEndpointAndIPAM(t *testing.T) {
+	p := startAgent(t, nil, "--ipv4-range", "10.66.0.0/24", "--ipv6-range", "none")
+	p.waitServing(t)
+	c, err := client.New("unix://" + p.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	alloc, err := c.IPAMAllocate(ctx, "", "demo/web", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.EndpointPut(ctx, "0", &models.EndpointChangeRequest{
+		ContainerID: "cafe01", ContainerInterfaceName: "eth0", InterfaceName: "tdrcli0",
+		K8sNamespace: "demo", K8sPodName: "web", SyncBuildEndpoint: true, Labels: models.Labels{"k8s:app=web"},
+		Addressing: &models.AddressPair{IPV4: alloc.Address.IPV4, IPV4ExpirationUUID: alloc.IPV4.ExpirationUUID},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"endpoint", "list"}, []string{"ENDPOINT", "demo/web", "10.66.0.2", "ready"}},
+		{[]string{"endpoint", "get", "pod-name:demo/web"}, []string{"Pod:", "demo/web", "cafe01:eth0", "k8s:app=web"}},
+		{[]string{"endpoint", "log", "1"}, []string{"ready", "Completed endpoint regeneration"}},
+		{[]string{"endpoint", "labels", "container-id:cafe01"}, []string{"k8s:app=web"}},
+		{[]string{"ipam"}, []string{"10.66.0.2", "demo/web", "ipv4: 1/253 allocated from 10.66.0.0/24"}},
+		{[]string{"status"}, []string{"IPAM:", "endpoints", "1 (1 ready)"}},
+		{[]string{"-o", "json", "endpoint", "list"}, []string{`"pod-name": "demo/web"`}},
+	}
+	for _, tt := range tests {
+		out, errOut, code := runCLI(t, p.socket, tt.args...)
+		for _, w := range tt.want {
+			if code != 0 || !strings.Contains(out, w) {
+				t.Errorf("tendril %v (exit %d, %s) lacks %q:\n%s", tt.args, code, errOut, w, out)
+			}
+		}
+	}
+	if _, errOut, code := runCLI(t, p.socket, "endpoint", "get", "42"); code == 0 || !strings.Contains(errOut, "404") {
+		t.Errorf("get of a missing endpoint: exit %d, %s", code, errOut)
 	}
 }
