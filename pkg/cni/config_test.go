@@ -164,7 +164,7 @@ func TestCNIErrorCodes(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", refused), types.ErrTryAgainLater},
 		{&APIError{Code: http.StatusServiceUnavailable}, types.ErrTryAgainLater},
 		{&APIError{Code: http.StatusInternalServerError, Message: "pool exhausted"}, ErrAllocation},
-		{types.NewError(types.ErrInvalidNetNS, "x", ""), types.ErrInvalidNetNS},
+		{types.NewError(types.ErrInvalidEnvironmentVariables, "x", ""), types.ErrInvalidEnvironmentVariables},
 	}
 	for _, c := range cases {
 		if got := cniError(ErrAllocation, "msg", c.err).Code; got != c.want {

@@ -143,7 +143,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (retErr error) {
 	}
 	podNS, err := ns.GetNS(args.Netns)
 	if err != nil {
-		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("open network namespace %q", args.Netns), err.Error())
+		return netnsError(args.Netns, err)
 	}
 	defer podNS.Close()
 
@@ -397,7 +397,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	}
 	podNS, err := ns.GetNS(args.Netns)
 	if err != nil {
-		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("open network namespace %q", args.Netns), err.Error())
+		return netnsError(args.Netns, err)
 	}
 	defer podNS.Close()
 	if err := checkPod(podNS, args.IfName, prev); err != nil {
@@ -519,4 +519,12 @@ func deleteLink(nl *netlink.Handle, name string) error {
 		return fmt.Errorf("delete %s: %w", name, err)
 	}
 	return nil
+}
+
+// netnsError reports a netns path that cannot be opened. The spec (1.1) has
+// no code of its own for it: 4, invalid environment variables, naming
+// CNI_NETNS as the spec asks. (The Go library's code 8 is not in the spec.)
+func netnsError(path string, err error) error {
+	return types.NewError(types.ErrInvalidEnvironmentVariables,
+		fmt.Sprintf("CNI_NETNS %q: cannot open the network namespace", path), err.Error())
 }

@@ -208,8 +208,8 @@ func TestPrivilegedTendrilCNIBadInput(t *testing.T) {
 		if err == nil {
 			t.Fatal("ADD succeeded without a netns")
 		}
-		if code := cniCode(t, err); code != types.ErrInvalidNetNS {
-			t.Errorf("code %d (%v), want %d", code, err, types.ErrInvalidNetNS)
+		if code := cniCode(t, err); code != types.ErrInvalidEnvironmentVariables || !strings.Contains(err.Error(), "CNI_NETNS") {
+			t.Errorf("code %d (%v), want %d naming CNI_NETNS", code, err, types.ErrInvalidEnvironmentVariables)
 		}
 		n.assertClean("missing netns")
 	})
