@@ -241,6 +241,22 @@ func TestPrivilegedTendrilCNIBadInput(t *testing.T) {
 			t.Errorf("STATUS without agent: %v, want code %d", err, cni.ErrPluginNotAvailable)
 		}
 		n.assertClean("agent down")
+
+		// DEL while the agent is away: the veth goes, the runtime is told to
+		// try again (11), and the retry once the agent answers cleans up.
+		up := n.newPod("del-retry")
+		n.mustAdd(good, up)
+		err = n.del(list, up)
+		if err == nil || cniCode(t, err) != types.ErrTryAgainLater {
+			t.Errorf("DEL without agent: %v, want code %d", err, types.ErrTryAgainLater)
+		}
+		if v := n.hostVeths(); len(v) != 0 {
+			t.Errorf("DEL without agent kept veths %v", v)
+		}
+		if err := n.del(good, up); err != nil {
+			t.Errorf("DEL retry: %v", err)
+		}
+		n.assertClean("DEL retry")
 	})
 }
 
