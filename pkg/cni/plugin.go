@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"time"
@@ -236,7 +237,19 @@ func (p *Plugin) Add(args *skel.CmdArgs) (retErr error) {
 			InstallEndpointRoute: true,
 		},
 	}
-	if err := e.agent.endpointPut(ctx, "cilium-local:0", req); err != nil {
+	err = e.agent.endpointPut(ctx, "cilium-local:0", req)
+	if apiCode(err) == http.StatusConflict {
+		// The agent still has an endpoint for this attachment: an earlier
+		// ADD whose DEL never came (the runtime retries ADD). Its veth was
+		// replaced above, so it is dead; replace it.
+		stale := "cni-attachment-id:" + AttachmentID(args.ContainerID, args.IfName)
+		log.Info("Replacing stale endpoint of this attachment", "endpoint", stale)
+		if derr := e.agent.endpointDelete(ctx, stale); derr != nil && !isNotFound(derr) {
+			return cniError(ErrEndpoint, "delete stale endpoint "+stale, derr)
+		}
+		err = e.agent.endpointPut(ctx, "cilium-local:0", req)
+	}
+	if err != nil {
 		if agentUnreachable(err) {
 			return cniError(ErrEndpoint, "create endpoint", err)
 		}

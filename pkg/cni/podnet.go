@@ -53,16 +53,19 @@ func createVeth(nl *netlink.Handle, hostName, ifname string, mtu int, podNS ns.N
 	}
 	err = nl.LinkAdd(veth)
 	if errors.Is(err, unix.EEXIST) {
-		if _, perr := ph.LinkByName(ifname); perr == nil {
-			return nil, nil, fmt.Errorf("interface %s already exists in %s", ifname, podNS.Path())
-		}
-		// A host veth left by an ADD that was never followed by DEL: the
-		// runtime asks again, so start from a clean slate.
-		log.Info("Removing leftover host veth", "interface", hostName)
+		// A veth left by an ADD of this attachment that was never followed
+		// by DEL (the runtime asks again): removing its host side removes
+		// its pod side too; start from a clean slate.
+		log.Info("Removing leftover veth of this attachment", "interface", hostName)
 		if derr := deleteLink(nl, hostName); derr != nil {
 			return nil, nil, fmt.Errorf("remove leftover host veth: %w", derr)
 		}
 		err = nl.LinkAdd(veth)
+		if errors.Is(err, unix.EEXIST) {
+			if _, perr := ph.LinkByName(ifname); perr == nil {
+				return nil, nil, fmt.Errorf("interface %s already exists in %s and is not this plugin's", ifname, podNS.Path())
+			}
+		}
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("add veth %s (peer %s in %s): %w", hostName, ifname, podNS.Path(), err)

@@ -309,3 +309,45 @@ func TestPrivilegedTendrilCNIExhaustedPool(t *testing.T) {
 	}
 	n.assertClean("pool test")
 }
+
+// TestPrivilegedTendrilCNIRepeatedAdd: a runtime that retries ADD for an
+// attachment that already exists (no DEL in between) gets a working
+// attachment and exactly one endpoint for it, not an error or two.
+func TestPrivilegedTendrilCNIRepeatedAdd(t *testing.T) {
+	testutil.Privileged(t)
+	n := startNode(t)
+	list := n.confList("tendril-cni", "1.1.0", nil)
+	a, b := n.newPod("again-a"), n.newPod("again-b")
+	first := n.mustAdd(list, a)
+	resB := n.mustAdd(list, b)
+	second := n.mustAdd(list, a)
+	var count int
+	for _, ep := range n.endpoints() {
+		if ids := ep.Status.ExternalIdentifiers; ids != nil && ids.ContainerID == a.rt.ContainerID {
+			count++
+		}
+	}
+	if count != 1 {
+		t.Errorf("%d endpoints for the attachment after a repeated ADD, want 1", count)
+	}
+	t.Logf("first ADD %v, repeated ADD %v", first.IPs[0].Address.IP, second.IPs[0].Address.IP)
+	for _, ip := range second.IPs {
+		if err := ping(b, ip.Address.IP.String()); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, ip := range resB.IPs {
+		if err := ping(a, ip.Address.IP.String()); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := n.check(list, a); err != nil {
+		t.Errorf("CHECK after repeated ADD: %v", err)
+	}
+	for _, p := range []*pod{a, b} {
+		if err := n.del(list, p); err != nil {
+			t.Errorf("DEL %s: %v", p.name, err)
+		}
+	}
+	n.assertClean("repeated ADD")
+}
