@@ -17,8 +17,10 @@ if [[ -x "$OUT" ]]; then
 fi
 
 mkdir -p "$CACHE"
-GOFLAGS=-mod=mod go mod download -json "github.com/cilium/cilium@$VERSION" >/dev/null
-SRC=$(go env GOMODCACHE)/github.com/cilium/cilium@$VERSION
+# Outside any module, so the download cannot touch this repository's go.mod.
+SRC=$(cd "$CACHE" && GO111MODULE=on GOFLAGS= go mod download -json "github.com/cilium/cilium@$VERSION" |
+	sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+[[ -d "$SRC" ]] || { echo "download of cilium $VERSION failed" >&2; exit 1; }
 WORK=$(mktemp -d "$CACHE/cilium-src-XXXXXX")
 trap 'chmod -R u+w "$WORK" 2>/dev/null; rm -rf "$WORK"' EXIT
 
