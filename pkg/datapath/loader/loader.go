@@ -1,0 +1,364 @@
+// Package loader loads Tendril's eBPF datapath once per node, pins its maps
+// and links under the node's BPF root so the datapath keeps forwarding and
+// enforcing while the agent is down, attaches the programs to each
+// endpoint's host veth with TCX, and on restart swaps the programs of the
+// pinned links atomically.
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/spf13/pflag"
+
+	"github.com/tendril-net/tendril/pkg/datapath/bpf"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+)
+
+// LayoutVersion is the map layout version; it is part of every pinned map's
+// name (tdr_*_v1), so a changed layout gets new maps instead of misreading
+// old ones.
+const LayoutVersion = 1
+
+// Config is the loader's configuration.
+type Config struct {
+	// BPFRoot is the bpffs directory of this node's maps and links.
+	BPFRoot string
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config { return Config{BPFRoot: "/sys/fs/bpf/tendril"} }
+
+// Flags registers the loader's flags (the agent registers --bpf-root itself).
+func (c *Config) Flags(fs *pflag.FlagSet) {}
+
+// EndpointInfo is what the datapath needs to know of one endpoint.
+type EndpointInfo struct {
+	ID             uint16
+	IfIndex        int
+	IfName         string
+	Addresses      []netip.Addr
+	MAC            net.HardwareAddr
+	HostMAC        net.HardwareAddr
+	Identity       uint32
+	EnforceIngress bool
+	EnforceEgress  bool
+}
+
+// Loader is the node's datapath.
+type Loader struct {
+	cfg Config
+	log *slog.Logger
+
+	mu    sync.Mutex
+	objs  bpf.LxcObjects
+	maps  *maps.Maps
+	links map[string]link.Link // pin name → link
+	// ReusedLinks counts links found pinned at Start and updated in place.
+	reusedLinks int
+}
+
+// New returns a loader; nothing is loaded until Start.
+func New(cfg Config, log *slog.Logger) *Loader {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Loader{cfg: cfg, log: log, links: map[string]link.Link{}}
+}
+
+func (l *Loader) linksDir() string { return filepath.Join(l.cfg.BPFRoot, "links") }
+
+// Start opens or creates the pinned maps, loads the programs and re-attaches
+// the programs of links pinned by an earlier run (link update: atomic, no
+// packet sees no program).
+func (l *Loader) Start() error {
+	if err := EnsureBPFFS(l.cfg.BPFRoot); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(l.linksDir(), 0o750); err != nil {
+		return fmt.Errorf("create BPF root %s: %w (is bpffs mounted at /sys/fs/bpf?)", l.cfg.BPFRoot, err)
+	}
+	l.removeOtherLayouts()
+	spec, err := bpf.LoadLxc()
+	if err != nil {
+		return fmt.Errorf("load datapath spec: %w", err)
+	}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.cfg.BPFRoot}}
+	err = spec.LoadAndAssign(&l.objs, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// Same version name but a different shape (a development build):
+		// never misread it; start from empty maps.
+		l.log.Warn("Pinned maps are incompatible with this datapath; recreating them", "error", err)
+		l.removePinnedMaps(func(string) bool { return true })
+		err = spec.LoadAndAssign(&l.objs, opts)
+	}
+	if err != nil {
+		var verr *ebpf.VerifierError
+		if errors.As(err, &verr) {
+			return fmt.Errorf("load datapath programs: %w\n%+v", err, verr)
+		}
+		return fmt.Errorf("load datapath: %w", err)
+	}
+	l.maps = maps.FromObjects(&l.objs.LxcMaps)
+	return l.reopenLinks()
+}
+
+// removeOtherLayouts deletes pinned maps of other layout versions.
+func (l *Loader) removeOtherLayouts() {
+	suffix := "_v" + strconv.Itoa(LayoutVersion)
+	l.removePinnedMaps(func(name string) bool { return !strings.HasSuffix(name, suffix) })
+}
+
+func (l *Loader) removePinnedMaps(match func(string) bool) {
+	entries, _ := os.ReadDir(l.cfg.BPFRoot)
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasPrefix(e.Name(), "tdr_") || !match(e.Name()) {
+			continue
+		}
+		path := filepath.Join(l.cfg.BPFRoot, e.Name())
+		if err := os.Remove(path); err != nil {
+			l.log.Warn("Cannot remove pinned map", "path", path, "error", err)
+		} else {
+			l.log.Info("Removed pinned map of another layout", "path", path)
+		}
+	}
+}
+
+func (l *Loader) progFor(dir string) *ebpf.Program {
+	if dir == "ingress" {
+		return l.objs.FromPod
+	}
+	return l.objs.ToPod
+}
+
+// reopenLinks updates every pinned link to this run's programs.
+func (l *Loader) reopenLinks() error {
+	entries, err := os.ReadDir(l.linksDir())
+	if err != nil {
+		return fmt.Errorf("read pinned links: %w", err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		_, dir, ok := parseLinkName(name)
+		if !ok {
+			continue
+		}
+		path := filepath.Join(l.linksDir(), name)
+		lk, err := link.LoadPinnedLink(path, nil)
+		if err != nil {
+			l.log.Warn("Removing unloadable pinned link", "path", path, "error", err)
+			_ = os.Remove(path)
+			continue
+		}
+		if err := lk.Update(l.progFor(dir)); err != nil {
+			lk.Close()
+			return fmt.Errorf("update pinned link %s: %w", path, err)
+		}
+		l.links[name] = lk
+		l.reusedLinks++
+	}
+	if l.reusedLinks > 0 {
+		l.log.Info("Updated the programs of pinned links", "links", l.reusedLinks)
+	}
+	return nil
+}
+
+func linkName(id uint16, dir string) string { return fmt.Sprintf("ep%d-%s", id, dir) }
+
+func parseLinkName(name string) (uint16, string, bool) {
+	rest, ok := strings.CutPrefix(name, "ep")
+	if !ok {
+		return 0, "", false
+	}
+	idStr, dir, ok := strings.Cut(rest, "-")
+	if !ok || (dir != "ingress" && dir != "egress") {
+		return 0, "", false
+	}
+	id, err := strconv.ParseUint(idStr, 10, 16)
+	if err != nil {
+		return 0, "", false
+	}
+	return uint16(id), dir, true
+}
+
+// Maps returns the datapath's maps (after Start).
+func (l *Loader) Maps() *maps.Maps { return l.maps }
+
+// AttachEndpoint writes the endpoint's facts and attaches the programs to
+// its host veth. Idempotent; the map entry is written before the programs
+// attach, so the first packet already sees it.
+func (l *Loader) AttachEndpoint(ep EndpointInfo) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.maps == nil {
+		return errors.New("datapath not started")
+	}
+	var flags uint8
+	if ep.EnforceIngress {
+		flags |= maps.FlagEnforceIngress
+	}
+	if ep.EnforceEgress {
+		flags |= maps.FlagEnforceEgress
+	}
+	for _, ip := range ep.Addresses {
+		if err := l.maps.UpsertEndpoint(ip, maps.EndpointValue{
+			IfIndex: uint32(ep.IfIndex), Identity: ep.Identity, ID: ep.ID, Flags: flags, MAC: ep.MAC, HostMAC: ep.HostMAC,
+		}); err != nil {
+			return err
+		}
+	}
+	for _, dir := range []string{"ingress", "egress"} {
+		if err := l.attachLocked(ep, dir); err != nil {
+			return fmt.Errorf("attach %s program of endpoint %d to %s: %w", dir, ep.ID, ep.IfName, err)
+		}
+	}
+	return nil
+}
+
+func (l *Loader) attachLocked(ep EndpointInfo, dir string) error {
+	name := linkName(ep.ID, dir)
+	path := filepath.Join(l.linksDir(), name)
+	prog := l.progFor(dir)
+	if lk, ok := l.links[name]; ok {
+		info, err := lk.Info()
+		if err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ep.IfIndex {
+			return lk.Update(prog)
+		}
+		// The pinned link belongs to an interface that is gone (the pod's
+		// veth was recreated under the same endpoint ID): replace it.
+		_ = lk.Unpin()
+		lk.Close()
+		delete(l.links, name)
+	}
+	attach := ebpf.AttachTCXIngress
+	if dir == "egress" {
+		attach = ebpf.AttachTCXEgress
+	}
+	lk, err := link.AttachTCX(link.TCXOptions{Interface: ep.IfIndex, Program: prog, Attach: attach})
+	if err != nil {
+		return err
+	}
+	_ = os.Remove(path)
+	if err := lk.Pin(path); err != nil {
+		lk.Close()
+		return fmt.Errorf("pin link %s: %w", path, err)
+	}
+	l.links[name] = lk
+	return nil
+}
+
+// DetachEndpoint removes the endpoint's programs and map entries.
+func (l *Loader) DetachEndpoint(id uint16, addrs []netip.Addr) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var errs []error
+	for _, dir := range []string{"ingress", "egress"} {
+		name := linkName(id, dir)
+		if lk, ok := l.links[name]; ok {
+			if err := lk.Unpin(); err != nil {
+				errs = append(errs, err)
+			}
+			lk.Close()
+			delete(l.links, name)
+		} else {
+			_ = os.Remove(filepath.Join(l.linksDir(), name))
+		}
+	}
+	if l.maps != nil {
+		for _, ip := range addrs {
+			if err := l.maps.DeleteEndpoint(ip); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Status is the datapath's state for `tendril status`.
+type Status struct {
+	BPFRoot     string         `json:"bpf-root"`
+	Links       int            `json:"links"`
+	ReusedLinks int            `json:"reused-links"`
+	MapEntries  map[string]int `json:"map-entries"`
+	MapCapacity map[string]int `json:"map-capacity"`
+}
+
+// Status counts links and map entries.
+func (l *Loader) Status() Status {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := Status{BPFRoot: l.cfg.BPFRoot, Links: len(l.links), ReusedLinks: l.reusedLinks, MapEntries: map[string]int{}, MapCapacity: map[string]int{}}
+	if l.maps == nil {
+		return st
+	}
+	for name, m := range map[string]*ebpf.Map{"endpoints": l.maps.Endpoints, "ipcache": l.maps.IPCache, "policy": l.maps.Policy, "ct": l.maps.CT} {
+		st.MapEntries[name] = countEntries(m)
+		st.MapCapacity[name] = int(m.MaxEntries())
+	}
+	return st
+}
+
+func countEntries(m *ebpf.Map) int {
+	n := 0
+	key := make([]byte, m.KeySize())
+	it := m.Iterate()
+	var val []byte
+	if m.Type() == ebpf.PerCPUHash || m.Type() == ebpf.PerCPUArray {
+		return 0
+	}
+	val = make([]byte, m.ValueSize())
+	for it.Next(&key, &val) {
+		n++
+	}
+	return n
+}
+
+// AttachedEndpoints lists the endpoint IDs with pinned links.
+func (l *Loader) AttachedEndpoints() []uint16 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	seen := map[uint16]bool{}
+	for name := range l.links {
+		if id, _, ok := parseLinkName(name); ok {
+			seen[id] = true
+		}
+	}
+	var out []uint16
+	for id := range seen {
+		out = append(out, id)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// Programs returns the loaded programs (tests run them with BPF_PROG_TEST_RUN).
+func (l *Loader) Programs() (fromPod, toPod *ebpf.Program) { return l.objs.FromPod, l.objs.ToPod }
+
+// Close releases this process's handles; pinned maps and links stay, so
+// the datapath keeps working without the agent.
+func (l *Loader) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name, lk := range l.links {
+		lk.Close()
+		delete(l.links, name)
+	}
+	return l.objs.Close()
+}
+
+// Remove unpins everything under the BPF root (lab teardown, tests).
+func (l *Loader) Remove() error {
+	_ = l.Close()
+	return os.RemoveAll(l.cfg.BPFRoot)
+}
