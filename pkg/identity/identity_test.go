@@ -1,0 +1,60 @@
+package identity
+
+import (
+	"fmt"
+	"testing"
+)
+
+func TestLocalAllocator(t *testing.T) {
+	a := NewLocalAllocator()
+	var added, deleted int
+	a.Subscribe(func(ad, del []Identity) { added += len(ad); deleted += len(del) })
+	x, isNew, err := a.Allocate([]string{"k8s:app=web", "k8s:io.kubernetes.pod.namespace=default"})
+	if err != nil || !isNew || !x.ID.IsCluster() {
+		t.Fatalf("first = %+v %v %v", x, isNew, err)
+	}
+	// Order of labels does not matter.
+	y, isNew, _ := a.Allocate([]string{"k8s:io.kubernetes.pod.namespace=default", "k8s:app=web"})
+	if y.ID != x.ID || isNew {
+		t.Fatalf("same labels got %d then %d", x.ID, y.ID)
+	}
+	seen := map[NumericIdentity]bool{x.ID: true}
+	for i := 0; i < 1000; i++ {
+		id, _, err := a.Allocate([]string{fmt.Sprintf("k8s:n=%d", i)})
+		if err != nil || seen[id.ID] {
+			t.Fatalf("allocation %d: %v dup=%v", i, err, seen[id.ID])
+		}
+		seen[id.ID] = true
+	}
+	_ = a.Release(x.ID)
+	if _, ok := a.Lookup(x.ID); !ok {
+		t.Fatal("released with a reference left")
+	}
+	_ = a.Release(x.ID)
+	if _, ok := a.Lookup(x.ID); ok {
+		t.Fatal("not released after the last reference")
+	}
+	if added != 1001 || deleted != 1 {
+		t.Fatalf("listener saw %d added, %d deleted", added, deleted)
+	}
+	if err := a.Release(x.ID); err == nil {
+		t.Fatal("double release accepted")
+	}
+	if _, _, err := a.Allocate(nil); err == nil {
+		t.Fatal("empty labels accepted")
+	}
+}
+
+func TestReservedNames(t *testing.T) {
+	for name, want := range map[string]NumericIdentity{"host": 1, "world": 2, "remote-node": 6, "kube-apiserver": 7, "world-ipv6": 10} {
+		if got, ok := ReservedByName(name); !ok || got != want {
+			t.Errorf("%s = %d", name, got)
+		}
+	}
+	if (LocalScope | 5).IsLocal() != true || NumericIdentity(300).IsLocal() {
+		t.Fatal("scope bit")
+	}
+	if Host.String() != "reserved:host" {
+		t.Fatal(Host.String())
+	}
+}

@@ -1,0 +1,165 @@
+package identity
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// ErrExhausted means no free identity is left in the range.
+var ErrExhausted = errors.New("identity range exhausted")
+
+// Identity is an allocated identity and its labels.
+type Identity struct {
+	ID     NumericIdentity
+	Labels []string
+	// RefCount is how many users on this node hold it.
+	RefCount int
+}
+
+// LabelsKey is the stable string form of a label set (sorted, joined).
+func LabelsKey(labels []string) string {
+	s := append([]string(nil), labels...)
+	sort.Strings(s)
+	return strings.Join(s, ";")
+}
+
+// LocalAllocator allocates cluster-range identities in memory, reference
+// counted. It is the allocator of standalone mode (no kvstore, no CRDs);
+// the same label set always gets the same identity while referenced.
+type LocalAllocator struct {
+	mu        sync.Mutex
+	byKey     map[string]*Identity
+	byID      map[NumericIdentity]*Identity
+	next      NumericIdentity
+	listeners []func(added, deleted []Identity)
+}
+
+// NewLocalAllocator returns an empty allocator.
+func NewLocalAllocator() *LocalAllocator {
+	return &LocalAllocator{byKey: map[string]*Identity{}, byID: map[NumericIdentity]*Identity{}, next: MinCluster}
+}
+
+// Subscribe calls fn after identities are added or deleted.
+func (a *LocalAllocator) Subscribe(fn func(added, deleted []Identity)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.listeners = append(a.listeners, fn)
+}
+
+// Allocate returns the identity of labels, allocating it on first use, and
+// takes a reference. isNew tells whether it was created.
+func (a *LocalAllocator) Allocate(labels []string) (Identity, bool, error) {
+	if len(labels) == 0 {
+		return Identity{}, false, fmt.Errorf("allocate identity: empty label set")
+	}
+	key := LabelsKey(labels)
+	a.mu.Lock()
+	if id, ok := a.byKey[key]; ok {
+		id.RefCount++
+		out := *id
+		a.mu.Unlock()
+		return out, false, nil
+	}
+	var chosen NumericIdentity
+	for n := 0; n <= int(MaxCluster-MinCluster); n++ {
+		c := a.next
+		a.next++
+		if a.next > MaxCluster {
+			a.next = MinCluster
+		}
+		if _, used := a.byID[c]; !used {
+			chosen = c
+			break
+		}
+	}
+	if chosen == 0 {
+		a.mu.Unlock()
+		return Identity{}, false, ErrExhausted
+	}
+	sorted := append([]string(nil), labels...)
+	sort.Strings(sorted)
+	id := &Identity{ID: chosen, Labels: sorted, RefCount: 1}
+	a.byKey[key] = id
+	a.byID[chosen] = id
+	out := *id
+	ls := append(([]func(added, deleted []Identity))(nil), a.listeners...)
+	a.mu.Unlock()
+	for _, fn := range ls {
+		fn([]Identity{out}, nil)
+	}
+	return out, true, nil
+}
+
+// Release drops a reference; the identity is deleted with its last one.
+func (a *LocalAllocator) Release(id NumericIdentity) error {
+	a.mu.Lock()
+	ident, ok := a.byID[id]
+	if !ok {
+		a.mu.Unlock()
+		return fmt.Errorf("release identity %d: not allocated", id)
+	}
+	ident.RefCount--
+	if ident.RefCount > 0 {
+		a.mu.Unlock()
+		return nil
+	}
+	delete(a.byID, id)
+	delete(a.byKey, LabelsKey(ident.Labels))
+	out := *ident
+	ls := append(([]func(added, deleted []Identity))(nil), a.listeners...)
+	a.mu.Unlock()
+	for _, fn := range ls {
+		fn(nil, []Identity{out})
+	}
+	return nil
+}
+
+// Lookup returns the identity with the given ID.
+func (a *LocalAllocator) Lookup(id NumericIdentity) (Identity, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ident, ok := a.byID[id]; ok {
+		return *ident, true
+	}
+	return Identity{}, false
+}
+
+// List returns every allocated identity sorted by ID.
+func (a *LocalAllocator) List() []Identity {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Identity, 0, len(a.byID))
+	for _, id := range a.byID {
+		out = append(out, *id)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Reserve re-creates an identity with a known ID (restore after restart, so
+// a restored endpoint keeps its identity and its pinned policy entries stay
+// valid). A conflicting existing allocation is an error.
+func (a *LocalAllocator) Reserve(id NumericIdentity, labels []string) error {
+	key := LabelsKey(labels)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if cur, ok := a.byKey[key]; ok {
+		if cur.ID != id {
+			return fmt.Errorf("reserve identity %d: labels already have identity %d", id, cur.ID)
+		}
+		cur.RefCount++
+		return nil
+	}
+	if _, used := a.byID[id]; used {
+		return fmt.Errorf("reserve identity %d: in use by other labels", id)
+	}
+	sorted := append([]string(nil), labels...)
+	sort.Strings(sorted)
+	ident := &Identity{ID: id, Labels: sorted, RefCount: 1}
+	a.byKey[key] = ident
+	a.byID[id] = ident
+	return nil
+}

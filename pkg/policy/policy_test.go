@@ -1,0 +1,251 @@
+package policy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/policy/api"
+)
+
+// A small cluster: namespaces x and y with pods a, b; identities as the
+// agent would allocate them.
+var (
+	xa  = Peer{ID: 1000, Labels: []string{"k8s:app=a", NamespaceLabel + "=x"}}
+	xb  = Peer{ID: 1001, Labels: []string{"k8s:app=b", NamespaceLabel + "=x"}}
+	ya  = Peer{ID: 1002, Labels: []string{"k8s:app=a", NamespaceLabel + "=y"}}
+	c8  = Peer{ID: identity.LocalScope | 1, Labels: []string{"cidr:10.0.0.0/8"}, CIDR: netip.MustParsePrefix("10.0.0.0/8")}
+	c24 = Peer{ID: identity.LocalScope | 2, Labels: []string{"cidr:10.1.2.0/24"}, CIDR: netip.MustParsePrefix("10.1.2.0/24")}
+)
+
+func universe() Universe {
+	return append(ReservedPeers(), xa, xb, ya, c8, c24)
+}
+
+func mustRules(t *testing.T, doc string) api.Rules {
+	t.Helper()
+	rules, err := api.ParseRules([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rules
+}
+
+type probe struct {
+	dir   uint8
+	peer  identity.NumericIdentity
+	proto uint8
+	port  uint16
+	allow bool
+}
+
+func TestResolution(t *testing.T) {
+	tests := []struct {
+		name      string
+		ns        string
+		doc       string
+		target    Peer
+		enforceIn bool
+		enforceEg bool
+		probes    []probe
+	}{
+		{
+			name: "no rule selects: nothing enforced",
+			doc:  `[{"endpointSelector":{"matchLabels":{"app":"zzz"}},"ingress":[{}]}]`, target: xa,
+		},
+		{
+			name: "default deny ingress with an empty rule", doc: `[{"endpointSelector":{},"ingress":[{}]}]`, target: xa, enforceIn: true,
+			probes: []probe{{Ingress, xb.ID, 6, 80, false}, {Ingress, identity.World, 6, 80, false}},
+		},
+		{
+			name: "allow from pods of the namespace by label and port", ns: "x",
+			doc:    `[{"endpointSelector":{"matchLabels":{"app":"a"}},"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}]}]`,
+			target: xa, enforceIn: true,
+			probes: []probe{{Ingress, xb.ID, 6, 80, true}, {Ingress, xb.ID, 6, 81, false}, {Ingress, xb.ID, 17, 80, false}, {Ingress, ya.ID, 6, 80, false}},
+		},
+		{
+			name: "namespaced rule does not select other namespaces", ns: "x",
+			doc:    `[{"endpointSelector":{"matchLabels":{"app":"a"}},"ingress":[{}]}]`,
+			target: ya,
+		},
+		{
+			name: "explicit namespace in a peer selector", ns: "x",
+			doc:    `[{"endpointSelector":{},"ingress":[{"fromEndpoints":[{"matchLabels":{"k8s:io.kubernetes.pod.namespace":"y"}}]}]}]`,
+			target: xa, enforceIn: true,
+			probes: []probe{{Ingress, ya.ID, 6, 1, true}, {Ingress, xb.ID, 6, 1, false}},
+		},
+		{
+			name:   "matchExpressions",
+			doc:    `[{"endpointSelector":{"matchExpressions":[{"key":"app","operator":"In","values":["a","c"]}]},"egress":[{"toEndpoints":[{"matchExpressions":[{"key":"app","operator":"NotIn","values":["a"]}]}]}]}]`,
+			target: xa, enforceEg: true,
+			probes: []probe{{Egress, xb.ID, 6, 1, true}, {Egress, ya.ID, 6, 1, false}},
+		},
+		{
+			name:   "entities",
+			doc:    `[{"endpointSelector":{},"ingress":[{"fromEntities":["host","remote-node"]}],"egress":[{"toEntities":["world"]}]}]`,
+			target: xa, enforceIn: true, enforceEg: true,
+			probes: []probe{{Ingress, identity.Host, 6, 1, true}, {Ingress, identity.RemoteNode, 17, 1, true}, {Ingress, xb.ID, 6, 1, false},
+				{Egress, identity.World, 6, 443, true}, {Egress, c8.ID, 6, 443, true}, {Egress, xb.ID, 6, 443, false}},
+		},
+		{
+			name:   "entity cluster",
+			doc:    `[{"endpointSelector":{},"egress":[{"toEntities":["cluster"]}]}]`,
+			target: xa, enforceEg: true,
+			probes: []probe{{Egress, ya.ID, 6, 1, true}, {Egress, identity.Host, 6, 1, true}, {Egress, identity.World, 6, 1, false}},
+		},
+		{
+			name:   "CIDR set with except",
+			doc:    `[{"endpointSelector":{},"egress":[{"toCIDRSet":[{"cidr":"10.0.0.0/8","except":["10.1.2.0/24"]}]}]}]`,
+			target: xa, enforceEg: true,
+			probes: []probe{{Egress, c8.ID, 6, 1, true}, {Egress, c24.ID, 6, 1, false}, {Egress, identity.World, 6, 1, false}},
+		},
+		{
+			name:   "port range and L4-only egress",
+			doc:    `[{"endpointSelector":{},"egress":[{"toPorts":[{"ports":[{"port":"8000","endPort":8100,"protocol":"UDP"}]}]}]}]`,
+			target: xa, enforceEg: true,
+			probes: []probe{{Egress, identity.World, 17, 8050, true}, {Egress, xb.ID, 17, 8100, true}, {Egress, xb.ID, 17, 8101, false}, {Egress, xb.ID, 6, 8050, false}},
+		},
+		{
+			name: "deny wins over allow",
+			doc: `[{"endpointSelector":{},"ingress":[{"fromEntities":["all"],"toPorts":[{"ports":[{"port":"80"}]}]}],
+			        "ingressDeny":[{"fromEndpoints":[{"matchLabels":{"app":"b"}}]}]}]`,
+			target: xa, enforceIn: true,
+			probes: []probe{{Ingress, xb.ID, 6, 80, false}, {Ingress, ya.ID, 6, 80, true}, {Ingress, ya.ID, 17, 80, true}, {Ingress, ya.ID, 6, 81, false}},
+		},
+		{
+			name:   "deny of all ports beats an allow of one port for the same peer",
+			doc:    `[{"endpointSelector":{},"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}],"ingressDeny":[{"fromEndpoints":[{"matchLabels":{"app":"b"}}]}]}]`,
+			target: xa, enforceIn: true,
+			probes: []probe{{Ingress, xb.ID, 6, 80, false}},
+		},
+		{
+			name:   "enableDefaultDeny false: only the deny applies",
+			doc:    `[{"endpointSelector":{},"enableDefaultDeny":{"ingress":false},"ingressDeny":[{"fromEndpoints":[{"matchLabels":{"app":"b"}}]}]}]`,
+			target: xa, enforceIn: true,
+			probes: []probe{{Ingress, xb.ID, 6, 80, false}, {Ingress, ya.ID, 6, 80, true}, {Ingress, identity.World, 17, 53, true}},
+		},
+		{
+			name:   "icmp types",
+			doc:    `[{"endpointSelector":{},"ingress":[{"icmps":[{"fields":[{"type":8},{"type":"EchoRequest","family":"IPv6"}]}]}]}]`,
+			target: xa, enforceIn: true,
+			probes: []probe{{Ingress, xb.ID, 1, 8, true}, {Ingress, xb.ID, 1, 0, false}, {Ingress, xb.ID, 58, 8, true}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			repo := NewRepository()
+			if _, err := repo.Add(mustRules(t, tt.doc), tt.ns, "test", false); err != nil {
+				t.Fatal(err)
+			}
+			res := repo.Resolve(Endpoint{Labels: tt.target.Labels}, universe())
+			if res.EnforceIngress != tt.enforceIn || res.EnforceEgress != tt.enforceEg {
+				t.Fatalf("enforce = %v/%v, want %v/%v", res.EnforceIngress, res.EnforceEgress, tt.enforceIn, tt.enforceEg)
+			}
+			for _, p := range tt.probes {
+				got, _ := res.MapState.Allowed(p.dir, p.peer, p.proto, p.port)
+				if got != p.allow {
+					t.Errorf("dir %d from %d %d/%d: allowed=%v, want %v (state %v)", p.dir, p.peer, p.proto, p.port, got, p.allow, res.MapState)
+				}
+			}
+		})
+	}
+}
+
+func TestNamedPorts(t *testing.T) {
+	repo := NewRepository()
+	_, err := repo.Add(mustRules(t, `[{"endpointSelector":{},"ingress":[{"toPorts":[{"ports":[{"port":"http","protocol":"TCP"}]}]}]}]`), "", "t", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := repo.Resolve(Endpoint{Labels: xa.Labels, NamedPorts: map[string]NamedPort{"http": {8080, 6}}}, universe())
+	if ok, _ := res.MapState.Allowed(Ingress, xb.ID, 6, 8080); !ok {
+		t.Fatal("named port not resolved")
+	}
+	other := repo.Resolve(Endpoint{Labels: xb.Labels}, universe())
+	if ok, _ := other.MapState.Allowed(Ingress, xa.ID, 6, 8080); ok {
+		t.Fatal("named port allowed on an endpoint without it")
+	}
+}
+
+func TestInvalidRulesRejectedWhole(t *testing.T) {
+	tests := []struct{ doc, want string }{
+		{`[{"ingress":[{}]}]`, "endpointSelector is required"},
+		{`[{"endpointSelector":{},"ingress":[{"fromEntities":["everyone"]}]}]`, "unknown entity"},
+		{`[{"endpointSelector":{},"egress":[{"toPorts":[{"ports":[{"port":"70000"}]}]}]}]`, "out of range"},
+		{`[{"endpointSelector":{},"egress":[{"toPorts":[{"ports":[{"port":"80","protocol":"ICMP"}]}]}]}]`, "protocol"},
+		{`[{"endpointSelector":{},"egress":[{"toCIDRSet":[{"cidr":"10.0.0.0/8","except":["11.0.0.0/16"]}]}]}]`, "not inside"},
+		{`[{"endpointSelector":{},"egress":[{"toCIDR":["10.0.0.1/8"]}]}]`, "host bits"},
+		{`[{"endpointSelector":{"matchExpressions":[{"key":"a","operator":"Near"}]}}]`, "operator"},
+		{`[{"endpointSelector":{},"bogus":1}]`, "unknown field"},
+		{`[{"endpointSelector":{}}, {"endpointSelector":{},"egress":[{"toPorts":[{"ports":[{"port":"80","endPort":70}]}]}]}]`, "endPort"},
+		{`[{"endpointSelector":{},"ingressDeny":[{"toPorts":[{"ports":[{"port":"http"}]}]}]}]`, "named ports are not allowed in deny"},
+		{``, "empty"},
+		{`[]`, "no rules"},
+	}
+	for _, tt := range tests {
+		_, err := api.ParseRules([]byte(tt.doc))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: err %v, want %q", tt.doc, err, tt.want)
+		}
+	}
+	// The repository refuses the whole batch when one rule is bad.
+	repo := NewRepository()
+	good := &api.Rule{EndpointSelector: &api.EndpointSelector{}}
+	bad := &api.Rule{}
+	if _, err := repo.Add(api.Rules{good, bad}, "", "t", false); err == nil {
+		t.Fatal("bad batch accepted")
+	}
+	if rules, rev := repo.Rules(nil); len(rules) != 0 || rev != 1 {
+		t.Fatalf("bad batch changed the repository: %d rules, revision %d", len(rules), rev)
+	}
+}
+
+func TestRepositoryRevisionsAndDiff(t *testing.T) {
+	repo := NewRepository()
+	var seen []uint64
+	repo.Subscribe(func(rev uint64) { seen = append(seen, rev) })
+	r1 := mustRules(t, `[{"endpointSelector":{},"labels":["team=a"],"ingress":[{"fromEntities":["host"]}]}]`)
+	r2 := mustRules(t, `[{"endpointSelector":{},"labels":["team=a"],"ingress":[{"fromEntities":["world"]}]}]`)
+	if rev, _ := repo.Add(r1, "", "api", false); rev != 2 {
+		t.Fatalf("rev %d", rev)
+	}
+	before := repo.Resolve(Endpoint{Labels: xa.Labels}, universe())
+	if rev, _ := repo.Add(r2, "", "api", true); rev != 3 {
+		t.Fatalf("rev %d", rev)
+	}
+	if rules, _ := repo.Rules(nil); len(rules) != 1 {
+		t.Fatalf("replace kept %d rules", len(rules))
+	}
+	after := repo.Resolve(Endpoint{Labels: xa.Labels}, universe())
+	up, del := Diff(before.MapState, after.MapState)
+	// world selects world, world-ipv4, world-ipv6 and both CIDR identities.
+	if len(up) != 5 || len(del) != 1 {
+		t.Fatalf("diff: %d upserts, %d deletes", len(up), len(del))
+	}
+	if _, n := repo.DeleteByLabels([]string{"team=a"}); n != 1 {
+		t.Fatalf("deleted %d", n)
+	}
+	if len(seen) != 3 {
+		t.Fatalf("listeners saw %v", seen)
+	}
+}
+
+func FuzzParseRules(f *testing.F) {
+	f.Add([]byte(`[{"endpointSelector":{},"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"80","endPort":90,"protocol":"TCP"}]}]}]}]`))
+	f.Add([]byte(`{"endpointSelector":{"matchExpressions":[{"key":"a","operator":"In","values":["x"]}]},"egressDeny":[{"toCIDRSet":[{"cidr":"10.0.0.0/8","except":["10.1.0.0/16"]}]}]}`))
+	f.Add([]byte(`[{"endpointSelector":{},"ingress":[{"icmps":[{"fields":[{"type":"EchoRequest","family":"IPv6"}]}]}]}]`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		rules, err := api.ParseRules(data)
+		if err != nil {
+			return
+		}
+		// Whatever parses must resolve without panicking.
+		repo := NewRepository()
+		if _, err := repo.Add(rules, "x", "fuzz", false); err != nil {
+			t.Fatalf("parsed rules refused by the repository: %v", err)
+		}
+		res := repo.Resolve(Endpoint{Labels: xa.Labels}, universe())
+		_, _ = res.MapState.Allowed(Ingress, xb.ID, 6, 80)
+	})
+}

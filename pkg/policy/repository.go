@@ -1,0 +1,216 @@
+package policy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"sort"
+	"sync"
+
+	"github.com/tendril-net/tendril/pkg/policy/api"
+)
+
+// StoredRule is a rule in the repository.
+type StoredRule struct {
+	// ID is the rule's cookie in the datapath's verdict events.
+	ID   uint32
+	Rule *api.Rule
+	// Namespace is set for namespaced policies: the rule selects only
+	// endpoints of that namespace, and its peers default to it.
+	Namespace string
+	// Source names where the rule came from (api, k8s NetworkPolicy ns/name,
+	// TendrilNetworkPolicy ns/name).
+	Source string
+}
+
+// Repository holds the rules. Every change bumps the revision.
+type Repository struct {
+	mu        sync.RWMutex
+	rules     []StoredRule
+	revision  uint64
+	nextID    uint32
+	listeners []func(revision uint64)
+}
+
+// NewRepository returns an empty repository at revision 1.
+func NewRepository() *Repository { return &Repository{revision: 1, nextID: 1} }
+
+// Subscribe calls fn after each change.
+func (r *Repository) Subscribe(fn func(revision uint64)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.listeners = append(r.listeners, fn)
+}
+
+func (r *Repository) changed() uint64 {
+	r.revision++
+	rev := r.revision
+	ls := append(([]func(uint64))(nil), r.listeners...)
+	r.mu.Unlock()
+	for _, fn := range ls {
+		fn(rev)
+	}
+	r.mu.Lock()
+	return rev
+}
+
+// Add validates and adds rules; with replace, rules carrying the same label
+// set as an added rule are removed first. Nothing changes when a rule is
+// invalid.
+func (r *Repository) Add(rules api.Rules, namespace, source string, replace bool) (uint64, error) {
+	for i, rule := range rules {
+		if err := rule.Validate(); err != nil {
+			return 0, fmt.Errorf("rule %d: %w", i, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if replace {
+		keys := map[string]bool{}
+		for _, rule := range rules {
+			keys[labelsKey(rule.Labels)] = true
+		}
+		kept := r.rules[:0:0]
+		for _, s := range r.rules {
+			if !keys[labelsKey(s.Rule.Labels)] {
+				kept = append(kept, s)
+			}
+		}
+		r.rules = kept
+	}
+	for _, rule := range rules {
+		r.rules = append(r.rules, StoredRule{ID: r.nextID, Rule: rule, Namespace: namespace, Source: source})
+		r.nextID++
+	}
+	return r.changed(), nil
+}
+
+// ReplaceSource replaces every rule of a source (a Kubernetes object) with
+// rules; no rules deletes them.
+func (r *Repository) ReplaceSource(source, namespace string, rules api.Rules) (uint64, error) {
+	for i, rule := range rules {
+		if err := rule.Validate(); err != nil {
+			return 0, fmt.Errorf("%s rule %d: %w", source, i, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kept := r.rules[:0:0]
+	for _, s := range r.rules {
+		if s.Source != source {
+			kept = append(kept, s)
+		}
+	}
+	r.rules = kept
+	for _, rule := range rules {
+		r.rules = append(r.rules, StoredRule{ID: r.nextID, Rule: rule, Namespace: namespace, Source: source})
+		r.nextID++
+	}
+	return r.changed(), nil
+}
+
+// DeleteByLabels removes the rules whose labels include all of labels (all
+// rules when labels is empty) and returns how many went.
+func (r *Repository) DeleteByLabels(labels []string) (uint64, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kept := r.rules[:0:0]
+	n := 0
+	for _, s := range r.rules {
+		if hasAll(s.Rule.Labels, labels) {
+			n++
+			continue
+		}
+		kept = append(kept, s)
+	}
+	r.rules = kept
+	if n == 0 {
+		return r.revision, 0
+	}
+	return r.changed(), n
+}
+
+func hasAll(have, want []string) bool {
+	set := map[string]bool{}
+	for _, l := range have {
+		set[l] = true
+	}
+	for _, l := range want {
+		if !set[l] {
+			return false
+		}
+	}
+	return true
+}
+
+func labelsKey(labels []string) string {
+	s := append([]string(nil), labels...)
+	sort.Strings(s)
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// Rules returns the rules (optionally only those with all of labels) and
+// the revision.
+func (r *Repository) Rules(labels []string) ([]StoredRule, uint64) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []StoredRule
+	for _, s := range r.rules {
+		if hasAll(s.Rule.Labels, labels) {
+			out = append(out, s)
+		}
+	}
+	return out, r.revision
+}
+
+// Revision returns the current revision.
+func (r *Repository) Revision() uint64 {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.revision
+}
+
+// CIDRPrefixes returns every prefix the rules' CIDR selectors need in the
+// ipcache (CIDRs and their exceptions), so the agent can give each a
+// node-local identity.
+func (r *Repository) CIDRPrefixes() []netip.Prefix {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	seen := map[netip.Prefix]bool{}
+	add := func(s string) {
+		if p, err := api.ParseCIDR(s); err == nil {
+			seen[p] = true
+		}
+	}
+	for _, s := range r.rules {
+		for _, in := range append(append([]api.IngressRule(nil), s.Rule.Ingress...), s.Rule.IngressDeny...) {
+			for _, c := range in.FromCIDR {
+				add(c)
+			}
+			for _, c := range in.FromCIDRSet {
+				add(c.CIDR)
+				for _, e := range c.Except {
+					add(e)
+				}
+			}
+		}
+		for _, eg := range append(append([]api.EgressRule(nil), s.Rule.Egress...), s.Rule.EgressDeny...) {
+			for _, c := range eg.ToCIDR {
+				add(c)
+			}
+			for _, c := range eg.ToCIDRSet {
+				add(c.CIDR)
+				for _, e := range c.Except {
+					add(e)
+				}
+			}
+		}
+	}
+	out := make([]netip.Prefix, 0, len(seen))
+	for p := range seen {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}

@@ -1,0 +1,480 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/policy/api"
+)
+
+// Directions.
+const (
+	Ingress uint8 = 0
+	Egress  uint8 = 1
+)
+
+// Key is one map-state key: identity 0 is any identity; Proto 0 any
+// protocol (and port); PrefixLen is how many leading bits of Port count
+// (16 exact, 0 any port). It mirrors the BPF policy map key.
+type Key struct {
+	Identity  identity.NumericIdentity
+	Direction uint8
+	Proto     uint8
+	Port      uint16
+	PrefixLen uint8
+}
+
+// Entry is allow or deny, with the cookie of the rule behind it.
+type Entry struct {
+	Deny   bool
+	Cookie uint32
+}
+
+// MapState is an endpoint's desired policy map content.
+type MapState map[Key]Entry
+
+// Peer is a known identity: its labels, and for a node-local CIDR identity
+// its prefix.
+type Peer struct {
+	ID     identity.NumericIdentity
+	Labels []string
+	CIDR   netip.Prefix
+}
+
+// Universe is every identity the policy can select.
+type Universe []Peer
+
+// ReservedPeers are the reserved identities with their labels.
+func ReservedPeers() Universe {
+	var u Universe
+	for _, name := range []string{"host", "world", "unmanaged", "health", "init", "remote-node", "kube-apiserver", "ingress", "world-ipv4", "world-ipv6"} {
+		id, _ := identity.ReservedByName(name)
+		u = append(u, Peer{ID: id, Labels: []string{"reserved:" + name}})
+	}
+	return u
+}
+
+// Endpoint is what resolution needs of an endpoint.
+type Endpoint struct {
+	Labels []string
+	// NamedPorts maps a container port name to its port and protocol.
+	NamedPorts map[string]NamedPort
+}
+
+// NamedPort is a container port.
+type NamedPort struct {
+	Port  uint16
+	Proto uint8
+}
+
+// Result is the resolved policy of one endpoint.
+type Result struct {
+	EnforceIngress bool
+	EnforceEgress  bool
+	MapState       MapState
+	// Rules are the IDs of the rules selecting the endpoint.
+	Rules []uint32
+	// Revision is the repository revision resolved.
+	Revision uint64
+}
+
+func namespaceOf(labels []string) string {
+	for _, l := range labels {
+		if v, ok := strings.CutPrefix(l, NamespaceLabel+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// selects reports whether a stored rule selects an endpoint with labels.
+func (s StoredRule) selects(labels []string) bool {
+	if s.Namespace != "" && namespaceOf(labels) != s.Namespace {
+		return false
+	}
+	return Matches(s.Rule.EndpointSelector, labels)
+}
+
+// section is ingress or egress rule content, direction-neutral.
+type section struct {
+	endpoints []api.EndpointSelector
+	entities  []string
+	cidrs     []string
+	cidrSets  []api.CIDRRule
+	ports     []api.PortRule
+	icmps     []api.ICMPRule
+}
+
+func ingressSection(r api.IngressRule) section {
+	return section{r.FromEndpoints, r.FromEntities, r.FromCIDR, r.FromCIDRSet, r.ToPorts, r.ICMPs}
+}
+
+func egressSection(r api.EgressRule) section {
+	return section{r.ToEndpoints, r.ToEntities, r.ToCIDR, r.ToCIDRSet, r.ToPorts, r.ICMPs}
+}
+
+func (s section) hasPeers() bool {
+	return len(s.endpoints)+len(s.entities)+len(s.cidrs)+len(s.cidrSets) > 0
+}
+
+// entityMatches reports whether entity selects peer p.
+func entityMatches(entity string, p Peer) bool {
+	switch entity {
+	case "all":
+		return true
+	case "world":
+		return p.ID == identity.World || p.ID == identity.WorldIPv4 || p.ID == identity.WorldIPv6 || p.ID.IsLocal()
+	case "cluster":
+		return !p.ID.IsLocal() && p.ID != identity.World && p.ID != identity.WorldIPv4 && p.ID != identity.WorldIPv6
+	}
+	id, ok := identity.ReservedByName(entity)
+	return ok && p.ID == id
+}
+
+// cidrMatches reports whether a CIDR selector (with exceptions) selects a
+// CIDR identity's prefix.
+func cidrMatches(cidr string, except []string, p Peer) bool {
+	if !p.CIDR.IsValid() {
+		return false
+	}
+	c, err := api.ParseCIDR(cidr)
+	if err != nil || !c.Contains(p.CIDR.Addr()) || p.CIDR.Bits() < c.Bits() {
+		return false
+	}
+	for _, e := range except {
+		ep, err := api.ParseCIDR(e)
+		if err == nil && ep.Contains(p.CIDR.Addr()) && p.CIDR.Bits() >= ep.Bits() {
+			return false
+		}
+	}
+	return true
+}
+
+// peerMatches reports whether the section's peers select p; "all" (the
+// wildcard) is reported by wildcard instead.
+func (s section) peerMatches(p Peer, ns string) bool {
+	for _, e := range s.entities {
+		if e != "all" && entityMatches(e, p) {
+			return true
+		}
+	}
+	for _, c := range s.cidrs {
+		if cidrMatches(c, nil, p) {
+			return true
+		}
+	}
+	for _, c := range s.cidrSets {
+		if cidrMatches(c.CIDR, c.Except, p) {
+			return true
+		}
+	}
+	if p.ID.IsLocal() {
+		return false
+	}
+	for _, sel := range s.endpoints {
+		sel := withNamespace(sel, ns)
+		if p.ID.IsReserved() && !selectorNamesReserved(sel) {
+			continue
+		}
+		if Matches(&sel, p.Labels) {
+			return true
+		}
+	}
+	return false
+}
+
+func selectorNamesReserved(sel api.EndpointSelector) bool {
+	for k := range sel.MatchLabels {
+		if strings.HasPrefix(k, "reserved:") {
+			return true
+		}
+	}
+	return false
+}
+
+// wildcard reports whether the section selects every peer.
+func (s section) wildcard() bool {
+	if !s.hasPeers() {
+		// An L4-only section applies to every peer; an empty one ({}, the
+		// policy language's default deny) to none.
+		return len(s.ports)+len(s.icmps) > 0
+	}
+	for _, e := range s.entities {
+		if e == "all" {
+			return true
+		}
+	}
+	return false
+}
+
+type portKey struct {
+	proto     uint8
+	port      uint16
+	prefixLen uint8
+}
+
+// portKeys expands a section's ports; named ports resolve through named
+// (unknown names select nothing).
+func (s section) portKeys(named map[string]NamedPort) []portKey {
+	if len(s.ports) == 0 && len(s.icmps) == 0 {
+		return []portKey{{}}
+	}
+	var out []portKey
+	for _, pr := range s.ports {
+		if len(pr.Ports) == 0 {
+			out = append(out, portKey{})
+		}
+		for _, pp := range pr.Ports {
+			if name := pp.NamedPort(); name != "" {
+				np, ok := named[name]
+				if !ok {
+					continue
+				}
+				protos, _, _, _ := pp.Parse()
+				for _, proto := range protos {
+					if proto == np.Proto {
+						out = append(out, portKey{proto, np.Port, 16})
+					}
+				}
+				continue
+			}
+			protos, from, to, err := pp.Parse()
+			if err != nil {
+				continue
+			}
+			for _, proto := range protos {
+				if from == 0 {
+					out = append(out, portKey{proto, 0, 0})
+					continue
+				}
+				for _, r := range portRangePrefixes(from, to) {
+					out = append(out, portKey{proto, r.port, r.prefixLen})
+				}
+			}
+		}
+	}
+	for _, ic := range s.icmps {
+		for _, f := range ic.Fields {
+			proto := api.ProtoICMP
+			if f.Family == "IPv6" {
+				proto = api.ProtoICMP6
+			}
+			out = append(out, portKey{proto, uint16(f.Type.Value), 16})
+		}
+	}
+	return out
+}
+
+type portPrefix struct {
+	port      uint16
+	prefixLen uint8
+}
+
+// portRangePrefixes splits [from, to] into aligned prefixes.
+func portRangePrefixes(from, to uint16) []portPrefix {
+	var out []portPrefix
+	start, end := uint32(from), uint32(to)
+	for start <= end {
+		size, bits := uint32(1), uint8(0)
+		for bits < 16 {
+			next := size << 1
+			if start%next != 0 || start+next-1 > end {
+				break
+			}
+			size, bits = next, bits+1
+		}
+		out = append(out, portPrefix{uint16(start), 16 - bits})
+		start += size
+	}
+	return out
+}
+
+// covers reports whether (proto, port prefix) a contains b.
+func (a Key) covers(b Key) bool {
+	if a.Identity != b.Identity || a.Direction != b.Direction {
+		return false
+	}
+	if a.Proto == 0 {
+		return true
+	}
+	if a.Proto != b.Proto || b.PrefixLen < a.PrefixLen {
+		return false
+	}
+	if a.PrefixLen == 0 {
+		return true
+	}
+	mask := ^uint16(0) << (16 - a.PrefixLen)
+	return a.Port&mask == b.Port&mask
+}
+
+// Resolve computes an endpoint's policy from the repository's rules over
+// the universe of identities.
+func (r *Repository) Resolve(ep Endpoint, universe Universe) Result {
+	rules, rev := r.Rules(nil)
+	res := Result{MapState: MapState{}, Revision: rev}
+	var ingressRules, egressRules, ingressDefaultDeny, egressDefaultDeny bool
+	for _, s := range rules {
+		if !s.selects(ep.Labels) {
+			continue
+		}
+		res.Rules = append(res.Rules, s.ID)
+		rule := s.Rule
+		dd := rule.EnableDefaultDeny
+		if len(rule.Ingress)+len(rule.IngressDeny) > 0 {
+			ingressRules = true
+			if dd == nil || dd.Ingress == nil || *dd.Ingress {
+				ingressDefaultDeny = true
+			}
+		}
+		if len(rule.Egress)+len(rule.EgressDeny) > 0 {
+			egressRules = true
+			if dd == nil || dd.Egress == nil || *dd.Egress {
+				egressDefaultDeny = true
+			}
+		}
+		for _, in := range rule.Ingress {
+			res.MapState.add(ingressSection(in), Ingress, false, s, ep, universe)
+		}
+		for _, in := range rule.IngressDeny {
+			res.MapState.add(ingressSection(in), Ingress, true, s, ep, universe)
+		}
+		for _, eg := range rule.Egress {
+			res.MapState.add(egressSection(eg), Egress, false, s, ep, universe)
+		}
+		for _, eg := range rule.EgressDeny {
+			res.MapState.add(egressSection(eg), Egress, true, s, ep, universe)
+		}
+	}
+	res.EnforceIngress, res.EnforceEgress = ingressRules, egressRules
+	// Rules that opt out of default deny enforce only their denies.
+	if ingressRules && !ingressDefaultDeny {
+		res.MapState.merge(Key{Direction: Ingress}, Entry{})
+	}
+	if egressRules && !egressDefaultDeny {
+		res.MapState.merge(Key{Direction: Egress}, Entry{})
+	}
+	res.MapState.pruneCoveredAllows()
+	return res
+}
+
+func (m MapState) merge(k Key, e Entry) {
+	if cur, ok := m[k]; ok && (cur.Deny || !e.Deny) {
+		return // deny wins; an allow does not replace an allow
+	}
+	m[k] = e
+}
+
+func (m MapState) add(s section, dir uint8, deny bool, rule StoredRule, ep Endpoint, universe Universe) {
+	// Named ports name the endpoint's own ports on ingress; on egress they
+	// would name the peer's, which identities do not carry.
+	named := ep.NamedPorts
+	if dir == Egress {
+		named = nil
+	}
+	ports := s.portKeys(named)
+	var ids []identity.NumericIdentity
+	if s.wildcard() {
+		ids = []identity.NumericIdentity{0}
+	} else {
+		for _, p := range universe {
+			if s.peerMatches(p, rule.Namespace) {
+				ids = append(ids, p.ID)
+			}
+		}
+	}
+	for _, id := range ids {
+		for _, pk := range ports {
+			m.merge(Key{Identity: id, Direction: dir, Proto: pk.proto, Port: pk.port, PrefixLen: pk.prefixLen}, Entry{Deny: deny, Cookie: rule.ID})
+		}
+	}
+}
+
+// pruneCoveredAllows removes allows that a deny of the same identity covers:
+// the datapath takes the longest prefix per identity, so such an allow
+// would otherwise win over the broader deny.
+func (m MapState) pruneCoveredAllows() {
+	var denies []Key
+	for k, e := range m {
+		if e.Deny {
+			denies = append(denies, k)
+		}
+	}
+	for k, e := range m {
+		if e.Deny {
+			continue
+		}
+		for _, d := range denies {
+			if d.covers(k) {
+				delete(m, k)
+				break
+			}
+		}
+	}
+}
+
+// Diff returns the entries to write and the keys to delete to turn cur into
+// want.
+func Diff(cur, want MapState) (upserts MapState, deletes []Key) {
+	upserts = MapState{}
+	for k, e := range want {
+		if c, ok := cur[k]; !ok || c != e {
+			upserts[k] = e
+		}
+	}
+	for k := range cur {
+		if _, ok := want[k]; !ok {
+			deletes = append(deletes, k)
+		}
+	}
+	sort.Slice(deletes, func(i, j int) bool { return fmt.Sprint(deletes[i]) < fmt.Sprint(deletes[j]) })
+	return upserts, deletes
+}
+
+// Allowed evaluates the map state for one packet the way the datapath does:
+// the longest match for the identity and for any identity; deny wins.
+func (m MapState) Allowed(dir uint8, id identity.NumericIdentity, proto uint8, port uint16) (allowed bool, cookie uint32) {
+	lookup := func(id identity.NumericIdentity) (Entry, bool) {
+		var best Entry
+		bestLen := -1
+		for k, e := range m {
+			if k.Identity != id || k.Direction != dir {
+				continue
+			}
+			l := 0
+			if k.Proto != 0 {
+				if k.Proto != proto {
+					continue
+				}
+				if k.PrefixLen > 0 {
+					mask := ^uint16(0) << (16 - k.PrefixLen)
+					if k.Port&mask != port&mask {
+						continue
+					}
+				}
+				l = 16 + int(k.PrefixLen)
+			}
+			if l > bestLen {
+				best, bestLen = e, l
+			}
+		}
+		return best, bestLen >= 0
+	}
+	exact, okE := lookup(id)
+	any, okA := lookup(0)
+	if (okE && exact.Deny) || (okA && any.Deny) {
+		if okE && exact.Deny {
+			return false, exact.Cookie
+		}
+		return false, any.Cookie
+	}
+	if okE {
+		return true, exact.Cookie
+	}
+	if okA {
+		return true, any.Cookie
+	}
+	return false, 0
+}

@@ -1,0 +1,129 @@
+// Package policy is the policy engine: a repository of rules with
+// revisions, selector matching against identity labels, and the resolution
+// of an endpoint's identity to its map state (identity × direction ×
+// protocol/port → allow or deny, deny winning), realized in the BPF policy
+// map by the agent.
+package policy
+
+import (
+	"strings"
+
+	"github.com/tendril-net/tendril/pkg/policy/api"
+)
+
+// NamespaceLabel is the label carrying a pod's namespace.
+const NamespaceLabel = "k8s:io.kubernetes.pod.namespace"
+
+// labelSet indexes "source:key=value" labels by key, with and without the
+// source.
+type labelSet struct {
+	bySourceKey map[string]string // "k8s:app" → value
+	byKey       map[string][]string
+}
+
+func newLabelSet(labels []string) labelSet {
+	s := labelSet{bySourceKey: map[string]string{}, byKey: map[string][]string{}}
+	for _, l := range labels {
+		kv, value, _ := strings.Cut(l, "=")
+		source, key, ok := strings.Cut(kv, ":")
+		if !ok {
+			source, key = "unspec", kv
+		}
+		s.bySourceKey[source+":"+key] = value
+		s.byKey[key] = append(s.byKey[key], value)
+	}
+	return s
+}
+
+// values returns the values of a selector key: "k8s:app" matches only that
+// source, "app" (or "any:app") any source.
+func (s labelSet) values(selKey string) []string {
+	source, key, ok := strings.Cut(selKey, ":")
+	if ok && source != "any" {
+		if v, found := s.bySourceKey[source+":"+key]; found {
+			return []string{v}
+		}
+		return nil
+	}
+	if ok {
+		selKey = key
+	}
+	return s.byKey[selKey]
+}
+
+func contains(vs []string, v string) bool {
+	for _, x := range vs {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Matches reports whether the selector selects a label set. An empty
+// selector selects everything.
+func Matches(sel *api.EndpointSelector, labels []string) bool {
+	if sel == nil {
+		return false
+	}
+	s := newLabelSet(labels)
+	for k, v := range sel.MatchLabels {
+		if !contains(s.values(k), v) {
+			return false
+		}
+	}
+	for _, req := range sel.MatchExpressions {
+		vs := s.values(req.Key)
+		switch req.Operator {
+		case "In":
+			ok := false
+			for _, v := range req.Values {
+				ok = ok || contains(vs, v)
+			}
+			if !ok {
+				return false
+			}
+		case "NotIn":
+			for _, v := range req.Values {
+				if contains(vs, v) {
+					return false
+				}
+			}
+		case "Exists":
+			if len(vs) == 0 {
+				return false
+			}
+		case "DoesNotExist":
+			if len(vs) != 0 {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// withNamespace returns sel restricted to namespace ns unless it names a
+// namespace itself (as a namespaced policy's peers default to its
+// namespace).
+func withNamespace(sel api.EndpointSelector, ns string) api.EndpointSelector {
+	if ns == "" {
+		return sel
+	}
+	for k := range sel.MatchLabels {
+		if strings.HasSuffix(k, "io.kubernetes.pod.namespace") {
+			return sel
+		}
+	}
+	for _, r := range sel.MatchExpressions {
+		if strings.HasSuffix(r.Key, "io.kubernetes.pod.namespace") {
+			return sel
+		}
+	}
+	out := api.EndpointSelector{MatchLabels: map[string]string{NamespaceLabel: ns}, MatchExpressions: sel.MatchExpressions}
+	for k, v := range sel.MatchLabels {
+		out.MatchLabels[k] = v
+	}
+	return out
+}
