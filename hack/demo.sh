@@ -7,7 +7,7 @@ dir=$(mktemp -d /tmp/tendril-demo.XXXXXX)
 sock=$dir/tendril.sock
 echo "==> Starting tendril-agent (state in $dir)"
 bin/tendril-agent --state-dir "$dir/state" --socket "$sock" --bpf-root "/sys/fs/bpf/tendril-demo" \
-	--prometheus-serve-addr "" --node-name demo-node --install-host-networking=false >"$dir/agent.log" 2>&1 &
+	--prometheus-serve-addr "" --node-name demo-node --install-host-networking=false --enable-datapath=false >"$dir/agent.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do

@@ -49,6 +49,8 @@ type Agent struct {
 	api     *server.Server
 
 	endpoints *endpointsModule
+	datapath  *datapathModule
+	policy    *policyModule
 	// podCIDRs, when set (Kubernetes mode), returns the node's pod CIDRs
 	// from the Node object; ok=false falls back to the flags.
 	podCIDRs func(ctx context.Context) (v4, v6 netip.Prefix, ok bool)
@@ -118,7 +120,16 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	}
 	a.api = api
 	a.endpoints = &endpointsModule{a: a}
+	a.policy = newPolicyModule(a)
+	if cfg.EnableDatapath {
+		a.datapath = newDatapathModule(a)
+		a.AddRegenerateHook(a.datapath)
+		a.AddStatusSection(a.datapath.statusSection)
+	}
+	a.runtime.Subscribe(func(option.RuntimeValues) { a.policy.triggerRegeneration() })
 	a.registerDaemonAPI()
+	a.registerPolicyAPI()
+	a.registerMapAPI()
 	a.registerIPAMAPI()
 	a.registerEndpointAPI()
 	a.AddStatusSection(a.endpoints.statusSection)
@@ -137,12 +148,43 @@ func (a *Agent) buildStartList() {
 		return nil
 	}, nil)
 
+	// 3. open or create the pinned BPF maps before anything reads them.
+	if a.datapath != nil {
+		a.appendModule("bpf-maps", a.datapath.start, a.datapath.stop)
+	}
+
 	// 5. restore endpoints, pick the pod CIDRs, IPAM re-reserves restored
 	// addresses before any new allocation, host device.
 	a.appendModule("endpoint-restore-ipam", a.endpoints.start, a.endpoints.stop)
 
-	// 9. regenerate the restored endpoints once identities and policy are in.
+	// 7. identities: restored endpoints keep theirs.
+	if a.datapath != nil {
+		a.appendModule("identity-restore", func(context.Context) error {
+			a.datapath.reserveRestored(a.endpoints.mgr.List())
+			return nil
+		}, nil)
+		// 8. host IPs into the ipcache; conntrack GC.
+		a.appendModule("host-ips-ct-gc", a.datapath.syncHostIPs, nil)
+	}
+
+	// 9. regenerate the restored endpoints once identities and policy are in;
+	// then keep endpoints in line with policy changes.
 	a.appendModule("regenerate-restored", a.endpoints.regenerateRestored, nil)
+	var policyCancel context.CancelFunc
+	policyDone := make(chan struct{})
+	a.appendModule("policy-regeneration", func(context.Context) error {
+		ctx, cancel := context.WithCancel(context.Background())
+		policyCancel = cancel
+		go func() {
+			defer close(policyDone)
+			a.policy.run(ctx)
+		}()
+		return nil
+	}, func(context.Context) error {
+		policyCancel()
+		<-policyDone
+		return nil
+	})
 
 	// 10. health, status, metrics, then serve the API; mark ready.
 	a.appendModule("metrics", a.metrics.Start, a.metrics.Stop)

@@ -31,6 +31,7 @@ func startAgent(t *testing.T, mutate func(*Config)) (*Agent, *client.Client) {
 	cfg.NodeName = "node-a"
 	// The test runs in the machine's own network namespace: leave it alone.
 	cfg.InstallHostNetworking = false
+	cfg.EnableDatapath = false
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -187,6 +188,7 @@ func TestStartFailureRollsBack(t *testing.T) {
 	cfg.Metrics.ServeAddr = "256.0.0.1:1"
 	cfg.NodeName = "n"
 	cfg.InstallHostNetworking = false
+	cfg.EnableDatapath = false
 	a, err := New(cfg, Deps{})
 	if err != nil {
 		t.Fatal(err)

@@ -149,7 +149,9 @@ func (a *Agent) handleEndpointGet(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	server.WriteJSON(w, http.StatusOK, ep.Model(a.nodeAddressing()))
+	m := ep.Model(a.nodeAddressing())
+	m.Status.Policy = a.policy.endpointPolicyModel(ep)
+	server.WriteJSON(w, http.StatusOK, m)
 	return nil
 }
 

@@ -40,6 +40,10 @@ type Config struct {
 	// agent's network namespace. Only tests that run the agent in the
 	// machine's own namespace turn it off.
 	InstallHostNetworking bool
+	// EnableDatapath loads the eBPF datapath and attaches it to endpoints.
+	// Only tests of the control plane in the machine's own namespace turn
+	// it off.
+	EnableDatapath bool
 	// IPAMExpiration is how long an address allocated with expiration may
 	// stay unclaimed by an endpoint.
 	IPAMExpiration time.Duration
@@ -59,6 +63,7 @@ func DefaultConfig() Config {
 		IPv4Range:             "auto",
 		IPv6Range:             "auto",
 		InstallHostNetworking: true,
+		EnableDatapath:        true,
 		IPAMExpiration:        10 * time.Minute,
 		API:                   server.DefaultConfig(),
 		Metrics:               metrics.DefaultConfig(),
@@ -79,6 +84,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.IPv4Range, "ipv4-range", c.IPv4Range, "IPv4 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
 	fs.StringVar(&c.IPv6Range, "ipv6-range", c.IPv6Range, "IPv6 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
 	fs.BoolVar(&c.InstallHostNetworking, "install-host-networking", c.InstallHostNetworking, "Create the host device and per-pod routes in the agent's network namespace")
+	fs.BoolVar(&c.EnableDatapath, "enable-datapath", c.EnableDatapath, "Load the eBPF datapath and attach it to endpoints")
 	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)

@@ -1,0 +1,160 @@
+package agent
+
+import (
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/cilium/cilium/api/v1/models"
+
+	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+)
+
+// mapNames are the short names of the datapath's maps and their pinned names.
+func mapNames() map[string]string {
+	return map[string]string{
+		"endpoints": "tdr_endpoints_v1", "ipcache": "tdr_ipcache_v1", "policy": "tdr_policy_v1",
+		"ct": "tdr_ct_v1", "metrics": "tdr_metrics_v1",
+	}
+}
+
+// registerMapAPI serves GET /v1/map and /v1/map/{name}.
+func (a *Agent) registerMapAPI() {
+	a.api.Handle(http.MethodGet, "/v1/map", func(w http.ResponseWriter, r *http.Request) error {
+		dm, err := a.datapathMaps()
+		if err != nil {
+			return err
+		}
+		list := &models.BPFMapList{Maps: []*models.BPFMap{}}
+		names := make([]string, 0)
+		for short := range mapNames() {
+			names = append(names, short)
+		}
+		sort.Strings(names)
+		for _, short := range names {
+			m, err := a.mapModel(dm, short)
+			if err != nil {
+				return err
+			}
+			list.Maps = append(list.Maps, m)
+		}
+		server.WriteJSON(w, http.StatusOK, list)
+		return nil
+	})
+	a.api.Handle(http.MethodGet, "/v1/map/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		dm, err := a.datapathMaps()
+		if err != nil {
+			return err
+		}
+		name := r.PathValue("name")
+		short := ""
+		for s, full := range mapNames() {
+			if name == s || name == full || name == filepath.Join(a.cfg.BPFRoot, full) {
+				short = s
+			}
+		}
+		if short == "" {
+			return server.Errorf(http.StatusNotFound, "no map %q (maps: endpoints, ipcache, policy, ct, metrics)", name)
+		}
+		m, err := a.mapModel(dm, short)
+		if err != nil {
+			return err
+		}
+		server.WriteJSON(w, http.StatusOK, m)
+		return nil
+	})
+}
+
+func (a *Agent) datapathMaps() (*maps.Maps, error) {
+	if a.datapath == nil || a.datapath.loader.Maps() == nil {
+		return nil, server.Errorf(http.StatusNotFound, "the datapath is not enabled on this agent")
+	}
+	return a.datapath.loader.Maps(), nil
+}
+
+// mapModel renders a map's entries as key/value strings.
+func (a *Agent) mapModel(dm *maps.Maps, short string) (*models.BPFMap, error) {
+	out := &models.BPFMap{Path: filepath.Join(a.cfg.BPFRoot, mapNames()[short]), Cache: []*models.BPFMapEntry{}}
+	add := func(k, v string) {
+		out.Cache = append(out.Cache, &models.BPFMapEntry{Key: k, Value: v, DesiredAction: "sync"})
+	}
+	switch short {
+	case "endpoints":
+		eps, err := dm.DumpEndpoints()
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range eps {
+			add(e.IP.String(), fmt.Sprintf("id=%d ifindex=%d identity=%d flags=%d mac=%s", e.ID, e.IfIndex, e.Identity, e.Flags, e.MAC))
+		}
+	case "ipcache":
+		entries, err := dm.DumpIPCache()
+		if err != nil {
+			return nil, err
+		}
+		for p, v := range entries {
+			val := fmt.Sprintf("identity=%d", v.Identity)
+			if v.TunnelIP.IsValid() {
+				val += " tunnel=" + v.TunnelIP.String()
+			}
+			add(p.String(), val)
+		}
+	case "policy":
+		entries, err := dm.DumpPolicy(0)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range entries {
+			verdict := "allow"
+			if v.Deny {
+				verdict = "deny"
+			}
+			add(FormatPolicyKey(k), fmt.Sprintf("%s cookie=%d", verdict, v.Cookie))
+		}
+	case "ct":
+		entries, err := dm.DumpCT()
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			add(fmt.Sprintf("ep=%d %s %s:%d -> %s:%d proto=%d", e.EndpointID, maps.DirectionName(e.Direction), e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto),
+				fmt.Sprintf("packets=%d bytes=%d reply=%v closing=%v expires=%d", e.Packets, e.Bytes, e.SeenReply, e.Closing, e.Expires))
+		}
+	case "metrics":
+		rows, err := dm.DumpMetrics()
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rows {
+			add(fmt.Sprintf("%s %s", maps.ReasonName(r.Reason), maps.DirectionName(r.Direction)), fmt.Sprintf("packets=%d bytes=%d", r.Packets, r.Bytes))
+		}
+	}
+	sort.Slice(out.Cache, func(i, j int) bool { return out.Cache[i].Key < out.Cache[j].Key })
+	return out, nil
+}
+
+// FormatPolicyKey renders a policy key for people.
+func FormatPolicyKey(k maps.PolicyKey) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "ep=%d %s identity=", k.EndpointID, maps.DirectionName(k.Direction))
+	if k.Identity == 0 {
+		b.WriteString("any")
+	} else {
+		fmt.Fprintf(&b, "%d", k.Identity)
+	}
+	switch {
+	case k.Proto == 0:
+		b.WriteString(" proto=any")
+	case k.PortPrefixLen == 0:
+		fmt.Fprintf(&b, " proto=%d port=any", k.Proto)
+	case k.PortPrefixLen == 16:
+		fmt.Fprintf(&b, " proto=%d port=%d", k.Proto, k.Port)
+	default:
+		last := uint32(k.Port) + (uint32(1) << (16 - k.PortPrefixLen)) - 1
+		fmt.Fprintf(&b, " proto=%d ports=%d-%d", k.Proto, k.Port, last)
+	}
+	return b.String()
+}

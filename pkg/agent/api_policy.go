@@ -1,0 +1,155 @@
+package agent
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/cilium/api/v1/models"
+
+	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/api"
+)
+
+// registerPolicyAPI serves /v1/policy and /v1/policy/selectors.
+func (a *Agent) registerPolicyAPI() {
+	a.api.Handle(http.MethodPut, "/v1/policy", a.handlePolicyPut)
+	a.api.Handle(http.MethodGet, "/v1/policy", a.handlePolicyGet)
+	a.api.Handle(http.MethodDelete, "/v1/policy", a.handlePolicyDelete)
+	a.api.Handle(http.MethodGet, "/v1/policy/selectors", a.handlePolicySelectors)
+}
+
+// readOptionalLabels reads the optional Labels body of GET/DELETE.
+func readOptionalLabels(r *http.Request) ([]string, error) {
+	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		return nil, server.Errorf(http.StatusBadRequest, "read body: %v", err)
+	}
+	if strings.TrimSpace(string(data)) == "" {
+		return nil, nil
+	}
+	var labels []string
+	if err := json.Unmarshal(data, &labels); err != nil {
+		return nil, server.Errorf(http.StatusBadRequest, "labels: want a JSON array of strings: %v", err)
+	}
+	return labels, nil
+}
+
+func (a *Agent) policyModel(labels []string) (*models.Policy, int) {
+	rules, rev := a.policy.repo.Rules(labels)
+	out := make(api.Rules, 0, len(rules))
+	for _, s := range rules {
+		out = append(out, s.Rule)
+	}
+	data, _ := json.MarshalIndent(out, "", "  ")
+	return &models.Policy{Policy: string(data), Revision: int64(rev)}, len(rules)
+}
+
+func (a *Agent) handlePolicyPut(w http.ResponseWriter, r *http.Request) error {
+	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		return server.Errorf(http.StatusBadRequest, "read body: %v", err)
+	}
+	// The spec's body is a JSON string holding the rules (what cilium-dbg
+	// sends); a bare rules document is accepted too.
+	doc := strings.TrimSpace(string(data))
+	if strings.HasPrefix(doc, `"`) {
+		var s string
+		if err := json.Unmarshal([]byte(doc), &s); err != nil {
+			return server.Errorf(http.StatusBadRequest, "policy body: %v", err)
+		}
+		doc = s
+	}
+	rules, err := api.ParseRules([]byte(doc))
+	if err != nil {
+		return server.Errorf(http.StatusBadRequest, "%v", err)
+	}
+	q := r.URL.Query()
+	replace := false
+	if v := q.Get("replace"); v != "" {
+		if replace, err = strconv.ParseBool(v); err != nil {
+			return server.Errorf(http.StatusBadRequest, "replace %q: not a boolean", v)
+		}
+	}
+	if with := q["replace-with-labels"]; len(with) > 0 {
+		a.policy.repo.DeleteByLabels(with)
+	}
+	if _, err := a.policy.repo.Add(rules, "", "api", replace); err != nil {
+		return server.Errorf(http.StatusBadRequest, "%v", err)
+	}
+	m, _ := a.policyModel(nil)
+	server.WriteJSON(w, http.StatusOK, m)
+	return nil
+}
+
+func (a *Agent) handlePolicyGet(w http.ResponseWriter, r *http.Request) error {
+	labels, err := readOptionalLabels(r)
+	if err != nil {
+		return err
+	}
+	m, n := a.policyModel(labels)
+	if n == 0 && len(labels) > 0 {
+		return server.Errorf(http.StatusNotFound, "no policy rule has labels %v", labels)
+	}
+	server.WriteJSON(w, http.StatusOK, m)
+	return nil
+}
+
+func (a *Agent) handlePolicyDelete(w http.ResponseWriter, r *http.Request) error {
+	labels, err := readOptionalLabels(r)
+	if err != nil {
+		return err
+	}
+	rev, n := a.policy.repo.DeleteByLabels(labels)
+	if n == 0 && len(labels) > 0 {
+		return server.Errorf(http.StatusNotFound, "no policy rule has labels %v", labels)
+	}
+	server.WriteJSON(w, http.StatusOK, &models.Policy{Revision: int64(rev)})
+	return nil
+}
+
+// handlePolicySelectors lists every peer selector of the rules with the
+// identities it selects now.
+func (a *Agent) handlePolicySelectors(w http.ResponseWriter, r *http.Request) error {
+	out := models.SelectorCache{}
+	universe := a.policy.universe()
+	rules, _ := a.policy.repo.Rules(nil)
+	type entry struct {
+		ids   map[int64]bool
+		users int64
+	}
+	cache := map[string]*entry{}
+	for _, s := range rules {
+		for _, sel := range policy.PeerSelectors(s) {
+			e, ok := cache[sel.String]
+			if !ok {
+				e = &entry{ids: map[int64]bool{}}
+				cache[sel.String] = e
+			}
+			e.users++
+			for _, id := range sel.Select(universe) {
+				e.ids[int64(id)] = true
+			}
+		}
+	}
+	keys := make([]string, 0, len(cache))
+	for k := range cache {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		ids := []int64{}
+		for id := range cache[k].ids {
+			ids = append(ids, id)
+		}
+		sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+		out = append(out, &models.SelectorIdentityMapping{Selector: k, Identities: ids, Users: cache[k].users})
+	}
+	server.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+

@@ -1,0 +1,413 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/ipam"
+	"github.com/tendril-net/tendril/pkg/option"
+)
+
+// datapathModule owns the BPF datapath: it loads it (start step 3),
+// realizes endpoints (identity, ipcache, enforcement, programs), writes the
+// host's own addresses into the ipcache (step 8) and runs conntrack GC.
+type datapathModule struct {
+	a          *Agent
+	loader     *loader.Loader
+	identities *identity.LocalAllocator
+
+	mu   sync.Mutex
+	held map[uint16]identity.NumericIdentity // identity reference held per endpoint
+
+	gcCancel context.CancelFunc
+	gcDone   chan struct{}
+	gcStats  ctGCStats
+
+	ctDeleted  prometheus.Counter
+	ctEntries  prometheus.Gauge
+	ctInterval prometheus.Gauge
+}
+
+type ctGCStats struct {
+	mu       sync.Mutex
+	Runs     int
+	Deleted  int
+	Last     time.Time
+	Interval time.Duration
+	Entries  int
+}
+
+func newDatapathModule(a *Agent) *datapathModule {
+	m := &datapathModule{
+		a:          a,
+		loader:     loader.New(loader.Config{BPFRoot: a.cfg.BPFRoot}, a.log.With("module", "datapath")),
+		identities: identity.NewLocalAllocator(),
+		held:       map[uint16]identity.NumericIdentity{},
+		ctDeleted:  prometheus.NewCounter(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "deleted_total", Help: "Conntrack entries deleted by the GC."}),
+		ctEntries:  prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "entries", Help: "Conntrack entries seen by the last GC run."}),
+		ctInterval: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "interval_seconds", Help: "Current conntrack GC interval."}),
+	}
+	a.metrics.Registry.MustRegister(m.ctDeleted, m.ctEntries, m.ctInterval, newDatapathCollector(m))
+	return m
+}
+
+// start is step 3: open or create the pinned maps and load the programs,
+// before anything reads them.
+func (m *datapathModule) start(context.Context) error {
+	return m.loader.Start()
+}
+
+func (m *datapathModule) stop(context.Context) error {
+	if m.gcCancel != nil {
+		m.gcCancel()
+		<-m.gcDone
+	}
+	// Close only this process's handles: pinned maps and links keep the
+	// datapath forwarding and enforcing while the agent is away.
+	return m.loader.Close()
+}
+
+// reserveRestored re-takes the identities of restored endpoints so they
+// keep the numbers their pinned policy entries use.
+func (m *datapathModule) reserveRestored(eps []*endpoint.Endpoint) {
+	for _, ep := range eps {
+		if ep.Identity == 0 || !identity.NumericIdentity(ep.Identity).IsCluster() {
+			continue
+		}
+		labels := endpointLabels(ep)
+		if err := m.identities.Reserve(identity.NumericIdentity(ep.Identity), labels); err != nil {
+			m.a.log.Warn("Cannot keep a restored endpoint's identity; it gets a new one", "endpoint", ep.ID, "error", err)
+			continue
+		}
+		m.mu.Lock()
+		m.held[ep.ID] = identity.NumericIdentity(ep.Identity)
+		m.mu.Unlock()
+	}
+}
+
+// endpointLabels are the identity-relevant labels of an endpoint: its own,
+// plus its namespace as Kubernetes would give it.
+func endpointLabels(ep *endpoint.Endpoint) []string {
+	labels := append([]string(nil), ep.Labels...)
+	if ep.PodNamespace != "" {
+		labels = append(labels, "k8s:io.kubernetes.pod.namespace="+ep.PodNamespace)
+	}
+	return endpoint.SortedLabels(labels)
+}
+
+// Regenerate realizes one endpoint in the datapath, in the order that keeps
+// its first packet enforced: identity, ipcache, policy entries, endpoint
+// map entry, then the programs.
+func (m *datapathModule) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
+	labels := endpointLabels(ep)
+	var id identity.NumericIdentity
+	if len(labels) == 0 {
+		id = identity.Init
+	} else {
+		m.mu.Lock()
+		cur, held := m.held[ep.ID]
+		m.mu.Unlock()
+		if held {
+			if ident, ok := m.identities.Lookup(cur); ok && identity.LabelsKey(ident.Labels) == identity.LabelsKey(labels) {
+				id = cur
+			}
+		}
+		if id == 0 {
+			ident, _, err := m.identities.Allocate(labels)
+			if err != nil {
+				return fmt.Errorf("allocate identity: %w", err)
+			}
+			id = ident.ID
+			m.mu.Lock()
+			old, had := m.held[ep.ID]
+			m.held[ep.ID] = id
+			m.mu.Unlock()
+			if had {
+				_ = m.identities.Release(old)
+			}
+		}
+	}
+	ep.Identity = uint32(id)
+	dm := m.loader.Maps()
+	for _, ip := range ep.Addresses() {
+		if err := dm.UpsertIPCache(netip.PrefixFrom(ip, ip.BitLen()), maps.IPCacheValue{Identity: uint32(id)}); err != nil {
+			return err
+		}
+	}
+	// The map state goes in before the endpoint's flags and programs, so the
+	// first packet under enforcement already finds its rules.
+	if err := m.a.realizePolicy(ctx, ep); err != nil {
+		return err
+	}
+	ingress, egress := m.a.enforcement(ep)
+	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
+	if ep.HostIfIndex == 0 {
+		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
+	}
+	var mac, hostMAC net.HardwareAddr
+	if hw, err := net.ParseMAC(ep.MAC); err == nil {
+		mac = hw
+	}
+	if hw, err := net.ParseMAC(ep.HostMAC); err == nil {
+		hostMAC = hw
+	}
+	return m.loader.AttachEndpoint(loader.EndpointInfo{
+		ID: ep.ID, IfIndex: ep.HostIfIndex, IfName: ep.HostIfName, Addresses: ep.Addresses(),
+		MAC: mac, HostMAC: hostMAC, Identity: uint32(id), EnforceIngress: ingress, EnforceEgress: egress,
+	})
+}
+
+// Remove tears an endpoint out of the datapath.
+func (m *datapathModule) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
+	var errs []error
+	if err := m.loader.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
+		errs = append(errs, err)
+	}
+	dm := m.loader.Maps()
+	for _, ip := range ep.Addresses() {
+		if err := dm.DeleteIPCache(netip.PrefixFrom(ip, ip.BitLen())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := m.a.removePolicy(ep); err != nil {
+		errs = append(errs, err)
+	}
+	m.mu.Lock()
+	id, held := m.held[ep.ID]
+	delete(m.held, ep.ID)
+	m.mu.Unlock()
+	if held {
+		_ = m.identities.Release(id)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("remove endpoint %d from the datapath: %v", ep.ID, errs)
+	}
+	return nil
+}
+
+// syncHostIPs is step 8: the node's own addresses → host identity, the
+// default routes → world, refreshed on a timer and on address changes.
+func (m *datapathModule) syncHostIPs(ctx context.Context) error {
+	if err := m.writeHostIPs(); err != nil {
+		return err
+	}
+	updates := make(chan netlink.AddrUpdate, 16)
+	done := make(chan struct{})
+	if err := netlink.AddrSubscribe(updates, done); err != nil {
+		m.a.log.Warn("Cannot subscribe to address changes; host IPs refresh on a timer only", "error", err)
+		updates = nil
+	}
+	gcCtx, cancel := context.WithCancel(context.Background())
+	m.gcCancel = cancel
+	m.gcDone = make(chan struct{})
+	go func() {
+		defer close(m.gcDone)
+		defer close(done)
+		m.runLoops(gcCtx, updates)
+	}()
+	return nil
+}
+
+func (m *datapathModule) writeHostIPs() error {
+	dm := m.loader.Maps()
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("list host addresses: %w", err)
+	}
+	want := map[netip.Prefix]uint32{
+		netip.MustParsePrefix("0.0.0.0/0"): uint32(identity.World),
+		netip.MustParsePrefix("::/0"):      uint32(identity.World),
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		ip = ip.Unmap()
+		want[netip.PrefixFrom(ip, ip.BitLen())] = uint32(identity.Host)
+	}
+	if alloc := m.a.endpoints.ipam; alloc != nil {
+		for _, f := range []ipam.Family{ipam.IPv4, ipam.IPv6} {
+			if r := alloc.RouterIP(f); r.IsValid() {
+				want[netip.PrefixFrom(r, r.BitLen())] = uint32(identity.Host)
+			}
+		}
+	}
+	for p, id := range want {
+		if err := dm.UpsertIPCache(p, maps.IPCacheValue{Identity: id}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runLoops refreshes host IPs and runs conntrack GC with an interval that
+// adapts to how much each run deleted (the seeds' EnableConntrackGC).
+func (m *datapathModule) runLoops(ctx context.Context, addrUpdates chan netlink.AddrUpdate) {
+	const minInterval, maxInterval = 10 * time.Second, 5 * time.Minute
+	interval := time.Minute
+	gc := time.NewTimer(interval)
+	host := time.NewTicker(time.Minute)
+	defer gc.Stop()
+	defer host.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-addrUpdates:
+			if err := m.writeHostIPs(); err != nil {
+				m.a.log.Warn("Refresh host IPs", "error", err)
+			}
+		case <-host.C:
+			if err := m.writeHostIPs(); err != nil {
+				m.a.log.Warn("Refresh host IPs", "error", err)
+			}
+		case <-gc.C:
+			seen, deleted := m.runCTGC()
+			interval = NextCTGCInterval(interval, seen, deleted, minInterval, maxInterval)
+			m.ctInterval.Set(interval.Seconds())
+			m.gcStats.mu.Lock()
+			m.gcStats.Interval = interval
+			m.gcStats.mu.Unlock()
+			gc.Reset(interval)
+		}
+	}
+}
+
+// NextCTGCInterval halves the interval when a run deleted more than a
+// quarter of the entries (the table churns) and doubles it when it deleted
+// less than 5%, within [min, max].
+func NextCTGCInterval(cur time.Duration, seen, deleted int, min, max time.Duration) time.Duration {
+	next := cur
+	switch {
+	case seen > 0 && deleted*4 > seen:
+		next = cur / 2
+	case seen == 0 || deleted*20 < seen:
+		next = cur * 2
+	}
+	if next < min {
+		next = min
+	}
+	if next > max {
+		next = max
+	}
+	return next
+}
+
+// monotonicNow is CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns.
+func monotonicNow() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
+
+func (m *datapathModule) runCTGC() (seen, deleted int) {
+	live := map[uint16]bool{}
+	if m.a.endpoints.mgr != nil {
+		for _, ep := range m.a.endpoints.mgr.List() {
+			live[ep.ID] = true
+		}
+	}
+	seen, deleted, err := m.loader.Maps().DeleteExpiredCT(monotonicNow(), func(id uint16) bool { return live[id] })
+	if err != nil {
+		m.a.log.Warn("Conntrack GC", "error", err)
+	}
+	m.ctDeleted.Add(float64(deleted))
+	m.ctEntries.Set(float64(seen - deleted))
+	m.gcStats.mu.Lock()
+	m.gcStats.Runs++
+	m.gcStats.Deleted += deleted
+	m.gcStats.Last = time.Now()
+	m.gcStats.Entries = seen - deleted
+	m.gcStats.mu.Unlock()
+	return seen, deleted
+}
+
+// statusSection is the datapath part of `tendril status`.
+func (m *datapathModule) statusSection() ext.Section {
+	st := m.loader.Status()
+	sec := ext.Section{Title: "Datapath"}
+	sec.Lines = append(sec.Lines, ext.Line{Key: "bpf root", Value: st.BPFRoot})
+	sec.Lines = append(sec.Lines, ext.Line{Key: "programs", Value: fmt.Sprintf("%d TCX links attached (%d kept from the previous run)", st.Links, st.ReusedLinks)})
+	names := make([]string, 0, len(st.MapEntries))
+	for n := range st.MapEntries {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		sec.Lines = append(sec.Lines, ext.Line{Key: "map " + n, Value: fmt.Sprintf("%d/%d entries", st.MapEntries[n], st.MapCapacity[n])})
+	}
+	m.gcStats.mu.Lock()
+	sec.Lines = append(sec.Lines, ext.Line{Key: "conntrack GC", Value: fmt.Sprintf("%d runs, %d deleted, interval %s", m.gcStats.Runs, m.gcStats.Deleted, m.gcStats.Interval)})
+	m.gcStats.mu.Unlock()
+	return sec
+}
+
+// datapathCollector exports the datapath's per-reason counters.
+type datapathCollector struct {
+	m       *datapathModule
+	packets *prometheus.Desc
+	bytes   *prometheus.Desc
+}
+
+func newDatapathCollector(m *datapathModule) *datapathCollector {
+	return &datapathCollector{
+		m:       m,
+		packets: prometheus.NewDesc("tendril_datapath_packets_total", "Packets seen by the datapath, by reason and direction.", []string{"reason", "direction"}, nil),
+		bytes:   prometheus.NewDesc("tendril_datapath_bytes_total", "Bytes seen by the datapath, by reason and direction.", []string{"reason", "direction"}, nil),
+	}
+}
+
+func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.packets; ch <- c.bytes }
+
+func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
+	dm := c.m.loader.Maps()
+	if dm == nil {
+		return
+	}
+	rows, err := dm.DumpMetrics()
+	if err != nil {
+		return
+	}
+	for _, r := range rows {
+		reason, dir := maps.ReasonName(r.Reason), maps.DirectionName(r.Direction)
+		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(r.Packets), reason, dir)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(r.Bytes), reason, dir)
+	}
+}
+
+// enforcement decides, per direction, whether policy applies to ep: never,
+// always, or (default) only where a rule selects the endpoint.
+func (a *Agent) enforcement(ep *endpoint.Endpoint) (ingress, egress bool) {
+	switch a.runtime.Values().PolicyEnforcement {
+	case option.EnforcementNever:
+		return false, false
+	case option.EnforcementAlways:
+		return true, true
+	}
+	if a.policy == nil {
+		return false, false
+	}
+	a.policy.mu.Lock()
+	res, ok := a.policy.results[ep.ID]
+	a.policy.mu.Unlock()
+	if !ok {
+		return a.policy.selects(ep)
+	}
+	return res.EnforceIngress, res.EnforceEgress
+}
+

@@ -1,0 +1,259 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cilium/cilium/api/v1/models"
+
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/policy"
+)
+
+// policyModule resolves the repository's rules for each endpoint and
+// realizes the difference in the BPF policy map.
+type policyModule struct {
+	a    *Agent
+	repo *policy.Repository
+
+	mu       sync.Mutex
+	realized map[uint16]policy.MapState
+	results  map[uint16]policy.Result
+	cidrIDs  map[netip.Prefix]identity.NumericIdentity
+	nextCIDR identity.NumericIdentity
+
+	regen chan struct{}
+}
+
+func newPolicyModule(a *Agent) *policyModule {
+	p := &policyModule{
+		a: a, repo: policy.NewRepository(),
+		realized: map[uint16]policy.MapState{}, results: map[uint16]policy.Result{},
+		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1,
+		regen: make(chan struct{}, 1),
+	}
+	p.repo.Subscribe(func(uint64) { p.triggerRegeneration() })
+	return p
+}
+
+// triggerRegeneration asks for a regeneration of every endpoint; requests
+// that arrive while one is pending fold into it.
+func (p *policyModule) triggerRegeneration() {
+	select {
+	case p.regen <- struct{}{}:
+	default:
+	}
+}
+
+// run regenerates all endpoints when rules, identities or the enforcement
+// mode change.
+func (p *policyModule) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.regen:
+		}
+		if err := p.syncCIDRIdentities(); err != nil {
+			p.a.log.Error("CIDR identities", "error", err)
+		}
+		if mgr := p.a.endpoints.mgr; mgr != nil {
+			start := time.Now()
+			if err := mgr.RegenerateAll(ctx, "policy changed"); err != nil {
+				p.a.log.Error("Regenerate endpoints after a policy change", "error", err)
+			}
+			p.a.log.Debug("Regenerated endpoints", "revision", p.repo.Revision(), "duration", time.Since(start))
+		}
+	}
+}
+
+// syncCIDRIdentities gives every prefix the rules select a node-local
+// identity in the ipcache, and removes those no rule needs any more.
+func (p *policyModule) syncCIDRIdentities() error {
+	want := map[netip.Prefix]bool{}
+	for _, pf := range p.repo.CIDRPrefixes() {
+		want[pf] = true
+	}
+	p.mu.Lock()
+	var add, del []netip.Prefix
+	for pf := range want {
+		if _, ok := p.cidrIDs[pf]; !ok {
+			p.cidrIDs[pf] = identity.LocalScope | p.nextCIDR
+			p.nextCIDR++
+			add = append(add, pf)
+		}
+	}
+	for pf := range p.cidrIDs {
+		if !want[pf] {
+			delete(p.cidrIDs, pf)
+			del = append(del, pf)
+		}
+	}
+	ids := make(map[netip.Prefix]identity.NumericIdentity, len(add))
+	for _, pf := range add {
+		ids[pf] = p.cidrIDs[pf]
+	}
+	p.mu.Unlock()
+	if p.a.datapath == nil || p.a.datapath.loader.Maps() == nil {
+		return nil
+	}
+	dm := p.a.datapath.loader.Maps()
+	for pf, id := range ids {
+		if err := dm.UpsertIPCache(pf, maps.IPCacheValue{Identity: uint32(id)}); err != nil {
+			return err
+		}
+	}
+	for _, pf := range del {
+		if err := dm.DeleteIPCache(pf); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// universe is every identity policy can select right now.
+func (p *policyModule) universe() policy.Universe {
+	u := policy.ReservedPeers()
+	if p.a.datapath == nil {
+		return u
+	}
+	for _, id := range p.a.datapath.identities.List() {
+		u = append(u, policy.Peer{ID: id.ID, Labels: id.Labels})
+	}
+	p.mu.Lock()
+	for pf, id := range p.cidrIDs {
+		u = append(u, policy.Peer{ID: id, Labels: []string{"cidr:" + pf.String()}, CIDR: pf})
+	}
+	p.mu.Unlock()
+	return u
+}
+
+// resolve computes ep's policy.
+func (p *policyModule) resolve(ep *endpoint.Endpoint) policy.Result {
+	res := p.repo.Resolve(policy.Endpoint{Labels: endpointLabels(ep)}, p.universe())
+	p.mu.Lock()
+	p.results[ep.ID] = res
+	p.mu.Unlock()
+	return res
+}
+
+// selects is the default-mode enforcement of ep.
+func (p *policyModule) selects(ep *endpoint.Endpoint) (bool, bool) {
+	res := p.resolve(ep)
+	return res.EnforceIngress, res.EnforceEgress
+}
+
+func toMapKey(epID uint16, k policy.Key) maps.PolicyKey {
+	return maps.PolicyKey{EndpointID: epID, Direction: k.Direction, Identity: uint32(k.Identity), Proto: k.Proto, Port: k.Port, PortPrefixLen: k.PrefixLen}
+}
+
+// realizePolicy writes the difference between ep's realized and desired
+// policy to the BPF map; after an agent restart the realized state is read
+// back from the pinned map, so nothing is rewritten needlessly and the
+// entries keep enforcing throughout.
+func (a *Agent) realizePolicy(ctx context.Context, ep *endpoint.Endpoint) error {
+	p := a.policy
+	res := p.resolve(ep)
+	want := res.MapState
+	if a.runtime.Values().PolicyEnforcement == option.EnforcementNever {
+		want = policy.MapState{}
+	}
+	dm := a.datapath.loader.Maps()
+	p.mu.Lock()
+	cur, ok := p.realized[ep.ID]
+	p.mu.Unlock()
+	if !ok {
+		pinned, err := dm.DumpPolicy(ep.ID)
+		if err != nil {
+			return fmt.Errorf("read realized policy of endpoint %d: %w", ep.ID, err)
+		}
+		cur = policy.MapState{}
+		for k, v := range pinned {
+			cur[policy.Key{Identity: identity.NumericIdentity(k.Identity), Direction: k.Direction, Proto: k.Proto, Port: k.Port, PrefixLen: k.PortPrefixLen}] = policy.Entry{Deny: v.Deny, Cookie: v.Cookie}
+		}
+	}
+	upserts, deletes := policy.Diff(cur, want)
+	// Write new entries before removing old ones: a packet in between sees
+	// the union, never an empty state that would deny everything.
+	for k, e := range upserts {
+		if err := dm.UpsertPolicy(toMapKey(ep.ID, k), maps.PolicyValue{Deny: e.Deny, Cookie: e.Cookie}); err != nil {
+			return err
+		}
+	}
+	for _, k := range deletes {
+		if err := dm.DeletePolicy(toMapKey(ep.ID, k)); err != nil {
+			return err
+		}
+	}
+	p.mu.Lock()
+	p.realized[ep.ID] = want
+	p.mu.Unlock()
+	ep.PolicyRevision = res.Revision
+	if len(upserts)+len(deletes) > 0 {
+		a.log.Debug("Policy map updated", "endpoint", ep.ID, "revision", res.Revision, "upserts", len(upserts), "deletes", len(deletes))
+	}
+	return nil
+}
+
+// removePolicy deletes ep's entries from the policy map.
+func (a *Agent) removePolicy(ep *endpoint.Endpoint) error {
+	p := a.policy
+	dm := a.datapath.loader.Maps()
+	pinned, err := dm.DumpPolicy(ep.ID)
+	if err != nil {
+		return err
+	}
+	for k := range pinned {
+		if err := dm.DeletePolicy(k); err != nil {
+			return err
+		}
+	}
+	p.mu.Lock()
+	delete(p.realized, ep.ID)
+	delete(p.results, ep.ID)
+	p.mu.Unlock()
+	return nil
+}
+
+// endpointPolicyModel is an endpoint's realized policy for the API.
+func (p *policyModule) endpointPolicyModel(ep *endpoint.Endpoint) *models.EndpointPolicyStatus {
+	p.mu.Lock()
+	state := p.realized[ep.ID]
+	p.mu.Unlock()
+	ids := func(dir uint8, deny bool) []int64 {
+		seen := map[int64]bool{}
+		for k, e := range state {
+			if k.Direction == dir && e.Deny == deny {
+				seen[int64(k.Identity)] = true
+			}
+		}
+		out := []int64{}
+		for id := range seen {
+			out = append(out, id)
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+		return out
+	}
+	enabled := models.EndpointPolicyEnabledNone
+	switch {
+	case ep.EnforceIngress && ep.EnforceEgress:
+		enabled = models.EndpointPolicyEnabledBoth
+	case ep.EnforceIngress:
+		enabled = models.EndpointPolicyEnabledIngress
+	case ep.EnforceEgress:
+		enabled = models.EndpointPolicyEnabledEgress
+	}
+	pol := &models.EndpointPolicy{
+		ID: int64(ep.Identity), PolicyEnabled: enabled, PolicyRevision: int64(ep.PolicyRevision),
+		AllowedIngressIdentities: ids(policy.Ingress, false), DeniedIngressIdentities: ids(policy.Ingress, true),
+		AllowedEgressIdentities: ids(policy.Egress, false), DeniedEgressIdentities: ids(policy.Egress, true),
+	}
+	return &models.EndpointPolicyStatus{Realized: pol, Spec: pol}
+}
