@@ -152,4 +152,3 @@ func (a *Agent) handlePolicySelectors(w http.ResponseWriter, r *http.Request) er
 	server.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
-

@@ -410,4 +410,3 @@ func (a *Agent) enforcement(ep *endpoint.Endpoint) (ingress, egress bool) {
 	}
 	return res.EnforceIngress, res.EnforceEgress
 }
-

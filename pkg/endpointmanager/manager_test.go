@@ -161,7 +161,9 @@ func TestRestoreTwentyEndpoints(t *testing.T) {
 	}
 }
 
-func (f *fixture) createPodAfterRestore(t *testing.T, i int) *endpoint.Endpoint { return f.createPod(t, i) }
+func (f *fixture) createPodAfterRestore(t *testing.T, i int) *endpoint.Endpoint {
+	return f.createPod(t, i)
+}
 
 func BenchmarkRestore200(b *testing.B) {
 	dir := b.TempDir()

@@ -51,7 +51,7 @@ func TestReservedNames(t *testing.T) {
 			t.Errorf("%s = %d", name, got)
 		}
 	}
-	if (LocalScope | 5).IsLocal() != true || NumericIdentity(300).IsLocal() {
+	if (LocalScope|5).IsLocal() != true || NumericIdentity(300).IsLocal() {
 		t.Fatal("scope bit")
 	}
 	if Host.String() != "reserved:host" {
