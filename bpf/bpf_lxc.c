@@ -107,6 +107,8 @@ struct pkt {
 	__u8 daddr[16];
 	__be16 sport;
 	__be16 dport;
+	/* The port policy sees: the destination port, or the ICMP type. */
+	__be16 pport;
 	/* Inner tuple of an ICMP error (as the original packet had it). */
 	__u8 in_saddr[16];
 	__u8 in_daddr[16];
@@ -202,6 +204,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt
 		__builtin_memcpy(&p->sport, &h[0], 2);
 		__builtin_memcpy(&p->dport, &h[2], 2);
 		p->tcp_flags = h[13];
+		p->pport = p->dport;
 		if ((h[12] >> 4) < 5)
 			return REASON_MALFORMED;
 		return REASON_FORWARDED;
@@ -213,6 +216,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt
 			return REASON_TRUNCATED;
 		__builtin_memcpy(&p->sport, &h[0], 2);
 		__builtin_memcpy(&p->dport, &h[2], 2);
+		p->pport = p->dport;
 		return REASON_FORWARDED;
 	}
 	case IPPROTO_ICMP_:
@@ -223,7 +227,8 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt
 		__u8 type = h[0];
 		p->icmp_type = type;
 		/* Policy sees the ICMP type as the port, as Cilium does. */
-		p->dport = bpf_htons(type);
+		p->pport = bpf_htons(type);
+		p->dport = p->pport;
 		__be16 id;
 		__builtin_memcpy(&id, &h[4], 2);
 		int v6 = p->proto == IPPROTO_ICMPV6_;
@@ -402,7 +407,7 @@ static __always_inline int policy_lookup(__u16 ep_id, __u8 dir, __u32 identity, 
 	k.dir = dir;
 	k.identity = identity;
 	k.proto = p->proto;
-	k.dport = p->dport;
+	k.dport = p->pport;
 	struct policy_entry *exact = bpf_map_lookup_elem(&tdr_policy_v1, &k);
 	k.identity = ID_ANY;
 	struct policy_entry *any = bpf_map_lookup_elem(&tdr_policy_v1, &k);

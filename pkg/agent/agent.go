@@ -167,6 +167,10 @@ func (a *Agent) buildStartList() {
 		a.appendModule("host-ips-ct-gc", a.datapath.syncHostIPs, nil)
 	}
 
+	// Policy imported through the API before the restart, so restored
+	// endpoints regenerate to exactly what they enforced.
+	a.appendModule("policy-restore", a.policy.restorePolicy, nil)
+
 	// 9. regenerate the restored endpoints once identities and policy are in;
 	// then keep endpoints in line with policy changes.
 	a.appendModule("regenerate-restored", a.endpoints.regenerateRestored, nil)

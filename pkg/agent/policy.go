@@ -2,9 +2,14 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +20,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
 // policyModule resolves the repository's rules for each endpoint and
@@ -39,7 +45,12 @@ func newPolicyModule(a *Agent) *policyModule {
 		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1,
 		regen: make(chan struct{}, 1),
 	}
-	p.repo.Subscribe(func(uint64) { p.triggerRegeneration() })
+	p.repo.Subscribe(func(uint64) {
+		if err := p.savePolicy(); err != nil {
+			a.log.Error("Persist policy", "error", err)
+		}
+		p.triggerRegeneration()
+	})
 	return p
 }
 
@@ -256,4 +267,69 @@ func (p *policyModule) endpointPolicyModel(ep *endpoint.Endpoint) *models.Endpoi
 		AllowedEgressIdentities: ids(policy.Egress, false), DeniedEgressIdentities: ids(policy.Egress, true),
 	}
 	return &models.EndpointPolicyStatus{Realized: pol, Spec: pol}
+}
+
+// policyFile keeps the rules imported through the API across restarts, so
+// a restarted agent enforces exactly what it enforced before (Kubernetes
+// policies come back from the API server instead).
+func (a *Agent) policyFile() string { return filepath.Join(a.cfg.StateDir, "policy.json") }
+
+// savePolicy writes the API's rules atomically.
+func (p *policyModule) savePolicy() error {
+	rules, _ := p.repo.Rules(nil)
+	var out api.Rules
+	for _, s := range rules {
+		if s.Source == "api" {
+			out = append(out, s.Rule)
+		}
+	}
+	if out == nil {
+		out = api.Rules{}
+	}
+	data, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := p.a.policyFile()
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("save policy: %w", err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("save policy: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("save policy: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// restorePolicy loads the saved rules; a file that does not parse stops the
+// start (enforcing nothing would fail open).
+func (p *policyModule) restorePolicy(context.Context) error {
+	data, err := os.ReadFile(p.a.policyFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read saved policy: %w", err)
+	}
+	if strings.TrimSpace(string(data)) == "[]" {
+		return nil
+	}
+	rules, err := api.ParseRules(data)
+	if err != nil {
+		return fmt.Errorf("saved policy %s: %w", p.a.policyFile(), err)
+	}
+	if _, err := p.repo.Add(rules, "", "api", false); err != nil {
+		return err
+	}
+	p.a.log.Info("Restored policy rules", "rules", len(rules))
+	return nil
 }

@@ -286,6 +286,13 @@ func TestPrivilegedDatapathIPv6AndMalformed(t *testing.T) {
 	if got := n.toPod(n.ifidx, echo); got != actShot {
 		t.Fatalf("ICMPv6 echo without rule = %d, want drop", got)
 	}
+	n.allow(1, maps.DirIngress, idRemote, 58, 128)
+	if got := n.toPod(n.ifidx, echo); got != actOK {
+		t.Fatalf("ICMPv6 echo allowed by type = %d", got)
+	}
+	// Its reply leaves through conntrack although egress allows nothing
+	// else... (egress is not enforced here; the reply path is covered in
+	// TestPrivilegedDatapathPaths.)
 	// ARP passes.
 	arp := pad(append(ethernet(0x0806), make([]byte, 28)...))
 	if got := n.fromPod(n.ifidx, arp); got != actOK {
