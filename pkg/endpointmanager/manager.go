@@ -128,9 +128,6 @@ func (m *Manager) allocateIDLocked() (uint16, error) {
 			m.nextID = 1
 		}
 		if _, used := m.endpoints[id]; !used {
-			if err := m.store.WriteFile("next-id", []byte(strconv.Itoa(int(m.nextID)))); err != nil {
-				return 0, fmt.Errorf("persist endpoint ID cursor: %w", err)
-			}
 			return id, nil
 		}
 	}
@@ -248,12 +245,15 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 	if m.ipam != nil {
 		for _, ip := range ep.Addresses() {
 			if alloc, ok := m.ipam.Lookup(ip); ok {
-				if uuid := opts.ExpirationUUIDs[ip]; uuid != "" || alloc.ExpirationUUID != "" {
-					if err := m.ipam.StopExpiration(ip, opts.ExpirationUUIDs[ip]); err != nil {
-						rollback()
-						m.mu.Unlock()
-						return nil, fmt.Errorf("claim address %s: %w", ip, err)
-					}
+				if alloc.Claimed {
+					rollback()
+					m.mu.Unlock()
+					return nil, fmt.Errorf("%w: address %s is held by another endpoint", ErrExists, ip)
+				}
+				if err := m.ipam.Claim(ip, opts.ExpirationUUIDs[ip]); err != nil {
+					rollback()
+					m.mu.Unlock()
+					return nil, fmt.Errorf("claim address %s: %w", ip, err)
 				}
 				continue
 			}
@@ -262,6 +262,7 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 				m.mu.Unlock()
 				return nil, fmt.Errorf("reserve address %s: %w", ip, err)
 			}
+			_ = m.ipam.Claim(ip, "")
 			reserved = append(reserved, ip)
 		}
 	}
@@ -271,13 +272,23 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 		m.mu.Unlock()
 		return nil, err
 	}
-	if err := m.store.Write(ep); err != nil {
-		rollback()
+	// Visible at once (its ID and addresses are taken); the disk writes
+	// happen outside the lock so concurrent creates do not queue behind
+	// each other's fsyncs.
+	m.endpoints[ep.ID] = ep
+	cursor := m.nextID
+	snapshot := ep.Clone()
+	m.mu.Unlock()
+	if err := m.store.WriteFile("next-id", []byte(strconv.Itoa(int(cursor)))); err != nil {
+		m.log.Warn("Persist endpoint ID cursor", "error", err)
+	}
+	if err := m.store.Write(snapshot); err != nil {
+		m.mu.Lock()
+		delete(m.endpoints, ep.ID)
 		m.mu.Unlock()
+		rollback()
 		return nil, err
 	}
-	m.endpoints[ep.ID] = ep
-	m.mu.Unlock()
 	m.log.Info("Endpoint created", "endpoint", ep.ID, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
 
 	if opts.SyncBuild {
@@ -371,13 +382,15 @@ func (m *Manager) Regenerate(ctx context.Context, id uint16, reason string) erro
 		ep.LastRegenerationError = ""
 		_ = ep.SetState(endpoint.StateReady, "Completed endpoint regeneration", m.now())
 	}
-	if wErr := m.store.Write(ep); wErr != nil {
+	snapshot := ep.Clone()
+	m.mu.Unlock()
+	// The per-endpoint regeneration lock (held) orders this endpoint's
+	// writes; other endpoints do not wait for this fsync.
+	if wErr := m.store.Write(snapshot); wErr != nil {
 		m.log.Error("Persist endpoint", "endpoint", id, "error", wErr)
 	}
-	if err != nil {
-		return err
-	}
-	return nil
+	m.mu.Lock()
+	return err
 }
 
 // RegenerateAll regenerates every endpoint (e.g. after a policy change) and

@@ -59,6 +59,8 @@ type Allocation struct {
 	// ExpirationUUID is set while the allocation may still expire.
 	ExpirationUUID string    `json:"expiration-uuid,omitempty"`
 	Expires        time.Time `json:"expires,omitempty"`
+	// Claimed is set once an endpoint holds the address.
+	Claimed bool `json:"claimed,omitempty"`
 }
 
 // Config configures expiration.
@@ -171,14 +173,21 @@ func (m *IPAM) allocateNext(f Family, owner string, expire bool) (Allocation, er
 		return Allocation{}, fmt.Errorf("allocate %s for %q: %w", f, owner, ErrFamilyDisabled)
 	}
 	if owner != "" {
+		// A retried request (a CNI ADD that failed after allocating) gets
+		// the owner's address again while no endpoint has claimed it; once
+		// claimed, the address belongs to that endpoint and a new request of
+		// the same owner (a pod re-created before the old sandbox's DEL)
+		// gets a new one, so two endpoints never share an address.
 		if ip, ok := p.byOwner[owner]; ok {
-			a := p.allocs[ip]
-			if expire && a.ExpirationUUID == "" {
-				// An owner asking again with expiration (a retried CNI ADD)
-				// gets a fresh expiration so a crash in between leaks nothing.
-				m.setExpiration(a)
+			if a := p.allocs[ip]; !a.Claimed {
+				if expire {
+					if a.ExpirationUUID == "" {
+						a.ExpirationUUID = newUUID()
+					}
+					a.Expires = m.now().Add(m.cfg.ExpirationTimeout)
+				}
+				return *a, nil
 			}
-			return *a, nil
 		}
 	}
 	idx, ok := p.nextFree()
@@ -220,13 +229,34 @@ func (m *IPAM) Allocate(ip netip.Addr, owner string) (Allocation, error) {
 	return *p.take(idx, owner), nil
 }
 
-// Restore re-reserves the address of a restored endpoint. It is Allocate
-// without the expiration and with a clear error when two endpoints claim one
-// address.
+// Restore re-reserves the address of a restored endpoint, claimed by it,
+// with a clear error when two endpoints claim one address.
 func (m *IPAM) Restore(ip netip.Addr, owner string) error {
 	if _, err := m.Allocate(ip, owner); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
+	return m.Claim(ip, "")
+}
+
+// Claim marks an address as held by an endpoint: its expiration stops (uuid
+// must match when one is pending) and its owner's next request gets a new
+// address.
+func (m *IPAM) Claim(ip netip.Addr, uuid string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ip = ip.Unmap()
+	p := m.pools[FamilyOf(ip)]
+	if p == nil {
+		return fmt.Errorf("claim %s: %w", ip, ErrFamilyDisabled)
+	}
+	a, ok := p.allocs[ip]
+	if !ok {
+		return fmt.Errorf("claim %s: %w", ip, ErrNotAllocated)
+	}
+	if a.ExpirationUUID != "" && uuid != "" && a.ExpirationUUID != uuid {
+		return fmt.Errorf("claim %s: %w", ip, ErrExpirationUUID)
+	}
+	a.ExpirationUUID, a.Expires, a.Claimed = "", time.Time{}, true
 	return nil
 }
 

@@ -41,10 +41,19 @@ func TestDualStackAllocation(t *testing.T) {
 	if err != nil || a6.IP != netip.MustParseAddr("fd00:1::2") {
 		t.Fatalf("v6 = %+v, %v", a6, err)
 	}
-	// Same owner, same address.
+	// Same owner, same address while no endpoint claimed it.
 	again, _ := m.AllocateNext(IPv4, "ns/a")
 	if again.IP != a4.IP {
 		t.Fatalf("owner got %s then %s", a4.IP, again.IP)
+	}
+	// Once claimed, the owner's next request (a pod re-created before the
+	// old sandbox is gone) gets a new address: never two endpoints on one.
+	if err := m.Claim(a4.IP, ""); err != nil {
+		t.Fatal(err)
+	}
+	fresh, _ := m.AllocateNext(IPv4, "ns/a")
+	if fresh.IP == a4.IP {
+		t.Fatalf("claimed address %s handed out again", a4.IP)
 	}
 	b4, _ := m.AllocateNext(IPv4, "ns/b")
 	if b4.IP == a4.IP {
