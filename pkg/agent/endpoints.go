@@ -75,6 +75,7 @@ func (m *endpointsModule) start(ctx context.Context) error {
 		"failed", len(res.Failed), "duration", time.Since(start), "ipv4-cidr", v4, "ipv6-cidr", v6)
 
 	if a.cfg.InstallHostNetworking {
+		m.reserveOrphans()
 		if _, err := m.host.EnsureHostDevice(addrIP(alloc.RouterIP(ipam.IPv4)), addrIP(alloc.RouterIP(ipam.IPv6))); err != nil {
 			return fmt.Errorf("set up host device: %w", err)
 		}
@@ -216,4 +217,50 @@ func (m *endpointsModule) ipamStatus() *models.IPAMStatus {
 	}
 	st.Status = strings.Join(parts, ", ")
 	return st
+}
+
+// reserveOrphans protects addresses that pods still use although no
+// endpoint was restored for them (a state file that was corrupt): a route
+// Tendril installed to a veth that still exists keeps its address reserved,
+// so it is never handed to a second pod; routes to vanished veths go.
+func (m *endpointsModule) reserveOrphans() {
+	routes, err := m.host.EndpointRoutes()
+	if err != nil {
+		m.a.log.Warn("Cannot list endpoint routes to find orphaned addresses", "error", err)
+		return
+	}
+	owned := map[netip.Addr]bool{}
+	for _, ep := range m.mgr.List() {
+		for _, ip := range ep.Addresses() {
+			owned[ip] = true
+		}
+	}
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(r.Dst.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		if owned[ip] {
+			continue
+		}
+		link, err := m.nl.LinkByIndex(r.LinkIndex)
+		if err != nil {
+			if err := m.host.DeleteEndpointRoute(addrIP(ip), r.LinkIndex); err != nil {
+				m.a.log.Warn("Remove stale endpoint route", "ip", ip, "error", err)
+			}
+			continue
+		}
+		owner := "orphan:" + link.Attrs().Name
+		if _, err := m.ipam.Allocate(ip, owner); err != nil {
+			m.a.log.Warn("Cannot reserve an orphaned pod address", "ip", ip, "interface", link.Attrs().Name, "error", err)
+			continue
+		}
+		_ = m.ipam.Claim(ip, "")
+		m.a.log.Warn("A pod address has no restored endpoint (its state was lost); keeping it reserved until its interface goes",
+			"ip", ip, "interface", link.Attrs().Name)
+	}
 }
