@@ -21,6 +21,7 @@ func (a *Agent) registerPolicyAPI() {
 	a.api.Handle(http.MethodGet, "/v1/policy", a.handlePolicyGet)
 	a.api.Handle(http.MethodDelete, "/v1/policy", a.handlePolicyDelete)
 	a.api.Handle(http.MethodGet, "/v1/policy/selectors", a.handlePolicySelectors)
+	a.api.Handle(http.MethodPost, "/v1/policy/trace", a.handlePolicyTrace)
 }
 
 // readOptionalLabels reads the optional Labels body of GET/DELETE.
@@ -150,5 +151,31 @@ func (a *Agent) handlePolicySelectors(w http.ResponseWriter, r *http.Request) er
 		out = append(out, &models.SelectorIdentityMapping{Selector: k, Identities: ids, Users: cache[k].users})
 	}
 	server.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// TraceRequest is the body of POST /v1/policy/trace (a Tendril extension:
+// the v1 spec has no trace path).
+type TraceRequest struct {
+	Src   []string `json:"src"`
+	Dst   []string `json:"dst"`
+	Proto string   `json:"protocol"`
+	Port  uint16   `json:"dport"`
+}
+
+func (a *Agent) handlePolicyTrace(w http.ResponseWriter, r *http.Request) error {
+	var req TraceRequest
+	if err := server.DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	if len(req.Src) == 0 || len(req.Dst) == 0 {
+		return server.Errorf(http.StatusBadRequest, "src and dst labels are required")
+	}
+	protos := map[string]uint8{"": 6, "TCP": 6, "UDP": 17, "SCTP": 132, "ICMP": 1, "ICMPV6": 58}
+	proto, ok := protos[strings.ToUpper(req.Proto)]
+	if !ok {
+		return server.Errorf(http.StatusBadRequest, "protocol %q: must be TCP, UDP, SCTP, ICMP or ICMPv6", req.Proto)
+	}
+	server.WriteJSON(w, http.StatusOK, a.policy.repo.Trace(req.Src, req.Dst, proto, req.Port, a.policy.universe()))
 	return nil
 }

@@ -8,5 +8,7 @@ func commandConstructors() []func(*Options) *cobra.Command {
 	return []func(*Options) *cobra.Command{
 		newEndpointCommand,
 		newIPAMCommand,
+		newPolicyCommand,
+		newBPFCommand,
 	}
 }

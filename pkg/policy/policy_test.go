@@ -249,3 +249,23 @@ func FuzzParseRules(f *testing.F) {
 		_, _ = res.MapState.Allowed(Ingress, xb.ID, 6, 80)
 	})
 }
+
+func TestTrace(t *testing.T) {
+	repo := NewRepository()
+	if _, err := repo.Add(mustRules(t, `[{"endpointSelector":{"matchLabels":{"app":"a"}},"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}]}]`), "x", "t", false); err != nil {
+		t.Fatal(err)
+	}
+	ok := repo.Trace(xb.Labels, xa.Labels, 6, 80, universe())
+	if !ok.Allowed || !ok.Ingress.Enforced || ok.Ingress.Cookie != 1 || ok.Egress.Enforced {
+		t.Fatalf("b→a:80 = %+v", ok)
+	}
+	denied := repo.Trace(xb.Labels, xa.Labels, 6, 81, universe())
+	if denied.Allowed || !strings.Contains(strings.Join(denied.Lines, "\n"), "DENIED") {
+		t.Fatalf("b→a:81 = %+v", denied)
+	}
+	// A source with labels no identity has yet is traced by its labels.
+	newcomer := repo.Trace([]string{"k8s:app=b", NamespaceLabel + "=x", "k8s:tier=new"}, xa.Labels, 6, 80, universe())
+	if !newcomer.Allowed {
+		t.Fatalf("new b-labelled source = %+v", newcomer)
+	}
+}

@@ -170,6 +170,41 @@ func TestPrivilegedPolicyEnforcedAcrossAgentRestart(t *testing.T) {
 		t.Fatalf("b's realized policy: %+v", ep.Status.Policy)
 	}
 
+	// The CLI shows it: the rules, the selectors, a trace, the pinned maps.
+	cliChecks := []struct {
+		args []string
+		want []string
+		code int
+	}{
+		{[]string{"policy", "get"}, []string{`"app": "b"`, "Revision:"}, 0},
+		{[]string{"policy", "selectors"}, []string{`endpoints:{"matchLabels":{"app":"a"}}`}, 0},
+		{[]string{"policy", "trace", "--src", "k8s:app=a,k8s:io.kubernetes.pod.namespace=default", "--dst", "k8s:app=b,k8s:io.kubernetes.pod.namespace=default", "--dport", "80/TCP"}, []string{"Final verdict: ALLOWED"}, 0},
+		{[]string{"policy", "trace", "--src", "k8s:app=c,k8s:io.kubernetes.pod.namespace=default", "--dst", "k8s:app=b,k8s:io.kubernetes.pod.namespace=default", "--dport", "80/TCP"}, []string{"Final verdict: DENIED"}, 1},
+		{[]string{"bpf", "policy", "list", "--bpf-root", n.bpfRoot}, []string{"ingress identity=", "allow"}, 0},
+		{[]string{"bpf", "endpoint", "list", "--bpf-root", n.bpfRoot}, []string{ipB, "ingress"}, 0},
+		{[]string{"bpf", "ipcache", "list", "--bpf-root", n.bpfRoot}, []string{ipB + "/32", "0.0.0.0/0"}, 0},
+		{[]string{"bpf", "ct", "list", "--bpf-root", n.bpfRoot}, []string{"ENDPOINT", ipB}, 0},
+		{[]string{"bpf", "metrics", "list", "--bpf-root", n.bpfRoot}, []string{"Policy denied", "Forwarded"}, 0},
+		{[]string{"endpoint", "get", "pod-name:default/b"}, []string{"Policy enforcement:", "ingress"}, 0},
+		{[]string{"status"}, []string{"Datapath:", "6 TCX links attached", "map policy"}, 0},
+	}
+	cli, err := builder.Build("tendril")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cc := range cliChecks {
+		cmd := exec.Command(cli, append([]string{"-H", "unix://" + n.socket}, cc.args...)...)
+		out, _ := cmd.CombinedOutput()
+		if cmd.ProcessState.ExitCode() != cc.code {
+			t.Errorf("tendril %v: exit %d, want %d:\n%s", cc.args, cmd.ProcessState.ExitCode(), cc.code, out)
+		}
+		for _, w := range cc.want {
+			if !strings.Contains(string(out), w) {
+				t.Errorf("tendril %v lacks %q:\n%s", cc.args, w, out)
+			}
+		}
+	}
+
 	// The verdict flips with the policy: allow c too, then take it back.
 	n.importPolicy(t, `[{"endpointSelector":{"matchLabels":{"app":"b"}},"labels":["test=restart-c"],
 		"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"c"}}],"icmps":[{"fields":[{"type":8}]}]}]}]`)
