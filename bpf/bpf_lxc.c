@@ -47,13 +47,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_ct_v1 SEC(".maps");
 
+/* Index: reason * 2 + direction. A per-CPU array: the counter update on
+ * every packet is a direct, lock-free access. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__type(key, struct metric_key);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
 	__type(value, struct metric_value);
 	__uint(max_entries, REASON_MAX * 2);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tdr_metrics_v1 SEC(".maps");
+} tdr_metrics_v2 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -75,6 +77,9 @@ const struct event *unused_event_type __attribute__((unused));
 /* Events per CPU per second; beyond it events are dropped (counters are
  * not), so a flood cannot starve user space. */
 volatile const __u32 EVENTS_PER_SEC = 1000;
+/* Policy verdict events for allowed new flows cost a ring buffer write per
+ * connection; the loader turns them on when asked (drops always report). */
+volatile const __u8 POLICY_VERDICT_EVENTS = 0;
 
 #define NSEC_PER_SEC 1000000000ULL
 #define CT_LIFETIME_TCP_SYN (60ULL * NSEC_PER_SEC)
@@ -126,16 +131,13 @@ struct pkt {
 
 static __always_inline void count(__u8 reason, __u8 dir, __u32 len)
 {
-	struct metric_key k = {.reason = reason, .dir = dir};
-	struct metric_value *v = bpf_map_lookup_elem(&tdr_metrics_v1, &k);
+	__u32 k = ((__u32)reason << 1) | (dir & 1);
+	struct metric_value *v = bpf_map_lookup_elem(&tdr_metrics_v2, &k);
 
 	if (v) {
 		v->packets++;
 		v->bytes += len;
-		return;
 	}
-	struct metric_value init = {.packets = 1, .bytes = len};
-	bpf_map_update_elem(&tdr_metrics_v1, &k, &init, BPF_NOEXIST);
 }
 
 static __always_inline int event_allowed(void)
@@ -545,7 +547,8 @@ static __always_inline int handle(struct pkt *p, const struct endpoint_info *ep,
 			emit(EVENT_DROP, verdict, dir, ep->ep_id, p, src_id, dst_id, 0, cookie);
 			return TC_ACT_SHOT;
 		}
-		emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep->ep_id, p, src_id, dst_id, 1, cookie);
+		if (POLICY_VERDICT_EVENTS)
+			emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep->ep_id, p, src_id, dst_id, 1, cookie);
 	}
 	/* ICMP errors are not flows of their own. */
 	if (!p->icmp_error)

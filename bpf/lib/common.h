@@ -130,11 +130,6 @@ struct ct_entry {
 	__u8 pad[6];
 };
 
-struct metric_key {
-	__u8 reason;
-	__u8 dir;
-	__u16 pad;
-};
 
 struct metric_value {
 	__u64 packets;

@@ -17,7 +17,7 @@ import (
 func mapNames() map[string]string {
 	return map[string]string{
 		"endpoints": "tdr_endpoints_v1", "ipcache": "tdr_ipcache_v1", "policy": "tdr_policy_v1",
-		"ct": "tdr_ct_v1", "metrics": "tdr_metrics_v1",
+		"ct": "tdr_ct_v1", "metrics": "tdr_metrics_v2",
 	}
 }
 

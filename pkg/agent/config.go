@@ -44,6 +44,8 @@ type Config struct {
 	// Only tests of the control plane in the machine's own namespace turn
 	// it off.
 	EnableDatapath bool
+	// PolicyVerdictEvents reports allowed new flows as events too.
+	PolicyVerdictEvents bool
 	// IPAMExpiration is how long an address allocated with expiration may
 	// stay unclaimed by an endpoint.
 	IPAMExpiration time.Duration
@@ -64,6 +66,7 @@ func DefaultConfig() Config {
 		IPv6Range:             "auto",
 		InstallHostNetworking: true,
 		EnableDatapath:        true,
+		PolicyVerdictEvents:   true,
 		IPAMExpiration:        10 * time.Minute,
 		API:                   server.DefaultConfig(),
 		Metrics:               metrics.DefaultConfig(),
@@ -85,6 +88,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.IPv6Range, "ipv6-range", c.IPv6Range, "IPv6 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
 	fs.BoolVar(&c.InstallHostNetworking, "install-host-networking", c.InstallHostNetworking, "Create the host device and per-pod routes in the agent's network namespace")
 	fs.BoolVar(&c.EnableDatapath, "enable-datapath", c.EnableDatapath, "Load the eBPF datapath and attach it to endpoints")
+	fs.BoolVar(&c.PolicyVerdictEvents, "policy-verdict-events", c.PolicyVerdictEvents, "Report allowed new flows as policy verdict events (drops are always reported)")
 	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf/ringbuf"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -37,6 +39,8 @@ type datapathModule struct {
 	gcDone   chan struct{}
 	gcStats  ctGCStats
 
+	events     *prometheus.CounterVec
+	eventsStop func()
 	ctDeleted  prometheus.Counter
 	ctEntries  prometheus.Gauge
 	ctInterval prometheus.Gauge
@@ -54,27 +58,68 @@ type ctGCStats struct {
 func newDatapathModule(a *Agent) *datapathModule {
 	m := &datapathModule{
 		a:          a,
-		loader:     loader.New(loader.Config{BPFRoot: a.cfg.BPFRoot}, a.log.With("module", "datapath")),
+		loader:     loader.New(loader.Config{BPFRoot: a.cfg.BPFRoot, PolicyVerdictEvents: a.cfg.PolicyVerdictEvents}, a.log.With("module", "datapath")),
 		identities: identity.NewLocalAllocator(),
 		held:       map[uint16]identity.NumericIdentity{},
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "datapath", Name: "events_total",
+			Help: "Events read from the datapath's ring buffer, by type and reason."}, []string{"type", "reason"}),
 		ctDeleted:  prometheus.NewCounter(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "deleted_total", Help: "Conntrack entries deleted by the GC."}),
 		ctEntries:  prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "entries", Help: "Conntrack entries seen by the last GC run."}),
 		ctInterval: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "interval_seconds", Help: "Current conntrack GC interval."}),
 	}
-	a.metrics.Registry.MustRegister(m.ctDeleted, m.ctEntries, m.ctInterval, newDatapathCollector(m))
+	a.metrics.Registry.MustRegister(m.events, m.ctDeleted, m.ctEntries, m.ctInterval, newDatapathCollector(m))
 	return m
 }
 
 // start is step 3: open or create the pinned maps and load the programs,
 // before anything reads them.
 func (m *datapathModule) start(context.Context) error {
-	return m.loader.Start()
+	if err := m.loader.Start(); err != nil {
+		return err
+	}
+	return m.readEvents()
+}
+
+// readEvents drains the events ring buffer: counted in metrics, drops
+// logged at debug level. (The flow observer will consume them here.)
+func (m *datapathModule) readEvents() error {
+	er, err := m.loader.NewEventReader()
+	if err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	m.eventsStop = func() { er.Close(); <-done }
+	go func() {
+		defer close(done)
+		for {
+			ev, err := er.Read()
+			if err != nil {
+				if errors.Is(err, ringbuf.ErrClosed) {
+					return
+				}
+				m.a.log.Warn("Read datapath event", "error", err)
+				continue
+			}
+			typ := "drop"
+			if ev.Type == loader.EventPolicyVerdict {
+				typ = "policy-verdict"
+			}
+			m.events.WithLabelValues(typ, maps.ReasonName(ev.Reason)).Inc()
+			if ev.Type == loader.EventDrop {
+				m.a.log.Debug("Datapath drop", "event", ev.String())
+			}
+		}
+	}()
+	return nil
 }
 
 func (m *datapathModule) stop(context.Context) error {
 	if m.gcCancel != nil {
 		m.gcCancel()
 		<-m.gcDone
+	}
+	if m.eventsStop != nil {
+		m.eventsStop()
 	}
 	// Close only this process's handles: pinned maps and links keep the
 	// datapath forwarding and enforcing while the agent is away.

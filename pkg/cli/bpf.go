@@ -31,7 +31,7 @@ func openPinnedMaps(root string) (*maps.Maps, func(), error) {
 	m := &maps.Maps{}
 	for name, dst := range map[string]**ebpf.Map{
 		"tdr_endpoints_v1": &m.Endpoints, "tdr_ipcache_v1": &m.IPCache, "tdr_policy_v1": &m.Policy,
-		"tdr_ct_v1": &m.CT, "tdr_metrics_v1": &m.Metrics,
+		"tdr_ct_v1": &m.CT, "tdr_metrics_v2": &m.Metrics,
 	} {
 		mp, err := open(name)
 		if err != nil {

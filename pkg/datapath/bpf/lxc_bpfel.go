@@ -92,13 +92,6 @@ type LxcIpcacheKey struct {
 	Addr      [16]uint8
 }
 
-type LxcMetricKey struct {
-	_      structs.HostLayout
-	Reason uint8
-	Dir    uint8
-	Pad    uint16
-}
-
 type LxcMetricValue struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -135,17 +128,18 @@ type LxcRatelimit struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	LxcMapTdrCtV1         = "tdr_ct_v1"
-	LxcMapTdrEndpointsV1  = "tdr_endpoints_v1"
-	LxcMapTdrEventsV1     = "tdr_events_v1"
-	LxcMapTdrIpcacheV1    = "tdr_ipcache_v1"
-	LxcMapTdrMetricsV1    = "tdr_metrics_v1"
-	LxcMapTdrPolicyV1     = "tdr_policy_v1"
-	LxcMapTdrRatelimitV1  = "tdr_ratelimit_v1"
-	LxcProgFromPod        = "from_pod"
-	LxcProgToPod          = "to_pod"
-	LxcVarEVENTS_PER_SEC  = "EVENTS_PER_SEC"
-	LxcVarUnusedEventType = "unused_event_type"
+	LxcMapTdrCtV1               = "tdr_ct_v1"
+	LxcMapTdrEndpointsV1        = "tdr_endpoints_v1"
+	LxcMapTdrEventsV1           = "tdr_events_v1"
+	LxcMapTdrIpcacheV1          = "tdr_ipcache_v1"
+	LxcMapTdrMetricsV2          = "tdr_metrics_v2"
+	LxcMapTdrPolicyV1           = "tdr_policy_v1"
+	LxcMapTdrRatelimitV1        = "tdr_ratelimit_v1"
+	LxcProgFromPod              = "from_pod"
+	LxcProgToPod                = "to_pod"
+	LxcVarEVENTS_PER_SEC        = "EVENTS_PER_SEC"
+	LxcVarPOLICY_VERDICT_EVENTS = "POLICY_VERDICT_EVENTS"
+	LxcVarUnusedEventType       = "unused_event_type"
 )
 
 // LoadLxc returns the embedded CollectionSpec for Lxc.
@@ -202,7 +196,7 @@ type LxcMapSpecs struct {
 	TdrEndpointsV1 *ebpf.MapSpec `ebpf:"tdr_endpoints_v1"`
 	TdrEventsV1    *ebpf.MapSpec `ebpf:"tdr_events_v1"`
 	TdrIpcacheV1   *ebpf.MapSpec `ebpf:"tdr_ipcache_v1"`
-	TdrMetricsV1   *ebpf.MapSpec `ebpf:"tdr_metrics_v1"`
+	TdrMetricsV2   *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
 	TdrPolicyV1    *ebpf.MapSpec `ebpf:"tdr_policy_v1"`
 	TdrRatelimitV1 *ebpf.MapSpec `ebpf:"tdr_ratelimit_v1"`
 }
@@ -211,8 +205,9 @@ type LxcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LxcVariableSpecs struct {
-	EVENTS_PER_SEC  *ebpf.VariableSpec `ebpf:"EVENTS_PER_SEC"`
-	UnusedEventType *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	EVENTS_PER_SEC        *ebpf.VariableSpec `ebpf:"EVENTS_PER_SEC"`
+	POLICY_VERDICT_EVENTS *ebpf.VariableSpec `ebpf:"POLICY_VERDICT_EVENTS"`
+	UnusedEventType       *ebpf.VariableSpec `ebpf:"unused_event_type"`
 }
 
 // LxcObjects contains all objects after they have been loaded into the kernel.
@@ -239,7 +234,7 @@ type LxcMaps struct {
 	TdrEndpointsV1 *ebpf.Map `ebpf:"tdr_endpoints_v1"`
 	TdrEventsV1    *ebpf.Map `ebpf:"tdr_events_v1"`
 	TdrIpcacheV1   *ebpf.Map `ebpf:"tdr_ipcache_v1"`
-	TdrMetricsV1   *ebpf.Map `ebpf:"tdr_metrics_v1"`
+	TdrMetricsV2   *ebpf.Map `ebpf:"tdr_metrics_v2"`
 	TdrPolicyV1    *ebpf.Map `ebpf:"tdr_policy_v1"`
 	TdrRatelimitV1 *ebpf.Map `ebpf:"tdr_ratelimit_v1"`
 }
@@ -250,7 +245,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrEndpointsV1,
 		m.TdrEventsV1,
 		m.TdrIpcacheV1,
-		m.TdrMetricsV1,
+		m.TdrMetricsV2,
 		m.TdrPolicyV1,
 		m.TdrRatelimitV1,
 	)
@@ -260,8 +255,9 @@ func (m *LxcMaps) Close() error {
 //
 // It can be passed to LoadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LxcVariables struct {
-	EVENTS_PER_SEC  *ebpf.Variable `ebpf:"EVENTS_PER_SEC"`
-	UnusedEventType *ebpf.Variable `ebpf:"unused_event_type"`
+	EVENTS_PER_SEC        *ebpf.Variable `ebpf:"EVENTS_PER_SEC"`
+	POLICY_VERDICT_EVENTS *ebpf.Variable `ebpf:"POLICY_VERDICT_EVENTS"`
+	UnusedEventType       *ebpf.Variable `ebpf:"unused_event_type"`
 }
 
 // LxcPrograms contains all programs after they have been loaded into the kernel.

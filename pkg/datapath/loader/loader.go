@@ -26,15 +26,18 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
 
-// LayoutVersion is the map layout version; it is part of every pinned map's
-// name (tdr_*_v1), so a changed layout gets new maps instead of misreading
-// old ones.
-const LayoutVersion = 1
+// Every pinned map's name carries its layout version (tdr_ct_v1,
+// tdr_metrics_v2): a changed layout gets a new name, so new maps are created
+// instead of old ones being misread, and pins of names this datapath does
+// not use are removed at start.
 
 // Config is the loader's configuration.
 type Config struct {
 	// BPFRoot is the bpffs directory of this node's maps and links.
 	BPFRoot string
+	// PolicyVerdictEvents reports allowed new flows to the events ring
+	// buffer too (drops are always reported).
+	PolicyVerdictEvents bool
 }
 
 // DefaultConfig returns the defaults.
@@ -89,10 +92,17 @@ func (l *Loader) Start() error {
 	if err := os.MkdirAll(l.linksDir(), 0o750); err != nil {
 		return fmt.Errorf("create BPF root %s: %w (is bpffs mounted at /sys/fs/bpf?)", l.cfg.BPFRoot, err)
 	}
-	l.removeOtherLayouts()
 	spec, err := bpf.LoadLxc()
 	if err != nil {
 		return fmt.Errorf("load datapath spec: %w", err)
+	}
+	l.removeOtherLayouts(spec)
+	if l.cfg.PolicyVerdictEvents {
+		if v, ok := spec.Variables["POLICY_VERDICT_EVENTS"]; ok {
+			if err := v.Set(uint8(1)); err != nil {
+				return fmt.Errorf("enable policy verdict events: %w", err)
+			}
+		}
 	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.cfg.BPFRoot}}
 	err = spec.LoadAndAssign(&l.objs, opts)
@@ -114,10 +124,13 @@ func (l *Loader) Start() error {
 	return l.reopenLinks()
 }
 
-// removeOtherLayouts deletes pinned maps of other layout versions.
-func (l *Loader) removeOtherLayouts() {
-	suffix := "_v" + strconv.Itoa(LayoutVersion)
-	l.removePinnedMaps(func(name string) bool { return !strings.HasSuffix(name, suffix) })
+// removeOtherLayouts deletes pinned maps this datapath does not use (other
+// layout versions).
+func (l *Loader) removeOtherLayouts(spec *ebpf.CollectionSpec) {
+	l.removePinnedMaps(func(name string) bool {
+		_, ours := spec.Maps[name]
+		return !ours
+	})
 }
 
 func (l *Loader) removePinnedMaps(match func(string) bool) {

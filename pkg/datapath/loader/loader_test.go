@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -243,6 +244,25 @@ func TestPrivilegedDatapathPaths(t *testing.T) {
 	stranger := packet(podA, remote, tcp(40001, 443, syn))
 	if got := n.toPod(n.ifidx, icmpError(remote, podA, stranger)); got != actShot {
 		t.Fatalf("unrelated ICMP error = %d, want drop", got)
+	}
+
+	// Drops reach user space as events naming reason, identities and rule.
+	er, err := n.l.NewEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer er.Close()
+	er.SetDeadline(time.Now().Add(10 * time.Second))
+	sawDenyRule := false
+	for i := 0; i < 64 && !sawDenyRule; i++ {
+		ev, err := er.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sawDenyRule = ev.Type == EventDrop && ev.Reason == maps.ReasonPolicyDenyRule && ev.SrcIdentity == idRemote && ev.Dst == podA && ev.DstPort == 9050
+	}
+	if !sawDenyRule {
+		t.Fatal("no drop event for the deny rule")
 	}
 
 	// Anti-spoofing: B's address from A's veth is dropped.

@@ -46,7 +46,7 @@ type Maps struct {
 func FromObjects(o *bpf.LxcMaps) *Maps {
 	return &Maps{
 		Endpoints: o.TdrEndpointsV1, IPCache: o.TdrIpcacheV1, Policy: o.TdrPolicyV1,
-		CT: o.TdrCtV1, Metrics: o.TdrMetricsV1, Events: o.TdrEventsV1,
+		CT: o.TdrCtV1, Metrics: o.TdrMetricsV2, Events: o.TdrEventsV1,
 	}
 }
 

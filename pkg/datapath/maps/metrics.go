@@ -76,14 +76,17 @@ type MetricRow struct {
 // DumpMetrics sums the per-CPU counters.
 func (m *Maps) DumpMetrics() ([]MetricRow, error) {
 	var out []MetricRow
-	var k bpf.LxcMetricKey
+	var k uint32
 	var vs []bpf.LxcMetricValue
 	it := m.Metrics.Iterate()
 	for it.Next(&k, &vs) {
-		row := MetricRow{Reason: k.Reason, Direction: k.Dir}
+		row := MetricRow{Reason: uint8(k >> 1), Direction: uint8(k & 1)}
 		for _, v := range vs {
 			row.Packets += v.Packets
 			row.Bytes += v.Bytes
+		}
+		if row.Packets == 0 {
+			continue
 		}
 		out = append(out, row)
 	}
