@@ -237,4 +237,3 @@ func fmtList(v []float64) string {
 	}
 	return "[" + strings.Join(parts, ", ") + "]"
 }
-
