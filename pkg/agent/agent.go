@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -125,6 +126,9 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		a.datapath = newDatapathModule(a)
 		a.AddRegenerateHook(a.datapath)
 		a.AddStatusSection(a.datapath.statusSection)
+		// A new or vanished identity may change what other endpoints'
+		// selectors select.
+		a.datapath.identities.Subscribe(func(_, _ []identity.Identity) { a.policy.triggerRegeneration() })
 	}
 	a.runtime.Subscribe(func(option.RuntimeValues) { a.policy.triggerRegeneration() })
 	a.registerDaemonAPI()

@@ -34,6 +34,8 @@ type policyModule struct {
 	results  map[uint16]policy.Result
 	cidrIDs  map[netip.Prefix]identity.NumericIdentity
 	nextCIDR identity.NumericIdentity
+	cidrGen  uint64
+	cache    *policy.SelectorCache
 
 	regen chan struct{}
 }
@@ -42,7 +44,7 @@ func newPolicyModule(a *Agent) *policyModule {
 	p := &policyModule{
 		a: a, repo: policy.NewRepository(),
 		realized: map[uint16]policy.MapState{}, results: map[uint16]policy.Result{},
-		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1,
+		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
 		regen: make(chan struct{}, 1),
 	}
 	p.repo.Subscribe(func(uint64) {
@@ -107,6 +109,9 @@ func (p *policyModule) syncCIDRIdentities() error {
 			del = append(del, pf)
 		}
 	}
+	if len(add)+len(del) > 0 {
+		p.cidrGen++
+	}
 	ids := make(map[netip.Prefix]identity.NumericIdentity, len(add))
 	for _, pf := range add {
 		ids[pf] = p.cidrIDs[pf]
@@ -146,9 +151,21 @@ func (p *policyModule) universe() policy.Universe {
 	return u
 }
 
-// resolve computes ep's policy.
+// universeVersion changes whenever the universe does.
+func (p *policyModule) universeVersion() uint64 {
+	var gen uint64
+	if p.a.datapath != nil {
+		gen = p.a.datapath.identities.Generation()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return gen<<24 | p.cidrGen
+}
+
+// resolve computes ep's policy through the selector cache.
 func (p *policyModule) resolve(ep *endpoint.Endpoint) policy.Result {
-	res := p.repo.Resolve(policy.Endpoint{Labels: endpointLabels(ep)}, p.universe())
+	version := p.universeVersion()
+	res := p.repo.ResolveCached(policy.Endpoint{Labels: endpointLabels(ep)}, p.universe(), version, p.cache)
 	p.mu.Lock()
 	p.results[ep.ID] = res
 	p.mu.Unlock()

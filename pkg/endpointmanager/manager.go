@@ -571,17 +571,38 @@ func (m *Manager) Restore(ctx context.Context, linkExists func(name string) (boo
 	return res, nil
 }
 
-// RegenerateRestored regenerates the endpoints in state restoring.
+// regenerateWorkers bounds how many restored endpoints regenerate at once.
+const regenerateWorkers = 8
+
+// RegenerateRestored regenerates the endpoints in state restoring, several
+// at a time (each waits mostly on its state file's fsync).
 func (m *Manager) RegenerateRestored(ctx context.Context) error {
-	var errs []error
-	for _, ep := range m.List() {
-		if ep.State != endpoint.StateRestoring {
-			continue
-		}
-		if err := m.Regenerate(ctx, ep.ID, "Restored endpoint"); err != nil {
-			errs = append(errs, fmt.Errorf("regenerate restored endpoint %d: %w", ep.ID, err))
-		}
-		m.notify(Event{Kind: EventUpsert, Endpoint: m.mustGet(ep.ID)})
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	work := make(chan uint16)
+	for w := 0; w < regenerateWorkers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range work {
+				if err := m.Regenerate(ctx, id, "Restored endpoint"); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("regenerate restored endpoint %d: %w", id, err))
+					mu.Unlock()
+				}
+				m.notify(Event{Kind: EventUpsert, Endpoint: m.mustGet(id)})
+			}
+		}()
 	}
+	for _, ep := range m.List() {
+		if ep.State == endpoint.StateRestoring {
+			work <- ep.ID
+		}
+	}
+	close(work)
+	wg.Wait()
 	return errors.Join(errs...)
 }

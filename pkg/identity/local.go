@@ -35,6 +35,16 @@ type LocalAllocator struct {
 	byID      map[NumericIdentity]*Identity
 	next      NumericIdentity
 	listeners []func(added, deleted []Identity)
+	// generation changes whenever the set of identities does.
+	generation uint64
+}
+
+// Generation is a number that changes whenever identities are added or
+// removed (selector caches key on it).
+func (a *LocalAllocator) Generation() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.generation
 }
 
 // NewLocalAllocator returns an empty allocator.
@@ -84,6 +94,7 @@ func (a *LocalAllocator) Allocate(labels []string) (Identity, bool, error) {
 	id := &Identity{ID: chosen, Labels: sorted, RefCount: 1}
 	a.byKey[key] = id
 	a.byID[chosen] = id
+	a.generation++
 	out := *id
 	ls := append(([]func(added, deleted []Identity))(nil), a.listeners...)
 	a.mu.Unlock()
@@ -108,6 +119,7 @@ func (a *LocalAllocator) Release(id NumericIdentity) error {
 	}
 	delete(a.byID, id)
 	delete(a.byKey, LabelsKey(ident.Labels))
+	a.generation++
 	out := *ident
 	ls := append(([]func(added, deleted []Identity))(nil), a.listeners...)
 	a.mu.Unlock()
@@ -161,5 +173,6 @@ func (a *LocalAllocator) Reserve(id NumericIdentity, labels []string) error {
 	ident := &Identity{ID: id, Labels: sorted, RefCount: 1}
 	a.byKey[key] = ident
 	a.byID[id] = ident
+	a.generation++
 	return nil
 }

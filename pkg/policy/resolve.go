@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/policy/api"
@@ -156,6 +157,10 @@ func cidrMatches(cidr string, except []string, p Peer) bool {
 // peerMatches reports whether the section's peers select p; "all" (the
 // wildcard) is reported by wildcard instead.
 func (s section) peerMatches(p Peer, ns string) bool {
+	return s.peerMatchesSet(p, newLabelSet(p.Labels), ns)
+}
+
+func (s section) peerMatchesSet(p Peer, set labelSet, ns string) bool {
 	for _, e := range s.entities {
 		if e != "all" && entityMatches(e, p) {
 			return true
@@ -179,7 +184,7 @@ func (s section) peerMatches(p Peer, ns string) bool {
 		if p.ID.IsReserved() && !selectorNamesReserved(sel) {
 			continue
 		}
-		if Matches(&sel, p.Labels) {
+		if matchesSet(&sel, set) {
 			return true
 		}
 	}
@@ -313,6 +318,68 @@ func (a Key) covers(b Key) bool {
 // Resolve computes an endpoint's policy from the repository's rules over
 // the universe of identities.
 func (r *Repository) Resolve(ep Endpoint, universe Universe) Result {
+	return r.resolve(ep, universe, nil)
+}
+
+// SelectorCache remembers which identities each peer selector selects for
+// one universe version and repository revision, so resolving many
+// endpoints matches every selector against every identity once.
+type SelectorCache struct {
+	mu       sync.Mutex
+	revision uint64
+	version  uint64
+	sets     []labelSet
+	universe Universe
+	selected map[selectorKey][]identity.NumericIdentity
+}
+
+type selectorKey struct {
+	rule uint32
+	dir  uint8
+	deny bool
+	idx  int
+}
+
+// NewSelectorCache returns an empty cache.
+func NewSelectorCache() *SelectorCache { return &SelectorCache{} }
+
+// ResolveCached is Resolve through a selector cache; version must change
+// whenever the universe does.
+func (r *Repository) ResolveCached(ep Endpoint, universe Universe, version uint64, c *SelectorCache) Result {
+	rev := r.Revision()
+	c.mu.Lock()
+	if c.selected == nil || c.revision != rev || c.version != version {
+		c.revision, c.version, c.universe = rev, version, universe
+		c.sets = make([]labelSet, len(universe))
+		for i, p := range universe {
+			c.sets[i] = newLabelSet(p.Labels)
+		}
+		c.selected = map[selectorKey][]identity.NumericIdentity{}
+	}
+	c.mu.Unlock()
+	return r.resolve(ep, universe, c)
+}
+
+func (c *SelectorCache) lookup(k selectorKey, s section, ns string) []identity.NumericIdentity {
+	c.mu.Lock()
+	ids, ok := c.selected[k]
+	c.mu.Unlock()
+	if ok {
+		return ids
+	}
+	ids = []identity.NumericIdentity{}
+	for i, p := range c.universe {
+		if s.peerMatchesSet(p, c.sets[i], ns) {
+			ids = append(ids, p.ID)
+		}
+	}
+	c.mu.Lock()
+	c.selected[k] = ids
+	c.mu.Unlock()
+	return ids
+}
+
+func (r *Repository) resolve(ep Endpoint, universe Universe, cache *SelectorCache) Result {
 	rules, rev := r.Rules(nil)
 	res := Result{MapState: MapState{}, Revision: rev}
 	var ingressRules, egressRules, ingressDefaultDeny, egressDefaultDeny bool
@@ -335,17 +402,17 @@ func (r *Repository) Resolve(ep Endpoint, universe Universe) Result {
 				egressDefaultDeny = true
 			}
 		}
-		for _, in := range rule.Ingress {
-			res.MapState.add(ingressSection(in), Ingress, false, s, ep, universe)
+		for i, in := range rule.Ingress {
+			res.MapState.add(ingressSection(in), Ingress, false, s, ep, universe, cache, i)
 		}
-		for _, in := range rule.IngressDeny {
-			res.MapState.add(ingressSection(in), Ingress, true, s, ep, universe)
+		for i, in := range rule.IngressDeny {
+			res.MapState.add(ingressSection(in), Ingress, true, s, ep, universe, cache, i)
 		}
-		for _, eg := range rule.Egress {
-			res.MapState.add(egressSection(eg), Egress, false, s, ep, universe)
+		for i, eg := range rule.Egress {
+			res.MapState.add(egressSection(eg), Egress, false, s, ep, universe, cache, i)
 		}
-		for _, eg := range rule.EgressDeny {
-			res.MapState.add(egressSection(eg), Egress, true, s, ep, universe)
+		for i, eg := range rule.EgressDeny {
+			res.MapState.add(egressSection(eg), Egress, true, s, ep, universe, cache, i)
 		}
 	}
 	res.EnforceIngress, res.EnforceEgress = ingressRules, egressRules
@@ -367,7 +434,7 @@ func (m MapState) merge(k Key, e Entry) {
 	m[k] = e
 }
 
-func (m MapState) add(s section, dir uint8, deny bool, rule StoredRule, ep Endpoint, universe Universe) {
+func (m MapState) add(s section, dir uint8, deny bool, rule StoredRule, ep Endpoint, universe Universe, cache *SelectorCache, idx int) {
 	// Named ports name the endpoint's own ports on ingress; on egress they
 	// would name the peer's, which identities do not carry.
 	named := ep.NamedPorts
@@ -376,9 +443,12 @@ func (m MapState) add(s section, dir uint8, deny bool, rule StoredRule, ep Endpo
 	}
 	ports := s.portKeys(named)
 	var ids []identity.NumericIdentity
-	if s.wildcard() {
+	switch {
+	case s.wildcard():
 		ids = []identity.NumericIdentity{0}
-	} else {
+	case cache != nil:
+		ids = cache.lookup(selectorKey{rule: rule.ID, dir: dir, deny: deny, idx: idx}, s, rule.Namespace)
+	default:
 		for _, p := range universe {
 			if s.peerMatches(p, rule.Namespace) {
 				ids = append(ids, p.ID)

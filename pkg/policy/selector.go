@@ -66,7 +66,10 @@ func Matches(sel *api.EndpointSelector, labels []string) bool {
 	if sel == nil {
 		return false
 	}
-	s := newLabelSet(labels)
+	return matchesSet(sel, newLabelSet(labels))
+}
+
+func matchesSet(sel *api.EndpointSelector, s labelSet) bool {
 	for k, v := range sel.MatchLabels {
 		if !contains(s.values(k), v) {
 			return false

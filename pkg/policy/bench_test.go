@@ -1,0 +1,72 @@
+package policy
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/policy/api"
+)
+
+// benchCluster: 5,000 identities (50 apps × 20 namespaces × 5 tiers), 200
+// rules each selecting one app and allowing ingress from another app on a
+// port, 1,000 endpoints.
+func benchCluster(b *testing.B) (*Repository, Universe, []Endpoint) {
+	u := ReservedPeers()
+	for i := 0; i < 5000; i++ {
+		u = append(u, Peer{ID: identity.NumericIdentity(256 + i), Labels: []string{
+			fmt.Sprintf("k8s:app=app%d", i%50), fmt.Sprintf("%s=ns%d", NamespaceLabel, (i/50)%20), fmt.Sprintf("k8s:tier=t%d", i/1000),
+		}})
+	}
+	repo := NewRepository()
+	for i := 0; i < 200; i++ {
+		doc := fmt.Sprintf(`[{"endpointSelector":{"matchLabels":{"app":"app%d"}},"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"app%d"}}],"toPorts":[{"ports":[{"port":"%d","protocol":"TCP"}]}]}],"egress":[{"toEndpoints":[{"matchLabels":{"app":"app%d"}}]}]}]`,
+			i%50, (i+1)%50, 8000+i, (i+2)%50)
+		rules, err := parseForBench(doc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := repo.Add(rules, "", "bench", false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	eps := make([]Endpoint, 1000)
+	for i := range eps {
+		eps[i] = Endpoint{Labels: u[10+i*5].Labels}
+	}
+	return repo, u, eps
+}
+
+// BenchmarkInitialResolution resolves all 1,000 endpoints from scratch.
+func BenchmarkInitialResolution(b *testing.B) {
+	repo, u, eps := benchCluster(b)
+	b.ResetTimer()
+	entries := 0
+	for i := 0; i < b.N; i++ {
+		cache := NewSelectorCache()
+		entries = 0
+		for _, ep := range eps {
+			entries += len(repo.ResolveCached(ep, u, 1, cache).MapState)
+		}
+	}
+	b.ReportMetric(float64(entries), "entries")
+}
+
+// BenchmarkNewIdentity adds one identity and re-resolves the endpoints its
+// labels concern (those whose rules select app0 as a peer).
+func BenchmarkNewIdentity(b *testing.B) {
+	repo, u, eps := benchCluster(b)
+	cache := NewSelectorCache()
+	for _, ep := range eps {
+		repo.ResolveCached(ep, u, 1, cache)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		nu := append(append(Universe{}, u...), Peer{ID: identity.NumericIdentity(60000 + i%1000), Labels: []string{"k8s:app=app0", NamespaceLabel + "=ns0", "k8s:tier=new"}})
+		for _, ep := range eps[:20] { // the app49/app48 endpoints whose peers are app0
+			repo.ResolveCached(ep, nu, uint64(2+i), cache)
+		}
+	}
+}
+
+func parseForBench(doc string) (api.Rules, error) { return api.ParseRules([]byte(doc)) }
