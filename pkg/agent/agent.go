@@ -128,7 +128,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		a.AddStatusSection(a.datapath.statusSection)
 		// A new or vanished identity may change what other endpoints'
 		// selectors select.
-		a.datapath.identities.Subscribe(func(_, _ []identity.Identity) { a.policy.triggerRegeneration() })
+		a.datapath.identities.Subscribe(func(_, _ []identity.Identity) {
+			if rules, _ := a.policy.repo.Rules(nil); len(rules) > 0 {
+				a.policy.triggerRegeneration()
+			}
+		})
 	}
 	a.runtime.Subscribe(func(option.RuntimeValues) { a.policy.triggerRegeneration() })
 	a.registerDaemonAPI()

@@ -216,6 +216,40 @@ func (m *datapathModule) Regenerate(ctx context.Context, ep *endpoint.Endpoint) 
 	})
 }
 
+// refreshPolicy is the light regeneration after a policy, identity or mode
+// change: the policy map difference, then the enforcement flags in the
+// endpoint entries (only when they changed).
+func (m *datapathModule) refreshPolicy(ep *endpoint.Endpoint) error {
+	if err := m.a.realizePolicy(context.Background(), ep); err != nil {
+		return err
+	}
+	ingress, egress := m.a.enforcement(ep)
+	if ingress == ep.EnforceIngress && egress == ep.EnforceEgress {
+		return nil
+	}
+	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
+	var flags uint8
+	if ingress {
+		flags |= maps.FlagEnforceIngress
+	}
+	if egress {
+		flags |= maps.FlagEnforceEgress
+	}
+	var mac, hostMAC net.HardwareAddr
+	if hw, err := net.ParseMAC(ep.MAC); err == nil {
+		mac = hw
+	}
+	if hw, err := net.ParseMAC(ep.HostMAC); err == nil {
+		hostMAC = hw
+	}
+	for _, ip := range ep.Addresses() {
+		if err := m.loader.Maps().UpsertEndpoint(ip, maps.EndpointValue{IfIndex: uint32(ep.HostIfIndex), Identity: ep.Identity, ID: ep.ID, Flags: flags, MAC: mac, HostMAC: hostMAC}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Remove tears an endpoint out of the datapath.
 func (m *datapathModule) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 	var errs []error

@@ -77,12 +77,16 @@ func (p *policyModule) run(ctx context.Context) {
 		if err := p.syncCIDRIdentities(); err != nil {
 			p.a.log.Error("CIDR identities", "error", err)
 		}
-		if mgr := p.a.endpoints.mgr; mgr != nil {
+		if mgr := p.a.endpoints.mgr; mgr != nil && p.a.datapath != nil {
 			start := time.Now()
-			if err := mgr.RegenerateAll(ctx, "policy changed"); err != nil {
-				p.a.log.Error("Regenerate endpoints after a policy change", "error", err)
+			n := 0
+			for _, ep := range mgr.List() {
+				if err := mgr.Refresh(ctx, ep.ID, p.a.datapath.refreshPolicy); err != nil {
+					p.a.log.Error("Apply a policy change to an endpoint", "endpoint", ep.ID, "error", err)
+				}
+				n++
 			}
-			p.a.log.Debug("Regenerated endpoints", "revision", p.repo.Revision(), "duration", time.Since(start))
+			p.a.log.Debug("Applied policy to endpoints", "revision", p.repo.Revision(), "endpoints", n, "duration", time.Since(start))
 		}
 	}
 }

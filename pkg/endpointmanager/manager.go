@@ -606,3 +606,39 @@ func (m *Manager) RegenerateRestored(ctx context.Context) error {
 	wg.Wait()
 	return errors.Join(errs...)
 }
+
+// Refresh runs fn on a copy of the endpoint under its regeneration lock and
+// takes over its policy fields (identity, revision, enforcement); the state
+// is written only when they changed. It is the light path for policy
+// changes: no re-attachment, no host networking.
+func (m *Manager) Refresh(ctx context.Context, id uint16, fn func(*endpoint.Endpoint) error) error {
+	lock := m.regenLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+	m.mu.Lock()
+	ep, ok := m.endpoints[id]
+	if !ok || ep.State != endpoint.StateReady {
+		m.mu.Unlock()
+		return nil // gone, or a full regeneration is due anyway
+	}
+	work := ep.Clone()
+	m.mu.Unlock()
+	if err := fn(work); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	ep, ok = m.endpoints[id]
+	if !ok {
+		m.mu.Unlock()
+		return nil
+	}
+	changed := ep.EnforceIngress != work.EnforceIngress || ep.EnforceEgress != work.EnforceEgress || ep.Identity != work.Identity
+	ep.PolicyRevision = work.PolicyRevision
+	ep.EnforceIngress, ep.EnforceEgress, ep.Identity = work.EnforceIngress, work.EnforceEgress, work.Identity
+	snapshot := ep.Clone()
+	m.mu.Unlock()
+	if changed {
+		return m.store.Write(snapshot)
+	}
+	return nil
+}
