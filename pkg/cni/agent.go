@@ -1,21 +1,17 @@
 package cni
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
+
+	"github.com/tendril-net/tendril/pkg/client/rest"
 )
 
-// The plugin talks to the agent with its own small client and wire structs
-// instead of pkg/client and the Cilium models: the models package pulls in
+// The plugin talks to the agent over pkg/client/rest with its own wire
+// structs instead of pkg/client and the Cilium models: the models package pulls in
 // go-openapi/strfmt and govalidator, whose package initialisation costs
 // about 5 ms of CPU in every plugin process (measured with
 // GODEBUG=inittrace=1), and a node runs one plugin process per pod
@@ -23,115 +19,36 @@ import (
 // are those of api/v1/openapi.yaml; test/cni checks them against the real
 // agent, and the unit tests against the models package.
 
-// agentClient is a client of the agent's REST API on its unix socket.
+// agentClient is a client of the agent's REST API on its unix socket, over
+// the models-free transport.
 type agentClient struct {
-	socket string
-	http   *http.Client
+	*rest.Client
 }
 
 // APIError is a non-2xx answer of the agent.
-type APIError struct {
-	Code    int
-	Message string
-}
+type APIError = rest.APIError
 
-func (e *APIError) Error() string {
-	if e.Message == "" {
-		return fmt.Sprintf("agent answered %d %s", e.Code, http.StatusText(e.Code))
-	}
-	return fmt.Sprintf("agent answered %d: %s", e.Code, e.Message)
-}
-
-func isNotFound(err error) bool {
-	var apiErr *APIError
-	return errors.As(err, &apiErr) && apiErr.Code == http.StatusNotFound
-}
+func isNotFound(err error) bool { return rest.IsNotFound(err) }
 
 // newAgentClient accepts "unix:///path", "unix:/path" or "/path".
 func newAgentClient(host string) (*agentClient, error) {
-	socket := host
-	switch {
-	case strings.HasPrefix(socket, "unix://"):
-		socket = strings.TrimPrefix(socket, "unix://")
-	case strings.HasPrefix(socket, "unix:"):
-		socket = strings.TrimPrefix(socket, "unix:")
-	case strings.Contains(socket, "://"):
-		return nil, fmt.Errorf("agent socket %q: only unix sockets are supported", host)
+	socket, err := rest.SocketFromHost(host)
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
 	}
 	if !strings.HasPrefix(socket, "/") {
 		return nil, fmt.Errorf("agent socket %q: not an absolute path", host)
 	}
-	transport := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		},
-		IdleConnTimeout: 10 * time.Second,
+	c, err := rest.New(socket)
+	if err != nil {
+		return nil, err
 	}
-	return &agentClient{socket: socket, http: &http.Client{Transport: transport}}, nil
+	return &agentClient{Client: c}, nil
 }
 
 // do sends one request below /v1 and decodes a 2xx answer into out.
 func (c *agentClient) do(ctx context.Context, method, path string, query url.Values, header http.Header, body, out any) error {
-	var reader io.Reader
-	if body != nil {
-		buf, err := json.Marshal(body)
-		if err != nil {
-			return fmt.Errorf("encode %s %s: %w", method, path, err)
-		}
-		reader = bytes.NewReader(buf)
-	}
-	u := "http://agent/v1" + path
-	if len(query) > 0 {
-		u += "?" + query.Encode()
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, reader)
-	if err != nil {
-		return fmt.Errorf("build %s %s: %w", method, path, err)
-	}
-	for k, vs := range header {
-		req.Header[k] = vs
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	req.Header.Set("Accept", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s via %s: %w", method, path, c.socket, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return fmt.Errorf("read answer of %s %s: %w", method, path, err)
-	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return &APIError{Code: resp.StatusCode, Message: errorMessage(data)}
-	}
-	if out == nil || len(bytes.TrimSpace(data)) == 0 {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("decode answer of %s %s: %w", method, path, err)
-	}
-	return nil
-}
-
-// errorMessage reads an error body: a JSON string (the Cilium API's form)
-// or an object with a message.
-func errorMessage(data []byte) string {
-	data = bytes.TrimSpace(data)
-	var s string
-	if json.Unmarshal(data, &s) == nil {
-		return s
-	}
-	var obj struct {
-		Message string `json:"message"`
-	}
-	if json.Unmarshal(data, &obj) == nil && obj.Message != "" {
-		return obj.Message
-	}
-	return string(data)
+	return c.Do(ctx, method, path, query, header, body, out)
 }
 
 // Wire structs: the subset of the Cilium v1 models the plugin reads or

@@ -444,7 +444,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	defer cancel()
 	cfg, err := e.agent.configGet(ctx)
 	if err != nil {
-		return types.NewError(ErrPluginNotAvailable, "agent not reachable at "+e.agent.socket, err.Error())
+		return types.NewError(ErrPluginNotAvailable, "agent not reachable at "+e.agent.Socket(), err.Error())
 	}
 	if cfg.Status == nil || cfg.Status.Addressing == nil {
 		return errorf(ErrPluginNotAvailable, "agent reports no addressing")

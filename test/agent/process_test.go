@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,17 +23,7 @@ import (
 
 var builder *binaries.Builder
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "tendril-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	builder = binaries.NewBuilder(dir)
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(binaries.Run(m, &builder)) }
 
 type agentProc struct {
 	cmd    *exec.Cmd

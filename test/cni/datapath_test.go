@@ -34,44 +34,6 @@ func (n *node) killAgent(t *testing.T) {
 	}
 }
 
-func (n *node) startAgentAgain(t *testing.T, agentArgs ...string) {
-	t.Helper()
-	agentBin, err := builder.Build("tendril-agent")
-	if err != nil {
-		t.Fatal(err)
-	}
-	args := append([]string{"--net=" + n.netns, agentBin,
-		"--state-dir", filepath.Join(n.dir, "state"), "--socket", n.socket,
-		"--bpf-root", n.bpfRoot, "--prometheus-serve-addr", "", "--node-name", n.name}, agentArgs...)
-	cmd := exec.Command("nsenter", args...)
-	cmd.Stdout, cmd.Stderr = n.logs, n.logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	n.cmd = cmd
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := n.agent.ConfigGet(ctx)
-		cancel()
-		if err == nil {
-			return
-		}
-		select {
-		case <-exited:
-			t.Fatalf("restarted agent exited:\n%s", n.logs)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("restarted agent not serving: %v\n%s", err, n.logs)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func (n *node) setLabels(t *testing.T, id string, labels ...string) {
 	t.Helper()
 	if err := n.agent.Do(context.Background(), "PATCH", "/endpoint/"+strings.ReplaceAll(id, "/", "%2F")+"/labels", nil, nil,
@@ -230,7 +192,7 @@ func TestPrivilegedPolicyEnforcedAcrossAgentRestart(t *testing.T) {
 		t.Error("c reached b while the agent was down")
 	}
 	time.Sleep(2 * time.Second)
-	n.startAgentAgain(t, "--ipv6-range", "none")
+	n.runAgent(t, "--ipv6-range", "none")
 	out := <-pingOut
 	m := lossRe.FindStringSubmatch(out)
 	if m == nil {

@@ -35,17 +35,7 @@ import (
 
 var builder *binaries.Builder
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "tendril-cni-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	builder = binaries.NewBuilder(dir)
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(binaries.Run(m, &builder)) }
 
 func randSuffix() string {
 	b := make([]byte, 4)
@@ -92,13 +82,6 @@ func startNode(t testing.TB, agentArgs ...string) *node {
 	n.bpfRoot = "/sys/fs/bpf/tendril-cni-" + suffix
 	t.Cleanup(func() { _ = os.RemoveAll(n.bpfRoot) })
 
-	agentBin := os.Getenv("TENDRIL_TEST_AGENT")
-	if agentBin == "" {
-		var err error
-		if agentBin, err = builder.Build("tendril-agent"); err != nil {
-			t.Fatal(err)
-		}
-	}
 	cniBin, err := builder.Build("tendril-cni")
 	if err != nil {
 		t.Fatal(err)
@@ -110,46 +93,10 @@ func startNode(t testing.TB, agentArgs ...string) *node {
 	if err := os.Symlink(cniBin, filepath.Join(n.binDir, "tendril-cni")); err != nil {
 		t.Fatal(err)
 	}
-
-	args := append([]string{"--net=" + n.netns, agentBin,
-		"--state-dir", filepath.Join(n.dir, "state"), "--socket", n.socket,
-		"--bpf-root", n.bpfRoot, "--prometheus-serve-addr", "", "--node-name", n.name}, agentArgs...)
-	n.cmd = exec.Command("nsenter", args...)
-	n.cmd.Stdout, n.cmd.Stderr = n.logs, n.logs
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = n.cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = n.cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("agent log of %s:\n%s", n.name, n.logs)
-		}
-	})
 	if n.agent, err = client.New(n.socket); err != nil {
 		t.Fatal(err)
 	}
-	// The deadline only keeps a broken agent from hanging the test.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := n.agent.ConfigGet(ctx)
-		cancel()
-		if err == nil {
-			break
-		}
-		select {
-		case <-exited:
-			t.Fatalf("agent exited: %v\n%s", n.cmd.ProcessState, n.logs)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent not serving after 60s: %v\n%s", err, n.logs)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	n.runAgent(t, agentArgs...)
 
 	ns, err := netns.GetFromPath(n.netns)
 	if err != nil {
@@ -386,4 +333,55 @@ func cniCode(t testing.TB, err error) uint {
 		t.Fatalf("error %v (%T) is not a CNI error", err, err)
 	}
 	return te.Code
+}
+
+// runAgent starts tendril-agent inside the node's netns on the node's
+// state dir, socket and BPF root (again after a kill, for restart tests)
+// and waits until it serves.
+func (n *node) runAgent(t testing.TB, agentArgs ...string) {
+	t.Helper()
+	agentBin := os.Getenv("TENDRIL_TEST_AGENT")
+	if agentBin == "" {
+		var err error
+		if agentBin, err = builder.Build("tendril-agent"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := append([]string{"--net=" + n.netns, agentBin,
+		"--state-dir", filepath.Join(n.dir, "state"), "--socket", n.socket,
+		"--bpf-root", n.bpfRoot, "--prometheus-serve-addr", "", "--node-name", n.name}, agentArgs...)
+	cmd := exec.Command("nsenter", args...)
+	cmd.Stdout, cmd.Stderr = n.logs, n.logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n.cmd = cmd
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("agent log of %s:\n%s", n.name, n.logs)
+		}
+	})
+	// The deadline only keeps a broken agent from hanging the test.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := n.agent.ConfigGet(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		select {
+		case <-exited:
+			t.Fatalf("agent exited: %v\n%s", cmd.ProcessState, n.logs)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent not serving after 60s: %v\n%s", err, n.logs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -43,7 +43,7 @@ func TestPrivilegedRestoreTwentyEndpoints(t *testing.T) {
 	}
 
 	n.killAgent(t)
-	n.startAgentAgain(t, "--ipv6-range", "none", "--ipv4-range", "10.231.0.0/24")
+	n.runAgent(t, "--ipv6-range", "none", "--ipv4-range", "10.231.0.0/24")
 
 	after := map[int64]string{}
 	for _, e := range n.endpoints() {

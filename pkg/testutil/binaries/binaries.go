@@ -63,3 +63,17 @@ func (b *Builder) Build(name string) (string, error) {
 	b.built[name] = out
 	return out, nil
 }
+
+// Run is a TestMain body: it points *b at a builder whose binaries live in
+// a temporary directory for the test binary's lifetime, runs the tests and
+// returns their exit code.
+func Run(m interface{ Run() int }, b **Builder) int {
+	dir, err := os.MkdirTemp("", "tendril-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	*b = NewBuilder(dir)
+	return m.Run()
+}
