@@ -482,20 +482,33 @@ static __always_inline int ct_lookup(__u16 ep_id, __u8 dir, const struct pkt *p)
 			return 3;
 		return 0;
 	}
-	if (!p->icmp_reply) {
-		ct_key_of(&k, ep_id, dir, p->family, p->proto, p->saddr, p->daddr, p->sport, p->dport);
-		struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct_v1, &k);
-		if (e && e->expires > now) {
-			e->packets++;
-			e->bytes += p->len;
+	/* One lookup of the packet's own tuple finds both the flow it started
+	 * and, through the reply entry made with the flow, the flow it answers. */
+	ct_key_of(&k, ep_id, dir, p->family, p->proto, p->saddr, p->daddr, p->sport, p->dport);
+	struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct_v1, &k);
+	if (e && e->expires > now) {
+		e->packets++;
+		e->bytes += p->len;
+		if (!e->is_reply) {
 			e->expires = now + ct_lifetime(p, e);
 			return 1;
 		}
+		if (!e->seen_reply) {
+			/* First reply: tell the flow's own entry, once. */
+			ct_key_of(&k, ep_id, other, p->family, p->proto, p->daddr, p->saddr, p->dport, p->sport);
+			struct ct_entry *fwd = bpf_map_lookup_elem(&tdr_ct_v1, &k);
+			if (fwd)
+				fwd->seen_reply = 1;
+			e->seen_reply = 1;
+		}
+		e->expires = now + ct_lifetime(p, e);
+		return 2;
 	}
-	/* A reply travels the other direction of a flow created there. */
+	/* Flows created before reply entries existed, and echo replies whose
+	 * request made no reply entry, are found the long way. */
 	ct_key_of(&k, ep_id, other, p->family, p->proto, p->daddr, p->saddr, p->dport, p->sport);
-	struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct_v1, &k);
-	if (e && e->expires > now) {
+	e = bpf_map_lookup_elem(&tdr_ct_v1, &k);
+	if (e && e->expires > now && !e->is_reply) {
 		e->seen_reply = 1;
 		e->expires = now + ct_lifetime(p, e);
 		return 2;
@@ -512,6 +525,13 @@ static __always_inline void ct_create(__u16 ep_id, __u8 dir, const struct pkt *p
 	e.expires = bpf_ktime_get_ns() + ct_lifetime(p, 0);
 	e.packets = 1;
 	e.bytes = p->len;
+	bpf_map_update_elem(&tdr_ct_v1, &k, &e, BPF_ANY);
+	/* The reply direction's entry: the answer's own tuple. */
+	__u8 other = dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS;
+	ct_key_of(&k, ep_id, other, p->family, p->proto, p->daddr, p->saddr, p->dport, p->sport);
+	e.packets = 0;
+	e.bytes = 0;
+	e.is_reply = 1;
 	bpf_map_update_elem(&tdr_ct_v1, &k, &e, BPF_ANY);
 }
 

@@ -127,7 +127,10 @@ struct ct_entry {
 	__u64 bytes;
 	__u8 seen_reply;
 	__u8 closing;
-	__u8 pad[6];
+	/* Set on the entry created for the reply direction of a flow, so a
+	 * reply finds its flow with one lookup of its own tuple. */
+	__u8 is_reply;
+	__u8 pad[5];
 };
 
 

@@ -20,7 +20,8 @@ type LxcCtEntry struct {
 	Bytes     uint64
 	SeenReply uint8
 	Closing   uint8
-	Pad       [6]uint8
+	IsReply   uint8
+	Pad       [5]uint8
 }
 
 type LxcCtKey struct {

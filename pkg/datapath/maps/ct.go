@@ -22,6 +22,8 @@ type CTEntry struct {
 	Bytes     uint64
 	SeenReply bool
 	Closing   bool
+	// IsReply marks the entry made for a flow's reply direction.
+	IsReply bool
 }
 
 // DumpCT lists the conntrack table.
@@ -40,7 +42,7 @@ func decodeCT(k bpf.LxcCtKey, v bpf.LxcCtEntry) CTEntry {
 	return CTEntry{
 		Src: bytesAddr(k.Family, k.Saddr), Dst: bytesAddr(k.Family, k.Daddr),
 		SrcPort: Ntohs(k.Sport), DstPort: Ntohs(k.Dport), Proto: k.Proto, Direction: k.Dir, EndpointID: k.EpId,
-		Expires: v.Expires, Packets: v.Packets, Bytes: v.Bytes, SeenReply: v.SeenReply != 0, Closing: v.Closing != 0,
+		Expires: v.Expires, Packets: v.Packets, Bytes: v.Bytes, SeenReply: v.SeenReply != 0, Closing: v.Closing != 0, IsReply: v.IsReply != 0,
 	}
 }
 
