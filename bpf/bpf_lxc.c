@@ -587,19 +587,16 @@ int from_pod(struct __sk_buff *skb)
 
 	if (reason)
 		return drop(reason, DIR_EGRESS, 0, &p, 0, 0);
-	if (pass)
+	/* Neighbor discovery and MLD are link-scoped (their sources include ::
+	 * during duplicate address detection) and carry no policy. */
+	if (pass || p.ndp)
 		return TC_ACT_OK;
 
 	struct endpoint_key k;
 	endpoint_key_of(&k, p.family, p.saddr);
 	struct endpoint_info *ep = bpf_map_lookup_elem(&tdr_endpoints_v1, &k);
-	if (!ep || ep->ifindex != skb->ifindex) {
-		/* IPv6 link-local sources (neighbor discovery) are the pod's own
-		 * and carry no policy. */
-		if (p.family == FAMILY_V6 && p.saddr[0] == 0xfe && (p.saddr[1] & 0xc0) == 0x80 && p.ndp)
-			return TC_ACT_OK;
+	if (!ep || ep->ifindex != skb->ifindex)
 		return drop(REASON_INVALID_SOURCE, DIR_EGRESS, ep ? ep->ep_id : 0, &p, 0, 0);
-	}
 	return handle(&p, ep, DIR_EGRESS);
 }
 
