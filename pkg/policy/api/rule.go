@@ -2,6 +2,12 @@
 // schema (endpointSelector, ingress, egress, ingressDeny, egressDeny, ...)
 // with the same JSON names, and their validation. A rule that does not
 // validate is rejected whole.
+//
+// The types are also the spec of the Tendril policy CRDs: deepcopy and the
+// CRDs' OpenAPI schema are generated from them (`make generate`).
+//
+// +kubebuilder:object:generate=true
+// +k8s:deepcopy-gen=package
 package api
 
 import (
@@ -43,7 +49,8 @@ type EndpointSelector struct {
 
 // Requirement is one matchExpressions entry.
 type Requirement struct {
-	Key      string   `json:"key"`
+	Key string `json:"key"`
+	// +kubebuilder:validation:Enum=In;NotIn;Exists;DoesNotExist
 	Operator string   `json:"operator"`
 	Values   []string `json:"values,omitempty"`
 }
@@ -81,8 +88,14 @@ type PortRule struct {
 
 // PortProtocol is a port (or named port) with an optional range end.
 type PortProtocol struct {
-	Port     string `json:"port,omitempty"`
-	EndPort  int32  `json:"endPort,omitempty"`
+	// Port is a number (0 = any) or a named port.
+	// +kubebuilder:validation:Pattern=`^(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})|([a-zA-Z0-9]-?)*[a-zA-Z](-?[a-zA-Z0-9])*$`
+	Port string `json:"port,omitempty"`
+	// EndPort makes Port the start of a range.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
+	EndPort int32 `json:"endPort,omitempty"`
+	// +kubebuilder:validation:Enum=TCP;UDP;SCTP;ANY
 	Protocol string `json:"protocol,omitempty"`
 }
 
@@ -93,12 +106,19 @@ type ICMPRule struct {
 
 // ICMPField is one ICMP type of a family (IPv4 default).
 type ICMPField struct {
-	Family string     `json:"family,omitempty"`
-	Type   *ICMPValue `json:"type"`
+	// +kubebuilder:validation:Enum=IPv4;IPv6
+	Family string `json:"family,omitempty"`
+	// Type is an ICMP type number or name (EchoRequest, ...).
+	Type *ICMPValue `json:"type"`
 }
 
 // ICMPValue is an ICMP type as a number or (Cilium) name.
-type ICMPValue struct{ Value uint8 }
+//
+// +kubebuilder:validation:XIntOrString
+// +kubebuilder:validation:Type=""
+type ICMPValue struct {
+	Value uint8 `json:"-"`
+}
 
 // UnmarshalJSON accepts a number, a numeric string or a name.
 func (v *ICMPValue) UnmarshalJSON(b []byte) error {

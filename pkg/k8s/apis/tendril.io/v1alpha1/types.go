@@ -1,0 +1,276 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tendril-net/tendril/pkg/policy/api"
+)
+
+// TendrilNetworkPolicy is a namespaced policy in the CiliumNetworkPolicy
+// schema: one rule in spec, several in specs (either or both). Its endpoint
+// selectors only select endpoints of its own namespace.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:resource:categories=tendril;tendrilpolicy,shortName=tnp,singular=tendrilnetworkpolicy
+// +kubebuilder:subresource:status
+// +kubebuilder:storageversion
+// +kubebuilder:printcolumn:name="Valid",type=string,JSONPath=`.status.conditions[?(@.type=="Valid")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type TendrilNetworkPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+
+	// Spec is the policy rule.
+	// +optional
+	Spec *api.Rule `json:"spec,omitempty"`
+	// Specs is a list of policy rules.
+	// +optional
+	Specs api.Rules `json:"specs,omitempty"`
+	// Status is written by the agents.
+	// +optional
+	Status NetworkPolicyStatus `json:"status,omitempty"`
+}
+
+// TendrilNetworkPolicyList is a list of TendrilNetworkPolicy.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type TendrilNetworkPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata"`
+	Items           []TendrilNetworkPolicy `json:"items"`
+}
+
+// TendrilClusterwideNetworkPolicy is a cluster-scoped policy in the
+// CiliumNetworkPolicy schema; its selectors span every namespace, and a
+// rule may select nodes (nodeSelector) for host policies.
+//
+// +genclient
+// +genclient:nonNamespaced
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:resource:scope=Cluster,categories=tendril;tendrilpolicy,shortName=tcnp,singular=tendrilclusterwidenetworkpolicy
+// +kubebuilder:subresource:status
+// +kubebuilder:storageversion
+// +kubebuilder:printcolumn:name="Valid",type=string,JSONPath=`.status.conditions[?(@.type=="Valid")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type TendrilClusterwideNetworkPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+
+	// Spec is the policy rule.
+	// +optional
+	Spec *api.Rule `json:"spec,omitempty"`
+	// Specs is a list of policy rules.
+	// +optional
+	Specs api.Rules `json:"specs,omitempty"`
+	// Status is written by the agents.
+	// +optional
+	Status NetworkPolicyStatus `json:"status,omitempty"`
+}
+
+// TendrilClusterwideNetworkPolicyList is a list of
+// TendrilClusterwideNetworkPolicy.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type TendrilClusterwideNetworkPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata"`
+	Items           []TendrilClusterwideNetworkPolicy `json:"items"`
+}
+
+// NetworkPolicyStatus reports whether the agents accepted a policy. A policy
+// that fails validation is rejected whole: condition Valid=False with the
+// reason in its message, and none of its rules are enforced.
+type NetworkPolicyStatus struct {
+	// Conditions: Valid.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ConditionValid is the condition type saying whether a policy validated.
+const ConditionValid = "Valid"
+
+// TendrilIdentity is a cluster-wide security identity in CRD allocation
+// mode: the object's name is the numeric identity, its labels are the
+// security-relevant labels it stands for. Agents create one per new label
+// set; the create conflicts when another agent took the number first.
+//
+// +genclient
+// +genclient:nonNamespaced
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:resource:scope=Cluster,categories=tendril,shortName=tid,singular=tendrilidentity
+// +kubebuilder:storageversion
+// +kubebuilder:printcolumn:name="Namespace",type=string,JSONPath=`.metadata.labels.io\.kubernetes\.pod\.namespace`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type TendrilIdentity struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+
+	// SecurityLabels are the identity's labels, keyed "source:key".
+	// +kubebuilder:validation:Required
+	SecurityLabels map[string]string `json:"security-labels"`
+}
+
+// TendrilIdentityList is a list of TendrilIdentity.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type TendrilIdentityList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata"`
+	Items           []TendrilIdentity `json:"items"`
+}
+
+// TendrilEndpoint publishes one local endpoint (a pod's network presence)
+// to the cluster: its identity and addresses, so other nodes can map the
+// addresses to the identity in their ipcache. Named after the pod, in the
+// pod's namespace; written by the agent of the pod's node.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:resource:categories=tendril,shortName=tep,singular=tendrilendpoint
+// +kubebuilder:storageversion
+// +kubebuilder:printcolumn:name="Endpoint ID",type=integer,JSONPath=`.status.id`
+// +kubebuilder:printcolumn:name="Identity ID",type=integer,JSONPath=`.status.identity.id`
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="IPv4",type=string,JSONPath=`.status.networking.addressing[0].ipv4`
+// +kubebuilder:printcolumn:name="IPv6",type=string,JSONPath=`.status.networking.addressing[0].ipv6`
+type TendrilEndpoint struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+
+	// +optional
+	Status EndpointStatus `json:"status,omitempty"`
+}
+
+// TendrilEndpointList is a list of TendrilEndpoint.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type TendrilEndpointList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata"`
+	Items           []TendrilEndpoint `json:"items"`
+}
+
+// EndpointStatus is the published state of an endpoint.
+type EndpointStatus struct {
+	// ID is the endpoint's node-local ID.
+	// +optional
+	ID int64 `json:"id,omitempty"`
+	// Identity is the endpoint's security identity.
+	// +optional
+	Identity *EndpointIdentity `json:"identity,omitempty"`
+	// Networking holds the endpoint's addresses and its node.
+	// +optional
+	Networking *EndpointNetworking `json:"networking,omitempty"`
+	// State is the endpoint's state (ready, regenerating, ...).
+	// +optional
+	State string `json:"state,omitempty"`
+	// NamedPorts are the pod's named container ports, so peers can
+	// resolve named ports in egress rules.
+	// +optional
+	NamedPorts []NamedPort `json:"named-ports,omitempty"`
+}
+
+// EndpointIdentity is an identity with its labels.
+type EndpointIdentity struct {
+	// +kubebuilder:validation:Minimum=0
+	ID int64 `json:"id"`
+	// +optional
+	Labels []string `json:"labels,omitempty"`
+}
+
+// EndpointNetworking is where an endpoint lives.
+type EndpointNetworking struct {
+	// +optional
+	Addressing []AddressPair `json:"addressing,omitempty"`
+	// NodeIP is the address of the endpoint's node.
+	// +optional
+	NodeIP string `json:"node,omitempty"`
+}
+
+// AddressPair is an endpoint's IPv4 and IPv6 address.
+type AddressPair struct {
+	// +optional
+	IPv4 string `json:"ipv4,omitempty"`
+	// +optional
+	IPv6 string `json:"ipv6,omitempty"`
+}
+
+// NamedPort is a named container port.
+type NamedPort struct {
+	Name string `json:"name"`
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port"`
+	// +kubebuilder:validation:Enum=TCP;UDP;SCTP
+	// +optional
+	Protocol string `json:"protocol,omitempty"`
+}
+
+// TendrilNode describes a node of the cluster as the agents need it: its
+// addresses and the pod CIDRs it allocates from. The agent of the node
+// writes it; the other agents route to it.
+//
+// +genclient
+// +genclient:nonNamespaced
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:resource:scope=Cluster,categories=tendril,shortName=tn,singular=tendrilnode
+// +kubebuilder:storageversion
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Pod CIDRs",type=string,JSONPath=`.spec.ipam.podCIDRs`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type TendrilNode struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+
+	Spec NodeSpec `json:"spec"`
+	// +optional
+	Status NodeStatus `json:"status,omitempty"`
+}
+
+// TendrilNodeList is a list of TendrilNode.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type TendrilNodeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata"`
+	Items           []TendrilNode `json:"items"`
+}
+
+// NodeSpec is a node's addresses and address management.
+type NodeSpec struct {
+	// Addresses of the node.
+	// +optional
+	Addresses []NodeAddress `json:"addresses,omitempty"`
+	// IPAM holds the node's pod CIDRs.
+	// +optional
+	IPAM IPAMSpec `json:"ipam,omitempty"`
+}
+
+// NodeAddress is one address of a node.
+type NodeAddress struct {
+	// Type is InternalIP, ExternalIP or TendrilInternalIP (the router IP).
+	// +kubebuilder:validation:Enum=InternalIP;ExternalIP;TendrilInternalIP
+	Type string `json:"type"`
+	// IP is an IPv4 or IPv6 address.
+	// +kubebuilder:validation:MinLength=2
+	IP string `json:"ip"`
+}
+
+// IPAMSpec lists the CIDRs the node allocates pod addresses from.
+type IPAMSpec struct {
+	// PodCIDRs: at most one per family.
+	// +optional
+	// +kubebuilder:validation:MaxItems=2
+	PodCIDRs []string `json:"podCIDRs,omitempty"`
+}
+
+// NodeStatus is what the node's agent reports.
+type NodeStatus struct {
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
