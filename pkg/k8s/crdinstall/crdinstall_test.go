@@ -130,15 +130,15 @@ func TestInstallCreatesUpdatesAndValidates(t *testing.T) {
 	}{
 		{"bad-protocol", "protocol", map[string]any{"spec": map[string]any{
 			"endpointSelector": map[string]any{},
-			"ingress": []any{map[string]any{"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "80", "protocol": "HTTP"}}}}}}}}},
+			"ingress":          []any{map[string]any{"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "80", "protocol": "HTTP"}}}}}}}}},
 		{"bad-operator", "operator", map[string]any{"spec": map[string]any{
 			"endpointSelector": map[string]any{"matchExpressions": []any{map[string]any{"key": "app", "operator": "Maybe"}}}}}},
 		{"bad-endport", "endPort", map[string]any{"spec": map[string]any{
 			"endpointSelector": map[string]any{},
-			"ingress": []any{map[string]any{"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "80", "endPort": 70000}}}}}}}}},
+			"ingress":          []any{map[string]any{"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "80", "endPort": 70000}}}}}}}}},
 		{"bad-port", "port", map[string]any{"spec": map[string]any{
 			"endpointSelector": map[string]any{},
-			"ingress": []any{map[string]any{"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "-80!"}}}}}}}}},
+			"ingress":          []any{map[string]any{"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "-80!"}}}}}}}}},
 		{"ingress-not-a-list", "ingress", map[string]any{"spec": map[string]any{"ingress": "everything"}}},
 	}
 	tnp := v1alpha1.SchemeGroupVersion.WithResource(v1alpha1.ResourceNetworkPolicies)

@@ -178,7 +178,10 @@ func TestWatchersAgainstAPIServer(t *testing.T) {
 		}
 		rule := &api.Rule{EndpointSelector: &api.EndpointSelector{MatchLabels: labels}}
 		steps := []step{
-			{"w/p1", func() error { _, err := cs.CoreV1().Pods(ns).Create(ctx, pod("p1", "node-a"), metav1.CreateOptions{}); return err },
+			{"w/p1", func() error {
+				_, err := cs.CoreV1().Pods(ns).Create(ctx, pod("p1", "node-a"), metav1.CreateOptions{})
+				return err
+			},
 				func() error {
 					return patchLabels(ctx, cs.CoreV1().RESTClient().Patch, "pods", ns, "p1")
 				},
@@ -198,24 +201,32 @@ func TestWatchersAgainstAPIServer(t *testing.T) {
 				_, err := cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "es1", Namespace: ns},
 					AddressType: discoveryv1.AddressTypeIPv4}, metav1.CreateOptions{})
 				return err
-			}, func() error { return patchLabels(ctx, cs.DiscoveryV1().RESTClient().Patch, "endpointslices", ns, "es1") },
+			}, func() error {
+				return patchLabels(ctx, cs.DiscoveryV1().RESTClient().Patch, "endpointslices", ns, "es1")
+			},
 				func() error { return cs.DiscoveryV1().EndpointSlices(ns).Delete(ctx, "es1", metav1.DeleteOptions{}) }, slices},
 			{"w/np1", func() error {
 				_, err := cs.NetworkingV1().NetworkPolicies(ns).Create(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "np1", Namespace: ns}}, metav1.CreateOptions{})
 				return err
-			}, func() error { return patchLabels(ctx, cs.NetworkingV1().RESTClient().Patch, "networkpolicies", ns, "np1") },
+			}, func() error {
+				return patchLabels(ctx, cs.NetworkingV1().RESTClient().Patch, "networkpolicies", ns, "np1")
+			},
 				func() error { return cs.NetworkingV1().NetworkPolicies(ns).Delete(ctx, "np1", metav1.DeleteOptions{}) }, nps},
 			{"w/tnp1", func() error {
 				_, err := td.TendrilNetworkPolicies(ns).Create(ctx, &v1alpha1.TendrilNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "tnp1", Namespace: ns}, Spec: rule}, metav1.CreateOptions{})
 				return err
-			}, func() error { return patchLabels(ctx, td.RESTClient().Patch, v1alpha1.ResourceNetworkPolicies, ns, "tnp1") },
+			}, func() error {
+				return patchLabels(ctx, td.RESTClient().Patch, v1alpha1.ResourceNetworkPolicies, ns, "tnp1")
+			},
 				func() error { return td.TendrilNetworkPolicies(ns).Delete(ctx, "tnp1", metav1.DeleteOptions{}) }, tnps},
 			{"tcnp1", func() error {
 				_, err := td.TendrilClusterwideNetworkPolicies().Create(ctx, &v1alpha1.TendrilClusterwideNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "tcnp1"}, Spec: rule}, metav1.CreateOptions{})
 				return err
 			}, func() error {
 				return patchLabels(ctx, td.RESTClient().Patch, v1alpha1.ResourceClusterwideNetworkPolicies, "", "tcnp1")
-			}, func() error { return td.TendrilClusterwideNetworkPolicies().Delete(ctx, "tcnp1", metav1.DeleteOptions{}) }, tcnps},
+			}, func() error {
+				return td.TendrilClusterwideNetworkPolicies().Delete(ctx, "tcnp1", metav1.DeleteOptions{})
+			}, tcnps},
 			{"1000", func() error {
 				_, err := td.TendrilIdentities().Create(ctx, &v1alpha1.TendrilIdentity{ObjectMeta: metav1.ObjectMeta{Name: "1000"}, SecurityLabels: map[string]string{"k8s:app": "web"}}, metav1.CreateOptions{})
 				return err
@@ -304,4 +315,3 @@ func patchLabels(ctx context.Context, patch func(pt types.PatchType) *rest.Reque
 	}
 	return req.Do(ctx).Error()
 }
-
