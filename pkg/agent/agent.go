@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -52,9 +51,8 @@ type Agent struct {
 	endpoints *endpointsModule
 	datapath  *datapathModule
 	policy    *policyModule
-	// podCIDRs, when set (Kubernetes mode), returns the node's pod CIDRs
-	// from the Node object; ok=false falls back to the flags.
-	podCIDRs func(ctx context.Context) (v4, v6 netip.Prefix, ok bool)
+	// k8s is the Kubernetes module; nil in standalone mode.
+	k8s *kubernetesModule
 
 	mu       sync.Mutex
 	started  time.Time
@@ -121,6 +119,10 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	}
 	a.api = api
 	a.endpoints = &endpointsModule{a: a}
+	if cfg.K8s.Enabled() {
+		a.k8s = newKubernetesModule(a)
+		a.AddStatusSection(a.k8s.statusSection)
+	}
 	a.policy = newPolicyModule(a)
 	if cfg.EnableDatapath {
 		a.datapath = newDatapathModule(a)
@@ -156,6 +158,11 @@ func (a *Agent) buildStartList() {
 		return nil
 	}, nil)
 
+	// 2. Kubernetes client: reach the API server, install the CRDs.
+	if a.k8s != nil {
+		a.appendModule("k8s-client", a.k8s.connect, nil)
+	}
+
 	// 3. open or create the pinned BPF maps before anything reads them.
 	if a.datapath != nil {
 		a.appendModule("bpf-maps", a.datapath.start, a.datapath.stop)
@@ -164,6 +171,12 @@ func (a *Agent) buildStartList() {
 	// 5. restore endpoints, pick the pod CIDRs, IPAM re-reserves restored
 	// addresses before any new allocation, host device.
 	a.appendModule("endpoint-restore-ipam", a.endpoints.start, a.endpoints.stop)
+	if a.k8s != nil {
+		a.appendModule("k8s-node-writeback", a.k8s.startWriteBack, nil)
+		// 6. watchers, and their caches synced, before restored endpoints
+		// regenerate: Kubernetes policies must be in first (fail closed).
+		a.appendModule("k8s-watchers", a.k8s.startWatchers, a.k8s.stop)
+	}
 
 	// 7. identities: restored endpoints keep theirs.
 	if a.datapath != nil {

@@ -122,6 +122,16 @@ func (a *Agent) handleEndpointPut(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return server.Errorf(http.StatusBadRequest, "%v", err)
 	}
+	if a.k8s != nil && ep.PodName != "" {
+		// In Kubernetes the pod and its namespace are the source of truth
+		// for labels (the CNI plugin knows only the pod's name).
+		if labels, ok := a.k8s.labelsForEndpoint(r.Context(), ep.PodNamespace, ep.PodName); ok {
+			ep.Labels = labels
+		} else {
+			a.log.Warn("Pod not in the cache; endpoint keeps the request's labels until the pod is seen",
+				"pod", ep.PodNamespace+"/"+ep.PodName)
+		}
+	}
 	uuids := map[netip.Addr]string{}
 	if req.Addressing != nil {
 		if ep.IPv4.IsValid() && req.Addressing.IPV4ExpirationUUID != "" {

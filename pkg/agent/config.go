@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 )
@@ -50,6 +51,16 @@ type Config struct {
 	// stay unclaimed by an endpoint.
 	IPAMExpiration time.Duration
 
+	// K8s says how to reach the API server; with none configured the agent
+	// runs standalone.
+	K8s k8s.Config
+	// K8sCacheSyncTimeout bounds the wait for the API server and for the
+	// watchers' initial lists; past it the agent exits naming what is
+	// missing.
+	K8sCacheSyncTimeout time.Duration
+	// K8sInstallCRDs creates or updates the Tendril CRDs at start.
+	K8sInstallCRDs bool
+
 	API     server.Config
 	Metrics metrics.Config
 }
@@ -68,6 +79,9 @@ func DefaultConfig() Config {
 		EnableDatapath:        true,
 		PolicyVerdictEvents:   true,
 		IPAMExpiration:        10 * time.Minute,
+		K8s:                   k8s.DefaultConfig(),
+		K8sCacheSyncTimeout:   3 * time.Minute,
+		K8sInstallCRDs:        true,
 		API:                   server.DefaultConfig(),
 		Metrics:               metrics.DefaultConfig(),
 	}
@@ -90,6 +104,9 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.EnableDatapath, "enable-datapath", c.EnableDatapath, "Load the eBPF datapath and attach it to endpoints")
 	fs.BoolVar(&c.PolicyVerdictEvents, "policy-verdict-events", c.PolicyVerdictEvents, "Report allowed new flows as policy verdict events (drops are always reported)")
 	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
+	c.K8s.Flags(fs)
+	fs.DurationVar(&c.K8sCacheSyncTimeout, "k8s-cache-sync-timeout", c.K8sCacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
+	fs.BoolVar(&c.K8sInstallCRDs, "k8s-install-crds", c.K8sInstallCRDs, "Create or update the Tendril CRDs at start")
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)
 }
@@ -117,6 +134,12 @@ func (c *Config) Validate() error {
 	}
 	if c.IPAMExpiration <= 0 {
 		errs = append(errs, fmt.Errorf("ipam-expiration %s: must be positive", c.IPAMExpiration))
+	}
+	if err := c.K8s.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.K8sCacheSyncTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("k8s-cache-sync-timeout %s: must be positive", c.K8sCacheSyncTimeout))
 	}
 	if c.MTU < 1280 || c.MTU > 65535 {
 		errs = append(errs, fmt.Errorf("mtu %d: must be between 1280 and 65535", c.MTU))

@@ -42,10 +42,12 @@ func (m *endpointsModule) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if a.podCIDRs != nil {
-		if k4, k6, ok := a.podCIDRs(ctx); ok {
-			v4, v6 = k4, k6
+	if a.k8s != nil {
+		sel, err := a.k8s.selectPodCIDRs(ctx)
+		if err != nil {
+			return err
 		}
+		v4, v6 = sel.IPv4, sel.IPv6
 	}
 	alloc, err := ipam.New(ipam.Config{ExpirationTimeout: a.cfg.IPAMExpiration}, a.log.With("module", "ipam"), v4, v6)
 	if err != nil {

@@ -1,0 +1,421 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/ipam"
+	"github.com/tendril-net/tendril/pkg/k8s"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/node"
+	"github.com/tendril-net/tendril/pkg/policy/api"
+	"github.com/tendril-net/tendril/pkg/version"
+)
+
+// kubernetesModule is the agent's Kubernetes side: clients, CRDs, the
+// node's pod CIDRs and their write-back, the watchers, and what they feed
+// (endpoint labels from pods and namespaces, Tendril policies).
+type kubernetesModule struct {
+	a        *Agent
+	clients  *k8s.Clients
+	watchers *watchers.Watchers
+	writer   *node.Writer
+
+	mu            sync.Mutex
+	serverVersion string
+	nodeObj       *corev1.Node
+	selection     node.Selection
+	policyGen     map[string]int64 // policy source -> generation realized
+	cancel        context.CancelFunc
+	done          sync.WaitGroup
+}
+
+func newKubernetesModule(a *Agent) *kubernetesModule {
+	return &kubernetesModule{a: a, policyGen: map[string]int64{}}
+}
+
+// connect is start step 2: build the clients, reach the API server
+// (retrying until the cache-sync timeout), install or update the CRDs.
+func (k *kubernetesModule) connect(ctx context.Context) error {
+	c, err := k8s.NewClients(k.a.cfg.K8s, "tendril-agent/"+version.Version)
+	if err != nil {
+		return err
+	}
+	k.clients = c
+	var lastErr error
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, k.a.cfg.K8sCacheSyncTimeout, true, func(context.Context) (bool, error) {
+		v, err := c.Core.Discovery().ServerVersion()
+		if err != nil {
+			lastErr = err
+			k.a.log.Info("Waiting for the Kubernetes API server", "error", err)
+			return false, nil
+		}
+		k.mu.Lock()
+		k.serverVersion = v.GitVersion
+		k.mu.Unlock()
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("reach the Kubernetes API server: %w (last error: %v)", err, lastErr)
+	}
+	if k.a.cfg.K8sInstallCRDs {
+		if _, err := crdinstall.Install(ctx, c.Dynamic, k.a.log.With("module", "crd-install")); err != nil {
+			return err
+		}
+	}
+	k.watchers = watchers.New(c, k.a.cfg.NodeName, k.a.log.With("module", "k8s-watchers"))
+	k.writer = node.NewWriter(c.Core, c.Tendril, 10*time.Second, k.a.log.With("module", "node-writeback"))
+	return nil
+}
+
+// selectPodCIDRs is part of start step 5: wait for this node's Node object
+// and pick the pod CIDRs by precedence.
+func (k *kubernetesModule) selectPodCIDRs(ctx context.Context) (node.Selection, error) {
+	n, err := node.WaitForNode(ctx, k.clients.Core, k.a.cfg.NodeName, k.a.log)
+	if err != nil {
+		return node.Selection{}, err
+	}
+	auto4, auto6 := autoPodCIDRs(k.a.cfg.NodeName)
+	sel, err := node.SelectPodCIDRs(n, node.Ranges{IPv4: k.a.cfg.IPv4Range, IPv6: k.a.cfg.IPv6Range, AutoIPv4: auto4, AutoIPv6: auto6})
+	if err != nil {
+		return sel, err
+	}
+	k.mu.Lock()
+	k.nodeObj, k.selection = n, sel
+	k.mu.Unlock()
+	k.a.log.Info("Pod CIDRs selected", "ipv4", sel.IPv4, "ipv4-from", sel.IPv4From, "ipv6", sel.IPv6, "ipv6-from", sel.IPv6From)
+	return sel, nil
+}
+
+// startWriteBack is the end of step 5: publish the CIDRs, router IPs and
+// node addresses in the background, retrying until the API server takes
+// them.
+func (k *kubernetesModule) startWriteBack(context.Context) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	k.cancel = cancel
+	k.mu.Lock()
+	l := node.Local{Name: k.a.cfg.NodeName, Selection: k.selection, Addresses: node.AddressesOf(k.nodeObj)}
+	k.mu.Unlock()
+	if m := k.a.endpoints.ipam; m != nil {
+		l.RouterIPv4 = m.RouterIP(ipam.IPv4)
+		l.RouterIPv6 = m.RouterIP(ipam.IPv6)
+	}
+	k.done.Add(1)
+	go func() {
+		defer k.done.Done()
+		_ = k.writer.Run(ctx, l)
+	}()
+	return nil
+}
+
+// startWatchers is start step 6: subscribe, start the informers and wait
+// for their caches; on timeout the agent stops, naming what did not sync.
+func (k *kubernetesModule) startWatchers(ctx context.Context) error {
+	w := k.watchers
+	if _, err := w.Pods.Subscribe(k.onPod); err != nil {
+		return err
+	}
+	if _, err := w.Namespaces.Subscribe(k.onNamespace); err != nil {
+		return err
+	}
+	if _, err := w.TendrilNetworkPolicies.Subscribe(func(ev watchers.Event[*v1alpha1.TendrilNetworkPolicy]) {
+		if ev.Kind == watchers.Synced {
+			return
+		}
+		p := ev.Object
+		k.applyPolicy(ctx, ev.Kind, "TendrilNetworkPolicy", p.Namespace, p.Name, string(p.UID), p.Generation, p.Spec, p.Specs, p.Status.Conditions)
+	}); err != nil {
+		return err
+	}
+	if _, err := w.TendrilClusterwideNetworkPolicies.Subscribe(func(ev watchers.Event[*v1alpha1.TendrilClusterwideNetworkPolicy]) {
+		if ev.Kind == watchers.Synced {
+			return
+		}
+		p := ev.Object
+		k.applyPolicy(ctx, ev.Kind, "TendrilClusterwideNetworkPolicy", "", p.Name, string(p.UID), p.Generation, p.Spec, p.Specs, p.Status.Conditions)
+	}); err != nil {
+		return err
+	}
+	w.Start(context.Background())
+	start := time.Now()
+	if err := w.WaitForCacheSync(ctx, k.a.cfg.K8sCacheSyncTimeout); err != nil {
+		return err
+	}
+	k.a.log.Info("Kubernetes caches synced", "duration", time.Since(start))
+	return nil
+}
+
+func (k *kubernetesModule) stop(context.Context) error {
+	if k.cancel != nil {
+		k.cancel()
+	}
+	k.done.Wait()
+	if k.watchers != nil {
+		k.watchers.Stop()
+	}
+	return nil
+}
+
+// Label names Cilium gives pods, kept so policies written for Cilium select
+// the same pods here.
+const (
+	labelNamespaceLabels = "io.cilium.k8s.namespace.labels."
+	labelServiceAccount  = "io.cilium.k8s.policy.serviceaccount"
+	labelPolicyName      = "io.cilium.k8s.policy.name"
+	labelPolicyNamespace = "io.cilium.k8s.policy.namespace"
+	labelPolicyDerived   = "io.cilium.k8s.policy.derived-from"
+	labelPolicyUID       = "io.cilium.k8s.policy.uid"
+)
+
+// churnyLabel reports labels that change with every rollout and say nothing
+// about security; keeping them would give each ReplicaSet generation its
+// own identity.
+func churnyLabel(key string) bool {
+	switch key {
+	case "pod-template-hash", "controller-revision-hash", "pod-template-generation",
+		"statefulset.kubernetes.io/pod-name", "controller-uid", "job-name",
+		"batch.kubernetes.io/controller-uid", "batch.kubernetes.io/job-name",
+		"apps.kubernetes.io/pod-index", "batch.kubernetes.io/job-completion-index":
+		return true
+	}
+	return false
+}
+
+// podLabels are an endpoint's labels from its pod and the pod's namespace.
+func podLabels(pod *corev1.Pod, ns *corev1.Namespace) []string {
+	out := []string{"k8s:io.kubernetes.pod.namespace=" + pod.Namespace}
+	for key, v := range pod.Labels {
+		if !churnyLabel(key) {
+			out = append(out, "k8s:"+key+"="+v)
+		}
+	}
+	if ns != nil {
+		for key, v := range ns.Labels {
+			out = append(out, "k8s:"+labelNamespaceLabels+key+"="+v)
+		}
+	}
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	out = append(out, "k8s:"+labelServiceAccount+"="+sa)
+	sort.Strings(out)
+	return out
+}
+
+// labelsForEndpoint returns the labels of the endpoint's pod, waiting a
+// little for the pod to reach the cache (CNI ADD can race the watch event).
+func (k *kubernetesModule) labelsForEndpoint(ctx context.Context, ns, name string) ([]string, bool) {
+	if k.watchers == nil || ns == "" || name == "" {
+		return nil, false
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if pod, ok := k.watchers.Pods.Get(ns + "/" + name); ok {
+			nsObj, _ := k.watchers.Namespaces.Get(ns)
+			return podLabels(pod, nsObj), true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (k *kubernetesModule) onPod(ev watchers.Event[*corev1.Pod]) {
+	if ev.Kind != watchers.Upsert {
+		return
+	}
+	nsObj, _ := k.watchers.Namespaces.Get(ev.Object.Namespace)
+	k.relabel(ev.Object.Namespace, ev.Object.Name, podLabels(ev.Object, nsObj))
+}
+
+func (k *kubernetesModule) onNamespace(ev watchers.Event[*corev1.Namespace]) {
+	if ev.Kind != watchers.Upsert {
+		return
+	}
+	for _, pod := range k.watchers.Pods.List() {
+		if pod.Namespace == ev.Object.Name {
+			k.relabel(pod.Namespace, pod.Name, podLabels(pod, ev.Object))
+		}
+	}
+}
+
+// relabel gives the endpoints of a pod new labels when they changed; the
+// update regenerates them (new identity, policy).
+func (k *kubernetesModule) relabel(ns, name string, labels []string) {
+	mgr := k.a.endpoints.mgr
+	if mgr == nil {
+		return
+	}
+	for _, ep := range mgr.List() {
+		if ep.PodNamespace != ns || ep.PodName != name || strings.Join(ep.Labels, ",") == strings.Join(labels, ",") {
+			continue
+		}
+		id := fmt.Sprint(ep.ID)
+		_, err := mgr.Update(context.Background(), id, "pod labels changed", func(e *endpoint.Endpoint) error {
+			e.Labels = append([]string(nil), labels...)
+			return nil
+		})
+		if err != nil {
+			k.a.log.Warn("Update endpoint labels", "endpoint", ep.ID, "pod", ns+"/"+name, "error", err)
+			continue
+		}
+		k.a.log.Info("Endpoint labels changed", "endpoint", ep.ID, "pod", ns+"/"+name)
+	}
+}
+
+// applyPolicy puts a Tendril policy's rules in the repository, replacing
+// what the same object had; a policy that does not validate is rejected
+// whole (its previous rules go too) and its status says why.
+func (k *kubernetesModule) applyPolicy(ctx context.Context, kind watchers.EventKind, derivedFrom, ns, name, uid string,
+	gen int64, spec *api.Rule, specs api.Rules, conds []metav1.Condition) {
+	source := "k8s/" + derivedFrom + "/" + ns + "/" + name
+	repo := k.a.policy.repo
+	if kind == watchers.Delete {
+		k.mu.Lock()
+		delete(k.policyGen, source)
+		k.mu.Unlock()
+		if _, err := repo.ReplaceSource(source, ns, nil); err != nil {
+			k.a.log.Error("Remove policy", "policy", source, "error", err)
+		}
+		return
+	}
+	k.mu.Lock()
+	if g, ok := k.policyGen[source]; ok && g == gen {
+		k.mu.Unlock()
+		return // a status write or a resync: the spec is unchanged
+	}
+	k.policyGen[source] = gen
+	k.mu.Unlock()
+
+	var rules api.Rules
+	if spec != nil {
+		rules = append(rules, spec.DeepCopy())
+	}
+	for _, r := range specs {
+		rules = append(rules, r.DeepCopy())
+	}
+	origin := []string{"k8s:" + labelPolicyName + "=" + name, "k8s:" + labelPolicyDerived + "=" + derivedFrom, "k8s:" + labelPolicyUID + "=" + uid}
+	if ns != "" {
+		origin = append(origin, "k8s:"+labelPolicyNamespace+"="+ns)
+	}
+	for _, r := range rules {
+		r.Labels = append(r.Labels, origin...)
+	}
+	var err error
+	if len(rules) == 0 {
+		err = fmt.Errorf("the policy has neither spec nor specs")
+	} else {
+		_, err = repo.ReplaceSource(source, ns, rules)
+	}
+	if err != nil {
+		// Rejected whole: nothing of this object stays enforced from an
+		// earlier, valid version either, as the object now says otherwise.
+		_, _ = repo.ReplaceSource(source, ns, nil)
+		k.a.log.Warn("Policy rejected", "policy", source, "error", err)
+	} else {
+		k.a.log.Info("Policy imported", "policy", source, "rules", len(rules), "revision", repo.Revision())
+	}
+	k.writePolicyStatus(ctx, derivedFrom, ns, name, gen, conds, err)
+}
+
+func (k *kubernetesModule) writePolicyStatus(ctx context.Context, kind, ns, name string, gen int64, conds []metav1.Condition, verr error) {
+	cond := metav1.Condition{Type: v1alpha1.ConditionValid, Status: metav1.ConditionTrue, Reason: "Valid", Message: "policy imported", ObservedGeneration: gen}
+	if verr != nil {
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Invalid", verr.Error()
+	}
+	if cur := apimeta.FindStatusCondition(conds, v1alpha1.ConditionValid); cur != nil &&
+		cur.Status == cond.Status && cur.Message == cond.Message && cur.ObservedGeneration == gen {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		td := k.clients.Tendril.TendrilV1alpha1()
+		var err error
+		if kind == "TendrilNetworkPolicy" {
+			var p *v1alpha1.TendrilNetworkPolicy
+			if p, err = td.TendrilNetworkPolicies(ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
+				apimeta.SetStatusCondition(&p.Status.Conditions, cond)
+				_, err = td.TendrilNetworkPolicies(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+			}
+		} else {
+			var p *v1alpha1.TendrilClusterwideNetworkPolicy
+			if p, err = td.TendrilClusterwideNetworkPolicies().Get(ctx, name, metav1.GetOptions{}); err == nil {
+				apimeta.SetStatusCondition(&p.Status.Conditions, cond)
+				_, err = td.TendrilClusterwideNetworkPolicies().UpdateStatus(ctx, p, metav1.UpdateOptions{})
+			}
+		}
+		if err != nil {
+			k.a.log.Debug("Write policy status", "policy", ns+"/"+name, "error", err)
+		}
+	}()
+	_ = ctx
+}
+
+// statusSection is the Kubernetes part of `tendril status`.
+func (k *kubernetesModule) statusSection() ext.Section {
+	s := ext.Section{Title: "Kubernetes"}
+	k.mu.Lock()
+	ver, sel := k.serverVersion, k.selection
+	k.mu.Unlock()
+	if ver == "" {
+		s.Lines = append(s.Lines, ext.Line{Key: "API server", Value: "not connected"})
+		return s
+	}
+	s.Lines = append(s.Lines, ext.Line{Key: "API server", Value: "Ok " + ver})
+	cidrs := []string{}
+	for _, p := range []struct {
+		pfx  netip.Prefix
+		from node.CIDRSource
+	}{{sel.IPv4, sel.IPv4From}, {sel.IPv6, sel.IPv6From}} {
+		if p.pfx.IsValid() {
+			cidrs = append(cidrs, fmt.Sprintf("%s (from %s)", p.pfx, p.from))
+		}
+	}
+	s.Lines = append(s.Lines, ext.Line{Key: "Pod CIDRs", Value: strings.Join(cidrs, ", ")})
+	if k.writer != nil {
+		st := k.writer.Status()
+		v := "pending"
+		switch {
+		case st.Done:
+			v = fmt.Sprintf("done (%d attempts)", st.Attempts)
+		case st.LastErr != nil:
+			v = fmt.Sprintf("retrying (%d attempts): %v", st.Attempts, st.LastErr)
+		}
+		s.Lines = append(s.Lines, ext.Line{Key: "Node write-back", Value: v})
+	}
+	if k.watchers != nil {
+		synced := 0
+		st := k.watchers.Status()
+		for _, r := range st {
+			if r.Synced {
+				synced++
+			}
+		}
+		s.Lines = append(s.Lines, ext.Line{Key: "Resources", Value: fmt.Sprintf("%d/%d synced", synced, len(st))})
+		for _, r := range st {
+			v := fmt.Sprintf("synced, %d objects", r.Objects)
+			if !r.Synced {
+				v = "not synced"
+			}
+			s.Lines = append(s.Lines, ext.Line{Key: "  " + r.Name, Value: v})
+		}
+	}
+	return s
+}
