@@ -489,3 +489,14 @@ func (a *Agent) enforcement(ep *endpoint.Endpoint) (ingress, egress bool) {
 	}
 	return res.EnforceIngress, res.EnforceEgress
 }
+
+// UpsertRemoteNode maps a peer node's address to the remote-node identity
+// (the node manager's ipcache).
+func (m *datapathModule) UpsertRemoteNode(ip netip.Addr) error {
+	return m.loader.Maps().UpsertIPCache(netip.PrefixFrom(ip, ip.BitLen()), maps.IPCacheValue{Identity: uint32(identity.RemoteNode)})
+}
+
+// DeleteRemoteNode removes a peer node's address from the ipcache.
+func (m *datapathModule) DeleteRemoteNode(ip netip.Addr) error {
+	return m.loader.Maps().DeleteIPCache(netip.PrefixFrom(ip, ip.BitLen()))
+}

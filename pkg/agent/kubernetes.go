@@ -22,6 +22,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/node"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 	"github.com/tendril-net/tendril/pkg/version"
 )
@@ -34,6 +35,7 @@ type kubernetesModule struct {
 	clients  *k8s.Clients
 	watchers *watchers.Watchers
 	writer   *node.Writer
+	nodes    *nodemanager.Manager
 
 	mu            sync.Mutex
 	serverVersion string
@@ -150,13 +152,53 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	var cache nodemanager.IPCache
+	if k.a.datapath != nil {
+		cache = k.a.datapath
+	}
+	k.nodes = nodemanager.New(nodemanager.Config{LocalNode: k.a.cfg.NodeName, InstallRoutes: k.a.cfg.InstallHostNetworking},
+		k.a.endpoints.nl, cache, k.a.log.With("module", "node-manager"))
+	if _, err := w.Nodes.Subscribe(func(ev watchers.Event[*corev1.Node]) { k.onPeerChange(ev.Kind, ev.Key) }); err != nil {
+		return err
+	}
+	if _, err := w.TendrilNodes.Subscribe(func(ev watchers.Event[*v1alpha1.TendrilNode]) { k.onPeerChange(ev.Kind, ev.Key) }); err != nil {
+		return err
+	}
 	w.Start(context.Background())
 	start := time.Now()
 	if err := w.WaitForCacheSync(ctx, k.a.cfg.K8sCacheSyncTimeout); err != nil {
 		return err
 	}
 	k.a.log.Info("Kubernetes caches synced", "duration", time.Since(start))
+	runCtx, cancel := context.WithCancel(context.Background())
+	prev := k.cancel
+	k.cancel = func() {
+		cancel()
+		if prev != nil {
+			prev()
+		}
+	}
+	k.done.Add(1)
+	go func() {
+		defer k.done.Done()
+		k.nodes.Run(runCtx)
+	}()
 	return nil
+}
+
+// onPeerChange recomputes a peer from its Node and TendrilNode (either
+// event may come first); the node is gone when its Node is.
+func (k *kubernetesModule) onPeerChange(kind watchers.EventKind, name string) {
+	if kind == watchers.Synced {
+		return
+	}
+	n, ok := k.watchers.Nodes.Get(name)
+	if !ok {
+		k.nodes.DeletePeer(name)
+		return
+	}
+	tn, _ := k.watchers.TendrilNodes.Get(name)
+	k.nodes.UpsertPeer(nodemanager.MergeTendrilNode(nodemanager.PeerFromNode(n), tn))
 }
 
 func (k *kubernetesModule) stop(context.Context) error {
@@ -399,6 +441,13 @@ func (k *kubernetesModule) statusSection() ext.Section {
 			v = fmt.Sprintf("retrying (%d attempts): %v", st.Attempts, st.LastErr)
 		}
 		s.Lines = append(s.Lines, ext.Line{Key: "Node write-back", Value: v})
+	}
+	if k.nodes != nil {
+		v := fmt.Sprintf("%d peers", len(k.nodes.Peers()))
+		if err := k.nodes.LastError(); err != nil {
+			v += ", last reconciliation failed: " + err.Error()
+		}
+		s.Lines = append(s.Lines, ext.Line{Key: "Nodes", Value: v})
 	}
 	if k.watchers != nil {
 		synced := 0

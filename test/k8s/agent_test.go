@@ -247,6 +247,37 @@ func TestAgentInKubernetes(t *testing.T) {
 		}
 	})
 
+	t.Run("peer nodes reach the node manager", func(t *testing.T) {
+		peer := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.8.0/24"}}}
+		created, err := cs.CoreV1().Nodes().Create(ctx, peer, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "172.30.0.12"}}
+		if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "one peer in status", func() (bool, error) {
+			var st ext.StatusResponse
+			if err := a.api.Do(ctx, http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
+				return false, err
+			}
+			v := section(&st, "Kubernetes", "Nodes")
+			return v == "1 peers", fmt.Errorf("nodes line %q", v)
+		})
+		if err := cs.CoreV1().Nodes().Delete(ctx, "node-b", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "no peer in status", func() (bool, error) {
+			var st ext.StatusResponse
+			if err := a.api.Do(ctx, http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
+				return false, err
+			}
+			v := section(&st, "Kubernetes", "Nodes")
+			return v == "0 peers", fmt.Errorf("nodes line %q", v)
+		})
+	})
+
 	t.Run("endpoint labels follow the pod and its namespace", func(t *testing.T) {
 		ep, err := a.api.EndpointPut(ctx, "0", &models.EndpointChangeRequest{
 			ContainerID: "c0ffee", K8sNamespace: "shop", K8sPodName: "web", InterfaceName: "tdr0",
