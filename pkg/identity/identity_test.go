@@ -58,3 +58,17 @@ func TestReservedNames(t *testing.T) {
 		t.Fatal(Host.String())
 	}
 }
+
+// ReservedByName (a switch) and the names String uses must agree.
+func TestReservedByNameMatchesNames(t *testing.T) {
+	names := reservedNames()
+	for id, name := range names {
+		got, ok := ReservedByName(name)
+		if !ok || got != id {
+			t.Errorf("ReservedByName(%q) = %d, %v; want %d", name, got, ok, id)
+		}
+	}
+	if _, ok := ReservedByName("everyone"); ok {
+		t.Error("unknown name resolved")
+	}
+}

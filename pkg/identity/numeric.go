@@ -45,12 +45,31 @@ func reservedNames() map[NumericIdentity]string {
 	}
 }
 
-// ReservedByName looks up a reserved identity by its entity name.
+// ReservedByName looks up a reserved identity by its entity name. It is a
+// switch rather than a lookup in reservedNames: policy resolution calls it
+// for every entity selector against every identity.
 func ReservedByName(name string) (NumericIdentity, bool) {
-	for id, n := range reservedNames() {
-		if n == name {
-			return id, true
-		}
+	switch name {
+	case "host":
+		return Host, true
+	case "world":
+		return World, true
+	case "unmanaged":
+		return Unmanaged, true
+	case "health":
+		return Health, true
+	case "init":
+		return Init, true
+	case "remote-node":
+		return RemoteNode, true
+	case "kube-apiserver":
+		return KubeAPIServer, true
+	case "ingress":
+		return Ingress, true
+	case "world-ipv4":
+		return WorldIPv4, true
+	case "world-ipv6":
+		return WorldIPv6, true
 	}
 	return 0, false
 }

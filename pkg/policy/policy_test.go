@@ -269,3 +269,110 @@ func TestTrace(t *testing.T) {
 		t.Fatalf("new b-labelled source = %+v", newcomer)
 	}
 }
+
+// Egress named ports name the destination's container ports, so they
+// resolve per selected peer (and, for an L4-only section, per identity that
+// names the port); the selector-cache path must agree with the plain one.
+func TestEgressNamedPorts(t *testing.T) {
+	web := Peer{ID: 1010, Labels: []string{"k8s:app=web", NamespaceLabel + "=x"}, NamedPorts: map[string]NamedPort{"http": {8080, api.ProtoTCP}}}
+	alt := Peer{ID: 1011, Labels: []string{"k8s:app=alt", NamespaceLabel + "=x"}, NamedPorts: map[string]NamedPort{"http": {9090, api.ProtoTCP}, "dns": {53, api.ProtoUDP}}}
+	u := append(universe(), web, alt)
+	tests := []struct {
+		name   string
+		doc    string
+		probes []probe
+	}{
+		{
+			name: "selected peers",
+			doc:  `[{"endpointSelector":{},"egress":[{"toEndpoints":[{"matchLabels":{"app":"web"}}],"toPorts":[{"ports":[{"port":"http","protocol":"TCP"},{"port":"443","protocol":"TCP"}]}]}]}]`,
+			probes: []probe{
+				{Egress, web.ID, api.ProtoTCP, 8080, true}, {Egress, web.ID, api.ProtoTCP, 443, true},
+				{Egress, web.ID, api.ProtoTCP, 9090, false}, {Egress, alt.ID, api.ProtoTCP, 9090, false},
+			},
+		},
+		{
+			name: "L4-only: every identity naming the port, at its own number",
+			doc:  `[{"endpointSelector":{},"egress":[{"toPorts":[{"ports":[{"port":"http","protocol":"TCP"}]}]}]}]`,
+			probes: []probe{
+				{Egress, web.ID, api.ProtoTCP, 8080, true}, {Egress, alt.ID, api.ProtoTCP, 9090, true},
+				{Egress, web.ID, api.ProtoTCP, 9090, false}, {Egress, alt.ID, api.ProtoTCP, 8080, false},
+				{Egress, identity.World, api.ProtoTCP, 8080, false}, {Egress, xb.ID, api.ProtoTCP, 8080, false},
+			},
+		},
+		{
+			name:   "protocol must match the container port's",
+			doc:    `[{"endpointSelector":{},"egress":[{"toPorts":[{"ports":[{"port":"dns","protocol":"TCP"}]}]}]}]`,
+			probes: []probe{{Egress, alt.ID, api.ProtoTCP, 53, false}, {Egress, alt.ID, api.ProtoUDP, 53, false}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			repo := NewRepository()
+			if _, err := repo.Add(mustRules(t, tt.doc), "x", "test", false); err != nil {
+				t.Fatal(err)
+			}
+			plain := repo.Resolve(Endpoint{Labels: xa.Labels}, u)
+			cached := repo.ResolveCached(Endpoint{Labels: xa.Labels}, u, 1, NewSelectorCache())
+			if len(plain.MapState) != len(cached.MapState) {
+				t.Fatalf("cached resolution differs: %v vs %v", cached.MapState, plain.MapState)
+			}
+			for k, e := range plain.MapState {
+				if cached.MapState[k] != e {
+					t.Fatalf("cached resolution differs at %+v: %v vs %v", k, cached.MapState, plain.MapState)
+				}
+			}
+			for _, p := range tt.probes {
+				if got, _ := plain.MapState.Allowed(p.dir, p.peer, p.proto, p.port); got != p.allow {
+					t.Errorf("to %d %d/%d: allowed=%v, want %v (state %v)", p.peer, p.proto, p.port, got, p.allow, plain.MapState)
+				}
+			}
+		})
+	}
+}
+
+func TestReplaceByLabels(t *testing.T) {
+	repo := NewRepository()
+	mine := mustRules(t, `[{"endpointSelector":{},"labels":["owner=np","name=a"],"ingress":[{}]},{"endpointSelector":{},"labels":["owner=np","name=a","part=2"],"egress":[{}]}]`)
+	other := mustRules(t, `[{"endpointSelector":{},"labels":["owner=np","name=b"],"ingress":[{}]}]`)
+	if _, err := repo.Add(append(mine, other...), "x", "test", false); err != nil {
+		t.Fatal(err)
+	}
+	var revs []uint64
+	repo.Subscribe(func(rev uint64) { revs = append(revs, rev) })
+	next := mustRules(t, `[{"endpointSelector":{},"labels":["owner=np","name=a"],"ingress":[{"fromEntities":["all"]}]}]`)
+	if _, err := repo.ReplaceByLabels([]string{"owner=np", "name=a"}, next, "x", "test"); err != nil {
+		t.Fatal(err)
+	}
+	rules, _ := repo.Rules(nil)
+	if len(rules) != 2 || len(revs) != 1 {
+		t.Fatalf("after replace: %d rules, %d revisions", len(rules), len(revs))
+	}
+	if got, _ := repo.Rules([]string{"name=b"}); len(got) != 1 {
+		t.Fatal("replace removed another object's rule")
+	}
+	if _, err := repo.ReplaceByLabels(nil, next, "x", "test"); err == nil {
+		t.Fatal("replace with no labels accepted")
+	}
+	if _, err := repo.ReplaceByLabels([]string{"name=a"}, api.Rules{{}}, "x", "test"); err == nil {
+		t.Fatal("invalid rule accepted")
+	}
+	if got, _ := repo.Rules([]string{"name=a"}); len(got) != 1 {
+		t.Fatal("a refused replace changed the repository")
+	}
+}
+
+func TestTraceNamesTheDecidingRule(t *testing.T) {
+	repo := NewRepository()
+	allow := mustRules(t, `[{"endpointSelector":{"matchLabels":{"app":"a"}},"labels":["k8s:io.cilium.k8s.policy.name=allow-b"],"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"b"}}]}]}]`)
+	if _, err := repo.Add(allow, "x", "k8s NetworkPolicy x/allow-b", false); err != nil {
+		t.Fatal(err)
+	}
+	ok := strings.Join(repo.Trace(xb.Labels, xa.Labels, 6, 80, universe()).Lines, "\n")
+	if !strings.Contains(ok, "allowed by rule 1 (k8s NetworkPolicy x/allow-b) [k8s:io.cilium.k8s.policy.name=allow-b]") {
+		t.Fatalf("trace does not name the allowing rule:\n%s", ok)
+	}
+	denied := strings.Join(repo.Trace(ya.Labels, xa.Labels, 6, 80, universe()).Lines, "\n")
+	if !strings.Contains(denied, "denied by default deny") || !strings.Contains(denied, "selected by rule 1 (k8s NetworkPolicy x/allow-b)") {
+		t.Fatalf("trace does not explain the default deny:\n%s", denied)
+	}
+}

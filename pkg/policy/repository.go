@@ -109,6 +109,35 @@ func (r *Repository) ReplaceSource(source, namespace string, rules api.Rules) (u
 	return r.changed(), nil
 }
 
+// ReplaceByLabels atomically removes every rule carrying all of match and
+// adds rules (one revision): what a changed Kubernetes object needs, so no
+// resolution sees the object's old rules gone and its new ones missing.
+// match must not be empty (that would replace every rule).
+func (r *Repository) ReplaceByLabels(match []string, rules api.Rules, namespace, source string) (uint64, error) {
+	if len(match) == 0 {
+		return 0, fmt.Errorf("replace rules of %s: no labels to match", source)
+	}
+	for i, rule := range rules {
+		if err := rule.Validate(); err != nil {
+			return 0, fmt.Errorf("%s rule %d: %w", source, i, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kept := r.rules[:0:0]
+	for _, s := range r.rules {
+		if !hasAll(s.Rule.Labels, match) {
+			kept = append(kept, s)
+		}
+	}
+	r.rules = kept
+	for _, rule := range rules {
+		r.rules = append(r.rules, StoredRule{ID: r.nextID, Rule: rule, Namespace: namespace, Source: source})
+		r.nextID++
+	}
+	return r.changed(), nil
+}
+
 // DeleteByLabels removes the rules whose labels include all of labels (all
 // rules when labels is empty) and returns how many went.
 func (r *Repository) DeleteByLabels(labels []string) (uint64, int) {
@@ -130,13 +159,19 @@ func (r *Repository) DeleteByLabels(labels []string) (uint64, int) {
 	return r.changed(), n
 }
 
+// hasAll reports whether have contains every label of want. Rules carry a
+// handful of labels: a scan beats building a set, and replacing one
+// object's rules scans every rule.
 func hasAll(have, want []string) bool {
-	set := map[string]bool{}
-	for _, l := range have {
-		set[l] = true
-	}
-	for _, l := range want {
-		if !set[l] {
+	for _, w := range want {
+		found := false
+		for _, h := range have {
+			if h == w {
+				found = true
+				break
+			}
+		}
+		if !found {
 			return false
 		}
 	}

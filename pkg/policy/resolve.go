@@ -37,12 +37,19 @@ type Entry struct {
 // MapState is an endpoint's desired policy map content.
 type MapState map[Key]Entry
 
-// Peer is a known identity: its labels, and for a node-local CIDR identity
-// its prefix.
+// Peer is a known identity: its labels, for a node-local CIDR identity its
+// prefix, and the container ports its pods name.
 type Peer struct {
 	ID     identity.NumericIdentity
 	Labels []string
 	CIDR   netip.Prefix
+	// NamedPorts are the named container ports of the identity's pods: an
+	// egress rule's named port names the destination's port, so it is
+	// resolved against the selected peers. Pods sharing an identity are
+	// expected to name their ports alike (one workload); when they do not,
+	// the agent passes the union and a name may open a port number on a
+	// pod that gives it another name.
+	NamedPorts map[string]NamedPort
 }
 
 // Universe is every identity the policy can select.
@@ -91,12 +98,14 @@ func namespaceOf(labels []string) string {
 	return ""
 }
 
-// selects reports whether a stored rule selects an endpoint with labels.
-func (s StoredRule) selects(labels []string) bool {
-	if s.Namespace != "" && namespaceOf(labels) != s.Namespace {
+// selects reports whether a stored rule selects an endpoint with the label
+// set set in namespace ns (the set is built once per resolution, not per
+// rule).
+func (s StoredRule) selects(set labelSet, ns string) bool {
+	if s.Namespace != "" && ns != s.Namespace {
 		return false
 	}
-	return Matches(s.Rule.EndpointSelector, labels)
+	return s.Rule.EndpointSelector != nil && matchesSet(s.Rule.EndpointSelector, set)
 }
 
 // section is ingress or egress rule content, direction-neutral.
@@ -221,15 +230,39 @@ type portKey struct {
 	prefixLen uint8
 }
 
+// hasNamedPorts reports whether any of the section's ports is a name.
+func (s section) hasNamedPorts() bool {
+	for _, pr := range s.ports {
+		for _, pp := range pr.Ports {
+			if pp.NamedPort() != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // portKeys expands a section's ports; named ports resolve through named
 // (unknown names select nothing).
 func (s section) portKeys(named map[string]NamedPort) []portKey {
+	return s.expandPorts(named, false)
+}
+
+// namedPortKeys expands only the section's named ports, through named.
+func (s section) namedPortKeys(named map[string]NamedPort) []portKey {
+	return s.expandPorts(named, true)
+}
+
+func (s section) expandPorts(named map[string]NamedPort, onlyNamed bool) []portKey {
 	if len(s.ports) == 0 && len(s.icmps) == 0 {
+		if onlyNamed {
+			return nil
+		}
 		return []portKey{{}}
 	}
 	var out []portKey
 	for _, pr := range s.ports {
-		if len(pr.Ports) == 0 {
+		if len(pr.Ports) == 0 && !onlyNamed {
 			out = append(out, portKey{})
 		}
 		for _, pp := range pr.Ports {
@@ -246,6 +279,9 @@ func (s section) portKeys(named map[string]NamedPort) []portKey {
 				}
 				continue
 			}
+			if onlyNamed {
+				continue
+			}
 			protos, from, to, err := pp.Parse()
 			if err != nil {
 				continue
@@ -260,6 +296,9 @@ func (s section) portKeys(named map[string]NamedPort) []portKey {
 				}
 			}
 		}
+	}
+	if onlyNamed {
+		return out
 	}
 	for _, ic := range s.icmps {
 		for _, f := range ic.Fields {
@@ -330,6 +369,9 @@ type SelectorCache struct {
 	version  uint64
 	sets     []labelSet
 	universe Universe
+	// index finds a universe entry by identity (egress named ports need
+	// the selected peers' ports).
+	index    map[identity.NumericIdentity]int
 	selected map[selectorKey][]identity.NumericIdentity
 }
 
@@ -351,8 +393,10 @@ func (r *Repository) ResolveCached(ep Endpoint, universe Universe, version uint6
 	if c.selected == nil || c.revision != rev || c.version != version {
 		c.revision, c.version, c.universe = rev, version, universe
 		c.sets = make([]labelSet, len(universe))
+		c.index = make(map[identity.NumericIdentity]int, len(universe))
 		for i, p := range universe {
 			c.sets[i] = newLabelSet(p.Labels)
+			c.index[p.ID] = i
 		}
 		c.selected = map[selectorKey][]identity.NumericIdentity{}
 	}
@@ -379,12 +423,26 @@ func (c *SelectorCache) lookup(k selectorKey, s section, ns string) []identity.N
 	return ids
 }
 
+// peers returns the universe entries of ids.
+func (c *SelectorCache) peers(ids []identity.NumericIdentity) []Peer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Peer, 0, len(ids))
+	for _, id := range ids {
+		if i, ok := c.index[id]; ok {
+			out = append(out, c.universe[i])
+		}
+	}
+	return out
+}
+
 func (r *Repository) resolve(ep Endpoint, universe Universe, cache *SelectorCache) Result {
 	rules, rev := r.Rules(nil)
 	res := Result{MapState: MapState{}, Revision: rev}
 	var ingressRules, egressRules, ingressDefaultDeny, egressDefaultDeny bool
+	epSet, epNS := newLabelSet(ep.Labels), namespaceOf(ep.Labels)
 	for _, s := range rules {
-		if !s.selects(ep.Labels) {
+		if !s.selects(epSet, epNS) {
 			continue
 		}
 		res.Rules = append(res.Rules, s.ID)
@@ -435,29 +493,58 @@ func (m MapState) merge(k Key, e Entry) {
 }
 
 func (m MapState) add(s section, dir uint8, deny bool, rule StoredRule, ep Endpoint, universe Universe, cache *SelectorCache, idx int) {
-	// Named ports name the endpoint's own ports on ingress; on egress they
-	// would name the peer's, which identities do not carry.
-	named := ep.NamedPorts
-	if dir == Egress {
-		named = nil
-	}
-	ports := s.portKeys(named)
+	// Named ports name the endpoint's own ports on ingress, the peer's on
+	// egress: those resolve per selected peer below.
+	peerNamed := dir == Egress && s.hasNamedPorts()
 	var ids []identity.NumericIdentity
+	var peers []Peer // the selected peers, when peerNamed
+	wildcard := s.wildcard()
 	switch {
-	case s.wildcard():
+	case wildcard:
 		ids = []identity.NumericIdentity{0}
+		if peerNamed {
+			peers = universe
+		}
 	case cache != nil:
 		ids = cache.lookup(selectorKey{rule: rule.ID, dir: dir, deny: deny, idx: idx}, s, rule.Namespace)
+		if peerNamed {
+			peers = cache.peers(ids)
+		}
 	default:
 		for _, p := range universe {
 			if s.peerMatches(p, rule.Namespace) {
 				ids = append(ids, p.ID)
+				if peerNamed {
+					peers = append(peers, p)
+				}
 			}
 		}
 	}
+	named := ep.NamedPorts
+	if dir == Egress {
+		named = nil
+	}
+	put := func(id identity.NumericIdentity, pk portKey) {
+		m.merge(Key{Identity: id, Direction: dir, Proto: pk.proto, Port: pk.port, PrefixLen: pk.prefixLen}, Entry{Deny: deny, Cookie: rule.ID})
+	}
+	ports := s.portKeys(named)
 	for _, id := range ids {
 		for _, pk := range ports {
-			m.merge(Key{Identity: id, Direction: dir, Proto: pk.proto, Port: pk.port, PrefixLen: pk.prefixLen}, Entry{Deny: deny, Cookie: rule.ID})
+			put(id, pk)
+		}
+	}
+	if !peerNamed {
+		return
+	}
+	// Each selected peer (every identity, for a wildcard section) gets its
+	// own entries for the named ports: the number behind a name is the
+	// peer's.
+	for _, p := range peers {
+		if len(p.NamedPorts) == 0 {
+			continue
+		}
+		for _, pk := range s.namedPortKeys(p.NamedPorts) {
+			put(p.ID, pk)
 		}
 	}
 }

@@ -14,6 +14,15 @@ import (
 // NamespaceLabel is the label carrying a pod's namespace.
 const NamespaceLabel = "k8s:io.kubernetes.pod.namespace"
 
+// NamespaceLabelsPrefix prefixes the labels of a pod's namespace on the
+// pod's identity ("k8s:io.cilium.k8s.namespace.labels.team=a" for a
+// namespace labelled team=a), as Cilium names them, so that a selector can
+// select pods by their namespace's labels. A namespaced rule's peer
+// selector using them still defaults to the rule's namespace unless it
+// also names NamespaceLabel (Cilium's rule for namespaced policies);
+// Kubernetes NetworkPolicy namespaceSelectors always name it.
+const NamespaceLabelsPrefix = "k8s:io.cilium.k8s.namespace.labels."
+
 // labelSet indexes "source:key=value" labels by key, with and without the
 // source.
 type labelSet struct {
