@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -23,7 +24,9 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
+	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
+	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
 	"github.com/tendril-net/tendril/pkg/version"
 )
 
@@ -134,6 +137,17 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 	if _, err := w.Namespaces.Subscribe(k.onNamespace); err != nil {
 		return err
 	}
+	if _, err := w.NetworkPolicies.Subscribe(k.onNetworkPolicy); err != nil {
+		return err
+	}
+	if _, err := w.Pods.Subscribe(func(ev watchers.Event[*corev1.Pod]) {
+		// A pod's named ports may change what named-port rules open.
+		if ev.Kind == watchers.Upsert && len(policyk8s.PodNamedPorts(ev.Object)) > 0 {
+			k.a.policy.triggerRegeneration()
+		}
+	}); err != nil {
+		return err
+	}
 	if _, err := w.TendrilNetworkPolicies.Subscribe(func(ev watchers.Event[*v1alpha1.TendrilNetworkPolicy]) {
 		if ev.Kind == watchers.Synced {
 			return
@@ -215,7 +229,6 @@ func (k *kubernetesModule) stop(context.Context) error {
 // Label names Cilium gives pods, kept so policies written for Cilium select
 // the same pods here.
 const (
-	labelNamespaceLabels = "io.cilium.k8s.namespace.labels."
 	labelServiceAccount  = "io.cilium.k8s.policy.serviceaccount"
 	labelPolicyName      = "io.cilium.k8s.policy.name"
 	labelPolicyNamespace = "io.cilium.k8s.policy.namespace"
@@ -237,19 +250,22 @@ func churnyLabel(key string) bool {
 	return false
 }
 
-// podLabels are an endpoint's labels from its pod and the pod's namespace.
+// podLabels are an endpoint's labels from its pod and the pod's namespace,
+// named as Cilium names them; pod labels under the keys the agent sets
+// itself are dropped (policyk8s.EndpointLabels), so a pod cannot pose as a
+// member of another namespace.
 func podLabels(pod *corev1.Pod, ns *corev1.Namespace) []string {
-	out := []string{"k8s:io.kubernetes.pod.namespace=" + pod.Namespace}
+	own := make(map[string]string, len(pod.Labels))
 	for key, v := range pod.Labels {
 		if !churnyLabel(key) {
-			out = append(out, "k8s:"+key+"="+v)
+			own[key] = v
 		}
 	}
+	var nsLabels map[string]string
 	if ns != nil {
-		for key, v := range ns.Labels {
-			out = append(out, "k8s:"+labelNamespaceLabels+key+"="+v)
-		}
+		nsLabels = ns.Labels
 	}
+	out := policyk8s.EndpointLabels(pod.Namespace, nsLabels, own)
 	sa := pod.Spec.ServiceAccountName
 	if sa == "" {
 		sa = "default"
@@ -257,6 +273,19 @@ func podLabels(pod *corev1.Pod, ns *corev1.Namespace) []string {
 	out = append(out, "k8s:"+labelServiceAccount+"="+sa)
 	sort.Strings(out)
 	return out
+}
+
+// namedPorts returns the named container ports of an endpoint's pod (nil
+// when it has no pod in the cache).
+func (k *kubernetesModule) namedPorts(ep *endpoint.Endpoint) map[string]policy.NamedPort {
+	if k == nil || k.watchers == nil || ep.PodName == "" {
+		return nil
+	}
+	pod, ok := k.watchers.Pods.Get(ep.PodNamespace + "/" + ep.PodName)
+	if !ok {
+		return nil
+	}
+	return policyk8s.PodNamedPorts(pod)
 }
 
 // labelsForEndpoint returns the labels of the endpoint's pod, waiting a
@@ -294,6 +323,26 @@ func (k *kubernetesModule) onNamespace(ev watchers.Event[*corev1.Namespace]) {
 		if pod.Namespace == ev.Object.Name {
 			k.relabel(pod.Namespace, pod.Name, podLabels(pod, ev.Object))
 		}
+	}
+}
+
+// onNetworkPolicy puts a Kubernetes NetworkPolicy into the repository (its
+// translation with the exact Kubernetes semantics) or takes it out. A
+// policy that does not translate is rejected whole and logged; its earlier
+// version stays, as the API server would not have accepted it either.
+func (k *kubernetesModule) onNetworkPolicy(ev watchers.Event[*networkingv1.NetworkPolicy]) {
+	repo := k.a.policy.repo
+	switch ev.Kind {
+	case watchers.Upsert:
+		rev, err := policyk8s.Apply(repo, ev.Object)
+		if err != nil {
+			k.a.log.Warn("NetworkPolicy rejected", "policy", ev.Key, "error", err)
+			return
+		}
+		k.a.log.Info("NetworkPolicy imported", "policy", ev.Key, "revision", rev)
+	case watchers.Delete:
+		rev, n := policyk8s.Delete(repo, ev.Object.Namespace, ev.Object.Name)
+		k.a.log.Info("NetworkPolicy removed", "policy", ev.Key, "rules", n, "revision", rev)
 	}
 }
 

@@ -144,8 +144,9 @@ func (p *policyModule) universe() policy.Universe {
 	if p.a.datapath == nil {
 		return u
 	}
+	named := p.localNamedPorts()
 	for _, id := range p.a.datapath.identities.List() {
-		u = append(u, policy.Peer{ID: id.ID, Labels: id.Labels})
+		u = append(u, policy.Peer{ID: id.ID, Labels: id.Labels, NamedPorts: named[id.ID]})
 	}
 	p.mu.Lock()
 	for pf, id := range p.cidrIDs {
@@ -153,6 +154,30 @@ func (p *policyModule) universe() policy.Universe {
 	}
 	p.mu.Unlock()
 	return u
+}
+
+// localNamedPorts are the named container ports of the local pods, per
+// identity (the union when pods of one identity name ports differently),
+// for egress rules naming a destination's port.
+func (p *policyModule) localNamedPorts() map[identity.NumericIdentity]map[string]policy.NamedPort {
+	if p.a.k8s == nil || p.a.endpoints.mgr == nil {
+		return nil
+	}
+	out := map[identity.NumericIdentity]map[string]policy.NamedPort{}
+	for _, ep := range p.a.endpoints.mgr.List() {
+		ports := p.a.k8s.namedPorts(ep)
+		if len(ports) == 0 || ep.Identity == 0 {
+			continue
+		}
+		id := identity.NumericIdentity(ep.Identity)
+		if out[id] == nil {
+			out[id] = map[string]policy.NamedPort{}
+		}
+		for name, np := range ports {
+			out[id][name] = np
+		}
+	}
+	return out
 }
 
 // universeVersion changes whenever the universe does.
@@ -169,7 +194,7 @@ func (p *policyModule) universeVersion() uint64 {
 // resolve computes ep's policy through the selector cache.
 func (p *policyModule) resolve(ep *endpoint.Endpoint) policy.Result {
 	version := p.universeVersion()
-	res := p.repo.ResolveCached(policy.Endpoint{Labels: endpointLabels(ep)}, p.universe(), version, p.cache)
+	res := p.repo.ResolveCached(policy.Endpoint{Labels: endpointLabels(ep), NamedPorts: p.a.k8s.namedPorts(ep)}, p.universe(), version, p.cache)
 	p.mu.Lock()
 	p.results[ep.ID] = res
 	p.mu.Unlock()

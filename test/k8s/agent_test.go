@@ -21,6 +21,7 @@ import (
 
 	"github.com/cilium/cilium/api/v1/models"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -365,5 +366,20 @@ func TestAgentInKubernetes(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, "the policy gone from the agent", func() (bool, error) { n, doc := policyCount(); return n == 0, fmt.Errorf("%s", doc) })
+
+		// A Kubernetes NetworkPolicy goes the same way, translated.
+		np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default-deny", Namespace: "shop"},
+			Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
+		if _, err := cs.NetworkingV1().NetworkPolicies("shop").Create(ctx, np, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the NetworkPolicy in the agent", func() (bool, error) {
+			n, doc := policyCount()
+			return n == 1 && strings.Contains(doc, "derived-from=NetworkPolicy"), fmt.Errorf("%s", doc)
+		})
+		if err := cs.NetworkingV1().NetworkPolicies("shop").Delete(ctx, "default-deny", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the NetworkPolicy gone", func() (bool, error) { n, doc := policyCount(); return n == 0, fmt.Errorf("%s", doc) })
 	})
 }
