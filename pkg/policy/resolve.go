@@ -361,8 +361,10 @@ func (r *Repository) Resolve(ep Endpoint, universe Universe) Result {
 }
 
 // SelectorCache remembers which identities each peer selector selects for
-// one universe version and repository revision, so resolving many
-// endpoints matches every selector against every identity once.
+// one repository revision, so resolving many endpoints matches every
+// selector against every identity once. When only the universe changes
+// (identities come and go), the cache is updated incrementally: only the
+// added and changed identities are matched against the cached selectors.
 type SelectorCache struct {
 	mu       sync.Mutex
 	revision uint64
@@ -372,7 +374,7 @@ type SelectorCache struct {
 	// index finds a universe entry by identity (egress named ports need
 	// the selected peers' ports).
 	index    map[identity.NumericIdentity]int
-	selected map[selectorKey][]identity.NumericIdentity
+	selected map[selectorKey]*cachedSelection
 }
 
 type selectorKey struct {
@@ -380,6 +382,15 @@ type selectorKey struct {
 	dir  uint8
 	deny bool
 	idx  int
+}
+
+// cachedSelection is what a selector selects, with what it takes to match
+// a new identity against it. ids is replaced, never changed in place:
+// callers may hold the old slice.
+type cachedSelection struct {
+	sec section
+	ns  string
+	ids []identity.NumericIdentity
 }
 
 // NewSelectorCache returns an empty cache.
@@ -390,35 +401,125 @@ func NewSelectorCache() *SelectorCache { return &SelectorCache{} }
 func (r *Repository) ResolveCached(ep Endpoint, universe Universe, version uint64, c *SelectorCache) Result {
 	rev := r.Revision()
 	c.mu.Lock()
-	if c.selected == nil || c.revision != rev || c.version != version {
-		c.revision, c.version, c.universe = rev, version, universe
-		c.sets = make([]labelSet, len(universe))
-		c.index = make(map[identity.NumericIdentity]int, len(universe))
-		for i, p := range universe {
-			c.sets[i] = newLabelSet(p.Labels)
-			c.index[p.ID] = i
-		}
-		c.selected = map[selectorKey][]identity.NumericIdentity{}
+	switch {
+	case c.selected == nil || c.revision != rev:
+		c.reset(rev, version, universe)
+	case c.version != version:
+		c.update(version, universe)
 	}
 	c.mu.Unlock()
 	return r.resolve(ep, universe, c)
 }
 
+// reset drops every cached selection.
+func (c *SelectorCache) reset(rev, version uint64, universe Universe) {
+	c.revision, c.version, c.universe = rev, version, universe
+	c.sets = make([]labelSet, len(universe))
+	c.index = make(map[identity.NumericIdentity]int, len(universe))
+	for i, p := range universe {
+		c.sets[i] = newLabelSet(p.Labels)
+		c.index[p.ID] = i
+	}
+	c.selected = map[selectorKey]*cachedSelection{}
+}
+
+// update moves the cache to a new universe: identities that vanished or
+// whose labels (or CIDR) changed leave every selection, added and changed
+// ones are matched against every cached selector. When most of the
+// universe changed, starting over is cheaper.
+func (c *SelectorCache) update(version uint64, universe Universe) {
+	sets := make([]labelSet, len(universe))
+	index := make(map[identity.NumericIdentity]int, len(universe))
+	var fresh []int // universe positions to match
+	gone := map[identity.NumericIdentity]bool{}
+	for i, p := range universe {
+		index[p.ID] = i
+		if oi, ok := c.index[p.ID]; ok && samePeer(c.universe[oi], p) {
+			sets[i] = c.sets[oi]
+			continue
+		}
+		sets[i] = newLabelSet(p.Labels)
+		fresh = append(fresh, i)
+		if _, ok := c.index[p.ID]; ok {
+			gone[p.ID] = true // changed: leaves, then is matched again
+		}
+	}
+	for id := range c.index {
+		if _, ok := index[id]; !ok {
+			gone[id] = true
+		}
+	}
+	if len(fresh)+len(gone) > len(universe)/4+8 {
+		c.reset(c.revision, version, universe)
+		return
+	}
+	c.version, c.universe, c.sets, c.index = version, universe, sets, index
+	if len(fresh) == 0 && len(gone) == 0 {
+		return
+	}
+	for _, sel := range c.selected {
+		var ids []identity.NumericIdentity
+		changed := false
+		if len(gone) > 0 {
+			ids = make([]identity.NumericIdentity, 0, len(sel.ids))
+			for _, id := range sel.ids {
+				if gone[id] {
+					changed = true
+					continue
+				}
+				ids = append(ids, id)
+			}
+		} else {
+			ids = sel.ids
+		}
+		for _, i := range fresh {
+			if sel.sec.peerMatchesSet(universe[i], sets[i], sel.ns) {
+				if !changed {
+					ids = append(append([]identity.NumericIdentity(nil), ids...), universe[i].ID)
+					changed = true
+					continue
+				}
+				ids = append(ids, universe[i].ID)
+			}
+		}
+		if changed {
+			sel.ids = ids
+		}
+	}
+}
+
+// samePeer reports whether a peer still selects alike: same labels, same
+// CIDR. Named ports do not change selection.
+func samePeer(a, b Peer) bool {
+	if a.CIDR != b.CIDR || len(a.Labels) != len(b.Labels) {
+		return false
+	}
+	for i := range a.Labels {
+		if a.Labels[i] != b.Labels[i] {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *SelectorCache) lookup(k selectorKey, s section, ns string) []identity.NumericIdentity {
 	c.mu.Lock()
-	ids, ok := c.selected[k]
+	sel, ok := c.selected[k]
 	c.mu.Unlock()
 	if ok {
-		return ids
+		return sel.ids
 	}
-	ids = []identity.NumericIdentity{}
-	for i, p := range c.universe {
-		if s.peerMatchesSet(p, c.sets[i], ns) {
+	ids := []identity.NumericIdentity{}
+	c.mu.Lock()
+	universe, sets := c.universe, c.sets
+	c.mu.Unlock()
+	for i, p := range universe {
+		if s.peerMatchesSet(p, sets[i], ns) {
 			ids = append(ids, p.ID)
 		}
 	}
 	c.mu.Lock()
-	c.selected[k] = ids
+	c.selected[k] = &cachedSelection{sec: s, ns: ns, ids: ids}
 	c.mu.Unlock()
 	return ids
 }
