@@ -1,0 +1,268 @@
+// Package crdalloc allocates cluster-wide security identities as
+// TendrilIdentity objects (the CRD identity allocation mode): the object's
+// name is the numeric identity, its security-labels the label set. The
+// first candidate number is derived from the labels' hash and collisions
+// probe onwards in a fixed order, so agents allocating the same label set
+// at once try the same numbers: one create wins, the others get
+// AlreadyExists, re-read the object, find their labels and use it. Two IDs
+// for one label set never arise from a race.
+package crdalloc
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tendril-net/tendril/pkg/identity"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	tendrilclient "github.com/tendril-net/tendril/pkg/k8s/client/clientset/versioned"
+)
+
+// maxProbes bounds the search for a free number; the range holds 65,280.
+const maxProbes = 4096
+
+// Allocator is a cluster-wide identity allocator backed by TendrilIdentity
+// objects. It knows every identity of the cluster (fed by the watcher
+// through Upsert and Delete) and counts this node's references.
+type Allocator struct {
+	log     *slog.Logger
+	timeout time.Duration
+
+	mu         sync.Mutex
+	client     tendrilclient.Interface
+	byID       map[identity.NumericIdentity][]string
+	byKey      map[string]identity.NumericIdentity
+	refs       map[identity.NumericIdentity]int
+	generation uint64
+	listeners  []func(added, deleted []identity.Identity)
+}
+
+// New returns an allocator without a client; SetClient gives it one
+// before the first allocation (the agent builds its clients at start).
+func New(log *slog.Logger) *Allocator {
+	return &Allocator{log: log, timeout: 10 * time.Second,
+		byID: map[identity.NumericIdentity][]string{}, byKey: map[string]identity.NumericIdentity{},
+		refs: map[identity.NumericIdentity]int{}}
+}
+
+// SetClient sets the API client.
+func (a *Allocator) SetClient(c tendrilclient.Interface) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.client = c
+}
+
+// SecurityLabels turns "source:key=value" labels into the object's map.
+func SecurityLabels(labels []string) map[string]string {
+	out := make(map[string]string, len(labels))
+	for _, l := range labels {
+		k, v, _ := strings.Cut(l, "=")
+		out[k] = v
+	}
+	return out
+}
+
+// LabelsOf turns an object's security-labels back into sorted labels.
+func LabelsOf(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// candidate is the n-th number to try for a label set.
+func candidate(key string, n int) identity.NumericIdentity {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key))
+	span := uint64(identity.MaxCluster-identity.MinCluster) + 1
+	return identity.MinCluster + identity.NumericIdentity((h.Sum64()+uint64(n))%span)
+}
+
+// Upsert records an identity the watcher saw.
+func (a *Allocator) Upsert(obj *v1alpha1.TendrilIdentity) {
+	id, err := strconv.ParseUint(obj.Name, 10, 32)
+	if err != nil || !identity.NumericIdentity(id).IsCluster() {
+		a.log.Warn("Ignoring TendrilIdentity with a name that is not a cluster identity", "name", obj.Name)
+		return
+	}
+	a.learn(identity.NumericIdentity(id), LabelsOf(obj.SecurityLabels))
+}
+
+// Delete forgets an identity the watcher saw go (identity GC). A local
+// reference keeps it known: the endpoint still uses the number.
+func (a *Allocator) Delete(obj *v1alpha1.TendrilIdentity) {
+	id, err := strconv.ParseUint(obj.Name, 10, 32)
+	if err != nil {
+		return
+	}
+	nid := identity.NumericIdentity(id)
+	a.mu.Lock()
+	labels, ok := a.byID[nid]
+	if !ok || a.refs[nid] > 0 {
+		a.mu.Unlock()
+		return
+	}
+	delete(a.byID, nid)
+	delete(a.byKey, identity.LabelsKey(labels))
+	a.generation++
+	ls := append([]func(added, deleted []identity.Identity){}, a.listeners...)
+	a.mu.Unlock()
+	for _, fn := range ls {
+		fn(nil, []identity.Identity{{ID: nid, Labels: labels}})
+	}
+}
+
+// learn records id → labels and tells the listeners when it is new.
+func (a *Allocator) learn(id identity.NumericIdentity, labels []string) {
+	a.mu.Lock()
+	if cur, ok := a.byID[id]; ok && identity.LabelsKey(cur) == identity.LabelsKey(labels) {
+		a.mu.Unlock()
+		return
+	}
+	a.byID[id] = labels
+	a.byKey[identity.LabelsKey(labels)] = id
+	a.generation++
+	ls := append([]func(added, deleted []identity.Identity){}, a.listeners...)
+	a.mu.Unlock()
+	for _, fn := range ls {
+		fn([]identity.Identity{{ID: id, Labels: labels}}, nil)
+	}
+}
+
+// Allocate returns the cluster identity of labels, creating its object
+// when no node has it yet, and takes a reference. isNew reports whether
+// this call created it.
+func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
+	sorted := append([]string(nil), labels...)
+	sort.Strings(sorted)
+	key := identity.LabelsKey(sorted)
+	a.mu.Lock()
+	if id, ok := a.byKey[key]; ok {
+		a.refs[id]++
+		n := a.refs[id]
+		a.mu.Unlock()
+		return identity.Identity{ID: id, Labels: sorted, RefCount: n}, false, nil
+	}
+	client := a.client
+	a.mu.Unlock()
+	if client == nil {
+		return identity.Identity{}, false, fmt.Errorf("allocate identity: no Kubernetes client yet")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
+	defer cancel()
+	ids := client.TendrilV1alpha1().TendrilIdentities()
+	for n := 0; n < maxProbes; n++ {
+		id := candidate(key, n)
+		a.mu.Lock()
+		other, taken := a.byID[id]
+		a.mu.Unlock()
+		if taken && identity.LabelsKey(other) != key {
+			continue // known to hold other labels
+		}
+		obj := &v1alpha1.TendrilIdentity{ObjectMeta: metav1.ObjectMeta{Name: strconv.Itoa(int(id))}, SecurityLabels: SecurityLabels(sorted)}
+		_, err := ids.Create(ctx, obj, metav1.CreateOptions{})
+		created := err == nil
+		if apierrors.IsAlreadyExists(err) {
+			cur, gerr := ids.Get(ctx, obj.Name, metav1.GetOptions{})
+			if gerr != nil {
+				return identity.Identity{}, false, fmt.Errorf("allocate identity: re-read %s: %w", obj.Name, gerr)
+			}
+			curLabels := LabelsOf(cur.SecurityLabels)
+			a.learn(id, curLabels)
+			if identity.LabelsKey(curLabels) != key {
+				continue // collision: the next number in the fixed order
+			}
+			err = nil
+		}
+		if err != nil {
+			return identity.Identity{}, false, fmt.Errorf("allocate identity %d: %w", id, err)
+		}
+		a.learn(id, sorted)
+		a.mu.Lock()
+		a.refs[id]++
+		refs := a.refs[id]
+		a.mu.Unlock()
+		if created {
+			a.log.Info("Allocated identity", "identity", id, "labels", key)
+		}
+		return identity.Identity{ID: id, Labels: sorted, RefCount: refs}, created, nil
+	}
+	return identity.Identity{}, false, identity.ErrExhausted
+}
+
+// Release drops a local reference. The object stays: other nodes may use
+// it, and deleting unused identities is the operator's identity GC.
+func (a *Allocator) Release(id identity.NumericIdentity) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.refs[id] == 0 {
+		return fmt.Errorf("release identity %d: not held", id)
+	}
+	a.refs[id]--
+	if a.refs[id] == 0 {
+		delete(a.refs, id)
+	}
+	return nil
+}
+
+// Reserve takes a reference on a restored endpoint's identity; it fails
+// when the cluster knows that number with other labels.
+func (a *Allocator) Reserve(id identity.NumericIdentity, labels []string) error {
+	got, _, err := a.Allocate(labels)
+	if err != nil {
+		return err
+	}
+	if got.ID != id {
+		_ = a.Release(got.ID)
+		return fmt.Errorf("reserve identity %d: the cluster has these labels as %d", id, got.ID)
+	}
+	return nil
+}
+
+// Lookup returns an identity of the cluster.
+func (a *Allocator) Lookup(id identity.NumericIdentity) (identity.Identity, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	labels, ok := a.byID[id]
+	if !ok {
+		return identity.Identity{}, false
+	}
+	return identity.Identity{ID: id, Labels: labels, RefCount: a.refs[id]}, true
+}
+
+// List returns every identity of the cluster, by ID.
+func (a *Allocator) List() []identity.Identity {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]identity.Identity, 0, len(a.byID))
+	for id, labels := range a.byID {
+		out = append(out, identity.Identity{ID: id, Labels: labels, RefCount: a.refs[id]})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Generation changes whenever identities are added or removed.
+func (a *Allocator) Generation() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.generation
+}
+
+// Subscribe calls fn after identities are added or deleted.
+func (a *Allocator) Subscribe(fn func(added, deleted []identity.Identity)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.listeners = append(a.listeners, fn)
+}
