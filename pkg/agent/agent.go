@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -53,6 +54,9 @@ type Agent struct {
 	policy    *policyModule
 	// k8s is the Kubernetes module; nil in standalone mode.
 	k8s *kubernetesModule
+	// identities is the identity allocator: local in standalone mode,
+	// TendrilIdentity objects (crdalloc) in Kubernetes mode.
+	identities identity.Allocator
 
 	mu       sync.Mutex
 	started  time.Time
@@ -119,6 +123,10 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	}
 	a.api = api
 	a.endpoints = &endpointsModule{a: a}
+	a.identities = identity.NewLocalAllocator()
+	if cfg.K8s.Enabled() && cfg.IdentityAllocationMode == IdentityAllocationCRD {
+		a.identities = crdalloc.New(log.With("module", "identity-allocator"))
+	}
 	if cfg.K8s.Enabled() {
 		a.k8s = newKubernetesModule(a)
 		a.AddStatusSection(a.k8s.statusSection)

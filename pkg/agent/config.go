@@ -60,30 +60,40 @@ type Config struct {
 	K8sCacheSyncTimeout time.Duration
 	// K8sInstallCRDs creates or updates the Tendril CRDs at start.
 	K8sInstallCRDs bool
+	// IdentityAllocationMode is crd (TendrilIdentity objects, with
+	// Kubernetes) or local (this node only; standalone mode always).
+	IdentityAllocationMode string
 
 	API     server.Config
 	Metrics metrics.Config
 }
 
+// Identity allocation modes.
+const (
+	IdentityAllocationCRD   = "crd"
+	IdentityAllocationLocal = "local"
+)
+
 // DefaultConfig returns the defaults of every option.
 func DefaultConfig() Config {
 	return Config{
-		StateDir:              "/var/run/tendril/state",
-		BPFRoot:               "/sys/fs/bpf/tendril",
-		PolicyEnforcement:     option.EnforcementDefault,
-		LogFormat:             "text",
-		MTU:                   1500,
-		IPv4Range:             "auto",
-		IPv6Range:             "auto",
-		InstallHostNetworking: true,
-		EnableDatapath:        true,
-		PolicyVerdictEvents:   true,
-		IPAMExpiration:        10 * time.Minute,
-		K8s:                   k8s.DefaultConfig(),
-		K8sCacheSyncTimeout:   3 * time.Minute,
-		K8sInstallCRDs:        true,
-		API:                   server.DefaultConfig(),
-		Metrics:               metrics.DefaultConfig(),
+		StateDir:               "/var/run/tendril/state",
+		BPFRoot:                "/sys/fs/bpf/tendril",
+		PolicyEnforcement:      option.EnforcementDefault,
+		LogFormat:              "text",
+		MTU:                    1500,
+		IPv4Range:              "auto",
+		IPv6Range:              "auto",
+		InstallHostNetworking:  true,
+		EnableDatapath:         true,
+		PolicyVerdictEvents:    true,
+		IPAMExpiration:         10 * time.Minute,
+		K8s:                    k8s.DefaultConfig(),
+		K8sCacheSyncTimeout:    3 * time.Minute,
+		K8sInstallCRDs:         true,
+		IdentityAllocationMode: IdentityAllocationCRD,
+		API:                    server.DefaultConfig(),
+		Metrics:                metrics.DefaultConfig(),
 	}
 }
 
@@ -107,6 +117,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	c.K8s.Flags(fs)
 	fs.DurationVar(&c.K8sCacheSyncTimeout, "k8s-cache-sync-timeout", c.K8sCacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
 	fs.BoolVar(&c.K8sInstallCRDs, "k8s-install-crds", c.K8sInstallCRDs, "Create or update the Tendril CRDs at start")
+	fs.StringVar(&c.IdentityAllocationMode, "identity-allocation-mode", c.IdentityAllocationMode, "Where identities are allocated with Kubernetes: crd (cluster-wide, TendrilIdentity objects) or local (this node only)")
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)
 }
@@ -137,6 +148,9 @@ func (c *Config) Validate() error {
 	}
 	if err := c.K8s.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.IdentityAllocationMode != IdentityAllocationCRD && c.IdentityAllocationMode != IdentityAllocationLocal {
+		errs = append(errs, fmt.Errorf("identity-allocation-mode %q: must be crd or local", c.IdentityAllocationMode))
 	}
 	if c.K8sCacheSyncTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("k8s-cache-sync-timeout %s: must be positive", c.K8sCacheSyncTimeout))

@@ -30,7 +30,7 @@ import (
 type datapathModule struct {
 	a          *Agent
 	loader     *loader.Loader
-	identities *identity.LocalAllocator
+	identities identity.Allocator
 
 	mu   sync.Mutex
 	held map[uint16]identity.NumericIdentity // identity reference held per endpoint
@@ -59,7 +59,7 @@ func newDatapathModule(a *Agent) *datapathModule {
 	m := &datapathModule{
 		a:          a,
 		loader:     loader.New(loader.Config{BPFRoot: a.cfg.BPFRoot, PolicyVerdictEvents: a.cfg.PolicyVerdictEvents}, a.log.With("module", "datapath")),
-		identities: identity.NewLocalAllocator(),
+		identities: a.identities,
 		held:       map[uint16]identity.NumericIdentity{},
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "datapath", Name: "events_total",
 			Help: "Events read from the datapath's ring buffer, by type and reason."}, []string{"type", "reason"}),
@@ -498,5 +498,16 @@ func (m *datapathModule) UpsertRemoteNode(ip netip.Addr) error {
 
 // DeleteRemoteNode removes a peer node's address from the ipcache.
 func (m *datapathModule) DeleteRemoteNode(ip netip.Addr) error {
+	return m.loader.Maps().DeleteIPCache(netip.PrefixFrom(ip, ip.BitLen()))
+}
+
+// UpsertRemoteEndpoint maps another node's pod address to its identity
+// (published as a TendrilEndpoint).
+func (m *datapathModule) UpsertRemoteEndpoint(ip netip.Addr, id identity.NumericIdentity) error {
+	return m.loader.Maps().UpsertIPCache(netip.PrefixFrom(ip, ip.BitLen()), maps.IPCacheValue{Identity: uint32(id)})
+}
+
+// DeleteRemoteEndpoint removes another node's pod address.
+func (m *datapathModule) DeleteRemoteEndpoint(ip netip.Addr) error {
 	return m.loader.Maps().DeleteIPCache(netip.PrefixFrom(ip, ip.BitLen()))
 }

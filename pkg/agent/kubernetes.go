@@ -17,6 +17,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
 	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
@@ -45,6 +46,7 @@ type kubernetesModule struct {
 	nodeObj       *corev1.Node
 	selection     node.Selection
 	policyGen     map[string]int64 // policy source -> generation realized
+	remote        map[string][]netip.Addr
 	cancel        context.CancelFunc
 	done          sync.WaitGroup
 }
@@ -81,6 +83,9 @@ func (k *kubernetesModule) connect(ctx context.Context) error {
 		if _, err := crdinstall.Install(ctx, c.Dynamic, k.a.log.With("module", "crd-install")); err != nil {
 			return err
 		}
+	}
+	if alloc, ok := k.a.identities.(*crdalloc.Allocator); ok {
+		alloc.SetClient(c.Tendril)
 	}
 	k.watchers = watchers.New(c, k.a.cfg.NodeName, k.a.log.With("module", "k8s-watchers"))
 	k.writer = node.NewWriter(c.Core, c.Tendril, 10*time.Second, k.a.log.With("module", "node-writeback"))
@@ -137,6 +142,22 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 	if _, err := w.Namespaces.Subscribe(k.onNamespace); err != nil {
 		return err
 	}
+	if alloc, ok := k.a.identities.(*crdalloc.Allocator); ok {
+		if _, err := w.TendrilIdentities.Subscribe(func(ev watchers.Event[*v1alpha1.TendrilIdentity]) {
+			switch ev.Kind {
+			case watchers.Upsert:
+				alloc.Upsert(ev.Object)
+			case watchers.Delete:
+				alloc.Delete(ev.Object)
+			}
+		}); err != nil {
+			return err
+		}
+	}
+	if _, err := w.TendrilEndpoints.Subscribe(k.onRemoteEndpoint); err != nil {
+		return err
+	}
+	k.startPublisher()
 	if _, err := w.NetworkPolicies.Subscribe(k.onNetworkPolicy); err != nil {
 		return err
 	}

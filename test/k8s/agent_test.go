@@ -316,6 +316,29 @@ func TestAgentInKubernetes(t *testing.T) {
 		eventually(t, "the namespace's new label", func() (bool, error) { l, err := labelsOf(); return l == want, fmt.Errorf("%s %v", l, err) })
 	})
 
+	t.Run("local endpoints are published as TendrilEndpoints", func(t *testing.T) {
+		eventually(t, "the TendrilEndpoint of shop/web", func() (bool, error) {
+			tep, err := td.TendrilEndpoints("shop").Get(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			n := tep.Status.Networking
+			return n != nil && len(n.Addressing) == 1 && n.Addressing[0].IPv4 == "10.244.7.20" && n.NodeIP == "10.244.7.1",
+				fmt.Errorf("status %+v", tep.Status)
+		})
+		eps, err := a.api.EndpointList(ctx)
+		if err != nil || len(eps) != 1 {
+			t.Fatalf("endpoints %v %v", eps, err)
+		}
+		if err := a.api.EndpointDelete(ctx, fmt.Sprint(eps[0].ID)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the TendrilEndpoint deleted with the endpoint", func() (bool, error) {
+			_, err := td.TendrilEndpoints("shop").Get(ctx, "web", metav1.GetOptions{})
+			return err != nil, err
+		})
+	})
+
 	t.Run("Tendril policies from CRDs", func(t *testing.T) {
 		policyCount := func() (int, string) {
 			var pol models.Policy

@@ -1,0 +1,204 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/ipam"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+)
+
+// nodeIP is the address other nodes know this node by: its Node's
+// InternalIP, else the IPv4 router IP.
+func (k *kubernetesModule) nodeIP() string {
+	k.mu.Lock()
+	n := k.nodeObj
+	k.mu.Unlock()
+	if n != nil {
+		for _, a := range n.Status.Addresses {
+			if a.Type == "InternalIP" {
+				return a.Address
+			}
+		}
+	}
+	if m := k.a.endpoints.ipam; m != nil {
+		for _, ip := range []netip.Addr{m.RouterIP(ipam.IPv4), m.RouterIP(ipam.IPv6)} {
+			if ip.IsValid() {
+				return ip.String()
+			}
+		}
+	}
+	return ""
+}
+
+// startPublisher publishes every local endpoint of a pod as a
+// TendrilEndpoint (and removes it with the endpoint), through a rate
+// limited work queue so failed writes are retried.
+func (k *kubernetesModule) startPublisher() {
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
+	mgr := k.a.endpoints.mgr
+	mgr.Subscribe(func(ev endpointmanager.Event) {
+		if ev.Endpoint != nil && ev.Endpoint.PodName != "" {
+			q.Add(ev.Endpoint.PodNamespace + "/" + ev.Endpoint.PodName)
+		}
+	})
+	for _, ep := range mgr.List() {
+		if ep.PodName != "" {
+			q.Add(ep.PodNamespace + "/" + ep.PodName)
+		}
+	}
+	k.done.Add(1)
+	go func() {
+		defer k.done.Done()
+		for {
+			key, quit := q.Get()
+			if quit {
+				return
+			}
+			if err := k.publish(key); err != nil {
+				k.a.log.Warn("Publish endpoint; will retry", "pod", key, "error", err)
+				q.AddRateLimited(key)
+			} else {
+				q.Forget(key)
+			}
+			q.Done(key)
+		}
+	}()
+	prev := k.cancel
+	k.cancel = func() {
+		q.ShutDown()
+		if prev != nil {
+			prev()
+		}
+	}
+}
+
+func (k *kubernetesModule) localEndpointOf(ns, name string) *endpoint.Endpoint {
+	for _, ep := range k.a.endpoints.mgr.List() {
+		if ep.PodNamespace == ns && ep.PodName == name {
+			return ep
+		}
+	}
+	return nil
+}
+
+// publish makes the TendrilEndpoint of pod key match the local endpoint.
+func (k *kubernetesModule) publish(key string) error {
+	ns, name, _ := strings.Cut(key, "/")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client := k.clients.Tendril.TendrilV1alpha1().TendrilEndpoints(ns)
+	ep := k.localEndpointOf(ns, name)
+	if ep == nil {
+		err := client.Delete(ctx, name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete TendrilEndpoint %s: %w", key, err)
+		}
+		return nil
+	}
+	status := v1alpha1.EndpointStatus{ID: int64(ep.ID), State: string(ep.State),
+		Networking: &v1alpha1.EndpointNetworking{NodeIP: k.nodeIP()}}
+	pair := v1alpha1.AddressPair{}
+	if ep.IPv4.IsValid() {
+		pair.IPv4 = ep.IPv4.String()
+	}
+	if ep.IPv6.IsValid() {
+		pair.IPv6 = ep.IPv6.String()
+	}
+	status.Networking.Addressing = []v1alpha1.AddressPair{pair}
+	if ep.Identity != 0 {
+		status.Identity = &v1alpha1.EndpointIdentity{ID: int64(ep.Identity), Labels: endpointLabels(ep)}
+	}
+	for pname, np := range k.namedPorts(ep) {
+		proto := map[uint8]string{6: "TCP", 17: "UDP", 132: "SCTP"}[np.Proto]
+		status.NamedPorts = append(status.NamedPorts, v1alpha1.NamedPort{Name: pname, Port: int32(np.Port), Protocol: proto})
+	}
+	cur, err := client.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		obj := &v1alpha1.TendrilEndpoint{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Status: status}
+		if _, err := client.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create TendrilEndpoint %s: %w", key, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get TendrilEndpoint %s: %w", key, err)
+	}
+	cur = cur.DeepCopy()
+	cur.Status = status
+	if _, err := client.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update TendrilEndpoint %s: %w", key, err)
+	}
+	return nil
+}
+
+// onRemoteEndpoint puts other nodes' pod addresses into the ipcache with
+// their identities; this node's own endpoints are skipped (the local
+// endpoint is the better source for its addresses).
+func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
+	if ev.Kind == watchers.Synced || k.a.datapath == nil {
+		return
+	}
+	st := ev.Object.Status
+	if st.Networking == nil || st.Networking.NodeIP == k.nodeIP() {
+		return
+	}
+	var ips []netip.Addr
+	for _, p := range st.Networking.Addressing {
+		for _, s := range []string{p.IPv4, p.IPv6} {
+			if ip, err := netip.ParseAddr(s); err == nil {
+				ips = append(ips, ip)
+			}
+		}
+	}
+	k.mu.Lock()
+	if k.remote == nil {
+		k.remote = map[string][]netip.Addr{}
+	}
+	old := k.remote[ev.Key]
+	if ev.Kind == watchers.Delete || st.Identity == nil || st.Identity.ID == 0 {
+		delete(k.remote, ev.Key)
+		ips = nil
+	} else {
+		k.remote[ev.Key] = ips
+	}
+	k.mu.Unlock()
+	keep := map[netip.Addr]bool{}
+	for _, ip := range ips {
+		keep[ip] = true
+		if k.isLocalAddress(ip) {
+			continue
+		}
+		if err := k.a.datapath.UpsertRemoteEndpoint(ip, identity.NumericIdentity(st.Identity.ID)); err != nil {
+			k.a.log.Warn("ipcache: remote endpoint", "endpoint", ev.Key, "ip", ip, "error", err)
+		}
+	}
+	for _, ip := range old {
+		if keep[ip] || k.isLocalAddress(ip) {
+			continue
+		}
+		if err := k.a.datapath.DeleteRemoteEndpoint(ip); err != nil {
+			k.a.log.Warn("ipcache: remove remote endpoint", "endpoint", ev.Key, "ip", ip, "error", err)
+		}
+	}
+}
+
+func (k *kubernetesModule) isLocalAddress(ip netip.Addr) bool {
+	for _, ep := range k.a.endpoints.mgr.List() {
+		if ep.IPv4 == ip || ep.IPv6 == ip {
+			return true
+		}
+	}
+	return false
+}
