@@ -148,6 +148,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.registerDaemonAPI()
 	a.registerPolicyAPI()
 	a.registerMapAPI()
+	a.registerIdentityAPI()
 	a.registerIPAMAPI()
 	a.registerEndpointAPI()
 	a.AddStatusSection(a.endpoints.statusSection)

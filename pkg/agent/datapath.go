@@ -21,6 +21,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipam"
+	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/option"
 )
 
@@ -31,6 +32,9 @@ type datapathModule struct {
 	a          *Agent
 	loader     *loader.Loader
 	identities identity.Allocator
+	// ipcache holds every source's prefix claims; the winners go to the
+	// BPF ipcache map.
+	ipcache *ipcache.IPCache
 
 	mu   sync.Mutex
 	held map[uint16]identity.NumericIdentity // identity reference held per endpoint
@@ -67,6 +71,7 @@ func newDatapathModule(a *Agent) *datapathModule {
 		ctEntries:  prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "entries", Help: "Conntrack entries seen by the last GC run."}),
 		ctInterval: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "interval_seconds", Help: "Current conntrack GC interval."}),
 	}
+	m.ipcache = ipcache.New(ipcacheBackend{m}, a.log.With("module", "ipcache"))
 	a.metrics.Registry.MustRegister(m.events, m.ctDeleted, m.ctEntries, m.ctInterval, newDatapathCollector(m))
 	return m
 }
@@ -187,9 +192,9 @@ func (m *datapathModule) Regenerate(ctx context.Context, ep *endpoint.Endpoint) 
 		}
 	}
 	ep.Identity = uint32(id)
-	dm := m.loader.Maps()
 	for _, ip := range ep.Addresses() {
-		if err := dm.UpsertIPCache(netip.PrefixFrom(ip, ip.BitLen()), maps.IPCacheValue{Identity: uint32(id)}); err != nil {
+		e := ipcache.Entry{Identity: id, Source: ipcache.SourceLocal, Name: ep.PodName, Namespace: ep.PodNamespace}
+		if err := m.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()), e); err != nil {
 			return err
 		}
 	}
@@ -256,9 +261,8 @@ func (m *datapathModule) Remove(ctx context.Context, ep *endpoint.Endpoint) erro
 	if err := m.loader.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
 		errs = append(errs, err)
 	}
-	dm := m.loader.Maps()
 	for _, ip := range ep.Addresses() {
-		if err := dm.DeleteIPCache(netip.PrefixFrom(ip, ip.BitLen())); err != nil {
+		if err := m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceLocal); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -302,7 +306,6 @@ func (m *datapathModule) syncHostIPs(ctx context.Context) error {
 }
 
 func (m *datapathModule) writeHostIPs() error {
-	dm := m.loader.Maps()
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return fmt.Errorf("list host addresses: %w", err)
@@ -327,17 +330,42 @@ func (m *datapathModule) writeHostIPs() error {
 		}
 	}
 	for p, id := range want {
-		if err := dm.UpsertIPCache(p, maps.IPCacheValue{Identity: id}); err != nil {
+		src := ipcache.SourceLocal
+		if p.Bits() == 0 {
+			src = ipcache.SourceGenerated // world: anything more specific wins
+		}
+		if err := m.ipcache.Upsert(p, ipcache.Entry{Identity: identity.NumericIdentity(id), Source: src}); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// ipcacheBackend writes the ipcache's winners to the BPF map.
+type ipcacheBackend struct{ m *datapathModule }
+
+func (b ipcacheBackend) Upsert(p netip.Prefix, e ipcache.Entry) error {
+	dm := b.m.loader.Maps()
+	if dm == nil {
+		return fmt.Errorf("datapath maps not open")
+	}
+	return dm.UpsertIPCache(p, maps.IPCacheValue{Identity: uint32(e.Identity), TunnelIP: e.HostIP})
+}
+
+func (b ipcacheBackend) Delete(p netip.Prefix) error {
+	dm := b.m.loader.Maps()
+	if dm == nil {
+		return fmt.Errorf("datapath maps not open")
+	}
+	return dm.DeleteIPCache(p)
+}
+
 // runLoops refreshes host IPs and runs conntrack GC with an interval that
 // adapts to how much each run deleted (the seeds' EnableConntrackGC).
 func (m *datapathModule) runLoops(ctx context.Context, addrUpdates chan netlink.AddrUpdate) {
 	const minInterval, maxInterval = 10 * time.Second, 5 * time.Minute
+	// Failed ipcache writes are retried beside the loops.
+	go m.ipcache.Run(ctx, 5*time.Second)
 	interval := time.Minute
 	gc := time.NewTimer(interval)
 	host := time.NewTicker(time.Minute)
@@ -493,21 +521,22 @@ func (a *Agent) enforcement(ep *endpoint.Endpoint) (ingress, egress bool) {
 // UpsertRemoteNode maps a peer node's address to the remote-node identity
 // (the node manager's ipcache).
 func (m *datapathModule) UpsertRemoteNode(ip netip.Addr) error {
-	return m.loader.Maps().UpsertIPCache(netip.PrefixFrom(ip, ip.BitLen()), maps.IPCacheValue{Identity: uint32(identity.RemoteNode)})
+	return m.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()), ipcache.Entry{Identity: identity.RemoteNode, Source: ipcache.SourceKubernetes})
 }
 
 // DeleteRemoteNode removes a peer node's address from the ipcache.
 func (m *datapathModule) DeleteRemoteNode(ip netip.Addr) error {
-	return m.loader.Maps().DeleteIPCache(netip.PrefixFrom(ip, ip.BitLen()))
+	return m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceKubernetes)
 }
 
 // UpsertRemoteEndpoint maps another node's pod address to its identity
-// (published as a TendrilEndpoint).
-func (m *datapathModule) UpsertRemoteEndpoint(ip netip.Addr, id identity.NumericIdentity) error {
-	return m.loader.Maps().UpsertIPCache(netip.PrefixFrom(ip, ip.BitLen()), maps.IPCacheValue{Identity: uint32(id)})
+// and node (published as a TendrilEndpoint).
+func (m *datapathModule) UpsertRemoteEndpoint(ip netip.Addr, e ipcache.Entry) error {
+	e.Source = ipcache.SourceKubernetes
+	return m.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()), e)
 }
 
-// DeleteRemoteEndpoint removes another node's pod address.
+// DeleteRemoteEndpoint withdraws another node's pod address.
 func (m *datapathModule) DeleteRemoteEndpoint(ip netip.Addr) error {
-	return m.loader.Maps().DeleteIPCache(netip.PrefixFrom(ip, ip.BitLen()))
+	return m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceKubernetes)
 }

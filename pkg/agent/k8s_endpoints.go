@@ -15,6 +15,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipam"
+	"github.com/tendril-net/tendril/pkg/ipcache"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 )
@@ -180,7 +181,9 @@ func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilE
 		if k.isLocalAddress(ip) {
 			continue
 		}
-		if err := k.a.datapath.UpsertRemoteEndpoint(ip, identity.NumericIdentity(st.Identity.ID)); err != nil {
+		e := ipcache.Entry{Identity: identity.NumericIdentity(st.Identity.ID), Name: ev.Object.Name, Namespace: ev.Object.Namespace}
+		e.HostIP, _ = netip.ParseAddr(st.Networking.NodeIP)
+		if err := k.a.datapath.UpsertRemoteEndpoint(ip, e); err != nil {
 			k.a.log.Warn("ipcache: remote endpoint", "endpoint", ev.Key, "ip", ip, "error", err)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
@@ -124,14 +125,16 @@ func (p *policyModule) syncCIDRIdentities() error {
 	if p.a.datapath == nil || p.a.datapath.loader.Maps() == nil {
 		return nil
 	}
-	dm := p.a.datapath.loader.Maps()
+	// Generated claims: a rule's CIDR equal to an endpoint's address never
+	// hides the endpoint's identity (the ipcache's precedence).
+	ic := p.a.datapath.ipcache
 	for pf, id := range ids {
-		if err := dm.UpsertIPCache(pf, maps.IPCacheValue{Identity: uint32(id)}); err != nil {
+		if err := ic.Upsert(pf, ipcache.Entry{Identity: id, Source: ipcache.SourceGenerated}); err != nil {
 			return err
 		}
 	}
 	for _, pf := range del {
-		if err := dm.DeleteIPCache(pf); err != nil {
+		if err := ic.Delete(pf, ipcache.SourceGenerated); err != nil {
 			return err
 		}
 	}

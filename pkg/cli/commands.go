@@ -9,6 +9,8 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newEndpointCommand,
 		newIPAMCommand,
 		newPolicyCommand,
+		newIdentityCommand,
+		newIPCommand,
 		newBPFCommand,
 	}
 }

@@ -149,6 +149,13 @@ func TestPrivilegedPolicyEnforcedAcrossAgentRestart(t *testing.T) {
 		{[]string{"bpf", "metrics", "list", "--bpf-root", n.bpfRoot}, []string{"Policy denied", "Forwarded"}, 0},
 		{[]string{"endpoint", "get", "pod-name:default/b"}, []string{"Policy enforcement:", "ingress"}, 0},
 		{[]string{"status"}, []string{"Datapath:", "6 TCX links attached", "map policy"}, 0},
+		{[]string{"ip", "list"}, []string{ipB + "/32", "local", "default/b", "0.0.0.0/0", "generated"}, 0},
+		{[]string{"ip", "list", "--cidr", ipB + "/32"}, []string{ipB + "/32", "default/b"}, 0},
+		{[]string{"ip", "list", "--cidr", "nope"}, []string{"cidr"}, 1},
+		{[]string{"identity", "list"}, []string{"reserved:world", "k8s:app=b"}, 0},
+		{[]string{"identity", "list", "--endpoints"}, []string{"REFS", "k8s:app=a"}, 0},
+		{[]string{"identity", "get", "2"}, []string{"reserved:world"}, 0},
+		{[]string{"identity", "get", "65000"}, []string{"not found"}, 1},
 	}
 	cli, err := builder.Build("tendril")
 	if err != nil {

@@ -1,0 +1,177 @@
+package agent
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/cilium/api/v1/models"
+
+	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/policy"
+)
+
+// registerIdentityAPI serves GET /v1/identity, /v1/identity/{id},
+// /v1/identity/endpoints and /v1/ip per the Cilium v1 spec.
+func (a *Agent) registerIdentityAPI() {
+	a.api.Handle(http.MethodGet, "/v1/identity", a.handleIdentityList)
+	a.api.Handle(http.MethodGet, "/v1/identity/endpoints", a.handleIdentityEndpoints)
+	a.api.Handle(http.MethodGet, "/v1/identity/{id}", a.handleIdentityGet)
+	a.api.Handle(http.MethodGet, "/v1/ip", a.handleIPList)
+}
+
+func identityModel(id identity.NumericIdentity, labels []string) *models.Identity {
+	sorted := append([]string(nil), labels...)
+	sort.Strings(sorted)
+	sum := sha256.Sum256([]byte(strings.Join(sorted, ";")))
+	return &models.Identity{ID: int64(id), Labels: models.Labels(sorted), LabelsSHA256: hex.EncodeToString(sum[:])}
+}
+
+// allIdentities are the reserved identities and every allocated one.
+func (a *Agent) allIdentities() []*models.Identity {
+	var out []*models.Identity
+	for _, p := range policy.ReservedPeers() {
+		out = append(out, identityModel(p.ID, p.Labels))
+	}
+	for _, id := range a.identities.List() {
+		out = append(out, identityModel(id.ID, id.Labels))
+	}
+	return out
+}
+
+// optionalLabels reads the spec's optional body of labels on a GET.
+func optionalLabels(r *http.Request) ([]string, error) {
+	if r.ContentLength == 0 {
+		return nil, nil
+	}
+	var labels models.Labels
+	if err := server.DecodeJSON(r, &labels); err != nil {
+		return nil, err
+	}
+	return labels, nil
+}
+
+func hasLabels(have models.Labels, want []string) bool {
+	for _, w := range want {
+		found := false
+		for _, h := range have {
+			if h == w {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func (a *Agent) handleIdentityList(w http.ResponseWriter, r *http.Request) error {
+	want, err := optionalLabels(r)
+	if err != nil {
+		return err
+	}
+	out := []*models.Identity{}
+	for _, id := range a.allIdentities() {
+		if hasLabels(id.Labels, want) {
+			out = append(out, id)
+		}
+	}
+	if len(want) > 0 && len(out) == 0 {
+		return server.Errorf(http.StatusNotFound, "no identity has labels %v", want)
+	}
+	server.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (a *Agent) handleIdentityGet(w http.ResponseWriter, r *http.Request) error {
+	raw := r.PathValue("id")
+	n, err := strconv.ParseUint(raw, 10, 32)
+	if err != nil {
+		return server.Errorf(http.StatusBadRequest, "identity %q: must be a number", raw)
+	}
+	for _, id := range a.allIdentities() {
+		if id.ID == int64(n) {
+			server.WriteJSON(w, http.StatusOK, id)
+			return nil
+		}
+	}
+	return server.Errorf(http.StatusNotFound, "identity %d not found", n)
+}
+
+func (a *Agent) handleIdentityEndpoints(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := a.endpointManager()
+	if err != nil {
+		return err
+	}
+	count := map[identity.NumericIdentity]int64{}
+	for _, ep := range mgr.List() {
+		if ep.Identity != 0 {
+			count[identity.NumericIdentity(ep.Identity)]++
+		}
+	}
+	out := []*models.IdentityEndpoints{}
+	for id, n := range count {
+		labels := []string{}
+		if ident, ok := a.identities.Lookup(id); ok {
+			labels = ident.Labels
+		} else if id.IsReserved() {
+			labels = []string{id.String()} // "reserved:<name>"
+		}
+		out = append(out, &models.IdentityEndpoints{Identity: identityModel(id, labels), RefCount: n})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Identity.ID < out[j].Identity.ID })
+	server.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// handleIPList lists the ipcache's effective entries, optionally those
+// inside ?cidr=.
+func (a *Agent) handleIPList(w http.ResponseWriter, r *http.Request) error {
+	if a.datapath == nil {
+		return server.Errorf(http.StatusNotFound, "the datapath is disabled: no ipcache")
+	}
+	var within netip.Prefix
+	if s := r.URL.Query().Get("cidr"); s != "" {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return server.Errorf(http.StatusBadRequest, "cidr %q: %v", s, err)
+		}
+		within = p.Masked()
+	}
+	want, err := optionalLabels(r)
+	if err != nil {
+		return err
+	}
+	out := []*models.IPListEntry{}
+	for _, it := range a.datapath.ipcache.List() {
+		if within.IsValid() && (!within.Contains(it.Prefix.Addr()) || it.Prefix.Bits() < within.Bits()) {
+			continue
+		}
+		if len(want) > 0 {
+			ident, ok := a.identities.Lookup(it.Entry.Identity)
+			if !ok || !hasLabels(ident.Labels, want) {
+				continue
+			}
+		}
+		cidr := it.Prefix.String()
+		id := int64(it.Entry.Identity)
+		e := &models.IPListEntry{Cidr: &cidr, Identity: &id,
+			Metadata: &models.IPListEntryMetadata{Source: it.Entry.Source.String(), Name: it.Entry.Name, Namespace: it.Entry.Namespace}}
+		if it.Entry.HostIP.IsValid() {
+			e.HostIP = it.Entry.HostIP.String()
+		}
+		out = append(out, e)
+	}
+	if (within.IsValid() || len(want) > 0) && len(out) == 0 {
+		return server.Errorf(http.StatusNotFound, "no ipcache entry matches")
+	}
+	server.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
