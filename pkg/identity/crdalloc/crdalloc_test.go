@@ -186,3 +186,24 @@ func TestWatcherEventsReachListeners(t *testing.T) {
 		t.Fatalf("bad name accepted: %v", a.List())
 	}
 }
+
+// BenchmarkAllocate creates a new identity per iteration against the real
+// API server (one create per allocation).
+func BenchmarkAllocate(b *testing.B) {
+	if startErr != nil {
+		b.Fatal(startErr)
+	}
+	c, err := k8s.NewClientsForConfig(env.RESTConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	a.SetClient(c.Tendril)
+	run := strconv.FormatInt(time.Now().UnixNano(), 10)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, _, err := a.Allocate([]string{"k8s:app=bench" + strconv.Itoa(i), "k8s:run=" + run}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

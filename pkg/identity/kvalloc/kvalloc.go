@@ -1,0 +1,313 @@
+// Package kvalloc allocates cluster-wide security identities in the
+// kvstore (etcd), the kvstore identity allocation mode:
+//
+//	tendril/state/identities/v1/id/<ID>                 → labels (master key)
+//	tendril/state/identities/v1/labels/<sha256(labels)> → ID (one per label set)
+//	tendril/state/identities/v1/value/<sha256>/<node>   → ID (this node's reference, on its session lease)
+//
+// A new label set takes a free ID by creating its master key (create-only,
+// so two label sets never share an ID), then claims the label set's index
+// key (create-only, so one label set never gets two IDs: the loser of a
+// race drops its master key and uses the winner's ID). References are
+// value keys bound to the node's session lease: a node that dies stops
+// holding its identities when its lease expires. Unreferenced master keys
+// are the operator's to collect.
+package kvalloc
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/kvstore"
+)
+
+// Key prefixes.
+const (
+	Prefix       = kvstore.StatePrefix + "identities/v1/"
+	IDPrefix     = Prefix + "id/"
+	LabelsPrefix = Prefix + "labels/"
+	ValuePrefix  = Prefix + "value/"
+)
+
+// maxAttempts bounds the search for a free ID.
+const maxAttempts = 64
+
+// Allocator is the kvstore identity allocator of one node.
+type Allocator struct {
+	kv      *kvstore.Client
+	node    string
+	log     *slog.Logger
+	timeout time.Duration
+
+	mu         sync.Mutex
+	byID       map[identity.NumericIdentity][]string
+	byKey      map[string]identity.NumericIdentity
+	refs       map[identity.NumericIdentity]int
+	generation uint64
+	listeners  []func(added, deleted []identity.Identity)
+	synced     chan struct{}
+}
+
+// New returns an allocator for node; Run keeps its view of the cluster's
+// identities current.
+func New(kv *kvstore.Client, node string, log *slog.Logger) *Allocator {
+	return &Allocator{kv: kv, node: node, log: log, timeout: 10 * time.Second,
+		byID: map[identity.NumericIdentity][]string{}, byKey: map[string]identity.NumericIdentity{},
+		refs: map[identity.NumericIdentity]int{}, synced: make(chan struct{})}
+}
+
+func hashOf(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// Run watches the master keys until ctx ends; a value that does not parse
+// is logged and skipped, the watch goes on.
+func (a *Allocator) Run(ctx context.Context) {
+	for ev := range a.kv.ListAndWatch(ctx, IDPrefix) {
+		switch ev.Type {
+		case kvstore.EventListDone:
+			close(a.synced)
+		case kvstore.EventCreate, kvstore.EventModify:
+			id, err := strconv.ParseUint(strings.TrimPrefix(ev.Key, IDPrefix), 10, 32)
+			if err != nil || !identity.NumericIdentity(id).IsCluster() || len(ev.Value) == 0 {
+				a.log.Warn("Skipping a malformed identity key", "key", ev.Key, "value", string(ev.Value))
+				continue
+			}
+			a.learn(identity.NumericIdentity(id), strings.Split(string(ev.Value), ";"))
+		case kvstore.EventDelete:
+			id, err := strconv.ParseUint(strings.TrimPrefix(ev.Key, IDPrefix), 10, 32)
+			if err == nil {
+				a.forget(identity.NumericIdentity(id))
+			}
+		}
+	}
+}
+
+// WaitSynced waits for the first complete list of identities.
+func (a *Allocator) WaitSynced(ctx context.Context) error {
+	select {
+	case <-a.synced:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("identities from the kvstore: %w", ctx.Err())
+	}
+}
+
+func (a *Allocator) notify(added, deleted []identity.Identity) {
+	a.mu.Lock()
+	ls := append([]func(added, deleted []identity.Identity){}, a.listeners...)
+	a.mu.Unlock()
+	for _, fn := range ls {
+		fn(added, deleted)
+	}
+}
+
+func (a *Allocator) learn(id identity.NumericIdentity, labels []string) {
+	a.mu.Lock()
+	if cur, ok := a.byID[id]; ok && identity.LabelsKey(cur) == identity.LabelsKey(labels) {
+		a.mu.Unlock()
+		return
+	}
+	a.byID[id] = labels
+	a.byKey[identity.LabelsKey(labels)] = id
+	a.generation++
+	a.mu.Unlock()
+	a.notify([]identity.Identity{{ID: id, Labels: labels}}, nil)
+}
+
+func (a *Allocator) forget(id identity.NumericIdentity) {
+	a.mu.Lock()
+	labels, ok := a.byID[id]
+	if !ok || a.refs[id] > 0 {
+		a.mu.Unlock()
+		return
+	}
+	delete(a.byID, id)
+	if a.byKey[identity.LabelsKey(labels)] == id {
+		delete(a.byKey, identity.LabelsKey(labels))
+	}
+	a.generation++
+	a.mu.Unlock()
+	a.notify(nil, []identity.Identity{{ID: id, Labels: labels}})
+}
+
+// Allocate returns the cluster identity of labels, creating it when the
+// cluster has none, and records this node's reference.
+func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
+	sorted := append([]string(nil), labels...)
+	sort.Strings(sorted)
+	key := identity.LabelsKey(sorted)
+	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
+	defer cancel()
+	id, created, err := a.lookupOrCreate(ctx, key)
+	if err != nil {
+		return identity.Identity{}, false, err
+	}
+	if err := a.reference(ctx, key, id); err != nil {
+		return identity.Identity{}, false, err
+	}
+	a.learn(id, sorted)
+	a.mu.Lock()
+	a.refs[id]++
+	n := a.refs[id]
+	a.mu.Unlock()
+	if created {
+		a.log.Info("Allocated identity", "identity", id, "labels", key)
+	}
+	return identity.Identity{ID: id, Labels: sorted, RefCount: n}, created, nil
+}
+
+// lookupOrCreate finds the label set's ID through its index key, or
+// creates master and index keys.
+func (a *Allocator) lookupOrCreate(ctx context.Context, key string) (identity.NumericIdentity, bool, error) {
+	index := LabelsPrefix + hashOf(key)
+	if kv, found, err := a.kv.Get(ctx, index); err != nil {
+		return 0, false, fmt.Errorf("allocate identity: read %s: %w", index, err)
+	} else if found {
+		id, err := parseID(kv.Value)
+		if err != nil {
+			return 0, false, fmt.Errorf("allocate identity: index %s: %w", index, err)
+		}
+		return id, false, nil
+	}
+	span := int(identity.MaxCluster-identity.MinCluster) + 1
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		id := identity.MinCluster + identity.NumericIdentity(rand.IntN(span))
+		a.mu.Lock()
+		_, taken := a.byID[id]
+		a.mu.Unlock()
+		if taken {
+			continue
+		}
+		ok, err := a.kv.CreateOnly(ctx, IDPrefix+strconv.Itoa(int(id)), []byte(key), kvstore.NoLease)
+		if err != nil {
+			return 0, false, fmt.Errorf("allocate identity %d: %w", id, err)
+		}
+		if !ok {
+			continue // the ID is someone else's
+		}
+		won, err := a.kv.CreateOnly(ctx, index, []byte(strconv.Itoa(int(id))), kvstore.NoLease)
+		if err != nil {
+			return 0, false, fmt.Errorf("allocate identity %d: claim labels: %w", id, err)
+		}
+		if won {
+			return id, true, nil
+		}
+		// Another node claimed the label set meanwhile: use its ID and
+		// drop the master key just made.
+		if err := a.kv.Delete(ctx, IDPrefix+strconv.Itoa(int(id))); err != nil {
+			a.log.Warn("Remove an identity lost in a race", "identity", id, "error", err)
+		}
+		kv, found, err := a.kv.Get(ctx, index)
+		if err != nil || !found {
+			return 0, false, fmt.Errorf("allocate identity: re-read %s: found=%v: %v", index, found, err)
+		}
+		theirs, err := parseID(kv.Value)
+		return theirs, false, err
+	}
+	return 0, false, identity.ErrExhausted
+}
+
+// reference writes this node's value key on its session lease.
+func (a *Allocator) reference(ctx context.Context, key string, id identity.NumericIdentity) error {
+	vk := ValuePrefix + hashOf(key) + "/" + a.node
+	if _, err := a.kv.UpdateIfMissing(ctx, vk, []byte(strconv.Itoa(int(id))), kvstore.SessionLease); err != nil {
+		return fmt.Errorf("reference identity %d: %w", id, err)
+	}
+	return nil
+}
+
+func parseID(b []byte) (identity.NumericIdentity, error) {
+	n, err := strconv.ParseUint(string(b), 10, 32)
+	if err != nil || !identity.NumericIdentity(n).IsCluster() {
+		return 0, fmt.Errorf("value %q is not a cluster identity", b)
+	}
+	return identity.NumericIdentity(n), nil
+}
+
+// Release drops a reference; the node's value key goes with the last.
+func (a *Allocator) Release(id identity.NumericIdentity) error {
+	a.mu.Lock()
+	if a.refs[id] == 0 {
+		a.mu.Unlock()
+		return fmt.Errorf("release identity %d: not held", id)
+	}
+	a.refs[id]--
+	last := a.refs[id] == 0
+	labels := a.byID[id]
+	if last {
+		delete(a.refs, id)
+	}
+	a.mu.Unlock()
+	if !last {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
+	defer cancel()
+	vk := ValuePrefix + hashOf(identity.LabelsKey(labels)) + "/" + a.node
+	if err := a.kv.Delete(ctx, vk); err != nil {
+		return fmt.Errorf("release identity %d: %w", id, err)
+	}
+	return nil
+}
+
+// Reserve takes a reference on a restored endpoint's identity; it fails
+// when the cluster gives these labels another ID.
+func (a *Allocator) Reserve(id identity.NumericIdentity, labels []string) error {
+	got, _, err := a.Allocate(labels)
+	if err != nil {
+		return err
+	}
+	if got.ID != id {
+		_ = a.Release(got.ID)
+		return fmt.Errorf("reserve identity %d: the cluster has these labels as %d", id, got.ID)
+	}
+	return nil
+}
+
+// Lookup returns a known identity.
+func (a *Allocator) Lookup(id identity.NumericIdentity) (identity.Identity, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	labels, ok := a.byID[id]
+	return identity.Identity{ID: id, Labels: labels, RefCount: a.refs[id]}, ok
+}
+
+// List returns every known identity, by ID.
+func (a *Allocator) List() []identity.Identity {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]identity.Identity, 0, len(a.byID))
+	for id, labels := range a.byID {
+		out = append(out, identity.Identity{ID: id, Labels: labels, RefCount: a.refs[id]})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Generation changes whenever identities are added or removed.
+func (a *Allocator) Generation() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.generation
+}
+
+// Subscribe calls fn after identities are added or removed.
+func (a *Allocator) Subscribe(fn func(added, deleted []identity.Identity)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.listeners = append(a.listeners, fn)
+}
+
+var _ identity.Allocator = (*Allocator)(nil)
