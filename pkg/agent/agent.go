@@ -20,6 +20,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
+	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -54,6 +55,8 @@ type Agent struct {
 	policy    *policyModule
 	// k8s is the Kubernetes module; nil in standalone mode.
 	k8s *kubernetesModule
+	// kvstore is the etcd client module; nil without a kvstore.
+	kvstore *kvstoreModule
 	// identities is the identity allocator: local in standalone mode,
 	// TendrilIdentity objects (crdalloc) in Kubernetes mode.
 	identities identity.Allocator
@@ -124,8 +127,15 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.api = api
 	a.endpoints = &endpointsModule{a: a}
 	a.identities = identity.NewLocalAllocator()
-	if cfg.K8s.Enabled() && cfg.IdentityAllocationMode == IdentityAllocationCRD {
+	switch {
+	case cfg.K8s.Enabled() && cfg.IdentityAllocationMode == IdentityAllocationCRD:
 		a.identities = crdalloc.New(log.With("module", "identity-allocator"))
+	case cfg.IdentityAllocationMode == IdentityAllocationKVStore:
+		a.identities = kvalloc.New(nil, cfg.NodeName, log.With("module", "identity-allocator"))
+	}
+	if cfg.KVStore != KVStoreNone || len(cfg.KVStoreConfig.Endpoints) > 0 {
+		a.kvstore = &kvstoreModule{a: a}
+		a.AddStatusSection(a.kvstore.statusSection)
 	}
 	if cfg.K8s.Enabled() {
 		a.k8s = newKubernetesModule(a)
@@ -187,7 +197,11 @@ func (a *Agent) buildStartList() {
 		a.appendModule("k8s-watchers", a.k8s.startWatchers, a.k8s.stop)
 	}
 
-	// 7. identities: restored endpoints keep theirs.
+	// 7. kvstore (and the kvstore identity allocator's watch), then
+	// identities: restored endpoints keep theirs.
+	if a.kvstore != nil {
+		a.appendModule("kvstore", a.kvstore.start, a.kvstore.stop)
+	}
 	if a.datapath != nil {
 		a.appendModule("identity-restore", func(context.Context) error {
 			a.datapath.reserveRestored(a.endpoints.mgr.List())

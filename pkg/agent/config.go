@@ -10,6 +10,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/k8s"
+	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 )
@@ -61,8 +62,12 @@ type Config struct {
 	// K8sInstallCRDs creates or updates the Tendril CRDs at start.
 	K8sInstallCRDs bool
 	// IdentityAllocationMode is crd (TendrilIdentity objects, with
-	// Kubernetes) or local (this node only; standalone mode always).
+	// Kubernetes), kvstore (etcd keys) or local (this node only).
 	IdentityAllocationMode string
+	// KVStore is "" (none), etcd (--kvstore-endpoints) or embedded (an etcd
+	// inside the agent, data under the state directory).
+	KVStore       string
+	KVStoreConfig kvstore.Config
 
 	API     server.Config
 	Metrics metrics.Config
@@ -71,7 +76,8 @@ type Config struct {
 // Identity allocation modes.
 const (
 	IdentityAllocationCRD   = "crd"
-	IdentityAllocationLocal = "local"
+	IdentityAllocationLocal   = "local"
+	IdentityAllocationKVStore = "kvstore"
 )
 
 // DefaultConfig returns the defaults of every option.
@@ -92,6 +98,7 @@ func DefaultConfig() Config {
 		K8sCacheSyncTimeout:    3 * time.Minute,
 		K8sInstallCRDs:         true,
 		IdentityAllocationMode: IdentityAllocationCRD,
+		KVStoreConfig:          kvstore.DefaultConfig(),
 		API:                    server.DefaultConfig(),
 		Metrics:                metrics.DefaultConfig(),
 	}
@@ -117,7 +124,9 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	c.K8s.Flags(fs)
 	fs.DurationVar(&c.K8sCacheSyncTimeout, "k8s-cache-sync-timeout", c.K8sCacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
 	fs.BoolVar(&c.K8sInstallCRDs, "k8s-install-crds", c.K8sInstallCRDs, "Create or update the Tendril CRDs at start")
-	fs.StringVar(&c.IdentityAllocationMode, "identity-allocation-mode", c.IdentityAllocationMode, "Where identities are allocated with Kubernetes: crd (cluster-wide, TendrilIdentity objects) or local (this node only)")
+	fs.StringVar(&c.IdentityAllocationMode, "identity-allocation-mode", c.IdentityAllocationMode, "Where identities are allocated: crd (TendrilIdentity objects; needs Kubernetes), kvstore (etcd; needs --kvstore) or local (this node only). Without Kubernetes crd falls back to local")
+	fs.StringVar(&c.KVStore, "kvstore", c.KVStore, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
+	c.KVStoreConfig.Flags(fs)
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)
 }
@@ -149,9 +158,25 @@ func (c *Config) Validate() error {
 	if err := c.K8s.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.IdentityAllocationMode != IdentityAllocationCRD && c.IdentityAllocationMode != IdentityAllocationLocal {
-		errs = append(errs, fmt.Errorf("identity-allocation-mode %q: must be crd or local", c.IdentityAllocationMode))
+	switch c.IdentityAllocationMode {
+	case IdentityAllocationCRD, IdentityAllocationLocal:
+	case IdentityAllocationKVStore:
+		if c.KVStore == KVStoreNone && len(c.KVStoreConfig.Endpoints) == 0 {
+			errs = append(errs, fmt.Errorf("identity-allocation-mode kvstore: needs --kvstore (etcd with --kvstore-endpoints, or embedded)"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("identity-allocation-mode %q: must be crd, kvstore or local", c.IdentityAllocationMode))
 	}
+	switch c.KVStore {
+	case KVStoreNone, KVStoreEmbedded:
+	case KVStoreEtcd:
+		if len(c.KVStoreConfig.Endpoints) == 0 {
+			errs = append(errs, fmt.Errorf("kvstore etcd: --kvstore-endpoints is empty"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("kvstore %q: must be empty, etcd or embedded", c.KVStore))
+	}
+
 	if c.K8sCacheSyncTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("k8s-cache-sync-timeout %s: must be positive", c.K8sCacheSyncTimeout))
 	}

@@ -59,12 +59,16 @@ type Allocator struct {
 }
 
 // New returns an allocator for node; Run keeps its view of the cluster's
-// identities current.
+// identities current. kv may be nil until SetClient (the agent connects to
+// the kvstore after building its modules).
 func New(kv *kvstore.Client, node string, log *slog.Logger) *Allocator {
 	return &Allocator{kv: kv, node: node, log: log, timeout: 10 * time.Second,
 		byID: map[identity.NumericIdentity][]string{}, byKey: map[string]identity.NumericIdentity{},
 		refs: map[identity.NumericIdentity]int{}, synced: make(chan struct{})}
 }
+
+// SetClient sets the kvstore client before Run and the first allocation.
+func (a *Allocator) SetClient(kv *kvstore.Client) { a.kv = kv }
 
 func hashOf(key string) string {
 	sum := sha256.Sum256([]byte(key))
