@@ -75,7 +75,7 @@ type Config struct {
 
 // Identity allocation modes.
 const (
-	IdentityAllocationCRD   = "crd"
+	IdentityAllocationCRD     = "crd"
 	IdentityAllocationLocal   = "local"
 	IdentityAllocationKVStore = "kvstore"
 )
