@@ -19,6 +19,7 @@ type kvstoreModule struct {
 	a        *Agent
 	embedded *kvstore.Embedded
 	client   *kvstore.Client
+	ipStore  *kvstore.SharedStore
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
@@ -62,7 +63,7 @@ func (m *kvstoreModule) start(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	return m.startIPSync()
 }
 
 func (m *kvstoreModule) stop(ctx context.Context) error {
@@ -70,8 +71,13 @@ func (m *kvstoreModule) stop(ctx context.Context) error {
 		m.cancel()
 	}
 	var err error
+	if m.ipStore != nil {
+		err = m.ipStore.Close(ctx)
+	}
 	if m.client != nil {
-		err = m.client.Close(ctx)
+		if cerr := m.client.Close(ctx); err == nil {
+			err = cerr
+		}
 	}
 	if m.done != nil {
 		<-m.done

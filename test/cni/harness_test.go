@@ -96,6 +96,10 @@ func startNode(t testing.TB, agentArgs ...string) *node {
 	if n.agent, err = client.New(n.socket); err != nil {
 		t.Fatal(err)
 	}
+	// A node has its loopback up (an embedded etcd listens on it).
+	if out, err := exec.Command("nsenter", "--net="+n.netns, "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("loopback up in %s: %v: %s", n.name, err, out)
+	}
 	n.runAgent(t, agentArgs...)
 
 	ns, err := netns.GetFromPath(n.netns)
