@@ -75,4 +75,3 @@ func TestPrivilegedRemoteEndpointViaKVStore(t *testing.T) {
 	}
 	eventually(t, "the remote endpoint gone from node B", func() bool { return !inB() })
 }
-
