@@ -18,6 +18,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/policy"
 )
 
 // nodeIP is the address other nodes know this node by: its Node's
@@ -163,6 +164,7 @@ func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilE
 			}
 		}
 	}
+	k.recordRemotePorts(ev)
 	k.mu.Lock()
 	if k.remote == nil {
 		k.remote = map[string][]netip.Addr{}
@@ -204,4 +206,58 @@ func (k *kubernetesModule) isLocalAddress(ip netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// remoteNamedPorts are the named ports a remote endpoint publishes.
+type remoteNamedPorts struct {
+	identity identity.NumericIdentity
+	ports    map[string]policy.NamedPort
+}
+
+// recordRemotePorts keeps other nodes' named ports per endpoint; a change
+// triggers a policy regeneration when it may change egress named ports.
+func (k *kubernetesModule) recordRemotePorts(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
+	st := ev.Object.Status
+	var rp remoteNamedPorts
+	if ev.Kind == watchers.Upsert && st.Identity != nil && len(st.NamedPorts) > 0 {
+		rp = remoteNamedPorts{identity: identity.NumericIdentity(st.Identity.ID), ports: map[string]policy.NamedPort{}}
+		for _, np := range st.NamedPorts {
+			proto := uint8(6)
+			switch np.Protocol {
+			case "UDP":
+				proto = 17
+			case "SCTP":
+				proto = 132
+			}
+			rp.ports[np.Name] = policy.NamedPort{Port: uint16(np.Port), Proto: proto}
+		}
+	}
+	k.mu.Lock()
+	if k.remotePorts == nil {
+		k.remotePorts = map[string]remoteNamedPorts{}
+	}
+	_, had := k.remotePorts[ev.Key]
+	if rp.ports == nil {
+		delete(k.remotePorts, ev.Key)
+	} else {
+		k.remotePorts[ev.Key] = rp
+	}
+	k.mu.Unlock()
+	if had || rp.ports != nil {
+		k.a.policy.triggerRegeneration()
+	}
+}
+
+// addRemoteNamedPorts merges other nodes' named ports into out, per identity.
+func (k *kubernetesModule) addRemoteNamedPorts(out map[identity.NumericIdentity]map[string]policy.NamedPort) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, rp := range k.remotePorts {
+		if out[rp.identity] == nil {
+			out[rp.identity] = map[string]policy.NamedPort{}
+		}
+		for name, np := range rp.ports {
+			out[rp.identity][name] = np
+		}
+	}
 }

@@ -47,6 +47,9 @@ type kubernetesModule struct {
 	selection     node.Selection
 	policyGen     map[string]int64 // policy source -> generation realized
 	remote        map[string][]netip.Addr
+	// remotePorts are other nodes' pods' named ports by TendrilEndpoint
+	// key, for egress rules naming a remote destination's port.
+	remotePorts map[string]remoteNamedPorts
 	cancel        context.CancelFunc
 	done          sync.WaitGroup
 }

@@ -180,6 +180,7 @@ func (p *policyModule) localNamedPorts() map[identity.NumericIdentity]map[string
 			out[id][name] = np
 		}
 	}
+	p.a.k8s.addRemoteNamedPorts(out)
 	return out
 }
 
