@@ -10,5 +10,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newIPAMCommand,
 		newPolicyCommand,
 		newBPFCommand,
+		newLabCommand,
 	}
 }
