@@ -38,7 +38,7 @@ func Down(name string, out io.Writer) error {
 		fmt.Fprintf(out, "  stopped %d processes\n", len(live))
 	}
 
-	names, err := ListNetns(NetnsPrefix(name))
+	names, err := ListLabNetns(name)
 	if err != nil {
 		errs = append(errs, err)
 	}

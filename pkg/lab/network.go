@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"regexp"
 	"runtime"
 	"strings"
 
@@ -70,6 +71,25 @@ func DeleteNetns(name string) error {
 		return fmt.Errorf("delete network namespace %s: %w", name, err)
 	}
 	return nil
+}
+
+// ListLabNetns lists the named network namespaces of the lab: exactly the
+// names the lab gives (<name>-net, <name>-nodeN, <name>-pod-<12 hex>), so
+// that another tool's namespaces that merely share the prefix are never
+// touched.
+func ListLabNetns(name string) ([]string, error) {
+	own := regexp.MustCompile("^" + regexp.QuoteMeta(NetnsPrefix(name)) + `(net|node[0-9]+|pod-[0-9a-f]{12})$`)
+	all, err := ListNetns(NetnsPrefix(name))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, n := range all {
+		if own.MatchString(n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
 }
 
 // ListNetns lists the named network namespaces starting with prefix.
