@@ -84,7 +84,10 @@ func newLabUpCommand(name *string) *cobra.Command {
 				cfg.BinDir = filepath.Dir(self)
 			}
 			if _, err := lab.Up(ctx, cfg); err != nil {
-				return fmt.Errorf("lab up: %w\n(logs under %s; tendril lab down removes what was made)", err, filepath.Join(lab.Dir(*name), "logs"))
+				if logs := filepath.Join(lab.Dir(*name), "logs"); fileExists(logs) {
+					return fmt.Errorf("lab up: %w\n(logs under %s; tendril lab down removes what was made)", err, logs)
+				}
+				return fmt.Errorf("lab up: %w", err)
 			}
 			return nil
 		},

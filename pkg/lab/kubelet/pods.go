@@ -189,13 +189,17 @@ func workloadPorts(pod *corev1.Pod) (tcp, udp []int) {
 	seen := map[string]bool{}
 	for _, c := range pod.Spec.Containers {
 		for _, p := range c.Ports {
-			key := fmt.Sprint(p.Protocol, p.ContainerPort)
+			proto := p.Protocol
+			if proto == "" {
+				proto = corev1.ProtocolTCP // the API's default
+			}
+			key := fmt.Sprint(proto, p.ContainerPort)
 			if seen[key] {
 				continue
 			}
 			seen[key] = true
-			switch p.Protocol {
-			case corev1.ProtocolTCP, "":
+			switch proto {
+			case corev1.ProtocolTCP:
 				tcp = append(tcp, int(p.ContainerPort))
 			case corev1.ProtocolUDP:
 				udp = append(udp, int(p.ContainerPort))
