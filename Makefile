@@ -52,7 +52,7 @@ test: deps verify-generated lint build k8s-binaries
 test-unit:
 	$(GO) test -count=1 ./...
 
-demo: deps build
+demo: deps build k8s-binaries
 	@hack/demo.sh
 
 demo-down:

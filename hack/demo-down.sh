@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
-# Removes whatever an interrupted demo left: processes, namespaces, pinned maps.
-set -uo pipefail
-pkill -f -- "--bpf-root /sys/fs/bpf/tendril-demo" 2>/dev/null
-for ns in tdrdemo-node tdrdemo-frontend tdrdemo-backend tdrdemo-other; do
-	pids=$(ip netns pids "$ns" 2>/dev/null)
-	[[ -n $pids ]] && kill $pids 2>/dev/null
-	ip netns del "$ns" 2>/dev/null
-done
-rm -rf /sys/fs/bpf/tendril-demo
-exit 0
+# Removes the demo's lab (tendril lab down: processes, network namespaces,
+# pinned BPF objects, the lab directory). Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ ! -x bin/tendril ]]; then
+	make build
+fi
+bin/tendril lab down

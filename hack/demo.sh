@@ -1,103 +1,76 @@
 #!/usr/bin/env bash
-# The demo (until the multi-node lab lands): one node as a network namespace
-# with a tendril-agent in it, three pods wired by tendril-cni, real traffic
-# through the eBPF datapath, a policy that lets only the frontend reach the
-# backend, and what Tendril shows about it. Needs root. Cleans up after
-# itself; hack/demo-down.sh removes leftovers of an interrupted run.
+# The demo: a two-node lab (a real Kubernetes API server, nodes and pods as
+# network namespaces, a tendril-agent per node), a small app from
+# examples/lab, real traffic between pods on one node and across nodes, a
+# TendrilNetworkPolicy that lets only the frontend reach the backend, and
+# what Tendril shows about it. Needs root. The lab stays up for you to try
+# things; `make demo-down` (tendril lab down) removes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ $(id -u) -ne 0 ]]; then
 	echo "demo: needs root (network namespaces, eBPF)" >&2
 	exit 1
 fi
-hack/demo-down.sh >/dev/null 2>&1 || true
-
-P=tdrdemo
-dir=$(mktemp -d /tmp/tendril-demo.XXXXXX)
-sock=$dir/tendril.sock
-bpf=/sys/fs/bpf/tendril-demo
-T="bin/tendril -H unix://$sock"
+T=bin/tendril
+KUBECTL=$(hack/k8s-binaries.sh --print-dir)/kubectl-v1.36.3
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
-innode() { nsenter --net=/run/netns/$P-node "$@"; }
-inpod() { local pod=$1; shift; nsenter --net=/run/netns/$P-$pod "$@"; }
 
-cleanup() {
-	for pod in frontend backend other; do
-		[[ -e /run/netns/$P-$pod ]] && cni DEL "$pod" >/dev/null 2>&1 || true
-	done
-	[[ -n ${agent_pid:-} ]] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null || true
-	[[ -n ${web_pid:-} ]] && kill "$web_pid" 2>/dev/null || true
-	hack/demo-down.sh >/dev/null 2>&1 || true
-	rm -rf "$dir"
+step "tendril lab up: control plane, 2 nodes with a tendril-agent each, 6 pods"
+$T lab up --nodes 2 --pods-per-node 3
+eval "$($T lab env)"
+k() { "$KUBECTL" "$@"; }
+node1="-H $TENDRIL_SOCK_NODE1"
+
+step "The demo app (examples/lab/demo-app.yaml): backend, frontend, other on node1; far on node2"
+k apply -f examples/lab/demo-app.yaml
+k wait -n demo --for=condition=Ready pod --all --timeout=60s >/dev/null
+k get pods -n demo -o wide
+k get endpointslices -n demo
+backend=$(k get pod -n demo backend -o jsonpath='{.status.podIP}')
+
+probe() { # probe FROM PORT [--udp]: from a demo pod to the backend
+	local from=$1 port=$2 proto=tcp
+	[[ ${3:-} == --udp ]] && proto=udp
+	if out=$($T lab probe "demo/$from" "$backend:$port" ${3:-} 2>&1); then
+		printf '  %-8s -> backend:%s/%s  connected (%s)\n' "$from" "$port" "$proto" "${out##*answered }"
+	else
+		printf '  %-8s -> backend:%s/%s  BLOCKED\n' "$from" "$port" "$proto"
+	fi
 }
-trap cleanup EXIT
+step "Traffic: same node and across nodes, TCP and UDP"
+probe frontend 80
+probe other 80
+probe frontend 53 --udp
+probe far 80
+$T lab exec demo/frontend -- curl -s "http://$backend/" | sed 's/^/  curl from the frontend: /'
 
-cni() { # cni ADD|DEL POD
-	local cmd=$1 pod=$2
-	echo '{"cniVersion":"1.1.0","name":"tendril","type":"tendril-cni","agent-socket":"'"$sock"'"}' |
-		CNI_COMMAND=$cmd CNI_CONTAINERID=demo-$pod CNI_NETNS=/run/netns/$P-$pod CNI_IFNAME=eth0 \
-			CNI_PATH=$PWD/bin CNI_ARGS="K8S_POD_NAMESPACE=demo;K8S_POD_NAME=$pod" innode bin/tendril-cni
-}
-
-step "A node (network namespace $P-node) running tendril-agent"
-ip netns add $P-node
-innode ip link set lo up
-start_agent() {
-	# nsenter execs the agent, so $! is the agent itself (no subshell).
-	nsenter --net=/run/netns/$P-node bin/tendril-agent --state-dir "$dir/state" --socket "$sock" --bpf-root "$bpf" \
-		--prometheus-serve-addr "" --node-name demo-node --ipv4-range 10.123.0.0/24 --ipv6-range none >>"$dir/agent.log" 2>&1 &
-	agent_pid=$!
-}
-start_agent
-for _ in $(seq 100); do $T status --brief >/dev/null 2>&1 && break; sleep 0.1; done
-$T status --brief
-
-step "Three pods, wired by tendril-cni (veth, address, routes, endpoint, eBPF programs)"
-declare -A ip
-for pod in frontend backend other; do
-	ip netns add $P-$pod
-	inpod "$pod" ip link set lo up
-	ip[$pod]=$(cni ADD "$pod" | sed -n 's/.*"address": *"\([0-9.]*\)\/32".*/\1/p' | head -1)
-	echo "  $pod: ${ip[$pod]}"
+step "Policy: the backend accepts only the frontend, on 80/TCP (examples/lab/allow-frontend.yaml)"
+k apply -f examples/lab/allow-frontend.yaml
+for _ in $(seq 50); do
+	$T lab probe demo/other "$backend:80" --timeout 200ms >/dev/null 2>&1 || break
+	sleep 0.1
 done
-for pod in frontend backend other; do
-	curl -s --unix-socket "$sock" -X PATCH "http://x/v1/endpoint/pod-name:demo%2F$pod/labels" \
-		-d '{"user":["k8s:app='"$pod"'"]}' >/dev/null
-done
-$T endpoint list
-
-step "A web server in the backend pod on port 80"
-nsenter --net=/run/netns/$P-backend python3 -m http.server 80 --bind "${ip[backend]}" >/dev/null 2>&1 &
-web_pid=$!
-sleep 1
-probe() { # probe FROM: HTTP GET of the backend from a pod
-	if inpod "$1" curl -s -m 2 -o /dev/null "http://${ip[backend]}/"; then echo "  $1 -> backend:80  connected"; else echo "  $1 -> backend:80  BLOCKED"; fi
-}
-probe frontend
-probe other
-
-step "Policy: the backend accepts only the frontend, on 80/TCP (examples/policies/allow-frontend.json)"
-$T policy import examples/policies/allow-frontend.json
-sleep 1
-probe frontend
-probe other
-$T policy trace --src k8s:app=other,k8s:io.kubernetes.pod.namespace=demo \
+k get tnp -n demo
+probe frontend 80
+probe other 80
+probe frontend 53 --udp
+$T $node1 policy trace --src k8s:app=other,k8s:io.kubernetes.pod.namespace=demo \
 	--dst k8s:app=backend,k8s:io.kubernetes.pod.namespace=demo --dport 80/TCP || true
 
-step "The datapath's view: policy entries and counters in the pinned BPF maps"
-bin/tendril bpf policy list --bpf-root "$bpf"
-bin/tendril bpf metrics list --bpf-root "$bpf"
+step "The datapath's view on node1: policy entries in the pinned BPF maps"
+$T bpf policy list --bpf-root /sys/fs/bpf/tendril-lab/tdrlab/node1
 
-step "Kill the agent with SIGKILL: the pinned datapath keeps forwarding and enforcing"
-kill -9 "$agent_pid"; wait "$agent_pid" 2>/dev/null || true; agent_pid=
-if $T status --brief >/dev/null 2>&1; then echo "  an agent still answers?" >&2; exit 1; fi
-echo "  (no agent running)"
-probe frontend
-probe other
+step "tendril status of node1"
+$T $node1 status
 
-step "Start it again: same endpoints, same links, same policy"
-start_agent
-for _ in $(seq 100); do $T status --brief >/dev/null 2>&1 && break; sleep 0.1; done
-$T status
-
-step "Done. Try next: the same commands against your own agent (README), docs/ for each subsystem"
+step "Done. The lab stays up; try next:"
+cat <<TRY
+  eval "\$($T lab env)"                      # KUBECONFIG, kubectl alias, TENDRIL_SOCK (node1)
+  kubectl get pods -A -o wide; kubectl get nodes
+  $T lab status
+  $T lab probe demo/far $backend:80 --udp    # exit 0 answered, 1 blocked, 2 could not probe
+  $T lab exec demo/other -- ip route
+  $T -H \$TENDRIL_SOCK_NODE2 endpoint list
+  kubectl delete tnp -n demo allow-frontend; kubectl label pod -n demo other app=frontend --overwrite
+  make demo-down                              # tendril lab down: removes everything
+TRY

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager and etcd at pinned versions
+# Builds kube-apiserver, kube-controller-manager, kubectl and etcd at pinned versions
 # from the Go module proxy into a cache outside the repository:
 #   ${TENDRIL_CACHE:-$HOME/.cache/tendril}/bin/<component>-<version>
 # `go install` refuses both projects (their go.mod files use replace
@@ -27,7 +27,7 @@ log() { echo "k8s-binaries: $*" >&2; }
 
 build_kubernetes() {
 	local want=()
-	for c in kube-apiserver kube-controller-manager; do
+	for c in kube-apiserver kube-controller-manager kubectl; do
 		[[ -x $BIN/$c-$K8S_VERSION ]] || want+=("$c")
 	done
 	((${#want[@]} == 0)) && return 0
@@ -57,6 +57,7 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
 	(cd "$mod" && GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 || true)

@@ -12,5 +12,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newIdentityCommand,
 		newIPCommand,
 		newBPFCommand,
+		newLabCommand,
 	}
 }

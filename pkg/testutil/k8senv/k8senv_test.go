@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -65,7 +66,7 @@ func TestControlPlaneServesAndControllersRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("server version: %v", err)
 	}
-	t.Logf("server version %s (built from %s)", v.GitVersion, KubernetesVersion)
+	t.Logf("server version %s (built from %s)", v.GitVersion, controlplane.KubernetesVersion)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "k8senv-test"}}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

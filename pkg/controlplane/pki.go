@@ -1,4 +1,4 @@
-package k8senv
+package controlplane
 
 import (
 	"crypto/ecdsa"
@@ -16,10 +16,11 @@ import (
 	"time"
 )
 
-// pki is the control plane's certificates, written under dir.
-type pki struct {
+// PKI is the control plane's certificates and keys, written under a
+// directory: file paths for the processes' flags, PEM bytes for kubeconfigs.
+type PKI struct {
 	CA, ServingCert, ServingKey, AdminCert, AdminKey, SAKey, SAPub string
-	caPEM, adminCertPEM, adminKeyPEM                               []byte
+	CAPEM, AdminCertPEM, AdminKeyPEM                               []byte
 }
 
 func writePEM(path, typ string, der []byte) ([]byte, error) {
@@ -27,10 +28,11 @@ func writePEM(path, typ string, der []byte) ([]byte, error) {
 	return data, os.WriteFile(path, data, 0o600)
 }
 
-// newPKI makes a CA, a serving certificate for the API server, an admin
-// client certificate (system:masters) and a service-account signing key.
-func newPKI(dir string, serviceIP net.IP) (*pki, error) {
-	p := &pki{
+// NewPKI makes a CA, a serving certificate for the API server (127.0.0.1,
+// serviceIP and the kubernetes service names), an admin client certificate
+// (system:masters) and a service-account signing key, valid for validity.
+func NewPKI(dir string, serviceIP net.IP, validity time.Duration) (*PKI, error) {
+	p := &PKI{
 		CA: filepath.Join(dir, "ca.crt"), ServingCert: filepath.Join(dir, "apiserver.crt"), ServingKey: filepath.Join(dir, "apiserver.key"),
 		AdminCert: filepath.Join(dir, "admin.crt"), AdminKey: filepath.Join(dir, "admin.key"),
 		SAKey: filepath.Join(dir, "sa.key"), SAPub: filepath.Join(dir, "sa.pub"),
@@ -42,7 +44,7 @@ func newPKI(dir string, serviceIP net.IP) (*pki, error) {
 	now := time.Now()
 	caTmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tendril-test-ca"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
@@ -50,7 +52,7 @@ func newPKI(dir string, serviceIP net.IP) (*pki, error) {
 		return nil, fmt.Errorf("create CA: %w", err)
 	}
 	caCert, _ := x509.ParseCertificate(caDER)
-	if p.caPEM, err = writePEM(p.CA, "CERTIFICATE", caDER); err != nil {
+	if p.CAPEM, err = writePEM(p.CA, "CERTIFICATE", caDER); err != nil {
 		return nil, err
 	}
 	issue := func(serial int64, cn string, orgs []string, ips []net.IP, dns []string, usage x509.ExtKeyUsage, certPath, keyPath string) ([]byte, []byte, error) {
@@ -60,7 +62,7 @@ func newPKI(dir string, serviceIP net.IP) (*pki, error) {
 		}
 		tmpl := &x509.Certificate{
 			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn, Organization: orgs},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity),
 			KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: []x509.ExtKeyUsage{usage},
 			IPAddresses: ips, DNSNames: dns,
 		}
@@ -83,7 +85,7 @@ func newPKI(dir string, serviceIP net.IP) (*pki, error) {
 		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"}, x509.ExtKeyUsageServerAuth, p.ServingCert, p.ServingKey); err != nil {
 		return nil, fmt.Errorf("serving certificate: %w", err)
 	}
-	if p.adminCertPEM, p.adminKeyPEM, err = issue(3, "admin", []string{"system:masters"}, nil, nil, x509.ExtKeyUsageClientAuth, p.AdminCert, p.AdminKey); err != nil {
+	if p.AdminCertPEM, p.AdminKeyPEM, err = issue(3, "admin", []string{"system:masters"}, nil, nil, x509.ExtKeyUsageClientAuth, p.AdminCert, p.AdminKey); err != nil {
 		return nil, fmt.Errorf("admin certificate: %w", err)
 	}
 	saKey, err := rsa.GenerateKey(rand.Reader, 2048)

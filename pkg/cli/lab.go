@@ -1,0 +1,334 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tendril-net/tendril/pkg/controlplane"
+	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/lab/kubelet"
+	"github.com/tendril-net/tendril/pkg/lab/workload"
+)
+
+// Exit codes of `tendril lab probe`: a probe that could not run must never
+// look like a denied connection.
+const (
+	probeConnected = 0
+	probeNoAnswer  = 1
+	probeBroken    = 2
+)
+
+func newLabCommand(*Options) *cobra.Command {
+	name := lab.DefaultName
+	if v := os.Getenv("TENDRIL_LAB"); v != "" {
+		name = v
+	}
+	cmd := &cobra.Command{
+		Use:   "lab",
+		Short: "A local cluster on this machine: Kubernetes control plane, nodes and pods as network namespaces",
+		Long: `The lab runs etcd, kube-apiserver and kube-controller-manager, one network
+namespace per node on a bridge, a tendril-agent and a lab kubelet per node, and
+pods as network namespaces wired by tendril-cni with a built-in server that
+answers with the pod's name. Needs root. See docs/lab.md.`,
+	}
+	cmd.PersistentFlags().StringVar(&name, "name", name, "Lab name (several labs can run side by side; env TENDRIL_LAB)")
+	cmd.AddCommand(
+		newLabUpCommand(&name),
+		newLabDownCommand(&name),
+		newLabEnvCommand(&name),
+		newLabStatusCommand(&name),
+		newLabExecCommand(&name),
+		newLabProbeCommand(&name),
+		newLabKubeletCommand(&name),
+		newLabWorkloadCommand(),
+	)
+	return cmd
+}
+
+func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	ctx := cmd.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+}
+
+func newLabUpCommand(name *string) *cobra.Command {
+	cfg := lab.Config{Nodes: 2, PodsPerNode: 3}
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Bring a lab up (removing the leftovers of an earlier one first)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			cfg.Name, cfg.Out = *name, cmd.OutOrStdout()
+			if cfg.BinDir == "" {
+				self, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("find the tendril binaries: %w (use --bin-dir)", err)
+				}
+				cfg.BinDir = filepath.Dir(self)
+			}
+			if _, err := lab.Up(ctx, cfg); err != nil {
+				if logs := filepath.Join(lab.Dir(*name), "logs"); fileExists(logs) {
+					return fmt.Errorf("lab up: %w\n(logs under %s; tendril lab down removes what was made)", err, logs)
+				}
+				return fmt.Errorf("lab up: %w", err)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&cfg.Nodes, "nodes", cfg.Nodes, "Number of nodes")
+	cmd.Flags().IntVar(&cfg.PodsPerNode, "pods-per-node", cfg.PodsPerNode, "Pods to start per node (default/pod-N, label app=lab)")
+	cmd.Flags().StringVar(&cfg.BinDir, "bin-dir", "", "Directory with tendril, tendril-agent and tendril-cni (default: this binary's)")
+	return cmd
+}
+
+func newLabDownCommand(name *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "down",
+		Short: "Remove the lab: processes, network namespaces, pinned BPF objects, its directory (idempotent)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := lab.CheckHost(); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "==> removing lab %s\n", *name)
+			return lab.Down(*name, cmd.OutOrStdout())
+		},
+	}
+}
+
+func newLabEnvCommand(name *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "env",
+		Short: "Print the lab's KUBECONFIG and node sockets as shell exports (eval \"$(tendril lab env)\")",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := lab.LoadState(*name)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "export KUBECONFIG=%s\n", st.Kubeconfig)
+			if kubectl := filepath.Join(st.K8sBinDir, controlplane.KubectlBinary); fileExists(kubectl) {
+				fmt.Fprintf(out, "alias kubectl=%s\n", kubectl)
+			}
+			for i, n := range st.Nodes {
+				if i == 0 {
+					fmt.Fprintf(out, "export TENDRIL_SOCK=unix://%s\n", n.Socket)
+				}
+				fmt.Fprintf(out, "export TENDRIL_SOCK_%s=unix://%s\n", strings.ToUpper(n.Name), n.Socket)
+			}
+			return nil
+		},
+	}
+}
+
+func newLabStatusCommand(name *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the lab's nodes and pods",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := lab.LoadState(*name)
+			if err != nil {
+				return err
+			}
+			cs, err := st.Clientset()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			return lab.Summary(ctx, st, cs, cmd.OutOrStdout())
+		},
+	}
+}
+
+// labPod finds a running pod's record.
+func labPod(name, ref string) (*lab.PodRecord, error) {
+	ns, pod, err := lab.ParsePodRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	st, err := lab.LoadState(name)
+	if err != nil {
+		return nil, err
+	}
+	return st.Pod(ns, pod)
+}
+
+func newLabExecCommand(name *string) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "exec NS/POD -- CMD [ARG...]",
+		Short: "Run a command in a pod's network namespace",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if os.Geteuid() != 0 {
+				return errors.New("tendril lab exec needs root (it enters a network namespace)")
+			}
+			rec, err := labPod(*name, args[0])
+			if err != nil {
+				return err
+			}
+			nsenter, err := exec.LookPath("nsenter")
+			if err != nil {
+				return errors.New("nsenter not found (apt-get install util-linux)")
+			}
+			// Replace this process, so the command's exit status, signals
+			// and terminal are the caller's.
+			command := args[1:]
+			if command[0] == "--" {
+				command = command[1:]
+			}
+			if len(command) == 0 {
+				return errors.New("no command given: tendril lab exec NS/POD -- CMD [ARG...]")
+			}
+			argv := append([]string{"nsenter", "--net=" + lab.NetnsPath(rec.Netns), "--"}, command...)
+			return syscall.Exec(nsenter, argv, os.Environ())
+		},
+	}
+	// Everything after the pod belongs to the command, dash-dash or not.
+	cmd.Flags().SetInterspersed(false)
+	return cmd
+}
+
+func newLabProbeCommand(name *string) *cobra.Command {
+	var udp bool
+	var timeout time.Duration
+	broken := func(err error) error { return &ExitError{Code: probeBroken, Msg: "cannot probe: " + err.Error()} }
+	cmd := &cobra.Command{
+		Use:   "probe NS/POD HOST:PORT [--udp] [--timeout 1s]",
+		Short: "Connect from inside a pod and wait for an answer (exit 0 answered, 1 no connection or answer, 2+ could not probe)",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 2 {
+				return broken(fmt.Errorf("want NS/POD HOST:PORT, got %d arguments", len(args)))
+			}
+			host, port, err := net.SplitHostPort(args[1])
+			if err != nil {
+				return broken(fmt.Errorf("%q: want HOST:PORT: %w", args[1], err))
+			}
+			if net.ParseIP(host) == nil {
+				return broken(fmt.Errorf("%q: the host must be an IP address (lab pods have no DNS)", args[1]))
+			}
+			if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+				return broken(fmt.Errorf("%q: port must be 1-65535", args[1]))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if os.Geteuid() != 0 {
+				return broken(errors.New("needs root (it enters the pod's network namespace)"))
+			}
+			if timeout <= 0 {
+				return broken(fmt.Errorf("--timeout %s: must be positive", timeout))
+			}
+			rec, err := labPod(*name, args[0])
+			if err != nil {
+				return broken(err)
+			}
+			proto := "tcp"
+			if udp {
+				proto = "udp"
+			}
+			var answer string
+			var probeErr error
+			err = lab.InNetns(lab.NetnsPath(rec.Netns), func() error {
+				answer, probeErr = workload.Probe(context.Background(), args[1], udp, timeout)
+				return nil
+			})
+			if err != nil {
+				return broken(err)
+			}
+			if probeErr != nil {
+				return &ExitError{Code: probeNoAnswer, Msg: fmt.Sprintf("%s -> %s/%s: no answer: %v", args[0], args[1], proto, probeErr)}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s -> %s/%s: answered %q\n", args[0], args[1], proto, answer)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&udp, "udp", false, "Probe over UDP (default TCP)")
+	cmd.Flags().DurationVar(&timeout, "timeout", time.Second, "How long to wait for the connection and the answer")
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return broken(err) })
+	return cmd
+}
+
+func newLabKubeletCommand(name *string) *cobra.Command {
+	var node string
+	var schedule bool
+	cmd := &cobra.Command{
+		Use:    "kubelet --node NODE",
+		Short:  "The lab's kubelet of one node (started by lab up)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := lab.LoadState(*name)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			return kubelet.Run(ctx, kubelet.Config{Lab: st, Node: node, Schedule: schedule, Log: log})
+		},
+	}
+	cmd.Flags().StringVar(&node, "node", "", "The node this kubelet runs")
+	cmd.Flags().BoolVar(&schedule, "schedule", false, "Also bind unscheduled pods to nodes")
+	return cmd
+}
+
+func newLabWorkloadCommand() *cobra.Command {
+	var podName, tcp, udp string
+	var readyFD int
+	cmd := &cobra.Command{
+		Use:    "workload --pod-name NAME --tcp PORTS --udp PORTS",
+		Short:  "A lab pod's server: answers every TCP connection and UDP datagram with the pod's name",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s := &workload.Server{Name: podName, Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))}
+			var err error
+			if s.TCPPorts, err = workload.ParsePorts(tcp); err != nil {
+				return fmt.Errorf("--tcp: %w", err)
+			}
+			if s.UDPPorts, err = workload.ParsePorts(udp); err != nil {
+				return fmt.Errorf("--udp: %w", err)
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			return s.Serve(ctx, func() {
+				if readyFD <= 0 {
+					return
+				}
+				f := os.NewFile(uintptr(readyFD), "ready")
+				_, _ = f.WriteString("ready\n")
+				_ = f.Close()
+			})
+		},
+	}
+	cmd.Flags().StringVar(&podName, "pod-name", "", "The name to answer with")
+	cmd.Flags().StringVar(&tcp, "tcp", "", "TCP ports, comma-separated")
+	cmd.Flags().StringVar(&udp, "udp", "", "UDP ports, comma-separated")
+	cmd.Flags().IntVar(&readyFD, "ready-fd", 0, "File descriptor to write a line to once every port listens")
+	return cmd
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}

@@ -1,0 +1,83 @@
+package lab
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+)
+
+// Down removes everything the named lab made, whether it came up fully,
+// half, or crashed: the recorded processes, every process left inside the
+// lab's network namespaces (agents, pod workloads), the namespaces (their
+// links go with them), the pinned BPF objects and the lab's directory. It
+// is idempotent; out gets one line per kind of thing removed.
+func Down(name string, out io.Writer) error {
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	var errs []error
+	dir := Dir(name)
+	procs, err := ReadProcesses((&State{Dir: dir}).PidDir())
+	if err != nil {
+		errs = append(errs, err)
+	}
+	var live []Process
+	for _, p := range procs {
+		if p.Alive() {
+			live = append(live, p)
+		}
+	}
+	// Kubelets first would be kinder, but nothing of the lab needs to shut
+	// down cleanly: the whole state goes.
+	if left := killAndWait(live, 10*time.Second); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("processes still alive after SIGKILL: %v", left))
+	}
+	if len(live) > 0 {
+		fmt.Fprintf(out, "  stopped %d processes\n", len(live))
+	}
+
+	names, err := ListLabNetns(name)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	inside := processesInNetns(names)
+	var stray []Process
+	for _, ps := range inside {
+		stray = append(stray, ps...)
+	}
+	if left := killAndWait(stray, 10*time.Second); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("processes in the lab's namespaces still alive after SIGKILL: %v", left))
+	}
+	if len(stray) > 0 {
+		fmt.Fprintf(out, "  stopped %d processes inside the lab's network namespaces\n", len(stray))
+	}
+	for _, n := range names {
+		if err := DeleteNetns(n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(names) > 0 {
+		fmt.Fprintf(out, "  removed %d network namespaces\n", len(names))
+	}
+
+	if _, err := os.Stat(BPFDir(name)); err == nil {
+		if err := os.RemoveAll(BPFDir(name)); err != nil {
+			errs = append(errs, fmt.Errorf("remove pinned BPF objects: %w", err))
+		} else {
+			fmt.Fprintf(out, "  removed pinned BPF objects under %s\n", BPFDir(name))
+		}
+	}
+	// The parent directories go when no other lab uses them.
+	_ = os.Remove(BPFRoot)
+	if _, err := os.Stat(dir); err == nil {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", dir, err))
+		} else {
+			fmt.Fprintf(out, "  removed %s\n", dir)
+		}
+	}
+	_ = os.Remove(RunRoot)
+	return errors.Join(errs...)
+}

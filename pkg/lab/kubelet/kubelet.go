@@ -1,0 +1,71 @@
+// Package kubelet is the lab's minimal kubelet, one process per lab node,
+// running in the machine's network namespace: it proxies the API server
+// into its node's namespace (where the node's tendril-agent runs), registers
+// and heartbeats its Node, optionally schedules unbound pods round robin,
+// and runs the pods bound to its node: a network namespace wired by
+// tendril-cni, the built-in workload (package lab/workload) inside it, and
+// the pod's status written once the workload listens.
+package kubelet
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tendril-net/tendril/pkg/controlplane"
+	"github.com/tendril-net/tendril/pkg/lab"
+)
+
+// Config is one kubelet's job.
+type Config struct {
+	// Lab is the lab's state (lab.json).
+	Lab *lab.State
+	// Node is this kubelet's node.
+	Node string
+	// Schedule makes this kubelet also bind unscheduled pods to nodes
+	// (one kubelet of the lab does it).
+	Schedule bool
+	Log      *slog.Logger
+}
+
+// Run serves until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	n, err := cfg.Lab.Node(cfg.Node)
+	if err != nil {
+		return err
+	}
+	log := cfg.Log.With("node", n.Name)
+	ln, err := listenInNetns(lab.NetnsPath(n.Netns), "127.0.0.1:"+strconv.Itoa(lab.NodeAPIPort))
+	if err != nil {
+		return fmt.Errorf("API server proxy in %s: %w", n.Netns, err)
+	}
+	go proxyAPIServer(ctx, ln, "127.0.0.1:"+strconv.Itoa(cfg.Lab.APIPort), log.With("component", "api-proxy"))
+
+	rc, err := controlplane.RESTConfig(cfg.Lab.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	rc.UserAgent = "tendril-lab-kubelet/" + n.Name
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	if err := registerNode(ctx, cs, cfg.Lab, n, log); err != nil {
+		return err
+	}
+	go heartbeat(ctx, cs, n.Name, log)
+	if cfg.Schedule {
+		go runScheduler(ctx, cs, log.With("component", "scheduler"))
+	}
+	cni, err := newCNIRuntime(cfg.Lab.BinDir, n.CNICacheDir, lab.NetnsPath(n.Netns), n.Socket,
+		filepath.Join(cfg.Lab.LogDir(), "cni-"+n.Name+".log"))
+	if err != nil {
+		return err
+	}
+	pm := newPodManager(cs, cfg.Lab, n, cni, log.With("component", "pods"))
+	return pm.run(ctx)
+}

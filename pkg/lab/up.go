@@ -1,0 +1,431 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tendril-net/tendril/pkg/client"
+	"github.com/tendril-net/tendril/pkg/controlplane"
+)
+
+// Config says what lab to bring up.
+type Config struct {
+	Name        string
+	Nodes       int
+	PodsPerNode int
+	// BinDir holds tendril, tendril-agent and tendril-cni.
+	BinDir string
+	// Out receives progress and the summary.
+	Out io.Writer
+}
+
+// Labels of what `lab up` creates.
+const (
+	LabelLab  = "tendril.io/lab"
+	LabelApp  = "app"
+	LabApp    = "lab"
+	PodPrefix = "pod-"
+)
+
+// CheckHost fails with a clear message when the machine cannot run a lab:
+// not root, no bpffs, no network namespaces, no nsenter.
+func CheckHost() error {
+	if os.Geteuid() != 0 {
+		return errors.New("the lab needs root (network namespaces, eBPF): run it with sudo")
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/bpf", &fs); err != nil || fs.Type != unix.BPF_FS_MAGIC {
+		return errors.New("/sys/fs/bpf is not a bpffs mount: mount -t bpf bpf /sys/fs/bpf")
+	}
+	if _, err := os.Stat("/proc/self/ns/net"); err != nil {
+		return errors.New("the kernel has no network namespaces (CONFIG_NET_NS)")
+	}
+	if _, err := exec.LookPath("nsenter"); err != nil {
+		return errors.New("nsenter not found (apt-get install util-linux)")
+	}
+	return nil
+}
+
+func step(out io.Writer, start time.Time, format string, args ...any) {
+	fmt.Fprintf(out, "==> %-60s %5.1fs\n", fmt.Sprintf(format, args...), time.Since(start).Seconds())
+}
+
+// Up brings a lab up and waits until every node's agent serves and every
+// pod runs with an address. Leftovers of an earlier lab of the same name
+// are removed first. On failure the lab is left as it is, for its logs;
+// Down removes it.
+func Up(ctx context.Context, cfg Config) (*State, error) {
+	start := time.Now()
+	out := cfg.Out
+	if out == nil {
+		out = io.Discard
+	}
+	if err := ValidateName(cfg.Name); err != nil {
+		return nil, err
+	}
+	if cfg.Nodes < 1 || cfg.Nodes > 200 {
+		return nil, fmt.Errorf("--nodes %d: must be between 1 and 200", cfg.Nodes)
+	}
+	if cfg.PodsPerNode < 0 {
+		return nil, fmt.Errorf("--pods-per-node %d: must not be negative", cfg.PodsPerNode)
+	}
+	if err := CheckHost(); err != nil {
+		return nil, err
+	}
+	for _, b := range []string{"tendril", "tendril-agent", "tendril-cni"} {
+		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {
+			return nil, fmt.Errorf("%s not found in %s (make build, or --bin-dir)", b, cfg.BinDir)
+		}
+	}
+	if _, err := os.Stat(Dir(cfg.Name)); err == nil {
+		fmt.Fprintf(out, "==> removing the leftovers of lab %s\n", cfg.Name)
+	}
+	if err := Down(cfg.Name, out); err != nil {
+		return nil, fmt.Errorf("remove the leftovers of lab %s: %w", cfg.Name, err)
+	}
+	if missing := controlplane.MissingBinaries(controlplane.BinaryDir()); len(missing) > 0 {
+		fmt.Fprintf(out, "==> building %s (hack/k8s-binaries.sh; minutes the first time)\n", strings.Join(missing, ", "))
+	}
+	k8sBin, err := controlplane.EnsureBinaries(out)
+	if err != nil {
+		return nil, err
+	}
+
+	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, NetNetns: NetnsPrefix(cfg.Name) + "net"}
+	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
+	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
+	for _, d := range []string{st.Dir, st.PidDir(), st.LogDir(), st.PodDir(), filepath.Join(st.Dir, "pki")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	for i := 1; i <= cfg.Nodes; i++ {
+		name := "node" + strconv.Itoa(i)
+		nodeDir := filepath.Join(st.Dir, "nodes", name)
+		st.Nodes = append(st.Nodes, Node{
+			Name: name, Netns: NetnsPrefix(cfg.Name) + name,
+			Address:     NodeSubnetPrefix + strconv.Itoa(10+i),
+			Socket:      filepath.Join(nodeDir, "agent.sock"),
+			StateDir:    filepath.Join(nodeDir, "state"),
+			BPFRoot:     filepath.Join(BPFDir(cfg.Name), name),
+			CNICacheDir: filepath.Join(nodeDir, "cni-cache"),
+		})
+		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
+			return nil, err
+		}
+	}
+
+	cs, err := startControlPlane(ctx, st)
+	if err != nil {
+		return st, err
+	}
+	step(out, start, "control plane: etcd, kube-apiserver, kube-controller-manager")
+
+	if err := createLabNetwork(st.NetNetns); err != nil {
+		return st, err
+	}
+	for _, n := range st.Nodes {
+		if err := attachNode(st.NetNetns, n); err != nil {
+			return st, err
+		}
+	}
+	if err := st.Save(); err != nil {
+		return st, err
+	}
+	step(out, start, "network: bridge in %s, %d node namespaces on %s0/%d", st.NetNetns, len(st.Nodes), NodeSubnetPrefix, NodeSubnetBits)
+
+	exited := map[string]<-chan error{}
+	for i, n := range st.Nodes {
+		argv := []string{filepath.Join(st.BinDir, "tendril"), "lab", "kubelet", "--name", st.Name, "--node", n.Name}
+		if i == 0 {
+			argv = append(argv, "--schedule")
+		}
+		role := "kubelet-" + n.Name
+		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), argv)
+		if err != nil {
+			return st, err
+		}
+		exited[role] = watchExit(cmd)
+	}
+	if err := waitNodesRegistered(ctx, cs, st, exited); err != nil {
+		return st, err
+	}
+	step(out, start, "lab kubelets: %d Nodes registered, pod CIDRs assigned", len(st.Nodes))
+
+	for _, n := range st.Nodes {
+		argv := []string{"nsenter", "--net=" + NetnsPath(n.Netns), filepath.Join(st.BinDir, "tendril-agent"),
+			"--node-name", n.Name, "--kubeconfig", st.NodeKubeconfig,
+			"--state-dir", n.StateDir, "--socket", n.Socket, "--bpf-root", n.BPFRoot,
+			"--ipv6-range", "none", "--prometheus-serve-addr", ""}
+		role := "agent-" + n.Name
+		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), argv)
+		if err != nil {
+			return st, err
+		}
+		exited[role] = watchExit(cmd)
+	}
+	for _, n := range st.Nodes {
+		if err := waitAgent(ctx, st, n, exited["agent-"+n.Name]); err != nil {
+			return st, err
+		}
+	}
+	step(out, start, "tendril-agents: %d serving", len(st.Nodes))
+
+	if err := waitDefaultServiceAccount(ctx, cs); err != nil {
+		return st, err
+	}
+	total := cfg.Nodes * cfg.PodsPerNode
+	for i := 1; i <= total; i++ {
+		if err := createLabPod(ctx, cs, PodPrefix+strconv.Itoa(i)); err != nil {
+			return st, err
+		}
+	}
+	if total > 0 {
+		if err := waitPodsReady(ctx, cs, total, out); err != nil {
+			return st, err
+		}
+		step(out, start, "pods: %d running", total)
+	}
+	fmt.Fprintln(out)
+	if err := Summary(ctx, st, cs, out); err != nil {
+		return st, err
+	}
+	fmt.Fprintf(out, "\nlab %s is up in %.1fs: tendril lab env prints how to reach it; tendril lab down removes it\n", st.Name, time.Since(start).Seconds())
+	return st, nil
+}
+
+// watchExit reports a started process' exit (while this process lives).
+func watchExit(cmd *exec.Cmd) <-chan error {
+	ch := make(chan error, 1)
+	go func() {
+		err := cmd.Wait()
+		if err == nil {
+			err = errors.New("exited with status 0")
+		}
+		ch <- err
+	}()
+	return ch
+}
+
+// logTail is the end of a log, for error messages.
+func logTail(path string, lines int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var all []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		all = append(all, sc.Text())
+	}
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	return strings.Join(all, "\n")
+}
+
+func exitedError(st *State, role string, err error) error {
+	log := filepath.Join(st.LogDir(), role+".log")
+	return fmt.Errorf("%s %v; end of %s:\n%s", role, err, log, logTail(log, 20))
+}
+
+func startControlPlane(ctx context.Context, st *State) (kubernetes.Interface, error) {
+	spec := controlplane.Spec{Dir: st.Dir, ControllerManager: true, ClusterCIDR: ClusterCIDR}
+	var err error
+	if spec.PKI, err = controlplane.NewPKI(filepath.Join(st.Dir, "pki"), net.ParseIP(controlplane.KubernetesSvcIP), 365*24*time.Hour); err != nil {
+		return nil, err
+	}
+	if err := spec.AllocatePorts(); err != nil {
+		return nil, err
+	}
+	st.APIPort = spec.APIPort
+	if err := spec.WriteKubeconfig(st.Kubeconfig, spec.APIServerURL(), "tendril-lab-"+st.Name); err != nil {
+		return nil, err
+	}
+	nodeURL := "https://127.0.0.1:" + strconv.Itoa(NodeAPIPort)
+	if err := spec.WriteKubeconfig(st.NodeKubeconfig, nodeURL, "tendril-lab-"+st.Name); err != nil {
+		return nil, err
+	}
+	if err := st.Save(); err != nil {
+		return nil, err
+	}
+	rc, err := controlplane.RESTConfig(st.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	run := func(role, bin string, args []string) (<-chan error, error) {
+		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"),
+			append([]string{filepath.Join(st.K8sBinDir, bin)}, args...))
+		if err != nil {
+			return nil, err
+		}
+		return watchExit(cmd), nil
+	}
+	etcdExit, err := run("etcd", controlplane.EtcdBinary, spec.EtcdArgs())
+	if err != nil {
+		return nil, err
+	}
+	if err := controlplane.WaitTCP(ctx, "127.0.0.1:"+strconv.Itoa(spec.EtcdPort), 30*time.Second); err != nil {
+		select {
+		case e := <-etcdExit:
+			return nil, exitedError(st, "etcd", e)
+		default:
+		}
+		return nil, fmt.Errorf("etcd: %w", err)
+	}
+	apiExit, err := run("kube-apiserver", controlplane.APIServerBinary, spec.APIServerArgs())
+	if err != nil {
+		return nil, err
+	}
+	err = controlplane.WaitReady(ctx, cs, 90*time.Second, func() error {
+		select {
+		case e := <-apiExit:
+			return exitedError(st, "kube-apiserver", e)
+		default:
+			return nil
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := run("kube-controller-manager", controlplane.ControllerManagerBinary, spec.ControllerManagerArgs(st.Kubeconfig)); err != nil {
+		return nil, err
+	}
+	return cs, nil
+}
+
+// poll calls cond every interval until it is done, fails, a watched
+// process exits or timeout passes; what names the wait in errors.
+func poll(ctx context.Context, what string, timeout time.Duration, st *State, exited map[string]<-chan error, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		for role, ch := range exited {
+			select {
+			case e := <-ch:
+				return exitedError(st, role, e)
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not done after %s (last: %v)", what, timeout, last)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w", what, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func waitNodesRegistered(ctx context.Context, cs kubernetes.Interface, st *State, exited map[string]<-chan error) error {
+	return poll(ctx, "wait for the Nodes and their pod CIDRs", 60*time.Second, st, exited, func() (bool, error) {
+		for _, n := range st.Nodes {
+			obj, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			if len(obj.Spec.PodCIDRs) == 0 {
+				return false, fmt.Errorf("node %s has no pod CIDR yet", n.Name)
+			}
+		}
+		return true, nil
+	})
+}
+
+func waitAgent(ctx context.Context, st *State, n Node, exited <-chan error) error {
+	c, err := client.New(n.Socket)
+	if err != nil {
+		return err
+	}
+	return poll(ctx, "wait for the agent of "+n.Name, 3*time.Minute, st, map[string]<-chan error{"agent-" + n.Name: exited}, func() (bool, error) {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := c.ConfigGet(cctx)
+		return err == nil, err
+	})
+}
+
+func waitDefaultServiceAccount(ctx context.Context, cs kubernetes.Interface) error {
+	return poll(ctx, "wait for the default ServiceAccount", 60*time.Second, nil, nil, func() (bool, error) {
+		_, err := cs.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, err
+	})
+}
+
+func createLabPod(ctx context.Context, cs kubernetes.Interface, name string) error {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: map[string]string{LabelApp: LabApp}},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{Name: "workload", Image: "tendril.io/lab-workload"}},
+		},
+	}
+	_, err := cs.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create pod %s: %w", name, err)
+	}
+	return nil
+}
+
+// PodReady reports a pod running, Ready and with an address.
+func PodReady(p *corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func waitPodsReady(ctx context.Context, cs kubernetes.Interface, total int, out io.Writer) error {
+	reported := -1
+	return poll(ctx, "wait for the lab's pods", 3*time.Minute, nil, nil, func() (bool, error) {
+		pods, err := cs.CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{LabelSelector: LabelApp + "=" + LabApp})
+		if err != nil {
+			return false, err
+		}
+		ready := 0
+		for i := range pods.Items {
+			if PodReady(&pods.Items[i]) {
+				ready++
+			}
+		}
+		if ready != reported && ready < total {
+			fmt.Fprintf(out, "    pods ready: %d/%d\n", ready, total)
+			reported = ready
+		}
+		return ready >= total, fmt.Errorf("%d/%d pods ready", ready, total)
+	})
+}

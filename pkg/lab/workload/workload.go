@@ -1,0 +1,223 @@
+// Package workload is what runs in a lab pod, and the probe that talks to
+// it: a server on the pod's TCP and UDP ports that answers every
+// connection or datagram with the pod's name (HTTP requests get an HTTP
+// answer, so curl works too), and a client that connects from inside a
+// pod's network namespace and reports whether an answer came back.
+package workload
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ProbeRequest is what the probe sends; the server answers any input.
+const ProbeRequest = "tendril-probe\n"
+
+// Server answers on the given ports with Name.
+type Server struct {
+	Name     string
+	TCPPorts []int
+	UDPPorts []int
+	Log      *slog.Logger
+}
+
+// Serve listens on every port, calls ready once all listen, and answers
+// until ctx ends.
+func (s *Server) Serve(ctx context.Context, ready func()) error {
+	var lns []net.Listener
+	var pcs []net.PacketConn
+	closeAll := func() {
+		for _, l := range lns {
+			l.Close()
+		}
+		for _, pc := range pcs {
+			pc.Close()
+		}
+	}
+	for _, p := range s.TCPPorts {
+		l, err := net.Listen("tcp", ":"+strconv.Itoa(p))
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("listen on tcp/%d: %w", p, err)
+		}
+		lns = append(lns, l)
+	}
+	for _, p := range s.UDPPorts {
+		pc, err := net.ListenPacket("udp", ":"+strconv.Itoa(p))
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("listen on udp/%d: %w", p, err)
+		}
+		pcs = append(pcs, pc)
+	}
+	s.Log.Info("Workload listening", "name", s.Name, "tcp", s.TCPPorts, "udp", s.UDPPorts)
+	if ready != nil {
+		ready()
+	}
+	var wg sync.WaitGroup
+	for _, l := range lns {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.acceptLoop(l) }()
+	}
+	for _, pc := range pcs {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.udpLoop(pc) }()
+	}
+	<-ctx.Done()
+	closeAll()
+	wg.Wait()
+	return nil
+}
+
+func (s *Server) acceptLoop(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.Log.Warn("Accept", "error", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go s.answerTCP(c)
+	}
+}
+
+// answerTCP waits briefly for the client's first line: an HTTP request gets
+// an HTTP answer, anything else (or silence) the bare name.
+func (s *Server) answerTCP(c net.Conn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	_ = c.SetReadDeadline(time.Time{})
+	for _, m := range []string{"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "OPTIONS ", "PATCH "} {
+		if strings.HasPrefix(line, m) {
+			body := s.Name + "\n"
+			fmt.Fprintf(c, "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", len(body))
+			if m != "HEAD " {
+				_, _ = c.Write([]byte(body))
+			}
+			return
+		}
+	}
+	_, _ = c.Write([]byte(s.Name + "\n"))
+}
+
+func (s *Server) udpLoop(pc net.PacketConn) {
+	buf := make([]byte, 2048)
+	for {
+		_, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		_, _ = pc.WriteTo([]byte(s.Name+"\n"), from)
+	}
+}
+
+// ParsePorts reads a comma-separated port list ("" is none).
+func ParsePorts(list string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		p, err := strconv.Atoi(f)
+		if err != nil || p < 1 || p > 65535 {
+			return nil, fmt.Errorf("port %q: must be 1-65535", f)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// FormatPorts is the inverse of ParsePorts.
+func FormatPorts(ports []int) string {
+	s := make([]string, len(ports))
+	for i, p := range ports {
+		s[i] = strconv.Itoa(p)
+	}
+	return strings.Join(s, ",")
+}
+
+// Probe connects to addr (HOST:PORT) over TCP or UDP from the calling
+// goroutine's network namespace as it is when Probe runs (callers switch
+// a locked thread first) and waits for an answer until timeout. It
+// returns the answer, or an error when nothing answered: refused, timed
+// out, closed without a word.
+func Probe(ctx context.Context, addr string, udp bool, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	network := "tcp"
+	if udp {
+		network = "udp"
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(deadline)
+	if !udp {
+		if _, err := c.Write([]byte(ProbeRequest)); err != nil {
+			return "", err
+		}
+		buf := make([]byte, 512)
+		n, err := c.Read(buf)
+		if n == 0 {
+			if err == nil {
+				err = errors.New("no answer")
+			}
+			return "", fmt.Errorf("connected, but no answer: %w", err)
+		}
+		return string(bytes.TrimSpace(buf[:n])), nil
+	}
+	// UDP: resend now and then, as a first datagram may be lost while the
+	// path is being resolved; any answer counts.
+	answers := make(chan string, 1)
+	readErr := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 512)
+		n, err := c.Read(buf)
+		if err != nil {
+			readErr <- err
+			return
+		}
+		answers <- string(bytes.TrimSpace(buf[:n]))
+	}()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := c.Write([]byte(ProbeRequest)); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return "", fmt.Errorf("no answer within %s", timeout)
+			}
+			// ECONNREFUSED from an earlier ICMP port unreachable lands here.
+			return "", err
+		}
+		select {
+		case a := <-answers:
+			return a, nil
+		case err := <-readErr:
+			return "", err
+		case <-tick.C:
+		}
+	}
+}
