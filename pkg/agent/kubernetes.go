@@ -50,8 +50,8 @@ type kubernetesModule struct {
 	// remotePorts are other nodes' pods' named ports by TendrilEndpoint
 	// key, for egress rules naming a remote destination's port.
 	remotePorts map[string]remoteNamedPorts
-	cancel        context.CancelFunc
-	done          sync.WaitGroup
+	cancel      context.CancelFunc
+	done        sync.WaitGroup
 }
 
 func newKubernetesModule(a *Agent) *kubernetesModule {
