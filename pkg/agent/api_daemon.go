@@ -78,8 +78,14 @@ func (a *Agent) Status(ctx context.Context, brief bool) *ext.StatusResponse {
 	if brief {
 		return resp
 	}
-	resp.Kvstore = &models.Status{State: models.StatusStateDisabled, Msg: "standalone"}
+	resp.Kvstore = &models.Status{State: models.StatusStateDisabled, Msg: "no kvstore configured"}
+	if a.kvstore != nil {
+		resp.Kvstore = a.kvstore.model()
+	}
 	resp.Kubernetes = &models.K8sStatus{State: models.StatusStateDisabled, Msg: "standalone"}
+	if a.k8s != nil {
+		resp.Kubernetes = a.k8s.model()
+	}
 	resp.Ipam = a.endpoints.ipamStatus()
 	resp.DatapathMode = models.DatapathModeVeth
 	resp.AttachMode = models.AttachModeTcx

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/cilium/api/v1/models"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -540,4 +541,24 @@ func (k *kubernetesModule) statusSection() ext.Section {
 		}
 	}
 	return s
+}
+
+// model is the Kubernetes line of the v1 status.
+func (k *kubernetesModule) model() *models.K8sStatus {
+	k.mu.Lock()
+	ver := k.serverVersion
+	k.mu.Unlock()
+	if ver == "" {
+		return &models.K8sStatus{State: models.StatusStateWarning, Msg: "API server not reached yet"}
+	}
+	st := &models.K8sStatus{State: models.StatusStateOk, Msg: "API server " + ver}
+	if k.watchers != nil {
+		for _, r := range k.watchers.Status() {
+			st.K8sAPIVersions = append(st.K8sAPIVersions, r.Name)
+			if !r.Synced {
+				st.State, st.Msg = models.StatusStateWarning, "waiting for the caches to sync"
+			}
+		}
+	}
+	return st
 }

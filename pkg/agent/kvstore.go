@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cilium/cilium/api/v1/models"
+
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/kvstore"
@@ -108,4 +110,17 @@ func (m *kvstoreModule) statusSection() ext.Section {
 	}
 	s.Lines = append(s.Lines, ext.Line{Key: "Identity allocation", Value: m.a.cfg.IdentityAllocationMode})
 	return s
+}
+
+// model is the kvstore line of the v1 status.
+func (m *kvstoreModule) model() *models.Status {
+	if m.client == nil {
+		return &models.Status{State: models.StatusStateWarning, Msg: "not connected yet"}
+	}
+	st := m.client.Status()
+	state := models.StatusStateOk
+	if st.State != kvstore.StateConnected {
+		state = models.StatusStateFailure
+	}
+	return &models.Status{State: state, Msg: fmt.Sprintf("etcd %s: %s", st.Endpoint, st.Message)}
 }
