@@ -362,10 +362,10 @@ func TestPrivilegedLabPolicy(t *testing.T) {
 	e := labUp(t)
 	const ns = "e2e-policy"
 	e.createNamespace(t, ns)
-	// On one node: a policy on a peer's identity needs the peer's endpoint
-	// known on the backend's node, which remote endpoints are not yet.
-	for _, app := range []string{"frontend", "backend", "other"} {
-		e.createPod(t, ns, app, "node2", map[string]string{"app": app})
+	// The frontend on the other node: the backend's node knows it by the
+	// identity its node published (TendrilIdentity + TendrilEndpoint).
+	for app, node := range map[string]string{"frontend": "node1", "backend": "node2", "other": "node2"} {
+		e.createPod(t, ns, app, node, map[string]string{"app": app})
 	}
 	backend := e.waitReady(t, ns, "backend")
 	e.waitReady(t, ns, "frontend")
