@@ -140,7 +140,9 @@ func TestPrivilegedLabReachabilityMatrix(t *testing.T) {
 				},
 			}, metav1.CreateOptions{})
 			return err
-		}, func(from, to string) bool { return !strings.HasPrefix(to, "x/") || (to == "x/a" && strings.HasPrefix(from, "y/")) }},
+		}, func(from, to string) bool {
+			return !strings.HasPrefix(to, "x/") || (to == "x/a" && strings.HasPrefix(from, "y/"))
+		}},
 		{"z/b may only talk to pods labelled pod=c (egress)", func() error {
 			_, err := np.NetworkPolicies("e2ez").Create(ctx, &networkingv1.NetworkPolicy{
 				ObjectMeta: metav1.ObjectMeta{Name: "b-egress"},
