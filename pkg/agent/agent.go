@@ -21,6 +21,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
+	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -55,6 +56,8 @@ type Agent struct {
 	policy    *policyModule
 	// k8s is the Kubernetes module; nil in standalone mode.
 	k8s *kubernetesModule
+	// labelFilter keeps the identity-relevant labels of pods.
+	labelFilter *labels.Filter
 	// kvstore is the etcd client module; nil without a kvstore.
 	kvstore *kvstoreModule
 	// identities is the identity allocator: local in standalone mode,
@@ -126,6 +129,9 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	}
 	a.api = api
 	a.endpoints = &endpointsModule{a: a}
+	if a.labelFilter, err = labels.NewFilter(cfg.IdentityLabels); err != nil {
+		return nil, fmt.Errorf("identity-labels: %w", err)
+	}
 	a.identities = identity.NewLocalAllocator()
 	switch {
 	case cfg.K8s.Enabled() && cfg.IdentityAllocationMode == IdentityAllocationCRD:

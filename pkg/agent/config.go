@@ -11,6 +11,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 )
@@ -68,6 +69,8 @@ type Config struct {
 	// inside the agent, data under the state directory).
 	KVStore       string
 	KVStoreConfig kvstore.Config
+	// IdentityLabels decides which labels of a pod count for its identity.
+	IdentityLabels labels.Config
 
 	API     server.Config
 	Metrics metrics.Config
@@ -99,6 +102,7 @@ func DefaultConfig() Config {
 		K8sInstallCRDs:         true,
 		IdentityAllocationMode: IdentityAllocationCRD,
 		KVStoreConfig:          kvstore.DefaultConfig(),
+		IdentityLabels:         labels.DefaultConfig(),
 		API:                    server.DefaultConfig(),
 		Metrics:                metrics.DefaultConfig(),
 	}
@@ -127,6 +131,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.IdentityAllocationMode, "identity-allocation-mode", c.IdentityAllocationMode, "Where identities are allocated: crd (TendrilIdentity objects; needs Kubernetes), kvstore (etcd; needs --kvstore) or local (this node only). Without Kubernetes crd falls back to local")
 	fs.StringVar(&c.KVStore, "kvstore", c.KVStore, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
 	c.KVStoreConfig.Flags(fs)
+	c.IdentityLabels.Flags(fs)
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)
 }
@@ -177,6 +182,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("kvstore %q: must be empty, etcd or embedded", c.KVStore))
 	}
 
+	if _, err := labels.NewFilter(c.IdentityLabels); err != nil {
+		errs = append(errs, fmt.Errorf("identity-labels: %w", err))
+	}
 	if c.K8sCacheSyncTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("k8s-cache-sync-timeout %s: must be positive", c.K8sCacheSyncTimeout))
 	}

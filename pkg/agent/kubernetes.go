@@ -24,6 +24,7 @@ import (
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/policy"
@@ -261,41 +262,31 @@ const (
 	labelPolicyUID       = "io.cilium.k8s.policy.uid"
 )
 
-// churnyLabel reports labels that change with every rollout and say nothing
-// about security; keeping them would give each ReplicaSet generation its
-// own identity.
-func churnyLabel(key string) bool {
-	switch key {
-	case "pod-template-hash", "controller-revision-hash", "pod-template-generation",
-		"statefulset.kubernetes.io/pod-name", "controller-uid", "job-name",
-		"batch.kubernetes.io/controller-uid", "batch.kubernetes.io/job-name",
-		"apps.kubernetes.io/pod-index", "batch.kubernetes.io/job-completion-index":
-		return true
-	}
-	return false
-}
-
 // podLabels are an endpoint's labels from its pod and the pod's namespace,
 // named as Cilium names them; pod labels under the keys the agent sets
 // itself are dropped (policyk8s.EndpointLabels), so a pod cannot pose as a
-// member of another namespace.
-func podLabels(pod *corev1.Pod, ns *corev1.Namespace) []string {
-	own := make(map[string]string, len(pod.Labels))
-	for key, v := range pod.Labels {
-		if !churnyLabel(key) {
-			own[key] = v
-		}
-	}
+// member of another namespace, and labels the identity filter
+// (--identity-labels-*) calls irrelevant are left out, so a rollout's
+// pod-template-hash does not give each ReplicaSet its own identity.
+func (k *kubernetesModule) podLabels(pod *corev1.Pod, ns *corev1.Namespace) []string {
 	var nsLabels map[string]string
 	if ns != nil {
 		nsLabels = ns.Labels
 	}
-	out := policyk8s.EndpointLabels(pod.Namespace, nsLabels, own)
+	all := policyk8s.EndpointLabels(pod.Namespace, nsLabels, pod.Labels)
 	sa := pod.Spec.ServiceAccountName
 	if sa == "" {
 		sa = "default"
 	}
-	out = append(out, "k8s:"+labelServiceAccount+"="+sa)
+	all = append(all, "k8s:"+labelServiceAccount+"="+sa)
+	out := all[:0:0]
+	for _, s := range all {
+		l, err := labels.Parse(s)
+		if err != nil || (k.a.labelFilter != nil && !k.a.labelFilter.Relevant(l)) {
+			continue
+		}
+		out = append(out, s)
+	}
 	sort.Strings(out)
 	return out
 }
@@ -323,7 +314,7 @@ func (k *kubernetesModule) labelsForEndpoint(ctx context.Context, ns, name strin
 	for {
 		if pod, ok := k.watchers.Pods.Get(ns + "/" + name); ok {
 			nsObj, _ := k.watchers.Namespaces.Get(ns)
-			return podLabels(pod, nsObj), true
+			return k.podLabels(pod, nsObj), true
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return nil, false
@@ -337,7 +328,7 @@ func (k *kubernetesModule) onPod(ev watchers.Event[*corev1.Pod]) {
 		return
 	}
 	nsObj, _ := k.watchers.Namespaces.Get(ev.Object.Namespace)
-	k.relabel(ev.Object.Namespace, ev.Object.Name, podLabels(ev.Object, nsObj))
+	k.relabel(ev.Object.Namespace, ev.Object.Name, k.podLabels(ev.Object, nsObj))
 }
 
 func (k *kubernetesModule) onNamespace(ev watchers.Event[*corev1.Namespace]) {
@@ -346,7 +337,7 @@ func (k *kubernetesModule) onNamespace(ev watchers.Event[*corev1.Namespace]) {
 	}
 	for _, pod := range k.watchers.Pods.List() {
 		if pod.Namespace == ev.Object.Name {
-			k.relabel(pod.Namespace, pod.Name, podLabels(pod, ev.Object))
+			k.relabel(pod.Namespace, pod.Name, k.podLabels(pod, ev.Object))
 		}
 	}
 }
