@@ -280,13 +280,16 @@ func TestPrivilegedLabTraffic(t *testing.T) {
 			t.Errorf("lab exec: exit %d:\n%s", code, out)
 		}
 	})
-	t.Run("cross node TCP and UDP", func(t *testing.T) {
+	t.Run("cross node TCP, UDP and ICMP", func(t *testing.T) {
 		// Needs the agents' node manager (routes to the peers' pod CIDRs).
 		if c := probe(t, ns+"/client", remote.Status.PodIP+":80", false); c != 0 {
 			t.Errorf("TCP probe exit %d, want 0", c)
 		}
 		if c := probe(t, ns+"/remote", server.Status.PodIP+":53", true); c != 0 {
 			t.Errorf("UDP probe exit %d, want 0", c)
+		}
+		if c, out := tendril(t, "exec", ns+"/client", "--", "ping", "-c", "3", "-i", "0.2", "-W", "2", remote.Status.PodIP); c != 0 {
+			t.Errorf("ping across nodes: exit %d\n%s", c, out)
 		}
 	})
 }
