@@ -13,7 +13,6 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
@@ -58,7 +57,7 @@ type ctGCStats struct {
 func newDatapathModule(a *Agent) *datapathModule {
 	m := &datapathModule{
 		a:          a,
-		loader:     loader.New(loader.Config{BPFRoot: a.cfg.BPFRoot, PolicyVerdictEvents: a.cfg.PolicyVerdictEvents}, a.log.With("module", "datapath")),
+		loader:     loader.New(loader.Config{BPFRoot: a.cfg.BPFRoot, PolicyVerdictEvents: a.cfg.PolicyVerdictEvents, DirectDelivery: a.cfg.DirectDelivery}, a.log.With("module", "datapath")),
 		identities: identity.NewLocalAllocator(),
 		held:       map[uint16]identity.NumericIdentity{},
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "datapath", Name: "events_total",
@@ -187,9 +186,9 @@ func (m *datapathModule) Regenerate(ctx context.Context, ep *endpoint.Endpoint) 
 		}
 	}
 	ep.Identity = uint32(id)
-	dm := m.loader.Maps()
+	ipc := m.loader.Maps().IPCacheMap()
 	for _, ip := range ep.Addresses() {
-		if err := dm.UpsertIPCache(netip.PrefixFrom(ip, ip.BitLen()), maps.IPCacheValue{Identity: uint32(id)}); err != nil {
+		if err := ipc.Upsert(netip.PrefixFrom(ip, ip.BitLen()), maps.IPCacheEntry{Identity: uint32(id)}); err != nil {
 			return err
 		}
 	}
@@ -203,6 +202,11 @@ func (m *datapathModule) Regenerate(ctx context.Context, ep *endpoint.Endpoint) 
 	if ep.HostIfIndex == 0 {
 		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
 	}
+	return m.loader.AttachEndpoint(datapathEndpoint(ep))
+}
+
+// datapathEndpoint is what the loader needs to know of ep.
+func datapathEndpoint(ep *endpoint.Endpoint) loader.EndpointInfo {
 	var mac, hostMAC net.HardwareAddr
 	if hw, err := net.ParseMAC(ep.MAC); err == nil {
 		mac = hw
@@ -210,10 +214,10 @@ func (m *datapathModule) Regenerate(ctx context.Context, ep *endpoint.Endpoint) 
 	if hw, err := net.ParseMAC(ep.HostMAC); err == nil {
 		hostMAC = hw
 	}
-	return m.loader.AttachEndpoint(loader.EndpointInfo{
+	return loader.EndpointInfo{
 		ID: ep.ID, IfIndex: ep.HostIfIndex, IfName: ep.HostIfName, Addresses: ep.Addresses(),
-		MAC: mac, HostMAC: hostMAC, Identity: uint32(id), EnforceIngress: ingress, EnforceEgress: egress,
-	})
+		MAC: mac, HostMAC: hostMAC, Identity: ep.Identity, EnforceIngress: ep.EnforceIngress, EnforceEgress: ep.EnforceEgress,
+	}
 }
 
 // refreshPolicy is the light regeneration after a policy, identity or mode
@@ -228,26 +232,7 @@ func (m *datapathModule) refreshPolicy(ep *endpoint.Endpoint) error {
 		return nil
 	}
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
-	var flags uint8
-	if ingress {
-		flags |= maps.FlagEnforceIngress
-	}
-	if egress {
-		flags |= maps.FlagEnforceEgress
-	}
-	var mac, hostMAC net.HardwareAddr
-	if hw, err := net.ParseMAC(ep.MAC); err == nil {
-		mac = hw
-	}
-	if hw, err := net.ParseMAC(ep.HostMAC); err == nil {
-		hostMAC = hw
-	}
-	for _, ip := range ep.Addresses() {
-		if err := m.loader.Maps().UpsertEndpoint(ip, maps.EndpointValue{IfIndex: uint32(ep.HostIfIndex), Identity: ep.Identity, ID: ep.ID, Flags: flags, MAC: mac, HostMAC: hostMAC}); err != nil {
-			return err
-		}
-	}
-	return nil
+	return m.loader.WriteEndpoint(datapathEndpoint(ep))
 }
 
 // Remove tears an endpoint out of the datapath.
@@ -256,9 +241,9 @@ func (m *datapathModule) Remove(ctx context.Context, ep *endpoint.Endpoint) erro
 	if err := m.loader.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
 		errs = append(errs, err)
 	}
-	dm := m.loader.Maps()
+	ipc := m.loader.Maps().IPCacheMap()
 	for _, ip := range ep.Addresses() {
-		if err := dm.DeleteIPCache(netip.PrefixFrom(ip, ip.BitLen())); err != nil {
+		if err := ipc.Delete(netip.PrefixFrom(ip, ip.BitLen())); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -302,7 +287,7 @@ func (m *datapathModule) syncHostIPs(ctx context.Context) error {
 }
 
 func (m *datapathModule) writeHostIPs() error {
-	dm := m.loader.Maps()
+	ipc := m.loader.Maps().IPCacheMap()
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return fmt.Errorf("list host addresses: %w", err)
@@ -327,7 +312,7 @@ func (m *datapathModule) writeHostIPs() error {
 		}
 	}
 	for p, id := range want {
-		if err := dm.UpsertIPCache(p, maps.IPCacheValue{Identity: id}); err != nil {
+		if err := ipc.Upsert(p, maps.IPCacheEntry{Identity: id}); err != nil {
 			return err
 		}
 	}
@@ -387,13 +372,6 @@ func NextCTGCInterval(cur time.Duration, seen, deleted int, min, max time.Durati
 	return next
 }
 
-// monotonicNow is CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns.
-func monotonicNow() uint64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Nano())
-}
-
 func (m *datapathModule) runCTGC() (seen, deleted int) {
 	live := map[uint16]bool{}
 	if m.a.endpoints.mgr != nil {
@@ -401,7 +379,8 @@ func (m *datapathModule) runCTGC() (seen, deleted int) {
 			live[ep.ID] = true
 		}
 	}
-	seen, deleted, err := m.loader.Maps().DeleteExpiredCT(monotonicNow(), func(id uint16) bool { return live[id] })
+	res, err := m.loader.Maps().CTMap().DeleteExpired(maps.MonotonicNow(), func(id uint16) bool { return live[id] })
+	seen, deleted = res.Seen, res.Deleted
 	if err != nil {
 		m.a.log.Warn("Conntrack GC", "error", err)
 	}
@@ -458,7 +437,7 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	if dm == nil {
 		return
 	}
-	rows, err := dm.DumpMetrics()
+	rows, err := dm.MetricsMap().Dump()
 	if err != nil {
 		return
 	}
