@@ -4,9 +4,17 @@
  * on tcx egress (packets delivered to the pod). One object is loaded per
  * node; per-endpoint facts live in maps, so no compile happens at run time.
  *
- * Path: parse (truncated/malformed → drop) → conntrack (established,
- * replies and related ICMP errors pass) → policy by peer identity from the
- * ipcache (deny wins) → create conntrack → hand to the stack. */
+ * from_pod: endpoint of the interface → parse (truncated/malformed → drop)
+ * → anti-spoofing → the flow's conntrack entry (one per flow, shared by
+ * both directions and both local endpoints) → egress policy of a new flow
+ * by the destination's identity → when the destination is a local
+ * endpoint that takes direct delivery: its ingress policy of a new flow,
+ * then bpf_redirect_peer into its namespace (its to_pod does not run, so
+ * its ingress is enforced exactly once, here); otherwise hand to the host
+ * stack.
+ * to_pod: endpoint of the interface → parse → conntrack → ingress policy
+ * of a new flow by the source's identity (ipcache; unknown is world) →
+ * deliver. */
 #include "lib/common.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -15,11 +23,27 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct endpoint_key);
+	__type(key, __u32); /* ifindex of the host-side veth */
 	__type(value, struct endpoint_info);
-	__uint(max_entries, MAX_ENDPOINTS * 2);
+	__uint(max_entries, MAX_ENDPOINTS);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tdr_endpoints_v1 SEC(".maps");
+} tdr_endpoints_v2 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32); /* IPv4 address, network byte order */
+	__type(value, struct endpoint_info);
+	__uint(max_entries, MAX_ENDPOINTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_endpoint_ip4_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u8[16]); /* IPv6 address */
+	__type(value, struct endpoint_info);
+	__uint(max_entries, MAX_ENDPOINTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_endpoint_ip6_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -28,7 +52,7 @@ struct {
 	__uint(max_entries, 512000);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tdr_ipcache_v1 SEC(".maps");
+} tdr_ipcache_v2 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -41,11 +65,19 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct ct_key);
+	__type(key, struct ct4_key);
 	__type(value, struct ct_entry);
 	__uint(max_entries, 262144);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tdr_ct_v1 SEC(".maps");
+} tdr_ct4_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct6_key);
+	__type(value, struct ct_entry);
+	__uint(max_entries, 131072);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_ct6_v1 SEC(".maps");
 
 /* Index: reason * 2 + direction. A per-CPU array: the counter update on
  * every packet is a direct, lock-free access. */
@@ -69,14 +101,16 @@ struct {
 	__type(value, struct ratelimit);
 	__uint(max_entries, 1);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tdr_ratelimit_v1 SEC(".maps");
+} tdr_ratelimit_v2 SEC(".maps");
 
 /* Keeps struct event in BTF so bpf2go generates its Go type. */
 const struct event *unused_event_type __attribute__((unused));
 
-/* Events per CPU per second; beyond it events are dropped (counters are
- * not), so a flood cannot starve user space. */
+/* Events per CPU per second, and the burst a CPU may send at once; beyond
+ * them events are dropped (counters are not), so a flood cannot starve
+ * user space or the ring buffer. */
 volatile const __u32 EVENTS_PER_SEC = 1000;
+volatile const __u32 EVENTS_BURST = 1000;
 /* Policy verdict events for allowed new flows cost a ring buffer write per
  * connection; the loader turns them on when asked (drops always report). */
 volatile const __u8 POLICY_VERDICT_EVENTS = 0;
@@ -86,6 +120,9 @@ volatile const __u8 POLICY_VERDICT_EVENTS = 0;
 #define CT_LIFETIME_TCP (21600ULL * NSEC_PER_SEC)
 #define CT_LIFETIME_TCP_CLOSE (10ULL * NSEC_PER_SEC)
 #define CT_LIFETIME_NONTCP (60ULL * NSEC_PER_SEC)
+/* An entry's deadline is rewritten at most this often on a busy flow: a
+ * write per packet would bounce the entry's cache line between CPUs. */
+#define CT_REFRESH_INTERVAL (1ULL * NSEC_PER_SEC)
 
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
@@ -98,16 +135,25 @@ volatile const __u8 POLICY_VERDICT_EVENTS = 0;
 #define IPPROTO_ICMPV6_ 58
 #define IPPROTO_SCTP_ 132
 
+/* Headers are read in place; deeper than this is not parsed. */
+#define MAX_HDR_OFFSET 512
+
+/* Conntrack outcomes. */
+#define CT_NEW 0
+#define CT_ESTABLISHED 1
+#define CT_REPLY 2
+#define CT_RELATED 3
+
 /* The parsed facts of one packet. */
 struct pkt {
 	__u8 family;
 	__u8 proto;
 	__u8 tcp_flags;
 	__u8 nonfirst_frag;
-	__u8 icmp_type;
 	__u8 icmp_error; /* carries an inner header of another flow */
-	__u8 icmp_reply; /* echo reply: its flow is the request's reverse */
 	__u8 ndp;        /* neighbor discovery / MLD: always passes */
+	__u8 arp;
+	__u8 in_proto;
 	__u8 saddr[16];
 	__u8 daddr[16];
 	__be16 sport;
@@ -115,19 +161,56 @@ struct pkt {
 	/* The port policy sees: the destination port, or the ICMP type. */
 	__be16 pport;
 	/* Inner tuple of an ICMP error (as the original packet had it). */
-	__u8 in_saddr[16];
-	__u8 in_daddr[16];
 	__be16 in_sport;
 	__be16 in_dport;
-	__u8 in_proto;
+	__u8 in_saddr[16];
+	__u8 in_daddr[16];
 	__u32 len;
 	/* End of the IP packet: Ethernet padding after it is not header. */
 	__u32 l3_end;
+	/* bpf_ktime_get_coarse_ns() when the packet was parsed: one clock
+	 * read serves every conntrack step. */
+	__u64 now;
 };
 
-/* load reads n bytes at off, refusing bytes past the IP packet's end. */
-#define LOAD(skb, p, off, buf)                                                  \
-	(((off) + sizeof(buf) > (p)->l3_end) ? -1 : bpf_skb_load_bytes(skb, off, buf, sizeof(buf)))
+/* skb_data and skb_data_end load the packet pointers with the context
+ * register and a constant offset in one instruction. Written in C, clang
+ * may keep the field's address (ctx + 80) in a register across a helper
+ * call and load through it later, which the verifier refuses. */
+static __always_inline void *skb_data(struct __sk_buff *skb)
+{
+	void *p;
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(p) : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data)));
+	return p;
+}
+
+static __always_inline void *skb_data_end(struct __sk_buff *skb)
+{
+	void *p;
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(p) : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data_end)));
+	return p;
+}
+
+/* hdr returns a pointer to len bytes at off in the packet, pulling them
+ * into the linear area when they are not there yet, or NULL when the IP
+ * packet (p->l3_end) or the frame is shorter. Every call may move the
+ * packet: pointers from earlier calls are dead after it. */
+static __always_inline void *hdr(struct __sk_buff *skb, const struct pkt *p, __u32 off, const __u32 len)
+{
+	if (off > MAX_HDR_OFFSET || off + len > p->l3_end)
+		return NULL;
+	void *data = skb_data(skb);
+	void *end = skb_data_end(skb);
+	if (data + off + len <= end)
+		return data + off;
+	if (bpf_skb_pull_data(skb, off + len))
+		return NULL;
+	data = skb_data(skb);
+	end = skb_data_end(skb);
+	if (off > MAX_HDR_OFFSET || data + off + len > end)
+		return NULL;
+	return data + off;
+}
 
 static __always_inline void count(__u8 reason, __u8 dir, __u32 len)
 {
@@ -140,21 +223,27 @@ static __always_inline void count(__u8 reason, __u8 dir, __u32 len)
 	}
 }
 
+/* event_allowed takes one event's worth of credit from this CPU's bucket,
+ * which refills at EVENTS_PER_SEC up to EVENTS_BURST events. */
 static __always_inline int event_allowed(void)
 {
 	__u32 zero = 0;
-	struct ratelimit *rl = bpf_map_lookup_elem(&tdr_ratelimit_v1, &zero);
-	__u64 now = bpf_ktime_get_ns();
+	struct ratelimit *rl = bpf_map_lookup_elem(&tdr_ratelimit_v2, &zero);
 
-	if (!rl)
+	if (!rl || EVENTS_PER_SEC == 0)
 		return 0;
-	if (now - rl->window_start >= NSEC_PER_SEC) {
-		rl->window_start = now;
-		rl->tokens = EVENTS_PER_SEC;
+	__u64 cost = NSEC_PER_SEC / EVENTS_PER_SEC;
+	__u64 cap = cost * EVENTS_BURST;
+	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 credit = rl->credit + (now - rl->last);
+	if (rl->last == 0 || credit > cap)
+		credit = cap;
+	rl->last = now;
+	if (credit < cost) {
+		rl->credit = credit;
+		return 0;
 	}
-	if (rl->tokens == 0)
-		return 0;
-	rl->tokens--;
+	rl->credit = credit - cost;
 	return 1;
 }
 
@@ -185,11 +274,63 @@ static __always_inline void emit(__u8 type, __u8 reason, __u8 dir, __u16 ep_id, 
 	bpf_ringbuf_submit(e, 0);
 }
 
-static __always_inline int drop(__u8 reason, __u8 dir, __u16 ep_id, const struct pkt *p, __u32 src_id, __u32 dst_id)
+static __always_inline int drop(__u8 reason, __u8 dir, __u16 ep_id, const struct pkt *p, __u32 src_id, __u32 dst_id,
+				__u32 cookie)
 {
 	count(reason, dir, p->len);
-	emit(EVENT_DROP, reason, dir, ep_id, p, src_id, dst_id, 0, 0);
+	emit(EVENT_DROP, reason, dir, ep_id, p, src_id, dst_id, 0, cookie);
 	return TC_ACT_SHOT;
+}
+
+static __always_inline __be16 be16_at(const __u8 *b)
+{
+	__be16 v;
+	__builtin_memcpy(&v, b, 2);
+	return v;
+}
+
+/* parse_icmp_inner reads the packet an ICMP error quotes, at off. */
+static __always_inline int parse_icmp_inner(struct __sk_buff *skb, __u32 off, struct pkt *p)
+{
+	__u32 in = off;
+
+	if (p->family == FAMILY_V4) {
+		__u8 *ih = hdr(skb, p, in, 20);
+		if (!ih)
+			return REASON_TRUNCATED;
+		__u8 ihl = ih[0] & 0xf;
+		if ((ih[0] >> 4) != 4 || ihl < 5)
+			return REASON_MALFORMED;
+		p->in_proto = ih[9];
+		__builtin_memcpy(p->in_saddr, &ih[12], 4);
+		__builtin_memcpy(p->in_daddr, &ih[16], 4);
+		in += (__u32)ihl * 4;
+	} else {
+		__u8 *ih = hdr(skb, p, in, 40);
+		if (!ih)
+			return REASON_TRUNCATED;
+		if ((ih[0] >> 4) != 6)
+			return REASON_MALFORMED;
+		p->in_proto = ih[6];
+		__builtin_memcpy(p->in_saddr, &ih[8], 16);
+		__builtin_memcpy(p->in_daddr, &ih[24], 16);
+		in += 40;
+	}
+	if (p->in_proto == IPPROTO_ICMP_ || p->in_proto == IPPROTO_ICMPV6_) {
+		/* An error about an echo request: its tuple is (id, 0). */
+		__u8 *ic = hdr(skb, p, in, 8);
+		if (!ic)
+			return REASON_TRUNCATED;
+		p->in_sport = be16_at(&ic[4]);
+		p->in_dport = 0;
+		return REASON_FORWARDED;
+	}
+	__u8 *ports = hdr(skb, p, in, 4);
+	if (!ports)
+		return REASON_TRUNCATED;
+	p->in_sport = be16_at(&ports[0]);
+	p->in_dport = be16_at(&ports[2]);
+	return REASON_FORWARDED;
 }
 
 /* parse_l4 reads ports (or ICMP type/id) at off. Returns a reason on error,
@@ -200,11 +341,11 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt
 		return REASON_FORWARDED;
 	switch (p->proto) {
 	case IPPROTO_TCP_: {
-		__u8 h[14];
-		if (LOAD(skb, p, off, h))
+		__u8 *h = hdr(skb, p, off, 20);
+		if (!h)
 			return REASON_TRUNCATED;
-		__builtin_memcpy(&p->sport, &h[0], 2);
-		__builtin_memcpy(&p->dport, &h[2], 2);
+		p->sport = be16_at(&h[0]);
+		p->dport = be16_at(&h[2]);
 		p->tcp_flags = h[13];
 		p->pport = p->dport;
 		if ((h[12] >> 4) < 5)
@@ -213,26 +354,23 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt
 	}
 	case IPPROTO_UDP_:
 	case IPPROTO_SCTP_: {
-		__u8 h[8];
-		if (LOAD(skb, p, off, h))
+		__u8 *h = hdr(skb, p, off, 8);
+		if (!h)
 			return REASON_TRUNCATED;
-		__builtin_memcpy(&p->sport, &h[0], 2);
-		__builtin_memcpy(&p->dport, &h[2], 2);
+		p->sport = be16_at(&h[0]);
+		p->dport = be16_at(&h[2]);
 		p->pport = p->dport;
 		return REASON_FORWARDED;
 	}
 	case IPPROTO_ICMP_:
 	case IPPROTO_ICMPV6_: {
-		__u8 h[8];
-		if (LOAD(skb, p, off, h))
+		__u8 *h = hdr(skb, p, off, 8);
+		if (!h)
 			return REASON_TRUNCATED;
 		__u8 type = h[0];
-		p->icmp_type = type;
+		__be16 id = be16_at(&h[4]);
 		/* Policy sees the ICMP type as the port, as Cilium does. */
 		p->pport = bpf_htons(type);
-		p->dport = p->pport;
-		__be16 id;
-		__builtin_memcpy(&id, &h[4], 2);
 		int v6 = p->proto == IPPROTO_ICMPV6_;
 		if ((!v6 && type == 8) || (v6 && type == 128)) { /* echo request */
 			p->sport = id;
@@ -240,11 +378,11 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt
 			return REASON_FORWARDED;
 		}
 		if ((!v6 && type == 0) || (v6 && type == 129)) { /* echo reply */
-			p->icmp_reply = 1;
 			p->sport = 0;
 			p->dport = id;
 			return REASON_FORWARDED;
 		}
+		p->dport = p->pport;
 		if (v6 && ((type >= 130 && type <= 137) || type == 143)) {
 			p->ndp = 1;
 			return REASON_FORWARDED;
@@ -253,91 +391,62 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt
 		if (!err)
 			return REASON_FORWARDED;
 		p->icmp_error = 1;
-		__u32 in = off + 8;
-		if (!v6) {
-			__u8 ih[20];
-			if (LOAD(skb, p, in, ih))
-				return REASON_TRUNCATED;
-			__u8 ihl = ih[0] & 0xf;
-			if ((ih[0] >> 4) != 4 || ihl < 5)
-				return REASON_MALFORMED;
-			p->in_proto = ih[9];
-			__builtin_memset(p->in_saddr, 0, 16);
-			__builtin_memset(p->in_daddr, 0, 16);
-			__builtin_memcpy(p->in_saddr, &ih[12], 4);
-			__builtin_memcpy(p->in_daddr, &ih[16], 4);
-			in += ihl * 4;
-		} else {
-			__u8 ih[40];
-			if (LOAD(skb, p, in, ih))
-				return REASON_TRUNCATED;
-			if ((ih[0] >> 4) != 6)
-				return REASON_MALFORMED;
-			p->in_proto = ih[6];
-			__builtin_memcpy(p->in_saddr, &ih[8], 16);
-			__builtin_memcpy(p->in_daddr, &ih[24], 16);
-			in += 40;
-		}
-		__u8 ports[4];
-		if (LOAD(skb, p, in, ports))
-			return REASON_TRUNCATED;
-		if (p->in_proto == IPPROTO_ICMP_ || p->in_proto == IPPROTO_ICMPV6_) {
-			/* An error about an echo request: its tuple is (id, 0). */
-			__u8 ic[8];
-			if (LOAD(skb, p, in, ic))
-				return REASON_TRUNCATED;
-			__builtin_memcpy(&p->in_sport, &ic[4], 2);
-			p->in_dport = 0;
-		} else {
-			__builtin_memcpy(&p->in_sport, &ports[0], 2);
-			__builtin_memcpy(&p->in_dport, &ports[2], 2);
-		}
-		return REASON_FORWARDED;
+		return parse_icmp_inner(skb, off + 8, p);
 	}
 	}
 	return REASON_FORWARDED;
 }
 
 /* parse fills p from the packet; it returns REASON_FORWARDED, or a reason
- * to drop. *pass is set for packets that are not IP (ARP) and pass as is. */
-static __always_inline int parse(struct __sk_buff *skb, struct pkt *p, int *pass)
+ * to drop. ARP sets p->arp and passes as is.
+ *
+ * parse, check, ct_create and deliver_direct are global functions: the
+ * verifier checks each once, on its own, instead of every path through
+ * the header parser times every path through two endpoints' checks, which
+ * exceeds its budget when everything is inlined. After a call the caller
+ * knows nothing of what the callee wrote into struct pkt, which also keeps
+ * the caller's states few. The calls cost a few ns. */
+__attribute__((noinline)) int parse(struct __sk_buff *skb, struct pkt *p)
 {
-	__be16 eth_proto;
-
+	if (!skb || !p)
+		return REASON_MALFORMED;
+	p->now = bpf_ktime_get_coarse_ns();
 	p->len = skb->len;
-	if (bpf_skb_load_bytes(skb, 12, &eth_proto, sizeof(eth_proto)))
+	p->l3_end = skb->len;
+	__u8 *eth = hdr(skb, p, 0, ETH_HLEN);
+	if (!eth)
 		return REASON_TRUNCATED;
+	__be16 eth_proto = be16_at(&eth[12]);
 	if (eth_proto == bpf_htons(ETH_P_ARP)) {
-		*pass = 1;
+		p->arp = 1;
 		return REASON_FORWARDED;
 	}
 	if (eth_proto == bpf_htons(ETH_P_IP)) {
-		__u8 h[20];
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, h, sizeof(h)))
+		__u8 *h = hdr(skb, p, ETH_HLEN, 20);
+		if (!h)
 			return REASON_TRUNCATED;
 		__u8 ihl = h[0] & 0xf;
 		if ((h[0] >> 4) != 4 || ihl < 5)
 			return REASON_MALFORMED;
 		__u16 tot = ((__u16)h[2] << 8) | h[3];
-		if (tot < ihl * 4 || ETH_HLEN + tot > skb->len)
+		if (tot < (__u16)ihl * 4 || ETH_HLEN + (__u32)tot > skb->len)
 			return REASON_TRUNCATED;
 		p->family = FAMILY_V4;
 		p->l3_end = ETH_HLEN + tot;
 		p->proto = h[9];
-		__u16 frag = (((__u16)h[6] << 8) | h[7]) & 0x1fff;
-		p->nonfirst_frag = frag != 0;
+		p->nonfirst_frag = ((((__u16)h[6] << 8) | h[7]) & 0x1fff) != 0;
 		__builtin_memcpy(p->saddr, &h[12], 4);
 		__builtin_memcpy(p->daddr, &h[16], 4);
-		return parse_l4(skb, ETH_HLEN + ihl * 4, p);
+		return parse_l4(skb, ETH_HLEN + (__u32)ihl * 4, p);
 	}
 	if (eth_proto == bpf_htons(ETH_P_IPV6)) {
-		__u8 h[40];
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, h, sizeof(h)))
+		__u8 *h = hdr(skb, p, ETH_HLEN, 40);
+		if (!h)
 			return REASON_TRUNCATED;
 		if ((h[0] >> 4) != 6)
 			return REASON_MALFORMED;
 		__u16 plen = ((__u16)h[4] << 8) | h[5];
-		if (ETH_HLEN + 40 + plen > skb->len)
+		if (ETH_HLEN + 40 + (__u32)plen > skb->len)
 			return REASON_TRUNCATED;
 		p->family = FAMILY_V6;
 		p->l3_end = ETH_HLEN + 40 + plen;
@@ -347,15 +456,17 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p, int *pass
 		__u32 off = ETH_HLEN + 40;
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
+			if (off > MAX_HDR_OFFSET)
+				return REASON_MALFORMED;
 			if (next == 0 || next == 43 || next == 60) { /* hop-by-hop, routing, destination */
-				__u8 x[2];
-				if (LOAD(skb, p, off, x))
+				__u8 *x = hdr(skb, p, off, 2);
+				if (!x)
 					return REASON_TRUNCATED;
 				next = x[0];
 				off += ((__u32)x[1] + 1) * 8;
 			} else if (next == 44) { /* fragment */
-				__u8 x[4];
-				if (LOAD(skb, p, off, x))
+				__u8 *x = hdr(skb, p, off, 4);
+				if (!x)
 					return REASON_TRUNCATED;
 				next = x[0];
 				p->nonfirst_frag = ((((__u16)x[2] << 8) | x[3]) & 0xfff8) != 0;
@@ -364,22 +475,55 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p, int *pass
 				break;
 			}
 		}
-		if (next == 0 || next == 43 || next == 60 || next == 44)
-			return REASON_MALFORMED; /* longer extension chains than we parse */
+		/* Longer extension chains, or deeper headers, than we parse. */
+		if (next == 0 || next == 43 || next == 60 || next == 44 || off > MAX_HDR_OFFSET)
+			return REASON_MALFORMED;
 		p->proto = next;
 		return parse_l4(skb, off, p);
 	}
 	return REASON_UNKNOWN_L3;
 }
 
-static __always_inline void endpoint_key_of(struct endpoint_key *k, __u8 family, const __u8 *addr)
+static __always_inline const struct endpoint_info *endpoint_by_ifindex(__u32 ifindex)
 {
-	__builtin_memset(k, 0, sizeof(*k));
-	k->family = family;
+	return bpf_map_lookup_elem(&tdr_endpoints_v2, &ifindex);
+}
+
+/* barrier keeps clang from merging calls of two branches into one call
+ * with the map chosen at run time: the verifier inlines a map lookup only
+ * where the map is known, and calls the generic helper (an indirect call)
+ * elsewhere. */
+#define barrier() asm volatile("" ::: "memory")
+
+/* endpoint_by_addr: addr points into struct pkt, on the stack, which is a
+ * valid key as it is. */
+static __always_inline const struct endpoint_info *endpoint_by_addr(__u8 family, const __u8 *addr)
+{
+	const struct endpoint_info *ep;
+
+	if (family == FAMILY_V4) {
+		ep = bpf_map_lookup_elem(&tdr_endpoint_ip4_v1, addr);
+		barrier();
+	} else {
+		ep = bpf_map_lookup_elem(&tdr_endpoint_ip6_v1, addr);
+	}
+	return ep;
+}
+
+static __always_inline __u32 u32_at(const __u8 *b)
+{
+	__u32 v;
+	__builtin_memcpy(&v, b, 4);
+	return v;
+}
+
+/* is_endpoint_addr: addr is one of the endpoint's own addresses. */
+static __always_inline int is_endpoint_addr(const struct endpoint_info *ep, __u8 family, const __u8 *addr)
+{
 	if (family == FAMILY_V4)
-		__builtin_memcpy(k->addr, addr, 4);
-	else
-		__builtin_memcpy(k->addr, addr, 16);
+		return (ep->flags & EP_HAS_IPV4) && u32_at(ep->ipv4) == u32_at(addr);
+	return (ep->flags & EP_HAS_IPV6) && u32_at(ep->ipv6) == u32_at(addr) && u32_at(ep->ipv6 + 4) == u32_at(addr + 4) &&
+	       u32_at(ep->ipv6 + 8) == u32_at(addr + 8) && u32_at(ep->ipv6 + 12) == u32_at(addr + 12);
 }
 
 static __always_inline __u32 identity_of(__u8 family, const __u8 *addr)
@@ -393,7 +537,7 @@ static __always_inline __u32 identity_of(__u8 family, const __u8 *addr)
 		k.prefixlen = 32 + 128;
 		__builtin_memcpy(k.addr, addr, 16);
 	}
-	struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v1, &k);
+	struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
 	if (!info)
 		return ID_WORLD;
 	return info->identity;
@@ -411,10 +555,14 @@ static __always_inline int policy_lookup(__u16 ep_id, __u8 dir, __u32 identity, 
 	k.proto = p->proto;
 	k.dport = p->pport;
 	struct policy_entry *exact = bpf_map_lookup_elem(&tdr_policy_v1, &k);
+	if (exact && exact->deny) {
+		*cookie = exact->cookie;
+		return REASON_POLICY_DENY_RULE;
+	}
 	k.identity = ID_ANY;
 	struct policy_entry *any = bpf_map_lookup_elem(&tdr_policy_v1, &k);
-	if ((exact && exact->deny) || (any && any->deny)) {
-		*cookie = (exact && exact->deny) ? exact->cookie : (any ? any->cookie : 0);
+	if (any && any->deny) {
+		*cookie = any->cookie;
 		return REASON_POLICY_DENY_RULE;
 	}
 	if (exact) {
@@ -428,196 +576,382 @@ static __always_inline int policy_lookup(__u16 ep_id, __u8 dir, __u32 identity, 
 	return REASON_POLICY_DENIED;
 }
 
-static __always_inline void ct_key_of(struct ct_key *k, __u16 ep_id, __u8 dir, __u8 family, __u8 proto,
-				      const __u8 *s, const __u8 *d, __be16 sport, __be16 dport)
+/* flow is the conntrack key of a packet (of the packet an ICMP error
+ * quotes, for errors) and the side of it the packet's source is. */
+struct flow {
+	union {
+		struct ct4_key k4;
+		struct ct6_key k6;
+	};
+	__u8 src_is_a;
+};
+
+/* lower4 and lower6 report whether (x, xp) orders strictly before (y, yp):
+ * addresses, then ports, as big-endian numbers. */
+static __always_inline int lower4(const __u8 *x, __be16 xp, const __u8 *y, __be16 yp)
 {
-	__builtin_memset(k, 0, sizeof(*k));
-	__builtin_memcpy(k->saddr, s, 16);
-	__builtin_memcpy(k->daddr, d, 16);
-	k->sport = sport;
-	k->dport = dport;
-	k->proto = proto;
-	k->family = family;
-	k->dir = dir;
-	k->ep_id = ep_id;
+	__u32 a = bpf_ntohl(u32_at(x)), b = bpf_ntohl(u32_at(y));
+
+	if (a != b)
+		return a < b;
+	return bpf_ntohs(xp) < bpf_ntohs(yp);
 }
 
-static __always_inline __u64 ct_lifetime(const struct pkt *p, struct ct_entry *e)
+static __always_inline int lower6(const __u8 *x, __be16 xp, const __u8 *y, __be16 yp)
+{
+#pragma unroll
+	for (int i = 0; i < 16; i += 4) {
+		__u32 a = bpf_ntohl(u32_at(x + i)), b = bpf_ntohl(u32_at(y + i));
+		if (a != b)
+			return a < b;
+	}
+	return bpf_ntohs(xp) < bpf_ntohs(yp);
+}
+
+/* flow_of builds the canonical key of the packet, or of the packet an ICMP
+ * error quotes. */
+static __always_inline void flow_of(struct flow *f, const struct pkt *p)
+{
+	const __u8 *s = p->saddr, *d = p->daddr;
+	__be16 sp = p->sport, dp = p->dport;
+	__u8 proto = p->proto;
+
+	if (p->icmp_error) {
+		s = p->in_saddr, d = p->in_daddr, sp = p->in_sport, dp = p->in_dport, proto = p->in_proto;
+	}
+	__builtin_memset(f, 0, sizeof(*f));
+	if (p->family == FAMILY_V4) {
+		f->src_is_a = !lower4(d, dp, s, sp);
+		f->k4.proto = proto;
+		if (f->src_is_a) {
+			__builtin_memcpy(f->k4.addr_a, s, 4);
+			__builtin_memcpy(f->k4.addr_b, d, 4);
+			f->k4.port_a = sp, f->k4.port_b = dp;
+		} else {
+			__builtin_memcpy(f->k4.addr_a, d, 4);
+			__builtin_memcpy(f->k4.addr_b, s, 4);
+			f->k4.port_a = dp, f->k4.port_b = sp;
+		}
+	} else {
+		f->src_is_a = !lower6(d, dp, s, sp);
+		f->k6.proto = proto;
+		if (f->src_is_a) {
+			__builtin_memcpy(f->k6.addr_a, s, 16);
+			__builtin_memcpy(f->k6.addr_b, d, 16);
+			f->k6.port_a = sp, f->k6.port_b = dp;
+		} else {
+			__builtin_memcpy(f->k6.addr_a, d, 16);
+			__builtin_memcpy(f->k6.addr_b, s, 16);
+			f->k6.port_a = dp, f->k6.port_b = sp;
+		}
+	}
+}
+
+/* ep_is_a reports whether the endpoint that sees the packet in direction
+ * dir owns side a of the flow: a pod sends (egress) from its own address
+ * and receives (ingress) at it; an ICMP error is about a packet going the
+ * other way. */
+static __always_inline __u8 ep_is_a(const struct flow *f, __u8 dir, const struct pkt *p)
+{
+	return ((dir == DIR_EGRESS) ^ p->icmp_error) ? f->src_is_a : !f->src_is_a;
+}
+
+/* ct_find returns the flow's live entry, or NULL when there is none, it
+ * expired, or a fresh SYN reuses the tuple of a closing TCP flow (a new
+ * connection, which goes through policy again). */
+static __always_inline struct ct_entry *ct_find(const struct flow *f, const struct pkt *p)
+{
+	struct ct_entry *e;
+
+	if (p->family == FAMILY_V4) {
+		e = bpf_map_lookup_elem(&tdr_ct4_v1, &f->k4);
+		barrier();
+	} else {
+		e = bpf_map_lookup_elem(&tdr_ct6_v1, &f->k6);
+	}
+	if (!e || e->expires <= p->now)
+		return NULL;
+	if (!p->icmp_error && p->proto == IPPROTO_TCP_ && (e->flags & CT_F_CLOSING) &&
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return NULL;
+	return e;
+}
+
+/* ct_classify is the flow as endpoint ep_id (owning side a when is_a)
+ * sees the packet: CT_NEW unless the endpoint admitted the flow, then
+ * CT_RELATED for an ICMP error, CT_ESTABLISHED for the direction of the
+ * flow's first packet, CT_REPLY for the other. */
+static __always_inline int ct_classify(const struct ct_entry *e, const struct flow *f, const struct pkt *p, __u16 ep_id,
+				       __u8 is_a)
+{
+	if (!e || (is_a ? e->ep_a : e->ep_b) != ep_id)
+		return CT_NEW;
+	if (p->icmp_error)
+		return CT_RELATED;
+	return f->src_is_a == !!(e->flags & CT_F_A_STARTED) ? CT_ESTABLISHED : CT_REPLY;
+}
+
+static __always_inline __u64 ct_lifetime(const struct pkt *p, __u8 flags)
 {
 	if (p->proto != IPPROTO_TCP_)
 		return CT_LIFETIME_NONTCP;
-	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) {
-		if (e)
-			e->closing = 1;
+	if (flags & CT_F_CLOSING)
 		return CT_LIFETIME_TCP_CLOSE;
-	}
-	if (e && e->closing)
-		return CT_LIFETIME_TCP_CLOSE;
-	if (!e || !e->seen_reply)
+	if (!(flags & CT_F_SEEN_REPLY))
 		return CT_LIFETIME_TCP_SYN;
 	return CT_LIFETIME_TCP;
 }
 
-/* ct_lookup: 1 for an established flow, 2 for a reply, 3 for a related
- * ICMP error, 0 for a new flow. */
-static __always_inline int ct_lookup(__u16 ep_id, __u8 dir, const struct pkt *p)
+/* ct_admit names endpoint ep_id on its side of an existing entry. */
+static __always_inline void ct_admit(struct ct_entry *e, __u8 is_a, __u16 ep_id)
 {
-	__u8 other = dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS;
-	struct ct_key k;
-	__u64 now = bpf_ktime_get_ns();
+	if (is_a)
+		e->ep_a = ep_id;
+	else
+		e->ep_b = ep_id;
+}
 
-	if (p->icmp_error) {
-		/* The inner header is a packet this side's peer sent us earlier:
-		 * related when the flow it belongs to exists in the other
-		 * direction's table. */
-		ct_key_of(&k, ep_id, other, p->family, p->in_proto, p->in_daddr, p->in_saddr, p->in_dport, p->in_sport);
-		struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct_v1, &k);
-		if (!e) {
-			/* The original packet came from this endpoint (it is what
-			 * the error is about). */
-			ct_key_of(&k, ep_id, other, p->family, p->in_proto, p->in_saddr, p->in_daddr, p->in_sport, p->in_dport);
-			e = bpf_map_lookup_elem(&tdr_ct_v1, &k);
-		}
-		if (e && e->expires > now)
-			return 3;
+/* ct_update keeps an existing entry's state and deadline with a packet
+ * that passed. */
+static __always_inline void ct_update(struct ct_entry *e, const struct flow *f, const struct pkt *p)
+{
+	__u8 flags = e->flags;
+
+	if (p->proto == IPPROTO_TCP_) {
+		__u8 tf = p->tcp_flags;
+		if (tf & (TCP_FLAG_FIN | TCP_FLAG_RST))
+			flags |= CT_F_CLOSING;
+		if ((e->tcp_flags | tf) != e->tcp_flags)
+			e->tcp_flags |= tf;
+	}
+	if (f->src_is_a != !!(flags & CT_F_A_STARTED))
+		flags |= CT_F_SEEN_REPLY;
+	__u64 deadline = p->now + ct_lifetime(p, flags);
+	if (flags != e->flags) {
+		e->flags = flags;
+		e->expires = deadline;
+	} else if (deadline > e->expires + CT_REFRESH_INTERVAL) {
+		/* A busy flow rewrites its deadline at most this often: a
+		 * write per packet would bounce the entry's cache line
+		 * between CPUs. */
+		e->expires = deadline;
+	}
+}
+
+/* ct_create makes the entry of a new flow, naming the local endpoints
+ * that admitted it on sides a and b.
+ *
+ * parse, policy, ct_create and deliver_direct are global functions: the
+ * verifier checks each once, on its own, instead of every path through
+ * them times every path of the program, which exceeds its budget when
+ * everything is inlined. After a call the caller knows nothing of what
+ * the callee wrote into its stack, which also keeps the caller's states
+ * few. None of them runs on the path of an established packet but
+ * deliver_direct. */
+__attribute__((noinline)) int ct_create(const struct flow *f, const struct pkt *p, __u32 ep_a, __u32 ep_b)
+{
+	struct ct_entry e = {};
+
+	if (!f || !p)
 		return 0;
+	e.ep_a = ep_a;
+	e.ep_b = ep_b;
+	e.tcp_flags = p->tcp_flags;
+	if (f->src_is_a)
+		e.flags = CT_F_A_STARTED;
+	if (p->proto == IPPROTO_TCP_ && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+		e.flags |= CT_F_CLOSING;
+	e.expires = p->now + ct_lifetime(p, e.flags);
+	if (p->family == FAMILY_V4)
+		return bpf_map_update_elem(&tdr_ct4_v1, &f->k4, &e, BPF_ANY);
+	return bpf_map_update_elem(&tdr_ct6_v1, &f->k6, &e, BPF_ANY);
+}
+
+static __always_inline __u8 enforced(const struct endpoint_info *ep, __u8 dir)
+{
+	return dir == DIR_INGRESS ? (ep->flags & EP_ENFORCE_INGRESS) : (ep->flags & EP_ENFORCE_EGRESS);
+}
+
+/* policy decides a new flow for endpoint ep, which enforces direction dir:
+ * 0 to pass, -1 when denied (counted and reported). peer_id is the
+ * identity of the other side, or 0 to look it up in the ipcache. */
+__attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, const struct pkt *p, __u32 peer_id)
+{
+	if (!ep || !p)
+		return -1;
+	__u16 ep_id = ep->ep_id;
+	if (!peer_id)
+		peer_id = identity_of(p->family, dir == DIR_INGRESS ? p->saddr : p->daddr);
+	__u32 src_id = dir == DIR_INGRESS ? peer_id : ep->identity;
+	__u32 dst_id = dir == DIR_INGRESS ? ep->identity : peer_id;
+	__u32 cookie = 0;
+	int reason = policy_lookup(ep_id, dir, peer_id, p, &cookie);
+	if (reason) {
+		drop(reason, dir, ep_id, p, src_id, dst_id, cookie);
+		return -1;
 	}
-	/* One lookup of the packet's own tuple finds both the flow it started
-	 * and, through the reply entry made with the flow, the flow it answers. */
-	ct_key_of(&k, ep_id, dir, p->family, p->proto, p->saddr, p->daddr, p->sport, p->dport);
-	struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct_v1, &k);
-	if (e && e->expires > now) {
-		e->packets++;
-		e->bytes += p->len;
-		if (!e->is_reply) {
-			e->expires = now + ct_lifetime(p, e);
-			return 1;
-		}
-		if (!e->seen_reply) {
-			/* First reply: tell the flow's own entry, once. */
-			ct_key_of(&k, ep_id, other, p->family, p->proto, p->daddr, p->saddr, p->dport, p->sport);
-			struct ct_entry *fwd = bpf_map_lookup_elem(&tdr_ct_v1, &k);
-			if (fwd)
-				fwd->seen_reply = 1;
-			e->seen_reply = 1;
-		}
-		e->expires = now + ct_lifetime(p, e);
-		return 2;
-	}
-	/* Flows created before reply entries existed, and echo replies whose
-	 * request made no reply entry, are found the long way. */
-	ct_key_of(&k, ep_id, other, p->family, p->proto, p->daddr, p->saddr, p->dport, p->sport);
-	e = bpf_map_lookup_elem(&tdr_ct_v1, &k);
-	if (e && e->expires > now && !e->is_reply) {
-		e->seen_reply = 1;
-		e->expires = now + ct_lifetime(p, e);
-		return 2;
-	}
+	if (POLICY_VERDICT_EVENTS)
+		emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, 1, cookie);
 	return 0;
 }
 
-static __always_inline void ct_create(__u16 ep_id, __u8 dir, const struct pkt *p)
+/* admit is one endpoint's verdict on a packet given its conntrack view ct:
+ * a new flow goes through policy where the endpoint enforces the
+ * direction. Fragments after the first carry no ports: without reassembly
+ * state they cannot be matched, so they pass only where no policy is
+ * enforced. It returns 0 to pass (counted), -1 when dropped (counted and
+ * reported). */
+static __always_inline int admit(const struct endpoint_info *ep, __u8 dir, const struct pkt *p, int ct, __u32 peer_id)
 {
-	struct ct_key k;
-	struct ct_entry e = {};
-
-	ct_key_of(&k, ep_id, dir, p->family, p->proto, p->saddr, p->daddr, p->sport, p->dport);
-	e.expires = bpf_ktime_get_ns() + ct_lifetime(p, 0);
-	e.packets = 1;
-	e.bytes = p->len;
-	bpf_map_update_elem(&tdr_ct_v1, &k, &e, BPF_ANY);
-	/* The reply direction's entry: the answer's own tuple. */
-	__u8 other = dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS;
-	ct_key_of(&k, ep_id, other, p->family, p->proto, p->daddr, p->saddr, p->dport, p->sport);
-	e.packets = 0;
-	e.bytes = 0;
-	e.is_reply = 1;
-	bpf_map_update_elem(&tdr_ct_v1, &k, &e, BPF_ANY);
+	if (p->nonfirst_frag) {
+		if (enforced(ep, dir)) {
+			drop(REASON_FRAGMENT, dir, ep->ep_id, p, 0, 0, 0);
+			return -1;
+		}
+		count(REASON_FORWARDED, dir, p->len);
+		return 0;
+	}
+	if (ct == CT_NEW) {
+		if (enforced(ep, dir) && policy(ep, dir, p, peer_id))
+			return -1;
+		count(REASON_FORWARDED, dir, p->len);
+		return 0;
+	}
+	count(ct, dir, p->len); /* CT_x equals REASON_CT_x */
+	return 0;
 }
 
-/* handle runs the shared path; ep is the local endpoint the veth belongs
- * to, dir the direction seen from it, peer the other side's address. */
-static __always_inline int handle(struct pkt *p, const struct endpoint_info *ep, __u8 dir)
+/* deliver_direct rewrites the frame as the host would route it (MACs of
+ * the destination's veth pair, TTL / hop limit down by one) and redirects
+ * it into the destination pod's namespace. It returns -1 when the host
+ * must handle the packet instead (TTL expiring: the host sends the ICMP
+ * error). */
+__attribute__((noinline)) int deliver_direct(struct __sk_buff *skb, const struct pkt *p, const struct endpoint_info *dst)
 {
-	if (p->ndp)
-		goto pass;
-	if (p->nonfirst_frag) {
-		/* Fragments after the first carry no ports: without reassembly
-		 * state they cannot be matched, so they pass only where no
-		 * policy is enforced in this direction. */
-		__u8 enforce = dir == DIR_INGRESS ? (ep->flags & EP_ENFORCE_INGRESS) : (ep->flags & EP_ENFORCE_EGRESS);
-		if (enforce)
-			return drop(REASON_FRAGMENT, dir, ep->ep_id, p, 0, 0);
-		goto pass;
+	if (!skb || !p || !dst)
+		return -1;
+	__u8 *eth;
+	if (p->family == FAMILY_V4) {
+		eth = hdr(skb, p, 0, ETH_HLEN + 20);
+		if (!eth)
+			return -1;
+		__u8 *ip = eth + ETH_HLEN;
+		if (ip[8] <= 1)
+			return -1;
+		ip[8]--;
+		/* Incremental checksum for the TTL byte (RFC 1624), as the
+		 * kernel's ip_decrease_ttl does. */
+		__u16 *csum = (__u16 *)(ip + 10);
+		__u32 c = *csum;
+		c += bpf_htons(0x0100);
+		*csum = (__u16)(c + (c >= 0xFFFF));
+	} else {
+		eth = hdr(skb, p, 0, ETH_HLEN + 40);
+		if (!eth)
+			return -1;
+		__u8 *ip = eth + ETH_HLEN;
+		if (ip[7] <= 1)
+			return -1;
+		ip[7]--;
 	}
-	int ct = ct_lookup(ep->ep_id, dir, p);
-	if (ct) {
-		count(ct == 1 ? REASON_CT_ESTABLISHED : (ct == 2 ? REASON_CT_REPLY : REASON_CT_RELATED), dir, p->len);
-		return TC_ACT_OK;
-	}
-	__u32 peer_id = dir == DIR_INGRESS ? identity_of(p->family, p->saddr) : identity_of(p->family, p->daddr);
-	__u32 src_id = dir == DIR_INGRESS ? peer_id : ep->identity;
-	__u32 dst_id = dir == DIR_INGRESS ? ep->identity : peer_id;
-	__u8 enforce = dir == DIR_INGRESS ? (ep->flags & EP_ENFORCE_INGRESS) : (ep->flags & EP_ENFORCE_EGRESS);
-	if (enforce) {
-		__u32 cookie = 0;
-		int verdict = policy_lookup(ep->ep_id, dir, peer_id, p, &cookie);
-		if (verdict) {
-			count(verdict, dir, p->len);
-			emit(EVENT_DROP, verdict, dir, ep->ep_id, p, src_id, dst_id, 0, cookie);
-			return TC_ACT_SHOT;
-		}
-		if (POLICY_VERDICT_EVENTS)
-			emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep->ep_id, p, src_id, dst_id, 1, cookie);
-	}
-	/* ICMP errors are not flows of their own. */
-	if (!p->icmp_error)
-		ct_create(ep->ep_id, dir, p);
-pass:
-	count(REASON_FORWARDED, dir, p->len);
-	return TC_ACT_OK;
+	__builtin_memcpy(eth, dst->mac, ETH_ALEN);
+	__builtin_memcpy(eth + ETH_ALEN, dst->host_mac, ETH_ALEN);
+	count(REASON_DELIVERED_DIRECT, DIR_INGRESS, p->len);
+	return bpf_redirect_peer(dst->ifindex, 0);
 }
 
 SEC("tcx/ingress")
 int from_pod(struct __sk_buff *skb)
 {
 	struct pkt p = {};
-	int pass = 0;
-	int reason = parse(skb, &p, &pass);
+	const struct endpoint_info *ep = endpoint_by_ifindex(skb->ifindex);
+	__u16 ep_id = ep ? ep->ep_id : 0;
+	int reason = parse(skb, &p);
 
 	if (reason)
-		return drop(reason, DIR_EGRESS, 0, &p, 0, 0);
-	/* Neighbor discovery and MLD are link-scoped (their sources include ::
-	 * during duplicate address detection) and carry no policy. */
-	if (pass || p.ndp)
+		return drop(reason, DIR_EGRESS, ep_id, &p, 0, 0, 0);
+	/* ARP, neighbor discovery and MLD are link-scoped (their sources
+	 * include :: during duplicate address detection) and carry no
+	 * policy. */
+	if (p.arp || p.ndp)
 		return TC_ACT_OK;
+	if (!ep)
+		return drop(REASON_UNKNOWN_INTERFACE, DIR_EGRESS, 0, &p, 0, 0, 0);
+	if (!is_endpoint_addr(ep, p.family, p.saddr))
+		return drop(REASON_INVALID_SOURCE, DIR_EGRESS, ep_id, &p, ep->identity, 0, 0);
 
-	struct endpoint_key k;
-	endpoint_key_of(&k, p.family, p.saddr);
-	struct endpoint_info *ep = bpf_map_lookup_elem(&tdr_endpoints_v1, &k);
-	if (!ep || ep->ifindex != skb->ifindex)
-		return drop(REASON_INVALID_SOURCE, DIR_EGRESS, ep ? ep->ep_id : 0, &p, 0, 0);
-	return handle(&p, ep, DIR_EGRESS);
+	/* A local destination that takes direct delivery gets the packet
+	 * from here, its ingress checked here; otherwise the host routes the
+	 * packet and the destination's to_pod checks it. */
+	const struct endpoint_info *dst = endpoint_by_addr(p.family, p.daddr);
+	int direct = dst && (dst->flags & EP_DELIVER_DIRECT) && dst->ifindex != ep->ifindex;
+	struct flow f;
+	flow_of(&f, &p);
+	struct ct_entry *e = p.nonfirst_frag ? NULL : ct_find(&f, &p);
+	__u8 src_a = ep_is_a(&f, DIR_EGRESS, &p);
+	int ct_out = ct_classify(e, &f, &p, ep_id, src_a);
+	if (admit(ep, DIR_EGRESS, &p, ct_out, dst ? dst->identity : 0))
+		return TC_ACT_SHOT;
+	int ct_in = CT_ESTABLISHED;
+	if (direct) {
+		ct_in = ct_classify(e, &f, &p, dst->ep_id, !src_a);
+		if (admit(dst, DIR_INGRESS, &p, ct_in, ep->identity))
+			return TC_ACT_SHOT;
+	}
+	/* The flow's entry changes only once every check passed. ICMP errors
+	 * and fragments are not flows of their own. */
+	if (!p.icmp_error && !p.nonfirst_frag) {
+		if (!e) {
+			__u16 other = direct ? dst->ep_id : 0;
+			ct_create(&f, &p, src_a ? ep_id : other, src_a ? other : ep_id);
+		} else {
+			if (ct_out == CT_NEW)
+				ct_admit(e, src_a, ep_id);
+			if (direct && ct_in == CT_NEW)
+				ct_admit(e, !src_a, dst->ep_id);
+			ct_update(e, &f, &p);
+		}
+	}
+	if (direct) {
+		int ret = deliver_direct(skb, &p, dst);
+		if (ret >= 0)
+			return ret;
+	}
+	return TC_ACT_OK;
 }
 
 SEC("tcx/egress")
 int to_pod(struct __sk_buff *skb)
 {
 	struct pkt p = {};
-	int pass = 0;
-	int reason = parse(skb, &p, &pass);
+	const struct endpoint_info *ep = endpoint_by_ifindex(skb->ifindex);
+	__u16 ep_id = ep ? ep->ep_id : 0;
+	int reason = parse(skb, &p);
 
 	if (reason)
-		return drop(reason, DIR_INGRESS, 0, &p, 0, 0);
-	if (pass)
+		return drop(reason, DIR_INGRESS, ep_id, &p, 0, 0, 0);
+	if (p.arp || p.ndp)
 		return TC_ACT_OK;
-	if (p.ndp)
-		return TC_ACT_OK;
+	if (!ep)
+		return drop(REASON_UNKNOWN_INTERFACE, DIR_INGRESS, 0, &p, 0, 0, 0);
+	if (!is_endpoint_addr(ep, p.family, p.daddr))
+		return drop(REASON_NO_ENDPOINT, DIR_INGRESS, ep_id, &p, 0, ep->identity, 0);
 
-	struct endpoint_key k;
-	endpoint_key_of(&k, p.family, p.daddr);
-	struct endpoint_info *ep = bpf_map_lookup_elem(&tdr_endpoints_v1, &k);
-	if (!ep || ep->ifindex != skb->ifindex)
-		return drop(REASON_NO_ENDPOINT, DIR_INGRESS, ep ? ep->ep_id : 0, &p, 0, 0);
-	return handle(&p, ep, DIR_INGRESS);
+	struct flow f;
+	flow_of(&f, &p);
+	struct ct_entry *e = p.nonfirst_frag ? NULL : ct_find(&f, &p);
+	__u8 is_a = ep_is_a(&f, DIR_INGRESS, &p);
+	int ct = ct_classify(e, &f, &p, ep_id, is_a);
+	if (admit(ep, DIR_INGRESS, &p, ct, 0))
+		return TC_ACT_SHOT;
+	if (!p.icmp_error && !p.nonfirst_frag) {
+		if (!e) {
+			ct_create(&f, &p, is_a ? ep_id : 0, is_a ? 0 : ep_id);
+		} else {
+			if (ct == CT_NEW)
+				ct_admit(e, is_a, ep_id);
+			ct_update(e, &f, &p);
+		}
+	}
+	return TC_ACT_OK;
 }

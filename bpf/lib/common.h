@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Tendril datapath: map layouts and constants shared by the programs.
  * The Go side (pkg/datapath/maps) mirrors these structs through bpf2go's
- * generated types; change both together and bump TDR_LAYOUT_VERSION. */
+ * generated types. A map's pinned name carries its layout version
+ * (tdr_ct4_v1): change a struct, bump the version in the map's name, so a
+ * pinned map of the old layout is replaced instead of misread. */
 #ifndef TDR_COMMON_H
 #define TDR_COMMON_H
 
@@ -12,8 +14,10 @@
 
 #define TC_ACT_OK 0
 #define TC_ACT_SHOT 2
+#define TC_ACT_REDIRECT 7
 
 #define ETH_HLEN 14
+#define ETH_ALEN 6
 #define ETH_P_IP 0x0800
 #define ETH_P_ARP 0x0806
 #define ETH_P_IPV6 0x86DD
@@ -29,15 +33,21 @@
 #define ID_WORLD 2
 
 /* Endpoint flags. */
-#define EP_ENFORCE_INGRESS 1
-#define EP_ENFORCE_EGRESS 2
+#define EP_ENFORCE_INGRESS 0x01
+#define EP_ENFORCE_EGRESS 0x02
+#define EP_HAS_IPV4 0x04
+#define EP_HAS_IPV6 0x08
+/* Packets from other local endpoints are delivered straight into this
+ * endpoint's namespace (bpf_redirect_peer): set when its MACs are known. */
+#define EP_DELIVER_DIRECT 0x10
 
-/* Reasons: packet outcomes counted in tdr_metrics and reported in drop
- * events. Keep in sync with pkg/datapath/maps/reasons.go. */
+/* Reasons: packet outcomes counted in tdr_metrics_v2 and reported in drop
+ * events. Keep in sync with pkg/datapath/maps/metrics.go. */
 #define REASON_FORWARDED 0
 #define REASON_CT_ESTABLISHED 1
 #define REASON_CT_REPLY 2
 #define REASON_CT_RELATED 3
+#define REASON_DELIVERED_DIRECT 4
 #define REASON_POLICY_DENIED 10
 #define REASON_POLICY_DENY_RULE 11
 #define REASON_TRUNCATED 12
@@ -46,26 +56,27 @@
 #define REASON_UNKNOWN_L3 15
 #define REASON_NO_ENDPOINT 16
 #define REASON_FRAGMENT 17
+#define REASON_UNKNOWN_INTERFACE 18
 #define REASON_MAX 32
 
 /* Event types. */
 #define EVENT_DROP 1
 #define EVENT_POLICY_VERDICT 2
 
-struct endpoint_key {
-	__u8 family;
-	__u8 pad[3];
-	__u8 addr[16];
-};
-
+/* Local endpoints: the same value in three maps, keyed by the host-side
+ * veth's ifindex (what a program running on that veth looks up), by IPv4
+ * address and by IPv6 address ("is this destination a local endpoint?").
+ * Small keys keep the per-packet hashing cheap. */
 struct endpoint_info {
-	__u32 ifindex;
+	__u32 ifindex; /* host-side veth */
 	__u32 identity;
 	__u16 ep_id;
 	__u8 flags;
 	__u8 pad;
-	__u8 mac[6];
-	__u8 host_mac[6];
+	__u8 mac[ETH_ALEN];      /* the pod's interface */
+	__u8 host_mac[ETH_ALEN]; /* the host-side veth */
+	__u8 ipv4[4];
+	__u8 ipv6[16];
 };
 
 /* LPM key: prefixlen counts the bits after it: 32 bits of family+pad, then
@@ -77,12 +88,18 @@ struct ipcache_key {
 	__u8 addr[16];
 };
 
+/* ipcache flags. */
+#define IPCACHE_F_REMOTE_NODE 0x01 /* the prefix is a peer node's own address */
+
 struct ipcache_info {
 	__u32 identity;
-	/* Owner node (tunnel endpoint for a future VXLAN mode), IPv4. */
-	__u32 tunnel_ip4;
 	__u8 flags;
-	__u8 pad[3];
+	/* Owner node of the prefix (0: this node or unknown): where a tunnel
+	 * mode (VXLAN) will encapsulate to; native routing leaves it to the
+	 * host's routes. */
+	__u8 tunnel_family;
+	__u8 pad[2];
+	__u8 tunnel_ip[16];
 };
 
 /* LPM key: ep_id, dir and identity are always matched whole (64 bits);
@@ -108,31 +125,49 @@ struct policy_entry {
 	__u32 cookie;
 };
 
-struct ct_key {
-	__u8 saddr[16];
-	__u8 daddr[16];
-	__be16 sport;
-	__be16 dport;
+/* Conntrack: one entry per flow on the node, shared by both directions of
+ * the flow and by its local endpoints (one, or two between local pods).
+ * The key holds the flow's two sides (address, port) in a canonical order:
+ * side a is the lower one, comparing addresses and then ports as
+ * big-endian numbers. Every packet of the flow and every reply builds the
+ * same key, so one lookup serves a packet whatever its direction and
+ * however many local endpoints it concerns. */
+struct ct4_key {
+	__u8 addr_a[4];
+	__u8 addr_b[4];
+	__be16 port_a;
+	__be16 port_b;
 	__u8 proto;
-	__u8 family;
-	__u8 dir;
-	__u8 pad;
-	__u16 ep_id;
-	__u16 pad2;
+	__u8 pad[3];
 };
+
+struct ct6_key {
+	__u8 addr_a[16];
+	__u8 addr_b[16];
+	__be16 port_a;
+	__be16 port_b;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* ct_entry flags. */
+#define CT_F_SEEN_REPLY 0x01
+#define CT_F_CLOSING 0x02
+#define CT_F_A_STARTED 0x04 /* side a sent the flow's first packet */
 
 struct ct_entry {
-	__u64 expires; /* bpf_ktime_get_ns() deadline */
-	__u64 packets;
-	__u64 bytes;
-	__u8 seen_reply;
-	__u8 closing;
-	/* Set on the entry created for the reply direction of a flow, so a
-	 * reply finds its flow with one lookup of its own tuple. */
-	__u8 is_reply;
-	__u8 pad[5];
+	__u64 expires; /* bpf_ktime_get_coarse_ns() (CLOCK_MONOTONIC_COARSE) deadline */
+	/* The local endpoint owning side a's (b's) address, once its policy
+	 * admitted the flow; 0 for a remote side. An endpoint that is not
+	 * named treats the flow as new, so a flow admitted by one endpoint
+	 * is still checked by the other, and a pod that gets an address of a
+	 * deleted pod does not inherit its flows. */
+	__u16 ep_a;
+	__u16 ep_b;
+	__u8 flags;
+	__u8 tcp_flags; /* every TCP flag seen, ORed */
+	__u8 pad[2];
 };
-
 
 struct metric_value {
 	__u64 packets;
@@ -158,10 +193,10 @@ struct event {
 	__u32 len;
 };
 
+/* Per-CPU token bucket of events: credit in ns of event budget. */
 struct ratelimit {
-	__u64 window_start;
-	__u32 tokens;
-	__u32 pad;
+	__u64 last;
+	__u64 credit;
 };
 
 #endif

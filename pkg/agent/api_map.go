@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"net/http"
+	"net/netip"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -13,13 +14,10 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
 
-// mapNames are the short names of the datapath's maps and their pinned names.
-func mapNames() map[string]string {
-	return map[string]string{
-		"endpoints": "tdr_endpoints_v1", "ipcache": "tdr_ipcache_v1", "policy": "tdr_policy_v1",
-		"ct": "tdr_ct_v1", "metrics": "tdr_metrics_v2",
-	}
-}
+// mapNames are the short names of the datapath's maps and their pinned
+// names. "ct" (both conntrack tables) is accepted too, as before the
+// tables were split by family.
+func mapNames() map[string]string { return maps.PinnedNames() }
 
 // registerMapAPI serves GET /v1/map and /v1/map/{name}.
 func (a *Agent) registerMapAPI() {
@@ -51,13 +49,16 @@ func (a *Agent) registerMapAPI() {
 		}
 		name := r.PathValue("name")
 		short := ""
+		if name == "ct" {
+			short = "ct"
+		}
 		for s, full := range mapNames() {
 			if name == s || name == full || name == filepath.Join(a.cfg.BPFRoot, full) {
 				short = s
 			}
 		}
 		if short == "" {
-			return server.Errorf(http.StatusNotFound, "no map %q (maps: endpoints, ipcache, policy, ct, metrics)", name)
+			return server.Errorf(http.StatusNotFound, "no map %q (maps: endpoints, ipcache, policy, ct4, ct6, ct, metrics)", name)
 		}
 		m, err := a.mapModel(dm, short)
 		if err != nil {
@@ -77,21 +78,26 @@ func (a *Agent) datapathMaps() (*maps.Maps, error) {
 
 // mapModel renders a map's entries as key/value strings.
 func (a *Agent) mapModel(dm *maps.Maps, short string) (*models.BPFMap, error) {
-	out := &models.BPFMap{Path: filepath.Join(a.cfg.BPFRoot, mapNames()[short]), Cache: []*models.BPFMapEntry{}}
+	path := filepath.Join(a.cfg.BPFRoot, mapNames()[short])
+	if short == "ct" {
+		path = filepath.Join(a.cfg.BPFRoot, maps.CT4MapName) + "," + filepath.Join(a.cfg.BPFRoot, maps.CT6MapName)
+	}
+	out := &models.BPFMap{Path: path, Cache: []*models.BPFMapEntry{}}
 	add := func(k, v string) {
 		out.Cache = append(out.Cache, &models.BPFMapEntry{Key: k, Value: v, DesiredAction: "sync"})
 	}
 	switch short {
 	case "endpoints":
-		eps, err := dm.DumpEndpoints()
+		eps, err := dm.EndpointMap().List()
 		if err != nil {
 			return nil, err
 		}
 		for _, e := range eps {
-			add(e.IP.String(), fmt.Sprintf("id=%d ifindex=%d identity=%d flags=%d mac=%s", e.ID, e.IfIndex, e.Identity, e.Flags, e.MAC))
+			add(fmt.Sprintf("ifindex=%d", e.IfIndex), fmt.Sprintf("id=%d identity=%d flags=%#02x ipv4=%s ipv6=%s mac=%s host-mac=%s",
+				e.ID, e.Identity, e.Flags, mapAddr(e.IPv4), mapAddr(e.IPv6), e.MAC, e.HostMAC))
 		}
 	case "ipcache":
-		entries, err := dm.DumpIPCache()
+		entries, err := dm.IPCacheMap().Dump()
 		if err != nil {
 			return nil, err
 		}
@@ -100,10 +106,13 @@ func (a *Agent) mapModel(dm *maps.Maps, short string) (*models.BPFMap, error) {
 			if v.TunnelIP.IsValid() {
 				val += " tunnel=" + v.TunnelIP.String()
 			}
+			if v.Flags != 0 {
+				val += fmt.Sprintf(" flags=%#02x", v.Flags)
+			}
 			add(p.String(), val)
 		}
 	case "policy":
-		entries, err := dm.DumpPolicy(0)
+		entries, err := dm.PolicyMap().DumpEndpoint(0)
 		if err != nil {
 			return nil, err
 		}
@@ -114,17 +123,21 @@ func (a *Agent) mapModel(dm *maps.Maps, short string) (*models.BPFMap, error) {
 			}
 			add(FormatPolicyKey(k), fmt.Sprintf("%s cookie=%d", verdict, v.Cookie))
 		}
-	case "ct":
-		entries, err := dm.DumpCT()
+	case "ct", "ct4", "ct6":
+		entries, err := dm.CTMap().List()
 		if err != nil {
 			return nil, err
 		}
 		for _, e := range entries {
-			add(fmt.Sprintf("ep=%d %s %s:%d -> %s:%d proto=%d", e.EndpointID, maps.DirectionName(e.Direction), e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto),
-				fmt.Sprintf("packets=%d bytes=%d reply=%v closing=%v expires=%d", e.Packets, e.Bytes, e.SeenReply, e.Closing, e.Expires))
+			if (short == "ct4" && !e.Src.Is4()) || (short == "ct6" && e.Src.Is4()) {
+				continue
+			}
+			add(fmt.Sprintf("%s:%d -> %s:%d proto=%d", e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto),
+				fmt.Sprintf("src-endpoint=%d dst-endpoint=%d reply=%v closing=%v tcp-flags=%#02x expires=%d",
+					e.SrcEndpoint, e.DstEndpoint, e.SeenReply(), e.Closing(), e.TCPFlags, e.Expires))
 		}
 	case "metrics":
-		rows, err := dm.DumpMetrics()
+		rows, err := dm.MetricsMap().Dump()
 		if err != nil {
 			return nil, err
 		}
@@ -134,6 +147,14 @@ func (a *Agent) mapModel(dm *maps.Maps, short string) (*models.BPFMap, error) {
 	}
 	sort.Slice(out.Cache, func(i, j int) bool { return out.Cache[i].Key < out.Cache[j].Key })
 	return out, nil
+}
+
+// mapAddr is an address, or "-" when there is none.
+func mapAddr(a netip.Addr) string {
+	if !a.IsValid() {
+		return "-"
+	}
+	return a.String()
 }
 
 // FormatPolicyKey renders a policy key for people.

@@ -49,6 +49,12 @@ type Config struct {
 	EnableDatapath bool
 	// PolicyVerdictEvents reports allowed new flows as events too.
 	PolicyVerdictEvents bool
+	// DirectDelivery delivers packets between local pods from the sending
+	// pod's program straight into the receiving pod's namespace
+	// (bpf_redirect_peer), enforcing the receiver's ingress policy there,
+	// instead of through the host stack (whose firewall and NAT rules it
+	// then bypasses).
+	DirectDelivery bool
 	// IPAMExpiration is how long an address allocated with expiration may
 	// stay unclaimed by an endpoint.
 	IPAMExpiration time.Duration
@@ -96,6 +102,7 @@ func DefaultConfig() Config {
 		InstallHostNetworking:  true,
 		EnableDatapath:         true,
 		PolicyVerdictEvents:    true,
+		DirectDelivery:         true,
 		IPAMExpiration:         10 * time.Minute,
 		K8s:                    k8s.DefaultConfig(),
 		K8sCacheSyncTimeout:    3 * time.Minute,
@@ -124,6 +131,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.InstallHostNetworking, "install-host-networking", c.InstallHostNetworking, "Create the host device and per-pod routes in the agent's network namespace")
 	fs.BoolVar(&c.EnableDatapath, "enable-datapath", c.EnableDatapath, "Load the eBPF datapath and attach it to endpoints")
 	fs.BoolVar(&c.PolicyVerdictEvents, "policy-verdict-events", c.PolicyVerdictEvents, "Report allowed new flows as policy verdict events (drops are always reported)")
+	fs.BoolVar(&c.DirectDelivery, "direct-delivery", c.DirectDelivery, "Deliver packets between local pods straight into the receiving pod (bpf_redirect_peer), bypassing the host stack")
 	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
 	c.K8s.Flags(fs)
 	fs.DurationVar(&c.K8sCacheSyncTimeout, "k8s-cache-sync-timeout", c.K8sCacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")

@@ -13,7 +13,6 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
@@ -62,7 +61,7 @@ type ctGCStats struct {
 func newDatapathModule(a *Agent) *datapathModule {
 	m := &datapathModule{
 		a:          a,
-		loader:     loader.New(loader.Config{BPFRoot: a.cfg.BPFRoot, PolicyVerdictEvents: a.cfg.PolicyVerdictEvents}, a.log.With("module", "datapath")),
+		loader:     loader.New(loader.Config{BPFRoot: a.cfg.BPFRoot, PolicyVerdictEvents: a.cfg.PolicyVerdictEvents, DirectDelivery: a.cfg.DirectDelivery}, a.log.With("module", "datapath")),
 		identities: a.identities,
 		held:       map[uint16]identity.NumericIdentity{},
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "datapath", Name: "events_total",
@@ -208,6 +207,11 @@ func (m *datapathModule) Regenerate(ctx context.Context, ep *endpoint.Endpoint) 
 	if ep.HostIfIndex == 0 {
 		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
 	}
+	return m.loader.AttachEndpoint(datapathEndpoint(ep))
+}
+
+// datapathEndpoint is what the loader needs to know of ep.
+func datapathEndpoint(ep *endpoint.Endpoint) loader.EndpointInfo {
 	var mac, hostMAC net.HardwareAddr
 	if hw, err := net.ParseMAC(ep.MAC); err == nil {
 		mac = hw
@@ -215,10 +219,10 @@ func (m *datapathModule) Regenerate(ctx context.Context, ep *endpoint.Endpoint) 
 	if hw, err := net.ParseMAC(ep.HostMAC); err == nil {
 		hostMAC = hw
 	}
-	return m.loader.AttachEndpoint(loader.EndpointInfo{
+	return loader.EndpointInfo{
 		ID: ep.ID, IfIndex: ep.HostIfIndex, IfName: ep.HostIfName, Addresses: ep.Addresses(),
-		MAC: mac, HostMAC: hostMAC, Identity: uint32(id), EnforceIngress: ingress, EnforceEgress: egress,
-	})
+		MAC: mac, HostMAC: hostMAC, Identity: ep.Identity, EnforceIngress: ep.EnforceIngress, EnforceEgress: ep.EnforceEgress,
+	}
 }
 
 // refreshPolicy is the light regeneration after a policy, identity or mode
@@ -233,26 +237,7 @@ func (m *datapathModule) refreshPolicy(ep *endpoint.Endpoint) error {
 		return nil
 	}
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
-	var flags uint8
-	if ingress {
-		flags |= maps.FlagEnforceIngress
-	}
-	if egress {
-		flags |= maps.FlagEnforceEgress
-	}
-	var mac, hostMAC net.HardwareAddr
-	if hw, err := net.ParseMAC(ep.MAC); err == nil {
-		mac = hw
-	}
-	if hw, err := net.ParseMAC(ep.HostMAC); err == nil {
-		hostMAC = hw
-	}
-	for _, ip := range ep.Addresses() {
-		if err := m.loader.Maps().UpsertEndpoint(ip, maps.EndpointValue{IfIndex: uint32(ep.HostIfIndex), Identity: ep.Identity, ID: ep.ID, Flags: flags, MAC: mac, HostMAC: hostMAC}); err != nil {
-			return err
-		}
-	}
-	return nil
+	return m.loader.WriteEndpoint(datapathEndpoint(ep))
 }
 
 // Remove tears an endpoint out of the datapath.
@@ -349,7 +334,11 @@ func (b ipcacheBackend) Upsert(p netip.Prefix, e ipcache.Entry) error {
 	if dm == nil {
 		return fmt.Errorf("datapath maps not open")
 	}
-	return dm.UpsertIPCache(p, maps.IPCacheValue{Identity: uint32(e.Identity), TunnelIP: e.HostIP})
+	v := maps.IPCacheEntry{Identity: uint32(e.Identity), TunnelIP: e.HostIP}
+	if e.Identity == identity.RemoteNode {
+		v.Flags |= maps.IPCacheFlagRemoteNode
+	}
+	return dm.IPCacheMap().Upsert(p, v)
 }
 
 func (b ipcacheBackend) Delete(p netip.Prefix) error {
@@ -357,7 +346,7 @@ func (b ipcacheBackend) Delete(p netip.Prefix) error {
 	if dm == nil {
 		return fmt.Errorf("datapath maps not open")
 	}
-	return dm.DeleteIPCache(p)
+	return dm.IPCacheMap().Delete(p)
 }
 
 // runLoops refreshes host IPs and runs conntrack GC with an interval that
@@ -415,13 +404,6 @@ func NextCTGCInterval(cur time.Duration, seen, deleted int, min, max time.Durati
 	return next
 }
 
-// monotonicNow is CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns.
-func monotonicNow() uint64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Nano())
-}
-
 func (m *datapathModule) runCTGC() (seen, deleted int) {
 	live := map[uint16]bool{}
 	if m.a.endpoints.mgr != nil {
@@ -429,7 +411,8 @@ func (m *datapathModule) runCTGC() (seen, deleted int) {
 			live[ep.ID] = true
 		}
 	}
-	seen, deleted, err := m.loader.Maps().DeleteExpiredCT(monotonicNow(), func(id uint16) bool { return live[id] })
+	res, err := m.loader.Maps().CTMap().DeleteExpired(maps.MonotonicNow(), func(id uint16) bool { return live[id] })
+	seen, deleted = res.Seen, res.Deleted
 	if err != nil {
 		m.a.log.Warn("Conntrack GC", "error", err)
 	}
@@ -486,7 +469,7 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	if dm == nil {
 		return
 	}
-	rows, err := dm.DumpMetrics()
+	rows, err := dm.MetricsMap().Dump()
 	if err != nil {
 		return
 	}

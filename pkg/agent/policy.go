@@ -226,12 +226,12 @@ func (a *Agent) realizePolicy(ctx context.Context, ep *endpoint.Endpoint) error 
 	if a.runtime.Values().PolicyEnforcement == option.EnforcementNever {
 		want = policy.MapState{}
 	}
-	dm := a.datapath.loader.Maps()
+	pm := a.datapath.loader.Maps().PolicyMap()
 	p.mu.Lock()
 	cur, ok := p.realized[ep.ID]
 	p.mu.Unlock()
 	if !ok {
-		pinned, err := dm.DumpPolicy(ep.ID)
+		pinned, err := pm.DumpEndpoint(ep.ID)
 		if err != nil {
 			return fmt.Errorf("read realized policy of endpoint %d: %w", ep.ID, err)
 		}
@@ -244,12 +244,12 @@ func (a *Agent) realizePolicy(ctx context.Context, ep *endpoint.Endpoint) error 
 	// Write new entries before removing old ones: a packet in between sees
 	// the union, never an empty state that would deny everything.
 	for k, e := range upserts {
-		if err := dm.UpsertPolicy(toMapKey(ep.ID, k), maps.PolicyValue{Deny: e.Deny, Cookie: e.Cookie}); err != nil {
+		if err := pm.Upsert(toMapKey(ep.ID, k), maps.PolicyValue{Deny: e.Deny, Cookie: e.Cookie}); err != nil {
 			return err
 		}
 	}
 	for _, k := range deletes {
-		if err := dm.DeletePolicy(toMapKey(ep.ID, k)); err != nil {
+		if err := pm.Delete(toMapKey(ep.ID, k)); err != nil {
 			return err
 		}
 	}
@@ -266,15 +266,8 @@ func (a *Agent) realizePolicy(ctx context.Context, ep *endpoint.Endpoint) error 
 // removePolicy deletes ep's entries from the policy map.
 func (a *Agent) removePolicy(ep *endpoint.Endpoint) error {
 	p := a.policy
-	dm := a.datapath.loader.Maps()
-	pinned, err := dm.DumpPolicy(ep.ID)
-	if err != nil {
-		return err
-	}
-	for k := range pinned {
-		if err := dm.DeletePolicy(k); err != nil {
-			return err
-		}
+	if err := a.datapath.loader.Maps().PolicyMap().DeleteEndpoint(ep.ID); err != nil {
+		return fmt.Errorf("remove the policy of endpoint %d: %w", ep.ID, err)
 	}
 	p.mu.Lock()
 	delete(p.realized, ep.ID)

@@ -2,12 +2,12 @@ package cli
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
-	"path/filepath"
 	"sort"
 	"text/tabwriter"
+	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/spf13/cobra"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
@@ -15,33 +15,11 @@ import (
 
 // openPinnedMaps opens the datapath's pinned maps under root read-only.
 func openPinnedMaps(root string) (*maps.Maps, func(), error) {
-	open := func(name string) (*ebpf.Map, error) {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(root, name), &ebpf.LoadPinOptions{ReadOnly: true})
-		if err != nil {
-			return nil, fmt.Errorf("open pinned map %s (is the agent's --bpf-root %s?): %w", name, root, err)
-		}
-		return m, nil
+	m, err := maps.OpenPinned(root, true)
+	if err != nil {
+		return nil, nil, err
 	}
-	var opened []*ebpf.Map
-	closeAll := func() {
-		for _, m := range opened {
-			m.Close()
-		}
-	}
-	m := &maps.Maps{}
-	for name, dst := range map[string]**ebpf.Map{
-		"tdr_endpoints_v1": &m.Endpoints, "tdr_ipcache_v1": &m.IPCache, "tdr_policy_v1": &m.Policy,
-		"tdr_ct_v1": &m.CT, "tdr_metrics_v2": &m.Metrics,
-	} {
-		mp, err := open(name)
-		if err != nil {
-			closeAll()
-			return nil, nil, err
-		}
-		opened = append(opened, mp)
-		*dst = mp
-	}
-	return m, closeAll, nil
+	return m, m.Close, nil
 }
 
 func newBPFCommand(opts *Options) *cobra.Command {
@@ -81,26 +59,25 @@ func newBPFCommand(opts *Options) *cobra.Command {
 	}
 	cmd.AddCommand(
 		listCmd("endpoint", "List the endpoints map", func(m *maps.Maps, tw *tabwriter.Writer) (any, error) {
-			eps, err := m.DumpEndpoints()
+			eps, err := m.EndpointMap().List()
 			if err != nil {
 				return nil, err
 			}
-			sort.Slice(eps, func(i, j int) bool {
-				return eps[i].ID < eps[j].ID || (eps[i].ID == eps[j].ID && eps[i].IP.Less(eps[j].IP))
-			})
-			fmt.Fprintln(tw, "IP\tENDPOINT\tIFINDEX\tIDENTITY\tENFORCE")
+			sort.Slice(eps, func(i, j int) bool { return eps[i].ID < eps[j].ID })
+			fmt.Fprintln(tw, "ENDPOINT\tIFINDEX\tIPV4\tIPV6\tIDENTITY\tENFORCE\tDIRECT")
 			for _, e := range eps {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", e.IP, e.ID, e.IfIndex, e.Identity, enforceString(e.Flags))
+				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%s\t%v\n", e.ID, e.IfIndex, addrOrDash(e.IPv4), addrOrDash(e.IPv6), e.Identity,
+					enforceString(e.Flags), e.Flags&maps.FlagDeliverDirect != 0)
 			}
 			return eps, nil
 		}),
 		listCmd("ipcache", "List the ipcache map (prefix → identity)", func(m *maps.Maps, tw *tabwriter.Writer) (any, error) {
-			entries, err := m.DumpIPCache()
+			entries, err := m.IPCacheMap().Dump()
 			if err != nil {
 				return nil, err
 			}
 			keys := make([]string, 0, len(entries))
-			byKey := map[string]maps.IPCacheValue{}
+			byKey := map[string]maps.IPCacheEntry{}
 			for p, v := range entries {
 				keys = append(keys, p.String())
 				byKey[p.String()] = v
@@ -120,7 +97,7 @@ func newBPFCommand(opts *Options) *cobra.Command {
 			return out, nil
 		}),
 		listCmd("policy", "List the policy map", func(m *maps.Maps, tw *tabwriter.Writer) (any, error) {
-			entries, err := m.DumpPolicy(0)
+			entries, err := m.PolicyMap().DumpEndpoint(0)
 			if err != nil {
 				return nil, err
 			}
@@ -139,19 +116,25 @@ func newBPFCommand(opts *Options) *cobra.Command {
 			}
 			return rows, nil
 		}),
-		listCmd("ct", "List the conntrack table", func(m *maps.Maps, tw *tabwriter.Writer) (any, error) {
-			entries, err := m.DumpCT()
+		listCmd("ct", "List the conntrack tables (one entry per flow, for both directions and both local endpoints)", func(m *maps.Maps, tw *tabwriter.Writer) (any, error) {
+			entries, err := m.CTMap().List()
 			if err != nil {
 				return nil, err
 			}
-			fmt.Fprintln(tw, "ENDPOINT\tDIR\tPROTO\tSOURCE\tDESTINATION\tPACKETS\tBYTES\tREPLY\tCLOSING")
+			now := maps.MonotonicNow()
+			fmt.Fprintln(tw, "PROTO\tSOURCE\tDESTINATION\tSRC-ENDPOINT\tDST-ENDPOINT\tREPLY\tCLOSING\tEXPIRES")
 			for _, e := range entries {
-				fmt.Fprintf(tw, "%d\t%s\t%d\t%s:%d\t%s:%d\t%d\t%d\t%v\t%v\n", e.EndpointID, maps.DirectionName(e.Direction), e.Proto, e.Src, e.SrcPort, e.Dst, e.DstPort, e.Packets, e.Bytes, e.SeenReply, e.Closing)
+				expires := "expired"
+				if e.Expires > now {
+					expires = time.Duration(e.Expires - now).Round(time.Second).String()
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%v\t%v\t%s\n", e.Proto, netip.AddrPortFrom(e.Src, e.SrcPort), netip.AddrPortFrom(e.Dst, e.DstPort),
+					endpointOrDash(e.SrcEndpoint), endpointOrDash(e.DstEndpoint), e.SeenReply(), e.Closing(), expires)
 			}
 			return entries, nil
 		}),
 		listCmd("metrics", "List the datapath's counters by reason and direction", func(m *maps.Maps, tw *tabwriter.Writer) (any, error) {
-			rows, err := m.DumpMetrics()
+			rows, err := m.MetricsMap().Dump()
 			if err != nil {
 				return nil, err
 			}
@@ -174,6 +157,20 @@ func newBPFCommand(opts *Options) *cobra.Command {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func endpointOrDash(id uint16) string {
+	if id == 0 {
+		return "-"
+	}
+	return fmt.Sprint(id)
+}
+
+func addrOrDash(a netip.Addr) string {
+	if !a.IsValid() {
+		return "-"
+	}
+	return a.String()
+}
 
 func enforceString(flags uint8) string {
 	switch {

@@ -143,10 +143,12 @@ func TestPrivilegedPolicyEnforcedAcrossAgentRestart(t *testing.T) {
 		{[]string{"policy", "trace", "--src", "k8s:app=a,k8s:io.kubernetes.pod.namespace=default", "--dst", "k8s:app=b,k8s:io.kubernetes.pod.namespace=default", "--dport", "80/TCP"}, []string{"Final verdict: ALLOWED"}, 0},
 		{[]string{"policy", "trace", "--src", "k8s:app=c,k8s:io.kubernetes.pod.namespace=default", "--dst", "k8s:app=b,k8s:io.kubernetes.pod.namespace=default", "--dport", "80/TCP"}, []string{"Final verdict: DENIED"}, 1},
 		{[]string{"bpf", "policy", "list", "--bpf-root", n.bpfRoot}, []string{"ingress identity=", "allow"}, 0},
-		{[]string{"bpf", "endpoint", "list", "--bpf-root", n.bpfRoot}, []string{ipB, "ingress"}, 0},
+		{[]string{"bpf", "endpoint", "list", "--bpf-root", n.bpfRoot}, []string{ipB, "ingress", "DIRECT"}, 0},
 		{[]string{"bpf", "ipcache", "list", "--bpf-root", n.bpfRoot}, []string{ipB + "/32", "0.0.0.0/0"}, 0},
 		{[]string{"bpf", "ct", "list", "--bpf-root", n.bpfRoot}, []string{"ENDPOINT", ipB}, 0},
-		{[]string{"bpf", "metrics", "list", "--bpf-root", n.bpfRoot}, []string{"Policy denied", "Forwarded"}, 0},
+		// Pod to pod goes from the sender's program straight into the
+		// receiver (bpf_redirect_peer), b's ingress policy checked there.
+		{[]string{"bpf", "metrics", "list", "--bpf-root", n.bpfRoot}, []string{"Policy denied", "Forwarded", "Delivered directly to a local endpoint"}, 0},
 		{[]string{"endpoint", "get", "pod-name:default/b"}, []string{"Policy enforcement:", "ingress"}, 0},
 		{[]string{"status"}, []string{"Datapath:", "6 TCX links attached", "map policy"}, 0},
 		{[]string{"ip", "list"}, []string{ipB + "/32", "local", "default/b", "0.0.0.0/0", "generated"}, 0},

@@ -3,4 +3,4 @@
 // are committed so building Tendril needs no clang.
 package bpf
 
-//go:generate go tool bpf2go -cc clang -no-strip -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type endpoint_key -type endpoint_info -type ipcache_key -type ipcache_info -type policy_key -type policy_entry -type ct_key -type ct_entry -type metric_value -type event -type ratelimit Lxc ../../../bpf/bpf_lxc.c -- -I../../../bpf
+//go:generate go tool bpf2go -cc clang -no-strip -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type endpoint_info -type ipcache_key -type ipcache_info -type policy_key -type policy_entry -type ct4_key -type ct6_key -type ct_entry -type metric_value -type event -type ratelimit Lxc ../../../bpf/bpf_lxc.c -- -I../../../bpf

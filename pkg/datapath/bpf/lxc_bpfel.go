@@ -13,29 +13,34 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type LxcCtEntry struct {
-	_         structs.HostLayout
-	Expires   uint64
-	Packets   uint64
-	Bytes     uint64
-	SeenReply uint8
-	Closing   uint8
-	IsReply   uint8
-	Pad       [5]uint8
+type LxcCt4Key struct {
+	_     structs.HostLayout
+	AddrA [4]uint8
+	AddrB [4]uint8
+	PortA uint16
+	PortB uint16
+	Proto uint8
+	Pad   [3]uint8
 }
 
-type LxcCtKey struct {
-	_      structs.HostLayout
-	Saddr  [16]uint8
-	Daddr  [16]uint8
-	Sport  uint16
-	Dport  uint16
-	Proto  uint8
-	Family uint8
-	Dir    uint8
-	Pad    uint8
-	EpId   uint16
-	Pad2   uint16
+type LxcCt6Key struct {
+	_     structs.HostLayout
+	AddrA [16]uint8
+	AddrB [16]uint8
+	PortA uint16
+	PortB uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type LxcCtEntry struct {
+	_        structs.HostLayout
+	Expires  uint64
+	EpA      uint16
+	EpB      uint16
+	Flags    uint8
+	TcpFlags uint8
+	Pad      [2]uint8
 }
 
 type LxcEndpointInfo struct {
@@ -47,13 +52,8 @@ type LxcEndpointInfo struct {
 	Pad      uint8
 	Mac      [6]uint8
 	HostMac  [6]uint8
-}
-
-type LxcEndpointKey struct {
-	_      structs.HostLayout
-	Family uint8
-	Pad    [3]uint8
-	Addr   [16]uint8
+	Ipv4     [4]uint8
+	Ipv6     [16]uint8
 }
 
 type LxcEvent struct {
@@ -78,11 +78,12 @@ type LxcEvent struct {
 }
 
 type LxcIpcacheInfo struct {
-	_         structs.HostLayout
-	Identity  uint32
-	TunnelIp4 uint32
-	Flags     uint8
-	Pad       [3]uint8
+	_            structs.HostLayout
+	Identity     uint32
+	Flags        uint8
+	TunnelFamily uint8
+	Pad          [2]uint8
+	TunnelIp     [16]uint8
 }
 
 type LxcIpcacheKey struct {
@@ -119,25 +120,28 @@ type LxcPolicyKey struct {
 }
 
 type LxcRatelimit struct {
-	_           structs.HostLayout
-	WindowStart uint64
-	Tokens      uint32
-	Pad         uint32
+	_      structs.HostLayout
+	Last   uint64
+	Credit uint64
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	LxcMapTdrCtV1               = "tdr_ct_v1"
-	LxcMapTdrEndpointsV1        = "tdr_endpoints_v1"
+	LxcMapTdrCt4V1              = "tdr_ct4_v1"
+	LxcMapTdrCt6V1              = "tdr_ct6_v1"
+	LxcMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
+	LxcMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
+	LxcMapTdrEndpointsV2        = "tdr_endpoints_v2"
 	LxcMapTdrEventsV1           = "tdr_events_v1"
-	LxcMapTdrIpcacheV1          = "tdr_ipcache_v1"
+	LxcMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	LxcMapTdrMetricsV2          = "tdr_metrics_v2"
 	LxcMapTdrPolicyV1           = "tdr_policy_v1"
-	LxcMapTdrRatelimitV1        = "tdr_ratelimit_v1"
+	LxcMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	LxcProgFromPod              = "from_pod"
 	LxcProgToPod                = "to_pod"
+	LxcVarEVENTS_BURST          = "EVENTS_BURST"
 	LxcVarEVENTS_PER_SEC        = "EVENTS_PER_SEC"
 	LxcVarPOLICY_VERDICT_EVENTS = "POLICY_VERDICT_EVENTS"
 	LxcVarUnusedEventType       = "unused_event_type"
@@ -193,19 +197,23 @@ type LxcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LxcMapSpecs struct {
-	TdrCtV1        *ebpf.MapSpec `ebpf:"tdr_ct_v1"`
-	TdrEndpointsV1 *ebpf.MapSpec `ebpf:"tdr_endpoints_v1"`
-	TdrEventsV1    *ebpf.MapSpec `ebpf:"tdr_events_v1"`
-	TdrIpcacheV1   *ebpf.MapSpec `ebpf:"tdr_ipcache_v1"`
-	TdrMetricsV2   *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
-	TdrPolicyV1    *ebpf.MapSpec `ebpf:"tdr_policy_v1"`
-	TdrRatelimitV1 *ebpf.MapSpec `ebpf:"tdr_ratelimit_v1"`
+	TdrCt4V1         *ebpf.MapSpec `ebpf:"tdr_ct4_v1"`
+	TdrCt6V1         *ebpf.MapSpec `ebpf:"tdr_ct6_v1"`
+	TdrEndpointIp4V1 *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
+	TdrEndpointIp6V1 *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
+	TdrEndpointsV2   *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
+	TdrEventsV1      *ebpf.MapSpec `ebpf:"tdr_events_v1"`
+	TdrIpcacheV2     *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
+	TdrMetricsV2     *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
+	TdrPolicyV1      *ebpf.MapSpec `ebpf:"tdr_policy_v1"`
+	TdrRatelimitV2   *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
 }
 
 // LxcVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LxcVariableSpecs struct {
+	EVENTS_BURST          *ebpf.VariableSpec `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.VariableSpec `ebpf:"EVENTS_PER_SEC"`
 	POLICY_VERDICT_EVENTS *ebpf.VariableSpec `ebpf:"POLICY_VERDICT_EVENTS"`
 	UnusedEventType       *ebpf.VariableSpec `ebpf:"unused_event_type"`
@@ -231,24 +239,30 @@ func (o *LxcObjects) Close() error {
 //
 // It can be passed to LoadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LxcMaps struct {
-	TdrCtV1        *ebpf.Map `ebpf:"tdr_ct_v1"`
-	TdrEndpointsV1 *ebpf.Map `ebpf:"tdr_endpoints_v1"`
-	TdrEventsV1    *ebpf.Map `ebpf:"tdr_events_v1"`
-	TdrIpcacheV1   *ebpf.Map `ebpf:"tdr_ipcache_v1"`
-	TdrMetricsV2   *ebpf.Map `ebpf:"tdr_metrics_v2"`
-	TdrPolicyV1    *ebpf.Map `ebpf:"tdr_policy_v1"`
-	TdrRatelimitV1 *ebpf.Map `ebpf:"tdr_ratelimit_v1"`
+	TdrCt4V1         *ebpf.Map `ebpf:"tdr_ct4_v1"`
+	TdrCt6V1         *ebpf.Map `ebpf:"tdr_ct6_v1"`
+	TdrEndpointIp4V1 *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
+	TdrEndpointIp6V1 *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
+	TdrEndpointsV2   *ebpf.Map `ebpf:"tdr_endpoints_v2"`
+	TdrEventsV1      *ebpf.Map `ebpf:"tdr_events_v1"`
+	TdrIpcacheV2     *ebpf.Map `ebpf:"tdr_ipcache_v2"`
+	TdrMetricsV2     *ebpf.Map `ebpf:"tdr_metrics_v2"`
+	TdrPolicyV1      *ebpf.Map `ebpf:"tdr_policy_v1"`
+	TdrRatelimitV2   *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
 }
 
 func (m *LxcMaps) Close() error {
 	return _LxcClose(
-		m.TdrCtV1,
-		m.TdrEndpointsV1,
+		m.TdrCt4V1,
+		m.TdrCt6V1,
+		m.TdrEndpointIp4V1,
+		m.TdrEndpointIp6V1,
+		m.TdrEndpointsV2,
 		m.TdrEventsV1,
-		m.TdrIpcacheV1,
+		m.TdrIpcacheV2,
 		m.TdrMetricsV2,
 		m.TdrPolicyV1,
-		m.TdrRatelimitV1,
+		m.TdrRatelimitV2,
 	)
 }
 
@@ -256,6 +270,7 @@ func (m *LxcMaps) Close() error {
 //
 // It can be passed to LoadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LxcVariables struct {
+	EVENTS_BURST          *ebpf.Variable `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.Variable `ebpf:"EVENTS_PER_SEC"`
 	POLICY_VERDICT_EVENTS *ebpf.Variable `ebpf:"POLICY_VERDICT_EVENTS"`
 	UnusedEventType       *ebpf.Variable `ebpf:"unused_event_type"`

@@ -26,10 +26,13 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
 
-// Every pinned map's name carries its layout version (tdr_ct_v1,
-// tdr_metrics_v2): a changed layout gets a new name, so new maps are created
-// instead of old ones being misread, and pins of names this datapath does
-// not use are removed at start.
+// Every pinned map's name carries its layout version (tdr_ct4_v1,
+// tdr_endpoints_v2): a changed layout gets a new name, so new maps are
+// created instead of old ones being misread. At start, the entries of maps
+// of the previous layout are carried over into the new maps (see
+// migrateLegacy), then pins of names this datapath does not use are
+// removed; a pin under a current name whose shape differs (a development
+// build) is replaced by an empty map.
 
 // Config is the loader's configuration.
 type Config struct {
@@ -38,10 +41,16 @@ type Config struct {
 	// PolicyVerdictEvents reports allowed new flows to the events ring
 	// buffer too (drops are always reported).
 	PolicyVerdictEvents bool
+	// DirectDelivery lets a pod's program deliver packets for another
+	// local pod straight into that pod's namespace (bpf_redirect_peer),
+	// enforcing the destination's ingress policy in the same pass, instead
+	// of handing them to the host stack. Host firewall and NAT rules
+	// between local pods are bypassed then.
+	DirectDelivery bool
 }
 
 // DefaultConfig returns the defaults.
-func DefaultConfig() Config { return Config{BPFRoot: "/sys/fs/bpf/tendril"} }
+func DefaultConfig() Config { return Config{BPFRoot: "/sys/fs/bpf/tendril", DirectDelivery: true} }
 
 // Flags registers the loader's flags (the agent registers --bpf-root itself).
 func (c *Config) Flags(fs *pflag.FlagSet) {}
@@ -68,6 +77,9 @@ type Loader struct {
 	objs  bpf.LxcObjects
 	maps  *maps.Maps
 	links map[string]link.Link // pin name → link
+	// written is each endpoint's entry as last written by this process, so
+	// a rewrite removes what the endpoint no longer has.
+	written map[uint16]maps.Endpoint
 	// ReusedLinks counts links found pinned at Start and updated in place.
 	reusedLinks int
 }
@@ -77,14 +89,15 @@ func New(cfg Config, log *slog.Logger) *Loader {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Loader{cfg: cfg, log: log, links: map[string]link.Link{}}
+	return &Loader{cfg: cfg, log: log, links: map[string]link.Link{}, written: map[uint16]maps.Endpoint{}}
 }
 
 func (l *Loader) linksDir() string { return filepath.Join(l.cfg.BPFRoot, "links") }
 
-// Start opens or creates the pinned maps, loads the programs and re-attaches
-// the programs of links pinned by an earlier run (link update: atomic, no
-// packet sees no program).
+// Start opens or creates the pinned maps, carries the entries of maps of
+// an earlier layout over, loads the programs and re-attaches the programs
+// of links pinned by an earlier run (link update: atomic, no packet sees
+// no program).
 func (l *Loader) Start() error {
 	if err := EnsureBPFFS(l.cfg.BPFRoot); err != nil {
 		return err
@@ -96,7 +109,6 @@ func (l *Loader) Start() error {
 	if err != nil {
 		return fmt.Errorf("load datapath spec: %w", err)
 	}
-	l.removeOtherLayouts(spec)
 	if l.cfg.PolicyVerdictEvents {
 		if v, ok := spec.Variables["POLICY_VERDICT_EVENTS"]; ok {
 			if err := v.Set(uint8(1)); err != nil {
@@ -104,16 +116,11 @@ func (l *Loader) Start() error {
 			}
 		}
 	}
+	legacy := l.openLegacy()
+	defer legacy.close()
+	l.removeIncompatible(spec)
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.cfg.BPFRoot}}
-	err = spec.LoadAndAssign(&l.objs, opts)
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		// Same version name but a different shape (a development build):
-		// never misread it; start from empty maps.
-		l.log.Warn("Pinned maps are incompatible with this datapath; recreating them", "error", err)
-		l.removePinnedMaps(func(string) bool { return true })
-		err = spec.LoadAndAssign(&l.objs, opts)
-	}
-	if err != nil {
+	if err := spec.LoadAndAssign(&l.objs, opts); err != nil {
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
 			return fmt.Errorf("load datapath programs: %w\n%+v", err, verr)
@@ -121,6 +128,11 @@ func (l *Loader) Start() error {
 		return fmt.Errorf("load datapath: %w", err)
 	}
 	l.maps = maps.FromObjects(&l.objs.LxcMaps)
+	l.migrateLegacy(legacy)
+	// Only now, with the new datapath loaded and filled, do the pins of
+	// other layouts go: a start that fails leaves them for the next one.
+	// The old programs keep their maps until their links switch below.
+	l.removeOtherLayouts(spec)
 	return l.reopenLinks()
 }
 
@@ -130,10 +142,33 @@ func (l *Loader) removeOtherLayouts(spec *ebpf.CollectionSpec) {
 	l.removePinnedMaps(func(name string) bool {
 		_, ours := spec.Maps[name]
 		return !ours
-	})
+	}, "Removed pinned map of another layout")
 }
 
-func (l *Loader) removePinnedMaps(match func(string) bool) {
+// removeIncompatible deletes pins that carry a current name but another
+// shape (type, key or value size, capacity, flags): they are never read,
+// the load creates them anew. Compatible pins are kept with their entries.
+func (l *Loader) removeIncompatible(spec *ebpf.CollectionSpec) {
+	l.removePinnedMaps(func(name string) bool {
+		ms, ours := spec.Maps[name]
+		if !ours {
+			return false
+		}
+		m, err := ebpf.LoadPinnedMap(filepath.Join(l.cfg.BPFRoot, name), nil)
+		if err != nil {
+			l.log.Warn("Cannot open pinned map; replacing it", "map", name, "error", err)
+			return true
+		}
+		defer m.Close()
+		if err := ms.Compatible(m); err != nil {
+			l.log.Warn("Pinned map is incompatible with this datapath; replacing it", "map", name, "error", err)
+			return true
+		}
+		return false
+	}, "Removed incompatible pinned map")
+}
+
+func (l *Loader) removePinnedMaps(match func(string) bool, msg string) {
 	entries, _ := os.ReadDir(l.cfg.BPFRoot)
 	for _, e := range entries {
 		if e.IsDir() || !strings.HasPrefix(e.Name(), "tdr_") || !match(e.Name()) {
@@ -143,7 +178,7 @@ func (l *Loader) removePinnedMaps(match func(string) bool) {
 		if err := os.Remove(path); err != nil {
 			l.log.Warn("Cannot remove pinned map", "path", path, "error", err)
 		} else {
-			l.log.Info("Removed pinned map of another layout", "path", path)
+			l.log.Info(msg, "path", path)
 		}
 	}
 }
@@ -208,28 +243,75 @@ func parseLinkName(name string) (uint16, string, bool) {
 // Maps returns the datapath's maps (after Start).
 func (l *Loader) Maps() *maps.Maps { return l.maps }
 
-// AttachEndpoint writes the endpoint's facts and attaches the programs to
-// its host veth. Idempotent; the map entry is written before the programs
-// attach, so the first packet already sees it.
-func (l *Loader) AttachEndpoint(ep EndpointInfo) error {
+// endpoint turns ep into its endpoints map entry.
+func (l *Loader) endpoint(ep EndpointInfo) (maps.Endpoint, error) {
+	e := maps.Endpoint{ID: ep.ID, IfIndex: uint32(ep.IfIndex), Identity: ep.Identity, MAC: ep.MAC, HostMAC: ep.HostMAC}
+	if ep.IfIndex <= 0 {
+		return e, fmt.Errorf("endpoint %d has no host interface index", ep.ID)
+	}
+	for _, ip := range ep.Addresses {
+		ip = ip.Unmap()
+		slot := &e.IPv6
+		if ip.Is4() {
+			slot = &e.IPv4
+		}
+		if slot.IsValid() && *slot != ip {
+			return e, fmt.Errorf("endpoint %d has two addresses of one family (%s, %s): the datapath holds one of each", ep.ID, *slot, ip)
+		}
+		*slot = ip
+	}
+	if ep.EnforceIngress {
+		e.Flags |= maps.FlagEnforceIngress
+	}
+	if ep.EnforceEgress {
+		e.Flags |= maps.FlagEnforceEgress
+	}
+	// Direct delivery rewrites the frame as the host would route it, so it
+	// needs both MACs of the destination's veth pair.
+	if l.cfg.DirectDelivery && len(ep.MAC) == 6 && len(ep.HostMAC) == 6 {
+		e.Flags |= maps.FlagDeliverDirect
+	}
+	return e, nil
+}
+
+// WriteEndpoint writes the endpoint's facts (identity, addresses,
+// enforcement flags) without touching its programs: the light update after
+// a policy change.
+func (l *Loader) WriteEndpoint(ep EndpointInfo) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.writeEndpointLocked(ep)
+}
+
+func (l *Loader) writeEndpointLocked(ep EndpointInfo) error {
 	if l.maps == nil {
 		return errors.New("datapath not started")
 	}
-	var flags uint8
-	if ep.EnforceIngress {
-		flags |= maps.FlagEnforceIngress
+	e, err := l.endpoint(ep)
+	if err != nil {
+		return err
 	}
-	if ep.EnforceEgress {
-		flags |= maps.FlagEnforceEgress
+	em := l.maps.EndpointMap()
+	if prev, ok := l.written[ep.ID]; ok {
+		err = em.Replace(prev, e)
+	} else {
+		err = em.Upsert(e)
 	}
-	for _, ip := range ep.Addresses {
-		if err := l.maps.UpsertEndpoint(ip, maps.EndpointValue{
-			IfIndex: uint32(ep.IfIndex), Identity: ep.Identity, ID: ep.ID, Flags: flags, MAC: ep.MAC, HostMAC: ep.HostMAC,
-		}); err != nil {
-			return err
-		}
+	if err != nil {
+		return err
+	}
+	l.written[ep.ID] = e
+	return nil
+}
+
+// AttachEndpoint writes the endpoint's facts and attaches the programs to
+// its host veth. Idempotent; the map entries are written before the
+// programs attach, so the first packet already sees them.
+func (l *Loader) AttachEndpoint(ep EndpointInfo) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.writeEndpointLocked(ep); err != nil {
+		return err
 	}
 	for _, dir := range []string{"ingress", "egress"} {
 		if err := l.attachLocked(ep, dir); err != nil {
@@ -289,12 +371,14 @@ func (l *Loader) DetachEndpoint(id uint16, addrs []netip.Addr) error {
 		}
 	}
 	if l.maps != nil {
-		for _, ip := range addrs {
-			if err := l.maps.DeleteEndpoint(ip); err != nil {
-				errs = append(errs, err)
-			}
+		if prev, ok := l.written[id]; ok {
+			addrs = append(addrs, prev.IPv4, prev.IPv6)
+		}
+		if err := l.maps.EndpointMap().DeleteID(id, addrs...); err != nil {
+			errs = append(errs, err)
 		}
 	}
+	delete(l.written, id)
 	return errors.Join(errs...)
 }
 
@@ -315,26 +399,21 @@ func (l *Loader) Status() Status {
 	if l.maps == nil {
 		return st
 	}
-	for name, m := range map[string]*ebpf.Map{"endpoints": l.maps.Endpoints, "ipcache": l.maps.IPCache, "policy": l.maps.Policy, "ct": l.maps.CT} {
-		st.MapEntries[name] = countEntries(m)
-		st.MapCapacity[name] = int(m.MaxEntries())
+	type counted interface {
+		Count() (int, error)
+		Capacity() int
+	}
+	for name, m := range map[string]counted{
+		"endpoints": l.maps.EndpointMap(), "ipcache": l.maps.IPCacheMap(), "policy": l.maps.PolicyMap(), "ct": l.maps.CTMap(),
+	} {
+		n, err := m.Count()
+		if err != nil {
+			l.log.Warn("Cannot count map entries", "map", name, "error", err)
+		}
+		st.MapEntries[name] = n
+		st.MapCapacity[name] = m.Capacity()
 	}
 	return st
-}
-
-func countEntries(m *ebpf.Map) int {
-	n := 0
-	key := make([]byte, m.KeySize())
-	it := m.Iterate()
-	var val []byte
-	if m.Type() == ebpf.PerCPUHash || m.Type() == ebpf.PerCPUArray {
-		return 0
-	}
-	val = make([]byte, m.ValueSize())
-	for it.Next(&key, &val) {
-		n++
-	}
-	return n
 }
 
 // AttachedEndpoints lists the endpoint IDs with pinned links.

@@ -6,7 +6,8 @@ import (
 )
 
 // Crafted packets for BPF_PROG_TEST_RUN: Ethernet + IPv4/IPv6 + L4, built
-// by hand (checksums are not checked by the datapath).
+// by hand. The datapath checks no checksum; the IPv4 header's is right so
+// that the direct delivery's TTL rewrite can be checked.
 
 type l4 struct {
 	proto        uint8
@@ -58,7 +59,22 @@ func ipv4Header(src, dst netip.Addr, proto uint8, payloadLen int) []byte {
 	s, d := src.As4(), dst.As4()
 	copy(h[12:], s[:])
 	copy(h[16:], d[:])
+	binary.BigEndian.PutUint16(h[10:], ipv4Checksum(h))
 	return h
+}
+
+// ipv4Checksum is the header checksum of h (whose checksum field is
+// counted as it is: zero when computing, the stored value when verifying,
+// where a valid header sums to zero).
+func ipv4Checksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
 }
 
 func ipv6Header(src, dst netip.Addr, next uint8, payloadLen int) []byte {

@@ -2,89 +2,357 @@ package maps
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 )
 
-// CTEntry is one conntrack entry, decoded.
+// Conntrack entry flags (CTEntry.Flags).
+const (
+	CTFlagSeenReply uint8 = 0x01
+	CTFlagClosing   uint8 = 0x02
+	// ctFlagAStarted is the stored orientation: side a of the key sent the
+	// flow's first packet. CTEntry carries it as Src/Dst instead.
+	ctFlagAStarted uint8 = 0x04
+)
+
+// CTEntry is one conntrack entry: a flow on this node, one entry for both
+// directions and for its local endpoints (one, or two between local pods).
 type CTEntry struct {
+	Proto uint8
+	// Src started the flow; Dst is its peer. For ICMP echo the ports are
+	// (identifier, 0).
 	Src, Dst         netip.Addr
 	SrcPort, DstPort uint16
-	Proto            uint8
-	Direction        uint8
-	EndpointID       uint16
-	// Expires is a bpf_ktime_get_ns() (CLOCK_MONOTONIC) deadline.
-	Expires   uint64
-	Packets   uint64
-	Bytes     uint64
-	SeenReply bool
-	Closing   bool
-	// IsReply marks the entry made for a flow's reply direction.
-	IsReply bool
+	// SrcEndpoint and DstEndpoint are the local endpoints owning Src and
+	// Dst whose policy admitted the flow: 0 for a remote side, or for a
+	// local endpoint that has not seen the flow yet (it treats the flow as
+	// new).
+	SrcEndpoint, DstEndpoint uint16
+	// Expires is a CLOCK_MONOTONIC_COARSE deadline in ns (see MonotonicNow).
+	Expires  uint64
+	Flags    uint8 // CTFlagSeenReply, CTFlagClosing
+	TCPFlags uint8 // every TCP flag seen on the flow
 }
 
-// DumpCT lists the conntrack table.
-func (m *Maps) DumpCT() ([]CTEntry, error) {
+// SeenReply reports whether the flow has been answered.
+func (e CTEntry) SeenReply() bool { return e.Flags&CTFlagSeenReply != 0 }
+
+// Closing reports a TCP flow that saw FIN or RST.
+func (e CTEntry) Closing() bool { return e.Flags&CTFlagClosing != 0 }
+
+// Origin is the direction, seen from endpoint id, of the flow's first
+// packet (DirEgress when id started it), and whether id admitted the flow.
+func (e CTEntry) Origin(id uint16) (dir uint8, ok bool) {
+	switch {
+	case id != 0 && e.SrcEndpoint == id:
+		return DirEgress, true
+	case id != 0 && e.DstEndpoint == id:
+		return DirIngress, true
+	}
+	return 0, false
+}
+
+// MonotonicNow is the clock of CTEntry.Expires (the datapath's
+// bpf_ktime_get_coarse_ns).
+func MonotonicNow() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
+	return uint64(ts.Nano())
+}
+
+// CTMap is the conntrack table: one LRU hash per address family.
+type CTMap struct{ v4, v6 *ebpf.Map }
+
+// srcIsA is the datapath's canonical order: side a of the key is the lower
+// (address, port), addresses and then ports compared as big-endian
+// numbers; a tie puts the source on side a.
+func (e CTEntry) srcIsA() bool {
+	c := e.Src.Unmap().Compare(e.Dst.Unmap())
+	return c < 0 || (c == 0 && e.SrcPort <= e.DstPort)
+}
+
+func (e CTEntry) is4() (bool, error) {
+	s, d := e.Src.Unmap(), e.Dst.Unmap()
+	if !s.IsValid() || !d.IsValid() || s.Is4() != d.Is4() {
+		return false, fmt.Errorf("conntrack entry %s -> %s: addresses of one family needed", e.Src, e.Dst)
+	}
+	return s.Is4(), nil
+}
+
+// sides returns the key's side a and b (address, port, endpoint).
+func (e CTEntry) sides() (aAddr netip.Addr, aPort, aEP uint16, bAddr netip.Addr, bPort, bEP uint16) {
+	if e.srcIsA() {
+		return e.Src.Unmap(), e.SrcPort, e.SrcEndpoint, e.Dst.Unmap(), e.DstPort, e.DstEndpoint
+	}
+	return e.Dst.Unmap(), e.DstPort, e.DstEndpoint, e.Src.Unmap(), e.SrcPort, e.SrcEndpoint
+}
+
+func (e CTEntry) key4() bpf.LxcCt4Key {
+	a, ap, _, b, bp, _ := e.sides()
+	return bpf.LxcCt4Key{AddrA: a.As4(), AddrB: b.As4(), PortA: Htons(ap), PortB: Htons(bp), Proto: e.Proto}
+}
+
+func (e CTEntry) key6() bpf.LxcCt6Key {
+	a, ap, _, b, bp, _ := e.sides()
+	return bpf.LxcCt6Key{AddrA: a.As16(), AddrB: b.As16(), PortA: Htons(ap), PortB: Htons(bp), Proto: e.Proto}
+}
+
+func (e CTEntry) value() bpf.LxcCtEntry {
+	_, _, aEP, _, _, bEP := e.sides()
+	v := bpf.LxcCtEntry{Expires: e.Expires, EpA: aEP, EpB: bEP, Flags: e.Flags &^ ctFlagAStarted, TcpFlags: e.TCPFlags}
+	if e.srcIsA() {
+		v.Flags |= ctFlagAStarted
+	}
+	return v
+}
+
+// fromRaw orients a stored entry: the side that started the flow is Src.
+func fromRaw(proto uint8, a netip.Addr, aPort uint16, b netip.Addr, bPort uint16, v bpf.LxcCtEntry) CTEntry {
+	e := CTEntry{Proto: proto, Expires: v.Expires, Flags: v.Flags &^ ctFlagAStarted, TCPFlags: v.TcpFlags}
+	if v.Flags&ctFlagAStarted != 0 {
+		e.Src, e.SrcPort, e.SrcEndpoint, e.Dst, e.DstPort, e.DstEndpoint = a, aPort, v.EpA, b, bPort, v.EpB
+	} else {
+		e.Src, e.SrcPort, e.SrcEndpoint, e.Dst, e.DstPort, e.DstEndpoint = b, bPort, v.EpB, a, aPort, v.EpA
+	}
+	return e
+}
+
+func fromKey4(k bpf.LxcCt4Key, v bpf.LxcCtEntry) CTEntry {
+	return fromRaw(k.Proto, netip.AddrFrom4(k.AddrA), Ntohs(k.PortA), netip.AddrFrom4(k.AddrB), Ntohs(k.PortB), v)
+}
+
+func fromKey6(k bpf.LxcCt6Key, v bpf.LxcCtEntry) CTEntry {
+	return fromRaw(k.Proto, netip.AddrFrom16(k.AddrA), Ntohs(k.PortA), netip.AddrFrom16(k.AddrB), Ntohs(k.PortB), v)
+}
+
+// Upsert writes an entry (tests, benchmarks and the upgrade from an older
+// layout fill the table with it).
+func (m CTMap) Upsert(e CTEntry) error {
+	is4, err := e.is4()
+	if err != nil {
+		return err
+	}
+	v := e.value()
+	if is4 {
+		k := e.key4()
+		err = m.v4.Put(&k, &v)
+	} else {
+		k := e.key6()
+		err = m.v6.Put(&k, &v)
+	}
+	if err != nil {
+		return fmt.Errorf("write conntrack entry %s:%d -> %s:%d proto %d: %w", e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto, err)
+	}
+	return nil
+}
+
+// Delete removes the entry of e's flow; a missing one is fine.
+func (m CTMap) Delete(e CTEntry) error {
+	is4, err := e.is4()
+	if err != nil {
+		return err
+	}
+	if is4 {
+		k := e.key4()
+		err = m.v4.Delete(&k)
+	} else {
+		k := e.key6()
+		err = m.v6.Delete(&k)
+	}
+	if err := ignoreMissing(err); err != nil {
+		return fmt.Errorf("delete conntrack entry: %w", err)
+	}
+	return nil
+}
+
+// Lookup returns the entry of the flow with key's protocol, addresses and
+// ports, in either direction (a reply's tuple finds its flow).
+func (m CTMap) Lookup(key CTEntry) (CTEntry, bool, error) {
+	is4, err := key.is4()
+	if err != nil {
+		return CTEntry{}, false, err
+	}
+	var v bpf.LxcCtEntry
+	if is4 {
+		k := key.key4()
+		if err = m.v4.Lookup(&k, &v); err == nil {
+			return fromKey4(k, v), true, nil
+		}
+	} else {
+		k := key.key6()
+		if err = m.v6.Lookup(&k, &v); err == nil {
+			return fromKey6(k, v), true, nil
+		}
+	}
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return CTEntry{}, false, nil
+	}
+	return CTEntry{}, false, fmt.Errorf("look up conntrack entry: %w", err)
+}
+
+// Iterate calls fn for each entry, IPv4 first, until fn returns false.
+func (m CTMap) Iterate(fn func(CTEntry) bool) error {
+	var v bpf.LxcCtEntry
+	var k4 bpf.LxcCt4Key
+	it := m.v4.Iterate()
+	for it.Next(&k4, &v) {
+		if !fn(fromKey4(k4, v)) {
+			return nil
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate IPv4 conntrack: %w", err)
+	}
+	var k6 bpf.LxcCt6Key
+	it = m.v6.Iterate()
+	for it.Next(&k6, &v) {
+		if !fn(fromKey6(k6, v)) {
+			return nil
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate IPv6 conntrack: %w", err)
+	}
+	return nil
+}
+
+// List returns every entry.
+func (m CTMap) List() ([]CTEntry, error) {
 	var out []CTEntry
-	var k bpf.LxcCtKey
+	err := m.Iterate(func(e CTEntry) bool { out = append(out, e); return true })
+	return out, err
+}
+
+// Count is the number of entries of both families.
+func (m CTMap) Count() (int, error) {
+	n4, err := countKeys(m.v4)
+	if err != nil {
+		return 0, err
+	}
+	n6, err := countKeys(m.v6)
+	return n4 + n6, err
+}
+
+// Capacity is the two tables' maximum number of entries.
+func (m CTMap) Capacity() int { return int(m.v4.MaxEntries() + m.v6.MaxEntries()) }
+
+// SweepResult counts one sweep of the table.
+type SweepResult struct {
+	Seen, Deleted int
+	// Forgotten counts entries kept for a live endpoint from which a
+	// deleted endpoint's name was cleared.
+	Forgotten int
+}
+
+// DeleteExpired deletes every entry whose deadline is before now (see
+// MonotonicNow) and every entry that names no live endpoint (keep says
+// whether an endpoint ID still exists; nil keeps all). An entry that
+// names a live and a deleted endpoint stays, without the deleted one: a
+// new endpoint that reuses the ID and an address must not inherit it.
+func (m CTMap) DeleteExpired(now uint64, keep func(epID uint16) bool) (SweepResult, error) {
+	var res SweepResult
+	// verdict: 0 keep, 1 delete, 2 clear slots (returned in v).
+	judge := func(v *bpf.LxcCtEntry) int {
+		res.Seen++
+		if v.Expires < now {
+			return 1
+		}
+		if keep == nil {
+			return 0
+		}
+		liveA := v.EpA != 0 && keep(v.EpA)
+		liveB := v.EpB != 0 && keep(v.EpB)
+		switch {
+		case !liveA && !liveB:
+			return 1
+		case (v.EpA != 0 && !liveA) || (v.EpB != 0 && !liveB):
+			if !liveA {
+				v.EpA = 0
+			}
+			if !liveB {
+				v.EpB = 0
+			}
+			return 2
+		}
+		return 0
+	}
 	var v bpf.LxcCtEntry
-	it := m.CT.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, decodeCT(k, v))
+	var k4 bpf.LxcCt4Key
+	var del4, fix4 []bpf.LxcCt4Key
+	var fixV4 []bpf.LxcCtEntry
+	it := m.v4.Iterate()
+	for it.Next(&k4, &v) {
+		switch judge(&v) {
+		case 1:
+			del4 = append(del4, k4)
+		case 2:
+			fix4, fixV4 = append(fix4, k4), append(fixV4, v)
+		}
 	}
-	return out, it.Err()
-}
-
-func decodeCT(k bpf.LxcCtKey, v bpf.LxcCtEntry) CTEntry {
-	return CTEntry{
-		Src: bytesAddr(k.Family, k.Saddr), Dst: bytesAddr(k.Family, k.Daddr),
-		SrcPort: Ntohs(k.Sport), DstPort: Ntohs(k.Dport), Proto: k.Proto, Direction: k.Dir, EndpointID: k.EpId,
-		Expires: v.Expires, Packets: v.Packets, Bytes: v.Bytes, SeenReply: v.SeenReply != 0, Closing: v.Closing != 0, IsReply: v.IsReply != 0,
+	// An LRU table may evict under the walk, which then gives up; what
+	// was found so far is still worth acting on.
+	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
+		return res, fmt.Errorf("walk IPv4 conntrack: %w", err)
 	}
-}
-
-// CTKey builds the raw key of an entry (for tests and the GC).
-func CTKey(e CTEntry) bpf.LxcCtKey {
-	fam, s := addrBytes(e.Src)
-	_, d := addrBytes(e.Dst)
-	return bpf.LxcCtKey{Saddr: s, Daddr: d, Sport: Htons(e.SrcPort), Dport: Htons(e.DstPort), Proto: e.Proto, Family: fam, Dir: e.Direction, EpId: e.EndpointID}
-}
-
-// UpsertCT writes an entry (tests and benchmarks pre-load the table).
-func (m *Maps) UpsertCT(e CTEntry) error {
-	k := CTKey(e)
-	v := bpf.LxcCtEntry{Expires: e.Expires, Packets: e.Packets, Bytes: e.Bytes}
-	if e.SeenReply {
-		v.SeenReply = 1
-	}
-	return m.CT.Put(&k, &v)
-}
-
-// DeleteExpiredCT deletes every entry whose deadline is before now (a
-// CLOCK_MONOTONIC time in ns) or whose endpoint is gone (keep says whether
-// an endpoint ID still exists; nil keeps all). It returns how many entries
-// it saw and deleted.
-func (m *Maps) DeleteExpiredCT(now uint64, keep func(epID uint16) bool) (seen, deleted int, err error) {
-	var k bpf.LxcCtKey
-	var v bpf.LxcCtEntry
-	var stale []bpf.LxcCtKey
-	it := m.CT.Iterate()
-	for it.Next(&k, &v) {
-		seen++
-		if v.Expires < now || (keep != nil && !keep(k.EpId)) {
-			stale = append(stale, k)
+	var k6 bpf.LxcCt6Key
+	var del6, fix6 []bpf.LxcCt6Key
+	var fixV6 []bpf.LxcCtEntry
+	it = m.v6.Iterate()
+	for it.Next(&k6, &v) {
+		switch judge(&v) {
+		case 1:
+			del6 = append(del6, k6)
+		case 2:
+			fix6, fixV6 = append(fix6, k6), append(fixV6, v)
 		}
 	}
 	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
-		return seen, 0, err
+		return res, fmt.Errorf("walk IPv6 conntrack: %w", err)
 	}
-	for i := range stale {
-		if err := m.CT.Delete(&stale[i]); err == nil {
+	res.Deleted += deleteKeys(m.v4, del4)
+	res.Deleted += deleteKeys(m.v6, del6)
+	res.Forgotten += updateExisting(m.v4, fix4, fixV4)
+	res.Forgotten += updateExisting(m.v6, fix6, fixV6)
+	return res, nil
+}
+
+// deleteKeys deletes in batches where the kernel supports it, one by one
+// otherwise; it returns how many were deleted.
+func deleteKeys[K any](m *ebpf.Map, keys []K) int {
+	if len(keys) == 0 {
+		return 0
+	}
+	if n, err := m.BatchDelete(keys, nil); err == nil {
+		return n
+	}
+	deleted := 0
+	for i := range keys {
+		if err := m.Delete(&keys[i]); err == nil {
 			deleted++
 		}
 	}
-	return seen, deleted, nil
+	return deleted
+}
+
+// updateExisting rewrites entries that still exist (an entry the datapath
+// replaced or the LRU evicted meanwhile is left alone).
+func updateExisting[K any](m *ebpf.Map, keys []K, values []bpf.LxcCtEntry) int {
+	n := 0
+	for i := range keys {
+		if err := m.Update(&keys[i], &values[i], ebpf.UpdateExist); err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// DeleteEndpoint forgets endpoint id: entries naming only it are deleted,
+// entries it shares with another endpoint lose its name.
+func (m CTMap) DeleteEndpoint(id uint16) (SweepResult, error) {
+	return m.DeleteExpired(0, func(ep uint16) bool { return ep != id })
 }

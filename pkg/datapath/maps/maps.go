@@ -1,13 +1,14 @@
-// Package maps wraps the datapath's pinned BPF maps (bpf/lib/common.h) with
-// typed Go accessors: endpoints, ipcache, policy, conntrack and metrics.
+// Package maps wraps the datapath's pinned BPF maps (bpf/lib/common.h) in
+// typed Go accessors: endpoints, ipcache, policy, conntrack, metrics, each
+// with Upsert/Delete/Lookup/Iterate/Count, and names the drop reasons.
 package maps
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 
@@ -26,29 +27,96 @@ const (
 	DirEgress  uint8 = 1
 )
 
-// Endpoint flags.
+// Pinned map names. Each carries its layout version: a changed C struct
+// gets a new name, so a pin of the old layout is replaced, never misread.
 const (
-	FlagEnforceIngress uint8 = 1
-	FlagEnforceEgress  uint8 = 2
+	EndpointsMapName = bpf.LxcMapTdrEndpointsV2
+	EndpointIP4Name  = bpf.LxcMapTdrEndpointIp4V1
+	EndpointIP6Name  = bpf.LxcMapTdrEndpointIp6V1
+	IPCacheMapName   = bpf.LxcMapTdrIpcacheV2
+	PolicyMapName    = bpf.LxcMapTdrPolicyV1
+	CT4MapName       = bpf.LxcMapTdrCt4V1
+	CT6MapName       = bpf.LxcMapTdrCt6V1
+	MetricsMapName   = bpf.LxcMapTdrMetricsV2
+	EventsMapName    = bpf.LxcMapTdrEventsV1
+	RateLimitMapName = bpf.LxcMapTdrRatelimitV2
 )
+
+// PinnedNames maps the short names the CLI and API use to pinned names
+// ("endpoints" are three maps: by interface, IPv4 and IPv6 address; the
+// name is the interface map's).
+func PinnedNames() map[string]string {
+	return map[string]string{
+		"endpoints": EndpointsMapName, "ipcache": IPCacheMapName, "policy": PolicyMapName,
+		"ct4": CT4MapName, "ct6": CT6MapName, "metrics": MetricsMapName,
+	}
+}
 
 // Maps are the datapath's maps of one node.
 type Maps struct {
-	Endpoints *ebpf.Map
-	IPCache   *ebpf.Map
-	Policy    *ebpf.Map
-	CT        *ebpf.Map
-	Metrics   *ebpf.Map
-	Events    *ebpf.Map
+	Endpoints    *ebpf.Map // by ifindex
+	EndpointsIP4 *ebpf.Map
+	EndpointsIP6 *ebpf.Map
+	IPCache      *ebpf.Map
+	Policy       *ebpf.Map
+	CT4          *ebpf.Map
+	CT6          *ebpf.Map
+	Metrics      *ebpf.Map
+	Events       *ebpf.Map
 }
 
 // FromObjects takes the maps of loaded objects.
 func FromObjects(o *bpf.LxcMaps) *Maps {
 	return &Maps{
-		Endpoints: o.TdrEndpointsV1, IPCache: o.TdrIpcacheV1, Policy: o.TdrPolicyV1,
-		CT: o.TdrCtV1, Metrics: o.TdrMetricsV2, Events: o.TdrEventsV1,
+		Endpoints: o.TdrEndpointsV2, EndpointsIP4: o.TdrEndpointIp4V1, EndpointsIP6: o.TdrEndpointIp6V1, IPCache: o.TdrIpcacheV2, Policy: o.TdrPolicyV1,
+		CT4: o.TdrCt4V1, CT6: o.TdrCt6V1, Metrics: o.TdrMetricsV2, Events: o.TdrEventsV1,
 	}
 }
+
+// OpenPinned opens the maps pinned under root (a node's BPF root) without
+// loading any program: the CLI reads them while the agent is down.
+func OpenPinned(root string, readOnly bool) (*Maps, error) {
+	m := &Maps{}
+	opts := &ebpf.LoadPinOptions{ReadOnly: readOnly}
+	for name, dst := range map[string]**ebpf.Map{
+		EndpointsMapName: &m.Endpoints, EndpointIP4Name: &m.EndpointsIP4, EndpointIP6Name: &m.EndpointsIP6, IPCacheMapName: &m.IPCache, PolicyMapName: &m.Policy,
+		CT4MapName: &m.CT4, CT6MapName: &m.CT6, MetricsMapName: &m.Metrics,
+	} {
+		mp, err := ebpf.LoadPinnedMap(filepath.Join(root, name), opts)
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("open pinned map %s under %s (is it the agent's --bpf-root, and is the agent's version the same?): %w", name, root, err)
+		}
+		*dst = mp
+	}
+	return m, nil
+}
+
+// Close releases the handles (pins stay).
+func (m *Maps) Close() {
+	for _, mp := range []*ebpf.Map{m.Endpoints, m.EndpointsIP4, m.EndpointsIP6, m.IPCache, m.Policy, m.CT4, m.CT6, m.Metrics, m.Events} {
+		if mp != nil {
+			mp.Close()
+		}
+	}
+}
+
+// EndpointMap is the typed endpoints map.
+func (m *Maps) EndpointMap() EndpointMap {
+	return EndpointMap{byIfindex: m.Endpoints, byIPv4: m.EndpointsIP4, byIPv6: m.EndpointsIP6}
+}
+
+// IPCacheMap is the typed ipcache.
+func (m *Maps) IPCacheMap() IPCacheMap { return IPCacheMap{m: m.IPCache} }
+
+// PolicyMap is the typed policy map.
+func (m *Maps) PolicyMap() PolicyMap { return PolicyMap{m: m.Policy} }
+
+// CTMap is the typed conntrack table (both families).
+func (m *Maps) CTMap() CTMap { return CTMap{v4: m.CT4, v6: m.CT6} }
+
+// MetricsMap is the typed counters map.
+func (m *Maps) MetricsMap() MetricsMap { return MetricsMap{m: m.Metrics} }
 
 // Htons converts a port to network byte order as the C structs hold it.
 func Htons(v uint16) uint16 {
@@ -78,110 +146,30 @@ func bytesAddr(family uint8, b [16]uint8) netip.Addr {
 	return netip.AddrFrom16(b)
 }
 
-// EndpointValue is one local endpoint's datapath facts.
-type EndpointValue struct {
-	IfIndex  uint32
-	Identity uint32
-	ID       uint16
-	Flags    uint8
-	MAC      net.HardwareAddr
-	HostMAC  net.HardwareAddr
-}
-
-// UpsertEndpoint maps one of an endpoint's addresses to its facts.
-func (m *Maps) UpsertEndpoint(ip netip.Addr, v EndpointValue) error {
-	fam, addr := addrBytes(ip)
-	k := bpf.LxcEndpointKey{Family: fam, Addr: addr}
-	val := bpf.LxcEndpointInfo{Ifindex: v.IfIndex, Identity: v.Identity, EpId: v.ID, Flags: v.Flags}
-	copy(val.Mac[:], v.MAC)
-	copy(val.HostMac[:], v.HostMAC)
-	if err := m.Endpoints.Put(&k, &val); err != nil {
-		return fmt.Errorf("write endpoint %d (%s) to the endpoints map: %w", v.ID, ip, err)
-	}
-	return nil
-}
-
-// DeleteEndpoint removes an address; a missing one is fine.
-func (m *Maps) DeleteEndpoint(ip netip.Addr) error {
-	fam, addr := addrBytes(ip)
-	k := bpf.LxcEndpointKey{Family: fam, Addr: addr}
-	if err := m.Endpoints.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete %s from the endpoints map: %w", ip, err)
-	}
-	return nil
-}
-
-// EndpointEntry is one row of the endpoints map.
-type EndpointEntry struct {
-	IP netip.Addr
-	EndpointValue
-}
-
-// DumpEndpoints lists the endpoints map.
-func (m *Maps) DumpEndpoints() ([]EndpointEntry, error) {
-	var out []EndpointEntry
-	var k bpf.LxcEndpointKey
-	var v bpf.LxcEndpointInfo
-	it := m.Endpoints.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, EndpointEntry{IP: bytesAddr(k.Family, k.Addr), EndpointValue: EndpointValue{
-			IfIndex: v.Ifindex, Identity: v.Identity, ID: v.EpId, Flags: v.Flags,
-			MAC: append(net.HardwareAddr(nil), v.Mac[:]...), HostMAC: append(net.HardwareAddr(nil), v.HostMac[:]...),
-		}})
-	}
-	return out, it.Err()
-}
-
-func ipcacheKey(p netip.Prefix) bpf.LxcIpcacheKey {
-	fam, addr := addrBytes(p.Masked().Addr())
-	return bpf.LxcIpcacheKey{Prefixlen: uint32(32 + p.Bits()), Family: fam, Addr: addr}
-}
-
-// IPCacheValue is the identity of a prefix and the node owning it.
-type IPCacheValue struct {
-	Identity uint32
-	// TunnelIP is the owner node's IPv4 address (zero when local/unknown).
-	TunnelIP netip.Addr
-}
-
-// UpsertIPCache maps a prefix to an identity.
-func (m *Maps) UpsertIPCache(p netip.Prefix, v IPCacheValue) error {
-	k := ipcacheKey(p)
-	val := bpf.LxcIpcacheInfo{Identity: v.Identity}
-	if v.TunnelIP.Is4() {
-		b := v.TunnelIP.As4()
-		val.TunnelIp4 = binary.NativeEndian.Uint32(b[:])
-	}
-	if err := m.IPCache.Put(&k, &val); err != nil {
-		return fmt.Errorf("write %s to the ipcache map: %w", p, err)
-	}
-	return nil
-}
-
-// DeleteIPCache removes a prefix; a missing one is fine.
-func (m *Maps) DeleteIPCache(p netip.Prefix) error {
-	k := ipcacheKey(p)
-	if err := m.IPCache.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete %s from the ipcache map: %w", p, err)
-	}
-	return nil
-}
-
-// DumpIPCache lists the ipcache map.
-func (m *Maps) DumpIPCache() (map[netip.Prefix]IPCacheValue, error) {
-	out := map[netip.Prefix]IPCacheValue{}
-	var k bpf.LxcIpcacheKey
-	var v bpf.LxcIpcacheInfo
-	it := m.IPCache.Iterate()
-	for it.Next(&k, &v) {
-		p := netip.PrefixFrom(bytesAddr(k.Family, k.Addr), int(k.Prefixlen)-32)
-		val := IPCacheValue{Identity: v.Identity}
-		if v.TunnelIp4 != 0 {
-			var b [4]byte
-			binary.NativeEndian.PutUint32(b[:], v.TunnelIp4)
-			val.TunnelIP = netip.AddrFrom4(b)
+// countKeys counts a map's entries by walking its keys (one syscall per
+// key, no values copied).
+func countKeys(m *ebpf.Map) (int, error) {
+	key := make([]byte, m.KeySize())
+	next := make([]byte, m.KeySize())
+	n := 0
+	var prev any // nil starts at the first key
+	for {
+		err := m.NextKey(prev, &next)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, nil
 		}
-		out[p] = val
+		if err != nil {
+			return n, fmt.Errorf("count entries of %s: %w", m, err)
+		}
+		n++
+		copy(key, next)
+		prev = key
 	}
-	return out, it.Err()
+}
+
+func ignoreMissing(err error) error {
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	}
+	return err
 }

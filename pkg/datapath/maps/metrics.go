@@ -4,52 +4,57 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 )
 
-// Reasons of bpf/lib/common.h.
+// Reasons of bpf/lib/common.h: what happened to a packet. Below
+// ReasonPolicyDenied the packet passed.
 const (
-	ReasonForwarded      uint8 = 0
-	ReasonCTEstablished  uint8 = 1
-	ReasonCTReply        uint8 = 2
-	ReasonCTRelated      uint8 = 3
-	ReasonPolicyDenied   uint8 = 10
-	ReasonPolicyDenyRule uint8 = 11
-	ReasonTruncated      uint8 = 12
-	ReasonMalformed      uint8 = 13
-	ReasonInvalidSource  uint8 = 14
-	ReasonUnknownL3      uint8 = 15
-	ReasonNoEndpoint     uint8 = 16
-	ReasonFragment       uint8 = 17
+	ReasonForwarded        uint8 = 0
+	ReasonCTEstablished    uint8 = 1
+	ReasonCTReply          uint8 = 2
+	ReasonCTRelated        uint8 = 3
+	ReasonDeliveredDirect  uint8 = 4
+	ReasonPolicyDenied     uint8 = 10
+	ReasonPolicyDenyRule   uint8 = 11
+	ReasonTruncated        uint8 = 12
+	ReasonMalformed        uint8 = 13
+	ReasonInvalidSource    uint8 = 14
+	ReasonUnknownL3        uint8 = 15
+	ReasonNoEndpoint       uint8 = 16
+	ReasonFragment         uint8 = 17
+	ReasonUnknownInterface uint8 = 18
 )
 
-// ReasonName names a reason for the CLI and metrics.
+// reasonMax is REASON_MAX: the metrics map holds reasonMax × 2 counters.
+const reasonMax = 32
+
+// ReasonNames names every reason the datapath reports.
+func ReasonNames() map[uint8]string {
+	return map[uint8]string{
+		ReasonForwarded:        "Forwarded",
+		ReasonCTEstablished:    "Forwarded (established connection)",
+		ReasonCTReply:          "Forwarded (reply)",
+		ReasonCTRelated:        "Forwarded (related ICMP error)",
+		ReasonDeliveredDirect:  "Delivered directly to a local endpoint",
+		ReasonPolicyDenied:     "Policy denied",
+		ReasonPolicyDenyRule:   "Policy denied by deny rule",
+		ReasonTruncated:        "Truncated packet",
+		ReasonMalformed:        "Malformed packet",
+		ReasonInvalidSource:    "Invalid source address",
+		ReasonUnknownL3:        "Unsupported L3 protocol",
+		ReasonNoEndpoint:       "No local endpoint for destination",
+		ReasonFragment:         "Fragment without reassembly state under policy",
+		ReasonUnknownInterface: "Interface has no endpoint",
+	}
+}
+
+// ReasonName names a reason for the CLI, events and metrics.
 func ReasonName(r uint8) string {
-	switch r {
-	case ReasonForwarded:
-		return "Forwarded"
-	case ReasonCTEstablished:
-		return "Forwarded (established connection)"
-	case ReasonCTReply:
-		return "Forwarded (reply)"
-	case ReasonCTRelated:
-		return "Forwarded (related ICMP error)"
-	case ReasonPolicyDenied:
-		return "Policy denied"
-	case ReasonPolicyDenyRule:
-		return "Policy denied by deny rule"
-	case ReasonTruncated:
-		return "Truncated packet"
-	case ReasonMalformed:
-		return "Malformed packet"
-	case ReasonInvalidSource:
-		return "Invalid source address"
-	case ReasonUnknownL3:
-		return "Unsupported L3 protocol"
-	case ReasonNoEndpoint:
-		return "No local endpoint for destination"
-	case ReasonFragment:
-		return "Fragment without reassembly state under policy"
+	if n, ok := ReasonNames()[r]; ok {
+		return n
 	}
 	return fmt.Sprintf("Reason %d", r)
 }
@@ -73,12 +78,49 @@ type MetricRow struct {
 	Bytes     uint64
 }
 
-// DumpMetrics sums the per-CPU counters.
-func (m *Maps) DumpMetrics() ([]MetricRow, error) {
+// MetricsMap holds per-CPU packet and byte counters by reason and
+// direction.
+type MetricsMap struct{ m *ebpf.Map }
+
+// Lookup sums one counter over CPUs.
+func (m MetricsMap) Lookup(reason, dir uint8) (MetricRow, error) {
+	row := MetricRow{Reason: reason, Direction: dir}
+	if reason >= reasonMax || dir > 1 {
+		return row, fmt.Errorf("no counter for reason %d direction %d", reason, dir)
+	}
+	k := uint32(reason)<<1 | uint32(dir)
+	var vs []bpf.LxcMetricValue
+	if err := m.m.Lookup(&k, &vs); err != nil {
+		return row, fmt.Errorf("read counter %s %s: %w", ReasonName(reason), DirectionName(dir), err)
+	}
+	for _, v := range vs {
+		row.Packets += v.Packets
+		row.Bytes += v.Bytes
+	}
+	return row, nil
+}
+
+// Iterate calls fn for each non-zero counter in (reason, direction)
+// order until fn returns false.
+func (m MetricsMap) Iterate(fn func(MetricRow) bool) error {
+	rows, err := m.Dump()
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		if !fn(r) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// Dump returns the non-zero counters, summed over CPUs.
+func (m MetricsMap) Dump() ([]MetricRow, error) {
 	var out []MetricRow
 	var k uint32
 	var vs []bpf.LxcMetricValue
-	it := m.Metrics.Iterate()
+	it := m.m.Iterate()
 	for it.Next(&k, &vs) {
 		row := MetricRow{Reason: uint8(k >> 1), Direction: uint8(k & 1)}
 		for _, v := range vs {
@@ -90,11 +132,20 @@ func (m *Maps) DumpMetrics() ([]MetricRow, error) {
 		}
 		out = append(out, row)
 	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read counters: %w", err)
+	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Reason != out[j].Reason {
 			return out[i].Reason < out[j].Reason
 		}
 		return out[i].Direction < out[j].Direction
 	})
-	return out, it.Err()
+	return out, nil
+}
+
+// Count is the number of non-zero counters.
+func (m MetricsMap) Count() (int, error) {
+	rows, err := m.Dump()
+	return len(rows), err
 }

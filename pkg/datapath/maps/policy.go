@@ -9,10 +9,12 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 )
 
-// PolicyKey is one policy map key. Identity 0 matches any identity; Proto 0
-// (with PortPrefixLen 0) any protocol and port; PortPrefixLen says how many
-// leading bits of Port must match (16 exact, 0 any port), which expresses a
-// port range as a few prefixes (see PortRangePrefixes).
+// PolicyKey is one policy map key: for endpoint EndpointID, traffic in
+// Direction (DirIngress: from the peer to the endpoint; DirEgress: from the
+// endpoint) with a peer of Identity (0: any identity), protocol Proto (0:
+// any protocol and port) and destination port Port, of which the first
+// PortPrefixLen bits must match (16: exactly Port; 0: any port; a range is
+// a few prefixes, see PortRangePrefixes). For ICMP the port is the type.
 type PolicyKey struct {
 	EndpointID    uint16
 	Direction     uint8
@@ -22,7 +24,9 @@ type PolicyKey struct {
 	PortPrefixLen uint8
 }
 
-// PolicyValue is an allow or deny, with the rule cookie reported in events.
+// PolicyValue is an allow or deny, with the rule cookie reported in
+// events. Within one lookup the longest protocol/port prefix wins; across
+// the peer's identity and "any identity", a deny beats any allow.
 type PolicyValue struct {
 	Deny   bool
 	Cookie uint32
@@ -37,6 +41,9 @@ func (k PolicyKey) raw() (bpf.LxcPolicyKey, error) {
 	}
 	if k.Proto == 0 && (k.Port != 0 || k.PortPrefixLen != 0) {
 		return bpf.LxcPolicyKey{}, fmt.Errorf("policy key: a port needs a protocol")
+	}
+	if k.Direction > DirEgress {
+		return bpf.LxcPolicyKey{}, fmt.Errorf("policy key: direction %d", k.Direction)
 	}
 	r := bpf.LxcPolicyKey{EpId: k.EndpointID, Dir: k.Direction, Identity: k.Identity}
 	r.Prefixlen = fixedPolicyBits
@@ -62,8 +69,11 @@ func fromRawPolicyKey(r bpf.LxcPolicyKey) PolicyKey {
 	return k
 }
 
-// UpsertPolicy writes one policy entry.
-func (m *Maps) UpsertPolicy(k PolicyKey, v PolicyValue) error {
+// PolicyMap is the LPM trie of every endpoint's policy.
+type PolicyMap struct{ m *ebpf.Map }
+
+// Upsert writes one entry.
+func (m PolicyMap) Upsert(k PolicyKey, v PolicyValue) error {
 	r, err := k.raw()
 	if err != nil {
 		return err
@@ -72,38 +82,134 @@ func (m *Maps) UpsertPolicy(k PolicyKey, v PolicyValue) error {
 	if v.Deny {
 		val.Deny = 1
 	}
-	if err := m.Policy.Put(&r, &val); err != nil {
+	if err := m.m.Put(&r, &val); err != nil {
 		return fmt.Errorf("write policy entry %+v: %w", k, err)
 	}
 	return nil
 }
 
-// DeletePolicy removes one policy entry; a missing one is fine.
-func (m *Maps) DeletePolicy(k PolicyKey) error {
+// Delete removes one entry; a missing one is fine.
+func (m PolicyMap) Delete(k PolicyKey) error {
 	r, err := k.raw()
 	if err != nil {
 		return err
 	}
-	if err := m.Policy.Delete(&r); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := ignoreMissing(m.m.Delete(&r)); err != nil {
 		return fmt.Errorf("delete policy entry %+v: %w", k, err)
 	}
 	return nil
 }
 
-// DumpPolicy lists the policy entries of one endpoint (all when id is 0).
-func (m *Maps) DumpPolicy(id uint16) (map[PolicyKey]PolicyValue, error) {
-	out := map[PolicyKey]PolicyValue{}
+// Lookup returns the entry stored under exactly k.
+func (m PolicyMap) Lookup(k PolicyKey) (PolicyValue, bool, error) {
+	want, err := k.raw()
+	if err != nil {
+		return PolicyValue{}, false, err
+	}
+	// The kernel answers the longest match; an exact hit is confirmed by
+	// looking for the key itself.
+	var found PolicyValue
+	ok := false
+	err = m.iterateRaw(func(r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
+		if r == want {
+			found, ok = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie}, true
+			return false
+		}
+		return true
+	})
+	return found, ok, err
+}
+
+// Decide answers as the datapath would for a new flow of endpoint ep: the
+// entry for the peer's identity and the one for any identity (longest
+// protocol/port match each), deny first. found is false when nothing
+// allows (a default deny).
+func (m PolicyMap) Decide(ep uint16, dir uint8, identity uint32, proto uint8, port uint16) (v PolicyValue, found bool, err error) {
+	lookup := func(id uint32) (*bpf.LxcPolicyEntry, error) {
+		k := bpf.LxcPolicyKey{Prefixlen: fixedPolicyBits + 32, EpId: ep, Dir: dir, Identity: id, Proto: proto, Dport: Htons(port)}
+		var e bpf.LxcPolicyEntry
+		if err := m.m.Lookup(&k, &e); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("look up policy: %w", err)
+		}
+		return &e, nil
+	}
+	exact, err := lookup(identity)
+	if err != nil {
+		return v, false, err
+	}
+	anyID, err := lookup(0)
+	if err != nil {
+		return v, false, err
+	}
+	for _, e := range []*bpf.LxcPolicyEntry{exact, anyID} {
+		if e != nil && e.Deny != 0 {
+			return PolicyValue{Deny: true, Cookie: e.Cookie}, true, nil
+		}
+	}
+	for _, e := range []*bpf.LxcPolicyEntry{exact, anyID} {
+		if e != nil {
+			return PolicyValue{Cookie: e.Cookie}, true, nil
+		}
+	}
+	return v, false, nil
+}
+
+func (m PolicyMap) iterateRaw(fn func(bpf.LxcPolicyKey, bpf.LxcPolicyEntry) bool) error {
 	var r bpf.LxcPolicyKey
 	var v bpf.LxcPolicyEntry
-	it := m.Policy.Iterate()
+	it := m.m.Iterate()
 	for it.Next(&r, &v) {
-		if id != 0 && r.EpId != id {
-			continue
+		if !fn(r, v) {
+			return nil
 		}
-		out[fromRawPolicyKey(r)] = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie}
 	}
-	return out, it.Err()
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate the policy map: %w", err)
+	}
+	return nil
 }
+
+// Iterate calls fn for each entry until fn returns false.
+func (m PolicyMap) Iterate(fn func(PolicyKey, PolicyValue) bool) error {
+	return m.iterateRaw(func(r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
+		return fn(fromRawPolicyKey(r), PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie})
+	})
+}
+
+// DumpEndpoint returns the entries of one endpoint (all when id is 0).
+func (m PolicyMap) DumpEndpoint(id uint16) (map[PolicyKey]PolicyValue, error) {
+	out := map[PolicyKey]PolicyValue{}
+	err := m.Iterate(func(k PolicyKey, v PolicyValue) bool {
+		if id == 0 || k.EndpointID == id {
+			out[k] = v
+		}
+		return true
+	})
+	return out, err
+}
+
+// DeleteEndpoint removes every entry of one endpoint.
+func (m PolicyMap) DeleteEndpoint(id uint16) error {
+	entries, err := m.DumpEndpoint(id)
+	if err != nil {
+		return err
+	}
+	for k := range entries {
+		if err := m.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Count is the number of entries.
+func (m PolicyMap) Count() (int, error) { return countKeys(m.m) }
+
+// Capacity is the map's maximum number of entries.
+func (m PolicyMap) Capacity() int { return int(m.m.MaxEntries()) }
 
 // PortRange is a port with the number of leading bits that must match.
 type PortRange struct {

@@ -1,0 +1,77 @@
+package loader
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+)
+
+// legacyMaps are the pinned maps of the previous layout found at start,
+// held open while their pins are removed so their entries can be carried
+// over into the new maps.
+type legacyMaps struct {
+	endpoints, ipcache, ct *ebpf.Map
+}
+
+func (lm legacyMaps) close() {
+	for _, m := range []*ebpf.Map{lm.endpoints, lm.ipcache, lm.ct} {
+		if m != nil {
+			m.Close()
+		}
+	}
+}
+
+// openLegacy opens the v1 pins that exist under the BPF root. A pin that
+// cannot be opened is left to removeOtherLayouts.
+func (l *Loader) openLegacy() legacyMaps {
+	var lm legacyMaps
+	for name, dst := range map[string]**ebpf.Map{
+		maps.EndpointsV1MapName: &lm.endpoints, maps.IPCacheV1MapName: &lm.ipcache, maps.CTV1MapName: &lm.ct,
+	} {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(l.cfg.BPFRoot, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				l.log.Warn("Cannot open pinned map of the previous layout; its entries are not carried over", "map", name, "error", err)
+			}
+			continue
+		}
+		*dst = m
+	}
+	return lm
+}
+
+// migrateLegacy copies the previous layout's endpoints, ipcache and
+// conntrack entries into the new maps, before the pinned links switch to
+// the new programs: from the first packet the new programs see, every pod
+// has its endpoint entry, every peer its identity and every connection its
+// conntrack entry, so nothing is dropped or re-evaluated while the agent
+// regenerates the endpoints. Conntrack goes last, so it misses as few
+// flows as possible that the old programs create meanwhile. Policy and
+// metrics kept their layout and their pins. A failure costs the copy, not
+// the start: the agent's regeneration rewrites endpoints and the ipcache.
+func (l *Loader) migrateLegacy(lm legacyMaps) {
+	if lm.endpoints != nil {
+		res, err := maps.MigrateEndpointsV1(lm.endpoints, l.maps.EndpointMap(), l.cfg.DirectDelivery)
+		l.logMigration(maps.EndpointsV1MapName, res, err)
+	}
+	if lm.ipcache != nil {
+		res, err := maps.MigrateIPCacheV1(lm.ipcache, l.maps.IPCacheMap())
+		l.logMigration(maps.IPCacheV1MapName, res, err)
+	}
+	if lm.ct != nil {
+		res, err := maps.MigrateCTV1(lm.ct, l.maps.CTMap(), maps.MonotonicNow())
+		l.logMigration(maps.CTV1MapName, res, err)
+	}
+}
+
+func (l *Loader) logMigration(name string, res maps.MigrationResult, err error) {
+	if err != nil {
+		l.log.Warn("Cannot carry entries over from a map of the previous layout", "map", name, "read", res.Read, "written", res.Written, "error", err)
+		return
+	}
+	l.log.Info("Carried entries over from a map of the previous layout", "map", name, "read", res.Read, "written", res.Written)
+}

@@ -1,0 +1,306 @@
+package maps
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/tendril-net/tendril/pkg/datapath/bpf"
+	"github.com/tendril-net/tendril/pkg/testutil"
+)
+
+func TestPolicyKeyEncoding(t *testing.T) {
+	keys := []PolicyKey{
+		{EndpointID: 3, Direction: DirIngress, Identity: 1000},
+		{EndpointID: 3, Direction: DirEgress, Identity: 0, Proto: 17},
+		{EndpointID: 3, Direction: DirEgress, Identity: 7, Proto: 6, Port: 8080, PortPrefixLen: 16},
+		{EndpointID: 3, Direction: DirIngress, Identity: 7, Proto: 6, Port: 8192, PortPrefixLen: 6},
+	}
+	for _, k := range keys {
+		r, err := k.raw()
+		if err != nil {
+			t.Fatalf("%+v: %v", k, err)
+		}
+		if back := fromRawPolicyKey(r); back != k {
+			t.Errorf("round trip %+v -> %+v", k, back)
+		}
+	}
+	// Bits past the prefix are masked, so equal prefixes are equal keys.
+	a, _ := PolicyKey{Proto: 6, Port: 9030, PortPrefixLen: 6}.raw()
+	b, _ := PolicyKey{Proto: 6, Port: 9024, PortPrefixLen: 6}.raw()
+	if a != b {
+		t.Errorf("unmasked port bits: %+v vs %+v", a, b)
+	}
+	for _, bad := range []PolicyKey{{Port: 80, PortPrefixLen: 16}, {Proto: 6, PortPrefixLen: 17}, {Direction: 2}} {
+		if _, err := bad.raw(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+func TestEndpointValidation(t *testing.T) {
+	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
+	good := Endpoint{ID: 1, IfIndex: 4, IPv4: netip.MustParseAddr("10.0.0.1"), IPv6: netip.MustParseAddr("fd00::1"),
+		Flags: FlagDeliverDirect | FlagEnforceIngress, MAC: mac, HostMAC: mac}
+	v, err := good.raw()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Flags != FlagDeliverDirect|FlagEnforceIngress|FlagHasIPv4|FlagHasIPv6 {
+		t.Errorf("flags %#x", v.Flags)
+	}
+	if back := fromRawEndpoint(v); back.IPv4 != good.IPv4 || back.IPv6 != good.IPv6 || !back.EnforceIngress() || back.EnforceEgress() {
+		t.Errorf("round trip %+v", back)
+	}
+	for name, bad := range map[string]Endpoint{
+		"IPv6 as IPv4":        {ID: 1, IPv4: netip.MustParseAddr("fd00::1")},
+		"IPv4 as IPv6":        {ID: 1, IPv6: netip.MustParseAddr("10.0.0.1")},
+		"direct without MACs": {ID: 1, Flags: FlagDeliverDirect, MAC: mac},
+	} {
+		if _, err := bad.raw(); err == nil {
+			t.Errorf("%s accepted", name)
+		}
+	}
+}
+
+// newUnpinnedMaps creates the datapath's maps as the object declares them,
+// without pins.
+func newUnpinnedMaps(t *testing.T) *Maps {
+	t.Helper()
+	testutil.Privileged(t)
+	spec, err := bpf.LoadLxc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := func(name string) *ebpf.Map {
+		ms := spec.Maps[name].Copy()
+		ms.Pinning = ebpf.PinNone
+		m, err := ebpf.NewMap(ms)
+		if err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	return &Maps{Endpoints: create(EndpointsMapName), EndpointsIP4: create(EndpointIP4Name), EndpointsIP6: create(EndpointIP6Name),
+		IPCache: create(IPCacheMapName), Policy: create(PolicyMapName),
+		CT4: create(CT4MapName), CT6: create(CT6MapName), Metrics: create(MetricsMapName)}
+}
+
+func TestPrivilegedIPCacheAndPolicyLookups(t *testing.T) {
+	m := newUnpinnedMaps(t)
+	ipc := m.IPCacheMap()
+	for p, id := range map[string]uint32{"0.0.0.0/0": 2, "10.0.0.0/8": 100, "10.1.0.5/32": 200, "::/0": 2, "fd00::/64": 300} {
+		if err := ipc.Upsert(netip.MustParsePrefix(p), IPCacheEntry{Identity: id, TunnelIP: netip.MustParseAddr("fd00:1::1")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for addr, want := range map[string]uint32{"10.1.0.5": 200, "10.1.0.6": 100, "192.0.2.1": 2, "::ffff:10.1.0.5": 200, "fd00::9": 300, "fd01::1": 2} {
+		e, ok, err := ipc.LookupAddr(netip.MustParseAddr(addr))
+		if err != nil || !ok || e.Identity != want {
+			t.Errorf("%s: identity %d (found %v, %v), want %d", addr, e.Identity, ok, err, want)
+		}
+	}
+	if e, ok, _ := ipc.Lookup(netip.MustParsePrefix("10.0.0.0/8")); !ok || e.Identity != 100 || e.TunnelIP != netip.MustParseAddr("fd00:1::1") {
+		t.Errorf("exact lookup of 10.0.0.0/8: %+v %v", e, ok)
+	}
+	if _, ok, _ := ipc.Lookup(netip.MustParsePrefix("10.1.0.0/16")); ok {
+		t.Error("exact lookup found a prefix that is not stored")
+	}
+
+	pm := m.PolicyMap()
+	for _, pr := range PortRangePrefixes(9000, 9100) {
+		if err := pm.Upsert(PolicyKey{EndpointID: 1, Direction: DirIngress, Proto: 6, Port: pr.Port, PortPrefixLen: pr.PrefixLen}, PolicyValue{Cookie: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pm.Upsert(PolicyKey{EndpointID: 1, Direction: DirIngress, Identity: 66}, PolicyValue{Deny: true, Cookie: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		id          uint32
+		port        uint16
+		found, deny bool
+	}{{7, 9050, true, false}, {7, 9101, false, false}, {66, 9050, true, true}} {
+		v, found, err := pm.Decide(1, DirIngress, tc.id, 6, tc.port)
+		if err != nil || found != tc.found || v.Deny != tc.deny {
+			t.Errorf("identity %d port %d: %+v found=%v err=%v", tc.id, tc.port, v, found, err)
+		}
+	}
+	if err := pm.DeleteEndpoint(1); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := pm.Count(); n != 0 {
+		t.Errorf("%d policy entries after deleting the endpoint's", n)
+	}
+}
+
+func TestCTCanonicalOrder(t *testing.T) {
+	a, b := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	fwd := CTEntry{Proto: 6, Src: a, SrcPort: 40000, Dst: b, DstPort: 80, SrcEndpoint: 1, Expires: 9}
+	rev := CTEntry{Proto: 6, Src: b, SrcPort: 80, Dst: a, DstPort: 40000}
+	if fwd.key4() != rev.key4() {
+		t.Fatalf("a flow and its reply build different keys: %+v %+v", fwd.key4(), rev.key4())
+	}
+	// Stored and read back, the entry keeps who started the flow.
+	k := fwd.key4()
+	back := fromKey4(k, fwd.value())
+	if back != fwd {
+		t.Fatalf("round trip %+v -> %+v", fwd, back)
+	}
+	// Same address (different ports): ports decide.
+	self := CTEntry{Proto: 17, Src: a, SrcPort: 9, Dst: a, DstPort: 5}
+	if !(CTEntry{Proto: 17, Src: a, SrcPort: 5, Dst: a, DstPort: 9}).srcIsA() || self.srcIsA() {
+		t.Error("ports do not order equal addresses")
+	}
+	if got := fromKey4(self.key4(), self.value()); got.Src != a || got.SrcPort != 9 {
+		t.Errorf("orientation lost: %+v", got)
+	}
+}
+
+func TestPrivilegedConntrackSweep(t *testing.T) {
+	m := newUnpinnedMaps(t)
+	ct := m.CTMap()
+	now := MonotonicNow()
+	pod, peer := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	pod6, peer6 := netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2")
+	entries := []CTEntry{
+		// 1's connection out, live.
+		{Proto: 6, Src: pod, SrcPort: 1000, Dst: peer, DstPort: 80, SrcEndpoint: 1, Expires: now + 1e12},
+		// Expired.
+		{Proto: 6, Src: pod, SrcPort: 1001, Dst: peer, DstPort: 80, SrcEndpoint: 1, Expires: now - 1},
+		// From a remote side to endpoint 2.
+		{Proto: 17, Src: peer6, SrcPort: 5000, Dst: pod6, DstPort: 53, DstEndpoint: 2, Expires: now + 1e12},
+		// To endpoint 3, which is gone.
+		{Proto: 17, Src: peer6, SrcPort: 5001, Dst: pod6, DstPort: 53, DstEndpoint: 3, Expires: now + 1e12},
+		// Between endpoints 1 (live) and 3 (gone).
+		{Proto: 6, Src: pod, SrcPort: 1002, Dst: peer, DstPort: 443, SrcEndpoint: 1, DstEndpoint: 3, Expires: now + 1e12},
+	}
+	for _, e := range entries {
+		if err := ct.Upsert(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ct.Upsert(CTEntry{Src: pod, Dst: peer6}); err == nil {
+		t.Error("an entry of mixed families accepted")
+	}
+	got, ok, err := ct.Lookup(CTEntry{Proto: 17, Src: pod6, SrcPort: 53, Dst: peer6, DstPort: 5000})
+	if err != nil || !ok || got.Src != peer6 || got.DstEndpoint != 2 {
+		t.Fatalf("IPv6 lookup by the reply's tuple: %+v %v %v", got, ok, err)
+	}
+	res, err := ct.DeleteExpired(now, func(id uint16) bool { return id != 3 })
+	if err != nil || res.Seen != 5 || res.Deleted != 2 || res.Forgotten != 1 {
+		t.Fatalf("sweep: %+v %v", res, err)
+	}
+	shared, ok, _ := ct.Lookup(entries[4])
+	if !ok || shared.SrcEndpoint != 1 || shared.DstEndpoint != 0 {
+		t.Errorf("the entry shared with a deleted endpoint: %+v %v", shared, ok)
+	}
+	if n, _ := ct.Count(); n != 3 {
+		t.Errorf("%d entries left, want 3", n)
+	}
+	if res, err := ct.DeleteEndpoint(1); err != nil || res.Deleted != 2 {
+		t.Errorf("forget endpoint 1: %+v %v", res, err)
+	}
+}
+
+func TestPrivilegedMigrateCTV1(t *testing.T) {
+	m := newUnpinnedMaps(t)
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 44, ValueSize: 32, MaxEntries: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	now := MonotonicNow()
+	a, b, x := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("192.0.2.7")
+	key := func(s, d netip.Addr, sp, dp uint16, dir uint8, ep uint16) ctKeyV1 {
+		_, sa := addrBytes(s)
+		_, da := addrBytes(d)
+		return ctKeyV1{Saddr: sa, Daddr: da, Sport: Htons(sp), Dport: Htons(dp), Proto: 6, Family: FamilyV4, Dir: dir, EpID: ep}
+	}
+	for k, v := range map[ctKeyV1]ctEntryV1{
+		// Endpoint 1 (at a) connected to endpoint 2 (at b): 1's entry,
+		// its reply-direction entry, and 2's entry.
+		key(a, b, 40000, 80, DirEgress, 1):  {Expires: now + 1e12, SeenReply: 1},
+		key(b, a, 80, 40000, DirIngress, 1): {Expires: now + 1e12, SeenReply: 1, IsReply: 1},
+		key(a, b, 40000, 80, DirIngress, 2): {Expires: now + 2e12, Closing: 1},
+		// A remote peer connected to endpoint 2.
+		key(x, b, 5555, 22, DirIngress, 2): {Expires: now + 1e12},
+		// Expired.
+		key(a, b, 40001, 80, DirEgress, 1): {Expires: now - 1},
+	} {
+		if err := old.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := MigrateCTV1(old, m.CTMap(), now)
+	if err != nil || res.Read != 5 || res.Written != 2 {
+		t.Fatalf("migration: %+v %v", res, err)
+	}
+	local, ok, _ := m.CTMap().Lookup(CTEntry{Proto: 6, Src: b, SrcPort: 80, Dst: a, DstPort: 40000})
+	if !ok || local.Src != a || local.SrcEndpoint != 1 || local.DstEndpoint != 2 || !local.SeenReply() || !local.Closing() || local.Expires != now+2e12 {
+		t.Errorf("the local flow: %+v %v", local, ok)
+	}
+	remote, ok, _ := m.CTMap().Lookup(CTEntry{Proto: 6, Src: x, SrcPort: 5555, Dst: b, DstPort: 22})
+	if !ok || remote.Src != x || remote.SrcEndpoint != 0 || remote.DstEndpoint != 2 {
+		t.Errorf("the remote peer's flow: %+v %v", remote, ok)
+	}
+	// A map of another shape under the v1 name is not read.
+	wrong, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 40, ValueSize: 32, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+	if _, err := MigrateCTV1(wrong, m.CTMap(), now); err == nil {
+		t.Error("a map of another layout was read as v1")
+	}
+}
+
+func TestPrivilegedEndpointMaps(t *testing.T) {
+	m := newUnpinnedMaps(t)
+	em := m.EndpointMap()
+	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
+	a := Endpoint{ID: 7, IfIndex: 40, Identity: 1000, IPv4: netip.MustParseAddr("10.0.0.7"), IPv6: netip.MustParseAddr("fd00::7"),
+		Flags: FlagEnforceIngress | FlagDeliverDirect, MAC: mac, HostMAC: mac}
+	if err := em.Upsert(a); err != nil {
+		t.Fatal(err)
+	}
+	for _, ip := range []netip.Addr{a.IPv4, netip.MustParseAddr("::ffff:10.0.0.7"), a.IPv6} {
+		e, ok, err := em.LookupAddr(ip)
+		if err != nil || !ok || e.ID != 7 || e.IfIndex != 40 || !e.EnforceIngress() {
+			t.Errorf("lookup %s: %+v %v %v", ip, e, ok, err)
+		}
+	}
+	if e, ok, err := em.LookupID(7); err != nil || !ok || e.IPv6 != a.IPv6 {
+		t.Errorf("lookup by ID: %+v %v %v", e, ok, err)
+	}
+	// The veth is recreated: the interface entry moves, the old one goes
+	// (found through the address entries).
+	a.IfIndex = 41
+	if err := em.Upsert(a); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := em.Lookup(40); ok {
+		t.Error("stale interface entry kept")
+	}
+	if n, _ := em.Count(); n != 3 {
+		t.Errorf("%d entries, want 3", n)
+	}
+	// Another endpoint took a's IPv4 address meanwhile: deleting a must
+	// not remove the new owner's entry.
+	b := Endpoint{ID: 8, IfIndex: 50, IPv4: a.IPv4}
+	if err := em.Upsert(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := em.DeleteID(7); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok, _ := em.LookupAddr(a.IPv4); !ok || e.ID != 8 {
+		t.Errorf("the new owner's address entry: %+v %v", e, ok)
+	}
+	if list, _ := em.List(); len(list) != 1 || list[0].ID != 8 {
+		t.Errorf("endpoints left: %+v", list)
+	}
+}
