@@ -37,6 +37,8 @@ type datapathModule struct {
 
 	mu   sync.Mutex
 	held map[uint16]identity.NumericIdentity // identity reference held per endpoint
+	// hostIPs are the node addresses last written as host.
+	hostIPs map[netip.Prefix]bool
 
 	gcCancel context.CancelFunc
 	gcDone   chan struct{}
@@ -321,6 +323,24 @@ func (m *datapathModule) writeHostIPs() error {
 		}
 		if err := m.ipcache.Upsert(p, ipcache.Entry{Identity: identity.NumericIdentity(id), Source: src}); err != nil {
 			return err
+		}
+	}
+	// Addresses the node no longer has stop being "host": another node or
+	// a pod may own them next.
+	m.mu.Lock()
+	old := m.hostIPs
+	m.hostIPs = make(map[netip.Prefix]bool, len(want))
+	for p := range want {
+		if p.Bits() != 0 {
+			m.hostIPs[p] = true
+		}
+	}
+	m.mu.Unlock()
+	for p := range old {
+		if _, still := want[p]; !still {
+			if err := m.ipcache.Delete(p, ipcache.SourceLocal); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -207,3 +207,40 @@ func BenchmarkAllocate(b *testing.B) {
 		}
 	}
 }
+
+// TestThousandDistinctLabelSets: 1,000 label sets allocated by 8
+// goroutines get 1,000 distinct identities.
+func TestThousandDistinctLabelSets(t *testing.T) {
+	a, _ := newAllocator(t)
+	seen := map[identity.NumericIdentity]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, 1000)
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < 1000; i += 8 {
+				id, _, err := a.Allocate([]string{"k8s:app=bulk" + strconv.Itoa(i), "k8s:io.kubernetes.pod.namespace=bulk"})
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				if prev, dup := seen[id.ID]; dup {
+					errs <- fmt.Errorf("identity %d given to sets %d and %d", id.ID, prev, i)
+				}
+				seen[id.ID] = i
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if len(seen) != 1000 {
+		t.Fatalf("%d distinct identities for 1,000 label sets", len(seen))
+	}
+}
