@@ -60,6 +60,9 @@ $T $node1 policy trace --src k8s:app=other,k8s:io.kubernetes.pod.namespace=demo 
 step "The datapath's view on node1: policy entries in the pinned BPF maps"
 $T bpf policy list --bpf-root /sys/fs/bpf/tendril-lab/tdrlab/node1
 
+step "tendril connectivity test: its own pods on both nodes, traffic and policy cases"
+$T connectivity test
+
 step "tendril status of node1"
 $T $node1 status
 
@@ -71,6 +74,8 @@ cat <<TRY
   $T lab probe demo/far $backend:80 --udp    # exit 0 answered, 1 blocked, 2 could not probe
   $T lab exec demo/other -- ip route
   $T -H \$TENDRIL_SOCK_NODE2 endpoint list
+  $T -H \$TENDRIL_SOCK_NODE2 ip list         # the ipcache: pods of both nodes with their identities
+  $T connectivity test --keep                 # and look at namespace tendril-connectivity afterwards
   kubectl delete tnp -n demo allow-frontend; kubectl label pod -n demo other app=frontend --overwrite
   make demo-down                              # tendril lab down: removes everything
 TRY

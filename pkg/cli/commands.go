@@ -11,6 +11,7 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newPolicyCommand,
 		newIdentityCommand,
 		newIPCommand,
+		newConnectivityCommand,
 		newBPFCommand,
 		newLabCommand,
 	}

@@ -1,0 +1,227 @@
+package connectivity
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/tendril-net/tendril/pkg/k8s"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/policy/api"
+)
+
+// Config says where the test runs.
+type Config struct {
+	// Namespace is the test's own namespace (deleted and recreated).
+	Namespace string
+	// Nodes are two node names (pods are pinned to them) and their
+	// addresses (for pod-to-host checks).
+	Nodes     [2]string
+	NodeIPs   [2]string
+	Keep      bool
+	Settle    time.Duration
+	ReadyWait time.Duration
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{Namespace: "tendril-connectivity", Settle: 30 * time.Second, ReadyWait: 2 * time.Minute}
+}
+
+// The test's pods: a client and a second client on node 0, servers on
+// node 0 and node 1. Lab workloads answer on TCP and UDP 80 and 81.
+const (
+	podClient      = "client"
+	podOtherClient = "other-client"
+	podServerSame  = "server-same-node"
+	podServerOther = "server-other-node"
+)
+
+// Test deploys the pods, runs every check and cleans up; it returns the
+// results (the caller prints the table and sets the exit code).
+func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io.Writer) ([]Result, error) {
+	ns := cfg.Namespace
+	begin := time.Now()
+	fmt.Fprintf(out, "Deploying the connectivity test in namespace %s (nodes %s and %s)\n", ns, cfg.Nodes[0], cfg.Nodes[1])
+	if err := deleteNamespace(ctx, c, ns); err != nil {
+		return nil, err
+	}
+	if _, err := c.Core.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create namespace %s: %w", ns, err)
+	}
+	if !cfg.Keep {
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if err := deleteNamespace(ctx, c, ns); err != nil {
+				fmt.Fprintf(out, "cleanup: %v\n", err)
+			}
+		}()
+	}
+	pods := map[string]struct {
+		node int
+		app  string
+	}{podClient: {0, "client"}, podOtherClient: {0, "other-client"}, podServerSame: {0, "server"}, podServerOther: {1, "server"}}
+	for name, p := range pods {
+		if err := createPod(ctx, c, ns, name, cfg.Nodes[p.node], p.app); err != nil {
+			return nil, err
+		}
+	}
+	ips := map[string]string{}
+	for name := range pods {
+		ip, err := waitReady(ctx, c, ns, name, cfg.ReadyWait)
+		if err != nil {
+			return nil, err
+		}
+		ips[name] = ip
+	}
+	fmt.Fprintf(out, "Pods ready after %s\n\n", time.Since(begin).Round(time.Millisecond))
+
+	from := func(pod string) string { return ns + "/" + pod }
+	to := func(pod string, port int) string { return fmt.Sprintf("%s:%d", ips[pod], port) }
+	phases := []struct {
+		title  string
+		before func() error
+		checks []Check
+	}{
+		{"no policy", nil, []Check{
+			{"pod to pod, same node, TCP", from(podClient), to(podServerSame, 80), "tcp", true},
+			{"pod to pod, same node, UDP", from(podClient), to(podServerSame, 81), "udp", true},
+			{"pod to pod, other node, TCP", from(podClient), to(podServerOther, 80), "tcp", true},
+			{"pod to pod, other node, UDP", from(podClient), to(podServerOther, 81), "udp", true},
+			{"pod to pod, other node, ICMP", from(podClient), ips[podServerOther], "icmp", true},
+			{"pod to host, own node", from(podClient), cfg.NodeIPs[0], "icmp", true},
+			{"pod to host, other node", from(podClient), cfg.NodeIPs[1], "icmp", true},
+		}},
+		{"TendrilNetworkPolicy: servers admit only app=client on TCP 80", func() error { return applyServerPolicy(ctx, c, ns) }, []Check{
+			{"allowed client, same node", from(podClient), to(podServerSame, 80), "tcp", true},
+			{"allowed client, other node", from(podClient), to(podServerOther, 80), "tcp", true},
+			{"other client denied, same node", from(podOtherClient), to(podServerSame, 80), "tcp", false},
+			{"other client denied, other node", from(podOtherClient), to(podServerOther, 80), "tcp", false},
+			{"allowed client, port not in the policy", from(podClient), to(podServerOther, 81), "udp", false},
+		}},
+		{"NetworkPolicy: other-client may only send to UDP 81 (egress)", func() error {
+			if err := c.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(ctx, "servers-admit-client", metav1.DeleteOptions{}); err != nil {
+				return err
+			}
+			return applyEgressPolicy(ctx, c, ns)
+		}, []Check{
+			{"egress to TCP 80 denied", from(podOtherClient), to(podServerOther, 80), "tcp", false},
+			{"egress to UDP 81 allowed", from(podOtherClient), to(podServerOther, 81), "udp", true},
+			{"unrestricted client unaffected", from(podClient), to(podServerOther, 80), "tcp", true},
+		}},
+		{"policies deleted", func() error {
+			return c.Core.NetworkingV1().NetworkPolicies(ns).Delete(ctx, "other-client-egress", metav1.DeleteOptions{})
+		}, []Check{
+			{"connectivity restored, TCP", from(podOtherClient), to(podServerOther, 80), "tcp", true},
+			{"connectivity restored, same node", from(podOtherClient), to(podServerSame, 80), "tcp", true},
+		}},
+	}
+	total := 0
+	for _, ph := range phases {
+		total += len(ph.checks)
+	}
+	runner := &Runner{Prober: prober, Out: out, ProbeTimeout: time.Second, Settle: cfg.Settle}
+	var results []Result
+	for _, ph := range phases {
+		fmt.Fprintf(out, "--- %s\n", ph.title)
+		if ph.before != nil {
+			if err := ph.before(); err != nil {
+				return results, fmt.Errorf("%s: %w", ph.title, err)
+			}
+		}
+		results = append(results, runner.Run(ctx, total, len(results)+1, ph.checks)...)
+	}
+	fmt.Fprintln(out)
+	return results, nil
+}
+
+func createPod(ctx context.Context, c *k8s.Clients, ns, name, node, app string) error {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": app}},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "workload", Image: "tendril.io/lab-workload"}}},
+	}
+	if _, err := c.Core.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create pod %s/%s: %w", ns, name, err)
+	}
+	return nil
+}
+
+func waitReady(ctx context.Context, c *k8s.Clients, ns, name string, wait time.Duration) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		p, err := c.Core.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && p.Status.PodIP != "" && p.Status.Phase == corev1.PodRunning {
+			for _, cond := range p.Status.Conditions {
+				if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+					return p.Status.PodIP, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("pod %s/%s not ready after %s (last error: %v)", ns, name, wait, err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func deleteNamespace(ctx context.Context, c *k8s.Clients, ns string) error {
+	err := c.Core.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete namespace %s: %w", ns, err)
+	}
+	for {
+		if _, err := c.Core.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("namespace %s still terminating: %w", ns, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func applyServerPolicy(ctx context.Context, c *k8s.Clients, ns string) error {
+	pol := &v1alpha1.TendrilNetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "servers-admit-client", Namespace: ns},
+		Spec: &api.Rule{
+			EndpointSelector: &api.EndpointSelector{MatchLabels: map[string]string{"app": "server"}},
+			Ingress: []api.IngressRule{{
+				FromEndpoints: []api.EndpointSelector{{MatchLabels: map[string]string{"app": "client"}}},
+				ToPorts:       []api.PortRule{{Ports: []api.PortProtocol{{Port: "80", Protocol: "TCP"}}}},
+			}},
+		},
+	}
+	_, err := c.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{})
+	return err
+}
+
+func applyEgressPolicy(ctx context.Context, c *k8s.Clients, ns string) error {
+	udp := corev1.ProtocolUDP
+	port := intstr.FromInt32(81)
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "other-client-egress", Namespace: ns},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "other-client"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress:      []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &port}}}},
+		},
+	}
+	_, err := c.Core.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{})
+	return err
+}

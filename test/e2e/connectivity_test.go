@@ -1,0 +1,28 @@
+package e2e_test
+
+import (
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestPrivilegedConnectivityTest runs `tendril connectivity test` against
+// the package's lab: every check passes and the table says so.
+func TestPrivilegedConnectivityTest(t *testing.T) {
+	labUp(t)
+	out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", labName).CombinedOutput()
+	t.Logf("tendril connectivity test:\n%s", out)
+	if err != nil {
+		t.Fatalf("connectivity test failed: %v", err)
+	}
+	m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out))
+	if m == nil || m[1] != m[2] || m[1] == "0" {
+		t.Fatalf("no all-passed summary in the output")
+	}
+	for _, want := range []string{"pod to pod, other node, TCP", "pod to host, other node", "other client denied, other node", "egress to TCP 80 denied", "connectivity restored"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks check %q", want)
+		}
+	}
+}
