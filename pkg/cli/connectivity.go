@@ -44,6 +44,9 @@ any check failed. Needs root (probes run inside the pods' network namespaces).`,
 			}
 			cfg.Nodes = [2]string{st.Nodes[0].Name, st.Nodes[1].Name}
 			cfg.NodeIPs = [2]string{st.Nodes[0].Address, st.Nodes[1].Address}
+			// The kubernetes Service's endpoint: node1's address, where every
+			// lab kubelet forwards the API server for pods.
+			cfg.APIServer = fmt.Sprintf("%s:%d", st.Nodes[0].Address, st.APIPort)
 			rc, err := controlplane.RESTConfig(st.Kubeconfig)
 			if err != nil {
 				return err

@@ -3,6 +3,7 @@ package connectivity
 import (
 	"context"
 	"fmt"
+	"net"
 	"os/exec"
 	"strings"
 	"time"
@@ -42,6 +43,27 @@ func (p LabProber) Probe(ctx context.Context, pod, addr string, udp bool, timeou
 		return fmt.Errorf("enter %s: %w", pod, err)
 	}
 	return probeErr
+}
+
+// Dial opens a TCP connection from inside the pod.
+func (p LabProber) Dial(ctx context.Context, pod, addr string, timeout time.Duration) error {
+	path, err := p.netns(pod)
+	if err != nil {
+		return err
+	}
+	var dialErr error
+	if err := lab.InNetns(path, func() error {
+		d := net.Dialer{Timeout: timeout}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		dialErr = err
+		return nil
+	}); err != nil {
+		return fmt.Errorf("enter %s: %w", pod, err)
+	}
+	return dialErr
 }
 
 // Ping runs ping(8) inside the pod's network namespace.

@@ -22,6 +22,9 @@ type Prober interface {
 	Probe(ctx context.Context, pod, addr string, udp bool, timeout time.Duration) error
 	// Ping sends ICMP echo requests from pod to ip.
 	Ping(ctx context.Context, pod, ip string, timeout time.Duration) error
+	// Dial only opens a TCP connection from pod to addr (for servers that
+	// do not answer the probe's request, such as the API server's TLS).
+	Dial(ctx context.Context, pod, addr string, timeout time.Duration) error
 }
 
 // Check is one expectation: from a pod to a target, connected or not.
@@ -30,7 +33,7 @@ type Check struct {
 	From string
 	// To is IP:port for TCP/UDP, an IP for ICMP.
 	To    string
-	Proto string // tcp, udp or icmp
+	Proto string // tcp, udp, icmp or tcp-connect
 	// Allowed is the expected outcome.
 	Allowed bool
 }
@@ -62,6 +65,8 @@ func (r *Runner) probeOnce(ctx context.Context, c Check) error {
 		return r.Prober.Ping(ctx, c.From, c.To, r.ProbeTimeout)
 	case "udp":
 		return r.Prober.Probe(ctx, c.From, c.To, true, r.ProbeTimeout)
+	case "tcp-connect":
+		return r.Prober.Dial(ctx, c.From, c.To, r.ProbeTimeout)
 	default:
 		return r.Prober.Probe(ctx, c.From, c.To, false, r.ProbeTimeout)
 	}

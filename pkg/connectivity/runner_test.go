@@ -41,9 +41,13 @@ func (f *fakeProber) Ping(_ context.Context, pod, ip string, _ time.Duration) er
 	return f.outcome(pod + ">" + ip)
 }
 
+func (f *fakeProber) Dial(_ context.Context, pod, addr string, _ time.Duration) error {
+	return f.outcome(pod + ">" + addr)
+}
+
 func TestRunnerPassesFailsAndWaitsForPolicy(t *testing.T) {
 	p := &fakeProber{
-		allowed:   map[string]bool{"a>10.0.0.2:80": true, "a>10.0.0.9": true, "b>10.0.0.2:80": true},
+		allowed:   map[string]bool{"a>10.0.0.2:80": true, "a>10.0.0.9": true, "b>10.0.0.2:80": true, "a>10.0.0.9:6443": true},
 		flipAfter: map[string]int{"b>10.0.0.2:80": 2}, // denied from the third probe on
 		seen:      map[string]int{},
 	}
@@ -51,22 +55,23 @@ func TestRunnerPassesFailsAndWaitsForPolicy(t *testing.T) {
 	r := &Runner{Prober: p, Out: &out, ProbeTimeout: time.Millisecond, Settle: 2 * time.Second}
 	res := r.Run(context.Background(), 4, 1, []Check{
 		{Name: "allowed tcp", From: "a", To: "10.0.0.2:80", Proto: "tcp", Allowed: true},
+		{Name: "api server", From: "a", To: "10.0.0.9:6443", Proto: "tcp-connect", Allowed: true},
 		{Name: "ping host", From: "a", To: "10.0.0.9", Proto: "icmp", Allowed: true},
 		{Name: "policy arrives late", From: "b", To: "10.0.0.2:80", Proto: "tcp", Allowed: false},
 		{Name: "never connects", From: "a", To: "10.0.0.3:81", Proto: "udp", Allowed: true},
 	})
-	if Failed(res) != 1 || !res[0].Passed || !res[1].Passed || !res[2].Passed || res[3].Passed {
+	if Failed(res) != 1 || !res[0].Passed || !res[1].Passed || !res[2].Passed || !res[3].Passed || res[4].Passed {
 		t.Fatalf("results %+v", res)
 	}
-	if res[2].Attempts != 3 {
-		t.Fatalf("late policy: %d attempts, want 3", res[2].Attempts)
+	if res[3].Attempts != 3 {
+		t.Fatalf("late policy: %d attempts, want 3", res[3].Attempts)
 	}
-	if !strings.Contains(out.String(), "[4/4] never connects") || !strings.Contains(out.String(), "FAILED") {
+	if !strings.Contains(out.String(), "[5/4] never connects") || !strings.Contains(out.String(), "FAILED") {
 		t.Fatalf("progress lines:\n%s", out.String())
 	}
 	var table bytes.Buffer
 	PrintTable(&table, res)
-	for _, want := range []string{"CHECK", "PASS", "FAIL: i/o timeout", "4 checks: 3 passed, 1 failed"} {
+	for _, want := range []string{"CHECK", "PASS", "FAIL: i/o timeout", "5 checks: 4 passed, 1 failed"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}

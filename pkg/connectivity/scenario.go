@@ -23,8 +23,11 @@ type Config struct {
 	Namespace string
 	// Nodes are two node names (pods are pinned to them) and their
 	// addresses (for pod-to-host checks).
-	Nodes     [2]string
-	NodeIPs   [2]string
+	Nodes   [2]string
+	NodeIPs [2]string
+	// APIServer is the API server's address as pods reach it (the
+	// kubernetes Service's endpoint); empty skips the check.
+	APIServer string
 	Keep      bool
 	Settle    time.Duration
 	ReadyWait time.Duration
@@ -123,6 +126,11 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			{"connectivity restored, TCP", from(podOtherClient), to(podServerOther, 80), "tcp", true},
 			{"connectivity restored, same node", from(podOtherClient), to(podServerSame, 80), "tcp", true},
 		}},
+	}
+	if cfg.APIServer != "" {
+		phases[0].checks = append(phases[0].checks,
+			Check{"pod to API server, other node", from(podServerOther), cfg.APIServer, "tcp-connect", true},
+			Check{"pod to API server, same node", from(podClient), cfg.APIServer, "tcp-connect", true})
 	}
 	total := 0
 	for _, ph := range phases {

@@ -29,9 +29,10 @@ func writePEM(path, typ string, der []byte) ([]byte, error) {
 }
 
 // NewPKI makes a CA, a serving certificate for the API server (127.0.0.1,
-// serviceIP and the kubernetes service names), an admin client certificate
-// (system:masters) and a service-account signing key, valid for validity.
-func NewPKI(dir string, serviceIP net.IP, validity time.Duration) (*PKI, error) {
+// serviceIP, extraIPs such as the lab's node addresses, and the kubernetes
+// service names), an admin client certificate (system:masters) and a
+// service-account signing key, valid for validity.
+func NewPKI(dir string, serviceIP net.IP, validity time.Duration, extraIPs ...net.IP) (*PKI, error) {
 	p := &PKI{
 		CA: filepath.Join(dir, "ca.crt"), ServingCert: filepath.Join(dir, "apiserver.crt"), ServingKey: filepath.Join(dir, "apiserver.key"),
 		AdminCert: filepath.Join(dir, "admin.crt"), AdminKey: filepath.Join(dir, "admin.key"),
@@ -81,7 +82,7 @@ func NewPKI(dir string, serviceIP net.IP, validity time.Duration) (*PKI, error) 
 		keyPEM, err := writePEM(keyPath, "EC PRIVATE KEY", keyDER)
 		return certPEM, keyPEM, err
 	}
-	if _, _, err := issue(2, "kube-apiserver", nil, []net.IP{net.ParseIP("127.0.0.1"), serviceIP},
+	if _, _, err := issue(2, "kube-apiserver", nil, append([]net.IP{net.ParseIP("127.0.0.1"), serviceIP}, extraIPs...),
 		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"}, x509.ExtKeyUsageServerAuth, p.ServingCert, p.ServingKey); err != nil {
 		return nil, fmt.Errorf("serving certificate: %w", err)
 	}

@@ -248,9 +248,16 @@ func exitedError(st *State, role string, err error) error {
 }
 
 func startControlPlane(ctx context.Context, st *State) (kubernetes.Interface, error) {
-	spec := controlplane.Spec{Dir: st.Dir, ControllerManager: true, ClusterCIDR: ClusterCIDR}
+	// The API server advertises node1's lab address: every lab kubelet
+	// forwards <its node address>:<API port> to it, so pods reach the
+	// kubernetes Service's endpoint through node1.
+	spec := controlplane.Spec{Dir: st.Dir, ControllerManager: true, ClusterCIDR: ClusterCIDR, AdvertiseAddress: st.Nodes[0].Address}
+	var nodeIPs []net.IP
+	for _, n := range st.Nodes {
+		nodeIPs = append(nodeIPs, net.ParseIP(n.Address))
+	}
 	var err error
-	if spec.PKI, err = controlplane.NewPKI(filepath.Join(st.Dir, "pki"), net.ParseIP(controlplane.KubernetesSvcIP), 365*24*time.Hour); err != nil {
+	if spec.PKI, err = controlplane.NewPKI(filepath.Join(st.Dir, "pki"), net.ParseIP(controlplane.KubernetesSvcIP), 365*24*time.Hour, nodeIPs...); err != nil {
 		return nil, err
 	}
 	if err := spec.AllocatePorts(); err != nil {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"strconv"
 
@@ -44,6 +45,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("API server proxy in %s: %w", n.Netns, err)
 	}
 	go proxyAPIServer(ctx, ln, "127.0.0.1:"+strconv.Itoa(cfg.Lab.APIPort), log.With("component", "api-proxy"))
+	// Pods reach the API server at <node address>:<API port> (node1's is
+	// the advertised endpoint of the kubernetes Service).
+	podLn, err := listenInNetns(lab.NetnsPath(n.Netns), net.JoinHostPort(n.Address, strconv.Itoa(cfg.Lab.APIPort)))
+	if err != nil {
+		return fmt.Errorf("API server proxy for pods in %s: %w", n.Netns, err)
+	}
+	go proxyAPIServer(ctx, podLn, "127.0.0.1:"+strconv.Itoa(cfg.Lab.APIPort), log.With("component", "api-proxy-pods"))
 
 	rc, err := controlplane.RESTConfig(cfg.Lab.Kubeconfig)
 	if err != nil {
