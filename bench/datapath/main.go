@@ -167,6 +167,7 @@ func run(o options) error {
 	}
 
 	date := time.Now().UTC().Format("2006-01-02 15:04")
+	load, _ := os.ReadFile("/proc/loadavg")
 	base := median(gbit["baseline"])
 	fmt.Printf("| date (UTC) | mode | Gbit/s (median of %d) | vs bare veth | ns per packet, TCP stream | ns per program run | ns per new flow (UDP) |\n", o.rounds)
 	fmt.Printf("|---|---|---|---|---|---|---|\n")
@@ -179,6 +180,9 @@ func run(o options) error {
 	fmt.Printf("\nRounds (Gbit/s): baseline %s, direct %s, host %s.\n", fmtList(gbit["baseline"]), fmtList(gbit["direct"]), fmtList(gbit["host"]))
 	fmt.Printf("Per packet in the TCP stream (ns): direct %s, host %s.\n", fmtList(perPkt["direct"]), fmtList(perPkt["host"]))
 	fmt.Printf("Hot cache (BPF_PROG_TEST_RUN, program time from BPF statistics): established packet A to B %.0f ns, new flow A to B %.0f ns.\n", hotEst, hotNew)
+	// Other work on the machine moves every number: the load at the end
+	// of the run goes with them.
+	fmt.Printf("Load average at the end: %s", load)
 	return nil
 }
 

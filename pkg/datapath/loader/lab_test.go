@@ -62,10 +62,10 @@ func (lab *podLab) addPod(name string, i int) *labPod {
 func (lab *podLab) loader() *Loader {
 	lab.t.Helper()
 	l := New(Config{BPFRoot: lab.root, DirectDelivery: true}, nil)
+	lab.t.Cleanup(func() { _ = l.Close() })
 	if err := l.Start(); err != nil {
 		lab.t.Fatal(err)
 	}
-	lab.t.Cleanup(func() { _ = l.Close() })
 	return l
 }
 

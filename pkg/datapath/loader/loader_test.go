@@ -87,10 +87,11 @@ func newNodeWith(t testing.TB, cfg Config) *testNode {
 	root := filepath.Join("/sys/fs/bpf", "tendril-dptest-"+randHex())
 	cfg.BPFRoot = root
 	n.l = New(cfg, nil)
+	// Registered before Start: a start that fails has pinned maps already.
+	t.Cleanup(func() { _ = n.l.Remove() })
 	if err := n.l.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = n.l.Remove() })
 	return n
 }
 
