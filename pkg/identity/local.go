@@ -176,3 +176,11 @@ func (a *LocalAllocator) Reserve(id NumericIdentity, labels []string) error {
 	a.generation++
 	return nil
 }
+
+type notHeldError NumericIdentity
+
+func (e notHeldError) Error() string {
+	return "release identity " + NumericIdentity(e).String() + ": not held"
+}
+
+func errNotHeld(id NumericIdentity) error { return notHeldError(id) }

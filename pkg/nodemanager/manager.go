@@ -20,6 +20,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/tendril-net/tendril/pkg/datapath/linux"
 )
 
 // RouteProtocol marks routes to peer nodes' pod CIDRs. It differs from the
@@ -258,23 +260,11 @@ func (m *Manager) reconcileRoutes(want map[netip.Prefix]netip.Addr) error {
 }
 
 func (m *Manager) installedRoutes() ([]netlink.Route, error) {
-	filter := &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN}
-	var out []netlink.Route
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		var routes []netlink.Route
-		var err error
-		for range 5 {
-			routes, err = m.nl.RouteListFiltered(fam, filter, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
-			if !errors.Is(err, netlink.ErrDumpInterrupted) {
-				break
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("list node routes: %w", err)
-		}
-		out = append(out, routes...)
+	routes, err := linux.RoutesByProtocol(m.nl, RouteProtocol)
+	if err != nil {
+		return nil, fmt.Errorf("list node routes: %w", err)
 	}
-	return out, nil
+	return routes, nil
 }
 
 func prefixNet(p netip.Prefix) *net.IPNet {

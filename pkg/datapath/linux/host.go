@@ -232,21 +232,30 @@ func (h *Host) DeleteEndpointRoute(ip net.IP, ifindex int) error {
 
 // EndpointRoutes lists the routes Tendril installed (both families).
 func (h *Host) EndpointRoutes() ([]netlink.Route, error) {
-	filter := &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN}
+	routes, err := RoutesByProtocol(h.handle, RouteProtocol)
+	if err != nil {
+		return nil, fmt.Errorf("list endpoint routes: %w", err)
+	}
+	return routes, nil
+}
+
+// RoutesByProtocol lists the main table's routes of one protocol (both
+// families). A dump interrupted by a concurrent change is retried: callers
+// decide from the list which routes to delete.
+func RoutesByProtocol(h *netlink.Handle, proto netlink.RouteProtocol) ([]netlink.Route, error) {
+	filter := &netlink.Route{Protocol: proto, Table: unix.RT_TABLE_MAIN}
 	var out []netlink.Route
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		var routes []netlink.Route
 		var err error
-		// A dump interrupted by a concurrent change is retried: the list
-		// decides which routes get deleted.
 		for range 5 {
-			routes, err = h.handle.RouteListFiltered(fam, filter, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+			routes, err = h.RouteListFiltered(fam, filter, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 			if !errors.Is(err, netlink.ErrDumpInterrupted) {
 				break
 			}
 		}
 		if err != nil {
-			return nil, fmt.Errorf("list endpoint routes: %w", err)
+			return nil, err
 		}
 		out = append(out, routes...)
 	}

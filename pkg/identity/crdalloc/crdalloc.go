@@ -34,24 +34,18 @@ const maxProbes = 4096
 // objects. It knows every identity of the cluster (fed by the watcher
 // through Upsert and Delete) and counts this node's references.
 type Allocator struct {
+	*identity.ClusterCache
 	log     *slog.Logger
 	timeout time.Duration
 
-	mu         sync.Mutex
-	client     tendrilclient.Interface
-	byID       map[identity.NumericIdentity][]string
-	byKey      map[string]identity.NumericIdentity
-	refs       map[identity.NumericIdentity]int
-	generation uint64
-	listeners  []func(added, deleted []identity.Identity)
+	mu     sync.Mutex
+	client tendrilclient.Interface
 }
 
 // New returns an allocator without a client; SetClient gives it one
 // before the first allocation (the agent builds its clients at start).
 func New(log *slog.Logger) *Allocator {
-	return &Allocator{log: log, timeout: 10 * time.Second,
-		byID: map[identity.NumericIdentity][]string{}, byKey: map[string]identity.NumericIdentity{},
-		refs: map[identity.NumericIdentity]int{}}
+	return &Allocator{ClusterCache: identity.NewClusterCache(), log: log, timeout: 10 * time.Second}
 }
 
 // SetClient sets the API client.
@@ -96,47 +90,14 @@ func (a *Allocator) Upsert(obj *v1alpha1.TendrilIdentity) {
 		a.log.Warn("Ignoring TendrilIdentity with a name that is not a cluster identity", "name", obj.Name)
 		return
 	}
-	a.learn(identity.NumericIdentity(id), LabelsOf(obj.SecurityLabels))
+	a.Learn(identity.NumericIdentity(id), LabelsOf(obj.SecurityLabels))
 }
 
 // Delete forgets an identity the watcher saw go (identity GC). A local
 // reference keeps it known: the endpoint still uses the number.
 func (a *Allocator) Delete(obj *v1alpha1.TendrilIdentity) {
-	id, err := strconv.ParseUint(obj.Name, 10, 32)
-	if err != nil {
-		return
-	}
-	nid := identity.NumericIdentity(id)
-	a.mu.Lock()
-	labels, ok := a.byID[nid]
-	if !ok || a.refs[nid] > 0 {
-		a.mu.Unlock()
-		return
-	}
-	delete(a.byID, nid)
-	delete(a.byKey, identity.LabelsKey(labels))
-	a.generation++
-	ls := append([]func(added, deleted []identity.Identity){}, a.listeners...)
-	a.mu.Unlock()
-	for _, fn := range ls {
-		fn(nil, []identity.Identity{{ID: nid, Labels: labels}})
-	}
-}
-
-// learn records id → labels and tells the listeners when it is new.
-func (a *Allocator) learn(id identity.NumericIdentity, labels []string) {
-	a.mu.Lock()
-	if cur, ok := a.byID[id]; ok && identity.LabelsKey(cur) == identity.LabelsKey(labels) {
-		a.mu.Unlock()
-		return
-	}
-	a.byID[id] = labels
-	a.byKey[identity.LabelsKey(labels)] = id
-	a.generation++
-	ls := append([]func(added, deleted []identity.Identity){}, a.listeners...)
-	a.mu.Unlock()
-	for _, fn := range ls {
-		fn([]identity.Identity{{ID: id, Labels: labels}}, nil)
+	if id, err := strconv.ParseUint(obj.Name, 10, 32); err == nil {
+		a.Forget(identity.NumericIdentity(id))
 	}
 }
 
@@ -147,13 +108,10 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 	sorted := append([]string(nil), labels...)
 	sort.Strings(sorted)
 	key := identity.LabelsKey(sorted)
-	a.mu.Lock()
-	if id, ok := a.byKey[key]; ok {
-		a.refs[id]++
-		n := a.refs[id]
-		a.mu.Unlock()
-		return identity.Identity{ID: id, Labels: sorted, RefCount: n}, false, nil
+	if id, ok := a.KnownID(key); ok {
+		return identity.Identity{ID: id, Labels: sorted, RefCount: a.Ref(id)}, false, nil
 	}
+	a.mu.Lock()
 	client := a.client
 	a.mu.Unlock()
 	if client == nil {
@@ -164,10 +122,7 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 	ids := client.TendrilV1alpha1().TendrilIdentities()
 	for n := 0; n < maxProbes; n++ {
 		id := candidate(key, n)
-		a.mu.Lock()
-		other, taken := a.byID[id]
-		a.mu.Unlock()
-		if taken && identity.LabelsKey(other) != key {
+		if other, taken := a.LabelsOf(id); taken && identity.LabelsKey(other) != key {
 			continue // known to hold other labels
 		}
 		obj := &v1alpha1.TendrilIdentity{ObjectMeta: metav1.ObjectMeta{Name: strconv.Itoa(int(id))}, SecurityLabels: SecurityLabels(sorted)}
@@ -179,7 +134,7 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 				return identity.Identity{}, false, fmt.Errorf("allocate identity: re-read %s: %w", obj.Name, gerr)
 			}
 			curLabels := LabelsOf(cur.SecurityLabels)
-			a.learn(id, curLabels)
+			a.Learn(id, curLabels)
 			if identity.LabelsKey(curLabels) != key {
 				continue // collision: the next number in the fixed order
 			}
@@ -188,11 +143,8 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 		if err != nil {
 			return identity.Identity{}, false, fmt.Errorf("allocate identity %d: %w", id, err)
 		}
-		a.learn(id, sorted)
-		a.mu.Lock()
-		a.refs[id]++
-		refs := a.refs[id]
-		a.mu.Unlock()
+		a.Learn(id, sorted)
+		refs := a.Ref(id)
 		if created {
 			a.log.Info("Allocated identity", "identity", id, "labels", key)
 		}
@@ -204,16 +156,8 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 // Release drops a local reference. The object stays: other nodes may use
 // it, and deleting unused identities is the operator's identity GC.
 func (a *Allocator) Release(id identity.NumericIdentity) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.refs[id] == 0 {
-		return fmt.Errorf("release identity %d: not held", id)
-	}
-	a.refs[id]--
-	if a.refs[id] == 0 {
-		delete(a.refs, id)
-	}
-	return nil
+	_, err := a.Unref(id)
+	return err
 }
 
 // Reserve takes a reference on a restored endpoint's identity; it fails
@@ -230,39 +174,4 @@ func (a *Allocator) Reserve(id identity.NumericIdentity, labels []string) error 
 	return nil
 }
 
-// Lookup returns an identity of the cluster.
-func (a *Allocator) Lookup(id identity.NumericIdentity) (identity.Identity, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	labels, ok := a.byID[id]
-	if !ok {
-		return identity.Identity{}, false
-	}
-	return identity.Identity{ID: id, Labels: labels, RefCount: a.refs[id]}, true
-}
-
-// List returns every identity of the cluster, by ID.
-func (a *Allocator) List() []identity.Identity {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := make([]identity.Identity, 0, len(a.byID))
-	for id, labels := range a.byID {
-		out = append(out, identity.Identity{ID: id, Labels: labels, RefCount: a.refs[id]})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
-}
-
-// Generation changes whenever identities are added or removed.
-func (a *Allocator) Generation() uint64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.generation
-}
-
-// Subscribe calls fn after identities are added or deleted.
-func (a *Allocator) Subscribe(fn func(added, deleted []identity.Identity)) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.listeners = append(a.listeners, fn)
-}
+var _ identity.Allocator = (*Allocator)(nil)

@@ -24,7 +24,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -44,27 +43,20 @@ const maxAttempts = 64
 
 // Allocator is the kvstore identity allocator of one node.
 type Allocator struct {
+	*identity.ClusterCache
 	kv      *kvstore.Client
 	node    string
 	log     *slog.Logger
 	timeout time.Duration
-
-	mu         sync.Mutex
-	byID       map[identity.NumericIdentity][]string
-	byKey      map[string]identity.NumericIdentity
-	refs       map[identity.NumericIdentity]int
-	generation uint64
-	listeners  []func(added, deleted []identity.Identity)
-	synced     chan struct{}
+	synced  chan struct{}
 }
 
 // New returns an allocator for node; Run keeps its view of the cluster's
 // identities current. kv may be nil until SetClient (the agent connects to
 // the kvstore after building its modules).
 func New(kv *kvstore.Client, node string, log *slog.Logger) *Allocator {
-	return &Allocator{kv: kv, node: node, log: log, timeout: 10 * time.Second,
-		byID: map[identity.NumericIdentity][]string{}, byKey: map[string]identity.NumericIdentity{},
-		refs: map[identity.NumericIdentity]int{}, synced: make(chan struct{})}
+	return &Allocator{ClusterCache: identity.NewClusterCache(), kv: kv, node: node, log: log, timeout: 10 * time.Second,
+		synced: make(chan struct{})}
 }
 
 // SetClient sets the kvstore client before Run and the first allocation.
@@ -88,11 +80,11 @@ func (a *Allocator) Run(ctx context.Context) {
 				a.log.Warn("Skipping a malformed identity key", "key", ev.Key, "value", string(ev.Value))
 				continue
 			}
-			a.learn(identity.NumericIdentity(id), strings.Split(string(ev.Value), ";"))
+			a.Learn(identity.NumericIdentity(id), strings.Split(string(ev.Value), ";"))
 		case kvstore.EventDelete:
 			id, err := strconv.ParseUint(strings.TrimPrefix(ev.Key, IDPrefix), 10, 32)
 			if err == nil {
-				a.forget(identity.NumericIdentity(id))
+				a.Forget(identity.NumericIdentity(id))
 			}
 		}
 	}
@@ -106,44 +98,6 @@ func (a *Allocator) WaitSynced(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("identities from the kvstore: %w", ctx.Err())
 	}
-}
-
-func (a *Allocator) notify(added, deleted []identity.Identity) {
-	a.mu.Lock()
-	ls := append([]func(added, deleted []identity.Identity){}, a.listeners...)
-	a.mu.Unlock()
-	for _, fn := range ls {
-		fn(added, deleted)
-	}
-}
-
-func (a *Allocator) learn(id identity.NumericIdentity, labels []string) {
-	a.mu.Lock()
-	if cur, ok := a.byID[id]; ok && identity.LabelsKey(cur) == identity.LabelsKey(labels) {
-		a.mu.Unlock()
-		return
-	}
-	a.byID[id] = labels
-	a.byKey[identity.LabelsKey(labels)] = id
-	a.generation++
-	a.mu.Unlock()
-	a.notify([]identity.Identity{{ID: id, Labels: labels}}, nil)
-}
-
-func (a *Allocator) forget(id identity.NumericIdentity) {
-	a.mu.Lock()
-	labels, ok := a.byID[id]
-	if !ok || a.refs[id] > 0 {
-		a.mu.Unlock()
-		return
-	}
-	delete(a.byID, id)
-	if a.byKey[identity.LabelsKey(labels)] == id {
-		delete(a.byKey, identity.LabelsKey(labels))
-	}
-	a.generation++
-	a.mu.Unlock()
-	a.notify(nil, []identity.Identity{{ID: id, Labels: labels}})
 }
 
 // Allocate returns the cluster identity of labels, creating it when the
@@ -161,11 +115,8 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 	if err := a.reference(ctx, key, id); err != nil {
 		return identity.Identity{}, false, err
 	}
-	a.learn(id, sorted)
-	a.mu.Lock()
-	a.refs[id]++
-	n := a.refs[id]
-	a.mu.Unlock()
+	a.Learn(id, sorted)
+	n := a.Ref(id)
 	if created {
 		a.log.Info("Allocated identity", "identity", id, "labels", key)
 	}
@@ -188,10 +139,7 @@ func (a *Allocator) lookupOrCreate(ctx context.Context, key string) (identity.Nu
 	span := int(identity.MaxCluster-identity.MinCluster) + 1
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		id := identity.MinCluster + identity.NumericIdentity(rand.IntN(span))
-		a.mu.Lock()
-		_, taken := a.byID[id]
-		a.mu.Unlock()
-		if taken {
+		if _, taken := a.LabelsOf(id); taken {
 			continue
 		}
 		ok, err := a.kv.CreateOnly(ctx, IDPrefix+strconv.Itoa(int(id)), []byte(key), kvstore.NoLease)
@@ -242,21 +190,11 @@ func parseID(b []byte) (identity.NumericIdentity, error) {
 
 // Release drops a reference; the node's value key goes with the last.
 func (a *Allocator) Release(id identity.NumericIdentity) error {
-	a.mu.Lock()
-	if a.refs[id] == 0 {
-		a.mu.Unlock()
-		return fmt.Errorf("release identity %d: not held", id)
+	last, err := a.Unref(id)
+	if err != nil || !last {
+		return err
 	}
-	a.refs[id]--
-	last := a.refs[id] == 0
-	labels := a.byID[id]
-	if last {
-		delete(a.refs, id)
-	}
-	a.mu.Unlock()
-	if !last {
-		return nil
-	}
+	labels, _ := a.LabelsOf(id)
 	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
 	defer cancel()
 	vk := ValuePrefix + hashOf(identity.LabelsKey(labels)) + "/" + a.node
@@ -278,40 +216,6 @@ func (a *Allocator) Reserve(id identity.NumericIdentity, labels []string) error 
 		return fmt.Errorf("reserve identity %d: the cluster has these labels as %d", id, got.ID)
 	}
 	return nil
-}
-
-// Lookup returns a known identity.
-func (a *Allocator) Lookup(id identity.NumericIdentity) (identity.Identity, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	labels, ok := a.byID[id]
-	return identity.Identity{ID: id, Labels: labels, RefCount: a.refs[id]}, ok
-}
-
-// List returns every known identity, by ID.
-func (a *Allocator) List() []identity.Identity {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := make([]identity.Identity, 0, len(a.byID))
-	for id, labels := range a.byID {
-		out = append(out, identity.Identity{ID: id, Labels: labels, RefCount: a.refs[id]})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
-}
-
-// Generation changes whenever identities are added or removed.
-func (a *Allocator) Generation() uint64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.generation
-}
-
-// Subscribe calls fn after identities are added or removed.
-func (a *Allocator) Subscribe(fn func(added, deleted []identity.Identity)) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.listeners = append(a.listeners, fn)
 }
 
 var _ identity.Allocator = (*Allocator)(nil)

@@ -1,0 +1,144 @@
+package identity
+
+import (
+	"sort"
+	"sync"
+)
+
+// ClusterCache is what a cluster-wide allocator knows: every identity of
+// the cluster (learned from its store's watch and its own creations) and
+// this node's references, with the generation and listeners the policy
+// engine follows. The CRD and kvstore allocators embed it and add how
+// they create and reference identities.
+type ClusterCache struct {
+	mu         sync.Mutex
+	byID       map[NumericIdentity][]string
+	byKey      map[string]NumericIdentity
+	refs       map[NumericIdentity]int
+	generation uint64
+	listeners  []func(added, deleted []Identity)
+}
+
+// NewClusterCache returns an empty cache.
+func NewClusterCache() *ClusterCache {
+	return &ClusterCache{byID: map[NumericIdentity][]string{}, byKey: map[string]NumericIdentity{},
+		refs: map[NumericIdentity]int{}}
+}
+
+func (c *ClusterCache) notify(added, deleted []Identity) {
+	c.mu.Lock()
+	ls := append([]func(added, deleted []Identity){}, c.listeners...)
+	c.mu.Unlock()
+	for _, fn := range ls {
+		fn(added, deleted)
+	}
+}
+
+// Learn records id → labels and tells the listeners when it is new or
+// its labels changed.
+func (c *ClusterCache) Learn(id NumericIdentity, labels []string) {
+	c.mu.Lock()
+	if cur, ok := c.byID[id]; ok && LabelsKey(cur) == LabelsKey(labels) {
+		c.mu.Unlock()
+		return
+	}
+	c.byID[id] = labels
+	c.byKey[LabelsKey(labels)] = id
+	c.generation++
+	c.mu.Unlock()
+	c.notify([]Identity{{ID: id, Labels: labels}}, nil)
+}
+
+// Forget drops an identity the store says is gone. A local reference
+// keeps it: an endpoint still uses the number.
+func (c *ClusterCache) Forget(id NumericIdentity) {
+	c.mu.Lock()
+	labels, ok := c.byID[id]
+	if !ok || c.refs[id] > 0 {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.byID, id)
+	if c.byKey[LabelsKey(labels)] == id {
+		delete(c.byKey, LabelsKey(labels))
+	}
+	c.generation++
+	c.mu.Unlock()
+	c.notify(nil, []Identity{{ID: id, Labels: labels}})
+}
+
+// KnownID returns the identity of a labels key, if known.
+func (c *ClusterCache) KnownID(key string) (NumericIdentity, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := c.byKey[key]
+	return id, ok
+}
+
+// LabelsOf returns the labels of a known identity.
+func (c *ClusterCache) LabelsOf(id NumericIdentity) ([]string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.byID[id]
+	return l, ok
+}
+
+// Ref takes a local reference and returns the new count.
+func (c *ClusterCache) Ref(id NumericIdentity) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refs[id]++
+	return c.refs[id]
+}
+
+// Unref drops a local reference; last says it was the last one.
+func (c *ClusterCache) Unref(id NumericIdentity) (last bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.refs[id] == 0 {
+		return false, errNotHeld(id)
+	}
+	c.refs[id]--
+	if c.refs[id] == 0 {
+		delete(c.refs, id)
+		return true, nil
+	}
+	return false, nil
+}
+
+// Lookup returns a known identity.
+func (c *ClusterCache) Lookup(id NumericIdentity) (Identity, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	labels, ok := c.byID[id]
+	if !ok {
+		return Identity{}, false
+	}
+	return Identity{ID: id, Labels: labels, RefCount: c.refs[id]}, true
+}
+
+// List returns every known identity, by ID.
+func (c *ClusterCache) List() []Identity {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Identity, 0, len(c.byID))
+	for id, labels := range c.byID {
+		out = append(out, Identity{ID: id, Labels: labels, RefCount: c.refs[id]})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Generation changes whenever identities are added or removed.
+func (c *ClusterCache) Generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.generation
+}
+
+// Subscribe calls fn after identities are added or removed.
+func (c *ClusterCache) Subscribe(fn func(added, deleted []Identity)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.listeners = append(c.listeners, fn)
+}
