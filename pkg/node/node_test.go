@@ -17,23 +17,12 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
-	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
 
-var (
-	env      *k8senv.Env
-	startErr error
-)
+var controlPlane k8senv.Package
 
-func TestMain(m *testing.M) {
-	env, startErr = k8senv.Start(context.Background(), k8senv.Options{})
-	code := m.Run()
-	if env != nil {
-		env.Stop()
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(controlPlane.Main(m, k8senv.Options{}, nil)) }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
@@ -91,7 +80,7 @@ func TestSelectPodCIDRsPrecedence(t *testing.T) {
 
 func clients(t *testing.T) *k8s.Clients {
 	t.Helper()
-	testutil.Require(t, startErr == nil, fmt.Sprintf("no control plane: %v", startErr))
+	env := controlPlane.Need(t)
 	c, err := k8s.NewClientsForConfig(env.RESTConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +149,7 @@ func TestWriteBackRetriesThroughAPIServerRestart(t *testing.T) {
 	}
 	w := NewWriter(c.Core, c.Tendril, 200*time.Millisecond, quiet())
 	done := make(chan error, 1)
-	if err := env.RestartAPIServer(ctx, func() {
+	if err := controlPlane.Need(t).RestartAPIServer(ctx, func() {
 		go func() { done <- w.Run(ctx, local) }()
 		// Let it fail a few times against the stopped server.
 		deadline := time.Now().Add(30 * time.Second)

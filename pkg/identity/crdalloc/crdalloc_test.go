@@ -17,35 +17,27 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
-	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
 
-var (
-	env      *k8senv.Env
-	startErr error
-)
+var controlPlane k8senv.Package
 
 func TestMain(m *testing.M) {
-	env, startErr = k8senv.Start(context.Background(), k8senv.Options{})
-	if startErr == nil {
-		var c *k8s.Clients
-		if c, startErr = k8s.NewClientsForConfig(env.RESTConfig()); startErr == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			_, startErr = crdinstall.Install(ctx, c.Dynamic, slog.New(slog.NewTextHandler(io.Discard, nil)))
-			cancel()
+	os.Exit(controlPlane.Main(m, k8senv.Options{}, func(env *k8senv.Env) error {
+		c, err := k8s.NewClientsForConfig(env.RESTConfig())
+		if err != nil {
+			return err
 		}
-	}
-	code := m.Run()
-	if env != nil {
-		env.Stop()
-	}
-	os.Exit(code)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err = crdinstall.Install(ctx, c.Dynamic, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		return err
+	}))
 }
 
 func newAllocator(t *testing.T) (*Allocator, *k8s.Clients) {
 	t.Helper()
-	testutil.Require(t, startErr == nil, fmt.Sprintf("no control plane: %v", startErr))
+	env := controlPlane.Need(t)
 	c, err := k8s.NewClientsForConfig(env.RESTConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -190,9 +182,7 @@ func TestWatcherEventsReachListeners(t *testing.T) {
 // BenchmarkAllocate creates a new identity per iteration against the real
 // API server (one create per allocation).
 func BenchmarkAllocate(b *testing.B) {
-	if startErr != nil {
-		b.Fatal(startErr)
-	}
+	env := controlPlane.Need(b)
 	c, err := k8s.NewClientsForConfig(env.RESTConfig())
 	if err != nil {
 		b.Fatal(err)

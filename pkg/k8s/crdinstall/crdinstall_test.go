@@ -2,7 +2,6 @@ package crdinstall
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -18,27 +17,16 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/policy/api"
-	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
 
-var (
-	env      *k8senv.Env
-	startErr error
-)
+var controlPlane k8senv.Package
 
-func TestMain(m *testing.M) {
-	env, startErr = k8senv.Start(context.Background(), k8senv.Options{})
-	code := m.Run()
-	if env != nil {
-		env.Stop()
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(controlPlane.Main(m, k8senv.Options{}, nil)) }
 
 func clients(t *testing.T) *k8s.Clients {
 	t.Helper()
-	testutil.Require(t, startErr == nil, fmt.Sprintf("no control plane: %v", startErr))
+	env := controlPlane.Need(t)
 	c, err := k8s.NewClientsForConfig(env.RESTConfig())
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package watchers
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -22,23 +21,12 @@ import (
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
 	"github.com/tendril-net/tendril/pkg/policy/api"
-	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
 
-var (
-	env      *k8senv.Env
-	startErr error
-)
+var controlPlane k8senv.Package
 
-func TestMain(m *testing.M) {
-	env, startErr = k8senv.Start(context.Background(), k8senv.Options{})
-	code := m.Run()
-	if env != nil {
-		env.Stop()
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(controlPlane.Main(m, k8senv.Options{}, nil)) }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
@@ -91,7 +79,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // watched kind's create, update and delete reaches a subscriber, existing
 // objects come before Synced, and pods of other nodes are not cached.
 func TestWatchersAgainstAPIServer(t *testing.T) {
-	testutil.Require(t, startErr == nil, fmt.Sprintf("no control plane: %v", startErr))
+	env := controlPlane.Need(t)
 	c, err := k8s.NewClientsForConfig(env.RESTConfig())
 	if err != nil {
 		t.Fatal(err)
