@@ -13,7 +13,7 @@ import (
 // benchCluster: 5,000 identities (50 apps × 20 namespaces × 5 tiers), 200
 // rules each selecting one app and allowing ingress from another app on a
 // port, 1,000 endpoints.
-func benchCluster(b *testing.B) (*Repository, Universe, []Endpoint) {
+func benchCluster(b testing.TB) (*Repository, Universe, []Endpoint) {
 	u := ReservedPeers()
 	for i := 0; i < 5000; i++ {
 		u = append(u, Peer{ID: identity.NumericIdentity(256 + i), Labels: []string{
@@ -78,3 +78,45 @@ func BenchmarkNewIdentity(b *testing.B) {
 }
 
 func parseForBench(doc string) (api.Rules, error) { return api.ParseRules([]byte(doc)) }
+
+// TestDiffIsProportionalToTheChange: adding a rule that opens one more
+// port from one app to an endpoint changes exactly the entries of that
+// app's identities, not the endpoint's whole map; removing it takes the
+// same entries out. The agent writes only the diff to the BPF map.
+func TestDiffIsProportionalToTheChange(t *testing.T) {
+	repo, u, eps := benchCluster(t)
+	ep := eps[0] // app0: ingress from app1 on one port, egress to app2
+	cur := repo.Resolve(ep, u).MapState
+	app7 := 0
+	for _, p := range u {
+		for _, l := range p.Labels {
+			if l == "k8s:app=app7" {
+				app7++
+			}
+		}
+	}
+	if app7 == 0 || len(cur) <= app7 {
+		t.Fatalf("bad setup: %d app7 identities, %d entries", app7, len(cur))
+	}
+	rules, err := parseForBench(`[{"endpointSelector":{"matchLabels":{"app":"app0"}},"labels":["change=one"],"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"app7"}}],"toPorts":[{"ports":[{"port":"9999","protocol":"TCP"}]}]}]}]`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.Add(rules, "", "test", false); err != nil {
+		t.Fatal(err)
+	}
+	want := repo.Resolve(ep, u).MapState
+	upserts, deletes := Diff(cur, want)
+	if len(upserts) != app7 || len(deletes) != 0 {
+		t.Fatalf("adding one rule: %d upserts, %d deletes; want %d upserts (app7's identities), 0 deletes (the map has %d entries)",
+			len(upserts), len(deletes), app7, len(want))
+	}
+	if _, n := repo.DeleteByLabels([]string{"change=one"}); n != 1 {
+		t.Fatalf("deleted %d rules", n)
+	}
+	back := repo.Resolve(ep, u).MapState
+	upserts, deletes = Diff(want, back)
+	if len(upserts) != 0 || len(deletes) != app7 {
+		t.Fatalf("removing it: %d upserts, %d deletes; want 0 and %d", len(upserts), len(deletes), app7)
+	}
+}
