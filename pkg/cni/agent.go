@@ -180,14 +180,6 @@ func (c *agentClient) endpointDelete(ctx context.Context, id string) error {
 	return nil
 }
 
-func (c *agentClient) endpointDeleteByContainerID(ctx context.Context, containerID string) error {
-	body := map[string]string{"container-id": containerID}
-	if err := c.do(ctx, http.MethodDelete, "/endpoint", nil, nil, body, nil); err != nil {
-		return fmt.Errorf("delete endpoints of container %s: %w", containerID, err)
-	}
-	return nil
-}
-
 func (c *agentClient) endpointHealthz(ctx context.Context, id string) (*endpointHealth, error) {
 	var h endpointHealth
 	if err := c.do(ctx, http.MethodGet, "/endpoint/"+url.PathEscape(id)+"/healthz", nil, nil, nil, &h); err != nil {

@@ -374,14 +374,17 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err := deleteLink(e.nl, hostName); err != nil {
 		return cniError(ErrLink, "remove host veth "+hostName, err)
 	}
-	// The agent releases the endpoint's addresses with it.
-	if err := e.agent.endpointDeleteByContainerID(ctx, args.ContainerID); err != nil && !isNotFound(err) {
+	// The agent releases the endpoint's addresses with it. Only this
+	// attachment's endpoint goes: a container with two interfaces keeps
+	// the other.
+	attachment := "cni-attachment-id:" + args.ContainerID + ":" + args.IfName
+	if err := e.agent.endpointDelete(ctx, attachment); err != nil && !isNotFound(err) {
 		if agentUnreachable(err) {
 			// The runtime retries DEL; the agent's restore also drops
 			// endpoints whose interface is gone.
 			return cniError(ErrEndpoint, "delete endpoint", err)
 		}
-		return types.NewError(ErrEndpoint, "delete endpoint of container "+args.ContainerID, err.Error())
+		return types.NewError(ErrEndpoint, "delete endpoint of attachment "+args.ContainerID+":"+args.IfName, err.Error())
 	}
 	log.Info("DEL done")
 	return nil
