@@ -24,6 +24,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/profiling"
 	"github.com/tendril-net/tendril/pkg/option"
 )
 
@@ -242,6 +243,8 @@ func (a *Agent) buildStartList() {
 
 	// 10. health, status, metrics, then serve the API; mark ready.
 	a.appendModule("metrics", a.metrics.Start, a.metrics.Stop)
+	pprofServer := profiling.New(a.cfg.Profiling, a.log.With("module", "pprof"))
+	a.appendModule("pprof", pprofServer.Start, pprofServer.Stop)
 	a.appendModule("api-server", func(context.Context) error {
 		if err := a.api.Listen(); err != nil {
 			return err

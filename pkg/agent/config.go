@@ -14,6 +14,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/profiling"
 )
 
 // Config is the agent's whole configuration: its own options and each
@@ -78,8 +79,9 @@ type Config struct {
 	// IdentityLabels decides which labels of a pod count for its identity.
 	IdentityLabels labels.Config
 
-	API     server.Config
-	Metrics metrics.Config
+	API       server.Config
+	Metrics   metrics.Config
+	Profiling profiling.Config
 }
 
 // Identity allocation modes.
@@ -112,6 +114,7 @@ func DefaultConfig() Config {
 		IdentityLabels:         labels.DefaultConfig(),
 		API:                    server.DefaultConfig(),
 		Metrics:                metrics.DefaultConfig(),
+		Profiling:              profiling.DefaultConfig(),
 	}
 }
 
@@ -142,6 +145,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	c.IdentityLabels.Flags(fs)
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)
+	c.Profiling.Flags(fs)
 }
 
 // Validate checks the values; each error names its option.

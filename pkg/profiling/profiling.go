@@ -1,0 +1,78 @@
+// Package profiling serves Go's pprof endpoints (/debug/pprof/...) on
+// --pprof-serve-addr, off by default: an operator turns it on to find
+// where the agent spends its time.
+package profiling
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+
+	"github.com/spf13/pflag"
+)
+
+// Config is the profiling server's configuration.
+type Config struct {
+	// ServeAddr is the TCP address of the pprof endpoints; empty disables.
+	ServeAddr string
+}
+
+// DefaultConfig returns the defaults (disabled).
+func DefaultConfig() Config { return Config{} }
+
+// Flags registers the flags.
+func (c *Config) Flags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.ServeAddr, "pprof-serve-addr", c.ServeAddr, "Address to serve Go pprof profiles on, e.g. 127.0.0.1:6060 (empty disables)")
+}
+
+// Server serves the pprof handlers.
+type Server struct {
+	cfg  Config
+	log  *slog.Logger
+	srv  *http.Server
+	done chan struct{}
+}
+
+// New returns a server; nothing listens until Start.
+func New(cfg Config, log *slog.Logger) *Server { return &Server{cfg: cfg, log: log} }
+
+// Start listens; it does nothing when disabled.
+func (s *Server) Start(context.Context) error {
+	if s.cfg.ServeAddr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", s.cfg.ServeAddr)
+	if err != nil {
+		return fmt.Errorf("pprof-serve-addr %s: %w", s.cfg.ServeAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	s.srv = &http.Server{Handler: mux}
+	s.done = make(chan struct{})
+	go func() {
+		defer close(s.done)
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("pprof server", "error", err)
+		}
+	}()
+	s.log.Info("Serving pprof", "address", ln.Addr().String())
+	return nil
+}
+
+// Stop closes the listener.
+func (s *Server) Stop(ctx context.Context) error {
+	if s.srv == nil {
+		return nil
+	}
+	err := s.srv.Shutdown(ctx)
+	<-s.done
+	return err
+}
