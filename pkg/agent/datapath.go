@@ -462,7 +462,11 @@ func (m *datapathModule) statusSection() ext.Section {
 		sec.Lines = append(sec.Lines, ext.Line{Key: "map " + n, Value: fmt.Sprintf("%d/%d entries", st.MapEntries[n], st.MapCapacity[n])})
 	}
 	m.gcStats.mu.Lock()
-	sec.Lines = append(sec.Lines, ext.Line{Key: "conntrack GC", Value: fmt.Sprintf("%d runs, %d deleted, interval %s", m.gcStats.Runs, m.gcStats.Deleted, m.gcStats.Interval)})
+	gc := fmt.Sprintf("%d runs, %d deleted, interval %s", m.gcStats.Runs, m.gcStats.Deleted, m.gcStats.Interval)
+	if m.gcStats.Runs == 0 {
+		gc = "first run a minute after start" // the adaptive interval starts at 1m
+	}
+	sec.Lines = append(sec.Lines, ext.Line{Key: "conntrack GC", Value: gc})
 	m.gcStats.mu.Unlock()
 	return sec
 }
