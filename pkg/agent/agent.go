@@ -24,8 +24,8 @@ import (
 	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
-	"github.com/tendril-net/tendril/pkg/profiling"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/profiling"
 )
 
 // Deps are what the caller (cmd/tendril-agent) hands the agent besides its
