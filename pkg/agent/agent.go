@@ -169,6 +169,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.registerIPAMAPI()
 	a.registerEndpointAPI()
 	a.AddStatusSection(a.endpoints.statusSection)
+	a.AddStatusSection(a.identityStatusSection)
 	a.buildStartList()
 	return a, nil
 }

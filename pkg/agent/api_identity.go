@@ -3,6 +3,7 @@ package agent
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net/http"
 	"net/netip"
 	"sort"
@@ -11,8 +12,11 @@ import (
 
 	"github.com/cilium/cilium/api/v1/models"
 
+	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
+	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/policy"
 )
 
@@ -174,4 +178,26 @@ func (a *Agent) handleIPList(w http.ResponseWriter, r *http.Request) error {
 	}
 	server.WriteJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// identityStatusSection is the identity allocator's part of `tendril status`.
+func (a *Agent) identityStatusSection() ext.Section {
+	mode := IdentityAllocationLocal
+	switch a.identities.(type) {
+	case *crdalloc.Allocator:
+		mode = "crd (TendrilIdentity objects)"
+	case *kvalloc.Allocator:
+		mode = "kvstore (etcd)"
+	}
+	known, held := 0, 0
+	for _, id := range a.identities.List() {
+		known++
+		if id.RefCount > 0 {
+			held++
+		}
+	}
+	return ext.Section{Title: "Identities", Lines: []ext.Line{
+		{Key: "Allocation", Value: mode},
+		{Key: "Known", Value: fmt.Sprintf("%d cluster identities, %d used on this node", known, held)},
+	}}
 }

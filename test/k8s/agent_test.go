@@ -218,6 +218,9 @@ func TestAgentInKubernetes(t *testing.T) {
 		if v := section(&st, "Kubernetes", "Resources"); v != "11/11 synced" {
 			t.Errorf("resources line %q", v)
 		}
+		if v := section(&st, "Identities", "Allocation"); v != "crd (TendrilIdentity objects)" {
+			t.Errorf("identity allocation line %q", v)
+		}
 		// Spec beats the flag for IPv4; the annotation gives IPv6.
 		if v := section(&st, "Kubernetes", "Pod CIDRs"); v != "10.244.7.0/24 (from node-spec), fd00:a::/112 (from annotation)" {
 			t.Errorf("pod CIDRs line %q", v)
