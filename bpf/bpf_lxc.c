@@ -22,12 +22,28 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define MAX_ENDPOINTS 4096
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32); /* ifindex of the host-side veth, below EP_IFINDEX_SLOTS */
+	__type(value, struct endpoint_info);
+	__uint(max_entries, EP_IFINDEX_SLOTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_ep_ifindex_v1 SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u32); /* ifindex of the host-side veth */
+	__type(key, __u32); /* ifindex of the host-side veth (every endpoint) */
 	__type(value, struct endpoint_info);
 	__uint(max_entries, MAX_ENDPOINTS);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_endpoints_v2 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32); /* endpoint ID */
+	__type(value, struct endpoint_info);
+	__uint(max_entries, EP_ID_SLOTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_ep_id_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -54,14 +70,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_ipcache_v2 SEC(".maps");
 
-struct {
+/* One endpoint's policy entries of one direction, for one peer identity
+ * kind (see policy_slot). The agent creates these as endpoints get
+ * policy; the outer map holds them, so they live while the agent is down. */
+struct policy_trie {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__type(key, struct policy_key);
-	__type(value, struct policy_entry);
-	__uint(max_entries, 262144);
+	/* Sizes, not types: clang's BTF has only a forward declaration of a
+	 * type behind the inner map's pointers. */
+	__uint(key_size, sizeof(struct policy_key));
+	__uint(value_size, sizeof(struct policy_entry));
+	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, EP_ID_SLOTS * POLICY_SLOTS_PER_EP);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tdr_policy_v1 SEC(".maps");
+	__array(values, struct policy_trie);
+} tdr_policy_v2 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -103,14 +131,19 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_ratelimit_v2 SEC(".maps");
 
-/* Keeps struct event in BTF so bpf2go generates its Go type. */
+/* Keep struct event and the policy key and entry in BTF so bpf2go generates
+ * their Go types (the inner policy maps name only their sizes). */
 const struct event *unused_event_type __attribute__((unused));
+const struct policy_entry *unused_policy_entry_type __attribute__((unused));
+const struct policy_key *unused_policy_key_type __attribute__((unused));
 
 /* Events per CPU per second, and the burst a CPU may send at once; beyond
  * them events are dropped (counters are not), so a flood cannot starve
  * user space or the ring buffer. */
 volatile const __u32 EVENTS_PER_SEC = 1000;
 volatile const __u32 EVENTS_BURST = 1000;
+/* Unread event bytes from which a new event wakes the reader at once. */
+#define EVENTS_WAKEUP_BYTES (64 * 1024)
 /* Policy verdict events for allowed new flows cost a ring buffer write per
  * connection; the loader turns them on when asked (drops always report). */
 volatile const __u8 POLICY_VERDICT_EVENTS = 0;
@@ -271,7 +304,12 @@ static __always_inline void emit(__u8 type, __u8 reason, __u8 dir, __u16 ep_id, 
 	e->sport = p->sport;
 	e->dport = p->dport;
 	e->len = p->len;
-	bpf_ringbuf_submit(e, 0);
+	/* Waking the reader for every event (an irq_work, a self-IPI, then a
+	 * thread wakeup) would cost more than writing it: the reader polls
+	 * on a short timer instead and is woken only once a backlog builds. */
+	__u64 flags = bpf_ringbuf_query(&tdr_events_v1, BPF_RB_AVAIL_DATA) >= EVENTS_WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP
+												   : BPF_RB_NO_WAKEUP;
+	bpf_ringbuf_submit(e, flags);
 }
 
 static __always_inline int drop(__u8 reason, __u8 dir, __u16 ep_id, const struct pkt *p, __u32 src_id, __u32 dst_id,
@@ -486,7 +524,23 @@ __attribute__((noinline)) int parse(struct __sk_buff *skb, struct pkt *p)
 
 static __always_inline const struct endpoint_info *endpoint_by_ifindex(__u32 ifindex)
 {
+	if (ifindex < EP_IFINDEX_SLOTS) {
+		const struct endpoint_info *ep = bpf_map_lookup_elem(&tdr_ep_ifindex_v1, &ifindex);
+		if (ep && ep->ep_id)
+			return ep;
+	}
 	return bpf_map_lookup_elem(&tdr_endpoints_v2, &ifindex);
+}
+
+/* endpoint_by_id: the local endpoint a conntrack entry names, or NULL. */
+static __always_inline const struct endpoint_info *endpoint_by_id(__u16 id)
+{
+	__u32 k = id;
+	const struct endpoint_info *ep = bpf_map_lookup_elem(&tdr_ep_id_v1, &k);
+
+	if (!ep || !id || ep->ep_id != id)
+		return NULL;
+	return ep;
 }
 
 /* barrier keeps clang from merging calls of two branches into one call
@@ -544,26 +598,35 @@ static __always_inline __u32 identity_of(__u8 family, const __u8 *addr)
 }
 
 /* policy_lookup: 0 allowed, REASON_POLICY_DENIED (no rule allows),
- * REASON_POLICY_DENY_RULE (a deny rule matched). Deny wins over allow. */
+ * REASON_POLICY_DENY_RULE (a deny rule matched). Deny wins over allow. The
+ * endpoint's "any identity" trie is looked up only when it has one. */
 static __always_inline int policy_lookup(__u16 ep_id, __u8 dir, __u32 identity, const struct pkt *p, __u32 *cookie)
 {
 	struct policy_key k = {};
+	struct policy_entry *exact = NULL, *any = NULL;
+	__u32 slot = policy_slot(ep_id, dir, 0);
+	void *trie = bpf_map_lookup_elem(&tdr_policy_v2, &slot);
+
 	k.prefixlen = POLICY_FULL_PREFIX;
-	k.ep_id = ep_id;
-	k.dir = dir;
 	k.identity = identity;
 	k.proto = p->proto;
 	k.dport = p->pport;
-	struct policy_entry *exact = bpf_map_lookup_elem(&tdr_policy_v1, &k);
-	if (exact && exact->deny) {
-		*cookie = exact->cookie;
-		return REASON_POLICY_DENY_RULE;
+	if (trie) {
+		exact = bpf_map_lookup_elem(trie, &k);
+		if (exact && exact->deny) {
+			*cookie = exact->cookie;
+			return REASON_POLICY_DENY_RULE;
+		}
 	}
-	k.identity = ID_ANY;
-	struct policy_entry *any = bpf_map_lookup_elem(&tdr_policy_v1, &k);
-	if (any && any->deny) {
-		*cookie = any->cookie;
-		return REASON_POLICY_DENY_RULE;
+	slot = policy_slot(ep_id, dir, 1);
+	trie = bpf_map_lookup_elem(&tdr_policy_v2, &slot);
+	if (trie) {
+		k.identity = ID_ANY;
+		any = bpf_map_lookup_elem(trie, &k);
+		if (any && any->deny) {
+			*cookie = any->cookie;
+			return REASON_POLICY_DENY_RULE;
+		}
 	}
 	if (exact) {
 		*cookie = exact->cookie;
@@ -748,7 +811,8 @@ static __always_inline void ct_update(struct ct_entry *e, const struct flow *f, 
  * the callee wrote into its stack, which also keeps the caller's states
  * few. None of them runs on the path of an established packet but
  * deliver_direct. */
-__attribute__((noinline)) int ct_create(const struct flow *f, const struct pkt *p, __u32 ep_a, __u32 ep_b)
+__attribute__((noinline)) int ct_create(const struct flow *f, const struct pkt *p, __u32 ep_a, __u32 ep_b,
+					__u32 not_local)
 {
 	struct ct_entry e = {};
 
@@ -757,8 +821,9 @@ __attribute__((noinline)) int ct_create(const struct flow *f, const struct pkt *
 	e.ep_a = ep_a;
 	e.ep_b = ep_b;
 	e.tcp_flags = p->tcp_flags;
+	e.flags = not_local & (CT_F_A_NOT_LOCAL | CT_F_B_NOT_LOCAL);
 	if (f->src_is_a)
-		e.flags = CT_F_A_STARTED;
+		e.flags |= CT_F_A_STARTED;
 	if (p->proto == IPPROTO_TCP_ && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
 		e.flags |= CT_F_CLOSING;
 	e.expires = p->now + ct_lifetime(p, e.flags);
@@ -880,15 +945,30 @@ int from_pod(struct __sk_buff *skb)
 	if (!is_endpoint_addr(ep, p.family, p.saddr))
 		return drop(REASON_INVALID_SOURCE, DIR_EGRESS, ep_id, &p, ep->identity, 0, 0);
 
-	/* A local destination that takes direct delivery gets the packet
-	 * from here, its ingress checked here; otherwise the host routes the
-	 * packet and the destination's to_pod checks it. */
-	const struct endpoint_info *dst = endpoint_by_addr(p.family, p.daddr);
-	int direct = dst && (dst->flags & EP_DELIVER_DIRECT) && dst->ifindex != ep->ifindex;
 	struct flow f;
 	flow_of(&f, &p);
 	struct ct_entry *e = p.nonfirst_frag ? NULL : ct_find(&f, &p);
 	__u8 src_a = ep_is_a(&f, DIR_EGRESS, &p);
+	/* The local destination, if any: for a known flow the entry names it
+	 * (an array lookup) or says there is none; otherwise, or when the
+	 * named endpoint no longer holds the address, look the address up. */
+	const struct endpoint_info *dst = NULL;
+	int looked_up = 0;
+	if (e) {
+		__u16 other = src_a ? e->ep_b : e->ep_a;
+		if (other) {
+			dst = endpoint_by_id(other);
+			if (dst && !is_endpoint_addr(dst, p.family, p.daddr))
+				dst = NULL;
+		}
+		looked_up = dst || (e->flags & (src_a ? CT_F_B_NOT_LOCAL : CT_F_A_NOT_LOCAL));
+	}
+	if (!looked_up)
+		dst = endpoint_by_addr(p.family, p.daddr);
+	/* A local destination that takes direct delivery gets the packet
+	 * from here, its ingress checked here; otherwise the host routes the
+	 * packet and the destination's to_pod checks it. */
+	int direct = dst && (dst->flags & EP_DELIVER_DIRECT) && dst->ifindex != ep->ifindex;
 	int ct_out = ct_classify(e, &f, &p, ep_id, src_a);
 	if (admit(ep, DIR_EGRESS, &p, ct_out, dst ? dst->identity : 0))
 		return TC_ACT_SHOT;
@@ -903,7 +983,8 @@ int from_pod(struct __sk_buff *skb)
 	if (!p.icmp_error && !p.nonfirst_frag) {
 		if (!e) {
 			__u16 other = direct ? dst->ep_id : 0;
-			ct_create(&f, &p, src_a ? ep_id : other, src_a ? other : ep_id);
+			__u8 remote = dst ? 0 : (src_a ? CT_F_B_NOT_LOCAL : CT_F_A_NOT_LOCAL);
+			ct_create(&f, &p, src_a ? ep_id : other, src_a ? other : ep_id, remote);
 		} else {
 			if (ct_out == CT_NEW)
 				ct_admit(e, src_a, ep_id);
@@ -946,7 +1027,7 @@ int to_pod(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	if (!p.icmp_error && !p.nonfirst_frag) {
 		if (!e) {
-			ct_create(&f, &p, is_a ? ep_id : 0, is_a ? 0 : ep_id);
+			ct_create(&f, &p, is_a ? ep_id : 0, is_a ? 0 : ep_id, 0);
 		} else {
 			if (ct == CT_NEW)
 				ct_admit(e, is_a, ep_id);

@@ -63,10 +63,16 @@
 #define EVENT_DROP 1
 #define EVENT_POLICY_VERDICT 2
 
-/* Local endpoints: the same value in three maps, keyed by the host-side
- * veth's ifindex (what a program running on that veth looks up), by IPv4
- * address and by IPv6 address ("is this destination a local endpoint?").
- * Small keys keep the per-packet hashing cheap. */
+/* Local endpoints: the same value in five maps. Two arrays, whose lookups
+ * the verifier inlines (no hashing, no call): by the host-side veth's
+ * ifindex (what a program running on that veth looks up first; ifindexes
+ * from EP_IFINDEX_SLOTS up fall back to a hash by ifindex) and by endpoint
+ * ID (the local peer a conntrack entry names). Two hashes by IPv4 and IPv6
+ * address answer "is this destination a local endpoint?" for a packet of
+ * no known flow. An array slot with ep_id 0 is empty. */
+#define EP_IFINDEX_SLOTS 16384
+#define EP_ID_SLOTS 4096 /* endpoint IDs are 1..4095 */
+
 struct endpoint_info {
 	__u32 ifindex; /* host-side veth */
 	__u32 identity;
@@ -102,21 +108,32 @@ struct ipcache_info {
 	__u8 tunnel_ip[16];
 };
 
-/* LPM key: ep_id, dir and identity are always matched whole (64 bits);
- * proto adds 16 bits (with its pad), dport up to 16 more, so a prefix
- * expresses "any protocol", "any port of a protocol" and port ranges. */
+/* Policy: every endpoint has up to four small LPM tries of its own, one
+ * per direction for entries of a given peer identity and one per direction
+ * for entries of any identity (the "any" trie exists only when such
+ * entries do), reached through tdr_policy_v2, an array of maps indexed by
+ * policy_slot(). A lookup walks only the tries of the endpoint deciding,
+ * whatever the size of the node's policy, and skips the "any identity"
+ * lookup when the endpoint has none.
+ *
+ * LPM key: the identity is always matched whole (32 bits); proto adds 16
+ * bits (with its pad), dport up to 16 more, so a prefix expresses "any
+ * protocol", "any port of a protocol" and port ranges. */
 struct policy_key {
 	__u32 prefixlen;
-	__u16 ep_id;
-	__u8 dir;
-	__u8 pad;
 	__u32 identity;
 	__u8 proto;
-	__u8 pad2;
+	__u8 pad;
 	__be16 dport;
 };
 
-#define POLICY_FULL_PREFIX 96
+#define POLICY_FULL_PREFIX 64
+#define POLICY_SLOTS_PER_EP 4
+
+static __always_inline __u32 policy_slot(__u16 ep_id, __u8 dir, __u8 any)
+{
+	return ((__u32)ep_id * POLICY_SLOTS_PER_EP) | ((__u32)(dir & 1) << 1) | (any & 1);
+}
 
 struct policy_entry {
 	__u8 deny;
@@ -154,6 +171,12 @@ struct ct6_key {
 #define CT_F_SEEN_REPLY 0x01
 #define CT_F_CLOSING 0x02
 #define CT_F_A_STARTED 0x04 /* side a sent the flow's first packet */
+/* Side a (b) was not a local endpoint when from_pod created the entry:
+ * established packets towards it go to the host without looking for a
+ * local destination. (A pod that takes the address later gets them through
+ * the host and its own to_pod, which checks them as new.) */
+#define CT_F_A_NOT_LOCAL 0x08
+#define CT_F_B_NOT_LOCAL 0x10
 
 struct ct_entry {
 	__u64 expires; /* bpf_ktime_get_coarse_ns() (CLOCK_MONOTONIC_COARSE) deadline */

@@ -110,12 +110,9 @@ type LxcPolicyEntry struct {
 type LxcPolicyKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
-	EpId      uint16
-	Dir       uint8
-	Pad       uint8
 	Identity  uint32
 	Proto     uint8
-	Pad2      uint8
+	Pad       uint8
 	Dport     uint16
 }
 
@@ -134,10 +131,12 @@ const (
 	LxcMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	LxcMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	LxcMapTdrEndpointsV2        = "tdr_endpoints_v2"
+	LxcMapTdrEpIdV1             = "tdr_ep_id_v1"
+	LxcMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
 	LxcMapTdrEventsV1           = "tdr_events_v1"
 	LxcMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	LxcMapTdrMetricsV2          = "tdr_metrics_v2"
-	LxcMapTdrPolicyV1           = "tdr_policy_v1"
+	LxcMapTdrPolicyV2           = "tdr_policy_v2"
 	LxcMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	LxcProgFromPod              = "from_pod"
 	LxcProgToPod                = "to_pod"
@@ -145,6 +144,8 @@ const (
 	LxcVarEVENTS_PER_SEC        = "EVENTS_PER_SEC"
 	LxcVarPOLICY_VERDICT_EVENTS = "POLICY_VERDICT_EVENTS"
 	LxcVarUnusedEventType       = "unused_event_type"
+	LxcVarUnusedPolicyEntryType = "unused_policy_entry_type"
+	LxcVarUnusedPolicyKeyType   = "unused_policy_key_type"
 )
 
 // LoadLxc returns the embedded CollectionSpec for Lxc.
@@ -202,10 +203,12 @@ type LxcMapSpecs struct {
 	TdrEndpointIp4V1 *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1 *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2   *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
+	TdrEpIdV1        *ebpf.MapSpec `ebpf:"tdr_ep_id_v1"`
+	TdrEpIfindexV1   *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsV1      *ebpf.MapSpec `ebpf:"tdr_events_v1"`
 	TdrIpcacheV2     *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrMetricsV2     *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
-	TdrPolicyV1      *ebpf.MapSpec `ebpf:"tdr_policy_v1"`
+	TdrPolicyV2      *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2   *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
 }
 
@@ -217,6 +220,8 @@ type LxcVariableSpecs struct {
 	EVENTS_PER_SEC        *ebpf.VariableSpec `ebpf:"EVENTS_PER_SEC"`
 	POLICY_VERDICT_EVENTS *ebpf.VariableSpec `ebpf:"POLICY_VERDICT_EVENTS"`
 	UnusedEventType       *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedPolicyEntryType *ebpf.VariableSpec `ebpf:"unused_policy_entry_type"`
+	UnusedPolicyKeyType   *ebpf.VariableSpec `ebpf:"unused_policy_key_type"`
 }
 
 // LxcObjects contains all objects after they have been loaded into the kernel.
@@ -244,10 +249,12 @@ type LxcMaps struct {
 	TdrEndpointIp4V1 *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1 *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2   *ebpf.Map `ebpf:"tdr_endpoints_v2"`
+	TdrEpIdV1        *ebpf.Map `ebpf:"tdr_ep_id_v1"`
+	TdrEpIfindexV1   *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsV1      *ebpf.Map `ebpf:"tdr_events_v1"`
 	TdrIpcacheV2     *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrMetricsV2     *ebpf.Map `ebpf:"tdr_metrics_v2"`
-	TdrPolicyV1      *ebpf.Map `ebpf:"tdr_policy_v1"`
+	TdrPolicyV2      *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2   *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
 }
 
@@ -258,10 +265,12 @@ func (m *LxcMaps) Close() error {
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,
+		m.TdrEpIdV1,
+		m.TdrEpIfindexV1,
 		m.TdrEventsV1,
 		m.TdrIpcacheV2,
 		m.TdrMetricsV2,
-		m.TdrPolicyV1,
+		m.TdrPolicyV2,
 		m.TdrRatelimitV2,
 	)
 }
@@ -274,6 +283,8 @@ type LxcVariables struct {
 	EVENTS_PER_SEC        *ebpf.Variable `ebpf:"EVENTS_PER_SEC"`
 	POLICY_VERDICT_EVENTS *ebpf.Variable `ebpf:"POLICY_VERDICT_EVENTS"`
 	UnusedEventType       *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedPolicyEntryType *ebpf.Variable `ebpf:"unused_policy_entry_type"`
+	UnusedPolicyKeyType   *ebpf.Variable `ebpf:"unused_policy_key_type"`
 }
 
 // LxcPrograms contains all programs after they have been loaded into the kernel.

@@ -278,3 +278,58 @@ func TestPrivilegedEndpointEntries(t *testing.T) {
 		t.Fatalf("second detach: %v", err)
 	}
 }
+
+// TestPrivilegedEstablishedDestinationFromConntrack: an established packet
+// finds its local destination through the endpoint its flow's entry names
+// (an array slot, no address lookup), checked against the packet's
+// address; a flow whose peer was not local when it began keeps going
+// through the host, where a pod that took the address since checks it as
+// new.
+func TestPrivilegedEstablishedDestinationFromConntrack(t *testing.T) {
+	n := newTestNode(t)
+	n.addDirectEndpoints()
+	n.allow(2, maps.DirIngress, idA, 6, 8080)
+	const syn, ack = 0x02, 0x10
+
+	// A to the remote address: through the host, the entry says the
+	// peer is not local.
+	if got := n.fromPod(n.ifidx, packet(podA, remote, l4{proto: 6, sport: 41000, dport: 8080, tcpFlags: syn})); got != actOK {
+		t.Fatalf("A to the remote = %d, want pass to the host", got)
+	}
+	ct := n.ctEntries(1)
+	if len(ct) != 1 || ct[0].Flags&maps.CTFlagDstNotLocal == 0 || ct[0].Flags&maps.CTFlagSrcNotLocal != 0 || ct[0].Dst != remote {
+		t.Fatalf("entry of the flow to the remote: %+v", ct)
+	}
+	// B takes the remote address (its IPv4) and admits A.
+	b := EndpointInfo{ID: 2, IfIndex: n.ifidx2, IfName: "tdrtest1", Addresses: []netip.Addr{remote, podB6}, Identity: idB, MAC: macB, HostMAC: hostMACB, EnforceIngress: true}
+	if err := n.l.AttachEndpoint(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.l.Maps().IPCacheMap().Upsert(netip.PrefixFrom(remote, 32), maps.IPCacheEntry{Identity: idB}); err != nil {
+		t.Fatal(err)
+	}
+	// The flow that began before still goes to the host (B's to_pod
+	// checks it there); a new one is delivered directly.
+	if got := n.fromPod(n.ifidx, packet(podA, remote, l4{proto: 6, sport: 41000, dport: 8080, tcpFlags: ack})); got != actOK {
+		t.Errorf("established flow to the address B took = %d, want pass to the host", got)
+	}
+	if got := n.fromPod(n.ifidx, packet(podA, remote, l4{proto: 6, sport: 41001, dport: 8080, tcpFlags: syn})); got != actRedirect {
+		t.Fatalf("new flow to B at its new address = %d, want redirect", got)
+	}
+	if got := n.fromPod(n.ifidx, packet(podA, remote, l4{proto: 6, sport: 41001, dport: 8080, tcpFlags: ack})); got != actRedirect {
+		t.Fatalf("established flow to B = %d, want redirect", got)
+	}
+	// B's ID slot goes to another endpoint at another address (B was
+	// deleted, its ID reused): the entry still names 2, but 2 no longer
+	// holds the address, so the packet is not delivered to it.
+	if err := n.l.DetachEndpoint(2, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := EndpointInfo{ID: 2, IfIndex: n.ifidx2, IfName: "tdrtest1", Addresses: []netip.Addr{podB}, Identity: idB, MAC: macB, HostMAC: hostMACB}
+	if err := n.l.AttachEndpoint(c); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.fromPod(n.ifidx, packet(podA, remote, l4{proto: 6, sport: 41001, dport: 8080, tcpFlags: ack})); got != actOK {
+		t.Errorf("established flow to an address endpoint 2 no longer holds = %d, want pass to the host", got)
+	}
+}

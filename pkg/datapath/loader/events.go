@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
@@ -49,8 +50,17 @@ func (e Event) String() string {
 		e.EndpointID, maps.DirectionName(e.Direction), e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto, e.SrcIdentity, e.DstIdentity, e.Cookie)
 }
 
-// EventReader reads the events ring buffer.
-type EventReader struct{ r *ringbuf.Reader }
+// EventReader reads the events ring buffer. The programs wake a reader
+// only once unread events pile up (a wakeup per event costs more than the
+// event), so Read also looks every EventPollInterval.
+type EventReader struct {
+	r        *ringbuf.Reader
+	deadline time.Time
+}
+
+// EventPollInterval bounds how long an event waits in the ring buffer
+// before a blocked Read returns it.
+const EventPollInterval = 20 * time.Millisecond
 
 // NewEventReader opens a reader on the datapath's ring buffer.
 func (l *Loader) NewEventReader() (*EventReader, error) {
@@ -64,11 +74,23 @@ func (l *Loader) NewEventReader() (*EventReader, error) {
 	return &EventReader{r: r}, nil
 }
 
-// Read blocks for the next event; it returns ringbuf.ErrClosed after Close.
+// Read blocks for the next event; it returns ringbuf.ErrClosed after Close
+// and os.ErrDeadlineExceeded once the SetDeadline time passed.
 func (er *EventReader) Read() (Event, error) {
-	rec, err := er.r.Read()
-	if err != nil {
-		return Event{}, err
+	var rec ringbuf.Record
+	for {
+		wait := time.Now().Add(EventPollInterval)
+		if !er.deadline.IsZero() && er.deadline.Before(wait) {
+			wait = er.deadline
+		}
+		er.r.SetDeadline(wait)
+		err := er.r.ReadInto(&rec)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) || (!er.deadline.IsZero() && !time.Now().Before(er.deadline)) {
+			return Event{}, err
+		}
 	}
 	var raw bpf.LxcEvent
 	if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &raw); err != nil {
@@ -91,5 +113,6 @@ func (er *EventReader) Read() (Event, error) {
 // Close stops the reader; a blocked Read returns.
 func (er *EventReader) Close() error { return er.r.Close() }
 
-// SetDeadline makes Read give up at t (os.ErrDeadlineExceeded).
-func (er *EventReader) SetDeadline(t time.Time) { er.r.SetDeadline(t) }
+// SetDeadline makes Read give up at t (os.ErrDeadlineExceeded); the zero
+// time waits for ever. Not safe to call while a Read runs.
+func (er *EventReader) SetDeadline(t time.Time) { er.deadline = t }

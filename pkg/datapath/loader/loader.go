@@ -129,6 +129,11 @@ func (l *Loader) Start() error {
 	}
 	l.maps = maps.FromObjects(&l.objs.LxcMaps)
 	l.migrateLegacy(legacy)
+	// The array slots mirror the interface hash; a datapath of an earlier
+	// layout had no arrays, and a crash may have left a slot behind.
+	if err := l.maps.EndpointMap().RebuildSlots(); err != nil {
+		l.log.Warn("Cannot rebuild the endpoint slots; the agent's regeneration rewrites them", "error", err)
+	}
 	// Only now, with the new datapath loaded and filled, do the pins of
 	// other layouts go: a start that fails leaves them for the next one.
 	// The old programs keep their maps until their links switch below.

@@ -14,11 +14,11 @@ import (
 // held open while their pins are removed so their entries can be carried
 // over into the new maps.
 type legacyMaps struct {
-	endpoints, ipcache, ct *ebpf.Map
+	endpoints, ipcache, ct, policy *ebpf.Map
 }
 
 func (lm legacyMaps) close() {
-	for _, m := range []*ebpf.Map{lm.endpoints, lm.ipcache, lm.ct} {
+	for _, m := range []*ebpf.Map{lm.endpoints, lm.ipcache, lm.ct, lm.policy} {
 		if m != nil {
 			m.Close()
 		}
@@ -31,6 +31,7 @@ func (l *Loader) openLegacy() legacyMaps {
 	var lm legacyMaps
 	for name, dst := range map[string]**ebpf.Map{
 		maps.EndpointsV1MapName: &lm.endpoints, maps.IPCacheV1MapName: &lm.ipcache, maps.CTV1MapName: &lm.ct,
+		maps.PolicyV1MapName: &lm.policy,
 	} {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(l.cfg.BPFRoot, name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
@@ -49,10 +50,12 @@ func (l *Loader) openLegacy() legacyMaps {
 // the new programs: from the first packet the new programs see, every pod
 // has its endpoint entry, every peer its identity and every connection its
 // conntrack entry, so nothing is dropped or re-evaluated while the agent
-// regenerates the endpoints. Conntrack goes last, so it misses as few
-// flows as possible that the old programs create meanwhile. Policy and
-// metrics kept their layout and their pins. A failure costs the copy, not
-// the start: the agent's regeneration rewrites endpoints and the ipcache.
+// regenerates the endpoints. Policy moves from the one trie of layouts v1
+// and v2 into the endpoints' own tries. Conntrack goes last, so it misses
+// as few flows as possible that the old programs create meanwhile. Metrics
+// kept their layout and their pins. A failure costs the copy, not the
+// start: the agent's regeneration rewrites endpoints, policy and the
+// ipcache.
 func (l *Loader) migrateLegacy(lm legacyMaps) {
 	if lm.endpoints != nil {
 		res, err := maps.MigrateEndpointsV1(lm.endpoints, l.maps.EndpointMap(), l.cfg.DirectDelivery)
@@ -61,6 +64,10 @@ func (l *Loader) migrateLegacy(lm legacyMaps) {
 	if lm.ipcache != nil {
 		res, err := maps.MigrateIPCacheV1(lm.ipcache, l.maps.IPCacheMap())
 		l.logMigration(maps.IPCacheV1MapName, res, err)
+	}
+	if lm.policy != nil {
+		res, err := maps.MigratePolicyV1(lm.policy, l.maps.PolicyMap())
+		l.logMigration(maps.PolicyV1MapName, res, err)
 	}
 	if lm.ct != nil {
 		res, err := maps.MigrateCTV1(lm.ct, l.maps.CTMap(), maps.MonotonicNow())

@@ -2,6 +2,7 @@ package loader
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,14 +12,20 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
 
-// testdata/lxc_v1_bpfel.o is the datapath object of the previous map
-// layout, as committed up to 435eb53: endpoints keyed by address only,
-// ipcache with an IPv4 tunnel address, one conntrack table with an entry
-// per direction plus a reply entry per flow. These structs mirror its
-// layout, as the old agent wrote it.
+// testdata/lxc_v1_bpfel.o is the datapath object of the first map layout,
+// as committed up to 435eb53: endpoints keyed by address only, ipcache
+// with an IPv4 tunnel address, one conntrack table with an entry per
+// direction plus a reply entry per flow. These structs mirror its layout,
+// as the old agent wrote it.
+//
+// testdata/lxc_v2_bpfel.o is the datapath object of the second layout, as
+// committed up to d679259: endpoints by ifindex and by address, conntrack
+// and ipcache as now, no endpoint arrays, and, like v1, one policy trie
+// for every endpoint (policyKeyV1).
 type v1EndpointKey struct {
 	Family uint8
 	Pad    [3]uint8
@@ -49,6 +56,23 @@ type v1IPCacheInfo struct {
 	Pad       [3]uint8
 }
 
+type policyKeyV1 struct {
+	Prefixlen uint32
+	EpID      uint16
+	Dir       uint8
+	Pad       uint8
+	Identity  uint32
+	Proto     uint8
+	Pad2      uint8
+	Dport     uint16
+}
+
+type policyEntryV1 struct {
+	Deny   uint8
+	Pad    [3]uint8
+	Cookie uint32
+}
+
 func v1Addr(ip netip.Addr) (uint8, [16]uint8) {
 	var a [16]uint8
 	if ip.Is4() {
@@ -59,12 +83,12 @@ func v1Addr(ip netip.Addr) (uint8, [16]uint8) {
 	return 6, ip.As16()
 }
 
-// startV1Datapath runs the old datapath as the old agent left it: maps and
-// links pinned under the lab's root, endpoints, identities and policy
-// written, the process's own handles closed.
-func startV1Datapath(t *testing.T, lab *podLab, eps []EndpointInfo, policy map[maps.PolicyKey]maps.PolicyValue) {
+// startOldDatapath runs the datapath of an earlier layout (1 or 2) as its
+// agent left it: maps and links pinned under the lab's root, endpoints,
+// identities and policy written, the process's own handles closed.
+func startOldDatapath(t *testing.T, layout int, lab *podLab, eps []EndpointInfo, policy map[maps.PolicyKey]maps.PolicyValue) {
 	t.Helper()
-	spec, err := ebpf.LoadCollectionSpec("testdata/lxc_v1_bpfel.o")
+	spec, err := ebpf.LoadCollectionSpec(fmt.Sprintf("testdata/lxc_v%d_bpfel.o", layout))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,6 +105,23 @@ func startV1Datapath(t *testing.T, lab *podLab, eps []EndpointInfo, policy map[m
 		if ep.EnforceIngress {
 			flags |= maps.FlagEnforceIngress
 		}
+		if layout == 2 {
+			// The second layout's agent wrote endpoints as the maps
+			// package still does (same struct), and the ipcache too.
+			old := &maps.Maps{Endpoints: coll.Maps["tdr_endpoints_v2"], EndpointsIP4: coll.Maps["tdr_endpoint_ip4_v1"],
+				EndpointsIP6: coll.Maps["tdr_endpoint_ip6_v1"], IPCache: coll.Maps["tdr_ipcache_v2"]}
+			e := maps.Endpoint{ID: ep.ID, IfIndex: uint32(ep.IfIndex), Identity: ep.Identity, Flags: flags | maps.FlagDeliverDirect,
+				MAC: ep.MAC, HostMAC: ep.HostMAC, IPv4: ep.Addresses[0], IPv6: ep.Addresses[1]}
+			if err := old.EndpointMap().Upsert(e); err != nil {
+				t.Fatal(err)
+			}
+			for _, ip := range ep.Addresses {
+				if err := old.IPCacheMap().Upsert(netip.PrefixFrom(ip, ip.BitLen()), maps.IPCacheEntry{Identity: ep.Identity, TunnelIP: netip.MustParseAddr("192.0.2.1")}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			continue
+		}
 		v := v1EndpointInfo{Ifindex: uint32(ep.IfIndex), Identity: ep.Identity, EpID: ep.ID, Flags: flags}
 		copy(v.MAC[:], ep.MAC)
 		copy(v.HostMAC[:], ep.HostMAC)
@@ -95,9 +136,17 @@ func startV1Datapath(t *testing.T, lab *podLab, eps []EndpointInfo, policy map[m
 			}
 		}
 	}
-	pm := (&maps.Maps{Policy: coll.Maps["tdr_policy_v1"]}).PolicyMap()
 	for k, v := range policy {
-		if err := pm.Upsert(k, v); err != nil {
+		ok := policyKeyV1{Prefixlen: 64, EpID: k.EndpointID, Dir: k.Direction, Identity: k.Identity}
+		if k.Proto != 0 {
+			ok.Prefixlen += 16 + uint32(k.PortPrefixLen)
+			ok.Proto, ok.Dport = k.Proto, maps.Htons(k.Port)
+		}
+		ov := policyEntryV1{Cookie: v.Cookie}
+		if v.Deny {
+			ov.Deny = 1
+		}
+		if err := coll.Maps["tdr_policy_v1"].Put(ok, ov); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -119,14 +168,20 @@ func startV1Datapath(t *testing.T, lab *podLab, eps []EndpointInfo, policy map[m
 	}
 }
 
-// TestPrivilegedUpgradeFromV1Layout: the agent starts over a running
-// datapath of the previous map layout. The old maps are not read as new
+// TestPrivilegedUpgradeFromOldLayouts: the agent starts over a running
+// datapath of an earlier map layout. The old maps are not read as new
 // ones: their entries are carried over into the new maps and their pins
 // removed, and the pinned links switch to the new programs. A ping running
 // across the upgrade loses nothing, a pod denied before stays denied
 // before and after its endpoint is regenerated, and the flow the ping uses
 // continues as an established one.
-func TestPrivilegedUpgradeFromV1Layout(t *testing.T) {
+func TestPrivilegedUpgradeFromOldLayouts(t *testing.T) {
+	for _, layout := range []int{1, 2} {
+		t.Run(fmt.Sprintf("v%d", layout), func(t *testing.T) { testUpgradeFrom(t, layout) })
+	}
+}
+
+func testUpgradeFrom(t *testing.T, layout int) {
 	lab := newPodLab(t)
 	a, b, c := lab.addPod("a", 0), lab.addPod("b", 1), lab.addPod("c", 2)
 	const idA, idB, idC = 3001, 3002, 3003
@@ -136,7 +191,7 @@ func TestPrivilegedUpgradeFromV1Layout(t *testing.T) {
 		{EndpointID: 2, Direction: maps.DirIngress, Identity: idA, Proto: 1, Port: 8, PortPrefixLen: 16}:    {Cookie: 1},
 		{EndpointID: 2, Direction: maps.DirIngress, Identity: idA, Proto: 58, Port: 128, PortPrefixLen: 16}: {Cookie: 1},
 	}
-	startV1Datapath(t, lab, eps, policy)
+	startOldDatapath(t, layout, lab, eps, policy)
 	if sent, got := a.ping(t, b.IPv4, 5); got != sent {
 		t.Fatalf("old datapath: a to b %d of %d", got, sent)
 	}
@@ -176,7 +231,7 @@ func TestPrivilegedUpgradeFromV1Layout(t *testing.T) {
 	l := lab.loader()
 	// Before any regeneration the new maps already hold what the old ones
 	// did.
-	for _, name := range []string{"tdr_endpoints_v1", "tdr_ipcache_v1", "tdr_ct_v1", "tdr_ratelimit_v1"} {
+	for _, name := range []string{"tdr_endpoints_v1", "tdr_ipcache_v1", "tdr_ct_v1", "tdr_ratelimit_v1", "tdr_policy_v1"} {
 		if _, err := os.Stat(filepath.Join(lab.root, name)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("pin of the old layout %s still there (%v)", name, err)
 		}
@@ -213,6 +268,13 @@ func TestPrivilegedUpgradeFromV1Layout(t *testing.T) {
 	}
 	if st := l.Status(); st.ReusedLinks != 6 {
 		t.Errorf("%d pinned links reused, want 6", st.ReusedLinks)
+	}
+	if got, err := l.Maps().PolicyMap().DumpEndpoint(2); err != nil || len(got) != len(policy) {
+		t.Errorf("policy of b carried over as %v (%v), want %v", got, err, policy)
+	}
+	var slot bpf.LxcEndpointInfo
+	if err := l.Maps().EndpointsID.Lookup(uint32(2), &slot); err != nil || slot.Ifindex != uint32(b.HostIfIndex) {
+		t.Errorf("ID slot of b: %+v %v", slot, err)
 	}
 	if _, got := c.ping(t, b.IPv4, 2); got != 0 {
 		t.Error("c reached b after the upgrade, before regeneration")

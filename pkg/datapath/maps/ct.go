@@ -15,9 +15,18 @@ import (
 const (
 	CTFlagSeenReply uint8 = 0x01
 	CTFlagClosing   uint8 = 0x02
+	// CTFlagSrcNotLocal (CTFlagDstNotLocal): the flow's source
+	// (destination) was not a local endpoint when the entry was made, so
+	// established packets towards it are not looked for among the local
+	// endpoints.
+	CTFlagSrcNotLocal uint8 = 0x20
+	CTFlagDstNotLocal uint8 = 0x40
 	// ctFlagAStarted is the stored orientation: side a of the key sent the
-	// flow's first packet. CTEntry carries it as Src/Dst instead.
-	ctFlagAStarted uint8 = 0x04
+	// flow's first packet. CTEntry carries it as Src/Dst instead; the
+	// stored "not local" flags are by side (a, b) too.
+	ctFlagAStarted  uint8 = 0x04
+	ctFlagANotLocal uint8 = 0x08
+	ctFlagBNotLocal uint8 = 0x10
 )
 
 // CTEntry is one conntrack entry: a flow on this node, one entry for both
@@ -35,7 +44,7 @@ type CTEntry struct {
 	SrcEndpoint, DstEndpoint uint16
 	// Expires is a CLOCK_MONOTONIC_COARSE deadline in ns (see MonotonicNow).
 	Expires  uint64
-	Flags    uint8 // CTFlagSeenReply, CTFlagClosing
+	Flags    uint8 // CTFlagSeenReply, CTFlagClosing, CTFlagSrcNotLocal, CTFlagDstNotLocal
 	TCPFlags uint8 // every TCP flag seen on the flow
 }
 
@@ -104,17 +113,32 @@ func (e CTEntry) key6() bpf.LxcCt6Key {
 
 func (e CTEntry) value() bpf.LxcCtEntry {
 	_, _, aEP, _, _, bEP := e.sides()
-	v := bpf.LxcCtEntry{Expires: e.Expires, EpA: aEP, EpB: bEP, Flags: e.Flags &^ ctFlagAStarted, TcpFlags: e.TCPFlags}
+	v := bpf.LxcCtEntry{Expires: e.Expires, EpA: aEP, EpB: bEP, Flags: e.Flags & (CTFlagSeenReply | CTFlagClosing), TcpFlags: e.TCPFlags}
+	srcFlag, dstFlag := ctFlagBNotLocal, ctFlagANotLocal
 	if e.srcIsA() {
 		v.Flags |= ctFlagAStarted
+		srcFlag, dstFlag = ctFlagANotLocal, ctFlagBNotLocal
+	}
+	if e.Flags&CTFlagSrcNotLocal != 0 {
+		v.Flags |= srcFlag
+	}
+	if e.Flags&CTFlagDstNotLocal != 0 {
+		v.Flags |= dstFlag
 	}
 	return v
 }
 
 // fromRaw orients a stored entry: the side that started the flow is Src.
 func fromRaw(proto uint8, a netip.Addr, aPort uint16, b netip.Addr, bPort uint16, v bpf.LxcCtEntry) CTEntry {
-	e := CTEntry{Proto: proto, Expires: v.Expires, Flags: v.Flags &^ ctFlagAStarted, TCPFlags: v.TcpFlags}
-	if v.Flags&ctFlagAStarted != 0 {
+	e := CTEntry{Proto: proto, Expires: v.Expires, Flags: v.Flags & (CTFlagSeenReply | CTFlagClosing), TCPFlags: v.TcpFlags}
+	aStarted := v.Flags&ctFlagAStarted != 0
+	if (v.Flags&ctFlagANotLocal != 0 && aStarted) || (v.Flags&ctFlagBNotLocal != 0 && !aStarted) {
+		e.Flags |= CTFlagSrcNotLocal
+	}
+	if (v.Flags&ctFlagBNotLocal != 0 && aStarted) || (v.Flags&ctFlagANotLocal != 0 && !aStarted) {
+		e.Flags |= CTFlagDstNotLocal
+	}
+	if aStarted {
 		e.Src, e.SrcPort, e.SrcEndpoint, e.Dst, e.DstPort, e.DstEndpoint = a, aPort, v.EpA, b, bPort, v.EpB
 	} else {
 		e.Src, e.SrcPort, e.SrcEndpoint, e.Dst, e.DstPort, e.DstEndpoint = b, bPort, v.EpB, a, aPort, v.EpA

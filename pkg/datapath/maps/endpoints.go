@@ -44,10 +44,13 @@ func (e Endpoint) EnforceIngress() bool { return e.Flags&FlagEnforceIngress != 0
 func (e Endpoint) EnforceEgress() bool { return e.Flags&FlagEnforceEgress != 0 }
 
 // EndpointMap holds, for each endpoint, an entry keyed by its host veth's
-// ifindex (what the programs look up first) and one per address (what
-// from_pod looks up to find a local destination), all with the same value,
-// in three maps: by ifindex, by IPv4 and by IPv6 address.
-type EndpointMap struct{ byIfindex, byIPv4, byIPv6 *ebpf.Map }
+// ifindex (what the programs look up first), one under its ID (the local
+// peer a conntrack entry names) and one per address (what from_pod looks
+// up to find a local destination of a new flow), all with the same value.
+// The ifindex entry is in a hash (every endpoint) and, for ifindexes below
+// the array's size, in an array slot the programs read first; the ID entry
+// is an array slot. Empty array slots have ID 0.
+type EndpointMap struct{ byIfindex, ifindexSlots, byID, byIPv4, byIPv6 *ebpf.Map }
 
 // addrMap is the map of ip's family and ip's key in it.
 func (m EndpointMap) addrMap(ip netip.Addr) (*ebpf.Map, any) {
@@ -137,8 +140,8 @@ func (m EndpointMap) Upsert(e Endpoint) error {
 			return fmt.Errorf("write endpoint %d address %s: %w", e.ID, ip, err)
 		}
 	}
-	if err := m.byIfindex.Put(e.IfIndex, &v); err != nil {
-		return fmt.Errorf("write endpoint %d (ifindex %d): %w", e.ID, e.IfIndex, err)
+	if err := m.writeSlots(e.IfIndex, e.ID, &v); err != nil {
+		return err
 	}
 	if had {
 		for _, ip := range []netip.Addr{old.IPv4, old.IPv6} {
@@ -152,6 +155,98 @@ func (m EndpointMap) Upsert(e Endpoint) error {
 	for _, ifindex := range staleIfindex {
 		if err := m.deleteIfindex(ifindex, e.ID); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// writeSlots writes an endpoint's ID slot, then its interface entries:
+// the hash and, below the array's size, the array slot.
+func (m EndpointMap) writeSlots(ifindex uint32, id uint16, v *bpf.LxcEndpointInfo) error {
+	if m.byID != nil {
+		if uint32(id) >= m.byID.MaxEntries() {
+			return fmt.Errorf("endpoint ID %d beyond the datapath's %d", id, m.byID.MaxEntries()-1)
+		}
+		if err := m.byID.Put(uint32(id), v); err != nil {
+			return fmt.Errorf("write endpoint %d (ID slot): %w", id, err)
+		}
+	}
+	if err := m.byIfindex.Put(ifindex, v); err != nil {
+		return fmt.Errorf("write endpoint %d (ifindex %d): %w", id, ifindex, err)
+	}
+	if m.ifindexSlots != nil && ifindex < m.ifindexSlots.MaxEntries() {
+		if err := m.ifindexSlots.Put(ifindex, v); err != nil {
+			return fmt.Errorf("write endpoint %d (ifindex slot %d): %w", id, ifindex, err)
+		}
+	}
+	return nil
+}
+
+// clearSlot empties an array slot if it still holds endpoint id.
+func clearSlot(arr *ebpf.Map, slot uint32, id uint16) error {
+	if arr == nil || slot >= arr.MaxEntries() {
+		return nil
+	}
+	var v bpf.LxcEndpointInfo
+	if err := arr.Lookup(slot, &v); err != nil {
+		return fmt.Errorf("read slot %d of %s: %w", slot, arr, err)
+	}
+	if v.EpId != id {
+		return nil
+	}
+	if err := arr.Put(slot, &bpf.LxcEndpointInfo{}); err != nil {
+		return fmt.Errorf("clear slot %d of %s: %w", slot, arr, err)
+	}
+	return nil
+}
+
+// RebuildSlots rewrites the array slots from the interface hash, the
+// record of every endpoint: an agent upgraded from a datapath without the
+// arrays fills them before its programs run, and slots of endpoints that
+// are gone are emptied.
+func (m EndpointMap) RebuildSlots() error {
+	if m.byID == nil || m.ifindexSlots == nil {
+		return nil
+	}
+	live := map[uint16]bool{}
+	liveIfx := map[uint32]bool{}
+	var k uint32
+	var v bpf.LxcEndpointInfo
+	it := m.byIfindex.Iterate()
+	for it.Next(&k, &v) {
+		if v.EpId == 0 || uint32(v.EpId) >= m.byID.MaxEntries() {
+			continue
+		}
+		live[v.EpId], liveIfx[k] = true, true
+		val := v
+		if err := m.writeSlots(k, v.EpId, &val); err != nil {
+			return err
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read endpoints: %w", err)
+	}
+	for _, arr := range []struct {
+		m    *ebpf.Map
+		keep func(slot uint32, v bpf.LxcEndpointInfo) bool
+	}{
+		{m.byID, func(slot uint32, v bpf.LxcEndpointInfo) bool { return live[uint16(slot)] }},
+		{m.ifindexSlots, func(slot uint32, v bpf.LxcEndpointInfo) bool { return liveIfx[slot] }},
+	} {
+		var stale []uint32
+		it := arr.m.Iterate()
+		for it.Next(&k, &v) {
+			if v.EpId != 0 && !arr.keep(k, v) {
+				stale = append(stale, k)
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("read %s: %w", arr.m, err)
+		}
+		for _, slot := range stale {
+			if err := arr.m.Put(slot, &bpf.LxcEndpointInfo{}); err != nil {
+				return fmt.Errorf("clear slot %d of %s: %w", slot, arr.m, err)
+			}
 		}
 	}
 	return nil
@@ -252,6 +347,9 @@ func (m EndpointMap) LookupID(id uint16) (Endpoint, bool, error) {
 // deleteIfindex removes an interface entry if it still belongs to
 // endpoint id.
 func (m EndpointMap) deleteIfindex(ifindex uint32, id uint16) error {
+	if err := clearSlot(m.ifindexSlots, ifindex, id); err != nil {
+		return err
+	}
 	var v bpf.LxcEndpointInfo
 	if err := m.byIfindex.Lookup(ifindex, &v); err != nil {
 		return ignoreMissing(err)
@@ -311,7 +409,7 @@ func (m EndpointMap) remove(e Endpoint) error {
 			}
 		}
 	}
-	return nil
+	return clearSlot(m.byID, uint32(e.ID), e.ID)
 }
 
 // Iterate calls fn for each endpoint (its interface entry) until fn

@@ -24,7 +24,28 @@ const (
 	EndpointsV1MapName = "tdr_endpoints_v1"
 	IPCacheV1MapName   = "tdr_ipcache_v1"
 	CTV1MapName        = "tdr_ct_v1"
+	// PolicyV1MapName is the one LPM trie of every endpoint's policy
+	// (endpoint ID and direction in the key), used up to commit d679259
+	// (datapath layouts v1 and v2); now each endpoint has tries of its own.
+	PolicyV1MapName = "tdr_policy_v1"
 )
+
+type policyKeyV1 struct {
+	Prefixlen uint32
+	EpID      uint16
+	Dir       uint8
+	Pad       uint8
+	Identity  uint32
+	Proto     uint8
+	Pad2      uint8
+	Dport     uint16 // network byte order
+}
+
+type policyEntryV1 struct {
+	Deny   uint8
+	Pad    [3]uint8
+	Cookie uint32
+}
 
 type endpointKeyV1 struct {
 	Family uint8
@@ -234,6 +255,38 @@ func MigrateCTV1(old *ebpf.Map, dst CTMap, now uint64) (MigrationResult, error) 
 			return res, fmt.Errorf("carry a flow over from %s: %w", CTV1MapName, err)
 		}
 		res.Written++
+	}
+	return res, nil
+}
+
+// MigratePolicyV1 copies the one-trie policy map of the earlier layouts
+// into the endpoints' own tries. Its prefix counted 64 fixed bits (endpoint
+// ID, direction, pad, identity) before protocol and port.
+func MigratePolicyV1(old *ebpf.Map, dst *PolicyMap) (MigrationResult, error) {
+	var res MigrationResult
+	if err := checkLayout(old, unsafe.Sizeof(policyKeyV1{}), unsafe.Sizeof(policyEntryV1{})); err != nil {
+		return res, err
+	}
+	const fixedV1 = 64
+	var k policyKeyV1
+	var v policyEntryV1
+	it := old.Iterate()
+	for it.Next(&k, &v) {
+		res.Read++
+		if k.Prefixlen < fixedV1 || k.EpID == 0 || k.Dir > DirEgress {
+			continue
+		}
+		nk := PolicyKey{EndpointID: k.EpID, Direction: k.Dir, Identity: k.Identity}
+		if k.Prefixlen > fixedV1 {
+			nk.Proto, nk.Port, nk.PortPrefixLen = k.Proto, Ntohs(k.Dport), uint8(k.Prefixlen-fixedV1-16)
+		}
+		if err := dst.Upsert(nk, PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie}); err != nil {
+			return res, fmt.Errorf("carry policy entry %+v over from %s: %w", nk, PolicyV1MapName, err)
+		}
+		res.Written++
+	}
+	if err := it.Err(); err != nil {
+		return res, fmt.Errorf("read %s: %w", PolicyV1MapName, err)
 	}
 	return res, nil
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"sync"
 
 	"github.com/cilium/ebpf"
 
@@ -31,10 +32,12 @@ const (
 // gets a new name, so a pin of the old layout is replaced, never misread.
 const (
 	EndpointsMapName = bpf.LxcMapTdrEndpointsV2
+	EndpointIfxName  = bpf.LxcMapTdrEpIfindexV1
+	EndpointIDName   = bpf.LxcMapTdrEpIdV1
 	EndpointIP4Name  = bpf.LxcMapTdrEndpointIp4V1
 	EndpointIP6Name  = bpf.LxcMapTdrEndpointIp6V1
 	IPCacheMapName   = bpf.LxcMapTdrIpcacheV2
-	PolicyMapName    = bpf.LxcMapTdrPolicyV1
+	PolicyMapName    = bpf.LxcMapTdrPolicyV2
 	CT4MapName       = bpf.LxcMapTdrCt4V1
 	CT6MapName       = bpf.LxcMapTdrCt6V1
 	MetricsMapName   = bpf.LxcMapTdrMetricsV2
@@ -54,23 +57,43 @@ func PinnedNames() map[string]string {
 
 // Maps are the datapath's maps of one node.
 type Maps struct {
-	Endpoints    *ebpf.Map // by ifindex
+	Endpoints    *ebpf.Map // by ifindex, every endpoint
+	EndpointsIfx *ebpf.Map // array by ifindex, below its size
+	EndpointsID  *ebpf.Map // array by endpoint ID
 	EndpointsIP4 *ebpf.Map
 	EndpointsIP6 *ebpf.Map
 	IPCache      *ebpf.Map
-	Policy       *ebpf.Map
+	Policy       *ebpf.Map // array of per-endpoint tries
 	CT4          *ebpf.Map
 	CT6          *ebpf.Map
 	Metrics      *ebpf.Map
 	Events       *ebpf.Map
+
+	policyOnce sync.Once
+	policy     *PolicyMap
 }
 
 // FromObjects takes the maps of loaded objects.
 func FromObjects(o *bpf.LxcMaps) *Maps {
 	return &Maps{
-		Endpoints: o.TdrEndpointsV2, EndpointsIP4: o.TdrEndpointIp4V1, EndpointsIP6: o.TdrEndpointIp6V1, IPCache: o.TdrIpcacheV2, Policy: o.TdrPolicyV1,
+		Endpoints: o.TdrEndpointsV2, EndpointsIfx: o.TdrEpIfindexV1, EndpointsID: o.TdrEpIdV1,
+		EndpointsIP4: o.TdrEndpointIp4V1, EndpointsIP6: o.TdrEndpointIp6V1, IPCache: o.TdrIpcacheV2, Policy: o.TdrPolicyV2,
 		CT4: o.TdrCt4V1, CT6: o.TdrCt6V1, Metrics: o.TdrMetricsV2, Events: o.TdrEventsV1,
 	}
+}
+
+// PolicyTrieSpec is the spec of one endpoint's policy trie, as the
+// datapath object declares it.
+func PolicyTrieSpec() (*ebpf.MapSpec, error) {
+	spec, err := bpf.LoadLxc()
+	if err != nil {
+		return nil, fmt.Errorf("load datapath spec: %w", err)
+	}
+	outer, ok := spec.Maps[PolicyMapName]
+	if !ok || outer.InnerMap == nil {
+		return nil, fmt.Errorf("datapath spec has no %s with an inner map", PolicyMapName)
+	}
+	return outer.InnerMap, nil
 }
 
 // OpenPinned opens the maps pinned under root (a node's BPF root) without
@@ -79,7 +102,7 @@ func OpenPinned(root string, readOnly bool) (*Maps, error) {
 	m := &Maps{}
 	opts := &ebpf.LoadPinOptions{ReadOnly: readOnly}
 	for name, dst := range map[string]**ebpf.Map{
-		EndpointsMapName: &m.Endpoints, EndpointIP4Name: &m.EndpointsIP4, EndpointIP6Name: &m.EndpointsIP6, IPCacheMapName: &m.IPCache, PolicyMapName: &m.Policy,
+		EndpointsMapName: &m.Endpoints, EndpointIfxName: &m.EndpointsIfx, EndpointIDName: &m.EndpointsID, EndpointIP4Name: &m.EndpointsIP4, EndpointIP6Name: &m.EndpointsIP6, IPCacheMapName: &m.IPCache, PolicyMapName: &m.Policy,
 		CT4MapName: &m.CT4, CT6MapName: &m.CT6, MetricsMapName: &m.Metrics,
 	} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(root, name), opts)
@@ -94,7 +117,10 @@ func OpenPinned(root string, readOnly bool) (*Maps, error) {
 
 // Close releases the handles (pins stay).
 func (m *Maps) Close() {
-	for _, mp := range []*ebpf.Map{m.Endpoints, m.EndpointsIP4, m.EndpointsIP6, m.IPCache, m.Policy, m.CT4, m.CT6, m.Metrics, m.Events} {
+	if m.policy != nil {
+		m.policy.Close()
+	}
+	for _, mp := range []*ebpf.Map{m.Endpoints, m.EndpointsIfx, m.EndpointsID, m.EndpointsIP4, m.EndpointsIP6, m.IPCache, m.Policy, m.CT4, m.CT6, m.Metrics, m.Events} {
 		if mp != nil {
 			mp.Close()
 		}
@@ -103,14 +129,27 @@ func (m *Maps) Close() {
 
 // EndpointMap is the typed endpoints map.
 func (m *Maps) EndpointMap() EndpointMap {
-	return EndpointMap{byIfindex: m.Endpoints, byIPv4: m.EndpointsIP4, byIPv6: m.EndpointsIP6}
+	return EndpointMap{byIfindex: m.Endpoints, ifindexSlots: m.EndpointsIfx, byID: m.EndpointsID, byIPv4: m.EndpointsIP4, byIPv6: m.EndpointsIP6}
 }
 
 // IPCacheMap is the typed ipcache.
 func (m *Maps) IPCacheMap() IPCacheMap { return IPCacheMap{m: m.IPCache} }
 
-// PolicyMap is the typed policy map.
-func (m *Maps) PolicyMap() PolicyMap { return PolicyMap{m: m.Policy} }
+// PolicyMap is the typed policy map, one per Maps: it caches the handles
+// of the endpoints' tries. Tries are created from the datapath object's
+// spec, read once when first needed.
+func (m *Maps) PolicyMap() *PolicyMap {
+	m.policyOnce.Do(func() {
+		var once sync.Once
+		var spec *ebpf.MapSpec
+		var err error
+		m.policy = newPolicyMap(m.Policy, func() (*ebpf.MapSpec, error) {
+			once.Do(func() { spec, err = PolicyTrieSpec() })
+			return spec, err
+		})
+	})
+	return m.policy
+}
 
 // CTMap is the typed conntrack table (both families).
 func (m *Maps) CTMap() CTMap { return CTMap{v4: m.CT4, v6: m.CT6} }

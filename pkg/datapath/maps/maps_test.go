@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/testutil"
@@ -23,7 +24,7 @@ func TestPolicyKeyEncoding(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%+v: %v", k, err)
 		}
-		if back := fromRawPolicyKey(r); back != k {
+		if back := fromRawPolicyKey(k.slot(), r); back != k {
 			t.Errorf("round trip %+v -> %+v", k, back)
 		}
 	}
@@ -84,7 +85,8 @@ func newUnpinnedMaps(t *testing.T) *Maps {
 		t.Cleanup(func() { m.Close() })
 		return m
 	}
-	return &Maps{Endpoints: create(EndpointsMapName), EndpointsIP4: create(EndpointIP4Name), EndpointsIP6: create(EndpointIP6Name),
+	return &Maps{Endpoints: create(EndpointsMapName), EndpointsIfx: create(EndpointIfxName), EndpointsID: create(EndpointIDName),
+		EndpointsIP4: create(EndpointIP4Name), EndpointsIP6: create(EndpointIP6Name),
 		IPCache: create(IPCacheMapName), Policy: create(PolicyMapName),
 		CT4: create(CT4MapName), CT6: create(CT6MapName), Metrics: create(MetricsMapName)}
 }
@@ -134,6 +136,124 @@ func TestPrivilegedIPCacheAndPolicyLookups(t *testing.T) {
 	}
 	if n, _ := pm.Count(); n != 0 {
 		t.Errorf("%d policy entries after deleting the endpoint's", n)
+	}
+}
+
+// TestPrivilegedPolicyTriesPerEndpoint: each endpoint's entries live in
+// tries of its own, one per direction and identity kind, created with the
+// first entry of the kind; a lookup never sees another endpoint's entries,
+// and deleting an endpoint leaves the others whole.
+func TestPrivilegedPolicyTriesPerEndpoint(t *testing.T) {
+	m := newUnpinnedMaps(t)
+	pm := m.PolicyMap()
+	entries := map[PolicyKey]PolicyValue{
+		{EndpointID: 1, Direction: DirIngress, Identity: 100, Proto: 6, Port: 80, PortPrefixLen: 16}: {Cookie: 1},
+		{EndpointID: 1, Direction: DirEgress, Identity: 200}:                                         {Cookie: 2},
+		{EndpointID: 2, Direction: DirIngress, Identity: 0, Proto: 17, Port: 53, PortPrefixLen: 16}:  {Cookie: 3},
+		{EndpointID: 2, Direction: DirIngress, Identity: 100, Proto: 6}:                              {Deny: true, Cookie: 4},
+		{EndpointID: 4095, Direction: DirEgress, Identity: 7}:                                        {Cookie: 5},
+	}
+	for k, v := range entries {
+		if err := pm.Upsert(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := pm.Tries(); err != nil || n != 5 {
+		t.Errorf("%d tries (%v), want 5: one per endpoint, direction and identity kind in use", n, err)
+	}
+	all, err := pm.DumpEndpoint(0)
+	if err != nil || len(all) != len(entries) {
+		t.Fatalf("dump of every endpoint: %d entries (%v), want %d", len(all), err, len(entries))
+	}
+	for k, v := range entries {
+		if all[k] != v {
+			t.Errorf("%+v: %+v, want %+v", k, all[k], v)
+		}
+	}
+	for _, tc := range []struct {
+		ep          uint16
+		dir         uint8
+		id          uint32
+		proto       uint8
+		port        uint16
+		found, deny bool
+		cookie      uint32
+	}{
+		{1, DirIngress, 100, 6, 80, true, false, 1},
+		{1, DirIngress, 100, 6, 81, false, false, 0},
+		{1, DirIngress, 200, 6, 80, false, false, 0}, // 200 is allowed on 1's egress only
+		{1, DirEgress, 200, 17, 9, true, false, 2},
+		{2, DirIngress, 300, 17, 53, true, false, 3}, // any identity
+		{2, DirIngress, 100, 6, 80, true, true, 4},   // 1's allow of 100/TCP 80 is not 2's
+		{2, DirIngress, 100, 17, 53, true, false, 3},
+		{3, DirIngress, 100, 6, 80, false, false, 0},
+		{4095, DirEgress, 7, 1, 8, true, false, 5},
+	} {
+		v, found, err := pm.Decide(tc.ep, tc.dir, tc.id, tc.proto, tc.port)
+		if err != nil || found != tc.found || v.Deny != tc.deny || v.Cookie != tc.cookie {
+			t.Errorf("endpoint %d dir %d identity %d %d/%d: %+v found=%v err=%v", tc.ep, tc.dir, tc.id, tc.proto, tc.port, v, found, err)
+		}
+	}
+	// A second handle on the same maps (the agent after a restart, the
+	// CLI) finds the tries through the outer map.
+	again := newPolicyMap(m.Policy, nil)
+	defer again.Close()
+	if got, err := again.DumpEndpoint(2); err != nil || len(got) != 2 {
+		t.Errorf("endpoint 2 through a new handle: %v %v", got, err)
+	}
+	if err := again.Upsert(PolicyKey{EndpointID: 9, Identity: 1}, PolicyValue{}); err == nil {
+		t.Error("a handle without the datapath spec created a trie")
+	}
+	if err := pm.DeleteEndpoint(2); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, _ := pm.Decide(2, DirIngress, 300, 17, 53); found {
+		t.Error("endpoint 2's entries outlived it")
+	}
+	if n, _ := pm.Count(); n != 3 {
+		t.Errorf("%d entries left, want endpoint 1's and 4095's 3", n)
+	}
+	if err := pm.Delete(PolicyKey{EndpointID: 3, Identity: 5}); err != nil {
+		t.Errorf("deleting from an endpoint without tries: %v", err)
+	}
+}
+
+func TestPrivilegedMigratePolicyV1(t *testing.T) {
+	m := newUnpinnedMaps(t)
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LPMTrie, KeySize: 16, ValueSize: 8, MaxEntries: 16, Flags: unix.BPF_F_NO_PREALLOC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	for k, v := range map[policyKeyV1]policyEntryV1{
+		{Prefixlen: 96, EpID: 1, Dir: DirIngress, Identity: 100, Proto: 6, Dport: Htons(80)}:      {Cookie: 1},
+		{Prefixlen: 64, EpID: 1, Dir: DirEgress, Identity: 0}:                                     {Deny: 1, Cookie: 2},
+		{Prefixlen: 80 + 6, EpID: 2, Dir: DirIngress, Identity: 0, Proto: 17, Dport: Htons(8192)}: {Cookie: 3},
+	} {
+		if err := old.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := MigratePolicyV1(old, m.PolicyMap())
+	if err != nil || res.Read != 3 || res.Written != 3 {
+		t.Fatalf("migration: %+v %v", res, err)
+	}
+	for _, tc := range []struct {
+		ep     uint16
+		dir    uint8
+		id     uint32
+		proto  uint8
+		port   uint16
+		deny   bool
+		cookie uint32
+	}{{1, DirIngress, 100, 6, 80, false, 1}, {1, DirEgress, 5, 6, 1, true, 2}, {2, DirIngress, 9, 17, 9000, false, 3}} {
+		v, found, err := m.PolicyMap().Decide(tc.ep, tc.dir, tc.id, tc.proto, tc.port)
+		if err != nil || !found || v.Deny != tc.deny || v.Cookie != tc.cookie {
+			t.Errorf("%+v: %+v found=%v err=%v", tc, v, found, err)
+		}
+	}
+	if _, found, _ := m.PolicyMap().Decide(2, DirIngress, 9, 17, 9300); found {
+		t.Error("the migrated port range grew")
 	}
 }
 
@@ -302,5 +422,40 @@ func TestPrivilegedEndpointMaps(t *testing.T) {
 	}
 	if list, _ := em.List(); len(list) != 1 || list[0].ID != 8 {
 		t.Errorf("endpoints left: %+v", list)
+	}
+	// The array slots follow: 8 at its ifindex and ID, 7 nowhere.
+	slot := func(arr *ebpf.Map, k uint32) uint16 {
+		var v bpf.LxcEndpointInfo
+		if err := arr.Lookup(k, &v); err != nil {
+			t.Fatal(err)
+		}
+		return v.EpId
+	}
+	if slot(m.EndpointsIfx, 50) != 8 || slot(m.EndpointsID, 8) != 8 || slot(m.EndpointsIfx, 41) != 0 || slot(m.EndpointsID, 7) != 0 {
+		t.Errorf("slots: ifindex 50 → %d, ID 8 → %d, ifindex 41 → %d, ID 7 → %d", slot(m.EndpointsIfx, 50), slot(m.EndpointsID, 8),
+			slot(m.EndpointsIfx, 41), slot(m.EndpointsID, 7))
+	}
+	// An ifindex beyond the array lives in the hash only.
+	c := Endpoint{ID: 9, IfIndex: m.EndpointsIfx.MaxEntries() + 5, IPv4: netip.MustParseAddr("10.0.0.9")}
+	if err := em.Upsert(c); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok, _ := em.Lookup(c.IfIndex); !ok || e.ID != 9 || slot(m.EndpointsID, 9) != 9 {
+		t.Errorf("endpoint with a large ifindex: %+v %v", e, ok)
+	}
+	// Slots lost or left behind (an upgrade from a datapath without
+	// arrays, a crash between writes) are rebuilt from the hash.
+	if err := m.EndpointsID.Put(uint32(8), &bpf.LxcEndpointInfo{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EndpointsIfx.Put(uint32(77), &bpf.LxcEndpointInfo{EpId: 77}); err != nil {
+		t.Fatal(err)
+	}
+	if err := em.RebuildSlots(); err != nil {
+		t.Fatal(err)
+	}
+	if slot(m.EndpointsID, 8) != 8 || slot(m.EndpointsIfx, 50) != 8 || slot(m.EndpointsIfx, 77) != 0 || slot(m.EndpointsID, 9) != 9 {
+		t.Errorf("after the rebuild: ID 8 → %d, ifindex 50 → %d, ifindex 77 → %d, ID 9 → %d", slot(m.EndpointsID, 8),
+			slot(m.EndpointsIfx, 50), slot(m.EndpointsIfx, 77), slot(m.EndpointsID, 9))
 	}
 }

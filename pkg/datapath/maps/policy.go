@@ -3,6 +3,8 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 
 	"github.com/cilium/ebpf"
 
@@ -32,8 +34,23 @@ type PolicyValue struct {
 	Cookie uint32
 }
 
-// fixedPolicyBits are ep_id, dir, pad and identity.
-const fixedPolicyBits = 64
+// fixedPolicyBits is the identity, always matched whole.
+const fixedPolicyBits = 32
+
+// Slots of an endpoint in the outer policy map (bpf/lib/common.h
+// policy_slot): one trie per direction for entries of a given identity
+// and one per direction for entries of any identity.
+const policySlotsPerEndpoint = 4
+
+func policySlot(ep uint16, dir uint8, anyIdentity bool) uint32 {
+	s := uint32(ep)*policySlotsPerEndpoint | uint32(dir&1)<<1
+	if anyIdentity {
+		s |= 1
+	}
+	return s
+}
+
+func (k PolicyKey) slot() uint32 { return policySlot(k.EndpointID, k.Direction, k.Identity == 0) }
 
 func (k PolicyKey) raw() (bpf.LxcPolicyKey, error) {
 	if k.PortPrefixLen > 16 {
@@ -45,7 +62,7 @@ func (k PolicyKey) raw() (bpf.LxcPolicyKey, error) {
 	if k.Direction > DirEgress {
 		return bpf.LxcPolicyKey{}, fmt.Errorf("policy key: direction %d", k.Direction)
 	}
-	r := bpf.LxcPolicyKey{EpId: k.EndpointID, Dir: k.Direction, Identity: k.Identity}
+	r := bpf.LxcPolicyKey{Identity: k.Identity}
 	r.Prefixlen = fixedPolicyBits
 	if k.Proto != 0 {
 		r.Proto = k.Proto
@@ -59,8 +76,9 @@ func (k PolicyKey) raw() (bpf.LxcPolicyKey, error) {
 	return r, nil
 }
 
-func fromRawPolicyKey(r bpf.LxcPolicyKey) PolicyKey {
-	k := PolicyKey{EndpointID: r.EpId, Direction: r.Dir, Identity: r.Identity}
+// fromRawPolicyKey is the key r of the trie in slot.
+func fromRawPolicyKey(slot uint32, r bpf.LxcPolicyKey) PolicyKey {
+	k := PolicyKey{EndpointID: uint16(slot / policySlotsPerEndpoint), Direction: uint8(slot>>1) & 1, Identity: r.Identity}
 	if r.Prefixlen > fixedPolicyBits {
 		k.Proto = r.Proto
 		k.PortPrefixLen = uint8(r.Prefixlen - fixedPolicyBits - 16)
@@ -69,11 +87,76 @@ func fromRawPolicyKey(r bpf.LxcPolicyKey) PolicyKey {
 	return k
 }
 
-// PolicyMap is the LPM trie of every endpoint's policy.
-type PolicyMap struct{ m *ebpf.Map }
+// PolicyMap is every endpoint's policy: the pinned outer array
+// (tdr_policy_v2) holds, per endpoint, up to four small LPM tries (see
+// policySlot), so the datapath walks only the deciding endpoint's entries.
+// Tries are created when an endpoint gets its first entry of a kind and
+// dropped with the endpoint. Safe for concurrent use.
+type PolicyMap struct {
+	outer *ebpf.Map
+	// innerSpec returns the spec tries are created from; nil for a map
+	// opened read-only.
+	innerSpec func() (*ebpf.MapSpec, error)
+
+	mu sync.Mutex
+	// tries caches open handles of the tries, by slot. Until scanned,
+	// a slot missing here may still hold a trie made by an earlier
+	// process; after the one scan of the outer map, tries is the whole
+	// truth (only the agent's one PolicyMap writes).
+	tries   map[uint32]*ebpf.Map
+	scanned bool
+}
+
+func newPolicyMap(outer *ebpf.Map, innerSpec func() (*ebpf.MapSpec, error)) *PolicyMap {
+	return &PolicyMap{outer: outer, innerSpec: innerSpec, tries: map[uint32]*ebpf.Map{}}
+}
+
+// trieLocked returns the trie in slot, or nil when there is none.
+func (m *PolicyMap) trieLocked(slot uint32) (*ebpf.Map, error) {
+	if t, ok := m.tries[slot]; ok || m.scanned {
+		return t, nil
+	}
+	var id uint32
+	if err := m.outer.Lookup(slot, &id); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("look up policy slot %d: %w", slot, err)
+	}
+	t, err := ebpf.NewMapFromID(ebpf.MapID(id))
+	if err != nil {
+		return nil, fmt.Errorf("open policy trie %d of slot %d: %w", id, slot, err)
+	}
+	m.tries[slot] = t
+	return t, nil
+}
+
+// createTrieLocked makes the trie of slot and puts it in the outer map.
+func (m *PolicyMap) createTrieLocked(slot uint32) (*ebpf.Map, error) {
+	if m.innerSpec == nil {
+		return nil, errors.New("policy map opened without the datapath's spec: cannot add tries")
+	}
+	spec, err := m.innerSpec()
+	if err != nil {
+		return nil, err
+	}
+	spec = spec.Copy()
+	// Kernel map names hold 15 characters: tdrpol_<ep>_<kind>.
+	spec.Name = fmt.Sprintf("tdrpol_%d_%d", slot/policySlotsPerEndpoint, slot%policySlotsPerEndpoint)
+	t, err := ebpf.NewMap(spec)
+	if err != nil {
+		return nil, fmt.Errorf("create policy trie of slot %d: %w", slot, err)
+	}
+	if err := m.outer.Put(slot, t); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("install policy trie of slot %d: %w", slot, err)
+	}
+	m.tries[slot] = t
+	return t, nil
+}
 
 // Upsert writes one entry.
-func (m PolicyMap) Upsert(k PolicyKey, v PolicyValue) error {
+func (m *PolicyMap) Upsert(k PolicyKey, v PolicyValue) error {
 	r, err := k.raw()
 	if err != nil {
 		return err
@@ -82,35 +165,50 @@ func (m PolicyMap) Upsert(k PolicyKey, v PolicyValue) error {
 	if v.Deny {
 		val.Deny = 1
 	}
-	if err := m.m.Put(&r, &val); err != nil {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, err := m.trieLocked(k.slot())
+	if err == nil && t == nil {
+		t, err = m.createTrieLocked(k.slot())
+	}
+	if err != nil {
+		return fmt.Errorf("write policy entry %+v: %w", k, err)
+	}
+	if err := t.Put(&r, &val); err != nil {
 		return fmt.Errorf("write policy entry %+v: %w", k, err)
 	}
 	return nil
 }
 
 // Delete removes one entry; a missing one is fine.
-func (m PolicyMap) Delete(k PolicyKey) error {
+func (m *PolicyMap) Delete(k PolicyKey) error {
 	r, err := k.raw()
 	if err != nil {
 		return err
 	}
-	if err := ignoreMissing(m.m.Delete(&r)); err != nil {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, err := m.trieLocked(k.slot())
+	if err == nil && t != nil {
+		err = ignoreMissing(t.Delete(&r))
+	}
+	if err != nil {
 		return fmt.Errorf("delete policy entry %+v: %w", k, err)
 	}
 	return nil
 }
 
 // Lookup returns the entry stored under exactly k.
-func (m PolicyMap) Lookup(k PolicyKey) (PolicyValue, bool, error) {
+func (m *PolicyMap) Lookup(k PolicyKey) (PolicyValue, bool, error) {
 	want, err := k.raw()
 	if err != nil {
 		return PolicyValue{}, false, err
 	}
 	// The kernel answers the longest match; an exact hit is confirmed by
-	// looking for the key itself.
+	// looking for the key itself in the endpoint's trie.
 	var found PolicyValue
 	ok := false
-	err = m.iterateRaw(func(r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
+	err = m.iterateSlots([]uint32{k.slot()}, func(_ uint32, r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
 		if r == want {
 			found, ok = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie}, true
 			return false
@@ -124,11 +222,17 @@ func (m PolicyMap) Lookup(k PolicyKey) (PolicyValue, bool, error) {
 // entry for the peer's identity and the one for any identity (longest
 // protocol/port match each), deny first. found is false when nothing
 // allows (a default deny).
-func (m PolicyMap) Decide(ep uint16, dir uint8, identity uint32, proto uint8, port uint16) (v PolicyValue, found bool, err error) {
+func (m *PolicyMap) Decide(ep uint16, dir uint8, identity uint32, proto uint8, port uint16) (v PolicyValue, found bool, err error) {
 	lookup := func(id uint32) (*bpf.LxcPolicyEntry, error) {
-		k := bpf.LxcPolicyKey{Prefixlen: fixedPolicyBits + 32, EpId: ep, Dir: dir, Identity: id, Proto: proto, Dport: Htons(port)}
+		m.mu.Lock()
+		t, err := m.trieLocked(policySlot(ep, dir, id == 0))
+		m.mu.Unlock()
+		if err != nil || t == nil {
+			return nil, err
+		}
+		k := bpf.LxcPolicyKey{Prefixlen: fixedPolicyBits + 32, Identity: id, Proto: proto, Dport: Htons(port)}
 		var e bpf.LxcPolicyEntry
-		if err := m.m.Lookup(&k, &e); err != nil {
+		if err := t.Lookup(&k, &e); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				return nil, nil
 			}
@@ -157,59 +261,149 @@ func (m PolicyMap) Decide(ep uint16, dir uint8, identity uint32, proto uint8, po
 	return v, false, nil
 }
 
-func (m PolicyMap) iterateRaw(fn func(bpf.LxcPolicyKey, bpf.LxcPolicyEntry) bool) error {
-	var r bpf.LxcPolicyKey
-	var v bpf.LxcPolicyEntry
-	it := m.m.Iterate()
-	for it.Next(&r, &v) {
-		if !fn(r, v) {
-			return nil
-		}
+// endpointSlots are the slots of endpoint id, or, for id 0, every slot
+// that holds a trie.
+func (m *PolicyMap) endpointSlots(id uint16) ([]uint32, error) {
+	if id != 0 {
+		return []uint32{policySlot(id, DirIngress, false), policySlot(id, DirIngress, true), policySlot(id, DirEgress, false), policySlot(id, DirEgress, true)}, nil
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("iterate the policy map: %w", err)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.scanned {
+		// One look at every slot; from then on the cache knows.
+		for s := uint32(policySlotsPerEndpoint); s < m.outer.MaxEntries(); s++ {
+			if _, err := m.trieLocked(s); err != nil {
+				return nil, err
+			}
+		}
+		m.scanned = true
+	}
+	out := make([]uint32, 0, len(m.tries))
+	for s := range m.tries {
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// iterateSlots calls fn for each entry of the tries in slots until fn
+// returns false.
+func (m *PolicyMap) iterateSlots(slots []uint32, fn func(uint32, bpf.LxcPolicyKey, bpf.LxcPolicyEntry) bool) error {
+	for _, slot := range slots {
+		m.mu.Lock()
+		t, err := m.trieLocked(slot)
+		m.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if t == nil {
+			continue
+		}
+		var r bpf.LxcPolicyKey
+		var v bpf.LxcPolicyEntry
+		it := t.Iterate()
+		for it.Next(&r, &v) {
+			if !fn(slot, r, v) {
+				return nil
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("iterate the policy trie of slot %d: %w", slot, err)
+		}
 	}
 	return nil
 }
 
 // Iterate calls fn for each entry until fn returns false.
-func (m PolicyMap) Iterate(fn func(PolicyKey, PolicyValue) bool) error {
-	return m.iterateRaw(func(r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
-		return fn(fromRawPolicyKey(r), PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie})
+func (m *PolicyMap) Iterate(fn func(PolicyKey, PolicyValue) bool) error {
+	slots, err := m.endpointSlots(0)
+	if err != nil {
+		return err
+	}
+	return m.iterateSlots(slots, func(slot uint32, r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
+		return fn(fromRawPolicyKey(slot, r), PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie})
 	})
 }
 
 // DumpEndpoint returns the entries of one endpoint (all when id is 0).
-func (m PolicyMap) DumpEndpoint(id uint16) (map[PolicyKey]PolicyValue, error) {
+func (m *PolicyMap) DumpEndpoint(id uint16) (map[PolicyKey]PolicyValue, error) {
 	out := map[PolicyKey]PolicyValue{}
-	err := m.Iterate(func(k PolicyKey, v PolicyValue) bool {
-		if id == 0 || k.EndpointID == id {
-			out[k] = v
-		}
+	slots, err := m.endpointSlots(id)
+	if err != nil {
+		return nil, err
+	}
+	err = m.iterateSlots(slots, func(slot uint32, r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
+		out[fromRawPolicyKey(slot, r)] = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie}
 		return true
 	})
 	return out, err
 }
 
-// DeleteEndpoint removes every entry of one endpoint.
-func (m PolicyMap) DeleteEndpoint(id uint16) error {
-	entries, err := m.DumpEndpoint(id)
-	if err != nil {
-		return err
+// DeleteEndpoint removes every entry of one endpoint: its tries leave the
+// outer map (the kernel frees them once no program run holds them).
+func (m *PolicyMap) DeleteEndpoint(id uint16) error {
+	if id == 0 {
+		return errors.New("delete policy: endpoint ID 0")
 	}
-	for k := range entries {
-		if err := m.Delete(k); err != nil {
-			return err
+	slots, _ := m.endpointSlots(id)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, slot := range slots {
+		if err := ignoreMissing(m.outer.Delete(slot)); err != nil {
+			return fmt.Errorf("remove the policy trie of slot %d: %w", slot, err)
+		}
+		if t, ok := m.tries[slot]; ok {
+			t.Close()
+			delete(m.tries, slot)
 		}
 	}
 	return nil
 }
 
 // Count is the number of entries.
-func (m PolicyMap) Count() (int, error) { return countKeys(m.m) }
+func (m *PolicyMap) Count() (int, error) {
+	slots, err := m.endpointSlots(0)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	err = m.iterateSlots(slots, func(uint32, bpf.LxcPolicyKey, bpf.LxcPolicyEntry) bool { n++; return true })
+	return n, err
+}
 
-// Capacity is the map's maximum number of entries.
-func (m PolicyMap) Capacity() int { return int(m.m.MaxEntries()) }
+// Tries is the number of endpoint tries in the map.
+func (m *PolicyMap) Tries() (int, error) {
+	slots, err := m.endpointSlots(0)
+	return len(slots), err
+}
+
+// Capacity is the number of entries the map's tries can hold: each trie
+// has its own limit (TrieCapacity).
+func (m *PolicyMap) Capacity() int {
+	n, _ := m.Tries()
+	return n * m.TrieCapacity()
+}
+
+// TrieCapacity is the most entries one endpoint may have of one direction
+// and identity kind.
+func (m *PolicyMap) TrieCapacity() int {
+	if m.innerSpec != nil {
+		if s, err := m.innerSpec(); err == nil {
+			return int(s.MaxEntries)
+		}
+	}
+	return 65536
+}
+
+// Close releases the tries' handles.
+func (m *PolicyMap) Close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for slot, t := range m.tries {
+		t.Close()
+		delete(m.tries, slot)
+	}
+}
 
 // PortRange is a port with the number of leading bits that must match.
 type PortRange struct {
