@@ -306,10 +306,14 @@ static __always_inline void emit(__u8 type, __u8 reason, __u8 dir, __u16 ep_id, 
 	e->len = p->len;
 	/* Waking the reader for every event (an irq_work, a self-IPI, then a
 	 * thread wakeup) would cost more than writing it: the reader polls
-	 * on a short timer instead and is woken only once a backlog builds. */
-	__u64 flags = bpf_ringbuf_query(&tdr_events_v1, BPF_RB_AVAIL_DATA) >= EVENTS_WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP
-												   : BPF_RB_NO_WAKEUP;
-	bpf_ringbuf_submit(e, flags);
+	 * on a short timer instead, and the event whose record makes the
+	 * unread backlog cross EVENTS_WAKEUP_BYTES wakes it at once (one
+	 * wakeup per crossing, none while a reader lags far behind). The
+	 * backlog counts this record (reserved) with its 8-byte header. */
+	__u64 avail = bpf_ringbuf_query(&tdr_events_v1, BPF_RB_AVAIL_DATA);
+	__u64 rec = sizeof(*e) + 8;
+	bpf_ringbuf_submit(e, avail >= EVENTS_WAKEUP_BYTES && avail < EVENTS_WAKEUP_BYTES + rec ? BPF_RB_FORCE_WAKEUP
+												: BPF_RB_NO_WAKEUP);
 }
 
 static __always_inline int drop(__u8 reason, __u8 dir, __u16 ep_id, const struct pkt *p, __u32 src_id, __u32 dst_id,

@@ -3,6 +3,7 @@ package loader
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -468,14 +469,18 @@ func BenchmarkPrivilegedFromPodEstablished(b *testing.B) {
 // TCP flow to a local pod that takes direct delivery: both endpoints'
 // conntrack, the frame rewrite and the redirect.
 func BenchmarkPrivilegedFromPodDirectEstablished(b *testing.B) {
-	n := newNode(b)
-	n.addDirectEndpoints()
-	n.allow(2, maps.DirIngress, idA, 6, 8080)
-	pkt := packet(podA, podB, l4{proto: 6, sport: 40000, dport: 8080, tcpFlags: 0x10})
-	if got := n.fromPod(n.ifidx, pkt); got != actRedirect {
-		b.Fatalf("first run: %d", got)
+	for _, repeat := range []uint32{1000, 1} {
+		b.Run(fmt.Sprintf("repeat-%d", repeat), func(b *testing.B) {
+			n := newNode(b)
+			n.addDirectEndpoints()
+			n.allow(2, maps.DirIngress, idA, 6, 8080)
+			pkt := packet(podA, podB, l4{proto: 6, sport: 40000, dport: 8080, tcpFlags: 0x10})
+			if got := n.fromPod(n.ifidx, pkt); got != actRedirect {
+				b.Fatalf("first run: %d", got)
+			}
+			benchFromPod(b, n, n.ifidx, func(int) []byte { return pkt }, repeat)
+		})
 	}
-	benchFromPod(b, n, n.ifidx, func(int) []byte { return pkt }, 1000)
 }
 
 // BenchmarkPrivilegedFromPodNewFlow: from_pod on new flows to a local pod
