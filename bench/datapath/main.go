@@ -179,6 +179,13 @@ func run(o options) error {
 	}
 	fmt.Printf("\nRounds (Gbit/s): baseline %s, direct %s, host %s.\n", fmtList(gbit["baseline"]), fmtList(gbit["direct"]), fmtList(gbit["host"]))
 	fmt.Printf("Per packet in the TCP stream (ns): direct %s, host %s.\n", fmtList(perPkt["direct"]), fmtList(perPkt["host"]))
+	if h, ok := flows["host"]; ok {
+		// Through the host each program run makes one endpoint's
+		// decision: from_pod the sender's egress policy and the
+		// conntrack create, to_pod the receiver's ingress policy.
+		fmt.Printf("New flows through the host, per program run (ns): from_pod (egress policy + conntrack create) %.0f, to_pod (ingress policy) %.0f.\n",
+			h.fromPerRun(), h.toPerRun())
+	}
 	fmt.Printf("Hot cache (BPF_PROG_TEST_RUN, program time from BPF statistics): established packet A to B %.0f ns, new flow A to B %.0f ns.\n", hotEst, hotNew)
 	// Other work on the machine moves every number: the load at the end
 	// of the run goes with them.
@@ -273,6 +280,7 @@ func (b *bench) setMode(mode string) error {
 // progStats are the two programs' cumulative run counts and run time.
 type progStats struct {
 	fromRuns, toRuns uint64
+	fromTime, toTime time.Duration
 	runtime          time.Duration
 }
 
@@ -284,11 +292,21 @@ func (b *bench) progStats() progStats {
 		fmt.Fprintln(os.Stderr, "program statistics:", err)
 		return progStats{}
 	}
-	return progStats{fromRuns: fs.RunCount, toRuns: ts.RunCount, runtime: fs.Runtime + ts.Runtime}
+	return progStats{fromRuns: fs.RunCount, toRuns: ts.RunCount, fromTime: fs.Runtime, toTime: ts.Runtime, runtime: fs.Runtime + ts.Runtime}
 }
 
 func (s progStats) sub(o progStats) progStats {
-	return progStats{fromRuns: s.fromRuns - o.fromRuns, toRuns: s.toRuns - o.toRuns, runtime: s.runtime - o.runtime}
+	return progStats{fromRuns: s.fromRuns - o.fromRuns, toRuns: s.toRuns - o.toRuns, fromTime: s.fromTime - o.fromTime,
+		toTime: s.toTime - o.toTime, runtime: s.runtime - o.runtime}
+}
+
+// fromPerRun and toPerRun are each program's own cost per run.
+func (s progStats) fromPerRun() float64 {
+	return float64(s.fromTime.Nanoseconds()) / float64(max(s.fromRuns, 1))
+}
+
+func (s progStats) toPerRun() float64 {
+	return float64(s.toTime.Nanoseconds()) / float64(max(s.toRuns, 1))
 }
 
 func (s progStats) perRun() float64 {

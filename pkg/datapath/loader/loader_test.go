@@ -517,6 +517,39 @@ func BenchmarkPrivilegedFromPodNewFlow(b *testing.B) {
 	}
 }
 
+// BenchmarkPrivilegedFromPodNewFlowRemote: from_pod on new flows to a
+// remote peer (handed to the host): one endpoint's egress policy (its
+// peer's identity from the ipcache), the conntrack create and, by
+// default, the verdict event. The decision one program run makes for a new
+// flow on the host path.
+func BenchmarkPrivilegedFromPodNewFlowRemote(b *testing.B) {
+	for _, events := range []bool{true, false} {
+		name := "verdict-events"
+		if !events {
+			name = "no-events"
+		}
+		b.Run(name, func(b *testing.B) {
+			n := newNodeWith(b, Config{DirectDelivery: true, PolicyVerdictEvents: events})
+			n.addEndpoints(false, true)
+			if err := n.l.Maps().IPCacheMap().Upsert(netip.MustParsePrefix("10.2.0.0/24"), maps.IPCacheEntry{Identity: idRemote}); err != nil {
+				b.Fatal(err)
+			}
+			n.allow(1, maps.DirEgress, idRemote, 17, 53)
+			pkts := make([][]byte, 50000)
+			for i := range pkts {
+				pkts[i] = packet(podA, remote, l4{proto: 17, sport: uint16(1024 + i), dport: 53})
+			}
+			if got := n.fromPod(n.ifidx, pkts[0]); got != actOK {
+				b.Fatalf("first run: %d", got)
+			}
+			if b.N >= len(pkts) {
+				b.Fatalf("at most %d new flows", len(pkts)-1)
+			}
+			benchFromPod(b, n, n.ifidx, func(i int) []byte { return pkts[i+1] }, 1)
+		})
+	}
+}
+
 // BenchmarkPrivilegedFromPodARP is the floor: test-run overhead plus the
 // first header read.
 func BenchmarkPrivilegedFromPodARP(b *testing.B) {
