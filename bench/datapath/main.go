@@ -149,6 +149,30 @@ func run(o options) error {
 		}
 	}
 
+	// Small UDP packets at the highest rate one sender reaches: a
+	// packet-rate workload, where per-packet cost decides, with no 64 KiB
+	// payload copies between two runs of the program.
+	pps := map[string][]float64{}
+	udpPerPkt := map[string][]float64{}
+	for r := 0; r < o.rounds; r++ {
+		for i := range modes {
+			mode := modes[(i+r)%len(modes)]
+			if err := b.setMode(mode); err != nil {
+				return err
+			}
+			before := b.progStats()
+			rate, err := b.iperfUDP()
+			if err != nil {
+				return err
+			}
+			d := b.progStats().sub(before)
+			pps[mode] = append(pps[mode], rate)
+			if mode != "baseline" {
+				udpPerPkt[mode] = append(udpPerPkt[mode], d.perPacket())
+			}
+		}
+	}
+
 	flows := map[string]progStats{}
 	for _, mode := range []string{"direct", "host"} {
 		if err := b.setMode(mode); err != nil {
@@ -177,6 +201,17 @@ func run(o options) error {
 		fmt.Printf("| %s | %s | %.2f | %.1f%% | %.0f | %.0f | %.0f |\n", date, name, median(gbit[mode]), 100*median(gbit[mode])/base,
 			median(perPkt[mode]), median(perRun[mode]), flows[mode].perPacket())
 	}
+	fmt.Printf("\n| date (UTC) | mode | UDP 64-byte packets/s received (median of %d) | vs bare veth | ns per packet |\n|---|---|---|---|---|\n", o.rounds)
+	basePPS := median(pps["baseline"])
+	fmt.Printf("| %s | bare veth, no program | %.0f | 100%% | |\n", date, basePPS)
+	for _, mode := range []string{"direct", "host"} {
+		if len(pps[mode]) == 0 {
+			continue
+		}
+		name := map[string]string{"direct": "datapath, direct delivery", "host": "datapath, through the host"}[mode]
+		fmt.Printf("| %s | %s | %.0f | %.1f%% | %.0f |\n", date, name, median(pps[mode]), 100*median(pps[mode])/basePPS, median(udpPerPkt[mode]))
+	}
+	fmt.Printf("Per packet, UDP (ns): direct %s, host %s.\n", fmtList(udpPerPkt["direct"]), fmtList(udpPerPkt["host"]))
 	fmt.Printf("\nRounds (Gbit/s): baseline %s, direct %s, host %s.\n", fmtList(gbit["baseline"]), fmtList(gbit["direct"]), fmtList(gbit["host"]))
 	fmt.Printf("Per packet in the TCP stream (ns): direct %s, host %s.\n", fmtList(perPkt["direct"]), fmtList(perPkt["host"]))
 	if h, ok := flows["host"]; ok {
@@ -220,12 +255,12 @@ func (b *bench) load() error {
 			}
 		}
 	}
-	// The pods' own rules: a may send TCP/5299 and UDP/9 to b, b accepts
-	// them from a. Both endpoints enforce both directions.
+	// The pods' own rules: a may send TCP/5299, UDP/5299 and UDP/9 to b,
+	// b accepts them from a. Both endpoints enforce both directions.
 	for _, proto := range []struct {
 		proto uint8
 		port  uint16
-	}{{6, iperfPort}, {17, 9}} {
+	}{{6, iperfPort}, {17, iperfPort}, {17, 9}} {
 		if err := pm.Upsert(maps.PolicyKey{EndpointID: 1, Direction: maps.DirEgress, Identity: b.idB, Proto: proto.proto, Port: proto.port, PortPrefixLen: 16}, maps.PolicyValue{Cookie: 1}); err != nil {
 			return err
 		}
@@ -233,7 +268,7 @@ func (b *bench) load() error {
 			return err
 		}
 	}
-	for i := 0; i < b.o.policyEntries-4; i++ {
+	for i := 0; i < b.o.policyEntries-6; i++ {
 		k := maps.PolicyKey{EndpointID: uint16(100 + i%500), Direction: uint8(i % 2), Identity: uint32(10000 + i), Proto: 6, Port: uint16(1 + i%60000), PortPrefixLen: 16}
 		if err := pm.Upsert(k, maps.PolicyValue{}); err != nil {
 			return err
@@ -375,6 +410,50 @@ func (b *bench) iperf() (float64, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return res.End.SumReceived.BitsPerSecond / 1e9, nil
+}
+
+// iperfUDP sends 64-byte UDP datagrams from a to b as fast as one sender
+// can for the run length and returns the packets per second b received.
+func (b *bench) iperfUDP() (float64, error) {
+	srv := b.b.Command("iperf3", "-s", "-1", "-p", fmt.Sprint(iperfPort))
+	var srvOut strings.Builder
+	srv.Stdout, srv.Stderr = &srvOut, &srvOut
+	if err := srv.Start(); err != nil {
+		return 0, fmt.Errorf("start iperf3 server: %w", err)
+	}
+	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	var res struct {
+		Error string `json:"error"`
+		End   struct {
+			Sum struct {
+				Seconds     float64 `json:"seconds"`
+				Packets     float64 `json:"packets"`
+				LostPackets float64 `json:"lost_packets"`
+			} `json:"sum"`
+		} `json:"end"`
+	}
+	for try := 0; ; try++ {
+		out, err := b.a.Command("iperf3", "-c", b.b.IPv4.String(), "-p", fmt.Sprint(iperfPort), "-u", "-l", "64", "-b", "0",
+			"-t", fmt.Sprint(int(b.o.duration.Seconds())), "-J").Output()
+		res.Error = ""
+		if jerr := json.Unmarshal(out, &res); jerr != nil && err == nil {
+			err = fmt.Errorf("iperf3 output: %w", jerr)
+		}
+		if err == nil && res.Error != "" {
+			err = errors.New(res.Error)
+		}
+		if err == nil {
+			break
+		}
+		if try == 50 {
+			return 0, fmt.Errorf("iperf3 UDP client: %w (server: %s)", err, srvOut.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if res.End.Sum.Seconds <= 0 {
+		return 0, errors.New("iperf3 UDP: no duration in the result")
+	}
+	return (res.End.Sum.Packets - res.End.Sum.LostPackets) / res.End.Sum.Seconds, nil
 }
 
 // newFlows sends o.flows UDP datagrams from a to b, each from a fresh
