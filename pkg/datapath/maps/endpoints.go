@@ -228,20 +228,19 @@ func (m EndpointMap) RebuildSlots() error {
 	}
 	for _, arr := range []struct {
 		m    *ebpf.Map
-		keep func(slot uint32, v bpf.LxcEndpointInfo) bool
+		keep func(slot uint32) bool
 	}{
-		{m.byID, func(slot uint32, v bpf.LxcEndpointInfo) bool { return live[uint16(slot)] }},
-		{m.ifindexSlots, func(slot uint32, v bpf.LxcEndpointInfo) bool { return liveIfx[slot] }},
+		{m.byID, func(slot uint32) bool { return live[uint16(slot)] }},
+		{m.ifindexSlots, func(slot uint32) bool { return liveIfx[slot] }},
 	} {
 		var stale []uint32
-		it := arr.m.Iterate()
-		for it.Next(&k, &v) {
-			if v.EpId != 0 && !arr.keep(k, v) {
-				stale = append(stale, k)
+		err := readArray(arr.m, func(slot uint32, v bpf.LxcEndpointInfo) {
+			if v.EpId != 0 && !arr.keep(slot) {
+				stale = append(stale, slot)
 			}
-		}
-		if err := it.Err(); err != nil {
-			return fmt.Errorf("read %s: %w", arr.m, err)
+		})
+		if err != nil {
+			return err
 		}
 		for _, slot := range stale {
 			if err := arr.m.Put(slot, &bpf.LxcEndpointInfo{}); err != nil {

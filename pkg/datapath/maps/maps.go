@@ -212,3 +212,27 @@ func ignoreMissing(err error) error {
 	}
 	return err
 }
+
+// batchSize is how many entries one batch lookup reads.
+const batchSize = 1024
+
+// readArray calls fn for every slot of an array map (or array of maps:
+// then V is the inner map's ID and empty slots are skipped), a batch of
+// slots per syscall instead of two syscalls per slot.
+func readArray[V any](m *ebpf.Map, fn func(slot uint32, v V)) error {
+	keys := make([]uint32, batchSize)
+	vals := make([]V, batchSize)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			fn(keys[i], vals[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", m, err)
+		}
+	}
+}

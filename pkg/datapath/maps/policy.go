@@ -270,11 +270,22 @@ func (m *PolicyMap) endpointSlots(id uint16) ([]uint32, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.scanned {
-		// One look at every slot; from then on the cache knows.
-		for s := uint32(policySlotsPerEndpoint); s < m.outer.MaxEntries(); s++ {
-			if _, err := m.trieLocked(s); err != nil {
-				return nil, err
+		// One read of every slot; from then on the cache knows.
+		var ids []uint32
+		var slots []uint32
+		if err := readArray(m.outer, func(slot uint32, id uint32) {
+			if _, ok := m.tries[slot]; !ok {
+				slots, ids = append(slots, slot), append(ids, id)
 			}
+		}); err != nil {
+			return nil, err
+		}
+		for i, slot := range slots {
+			t, err := ebpf.NewMapFromID(ebpf.MapID(ids[i]))
+			if err != nil {
+				return nil, fmt.Errorf("open policy trie %d of slot %d: %w", ids[i], slot, err)
+			}
+			m.tries[slot] = t
 		}
 		m.scanned = true
 	}
