@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/netip"
@@ -122,16 +123,7 @@ func (a *Agent) handleEndpointPut(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return server.Errorf(http.StatusBadRequest, "%v", err)
 	}
-	if a.k8s != nil && ep.PodName != "" {
-		// In Kubernetes the pod and its namespace are the source of truth
-		// for labels (the CNI plugin knows only the pod's name).
-		if labels, ok := a.k8s.labelsForEndpoint(r.Context(), ep.PodNamespace, ep.PodName); ok {
-			ep.Labels = labels
-		} else {
-			a.log.Warn("Pod not in the cache; endpoint keeps the request's labels until the pod is seen",
-				"pod", ep.PodNamespace+"/"+ep.PodName)
-		}
-	}
+	a.applyPodLabels(r.Context(), ep)
 	uuids := map[netip.Addr]string{}
 	if req.Addressing != nil {
 		if ep.IPv4.IsValid() && req.Addressing.IPV4ExpirationUUID != "" {
@@ -152,6 +144,21 @@ func (a *Agent) handleEndpointPut(w http.ResponseWriter, r *http.Request) error 
 	}
 	server.WriteJSON(w, http.StatusCreated, created.Model(a.nodeAddressing()))
 	return nil
+}
+
+// applyPodLabels gives a new endpoint its labels from Kubernetes: there the
+// pod and its namespace are the source of truth (a CNI plugin knows only
+// the pod's name).
+func (a *Agent) applyPodLabels(ctx context.Context, ep *endpoint.Endpoint) {
+	if a.k8s == nil || ep.PodName == "" {
+		return
+	}
+	if labels, ok := a.k8s.labelsForEndpoint(ctx, ep.PodNamespace, ep.PodName); ok {
+		ep.Labels = labels
+		return
+	}
+	a.log.Warn("Pod not in the cache; endpoint keeps the request's labels until the pod is seen",
+		"pod", ep.PodNamespace+"/"+ep.PodName)
 }
 
 func (a *Agent) handleEndpointGet(w http.ResponseWriter, r *http.Request) error {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
@@ -15,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/cni/cniserver"
 	"github.com/tendril-net/tendril/pkg/datapath/linux"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
@@ -31,6 +33,16 @@ type endpointsModule struct {
 	host     *linux.Host
 	restored endpointmanager.RestoreResult
 	cancel   context.CancelFunc
+
+	// cni serves tendril-cni's commands once IPAM and the endpoints are up.
+	cniMu sync.Mutex
+	cni   *cniserver.Server
+}
+
+func (m *endpointsModule) cniServer() *cniserver.Server {
+	m.cniMu.Lock()
+	defer m.cniMu.Unlock()
+	return m.cni
 }
 
 // startIPAMAndRestore is start step 5: read the old endpoints, pick the pod
@@ -85,6 +97,17 @@ func (m *endpointsModule) start(ctx context.Context) error {
 	expCtx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
 	go alloc.RunExpiration(expCtx, 10*time.Second)
+
+	srv, err := cniserver.New(cniserver.Deps{
+		Log: a.log.With("module", "cni"), IPAM: alloc, Endpoints: cniEndpoints{a: a},
+		Netlink: nl, Host: m.host, DeviceMTU: a.cfg.MTU,
+	})
+	if err != nil {
+		return err
+	}
+	m.cniMu.Lock()
+	m.cni = srv
+	m.cniMu.Unlock()
 	return nil
 }
 
