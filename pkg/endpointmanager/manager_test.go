@@ -202,3 +202,36 @@ func BenchmarkRestoreAndRegenerate200(b *testing.B) {
 		}
 	}
 }
+
+// TestSyncBuildIsOnDiskAtReturn: a synchronously built endpoint's state,
+// as built (ready), is on disk when Create returns, so a restart right
+// after finds it; and a store that cannot write fails the Create and
+// leaves nothing behind (no endpoint, no allocation).
+func TestSyncBuildIsOnDiskAtReturn(t *testing.T) {
+	dir := t.TempDir()
+	f := newFixture(t, dir)
+	ep := f.createPod(t, 1)
+	eps, err := f.store.LoadAll()
+	if err != nil || len(eps) != 1 || eps[0].ID != ep.ID || eps[0].State != endpoint.StateReady {
+		t.Fatalf("on disk after Create: %+v (%v), want endpoint %d ready", eps, err, ep.ID)
+	}
+
+	// Endpoint 2's directory cannot be created: a file is in the way.
+	if err := os.WriteFile(filepath.Join(dir, "2"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := f.ipam.AllocateNext(ipam.IPv4, "ns/pod-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := &endpoint.Endpoint{ContainerID: "c2", IfName: "eth0", IPv4: a.IP, PodNamespace: "ns", PodName: "pod-2"}
+	if _, err := f.mgr.Create(context.Background(), bad, CreateOptions{SyncBuild: true}); err == nil {
+		t.Fatal("Create succeeded although its state could not be written")
+	}
+	if _, err := f.mgr.Lookup("container-id:c2"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("endpoint left after a failed Create: %v", err)
+	}
+	if _, ok := f.ipam.Lookup(a.IP); ok {
+		t.Error("address left allocated after a failed Create")
+	}
+}
