@@ -8,9 +8,10 @@
 // stays small because the container runtime starts one plugin process per
 // attachment: with 50 pods scheduled at once, 50 processes start on the
 // node's CPUs together. It imports only the standard library and pkg/cni
-// (no netlink, no Cilium models, no net/http: a few hundred lines of
-// HTTP/1.1 over the socket do), so a process costs about what starting any
-// Go binary costs.
+// (no netlink, no Cilium models, not even package net: a few hundred
+// lines of HTTP/1.1 over the socket system calls do), so the binary is
+// statically linked and a process costs about what starting any static Go
+// binary costs.
 package plugin
 
 import (
