@@ -52,7 +52,9 @@ func (s *Store) epDir(id uint16) string { return filepath.Join(s.Dir, strconv.It
 
 // Write stores the endpoint durably (see Store).
 func (s *Store) Write(ep *Endpoint) error {
-	data, err := json.MarshalIndent(onDisk{Version: stateVersion, Endpoint: ep}, "", "  ")
+	// Compact JSON: the state is written on every create and regeneration
+	// (jq shows it indented).
+	data, err := json.Marshal(onDisk{Version: stateVersion, Endpoint: ep})
 	if err != nil {
 		return fmt.Errorf("encode endpoint %d: %w", ep.ID, err)
 	}

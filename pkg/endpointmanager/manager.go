@@ -58,6 +58,15 @@ type Manager struct {
 	regen     Regenerator
 	endpoints map[uint16]*endpoint.Endpoint
 	nextID    uint16
+	// mark is the ID cursor as it must be on disk: ahead of every ID handed
+	// out; ahead is how many more steps nextID may take before mark must
+	// move (see allocateIDLocked).
+	mark  uint16
+	ahead int
+	// cursorMu orders writes of the cursor file; persisted is the mark on
+	// disk.
+	cursorMu  sync.Mutex
+	persisted uint16
 	// regenMu serializes regenerations per endpoint.
 	regenLocks map[uint16]*sync.Mutex
 	listeners  []func(ev Event)
@@ -92,6 +101,7 @@ func New(store *endpoint.Store, ipamAlloc *ipam.IPAM, log *slog.Logger) *Manager
 			m.nextID = uint16(n)
 		}
 	}
+	m.mark, m.persisted = m.nextID, m.nextID
 	return m
 }
 
@@ -118,20 +128,53 @@ func (m *Manager) notify(ev Event) {
 	}
 }
 
-// allocateID picks the next free ID after the persisted cursor, so a freed ID
-// is not reused at once.
-func (m *Manager) allocateIDLocked() (uint16, error) {
+// cursorBlock is how far the persisted ID cursor runs ahead of the IDs
+// handed out: the cursor file is written once per cursorBlock creates, not
+// on every one. After a restart the manager starts at the persisted cursor,
+// so at most cursorBlock IDs are skipped and none handed out before is
+// reused at once.
+const cursorBlock = 64
+
+// allocateIDLocked picks the next free ID after the cursor, so a freed ID
+// is not reused at once. newMark reports that the cursor on disk must move
+// (persistCursor) before the ID may be reported to anyone.
+func (m *Manager) allocateIDLocked() (id uint16, newMark bool, err error) {
 	for n := 0; n < MaxID; n++ {
 		id := m.nextID
-		m.nextID++
-		if m.nextID > MaxID {
-			m.nextID = 1
-		}
+		m.nextID = nextCursor(m.nextID, 1)
+		m.ahead--
 		if _, used := m.endpoints[id]; !used {
-			return id, nil
+			if m.ahead < 0 {
+				m.mark, m.ahead = nextCursor(m.nextID, cursorBlock), cursorBlock
+				newMark = true
+			}
+			return id, newMark, nil
 		}
 	}
-	return 0, ErrNoIDs
+	return 0, false, ErrNoIDs
+}
+
+// nextCursor is the ID n steps after id, wrapping from MaxID to 1.
+func nextCursor(id uint16, n int) uint16 {
+	return uint16((int(id)-1+n)%MaxID + 1)
+}
+
+// persistCursor writes the current mark unless a write of it (or of a
+// later one) is already done.
+func (m *Manager) persistCursor() error {
+	m.cursorMu.Lock()
+	defer m.cursorMu.Unlock()
+	m.mu.Lock()
+	mark := m.mark
+	m.mu.Unlock()
+	if mark == m.persisted {
+		return nil
+	}
+	if err := m.store.WriteFile("next-id", []byte(strconv.Itoa(int(mark)))); err != nil {
+		return err
+	}
+	m.persisted = mark
+	return nil
 }
 
 // Lookup finds an endpoint by any ID form of the API: "N", "cilium-local:N",
@@ -207,6 +250,7 @@ type CreateOptions struct {
 // it and regenerates it (waiting when SyncBuild). A failure leaves nothing
 // behind.
 func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts CreateOptions) (*endpoint.Endpoint, error) {
+	var newMark bool
 	m.mu.Lock()
 	if ep.ContainerID != "" {
 		for _, other := range m.endpoints {
@@ -227,12 +271,12 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 		}
 		ep.ID = opts.RequestedID
 	} else {
-		id, err := m.allocateIDLocked()
+		id, mark, err := m.allocateIDLocked()
 		if err != nil {
 			m.mu.Unlock()
 			return nil, err
 		}
-		ep.ID = id
+		ep.ID, newMark = id, mark
 	}
 	// Claim the addresses: stop their expiration, or reserve them when the
 	// caller allocated them elsewhere (e.g. a restarted plugin). What this
@@ -280,19 +324,20 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 	// happen outside the lock so concurrent creates do not queue behind
 	// each other's fsyncs.
 	m.endpoints[ep.ID] = ep
-	cursor := m.nextID
 	snapshot := ep.Clone()
 	m.mu.Unlock()
-	// The ID cursor goes to disk with this endpoint's first state write
-	// (the store commits concurrent writes together); losing it only lets
-	// a freed ID come back sooner after a crash.
-	cursorDone := make(chan error, 1)
-	go func() { cursorDone <- m.store.WriteFile("next-id", []byte(strconv.Itoa(int(cursor)))) }()
-	defer func() {
-		if err := <-cursorDone; err != nil {
-			m.log.Warn("Persist endpoint ID cursor", "error", err)
-		}
-	}()
+	if newMark {
+		// The cursor moves on disk beside this endpoint's first state write
+		// (the store commits concurrent writes together); a failure only
+		// lets freed IDs come back sooner after a crash.
+		cursorDone := make(chan error, 1)
+		go func() { cursorDone <- m.persistCursor() }()
+		defer func() {
+			if err := <-cursorDone; err != nil {
+				m.log.Warn("Persist endpoint ID cursor", "error", err)
+			}
+		}()
+	}
 
 	if opts.SyncBuild {
 		// The caller waits for the build: the state is written once, after
