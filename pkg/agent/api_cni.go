@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -35,7 +36,7 @@ func (a *Agent) handleCNI(w http.ResponseWriter, r *http.Request) error {
 	if err := server.DecodeJSON(r, &req); err != nil {
 		return err
 	}
-	if len(req.Config) == 0 {
+	if c := bytes.TrimSpace(req.Config); len(c) == 0 || bytes.Equal(c, []byte("null")) {
 		writeCNIError(w, cni.Errorf(cni.ErrDecodingFailure, "the request holds no network configuration"))
 		return nil
 	}

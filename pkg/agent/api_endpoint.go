@@ -142,6 +142,18 @@ func (a *Agent) handleEndpointPut(w http.ResponseWriter, r *http.Request) error 
 		}
 		return server.Errorf(http.StatusInternalServerError, "%v", err)
 	}
+	if r.Context().Err() != nil {
+		// The client gave up before the answer (a CNI plugin whose PUT timed
+		// out during the synchronous build): it rolls its side back and
+		// never learns this endpoint's ID, so the endpoint must not stay
+		// behind holding the addresses.
+		a.log.Warn("Endpoint created after its client went away; deleting it", "endpoint", created.ID,
+			"container", created.ContainerID, "error", r.Context().Err())
+		if err := mgr.Delete(context.WithoutCancel(r.Context()), created.ID); err != nil && !errors.Is(err, endpointmanager.ErrNotFound) {
+			a.log.Error("Delete the endpoint of a client that went away", "endpoint", created.ID, "error", err)
+		}
+		return server.Errorf(http.StatusServiceUnavailable, "the client went away before endpoint %d was built; it was deleted", created.ID)
+	}
 	server.WriteJSON(w, http.StatusCreated, created.Model(a.nodeAddressing()))
 	return nil
 }
