@@ -49,6 +49,7 @@ func TestCNIAPI(t *testing.T) {
 		{"status", "status", cni.Request{Config: conf("1.1.0")}, 204, 0},
 		{"gc, nothing to collect", "gc", cni.Request{Config: conf("1.1.0")}, 204, 0},
 		{"del of an unknown attachment", "del", cni.Request{ContainerID: "nope", IfName: "eth0", Config: conf("1.0.0")}, 204, 0},
+		{"del with malformed CNI_ARGS", "del", cni.Request{ContainerID: "nope", IfName: "eth0", Args: "K8S_POD_NAME", Config: conf("1.0.0")}, 204, 0},
 		{"unknown command", "frob", cni.Request{Config: conf("1.1.0")}, 404, 0},
 		{"no configuration", "add", cni.Request{ContainerID: "c", IfName: "eth0"}, 400, cni.ErrDecodingFailure},
 		{"configuration of another plugin", "status", cni.Request{Config: json.RawMessage(`{"cniVersion":"1.1.0","name":"n","type":"bridge"}`)}, 400, cni.ErrInvalidNetworkConfig},

@@ -252,14 +252,16 @@ func (s *Server) del(ctx context.Context, req *cni.Request) *cni.Error {
 	if err := validateIfName(req.IfName); err != nil {
 		return err
 	}
-	podArgs, cerr := ParseArgs(req.Args)
-	if cerr != nil {
-		return cerr
-	}
 	if err := s.checkPluginNetNS(req.PluginNetNS); err != nil {
 		return err
 	}
-	defer s.lockOwner(podArgs.Owner(req.ContainerID))()
+	// DEL must not fail for malformed CNI_ARGS (the runtime would retry it
+	// forever): they only name the owner whose commands DEL waits for.
+	owner := req.ContainerID
+	if podArgs, err := ParseArgs(req.Args); err == nil {
+		owner = podArgs.Owner(req.ContainerID)
+	}
+	defer s.lockOwner(owner)()
 	// The veth first: removing it removes the pod side and the node's
 	// routes to the pod with it.
 	hostName := HostVethName(req.ContainerID, req.IfName)
