@@ -14,7 +14,7 @@ func CommandPath(command string) string { return APIPrefix + strings.ToLower(com
 
 // Request is one CNI invocation as the plugin received it, forwarded whole
 // to the agent: the CNI_* environment and the network configuration from
-// stdin, byte for byte (with its prevResult and, for GC, its
+// stdin, whole (as JSON, compacted; with its prevResult and, for GC, its
 // cni.dev/valid-attachments).
 //
 // Answers: 200 with the CNI result (ADD; already in the configuration's
