@@ -1,16 +1,16 @@
 // Command tendril-cni is Tendril's CNI plugin (spec 1.1). The container
-// runtime runs it in the node's network namespace; it asks the agent for
-// addresses and an endpoint over the agent's socket. The logic is in pkg/cni.
+// runtime runs it in the node's network namespace; it forwards the command
+// to the agent over the agent's socket, which does the work, and prints the
+// agent's answer. The logic is in pkg/cni/plugin.
 package main
 
 import (
-	"github.com/containernetworking/cni/pkg/skel"
+	"os"
 
-	"github.com/tendril-net/tendril/pkg/cni"
+	"github.com/tendril-net/tendril/pkg/cni/plugin"
 	"github.com/tendril-net/tendril/pkg/version"
 )
 
 func main() {
-	p := cni.New(cni.DefaultConfig(), nil)
-	skel.PluginMainFuncs(p.Funcs(), cni.PluginInfo(), "CNI plugin tendril-cni "+version.String())
+	os.Exit(plugin.Main(plugin.OS(), "CNI plugin tendril-cni "+version.String()))
 }

@@ -168,6 +168,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.registerIdentityAPI()
 	a.registerIPAMAPI()
 	a.registerEndpointAPI()
+	a.registerCNIAPI()
 	a.AddStatusSection(a.endpoints.statusSection)
 	a.AddStatusSection(a.identityStatusSection)
 	a.buildStartList()

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/netip"
@@ -122,16 +123,7 @@ func (a *Agent) handleEndpointPut(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return server.Errorf(http.StatusBadRequest, "%v", err)
 	}
-	if a.k8s != nil && ep.PodName != "" {
-		// In Kubernetes the pod and its namespace are the source of truth
-		// for labels (the CNI plugin knows only the pod's name).
-		if labels, ok := a.k8s.labelsForEndpoint(r.Context(), ep.PodNamespace, ep.PodName); ok {
-			ep.Labels = labels
-		} else {
-			a.log.Warn("Pod not in the cache; endpoint keeps the request's labels until the pod is seen",
-				"pod", ep.PodNamespace+"/"+ep.PodName)
-		}
-	}
+	a.applyPodLabels(r.Context(), ep)
 	uuids := map[netip.Addr]string{}
 	if req.Addressing != nil {
 		if ep.IPv4.IsValid() && req.Addressing.IPV4ExpirationUUID != "" {
@@ -150,8 +142,35 @@ func (a *Agent) handleEndpointPut(w http.ResponseWriter, r *http.Request) error 
 		}
 		return server.Errorf(http.StatusInternalServerError, "%v", err)
 	}
+	if r.Context().Err() != nil {
+		// The client gave up before the answer (a CNI plugin whose PUT timed
+		// out during the synchronous build): it rolls its side back and
+		// never learns this endpoint's ID, so the endpoint must not stay
+		// behind holding the addresses.
+		a.log.Warn("Endpoint created after its client went away; deleting it", "endpoint", created.ID,
+			"container", created.ContainerID, "error", r.Context().Err())
+		if err := mgr.Delete(context.WithoutCancel(r.Context()), created.ID); err != nil && !errors.Is(err, endpointmanager.ErrNotFound) {
+			a.log.Error("Delete the endpoint of a client that went away", "endpoint", created.ID, "error", err)
+		}
+		return server.Errorf(http.StatusServiceUnavailable, "the client went away before endpoint %d was built; it was deleted", created.ID)
+	}
 	server.WriteJSON(w, http.StatusCreated, created.Model(a.nodeAddressing()))
 	return nil
+}
+
+// applyPodLabels gives a new endpoint its labels from Kubernetes: there the
+// pod and its namespace are the source of truth (a CNI plugin knows only
+// the pod's name).
+func (a *Agent) applyPodLabels(ctx context.Context, ep *endpoint.Endpoint) {
+	if a.k8s == nil || ep.PodName == "" {
+		return
+	}
+	if labels, ok := a.k8s.labelsForEndpoint(ctx, ep.PodNamespace, ep.PodName); ok {
+		ep.Labels = labels
+		return
+	}
+	a.log.Warn("Pod not in the cache; endpoint keeps the request's labels until the pod is seen",
+		"pod", ep.PodNamespace+"/"+ep.PodName)
 }
 
 func (a *Agent) handleEndpointGet(w http.ResponseWriter, r *http.Request) error {

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
 
 	"github.com/tendril-net/tendril/pkg/client"
+	"github.com/tendril-net/tendril/pkg/endpoint"
 )
 
 func TestIPAMAndEndpointAPI(t *testing.T) {
@@ -154,4 +157,70 @@ func errAs(err error) (*client.APIError, bool) {
 	var e *client.APIError
 	ok := errors.As(err, &e)
 	return e, ok
+}
+
+// blockingBuild holds every endpoint build until release is closed.
+type blockingBuild struct {
+	started chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingBuild) Regenerate(ctx context.Context, _ *endpoint.Endpoint) error {
+	select {
+	case b.started <- struct{}{}:
+	default:
+	}
+	<-b.release
+	return nil
+}
+
+func (b *blockingBuild) Remove(context.Context, *endpoint.Endpoint) error { return nil }
+
+// TestEndpointPutClientGone: a PUT whose client gives up during the
+// synchronous build (a CNI plugin's timeout) leaves no endpoint behind: the
+// client never learns its ID and rolls back its own side.
+func TestEndpointPutClientGone(t *testing.T) {
+	a, c := startAgent(t, func(cfg *Config) { cfg.IPv4Range, cfg.IPv6Range = "10.0.0.0/24", "none" })
+	build := &blockingBuild{started: make(chan struct{}, 1), release: make(chan struct{})}
+	a.AddRegenerateHook(build)
+	state := models.EndpointStateWaitingDashForDashIdentity
+	req := &models.EndpointChangeRequest{
+		ContainerID: "gone1", ContainerInterfaceName: "eth0", InterfaceName: "tdrfake1", InterfaceIndex: 7,
+		SyncBuildEndpoint: true, State: &state, Addressing: &models.AddressPair{IPV4: "10.0.0.9"},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.EndpointPut(ctx, "cilium-local:0", req)
+		errc <- err
+	}()
+	select {
+	case <-build.started:
+	case err := <-errc:
+		t.Fatalf("PUT ended before the build started: %v", err)
+	}
+	cancel() // the plugin's timeout
+	if err := <-errc; err == nil {
+		t.Fatal("PUT succeeded although its client gave up")
+	}
+	close(build.release)
+	// The handler finishes the build, sees its client gone and deletes
+	// the endpoint; the deadline only keeps a broken agent from hanging.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		eps, err := c.EndpointList(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(eps) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("endpoint %d stayed after its client went away", eps[0].ID)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, held := a.endpoints.ipam.Lookup(netip.MustParseAddr("10.0.0.9")); held {
+		t.Error("the endpoint's address stayed allocated")
+	}
 }

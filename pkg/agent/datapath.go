@@ -384,7 +384,18 @@ func (m *datapathModule) runLoops(ctx context.Context, addrUpdates chan netlink.
 		select {
 		case <-ctx.Done():
 			return
-		case <-addrUpdates:
+		case u, ok := <-addrUpdates:
+			if !ok {
+				// The subscription ended (a netlink error): the timer
+				// refresh below still runs.
+				m.a.log.Warn("Address change subscription ended; host IPs refresh on a timer only")
+				addrUpdates = nil
+				continue
+			}
+			if !hostIPChange(u) {
+				continue
+			}
+			drainAddrUpdates(addrUpdates)
 			if err := m.writeHostIPs(); err != nil {
 				m.a.log.Warn("Refresh host IPs", "error", err)
 			}
@@ -400,6 +411,30 @@ func (m *datapathModule) runLoops(ctx context.Context, addrUpdates chan netlink.
 			m.gcStats.Interval = interval
 			m.gcStats.mu.Unlock()
 			gc.Reset(interval)
+		}
+	}
+}
+
+// hostIPChange reports whether an address change can change the host IPs:
+// link-local addresses are never host IPs, and every new pod veth brings
+// one (IPv6), so without this filter each CNI ADD would cost an address
+// dump and an ipcache pass.
+func hostIPChange(u netlink.AddrUpdate) bool {
+	return !u.LinkAddress.IP.IsLinkLocalUnicast()
+}
+
+// drainAddrUpdates drops the updates already queued: the refresh that
+// follows reads the addresses as they are now, so a burst of changes costs
+// one refresh.
+func drainAddrUpdates(ch chan netlink.AddrUpdate) {
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		default:
+			return
 		}
 	}
 }

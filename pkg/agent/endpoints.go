@@ -8,13 +8,16 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/cni/cniserver"
 	"github.com/tendril-net/tendril/pkg/datapath/linux"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
@@ -31,6 +34,16 @@ type endpointsModule struct {
 	host     *linux.Host
 	restored endpointmanager.RestoreResult
 	cancel   context.CancelFunc
+
+	// cni serves tendril-cni's commands once IPAM and the endpoints are up.
+	cniMu sync.Mutex
+	cni   *cniserver.Server
+}
+
+func (m *endpointsModule) cniServer() *cniserver.Server {
+	m.cniMu.Lock()
+	defer m.cniMu.Unlock()
+	return m.cni
 }
 
 // startIPAMAndRestore is start step 5: read the old endpoints, pick the pod
@@ -81,10 +94,31 @@ func (m *endpointsModule) start(ctx context.Context) error {
 		if _, err := m.host.EnsureHostDevice(addrIP(alloc.RouterIP(ipam.IPv4)), addrIP(alloc.RouterIP(ipam.IPv6))); err != nil {
 			return fmt.Errorf("set up host device: %w", err)
 		}
+		if alloc.RouterIP(ipam.IPv6).IsValid() {
+			// Proxy NDP for the router address on every host veth (see
+			// regenerator.Regenerate): on for all interfaces once here,
+			// where the kernel answers a solicitation when either the
+			// interface's or "all"'s proxy_ndp is set; only addresses with a
+			// proxy entry on the receiving interface are answered.
+			if err := m.host.Sysctl().Set("1", "net", "ipv6", "conf", "all", "proxy_ndp"); err != nil {
+				return fmt.Errorf("turn on proxy NDP: %w", err)
+			}
+		}
 	}
 	expCtx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
 	go alloc.RunExpiration(expCtx, 10*time.Second)
+
+	srv, err := cniserver.New(cniserver.Deps{
+		Log: a.log.With("module", "cni"), IPAM: alloc, Endpoints: cniEndpoints{a: a},
+		Netlink: nl, Host: m.host, DeviceMTU: a.cfg.MTU,
+	})
+	if err != nil {
+		return err
+	}
+	m.cniMu.Lock()
+	m.cni = srv
+	m.cniMu.Unlock()
 	return nil
 }
 
@@ -160,8 +194,21 @@ func (r *regenerator) Regenerate(ctx context.Context, ep *endpoint.Endpoint) err
 			return fmt.Errorf("host interface %s: %w", ep.HostIfName, err)
 		}
 		ep.HostIfIndex = link.Attrs().Index
-		if err := r.m.host.ConfigureHostVeth(ep.HostIfName, addrIP(r.m.ipam.RouterIP(ipam.IPv6))); err != nil {
+		// The per-interface proxy_ndp sysctl is left alone (proxy NDP is on
+		// for all interfaces, set at start): a write that changes it takes
+		// the routing-netlink lock with trylock and restarts the system
+		// call until it gets it, spinning on a CPU for as long as other
+		// endpoints' program attachments hold the lock (hundreds of
+		// milliseconds with 50 concurrent CNI ADDs). The proxy entry goes in
+		// through netlink, which waits for the lock asleep.
+		if err := r.m.host.ConfigureHostVeth(ep.HostIfName, nil); err != nil {
 			return fmt.Errorf("configure host interface %s: %w", ep.HostIfName, err)
+		}
+		if router6 := r.m.ipam.RouterIP(ipam.IPv6); router6.IsValid() {
+			proxy := &netlink.Neigh{LinkIndex: ep.HostIfIndex, Family: unix.AF_INET6, Flags: netlink.NTF_PROXY, IP: addrIP(router6)}
+			if err := r.m.nl.NeighSet(proxy); err != nil {
+				return fmt.Errorf("proxy NDP for %s on %s: %w", router6, ep.HostIfName, err)
+			}
 		}
 		for _, ip := range ep.Addresses() {
 			if err := r.m.host.UpsertEndpointRoute(addrIP(ip), ep.HostIfIndex); err != nil {

@@ -1,69 +1,74 @@
 package cni
 
-import (
-	"errors"
-	"fmt"
-	"net"
-	"syscall"
+import "fmt"
 
-	"github.com/containernetworking/cni/pkg/types"
+// Error codes of the CNI spec (1.1) that Tendril uses. They are defined
+// here rather than taken from the CNI library so the plugin binary does not
+// link it.
+const (
+	// ErrIncompatibleCNIVersion: the configuration's cniVersion is not
+	// supported, or does not allow the command.
+	ErrIncompatibleCNIVersion uint = 1
+	// ErrInvalidEnvironmentVariables: a CNI_* variable is missing or
+	// malformed. Also used for a CNI_NETNS that cannot be opened: the spec
+	// has no code of its own for it (the CNI library's 8 is not in the
+	// spec).
+	ErrInvalidEnvironmentVariables uint = 4
+	// ErrIOFailure: reading stdin or writing stdout failed.
+	ErrIOFailure uint = 5
+	// ErrDecodingFailure: the configuration or its prevResult is not
+	// valid JSON of the right shape.
+	ErrDecodingFailure uint = 6
+	// ErrInvalidNetworkConfig: the configuration is decodable but wrong.
+	ErrInvalidNetworkConfig uint = 7
+	// ErrTryAgainLater: the agent is not reachable (restarting); the
+	// runtime retries.
+	ErrTryAgainLater uint = 11
+	// ErrPluginNotAvailable: STATUS, the plugin cannot serve ADD now.
+	ErrPluginNotAvailable uint = 50
+	// ErrInternal: anything else.
+	ErrInternal uint = 999
 )
 
-// The plugin's own error codes (the spec leaves 100 and up to plugins).
+// Tendril's own codes (the spec leaves 100 and up to plugins).
 const (
 	// ErrAllocation: the agent could not give the pod an address (pool
 	// exhausted, family disabled).
 	ErrAllocation uint = 100
-	// ErrEndpoint: the agent refused or failed to create the endpoint.
+	// ErrEndpoint: the agent could not create or delete the endpoint.
 	ErrEndpoint uint = 101
-	// ErrLink: creating or configuring the veth pair failed.
+	// ErrLink: creating or configuring the veth, addresses or routes
+	// failed.
 	ErrLink uint = 102
 	// ErrCheck: CHECK found the attachment not as ADD left it.
 	ErrCheck uint = 103
-	// ErrAgent: the agent answered something the plugin cannot use.
+	// ErrAgent: the agent's answer is unusable (e.g. an agent without the
+	// /v1/cni endpoint).
 	ErrAgent uint = 104
 )
 
-// STATUS codes of the spec.
-const (
-	// ErrPluginNotAvailable: the plugin cannot serve ADD right now.
-	ErrPluginNotAvailable uint = 50
-)
-
-// cniError turns err into a *types.Error: an existing one is kept; an agent
-// that cannot be reached is "try again later" (11), because the runtime
-// retries and the agent may be restarting; anything else gets code.
-func cniError(code uint, msg string, err error) *types.Error {
-	var te *types.Error
-	if errors.As(err, &te) {
-		return te
-	}
-	if agentUnreachable(err) {
-		return types.NewError(types.ErrTryAgainLater, msg+": agent not reachable", err.Error())
-	}
-	return types.NewError(code, msg, err.Error())
+// Error is a CNI error as the spec prints it on stdout, and as the agent
+// answers a failed command.
+type Error struct {
+	CNIVersion string `json:"cniVersion,omitempty"`
+	Code       uint   `json:"code"`
+	Msg        string `json:"msg"`
+	Details    string `json:"details,omitempty"`
 }
 
-// agentUnreachable reports whether err means no agent answered (no socket,
-// connection refused), as opposed to an agent that answered with an error.
-func agentUnreachable(err error) bool {
-	var apiErr *APIError
-	if errors.As(err, &apiErr) {
-		return apiErr.Code == 503
+func (e *Error) Error() string {
+	if e.Details == "" {
+		return e.Msg
 	}
-	var opErr *net.OpError
-	return errors.As(err, &opErr) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
+	return e.Msg + "; " + e.Details
 }
 
-// apiCode is the HTTP status of an agent error, 0 when err is no API error.
-func apiCode(err error) int {
-	var apiErr *APIError
-	if errors.As(err, &apiErr) {
-		return apiErr.Code
-	}
-	return 0
+// NewError returns an *Error.
+func NewError(code uint, msg, details string) *Error {
+	return &Error{Code: code, Msg: msg, Details: details}
 }
 
-func errorf(code uint, format string, args ...any) *types.Error {
-	return types.NewError(code, fmt.Sprintf(format, args...), "")
+// Errorf returns an *Error with a formatted message and no details.
+func Errorf(code uint, format string, args ...any) *Error {
+	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
 }

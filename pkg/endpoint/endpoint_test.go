@@ -4,7 +4,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,5 +126,84 @@ func TestFromChangeRequest(t *testing.T) {
 				t.Fatalf("err = %v, want %q", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+// TestStoreConcurrentWrites: writes of many endpoints at once (committed in
+// shared batches) all land, each endpoint's last write wins, the ID cursor
+// file among them, and no temp file is left.
+func TestStoreConcurrentWrites(t *testing.T) {
+	dir := t.TempDir()
+	s, err := NewStore(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	var wg sync.WaitGroup
+	errs := make(chan error, 3*n)
+	for i := 1; i <= n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Two writes of one endpoint, in order: the second must win.
+			for _, st := range []State{StateWaitingForIdentity, StateReady} {
+				errs <- s.Write(&Endpoint{ID: uint16(i), State: st, IPv4: netip.AddrFrom4([4]byte{10, 0, 1, byte(i)})})
+			}
+			errs <- s.WriteFile("next-id", []byte(strconv.Itoa(i)))
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	eps, err := s.LoadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(eps) != n {
+		t.Fatalf("%d endpoints on disk, want %d", len(eps), n)
+	}
+	for _, ep := range eps {
+		if ep.State != StateReady || ep.IPv4 != netip.AddrFrom4([4]byte{10, 0, 1, byte(ep.ID)}) {
+			t.Errorf("endpoint %d on disk: %s %s, want its last write", ep.ID, ep.State, ep.IPv4)
+		}
+	}
+	if data, err := s.ReadFile("next-id"); err != nil || len(data) == 0 {
+		t.Errorf("next-id: %q %v", data, err)
+	}
+	_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err == nil && strings.Contains(d.Name(), ".tmp-") {
+			t.Errorf("temp file left: %s", path)
+		}
+		return nil
+	})
+}
+
+// TestStoreWriteError: a write that cannot happen reports its error to its
+// writer, and the other writes of the batch still land.
+func TestStoreWriteError(t *testing.T) {
+	dir := t.TempDir()
+	s, err := NewStore(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A file where endpoint 7's directory would be.
+	if err := os.WriteFile(filepath.Join(dir, "7"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var bad, good error
+	wg.Add(2)
+	go func() { defer wg.Done(); bad = s.Write(&Endpoint{ID: 7}) }()
+	go func() { defer wg.Done(); good = s.Write(&Endpoint{ID: 8}) }()
+	wg.Wait()
+	if bad == nil {
+		t.Error("write into a file succeeded")
+	}
+	if good != nil {
+		t.Errorf("the other write failed too: %v", good)
 	}
 }

@@ -58,6 +58,15 @@ type Manager struct {
 	regen     Regenerator
 	endpoints map[uint16]*endpoint.Endpoint
 	nextID    uint16
+	// mark is the ID cursor as it must be on disk: ahead of every ID handed
+	// out; ahead is how many more steps nextID may take before mark must
+	// move (see allocateIDLocked).
+	mark  uint16
+	ahead int
+	// cursorMu orders writes of the cursor file; persisted is the mark on
+	// disk.
+	cursorMu  sync.Mutex
+	persisted uint16
 	// regenMu serializes regenerations per endpoint.
 	regenLocks map[uint16]*sync.Mutex
 	listeners  []func(ev Event)
@@ -92,6 +101,7 @@ func New(store *endpoint.Store, ipamAlloc *ipam.IPAM, log *slog.Logger) *Manager
 			m.nextID = uint16(n)
 		}
 	}
+	m.mark, m.persisted = m.nextID, m.nextID
 	return m
 }
 
@@ -118,20 +128,53 @@ func (m *Manager) notify(ev Event) {
 	}
 }
 
-// allocateID picks the next free ID after the persisted cursor, so a freed ID
-// is not reused at once.
-func (m *Manager) allocateIDLocked() (uint16, error) {
+// cursorBlock is how far the persisted ID cursor runs ahead of the IDs
+// handed out: the cursor file is written once per cursorBlock creates, not
+// on every one. After a restart the manager starts at the persisted cursor,
+// so at most cursorBlock IDs are skipped and none handed out before is
+// reused at once.
+const cursorBlock = 64
+
+// allocateIDLocked picks the next free ID after the cursor, so a freed ID
+// is not reused at once. newMark reports that the cursor on disk must move
+// (persistCursor) before the ID may be reported to anyone.
+func (m *Manager) allocateIDLocked() (id uint16, newMark bool, err error) {
 	for n := 0; n < MaxID; n++ {
 		id := m.nextID
-		m.nextID++
-		if m.nextID > MaxID {
-			m.nextID = 1
-		}
+		m.nextID = nextCursor(m.nextID, 1)
+		m.ahead--
 		if _, used := m.endpoints[id]; !used {
-			return id, nil
+			if m.ahead < 0 {
+				m.mark, m.ahead = nextCursor(m.nextID, cursorBlock), cursorBlock
+				newMark = true
+			}
+			return id, newMark, nil
 		}
 	}
-	return 0, ErrNoIDs
+	return 0, false, ErrNoIDs
+}
+
+// nextCursor is the ID n steps after id, wrapping from MaxID to 1.
+func nextCursor(id uint16, n int) uint16 {
+	return uint16((int(id)-1+n)%MaxID + 1)
+}
+
+// persistCursor writes the current mark unless a write of it (or of a
+// later one) is already done.
+func (m *Manager) persistCursor() error {
+	m.cursorMu.Lock()
+	defer m.cursorMu.Unlock()
+	m.mu.Lock()
+	mark := m.mark
+	m.mu.Unlock()
+	if mark == m.persisted {
+		return nil
+	}
+	if err := m.store.WriteFile("next-id", []byte(strconv.Itoa(int(mark)))); err != nil {
+		return err
+	}
+	m.persisted = mark
+	return nil
 }
 
 // Lookup finds an endpoint by any ID form of the API: "N", "cilium-local:N",
@@ -207,6 +250,7 @@ type CreateOptions struct {
 // it and regenerates it (waiting when SyncBuild). A failure leaves nothing
 // behind.
 func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts CreateOptions) (*endpoint.Endpoint, error) {
+	var newMark bool
 	m.mu.Lock()
 	if ep.ContainerID != "" {
 		for _, other := range m.endpoints {
@@ -227,18 +271,21 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 		}
 		ep.ID = opts.RequestedID
 	} else {
-		id, err := m.allocateIDLocked()
+		id, mark, err := m.allocateIDLocked()
 		if err != nil {
 			m.mu.Unlock()
 			return nil, err
 		}
-		ep.ID = id
+		ep.ID, newMark = id, mark
 	}
 	// Claim the addresses: stop their expiration, or reserve them when the
-	// caller allocated them elsewhere (e.g. a restarted plugin).
-	var reserved []netip.Addr
+	// caller allocated them elsewhere (e.g. a restarted plugin). What this
+	// call claimed or reserved is released again if it fails, so a failed
+	// Create leaves no allocation behind (a build failure deletes the
+	// endpoint, which releases them too).
+	var taken []netip.Addr
 	rollback := func() {
-		for _, ip := range reserved {
+		for _, ip := range taken {
 			_ = m.ipam.Release(ip)
 		}
 	}
@@ -255,6 +302,7 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 					m.mu.Unlock()
 					return nil, fmt.Errorf("claim address %s: %w", ip, err)
 				}
+				taken = append(taken, ip)
 				continue
 			}
 			if _, err := m.ipam.Allocate(ip, ep.IPAMOwner()); err != nil {
@@ -263,7 +311,7 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 				return nil, fmt.Errorf("reserve address %s: %w", ip, err)
 			}
 			_ = m.ipam.Claim(ip, "")
-			reserved = append(reserved, ip)
+			taken = append(taken, ip)
 		}
 	}
 	ep.Created = m.now()
@@ -276,29 +324,45 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 	// happen outside the lock so concurrent creates do not queue behind
 	// each other's fsyncs.
 	m.endpoints[ep.ID] = ep
-	cursor := m.nextID
 	snapshot := ep.Clone()
 	m.mu.Unlock()
-	if err := m.store.WriteFile("next-id", []byte(strconv.Itoa(int(cursor)))); err != nil {
-		m.log.Warn("Persist endpoint ID cursor", "error", err)
+	if newMark {
+		// The cursor moves on disk beside this endpoint's first state write
+		// (the store commits concurrent writes together); a failure only
+		// lets freed IDs come back sooner after a crash.
+		cursorDone := make(chan error, 1)
+		go func() { cursorDone <- m.persistCursor() }()
+		defer func() {
+			if err := <-cursorDone; err != nil {
+				m.log.Warn("Persist endpoint ID cursor", "error", err)
+			}
+		}()
 	}
-	if err := m.store.Write(snapshot); err != nil {
-		m.mu.Lock()
-		delete(m.endpoints, ep.ID)
-		m.mu.Unlock()
-		rollback()
-		return nil, err
-	}
-	m.log.Info("Endpoint created", "endpoint", ep.ID, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
 
 	if opts.SyncBuild {
-		if err := m.Regenerate(ctx, ep.ID, "Initial build"); err != nil {
+		// The caller waits for the build: the state is written once, after
+		// it, and is on disk before Create returns. A crash during the build
+		// loses an endpoint nobody was told about; its caller sees the
+		// failure (a CNI ADD is retried after a DEL).
+		if regenErr, writeErr := m.regenerate(ctx, ep.ID, "Initial build"); regenErr != nil || writeErr != nil {
 			// A pod whose datapath cannot be built must not run half-wired:
 			// remove it so the CNI plugin can retry from scratch.
 			_ = m.Delete(context.WithoutCancel(ctx), ep.ID)
-			return nil, fmt.Errorf("build endpoint %d: %w", ep.ID, err)
+			if regenErr != nil {
+				return nil, fmt.Errorf("build endpoint %d: %w", ep.ID, regenErr)
+			}
+			return nil, fmt.Errorf("persist endpoint %d: %w", ep.ID, writeErr)
 		}
+		m.log.Info("Endpoint created", "endpoint", ep.ID, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
 	} else {
+		if err := m.store.Write(snapshot); err != nil {
+			m.mu.Lock()
+			delete(m.endpoints, ep.ID)
+			m.mu.Unlock()
+			rollback()
+			return nil, err
+		}
+		m.log.Info("Endpoint created", "endpoint", ep.ID, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
 		go func() {
 			if err := m.Regenerate(context.Background(), ep.ID, "Initial build"); err != nil {
 				m.log.Error("Endpoint build failed", "endpoint", ep.ID, "error", err)
@@ -330,7 +394,18 @@ func (m *Manager) regenLock(id uint16) *sync.Mutex {
 }
 
 // Regenerate runs the regenerator on the endpoint and records the outcome.
+// A failure to persist the outcome is logged; the endpoint keeps running.
 func (m *Manager) Regenerate(ctx context.Context, id uint16, reason string) error {
+	regenErr, writeErr := m.regenerate(ctx, id, reason)
+	if writeErr != nil {
+		m.log.Error("Persist endpoint", "endpoint", id, "error", writeErr)
+	}
+	return regenErr
+}
+
+// regenerate is Regenerate returning the regeneration's and the state
+// write's errors apart.
+func (m *Manager) regenerate(ctx context.Context, id uint16, reason string) (regenErr, writeErr error) {
 	lock := m.regenLock(id)
 	lock.Lock()
 	defer lock.Unlock()
@@ -339,21 +414,21 @@ func (m *Manager) Regenerate(ctx context.Context, id uint16, reason string) erro
 	ep, ok := m.endpoints[id]
 	if !ok {
 		m.mu.Unlock()
-		return fmt.Errorf("%w: %d", ErrNotFound, id)
+		return fmt.Errorf("%w: %d", ErrNotFound, id), nil
 	}
 	if ep.State == endpoint.StateDisconnecting || ep.State == endpoint.StateDisconnected {
 		m.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	if ep.State != endpoint.StateWaitingToRegenerate && ep.State != endpoint.StateRestoring {
 		if err := ep.SetState(endpoint.StateWaitingToRegenerate, reason, m.now()); err != nil {
 			m.mu.Unlock()
-			return err
+			return err, nil
 		}
 	}
 	if err := ep.SetState(endpoint.StateRegenerating, "Regenerating: "+reason, m.now()); err != nil {
 		m.mu.Unlock()
-		return err
+		return err, nil
 	}
 	work := ep.Clone()
 	regen := m.regen
@@ -362,10 +437,10 @@ func (m *Manager) Regenerate(ctx context.Context, id uint16, reason string) erro
 	err := regen.Regenerate(ctx, work)
 
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	ep, ok = m.endpoints[id]
 	if !ok || ep.State != endpoint.StateRegenerating {
-		return nil // deleted meanwhile
+		m.mu.Unlock()
+		return nil, nil // deleted meanwhile
 	}
 	// Take over what the regenerator computed.
 	ep.Identity, ep.PolicyRevision = work.Identity, work.PolicyRevision
@@ -386,11 +461,7 @@ func (m *Manager) Regenerate(ctx context.Context, id uint16, reason string) erro
 	m.mu.Unlock()
 	// The per-endpoint regeneration lock (held) orders this endpoint's
 	// writes; other endpoints do not wait for this fsync.
-	if wErr := m.store.Write(snapshot); wErr != nil {
-		m.log.Error("Persist endpoint", "endpoint", id, "error", wErr)
-	}
-	m.mu.Lock()
-	return err
+	return err, m.store.Write(snapshot)
 }
 
 // RegenerateAll regenerates every endpoint (e.g. after a policy change) and
@@ -420,12 +491,10 @@ func (m *Manager) Update(ctx context.Context, id string, reason string, fn func(
 	}
 	work.State, work.Log = ep.State, ep.Log
 	*ep = *work
-	if err := m.store.Write(ep); err != nil {
-		m.mu.Unlock()
-		return nil, err
-	}
 	numeric := ep.ID
 	m.mu.Unlock()
+	// The regeneration persists the updated endpoint (under its
+	// regeneration lock, outside the manager's).
 	if err := m.Regenerate(ctx, numeric, reason); err != nil {
 		return nil, err
 	}

@@ -202,3 +202,77 @@ func BenchmarkRestoreAndRegenerate200(b *testing.B) {
 		}
 	}
 }
+
+// TestSyncBuildIsOnDiskAtReturn: a synchronously built endpoint's state,
+// as built (ready), is on disk when Create returns, so a restart right
+// after finds it; and a store that cannot write fails the Create and
+// leaves nothing behind (no endpoint, no allocation).
+func TestSyncBuildIsOnDiskAtReturn(t *testing.T) {
+	dir := t.TempDir()
+	f := newFixture(t, dir)
+	ep := f.createPod(t, 1)
+	eps, err := f.store.LoadAll()
+	if err != nil || len(eps) != 1 || eps[0].ID != ep.ID || eps[0].State != endpoint.StateReady {
+		t.Fatalf("on disk after Create: %+v (%v), want endpoint %d ready", eps, err, ep.ID)
+	}
+
+	// Endpoint 2's directory cannot be created: a file is in the way.
+	if err := os.WriteFile(filepath.Join(dir, "2"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := f.ipam.AllocateNext(ipam.IPv4, "ns/pod-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := &endpoint.Endpoint{ContainerID: "c2", IfName: "eth0", IPv4: a.IP, PodNamespace: "ns", PodName: "pod-2"}
+	if _, err := f.mgr.Create(context.Background(), bad, CreateOptions{SyncBuild: true}); err == nil {
+		t.Fatal("Create succeeded although its state could not be written")
+	}
+	if _, err := f.mgr.Lookup("container-id:c2"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("endpoint left after a failed Create: %v", err)
+	}
+	if _, ok := f.ipam.Lookup(a.IP); ok {
+		t.Error("address left allocated after a failed Create")
+	}
+}
+
+// TestIDCursorAcrossRestart: the persisted cursor runs ahead of the IDs
+// handed out, so after a restart a freed ID is not handed out again at
+// once; and it is written once per block of creates, not on every create.
+func TestIDCursorAcrossRestart(t *testing.T) {
+	dir := t.TempDir()
+	f := newFixture(t, dir)
+	var last *endpoint.Endpoint
+	for i := 1; i <= 3; i++ {
+		last = f.createPod(t, i)
+	}
+	cursor := func() string {
+		data, err := f.store.ReadFile("next-id")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	first := cursor()
+	if err := f.mgr.Delete(context.Background(), last.ID); err != nil {
+		t.Fatal(err)
+	}
+	f.createPod(t, 4)
+	if got := cursor(); got != first {
+		t.Errorf("cursor rewritten within its block: %s then %s", first, got)
+	}
+
+	// A new manager on the same state, as after a restart.
+	g := &fixture{dir: dir, ipam: f.ipam, store: f.store, mgr: New(f.store, f.ipam, nil)}
+	next := g.createPod(t, 5)
+	if next.ID <= 4 || next.ID == last.ID {
+		t.Errorf("first ID after the restart is %d; IDs up to 4 were handed out (%d freed)", next.ID, last.ID)
+	}
+	// Crossing the block moves the cursor on disk before the ID is used.
+	for i := 6; i < 6+cursorBlock; i++ {
+		g.createPod(t, i)
+	}
+	if got := cursor(); got == first {
+		t.Errorf("cursor still %s after %d more creates", got, cursorBlock)
+	}
+}

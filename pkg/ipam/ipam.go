@@ -293,6 +293,27 @@ func (m *IPAM) Release(ip netip.Addr) error {
 	return nil
 }
 
+// ReleaseUnclaimed releases ip only while it is allocated to owner and no
+// endpoint has claimed it, and reports whether it did. A failed CNI ADD
+// gives its addresses back with it: by the time it rolls back, an endpoint
+// deletion may already have released them and another pod been given one,
+// and that pod's address must stay.
+func (m *IPAM) ReleaseUnclaimed(ip netip.Addr, owner string) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ip = ip.Unmap()
+	p, idx, err := m.locate(ip)
+	if err != nil {
+		return false, fmt.Errorf("release %s: %w", ip, err)
+	}
+	a, ok := p.allocs[ip]
+	if !ok || a.Owner != owner || a.Claimed {
+		return false, nil
+	}
+	p.free(idx, ip)
+	return true, nil
+}
+
 // ReleaseOwner releases every address owner holds and returns them.
 func (m *IPAM) ReleaseOwner(owner string) []netip.Addr {
 	m.mu.Lock()

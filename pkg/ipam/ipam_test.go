@@ -246,3 +246,39 @@ func BenchmarkAllocateRelease(b *testing.B) {
 		}
 	}
 }
+
+// TestReleaseUnclaimed: a rolled-back ADD releases only what is still its
+// own, unclaimed allocation; an address an endpoint claimed, or one handed
+// to another owner after a release, stays.
+func TestReleaseUnclaimed(t *testing.T) {
+	m := mustNew(t, "10.1.0.0/24", "")
+	a, err := m.AllocateNext(IPv4, "ns/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Claim(a.IP, ""); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := m.ReleaseUnclaimed(a.IP, "ns/a"); ok || err != nil {
+		t.Fatalf("released a claimed address: %v %v", ok, err)
+	}
+	if err := m.Release(a.IP); err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Allocate(a.IP, "ns/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := m.ReleaseUnclaimed(b.IP, "ns/a"); ok {
+		t.Fatal("released another owner's address")
+	}
+	if ok, err := m.ReleaseUnclaimed(b.IP, "ns/b"); !ok || err != nil {
+		t.Fatalf("owner's unclaimed address not released: %v %v", ok, err)
+	}
+	if _, held := m.Lookup(b.IP); held {
+		t.Fatal("address still allocated")
+	}
+	if ok, err := m.ReleaseUnclaimed(b.IP, "ns/b"); ok || err != nil {
+		t.Fatalf("second release: %v %v", ok, err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"runtime"
 
 	"github.com/spf13/pflag"
 )
@@ -19,6 +20,14 @@ import (
 type Config struct {
 	// ServeAddr is the TCP address of the pprof endpoints; empty disables.
 	ServeAddr string
+	// BlockProfileRate samples one blocking event per this many
+	// nanoseconds blocked (runtime.SetBlockProfileRate); 0 records none.
+	// Only applied while pprof is served.
+	BlockProfileRate int
+	// MutexProfileFraction samples 1/n of mutex contention events
+	// (runtime.SetMutexProfileFraction); 0 records none. Only applied while
+	// pprof is served.
+	MutexProfileFraction int
 }
 
 // DefaultConfig returns the defaults (disabled).
@@ -27,6 +36,8 @@ func DefaultConfig() Config { return Config{} }
 // Flags registers the flags.
 func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ServeAddr, "pprof-serve-addr", c.ServeAddr, "Address to serve Go pprof profiles on, e.g. 127.0.0.1:6060 (empty disables)")
+	fs.IntVar(&c.BlockProfileRate, "pprof-block-profile-rate", c.BlockProfileRate, "With --pprof-serve-addr: record one blocking event per this many nanoseconds blocked for /debug/pprof/block (0: none)")
+	fs.IntVar(&c.MutexProfileFraction, "pprof-mutex-profile-fraction", c.MutexProfileFraction, "With --pprof-serve-addr: record 1/n of mutex contention events for /debug/pprof/mutex (0: none)")
 }
 
 // Server serves the pprof handlers.
@@ -49,6 +60,12 @@ func (s *Server) Start(context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pprof-serve-addr %s: %w", s.cfg.ServeAddr, err)
 	}
+	if s.cfg.BlockProfileRate < 0 || s.cfg.MutexProfileFraction < 0 {
+		ln.Close()
+		return fmt.Errorf("pprof-block-profile-rate and pprof-mutex-profile-fraction must not be negative")
+	}
+	runtime.SetBlockProfileRate(s.cfg.BlockProfileRate)
+	runtime.SetMutexProfileFraction(s.cfg.MutexProfileFraction)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -74,5 +91,7 @@ func (s *Server) Stop(ctx context.Context) error {
 	}
 	err := s.srv.Shutdown(ctx)
 	<-s.done
+	runtime.SetBlockProfileRate(0)
+	runtime.SetMutexProfileFraction(0)
 	return err
 }

@@ -2,6 +2,7 @@ package cni_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/tendril-net/tendril/pkg/testutil"
@@ -24,6 +25,16 @@ func TestPrivilegedTwoAttachmentsOneContainer(t *testing.T) {
 	if r0.IPs[0].Address.IP.Equal(r1.IPs[0].Address.IP) {
 		t.Fatalf("both attachments got %s", r0.IPs[0].Address.IP)
 	}
+	// The second attachment gets addresses but not the default route.
+	if len(r1.Routes) != 0 {
+		t.Errorf("net1's result has routes %v, want none (eth0 has the default route)", r1.Routes)
+	}
+	if out, err := inNetns(p.netns, "ip", "-4", "route", "show", "default"); err != nil || !strings.Contains(string(out), "dev eth0") || strings.Contains(string(out), "net1") {
+		t.Errorf("default route after net1's ADD: %q (%v), want only the one via eth0", out, err)
+	}
+	if err := n.check(list, &second); err != nil {
+		t.Errorf("CHECK net1: %v", err)
+	}
 	ctx := context.Background()
 	eps, err := n.agent.EndpointList(ctx)
 	if err != nil || len(eps) != 2 {
@@ -39,15 +50,19 @@ func TestPrivilegedTwoAttachmentsOneContainer(t *testing.T) {
 	if got := eps[0].Status.ExternalIdentifiers.CniAttachmentID; got != p.rt.ContainerID+":eth0" {
 		t.Fatalf("the remaining endpoint is %s, want the eth0 attachment", got)
 	}
-	// eth0's endpoint keeps its address and its host veth. (Its default
-	// route does not survive: the second ADD replaced it via net1, which is
-	// gone; a secondary network is expected not to take the default route,
-	// see docs/cni.md.)
+	// eth0's endpoint keeps its address, its host veth and the pod's
+	// default route: net1, the second attachment, never took it.
 	if got := eps[0].Status.Networking.Addressing[0].IPV4; got != r0.IPs[0].Address.IP.String() {
 		t.Fatalf("remaining endpoint has %s, want %s", got, r0.IPs[0].Address.IP)
 	}
 	if _, err := n.nl.LinkByName(eps[0].Status.Networking.InterfaceName); err != nil {
 		t.Fatalf("eth0's host veth %s: %v", eps[0].Status.Networking.InterfaceName, err)
+	}
+	if out, err := inNetns(p.netns, "ip", "-4", "route", "show", "default"); err != nil || !strings.Contains(string(out), "dev eth0") {
+		t.Errorf("default route after net1's DEL: %q (%v), want one via eth0", out, err)
+	}
+	if err := ping(p, r0.IPs[0].Gateway.String()); err != nil {
+		t.Errorf("pod cannot reach its router through eth0 after net1's DEL: %v", err)
 	}
 	if err := n.del(list, p); err != nil {
 		t.Fatal(err)

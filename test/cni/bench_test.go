@@ -2,7 +2,9 @@ package cni_test
 
 import (
 	"fmt"
+	"os"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,7 +31,10 @@ func BenchmarkPrivilegedSerialAdd(b *testing.B) {
 }
 
 func benchmarkConcurrentAdd(b *testing.B, pods int) {
-	n := startNode(b)
+	// TENDRIL_BENCH_AGENT_ARGS adds agent flags, e.g. to profile the agent
+	// (--pprof-serve-addr) or to take the eBPF datapath out of the
+	// measurement (--enable-datapath=false).
+	n := startNode(b, strings.Fields(os.Getenv("TENDRIL_BENCH_AGENT_ARGS"))...)
 	list := n.confList("tendril-cni", "1.1.0", nil)
 	ps := make([]*pod, pods)
 	for i := range ps {

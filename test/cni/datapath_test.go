@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/cilium/api/v1/models"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // restartAgent kills the node's agent with SIGKILL (when kill) and starts a
@@ -99,6 +100,7 @@ var lossRe = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
 // started again: no packet may be lost, c must stay locked out while the
 // agent is away, and the new agent must keep the pinned links.
 func TestPrivilegedPolicyEnforcedAcrossAgentRestart(t *testing.T) {
+	testutil.Privileged(t)
 	n := startNode(t, "--ipv6-range", "none")
 	list := n.confList("tendril-cni", "1.1.0", nil)
 	a, b, c := n.newPod("a"), n.newPod("b"), n.newPod("c")

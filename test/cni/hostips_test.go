@@ -7,12 +7,15 @@ import (
 	"testing"
 
 	"github.com/cilium/cilium/api/v1/models"
+
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // TestPrivilegedHostIPsFollowAddresses: an address added to the node is
 // in the ipcache as host within the address-change notification, and
 // leaves when the address is removed.
 func TestPrivilegedHostIPsFollowAddresses(t *testing.T) {
+	testutil.Privileged(t)
 	n := startNode(t, "--ipv6-range", "none")
 	hostEntry := func(prefix string) bool {
 		var entries []*models.IPListEntry

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // TestPrivilegedRestoreTwentyEndpoints: 20 pods, one endpoint's state file
@@ -14,6 +16,7 @@ import (
 // come back with the same IDs and addresses, the next ADD gets an address
 // no pod uses (the corrupt one's included), and nothing is handed out twice.
 func TestPrivilegedRestoreTwentyEndpoints(t *testing.T) {
+	testutil.Privileged(t)
 	n := startNode(t, "--ipv6-range", "none", "--ipv4-range", "10.231.0.0/24")
 	list := n.confList("tendril-cni", "1.1.0", nil)
 	pods := make([]*pod, 20)

@@ -11,6 +11,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/tendril-net/tendril/pkg/cni"
+	"github.com/tendril-net/tendril/pkg/cni/cniserver"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -29,7 +30,7 @@ func TestPrivilegedTendrilCNILifecycle(t *testing.T) {
 	a, b := n.newPod("pod-a"), n.newPod("pod-b")
 	// A host veth left by an earlier ADD of pod-a that never saw a DEL
 	// (the runtime retries ADD): it must be replaced, not fail the ADD.
-	leftover := cni.HostVethName(a.rt.ContainerID, "eth0")
+	leftover := cniserver.HostVethName(a.rt.ContainerID, "eth0")
 	if out, err := inNetns(n.netns, "ip", "link", "add", leftover, "type", "veth", "peer", "name", "tdrcni-stale"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -47,7 +48,7 @@ func TestPrivilegedTendrilCNILifecycle(t *testing.T) {
 		p   *pod
 		res *resultView
 	}{{a, view(resA)}, {b, view(resB)}} {
-		if r.res.hostIf != cni.HostVethName(r.p.rt.ContainerID, "eth0") || r.res.podIf != "eth0" || r.res.sandbox != r.p.netns {
+		if r.res.hostIf != cniserver.HostVethName(r.p.rt.ContainerID, "eth0") || r.res.podIf != "eth0" || r.res.sandbox != r.p.netns {
 			t.Errorf("%s: interfaces %+v", r.p.name, r.res)
 		}
 		if !r.res.ipsOnPodIf {
@@ -69,7 +70,7 @@ func TestPrivilegedTendrilCNILifecycle(t *testing.T) {
 		t.Errorf("pod-a default route: %s (%v), want via %s", out, err, resA.IPs[0].Gateway)
 	}
 	// On the node: the pod's /32 routed to its host veth.
-	hostA, err := n.nl.LinkByName(cni.HostVethName(a.rt.ContainerID, "eth0"))
+	hostA, err := n.nl.LinkByName(cniserver.HostVethName(a.rt.ContainerID, "eth0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +120,7 @@ func TestPrivilegedTendrilCNILifecycle(t *testing.T) {
 	if err := gcRuntime.GCNetworkList(ctx, list, &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: b.rt.ContainerID, IfName: "eth0"}}}); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
-	if v := n.hostVeths(); len(v) != 1 || v[0] != cni.HostVethName(b.rt.ContainerID, "eth0") {
+	if v := n.hostVeths(); len(v) != 1 || v[0] != cniserver.HostVethName(b.rt.ContainerID, "eth0") {
 		t.Errorf("veths after GC: %v, want only pod-b's", v)
 	}
 	for _, ep := range n.endpoints() {
@@ -242,16 +243,17 @@ func TestPrivilegedTendrilCNIBadInput(t *testing.T) {
 		}
 		n.assertClean("agent down")
 
-		// DEL while the agent is away: the veth goes, the runtime is told to
-		// try again (11), and the retry once the agent answers cleans up.
+		// DEL while the agent is away: the runtime is told to try again
+		// (11); the agent does the work, so the attachment is still whole
+		// (veth, endpoint), and the retry once the agent answers cleans up.
 		up := n.newPod("del-retry")
 		n.mustAdd(good, up)
 		err = n.del(list, up)
 		if err == nil || cniCode(t, err) != types.ErrTryAgainLater {
 			t.Errorf("DEL without agent: %v, want code %d", err, types.ErrTryAgainLater)
 		}
-		if v := n.hostVeths(); len(v) != 0 {
-			t.Errorf("DEL without agent kept veths %v", v)
+		if v := n.hostVeths(); len(v) != 1 {
+			t.Errorf("DEL without agent: veths %v, want the pod's still there", v)
 		}
 		if err := n.del(good, up); err != nil {
 			t.Errorf("DEL retry: %v", err)

@@ -5,6 +5,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -268,10 +269,10 @@ func DecodeJSON(r *http.Request, v any) error {
 		}
 		return Errorf(http.StatusBadRequest, "read request body: %v", err)
 	}
-	if len(strings.TrimSpace(string(data))) == 0 {
+	if len(bytes.TrimSpace(data)) == 0 {
 		return Errorf(http.StatusBadRequest, "request body is empty; a JSON document is required")
 	}
-	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(v); err != nil {
 		return Errorf(http.StatusBadRequest, "malformed JSON body: %v", err)
 	}

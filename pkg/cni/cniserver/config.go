@@ -1,9 +1,4 @@
-// Package cni is the logic of the tendril-cni plugin: it creates a pod's
-// veth pair, gets the pod's addresses from the agent, configures them and
-// the routes inside the pod, and registers the pod as an endpoint with the
-// agent over the agent's REST API (the same calls the stock cilium-cni
-// makes). cmd/tendril-cni only hands the skel dispatcher to this package.
-package cni
+package cniserver
 
 import (
 	"crypto/sha256"
@@ -14,21 +9,12 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/tendril-net/tendril/pkg/cni"
 )
 
-// PluginType is the "type" of a network configuration that runs this plugin.
-const PluginType = "tendril-cni"
-
-// DefaultAgentSocket is the agent's API socket unless the config names one.
-const DefaultAgentSocket = "/var/run/tendril/tendril.sock"
-
-// SupportedVersions are the CNI spec versions the plugin speaks.
-func SupportedVersions() []string { return []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} }
-
-// PluginInfo reports SupportedVersions to the skel dispatcher (VERSION).
-func PluginInfo() version.PluginInfo { return version.PluginSupports(SupportedVersions()...) }
-
-// NetConf is the network configuration tendril-cni reads from stdin.
+// NetConf is tendril-cni's network configuration, as the runtime gave it to
+// the plugin.
 type NetConf struct {
 	types.PluginConf
 
@@ -40,31 +26,38 @@ type NetConf struct {
 	LogFile string `json:"log-file,omitempty"`
 }
 
-// ParseConfig decodes and validates a network configuration. Errors are
-// *types.Error with the spec's codes: 6 for undecodable JSON, 7 for an
-// invalid configuration.
-func ParseConfig(data []byte) (*NetConf, error) {
+// ParseConfig decodes and validates a network configuration. The plugin
+// has checked the same before sending it; the agent checks again because
+// anything can call its API. Errors carry the spec's codes: 6 for
+// undecodable JSON or prevResult, 7 for an invalid configuration.
+func ParseConfig(data []byte) (*NetConf, *cni.Error) {
 	conf := &NetConf{}
 	if err := json.Unmarshal(data, conf); err != nil {
-		return nil, types.NewError(types.ErrDecodingFailure, "decode network configuration", err.Error())
+		return nil, cni.NewError(cni.ErrDecodingFailure, "decode network configuration", err.Error())
 	}
-	if conf.Type != PluginType {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig,
-			fmt.Sprintf("network configuration type is %q, want %q", conf.Type, PluginType), "")
+	if conf.Type != cni.PluginType {
+		return nil, cni.Errorf(cni.ErrInvalidNetworkConfig, "network configuration type is %q, want %q", conf.Type, cni.PluginType)
 	}
 	if conf.CNIVersion == "" {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, "network configuration has no cniVersion", "")
+		return nil, cni.Errorf(cni.ErrInvalidNetworkConfig, "network configuration has no cniVersion")
+	}
+	supported := false
+	for _, v := range cni.SupportedVersions() {
+		supported = supported || v == conf.CNIVersion
+	}
+	if !supported {
+		return nil, cni.NewError(cni.ErrIncompatibleCNIVersion, "incompatible CNI versions",
+			fmt.Sprintf("config is %q, plugin supports %q", conf.CNIVersion, cni.SupportedVersions()))
 	}
 	if conf.MTU != 0 && (conf.MTU < 1280 || conf.MTU > 65535) {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig,
-			fmt.Sprintf("mtu %d: must be between 1280 and 65535", conf.MTU), "")
+		return nil, cni.Errorf(cni.ErrInvalidNetworkConfig, "mtu %d: must be between 1280 and 65535", conf.MTU)
 	}
 	if conf.AgentSocket == "" {
-		conf.AgentSocket = DefaultAgentSocket
+		conf.AgentSocket = cni.DefaultAgentSocket
 	}
 	if conf.RawPrevResult != nil {
 		if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
-			return nil, types.NewError(types.ErrDecodingFailure, "decode prevResult", err.Error())
+			return nil, cni.NewError(cni.ErrDecodingFailure, "decode prevResult", err.Error())
 		}
 	}
 	return conf, nil
@@ -81,11 +74,11 @@ type PodArgs struct {
 
 // ParseArgs decodes CNI_ARGS ("K=V;K=V"); unknown keys are ignored as the
 // spec asks. A malformed string is error code 4.
-func ParseArgs(args string) (*PodArgs, error) {
+func ParseArgs(args string) (*PodArgs, *cni.Error) {
 	a := &PodArgs{}
 	a.IgnoreUnknown = true
 	if err := types.LoadArgs(args, a); err != nil {
-		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, "parse CNI_ARGS", err.Error())
+		return nil, cni.NewError(cni.ErrInvalidEnvironmentVariables, "parse CNI_ARGS", err.Error())
 	}
 	return a, nil
 }
@@ -102,21 +95,17 @@ func (a *PodArgs) Owner(containerID string) string {
 // HostVethName is the host-side name of a pod's veth: "tdr" and 11 hex
 // digits of sha256(containerID+ifname), within the 15-byte interface name
 // limit and the same on every call, so DEL and GC find the device from the
-// attachment alone.
+// attachment alone (and an agent restarted on a node finds the veths of
+// earlier agents).
 func HostVethName(containerID, ifname string) string {
 	sum := sha256.Sum256([]byte(containerID + ifname))
 	return "tdr" + hex.EncodeToString(sum[:])[:11]
 }
 
-// AttachmentID is the agent's cni-attachment-id of one attachment.
-func AttachmentID(containerID, ifname string) string {
-	return containerID + ":" + ifname
-}
-
 // validateIfName rejects names the kernel would refuse, before any change.
-func validateIfName(name string) error {
+func validateIfName(name string) *cni.Error {
 	if name == "" || len(name) > 15 || name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n") {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_IFNAME %q is not a valid interface name", name), "")
+		return cni.Errorf(cni.ErrInvalidEnvironmentVariables, "CNI_IFNAME %q is not a valid interface name", name)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package cni
+package cniserver
 
 import (
 	"errors"
@@ -20,10 +20,12 @@ type podLink struct {
 	mtu   int
 }
 
-// podHandle opens a netlink handle inside the pod's namespace: no thread
-// has to switch namespaces to configure the pod.
+// podHandle opens a routing-netlink handle inside the pod's namespace, so no
+// thread has to switch namespaces to configure the pod. Only
+// NETLINK_ROUTE: each socket of a handle costs two namespace switches of a
+// locked thread to open.
 func podHandle(podNS ns.NetNS) (*netlink.Handle, error) {
-	h, err := netlink.NewHandleAt(netns.NsHandle(podNS.Fd()))
+	h, err := netlink.NewHandleAt(netns.NsHandle(podNS.Fd()), unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("netlink handle in %s: %w", podNS.Path(), err)
 	}
@@ -31,17 +33,12 @@ func podHandle(podNS ns.NetNS) (*netlink.Handle, error) {
 }
 
 // createVeth creates the pair in one request: hostName in the node's
-// namespace and its peer, already named ifname, inside the pod's. Creating
-// the peer in place (rather than moving and renaming it) leaves no
+// namespace (nl) and its peer, already named ifname, inside the pod's (ph).
+// Creating the peer in place (rather than moving and renaming it) leaves no
 // half-moved device behind when something fails. The common path is a
-// single netlink request with no look-ups before it: under 50 concurrent
-// ADDs every request waits for the kernel's routing-netlink lock.
-func createVeth(nl *netlink.Handle, hostName, ifname string, mtu int, podNS ns.NetNS, log *slog.Logger) (netlink.Link, *podLink, error) {
-	ph, err := podHandle(podNS)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer ph.Close()
+// single request with no look-ups before it: every request waits for the
+// kernel's routing-netlink lock, which 50 concurrent ADDs share.
+func createVeth(nl, ph *netlink.Handle, hostName, ifname string, mtu int, podNS ns.NetNS, log *slog.Logger) (netlink.Link, *podLink, error) {
 	la := netlink.NewLinkAttrs()
 	la.Name = hostName
 	if mtu > 0 {
@@ -51,7 +48,7 @@ func createVeth(nl *netlink.Handle, hostName, ifname string, mtu int, podNS ns.N
 	if mtu > 0 {
 		veth.PeerMTU = uint32(mtu)
 	}
-	err = nl.LinkAdd(veth)
+	err := nl.LinkAdd(veth)
 	if errors.Is(err, unix.EEXIST) {
 		// A veth left by an ADD of this attachment that was never followed
 		// by DEL (the runtime asks again): removing its host side removes
@@ -81,17 +78,14 @@ func createVeth(nl *netlink.Handle, hostName, ifname string, mtu int, podNS ns.N
 	return host, &podLink{mac: peer.Attrs().HardwareAddr, index: peer.Attrs().Index, mtu: peer.Attrs().MTU}, nil
 }
 
-// configurePod sets up the pod's side: loopback up, the interface up, the
-// pod addresses as /32 and /128, a permanent neighbor entry for each router
-// address pointing at the host veth's MAC (so the pod needs no ARP or NDP
-// answer for an address that is not on the veth), a link route to the
-// router address and the default route through it.
-func configurePod(podNS ns.NetNS, ifname string, a *addresses, hostMAC net.HardwareAddr, pod *podLink) error {
-	ph, err := podHandle(podNS)
-	if err != nil {
-		return err
-	}
-	defer ph.Close()
+// configurePod sets up the pod's side through ph: loopback up, the
+// interface up, the pod addresses as /32 and /128, a permanent neighbor
+// entry for each router address pointing at the host veth's MAC (so the pod
+// needs no ARP or NDP answer for an address that is not on the veth), a
+// link route to the router address and, with defaultRoute, the default
+// route through it. A second attachment of a container gets no default
+// route: it would take the pod's traffic away from the first.
+func configurePod(ph *netlink.Handle, ifname string, a *addresses, hostMAC net.HardwareAddr, pod *podLink, defaultRoute bool) error {
 	lo, err := ph.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("look up lo: %w", err)
@@ -99,22 +93,12 @@ func configurePod(podNS ns.NetNS, ifname string, a *addresses, hostMAC net.Hardw
 	if err := ph.LinkSetUp(lo); err != nil {
 		return fmt.Errorf("set lo up: %w", err)
 	}
-	link, err := ph.LinkByIndex(pod.index)
-	if err != nil {
-		return fmt.Errorf("look up %s: %w", ifname, err)
-	}
+	// The index is known: no look-up before the change.
+	link := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: pod.index, Name: ifname}}
 	if err := ph.LinkSetUp(link); err != nil {
 		return fmt.Errorf("set %s up: %w", ifname, err)
 	}
-	type fam struct {
-		ip, router net.IP
-		bits       int
-		family     int
-	}
-	for _, f := range []fam{{a.v4, a.router4, 32, unix.AF_INET}, {a.v6, a.router6, 128, unix.AF_INET6}} {
-		if f.ip == nil {
-			continue
-		}
+	for _, f := range a.families() {
 		addr := &netlink.Addr{IPNet: &net.IPNet{IP: f.ip, Mask: net.CIDRMask(f.bits, f.bits)}}
 		if f.family == unix.AF_INET6 {
 			// Without NODAD the address stays tentative for about a
@@ -128,12 +112,9 @@ func configurePod(podNS ns.NetNS, ifname string, a *addresses, hostMAC net.Hardw
 		if err := ph.NeighSet(neigh); err != nil {
 			return fmt.Errorf("neighbor %s -> %s on %s: %w", f.router, hostMAC, ifname, err)
 		}
-		routes := []*netlink.Route{
-			{LinkIndex: pod.index, Dst: &net.IPNet{IP: f.router, Mask: net.CIDRMask(f.bits, f.bits)}, Scope: netlink.SCOPE_LINK},
-			{LinkIndex: pod.index, Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, f.bits)}, Gw: f.router},
-		}
-		if f.family == unix.AF_INET {
-			routes[1].Dst.IP = net.IPv4zero.To4()
+		routes := []*netlink.Route{{LinkIndex: pod.index, Dst: &net.IPNet{IP: f.router, Mask: net.CIDRMask(f.bits, f.bits)}, Scope: netlink.SCOPE_LINK}}
+		if defaultRoute {
+			routes = append(routes, &netlink.Route{LinkIndex: pod.index, Dst: f.zero(), Gw: f.router})
 		}
 		for _, r := range routes {
 			if err := ph.RouteReplace(r); err != nil {
@@ -145,12 +126,7 @@ func configurePod(podNS ns.NetNS, ifname string, a *addresses, hostMAC net.Hardw
 }
 
 // checkPod verifies the pod side against the result of ADD.
-func checkPod(podNS ns.NetNS, ifname string, prev *current.Result) error {
-	ph, err := podHandle(podNS)
-	if err != nil {
-		return err
-	}
-	defer ph.Close()
+func checkPod(ph *netlink.Handle, ifname string, prev *current.Result) error {
 	link, err := ph.LinkByName(ifname)
 	if err != nil {
 		return fmt.Errorf("interface %s: %w", ifname, err)
@@ -184,22 +160,42 @@ func checkPod(podNS ns.NetNS, ifname string, prev *current.Result) error {
 		return fmt.Errorf("list routes of %s: %w", ifname, err)
 	}
 	for _, want := range prev.Routes {
-		found := false
-		for _, r := range routes {
-			ones, _ := want.Dst.Mask.Size()
-			rOnes := 0
-			if r.Dst != nil {
-				rOnes, _ = r.Dst.Mask.Size()
-			}
-			dstMatch := (r.Dst == nil && ones == 0) || (r.Dst != nil && r.Dst.IP.Equal(want.Dst.IP) && rOnes == ones)
-			if dstMatch && (want.GW == nil || want.GW.Equal(r.Gw)) {
-				found = true
-				break
-			}
-		}
-		if !found {
+		if !hasRoute(routes, want.Dst, want.GW) {
 			return fmt.Errorf("route %s via %s missing in the pod", want.Dst.String(), want.GW)
 		}
+	}
+	return nil
+}
+
+// hasRoute reports whether routes hold one to dst (via gw, when given).
+func hasRoute(routes []netlink.Route, dst net.IPNet, gw net.IP) bool {
+	ones, _ := dst.Mask.Size()
+	for _, r := range routes {
+		rOnes := 0
+		if r.Dst != nil {
+			rOnes, _ = r.Dst.Mask.Size()
+		}
+		dstMatch := (r.Dst == nil && ones == 0) || (r.Dst != nil && r.Dst.IP.Equal(dst.IP) && rOnes == ones)
+		if dstMatch && (gw == nil || gw.Equal(r.Gw)) {
+			return true
+		}
+	}
+	return false
+}
+
+// deleteLink removes an interface of the node's namespace; a missing one is
+// not an error.
+func deleteLink(nl *netlink.Handle, name string) error {
+	link, err := nl.LinkByName(name)
+	var notFound netlink.LinkNotFoundError
+	if errors.As(err, &notFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", name, err)
+	}
+	if err := nl.LinkDel(link); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete %s: %w", name, err)
 	}
 	return nil
 }
