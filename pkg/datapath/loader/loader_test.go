@@ -666,3 +666,32 @@ func TestPrivilegedConntrackOneEntryPerFlow(t *testing.T) {
 		t.Fatalf("%d entries after the IPv6 flow, want 4", got)
 	}
 }
+
+// BenchmarkPrivilegedAttachEndpoint: what attaching one endpoint costs (its
+// map entries and two TCX links, pinned), one veth per iteration. The TCX
+// attach waits for an RCU grace period while holding rtnl (the kernel's
+// tcx_link_attach), so this is mostly waiting, and concurrent attaches and
+// every other rtnl user queue behind it (docs/benchmarks/cni.md).
+func BenchmarkPrivilegedAttachEndpoint(b *testing.B) {
+	n := newNode(b)
+	ifs := make([]int, b.N)
+	for i := range ifs {
+		la := netlink.NewLinkAttrs()
+		la.Name = fmt.Sprintf("tdrb%d", i)
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: fmt.Sprintf("tdrbp%d", i)}); err != nil {
+			b.Fatal(err)
+		}
+		l, err := netlink.LinkByName(la.Name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ifs[i] = l.Attrs().Index
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		ip := netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)})
+		if err := n.l.AttachEndpoint(EndpointInfo{ID: uint16(100 + i), IfIndex: ifs[i], Addresses: []netip.Addr{ip}, Identity: idA}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
