@@ -122,56 +122,19 @@ func run(o options) error {
 	}
 	defer stats.Close()
 
-	modes := o.modes
-	gbit := map[string][]float64{}
-	perRun := map[string][]float64{}
-	perPkt := map[string][]float64{}
-	for r := 0; r < o.rounds; r++ {
-		for i := range modes {
-			mode := modes[(i+r)%len(modes)]
-			if err := b.setMode(mode); err != nil {
-				return err
-			}
-			before := b.progStats()
-			g, err := b.iperf()
-			if err != nil {
-				return err
-			}
-			d := b.progStats().sub(before)
-			if o.counters {
-				b.printCounters(mode)
-			}
-			gbit[mode] = append(gbit[mode], g)
-			if mode != "baseline" {
-				perRun[mode] = append(perRun[mode], d.perRun())
-				perPkt[mode] = append(perPkt[mode], d.perPacket())
-			}
-		}
+	tcp, err := b.rounds(b.iperf)
+	if err != nil {
+		return err
 	}
-
+	gbit, perRun, perPkt := tcp.rate, tcp.perRun, tcp.perPkt
 	// Small UDP packets at the highest rate one sender reaches: a
 	// packet-rate workload, where per-packet cost decides, with no 64 KiB
 	// payload copies between two runs of the program.
-	pps := map[string][]float64{}
-	udpPerPkt := map[string][]float64{}
-	for r := 0; r < o.rounds; r++ {
-		for i := range modes {
-			mode := modes[(i+r)%len(modes)]
-			if err := b.setMode(mode); err != nil {
-				return err
-			}
-			before := b.progStats()
-			rate, err := b.iperfUDP()
-			if err != nil {
-				return err
-			}
-			d := b.progStats().sub(before)
-			pps[mode] = append(pps[mode], rate)
-			if mode != "baseline" {
-				udpPerPkt[mode] = append(udpPerPkt[mode], d.perPacket())
-			}
-		}
+	udp, err := b.rounds(b.iperfUDP)
+	if err != nil {
+		return err
 	}
+	pps, udpPerPkt := udp.rate, udp.perPkt
 
 	flows := map[string]progStats{}
 	for _, mode := range []string{"direct", "host"} {
@@ -226,6 +189,41 @@ func run(o options) error {
 	// of the run goes with them.
 	fmt.Printf("Load average at the end: %s", load)
 	return nil
+}
+
+// roundResults are a workload's results by mode, one value per round.
+type roundResults struct {
+	rate, perRun, perPkt map[string][]float64
+}
+
+// rounds runs a workload once per mode per round, the modes in rotating
+// order, and reads the programs' statistics around each run.
+func (b *bench) rounds(workload func() (float64, error)) (roundResults, error) {
+	res := roundResults{rate: map[string][]float64{}, perRun: map[string][]float64{}, perPkt: map[string][]float64{}}
+	modes := b.o.modes
+	for r := 0; r < b.o.rounds; r++ {
+		for i := range modes {
+			mode := modes[(i+r)%len(modes)]
+			if err := b.setMode(mode); err != nil {
+				return res, err
+			}
+			before := b.progStats()
+			rate, err := workload()
+			if err != nil {
+				return res, err
+			}
+			d := b.progStats().sub(before)
+			if b.o.counters {
+				b.printCounters(mode)
+			}
+			res.rate[mode] = append(res.rate[mode], rate)
+			if mode != "baseline" {
+				res.perRun[mode] = append(res.perRun[mode], d.perRun())
+				res.perPkt[mode] = append(res.perPkt[mode], d.perPacket())
+			}
+		}
+	}
+	return res, nil
 }
 
 // printCounters writes the datapath's non-zero counters to stderr.

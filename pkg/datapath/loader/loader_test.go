@@ -489,32 +489,14 @@ func BenchmarkPrivilegedFromPodDirectEstablished(b *testing.B) {
 // conntrack entry per packet; with and without policy verdict events (the
 // agent's default is on; they are rate-limited per CPU).
 func BenchmarkPrivilegedFromPodNewFlow(b *testing.B) {
-	for _, events := range []bool{true, false} {
-		name := "verdict-events"
-		if !events {
-			name = "no-events"
+	benchNewFlows(b, podB, actRedirect, func(n *testNode) {
+		n.addDirectEndpoints()
+		n.allow(1, maps.DirEgress, idB, 17, 53)
+		n.allow(2, maps.DirIngress, idA, 17, 53)
+		if err := n.l.AttachEndpoint(EndpointInfo{ID: 1, IfIndex: n.ifidx, Addresses: []netip.Addr{podA, podA6}, Identity: idA, MAC: macA, HostMAC: hostMACA, EnforceEgress: true}); err != nil {
+			b.Fatal(err)
 		}
-		b.Run(name, func(b *testing.B) {
-			n := newNodeWith(b, Config{DirectDelivery: true, PolicyVerdictEvents: events})
-			n.addDirectEndpoints()
-			n.allow(1, maps.DirEgress, idB, 17, 53)
-			n.allow(2, maps.DirIngress, idA, 17, 53)
-			if err := n.l.AttachEndpoint(EndpointInfo{ID: 1, IfIndex: n.ifidx, Addresses: []netip.Addr{podA, podA6}, Identity: idA, MAC: macA, HostMAC: hostMACA, EnforceEgress: true}); err != nil {
-				b.Fatal(err)
-			}
-			pkts := make([][]byte, 50000)
-			for i := range pkts {
-				pkts[i] = packet(podA, podB, l4{proto: 17, sport: uint16(1024 + i), dport: 53})
-			}
-			if got := n.fromPod(n.ifidx, pkts[0]); got != actRedirect {
-				b.Fatalf("first run: %d", got)
-			}
-			if b.N >= len(pkts) {
-				b.Fatalf("at most %d new flows", len(pkts)-1)
-			}
-			benchFromPod(b, n, n.ifidx, func(i int) []byte { return pkts[i+1] }, 1)
-		})
-	}
+	})
 }
 
 // BenchmarkPrivilegedFromPodNewFlowRemote: from_pod on new flows to a
@@ -523,6 +505,20 @@ func BenchmarkPrivilegedFromPodNewFlow(b *testing.B) {
 // default, the verdict event. The decision one program run makes for a new
 // flow on the host path.
 func BenchmarkPrivilegedFromPodNewFlowRemote(b *testing.B) {
+	benchNewFlows(b, remote, actOK, func(n *testNode) {
+		n.addEndpoints(false, true)
+		if err := n.l.Maps().IPCacheMap().Upsert(netip.MustParsePrefix("10.2.0.0/24"), maps.IPCacheEntry{Identity: idRemote}); err != nil {
+			b.Fatal(err)
+		}
+		n.allow(1, maps.DirEgress, idRemote, 17, 53)
+	})
+}
+
+// benchNewFlows times from_pod on UDP flows from A to dst, each from a new
+// source port, on a node that setup prepared, with and without policy
+// verdict events (the agent's default is on; they are rate-limited per
+// CPU). want is the verdict of every run.
+func benchNewFlows(b *testing.B, dst netip.Addr, want uint32, setup func(*testNode)) {
 	for _, events := range []bool{true, false} {
 		name := "verdict-events"
 		if !events {
@@ -530,17 +526,13 @@ func BenchmarkPrivilegedFromPodNewFlowRemote(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			n := newNodeWith(b, Config{DirectDelivery: true, PolicyVerdictEvents: events})
-			n.addEndpoints(false, true)
-			if err := n.l.Maps().IPCacheMap().Upsert(netip.MustParsePrefix("10.2.0.0/24"), maps.IPCacheEntry{Identity: idRemote}); err != nil {
-				b.Fatal(err)
-			}
-			n.allow(1, maps.DirEgress, idRemote, 17, 53)
+			setup(n)
 			pkts := make([][]byte, 50000)
 			for i := range pkts {
-				pkts[i] = packet(podA, remote, l4{proto: 17, sport: uint16(1024 + i), dport: 53})
+				pkts[i] = packet(podA, dst, l4{proto: 17, sport: uint16(1024 + i), dport: 53})
 			}
-			if got := n.fromPod(n.ifidx, pkts[0]); got != actOK {
-				b.Fatalf("first run: %d", got)
+			if got := n.fromPod(n.ifidx, pkts[0]); got != want {
+				b.Fatalf("first run: %d, want %d", got, want)
 			}
 			if b.N >= len(pkts) {
 				b.Fatalf("at most %d new flows", len(pkts)-1)
