@@ -668,12 +668,20 @@ func TestPrivilegedConntrackOneEntryPerFlow(t *testing.T) {
 }
 
 // BenchmarkPrivilegedAttachEndpoint: what attaching one endpoint costs (its
-// map entries and two TCX links, pinned), one veth per iteration. The TCX
-// attach waits for an RCU grace period while holding rtnl (the kernel's
-// tcx_link_attach), so this is mostly waiting, and concurrent attaches and
-// every other rtnl user queue behind it (docs/benchmarks/cni.md).
+// map entries and its two programs), one fresh veth per iteration, in each
+// attach mode. A TCX attach (two pinned links) waits for an RCU grace
+// period while holding rtnl (the kernel's tcx_link_attach), so it is
+// mostly waiting, and concurrent attaches and every other rtnl user queue
+// behind it (docs/benchmarks/cni.md); tc mode (a clsact qdisc and two
+// cls_bpf filters) waits for none.
 func BenchmarkPrivilegedAttachEndpoint(b *testing.B) {
-	n := newNode(b)
+	for _, mode := range attachModes {
+		b.Run(string(mode), func(b *testing.B) { benchmarkAttachEndpoint(b, mode) })
+	}
+}
+
+func benchmarkAttachEndpoint(b *testing.B, mode AttachMode) {
+	n := newNodeWith(b, Config{DirectDelivery: true, AttachMode: mode})
 	ifs := make([]int, b.N)
 	for i := range ifs {
 		la := netlink.NewLinkAttrs()
