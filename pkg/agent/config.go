@@ -178,7 +178,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if _, err := loader.ParseAttachMode(c.DatapathAttachMode); err != nil {
-		errs = append(errs, fmt.Errorf("datapath-attach-mode: %w", err))
+		errs = append(errs, fmt.Errorf("datapath-attach-mode %q: must be %s or %s", c.DatapathAttachMode, loader.AttachTCX, loader.AttachTC))
 	}
 	if c.IPAMExpiration <= 0 {
 		errs = append(errs, fmt.Errorf("ipam-expiration %s: must be positive", c.IPAMExpiration))
