@@ -703,3 +703,61 @@ func benchmarkAttachEndpoint(b *testing.B, mode AttachMode) {
 		}
 	}
 }
+
+// BenchmarkPrivilegedTakeOver: what a start costs over 20 endpoints an
+// earlier run attached (ns/op is one Start), per pair of modes: the same
+// mode swaps programs in place; a switch to tc detaches two TCX links per
+// endpoint and a switch to TCX attaches two, each waiting for an RCU grace
+// period under rtnl.
+func BenchmarkPrivilegedTakeOver(b *testing.B) {
+	for _, from := range attachModes {
+		for _, to := range attachModes {
+			b.Run(string(from)+"-to-"+string(to), func(b *testing.B) { benchmarkTakeOver(b, from, to) })
+		}
+	}
+}
+
+func benchmarkTakeOver(b *testing.B, from, to AttachMode) {
+	const endpoints = 20
+	n := newNodeWith(b, Config{DirectDelivery: true, AttachMode: from})
+	root := n.l.cfg.BPFRoot
+	eps := make([]EndpointInfo, endpoints)
+	for i := range eps {
+		la := netlink.NewLinkAttrs()
+		la.Name = fmt.Sprintf("tdrt%d", i)
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: fmt.Sprintf("tdrtp%d", i)}); err != nil {
+			b.Fatal(err)
+		}
+		l, err := netlink.LinkByName(la.Name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		eps[i] = EndpointInfo{ID: uint16(100 + i), IfIndex: l.Attrs().Index, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, 9, 0, byte(i)})}, Identity: idA}
+	}
+	_ = n.l.Remove()
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		first := New(Config{BPFRoot: root, DirectDelivery: true, AttachMode: from}, nil)
+		if err := first.Start(); err != nil {
+			b.Fatal(err)
+		}
+		for _, ep := range eps {
+			if err := first.AttachEndpoint(ep); err != nil {
+				b.Fatal(err)
+			}
+		}
+		_ = first.Close()
+		second := New(Config{BPFRoot: root, DirectDelivery: true, AttachMode: to}, nil)
+		b.StartTimer()
+		if err := second.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if st := second.Status(); st.ReusedLinks != 2*endpoints {
+			b.Fatalf("%d attachments taken over, want %d", st.ReusedLinks, 2*endpoints)
+		}
+		_ = second.Remove()
+		b.StartTimer()
+	}
+}
