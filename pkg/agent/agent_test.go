@@ -215,6 +215,7 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 		{"bad enforcement", func(c *Config) { c.PolicyEnforcement = "x" }, "policy-enforcement"},
 		{"bad log format", func(c *Config) { c.LogFormat = "xml" }, "log-format"},
 		{"bad mtu", func(c *Config) { c.MTU = 10 }, "mtu"},
+		{"bad attach mode", func(c *Config) { c.DatapathAttachMode = "xdp" }, "datapath-attach-mode"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

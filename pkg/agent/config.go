@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/labels"
@@ -56,6 +57,11 @@ type Config struct {
 	// instead of through the host stack (whose firewall and NAT rules it
 	// then bypasses).
 	DirectDelivery bool
+	// DatapathAttachMode is how the eBPF programs attach to each pod's host
+	// veth: tcx (BPF links, pinned) or tc (a clsact qdisc and cls_bpf
+	// filters, which spare each attach the RCU grace period TCX waits
+	// for under rtnl). See loader.AttachMode.
+	DatapathAttachMode string
 	// IPAMExpiration is how long an address allocated with expiration may
 	// stay unclaimed by an endpoint.
 	IPAMExpiration time.Duration
@@ -105,6 +111,7 @@ func DefaultConfig() Config {
 		EnableDatapath:         true,
 		PolicyVerdictEvents:    true,
 		DirectDelivery:         true,
+		DatapathAttachMode:     string(loader.AttachTCX),
 		IPAMExpiration:         10 * time.Minute,
 		K8s:                    k8s.DefaultConfig(),
 		K8sCacheSyncTimeout:    3 * time.Minute,
@@ -135,6 +142,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.EnableDatapath, "enable-datapath", c.EnableDatapath, "Load the eBPF datapath and attach it to endpoints")
 	fs.BoolVar(&c.PolicyVerdictEvents, "policy-verdict-events", c.PolicyVerdictEvents, "Report allowed new flows as policy verdict events (drops are always reported)")
 	fs.BoolVar(&c.DirectDelivery, "direct-delivery", c.DirectDelivery, "Deliver packets between local pods straight into the receiving pod (bpf_redirect_peer), bypassing the host stack")
+	fs.StringVar(&c.DatapathAttachMode, "datapath-attach-mode", c.DatapathAttachMode, "How the eBPF programs attach to pod veths: tcx (BPF links) or tc (clsact qdisc + cls_bpf filters: no RCU grace period per attach, faster pod creation; the filters are not owned). Switching across restarts keeps every endpoint attached")
 	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
 	c.K8s.Flags(fs)
 	fs.DurationVar(&c.K8sCacheSyncTimeout, "k8s-cache-sync-timeout", c.K8sCacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
@@ -168,6 +176,9 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := c.podCIDRs(); err != nil {
 		errs = append(errs, err)
+	}
+	if _, err := loader.ParseAttachMode(c.DatapathAttachMode); err != nil {
+		errs = append(errs, fmt.Errorf("datapath-attach-mode %q: must be %s or %s", c.DatapathAttachMode, loader.AttachTCX, loader.AttachTC))
 	}
 	if c.IPAMExpiration <= 0 {
 		errs = append(errs, fmt.Errorf("ipam-expiration %s: must be positive", c.IPAMExpiration))

@@ -63,7 +63,7 @@ type ctGCStats struct {
 func newDatapathModule(a *Agent) *datapathModule {
 	m := &datapathModule{
 		a:          a,
-		loader:     loader.New(loader.Config{BPFRoot: a.cfg.BPFRoot, PolicyVerdictEvents: a.cfg.PolicyVerdictEvents, DirectDelivery: a.cfg.DirectDelivery}, a.log.With("module", "datapath")),
+		loader:     loader.New(loaderConfig(a.cfg), a.log.With("module", "datapath")),
 		identities: a.identities,
 		held:       map[uint16]identity.NumericIdentity{},
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "datapath", Name: "events_total",
@@ -75,6 +75,14 @@ func newDatapathModule(a *Agent) *datapathModule {
 	m.ipcache = ipcache.New(ipcacheBackend{m}, a.log.With("module", "ipcache"))
 	a.metrics.Registry.MustRegister(m.events, m.ctDeleted, m.ctEntries, m.ctInterval, newDatapathCollector(m))
 	return m
+}
+
+// loaderConfig is the datapath's part of the agent's configuration.
+func loaderConfig(c Config) loader.Config {
+	return loader.Config{
+		BPFRoot: c.BPFRoot, PolicyVerdictEvents: c.PolicyVerdictEvents, DirectDelivery: c.DirectDelivery,
+		AttachMode: loader.AttachMode(c.DatapathAttachMode),
+	}
 }
 
 // start is step 3: open or create the pinned maps and load the programs,
@@ -487,7 +495,8 @@ func (m *datapathModule) statusSection() ext.Section {
 	st := m.loader.Status()
 	sec := ext.Section{Title: "Datapath"}
 	sec.Lines = append(sec.Lines, ext.Line{Key: "bpf root", Value: st.BPFRoot})
-	sec.Lines = append(sec.Lines, ext.Line{Key: "programs", Value: fmt.Sprintf("%d TCX links attached (%d kept from the previous run)", st.Links, st.ReusedLinks)})
+	sec.Lines = append(sec.Lines, ext.Line{Key: "attach mode", Value: attachModeDescription(st.AttachMode)})
+	sec.Lines = append(sec.Lines, ext.Line{Key: "programs", Value: fmt.Sprintf("%d %s attached (%d kept from the previous run)", st.Links, attachmentNoun(st.AttachMode), st.ReusedLinks)})
 	names := make([]string, 0, len(st.MapEntries))
 	for n := range st.MapEntries {
 		names = append(names, n)
@@ -504,6 +513,20 @@ func (m *datapathModule) statusSection() ext.Section {
 	sec.Lines = append(sec.Lines, ext.Line{Key: "conntrack GC", Value: gc})
 	m.gcStats.mu.Unlock()
 	return sec
+}
+
+func attachModeDescription(m loader.AttachMode) string {
+	if m == loader.AttachTC {
+		return "tc (clsact qdisc, cls_bpf filters)"
+	}
+	return "tcx (pinned BPF links)"
+}
+
+func attachmentNoun(m loader.AttachMode) string {
+	if m == loader.AttachTC {
+		return "tc filters"
+	}
+	return "TCX links"
 }
 
 // datapathCollector exports the datapath's per-reason counters.

@@ -2,7 +2,6 @@ package cni_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
+	"github.com/vishvananda/netlink"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/testutil"
@@ -152,7 +152,7 @@ func TestPrivilegedPolicyEnforcedAcrossAgentRestart(t *testing.T) {
 		// receiver (bpf_redirect_peer), b's ingress policy checked there.
 		{[]string{"bpf", "metrics", "list", "--bpf-root", n.bpfRoot}, []string{"Policy denied", "Forwarded", "Delivered directly to a local endpoint"}, 0},
 		{[]string{"endpoint", "get", "pod-name:default/b"}, []string{"Policy enforcement:", "ingress"}, 0},
-		{[]string{"status"}, []string{"Datapath:", "6 TCX links attached", "map policy"}, 0},
+		{[]string{"status"}, []string{"Datapath:", "6 " + n.attachmentNoun(t) + " attached", "map policy"}, 0},
 		{[]string{"ip", "list"}, []string{ipB + "/32", "local", "default/b", "0.0.0.0/0", "generated"}, 0},
 		{[]string{"ip", "list", "--cidr", ipB + "/32"}, []string{ipB + "/32", "default/b"}, 0},
 		{[]string{"ip", "list", "--cidr", "nope"}, []string{"cidr"}, 1},
@@ -224,7 +224,7 @@ func TestPrivilegedPolicyEnforcedAcrossAgentRestart(t *testing.T) {
 	}
 	after := n.status(t)
 	programs := sectionValue(after, "Datapath", "programs")
-	if !strings.Contains(programs, "6 TCX links attached (6 kept from the previous run)") {
+	if !strings.Contains(programs, "6 "+n.attachmentNoun(t)+" attached (6 kept from the previous run)") {
 		t.Errorf("datapath after restart: %q (before: %q)", programs, linksBefore)
 	}
 	for _, e := range n.endpoints() {
@@ -232,9 +232,136 @@ func TestPrivilegedPolicyEnforcedAcrossAgentRestart(t *testing.T) {
 			t.Errorf("endpoint %d is %s after the restart", e.ID, *e.Status.State)
 		}
 	}
-	entries, err := os.ReadDir(filepath.Join(n.bpfRoot, "links"))
-	if err != nil || len(entries) != 6 {
-		t.Errorf("pinned links after restart: %d (%v)", len(entries), err)
+	n.checkAttachments(t, n.attachMode(t), 6)
+}
+
+// attachMode is the agent's datapath attach mode, from its status.
+func (n *node) attachMode(t *testing.T) string {
+	t.Helper()
+	mode, _, _ := strings.Cut(sectionValue(n.status(t), "Datapath", "attach mode"), " ")
+	if mode != "tcx" && mode != "tc" {
+		t.Fatalf("agent status names no attach mode: %q", mode)
 	}
-	fmt.Fprint(os.Stderr, "")
+	return mode
+}
+
+// attachmentNoun is what the agent's status calls its attachments.
+func (n *node) attachmentNoun(t *testing.T) string {
+	if n.attachMode(t) == "tc" {
+		return "tc filters"
+	}
+	return "TCX links"
+}
+
+// checkAttachments checks that the node has want attachments of mode and
+// none of the other: pinned TCX links under the BPF root, or Tendril's tc
+// filters on the pods' veths.
+func (n *node) checkAttachments(t *testing.T, mode string, want int) {
+	t.Helper()
+	pins, err := os.ReadDir(filepath.Join(n.bpfRoot, "links"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	filters := n.tendrilFilters(t)
+	mine, other := len(pins), filters
+	if mode == "tc" {
+		mine, other = filters, len(pins)
+	}
+	if mine != want || other != 0 {
+		t.Errorf("%s mode: %d pinned links and %d tc filters, want %d of the mode's and none of the other's", mode, len(pins), filters, want)
+	}
+}
+
+// tendrilFilters counts the agent's tc filters (named tendril:...) on the
+// node's interfaces.
+func (n *node) tendrilFilters(t *testing.T) int {
+	t.Helper()
+	links, err := n.nl.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := 0
+	for _, l := range links {
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, err := n.nl.FilterList(l, parent)
+			if err != nil {
+				continue // no clsact qdisc
+			}
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, "tendril:") {
+					count++
+				}
+			}
+		}
+	}
+	return count
+}
+
+// TestPrivilegedAttachModeSwitchAcrossAgentRestart: the agent is killed
+// with SIGKILL and started in the other attach mode, TCX to tc and back,
+// during a 100/s ping between two pods: nothing is lost, every endpoint
+// ends in the new mode with nothing of the old one left, a denied pod
+// stays denied, and the status says so.
+func TestPrivilegedAttachModeSwitchAcrossAgentRestart(t *testing.T) {
+	testutil.Privileged(t)
+	args := []string{"--ipv6-range", "none"}
+	n := startNode(t, append(args, "--datapath-attach-mode=tcx")...)
+	list := n.confList("tendril-cni", "1.1.0", nil)
+	a, b, c := n.newPod("a"), n.newPod("b"), n.newPod("c")
+	n.mustAdd(list, a)
+	ipB := n.mustAdd(list, b).IPs[0].Address.IP.String()
+	n.mustAdd(list, c)
+	n.setLabels(t, "pod-name:default/a", "k8s:app=a")
+	n.setLabels(t, "pod-name:default/b", "k8s:app=b")
+	n.importPolicy(t, `[{"endpointSelector":{"matchLabels":{"app":"b"}},"labels":["test=switch"],
+		"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"a"}}]}]}]`)
+	eventually(t, "c is denied", func() bool { return !reachable(c, ipB) })
+	if err := ping(a, ipB); err != nil {
+		t.Fatal(err)
+	}
+	n.checkAttachments(t, "tcx", 6)
+
+	// 12 s of 100/s pings; the agent switches twice within them (about 2 and 6 s in).
+	pingOut := make(chan string, 1)
+	go func() {
+		out, _ := inNetns(a.netns, "ping", "-i", "0.01", "-c", "1200", "-W", "1", ipB)
+		pingOut <- string(out)
+	}()
+	start := time.Now()
+	for _, mode := range []string{"tc", "tcx"} {
+		time.Sleep(2 * time.Second)
+		n.killAgent(t)
+		n.runAgent(t, append(args, "--datapath-attach-mode="+mode)...)
+		t.Logf("agent serving in mode %s %.1f s into the ping", mode, time.Since(start).Seconds())
+		if got := n.attachMode(t); got != mode {
+			t.Fatalf("agent started in mode %s, want %s", got, mode)
+		}
+		programs := sectionValue(n.status(t), "Datapath", "programs")
+		if want := "6 " + n.attachmentNoun(t) + " attached (6 kept from the previous run)"; !strings.Contains(programs, want) {
+			t.Errorf("after the switch to %s: %q, want %q", mode, programs, want)
+		}
+		n.checkAttachments(t, mode, 6)
+		if reachable(c, ipB) {
+			t.Errorf("c reached b after the switch to %s", mode)
+		}
+		// A pod added and deleted in this mode leaves nothing behind.
+		d := n.newPod("d-" + mode)
+		n.mustAdd(list, d)
+		n.checkAttachments(t, mode, 8)
+		if err := n.del(list, d); err != nil {
+			t.Fatal(err)
+		}
+		n.checkAttachments(t, mode, 6)
+	}
+	out := <-pingOut
+	m := lossRe.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("ping output: %s", out)
+	}
+	sent, _ := strconv.Atoi(m[1])
+	got, _ := strconv.Atoi(m[2])
+	t.Logf("ping across two mode switches: %d sent, %d received", sent, got)
+	if sent != 1200 || got != sent {
+		t.Errorf("lost %d of %d packets across the switches:\n%s", sent-got, sent, out)
+	}
 }

@@ -72,7 +72,10 @@ type node struct {
 }
 
 // startNode creates the namespace and starts the agent in it with extra
-// flags. TENDRIL_TEST_AGENT may name another agent binary.
+// flags. TENDRIL_TEST_AGENT may name another agent binary, and
+// TENDRIL_TEST_AGENT_ARGS gives every agent the tests start more flags
+// (before each test's own, which win), e.g. --datapath-attach-mode=tc to
+// run the suite with the datapath attached as tc filters.
 func startNode(t testing.TB, agentArgs ...string) *node {
 	t.Helper()
 	suffix := randSuffix()
@@ -351,9 +354,11 @@ func (n *node) runAgent(t testing.TB, agentArgs ...string) {
 			t.Fatal(err)
 		}
 	}
-	args := append([]string{"--net=" + n.netns, agentBin,
+	args := []string{"--net=" + n.netns, agentBin,
 		"--state-dir", filepath.Join(n.dir, "state"), "--socket", n.socket,
-		"--bpf-root", n.bpfRoot, "--prometheus-serve-addr", "", "--node-name", n.name}, agentArgs...)
+		"--bpf-root", n.bpfRoot, "--prometheus-serve-addr", "", "--node-name", n.name}
+	args = append(args, strings.Fields(os.Getenv("TENDRIL_TEST_AGENT_ARGS"))...)
+	args = append(args, agentArgs...)
 	cmd := exec.Command("nsenter", args...)
 	cmd.Stdout, cmd.Stderr = n.logs, n.logs
 	if err := cmd.Start(); err != nil {

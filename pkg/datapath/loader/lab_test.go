@@ -58,10 +58,17 @@ func (lab *podLab) addPod(name string, i int) *labPod {
 	return &labPod{p}
 }
 
-// loader starts a datapath on the lab's BPF root.
+// loader starts a datapath on the lab's BPF root (TCX, direct delivery).
 func (lab *podLab) loader() *Loader {
 	lab.t.Helper()
-	l := New(Config{BPFRoot: lab.root, DirectDelivery: true}, nil)
+	return lab.start(Config{DirectDelivery: true})
+}
+
+// start starts a datapath with cfg on the lab's BPF root.
+func (lab *podLab) start(cfg Config) *Loader {
+	lab.t.Helper()
+	cfg.BPFRoot = lab.root
+	l := New(cfg, nil)
 	lab.t.Cleanup(func() { _ = l.Close() })
 	if err := l.Start(); err != nil {
 		lab.t.Fatal(err)
@@ -154,14 +161,24 @@ func tcpEcho(dst, src *labPod, port, size int) error {
 	return nil
 }
 
+// attachModes are the modes every real-traffic test runs in.
+var attachModes = []AttachMode{AttachTCX, AttachTC}
+
 // TestPrivilegedDirectDeliveryRealTraffic: ICMP over IPv4 and IPv6 and a
 // TCP stream between two pods go from one pod's program straight into the
 // other pod (the host never transmits them on the receiver's veth), and
-// the receiver's ingress policy is enforced on that path.
+// the receiver's ingress policy is enforced on that path; with the
+// programs attached in either mode.
 func TestPrivilegedDirectDeliveryRealTraffic(t *testing.T) {
+	for _, mode := range attachModes {
+		t.Run(string(mode), func(t *testing.T) { testDirectDeliveryRealTraffic(t, mode) })
+	}
+}
+
+func testDirectDeliveryRealTraffic(t *testing.T, mode AttachMode) {
 	lab := newPodLab(t)
 	a, b := lab.addPod("a", 0), lab.addPod("b", 1)
-	l := lab.loader()
+	l := lab.start(Config{DirectDelivery: true, AttachMode: mode})
 	m := l.Maps()
 	const idA, idB = 3001, 3002
 	for p, id := range map[netip.Addr]uint32{a.IPv4: idA, a.IPv6: idA, b.IPv4: idB, b.IPv6: idB} {
@@ -174,6 +191,7 @@ func TestPrivilegedDirectDeliveryRealTraffic(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	lab.checkAttached(l, 4)
 	direct := func() uint64 {
 		row, err := m.MetricsMap().Lookup(maps.ReasonDeliveredDirect, maps.DirIngress)
 		if err != nil {
@@ -239,15 +257,17 @@ func TestPrivilegedDirectDeliveryRealTraffic(t *testing.T) {
 
 // TestPrivilegedHostPathRealTraffic: with direct delivery off, pod to pod
 // traffic goes through the host stack: the sender's from_pod checks its
-// egress, the receiver's to_pod its ingress.
+// egress, the receiver's to_pod its ingress; in either attach mode.
 func TestPrivilegedHostPathRealTraffic(t *testing.T) {
+	for _, mode := range attachModes {
+		t.Run(string(mode), func(t *testing.T) { testHostPathRealTraffic(t, mode) })
+	}
+}
+
+func testHostPathRealTraffic(t *testing.T, mode AttachMode) {
 	lab := newPodLab(t)
 	a, b := lab.addPod("a", 0), lab.addPod("b", 1)
-	l := New(Config{BPFRoot: lab.root, DirectDelivery: false}, nil)
-	if err := l.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := lab.start(Config{DirectDelivery: false, AttachMode: mode})
 	m := l.Maps()
 	const idA, idB = 3001, 3002
 	for p, id := range map[netip.Addr]uint32{a.IPv4: idA, a.IPv6: idA, b.IPv4: idB, b.IPv6: idB} {
@@ -260,6 +280,7 @@ func TestPrivilegedHostPathRealTraffic(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	lab.checkAttached(l, 4)
 	if _, got := a.ping(t, b.IPv4, 2); got != 0 {
 		t.Fatalf("a reached b under b's default deny (%d answers)", got)
 	}

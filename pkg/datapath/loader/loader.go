@@ -1,8 +1,9 @@
 // Package loader loads Tendril's eBPF datapath once per node, pins its maps
-// and links under the node's BPF root so the datapath keeps forwarding and
-// enforcing while the agent is down, attaches the programs to each
-// endpoint's host veth with TCX, and on restart swaps the programs of the
-// pinned links atomically.
+// under the node's BPF root so the datapath keeps forwarding and enforcing
+// while the agent is down, attaches the programs to each endpoint's host
+// veth (TCX links, pinned, or legacy tc cls_bpf filters: see AttachMode),
+// and on restart swaps the programs of the existing attachments
+// atomically.
 package loader
 
 import (
@@ -14,13 +15,14 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/spf13/pflag"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
@@ -47,12 +49,18 @@ type Config struct {
 	// of handing them to the host stack. Host firewall and NAT rules
 	// between local pods are bypassed then.
 	DirectDelivery bool
+	// AttachMode is how the programs attach to each endpoint's host veth;
+	// empty means AttachTCX.
+	AttachMode AttachMode
 }
 
 // DefaultConfig returns the defaults.
-func DefaultConfig() Config { return Config{BPFRoot: "/sys/fs/bpf/tendril", DirectDelivery: true} }
+func DefaultConfig() Config {
+	return Config{BPFRoot: "/sys/fs/bpf/tendril", DirectDelivery: true, AttachMode: AttachTCX}
+}
 
-// Flags registers the loader's flags (the agent registers --bpf-root itself).
+// Flags registers the loader's flags (the agent registers --bpf-root,
+// --direct-delivery and --datapath-attach-mode itself).
 func (c *Config) Flags(fs *pflag.FlagSet) {}
 
 // EndpointInfo is what the datapath needs to know of one endpoint.
@@ -73,14 +81,24 @@ type Loader struct {
 	cfg Config
 	log *slog.Logger
 
-	mu    sync.Mutex
-	objs  bpf.LxcObjects
-	maps  *maps.Maps
-	links map[string]link.Link // pin name → link
+	mu   sync.Mutex
+	objs bpf.LxcObjects
+	maps *maps.Maps
+	// nl is a netlink handle in the network namespace Start ran in (the
+	// node's): tc qdiscs and filters, in either mode (a TCX run takes over
+	// filters a tc run left).
+	nl *netlink.Handle
+	// links are the TCX links this process holds, by attachment name
+	// (linkName, also their pin's name); filters the tc filters it knows
+	// of, by attachment name. An endpoint has one or the other, both only
+	// for the moment of a switch.
+	links   map[string]link.Link
+	filters map[string]tcFilter
 	// written is each endpoint's entry as last written by this process, so
 	// a rewrite removes what the endpoint no longer has.
 	written map[uint16]maps.Endpoint
-	// ReusedLinks counts links found pinned at Start and updated in place.
+	// reusedLinks counts attachments of an earlier run taken over at Start
+	// (updated in place, or switched to this run's mode).
 	reusedLinks int
 }
 
@@ -89,16 +107,22 @@ func New(cfg Config, log *slog.Logger) *Loader {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Loader{cfg: cfg, log: log, links: map[string]link.Link{}, written: map[uint16]maps.Endpoint{}}
+	if cfg.AttachMode == "" {
+		cfg.AttachMode = AttachTCX
+	}
+	return &Loader{cfg: cfg, log: log, links: map[string]link.Link{}, filters: map[string]tcFilter{}, written: map[uint16]maps.Endpoint{}}
 }
 
 func (l *Loader) linksDir() string { return filepath.Join(l.cfg.BPFRoot, "links") }
 
 // Start opens or creates the pinned maps, carries the entries of maps of
-// an earlier layout over, loads the programs and re-attaches the programs
-// of links pinned by an earlier run (link update: atomic, no packet sees
-// no program).
+// an earlier layout over, loads the programs and gives every endpoint an
+// earlier run attached this run's programs, in this run's attach mode
+// (takeOver: atomic, no packet sees no program).
 func (l *Loader) Start() error {
+	if err := l.cfg.AttachMode.validate(); err != nil {
+		return err
+	}
 	if err := EnsureBPFFS(l.cfg.BPFRoot); err != nil {
 		return err
 	}
@@ -138,7 +162,12 @@ func (l *Loader) Start() error {
 	// other layouts go: a start that fails leaves them for the next one.
 	// The old programs keep their maps until their links switch below.
 	l.removeOtherLayouts(spec)
-	return l.reopenLinks()
+	// The handle belongs to the caller's network namespace, as the
+	// interface indexes the agent passes in do.
+	if l.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
+		return fmt.Errorf("open netlink handle: %w", err)
+	}
+	return l.takeOver()
 }
 
 // removeOtherLayouts deletes pinned maps this datapath does not use (other
@@ -189,60 +218,10 @@ func (l *Loader) removePinnedMaps(match func(string) bool, msg string) {
 }
 
 func (l *Loader) progFor(dir string) *ebpf.Program {
-	if dir == "ingress" {
+	if dir == dirIngress {
 		return l.objs.FromPod
 	}
 	return l.objs.ToPod
-}
-
-// reopenLinks updates every pinned link to this run's programs.
-func (l *Loader) reopenLinks() error {
-	entries, err := os.ReadDir(l.linksDir())
-	if err != nil {
-		return fmt.Errorf("read pinned links: %w", err)
-	}
-	for _, e := range entries {
-		name := e.Name()
-		_, dir, ok := parseLinkName(name)
-		if !ok {
-			continue
-		}
-		path := filepath.Join(l.linksDir(), name)
-		lk, err := link.LoadPinnedLink(path, nil)
-		if err != nil {
-			l.log.Warn("Removing unloadable pinned link", "path", path, "error", err)
-			_ = os.Remove(path)
-			continue
-		}
-		if err := lk.Update(l.progFor(dir)); err != nil {
-			lk.Close()
-			return fmt.Errorf("update pinned link %s: %w", path, err)
-		}
-		l.links[name] = lk
-		l.reusedLinks++
-	}
-	if l.reusedLinks > 0 {
-		l.log.Info("Updated the programs of pinned links", "links", l.reusedLinks)
-	}
-	return nil
-}
-
-func linkName(id uint16, dir string) string { return fmt.Sprintf("ep%d-%s", id, dir) }
-
-func parseLinkName(name string) (uint16, string, bool) {
-	rest, ok := strings.CutPrefix(name, "ep")
-	if !ok {
-		return 0, "", false
-	}
-	idStr, dir, ok := strings.Cut(rest, "-")
-	if !ok || (dir != "ingress" && dir != "egress") {
-		return 0, "", false
-	}
-	id, err := strconv.ParseUint(idStr, 10, 16)
-	if err != nil {
-		return 0, "", false
-	}
-	return uint16(id), dir, true
 }
 
 // Maps returns the datapath's maps (after Start).
@@ -310,71 +289,36 @@ func (l *Loader) writeEndpointLocked(ep EndpointInfo) error {
 }
 
 // AttachEndpoint writes the endpoint's facts and attaches the programs to
-// its host veth. Idempotent; the map entries are written before the
-// programs attach, so the first packet already sees them.
+// its host veth in the loader's attach mode, then removes an attachment of
+// the other mode (new first, old after: no packet sees no program).
+// Idempotent; the map entries are written before the programs attach, so
+// the first packet already sees them.
 func (l *Loader) AttachEndpoint(ep EndpointInfo) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.writeEndpointLocked(ep); err != nil {
 		return err
 	}
-	for _, dir := range []string{"ingress", "egress"} {
-		if err := l.attachLocked(ep, dir); err != nil {
+	if l.cfg.AttachMode == AttachTC {
+		if err := l.attachTCLocked(ep); err != nil {
+			return fmt.Errorf("attach tc filters of endpoint %d to %s: %w", ep.ID, ep.IfName, err)
+		}
+		return l.dropTCXLinksLocked(ep.ID)
+	}
+	for _, dir := range directions {
+		if err := l.attachTCXLocked(ep, dir); err != nil {
 			return fmt.Errorf("attach %s program of endpoint %d to %s: %w", dir, ep.ID, ep.IfName, err)
 		}
 	}
-	return nil
+	return l.dropTCFiltersLocked(ep.ID)
 }
 
-func (l *Loader) attachLocked(ep EndpointInfo, dir string) error {
-	name := linkName(ep.ID, dir)
-	path := filepath.Join(l.linksDir(), name)
-	prog := l.progFor(dir)
-	if lk, ok := l.links[name]; ok {
-		info, err := lk.Info()
-		if err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ep.IfIndex {
-			return lk.Update(prog)
-		}
-		// The pinned link belongs to an interface that is gone (the pod's
-		// veth was recreated under the same endpoint ID): replace it.
-		_ = lk.Unpin()
-		lk.Close()
-		delete(l.links, name)
-	}
-	attach := ebpf.AttachTCXIngress
-	if dir == "egress" {
-		attach = ebpf.AttachTCXEgress
-	}
-	lk, err := link.AttachTCX(link.TCXOptions{Interface: ep.IfIndex, Program: prog, Attach: attach})
-	if err != nil {
-		return err
-	}
-	_ = os.Remove(path)
-	if err := lk.Pin(path); err != nil {
-		lk.Close()
-		return fmt.Errorf("pin link %s: %w", path, err)
-	}
-	l.links[name] = lk
-	return nil
-}
-
-// DetachEndpoint removes the endpoint's programs and map entries.
+// DetachEndpoint removes the endpoint's programs, whichever mode attached
+// them, and its map entries.
 func (l *Loader) DetachEndpoint(id uint16, addrs []netip.Addr) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var errs []error
-	for _, dir := range []string{"ingress", "egress"} {
-		name := linkName(id, dir)
-		if lk, ok := l.links[name]; ok {
-			if err := lk.Unpin(); err != nil {
-				errs = append(errs, err)
-			}
-			lk.Close()
-			delete(l.links, name)
-		} else {
-			_ = os.Remove(filepath.Join(l.linksDir(), name))
-		}
-	}
+	errs := []error{l.dropTCXLinksLocked(id), l.dropTCFiltersLocked(id)}
 	if l.maps != nil {
 		if prev, ok := l.written[id]; ok {
 			addrs = append(addrs, prev.IPv4, prev.IPv6)
@@ -389,8 +333,13 @@ func (l *Loader) DetachEndpoint(id uint16, addrs []netip.Addr) error {
 
 // Status is the datapath's state for `tendril status`.
 type Status struct {
-	BPFRoot     string         `json:"bpf-root"`
-	Links       int            `json:"links"`
+	BPFRoot string `json:"bpf-root"`
+	// AttachMode is tcx or tc.
+	AttachMode AttachMode `json:"attach-mode"`
+	// Links counts attachments, one per endpoint and direction: TCX links
+	// or tc filters (both, briefly, for an endpoint switching modes).
+	Links int `json:"links"`
+	// ReusedLinks counts attachments of an earlier run taken over at start.
 	ReusedLinks int            `json:"reused-links"`
 	MapEntries  map[string]int `json:"map-entries"`
 	MapCapacity map[string]int `json:"map-capacity"`
@@ -400,7 +349,8 @@ type Status struct {
 func (l *Loader) Status() Status {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := Status{BPFRoot: l.cfg.BPFRoot, Links: len(l.links), ReusedLinks: l.reusedLinks, MapEntries: map[string]int{}, MapCapacity: map[string]int{}}
+	st := Status{BPFRoot: l.cfg.BPFRoot, AttachMode: l.cfg.AttachMode, Links: len(l.links) + len(l.filters), ReusedLinks: l.reusedLinks,
+		MapEntries: map[string]int{}, MapCapacity: map[string]int{}}
 	if l.maps == nil {
 		return st
 	}
@@ -421,12 +371,18 @@ func (l *Loader) Status() Status {
 	return st
 }
 
-// AttachedEndpoints lists the endpoint IDs with pinned links.
+// AttachedEndpoints lists the endpoint IDs with programs attached (TCX
+// links or tc filters).
 func (l *Loader) AttachedEndpoints() []uint16 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	seen := map[uint16]bool{}
 	for name := range l.links {
+		if id, _, ok := parseLinkName(name); ok {
+			seen[id] = true
+		}
+	}
+	for name := range l.filters {
 		if id, _, ok := parseLinkName(name); ok {
 			seen[id] = true
 		}
@@ -442,8 +398,9 @@ func (l *Loader) AttachedEndpoints() []uint16 {
 // Programs returns the loaded programs (tests run them with BPF_PROG_TEST_RUN).
 func (l *Loader) Programs() (fromPod, toPod *ebpf.Program) { return l.objs.FromPod, l.objs.ToPod }
 
-// Close releases this process's handles; pinned maps and links stay, so
-// the datapath keeps working without the agent.
+// Close releases this process's handles; pinned maps and links stay, and
+// tc filters hold their programs in the kernel, so the datapath keeps
+// working without the agent.
 func (l *Loader) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -451,11 +408,27 @@ func (l *Loader) Close() error {
 		lk.Close()
 		delete(l.links, name)
 	}
+	clear(l.filters)
+	if l.nl != nil {
+		l.nl.Close()
+		l.nl = nil
+	}
 	return l.objs.Close()
 }
 
-// Remove unpins everything under the BPF root (lab teardown, tests).
+// Remove takes every program this loader knows of off its interface (tc
+// filters are deleted; TCX links go with their pins) and unpins
+// everything under the BPF root (lab teardown, tests).
 func (l *Loader) Remove() error {
+	l.mu.Lock()
+	var errs []error
+	for name := range l.filters {
+		if id, _, ok := parseLinkName(name); ok {
+			errs = append(errs, l.dropTCFiltersLocked(id))
+		}
+	}
+	l.mu.Unlock()
 	_ = l.Close()
-	return os.RemoveAll(l.cfg.BPFRoot)
+	errs = append(errs, os.RemoveAll(l.cfg.BPFRoot))
+	return errors.Join(errs...)
 }

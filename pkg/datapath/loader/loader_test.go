@@ -660,12 +660,20 @@ func TestPrivilegedConntrackOneEntryPerFlow(t *testing.T) {
 }
 
 // BenchmarkPrivilegedAttachEndpoint: what attaching one endpoint costs (its
-// map entries and two TCX links, pinned), one veth per iteration. The TCX
-// attach waits for an RCU grace period while holding rtnl (the kernel's
-// tcx_link_attach), so this is mostly waiting, and concurrent attaches and
-// every other rtnl user queue behind it (docs/benchmarks/cni.md).
+// map entries and its two programs), one fresh veth per iteration, in each
+// attach mode. A TCX attach (two pinned links) waits for an RCU grace
+// period while holding rtnl (the kernel's tcx_link_attach), so it is
+// mostly waiting, and concurrent attaches and every other rtnl user queue
+// behind it (docs/benchmarks/cni.md); tc mode (a clsact qdisc and two
+// cls_bpf filters) waits for none.
 func BenchmarkPrivilegedAttachEndpoint(b *testing.B) {
-	n := newNode(b)
+	for _, mode := range attachModes {
+		b.Run(string(mode), func(b *testing.B) { benchmarkAttachEndpoint(b, mode) })
+	}
+}
+
+func benchmarkAttachEndpoint(b *testing.B, mode AttachMode) {
+	n := newNodeWith(b, Config{DirectDelivery: true, AttachMode: mode})
 	ifs := make([]int, b.N)
 	for i := range ifs {
 		la := netlink.NewLinkAttrs()
@@ -685,5 +693,63 @@ func BenchmarkPrivilegedAttachEndpoint(b *testing.B) {
 		if err := n.l.AttachEndpoint(EndpointInfo{ID: uint16(100 + i), IfIndex: ifs[i], Addresses: []netip.Addr{ip}, Identity: idA}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkPrivilegedTakeOver: what a start costs over 20 endpoints an
+// earlier run attached (ns/op is one Start), per pair of modes: the same
+// mode swaps programs in place; a switch to tc detaches two TCX links per
+// endpoint and a switch to TCX attaches two, each waiting for an RCU grace
+// period under rtnl.
+func BenchmarkPrivilegedTakeOver(b *testing.B) {
+	for _, from := range attachModes {
+		for _, to := range attachModes {
+			b.Run(string(from)+"-to-"+string(to), func(b *testing.B) { benchmarkTakeOver(b, from, to) })
+		}
+	}
+}
+
+func benchmarkTakeOver(b *testing.B, from, to AttachMode) {
+	const endpoints = 20
+	n := newNodeWith(b, Config{DirectDelivery: true, AttachMode: from})
+	root := n.l.cfg.BPFRoot
+	eps := make([]EndpointInfo, endpoints)
+	for i := range eps {
+		la := netlink.NewLinkAttrs()
+		la.Name = fmt.Sprintf("tdrt%d", i)
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: fmt.Sprintf("tdrtp%d", i)}); err != nil {
+			b.Fatal(err)
+		}
+		l, err := netlink.LinkByName(la.Name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		eps[i] = EndpointInfo{ID: uint16(100 + i), IfIndex: l.Attrs().Index, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, 9, 0, byte(i)})}, Identity: idA}
+	}
+	_ = n.l.Remove()
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		first := New(Config{BPFRoot: root, DirectDelivery: true, AttachMode: from}, nil)
+		if err := first.Start(); err != nil {
+			b.Fatal(err)
+		}
+		for _, ep := range eps {
+			if err := first.AttachEndpoint(ep); err != nil {
+				b.Fatal(err)
+			}
+		}
+		_ = first.Close()
+		second := New(Config{BPFRoot: root, DirectDelivery: true, AttachMode: to}, nil)
+		b.StartTimer()
+		if err := second.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if st := second.Status(); st.ReusedLinks != 2*endpoints {
+			b.Fatalf("%d attachments taken over, want %d", st.ReusedLinks, 2*endpoints)
+		}
+		_ = second.Remove()
+		b.StartTimer()
 	}
 }
