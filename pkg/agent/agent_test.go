@@ -94,6 +94,24 @@ func TestHealthzThroughSocket(t *testing.T) {
 	assertAPIError(t, err, 400, "header brief")
 }
 
+// TestHealthzReportsAttachMode: the v1 status's attach-mode is the one the
+// agent attaches with.
+func TestHealthzReportsAttachMode(t *testing.T) {
+	for _, tc := range []struct {
+		flag string
+		want models.AttachMode
+	}{{"tcx", models.AttachModeTcx}, {"tc", models.AttachModeTc}} {
+		_, c := startAgent(t, func(cfg *Config) { cfg.DatapathAttachMode = tc.flag })
+		var st ext.StatusResponse
+		if err := c.Do(context.Background(), http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.AttachMode != tc.want {
+			t.Errorf("--datapath-attach-mode=%s: attach-mode %q, want %q", tc.flag, st.AttachMode, tc.want)
+		}
+	}
+}
+
 func TestHealthzReportsAFailedModule(t *testing.T) {
 	a, c := startAgent(t, nil)
 	a.Health().Reporter("datapath").Failed("map full")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/version"
@@ -89,6 +90,9 @@ func (a *Agent) Status(ctx context.Context, brief bool) *ext.StatusResponse {
 	resp.Ipam = a.endpoints.ipamStatus()
 	resp.DatapathMode = models.DatapathModeVeth
 	resp.AttachMode = models.AttachModeTcx
+	if a.cfg.DatapathAttachMode == string(loader.AttachTC) {
+		resp.AttachMode = models.AttachModeTc
+	}
 	steps, total := a.lc.Stats()
 	a.mu.Lock()
 	started := a.started

@@ -31,6 +31,10 @@ type Config struct {
 	PodsPerNode int
 	// BinDir holds tendril, tendril-agent and tendril-cni.
 	BinDir string
+	// AgentArgs are extra flags for every node's tendril-agent (e.g.
+	// --datapath-attach-mode=tc); the lab's own flags come first, so a
+	// flag given here wins.
+	AgentArgs []string
 	// Out receives progress and the summary.
 	Out io.Writer
 }
@@ -173,6 +177,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			"--node-name", n.Name, "--kubeconfig", st.NodeKubeconfig,
 			"--state-dir", n.StateDir, "--socket", n.Socket, "--bpf-root", n.BPFRoot,
 			"--ipv6-range", "none", "--prometheus-serve-addr", ""}
+		argv = append(argv, cfg.AgentArgs...)
 		role := "agent-" + n.Name
 		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), argv)
 		if err != nil {
