@@ -353,6 +353,43 @@ func (s progStats) perPacket() float64 {
 
 // iperf runs one TCP test from a to b and returns Gbit/s.
 func (b *bench) iperf() (float64, error) {
+	var res struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := b.runIperf(&res); err != nil {
+		return 0, err
+	}
+	return res.End.SumReceived.BitsPerSecond / 1e9, nil
+}
+
+// iperfUDP sends 64-byte UDP datagrams from a to b as fast as one sender
+// can for the run length and returns the packets per second b received.
+func (b *bench) iperfUDP() (float64, error) {
+	var res struct {
+		End struct {
+			Sum struct {
+				Seconds     float64 `json:"seconds"`
+				Packets     float64 `json:"packets"`
+				LostPackets float64 `json:"lost_packets"`
+			} `json:"sum"`
+		} `json:"end"`
+	}
+	if err := b.runIperf(&res, "-u", "-l", "64", "-b", "0"); err != nil {
+		return 0, err
+	}
+	if res.End.Sum.Seconds <= 0 {
+		return 0, errors.New("iperf3 UDP: no duration in the result")
+	}
+	return (res.End.Sum.Packets - res.End.Sum.LostPackets) / res.End.Sum.Seconds, nil
+}
+
+// runIperf runs an iperf3 server in b and a client in a with extra client
+// args for the run length, and decodes the client's JSON report into res.
+func (b *bench) runIperf(res any, args ...string) error {
 	srv := b.b.Command("iperf3", "-s", "-1", "-p", fmt.Sprint(iperfPort))
 	var srvOut strings.Builder
 	srv.Stdout, srv.Stderr = &srvOut, &srvOut
@@ -362,31 +399,25 @@ func (b *bench) iperf() (float64, error) {
 		}
 	}()
 	if err := srv.Start(); err != nil {
-		return 0, fmt.Errorf("start iperf3 server: %w", err)
+		return fmt.Errorf("start iperf3 server: %w", err)
 	}
 	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
-	var res struct {
-		Error string `json:"error"`
-		End   struct {
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-	}
+	argv := append([]string{"-c", b.b.IPv4.String(), "-p", fmt.Sprint(iperfPort), "-t", fmt.Sprint(int(b.o.duration.Seconds())), "-J"}, args...)
 	// The server needs a moment to listen: the client retries (iperf3
 	// reports a refused connection in its JSON, with exit status 0).
 	for try := 0; ; try++ {
-		out, err := b.a.Command("iperf3", "-c", b.b.IPv4.String(), "-p", fmt.Sprint(iperfPort), "-t",
-			fmt.Sprint(int(b.o.duration.Seconds())), "-J").Output()
-		res.Error = "" // a field absent from this run's output keeps the last run's value
-		if jerr := json.Unmarshal(out, &res); jerr != nil && err == nil {
+		out, err := b.a.Command("iperf3", argv...).Output()
+		var report struct {
+			Error string `json:"error"`
+		}
+		if jerr := json.Unmarshal(out, &report); jerr != nil && err == nil {
 			err = fmt.Errorf("iperf3 output: %w", jerr)
 		}
-		if err == nil && res.Error != "" {
-			err = errors.New(res.Error)
+		if err == nil && report.Error != "" {
+			err = errors.New(report.Error)
 		}
 		if err == nil {
-			break
+			return json.Unmarshal(out, res)
 		}
 		if b.o.counters {
 			fmt.Fprintf(os.Stderr, "iperf3 client, try %d: %v\n", try, err)
@@ -394,64 +425,13 @@ func (b *bench) iperf() (float64, error) {
 		if try == 50 {
 			if b.o.counters {
 				b.printCounters("failure")
-				ss, _ := b.b.Command("ss", "-tanp").CombinedOutput()
+				ss, _ := b.b.Command("ss", "-tanup").CombinedOutput()
 				fmt.Fprintf(os.Stderr, "sockets in b:\n%s\n", ss)
-				ct, _ := b.l.Maps().CTMap().List()
-				for _, e := range ct {
-					if e.Proto == 6 && e.DstPort == iperfPort {
-						fmt.Fprintf(os.Stderr, "ct: %+v\n", e)
-					}
-				}
 			}
-			return 0, fmt.Errorf("iperf3 client: %w", err)
+			return fmt.Errorf("iperf3 client %v: %w (server: %s)", args, err, srvOut.String())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return res.End.SumReceived.BitsPerSecond / 1e9, nil
-}
-
-// iperfUDP sends 64-byte UDP datagrams from a to b as fast as one sender
-// can for the run length and returns the packets per second b received.
-func (b *bench) iperfUDP() (float64, error) {
-	srv := b.b.Command("iperf3", "-s", "-1", "-p", fmt.Sprint(iperfPort))
-	var srvOut strings.Builder
-	srv.Stdout, srv.Stderr = &srvOut, &srvOut
-	if err := srv.Start(); err != nil {
-		return 0, fmt.Errorf("start iperf3 server: %w", err)
-	}
-	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
-	var res struct {
-		Error string `json:"error"`
-		End   struct {
-			Sum struct {
-				Seconds     float64 `json:"seconds"`
-				Packets     float64 `json:"packets"`
-				LostPackets float64 `json:"lost_packets"`
-			} `json:"sum"`
-		} `json:"end"`
-	}
-	for try := 0; ; try++ {
-		out, err := b.a.Command("iperf3", "-c", b.b.IPv4.String(), "-p", fmt.Sprint(iperfPort), "-u", "-l", "64", "-b", "0",
-			"-t", fmt.Sprint(int(b.o.duration.Seconds())), "-J").Output()
-		res.Error = ""
-		if jerr := json.Unmarshal(out, &res); jerr != nil && err == nil {
-			err = fmt.Errorf("iperf3 output: %w", jerr)
-		}
-		if err == nil && res.Error != "" {
-			err = errors.New(res.Error)
-		}
-		if err == nil {
-			break
-		}
-		if try == 50 {
-			return 0, fmt.Errorf("iperf3 UDP client: %w (server: %s)", err, srvOut.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if res.End.Sum.Seconds <= 0 {
-		return 0, errors.New("iperf3 UDP: no duration in the result")
-	}
-	return (res.End.Sum.Packets - res.End.Sum.LostPackets) / res.End.Sum.Seconds, nil
 }
 
 // newFlows sends o.flows UDP datagrams from a to b, each from a fresh

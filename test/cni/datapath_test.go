@@ -94,6 +94,19 @@ func sectionValue(st *ext.StatusResponse, title, key string) string {
 
 var lossRe = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
 
+// pingCounts reads how many echo requests ping sent and how many answers
+// it got from its summary.
+func pingCounts(t *testing.T, out string) (sent, got int) {
+	t.Helper()
+	m := lossRe.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("ping output: %s", out)
+	}
+	sent, _ = strconv.Atoi(m[1])
+	got, _ = strconv.Atoi(m[2])
+	return sent, got
+}
+
 // TestPrivilegedPolicyEnforcedAcrossAgentRestart runs real traffic through
 // the eBPF datapath: a policy lets a reach b and keeps c out; then, during a
 // 10-second ping at 100/s from a to b, the agent is killed with SIGKILL and
@@ -205,12 +218,7 @@ func TestPrivilegedPolicyEnforcedAcrossAgentRestart(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	n.runAgent(t, "--ipv6-range", "none")
 	out := <-pingOut
-	m := lossRe.FindStringSubmatch(out)
-	if m == nil {
-		t.Fatalf("ping output: %s", out)
-	}
-	sent, _ := strconv.Atoi(m[1])
-	got, _ := strconv.Atoi(m[2])
+	sent, got := pingCounts(t, out)
 	t.Logf("ping across the restart: %d sent, %d received", sent, got)
 	if sent != 1000 || got != sent {
 		t.Errorf("lost %d of %d packets across the agent restart:\n%s", sent-got, sent, out)
@@ -354,12 +362,7 @@ func TestPrivilegedAttachModeSwitchAcrossAgentRestart(t *testing.T) {
 		n.checkAttachments(t, mode, 6)
 	}
 	out := <-pingOut
-	m := lossRe.FindStringSubmatch(out)
-	if m == nil {
-		t.Fatalf("ping output: %s", out)
-	}
-	sent, _ := strconv.Atoi(m[1])
-	got, _ := strconv.Atoi(m[2])
+	sent, got := pingCounts(t, out)
 	t.Logf("ping across two mode switches: %d sent, %d received", sent, got)
 	if sent != 1200 || got != sent {
 		t.Errorf("lost %d of %d packets across the switches:\n%s", sent-got, sent, out)
