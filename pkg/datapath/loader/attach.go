@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -55,6 +56,16 @@ const (
 )
 
 var directions = [...]string{dirIngress, dirEgress}
+
+// eachDirection calls fn with the attachment name of each of endpoint
+// id's directions, all of them even when one fails.
+func eachDirection(id uint16, fn func(name string) error) error {
+	var errs []error
+	for _, dir := range directions {
+		errs = append(errs, fn(linkName(id, dir)))
+	}
+	return errors.Join(errs...)
+}
 
 // linkName names one attachment: the pin of a TCX link, and (with
 // tcFilterNamePrefix) the name of a tc filter.

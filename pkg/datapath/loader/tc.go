@@ -226,11 +226,7 @@ func (l *Loader) listTCFilters() (map[string]tcFilter, error) {
 
 // dropTCFiltersLocked deletes both of an endpoint's filters.
 func (l *Loader) dropTCFiltersLocked(id uint16) error {
-	var errs []error
-	for _, dir := range directions {
-		errs = append(errs, l.dropTCFilterLocked(linkName(id, dir)))
-	}
-	return errors.Join(errs...)
+	return eachDirection(id, l.dropTCFilterLocked)
 }
 
 // dropTCFilterLocked deletes a filter this process knows of. The clsact

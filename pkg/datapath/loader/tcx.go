@@ -123,11 +123,7 @@ func (l *Loader) attachTCXLink(ifindex int, id uint16, dir string) error {
 
 // dropTCXLinksLocked detaches both of an endpoint's TCX links.
 func (l *Loader) dropTCXLinksLocked(id uint16) error {
-	var errs []error
-	for _, dir := range directions {
-		errs = append(errs, l.dropTCXLinkLocked(linkName(id, dir)))
-	}
-	return errors.Join(errs...)
+	return eachDirection(id, l.dropTCXLinkLocked)
 }
 
 // dropTCXLinkLocked detaches one TCX link: unpinned and closed, the link
