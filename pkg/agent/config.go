@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
@@ -62,6 +63,10 @@ type Config struct {
 	// filters, which spare each attach the RCU grace period TCX waits
 	// for under rtnl). See loader.AttachMode.
 	DatapathAttachMode string
+	// DatapathDeferTCX, in tcx mode, attaches a new pod with tc filters and
+	// moves it to TCX links once no pod has been attached for 500 ms, so
+	// that pod creation never waits for TCX's RCU grace period.
+	DatapathDeferTCX bool
 	// IPAMExpiration is how long an address allocated with expiration may
 	// stay unclaimed by an endpoint.
 	IPAMExpiration time.Duration
@@ -112,6 +117,7 @@ func DefaultConfig() Config {
 		PolicyVerdictEvents:    true,
 		DirectDelivery:         true,
 		DatapathAttachMode:     string(loader.AttachTCX),
+		DatapathDeferTCX:       true,
 		IPAMExpiration:         10 * time.Minute,
 		K8s:                    k8s.DefaultConfig(),
 		K8sCacheSyncTimeout:    3 * time.Minute,
@@ -143,6 +149,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.PolicyVerdictEvents, "policy-verdict-events", c.PolicyVerdictEvents, "Report allowed new flows as policy verdict events (drops are always reported)")
 	fs.BoolVar(&c.DirectDelivery, "direct-delivery", c.DirectDelivery, "Deliver packets between local pods straight into the receiving pod (bpf_redirect_peer), bypassing the host stack")
 	fs.StringVar(&c.DatapathAttachMode, "datapath-attach-mode", c.DatapathAttachMode, "How the eBPF programs attach to pod veths: tcx (BPF links) or tc (clsact qdisc + cls_bpf filters: no RCU grace period per attach, faster pod creation; the filters are not owned). Switching across restarts keeps every endpoint attached")
+	fs.BoolVar(&c.DatapathDeferTCX, "datapath-defer-tcx", c.DatapathDeferTCX, "In tcx mode, attach a new pod with tc filters first and move it to TCX links once no pod has been attached for 500 ms: pod creation without TCX's RCU wait, policed from the first packet (the switch has no gap)")
 	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
 	c.K8s.Flags(fs)
 	fs.DurationVar(&c.K8sCacheSyncTimeout, "k8s-cache-sync-timeout", c.K8sCacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
@@ -162,8 +169,8 @@ func (c *Config) Validate() error {
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
 		errs = append(errs, fmt.Errorf("state-dir %q: must be an absolute path", c.StateDir))
 	}
-	if c.BPFRoot == "" || !filepath.IsAbs(c.BPFRoot) {
-		errs = append(errs, fmt.Errorf("bpf-root %q: must be an absolute path", c.BPFRoot))
+	if err := bpffs.CheckPath(c.BPFRoot); err != nil {
+		errs = append(errs, fmt.Errorf("bpf-root %w", err))
 	}
 	if c.API.Socket == "" || !filepath.IsAbs(c.API.Socket) {
 		errs = append(errs, fmt.Errorf("socket %q: must be an absolute path", c.API.Socket))

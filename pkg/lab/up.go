@@ -14,12 +14,12 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/controlplane"
 )
@@ -48,20 +48,32 @@ const (
 )
 
 // CheckHost fails with a clear message when the machine cannot run a lab:
-// not root, no bpffs, no network namespaces, no nsenter.
+// not root, no network namespaces, no nsenter.
 func CheckHost() error {
 	if os.Geteuid() != 0 {
 		return errors.New("the lab needs root (network namespaces, eBPF): run it with sudo")
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs("/sys/fs/bpf", &fs); err != nil || fs.Type != unix.BPF_FS_MAGIC {
-		return errors.New("/sys/fs/bpf is not a bpffs mount: mount -t bpf bpf /sys/fs/bpf")
 	}
 	if _, err := os.Stat("/proc/self/ns/net"); err != nil {
 		return errors.New("the kernel has no network namespaces (CONFIG_NET_NS)")
 	}
 	if _, err := exec.LookPath("nsenter"); err != nil {
 		return errors.New("nsenter not found (apt-get install util-linux)")
+	}
+	return nil
+}
+
+// PrepareHost is CheckHost, then what a fresh machine lacks and the lab can
+// do itself: bpffs is mounted at /sys/fs/bpf when missing (out is told).
+func PrepareHost(out io.Writer) error {
+	if err := CheckHost(); err != nil {
+		return err
+	}
+	mounted, err := bpffs.EnsureMounted()
+	if err != nil {
+		return err
+	}
+	if mounted {
+		fmt.Fprintf(out, "==> mounted bpffs at %s (it was not mounted)\n", bpffs.DefaultMount)
 	}
 	return nil
 }
@@ -89,7 +101,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.PodsPerNode < 0 {
 		return nil, fmt.Errorf("--pods-per-node %d: must not be negative", cfg.PodsPerNode)
 	}
-	if err := CheckHost(); err != nil {
+	if err := PrepareHost(out); err != nil {
 		return nil, err
 	}
 	for _, b := range []string{"tendril", "tendril-agent", "tendril-cni"} {
