@@ -1,16 +1,15 @@
 package lab
 
 import (
-	"errors"
 	"fmt"
 	"net"
-	"os"
 	"regexp"
 	"runtime"
-	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/tendril-net/tendril/pkg/namedns"
 )
 
 // onThrowawayThread runs fn on a locked OS thread that is never handed
@@ -43,35 +42,13 @@ func InNetns(path string, fn func() error) error {
 	})
 }
 
-// CreateNetns creates a named network namespace (mounted under /run/netns)
-// with its loopback up.
-func CreateNetns(name string) error {
-	return onThrowawayThread(func() error {
-		ns, err := netns.NewNamed(name)
-		if err != nil {
-			return fmt.Errorf("create network namespace %s: %w", name, err)
-		}
-		defer ns.Close()
-		lo, err := netlink.LinkByName("lo")
-		if err == nil {
-			err = netlink.LinkSetUp(lo)
-		}
-		if err != nil {
-			return fmt.Errorf("network namespace %s: loopback up: %w", name, err)
-		}
-		return nil
-	})
-}
+// CreateNetns creates a named network namespace (mounted under /run/netns
+// as iproute2 mounts them) with its loopback up.
+func CreateNetns(name string) error { return namedns.Create(name) }
 
 // DeleteNetns unmounts and removes a named network namespace; a missing one
 // is no error. The namespace itself goes once no process holds it.
-func DeleteNetns(name string) error {
-	err := netns.DeleteNamed(name)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("delete network namespace %s: %w", name, err)
-	}
-	return nil
-}
+func DeleteNetns(name string) error { return namedns.Delete(name) }
 
 // ListLabNetns lists the named network namespaces of the lab: exactly the
 // names the lab gives (<name>-net, <name>-nodeN, <name>-pod-<12 hex>), so
@@ -93,22 +70,7 @@ func ListLabNetns(name string) ([]string, error) {
 }
 
 // ListNetns lists the named network namespaces starting with prefix.
-func ListNetns(prefix string) ([]string, error) {
-	entries, err := os.ReadDir("/run/netns")
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list network namespaces: %w", err)
-	}
-	var out []string
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), prefix) {
-			out = append(out, e.Name())
-		}
-	}
-	return out, nil
-}
+func ListNetns(prefix string) ([]string, error) { return namedns.List(prefix) }
 
 func handleAt(name string) (*netlink.Handle, error) {
 	ns, err := netns.GetFromName(name)
