@@ -234,6 +234,10 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 		{"bad log format", func(c *Config) { c.LogFormat = "xml" }, "log-format"},
 		{"bad mtu", func(c *Config) { c.MTU = 10 }, "mtu"},
 		{"bad attach mode", func(c *Config) { c.DatapathAttachMode = "xdp" }, "datapath-attach-mode"},
+		// bpffs refuses dots in names; mkdir's EPERM read like a mount
+		// or permission problem.
+		{"dot in a bpf-root name", func(c *Config) { c.BPFRoot = "/sys/fs/bpf/tendril-test.1" }, `bpf-root "/sys/fs/bpf/tendril-test.1": name "tendril-test.1" holds a dot`},
+		{"relative bpf-root", func(c *Config) { c.BPFRoot = "tendril" }, "bpf-root"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

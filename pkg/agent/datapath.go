@@ -46,9 +46,12 @@ type datapathModule struct {
 
 	events     *prometheus.CounterVec
 	eventsStop func()
-	ctDeleted  prometheus.Counter
-	ctEntries  prometheus.Gauge
-	ctInterval prometheus.Gauge
+	// promotionStop ends the job that moves new endpoints from tc filters
+	// to TCX links, and waits for it.
+	promotionStop func()
+	ctDeleted     prometheus.Counter
+	ctEntries     prometheus.Gauge
+	ctInterval    prometheus.Gauge
 }
 
 type ctGCStats struct {
@@ -81,7 +84,7 @@ func newDatapathModule(a *Agent) *datapathModule {
 func loaderConfig(c Config) loader.Config {
 	return loader.Config{
 		BPFRoot: c.BPFRoot, PolicyVerdictEvents: c.PolicyVerdictEvents, DirectDelivery: c.DirectDelivery,
-		AttachMode: loader.AttachMode(c.DatapathAttachMode),
+		AttachMode: loader.AttachMode(c.DatapathAttachMode), DeferTCX: c.DatapathDeferTCX,
 	}
 }
 
@@ -91,6 +94,13 @@ func (m *datapathModule) start(context.Context) error {
 	if err := m.loader.Start(); err != nil {
 		return err
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	m.promotionStop = func() { cancel(); <-done }
+	go func() {
+		defer close(done)
+		m.loader.RunTCXPromotion(ctx)
+	}()
 	return m.readEvents()
 }
 
@@ -134,6 +144,9 @@ func (m *datapathModule) stop(context.Context) error {
 	}
 	if m.eventsStop != nil {
 		m.eventsStop()
+	}
+	if m.promotionStop != nil {
+		m.promotionStop()
 	}
 	// Close only this process's handles: pinned maps and links keep the
 	// datapath forwarding and enforcing while the agent is away.
@@ -495,8 +508,16 @@ func (m *datapathModule) statusSection() ext.Section {
 	st := m.loader.Status()
 	sec := ext.Section{Title: "Datapath"}
 	sec.Lines = append(sec.Lines, ext.Line{Key: "bpf root", Value: st.BPFRoot})
-	sec.Lines = append(sec.Lines, ext.Line{Key: "attach mode", Value: attachModeDescription(st.AttachMode)})
-	sec.Lines = append(sec.Lines, ext.Line{Key: "programs", Value: fmt.Sprintf("%d %s attached (%d kept from the previous run)", st.Links, attachmentNoun(st.AttachMode), st.ReusedLinks)})
+	mode := attachModeDescription(st.AttachMode)
+	if st.DeferTCX {
+		mode += ", new pods on tc filters until the node is quiet (--datapath-defer-tcx)"
+	}
+	sec.Lines = append(sec.Lines, ext.Line{Key: "attach mode", Value: mode})
+	programs := fmt.Sprintf("%d %s attached (%d kept from the previous run)", st.Links, attachmentNoun(st.AttachMode), st.ReusedLinks)
+	if st.PendingTCX > 0 {
+		programs += fmt.Sprintf("; %d endpoints on tc filters until the node is quiet", st.PendingTCX)
+	}
+	sec.Lines = append(sec.Lines, ext.Line{Key: "programs", Value: programs})
 	names := make([]string, 0, len(st.MapEntries))
 	for n := range st.MapEntries {
 		names = append(names, n)

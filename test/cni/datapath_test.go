@@ -266,17 +266,27 @@ func (n *node) attachmentNoun(t *testing.T) string {
 // filters on the pods' veths.
 func (n *node) checkAttachments(t *testing.T, mode string, want int) {
 	t.Helper()
-	pins, err := os.ReadDir(filepath.Join(n.bpfRoot, "links"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	filters := n.tendrilFilters(t)
-	mine, other := len(pins), filters
-	if mode == "tc" {
-		mine, other = filters, len(pins)
-	}
-	if mine != want || other != 0 {
-		t.Errorf("%s mode: %d pinned links and %d tc filters, want %d of the mode's and none of the other's", mode, len(pins), filters, want)
+	// In tcx mode new endpoints start on tc filters and move to TCX links
+	// once the node is quiet (--datapath-defer-tcx): wait for that.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		pins, err := os.ReadDir(filepath.Join(n.bpfRoot, "links"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		filters := n.tendrilFilters(t)
+		mine, other := len(pins), filters
+		if mode == "tc" {
+			mine, other = filters, len(pins)
+		}
+		if mine == want && other == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s mode: %d pinned links and %d tc filters, want %d of the mode's and none of the other's", mode, len(pins), filters, want)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -213,7 +213,9 @@ func (n *node) newPod(name string) *pod {
 		ContainerID: "cid" + suffix + strings.Repeat("0", 56),
 		NetNS:       p.netns,
 		IfName:      "eth0",
-		Args:        [][2]string{{"K8S_POD_NAMESPACE", p.namespace}, {"K8S_POD_NAME", name}},
+		// As the kubelet sends them: IgnoreUnknown lets plugins that do
+		// not know the pod arguments (the reference plugins) accept them.
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", p.namespace}, {"K8S_POD_NAME", name}},
 	}
 	return p
 }

@@ -136,6 +136,16 @@ func (l *Loader) takeOverAsTCX(pinned map[string]pinnedLink, filters map[string]
 		l.links[name] = p.link
 	}
 	for name, f := range filters {
+		if _, linked := l.links[name]; !linked && l.cfg.DeferTCX {
+			// Promoted in the background like a new endpoint's: a
+			// start does not wait an RCU grace period per endpoint.
+			if err := l.replaceTCFilter(f); err != nil {
+				return switched, fmt.Errorf("replace the program of tc filter %s on interface %d: %w", name, f.ifindex, err)
+			}
+			l.filters[name] = f
+			l.pendingTCX[f.id] = struct{}{}
+			continue
+		}
 		if err := l.switchToTCX(name, f); err != nil {
 			l.log.Warn("Cannot switch an endpoint's tc filter to a TCX link; it keeps the filter, with this run's program",
 				"attachment", name, "ifindex", f.ifindex, "error", err)

@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/netip"
@@ -584,5 +585,74 @@ func TestPrivilegedAttachmentOfVanishedInterface(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestPrivilegedDeferredTCXPromotion: in TCX mode with DeferTCX, new
+// endpoints are attached by tc filters at once (enforcing from the first
+// packet) and moved to TCX links once no endpoint has been attached for
+// the quiet period, during a 100/s ping and a flood of denied datagrams:
+// nothing is lost, nothing denied gets through, and every endpoint ends on
+// TCX links alone. A re-attach while pending keeps the filters; a detach
+// drops the endpoint from the pending set.
+func TestPrivilegedDeferredTCXPromotion(t *testing.T) {
+	lab := newPodLab(t)
+	a, b, c := lab.addPod("a", 0), lab.addPod("b", 1), lab.addPod("c", 2)
+	cfg := Config{DirectDelivery: true, AttachMode: AttachTCX, DeferTCX: true, TCXQuietPeriod: 300 * time.Millisecond}
+	l := lab.start(cfg)
+	eps := policyPods(t, l, a, b, c)
+	pins, filters := lab.attachments()
+	if len(pins) != 0 || len(filters) != 6 {
+		t.Fatalf("right after the attach: %d pins and %d tc filters, want 0 and 6", len(pins), len(filters))
+	}
+	if got := l.PendingTCX(); got != 3 {
+		t.Fatalf("%d endpoints pending TCX, want 3", got)
+	}
+	checkDenied(t, c, b, "on tc filters")
+	regenerate(t, l, eps) // a regeneration while pending: still filters
+	if got := l.PendingTCX(); got != 3 {
+		t.Fatalf("after a regeneration %d endpoints pending TCX, want 3", got)
+	}
+
+	const count = 300
+	ping := a.pingAsync(b.IPv4, count)
+	received := b.udpCount(t, 9999)
+	lab.waitSent(a, 50)
+	stop := make(chan struct{})
+	sent := c.udpFlood(t, b.IPv4, 9999, stop)
+	lab.waitSent(c, 100)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); l.RunTCXPromotion(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.Now().Add(10 * time.Second)
+	for l.PendingTCX() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d endpoints still pending TCX after 10 s", l.PendingTCX())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	lab.checkAttached(l, 6)
+	close(stop)
+	n := <-sent
+	if got := received(); got != 0 {
+		t.Errorf("%d of c's %d denied datagrams reached b during the promotion", got, n)
+	}
+	checkNoLoss(t, <-ping, count, "during the promotion to TCX")
+	checkDenied(t, c, b, "on TCX links")
+
+	// A regeneration on TCX links updates them: nothing goes pending.
+	regenerate(t, l, eps)
+	if got := l.PendingTCX(); got != 0 {
+		t.Errorf("a regeneration on TCX links made %d endpoints pending", got)
+	}
+	lab.checkAttached(l, 6)
+	// A detach while pending forgets the endpoint.
+	if err := l.DetachEndpoint(eps[2].ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.PendingTCX(); got != 0 {
+		t.Errorf("%d pending after the detach", got)
 	}
 }

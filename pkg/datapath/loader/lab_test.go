@@ -3,12 +3,14 @@ package loader
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,12 +70,20 @@ func (lab *podLab) loader() *Loader {
 func (lab *podLab) start(cfg Config) *Loader {
 	lab.t.Helper()
 	cfg.BPFRoot = lab.root
-	l := New(cfg, nil)
+	l := New(cfg, slog.New(slog.NewTextHandler(testLogWriter{lab.t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	lab.t.Cleanup(func() { _ = l.Close() })
 	if err := l.Start(); err != nil {
 		lab.t.Fatal(err)
 	}
 	return l
+}
+
+// testLogWriter puts the loader's warnings into the test's log.
+type testLogWriter struct{ t testing.TB }
+
+func (w testLogWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 // endpoint is the pod as the agent describes it to the loader.

@@ -17,13 +17,16 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
@@ -52,11 +55,19 @@ type Config struct {
 	// AttachMode is how the programs attach to each endpoint's host veth;
 	// empty means AttachTCX.
 	AttachMode AttachMode
+	// DeferTCX, in TCX mode, attaches a new endpoint with tc filters and
+	// moves it to TCX links in the background once the node is quiet
+	// (RunTCXPromotion; see promote.go): no RCU grace period on the path
+	// of pod creation, and no moment without a program.
+	DeferTCX bool
+	// TCXQuietPeriod is how long no endpoint must have been attached
+	// before a promotion to TCX links starts; zero means 500 ms.
+	TCXQuietPeriod time.Duration
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{BPFRoot: "/sys/fs/bpf/tendril", DirectDelivery: true, AttachMode: AttachTCX}
+	return Config{BPFRoot: "/sys/fs/bpf/tendril", DirectDelivery: true, AttachMode: AttachTCX, DeferTCX: true}
 }
 
 // Flags registers the loader's flags (the agent registers --bpf-root,
@@ -88,6 +99,8 @@ type Loader struct {
 	// node's): tc qdiscs and filters, in either mode (a TCX run takes over
 	// filters a tc run left).
 	nl *netlink.Handle
+	// netns is the network namespace Start ran in.
+	netns netns.NsHandle
 	// links are the TCX links this process holds, by attachment name
 	// (linkName, also their pin's name); filters the tc filters it knows
 	// of, by attachment name. An endpoint has one or the other, both only
@@ -100,6 +113,12 @@ type Loader struct {
 	// reusedLinks counts attachments of an earlier run taken over at Start
 	// (updated in place, or switched to this run's mode).
 	reusedLinks int
+	// pendingTCX are the endpoints attached by tc filters that wait to be
+	// moved to TCX links (DeferTCX); lastAttach is when an endpoint was
+	// last attached, and wake nudges RunTCXPromotion.
+	pendingTCX map[uint16]struct{}
+	lastAttach time.Time
+	wake       chan struct{}
 }
 
 // New returns a loader; nothing is loaded until Start.
@@ -110,7 +129,8 @@ func New(cfg Config, log *slog.Logger) *Loader {
 	if cfg.AttachMode == "" {
 		cfg.AttachMode = AttachTCX
 	}
-	return &Loader{cfg: cfg, log: log, links: map[string]link.Link{}, filters: map[string]tcFilter{}, written: map[uint16]maps.Endpoint{}}
+	return &Loader{cfg: cfg, log: log, links: map[string]link.Link{}, filters: map[string]tcFilter{}, written: map[uint16]maps.Endpoint{},
+		pendingTCX: map[uint16]struct{}{}, wake: make(chan struct{}, 1), netns: netns.None()}
 }
 
 func (l *Loader) linksDir() string { return filepath.Join(l.cfg.BPFRoot, "links") }
@@ -123,11 +143,15 @@ func (l *Loader) Start() error {
 	if err := l.cfg.AttachMode.validate(); err != nil {
 		return err
 	}
-	if err := EnsureBPFFS(l.cfg.BPFRoot); err != nil {
+	mounted, err := bpffs.Prepare(l.cfg.BPFRoot)
+	if err != nil {
 		return err
 	}
+	if mounted {
+		l.log.Info("Mounted bpffs: it was not mounted", "path", bpffs.DefaultMount)
+	}
 	if err := os.MkdirAll(l.linksDir(), 0o750); err != nil {
-		return fmt.Errorf("create BPF root %s: %w (is bpffs mounted at /sys/fs/bpf?)", l.cfg.BPFRoot, err)
+		return fmt.Errorf("create BPF root %s: %w", l.cfg.BPFRoot, err)
 	}
 	spec, err := bpf.LoadLxc()
 	if err != nil {
@@ -164,6 +188,12 @@ func (l *Loader) Start() error {
 	l.removeOtherLayouts(spec)
 	// The handle belongs to the caller's network namespace, as the
 	// interface indexes the agent passes in do.
+	// The network namespace of this thread is the node's: TCX links attach
+	// by interface index in the caller's namespace, so jobs on other
+	// goroutines (RunTCXPromotion) enter it first.
+	if l.netns, err = netns.Get(); err != nil {
+		return fmt.Errorf("read the network namespace: %w", err)
+	}
 	if l.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
 		return fmt.Errorf("open netlink handle: %w", err)
 	}
@@ -305,6 +335,17 @@ func (l *Loader) AttachEndpoint(ep EndpointInfo) error {
 		}
 		return l.dropTCXLinksLocked(ep.ID)
 	}
+	if l.deferLocked(ep) {
+		if err := l.attachTCLocked(ep); err != nil {
+			return fmt.Errorf("attach tc filters of endpoint %d to %s (TCX links follow): %w", ep.ID, ep.IfName, err)
+		}
+		// A TCX link of a former interface under this ID must not stay.
+		if err := l.dropTCXLinksLocked(ep.ID); err != nil {
+			l.log.Warn("Cannot remove the TCX links of a former interface", "endpoint", ep.ID, "error", err)
+		}
+		l.markPendingLocked(ep.ID)
+		return nil
+	}
 	for _, dir := range directions {
 		if err := l.attachTCXLocked(ep, dir); err != nil {
 			return fmt.Errorf("attach %s program of endpoint %d to %s: %w", dir, ep.ID, ep.IfName, err)
@@ -318,6 +359,7 @@ func (l *Loader) AttachEndpoint(ep EndpointInfo) error {
 func (l *Loader) DetachEndpoint(id uint16, addrs []netip.Addr) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	delete(l.pendingTCX, id)
 	errs := []error{l.dropTCXLinksLocked(id), l.dropTCFiltersLocked(id)}
 	if l.maps != nil {
 		if prev, ok := l.written[id]; ok {
@@ -340,7 +382,12 @@ type Status struct {
 	// or tc filters (both, briefly, for an endpoint switching modes).
 	Links int `json:"links"`
 	// ReusedLinks counts attachments of an earlier run taken over at start.
-	ReusedLinks int            `json:"reused-links"`
+	ReusedLinks int `json:"reused-links"`
+	// PendingTCX counts endpoints attached by tc filters that wait to be
+	// moved to TCX links (TCX mode with deferral).
+	PendingTCX int `json:"pending-tcx"`
+	// DeferTCX says new endpoints start on tc filters (TCX mode).
+	DeferTCX    bool           `json:"defer-tcx"`
 	MapEntries  map[string]int `json:"map-entries"`
 	MapCapacity map[string]int `json:"map-capacity"`
 }
@@ -349,7 +396,8 @@ type Status struct {
 func (l *Loader) Status() Status {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := Status{BPFRoot: l.cfg.BPFRoot, AttachMode: l.cfg.AttachMode, Links: len(l.links) + len(l.filters), ReusedLinks: l.reusedLinks,
+	st := Status{BPFRoot: l.cfg.BPFRoot, AttachMode: l.cfg.AttachMode, Links: len(l.links) + len(l.filters), ReusedLinks: l.reusedLinks, PendingTCX: len(l.pendingTCX),
+		DeferTCX:   l.cfg.AttachMode == AttachTCX && l.cfg.DeferTCX,
 		MapEntries: map[string]int{}, MapCapacity: map[string]int{}}
 	if l.maps == nil {
 		return st
@@ -412,6 +460,10 @@ func (l *Loader) Close() error {
 	if l.nl != nil {
 		l.nl.Close()
 		l.nl = nil
+	}
+	if l.netns.IsOpen() {
+		_ = l.netns.Close()
+		l.netns = netns.None()
 	}
 	return l.objs.Close()
 }
