@@ -7,4 +7,12 @@ if ! command -v clang >/dev/null; then
 	echo "generate-bpf: clang missing; run hack/install-deps.sh" >&2
 	exit 1
 fi
+# Every header under bpf/lib/ must compile on its own, so that another
+# program can include just the ones it needs (lib/maps.h for the shared
+# maps).
+for h in bpf/lib/*.h; do
+	printf '#include "%s"\n' "${h#bpf/}" |
+		clang -target bpf -O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu -Ibpf -x c -c - -o /dev/null ||
+		{ echo "generate-bpf: $h does not compile on its own" >&2; exit 1; }
+done
 go generate ./pkg/datapath/bpf/...
