@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates the eBPF objects and their Go bindings (bpf2go) from bpf/.
-# Deterministic: the same sources give the same bytes.
+# Regenerates the eBPF objects and their Go bindings (bpf2go) from bpf/, and
+# the Go constants of the values C and Go share (bpf/lib/enums.h →
+# pkg/datapath/maps/enums_gen.go, hack/bpfenums). Deterministic: the same
+# sources give the same bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v clang >/dev/null; then
@@ -15,4 +17,4 @@ for h in bpf/lib/*.h; do
 		clang -target bpf -O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu -Ibpf -x c -c - -o /dev/null ||
 		{ echo "generate-bpf: $h does not compile on its own" >&2; exit 1; }
 done
-go generate ./pkg/datapath/bpf/...
+go generate ./pkg/datapath/bpf/... ./pkg/datapath/maps/...
