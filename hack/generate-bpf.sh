@@ -18,3 +18,10 @@ for h in bpf/lib/*.h; do
 		{ echo "generate-bpf: $h does not compile on its own" >&2; exit 1; }
 done
 go generate ./pkg/datapath/bpf/... ./pkg/datapath/maps/...
+# A second object built from the shared headers, for the test that two
+# objects share the pinned maps (pkg/datapath/bpf/shared_maps_test.go).
+# Relative paths and a fixed compilation directory keep its bytes the same
+# wherever the repository is checked out; DWARF is stripped (BTF stays).
+clang -target bpf -O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu -Ibpf -fdebug-compilation-dir . \
+	-c pkg/datapath/bpf/testdata/shared_maps.c -o pkg/datapath/bpf/testdata/shared_maps.o
+llvm-strip -g pkg/datapath/bpf/testdata/shared_maps.o
