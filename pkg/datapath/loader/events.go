@@ -15,10 +15,10 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
 
-// Event types of the ring buffer.
+// Event types of the ring buffer (bpf/lib/enums.h, through package maps).
 const (
-	EventDrop          = 1
-	EventPolicyVerdict = 2
+	EventDrop          = maps.EventDrop
+	EventPolicyVerdict = maps.EventPolicyVerdict
 )
 
 // Event is one decoded datapath event.
@@ -104,7 +104,7 @@ func (er *EventReader) Read() (Event, error) {
 	}
 	return Event{
 		Type: raw.Type, Reason: raw.Reason, Direction: raw.Dir, EndpointID: raw.EpId, Proto: raw.Proto,
-		Allowed: raw.Verdict == 1, SrcIdentity: raw.SrcIdentity, DstIdentity: raw.DstIdentity, Cookie: raw.Cookie,
+		Allowed: raw.Verdict == maps.VerdictAllowed, SrcIdentity: raw.SrcIdentity, DstIdentity: raw.DstIdentity, Cookie: raw.Cookie,
 		Src: addr(raw.Saddr), Dst: addr(raw.Daddr), SrcPort: maps.Ntohs(raw.Sport), DstPort: maps.Ntohs(raw.Dport),
 		Len: raw.Len, Monotonic: time.Duration(raw.Ts),
 	}, nil

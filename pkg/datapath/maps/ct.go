@@ -11,22 +11,17 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 )
 
-// Conntrack entry flags (CTEntry.Flags).
+// Conntrack entry flags of CTEntry.Flags: CTFlagSeenReply and
+// CTFlagClosing as stored (enums_gen.go), and these two, by Src and Dst
+// where the map stores them by side of the key (CTFlagANotLocal,
+// CTFlagBNotLocal, with CTFlagAStarted telling which side started).
 const (
-	CTFlagSeenReply uint8 = 0x01
-	CTFlagClosing   uint8 = 0x02
 	// CTFlagSrcNotLocal (CTFlagDstNotLocal): the flow's source
 	// (destination) was not a local endpoint when the entry was made, so
 	// established packets towards it are not looked for among the local
 	// endpoints.
 	CTFlagSrcNotLocal uint8 = 0x20
 	CTFlagDstNotLocal uint8 = 0x40
-	// ctFlagAStarted is the stored orientation: side a of the key sent the
-	// flow's first packet. CTEntry carries it as Src/Dst instead; the
-	// stored "not local" flags are by side (a, b) too.
-	ctFlagAStarted  uint8 = 0x04
-	ctFlagANotLocal uint8 = 0x08
-	ctFlagBNotLocal uint8 = 0x10
 )
 
 // CTEntry is one conntrack entry: a flow on this node, one entry for both
@@ -114,10 +109,10 @@ func (e CTEntry) key6() bpf.LxcCt6Key {
 func (e CTEntry) value() bpf.LxcCtEntry {
 	_, _, aEP, _, _, bEP := e.sides()
 	v := bpf.LxcCtEntry{Expires: e.Expires, EpA: aEP, EpB: bEP, Flags: e.Flags & (CTFlagSeenReply | CTFlagClosing), TcpFlags: e.TCPFlags}
-	srcFlag, dstFlag := ctFlagBNotLocal, ctFlagANotLocal
+	srcFlag, dstFlag := CTFlagBNotLocal, CTFlagANotLocal
 	if e.srcIsA() {
-		v.Flags |= ctFlagAStarted
-		srcFlag, dstFlag = ctFlagANotLocal, ctFlagBNotLocal
+		v.Flags |= CTFlagAStarted
+		srcFlag, dstFlag = CTFlagANotLocal, CTFlagBNotLocal
 	}
 	if e.Flags&CTFlagSrcNotLocal != 0 {
 		v.Flags |= srcFlag
@@ -131,11 +126,11 @@ func (e CTEntry) value() bpf.LxcCtEntry {
 // fromRaw orients a stored entry: the side that started the flow is Src.
 func fromRaw(proto uint8, a netip.Addr, aPort uint16, b netip.Addr, bPort uint16, v bpf.LxcCtEntry) CTEntry {
 	e := CTEntry{Proto: proto, Expires: v.Expires, Flags: v.Flags & (CTFlagSeenReply | CTFlagClosing), TCPFlags: v.TcpFlags}
-	aStarted := v.Flags&ctFlagAStarted != 0
-	if (v.Flags&ctFlagANotLocal != 0 && aStarted) || (v.Flags&ctFlagBNotLocal != 0 && !aStarted) {
+	aStarted := v.Flags&CTFlagAStarted != 0
+	if (v.Flags&CTFlagANotLocal != 0 && aStarted) || (v.Flags&CTFlagBNotLocal != 0 && !aStarted) {
 		e.Flags |= CTFlagSrcNotLocal
 	}
-	if (v.Flags&ctFlagBNotLocal != 0 && aStarted) || (v.Flags&ctFlagANotLocal != 0 && !aStarted) {
+	if (v.Flags&CTFlagBNotLocal != 0 && aStarted) || (v.Flags&CTFlagANotLocal != 0 && !aStarted) {
 		e.Flags |= CTFlagDstNotLocal
 	}
 	if aStarted {

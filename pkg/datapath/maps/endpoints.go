@@ -11,25 +11,13 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 )
 
-// Endpoint flags.
-const (
-	FlagEnforceIngress uint8 = 0x01
-	FlagEnforceEgress  uint8 = 0x02
-	FlagHasIPv4        uint8 = 0x04
-	FlagHasIPv6        uint8 = 0x08
-	// FlagDeliverDirect lets traffic from other local endpoints enter this
-	// endpoint's namespace straight from their program (bpf_redirect_peer),
-	// its ingress policy checked there. Needs MAC and HostMAC.
-	FlagDeliverDirect uint8 = 0x10
-)
-
 // Endpoint is one local endpoint's datapath facts.
 type Endpoint struct {
 	ID       uint16
 	IfIndex  uint32 // host-side veth
 	Identity uint32
-	// Flags holds FlagEnforce*, FlagDeliverDirect; FlagHasIPv4/6 follow
-	// the addresses.
+	// Flags holds FlagEnforce*, FlagDeliverDirect (it needs MAC and
+	// HostMAC); FlagHasIPv4/6 follow the addresses.
 	Flags   uint8
 	MAC     net.HardwareAddr // the pod's interface
 	HostMAC net.HardwareAddr // the host-side veth

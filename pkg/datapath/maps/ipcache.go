@@ -10,12 +10,6 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 )
 
-// IPCache flags.
-const (
-	// IPCacheFlagRemoteNode marks a peer node's own address.
-	IPCacheFlagRemoteNode uint8 = 0x01
-)
-
 // IPCacheEntry is the identity of a prefix and the node owning it.
 type IPCacheEntry struct {
 	Identity uint32

@@ -1,7 +1,11 @@
-// Package maps wraps the datapath's pinned BPF maps (bpf/lib/common.h) in
+// Package maps wraps the datapath's pinned BPF maps (bpf/lib/maps.h) in
 // typed Go accessors: endpoints, ipcache, policy, conntrack, metrics, each
-// with Upsert/Delete/Lookup/Iterate/Count, and names the drop reasons.
+// with Upsert/Delete/Lookup/Iterate/Count, and names the drop reasons. The
+// values shared with the C programs (reasons, flags, event types) are
+// generated from bpf/lib/enums.h into enums_gen.go.
 package maps
+
+//go:generate go run ../../../hack/bpfenums -in ../../../bpf/lib/enums.h -out enums_gen.go -package maps
 
 import (
 	"encoding/binary"
@@ -14,18 +18,6 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
-)
-
-// Address families as the datapath stores them.
-const (
-	FamilyV4 = 4
-	FamilyV6 = 6
-)
-
-// Directions as seen from the endpoint.
-const (
-	DirIngress uint8 = 0
-	DirEgress  uint8 = 1
 )
 
 // Pinned map names. Each carries its layout version: a changed C struct

@@ -9,47 +9,8 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 )
 
-// Reasons of bpf/lib/common.h: what happened to a packet. Below
-// ReasonPolicyDenied the packet passed.
-const (
-	ReasonForwarded        uint8 = 0
-	ReasonCTEstablished    uint8 = 1
-	ReasonCTReply          uint8 = 2
-	ReasonCTRelated        uint8 = 3
-	ReasonDeliveredDirect  uint8 = 4
-	ReasonPolicyDenied     uint8 = 10
-	ReasonPolicyDenyRule   uint8 = 11
-	ReasonTruncated        uint8 = 12
-	ReasonMalformed        uint8 = 13
-	ReasonInvalidSource    uint8 = 14
-	ReasonUnknownL3        uint8 = 15
-	ReasonNoEndpoint       uint8 = 16
-	ReasonFragment         uint8 = 17
-	ReasonUnknownInterface uint8 = 18
-)
-
-// reasonMax is REASON_MAX: the metrics map holds reasonMax × 2 counters.
-const reasonMax = 32
-
-// ReasonNames names every reason the datapath reports.
-func ReasonNames() map[uint8]string {
-	return map[uint8]string{
-		ReasonForwarded:        "Forwarded",
-		ReasonCTEstablished:    "Forwarded (established connection)",
-		ReasonCTReply:          "Forwarded (reply)",
-		ReasonCTRelated:        "Forwarded (related ICMP error)",
-		ReasonDeliveredDirect:  "Delivered directly to a local endpoint",
-		ReasonPolicyDenied:     "Policy denied",
-		ReasonPolicyDenyRule:   "Policy denied by deny rule",
-		ReasonTruncated:        "Truncated packet",
-		ReasonMalformed:        "Malformed packet",
-		ReasonInvalidSource:    "Invalid source address",
-		ReasonUnknownL3:        "Unsupported L3 protocol",
-		ReasonNoEndpoint:       "No local endpoint for destination",
-		ReasonFragment:         "Fragment without reassembly state under policy",
-		ReasonUnknownInterface: "Interface has no endpoint",
-	}
-}
+// The reasons (Reason*, ReasonNames) are generated from bpf/lib/enums.h
+// into enums_gen.go; the metrics map holds reasonMax × 2 counters.
 
 // ReasonName names a reason for the CLI, events and metrics.
 func ReasonName(r uint8) string {

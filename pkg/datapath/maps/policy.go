@@ -37,13 +37,8 @@ type PolicyValue struct {
 // fixedPolicyBits is the identity, always matched whole.
 const fixedPolicyBits = 32
 
-// Slots of an endpoint in the outer policy map (bpf/lib/common.h
-// policy_slot): one trie per direction for entries of a given identity
-// and one per direction for entries of any identity.
-const policySlotsPerEndpoint = 4
-
 func policySlot(ep uint16, dir uint8, anyIdentity bool) uint32 {
-	s := uint32(ep)*policySlotsPerEndpoint | uint32(dir&1)<<1
+	s := uint32(ep)*policySlotsPerEp | uint32(dir&1)<<1
 	if anyIdentity {
 		s |= 1
 	}
@@ -78,7 +73,7 @@ func (k PolicyKey) raw() (bpf.LxcPolicyKey, error) {
 
 // fromRawPolicyKey is the key r of the trie in slot.
 func fromRawPolicyKey(slot uint32, r bpf.LxcPolicyKey) PolicyKey {
-	k := PolicyKey{EndpointID: uint16(slot / policySlotsPerEndpoint), Direction: uint8(slot>>1) & 1, Identity: r.Identity}
+	k := PolicyKey{EndpointID: uint16(slot / policySlotsPerEp), Direction: uint8(slot>>1) & 1, Identity: r.Identity}
 	if r.Prefixlen > fixedPolicyBits {
 		k.Proto = r.Proto
 		k.PortPrefixLen = uint8(r.Prefixlen - fixedPolicyBits - 16)
@@ -142,7 +137,7 @@ func (m *PolicyMap) createTrieLocked(slot uint32) (*ebpf.Map, error) {
 	}
 	spec = spec.Copy()
 	// Kernel map names hold 15 characters: tdrpol_<ep>_<kind>.
-	spec.Name = fmt.Sprintf("tdrpol_%d_%d", slot/policySlotsPerEndpoint, slot%policySlotsPerEndpoint)
+	spec.Name = fmt.Sprintf("tdrpol_%d_%d", slot/policySlotsPerEp, slot%policySlotsPerEp)
 	t, err := ebpf.NewMap(spec)
 	if err != nil {
 		return nil, fmt.Errorf("create policy trie of slot %d: %w", slot, err)

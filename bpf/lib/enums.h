@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Tendril datapath: the values user space reads from or writes into the
+ * maps and events. They are defined here only: `make generate`
+ * (hack/bpfenums) turns each group below into Go constants of package
+ * pkg/datapath/maps (enums_gen.go).
+ *
+ * A group starts with a line `go:const <GoPrefix> <C_PREFIX> [type]
+ * [describe]` in a comment of its own and ends at the next blank line. It
+ * holds only #defines of integer literals and comments: a comment above a
+ * #define is its Go doc comment, a comment after it its Go line comment,
+ * or, in a describe group, its description (the group's Names() in Go). */
+#ifndef TDR_ENUMS_H
+#define TDR_ENUMS_H
+
+/* go:const Family FAMILY_ */
+#define FAMILY_V4 4
+#define FAMILY_V6 6
+
+/* Directions as seen from the endpoint.
+ * go:const Dir DIR_ uint8 */
+#define DIR_INGRESS 0 /* towards the pod */
+#define DIR_EGRESS 1  /* from the pod */
+
+/* Endpoint flags (endpoint_info.flags).
+ * go:const Flag EP_ uint8 */
+#define EP_ENFORCE_INGRESS 0x01
+#define EP_ENFORCE_EGRESS 0x02
+#define EP_HAS_IPV4 0x04
+#define EP_HAS_IPV6 0x08
+/* Packets from other local endpoints are delivered straight into this
+ * endpoint's namespace (bpf_redirect_peer), its ingress policy checked
+ * there: set when its MACs are known. */
+#define EP_DELIVER_DIRECT 0x10
+
+/* ipcache flags (ipcache_info.flags).
+ * go:const IPCacheFlag IPCACHE_F_ uint8 */
+#define IPCACHE_F_REMOTE_NODE 0x01 /* the prefix is a peer node's own address */
+
+/* Conntrack entry flags (ct_entry.flags), by side of the key: side a is
+ * the lower (address, port).
+ * go:const CTFlag CT_F_ uint8 */
+#define CT_F_SEEN_REPLY 0x01
+#define CT_F_CLOSING 0x02 /* a TCP flow that saw FIN or RST */
+#define CT_F_A_STARTED 0x04 /* side a sent the flow's first packet */
+/* Side a (b) was not a local endpoint when from_pod created the entry:
+ * established packets towards it go to the host without looking for a
+ * local destination. (A pod that takes the address later gets them through
+ * the host and its own to_pod, which checks them as new.) */
+#define CT_F_A_NOT_LOCAL 0x08
+#define CT_F_B_NOT_LOCAL 0x10
+
+/* Reasons: packet outcomes counted in tdr_metrics_v2 and reported in drop
+ * events. Below REASON_POLICY_DENIED the packet passed. The comment after
+ * each is its name in the CLI, events and metrics.
+ * go:const Reason REASON_ uint8 describe */
+#define REASON_FORWARDED 0 /* Forwarded */
+#define REASON_CT_ESTABLISHED 1 /* Forwarded (established connection) */
+#define REASON_CT_REPLY 2 /* Forwarded (reply) */
+#define REASON_CT_RELATED 3 /* Forwarded (related ICMP error) */
+#define REASON_DELIVERED_DIRECT 4 /* Delivered directly to a local endpoint */
+#define REASON_POLICY_DENIED 10 /* Policy denied */
+#define REASON_POLICY_DENY_RULE 11 /* Policy denied by deny rule */
+#define REASON_TRUNCATED 12 /* Truncated packet */
+#define REASON_MALFORMED 13 /* Malformed packet */
+#define REASON_INVALID_SOURCE 14 /* Invalid source address */
+#define REASON_UNKNOWN_L3 15 /* Unsupported L3 protocol */
+#define REASON_NO_ENDPOINT 16 /* No local endpoint for destination */
+#define REASON_FRAGMENT 17 /* Fragment without reassembly state under policy */
+#define REASON_UNKNOWN_INTERFACE 18 /* Interface has no endpoint */
+
+/* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
+ * counters.
+ * go:const reason REASON_ */
+#define REASON_MAX 32
+
+/* Event types (event.type).
+ * go:const Event EVENT_ uint8 */
+#define EVENT_DROP 1
+#define EVENT_POLICY_VERDICT 2
+
+/* Verdicts of policy verdict events (event.verdict).
+ * go:const Verdict VERDICT_ uint8 */
+#define VERDICT_DENIED 0
+#define VERDICT_ALLOWED 1
+
+/* Slots of an endpoint in tdr_policy_v2 (see policy_slot): one trie per
+ * direction for entries of a given peer identity and one per direction for
+ * entries of any identity.
+ * go:const policy POLICY_ */
+#define POLICY_SLOTS_PER_EP 4
+
+#endif

@@ -1,0 +1,281 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Tendril datapath: the pinned maps and the layouts of their keys and
+ * values, the contract between the programs and user space (the Go side,
+ * pkg/datapath/maps, reads them through bpf2go's generated types) and
+ * between programs: every object that includes this header declares the
+ * same maps, and the loader, pinning by name under the node's BPF root,
+ * gives them all the same kernel maps.
+ *
+ * A map's pinned name carries its layout version (tdr_ct4_v1): change a
+ * struct, a key or value type, a type or a size here, and bump the version
+ * in the map's name, so a pinned map of the old layout is replaced instead
+ * of misread (pkg/datapath/loader/upgrade_test.go checks the layout of
+ * every name). */
+#ifndef TDR_MAPS_H
+#define TDR_MAPS_H
+
+#include "common.h"
+
+#define MAX_ENDPOINTS 4096
+
+/* Local endpoints: the same value in five maps. Two arrays, whose lookups
+ * the verifier inlines (no hashing, no call): by the host-side veth's
+ * ifindex (what a program running on that veth looks up first; ifindexes
+ * from EP_IFINDEX_SLOTS up fall back to a hash by ifindex) and by endpoint
+ * ID (the local peer a conntrack entry names). Two hashes by IPv4 and IPv6
+ * address answer "is this destination a local endpoint?" for a packet of
+ * no known flow. An array slot with ep_id 0 is empty. */
+#define EP_IFINDEX_SLOTS 16384
+#define EP_ID_SLOTS 4096 /* endpoint IDs are 1..4095 */
+
+struct endpoint_info {
+	__u32 ifindex; /* host-side veth */
+	__u32 identity;
+	__u16 ep_id;
+	__u8 flags; /* EP_* (enums.h) */
+	__u8 pad;
+	__u8 mac[ETH_ALEN];      /* the pod's interface */
+	__u8 host_mac[ETH_ALEN]; /* the host-side veth */
+	__u8 ipv4[4];
+	__u8 ipv6[16];
+};
+
+/* LPM key: prefixlen counts the bits after it: 32 bits of family+pad, then
+ * the address bits. */
+struct ipcache_key {
+	__u32 prefixlen;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct ipcache_info {
+	__u32 identity;
+	__u8 flags;
+	/* Owner node of the prefix (0: this node or unknown): where a tunnel
+	 * mode (VXLAN) will encapsulate to; native routing leaves it to the
+	 * host's routes. */
+	__u8 tunnel_family;
+	__u8 pad[2];
+	__u8 tunnel_ip[16];
+};
+
+/* Policy: every endpoint has up to four small LPM tries of its own, one
+ * per direction for entries of a given peer identity and one per direction
+ * for entries of any identity (the "any" trie exists only when such
+ * entries do), reached through tdr_policy_v2, an array of maps indexed by
+ * policy_slot(). A lookup walks only the tries of the endpoint deciding,
+ * whatever the size of the node's policy, and skips the "any identity"
+ * lookup when the endpoint has none.
+ *
+ * LPM key: the identity is always matched whole (32 bits); proto adds 16
+ * bits (with its pad), dport up to 16 more, so a prefix expresses "any
+ * protocol", "any port of a protocol" and port ranges. */
+struct policy_key {
+	__u32 prefixlen;
+	__u32 identity;
+	__u8 proto;
+	__u8 pad;
+	__be16 dport;
+};
+
+#define POLICY_FULL_PREFIX 64
+
+static __always_inline __u32 policy_slot(__u16 ep_id, __u8 dir, __u8 any)
+{
+	return ((__u32)ep_id * POLICY_SLOTS_PER_EP) | ((__u32)(dir & 1) << 1) | (any & 1);
+}
+
+struct policy_entry {
+	__u8 deny;
+	__u8 pad[3];
+	/* Rule cookie reported in verdict events (the policy engine's rule). */
+	__u32 cookie;
+};
+
+/* Conntrack: one entry per flow on the node, shared by both directions of
+ * the flow and by its local endpoints (one, or two between local pods).
+ * The key holds the flow's two sides (address, port) in a canonical order:
+ * side a is the lower one, comparing addresses and then ports as
+ * big-endian numbers. Every packet of the flow and every reply builds the
+ * same key, so one lookup serves a packet whatever its direction and
+ * however many local endpoints it concerns. */
+struct ct4_key {
+	__u8 addr_a[4];
+	__u8 addr_b[4];
+	__be16 port_a;
+	__be16 port_b;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct ct6_key {
+	__u8 addr_a[16];
+	__u8 addr_b[16];
+	__be16 port_a;
+	__be16 port_b;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct ct_entry {
+	__u64 expires; /* bpf_ktime_get_coarse_ns() (CLOCK_MONOTONIC_COARSE) deadline */
+	/* The local endpoint owning side a's (b's) address, once its policy
+	 * admitted the flow; 0 for a remote side. An endpoint that is not
+	 * named treats the flow as new, so a flow admitted by one endpoint
+	 * is still checked by the other, and a pod that gets an address of a
+	 * deleted pod does not inherit its flows. */
+	__u16 ep_a;
+	__u16 ep_b;
+	__u8 flags;     /* CT_F_* (enums.h) */
+	__u8 tcp_flags; /* every TCP flag seen, ORed */
+	__u8 pad[2];
+};
+
+struct metric_value {
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct event {
+	__u64 ts;
+	__u8 type;
+	__u8 reason;
+	__u8 dir;
+	__u8 family;
+	__u16 ep_id;
+	__u8 proto;
+	__u8 verdict; /* VERDICT_ALLOWED or VERDICT_DENIED (verdict events) */
+	__u32 src_identity;
+	__u32 dst_identity;
+	__u32 cookie;
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport;
+	__u32 len;
+};
+
+/* Per-CPU token bucket of events: credit in ns of event budget. */
+struct ratelimit {
+	__u64 last;
+	__u64 credit;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32); /* ifindex of the host-side veth, below EP_IFINDEX_SLOTS */
+	__type(value, struct endpoint_info);
+	__uint(max_entries, EP_IFINDEX_SLOTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_ep_ifindex_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32); /* ifindex of the host-side veth (every endpoint) */
+	__type(value, struct endpoint_info);
+	__uint(max_entries, MAX_ENDPOINTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_endpoints_v2 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32); /* endpoint ID */
+	__type(value, struct endpoint_info);
+	__uint(max_entries, EP_ID_SLOTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_ep_id_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32); /* IPv4 address, network byte order */
+	__type(value, struct endpoint_info);
+	__uint(max_entries, MAX_ENDPOINTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_endpoint_ip4_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u8[16]); /* IPv6 address */
+	__type(value, struct endpoint_info);
+	__uint(max_entries, MAX_ENDPOINTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_endpoint_ip6_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct ipcache_key);
+	__type(value, struct ipcache_info);
+	__uint(max_entries, 512000);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_ipcache_v2 SEC(".maps");
+
+/* One endpoint's policy entries of one direction, for one peer identity
+ * kind (see policy_slot). The agent creates these as endpoints get
+ * policy; the outer map holds them, so they live while the agent is down. */
+struct policy_trie {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	/* Sizes, not types: clang's BTF has only a forward declaration of a
+	 * type behind the inner map's pointers. */
+	__uint(key_size, sizeof(struct policy_key));
+	__uint(value_size, sizeof(struct policy_entry));
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, EP_ID_SLOTS * POLICY_SLOTS_PER_EP);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct policy_trie);
+} tdr_policy_v2 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct4_key);
+	__type(value, struct ct_entry);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_ct4_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct6_key);
+	__type(value, struct ct_entry);
+	__uint(max_entries, 131072);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_ct6_v1 SEC(".maps");
+
+/* Index: reason * 2 + direction. A per-CPU array: the counter update on
+ * every packet is a direct, lock-free access. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct metric_value);
+	__uint(max_entries, REASON_MAX * 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_metrics_v2 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_events_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ratelimit);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_ratelimit_v2 SEC(".maps");
+
+/* Keep struct event and the policy key and entry in BTF so bpf2go generates
+ * their Go types (the inner policy maps name only their sizes). */
+const struct event *unused_event_type __attribute__((unused));
+const struct policy_entry *unused_policy_entry_type __attribute__((unused));
+const struct policy_key *unused_policy_key_type __attribute__((unused));
+
+#endif

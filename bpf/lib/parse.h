@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Tendril datapath: the packet parser: Ethernet, IPv4, IPv6 with its
+ * extension headers, the L4 ports or ICMP type, and the packet an ICMP
+ * error quotes. */
+#ifndef TDR_PARSE_H
+#define TDR_PARSE_H
+
+#include "pkt.h"
+
+/* parse_icmp_inner reads the packet an ICMP error quotes, at off. */
+static __always_inline int parse_icmp_inner(struct __sk_buff *skb, __u32 off, struct pkt *p)
+{
+	__u32 in = off;
+
+	if (p->family == FAMILY_V4) {
+		__u8 *ih = hdr(skb, p, in, 20);
+		if (!ih)
+			return REASON_TRUNCATED;
+		__u8 ihl = ih[0] & 0xf;
+		if ((ih[0] >> 4) != 4 || ihl < 5)
+			return REASON_MALFORMED;
+		p->in_proto = ih[9];
+		__builtin_memcpy(p->in_saddr, &ih[12], 4);
+		__builtin_memcpy(p->in_daddr, &ih[16], 4);
+		in += (__u32)ihl * 4;
+	} else {
+		__u8 *ih = hdr(skb, p, in, 40);
+		if (!ih)
+			return REASON_TRUNCATED;
+		if ((ih[0] >> 4) != 6)
+			return REASON_MALFORMED;
+		p->in_proto = ih[6];
+		__builtin_memcpy(p->in_saddr, &ih[8], 16);
+		__builtin_memcpy(p->in_daddr, &ih[24], 16);
+		in += 40;
+	}
+	if (p->in_proto == IPPROTO_ICMP_ || p->in_proto == IPPROTO_ICMPV6_) {
+		/* An error about an echo request: its tuple is (id, 0). */
+		__u8 *ic = hdr(skb, p, in, 8);
+		if (!ic)
+			return REASON_TRUNCATED;
+		p->in_sport = be16_at(&ic[4]);
+		p->in_dport = 0;
+		return REASON_FORWARDED;
+	}
+	__u8 *ports = hdr(skb, p, in, 4);
+	if (!ports)
+		return REASON_TRUNCATED;
+	p->in_sport = be16_at(&ports[0]);
+	p->in_dport = be16_at(&ports[2]);
+	return REASON_FORWARDED;
+}
+
+/* parse_l4 reads ports (or ICMP type/id) at off. Returns a reason on error,
+ * REASON_FORWARDED when fine. */
+static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
+{
+	if (p->nonfirst_frag)
+		return REASON_FORWARDED;
+	switch (p->proto) {
+	case IPPROTO_TCP_: {
+		__u8 *h = hdr(skb, p, off, 20);
+		if (!h)
+			return REASON_TRUNCATED;
+		p->sport = be16_at(&h[0]);
+		p->dport = be16_at(&h[2]);
+		p->tcp_flags = h[13];
+		p->pport = p->dport;
+		if ((h[12] >> 4) < 5)
+			return REASON_MALFORMED;
+		return REASON_FORWARDED;
+	}
+	case IPPROTO_UDP_:
+	case IPPROTO_SCTP_: {
+		__u8 *h = hdr(skb, p, off, 8);
+		if (!h)
+			return REASON_TRUNCATED;
+		p->sport = be16_at(&h[0]);
+		p->dport = be16_at(&h[2]);
+		p->pport = p->dport;
+		return REASON_FORWARDED;
+	}
+	case IPPROTO_ICMP_:
+	case IPPROTO_ICMPV6_: {
+		__u8 *h = hdr(skb, p, off, 8);
+		if (!h)
+			return REASON_TRUNCATED;
+		__u8 type = h[0];
+		__be16 id = be16_at(&h[4]);
+		/* Policy sees the ICMP type as the port, as Cilium does. */
+		p->pport = bpf_htons(type);
+		int v6 = p->proto == IPPROTO_ICMPV6_;
+		if ((!v6 && type == 8) || (v6 && type == 128)) { /* echo request */
+			p->sport = id;
+			p->dport = 0;
+			return REASON_FORWARDED;
+		}
+		if ((!v6 && type == 0) || (v6 && type == 129)) { /* echo reply */
+			p->sport = 0;
+			p->dport = id;
+			return REASON_FORWARDED;
+		}
+		p->dport = p->pport;
+		if (v6 && ((type >= 130 && type <= 137) || type == 143)) {
+			p->ndp = 1;
+			return REASON_FORWARDED;
+		}
+		int err = (!v6 && (type == 3 || type == 11 || type == 12)) || (v6 && type >= 1 && type <= 4);
+		if (!err)
+			return REASON_FORWARDED;
+		p->icmp_error = 1;
+		return parse_icmp_inner(skb, off + 8, p);
+	}
+	}
+	return REASON_FORWARDED;
+}
+
+/* parse fills p from the packet; it returns REASON_FORWARDED, or a reason
+ * to drop. ARP sets p->arp and passes as is.
+ *
+ * parse, ct_create (conntrack.h), policy (policy.h) and deliver_direct
+ * (bpf_lxc.c) are global functions: the verifier checks each once, on its
+ * own, instead of every path through the header parser times every path
+ * through two endpoints' checks, which exceeds its budget when everything
+ * is inlined. After a call the caller knows nothing of what the callee
+ * wrote into struct pkt, which also keeps the caller's states few. The
+ * calls cost a few ns. */
+__attribute__((noinline)) int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return REASON_MALFORMED;
+	p->now = bpf_ktime_get_coarse_ns();
+	p->len = skb->len;
+	p->l3_end = skb->len;
+	__u8 *eth = hdr(skb, p, 0, ETH_HLEN);
+	if (!eth)
+		return REASON_TRUNCATED;
+	__be16 eth_proto = be16_at(&eth[12]);
+	if (eth_proto == bpf_htons(ETH_P_ARP)) {
+		p->arp = 1;
+		return REASON_FORWARDED;
+	}
+	if (eth_proto == bpf_htons(ETH_P_IP)) {
+		__u8 *h = hdr(skb, p, ETH_HLEN, 20);
+		if (!h)
+			return REASON_TRUNCATED;
+		__u8 ihl = h[0] & 0xf;
+		if ((h[0] >> 4) != 4 || ihl < 5)
+			return REASON_MALFORMED;
+		__u16 tot = ((__u16)h[2] << 8) | h[3];
+		if (tot < (__u16)ihl * 4 || ETH_HLEN + (__u32)tot > skb->len)
+			return REASON_TRUNCATED;
+		p->family = FAMILY_V4;
+		p->l3_end = ETH_HLEN + tot;
+		p->proto = h[9];
+		p->nonfirst_frag = ((((__u16)h[6] << 8) | h[7]) & 0x1fff) != 0;
+		__builtin_memcpy(p->saddr, &h[12], 4);
+		__builtin_memcpy(p->daddr, &h[16], 4);
+		return parse_l4(skb, ETH_HLEN + (__u32)ihl * 4, p);
+	}
+	if (eth_proto == bpf_htons(ETH_P_IPV6)) {
+		__u8 *h = hdr(skb, p, ETH_HLEN, 40);
+		if (!h)
+			return REASON_TRUNCATED;
+		if ((h[0] >> 4) != 6)
+			return REASON_MALFORMED;
+		__u16 plen = ((__u16)h[4] << 8) | h[5];
+		if (ETH_HLEN + 40 + (__u32)plen > skb->len)
+			return REASON_TRUNCATED;
+		p->family = FAMILY_V6;
+		p->l3_end = ETH_HLEN + 40 + plen;
+		__builtin_memcpy(p->saddr, &h[8], 16);
+		__builtin_memcpy(p->daddr, &h[24], 16);
+		__u8 next = h[6];
+		__u32 off = ETH_HLEN + 40;
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			if (off > MAX_HDR_OFFSET)
+				return REASON_MALFORMED;
+			if (next == 0 || next == 43 || next == 60) { /* hop-by-hop, routing, destination */
+				__u8 *x = hdr(skb, p, off, 2);
+				if (!x)
+					return REASON_TRUNCATED;
+				next = x[0];
+				off += ((__u32)x[1] + 1) * 8;
+			} else if (next == 44) { /* fragment */
+				__u8 *x = hdr(skb, p, off, 4);
+				if (!x)
+					return REASON_TRUNCATED;
+				next = x[0];
+				p->nonfirst_frag = ((((__u16)x[2] << 8) | x[3]) & 0xfff8) != 0;
+				off += 8;
+			} else {
+				break;
+			}
+		}
+		/* Longer extension chains, or deeper headers, than we parse. */
+		if (next == 0 || next == 43 || next == 60 || next == 44 || off > MAX_HDR_OFFSET)
+			return REASON_MALFORMED;
+		p->proto = next;
+		return parse_l4(skb, off, p);
+	}
+	return REASON_UNKNOWN_L3;
+}
+
+#endif
