@@ -10,7 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
-	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -51,7 +51,7 @@ func mapID(t *testing.T, m *ebpf.Map) ebpf.MapID {
 // ipcache headers, must read what was written through the first.
 func TestPrivilegedSecondObjectSharesMaps(t *testing.T) {
 	testutil.Privileged(t)
-	if err := loader.EnsureBPFFS("/sys/fs/bpf"); err != nil {
+	if _, err := bpffs.EnsureMounted(); err != nil {
 		t.Fatal(err)
 	}
 	dir, err := os.MkdirTemp("/sys/fs/bpf", "tendril-shared-maps-test")
