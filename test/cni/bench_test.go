@@ -1,12 +1,17 @@
 package cni_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +19,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
+	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -41,21 +47,75 @@ func BenchmarkPrivilegedSerialAdd(b *testing.B) {
 func benchmarkPlugins(b *testing.B, pods int) {
 	b.Run("reference", func(b *testing.B) {
 		n, list := startReferenceNode(b)
-		benchmarkConcurrentAdd(b, n, list, pods)
+		benchmarkConcurrentAdd(b, n, list, addBench{pods: pods})
 	})
 	// TENDRIL_BENCH_AGENT_ARGS adds agent flags, e.g. to profile the agent
 	// (--pprof-serve-addr) or to take the eBPF datapath out of the
 	// measurement (--enable-datapath=false).
 	extra := strings.Fields(os.Getenv("TENDRIL_BENCH_AGENT_ARGS"))
-	for _, mode := range []string{"default", "tc", "tcx"} {
-		b.Run("tendril-"+mode, func(b *testing.B) {
-			args := extra
-			if mode != "default" {
-				args = append([]string{"--datapath-attach-mode=" + mode}, extra...)
-			}
-			n := startNode(b, args...)
-			benchmarkConcurrentAdd(b, n, n.confList("tendril-cni", "1.1.0", nil), pods)
+	type variant struct {
+		name string
+		args []string
+		opts addBench
+	}
+	variants := []variant{
+		// The default moves new endpoints to TCX links once the node is
+		// quiet: each round waits for that and reports how long it took.
+		{"tendril-default", nil, addBench{pods: pods, waitPromoted: true}},
+		{"tendril-tc", []string{"--datapath-attach-mode=tc"}, addBench{pods: pods}},
+		{"tendril-tcx-undeferred", []string{"--datapath-attach-mode=tcx", "--datapath-defer-tcx=false"}, addBench{pods: pods}},
+	}
+	if pods > 1 {
+		// The default again, the burst arriving while the agent moves as
+		// many earlier pods to TCX links.
+		variants = append(variants, variant{"tendril-default-during-promotion", nil, addBench{pods: pods, busy: pods}})
+	}
+	for _, v := range variants {
+		b.Run(v.name, func(b *testing.B) {
+			n := startNode(b, append(append([]string(nil), v.args...), extra...)...)
+			benchmarkConcurrentAdd(b, n, n.confList("tendril-cni", "1.1.0", nil), v.opts)
 		})
+	}
+}
+
+// addBench is one workload of benchmarkConcurrentAdd.
+type addBench struct {
+	// pods are added at once in each timed burst.
+	pods int
+	// busy pods are added (not timed) before each burst, which starts once
+	// the agent has begun to move them to TCX links.
+	busy int
+	// waitPromoted waits after each burst until the agent has moved every
+	// endpoint to TCX links, and reports the time from the burst's end.
+	waitPromoted bool
+}
+
+var pendingRe = regexp.MustCompile(`(\d+) endpoints on tc filters`)
+
+// pendingTCX is how many endpoints the agent has yet to move from tc
+// filters to TCX links, from its status.
+func (n *node) pendingTCX(b *testing.B) int {
+	var st ext.StatusResponse
+	if err := n.agent.Do(context.Background(), "GET", "/healthz", nil, nil, nil, &st); err != nil {
+		b.Fatal(err)
+	}
+	m := pendingRe.FindStringSubmatch(sectionValue(&st, "Datapath", "programs"))
+	if m == nil {
+		return 0
+	}
+	v, _ := strconv.Atoi(m[1])
+	return v
+}
+
+// waitNoPendingTCX waits until the agent has moved every endpoint to TCX
+// links; the deadline only bounds a broken agent.
+func (n *node) waitNoPendingTCX(b *testing.B) {
+	deadline := time.Now().Add(time.Minute)
+	for n.pendingTCX(b) > 0 {
+		if time.Now().After(deadline) {
+			b.Fatalf("%d endpoints still on tc filters after a minute", n.pendingTCX(b))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -88,16 +148,19 @@ func startReferenceNode(b *testing.B) (*node, *libcni.NetworkConfigList) {
 	return n, list
 }
 
-func benchmarkConcurrentAdd(b *testing.B, n *node, list *libcni.NetworkConfigList, pods int) {
+func benchmarkConcurrentAdd(b *testing.B, n *node, list *libcni.NetworkConfigList, opts addBench) {
+	pods := opts.pods
 	ps := make([]*pod, pods)
 	for i := range ps {
 		ps[i] = n.newPod(fmt.Sprintf("bench-%d", i))
 	}
-	var lat []time.Duration
-	b.ResetTimer()
-	for range b.N {
-		durs := make([]time.Duration, pods)
-		errs := make([]error, pods)
+	others := make([]*pod, opts.busy)
+	for i := range others {
+		others[i] = n.newPod(fmt.Sprintf("busy-%d", i))
+	}
+	burst := func(ps []*pod) ([]time.Duration, []error) {
+		durs := make([]time.Duration, len(ps))
+		errs := make([]error, len(ps))
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for i, p := range ps {
@@ -112,6 +175,25 @@ func benchmarkConcurrentAdd(b *testing.B, n *node, list *libcni.NetworkConfigLis
 		}
 		close(start)
 		wg.Wait()
+		return durs, errs
+	}
+	var lat []time.Duration
+	var promoted []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		if len(others) > 0 {
+			if _, errs := burst(others); errors.Join(errs...) != nil {
+				b.Fatalf("ADD of the busy pods: %v", errors.Join(errs...))
+			}
+			// The agent starts moving them after 500 ms of quiet.
+			time.Sleep(600 * time.Millisecond)
+			if n.pendingTCX(b) == 0 {
+				b.Fatal("no endpoint waits for its TCX links: the burst would not overlap a promotion")
+			}
+		}
+		b.StartTimer()
+		durs, errs := burst(ps)
 		b.StopTimer()
 		for i, err := range errs {
 			if err != nil {
@@ -119,7 +201,12 @@ func benchmarkConcurrentAdd(b *testing.B, n *node, list *libcni.NetworkConfigLis
 			}
 		}
 		lat = append(lat, durs...)
-		for _, p := range ps {
+		if opts.waitPromoted {
+			t0 := time.Now()
+			n.waitNoPendingTCX(b)
+			promoted = append(promoted, time.Since(t0))
+		}
+		for _, p := range append(append([]*pod(nil), ps...), others...) {
 			if err := n.del(list, p); err != nil {
 				b.Fatalf("DEL %s: %v", p.name, err)
 			}
@@ -127,6 +214,10 @@ func benchmarkConcurrentAdd(b *testing.B, n *node, list *libcni.NetworkConfigLis
 		b.StartTimer()
 	}
 	b.StopTimer()
+	if len(promoted) > 0 {
+		slices.Sort(promoted)
+		b.ReportMetric(float64(promoted[len(promoted)/2].Microseconds())/1000, "tcx-after-ms")
+	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	pct := func(q float64) float64 {
 		return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) / 1000
