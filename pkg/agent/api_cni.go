@@ -32,6 +32,10 @@ func (a *Agent) handleCNI(w http.ResponseWriter, r *http.Request) error {
 	if srv == nil {
 		return server.Errorf(http.StatusServiceUnavailable, "endpoints and IPAM are not started yet")
 	}
+	if a.datapath != nil && (command == cni.CommandAdd || command == cni.CommandDel) {
+		// No endpoint moves to TCX links while pods come and go.
+		defer a.datapath.loader.HoldPromotions()()
+	}
 	var req cni.Request
 	if err := server.DecodeJSON(r, &req); err != nil {
 		return err
@@ -56,6 +60,17 @@ func (a *Agent) handleCNI(w http.ResponseWriter, r *http.Request) error {
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(result)
 	return nil
+}
+
+// holdingPromotions wraps a handler that creates or removes endpoints (the
+// stock cilium-cni's calls): no endpoint moves to TCX links meanwhile.
+func (a *Agent) holdingPromotions(h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if a.datapath != nil {
+			defer a.datapath.loader.HoldPromotions()()
+		}
+		return h(w, r)
+	}
 }
 
 func writeCNIError(w http.ResponseWriter, e *cni.Error) {

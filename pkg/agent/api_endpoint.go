@@ -18,11 +18,11 @@ import (
 // registerEndpointAPI serves the /v1/endpoint paths of the Cilium v1 spec.
 func (a *Agent) registerEndpointAPI() {
 	a.api.Handle(http.MethodGet, "/v1/endpoint", a.handleEndpointList)
-	a.api.Handle(http.MethodDelete, "/v1/endpoint", a.handleEndpointBatchDelete)
-	a.api.Handle(http.MethodPut, "/v1/endpoint/{id}", a.handleEndpointPut)
+	a.api.Handle(http.MethodDelete, "/v1/endpoint", a.holdingPromotions(a.handleEndpointBatchDelete))
+	a.api.Handle(http.MethodPut, "/v1/endpoint/{id}", a.holdingPromotions(a.handleEndpointPut))
 	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}", a.handleEndpointGet)
 	a.api.Handle(http.MethodPatch, "/v1/endpoint/{id}", a.handleEndpointPatch)
-	a.api.Handle(http.MethodDelete, "/v1/endpoint/{id}", a.handleEndpointDelete)
+	a.api.Handle(http.MethodDelete, "/v1/endpoint/{id}", a.holdingPromotions(a.handleEndpointDelete))
 	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}/config", a.handleEndpointConfigGet)
 	a.api.Handle(http.MethodPatch, "/v1/endpoint/{id}/config", a.handleEndpointConfigPatch)
 	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}/labels", a.handleEndpointLabelsGet)

@@ -175,7 +175,12 @@ func (s *Server) add(ctx context.Context, req *cni.Request) (_ []byte, retErr *c
 	if mtu == 0 {
 		mtu = s.deps.DeviceMTU
 	}
-	hostLink, pod, err := createVeth(s.deps.Netlink, ph, hostName, req.IfName, mtu, podNS, log)
+	nl, err := s.commandNetlink()
+	if err != nil {
+		return nil, cniError(cni.ErrLink, "open a netlink socket in the node's namespace", err)
+	}
+	defer nl.Close()
+	hostLink, pod, err := createVeth(nl, ph, hostName, req.IfName, mtu, podNS, log)
 	if err != nil {
 		return nil, cniError(cni.ErrLink, "create veth pair", err)
 	}
@@ -184,7 +189,7 @@ func (s *Server) add(ctx context.Context, req *cni.Request) (_ []byte, retErr *c
 	if err := s.deps.Host.ConfigureHostVeth(hostName, nil); err != nil {
 		return nil, cniError(cni.ErrLink, "configure host veth", err)
 	}
-	if err := s.deps.Netlink.LinkSetUp(hostLink); err != nil {
+	if err := nl.LinkSetUp(hostLink); err != nil {
 		return nil, cniError(cni.ErrLink, "set host veth up", err)
 	}
 	if err := configurePod(ph, req.IfName, addrs, hostLink.Attrs().HardwareAddr, pod, primary); err != nil {
@@ -265,7 +270,12 @@ func (s *Server) del(ctx context.Context, req *cni.Request) *cni.Error {
 	// The veth first: removing it removes the pod side and the node's
 	// routes to the pod with it.
 	hostName := HostVethName(req.ContainerID, req.IfName)
-	if err := deleteLink(s.deps.Netlink, hostName); err != nil {
+	nl, err := s.commandNetlink()
+	if err != nil {
+		return cniError(cni.ErrLink, "open a netlink socket in the node's namespace", err)
+	}
+	defer nl.Close()
+	if err := deleteLink(nl, hostName); err != nil {
 		return cniError(cni.ErrLink, "remove host veth "+hostName, err)
 	}
 	// Only this attachment's endpoint: a container with two interfaces
