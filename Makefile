@@ -42,10 +42,18 @@ k8s-binaries:
 # Everything CI runs: system packages, generated-file check, lint, build,
 # Kubernetes binaries (cached outside the repo), then every test including
 # the privileged ones (CI=true turns their skips into failures).
+# Packages whose code runs goroutines against shared state: `make test` runs
+# them a second time under the race detector.
+RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/ipcache/ \
+	./pkg/identity/... ./pkg/cni/... ./pkg/agent/ ./pkg/lifecycle/ ./pkg/health/ ./pkg/namedns/ \
+	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/node/
+
 test: deps verify-generated lint build k8s-binaries
-	@echo "==> go test (full log in .test-output.log)"
+	@echo "==> go test (full log in .test-output.log), then go test -race on the packages that hold concurrency"
 	@TENDRIL_BIN_DIR=$(BIN) $(GO) test -v -count=1 -timeout 50m ./... > $(CURDIR)/.test-output.log 2>&1; \
-		status=$$?; hack/test-summary.sh $(CURDIR)/.test-output.log; \
+		status=$$?; \
+		$(GO) test -race -v -count=1 -timeout 20m $(RACE_PACKAGES) >> $(CURDIR)/.test-output.log 2>&1 || status=1; \
+		hack/test-summary.sh $(CURDIR)/.test-output.log; \
 		if [ $$status -ne 0 ]; then echo "==> failures in detail:"; grep -B2 -A30 -E '^\s*--- FAIL' $(CURDIR)/.test-output.log | head -400; fi; \
 		exit $$status
 

@@ -22,7 +22,8 @@ check_host() {
 	echo "install-deps: host checks passed (Go $(go env GOVERSION), kernel $(uname -r); bpffs is mounted by the agent and the lab when missing)"
 }
 
-packages=(clang llvm libbpf-dev bpftool iproute2 iperf3 iputils-ping ethtool curl jq procps util-linux)
+# gcc and libc6-dev: the race detector (make test runs -race) needs cgo.
+packages=(clang llvm libbpf-dev bpftool iproute2 iperf3 iputils-ping ethtool curl jq procps util-linux gcc libc6-dev)
 missing=()
 for p in "${packages[@]}"; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
