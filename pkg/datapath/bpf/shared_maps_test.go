@@ -9,8 +9,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/bpffs"
+	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 

@@ -119,6 +119,9 @@ type Loader struct {
 	pendingTCX map[uint16]struct{}
 	lastAttach time.Time
 	wake       chan struct{}
+	// holds counts endpoint creations and removals under way
+	// (HoldPromotions).
+	holds int
 }
 
 // New returns a loader; nothing is loaded until Start.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -59,6 +60,33 @@ func (l *Loader) markPendingLocked(id uint16) {
 	select {
 	case l.wake <- struct{}{}:
 	default:
+	}
+}
+
+// HoldPromotions tells the loader that an endpoint is being created or
+// removed (a CNI ADD or DEL has begun): no promotion starts until every
+// hold is released and the node has been quiet for the period after. A
+// promotion holds rtnl through two RCU grace periods, and everything an ADD
+// does to links and routes needs rtnl too; so the quiet period starts
+// when the ADD starts, not when it reaches the attach. release is
+// idempotent.
+func (l *Loader) HoldPromotions() (release func()) {
+	l.mu.Lock()
+	l.holds++
+	l.lastAttach = time.Now()
+	l.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			l.holds--
+			l.lastAttach = time.Now()
+			l.mu.Unlock()
+			select {
+			case l.wake <- struct{}{}:
+			default:
+			}
+		})
 	}
 }
 
@@ -139,6 +167,9 @@ func (l *Loader) promoteOne(quiet time.Duration) (time.Duration, bool) {
 	defer l.mu.Unlock()
 	if len(l.pendingTCX) == 0 {
 		return 0, false
+	}
+	if l.holds > 0 {
+		return quiet, false // woken again when the last hold goes
 	}
 	if left := quiet - time.Since(l.lastAttach); left > 0 {
 		return left, false
