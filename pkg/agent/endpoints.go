@@ -34,6 +34,9 @@ type endpointsModule struct {
 	host     *linux.Host
 	restored endpointmanager.RestoreResult
 	cancel   context.CancelFunc
+	// regenStop ends the manager's regeneration workers and waits for
+	// them.
+	regenStop func()
 
 	// cni serves tendril-cni's commands once IPAM and the endpoints are up.
 	cniMu sync.Mutex
@@ -79,6 +82,9 @@ func (m *endpointsModule) start(ctx context.Context) error {
 	m.host = linux.NewHost(nl, netns.None(), a.log.With("module", "host-networking"))
 	m.mgr = endpointmanager.New(store, alloc, a.log.With("module", "endpoint-manager"))
 	m.mgr.SetRegenerator(&regenerator{m: m})
+	// An endpoint's identity is part of the universe other endpoints'
+	// policies resolve against (its pod's named ports).
+	m.mgr.Subscribe(func(endpointmanager.Event) { a.policy.invalidateUniverse() })
 
 	start := time.Now()
 	res, err := m.mgr.Restore(ctx, m.host.LinkExists)
@@ -132,12 +138,33 @@ func (m *endpointsModule) stop(context.Context) error {
 	return nil
 }
 
-// regenerateRestored is start step 9.
+// regenerateRestored is start step 9: the restored endpoints regenerate,
+// then the manager's workers start, which retry what failed and build
+// every later change (labels, policy for endpoints that were not ready).
 func (m *endpointsModule) regenerateRestored(ctx context.Context) error {
 	if err := m.mgr.RegenerateRestored(ctx); err != nil {
-		// An endpoint that fails stays not-ready and is retried on the next
-		// regeneration; the agent itself keeps running.
-		m.a.log.Error("Some restored endpoints failed to regenerate", "error", err)
+		// An endpoint that fails is not ready and queued for a retry with
+		// backoff; the agent itself keeps running.
+		m.a.log.Error("Some restored endpoints failed to regenerate; they are retried", "error", err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.mgr.Run(runCtx)
+	}()
+	m.regenStop = func() {
+		cancel()
+		<-done
+	}
+	return nil
+}
+
+// stopRegeneration stops the regeneration workers (before the modules they
+// use stop).
+func (m *endpointsModule) stopRegeneration(context.Context) error {
+	if m.regenStop != nil {
+		m.regenStop()
 	}
 	return nil
 }
@@ -178,7 +205,19 @@ func (m *endpointsModule) statusSection() ext.Section {
 		counts[ep.State]++
 	}
 	sec.Lines = append(sec.Lines, ext.Line{Key: "endpoints", Value: fmt.Sprintf("%d (%d ready)", len(eps), counts[endpoint.StateReady])})
+	sec.Lines = append(sec.Lines, ext.Line{Key: "endpoint policy", Value: convergenceLine(m.mgr.Convergence())})
 	return sec
+}
+
+// convergenceLine says how many endpoints have not yet realized the
+// current policy revision, and how many of those failed last time.
+func convergenceLine(c endpointmanager.Convergence) string {
+	notRealized := c.Endpoints - c.Converged
+	line := fmt.Sprintf("revision %d: %d/%d realized", c.PolicyRevision, c.Converged, c.Endpoints)
+	if notRealized > 0 {
+		line += fmt.Sprintf(", %d not yet realized (%d failing, retried)", notRealized, c.Failing)
+	}
+	return line
 }
 
 // regenerator realizes an endpoint in the node: host veth settings and
