@@ -80,11 +80,7 @@ func (m *endpointsModule) start(ctx context.Context) error {
 	}
 	m.nl = nl
 	m.host = linux.NewHost(nl, netns.None(), a.log.With("module", "host-networking"))
-	m.mgr = endpointmanager.New(store, alloc, a.log.With("module", "endpoint-manager"))
-	m.mgr.SetRegenerator(&regenerator{m: m})
-	// An endpoint's identity is part of the universe other endpoints'
-	// policies resolve against (its pod's named ports).
-	m.mgr.Subscribe(func(endpointmanager.Event) { a.policy.invalidateUniverse() })
+	m.mgr = m.newManager(store, alloc)
 
 	start := time.Now()
 	res, err := m.mgr.Restore(ctx, m.host.LinkExists)
@@ -126,6 +122,17 @@ func (m *endpointsModule) start(ctx context.Context) error {
 	m.cni = srv
 	m.cniMu.Unlock()
 	return nil
+}
+
+// newManager builds the endpoint manager over store and wires it into the
+// agent: its regenerator (host networking, then the regeneration hooks) and
+// the policy's universe, which an endpoint's identity is part of (its pod's
+// named ports).
+func (m *endpointsModule) newManager(store *endpoint.Store, alloc *ipam.IPAM) *endpointmanager.Manager {
+	mgr := endpointmanager.New(store, alloc, m.a.log.With("module", "endpoint-manager"))
+	mgr.SetRegenerator(&regenerator{m: m})
+	mgr.Subscribe(func(endpointmanager.Event) { m.a.policy.invalidateUniverse() })
+	return mgr
 }
 
 func (m *endpointsModule) stop(context.Context) error {
