@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,6 +26,10 @@ type recordingDatapath struct {
 	state    map[uint16]string
 	attempts []time.Time
 	builds   int
+	// started, when set, receives each regeneration's endpoint, which
+	// then waits for a value on release (or its close).
+	started chan *endpoint.Endpoint
+	release chan struct{}
 }
 
 func newRecordingDatapath(rev uint64) *recordingDatapath {
@@ -68,7 +73,12 @@ func mapState(rev uint64, labels []string) string {
 func (d *recordingDatapath) Regenerate(_ context.Context, ep *endpoint.Endpoint) error {
 	d.mu.Lock()
 	d.builds++
+	started, release := d.started, d.release
 	d.mu.Unlock()
+	if started != nil {
+		started <- ep.Clone() // the test sees the regeneration start...
+		<-release             // ...and lets it go on
+	}
 	return d.write(ep)
 }
 
@@ -310,5 +320,45 @@ func TestRetryDelay(t *testing.T) {
 		if got := r.delay(failures); got != want {
 			t.Errorf("delay after %d failures = %v, want %v", failures, got, want)
 		}
+	}
+}
+
+// TestLabelsChangedDuringRegenerationAreNotLost: new labels recorded while
+// the endpoint regenerates for older ones survive that regeneration, and
+// the next one realizes them.
+func TestLabelsChangedDuringRegenerationAreNotLost(t *testing.T) {
+	f := newFixture(t, t.TempDir())
+	dp := newRecordingDatapath(1)
+	f.mgr.SetRegenerator(dp)
+	ep := f.createPod(t, 1)
+	runManager(t, f.mgr, Retry{Base: 5 * time.Millisecond, Max: 20 * time.Millisecond, FullPass: time.Hour, Workers: 2})
+	started, release := make(chan *endpoint.Endpoint, 8), make(chan struct{})
+	dp.mu.Lock()
+	dp.started, dp.release = started, release
+	dp.mu.Unlock()
+	t.Cleanup(func() { close(release) }) // before the workers stop: none waits forever
+	if _, err := f.mgr.SetLabels(ep.ID, []string{"k8s:v=1"}, "first"); err != nil {
+		t.Fatal(err)
+	}
+	inFlight := <-started
+	if !slices.Equal(inFlight.Labels, []string{"k8s:v=1"}) {
+		t.Fatalf("regenerating with %v", inFlight.Labels)
+	}
+	if _, err := f.mgr.SetLabels(ep.ID, []string{"k8s:v=2"}, "second"); err != nil {
+		t.Fatal(err)
+	}
+	release <- struct{}{}
+	second := <-started
+	if !slices.Equal(second.Labels, []string{"k8s:v=2"}) {
+		t.Fatalf("second regeneration with %v", second.Labels)
+	}
+	release <- struct{}{}
+	waitConverged(t, f.mgr, ep.ID, 1)
+	got, _ := f.mgr.Lookup(fmt.Sprint(ep.ID))
+	if !slices.Equal(got.Labels, []string{"k8s:v=2"}) {
+		t.Fatalf("labels %v after both regenerations", got.Labels)
+	}
+	if state, _ := dp.snapshot(ep.ID); state != mapState(1, []string{"k8s:v=2"}) {
+		t.Fatalf("map holds %q", state)
 	}
 }

@@ -489,10 +489,11 @@ func (m *Manager) regenerate(ctx context.Context, id uint16, reason string) (reg
 		m.mu.Unlock()
 		return nil, nil // deleted meanwhile
 	}
-	// Take over what the regenerator computed.
+	// Take over what the regenerator computed. The labels stay: they are
+	// the desired ones, and SetLabels may have changed them meanwhile (a
+	// regeneration for them is queued then).
 	ep.Identity, ep.PolicyRevision = work.Identity, work.PolicyRevision
 	ep.EnforceIngress, ep.EnforceEgress = work.EnforceIngress, work.EnforceEgress
-	ep.Labels = work.Labels
 	if ep.HostIfIndex == 0 {
 		ep.HostIfIndex = work.HostIfIndex
 	}
