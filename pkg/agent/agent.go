@@ -226,7 +226,7 @@ func (a *Agent) buildStartList() {
 
 	// 9. regenerate the restored endpoints once identities and policy are in;
 	// then keep endpoints in line with policy changes.
-	a.appendModule("regenerate-restored", a.endpoints.regenerateRestored, nil)
+	a.appendModule("regenerate-restored", a.endpoints.regenerateRestored, a.endpoints.stopRegeneration)
 	var policyCancel context.CancelFunc
 	policyDone := make(chan struct{})
 	a.appendModule("policy-regeneration", func(context.Context) error {

@@ -31,6 +31,9 @@ type datapathModule struct {
 	a          *Agent
 	loader     *loader.Loader
 	identities identity.Allocator
+	// dp is what an endpoint's regeneration writes in the kernel: the
+	// loader's maps and programs (a recording fake in benchmarks).
+	dp endpointDatapath
 	// ipcache holds every source's prefix claims; the winners go to the
 	// BPF ipcache map.
 	ipcache *ipcache.IPCache
@@ -75,6 +78,7 @@ func newDatapathModule(a *Agent) *datapathModule {
 		ctEntries:  prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "entries", Help: "Conntrack entries seen by the last GC run."}),
 		ctInterval: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "interval_seconds", Help: "Current conntrack GC interval."}),
 	}
+	m.dp = loaderDatapath{m.loader}
 	m.ipcache = ipcache.New(ipcacheBackend{m}, a.log.With("module", "ipcache"))
 	a.metrics.Registry.MustRegister(m.events, m.ctDeleted, m.ctEntries, m.ctInterval, newDatapathCollector(m))
 	return m
@@ -230,8 +234,35 @@ func (m *datapathModule) Regenerate(ctx context.Context, ep *endpoint.Endpoint) 
 	if ep.HostIfIndex == 0 {
 		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
 	}
-	return m.loader.AttachEndpoint(datapathEndpoint(ep))
+	return m.dp.AttachEndpoint(datapathEndpoint(ep))
 }
+
+// endpointDatapath is the kernel side of an endpoint's regeneration: its
+// endpoint map entry and programs, and the policy map.
+type endpointDatapath interface {
+	AttachEndpoint(loader.EndpointInfo) error
+	WriteEndpoint(loader.EndpointInfo) error
+	DetachEndpoint(id uint16, addrs []netip.Addr) error
+	PolicyMap() policyMap
+}
+
+// policyMap is the BPF policy map as the policy's realization uses it.
+type policyMap interface {
+	DumpEndpoint(id uint16) (map[maps.PolicyKey]maps.PolicyValue, error)
+	Upsert(maps.PolicyKey, maps.PolicyValue) error
+	Delete(maps.PolicyKey) error
+	DeleteEndpoint(id uint16) error
+}
+
+// loaderDatapath is endpointDatapath over the loader (after its start).
+type loaderDatapath struct{ l *loader.Loader }
+
+func (d loaderDatapath) AttachEndpoint(ep loader.EndpointInfo) error { return d.l.AttachEndpoint(ep) }
+func (d loaderDatapath) WriteEndpoint(ep loader.EndpointInfo) error  { return d.l.WriteEndpoint(ep) }
+func (d loaderDatapath) DetachEndpoint(id uint16, addrs []netip.Addr) error {
+	return d.l.DetachEndpoint(id, addrs)
+}
+func (d loaderDatapath) PolicyMap() policyMap { return d.l.Maps().PolicyMap() }
 
 // datapathEndpoint is what the loader needs to know of ep.
 func datapathEndpoint(ep *endpoint.Endpoint) loader.EndpointInfo {
@@ -260,13 +291,13 @@ func (m *datapathModule) refreshPolicy(ep *endpoint.Endpoint) error {
 		return nil
 	}
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
-	return m.loader.WriteEndpoint(datapathEndpoint(ep))
+	return m.dp.WriteEndpoint(datapathEndpoint(ep))
 }
 
 // Remove tears an endpoint out of the datapath.
 func (m *datapathModule) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 	var errs []error
-	if err := m.loader.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
+	if err := m.dp.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
 		errs = append(errs, err)
 	}
 	for _, ip := range ep.Addresses() {

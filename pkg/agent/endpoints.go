@@ -34,6 +34,9 @@ type endpointsModule struct {
 	host     *linux.Host
 	restored endpointmanager.RestoreResult
 	cancel   context.CancelFunc
+	// regenStop ends the manager's regeneration workers and waits for
+	// them.
+	regenStop func()
 
 	// cni serves tendril-cni's commands once IPAM and the endpoints are up.
 	cniMu sync.Mutex
@@ -77,8 +80,7 @@ func (m *endpointsModule) start(ctx context.Context) error {
 	}
 	m.nl = nl
 	m.host = linux.NewHost(nl, netns.None(), a.log.With("module", "host-networking"))
-	m.mgr = endpointmanager.New(store, alloc, a.log.With("module", "endpoint-manager"))
-	m.mgr.SetRegenerator(&regenerator{m: m})
+	m.mgr = m.newManager(store, alloc)
 
 	start := time.Now()
 	res, err := m.mgr.Restore(ctx, m.host.LinkExists)
@@ -122,6 +124,17 @@ func (m *endpointsModule) start(ctx context.Context) error {
 	return nil
 }
 
+// newManager builds the endpoint manager over store and wires it into the
+// agent: its regenerator (host networking, then the regeneration hooks) and
+// the policy's universe, which an endpoint's identity is part of (its pod's
+// named ports).
+func (m *endpointsModule) newManager(store *endpoint.Store, alloc *ipam.IPAM) *endpointmanager.Manager {
+	mgr := endpointmanager.New(store, alloc, m.a.log.With("module", "endpoint-manager"))
+	mgr.SetRegenerator(&regenerator{m: m})
+	mgr.Subscribe(func(endpointmanager.Event) { m.a.policy.invalidateUniverse() })
+	return mgr
+}
+
 func (m *endpointsModule) stop(context.Context) error {
 	if m.cancel != nil {
 		m.cancel()
@@ -132,12 +145,33 @@ func (m *endpointsModule) stop(context.Context) error {
 	return nil
 }
 
-// regenerateRestored is start step 9.
+// regenerateRestored is start step 9: the restored endpoints regenerate,
+// then the manager's workers start, which retry what failed and build
+// every later change (labels, policy for endpoints that were not ready).
 func (m *endpointsModule) regenerateRestored(ctx context.Context) error {
 	if err := m.mgr.RegenerateRestored(ctx); err != nil {
-		// An endpoint that fails stays not-ready and is retried on the next
-		// regeneration; the agent itself keeps running.
-		m.a.log.Error("Some restored endpoints failed to regenerate", "error", err)
+		// An endpoint that fails is not ready and queued for a retry with
+		// backoff; the agent itself keeps running.
+		m.a.log.Error("Some restored endpoints failed to regenerate; they are retried", "error", err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.mgr.Run(runCtx)
+	}()
+	m.regenStop = func() {
+		cancel()
+		<-done
+	}
+	return nil
+}
+
+// stopRegeneration stops the regeneration workers (before the modules they
+// use stop).
+func (m *endpointsModule) stopRegeneration(context.Context) error {
+	if m.regenStop != nil {
+		m.regenStop()
 	}
 	return nil
 }
@@ -178,7 +212,19 @@ func (m *endpointsModule) statusSection() ext.Section {
 		counts[ep.State]++
 	}
 	sec.Lines = append(sec.Lines, ext.Line{Key: "endpoints", Value: fmt.Sprintf("%d (%d ready)", len(eps), counts[endpoint.StateReady])})
+	sec.Lines = append(sec.Lines, ext.Line{Key: "endpoint policy", Value: convergenceLine(m.mgr.Convergence())})
 	return sec
+}
+
+// convergenceLine says how many endpoints have not yet realized the
+// current policy revision, and how many of those failed last time.
+func convergenceLine(c endpointmanager.Convergence) string {
+	notRealized := c.Endpoints - c.Converged
+	line := fmt.Sprintf("revision %d: %d/%d realized", c.PolicyRevision, c.Converged, c.Endpoints)
+	if notRealized > 0 {
+		line += fmt.Sprintf(", %d not yet realized (%d failing, retried)", notRealized, c.Failing)
+	}
+	return line
 }
 
 // regenerator realizes an endpoint in the node: host veth settings and

@@ -362,27 +362,28 @@ func (k *kubernetesModule) onNetworkPolicy(ev watchers.Event[*networkingv1.Netwo
 	}
 }
 
-// relabel gives the endpoints of a pod new labels when they changed; the
-// update regenerates them (new identity, policy).
+// relabel records new labels for the endpoints of a pod. It only records
+// them and queues the endpoints' regeneration: the manager's workers
+// allocate the identity (over the network in CRD or kvstore mode) and
+// realize the policy, retried until they succeed, so this watcher callback
+// never blocks.
 func (k *kubernetesModule) relabel(ns, name string, labels []string) {
 	mgr := k.a.endpoints.mgr
 	if mgr == nil {
 		return
 	}
 	for _, ep := range mgr.List() {
-		if ep.PodNamespace != ns || ep.PodName != name || strings.Join(ep.Labels, ",") == strings.Join(labels, ",") {
+		if ep.PodNamespace != ns || ep.PodName != name {
 			continue
 		}
-		id := fmt.Sprint(ep.ID)
-		_, err := mgr.Update(context.Background(), id, "pod labels changed", func(e *endpoint.Endpoint) error {
-			e.Labels = append([]string(nil), labels...)
-			return nil
-		})
+		changed, err := mgr.SetLabels(ep.ID, labels, "Pod labels changed")
 		if err != nil {
 			k.a.log.Warn("Update endpoint labels", "endpoint", ep.ID, "pod", ns+"/"+name, "error", err)
 			continue
 		}
-		k.a.log.Info("Endpoint labels changed", "endpoint", ep.ID, "pod", ns+"/"+name)
+		if changed {
+			k.a.log.Info("Endpoint labels changed; regeneration queued", "endpoint", ep.ID, "pod", ns+"/"+name)
+		}
 	}
 }
 

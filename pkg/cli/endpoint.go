@@ -128,7 +128,7 @@ func endpointAddrs(ep *models.Endpoint) (string, string) {
 func printEndpointTable(w io.Writer, eps []*models.Endpoint) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
-	fmt.Fprintln(tw, "ENDPOINT\tPOD\tIDENTITY\tIPv4\tIPv6\tINTERFACE\tSTATE")
+	fmt.Fprintln(tw, "ENDPOINT\tPOD\tIDENTITY\tIPv4\tIPv6\tINTERFACE\tSTATE\tPOLICY REV")
 	for _, ep := range eps {
 		v4, v6 := endpointAddrs(ep)
 		pod, identity, state, iface := "", int64(0), "", ""
@@ -146,7 +146,7 @@ func printEndpointTable(w io.Writer, eps []*models.Endpoint) {
 				iface = st.Networking.InterfaceName
 			}
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\n", ep.ID, pod, identity, v4, v6, iface, state)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", ep.ID, pod, identity, v4, v6, iface, state, policyRevisionColumn(ep))
 	}
 }
 
@@ -181,6 +181,7 @@ func printEndpointDetail(w io.Writer, ep *models.Endpoint) {
 		fmt.Fprintf(tw, "Health:\t%s (bpf %s, policy %s)\n", h.OverallHealth, h.Bpf, h.Policy)
 	}
 	if st.Policy != nil {
+		fmt.Fprintf(tw, "Policy revision:\t%s\n", policyRevisionColumn(ep))
 		if p := st.Policy.Realized; p != nil {
 			fmt.Fprintf(tw, "Policy enforcement:\t%s (revision %d)\n", p.PolicyEnabled, p.PolicyRevision)
 			fmt.Fprintf(tw, "Ingress allowed identities:\t%v\n", p.AllowedIngressIdentities)
@@ -222,4 +223,37 @@ func newIPAMCommand(opts *Options) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// policyRevisionColumn is the endpoint's realized policy revision against
+// the one it must realize ("5/5"), with the last regeneration error while
+// it has one ("4/5 (error: ...)"); "-" when the agent realizes no policy.
+func policyRevisionColumn(ep *models.Endpoint) string {
+	st := ep.Status
+	if st == nil || st.Policy == nil || st.Policy.Realized == nil || st.Policy.Spec == nil {
+		return "-"
+	}
+	realized, desired := st.Policy.Realized.PolicyRevision, st.Policy.Spec.PolicyRevision
+	if realized == 0 && desired == 0 {
+		return "-"
+	}
+	col := fmt.Sprintf("%d/%d", realized, desired)
+	if msg := regenerationError(st); msg != "" {
+		col += " (error: " + msg + ")"
+	}
+	return col
+}
+
+// regenerationError is the last failure of the endpoint's regeneration
+// controller, empty when its last regeneration succeeded.
+func regenerationError(st *models.EndpointStatus) string {
+	for _, c := range st.Controllers {
+		if c == nil || c.Status == nil || !strings.HasPrefix(c.Name, "endpoint-regeneration") {
+			continue
+		}
+		if c.Status.ConsecutiveFailureCount > 0 {
+			return strings.ReplaceAll(c.Status.LastFailureMsg, "\n", " ")
+		}
+	}
+	return ""
 }

@@ -101,6 +101,11 @@ type Endpoint struct {
 	// PolicyRevision is the policy repository revision realized in the
 	// datapath for this endpoint.
 	PolicyRevision uint64 `json:"policy-revision,omitempty"`
+	// DesiredPolicyRevision is the revision the endpoint must realize: the
+	// repository's revision when the endpoint last learned of a change.
+	// The endpoint has converged when PolicyRevision has reached it and its
+	// last regeneration succeeded.
+	DesiredPolicyRevision uint64 `json:"desired-policy-revision,omitempty"`
 	// PolicyEnforcement records which directions are enforced.
 	EnforceIngress bool `json:"enforce-ingress,omitempty"`
 	EnforceEgress  bool `json:"enforce-egress,omitempty"`
@@ -110,6 +115,42 @@ type Endpoint struct {
 	Created time.Time  `json:"created"`
 	// Health is the last regeneration outcome for the healthz API.
 	LastRegenerationError string `json:"last-regeneration-error,omitempty"`
+	// Regeneration counts the regenerations' outcomes; the manager's retry
+	// backoff grows with ConsecutiveFailures.
+	Regeneration RegenerationStatus `json:"regeneration,omitzero"`
+}
+
+// RegenerationStatus is the bookkeeping of an endpoint's regenerations (the
+// API's controller status).
+type RegenerationStatus struct {
+	Successes           int       `json:"successes,omitempty"`
+	Failures            int       `json:"failures,omitempty"`
+	ConsecutiveFailures int       `json:"consecutive-failures,omitempty"`
+	LastSuccess         time.Time `json:"last-success,omitzero"`
+	LastFailure         time.Time `json:"last-failure,omitzero"`
+}
+
+// RecordRegeneration books one regeneration's outcome: the error (empty on
+// success) and the counters.
+func (e *Endpoint) RecordRegeneration(err error, now time.Time) {
+	if err != nil {
+		e.LastRegenerationError = err.Error()
+		e.Regeneration.Failures++
+		e.Regeneration.ConsecutiveFailures++
+		e.Regeneration.LastFailure = now
+		return
+	}
+	e.LastRegenerationError = ""
+	e.Regeneration.Successes++
+	e.Regeneration.ConsecutiveFailures = 0
+	e.Regeneration.LastSuccess = now
+}
+
+// Converged reports whether the endpoint realizes what it should: ready,
+// its last regeneration succeeded and its realized policy revision has
+// reached the desired one.
+func (e *Endpoint) Converged() bool {
+	return e.State == StateReady && e.LastRegenerationError == "" && e.PolicyRevision >= e.DesiredPolicyRevision
 }
 
 // SetState moves the endpoint to state, logging the change; a transition the

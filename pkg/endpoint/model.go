@@ -3,9 +3,11 @@ package endpoint
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
+	"github.com/go-openapi/strfmt"
 )
 
 // FromChangeRequest builds a new endpoint from an API change request. The
@@ -120,8 +122,10 @@ func (e *Endpoint) Model(hostAddressing *models.NodeAddressing) *models.Endpoint
 				InterfaceName:          e.HostIfName,
 				Mac:                    e.MAC,
 			},
-			Health: e.Health(),
-			Log:    log,
+			Health:      e.Health(),
+			Log:         log,
+			Policy:      e.PolicyStatus(),
+			Controllers: models.ControllerStatuses{e.RegenerationController()},
 			Realized: &models.EndpointConfigurationSpec{
 				LabelConfiguration: &models.LabelConfigurationSpec{User: labelsModel(nil)},
 				Options:            e.Options(),
@@ -158,4 +162,53 @@ func (e *Endpoint) Health() *models.EndpointHealth {
 		h.Bpf, h.Policy, h.OverallHealth = models.EndpointHealthStatusPending, models.EndpointHealthStatusPending, models.EndpointHealthStatusBootstrap
 	}
 	return h
+}
+
+// PolicyStatus is the endpoint's policy revisions in the API's form: spec
+// is the revision it must realize, realized the one in the datapath. (The
+// agent's GET of one endpoint adds the realized identities.)
+func (e *Endpoint) PolicyStatus() *models.EndpointPolicyStatus {
+	return &models.EndpointPolicyStatus{
+		Realized: &models.EndpointPolicy{ID: int64(e.Identity), PolicyRevision: int64(e.PolicyRevision), PolicyEnabled: e.policyEnabled()},
+		Spec:     &models.EndpointPolicy{ID: int64(e.Identity), PolicyRevision: int64(e.DesiredPolicyRevision), PolicyEnabled: e.policyEnabled()},
+	}
+}
+
+func (e *Endpoint) policyEnabled() models.EndpointPolicyEnabled {
+	switch {
+	case e.EnforceIngress && e.EnforceEgress:
+		return models.EndpointPolicyEnabledBoth
+	case e.EnforceIngress:
+		return models.EndpointPolicyEnabledIngress
+	case e.EnforceEgress:
+		return models.EndpointPolicyEnabledEgress
+	}
+	return models.EndpointPolicyEnabledNone
+}
+
+// RegenerationControllerName names the controller status that reports an
+// endpoint's regenerations (Cilium reports its endpoint controllers alike).
+func RegenerationControllerName(id uint16) string {
+	return "endpoint-regeneration (" + strconv.Itoa(int(id)) + ")"
+}
+
+// RegenerationController is the endpoint's regeneration bookkeeping as a
+// controller status: counts, last failure message, timestamps.
+func (e *Endpoint) RegenerationController() *models.ControllerStatus {
+	r := e.Regeneration
+	st := &models.ControllerStatusStatus{
+		SuccessCount: int64(r.Successes), FailureCount: int64(r.Failures),
+		ConsecutiveFailureCount: int64(r.ConsecutiveFailures), LastFailureMsg: e.LastRegenerationError,
+	}
+	if !r.LastSuccess.IsZero() {
+		st.LastSuccessTimestamp = strfmt.DateTime(r.LastSuccess)
+	}
+	if !r.LastFailure.IsZero() {
+		st.LastFailureTimestamp = strfmt.DateTime(r.LastFailure)
+	}
+	return &models.ControllerStatus{
+		Name:          RegenerationControllerName(e.ID),
+		Configuration: &models.ControllerStatusConfiguration{ErrorRetry: true},
+		Status:        st,
+	}
 }

@@ -2,6 +2,13 @@
 // 16-bit IDs (persisted, never reused while in use), finds them by every ID
 // form of the Cilium v1 API, persists them, restores them after a restart and
 // drives their regeneration through the Regenerator the agent plugs in.
+//
+// It keeps the endpoint guarantee: every endpoint converges to the current
+// policy revision and its desired labels. A regeneration that fails is
+// retried with a growing backoff until it succeeds, and a periodic pass
+// regenerates every endpoint that is behind or whose last regeneration
+// failed, so no failure is final and no change is lost because the endpoint
+// was busy or not ready when it happened.
 package endpointmanager
 
 import (
@@ -10,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -47,6 +55,33 @@ var (
 // MaxID is the largest endpoint ID.
 const MaxID = 4095
 
+// Retry is how the manager brings failed or lagging endpoints back in line.
+type Retry struct {
+	// Base is the delay before the first retry of a failed regeneration;
+	// it doubles with each consecutive failure up to Max.
+	Base, Max time.Duration
+	// FullPass is the period of the pass that regenerates every endpoint
+	// that is behind the desired policy revision or failed last time.
+	FullPass time.Duration
+	// Workers bound how many endpoints regenerate at once.
+	Workers int
+}
+
+// DefaultRetry is 100 ms doubling to 30 s, a full pass every minute, 8
+// workers (a regeneration waits mostly on the kernel and the disk).
+func DefaultRetry() Retry {
+	return Retry{Base: 100 * time.Millisecond, Max: 30 * time.Second, FullPass: time.Minute, Workers: 8}
+}
+
+// delay is the backoff after the given number of consecutive failures.
+func (r Retry) delay(failures int) time.Duration {
+	d := r.Base
+	for i := 1; i < failures && d < r.Max; i++ {
+		d *= 2
+	}
+	return min(d, r.Max)
+}
+
 // Manager holds the endpoints.
 type Manager struct {
 	log   *slog.Logger
@@ -56,8 +91,13 @@ type Manager struct {
 
 	mu        sync.Mutex
 	regen     Regenerator
+	retry     Retry
+	queue     *regenQueue
 	endpoints map[uint16]*endpoint.Endpoint
-	nextID    uint16
+	// policyRevision is the latest policy revision announced
+	// (SetPolicyRevision): every endpoint must realize it.
+	policyRevision uint64
+	nextID         uint16
 	// mark is the ID cursor as it must be on disk: ahead of every ID handed
 	// out; ahead is how many more steps nextID may take before mark must
 	// move (see allocateIDLocked).
@@ -93,9 +133,10 @@ func New(store *endpoint.Store, ipamAlloc *ipam.IPAM, log *slog.Logger) *Manager
 	}
 	m := &Manager{
 		log: log, store: store, ipam: ipamAlloc, now: time.Now,
-		regen: NopRegenerator{}, endpoints: map[uint16]*endpoint.Endpoint{}, nextID: 1,
+		regen: NopRegenerator{}, retry: DefaultRetry(), endpoints: map[uint16]*endpoint.Endpoint{}, nextID: 1,
 		regenLocks: map[uint16]*sync.Mutex{},
 	}
+	m.queue = newRegenQueue(func() time.Time { return m.now() })
 	if data, err := store.ReadFile("next-id"); err == nil {
 		if n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 16); err == nil && n >= 1 && n <= MaxID {
 			m.nextID = uint16(n)
@@ -110,6 +151,13 @@ func (m *Manager) SetRegenerator(r Regenerator) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.regen = r
+}
+
+// SetRetry changes the retry policy (tests shorten it); call it before Run.
+func (m *Manager) SetRetry(r Retry) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.retry = r
 }
 
 // Subscribe calls fn after each endpoint change (outside the manager's lock).
@@ -315,6 +363,7 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 		}
 	}
 	ep.Created = m.now()
+	ep.DesiredPolicyRevision = m.policyRevision
 	if err := ep.SetState(endpoint.StateWaitingForIdentity, "Endpoint created", m.now()); err != nil {
 		rollback()
 		m.mu.Unlock()
@@ -363,11 +412,9 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 			return nil, err
 		}
 		m.log.Info("Endpoint created", "endpoint", ep.ID, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
-		go func() {
-			if err := m.Regenerate(context.Background(), ep.ID, "Initial build"); err != nil {
-				m.log.Error("Endpoint build failed", "endpoint", ep.ID, "error", err)
-			}
-		}()
+		// The regeneration workers (Run) build it, retrying until it
+		// succeeds.
+		m.queue.add(ep.ID, "Initial build", 0)
 	}
 	m.notify(Event{Kind: EventUpsert, Endpoint: m.mustGet(ep.ID)})
 	return m.Lookup(strconv.Itoa(int(ep.ID)))
@@ -442,38 +489,46 @@ func (m *Manager) regenerate(ctx context.Context, id uint16, reason string) (reg
 		m.mu.Unlock()
 		return nil, nil // deleted meanwhile
 	}
-	// Take over what the regenerator computed.
+	// Take over what the regenerator computed. The labels stay: they are
+	// the desired ones, and SetLabels may have changed them meanwhile (a
+	// regeneration for them is queued then).
 	ep.Identity, ep.PolicyRevision = work.Identity, work.PolicyRevision
 	ep.EnforceIngress, ep.EnforceEgress = work.EnforceIngress, work.EnforceEgress
-	ep.Labels = work.Labels
 	if ep.HostIfIndex == 0 {
 		ep.HostIfIndex = work.HostIfIndex
 	}
+	ep.RecordRegeneration(err, m.now())
 	if err != nil {
-		ep.LastRegenerationError = err.Error()
 		_ = ep.SetState(endpoint.StateNotReady, "Regeneration failed: "+err.Error(), m.now())
 		ep.LogFailure(err.Error(), m.now())
 	} else {
-		ep.LastRegenerationError = ""
 		_ = ep.SetState(endpoint.StateReady, "Completed endpoint regeneration", m.now())
 	}
 	snapshot := ep.Clone()
 	m.mu.Unlock()
+	m.scheduleFollowUp(snapshot)
 	// The per-endpoint regeneration lock (held) orders this endpoint's
 	// writes; other endpoints do not wait for this fsync.
 	return err, m.store.Write(snapshot)
 }
 
-// RegenerateAll regenerates every endpoint (e.g. after a policy change) and
-// returns the errors joined.
-func (m *Manager) RegenerateAll(ctx context.Context, reason string) error {
-	var errs []error
-	for _, ep := range m.List() {
-		if err := m.Regenerate(ctx, ep.ID, reason); err != nil {
-			errs = append(errs, fmt.Errorf("regenerate endpoint %d: %w", ep.ID, err))
-		}
+// scheduleFollowUp queues what an endpoint still needs after a
+// regeneration or refresh: a retry after the backoff when it failed, one
+// at once when it succeeded but realized an older policy revision than the
+// one announced meanwhile.
+func (m *Manager) scheduleFollowUp(ep *endpoint.Endpoint) {
+	m.mu.Lock()
+	retry := m.retry
+	m.mu.Unlock()
+	switch {
+	case ep.LastRegenerationError != "":
+		delay := retry.delay(ep.Regeneration.ConsecutiveFailures)
+		m.log.Warn("Endpoint regeneration failed; retrying", "endpoint", ep.ID, "pod", ep.PodKey(),
+			"failures", ep.Regeneration.ConsecutiveFailures, "retry-in", delay, "error", ep.LastRegenerationError)
+		m.queue.add(ep.ID, "Retry after failure: "+ep.LastRegenerationError, delay)
+	case ep.PolicyRevision < ep.DesiredPolicyRevision:
+		m.queue.add(ep.ID, fmt.Sprintf("Policy revision %d realized, %d wanted", ep.PolicyRevision, ep.DesiredPolicyRevision), 0)
 	}
-	return errors.Join(errs...)
 }
 
 // Update applies fn to the endpoint, persists it and regenerates it.
@@ -533,6 +588,7 @@ func (m *Manager) Delete(ctx context.Context, id uint16) error {
 	if err := m.store.Remove(id); err != nil {
 		errs = append(errs, err)
 	}
+	m.queue.remove(id)
 	m.mu.Lock()
 	_ = ep.SetState(endpoint.StateDisconnected, "Endpoint deleted", m.now())
 	delete(m.endpoints, id)
@@ -631,6 +687,11 @@ func (m *Manager) Restore(ctx context.Context, linkExists func(name string) (boo
 		}
 		ep.State = ""
 		ep.LastRegenerationError = ""
+		ep.Regeneration.ConsecutiveFailures = 0
+		// Policy revisions count from 1 again in every run of the agent: the
+		// previous run's numbers mean nothing now, and the restored
+		// endpoint realizes the current policy when it regenerates.
+		ep.PolicyRevision, ep.DesiredPolicyRevision = 0, m.policyRevision
 		_ = ep.SetState(endpoint.StateRestoring, "Restored from disk after agent restart", m.now())
 		m.mu.Lock()
 		m.endpoints[ep.ID] = ep
@@ -676,38 +737,220 @@ func (m *Manager) RegenerateRestored(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Refresh runs fn on a copy of the endpoint under its regeneration lock and
-// takes over its policy fields (identity, revision, enforcement); the state
-// is written only when they changed. It is the light path for policy
-// changes: no re-attachment, no host networking.
+// Refresh is the light path for policy changes (no re-attachment, no host
+// networking): it runs fn on a copy of a ready endpoint under its
+// regeneration lock and takes over its policy fields (identity, revision,
+// enforcement); the state is written only when they changed. An endpoint
+// that is not ready, or whose last regeneration failed, gets a full
+// regeneration instead (queued unless one is queued or running already: it
+// resolves the policy current when it runs). When fn fails, the endpoint
+// waits for a full regeneration, retried with backoff.
 func (m *Manager) Refresh(ctx context.Context, id uint16, fn func(*endpoint.Endpoint) error) error {
 	lock := m.regenLock(id)
 	lock.Lock()
 	defer lock.Unlock()
 	m.mu.Lock()
 	ep, ok := m.endpoints[id]
-	if !ok || ep.State != endpoint.StateReady {
+	if !ok || ep.State == endpoint.StateDisconnecting || ep.State == endpoint.StateDisconnected {
 		m.mu.Unlock()
-		return nil // gone, or a full regeneration is due anyway
+		return nil
+	}
+	if ep.State != endpoint.StateReady || ep.LastRegenerationError != "" {
+		m.mu.Unlock()
+		m.queue.ensure(id, "Policy changed while the endpoint was not ready")
+		return nil
 	}
 	work := ep.Clone()
 	m.mu.Unlock()
-	if err := fn(work); err != nil {
-		return err
-	}
+	err := fn(work)
 	m.mu.Lock()
 	ep, ok = m.endpoints[id]
-	if !ok {
+	if !ok || ep.State != endpoint.StateReady {
 		m.mu.Unlock()
 		return nil
 	}
 	changed := ep.EnforceIngress != work.EnforceIngress || ep.EnforceEgress != work.EnforceEgress || ep.Identity != work.Identity
 	ep.PolicyRevision = work.PolicyRevision
 	ep.EnforceIngress, ep.EnforceEgress, ep.Identity = work.EnforceIngress, work.EnforceEgress, work.Identity
+	ep.RecordRegeneration(err, m.now())
+	if err != nil {
+		// The datapath may hold part of the change: a full regeneration
+		// (retried until it succeeds) brings it in line.
+		changed = true
+		_ = ep.SetState(endpoint.StateWaitingToRegenerate, "Policy update failed: "+err.Error(), m.now())
+		ep.LogFailure(err.Error(), m.now())
+	}
 	snapshot := ep.Clone()
 	m.mu.Unlock()
+	m.scheduleFollowUp(snapshot)
+	if err != nil {
+		if werr := m.store.Write(snapshot); werr != nil {
+			m.log.Error("Persist endpoint", "endpoint", id, "error", werr)
+		}
+		return fmt.Errorf("refresh policy of endpoint %d: %w", id, err)
+	}
 	if changed {
 		return m.store.Write(snapshot)
 	}
 	return nil
+}
+
+// SetPolicyRevision announces a policy revision: every endpoint (and every
+// endpoint created from now on) must realize it. The caller then refreshes
+// the endpoints; those that cannot take the change now catch up through
+// their regeneration.
+func (m *Manager) SetPolicyRevision(rev uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if rev > m.policyRevision {
+		m.policyRevision = rev
+	}
+	for _, ep := range m.endpoints {
+		if ep.DesiredPolicyRevision < m.policyRevision {
+			ep.DesiredPolicyRevision = m.policyRevision
+		}
+	}
+}
+
+// PolicyRevision is the latest policy revision announced.
+func (m *Manager) PolicyRevision() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.policyRevision
+}
+
+// SetLabels records the labels an endpoint must have (from its pod and
+// namespace) and queues its regeneration, which allocates the identity and
+// realizes the policy, retried until it succeeds. It does not wait and
+// reports whether the labels changed: what a watcher callback may call.
+func (m *Manager) SetLabels(id uint16, labels []string, reason string) (bool, error) {
+	labels = endpoint.SortedLabels(labels)
+	m.mu.Lock()
+	ep, ok := m.endpoints[id]
+	if !ok {
+		m.mu.Unlock()
+		return false, fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	if slices.Equal(ep.Labels, labels) {
+		m.mu.Unlock()
+		return false, nil
+	}
+	ep.Labels = labels
+	if ep.State == endpoint.StateReady || ep.State == endpoint.StateNotReady {
+		// Not converged until the labels are realized.
+		_ = ep.SetState(endpoint.StateWaitingToRegenerate, reason, m.now())
+	}
+	m.mu.Unlock()
+	m.queue.add(id, reason, 0)
+	return true, nil
+}
+
+// Run regenerates the queued endpoints with the retry policy's workers and
+// runs the periodic full pass, until ctx ends; it returns once every worker
+// has stopped.
+func (m *Manager) Run(ctx context.Context) {
+	m.mu.Lock()
+	retry := m.retry
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for range max(retry.Workers, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.work(ctx)
+		}()
+	}
+	if retry.FullPass > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(retry.FullPass)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					m.FullPass()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// work regenerates queued endpoints until ctx ends.
+func (m *Manager) work(ctx context.Context) {
+	for {
+		id, reason, ok := m.queue.get(ctx)
+		if !ok {
+			return
+		}
+		before := m.mustGet(id)
+		err := m.Regenerate(ctx, id, reason)
+		m.queue.done(id)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		// Publishers (ipcache, TendrilEndpoint) follow identity and label
+		// changes.
+		if after := m.mustGet(id); after != nil && before != nil &&
+			(after.Identity != before.Identity || !slices.Equal(after.Labels, before.Labels) || after.State != before.State) {
+			m.notify(Event{Kind: EventUpsert, Endpoint: after})
+		}
+	}
+}
+
+// FullPass queues every endpoint that has not converged: behind the
+// desired policy revision, failed last time, or not ready, unless it is
+// queued or being regenerated already. It returns how many it queued.
+func (m *Manager) FullPass() int {
+	n := 0
+	for _, ep := range m.List() {
+		if ep.Converged() || ep.State == endpoint.StateDisconnecting || ep.State == endpoint.StateDisconnected {
+			continue
+		}
+		if _, waiting, busy := m.queue.state(ep.ID); waiting || busy {
+			continue
+		}
+		m.queue.add(ep.ID, "Periodic pass: endpoint not converged", 0)
+		n++
+	}
+	if n > 0 {
+		m.log.Info("Periodic pass queued endpoints that had not converged", "endpoints", n)
+	}
+	return n
+}
+
+// Convergence counts the endpoints against the announced policy revision.
+type Convergence struct {
+	Endpoints int
+	// Converged endpoints are ready, realize their desired revision and
+	// their last regeneration succeeded.
+	Converged int
+	// Failing are endpoints whose last regeneration failed (retried).
+	Failing int
+	// Pending are the others not converged: behind the revision, or not
+	// built yet.
+	Pending        int
+	PolicyRevision uint64
+}
+
+// Convergence reports how many endpoints have not yet realized what they
+// should.
+func (m *Manager) Convergence() Convergence {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := Convergence{Endpoints: len(m.endpoints), PolicyRevision: m.policyRevision}
+	for _, ep := range m.endpoints {
+		switch {
+		case ep.Converged():
+			c.Converged++
+		case ep.LastRegenerationError != "":
+			c.Failing++
+		default:
+			c.Pending++
+		}
+	}
+	return c
 }
