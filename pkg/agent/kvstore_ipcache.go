@@ -83,7 +83,7 @@ func (m *kvstoreModule) onIPEvent(ev kvstore.Event) {
 		return
 	}
 	if ev.Type == kvstore.EventDelete {
-		if err := a.datapath.DeleteRemoteEndpoint(ip); err != nil {
+		if err := a.datapath.DeleteRemoteEndpoint(ip, ipcache.SourceKVStore, ipcache.OwnerKVStore(ev.Key)); err != nil {
 			a.log.Warn("ipcache: remove kvstore address", "ip", ip, "error", err)
 		}
 		return
@@ -94,9 +94,15 @@ func (m *kvstoreModule) onIPEvent(ev kvstore.Event) {
 		return
 	}
 	if e.Node == a.cfg.NodeName {
-		return // this node's own endpoints are in the ipcache as local
+		// This node's own endpoints are in the ipcache as local; a claim
+		// the key made while another node held the address goes.
+		if err := a.datapath.DeleteRemoteEndpoint(ip, ipcache.SourceKVStore, ipcache.OwnerKVStore(ev.Key)); err != nil {
+			a.log.Warn("ipcache: remove kvstore address", "ip", ip, "error", err)
+		}
+		return
 	}
-	entry := ipcache.Entry{Identity: identity.NumericIdentity(e.Identity), Name: e.Name, Namespace: e.Namespace}
+	entry := ipcache.Entry{Identity: identity.NumericIdentity(e.Identity), Source: ipcache.SourceKVStore, Owner: ipcache.OwnerKVStore(ev.Key),
+		Name: e.Name, Namespace: e.Namespace}
 	entry.HostIP, _ = netip.ParseAddr(e.HostIP)
 	if err := a.datapath.UpsertRemoteEndpoint(ip, entry); err != nil {
 		a.log.Warn("ipcache: kvstore address", "ip", ip, "error", err)
