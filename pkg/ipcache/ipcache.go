@@ -43,7 +43,9 @@ const (
 )
 
 // Sources lists every source, lowest precedence first.
-var Sources = [...]Source{SourceGenerated, SourceKVStore, SourceKubernetes, SourceLocal}
+func Sources() []Source {
+	return []Source{SourceGenerated, SourceKVStore, SourceKubernetes, SourceLocal}
+}
 
 func (s Source) String() string {
 	switch s {

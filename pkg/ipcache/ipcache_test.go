@@ -156,8 +156,8 @@ func ownerOf(src Source, object string) Owner {
 // effective entry afterwards, and the backend holds it.
 func TestDeleteOfOldObjectKeepsNewerClaim(t *testing.T) {
 	ip := netip.MustParsePrefix("10.0.7.9/32")
-	for _, oldSrc := range Sources {
-		for _, newSrc := range Sources {
+	for _, oldSrc := range Sources() {
+		for _, newSrc := range Sources() {
 			t.Run(oldSrc.String()+"-then-"+newSrc.String(), func(t *testing.T) {
 				b := &fakeBackend{m: map[netip.Prefix]Entry{}, fail: map[netip.Prefix]bool{}}
 				c := New(b, slog.New(slog.NewTextHandler(io.Discard, nil)))
