@@ -219,7 +219,7 @@ func (m *datapathModule) Regenerate(ctx context.Context, ep *endpoint.Endpoint) 
 	}
 	ep.Identity = uint32(id)
 	for _, ip := range ep.Addresses() {
-		e := ipcache.Entry{Identity: id, Source: ipcache.SourceLocal, Name: ep.PodName, Namespace: ep.PodNamespace}
+		e := ipcache.Entry{Identity: id, Source: ipcache.SourceLocal, Owner: ipcache.OwnerEndpoint(ep.ID), Name: ep.PodName, Namespace: ep.PodNamespace}
 		if err := m.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()), e); err != nil {
 			return err
 		}
@@ -301,7 +301,7 @@ func (m *datapathModule) Remove(ctx context.Context, ep *endpoint.Endpoint) erro
 		errs = append(errs, err)
 	}
 	for _, ip := range ep.Addresses() {
-		if err := m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceLocal); err != nil {
+		if err := m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceLocal, ipcache.OwnerEndpoint(ep.ID)); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -369,11 +369,11 @@ func (m *datapathModule) writeHostIPs() error {
 		}
 	}
 	for p, id := range want {
-		src := ipcache.SourceLocal
+		src, owner := ipcache.SourceLocal, ipcache.OwnerHost
 		if p.Bits() == 0 {
-			src = ipcache.SourceGenerated // world: anything more specific wins
+			src, owner = ipcache.SourceGenerated, ipcache.OwnerWorld // world: anything more specific wins
 		}
-		if err := m.ipcache.Upsert(p, ipcache.Entry{Identity: identity.NumericIdentity(id), Source: src}); err != nil {
+		if err := m.ipcache.Upsert(p, ipcache.Entry{Identity: identity.NumericIdentity(id), Source: src, Owner: owner}); err != nil {
 			return err
 		}
 	}
@@ -390,7 +390,7 @@ func (m *datapathModule) writeHostIPs() error {
 	m.mu.Unlock()
 	for p := range old {
 		if _, still := want[p]; !still {
-			if err := m.ipcache.Delete(p, ipcache.SourceLocal); err != nil {
+			if err := m.ipcache.Delete(p, ipcache.SourceLocal, ipcache.OwnerHost); err != nil {
 				return err
 			}
 		}
@@ -636,24 +636,25 @@ func (a *Agent) enforcement(ep *endpoint.Endpoint) (ingress, egress bool) {
 }
 
 // UpsertRemoteNode maps a peer node's address to the remote-node identity
-// (the node manager's ipcache).
-func (m *datapathModule) UpsertRemoteNode(ip netip.Addr) error {
-	return m.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()), ipcache.Entry{Identity: identity.RemoteNode, Source: ipcache.SourceKubernetes})
+// (the node manager's ipcache), as that node's claim.
+func (m *datapathModule) UpsertRemoteNode(node string, ip netip.Addr) error {
+	return m.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()),
+		ipcache.Entry{Identity: identity.RemoteNode, Source: ipcache.SourceKubernetes, Owner: ipcache.OwnerNode(node)})
 }
 
-// DeleteRemoteNode removes a peer node's address from the ipcache.
-func (m *datapathModule) DeleteRemoteNode(ip netip.Addr) error {
-	return m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceKubernetes)
+// DeleteRemoteNode withdraws a peer node's claim on an address.
+func (m *datapathModule) DeleteRemoteNode(node string, ip netip.Addr) error {
+	return m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceKubernetes, ipcache.OwnerNode(node))
 }
 
 // UpsertRemoteEndpoint maps another node's pod address to its identity
-// and node (published as a TendrilEndpoint).
+// and node; e names its source (Kubernetes or the kvstore) and owner.
 func (m *datapathModule) UpsertRemoteEndpoint(ip netip.Addr, e ipcache.Entry) error {
-	e.Source = ipcache.SourceKubernetes
 	return m.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()), e)
 }
 
-// DeleteRemoteEndpoint withdraws another node's pod address.
-func (m *datapathModule) DeleteRemoteEndpoint(ip netip.Addr) error {
-	return m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceKubernetes)
+// DeleteRemoteEndpoint withdraws owner's claim on another node's pod
+// address; other owners' claims on it stay.
+func (m *datapathModule) DeleteRemoteEndpoint(ip netip.Addr, src ipcache.Source, owner ipcache.Owner) error {
+	return m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), src, owner)
 }

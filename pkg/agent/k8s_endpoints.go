@@ -177,23 +177,32 @@ func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilE
 		k.remote[ev.Key] = ips
 	}
 	k.mu.Unlock()
+	// The claims are this object's own: another object claiming one of
+	// these addresses (the pod that reuses it) keeps its claim when this
+	// one goes.
+	ns, name, _ := strings.Cut(ev.Key, "/")
+	owner := ipcache.OwnerTendrilEndpoint(ns, name)
 	keep := map[netip.Addr]bool{}
 	for _, ip := range ips {
 		keep[ip] = true
 		if k.isLocalAddress(ip) {
 			continue
 		}
-		e := ipcache.Entry{Identity: identity.NumericIdentity(st.Identity.ID), Name: ev.Object.Name, Namespace: ev.Object.Namespace}
+		e := ipcache.Entry{Identity: identity.NumericIdentity(st.Identity.ID), Source: ipcache.SourceKubernetes, Owner: owner,
+			Name: ev.Object.Name, Namespace: ev.Object.Namespace}
 		e.HostIP, _ = netip.ParseAddr(st.Networking.NodeIP)
 		if err := k.a.datapath.UpsertRemoteEndpoint(ip, e); err != nil {
 			k.a.log.Warn("ipcache: remote endpoint", "endpoint", ev.Key, "ip", ip, "error", err)
 		}
 	}
 	for _, ip := range old {
-		if keep[ip] || k.isLocalAddress(ip) {
+		if keep[ip] {
 			continue
 		}
-		if err := k.a.datapath.DeleteRemoteEndpoint(ip); err != nil {
+		// Withdrawn even when the address is local now: the local claim
+		// wins anyway, and a claim left behind would resurface when the
+		// local endpoint goes.
+		if err := k.a.datapath.DeleteRemoteEndpoint(ip, ipcache.SourceKubernetes, owner); err != nil {
 			k.a.log.Warn("ipcache: remove remote endpoint", "endpoint", ev.Key, "ip", ip, "error", err)
 		}
 	}

@@ -3,13 +3,16 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
+	"github.com/tendril-net/tendril/pkg/ipcache/kvpublisher"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 )
 
@@ -24,6 +27,15 @@ type kvstoreModule struct {
 	ipStore  *kvstore.SharedStore
 	cancel   context.CancelFunc
 	done     chan struct{}
+
+	// ipPub writes this node's endpoint addresses to ipStore on its own
+	// goroutine (joined by stop through ipPubCancel and ipPubDone).
+	ipPub       *kvpublisher.Publisher
+	ipPubCancel context.CancelFunc
+	ipPubDone   chan struct{}
+	// addrOwners is which endpoint last published each address.
+	addrMu     sync.Mutex
+	addrOwners map[netip.Addr]uint16
 }
 
 // KVStore modes.
@@ -72,6 +84,10 @@ func (m *kvstoreModule) stop(ctx context.Context) error {
 	if m.cancel != nil {
 		m.cancel()
 	}
+	if m.ipPubCancel != nil {
+		m.ipPubCancel()
+		<-m.ipPubDone
+	}
 	var err error
 	if m.ipStore != nil {
 		err = m.ipStore.Close(ctx)
@@ -109,6 +125,9 @@ func (m *kvstoreModule) statusSection() ext.Section {
 		s.Lines = append(s.Lines, ext.Line{Key: "Mode", Value: "embedded etcd under the state directory"})
 	}
 	s.Lines = append(s.Lines, ext.Line{Key: "Identity allocation", Value: m.a.cfg.IdentityAllocationMode})
+	if m.ipPub != nil {
+		s.Lines = append(s.Lines, ext.Line{Key: "Endpoint addresses", Value: publisherStatus(m.ipPub.Status(), time.Now())})
+	}
 	return s
 }
 
@@ -123,4 +142,14 @@ func (m *kvstoreModule) model() *models.Status {
 		state = models.StatusStateFailure
 	}
 	return &models.Status{State: state, Msg: fmt.Sprintf("etcd %s: %s", st.Endpoint, st.Message)}
+}
+
+// publisherStatus is the status line of the address publisher: how many
+// keys, how many not yet written, and the last write error.
+func publisherStatus(st kvpublisher.Status, now time.Time) string {
+	v := fmt.Sprintf("%d addresses, %d writes pending", st.Keys, st.Pending)
+	if st.LastError != nil {
+		v += fmt.Sprintf("; last error %s ago: %v", now.Sub(st.LastErrorAt).Round(time.Second), st.LastError)
+	}
+	return v
 }

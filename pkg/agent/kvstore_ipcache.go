@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"net/netip"
+	"slices"
+	"strconv"
 	"time"
 
-	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/ipcache/kvpublisher"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 )
 
@@ -29,39 +31,68 @@ type ipEntry struct {
 }
 
 // startIPSync publishes this node's endpoint addresses and feeds other
-// nodes' into the ipcache (kvstore source, below local endpoints).
+// nodes' into the ipcache (kvstore source, below Kubernetes and local
+// endpoints). Publishing never waits for etcd: endpoint events only record
+// the desired keys in the publisher, whose goroutine writes them (with
+// retries, and again after a new session); stop joins it.
 func (m *kvstoreModule) startIPSync() error {
 	a := m.a
+	log := a.log.With("module", "kvstore-ipcache")
 	store, err := kvstore.JoinSharedStore(m.client, kvstore.SharedStoreConfig{Prefix: ipPrefix, SyncInterval: time.Minute,
-		OnEvent: m.onIPEvent}, a.log.With("module", "kvstore-ipcache"))
+		OnEvent: m.onIPEvent}, log)
 	if err != nil {
 		return err
 	}
 	m.ipStore = store
-	publish := func(ep *endpoint.Endpoint, deleted bool) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for _, ip := range ep.Addresses() {
-			if deleted || ep.Identity == 0 {
-				_ = store.DeleteLocal(ctx, ip.String())
-				continue
-			}
-			v, _ := json.Marshal(ipEntry{IP: ip.String(), Identity: ep.Identity, HostIP: m.hostIP(), Node: a.cfg.NodeName,
-				Namespace: ep.PodNamespace, Name: ep.PodName})
-			if err := store.UpsertLocal(ctx, ip.String(), v); err != nil {
-				a.log.Warn("Publish endpoint address to the kvstore", "ip", ip, "error", err)
-			}
-		}
-	}
+	m.ipPub = kvpublisher.New(store, kvpublisher.Config{}, log)
+	m.addrOwners = map[netip.Addr]uint16{}
+	renewals, unsubscribe := m.client.SessionRenewals()
+	ctx, cancel := context.WithCancel(context.Background())
+	m.ipPubCancel, m.ipPubDone = cancel, make(chan struct{})
+	go func() {
+		defer close(m.ipPubDone)
+		defer unsubscribe()
+		m.ipPub.Run(ctx, renewals)
+	}()
 	a.endpoints.mgr.Subscribe(func(ev endpointmanager.Event) {
 		if ev.Endpoint != nil {
-			publish(ev.Endpoint, ev.Kind == endpointmanager.EventDelete)
+			m.publishAddresses(ev.Endpoint.ID, ev.Endpoint.Addresses())
 		}
 	})
 	for _, ep := range a.endpoints.mgr.List() {
-		publish(ep, false)
+		m.publishAddresses(ep.ID, ep.Addresses())
 	}
 	return nil
+}
+
+// publishAddresses records the kvstore keys of endpoint id's addresses as
+// the endpoint is now (the event that called it may be older than a later
+// change): published while it exists with an identity, withdrawn when it
+// is gone. An address is withdrawn only by the endpoint that published it
+// last, so a deleted endpoint's late event cannot remove the key of the
+// endpoint that reuses its address. It never waits for etcd.
+func (m *kvstoreModule) publishAddresses(id uint16, addrs []netip.Addr) {
+	a := m.a
+	m.addrMu.Lock()
+	defer m.addrMu.Unlock()
+	ep, err := a.endpoints.mgr.Lookup(strconv.Itoa(int(id)))
+	if err != nil || ep.Identity == 0 {
+		ep = nil
+	}
+	for _, ip := range addrs {
+		if ep == nil || !slices.Contains(ep.Addresses(), ip) {
+			// Gone, without identity, or the ID is another endpoint's now.
+			if owner, ok := m.addrOwners[ip]; ok && owner == id {
+				delete(m.addrOwners, ip)
+				m.ipPub.Delete(ip.String())
+			}
+			continue
+		}
+		v, _ := json.Marshal(ipEntry{IP: ip.String(), Identity: ep.Identity, HostIP: m.hostIP(), Node: a.cfg.NodeName,
+			Namespace: ep.PodNamespace, Name: ep.PodName})
+		m.addrOwners[ip] = id
+		m.ipPub.Set(ip.String(), v)
+	}
 }
 
 // hostIP is the address peers route this node's pods through.
@@ -83,7 +114,7 @@ func (m *kvstoreModule) onIPEvent(ev kvstore.Event) {
 		return
 	}
 	if ev.Type == kvstore.EventDelete {
-		if err := a.datapath.DeleteRemoteEndpoint(ip); err != nil {
+		if err := a.datapath.DeleteRemoteEndpoint(ip, ipcache.SourceKVStore, ipcache.OwnerKVStore(ev.Key)); err != nil {
 			a.log.Warn("ipcache: remove kvstore address", "ip", ip, "error", err)
 		}
 		return
@@ -94,9 +125,15 @@ func (m *kvstoreModule) onIPEvent(ev kvstore.Event) {
 		return
 	}
 	if e.Node == a.cfg.NodeName {
-		return // this node's own endpoints are in the ipcache as local
+		// This node's own endpoints are in the ipcache as local; a claim
+		// the key made while another node held the address goes.
+		if err := a.datapath.DeleteRemoteEndpoint(ip, ipcache.SourceKVStore, ipcache.OwnerKVStore(ev.Key)); err != nil {
+			a.log.Warn("ipcache: remove kvstore address", "ip", ip, "error", err)
+		}
+		return
 	}
-	entry := ipcache.Entry{Identity: identity.NumericIdentity(e.Identity), Name: e.Name, Namespace: e.Namespace}
+	entry := ipcache.Entry{Identity: identity.NumericIdentity(e.Identity), Source: ipcache.SourceKVStore, Owner: ipcache.OwnerKVStore(ev.Key),
+		Name: e.Name, Namespace: e.Namespace}
 	entry.HostIP, _ = netip.ParseAddr(e.HostIP)
 	if err := a.datapath.UpsertRemoteEndpoint(ip, entry); err != nil {
 		a.log.Warn("ipcache: kvstore address", "ip", ip, "error", err)

@@ -2,7 +2,10 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -10,10 +13,13 @@ import (
 
 	"github.com/cilium/cilium/api/v1/models"
 	"github.com/spf13/pflag"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/testutil/etcdproc"
 )
 
 // TestEmbeddedKVStoreIdentities runs the agent with an embedded etcd and
@@ -115,4 +121,246 @@ func TestKVStoreConfigValidation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fixedIdentity stands in for the datapath's identity allocation (the
+// datapath is off in these tests): every endpoint gets id.
+type fixedIdentity uint32
+
+func (f fixedIdentity) Regenerate(_ context.Context, ep *endpoint.Endpoint) error {
+	ep.Identity = uint32(f)
+	return nil
+}
+
+func (fixedIdentity) Remove(context.Context, *endpoint.Endpoint) error { return nil }
+
+// publishedAddresses reads the ipcache keys in etcd as ip → endpoint name.
+func publishedAddresses(ctx context.Context, c *kvstore.Client) (map[string]string, error) {
+	kvs, _, err := c.GetPrefix(ctx, ipPrefix)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, kv := range kvs {
+		var e ipEntry
+		if err := json.Unmarshal(kv.Value, &e); err != nil {
+			return nil, fmt.Errorf("key %s: %w", kv.Key, err)
+		}
+		out[strings.TrimPrefix(kv.Key, ipPrefix)] = e.Name
+	}
+	return out, nil
+}
+
+// TestKVStoreAddressPublishingDoesNotWaitForEtcd runs the agent against
+// the real etcd binary and stops etcd. Endpoints created the way CNI ADD
+// creates them (and one deleted) complete while etcd is down, leaving
+// their keys pending, instead of waiting for etcd; the publisher's writes
+// fail and are retried, and once etcd is back the keys are in it within
+// 5 s, and the deleted endpoint's key is gone.
+func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
+	etcd := etcdproc.Start(t)
+	a, c := startAgent(t, func(cfg *Config) {
+		cfg.KVStore = KVStoreEtcd
+		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
+		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
+	})
+	// A failure while etcd is down must not leave the agent's stop (which
+	// deletes its keys, with no deadline in tests) waiting for it.
+	t.Cleanup(func() {
+		if !etcd.Running() {
+			etcd.Start(t)
+		}
+	})
+	a.AddRegenerateHook(fixedIdentity(4321))
+	cni := cniEndpoints{a}
+	create := func(name, ip string) (*endpoint.Endpoint, error) {
+		return cni.Create(context.Background(), &endpoint.Endpoint{ContainerID: "c-" + name, IfName: "eth0",
+			PodNamespace: "ns", PodName: name, IPv4: netip.MustParseAddr(ip)})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// With etcd up, an endpoint's address is published.
+	first, err := create("first", "10.79.0.5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := kvstore.Connect(ctx, testKVConfig(etcd.Endpoints()), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPublished(t, ctx, kc, "map[10.79.0.5:first]", time.Minute)
+	_ = kc.Close(ctx)
+
+	// etcd goes away. CNI ADDs (and a DEL) finish while it is down: etcd's
+	// client waits for a connection, so a call that wrote to etcd would
+	// block until the publisher's write timeout, or forever; the old
+	// synchronous publisher took 10 s per address.
+	etcd.Stop(t)
+	done := make(chan error, 1)
+	go func() {
+		if _, err := create("second", "10.79.0.6"); err != nil {
+			done <- err
+			return
+		}
+		if _, err := create("third", "10.79.0.7"); err != nil {
+			done <- err
+			return
+		}
+		done <- a.endpoints.mgr.Delete(context.Background(), first.ID)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("creating endpoints waits for the stopped etcd")
+	}
+	// They returned without their keys written: all three changes wait
+	// for etcd, which is still down.
+	st := a.kvstore.ipPub.Status()
+	if etcd.Running() || st.Keys != 2 || st.Pending != 3 {
+		t.Fatalf("after the creates: etcd running %v, publisher %+v; want 2 addresses with 3 writes pending", etcd.Running(), st)
+	}
+	var hz ext.StatusResponse
+	if err := c.Do(ctx, http.MethodGet, "/healthz", nil, nil, nil, &hz); err != nil {
+		t.Fatal(err)
+	}
+	if line := statusLine(hz, "KVStore", "Endpoint addresses"); !strings.HasPrefix(line, "2 addresses, 3 writes pending") {
+		t.Fatalf("status line during the outage %q, want 2 addresses and 3 writes pending", line)
+	}
+
+	// The outage outlasts a write attempt: the publisher is retrying when
+	// etcd comes back.
+	for a.kvstore.ipPub.Status().LastError == nil {
+		select {
+		case <-ctx.Done():
+			t.Fatal("no write failed while etcd was down")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+
+	// etcd comes back: the keys follow within 5 s.
+	etcd.Start(t)
+	back := time.Now()
+	kc, err = kvstore.Connect(ctx, testKVConfig(etcd.Endpoints()), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close(ctx)
+	waitPublished(t, ctx, kc, "map[10.79.0.6:second 10.79.0.7:third]", 5*time.Second-time.Since(back))
+	t.Logf("keys in etcd %v after etcd came back", time.Since(back).Round(time.Millisecond))
+
+	// Nothing is left pending; the status keeps the outage's error.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := c.Do(ctx, http.MethodGet, "/healthz", nil, nil, nil, &hz); err != nil {
+			t.Fatal(err)
+		}
+		line := statusLine(hz, "KVStore", "Endpoint addresses")
+		if strings.HasPrefix(line, "2 addresses, 0 writes pending; last error") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status line %q, want 2 addresses, none pending, and the outage's error", line)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestKVStoreAddressesRepublishedAfterLeaseLoss: when the session lease
+// the keys are bound to is revoked (as when it expires during a long
+// outage), the keys are written again under the new session.
+func TestKVStoreAddressesRepublishedAfterLeaseLoss(t *testing.T) {
+	etcd := etcdproc.Start(t)
+	a, _ := startAgent(t, func(cfg *Config) {
+		cfg.KVStore = KVStoreEtcd
+		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
+		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
+	})
+	a.AddRegenerateHook(fixedIdentity(4321))
+	if _, err := (cniEndpoints{a}).Create(context.Background(), &endpoint.Endpoint{ContainerID: "c-one", IfName: "eth0",
+		PodNamespace: "ns", PodName: "one", IPv4: netip.MustParseAddr("10.79.0.9")}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	raw, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	var lease clientv3.LeaseID
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := raw.Get(ctx, ipPrefix+"10.79.0.9")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 1 {
+			lease = clientv3.LeaseID(resp.Kvs[0].Lease)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the address was never published")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := raw.Revoke(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(time.Minute)
+	for {
+		resp, err := raw.Get(ctx, ipPrefix+"10.79.0.9")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 1 && clientv3.LeaseID(resp.Kvs[0].Lease) != lease && resp.Kvs[0].Lease != 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the key was not written again under a new lease: %v", resp.Kvs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func testKVConfig(endpoints []string) kvstore.Config {
+	cfg := kvstore.DefaultConfig()
+	cfg.Endpoints = endpoints
+	cfg.ConnectTimeout = 30 * time.Second
+	return cfg
+}
+
+// waitPublished polls etcd until the published addresses are want, for at
+// most within.
+func waitPublished(t *testing.T, ctx context.Context, kc *kvstore.Client, want string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got, err := publishedAddresses(ctx, kc)
+		if err == nil && fmt.Sprint(got) == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("published addresses %v (error %v), want %s within %v", got, err, want, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// statusLine is the value of one line of one section of the status.
+func statusLine(st ext.StatusResponse, section, key string) string {
+	for _, s := range st.Tendril.Sections {
+		if s.Title != section {
+			continue
+		}
+		for _, l := range s.Lines {
+			if l.Key == key {
+				return l.Value
+			}
+		}
+	}
+	return ""
 }

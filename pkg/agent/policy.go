@@ -179,12 +179,12 @@ func (p *policyModule) syncCIDRIdentities() error {
 	// hides the endpoint's identity (the ipcache's precedence).
 	ic := p.a.datapath.ipcache
 	for pf, id := range ids {
-		if err := ic.Upsert(pf, ipcache.Entry{Identity: id, Source: ipcache.SourceGenerated}); err != nil {
+		if err := ic.Upsert(pf, ipcache.Entry{Identity: id, Source: ipcache.SourceGenerated, Owner: ipcache.OwnerPolicyCIDR(pf)}); err != nil {
 			return err
 		}
 	}
 	for _, pf := range del {
-		if err := ic.Delete(pf, ipcache.SourceGenerated); err != nil {
+		if err := ic.Delete(pf, ipcache.SourceGenerated, ipcache.OwnerPolicyCIDR(pf)); err != nil {
 			return err
 		}
 	}

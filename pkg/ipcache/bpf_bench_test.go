@@ -58,6 +58,12 @@ func addrN(i int) netip.Addr {
 // the map (the ipcache's own cost is the difference).
 func BenchmarkPrivilegedIPCache100k(b *testing.B) {
 	const n = 100_000
+	// Owners are named before the clock runs: the callers' strings are
+	// not the ipcache's cost.
+	owners := make([]ipcache.Owner, n)
+	for j := range owners {
+		owners[j] = ipcache.OwnerTendrilEndpoint("bench", strconv.Itoa(j))
+	}
 	for _, mode := range []string{"map-only", "ipcache"} {
 		b.Run(mode, func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
@@ -71,7 +77,7 @@ func BenchmarkPrivilegedIPCache100k(b *testing.B) {
 					if mode == "map-only" {
 						err = m.Upsert(p, maps.IPCacheEntry{Identity: uint32(256 + j%1000)})
 					} else {
-						err = c.Upsert(p, ipcache.Entry{Identity: identity.NumericIdentity(256 + j%1000), Source: ipcache.SourceKubernetes})
+						err = c.Upsert(p, ipcache.Entry{Identity: identity.NumericIdentity(256 + j%1000), Source: ipcache.SourceKubernetes, Owner: owners[j]})
 					}
 					if err != nil {
 						b.Fatal(err)
@@ -125,7 +131,7 @@ func BenchmarkPrivilegedKVStoreToMap(b *testing.B) {
 				continue
 			}
 			id, _ := strconv.Atoi(string(ev.Value))
-			_ = cache.Upsert(netip.PrefixFrom(ip, 32), ipcache.Entry{Identity: identity.NumericIdentity(id), Source: ipcache.SourceKubernetes})
+			_ = cache.Upsert(netip.PrefixFrom(ip, 32), ipcache.Entry{Identity: identity.NumericIdentity(id), Source: ipcache.SourceKVStore, Owner: ipcache.OwnerKVStore(ev.Key)})
 		}
 	}()
 	took := make([]time.Duration, 0, b.N)

@@ -51,22 +51,25 @@ func TestSourcePrecedence(t *testing.T) {
 	b := &fakeBackend{m: map[netip.Prefix]Entry{}, fail: map[netip.Prefix]bool{}}
 	c := New(b, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	pod := netip.MustParsePrefix("10.0.1.5/32")
+	cidrOwner, epOwner, remoteOwner := OwnerPolicyCIDR(pod), OwnerEndpoint(1), OwnerTendrilEndpoint("ns", "web")
 	steps := []struct {
 		name   string
 		do     func() error
 		wantID identity.NumericIdentity // 0: absent from the backend
 	}{
 		{"policy CIDR equal to the pod's address", func() error {
-			return c.Upsert(pod, Entry{Identity: identity.NumericIdentity(1<<24 | 1), Source: SourceGenerated})
+			return c.Upsert(pod, Entry{Identity: identity.NumericIdentity(1<<24 | 1), Source: SourceGenerated, Owner: cidrOwner})
 		}, 1<<24 | 1},
-		{"the pod's endpoint takes over", func() error { return c.Upsert(pod, Entry{Identity: 300, Source: SourceLocal, Name: "web"}) }, 300},
-		{"a remote claim does not override the local endpoint", func() error {
-			return c.Upsert(pod, Entry{Identity: 400, Source: SourceKubernetes})
+		{"the pod's endpoint takes over", func() error {
+			return c.Upsert(pod, Entry{Identity: 300, Source: SourceLocal, Owner: epOwner, Name: "web"})
 		}, 300},
-		{"removing the CIDR rule leaves the pod alone", func() error { return c.Delete(pod, SourceGenerated) }, 300},
-		{"endpoint deleted: the remote claim shows", func() error { return c.Delete(pod, SourceLocal) }, 400},
-		{"deleting an absent claim is a no-op", func() error { return c.Delete(pod, SourceLocal) }, 400},
-		{"last claim gone: removed", func() error { return c.Delete(pod, SourceKubernetes) }, 0},
+		{"a remote claim does not override the local endpoint", func() error {
+			return c.Upsert(pod, Entry{Identity: 400, Source: SourceKubernetes, Owner: remoteOwner})
+		}, 300},
+		{"removing the CIDR rule leaves the pod alone", func() error { return c.Delete(pod, SourceGenerated, cidrOwner) }, 300},
+		{"endpoint deleted: the remote claim shows", func() error { return c.Delete(pod, SourceLocal, epOwner) }, 400},
+		{"deleting an absent claim is a no-op", func() error { return c.Delete(pod, SourceLocal, epOwner) }, 400},
+		{"last claim gone: removed", func() error { return c.Delete(pod, SourceKubernetes, remoteOwner) }, 0},
 	}
 	for _, s := range steps {
 		if err := s.do(); err != nil {
@@ -84,10 +87,10 @@ func TestSourcePrecedence(t *testing.T) {
 		}
 	}
 	// An unchanged winner is not rewritten.
-	_ = c.Upsert(pod, Entry{Identity: 300, Source: SourceLocal})
+	_ = c.Upsert(pod, Entry{Identity: 300, Source: SourceLocal, Owner: epOwner})
 	before := b.ops
-	_ = c.Upsert(pod, Entry{Identity: 300, Source: SourceLocal})
-	_ = c.Upsert(pod, Entry{Identity: 5, Source: SourceGenerated})
+	_ = c.Upsert(pod, Entry{Identity: 300, Source: SourceLocal, Owner: epOwner})
+	_ = c.Upsert(pod, Entry{Identity: 5, Source: SourceGenerated, Owner: cidrOwner})
 	if b.ops != before {
 		t.Fatalf("%d backend writes for changes that did not change the winner", b.ops-before)
 	}
@@ -98,7 +101,7 @@ func TestFailedWritesAreRetried(t *testing.T) {
 	c := New(b, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	p := netip.MustParsePrefix("10.0.2.0/24")
 	b.fail[p] = true
-	if err := c.Upsert(p, Entry{Identity: 7, Source: SourceKubernetes}); err == nil {
+	if err := c.Upsert(p, Entry{Identity: 7, Source: SourceKubernetes, Owner: OwnerNode("b")}); err == nil {
 		t.Fatal("a failed write was not reported")
 	}
 	if c.Pending() != 1 {
@@ -119,7 +122,7 @@ func TestFailedWritesAreRetried(t *testing.T) {
 	}
 	// A failed delete is retried too.
 	b.fail[p] = true
-	_ = c.Delete(p, SourceKubernetes)
+	_ = c.Delete(p, SourceKubernetes, OwnerNode("b"))
 	b.fail[p] = false
 	if err := c.Sync(); err != nil {
 		t.Fatal(err)
@@ -129,5 +132,112 @@ func TestFailedWritesAreRetried(t *testing.T) {
 	}
 	if len(c.List()) != 0 {
 		t.Fatalf("list %v", c.List())
+	}
+}
+
+// ownerOf names a distinct owner in src, as the agent's callers do.
+func ownerOf(src Source, object string) Owner {
+	switch src {
+	case SourceLocal:
+		return Owner("endpoint/" + object)
+	case SourceKubernetes:
+		return OwnerTendrilEndpoint("ns", object)
+	case SourceKVStore:
+		return OwnerKVStore(object)
+	}
+	return Owner("policy-cidr/" + object)
+}
+
+// TestDeleteOfOldObjectKeepsNewerClaim: an address moves from an old
+// object to a newer one (a pod deleted and its address reused, a node
+// replaced), and the old object's delete arrives after the newer object's
+// claim. For every pair of sources, including two owners of one source,
+// the delete withdraws only the old object's claim: the newer claim is the
+// effective entry afterwards, and the backend holds it.
+func TestDeleteOfOldObjectKeepsNewerClaim(t *testing.T) {
+	ip := netip.MustParsePrefix("10.0.7.9/32")
+	for _, oldSrc := range Sources() {
+		for _, newSrc := range Sources() {
+			t.Run(oldSrc.String()+"-then-"+newSrc.String(), func(t *testing.T) {
+				b := &fakeBackend{m: map[netip.Prefix]Entry{}, fail: map[netip.Prefix]bool{}}
+				c := New(b, slog.New(slog.NewTextHandler(io.Discard, nil)))
+				oldE := Entry{Identity: 1001, Source: oldSrc, Owner: ownerOf(oldSrc, "old"), Name: "old"}
+				newE := Entry{Identity: 2002, Source: newSrc, Owner: ownerOf(newSrc, "new"), Name: "new"}
+				if err := c.Upsert(ip, oldE); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Upsert(ip, newE); err != nil {
+					t.Fatal(err)
+				}
+				// While both claim it, the higher source wins, and of one
+				// source the newer claim.
+				wantBoth := newE
+				if oldSrc > newSrc {
+					wantBoth = oldE
+				}
+				if e, ok := b.get(ip); !ok || e != wantBoth {
+					t.Fatalf("with both claims the backend has %+v (present %v), want %+v", e, ok, wantBoth)
+				}
+				if got := c.Claims(ip); len(got) != 2 || got[0] != wantBoth {
+					t.Fatalf("claims %+v, want two with %+v first", got, wantBoth)
+				}
+				if err := c.Delete(ip, oldSrc, oldE.Owner); err != nil {
+					t.Fatal(err)
+				}
+				if e, ok := c.Lookup(ip); !ok || e != newE {
+					t.Fatalf("after the old object's delete the effective entry is %+v (present %v), want the newer claim %+v", e, ok, newE)
+				}
+				if e, ok := b.get(ip); !ok || e != newE {
+					t.Fatalf("after the old object's delete the backend has %+v (present %v), want the newer claim %+v", e, ok, newE)
+				}
+				// The newer object's own delete empties the prefix.
+				if err := c.Delete(ip, newSrc, newE.Owner); err != nil {
+					t.Fatal(err)
+				}
+				if e, ok := b.get(ip); ok {
+					t.Fatalf("after both deletes the backend still has %+v", e)
+				}
+			})
+		}
+	}
+}
+
+// TestSameSourceMostRecentClaimWins: of one source's claims the most
+// recent wins while it exists; an owner changing its claim (a resync, a new
+// identity) does not make it more recent; removing the winner falls back
+// to the next most recent.
+func TestSameSourceMostRecentClaimWins(t *testing.T) {
+	b := &fakeBackend{m: map[netip.Prefix]Entry{}, fail: map[netip.Prefix]bool{}}
+	c := New(b, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ip := netip.MustParsePrefix("172.30.0.5/32")
+	n1, n2, n3 := OwnerNode("n1"), OwnerNode("n2"), OwnerNode("n3")
+	steps := []struct {
+		name   string
+		do     func() error
+		wantID identity.NumericIdentity
+	}{
+		{"n1 claims", func() error { return c.Upsert(ip, Entry{Identity: 1, Source: SourceKubernetes, Owner: n1}) }, 1},
+		{"n2 claims later and wins", func() error { return c.Upsert(ip, Entry{Identity: 2, Source: SourceKubernetes, Owner: n2}) }, 2},
+		{"n3 claims later still", func() error { return c.Upsert(ip, Entry{Identity: 3, Source: SourceKubernetes, Owner: n3}) }, 3},
+		{"n1 resyncs its claim: still the oldest", func() error {
+			return c.Upsert(ip, Entry{Identity: 11, Source: SourceKubernetes, Owner: n1})
+		}, 3},
+		{"n3 changes its claim: it keeps winning", func() error {
+			return c.Upsert(ip, Entry{Identity: 33, Source: SourceKubernetes, Owner: n3})
+		}, 33},
+		{"the winner goes: the next most recent", func() error { return c.Delete(ip, SourceKubernetes, n3) }, 2},
+		{"an owner's claim in another source is not its claim here", func() error { return c.Delete(ip, SourceKVStore, n2) }, 2},
+		{"n2 goes: n1's changed claim", func() error { return c.Delete(ip, SourceKubernetes, n2) }, 11},
+	}
+	for _, s := range steps {
+		if err := s.do(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if e, ok := b.get(ip); !ok || e.Identity != s.wantID {
+			t.Fatalf("%s: backend has %+v (present %v), want identity %d", s.name, e, ok, s.wantID)
+		}
+	}
+	if err := c.Upsert(ip, Entry{Identity: 9, Source: SourceKubernetes}); err == nil {
+		t.Fatal("a claim without an owner was accepted")
 	}
 }

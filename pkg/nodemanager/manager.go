@@ -48,9 +48,18 @@ func (p Peer) nextHop(cidr netip.Prefix) (netip.Addr, bool) {
 }
 
 // IPCache is where peer node addresses are published (the BPF ipcache).
+// Each address is claimed on behalf of its node, so that when an address
+// moves from a node being removed to a new one, the old node's withdrawal
+// leaves the new node's claim in place.
 type IPCache interface {
-	UpsertRemoteNode(ip netip.Addr) error
-	DeleteRemoteNode(ip netip.Addr) error
+	UpsertRemoteNode(node string, ip netip.Addr) error
+	DeleteRemoteNode(node string, ip netip.Addr) error
+}
+
+// nodeAddr is one node's claim on one address.
+type nodeAddr struct {
+	node string
+	ip   netip.Addr
 }
 
 // Config tunes the manager.
@@ -73,7 +82,7 @@ type Manager struct {
 
 	mu        sync.Mutex
 	peers     map[string]Peer
-	published map[netip.Addr]bool
+	published map[nodeAddr]bool
 	lastErr   error
 	kick      chan struct{}
 }
@@ -84,7 +93,7 @@ func New(cfg Config, nl *netlink.Handle, cache IPCache, log *slog.Logger) *Manag
 		cfg.ResyncInterval = 30 * time.Second
 	}
 	return &Manager{cfg: cfg, nl: nl, cache: cache, log: log,
-		peers: map[string]Peer{}, published: map[netip.Addr]bool{}, kick: make(chan struct{}, 1)}
+		peers: map[string]Peer{}, published: map[nodeAddr]bool{}, kick: make(chan struct{}, 1)}
 }
 
 // UpsertPeer adds or changes a peer; the local node is ignored.
@@ -172,11 +181,11 @@ func (m *Manager) Reconcile() error {
 	m.mu.Unlock()
 
 	var errs []error
-	wantIPs := map[netip.Addr]bool{}
+	wantIPs := map[nodeAddr]bool{}
 	wantRoutes := map[netip.Prefix]netip.Addr{}
 	for _, p := range peers {
 		for _, ip := range p.IPs {
-			wantIPs[ip] = true
+			wantIPs[nodeAddr{p.Name, ip}] = true
 		}
 		for _, c := range p.PodCIDRs {
 			if hop, ok := p.nextHop(c); ok {
@@ -188,30 +197,30 @@ func (m *Manager) Reconcile() error {
 	}
 
 	if m.cache != nil {
-		for ip := range wantIPs {
-			if err := m.cache.UpsertRemoteNode(ip); err != nil {
-				errs = append(errs, fmt.Errorf("ipcache remote node %s: %w", ip, err))
+		for na := range wantIPs {
+			if err := m.cache.UpsertRemoteNode(na.node, na.ip); err != nil {
+				errs = append(errs, fmt.Errorf("ipcache remote node %s %s: %w", na.node, na.ip, err))
 				continue
 			}
 			m.mu.Lock()
-			m.published[ip] = true
+			m.published[na] = true
 			m.mu.Unlock()
 		}
 		m.mu.Lock()
-		var stale []netip.Addr
-		for ip := range m.published {
-			if !wantIPs[ip] {
-				stale = append(stale, ip)
+		var stale []nodeAddr
+		for na := range m.published {
+			if !wantIPs[na] {
+				stale = append(stale, na)
 			}
 		}
 		m.mu.Unlock()
-		for _, ip := range stale {
-			if err := m.cache.DeleteRemoteNode(ip); err != nil {
-				errs = append(errs, fmt.Errorf("ipcache remove remote node %s: %w", ip, err))
+		for _, na := range stale {
+			if err := m.cache.DeleteRemoteNode(na.node, na.ip); err != nil {
+				errs = append(errs, fmt.Errorf("ipcache remove remote node %s %s: %w", na.node, na.ip, err))
 				continue
 			}
 			m.mu.Lock()
-			delete(m.published, ip)
+			delete(m.published, na)
 			m.mu.Unlock()
 		}
 	}

@@ -22,35 +22,53 @@ import (
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
+// fakeCache records each node's claims on addresses.
 type fakeCache struct {
 	mu   sync.Mutex
-	ips  map[netip.Addr]bool
+	ips  map[nodeAddr]bool
 	fail bool
 }
 
-func (f *fakeCache) UpsertRemoteNode(ip netip.Addr) error {
+func (f *fakeCache) UpsertRemoteNode(node string, ip netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.fail {
 		return errors.New("map full")
 	}
-	f.ips[ip] = true
+	f.ips[nodeAddr{node, ip}] = true
 	return nil
 }
 
-func (f *fakeCache) DeleteRemoteNode(ip netip.Addr) error {
+func (f *fakeCache) DeleteRemoteNode(node string, ip netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.ips, ip)
+	delete(f.ips, nodeAddr{node, ip})
 	return nil
 }
 
+// list is the claimed addresses, each once.
 func (f *fakeCache) list() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	seen := map[string]bool{}
 	var out []string
-	for ip := range f.ips {
-		out = append(out, ip.String())
+	for na := range f.ips {
+		if s := na.ip.String(); !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	sort.Strings(out)
+	return fmt.Sprint(out)
+}
+
+// claims is every node's claim as node=ip.
+func (f *fakeCache) claims() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for na := range f.ips {
+		out = append(out, na.node+"="+na.ip.String())
 	}
 	sort.Strings(out)
 	return fmt.Sprint(out)
@@ -129,7 +147,7 @@ func TestPrivilegedRoutesToPeers(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cache := &fakeCache{ips: map[netip.Addr]bool{}}
+	cache := &fakeCache{ips: map[nodeAddr]bool{}}
 	m := New(Config{LocalNode: "a", InstallRoutes: true}, nl, cache, quiet())
 	routes := func() string {
 		rs, err := m.installedRoutes()
@@ -189,5 +207,29 @@ func TestPrivilegedRoutesToPeers(t *testing.T) {
 	m.UpsertPeer(Peer{Name: "e", IPs: []netip.Addr{netip.MustParseAddr("172.31.9.5")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:e::/112")}})
 	if err := m.Reconcile(); err == nil {
 		t.Fatal("an IPv6 pod CIDR with only an IPv4 node address was accepted")
+	}
+}
+
+// TestAddressMovesBetweenNodes: a node is replaced by one with the same
+// address (a rebuilt VM). Each node claims the address as itself, so
+// removing the old node withdraws only its own claim.
+func TestAddressMovesBetweenNodes(t *testing.T) {
+	cache := &fakeCache{ips: map[nodeAddr]bool{}}
+	m := New(Config{LocalNode: "a"}, nil, cache, quiet())
+	ip := netip.MustParseAddr("172.31.9.7")
+	m.UpsertPeer(Peer{Name: "old", IPs: []netip.Addr{ip}})
+	m.UpsertPeer(Peer{Name: "new", IPs: []netip.Addr{ip}})
+	if err := m.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cache.claims(), "[new=172.31.9.7 old=172.31.9.7]"; got != want {
+		t.Fatalf("claims %s, want %s", got, want)
+	}
+	m.DeletePeer("old")
+	if err := m.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cache.claims(), "[new=172.31.9.7]"; got != want {
+		t.Fatalf("after the old node went: claims %s, want %s", got, want)
 	}
 }

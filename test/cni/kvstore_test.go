@@ -46,7 +46,7 @@ func TestPrivilegedRemoteEndpointViaKVStore(t *testing.T) {
 			return false
 		}
 		for _, e := range entries {
-			if *e.Cidr == ip+"/32" && *e.Identity == id && e.Metadata.Source == "kubernetes" {
+			if *e.Cidr == ip+"/32" && *e.Identity == id && e.Metadata.Source == "kvstore" {
 				return true
 			}
 		}
