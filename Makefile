@@ -44,7 +44,7 @@ k8s-binaries:
 # the privileged ones (CI=true turns their skips into failures).
 # Packages whose code runs goroutines against shared state: `make test` runs
 # them a second time under the race detector.
-RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/ipcache/ \
+RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/ipcache/... \
 	./pkg/identity/... ./pkg/cni/... ./pkg/agent/ ./pkg/lifecycle/ ./pkg/health/ ./pkg/namedns/ \
 	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/node/
 
