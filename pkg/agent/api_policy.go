@@ -79,7 +79,7 @@ func (a *Agent) handlePolicyPut(w http.ResponseWriter, r *http.Request) error {
 	if with := q["replace-with-labels"]; len(with) > 0 {
 		a.policy.repo.DeleteByLabels(with)
 	}
-	if _, err := a.policy.repo.Add(rules, "", "api", replace); err != nil {
+	if _, err := a.policy.repo.Add(rules, "", policySourceAPI, replace); err != nil {
 		return server.Errorf(http.StatusBadRequest, "%v", err)
 	}
 	m, _ := a.policyModel(nil)

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -181,7 +182,8 @@ func ParseRules(data []byte) (Rules, error) {
 	} else if err := dec.Decode(&rules); err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
-	if dec.More() {
+	// Only white space may follow (More alone misses a stray ']' or '}').
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("policy: trailing data after the rules")
 	}
 	if len(rules) == 0 {
