@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/cilium/cilium/api/v1/models"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -231,5 +232,106 @@ func TestCorruptPolicyFileStopsTheStart(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(path); string(got) != corrupt {
 		t.Fatalf("the failed start changed the file: %q", got)
+	}
+}
+
+// ciliumDbgImport is a rule list the way `cilium-dbg policy import` sends
+// it: sanitized selectors ("any:" keys) and labels as objects, the whole
+// document JSON-encoded as a string.
+const ciliumDbgImport = `[
+  {
+    "endpointSelector": {"matchLabels": {"any:app": "web"}},
+    "ingress": [{"fromEndpoints": [{"matchLabels": {"any:app": "client"}}],
+                 "toPorts": [{"ports": [{"port": "80", "protocol": "TCP"}]}]}],
+    "labels": [{"key": "team", "value": "blue", "source": "unspec"},
+               {"key": "io.cilium.k8s.policy.name", "value": "web", "source": "k8s"}],
+    "description": "web from client"
+  },
+  {
+    "endpointSelector": {"matchLabels": {"any:app": "db"}},
+    "ingress": [{"fromEndpoints": [{"matchLabels": {"any:app": "web"}}]}],
+    "labels": [{"key": "team", "value": "green", "source": "unspec"}]
+  }
+]`
+
+// TestPolicyLabelsImportSelectAndDelete imports rules with labels in the
+// CiliumNetworkPolicy form through the REST API, selects and deletes them
+// by labels (a label without source matches any source, one with a source
+// only that source), and checks that rules saved in the older string form
+// still load after a restart.
+func TestPolicyLabelsImportSelectAndDelete(t *testing.T) {
+	stateDir := filepath.Join(t.TempDir(), "state")
+	run := t.TempDir()
+	ctx := context.Background()
+	a, c := startAgent(t, func(cfg *Config) {
+		cfg.StateDir = stateDir
+		cfg.API.Socket = filepath.Join(run, "first.sock")
+	})
+	if err := c.Do(ctx, http.MethodPut, "/policy", nil, nil, ciliumDbgImport, nil); err != nil {
+		t.Fatalf("import: %v", err)
+	}
+	rulesWith := func(sel ...string) (api.Rules, error) {
+		var body any
+		if len(sel) > 0 {
+			body = sel
+		}
+		var pol models.Policy
+		if err := c.Do(ctx, http.MethodGet, "/policy", nil, nil, body, &pol); err != nil {
+			return nil, err
+		}
+		var rules api.Rules
+		if err := json.Unmarshal([]byte(pol.Policy), &rules); err != nil {
+			t.Fatalf("policy %q: %v", pol.Policy, err)
+		}
+		return rules, nil
+	}
+	all, err := rulesWith()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 2 || all[0].Labels.Key() != "k8s:io.cilium.k8s.policy.name=web;unspec:team=blue" || all[1].Labels.Key() != "unspec:team=green" {
+		t.Fatalf("imported rules' labels: %+v", all)
+	}
+	if rules, err := rulesWith("team=blue"); err != nil || len(rules) != 1 || rules[0].Description != "web from client" {
+		t.Fatalf("get team=blue: %v, %v", rules, err)
+	}
+	// A source that the rule's label does not have selects nothing.
+	_, err = rulesWith("k8s:team=blue")
+	assertAPIError(t, err, http.StatusNotFound, "no policy rule has labels k8s:team=blue")
+	err = c.Do(ctx, http.MethodDelete, "/policy", nil, nil, []string{"k8s:team=blue"}, nil)
+	assertAPIError(t, err, http.StatusNotFound, "no policy rule has labels k8s:team=blue")
+	err = c.Do(ctx, http.MethodDelete, "/policy", nil, nil, []string{"k8s:=x"}, nil)
+	assertAPIError(t, err, http.StatusBadRequest, "empty key")
+
+	if err := c.Do(ctx, http.MethodDelete, "/policy", nil, nil, []string{"io.cilium.k8s.policy.name=web", "unspec:team=blue"}, nil); err != nil {
+		t.Fatalf("delete by labels: %v", err)
+	}
+	if rules, err := rulesWith(); err != nil || len(rules) != 1 || rules[0].Labels.Key() != "unspec:team=green" {
+		t.Fatalf("after delete: %+v, %v", rules, err)
+	}
+	if err := a.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	saved, err := os.ReadFile(filepath.Join(stateDir, "policy.json"))
+	if err != nil || !strings.Contains(string(saved), `"key": "team"`) {
+		t.Fatalf("saved policy (%v):\n%s", err, saved)
+	}
+
+	// A file of the older form: labels as "source:key=value" strings.
+	old := `[{"endpointSelector":{"matchLabels":{"app":"b"}},"labels":["test=restart","k8s:io.cilium.k8s.policy.name=old"],` +
+		`"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"a"}}]}]}]`
+	if err := os.WriteFile(filepath.Join(stateDir, "policy.json"), []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, c = startAgent(t, func(cfg *Config) {
+		cfg.StateDir = stateDir
+		cfg.API.Socket = filepath.Join(run, "second.sock")
+	})
+	rules, err := rulesWith("k8s:io.cilium.k8s.policy.name=old")
+	if err != nil || len(rules) != 1 || rules[0].Labels.Key() != "k8s:io.cilium.k8s.policy.name=old;unspec:test=restart" {
+		t.Fatalf("rules restored from the older form: %+v, %v", rules, err)
+	}
+	if err := c.Do(ctx, http.MethodDelete, "/policy", nil, nil, []string{"test=restart"}, nil); err != nil {
+		t.Fatalf("delete a restored rule by labels: %v", err)
 	}
 }

@@ -1,12 +1,12 @@
 package policy
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"sort"
 	"sync"
 
+	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
@@ -111,9 +111,9 @@ func (r *Repository) Add(rules api.Rules, namespace, source string, replace bool
 		if replace {
 			keys := map[string]bool{}
 			for _, rule := range rules {
-				keys[labelsKey(rule.Labels)] = true
+				keys[rule.Labels.Key()] = true
 			}
-			r.removeLocked(func(s StoredRule) bool { return keys[labelsKey(s.Rule.Labels)] })
+			r.removeLocked(func(s StoredRule) bool { return keys[s.Rule.Labels.Key()] })
 		}
 		r.appendLocked(rules, namespace, source)
 		return true, nil
@@ -139,7 +139,7 @@ func (r *Repository) ReplaceSource(source, namespace string, rules api.Rules) (u
 // adds rules (one revision): what a changed Kubernetes object needs, so no
 // resolution sees the object's old rules gone and its new ones missing.
 // match must not be empty (that would replace every rule).
-func (r *Repository) ReplaceByLabels(match []string, rules api.Rules, namespace, source string) (uint64, error) {
+func (r *Repository) ReplaceByLabels(match []labels.Label, rules api.Rules, namespace, source string) (uint64, error) {
 	if len(match) == 0 {
 		return 0, fmt.Errorf("replace rules of %s: no labels to match", source)
 	}
@@ -149,18 +149,19 @@ func (r *Repository) ReplaceByLabels(match []string, rules api.Rules, namespace,
 		}
 	}
 	return r.change(func() (bool, error) {
-		r.removeLocked(func(s StoredRule) bool { return hasAll(s.Rule.Labels, match) })
+		r.removeLocked(func(s StoredRule) bool { return s.Rule.Labels.HasAll(match) })
 		r.appendLocked(rules, namespace, source)
 		return true, nil
 	})
 }
 
-// DeleteByLabels removes the rules whose labels include all of labels (all
-// rules when labels is empty) and returns how many went.
-func (r *Repository) DeleteByLabels(labels []string) (uint64, int) {
+// DeleteByLabels removes the rules that have a match for every label of
+// sel (all rules when sel is empty; see api.LabelArray.HasAll) and returns
+// how many went.
+func (r *Repository) DeleteByLabels(sel []labels.Label) (uint64, int) {
 	n := 0
 	rev, _ := r.change(func() (bool, error) {
-		n = r.removeLocked(func(s StoredRule) bool { return hasAll(s.Rule.Labels, labels) })
+		n = r.removeLocked(func(s StoredRule) bool { return s.Rule.Labels.HasAll(sel) })
 		return n > 0, nil
 	})
 	return rev, n
@@ -188,40 +189,14 @@ func (r *Repository) appendLocked(rules api.Rules, namespace, source string) {
 	}
 }
 
-// hasAll reports whether have contains every label of want. Rules carry a
-// handful of labels: a scan beats building a set, and replacing one
-// object's rules scans every rule.
-func hasAll(have, want []string) bool {
-	for _, w := range want {
-		found := false
-		for _, h := range have {
-			if h == w {
-				found = true
-				break
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
-}
-
-func labelsKey(labels []string) string {
-	s := append([]string(nil), labels...)
-	sort.Strings(s)
-	b, _ := json.Marshal(s)
-	return string(b)
-}
-
-// Rules returns the rules (optionally only those with all of labels) and
-// the revision.
-func (r *Repository) Rules(labels []string) ([]StoredRule, uint64) {
+// Rules returns the rules (only those with a match for every label of sel,
+// when given) and the revision.
+func (r *Repository) Rules(sel []labels.Label) ([]StoredRule, uint64) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	var out []StoredRule
 	for _, s := range r.rules {
-		if hasAll(s.Rule.Labels, labels) {
+		if s.Rule.Labels.HasAll(sel) {
 			out = append(out, s)
 		}
 	}

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/tendril-net/tendril/pkg/labels"
+	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
 // TestListenersSeeRevisionsInOrder changes the repository from many
@@ -73,4 +76,12 @@ func TestListenersSeeRevisionsInOrder(t *testing.T) {
 	}
 }
 
-func mustSelect(t *testing.T, ss ...string) []string { t.Helper(); return ss }
+// mustSelect parses labels that select rules, as the API does.
+func mustSelect(t testing.TB, ss ...string) []labels.Label {
+	t.Helper()
+	sel, err := api.ParseSelectLabels(ss)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel
+}

@@ -9,6 +9,7 @@ package k8s_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -348,7 +349,23 @@ func TestAgentInKubernetes(t *testing.T) {
 			if err := a.api.Do(ctx, http.MethodGet, "/policy", nil, nil, nil, &pol); err != nil {
 				return -1, err.Error()
 			}
-			return strings.Count(pol.Policy, "io.cilium.k8s.policy.name="), pol.Policy
+			// Rule labels are {key, value, source} objects: count the rules
+			// carrying a policy name, and put the labels' string forms in
+			// front of the document for the checks below.
+			var rules api.Rules
+			if err := json.Unmarshal([]byte(pol.Policy), &rules); err != nil {
+				return -1, err.Error()
+			}
+			n, forms := 0, []string{}
+			for _, r := range rules {
+				for _, l := range r.Labels {
+					if l.Key == "io.cilium.k8s.policy.name" {
+						n++
+					}
+				}
+				forms = append(forms, r.Labels.Strings()...)
+			}
+			return n, strings.Join(forms, " ") + "\n" + pol.Policy
 		}
 		good := &v1alpha1.TendrilNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "allow-web", Namespace: "shop"},
 			Spec: &api.Rule{EndpointSelector: &api.EndpointSelector{MatchLabels: map[string]string{"app": "web2"}},
