@@ -63,20 +63,19 @@ func (r *Repository) Subscribe(fn func(revision uint64)) {
 // change runs fn under the write lock; when fn reports a change, the
 // revision is bumped and the listeners are called after the lock is
 // released, in revision order. It returns the revision after fn.
-func (r *Repository) change(fn func() (changed bool, err error)) (uint64, error) {
+func (r *Repository) change(fn func() (changed bool)) uint64 {
 	r.mu.Lock()
-	changed, err := fn()
-	if err != nil || !changed {
+	if !fn() {
 		rev := r.revision
 		r.mu.Unlock()
-		return rev, err
+		return rev
 	}
 	r.revision++
 	rev := r.revision
 	listeners := append(([]func(uint64))(nil), r.listeners...)
 	r.mu.Unlock()
 	r.notify(rev, listeners)
-	return rev, nil
+	return rev
 }
 
 // notify calls the listeners of revision rev once those of every earlier
@@ -107,7 +106,7 @@ func (r *Repository) Add(rules api.Rules, namespace, source string, replace bool
 			return 0, fmt.Errorf("rule %d: %w", i, err)
 		}
 	}
-	return r.change(func() (bool, error) {
+	return r.change(func() bool {
 		if replace {
 			keys := map[string]bool{}
 			for _, rule := range rules {
@@ -116,8 +115,8 @@ func (r *Repository) Add(rules api.Rules, namespace, source string, replace bool
 			r.removeLocked(func(s StoredRule) bool { return keys[s.Rule.Labels.Key()] })
 		}
 		r.appendLocked(rules, namespace, source)
-		return true, nil
-	})
+		return true
+	}), nil
 }
 
 // ReplaceSource replaces every rule of a source (a Kubernetes object) with
@@ -128,11 +127,11 @@ func (r *Repository) ReplaceSource(source, namespace string, rules api.Rules) (u
 			return 0, fmt.Errorf("%s rule %d: %w", source, i, err)
 		}
 	}
-	return r.change(func() (bool, error) {
+	return r.change(func() bool {
 		r.removeLocked(func(s StoredRule) bool { return s.Source == source })
 		r.appendLocked(rules, namespace, source)
-		return true, nil
-	})
+		return true
+	}), nil
 }
 
 // ReplaceByLabels atomically removes every rule carrying all of match and
@@ -148,11 +147,11 @@ func (r *Repository) ReplaceByLabels(match []labels.Label, rules api.Rules, name
 			return 0, fmt.Errorf("%s rule %d: %w", source, i, err)
 		}
 	}
-	return r.change(func() (bool, error) {
+	return r.change(func() bool {
 		r.removeLocked(func(s StoredRule) bool { return s.Rule.Labels.HasAll(match) })
 		r.appendLocked(rules, namespace, source)
-		return true, nil
-	})
+		return true
+	}), nil
 }
 
 // DeleteByLabels removes the rules that have a match for every label of
@@ -160,9 +159,9 @@ func (r *Repository) ReplaceByLabels(match []labels.Label, rules api.Rules, name
 // how many went.
 func (r *Repository) DeleteByLabels(sel []labels.Label) (uint64, int) {
 	n := 0
-	rev, _ := r.change(func() (bool, error) {
+	rev := r.change(func() bool {
 		n = r.removeLocked(func(s StoredRule) bool { return s.Rule.Labels.HasAll(sel) })
-		return n > 0, nil
+		return n > 0
 	})
 	return rev, n
 }
