@@ -222,7 +222,7 @@ func (a *Agent) buildStartList() {
 
 	// Policy imported through the API before the restart, so restored
 	// endpoints regenerate to exactly what they enforced.
-	a.appendModule("policy-restore", a.policy.restorePolicy, nil)
+	a.appendModule("policy-restore", a.policy.restorePolicy, a.policy.stopPolicyFile)
 
 	// 9. regenerate the restored endpoints once identities and policy are in;
 	// then keep endpoints in line with policy changes.

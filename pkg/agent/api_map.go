@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sort"
-	"strings"
 
 	"github.com/cilium/cilium/api/v1/models"
 
@@ -121,7 +120,7 @@ func (a *Agent) mapModel(dm *maps.Maps, short string) (*models.BPFMap, error) {
 			if v.Deny {
 				verdict = "deny"
 			}
-			add(FormatPolicyKey(k), fmt.Sprintf("%s cookie=%d", verdict, v.Cookie))
+			add(k.String(), fmt.Sprintf("%s cookie=%d", verdict, v.Cookie))
 		}
 	case "ct", "ct4", "ct6":
 		entries, err := dm.CTMap().List()
@@ -155,27 +154,4 @@ func mapAddr(a netip.Addr) string {
 		return "-"
 	}
 	return a.String()
-}
-
-// FormatPolicyKey renders a policy key for people.
-func FormatPolicyKey(k maps.PolicyKey) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "ep=%d %s identity=", k.EndpointID, maps.DirectionName(k.Direction))
-	if k.Identity == 0 {
-		b.WriteString("any")
-	} else {
-		fmt.Fprintf(&b, "%d", k.Identity)
-	}
-	switch {
-	case k.Proto == 0:
-		b.WriteString(" proto=any")
-	case k.PortPrefixLen == 0:
-		fmt.Fprintf(&b, " proto=%d port=any", k.Proto)
-	case k.PortPrefixLen == 16:
-		fmt.Fprintf(&b, " proto=%d port=%d", k.Proto, k.Port)
-	default:
-		last := uint32(k.Port) + (uint32(1) << (16 - k.PortPrefixLen)) - 1
-		fmt.Fprintf(&b, " proto=%d ports=%d-%d", k.Proto, k.Port, last)
-	}
-	return b.String()
 }

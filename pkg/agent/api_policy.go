@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/cilium/api/v1/models"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
@@ -24,8 +25,10 @@ func (a *Agent) registerPolicyAPI() {
 	a.api.Handle(http.MethodPost, "/v1/policy/trace", a.handlePolicyTrace)
 }
 
-// readOptionalLabels reads the optional Labels body of GET/DELETE.
-func readOptionalLabels(r *http.Request) ([]string, error) {
+// readOptionalLabels reads the optional Labels body of GET/DELETE: label
+// strings that select rules ("key=value" matches any source,
+// "source:key=value" that source only).
+func readOptionalLabels(r *http.Request) ([]labels.Label, error) {
 	data, err := io.ReadAll(r.Body)
 	if err != nil {
 		return nil, server.Errorf(http.StatusBadRequest, "read body: %v", err)
@@ -33,15 +36,22 @@ func readOptionalLabels(r *http.Request) ([]string, error) {
 	if strings.TrimSpace(string(data)) == "" {
 		return nil, nil
 	}
-	var labels []string
-	if err := json.Unmarshal(data, &labels); err != nil {
+	var strs []string
+	if err := json.Unmarshal(data, &strs); err != nil {
 		return nil, server.Errorf(http.StatusBadRequest, "labels: want a JSON array of strings: %v", err)
 	}
-	return labels, nil
+	sel, err := api.ParseSelectLabels(strs)
+	if err != nil {
+		return nil, server.Errorf(http.StatusBadRequest, "labels: %v", err)
+	}
+	return sel, nil
 }
 
-func (a *Agent) policyModel(labels []string) (*models.Policy, int) {
-	rules, rev := a.policy.repo.Rules(labels)
+// labelStrings is sel for messages.
+func labelStrings(sel []labels.Label) string { return strings.Join(api.LabelArray(sel).Strings(), " ") }
+
+func (a *Agent) policyModel(sel []labels.Label) (*models.Policy, int) {
+	rules, rev := a.policy.repo.Rules(sel)
 	out := make(api.Rules, 0, len(rules))
 	for _, s := range rules {
 		out = append(out, s.Rule)
@@ -77,9 +87,13 @@ func (a *Agent) handlePolicyPut(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if with := q["replace-with-labels"]; len(with) > 0 {
-		a.policy.repo.DeleteByLabels(with)
+		sel, err := api.ParseSelectLabels(with)
+		if err != nil {
+			return server.Errorf(http.StatusBadRequest, "replace-with-labels: %v", err)
+		}
+		a.policy.repo.DeleteByLabels(sel)
 	}
-	if _, err := a.policy.repo.Add(rules, "", "api", replace); err != nil {
+	if _, err := a.policy.repo.Add(rules, "", policySourceAPI, replace); err != nil {
 		return server.Errorf(http.StatusBadRequest, "%v", err)
 	}
 	m, _ := a.policyModel(nil)
@@ -88,26 +102,26 @@ func (a *Agent) handlePolicyPut(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *Agent) handlePolicyGet(w http.ResponseWriter, r *http.Request) error {
-	labels, err := readOptionalLabels(r)
+	sel, err := readOptionalLabels(r)
 	if err != nil {
 		return err
 	}
-	m, n := a.policyModel(labels)
-	if n == 0 && len(labels) > 0 {
-		return server.Errorf(http.StatusNotFound, "no policy rule has labels %v", labels)
+	m, n := a.policyModel(sel)
+	if n == 0 && len(sel) > 0 {
+		return server.Errorf(http.StatusNotFound, "no policy rule has labels %s", labelStrings(sel))
 	}
 	server.WriteJSON(w, http.StatusOK, m)
 	return nil
 }
 
 func (a *Agent) handlePolicyDelete(w http.ResponseWriter, r *http.Request) error {
-	labels, err := readOptionalLabels(r)
+	sel, err := readOptionalLabels(r)
 	if err != nil {
 		return err
 	}
-	rev, n := a.policy.repo.DeleteByLabels(labels)
-	if n == 0 && len(labels) > 0 {
-		return server.Errorf(http.StatusNotFound, "no policy rule has labels %v", labels)
+	rev, n := a.policy.repo.DeleteByLabels(sel)
+	if n == 0 && len(sel) > 0 {
+		return server.Errorf(http.StatusNotFound, "no policy rule has labels %s", labelStrings(sel))
 	}
 	server.WriteJSON(w, http.StatusOK, &models.Policy{Revision: int64(rev)})
 	return nil

@@ -418,9 +418,13 @@ func (k *kubernetesModule) applyPolicy(ctx context.Context, kind watchers.EventK
 	for _, r := range specs {
 		rules = append(rules, r.DeepCopy())
 	}
-	origin := []string{"k8s:" + labelPolicyName + "=" + name, "k8s:" + labelPolicyDerived + "=" + derivedFrom, "k8s:" + labelPolicyUID + "=" + uid}
+	origin := api.LabelArray{
+		{Source: labels.SourceK8s, Key: labelPolicyName, Value: name},
+		{Source: labels.SourceK8s, Key: labelPolicyDerived, Value: derivedFrom},
+		{Source: labels.SourceK8s, Key: labelPolicyUID, Value: uid},
+	}
 	if ns != "" {
-		origin = append(origin, "k8s:"+labelPolicyNamespace+"="+ns)
+		origin = append(origin, labels.Label{Source: labels.SourceK8s, Key: labelPolicyNamespace, Value: ns})
 	}
 	for _, r := range rules {
 		r.Labels = append(r.Labels, origin...)

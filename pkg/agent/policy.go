@@ -2,14 +2,10 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,7 +18,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy"
-	"github.com/tendril-net/tendril/pkg/policy/api"
+	"github.com/tendril-net/tendril/pkg/policy/policyfile"
 )
 
 // policyModule resolves the repository's rules for each endpoint and
@@ -50,6 +46,12 @@ type policyModule struct {
 	shared   *sharedResolution
 
 	regen chan struct{}
+
+	// file keeps the rules imported through the API across restarts;
+	// its writer runs from restorePolicy to stopPolicyFile.
+	file       *policyfile.File
+	fileCancel context.CancelFunc
+	fileDone   chan struct{}
 }
 
 // sharedResolution is what resolving one endpoint computes that does not
@@ -81,12 +83,8 @@ func newPolicyModule(a *Agent) *policyModule {
 		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
 		regen: make(chan struct{}, 1),
 	}
-	p.repo.Subscribe(func(uint64) {
-		if err := p.savePolicy(); err != nil {
-			a.log.Error("Persist policy", "error", err)
-		}
-		p.triggerRegeneration()
-	})
+	p.file = policyfile.New(a.policyFile(), p.repo, policySourceAPI, a.log.With("module", "policy-file"))
+	p.repo.Subscribe(func(uint64) { p.triggerRegeneration() })
 	return p
 }
 
@@ -425,67 +423,49 @@ func (p *policyModule) endpointPolicyModel(ep *endpoint.Endpoint) *models.Endpoi
 	return &models.EndpointPolicyStatus{Realized: pol, Spec: &spec}
 }
 
+// policySourceAPI is the repository source of the rules imported through
+// the API: the only rules the policy file keeps.
+const policySourceAPI = "api"
+
 // policyFile keeps the rules imported through the API across restarts, so
 // a restarted agent enforces exactly what it enforced before (Kubernetes
 // policies come back from the API server instead).
 func (a *Agent) policyFile() string { return filepath.Join(a.cfg.StateDir, "policy.json") }
 
-// savePolicy writes the API's rules atomically.
-func (p *policyModule) savePolicy() error {
-	rules, _ := p.repo.Rules(nil)
-	var out api.Rules
-	for _, s := range rules {
-		if s.Source == "api" {
-			out = append(out, s.Rule)
+// restorePolicy loads the saved rules, then starts the file's writer: a
+// file that does not load stops the start (enforcing nothing would fail
+// open), and nothing is written before the file is read.
+func (p *policyModule) restorePolicy(context.Context) error {
+	rules, err := p.file.Load()
+	if err != nil {
+		return err
+	}
+	if len(rules) > 0 {
+		if _, err := p.repo.Add(rules, "", policySourceAPI, false); err != nil {
+			return fmt.Errorf("restore the rules of policy file %s: %w", p.file.Path(), err)
 		}
+		p.a.log.Info("Restored policy rules", "rules", len(rules), "file", p.file.Path())
 	}
-	if out == nil {
-		out = api.Rules{}
-	}
-	data, err := json.MarshalIndent(out, "", "  ")
-	if err != nil {
-		return err
-	}
-	path := p.a.policyFile()
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("save policy: %w", err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("save policy: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("save policy: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	ctx, cancel := context.WithCancel(context.Background())
+	p.fileCancel, p.fileDone = cancel, make(chan struct{})
+	go func() {
+		defer close(p.fileDone)
+		p.file.Run(ctx)
+	}()
+	return nil
 }
 
-// restorePolicy loads the saved rules; a file that does not parse stops the
-// start (enforcing nothing would fail open).
-func (p *policyModule) restorePolicy(context.Context) error {
-	data, err := os.ReadFile(p.a.policyFile())
-	if errors.Is(err, os.ErrNotExist) {
+// stopPolicyFile stops the file's writer once it has written the last
+// changes.
+func (p *policyModule) stopPolicyFile(ctx context.Context) error {
+	if p.fileCancel == nil {
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("read saved policy: %w", err)
-	}
-	if strings.TrimSpace(string(data)) == "[]" {
+	p.fileCancel()
+	select {
+	case <-p.fileDone:
 		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop the policy file writer: %w", ctx.Err())
 	}
-	rules, err := api.ParseRules(data)
-	if err != nil {
-		return fmt.Errorf("saved policy %s: %w", p.a.policyFile(), err)
-	}
-	if _, err := p.repo.Add(rules, "", "api", false); err != nil {
-		return err
-	}
-	p.a.log.Info("Restored policy rules", "rules", len(rules))
-	return nil
 }

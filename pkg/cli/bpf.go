@@ -107,7 +107,7 @@ func newBPFCommand(opts *Options) *cobra.Command {
 				if v.Deny {
 					verdict = "deny"
 				}
-				rows = append(rows, fmt.Sprintf("%s\t%s\t%d", formatPolicyKey(k), verdict, v.Cookie))
+				rows = append(rows, fmt.Sprintf("%s\t%s\t%d", k.String(), verdict, v.Cookie))
 			}
 			sort.Strings(rows)
 			fmt.Fprintln(tw, "KEY\tVERDICT\tRULE")
@@ -182,21 +182,4 @@ func enforceString(flags uint8) string {
 		return "egress"
 	}
 	return "none"
-}
-
-func formatPolicyKey(k maps.PolicyKey) string {
-	id := "any"
-	if k.Identity != 0 {
-		id = fmt.Sprint(k.Identity)
-	}
-	port := "any"
-	switch {
-	case k.Proto == 0:
-		return fmt.Sprintf("ep=%d %s identity=%s proto=any", k.EndpointID, maps.DirectionName(k.Direction), id)
-	case k.PortPrefixLen == 16:
-		port = fmt.Sprint(k.Port)
-	case k.PortPrefixLen > 0:
-		port = fmt.Sprintf("%d-%d", k.Port, uint32(k.Port)+(uint32(1)<<(16-k.PortPrefixLen))-1)
-	}
-	return fmt.Sprintf("ep=%d %s identity=%s proto=%d port=%s", k.EndpointID, maps.DirectionName(k.Direction), id, k.Proto, port)
 }

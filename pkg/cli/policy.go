@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
 func newPolicyCommand(opts *Options) *cobra.Command {
@@ -57,15 +58,15 @@ func newPolicyCommand(opts *Options) *cobra.Command {
 	imp.Flags().BoolVar(&replace, "replace", false, "Replace rules that carry the same labels")
 	get := &cobra.Command{
 		Use:   "get [LABEL...]",
-		Short: "Show the rules (those with all given labels)",
+		Short: "Show the rules (those with all given labels: key=value of any source, or source:key=value)",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := opts.Client()
 			if err != nil {
 				return err
 			}
-			var body any
-			if len(args) > 0 {
-				body = args
+			body, err := selectLabelsBody(args)
+			if err != nil {
+				return err
 			}
 			var out models.Policy
 			if err := c.Do(cmd.Context(), http.MethodGet, "/policy", nil, nil, body, &out); err != nil {
@@ -82,7 +83,7 @@ func newPolicyCommand(opts *Options) *cobra.Command {
 	var all bool
 	del := &cobra.Command{
 		Use:   "delete [LABEL...] | --all",
-		Short: "Delete the rules with all given labels",
+		Short: "Delete the rules with all given labels (key=value of any source, or source:key=value)",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 && !all {
 				return fmt.Errorf("give labels, or --all to delete every rule")
@@ -91,9 +92,9 @@ func newPolicyCommand(opts *Options) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var body any
-			if len(args) > 0 {
-				body = args
+			body, err := selectLabelsBody(args)
+			if err != nil {
+				return err
 			}
 			var out models.Policy
 			if err := c.Do(cmd.Context(), http.MethodDelete, "/policy", nil, nil, body, &out); err != nil {
@@ -168,6 +169,19 @@ func newPolicyCommand(opts *Options) *cobra.Command {
 	trace.Flags().StringVar(&dport, "dport", "", "Destination port and protocol, e.g. 80/TCP")
 	cmd.AddCommand(imp, get, del, selectors, trace)
 	return cmd
+}
+
+// selectLabelsBody is the Labels body of GET and DELETE /v1/policy: the
+// labels as given, once they parse as the agent will parse them; no
+// labels, no body.
+func selectLabelsBody(args []string) (any, error) {
+	if len(args) == 0 {
+		return nil, nil
+	}
+	if _, err := api.ParseSelectLabels(args); err != nil {
+		return nil, err
+	}
+	return args, nil
 }
 
 func splitLabels(s string) []string {

@@ -19,6 +19,9 @@ const (
 	SourceUnspec   = "unspec"
 )
 
+// IsKnownSource reports whether s is one of the sources above.
+func IsKnownSource(s string) bool { return isKnownSource(s) }
+
 // isKnownSource reports whether s is one of the sources above.
 func isKnownSource(s string) bool {
 	switch s {
@@ -41,10 +44,14 @@ const (
 )
 
 // Label is one label. Value may be empty (reserved labels have none).
+// Its JSON form is that of the labels of a CiliumNetworkPolicy rule:
+// {"key": ..., "value": ..., "source": ...}.
 type Label struct {
-	Source string
-	Key    string
-	Value  string
+	// +optional
+	Source string `json:"source"`
+	Key    string `json:"key"`
+	// +optional
+	Value string `json:"value,omitempty"`
 }
 
 // New returns a label after checking it (see Parse for the rules).

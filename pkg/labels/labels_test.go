@@ -1,6 +1,7 @@
 package labels
 
 import (
+	"encoding/json"
 	"slices"
 	"sort"
 	"strings"
@@ -433,5 +434,23 @@ func TestConfigFlags(t *testing.T) {
 	}
 	if _, err := NewFilter(cfg); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A label's JSON form is that of CiliumNetworkPolicy rule labels.
+func TestLabelJSON(t *testing.T) {
+	data, err := json.Marshal([]Label{MustParse("k8s:app=web"), MustParse("reserved:host")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `[{"source":"k8s","key":"app","value":"web"},{"source":"reserved","key":"host"}]`; string(data) != want {
+		t.Fatalf("JSON %s, want %s", data, want)
+	}
+	var back []Label
+	if err := json.Unmarshal(data, &back); err != nil || len(back) != 2 || back[0] != MustParse("k8s:app=web") || back[1] != MustParse("reserved:host") {
+		t.Fatalf("read back %v, %v", back, err)
+	}
+	if !IsKnownSource(SourceK8s) || IsKnownSource("container") {
+		t.Fatal("IsKnownSource")
 	}
 }

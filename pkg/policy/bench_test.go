@@ -111,7 +111,7 @@ func TestDiffIsProportionalToTheChange(t *testing.T) {
 		t.Fatalf("adding one rule: %d upserts, %d deletes; want %d upserts (app7's identities), 0 deletes (the map has %d entries)",
 			len(upserts), len(deletes), app7, len(want))
 	}
-	if _, n := repo.DeleteByLabels([]string{"change=one"}); n != 1 {
+	if _, n := repo.DeleteByLabels(mustSelect(t, "change=one")); n != 1 {
 		t.Fatalf("deleted %d rules", n)
 	}
 	back := repo.Resolve(ep, u).MapState

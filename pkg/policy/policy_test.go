@@ -223,7 +223,7 @@ func TestRepositoryRevisionsAndDiff(t *testing.T) {
 	if len(up) != 5 || len(del) != 1 {
 		t.Fatalf("diff: %d upserts, %d deletes", len(up), len(del))
 	}
-	if _, n := repo.DeleteByLabels([]string{"team=a"}); n != 1 {
+	if _, n := repo.DeleteByLabels(mustSelect(t, "team=a")); n != 1 {
 		t.Fatalf("deleted %d", n)
 	}
 	if len(seen) != 3 {
@@ -340,23 +340,23 @@ func TestReplaceByLabels(t *testing.T) {
 	var revs []uint64
 	repo.Subscribe(func(rev uint64) { revs = append(revs, rev) })
 	next := mustRules(t, `[{"endpointSelector":{},"labels":["owner=np","name=a"],"ingress":[{"fromEntities":["all"]}]}]`)
-	if _, err := repo.ReplaceByLabels([]string{"owner=np", "name=a"}, next, "x", "test"); err != nil {
+	if _, err := repo.ReplaceByLabels(mustSelect(t, "owner=np", "name=a"), next, "x", "test"); err != nil {
 		t.Fatal(err)
 	}
 	rules, _ := repo.Rules(nil)
 	if len(rules) != 2 || len(revs) != 1 {
 		t.Fatalf("after replace: %d rules, %d revisions", len(rules), len(revs))
 	}
-	if got, _ := repo.Rules([]string{"name=b"}); len(got) != 1 {
+	if got, _ := repo.Rules(mustSelect(t, "name=b")); len(got) != 1 {
 		t.Fatal("replace removed another object's rule")
 	}
 	if _, err := repo.ReplaceByLabels(nil, next, "x", "test"); err == nil {
 		t.Fatal("replace with no labels accepted")
 	}
-	if _, err := repo.ReplaceByLabels([]string{"name=a"}, api.Rules{{}}, "x", "test"); err == nil {
+	if _, err := repo.ReplaceByLabels(mustSelect(t, "name=a"), api.Rules{{}}, "x", "test"); err == nil {
 		t.Fatal("invalid rule accepted")
 	}
-	if got, _ := repo.Rules([]string{"name=a"}); len(got) != 1 {
+	if got, _ := repo.Rules(mustSelect(t, "name=a")); len(got) != 1 {
 		t.Fatal("a refused replace changed the repository")
 	}
 }

@@ -1,12 +1,12 @@
 package policy
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"sort"
 	"sync"
 
+	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
@@ -24,34 +24,77 @@ type StoredRule struct {
 }
 
 // Repository holds the rules. Every change bumps the revision.
+//
+// Listeners are called after a change is complete and the lock released,
+// once per revision and in revision order: a change takes its revision
+// under the lock, and its listeners wait, outside the lock, for those of
+// the previous revision to return. Listeners may read the repository (it
+// may be at a later revision by then) but must not change it, and must be
+// quick: the change's caller waits for them.
 type Repository struct {
 	mu        sync.RWMutex
 	rules     []StoredRule
 	revision  uint64
 	nextID    uint32
 	listeners []func(revision uint64)
+
+	// notifyMu guards notified, the last revision whose listeners have
+	// returned; notifyDone signals when it moves.
+	notifyMu   sync.Mutex
+	notifyDone *sync.Cond
+	notified   uint64
 }
 
 // NewRepository returns an empty repository at revision 1.
-func NewRepository() *Repository { return &Repository{revision: 1, nextID: 1} }
+func NewRepository() *Repository {
+	r := &Repository{revision: 1, nextID: 1, notified: 1}
+	r.notifyDone = sync.NewCond(&r.notifyMu)
+	return r
+}
 
-// Subscribe calls fn after each change.
+// Subscribe calls fn after each change, with the change's revision (see
+// Repository for the order and what fn may do).
 func (r *Repository) Subscribe(fn func(revision uint64)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.listeners = append(r.listeners, fn)
 }
 
-func (r *Repository) changed() uint64 {
+// change runs fn under the write lock; when fn reports a change, the
+// revision is bumped and the listeners are called after the lock is
+// released, in revision order. It returns the revision after fn.
+func (r *Repository) change(fn func() (changed bool)) uint64 {
+	r.mu.Lock()
+	if !fn() {
+		rev := r.revision
+		r.mu.Unlock()
+		return rev
+	}
 	r.revision++
 	rev := r.revision
-	ls := append(([]func(uint64))(nil), r.listeners...)
+	listeners := append(([]func(uint64))(nil), r.listeners...)
 	r.mu.Unlock()
-	for _, fn := range ls {
+	r.notify(rev, listeners)
+	return rev
+}
+
+// notify calls the listeners of revision rev once those of every earlier
+// revision have returned.
+func (r *Repository) notify(rev uint64, listeners []func(uint64)) {
+	r.notifyMu.Lock()
+	for r.notified != rev-1 {
+		r.notifyDone.Wait()
+	}
+	r.notifyMu.Unlock()
+	// Until notified moves on, only this revision's turn is open: its
+	// listeners run with no lock held, so they may read the repository.
+	for _, fn := range listeners {
 		fn(rev)
 	}
-	r.mu.Lock()
-	return rev
+	r.notifyMu.Lock()
+	r.notified = rev
+	r.notifyDone.Broadcast()
+	r.notifyMu.Unlock()
 }
 
 // Add validates and adds rules; with replace, rules carrying the same label
@@ -63,26 +106,17 @@ func (r *Repository) Add(rules api.Rules, namespace, source string, replace bool
 			return 0, fmt.Errorf("rule %d: %w", i, err)
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if replace {
-		keys := map[string]bool{}
-		for _, rule := range rules {
-			keys[labelsKey(rule.Labels)] = true
-		}
-		kept := r.rules[:0:0]
-		for _, s := range r.rules {
-			if !keys[labelsKey(s.Rule.Labels)] {
-				kept = append(kept, s)
+	return r.change(func() bool {
+		if replace {
+			keys := map[string]bool{}
+			for _, rule := range rules {
+				keys[rule.Labels.Key()] = true
 			}
+			r.removeLocked(func(s StoredRule) bool { return keys[s.Rule.Labels.Key()] })
 		}
-		r.rules = kept
-	}
-	for _, rule := range rules {
-		r.rules = append(r.rules, StoredRule{ID: r.nextID, Rule: rule, Namespace: namespace, Source: source})
-		r.nextID++
-	}
-	return r.changed(), nil
+		r.appendLocked(rules, namespace, source)
+		return true
+	}), nil
 }
 
 // ReplaceSource replaces every rule of a source (a Kubernetes object) with
@@ -93,27 +127,18 @@ func (r *Repository) ReplaceSource(source, namespace string, rules api.Rules) (u
 			return 0, fmt.Errorf("%s rule %d: %w", source, i, err)
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	kept := r.rules[:0:0]
-	for _, s := range r.rules {
-		if s.Source != source {
-			kept = append(kept, s)
-		}
-	}
-	r.rules = kept
-	for _, rule := range rules {
-		r.rules = append(r.rules, StoredRule{ID: r.nextID, Rule: rule, Namespace: namespace, Source: source})
-		r.nextID++
-	}
-	return r.changed(), nil
+	return r.change(func() bool {
+		r.removeLocked(func(s StoredRule) bool { return s.Source == source })
+		r.appendLocked(rules, namespace, source)
+		return true
+	}), nil
 }
 
 // ReplaceByLabels atomically removes every rule carrying all of match and
 // adds rules (one revision): what a changed Kubernetes object needs, so no
 // resolution sees the object's old rules gone and its new ones missing.
 // match must not be empty (that would replace every rule).
-func (r *Repository) ReplaceByLabels(match []string, rules api.Rules, namespace, source string) (uint64, error) {
+func (r *Repository) ReplaceByLabels(match []labels.Label, rules api.Rules, namespace, source string) (uint64, error) {
 	if len(match) == 0 {
 		return 0, fmt.Errorf("replace rules of %s: no labels to match", source)
 	}
@@ -122,77 +147,55 @@ func (r *Repository) ReplaceByLabels(match []string, rules api.Rules, namespace,
 			return 0, fmt.Errorf("%s rule %d: %w", source, i, err)
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	return r.change(func() bool {
+		r.removeLocked(func(s StoredRule) bool { return s.Rule.Labels.HasAll(match) })
+		r.appendLocked(rules, namespace, source)
+		return true
+	}), nil
+}
+
+// DeleteByLabels removes the rules that have a match for every label of
+// sel (all rules when sel is empty; see api.LabelArray.HasAll) and returns
+// how many went.
+func (r *Repository) DeleteByLabels(sel []labels.Label) (uint64, int) {
+	n := 0
+	rev := r.change(func() bool {
+		n = r.removeLocked(func(s StoredRule) bool { return s.Rule.Labels.HasAll(sel) })
+		return n > 0
+	})
+	return rev, n
+}
+
+// removeLocked drops the rules for which drop is true and returns how many
+// went; r.mu must be held for writing.
+func (r *Repository) removeLocked(drop func(StoredRule) bool) int {
 	kept := r.rules[:0:0]
 	for _, s := range r.rules {
-		if !hasAll(s.Rule.Labels, match) {
+		if !drop(s) {
 			kept = append(kept, s)
 		}
 	}
+	n := len(r.rules) - len(kept)
 	r.rules = kept
+	return n
+}
+
+// appendLocked stores rules with fresh IDs; r.mu must be held for writing.
+func (r *Repository) appendLocked(rules api.Rules, namespace, source string) {
 	for _, rule := range rules {
 		r.rules = append(r.rules, StoredRule{ID: r.nextID, Rule: rule, Namespace: namespace, Source: source})
 		r.nextID++
 	}
-	return r.changed(), nil
 }
 
-// DeleteByLabels removes the rules whose labels include all of labels (all
-// rules when labels is empty) and returns how many went.
-func (r *Repository) DeleteByLabels(labels []string) (uint64, int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	kept := r.rules[:0:0]
-	n := 0
-	for _, s := range r.rules {
-		if hasAll(s.Rule.Labels, labels) {
-			n++
-			continue
-		}
-		kept = append(kept, s)
-	}
-	r.rules = kept
-	if n == 0 {
-		return r.revision, 0
-	}
-	return r.changed(), n
-}
-
-// hasAll reports whether have contains every label of want. Rules carry a
-// handful of labels: a scan beats building a set, and replacing one
-// object's rules scans every rule.
-func hasAll(have, want []string) bool {
-	for _, w := range want {
-		found := false
-		for _, h := range have {
-			if h == w {
-				found = true
-				break
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
-}
-
-func labelsKey(labels []string) string {
-	s := append([]string(nil), labels...)
-	sort.Strings(s)
-	b, _ := json.Marshal(s)
-	return string(b)
-}
-
-// Rules returns the rules (optionally only those with all of labels) and
-// the revision.
-func (r *Repository) Rules(labels []string) ([]StoredRule, uint64) {
+// Rules returns the rules (only those with a match for every label of sel,
+// when given) and the revision.
+func (r *Repository) Rules(sel []labels.Label) ([]StoredRule, uint64) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	var out []StoredRule
 	for _, s := range r.rules {
-		if hasAll(s.Rule.Labels, labels) {
+		if s.Rule.Labels.HasAll(sel) {
 			out = append(out, s)
 		}
 	}

@@ -126,7 +126,7 @@ func describeRule(id uint32, byID map[uint32]StoredRule) string {
 		out += " (" + s.Source + ")"
 	}
 	if len(s.Rule.Labels) > 0 {
-		out += " [" + strings.Join(sortedCopy(s.Rule.Labels), " ") + "]"
+		out += " [" + strings.Join(sortedCopy(s.Rule.Labels.Strings()), " ") + "]"
 	}
 	return out
 }

@@ -9,6 +9,7 @@ package k8s_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -348,17 +349,36 @@ func TestAgentInKubernetes(t *testing.T) {
 			if err := a.api.Do(ctx, http.MethodGet, "/policy", nil, nil, nil, &pol); err != nil {
 				return -1, err.Error()
 			}
-			return strings.Count(pol.Policy, "io.cilium.k8s.policy.name="), pol.Policy
+			// Rule labels are {key, value, source} objects: count the rules
+			// carrying a policy name, and put the labels' string forms in
+			// front of the document for the checks below.
+			var rules api.Rules
+			if err := json.Unmarshal([]byte(pol.Policy), &rules); err != nil {
+				return -1, err.Error()
+			}
+			n, forms := 0, []string{}
+			for _, r := range rules {
+				for _, l := range r.Labels {
+					if l.Key == "io.cilium.k8s.policy.name" {
+						n++
+					}
+				}
+				forms = append(forms, r.Labels.Strings()...)
+			}
+			return n, strings.Join(forms, " ") + "\n" + pol.Policy
 		}
+		// Its own label, in the CiliumNetworkPolicy form the CRD schema
+		// takes, is kept beside the agent's origin labels.
 		good := &v1alpha1.TendrilNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "allow-web", Namespace: "shop"},
 			Spec: &api.Rule{EndpointSelector: &api.EndpointSelector{MatchLabels: map[string]string{"app": "web2"}},
+				Labels:  api.LabelArray{{Source: "unspec", Key: "team", Value: "shop-owners"}},
 				Ingress: []api.IngressRule{{FromEndpoints: []api.EndpointSelector{{MatchLabels: map[string]string{"app": "client"}}}}}}}
 		if _, err := td.TendrilNetworkPolicies("shop").Create(ctx, good, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		eventually(t, "the policy in the agent", func() (bool, error) {
 			n, doc := policyCount()
-			return n == 1 && strings.Contains(doc, "io.cilium.k8s.policy.namespace=shop"), fmt.Errorf("%s", doc)
+			return n == 1 && strings.Contains(doc, "io.cilium.k8s.policy.namespace=shop") && strings.Contains(doc, "unspec:team=shop-owners"), fmt.Errorf("%s", doc)
 		})
 		eventually(t, "Valid=True on the policy", func() (bool, error) {
 			p, err := td.TendrilNetworkPolicies("shop").Get(ctx, "allow-web", metav1.GetOptions{})

@@ -41,6 +41,22 @@ func TestPolicyKeyEncoding(t *testing.T) {
 	}
 }
 
+func TestPolicyKeyString(t *testing.T) {
+	for k, want := range map[PolicyKey]string{
+		{EndpointID: 3, Direction: DirIngress, Identity: 1000}:                                      "ep=3 ingress identity=1000 proto=any",
+		{EndpointID: 3, Direction: DirEgress, Proto: 17}:                                            "ep=3 egress identity=any proto=17 port=any",
+		{EndpointID: 3, Direction: DirEgress, Identity: 7, Proto: 6, Port: 8080, PortPrefixLen: 16}: "ep=3 egress identity=7 proto=6 port=8080",
+		{EndpointID: 3, Direction: DirIngress, Identity: 7, Proto: 6, Port: 8192, PortPrefixLen: 6}: "ep=3 ingress identity=7 proto=6 port=8192-9215",
+		// Bits past the prefix do not shift the range (they are masked in
+		// the map too).
+		{EndpointID: 3, Direction: DirIngress, Identity: 7, Proto: 6, Port: 9030, PortPrefixLen: 6}: "ep=3 ingress identity=7 proto=6 port=8192-9215",
+	} {
+		if got := k.String(); got != want {
+			t.Errorf("%+v: %q, want %q", k, got, want)
+		}
+	}
+}
+
 func TestEndpointValidation(t *testing.T) {
 	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
 	good := Endpoint{ID: 1, IfIndex: 4, IPv4: netip.MustParseAddr("10.0.0.1"), IPv6: netip.MustParseAddr("fd00::1"),

@@ -26,6 +26,31 @@ type PolicyKey struct {
 	PortPrefixLen uint8
 }
 
+// String renders the key for people, the one form the API and the CLI
+// print: "ep=3 ingress identity=1000 proto=6 port=8192-9215"; identity 0
+// is "any", a key without protocol "proto=any" (and no port), a protocol
+// with port prefix length 0 "port=any".
+func (k PolicyKey) String() string {
+	id := "any"
+	if k.Identity != 0 {
+		id = fmt.Sprint(k.Identity)
+	}
+	head := fmt.Sprintf("ep=%d %s identity=%s", k.EndpointID, DirectionName(k.Direction), id)
+	switch {
+	case k.Proto == 0:
+		return head + " proto=any"
+	case k.PortPrefixLen == 0:
+		return fmt.Sprintf("%s proto=%d port=any", head, k.Proto)
+	case k.PortPrefixLen >= 16:
+		return fmt.Sprintf("%s proto=%d port=%d", head, k.Proto, k.Port)
+	}
+	// The range the prefix covers: the port with the bits past the
+	// prefix cleared, to the port with them set.
+	span := uint32(1) << (16 - k.PortPrefixLen)
+	first := uint32(k.Port) &^ (span - 1)
+	return fmt.Sprintf("%s proto=%d port=%d-%d", head, k.Proto, first, first+span-1)
+}
+
 // PolicyValue is an allow or deny, with the rule cookie reported in
 // events. Within one lookup the longest protocol/port prefix wins; across
 // the peer's identity and "any identity", a deny beats any allow.

@@ -14,9 +14,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/tendril-net/tendril/pkg/labels"
 )
 
 // Rule is one policy rule.
@@ -28,8 +31,10 @@ type Rule struct {
 	Egress            []EgressRule       `json:"egress,omitempty"`
 	EgressDeny        []EgressRule       `json:"egressDeny,omitempty"`
 	EnableDefaultDeny *DefaultDenyConfig `json:"enableDefaultDeny,omitempty"`
-	Labels            []string           `json:"labels,omitempty"`
-	Description       string             `json:"description,omitempty"`
+	// Labels identify the rule: policy get and delete select rules by
+	// them, and an import with replace replaces the rules with the same.
+	Labels      LabelArray `json:"labels,omitempty"`
+	Description string     `json:"description,omitempty"`
 }
 
 // Rules is a list of rules.
@@ -181,7 +186,8 @@ func ParseRules(data []byte) (Rules, error) {
 	} else if err := dec.Decode(&rules); err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
-	if dec.More() {
+	// Only white space may follow (More alone misses a stray ']' or '}').
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("policy: trailing data after the rules")
 	}
 	if len(rules) == 0 {
@@ -232,9 +238,9 @@ func (r *Rule) Validate() error {
 			return err
 		}
 	}
-	for _, l := range r.Labels {
-		if !strings.Contains(l, "=") {
-			return fmt.Errorf("labels: %q: want key=value", l)
+	for i, l := range r.Labels {
+		if _, err := labels.New(l.Source, l.Key, l.Value); err != nil {
+			return fmt.Errorf("labels[%d]: %w", i, err)
 		}
 	}
 	return nil

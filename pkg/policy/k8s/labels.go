@@ -6,18 +6,25 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
-// Labels recorded on the rules of a NetworkPolicy (Cilium's names), so that
-// `policy get` and `policy trace` show which object a rule comes from and
-// the object's deletion removes exactly its rules.
+// Labels recorded on the rules of a NetworkPolicy (Cilium's keys, source
+// k8s), so that `policy get` and `policy trace` show which object a rule
+// comes from and the object's deletion removes exactly its rules.
 const (
-	LabelPolicyName        = "k8s:io.cilium.k8s.policy.name"
-	LabelPolicyNamespace   = "k8s:io.cilium.k8s.policy.namespace"
-	LabelPolicyDerivedFrom = "k8s:io.cilium.k8s.policy.derived-from"
-	LabelPolicyUID         = "k8s:io.cilium.k8s.policy.uid"
+	KeyPolicyName        = "io.cilium.k8s.policy.name"
+	KeyPolicyNamespace   = "io.cilium.k8s.policy.namespace"
+	KeyPolicyDerivedFrom = "io.cilium.k8s.policy.derived-from"
+	KeyPolicyUID         = "io.cilium.k8s.policy.uid"
+
+	// The labels' string forms without their values ("source:key").
+	LabelPolicyName        = labels.SourceK8s + ":" + KeyPolicyName
+	LabelPolicyNamespace   = labels.SourceK8s + ":" + KeyPolicyNamespace
+	LabelPolicyDerivedFrom = labels.SourceK8s + ":" + KeyPolicyDerivedFrom
+	LabelPolicyUID         = labels.SourceK8s + ":" + KeyPolicyUID
 
 	// DerivedFromNetworkPolicy is the derived-from value of NetworkPolicy
 	// rules (a CiliumNetworkPolicy of the same name is another object).
@@ -27,21 +34,21 @@ const (
 // KeyLabels are the labels that identify the rules of the NetworkPolicy
 // namespace/name, whatever its UID: a policy deleted and created again
 // under the same name replaces the old one's rules.
-func KeyLabels(namespace, name string) []string {
-	return []string{
-		LabelPolicyDerivedFrom + "=" + DerivedFromNetworkPolicy,
-		LabelPolicyName + "=" + name,
-		LabelPolicyNamespace + "=" + namespace,
+func KeyLabels(namespace, name string) api.LabelArray {
+	return api.LabelArray{
+		{Source: labels.SourceK8s, Key: KeyPolicyDerivedFrom, Value: DerivedFromNetworkPolicy},
+		{Source: labels.SourceK8s, Key: KeyPolicyName, Value: name},
+		{Source: labels.SourceK8s, Key: KeyPolicyNamespace, Value: namespace},
 	}
 }
 
 // RuleLabels are the labels recorded on np's rules: KeyLabels and the UID.
-func RuleLabels(np *networkingv1.NetworkPolicy) []string {
-	labels := KeyLabels(np.Namespace, np.Name)
+func RuleLabels(np *networkingv1.NetworkPolicy) api.LabelArray {
+	lbls := KeyLabels(np.Namespace, np.Name)
 	if np.UID != "" {
-		labels = append(labels, LabelPolicyUID+"="+string(np.UID))
+		lbls = append(lbls, labels.Label{Source: labels.SourceK8s, Key: KeyPolicyUID, Value: string(np.UID)})
 	}
-	return labels
+	return lbls
 }
 
 // Source is the repository source of the NetworkPolicy namespace/name.

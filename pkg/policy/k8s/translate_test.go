@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
@@ -44,7 +45,8 @@ spec:
 		`"toPorts":[{"ports":[{"port":"8080","protocol":"TCP"},{"port":"metrics","protocol":"TCP"},{"port":"9000","endPort":9100,"protocol":"UDP"}]}]},` +
 		`{"fromEntities":["host"]}],` +
 		`"egress":[{"toEntities":["all"]},{"toEntities":["host"]}],` +
-		`"labels":["k8s:io.cilium.k8s.policy.derived-from=NetworkPolicy","k8s:io.cilium.k8s.policy.name=web","k8s:io.cilium.k8s.policy.namespace=shop","k8s:io.cilium.k8s.policy.uid=0b7c"],` +
+		`"labels":[{"source":"k8s","key":"io.cilium.k8s.policy.derived-from","value":"NetworkPolicy"},{"source":"k8s","key":"io.cilium.k8s.policy.name","value":"web"},` +
+		`{"source":"k8s","key":"io.cilium.k8s.policy.namespace","value":"shop"},{"source":"k8s","key":"io.cilium.k8s.policy.uid","value":"0b7c"}],` +
 		`"description":"NetworkPolicy shop/web"}]`
 	if string(got) != want {
 		t.Fatalf("translation:\n got %s\nwant %s", got, want)
@@ -141,8 +143,9 @@ func TestApplyReplaceDelete(t *testing.T) {
 	must("metadata: {name: p, namespace: y, uid: two}\nspec: {podSelector: {}, policyTypes: [Ingress]}")
 	// A CiliumNetworkPolicy of the same name and namespace is another
 	// object: its rules carry another derived-from.
-	cnp := &api.Rule{EndpointSelector: &api.EndpointSelector{}, Ingress: []api.IngressRule{{}}, Labels: []string{
-		LabelPolicyName + "=p", LabelPolicyNamespace + "=x", LabelPolicyDerivedFrom + "=CiliumNetworkPolicy",
+	cnp := &api.Rule{EndpointSelector: &api.EndpointSelector{}, Ingress: []api.IngressRule{{}}, Labels: api.LabelArray{
+		{Source: labels.SourceK8s, Key: KeyPolicyName, Value: "p"}, {Source: labels.SourceK8s, Key: KeyPolicyNamespace, Value: "x"},
+		{Source: labels.SourceK8s, Key: KeyPolicyDerivedFrom, Value: "CiliumNetworkPolicy"},
 	}}
 	if _, err := repo.Add(api.Rules{cnp}, "x", "k8s CiliumNetworkPolicy x/p", false); err != nil {
 		t.Fatal(err)
@@ -157,7 +160,7 @@ func TestApplyReplaceDelete(t *testing.T) {
 	if len(mine) != 1 || mine[0].Rule.Egress == nil || mine[0].Rule.Ingress != nil || mine[0].Source != "k8s NetworkPolicy x/p" || mine[0].Namespace != "x" {
 		t.Fatalf("after replace: %+v", mine)
 	}
-	if byUID, _ := repo.Rules([]string{LabelPolicyUID + "=three"}); len(byUID) != 1 {
+	if byUID, _ := repo.Rules(mustSelect(t, LabelPolicyUID+"=three")); len(byUID) != 1 {
 		t.Fatal("rule not found by its UID label")
 	}
 	if _, n := Delete(repo, "x", "p"); n != 1 {
@@ -303,4 +306,14 @@ spec:
 	if s.allowed("x/c", "x/a", api.ProtoICMP, echoRequest) {
 		t.Error("ICMP from x/c allowed by a TCP-only rule")
 	}
+}
+
+// mustSelect parses labels that select rules, as the API does.
+func mustSelect(t testing.TB, ss ...string) []labels.Label {
+	t.Helper()
+	sel, err := api.ParseSelectLabels(ss)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel
 }
