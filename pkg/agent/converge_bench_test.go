@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	policyapi "github.com/tendril-net/tendril/pkg/policy/api"
 )
 
 // BenchmarkPolicyChangeConvergence measures the time from one policy
@@ -56,13 +57,17 @@ func BenchmarkPolicyChangeConvergence(b *testing.B) {
 			}
 			toggle := `[{"endpointSelector":{"matchLabels":{"tier":"t0"}},"labels":["bench=toggle"],
 				"ingress":[{"fromEndpoints":[{"matchLabels":{"role":"r5"}}],"toPorts":[{"ports":[{"port":"9090","protocol":"TCP"}]}]}]}]`
+			toggleLabels, err := policyapi.ParseSelectLabels([]string{"bench=toggle"})
+			if err != nil {
+				b.Fatal(err)
+			}
 			b.ResetTimer()
 			begin := time.Now()
 			for i := 0; i < b.N; i++ {
 				if i%2 == 0 {
 					rev = r.importRules(b, toggle)
 				} else {
-					rev, _ = r.a.policy.repo.DeleteByLabels([]string{"bench=toggle"})
+					rev, _ = r.a.policy.repo.DeleteByLabels(toggleLabels)
 				}
 				r.waitAll(b, n, rev)
 			}

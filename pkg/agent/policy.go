@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
