@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/cilium/api/v1/models"
 
+	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/policy"
@@ -168,17 +169,8 @@ func (a *Agent) handlePolicySelectors(w http.ResponseWriter, r *http.Request) er
 	return nil
 }
 
-// TraceRequest is the body of POST /v1/policy/trace (a Tendril extension:
-// the v1 spec has no trace path).
-type TraceRequest struct {
-	Src   []string `json:"src"`
-	Dst   []string `json:"dst"`
-	Proto string   `json:"protocol"`
-	Port  uint16   `json:"dport"`
-}
-
 func (a *Agent) handlePolicyTrace(w http.ResponseWriter, r *http.Request) error {
-	var req TraceRequest
+	var req ext.TraceRequest
 	if err := server.DecodeJSON(r, &req); err != nil {
 		return err
 	}

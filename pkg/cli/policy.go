@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
@@ -147,7 +148,7 @@ func newPolicyCommand(opts *Options) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := map[string]any{"src": splitLabels(src), "dst": splitLabels(dst), "dport": port, "protocol": proto}
+			req := ext.TraceRequest{Src: splitLabels(src), Dst: splitLabels(dst), Port: uint16(port), Proto: proto}
 			var out policy.TraceResult
 			if err := c.Do(cmd.Context(), http.MethodPost, "/policy/trace", nil, nil, req, &out); err != nil {
 				return err

@@ -59,3 +59,12 @@ type Line struct {
 	Key   string `json:"key"`
 	Value string `json:"value"`
 }
+
+// TraceRequest is the body of POST /v1/policy/trace (a Tendril extension:
+// the v1 spec has no trace path); the server and the CLI share it.
+type TraceRequest struct {
+	Src   []string `json:"src"`
+	Dst   []string `json:"dst"`
+	Proto string   `json:"protocol"`
+	Port  uint16   `json:"dport"`
+}
