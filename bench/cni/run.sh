@@ -20,12 +20,18 @@ hack/cni-plugins.sh >/dev/null
 echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)${TENDRIL_BENCH_AGENT_ARGS:+, agent flags: $TENDRIL_BENCH_AGENT_ARGS}"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-go test -count="$REPEAT" -run '^$' -bench 'PrivilegedSerialAdd|PrivilegedConcurrentAdd50' \
-	-benchtime "${ROUNDS}x" -timeout 60m ./test/cni/ | tee "$out"
+# The whole set once per repetition, so that each repetition's reference
+# and Tendril variants ran minutes apart at most.
+for r in $(seq "$REPEAT"); do
+	echo "# repetition $r"
+	go test -count=1 -run '^$' -bench 'PrivilegedSerialAdd|PrivilegedConcurrentAdd50' \
+		-benchtime "${ROUNDS}x" -timeout 60m ./test/cni/ | grep -E '^(Benchmark|ok|FAIL|PASS)'
+done | tee "$out"
 echo
 echo "# ratios to the reference plugins, same repetition (p50, p99)"
 awk '
-/^Benchmark.*\/reference/ { split($1, a, "/"); bench = a[1]; rep[bench]++ }
+/^# repetition/ { r = $3 }
+/^Benchmark.*\/reference/ { split($1, a, "/"); bench = a[1]; rep[bench] = r }
 /^Benchmark/ {
 	split($1, a, "/"); bench = a[1]; sub(/-[0-9]+$/, "", a[2]); v = a[2]
 	for (i = 2; i < NF; i++) { if ($(i+1) == "p50-ms") p50 = $i; if ($(i+1) == "p99-ms") p99 = $i }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/testutil"
@@ -179,6 +180,7 @@ func benchmarkConcurrentAdd(b *testing.B, n *node, list *libcni.NetworkConfigLis
 	}
 	var lat []time.Duration
 	var promoted []time.Duration
+	var cpu cpuUse
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
@@ -192,9 +194,11 @@ func benchmarkConcurrentAdd(b *testing.B, n *node, list *libcni.NetworkConfigLis
 				b.Fatal("no endpoint waits for its TCX links: the burst would not overlap a promotion")
 			}
 		}
+		before := n.cpuNow(b)
 		b.StartTimer()
 		durs, errs := burst(ps)
 		b.StopTimer()
+		cpu = cpu.add(n.cpuNow(b).sub(before))
 		for i, err := range errs {
 			if err != nil {
 				b.Fatalf("ADD %s: %v", ps[i].name, err)
@@ -218,6 +222,12 @@ func benchmarkConcurrentAdd(b *testing.B, n *node, list *libcni.NetworkConfigLis
 		slices.Sort(promoted)
 		b.ReportMetric(float64(promoted[len(promoted)/2].Microseconds())/1000, "tcx-after-ms")
 	}
+	adds := float64(len(lat))
+	b.ReportMetric(cpu.machine.Seconds()*1000/adds, "cpu-ms/add")
+	b.ReportMetric(cpu.plugins.Seconds()*1000/adds, "plugin-cpu-ms/add")
+	if n.cmd != nil {
+		b.ReportMetric(cpu.agent.Seconds()*1000/adds, "agent-cpu-ms/add")
+	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	pct := func(q float64) float64 {
 		return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) / 1000
@@ -226,4 +236,56 @@ func benchmarkConcurrentAdd(b *testing.B, n *node, list *libcni.NetworkConfigLis
 	b.ReportMetric(pct(0.99), "p99-ms")
 	b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1000, "max-ms")
 	b.ReportMetric(float64(len(lat)), "adds")
+}
+
+// cpuUse is CPU time spent during the timed bursts: by the whole machine
+// (every process and the kernel's own threads), by the plugin processes
+// (the test's reaped children) and by the agent.
+type cpuUse struct{ machine, plugins, agent time.Duration }
+
+func (c cpuUse) add(d cpuUse) cpuUse {
+	return cpuUse{c.machine + d.machine, c.plugins + d.plugins, c.agent + d.agent}
+}
+
+func (c cpuUse) sub(d cpuUse) cpuUse {
+	return cpuUse{c.machine - d.machine, c.plugins - d.plugins, c.agent - d.agent}
+}
+
+// clockTick is the kernel's USER_HZ, the unit of /proc's CPU times.
+const clockTick = 10 * time.Millisecond
+
+func (n *node) cpuNow(b *testing.B) cpuUse {
+	var c cpuUse
+	stat, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// cpu  user nice system idle iowait irq softirq steal ...: busy is all
+	// but idle and iowait.
+	fields := strings.Fields(strings.SplitN(string(stat), "\n", 2)[0])
+	for i, f := range fields[1:] {
+		if i == 3 || i == 4 {
+			continue
+		}
+		v, _ := strconv.ParseInt(f, 10, 64)
+		c.machine += time.Duration(v) * clockTick
+	}
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_CHILDREN, &ru); err != nil {
+		b.Fatal(err)
+	}
+	c.plugins = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	if n.cmd != nil && n.cmd.Process != nil {
+		// The agent is a child too, but unreaped: it is not in RUSAGE_CHILDREN.
+		pstat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
+		if err == nil {
+			// Fields after the command's closing parenthesis: utime is the
+			// 12th, stime the 13th.
+			rest := strings.Fields(string(pstat[strings.LastIndexByte(string(pstat), ')')+2:]))
+			ut, _ := strconv.ParseInt(rest[11], 10, 64)
+			st, _ := strconv.ParseInt(rest[12], 10, 64)
+			c.agent = time.Duration(ut+st) * clockTick
+		}
+	}
+	return c
 }
