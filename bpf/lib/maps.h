@@ -278,4 +278,8 @@ const struct event *unused_event_type __attribute__((unused));
 const struct policy_entry *unused_policy_entry_type __attribute__((unused));
 const struct policy_key *unused_policy_key_type __attribute__((unused));
 
+/* Service load-balancing: its maps are shared by every object as the
+ * others are. */
+#include "lbmaps.h"
+
 #endif
