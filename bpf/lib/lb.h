@@ -69,6 +69,10 @@ static __always_inline __u32 lb_select_id(const struct lb_service *svc, __u32 ha
 		const struct lb_maglev *t = bpf_map_lookup_elem(&tdr_lb_maglev_v1, &sid);
 		if (t) {
 			__u32 i = hash % LB_MAGLEV_TABLE_SIZE;
+			/* clang knows i is in range and drops the check; the
+			 * verifier does not track the modulo (it sees div, mul,
+			 * sub) and needs it: hide i from clang. */
+			asm volatile("" : "+r"(i));
 			if (i < LB_MAGLEV_TABLE_SIZE)
 				return t->backend_ids[i];
 			return 0;
