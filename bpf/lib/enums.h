@@ -68,6 +68,7 @@
 #define REASON_FRAGMENT 17 /* Fragment without reassembly state under policy */
 #define REASON_UNKNOWN_INTERFACE 18 /* Interface has no endpoint */
 #define REASON_SVC_NO_BACKEND 19 /* Service has no backend */
+#define REASON_NAT_FAILED 20 /* Service translation failed */
 
 /* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
  * counters.

@@ -103,6 +103,32 @@ struct lb_sock_revnat {
 	__u32 rev_nat_id;
 };
 
+/* Per-packet translation: a flow as the client sent it (to the
+ * frontend) -> its backend, so every packet of the flow goes to the same
+ * backend. */
+struct lb4_flow_key {
+	__u8 saddr[4];
+	__u8 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct lb6_flow_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct lb_flow {
+	__u32 backend_id;
+	__u32 rev_nat_id;
+};
+
 /* A service's Maglev lookup table: entry i is the backend ID for flows
  * whose hash is i modulo LB_MAGLEV_TABLE_SIZE (pkg/loadbalancer/maglev
  * computes it). The whole table is one value of a hash keyed by service
@@ -182,5 +208,22 @@ struct {
 	__uint(max_entries, LB_MAX_IDS);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_sock_revnat_v1 SEC(".maps");
+
+/* LRU: as conntrack, a full table evicts the least recently used flows. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb4_flow_key);
+	__type(value, struct lb_flow);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_lb4_flows_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb6_flow_key);
+	__type(value, struct lb_flow);
+	__uint(max_entries, 131072);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_lb6_flows_v1 SEC(".maps");
 
 #endif

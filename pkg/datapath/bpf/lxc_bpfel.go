@@ -40,7 +40,7 @@ type LxcCtEntry struct {
 	EpB      uint16
 	Flags    uint8
 	TcpFlags uint8
-	Pad      [2]uint8
+	RevNat   uint16
 }
 
 type LxcEndpointInfo struct {
@@ -94,12 +94,32 @@ type LxcIpcacheKey struct {
 	Addr      [16]uint8
 }
 
+type LxcLb4FlowKey struct {
+	_     structs.HostLayout
+	Saddr [4]uint8
+	Daddr [4]uint8
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type LxcLb4Key struct {
 	_     structs.HostLayout
 	Addr  [4]uint8
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type LxcLb6FlowKey struct {
+	_     structs.HostLayout
+	Saddr [16]uint8
+	Daddr [16]uint8
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
 }
 
 type LxcLb6Key struct {
@@ -131,6 +151,12 @@ type LxcLbBackend struct {
 	Port   uint16
 	Family uint8
 	State  uint8
+}
+
+type LxcLbFlow struct {
+	_         structs.HostLayout
+	BackendId uint32
+	RevNatId  uint32
 }
 
 type LxcLbMaglev struct {
@@ -221,7 +247,9 @@ const (
 	LxcMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
 	LxcMapTdrEventsV1           = "tdr_events_v1"
 	LxcMapTdrIpcacheV2          = "tdr_ipcache_v2"
+	LxcMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	LxcMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	LxcMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	LxcMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
 	LxcMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
 	LxcMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
@@ -301,7 +329,9 @@ type LxcMapSpecs struct {
 	TdrEpIfindexV1    *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
+	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
@@ -355,7 +385,9 @@ type LxcMaps struct {
 	TdrEpIfindexV1    *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
+	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
@@ -379,7 +411,9 @@ func (m *LxcMaps) Close() error {
 		m.TdrEpIfindexV1,
 		m.TdrEventsV1,
 		m.TdrIpcacheV2,
+		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,

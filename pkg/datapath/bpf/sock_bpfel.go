@@ -40,7 +40,7 @@ type SockCtEntry struct {
 	EpB      uint16
 	Flags    uint8
 	TcpFlags uint8
-	Pad      [2]uint8
+	RevNat   uint16
 }
 
 type SockEndpointInfo struct {
@@ -73,12 +73,32 @@ type SockIpcacheKey struct {
 	Addr      [16]uint8
 }
 
+type SockLb4FlowKey struct {
+	_     structs.HostLayout
+	Saddr [4]uint8
+	Daddr [4]uint8
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type SockLb4Key struct {
 	_     structs.HostLayout
 	Addr  [4]uint8
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type SockLb6FlowKey struct {
+	_     structs.HostLayout
+	Saddr [16]uint8
+	Daddr [16]uint8
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
 }
 
 type SockLb6Key struct {
@@ -110,6 +130,12 @@ type SockLbBackend struct {
 	Port   uint16
 	Family uint8
 	State  uint8
+}
+
+type SockLbFlow struct {
+	_         structs.HostLayout
+	BackendId uint32
+	RevNatId  uint32
 }
 
 type SockLbMaglev struct {
@@ -184,7 +210,9 @@ const (
 	SockMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
 	SockMapTdrEventsV1           = "tdr_events_v1"
 	SockMapTdrIpcacheV2          = "tdr_ipcache_v2"
+	SockMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	SockMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	SockMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	SockMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
 	SockMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
 	SockMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
@@ -275,7 +303,9 @@ type SockMapSpecs struct {
 	TdrEpIfindexV1    *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
+	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
@@ -328,7 +358,9 @@ type SockMaps struct {
 	TdrEpIfindexV1    *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
+	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
@@ -352,7 +384,9 @@ func (m *SockMaps) Close() error {
 		m.TdrEpIfindexV1,
 		m.TdrEventsV1,
 		m.TdrIpcacheV2,
+		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,

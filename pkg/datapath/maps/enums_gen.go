@@ -69,6 +69,7 @@ const (
 	ReasonFragment         uint8 = 17 // REASON_FRAGMENT: Fragment without reassembly state under policy
 	ReasonUnknownInterface uint8 = 18 // REASON_UNKNOWN_INTERFACE: Interface has no endpoint
 	ReasonSvcNoBackend     uint8 = 19 // REASON_SVC_NO_BACKEND: Service has no backend
+	ReasonNatFailed        uint8 = 20 // REASON_NAT_FAILED: Service translation failed
 )
 
 // ReasonNames describes every Reason constant, for the CLI, events and metrics.
@@ -89,6 +90,7 @@ func ReasonNames() map[uint8]string {
 		ReasonFragment:         "Fragment without reassembly state under policy",
 		ReasonUnknownInterface: "Interface has no endpoint",
 		ReasonSvcNoBackend:     "Service has no backend",
+		ReasonNatFailed:        "Service translation failed",
 	}
 }
 

@@ -763,3 +763,20 @@ func LBHash(words ...uint32) uint32 {
 // LBHashCookie is the hash the socket hooks use for a socket (its
 // SO_COOKIE): its Maglev entry is LBHashCookie(cookie) % LBMaglevTableSize.
 func LBHashCookie(cookie uint64) uint32 { return LBHash(uint32(cookie), uint32(cookie>>32)) }
+
+// LBHashTuple is the hash the pod programs use for a packet from src to
+// dst (the frontend) of L4 protocol proto: its Maglev entry is
+// LBHashTuple(...) % LBMaglevTableSize. The words are the datapath's
+// bytes read in host order: each address, then the two ports (network
+// byte order) as one word, then the protocol.
+func LBHashTuple(src, dst netip.AddrPort, proto uint8) uint32 {
+	var words []uint32
+	for _, a := range []netip.Addr{src.Addr().Unmap(), dst.Addr().Unmap()} {
+		b := a.AsSlice()
+		for i := 0; i < len(b); i += 4 {
+			words = append(words, binary.NativeEndian.Uint32(b[i:]))
+		}
+	}
+	words = append(words, uint32(Htons(src.Port()))<<16|uint32(Htons(dst.Port())), uint32(proto))
+	return LBHash(words...)
+}
