@@ -14,7 +14,6 @@ import (
 // with BPF_PROG_TEST_RUN on crafted frames whose L4 checksums are valid, so
 // that the rewritten frames' checksums can be checked.
 
-
 // l4Off is the offset of the L4 header in a frame of ours (no IP options
 // or extension headers).
 func l4Off(frame []byte) int {
