@@ -31,6 +31,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/ipcache.h"
 #include "lib/conntrack.h"
 #include "lib/policy.h"
+#include "lib/lbnat.h"
 
 /* deliver_direct rewrites the frame as the host would route it (MACs of
  * the destination's veth pair, TTL / hop limit down by one) and redirects
@@ -90,6 +91,11 @@ int from_pod(struct __sk_buff *skb)
 		return drop(REASON_UNKNOWN_INTERFACE, DIR_EGRESS, 0, &p, 0, 0, 0);
 	if (!is_endpoint_addr(ep, p.family, p.saddr))
 		return drop(REASON_INVALID_SOURCE, DIR_EGRESS, ep_id, &p, ep->identity, 0, 0);
+	/* A packet to a service frontend goes to a backend from here on:
+	 * conntrack, the local destination and policy see the backend. */
+	int nat = lb_dnat(skb, &p);
+	if (nat < 0)
+		return drop((__u8)-nat, DIR_EGRESS, ep_id, &p, ep->identity, 0, 0);
 
 	struct flow f;
 	flow_of(&f, &p);
@@ -130,16 +136,26 @@ int from_pod(struct __sk_buff *skb)
 		if (!e) {
 			__u16 other = direct ? dst->ep_id : 0;
 			__u8 remote = dst ? 0 : (src_a ? CT_F_B_NOT_LOCAL : CT_F_A_NOT_LOCAL);
-			ct_create(&f, &p, src_a ? ep_id : other, src_a ? other : ep_id, remote);
+			ct_create(&f, &p, src_a ? ep_id : other, src_a ? other : ep_id, remote | ((__u32)nat << 16));
 		} else {
 			if (ct_out == CT_NEW)
 				ct_admit(e, src_a, ep_id);
 			if (direct && ct_in == CT_NEW)
 				ct_admit(e, !src_a, dst->ep_id);
+			if (nat && e->rev_nat != nat)
+				e->rev_nat = nat;
 			ct_update(e, &f, &p);
 		}
 	}
 	if (direct) {
+		/* A backend's reply to a local client that takes it directly:
+		 * the client's to_pod does not run, so the source becomes the
+		 * frontend here. */
+		if (e && e->rev_nat && !p.icmp_error && ct_is_reply(e, &f)) {
+			int r = lb_rev_snat(skb, &p, e->rev_nat);
+			if (r < 0)
+				return drop((__u8)-r, DIR_EGRESS, ep_id, &p, ep->identity, 0, 0);
+		}
 		int ret = deliver_direct(skb, &p, dst);
 		if (ret >= 0)
 			return ret;
@@ -179,6 +195,13 @@ int to_pod(struct __sk_buff *skb)
 				ct_admit(e, is_a, ep_id);
 			ct_update(e, &f, &p);
 		}
+	}
+	/* The reply of a flow this pod sent to a service: its source becomes
+	 * the frontend the pod addressed. */
+	if (e && e->rev_nat && !p.icmp_error && ct_is_reply(e, &f)) {
+		int r = lb_rev_snat(skb, &p, e->rev_nat);
+		if (r < 0)
+			return drop((__u8)-r, DIR_INGRESS, ep_id, &p, 0, ep->identity, 0);
 	}
 	return TC_ACT_OK;
 }

@@ -189,9 +189,19 @@ static __always_inline void ct_update(struct ct_entry *e, const struct flow *f, 
 	}
 }
 
+/* ct_is_reply reports whether the packet goes against the direction of
+ * the flow's first packet. */
+static __always_inline int ct_is_reply(const struct ct_entry *e, const struct flow *f)
+{
+	return f->src_is_a != !!(e->flags & CT_F_A_STARTED);
+}
+
 /* ct_create makes the entry of a new flow, naming the local endpoints
- * that admitted it on sides a and b. A global function, verified on its
- * own (see parse in parse.h); not on the path of an established packet. */
+ * that admitted it on sides a and b. not_local holds the CT_F_*_NOT_LOCAL
+ * flags in its low byte and the flow's reverse NAT ID (lbnat.h; 0: none)
+ * in its upper 16 bits (a call takes five arguments). A global function,
+ * verified on its own (see parse in parse.h); not on the path of an
+ * established packet. */
 __attribute__((noinline)) int ct_create(const struct flow *f, const struct pkt *p, __u32 ep_a, __u32 ep_b,
 					__u32 not_local)
 {
@@ -203,6 +213,7 @@ __attribute__((noinline)) int ct_create(const struct flow *f, const struct pkt *
 	e.ep_b = ep_b;
 	e.tcp_flags = p->tcp_flags;
 	e.flags = not_local & (CT_F_A_NOT_LOCAL | CT_F_B_NOT_LOCAL);
+	e.rev_nat = not_local >> 16;
 	if (f->src_is_a)
 		e.flags |= CT_F_A_STARTED;
 	if (p->proto == IPPROTO_TCP_ && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))

@@ -67,6 +67,8 @@
 #define REASON_NO_ENDPOINT 16 /* No local endpoint for destination */
 #define REASON_FRAGMENT 17 /* Fragment without reassembly state under policy */
 #define REASON_UNKNOWN_INTERFACE 18 /* Interface has no endpoint */
+#define REASON_SVC_NO_BACKEND 19 /* Service has no backend */
+#define REASON_NAT_FAILED 20 /* Service translation failed */
 
 /* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
  * counters.
@@ -82,6 +84,47 @@
  * go:const Verdict VERDICT_ uint8 */
 #define VERDICT_DENIED 0
 #define VERDICT_ALLOWED 1
+
+/* Service flags (lb_service.flags).
+ * go:const SvcFlag SVC_F_ uint8 */
+/* ClientIP session affinity: a client keeps its backend while it uses
+ * it within the service's affinity timeout. */
+#define SVC_F_AFFINITY 0x01
+/* Backends are chosen by the flow's hash through the service's Maglev
+ * table (tdr_lb_maglev_v1) instead of at random. */
+#define SVC_F_MAGLEV 0x02
+/* internalTrafficPolicy: Local: the slots hold only this node's backends
+ * (the reconciler's job; the datapath reports it). */
+#define SVC_F_INTERNAL_LOCAL 0x04
+/* The frontend is translated per packet only, not at the socket (the
+ * socket hooks leave it alone). */
+#define SVC_F_NO_SOCKET_LB 0x08
+
+/* Backend states (lb_backend.state). Only active backends are in a
+ * service's slots and Maglev table; a terminating or quarantined one is
+ * still found by its ID (affinity, existing flows) but an affinity entry
+ * naming it is not followed.
+ * go:const BackendState BACKEND_ uint8 describe */
+#define BACKEND_ACTIVE 0 /* active */
+#define BACKEND_TERMINATING 1 /* terminating */
+#define BACKEND_QUARANTINED 2 /* quarantined */
+
+/* Kinds of session affinity keys (lb_affinity_key.kind): the client's
+ * address as the packet shows it, or, at the socket, its network
+ * namespace's cookie (a pod is a network namespace; the source address is
+ * not chosen yet at connect).
+ * go:const AffinityBy AFFINITY_BY_ uint8 */
+#define AFFINITY_BY_NETNS 1
+#define AFFINITY_BY_V4 4
+#define AFFINITY_BY_V6 6
+
+/* Load-balancing sizes: Maglev table entries per service (a prime: the
+ * datapath's table size M; changing it is a layout change of
+ * tdr_lb_maglev_v1), and service and backend IDs are below LB_MAX_IDS
+ * (0 is none).
+ * go:const LB LB_ */
+#define LB_MAGLEV_TABLE_SIZE 16381
+#define LB_MAX_IDS 65536
 
 /* Slots of an endpoint in tdr_policy_v2 (see policy_slot): one trie per
  * direction for entries of a given peer identity and one per direction for

@@ -129,7 +129,12 @@ struct ct_entry {
 	__u16 ep_b;
 	__u8 flags;     /* CT_F_* (enums.h) */
 	__u8 tcp_flags; /* every TCP flag seen, ORed */
-	__u8 pad[2];
+	/* Reverse NAT ID of a flow the pod programs translated to a service
+	 * backend (lbnat.h): its replies get the frontend back as their
+	 * source. 0: none. These were pad bytes, always 0, before: an entry
+	 * written earlier reads as "not translated", which it was, so the
+	 * layout keeps its name. */
+	__u16 rev_nat;
 };
 
 struct metric_value {
@@ -277,5 +282,9 @@ struct {
 const struct event *unused_event_type __attribute__((unused));
 const struct policy_entry *unused_policy_entry_type __attribute__((unused));
 const struct policy_key *unused_policy_key_type __attribute__((unused));
+
+/* Service load-balancing: its maps are shared by every object as the
+ * others are. */
+#include "lbmaps.h"
 
 #endif

@@ -57,6 +57,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt
 {
 	if (p->nonfirst_frag)
 		return REASON_FORWARDED;
+	p->l4_off = off;
 	switch (p->proto) {
 	case IPPROTO_TCP_: {
 		__u8 *h = hdr(skb, p, off, 20);

@@ -34,6 +34,8 @@ struct pkt {
 	__u32 len;
 	/* End of the IP packet: Ethernet padding after it is not header. */
 	__u32 l3_end;
+	/* Offset of the L4 header (service translation rewrites it). */
+	__u32 l4_off;
 	/* bpf_ktime_get_coarse_ns() when the packet was parsed: one clock
 	 * read serves every conntrack step. */
 	__u64 now;

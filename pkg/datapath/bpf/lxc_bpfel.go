@@ -40,7 +40,7 @@ type LxcCtEntry struct {
 	EpB      uint16
 	Flags    uint8
 	TcpFlags uint8
-	Pad      [2]uint8
+	RevNat   uint16
 }
 
 type LxcEndpointInfo struct {
@@ -94,6 +94,118 @@ type LxcIpcacheKey struct {
 	Addr      [16]uint8
 }
 
+type LxcLb4FlowKey struct {
+	_     structs.HostLayout
+	Saddr [4]uint8
+	Daddr [4]uint8
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type LxcLb4Key struct {
+	_     structs.HostLayout
+	Addr  [4]uint8
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type LxcLb6FlowKey struct {
+	_     structs.HostLayout
+	Saddr [16]uint8
+	Daddr [16]uint8
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type LxcLb6Key struct {
+	_     structs.HostLayout
+	Addr  [16]uint8
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type LxcLbAffinity struct {
+	_         structs.HostLayout
+	LastUsed  uint64
+	BackendId uint32
+	Pad       uint32
+}
+
+type LxcLbAffinityKey struct {
+	_      structs.HostLayout
+	Client [16]uint8
+	SvcId  uint32
+	Kind   uint8
+	Pad    [3]uint8
+}
+
+type LxcLbBackend struct {
+	_      structs.HostLayout
+	Addr   [16]uint8
+	Port   uint16
+	Family uint8
+	State  uint8
+}
+
+type LxcLbFlow struct {
+	_         structs.HostLayout
+	BackendId uint32
+	RevNatId  uint32
+}
+
+type LxcLbMaglev struct {
+	_          structs.HostLayout
+	BackendIds [16381]uint32
+}
+
+type LxcLbRevnat struct {
+	_      structs.HostLayout
+	Addr   [16]uint8
+	Port   uint16
+	Family uint8
+	Pad    uint8
+}
+
+type LxcLbService struct {
+	_               structs.HostLayout
+	SvcId           uint32
+	RevNatId        uint32
+	Count           uint16
+	Flags           uint8
+	Pad             uint8
+	AffinityTimeout uint32
+}
+
+type LxcLbSlotKey struct {
+	_     structs.HostLayout
+	SvcId uint32
+	Slot  uint32
+}
+
+type LxcLbSockKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Addr   [16]uint8
+	Port   uint16
+	Family uint8
+	Pad    [5]uint8
+}
+
+type LxcLbSockRevnat struct {
+	_        structs.HostLayout
+	Addr     [16]uint8
+	Port     uint16
+	Family   uint8
+	Pad      uint8
+	RevNatId uint32
+}
+
 type LxcMetricValue struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -135,6 +247,16 @@ const (
 	LxcMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
 	LxcMapTdrEventsV1           = "tdr_events_v1"
 	LxcMapTdrIpcacheV2          = "tdr_ipcache_v2"
+	LxcMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
+	LxcMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	LxcMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
+	LxcMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
+	LxcMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
+	LxcMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
+	LxcMapTdrLbMaglevV1         = "tdr_lb_maglev_v1"
+	LxcMapTdrLbRevnatV1         = "tdr_lb_revnat_v1"
+	LxcMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
+	LxcMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	LxcMapTdrMetricsV2          = "tdr_metrics_v2"
 	LxcMapTdrPolicyV2           = "tdr_policy_v2"
 	LxcMapTdrRatelimitV2        = "tdr_ratelimit_v2"
@@ -198,18 +320,28 @@ type LxcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LxcMapSpecs struct {
-	TdrCt4V1         *ebpf.MapSpec `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1         *ebpf.MapSpec `ebpf:"tdr_ct6_v1"`
-	TdrEndpointIp4V1 *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
-	TdrEndpointIp6V1 *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
-	TdrEndpointsV2   *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
-	TdrEpIdV1        *ebpf.MapSpec `ebpf:"tdr_ep_id_v1"`
-	TdrEpIfindexV1   *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
-	TdrEventsV1      *ebpf.MapSpec `ebpf:"tdr_events_v1"`
-	TdrIpcacheV2     *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
-	TdrMetricsV2     *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
-	TdrPolicyV2      *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
-	TdrRatelimitV2   *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
+	TdrCt4V1          *ebpf.MapSpec `ebpf:"tdr_ct4_v1"`
+	TdrCt6V1          *ebpf.MapSpec `ebpf:"tdr_ct6_v1"`
+	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
+	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
+	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
+	TdrEpIdV1         *ebpf.MapSpec `ebpf:"tdr_ep_id_v1"`
+	TdrEpIfindexV1    *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
+	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
+	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
+	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
+	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
+	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
+	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
+	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
+	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
+	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
+	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
+	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
+	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
+	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
 }
 
 // LxcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -244,18 +376,28 @@ func (o *LxcObjects) Close() error {
 //
 // It can be passed to LoadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LxcMaps struct {
-	TdrCt4V1         *ebpf.Map `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1         *ebpf.Map `ebpf:"tdr_ct6_v1"`
-	TdrEndpointIp4V1 *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
-	TdrEndpointIp6V1 *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
-	TdrEndpointsV2   *ebpf.Map `ebpf:"tdr_endpoints_v2"`
-	TdrEpIdV1        *ebpf.Map `ebpf:"tdr_ep_id_v1"`
-	TdrEpIfindexV1   *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
-	TdrEventsV1      *ebpf.Map `ebpf:"tdr_events_v1"`
-	TdrIpcacheV2     *ebpf.Map `ebpf:"tdr_ipcache_v2"`
-	TdrMetricsV2     *ebpf.Map `ebpf:"tdr_metrics_v2"`
-	TdrPolicyV2      *ebpf.Map `ebpf:"tdr_policy_v2"`
-	TdrRatelimitV2   *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
+	TdrCt4V1          *ebpf.Map `ebpf:"tdr_ct4_v1"`
+	TdrCt6V1          *ebpf.Map `ebpf:"tdr_ct6_v1"`
+	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
+	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
+	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
+	TdrEpIdV1         *ebpf.Map `ebpf:"tdr_ep_id_v1"`
+	TdrEpIfindexV1    *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
+	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
+	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
+	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
+	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
+	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
+	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
+	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
+	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
+	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
+	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
+	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
+	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
+	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
 }
 
 func (m *LxcMaps) Close() error {
@@ -269,6 +411,16 @@ func (m *LxcMaps) Close() error {
 		m.TdrEpIfindexV1,
 		m.TdrEventsV1,
 		m.TdrIpcacheV2,
+		m.TdrLb4FlowsV1,
+		m.TdrLb4ServicesV1,
+		m.TdrLb6FlowsV1,
+		m.TdrLb6ServicesV1,
+		m.TdrLbAffinityV1,
+		m.TdrLbBackendsV1,
+		m.TdrLbMaglevV1,
+		m.TdrLbRevnatV1,
+		m.TdrLbSlotsV1,
+		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,
 		m.TdrPolicyV2,
 		m.TdrRatelimitV2,

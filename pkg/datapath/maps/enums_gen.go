@@ -68,6 +68,8 @@ const (
 	ReasonNoEndpoint       uint8 = 16 // REASON_NO_ENDPOINT: No local endpoint for destination
 	ReasonFragment         uint8 = 17 // REASON_FRAGMENT: Fragment without reassembly state under policy
 	ReasonUnknownInterface uint8 = 18 // REASON_UNKNOWN_INTERFACE: Interface has no endpoint
+	ReasonSvcNoBackend     uint8 = 19 // REASON_SVC_NO_BACKEND: Service has no backend
+	ReasonNatFailed        uint8 = 20 // REASON_NAT_FAILED: Service translation failed
 )
 
 // ReasonNames describes every Reason constant, for the CLI, events and metrics.
@@ -87,6 +89,8 @@ func ReasonNames() map[uint8]string {
 		ReasonNoEndpoint:       "No local endpoint for destination",
 		ReasonFragment:         "Fragment without reassembly state under policy",
 		ReasonUnknownInterface: "Interface has no endpoint",
+		ReasonSvcNoBackend:     "Service has no backend",
+		ReasonNatFailed:        "Service translation failed",
 	}
 }
 
@@ -109,6 +113,64 @@ const (
 const (
 	VerdictDenied  uint8 = 0 // VERDICT_DENIED
 	VerdictAllowed uint8 = 1 // VERDICT_ALLOWED
+)
+
+// Service flags (lb_service.flags).
+// From SVC_F_* of bpf/lib/enums.h.
+const (
+	// ClientIP session affinity: a client keeps its backend while it uses
+	// it within the service's affinity timeout.
+	SvcFlagAffinity uint8 = 0x01 // SVC_F_AFFINITY
+	// Backends are chosen by the flow's hash through the service's Maglev
+	// table (tdr_lb_maglev_v1) instead of at random.
+	SvcFlagMaglev uint8 = 0x02 // SVC_F_MAGLEV
+	// internalTrafficPolicy: Local: the slots hold only this node's backends
+	// (the reconciler's job; the datapath reports it).
+	SvcFlagInternalLocal uint8 = 0x04 // SVC_F_INTERNAL_LOCAL
+	// The frontend is translated per packet only, not at the socket (the
+	// socket hooks leave it alone).
+	SvcFlagNoSocketLb uint8 = 0x08 // SVC_F_NO_SOCKET_LB
+)
+
+// Backend states (lb_backend.state). Only active backends are in a
+// service's slots and Maglev table; a terminating or quarantined one is
+// still found by its ID (affinity, existing flows) but an affinity entry
+// naming it is not followed.
+// From BACKEND_* of bpf/lib/enums.h.
+const (
+	BackendStateActive      uint8 = 0 // BACKEND_ACTIVE: active
+	BackendStateTerminating uint8 = 1 // BACKEND_TERMINATING: terminating
+	BackendStateQuarantined uint8 = 2 // BACKEND_QUARANTINED: quarantined
+)
+
+// BackendStateNames describes every BackendState constant, for the CLI, events and metrics.
+func BackendStateNames() map[uint8]string {
+	return map[uint8]string{
+		BackendStateActive:      "active",
+		BackendStateTerminating: "terminating",
+		BackendStateQuarantined: "quarantined",
+	}
+}
+
+// Kinds of session affinity keys (lb_affinity_key.kind): the client's
+// address as the packet shows it, or, at the socket, its network
+// namespace's cookie (a pod is a network namespace; the source address is
+// not chosen yet at connect).
+// From AFFINITY_BY_* of bpf/lib/enums.h.
+const (
+	AffinityByNetns uint8 = 1 // AFFINITY_BY_NETNS
+	AffinityByV4    uint8 = 4 // AFFINITY_BY_V4
+	AffinityByV6    uint8 = 6 // AFFINITY_BY_V6
+)
+
+// Load-balancing sizes: Maglev table entries per service (a prime: the
+// datapath's table size M; changing it is a layout change of
+// tdr_lb_maglev_v1), and service and backend IDs are below LB_MAX_IDS
+// (0 is none).
+// From LB_* of bpf/lib/enums.h.
+const (
+	LBMaglevTableSize = 16381 // LB_MAGLEV_TABLE_SIZE
+	LBMaxIds          = 65536 // LB_MAX_IDS
 )
 
 // Slots of an endpoint in tdr_policy_v2 (see policy_slot): one trie per

@@ -16,8 +16,8 @@ func TestCTViewFlagsDistinctFromStored(t *testing.T) {
 // the datapath drops with it.
 func TestReasons(t *testing.T) {
 	names := ReasonNames()
-	if len(names) != 14 {
-		t.Fatalf("%d reasons, want 14", len(names))
+	if len(names) != 16 {
+		t.Fatalf("%d reasons, want 16", len(names))
 	}
 	for r, name := range names {
 		if r >= reasonMax {
@@ -29,7 +29,7 @@ func TestReasons(t *testing.T) {
 	}
 	for r, drop := range map[uint8]bool{
 		ReasonForwarded: false, ReasonCTRelated: false, ReasonDeliveredDirect: false,
-		ReasonPolicyDenied: true, ReasonMalformed: true, ReasonUnknownInterface: true,
+		ReasonPolicyDenied: true, ReasonMalformed: true, ReasonUnknownInterface: true, ReasonSvcNoBackend: true, ReasonNatFailed: true,
 	} {
 		if IsDrop(r) != drop {
 			t.Errorf("IsDrop(%s) = %v, want %v", ReasonName(r), !drop, drop)

@@ -60,6 +60,9 @@ type Maps struct {
 	CT6          *ebpf.Map
 	Metrics      *ebpf.Map
 	Events       *ebpf.Map
+	// LB are the service load-balancing maps (nil when opened with
+	// OpenPinned: OpenPinnedLB opens them).
+	LB *LBMaps
 
 	policyOnce sync.Once
 	policy     *PolicyMap
@@ -71,6 +74,7 @@ func FromObjects(o *bpf.LxcMaps) *Maps {
 		Endpoints: o.TdrEndpointsV2, EndpointsIfx: o.TdrEpIfindexV1, EndpointsID: o.TdrEpIdV1,
 		EndpointsIP4: o.TdrEndpointIp4V1, EndpointsIP6: o.TdrEndpointIp6V1, IPCache: o.TdrIpcacheV2, Policy: o.TdrPolicyV2,
 		CT4: o.TdrCt4V1, CT6: o.TdrCt6V1, Metrics: o.TdrMetricsV2, Events: o.TdrEventsV1,
+		LB: LBFromObjects(o),
 	}
 }
 
@@ -111,6 +115,9 @@ func OpenPinned(root string, readOnly bool) (*Maps, error) {
 func (m *Maps) Close() {
 	if m.policy != nil {
 		m.policy.Close()
+	}
+	if m.LB != nil {
+		m.LB.Close()
 	}
 	for _, mp := range []*ebpf.Map{m.Endpoints, m.EndpointsIfx, m.EndpointsID, m.EndpointsIP4, m.EndpointsIP6, m.IPCache, m.Policy, m.CT4, m.CT6, m.Metrics, m.Events} {
 		if mp != nil {

@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Tendril datapath: per-packet service translation in the pod programs,
+ * for what the socket hooks do not see (or when they are off): a packet a
+ * pod sends to a service frontend is DNATed to a backend (lb_dnat), the
+ * flow's conntrack entry records the reverse NAT ID, and the replies get
+ * the frontend back as their source (lb_rev_snat). Backend selection is
+ * lb.h's; a flow keeps its backend through tdr_lb4_flows_v1 /
+ * tdr_lb6_flows_v1 (client tuple and frontend -> backend). */
+#ifndef TDR_LBNAT_H
+#define TDR_LBNAT_H
+
+#include "lb.h"
+#include "pkt.h"
+
+/* lb_hash_tuple is the hash of a packet's flow (Maglev): source and
+ * destination addresses, the two ports as one word, the protocol. */
+static __always_inline __u32 lb_hash_tuple(const struct pkt *p)
+{
+	__u32 h = LB_HASH_SEED;
+	int words = p->family == FAMILY_V4 ? 1 : 4;
+
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		if (i < words)
+			h = lb_hash_word(h, u32_at(&p->saddr[i * 4]));
+	}
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		if (i < words)
+			h = lb_hash_word(h, u32_at(&p->daddr[i * 4]));
+	}
+	h = lb_hash_word(h, ((__u32)p->sport << 16) | p->dport);
+	return lb_hash_word(h, p->proto);
+}
+
+/* nat_rewrite sets the packet's destination (dst) or source address and
+ * port to addr and port, fixing the IPv4 header checksum and the TCP/UDP
+ * checksum (pseudo-header included; a UDP checksum of 0 stays 0). Returns
+ * 0, or -1 when the packet could not be written. */
+static __always_inline int nat_rewrite(struct __sk_buff *skb, const struct pkt *p, int dst, const __u8 *addr,
+				       __be16 port)
+{
+	__u32 csum_off = p->l4_off + (p->proto == IPPROTO_TCP_ ? 16 : 6);
+	__u64 l4_flags = p->proto == IPPROTO_UDP_ ? BPF_F_MARK_MANGLED_0 : 0;
+	__be16 old_port = dst ? p->dport : p->sport;
+
+	if (p->family == FAMILY_V4) {
+		__u32 old = u32_at(dst ? p->daddr : p->saddr);
+		__u32 new = u32_at(addr);
+		if (bpf_l4_csum_replace(skb, csum_off, old, new, l4_flags | BPF_F_PSEUDO_HDR | 4))
+			return -1;
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + 10, old, new, 4))
+			return -1;
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + (dst ? 16 : 12), &new, 4, 0))
+			return -1;
+	} else {
+		__u32 old[4], new[4];
+		__builtin_memcpy(old, dst ? p->daddr : p->saddr, 16);
+		__builtin_memcpy(new, addr, 16);
+		__s64 diff = bpf_csum_diff(old, 16, new, 16, 0);
+		if (diff < 0)
+			return -1;
+		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, l4_flags | BPF_F_PSEUDO_HDR))
+			return -1;
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + (dst ? 24 : 8), new, 16, 0))
+			return -1;
+	}
+	if (old_port != port) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, l4_flags | 2))
+			return -1;
+		if (bpf_skb_store_bytes(skb, p->l4_off + (dst ? 2 : 0), &port, 2, 0))
+			return -1;
+	}
+	return 0;
+}
+
+/* lb_dnat translates a packet the pod sends to a service frontend: it
+ * keeps the flow's backend (tdr_lb*_flows_v1) or picks one (lb_pick: the
+ * client's affinity, Maglev by lb_hash_tuple, or random), rewrites the
+ * destination to it and updates p (so conntrack, the local destination and
+ * policy see the backend, never the service address). Returns the reverse
+ * NAT ID (> 0) of a translated packet, 0 for a packet to no service, or
+ * minus a drop reason. A global function: verified once, on its own. */
+__attribute__((noinline)) int lb_dnat(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return 0;
+	if (p->icmp_error || p->nonfirst_frag || (p->proto != IPPROTO_TCP_ && p->proto != IPPROTO_UDP_))
+		return 0;
+	const struct lb_service *svc;
+	union {
+		struct lb4_flow_key k4;
+		struct lb6_flow_key k6;
+	} fk;
+	struct lb_flow *fl;
+
+	__builtin_memset(&fk, 0, sizeof(fk));
+	if (p->family == FAMILY_V4) {
+		svc = lb4_lookup(p->daddr, p->dport, p->proto);
+		if (!svc)
+			return 0;
+		__builtin_memcpy(fk.k4.saddr, p->saddr, 4);
+		__builtin_memcpy(fk.k4.daddr, p->daddr, 4);
+		fk.k4.sport = p->sport;
+		fk.k4.dport = p->dport;
+		fk.k4.proto = p->proto;
+		fl = bpf_map_lookup_elem(&tdr_lb4_flows_v1, &fk.k4);
+		barrier();
+	} else {
+		svc = lb6_lookup(p->daddr, p->dport, p->proto);
+		if (!svc)
+			return 0;
+		__builtin_memcpy(fk.k6.saddr, p->saddr, 16);
+		__builtin_memcpy(fk.k6.daddr, p->daddr, 16);
+		fk.k6.sport = p->sport;
+		fk.k6.dport = p->dport;
+		fk.k6.proto = p->proto;
+		fl = bpf_map_lookup_elem(&tdr_lb6_flows_v1, &fk.k6);
+	}
+
+	const struct lb_backend *be = NULL;
+	__u32 bid = 0;
+	/* A known flow keeps its backend while the backend exists, even
+	 * terminating (its connections drain); a deleted one is replaced. */
+	if (fl && fl->rev_nat_id == svc->rev_nat_id) {
+		bid = fl->backend_id;
+		be = bpf_map_lookup_elem(&tdr_lb_backends_v1, &bid);
+	}
+	if (!be) {
+		struct lb_affinity_key ak = {.kind = p->family == FAMILY_V4 ? AFFINITY_BY_V4 : AFFINITY_BY_V6};
+		__builtin_memcpy(ak.client, p->saddr, 16);
+		be = lb_pick(svc, &ak, lb_hash_tuple(p), &bid);
+		if (!be || be->family != p->family)
+			return -REASON_SVC_NO_BACKEND;
+		struct lb_flow v = {.backend_id = bid, .rev_nat_id = svc->rev_nat_id};
+		if (p->family == FAMILY_V4) {
+			bpf_map_update_elem(&tdr_lb4_flows_v1, &fk.k4, &v, BPF_ANY);
+			barrier();
+		} else {
+			bpf_map_update_elem(&tdr_lb6_flows_v1, &fk.k6, &v, BPF_ANY);
+		}
+	}
+	if (nat_rewrite(skb, p, 1, be->addr, be->port))
+		return -REASON_NAT_FAILED;
+	__builtin_memcpy(p->daddr, be->addr, 16);
+	p->dport = be->port;
+	p->pport = be->port;
+	return (int)(svc->rev_nat_id & 0xffff);
+}
+
+/* lb_rev_snat gives a reply of a translated flow (its source is the
+ * backend) the frontend of reverse NAT entry rev_nat as its source, and
+ * updates p. Returns 0, or minus a drop reason. A global function. */
+__attribute__((noinline)) int lb_rev_snat(struct __sk_buff *skb, struct pkt *p, __u32 rev_nat)
+{
+	if (!skb || !p)
+		return 0;
+	const struct lb_revnat *rv = bpf_map_lookup_elem(&tdr_lb_revnat_v1, &rev_nat);
+	if (!rv || rv->family != p->family)
+		return -REASON_NAT_FAILED;
+	if (nat_rewrite(skb, p, 0, rv->addr, rv->port))
+		return -REASON_NAT_FAILED;
+	__builtin_memcpy(p->saddr, rv->addr, 16);
+	p->sport = rv->port;
+	return 0;
+}
+
+#endif

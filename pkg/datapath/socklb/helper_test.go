@@ -1,0 +1,269 @@
+package socklb
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The sockets under test live in a child process of the test: started
+// straight into a child cgroup (clone3 with CLONE_INTO_CGROUP) and into a
+// network namespace of its own with only loopback up, so the hooks see
+// only its sockets, and a packet that the hooks failed to translate has
+// nowhere to go (no route) instead of reaching the machine's network.
+// The child runs the backends' servers on loopback and the clients, and
+// reports what its sockets saw as JSON. TestMain runs the child's part when
+// the test binary is started with helperEnv set.
+
+const helperEnv = "TENDRIL_SOCKLB_HELPER"
+
+// helperRequest is what the child does: start servers (each answers with
+// its name: TCP on accept, UDP to every datagram), then run the probes.
+type helperRequest struct {
+	TCPServers []helperServer `json:"tcp_servers"`
+	UDPServers []helperServer `json:"udp_servers"`
+	Probes     []helperProbe  `json:"probes"`
+}
+
+type helperServer struct {
+	Addr string `json:"addr"`
+	Name string `json:"name"`
+}
+
+// helperProbe: Kind "tcp" connects and reads the server's name; "udp"
+// connects a UDP socket, sends, and receives with recvfrom; "udp-unconnected"
+// sends with sendto and receives with recvfrom. Each is repeated Count times
+// (on a new socket each time).
+type helperProbe struct {
+	Kind  string `json:"kind"`
+	Dst   string `json:"dst"`
+	Count int    `json:"count"`
+}
+
+// helperResult is what one socket saw.
+type helperResult struct {
+	Errno  int    `json:"errno,omitempty"`
+	Err    string `json:"err,omitempty"`
+	Cookie uint64 `json:"cookie"`
+	// Peer is getpeername's answer (connected sockets).
+	Peer string `json:"peer,omitempty"`
+	// From is the source recvfrom reported (UDP).
+	From string `json:"from,omitempty"`
+	// Reply is the name of the server that answered.
+	Reply string `json:"reply,omitempty"`
+}
+
+func TestMain(m *testing.M) {
+	if req := os.Getenv(helperEnv); req != "" {
+		os.Exit(helperMain(req))
+	}
+	os.Exit(m.Run())
+}
+
+func helperMain(reqJSON string) int {
+	var req helperRequest
+	if err := json.Unmarshal([]byte(reqJSON), &req); err != nil {
+		fmt.Fprintln(os.Stderr, "helper request:", err)
+		return 2
+	}
+	if err := helper(req, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 1
+	}
+	return 0
+}
+
+func helper(req helperRequest, out io.Writer) error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo: %w", err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	for _, s := range req.TCPServers {
+		ln, err := net.Listen("tcp", s.Addr)
+		if err != nil {
+			return fmt.Errorf("listen on %s: %w", s.Addr, err)
+		}
+		go func(name string) {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				_, _ = c.Write([]byte(name))
+				c.Close()
+			}
+		}(s.Name)
+	}
+	for _, s := range req.UDPServers {
+		pc, err := net.ListenPacket("udp", s.Addr)
+		if err != nil {
+			return fmt.Errorf("listen on %s: %w", s.Addr, err)
+		}
+		go func(name string) {
+			buf := make([]byte, 64)
+			for {
+				_, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = pc.WriteTo([]byte(name), from)
+			}
+		}(s.Name)
+	}
+	results := make([][]helperResult, len(req.Probes))
+	for i, p := range req.Probes {
+		dst, err := netip.ParseAddrPort(p.Dst)
+		if err != nil {
+			return err
+		}
+		for n := 0; n < max(p.Count, 1); n++ {
+			results[i] = append(results[i], probe(p.Kind, dst))
+		}
+	}
+	return json.NewEncoder(out).Encode(results)
+}
+
+func sockaddr(ap netip.AddrPort) unix.Sockaddr {
+	if ap.Addr().Is4() {
+		return &unix.SockaddrInet4{Addr: ap.Addr().As4(), Port: int(ap.Port())}
+	}
+	return &unix.SockaddrInet6{Addr: ap.Addr().As16(), Port: int(ap.Port())}
+}
+
+func addrPort(sa unix.Sockaddr) string {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)).String()
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)).String()
+	}
+	return fmt.Sprintf("%v", sa)
+}
+
+// probe runs one socket with raw system calls, so that exactly the calls
+// the hooks translate are made (connect, sendto, recvfrom, getpeername).
+func probe(kind string, dst netip.AddrPort) (r helperResult) {
+	fail := func(what string, err error) helperResult {
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			r.Errno = int(errno)
+		}
+		r.Err = fmt.Sprintf("%s: %v", what, err)
+		return r
+	}
+	family := unix.AF_INET
+	if dst.Addr().Is6() {
+		family = unix.AF_INET6
+	}
+	typ := unix.SOCK_STREAM
+	if kind != "tcp" {
+		typ = unix.SOCK_DGRAM
+	}
+	fd, err := unix.Socket(family, typ|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fail("socket", err)
+	}
+	defer unix.Close(fd)
+	tv := unix.Timeval{Sec: 2}
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	if r.Cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+		return fail("SO_COOKIE", err)
+	}
+	if kind != "udp-unconnected" {
+		if err := unix.Connect(fd, sockaddr(dst)); err != nil {
+			return fail("connect", err)
+		}
+		sa, err := unix.Getpeername(fd)
+		if err != nil {
+			return fail("getpeername", err)
+		}
+		r.Peer = addrPort(sa)
+	}
+	buf := make([]byte, 64)
+	switch kind {
+	case "tcp":
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			return fail("read", err)
+		}
+		r.Reply = string(buf[:n])
+		return r
+	case "udp":
+		if _, err := unix.Write(fd, []byte("ping")); err != nil {
+			return fail("send", err)
+		}
+	case "udp-unconnected":
+		if err := unix.Sendto(fd, []byte("ping"), 0, sockaddr(dst)); err != nil {
+			return fail("sendto", err)
+		}
+	default:
+		return fail("probe", fmt.Errorf("unknown kind %q", kind))
+	}
+	n, from, err := unix.Recvfrom(fd, buf, 0)
+	if err != nil {
+		return fail("recvfrom", err)
+	}
+	r.Reply = string(buf[:n])
+	r.From = addrPort(from)
+	return r
+}
+
+// runHelper runs req in a child process placed into cgroup (a cgroup v2
+// directory) and a new network namespace, and returns its results.
+func runHelper(t *testing.T, cgroup string, req helperRequest) [][]helperResult {
+	t.Helper()
+	b, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg, err := os.Open(cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+string(b))
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWNET,
+		UseCgroupFD: true,
+		CgroupFD:    int(cg.Fd()),
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	done := make(chan struct{})
+	var stdout []byte
+	go func() {
+		defer close(done)
+		stdout, err = cmd.Output()
+	}()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("helper timed out; stderr: %s", stderr.String())
+	}
+	if err != nil {
+		t.Fatalf("helper: %v; stderr: %s", err, stderr.String())
+	}
+	var res [][]helperResult
+	if err := json.Unmarshal(stdout, &res); err != nil {
+		t.Fatalf("helper output %q: %v", stdout, err)
+	}
+	return res
+}
