@@ -12,15 +12,44 @@ import (
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
+	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/client"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 )
 
+// testAgent is an agent with the objects its tests inspect, taken from its
+// hive.
+type testAgent struct {
+	*Agent
+	endpoints  *endpointsModule
+	policy     *policyModule
+	kvstore    *kvstoreModule
+	datapath   *datapathModule
+	realizer   *endpointRealizer
+	metrics    *metrics.Server
+	identities identity.Allocator
+}
+
+func newTestAgent(cfg Config, deps Deps) (*testAgent, error) {
+	ta := &testAgent{}
+	a, err := New(cfg, deps, cell.Invoke(func(e *endpointsModule, p *policyModule, kv *kvstoreModule, dp *datapathModule,
+		r *endpointRealizer, m *metrics.Server, ids identity.Allocator) {
+		ta.endpoints, ta.policy, ta.kvstore, ta.datapath, ta.realizer, ta.metrics, ta.identities = e, p, kv, dp, r, m, ids
+	}))
+	if err != nil {
+		return nil, err
+	}
+	ta.Agent = a
+	return ta, nil
+}
+
 // startAgent runs an agent in-process with its own state dir and socket.
-func startAgent(t *testing.T, mutate func(*Config)) (*Agent, *client.Client) {
+func startAgent(t *testing.T, mutate func(*Config)) (*testAgent, *client.Client) {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := DefaultConfig()
@@ -40,7 +69,7 @@ func startAgent(t *testing.T, mutate func(*Config)) (*Agent, *client.Client) {
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(cfg, Deps{Flags: fs, Log: testLogger(t)})
+	a, err := newTestAgent(cfg, Deps{Flags: fs, Log: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,13 +98,24 @@ func TestHealthzThroughSocket(t *testing.T) {
 		t.Fatalf("tendril status = %+v", st.Tendril)
 	}
 	names := map[string]bool{}
+	var order []string
 	for _, s := range st.Tendril.Bootstrap.Steps {
 		names[s.Name] = true
+		order = append(order, s.Name)
 	}
 	for _, want := range []string{"config", "metrics", "api-server"} {
 		if !names[want] {
 			t.Errorf("bootstrap stats lack step %s: %+v", want, st.Tendril.Bootstrap.Steps)
 		}
+	}
+	// The steps started in the seeds' order (standalone, no datapath).
+	want := []string{"config", "endpoint-restore-ipam", "policy-restore", "regenerate-restored",
+		"policy-regeneration", "metrics", "pprof", "api-server"}
+	if strings.Join(order, " ") != strings.Join(want, " ") {
+		t.Errorf("bootstrap steps started in the order %v, want %v", order, want)
+	}
+	if st.Tendril.Bootstrap.Total <= 0 {
+		t.Errorf("bootstrap total %v", st.Tendril.Bootstrap.Total)
 	}
 	for _, m := range st.Tendril.Modules {
 		if m.Level != "Ok" || m.Since.IsZero() {
@@ -207,7 +247,7 @@ func TestStartFailureRollsBack(t *testing.T) {
 	cfg.NodeName = "n"
 	cfg.InstallHostNetworking = false
 	cfg.EnableDatapath = false
-	a, err := New(cfg, Deps{})
+	a, err := newTestAgent(cfg, Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +283,7 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
 			tt.mutate(&cfg)
-			_, err := New(cfg, Deps{})
+			_, err := newTestAgent(cfg, Deps{})
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("New = %v, want error naming %s", err, tt.want)
 			}

@@ -17,24 +17,24 @@ import (
 // registerCNIAPI serves POST /v1/cni/{command}, the Tendril extension that
 // tendril-cni forwards every CNI command to (the work is in
 // pkg/cni/cniserver; see docs/cni.md).
-func (a *Agent) registerCNIAPI() {
-	a.api.Handle(http.MethodPost, cni.APIPrefix+"{command}", a.handleCNI)
+func (h *cniAPI) register(api *server.Server) {
+	api.Handle(http.MethodPost, cni.APIPrefix+"{command}", h.handleCNI)
 }
 
-func (a *Agent) handleCNI(w http.ResponseWriter, r *http.Request) error {
+func (h *cniAPI) handleCNI(w http.ResponseWriter, r *http.Request) error {
 	command := strings.ToUpper(r.PathValue("command"))
 	switch command {
 	case cni.CommandAdd, cni.CommandDel, cni.CommandCheck, cni.CommandStatus, cni.CommandGC:
 	default:
 		return server.Errorf(http.StatusNotFound, "unknown CNI command %q: want add, del, check, status or gc", r.PathValue("command"))
 	}
-	srv := a.endpoints.cniServer()
+	srv := h.eps.cniServer()
 	if srv == nil {
 		return server.Errorf(http.StatusServiceUnavailable, "endpoints and IPAM are not started yet")
 	}
-	if a.datapath != nil && (command == cni.CommandAdd || command == cni.CommandDel) {
+	if h.dp != nil && (command == cni.CommandAdd || command == cni.CommandDel) {
 		// No endpoint moves to TCX links while pods come and go.
-		defer a.datapath.loader.HoldPromotions()()
+		defer h.dp.loader.HoldPromotions()()
 	}
 	var req cni.Request
 	if err := server.DecodeJSON(r, &req); err != nil {
@@ -64,10 +64,10 @@ func (a *Agent) handleCNI(w http.ResponseWriter, r *http.Request) error {
 
 // holdingPromotions wraps a handler that creates or removes endpoints (the
 // stock cilium-cni's calls): no endpoint moves to TCX links meanwhile.
-func (a *Agent) holdingPromotions(h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+func holdingPromotions(dp *datapathModule, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		if a.datapath != nil {
-			defer a.datapath.loader.HoldPromotions()()
+		if dp != nil {
+			defer dp.loader.HoldPromotions()()
 		}
 		return h(w, r)
 	}
@@ -79,21 +79,21 @@ func writeCNIError(w http.ResponseWriter, e *cni.Error) {
 
 // cniEndpoints gives the CNI server the endpoint manager, with what PUT
 // /v1/endpoint adds: labels from Kubernetes, and the synchronous build.
-type cniEndpoints struct{ a *Agent }
+type cniEndpoints struct{ m *endpointsModule }
 
 func (c cniEndpoints) Create(ctx context.Context, ep *endpoint.Endpoint) (*endpoint.Endpoint, error) {
-	c.a.applyPodLabels(ctx, ep)
-	return c.a.endpoints.mgr.Create(ctx, ep, endpointmanager.CreateOptions{SyncBuild: true})
+	c.m.applyPodLabels(ctx, ep)
+	return c.m.mgr.Create(ctx, ep, endpointmanager.CreateOptions{SyncBuild: true})
 }
 
 func (c cniEndpoints) Lookup(id string) (*endpoint.Endpoint, error) {
-	return c.a.endpoints.mgr.Lookup(id)
+	return c.m.mgr.Lookup(id)
 }
 
 func (c cniEndpoints) Delete(ctx context.Context, id uint16) error {
-	return c.a.endpoints.mgr.Delete(ctx, id)
+	return c.m.mgr.Delete(ctx, id)
 }
 
-func (c cniEndpoints) List() []*endpoint.Endpoint { return c.a.endpoints.mgr.List() }
+func (c cniEndpoints) List() []*endpoint.Endpoint { return c.m.mgr.List() }
 
 func (c cniEndpoints) IsNotFound(err error) bool { return errors.Is(err, endpointmanager.ErrNotFound) }

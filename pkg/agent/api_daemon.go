@@ -20,25 +20,25 @@ import (
 )
 
 // registerDaemonAPI serves /v1/healthz, /v1/config and /v1/debuginfo.
-func (a *Agent) registerDaemonAPI() {
-	a.api.Handle(http.MethodGet, "/v1/healthz", func(w http.ResponseWriter, r *http.Request) error {
+func (h *daemonAPI) register(api *server.Server) {
+	api.Handle(http.MethodGet, "/v1/healthz", func(w http.ResponseWriter, r *http.Request) error {
 		brief, err := server.BoolHeader(r, "brief", false)
 		if err != nil {
 			return err
 		}
-		server.WriteJSON(w, http.StatusOK, a.Status(r.Context(), brief))
+		server.WriteJSON(w, http.StatusOK, h.Status(r.Context(), brief))
 		return nil
 	})
-	a.api.Handle(http.MethodGet, "/v1/config", func(w http.ResponseWriter, r *http.Request) error {
-		server.WriteJSON(w, http.StatusOK, a.DaemonConfig())
+	api.Handle(http.MethodGet, "/v1/config", func(w http.ResponseWriter, r *http.Request) error {
+		server.WriteJSON(w, http.StatusOK, h.DaemonConfig())
 		return nil
 	})
-	a.api.Handle(http.MethodPatch, "/v1/config", func(w http.ResponseWriter, r *http.Request) error {
+	api.Handle(http.MethodPatch, "/v1/config", func(w http.ResponseWriter, r *http.Request) error {
 		var spec models.DaemonConfigurationSpec
 		if err := server.DecodeJSON(r, &spec); err != nil {
 			return err
 		}
-		err := a.runtime.Apply(spec.Options, spec.PolicyEnforcement, a.isKnownOption)
+		err := h.runtime.Apply(spec.Options, spec.PolicyEnforcement, h.isKnownOption)
 		if err != nil {
 			if _, ok := err.(*option.ErrImmutable); ok {
 				return server.Errorf(http.StatusForbidden, "%v", err)
@@ -48,14 +48,14 @@ func (a *Agent) registerDaemonAPI() {
 		server.WriteJSON(w, http.StatusOK, nil)
 		return nil
 	})
-	a.api.Handle(http.MethodGet, "/v1/debuginfo", func(w http.ResponseWriter, r *http.Request) error {
-		server.WriteJSON(w, http.StatusOK, a.DebugInfo(r.Context()))
+	api.Handle(http.MethodGet, "/v1/debuginfo", func(w http.ResponseWriter, r *http.Request) error {
+		server.WriteJSON(w, http.StatusOK, h.DebugInfo(r.Context()))
 		return nil
 	})
 }
 
-func (a *Agent) isKnownOption(key string) bool {
-	return a.flags != nil && a.flags.Lookup(key) != nil
+func (h *daemonAPI) isKnownOption(key string) bool {
+	return h.flags.set != nil && h.flags.set.Lookup(key) != nil
 }
 
 // ciliumState maps a health level to the state strings of the Cilium API
@@ -72,59 +72,55 @@ func ciliumState(l health.Level) string {
 }
 
 // Status aggregates module health, bootstrap stats and the status sections.
-func (a *Agent) Status(ctx context.Context, brief bool) *ext.StatusResponse {
-	level, msg := a.health.Overall()
+func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse {
+	level, msg := h.health.Overall()
 	resp := &ext.StatusResponse{}
 	resp.Cilium = &models.Status{State: ciliumState(level), Msg: msg}
 	if brief {
 		return resp
 	}
 	resp.Kvstore = &models.Status{State: models.StatusStateDisabled, Msg: "no kvstore configured"}
-	if a.kvstore != nil {
-		resp.Kvstore = a.kvstore.model()
+	if h.kvstore != nil {
+		resp.Kvstore = h.kvstore.model()
 	}
 	resp.Kubernetes = &models.K8sStatus{State: models.StatusStateDisabled, Msg: "standalone"}
-	if a.k8s != nil {
-		resp.Kubernetes = a.k8s.model()
+	if h.k8s != nil {
+		resp.Kubernetes = h.k8s.model()
 	}
-	resp.Ipam = a.endpoints.ipamStatus()
+	resp.Ipam = h.eps.ipamStatus()
 	resp.DatapathMode = models.DatapathModeVeth
 	resp.AttachMode = models.AttachModeTcx
-	if a.cfg.DatapathAttachMode == string(loader.AttachTC) {
+	if h.cfg.DatapathAttachMode == string(loader.AttachTC) {
 		resp.AttachMode = models.AttachModeTc
 	}
-	steps, total := a.lc.Stats()
-	a.mu.Lock()
-	started := a.started
-	sections := append(([]func() ext.Section)(nil), a.sections...)
-	a.mu.Unlock()
+	steps, total := h.steps.Stats()
+	started := h.steps.Started()
 	st := &ext.Status{
 		Version:   version.String(),
 		Started:   started,
-		NodeName:  a.cfg.NodeName,
+		NodeName:  h.cfg.NodeName,
 		Bootstrap: ext.Bootstrap{Total: total},
 	}
 	for _, s := range steps {
 		st.Bootstrap.Steps = append(st.Bootstrap.Steps, ext.Step{Name: s.Name, Duration: s.Duration, Error: s.Error})
 	}
-	for _, m := range a.health.All() {
+	for _, m := range h.health.All() {
 		st.Modules = append(st.Modules, ext.ModuleHealth{Module: m.Module, Level: string(m.Level), Message: m.Message, Since: m.Since})
 	}
-	for _, fn := range sections {
-		st.Sections = append(st.Sections, fn())
-	}
+	st.Sections = h.sections()
+
 	resp.Tendril = st
 	return resp
 }
 
 // DaemonConfig is the effective configuration as models.DaemonConfiguration.
-func (a *Agent) DaemonConfig() *models.DaemonConfiguration {
-	rt := a.runtime.Values()
+func (h *daemonAPI) DaemonConfig() *models.DaemonConfiguration {
+	rt := h.runtime.Values()
 	spec := &models.DaemonConfigurationSpec{Options: rt.OptionsMap(), PolicyEnforcement: rt.PolicyEnforcement}
 	cfgMap := map[string]any{}
 	immutable := models.ConfigurationMap{}
-	if a.flags != nil {
-		a.flags.VisitAll(func(f *pflag.Flag) {
+	if h.flags.set != nil {
+		h.flags.set.VisitAll(func(f *pflag.Flag) {
 			cfgMap[f.Name] = f.Value.String()
 			if f.Name != "debug" && f.Name != "policy-enforcement" {
 				immutable[f.Name] = f.Value.String()
@@ -141,22 +137,31 @@ func (a *Agent) DaemonConfig() *models.DaemonConfiguration {
 			Immutable:              immutable,
 			DaemonConfigurationMap: cfgMap,
 			DatapathMode:           models.DatapathModeVeth,
-			DeviceMTU:              int64(a.cfg.MTU),
-			RouteMTU:               int64(a.cfg.MTU),
+			DeviceMTU:              int64(h.cfg.MTU),
+			RouteMTU:               int64(h.cfg.MTU),
 			IpamMode:               "cluster-pool",
-			Addressing:             a.nodeAddressing(),
+			Addressing:             h.eps.nodeAddressing(),
 		},
 	}
 }
 
-// nodeAddressing reports the node's address families; IPAM fills in the
-// router addresses once it runs.
-func (a *Agent) nodeAddressing() *models.NodeAddressing {
-	return a.endpoints.nodeAddressing()
+// sections are the modules' parts of `tendril status`, in a fixed order.
+func (h *daemonAPI) sections() []ext.Section {
+	var out []ext.Section
+	if h.kvstore != nil {
+		out = append(out, h.kvstore.statusSection())
+	}
+	if h.k8s != nil {
+		out = append(out, h.k8s.statusSection())
+	}
+	if h.dp != nil {
+		out = append(out, h.dp.statusSection())
+	}
+	return append(out, h.eps.statusSection(), identityStatusSection(h.identities))
 }
 
 // DebugInfo gathers what a bug report needs.
-func (a *Agent) DebugInfo(ctx context.Context) *models.DebugInfo {
+func (h *daemonAPI) DebugInfo(ctx context.Context) *models.DebugInfo {
 	var env []string
 	for _, kv := range os.Environ() {
 		if strings.HasPrefix(kv, "TENDRIL_") {
@@ -169,7 +174,7 @@ func (a *Agent) DebugInfo(ctx context.Context) *models.DebugInfo {
 	if unix.Uname(&uts) == nil {
 		kernel = unix.ByteSliceToString(uts.Release[:])
 	}
-	status := a.Status(ctx, false)
+	status := h.Status(ctx, false)
 	subsystems := map[string]string{}
 	for _, m := range status.Tendril.Modules {
 		subsystems[m.Module] = m.Level + ": " + m.Message

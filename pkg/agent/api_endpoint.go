@@ -16,26 +16,19 @@ import (
 )
 
 // registerEndpointAPI serves the /v1/endpoint paths of the Cilium v1 spec.
-func (a *Agent) registerEndpointAPI() {
-	a.api.Handle(http.MethodGet, "/v1/endpoint", a.handleEndpointList)
-	a.api.Handle(http.MethodDelete, "/v1/endpoint", a.holdingPromotions(a.handleEndpointBatchDelete))
-	a.api.Handle(http.MethodPut, "/v1/endpoint/{id}", a.holdingPromotions(a.handleEndpointPut))
-	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}", a.handleEndpointGet)
-	a.api.Handle(http.MethodPatch, "/v1/endpoint/{id}", a.handleEndpointPatch)
-	a.api.Handle(http.MethodDelete, "/v1/endpoint/{id}", a.holdingPromotions(a.handleEndpointDelete))
-	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}/config", a.handleEndpointConfigGet)
-	a.api.Handle(http.MethodPatch, "/v1/endpoint/{id}/config", a.handleEndpointConfigPatch)
-	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}/labels", a.handleEndpointLabelsGet)
-	a.api.Handle(http.MethodPatch, "/v1/endpoint/{id}/labels", a.handleEndpointLabelsPatch)
-	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}/log", a.handleEndpointLog)
-	a.api.Handle(http.MethodGet, "/v1/endpoint/{id}/healthz", a.handleEndpointHealthz)
-}
-
-func (a *Agent) endpointManager() (*endpointmanager.Manager, error) {
-	if a.endpoints.mgr == nil {
-		return nil, server.Errorf(http.StatusServiceUnavailable, "endpoint manager is not started yet")
-	}
-	return a.endpoints.mgr, nil
+func (h *endpointAPI) register(api *server.Server) {
+	api.Handle(http.MethodGet, "/v1/endpoint", h.handleEndpointList)
+	api.Handle(http.MethodDelete, "/v1/endpoint", holdingPromotions(h.dp, h.handleEndpointBatchDelete))
+	api.Handle(http.MethodPut, "/v1/endpoint/{id}", holdingPromotions(h.dp, h.handleEndpointPut))
+	api.Handle(http.MethodGet, "/v1/endpoint/{id}", h.handleEndpointGet)
+	api.Handle(http.MethodPatch, "/v1/endpoint/{id}", h.handleEndpointPatch)
+	api.Handle(http.MethodDelete, "/v1/endpoint/{id}", holdingPromotions(h.dp, h.handleEndpointDelete))
+	api.Handle(http.MethodGet, "/v1/endpoint/{id}/config", h.handleEndpointConfigGet)
+	api.Handle(http.MethodPatch, "/v1/endpoint/{id}/config", h.handleEndpointConfigPatch)
+	api.Handle(http.MethodGet, "/v1/endpoint/{id}/labels", h.handleEndpointLabelsGet)
+	api.Handle(http.MethodPatch, "/v1/endpoint/{id}/labels", h.handleEndpointLabelsPatch)
+	api.Handle(http.MethodGet, "/v1/endpoint/{id}/log", h.handleEndpointLog)
+	api.Handle(http.MethodGet, "/v1/endpoint/{id}/healthz", h.handleEndpointHealthz)
 }
 
 // endpointError maps manager errors to the spec's codes.
@@ -51,8 +44,8 @@ func endpointError(err error) error {
 	return err
 }
 
-func (a *Agent) lookupEndpoint(r *http.Request) (*endpoint.Endpoint, error) {
-	mgr, err := a.endpointManager()
+func (h *endpointAPI) lookupEndpoint(r *http.Request) (*endpoint.Endpoint, error) {
+	mgr, err := h.eps.manager()
 	if err != nil {
 		return nil, err
 	}
@@ -63,8 +56,8 @@ func (a *Agent) lookupEndpoint(r *http.Request) (*endpoint.Endpoint, error) {
 	return ep, nil
 }
 
-func (a *Agent) handleEndpointList(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := a.endpointManager()
+func (h *endpointAPI) handleEndpointList(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.eps.manager()
 	if err != nil {
 		return err
 	}
@@ -78,7 +71,7 @@ func (a *Agent) handleEndpointList(w http.ResponseWriter, r *http.Request) error
 	out := []*models.Endpoint{}
 	for _, ep := range mgr.List() {
 		if hasAllLabels(ep.Labels, filter) {
-			out = append(out, ep.Model(a.nodeAddressing()))
+			out = append(out, ep.Model(h.eps.nodeAddressing()))
 		}
 	}
 	server.WriteJSON(w, http.StatusOK, out)
@@ -98,8 +91,8 @@ func hasAllLabels(have, want []string) bool {
 	return true
 }
 
-func (a *Agent) handleEndpointPut(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := a.endpointManager()
+func (h *endpointAPI) handleEndpointPut(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.eps.manager()
 	if err != nil {
 		return err
 	}
@@ -123,7 +116,7 @@ func (a *Agent) handleEndpointPut(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return server.Errorf(http.StatusBadRequest, "%v", err)
 	}
-	a.applyPodLabels(r.Context(), ep)
+	h.eps.applyPodLabels(r.Context(), ep)
 	uuids := map[netip.Addr]string{}
 	if req.Addressing != nil {
 		if ep.IPv4.IsValid() && req.Addressing.IPV4ExpirationUUID != "" {
@@ -147,47 +140,36 @@ func (a *Agent) handleEndpointPut(w http.ResponseWriter, r *http.Request) error 
 		// out during the synchronous build): it rolls its side back and
 		// never learns this endpoint's ID, so the endpoint must not stay
 		// behind holding the addresses.
-		a.log.Warn("Endpoint created after its client went away; deleting it", "endpoint", created.ID,
+		h.log.Warn("Endpoint created after its client went away; deleting it", "endpoint", created.ID,
 			"container", created.ContainerID, "error", r.Context().Err())
 		if err := mgr.Delete(context.WithoutCancel(r.Context()), created.ID); err != nil && !errors.Is(err, endpointmanager.ErrNotFound) {
-			a.log.Error("Delete the endpoint of a client that went away", "endpoint", created.ID, "error", err)
+			h.log.Error("Delete the endpoint of a client that went away", "endpoint", created.ID, "error", err)
 		}
 		return server.Errorf(http.StatusServiceUnavailable, "the client went away before endpoint %d was built; it was deleted", created.ID)
 	}
-	server.WriteJSON(w, http.StatusCreated, created.Model(a.nodeAddressing()))
+	server.WriteJSON(w, http.StatusCreated, created.Model(h.eps.nodeAddressing()))
 	return nil
 }
 
 // applyPodLabels gives a new endpoint its labels from Kubernetes: there the
 // pod and its namespace are the source of truth (a CNI plugin knows only
 // the pod's name).
-func (a *Agent) applyPodLabels(ctx context.Context, ep *endpoint.Endpoint) {
-	if a.k8s == nil || ep.PodName == "" {
-		return
-	}
-	if labels, ok := a.k8s.labelsForEndpoint(ctx, ep.PodNamespace, ep.PodName); ok {
-		ep.Labels = labels
-		return
-	}
-	a.log.Warn("Pod not in the cache; endpoint keeps the request's labels until the pod is seen",
-		"pod", ep.PodNamespace+"/"+ep.PodName)
-}
 
-func (a *Agent) handleEndpointGet(w http.ResponseWriter, r *http.Request) error {
-	ep, err := a.lookupEndpoint(r)
+func (h *endpointAPI) handleEndpointGet(w http.ResponseWriter, r *http.Request) error {
+	ep, err := h.lookupEndpoint(r)
 	if err != nil {
 		return err
 	}
-	m := ep.Model(a.nodeAddressing())
-	m.Status.Policy = a.policy.endpointPolicyModel(ep)
+	m := ep.Model(h.eps.nodeAddressing())
+	m.Status.Policy = h.policy.endpointPolicyModel(ep)
 	server.WriteJSON(w, http.StatusOK, m)
 	return nil
 }
 
 // handleEndpointPatch updates the mutable parts of an endpoint: labels,
 // the host interface (a plugin that learned its index late) and pod names.
-func (a *Agent) handleEndpointPatch(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := a.endpointManager()
+func (h *endpointAPI) handleEndpointPatch(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.eps.manager()
 	if err != nil {
 		return err
 	}
@@ -238,8 +220,8 @@ func addrString(a netip.Addr) string {
 	return a.String()
 }
 
-func (a *Agent) handleEndpointDelete(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := a.endpointManager()
+func (h *endpointAPI) handleEndpointDelete(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.eps.manager()
 	if err != nil {
 		return err
 	}
@@ -252,7 +234,7 @@ func (a *Agent) handleEndpointDelete(w http.ResponseWriter, r *http.Request) err
 			return endpointError(err)
 		}
 		// Deleted, but some teardown step failed: 206 with the error count.
-		a.log.Error("Endpoint deleted with errors", "endpoint", ep.ID, "error", err)
+		h.log.Error("Endpoint deleted with errors", "endpoint", ep.ID, "error", err)
 		server.WriteJSON(w, http.StatusPartialContent, 1)
 		return nil
 	}
@@ -260,8 +242,8 @@ func (a *Agent) handleEndpointDelete(w http.ResponseWriter, r *http.Request) err
 	return nil
 }
 
-func (a *Agent) handleEndpointBatchDelete(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := a.endpointManager()
+func (h *endpointAPI) handleEndpointBatchDelete(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.eps.manager()
 	if err != nil {
 		return err
 	}
@@ -277,7 +259,7 @@ func (a *Agent) handleEndpointBatchDelete(w http.ResponseWriter, r *http.Request
 		return server.Errorf(http.StatusNotFound, "no endpoint of container %s", req.ContainerID)
 	}
 	if err != nil {
-		a.log.Error("Endpoints deleted with errors", "container-id", req.ContainerID, "error", err)
+		h.log.Error("Endpoints deleted with errors", "container-id", req.ContainerID, "error", err)
 		server.WriteJSON(w, http.StatusPartialContent, 1)
 		return nil
 	}
@@ -285,8 +267,8 @@ func (a *Agent) handleEndpointBatchDelete(w http.ResponseWriter, r *http.Request
 	return nil
 }
 
-func (a *Agent) handleEndpointConfigGet(w http.ResponseWriter, r *http.Request) error {
-	ep, err := a.lookupEndpoint(r)
+func (h *endpointAPI) handleEndpointConfigGet(w http.ResponseWriter, r *http.Request) error {
+	ep, err := h.lookupEndpoint(r)
 	if err != nil {
 		return err
 	}
@@ -299,8 +281,8 @@ func (a *Agent) handleEndpointConfigGet(w http.ResponseWriter, r *http.Request) 
 
 // handleEndpointConfigPatch accepts no per-endpoint option yet: enforcement
 // follows the agent's policy-enforcement mode. Unknown options are 400.
-func (a *Agent) handleEndpointConfigPatch(w http.ResponseWriter, r *http.Request) error {
-	if _, err := a.lookupEndpoint(r); err != nil {
+func (h *endpointAPI) handleEndpointConfigPatch(w http.ResponseWriter, r *http.Request) error {
+	if _, err := h.lookupEndpoint(r); err != nil {
 		return err
 	}
 	var spec models.EndpointConfigurationSpec
@@ -314,8 +296,8 @@ func (a *Agent) handleEndpointConfigPatch(w http.ResponseWriter, r *http.Request
 	return nil
 }
 
-func (a *Agent) handleEndpointLabelsGet(w http.ResponseWriter, r *http.Request) error {
-	ep, err := a.lookupEndpoint(r)
+func (h *endpointAPI) handleEndpointLabelsGet(w http.ResponseWriter, r *http.Request) error {
+	ep, err := h.lookupEndpoint(r)
 	if err != nil {
 		return err
 	}
@@ -324,8 +306,8 @@ func (a *Agent) handleEndpointLabelsGet(w http.ResponseWriter, r *http.Request) 
 	return nil
 }
 
-func (a *Agent) handleEndpointLabelsPatch(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := a.endpointManager()
+func (h *endpointAPI) handleEndpointLabelsPatch(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.eps.manager()
 	if err != nil {
 		return err
 	}
@@ -351,8 +333,8 @@ func (a *Agent) handleEndpointLabelsPatch(w http.ResponseWriter, r *http.Request
 	return nil
 }
 
-func (a *Agent) handleEndpointLog(w http.ResponseWriter, r *http.Request) error {
-	ep, err := a.lookupEndpoint(r)
+func (h *endpointAPI) handleEndpointLog(w http.ResponseWriter, r *http.Request) error {
+	ep, err := h.lookupEndpoint(r)
 	if err != nil {
 		return err
 	}
@@ -364,8 +346,8 @@ func (a *Agent) handleEndpointLog(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
-func (a *Agent) handleEndpointHealthz(w http.ResponseWriter, r *http.Request) error {
-	ep, err := a.lookupEndpoint(r)
+func (h *endpointAPI) handleEndpointHealthz(w http.ResponseWriter, r *http.Request) error {
+	ep, err := h.lookupEndpoint(r)
 	if err != nil {
 		return err
 	}

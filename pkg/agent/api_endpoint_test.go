@@ -182,7 +182,7 @@ func (b *blockingBuild) Remove(context.Context, *endpoint.Endpoint) error { retu
 func TestEndpointPutClientGone(t *testing.T) {
 	a, c := startAgent(t, func(cfg *Config) { cfg.IPv4Range, cfg.IPv6Range = "10.0.0.0/24", "none" })
 	build := &blockingBuild{started: make(chan struct{}, 1), release: make(chan struct{})}
-	a.AddRegenerateHook(build)
+	a.endpoints.AddRegenerateHook(build)
 	state := models.EndpointStateWaitingDashForDashIdentity
 	req := &models.EndpointChangeRequest{
 		ContainerID: "gone1", ContainerInterfaceName: "eth0", InterfaceName: "tdrfake1", InterfaceIndex: 7,

@@ -22,11 +22,11 @@ import (
 
 // registerIdentityAPI serves GET /v1/identity, /v1/identity/{id},
 // /v1/identity/endpoints and /v1/ip per the Cilium v1 spec.
-func (a *Agent) registerIdentityAPI() {
-	a.api.Handle(http.MethodGet, "/v1/identity", a.handleIdentityList)
-	a.api.Handle(http.MethodGet, "/v1/identity/endpoints", a.handleIdentityEndpoints)
-	a.api.Handle(http.MethodGet, "/v1/identity/{id}", a.handleIdentityGet)
-	a.api.Handle(http.MethodGet, "/v1/ip", a.handleIPList)
+func (h *identityAPI) register(api *server.Server) {
+	api.Handle(http.MethodGet, "/v1/identity", h.handleIdentityList)
+	api.Handle(http.MethodGet, "/v1/identity/endpoints", h.handleIdentityEndpoints)
+	api.Handle(http.MethodGet, "/v1/identity/{id}", h.handleIdentityGet)
+	api.Handle(http.MethodGet, "/v1/ip", h.handleIPList)
 }
 
 func identityModel(id identity.NumericIdentity, labels []string) *models.Identity {
@@ -37,12 +37,12 @@ func identityModel(id identity.NumericIdentity, labels []string) *models.Identit
 }
 
 // allIdentities are the reserved identities and every allocated one.
-func (a *Agent) allIdentities() []*models.Identity {
+func (h *identityAPI) allIdentities() []*models.Identity {
 	var out []*models.Identity
 	for _, p := range policy.ReservedPeers() {
 		out = append(out, identityModel(p.ID, p.Labels))
 	}
-	for _, id := range a.identities.List() {
+	for _, id := range h.identities.List() {
 		out = append(out, identityModel(id.ID, id.Labels))
 	}
 	return out
@@ -76,13 +76,13 @@ func hasLabels(have models.Labels, want []string) bool {
 	return true
 }
 
-func (a *Agent) handleIdentityList(w http.ResponseWriter, r *http.Request) error {
+func (h *identityAPI) handleIdentityList(w http.ResponseWriter, r *http.Request) error {
 	want, err := optionalLabels(r)
 	if err != nil {
 		return err
 	}
 	out := []*models.Identity{}
-	for _, id := range a.allIdentities() {
+	for _, id := range h.allIdentities() {
 		if hasLabels(id.Labels, want) {
 			out = append(out, id)
 		}
@@ -94,13 +94,13 @@ func (a *Agent) handleIdentityList(w http.ResponseWriter, r *http.Request) error
 	return nil
 }
 
-func (a *Agent) handleIdentityGet(w http.ResponseWriter, r *http.Request) error {
+func (h *identityAPI) handleIdentityGet(w http.ResponseWriter, r *http.Request) error {
 	raw := r.PathValue("id")
 	n, err := strconv.ParseUint(raw, 10, 32)
 	if err != nil {
 		return server.Errorf(http.StatusBadRequest, "identity %q: must be a number", raw)
 	}
-	for _, id := range a.allIdentities() {
+	for _, id := range h.allIdentities() {
 		if id.ID == int64(n) {
 			server.WriteJSON(w, http.StatusOK, id)
 			return nil
@@ -109,8 +109,8 @@ func (a *Agent) handleIdentityGet(w http.ResponseWriter, r *http.Request) error 
 	return server.Errorf(http.StatusNotFound, "identity %d not found", n)
 }
 
-func (a *Agent) handleIdentityEndpoints(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := a.endpointManager()
+func (h *identityAPI) handleIdentityEndpoints(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.eps.manager()
 	if err != nil {
 		return err
 	}
@@ -123,7 +123,7 @@ func (a *Agent) handleIdentityEndpoints(w http.ResponseWriter, r *http.Request) 
 	out := []*models.IdentityEndpoints{}
 	for id, n := range count {
 		labels := []string{}
-		if ident, ok := a.identities.Lookup(id); ok {
+		if ident, ok := h.identities.Lookup(id); ok {
 			labels = ident.Labels
 		} else if id.IsReserved() {
 			labels = []string{id.String()} // "reserved:<name>"
@@ -137,8 +137,8 @@ func (a *Agent) handleIdentityEndpoints(w http.ResponseWriter, r *http.Request) 
 
 // handleIPList lists the ipcache's effective entries, optionally those
 // inside ?cidr=.
-func (a *Agent) handleIPList(w http.ResponseWriter, r *http.Request) error {
-	if a.datapath == nil {
+func (h *identityAPI) handleIPList(w http.ResponseWriter, r *http.Request) error {
+	if h.dp == nil {
 		return server.Errorf(http.StatusNotFound, "the datapath is disabled: no ipcache")
 	}
 	var within netip.Prefix
@@ -154,12 +154,12 @@ func (a *Agent) handleIPList(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := []*models.IPListEntry{}
-	for _, it := range a.datapath.ipcache.List() {
+	for _, it := range h.dp.ipcache.List() {
 		if within.IsValid() && (!within.Contains(it.Prefix.Addr()) || it.Prefix.Bits() < within.Bits()) {
 			continue
 		}
 		if len(want) > 0 {
-			ident, ok := a.identities.Lookup(it.Entry.Identity)
+			ident, ok := h.identities.Lookup(it.Entry.Identity)
 			if !ok || !hasLabels(ident.Labels, want) {
 				continue
 			}
@@ -181,16 +181,17 @@ func (a *Agent) handleIPList(w http.ResponseWriter, r *http.Request) error {
 }
 
 // identityStatusSection is the identity allocator's part of `tendril status`.
-func (a *Agent) identityStatusSection() ext.Section {
+// identityStatusSection is the identities part of `tendril status`.
+func identityStatusSection(ids identity.Allocator) ext.Section {
 	mode := IdentityAllocationLocal
-	switch a.identities.(type) {
+	switch ids.(type) {
 	case *crdalloc.Allocator:
 		mode = "crd (TendrilIdentity objects)"
 	case *kvalloc.Allocator:
 		mode = "kvstore (etcd)"
 	}
 	known, held := 0, 0
-	for _, id := range a.identities.List() {
+	for _, id := range ids.List() {
 		known++
 		if id.RefCount > 0 {
 			held++

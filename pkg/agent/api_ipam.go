@@ -14,21 +14,21 @@ import (
 )
 
 // registerIPAMAPI serves POST /v1/ipam, POST and DELETE /v1/ipam/{ip}.
-func (a *Agent) registerIPAMAPI() {
-	a.api.Handle(http.MethodPost, "/v1/ipam", a.handleIPAMAllocateNext)
-	a.api.Handle(http.MethodPost, "/v1/ipam/{ip}", a.handleIPAMAllocateIP)
-	a.api.Handle(http.MethodDelete, "/v1/ipam/{ip}", a.handleIPAMRelease)
+func (h *ipamAPI) register(api *server.Server) {
+	api.Handle(http.MethodPost, "/v1/ipam", h.handleIPAMAllocateNext)
+	api.Handle(http.MethodPost, "/v1/ipam/{ip}", h.handleIPAMAllocateIP)
+	api.Handle(http.MethodDelete, "/v1/ipam/{ip}", h.handleIPAMRelease)
 }
 
-func (a *Agent) ipamReady() (*ipam.IPAM, error) {
-	if a.endpoints.ipam == nil {
+func (h *ipamAPI) ipamReady() (*ipam.IPAM, error) {
+	if h.eps.ipam == nil {
 		return nil, server.Errorf(http.StatusServiceUnavailable, "IPAM is not started yet")
 	}
-	return a.endpoints.ipam, nil
+	return h.eps.ipam, nil
 }
 
-func (a *Agent) handleIPAMAllocateNext(w http.ResponseWriter, r *http.Request) error {
-	alloc, err := a.ipamReady()
+func (h *ipamAPI) handleIPAMAllocateNext(w http.ResponseWriter, r *http.Request) error {
+	alloc, err := h.ipamReady()
 	if err != nil {
 		return err
 	}
@@ -56,7 +56,7 @@ func (a *Agent) handleIPAMAllocateNext(w http.ResponseWriter, r *http.Request) e
 	if pool := q.Get("pool"); pool != "" && pool != "default" {
 		return server.Errorf(http.StatusBadRequest, "pool %q: only the default pool exists", pool)
 	}
-	resp := &models.IPAMResponse{Address: &models.AddressPair{}, HostAddressing: a.nodeAddressing()}
+	resp := &models.IPAMResponse{Address: &models.AddressPair{}, HostAddressing: h.eps.nodeAddressing()}
 	var got []ipam.Allocation
 	for _, f := range families {
 		var al ipam.Allocation
@@ -88,7 +88,7 @@ func (a *Agent) handleIPAMAllocateNext(w http.ResponseWriter, r *http.Request) e
 			resp.Address.IPV6, resp.IPV6 = al.IP.String(), addr
 		}
 	}
-	a.log.Debug("Allocated addresses", "owner", owner, "ipv4", resp.Address.IPV4, "ipv6", resp.Address.IPV6, "expiration", expiration)
+	h.log.Debug("Allocated addresses", "owner", owner, "ipv4", resp.Address.IPV4, "ipv6", resp.Address.IPV6, "expiration", expiration)
 	server.WriteJSON(w, http.StatusCreated, resp)
 	return nil
 }
@@ -102,8 +102,8 @@ func parseIPParam(r *http.Request) (netip.Addr, error) {
 	return ip.Unmap(), nil
 }
 
-func (a *Agent) handleIPAMAllocateIP(w http.ResponseWriter, r *http.Request) error {
-	alloc, err := a.ipamReady()
+func (h *ipamAPI) handleIPAMAllocateIP(w http.ResponseWriter, r *http.Request) error {
+	alloc, err := h.ipamReady()
 	if err != nil {
 		return err
 	}
@@ -126,8 +126,8 @@ func (a *Agent) handleIPAMAllocateIP(w http.ResponseWriter, r *http.Request) err
 	return nil
 }
 
-func (a *Agent) handleIPAMRelease(w http.ResponseWriter, r *http.Request) error {
-	alloc, err := a.ipamReady()
+func (h *ipamAPI) handleIPAMRelease(w http.ResponseWriter, r *http.Request) error {
+	alloc, err := h.ipamReady()
 	if err != nil {
 		return err
 	}
@@ -136,7 +136,7 @@ func (a *Agent) handleIPAMRelease(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	// An address an endpoint still uses is released with the endpoint.
-	for _, ep := range a.endpoints.mgr.List() {
+	for _, ep := range h.eps.mgr.List() {
 		for _, epIP := range ep.Addresses() {
 			if epIP == ip {
 				return server.Errorf(http.StatusForbidden, "%s belongs to endpoint %d; delete the endpoint instead", ip, ep.ID)

@@ -19,9 +19,9 @@ import (
 func mapNames() map[string]string { return maps.PinnedNames() }
 
 // registerMapAPI serves GET /v1/map and /v1/map/{name}.
-func (a *Agent) registerMapAPI() {
-	a.api.Handle(http.MethodGet, "/v1/map", func(w http.ResponseWriter, r *http.Request) error {
-		dm, err := a.datapathMaps()
+func (h *mapAPI) register(api *server.Server) {
+	api.Handle(http.MethodGet, "/v1/map", func(w http.ResponseWriter, r *http.Request) error {
+		dm, err := h.datapathMaps()
 		if err != nil {
 			return err
 		}
@@ -32,7 +32,7 @@ func (a *Agent) registerMapAPI() {
 		}
 		sort.Strings(names)
 		for _, short := range names {
-			m, err := a.mapModel(dm, short)
+			m, err := h.mapModel(dm, short)
 			if err != nil {
 				return err
 			}
@@ -41,8 +41,8 @@ func (a *Agent) registerMapAPI() {
 		server.WriteJSON(w, http.StatusOK, list)
 		return nil
 	})
-	a.api.Handle(http.MethodGet, "/v1/map/{name}", func(w http.ResponseWriter, r *http.Request) error {
-		dm, err := a.datapathMaps()
+	api.Handle(http.MethodGet, "/v1/map/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		dm, err := h.datapathMaps()
 		if err != nil {
 			return err
 		}
@@ -52,14 +52,14 @@ func (a *Agent) registerMapAPI() {
 			short = "ct"
 		}
 		for s, full := range mapNames() {
-			if name == s || name == full || name == filepath.Join(a.cfg.BPFRoot, full) {
+			if name == s || name == full || name == filepath.Join(h.cfg.BPFRoot, full) {
 				short = s
 			}
 		}
 		if short == "" {
 			return server.Errorf(http.StatusNotFound, "no map %q (maps: endpoints, ipcache, policy, ct4, ct6, ct, metrics)", name)
 		}
-		m, err := a.mapModel(dm, short)
+		m, err := h.mapModel(dm, short)
 		if err != nil {
 			return err
 		}
@@ -68,18 +68,18 @@ func (a *Agent) registerMapAPI() {
 	})
 }
 
-func (a *Agent) datapathMaps() (*maps.Maps, error) {
-	if a.datapath == nil || a.datapath.loader.Maps() == nil {
+func (h *mapAPI) datapathMaps() (*maps.Maps, error) {
+	if h.dp == nil || h.dp.loader.Maps() == nil {
 		return nil, server.Errorf(http.StatusNotFound, "the datapath is not enabled on this agent")
 	}
-	return a.datapath.loader.Maps(), nil
+	return h.dp.loader.Maps(), nil
 }
 
 // mapModel renders a map's entries as key/value strings.
-func (a *Agent) mapModel(dm *maps.Maps, short string) (*models.BPFMap, error) {
-	path := filepath.Join(a.cfg.BPFRoot, mapNames()[short])
+func (h *mapAPI) mapModel(dm *maps.Maps, short string) (*models.BPFMap, error) {
+	path := filepath.Join(h.cfg.BPFRoot, mapNames()[short])
 	if short == "ct" {
-		path = filepath.Join(a.cfg.BPFRoot, maps.CT4MapName) + "," + filepath.Join(a.cfg.BPFRoot, maps.CT6MapName)
+		path = filepath.Join(h.cfg.BPFRoot, maps.CT4MapName) + "," + filepath.Join(h.cfg.BPFRoot, maps.CT6MapName)
 	}
 	out := &models.BPFMap{Path: path, Cache: []*models.BPFMapEntry{}}
 	add := func(k, v string) {

@@ -18,12 +18,12 @@ import (
 )
 
 // registerPolicyAPI serves /v1/policy and /v1/policy/selectors.
-func (a *Agent) registerPolicyAPI() {
-	a.api.Handle(http.MethodPut, "/v1/policy", a.handlePolicyPut)
-	a.api.Handle(http.MethodGet, "/v1/policy", a.handlePolicyGet)
-	a.api.Handle(http.MethodDelete, "/v1/policy", a.handlePolicyDelete)
-	a.api.Handle(http.MethodGet, "/v1/policy/selectors", a.handlePolicySelectors)
-	a.api.Handle(http.MethodPost, "/v1/policy/trace", a.handlePolicyTrace)
+func (h *policyAPI) register(api *server.Server) {
+	api.Handle(http.MethodPut, "/v1/policy", h.handlePolicyPut)
+	api.Handle(http.MethodGet, "/v1/policy", h.handlePolicyGet)
+	api.Handle(http.MethodDelete, "/v1/policy", h.handlePolicyDelete)
+	api.Handle(http.MethodGet, "/v1/policy/selectors", h.handlePolicySelectors)
+	api.Handle(http.MethodPost, "/v1/policy/trace", h.handlePolicyTrace)
 }
 
 // readOptionalLabels reads the optional Labels body of GET/DELETE: label
@@ -51,8 +51,8 @@ func readOptionalLabels(r *http.Request) ([]labels.Label, error) {
 // labelStrings is sel for messages.
 func labelStrings(sel []labels.Label) string { return strings.Join(api.LabelArray(sel).Strings(), " ") }
 
-func (a *Agent) policyModel(sel []labels.Label) (*models.Policy, int) {
-	rules, rev := a.policy.repo.Rules(sel)
+func (h *policyAPI) policyModel(sel []labels.Label) (*models.Policy, int) {
+	rules, rev := h.policy.repo.Rules(sel)
 	out := make(api.Rules, 0, len(rules))
 	for _, s := range rules {
 		out = append(out, s.Rule)
@@ -61,7 +61,7 @@ func (a *Agent) policyModel(sel []labels.Label) (*models.Policy, int) {
 	return &models.Policy{Policy: string(data), Revision: int64(rev)}, len(rules)
 }
 
-func (a *Agent) handlePolicyPut(w http.ResponseWriter, r *http.Request) error {
+func (h *policyAPI) handlePolicyPut(w http.ResponseWriter, r *http.Request) error {
 	data, err := io.ReadAll(r.Body)
 	if err != nil {
 		return server.Errorf(http.StatusBadRequest, "read body: %v", err)
@@ -92,22 +92,22 @@ func (a *Agent) handlePolicyPut(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return server.Errorf(http.StatusBadRequest, "replace-with-labels: %v", err)
 		}
-		a.policy.repo.DeleteByLabels(sel)
+		h.policy.repo.DeleteByLabels(sel)
 	}
-	if _, err := a.policy.repo.Add(rules, "", policySourceAPI, replace); err != nil {
+	if _, err := h.policy.repo.Add(rules, "", policySourceAPI, replace); err != nil {
 		return server.Errorf(http.StatusBadRequest, "%v", err)
 	}
-	m, _ := a.policyModel(nil)
+	m, _ := h.policyModel(nil)
 	server.WriteJSON(w, http.StatusOK, m)
 	return nil
 }
 
-func (a *Agent) handlePolicyGet(w http.ResponseWriter, r *http.Request) error {
+func (h *policyAPI) handlePolicyGet(w http.ResponseWriter, r *http.Request) error {
 	sel, err := readOptionalLabels(r)
 	if err != nil {
 		return err
 	}
-	m, n := a.policyModel(sel)
+	m, n := h.policyModel(sel)
 	if n == 0 && len(sel) > 0 {
 		return server.Errorf(http.StatusNotFound, "no policy rule has labels %s", labelStrings(sel))
 	}
@@ -115,12 +115,12 @@ func (a *Agent) handlePolicyGet(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (a *Agent) handlePolicyDelete(w http.ResponseWriter, r *http.Request) error {
+func (h *policyAPI) handlePolicyDelete(w http.ResponseWriter, r *http.Request) error {
 	sel, err := readOptionalLabels(r)
 	if err != nil {
 		return err
 	}
-	rev, n := a.policy.repo.DeleteByLabels(sel)
+	rev, n := h.policy.repo.DeleteByLabels(sel)
 	if n == 0 && len(sel) > 0 {
 		return server.Errorf(http.StatusNotFound, "no policy rule has labels %s", labelStrings(sel))
 	}
@@ -130,10 +130,10 @@ func (a *Agent) handlePolicyDelete(w http.ResponseWriter, r *http.Request) error
 
 // handlePolicySelectors lists every peer selector of the rules with the
 // identities it selects now.
-func (a *Agent) handlePolicySelectors(w http.ResponseWriter, r *http.Request) error {
+func (h *policyAPI) handlePolicySelectors(w http.ResponseWriter, r *http.Request) error {
 	out := models.SelectorCache{}
-	universe := a.policy.universe()
-	rules, _ := a.policy.repo.Rules(nil)
+	universe := h.policy.universe()
+	rules, _ := h.policy.repo.Rules(nil)
 	type entry struct {
 		ids   map[int64]bool
 		users int64
@@ -169,7 +169,7 @@ func (a *Agent) handlePolicySelectors(w http.ResponseWriter, r *http.Request) er
 	return nil
 }
 
-func (a *Agent) handlePolicyTrace(w http.ResponseWriter, r *http.Request) error {
+func (h *policyAPI) handlePolicyTrace(w http.ResponseWriter, r *http.Request) error {
 	var req ext.TraceRequest
 	if err := server.DecodeJSON(r, &req); err != nil {
 		return err
@@ -182,6 +182,6 @@ func (a *Agent) handlePolicyTrace(w http.ResponseWriter, r *http.Request) error 
 	if !ok {
 		return server.Errorf(http.StatusBadRequest, "protocol %q: must be TCP, UDP, SCTP, ICMP or ICMPv6", req.Proto)
 	}
-	server.WriteJSON(w, http.StatusOK, a.policy.repo.Trace(req.Src, req.Dst, proto, req.Port, a.policy.universe()))
+	server.WriteJSON(w, http.StatusOK, h.policy.repo.Trace(req.Src, req.Dst, proto, req.Port, h.policy.universe()))
 	return nil
 }

@@ -149,7 +149,7 @@ func (f *flakyAllocator) Allocate(labels []string) (identity.Identity, bool, err
 // policy pass running over a recording kernel (nothing is loaded or
 // attached, so it runs without root).
 type regenAgent struct {
-	a      *Agent
+	a      *testAgent
 	kernel *recordingKernel
 	alloc  *flakyAllocator
 	mgr    *endpointmanager.Manager
@@ -171,12 +171,12 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(cfg, Deps{Flags: fs})
+	a, err := newTestAgent(cfg, Deps{Flags: fs})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := &regenAgent{a: a, kernel: newRecordingKernel(), alloc: &flakyAllocator{Allocator: a.identities}}
-	a.identities, a.datapath.identities = r.alloc, r.alloc
+	a.identities, a.realizer.identities, a.policy.identities = r.alloc, r.alloc, r.alloc
 	a.datapath.dp = r.kernel
 	a.datapath.ipcache = ipcache.New(nopIPCacheBackend{}, a.log)
 	store, err := endpoint.NewStore(filepath.Join(cfg.StateDir, "endpoints"), nil)
@@ -190,15 +190,20 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	if err := a.endpoints.regenerateRestored(ctx); err != nil {
 		t.Fatal(err)
 	}
-	policyDone := make(chan struct{})
+	// The hive is not started: the test runs the regeneration jobs.
+	workersDone, policyDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(workersDone)
+		_ = a.endpoints.runWorkers(ctx, nil)
+	}()
 	go func() {
 		defer close(policyDone)
-		a.policy.run(ctx)
+		a.policy.run(ctx, a.realizer.refreshPolicy)
 	}()
 	t.Cleanup(func() {
 		cancel()
 		<-policyDone
-		_ = a.endpoints.stopRegeneration(context.Background())
+		<-workersDone
 	})
 	return r
 }
@@ -299,7 +304,7 @@ func TestLabelChangeConvergesOnceIdentityAllocationWorks(t *testing.T) {
 	}
 
 	r.alloc.setFailing(true)
-	k := &kubernetesModule{a: r.a}
+	k := &kubernetesModule{log: r.a.log, eps: r.a.endpoints}
 	begin := time.Now()
 	k.relabel("default", "pod-2", []string{"k8s:app=db", "k8s:io.kubernetes.pod.namespace=default"})
 	if took := time.Since(begin); took > 50*time.Millisecond {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"sort"
@@ -11,26 +12,36 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vishvananda/netlink"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
-	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/ipcache"
-	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/metrics"
 )
 
-// datapathModule owns the BPF datapath: it loads it (start step 3),
-// realizes endpoints (identity, ipcache, enforcement, programs), writes the
-// host's own addresses into the ipcache (step 8) and runs conntrack GC.
+// datapathCell is start step 3: the BPF datapath loaded (pinned maps opened
+// or created before anything reads them, programs loaded), its events read
+// and the ipcache that writes the BPF ipcache map.
+var datapathCell = cell.Module("datapath", "The eBPF datapath maps programs events and ipcache",
+	cell.Provide(newDatapathModule),
+	cell.Invoke(func(*datapathModule) {}),
+)
+
+// datapathModule owns the BPF datapath: the loader and its maps, the
+// ipcache over the BPF ipcache map, and the datapath's metrics; nil when
+// the datapath is disabled (--enable-datapath=false).
 type datapathModule struct {
-	a          *Agent
-	loader     *loader.Loader
-	identities identity.Allocator
+	log    *slog.Logger
+	loader *loader.Loader
+	jobs   job.Group
 	// dp is what an endpoint's regeneration writes in the kernel: the
 	// loader's maps and programs (a recording fake in benchmarks).
 	dp endpointDatapath
@@ -38,23 +49,15 @@ type datapathModule struct {
 	// BPF ipcache map.
 	ipcache *ipcache.IPCache
 
-	mu   sync.Mutex
-	held map[uint16]identity.NumericIdentity // identity reference held per endpoint
-	// hostIPs are the node addresses last written as host.
-	hostIPs map[netip.Prefix]bool
+	// er reads the events ring buffer, from the start step on.
+	er *loader.EventReader
 
-	gcCancel context.CancelFunc
-	gcDone   chan struct{}
-	gcStats  ctGCStats
+	gcStats ctGCStats
 
 	events     *prometheus.CounterVec
-	eventsStop func()
-	// promotionStop ends the job that moves new endpoints from tc filters
-	// to TCX links, and waits for it.
-	promotionStop func()
-	ctDeleted     prometheus.Counter
-	ctEntries     prometheus.Gauge
-	ctInterval    prometheus.Gauge
+	ctDeleted  prometheus.Counter
+	ctEntries  prometheus.Gauge
+	ctInterval prometheus.Gauge
 }
 
 type ctGCStats struct {
@@ -66,12 +69,27 @@ type ctGCStats struct {
 	Entries  int
 }
 
-func newDatapathModule(a *Agent) *datapathModule {
+type datapathParams struct {
+	cell.In
+
+	Config    Config
+	Log       *slog.Logger
+	Root      cell.RootLogger
+	Lifecycle cell.Lifecycle
+	Steps     *lifecycle.Steps
+	Jobs      job.Registry
+	Health    *health.Registry
+	Metrics   *metrics.Server
+}
+
+func newDatapathModule(p datapathParams) *datapathModule {
+	if !p.Config.EnableDatapath {
+		return nil
+	}
 	m := &datapathModule{
-		a:          a,
-		loader:     loader.New(loaderConfig(a.cfg), a.log.With("module", "datapath")),
-		identities: a.identities,
-		held:       map[uint16]identity.NumericIdentity{},
+		log:    p.Log,
+		loader: loader.New(loaderConfig(p.Config), p.Log),
+		jobs:   newJobGroup(p.Jobs, p.Health, "bpf-maps", p.Log),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "datapath", Name: "events_total",
 			Help: "Events read from the datapath's ring buffer, by type and reason."}, []string{"type", "reason"}),
 		ctDeleted:  prometheus.NewCounter(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "deleted_total", Help: "Conntrack entries deleted by the GC."}),
@@ -79,8 +97,23 @@ func newDatapathModule(a *Agent) *datapathModule {
 		ctInterval: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "interval_seconds", Help: "Current conntrack GC interval."}),
 	}
 	m.dp = loaderDatapath{m.loader}
-	m.ipcache = ipcache.New(ipcacheBackend{m}, a.log.With("module", "ipcache"))
-	a.metrics.Registry.MustRegister(m.events, m.ctDeleted, m.ctEntries, m.ctInterval, newDatapathCollector(m))
+	m.ipcache = ipcache.New(ipcacheBackend{m}, logFor(p.Root, "ipcache"))
+	p.Metrics.Registry.MustRegister(m.events, m.ctDeleted, m.ctEntries, m.ctInterval, newDatapathCollector(m))
+	p.Steps.Append(p.Lifecycle, "bpf-maps", m.start, m.stop)
+	// The jobs are added after the step: they start once the maps are
+	// open and stop before they are closed.
+	m.jobs.Add(
+		job.OneShot("tcx-promotion", func(ctx context.Context, _ cell.Health) error {
+			m.loader.RunTCXPromotion(ctx)
+			return nil
+		}),
+		job.OneShot("events", func(ctx context.Context, _ cell.Health) error {
+			// Closing the reader ends its Read: the job ends with the hive.
+			defer context.AfterFunc(ctx, func() { m.er.Close() })()
+			m.readEvents(m.er)
+			return nil
+		}),
+	)
 	return m
 }
 
@@ -93,148 +126,49 @@ func loaderConfig(c Config) loader.Config {
 }
 
 // start is step 3: open or create the pinned maps and load the programs,
-// before anything reads them.
+// before anything reads them, and open the events ring buffer.
 func (m *datapathModule) start(context.Context) error {
 	if err := m.loader.Start(); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	m.promotionStop = func() { cancel(); <-done }
-	go func() {
-		defer close(done)
-		m.loader.RunTCXPromotion(ctx)
-	}()
-	return m.readEvents()
-}
-
-// readEvents drains the events ring buffer: counted in metrics, drops
-// logged at debug level. (The flow observer will consume them here.)
-func (m *datapathModule) readEvents() error {
 	er, err := m.loader.NewEventReader()
 	if err != nil {
+		_ = m.loader.Close()
 		return err
 	}
-	done := make(chan struct{})
-	m.eventsStop = func() { er.Close(); <-done }
-	go func() {
-		defer close(done)
-		for {
-			ev, err := er.Read()
-			if err != nil {
-				if errors.Is(err, ringbuf.ErrClosed) {
-					return
-				}
-				m.a.log.Warn("Read datapath event", "error", err)
-				continue
-			}
-			typ := "drop"
-			if ev.Type == loader.EventPolicyVerdict {
-				typ = "policy-verdict"
-			}
-			m.events.WithLabelValues(typ, maps.ReasonName(ev.Reason)).Inc()
-			if ev.Type == loader.EventDrop {
-				m.a.log.Debug("Datapath drop", "event", ev.String())
-			}
-		}
-	}()
+	m.er = er
 	return nil
 }
 
+// readEvents drains the events ring buffer until it is closed: counted in
+// metrics, drops logged at debug level. (The flow observer will consume
+// them here.)
+func (m *datapathModule) readEvents(er *loader.EventReader) {
+	for {
+		ev, err := er.Read()
+		if err != nil {
+			if errors.Is(err, ringbuf.ErrClosed) {
+				return
+			}
+			m.log.Warn("Read datapath event", "error", err)
+			continue
+		}
+		typ := "drop"
+		if ev.Type == loader.EventPolicyVerdict {
+			typ = "policy-verdict"
+		}
+		m.events.WithLabelValues(typ, maps.ReasonName(ev.Reason)).Inc()
+		if ev.Type == loader.EventDrop {
+			m.log.Debug("Datapath drop", "event", ev.String())
+		}
+	}
+}
+
+// stop closes only this process's handles (its jobs stopped before every
+// step): pinned maps and links keep the datapath forwarding and enforcing
+// while the agent is away.
 func (m *datapathModule) stop(context.Context) error {
-	if m.gcCancel != nil {
-		m.gcCancel()
-		<-m.gcDone
-	}
-	if m.eventsStop != nil {
-		m.eventsStop()
-	}
-	if m.promotionStop != nil {
-		m.promotionStop()
-	}
-	// Close only this process's handles: pinned maps and links keep the
-	// datapath forwarding and enforcing while the agent is away.
 	return m.loader.Close()
-}
-
-// reserveRestored re-takes the identities of restored endpoints so they
-// keep the numbers their pinned policy entries use.
-func (m *datapathModule) reserveRestored(eps []*endpoint.Endpoint) {
-	for _, ep := range eps {
-		if ep.Identity == 0 || !identity.NumericIdentity(ep.Identity).IsCluster() {
-			continue
-		}
-		labels := endpointLabels(ep)
-		if err := m.identities.Reserve(identity.NumericIdentity(ep.Identity), labels); err != nil {
-			m.a.log.Warn("Cannot keep a restored endpoint's identity; it gets a new one", "endpoint", ep.ID, "error", err)
-			continue
-		}
-		m.mu.Lock()
-		m.held[ep.ID] = identity.NumericIdentity(ep.Identity)
-		m.mu.Unlock()
-	}
-}
-
-// endpointLabels are the identity-relevant labels of an endpoint: its own,
-// plus its namespace as Kubernetes would give it.
-func endpointLabels(ep *endpoint.Endpoint) []string {
-	labels := append([]string(nil), ep.Labels...)
-	if ep.PodNamespace != "" {
-		labels = append(labels, "k8s:io.kubernetes.pod.namespace="+ep.PodNamespace)
-	}
-	return endpoint.SortedLabels(labels)
-}
-
-// Regenerate realizes one endpoint in the datapath, in the order that keeps
-// its first packet enforced: identity, ipcache, policy entries, endpoint
-// map entry, then the programs.
-func (m *datapathModule) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
-	labels := endpointLabels(ep)
-	var id identity.NumericIdentity
-	if len(labels) == 0 {
-		id = identity.Init
-	} else {
-		m.mu.Lock()
-		cur, held := m.held[ep.ID]
-		m.mu.Unlock()
-		if held {
-			if ident, ok := m.identities.Lookup(cur); ok && identity.LabelsKey(ident.Labels) == identity.LabelsKey(labels) {
-				id = cur
-			}
-		}
-		if id == 0 {
-			ident, _, err := m.identities.Allocate(labels)
-			if err != nil {
-				return fmt.Errorf("allocate identity: %w", err)
-			}
-			id = ident.ID
-			m.mu.Lock()
-			old, had := m.held[ep.ID]
-			m.held[ep.ID] = id
-			m.mu.Unlock()
-			if had {
-				_ = m.identities.Release(old)
-			}
-		}
-	}
-	ep.Identity = uint32(id)
-	for _, ip := range ep.Addresses() {
-		e := ipcache.Entry{Identity: id, Source: ipcache.SourceLocal, Owner: ipcache.OwnerEndpoint(ep.ID), Name: ep.PodName, Namespace: ep.PodNamespace}
-		if err := m.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()), e); err != nil {
-			return err
-		}
-	}
-	// The map state goes in before the endpoint's flags and programs, so the
-	// first packet under enforcement already finds its rules.
-	if err := m.a.realizePolicy(ctx, ep); err != nil {
-		return err
-	}
-	ingress, egress := m.a.enforcement(ep)
-	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
-	if ep.HostIfIndex == 0 {
-		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
-	}
-	return m.dp.AttachEndpoint(datapathEndpoint(ep))
 }
 
 // endpointDatapath is the kernel side of an endpoint's regeneration: its
@@ -279,125 +213,6 @@ func datapathEndpoint(ep *endpoint.Endpoint) loader.EndpointInfo {
 	}
 }
 
-// refreshPolicy is the light regeneration after a policy, identity or mode
-// change: the policy map difference, then the enforcement flags in the
-// endpoint entries (only when they changed).
-func (m *datapathModule) refreshPolicy(ep *endpoint.Endpoint) error {
-	if err := m.a.realizePolicy(context.Background(), ep); err != nil {
-		return err
-	}
-	ingress, egress := m.a.enforcement(ep)
-	if ingress == ep.EnforceIngress && egress == ep.EnforceEgress {
-		return nil
-	}
-	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
-	return m.dp.WriteEndpoint(datapathEndpoint(ep))
-}
-
-// Remove tears an endpoint out of the datapath.
-func (m *datapathModule) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
-	var errs []error
-	if err := m.dp.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
-		errs = append(errs, err)
-	}
-	for _, ip := range ep.Addresses() {
-		if err := m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceLocal, ipcache.OwnerEndpoint(ep.ID)); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := m.a.removePolicy(ep); err != nil {
-		errs = append(errs, err)
-	}
-	m.mu.Lock()
-	id, held := m.held[ep.ID]
-	delete(m.held, ep.ID)
-	m.mu.Unlock()
-	if held {
-		_ = m.identities.Release(id)
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("remove endpoint %d from the datapath: %v", ep.ID, errs)
-	}
-	return nil
-}
-
-// syncHostIPs is step 8: the node's own addresses → host identity, the
-// default routes → world, refreshed on a timer and on address changes.
-func (m *datapathModule) syncHostIPs(ctx context.Context) error {
-	if err := m.writeHostIPs(); err != nil {
-		return err
-	}
-	updates := make(chan netlink.AddrUpdate, 16)
-	done := make(chan struct{})
-	if err := netlink.AddrSubscribe(updates, done); err != nil {
-		m.a.log.Warn("Cannot subscribe to address changes; host IPs refresh on a timer only", "error", err)
-		updates = nil
-	}
-	gcCtx, cancel := context.WithCancel(context.Background())
-	m.gcCancel = cancel
-	m.gcDone = make(chan struct{})
-	go func() {
-		defer close(m.gcDone)
-		defer close(done)
-		m.runLoops(gcCtx, updates)
-	}()
-	return nil
-}
-
-func (m *datapathModule) writeHostIPs() error {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return fmt.Errorf("list host addresses: %w", err)
-	}
-	want := map[netip.Prefix]uint32{
-		netip.MustParsePrefix("0.0.0.0/0"): uint32(identity.World),
-		netip.MustParsePrefix("::/0"):      uint32(identity.World),
-	}
-	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok || ip.IsLinkLocalUnicast() {
-			continue
-		}
-		ip = ip.Unmap()
-		want[netip.PrefixFrom(ip, ip.BitLen())] = uint32(identity.Host)
-	}
-	if alloc := m.a.endpoints.ipam; alloc != nil {
-		for _, f := range []ipam.Family{ipam.IPv4, ipam.IPv6} {
-			if r := alloc.RouterIP(f); r.IsValid() {
-				want[netip.PrefixFrom(r, r.BitLen())] = uint32(identity.Host)
-			}
-		}
-	}
-	for p, id := range want {
-		src, owner := ipcache.SourceLocal, ipcache.OwnerHost
-		if p.Bits() == 0 {
-			src, owner = ipcache.SourceGenerated, ipcache.OwnerWorld // world: anything more specific wins
-		}
-		if err := m.ipcache.Upsert(p, ipcache.Entry{Identity: identity.NumericIdentity(id), Source: src, Owner: owner}); err != nil {
-			return err
-		}
-	}
-	// Addresses the node no longer has stop being "host": another node or
-	// a pod may own them next.
-	m.mu.Lock()
-	old := m.hostIPs
-	m.hostIPs = make(map[netip.Prefix]bool, len(want))
-	for p := range want {
-		if p.Bits() != 0 {
-			m.hostIPs[p] = true
-		}
-	}
-	m.mu.Unlock()
-	for p := range old {
-		if _, still := want[p]; !still {
-			if err := m.ipcache.Delete(p, ipcache.SourceLocal, ipcache.OwnerHost); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
 // ipcacheBackend writes the ipcache's winners to the BPF map.
 type ipcacheBackend struct{ m *datapathModule }
 
@@ -419,119 +234,6 @@ func (b ipcacheBackend) Delete(p netip.Prefix) error {
 		return fmt.Errorf("datapath maps not open")
 	}
 	return dm.IPCacheMap().Delete(p)
-}
-
-// runLoops refreshes host IPs and runs conntrack GC with an interval that
-// adapts to how much each run deleted (the seeds' EnableConntrackGC).
-func (m *datapathModule) runLoops(ctx context.Context, addrUpdates chan netlink.AddrUpdate) {
-	const minInterval, maxInterval = 10 * time.Second, 5 * time.Minute
-	// Failed ipcache writes are retried beside the loops.
-	go m.ipcache.Run(ctx, 5*time.Second)
-	interval := time.Minute
-	gc := time.NewTimer(interval)
-	host := time.NewTicker(time.Minute)
-	defer gc.Stop()
-	defer host.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case u, ok := <-addrUpdates:
-			if !ok {
-				// The subscription ended (a netlink error): the timer
-				// refresh below still runs.
-				m.a.log.Warn("Address change subscription ended; host IPs refresh on a timer only")
-				addrUpdates = nil
-				continue
-			}
-			if !hostIPChange(u) {
-				continue
-			}
-			drainAddrUpdates(addrUpdates)
-			if err := m.writeHostIPs(); err != nil {
-				m.a.log.Warn("Refresh host IPs", "error", err)
-			}
-		case <-host.C:
-			if err := m.writeHostIPs(); err != nil {
-				m.a.log.Warn("Refresh host IPs", "error", err)
-			}
-		case <-gc.C:
-			seen, deleted := m.runCTGC()
-			interval = NextCTGCInterval(interval, seen, deleted, minInterval, maxInterval)
-			m.ctInterval.Set(interval.Seconds())
-			m.gcStats.mu.Lock()
-			m.gcStats.Interval = interval
-			m.gcStats.mu.Unlock()
-			gc.Reset(interval)
-		}
-	}
-}
-
-// hostIPChange reports whether an address change can change the host IPs:
-// link-local addresses are never host IPs, and every new pod veth brings
-// one (IPv6), so without this filter each CNI ADD would cost an address
-// dump and an ipcache pass.
-func hostIPChange(u netlink.AddrUpdate) bool {
-	return !u.LinkAddress.IP.IsLinkLocalUnicast()
-}
-
-// drainAddrUpdates drops the updates already queued: the refresh that
-// follows reads the addresses as they are now, so a burst of changes costs
-// one refresh.
-func drainAddrUpdates(ch chan netlink.AddrUpdate) {
-	for {
-		select {
-		case _, ok := <-ch:
-			if !ok {
-				return
-			}
-		default:
-			return
-		}
-	}
-}
-
-// NextCTGCInterval halves the interval when a run deleted more than a
-// quarter of the entries (the table churns) and doubles it when it deleted
-// less than 5%, within [min, max].
-func NextCTGCInterval(cur time.Duration, seen, deleted int, min, max time.Duration) time.Duration {
-	next := cur
-	switch {
-	case seen > 0 && deleted*4 > seen:
-		next = cur / 2
-	case seen == 0 || deleted*20 < seen:
-		next = cur * 2
-	}
-	if next < min {
-		next = min
-	}
-	if next > max {
-		next = max
-	}
-	return next
-}
-
-func (m *datapathModule) runCTGC() (seen, deleted int) {
-	live := map[uint16]bool{}
-	if m.a.endpoints.mgr != nil {
-		for _, ep := range m.a.endpoints.mgr.List() {
-			live[ep.ID] = true
-		}
-	}
-	res, err := m.loader.Maps().CTMap().DeleteExpired(maps.MonotonicNow(), func(id uint16) bool { return live[id] })
-	seen, deleted = res.Seen, res.Deleted
-	if err != nil {
-		m.a.log.Warn("Conntrack GC", "error", err)
-	}
-	m.ctDeleted.Add(float64(deleted))
-	m.ctEntries.Set(float64(seen - deleted))
-	m.gcStats.mu.Lock()
-	m.gcStats.Runs++
-	m.gcStats.Deleted += deleted
-	m.gcStats.Last = time.Now()
-	m.gcStats.Entries = seen - deleted
-	m.gcStats.mu.Unlock()
-	return seen, deleted
 }
 
 // statusSection is the datapath part of `tendril status`.
@@ -612,27 +314,6 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(r.Packets), reason, dir)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(r.Bytes), reason, dir)
 	}
-}
-
-// enforcement decides, per direction, whether policy applies to ep: never,
-// always, or (default) only where a rule selects the endpoint.
-func (a *Agent) enforcement(ep *endpoint.Endpoint) (ingress, egress bool) {
-	switch a.runtime.Values().PolicyEnforcement {
-	case option.EnforcementNever:
-		return false, false
-	case option.EnforcementAlways:
-		return true, true
-	}
-	if a.policy == nil {
-		return false, false
-	}
-	a.policy.mu.Lock()
-	res, ok := a.policy.results[ep.ID]
-	a.policy.mu.Unlock()
-	if !ok {
-		return a.policy.selects(ep)
-	}
-	return res.EnforceIngress, res.EnforceEgress
 }
 
 // UpsertRemoteNode maps a peer node's address to the remote-node identity

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -12,35 +14,104 @@ import (
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/cni/cniserver"
 	"github.com/tendril-net/tendril/pkg/datapath/linux"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/ipam"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
+)
+
+// endpointsCell is start step 5: the endpoints restored from the state
+// directory, the pod CIDRs picked, IPAM started with every restored
+// endpoint's addresses re-reserved, the host device set up, and the CNI
+// server ready.
+var endpointsCell = cell.Module("endpoints", "Endpoint restore IPAM host networking and the CNI server",
+	cell.Provide(newEndpointsModule),
+	cell.Invoke(func(*endpointsModule) {}),
 )
 
 // endpointsModule owns IPAM, the endpoint manager and the node's host
 // networking (host device, per-pod routes).
 type endpointsModule struct {
-	a        *Agent
+	cfg  Config
+	log  *slog.Logger
+	root cell.RootLogger
+	k8s  *k8sClient // nil in standalone mode
+	jobs job.Group
+
 	ipam     *ipam.IPAM
 	mgr      *endpointmanager.Manager
 	nl       *netlink.Handle
 	host     *linux.Host
 	restored endpointmanager.RestoreResult
-	cancel   context.CancelFunc
-	// regenStop ends the manager's regeneration workers and waits for
-	// them.
-	regenStop func()
+
+	// hooks and subscribers are what other cells add to every endpoint's
+	// regeneration and to the manager's events, before the manager exists
+	// (it is built by the start step).
+	hookMu      sync.Mutex
+	hooks       []endpointmanager.Regenerator
+	subscribers []func(endpointmanager.Event)
 
 	// cni serves tendril-cni's commands once IPAM and the endpoints are up.
 	cniMu sync.Mutex
 	cni   *cniserver.Server
+}
+
+type endpointsParams struct {
+	cell.In
+
+	Config    Config
+	Log       *slog.Logger
+	Root      cell.RootLogger
+	Lifecycle cell.Lifecycle
+	Steps     *lifecycle.Steps
+	Jobs      job.Registry
+	Health    *health.Registry
+	K8s       *k8sClient
+}
+
+func newEndpointsModule(p endpointsParams) *endpointsModule {
+	m := &endpointsModule{cfg: p.Config, log: p.Log, root: p.Root, k8s: p.K8s,
+		jobs: newJobGroup(p.Jobs, p.Health, "endpoint-restore-ipam", p.Log)}
+	p.Steps.Append(p.Lifecycle, "endpoint-restore-ipam", m.start, m.stop)
+	m.jobs.Add(job.OneShot("ipam-expiration", func(ctx context.Context, _ cell.Health) error {
+		m.ipam.RunExpiration(ctx, 10*time.Second)
+		return nil
+	}))
+	return m
+}
+
+// AddRegenerateHook adds a step to every endpoint's regeneration (identity,
+// policy, BPF), run in the order added after host networking; removal runs
+// in reverse. Cells add theirs while the hive is built.
+func (m *endpointsModule) AddRegenerateHook(h endpointmanager.Regenerator) {
+	m.hookMu.Lock()
+	defer m.hookMu.Unlock()
+	m.hooks = append(m.hooks, h)
+}
+
+func (m *endpointsModule) regenerateHooks() []endpointmanager.Regenerator {
+	m.hookMu.Lock()
+	defer m.hookMu.Unlock()
+	return append([]endpointmanager.Regenerator(nil), m.hooks...)
+}
+
+// Subscribe adds fn to the endpoint manager's subscribers once it is
+// built. Cells subscribe while the hive is built.
+func (m *endpointsModule) Subscribe(fn func(endpointmanager.Event)) {
+	m.hookMu.Lock()
+	defer m.hookMu.Unlock()
+	m.subscribers = append(m.subscribers, fn)
 }
 
 func (m *endpointsModule) cniServer() *cniserver.Server {
@@ -53,24 +124,23 @@ func (m *endpointsModule) cniServer() *cniserver.Server {
 // CIDRs, start IPAM and re-reserve every restored endpoint's addresses before
 // anything new is handed out, then set up the host device.
 func (m *endpointsModule) start(ctx context.Context) error {
-	a := m.a
-	v4, v6, err := a.cfg.podCIDRs()
+	v4, v6, err := m.cfg.podCIDRs()
 	if err != nil {
 		return err
 	}
-	if a.k8s != nil {
-		sel, err := a.k8s.selectPodCIDRs(ctx)
+	if m.k8s != nil {
+		sel, err := m.k8s.selectPodCIDRs(ctx)
 		if err != nil {
 			return err
 		}
 		v4, v6 = sel.IPv4, sel.IPv6
 	}
-	alloc, err := ipam.New(ipam.Config{ExpirationTimeout: a.cfg.IPAMExpiration}, a.log.With("module", "ipam"), v4, v6)
+	alloc, err := ipam.New(ipam.Config{ExpirationTimeout: m.cfg.IPAMExpiration}, logFor(m.root, "ipam"), v4, v6)
 	if err != nil {
 		return fmt.Errorf("start IPAM: %w", err)
 	}
 	m.ipam = alloc
-	store, err := endpoint.NewStore(filepath.Join(a.cfg.StateDir, "endpoints"), a.log.With("module", "endpoint-store"))
+	store, err := endpoint.NewStore(filepath.Join(m.cfg.StateDir, "endpoints"), logFor(m.root, "endpoint-store"))
 	if err != nil {
 		return err
 	}
@@ -79,7 +149,7 @@ func (m *endpointsModule) start(ctx context.Context) error {
 		return fmt.Errorf("open netlink: %w", err)
 	}
 	m.nl = nl
-	m.host = linux.NewHost(nl, netns.None(), a.log.With("module", "host-networking"))
+	m.host = linux.NewHost(nl, netns.None(), logFor(m.root, "host-networking"))
 	m.mgr = m.newManager(store, alloc)
 
 	start := time.Now()
@@ -88,10 +158,10 @@ func (m *endpointsModule) start(ctx context.Context) error {
 		return fmt.Errorf("restore endpoints: %w", err)
 	}
 	m.restored = res
-	a.log.Info("Restored endpoints from disk", "restored", len(res.Restored), "removed", len(res.Removed),
+	m.log.Info("Restored endpoints from disk", "restored", len(res.Restored), "removed", len(res.Removed),
 		"failed", len(res.Failed), "duration", time.Since(start), "ipv4-cidr", v4, "ipv6-cidr", v6)
 
-	if a.cfg.InstallHostNetworking {
+	if m.cfg.InstallHostNetworking {
 		m.reserveOrphans()
 		if _, err := m.host.EnsureHostDevice(addrIP(alloc.RouterIP(ipam.IPv4)), addrIP(alloc.RouterIP(ipam.IPv6))); err != nil {
 			return fmt.Errorf("set up host device: %w", err)
@@ -107,13 +177,9 @@ func (m *endpointsModule) start(ctx context.Context) error {
 			}
 		}
 	}
-	expCtx, cancel := context.WithCancel(context.Background())
-	m.cancel = cancel
-	go alloc.RunExpiration(expCtx, 10*time.Second)
-
 	srv, err := cniserver.New(cniserver.Deps{
-		Log: a.log.With("module", "cni"), IPAM: alloc, Endpoints: cniEndpoints{a: a},
-		Netlink: nl, Host: m.host, DeviceMTU: a.cfg.MTU,
+		Log: logFor(m.root, "cni"), IPAM: alloc, Endpoints: cniEndpoints{m: m},
+		Netlink: nl, Host: m.host, DeviceMTU: m.cfg.MTU,
 	})
 	if err != nil {
 		return err
@@ -124,56 +190,67 @@ func (m *endpointsModule) start(ctx context.Context) error {
 	return nil
 }
 
-// newManager builds the endpoint manager over store and wires it into the
-// agent: its regenerator (host networking, then the regeneration hooks) and
-// the policy's universe, which an endpoint's identity is part of (its pod's
-// named ports).
+// newManager builds the endpoint manager over store with its regenerator
+// (host networking, then the regeneration hooks) and the subscribers other
+// cells added.
 func (m *endpointsModule) newManager(store *endpoint.Store, alloc *ipam.IPAM) *endpointmanager.Manager {
-	mgr := endpointmanager.New(store, alloc, m.a.log.With("module", "endpoint-manager"))
+	mgr := endpointmanager.New(store, alloc, logFor(m.root, "endpoint-manager"))
 	mgr.SetRegenerator(&regenerator{m: m})
-	mgr.Subscribe(func(endpointmanager.Event) { m.a.policy.invalidateUniverse() })
+	m.hookMu.Lock()
+	subs := append([]func(endpointmanager.Event){}, m.subscribers...)
+	m.hookMu.Unlock()
+	for _, fn := range subs {
+		mgr.Subscribe(fn)
+	}
 	return mgr
 }
 
 func (m *endpointsModule) stop(context.Context) error {
-	if m.cancel != nil {
-		m.cancel()
-	}
 	if m.nl != nil {
 		m.nl.Close()
 	}
 	return nil
 }
 
-// regenerateRestored is start step 9: the restored endpoints regenerate,
-// then the manager's workers start, which retry what failed and build
-// every later change (labels, policy for endpoints that were not ready).
+// regenerateRestored is start step 9: the restored endpoints regenerate;
+// the manager's workers (runWorkers, a job started right after) retry what
+// failed and build every later change (labels, policy for endpoints that
+// were not ready).
 func (m *endpointsModule) regenerateRestored(ctx context.Context) error {
 	if err := m.mgr.RegenerateRestored(ctx); err != nil {
 		// An endpoint that fails is not ready and queued for a retry with
 		// backoff; the agent itself keeps running.
-		m.a.log.Error("Some restored endpoints failed to regenerate; they are retried", "error", err)
-	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		m.mgr.Run(runCtx)
-	}()
-	m.regenStop = func() {
-		cancel()
-		<-done
+		m.log.Error("Some restored endpoints failed to regenerate; they are retried", "error", err)
 	}
 	return nil
 }
 
-// stopRegeneration stops the regeneration workers (before the modules they
-// use stop).
-func (m *endpointsModule) stopRegeneration(context.Context) error {
-	if m.regenStop != nil {
-		m.regenStop()
-	}
+// runWorkers runs the manager's regeneration workers until ctx ends.
+func (m *endpointsModule) runWorkers(ctx context.Context, _ cell.Health) error {
+	m.mgr.Run(ctx)
 	return nil
+}
+
+// applyPodLabels gives an endpoint of a pod its pod's labels (Kubernetes
+// mode).
+func (m *endpointsModule) applyPodLabels(ctx context.Context, ep *endpoint.Endpoint) {
+	if m.k8s == nil || ep.PodName == "" {
+		return
+	}
+	if labels, ok := m.k8s.labelsForEndpoint(ctx, ep.PodNamespace, ep.PodName); ok {
+		ep.Labels = labels
+		return
+	}
+	m.log.Warn("Pod not in the cache; endpoint keeps the request's labels until the pod is seen",
+		"pod", ep.PodNamespace+"/"+ep.PodName)
+}
+
+// manager is the endpoint manager, or the API's 503 before its start step.
+func (m *endpointsModule) manager() (*endpointmanager.Manager, error) {
+	if m.mgr == nil {
+		return nil, server.Errorf(http.StatusServiceUnavailable, "endpoint manager is not started yet")
+	}
+	return m.mgr, nil
 }
 
 func addrIP(a netip.Addr) net.IP {
@@ -233,8 +310,7 @@ func convergenceLine(c endpointmanager.Convergence) string {
 type regenerator struct{ m *endpointsModule }
 
 func (r *regenerator) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
-	a := r.m.a
-	if a.cfg.InstallHostNetworking && ep.HostIfName != "" {
+	if r.m.cfg.InstallHostNetworking && ep.HostIfName != "" {
 		link, err := r.m.nl.LinkByName(ep.HostIfName)
 		if err != nil {
 			return fmt.Errorf("host interface %s: %w", ep.HostIfName, err)
@@ -262,7 +338,7 @@ func (r *regenerator) Regenerate(ctx context.Context, ep *endpoint.Endpoint) err
 			}
 		}
 	}
-	for _, hook := range a.regenerateHooks() {
+	for _, hook := range r.m.regenerateHooks() {
 		if err := hook.Regenerate(ctx, ep); err != nil {
 			return err
 		}
@@ -271,15 +347,14 @@ func (r *regenerator) Regenerate(ctx context.Context, ep *endpoint.Endpoint) err
 }
 
 func (r *regenerator) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
-	a := r.m.a
 	var errs []error
-	hooks := a.regenerateHooks()
+	hooks := r.m.regenerateHooks()
 	for i := len(hooks) - 1; i >= 0; i-- {
 		if err := hooks[i].Remove(ctx, ep); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if a.cfg.InstallHostNetworking && ep.HostIfIndex != 0 {
+	if r.m.cfg.InstallHostNetworking && ep.HostIfIndex != 0 {
 		for _, ip := range ep.Addresses() {
 			if err := r.m.host.DeleteEndpointRoute(addrIP(ip), ep.HostIfIndex); err != nil {
 				errs = append(errs, fmt.Errorf("delete route to %s: %w", ip, err))
@@ -321,7 +396,7 @@ func (m *endpointsModule) ipamStatus() *models.IPAMStatus {
 func (m *endpointsModule) reserveOrphans() {
 	routes, err := m.host.EndpointRoutes()
 	if err != nil {
-		m.a.log.Warn("Cannot list endpoint routes to find orphaned addresses", "error", err)
+		m.log.Warn("Cannot list endpoint routes to find orphaned addresses", "error", err)
 		return
 	}
 	owned := map[netip.Addr]bool{}
@@ -345,17 +420,17 @@ func (m *endpointsModule) reserveOrphans() {
 		link, err := m.nl.LinkByIndex(r.LinkIndex)
 		if err != nil {
 			if err := m.host.DeleteEndpointRoute(addrIP(ip), r.LinkIndex); err != nil {
-				m.a.log.Warn("Remove stale endpoint route", "ip", ip, "error", err)
+				m.log.Warn("Remove stale endpoint route", "ip", ip, "error", err)
 			}
 			continue
 		}
 		owner := "orphan:" + link.Attrs().Name
 		if _, err := m.ipam.Allocate(ip, owner); err != nil {
-			m.a.log.Warn("Cannot reserve an orphaned pod address", "ip", ip, "interface", link.Attrs().Name, "error", err)
+			m.log.Warn("Cannot reserve an orphaned pod address", "ip", ip, "interface", link.Attrs().Name, "error", err)
 			continue
 		}
 		_ = m.ipam.Claim(ip, "")
-		m.a.log.Warn("A pod address has no restored endpoint (its state was lost); keeping it reserved until its interface goes",
+		m.log.Warn("A pod address has no restored endpoint (its state was lost); keeping it reserved until its interface goes",
 			"ip", ip, "interface", link.Attrs().Name)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/workqueue"
@@ -14,42 +15,18 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
-	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/policy"
 )
 
-// nodeIP is the address other nodes know this node by: its Node's
-// InternalIP, else the IPv4 router IP.
-func (k *kubernetesModule) nodeIP() string {
-	k.mu.Lock()
-	n := k.nodeObj
-	k.mu.Unlock()
-	if n != nil {
-		for _, a := range n.Status.Addresses {
-			if a.Type == "InternalIP" {
-				return a.Address
-			}
-		}
-	}
-	if m := k.a.endpoints.ipam; m != nil {
-		for _, ip := range []netip.Addr{m.RouterIP(ipam.IPv4), m.RouterIP(ipam.IPv6)} {
-			if ip.IsValid() {
-				return ip.String()
-			}
-		}
-	}
-	return ""
-}
-
 // startPublisher publishes every local endpoint of a pod as a
 // TendrilEndpoint (and removes it with the endpoint), through a rate
 // limited work queue so failed writes are retried.
 func (k *kubernetesModule) startPublisher() {
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-	mgr := k.a.endpoints.mgr
+	mgr := k.eps.mgr
 	mgr.Subscribe(func(ev endpointmanager.Event) {
 		if ev.Endpoint != nil && ev.Endpoint.PodName != "" {
 			q.Add(ev.Endpoint.PodNamespace + "/" + ev.Endpoint.PodName)
@@ -60,34 +37,32 @@ func (k *kubernetesModule) startPublisher() {
 			q.Add(ep.PodNamespace + "/" + ep.PodName)
 		}
 	}
-	k.done.Add(1)
-	go func() {
-		defer k.done.Done()
-		for {
-			key, quit := q.Get()
-			if quit {
-				return
-			}
-			if err := k.publish(key); err != nil {
-				k.a.log.Warn("Publish endpoint; will retry", "pod", key, "error", err)
-				q.AddRateLimited(key)
-			} else {
-				q.Forget(key)
-			}
-			q.Done(key)
+	k.pubQueue = q
+}
+
+// runPublisher writes the queued pods' TendrilEndpoints until ctx ends,
+// a failed write retried with backoff.
+func (k *kubernetesModule) runPublisher(ctx context.Context, _ cell.Health) error {
+	q := k.pubQueue
+	// The queue's Get returns quit once it is shut down.
+	defer context.AfterFunc(ctx, q.ShutDown)()
+	for {
+		key, quit := q.Get()
+		if quit {
+			return nil
 		}
-	}()
-	prev := k.cancel
-	k.cancel = func() {
-		q.ShutDown()
-		if prev != nil {
-			prev()
+		if err := k.publish(key); err != nil {
+			k.log.Warn("Publish endpoint; will retry", "pod", key, "error", err)
+			q.AddRateLimited(key)
+		} else {
+			q.Forget(key)
 		}
+		q.Done(key)
 	}
 }
 
 func (k *kubernetesModule) localEndpointOf(ns, name string) *endpoint.Endpoint {
-	for _, ep := range k.a.endpoints.mgr.List() {
+	for _, ep := range k.eps.mgr.List() {
 		if ep.PodNamespace == ns && ep.PodName == name {
 			return ep
 		}
@@ -100,7 +75,7 @@ func (k *kubernetesModule) publish(key string) error {
 	ns, name, _ := strings.Cut(key, "/")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	client := k.clients.Tendril.TendrilV1alpha1().TendrilEndpoints(ns)
+	client := k.client.clients.Tendril.TendrilV1alpha1().TendrilEndpoints(ns)
 	ep := k.localEndpointOf(ns, name)
 	if ep == nil {
 		err := client.Delete(ctx, name, metav1.DeleteOptions{})
@@ -122,7 +97,7 @@ func (k *kubernetesModule) publish(key string) error {
 	if ep.Identity != 0 {
 		status.Identity = &v1alpha1.EndpointIdentity{ID: int64(ep.Identity), Labels: endpointLabels(ep)}
 	}
-	for pname, np := range k.namedPorts(ep) {
+	for pname, np := range k.client.namedPorts(ep) {
 		proto := map[uint8]string{6: "TCP", 17: "UDP", 132: "SCTP"}[np.Proto]
 		status.NamedPorts = append(status.NamedPorts, v1alpha1.NamedPort{Name: pname, Port: int32(np.Port), Protocol: proto})
 	}
@@ -149,7 +124,7 @@ func (k *kubernetesModule) publish(key string) error {
 // their identities; this node's own endpoints are skipped (the local
 // endpoint is the better source for its addresses).
 func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
-	if ev.Kind == watchers.Synced || k.a.datapath == nil {
+	if ev.Kind == watchers.Synced || k.ipcache == nil {
 		return
 	}
 	st := ev.Object.Status
@@ -191,8 +166,8 @@ func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilE
 		e := ipcache.Entry{Identity: identity.NumericIdentity(st.Identity.ID), Source: ipcache.SourceKubernetes, Owner: owner,
 			Name: ev.Object.Name, Namespace: ev.Object.Namespace}
 		e.HostIP, _ = netip.ParseAddr(st.Networking.NodeIP)
-		if err := k.a.datapath.UpsertRemoteEndpoint(ip, e); err != nil {
-			k.a.log.Warn("ipcache: remote endpoint", "endpoint", ev.Key, "ip", ip, "error", err)
+		if err := k.ipcache.UpsertRemoteEndpoint(ip, e); err != nil {
+			k.log.Warn("ipcache: remote endpoint", "endpoint", ev.Key, "ip", ip, "error", err)
 		}
 	}
 	for _, ip := range old {
@@ -202,14 +177,14 @@ func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilE
 		// Withdrawn even when the address is local now: the local claim
 		// wins anyway, and a claim left behind would resurface when the
 		// local endpoint goes.
-		if err := k.a.datapath.DeleteRemoteEndpoint(ip, ipcache.SourceKubernetes, owner); err != nil {
-			k.a.log.Warn("ipcache: remove remote endpoint", "endpoint", ev.Key, "ip", ip, "error", err)
+		if err := k.ipcache.DeleteRemoteEndpoint(ip, ipcache.SourceKubernetes, owner); err != nil {
+			k.log.Warn("ipcache: remove remote endpoint", "endpoint", ev.Key, "ip", ip, "error", err)
 		}
 	}
 }
 
 func (k *kubernetesModule) isLocalAddress(ip netip.Addr) bool {
-	for _, ep := range k.a.endpoints.mgr.List() {
+	for _, ep := range k.eps.mgr.List() {
 		if ep.IPv4 == ip || ep.IPv6 == ip {
 			return true
 		}
@@ -241,32 +216,7 @@ func (k *kubernetesModule) recordRemotePorts(ev watchers.Event[*v1alpha1.Tendril
 			rp.ports[np.Name] = policy.NamedPort{Port: uint16(np.Port), Proto: proto}
 		}
 	}
-	k.mu.Lock()
-	if k.remotePorts == nil {
-		k.remotePorts = map[string]remoteNamedPorts{}
-	}
-	_, had := k.remotePorts[ev.Key]
-	if rp.ports == nil {
-		delete(k.remotePorts, ev.Key)
-	} else {
-		k.remotePorts[ev.Key] = rp
-	}
-	k.mu.Unlock()
-	if had || rp.ports != nil {
-		k.a.policy.triggerRegeneration()
-	}
-}
-
-// addRemoteNamedPorts merges other nodes' named ports into out, per identity.
-func (k *kubernetesModule) addRemoteNamedPorts(out map[identity.NumericIdentity]map[string]policy.NamedPort) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for _, rp := range k.remotePorts {
-		if out[rp.identity] == nil {
-			out[rp.identity] = map[string]policy.NamedPort{}
-		}
-		for name, np := range rp.ports {
-			out[rp.identity][name] = np
-		}
+	if k.client.setRemotePorts(ev.Key, rp) {
+		k.policy.triggerRegeneration()
 	}
 }

@@ -16,27 +16,26 @@ import (
 // reach the policy universe under the endpoint's identity, and leave with
 // the object.
 func TestRemoteNamedPorts(t *testing.T) {
-	a := &Agent{}
-	a.policy = &policyModule{a: a, regen: make(chan struct{}, 1)}
-	k := &kubernetesModule{a: a}
+	pol := &policyModule{regen: make(chan struct{}, 1)}
+	k := &kubernetesModule{policy: pol, client: &k8sClient{}}
 	tep := &v1alpha1.TendrilEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "x"}, Status: v1alpha1.EndpointStatus{
 		Identity:   &v1alpha1.EndpointIdentity{ID: 4242},
 		NamedPorts: []v1alpha1.NamedPort{{Name: "sql", Port: 5432, Protocol: "TCP"}, {Name: "dns", Port: 53, Protocol: "UDP"}},
 	}}
 	k.recordRemotePorts(watchers.Event[*v1alpha1.TendrilEndpoint]{Kind: watchers.Upsert, Key: "x/db", Object: tep})
 	out := map[identity.NumericIdentity]map[string]policy.NamedPort{}
-	k.addRemoteNamedPorts(out)
+	k.client.addRemoteNamedPorts(out)
 	if got := fmt.Sprint(out); got != "map[4242:map[dns:{53 17} sql:{5432 6}]]" {
 		t.Fatalf("universe named ports %s", got)
 	}
 	select {
-	case <-a.policy.regen:
+	case <-pol.regen:
 	default:
 		t.Fatal("no regeneration triggered")
 	}
 	k.recordRemotePorts(watchers.Event[*v1alpha1.TendrilEndpoint]{Kind: watchers.Delete, Key: "x/db", Object: tep})
 	out = map[identity.NumericIdentity]map[string]policy.NamedPort{}
-	k.addRemoteNamedPorts(out)
+	k.client.addRemoteNamedPorts(out)
 	if len(out) != 0 {
 		t.Fatalf("after delete: %v", out)
 	}

@@ -3,151 +3,177 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
-	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
-	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
 	"github.com/tendril-net/tendril/pkg/ipam"
-	"github.com/tendril-net/tendril/pkg/k8s"
+	"github.com/tendril-net/tendril/pkg/ipcache"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
-	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/labels"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
-	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
-	"github.com/tendril-net/tendril/pkg/version"
 )
 
-// kubernetesModule is the agent's Kubernetes side: clients, CRDs, the
-// node's pod CIDRs and their write-back, the watchers, and what they feed
-// (endpoint labels from pods and namespaces, Tendril policies).
+// kubernetesCell is the end of start step 5 (the node's CIDRs and
+// addresses written back) and step 6: the watchers, and what they feed
+// (endpoint labels from pods and namespaces, policies, peers, other nodes'
+// endpoints in the ipcache, this node's endpoints published as
+// TendrilEndpoints).
+var kubernetesCell = cell.Module("k8s", "Kubernetes node write-back and watchers",
+	cell.Provide(newKubernetesModule),
+	cell.Invoke(func(*kubernetesModule) {}),
+)
+
+// kubernetesModule is the agent's Kubernetes side after the client: the
+// node write-back, the watchers and their subscribers; nil in standalone
+// mode.
 type kubernetesModule struct {
-	a        *Agent
-	clients  *k8s.Clients
-	watchers *watchers.Watchers
-	writer   *node.Writer
-	nodes    *nodemanager.Manager
+	cfg        Config
+	log        *slog.Logger
+	root       cell.RootLogger
+	client     *k8sClient
+	eps        *endpointsModule
+	ipcache    remoteIPCache // nil without the datapath
+	policy     *policyModule
+	identities identity.Allocator
+	jobs       job.Group
 
-	mu            sync.Mutex
-	serverVersion string
-	nodeObj       *corev1.Node
-	selection     node.Selection
-	policyGen     map[string]int64 // policy source -> generation realized
-	remote        map[string][]netip.Addr
-	// remotePorts are other nodes' pods' named ports by TendrilEndpoint
-	// key, for egress rules naming a remote destination's port.
-	remotePorts map[string]remoteNamedPorts
-	cancel      context.CancelFunc
-	done        sync.WaitGroup
+	nodes *nodemanager.Manager
+	// local is what the write-back publishes, read by its start step.
+	local node.Local
+	// pubQueue holds the pods whose TendrilEndpoint to write, from the
+	// watchers' start step on.
+	pubQueue workqueue.TypedRateLimitingInterface[string]
+
+	mu        sync.Mutex
+	policyGen map[string]int64 // policy source -> generation realized
+	remote    map[string][]netip.Addr
+
+	// runCtx ends when the module stops; statusWrites are the policy
+	// status writes in flight, joined on stop.
+	runCtx       context.Context
+	runCancel    context.CancelFunc
+	statusWrites sync.WaitGroup
 }
 
-func newKubernetesModule(a *Agent) *kubernetesModule {
-	return &kubernetesModule{a: a, policyGen: map[string]int64{}}
+// remoteIPCache is what the watchers write of other nodes and their pods
+// into the ipcache (the datapath's).
+type remoteIPCache interface {
+	nodemanager.IPCache
+	UpsertRemoteEndpoint(ip netip.Addr, e ipcache.Entry) error
+	DeleteRemoteEndpoint(ip netip.Addr, src ipcache.Source, owner ipcache.Owner) error
 }
 
-// connect is start step 2: build the clients, reach the API server
-// (retrying until the cache-sync timeout), install or update the CRDs.
-func (k *kubernetesModule) connect(ctx context.Context) error {
-	c, err := k8s.NewClients(k.a.cfg.K8s, "tendril-agent/"+version.Version)
-	if err != nil {
-		return err
+type kubernetesParams struct {
+	cell.In
+
+	Config     Config
+	Log        *slog.Logger
+	Root       cell.RootLogger
+	Lifecycle  cell.Lifecycle
+	Steps      *lifecycle.Steps
+	Jobs       job.Registry
+	Health     *health.Registry
+	Client     *k8sClient
+	Endpoints  *endpointsModule
+	Datapath   *datapathModule
+	Policy     *policyModule
+	Identities identity.Allocator
+}
+
+func newKubernetesModule(p kubernetesParams) *kubernetesModule {
+	if p.Client == nil {
+		return nil
 	}
-	k.clients = c
-	var lastErr error
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, k.a.cfg.K8sCacheSyncTimeout, true, func(context.Context) (bool, error) {
-		v, err := c.Core.Discovery().ServerVersion()
-		if err != nil {
-			lastErr = err
-			k.a.log.Info("Waiting for the Kubernetes API server", "error", err)
-			return false, nil
+	k := &kubernetesModule{
+		cfg: p.Config, log: p.Log, root: p.Root, client: p.Client, eps: p.Endpoints, policy: p.Policy,
+		identities: p.Identities, policyGen: map[string]int64{},
+		jobs: newJobGroup(p.Jobs, p.Health, "k8s-watchers", p.Log),
+	}
+	if p.Datapath != nil {
+		k.ipcache = p.Datapath
+	}
+	k.runCtx, k.runCancel = context.WithCancel(context.Background())
+	p.Steps.Append(p.Lifecycle, "k8s-node-writeback", k.startWriteBack, nil)
+	k.jobs.Add(job.OneShot("node-writeback", func(ctx context.Context, _ cell.Health) error {
+		return k.client.writer.Run(ctx, k.local)
+	}))
+	// Watchers, and their caches synced, before restored endpoints
+	// regenerate: Kubernetes policies must be in first (fail closed).
+	p.Steps.Append(p.Lifecycle, "k8s-watchers", k.startWatchers, k.stop)
+	k.jobs.Add(
+		job.OneShot("node-manager", func(ctx context.Context, _ cell.Health) error {
+			k.nodes.Run(ctx)
+			return nil
+		}),
+		job.OneShot("endpoint-publisher", k.runPublisher),
+	)
+	return k
+}
+
+// nodeIP is the address other nodes know this node by: its Node's
+// InternalIP, else the IPv4 router IP.
+func (k *kubernetesModule) nodeIP() string {
+	if ip := k.client.internalIP(); ip != "" {
+		return ip
+	}
+	if m := k.eps.ipam; m != nil {
+		for _, ip := range []netip.Addr{m.RouterIP(ipam.IPv4), m.RouterIP(ipam.IPv6)} {
+			if ip.IsValid() {
+				return ip.String()
+			}
 		}
-		k.mu.Lock()
-		k.serverVersion = v.GitVersion
-		k.mu.Unlock()
-		return true, nil
-	})
-	if err != nil {
-		return fmt.Errorf("reach the Kubernetes API server: %w (last error: %v)", err, lastErr)
 	}
-	if k.a.cfg.K8sInstallCRDs {
-		if _, err := crdinstall.Install(ctx, c.Dynamic, k.a.log.With("module", "crd-install")); err != nil {
-			return err
-		}
-	}
-	if alloc, ok := k.a.identities.(*crdalloc.Allocator); ok {
-		alloc.SetClient(c.Tendril)
-	}
-	k.watchers = watchers.New(c, k.a.cfg.NodeName, k.a.log.With("module", "k8s-watchers"))
-	k.writer = node.NewWriter(c.Core, c.Tendril, 10*time.Second, k.a.log.With("module", "node-writeback"))
-	return nil
-}
-
-// selectPodCIDRs is part of start step 5: wait for this node's Node object
-// and pick the pod CIDRs by precedence.
-func (k *kubernetesModule) selectPodCIDRs(ctx context.Context) (node.Selection, error) {
-	n, err := node.WaitForNode(ctx, k.clients.Core, k.a.cfg.NodeName, k.a.log)
-	if err != nil {
-		return node.Selection{}, err
-	}
-	auto4, auto6 := autoPodCIDRs(k.a.cfg.NodeName)
-	sel, err := node.SelectPodCIDRs(n, node.Ranges{IPv4: k.a.cfg.IPv4Range, IPv6: k.a.cfg.IPv6Range, AutoIPv4: auto4, AutoIPv6: auto6})
-	if err != nil {
-		return sel, err
-	}
-	k.mu.Lock()
-	k.nodeObj, k.selection = n, sel
-	k.mu.Unlock()
-	k.a.log.Info("Pod CIDRs selected", "ipv4", sel.IPv4, "ipv4-from", sel.IPv4From, "ipv6", sel.IPv6, "ipv6-from", sel.IPv6From)
-	return sel, nil
+	return ""
 }
 
 // startWriteBack is the end of step 5: publish the CIDRs, router IPs and
 // node addresses in the background, retrying until the API server takes
 // them.
 func (k *kubernetesModule) startWriteBack(context.Context) error {
-	ctx, cancel := context.WithCancel(context.Background())
-	k.cancel = cancel
-	k.mu.Lock()
-	l := node.Local{Name: k.a.cfg.NodeName, Selection: k.selection, Addresses: node.AddressesOf(k.nodeObj)}
-	k.mu.Unlock()
-	if m := k.a.endpoints.ipam; m != nil {
+	c := k.client
+	c.mu.Lock()
+	l := node.Local{Name: k.cfg.NodeName, Selection: c.selection, Addresses: node.AddressesOf(c.nodeObj)}
+	c.mu.Unlock()
+	if m := k.eps.ipam; m != nil {
 		l.RouterIPv4 = m.RouterIP(ipam.IPv4)
 		l.RouterIPv6 = m.RouterIP(ipam.IPv6)
 	}
-	k.done.Add(1)
-	go func() {
-		defer k.done.Done()
-		_ = k.writer.Run(ctx, l)
-	}()
+	k.local = l
 	return nil
 }
 
 // startWatchers is start step 6: subscribe, start the informers and wait
 // for their caches; on timeout the agent stops, naming what did not sync.
 func (k *kubernetesModule) startWatchers(ctx context.Context) error {
-	w := k.watchers
+	w := k.client.watchers
 	if _, err := w.Pods.Subscribe(k.onPod); err != nil {
 		return err
 	}
 	if _, err := w.Namespaces.Subscribe(k.onNamespace); err != nil {
 		return err
 	}
-	if alloc, ok := k.a.identities.(*crdalloc.Allocator); ok {
+	if alloc, ok := k.identities.(*crdalloc.Allocator); ok {
 		if _, err := w.TendrilIdentities.Subscribe(func(ev watchers.Event[*v1alpha1.TendrilIdentity]) {
 			switch ev.Kind {
 			case watchers.Upsert:
@@ -169,7 +195,7 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 	if _, err := w.Pods.Subscribe(func(ev watchers.Event[*corev1.Pod]) {
 		// A pod's named ports may change what named-port rules open.
 		if ev.Kind == watchers.Upsert && len(policyk8s.PodNamedPorts(ev.Object)) > 0 {
-			k.a.policy.triggerRegeneration()
+			k.policy.triggerRegeneration()
 		}
 	}); err != nil {
 		return err
@@ -193,11 +219,11 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 		return err
 	}
 	var cache nodemanager.IPCache
-	if k.a.datapath != nil {
-		cache = k.a.datapath
+	if k.ipcache != nil {
+		cache = k.ipcache
 	}
-	k.nodes = nodemanager.New(nodemanager.Config{LocalNode: k.a.cfg.NodeName, InstallRoutes: k.a.cfg.InstallHostNetworking},
-		k.a.endpoints.nl, cache, k.a.log.With("module", "node-manager"))
+	k.nodes = nodemanager.New(nodemanager.Config{LocalNode: k.cfg.NodeName, InstallRoutes: k.cfg.InstallHostNetworking},
+		k.eps.nl, cache, logFor(k.root, "node-manager"))
 	if _, err := w.Nodes.Subscribe(func(ev watchers.Event[*corev1.Node]) { k.onPeerChange(ev.Kind, ev.Key) }); err != nil {
 		return err
 	}
@@ -206,23 +232,17 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 	}
 	w.Start(context.Background())
 	start := time.Now()
-	if err := w.WaitForCacheSync(ctx, k.a.cfg.K8sCacheSyncTimeout); err != nil {
+	if err := w.WaitForCacheSync(ctx, k.cfg.K8sCacheSyncTimeout); err != nil {
 		return err
 	}
-	k.a.log.Info("Kubernetes caches synced", "duration", time.Since(start))
-	runCtx, cancel := context.WithCancel(context.Background())
-	prev := k.cancel
-	k.cancel = func() {
-		cancel()
-		if prev != nil {
-			prev()
-		}
-	}
-	k.done.Add(1)
-	go func() {
-		defer k.done.Done()
-		k.nodes.Run(runCtx)
-	}()
+	k.log.Info("Kubernetes caches synced", "duration", time.Since(start))
+	return nil
+}
+
+func (k *kubernetesModule) stop(context.Context) error {
+	k.runCancel()
+	k.statusWrites.Wait()
+	k.client.watchers.Stop()
 	return nil
 }
 
@@ -232,112 +252,30 @@ func (k *kubernetesModule) onPeerChange(kind watchers.EventKind, name string) {
 	if kind == watchers.Synced {
 		return
 	}
-	n, ok := k.watchers.Nodes.Get(name)
+	n, ok := k.client.watchers.Nodes.Get(name)
 	if !ok {
 		k.nodes.DeletePeer(name)
 		return
 	}
-	tn, _ := k.watchers.TendrilNodes.Get(name)
+	tn, _ := k.client.watchers.TendrilNodes.Get(name)
 	k.nodes.UpsertPeer(nodemanager.MergeTendrilNode(nodemanager.PeerFromNode(n), tn))
-}
-
-func (k *kubernetesModule) stop(context.Context) error {
-	if k.cancel != nil {
-		k.cancel()
-	}
-	k.done.Wait()
-	if k.watchers != nil {
-		k.watchers.Stop()
-	}
-	return nil
-}
-
-// Label names Cilium gives pods, kept so policies written for Cilium select
-// the same pods here.
-const (
-	labelServiceAccount  = "io.cilium.k8s.policy.serviceaccount"
-	labelPolicyName      = "io.cilium.k8s.policy.name"
-	labelPolicyNamespace = "io.cilium.k8s.policy.namespace"
-	labelPolicyDerived   = "io.cilium.k8s.policy.derived-from"
-	labelPolicyUID       = "io.cilium.k8s.policy.uid"
-)
-
-// podLabels are an endpoint's labels from its pod and the pod's namespace,
-// named as Cilium names them; pod labels under the keys the agent sets
-// itself are dropped (policyk8s.EndpointLabels), so a pod cannot pose as a
-// member of another namespace, and labels the identity filter
-// (--identity-labels-*) calls irrelevant are left out, so a rollout's
-// pod-template-hash does not give each ReplicaSet its own identity.
-func (k *kubernetesModule) podLabels(pod *corev1.Pod, ns *corev1.Namespace) []string {
-	var nsLabels map[string]string
-	if ns != nil {
-		nsLabels = ns.Labels
-	}
-	all := policyk8s.EndpointLabels(pod.Namespace, nsLabels, pod.Labels)
-	sa := pod.Spec.ServiceAccountName
-	if sa == "" {
-		sa = "default"
-	}
-	all = append(all, "k8s:"+labelServiceAccount+"="+sa)
-	out := all[:0:0]
-	for _, s := range all {
-		l, err := labels.Parse(s)
-		if err != nil || (k.a.labelFilter != nil && !k.a.labelFilter.Relevant(l)) {
-			continue
-		}
-		out = append(out, s)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// namedPorts returns the named container ports of an endpoint's pod (nil
-// when it has no pod in the cache).
-func (k *kubernetesModule) namedPorts(ep *endpoint.Endpoint) map[string]policy.NamedPort {
-	if k == nil || k.watchers == nil || ep.PodName == "" {
-		return nil
-	}
-	pod, ok := k.watchers.Pods.Get(ep.PodNamespace + "/" + ep.PodName)
-	if !ok {
-		return nil
-	}
-	return policyk8s.PodNamedPorts(pod)
-}
-
-// labelsForEndpoint returns the labels of the endpoint's pod, waiting a
-// little for the pod to reach the cache (CNI ADD can race the watch event).
-func (k *kubernetesModule) labelsForEndpoint(ctx context.Context, ns, name string) ([]string, bool) {
-	if k.watchers == nil || ns == "" || name == "" {
-		return nil, false
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if pod, ok := k.watchers.Pods.Get(ns + "/" + name); ok {
-			nsObj, _ := k.watchers.Namespaces.Get(ns)
-			return k.podLabels(pod, nsObj), true
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil, false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func (k *kubernetesModule) onPod(ev watchers.Event[*corev1.Pod]) {
 	if ev.Kind != watchers.Upsert {
 		return
 	}
-	nsObj, _ := k.watchers.Namespaces.Get(ev.Object.Namespace)
-	k.relabel(ev.Object.Namespace, ev.Object.Name, k.podLabels(ev.Object, nsObj))
+	nsObj, _ := k.client.watchers.Namespaces.Get(ev.Object.Namespace)
+	k.relabel(ev.Object.Namespace, ev.Object.Name, k.client.podLabels(ev.Object, nsObj))
 }
 
 func (k *kubernetesModule) onNamespace(ev watchers.Event[*corev1.Namespace]) {
 	if ev.Kind != watchers.Upsert {
 		return
 	}
-	for _, pod := range k.watchers.Pods.List() {
+	for _, pod := range k.client.watchers.Pods.List() {
 		if pod.Namespace == ev.Object.Name {
-			k.relabel(pod.Namespace, pod.Name, k.podLabels(pod, ev.Object))
+			k.relabel(pod.Namespace, pod.Name, k.client.podLabels(pod, ev.Object))
 		}
 	}
 }
@@ -347,18 +285,18 @@ func (k *kubernetesModule) onNamespace(ev watchers.Event[*corev1.Namespace]) {
 // policy that does not translate is rejected whole and logged; its earlier
 // version stays, as the API server would not have accepted it either.
 func (k *kubernetesModule) onNetworkPolicy(ev watchers.Event[*networkingv1.NetworkPolicy]) {
-	repo := k.a.policy.repo
+	repo := k.policy.repo
 	switch ev.Kind {
 	case watchers.Upsert:
 		rev, err := policyk8s.Apply(repo, ev.Object)
 		if err != nil {
-			k.a.log.Warn("NetworkPolicy rejected", "policy", ev.Key, "error", err)
+			k.log.Warn("NetworkPolicy rejected", "policy", ev.Key, "error", err)
 			return
 		}
-		k.a.log.Info("NetworkPolicy imported", "policy", ev.Key, "revision", rev)
+		k.log.Info("NetworkPolicy imported", "policy", ev.Key, "revision", rev)
 	case watchers.Delete:
 		rev, n := policyk8s.Delete(repo, ev.Object.Namespace, ev.Object.Name)
-		k.a.log.Info("NetworkPolicy removed", "policy", ev.Key, "rules", n, "revision", rev)
+		k.log.Info("NetworkPolicy removed", "policy", ev.Key, "rules", n, "revision", rev)
 	}
 }
 
@@ -368,7 +306,7 @@ func (k *kubernetesModule) onNetworkPolicy(ev watchers.Event[*networkingv1.Netwo
 // realize the policy, retried until they succeed, so this watcher callback
 // never blocks.
 func (k *kubernetesModule) relabel(ns, name string, labels []string) {
-	mgr := k.a.endpoints.mgr
+	mgr := k.eps.mgr
 	if mgr == nil {
 		return
 	}
@@ -378,11 +316,11 @@ func (k *kubernetesModule) relabel(ns, name string, labels []string) {
 		}
 		changed, err := mgr.SetLabels(ep.ID, labels, "Pod labels changed")
 		if err != nil {
-			k.a.log.Warn("Update endpoint labels", "endpoint", ep.ID, "pod", ns+"/"+name, "error", err)
+			k.log.Warn("Update endpoint labels", "endpoint", ep.ID, "pod", ns+"/"+name, "error", err)
 			continue
 		}
 		if changed {
-			k.a.log.Info("Endpoint labels changed; regeneration queued", "endpoint", ep.ID, "pod", ns+"/"+name)
+			k.log.Info("Endpoint labels changed; regeneration queued", "endpoint", ep.ID, "pod", ns+"/"+name)
 		}
 	}
 }
@@ -393,13 +331,13 @@ func (k *kubernetesModule) relabel(ns, name string, labels []string) {
 func (k *kubernetesModule) applyPolicy(ctx context.Context, kind watchers.EventKind, derivedFrom, ns, name, uid string,
 	gen int64, spec *api.Rule, specs api.Rules, conds []metav1.Condition) {
 	source := "k8s/" + derivedFrom + "/" + ns + "/" + name
-	repo := k.a.policy.repo
+	repo := k.policy.repo
 	if kind == watchers.Delete {
 		k.mu.Lock()
 		delete(k.policyGen, source)
 		k.mu.Unlock()
 		if _, err := repo.ReplaceSource(source, ns, nil); err != nil {
-			k.a.log.Error("Remove policy", "policy", source, "error", err)
+			k.log.Error("Remove policy", "policy", source, "error", err)
 		}
 		return
 	}
@@ -439,9 +377,9 @@ func (k *kubernetesModule) applyPolicy(ctx context.Context, kind watchers.EventK
 		// Rejected whole: nothing of this object stays enforced from an
 		// earlier, valid version either, as the object now says otherwise.
 		_, _ = repo.ReplaceSource(source, ns, nil)
-		k.a.log.Warn("Policy rejected", "policy", source, "error", err)
+		k.log.Warn("Policy rejected", "policy", source, "error", err)
 	} else {
-		k.a.log.Info("Policy imported", "policy", source, "rules", len(rules), "revision", repo.Revision())
+		k.log.Info("Policy imported", "policy", source, "rules", len(rules), "revision", repo.Revision())
 	}
 	k.writePolicyStatus(ctx, derivedFrom, ns, name, gen, conds, err)
 }
@@ -455,10 +393,12 @@ func (k *kubernetesModule) writePolicyStatus(ctx context.Context, kind, ns, name
 		cur.Status == cond.Status && cur.Message == cond.Message && cur.ObservedGeneration == gen {
 		return
 	}
+	k.statusWrites.Add(1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer k.statusWrites.Done()
+		ctx, cancel := context.WithTimeout(k.runCtx, 10*time.Second)
 		defer cancel()
-		td := k.clients.Tendril.TendrilV1alpha1()
+		td := k.client.clients.Tendril.TendrilV1alpha1()
 		var err error
 		if kind == "TendrilNetworkPolicy" {
 			var p *v1alpha1.TendrilNetworkPolicy
@@ -474,7 +414,7 @@ func (k *kubernetesModule) writePolicyStatus(ctx context.Context, kind, ns, name
 			}
 		}
 		if err != nil {
-			k.a.log.Debug("Write policy status", "policy", ns+"/"+name, "error", err)
+			k.log.Debug("Write policy status", "policy", ns+"/"+name, "error", err)
 		}
 	}()
 	_ = ctx
@@ -483,9 +423,9 @@ func (k *kubernetesModule) writePolicyStatus(ctx context.Context, kind, ns, name
 // statusSection is the Kubernetes part of `tendril status`.
 func (k *kubernetesModule) statusSection() ext.Section {
 	s := ext.Section{Title: "Kubernetes"}
-	k.mu.Lock()
-	ver, sel := k.serverVersion, k.selection
-	k.mu.Unlock()
+	k.client.mu.Lock()
+	ver, sel := k.client.serverVersion, k.client.selection
+	k.client.mu.Unlock()
 	if ver == "" {
 		s.Lines = append(s.Lines, ext.Line{Key: "API server", Value: "not connected"})
 		return s
@@ -501,8 +441,8 @@ func (k *kubernetesModule) statusSection() ext.Section {
 		}
 	}
 	s.Lines = append(s.Lines, ext.Line{Key: "Pod CIDRs", Value: strings.Join(cidrs, ", ")})
-	if k.writer != nil {
-		st := k.writer.Status()
+	if k.client.writer != nil {
+		st := k.client.writer.Status()
 		v := "pending"
 		switch {
 		case st.Done:
@@ -519,9 +459,9 @@ func (k *kubernetesModule) statusSection() ext.Section {
 		}
 		s.Lines = append(s.Lines, ext.Line{Key: "Nodes", Value: v})
 	}
-	if k.watchers != nil {
+	if k.client.watchers != nil {
 		synced := 0
-		st := k.watchers.Status()
+		st := k.client.watchers.Status()
 		for _, r := range st {
 			if r.Synced {
 				synced++
@@ -541,15 +481,15 @@ func (k *kubernetesModule) statusSection() ext.Section {
 
 // model is the Kubernetes line of the v1 status.
 func (k *kubernetesModule) model() *models.K8sStatus {
-	k.mu.Lock()
-	ver := k.serverVersion
-	k.mu.Unlock()
+	k.client.mu.Lock()
+	ver := k.client.serverVersion
+	k.client.mu.Unlock()
 	if ver == "" {
 		return &models.K8sStatus{State: models.StatusStateWarning, Msg: "API server not reached yet"}
 	}
 	st := &models.K8sStatus{State: models.StatusStateOk, Msg: "API server " + ver}
-	if k.watchers != nil {
-		for _, r := range k.watchers.Status() {
+	if k.client.watchers != nil {
+		for _, r := range k.client.watchers.Status() {
 			st.K8sAPIVersions = append(st.K8sAPIVersions, r.Name)
 			if !r.Synced {
 				st.State, st.Msg = models.StatusStateWarning, "waiting for the caches to sync"

@@ -3,39 +3,95 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/ipcache/kvpublisher"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 )
 
-// kvstoreModule is start step 7: the etcd client (with an embedded etcd
+// kvstoreCell is start step 7: the etcd client (with an embedded etcd
 // under the state directory when --kvstore=embedded) and, in kvstore
 // identity allocation mode, the allocator's watch of the cluster's
-// identities.
+// identities; this node's endpoint addresses published, other nodes' read
+// into the ipcache.
+var kvstoreCell = cell.Module("kvstore", "The etcd client identities and endpoint addresses in etcd",
+	cell.Provide(newKVStoreModule),
+	cell.Invoke(func(*kvstoreModule) {}),
+)
+
+// kvstoreModule is the agent's kvstore side; nil without a kvstore.
 type kvstoreModule struct {
-	a        *Agent
+	cfg        Config
+	log        *slog.Logger
+	root       cell.RootLogger
+	identities identity.Allocator
+	eps        *endpointsModule
+	k8s        *kubernetesModule // nil in standalone mode
+	ipcache    remoteIPCache     // nil without the datapath
+
 	embedded *kvstore.Embedded
 	client   *kvstore.Client
 	ipStore  *kvstore.SharedStore
-	cancel   context.CancelFunc
-	done     chan struct{}
+	// allocCancel ends the identity allocator's watch, which runs during
+	// the start step already (the step waits for its sync); allocDone
+	// joins it.
+	allocCancel context.CancelFunc
+	allocDone   chan struct{}
 
 	// ipPub writes this node's endpoint addresses to ipStore on its own
-	// goroutine (joined by stop through ipPubCancel and ipPubDone).
+	// job; renewals are the client's new sessions it rewrites after.
 	ipPub       *kvpublisher.Publisher
-	ipPubCancel context.CancelFunc
-	ipPubDone   chan struct{}
+	renewals    <-chan struct{}
+	unsubscribe func()
 	// addrOwners is which endpoint last published each address.
 	addrMu     sync.Mutex
 	addrOwners map[netip.Addr]uint16
+}
+
+type kvstoreParams struct {
+	cell.In
+
+	Config     Config
+	Log        *slog.Logger
+	Root       cell.RootLogger
+	Lifecycle  cell.Lifecycle
+	Steps      *lifecycle.Steps
+	Jobs       job.Registry
+	Health     *health.Registry
+	Identities identity.Allocator
+	Endpoints  *endpointsModule
+	K8s        *kubernetesModule
+	Datapath   *datapathModule
+}
+
+func newKVStoreModule(p kvstoreParams) *kvstoreModule {
+	if p.Config.KVStore == KVStoreNone && len(p.Config.KVStoreConfig.Endpoints) == 0 {
+		return nil
+	}
+	m := &kvstoreModule{cfg: p.Config, log: p.Log, root: p.Root, identities: p.Identities, eps: p.Endpoints, k8s: p.K8s}
+	if p.Datapath != nil {
+		m.ipcache = p.Datapath
+	}
+	p.Steps.Append(p.Lifecycle, "kvstore", m.start, m.stop)
+	newJobGroup(p.Jobs, p.Health, "kvstore", p.Log).Add(job.OneShot("address-publisher", func(ctx context.Context, _ cell.Health) error {
+		defer m.unsubscribe()
+		m.ipPub.Run(ctx, m.renewals)
+		return nil
+	}))
+	return m
 }
 
 // KVStore modes.
@@ -46,29 +102,28 @@ const (
 )
 
 func (m *kvstoreModule) start(ctx context.Context) error {
-	a := m.a
-	cfg := a.cfg.KVStoreConfig
-	if a.cfg.KVStore == KVStoreEmbedded {
-		dir := filepath.Join(a.cfg.StateDir, "etcd")
+	cfg := m.cfg.KVStoreConfig
+	if m.cfg.KVStore == KVStoreEmbedded {
+		dir := filepath.Join(m.cfg.StateDir, "etcd")
 		e, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: dir,
-			ClientURL: "unix://" + filepath.Join(a.cfg.StateDir, "etcd.sock")}, a.log.With("module", "embedded-etcd"))
+			ClientURL: "unix://" + filepath.Join(m.cfg.StateDir, "etcd.sock")}, logFor(m.root, "embedded-etcd"))
 		if err != nil {
 			return fmt.Errorf("embedded etcd: %w", err)
 		}
 		m.embedded = e
 		cfg.Endpoints = e.Endpoints()
 	}
-	c, err := kvstore.Connect(ctx, cfg, a.log.With("module", "kvstore"))
+	c, err := kvstore.Connect(ctx, cfg, m.log)
 	if err != nil {
 		return fmt.Errorf("kvstore %v: %w", cfg.Endpoints, err)
 	}
 	m.client = c
-	if alloc, ok := a.identities.(*kvalloc.Allocator); ok {
+	if alloc, ok := m.identities.(*kvalloc.Allocator); ok {
 		alloc.SetClient(c)
 		runCtx, cancel := context.WithCancel(context.Background())
-		m.cancel, m.done = cancel, make(chan struct{})
+		m.allocCancel, m.allocDone = cancel, make(chan struct{})
 		go func() {
-			defer close(m.done)
+			defer close(m.allocDone)
 			alloc.Run(runCtx)
 		}()
 		wctx, wcancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
@@ -81,12 +136,8 @@ func (m *kvstoreModule) start(ctx context.Context) error {
 }
 
 func (m *kvstoreModule) stop(ctx context.Context) error {
-	if m.cancel != nil {
-		m.cancel()
-	}
-	if m.ipPubCancel != nil {
-		m.ipPubCancel()
-		<-m.ipPubDone
+	if m.allocCancel != nil {
+		m.allocCancel()
 	}
 	var err error
 	if m.ipStore != nil {
@@ -97,8 +148,8 @@ func (m *kvstoreModule) stop(ctx context.Context) error {
 			err = cerr
 		}
 	}
-	if m.done != nil {
-		<-m.done
+	if m.allocDone != nil {
+		<-m.allocDone
 	}
 	if m.embedded != nil {
 		stopCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -124,7 +175,7 @@ func (m *kvstoreModule) statusSection() ext.Section {
 	if m.embedded != nil {
 		s.Lines = append(s.Lines, ext.Line{Key: "Mode", Value: "embedded etcd under the state directory"})
 	}
-	s.Lines = append(s.Lines, ext.Line{Key: "Identity allocation", Value: m.a.cfg.IdentityAllocationMode})
+	s.Lines = append(s.Lines, ext.Line{Key: "Identity allocation", Value: m.cfg.IdentityAllocationMode})
 	if m.ipPub != nil {
 		s.Lines = append(s.Lines, ext.Line{Key: "Endpoint addresses", Value: publisherStatus(m.ipPub.Status(), time.Now())})
 	}

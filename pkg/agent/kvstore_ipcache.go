@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"encoding/json"
 	"net/netip"
 	"slices"
@@ -36,8 +35,7 @@ type ipEntry struct {
 // the desired keys in the publisher, whose goroutine writes them (with
 // retries, and again after a new session); stop joins it.
 func (m *kvstoreModule) startIPSync() error {
-	a := m.a
-	log := a.log.With("module", "kvstore-ipcache")
+	log := logFor(m.root, "kvstore-ipcache")
 	store, err := kvstore.JoinSharedStore(m.client, kvstore.SharedStoreConfig{Prefix: ipPrefix, SyncInterval: time.Minute,
 		OnEvent: m.onIPEvent}, log)
 	if err != nil {
@@ -46,20 +44,14 @@ func (m *kvstoreModule) startIPSync() error {
 	m.ipStore = store
 	m.ipPub = kvpublisher.New(store, kvpublisher.Config{}, log)
 	m.addrOwners = map[netip.Addr]uint16{}
-	renewals, unsubscribe := m.client.SessionRenewals()
-	ctx, cancel := context.WithCancel(context.Background())
-	m.ipPubCancel, m.ipPubDone = cancel, make(chan struct{})
-	go func() {
-		defer close(m.ipPubDone)
-		defer unsubscribe()
-		m.ipPub.Run(ctx, renewals)
-	}()
-	a.endpoints.mgr.Subscribe(func(ev endpointmanager.Event) {
+	// The publisher's job (started right after this step) writes them.
+	m.renewals, m.unsubscribe = m.client.SessionRenewals()
+	m.eps.mgr.Subscribe(func(ev endpointmanager.Event) {
 		if ev.Endpoint != nil {
 			m.publishAddresses(ev.Endpoint.ID, ev.Endpoint.Addresses())
 		}
 	})
-	for _, ep := range a.endpoints.mgr.List() {
+	for _, ep := range m.eps.mgr.List() {
 		m.publishAddresses(ep.ID, ep.Addresses())
 	}
 	return nil
@@ -72,10 +64,9 @@ func (m *kvstoreModule) startIPSync() error {
 // last, so a deleted endpoint's late event cannot remove the key of the
 // endpoint that reuses its address. It never waits for etcd.
 func (m *kvstoreModule) publishAddresses(id uint16, addrs []netip.Addr) {
-	a := m.a
 	m.addrMu.Lock()
 	defer m.addrMu.Unlock()
-	ep, err := a.endpoints.mgr.Lookup(strconv.Itoa(int(id)))
+	ep, err := m.eps.mgr.Lookup(strconv.Itoa(int(id)))
 	if err != nil || ep.Identity == 0 {
 		ep = nil
 	}
@@ -88,7 +79,7 @@ func (m *kvstoreModule) publishAddresses(id uint16, addrs []netip.Addr) {
 			}
 			continue
 		}
-		v, _ := json.Marshal(ipEntry{IP: ip.String(), Identity: ep.Identity, HostIP: m.hostIP(), Node: a.cfg.NodeName,
+		v, _ := json.Marshal(ipEntry{IP: ip.String(), Identity: ep.Identity, HostIP: m.hostIP(), Node: m.cfg.NodeName,
 			Namespace: ep.PodNamespace, Name: ep.PodName})
 		m.addrOwners[ip] = id
 		m.ipPub.Set(ip.String(), v)
@@ -97,45 +88,44 @@ func (m *kvstoreModule) publishAddresses(id uint16, addrs []netip.Addr) {
 
 // hostIP is the address peers route this node's pods through.
 func (m *kvstoreModule) hostIP() string {
-	if m.a.k8s != nil {
-		return m.a.k8s.nodeIP()
+	if m.k8s != nil {
+		return m.k8s.nodeIP()
 	}
 	return ""
 }
 
 func (m *kvstoreModule) onIPEvent(ev kvstore.Event) {
-	a := m.a
-	if a.datapath == nil || ev.Type == kvstore.EventListDone {
+	if m.ipcache == nil || ev.Type == kvstore.EventListDone {
 		return
 	}
 	ip, err := netip.ParseAddr(ev.Key)
 	if err != nil {
-		a.log.Warn("Skipping a malformed kvstore ipcache key", "key", ev.Key)
+		m.log.Warn("Skipping a malformed kvstore ipcache key", "key", ev.Key)
 		return
 	}
 	if ev.Type == kvstore.EventDelete {
-		if err := a.datapath.DeleteRemoteEndpoint(ip, ipcache.SourceKVStore, ipcache.OwnerKVStore(ev.Key)); err != nil {
-			a.log.Warn("ipcache: remove kvstore address", "ip", ip, "error", err)
+		if err := m.ipcache.DeleteRemoteEndpoint(ip, ipcache.SourceKVStore, ipcache.OwnerKVStore(ev.Key)); err != nil {
+			m.log.Warn("ipcache: remove kvstore address", "ip", ip, "error", err)
 		}
 		return
 	}
 	var e ipEntry
 	if err := json.Unmarshal(ev.Value, &e); err != nil || e.Identity == 0 {
-		a.log.Warn("Skipping a kvstore ipcache value that does not parse", "key", ev.Key, "error", err)
+		m.log.Warn("Skipping a kvstore ipcache value that does not parse", "key", ev.Key, "error", err)
 		return
 	}
-	if e.Node == a.cfg.NodeName {
+	if e.Node == m.cfg.NodeName {
 		// This node's own endpoints are in the ipcache as local; a claim
 		// the key made while another node held the address goes.
-		if err := a.datapath.DeleteRemoteEndpoint(ip, ipcache.SourceKVStore, ipcache.OwnerKVStore(ev.Key)); err != nil {
-			a.log.Warn("ipcache: remove kvstore address", "ip", ip, "error", err)
+		if err := m.ipcache.DeleteRemoteEndpoint(ip, ipcache.SourceKVStore, ipcache.OwnerKVStore(ev.Key)); err != nil {
+			m.log.Warn("ipcache: remove kvstore address", "ip", ip, "error", err)
 		}
 		return
 	}
 	entry := ipcache.Entry{Identity: identity.NumericIdentity(e.Identity), Source: ipcache.SourceKVStore, Owner: ipcache.OwnerKVStore(ev.Key),
 		Name: e.Name, Namespace: e.Namespace}
 	entry.HostIP, _ = netip.ParseAddr(e.HostIP)
-	if err := a.datapath.UpsertRemoteEndpoint(ip, entry); err != nil {
-		a.log.Warn("ipcache: kvstore address", "ip", ip, "error", err)
+	if err := m.ipcache.UpsertRemoteEndpoint(ip, entry); err != nil {
+		m.log.Warn("ipcache: kvstore address", "ip", ip, "error", err)
 	}
 }

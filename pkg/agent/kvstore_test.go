@@ -87,7 +87,7 @@ func TestUnreachableKVStoreFailsStartClearly(t *testing.T) {
 	cfg.IdentityAllocationMode = IdentityAllocationKVStore
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	cfg.Flags(fs)
-	a, err := New(cfg, Deps{Flags: fs, Log: testLogger(t)})
+	a, err := newTestAgent(cfg, Deps{Flags: fs, Log: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,8 +171,8 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 			etcd.Start(t)
 		}
 	})
-	a.AddRegenerateHook(fixedIdentity(4321))
-	cni := cniEndpoints{a}
+	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
+	cni := cniEndpoints{a.endpoints}
 	create := func(name, ip string) (*endpoint.Endpoint, error) {
 		return cni.Create(context.Background(), &endpoint.Endpoint{ContainerID: "c-" + name, IfName: "eth0",
 			PodNamespace: "ns", PodName: name, IPv4: netip.MustParseAddr(ip)})
@@ -279,8 +279,8 @@ func TestKVStoreAddressesRepublishedAfterLeaseLoss(t *testing.T) {
 		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
 		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
 	})
-	a.AddRegenerateHook(fixedIdentity(4321))
-	if _, err := (cniEndpoints{a}).Create(context.Background(), &endpoint.Endpoint{ContainerID: "c-one", IfName: "eth0",
+	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
+	if _, err := (cniEndpoints{a.endpoints}).Create(context.Background(), &endpoint.Endpoint{ContainerID: "c-one", IfName: "eth0",
 		PodNamespace: "ns", PodName: "one", IPv4: netip.MustParseAddr("10.79.0.9")}); err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 
 // apiRulesJSON is the JSON of the repository's API-imported rules, in
 // repository order: what the policy file must hold.
-func apiRulesJSON(t *testing.T, a *Agent) string {
+func apiRulesJSON(t *testing.T, a *testAgent) string {
 	t.Helper()
 	stored, _ := a.policy.repo.Rules(nil)
 	out := api.Rules{}
@@ -119,10 +119,10 @@ func TestPolicyFileUnderConcurrentImportsAndKubernetesEvents(t *testing.T) {
 // NetworkPolicy and TendrilNetworkPolicy events (through the handlers the
 // watchers call); every goroutine's last change waits for the others', so
 // the last changes are concurrent.
-func policyBurst(t *testing.T, a *Agent, c *client.Client, cycle int) {
+func policyBurst(t *testing.T, a *testAgent, c *client.Client, cycle int) {
 	t.Helper()
 	ctx := context.Background()
-	k := &kubernetesModule{a: a, policyGen: map[string]int64{}}
+	k := &kubernetesModule{log: a.log, policy: a.policy, client: &k8sClient{}, policyGen: map[string]int64{}, runCtx: context.Background()}
 	const teams, rounds, rulesPerImport, k8sWriters = 4, 6, 10, 2
 	var wg, ready sync.WaitGroup
 	gate := make(chan struct{})
@@ -220,7 +220,7 @@ func TestCorruptPolicyFileStopsTheStart(t *testing.T) {
 	if err := os.WriteFile(path, []byte(corrupt), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(cfg, Deps{Log: testLogger(t)})
+	a, err := newTestAgent(cfg, Deps{Log: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,3 +40,25 @@ func TestOverallIsTheWorstLevel(t *testing.T) {
 		t.Fatalf("after stop: %s", lvl)
 	}
 }
+
+// TestScopeReportsJobsAsModules: a job's scope shows as "<module>/<job>"
+// and leaves when closed; the module's own entry is untouched.
+func TestScopeReportsJobsAsModules(t *testing.T) {
+	r := NewRegistry()
+	r.Reporter("datapath").OK("started")
+	job := r.Scope("datapath").NewScope("job-events")
+	job.Degraded("read failed", errBoom{})
+	if lvl, msg := r.Overall(); lvl != LevelDegraded || msg != "datapath/job-events: read failed: boom" {
+		t.Fatalf("overall = %s %q", lvl, msg)
+	}
+	job.OK("Running")
+	job.Close()
+	all := r.All()
+	if len(all) != 1 || all[0].Module != "datapath" || all[0].Level != LevelOK {
+		t.Fatalf("after close: %+v", all)
+	}
+}
+
+type errBoom struct{}
+
+func (errBoom) Error() string { return "boom" }

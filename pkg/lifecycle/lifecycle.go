@@ -1,23 +1,21 @@
-// Package lifecycle starts an agent's modules in dependency order, stops them
-// in reverse, rolls back the ones already started when a later start fails,
-// and records how long each start step took (the bootstrap stats).
+// Package lifecycle turns the agent's start steps into hooks of a hive
+// lifecycle (github.com/cilium/hive/cell.Lifecycle) that record what
+// `tendril status` shows of the start: how long each step took (the
+// bootstrap stats) and each step's module health (starting, ok, failed).
+// The hive decides the order (dependencies, then the order of the cells);
+// this package only names and measures the steps.
 package lifecycle
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
-)
 
-// Hook is one module's start and stop. Either may be nil.
-type Hook struct {
-	Name  string
-	Start func(ctx context.Context) error
-	Stop  func(ctx context.Context) error
-}
+	"github.com/cilium/hive/cell"
+
+	"github.com/tendril-net/tendril/pkg/health"
+)
 
 // StepStat is the duration of one start step.
 type StepStat struct {
@@ -26,97 +24,112 @@ type StepStat struct {
 	Error    string        `json:"error,omitempty"`
 }
 
-// Lifecycle is an ordered list of hooks. Append in start order.
-type Lifecycle struct {
-	log *slog.Logger
+// Steps records the start steps appended through it.
+type Steps struct {
+	health *health.Registry
 
 	mu      sync.Mutex
-	hooks   []Hook
-	started int // hooks[:started] have started and must be stopped
+	names   []string
+	started time.Time
 	stats   []StepStat
 	total   time.Duration
 }
 
-// New returns an empty lifecycle that logs to log.
-func New(log *slog.Logger) *Lifecycle {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return &Lifecycle{log: log}
+// NewSteps returns a recorder whose steps report their health to reg.
+func NewSteps(reg *health.Registry) *Steps {
+	return &Steps{health: reg}
 }
 
-// Append adds a hook after the ones already there.
-func (l *Lifecycle) Append(h Hook) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.hooks = append(l.hooks, h)
+// Append adds a named start step to lc: its start is timed into the
+// bootstrap stats and its health is "starting" until it started, then ok,
+// or failed with the error. start and stop may be nil. A start error comes
+// back as "start <name>: <error>".
+func (s *Steps) Append(lc cell.Lifecycle, name string, start, stop func(context.Context) error) {
+	s.mu.Lock()
+	s.names = append(s.names, name)
+	s.mu.Unlock()
+	lc.Append(&step{steps: s, name: name, rep: s.health.Reporter(name), start: start, stop: stop})
 }
 
-// Start runs every hook's Start in order. When one fails, the hooks already
-// started are stopped in reverse order and the error names the failed step.
-func (l *Lifecycle) Start(ctx context.Context) error {
-	l.mu.Lock()
-	hooks := append([]Hook(nil), l.hooks...)
-	l.mu.Unlock()
+// Names are the steps appended so far, in the order appended: the order
+// they start in.
+func (s *Steps) Names() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.names...)
+}
+
+// Stats returns the steps started so far, in start order, and the total
+// start time (zero until SetTotal).
+func (s *Steps) Stats() ([]StepStat, time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]StepStat(nil), s.stats...), s.total
+}
+
+// Begin records when the start began.
+func (s *Steps) Begin(t time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.started = t
+}
+
+// Started is when the start began (zero before Begin).
+func (s *Steps) Started() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.started
+}
+
+// SetTotal records the whole start's duration, once every step started.
+func (s *Steps) SetTotal(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.total = d
+}
+
+// step is one named start step: a cell.HookInterface.
+type step struct {
+	steps       *Steps
+	name        string
+	rep         *health.Reporter
+	start, stop func(context.Context) error
+}
+
+var _ cell.HookDescriptiveInterface = (*step)(nil)
+
+// HookInfo names the step in the hive's own log lines.
+func (st *step) HookInfo() string { return st.name }
+
+func (st *step) Start(ctx cell.HookContext) error {
 	begin := time.Now()
-	for i, h := range hooks {
-		stepStart := time.Now()
-		var err error
-		if h.Start != nil {
-			err = h.Start(ctx)
-		}
-		stat := StepStat{Name: h.Name, Duration: time.Since(stepStart)}
-		if err != nil {
-			stat.Error = err.Error()
-		}
-		l.mu.Lock()
-		l.stats = append(l.stats, stat)
-		if err == nil {
-			l.started = i + 1
-		}
-		l.mu.Unlock()
-		if err != nil {
-			l.log.Error("Start step failed, stopping the modules already started", "step", h.Name, "error", err)
-			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			defer cancel()
-			if stopErr := l.Stop(stopCtx); stopErr != nil {
-				l.log.Error("Rollback after failed start", "error", stopErr)
-			}
-			return fmt.Errorf("start %s: %w", h.Name, err)
-		}
-		l.log.Debug("Started", "step", h.Name, "duration", stat.Duration)
+	var err error
+	if st.start != nil {
+		err = st.start(ctx)
 	}
-	l.mu.Lock()
-	l.total = time.Since(begin)
-	l.mu.Unlock()
+	stat := StepStat{Name: st.name, Duration: time.Since(begin)}
+	if err != nil {
+		stat.Error = err.Error()
+		st.rep.Failed(err.Error())
+	} else {
+		st.rep.OK("started")
+	}
+	st.steps.mu.Lock()
+	st.steps.stats = append(st.steps.stats, stat)
+	st.steps.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("start %s: %w", st.name, err)
+	}
 	return nil
 }
 
-// Stop runs the Stop of every started hook in reverse order. It goes on
-// after an error and returns all errors joined.
-func (l *Lifecycle) Stop(ctx context.Context) error {
-	l.mu.Lock()
-	hooks := append([]Hook(nil), l.hooks[:l.started]...)
-	l.started = 0
-	l.mu.Unlock()
-	var errs []error
-	for i := len(hooks) - 1; i >= 0; i-- {
-		h := hooks[i]
-		if h.Stop == nil {
-			continue
-		}
-		if err := h.Stop(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("stop %s: %w", h.Name, err))
-			l.log.Error("Stop step failed", "step", h.Name, "error", err)
-		}
+func (st *step) Stop(ctx cell.HookContext) error {
+	st.rep.Stopped()
+	if st.stop == nil {
+		return nil
 	}
-	return errors.Join(errs...)
-}
-
-// Stats returns the bootstrap stats recorded so far and the total start time
-// (zero until every step has started).
-func (l *Lifecycle) Stats() ([]StepStat, time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]StepStat(nil), l.stats...), l.total
+	if err := st.stop(ctx); err != nil {
+		return fmt.Errorf("stop %s: %w", st.name, err)
+	}
+	return nil
 }

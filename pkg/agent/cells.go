@@ -1,0 +1,33 @@
+package agent
+
+import (
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+)
+
+// cells is the agent: one cell per subsystem. Each cell's constructor takes
+// its dependencies as parameters and appends its start steps, so a step
+// starts after the steps of what it depends on; where two steps do not
+// depend on each other, the order of this list decides, and it is the
+// seeds' order (docs/architecture.md, TestStartOrder):
+//
+//	config, k8s-client, bpf-maps, endpoint-restore-ipam, k8s-node-writeback,
+//	k8s-watchers, kvstore, identity-restore, host-ips-ct-gc, policy-restore,
+//	regenerate-restored, policy-regeneration, metrics, pprof, api-server
+func cells(cfg Config, deps Deps) []cell.Cell {
+	return []cell.Cell{
+		job.Cell,
+		coreCell(cfg, deps),
+		kubernetesClientCell,
+		datapathCell,
+		endpointsCell,
+		kubernetesCell,
+		kvstoreCell,
+		realizerCell,
+		hostIPsCell,
+		policyCell,
+		regenerationCell,
+		apiCell,
+		serveCell,
+	}
+}

@@ -1,0 +1,119 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/spf13/pflag"
+
+	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
+	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
+	"github.com/tendril-net/tendril/pkg/labels"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/option"
+)
+
+// effectiveFlags is the resolved flag set: the effective configuration
+// that GET /v1/config shows (hive provides its own, empty, *pflag.FlagSet).
+type effectiveFlags struct{ set *pflag.FlagSet }
+
+// coreCell provides what the subsystems share: the configuration, the
+// health registry, the start-step recorder, the runtime options, the
+// metrics registry, the API server handlers register on, the identity
+// allocator and the identity label filter. Its "config" step is the first.
+func coreCell(cfg Config, deps Deps) cell.Cell {
+	return cell.Module("agent-core", "Configuration health bootstrap stats runtime options and shared services",
+		cell.Provide(
+			func() Config { return cfg },
+			func() effectiveFlags { return effectiveFlags{deps.Flags} },
+			func() *slog.LevelVar { return deps.LogLevel },
+			health.NewRegistry,
+			lifecycle.NewSteps,
+			newRuntime,
+			newMetricsServer,
+			newAPIServer,
+			newIdentityAllocator,
+			newLabelFilter,
+		),
+		// The job registry's own hook goes first, so jobs added by start
+		// steps start at once and stop before every step.
+		cell.Invoke(func(job.Registry) {}),
+		cell.Invoke(registerConfigStep),
+	)
+}
+
+// registerConfigStep is start step 1: the configuration is resolved
+// already; create the directory the agent owns.
+func registerConfigStep(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config) {
+	steps.Append(lc, "config", func(context.Context) error {
+		if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+			return fmt.Errorf("create state dir %s: %w", cfg.StateDir, err)
+		}
+		return nil
+	}, nil)
+}
+
+// newRuntime holds the options PATCH /v1/config changes at run time; the
+// debug option sets the log level.
+func newRuntime(cfg Config, log *slog.Logger, level *slog.LevelVar) *option.Runtime {
+	rt := option.NewRuntime(option.RuntimeValues{PolicyEnforcement: cfg.PolicyEnforcement, Debug: cfg.Debug})
+	rt.Subscribe(func(v option.RuntimeValues) {
+		if v.Debug {
+			level.Set(slog.LevelDebug)
+		} else {
+			level.Set(slog.LevelInfo)
+		}
+		log.Info("Runtime options changed", "policy-enforcement", v.PolicyEnforcement, "debug", v.Debug)
+	})
+	return rt
+}
+
+func newMetricsServer(cfg Config, root cell.RootLogger) *metrics.Server {
+	return metrics.New(cfg.Metrics, logFor(root, "metrics"))
+}
+
+func newAPIServer(cfg Config, root cell.RootLogger, m *metrics.Server) (*server.Server, error) {
+	return server.New(cfg.API, logFor(root, "api"), m.Registry)
+}
+
+// newIdentityAllocator is local in standalone mode, TendrilIdentity
+// objects (crdalloc) with Kubernetes, or etcd keys (kvalloc); the
+// Kubernetes client and kvstore steps hand the latter two their clients.
+func newIdentityAllocator(cfg Config, root cell.RootLogger) identity.Allocator {
+	switch {
+	case cfg.K8s.Enabled() && cfg.IdentityAllocationMode == IdentityAllocationCRD:
+		return crdalloc.New(logFor(root, "identity-allocator"))
+	case cfg.IdentityAllocationMode == IdentityAllocationKVStore:
+		return kvalloc.New(nil, cfg.NodeName, logFor(root, "identity-allocator"))
+	}
+	return identity.NewLocalAllocator()
+}
+
+func newLabelFilter(cfg Config) (*labels.Filter, error) {
+	f, err := labels.NewFilter(cfg.IdentityLabels)
+	if err != nil {
+		return nil, fmt.Errorf("identity-labels: %w", err)
+	}
+	return f, nil
+}
+
+// newJobGroup is a module's job group: its goroutines, started and joined
+// with the hive, their health under the module's name.
+func newJobGroup(jobs job.Registry, reg *health.Registry, module string, log *slog.Logger) job.Group {
+	return jobs.NewGroup(reg.Scope(module), job.WithLogger(log))
+}
+
+// logFor is the logger of a named part of a cell. Cells log through the
+// root logger with their own "module" field, as the agent always has (the
+// logger hive gives a module already carries one).
+func logFor(root cell.RootLogger, module string) *slog.Logger {
+	return (*slog.Logger)(root).With("module", module)
+}

@@ -1,0 +1,260 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/vishvananda/netlink"
+
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/ipam"
+	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
+)
+
+// hostIPsCell is start step 8: the node's own addresses into the ipcache
+// (host and world identities), kept current, and conntrack GC.
+var hostIPsCell = cell.Module("host-ips", "Host addresses in the ipcache and conntrack GC",
+	cell.Provide(newHostIPSync),
+	cell.Invoke(func(*hostIPSync) {}),
+)
+
+// hostIPSync writes the host's addresses into the ipcache and runs the
+// conntrack GC; nil without the datapath.
+type hostIPSync struct {
+	log  *slog.Logger
+	dp   *datapathModule
+	eps  *endpointsModule
+	jobs job.Group
+
+	// addrUpdates are the host's address changes (nil when the
+	// subscription failed); closing addrDone ends the subscription.
+	addrUpdates chan netlink.AddrUpdate
+	addrDone    chan struct{}
+
+	mu sync.Mutex
+	// hostIPs are the node addresses last written as host.
+	hostIPs map[netip.Prefix]bool
+}
+
+type hostIPParams struct {
+	cell.In
+
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	Steps     *lifecycle.Steps
+	Jobs      job.Registry
+	Health    *health.Registry
+	Datapath  *datapathModule
+	Endpoints *endpointsModule
+}
+
+func newHostIPSync(p hostIPParams) *hostIPSync {
+	if p.Datapath == nil {
+		return nil
+	}
+	m := &hostIPSync{log: p.Log, dp: p.Datapath, eps: p.Endpoints, jobs: newJobGroup(p.Jobs, p.Health, "host-ips-ct-gc", p.Log)}
+	p.Steps.Append(p.Lifecycle, "host-ips-ct-gc", m.syncHostIPs, nil)
+	m.jobs.Add(
+		job.OneShot("host-ips-ct-gc", func(ctx context.Context, _ cell.Health) error {
+			defer close(m.addrDone)
+			m.runLoops(ctx, m.addrUpdates)
+			return nil
+		}),
+		// Failed ipcache writes are retried beside the loops.
+		job.OneShot("ipcache-retry", func(ctx context.Context, _ cell.Health) error {
+			m.dp.ipcache.Run(ctx, 5*time.Second)
+			return nil
+		}),
+	)
+	return m
+}
+
+// syncHostIPs is step 8: the node's own addresses → host identity, the
+// default routes → world, refreshed on a timer and on address changes.
+func (m *hostIPSync) syncHostIPs(ctx context.Context) error {
+	if err := m.writeHostIPs(); err != nil {
+		return err
+	}
+	updates := make(chan netlink.AddrUpdate, 16)
+	done := make(chan struct{})
+	if err := netlink.AddrSubscribe(updates, done); err != nil {
+		m.log.Warn("Cannot subscribe to address changes; host IPs refresh on a timer only", "error", err)
+		updates = nil
+	}
+	m.addrUpdates, m.addrDone = updates, done
+	return nil
+}
+
+func (m *hostIPSync) writeHostIPs() error {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("list host addresses: %w", err)
+	}
+	want := map[netip.Prefix]uint32{
+		netip.MustParsePrefix("0.0.0.0/0"): uint32(identity.World),
+		netip.MustParsePrefix("::/0"):      uint32(identity.World),
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		ip = ip.Unmap()
+		want[netip.PrefixFrom(ip, ip.BitLen())] = uint32(identity.Host)
+	}
+	if alloc := m.eps.ipam; alloc != nil {
+		for _, f := range []ipam.Family{ipam.IPv4, ipam.IPv6} {
+			if r := alloc.RouterIP(f); r.IsValid() {
+				want[netip.PrefixFrom(r, r.BitLen())] = uint32(identity.Host)
+			}
+		}
+	}
+	for p, id := range want {
+		src, owner := ipcache.SourceLocal, ipcache.OwnerHost
+		if p.Bits() == 0 {
+			src, owner = ipcache.SourceGenerated, ipcache.OwnerWorld // world: anything more specific wins
+		}
+		if err := m.dp.ipcache.Upsert(p, ipcache.Entry{Identity: identity.NumericIdentity(id), Source: src, Owner: owner}); err != nil {
+			return err
+		}
+	}
+	// Addresses the node no longer has stop being "host": another node or
+	// a pod may own them next.
+	m.mu.Lock()
+	old := m.hostIPs
+	m.hostIPs = make(map[netip.Prefix]bool, len(want))
+	for p := range want {
+		if p.Bits() != 0 {
+			m.hostIPs[p] = true
+		}
+	}
+	m.mu.Unlock()
+	for p := range old {
+		if _, still := want[p]; !still {
+			if err := m.dp.ipcache.Delete(p, ipcache.SourceLocal, ipcache.OwnerHost); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// runLoops refreshes host IPs and runs conntrack GC with an interval that
+// adapts to how much each run deleted (the seeds' EnableConntrackGC).
+func (m *hostIPSync) runLoops(ctx context.Context, addrUpdates chan netlink.AddrUpdate) {
+	const minInterval, maxInterval = 10 * time.Second, 5 * time.Minute
+	interval := time.Minute
+	gc := time.NewTimer(interval)
+	host := time.NewTicker(time.Minute)
+	defer gc.Stop()
+	defer host.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u, ok := <-addrUpdates:
+			if !ok {
+				// The subscription ended (a netlink error): the timer
+				// refresh below still runs.
+				m.log.Warn("Address change subscription ended; host IPs refresh on a timer only")
+				addrUpdates = nil
+				continue
+			}
+			if !hostIPChange(u) {
+				continue
+			}
+			drainAddrUpdates(addrUpdates)
+			if err := m.writeHostIPs(); err != nil {
+				m.log.Warn("Refresh host IPs", "error", err)
+			}
+		case <-host.C:
+			if err := m.writeHostIPs(); err != nil {
+				m.log.Warn("Refresh host IPs", "error", err)
+			}
+		case <-gc.C:
+			seen, deleted := m.runCTGC()
+			interval = NextCTGCInterval(interval, seen, deleted, minInterval, maxInterval)
+			m.dp.ctInterval.Set(interval.Seconds())
+			m.dp.gcStats.mu.Lock()
+			m.dp.gcStats.Interval = interval
+			m.dp.gcStats.mu.Unlock()
+			gc.Reset(interval)
+		}
+	}
+}
+
+// hostIPChange reports whether an address change can change the host IPs:
+// link-local addresses are never host IPs, and every new pod veth brings
+// one (IPv6), so without this filter each CNI ADD would cost an address
+// dump and an ipcache pass.
+func hostIPChange(u netlink.AddrUpdate) bool {
+	return !u.LinkAddress.IP.IsLinkLocalUnicast()
+}
+
+// drainAddrUpdates drops the updates already queued: the refresh that
+// follows reads the addresses as they are now, so a burst of changes costs
+// one refresh.
+func drainAddrUpdates(ch chan netlink.AddrUpdate) {
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
+// NextCTGCInterval halves the interval when a run deleted more than a
+// quarter of the entries (the table churns) and doubles it when it deleted
+// less than 5%, within [min, max].
+func NextCTGCInterval(cur time.Duration, seen, deleted int, min, max time.Duration) time.Duration {
+	next := cur
+	switch {
+	case seen > 0 && deleted*4 > seen:
+		next = cur / 2
+	case seen == 0 || deleted*20 < seen:
+		next = cur * 2
+	}
+	if next < min {
+		next = min
+	}
+	if next > max {
+		next = max
+	}
+	return next
+}
+
+func (m *hostIPSync) runCTGC() (seen, deleted int) {
+	live := map[uint16]bool{}
+	if m.eps.mgr != nil {
+		for _, ep := range m.eps.mgr.List() {
+			live[ep.ID] = true
+		}
+	}
+	res, err := m.dp.loader.Maps().CTMap().DeleteExpired(maps.MonotonicNow(), func(id uint16) bool { return live[id] })
+	seen, deleted = res.Seen, res.Deleted
+	if err != nil {
+		m.log.Warn("Conntrack GC", "error", err)
+	}
+	m.dp.ctDeleted.Add(float64(deleted))
+	m.dp.ctEntries.Set(float64(seen - deleted))
+	m.dp.gcStats.mu.Lock()
+	m.dp.gcStats.Runs++
+	m.dp.gcStats.Deleted += deleted
+	m.dp.gcStats.Last = time.Now()
+	m.dp.gcStats.Entries = seen - deleted
+	m.dp.gcStats.mu.Unlock()
+	return seen, deleted
+}

@@ -1,0 +1,254 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
+	"github.com/tendril-net/tendril/pkg/k8s"
+	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/labels"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/node"
+	"github.com/tendril-net/tendril/pkg/policy"
+	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
+	"github.com/tendril-net/tendril/pkg/version"
+)
+
+// kubernetesClientCell is start step 2: the Kubernetes clients, the API
+// server reached, the CRDs installed; it also reads what the later steps
+// need of the cluster (this node's Node, pods' labels and named ports).
+var kubernetesClientCell = cell.Module("k8s-client", "Kubernetes clients CRDs and the read side of the caches",
+	cell.Provide(newK8sClient),
+	cell.Invoke(func(*k8sClient) {}),
+)
+
+// k8sClient is the agent's Kubernetes client side; nil in standalone mode.
+type k8sClient struct {
+	cfg         Config
+	log         *slog.Logger
+	root        cell.RootLogger
+	identities  identity.Allocator
+	labelFilter *labels.Filter
+
+	clients  *k8s.Clients
+	watchers *watchers.Watchers
+	writer   *node.Writer
+
+	mu            sync.Mutex
+	serverVersion string
+	nodeObj       *corev1.Node
+	selection     node.Selection
+	// remotePorts are other nodes' pods' named ports by TendrilEndpoint
+	// key, for egress rules naming a remote destination's port.
+	remotePorts map[string]remoteNamedPorts
+}
+
+type k8sClientParams struct {
+	cell.In
+
+	Config      Config
+	Log         *slog.Logger
+	Root        cell.RootLogger
+	Lifecycle   cell.Lifecycle
+	Steps       *lifecycle.Steps
+	Identities  identity.Allocator
+	LabelFilter *labels.Filter
+}
+
+func newK8sClient(p k8sClientParams) *k8sClient {
+	if !p.Config.K8s.Enabled() {
+		return nil
+	}
+	c := &k8sClient{cfg: p.Config, log: p.Log, root: p.Root, identities: p.Identities, labelFilter: p.LabelFilter}
+	p.Steps.Append(p.Lifecycle, "k8s-client", c.connect, nil)
+	return c
+}
+
+// connect is start step 2: build the clients, reach the API server
+// (retrying until the cache-sync timeout), install or update the CRDs.
+func (k *k8sClient) connect(ctx context.Context) error {
+	c, err := k8s.NewClients(k.cfg.K8s, "tendril-agent/"+version.Version)
+	if err != nil {
+		return err
+	}
+	k.clients = c
+	var lastErr error
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, k.cfg.K8sCacheSyncTimeout, true, func(context.Context) (bool, error) {
+		v, err := c.Core.Discovery().ServerVersion()
+		if err != nil {
+			lastErr = err
+			k.log.Info("Waiting for the Kubernetes API server", "error", err)
+			return false, nil
+		}
+		k.mu.Lock()
+		k.serverVersion = v.GitVersion
+		k.mu.Unlock()
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("reach the Kubernetes API server: %w (last error: %v)", err, lastErr)
+	}
+	if k.cfg.K8sInstallCRDs {
+		if _, err := crdinstall.Install(ctx, c.Dynamic, logFor(k.root, "crd-install")); err != nil {
+			return err
+		}
+	}
+	if alloc, ok := k.identities.(*crdalloc.Allocator); ok {
+		alloc.SetClient(c.Tendril)
+	}
+	k.watchers = watchers.New(c, k.cfg.NodeName, logFor(k.root, "k8s-watchers"))
+	k.writer = node.NewWriter(c.Core, c.Tendril, 10*time.Second, logFor(k.root, "node-writeback"))
+	return nil
+}
+
+// selectPodCIDRs is part of start step 5: wait for this node's Node object
+// and pick the pod CIDRs by precedence.
+func (k *k8sClient) selectPodCIDRs(ctx context.Context) (node.Selection, error) {
+	n, err := node.WaitForNode(ctx, k.clients.Core, k.cfg.NodeName, k.log)
+	if err != nil {
+		return node.Selection{}, err
+	}
+	auto4, auto6 := autoPodCIDRs(k.cfg.NodeName)
+	sel, err := node.SelectPodCIDRs(n, node.Ranges{IPv4: k.cfg.IPv4Range, IPv6: k.cfg.IPv6Range, AutoIPv4: auto4, AutoIPv6: auto6})
+	if err != nil {
+		return sel, err
+	}
+	k.mu.Lock()
+	k.nodeObj, k.selection = n, sel
+	k.mu.Unlock()
+	k.log.Info("Pod CIDRs selected", "ipv4", sel.IPv4, "ipv4-from", sel.IPv4From, "ipv6", sel.IPv6, "ipv6-from", sel.IPv6From)
+	return sel, nil
+}
+
+// internalIP is this node's InternalIP from its Node ("" before the Node
+// was read, or without one).
+func (k *k8sClient) internalIP() string {
+	k.mu.Lock()
+	n := k.nodeObj
+	k.mu.Unlock()
+	if n != nil {
+		for _, a := range n.Status.Addresses {
+			if a.Type == "InternalIP" {
+				return a.Address
+			}
+		}
+	}
+	return ""
+}
+
+// Label names Cilium gives pods, kept so policies written for Cilium select
+// the same pods here.
+const (
+	labelServiceAccount  = "io.cilium.k8s.policy.serviceaccount"
+	labelPolicyName      = "io.cilium.k8s.policy.name"
+	labelPolicyNamespace = "io.cilium.k8s.policy.namespace"
+	labelPolicyDerived   = "io.cilium.k8s.policy.derived-from"
+	labelPolicyUID       = "io.cilium.k8s.policy.uid"
+)
+
+// podLabels are an endpoint's labels from its pod and the pod's namespace,
+// named as Cilium names them; pod labels under the keys the agent sets
+// itself are dropped (policyk8s.EndpointLabels), so a pod cannot pose as a
+// member of another namespace, and labels the identity filter
+// (--identity-labels-*) calls irrelevant are left out, so a rollout's
+// pod-template-hash does not give each ReplicaSet its own identity.
+func (k *k8sClient) podLabels(pod *corev1.Pod, ns *corev1.Namespace) []string {
+	var nsLabels map[string]string
+	if ns != nil {
+		nsLabels = ns.Labels
+	}
+	all := policyk8s.EndpointLabels(pod.Namespace, nsLabels, pod.Labels)
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	all = append(all, "k8s:"+labelServiceAccount+"="+sa)
+	out := all[:0:0]
+	for _, s := range all {
+		l, err := labels.Parse(s)
+		if err != nil || (k.labelFilter != nil && !k.labelFilter.Relevant(l)) {
+			continue
+		}
+		out = append(out, s)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// namedPorts returns the named container ports of an endpoint's pod (nil
+// when it has no pod in the cache, or without Kubernetes).
+func (k *k8sClient) namedPorts(ep *endpoint.Endpoint) map[string]policy.NamedPort {
+	if k == nil || k.watchers == nil || ep.PodName == "" {
+		return nil
+	}
+	pod, ok := k.watchers.Pods.Get(ep.PodNamespace + "/" + ep.PodName)
+	if !ok {
+		return nil
+	}
+	return policyk8s.PodNamedPorts(pod)
+}
+
+// labelsForEndpoint returns the labels of the endpoint's pod, waiting a
+// little for the pod to reach the cache (CNI ADD can race the watch event).
+func (k *k8sClient) labelsForEndpoint(ctx context.Context, ns, name string) ([]string, bool) {
+	if k.watchers == nil || ns == "" || name == "" {
+		return nil, false
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if pod, ok := k.watchers.Pods.Get(ns + "/" + name); ok {
+			nsObj, _ := k.watchers.Namespaces.Get(ns)
+			return k.podLabels(pod, nsObj), true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// setRemotePorts records (ports nil: forgets) the named ports of a remote
+// endpoint; it reports whether the universe's named ports may change.
+func (k *k8sClient) setRemotePorts(key string, rp remoteNamedPorts) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.remotePorts == nil {
+		k.remotePorts = map[string]remoteNamedPorts{}
+	}
+	_, had := k.remotePorts[key]
+	if rp.ports == nil {
+		delete(k.remotePorts, key)
+	} else {
+		k.remotePorts[key] = rp
+	}
+	return had || rp.ports != nil
+}
+
+// addRemoteNamedPorts merges other nodes' named ports into out, per identity.
+func (k *k8sClient) addRemoteNamedPorts(out map[identity.NumericIdentity]map[string]policy.NamedPort) {
+	if k == nil {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, rp := range k.remotePorts {
+		if out[rp.identity] == nil {
+			out[rp.identity] = map[string]policy.NamedPort{}
+		}
+		for name, np := range rp.ports {
+			out[rp.identity][name] = np
+		}
+	}
+}

@@ -1,0 +1,186 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+
+	"github.com/cilium/hive/cell"
+
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
+)
+
+// realizerCell realizes endpoints in the datapath: it is the endpoint
+// manager's regeneration step for identity, ipcache, policy map and
+// programs, and its start step re-takes the restored endpoints' identities
+// (step 7, after the kvstore, whose allocator must be synced first).
+var realizerCell = cell.Module("endpoint-realizer", "Endpoint identity ipcache policy map and programs",
+	cell.Provide(newEndpointRealizer),
+	cell.Invoke(func(*endpointRealizer) {}),
+)
+
+// endpointRealizer is the datapath side of an endpoint's regeneration;
+// nil without the datapath.
+type endpointRealizer struct {
+	log        *slog.Logger
+	dp         *datapathModule
+	policy     *policyModule
+	identities identity.Allocator
+
+	mu   sync.Mutex
+	held map[uint16]identity.NumericIdentity // identity reference held per endpoint
+}
+
+type realizerParams struct {
+	cell.In
+
+	Log        *slog.Logger
+	Lifecycle  cell.Lifecycle
+	Steps      *lifecycle.Steps
+	Datapath   *datapathModule
+	Endpoints  *endpointsModule
+	Policy     *policyModule
+	Identities identity.Allocator
+}
+
+func newEndpointRealizer(p realizerParams) *endpointRealizer {
+	if p.Datapath == nil {
+		return nil
+	}
+	r := &endpointRealizer{log: p.Log, dp: p.Datapath, policy: p.Policy, identities: p.Identities, held: map[uint16]identity.NumericIdentity{}}
+	// After host networking, every regeneration realizes the endpoint here.
+	p.Endpoints.AddRegenerateHook(r)
+	eps := p.Endpoints
+	p.Steps.Append(p.Lifecycle, "identity-restore", func(context.Context) error {
+		r.reserveRestored(eps.mgr.List())
+		return nil
+	}, nil)
+	return r
+}
+
+// reserveRestored re-takes the identities of restored endpoints so they
+// keep the numbers their pinned policy entries use.
+func (m *endpointRealizer) reserveRestored(eps []*endpoint.Endpoint) {
+	for _, ep := range eps {
+		if ep.Identity == 0 || !identity.NumericIdentity(ep.Identity).IsCluster() {
+			continue
+		}
+		labels := endpointLabels(ep)
+		if err := m.identities.Reserve(identity.NumericIdentity(ep.Identity), labels); err != nil {
+			m.log.Warn("Cannot keep a restored endpoint's identity; it gets a new one", "endpoint", ep.ID, "error", err)
+			continue
+		}
+		m.mu.Lock()
+		m.held[ep.ID] = identity.NumericIdentity(ep.Identity)
+		m.mu.Unlock()
+	}
+}
+
+// endpointLabels are the identity-relevant labels of an endpoint: its own,
+// plus its namespace as Kubernetes would give it.
+func endpointLabels(ep *endpoint.Endpoint) []string {
+	labels := append([]string(nil), ep.Labels...)
+	if ep.PodNamespace != "" {
+		labels = append(labels, "k8s:io.kubernetes.pod.namespace="+ep.PodNamespace)
+	}
+	return endpoint.SortedLabels(labels)
+}
+
+// Regenerate realizes one endpoint in the datapath, in the order that keeps
+// its first packet enforced: identity, ipcache, policy entries, endpoint
+// map entry, then the programs.
+func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
+	labels := endpointLabels(ep)
+	var id identity.NumericIdentity
+	if len(labels) == 0 {
+		id = identity.Init
+	} else {
+		m.mu.Lock()
+		cur, held := m.held[ep.ID]
+		m.mu.Unlock()
+		if held {
+			if ident, ok := m.identities.Lookup(cur); ok && identity.LabelsKey(ident.Labels) == identity.LabelsKey(labels) {
+				id = cur
+			}
+		}
+		if id == 0 {
+			ident, _, err := m.identities.Allocate(labels)
+			if err != nil {
+				return fmt.Errorf("allocate identity: %w", err)
+			}
+			id = ident.ID
+			m.mu.Lock()
+			old, had := m.held[ep.ID]
+			m.held[ep.ID] = id
+			m.mu.Unlock()
+			if had {
+				_ = m.identities.Release(old)
+			}
+		}
+	}
+	ep.Identity = uint32(id)
+	for _, ip := range ep.Addresses() {
+		e := ipcache.Entry{Identity: id, Source: ipcache.SourceLocal, Owner: ipcache.OwnerEndpoint(ep.ID), Name: ep.PodName, Namespace: ep.PodNamespace}
+		if err := m.dp.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()), e); err != nil {
+			return err
+		}
+	}
+	// The map state goes in before the endpoint's flags and programs, so the
+	// first packet under enforcement already finds its rules.
+	if err := m.policy.realize(ctx, ep, m.dp.dp.PolicyMap()); err != nil {
+		return err
+	}
+	ingress, egress := m.policy.enforcement(ep)
+	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
+	if ep.HostIfIndex == 0 {
+		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
+	}
+	return m.dp.dp.AttachEndpoint(datapathEndpoint(ep))
+}
+
+// refreshPolicy is the light regeneration after a policy, identity or mode
+// change: the policy map difference, then the enforcement flags in the
+// endpoint entries (only when they changed).
+func (m *endpointRealizer) refreshPolicy(ep *endpoint.Endpoint) error {
+	if err := m.policy.realize(context.Background(), ep, m.dp.dp.PolicyMap()); err != nil {
+		return err
+	}
+	ingress, egress := m.policy.enforcement(ep)
+	if ingress == ep.EnforceIngress && egress == ep.EnforceEgress {
+		return nil
+	}
+	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
+	return m.dp.dp.WriteEndpoint(datapathEndpoint(ep))
+}
+
+// Remove tears an endpoint out of the datapath.
+func (m *endpointRealizer) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
+	var errs []error
+	if err := m.dp.dp.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
+		errs = append(errs, err)
+	}
+	for _, ip := range ep.Addresses() {
+		if err := m.dp.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceLocal, ipcache.OwnerEndpoint(ep.ID)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := m.policy.remove(ep, m.dp.dp.PolicyMap()); err != nil {
+		errs = append(errs, err)
+	}
+	m.mu.Lock()
+	id, held := m.held[ep.ID]
+	delete(m.held, ep.ID)
+	m.mu.Unlock()
+	if held {
+		_ = m.identities.Release(id)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("remove endpoint %d from the datapath: %v", ep.ID, errs)
+	}
+	return nil
+}
