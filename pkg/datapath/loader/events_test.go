@@ -48,8 +48,12 @@ func TestPrivilegedTraceEventsPerConnection(t *testing.T) {
 	}
 	defer er.Close()
 
-	out := func(flags uint8) []byte { return packet(podA, remote, l4{proto: 6, sport: 40000, dport: 80, tcpFlags: flags}) }
-	in := func(flags uint8) []byte { return packet(remote, podA, l4{proto: 6, sport: 80, dport: 40000, tcpFlags: flags}) }
+	out := func(flags uint8) []byte {
+		return packet(podA, remote, l4{proto: 6, sport: 40000, dport: 80, tcpFlags: flags})
+	}
+	in := func(flags uint8) []byte {
+		return packet(remote, podA, l4{proto: 6, sport: 80, dport: 40000, tcpFlags: flags})
+	}
 	steps := []struct {
 		pkt   []byte
 		from  bool
