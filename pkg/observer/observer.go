@@ -30,7 +30,11 @@ type Observer struct {
 	start   time.Time
 
 	decodeErrors atomic.Uint64
+	followers    atomic.Int64
 }
+
+// Followers is the number of follow queries running.
+func (o *Observer) Followers() int { return int(o.followers.Load()) }
 
 // Config configures an Observer.
 type Config struct {
@@ -126,6 +130,10 @@ type Lost func(n uint64) error
 // Flows runs a query, calling send for each flow in order (oldest first),
 // and lost when a follower fell behind the ring.
 func (o *Observer) Flows(ctx context.Context, q Query, send func(*flowpb.Flow) error, lost Lost) error {
+	if q.Follow {
+		o.followers.Add(1)
+		defer o.followers.Add(-1)
+	}
 	r := o.ring
 	oldest, next, _ := r.Bounds()
 	inTime := func(f *flowpb.Flow) (ok, past bool) {
