@@ -269,4 +269,3 @@ func (p *peerService) Notify(_ *peerpb.NotifyRequest, stream grpc.ServerStreamin
 	<-stream.Context().Done()
 	return nil
 }
-
