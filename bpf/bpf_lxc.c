@@ -130,6 +130,9 @@ int from_pod(struct __sk_buff *skb)
 		if (admit(dst, DIR_INGRESS, &p, ct_in, ep->identity))
 			return TC_ACT_SHOT;
 	}
+	/* Whether this packet is worth a trace event is decided before its
+	 * entry records it (a new flag, a first reply). */
+	int notable = trace_notable(e, &p, ct_out, e && ct_is_reply(e, &f));
 	/* The flow's entry changes only once every check passed. ICMP errors
 	 * and fragments are not flows of their own. */
 	if (!p.icmp_error && !p.nonfirst_frag) {
@@ -147,6 +150,8 @@ int from_pod(struct __sk_buff *skb)
 			ct_update(e, &f, &p);
 		}
 	}
+	if (notable)
+		trace(ct_out, DIR_EGRESS, ep_id, &p, ep->identity, dst ? dst->identity : 0);
 	if (direct) {
 		/* A backend's reply to a local client that takes it directly:
 		 * the client's to_pod does not run, so the source becomes the
@@ -187,6 +192,7 @@ int to_pod(struct __sk_buff *skb)
 	int ct = ct_classify(e, &f, &p, ep_id, is_a);
 	if (admit(ep, DIR_INGRESS, &p, ct, 0))
 		return TC_ACT_SHOT;
+	int notable = trace_notable(e, &p, ct, e && ct_is_reply(e, &f));
 	if (!p.icmp_error && !p.nonfirst_frag) {
 		if (!e) {
 			ct_create(&f, &p, is_a ? ep_id : 0, is_a ? 0 : ep_id, 0);
@@ -203,5 +209,7 @@ int to_pod(struct __sk_buff *skb)
 		if (r < 0)
 			return drop((__u8)-r, DIR_INGRESS, ep_id, &p, 0, ep->identity, 0);
 	}
+	if (notable)
+		trace(ct, DIR_INGRESS, ep_id, &p, 0, ep->identity);
 	return TC_ACT_OK;
 }

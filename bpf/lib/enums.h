@@ -79,6 +79,20 @@
  * go:const Event EVENT_ uint8 */
 #define EVENT_DROP 1
 #define EVENT_POLICY_VERDICT 2
+#define EVENT_TRACE 3 /* a forwarded packet (trace events, lib/events.h) */
+
+/* Observation points of trace events (event.obs): which program saw the
+ * packet, as seen from the endpoint.
+ * go:const Obs OBS_ uint8 */
+#define OBS_FROM_ENDPOINT 1 /* from_pod: the pod sent it */
+#define OBS_TO_ENDPOINT 2 /* to_pod: delivered to the pod */
+
+/* Counters of events that never reached the ring buffer
+ * (tdr_events_lost_v1, per CPU).
+ * go:const EventsLost EVENTS_LOST_ */
+#define EVENTS_LOST_RING_FULL 0 /* the ring buffer had no room */
+#define EVENTS_LOST_RATE_LIMITED 1 /* over the per-CPU event rate */
+#define EVENTS_LOST_MAX 2
 
 /* Verdicts of policy verdict events (event.verdict).
  * go:const Verdict VERDICT_ uint8 */

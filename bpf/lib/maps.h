@@ -159,6 +159,12 @@ struct event {
 	__be16 sport;
 	__be16 dport;
 	__u32 len;
+	/* These four bytes were the struct's tail padding (always 0): an
+	 * event of the earlier layout has the same size and reads as "no
+	 * flags, no observation point". */
+	__u8 tcp_flags; /* the packet's TCP flags (TCP only) */
+	__u8 obs;       /* OBS_* of trace events, 0 otherwise */
+	__u16 pad;
 };
 
 /* Per-CPU token bucket of events: credit in ns of event budget. */
@@ -276,6 +282,16 @@ struct {
 	__uint(max_entries, 1);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_ratelimit_v2 SEC(".maps");
+
+/* Events that never reached the ring buffer, by EVENTS_LOST_* (enums.h):
+ * user space reports them, so a lost event is never silent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, EVENTS_LOST_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_events_lost_v1 SEC(".maps");
 
 /* Keep struct event and the policy key and entry in BTF so bpf2go generates
  * their Go types (the inner policy maps name only their sizes). */

@@ -14,5 +14,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newConnectivityCommand,
 		newBPFCommand,
 		newLabCommand,
+		newObserveCommand,
 	}
 }

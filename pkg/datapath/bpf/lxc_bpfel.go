@@ -74,7 +74,9 @@ type LxcEvent struct {
 	Sport       uint16
 	Dport       uint16
 	Len         uint32
-	_           [4]byte
+	TcpFlags    uint8
+	Obs         uint8
+	Pad         uint16
 }
 
 type LxcIpcacheInfo struct {
@@ -245,6 +247,7 @@ const (
 	LxcMapTdrEndpointsV2        = "tdr_endpoints_v2"
 	LxcMapTdrEpIdV1             = "tdr_ep_id_v1"
 	LxcMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
+	LxcMapTdrEventsLostV1       = "tdr_events_lost_v1"
 	LxcMapTdrEventsV1           = "tdr_events_v1"
 	LxcMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	LxcMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
@@ -265,6 +268,8 @@ const (
 	LxcVarEVENTS_BURST          = "EVENTS_BURST"
 	LxcVarEVENTS_PER_SEC        = "EVENTS_PER_SEC"
 	LxcVarPOLICY_VERDICT_EVENTS = "POLICY_VERDICT_EVENTS"
+	LxcVarTRACE_EVENTS          = "TRACE_EVENTS"
+	LxcVarTRACE_EVERY_PACKET    = "TRACE_EVERY_PACKET"
 	LxcVarUnusedEventType       = "unused_event_type"
 	LxcVarUnusedPolicyEntryType = "unused_policy_entry_type"
 	LxcVarUnusedPolicyKeyType   = "unused_policy_key_type"
@@ -327,6 +332,7 @@ type LxcMapSpecs struct {
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
 	TdrEpIdV1         *ebpf.MapSpec `ebpf:"tdr_ep_id_v1"`
 	TdrEpIfindexV1    *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
+	TdrEventsLostV1   *ebpf.MapSpec `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
@@ -351,6 +357,8 @@ type LxcVariableSpecs struct {
 	EVENTS_BURST          *ebpf.VariableSpec `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.VariableSpec `ebpf:"EVENTS_PER_SEC"`
 	POLICY_VERDICT_EVENTS *ebpf.VariableSpec `ebpf:"POLICY_VERDICT_EVENTS"`
+	TRACE_EVENTS          *ebpf.VariableSpec `ebpf:"TRACE_EVENTS"`
+	TRACE_EVERY_PACKET    *ebpf.VariableSpec `ebpf:"TRACE_EVERY_PACKET"`
 	UnusedEventType       *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedPolicyEntryType *ebpf.VariableSpec `ebpf:"unused_policy_entry_type"`
 	UnusedPolicyKeyType   *ebpf.VariableSpec `ebpf:"unused_policy_key_type"`
@@ -383,6 +391,7 @@ type LxcMaps struct {
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
 	TdrEpIdV1         *ebpf.Map `ebpf:"tdr_ep_id_v1"`
 	TdrEpIfindexV1    *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
+	TdrEventsLostV1   *ebpf.Map `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
@@ -409,6 +418,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrEndpointsV2,
 		m.TdrEpIdV1,
 		m.TdrEpIfindexV1,
+		m.TdrEventsLostV1,
 		m.TdrEventsV1,
 		m.TdrIpcacheV2,
 		m.TdrLb4FlowsV1,
@@ -434,6 +444,8 @@ type LxcVariables struct {
 	EVENTS_BURST          *ebpf.Variable `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.Variable `ebpf:"EVENTS_PER_SEC"`
 	POLICY_VERDICT_EVENTS *ebpf.Variable `ebpf:"POLICY_VERDICT_EVENTS"`
+	TRACE_EVENTS          *ebpf.Variable `ebpf:"TRACE_EVENTS"`
+	TRACE_EVERY_PACKET    *ebpf.Variable `ebpf:"TRACE_EVERY_PACKET"`
 	UnusedEventType       *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedPolicyEntryType *ebpf.Variable `ebpf:"unused_policy_entry_type"`
 	UnusedPolicyKeyType   *ebpf.Variable `ebpf:"unused_policy_key_type"`

@@ -208,6 +208,7 @@ const (
 	SockMapTdrEndpointsV2        = "tdr_endpoints_v2"
 	SockMapTdrEpIdV1             = "tdr_ep_id_v1"
 	SockMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
+	SockMapTdrEventsLostV1       = "tdr_events_lost_v1"
 	SockMapTdrEventsV1           = "tdr_events_v1"
 	SockMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	SockMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
@@ -233,6 +234,8 @@ const (
 	SockProgSockSendmsg6         = "sock_sendmsg6"
 	SockVarEVENTS_BURST          = "EVENTS_BURST"
 	SockVarEVENTS_PER_SEC        = "EVENTS_PER_SEC"
+	SockVarTRACE_EVENTS          = "TRACE_EVENTS"
+	SockVarTRACE_EVERY_PACKET    = "TRACE_EVERY_PACKET"
 	SockVarUnusedEventType       = "unused_event_type"
 	SockVarUnusedPolicyEntryType = "unused_policy_entry_type"
 	SockVarUnusedPolicyKeyType   = "unused_policy_key_type"
@@ -301,6 +304,7 @@ type SockMapSpecs struct {
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
 	TdrEpIdV1         *ebpf.MapSpec `ebpf:"tdr_ep_id_v1"`
 	TdrEpIfindexV1    *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
+	TdrEventsLostV1   *ebpf.MapSpec `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
@@ -324,6 +328,8 @@ type SockMapSpecs struct {
 type SockVariableSpecs struct {
 	EVENTS_BURST          *ebpf.VariableSpec `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.VariableSpec `ebpf:"EVENTS_PER_SEC"`
+	TRACE_EVENTS          *ebpf.VariableSpec `ebpf:"TRACE_EVENTS"`
+	TRACE_EVERY_PACKET    *ebpf.VariableSpec `ebpf:"TRACE_EVERY_PACKET"`
 	UnusedEventType       *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedPolicyEntryType *ebpf.VariableSpec `ebpf:"unused_policy_entry_type"`
 	UnusedPolicyKeyType   *ebpf.VariableSpec `ebpf:"unused_policy_key_type"`
@@ -356,6 +362,7 @@ type SockMaps struct {
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
 	TdrEpIdV1         *ebpf.Map `ebpf:"tdr_ep_id_v1"`
 	TdrEpIfindexV1    *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
+	TdrEventsLostV1   *ebpf.Map `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
@@ -382,6 +389,7 @@ func (m *SockMaps) Close() error {
 		m.TdrEndpointsV2,
 		m.TdrEpIdV1,
 		m.TdrEpIfindexV1,
+		m.TdrEventsLostV1,
 		m.TdrEventsV1,
 		m.TdrIpcacheV2,
 		m.TdrLb4FlowsV1,
@@ -406,6 +414,8 @@ func (m *SockMaps) Close() error {
 type SockVariables struct {
 	EVENTS_BURST          *ebpf.Variable `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.Variable `ebpf:"EVENTS_PER_SEC"`
+	TRACE_EVENTS          *ebpf.Variable `ebpf:"TRACE_EVENTS"`
+	TRACE_EVERY_PACKET    *ebpf.Variable `ebpf:"TRACE_EVERY_PACKET"`
 	UnusedEventType       *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedPolicyEntryType *ebpf.Variable `ebpf:"unused_policy_entry_type"`
 	UnusedPolicyKeyType   *ebpf.Variable `ebpf:"unused_policy_key_type"`

@@ -46,6 +46,9 @@ type Config struct {
 	// PolicyVerdictEvents reports allowed new flows to the events ring
 	// buffer too (drops are always reported).
 	PolicyVerdictEvents bool
+	// TraceEvents reports forwarded packets as trace events (TraceOff,
+	// TracePerConnection, TraceEveryPacket; see events.go).
+	TraceEvents TraceMode
 	// DirectDelivery lets a pod's program deliver packets for another
 	// local pod straight into that pod's namespace (bpf_redirect_peer),
 	// enforcing the destination's ingress policy in the same pass, instead
@@ -166,6 +169,9 @@ func (l *Loader) Start() error {
 				return fmt.Errorf("enable policy verdict events: %w", err)
 			}
 		}
+	}
+	if err := l.cfg.TraceEvents.set(spec); err != nil {
+		return err
 	}
 	legacy := l.openLegacy()
 	defer legacy.close()

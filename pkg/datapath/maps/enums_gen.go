@@ -106,6 +106,24 @@ const (
 const (
 	EventDrop          uint8 = 1 // EVENT_DROP
 	EventPolicyVerdict uint8 = 2 // EVENT_POLICY_VERDICT
+	EventTrace         uint8 = 3 // EVENT_TRACE: a forwarded packet (trace events, lib/events.h)
+)
+
+// Observation points of trace events (event.obs): which program saw the
+// packet, as seen from the endpoint.
+// From OBS_* of bpf/lib/enums.h.
+const (
+	ObsFromEndpoint uint8 = 1 // OBS_FROM_ENDPOINT: from_pod: the pod sent it
+	ObsToEndpoint   uint8 = 2 // OBS_TO_ENDPOINT: to_pod: delivered to the pod
+)
+
+// Counters of events that never reached the ring buffer
+// (tdr_events_lost_v1, per CPU).
+// From EVENTS_LOST_* of bpf/lib/enums.h.
+const (
+	EventsLostRingFull    = 0 // EVENTS_LOST_RING_FULL: the ring buffer had no room
+	EventsLostRateLimited = 1 // EVENTS_LOST_RATE_LIMITED: over the per-CPU event rate
+	EventsLostMax         = 2 // EVENTS_LOST_MAX
 )
 
 // Verdicts of policy verdict events (event.verdict).

@@ -1,0 +1,234 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	flowpb "github.com/cilium/cilium/api/v1/flow"
+	observerpb "github.com/cilium/cilium/api/v1/observer"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/tendril-net/tendril/pkg/hubble"
+	"github.com/tendril-net/tendril/pkg/hubble/hubbletest"
+	"github.com/tendril-net/tendril/pkg/observer"
+)
+
+// syncBuffer is a bytes.Buffer safe to read while a command writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func runObserve(ctx context.Context, t *testing.T, out *syncBuffer, args ...string) error {
+	t.Helper()
+	cmd := NewRootCommand()
+	cmd.SetArgs(append([]string{"observe"}, args...))
+	cmd.SetOut(out)
+	cmd.SetErr(out)
+	return cmd.ExecuteContext(ctx)
+}
+
+func observeLines(t *testing.T, args ...string) []string {
+	t.Helper()
+	var out syncBuffer
+	if err := runObserve(context.Background(), t, &out, args...); err != nil {
+		t.Fatalf("observe %v: %v\n%s", args, err, out.String())
+	}
+	return strings.Split(strings.TrimSpace(out.String()), "\n")
+}
+
+func parseJSONLines(t *testing.T, lines []string) []*flowpb.Flow {
+	t.Helper()
+	var out []*flowpb.Flow
+	for _, l := range lines {
+		if l == "" {
+			continue
+		}
+		var r observerpb.GetFlowsResponse
+		if err := protojson.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("parse %q: %v", l, err)
+		}
+		out = append(out, r.GetFlow())
+	}
+	return out
+}
+
+// TestPrivilegedObserveCommand runs `tendril observe` against the Hubble
+// server, fed with flows decoded from the real datapath's events.
+func TestPrivilegedObserveCommand(t *testing.T) {
+	evs := hubbletest.DatapathEvents(t, hubbletest.Scenario())
+	obs := observer.New(observer.Config{}, hubbletest.Node{Name: "node-a"}, nil)
+	for _, ev := range evs[:len(evs)-1] {
+		if err := obs.Observe(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sock := filepath.Join(t.TempDir(), "hubble.sock")
+	srv := hubble.New(hubble.Config{SocketPath: sock, TCPAddress: "127.0.0.1:0"}, obs, nil)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	stored := len(evs) - 1
+
+	for _, server := range []string{"unix://" + sock, srv.TCPAddr().String()} {
+		flows := parseJSONLines(t, observeLines(t, "--server", server, "--all", "-o", "json"))
+		if len(flows) != stored {
+			t.Fatalf("%s: %d flows, want %d", server, len(flows), stored)
+		}
+	}
+	sock = "unix://" + sock
+
+	compact := strings.Join(observeLines(t, "--server", sock, "--last", "100"), "\n")
+	for _, want := range []string{
+		"shop/web-7d9f:40000 (ID:1000) -> data/db-0:5432 (ID:1001) policy-verdict FORWARDED TCP Flags: SYN; allowed by data/db-allow-web",
+		"192.0.2.9:50000 (ID:2) -> data/db-0:22 (ID:1001) drop DROPPED (Policy deny) TCP Flags: SYN; denied by data/db-deny-ssh",
+		"shop/web-7d9f:40001 (ID:1000) -> data/db-0:3306 (ID:1001) drop DROPPED (Policy denied) TCP Flags: SYN; default deny",
+		"data/db-0:5432 (ID:1001) -> shop/web-7d9f:40000 (ID:1000) from-endpoint FORWARDED TCP Flags: SYN, ACK; reply",
+	} {
+		if !strings.Contains(compact, want) {
+			t.Errorf("compact output lacks %q:\n%s", want, compact)
+		}
+	}
+	if lines := observeLines(t, "--server", sock, "--last", "3"); len(lines) != 3 {
+		t.Errorf("--last 3 printed %d lines", len(lines))
+	}
+	table := observeLines(t, "--server", sock, "--verdict", "DROPPED", "-o", "table")
+	if len(table) != 3 || !strings.HasPrefix(table[0], "TIME") || !strings.Contains(table[0], "VERDICT") {
+		t.Errorf("table of drops:\n%s", strings.Join(table, "\n"))
+	}
+
+	filters := []struct {
+		args  []string
+		check func(*flowpb.Flow) bool
+	}{
+		{[]string{"--pod", "shop/web"}, func(f *flowpb.Flow) bool {
+			return f.GetSource().GetPodName() == "web-7d9f" || f.GetDestination().GetPodName() == "web-7d9f"
+		}},
+		{[]string{"--from-namespace", "data"}, func(f *flowpb.Flow) bool { return f.GetSource().GetNamespace() == "data" }},
+		{[]string{"--to-label", "app=db", "--type", "drop"}, func(f *flowpb.Flow) bool {
+			return f.GetDestination().GetPodName() == "db-0" && f.GetVerdict() == flowpb.Verdict_DROPPED
+		}},
+		{[]string{"--to-port", "22"}, func(f *flowpb.Flow) bool { return f.GetL4().GetTCP().GetDestinationPort() == 22 }},
+		{[]string{"--protocol", "udp"}, func(f *flowpb.Flow) bool { return f.GetL4().GetUDP() != nil }},
+		{[]string{"--ip", "192.0.2.0/24"}, func(f *flowpb.Flow) bool {
+			return f.GetIP().GetSource() == "192.0.2.9" || f.GetIP().GetDestination() == "192.0.2.9"
+		}},
+		{[]string{"--tcp-flags", "SYN,ACK"}, func(f *flowpb.Flow) bool { return f.GetL4().GetTCP().GetFlags().GetACK() }},
+		{[]string{"--type", "trace:to-endpoint"}, func(f *flowpb.Flow) bool {
+			return f.GetTraceObservationPoint() == flowpb.TraceObservationPoint_TO_ENDPOINT
+		}},
+		{[]string{"--identity", "2"}, func(f *flowpb.Flow) bool {
+			return f.GetSource().GetIdentity() == 2 || f.GetDestination().GetIdentity() == 2
+		}},
+		{[]string{"--drop-reason", "POLICY_DENY"}, func(f *flowpb.Flow) bool {
+			return f.GetDropReasonDesc() == flowpb.DropReason_POLICY_DENY
+		}},
+	}
+	for _, c := range filters {
+		flows := parseJSONLines(t, observeLines(t, append([]string{"--server", sock, "--all", "-o", "json"}, c.args...)...))
+		if len(flows) == 0 || len(flows) == stored {
+			t.Errorf("%v selected %d of %d flows", c.args, len(flows), stored)
+		}
+		for _, f := range flows {
+			if !c.check(f) {
+				t.Errorf("%v let through %v", c.args, f)
+			}
+		}
+	}
+	var out syncBuffer
+	if err := runObserve(context.Background(), t, &out, "--server", sock, "--protocol", "http"); err == nil {
+		t.Error("an L7 protocol filter was accepted")
+	}
+
+	// --follow prints a new flow within a second.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var fout syncBuffer
+	go func() {
+		done <- runObserve(ctx, t, &fout, "--server", sock, "--follow", "--protocol", "udp", "-o", "json")
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for obs.Followers() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	sent := time.Now()
+	if err := obs.Observe(evs[len(evs)-1]); err != nil {
+		t.Fatal(err)
+	}
+	for fout.String() == "" && time.Since(sent) < 5*time.Second {
+		time.Sleep(5 * time.Millisecond)
+	}
+	latency := time.Since(sent)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("follow: %v", err)
+	}
+	flows := parseJSONLines(t, strings.Split(strings.TrimSpace(fout.String()), "\n"))
+	if len(flows) != 1 || !flows[0].GetIsReply().GetValue() || latency > time.Second {
+		t.Fatalf("followed %d flows (%v) after %v", len(flows), flows, latency)
+	}
+}
+
+func TestObserveRequest(t *testing.T) {
+	now := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	cases := []struct {
+		o      observeOptions
+		number uint64
+		first  bool
+		nf     int
+		err    bool
+	}{
+		{o: observeOptions{}, number: 20},
+		{o: observeOptions{follow: true}, number: 0},
+		{o: observeOptions{last: 100, follow: true}, number: 100},
+		{o: observeOptions{first: 5}, number: 5, first: true},
+		{o: observeOptions{first: 5, follow: true}, err: true},
+		{o: observeOptions{all: true, verdict: []string{"dropped"}}, nf: 1},
+		{o: observeOptions{pod: []string{"ns/a"}, verdict: []string{"DROPPED"}}, number: 20, nf: 2},
+		{o: observeOptions{verdict: []string{"sideways"}}, err: true},
+		{o: observeOptions{types: []string{"l7"}}, err: true},
+		{o: observeOptions{since: "5m"}, number: 0},
+	}
+	for i, c := range cases {
+		req, err := c.o.request(now)
+		if c.err {
+			if err == nil {
+				t.Errorf("case %d: no error", i)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		if req.GetNumber() != c.number || req.GetFirst() != c.first || len(req.GetWhitelist()) != c.nf {
+			t.Errorf("case %d: %v", i, req)
+		}
+	}
+	req, _ := (&observeOptions{since: "5m"}).request(now)
+	if !req.GetSince().AsTime().Equal(now.Add(-5 * time.Minute)) {
+		t.Errorf("since %v", req.GetSince().AsTime())
+	}
+	req, _ = (&observeOptions{pod: []string{"ns/a"}, ns: []string{"kube-system"}}).request(now)
+	if w := req.GetWhitelist(); len(w) != 2 || strings.Join(w[0].GetSourcePod(), " ") != "ns/a kube-system/" ||
+		strings.Join(w[1].GetDestinationPod(), " ") != "ns/a kube-system/" || len(w[0].GetDestinationPod()) != 0 {
+		t.Errorf("either-side filters: %v", w)
+	}
+}

@@ -1,0 +1,252 @@
+package observer
+
+import (
+	"crypto/rand"
+	"fmt"
+	"net/netip"
+	"time"
+
+	flowpb "github.com/cilium/cilium/api/v1/flow"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+)
+
+// Event types of flows (flow.CiliumEventType.Type), as Cilium's monitor
+// numbers them: the hubble CLI's --type filter sends these.
+const (
+	MessageTypeDrop          = 1
+	MessageTypeTrace         = 4
+	MessageTypePolicyVerdict = 5
+)
+
+// Sub-types of trace flows (flow.CiliumEventType.SubType): the observation
+// point as Cilium's monitor numbers it (hubble --type trace:to-endpoint).
+const (
+	TraceToEndpoint   = 0
+	TraceFromEndpoint = 5
+)
+
+// dropReasons maps the datapath's drop reasons to Hubble's.
+var dropReasons = map[uint8]flowpb.DropReason{
+	maps.ReasonPolicyDenied:     flowpb.DropReason_POLICY_DENIED,
+	maps.ReasonPolicyDenyRule:   flowpb.DropReason_POLICY_DENY,
+	maps.ReasonTruncated:        flowpb.DropReason_CT_TRUNCATED_OR_INVALID_HEADER,
+	maps.ReasonMalformed:        flowpb.DropReason_INVALID_PACKET_DROPPED,
+	maps.ReasonInvalidSource:    flowpb.DropReason_INVALID_SOURCE_IP,
+	maps.ReasonUnknownL3:        flowpb.DropReason_UNSUPPORTED_L3_PROTOCOL,
+	maps.ReasonNoEndpoint:       flowpb.DropReason_UNKNOWN_L3_TARGET_ADDRESS,
+	maps.ReasonFragment:         flowpb.DropReason_IP_FRAGMENTATION_NOT_SUPPORTED,
+	maps.ReasonUnknownInterface: flowpb.DropReason_NO_CONFIGURATION_AVAILABLE_TO_PERFORM_POLICY_DECISION,
+	maps.ReasonSvcNoBackend:     flowpb.DropReason_SERVICE_BACKEND_NOT_FOUND,
+	maps.ReasonNatFailed:        flowpb.DropReason_ERROR_WRITING_TO_PACKET,
+}
+
+// DropReason is Hubble's drop reason for a datapath reason.
+func DropReason(reason uint8) flowpb.DropReason {
+	if r, ok := dropReasons[reason]; ok {
+		return r
+	}
+	return flowpb.DropReason_DROP_REASON_UNKNOWN
+}
+
+// traceReasons maps the conntrack classification of a trace event.
+var traceReasons = map[uint8]flowpb.TraceReason{
+	maps.ReasonForwarded:     flowpb.TraceReason_NEW,
+	maps.ReasonCTEstablished: flowpb.TraceReason_ESTABLISHED,
+	maps.ReasonCTReply:       flowpb.TraceReason_REPLY,
+	maps.ReasonCTRelated:     flowpb.TraceReason_RELATED,
+}
+
+// Clock gives the wall time and CLOCK_MONOTONIC now, to place the events'
+// monotonic timestamps in wall time.
+type Clock func() (wall time.Time, monotonic time.Duration)
+
+// SystemClock reads the system's clocks.
+func SystemClock() (time.Time, time.Duration) {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Now(), time.Duration(ts.Nano())
+}
+
+// Decoder builds flows from datapath events.
+type Decoder struct {
+	Node  NodeKnowledge
+	Clock Clock
+}
+
+// Decode builds the flow of one event.
+func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
+	clock := d.Clock
+	if clock == nil {
+		clock = SystemClock
+	}
+	wall, mono := clock()
+	f := &flowpb.Flow{
+		Time:     timestamppb.New(wall.Add(ev.Monotonic - mono)),
+		Uuid:     newUUID(),
+		Type:     flowpb.FlowType_L3_L4,
+		NodeName: d.Node.NodeName(),
+		IP:       &flowpb.IP{Source: ev.Src.String(), Destination: ev.Dst.String(), IpVersion: flowpb.IPVersion_IPv4},
+		L4:       layer4(ev),
+	}
+	if ev.Src.Is6() {
+		f.IP.IpVersion = flowpb.IPVersion_IPv6
+	}
+	if ev.Direction == maps.DirIngress {
+		f.TrafficDirection = flowpb.TrafficDirection_INGRESS
+	} else {
+		f.TrafficDirection = flowpb.TrafficDirection_EGRESS
+	}
+	f.Source, f.Destination = d.endpoints(ev)
+	switch ev.Type {
+	case maps.EventDrop:
+		f.Verdict = flowpb.Verdict_DROPPED
+		reason := DropReason(ev.Reason)
+		f.DropReasonDesc = reason
+		f.DropReason = uint32(reason)
+		f.EventType = &flowpb.CiliumEventType{Type: MessageTypeDrop, SubType: int32(reason)}
+		if ev.Reason == maps.ReasonPolicyDenied || ev.Reason == maps.ReasonPolicyDenyRule {
+			// Policy decides new flows only: a denied packet starts one.
+			f.IsReply = wrapperspb.Bool(false)
+		}
+		if ev.Reason == maps.ReasonPolicyDenyRule && ev.Cookie != 0 {
+			d.attachPolicy(f, ev, true)
+		}
+	case maps.EventPolicyVerdict:
+		f.Verdict = flowpb.Verdict_FORWARDED
+		if !ev.Allowed {
+			f.Verdict = flowpb.Verdict_DROPPED
+		}
+		f.EventType = &flowpb.CiliumEventType{Type: MessageTypePolicyVerdict}
+		f.IsReply = wrapperspb.Bool(false)
+		if ev.Cookie != 0 {
+			d.attachPolicy(f, ev, !ev.Allowed)
+		}
+	case maps.EventTrace:
+		f.Verdict = flowpb.Verdict_FORWARDED
+		sub := int32(TraceToEndpoint)
+		f.TraceObservationPoint = flowpb.TraceObservationPoint_TO_ENDPOINT
+		if ev.ObsPoint == maps.ObsFromEndpoint {
+			sub = TraceFromEndpoint
+			f.TraceObservationPoint = flowpb.TraceObservationPoint_FROM_ENDPOINT
+		}
+		f.EventType = &flowpb.CiliumEventType{Type: MessageTypeTrace, SubType: sub}
+		f.TraceReason = traceReasons[ev.Reason]
+		if f.TraceReason != flowpb.TraceReason_RELATED {
+			f.IsReply = wrapperspb.Bool(f.TraceReason == flowpb.TraceReason_REPLY)
+		}
+	default:
+		return nil, fmt.Errorf("decode event: unknown type %d", ev.Type)
+	}
+	return f, nil
+}
+
+// attachPolicy names the rule that decided the flow.
+func (d *Decoder) attachPolicy(f *flowpb.Flow, ev loader.Event, denied bool) {
+	p, ok := d.Node.PolicyByCookie(ev.Cookie)
+	if !ok {
+		return
+	}
+	pol := []*flowpb.Policy{{Name: p.Name, Namespace: p.Namespace, Labels: p.Labels, Revision: p.Revision, Kind: p.Kind}}
+	switch {
+	case ev.Direction == maps.DirIngress && denied:
+		f.IngressDeniedBy = pol
+	case ev.Direction == maps.DirIngress:
+		f.IngressAllowedBy = pol
+	case denied:
+		f.EgressDeniedBy = pol
+	default:
+		f.EgressAllowedBy = pol
+	}
+}
+
+// endpoints fills both sides: the event's endpoint is the source of what
+// it sends (egress) and the destination of what it receives (ingress).
+func (d *Decoder) endpoints(ev loader.Event) (src, dst *flowpb.Endpoint) {
+	local, haveLocal := Endpoint{}, false
+	if ev.EndpointID != 0 {
+		local, haveLocal = d.Node.EndpointByID(ev.EndpointID)
+	}
+	side := func(addr netip.Addr, identity uint32, isLocal bool) *flowpb.Endpoint {
+		e, ok := local, haveLocal && isLocal
+		if !ok {
+			e, ok = d.Node.EndpointByIP(addr)
+		}
+		if identity == 0 {
+			identity = e.Identity
+		}
+		out := &flowpb.Endpoint{ID: e.ID, Identity: identity, Namespace: e.Namespace, PodName: e.PodName, Labels: e.Labels}
+		if len(out.Labels) == 0 && identity != 0 {
+			out.Labels = d.Node.IdentityLabels(identity)
+		}
+		if e.WorkloadName != "" {
+			out.Workloads = []*flowpb.Workload{{Name: e.WorkloadName, Kind: e.WorkloadKind}}
+		}
+		return out
+	}
+	egress := ev.Direction == maps.DirEgress
+	return side(ev.Src, ev.SrcIdentity, egress), side(ev.Dst, ev.DstIdentity, !egress)
+}
+
+func layer4(ev loader.Event) *flowpb.Layer4 {
+	switch ev.Proto {
+	case 6:
+		t := &flowpb.TCP{SourcePort: uint32(ev.SrcPort), DestinationPort: uint32(ev.DstPort), Flags: TCPFlags(ev.TCPFlags)}
+		return &flowpb.Layer4{Protocol: &flowpb.Layer4_TCP{TCP: t}}
+	case 17:
+		return &flowpb.Layer4{Protocol: &flowpb.Layer4_UDP{UDP: &flowpb.UDP{SourcePort: uint32(ev.SrcPort), DestinationPort: uint32(ev.DstPort)}}}
+	case 132:
+		return &flowpb.Layer4{Protocol: &flowpb.Layer4_SCTP{SCTP: &flowpb.SCTP{SourcePort: uint32(ev.SrcPort), DestinationPort: uint32(ev.DstPort)}}}
+	case 1:
+		return &flowpb.Layer4{Protocol: &flowpb.Layer4_ICMPv4{ICMPv4: &flowpb.ICMPv4{Type: icmpType(ev, 8, 0)}}}
+	case 58:
+		return &flowpb.Layer4{Protocol: &flowpb.Layer4_ICMPv6{ICMPv6: &flowpb.ICMPv6{Type: icmpType(ev, 128, 129)}}}
+	}
+	return nil
+}
+
+// icmpType recovers the ICMP type from the event's ports as the parser
+// fills them (bpf/lib/parse.h): an echo request carries its identifier as
+// the source port, an echo reply as the destination port, an error its
+// type as the destination port. (Other, rare, types read as echo replies;
+// an echo with identifier 0 reads as type 0.)
+func icmpType(ev loader.Event, request, reply uint32) uint32 {
+	switch {
+	case ev.SrcPort != 0 && ev.DstPort == 0:
+		return request
+	case ev.SrcPort == 0 && ev.DstPort != 0 && !isICMPError(ev.Proto, ev.DstPort):
+		return reply
+	}
+	return uint32(ev.DstPort)
+}
+
+func isICMPError(proto uint8, t uint16) bool {
+	if proto == 1 {
+		return t == 3 || t == 11 || t == 12
+	}
+	return t >= 1 && t <= 4
+}
+
+// TCPFlags converts the header's flag byte; nil when none is set.
+func TCPFlags(b uint8) *flowpb.TCPFlags {
+	if b == 0 {
+		return nil
+	}
+	return &flowpb.TCPFlags{
+		FIN: b&0x01 != 0, SYN: b&0x02 != 0, RST: b&0x04 != 0, PSH: b&0x08 != 0,
+		ACK: b&0x10 != 0, URG: b&0x20 != 0, ECE: b&0x40 != 0, CWR: b&0x80 != 0,
+	}
+}
+
+// newUUID is a random (version 4) UUID.
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}

@@ -1,0 +1,87 @@
+package observer
+
+import (
+	"testing"
+	"time"
+
+	flowpb "github.com/cilium/cilium/api/v1/flow"
+
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+)
+
+func TestDecodeDropNamesPodsReasonAndPolicy(t *testing.T) {
+	d := &Decoder{Node: fakeNode{}, Clock: fixedClock}
+	ev := dropEvent(webIP, dbIP, 5432, maps.ReasonPolicyDenyRule, 1500*time.Millisecond)
+	ev.Cookie = 7
+	f, err := d.Decode(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.GetVerdict() != flowpb.Verdict_DROPPED || f.GetDropReasonDesc() != flowpb.DropReason_POLICY_DENY || f.GetEventType().GetType() != MessageTypeDrop {
+		t.Errorf("verdict %v reason %v type %v", f.GetVerdict(), f.GetDropReasonDesc(), f.GetEventType())
+	}
+	if got := f.GetTime().AsTime(); !got.Equal(base.Add(1500 * time.Millisecond)) {
+		t.Errorf("time %v, want %v", got, base.Add(1500*time.Millisecond))
+	}
+	if f.GetSource().GetPodName() != "web-7d9f" || f.GetSource().GetNamespace() != "shop" || f.GetSource().GetWorkloads()[0].GetName() != "web" {
+		t.Errorf("source %v", f.GetSource())
+	}
+	if f.GetDestination().GetPodName() != "db-0" || f.GetDestination().GetIdentity() != 1001 || f.GetDestination().GetID() != 2 {
+		t.Errorf("destination %v", f.GetDestination())
+	}
+	if f.GetTrafficDirection() != flowpb.TrafficDirection_INGRESS || f.GetNodeName() != "node-a" || f.GetIsReply().GetValue() {
+		t.Errorf("direction %v node %q reply %v", f.GetTrafficDirection(), f.GetNodeName(), f.GetIsReply())
+	}
+	if p := f.GetIngressDeniedBy(); len(p) != 1 || p[0].GetName() != "db-ingress" || p[0].GetNamespace() != "data" {
+		t.Errorf("ingress denied by %v", p)
+	}
+	if tcp := f.GetL4().GetTCP(); tcp.GetDestinationPort() != 5432 || !tcp.GetFlags().GetSYN() || tcp.GetFlags().GetACK() {
+		t.Errorf("l4 %v", f.GetL4())
+	}
+	if f.GetIP().GetSource() != "10.1.0.2" || f.GetIP().GetIpVersion() != flowpb.IPVersion_IPv4 || len(f.GetUuid()) != 36 {
+		t.Errorf("ip %v uuid %q", f.GetIP(), f.GetUuid())
+	}
+
+	// Default deny names no policy.
+	f, _ = d.Decode(dropEvent(webIP, dbIP, 5432, maps.ReasonPolicyDenied, 0))
+	if f.GetDropReasonDesc() != flowpb.DropReason_POLICY_DENIED || len(f.GetIngressDeniedBy()) != 0 {
+		t.Errorf("default deny: %v %v", f.GetDropReasonDesc(), f.GetIngressDeniedBy())
+	}
+}
+
+func TestDecodeTraceAndVerdict(t *testing.T) {
+	d := &Decoder{Node: fakeNode{}, Clock: fixedClock}
+	// A reply to web from the world: the remote side is named by its
+	// identity's labels.
+	ev := traceEvent(worldA, webIP, 6, 443, 40000, 0x12, maps.DirIngress, maps.ReasonCTReply, 0)
+	ev.SrcIdentity, ev.DstIdentity = 2, 1000
+	f, err := d.Decode(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.GetVerdict() != flowpb.Verdict_FORWARDED || f.GetTraceObservationPoint() != flowpb.TraceObservationPoint_TO_ENDPOINT ||
+		f.GetEventType().GetType() != MessageTypeTrace || f.GetEventType().GetSubType() != TraceToEndpoint || !f.GetIsReply().GetValue() ||
+		f.GetTraceReason() != flowpb.TraceReason_REPLY {
+		t.Errorf("trace flow: %v", f)
+	}
+	if l := f.GetSource().GetLabels(); len(l) != 1 || l[0] != "reserved:world" || f.GetDestination().GetPodName() != "web-7d9f" {
+		t.Errorf("source %v destination %v", f.GetSource(), f.GetDestination())
+	}
+	// An allowed verdict names the rule that allowed it.
+	v := loader.Event{Type: maps.EventPolicyVerdict, Direction: maps.DirEgress, EndpointID: 1, Proto: 17, Allowed: true, Cookie: 7,
+		Src: webIP, Dst: dbIP, SrcPort: 5000, DstPort: 53, SrcIdentity: 1000, DstIdentity: 1001, Monotonic: at(0)}
+	f, _ = d.Decode(v)
+	if f.GetEventType().GetType() != MessageTypePolicyVerdict || len(f.GetEgressAllowedBy()) != 1 || f.GetL4().GetUDP().GetDestinationPort() != 53 {
+		t.Errorf("verdict flow: %v", f)
+	}
+	// ICMP echo request: the identifier is in the source port.
+	icmp := traceEvent(webIP, worldA, 1, 7, 0, 0, maps.DirEgress, maps.ReasonForwarded, 0)
+	f, _ = d.Decode(icmp)
+	if f.GetL4().GetICMPv4().GetType() != 8 || f.GetTraceObservationPoint() != flowpb.TraceObservationPoint_FROM_ENDPOINT {
+		t.Errorf("icmp flow: %v", f)
+	}
+	if _, err := d.Decode(loader.Event{Type: 99}); err == nil {
+		t.Error("an unknown event type decoded")
+	}
+}
