@@ -231,9 +231,6 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 		}
 		if !contains(ids, id) {
 			ids = append(ids, id)
-			if !contains(prev.backends, id) {
-				o.backendRefs[id]++
-			}
 		}
 		if b.Active {
 			slots = append(slots, id)
@@ -267,6 +264,13 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 		}
 	}
 	s.Count = uint16(len(slots))
+	// References are counted only once the frontend is written, so that
+	// a failed attempt retried later does not count its backends twice.
+	for _, id := range ids {
+		if !contains(prev.backends, id) {
+			o.backendRefs[id]++
+		}
+	}
 	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev}
 	var errs []error
 	for _, id := range prev.backends {
