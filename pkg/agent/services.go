@@ -2,9 +2,7 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"iter"
 	"log/slog"
 	"strings"
 	"time"
@@ -78,7 +76,8 @@ type servicesModule struct {
 	client *k8sClient
 	dp     *datapathModule
 	source *k8ssource.Source
-	// ops is set by the restore step, before the reconciler starts.
+	// ops is set by the restore step, before the reconciler is
+	// registered.
 	ops      *lbmap.Ops
 	restored lbmap.Restored
 	sock     *socklb.SockLB
@@ -118,19 +117,33 @@ func newServicesModule(p servicesParams) (*servicesModule, error) {
 	if p.Datapath == nil {
 		return m, nil
 	}
-	// The reconciler's jobs are added after the step: they start once the
-	// IDs are restored.
+	// The job is added after the step: it starts once the IDs are
+	// restored. It registers the reconciler only once every source has
+	// delivered its initial state: reconciling a service seen before its
+	// EndpointSlices (after a restart) would empty its slots for a moment
+	// and free its backends' IDs.
 	jobs := newJobGroup(p.Jobs, p.Health, "services", p.Log)
-	_, err = reconciler.Register(
-		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: jobs, ModuleID: p.ModuleID},
-		tables.Frontends, (*loadbalancer.Frontend).Clone, (*loadbalancer.Frontend).SetStatus, (*loadbalancer.Frontend).GetStatus,
-		lateOps{m}, nil,
-		reconciler.WithRetry(100*time.Millisecond, 30*time.Second),
-		reconciler.WithPruning(5*time.Minute),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("register the LB maps reconciler: %w", err)
-	}
+	params := reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: jobs, ModuleID: p.ModuleID}
+	jobs.Add(job.OneShot("lb-reconciler-start", func(ctx context.Context, _ cell.Health) error {
+		if init, watch := tables.Frontends.Initialized(p.DB.ReadTxn()); !init {
+			m.log.Info("Waiting for the service sources to sync before writing the LB maps")
+			select {
+			case <-watch:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		_, err := reconciler.Register(params,
+			tables.Frontends, (*loadbalancer.Frontend).Clone, (*loadbalancer.Frontend).SetStatus, (*loadbalancer.Frontend).GetStatus,
+			m.ops, nil,
+			reconciler.WithRetry(100*time.Millisecond, 30*time.Second),
+			reconciler.WithPruning(5*time.Minute),
+		)
+		if err != nil {
+			return fmt.Errorf("register the LB maps reconciler: %w", err)
+		}
+		return nil
+	}))
 	return m, nil
 }
 
@@ -182,41 +195,6 @@ func (m *servicesModule) stop(context.Context) error {
 		return m.sock.Close()
 	}
 	return nil
-}
-
-// lateOps hands the reconciler the operations the restore step creates
-// (the maps exist only once the datapath's step ran).
-type lateOps struct{ m *servicesModule }
-
-func (l lateOps) get() (*lbmap.Ops, error) {
-	if l.m.ops == nil {
-		return nil, errors.New("load-balancer maps not restored yet")
-	}
-	return l.m.ops, nil
-}
-
-func (l lateOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, f *loadbalancer.Frontend) error {
-	o, err := l.get()
-	if err != nil {
-		return err
-	}
-	return o.Update(ctx, txn, rev, f)
-}
-
-func (l lateOps) Delete(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, f *loadbalancer.Frontend) error {
-	o, err := l.get()
-	if err != nil {
-		return err
-	}
-	return o.Delete(ctx, txn, rev, f)
-}
-
-func (l lateOps) Prune(ctx context.Context, txn statedb.ReadTxn, objs iter.Seq2[*loadbalancer.Frontend, statedb.Revision]) error {
-	o, err := l.get()
-	if err != nil {
-		return err
-	}
-	return o.Prune(ctx, txn, objs)
 }
 
 // statusSection is the services part of `tendril status`.

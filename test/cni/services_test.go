@@ -30,6 +30,35 @@ import (
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
 
+// startControlPlane starts the API server and etcd from an OS thread that
+// lives until the test ends: they die with the thread that started them
+// (Pdeathsig), and the CNI harness ends the threads it runs plugins from.
+func startControlPlane(t *testing.T, ctx context.Context) (*k8senv.Env, error) {
+	type result struct {
+		env *k8senv.Env
+		err error
+	}
+	started, stop, stopped := make(chan result, 1), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		env, err := k8senv.Start(ctx, k8senv.Options{})
+		started <- result{env, err}
+		if err != nil {
+			return
+		}
+		<-stop
+		env.Stop()
+	}()
+	r := <-started
+	t.Cleanup(func() {
+		close(stop)
+		<-stopped
+	})
+	return r.env, r.err
+}
+
 // inNetnsDo runs fn on an OS thread switched into the network namespace at
 // path, then switches the thread back. The thread must not exit: the
 // control plane's processes die with the thread that started them
@@ -129,9 +158,8 @@ func TestPrivilegedServiceTrafficPerPacket(t *testing.T) {
 	testutil.Privileged(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	env, err := k8senv.Start(ctx, k8senv.Options{})
+	env, err := startControlPlane(t, ctx)
 	testutil.Require(t, err == nil, fmt.Sprintf("no control plane: %v", err))
-	t.Cleanup(env.Stop)
 	cs := env.Clientset()
 	apiAddr := strings.TrimPrefix(env.RESTConfig().Host, "https://")
 

@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/k8s"
@@ -106,6 +107,15 @@ func (a *agent) services(t *testing.T) []*models.Service {
 	return out
 }
 
+func (a *agent) status(t *testing.T) *ext.StatusResponse {
+	t.Helper()
+	var st ext.StatusResponse
+	if err := a.api.Do(context.Background(), http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
+		t.Fatal(err)
+	}
+	return &st
+}
+
 func (a *agent) stop(t *testing.T) {
 	t.Helper()
 	_ = a.cmd.Process.Kill()
@@ -167,7 +177,13 @@ func TestPrivilegedServicesInKubernetes(t *testing.T) {
 
 	root := "/sys/fs/bpf/tendril-k8s-svc-" + randHex()
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	flags := []string{"--enable-datapath=true", "--bpf-root", root, "--ipv4-range", "10.244.30.0/24", "--ipv6-range", "none"}
+	// Socket LB on a child cgroup, never the machine's root.
+	cg := "/sys/fs/cgroup/unified/tendril-test-svc-" + randHex()
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(cg) })
+	flags := []string{"--enable-datapath=true", "--bpf-root", root, "--ipv4-range", "10.244.30.0/24", "--ipv6-range", "none", "--cgroup-root", cg}
 	a := startAgent(t, "node-svc", flags...)
 	a.waitServing(t)
 
@@ -210,6 +226,16 @@ func TestPrivilegedServicesInKubernetes(t *testing.T) {
 		}
 		if err := a.api.Do(ctx, http.MethodGet, "/service/65000", nil, nil, nil, &one); !client.IsNotFound(err) {
 			t.Fatalf("unknown service: %v", err)
+		}
+	})
+
+	t.Run("status", func(t *testing.T) {
+		st := a.status(t)
+		if v := section(st, "Services", "socket LB"); v != cg+" (8 hooks, 0 kept from the previous run)" {
+			t.Errorf("socket LB line %q", v)
+		}
+		if v := section(st, "Services", "sources synced"); v != "true" {
+			t.Errorf("sources synced line %q", v)
 		}
 	})
 
@@ -260,7 +286,32 @@ func TestPrivilegedServicesInKubernetes(t *testing.T) {
 	before := waitLB("web back to two", webFE, func(s lbState) bool { return fmt.Sprint(s.backends) == fmt.Sprint(want2) })
 	dnsBefore := readFrontend(t, root, dnsFE)
 
-	// Restart: every ID stays.
+	// Restart: every ID stays, and the service keeps its two backends
+	// throughout (the new agent writes nothing before it has seen both
+	// the Service and its EndpointSlice).
+	lb, err := maps.OpenPinnedLB(root, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.Close()
+	watchDone, counts := make(chan struct{}), make(chan map[uint16]int, 1)
+	go func() {
+		seen := map[uint16]int{}
+		for {
+			select {
+			case <-watchDone:
+				counts <- seen
+				return
+			default:
+			}
+			if s, ok, err := lb.ServiceMap().Lookup(webFE); err == nil && ok {
+				seen[s.Count]++
+			} else {
+				seen[0]++
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
 	a.stop(t)
 	a = startAgent(t, "node-svc", flags...)
 	a.waitServing(t)
@@ -272,7 +323,14 @@ func TestPrivilegedServicesInKubernetes(t *testing.T) {
 		}
 		return false, nil
 	})
+	close(watchDone)
+	if seen := <-counts; len(seen) != 1 || seen[2] == 0 {
+		t.Errorf("web's backend count during the restart (count: samples) %v, want always 2", seen)
+	}
 	after := readFrontend(t, root, webFE)
+	if v := section(a.status(t), "Services", "socket LB"); v != cg+" (8 hooks, 8 kept from the previous run)" {
+		t.Errorf("socket LB line after the restart %q", v)
+	}
 	if after.svc.ID != before.svc.ID || after.svc.RevNATID != before.svc.RevNATID || fmt.Sprint(after.ids) != fmt.Sprint(before.ids) {
 		t.Fatalf("IDs changed across the restart: before %+v %v, after %+v %v", before.svc, before.ids, after.svc, after.ids)
 	}

@@ -2,6 +2,7 @@ package lbmap
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -193,5 +194,43 @@ func TestPrivilegedOpsWriteRestorePrune(t *testing.T) {
 	}
 	if n, _ := m.BackendMap().Count(); n != 1 {
 		t.Fatalf("%d backends left, want web's one", n)
+	}
+}
+
+// TestPrivilegedBackendLeavesAndReturnsAcrossRestart: a backend that left
+// and came back has a new ID; a restart keeps that one.
+func TestPrivilegedBackendLeavesAndReturnsAcrossRestart(t *testing.T) {
+	m := newLBMaps(t)
+	ctx := context.Background()
+	o := New(m, maglev.DefaultConfig(), quiet())
+	if _, err := o.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	term := loadbalancer.FrontendBackend{Addr: netip.MustParseAddrPort("10.0.0.2:80"), Terminating: true, Active: true}
+	steps := []*loadbalancer.Frontend{
+		fe("10.96.0.1:80", loadbalancer.TCP, act("10.0.0.1:80"), act("10.0.0.2:80")),
+		fe("10.96.0.1:80", loadbalancer.TCP, term),
+		fe("10.96.0.1:80", loadbalancer.TCP, act("10.0.0.1:80"), act("10.0.0.2:80")),
+	}
+	for _, f := range steps {
+		if err := o.Update(ctx, nil, 0, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := o.FrontendIDs(steps[2].Key)
+	n, _ := m.BackendMap().Count()
+	if n != 2 {
+		t.Fatalf("%d backends in the map, want 2", n)
+	}
+	o2 := New(m, maglev.DefaultConfig(), quiet())
+	if _, err := o2.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	if err := o2.Update(ctx, nil, 0, steps[2]); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := o2.FrontendIDs(steps[2].Key)
+	if fmt.Sprint(before) != fmt.Sprint(after) {
+		t.Fatalf("IDs before %+v, after the restart %+v", before, after)
 	}
 }
