@@ -38,11 +38,13 @@ type apiParams struct {
 	Datapath   *datapathModule   // nil without the datapath
 	K8s        *kubernetesModule // nil in standalone mode
 	KVStore    *kvstoreModule    // nil without a kvstore
+	Services   *servicesModule
 }
 
 func registerAPIHandlers(p apiParams) {
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
-		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore}).register(p.API)
+		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services}).register(p.API)
+	(&serviceAPI{services: p.Services}).register(p.API)
 	(&policyAPI{policy: p.Policy}).register(p.API)
 	(&mapAPI{cfg: p.Config, dp: p.Datapath}).register(p.API)
 	(&identityAPI{identities: p.Identities, eps: p.Endpoints, dp: p.Datapath}).register(p.API)
@@ -63,6 +65,7 @@ type daemonAPI struct {
 	dp         *datapathModule
 	k8s        *kubernetesModule
 	kvstore    *kvstoreModule
+	services   *servicesModule
 }
 
 // policyAPI serves /v1/policy.

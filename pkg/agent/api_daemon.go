@@ -157,6 +157,9 @@ func (h *daemonAPI) sections() []ext.Section {
 	if h.dp != nil {
 		out = append(out, h.dp.statusSection())
 	}
+	if h.services != nil {
+		out = append(out, h.services.statusSection())
+	}
 	return append(out, h.eps.statusSection(), identityStatusSection(h.identities))
 }
 

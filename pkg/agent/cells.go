@@ -3,6 +3,7 @@ package agent
 import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
 )
 
 // cells is the agent: one cell per subsystem. Each cell's constructor takes
@@ -11,15 +12,17 @@ import (
 // depend on each other, the order of this list decides, and it is the
 // seeds' order (docs/architecture.md, TestStartOrder):
 //
-//	config, k8s-client, bpf-maps, endpoint-restore-ipam, k8s-node-writeback,
+//	config, k8s-client, bpf-maps, lb-restore, endpoint-restore-ipam, k8s-node-writeback,
 //	k8s-watchers, kvstore, identity-restore, host-ips-ct-gc, policy-restore,
 //	regenerate-restored, policy-regeneration, metrics, pprof, api-server
 func cells(cfg Config, deps Deps) []cell.Cell {
 	return []cell.Cell{
 		job.Cell,
+		statedb.Cell,
 		coreCell(cfg, deps),
 		kubernetesClientCell,
 		datapathCell,
+		servicesCell,
 		endpointsCell,
 		kubernetesCell,
 		kvstoreCell,

@@ -10,7 +10,7 @@ import (
 // seedsOrder is the agent's start, in the order of ARCHITECTURE.md and the
 // seeds: every step, with Kubernetes, the datapath and a kvstore.
 var seedsOrder = []string{
-	"config", "k8s-client", "bpf-maps", "endpoint-restore-ipam", "k8s-node-writeback", "k8s-watchers",
+	"config", "k8s-client", "bpf-maps", "lb-restore", "endpoint-restore-ipam", "k8s-node-writeback", "k8s-watchers",
 	"kvstore", "identity-restore", "host-ips-ct-gc", "policy-restore", "regenerate-restored",
 	"policy-regeneration", "metrics", "pprof", "api-server",
 }

@@ -90,6 +90,9 @@ type Config struct {
 	// IdentityLabels decides which labels of a pod count for its identity.
 	IdentityLabels labels.Config
 
+	// Services are the services' options (socket LB, selection).
+	Services ServicesConfig
+
 	API       server.Config
 	Metrics   metrics.Config
 	Profiling profiling.Config
@@ -125,6 +128,7 @@ func DefaultConfig() Config {
 		IdentityAllocationMode: IdentityAllocationCRD,
 		KVStoreConfig:          kvstore.DefaultConfig(),
 		IdentityLabels:         labels.DefaultConfig(),
+		Services:               ServicesConfig{LBAlgorithm: "random"},
 		API:                    server.DefaultConfig(),
 		Metrics:                metrics.DefaultConfig(),
 		Profiling:              profiling.DefaultConfig(),
@@ -158,6 +162,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.KVStore, "kvstore", c.KVStore, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
 	c.KVStoreConfig.Flags(fs)
 	c.IdentityLabels.Flags(fs)
+	c.Services.Flags(fs)
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)
 	c.Profiling.Flags(fs)
@@ -214,6 +219,9 @@ func (c *Config) Validate() error {
 
 	if _, err := labels.NewFilter(c.IdentityLabels); err != nil {
 		errs = append(errs, fmt.Errorf("identity-labels: %w", err))
+	}
+	if err := c.Services.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.K8sCacheSyncTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("k8s-cache-sync-timeout %s: must be positive", c.K8sCacheSyncTimeout))

@@ -10,6 +10,7 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newIPAMCommand,
 		newPolicyCommand,
 		newIdentityCommand,
+		newServiceCommand,
 		newIPCommand,
 		newConnectivityCommand,
 		newBPFCommand,

@@ -1,0 +1,237 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/spf13/pflag"
+
+	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/datapath/socklb"
+	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8ssource"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/lbmap"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/maglev"
+)
+
+// ServicesConfig is the services' part of the agent's configuration.
+type ServicesConfig struct {
+	// CgroupRoot is the cgroup v2 directory the socket load-balancer is
+	// attached to; empty: no socket LB (per-packet NAT in the pod
+	// programs translates every service flow), and hooks pinned by an
+	// earlier run are detached.
+	CgroupRoot string
+	// LBAlgorithm is the default backend selection: random or maglev (a
+	// service's annotation service.tendril.io/lb-algorithm wins).
+	LBAlgorithm string
+	// MaglevHashSeed seeds the Maglev permutations; every node of a
+	// cluster must use the same.
+	MaglevHashSeed uint64
+}
+
+// Flags registers the services' flags.
+func (c *ServicesConfig) Flags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.CgroupRoot, "cgroup-root", c.CgroupRoot, "cgroup v2 directory to attach the socket load-balancer to (e.g. /sys/fs/cgroup); empty: services are translated per packet only")
+	fs.StringVar(&c.LBAlgorithm, "lb-algorithm", c.LBAlgorithm, "Default backend selection of services: random or maglev (annotation service.tendril.io/lb-algorithm overrides)")
+	fs.Uint64Var(&c.MaglevHashSeed, "maglev-hash-seed", c.MaglevHashSeed, "Seed of the Maglev permutations (the same on every node)")
+}
+
+// Validate checks the services' options.
+func (c *ServicesConfig) Validate() error {
+	if c.LBAlgorithm != "random" && c.LBAlgorithm != "maglev" {
+		return fmt.Errorf("lb-algorithm %q: must be random or maglev", c.LBAlgorithm)
+	}
+	if c.CgroupRoot != "" && !strings.HasPrefix(c.CgroupRoot, "/") {
+		return fmt.Errorf("cgroup-root %q: must be an absolute path", c.CgroupRoot)
+	}
+	return nil
+}
+
+// servicesCell is start step 4 (service, reverse NAT and backend IDs
+// restored from the LB maps before anything writes them, the socket
+// load-balancer attached) and what follows from it: the services tables fed
+// by the Service and EndpointSlice watchers, and the reconciler writing
+// them into the LB maps.
+var servicesCell = cell.Module("services", "Services load-balanced by the datapath",
+	cell.Provide(newServicesModule),
+	cell.Invoke(func(*servicesModule) {}),
+)
+
+// servicesModule owns the services tables, their Kubernetes source and
+// the LB maps reconciler (without the datapath: the tables only).
+type servicesModule struct {
+	cfg    Config
+	log    *slog.Logger
+	tables *loadbalancer.Tables
+	writer *loadbalancer.Writer
+	client *k8sClient
+	dp     *datapathModule
+	source *k8ssource.Source
+	// ops is set by the restore step, before the reconciler is
+	// registered.
+	ops      *lbmap.Ops
+	restored lbmap.Restored
+	sock     *socklb.SockLB
+	unsub    []func()
+}
+
+type servicesParams struct {
+	cell.In
+
+	Config    Config
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	Steps     *lifecycle.Steps
+	Jobs      job.Registry
+	Health    *health.Registry
+	DB        *statedb.DB
+	ModuleID  cell.FullModuleID
+	Client    *k8sClient
+	Datapath  *datapathModule
+}
+
+func newServicesModule(p servicesParams) (*servicesModule, error) {
+	tables, err := loadbalancer.NewTables(p.DB)
+	if err != nil {
+		return nil, err
+	}
+	m := &servicesModule{cfg: p.Config, log: p.Log, tables: tables, writer: loadbalancer.NewWriter(tables, p.Config.NodeName),
+		client: p.Client, dp: p.Datapath}
+	if p.Client == nil && p.Datapath == nil {
+		return m, nil
+	}
+	if p.Client != nil {
+		// Pruning waits for this source's initial lists.
+		m.source = k8ssource.NewSource(m.writer, p.Config.Services.LBAlgorithm == "maglev", p.Log)
+	}
+	p.Steps.Append(p.Lifecycle, "lb-restore", m.start, m.stop)
+	if p.Datapath == nil {
+		return m, nil
+	}
+	// The job is added after the step: it starts once the IDs are
+	// restored. It registers the reconciler only once every source has
+	// delivered its initial state: reconciling a service seen before its
+	// EndpointSlices (after a restart) would empty its slots for a moment
+	// and free its backends' IDs.
+	jobs := newJobGroup(p.Jobs, p.Health, "services", p.Log)
+	params := reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: jobs, ModuleID: p.ModuleID}
+	jobs.Add(job.OneShot("lb-reconciler-start", func(ctx context.Context, _ cell.Health) error {
+		if init, watch := tables.Frontends.Initialized(p.DB.ReadTxn()); !init {
+			m.log.Info("Waiting for the service sources to sync before writing the LB maps")
+			select {
+			case <-watch:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		_, err := reconciler.Register(params,
+			tables.Frontends, (*loadbalancer.Frontend).Clone, (*loadbalancer.Frontend).SetStatus, (*loadbalancer.Frontend).GetStatus,
+			m.ops, nil,
+			reconciler.WithRetry(100*time.Millisecond, 30*time.Second),
+			reconciler.WithPruning(5*time.Minute),
+		)
+		if err != nil {
+			return fmt.Errorf("register the LB maps reconciler: %w", err)
+		}
+		return nil
+	}))
+	return m, nil
+}
+
+// start is step 4: the IDs read back from the pinned LB maps (before the
+// reconciler writes anything), the socket load-balancer attached, and the
+// watchers subscribed (their events flow once step 6 starts them).
+func (m *servicesModule) start(context.Context) error {
+	if m.dp != nil {
+		m.ops = lbmap.New(m.dp.loader.Maps().LB, maglev.Config{Size: maglev.DefaultSize, Seed: m.cfg.Services.MaglevHashSeed}, m.log)
+		r, err := m.ops.Restore()
+		if err != nil {
+			return fmt.Errorf("restore load-balancer IDs: %w", err)
+		}
+		m.restored = r
+		m.log.Info("Load-balancer IDs restored", "services", r.Services, "backends", r.Backends, "reverse-nat", r.RevNAT)
+		sock := socklb.New(socklb.Config{BPFRoot: m.cfg.BPFRoot, CgroupPath: m.cfg.Services.CgroupRoot}, m.log)
+		if m.cfg.Services.CgroupRoot == "" {
+			// No socket LB this run: hooks an earlier run pinned go.
+			if err := sock.Detach(); err != nil {
+				return fmt.Errorf("detach the socket load-balancer: %w", err)
+			}
+		} else {
+			if err := sock.Start(); err != nil {
+				return fmt.Errorf("attach the socket load-balancer to %s: %w", m.cfg.Services.CgroupRoot, err)
+			}
+			m.sock = sock
+		}
+	}
+	if m.source != nil {
+		w := m.client.watchers
+		unsub, err := w.Services.Subscribe(m.source.OnService)
+		if err != nil {
+			return err
+		}
+		m.unsub = append(m.unsub, unsub)
+		if unsub, err = w.EndpointSlices.Subscribe(m.source.OnEndpointSlice); err != nil {
+			return err
+		}
+		m.unsub = append(m.unsub, unsub)
+	}
+	return nil
+}
+
+func (m *servicesModule) stop(context.Context) error {
+	for _, u := range m.unsub {
+		u()
+	}
+	if m.sock != nil {
+		return m.sock.Close()
+	}
+	return nil
+}
+
+// statusSection is the services part of `tendril status`.
+func (m *servicesModule) statusSection() ext.Section {
+	txn := m.tables.DB.ReadTxn()
+	s := ext.Section{Title: "Services"}
+	var done, pending, failed int
+	for f := range m.tables.Frontends.All(txn) {
+		switch f.Status.Kind {
+		case reconciler.StatusKindDone:
+			done++
+		case reconciler.StatusKindError:
+			failed++
+		default:
+			pending++
+		}
+	}
+	s.Lines = append(s.Lines,
+		ext.Line{Key: "services", Value: fmt.Sprintf("%d", m.tables.Services.NumObjects(txn))},
+		ext.Line{Key: "frontends", Value: fmt.Sprintf("%d (%d in the LB maps, %d pending, %d failed)", done+pending+failed, done, pending, failed)},
+		ext.Line{Key: "backends", Value: fmt.Sprintf("%d", m.tables.Backends.NumObjects(txn))},
+	)
+	if m.dp == nil {
+		s.Lines = append(s.Lines, ext.Line{Key: "datapath", Value: "disabled: services are not translated on this node"})
+		return s
+	}
+	s.Lines = append(s.Lines, ext.Line{Key: "restored at start", Value: fmt.Sprintf("%d frontends, %d backends, %d reverse NAT entries",
+		m.restored.Services, m.restored.Backends, m.restored.RevNAT)})
+	init, _ := m.tables.Frontends.Initialized(txn)
+	s.Lines = append(s.Lines, ext.Line{Key: "sources synced", Value: fmt.Sprintf("%t", init)})
+	algo := m.cfg.Services.LBAlgorithm
+	s.Lines = append(s.Lines, ext.Line{Key: "default selection", Value: algo})
+	if m.sock != nil {
+		st := m.sock.Status()
+		s.Lines = append(s.Lines, ext.Line{Key: "socket LB", Value: fmt.Sprintf("%s (%d hooks, %d kept from the previous run)", st.Cgroup, st.Hooks, st.Kept)})
+	} else {
+		s.Lines = append(s.Lines, ext.Line{Key: "socket LB", Value: "off (--cgroup-root unset): per-packet NAT only"})
+	}
+	return s
+}

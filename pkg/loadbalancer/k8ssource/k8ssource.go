@@ -1,0 +1,236 @@
+// Package k8ssource turns Kubernetes Services and EndpointSlices
+// (discovery/v1) into the load-balancer tables' services and backends. Its
+// event handlers only convert and write the tables through a
+// loadbalancer.Writer in one short transaction each; the frontends table
+// is marked initialized once both kinds have delivered their initial list.
+package k8ssource
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/loadbalancer"
+)
+
+// AnnotationLBAlgorithm picks a service's backend selection: "maglev" or
+// "random" (the node's default otherwise).
+const AnnotationLBAlgorithm = "service.tendril.io/lb-algorithm"
+
+// Default ClientIP affinity timeout (Kubernetes' default, 3 hours).
+const defaultAffinityTimeout = 10800
+
+// ServiceFrom converts a Service; ok is false for services without
+// frontends here (headless, ExternalName, no cluster IP).
+func ServiceFrom(s *corev1.Service, defaultMaglev bool) (svc *loadbalancer.Service, ok bool, err error) {
+	if s.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil, false, nil
+	}
+	out := &loadbalancer.Service{Name: loadbalancer.ServiceName{Namespace: s.Namespace, Name: s.Name}, Type: string(s.Spec.Type),
+		InternalTrafficPolicy: loadbalancer.TrafficPolicyCluster, Maglev: defaultMaglev}
+	if out.Type == "" {
+		out.Type = string(corev1.ServiceTypeClusterIP)
+	}
+	ips := s.Spec.ClusterIPs
+	if len(ips) == 0 && s.Spec.ClusterIP != "" {
+		ips = []string{s.Spec.ClusterIP}
+	}
+	for _, ip := range ips {
+		if ip == "" || ip == corev1.ClusterIPNone {
+			continue
+		}
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			return nil, false, fmt.Errorf("service %s: cluster IP %q: %w", out.Name, ip, err)
+		}
+		out.Addresses = append(out.Addresses, a.Unmap())
+	}
+	if len(out.Addresses) == 0 {
+		return nil, false, nil
+	}
+	for _, p := range s.Spec.Ports {
+		proto, err := protoOf(p.Protocol)
+		if err != nil {
+			return nil, false, fmt.Errorf("service %s port %q: %w", out.Name, p.Name, err)
+		}
+		out.Ports = append(out.Ports, loadbalancer.ServicePort{Name: p.Name, Port: uint16(p.Port), Proto: proto})
+	}
+	if s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		out.Affinity, out.AffinityTimeout = true, defaultAffinityTimeout
+		if c := s.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			out.AffinityTimeout = uint32(*c.ClientIP.TimeoutSeconds)
+		}
+	}
+	if p := s.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
+		out.InternalTrafficPolicy = loadbalancer.TrafficPolicyLocal
+	}
+	switch strings.ToLower(s.Annotations[AnnotationLBAlgorithm]) {
+	case "maglev":
+		out.Maglev = true
+	case "random":
+		out.Maglev = false
+	}
+	return out, true, nil
+}
+
+func protoOf(p corev1.Protocol) (uint8, error) {
+	if p == "" {
+		return loadbalancer.TCP, nil
+	}
+	return loadbalancer.ParseProto(string(p))
+}
+
+// BackendsFrom converts an EndpointSlice into the backends of its service
+// (label kubernetes.io/service-name); ok is false for a slice of no
+// service or of an address type other than IPv4/IPv6.
+func BackendsFrom(es *discoveryv1.EndpointSlice) (name loadbalancer.ServiceName, backends []*loadbalancer.Backend, ok bool) {
+	svc := es.Labels[discoveryv1.LabelServiceName]
+	if svc == "" || (es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6) {
+		return name, nil, false
+	}
+	name = loadbalancer.ServiceName{Namespace: es.Namespace, Name: svc}
+	for _, ep := range es.Endpoints {
+		// Unset conditions mean ready and serving (the API's documented
+		// default), not terminating.
+		ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
+		serving := ready
+		if ep.Conditions.Serving != nil {
+			serving = *ep.Conditions.Serving
+		}
+		terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
+		var nodeName, zone string
+		if ep.NodeName != nil {
+			nodeName = *ep.NodeName
+		}
+		if ep.Zone != nil {
+			zone = *ep.Zone
+		}
+		for _, a := range ep.Addresses {
+			addr, err := netip.ParseAddr(a)
+			if err != nil {
+				continue
+			}
+			for _, p := range es.Ports {
+				if p.Port == nil {
+					continue
+				}
+				var proto corev1.Protocol
+				if p.Protocol != nil {
+					proto = *p.Protocol
+				}
+				l4, err := protoOf(proto)
+				if err != nil {
+					continue
+				}
+				var portName string
+				if p.Name != nil {
+					portName = *p.Name
+				}
+				backends = append(backends, &loadbalancer.Backend{
+					Addr: netip.AddrPortFrom(addr.Unmap(), uint16(*p.Port)), Proto: l4, PortName: portName,
+					NodeName: nodeName, Zone: zone, Ready: ready, Serving: serving, Terminating: terminating,
+				})
+			}
+		}
+	}
+	return name, backends, true
+}
+
+// Source feeds the tables from the watchers' events.
+type Source struct {
+	w             *loadbalancer.Writer
+	log           *slog.Logger
+	defaultMaglev bool
+
+	mu sync.Mutex
+	// sliceOwner remembers each slice's service, so a slice whose label
+	// changed or that is deleted is taken out of the right service.
+	sliceOwner map[string]loadbalancer.ServiceName
+	synced     map[string]bool
+	done       func()
+}
+
+// NewSource returns a source writing through w; it marks the frontends
+// table initialized once services and EndpointSlices have both synced.
+func NewSource(w *loadbalancer.Writer, defaultMaglev bool, log *slog.Logger) *Source {
+	return &Source{w: w, log: log, defaultMaglev: defaultMaglev, sliceOwner: map[string]loadbalancer.ServiceName{},
+		synced: map[string]bool{}, done: w.RegisterInitializer("k8s-services")}
+}
+
+func (s *Source) markSynced(kind string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.synced[kind] = true
+	if s.synced["services"] && s.synced["endpointslices"] && s.done != nil {
+		s.done()
+		s.done = nil
+		s.log.Info("Services and EndpointSlices synced; stale load-balancer entries may now be pruned")
+	}
+}
+
+// OnService handles a Service event.
+func (s *Source) OnService(ev watchers.Event[*corev1.Service]) {
+	if ev.Kind == watchers.Synced {
+		s.markSynced("services")
+		return
+	}
+	name := loadbalancer.ServiceName{Namespace: ev.Object.Namespace, Name: ev.Object.Name}
+	var err error
+	if ev.Kind == watchers.Delete {
+		err = s.w.DeleteService(name)
+	} else {
+		svc, ok, cerr := ServiceFrom(ev.Object, s.defaultMaglev)
+		switch {
+		case cerr != nil:
+			s.log.Warn("Service not translated", "service", ev.Key, "error", cerr)
+			err = s.w.DeleteService(name)
+		case !ok:
+			err = s.w.DeleteService(name)
+		default:
+			err = s.w.UpsertService(svc)
+		}
+	}
+	if err != nil {
+		s.log.Error("Write service", "service", ev.Key, "error", err)
+	}
+}
+
+// OnEndpointSlice handles an EndpointSlice event.
+func (s *Source) OnEndpointSlice(ev watchers.Event[*discoveryv1.EndpointSlice]) {
+	if ev.Kind == watchers.Synced {
+		s.markSynced("endpointslices")
+		return
+	}
+	s.mu.Lock()
+	prev, hadPrev := s.sliceOwner[ev.Key]
+	s.mu.Unlock()
+	source := ev.Object.Name
+	name, backends, ok := BackendsFrom(ev.Object)
+	if ev.Kind == watchers.Delete {
+		ok = false
+	}
+	if hadPrev && (!ok || prev != name) {
+		if err := s.w.SetBackends(prev, source, nil); err != nil {
+			s.log.Error("Remove EndpointSlice backends", "endpointslice", ev.Key, "error", err)
+		}
+	}
+	s.mu.Lock()
+	if ok {
+		s.sliceOwner[ev.Key] = name
+	} else {
+		delete(s.sliceOwner, ev.Key)
+	}
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	if err := s.w.SetBackends(name, source, backends); err != nil {
+		s.log.Error("Write EndpointSlice backends", "endpointslice", ev.Key, "error", err)
+	}
+}

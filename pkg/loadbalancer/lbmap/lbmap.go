@@ -1,0 +1,437 @@
+// Package lbmap writes the load-balancer frontends table into the node's
+// pinned LB maps (the reconciler's operations): it owns the service,
+// reverse NAT and backend IDs, restores them from the maps at start so
+// they survive a restart, writes each frontend in the order the datapath
+// needs (docs/services.md) and prunes what no frontend uses once the
+// table is initialized.
+package lbmap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"net/netip"
+	"sort"
+	"sync"
+
+	"github.com/cilium/statedb"
+
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/maglev"
+)
+
+// written is what the maps hold for one frontend.
+type written struct {
+	svc      maps.Service
+	backends []uint32 // every backend ID the frontend references
+	maglev   bool
+}
+
+// Ops are the reconciler's operations over the LB maps. Every method is
+// safe for concurrent use (the reconciler calls the operations from one
+// goroutine; the API reads the IDs).
+type Ops struct {
+	maps   *maps.LBMaps
+	maglev maglev.Config
+	log    *slog.Logger
+
+	mu sync.Mutex
+	// svcIDs and revNATIDs name each frontend's IDs; usedIDs holds every
+	// service or reverse NAT ID in use (they share one space so that a
+	// new frontend gets the same number for both).
+	svcIDs    map[loadbalancer.FrontendKey]uint32
+	revNATIDs map[loadbalancer.FrontendKey]uint32
+	usedIDs   map[uint32]bool
+	// orphanRevNAT are reverse NAT entries found at restore that no
+	// frontend owns: reserved until the prune.
+	orphanRevNAT map[uint32]bool
+	nextID       uint32
+
+	backendIDs  map[netip.AddrPort]uint32
+	backendAddr map[uint32]netip.AddrPort
+	backendRefs map[uint32]int
+	nextBackend uint32
+
+	state map[loadbalancer.FrontendKey]written
+}
+
+// New returns the operations over m (the node's LB maps).
+func New(m *maps.LBMaps, mcfg maglev.Config, log *slog.Logger) *Ops {
+	return &Ops{
+		maps: m, maglev: mcfg, log: log,
+		svcIDs: map[loadbalancer.FrontendKey]uint32{}, revNATIDs: map[loadbalancer.FrontendKey]uint32{}, usedIDs: map[uint32]bool{},
+		orphanRevNAT: map[uint32]bool{}, backendIDs: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{},
+		backendRefs: map[uint32]int{}, state: map[loadbalancer.FrontendKey]written{}, nextID: 1, nextBackend: 1,
+	}
+}
+
+func keyOf(f maps.Frontend) loadbalancer.FrontendKey {
+	return loadbalancer.FrontendKey{Addr: netip.AddrPortFrom(f.Addr.Unmap(), f.Port), Proto: f.Proto}
+}
+
+func frontendOf(k loadbalancer.FrontendKey) maps.Frontend {
+	return maps.Frontend{Addr: k.Addr.Addr(), Port: k.Addr.Port(), Proto: k.Proto}
+}
+
+// Restored counts what Restore found.
+type Restored struct {
+	Services, Backends, RevNAT int
+}
+
+// Restore reads the IDs back from the pinned maps and reserves them, so an
+// existing frontend keeps its service and reverse NAT IDs, an existing
+// backend its ID, and no ID in the maps is given to anything else. It must
+// run before the first Update.
+func (o *Ops) Restore() (Restored, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var r Restored
+	var errs []error
+	err := o.maps.BackendMap().Iterate(func(id uint32, b maps.Backend) bool {
+		ap := netip.AddrPortFrom(b.Addr.Unmap(), b.Port)
+		o.backendAddr[id] = ap
+		if _, dup := o.backendIDs[ap]; !dup {
+			o.backendIDs[ap] = id
+		}
+		r.Backends++
+		return true
+	})
+	if err != nil {
+		return r, fmt.Errorf("restore backend IDs: %w", err)
+	}
+	err = o.maps.ServiceMap().Iterate(func(f maps.Frontend, s maps.Service) bool {
+		k := keyOf(f)
+		o.svcIDs[k], o.revNATIDs[k] = s.ID, s.RevNATID
+		o.usedIDs[s.ID], o.usedIDs[s.RevNATID] = true, true
+		slots, err := o.maps.SlotMap().Get(s.ID, int(s.Count))
+		if err != nil {
+			errs = append(errs, err)
+		}
+		w := written{svc: s, maglev: s.Flags&maps.SvcFlagMaglev != 0}
+		for _, b := range slots {
+			if b != 0 && !contains(w.backends, b) {
+				w.backends = append(w.backends, b)
+				o.backendRefs[b]++
+			}
+		}
+		o.state[k] = w
+		r.Services++
+		return true
+	})
+	if err != nil {
+		return r, fmt.Errorf("restore service IDs: %w", err)
+	}
+	err = o.maps.RevNATMap().Iterate(func(id uint32, _ netip.AddrPort) bool {
+		if !o.usedIDs[id] {
+			o.orphanRevNAT[id] = true
+			o.usedIDs[id] = true
+		}
+		r.RevNAT++
+		return true
+	})
+	if err != nil {
+		return r, fmt.Errorf("restore reverse NAT IDs: %w", err)
+	}
+	return r, errors.Join(errs...)
+}
+
+func contains(s []uint32, v uint32) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// allocID returns the next ID free in [1, LBMaxIds).
+func allocID(next *uint32, used func(uint32) bool) (uint32, error) {
+	for i := 0; i < maps.LBMaxIds; i++ {
+		id := *next
+		*next++
+		if *next >= maps.LBMaxIds {
+			*next = 1
+		}
+		if id != 0 && !used(id) {
+			return id, nil
+		}
+	}
+	return 0, errors.New("no free ID left")
+}
+
+func (o *Ops) serviceIDsLocked(k loadbalancer.FrontendKey) (svc, revNAT uint32, err error) {
+	if id, ok := o.svcIDs[k]; ok {
+		return id, o.revNATIDs[k], nil
+	}
+	id, err := allocID(&o.nextID, func(id uint32) bool { return o.usedIDs[id] })
+	if err != nil {
+		return 0, 0, fmt.Errorf("service ID for %s: %w", k, err)
+	}
+	o.usedIDs[id] = true
+	o.svcIDs[k], o.revNATIDs[k] = id, id
+	return id, id, nil
+}
+
+func (o *Ops) backendIDLocked(ap netip.AddrPort) (uint32, error) {
+	if id, ok := o.backendIDs[ap]; ok {
+		return id, nil
+	}
+	id, err := allocID(&o.nextBackend, func(id uint32) bool { _, ok := o.backendAddr[id]; return ok })
+	if err != nil {
+		return 0, fmt.Errorf("backend ID for %s: %w", ap, err)
+	}
+	o.backendIDs[ap], o.backendAddr[id] = id, ap
+	return id, nil
+}
+
+// releaseBackendLocked drops one frontend's reference to backend id and
+// deletes the backend once none is left.
+func (o *Ops) releaseBackendLocked(id uint32) error {
+	o.backendRefs[id]--
+	if o.backendRefs[id] > 0 {
+		return nil
+	}
+	delete(o.backendRefs, id)
+	if err := o.maps.BackendMap().Delete(id); err != nil {
+		return err
+	}
+	if ap, ok := o.backendAddr[id]; ok && o.backendIDs[ap] == id {
+		delete(o.backendIDs, ap)
+	}
+	delete(o.backendAddr, id)
+	return nil
+}
+
+// Update writes frontend f: its backends, its Maglev table, then the
+// service (reverse NAT, slots, entry), then drops what it no longer uses.
+func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f *loadbalancer.Frontend) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	svcID, revNAT, err := o.serviceIDsLocked(f.Key)
+	if err != nil {
+		return err
+	}
+	prev, hadPrev := o.state[f.Key]
+	var ids, slots []uint32
+	var mg []maglev.Backend
+	for _, b := range f.Backends {
+		id, err := o.backendIDLocked(b.Addr)
+		if err != nil {
+			return err
+		}
+		state := maps.BackendStateActive
+		if b.Terminating {
+			state = maps.BackendStateTerminating
+		}
+		if err := o.maps.BackendMap().Upsert(id, maps.Backend{Addr: b.Addr.Addr(), Port: b.Addr.Port(), State: state}); err != nil {
+			return fmt.Errorf("frontend %s: %w", f.Key, err)
+		}
+		if !contains(ids, id) {
+			ids = append(ids, id)
+		}
+		if b.Active {
+			slots = append(slots, id)
+			mg = append(mg, maglev.Backend{Key: b.Addr.String(), ID: id, Weight: 1})
+		}
+	}
+	s := maps.Service{ID: svcID, RevNATID: revNAT}
+	if f.Affinity {
+		s.Flags |= maps.SvcFlagAffinity
+		s.AffinityTimeout = f.AffinityTimeout
+	}
+	if f.InternalTrafficPolicy == loadbalancer.TrafficPolicyLocal {
+		s.Flags |= maps.SvcFlagInternalLocal
+	}
+	if f.Maglev {
+		s.Flags |= maps.SvcFlagMaglev
+		table, err := maglev.Table(mg, o.maglev)
+		if err != nil {
+			return fmt.Errorf("Maglev table of %s: %w", f.Key, err)
+		}
+		if err := o.maps.MaglevMap().Upsert(svcID, table); err != nil {
+			return err
+		}
+	}
+	if err := o.maps.ApplyService(frontendOf(f.Key), s, slots, int(prev.svc.Count)); err != nil {
+		return err
+	}
+	if hadPrev && prev.maglev && !f.Maglev {
+		if err := o.maps.MaglevMap().Delete(svcID); err != nil {
+			return err
+		}
+	}
+	s.Count = uint16(len(slots))
+	// References are counted only once the frontend is written, so that
+	// a failed attempt retried later does not count its backends twice.
+	for _, id := range ids {
+		if !contains(prev.backends, id) {
+			o.backendRefs[id]++
+		}
+	}
+	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev}
+	var errs []error
+	for _, id := range prev.backends {
+		if contains(ids, id) {
+			continue
+		}
+		if _, err := o.maps.AffinityMap().DeleteMatching(svcID, id); err != nil {
+			errs = append(errs, err)
+		}
+		if err := o.releaseBackendLocked(id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Delete removes frontend f's entries and releases its IDs.
+func (o *Ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f *loadbalancer.Frontend) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.deleteLocked(f.Key)
+}
+
+// deleteLocked removes a frontend: the service entry, slots, Maglev table
+// and affinity (RemoveService), then its reverse NAT entry (sockets and
+// flows still translated by it get their replies untranslated: the
+// deferred deletion is not implemented yet, docs/services.md), then the
+// backends only it used.
+func (o *Ops) deleteLocked(k loadbalancer.FrontendKey) error {
+	w, ok := o.state[k]
+	if !ok {
+		return nil
+	}
+	if err := o.maps.RemoveService(frontendOf(k), w.svc); err != nil {
+		return fmt.Errorf("remove frontend %s: %w", k, err)
+	}
+	if err := o.maps.RevNATMap().Delete(w.svc.RevNATID); err != nil {
+		return err
+	}
+	delete(o.state, k)
+	delete(o.usedIDs, o.svcIDs[k])
+	delete(o.usedIDs, o.revNATIDs[k])
+	delete(o.svcIDs, k)
+	delete(o.revNATIDs, k)
+	var errs []error
+	for _, id := range w.backends {
+		if err := o.releaseBackendLocked(id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Prune deletes what no frontend of the table uses: frontends restored or
+// written earlier that are gone, their backends, reverse NAT entries of
+// no frontend, and slots of no service. The reconciler calls it only once
+// the table is initialized (every source synced).
+func (o *Ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*loadbalancer.Frontend, statedb.Revision]) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	live := map[loadbalancer.FrontendKey]bool{}
+	for f := range objs {
+		live[f.Key] = true
+	}
+	var errs []error
+	var stale []loadbalancer.FrontendKey
+	for k := range o.state {
+		if !live[k] {
+			stale = append(stale, k)
+		}
+	}
+	for _, k := range stale {
+		o.log.Info("Pruning stale frontend", "frontend", k.String())
+		if err := o.deleteLocked(k); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for id := range o.orphanRevNAT {
+		if err := o.maps.RevNATMap().Delete(id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(o.orphanRevNAT, id)
+		delete(o.usedIDs, id)
+	}
+	for id := range o.backendAddr {
+		if o.backendRefs[id] > 0 {
+			continue
+		}
+		if err := o.maps.BackendMap().Delete(id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if ap := o.backendAddr[id]; o.backendIDs[ap] == id {
+			delete(o.backendIDs, ap)
+		}
+		delete(o.backendAddr, id)
+	}
+	svcIDs := map[uint32]int{}
+	for _, w := range o.state {
+		svcIDs[w.svc.ID] = int(w.svc.Count)
+	}
+	// Slots of services no frontend has (a crash between a service
+	// entry's deletion and its slots'): delete up to the highest seen.
+	doomed := map[uint32]int{}
+	err := o.maps.SlotMap().Iterate(func(svc, n, _ uint32) bool {
+		if _, ok := svcIDs[svc]; !ok && int(n) > doomed[svc] {
+			doomed[svc] = int(n)
+		}
+		return true
+	})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for svc, n := range doomed {
+		if err := o.maps.SlotMap().Delete(svc, n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// IDs are a frontend's IDs in the maps.
+type IDs struct {
+	Service, RevNAT uint32
+	// Backends maps each backend address to its ID.
+	Backends map[netip.AddrPort]uint32
+}
+
+// FrontendIDs returns frontend k's IDs (ok false before it is written).
+func (o *Ops) FrontendIDs(k loadbalancer.FrontendKey) (IDs, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	id, ok := o.svcIDs[k]
+	if !ok {
+		return IDs{}, false
+	}
+	out := IDs{Service: id, RevNAT: o.revNATIDs[k], Backends: map[netip.AddrPort]uint32{}}
+	for _, b := range o.state[k].backends {
+		out.Backends[o.backendAddr[b]] = b
+	}
+	return out, true
+}
+
+// ServiceIDs returns every frontend's service ID, sorted by ID.
+func (o *Ops) ServiceIDs() []struct {
+	Key loadbalancer.FrontendKey
+	ID  uint32
+} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]struct {
+		Key loadbalancer.FrontendKey
+		ID  uint32
+	}, 0, len(o.svcIDs))
+	for k, id := range o.svcIDs {
+		out = append(out, struct {
+			Key loadbalancer.FrontendKey
+			ID  uint32
+		}{k, id})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}

@@ -1,0 +1,236 @@
+package lbmap
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+
+	"github.com/tendril-net/tendril/pkg/datapath/bpf"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/maglev"
+	"github.com/tendril-net/tendril/pkg/testutil"
+)
+
+// newLBMaps creates the real LB maps, unpinned.
+func newLBMaps(t *testing.T) *maps.LBMaps {
+	t.Helper()
+	testutil.Privileged(t)
+	spec, err := bpf.LoadLxc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(name string) *ebpf.Map {
+		ms := spec.Maps[name].Copy()
+		ms.Pinning = ebpf.PinNone
+		m, err := ebpf.NewMap(ms)
+		if err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		return m
+	}
+	m := &maps.LBMaps{Services4: mk(maps.LB4ServicesMapName), Services6: mk(maps.LB6ServicesMapName), Slots: mk(maps.LBSlotsMapName),
+		Backends: mk(maps.LBBackendsMapName), RevNAT: mk(maps.LBRevNATMapName), Affinity: mk(maps.LBAffinityMapName),
+		Maglev: mk(maps.LBMaglevMapName), SockRevNAT: mk(maps.LBSockRevNATMapName)}
+	t.Cleanup(m.Close)
+	return m
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func fe(addr string, proto uint8, backends ...loadbalancer.FrontendBackend) *loadbalancer.Frontend {
+	return &loadbalancer.Frontend{Key: loadbalancer.FrontendKey{Addr: netip.MustParseAddrPort(addr), Proto: proto},
+		Service: loadbalancer.ServiceName{Namespace: "ns", Name: "s"}, Backends: backends}
+}
+
+func act(addr string) loadbalancer.FrontendBackend {
+	return loadbalancer.FrontendBackend{Addr: netip.MustParseAddrPort(addr), Active: true}
+}
+
+func slotsOf(t *testing.T, m *maps.LBMaps, f *loadbalancer.Frontend) (maps.Service, []netip.AddrPort) {
+	t.Helper()
+	s, ok, err := m.ServiceMap().Lookup(maps.Frontend{Addr: f.Key.Addr.Addr(), Port: f.Key.Addr.Port(), Proto: f.Key.Proto})
+	if err != nil || !ok {
+		t.Fatalf("frontend %s not in the map (%v)", f.Key, err)
+	}
+	ids, err := m.SlotMap().Get(s.ID, int(s.Count))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []netip.AddrPort
+	for _, id := range ids {
+		b, ok, err := m.BackendMap().Lookup(id)
+		if err != nil || !ok {
+			t.Fatalf("slot backend %d missing (%v)", id, err)
+		}
+		out = append(out, b.AddrPort())
+	}
+	return s, out
+}
+
+// TestPrivilegedOpsWriteRestorePrune: frontends written with their slots,
+// flags and Maglev table; a backend leaving is deleted once unused; a new
+// Ops restored from the same maps keeps every ID and allocates none of
+// them again; prune removes what the table no longer has.
+func TestPrivilegedOpsWriteRestorePrune(t *testing.T) {
+	m := newLBMaps(t)
+	ctx := context.Background()
+	o := New(m, maglev.DefaultConfig(), quiet())
+	if _, err := o.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	web := fe("10.96.0.10:80", loadbalancer.TCP, act("10.0.0.1:8080"), act("10.0.0.2:8080"),
+		loadbalancer.FrontendBackend{Addr: netip.MustParseAddrPort("10.0.0.3:8080"), Terminating: true})
+	web.Affinity, web.AffinityTimeout = true, 30
+	dns := fe("10.96.0.53:53", loadbalancer.UDP, act("10.0.0.1:8080"))
+	dns.Maglev = true
+	for _, f := range []*loadbalancer.Frontend{web, dns} {
+		if err := o.Update(ctx, nil, 0, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, got := slotsOf(t, m, web)
+	if len(got) != 2 || got[0].String() != "10.0.0.1:8080" || got[1].String() != "10.0.0.2:8080" {
+		t.Fatalf("web slots %v", got)
+	}
+	if s.Flags != maps.SvcFlagAffinity || s.AffinityTimeout != 30 || s.RevNATID != s.ID {
+		t.Fatalf("web service %+v", s)
+	}
+	ids, _ := o.FrontendIDs(web.Key)
+	term, ok, _ := m.BackendMap().Lookup(ids.Backends[netip.MustParseAddrPort("10.0.0.3:8080")])
+	if !ok || term.State != maps.BackendStateTerminating {
+		t.Fatalf("terminating backend %+v %v", term, ok)
+	}
+	ds, _ := slotsOf(t, m, dns)
+	table, ok, err := m.MaglevMap().Lookup(ds.ID)
+	if err != nil || !ok || ds.Flags&maps.SvcFlagMaglev == 0 {
+		t.Fatalf("dns Maglev table %v %v flags %x", ok, err, ds.Flags)
+	}
+	shared := ids.Backends[netip.MustParseAddrPort("10.0.0.1:8080")]
+	for i, id := range table {
+		if id != shared {
+			t.Fatalf("Maglev entry %d = %d, want the only backend %d", i, id, shared)
+		}
+	}
+	if dsIDs, _ := o.FrontendIDs(dns.Key); dsIDs.Backends[netip.MustParseAddrPort("10.0.0.1:8080")] != shared {
+		t.Fatal("a backend of two services must have one ID")
+	}
+
+	// Scale down: 10.0.0.2 leaves web and, used by nothing else, the map.
+	gone := ids.Backends[netip.MustParseAddrPort("10.0.0.2:8080")]
+	web2 := fe("10.96.0.10:80", loadbalancer.TCP, act("10.0.0.1:8080"))
+	if err := o.Update(ctx, nil, 0, web2); err != nil {
+		t.Fatal(err)
+	}
+	if _, got := slotsOf(t, m, web2); len(got) != 1 {
+		t.Fatalf("web slots after scale-down %v", got)
+	}
+	if _, ok, _ := m.BackendMap().Lookup(gone); ok {
+		t.Fatalf("backend %d still in the map after leaving its only service", gone)
+	}
+
+	// A restart: a new Ops over the same maps keeps the IDs.
+	before := o.ServiceIDs()
+	o2 := New(m, maglev.DefaultConfig(), quiet())
+	r, err := o2.Restore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Services != 2 || r.RevNAT != 2 {
+		t.Fatalf("restored %+v, want 2 services and 2 reverse NAT entries", r)
+	}
+	if err := o2.Update(ctx, nil, 0, web2); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := o2.FrontendIDs(web2.Key); got.Service != before[0].ID && got.Service != before[1].ID {
+		t.Fatalf("web's ID %d after restore, before %v", got.Service, before)
+	}
+	// A new frontend gets an ID no restored one has.
+	other := fe("10.96.0.99:80", loadbalancer.TCP, act("10.0.0.9:80"))
+	if err := o2.Update(ctx, nil, 0, other); err != nil {
+		t.Fatal(err)
+	}
+	oid, _ := o2.FrontendIDs(other.Key)
+	for _, b := range before {
+		if b.ID == oid.Service {
+			t.Fatalf("new frontend reused restored ID %d", oid.Service)
+		}
+	}
+	if oid.Backends[netip.MustParseAddrPort("10.0.0.9:80")] == shared {
+		t.Fatal("new backend reused a restored backend ID")
+	}
+	// Prune with only web and other in the table: dns goes, the shared
+	// backend stays (web uses it), dns's reverse NAT goes.
+	all := func(yield func(*loadbalancer.Frontend, statedb.Revision) bool) {
+		for _, f := range []*loadbalancer.Frontend{web2, other} {
+			if !yield(f, 0) {
+				return
+			}
+		}
+	}
+	if err := o2.Prune(ctx, nil, all); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := m.ServiceMap().Lookup(maps.Frontend{Addr: dns.Key.Addr.Addr(), Port: 53, Proto: loadbalancer.UDP}); ok {
+		t.Fatal("dns frontend not pruned")
+	}
+	if _, ok, _ := m.MaglevMap().Lookup(ds.ID); ok {
+		t.Fatal("dns Maglev table not pruned")
+	}
+	if _, ok, _ := m.RevNATMap().Lookup(ds.RevNATID); ok {
+		t.Fatal("dns reverse NAT not pruned")
+	}
+	if _, ok, _ := m.BackendMap().Lookup(shared); !ok {
+		t.Fatal("shared backend pruned while web uses it")
+	}
+	if err := o2.Delete(ctx, nil, 0, other); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := m.BackendMap().Count(); n != 1 {
+		t.Fatalf("%d backends left, want web's one", n)
+	}
+}
+
+// TestPrivilegedBackendLeavesAndReturnsAcrossRestart: a backend that left
+// and came back has a new ID; a restart keeps that one.
+func TestPrivilegedBackendLeavesAndReturnsAcrossRestart(t *testing.T) {
+	m := newLBMaps(t)
+	ctx := context.Background()
+	o := New(m, maglev.DefaultConfig(), quiet())
+	if _, err := o.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	term := loadbalancer.FrontendBackend{Addr: netip.MustParseAddrPort("10.0.0.2:80"), Terminating: true, Active: true}
+	steps := []*loadbalancer.Frontend{
+		fe("10.96.0.1:80", loadbalancer.TCP, act("10.0.0.1:80"), act("10.0.0.2:80")),
+		fe("10.96.0.1:80", loadbalancer.TCP, term),
+		fe("10.96.0.1:80", loadbalancer.TCP, act("10.0.0.1:80"), act("10.0.0.2:80")),
+	}
+	for _, f := range steps {
+		if err := o.Update(ctx, nil, 0, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := o.FrontendIDs(steps[2].Key)
+	n, _ := m.BackendMap().Count()
+	if n != 2 {
+		t.Fatalf("%d backends in the map, want 2", n)
+	}
+	o2 := New(m, maglev.DefaultConfig(), quiet())
+	if _, err := o2.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	if err := o2.Update(ctx, nil, 0, steps[2]); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := o2.FrontendIDs(steps[2].Key)
+	if fmt.Sprint(before) != fmt.Sprint(after) {
+		t.Fatalf("IDs before %+v, after the restart %+v", before, after)
+	}
+}

@@ -1,0 +1,281 @@
+// Package loadbalancer holds the node's services as statedb tables: the
+// services (their options), their backends (one row per service, source
+// and address) and the frontends the datapath translates (address, port,
+// protocol → service, with the backends selected for it). Sources (the
+// Kubernetes watchers) write them through a Writer in short transactions;
+// the lbmap reconciler writes the frontends into the BPF maps. Nothing here
+// knows about Kubernetes or BPF.
+package loadbalancer
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+	"github.com/cilium/statedb/reconciler"
+)
+
+// Protocol numbers of a frontend or backend (IANA, as the datapath keys
+// them).
+const (
+	TCP  uint8 = 6
+	UDP  uint8 = 17
+	SCTP uint8 = 132
+)
+
+// ProtoName is the protocol's name (TCP, UDP, SCTP).
+func ProtoName(p uint8) string {
+	switch p {
+	case TCP:
+		return "TCP"
+	case UDP:
+		return "UDP"
+	case SCTP:
+		return "SCTP"
+	}
+	return strconv.Itoa(int(p))
+}
+
+// ParseProto is ProtoName's inverse (case-insensitive).
+func ParseProto(s string) (uint8, error) {
+	switch strings.ToUpper(s) {
+	case "TCP":
+		return TCP, nil
+	case "UDP":
+		return UDP, nil
+	case "SCTP":
+		return SCTP, nil
+	}
+	return 0, fmt.Errorf("protocol %q: must be TCP, UDP or SCTP", s)
+}
+
+// ServiceName is a service's namespace and name.
+type ServiceName struct {
+	Namespace, Name string
+}
+
+func (n ServiceName) String() string { return n.Namespace + "/" + n.Name }
+
+// ServicePort is one port of a service.
+type ServicePort struct {
+	Name  string
+	Port  uint16
+	Proto uint8
+}
+
+// Traffic policies (internalTrafficPolicy).
+const (
+	TrafficPolicyCluster = "Cluster"
+	TrafficPolicyLocal   = "Local"
+)
+
+// Service is a service's options, as its source gives them.
+type Service struct {
+	Name ServiceName
+	// Type is the source's kind of service (ClusterIP, NodePort, ...);
+	// only its cluster IPs become frontends in this phase.
+	Type string
+	// Addresses are the cluster IPs (one per family at most).
+	Addresses []netip.Addr
+	Ports     []ServicePort
+	// Affinity is ClientIP session affinity, for AffinityTimeout seconds.
+	Affinity        bool
+	AffinityTimeout uint32
+	// InternalTrafficPolicy Local keeps only this node's backends.
+	InternalTrafficPolicy string
+	// Maglev selects backends by Maglev hashing instead of at random.
+	Maglev bool
+}
+
+// TableHeader implements statedb.TableWritable.
+func (s *Service) TableHeader() []string {
+	return []string{"Name", "Type", "Addresses", "Ports", "Affinity", "InternalTrafficPolicy", "Maglev"}
+}
+
+// TableRow implements statedb.TableWritable.
+func (s *Service) TableRow() []string {
+	var addrs, ports []string
+	for _, a := range s.Addresses {
+		addrs = append(addrs, a.String())
+	}
+	for _, p := range s.Ports {
+		ports = append(ports, fmt.Sprintf("%s:%d/%s", p.Name, p.Port, ProtoName(p.Proto)))
+	}
+	aff := "None"
+	if s.Affinity {
+		aff = fmt.Sprintf("ClientIP(%ds)", s.AffinityTimeout)
+	}
+	return []string{s.Name.String(), s.Type, strings.Join(addrs, ","), strings.Join(ports, ","), aff, s.InternalTrafficPolicy, strconv.FormatBool(s.Maglev)}
+}
+
+// Backend is one address of a service, as one source (an EndpointSlice)
+// lists it, with its conditions.
+type Backend struct {
+	Service ServiceName
+	// Source names what listed it (the EndpointSlice's name): a service's
+	// backends are replaced per source.
+	Source   string
+	Addr     netip.AddrPort
+	Proto    uint8
+	PortName string
+	NodeName string
+	Zone     string
+	// Ready, Serving and Terminating are the EndpointSlice conditions.
+	Ready, Serving, Terminating bool
+}
+
+func (b *Backend) key() string {
+	return b.Service.String() + "|" + b.Source + "|" + b.Addr.String() + "/" + ProtoName(b.Proto)
+}
+
+// TableHeader implements statedb.TableWritable.
+func (b *Backend) TableHeader() []string {
+	return []string{"Service", "Source", "Address", "Protocol", "PortName", "Node", "Ready", "Serving", "Terminating"}
+}
+
+// TableRow implements statedb.TableWritable.
+func (b *Backend) TableRow() []string {
+	return []string{b.Service.String(), b.Source, b.Addr.String(), ProtoName(b.Proto), b.PortName, b.NodeName,
+		strconv.FormatBool(b.Ready), strconv.FormatBool(b.Serving), strconv.FormatBool(b.Terminating)}
+}
+
+// FrontendKey is what the datapath looks a frontend up by.
+type FrontendKey struct {
+	Addr  netip.AddrPort
+	Proto uint8
+}
+
+func (k FrontendKey) String() string { return k.Addr.String() + "/" + ProtoName(k.Proto) }
+
+// FrontendBackend is a backend as a frontend uses it.
+type FrontendBackend struct {
+	Addr netip.AddrPort
+	// Terminating backends are kept (their flows drain) but get no new
+	// flow unless no ready backend exists.
+	Terminating bool
+	// Active backends fill the service's slots (and Maglev table).
+	Active   bool
+	NodeName string
+	Zone     string
+}
+
+// Frontend is one address, port and protocol the datapath translates,
+// with everything its BPF entries need: derived from the service and its
+// backends by the Writer.
+type Frontend struct {
+	Key      FrontendKey
+	Service  ServiceName
+	PortName string
+	Type     string
+	// Backends, active ones first, each group sorted by address.
+	Backends              []FrontendBackend
+	Affinity              bool
+	AffinityTimeout       uint32
+	InternalTrafficPolicy string
+	Maglev                bool
+
+	// Status is the BPF maps reconciler's.
+	Status reconciler.Status
+}
+
+// ActiveCount is the number of backends in the slots.
+func (f *Frontend) ActiveCount() int {
+	n := 0
+	for _, b := range f.Backends {
+		if b.Active {
+			n++
+		}
+	}
+	return n
+}
+
+// Clone is a shallow copy (the reconciler sets the status on it).
+func (f *Frontend) Clone() *Frontend { c := *f; return &c }
+
+// GetStatus returns the reconciliation status.
+func (f *Frontend) GetStatus() reconciler.Status { return f.Status }
+
+// SetStatus sets the reconciliation status.
+func (f *Frontend) SetStatus(s reconciler.Status) *Frontend { f.Status = s; return f }
+
+// TableHeader implements statedb.TableWritable.
+func (f *Frontend) TableHeader() []string {
+	return []string{"Address", "Service", "Port", "Backends", "Status"}
+}
+
+// TableRow implements statedb.TableWritable.
+func (f *Frontend) TableRow() []string {
+	var bs []string
+	for _, b := range f.Backends {
+		s := b.Addr.String()
+		if b.Terminating {
+			s += "(terminating)"
+		}
+		if !b.Active {
+			s += "(inactive)"
+		}
+		bs = append(bs, s)
+	}
+	return []string{f.Key.String(), f.Service.String(), f.PortName, strings.Join(bs, ","), f.Status.String()}
+}
+
+func nameKey(n ServiceName) index.Key { return index.String(n.String()) }
+
+// Indexes of the tables.
+var (
+	ServiceByName = statedb.Index[*Service, ServiceName]{
+		Name:       "name",
+		FromObject: func(s *Service) index.KeySet { return index.NewKeySet(nameKey(s.Name)) },
+		FromKey:    nameKey,
+		Unique:     true,
+	}
+	BackendByKey = statedb.Index[*Backend, string]{
+		Name:       "key",
+		FromObject: func(b *Backend) index.KeySet { return index.NewKeySet(index.String(b.key())) },
+		FromKey:    index.String,
+		Unique:     true,
+	}
+	BackendByService = statedb.Index[*Backend, ServiceName]{
+		Name:       "service",
+		FromObject: func(b *Backend) index.KeySet { return index.NewKeySet(nameKey(b.Service)) },
+		FromKey:    nameKey,
+	}
+	FrontendByKey = statedb.Index[*Frontend, FrontendKey]{
+		Name:       "address",
+		FromObject: func(f *Frontend) index.KeySet { return index.NewKeySet(index.String(f.Key.String())) },
+		FromKey:    func(k FrontendKey) index.Key { return index.String(k.String()) },
+		Unique:     true,
+	}
+	FrontendByService = statedb.Index[*Frontend, ServiceName]{
+		Name:       "service",
+		FromObject: func(f *Frontend) index.KeySet { return index.NewKeySet(nameKey(f.Service)) },
+		FromKey:    nameKey,
+	}
+)
+
+// Tables are the three tables.
+type Tables struct {
+	DB        *statedb.DB
+	Services  statedb.RWTable[*Service]
+	Backends  statedb.RWTable[*Backend]
+	Frontends statedb.RWTable[*Frontend]
+}
+
+// NewTables creates and registers the tables in db.
+func NewTables(db *statedb.DB) (*Tables, error) {
+	t := &Tables{DB: db}
+	var err error
+	if t.Services, err = statedb.NewTable(db, "services", ServiceByName); err != nil {
+		return nil, fmt.Errorf("services table: %w", err)
+	}
+	if t.Backends, err = statedb.NewTable(db, "backends", BackendByKey, BackendByService); err != nil {
+		return nil, fmt.Errorf("backends table: %w", err)
+	}
+	if t.Frontends, err = statedb.NewTable(db, "frontends", FrontendByKey, FrontendByService); err != nil {
+		return nil, fmt.Errorf("frontends table: %w", err)
+	}
+	return t, nil
+}

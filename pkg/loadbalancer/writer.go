@@ -1,0 +1,188 @@
+package loadbalancer
+
+import (
+	"fmt"
+	"net/netip"
+	"reflect"
+	"slices"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+)
+
+// Writer is how sources change the tables: each call is one short write
+// transaction that also recomputes the affected service's frontends, so the
+// frontends table is always consistent with the other two.
+type Writer struct {
+	t *Tables
+	// nodeName is this node's name (internalTrafficPolicy Local).
+	nodeName string
+}
+
+// NewWriter returns a writer for the tables of node nodeName.
+func NewWriter(t *Tables, nodeName string) *Writer { return &Writer{t: t, nodeName: nodeName} }
+
+// Tables are the writer's tables.
+func (w *Writer) Tables() *Tables { return w.t }
+
+func (w *Writer) txn() statedb.WriteTxn {
+	return w.t.DB.WriteTxn(w.t.Services, w.t.Backends, w.t.Frontends)
+}
+
+// RegisterInitializer marks the frontends table as not initialized until
+// the returned function is called: the reconciler prunes stale BPF entries
+// only once every source has delivered its initial state.
+func (w *Writer) RegisterInitializer(name string) (done func()) {
+	txn := w.txn()
+	mark := w.t.Frontends.RegisterInitializer(txn, name)
+	txn.Commit()
+	return func() {
+		txn := w.txn()
+		mark(txn)
+		txn.Commit()
+	}
+}
+
+// UpsertService inserts or replaces a service.
+func (w *Writer) UpsertService(s *Service) error {
+	txn := w.txn()
+	defer txn.Abort()
+	if _, _, err := w.t.Services.Insert(txn, s); err != nil {
+		return fmt.Errorf("insert service %s: %w", s.Name, err)
+	}
+	if err := w.recompute(txn, s.Name); err != nil {
+		return err
+	}
+	txn.Commit()
+	return nil
+}
+
+// DeleteService removes a service and its frontends (its backends stay
+// until their source removes them).
+func (w *Writer) DeleteService(name ServiceName) error {
+	txn := w.txn()
+	defer txn.Abort()
+	if _, _, err := w.t.Services.Delete(txn, &Service{Name: name}); err != nil {
+		return fmt.Errorf("delete service %s: %w", name, err)
+	}
+	if err := w.recompute(txn, name); err != nil {
+		return err
+	}
+	txn.Commit()
+	return nil
+}
+
+// SetBackends replaces what source lists for service name with backends
+// (none: the source is gone).
+func (w *Writer) SetBackends(name ServiceName, source string, backends []*Backend) error {
+	txn := w.txn()
+	defer txn.Abort()
+	for b := range w.t.Backends.List(txn, BackendByService.Query(name)) {
+		if b.Source == source {
+			if _, _, err := w.t.Backends.Delete(txn, b); err != nil {
+				return fmt.Errorf("delete backend %s of %s: %w", b.Addr, name, err)
+			}
+		}
+	}
+	for _, b := range backends {
+		b.Service, b.Source = name, source
+		if _, _, err := w.t.Backends.Insert(txn, b); err != nil {
+			return fmt.Errorf("insert backend %s of %s: %w", b.Addr, name, err)
+		}
+	}
+	if err := w.recompute(txn, name); err != nil {
+		return err
+	}
+	txn.Commit()
+	return nil
+}
+
+// recompute derives service name's frontends from the service and its
+// backends, writing only those that changed (an unchanged frontend is not
+// reconciled again).
+func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
+	want := map[FrontendKey]*Frontend{}
+	if svc, _, ok := w.t.Services.Get(txn, ServiceByName.Query(name)); ok {
+		var backends []*Backend
+		for b := range w.t.Backends.List(txn, BackendByService.Query(name)) {
+			backends = append(backends, b)
+		}
+		for _, addr := range svc.Addresses {
+			for _, p := range svc.Ports {
+				f := &Frontend{
+					Key: FrontendKey{Addr: netip.AddrPortFrom(addr, p.Port), Proto: p.Proto}, Service: name, PortName: p.Name, Type: svc.Type,
+					Affinity: svc.Affinity, AffinityTimeout: svc.AffinityTimeout, InternalTrafficPolicy: svc.InternalTrafficPolicy, Maglev: svc.Maglev,
+				}
+				f.Backends = w.selectBackends(svc, p, addr.Is4(), backends)
+				want[f.Key] = f
+			}
+		}
+	}
+	for f := range w.t.Frontends.List(txn, FrontendByService.Query(name)) {
+		if _, ok := want[f.Key]; !ok {
+			if _, _, err := w.t.Frontends.Delete(txn, f); err != nil {
+				return fmt.Errorf("delete frontend %s: %w", f.Key, err)
+			}
+		}
+	}
+	for _, f := range want {
+		old, _, ok := w.t.Frontends.Get(txn, FrontendByKey.Query(f.Key))
+		if ok && sameFrontend(old, f) {
+			continue
+		}
+		f.Status = reconciler.StatusPending()
+		if _, _, err := w.t.Frontends.Insert(txn, f); err != nil {
+			return fmt.Errorf("insert frontend %s: %w", f.Key, err)
+		}
+	}
+	return nil
+}
+
+// sameFrontend compares everything but the status.
+func sameFrontend(a, b *Frontend) bool {
+	x, y := *a, *b
+	x.Status, y.Status = reconciler.Status{}, reconciler.Status{}
+	return reflect.DeepEqual(x, y)
+}
+
+// selectBackends picks the backends of port p of the given family: ready
+// ones fill the slots; terminating ones stay listed (their flows drain)
+// and fill the slots only when no backend is ready, as long as they still
+// serve; with internalTrafficPolicy Local only this node's count.
+func (w *Writer) selectBackends(svc *Service, p ServicePort, v4 bool, all []*Backend) []FrontendBackend {
+	byAddr := map[netip.AddrPort]*Backend{}
+	for _, b := range all {
+		if b.PortName != p.Name || b.Proto != p.Proto || b.Addr.Addr().Unmap().Is4() != v4 {
+			continue
+		}
+		if svc.InternalTrafficPolicy == TrafficPolicyLocal && b.NodeName != w.nodeName {
+			continue
+		}
+		// The same address in two sources (a slice being replaced): the
+		// readier listing wins.
+		if prev, ok := byAddr[b.Addr]; ok && prev.Ready && !b.Ready {
+			continue
+		}
+		byAddr[b.Addr] = b
+	}
+	var ready, draining []FrontendBackend
+	for _, b := range byAddr {
+		fb := FrontendBackend{Addr: b.Addr, NodeName: b.NodeName, Zone: b.Zone}
+		switch {
+		case b.Ready && !b.Terminating:
+			fb.Active = true
+			ready = append(ready, fb)
+		case b.Terminating && b.Serving:
+			fb.Terminating = true
+			draining = append(draining, fb)
+		}
+	}
+	if len(ready) == 0 {
+		for i := range draining {
+			draining[i].Active = true
+		}
+	}
+	slices.SortFunc(ready, func(a, b FrontendBackend) int { return a.Addr.Compare(b.Addr) })
+	slices.SortFunc(draining, func(a, b FrontendBackend) int { return a.Addr.Compare(b.Addr) })
+	return append(ready, draining...)
+}

@@ -1,0 +1,116 @@
+package loadbalancer
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/statedb"
+)
+
+func newTestWriter(t *testing.T) *Writer {
+	t.Helper()
+	db := statedb.New()
+	tables, err := NewTables(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewWriter(tables, "node-a")
+}
+
+func frontends(w *Writer) map[string]*Frontend {
+	out := map[string]*Frontend{}
+	for f := range w.t.Frontends.All(w.t.DB.ReadTxn()) {
+		out[f.Key.String()] = f
+	}
+	return out
+}
+
+func be(addr string, ready, serving, terminating bool, node string) *Backend {
+	return &Backend{Addr: netip.MustParseAddrPort(addr), Proto: TCP, PortName: "http", Ready: ready, Serving: serving, Terminating: terminating, NodeName: node}
+}
+
+func active(f *Frontend) []string {
+	var out []string
+	for _, b := range f.Backends {
+		if b.Active {
+			out = append(out, b.Addr.String())
+		}
+	}
+	return out
+}
+
+// TestWriterFrontends: frontends follow the service and its backends;
+// terminating backends fill the slots only when none is ready; Local
+// keeps only this node's; families do not mix; deleting the service
+// removes its frontends.
+func TestWriterFrontends(t *testing.T) {
+	w := newTestWriter(t)
+	name := ServiceName{Namespace: "ns", Name: "web"}
+	svc := &Service{Name: name, Type: "ClusterIP",
+		Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")},
+		Ports:     []ServicePort{{Name: "http", Port: 80, Proto: TCP}, {Name: "dns", Port: 53, Proto: UDP}}}
+	if err := w.UpsertService(svc); err != nil {
+		t.Fatal(err)
+	}
+	fs := frontends(w)
+	if len(fs) != 4 {
+		t.Fatalf("want 4 frontends (2 addresses x 2 ports), got %v", fs)
+	}
+	if err := w.SetBackends(name, "s1", []*Backend{
+		be("10.0.0.2:8080", true, true, false, "node-a"), be("10.0.0.1:8080", true, true, false, "node-b"),
+		be("10.0.0.3:8080", false, true, true, "node-a"), be("[fd00::1]:8080", true, true, false, "node-a"),
+		be("10.0.0.4:8080", false, false, false, "node-a"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f := frontends(w)["10.96.0.10:80/TCP"]
+	if got := active(f); len(got) != 2 || got[0] != "10.0.0.1:8080" || got[1] != "10.0.0.2:8080" {
+		t.Fatalf("active backends %v, want the two ready IPv4 ones sorted", got)
+	}
+	if len(f.Backends) != 3 || !f.Backends[2].Terminating || f.Backends[2].Active {
+		t.Fatalf("the terminating backend should be listed, inactive: %+v", f.Backends)
+	}
+	if got := active(frontends(w)["[fd00:96::10]:80/TCP"]); len(got) != 1 || got[0] != "[fd00::1]:8080" {
+		t.Fatalf("IPv6 frontend's backends %v", got)
+	}
+	if n := len(frontends(w)["10.96.0.10:53/UDP"].Backends); n != 0 {
+		t.Fatalf("UDP port has %d backends, none listed for it", n)
+	}
+	// No ready backend left: the terminating one that still serves takes
+	// the slots.
+	if err := w.SetBackends(name, "s1", []*Backend{be("10.0.0.3:8080", false, true, true, "node-a"), be("10.0.0.5:8080", false, false, true, "node-a")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := active(frontends(w)["10.96.0.10:80/TCP"]); len(got) != 1 || got[0] != "10.0.0.3:8080" {
+		t.Fatalf("fallback backends %v, want the serving terminating one", got)
+	}
+	// internalTrafficPolicy Local.
+	local := *svc
+	local.InternalTrafficPolicy = TrafficPolicyLocal
+	if err := w.UpsertService(&local); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetBackends(name, "s1", []*Backend{be("10.0.0.2:8080", true, true, false, "node-a"), be("10.0.0.1:8080", true, true, false, "node-b")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := active(frontends(w)["10.96.0.10:80/TCP"]); len(got) != 1 || got[0] != "10.0.0.2:8080" {
+		t.Fatalf("Local backends %v, want only node-a's", got)
+	}
+	// An unchanged recompute does not rewrite the frontend.
+	rtxn := w.t.DB.ReadTxn()
+	_, rev1, _ := w.t.Frontends.Get(rtxn, FrontendByKey.Query(f.Key))
+	again := local
+	if err := w.UpsertService(&again); err != nil {
+		t.Fatal(err)
+	}
+	_, rev2, _ := w.t.Frontends.Get(w.t.DB.ReadTxn(), FrontendByKey.Query(f.Key))
+	if rev1 != rev2 {
+		t.Fatalf("unchanged frontend rewritten (revision %d -> %d)", rev1, rev2)
+	}
+	if err := w.DeleteService(name); err != nil {
+		t.Fatal(err)
+	}
+	if fs := frontends(w); len(fs) != 0 {
+		t.Fatalf("frontends left after the service's deletion: %v", fs)
+	}
+}
