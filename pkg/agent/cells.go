@@ -3,6 +3,8 @@ package agent
 import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 )
 
 // cells is the agent: one cell per subsystem. Each cell's constructor takes
@@ -17,6 +19,7 @@ import (
 func cells(cfg Config, deps Deps) []cell.Cell {
 	return []cell.Cell{
 		job.Cell,
+		dbinspect.Cell,
 		coreCell(cfg, deps),
 		kubernetesClientCell,
 		datapathCell,
@@ -27,6 +30,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		hostIPsCell,
 		policyCell,
 		regenerationCell,
+		ipcacheRestoredCell,
 		apiCell,
 		serveCell,
 	}

@@ -69,11 +69,6 @@ func newHostIPSync(p hostIPParams) *hostIPSync {
 			m.runLoops(ctx, m.addrUpdates)
 			return nil
 		}),
-		// Failed ipcache writes are retried beside the loops.
-		job.OneShot("ipcache-retry", func(ctx context.Context, _ cell.Health) error {
-			m.dp.ipcache.Run(ctx, 5*time.Second)
-			return nil
-		}),
 	)
 	return m
 }
