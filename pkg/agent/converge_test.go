@@ -18,6 +18,8 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/ipcache/ipcachetest"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
@@ -113,6 +115,12 @@ func (k *recordingKernel) allows(ep uint16, dir uint8, peer identity.NumericIden
 	return ok && !v.Deny
 }
 
+type nopIPCacheBackend struct{}
+
+func (nopIPCacheBackend) Upsert(netip.Prefix, ipcache.Entry) error { return nil }
+func (nopIPCacheBackend) Delete(netip.Prefix) error                { return nil }
+func (nopIPCacheBackend) Prefixes() ([]netip.Prefix, error)        { return nil, nil }
+
 // flakyAllocator is the identity allocator failing while told to, as the
 // CRD allocator does while the API server is unreachable.
 type flakyAllocator struct {
@@ -172,8 +180,9 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	r := &regenAgent{a: a, kernel: newRecordingKernel(), alloc: &flakyAllocator{Allocator: a.identities}}
 	a.identities, a.realizer.identities, a.policy.identities = r.alloc, r.alloc, r.alloc
 	a.datapath.dp = r.kernel
-	// The datapath's ipcache writes its table only: its reconciler is a
-	// job of the hive, which is not started.
+	// The hive is not started: the ipcache runs with its reconciler in
+	// a hive of its own, over a backend that accepts every write.
+	a.datapath.ipcache = ipcachetest.Start(t, nopIPCacheBackend{})
 	store, err := endpoint.NewStore(filepath.Join(cfg.StateDir, "endpoints"), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -15,5 +15,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newBPFCommand,
 		newLabCommand,
 		newObserveCommand,
+		newStateDBCommand,
 	}
 }

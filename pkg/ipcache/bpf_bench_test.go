@@ -18,6 +18,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/ipcache/ipcachetest"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
@@ -80,7 +81,7 @@ func BenchmarkPrivilegedIPCache100k(b *testing.B) {
 				m := newIPCacheMap(b)
 				var c *ipcache.IPCache
 				if mode == "ipcache" {
-					c = ipcache.StartForTest(b, bpfBackend{m})
+					c = ipcachetest.Start(b, bpfBackend{m})
 				}
 				b.StartTimer()
 				for j := 0; j < n; j++ {
@@ -96,7 +97,7 @@ func BenchmarkPrivilegedIPCache100k(b *testing.B) {
 					}
 				}
 				if c != nil {
-					ipcache.SyncedForTest(b, c)
+					ipcachetest.Synced(b, c)
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/100k")
@@ -134,7 +135,7 @@ func BenchmarkPrivilegedKVStoreToMap(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close(context.Background())
-	cache := ipcache.StartForTest(b, bpfBackend{m})
+	cache := ipcachetest.Start(b, bpfBackend{m})
 	const prefix = "tendril/state/ip/v1/bench/"
 	go func() {
 		for ev := range c.ListAndWatch(ctx, prefix) {

@@ -110,6 +110,25 @@ func (c *IPCache) MarkRestored() {
 	})
 }
 
+// AddInitializer holds the prune back until the returned function is
+// called as well: a source (the kvstore watch) calls it once its initial
+// listing is in the table, so the prune does not delete what the source
+// would write again a moment later. Call it while the hive is built;
+// the function is idempotent.
+func (c *IPCache) AddInitializer(name string) func() {
+	wtxn := c.db.WriteTxn(c.table)
+	done := c.table.RegisterInitializer(wtxn, name)
+	wtxn.Commit()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			wtxn := c.db.WriteTxn(c.table)
+			done(wtxn)
+			wtxn.Commit()
+		})
+	}
+}
+
 // Prune asks for a prune now (it still waits for MarkRestored).
 func (c *IPCache) Prune() { c.rec.Prune() }
 
@@ -275,6 +294,40 @@ func (c *IPCache) Synced(ctx context.Context) error {
 		case <-ctx.Done():
 			return fmt.Errorf("ipcache: writes since revision %d still failing: %w", low, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// WaitRealized waits until the backend holds the current resolved entry
+// of each prefix (a prefix no claim names is not waited for). It returns
+// the reconciler's error when a write failed (the reconciler goes on
+// retrying it), so that a caller that needs the entry in the datapath (an
+// endpoint's regeneration) fails and is retried like any other failure.
+func (c *IPCache) WaitRealized(ctx context.Context, prefixes ...netip.Prefix) error {
+	for {
+		txn := c.db.ReadTxn()
+		var watch <-chan struct{}
+		for _, p := range prefixes {
+			obj, _, w, found := c.table.GetWatch(txn, PrefixIndex.Query(p.Masked()))
+			if !found {
+				continue
+			}
+			switch obj.Status.Kind {
+			case reconciler.StatusKindDone:
+				continue
+			case reconciler.StatusKindError:
+				return fmt.Errorf("ipcache %s: %s", obj.Prefix, obj.Status.GetError())
+			}
+			watch = w
+			break
+		}
+		if watch == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the ipcache to be written: %w", ctx.Err())
+		case <-watch:
 		}
 	}
 }

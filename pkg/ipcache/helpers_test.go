@@ -15,7 +15,8 @@ import (
 )
 
 // startCache runs an IPCache over b in a hive of its own (statedb, jobs,
-// the reconciler), stopped when the test ends.
+// the reconciler), stopped when the test ends. (ipcachetest does the same
+// for other packages; it cannot serve this package's own tests.)
 func startCache(tb testing.TB, b Backend, opts ...reconciler.Option) *IPCache {
 	tb.Helper()
 	var c *IPCache

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/ipcache/ipcachetest"
 )
 
 // TestPrivilegedPruneAfterRestore: a real BPF ipcache map holds an entry
@@ -20,12 +21,12 @@ func TestPrivilegedPruneAfterRestore(t *testing.T) {
 	if err := m.Upsert(stale, maps.IPCacheEntry{Identity: 4242}); err != nil {
 		t.Fatal(err)
 	}
-	c := ipcache.StartForTest(t, bpfBackend{m})
+	c := ipcachetest.Start(t, bpfBackend{m})
 	kept := netip.MustParsePrefix("10.0.0.5/32")
 	if err := c.Upsert(kept, ipcache.Entry{Identity: 300, Source: ipcache.SourceLocal, Owner: ipcache.OwnerEndpoint(5)}); err != nil {
 		t.Fatal(err)
 	}
-	ipcache.SyncedForTest(t, c)
+	ipcachetest.Synced(t, c)
 	if e, ok, err := m.Lookup(kept); err != nil || !ok || e.Identity != 300 {
 		t.Fatalf("claimed entry not written: %+v %v %v", e, ok, err)
 	}
