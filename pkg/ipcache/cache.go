@@ -139,24 +139,7 @@ func (c *IPCache) Prune() { c.rec.Prune() }
 // by the reconciler; a change that does not change the resolved entry
 // does not write it again.
 func (c *IPCache) Upsert(prefix netip.Prefix, e Entry) error {
-	if e.Owner == "" {
-		return fmt.Errorf("ipcache %s: claim in source %s without an owner", prefix, e.Source)
-	}
-	prefix = prefix.Masked()
-	wtxn := c.db.WriteTxn(c.table)
-	defer wtxn.Abort()
-	old, _, found := c.table.Get(wtxn, PrefixIndex.Query(prefix))
-	next := &PrefixClaims{Prefix: prefix}
-	if found {
-		*next = *old
-	}
-	next.Claims = withClaim(next.Claims, e)
-	c.setResolved(old, found, next)
-	if _, _, err := c.table.Insert(wtxn, next); err != nil {
-		return fmt.Errorf("ipcache %s: %w", prefix, err)
-	}
-	wtxn.Commit()
-	return nil
+	return c.Write(func(w *Writer) error { return w.Upsert(prefix, e) })
 }
 
 // Delete withdraws owner's claim in src; the best remaining claim, if any,
@@ -164,10 +147,53 @@ func (c *IPCache) Upsert(prefix netip.Prefix, e Entry) error {
 // deletes it from the backend). Other owners' claims stay, whatever their
 // source.
 func (c *IPCache) Delete(prefix netip.Prefix, src Source, owner Owner) error {
-	prefix = prefix.Masked()
+	return c.Write(func(w *Writer) error { return w.Delete(prefix, src, owner) })
+}
+
+// Writer makes claims in one write transaction (see Write).
+type Writer struct {
+	c    *IPCache
+	wtxn statedb.WriteTxn
+}
+
+// Write runs fn with the table locked and commits its claims together, or
+// none of them if fn fails. A writer with many claims at once (a node's
+// addresses, a policy's prefixes, a source's listing) makes them in one
+// transaction: each transaction copies the paths it changes in the
+// table's trees, so one per claim costs several times more.
+func (c *IPCache) Write(fn func(*Writer) error) error {
 	wtxn := c.db.WriteTxn(c.table)
-	defer wtxn.Abort()
-	old, _, found := c.table.Get(wtxn, PrefixIndex.Query(prefix))
+	if err := fn(&Writer{c: c, wtxn: wtxn}); err != nil {
+		wtxn.Abort()
+		return err
+	}
+	wtxn.Commit()
+	return nil
+}
+
+// Upsert is IPCache.Upsert within the transaction.
+func (w *Writer) Upsert(prefix netip.Prefix, e Entry) error {
+	if e.Owner == "" {
+		return fmt.Errorf("ipcache %s: claim in source %s without an owner", prefix, e.Source)
+	}
+	prefix = prefix.Masked()
+	old, _, found := w.c.table.Get(w.wtxn, PrefixIndex.Query(prefix))
+	next := &PrefixClaims{Prefix: prefix}
+	if found {
+		*next = *old
+	}
+	next.Claims = withClaim(next.Claims, e)
+	setResolved(old, found, next)
+	if _, _, err := w.c.table.Insert(w.wtxn, next); err != nil {
+		return fmt.Errorf("ipcache %s: %w", prefix, err)
+	}
+	return nil
+}
+
+// Delete is IPCache.Delete within the transaction.
+func (w *Writer) Delete(prefix netip.Prefix, src Source, owner Owner) error {
+	prefix = prefix.Masked()
+	old, _, found := w.c.table.Get(w.wtxn, PrefixIndex.Query(prefix))
 	if !found {
 		return nil
 	}
@@ -177,24 +203,23 @@ func (c *IPCache) Delete(prefix netip.Prefix, src Source, owner Owner) error {
 	}
 	var err error
 	if len(claims) == 0 {
-		_, _, err = c.table.Delete(wtxn, old)
+		_, _, err = w.c.table.Delete(w.wtxn, old)
 	} else {
 		next := *old
 		next.Claims = claims
-		c.setResolved(old, true, &next)
-		_, _, err = c.table.Insert(wtxn, &next)
+		setResolved(old, true, &next)
+		_, _, err = w.c.table.Insert(w.wtxn, &next)
 	}
 	if err != nil {
 		return fmt.Errorf("ipcache %s: %w", prefix, err)
 	}
-	wtxn.Commit()
 	return nil
 }
 
 // setResolved sets next's resolved entry and marks it pending when that
 // entry changed (or is new); otherwise it keeps old's status, so the
 // reconciler does not rewrite an unchanged entry.
-func (c *IPCache) setResolved(old *PrefixClaims, found bool, next *PrefixClaims) {
+func setResolved(old *PrefixClaims, found bool, next *PrefixClaims) {
 	next.Resolved = next.Claims[0].Entry
 	if !found || old.Resolved != next.Resolved {
 		next.Status = reconciler.StatusPending()

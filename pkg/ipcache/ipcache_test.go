@@ -310,3 +310,37 @@ func TestSameSourceMostRecentClaimWins(t *testing.T) {
 		t.Fatal("a claim without an owner was accepted")
 	}
 }
+
+// TestWriteIsOneTransaction: the claims of one Write commit together, or
+// none of them when the function fails.
+func TestWriteIsOneTransaction(t *testing.T) {
+	b := &fakeBackend{m: map[netip.Prefix]Entry{}, fail: map[netip.Prefix]bool{}}
+	c := startCache(t, b)
+	p1, p2 := netip.MustParsePrefix("10.1.0.1/32"), netip.MustParsePrefix("10.1.0.2/32")
+	err := c.Write(func(w *Writer) error {
+		if err := w.Upsert(p1, Entry{Identity: 10, Source: SourceKubernetes, Owner: OwnerNode("a")}); err != nil {
+			return err
+		}
+		return w.Upsert(p2, Entry{Identity: 11, Source: SourceKubernetes}) // no owner
+	})
+	if err == nil {
+		t.Fatal("a claim without an owner was accepted")
+	}
+	if _, ok := c.Lookup(p1); ok {
+		t.Fatal("a failed Write committed part of its claims")
+	}
+	if err := c.Write(func(w *Writer) error {
+		if err := w.Upsert(p1, Entry{Identity: 10, Source: SourceKubernetes, Owner: OwnerNode("a")}); err != nil {
+			return err
+		}
+		return w.Upsert(p2, Entry{Identity: 11, Source: SourceKubernetes, Owner: OwnerNode("b")})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	synced(t, c)
+	for p, id := range map[netip.Prefix]identity.NumericIdentity{p1: 10, p2: 11} {
+		if e, ok := b.get(p); !ok || e.Identity != id {
+			t.Fatalf("%s in the backend: %+v %v, want identity %d", p, e, ok, id)
+		}
+	}
+}

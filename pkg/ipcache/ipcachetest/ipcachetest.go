@@ -7,6 +7,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +24,15 @@ import (
 // when the test ends.
 func Start(tb testing.TB, b ipcache.Backend, opts ...reconciler.Option) *ipcache.IPCache {
 	tb.Helper()
-	var c *ipcache.IPCache
+	c, stop := Run(tb, b, opts...)
+	tb.Cleanup(stop)
+	return c
+}
+
+// Run runs an IPCache over b until stop is called (a benchmark stops each
+// iteration's, so that their tables do not pile up in the heap).
+func Run(tb testing.TB, b ipcache.Backend, opts ...reconciler.Option) (c *ipcache.IPCache, stop func()) {
+	tb.Helper()
 	h := hive.New(
 		statedb.Cell,
 		job.Cell,
@@ -39,12 +48,14 @@ func Start(tb testing.TB, b ipcache.Backend, opts ...reconciler.Option) *ipcache
 	if err := h.Start(quiet, context.Background()); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() {
-		if err := h.Stop(quiet, context.Background()); err != nil {
-			tb.Error(err)
-		}
-	})
-	return c
+	var once sync.Once
+	return c, func() {
+		once.Do(func() {
+			if err := h.Stop(quiet, context.Background()); err != nil {
+				tb.Error(err)
+			}
+		})
+	}
 }
 
 // Synced waits (up to 30 s) until the backend holds every change so far.
