@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/hive/cell"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -39,12 +40,14 @@ type apiParams struct {
 	K8s        *kubernetesModule // nil in standalone mode
 	KVStore    *kvstoreModule    // nil without a kvstore
 	Services   *servicesModule
+	Inspector  *dbinspect.Inspector
 }
 
 func registerAPIHandlers(p apiParams) {
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
-		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services}).register(p.API)
+		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector}).register(p.API)
 	(&serviceAPI{services: p.Services}).register(p.API)
+	registerStateDBAPI(p.API, p.Inspector)
 	(&policyAPI{policy: p.Policy}).register(p.API)
 	(&mapAPI{cfg: p.Config, dp: p.Datapath}).register(p.API)
 	(&identityAPI{identities: p.Identities, eps: p.Endpoints, dp: p.Datapath}).register(p.API)
@@ -66,6 +69,7 @@ type daemonAPI struct {
 	k8s        *kubernetesModule
 	kvstore    *kvstoreModule
 	services   *servicesModule
+	tables     *dbinspect.Inspector
 }
 
 // policyAPI serves /v1/policy.

@@ -160,6 +160,11 @@ func (h *daemonAPI) sections() []ext.Section {
 	if h.services != nil {
 		out = append(out, h.services.statusSection())
 	}
+	if h.tables != nil {
+		if sec := tablesStatusSection(h.tables); len(sec.Lines) > 0 {
+			out = append(out, sec)
+		}
+	}
 	return append(out, h.eps.statusSection(), identityStatusSection(h.identities))
 }
 

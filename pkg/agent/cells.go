@@ -3,7 +3,8 @@ package agent
 import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
-	"github.com/cilium/statedb"
+
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 )
 
 // cells is the agent: one cell per subsystem. Each cell's constructor takes
@@ -18,7 +19,7 @@ import (
 func cells(cfg Config, deps Deps) []cell.Cell {
 	return []cell.Cell{
 		job.Cell,
-		statedb.Cell,
+		dbinspect.Cell, // statedb's cell and the tables' inspection
 		coreCell(cfg, deps),
 		kubernetesClientCell,
 		datapathCell,
@@ -30,6 +31,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		hostIPsCell,
 		policyCell,
 		regenerationCell,
+		ipcacheRestoredCell,
 		apiCell,
 		serveCell,
 	}

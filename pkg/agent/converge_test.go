@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/ipcache/ipcachetest"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
@@ -118,6 +119,7 @@ type nopIPCacheBackend struct{}
 
 func (nopIPCacheBackend) Upsert(netip.Prefix, ipcache.Entry) error { return nil }
 func (nopIPCacheBackend) Delete(netip.Prefix) error                { return nil }
+func (nopIPCacheBackend) Prefixes() ([]netip.Prefix, error)        { return nil, nil }
 
 // flakyAllocator is the identity allocator failing while told to, as the
 // CRD allocator does while the API server is unreachable.
@@ -178,7 +180,9 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	r := &regenAgent{a: a, kernel: newRecordingKernel(), alloc: &flakyAllocator{Allocator: a.identities}}
 	a.identities, a.realizer.identities, a.policy.identities = r.alloc, r.alloc, r.alloc
 	a.datapath.dp = r.kernel
-	a.datapath.ipcache = ipcache.New(nopIPCacheBackend{}, a.log)
+	// The hive is not started: the ipcache runs with its reconciler in
+	// a hive of its own, over a backend that accepts every write.
+	a.datapath.ipcache = ipcachetest.Start(t, nopIPCacheBackend{})
 	store, err := endpoint.NewStore(filepath.Join(cfg.StateDir, "endpoints"), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -14,11 +14,13 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -45,8 +47,8 @@ type datapathModule struct {
 	// dp is what an endpoint's regeneration writes in the kernel: the
 	// loader's maps and programs (a recording fake in benchmarks).
 	dp endpointDatapath
-	// ipcache holds every source's prefix claims; the winners go to the
-	// BPF ipcache map.
+	// ipcache holds every source's prefix claims in its statedb table;
+	// its reconciler writes the winners to the BPF ipcache map.
 	ipcache *ipcache.IPCache
 
 	// er reads the events ring buffer, from the start step on.
@@ -80,11 +82,14 @@ type datapathParams struct {
 	Jobs      job.Registry
 	Health    *health.Registry
 	Metrics   *metrics.Server
+	DB        *statedb.DB
+	Inspector *dbinspect.Inspector
+	ModuleID  cell.FullModuleID
 }
 
-func newDatapathModule(p datapathParams) *datapathModule {
+func newDatapathModule(p datapathParams) (*datapathModule, error) {
 	if !p.Config.EnableDatapath {
-		return nil
+		return nil, nil
 	}
 	m := &datapathModule{
 		log:    p.Log,
@@ -97,9 +102,19 @@ func newDatapathModule(p datapathParams) *datapathModule {
 		ctInterval: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "interval_seconds", Help: "Current conntrack GC interval."}),
 	}
 	m.dp = loaderDatapath{m.loader}
-	m.ipcache = ipcache.New(ipcacheBackend{m}, logFor(p.Root, "ipcache"))
 	p.Metrics.Registry.MustRegister(m.events, m.ctDeleted, m.ctEntries, m.ctInterval, newDatapathCollector(m))
 	p.Steps.Append(p.Lifecycle, "bpf-maps", m.start, m.stop)
+	// The ipcache's reconciler is a job of this group, added after the
+	// step: it writes the map once the maps are open.
+	ic, err := ipcache.New(ipcache.Params{DB: p.DB, Jobs: m.jobs, Log: logFor(p.Root, "ipcache"), ModuleID: p.ModuleID, Backend: ipcacheBackend{m}})
+	if err != nil {
+		return nil, err
+	}
+	m.ipcache = ic
+	p.Inspector.AddReconciled(ipcache.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
+		r := ipcache.CountStatus(ic.Table().All(txn))
+		return dbinspect.Realization{Objects: r.Objects, Pending: r.Pending, Errors: r.Errors, LastError: r.LastError}
+	})
 	// The jobs are added after the step: they start once the maps are
 	// open and stop before they are closed.
 	m.jobs.Add(
@@ -114,7 +129,7 @@ func newDatapathModule(p datapathParams) *datapathModule {
 			return nil
 		}),
 	)
-	return m
+	return m, nil
 }
 
 // loaderConfig is the datapath's part of the agent's configuration.
@@ -235,6 +250,38 @@ func (b ipcacheBackend) Delete(p netip.Prefix) error {
 	}
 	return dm.IPCacheMap().Delete(p)
 }
+
+// Prefixes lists the map's prefixes, for the reconciler's prune.
+func (b ipcacheBackend) Prefixes() ([]netip.Prefix, error) {
+	dm := b.m.loader.Maps()
+	if dm == nil {
+		return nil, fmt.Errorf("datapath maps not open")
+	}
+	var out []netip.Prefix
+	err := dm.IPCacheMap().Iterate(func(p netip.Prefix, _ maps.IPCacheEntry) bool {
+		out = append(out, p)
+		return true
+	})
+	return out, err
+}
+
+// ipcacheRestoredCell lets the ipcache's reconciler prune the BPF map:
+// its start hook runs after the restore and regeneration steps (it is
+// listed after them in cells.go and depends on nothing they provide), so
+// by then the endpoints, host addresses, policy prefixes and the sources
+// synced in earlier steps have made their claims, and a map entry no
+// claim backs is a leftover of a previous run.
+var ipcacheRestoredCell = cell.Module("ipcache-restored", "Lets the ipcache prune once the agent has restored its state",
+	cell.Invoke(func(lc cell.Lifecycle, dp *datapathModule) {
+		if dp == nil {
+			return
+		}
+		lc.Append(cell.Hook{OnStart: func(cell.HookContext) error {
+			dp.ipcache.MarkRestored()
+			return nil
+		}})
+	}),
+)
 
 // statusSection is the datapath part of `tendril status`.
 func (m *datapathModule) statusSection() ext.Section {

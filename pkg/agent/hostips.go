@@ -69,11 +69,6 @@ func newHostIPSync(p hostIPParams) *hostIPSync {
 			m.runLoops(ctx, m.addrUpdates)
 			return nil
 		}),
-		// Failed ipcache writes are retried beside the loops.
-		job.OneShot("ipcache-retry", func(ctx context.Context, _ cell.Health) error {
-			m.dp.ipcache.Run(ctx, 5*time.Second)
-			return nil
-		}),
 	)
 	return m
 }
@@ -118,15 +113,6 @@ func (m *hostIPSync) writeHostIPs() error {
 			}
 		}
 	}
-	for p, id := range want {
-		src, owner := ipcache.SourceLocal, ipcache.OwnerHost
-		if p.Bits() == 0 {
-			src, owner = ipcache.SourceGenerated, ipcache.OwnerWorld // world: anything more specific wins
-		}
-		if err := m.dp.ipcache.Upsert(p, ipcache.Entry{Identity: identity.NumericIdentity(id), Source: src, Owner: owner}); err != nil {
-			return err
-		}
-	}
 	// Addresses the node no longer has stop being "host": another node or
 	// a pod may own them next.
 	m.mu.Lock()
@@ -138,14 +124,26 @@ func (m *hostIPSync) writeHostIPs() error {
 		}
 	}
 	m.mu.Unlock()
-	for p := range old {
-		if _, still := want[p]; !still {
-			if err := m.dp.ipcache.Delete(p, ipcache.SourceLocal, ipcache.OwnerHost); err != nil {
+	// The node's addresses in one transaction.
+	return m.dp.ipcache.Write(func(w *ipcache.Writer) error {
+		for p, id := range want {
+			src, owner := ipcache.SourceLocal, ipcache.OwnerHost
+			if p.Bits() == 0 {
+				src, owner = ipcache.SourceGenerated, ipcache.OwnerWorld // world: anything more specific wins
+			}
+			if err := w.Upsert(p, ipcache.Entry{Identity: identity.NumericIdentity(id), Source: src, Owner: owner}); err != nil {
 				return err
 			}
 		}
-	}
-	return nil
+		for p := range old {
+			if _, still := want[p]; !still {
+				if err := w.Delete(p, ipcache.SourceLocal, ipcache.OwnerHost); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
 }
 
 // runLoops refreshes host IPs and runs conntrack GC with an interval that

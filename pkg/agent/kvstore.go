@@ -41,6 +41,9 @@ type kvstoreModule struct {
 	eps        *endpointsModule
 	k8s        *kubernetesModule // nil in standalone mode
 	ipcache    remoteIPCache     // nil without the datapath
+	// ipcacheListed marks the kvstore's initial listing done in the
+	// ipcache table (nil without the datapath).
+	ipcacheListed func()
 
 	embedded *kvstore.Embedded
 	client   *kvstore.Client
@@ -84,6 +87,9 @@ func newKVStoreModule(p kvstoreParams) *kvstoreModule {
 	m := &kvstoreModule{cfg: p.Config, log: p.Log, root: p.Root, identities: p.Identities, eps: p.Endpoints, k8s: p.K8s}
 	if p.Datapath != nil {
 		m.ipcache = p.Datapath
+		// The ipcache prunes the BPF map only once the other nodes'
+		// addresses in the kvstore are listed (onIPEvent).
+		m.ipcacheListed = p.Datapath.ipcache.AddInitializer("kvstore")
 	}
 	p.Steps.Append(p.Lifecycle, "kvstore", m.start, m.stop)
 	newJobGroup(p.Jobs, p.Health, "kvstore", p.Log).Add(job.OneShot("address-publisher", func(ctx context.Context, _ cell.Health) error {

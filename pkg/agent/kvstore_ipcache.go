@@ -95,7 +95,11 @@ func (m *kvstoreModule) hostIP() string {
 }
 
 func (m *kvstoreModule) onIPEvent(ev kvstore.Event) {
-	if m.ipcache == nil || ev.Type == kvstore.EventListDone {
+	if m.ipcache == nil {
+		return
+	}
+	if ev.Type == kvstore.EventListDone {
+		m.ipcacheListed()
 		return
 	}
 	ip, err := netip.ParseAddr(ev.Key)

@@ -212,18 +212,20 @@ func (p *policyModule) syncCIDRIdentities() error {
 	}
 	// Generated claims: a rule's CIDR equal to an endpoint's address never
 	// hides the endpoint's identity (the ipcache's precedence).
-	ic := p.dp.ipcache
-	for pf, id := range ids {
-		if err := ic.Upsert(pf, ipcache.Entry{Identity: id, Source: ipcache.SourceGenerated, Owner: ipcache.OwnerPolicyCIDR(pf)}); err != nil {
-			return err
+	// One transaction for the change's prefixes.
+	return p.dp.ipcache.Write(func(w *ipcache.Writer) error {
+		for pf, id := range ids {
+			if err := w.Upsert(pf, ipcache.Entry{Identity: id, Source: ipcache.SourceGenerated, Owner: ipcache.OwnerPolicyCIDR(pf)}); err != nil {
+				return err
+			}
 		}
-	}
-	for _, pf := range del {
-		if err := ic.Delete(pf, ipcache.SourceGenerated, ipcache.OwnerPolicyCIDR(pf)); err != nil {
-			return err
+		for _, pf := range del {
+			if err := w.Delete(pf, ipcache.SourceGenerated, ipcache.OwnerPolicyCIDR(pf)); err != nil {
+				return err
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // universe is every identity policy can select right now.

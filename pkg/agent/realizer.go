@@ -124,11 +124,20 @@ func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint
 		}
 	}
 	ep.Identity = uint32(id)
+	var prefixes []netip.Prefix
 	for _, ip := range ep.Addresses() {
 		e := ipcache.Entry{Identity: id, Source: ipcache.SourceLocal, Owner: ipcache.OwnerEndpoint(ep.ID), Name: ep.PodName, Namespace: ep.PodNamespace}
-		if err := m.dp.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()), e); err != nil {
+		p := netip.PrefixFrom(ip, ip.BitLen())
+		if err := m.dp.ipcache.Upsert(p, e); err != nil {
 			return err
 		}
+		prefixes = append(prefixes, p)
+	}
+	// The endpoint is ready only once the ipcache's reconciler has written
+	// its addresses to the map (a failed write fails the regeneration,
+	// which is retried).
+	if err := m.dp.ipcache.WaitRealized(ctx, prefixes...); err != nil {
+		return err
 	}
 	// The map state goes in before the endpoint's flags and programs, so the
 	// first packet under enforcement already finds its rules.

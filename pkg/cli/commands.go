@@ -16,5 +16,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newBPFCommand,
 		newLabCommand,
 		newObserveCommand,
+		newStateDBCommand,
 	}
 }

@@ -2,11 +2,13 @@ package ipcache
 
 import (
 	"errors"
-	"io"
-	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/tendril-net/tendril/pkg/identity"
 )
@@ -40,6 +42,28 @@ func (f *fakeBackend) Delete(p netip.Prefix) error {
 	return nil
 }
 
+func (f *fakeBackend) Prefixes() ([]netip.Prefix, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]netip.Prefix, 0, len(f.m))
+	for p := range f.m {
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func (f *fakeBackend) setFail(p netip.Prefix, fail bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail[p] = fail
+}
+
+func (f *fakeBackend) opCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ops
+}
+
 func (f *fakeBackend) get(p netip.Prefix) (Entry, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -49,7 +73,7 @@ func (f *fakeBackend) get(p netip.Prefix) (Entry, bool) {
 
 func TestSourcePrecedence(t *testing.T) {
 	b := &fakeBackend{m: map[netip.Prefix]Entry{}, fail: map[netip.Prefix]bool{}}
-	c := New(b, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c := startCache(t, b)
 	pod := netip.MustParsePrefix("10.0.1.5/32")
 	cidrOwner, epOwner, remoteOwner := OwnerPolicyCIDR(pod), OwnerEndpoint(1), OwnerTendrilEndpoint("ns", "web")
 	steps := []struct {
@@ -75,6 +99,7 @@ func TestSourcePrecedence(t *testing.T) {
 		if err := s.do(); err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
+		synced(t, c)
 		e, ok := b.get(pod)
 		if s.wantID == 0 {
 			if ok {
@@ -88,45 +113,85 @@ func TestSourcePrecedence(t *testing.T) {
 	}
 	// An unchanged winner is not rewritten.
 	_ = c.Upsert(pod, Entry{Identity: 300, Source: SourceLocal, Owner: epOwner})
-	before := b.ops
+	synced(t, c)
+	before := b.opCount()
 	_ = c.Upsert(pod, Entry{Identity: 300, Source: SourceLocal, Owner: epOwner})
 	_ = c.Upsert(pod, Entry{Identity: 5, Source: SourceGenerated, Owner: cidrOwner})
-	if b.ops != before {
-		t.Fatalf("%d backend writes for changes that did not change the winner", b.ops-before)
+	synced(t, c)
+	if after := b.opCount(); after != before {
+		t.Fatalf("%d backend writes for changes that did not change the winner", after-before)
 	}
 }
 
+// waitFor polls cond until it holds or 10 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestFailedWritesAreRetried: a backend write that fails leaves the claim
+// in the table with the error in its status, and the reconciler retries it
+// (with backoff) until it succeeds, without any other event; a failed
+// delete is retried the same way.
 func TestFailedWritesAreRetried(t *testing.T) {
 	b := &fakeBackend{m: map[netip.Prefix]Entry{}, fail: map[netip.Prefix]bool{}}
-	c := New(b, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c := startCache(t, b, reconciler.WithRetry(10*time.Millisecond, 50*time.Millisecond))
 	p := netip.MustParsePrefix("10.0.2.0/24")
-	b.fail[p] = true
-	if err := c.Upsert(p, Entry{Identity: 7, Source: SourceKubernetes, Owner: OwnerNode("b")}); err == nil {
-		t.Fatal("a failed write was not reported")
+	b.setFail(p, true)
+	if err := c.Upsert(p, Entry{Identity: 7, Source: SourceKubernetes, Owner: OwnerNode("b")}); err != nil {
+		t.Fatalf("a writer waited for the backend: %v", err)
 	}
-	if c.Pending() != 1 {
-		t.Fatalf("pending %d", c.Pending())
+	status := func() reconciler.Status {
+		obj, _, ok := c.Table().Get(c.db.ReadTxn(), PrefixIndex.Query(p))
+		if !ok {
+			t.Fatal("the claim is lost when the write fails")
+		}
+		return obj.Status
+	}
+	waitFor(t, "the error in the object's status", func() bool {
+		return status().Kind == reconciler.StatusKindError && strings.Contains(status().GetError(), "E2BIG")
+	})
+	if r := c.Realization(); r.Errors != 1 || r.Objects != 1 || !strings.Contains(r.LastError, "E2BIG") {
+		t.Fatalf("realization %+v, want one error", r)
 	}
 	if e, ok := c.Lookup(p); !ok || e.Identity != 7 {
 		t.Fatal("the claim is lost when the write fails")
 	}
-	if err := c.Sync(); err == nil {
-		t.Fatal("sync while still failing reported success")
+	first := b.opCount()
+	waitFor(t, "retries of the failed write", func() bool { return b.opCount() >= first+2 })
+	if _, ok := b.get(p); ok {
+		t.Fatal("a failing write reached the backend")
 	}
-	b.fail[p] = false
-	if err := c.Sync(); err != nil {
-		t.Fatal(err)
+	b.setFail(p, false)
+	synced(t, c)
+	if e, ok := b.get(p); !ok || e.Identity != 7 {
+		t.Fatalf("after the fault is gone: %+v %v", e, ok)
 	}
-	if e, ok := b.get(p); !ok || e.Identity != 7 || c.Pending() != 0 {
-		t.Fatalf("after retry: %+v %v pending %d", e, ok, c.Pending())
+	if st := status(); st.Kind != reconciler.StatusKindDone {
+		t.Fatalf("status %s after success", st)
 	}
+	if r := c.Realization(); r.Errors != 0 || r.Pending != 0 {
+		t.Fatalf("realization %+v after success", r)
+	}
+
 	// A failed delete is retried too.
-	b.fail[p] = true
-	_ = c.Delete(p, SourceKubernetes, OwnerNode("b"))
-	b.fail[p] = false
-	if err := c.Sync(); err != nil {
+	b.setFail(p, true)
+	before := b.opCount()
+	if err := c.Delete(p, SourceKubernetes, OwnerNode("b")); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, "retries of the failed delete", func() bool { return b.opCount() >= before+2 })
+	if _, ok := b.get(p); !ok {
+		t.Fatal("a failing delete removed the entry")
+	}
+	b.setFail(p, false)
+	synced(t, c)
 	if _, ok := b.get(p); ok {
 		t.Fatal("deleted prefix still in the backend after the retry")
 	}
@@ -160,7 +225,7 @@ func TestDeleteOfOldObjectKeepsNewerClaim(t *testing.T) {
 		for _, newSrc := range Sources() {
 			t.Run(oldSrc.String()+"-then-"+newSrc.String(), func(t *testing.T) {
 				b := &fakeBackend{m: map[netip.Prefix]Entry{}, fail: map[netip.Prefix]bool{}}
-				c := New(b, slog.New(slog.NewTextHandler(io.Discard, nil)))
+				c := startCache(t, b)
 				oldE := Entry{Identity: 1001, Source: oldSrc, Owner: ownerOf(oldSrc, "old"), Name: "old"}
 				newE := Entry{Identity: 2002, Source: newSrc, Owner: ownerOf(newSrc, "new"), Name: "new"}
 				if err := c.Upsert(ip, oldE); err != nil {
@@ -169,6 +234,7 @@ func TestDeleteOfOldObjectKeepsNewerClaim(t *testing.T) {
 				if err := c.Upsert(ip, newE); err != nil {
 					t.Fatal(err)
 				}
+				synced(t, c)
 				// While both claim it, the higher source wins, and of one
 				// source the newer claim.
 				wantBoth := newE
@@ -184,6 +250,7 @@ func TestDeleteOfOldObjectKeepsNewerClaim(t *testing.T) {
 				if err := c.Delete(ip, oldSrc, oldE.Owner); err != nil {
 					t.Fatal(err)
 				}
+				synced(t, c)
 				if e, ok := c.Lookup(ip); !ok || e != newE {
 					t.Fatalf("after the old object's delete the effective entry is %+v (present %v), want the newer claim %+v", e, ok, newE)
 				}
@@ -194,6 +261,7 @@ func TestDeleteOfOldObjectKeepsNewerClaim(t *testing.T) {
 				if err := c.Delete(ip, newSrc, newE.Owner); err != nil {
 					t.Fatal(err)
 				}
+				synced(t, c)
 				if e, ok := b.get(ip); ok {
 					t.Fatalf("after both deletes the backend still has %+v", e)
 				}
@@ -208,7 +276,7 @@ func TestDeleteOfOldObjectKeepsNewerClaim(t *testing.T) {
 // to the next most recent.
 func TestSameSourceMostRecentClaimWins(t *testing.T) {
 	b := &fakeBackend{m: map[netip.Prefix]Entry{}, fail: map[netip.Prefix]bool{}}
-	c := New(b, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c := startCache(t, b)
 	ip := netip.MustParsePrefix("172.30.0.5/32")
 	n1, n2, n3 := OwnerNode("n1"), OwnerNode("n2"), OwnerNode("n3")
 	steps := []struct {
@@ -233,11 +301,46 @@ func TestSameSourceMostRecentClaimWins(t *testing.T) {
 		if err := s.do(); err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
+		synced(t, c)
 		if e, ok := b.get(ip); !ok || e.Identity != s.wantID {
 			t.Fatalf("%s: backend has %+v (present %v), want identity %d", s.name, e, ok, s.wantID)
 		}
 	}
 	if err := c.Upsert(ip, Entry{Identity: 9, Source: SourceKubernetes}); err == nil {
 		t.Fatal("a claim without an owner was accepted")
+	}
+}
+
+// TestWriteIsOneTransaction: the claims of one Write commit together, or
+// none of them when the function fails.
+func TestWriteIsOneTransaction(t *testing.T) {
+	b := &fakeBackend{m: map[netip.Prefix]Entry{}, fail: map[netip.Prefix]bool{}}
+	c := startCache(t, b)
+	p1, p2 := netip.MustParsePrefix("10.1.0.1/32"), netip.MustParsePrefix("10.1.0.2/32")
+	err := c.Write(func(w *Writer) error {
+		if err := w.Upsert(p1, Entry{Identity: 10, Source: SourceKubernetes, Owner: OwnerNode("a")}); err != nil {
+			return err
+		}
+		return w.Upsert(p2, Entry{Identity: 11, Source: SourceKubernetes}) // no owner
+	})
+	if err == nil {
+		t.Fatal("a claim without an owner was accepted")
+	}
+	if _, ok := c.Lookup(p1); ok {
+		t.Fatal("a failed Write committed part of its claims")
+	}
+	if err := c.Write(func(w *Writer) error {
+		if err := w.Upsert(p1, Entry{Identity: 10, Source: SourceKubernetes, Owner: OwnerNode("a")}); err != nil {
+			return err
+		}
+		return w.Upsert(p2, Entry{Identity: 11, Source: SourceKubernetes, Owner: OwnerNode("b")})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	synced(t, c)
+	for p, id := range map[netip.Prefix]identity.NumericIdentity{p1: 10, p2: 11} {
+		if e, ok := b.get(p); !ok || e.Identity != id {
+			t.Fatalf("%s in the backend: %+v %v, want identity %d", p, e, ok, id)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/cilium/api/v1/models"
 
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -60,9 +61,28 @@ func TestPrivilegedRemoteEndpointViaKVStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(cli, "bpf", "ipcache", "list", "--bpf-root", b.bpfRoot).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), ip+"/32") {
-		t.Fatalf("node B's BPF ipcache lacks %s: %v\n%s", ip, err, out)
+	// (The ipcache's reconciler writes the map right after the table.)
+	var out []byte
+	inMap := func() bool {
+		out, err = exec.Command(cli, "bpf", "ipcache", "list", "--bpf-root", b.bpfRoot).CombinedOutput()
+		return err == nil && strings.Contains(string(out), ip+"/32")
+	}
+	if !inMap() {
+		time.Sleep(time.Second)
+		if !inMap() {
+			t.Fatalf("node B's BPF ipcache lacks %s: %v\n%s", ip, err, out)
+		}
+	}
+	// B's ipcache table is initialized (restored, and the kvstore's
+	// initial listing in): its reconciler may prune.
+	var tables []dbinspect.TableInfo
+	if err := b.agent.Do(context.Background(), http.MethodGet, "/statedb/tables", nil, nil, nil, &tables); err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range tables {
+		if tb.Name == "ipcache" && !tb.Initialized {
+			t.Errorf("node B's ipcache table is not initialized: waiting for %v", tb.PendingInitializers)
+		}
 	}
 	// B sees A's identity in its identity list too (policy can select it).
 	var ident models.Identity

@@ -1,0 +1,402 @@
+package ipcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"net/netip"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+)
+
+// Backend realizes resolved entries (the BPF map). Its methods are the
+// reconciler's operations on one prefix: Upsert and Delete must be
+// idempotent (deleting an absent prefix is not an error).
+type Backend interface {
+	Upsert(prefix netip.Prefix, e Entry) error
+	Delete(prefix netip.Prefix) error
+	// Prefixes lists what the backend holds, for the prune.
+	Prefixes() ([]netip.Prefix, error)
+}
+
+// InitializerRestore is the table initializer that holds the prune back
+// until the agent has restored its state (MarkRestored).
+const InitializerRestore = "agent-restore"
+
+// Params builds an IPCache.
+type Params struct {
+	DB *statedb.DB
+	// Jobs runs the reconciler's goroutines; they start with the group.
+	Jobs     job.Group
+	Log      *slog.Logger
+	ModuleID cell.FullModuleID
+	Backend  Backend
+	// Reconciler options beyond the defaults (retry backoff, prune
+	// interval), for tests.
+	Options []reconciler.Option
+}
+
+// IPCache is the writers' API over the ipcache table.
+type IPCache struct {
+	db    *statedb.DB
+	table statedb.RWTable[*PrefixClaims]
+	rec   reconciler.Reconciler[*PrefixClaims]
+	log   *slog.Logger
+
+	restoredOnce sync.Once
+	restored     func(statedb.WriteTxn)
+}
+
+// New creates the table, registers its reconciler on p.Jobs and holds the
+// prune back until MarkRestored.
+func New(p Params) (*IPCache, error) {
+	tbl, err := NewTable(p.DB)
+	if err != nil {
+		return nil, fmt.Errorf("ipcache table: %w", err)
+	}
+	c := &IPCache{db: p.DB, table: tbl, log: p.Log}
+	wtxn := p.DB.WriteTxn(tbl)
+	c.restored = tbl.RegisterInitializer(wtxn, InitializerRestore)
+	wtxn.Commit()
+	opts := append([]reconciler.Option{
+		reconciler.WithName(TableName),
+		// Prune once the table is initialized, then every 5 minutes.
+		reconciler.WithPruning(DefaultPruneInterval),
+		reconciler.WithRetry(DefaultRetryMin, DefaultRetryMax),
+	}, p.Options...)
+	c.rec, err = reconciler.Register(
+		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID},
+		tbl,
+		(*PrefixClaims).clone,
+		(*PrefixClaims).setStatus,
+		(*PrefixClaims).getStatus,
+		ops{backend: p.Backend, log: p.Log},
+		nil,
+		opts...,
+	)
+	if err != nil {
+		return nil, fmt.Errorf("ipcache reconciler: %w", err)
+	}
+	return c, nil
+}
+
+// Reconciler defaults: a failed map write is retried from 100 ms up to
+// every 30 s; a full prune of the map runs every 5 minutes.
+const (
+	DefaultRetryMin      = 100 * time.Millisecond
+	DefaultRetryMax      = 30 * time.Second
+	DefaultPruneInterval = 5 * time.Minute
+)
+
+// Table is the ipcache table, for inspection.
+func (c *IPCache) Table() statedb.Table[*PrefixClaims] { return c.table }
+
+// MarkRestored says that the agent has restored its state (its endpoints,
+// host addresses, policy prefixes): from now on the reconciler prunes
+// backend entries that no claim backs. Idempotent.
+func (c *IPCache) MarkRestored() {
+	c.restoredOnce.Do(func() {
+		wtxn := c.db.WriteTxn(c.table)
+		c.restored(wtxn)
+		wtxn.Commit()
+	})
+}
+
+// AddInitializer holds the prune back until the returned function is
+// called as well: a source (the kvstore watch) calls it once its initial
+// listing is in the table, so the prune does not delete what the source
+// would write again a moment later. Call it while the hive is built;
+// the function is idempotent.
+func (c *IPCache) AddInitializer(name string) func() {
+	wtxn := c.db.WriteTxn(c.table)
+	done := c.table.RegisterInitializer(wtxn, name)
+	wtxn.Commit()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			wtxn := c.db.WriteTxn(c.table)
+			done(wtxn)
+			wtxn.Commit()
+		})
+	}
+}
+
+// Prune asks for a prune now (it still waits for MarkRestored).
+func (c *IPCache) Prune() { c.rec.Prune() }
+
+// Upsert records (or changes) e.Owner's claim in e.Source. A claim keeps
+// its place among its source's claims when its owner changes it: it is as
+// recent as when it was first made, so a periodic resync of an old object
+// does not take the prefix back from a newer one. The backend is written
+// by the reconciler; a change that does not change the resolved entry
+// does not write it again.
+func (c *IPCache) Upsert(prefix netip.Prefix, e Entry) error {
+	return c.Write(func(w *Writer) error { return w.Upsert(prefix, e) })
+}
+
+// Delete withdraws owner's claim in src; the best remaining claim, if any,
+// takes over, else the prefix goes from the table (and the reconciler
+// deletes it from the backend). Other owners' claims stay, whatever their
+// source.
+func (c *IPCache) Delete(prefix netip.Prefix, src Source, owner Owner) error {
+	return c.Write(func(w *Writer) error { return w.Delete(prefix, src, owner) })
+}
+
+// Writer makes claims in one write transaction (see Write).
+type Writer struct {
+	c    *IPCache
+	wtxn statedb.WriteTxn
+}
+
+// Write runs fn with the table locked and commits its claims together, or
+// none of them if fn fails. A writer with many claims at once (a node's
+// addresses, a policy's prefixes, a source's listing) makes them in one
+// transaction: each transaction copies the paths it changes in the
+// table's trees, so one per claim costs several times more.
+func (c *IPCache) Write(fn func(*Writer) error) error {
+	wtxn := c.db.WriteTxn(c.table)
+	if err := fn(&Writer{c: c, wtxn: wtxn}); err != nil {
+		wtxn.Abort()
+		return err
+	}
+	wtxn.Commit()
+	return nil
+}
+
+// Upsert is IPCache.Upsert within the transaction.
+func (w *Writer) Upsert(prefix netip.Prefix, e Entry) error {
+	if e.Owner == "" {
+		return fmt.Errorf("ipcache %s: claim in source %s without an owner", prefix, e.Source)
+	}
+	prefix = prefix.Masked()
+	old, _, found := w.c.table.Get(w.wtxn, PrefixIndex.Query(prefix))
+	next := &PrefixClaims{Prefix: prefix}
+	if found {
+		*next = *old
+	}
+	next.Claims = withClaim(next.Claims, e)
+	setResolved(old, found, next)
+	if _, _, err := w.c.table.Insert(w.wtxn, next); err != nil {
+		return fmt.Errorf("ipcache %s: %w", prefix, err)
+	}
+	return nil
+}
+
+// Delete is IPCache.Delete within the transaction.
+func (w *Writer) Delete(prefix netip.Prefix, src Source, owner Owner) error {
+	prefix = prefix.Masked()
+	old, _, found := w.c.table.Get(w.wtxn, PrefixIndex.Query(prefix))
+	if !found {
+		return nil
+	}
+	claims, had := withoutClaim(old.Claims, src, owner)
+	if !had {
+		return nil
+	}
+	var err error
+	if len(claims) == 0 {
+		_, _, err = w.c.table.Delete(w.wtxn, old)
+	} else {
+		next := *old
+		next.Claims = claims
+		setResolved(old, true, &next)
+		_, _, err = w.c.table.Insert(w.wtxn, &next)
+	}
+	if err != nil {
+		return fmt.Errorf("ipcache %s: %w", prefix, err)
+	}
+	return nil
+}
+
+// setResolved sets next's resolved entry and marks it pending when that
+// entry changed (or is new); otherwise it keeps old's status, so the
+// reconciler does not rewrite an unchanged entry.
+func setResolved(old *PrefixClaims, found bool, next *PrefixClaims) {
+	next.Resolved = next.Claims[0].Entry
+	if !found || old.Resolved != next.Resolved {
+		next.Status = reconciler.StatusPending()
+	}
+}
+
+// Claims returns every claim of a prefix, the effective one first, then
+// by precedence.
+func (c *IPCache) Claims(prefix netip.Prefix) []Entry {
+	obj, _, found := c.table.Get(c.db.ReadTxn(), PrefixIndex.Query(prefix.Masked()))
+	if !found {
+		return nil
+	}
+	out := make([]Entry, len(obj.Claims))
+	for i, cl := range obj.Claims {
+		out[i] = cl.Entry
+	}
+	return out
+}
+
+// Lookup returns a prefix's effective entry.
+func (c *IPCache) Lookup(prefix netip.Prefix) (Entry, bool) {
+	obj, _, found := c.table.Get(c.db.ReadTxn(), PrefixIndex.Query(prefix.Masked()))
+	if !found {
+		return Entry{}, false
+	}
+	return obj.Resolved, true
+}
+
+// Item is a prefix with its effective entry.
+type Item struct {
+	Prefix netip.Prefix
+	Entry  Entry
+}
+
+// List returns every effective entry, by prefix.
+func (c *IPCache) List() []Item {
+	txn := c.db.ReadTxn()
+	out := make([]Item, 0, c.table.NumObjects(txn))
+	for obj := range c.table.All(txn) {
+		out = append(out, Item{Prefix: obj.Prefix, Entry: obj.Resolved})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].Prefix, out[j].Prefix
+		if a.Addr() != b.Addr() {
+			return a.Addr().Less(b.Addr())
+		}
+		return a.Bits() < b.Bits()
+	})
+	return out
+}
+
+// Realization counts the table's objects by reconciliation status.
+type Realization struct {
+	Objects, Pending, Errors int
+	// LastError is one of the errors, for display.
+	LastError string
+}
+
+// Realization counts the objects not yet realized: pending (not yet
+// written, or being refreshed) and failed (retried with backoff).
+func (c *IPCache) Realization() Realization {
+	return CountStatus(c.table.All(c.db.ReadTxn()))
+}
+
+// CountStatus counts objects of a reconciled table by status.
+func CountStatus(objs iter.Seq2[*PrefixClaims, statedb.Revision]) Realization {
+	var r Realization
+	for obj := range objs {
+		r.Objects++
+		switch obj.Status.Kind {
+		case reconciler.StatusKindDone:
+		case reconciler.StatusKindError:
+			r.Errors++
+			r.LastError = obj.Status.GetError()
+		default:
+			r.Pending++
+		}
+	}
+	return r
+}
+
+// Synced waits until the backend holds every change made to the table so
+// far (no write left pending or failing), or ctx ends.
+func (c *IPCache) Synced(ctx context.Context) error {
+	rev := c.table.Revision(c.db.ReadTxn())
+	for {
+		got, low, err := c.rec.WaitUntilReconciled(ctx, rev)
+		if err != nil {
+			return fmt.Errorf("ipcache reconciled to revision %d of %d: %w", got, rev, err)
+		}
+		if low == 0 || low > rev {
+			return nil
+		}
+		// A write up to rev is still being retried: look again shortly.
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("ipcache: writes since revision %d still failing: %w", low, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// WaitRealized waits until the backend holds the current resolved entry
+// of each prefix (a prefix no claim names is not waited for). It returns
+// the reconciler's error when a write failed (the reconciler goes on
+// retrying it), so that a caller that needs the entry in the datapath (an
+// endpoint's regeneration) fails and is retried like any other failure.
+func (c *IPCache) WaitRealized(ctx context.Context, prefixes ...netip.Prefix) error {
+	for {
+		txn := c.db.ReadTxn()
+		var watch <-chan struct{}
+		for _, p := range prefixes {
+			obj, _, w, found := c.table.GetWatch(txn, PrefixIndex.Query(p.Masked()))
+			if !found {
+				continue
+			}
+			switch obj.Status.Kind {
+			case reconciler.StatusKindDone:
+				continue
+			case reconciler.StatusKindError:
+				return fmt.Errorf("ipcache %s: %s", obj.Prefix, obj.Status.GetError())
+			}
+			watch = w
+			break
+		}
+		if watch == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the ipcache to be written: %w", ctx.Err())
+		case <-watch:
+		}
+	}
+}
+
+// ops are the reconciler's operations: the resolved entry of one prefix
+// to the backend, and the prune of what the table does not hold.
+type ops struct {
+	backend Backend
+	log     *slog.Logger
+}
+
+func (o ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj *PrefixClaims) error {
+	return o.backend.Upsert(obj.Prefix, obj.Resolved)
+}
+
+func (o ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj *PrefixClaims) error {
+	return o.backend.Delete(obj.Prefix)
+}
+
+// Prune deletes what the backend holds and no object in the table backs:
+// entries of a previous run whose owners are gone.
+func (o ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*PrefixClaims, statedb.Revision]) error {
+	have, err := o.backend.Prefixes()
+	if err != nil {
+		return fmt.Errorf("list the ipcache backend: %w", err)
+	}
+	want := make(map[netip.Prefix]struct{}, len(have))
+	for obj := range objs {
+		want[obj.Prefix] = struct{}{}
+	}
+	var errs []error
+	pruned := 0
+	for _, p := range have {
+		if _, ok := want[p]; ok {
+			continue
+		}
+		if err := o.backend.Delete(p); err != nil {
+			errs = append(errs, fmt.Errorf("prune %s: %w", p, err))
+			continue
+		}
+		pruned++
+	}
+	if pruned > 0 {
+		o.log.Info("Pruned stale ipcache entries", "pruned", pruned)
+	}
+	return errors.Join(errs...)
+}
