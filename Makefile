@@ -50,7 +50,8 @@ k8s-binaries:
 # them a second time under the race detector.
 RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/ipcache/... \
 	./pkg/identity/... ./pkg/cni/... ./pkg/agent/ ./pkg/lifecycle/ ./pkg/health/ ./pkg/namedns/ \
-	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/node/
+	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/node/ ./pkg/loadbalancer/... ./pkg/dbinspect/ \
+	./pkg/observer/... ./pkg/hubble/
 
 test: deps verify-generated lint build k8s-binaries
 	@echo "==> go test (full log in .test-output.log), then go test -race on the packages that hold concurrency"
