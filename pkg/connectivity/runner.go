@@ -1,6 +1,7 @@
 // Package connectivity is `tendril connectivity test`: it deploys its own
-// pods into a cluster, then checks pod-to-pod traffic on one node and
-// across nodes, pod-to-host, and policy cases (allowed and denied, by
+// pods and Services into a cluster, then checks pod-to-pod traffic on one
+// node and across nodes, pod-to-host, Services by ClusterIP (balancing,
+// session affinity, internalTrafficPolicy Local), and policy cases (allowed and denied, by
 // TendrilNetworkPolicy and Kubernetes NetworkPolicy), printing a line per
 // check and a pass/fail table. How a probe is made is a Prober: the lab
 // enters the pod's network namespace; a cluster mode can exec into pods.
