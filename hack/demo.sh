@@ -2,6 +2,7 @@
 # The demo: a two-node lab (a real Kubernetes API server, nodes and pods as
 # network namespaces, a tendril-agent per node), a small app from
 # examples/lab, real traffic between pods on one node and across nodes, a
+# Service answering at its ClusterIP (translated by Tendril, no kube-proxy), a
 # TendrilNetworkPolicy that lets only the frontend reach the backend, and
 # what Tendril shows about it. Needs root. The lab stays up for you to try
 # things; `make demo-down` (tendril lab down) removes it.
@@ -12,6 +13,8 @@ if [[ $(id -u) -ne 0 ]]; then
 	exit 1
 fi
 T=bin/tendril
+# TENDRIL_LAB picks the lab (default tdrlab), as for every lab command.
+LAB=${TENDRIL_LAB:-tdrlab}
 KUBECTL=$(hack/k8s-binaries.sh --print-dir)/kubectl-v1.36.3
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
@@ -44,6 +47,30 @@ probe frontend 53 --udp
 probe far 80
 $T lab exec demo/frontend -- curl -s "http://$backend/" | sed 's/^/  curl from the frontend: /'
 
+step "A Service: demo/backend answers at its ClusterIP, from node1 and from node2"
+cip=$(k get service -n demo backend -o jsonpath='{.spec.clusterIP}')
+k get service -n demo backend
+k get endpointslices -n demo -l kubernetes.io/service-name=backend
+svcprobe() { # svcprobe FROM [TRIES]: from a demo pod to the backend Service's ClusterIP
+	local from=$1 out=
+	for _ in $(seq "${2:-50}"); do # the agents program the Service within moments
+		out=$($T lab probe "demo/$from" "$cip:80" --timeout 500ms 2>&1) && break
+		out=
+		sleep 0.1
+	done
+	if [[ -n $out ]]; then
+		printf '  %-8s -> %s:80/tcp (Service demo/backend)  answered by %s\n' "$from" "$cip" "${out##*answered }"
+	else
+		printf '  %-8s -> %s:80/tcp (Service demo/backend)  BLOCKED\n' "$from" "$cip"
+	fi
+}
+svcprobe frontend
+svcprobe far
+$T lab exec demo/far -- curl -s "http://$cip/" | sed 's/^/  curl from far (node2) to the ClusterIP: /'
+echo "  node2's agent: the Service and its backend as the datapath has them"
+$T -H "$TENDRIL_SOCK_NODE2" service list
+$T bpf lb list --bpf-root "/sys/fs/bpf/tendril-lab/$LAB/node2"
+
 step "Policy: the backend accepts only the frontend, on 80/TCP (examples/lab/allow-frontend.yaml)"
 k apply -f examples/lab/allow-frontend.yaml
 for _ in $(seq 50); do
@@ -54,14 +81,16 @@ k get tnp -n demo
 probe frontend 80
 probe other 80
 probe frontend 53 --udp
+svcprobe frontend 1
+svcprobe far 1
 $T $node1 policy trace --src k8s:app=other,k8s:io.kubernetes.pod.namespace=demo \
 	--dst k8s:app=backend,k8s:io.kubernetes.pod.namespace=demo --dport 80/TCP || true
 
 step "The datapath's view on node1: policy entries in the pinned BPF maps"
-$T bpf policy list --bpf-root /sys/fs/bpf/tendril-lab/tdrlab/node1
+$T bpf policy list --bpf-root "/sys/fs/bpf/tendril-lab/$LAB/node1"
 
 step "tendril connectivity test: its own pods on both nodes, traffic and policy cases"
-$T connectivity test
+$T connectivity test --lab "$LAB"
 
 step "tendril status of node1"
 $T $node1 status

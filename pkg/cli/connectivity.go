@@ -24,9 +24,11 @@ func newConnectivityCommand(*Options) *cobra.Command {
 	}
 	test := &cobra.Command{
 		Use:   "test",
-		Short: "Deploy test pods and check pod-to-pod (same and other node), pod-to-host and allow/deny policy cases",
+		Short: "Deploy test pods and Services and check pod-to-pod (same and other node), pod-to-host, ClusterIP and allow/deny policy cases",
 		Long: `Deploys its own namespace of pods on two nodes of the lab, checks TCP, UDP and
-ICMP between them and to the nodes, then applies a TendrilNetworkPolicy and a
+ICMP between them and to the nodes, then three ClusterIP Services in front of the
+servers (who answers: both backends, one with ClientIP affinity, the local one
+with internalTrafficPolicy Local), then applies a TendrilNetworkPolicy and a
 Kubernetes NetworkPolicy and checks what they allow and deny, and that deleting
 them restores connectivity. A progress line per check, then a table; exit 1 if
 any check failed. Needs root (probes run inside the pods' network namespaces).`,

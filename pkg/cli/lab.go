@@ -161,7 +161,9 @@ func newLabStatusCommand(name *string) *cobra.Command {
 	}
 }
 
-// labPod finds a running pod's record.
+// labPod finds a running pod's record and moves this process into the
+// cgroup of the pod's node: what it then connects (or execs) is seen by
+// that node's socket load-balancing, like the pod's own workload.
 func labPod(name, ref string) (*lab.PodRecord, error) {
 	ns, pod, err := lab.ParsePodRef(ref)
 	if err != nil {
@@ -171,7 +173,14 @@ func labPod(name, ref string) (*lab.PodRecord, error) {
 	if err != nil {
 		return nil, err
 	}
-	return st.Pod(ns, pod)
+	rec, err := st.Pod(ns, pod)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.EnterPodCgroup(rec); err != nil {
+		return nil, err
+	}
+	return rec, nil
 }
 
 func newLabExecCommand(name *string) *cobra.Command {

@@ -1,15 +1,18 @@
 package connectivity
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/tendril-net/tendril/pkg/lab"
-	"github.com/tendril-net/tendril/pkg/lab/workload"
 )
 
 // LabProber probes from lab pods by entering their network namespaces.
@@ -29,20 +32,46 @@ func (p LabProber) netns(pod string) (string, error) {
 	return lab.NetnsPath(rec.Netns), nil
 }
 
-// Probe connects from the pod with the lab workload's probe.
-func (p LabProber) Probe(ctx context.Context, pod, addr string, udp bool, timeout time.Duration) error {
-	path, err := p.netns(pod)
+// Probe connects from the pod with `tendril lab probe`, a process of its
+// own: the probe must run in the cgroup of the pod's node (which `lab
+// probe` enters), where that node's agent attaches socket load-balancing,
+// and a cgroup is a property of a whole process, not of the thread that
+// enters the pod's network namespace. The answer is the answering pod's
+// name.
+func (p LabProber) Probe(ctx context.Context, pod, addr string, udp bool, timeout time.Duration) (string, error) {
+	args := []string{"lab", "probe", "--name", p.State.Name, pod, addr, "--timeout", timeout.String()}
+	if udp {
+		args = append(args, "--udp")
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, filepath.Join(p.State.BinDir, "tendril"), args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	msg := strings.TrimSpace(lastLine(stderr.String()))
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return parseProbeAnswer(stdout.String())
+	case errors.As(err, &exit) && exit.ExitCode() == 1:
+		// `lab probe` exit 1: nothing answered.
+		return "", errors.New(strings.TrimPrefix(msg, "Error: "))
+	default:
+		return "", fmt.Errorf("%w from %s: %v: %s", ErrCannotProbe, pod, err, msg)
+	}
+}
+
+// parseProbeAnswer reads the answer from `lab probe`'s line
+// `POD -> ADDR/PROTO: answered "NAME"`.
+func parseProbeAnswer(out string) (string, error) {
+	_, quoted, ok := strings.Cut(strings.TrimSpace(out), ": answered ")
+	if !ok {
+		return "", fmt.Errorf("%w: unexpected output of lab probe: %q", ErrCannotProbe, out)
+	}
+	answer, err := strconv.Unquote(quoted)
 	if err != nil {
-		return err
+		return "", fmt.Errorf("%w: unexpected answer in lab probe's output %q: %v", ErrCannotProbe, out, err)
 	}
-	var probeErr error
-	if err := lab.InNetns(path, func() error {
-		_, probeErr = workload.Probe(ctx, addr, udp, timeout)
-		return nil
-	}); err != nil {
-		return fmt.Errorf("enter %s: %w", pod, err)
-	}
-	return probeErr
+	return answer, nil
 }
 
 // Dial opens a TCP connection from inside the pod.

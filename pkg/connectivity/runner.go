@@ -1,6 +1,7 @@
 // Package connectivity is `tendril connectivity test`: it deploys its own
-// pods into a cluster, then checks pod-to-pod traffic on one node and
-// across nodes, pod-to-host, and policy cases (allowed and denied, by
+// pods and Services into a cluster, then checks pod-to-pod traffic on one
+// node and across nodes, pod-to-host, Services by ClusterIP (balancing,
+// session affinity, internalTrafficPolicy Local), and policy cases (allowed and denied, by
 // TendrilNetworkPolicy and Kubernetes NetworkPolicy), printing a line per
 // check and a pass/fail table. How a probe is made is a Prober: the lab
 // enters the pod's network namespace; a cluster mode can exec into pods.
@@ -8,8 +9,10 @@ package connectivity
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,9 +20,11 @@ import (
 
 // Prober makes connections from inside a pod.
 type Prober interface {
-	// Probe connects from pod (namespace/name) to addr (IP:port) and
-	// waits for an answer; an error means no connection or no answer.
-	Probe(ctx context.Context, pod, addr string, udp bool, timeout time.Duration) error
+	// Probe connects from pod (namespace/name) to addr (IP:port), waits
+	// for an answer and returns it (the lab workload answers with its pod's
+	// name); an error means no connection or no answer, or, wrapping
+	// ErrCannotProbe, that the probe could not be made at all.
+	Probe(ctx context.Context, pod, addr string, udp bool, timeout time.Duration) (string, error)
 	// Ping sends ICMP echo requests from pod to ip.
 	Ping(ctx context.Context, pod, ip string, timeout time.Duration) error
 	// Dial only opens a TCP connection from pod to addr (for servers that
@@ -36,7 +41,20 @@ type Check struct {
 	Proto string // tcp, udp, icmp or tcp-connect
 	// Allowed is the expected outcome.
 	Allowed bool
+	// Service checks (TCP/UDP through a Service's ClusterIP) say who may
+	// answer. Backends are the pods that may (none set: anyone). Repeat is
+	// how many probes one attempt makes (0: one). Spread: every backend
+	// answers within one attempt (load is balanced). Sticky: one backend
+	// answers every probe of the attempt (session affinity).
+	Backends []string
+	Repeat   int
+	Spread   bool
+	Sticky   bool
 }
+
+// ErrCannotProbe marks a probe that could not be made (no such pod, a
+// broken prober): a check never counts it as "denied".
+var ErrCannotProbe = errors.New("cannot probe")
 
 // Result is a check's outcome.
 type Result struct {
@@ -59,17 +77,56 @@ type Runner struct {
 	Settle time.Duration
 }
 
-func (r *Runner) probeOnce(ctx context.Context, c Check) error {
+func (r *Runner) probeOnce(ctx context.Context, c Check) (string, error) {
 	switch c.Proto {
 	case "icmp":
-		return r.Prober.Ping(ctx, c.From, c.To, r.ProbeTimeout)
+		return "", r.Prober.Ping(ctx, c.From, c.To, r.ProbeTimeout)
 	case "udp":
 		return r.Prober.Probe(ctx, c.From, c.To, true, r.ProbeTimeout)
 	case "tcp-connect":
-		return r.Prober.Dial(ctx, c.From, c.To, r.ProbeTimeout)
+		return "", r.Prober.Dial(ctx, c.From, c.To, r.ProbeTimeout)
 	default:
 		return r.Prober.Probe(ctx, c.From, c.To, false, r.ProbeTimeout)
 	}
+}
+
+// attempt makes one attempt of a check: Repeat probes (one by default),
+// stopping at the first that gets no answer. It returns the answers and
+// that error.
+func (r *Runner) attempt(ctx context.Context, c Check) ([]string, error) {
+	var answers []string
+	for range max(c.Repeat, 1) {
+		a, err := r.probeOnce(ctx, c)
+		if err != nil {
+			return answers, err
+		}
+		answers = append(answers, a)
+	}
+	return answers, nil
+}
+
+// judgeAnswers says whether the answers of an attempt where every probe
+// was answered meet the check's expectations about who answers, and why
+// not.
+func judgeAnswers(c Check, answers []string) (bool, string) {
+	seen := map[string]int{}
+	for _, a := range answers {
+		seen[a]++
+		if len(c.Backends) > 0 && !slices.Contains(c.Backends, a) {
+			return false, fmt.Sprintf("answered by %q, not one of %v", a, c.Backends)
+		}
+	}
+	if c.Sticky && len(seen) > 1 {
+		return false, fmt.Sprintf("%d probes answered by %d backends %v, want one", len(answers), len(seen), seen)
+	}
+	if c.Spread {
+		for _, b := range c.Backends {
+			if seen[b] == 0 {
+				return false, fmt.Sprintf("%d probes never answered by %s (answers %v)", len(answers), b, seen)
+			}
+		}
+	}
+	return true, ""
 }
 
 // Run runs the checks in order, a progress line each. A check passes as
@@ -82,15 +139,28 @@ func (r *Runner) Run(ctx context.Context, total, first int, checks []Check) []Re
 		res := Result{Check: c}
 		for {
 			res.Attempts++
-			err := r.probeOnce(ctx, c)
+			answers, err := r.attempt(ctx, c)
 			connected := err == nil
 			res.Last = ""
 			if err != nil {
 				res.Last = err.Error()
 			}
+			if errors.Is(err, ErrCannotProbe) {
+				break // never mistaken for a denial, and retrying will not help
+			}
 			if connected == c.Allowed {
-				res.Passed = true
-				break
+				ok, why := true, ""
+				if connected {
+					ok, why = judgeAnswers(c, answers)
+				}
+				res.Passed, res.Last = ok, why
+				// Who answered is final once everything answers: retrying
+				// until a lucky draw would let a broken affinity or traffic
+				// policy pass. Only a spread not seen yet (a backend still
+				// being added) is worth another attempt.
+				if ok || !c.Spread {
+					break
+				}
 			}
 			if time.Since(begin) > r.Settle || ctx.Err() != nil {
 				break
@@ -145,6 +215,9 @@ func PrintTable(w io.Writer, results []Result) {
 			if r.Last == "" {
 				got = "FAIL: connected"
 			}
+		}
+		if r.Repeat > 1 {
+			want += fmt.Sprintf(" (x%d)", r.Repeat)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s/%s\t%s\t%s\t%s\n", r.Name, r.From, r.To, r.Proto, want, got, r.Took.Round(time.Millisecond))
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -33,8 +34,8 @@ func (f *fakeProber) outcome(key string) error {
 	return errors.New("i/o timeout")
 }
 
-func (f *fakeProber) Probe(_ context.Context, pod, addr string, udp bool, _ time.Duration) error {
-	return f.outcome(pod + ">" + addr)
+func (f *fakeProber) Probe(_ context.Context, pod, addr string, udp bool, _ time.Duration) (string, error) {
+	return "", f.outcome(pod + ">" + addr)
 }
 
 func (f *fakeProber) Ping(_ context.Context, pod, ip string, _ time.Duration) error {
@@ -75,5 +76,85 @@ func TestRunnerPassesFailsAndWaitsForPolicy(t *testing.T) {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}
+	}
+}
+
+// answerProber answers every probe of a target with the next name of its
+// list, round and round; a target without a list cannot be probed.
+type answerProber struct {
+	mu      sync.Mutex
+	answers map[string][]string
+	n       map[string]int
+}
+
+func (a *answerProber) Probe(_ context.Context, pod, addr string, _ bool, _ time.Duration) (string, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	key := pod + ">" + addr
+	list, ok := a.answers[key]
+	if !ok {
+		return "", fmt.Errorf("%w: no pod %s", ErrCannotProbe, pod)
+	}
+	if len(list) == 0 {
+		return "", errors.New("connection refused")
+	}
+	i := a.n[key]
+	a.n[key]++
+	return list[i%len(list)], nil
+}
+
+func (a *answerProber) Ping(context.Context, string, string, time.Duration) error { return nil }
+func (a *answerProber) Dial(context.Context, string, string, time.Duration) error { return nil }
+
+func TestRunnerJudgesWhoAnswers(t *testing.T) {
+	p := &answerProber{n: map[string]int{}, answers: map[string][]string{
+		"c>svc:80":    {"s1", "s2"},
+		"c>sticky:80": {"s1"},
+		"c>local:80":  {"s1", "s1", "s1", "s2"},
+		"c>one:80":    {"s2"},
+		"c>stray:80":  {"s1", "x"},
+		"c>down:80":   {},
+	}}
+	backends := []string{"s1", "s2"}
+	r := &Runner{Prober: p, Out: &bytes.Buffer{}, ProbeTimeout: time.Millisecond, Settle: 300 * time.Millisecond}
+	res := r.Run(context.Background(), 8, 1, []Check{
+		{Name: "spread", From: "c", To: "svc:80", Proto: "tcp", Allowed: true, Backends: backends, Repeat: 4, Spread: true},
+		{Name: "sticky", From: "c", To: "sticky:80", Proto: "tcp", Allowed: true, Backends: backends, Repeat: 8, Sticky: true},
+		{Name: "sticky broken", From: "c", To: "svc:80", Proto: "tcp", Allowed: true, Backends: backends, Repeat: 8, Sticky: true},
+		{Name: "local broken", From: "c", To: "local:80", Proto: "tcp", Allowed: true, Backends: []string{"s1"}, Repeat: 8},
+		{Name: "spread never", From: "c", To: "one:80", Proto: "tcp", Allowed: true, Backends: backends, Repeat: 4, Spread: true},
+		{Name: "stranger answers", From: "c", To: "stray:80", Proto: "tcp", Allowed: true, Backends: backends, Repeat: 2},
+		{Name: "denied", From: "c", To: "down:80", Proto: "tcp", Allowed: false},
+		{Name: "cannot probe is no denial", From: "nopod", To: "svc:80", Proto: "tcp", Allowed: false},
+	})
+	want := []bool{true, true, false, false, false, false, true, false}
+	for i, w := range want {
+		if res[i].Passed != w {
+			t.Errorf("%s: passed=%v, want %v (last %q)", res[i].Name, res[i].Passed, w, res[i].Last)
+		}
+	}
+	// A verdict on who answered is final: no retry until a lucky draw.
+	if res[2].Attempts != 1 || res[3].Attempts != 1 {
+		t.Errorf("sticky/local broken retried: %d, %d attempts", res[2].Attempts, res[3].Attempts)
+	}
+	// A spread not seen yet is retried (a backend may still be joining).
+	if res[4].Attempts < 2 {
+		t.Errorf("spread never: %d attempts, want retries", res[4].Attempts)
+	}
+	if res[7].Attempts != 1 || !strings.Contains(res[7].Last, "cannot probe") {
+		t.Errorf("cannot probe: %d attempts, last %q", res[7].Attempts, res[7].Last)
+	}
+	if !strings.Contains(res[3].Last, `answered by "s2"`) {
+		t.Errorf("local broken: last %q", res[3].Last)
+	}
+}
+
+func TestParseProbeAnswer(t *testing.T) {
+	a, err := parseProbeAnswer("ns/c -> 10.96.0.10:80/tcp: answered \"server-same-node\"\n")
+	if err != nil || a != "server-same-node" {
+		t.Fatalf("%q, %v", a, err)
+	}
+	if _, err := parseProbeAnswer("garbage"); !errors.Is(err, ErrCannotProbe) {
+		t.Fatalf("garbage: %v", err)
 	}
 }

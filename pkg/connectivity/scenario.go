@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,12 +40,33 @@ func DefaultConfig() Config {
 }
 
 // The test's pods: a client and a second client on node 0, servers on
-// node 0 and node 1. Lab workloads answer on TCP and UDP 80 and 81.
+// node 0 and node 1, and a client on node 1 for Services reached from the
+// other node. Lab workloads answer on TCP and UDP 80 and 81 with their
+// pod's name.
 const (
-	podClient      = "client"
-	podOtherClient = "other-client"
-	podServerSame  = "server-same-node"
-	podServerOther = "server-other-node"
+	podClient       = "client"
+	podOtherClient  = "other-client"
+	podServerSame   = "server-same-node"
+	podServerOther  = "server-other-node"
+	podRemoteClient = "remote-client"
+)
+
+// The test's Services, all of them in front of both servers (app=server)
+// on TCP 80 and UDP 81.
+const (
+	svcServers  = "servers"
+	svcAffinity = "servers-affinity"
+	svcLocal    = "servers-local"
+)
+
+// Probes per attempt of the Service checks that judge who answers: with
+// two backends picked at random, a broken affinity or traffic policy
+// still looks right with probability 2^-(n-1) (1/2048 for 12), and a
+// working balancer misses one backend with the same probability.
+const (
+	serviceProbes  = 12
+	spreadProbes   = 20
+	clientIPProbes = 12
 )
 
 // Test deploys the pods, runs every check and cleans up; it returns the
@@ -71,7 +93,8 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 	pods := map[string]struct {
 		node int
 		app  string
-	}{podClient: {0, "client"}, podOtherClient: {0, "other-client"}, podServerSame: {0, "server"}, podServerOther: {1, "server"}}
+	}{podClient: {0, "client"}, podOtherClient: {0, "other-client"}, podServerSame: {0, "server"}, podServerOther: {1, "server"},
+		podRemoteClient: {1, "remote-client"}}
 	for name, p := range pods {
 		if err := createPod(ctx, c, ns, name, cfg.Nodes[p.node], p.app); err != nil {
 			return nil, err
@@ -85,30 +108,67 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 		}
 		ips[name] = ip
 	}
-	fmt.Fprintf(out, "Pods ready after %s\n\n", time.Since(begin).Round(time.Millisecond))
+	fmt.Fprintf(out, "Pods ready after %s\n", time.Since(begin).Round(time.Millisecond))
+	clusterIPs := map[string]string{}
+	for _, name := range []string{svcServers, svcAffinity, svcLocal} {
+		ip, err := createService(ctx, c, ns, name)
+		if err != nil {
+			return nil, err
+		}
+		clusterIPs[name] = ip
+		if err := waitEndpoints(ctx, c, ns, name, 2, cfg.ReadyWait); err != nil {
+			return nil, err
+		}
+	}
+	fmt.Fprintf(out, "Services %s (%s), %s (%s, sessionAffinity ClientIP), %s (%s, internalTrafficPolicy Local) with 2 ready endpoints after %s\n\n",
+		svcServers, clusterIPs[svcServers], svcAffinity, clusterIPs[svcAffinity], svcLocal, clusterIPs[svcLocal], time.Since(begin).Round(time.Millisecond))
 
 	from := func(pod string) string { return ns + "/" + pod }
 	to := func(pod string, port int) string { return fmt.Sprintf("%s:%d", ips[pod], port) }
+	svc := func(name string, port int) string { return fmt.Sprintf("%s:%d", clusterIPs[name], port) }
+	servers := []string{podServerSame, podServerOther}
+	viaService := func(name, client, service string, port int, proto string) Check {
+		return Check{Name: name, From: from(client), To: svc(service, port), Proto: proto, Allowed: true, Backends: servers}
+	}
 	phases := []struct {
 		title  string
 		before func() error
 		checks []Check
 	}{
 		{"no policy", nil, []Check{
-			{"pod to pod, same node, TCP", from(podClient), to(podServerSame, 80), "tcp", true},
-			{"pod to pod, same node, UDP", from(podClient), to(podServerSame, 81), "udp", true},
-			{"pod to pod, other node, TCP", from(podClient), to(podServerOther, 80), "tcp", true},
-			{"pod to pod, other node, UDP", from(podClient), to(podServerOther, 81), "udp", true},
-			{"pod to pod, other node, ICMP", from(podClient), ips[podServerOther], "icmp", true},
-			{"pod to host, own node", from(podClient), cfg.NodeIPs[0], "icmp", true},
-			{"pod to host, other node", from(podClient), cfg.NodeIPs[1], "icmp", true},
+			check("pod to pod, same node, TCP", from(podClient), to(podServerSame, 80), "tcp", true),
+			check("pod to pod, same node, UDP", from(podClient), to(podServerSame, 81), "udp", true),
+			check("pod to pod, other node, TCP", from(podClient), to(podServerOther, 80), "tcp", true),
+			check("pod to pod, other node, UDP", from(podClient), to(podServerOther, 81), "udp", true),
+			check("pod to pod, other node, ICMP", from(podClient), ips[podServerOther], "icmp", true),
+			check("pod to host, own node", from(podClient), cfg.NodeIPs[0], "icmp", true),
+			check("pod to host, other node", from(podClient), cfg.NodeIPs[1], "icmp", true),
+		}},
+		{"Services: ClusterIP in front of both servers", nil, []Check{
+			viaService("ClusterIP, same node, TCP", podClient, svcServers, 80, "tcp"),
+			viaService("ClusterIP, same node, UDP", podClient, svcServers, 81, "udp"),
+			viaService("ClusterIP, other node, TCP", podRemoteClient, svcServers, 80, "tcp"),
+			viaService("ClusterIP, other node, UDP", podRemoteClient, svcServers, 81, "udp"),
+			{Name: "ClusterIP balances over both backends", From: from(podClient), To: svc(svcServers, 80), Proto: "tcp", Allowed: true,
+				Backends: servers, Repeat: spreadProbes, Spread: true},
+			{Name: "sessionAffinity ClientIP: one backend", From: from(podClient), To: svc(svcAffinity, 80), Proto: "tcp", Allowed: true,
+				Backends: servers, Repeat: clientIPProbes, Sticky: true},
+			{Name: "internalTrafficPolicy Local, node 1", From: from(podClient), To: svc(svcLocal, 80), Proto: "tcp", Allowed: true,
+				Backends: []string{podServerSame}, Repeat: serviceProbes},
+			{Name: "internalTrafficPolicy Local, node 2, UDP", From: from(podRemoteClient), To: svc(svcLocal, 81), Proto: "udp", Allowed: true,
+				Backends: []string{podServerOther}, Repeat: serviceProbes},
 		}},
 		{"TendrilNetworkPolicy: servers admit only app=client on TCP 80", func() error { return applyServerPolicy(ctx, c, ns) }, []Check{
-			{"allowed client, same node", from(podClient), to(podServerSame, 80), "tcp", true},
-			{"allowed client, other node", from(podClient), to(podServerOther, 80), "tcp", true},
-			{"other client denied, same node", from(podOtherClient), to(podServerSame, 80), "tcp", false},
-			{"other client denied, other node", from(podOtherClient), to(podServerOther, 80), "tcp", false},
-			{"allowed client, port not in the policy", from(podClient), to(podServerOther, 81), "udp", false},
+			check("allowed client, same node", from(podClient), to(podServerSame, 80), "tcp", true),
+			check("allowed client, other node", from(podClient), to(podServerOther, 80), "tcp", true),
+			check("other client denied, same node", from(podOtherClient), to(podServerSame, 80), "tcp", false),
+			check("other client denied, other node", from(podOtherClient), to(podServerOther, 80), "tcp", false),
+			check("allowed client, port not in the policy", from(podClient), to(podServerOther, 81), "udp", false),
+			// Policy sees the backend, never the ClusterIP: the rule that
+			// admits app=client to the servers admits it via the Service.
+			{Name: "allowed client via the ClusterIP", From: from(podClient), To: svc(svcServers, 80), Proto: "tcp", Allowed: true,
+				Backends: servers, Repeat: spreadProbes, Spread: true},
+			check("other client denied via the ClusterIP", from(podOtherClient), svc(svcServers, 80), "tcp", false),
 		}},
 		{"NetworkPolicy: other-client may only send to UDP 81 (egress)", func() error {
 			if err := c.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(ctx, "servers-admit-client", metav1.DeleteOptions{}); err != nil {
@@ -116,21 +176,21 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			}
 			return applyEgressPolicy(ctx, c, ns)
 		}, []Check{
-			{"egress to TCP 80 denied", from(podOtherClient), to(podServerOther, 80), "tcp", false},
-			{"egress to UDP 81 allowed", from(podOtherClient), to(podServerOther, 81), "udp", true},
-			{"unrestricted client unaffected", from(podClient), to(podServerOther, 80), "tcp", true},
+			check("egress to TCP 80 denied", from(podOtherClient), to(podServerOther, 80), "tcp", false),
+			check("egress to UDP 81 allowed", from(podOtherClient), to(podServerOther, 81), "udp", true),
+			check("unrestricted client unaffected", from(podClient), to(podServerOther, 80), "tcp", true),
 		}},
 		{"policies deleted", func() error {
 			return c.Core.NetworkingV1().NetworkPolicies(ns).Delete(ctx, "other-client-egress", metav1.DeleteOptions{})
 		}, []Check{
-			{"connectivity restored, TCP", from(podOtherClient), to(podServerOther, 80), "tcp", true},
-			{"connectivity restored, same node", from(podOtherClient), to(podServerSame, 80), "tcp", true},
+			check("connectivity restored, TCP", from(podOtherClient), to(podServerOther, 80), "tcp", true),
+			check("connectivity restored, same node", from(podOtherClient), to(podServerSame, 80), "tcp", true),
 		}},
 	}
 	if cfg.APIServer != "" {
 		phases[0].checks = append(phases[0].checks,
-			Check{"pod to API server, other node", from(podServerOther), cfg.APIServer, "tcp-connect", true},
-			Check{"pod to API server, same node", from(podClient), cfg.APIServer, "tcp-connect", true})
+			check("pod to API server, other node", from(podServerOther), cfg.APIServer, "tcp-connect", true),
+			check("pod to API server, same node", from(podClient), cfg.APIServer, "tcp-connect", true))
 	}
 	total := 0
 	for _, ph := range phases {
@@ -232,4 +292,69 @@ func applyEgressPolicy(ctx context.Context, c *k8s.Clients, ns string) error {
 	}
 	_, err := c.Core.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{})
 	return err
+}
+
+// check is a plain reachability check.
+func check(name, from, to, proto string, allowed bool) Check {
+	return Check{Name: name, From: from, To: to, Proto: proto, Allowed: allowed}
+}
+
+// createService creates one of the test's Services in front of the
+// servers and returns its ClusterIP.
+func createService(ctx context.Context, c *k8s.Clients, ns, name string) (string, error) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "server"},
+			Ports: []corev1.ServicePort{
+				{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)},
+				{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 81, TargetPort: intstr.FromInt32(81)},
+			},
+		},
+	}
+	switch name {
+	case svcAffinity:
+		svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	case svcLocal:
+		local := corev1.ServiceInternalTrafficPolicyLocal
+		svc.Spec.InternalTrafficPolicy = &local
+	}
+	got, err := c.Core.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("create service %s/%s: %w", ns, name, err)
+	}
+	if got.Spec.ClusterIP == "" || got.Spec.ClusterIP == corev1.ClusterIPNone {
+		return "", fmt.Errorf("service %s/%s got no ClusterIP", ns, name)
+	}
+	return got.Spec.ClusterIP, nil
+}
+
+// waitEndpoints waits until the Service's EndpointSlices (made by the
+// controller manager from its selector) list want ready endpoints.
+func waitEndpoints(ctx context.Context, c *k8s.Clients, ns, name string, want int, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		slices, err := c.Core.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+		ready := 0
+		if err == nil {
+			for _, sl := range slices.Items {
+				for _, ep := range sl.Endpoints {
+					if ep.Conditions.Ready == nil || *ep.Conditions.Ready {
+						ready++
+					}
+				}
+			}
+			if ready >= want {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("service %s/%s: %d of %d endpoints ready after %s (last error: %v)", ns, name, ready, want, wait, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

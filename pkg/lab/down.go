@@ -11,7 +11,8 @@ import (
 // Down removes everything the named lab made, whether it came up fully,
 // half, or crashed: the recorded processes, every process left inside the
 // lab's network namespaces (agents, pod workloads), the namespaces (their
-// links go with them), the pinned BPF objects and the lab's directory. It
+// links go with them), the nodes' cgroups, the pinned BPF objects and the
+// lab's directory. It
 // is idempotent; out gets one line per kind of thing removed.
 func Down(name string, out io.Writer) error {
 	if err := ValidateName(name); err != nil {
@@ -60,6 +61,18 @@ func Down(name string, out io.Writer) error {
 	}
 	if len(names) > 0 {
 		fmt.Fprintf(out, "  removed %d network namespaces\n", len(names))
+	}
+
+	// After the processes: a cgroup with members cannot be removed. What
+	// is still inside (a probe, a lab exec command) is the lab's too.
+	if mount, err := Cgroup2Mount(); err == nil {
+		n, err := removeLabCgroups(mount, name)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if n > 0 {
+			fmt.Fprintf(out, "  removed %d node cgroups under %s\n", n, LabCgroupDir(mount, name))
+		}
 	}
 
 	if _, err := os.Stat(BPFDir(name)); err == nil {

@@ -79,6 +79,10 @@ type Node struct {
 	BPFRoot string `json:"bpfRoot"`
 	// CNICacheDir is where the kubelet's libcni keeps ADD results for DEL.
 	CNICacheDir string `json:"cniCacheDir"`
+	// Cgroup is the node's cgroup v2 (<cgroup2>/tendril-lab/<lab>/<node>):
+	// the agent attaches socket load-balancing there (--cgroup-root) and
+	// the node's pod workloads, probes and exec'd commands run inside it.
+	Cgroup string `json:"cgroup"`
 }
 
 // State is what `lab up` decided, written to lab.json for the other lab
@@ -241,4 +245,25 @@ func writeFileAtomic(path string, data []byte) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// PodCgroup is the cgroup of the node that runs the pod ("" for a lab
+// made before nodes had cgroups).
+func (s *State) PodCgroup(rec *PodRecord) (string, error) {
+	n, err := s.Node(rec.Node)
+	if err != nil {
+		return "", fmt.Errorf("pod %s/%s: %w", rec.Namespace, rec.Name, err)
+	}
+	return n.Cgroup, nil
+}
+
+// EnterPodCgroup moves the calling process into the cgroup of the pod's
+// node, so that its connections (and those of what it execs) go through
+// that node's socket load-balancing as the pod's own would.
+func (s *State) EnterPodCgroup(rec *PodRecord) error {
+	cg, err := s.PodCgroup(rec)
+	if err != nil || cg == "" {
+		return err
+	}
+	return EnterCgroup(cg)
 }

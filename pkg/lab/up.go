@@ -123,6 +123,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return nil, err
 	}
 
+	cgMount, err := Cgroup2Mount()
+	if err != nil {
+		return nil, err
+	}
 	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, NetNetns: NetnsPrefix(cfg.Name) + "net"}
 	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
 	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
@@ -141,8 +145,12 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			StateDir:    filepath.Join(nodeDir, "state"),
 			BPFRoot:     filepath.Join(BPFDir(cfg.Name), name),
 			CNICacheDir: filepath.Join(nodeDir, "cni-cache"),
+			Cgroup:      NodeCgroupDir(cgMount, cfg.Name, name),
 		})
 		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
+			return nil, err
+		}
+		if err := CreateNodeCgroup(st.Nodes[i-1].Cgroup); err != nil {
 			return nil, err
 		}
 	}
@@ -188,7 +196,8 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		argv := []string{"nsenter", "--net=" + NetnsPath(n.Netns), filepath.Join(st.BinDir, "tendril-agent"),
 			"--node-name", n.Name, "--kubeconfig", st.NodeKubeconfig,
 			"--state-dir", n.StateDir, "--socket", n.Socket, "--bpf-root", n.BPFRoot,
-			"--ipv6-range", "none", "--prometheus-serve-addr", ""}
+			"--ipv6-range", "none", "--prometheus-serve-addr", "",
+			"--cgroup-root", n.Cgroup}
 		argv = append(argv, cfg.AgentArgs...)
 		role := "agent-" + n.Name
 		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), argv)

@@ -17,10 +17,12 @@ func TestPrivilegedConnectivityTest(t *testing.T) {
 		t.Fatalf("connectivity test failed: %v", err)
 	}
 	m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out))
-	if m == nil || m[1] != m[2] || m[1] == "0" {
+	if m == nil || m[1] != m[2] || m[1] != "29" {
 		t.Fatalf("no all-passed summary in the output")
 	}
-	for _, want := range []string{"pod to pod, other node, TCP", "pod to host, other node", "other client denied, other node", "egress to TCP 80 denied", "connectivity restored"} {
+	for _, want := range []string{"pod to pod, other node, TCP", "pod to host, other node", "other client denied, other node", "egress to TCP 80 denied", "connectivity restored",
+		"ClusterIP, other node, UDP", "ClusterIP balances over both backends", "sessionAffinity ClientIP: one backend",
+		"internalTrafficPolicy Local, node 2, UDP", "other client denied via the ClusterIP"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks check %q", want)
 		}

@@ -6,6 +6,7 @@ package e2e_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,8 +31,10 @@ import (
 	"github.com/tendril-net/tendril/pkg/testutil/binaries"
 )
 
-// labName keeps the tests' lab apart from one a person runs (tdrlab).
-const labName = "tdre2e"
+// labName keeps the tests' lab apart from one a person runs (tdrlab);
+// TENDRIL_E2E_LAB picks another, so two checkouts can run the suite side
+// by side.
+var labName = cmp.Or(os.Getenv("TENDRIL_E2E_LAB"), "tdre2e")
 
 // Pods per node that `lab up` starts (default/pod-N).
 const podsPerNode = 2

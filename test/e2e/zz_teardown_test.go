@@ -41,7 +41,11 @@ func TestPrivilegedLabDown(t *testing.T) {
 	if left, _ := lab.ListNetns(lab.NetnsPrefix(labName)); len(left) > 0 {
 		t.Errorf("network namespaces left: %v", left)
 	}
-	for _, path := range []string{lab.BPFDir(labName), lab.Dir(labName)} {
+	paths := []string{lab.BPFDir(labName), lab.Dir(labName)}
+	for _, n := range e.st.Nodes { // the node cgroups and their lab's directory
+		paths = append(paths, n.Cgroup, filepath.Dir(n.Cgroup))
+	}
+	for _, path := range paths {
 		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s left behind (%v)", path, err)
 		}

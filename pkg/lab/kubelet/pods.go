@@ -270,6 +270,18 @@ func (w *podWorker) startWorkload(sb *sandbox, pod *corev1.Pod, tcp, udp []int) 
 	cmd.ExtraFiles = []*os.File{pw}
 	// A session of its own: signals to the kubelet's group do not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if cg := w.m.node.Cgroup; cg != "" {
+		// Started straight into the node's cgroup (CLONE_INTO_CGROUP), where
+		// the node's agent attaches socket load-balancing: the pod's
+		// connections are translated by its own node, as on a real one.
+		cgf, err := lab.OpenCgroup(cg)
+		if err != nil {
+			pw.Close()
+			return err
+		}
+		defer cgf.Close()
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(cgf.Fd())
+	}
 	err = cmd.Start()
 	pw.Close()
 	if err != nil {
