@@ -345,9 +345,10 @@ func attachmentNoun(m loader.AttachMode) string {
 
 // datapathCollector exports the datapath's per-reason counters.
 type datapathCollector struct {
-	m       *datapathModule
-	packets *prometheus.Desc
-	bytes   *prometheus.Desc
+	m          *datapathModule
+	packets    *prometheus.Desc
+	bytes      *prometheus.Desc
+	eventsLost *prometheus.Desc
 }
 
 func newDatapathCollector(m *datapathModule) *datapathCollector {
@@ -355,15 +356,25 @@ func newDatapathCollector(m *datapathModule) *datapathCollector {
 		m:       m,
 		packets: prometheus.NewDesc("tendril_datapath_packets_total", "Packets seen by the datapath, by reason and direction.", []string{"reason", "direction"}, nil),
 		bytes:   prometheus.NewDesc("tendril_datapath_bytes_total", "Bytes seen by the datapath, by reason and direction.", []string{"reason", "direction"}, nil),
+		eventsLost: prometheus.NewDesc("tendril_datapath_events_lost_total",
+			"Events the datapath could not send: the ring buffer full or over the rate limit.", []string{"reason"}, nil),
 	}
 }
 
-func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.packets; ch <- c.bytes }
+func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.packets
+	ch <- c.bytes
+	ch <- c.eventsLost
+}
 
 func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	dm := c.m.loader.Maps()
 	if dm == nil {
 		return
+	}
+	if lost, err := c.m.loader.EventsLost(); err == nil {
+		ch <- prometheus.MustNewConstMetric(c.eventsLost, prometheus.CounterValue, float64(lost.RingFull), "ring-full")
+		ch <- prometheus.MustNewConstMetric(c.eventsLost, prometheus.CounterValue, float64(lost.RateLimited), "rate-limited")
 	}
 	rows, err := dm.MetricsMap().Dump()
 	if err != nil {

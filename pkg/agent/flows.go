@@ -10,12 +10,14 @@ import (
 	"sync"
 
 	"github.com/cilium/hive/cell"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/hubble"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/observer"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/version"
@@ -127,19 +129,21 @@ type flowsParams struct {
 	Endpoints  *endpointsModule
 	Policy     *policyModule
 	Identities identity.Allocator
+	Metrics    *metrics.Server
 }
 
 func newFlowsModule(p flowsParams) *flowsModule {
 	if !p.Config.Hubble.Enable || p.Datapath == nil {
 		return nil
 	}
-	know := &nodeKnowledge{node: p.Config.NodeName, identities: p.Identities, eps: p.Endpoints, ipcache: p.Datapath.ipcache, repo: p.Policy.repo}
+	know := &nodeKnowledge{node: p.Config.NodeName, identities: p.Identities, eps: p.Endpoints, ipcache: p.Datapath.ipcache, repo: p.Policy.repo, cidrLabels: p.Policy.cidrIdentityLabels}
 	obs := observer.New(observer.Config{Capacity: p.Config.Hubble.FlowBufferSize}, know, logFor(p.Root, "observer"))
 	m := &flowsModule{
 		observer: obs,
 		server: hubble.New(hubble.Config{SocketPath: p.Config.hubbleSocket(), TCPAddress: p.Config.Hubble.ListenAddress, Version: version.Version},
 			obs, logFor(p.Root, "hubble")),
 	}
+	p.Metrics.Registry.MustRegister(newFlowsCollector(obs))
 	// The datapath's event reader feeds the observer; it is set before the
 	// hive starts, so before the reader's job runs.
 	p.Datapath.setEventSink(func(ev loader.Event) {
@@ -158,6 +162,47 @@ func (m *flowsModule) stop(context.Context) error {
 	return nil
 }
 
+// flowsCollector exports the observer's counters.
+type flowsCollector struct {
+	obs                     *observer.Observer
+	seen, errors, followers *prometheus.Desc
+}
+
+func newFlowsCollector(obs *observer.Observer) *flowsCollector {
+	return &flowsCollector{
+		obs:       obs,
+		seen:      prometheus.NewDesc("tendril_hubble_flows_seen_total", "Flows decoded from the datapath's events into the ring.", nil, nil),
+		errors:    prometheus.NewDesc("tendril_hubble_decode_errors_total", "Datapath events that could not be decoded into flows.", nil, nil),
+		followers: prometheus.NewDesc("tendril_hubble_followers", "GetFlows streams following the ring.", nil, nil),
+	}
+}
+
+func (c *flowsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.seen
+	ch <- c.errors
+	ch <- c.followers
+}
+
+func (c *flowsCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.seen, prometheus.CounterValue, float64(c.obs.Ring().Seen()))
+	ch <- prometheus.MustNewConstMetric(c.errors, prometheus.CounterValue, float64(c.obs.DecodeErrors()))
+	ch <- prometheus.MustNewConstMetric(c.followers, prometheus.GaugeValue, float64(c.obs.Followers()))
+}
+
+// cidrIdentityLabels is the label of the prefix the policy gave the
+// node-local identity id, or nil. (A scan: there are as many CIDR
+// identities as prefixes in the rules, and only flows to and from them ask.)
+func (p *policyModule) cidrIdentityLabels(id identity.NumericIdentity) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for pf, cid := range p.cidrIDs {
+		if cid == id {
+			return []string{"cidr:" + pf.String()}
+		}
+	}
+	return nil
+}
+
 // nodeKnowledge is observer.NodeKnowledge over the agent's subsystems:
 // the identity allocator, the endpoint manager, the ipcache table (local
 // and remote pods' addresses) and the policy repository.
@@ -167,6 +212,8 @@ type nodeKnowledge struct {
 	eps        *endpointsModule
 	ipcache    *ipcache.IPCache
 	repo       *policy.Repository
+	// cidrLabels names the policy's node-local CIDR identities.
+	cidrLabels func(identity.NumericIdentity) []string
 
 	// policies is the repository's rules by cookie at revision rev,
 	// rebuilt when the repository moves on (rules change rarely, events
@@ -180,12 +227,19 @@ var _ observer.NodeKnowledge = (*nodeKnowledge)(nil)
 
 func (k *nodeKnowledge) NodeName() string { return k.node }
 
-// IdentityLabels: a reserved identity is its own label (reserved:world);
-// the others are the allocator's.
+// IdentityLabels: a reserved identity is its own label (reserved:world),
+// a node-local one the CIDR the policy gave it (cidr:10.0.0.0/8); the
+// others are the allocator's.
 func (k *nodeKnowledge) IdentityLabels(id uint32) []string {
 	nid := identity.NumericIdentity(id)
 	if nid.IsReserved() {
 		return []string{nid.String()}
+	}
+	if nid.IsLocal() {
+		if k.cidrLabels == nil {
+			return nil
+		}
+		return k.cidrLabels(nid)
 	}
 	if ident, ok := k.identities.Lookup(nid); ok {
 		return ident.Labels

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -52,13 +53,20 @@ func TestNodeKnowledgeIdentitiesAndPolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 	repo := policy.NewRepository()
-	k := &nodeKnowledge{node: "node-a", identities: alloc, repo: repo}
+	pm := &policyModule{cidrIDs: map[netip.Prefix]identity.NumericIdentity{netip.MustParsePrefix("192.0.2.0/24"): identity.LocalScope | 1}}
+	k := &nodeKnowledge{node: "node-a", identities: alloc, repo: repo, cidrLabels: pm.cidrIdentityLabels}
 
 	if got := k.IdentityLabels(uint32(identity.World)); !slices.Equal(got, []string{"reserved:world"}) {
 		t.Errorf("world's labels %v", got)
 	}
 	if got := k.IdentityLabels(uint32(web.ID)); !slices.Contains(got, "k8s:app=web") {
 		t.Errorf("web's labels %v", got)
+	}
+	if got := k.IdentityLabels(uint32(identity.LocalScope | 1)); !slices.Equal(got, []string{"cidr:192.0.2.0/24"}) {
+		t.Errorf("CIDR identity's labels %v", got)
+	}
+	if got := k.IdentityLabels(uint32(identity.LocalScope | 2)); got != nil {
+		t.Errorf("unknown CIDR identity's labels %v", got)
 	}
 	if got := k.IdentityLabels(60000); got != nil {
 		t.Errorf("unknown identity's labels %v", got)

@@ -29,7 +29,8 @@ import (
 // stock hubble CLI reads the same socket.
 func TestPrivilegedAgentFlows(t *testing.T) {
 	testutil.Privileged(t)
-	n := startNode(t, "--ipv6-range", "none")
+	// The node's netns is the test's own: fixed ports on its loopback.
+	n := startNode(t, "--ipv6-range", "none", "--hubble-listen-address", "127.0.0.1:4244", "--prometheus-serve-addr", "127.0.0.1:9962")
 	list := n.confList("tendril-cni", "1.1.0", nil)
 	a, b, c := n.newPod("a"), n.newPod("b"), n.newPod("c")
 	ra := n.mustAdd(list, a)
@@ -160,6 +161,18 @@ func TestPrivilegedAgentFlows(t *testing.T) {
 		}
 	}()
 
+	// The counters: events read by type, flows seen, lost events.
+	metricsOut, err := inNetns(n.netns, "curl", "-sf", "http://127.0.0.1:9962/metrics")
+	if err != nil {
+		t.Fatalf("metrics: %v: %s", err, metricsOut)
+	}
+	for _, want := range []string{`tendril_datapath_events_total{reason="Policy denied by deny rule",type="drop"}`, `type="trace"`,
+		"tendril_hubble_flows_seen_total", `tendril_datapath_events_lost_total{reason="ring-full"} 0`} {
+		if !strings.Contains(string(metricsOut), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+
 	t.Run("stock hubble CLI", func(t *testing.T) {
 		hubbleCLI := hubbletest.HubbleCLI(t)
 		out, err := exec.Command(hubbleCLI, "observe", "--server", "unix://"+sock, "--last", "1000").CombinedOutput()
@@ -167,6 +180,10 @@ func TestPrivilegedAgentFlows(t *testing.T) {
 			t.Fatalf("hubble observe: %v: %s", err, out)
 		}
 		t.Logf("hubble observe:\n%s", out)
+		// The TCP listener, from inside the node.
+		if out, err := inNetns(n.netns, hubbleCLI, "status", "--server", "127.0.0.1:4244"); err != nil || !strings.Contains(string(out), "Healthcheck (via 127.0.0.1:4244): Ok") {
+			t.Errorf("hubble status over TCP: %v: %s", err, out)
+		}
 		for _, want := range []string{"default/c", "default/b", "DROPPED", "FORWARDED", "default/a"} {
 			if !strings.Contains(string(out), want) {
 				t.Errorf("hubble observe lacks %q:\n%s", want, out)
