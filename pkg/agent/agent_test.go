@@ -278,6 +278,9 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 		// or permission problem.
 		{"dot in a bpf-root name", func(c *Config) { c.BPFRoot = "/sys/fs/bpf/tendril-test.1" }, `bpf-root "/sys/fs/bpf/tendril-test.1": name "tendril-test.1" holds a dot`},
 		{"relative bpf-root", func(c *Config) { c.BPFRoot = "tendril" }, "bpf-root"},
+		{"bad trace events", func(c *Config) { c.Hubble.TraceEvents = "some" }, "hubble-trace-events"},
+		{"empty flow buffer", func(c *Config) { c.Hubble.FlowBufferSize = 0 }, "hubble-flow-buffer-size"},
+		{"relative hubble socket", func(c *Config) { c.Hubble.Socket = "hubble.sock" }, "hubble-socket"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -108,17 +108,20 @@ type cniAPI struct {
 	dp  *datapathModule
 }
 
-// serveCell is start step 10: metrics, pprof, then the API served, once
+// serveCell is start step 10: metrics, pprof, the Hubble API, then the API served, once
 // every subsystem is built and every handler registered (it takes the
 // handlers' cell's products: the API server with its handlers).
 var serveCell = cell.Module("serve", "Metrics pprof and the API socket",
 	cell.Invoke(registerServeSteps),
 )
 
-func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config, root cell.RootLogger, m *metrics.Server, api *server.Server) {
+func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config, root cell.RootLogger, m *metrics.Server, api *server.Server, flows *flowsModule) {
 	steps.Append(lc, "metrics", m.Start, m.Stop)
 	pprofServer := profiling.New(cfg.Profiling, logFor(root, "pprof"))
 	steps.Append(lc, "pprof", pprofServer.Start, pprofServer.Stop)
+	if flows != nil {
+		steps.Append(lc, "hubble", flows.start, flows.stop)
+	}
 	steps.Append(lc, "api-server", func(context.Context) error {
 		if err := api.Listen(); err != nil {
 			return err

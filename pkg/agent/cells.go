@@ -15,7 +15,7 @@ import (
 //
 //	config, k8s-client, bpf-maps, lb-restore, endpoint-restore-ipam, k8s-node-writeback,
 //	k8s-watchers, kvstore, identity-restore, host-ips-ct-gc, policy-restore,
-//	regenerate-restored, policy-regeneration, metrics, pprof, api-server
+//	regenerate-restored, policy-regeneration, metrics, pprof, hubble, api-server
 func cells(cfg Config, deps Deps) []cell.Cell {
 	return []cell.Cell{
 		job.Cell,
@@ -32,6 +32,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		policyCell,
 		regenerationCell,
 		ipcacheRestoredCell,
+		flowsCell,
 		apiCell,
 		serveCell,
 	}

@@ -12,7 +12,7 @@ import (
 var seedsOrder = []string{
 	"config", "k8s-client", "bpf-maps", "lb-restore", "endpoint-restore-ipam", "k8s-node-writeback", "k8s-watchers",
 	"kvstore", "identity-restore", "host-ips-ct-gc", "policy-restore", "regenerate-restored",
-	"policy-regeneration", "metrics", "pprof", "api-server",
+	"policy-regeneration", "metrics", "pprof", "hubble", "api-server",
 }
 
 // TestStartOrder: the hive built from the cells (their dependencies and

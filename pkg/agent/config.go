@@ -92,6 +92,8 @@ type Config struct {
 
 	// Services are the services' options (socket LB, selection).
 	Services ServicesConfig
+	// Hubble are the flows' options (observer, Hubble API, trace events).
+	Hubble HubbleConfig
 
 	API       server.Config
 	Metrics   metrics.Config
@@ -129,6 +131,7 @@ func DefaultConfig() Config {
 		KVStoreConfig:          kvstore.DefaultConfig(),
 		IdentityLabels:         labels.DefaultConfig(),
 		Services:               ServicesConfig{LBAlgorithm: "random"},
+		Hubble:                 DefaultHubbleConfig(),
 		API:                    server.DefaultConfig(),
 		Metrics:                metrics.DefaultConfig(),
 		Profiling:              profiling.DefaultConfig(),
@@ -163,6 +166,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	c.KVStoreConfig.Flags(fs)
 	c.IdentityLabels.Flags(fs)
 	c.Services.Flags(fs)
+	c.Hubble.Flags(fs)
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)
 	c.Profiling.Flags(fs)
@@ -221,6 +225,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("identity-labels: %w", err))
 	}
 	if err := c.Services.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Hubble.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.K8sCacheSyncTimeout <= 0 {

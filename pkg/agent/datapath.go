@@ -53,6 +53,9 @@ type datapathModule struct {
 
 	// er reads the events ring buffer, from the start step on.
 	er *loader.EventReader
+	// sink receives every event read (the flows' observer); nil: the
+	// events are only counted. Set before the hive starts.
+	sink func(loader.Event)
 
 	gcStats ctGCStats
 
@@ -134,8 +137,9 @@ func newDatapathModule(p datapathParams) (*datapathModule, error) {
 
 // loaderConfig is the datapath's part of the agent's configuration.
 func loaderConfig(c Config) loader.Config {
+	trace, _ := c.Hubble.traceMode() // validated with the config
 	return loader.Config{
-		BPFRoot: c.BPFRoot, PolicyVerdictEvents: c.PolicyVerdictEvents, DirectDelivery: c.DirectDelivery,
+		BPFRoot: c.BPFRoot, PolicyVerdictEvents: c.PolicyVerdictEvents, DirectDelivery: c.DirectDelivery, TraceEvents: trace,
 		AttachMode: loader.AttachMode(c.DatapathAttachMode), DeferTCX: c.DatapathDeferTCX,
 	}
 }
@@ -155,9 +159,12 @@ func (m *datapathModule) start(context.Context) error {
 	return nil
 }
 
+// setEventSink hands every event read to fn (the flows' observer), from
+// the reader's start on; called while the hive is built.
+func (m *datapathModule) setEventSink(fn func(loader.Event)) { m.sink = fn }
+
 // readEvents drains the events ring buffer until it is closed: counted in
-// metrics, drops logged at debug level. (The flow observer will consume
-// them here.)
+// metrics, drops logged at debug level, each handed to the sink.
 func (m *datapathModule) readEvents(er *loader.EventReader) {
 	for {
 		ev, err := er.Read()
@@ -169,12 +176,18 @@ func (m *datapathModule) readEvents(er *loader.EventReader) {
 			continue
 		}
 		typ := "drop"
-		if ev.Type == loader.EventPolicyVerdict {
+		switch ev.Type {
+		case loader.EventPolicyVerdict:
 			typ = "policy-verdict"
+		case loader.EventTrace:
+			typ = "trace"
 		}
 		m.events.WithLabelValues(typ, maps.ReasonName(ev.Reason)).Inc()
 		if ev.Type == loader.EventDrop {
 			m.log.Debug("Datapath drop", "event", ev.String())
+		}
+		if m.sink != nil {
+			m.sink(ev)
 		}
 	}
 }
@@ -332,9 +345,10 @@ func attachmentNoun(m loader.AttachMode) string {
 
 // datapathCollector exports the datapath's per-reason counters.
 type datapathCollector struct {
-	m       *datapathModule
-	packets *prometheus.Desc
-	bytes   *prometheus.Desc
+	m          *datapathModule
+	packets    *prometheus.Desc
+	bytes      *prometheus.Desc
+	eventsLost *prometheus.Desc
 }
 
 func newDatapathCollector(m *datapathModule) *datapathCollector {
@@ -342,15 +356,25 @@ func newDatapathCollector(m *datapathModule) *datapathCollector {
 		m:       m,
 		packets: prometheus.NewDesc("tendril_datapath_packets_total", "Packets seen by the datapath, by reason and direction.", []string{"reason", "direction"}, nil),
 		bytes:   prometheus.NewDesc("tendril_datapath_bytes_total", "Bytes seen by the datapath, by reason and direction.", []string{"reason", "direction"}, nil),
+		eventsLost: prometheus.NewDesc("tendril_datapath_events_lost_total",
+			"Events the datapath could not send: the ring buffer full or over the rate limit.", []string{"reason"}, nil),
 	}
 }
 
-func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.packets; ch <- c.bytes }
+func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.packets
+	ch <- c.bytes
+	ch <- c.eventsLost
+}
 
 func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	dm := c.m.loader.Maps()
 	if dm == nil {
 		return
+	}
+	if lost, err := c.m.loader.EventsLost(); err == nil {
+		ch <- prometheus.MustNewConstMetric(c.eventsLost, prometheus.CounterValue, float64(lost.RingFull), "ring-full")
+		ch <- prometheus.MustNewConstMetric(c.eventsLost, prometheus.CounterValue, float64(lost.RateLimited), "rate-limited")
 	}
 	rows, err := dm.MetricsMap().Dump()
 	if err != nil {

@@ -1,0 +1,323 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/cilium/hive/cell"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/hubble"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/observer"
+	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/version"
+)
+
+// HubbleConfig is the flows' part of the agent's configuration: the
+// observer's ring, the Hubble API's listeners and how many forwarded
+// packets the datapath reports.
+type HubbleConfig struct {
+	// Enable decodes the datapath's events into flows and serves them.
+	Enable bool
+	// Socket is the Hubble API's unix socket; empty: hubble.sock in the
+	// directory of the agent's API socket (--socket).
+	Socket string
+	// ListenAddress is an optional TCP address (host:port) of the Hubble
+	// API; empty: none.
+	ListenAddress string
+	// FlowBufferSize is the number of flows the ring keeps.
+	FlowBufferSize int
+	// TraceEvents is which forwarded packets the datapath reports:
+	// per-connection, all or off (drops and verdicts are always reported).
+	TraceEvents string
+}
+
+// Values of --hubble-trace-events.
+const (
+	TraceEventsPerConnection = "per-connection"
+	TraceEventsAll           = "all"
+	TraceEventsOff           = "off"
+)
+
+// DefaultHubbleConfig returns the flows' defaults.
+func DefaultHubbleConfig() HubbleConfig {
+	return HubbleConfig{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection}
+}
+
+// Flags registers the flows' flags.
+func (c *HubbleConfig) Flags(fs *pflag.FlagSet) {
+	fs.BoolVar(&c.Enable, "enable-hubble", c.Enable, "Decode the datapath's events into flows and serve them with the Hubble API (tendril observe, hubble observe)")
+	fs.StringVar(&c.Socket, "hubble-socket", c.Socket, "Unix socket of the Hubble API (default: hubble.sock beside --socket)")
+	fs.StringVar(&c.ListenAddress, "hubble-listen-address", c.ListenAddress, "TCP address (host:port) of the Hubble API, plain text; empty: none")
+	fs.IntVar(&c.FlowBufferSize, "hubble-flow-buffer-size", c.FlowBufferSize, "Flows kept in the node's ring")
+	fs.StringVar(&c.TraceEvents, "hubble-trace-events", c.TraceEvents, "Forwarded packets reported as flows: per-connection (a connection's first packets and TCP flag changes), all (every packet) or off (drops and policy verdicts only)")
+}
+
+// Validate checks the flows' options.
+func (c *HubbleConfig) Validate() error {
+	if _, err := c.traceMode(); err != nil {
+		return err
+	}
+	if c.FlowBufferSize < 1 {
+		return fmt.Errorf("hubble-flow-buffer-size %d: must be positive", c.FlowBufferSize)
+	}
+	if c.Socket != "" && !filepath.IsAbs(c.Socket) {
+		return fmt.Errorf("hubble-socket %q: must be an absolute path", c.Socket)
+	}
+	return nil
+}
+
+// traceMode is the loader's trace mode of the flag; off when flows are
+// disabled (nobody would read the events).
+func (c *HubbleConfig) traceMode() (loader.TraceMode, error) {
+	switch c.TraceEvents {
+	case TraceEventsPerConnection:
+		if !c.Enable {
+			return loader.TraceOff, nil
+		}
+		return loader.TracePerConnection, nil
+	case TraceEventsAll:
+		if !c.Enable {
+			return loader.TraceOff, nil
+		}
+		return loader.TraceEveryPacket, nil
+	case TraceEventsOff:
+		return loader.TraceOff, nil
+	}
+	return loader.TraceOff, fmt.Errorf("hubble-trace-events %q: must be %s, %s or %s", c.TraceEvents, TraceEventsPerConnection, TraceEventsAll, TraceEventsOff)
+}
+
+// hubbleSocket is the Hubble socket: the flag, or beside the API socket.
+func (c Config) hubbleSocket() string {
+	if c.Hubble.Socket != "" {
+		return c.Hubble.Socket
+	}
+	return filepath.Join(filepath.Dir(c.API.Socket), "hubble.sock")
+}
+
+// flowsCell turns the datapath's events into flows (the observer, fed by
+// the datapath's event reader) and serves them with the Hubble API from
+// start step 10 (registered by the serve cell, before the API socket).
+var flowsCell = cell.Module("flows", "Flows observed from the datapath events and the Hubble API",
+	cell.Provide(newFlowsModule),
+	cell.Invoke(func(*flowsModule) {}),
+)
+
+// flowsModule owns the observer and its Hubble server; nil when flows are
+// disabled or there is no datapath (no events).
+type flowsModule struct {
+	observer *observer.Observer
+	server   *hubble.Server
+}
+
+type flowsParams struct {
+	cell.In
+
+	Config     Config
+	Root       cell.RootLogger
+	Datapath   *datapathModule // nil without the datapath
+	Endpoints  *endpointsModule
+	Policy     *policyModule
+	Identities identity.Allocator
+	Metrics    *metrics.Server
+}
+
+func newFlowsModule(p flowsParams) *flowsModule {
+	if !p.Config.Hubble.Enable || p.Datapath == nil {
+		return nil
+	}
+	know := &nodeKnowledge{node: p.Config.NodeName, identities: p.Identities, eps: p.Endpoints, ipcache: p.Datapath.ipcache, repo: p.Policy.repo, cidrLabels: p.Policy.cidrIdentityLabels}
+	obs := observer.New(observer.Config{Capacity: p.Config.Hubble.FlowBufferSize}, know, logFor(p.Root, "observer"))
+	m := &flowsModule{
+		observer: obs,
+		server: hubble.New(hubble.Config{SocketPath: p.Config.hubbleSocket(), TCPAddress: p.Config.Hubble.ListenAddress, Version: version.Version},
+			obs, logFor(p.Root, "hubble")),
+	}
+	p.Metrics.Registry.MustRegister(newFlowsCollector(obs))
+	// The datapath's event reader feeds the observer; it is set before the
+	// hive starts, so before the reader's job runs.
+	p.Datapath.setEventSink(func(ev loader.Event) {
+		// A decode error is counted by the observer (DecodeErrors).
+		_ = obs.Observe(ev)
+	})
+	return m
+}
+
+// start serves the Hubble API (step 10, beside metrics and pprof).
+func (m *flowsModule) start(context.Context) error { return m.server.Start() }
+
+// stop ends every stream and joins the server's goroutines.
+func (m *flowsModule) stop(context.Context) error {
+	m.server.Stop()
+	return nil
+}
+
+// flowsCollector exports the observer's counters.
+type flowsCollector struct {
+	obs                     *observer.Observer
+	seen, errors, followers *prometheus.Desc
+}
+
+func newFlowsCollector(obs *observer.Observer) *flowsCollector {
+	return &flowsCollector{
+		obs:       obs,
+		seen:      prometheus.NewDesc("tendril_hubble_flows_seen_total", "Flows decoded from the datapath's events into the ring.", nil, nil),
+		errors:    prometheus.NewDesc("tendril_hubble_decode_errors_total", "Datapath events that could not be decoded into flows.", nil, nil),
+		followers: prometheus.NewDesc("tendril_hubble_followers", "GetFlows streams following the ring.", nil, nil),
+	}
+}
+
+func (c *flowsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.seen
+	ch <- c.errors
+	ch <- c.followers
+}
+
+func (c *flowsCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.seen, prometheus.CounterValue, float64(c.obs.Ring().Seen()))
+	ch <- prometheus.MustNewConstMetric(c.errors, prometheus.CounterValue, float64(c.obs.DecodeErrors()))
+	ch <- prometheus.MustNewConstMetric(c.followers, prometheus.GaugeValue, float64(c.obs.Followers()))
+}
+
+// cidrIdentityLabels is the label of the prefix the policy gave the
+// node-local identity id, or nil. (A scan: there are as many CIDR
+// identities as prefixes in the rules, and only flows to and from them ask.)
+func (p *policyModule) cidrIdentityLabels(id identity.NumericIdentity) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for pf, cid := range p.cidrIDs {
+		if cid == id {
+			return []string{"cidr:" + pf.String()}
+		}
+	}
+	return nil
+}
+
+// nodeKnowledge is observer.NodeKnowledge over the agent's subsystems:
+// the identity allocator, the endpoint manager, the ipcache table (local
+// and remote pods' addresses) and the policy repository.
+type nodeKnowledge struct {
+	node       string
+	identities identity.Allocator
+	eps        *endpointsModule
+	ipcache    *ipcache.IPCache
+	repo       *policy.Repository
+	// cidrLabels names the policy's node-local CIDR identities.
+	cidrLabels func(identity.NumericIdentity) []string
+
+	// policies is the repository's rules by cookie at revision rev,
+	// rebuilt when the repository moves on (rules change rarely, events
+	// are many).
+	mu       sync.Mutex
+	rev      uint64
+	policies map[uint32]observer.Policy
+}
+
+var _ observer.NodeKnowledge = (*nodeKnowledge)(nil)
+
+func (k *nodeKnowledge) NodeName() string { return k.node }
+
+// IdentityLabels: a reserved identity is its own label (reserved:world),
+// a node-local one the CIDR the policy gave it (cidr:10.0.0.0/8); the
+// others are the allocator's.
+func (k *nodeKnowledge) IdentityLabels(id uint32) []string {
+	nid := identity.NumericIdentity(id)
+	if nid.IsReserved() {
+		return []string{nid.String()}
+	}
+	if nid.IsLocal() {
+		if k.cidrLabels == nil {
+			return nil
+		}
+		return k.cidrLabels(nid)
+	}
+	if ident, ok := k.identities.Lookup(nid); ok {
+		return ident.Labels
+	}
+	return nil
+}
+
+// EndpointByID is a local endpoint from the endpoint manager.
+func (k *nodeKnowledge) EndpointByID(id uint16) (observer.Endpoint, bool) {
+	mgr, err := k.eps.manager()
+	if err != nil {
+		return observer.Endpoint{}, false // not started yet
+	}
+	ep, err := mgr.Lookup(strconv.Itoa(int(id)))
+	if err != nil {
+		return observer.Endpoint{}, false
+	}
+	return observer.Endpoint{ID: uint32(ep.ID), Identity: ep.Identity, Namespace: ep.PodNamespace, PodName: ep.PodName, Labels: ep.Labels}, true
+}
+
+// EndpointByIP is the ipcache's effective claim on the address: local
+// endpoints, other nodes' pods (Kubernetes or kvstore) and the node's
+// addresses, each with the pod it names.
+func (k *nodeKnowledge) EndpointByIP(ip netip.Addr) (observer.Endpoint, bool) {
+	ip = ip.Unmap()
+	e, ok := k.ipcache.Lookup(netip.PrefixFrom(ip, ip.BitLen()))
+	if !ok {
+		return observer.Endpoint{}, false
+	}
+	ep := observer.Endpoint{Identity: uint32(e.Identity), Namespace: e.Namespace, PodName: e.Name}
+	if id, ok := strings.CutPrefix(string(e.Owner), "endpoint/"); ok {
+		if n, err := strconv.ParseUint(id, 10, 16); err == nil {
+			ep.ID = uint32(n)
+		}
+	}
+	return ep, true
+}
+
+// PolicyByCookie names the repository's rule whose ID is the cookie.
+func (k *nodeKnowledge) PolicyByCookie(cookie uint32) (observer.Policy, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if rev := k.repo.Revision(); k.policies == nil || rev != k.rev {
+		rules, rev := k.repo.Rules(nil)
+		k.policies = make(map[uint32]observer.Policy, len(rules))
+		for _, r := range rules {
+			k.policies[r.ID] = policyOf(r, rev)
+		}
+		k.rev = rev
+	}
+	p, ok := k.policies[cookie]
+	return p, ok
+}
+
+// policyOf names a stored rule as flows do: a Kubernetes object by its
+// name, namespace and kind (the labels the agent puts on its rules); a
+// rule imported through the API by its source and labels.
+func policyOf(r policy.StoredRule, rev uint64) observer.Policy {
+	p := observer.Policy{Namespace: r.Namespace, Revision: rev}
+	if r.Rule != nil {
+		for _, l := range r.Rule.Labels {
+			switch l.Key {
+			case labelPolicyName:
+				p.Name = l.Value
+			case labelPolicyNamespace:
+				p.Namespace = l.Value
+			case labelPolicyDerived:
+				p.Kind = l.Value
+			}
+		}
+		p.Labels = r.Rule.Labels.Strings()
+	}
+	if p.Name == "" {
+		// Not a Kubernetes object: the API's import names no policy.
+		p.Name = r.Source
+		if p.Name == "" {
+			p.Name = "rule-" + strconv.FormatUint(uint64(r.ID), 10)
+		}
+	}
+	return p
+}

@@ -1,0 +1,121 @@
+package agent
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/observer"
+	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/api"
+)
+
+// TestHubbleTraceModeAndSocket: the flag's values map to the loader's
+// trace modes (off whatever the flag when flows are disabled), and the
+// socket defaults to hubble.sock beside the API socket.
+func TestHubbleTraceModeAndSocket(t *testing.T) {
+	for _, tt := range []struct {
+		flag   string
+		enable bool
+		want   loader.TraceMode
+	}{
+		{TraceEventsPerConnection, true, loader.TracePerConnection},
+		{TraceEventsAll, true, loader.TraceEveryPacket},
+		{TraceEventsOff, true, loader.TraceOff},
+		{TraceEventsAll, false, loader.TraceOff},
+	} {
+		c := HubbleConfig{Enable: tt.enable, TraceEvents: tt.flag, FlowBufferSize: 1}
+		if got, err := c.traceMode(); err != nil || got != tt.want {
+			t.Errorf("trace events %q (enable %v) = %q, %v; want %q", tt.flag, tt.enable, got, err, tt.want)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.API.Socket = "/run/x/tendril.sock"
+	if got := cfg.hubbleSocket(); got != "/run/x/hubble.sock" {
+		t.Errorf("default hubble socket %q", got)
+	}
+	cfg.Hubble.Socket = "/tmp/h.sock"
+	if got := cfg.hubbleSocket(); got != "/tmp/h.sock" {
+		t.Errorf("hubble socket %q, want the flag's", got)
+	}
+}
+
+// TestNodeKnowledgeIdentitiesAndPolicies: reserved identities name
+// themselves, others come from the allocator; a rule cookie names the
+// Kubernetes object behind it (or the API's source and labels), and a
+// change of the repository is seen by the next lookup.
+func TestNodeKnowledgeIdentitiesAndPolicies(t *testing.T) {
+	alloc := identity.NewLocalAllocator()
+	web, _, err := alloc.Allocate([]string{"k8s:app=web", "k8s:io.kubernetes.pod.namespace=shop"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo := policy.NewRepository()
+	pm := &policyModule{cidrIDs: map[netip.Prefix]identity.NumericIdentity{netip.MustParsePrefix("192.0.2.0/24"): identity.LocalScope | 1}}
+	k := &nodeKnowledge{node: "node-a", identities: alloc, repo: repo, cidrLabels: pm.cidrIdentityLabels}
+
+	if got := k.IdentityLabels(uint32(identity.World)); !slices.Equal(got, []string{"reserved:world"}) {
+		t.Errorf("world's labels %v", got)
+	}
+	if got := k.IdentityLabels(uint32(web.ID)); !slices.Contains(got, "k8s:app=web") {
+		t.Errorf("web's labels %v", got)
+	}
+	if got := k.IdentityLabels(uint32(identity.LocalScope | 1)); !slices.Equal(got, []string{"cidr:192.0.2.0/24"}) {
+		t.Errorf("CIDR identity's labels %v", got)
+	}
+	if got := k.IdentityLabels(uint32(identity.LocalScope | 2)); got != nil {
+		t.Errorf("unknown CIDR identity's labels %v", got)
+	}
+	if got := k.IdentityLabels(60000); got != nil {
+		t.Errorf("unknown identity's labels %v", got)
+	}
+
+	parse := func(doc string) api.Rules {
+		t.Helper()
+		rs, err := api.ParseRules([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	if _, err := repo.Add(parse(`[{"endpointSelector":{"matchLabels":{"app":"db"}},"labels":["test=api"],
+		"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"web"}}]}]}]`), "", policySourceAPI, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.ReplaceSource("k8s/NetworkPolicy/shop/db-allow", "shop", parse(`[{"endpointSelector":{"matchLabels":{"app":"db"}},
+		"labels":["k8s:io.cilium.k8s.policy.name=db-allow","k8s:io.cilium.k8s.policy.namespace=shop","k8s:io.cilium.k8s.policy.derived-from=NetworkPolicy"],
+		"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"web"}}]}]}]`)); err != nil {
+		t.Fatal(err)
+	}
+	rules, _ := repo.Rules(nil)
+	if len(rules) != 2 {
+		t.Fatalf("%d rules", len(rules))
+	}
+	byName := map[string]observer.Policy{}
+	for _, r := range rules {
+		p, ok := k.PolicyByCookie(r.ID)
+		if !ok {
+			t.Fatalf("cookie %d unknown", r.ID)
+		}
+		byName[p.Name] = p
+	}
+	if p := byName["db-allow"]; p.Namespace != "shop" || p.Kind != "NetworkPolicy" {
+		t.Errorf("Kubernetes policy %+v", p)
+	}
+	if p := byName[policySourceAPI]; !slices.Contains(p.Labels, "unspec:test=api") || p.Kind != "" {
+		t.Errorf("API policy %+v (of %v)", p, byName)
+	}
+
+	// The Kubernetes object goes: its cookie is no longer known.
+	if _, err := repo.ReplaceSource("k8s/NetworkPolicy/shop/db-allow", "shop", nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rules {
+		_, ok := k.PolicyByCookie(r.ID)
+		if isK8s := r.Source != policySourceAPI; ok == isK8s {
+			t.Errorf("cookie %d (%s) known %v after the object's delete", r.ID, r.Source, ok)
+		}
+	}
+}
