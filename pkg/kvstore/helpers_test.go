@@ -7,17 +7,13 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/pkg/testutil"
+	"github.com/tendril-net/tendril/pkg/testutil/etcdproc"
 )
 
 // testLog returns a logger writing to the test's log; lines logged by
@@ -113,34 +109,10 @@ func (s *embeddedServer) Stop(t testing.TB) {
 }
 
 // etcdBinary is where hack/k8s-binaries.sh puts the etcd binary.
-func etcdBinary() string {
-	cache := os.Getenv("TENDRIL_CACHE")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache", "tendril")
-	}
-	return filepath.Join(cache, "bin", "etcd-v3.6.16")
-}
+func etcdBinary() string { return etcdproc.Binary() }
 
-// processServer is the real etcd binary as a child process.
-type processServer struct {
-	bin, dir           string
-	clientURL, peerURL string
-	cmd                *exec.Cmd
-	exited             chan struct{}
-}
-
-func newProcessServer(t testing.TB) *processServer {
-	bin := etcdBinary()
-	_, err := os.Stat(bin)
-	testutil.Require(t, err == nil, "no etcd binary at "+bin+" (hack/k8s-binaries.sh builds it)")
-	s := &processServer{bin: bin, dir: t.TempDir()}
-	s.clientURL = "http://127.0.0.1:" + strconv.Itoa(freePort(t))
-	s.peerURL = "http://127.0.0.1:" + strconv.Itoa(freePort(t))
-	s.Start(t)
-	t.Cleanup(func() { s.kill() })
-	return s
-}
+// newProcessServer is the real etcd binary as a child process.
+func newProcessServer(t testing.TB) *etcdproc.Server { return etcdproc.Start(t) }
 
 func freePort(t testing.TB) int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -149,58 +121,6 @@ func freePort(t testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func (s *processServer) Endpoints() []string { return []string{s.clientURL} }
-
-func (s *processServer) Start(t testing.TB) {
-	t.Helper()
-	s.cmd = exec.Command(s.bin, "--name", "default", "--data-dir", filepath.Join(s.dir, "data"),
-		"--listen-client-urls", s.clientURL, "--advertise-client-urls", s.clientURL,
-		"--listen-peer-urls", s.peerURL, "--initial-advertise-peer-urls", s.peerURL,
-		"--initial-cluster", "default="+s.peerURL, "--log-level", "error")
-	s.cmd.Stdout, s.cmd.Stderr = os.Stderr, os.Stderr
-	// The etcd process dies with the test binary.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", s.bin, err)
-	}
-	s.exited = make(chan struct{})
-	go func(cmd *exec.Cmd, exited chan struct{}) {
-		_ = cmd.Wait()
-		close(exited)
-	}(s.cmd, s.exited)
-	ctx := testContext(t, 30*time.Second)
-	addr := s.clientURL[len("http://"):]
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		select {
-		case <-s.exited:
-			t.Fatalf("etcd exited during start")
-		case <-ctx.Done():
-			t.Fatalf("etcd does not listen on %s: %v", addr, err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-// Stop kills etcd with SIGKILL: the harshest restart.
-func (s *processServer) Stop(t testing.TB) {
-	t.Helper()
-	s.kill()
-}
-
-func (s *processServer) kill() {
-	if s.cmd == nil || s.cmd.Process == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	<-s.exited
-	s.cmd = nil
 }
 
 // servers runs f against each kind of etcd: embedded, and the real binary
