@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"regexp"
-	"runtime"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -12,35 +11,10 @@ import (
 	"github.com/tendril-net/tendril/pkg/namedns"
 )
 
-// onThrowawayThread runs fn on a locked OS thread that is never handed
-// back to the Go scheduler: fn may switch the thread's network namespace,
-// and the thread dies with the goroutine instead of carrying that
-// namespace into unrelated goroutines.
-func onThrowawayThread(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		errc <- fn()
-	}()
-	return <-errc
-}
-
 // InNetns runs fn on a thread inside the network namespace at path.
 // Sockets fn creates stay in that namespace and may be used from any
 // goroutine afterwards.
-func InNetns(path string, fn func() error) error {
-	return onThrowawayThread(func() error {
-		ns, err := netns.GetFromPath(path)
-		if err != nil {
-			return fmt.Errorf("open network namespace %s: %w", path, err)
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			return fmt.Errorf("enter network namespace %s: %w", path, err)
-		}
-		return fn()
-	})
-}
+func InNetns(path string, fn func() error) error { return namedns.InNetns(path, fn) }
 
 // CreateNetns creates a named network namespace (mounted under /run/netns
 // as iproute2 mounts them) with its loopback up.

@@ -55,6 +55,23 @@ func EnsureRunDir() error {
 	}
 }
 
+// InNetns runs fn on a thread inside the network namespace at path. Sockets
+// fn creates stay in that namespace and may be used from any goroutine
+// afterwards.
+func InNetns(path string, fn func() error) error {
+	return onThrowawayThread(func() error {
+		ns, err := netns.GetFromPath(path)
+		if err != nil {
+			return fmt.Errorf("open network namespace %s: %w", path, err)
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			return fmt.Errorf("enter network namespace %s: %w", path, err)
+		}
+		return fn()
+	})
+}
+
 // onThrowawayThread runs fn on a locked OS thread that is never handed back
 // to the scheduler: fn may change the thread's namespaces, and the thread
 // dies with the goroutine instead of carrying them elsewhere.
@@ -308,13 +325,4 @@ func unescape(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
-}
-
-// Open returns a handle of the named namespace.
-func Open(name string) (netns.NsHandle, error) {
-	h, err := netns.GetFromPath(Path(name))
-	if err != nil {
-		return netns.None(), fmt.Errorf("open network namespace %s: %w", name, err)
-	}
-	return h, nil
 }

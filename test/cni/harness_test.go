@@ -78,6 +78,15 @@ type node struct {
 // run the suite with the datapath attached as tc filters.
 func startNode(t testing.TB, agentArgs ...string) *node {
 	t.Helper()
+	n := newNode(t)
+	n.start(t, agentArgs...)
+	return n
+}
+
+// newNode is a node without its agent yet: the namespace (loopback up), its
+// directory, the plugin, and a client for the agent's socket.
+func newNode(t testing.TB) *node {
+	t.Helper()
 	suffix := randSuffix()
 	n := &node{t: t, name: "tdrcni-node-" + suffix, dir: t.TempDir(), logs: &bytes.Buffer{}}
 	n.netns = addNetns(t, n.name)
@@ -103,8 +112,14 @@ func startNode(t testing.TB, agentArgs ...string) *node {
 	if out, err := exec.Command("nsenter", "--net="+n.netns, "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		t.Fatalf("loopback up in %s: %v: %s", n.name, err, out)
 	}
-	n.runAgent(t, agentArgs...)
+	return n
+}
 
+// start runs the node's agent with extra flags and opens the node's netlink
+// handle and CNI runtime.
+func (n *node) start(t testing.TB, agentArgs ...string) {
+	t.Helper()
+	n.runAgent(t, agentArgs...)
 	ns, err := netns.GetFromPath(n.netns)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +131,6 @@ func startNode(t testing.TB, agentArgs ...string) *node {
 	t.Cleanup(func() { n.nl.Close() })
 	n.cache = filepath.Join(n.dir, "cni-cache")
 	n.cni = n.runtime(n.cache)
-	return n
 }
 
 // runtime is a libcni runtime whose plugins run inside the node's netns.

@@ -1,15 +1,12 @@
 package cni_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -17,7 +14,6 @@ import (
 
 	"github.com/cilium/cilium/api/v1/models"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -25,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
@@ -164,30 +159,7 @@ func TestPrivilegedServiceTrafficPerPacket(t *testing.T) {
 	apiAddr := strings.TrimPrefix(env.RESTConfig().Host, "https://")
 
 	// The node, as startNode builds it, with the API server forwarded in.
-	suffix := randSuffix()
-	n := &node{t: t, name: "tdrcni-node-" + suffix, dir: t.TempDir()}
-	n.logs = &bytes.Buffer{}
-	n.netns = addNetns(t, n.name)
-	n.socket = filepath.Join(n.dir, "t.sock")
-	n.bpfRoot = "/sys/fs/bpf/tendril-cni-" + suffix
-	t.Cleanup(func() { _ = os.RemoveAll(n.bpfRoot) })
-	cniBin, err := builder.Build("tendril-cni")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.binDir = filepath.Join(n.dir, "bin")
-	if err := os.MkdirAll(n.binDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(cniBin, filepath.Join(n.binDir, "tendril-cni")); err != nil {
-		t.Fatal(err)
-	}
-	if n.agent, err = client.New(n.socket); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := inNetns(n.netns, "ip", "link", "set", "lo", "up"); err != nil {
-		t.Fatalf("loopback up: %v: %s", err, out)
-	}
+	n := newNode(t)
 	go forward(listenIn(t, n.netns, apiAddr), apiAddr)
 
 	// The API server may still be settling right after /readyz: retry.
@@ -200,18 +172,7 @@ func TestPrivilegedServiceTrafficPerPacket(t *testing.T) {
 		}
 		return nodeErr == nil
 	})
-	n.runAgent(t, "--kubeconfig", env.Kubeconfig())
-	ns, err := netns.GetFromPath(n.netns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	if n.nl, err = netlink.NewHandleAt(ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.nl.Close() })
-	n.cache = filepath.Join(n.dir, "cni-cache")
-	n.cni = n.runtime(n.cache)
+	n.start(t, "--kubeconfig", env.Kubeconfig())
 
 	list := n.confList("tendril-cni", "1.1.0", nil)
 	clientPod, backendPod := n.newPod("client"), n.newPod("backend")

@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/testutil"
+	"github.com/tendril-net/tendril/pkg/testutil/netlab"
 )
 
 const (
@@ -74,7 +74,7 @@ func newNodeWith(t testing.TB, cfg Config) *testNode {
 		orig.Close()
 		runtime.UnlockOSThread()
 	})
-	n := &testNode{t: t, ifidx: addVeth(t, "tdrtest0", "tdrpeer0"), ifidx2: addVeth(t, "tdrtest1", "tdrpeer1")}
+	n := &testNode{t: t, ifidx: netlab.AddVeth(t, "tdrtest0", "tdrpeer0"), ifidx2: netlab.AddVeth(t, "tdrtest1", "tdrpeer1")}
 	root := filepath.Join("/sys/fs/bpf", "tendril-dptest-"+randHex())
 	cfg.BPFRoot = root
 	n.l = New(cfg, nil)
@@ -84,25 +84,6 @@ func newNodeWith(t testing.TB, cfg Config) *testNode {
 		t.Fatal(err)
 	}
 	return n
-}
-
-// addVeth creates a veth pair in the current namespace, sets the first
-// side up and returns its ifindex.
-func addVeth(t testing.TB, name, peer string) int {
-	t.Helper()
-	la := netlink.NewLinkAttrs()
-	la.Name = name
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: peer}); err != nil {
-		t.Fatal(err)
-	}
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(l); err != nil {
-		t.Fatal(err)
-	}
-	return l.Attrs().Index
 }
 
 // skbContext is the start of struct __sk_buff up to ifindex (offset 40).
@@ -685,7 +666,7 @@ func benchmarkAttachEndpoint(b *testing.B, mode AttachMode) {
 	n := newNodeWith(b, Config{DirectDelivery: true, AttachMode: mode})
 	ifs := make([]int, b.N)
 	for i := range ifs {
-		ifs[i] = addVeth(b, fmt.Sprintf("tdrb%d", i), fmt.Sprintf("tdrbp%d", i))
+		ifs[i] = netlab.AddVeth(b, fmt.Sprintf("tdrb%d", i), fmt.Sprintf("tdrbp%d", i))
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -715,7 +696,7 @@ func benchmarkTakeOver(b *testing.B, from, to AttachMode) {
 	root := n.l.cfg.BPFRoot
 	eps := make([]EndpointInfo, endpoints)
 	for i := range eps {
-		ifindex := addVeth(b, fmt.Sprintf("tdrt%d", i), fmt.Sprintf("tdrtp%d", i))
+		ifindex := netlab.AddVeth(b, fmt.Sprintf("tdrt%d", i), fmt.Sprintf("tdrtp%d", i))
 		eps[i] = EndpointInfo{ID: uint16(100 + i), IfIndex: ifindex, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, 9, 0, byte(i)})}, Identity: idA}
 	}
 	_ = n.l.Remove()

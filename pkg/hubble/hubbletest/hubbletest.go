@@ -20,13 +20,13 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/observer"
 	"github.com/tendril-net/tendril/pkg/testutil"
+	"github.com/tendril-net/tendril/pkg/testutil/netlab"
 )
 
 // The test's node: two pods and a remote address.
@@ -177,7 +177,7 @@ func DatapathEvents(t testing.TB, pkts []Packet) []loader.Event {
 		}
 		ns.Close()
 	}()
-	ifindex := []int{0, addVeth(t, "tdrhub1", "tdrhubp1"), addVeth(t, "tdrhub2", "tdrhubp2")}
+	ifindex := []int{0, netlab.AddVeth(t, "tdrhub1", "tdrhubp1"), netlab.AddVeth(t, "tdrhub2", "tdrhubp2")}
 
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -247,23 +247,6 @@ func DatapathEvents(t testing.TB, pkts []Packet) []loader.Event {
 		t.Fatalf("events lost: %+v, %v", lost, err)
 	}
 	return evs
-}
-
-func addVeth(t testing.TB, name, peer string) int {
-	t.Helper()
-	la := netlink.NewLinkAttrs()
-	la.Name = name
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: peer}); err != nil {
-		t.Fatal(err)
-	}
-	link, err := netlink.LinkByName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(link); err != nil {
-		t.Fatal(err)
-	}
-	return link.Attrs().Index
 }
 
 // run runs a program on a frame with the context's ifindex set (struct

@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"runtime"
+	"testing"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -256,4 +257,24 @@ func (n *Node) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// AddVeth creates a veth pair in the calling thread's namespace, sets the
+// first side up and returns its ifindex (for programs run with
+// BPF_PROG_TEST_RUN on a context with that ifindex).
+func AddVeth(t testing.TB, name, peer string) int {
+	t.Helper()
+	la := netlink.NewLinkAttrs()
+	la.Name = name
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: peer}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(l); err != nil {
+		t.Fatal(err)
+	}
+	return l.Attrs().Index
 }
