@@ -44,8 +44,7 @@ k8s-binaries:
 # the privileged ones (CI=true turns their skips into failures).
 # The main run takes one package at a time (-p 1): the privileged packages
 # send real traffic under timing (a 100/s ping across restarts and attach
-# mode switches, the lab), and two of them at once on two CPUs lost a ping
-# now and then (TestPrivilegedAttachModeSwitch, host path, 1 of 600).
+# mode switches, the lab), and keep the measurements they log quiet.
 # Packages whose code runs goroutines against shared state: `make test` runs
 # them a second time under the race detector.
 RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/ipcache/... \

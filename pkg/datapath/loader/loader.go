@@ -355,6 +355,13 @@ func (l *Loader) AttachEndpoint(ep EndpointInfo) error {
 		l.markPendingLocked(ep.ID)
 		return nil
 	}
+	if _, linked := l.links[linkName(ep.ID, dirIngress)]; !linked {
+		// A new endpoint: the qdisc a later switch to tc needs, now,
+		// before the pod's traffic (see addClsact).
+		if _, err := l.addClsact(ep.IfIndex); err != nil {
+			return fmt.Errorf("attach endpoint %d to %s: %w", ep.ID, ep.IfName, err)
+		}
+	}
 	for _, dir := range directions {
 		if err := l.attachTCXLocked(ep, dir); err != nil {
 			return fmt.Errorf("attach %s program of endpoint %d to %s: %w", dir, ep.ID, ep.IfName, err)

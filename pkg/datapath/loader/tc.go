@@ -147,13 +147,9 @@ func (l *Loader) replaceTCFilter(f tcFilter) error {
 // prepareTCHooks adds the clsact qdisc to an interface; when it was there
 // already, it makes sure no other component's filter holds Tendril's slot.
 func (l *Loader) prepareTCHooks(ifindex int) error {
-	qdisc := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
-	err := l.nl.QdiscAdd(qdisc)
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("add clsact qdisc to interface %d: %w", ifindex, err)
+	existed, err := l.addClsact(ifindex)
+	if err != nil || !existed {
+		return err
 	}
 	for _, dir := range directions {
 		if err := l.checkTCSlot(ifindex, dir); err != nil {
@@ -249,4 +245,22 @@ func (l *Loader) deleteTCFilter(f tcFilter) error {
 		return nil
 	}
 	return fmt.Errorf("delete tc filter %s on interface %d: %w", tcFilterName(f.id, f.dir), f.ifindex, err)
+}
+
+// addClsact adds the clsact qdisc to an interface unless it has one. Adding
+// it deactivates the device for a moment (qdisc_graft calls dev_deactivate
+// on an up device, ingress qdiscs included): a packet sent through the
+// device then meets the noop qdisc and is dropped. So it is added when an
+// endpoint is first attached, in either mode, before the pod has traffic,
+// and a later switch to tc mode under traffic adds nothing.
+func (l *Loader) addClsact(ifindex int) (existed bool, err error) {
+	qdisc := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
+	err = l.nl.QdiscAdd(qdisc)
+	if err == nil {
+		return false, nil
+	}
+	if errors.Is(err, unix.EEXIST) {
+		return true, nil
+	}
+	return false, fmt.Errorf("add clsact qdisc to interface %d: %w", ifindex, err)
 }
