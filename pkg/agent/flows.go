@@ -196,7 +196,7 @@ func (p *policyModule) cidrIdentityLabels(id identity.NumericIdentity) []string 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for pf, cid := range p.cidrIDs {
-		if cid == id {
+		if cid == id&^identity.InClusterCIDR {
 			return []string{"cidr:" + pf.String()}
 		}
 	}
