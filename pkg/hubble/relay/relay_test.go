@@ -85,6 +85,13 @@ func (n *testNode) flow(ms int, ns string, verdict flowpb.Verdict) *flowpb.Flow 
 // server on a unix socket; it returns a client of the relay and the pool.
 func startRelay(t *testing.T, peerService string, cfg pool.Config) (observerpb.ObserverClient, *pool.Pool) {
 	t.Helper()
+	c, p, _ := startRelayAt(t, peerService, cfg)
+	return c, p
+}
+
+// startRelayAt is startRelay that also returns the relay's socket.
+func startRelayAt(t *testing.T, peerService string, cfg pool.Config) (observerpb.ObserverClient, *pool.Pool, string) {
+	t.Helper()
 	cfg.PeerService = peerService
 	if cfg.RetryMax == 0 {
 		cfg.RetryMin, cfg.RetryMax = 50*time.Millisecond, 200*time.Millisecond
@@ -111,7 +118,7 @@ func startRelay(t *testing.T, peerService string, cfg pool.Config) (observerpb.O
 			t.Errorf("pool: %v", err)
 		}
 	})
-	return observerpb.NewObserverClient(conn), p
+	return observerpb.NewObserverClient(conn), p, sock
 }
 
 // waitNodes waits until the pool has want nodes connected.
