@@ -85,6 +85,8 @@ func (o *observerService) GetFlows(req *observerpb.GetFlowsRequest, stream grpc.
 // follower streams one node's flows into the shared channel.
 type follower struct {
 	running bool
+	// done: the node's stream reached the query's until time.
+	done bool
 	// last is the time of the last response sent from the node.
 	last *timestamppb.Timestamp
 }
@@ -144,6 +146,14 @@ func (o *observerService) follow(ctx context.Context, req *observerpb.GetFlowsRe
 	}
 	tick := time.NewTicker(resumeInterval)
 	defer tick.Stop()
+	// A follow query with an until time ends then, whether or not every
+	// node has seen a later flow (a node's stream ends only at one).
+	var until <-chan time.Time
+	if req.GetUntil() != nil {
+		timer := time.NewTimer(time.Until(req.GetUntil().AsTime()))
+		defer timer.Stop()
+		until = timer.C
+	}
 	for {
 		nodes, changed := o.nodes.Nodes()
 		up, _ := connected(nodes)
@@ -160,6 +170,8 @@ func (o *observerService) follow(ctx context.Context, req *observerpb.GetFlowsRe
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-until:
+			return nil
 		case <-changed:
 		case <-tick.C:
 		case it := <-out:
@@ -171,7 +183,10 @@ func (o *observerService) follow(ctx context.Context, req *observerpb.GetFlowsRe
 				}
 				if errors.Is(it.err, io.EOF) && req.GetUntil() != nil {
 					// The node reached the query's end; do not restart it.
-					f.running = true
+					f.running, f.done = true, true
+					if allDone(followers) {
+						return nil
+					}
 				}
 				continue
 			}
@@ -183,6 +198,15 @@ func (o *observerService) follow(ctx context.Context, req *observerpb.GetFlowsRe
 			}
 		}
 	}
+}
+
+func allDone(followers map[string]*follower) bool {
+	for _, f := range followers {
+		if !f.done {
+			return false
+		}
+	}
+	return len(followers) > 0
 }
 
 func cloneRequest(r *observerpb.GetFlowsRequest) *observerpb.GetFlowsRequest {

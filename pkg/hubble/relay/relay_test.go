@@ -424,3 +424,53 @@ func TestRelayPeerChanges(t *testing.T) {
 	peers.Upsert(hubble.Peer{Name: "node-b", Address: b.addr})
 	waitConnected(t, p, "node-a", "node-b")
 }
+
+// TestRelayFollowUntil: a follow query with an until time gets the flows
+// before it and then ends, though no node sees a later flow.
+func TestRelayFollowUntil(t *testing.T) {
+	a, b, _ := twoNodes(t, nil)
+	c, p := startRelay(t, "unix://"+a.sock, pool.Config{})
+	waitConnected(t, p, "node-a", "node-b")
+	// Flows of the last second: the query's until time is in half a second.
+	now := time.Now()
+	a.flow(1, "shop", flowpb.Verdict_FORWARDED).Time = timestamppb.New(now.Add(-time.Second))
+	b.flow(2, "data", flowpb.Verdict_FORWARDED).Time = timestamppb.New(now.Add(-time.Second / 2))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := c.GetFlows(ctx, &observerpb.GetFlowsRequest{Follow: true, Since: timestamppb.New(now.Add(-time.Minute)),
+		Until: timestamppb.New(now.Add(500 * time.Millisecond))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []*observerpb.GetFlowsResponse
+	for {
+		r, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("follow until: %v (after %d flows)", err, len(got))
+		}
+		got = append(got, r)
+	}
+	if _, nodes := times(got); !slices.Equal(nodes, []string{"node-a", "node-b"}) && !slices.Equal(nodes, []string{"node-b", "node-a"}) {
+		t.Fatalf("followed flows of %v until the end, want one of each node", nodes)
+	}
+}
+
+// TestRelayPeerServiceRestart: when the Peer service's node restarts, the
+// pool follows the service again and both nodes are served.
+func TestRelayPeerServiceRestart(t *testing.T) {
+	a, b, _ := twoNodes(t, nil)
+	c, p := startRelay(t, "unix://"+a.sock, pool.Config{})
+	waitConnected(t, p, "node-a", "node-b")
+	a.srv.Stop()
+	waitConnected(t, p, "node-b")
+	a.start(t)
+	waitConnected(t, p, "node-a", "node-b")
+	a.flow(1, "shop", flowpb.Verdict_FORWARDED)
+	b.flow(2, "data", flowpb.Verdict_FORWARDED)
+	if got, _ := times(collect(t, c, &observerpb.GetFlowsRequest{})); !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("flows after the restart: %v", got)
+	}
+}
