@@ -7,6 +7,7 @@ package relay
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -48,6 +50,11 @@ type Config struct {
 	TLSHubbleServerCAFiles []string `mapstructure:"tls-hubble-server-ca-files"`
 	TLSClientCertFile      string   `mapstructure:"tls-client-cert-file"`
 	TLSClientKeyFile       string   `mapstructure:"tls-client-key-file"`
+	// Server TLS of the relay's TCP listeners (with client CAs: mTLS);
+	// none given: plain text. Unix sockets are always plain text.
+	TLSRelayServerCertFile string   `mapstructure:"tls-relay-server-cert-file"`
+	TLSRelayServerKeyFile  string   `mapstructure:"tls-relay-server-key-file"`
+	TLSRelayClientCAFiles  []string `mapstructure:"tls-relay-client-ca-files"`
 	// RetryTimeout is the longest wait between attempts to reach a node
 	// or the Peer service.
 	RetryTimeout time.Duration `mapstructure:"retry-timeout"`
@@ -69,6 +76,9 @@ func (def Config) Flags(fs *pflag.FlagSet) {
 	fs.StringSlice("tls-hubble-server-ca-files", def.TLSHubbleServerCAFiles, "PEM CAs of the nodes' Hubble server certificates")
 	fs.String("tls-client-cert-file", def.TLSClientCertFile, "PEM certificate the relay presents to the nodes (for nodes with --hubble-tls-client-ca-files)")
 	fs.String("tls-client-key-file", def.TLSClientKeyFile, "PEM key of --tls-client-cert-file")
+	fs.String("tls-relay-server-cert-file", def.TLSRelayServerCertFile, "PEM certificate of the relay's TCP listeners (TLS); empty: plain text")
+	fs.String("tls-relay-server-key-file", def.TLSRelayServerKeyFile, "PEM key of --tls-relay-server-cert-file")
+	fs.StringSlice("tls-relay-client-ca-files", def.TLSRelayClientCAFiles, "PEM CAs of the relay's clients' certificates: when given, clients must present one (mTLS)")
 	fs.Duration("retry-timeout", def.RetryTimeout, "Longest wait between attempts to reach a node or the Peer service")
 }
 
@@ -93,6 +103,12 @@ func (c Config) Validate() error {
 	}
 	if c.DisableClientTLS && (len(c.TLSHubbleServerCAFiles) > 0 || c.TLSClientCertFile != "") {
 		return errors.New("--disable-client-tls with TLS files: choose one")
+	}
+	if (c.TLSRelayServerCertFile == "") != (c.TLSRelayServerKeyFile == "") {
+		return errors.New("--tls-relay-server-cert-file and --tls-relay-server-key-file go together")
+	}
+	if len(c.TLSRelayClientCAFiles) > 0 && c.TLSRelayServerCertFile == "" {
+		return errors.New("--tls-relay-client-ca-files needs --tls-relay-server-cert-file")
 	}
 	if c.RetryTimeout <= 0 {
 		return fmt.Errorf("--retry-timeout %s: must be positive", c.RetryTimeout)
@@ -143,7 +159,9 @@ func newPool(p poolParams) (*pool.Pool, error) {
 type Server struct {
 	cfg  Config
 	log  *slog.Logger
-	grpc *grpc.Server
+	grpc *grpc.Server // unix sockets, and TCP in plain text
+	// tlsGRPC serves the TCP listeners when server TLS is configured.
+	tlsGRPC *grpc.Server
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -163,26 +181,43 @@ type serverParams struct {
 // Version is the version the relay reports (provided by the binary).
 type Version string
 
-func newServer(p serverParams) *Server {
-	s := NewServer(p.Config, p.Pool, string(p.Version), p.Log)
+func newServer(p serverParams) (*Server, error) {
+	var serverTLS *tls.Config
+	if p.Config.TLSRelayServerCertFile != "" {
+		var err error
+		serverTLS, err = hubbletls.Server{CertFile: p.Config.TLSRelayServerCertFile, KeyFile: p.Config.TLSRelayServerKeyFile,
+			ClientCAFiles: p.Config.TLSRelayClientCAFiles}.Config()
+		if err != nil {
+			return nil, fmt.Errorf("relay server TLS: %w", err)
+		}
+	}
+	s := NewServer(p.Config, p.Pool, string(p.Version), serverTLS, p.Log)
 	p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error { return s.Start() }, OnStop: func(cell.HookContext) error {
 		s.Stop()
 		return nil
 	}})
-	return s
+	return s, nil
 }
 
-// NewServer returns a server of the nodes' API; nothing listens until
-// Start.
-func NewServer(cfg Config, nodes Nodes, version string, log *slog.Logger) *Server {
+// NewServer returns a server of the nodes' API, its TCP listeners with
+// serverTLS unless nil; nothing listens until Start.
+func NewServer(cfg Config, nodes Nodes, version string, serverTLS *tls.Config, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log, grpc: grpc.NewServer()}
-	observerpb.RegisterObserverServer(s.grpc, &observerService{nodes: nodes, version: version, log: log})
-	hs := health.NewServer()
-	hs.SetServingStatus(hubble.ObserverServiceName, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(s.grpc, hs)
+	svc := &observerService{nodes: nodes, version: version, log: log}
+	newGRPC := func(opts ...grpc.ServerOption) *grpc.Server {
+		g := grpc.NewServer(opts...)
+		observerpb.RegisterObserverServer(g, svc)
+		hs := health.NewServer()
+		hs.SetServingStatus(hubble.ObserverServiceName, healthpb.HealthCheckResponse_SERVING)
+		healthpb.RegisterHealthServer(g, hs)
+		return g
+	}
+	s := &Server{cfg: cfg, log: log, grpc: newGRPC()}
+	if serverTLS != nil {
+		s.tlsGRPC = newGRPC(grpc.Creds(credentials.NewTLS(serverTLS)))
+	}
 	return s
 }
 
@@ -209,11 +244,15 @@ func (s *Server) Start() error {
 		s.mu.Lock()
 		s.listeners = append(s.listeners, l)
 		s.mu.Unlock()
-		s.log.Info("Relay serving the Observer API", "address", a)
+		g := s.grpc
+		if network == "tcp" && s.tlsGRPC != nil {
+			g = s.tlsGRPC
+		}
+		s.log.Info("Relay serving the Observer API", "address", a, "tls", g == s.tlsGRPC)
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			if err := s.grpc.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			if err := g.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 				s.log.Error("Relay server stopped", "address", a, "error", err)
 			}
 		}()
@@ -235,6 +274,9 @@ func (s *Server) Addrs() []net.Addr {
 // Stop ends every stream and joins the serving goroutines.
 func (s *Server) Stop() {
 	s.grpc.Stop()
+	if s.tlsGRPC != nil {
+		s.tlsGRPC.Stop()
+	}
 	s.wg.Wait()
 	for _, a := range s.cfg.ListenAddress {
 		if p, ok := strings.CutPrefix(a, "unix://"); ok {

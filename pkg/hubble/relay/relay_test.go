@@ -102,7 +102,7 @@ func startRelayAt(t *testing.T, peerService string, cfg pool.Config) (observerpb
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
 	sock := filepath.Join(t.TempDir(), "relay.sock")
-	srv := NewServer(Config{ListenAddress: []string{"unix://" + sock}}, p, "relay-test", log)
+	srv := NewServer(Config{ListenAddress: []string{"unix://" + sock}}, p, "relay-test", nil, log)
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}

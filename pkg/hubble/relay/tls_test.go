@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"crypto/tls"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -145,5 +146,72 @@ func waitState(t *testing.T, p *pool.Pool, s pool.State) {
 		case <-deadline:
 			t.Fatalf("nodes %+v, want all %s", nodes, s)
 		}
+	}
+}
+
+// TestRelayServerMutualTLS: the relay's TCP listener serves TLS and
+// requires a client certificate; its unix socket stays plain text.
+func TestRelayServerMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := hubbletls.NewCA(dir, "relay-ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "relay.hubble-relay.tendril.io"
+	serverPair, err := ca.Issue(dir, "relay-server", time.Hour, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientPair, err := ca.Issue(dir, "client", time.Hour, "client.hubble-relay.tendril.io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverTLS, err := hubbletls.Server{CertFile: serverPair.CertFile, KeyFile: serverPair.KeyFile, ClientCAFiles: []string{ca.CertFile}}.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _, _ := twoNodes(t, nil)
+	_, p := startRelay(t, "unix://"+a.sock, pool.Config{})
+	waitConnected(t, p, "node-a", "node-b")
+	sock := filepath.Join(t.TempDir(), "relay-tls.sock")
+	srv := NewServer(Config{ListenAddress: []string{"127.0.0.1:0", "unix://" + sock}}, p, "relay-test", serverTLS, nil)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	tcp := srv.Addrs()[0].String()
+
+	status := func(target string, creds credentials.TransportCredentials) error {
+		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := observerpb.NewObserverClient(conn).ServerStatus(ctx, &observerpb.ServerStatusRequest{})
+		if err == nil && st.GetNumConnectedNodes().GetValue() != 2 {
+			t.Errorf("status over %s: %v", target, st)
+		}
+		return err
+	}
+	withCert, err := hubbletls.Client{CAFiles: []string{ca.CertFile}, CertFile: clientPair.CertFile, KeyFile: clientPair.KeyFile}.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCert.ServerName = name
+	if err := status(tcp, credentials.NewTLS(withCert)); err != nil {
+		t.Fatalf("client with a certificate: %v", err)
+	}
+	noCert := noCertNoName(t, ca)
+	noCert.ServerName = name
+	if err := status(tcp, credentials.NewTLS(noCert)); err == nil {
+		t.Fatal("client without a certificate served")
+	}
+	if err := status(tcp, insecure.NewCredentials()); err == nil {
+		t.Fatal("plain-text client served over TCP")
+	}
+	if err := status("unix://"+sock, insecure.NewCredentials()); err != nil {
+		t.Fatalf("unix socket: %v", err)
 	}
 }
