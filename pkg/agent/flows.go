@@ -2,7 +2,10 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"strconv"
@@ -12,12 +15,16 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/hubble"
+	"github.com/tendril-net/tendril/pkg/hubble/hubbletls"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/observer"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/version"
@@ -33,8 +40,17 @@ type HubbleConfig struct {
 	// directory of the agent's API socket (--socket).
 	Socket string
 	// ListenAddress is an optional TCP address (host:port) of the Hubble
-	// API; empty: none.
+	// API, for the relay; empty: none.
 	ListenAddress string
+	// TLS of the TCP listener (Cilium's flags): a certificate and key,
+	// client CAs for mTLS, or DisableTLS to serve plain text explicitly.
+	TLSCertFile      string
+	TLSKeyFile       string
+	TLSClientCAFiles []string
+	DisableTLS       bool
+	// ClusterName goes into this node's TLS server name
+	// (<node>.<cluster>.hubble-grpc.tendril.io).
+	ClusterName string
 	// FlowBufferSize is the number of flows the ring keeps.
 	FlowBufferSize int
 	// TraceEvents is which forwarded packets the datapath reports:
@@ -51,14 +67,19 @@ const (
 
 // DefaultHubbleConfig returns the flows' defaults.
 func DefaultHubbleConfig() HubbleConfig {
-	return HubbleConfig{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection}
+	return HubbleConfig{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection, ClusterName: "default"}
 }
 
 // Flags registers the flows' flags.
 func (c *HubbleConfig) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Enable, "enable-hubble", c.Enable, "Decode the datapath's events into flows and serve them with the Hubble API (tendril observe, hubble observe)")
 	fs.StringVar(&c.Socket, "hubble-socket", c.Socket, "Unix socket of the Hubble API (default: hubble.sock beside --socket)")
-	fs.StringVar(&c.ListenAddress, "hubble-listen-address", c.ListenAddress, "TCP address (host:port) of the Hubble API, plain text; empty: none")
+	fs.StringVar(&c.ListenAddress, "hubble-listen-address", c.ListenAddress, "TCP address (host:port) of the Hubble API, for the relay (TLS unless --hubble-disable-tls); empty: none")
+	fs.StringVar(&c.TLSCertFile, "hubble-tls-cert-file", c.TLSCertFile, "PEM certificate of the Hubble API's TCP listener (its name: <node>.<cluster>.hubble-grpc.tendril.io)")
+	fs.StringVar(&c.TLSKeyFile, "hubble-tls-key-file", c.TLSKeyFile, "PEM private key of --hubble-tls-cert-file")
+	fs.StringSliceVar(&c.TLSClientCAFiles, "hubble-tls-client-ca-files", c.TLSClientCAFiles, "PEM CAs of the clients' certificates: when given, clients of the TCP listener must present one (mTLS)")
+	fs.BoolVar(&c.DisableTLS, "hubble-disable-tls", c.DisableTLS, "Serve the Hubble API's TCP listener in plain text")
+	fs.StringVar(&c.ClusterName, "hubble-cluster-name", c.ClusterName, "Cluster name in the nodes' TLS server names")
 	fs.IntVar(&c.FlowBufferSize, "hubble-flow-buffer-size", c.FlowBufferSize, "Flows kept in the node's ring")
 	fs.StringVar(&c.TraceEvents, "hubble-trace-events", c.TraceEvents, "Forwarded packets reported as flows: per-connection (a connection's first packets and TCP flag changes), all (every packet) or off (drops and policy verdicts only)")
 }
@@ -74,7 +95,30 @@ func (c *HubbleConfig) Validate() error {
 	if c.Socket != "" && !filepath.IsAbs(c.Socket) {
 		return fmt.Errorf("hubble-socket %q: must be an absolute path", c.Socket)
 	}
+	if c.ListenAddress != "" {
+		if _, _, err := net.SplitHostPort(c.ListenAddress); err != nil {
+			return fmt.Errorf("hubble-listen-address %q: %w", c.ListenAddress, err)
+		}
+		if !c.DisableTLS && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
+			return fmt.Errorf("hubble-listen-address %q: TLS needs --hubble-tls-cert-file and --hubble-tls-key-file (or --hubble-disable-tls for plain text)", c.ListenAddress)
+		}
+	}
+	if c.DisableTLS && (c.TLSCertFile != "" || len(c.TLSClientCAFiles) > 0) {
+		return errors.New("hubble-disable-tls with TLS files: choose one")
+	}
 	return nil
+}
+
+// tlsConfig is the TCP listener's TLS, or nil for plain text (or no TCP).
+func (c *HubbleConfig) tlsConfig() (*tls.Config, error) {
+	if c.ListenAddress == "" || c.DisableTLS {
+		return nil, nil
+	}
+	cfg, err := hubbletls.Server{CertFile: c.TLSCertFile, KeyFile: c.TLSKeyFile, ClientCAFiles: c.TLSClientCAFiles}.Config()
+	if err != nil {
+		return nil, fmt.Errorf("hubble TLS: %w", err)
+	}
+	return cfg, nil
 }
 
 // traceMode is the loader's trace mode of the flag; off when flows are
@@ -118,6 +162,16 @@ var flowsCell = cell.Module("flows", "Flows observed from the datapath events an
 type flowsModule struct {
 	observer *observer.Observer
 	server   *hubble.Server
+
+	// peers are the cluster's nodes for the Peer service, filled from the
+	// Node objects from start on; nil without Kubernetes or without a TCP
+	// listener (the node announces only itself).
+	peers       *hubble.PeerSet
+	k8s         *k8sClient
+	port        string
+	clusterName string
+	tls         bool
+	unsubscribe func()
 }
 
 type flowsParams struct {
@@ -130,18 +184,35 @@ type flowsParams struct {
 	Policy     *policyModule
 	Identities identity.Allocator
 	Metrics    *metrics.Server
+	K8s        *k8sClient // nil standalone
 }
 
-func newFlowsModule(p flowsParams) *flowsModule {
+func newFlowsModule(p flowsParams) (*flowsModule, error) {
 	if !p.Config.Hubble.Enable || p.Datapath == nil {
-		return nil
+		return nil, nil
+	}
+	hc := p.Config.Hubble
+	tlsCfg, err := hc.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	serverName := ""
+	if tlsCfg != nil {
+		serverName = hubbletls.ServerName(p.Config.NodeName, hc.ClusterName)
+	}
+	var peers *hubble.PeerSet
+	port := ""
+	if hc.ListenAddress != "" && p.K8s != nil {
+		peers = hubble.NewPeerSet()
+		_, port, _ = net.SplitHostPort(hc.ListenAddress) // validated
 	}
 	know := &nodeKnowledge{node: p.Config.NodeName, identities: p.Identities, eps: p.Endpoints, ipcache: p.Datapath.ipcache, repo: p.Policy.repo, cidrLabels: p.Policy.cidrIdentityLabels}
 	obs := observer.New(observer.Config{Capacity: p.Config.Hubble.FlowBufferSize}, know, logFor(p.Root, "observer"))
 	m := &flowsModule{
 		observer: obs,
-		server: hubble.New(hubble.Config{SocketPath: p.Config.hubbleSocket(), TCPAddress: p.Config.Hubble.ListenAddress, Version: version.Version},
-			obs, logFor(p.Root, "hubble")),
+		server: hubble.New(hubble.Config{SocketPath: p.Config.hubbleSocket(), TCPAddress: hc.ListenAddress, Version: version.Version,
+			TLS: tlsCfg, TLSServerName: serverName, Peers: peers}, obs, logFor(p.Root, "hubble")),
+		peers: peers, k8s: p.K8s, port: port, clusterName: hc.ClusterName, tls: tlsCfg != nil,
 	}
 	p.Metrics.Registry.MustRegister(newFlowsCollector(obs))
 	// The datapath's event reader feeds the observer; it is set before the
@@ -150,14 +221,48 @@ func newFlowsModule(p flowsParams) *flowsModule {
 		// A decode error is counted by the observer (DecodeErrors).
 		_ = obs.Observe(ev)
 	})
-	return m
+	return m, nil
 }
 
-// start serves the Hubble API (step 10, beside metrics and pprof).
-func (m *flowsModule) start(context.Context) error { return m.server.Start() }
+// start serves the Hubble API (step 10, beside metrics and pprof) and
+// follows the Node objects into the Peer service's set.
+func (m *flowsModule) start(context.Context) error {
+	if m.peers != nil && m.k8s.watchers != nil {
+		unsub, err := m.k8s.watchers.Nodes.Subscribe(func(ev watchers.Event[*corev1.Node]) {
+			switch ev.Kind {
+			case watchers.Upsert:
+				m.peers.Upsert(m.peerOf(ev.Object))
+			case watchers.Delete:
+				m.peers.Delete(ev.Key)
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("follow nodes for the Peer service: %w", err)
+		}
+		m.unsubscribe = unsub
+	}
+	return m.server.Start()
+}
+
+// peerOf is how the Peer service announces a node: its first address
+// (InternalIP first) with this node's Hubble port (every node of a
+// cluster serves the same flags), and its TLS server name.
+func (m *flowsModule) peerOf(n *corev1.Node) hubble.Peer {
+	p := hubble.Peer{Name: n.Name}
+	if ips := nodemanager.PeerFromNode(n).IPs; len(ips) > 0 {
+		p.Address = net.JoinHostPort(ips[0].String(), m.port)
+	}
+	if m.tls {
+		p.TLSServerName = hubbletls.ServerName(n.Name, m.clusterName)
+	}
+	return p
+}
 
 // stop ends every stream and joins the server's goroutines.
 func (m *flowsModule) stop(context.Context) error {
+	if m.unsubscribe != nil {
+		m.unsubscribe()
+	}
 	m.server.Stop()
 	return nil
 }

@@ -135,6 +135,9 @@ func newLabEnvCommand(name *string) *cobra.Command {
 				}
 				fmt.Fprintf(out, "export TENDRIL_SOCK_%s=unix://%s\n", strings.ToUpper(n.Name), n.Socket)
 			}
+			// The lab's Hubble relay, for tendril observe and hubble.
+			fmt.Fprintf(out, "export TENDRIL_HUBBLE_SERVER=unix://%s\n", st.RelaySocket())
+			fmt.Fprintf(out, "export HUBBLE_SERVER=unix://%s\n", st.RelaySocket())
 			return nil
 		},
 	}

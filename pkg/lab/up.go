@@ -174,6 +174,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	}
 	step(out, start, "network: bridge in %s, %d node namespaces on %s0/%d", st.NetNetns, len(st.Nodes), NodeSubnetPrefix, NodeSubnetBits)
 
+	hubbleArgs, relayTLSArgs, err := hubblePKI(st)
+	if err != nil {
+		return st, err
+	}
 	exited := map[string]<-chan error{}
 	for i, n := range st.Nodes {
 		argv := []string{filepath.Join(st.BinDir, "tendril"), "lab", "kubelet", "--name", st.Name, "--node", n.Name}
@@ -198,6 +202,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			"--state-dir", n.StateDir, "--socket", n.Socket, "--bpf-root", n.BPFRoot,
 			"--ipv6-range", "none", "--prometheus-serve-addr", "",
 			"--cgroup-root", n.Cgroup}
+		argv = append(argv, hubbleArgs[n.Name]...)
 		argv = append(argv, cfg.AgentArgs...)
 		role := "agent-" + n.Name
 		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), argv)
@@ -212,6 +217,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 	}
 	step(out, start, "tendril-agents: %d serving", len(st.Nodes))
+	if err := startRelay(ctx, st, relayTLSArgs, exited); err != nil {
+		return st, err
+	}
+	step(out, start, "hubble relay: %d nodes over mTLS, unix://%s", len(st.Nodes), st.RelaySocket())
 
 	if err := waitDefaultServiceAccount(ctx, cs); err != nil {
 		return st, err
