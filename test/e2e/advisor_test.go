@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,7 +18,8 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// run runs the tendril CLI (not a lab subcommand) and returns its output.
+// runTendril runs the tendril CLI (not a lab subcommand) and returns its
+// standard output.
 func runTendril(t *testing.T, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(tendrilBin, args...)
@@ -29,109 +31,158 @@ func runTendril(t *testing.T, args ...string) string {
 	return out.String()
 }
 
-// TestPrivilegedLabPolicySuggestAndWhatIf: traffic is observed through the
-// relay, `tendril policy suggest` writes policies admitting it, they are
-// applied, and the same traffic passes again while a connection that was
-// never observed is denied; `tendril policy whatif` on a change to one of
-// them lists exactly the connections the change then drops when enforced.
+// conn is a probe: from a pod to another's port.
+type conn struct {
+	from, to string // "sx/a"
+	port     int
+}
+
+// probeAll runs the probes many at once and returns which connected.
+func probeAll(t *testing.T, ips map[string]string, conns []conn) map[conn]bool {
+	t.Helper()
+	out := map[conn]bool{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 12)
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			cmd := exec.Command(tendrilBin, "lab", "--name", labName, "probe", "e2e"+c.from, fmt.Sprintf("%s:%d", ips[c.to], c.port), "--timeout", "1s")
+			err := cmd.Run()
+			code := cmd.ProcessState.ExitCode()
+			if err != nil && code != 1 {
+				t.Errorf("probe %v: could not probe (exit %d): %v", c, code, err)
+			}
+			mu.Lock()
+			out[c] = code == 0
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// TestPrivilegedLabPolicySuggestAndWhatIf: the x/y/z matrix's traffic
+// (TCP 80 between every pair but a few) is observed through the relay,
+// `tendril policy suggest` writes policies for each namespace, they are
+// applied, and replaying the same traffic gives 0 drops while connections
+// that were never observed are denied; then `tendril policy whatif` on a
+// change to one of the policies lists exactly the connections that
+// enforcing the change drops.
 func TestPrivilegedLabPolicySuggestAndWhatIf(t *testing.T) {
 	e := labUp(t)
 	ctx := context.Background()
-	const ns, clientNS = "e2e-suggest", "e2e-suggest-client"
-	e.createNamespace(t, ns)
-	e.createNamespace(t, clientNS)
-	e.createPod(t, ns, "web", "node1", map[string]string{"app": "web"})
-	e.createPod(t, ns, "db", "node2", map[string]string{"app": "db"})
-	e.createPod(t, ns, "cache", "node1", map[string]string{"app": "cache"})
-	e.createPod(t, clientNS, "client", "node2", map[string]string{"app": "client"})
-	ip := map[string]string{}
-	for _, p := range []string{ns + "/web", ns + "/db", ns + "/cache", clientNS + "/client"} {
-		n, name, _ := strings.Cut(p, "/")
-		ip[p] = e.waitReady(t, n, name).Status.PodIP
-	}
-	type pair struct {
-		from, to string
-		port     int
-		udp      bool
-	}
-	observed := []pair{
-		{clientNS + "/client", ns + "/web", 80, false},
-		{ns + "/web", ns + "/db", 80, false},
-		{ns + "/web", ns + "/cache", 81, true},
-		{ns + "/web", ns + "/cache", 80, false},
-	}
-	never := []pair{
-		{ns + "/db", ns + "/web", 80, false},          // db's egress: nothing observed
-		{clientNS + "/client", ns + "/db", 80, false}, // db's ingress admits web only
-		{ns + "/web", ns + "/db", 81, false},          // another port
-	}
-	run := func(p pair) int { return probe(t, p.from, fmt.Sprintf("%s:%d", ip[p.to], p.port), p.udp) }
-
-	start := time.Now().Add(-time.Second).UTC().Format(time.RFC3339)
-	for _, p := range observed {
-		if c := run(p); c != 0 {
-			t.Fatalf("before any policy: %v exit %d", p, c)
+	nss := []string{"sx", "sy", "sz"}
+	pods := []string{"a", "b", "c"}
+	nodes := []string{"node1", "node2"}
+	var names []string
+	i := 0
+	for _, ns := range nss {
+		e.createNamespace(t, "e2e"+ns)
+		for _, p := range pods {
+			e.createPod(t, "e2e"+ns, p, nodes[i%2], map[string]string{"pod": p})
+			names = append(names, ns+"/"+p)
+			i++
 		}
 	}
-	relay := "unix://" + e.st.RelaySocket()
-	var yamlOut string
-	eventually(t, "suggested policies for every workload", func() (bool, error) {
-		yamlOut = runTendril(t, "policy", "suggest", "-n", ns, "--since", start, "--server", relay)
-		return strings.Count(yamlOut, "kind: NetworkPolicy") == 3, fmt.Errorf("%s", yamlOut)
-	})
-	t.Logf("suggested:\n%s", yamlOut)
-	var nps []*networkingv1.NetworkPolicy
-	for _, doc := range strings.Split(yamlOut, "\n---\n") {
-		if !strings.Contains(doc, "kind: NetworkPolicy") {
-			continue
-		}
-		np := &networkingv1.NetworkPolicy{}
-		if err := yaml.UnmarshalStrict([]byte(doc), np); err != nil {
-			t.Fatalf("suggested policy: %v\n%s", err, doc)
-		}
-		if _, err := e.cs.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		nps = append(nps, np)
+	ips := map[string]string{}
+	for _, n := range names {
+		ns, p, _ := strings.Cut(n, "/")
+		ips[n] = e.waitReady(t, "e2e"+ns, p).Status.PodIP
 	}
-	for _, p := range never {
-		eventually(t, fmt.Sprintf("never observed %v denied", p), func() (bool, error) {
-			c := run(p)
-			return c == 1, fmt.Errorf("exit %d", c)
-		})
-	}
-	// Replaying the observed traffic: 0 drops.
-	for round := 0; round < 3; round++ {
-		for _, p := range observed {
-			if c := run(p); c != 0 {
-				t.Fatalf("replay %d of %v under the suggested policies: exit %d, want 0", round, p, c)
+	// Observed: every pair on TCP 80 but those from sz/c and to sx/c;
+	// never observed: those, and port 81 anywhere.
+	var observed, never []conn
+	for _, from := range names {
+		for _, to := range names {
+			if from == to {
+				continue
+			}
+			c := conn{from, to, 80}
+			if from == "sz/c" || to == "sx/c" {
+				never = append(never, c)
+			} else {
+				observed = append(observed, c)
 			}
 		}
 	}
+	never = append(never, conn{"sx/a", "sy/b", 81}, conn{"sy/c", "sz/a", 81})
 
-	// What if web's policy no longer admitted anything from the client
-	// namespace? whatif lists the connections; enforcing the change drops
-	// exactly them.
-	var web *networkingv1.NetworkPolicy
-	for _, np := range nps {
-		if np.Spec.PodSelector.MatchLabels["app"] == "web" {
-			web = np.DeepCopy()
+	start := time.Now().Add(-time.Second).UTC().Format(time.RFC3339)
+	for c, ok := range probeAll(t, ips, observed) {
+		if !ok {
+			t.Fatalf("before any policy: %v did not connect", c)
 		}
 	}
-	if web == nil {
-		t.Fatal("no suggested policy for web")
+	relay := "unix://" + e.st.RelaySocket()
+	var nps []*networkingv1.NetworkPolicy
+	for _, ns := range nss {
+		var out string
+		eventually(t, "suggested policies for every workload of "+ns, func() (bool, error) {
+			out = runTendril(t, "policy", "suggest", "-n", "e2e"+ns, "--since", start, "--server", relay)
+			return strings.Count(out, "kind: NetworkPolicy") == 3, fmt.Errorf("%s", out)
+		})
+		t.Logf("suggested for %s:\n%s", ns, out)
+		for _, doc := range strings.Split(out, "\n---\n") {
+			if !strings.Contains(doc, "kind: NetworkPolicy") {
+				continue
+			}
+			np := &networkingv1.NetworkPolicy{}
+			if err := yaml.UnmarshalStrict([]byte(doc), np); err != nil {
+				t.Fatalf("suggested policy: %v\n%s", err, doc)
+			}
+			if _, err := e.cs.NetworkingV1().NetworkPolicies(np.Namespace).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			nps = append(nps, np)
+		}
 	}
-	web.Spec.Ingress = slices.DeleteFunc(web.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
-		return len(r.From) == 1 && r.From[0].NamespaceSelector != nil
+	eventually(t, "every never-observed connection denied", func() (bool, error) {
+		var allowed []conn
+		for c, ok := range probeAll(t, ips, never) {
+			if ok {
+				allowed = append(allowed, c)
+			}
+		}
+		return len(allowed) == 0, fmt.Errorf("still connecting: %v", allowed)
 	})
-	web.TypeMeta = metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"}
-	web.ResourceVersion, web.UID = "", ""
-	b, err := yaml.Marshal(web)
+	// Replaying the observed traffic: 0 drops, three times.
+	for round := 0; round < 3; round++ {
+		for c, ok := range probeAll(t, ips, observed) {
+			if !ok {
+				t.Errorf("replay %d: %v dropped under the suggested policies", round, c)
+			}
+		}
+	}
+	if t.Failed() {
+		return
+	}
+
+	// What if sx/a's policy no longer admitted namespace sy? whatif lists
+	// the connections; enforcing the change drops exactly them.
+	var pol *networkingv1.NetworkPolicy
+	for _, np := range nps {
+		if np.Namespace == "e2esx" && np.Spec.PodSelector.MatchLabels["pod"] == "a" {
+			pol = np.DeepCopy()
+		}
+	}
+	if pol == nil {
+		t.Fatal("no suggested policy for sx/a")
+	}
+	pol.Spec.Ingress = slices.DeleteFunc(pol.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
+		return len(r.From) == 1 && r.From[0].NamespaceSelector != nil && r.From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] == "e2esy"
+	})
+	pol.TypeMeta = metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"}
+	pol.ResourceVersion, pol.UID = "", ""
+	b, err := yaml.Marshal(pol)
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := t.TempDir() + "/web.yaml"
-	if err := writeFile(file, b); err != nil {
+	file := t.TempDir() + "/candidate.yaml"
+	if err := os.WriteFile(file, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out := runTendril(t, "-H", "unix://"+e.st.Nodes[0].Socket, "policy", "whatif", "-f", file, "--since", start, "--server", relay, "-o", "json")
@@ -150,29 +201,32 @@ func TestPrivilegedLabPolicySuggestAndWhatIf(t *testing.T) {
 			t.Errorf("whatif row %+v: want allowed -> denied", r)
 		}
 	}
-	t.Logf("whatif lists %v", listed)
-	cur, err := e.cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, web.Name, metav1.GetOptions{})
+	t.Logf("whatif lists %d connections: %v", len(listed), listed)
+	if len(listed) != 3 {
+		t.Errorf("whatif listed %d connections, want sy/a, sy/b, sy/c -> sx/a", len(listed))
+	}
+	cur, err := e.cs.NetworkingV1().NetworkPolicies("e2esx").Get(ctx, pol.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur.Spec = web.Spec
-	if _, err := e.cs.NetworkingV1().NetworkPolicies(ns).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+	cur.Spec = pol.Spec
+	if _, err := e.cs.NetworkingV1().NetworkPolicies("e2esx").Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	first := conn{"sy/a", "sx/a", 80}
 	eventually(t, "the change enforced", func() (bool, error) {
-		c := run(observed[0])
-		return c == 1, fmt.Errorf("exit %d", c)
+		ok := probeAll(t, ips, []conn{first})[first]
+		return !ok, fmt.Errorf("%v still connects", first)
 	})
-	for _, p := range observed {
-		dropped := run(p) == 1
-		k := fmt.Sprintf("%s>%s:%d", ip[p.from], ip[p.to], p.port)
-		if dropped != listed[k] {
-			t.Errorf("%v: dropped=%v after enforcing, listed by whatif=%v", p, dropped, listed[k])
+	for c, ok := range probeAll(t, ips, observed) {
+		k := fmt.Sprintf("%s>%s:%d", ips[c.from], ips[c.to], c.port)
+		if !ok != listed[k] {
+			t.Errorf("%v: dropped=%v after enforcing, listed by whatif=%v", c, !ok, listed[k])
 		}
 	}
-	if len(listed) != 1 {
-		t.Errorf("whatif listed %d connections, want the client's one: %v", len(listed), listed)
+	for _, ns := range nss {
+		if err := e.cs.NetworkingV1().NetworkPolicies("e2e"+ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
-
-func writeFile(name string, b []byte) error { return os.WriteFile(name, b, 0o644) }
