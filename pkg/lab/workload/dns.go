@@ -123,6 +123,7 @@ func (r *Resolver) LookupIPv4(ctx context.Context, name string) ([]netip.Addr, s
 	}
 	port := strconv.Itoa(cmp.Or(r.Port, 53))
 	var lastErr error
+	sawNoSuchHost := false
 	for _, fqdn := range r.Config.Candidates(name) {
 		for _, ns := range r.Config.Nameservers {
 			addrs, err := r.query(ctx, net.JoinHostPort(ns, port), fqdn, timeout)
@@ -131,12 +132,15 @@ func (r *Resolver) LookupIPv4(ctx context.Context, name string) ([]netip.Addr, s
 			}
 			lastErr = err
 			if errors.Is(err, ErrNoSuchHost) {
+				sawNoSuchHost = true
 				break // an answer: the next candidate, not the next server
 			}
 		}
 	}
-	if errors.Is(lastErr, ErrNoSuchHost) {
-		return nil, "", fmt.Errorf("%s: %w (tried %s)", name, ErrNoSuchHost, strings.Join(r.Config.Candidates(name), ", "))
+	// A name outside the cluster's zones fails (SERVFAIL: the lab's
+	// CoreDNS has no upstream) after the search list said NXDOMAIN.
+	if sawNoSuchHost {
+		return nil, "", fmt.Errorf("%s: %w (tried %s; last: %v)", name, ErrNoSuchHost, strings.Join(r.Config.Candidates(name), ", "), lastErr)
 	}
 	return nil, "", fmt.Errorf("resolve %s: %w", name, lastErr)
 }
