@@ -216,6 +216,10 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 		}, []Check{
 			check("egress to TCP 80 denied", from(podOtherClient), to(podServerOther, 80), "tcp", false),
 			check("egress to UDP 81 allowed", from(podOtherClient), to(podServerOther, 81), "udp", true),
+			// DNS is egress to the kube-dns backends like any other: the
+			// policy allows UDP 81 only, so the name no longer resolves
+			// although the Service behind it is allowed.
+			check("egress policy without DNS: the name fails", from(podOtherClient), byName(svcServers, 81), "udp", false),
 			check("unrestricted client unaffected", from(podClient), to(podServerOther, 80), "tcp", true),
 		}},
 		{"policies deleted", func() error {
