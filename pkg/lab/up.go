@@ -122,12 +122,16 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	coreDNS, err := EnsureCoreDNS(out)
+	if err != nil {
+		return nil, err
+	}
 
 	cgMount, err := Cgroup2Mount()
 	if err != nil {
 		return nil, err
 	}
-	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, NetNetns: NetnsPrefix(cfg.Name) + "net"}
+	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, CoreDNSBin: coreDNS, NetNetns: NetnsPrefix(cfg.Name) + "net"}
 	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
 	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
 	for _, d := range []string{st.Dir, st.PidDir(), st.LogDir(), st.PodDir(), filepath.Join(st.Dir, "pki")} {
@@ -222,7 +226,12 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	}
 	step(out, start, "hubble relay: %d nodes over mTLS, unix://%s", len(st.Nodes), st.RelaySocket())
 
-	if err := waitDefaultServiceAccount(ctx, cs); err != nil {
+	for _, ns := range []string{metav1.NamespaceDefault, DNSNamespace} {
+		if err := waitDefaultServiceAccount(ctx, cs, ns); err != nil {
+			return st, err
+		}
+	}
+	if err := deployClusterDNS(ctx, cs, st); err != nil {
 		return st, err
 	}
 	total := cfg.Nodes * cfg.PodsPerNode
@@ -237,6 +246,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 		step(out, start, "pods: %d running", total)
 	}
+	if err := waitClusterDNS(ctx, cs, st); err != nil {
+		return st, err
+	}
+	step(out, start, "cluster DNS: CoreDNS on %d nodes behind %s/%s at %s", len(dnsNodes(st)), DNSNamespace, DNSServiceName, ClusterDNSIP)
 	fmt.Fprintln(out)
 	if err := Summary(ctx, st, cs, out); err != nil {
 		return st, err
@@ -304,6 +317,9 @@ func startControlPlane(ctx context.Context, st *State) (kubernetes.Interface, er
 	}
 	nodeURL := "https://127.0.0.1:" + strconv.Itoa(NodeAPIPort)
 	if err := spec.WriteKubeconfig(st.NodeKubeconfig, nodeURL, "tendril-lab-"+st.Name); err != nil {
+		return nil, err
+	}
+	if err := writeCoreDNSConfig(st, &spec); err != nil {
 		return nil, err
 	}
 	if err := st.Save(); err != nil {
@@ -417,9 +433,12 @@ func waitAgent(ctx context.Context, st *State, n Node, exited <-chan error) erro
 	})
 }
 
-func waitDefaultServiceAccount(ctx context.Context, cs kubernetes.Interface) error {
-	return poll(ctx, "wait for the default ServiceAccount", 60*time.Second, nil, nil, func() (bool, error) {
-		_, err := cs.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
+// waitDefaultServiceAccount waits for the controller manager to make the
+// namespace's default ServiceAccount: the ServiceAccount admission plugin
+// rejects pods until it exists.
+func waitDefaultServiceAccount(ctx context.Context, cs kubernetes.Interface, namespace string) error {
+	return poll(ctx, "wait for the default ServiceAccount of "+namespace, 60*time.Second, nil, nil, func() (bool, error) {
+		_, err := cs.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, err
 	})
 }
