@@ -217,7 +217,8 @@ type LxcMetricValue struct {
 type LxcPolicyEntry struct {
 	_      structs.HostLayout
 	Deny   uint8
-	Pad    [3]uint8
+	Flags  uint8
+	Pad    [2]uint8
 	Cookie uint32
 }
 
@@ -240,6 +241,7 @@ type LxcRatelimit struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	LxcMapTdrAuditV1            = "tdr_audit_v1"
 	LxcMapTdrCt4V1              = "tdr_ct4_v1"
 	LxcMapTdrCt6V1              = "tdr_ct6_v1"
 	LxcMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
@@ -326,6 +328,7 @@ type LxcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LxcMapSpecs struct {
+	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
 	TdrCt4V1          *ebpf.MapSpec `ebpf:"tdr_ct4_v1"`
 	TdrCt6V1          *ebpf.MapSpec `ebpf:"tdr_ct6_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
@@ -386,6 +389,7 @@ func (o *LxcObjects) Close() error {
 //
 // It can be passed to LoadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LxcMaps struct {
+	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
 	TdrCt4V1          *ebpf.Map `ebpf:"tdr_ct4_v1"`
 	TdrCt6V1          *ebpf.Map `ebpf:"tdr_ct6_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
@@ -414,6 +418,7 @@ type LxcMaps struct {
 
 func (m *LxcMaps) Close() error {
 	return _LxcClose(
+		m.TdrAuditV1,
 		m.TdrCt4V1,
 		m.TdrCt6V1,
 		m.TdrEndpointIp4V1,
