@@ -28,3 +28,23 @@ func (m AuditMap) Dump() (map[uint32]uint64, error) {
 	}
 	return out, nil
 }
+
+// Clear deletes every counter.
+func (m AuditMap) Clear() error {
+	var k uint32
+	var keys []uint32
+	it := m.m.Iterate()
+	var per []uint64
+	for it.Next(&k, &per) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate the audit counters: %w", err)
+	}
+	for _, k := range keys {
+		if err := ignoreMissing(m.m.Delete(&k)); err != nil {
+			return fmt.Errorf("clear audit counter %d: %w", k, err)
+		}
+	}
+	return nil
+}
