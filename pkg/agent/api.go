@@ -41,9 +41,11 @@ type apiParams struct {
 	KVStore    *kvstoreModule    // nil without a kvstore
 	Services   *servicesModule
 	Inspector  *dbinspect.Inspector
+	Metrics    *metrics.Server
 }
 
 func registerAPIHandlers(p apiParams) {
+	(&metricsAPI{metrics: p.Metrics}).register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
 		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector}).register(p.API)
 	(&serviceAPI{services: p.Services}).register(p.API)
