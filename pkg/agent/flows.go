@@ -3,18 +3,21 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 
+	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"github.com/cilium/hive/cell"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/hubble"
+	"github.com/tendril-net/tendril/pkg/hubble/flowmetrics"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/metrics"
@@ -40,6 +43,8 @@ type HubbleConfig struct {
 	// TraceEvents is which forwarded packets the datapath reports:
 	// per-connection, all or off (drops and verdicts are always reported).
 	TraceEvents string
+	// MetricsExport are the flow metrics and the export to a file.
+	MetricsExport HubbleMetricsConfig
 }
 
 // Values of --hubble-trace-events.
@@ -51,7 +56,8 @@ const (
 
 // DefaultHubbleConfig returns the flows' defaults.
 func DefaultHubbleConfig() HubbleConfig {
-	return HubbleConfig{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection}
+	return HubbleConfig{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection,
+		MetricsExport: DefaultHubbleMetricsConfig()}
 }
 
 // Flags registers the flows' flags.
@@ -61,6 +67,7 @@ func (c *HubbleConfig) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ListenAddress, "hubble-listen-address", c.ListenAddress, "TCP address (host:port) of the Hubble API, plain text; empty: none")
 	fs.IntVar(&c.FlowBufferSize, "hubble-flow-buffer-size", c.FlowBufferSize, "Flows kept in the node's ring")
 	fs.StringVar(&c.TraceEvents, "hubble-trace-events", c.TraceEvents, "Forwarded packets reported as flows: per-connection (a connection's first packets and TCP flag changes), all (every packet) or off (drops and policy verdicts only)")
+	c.MetricsExport.Flags(fs)
 }
 
 // Validate checks the flows' options.
@@ -74,7 +81,7 @@ func (c *HubbleConfig) Validate() error {
 	if c.Socket != "" && !filepath.IsAbs(c.Socket) {
 		return fmt.Errorf("hubble-socket %q: must be an absolute path", c.Socket)
 	}
-	return nil
+	return c.MetricsExport.Validate()
 }
 
 // traceMode is the loader's trace mode of the flag; off when flows are
@@ -118,6 +125,14 @@ var flowsCell = cell.Module("flows", "Flows observed from the datapath events an
 type flowsModule struct {
 	observer *observer.Observer
 	server   *hubble.Server
+
+	log                *slog.Logger
+	socket, tcpAddress string
+	// lost reads the datapath's lost-event counters.
+	lost        func() (loader.EventsLost, error)
+	metricNames []string
+	// export is nil without --hubble-export-file-path.
+	export *flowExport
 }
 
 type flowsParams struct {
@@ -130,18 +145,47 @@ type flowsParams struct {
 	Policy     *policyModule
 	Identities identity.Allocator
 	Metrics    *metrics.Server
+	Services   *servicesModule
 }
 
-func newFlowsModule(p flowsParams) *flowsModule {
+func newFlowsModule(p flowsParams) (*flowsModule, error) {
 	if !p.Config.Hubble.Enable || p.Datapath == nil {
-		return nil
+		return nil, nil
 	}
 	know := &nodeKnowledge{node: p.Config.NodeName, identities: p.Identities, eps: p.Endpoints, ipcache: p.Datapath.ipcache, repo: p.Policy.repo, cidrLabels: p.Policy.cidrIdentityLabels}
-	obs := observer.New(observer.Config{Capacity: p.Config.Hubble.FlowBufferSize}, know, logFor(p.Root, "observer"))
+	if p.Services != nil {
+		know.services = &serviceKnowledge{tables: p.Services.tables}
+	}
+	mx := p.Config.Hubble.MetricsExport
+	// The flow metrics and the export see every flow as it is decoded.
+	var consumers []func(*flowpb.Flow)
+	if len(mx.Metrics) > 0 {
+		fm, err := flowmetrics.New(mx.metricsConfig(), p.Metrics.Registry)
+		if err != nil {
+			return nil, err
+		}
+		consumers = append(consumers, fm.Observe)
+	}
+	var export *flowExport
+	if mx.ExportFilePath != "" {
+		cfg, err := mx.exporterConfig()
+		if err != nil {
+			return nil, err
+		}
+		export = &flowExport{cfg: cfg}
+		consumers = append(consumers, export.consume)
+	}
+	obs := observer.New(observer.Config{Capacity: p.Config.Hubble.FlowBufferSize, Consumers: consumers}, know, logFor(p.Root, "observer"))
 	m := &flowsModule{
 		observer: obs,
 		server: hubble.New(hubble.Config{SocketPath: p.Config.hubbleSocket(), TCPAddress: p.Config.Hubble.ListenAddress, Version: version.Version},
 			obs, logFor(p.Root, "hubble")),
+		log:         logFor(p.Root, "hubble"),
+		socket:      p.Config.hubbleSocket(),
+		tcpAddress:  p.Config.Hubble.ListenAddress,
+		lost:        p.Datapath.loader.EventsLost,
+		metricNames: mx.Metrics,
+		export:      export,
 	}
 	p.Metrics.Registry.MustRegister(newFlowsCollector(obs))
 	// The datapath's event reader feeds the observer; it is set before the
@@ -150,15 +194,33 @@ func newFlowsModule(p flowsParams) *flowsModule {
 		// A decode error is counted by the observer (DecodeErrors).
 		_ = obs.Observe(ev)
 	})
-	return m
+	return m, nil
 }
 
-// start serves the Hubble API (step 10, beside metrics and pprof).
-func (m *flowsModule) start(context.Context) error { return m.server.Start() }
+// start serves the Hubble API (step 10, beside metrics and pprof), and
+// opens the export file first, so the flows served are exported too.
+func (m *flowsModule) start(context.Context) error {
+	if m.export != nil {
+		if err := m.export.start(m); err != nil {
+			return err
+		}
+	}
+	if err := m.server.Start(); err != nil {
+		if m.export != nil {
+			_ = m.export.stop()
+		}
+		return err
+	}
+	return nil
+}
 
-// stop ends every stream and joins the server's goroutines.
+// stop ends every stream and joins the server's goroutines, then closes
+// the export file.
 func (m *flowsModule) stop(context.Context) error {
 	m.server.Stop()
+	if m.export != nil {
+		return m.export.stop()
+	}
 	return nil
 }
 
@@ -214,6 +276,8 @@ type nodeKnowledge struct {
 	repo       *policy.Repository
 	// cidrLabels names the policy's node-local CIDR identities.
 	cidrLabels func(identity.NumericIdentity) []string
+	// services names services by address (nil without the services).
+	services *serviceKnowledge
 
 	// policies is the repository's rules by cookie at revision rev,
 	// rebuilt when the repository moves on (rules change rarely, events
@@ -223,7 +287,15 @@ type nodeKnowledge struct {
 	policies map[uint32]observer.Policy
 }
 
-var _ observer.NodeKnowledge = (*nodeKnowledge)(nil)
+var (
+	_ observer.NodeKnowledge    = (*nodeKnowledge)(nil)
+	_ observer.ServiceKnowledge = (*nodeKnowledge)(nil)
+)
+
+// ServiceByAddr names the service of a frontend or backend address.
+func (k *nodeKnowledge) ServiceByAddr(a netip.AddrPort, proto uint8) (observer.Service, bool) {
+	return k.services.ServiceByAddr(a, proto)
+}
 
 func (k *nodeKnowledge) NodeName() string { return k.node }
 

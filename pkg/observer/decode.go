@@ -102,6 +102,10 @@ func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
 		f.TrafficDirection = flowpb.TrafficDirection_EGRESS
 	}
 	f.Source, f.Destination = d.endpoints(ev)
+	if svc, ok := d.Node.(ServiceKnowledge); ok {
+		f.SourceService = service(svc, ev.Src, ev.SrcPort, ev.Proto)
+		f.DestinationService = service(svc, ev.Dst, ev.DstPort, ev.Proto)
+	}
 	switch ev.Type {
 	case maps.EventDrop:
 		f.Verdict = flowpb.Verdict_DROPPED
@@ -123,6 +127,8 @@ func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
 		}
 		f.EventType = &flowpb.CiliumEventType{Type: MessageTypePolicyVerdict}
 		f.IsReply = wrapperspb.Bool(false)
+		// The datapath's match types are numbered as Cilium's.
+		f.PolicyMatchType = uint32(ev.MatchType)
 		if ev.Cookie != 0 {
 			d.attachPolicy(f, ev, !ev.Allowed)
 		}
@@ -162,6 +168,18 @@ func (d *Decoder) attachPolicy(f *flowpb.Flow, ev loader.Event, denied bool) {
 	default:
 		f.EgressAllowedBy = pol
 	}
+}
+
+// service names the service of one side, or nil.
+func service(k ServiceKnowledge, addr netip.Addr, port uint16, proto uint8) *flowpb.Service {
+	if port == 0 {
+		return nil
+	}
+	s, ok := k.ServiceByAddr(netip.AddrPortFrom(addr.Unmap(), port), proto)
+	if !ok {
+		return nil
+	}
+	return &flowpb.Service{Namespace: s.Namespace, Name: s.Name}
 }
 
 // endpoints fills both sides: the event's endpoint is the source of what
