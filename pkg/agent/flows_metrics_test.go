@@ -28,7 +28,10 @@ func TestHubbleMetricsConfigValidate(t *testing.T) {
 		{func(c *HubbleMetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportFileMaxBackups = -1 }, "hubble-export-file-max-backups"},
 		{func(c *HubbleMetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportAllowlist = `{"verdict":` }, "hubble-export-allowlist"},
 		{func(c *HubbleMetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportDenylist = `{"nope":1}` }, "hubble-export-denylist"},
-		{func(c *HubbleMetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportAllowlist = `{"source_fqdn":["a.example"]}` }, "export filters"},
+		{func(c *HubbleMetricsConfig) {
+			c.ExportFilePath = "/tmp/f.json"
+			c.ExportAllowlist = `{"source_fqdn":["a.example"]}`
+		}, "export filters"},
 	} {
 		c := DefaultHubbleMetricsConfig()
 		tc.change(&c)
