@@ -473,10 +473,28 @@ func summary(f *flowpb.Flow) string {
 			parts = append(parts, fmt.Sprintf("allowed by %s/%s", pol.GetNamespace(), pol.GetName()))
 		}
 	}
+	if f.GetEventType().GetType() == observer.MessageTypePolicyVerdict && f.GetPolicyMatchType() != 0 {
+		parts = append(parts, "match "+matchTypeName(f.GetPolicyMatchType()))
+	}
 	if f.GetVerdict() == flowpb.Verdict_DROPPED && f.GetDropReasonDesc() == flowpb.DropReason_POLICY_DENIED {
 		parts = append(parts, "default deny")
 	}
 	return strings.Join(parts, "; ")
+}
+
+// matchTypeName is a verdict's policy match type as hubble prints it.
+func matchTypeName(t uint32) string {
+	switch t {
+	case 1:
+		return "L3-Only"
+	case 2:
+		return "L3-L4"
+	case 3:
+		return "L4-Only"
+	case 4:
+		return "all"
+	}
+	return "unknown"
 }
 
 // dropReasonText is the reason as hubble prints it ("Policy denied").
