@@ -4,8 +4,9 @@
 // each under its own BPF root, and the pods' endpoints alternate between
 // them within each round:
 //
-//   - off: no trace events, no policy verdict events, nobody reading the
-//     ring buffer (drops would still be reported: there are none here);
+//   - off: no trace events, no policy verdict events (drops would still be
+//     reported: there are none here), the ring buffer read as the agent
+//     always reads it;
 //   - on: what the agent runs with flows on: per-connection trace events
 //     and policy verdict events, read from the ring buffer and decoded by
 //     the observer into its ring with every flow metric, on the same two
@@ -52,11 +53,18 @@ type options struct {
 	rounds   int
 }
 
+// loadOrder is the order the two datapaths are loaded in.
+var loadOrder = []string{"off", "on"}
+
 func main() {
 	var o options
 	flag.DurationVar(&o.duration, "duration", 6*time.Second, "length of each measurement")
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds; each measures both modes, in alternating order")
+	reverse := flag.Bool("load-on-first", false, "load the flows-on datapath first (diagnosis: the order must not matter)")
 	flag.Parse()
+	if *reverse {
+		loadOrder = []string{"on", "off"}
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench/flows needs root")
 		os.Exit(1)
@@ -103,7 +111,7 @@ func run(o options) error {
 		return err
 	}
 	defer leave()
-	for _, mode := range []string{"off", "on"} {
+	for _, mode := range loadOrder {
 		root := filepath.Join("/sys/fs/bpf", node.Name+"-"+mode)
 		defer os.RemoveAll(root)
 		cfg := loader.Config{BPFRoot: root, DirectDelivery: true}
@@ -172,6 +180,18 @@ func run(o options) error {
 	fmt.Printf("| date (UTC) | workload | flows off (median of %d) | flows on | on/off |\n|---|---|---|---|---|\n", o.rounds)
 	fmt.Printf("| %s | TCP throughput, Gbit/s | %.2f | %.2f | %.1f%% |\n", date, median(gbit["off"]), median(gbit["on"]), 100*median(gbit["on"])/median(gbit["off"]))
 	fmt.Printf("| %s | new TCP connections/s | %.0f | %.0f | %.1f%% |\n", date, median(conns["off"]), median(conns["on"]), 100*median(conns["on"])/median(conns["off"]))
+	// The machine's load moves between rounds more than flows do: the
+	// ratio of each round's pair (measured back to back) is the steadier
+	// number.
+	pairs := func(v map[string][]float64) []float64 {
+		out := make([]float64, len(v["on"]))
+		for i := range out {
+			out[i] = 100 * v["on"][i] / v["off"][i]
+		}
+		return out
+	}
+	fmt.Printf("\nOn/off per round (%%): throughput %s (median %.1f%%), connections %s (median %.1f%%).\n",
+		list(pairs(gbit)), median(pairs(gbit)), list(pairs(conns)), median(pairs(conns)))
 	fmt.Printf("\nRounds: Gbit/s off %s, on %s; connections/s off %s, on %s.\n", list(gbit["off"]), list(gbit["on"]), list(conns["off"]), list(conns["on"]))
 	fmt.Printf("Flows on: %d flows decoded; events lost: %d ring full, %d over the rate limit.\n", seen["on"], lost.RingFull, lost.RateLimited)
 	fmt.Printf("Load average at the end: %s", load)
@@ -228,23 +248,25 @@ func (b *bench) use(mode string) error {
 		return nil
 	}
 	dp := b.modes[mode]
-	if dp.flows {
-		er, err := dp.l.NewEventReader()
-		if err != nil {
-			return err
-		}
-		dp.reader, dp.readDone = er, make(chan struct{})
-		go func() {
-			defer close(dp.readDone)
-			for {
-				ev, err := er.Read()
-				if err != nil {
-					return // closed
-				}
+	// The agent reads the ring buffer whether flows are on or not (it
+	// counts drops): both modes run the reader, only "on" decodes.
+	er, err := dp.l.NewEventReader()
+	if err != nil {
+		return err
+	}
+	dp.reader, dp.readDone = er, make(chan struct{})
+	go func() {
+		defer close(dp.readDone)
+		for {
+			ev, err := er.Read()
+			if err != nil {
+				return // closed
+			}
+			if dp.obs != nil {
 				_ = dp.obs.Observe(ev)
 			}
-		}()
-	}
+		}
+	}()
 	if err := dp.l.AttachEndpoint(b.endpoint(b.a, 1, b.idA)); err != nil {
 		return err
 	}
