@@ -51,10 +51,9 @@ const (
 type options struct {
 	duration time.Duration
 	rounds   int
+	// loadOrder is the order the two datapaths are loaded in.
+	loadOrder []string
 }
-
-// loadOrder is the order the two datapaths are loaded in.
-var loadOrder = []string{"off", "on"}
 
 func main() {
 	var o options
@@ -62,8 +61,9 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds; each measures both modes, in alternating order")
 	reverse := flag.Bool("load-on-first", false, "load the flows-on datapath first (diagnosis: the order must not matter)")
 	flag.Parse()
+	o.loadOrder = []string{"off", "on"}
 	if *reverse {
-		loadOrder = []string{"on", "off"}
+		o.loadOrder = []string{"on", "off"}
 	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench/flows needs root")
@@ -111,7 +111,7 @@ func run(o options) error {
 		return err
 	}
 	defer leave()
-	for _, mode := range loadOrder {
+	for _, mode := range o.loadOrder {
 		root := filepath.Join("/sys/fs/bpf", node.Name+"-"+mode)
 		defer os.RemoveAll(root)
 		cfg := loader.Config{BPFRoot: root, DirectDelivery: true}
