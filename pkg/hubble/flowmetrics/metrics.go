@@ -9,7 +9,6 @@ package flowmetrics
 import (
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -410,16 +409,4 @@ func (l *limiter) value(v string) string {
 	}
 	l.values[v] = struct{}{}
 	return v
-}
-
-// Values are the label values kept so far, sorted (for tests and status).
-func (l *limiter) Values() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make([]string, 0, len(l.values))
-	for v := range l.values {
-		out = append(out, v)
-	}
-	sort.Strings(out)
-	return out
 }
