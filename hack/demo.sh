@@ -94,7 +94,7 @@ $T connectivity test --lab "$LAB"
 
 step "Flows on node1: the denied connection (other -> backend:80) names the policy that decided"
 $T lab probe demo/other "$backend:80" --timeout 200ms >/dev/null 2>&1 || true
-hubble_node1="unix://$(dirname "$TENDRIL_SOCK_NODE1")/hubble.sock"
+hubble_node1="unix://$(dirname "${TENDRIL_SOCK_NODE1#unix://}")/hubble.sock" # beside the API socket
 for _ in $(seq 20); do # the drop reaches the node's flow ring within moments
 	$T observe --server "$hubble_node1" --last 1 --verdict DROPPED --from-pod demo/other --to-pod demo/backend | grep -q . && break
 	sleep 0.1

@@ -156,6 +156,7 @@ func newFlowsModule(p flowsParams) (*flowsModule, error) {
 	if p.Services != nil {
 		know.services = &serviceKnowledge{tables: p.Services.tables}
 	}
+	know.selecting, know.defaultDeny = p.Policy.selectingRules, &defaultDenying{repo: p.Policy.repo}
 	mx := p.Config.Hubble.MetricsExport
 	// The flow metrics and the export see every flow as it is decoded.
 	var consumers []func(*flowpb.Flow)
@@ -278,6 +279,9 @@ type nodeKnowledge struct {
 	cidrLabels func(identity.NumericIdentity) []string
 	// services names services by address (nil without the services).
 	services *serviceKnowledge
+	// selecting and defaultDeny name the policies behind a default deny.
+	selecting   func(epID uint16) ([]uint32, bool)
+	defaultDeny *defaultDenying
 
 	// policies is the repository's rules by cookie at revision rev,
 	// rebuilt when the repository moves on (rules change rarely, events
@@ -290,6 +294,8 @@ type nodeKnowledge struct {
 var (
 	_ observer.NodeKnowledge    = (*nodeKnowledge)(nil)
 	_ observer.ServiceKnowledge = (*nodeKnowledge)(nil)
+
+	_ observer.DefaultDenyKnowledge = (*nodeKnowledge)(nil)
 )
 
 // ServiceByAddr names the service of a frontend or backend address.

@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/hubble/flowmetrics"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 	"github.com/tendril-net/tendril/pkg/observer"
+	"github.com/tendril-net/tendril/pkg/policy"
 )
 
 // HubbleMetricsConfig is the flow metrics' and the export's part of the
@@ -261,4 +262,86 @@ func (k *serviceKnowledge) ServiceByAddr(a netip.AddrPort, proto uint8) (observe
 	}
 	s, ok := k.byAddr[loadbalancer.FrontendKey{Addr: a, Proto: proto}]
 	return s, ok
+}
+
+// selectingRules are the IDs of the rules that select a local endpoint,
+// as its last resolution found them; false before its first.
+func (p *policyModule) selectingRules(epID uint16) ([]uint32, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	res, ok := p.results[epID]
+	return res.Rules, ok
+}
+
+// defaultDenying tells, per rule, in which directions it puts the
+// endpoints it selects into default deny (it has rules there and does not
+// opt out with enableDefaultDeny), cached per repository revision.
+type defaultDenying struct {
+	repo *policy.Repository
+
+	mu    sync.Mutex
+	rev   uint64
+	built bool
+	// dirs by rule ID: bit 0 ingress, bit 1 egress.
+	dirs map[uint32]uint8
+}
+
+func (d *defaultDenying) directions(id uint32) uint8 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if rev := d.repo.Revision(); !d.built || rev != d.rev {
+		rules, rev := d.repo.Rules(nil)
+		d.dirs = make(map[uint32]uint8, len(rules))
+		for _, r := range rules {
+			if r.Rule == nil {
+				continue
+			}
+			dd := r.Rule.EnableDefaultDeny
+			var bits uint8
+			if len(r.Rule.Ingress)+len(r.Rule.IngressDeny) > 0 && (dd == nil || dd.Ingress == nil || *dd.Ingress) {
+				bits |= 1
+			}
+			if len(r.Rule.Egress)+len(r.Rule.EgressDeny) > 0 && (dd == nil || dd.Egress == nil || *dd.Egress) {
+				bits |= 2
+			}
+			d.dirs[r.ID] = bits
+		}
+		d.rev, d.built = rev, true
+	}
+	return d.dirs[id]
+}
+
+// DefaultDenyPolicies names the policies whose rules put the endpoint
+// into default deny in the direction: those selecting it there.
+func (k *nodeKnowledge) DefaultDenyPolicies(epID uint16, ingress bool) []observer.Policy {
+	if k.selecting == nil || k.defaultDeny == nil {
+		return nil
+	}
+	ids, ok := k.selecting(epID)
+	if !ok {
+		return nil
+	}
+	bit := uint8(2)
+	if ingress {
+		bit = 1
+	}
+	var out []observer.Policy
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if k.defaultDeny.directions(id)&bit == 0 {
+			continue
+		}
+		p, ok := k.PolicyByCookie(id)
+		if !ok {
+			continue
+		}
+		// A policy object of several rules is named once.
+		key := p.Namespace + "/" + p.Name
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		out = append(out, p)
+	}
+	return out
 }

@@ -8,6 +8,9 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/observer"
+	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
 // TestHubbleMetricsConfigValidate: bad metric names, limits, export
@@ -98,5 +101,67 @@ func TestServiceKnowledge(t *testing.T) {
 	// Without the services cell: nothing, no panic.
 	if _, ok := (&nodeKnowledge{}).ServiceByAddr(netip.MustParseAddrPort("10.96.0.10:80"), loadbalancer.TCP); ok {
 		t.Error("a service without the services")
+	}
+}
+
+// TestDefaultDenyPolicies: a default-deny drop names the policies whose
+// rules select the endpoint in the drop's direction, once each; a rule
+// without that direction, or opting out of default deny, is not named.
+func TestDefaultDenyPolicies(t *testing.T) {
+	repo := policy.NewRepository()
+	parse := func(doc string) api.Rules {
+		t.Helper()
+		rs, err := api.ParseRules([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	if _, err := repo.ReplaceSource("k8s/CiliumNetworkPolicy/shop/db", "shop", parse(`[
+		{"endpointSelector":{"matchLabels":{"app":"db"}},"labels":["k8s:io.cilium.k8s.policy.name=db","k8s:io.cilium.k8s.policy.namespace=shop"],
+		 "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"web"}}]}]},
+		{"endpointSelector":{"matchLabels":{"app":"db"}},"labels":["k8s:io.cilium.k8s.policy.name=db","k8s:io.cilium.k8s.policy.namespace=shop"],
+		 "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"batch"}}]}]}]`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.ReplaceSource("k8s/CiliumNetworkPolicy/shop/db-egress", "shop", parse(`[
+		{"endpointSelector":{"matchLabels":{"app":"db"}},"labels":["k8s:io.cilium.k8s.policy.name=db-egress","k8s:io.cilium.k8s.policy.namespace=shop"],
+		 "egress":[{"toEndpoints":[{"matchLabels":{"app":"dns"}}]}]}]`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.ReplaceSource("k8s/CiliumNetworkPolicy/shop/audit", "shop", parse(`[
+		{"endpointSelector":{"matchLabels":{"app":"db"}},"labels":["k8s:io.cilium.k8s.policy.name=audit","k8s:io.cilium.k8s.policy.namespace=shop"],
+		 "enableDefaultDeny":{"ingress":false},"ingressDeny":[{"fromEndpoints":[{"matchLabels":{"app":"x"}}]}]}]`)); err != nil {
+		t.Fatal(err)
+	}
+	rules, _ := repo.Rules(nil)
+	var ids []uint32
+	for _, r := range rules {
+		ids = append(ids, r.ID)
+	}
+	k := &nodeKnowledge{repo: repo, defaultDeny: &defaultDenying{repo: repo},
+		selecting: func(ep uint16) ([]uint32, bool) { return ids, ep == 7 }}
+	names := func(ps []observer.Policy) string {
+		var out []string
+		for _, p := range ps {
+			out = append(out, p.Namespace+"/"+p.Name)
+		}
+		return strings.Join(out, ",")
+	}
+	if got := names(k.DefaultDenyPolicies(7, true)); got != "shop/db" {
+		t.Errorf("ingress: %q, want shop/db (once; not the audit policy, which opts out)", got)
+	}
+	if got := names(k.DefaultDenyPolicies(7, false)); got != "shop/db-egress" {
+		t.Errorf("egress: %q", got)
+	}
+	if got := k.DefaultDenyPolicies(8, true); got != nil {
+		t.Errorf("an endpoint not resolved yet: %v", got)
+	}
+	// The repository changes: the next drop sees it.
+	if _, err := repo.ReplaceSource("k8s/CiliumNetworkPolicy/shop/db", "shop", nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(k.DefaultDenyPolicies(7, true)); got != "" {
+		t.Errorf("after the policy's delete: %q", got)
 	}
 }

@@ -243,6 +243,8 @@ func TestCompactPolicyDetails(t *testing.T) {
 		{&flowpb.Flow{Verdict: flowpb.Verdict_DROPPED, DropReasonDesc: flowpb.DropReason_POLICY_DENY,
 			IngressDeniedBy: []*flowpb.Policy{{Namespace: "data", Name: "db-deny"}}}, "denied by data/db-deny"},
 		{&flowpb.Flow{Verdict: flowpb.Verdict_DROPPED, DropReasonDesc: flowpb.DropReason_POLICY_DENIED}, "default deny"},
+		{&flowpb.Flow{Verdict: flowpb.Verdict_DROPPED, DropReasonDesc: flowpb.DropReason_POLICY_DENIED,
+			IngressDeniedBy: []*flowpb.Policy{{Namespace: "demo", Name: "allow-frontend"}}}, "default deny of demo/allow-frontend"},
 		{&flowpb.Flow{Verdict: flowpb.Verdict_FORWARDED, EventType: &flowpb.CiliumEventType{Type: 5}, PolicyMatchType: 2,
 			IngressAllowedBy: []*flowpb.Policy{{Namespace: "data", Name: "db"}}}, "allowed by data/db; match L3-L4"},
 	} {

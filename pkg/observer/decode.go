@@ -120,6 +120,9 @@ func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
 		if ev.Reason == maps.ReasonPolicyDenyRule && ev.Cookie != 0 {
 			d.attachPolicy(f, ev, true)
 		}
+		if ev.Reason == maps.ReasonPolicyDenied && ev.EndpointID != 0 {
+			d.attachDefaultDeny(f, ev)
+		}
 	case maps.EventPolicyVerdict:
 		f.Verdict = flowpb.Verdict_FORWARDED
 		if !ev.Allowed {
@@ -180,6 +183,27 @@ func service(k ServiceKnowledge, addr netip.Addr, port uint16, proto uint8) *flo
 		return nil
 	}
 	return &flowpb.Service{Namespace: s.Namespace, Name: s.Name}
+}
+
+// attachDefaultDeny names, on a default-deny drop, the policies whose
+// rules select the endpoint in the drop's direction: they are why it
+// denies what they do not allow. The drop reason (POLICY_DENIED, not
+// POLICY_DENY) still tells it from a deny rule's.
+func (d *Decoder) attachDefaultDeny(f *flowpb.Flow, ev loader.Event) {
+	k, ok := d.Node.(DefaultDenyKnowledge)
+	if !ok {
+		return
+	}
+	ingress := ev.Direction == maps.DirIngress
+	var pols []*flowpb.Policy
+	for _, p := range k.DefaultDenyPolicies(ev.EndpointID, ingress) {
+		pols = append(pols, &flowpb.Policy{Name: p.Name, Namespace: p.Namespace, Labels: p.Labels, Revision: p.Revision, Kind: p.Kind})
+	}
+	if ingress {
+		f.IngressDeniedBy = pols
+	} else {
+		f.EgressDeniedBy = pols
+	}
 }
 
 // endpoints fills both sides: the event's endpoint is the source of what

@@ -156,3 +156,32 @@ func TestConsumersSeeEveryFlow(t *testing.T) {
 		}
 	}
 }
+
+// defaultDenyNode knows which policy selects db on ingress.
+type defaultDenyNode struct{ fakeNode }
+
+func (defaultDenyNode) DefaultDenyPolicies(ep uint16, ingress bool) []Policy {
+	if ep == 2 && ingress {
+		return []Policy{{Name: "db-ingress", Namespace: "data", Kind: "CiliumNetworkPolicy"}}
+	}
+	return nil
+}
+
+// TestDecodeDefaultDenyNamesSelectingPolicy: a default-deny drop names the
+// policies selecting the endpoint in its direction, its reason still the
+// default deny's.
+func TestDecodeDefaultDenyNamesSelectingPolicy(t *testing.T) {
+	d := &Decoder{Node: defaultDenyNode{}, Clock: fixedClock}
+	f, err := d.Decode(dropEvent(webIP, dbIP, 5432, maps.ReasonPolicyDenied, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if by := f.GetIngressDeniedBy(); f.GetDropReasonDesc() != flowpb.DropReason_POLICY_DENIED || len(by) != 1 || by[0].GetName() != "db-ingress" || by[0].GetNamespace() != "data" {
+		t.Errorf("default deny: reason %v, denied by %v", f.GetDropReasonDesc(), by)
+	}
+	eg := dropEvent(dbIP, webIP, 80, maps.ReasonPolicyDenied, 0)
+	eg.Direction = maps.DirEgress
+	if f, _ := d.Decode(eg); len(f.GetEgressDeniedBy())+len(f.GetIngressDeniedBy()) != 0 {
+		t.Errorf("egress default deny of an endpoint no egress rule selects names %v %v", f.GetEgressDeniedBy(), f.GetIngressDeniedBy())
+	}
+}

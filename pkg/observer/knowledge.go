@@ -38,6 +38,13 @@ type ServiceKnowledge interface {
 	ServiceByAddr(addr netip.AddrPort, proto uint8) (Service, bool)
 }
 
+// DefaultDenyKnowledge is what a NodeKnowledge may also know: the
+// policies that put a local endpoint into default deny in a direction
+// (the rules selecting it there), so a default-deny drop names them.
+type DefaultDenyKnowledge interface {
+	DefaultDenyPolicies(endpointID uint16, ingress bool) []Policy
+}
+
 // Service is a service as flows name it.
 type Service struct {
 	Namespace, Name string

@@ -23,7 +23,8 @@ import (
 // TestPrivilegedAgentPolicyDropsNamedAndFlowMetrics: real traffic through
 // a real agent. b's policy (default/b-ingress) admits a, denies c by a
 // deny rule, and d by default. `tendril observe` shows c's drop naming
-// default/b-ingress and d's as the default deny; a's verdict carries its
+// default/b-ingress and d's as the default deny of default/b-ingress (the
+// policy selecting b); a's verdict carries its
 // match type (L3-only) and a's TCP connections to b show a to-endpoint
 // trace at b (delivered directly, b's to_pod never ran). The metrics
 // endpoint counts the drops by policy, the verdicts by match type and the
@@ -135,8 +136,10 @@ func TestPrivilegedAgentPolicyDropsNamedAndFlowMetrics(t *testing.T) {
 				t.Errorf("c's drop: reason %s, denied by %v; want POLICY_DENY by default/b-ingress", f.GetDropReasonDesc(), by)
 			}
 		case from(f, "d", "b") && f.GetVerdict() == flowpb.Verdict_DROPPED:
-			if f.GetDropReasonDesc() != flowpb.DropReason_POLICY_DENIED || len(f.GetIngressDeniedBy()) != 0 {
-				t.Errorf("d's drop: reason %s, denied by %v; want the default deny", f.GetDropReasonDesc(), f.GetIngressDeniedBy())
+			// The default deny, naming the policy that selects b.
+			by := f.GetIngressDeniedBy()
+			if f.GetDropReasonDesc() != flowpb.DropReason_POLICY_DENIED || len(by) != 1 || by[0].GetNamespace() != "default" || by[0].GetName() != "b-ingress" {
+				t.Errorf("d's drop: reason %s, denied by %v; want the default deny of default/b-ingress", f.GetDropReasonDesc(), by)
 			}
 		case from(f, "a", "b") && f.GetEventType().GetType() == 5:
 			by := f.GetIngressAllowedBy()
@@ -151,7 +154,7 @@ func TestPrivilegedAgentPolicyDropsNamedAndFlowMetrics(t *testing.T) {
 	}
 	// As people read them.
 	compact := string(observe("--last", "2000", "--verdict", "DROPPED", "--to-pod", "default/b"))
-	for _, want := range []string{"denied by default/b-ingress", "default deny"} {
+	for _, want := range []string{"denied by default/b-ingress", "default deny of default/b-ingress"} {
 		if !strings.Contains(compact, want) {
 			t.Errorf("tendril observe of the drops lacks %q:\n%s", want, compact)
 		}
