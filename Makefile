@@ -12,7 +12,7 @@ COMMANDS := $(notdir $(wildcard cmd/*))
 # Generated files that `make generate` must leave unchanged in CI.
 GENERATED_PATHS := pkg/datapath bpf pkg/k8s deploy/crds pkg/policy/api
 
-.PHONY: all build deps generate verify-generated lint test test-unit demo demo-down k8s-binaries clean
+.PHONY: all build deps generate verify-generated lint test test-unit demo demo-down k8s-binaries coredns clean
 
 all: build
 
@@ -39,6 +39,11 @@ lint:
 k8s-binaries:
 	@if [ -x hack/k8s-binaries.sh ]; then hack/k8s-binaries.sh; fi
 
+# CoreDNS for the lab's cluster DNS (kube-dns), from the Go module proxy,
+# cached beside the Kubernetes binaries (about four minutes the first time).
+coredns:
+	@hack/coredns.sh >/dev/null
+
 # Everything CI runs: system packages, generated-file check, lint, build,
 # Kubernetes binaries (cached outside the repo), then every test including
 # the privileged ones (CI=true turns their skips into failures).
@@ -52,7 +57,7 @@ RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/i
 	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/node/ ./pkg/loadbalancer/... ./pkg/dbinspect/ \
 	./pkg/observer/... ./pkg/hubble/
 
-test: deps verify-generated lint build k8s-binaries
+test: deps verify-generated lint build k8s-binaries coredns
 	@echo "==> go test (full log in .test-output.log), then go test -race on the packages that hold concurrency"
 	@TENDRIL_BIN_DIR=$(BIN) $(GO) test -p 1 -v -count=1 -timeout 50m ./... > $(CURDIR)/.test-output.log 2>&1; \
 		status=$$?; \
@@ -64,7 +69,7 @@ test: deps verify-generated lint build k8s-binaries
 test-unit:
 	$(GO) test -count=1 ./...
 
-demo: deps build k8s-binaries
+demo: deps build k8s-binaries coredns
 	@hack/demo.sh
 
 demo-down:

@@ -2,7 +2,8 @@
 # The demo: a two-node lab (a real Kubernetes API server, nodes and pods as
 # network namespaces, a tendril-agent per node), a small app from
 # examples/lab, real traffic between pods on one node and across nodes, a
-# Service answering at its ClusterIP (translated by Tendril, no kube-proxy), a
+# Service answering at its ClusterIP (translated by Tendril, no kube-proxy) and
+# by name through the cluster DNS (CoreDNS as kube-dns), a
 # TendrilNetworkPolicy that lets only the frontend reach the backend, and
 # what Tendril shows about it. Needs root. The lab stays up for you to try
 # things; `make demo-down` (tendril lab down) removes it.
@@ -71,6 +72,20 @@ echo "  node2's agent: the Service and its backend as the datapath has them"
 $T -H "$TENDRIL_SOCK_NODE2" service list
 $T bpf lb list --bpf-root "/sys/fs/bpf/tendril-lab/$LAB/node2"
 
+step "Cluster DNS: CoreDNS behind kube-system/kube-dns at 10.96.0.10; pods reach the Service by name"
+k get service -n kube-system kube-dns
+k get endpointslices -n kube-system -l kubernetes.io/service-name=kube-dns
+$T lab exec demo/far -- cat /etc/resolv.conf | sed 's/^/  demo\/far resolv.conf: /'
+$T lab exec demo/far -- getent hosts backend | sed 's/^/  getent hosts backend (from far, node2): /'
+$T lab exec demo/far -- curl -s http://backend/ | sed 's/^/  curl http:\/\/backend\/ from far (node2): /'
+for args in "demo/frontend backend:80" "demo/far backend.demo.svc.cluster.local:80 --dns-tcp"; do
+	# shellcheck disable=SC2086 # the words are the probe's arguments
+	$T lab probe $args | sed 's/^/  /'
+done
+ver=$($T lab exec demo/frontend -- curl -s --cacert "/var/run/tendril-lab/$LAB/pki/ca.crt" https://kubernetes.default/version |
+	grep -E '"(major|minor)"' | tr -d '\n ')
+echo "  https://kubernetes.default/version from the frontend (the kubernetes Service, TLS verified for the name): {${ver%,}}"
+
 step "Policy: the backend accepts only the frontend, on 80/TCP (examples/lab/allow-frontend.yaml)"
 k apply -f examples/lab/allow-frontend.yaml
 for _ in $(seq 50); do
@@ -112,6 +127,8 @@ cat <<TRY
   kubectl get pods -A -o wide; kubectl get nodes
   $T lab status
   $T lab probe demo/far $backend:80 --udp    # exit 0 answered, 1 blocked, 2 could not probe
+  $T lab probe demo/far backend:80           # by Service name, resolved by the cluster DNS from the pod
+  $T lab exec demo/far -- getent hosts kubernetes.default
   $T lab exec demo/other -- ip route
   $T -H \$TENDRIL_SOCK_NODE2 endpoint list
   $T -H \$TENDRIL_SOCK_NODE2 ip list         # the ipcache: pods of both nodes with their identities

@@ -37,6 +37,10 @@
 /* Reserved identities (see pkg/identity). */
 #define ID_ANY 0
 #define ID_WORLD 2
+#define ID_WORLD_IPV4 9
+#define ID_WORLD_IPV6 10
+/* Node-local identities (CIDR identities) carry this bit. */
+#define ID_LOCAL_SCOPE (1U << 24)
 
 #define NSEC_PER_SEC 1000000000ULL
 

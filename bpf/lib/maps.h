@@ -226,6 +226,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_ipcache_v2 SEC(".maps");
 
+/* The prefixes policy rules name (CIDRs and their exceptions), each with
+ * the node-local identity an address inside it carries for those rules
+ * when the address belongs to a pod or a node: the ipcache gives such an
+ * address its own identity (the longest prefix wins), yet an ipBlock
+ * selects every address in its block. Looked up by address for a new
+ * flow's peer that is in the cluster (see policy in policy.h); empty when
+ * no rule names a prefix. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct ipcache_key);
+	__type(value, __u32);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_policy_cidr_v1 SEC(".maps");
+
 /* One endpoint's policy entries of one direction, for one peer identity
  * kind (see policy_slot). The agent creates these as endpoints get
  * policy; the outer map holds them, so they live while the agent is down. */

@@ -78,6 +78,23 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 	__u32 cookie = 0;
 	__u8 match = 0;
 	int reason = policy_lookup(ep_id, dir, peer_id, p, &cookie, &match);
+	/* A rule's CIDR selects every address in its block, a pod's or a
+	 * node's too (Kubernetes' ipBlock): the peer's address is looked up in
+	 * the prefixes rules name, and its entries decide beside the peer's
+	 * identity. A deny in either wins, else an allow in either. */
+	if (reason != REASON_POLICY_DENY_RULE && in_cluster_peer(peer_id)) {
+		__u32 cidr_id = policy_cidr_of(p->family, dir == DIR_INGRESS ? p->saddr : p->daddr);
+		if (cidr_id) {
+			__u32 cidr_cookie = 0;
+			__u8 cidr_match = 0;
+			int r = policy_lookup(ep_id, dir, cidr_id, p, &cidr_cookie, &cidr_match);
+			if (r == REASON_POLICY_DENY_RULE || (r == 0 && reason)) {
+				reason = r;
+				cookie = cidr_cookie;
+				match = cidr_match;
+			}
+		}
+	}
 	if (reason) {
 		drop(reason, dir, ep_id, p, src_id, dst_id, cookie);
 		return -1;

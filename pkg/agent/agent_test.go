@@ -281,6 +281,14 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 		{"bad trace events", func(c *Config) { c.Hubble.TraceEvents = "some" }, "hubble-trace-events"},
 		{"empty flow buffer", func(c *Config) { c.Hubble.FlowBufferSize = 0 }, "hubble-flow-buffer-size"},
 		{"relative hubble socket", func(c *Config) { c.Hubble.Socket = "hubble.sock" }, "hubble-socket"},
+		{"hubble TCP without TLS files", func(c *Config) { c.Hubble.ListenAddress = "127.0.0.1:4244" }, "--hubble-disable-tls"},
+		{"hubble TCP address without a port", func(c *Config) { c.Hubble.ListenAddress = "127.0.0.1" }, "hubble-listen-address"},
+		{"hubble plain text and TLS files", func(c *Config) {
+			c.Hubble.ListenAddress, c.Hubble.DisableTLS, c.Hubble.TLSCertFile = ":4244", true, "/x.crt"
+		}, "hubble-disable-tls with TLS files"},
+		{"hubble TLS files missing", func(c *Config) {
+			c.Hubble.ListenAddress, c.Hubble.TLSCertFile, c.Hubble.TLSKeyFile = ":4244", "/nonexistent/x.crt", "/nonexistent/x.key"
+		}, "hubble TLS: load TLS certificate /nonexistent/x.crt"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

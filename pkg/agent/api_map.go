@@ -57,7 +57,7 @@ func (h *mapAPI) register(api *server.Server) {
 			}
 		}
 		if short == "" {
-			return server.Errorf(http.StatusNotFound, "no map %q (maps: endpoints, ipcache, policy, ct4, ct6, ct, metrics)", name)
+			return server.Errorf(http.StatusNotFound, "no map %q (maps: endpoints, ipcache, policy-cidr, policy, ct4, ct6, ct, metrics)", name)
 		}
 		m, err := h.mapModel(dm, short)
 		if err != nil {
@@ -109,6 +109,14 @@ func (h *mapAPI) mapModel(dm *maps.Maps, short string) (*models.BPFMap, error) {
 				val += fmt.Sprintf(" flags=%#02x", v.Flags)
 			}
 			add(p.String(), val)
+		}
+	case "policy-cidr":
+		entries, err := dm.PolicyCIDRMap().Dump()
+		if err != nil {
+			return nil, err
+		}
+		for p, id := range entries {
+			add(p.String(), fmt.Sprintf("identity=%d", id))
 		}
 	case "policy":
 		entries, err := dm.PolicyMap().DumpEndpoint(0)

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
@@ -27,6 +28,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/policy/policycidr"
 )
 
 // datapathCell is start step 3: the BPF datapath loaded (pinned maps opened
@@ -50,6 +52,9 @@ type datapathModule struct {
 	// ipcache holds every source's prefix claims in its statedb table;
 	// its reconciler writes the winners to the BPF ipcache map.
 	ipcache *ipcache.IPCache
+	// policyCIDR holds the prefixes rules name with their in-cluster
+	// identities; its reconciler writes the BPF policy CIDR map.
+	policyCIDR *policycidr.Table
 
 	// er reads the events ring buffer, from the start step on.
 	er *loader.EventReader
@@ -114,6 +119,26 @@ func newDatapathModule(p datapathParams) (*datapathModule, error) {
 		return nil, err
 	}
 	m.ipcache = ic
+	pc, err := policycidr.New(policycidr.Params{DB: p.DB, Jobs: m.jobs, Log: logFor(p.Root, "policy-cidr"), ModuleID: p.ModuleID, Backend: policyCIDRBackend{m}})
+	if err != nil {
+		return nil, err
+	}
+	m.policyCIDR = pc
+	p.Inspector.AddReconciled(policycidr.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
+		var r dbinspect.Realization
+		for obj := range pc.Table().All(txn) {
+			r.Objects++
+			switch obj.Status.Kind {
+			case reconciler.StatusKindDone:
+			case reconciler.StatusKindError:
+				r.Errors++
+				r.LastError = obj.Status.GetError()
+			default:
+				r.Pending++
+			}
+		}
+		return r
+	})
 	p.Inspector.AddReconciled(ipcache.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
 		r := ipcache.CountStatus(ic.Table().All(txn))
 		return dbinspect.Realization{Objects: r.Objects, Pending: r.Pending, Errors: r.Errors, LastError: r.LastError}
@@ -278,6 +303,41 @@ func (b ipcacheBackend) Prefixes() ([]netip.Prefix, error) {
 	return out, err
 }
 
+// policyCIDRBackend writes the policy CIDR table to the BPF map.
+type policyCIDRBackend struct{ m *datapathModule }
+
+func (b policyCIDRBackend) Upsert(p netip.Prefix, id identity.NumericIdentity) error {
+	dm := b.m.loader.Maps()
+	if dm == nil {
+		return fmt.Errorf("datapath maps not open")
+	}
+	return dm.PolicyCIDRMap().Upsert(p, uint32(id))
+}
+
+func (b policyCIDRBackend) Delete(p netip.Prefix) error {
+	dm := b.m.loader.Maps()
+	if dm == nil {
+		return fmt.Errorf("datapath maps not open")
+	}
+	return dm.PolicyCIDRMap().Delete(p)
+}
+
+func (b policyCIDRBackend) Prefixes() ([]netip.Prefix, error) {
+	dm := b.m.loader.Maps()
+	if dm == nil {
+		return nil, fmt.Errorf("datapath maps not open")
+	}
+	entries, err := dm.PolicyCIDRMap().Dump()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]netip.Prefix, 0, len(entries))
+	for p := range entries {
+		out = append(out, p)
+	}
+	return out, nil
+}
+
 // ipcacheRestoredCell lets the ipcache's reconciler prune the BPF map:
 // its start hook runs after the restore and regeneration steps (it is
 // listed after them in cells.go and depends on nothing they provide), so
@@ -291,6 +351,7 @@ var ipcacheRestoredCell = cell.Module("ipcache-restored", "Lets the ipcache prun
 		}
 		lc.Append(cell.Hook{OnStart: func(cell.HookContext) error {
 			dp.ipcache.MarkRestored()
+			dp.policyCIDR.MarkRestored()
 			return nil
 		}})
 	}),

@@ -2,8 +2,11 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"strconv"
@@ -14,13 +17,17 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/hubble"
 	"github.com/tendril-net/tendril/pkg/hubble/flowmetrics"
+	"github.com/tendril-net/tendril/pkg/hubble/hubbletls"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/observer"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/version"
@@ -36,8 +43,17 @@ type HubbleConfig struct {
 	// directory of the agent's API socket (--socket).
 	Socket string
 	// ListenAddress is an optional TCP address (host:port) of the Hubble
-	// API; empty: none.
+	// API, for the relay; empty: none.
 	ListenAddress string
+	// TLS of the TCP listener (Cilium's flags): a certificate and key,
+	// client CAs for mTLS, or DisableTLS to serve plain text explicitly.
+	TLSCertFile      string
+	TLSKeyFile       string
+	TLSClientCAFiles []string
+	DisableTLS       bool
+	// ClusterName goes into this node's TLS server name
+	// (<node>.<cluster>.hubble-grpc.tendril.io).
+	ClusterName string
 	// FlowBufferSize is the number of flows the ring keeps.
 	FlowBufferSize int
 	// TraceEvents is which forwarded packets the datapath reports:
@@ -56,7 +72,7 @@ const (
 
 // DefaultHubbleConfig returns the flows' defaults.
 func DefaultHubbleConfig() HubbleConfig {
-	return HubbleConfig{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection,
+	return HubbleConfig{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection, ClusterName: "default",
 		MetricsExport: DefaultHubbleMetricsConfig()}
 }
 
@@ -64,7 +80,12 @@ func DefaultHubbleConfig() HubbleConfig {
 func (c *HubbleConfig) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Enable, "enable-hubble", c.Enable, "Decode the datapath's events into flows and serve them with the Hubble API (tendril observe, hubble observe)")
 	fs.StringVar(&c.Socket, "hubble-socket", c.Socket, "Unix socket of the Hubble API (default: hubble.sock beside --socket)")
-	fs.StringVar(&c.ListenAddress, "hubble-listen-address", c.ListenAddress, "TCP address (host:port) of the Hubble API, plain text; empty: none")
+	fs.StringVar(&c.ListenAddress, "hubble-listen-address", c.ListenAddress, "TCP address (host:port) of the Hubble API, for the relay (TLS unless --hubble-disable-tls); empty: none")
+	fs.StringVar(&c.TLSCertFile, "hubble-tls-cert-file", c.TLSCertFile, "PEM certificate of the Hubble API's TCP listener (its name: <node>.<cluster>.hubble-grpc.tendril.io)")
+	fs.StringVar(&c.TLSKeyFile, "hubble-tls-key-file", c.TLSKeyFile, "PEM private key of --hubble-tls-cert-file")
+	fs.StringSliceVar(&c.TLSClientCAFiles, "hubble-tls-client-ca-files", c.TLSClientCAFiles, "PEM CAs of the clients' certificates: when given, clients of the TCP listener must present one (mTLS)")
+	fs.BoolVar(&c.DisableTLS, "hubble-disable-tls", c.DisableTLS, "Serve the Hubble API's TCP listener in plain text")
+	fs.StringVar(&c.ClusterName, "hubble-cluster-name", c.ClusterName, "Cluster name in the nodes' TLS server names")
 	fs.IntVar(&c.FlowBufferSize, "hubble-flow-buffer-size", c.FlowBufferSize, "Flows kept in the node's ring")
 	fs.StringVar(&c.TraceEvents, "hubble-trace-events", c.TraceEvents, "Forwarded packets reported as flows: per-connection (a connection's first packets and TCP flag changes), all (every packet) or off (drops and policy verdicts only)")
 	c.MetricsExport.Flags(fs)
@@ -81,7 +102,30 @@ func (c *HubbleConfig) Validate() error {
 	if c.Socket != "" && !filepath.IsAbs(c.Socket) {
 		return fmt.Errorf("hubble-socket %q: must be an absolute path", c.Socket)
 	}
+	if c.ListenAddress != "" {
+		if _, _, err := net.SplitHostPort(c.ListenAddress); err != nil {
+			return fmt.Errorf("hubble-listen-address %q: %w", c.ListenAddress, err)
+		}
+		if !c.DisableTLS && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
+			return fmt.Errorf("hubble-listen-address %q: TLS needs --hubble-tls-cert-file and --hubble-tls-key-file (or --hubble-disable-tls for plain text)", c.ListenAddress)
+		}
+	}
+	if c.DisableTLS && (c.TLSCertFile != "" || len(c.TLSClientCAFiles) > 0) {
+		return errors.New("hubble-disable-tls with TLS files: choose one")
+	}
 	return c.MetricsExport.Validate()
+}
+
+// tlsConfig is the TCP listener's TLS, or nil for plain text (or no TCP).
+func (c *HubbleConfig) tlsConfig() (*tls.Config, error) {
+	if c.ListenAddress == "" || c.DisableTLS {
+		return nil, nil
+	}
+	cfg, err := hubbletls.Server{CertFile: c.TLSCertFile, KeyFile: c.TLSKeyFile, ClientCAFiles: c.TLSClientCAFiles}.Config()
+	if err != nil {
+		return nil, fmt.Errorf("hubble TLS: %w", err)
+	}
+	return cfg, nil
 }
 
 // traceMode is the loader's trace mode of the flag; off when flows are
@@ -133,6 +177,15 @@ type flowsModule struct {
 	metricNames []string
 	// export is nil without --hubble-export-file-path.
 	export *flowExport
+	// peers are the cluster's nodes for the Peer service, filled from the
+	// Node objects from start on; nil without Kubernetes or without a TCP
+	// listener (the node announces only itself).
+	peers       *hubble.PeerSet
+	k8s         *k8sClient
+	port        string
+	clusterName string
+	tls         bool
+	unsubscribe func()
 }
 
 type flowsParams struct {
@@ -146,11 +199,27 @@ type flowsParams struct {
 	Identities identity.Allocator
 	Metrics    *metrics.Server
 	Services   *servicesModule
+	K8s        *k8sClient // nil standalone
 }
 
 func newFlowsModule(p flowsParams) (*flowsModule, error) {
 	if !p.Config.Hubble.Enable || p.Datapath == nil {
 		return nil, nil
+	}
+	hc := p.Config.Hubble
+	tlsCfg, err := hc.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	serverName := ""
+	if tlsCfg != nil {
+		serverName = hubbletls.ServerName(p.Config.NodeName, hc.ClusterName)
+	}
+	var peers *hubble.PeerSet
+	port := ""
+	if hc.ListenAddress != "" && p.K8s != nil {
+		peers = hubble.NewPeerSet()
+		_, port, _ = net.SplitHostPort(hc.ListenAddress) // validated
 	}
 	know := &nodeKnowledge{node: p.Config.NodeName, identities: p.Identities, eps: p.Endpoints, ipcache: p.Datapath.ipcache, repo: p.Policy.repo, cidrLabels: p.Policy.cidrIdentityLabels}
 	if p.Services != nil {
@@ -179,11 +248,12 @@ func newFlowsModule(p flowsParams) (*flowsModule, error) {
 	obs := observer.New(observer.Config{Capacity: p.Config.Hubble.FlowBufferSize, Consumers: consumers}, know, logFor(p.Root, "observer"))
 	m := &flowsModule{
 		observer: obs,
-		server: hubble.New(hubble.Config{SocketPath: p.Config.hubbleSocket(), TCPAddress: p.Config.Hubble.ListenAddress, Version: version.Version},
-			obs, logFor(p.Root, "hubble")),
+		server: hubble.New(hubble.Config{SocketPath: p.Config.hubbleSocket(), TCPAddress: hc.ListenAddress, Version: version.Version,
+			TLS: tlsCfg, TLSServerName: serverName, Peers: peers}, obs, logFor(p.Root, "hubble")),
+		peers: peers, k8s: p.K8s, port: port, clusterName: hc.ClusterName, tls: tlsCfg != nil,
 		log:         logFor(p.Root, "hubble"),
 		socket:      p.Config.hubbleSocket(),
-		tcpAddress:  p.Config.Hubble.ListenAddress,
+		tcpAddress:  hc.ListenAddress,
 		lost:        p.Datapath.loader.EventsLost,
 		metricNames: mx.Metrics,
 		export:      export,
@@ -198,15 +268,16 @@ func newFlowsModule(p flowsParams) (*flowsModule, error) {
 	return m, nil
 }
 
-// start serves the Hubble API (step 10, beside metrics and pprof), and
-// opens the export file first, so the flows served are exported too.
+// start serves the Hubble API (step 10, beside metrics and pprof),
+// follows the Node objects into the Peer service's set, and opens the
+// export file first, so the flows served are exported too.
 func (m *flowsModule) start(context.Context) error {
 	if m.export != nil {
 		if err := m.export.start(m); err != nil {
 			return err
 		}
 	}
-	if err := m.server.Start(); err != nil {
+	if err := m.startServing(); err != nil {
 		if m.export != nil {
 			_ = m.export.stop()
 		}
@@ -215,9 +286,45 @@ func (m *flowsModule) start(context.Context) error {
 	return nil
 }
 
+// startServing follows the nodes (for the Peer service) and serves.
+func (m *flowsModule) startServing() error {
+	if m.peers != nil && m.k8s.watchers != nil {
+		unsub, err := m.k8s.watchers.Nodes.Subscribe(func(ev watchers.Event[*corev1.Node]) {
+			switch ev.Kind {
+			case watchers.Upsert:
+				m.peers.Upsert(m.peerOf(ev.Object))
+			case watchers.Delete:
+				m.peers.Delete(ev.Key)
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("follow nodes for the Peer service: %w", err)
+		}
+		m.unsubscribe = unsub
+	}
+	return m.server.Start()
+}
+
+// peerOf is how the Peer service announces a node: its first address
+// (InternalIP first) with this node's Hubble port (every node of a
+// cluster serves the same flags), and its TLS server name.
+func (m *flowsModule) peerOf(n *corev1.Node) hubble.Peer {
+	p := hubble.Peer{Name: n.Name}
+	if ips := nodemanager.PeerFromNode(n).IPs; len(ips) > 0 {
+		p.Address = net.JoinHostPort(ips[0].String(), m.port)
+	}
+	if m.tls {
+		p.TLSServerName = hubbletls.ServerName(n.Name, m.clusterName)
+	}
+	return p
+}
+
 // stop ends every stream and joins the server's goroutines, then closes
 // the export file.
 func (m *flowsModule) stop(context.Context) error {
+	if m.unsubscribe != nil {
+		m.unsubscribe()
+	}
 	m.server.Stop()
 	if m.export != nil {
 		return m.export.stop()
@@ -259,7 +366,7 @@ func (p *policyModule) cidrIdentityLabels(id identity.NumericIdentity) []string 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for pf, cid := range p.cidrIDs {
-		if cid == id {
+		if cid == id&^identity.InClusterCIDR {
 			return []string{"cidr:" + pf.String()}
 		}
 	}

@@ -5,7 +5,11 @@ import (
 	"slices"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/hubble"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/observer"
 	"github.com/tendril-net/tendril/pkg/policy"
@@ -117,5 +121,21 @@ func TestNodeKnowledgeIdentitiesAndPolicies(t *testing.T) {
 		if isK8s := r.Source != policySourceAPI; ok == isK8s {
 			t.Errorf("cookie %d (%s) known %v after the object's delete", r.ID, r.Source, ok)
 		}
+	}
+}
+
+// TestHubblePeerOfNode: the Peer service announces a node at its
+// InternalIP with the Hubble TCP port, and its TLS server name when the
+// listener serves TLS.
+func TestHubblePeerOfNode(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node2"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+		{Type: corev1.NodeHostName, Address: "node2"}, {Type: corev1.NodeInternalIP, Address: "10.0.0.12"}}}}
+	m := &flowsModule{port: "4244", clusterName: "lab", tls: true}
+	if got := m.peerOf(n); got != (hubble.Peer{Name: "node2", Address: "10.0.0.12:4244", TLSServerName: "node2.lab.hubble-grpc.tendril.io"}) {
+		t.Errorf("peer %+v", got)
+	}
+	m.tls = false
+	if got := m.peerOf(n); got.TLSServerName != "" {
+		t.Errorf("plain-text peer with a TLS name: %+v", got)
 	}
 }

@@ -12,19 +12,24 @@ import (
 	"github.com/cilium/cilium/api/v1/models"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
 	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/k8s/policystatus"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -71,9 +76,10 @@ type kubernetesModule struct {
 
 	// runCtx ends when the module stops; statusWrites are the policy
 	// status writes in flight, joined on stop.
-	runCtx       context.Context
-	runCancel    context.CancelFunc
-	statusWrites sync.WaitGroup
+	runCtx    context.Context
+	runCancel context.CancelFunc
+	// status is this node's report on each Tendril policy object.
+	status *policystatus.Publisher
 }
 
 // remoteIPCache is what the watchers write of other nodes and their pods
@@ -99,11 +105,14 @@ type kubernetesParams struct {
 	Datapath   *datapathModule
 	Policy     *policyModule
 	Identities identity.Allocator
+	DB         *statedb.DB
+	ModuleID   cell.FullModuleID
+	Inspector  *dbinspect.Inspector
 }
 
-func newKubernetesModule(p kubernetesParams) *kubernetesModule {
+func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 	if p.Client == nil {
-		return nil
+		return nil, nil
 	}
 	k := &kubernetesModule{
 		cfg: p.Config, log: p.Log, root: p.Root, client: p.Client, eps: p.Endpoints, policy: p.Policy,
@@ -113,6 +122,29 @@ func newKubernetesModule(p kubernetesParams) *kubernetesModule {
 	if p.Datapath != nil {
 		k.ipcache = p.Datapath
 	}
+	// This node's report on each Tendril policy, published into the
+	// objects' status by a reconciler.
+	st, err := policystatus.New(policystatus.Params{DB: p.DB, Jobs: k.jobs, Log: logFor(p.Root, "policy-status"),
+		ModuleID: p.ModuleID, Node: p.Config.NodeName, Patcher: policyStatusPatcher{p.Client}})
+	if err != nil {
+		return nil, err
+	}
+	k.status = st
+	p.Inspector.AddReconciled(policystatus.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
+		var r dbinspect.Realization
+		for obj := range st.Table().All(txn) {
+			r.Objects++
+			switch obj.Status.Kind {
+			case reconciler.StatusKindDone:
+			case reconciler.StatusKindError:
+				r.Errors++
+				r.LastError = obj.Status.GetError()
+			default:
+				r.Pending++
+			}
+		}
+		return r
+	})
 	k.runCtx, k.runCancel = context.WithCancel(context.Background())
 	p.Steps.Append(p.Lifecycle, "k8s-node-writeback", k.startWriteBack, nil)
 	k.jobs.Add(job.OneShot("node-writeback", func(ctx context.Context, _ cell.Health) error {
@@ -127,8 +159,12 @@ func newKubernetesModule(p kubernetesParams) *kubernetesModule {
 			return nil
 		}),
 		job.OneShot("endpoint-publisher", k.runPublisher),
+		job.Timer("policy-status-enforcing", func(context.Context) error {
+			k.status.Realized(k.realizedRevision())
+			return nil
+		}, time.Second),
 	)
-	return k
+	return k, nil
 }
 
 // nodeIP is the address other nodes know this node by: its Node's
@@ -241,7 +277,6 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 
 func (k *kubernetesModule) stop(context.Context) error {
 	k.runCancel()
-	k.statusWrites.Wait()
 	k.client.watchers.Stop()
 	return nil
 }
@@ -339,6 +374,7 @@ func (k *kubernetesModule) applyPolicy(ctx context.Context, kind watchers.EventK
 		if _, err := repo.ReplaceSource(source, ns, nil); err != nil {
 			k.log.Error("Remove policy", "policy", source, "error", err)
 		}
+		k.status.Removed(derivedFrom, ns, name)
 		return
 	}
 	k.mu.Lock()
@@ -368,10 +404,11 @@ func (k *kubernetesModule) applyPolicy(ctx context.Context, kind watchers.EventK
 		r.Labels = append(r.Labels, origin...)
 	}
 	var err error
+	var rev uint64
 	if len(rules) == 0 {
 		err = fmt.Errorf("the policy has neither spec nor specs")
 	} else {
-		_, err = repo.ReplaceSource(source, ns, rules)
+		rev, err = repo.ReplaceSource(source, ns, rules)
 	}
 	if err != nil {
 		// Rejected whole: nothing of this object stays enforced from an
@@ -379,45 +416,44 @@ func (k *kubernetesModule) applyPolicy(ctx context.Context, kind watchers.EventK
 		_, _ = repo.ReplaceSource(source, ns, nil)
 		k.log.Warn("Policy rejected", "policy", source, "error", err)
 	} else {
-		k.log.Info("Policy imported", "policy", source, "rules", len(rules), "revision", repo.Revision())
+		k.log.Info("Policy imported", "policy", source, "rules", len(rules), "revision", rev)
 	}
-	k.writePolicyStatus(ctx, derivedFrom, ns, name, gen, conds, err)
+	k.status.Imported(derivedFrom, ns, name, gen, rev, conds, err)
 }
 
-func (k *kubernetesModule) writePolicyStatus(ctx context.Context, kind, ns, name string, gen int64, conds []metav1.Condition, verr error) {
-	cond := metav1.Condition{Type: v1alpha1.ConditionValid, Status: metav1.ConditionTrue, Reason: "Valid", Message: "policy imported", ObservedGeneration: gen}
-	if verr != nil {
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Invalid", verr.Error()
+// realizedRevision is the policy revision every local endpoint has
+// realized: a policy imported at it or before is enforced on this node.
+func (k *kubernetesModule) realizedRevision() uint64 {
+	rev := k.policy.repo.Revision()
+	mgr := k.eps.mgr
+	if mgr == nil {
+		return 0
 	}
-	if cur := apimeta.FindStatusCondition(conds, v1alpha1.ConditionValid); cur != nil &&
-		cur.Status == cond.Status && cur.Message == cond.Message && cur.ObservedGeneration == gen {
-		return
+	for _, ep := range mgr.List() {
+		rev = min(rev, ep.PolicyRevision)
 	}
-	k.statusWrites.Add(1)
-	go func() {
-		defer k.statusWrites.Done()
-		ctx, cancel := context.WithTimeout(k.runCtx, 10*time.Second)
-		defer cancel()
-		td := k.client.clients.Tendril.TendrilV1alpha1()
-		var err error
-		if kind == "TendrilNetworkPolicy" {
-			var p *v1alpha1.TendrilNetworkPolicy
-			if p, err = td.TendrilNetworkPolicies(ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
-				apimeta.SetStatusCondition(&p.Status.Conditions, cond)
-				_, err = td.TendrilNetworkPolicies(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{})
-			}
-		} else {
-			var p *v1alpha1.TendrilClusterwideNetworkPolicy
-			if p, err = td.TendrilClusterwideNetworkPolicies().Get(ctx, name, metav1.GetOptions{}); err == nil {
-				apimeta.SetStatusCondition(&p.Status.Conditions, cond)
-				_, err = td.TendrilClusterwideNetworkPolicies().UpdateStatus(ctx, p, metav1.UpdateOptions{})
-			}
-		}
-		if err != nil {
-			k.log.Debug("Write policy status", "policy", ns+"/"+name, "error", err)
-		}
-	}()
-	_ = ctx
+	return rev
+}
+
+// policyStatusPatcher writes the policy status reports with merge patches
+// of the status subresource.
+type policyStatusPatcher struct{ c *k8sClient }
+
+func (p policyStatusPatcher) PatchStatus(ctx context.Context, kind, ns, name string, patch []byte) error {
+	td := p.c.clients.Tendril.TendrilV1alpha1()
+	var err error
+	switch kind {
+	case policystatus.KindNetworkPolicy:
+		_, err = td.TendrilNetworkPolicies(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+	case policystatus.KindClusterwideNetworkPolicy:
+		_, err = td.TendrilClusterwideNetworkPolicies().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+	default:
+		return fmt.Errorf("policy status of unknown kind %q", kind)
+	}
+	if apierrors.IsNotFound(err) {
+		return nil // deleted meanwhile: nothing to report on
+	}
+	return err
 }
 
 // statusSection is the Kubernetes part of `tendril status`.

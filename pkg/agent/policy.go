@@ -158,6 +158,15 @@ func (p *policyModule) run(ctx context.Context, refresh func(*endpoint.Endpoint)
 		if err := p.syncCIDRIdentities(); err != nil {
 			p.log.Error("CIDR identities", "error", err)
 		}
+		// A deny naming a block must find the block's prefixes in the
+		// datapath when the endpoints' entries for them land.
+		if p.dp != nil && p.dp.loader.Maps() != nil {
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if err := p.dp.policyCIDR.Synced(wctx); err != nil {
+				p.log.Warn("Policy CIDR map not yet written; endpoints are regenerated anyway", "error", err)
+			}
+			cancel()
+		}
 		mgr := p.eps.mgr
 		if mgr == nil || refresh == nil {
 			continue
@@ -210,6 +219,19 @@ func (p *policyModule) syncCIDRIdentities() error {
 	if p.dp == nil || p.dp.loader.Maps() == nil {
 		return nil
 	}
+	// Every prefix with its in-cluster identity: a pod's or a node's
+	// address inside it carries that one for the rules (policycidr).
+	// Set every time (it writes only the difference), so a failed
+	// transaction is made up by the next pass.
+	p.mu.Lock()
+	inCluster := make(map[netip.Prefix]identity.NumericIdentity, len(p.cidrIDs))
+	for pf, id := range p.cidrIDs {
+		inCluster[pf] = id | identity.InClusterCIDR
+	}
+	p.mu.Unlock()
+	if err := p.dp.policyCIDR.Set(inCluster); err != nil {
+		return err
+	}
 	// Generated claims: a rule's CIDR equal to an endpoint's address never
 	// hides the endpoint's identity (the ipcache's precedence).
 	// One transaction for the change's prefixes.
@@ -240,7 +262,10 @@ func (p *policyModule) universe() policy.Universe {
 	}
 	p.mu.Lock()
 	for pf, id := range p.cidrIDs {
-		u = append(u, policy.Peer{ID: id, Labels: []string{"cidr:" + pf.String()}, CIDR: pf})
+		// The prefix's identity for addresses outside the cluster, and the
+		// one pods and nodes inside it carry for policy.
+		u = append(u, policy.Peer{ID: id, Labels: []string{"cidr:" + pf.String()}, CIDR: pf},
+			policy.Peer{ID: id | identity.InClusterCIDR, Labels: []string{"cidr:" + pf.String()}, CIDR: pf})
 	}
 	p.mu.Unlock()
 	return u

@@ -97,6 +97,24 @@ func newBPFCommand(opts *Options) *cobra.Command {
 			}
 			return out, nil
 		}),
+		listCmd("policy-cidr", "List the prefixes policy rules name (prefix → identity of in-cluster addresses inside it)", func(m *maps.Maps, tw *tabwriter.Writer) (any, error) {
+			entries, err := m.PolicyCIDRMap().Dump()
+			if err != nil {
+				return nil, err
+			}
+			keys := make([]string, 0, len(entries))
+			out := map[string]uint32{}
+			for p, id := range entries {
+				keys = append(keys, p.String())
+				out[p.String()] = id
+			}
+			sort.Strings(keys)
+			fmt.Fprintln(tw, "PREFIX\tIDENTITY")
+			for _, k := range keys {
+				fmt.Fprintf(tw, "%s\t%d\n", k, out[k])
+			}
+			return out, nil
+		}),
 		listCmd("policy", "List the policy map", func(m *maps.Maps, tw *tabwriter.Writer) (any, error) {
 			entries, err := m.PolicyMap().DumpEndpoint(0)
 			if err != nil {

@@ -17,5 +17,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newLabCommand,
 		newObserveCommand,
 		newStateDBCommand,
+		newRelayCommand,
 	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -135,6 +137,9 @@ func newLabEnvCommand(name *string) *cobra.Command {
 				}
 				fmt.Fprintf(out, "export TENDRIL_SOCK_%s=unix://%s\n", strings.ToUpper(n.Name), n.Socket)
 			}
+			// The lab's Hubble relay, for tendril observe and hubble.
+			fmt.Fprintf(out, "export TENDRIL_HUBBLE_SERVER=unix://%s\n", st.RelaySocket())
+			fmt.Fprintf(out, "export HUBBLE_SERVER=unix://%s\n", st.RelaySocket())
 			return nil
 		},
 	}
@@ -165,15 +170,7 @@ func newLabStatusCommand(name *string) *cobra.Command {
 // cgroup of the pod's node: what it then connects (or execs) is seen by
 // that node's socket load-balancing, like the pod's own workload.
 func labPod(name, ref string) (*lab.PodRecord, error) {
-	ns, pod, err := lab.ParsePodRef(ref)
-	if err != nil {
-		return nil, err
-	}
-	st, err := lab.LoadState(name)
-	if err != nil {
-		return nil, err
-	}
-	rec, err := st.Pod(ns, pod)
+	st, rec, err := findLabPod(name, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -183,10 +180,27 @@ func labPod(name, ref string) (*lab.PodRecord, error) {
 	return rec, nil
 }
 
+// findLabPod finds a running pod's record and its lab.
+func findLabPod(name, ref string) (*lab.State, *lab.PodRecord, error) {
+	ns, pod, err := lab.ParsePodRef(ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := lab.LoadState(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, err := st.Pod(ns, pod)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, rec, nil
+}
+
 func newLabExecCommand(name *string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "exec NS/POD -- CMD [ARG...]",
-		Short: "Run a command in a pod's network namespace",
+		Short: "Run a command in a pod's network namespace, resolving names through the cluster DNS as the pod does",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if os.Geteuid() != 0 {
@@ -210,6 +224,14 @@ func newLabExecCommand(name *string) *cobra.Command {
 				return errors.New("no command given: tendril lab exec NS/POD -- CMD [ARG...]")
 			}
 			argv := append([]string{"nsenter", "--net=" + lab.NetnsPath(rec.Netns), "--"}, command...)
+			// The mount namespace with the pod's resolv.conf belongs to this
+			// thread, which must be the one that execs.
+			runtime.LockOSThread()
+			if rec.ResolvConf != "" {
+				if err := lab.MountPodResolvConf(rec.ResolvConf, lab.MachineResolvConf); err != nil {
+					return fmt.Errorf("give %s its resolv.conf: %w", args[0], err)
+				}
+			}
 			return syscall.Exec(nsenter, argv, os.Environ())
 		},
 	}
@@ -219,11 +241,11 @@ func newLabExecCommand(name *string) *cobra.Command {
 }
 
 func newLabProbeCommand(name *string) *cobra.Command {
-	var udp bool
+	var udp, dnsTCP, useTLS, outside bool
 	var timeout time.Duration
 	broken := func(err error) error { return &ExitError{Code: probeBroken, Msg: "cannot probe: " + err.Error()} }
 	cmd := &cobra.Command{
-		Use:   "probe NS/POD HOST:PORT [--udp] [--timeout 1s]",
+		Use:   "probe NS/POD HOST:PORT [--udp] [--dns-tcp] [--tls] [--outside-node-cgroup] [--timeout 1s]",
 		Short: "Connect from inside a pod and wait for an answer (exit 0 answered, 1 no connection or answer, 2+ could not probe)",
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 2 {
@@ -233,8 +255,8 @@ func newLabProbeCommand(name *string) *cobra.Command {
 			if err != nil {
 				return broken(fmt.Errorf("%q: want HOST:PORT: %w", args[1], err))
 			}
-			if net.ParseIP(host) == nil {
-				return broken(fmt.Errorf("%q: the host must be an IP address (lab pods have no DNS)", args[1]))
+			if net.ParseIP(host) == nil && !validDNSName(host) {
+				return broken(fmt.Errorf("%q: the host must be an IP address or a DNS name", args[1]))
 			}
 			if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
 				return broken(fmt.Errorf("%q: port must be 1-65535", args[1]))
@@ -248,31 +270,84 @@ func newLabProbeCommand(name *string) *cobra.Command {
 			if timeout <= 0 {
 				return broken(fmt.Errorf("--timeout %s: must be positive", timeout))
 			}
-			rec, err := labPod(*name, args[0])
+			st, rec, err := findLabPod(*name, args[0])
 			if err != nil {
 				return broken(err)
+			}
+			if outside {
+				// In the pod's network namespace but in no node's cgroup:
+				// socket load-balancing does not see the connection, the pod
+				// programs' per-packet NAT must translate it.
+				err = lab.EnterRootCgroup()
+			} else {
+				err = st.EnterPodCgroup(rec)
+			}
+			if err != nil {
+				return broken(err)
+			}
+			var roots *x509.CertPool
+			if useTLS {
+				if udp {
+					return broken(errors.New("--tls is TCP only"))
+				}
+				pem, err := os.ReadFile(st.CAFile())
+				if err != nil {
+					return broken(fmt.Errorf("the lab's CA: %w", err))
+				}
+				roots = x509.NewCertPool()
+				if !roots.AppendCertsFromPEM(pem) {
+					return broken(fmt.Errorf("no certificate in %s", st.CAFile()))
+				}
 			}
 			proto := "tcp"
 			if udp {
 				proto = "udp"
 			}
-			var answer string
-			var probeErr error
+			host, port, _ := net.SplitHostPort(args[1])
+			var resolver *workload.Resolver
+			if net.ParseIP(host) == nil {
+				if resolver, err = podResolver(rec, dnsTCP, timeout); err != nil {
+					return broken(err)
+				}
+			}
+			var answer, resolved string
+			var resolveErr, probeErr error
 			err = lab.InNetns(lab.NetnsPath(rec.Netns), func() error {
-				answer, probeErr = workload.Probe(context.Background(), args[1], udp, timeout)
+				target := args[1]
+				if resolver != nil {
+					// From the pod's namespace, to the pod's nameserver.
+					addrs, fqdn, err := resolver.LookupIPv4(context.Background(), host)
+					if err != nil {
+						resolveErr = err
+						return nil
+					}
+					target = net.JoinHostPort(addrs[0].String(), port)
+					resolved = fmt.Sprintf(" (%s is %s, DNS over %s)", fqdn, addrs[0], map[bool]string{false: "UDP", true: "TCP"}[dnsTCP])
+				}
+				if roots != nil {
+					answer, probeErr = workload.ProbeTLS(context.Background(), target, host, roots, timeout)
+				} else {
+					answer, probeErr = workload.Probe(context.Background(), target, udp, timeout)
+				}
 				return nil
 			})
 			if err != nil {
 				return broken(err)
 			}
-			if probeErr != nil {
-				return &ExitError{Code: probeNoAnswer, Msg: fmt.Sprintf("%s -> %s/%s: no answer: %v", args[0], args[1], proto, probeErr)}
+			if resolveErr != nil {
+				return &ExitError{Code: probeNoAnswer, Msg: fmt.Sprintf("%s -> %s/%s: %v", args[0], args[1], proto, resolveErr)}
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s -> %s/%s: answered %q\n", args[0], args[1], proto, answer)
+			if probeErr != nil {
+				return &ExitError{Code: probeNoAnswer, Msg: fmt.Sprintf("%s -> %s/%s%s: no answer: %v", args[0], args[1], proto, resolved, probeErr)}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s -> %s/%s%s: answered %q\n", args[0], args[1], proto, resolved, answer)
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&udp, "udp", false, "Probe over UDP (default TCP)")
+	cmd.Flags().BoolVar(&dnsTCP, "dns-tcp", false, "Resolve a HOST name with DNS queries over TCP (default UDP)")
+	cmd.Flags().BoolVar(&useTLS, "tls", false, "TLS handshake verified against the lab's CA for HOST; the answer is the server certificate's common name")
+	cmd.Flags().BoolVar(&outside, "outside-node-cgroup", false, "Probe from the machine's root cgroup, not the pod node's: Services are then translated per packet, not by socket load-balancing")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Second, "How long to wait for the connection and the answer")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return broken(err) })
 	return cmd
@@ -336,6 +411,45 @@ func newLabWorkloadCommand() *cobra.Command {
 	cmd.Flags().StringVar(&udp, "udp", "", "UDP ports, comma-separated")
 	cmd.Flags().IntVar(&readyFD, "ready-fd", 0, "File descriptor to write a line to once every port listens")
 	return cmd
+}
+
+// validDNSName accepts what a pod might look up: labels of letters,
+// digits and dashes (underscores for SRV-style names), dot-separated,
+// optionally rooted.
+func validDNSName(s string) bool {
+	s = strings.TrimSuffix(s, ".")
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if l == "" || len(l) > 63 || strings.HasPrefix(l, "-") || strings.HasSuffix(l, "-") {
+			return false
+		}
+		for _, r := range l {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// podResolver resolves names as the pod does: its resolv.conf (written by
+// the lab kubelet), queries sent from its network namespace.
+func podResolver(rec *lab.PodRecord, tcp bool, timeout time.Duration) (*workload.Resolver, error) {
+	if rec.ResolvConf == "" {
+		return nil, fmt.Errorf("pod %s/%s does not use the cluster DNS (dnsPolicy), so its names cannot be resolved here", rec.Namespace, rec.Name)
+	}
+	f, err := os.Open(rec.ResolvConf)
+	if err != nil {
+		return nil, fmt.Errorf("the pod's resolv.conf: %w", err)
+	}
+	defer f.Close()
+	conf, err := workload.ParseResolvConf(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", rec.ResolvConf, err)
+	}
+	return &workload.Resolver{Config: conf, TCP: tcp, Timeout: timeout}, nil
 }
 
 func fileExists(path string) bool {

@@ -168,7 +168,7 @@ func newPolicyCommand(opts *Options) *cobra.Command {
 	trace.Flags().StringVar(&src, "src", "", "Source labels, comma-separated")
 	trace.Flags().StringVar(&dst, "dst", "", "Destination labels, comma-separated")
 	trace.Flags().StringVar(&dport, "dport", "", "Destination port and protocol, e.g. 80/TCP")
-	cmd.AddCommand(imp, get, del, selectors, trace)
+	cmd.AddCommand(imp, get, del, selectors, trace, newPolicySuggestCommand(), newPolicyWhatIfCommand(opts))
 	return cmd
 }
 

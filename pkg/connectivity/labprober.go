@@ -35,13 +35,19 @@ func (p LabProber) netns(pod string) (string, error) {
 // Probe connects from the pod with `tendril lab probe`, a process of its
 // own: the probe must run in the cgroup of the pod's node (which `lab
 // probe` enters), where that node's agent attaches socket load-balancing,
-// and a cgroup is a property of a whole process, not of the thread that
-// enters the pod's network namespace. The answer is the answering pod's
-// name.
-func (p LabProber) Probe(ctx context.Context, pod, addr string, udp bool, timeout time.Duration) (string, error) {
+// or, for OutsideNodeCgroup, in the machine's root cgroup; a cgroup is a
+// property of a whole process, not of the thread that enters the pod's
+// network namespace. `lab probe` resolves a name as the pod does. The
+// answer is the answering pod's name.
+func (p LabProber) Probe(ctx context.Context, pod, addr string, opts ProbeOptions, timeout time.Duration) (string, error) {
 	args := []string{"lab", "probe", "--name", p.State.Name, pod, addr, "--timeout", timeout.String()}
-	if udp {
-		args = append(args, "--udp")
+	for _, f := range []struct {
+		on   bool
+		flag string
+	}{{opts.UDP, "--udp"}, {opts.TLS, "--tls"}, {opts.DNSTCP, "--dns-tcp"}, {opts.OutsideNodeCgroup, "--outside-node-cgroup"}} {
+		if f.on {
+			args = append(args, f.flag)
+		}
 	}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, filepath.Join(p.State.BinDir, "tendril"), args...)

@@ -20,11 +20,13 @@ import (
 
 // Prober makes connections from inside a pod.
 type Prober interface {
-	// Probe connects from pod (namespace/name) to addr (IP:port), waits
-	// for an answer and returns it (the lab workload answers with its pod's
-	// name); an error means no connection or no answer, or, wrapping
-	// ErrCannotProbe, that the probe could not be made at all.
-	Probe(ctx context.Context, pod, addr string, udp bool, timeout time.Duration) (string, error)
+	// Probe connects from pod (namespace/name) to addr (IP:port, or a
+	// DNS name and port that the pod resolves through its cluster DNS),
+	// waits for an answer and returns it (the lab workload answers with its
+	// pod's name, a TLS server with its certificate's common name); an
+	// error means no connection or no answer, or, wrapping ErrCannotProbe,
+	// that the probe could not be made at all.
+	Probe(ctx context.Context, pod, addr string, opts ProbeOptions, timeout time.Duration) (string, error)
 	// Ping sends ICMP echo requests from pod to ip.
 	Ping(ctx context.Context, pod, ip string, timeout time.Duration) error
 	// Dial only opens a TCP connection from pod to addr (for servers that
@@ -32,13 +34,31 @@ type Prober interface {
 	Dial(ctx context.Context, pod, addr string, timeout time.Duration) error
 }
 
+// ProbeOptions say how a probe connects.
+type ProbeOptions struct {
+	// UDP probes over UDP (default TCP).
+	UDP bool
+	// TLS completes a TLS handshake that verifies the server's certificate
+	// for the host probed.
+	TLS bool
+	// DNSTCP resolves a name with DNS queries over TCP (default UDP).
+	DNSTCP bool
+	// OutsideNodeCgroup probes from a process in the pod's network
+	// namespace that is in no node's cgroup, so no socket load-balancing
+	// translates a Service address: the pod programs' per-packet NAT must.
+	OutsideNodeCgroup bool
+}
+
 // Check is one expectation: from a pod to a target, connected or not.
 type Check struct {
 	Name string
 	From string
-	// To is IP:port for TCP/UDP, an IP for ICMP.
+	// To is IP:port (or DNS name:port) for TCP/UDP/TLS, an IP for ICMP.
 	To    string
-	Proto string // tcp, udp, icmp or tcp-connect
+	Proto string // tcp, udp, tls, icmp or tcp-connect
+	// DNSTCP and OutsideNodeCgroup are passed to the probe (ProbeOptions).
+	DNSTCP            bool
+	OutsideNodeCgroup bool
 	// Allowed is the expected outcome.
 	Allowed bool
 	// Service checks (TCP/UDP through a Service's ClusterIP) say who may
@@ -78,16 +98,18 @@ type Runner struct {
 }
 
 func (r *Runner) probeOnce(ctx context.Context, c Check) (string, error) {
+	opts := ProbeOptions{DNSTCP: c.DNSTCP, OutsideNodeCgroup: c.OutsideNodeCgroup}
 	switch c.Proto {
 	case "icmp":
 		return "", r.Prober.Ping(ctx, c.From, c.To, r.ProbeTimeout)
-	case "udp":
-		return r.Prober.Probe(ctx, c.From, c.To, true, r.ProbeTimeout)
 	case "tcp-connect":
 		return "", r.Prober.Dial(ctx, c.From, c.To, r.ProbeTimeout)
-	default:
-		return r.Prober.Probe(ctx, c.From, c.To, false, r.ProbeTimeout)
+	case "udp":
+		opts.UDP = true
+	case "tls":
+		opts.TLS = true
 	}
+	return r.Prober.Probe(ctx, c.From, c.To, opts, r.ProbeTimeout)
 }
 
 // attempt makes one attempt of a check: Repeat probes (one by default),

@@ -34,7 +34,7 @@ func (f *fakeProber) outcome(key string) error {
 	return errors.New("i/o timeout")
 }
 
-func (f *fakeProber) Probe(_ context.Context, pod, addr string, udp bool, _ time.Duration) (string, error) {
+func (f *fakeProber) Probe(_ context.Context, pod, addr string, _ ProbeOptions, _ time.Duration) (string, error) {
 	return "", f.outcome(pod + ">" + addr)
 }
 
@@ -85,11 +85,14 @@ type answerProber struct {
 	mu      sync.Mutex
 	answers map[string][]string
 	n       map[string]int
+	// opts are the options of every probe, in order.
+	opts []ProbeOptions
 }
 
-func (a *answerProber) Probe(_ context.Context, pod, addr string, _ bool, _ time.Duration) (string, error) {
+func (a *answerProber) Probe(_ context.Context, pod, addr string, opts ProbeOptions, _ time.Duration) (string, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.opts = append(a.opts, opts)
 	key := pod + ">" + addr
 	list, ok := a.answers[key]
 	if !ok {
@@ -156,5 +159,26 @@ func TestParseProbeAnswer(t *testing.T) {
 	}
 	if _, err := parseProbeAnswer("garbage"); !errors.Is(err, ErrCannotProbe) {
 		t.Fatalf("garbage: %v", err)
+	}
+}
+
+func TestRunnerPassesProbeOptions(t *testing.T) {
+	p := &answerProber{n: map[string]int{}, answers: map[string][]string{
+		"c>servers:80": {"s"}, "c>servers:81": {"s"}, "c>kubernetes.default:443": {"kube-apiserver"}, "c>10.96.0.5:80": {"s"},
+	}}
+	var out bytes.Buffer
+	r := &Runner{Prober: p, Out: &out, ProbeTimeout: time.Millisecond, Settle: time.Second}
+	res := r.Run(context.Background(), 4, 1, []Check{
+		{Name: "by name, DNS over TCP", From: "c", To: "servers:80", Proto: "tcp", Allowed: true, DNSTCP: true},
+		{Name: "by name, UDP", From: "c", To: "servers:81", Proto: "udp", Allowed: true},
+		{Name: "kubernetes", From: "c", To: "kubernetes.default:443", Proto: "tls", Allowed: true, Backends: []string{"kube-apiserver"}},
+		{Name: "per-packet NAT", From: "c", To: "10.96.0.5:80", Proto: "tcp", Allowed: true, OutsideNodeCgroup: true},
+	})
+	if Failed(res) != 0 {
+		t.Fatalf("failed:\n%s", out.String())
+	}
+	want := []ProbeOptions{{DNSTCP: true}, {UDP: true}, {TLS: true}, {OutsideNodeCgroup: true}}
+	if fmt.Sprint(p.opts) != fmt.Sprint(want) {
+		t.Fatalf("probe options %+v, want %+v", p.opts, want)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
@@ -29,14 +30,17 @@ type Config struct {
 	// APIServer is the API server's address as pods reach it (the
 	// kubernetes Service's endpoint); empty skips the check.
 	APIServer string
-	Keep      bool
-	Settle    time.Duration
-	ReadyWait time.Duration
+	// ClusterDNS is the cluster DNS Service's address (kube-dns), named in
+	// the output; the DNS checks expect pods to resolve through it.
+	ClusterDNS string
+	Keep       bool
+	Settle     time.Duration
+	ReadyWait  time.Duration
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{Namespace: "tendril-connectivity", Settle: 30 * time.Second, ReadyWait: 2 * time.Minute}
+	return Config{Namespace: "tendril-connectivity", ClusterDNS: lab.ClusterDNSIP, Settle: 30 * time.Second, ReadyWait: 2 * time.Minute}
 }
 
 // The test's pods: a client and a second client on node 0, servers on
@@ -130,6 +134,27 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 	viaService := func(name, client, service string, port int, proto string) Check {
 		return Check{Name: name, From: from(client), To: svc(service, port), Proto: proto, Allowed: true, Backends: servers}
 	}
+	// By name: the short name through the pod's search list, or the
+	// namespace-qualified and fully qualified names.
+	byName := func(name string, port int) string { return fmt.Sprintf("%s:%d", name, port) }
+	qualified := func(name string, port int) string { return fmt.Sprintf("%s.%s:%d", name, ns, port) }
+	fqdn := func(name string, port int) string { return fmt.Sprintf("%s.%s.svc.cluster.local:%d", name, ns, port) }
+	viaName := func(name, client, to, proto string) Check {
+		return Check{Name: name, From: from(client), To: to, Proto: proto, Allowed: true, Backends: servers}
+	}
+	fqdnOverTCP := viaName("Service by FQDN, DNS over TCP", podRemoteClient, fqdn(svcServers, 80), "tcp")
+	fqdnOverTCP.DNSTCP = true
+	dnsChecks := []Check{
+		viaName("Service by DNS name, same node, TCP", podClient, byName(svcServers, 80), "tcp"),
+		viaName("Service by DNS name, same node, UDP", podClient, byName(svcServers, 81), "udp"),
+		viaName("Service by DNS name, other node, TCP", podRemoteClient, qualified(svcServers, 80), "tcp"),
+		viaName("Service by DNS name, other node, UDP", podRemoteClient, qualified(svcServers, 81), "udp"),
+		fqdnOverTCP,
+		{Name: "kubernetes Service by name (TLS), same node", From: from(podClient), To: "kubernetes.default:443", Proto: "tls", Allowed: true,
+			Backends: []string{"kube-apiserver"}},
+		{Name: "kubernetes Service by name (TLS), other node", From: from(podRemoteClient), To: "kubernetes.default.svc.cluster.local:443", Proto: "tls",
+			Allowed: true, Backends: []string{"kube-apiserver"}, DNSTCP: true},
+	}
 	phases := []struct {
 		title  string
 		before func() error
@@ -158,6 +183,19 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			{Name: "internalTrafficPolicy Local, node 2, UDP", From: from(podRemoteClient), To: svc(svcLocal, 81), Proto: "udp", Allowed: true,
 				Backends: []string{podServerOther}, Repeat: serviceProbes},
 		}},
+		{"Cluster DNS: Services by name through kube-dns (" + cfg.ClusterDNS + ")", nil, dnsChecks},
+		{"Per-packet NAT: clients outside the node cgroups (no socket load-balancing)", nil, []Check{
+			{Name: "ClusterIP by per-packet NAT, same node, TCP", From: from(podClient), To: svc(svcServers, 80), Proto: "tcp", Allowed: true,
+				Backends: servers, OutsideNodeCgroup: true},
+			{Name: "ClusterIP by per-packet NAT, same node, UDP", From: from(podClient), To: svc(svcServers, 81), Proto: "udp", Allowed: true,
+				Backends: servers, OutsideNodeCgroup: true},
+			{Name: "ClusterIP by per-packet NAT, other node, TCP", From: from(podRemoteClient), To: svc(svcServers, 80), Proto: "tcp", Allowed: true,
+				Backends: servers, OutsideNodeCgroup: true},
+			{Name: "ClusterIP by per-packet NAT, balances over both", From: from(podClient), To: svc(svcServers, 80), Proto: "tcp", Allowed: true,
+				Backends: servers, Repeat: spreadProbes, Spread: true, OutsideNodeCgroup: true},
+			{Name: "Service by DNS name by per-packet NAT, UDP", From: from(podRemoteClient), To: byName(svcServers, 81), Proto: "udp", Allowed: true,
+				Backends: servers, OutsideNodeCgroup: true},
+		}},
 		{"TendrilNetworkPolicy: servers admit only app=client on TCP 80", func() error { return applyServerPolicy(ctx, c, ns) }, []Check{
 			check("allowed client, same node", from(podClient), to(podServerSame, 80), "tcp", true),
 			check("allowed client, other node", from(podClient), to(podServerOther, 80), "tcp", true),
@@ -178,6 +216,10 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 		}, []Check{
 			check("egress to TCP 80 denied", from(podOtherClient), to(podServerOther, 80), "tcp", false),
 			check("egress to UDP 81 allowed", from(podOtherClient), to(podServerOther, 81), "udp", true),
+			// DNS is egress to the kube-dns backends like any other: the
+			// policy allows UDP 81 only, so the name no longer resolves
+			// although the Service behind it is allowed.
+			check("egress policy without DNS: the name fails", from(podOtherClient), byName(svcServers, 81), "udp", false),
 			check("unrestricted client unaffected", from(podClient), to(podServerOther, 80), "tcp", true),
 		}},
 		{"policies deleted", func() error {

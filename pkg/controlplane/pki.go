@@ -83,7 +83,7 @@ func NewPKI(dir string, serviceIP net.IP, validity time.Duration, extraIPs ...ne
 		return certPEM, keyPEM, err
 	}
 	if _, _, err := issue(2, "kube-apiserver", nil, append([]net.IP{net.ParseIP("127.0.0.1"), serviceIP}, extraIPs...),
-		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"}, x509.ExtKeyUsageServerAuth, p.ServingCert, p.ServingKey); err != nil {
+		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}, x509.ExtKeyUsageServerAuth, p.ServingCert, p.ServingKey); err != nil {
 		return nil, fmt.Errorf("serving certificate: %w", err)
 	}
 	if p.AdminCertPEM, p.AdminKeyPEM, err = issue(3, "admin", []string{"system:masters"}, nil, nil, x509.ExtKeyUsageClientAuth, p.AdminCert, p.AdminKey); err != nil {

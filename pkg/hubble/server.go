@@ -7,6 +7,7 @@ package hubble
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	peerpb "github.com/cilium/cilium/api/v1/peer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -42,8 +44,18 @@ type Config struct {
 	// SocketPath is the unix socket (mode 0660); empty: none.
 	SocketPath string
 	// TCPAddress is an optional TCP listen address (host:port) for the
-	// relay; empty: none. (Plain text: TLS is not implemented yet.)
+	// relay; empty: none.
 	TCPAddress string
+	// TLS secures the TCP listener (with ClientCAs: mTLS); nil serves it
+	// in plain text. The unix socket is always plain text (file
+	// permissions guard it).
+	TLS *tls.Config
+	// TLSServerName is the name on this node's certificate, announced by
+	// the Peer service when Peers is nil.
+	TLSServerName string
+	// Peers are the cluster's nodes the Peer service announces; nil: only
+	// this node.
+	Peers *PeerSet
 	// Version is reported by ServerStatus and GetNodes.
 	Version string
 	// PeerAddress is how other processes reach this node's TCP server,
@@ -56,7 +68,9 @@ type Server struct {
 	cfg  Config
 	obs  *observer.Observer
 	log  *slog.Logger
-	grpc *grpc.Server
+	grpc *grpc.Server // the unix socket, and TCP in plain text
+	// tlsGRPC serves the TCP listener when TLS is configured.
+	tlsGRPC *grpc.Server
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -68,13 +82,23 @@ func New(cfg Config, obs *observer.Observer, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, obs: obs, log: log, grpc: grpc.NewServer()}
-	observerpb.RegisterObserverServer(s.grpc, &observerService{s: s})
-	peerpb.RegisterPeerServer(s.grpc, &peerService{s: s})
+	s := &Server{cfg: cfg, obs: obs, log: log}
+	s.grpc = s.newGRPC()
+	if cfg.TLS != nil {
+		s.tlsGRPC = s.newGRPC(grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	return s
+}
+
+// newGRPC is a gRPC server with the Observer, Peer and health services.
+func (s *Server) newGRPC(opts ...grpc.ServerOption) *grpc.Server {
+	g := grpc.NewServer(opts...)
+	observerpb.RegisterObserverServer(g, &observerService{s: s})
+	peerpb.RegisterPeerServer(g, &peerService{s: s})
 	hs := health.NewServer()
 	hs.SetServingStatus(ObserverServiceName, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(s.grpc, hs)
-	return s
+	healthpb.RegisterHealthServer(g, hs)
+	return g
 }
 
 // Start listens on the configured socket and address and serves in the
@@ -99,7 +123,7 @@ func (s *Server) Start() error {
 			l.Close()
 			return fmt.Errorf("chmod %s: %w", s.cfg.SocketPath, err)
 		}
-		s.serve(l)
+		s.serve(s.grpc, l)
 	}
 	if s.cfg.TCPAddress != "" {
 		l, err := net.Listen("tcp", s.cfg.TCPAddress)
@@ -107,20 +131,24 @@ func (s *Server) Start() error {
 			s.Stop()
 			return fmt.Errorf("listen on %s: %w", s.cfg.TCPAddress, err)
 		}
-		s.serve(l)
+		g := s.grpc
+		if s.tlsGRPC != nil {
+			g = s.tlsGRPC
+		}
+		s.serve(g, l)
 	}
 	return nil
 }
 
-func (s *Server) serve(l net.Listener) {
+func (s *Server) serve(g *grpc.Server, l net.Listener) {
 	s.mu.Lock()
 	s.listeners = append(s.listeners, l)
 	s.mu.Unlock()
-	s.log.Info("Serving the Hubble API", "address", l.Addr().String())
+	s.log.Info("Serving the Hubble API", "address", l.Addr().String(), "tls", g == s.tlsGRPC)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		if err := s.grpc.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := g.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.log.Error("Hubble API server stopped", "address", l.Addr().String(), "error", err)
 		}
 	}()
@@ -142,6 +170,9 @@ func (s *Server) TCPAddr() net.Addr {
 // Stop ends every stream and joins the serving goroutines.
 func (s *Server) Stop() {
 	s.grpc.Stop()
+	if s.tlsGRPC != nil {
+		s.tlsGRPC.Stop()
+	}
 	s.wg.Wait()
 	if s.cfg.SocketPath != "" {
 		_ = os.Remove(s.cfg.SocketPath)
@@ -253,19 +284,4 @@ func (s *Server) peerAddress() string {
 		return a.String()
 	}
 	return ""
-}
-
-type peerService struct {
-	peerpb.UnimplementedPeerServer
-	s *Server
-}
-
-// Notify announces this node, then holds the stream open: a node's Peer
-// service knows only itself until the agent wires the node table in.
-func (p *peerService) Notify(_ *peerpb.NotifyRequest, stream grpc.ServerStreamingServer[peerpb.ChangeNotification]) error {
-	if err := stream.Send(&peerpb.ChangeNotification{Name: p.s.obs.NodeName(), Address: p.s.peerAddress(), Type: peerpb.ChangeNotificationType_PEER_ADDED}); err != nil {
-		return err
-	}
-	<-stream.Context().Done()
-	return nil
 }

@@ -2,7 +2,6 @@ package hubble
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"os/exec"
 	"path/filepath"
@@ -11,8 +10,6 @@ import (
 	"time"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
-	observerpb "github.com/cilium/cilium/api/v1/observer"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/hubble/hubbletest"
@@ -41,37 +38,13 @@ func startServer(t *testing.T, evs []loader.Event) (*observer.Observer, *Server,
 // hubble runs the stock CLI against server.
 func hubble(t *testing.T, bin, server string, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, append(args, "--server", server)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("hubble %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.String())
-	}
-	return string(out)
+	return hubbletest.RunCLI(t, bin, server, args...)
 }
 
 // jsonFlows parses `hubble observe -o json` output.
 func jsonFlows(t *testing.T, out string) []*flowpb.Flow {
 	t.Helper()
-	var flows []*flowpb.Flow
-	sc := bufio.NewScanner(strings.NewReader(out))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if strings.TrimSpace(sc.Text()) == "" {
-			continue
-		}
-		var r observerpb.GetFlowsResponse
-		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("parse %q: %v", sc.Text(), err)
-		}
-		if r.GetFlow() != nil {
-			flows = append(flows, r.GetFlow())
-		}
-	}
-	return flows
+	return hubbletest.JSONFlows(t, out)
 }
 
 // TestPrivilegedStockHubbleCLI drives the stock hubble CLI against the

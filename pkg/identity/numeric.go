@@ -34,6 +34,11 @@ const (
 	MaxCluster  NumericIdentity = 65535
 	// LocalScope marks node-local identities (CIDR identities).
 	LocalScope NumericIdentity = 1 << 24
+	// InClusterCIDR marks, among node-local identities, the one a pod's or
+	// a node's address inside a rule's prefix carries for that rule
+	// (pkg/policy/policycidr): the plain CIDR identity of the same prefix
+	// is the world's, this one never is.
+	InClusterCIDR NumericIdentity = 1 << 23
 )
 
 // reservedNames are the entity names of the reserved identities.
@@ -82,6 +87,10 @@ func (id NumericIdentity) IsCluster() bool { return id >= MinCluster && id <= Ma
 
 // IsLocal reports whether id is node-local (CIDR).
 func (id NumericIdentity) IsLocal() bool { return id&LocalScope != 0 }
+
+// IsInClusterCIDR reports whether id is the in-cluster identity of a
+// rule's prefix.
+func (id NumericIdentity) IsInClusterCIDR() bool { return id.IsLocal() && id&InClusterCIDR != 0 }
 
 // String names reserved identities and prints others as numbers.
 func (id NumericIdentity) String() string {

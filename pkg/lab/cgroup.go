@@ -115,6 +115,21 @@ func EnterCgroup(dir string) error {
 	return nil
 }
 
+// EnterRootCgroup moves the calling process into the root of the cgroup2
+// hierarchy, outside every node's cgroup: no node's socket
+// load-balancing sees its connections, so a Service address it connects
+// to is translated, if at all, per packet by the pod programs.
+func EnterRootCgroup() error {
+	mount, err := Cgroup2Mount()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(mount, "cgroup.procs"), []byte("0"), 0); err != nil {
+		return fmt.Errorf("enter the root cgroup %s: %w", mount, err)
+	}
+	return nil
+}
+
 // OpenCgroup opens a node's cgroup directory for CLONE_INTO_CGROUP
 // (syscall.SysProcAttr.UseCgroupFD): the child starts inside it, with no
 // moment in the parent's cgroup.

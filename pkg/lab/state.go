@@ -94,6 +94,9 @@ type State struct {
 	BinDir string `json:"binDir"`
 	// K8sBinDir holds the control plane binaries (and kubectl if built).
 	K8sBinDir string `json:"k8sBinDir"`
+	// CoreDNSBin is the CoreDNS binary the kubelets run for the cluster
+	// DNS pods (hack/coredns.sh builds it).
+	CoreDNSBin string `json:"coreDNSBin,omitempty"`
 	// APIPort is the API server's port on the machine's 127.0.0.1.
 	APIPort int `json:"apiPort"`
 	// Kubeconfig reaches the API server from the machine's namespace.
@@ -113,6 +116,10 @@ func (s *State) PidDir() string { return filepath.Join(s.Dir, "pids") }
 
 // LogDir holds the processes' logs.
 func (s *State) LogDir() string { return filepath.Join(s.Dir, "logs") }
+
+// CAFile is the lab's certificate authority (it signed the API server's
+// serving certificate).
+func (s *State) CAFile() string { return filepath.Join(s.Dir, "pki", "ca.crt") }
 
 // PodDir holds a record per running pod.
 func (s *State) PodDir() string { return filepath.Join(s.Dir, "pods") }
@@ -165,6 +172,10 @@ type PodRecord struct {
 	Netns       string   `json:"netns"`
 	ContainerID string   `json:"containerID"`
 	IPs         []string `json:"ips"`
+	// ResolvConf is the pod's resolv.conf, which `lab exec` mounts over
+	// /etc/resolv.conf in a mount namespace of its own; "" for a pod that
+	// uses the machine's (dnsPolicy Default, as CoreDNS's own pods).
+	ResolvConf string `json:"resolvConf,omitempty"`
 }
 
 func (s *State) podRecordPath(namespace, name string) string {
@@ -180,6 +191,11 @@ func (s *State) WritePod(r PodRecord) error {
 	return writeFileAtomic(s.podRecordPath(r.Namespace, r.Name), data)
 }
 
+// PodResolvConfPath is where the kubelet writes a pod's resolv.conf.
+func (s *State) PodResolvConfPath(namespace, name string) string {
+	return filepath.Join(s.PodDir(), namespace+"_"+name+".resolv.conf")
+}
+
 // RemovePod drops the record of the pod with that UID; a record of a newer
 // pod of the same name stays.
 func (s *State) RemovePod(namespace, name, uid string) error {
@@ -188,6 +204,9 @@ func (s *State) RemovePod(namespace, name, uid string) error {
 		return nil
 	}
 	if err := os.Remove(s.podRecordPath(namespace, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := os.Remove(s.PodResolvConfPath(namespace, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	return nil

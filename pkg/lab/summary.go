@@ -53,6 +53,15 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	relay := "not answering"
+	if rs, err := RelayStatus(ctx, st); err == nil {
+		relay = fmt.Sprintf("%d/%d nodes connected", rs.GetNumConnectedNodes().GetValue(),
+			rs.GetNumConnectedNodes().GetValue()+rs.GetNumUnavailableNodes().GetValue())
+		if len(rs.GetUnavailableNodes()) > 0 {
+			relay += ", unavailable: " + strings.Join(rs.GetUnavailableNodes(), ", ")
+		}
+	}
+	fmt.Fprintf(out, "\nHUBBLE RELAY  unix://%s (and %s:%d in %s): %s\n", st.RelaySocket(), st.Nodes[0].Address, RelayPort, st.Nodes[0].Netns, relay)
 	pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("list pods: %w", err)

@@ -122,12 +122,16 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	coreDNS, err := EnsureCoreDNS(out)
+	if err != nil {
+		return nil, err
+	}
 
 	cgMount, err := Cgroup2Mount()
 	if err != nil {
 		return nil, err
 	}
-	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, NetNetns: NetnsPrefix(cfg.Name) + "net"}
+	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, CoreDNSBin: coreDNS, NetNetns: NetnsPrefix(cfg.Name) + "net"}
 	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
 	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
 	for _, d := range []string{st.Dir, st.PidDir(), st.LogDir(), st.PodDir(), filepath.Join(st.Dir, "pki")} {
@@ -174,6 +178,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	}
 	step(out, start, "network: bridge in %s, %d node namespaces on %s0/%d", st.NetNetns, len(st.Nodes), NodeSubnetPrefix, NodeSubnetBits)
 
+	hubbleArgs, relayTLSArgs, err := hubblePKI(st)
+	if err != nil {
+		return st, err
+	}
 	exited := map[string]<-chan error{}
 	for i, n := range st.Nodes {
 		argv := []string{filepath.Join(st.BinDir, "tendril"), "lab", "kubelet", "--name", st.Name, "--node", n.Name}
@@ -198,6 +206,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			"--state-dir", n.StateDir, "--socket", n.Socket, "--bpf-root", n.BPFRoot,
 			"--ipv6-range", "none", "--prometheus-serve-addr", "",
 			"--cgroup-root", n.Cgroup}
+		argv = append(argv, hubbleArgs[n.Name]...)
 		argv = append(argv, cfg.AgentArgs...)
 		role := "agent-" + n.Name
 		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), argv)
@@ -212,8 +221,17 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 	}
 	step(out, start, "tendril-agents: %d serving", len(st.Nodes))
+	if err := startRelay(ctx, st, relayTLSArgs, exited); err != nil {
+		return st, err
+	}
+	step(out, start, "hubble relay: %d nodes over mTLS, unix://%s", len(st.Nodes), st.RelaySocket())
 
-	if err := waitDefaultServiceAccount(ctx, cs); err != nil {
+	for _, ns := range []string{metav1.NamespaceDefault, DNSNamespace} {
+		if err := waitDefaultServiceAccount(ctx, cs, ns); err != nil {
+			return st, err
+		}
+	}
+	if err := deployClusterDNS(ctx, cs, st); err != nil {
 		return st, err
 	}
 	total := cfg.Nodes * cfg.PodsPerNode
@@ -228,6 +246,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 		step(out, start, "pods: %d running", total)
 	}
+	if err := waitClusterDNS(ctx, cs, st); err != nil {
+		return st, err
+	}
+	step(out, start, "cluster DNS: CoreDNS on %d nodes behind %s/%s at %s", len(dnsNodes(st)), DNSNamespace, DNSServiceName, ClusterDNSIP)
 	fmt.Fprintln(out)
 	if err := Summary(ctx, st, cs, out); err != nil {
 		return st, err
@@ -295,6 +317,9 @@ func startControlPlane(ctx context.Context, st *State) (kubernetes.Interface, er
 	}
 	nodeURL := "https://127.0.0.1:" + strconv.Itoa(NodeAPIPort)
 	if err := spec.WriteKubeconfig(st.NodeKubeconfig, nodeURL, "tendril-lab-"+st.Name); err != nil {
+		return nil, err
+	}
+	if err := writeCoreDNSConfig(st, &spec); err != nil {
 		return nil, err
 	}
 	if err := st.Save(); err != nil {
@@ -408,9 +433,12 @@ func waitAgent(ctx context.Context, st *State, n Node, exited <-chan error) erro
 	})
 }
 
-func waitDefaultServiceAccount(ctx context.Context, cs kubernetes.Interface) error {
-	return poll(ctx, "wait for the default ServiceAccount", 60*time.Second, nil, nil, func() (bool, error) {
-		_, err := cs.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
+// waitDefaultServiceAccount waits for the controller manager to make the
+// namespace's default ServiceAccount: the ServiceAccount admission plugin
+// rejects pods until it exists.
+func waitDefaultServiceAccount(ctx context.Context, cs kubernetes.Interface, namespace string) error {
+	return poll(ctx, "wait for the default ServiceAccount of "+namespace, 60*time.Second, nil, nil, func() (bool, error) {
+		_, err := cs.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, err
 	})
 }

@@ -376,3 +376,40 @@ func TestTraceNamesTheDecidingRule(t *testing.T) {
 		t.Fatalf("trace does not explain the default deny:\n%s", denied)
 	}
 }
+
+// The in-cluster identity of a prefix (what a pod's address inside a
+// rule's block carries) is selected by CIDR rules naming the block, never
+// by the world entity; and the datapath's verdict for a pod combines its
+// own identity's entries with its block's, a deny in either winning.
+func TestInClusterCIDRIdentity(t *testing.T) {
+	c24in := Peer{ID: c24.ID | identity.InClusterCIDR, Labels: c24.Labels, CIDR: c24.CIDR}
+	u := append(universe(), c24in)
+	repo := NewRepository()
+	if _, err := repo.Add(mustRules(t, `[
+	 {"endpointSelector":{"matchLabels":{"app":"a"}},"egress":[{"toCIDR":["10.1.2.0/24"],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}, {"toEntities":["world"],"toPorts":[{"ports":[{"port":"443","protocol":"TCP"}]}]}]},
+	 {"endpointSelector":{"matchLabels":{"app":"a"}},"egressDeny":[{"toCIDR":["10.1.2.0/24"],"toPorts":[{"ports":[{"port":"22","protocol":"TCP"}]}]}],"egress":[{"toEndpoints":[{"matchLabels":{"app":"b"}}]}]}
+	]`), "x", "t", false); err != nil {
+		t.Fatal(err)
+	}
+	res := repo.Resolve(Endpoint{Labels: xa.Labels}, u)
+	for _, c := range []struct {
+		name   string
+		id     identity.NumericIdentity
+		cidrID identity.NumericIdentity
+		port   uint16
+		want   bool
+	}{
+		{"world address in the block, by its CIDR identity", c24.ID, 0, 80, true},
+		{"pod in the block", ya.ID, c24in.ID, 80, true},
+		{"pod outside every block", ya.ID, 0, 80, false},
+		{"world entity does not select a pod through its block", ya.ID, c24in.ID, 443, false},
+		{"world entity selects the world's CIDR identity", c24.ID, 0, 443, true},
+		{"pod allowed by label, denied by its block", xb.ID, c24in.ID, 22, false},
+		{"pod allowed by label, outside the denied block", xb.ID, 0, 22, true},
+	} {
+		got, _ := res.MapState.AllowedWithCIDR(Egress, c.id, c.cidrID, 6, c.port)
+		if got != c.want {
+			t.Errorf("%s: allowed = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

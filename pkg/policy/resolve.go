@@ -136,7 +136,9 @@ func entityMatches(entity string, p Peer) bool {
 	case "all":
 		return true
 	case "world":
-		return p.ID == identity.World || p.ID == identity.WorldIPv4 || p.ID == identity.WorldIPv6 || p.ID.IsLocal()
+		// A CIDR identity is the world's, except the in-cluster one of a
+		// prefix (a pod's or a node's address inside a rule's block).
+		return p.ID == identity.World || p.ID == identity.WorldIPv4 || p.ID == identity.WorldIPv6 || (p.ID.IsLocal() && !p.ID.IsInClusterCIDR())
 	case "cluster":
 		return !p.ID.IsLocal() && p.ID != identity.World && p.ID != identity.WorldIPv4 && p.ID != identity.WorldIPv6
 	}
@@ -694,6 +696,36 @@ func Diff(cur, want MapState) (upserts MapState, deletes []Key) {
 // Allowed evaluates the map state for one packet the way the datapath does:
 // the longest match for the identity and for any identity; deny wins.
 func (m MapState) Allowed(dir uint8, id identity.NumericIdentity, proto uint8, port uint16) (allowed bool, cookie uint32) {
+	v, cookie := m.verdict(dir, id, proto, port)
+	return v == verdictAllow, cookie
+}
+
+// AllowedWithCIDR is the datapath's verdict for a peer in the cluster (a
+// pod or a node) with identity id whose address lies in a prefix a rule
+// names, cidrID being that prefix's in-cluster identity (0: no rule names
+// a prefix holding the address): the entries of both decide, a deny in
+// either wins, else an allow in either (bpf/lib/policy.h).
+func (m MapState) AllowedWithCIDR(dir uint8, id, cidrID identity.NumericIdentity, proto uint8, port uint16) (allowed bool, cookie uint32) {
+	v, cookie := m.verdict(dir, id, proto, port)
+	if v == verdictDeny || cidrID == 0 {
+		return v == verdictAllow, cookie
+	}
+	cv, ccookie := m.verdict(dir, cidrID, proto, port)
+	if cv == verdictDeny || (cv == verdictAllow && v != verdictAllow) {
+		return cv == verdictAllow, ccookie
+	}
+	return v == verdictAllow, cookie
+}
+
+type verdict int
+
+const (
+	verdictNone verdict = iota // no entry: denied where enforced
+	verdictAllow
+	verdictDeny
+)
+
+func (m MapState) verdict(dir uint8, id identity.NumericIdentity, proto uint8, port uint16) (verdict, uint32) {
 	lookup := func(id identity.NumericIdentity) (Entry, bool) {
 		var best Entry
 		bestLen := -1
@@ -724,15 +756,15 @@ func (m MapState) Allowed(dir uint8, id identity.NumericIdentity, proto uint8, p
 	any, okA := lookup(0)
 	if (okE && exact.Deny) || (okA && any.Deny) {
 		if okE && exact.Deny {
-			return false, exact.Cookie
+			return verdictDeny, exact.Cookie
 		}
-		return false, any.Cookie
+		return verdictDeny, any.Cookie
 	}
 	if okE {
-		return true, exact.Cookie
+		return verdictAllow, exact.Cookie
 	}
 	if okA {
-		return true, any.Cookie
+		return verdictAllow, any.Cookie
 	}
-	return false, 0
+	return verdictNone, 0
 }

@@ -30,7 +30,7 @@ import (
 func TestPrivilegedAgentFlows(t *testing.T) {
 	testutil.Privileged(t)
 	// The node's netns is the test's own: fixed ports on its loopback.
-	n := startNode(t, "--ipv6-range", "none", "--hubble-listen-address", "127.0.0.1:4244", "--prometheus-serve-addr", "127.0.0.1:9962")
+	n := startNode(t, "--ipv6-range", "none", "--hubble-listen-address", "127.0.0.1:4244", "--hubble-disable-tls", "--prometheus-serve-addr", "127.0.0.1:9962")
 	list := n.confList("tendril-cni", "1.1.0", nil)
 	a, b, c := n.newPod("a"), n.newPod("b"), n.newPod("c")
 	ra := n.mustAdd(list, a)

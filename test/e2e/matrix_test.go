@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	networkingv1client "k8s.io/client-go/kubernetes/typed/networking/v1"
 )
 
 // matrixPods are the upstream netpol suite's model: namespaces x, y, z,
@@ -172,6 +174,44 @@ func TestPrivilegedLabReachabilityMatrix(t *testing.T) {
 			}
 			return nil
 		}, func(string, string) bool { return true }},
+		// The upstream suite's CIDR cases as upstream writes them: blocks
+		// built from pod addresses select those pods.
+		{"should allow egress access to server in CIDR block (y/b's /32)", func() error {
+			return createEgressBlock(ctx, np, "e2ex", "allow-client-a-via-cidr-egress-rule", "a", hostCIDR(ips["y/b"]), nil)
+		}, func(from, to string) bool { return from != "x/a" || to == "y/b" }},
+		{"should enforce except clause while egress access to server in CIDR block (x/b's /24 except x/b)", func() error {
+			if err := np.NetworkPolicies("e2ex").Delete(ctx, "allow-client-a-via-cidr-egress-rule", metav1.DeleteOptions{}); err != nil {
+				return err
+			}
+			return createEgressBlock(ctx, np, "e2ex", "deny-client-a-via-except-cidr-egress-rule", "a", blockCIDR(ips["x/b"], 24), []string{hostCIDR(ips["x/b"])})
+		}, func(from, to string) bool {
+			return from != "x/a" || (to != "x/b" && netip.MustParsePrefix(blockCIDR(ips["x/b"], 24)).Contains(netip.MustParseAddr(ips[to])))
+		}},
+		{"should ensure an IP overlapping both IPBlock.CIDR and IPBlock.Except is allowed", func() error {
+			return createEgressBlock(ctx, np, "e2ex", "allow-client-a-via-cidr-egress-rule", "a", hostCIDR(ips["x/b"]), nil)
+		}, func(from, to string) bool {
+			return from != "x/a" || netip.MustParsePrefix(blockCIDR(ips["x/b"], 24)).Contains(netip.MustParseAddr(ips[to]))
+		}},
+		{"ingress from an ipBlock (y/b's /32) selects the pod", func() error {
+			for _, name := range []string{"allow-client-a-via-cidr-egress-rule", "deny-client-a-via-except-cidr-egress-rule"} {
+				if err := np.NetworkPolicies("e2ex").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+					return err
+				}
+			}
+			_, err := np.NetworkPolicies("e2ex").Create(ctx, &networkingv1.NetworkPolicy{
+				ObjectMeta: metav1.ObjectMeta{Name: "a-from-block"},
+				Spec: networkingv1.NetworkPolicySpec{
+					PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"pod": "a"}},
+					Ingress: []networkingv1.NetworkPolicyIngressRule{{
+						From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: hostCIDR(ips["y/b"])}}},
+					}},
+				},
+			}, metav1.CreateOptions{})
+			return err
+		}, func(from, to string) bool { return to != "x/a" || from == "y/b" }},
+		{"ipBlock policies deleted: everything connects again", func() error {
+			return np.NetworkPolicies("e2ex").Delete(ctx, "a-from-block", metav1.DeleteOptions{})
+		}, func(string, string) bool { return true }},
 	}
 	for _, s := range steps {
 		if err := s.apply(); err != nil {
@@ -194,4 +234,31 @@ func TestPrivilegedLabReachabilityMatrix(t *testing.T) {
 		})
 		t.Logf("%s:\n%s", s.name, table(got))
 	}
+}
+
+// hostCIDR is an address's own block, as upstream builds it (/32, /128).
+func hostCIDR(ip string) string {
+	a := netip.MustParseAddr(ip)
+	return netip.PrefixFrom(a, a.BitLen()).String()
+}
+
+// blockCIDR is the block of bits around an address.
+func blockCIDR(ip string, bits int) string {
+	return netip.PrefixFrom(netip.MustParseAddr(ip), bits).Masked().String()
+}
+
+// createEgressBlock creates a policy letting pods labelled pod=<pod> send
+// only to an ipBlock (with excepts).
+func createEgressBlock(ctx context.Context, np networkingv1client.NetworkingV1Interface, ns, name, pod, cidr string, except []string) error {
+	_, err := np.NetworkPolicies(ns).Create(ctx, &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"pod": pod}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: cidr, Except: except}}},
+			}},
+		},
+	}, metav1.CreateOptions{})
+	return err
 }

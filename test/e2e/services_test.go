@@ -45,7 +45,8 @@ func TestPrivilegedLabNodeCgroupsAndSocketLB(t *testing.T) {
 		if err != nil || !strings.Contains(out, n.Cgroup+" (") {
 			t.Fatalf("node %s: status does not show socket LB at %s (%v):\n%s", n.Name, n.Cgroup, err, out)
 		}
-		// The workloads of the node's pods, and nothing else, run there.
+		// The workloads of the node's pods (the lab workload, or CoreDNS
+		// for the cluster DNS pods), and nothing else, run there.
 		pids, err := os.ReadFile(filepath.Join(n.Cgroup, "cgroup.procs"))
 		if err != nil {
 			t.Fatal(err)
@@ -57,6 +58,10 @@ func TestPrivilegedLabNodeCgroupsAndSocketLB(t *testing.T) {
 				continue // exited meanwhile
 			}
 			args := strings.Split(string(cmdline), "\x00")
+			if args[0] == e.st.CoreDNSBin {
+				running = append(running, "coredns-"+n.Name)
+				continue
+			}
 			i := slices.Index(args, "--pod-name")
 			if !slices.Contains(args, "workload") || i < 0 || i+1 >= len(args) {
 				t.Errorf("node %s: process %s in the node's cgroup is no workload: %q", n.Name, f, args)
@@ -69,6 +74,9 @@ func TestPrivilegedLabNodeCgroupsAndSocketLB(t *testing.T) {
 			if rec, err := e.st.Pod("default", "pod-"+strconv.Itoa(i)); err == nil && rec.Node == n.Name {
 				want = append(want, rec.Name)
 			}
+		}
+		if rec, err := e.st.Pod(lab.DNSNamespace, "coredns-"+n.Name); err == nil && rec.Node == n.Name {
+			want = append(want, rec.Name)
 		}
 		for _, w := range want {
 			if !slices.Contains(running, w) {

@@ -387,6 +387,17 @@ func TestAgentInKubernetes(t *testing.T) {
 			}
 			return apimeta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionValid), fmt.Errorf("%+v", p.Status)
 		})
+		// The node's own report: imported, enforced on every local
+		// endpoint, at the revision that imported it.
+		eventually(t, "the node's report on the policy", func() (bool, error) {
+			p, err := td.TendrilNetworkPolicies("shop").Get(ctx, "allow-web", metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			n, ok := p.Status.Nodes["node-a"]
+			return ok && n.OK && n.Enforcing && n.LocalPolicyRevision > 0 && n.ObservedGeneration == p.Generation && len(p.Status.Nodes) == 1,
+				fmt.Errorf("%+v", p.Status)
+		})
 
 		// Passes the server's schema, fails the agent's validation: the
 		// policy is rejected whole and its status says why.
@@ -402,7 +413,9 @@ func TestAgentInKubernetes(t *testing.T) {
 				return false, err
 			}
 			c := apimeta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionValid)
-			return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "not-a-cidr"), fmt.Errorf("%+v", p.Status)
+			n := p.Status.Nodes["node-a"]
+			return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "not-a-cidr") &&
+				!n.OK && !n.Enforcing && strings.Contains(n.Error, "not-a-cidr"), fmt.Errorf("%+v", p.Status)
 		})
 		if n, doc := policyCount(); n != 1 {
 			t.Fatalf("a rejected policy left rules behind: %s", doc)

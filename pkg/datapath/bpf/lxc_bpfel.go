@@ -263,6 +263,7 @@ const (
 	LxcMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	LxcMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	LxcMapTdrMetricsV2          = "tdr_metrics_v2"
+	LxcMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	LxcMapTdrPolicyV2           = "tdr_policy_v2"
 	LxcMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	LxcProgFromPod              = "from_pod"
@@ -348,6 +349,7 @@ type LxcMapSpecs struct {
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
+	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
 }
@@ -407,6 +409,7 @@ type LxcMaps struct {
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
+	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
 }
@@ -434,6 +437,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,
+		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrRatelimitV2,
 	)

@@ -222,6 +222,7 @@ const (
 	SockMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	SockMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	SockMapTdrMetricsV2          = "tdr_metrics_v2"
+	SockMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	SockMapTdrPolicyV2           = "tdr_policy_v2"
 	SockMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	SockProgSockConnect4         = "sock_connect4"
@@ -318,6 +319,7 @@ type SockMapSpecs struct {
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
+	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
 }
@@ -376,6 +378,7 @@ type SockMaps struct {
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
+	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
 }
@@ -403,6 +406,7 @@ func (m *SockMaps) Close() error {
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,
+		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrRatelimitV2,
 	)

@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -233,12 +236,22 @@ func (w *podWorker) setup(ctx context.Context, pod *corev1.Pod) error {
 	}
 	sb.ips = ips
 
+	rec := lab.PodRecord{Namespace: pod.Namespace, Name: pod.Name, UID: uid, Node: node.Name,
+		Netns: sb.netns, ContainerID: sb.att.ContainerID, IPs: ips}
+	if lab.PodUsesClusterDNS(pod) {
+		// What the kubelet mounts as the container's /etc/resolv.conf; the
+		// lab's pods share the machine's file system, so `lab exec` mounts
+		// it in a mount namespace of its own.
+		rec.ResolvConf = st.PodResolvConfPath(pod.Namespace, pod.Name)
+		if err := os.WriteFile(rec.ResolvConf, []byte(lab.ResolvConf(pod.Namespace)), 0o644); err != nil {
+			return fmt.Errorf("write the pod's resolv.conf: %w", err)
+		}
+	}
 	tcp, udp := workloadPorts(pod)
 	if err := w.startWorkload(sb, pod, tcp, udp); err != nil {
 		return err
 	}
-	if err := st.WritePod(lab.PodRecord{Namespace: pod.Namespace, Name: pod.Name, UID: uid, Node: node.Name,
-		Netns: sb.netns, ContainerID: sb.att.ContainerID, IPs: ips}); err != nil {
+	if err := st.WritePod(rec); err != nil {
 		return err
 	}
 	if err := w.writeRunning(ctx, pod, sb, start); err != nil {
@@ -264,10 +277,21 @@ func (w *podWorker) startWorkload(sb *sandbox, pod *corev1.Pod, tcp, udp []int) 
 		return err
 	}
 	defer pr.Close()
-	cmd := exec.Command("nsenter", "--net="+lab.NetnsPath(sb.netns), filepath.Join(st.BinDir, "tendril"), "lab", "workload",
-		"--pod-name", pod.Name, "--tcp", workload.FormatPorts(tcp), "--udp", workload.FormatPorts(udp), "--ready-fd", "3")
+	coreDNS := isCoreDNS(pod)
+	argv := []string{"nsenter", "--net=" + lab.NetnsPath(sb.netns), filepath.Join(st.BinDir, "tendril"), "lab", "workload",
+		"--pod-name", pod.Name, "--tcp", workload.FormatPorts(tcp), "--udp", workload.FormatPorts(udp), "--ready-fd", "3"}
+	if coreDNS {
+		if st.CoreDNSBin == "" {
+			pw.Close()
+			return fmt.Errorf("image %s: the lab has no CoreDNS binary (a lab made before cluster DNS: lab up again)", lab.CoreDNSImage)
+		}
+		argv = append([]string{"nsenter", "--net=" + lab.NetnsPath(sb.netns), st.CoreDNSBin}, pod.Spec.Containers[0].Args...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{pw}
+	if !coreDNS {
+		cmd.ExtraFiles = []*os.File{pw}
+	}
 	// A session of its own: signals to the kubelet's group do not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if cg := w.m.node.Cgroup; cg != "" {
@@ -293,23 +317,27 @@ func (w *podWorker) startWorkload(sb *sandbox, pod *corev1.Pod, tcp, udp []int) 
 		close(sb.exited)
 	}()
 	ready := make(chan error, 1)
-	go func() {
-		buf := make([]byte, 16)
-		n, err := pr.Read(buf)
-		if n > 0 {
-			err = nil
-		} else if err == nil {
-			err = errors.New("no readiness signal")
-		}
-		ready <- err
-	}()
+	if coreDNS {
+		// CoreDNS says it is ready on its ready plugin's port once its
+		// kubernetes plugin has synced with the API server (through the
+		// kubernetes Service): only then may it be a kube-dns endpoint.
+		go func() { ready <- waitCoreDNSReady(sb, 55*time.Second) }()
+	} else {
+		go w.waitReadyFD(pr, ready)
+	}
+	// The ready channel always answers in the end (the pipe's EOF when
+	// the workload dies; CoreDNS's wait is bounded): no goroutine leaks.
+	wait := 30 * time.Second
+	if coreDNS {
+		wait = time.Minute
+	}
 	select {
 	case err := <-ready:
 		if err != nil {
 			return fmt.Errorf("workload did not come up (see %s): %w", logPath, err)
 		}
-	case <-time.After(30 * time.Second):
-		return fmt.Errorf("workload not listening after 30s (see %s)", logPath)
+	case <-time.After(wait):
+		return fmt.Errorf("workload not ready after %s (see %s)", wait, logPath)
 	}
 	go func() {
 		<-sb.exited
@@ -412,4 +440,60 @@ func (w *podWorker) finishDeletion(ctx context.Context, pod *corev1.Pod) {
 		w.log.Warn("Finish pod deletion", "error", err)
 		time.AfterFunc(time.Second, w.poke)
 	}
+}
+
+// waitReadyFD reports the workload's readiness line on its pipe.
+func (w *podWorker) waitReadyFD(pr *os.File, ready chan<- error) {
+	buf := make([]byte, 16)
+	n, err := pr.Read(buf)
+	if n > 0 {
+		err = nil
+	} else if err == nil {
+		err = errors.New("no readiness signal")
+	}
+	ready <- err
+}
+
+// isCoreDNS says whether the lab runs the pod's container as CoreDNS.
+func isCoreDNS(pod *corev1.Pod) bool {
+	return len(pod.Spec.Containers) == 1 && pod.Spec.Containers[0].Image == lab.CoreDNSImage
+}
+
+// waitCoreDNSReady polls CoreDNS's ready plugin inside the pod's network
+// namespace until it answers 200, the process exits or wait passes.
+func waitCoreDNSReady(sb *sandbox, wait time.Duration) error {
+	url := "http://127.0.0.1:" + strconv.Itoa(lab.CoreDNSReadyPort) + "/ready"
+	deadline := time.Now().Add(wait)
+	var last error
+	for time.Now().Before(deadline) {
+		select {
+		case <-sb.exited:
+			return errors.New("CoreDNS exited")
+		default:
+		}
+		var conn net.Conn
+		err := lab.InNetns(lab.NetnsPath(sb.netns), func() error {
+			var err error
+			conn, err = net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(lab.CoreDNSReadyPort), time.Second)
+			return err
+		})
+		if err == nil {
+			client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+				DialContext: func(context.Context, string, string) (net.Conn, error) { return conn, nil }}}
+			resp, err := client.Get(url)
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return nil
+				}
+				err = fmt.Errorf("%s: %s", url, resp.Status)
+			}
+			conn.Close()
+			last = err
+		} else {
+			last = err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("CoreDNS not ready after %s: %v", wait, last)
 }

@@ -9,6 +9,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -220,4 +222,24 @@ func Probe(ctx context.Context, addr string, udp bool, timeout time.Duration) (s
 		case <-tick.C:
 		}
 	}
+}
+
+// ProbeTLS connects to addr over TCP, completes a TLS handshake that
+// verifies the server's certificate against roots for serverName, and
+// returns the certificate's common name as the answer (for servers that
+// speak only TLS, such as the API server behind the kubernetes Service).
+func ProbeTLS(ctx context.Context, addr, serverName string, roots *x509.CertPool, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	d := tls.Dialer{Config: &tls.Config{ServerName: serverName, RootCAs: roots, MinVersion: tls.VersionTLS12}}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	certs := c.(*tls.Conn).ConnectionState().PeerCertificates
+	if len(certs) == 0 {
+		return "", errors.New("TLS handshake without a server certificate")
+	}
+	return certs[0].Subject.CommonName, nil
 }

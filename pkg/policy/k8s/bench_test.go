@@ -72,8 +72,8 @@ func benchPolicies() []*networkingv1.NetworkPolicy {
 }
 
 // benchUniverse is 5,000 pod identities (20 namespaces × 50 apps × 5
-// tiers, namespaces in four teams), the reserved ones and the CIDR
-// identities of the policies' prefixes; and 1,000 of the pods as endpoints,
+// tiers, namespaces in four teams), the reserved ones and the two CIDR
+// identities of each of the policies' prefixes; and 1,000 of the pods as endpoints,
 // every app of every namespace among them.
 func benchUniverse(repo *policy.Repository) (policy.Universe, []policy.Endpoint) {
 	u := policy.ReservedPeers()
@@ -88,7 +88,10 @@ func benchUniverse(repo *policy.Repository) (policy.Universe, []policy.Endpoint)
 		}
 	}
 	for i, pf := range repo.CIDRPrefixes() {
-		u = append(u, policy.Peer{ID: identity.LocalScope | identity.NumericIdentity(i+1), Labels: []string{"cidr:" + pf.String()}, CIDR: pf})
+		// As the agent: the prefix's CIDR identity and its in-cluster one.
+		id := identity.LocalScope | identity.NumericIdentity(i+1)
+		u = append(u, policy.Peer{ID: id, Labels: []string{"cidr:" + pf.String()}, CIDR: pf},
+			policy.Peer{ID: id | identity.InClusterCIDR, Labels: []string{"cidr:" + pf.String()}, CIDR: pf})
 	}
 	return u, eps
 }

@@ -25,7 +25,8 @@ import (
 // allocator over EndpointLabels, rules from Apply into a real repository;
 // the ipcache is modelled as the agent's: a pod address is its pod's
 // identity, another address the longest CIDR identity the rules created,
-// else world.
+// else world; and, as the datapath does, a pod's address inside a prefix
+// a rule names also carries that prefix's in-cluster identity.
 type cluster struct {
 	t          *testing.T
 	repo       *policy.Repository
@@ -138,11 +139,12 @@ func (c *cluster) snapshot() *snapshot {
 			s.universe = append(s.universe, policy.Peer{ID: id.ID, Labels: id.Labels, NamedPorts: ep.NamedPorts})
 		}
 	}
-	// The agent gives every prefix the rules name a node-local identity.
+	// The agent gives every prefix the rules name a node-local identity,
+	// and an in-cluster one that pods' addresses inside it carry.
 	for i, pf := range c.repo.CIDRPrefixes() {
 		p := policy.Peer{ID: identity.LocalScope | identity.NumericIdentity(i+1), Labels: []string{"cidr:" + pf.String()}, CIDR: pf}
 		s.cidrs = append(s.cidrs, p)
-		s.universe = append(s.universe, p)
+		s.universe = append(s.universe, p, policy.Peer{ID: p.ID | identity.InClusterCIDR, Labels: p.Labels, CIDR: pf})
 	}
 	cache := policy.NewSelectorCache()
 	for key, ep := range endpoints {
@@ -157,16 +159,23 @@ func (c *cluster) snapshot() *snapshot {
 	return s
 }
 
-// identityOf is the identity the datapath gives an endpoint name: a pod
-// ("x/a"), "host", "remote-node", or an address. Pod addresses keep their
-// pod's identity whatever CIDR names them (as Cilium's ipcache prefers
-// endpoint entries).
-func (s *snapshot) identityOf(name string) identity.NumericIdentity {
-	if id, ok := s.ids[name]; ok {
-		return id
+// peerOf is what the datapath knows of an endpoint name: a pod ("x/a"),
+// "host", "remote-node", or an address. A pod address keeps its pod's
+// identity whatever CIDR names it (the ipcache prefers endpoint entries);
+// cidrID is then the in-cluster identity of the longest prefix a rule
+// names holding the address (the policy CIDR map), 0 when none does.
+// Another address gets the longest CIDR identity the rules created, else
+// world.
+func (s *snapshot) peerOf(name string) (id, cidrID identity.NumericIdentity) {
+	if key, ok := s.ids[name]; ok {
+		for _, p := range s.c.pods {
+			if p.Namespace+"/"+p.Name == name {
+				return key, s.inClusterCIDR(netip.MustParseAddr(p.Status.PodIP))
+			}
+		}
 	}
 	if id, ok := identity.ReservedByName(name); ok {
-		return id
+		return id, 0
 	}
 	addr, err := netip.ParseAddr(name)
 	if err != nil {
@@ -174,13 +183,26 @@ func (s *snapshot) identityOf(name string) identity.NumericIdentity {
 	}
 	for _, p := range s.c.pods {
 		if p.Status.PodIP == name {
-			return s.ids[p.Namespace+"/"+p.Name]
+			return s.ids[p.Namespace+"/"+p.Name], s.inClusterCIDR(addr)
 		}
 	}
 	best, bestBits := identity.World, -1
 	for _, p := range s.cidrs {
 		if p.CIDR.Contains(addr) && p.CIDR.Bits() > bestBits {
 			best, bestBits = p.ID, p.CIDR.Bits()
+		}
+	}
+	return best, 0
+}
+
+// inClusterCIDR is the in-cluster identity of the longest prefix a rule
+// names holding addr, 0 when none does.
+func (s *snapshot) inClusterCIDR(addr netip.Addr) identity.NumericIdentity {
+	var best identity.NumericIdentity
+	bestBits := -1
+	for _, p := range s.cidrs {
+		if p.CIDR.Contains(addr) && p.CIDR.Bits() > bestBits {
+			best, bestBits = p.ID|identity.InClusterCIDR, p.CIDR.Bits()
 		}
 	}
 	return best
@@ -190,14 +212,15 @@ func (s *snapshot) identityOf(name string) identity.NumericIdentity {
 // when src is a pod, dst's ingress policy when dst is a pod, each enforced
 // only where a rule selects the pod in that direction.
 func (s *snapshot) allowed(src, dst string, proto uint8, port uint16) bool {
-	srcID, dstID := s.identityOf(src), s.identityOf(dst)
+	srcID, srcCIDR := s.peerOf(src)
+	dstID, dstCIDR := s.peerOf(dst)
 	if res, ok := s.results[src]; ok && res.EnforceEgress {
-		if ok, _ := res.MapState.Allowed(policy.Egress, dstID, proto, port); !ok {
+		if ok, _ := res.MapState.AllowedWithCIDR(policy.Egress, dstID, dstCIDR, proto, port); !ok {
 			return false
 		}
 	}
 	if res, ok := s.results[dst]; ok && res.EnforceIngress {
-		if ok, _ := res.MapState.Allowed(policy.Ingress, srcID, proto, port); !ok {
+		if ok, _ := res.MapState.AllowedWithCIDR(policy.Ingress, srcID, srcCIDR, proto, port); !ok {
 			return false
 		}
 	}

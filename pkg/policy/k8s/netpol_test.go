@@ -651,10 +651,78 @@ spec:
 			},
 		},
 		{
-			// Upstream builds this ipBlock from a pod's address; Tendril
-			// follows Cilium, where CIDR selectors select addresses outside
-			// the cluster, so the case is run against an external block
-			// (the pod-address variant is its own case below).
+			// As upstream: the ipBlock is the server pod's address (y/b is
+			// 10.244.2.11), and it selects the pod.
+			name: "should allow egress access to server in CIDR block",
+			steps: []step{{
+				apply: []string{`
+metadata: {name: allow-client-a-via-cidr-egress-rule, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{ipBlock: {cidr: 10.244.2.11/32}}]`},
+				checks: []check{{proto: tcp, port: 80, expect: []expect{denyAllFrom("x/a"), {"x/a", "y/b", true}}, probes: []probe{
+					{"x/a", "10.244.2.11", true}, {"x/a", "10.244.2.12", false},
+				}}},
+			}},
+		},
+		{
+			// As upstream: the block is the server's /24 (namespace x's
+			// pods here) with the server's own address excepted.
+			name: "should enforce except clause while egress access to server in CIDR block",
+			steps: []step{{
+				apply: []string{`
+metadata: {name: deny-client-a-via-except-cidr-egress-rule, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{ipBlock: {cidr: 10.244.1.0/24, except: [10.244.1.11/32]}}]`}, // x/b excepted
+				checks: []check{{proto: tcp, port: 80, expect: []expect{denyAllFrom("x/a"), {"x/a", "x/c", true}}}},
+			}},
+		},
+		{
+			name: "should ensure an IP overlapping both IPBlock.CIDR and IPBlock.Except is allowed",
+			steps: []step{
+				{
+					apply: []string{`
+metadata: {name: deny-client-a-via-except-cidr-egress-rule, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{ipBlock: {cidr: 10.244.1.0/24, except: [10.244.1.11/32]}}]`},
+					checks: []check{{proto: tcp, port: 80, expect: []expect{denyAllFrom("x/a"), {"x/a", "x/c", true}}}},
+				},
+				{
+					apply: []string{`
+metadata: {name: allow-client-a-via-cidr-egress-rule, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{ipBlock: {cidr: 10.244.1.11/32}}]`},
+					checks: []check{{proto: tcp, port: 80, expect: []expect{denyAllFrom("x/a"), {"x/a", "x/b", true}, {"x/a", "x/c", true}}}},
+				},
+			},
+		},
+		{
+			name: "ingress from an ipBlock selects the pods whose addresses are in it",
+			steps: []step{{
+				apply: []string{`
+metadata: {name: from-block, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{ipBlock: {cidr: 10.244.2.0/24, except: [10.244.2.12/32]}}]`}, // y/a, y/b; y/c excepted
+				checks: []check{{proto: tcp, port: 80, expect: []expect{denyAllTo("x/a"), {"y/a", "x/a", true}, {"y/b", "x/a", true}}, probes: []probe{
+					{"203.0.113.1", "x/a", false},
+				}}},
+			}},
+		},
+		{
 			name: "should allow egress access to server in CIDR block (external addresses)",
 			steps: []step{{
 				apply: []string{`
@@ -667,19 +735,6 @@ spec:
 				checks: []check{{proto: tcp, port: 80, expect: []expect{denyAllFrom("x/a")}, probes: []probe{
 					{"x/a", "203.0.113.10", true}, {"x/a", "198.51.100.10", false}, {"x/b", "198.51.100.10", true},
 				}}},
-			}},
-		},
-		{
-			name: "ipBlock naming a pod's address does not select the pod (Cilium behaviour)",
-			steps: []step{{
-				apply: []string{`
-metadata: {name: allow-client-a-via-cidr-egress-rule, namespace: x}
-spec:
-  podSelector: {matchLabels: {pod: a}}
-  policyTypes: [Egress]
-  egress:
-  - to: [{ipBlock: {cidr: 10.244.2.11/32}}]`}, // y/b's address
-				checks: []check{{proto: tcp, port: 80, expect: []expect{denyAllFrom("x/a")}, probes: []probe{{"x/a", "10.244.2.11", false}}}},
 			}},
 		},
 		{
@@ -984,7 +1039,7 @@ spec:
 			}},
 		},
 		{
-			name: "egress to an ipBlock alone does not allow pods (unless a rule says so)",
+			name: "egress to 0.0.0.0/0 allows pods too; an except takes them out",
 			steps: []step{
 				{
 					apply: []string{`
@@ -994,7 +1049,8 @@ spec:
   policyTypes: [Egress]
   egress:
   - to: [{ipBlock: {cidr: 0.0.0.0/0}}]`},
-					checks: []check{{proto: tcp, port: 80, expect: []expect{denyAllFrom("x/a")}, probes: []probe{{"x/a", "8.8.8.8", true}, {"x/a", "10.1.2.3", true}}}},
+					// An ipBlock selects every address in it, pods' included.
+					checks: []check{{proto: tcp, port: 80, probes: []probe{{"x/a", "8.8.8.8", true}, {"x/a", "10.1.2.3", true}, {"x/a", "10.244.2.11", true}}}},
 				},
 				{
 					// An except in one policy is no deny: another policy's

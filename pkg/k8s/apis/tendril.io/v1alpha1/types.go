@@ -87,6 +87,34 @@ type NetworkPolicyStatus struct {
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Nodes is each agent's report on the policy, by node name: whether
+	// its node imported it and enforces it on every local endpoint, and at
+	// which policy revision. Each agent writes only its own key (a merge
+	// patch of the status), so agents never overwrite one another.
+	// +optional
+	Nodes map[string]NodePolicyStatus `json:"nodes,omitempty"`
+}
+
+// NodePolicyStatus is one node's report on a policy.
+type NodePolicyStatus struct {
+	// OK is true when the node imported the policy into its repository.
+	OK bool `json:"ok"`
+	// Error says why the node rejected the policy.
+	// +optional
+	Error string `json:"error,omitempty"`
+	// Enforcing is true once every endpoint of the node has realized the
+	// revision that imported the policy (or a later one).
+	Enforcing bool `json:"enforcing"`
+	// LocalPolicyRevision is the node's policy revision that imported
+	// the policy.
+	// +optional
+	LocalPolicyRevision uint64 `json:"localPolicyRevision,omitempty"`
+	// ObservedGeneration is the object's generation the report is about.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// LastUpdated is when the node last changed its report.
+	// +optional
+	LastUpdated metav1.Time `json:"lastUpdated,omitempty"`
 }
 
 // ConditionValid is the condition type saying whether a policy validated.

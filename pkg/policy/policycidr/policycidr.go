@@ -1,0 +1,244 @@
+// Package policycidr keeps the prefixes policy rules name (CIDRs and their
+// exceptions) with the node-local identity an in-cluster address inside
+// each carries for those rules, in a statedb table reconciled into the
+// datapath's policy CIDR map (tdr_policy_cidr_v1).
+//
+// Why a table of its own: the ipcache resolves an address to one identity,
+// the longest prefix's, and a pod's or a node's address keeps its own
+// identity there whatever prefix a rule names. A Kubernetes ipBlock,
+// though, selects every address in its block, pods' and nodes' included,
+// and pods sharing an identity may fall on both sides of a block. So the
+// datapath decides by address: for a new flow whose peer is in the
+// cluster, it also looks the peer's address up in this map and applies
+// the endpoint's entries for the identity it finds beside those for the
+// peer's own identity (a deny in either wins).
+//
+// The identities here are distinct from the CIDR identities the ipcache
+// gives addresses outside the cluster (identity.InClusterCIDR is set), so
+// an entity selector such as "world" never selects a pod through them.
+package policycidr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/tendril-net/tendril/pkg/identity"
+)
+
+// TableName is the statedb table's name.
+const TableName = "policy-cidrs"
+
+// Prefix is the table's object: one prefix a rule names and the identity
+// in-cluster addresses inside it carry for policy.
+type Prefix struct {
+	Prefix   netip.Prefix
+	Identity identity.NumericIdentity
+	Status   reconciler.Status
+}
+
+// TableHeader implements statedb.TableWritable.
+func (p *Prefix) TableHeader() []string { return []string{"Prefix", "Identity", "Status"} }
+
+// TableRow implements statedb.TableWritable.
+func (p *Prefix) TableRow() []string {
+	return []string{p.Prefix.String(), strconv.FormatUint(uint64(p.Identity), 10), p.Status.String()}
+}
+
+func (p *Prefix) clone() *Prefix { c := *p; return &c }
+
+func (p *Prefix) setStatus(s reconciler.Status) *Prefix { p.Status = s; return p }
+
+func (p *Prefix) getStatus() reconciler.Status { return p.Status }
+
+// PrefixIndex is the primary index.
+var PrefixIndex = statedb.Index[*Prefix, netip.Prefix]{
+	Name:       "prefix",
+	FromObject: func(p *Prefix) index.KeySet { return index.NewKeySet(index.NetIPPrefix(p.Prefix)) },
+	FromKey:    index.NetIPPrefix,
+	FromString: index.NetIPPrefixString,
+	Unique:     true,
+}
+
+// Backend is the datapath map. Upsert and Delete are idempotent.
+type Backend interface {
+	Upsert(prefix netip.Prefix, id identity.NumericIdentity) error
+	Delete(prefix netip.Prefix) error
+	// Prefixes lists what the map holds, for the prune.
+	Prefixes() ([]netip.Prefix, error)
+}
+
+// Params builds a Table.
+type Params struct {
+	DB       *statedb.DB
+	Jobs     job.Group
+	Log      *slog.Logger
+	ModuleID cell.FullModuleID
+	Backend  Backend
+	Options  []reconciler.Option
+}
+
+// Table is the writer's API over the table.
+type Table struct {
+	db    *statedb.DB
+	table statedb.RWTable[*Prefix]
+	rec   reconciler.Reconciler[*Prefix]
+
+	restoredOnce sync.Once
+	restored     func(statedb.WriteTxn)
+}
+
+// Reconciler defaults, as the ipcache's.
+const (
+	DefaultRetryMin      = 100 * time.Millisecond
+	DefaultRetryMax      = 30 * time.Second
+	DefaultPruneInterval = 5 * time.Minute
+)
+
+// New creates the table and registers its reconciler on p.Jobs. The prune
+// waits for MarkRestored: until the agent has its rules back, an entry of
+// the previous run may still be needed (a deny among them), so it stays.
+func New(p Params) (*Table, error) {
+	tbl, err := statedb.NewTable(p.DB, TableName, PrefixIndex)
+	if err != nil {
+		return nil, fmt.Errorf("%s table: %w", TableName, err)
+	}
+	t := &Table{db: p.DB, table: tbl}
+	wtxn := p.DB.WriteTxn(tbl)
+	t.restored = tbl.RegisterInitializer(wtxn, "agent-restore")
+	wtxn.Commit()
+	opts := append([]reconciler.Option{
+		reconciler.WithName(TableName),
+		reconciler.WithPruning(DefaultPruneInterval),
+		reconciler.WithRetry(DefaultRetryMin, DefaultRetryMax),
+	}, p.Options...)
+	t.rec, err = reconciler.Register(
+		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID},
+		tbl, (*Prefix).clone, (*Prefix).setStatus, (*Prefix).getStatus,
+		ops{backend: p.Backend, log: p.Log}, nil, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%s reconciler: %w", TableName, err)
+	}
+	return t, nil
+}
+
+// Table is the statedb table, for inspection.
+func (t *Table) Table() statedb.Table[*Prefix] { return t.table }
+
+// MarkRestored lets the reconciler prune map entries no object backs.
+func (t *Table) MarkRestored() {
+	t.restoredOnce.Do(func() {
+		wtxn := t.db.WriteTxn(t.table)
+		t.restored(wtxn)
+		wtxn.Commit()
+	})
+}
+
+// Set makes the table hold exactly want (prefix → identity) in one write
+// transaction; unchanged objects are left alone, so the reconciler writes
+// only the difference.
+func (t *Table) Set(want map[netip.Prefix]identity.NumericIdentity) error {
+	wtxn := t.db.WriteTxn(t.table)
+	defer wtxn.Abort()
+	for obj := range t.table.All(wtxn) {
+		if _, ok := want[obj.Prefix]; ok {
+			continue
+		}
+		if _, _, err := t.table.Delete(wtxn, obj); err != nil {
+			return fmt.Errorf("delete %s from %s: %w", obj.Prefix, TableName, err)
+		}
+	}
+	for pf, id := range want {
+		pf = pf.Masked()
+		if old, _, found := t.table.Get(wtxn, PrefixIndex.Query(pf)); found && old.Identity == id {
+			continue
+		}
+		if _, _, err := t.table.Insert(wtxn, &Prefix{Prefix: pf, Identity: id, Status: reconciler.StatusPending()}); err != nil {
+			return fmt.Errorf("insert %s into %s: %w", pf, TableName, err)
+		}
+	}
+	wtxn.Commit()
+	return nil
+}
+
+// Lookup is the identity of exactly prefix pf, if the table holds it.
+func (t *Table) Lookup(pf netip.Prefix) (identity.NumericIdentity, bool) {
+	obj, _, found := t.table.Get(t.db.ReadTxn(), PrefixIndex.Query(pf.Masked()))
+	if !found {
+		return 0, false
+	}
+	return obj.Identity, true
+}
+
+// Synced waits until the map holds every change made to the table so far.
+func (t *Table) Synced(ctx context.Context) error {
+	rev := t.table.Revision(t.db.ReadTxn())
+	for {
+		got, low, err := t.rec.WaitUntilReconciled(ctx, rev)
+		if err != nil {
+			return fmt.Errorf("%s reconciled to revision %d of %d: %w", TableName, got, rev, err)
+		}
+		if low == 0 || low > rev {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: writes since revision %d still failing: %w", TableName, low, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+type ops struct {
+	backend Backend
+	log     *slog.Logger
+}
+
+func (o ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj *Prefix) error {
+	return o.backend.Upsert(obj.Prefix, obj.Identity)
+}
+
+func (o ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj *Prefix) error {
+	return o.backend.Delete(obj.Prefix)
+}
+
+// Prune deletes map entries no object backs: prefixes of rules that are
+// gone, left by a previous run.
+func (o ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Prefix, statedb.Revision]) error {
+	have, err := o.backend.Prefixes()
+	if err != nil {
+		return fmt.Errorf("list the policy CIDR map: %w", err)
+	}
+	want := map[netip.Prefix]struct{}{}
+	for obj := range objs {
+		want[obj.Prefix] = struct{}{}
+	}
+	var errs []error
+	pruned := 0
+	for _, p := range have {
+		if _, ok := want[p]; ok {
+			continue
+		}
+		if err := o.backend.Delete(p); err != nil {
+			errs = append(errs, fmt.Errorf("prune %s: %w", p, err))
+			continue
+		}
+		pruned++
+	}
+	if pruned > 0 {
+		o.log.Info("Pruned stale policy CIDR entries", "pruned", pruned)
+	}
+	return errors.Join(errs...)
+}
