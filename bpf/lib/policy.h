@@ -20,7 +20,8 @@ volatile const __u8 POLICY_VERDICT_EVENTS = 0;
 /* policy_lookup: 0 allowed, REASON_POLICY_DENIED (no rule allows),
  * REASON_POLICY_DENY_RULE (a deny rule matched). Deny wins over allow. The
  * endpoint's "any identity" trie is looked up only when it has one. */
-static __always_inline int policy_lookup(__u16 ep_id, __u8 dir, __u32 identity, const struct pkt *p, __u32 *cookie)
+static __always_inline int policy_lookup(__u16 ep_id, __u8 dir, __u32 identity, const struct pkt *p, __u32 *cookie,
+					 __u8 *match)
 {
 	struct policy_key k = {};
 	struct policy_entry *exact = NULL, *any = NULL;
@@ -50,10 +51,12 @@ static __always_inline int policy_lookup(__u16 ep_id, __u8 dir, __u32 identity, 
 	}
 	if (exact) {
 		*cookie = exact->cookie;
+		*match = exact->match;
 		return 0;
 	}
 	if (any) {
 		*cookie = any->cookie;
+		*match = any->match;
 		return 0;
 	}
 	return REASON_POLICY_DENIED;
@@ -73,7 +76,8 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 	__u32 src_id = dir == DIR_INGRESS ? peer_id : ep->identity;
 	__u32 dst_id = dir == DIR_INGRESS ? ep->identity : peer_id;
 	__u32 cookie = 0;
-	int reason = policy_lookup(ep_id, dir, peer_id, p, &cookie);
+	__u8 match = 0;
+	int reason = policy_lookup(ep_id, dir, peer_id, p, &cookie, &match);
 	/* A rule's CIDR selects every address in its block, a pod's or a
 	 * node's too (Kubernetes' ipBlock): the peer's address is looked up in
 	 * the prefixes rules name, and its entries decide beside the peer's
@@ -82,10 +86,12 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 		__u32 cidr_id = policy_cidr_of(p->family, dir == DIR_INGRESS ? p->saddr : p->daddr);
 		if (cidr_id) {
 			__u32 cidr_cookie = 0;
-			int r = policy_lookup(ep_id, dir, cidr_id, p, &cidr_cookie);
+			__u8 cidr_match = 0;
+			int r = policy_lookup(ep_id, dir, cidr_id, p, &cidr_cookie, &cidr_match);
 			if (r == REASON_POLICY_DENY_RULE || (r == 0 && reason)) {
 				reason = r;
 				cookie = cidr_cookie;
+				match = cidr_match;
 			}
 		}
 	}
@@ -94,7 +100,7 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 		return -1;
 	}
 	if (POLICY_VERDICT_EVENTS)
-		emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_ALLOWED, cookie);
+		emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_ALLOWED, cookie, match);
 	return 0;
 }
 
