@@ -68,7 +68,7 @@ func observedFlows() []*flowpb.Flow {
 	return []*flowpb.Flow{
 		tcpFlow(1, web1.endpoint(), db.endpoint(), web1.ip, db.ip, 5432, fw, false),
 		tcpFlow(2, web1.endpoint(), db.endpoint(), web1.ip, db.ip, 5432, fw, false), // the other end's event
-		tcpFlow(3, db.endpoint(), web1.endpoint(), db.ip, web1.ip, 40001, fw, true),  // the reply
+		tcpFlow(3, db.endpoint(), web1.endpoint(), db.ip, web1.ip, 40001, fw, true), // the reply
 		tcpFlow(4, web2.endpoint(), db.endpoint(), web2.ip, db.ip, 5432, fw, false),
 		udpFlow(5, web1, dns, 53),
 		tcpFlow(6, mon.endpoint(), web2.endpoint(), mon.ip, web2.ip, 9090, fw, false),
