@@ -152,6 +152,10 @@ int from_pod(struct __sk_buff *skb)
 	}
 	if (notable)
 		trace(ct_out, DIR_EGRESS, ep_id, &p, ep->identity, dst ? dst->identity : 0);
+	/* Delivered directly, the destination's to_pod does not run: its
+	 * to-endpoint trace is reported here (with its own conntrack view). */
+	if (notable && direct)
+		trace(ct_in, DIR_INGRESS, dst->ep_id, &p, ep->identity, dst->identity);
 	if (direct) {
 		/* A backend's reply to a local client that takes it directly:
 		 * the client's to_pod does not run, so the source becomes the

@@ -107,6 +107,17 @@ $T bpf policy list --bpf-root "/sys/fs/bpf/tendril-lab/$LAB/node1"
 step "tendril connectivity test: its own pods on both nodes, traffic and policy cases"
 $T connectivity test --lab "$LAB"
 
+step "Flows on node1: the denied connection (other -> backend:80) names the policy that decided"
+$T lab probe demo/other "$backend:80" --timeout 200ms >/dev/null 2>&1 || true
+hubble_node1="unix://$(dirname "${TENDRIL_SOCK_NODE1#unix://}")/hubble.sock" # beside the API socket
+for _ in $(seq 20); do # the drop reaches the node's flow ring within moments
+	$T observe --server "$hubble_node1" --last 1 --verdict DROPPED --from-pod demo/other --to-pod demo/backend | grep -q . && break
+	sleep 0.1
+done
+$T observe --server "$hubble_node1" --last 3 --verdict DROPPED --from-pod demo/other --to-pod demo/backend
+echo "  the frontend's allowed connection, with the rule that allowed it:"
+$T observe --server "$hubble_node1" --last 1 --type policy-verdict --from-pod demo/frontend --to-pod demo/backend
+
 step "tendril status of node1"
 $T $node1 status
 
@@ -121,6 +132,7 @@ cat <<TRY
   $T lab exec demo/other -- ip route
   $T -H \$TENDRIL_SOCK_NODE2 endpoint list
   $T -H \$TENDRIL_SOCK_NODE2 ip list         # the ipcache: pods of both nodes with their identities
+  $T observe --server $hubble_node1 --follow   # node1's flows as they happen (or: hubble observe --server ...)
   $T connectivity test --keep                 # and look at namespace tendril-connectivity afterwards
   kubectl delete tnp -n demo allow-frontend; kubectl label pod -n demo other app=frontend --overwrite
   make demo-down                              # tendril lab down: removes everything

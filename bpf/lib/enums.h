@@ -93,6 +93,16 @@
 #define OBS_FROM_ENDPOINT 1 /* from_pod: the pod sent it */
 #define OBS_TO_ENDPOINT 2 /* to_pod: delivered to the pod */
 
+/* What a policy entry's key matches (policy_entry.match, event.match of
+ * verdicts), as Cilium's monitor numbers policy match types: the agent
+ * writes it with the entry, the datapath copies it into the verdict.
+ * go:const PolicyMatch POLICY_MATCH_ uint8 */
+#define POLICY_MATCH_NONE 0 /* not known (an entry of an earlier agent) */
+#define POLICY_MATCH_L3_ONLY 1 /* a peer identity, any protocol and port */
+#define POLICY_MATCH_L3_L4 2 /* a peer identity and a protocol (and port) */
+#define POLICY_MATCH_L4_ONLY 3 /* any identity, a protocol (and port) */
+#define POLICY_MATCH_ALL 4 /* any identity, protocol and port */
+
 /* Counters of events that never reached the ring buffer
  * (tdr_events_lost_v1, per CPU).
  * go:const EventsLost EVENTS_LOST_ */

@@ -76,7 +76,7 @@ static __always_inline int event_allowed(void)
 
 /* emit reports a packet in a ring buffer event, within the rate limit. */
 static __always_inline void emit(__u8 type, __u8 reason, __u8 dir, __u16 ep_id, const struct pkt *p,
-				 __u32 src_id, __u32 dst_id, __u8 verdict, __u32 cookie)
+				 __u32 src_id, __u32 dst_id, __u8 verdict, __u32 cookie, __u8 match)
 {
 	if (!event_allowed())
 		return;
@@ -105,6 +105,7 @@ static __always_inline void emit(__u8 type, __u8 reason, __u8 dir, __u16 ep_id, 
 	/* The type tells the observation point: a trace event comes from the
 	 * endpoint (egress) or goes to it (ingress). */
 	e->obs = type == EVENT_TRACE ? (dir == DIR_EGRESS ? OBS_FROM_ENDPOINT : OBS_TO_ENDPOINT) : 0;
+	e->match = match;
 	e->pad = 0;
 	/* Waking the reader for every event (an irq_work, a self-IPI, then a
 	 * thread wakeup) would cost more than writing it: the reader polls
@@ -129,7 +130,7 @@ static __attribute__((noinline, unused)) int drop_out(const struct pkt *p, __u32
 	__u16 ep_id = what >> 16;
 
 	count(reason, dir, p->len);
-	emit(EVENT_DROP, reason, dir, ep_id, p, src_id, dst_id, VERDICT_DENIED, cookie);
+	emit(EVENT_DROP, reason, dir, ep_id, p, src_id, dst_id, VERDICT_DENIED, cookie, 0);
 	return TC_ACT_SHOT;
 }
 
@@ -170,7 +171,7 @@ static __attribute__((noinline, unused)) void trace_out(const struct pkt *p, __u
 		src_id = identity_of(p->family, p->saddr);
 	if (!dst_id)
 		dst_id = identity_of(p->family, p->daddr);
-	emit(EVENT_TRACE, reason, dir, ep_id, p, src_id, dst_id, VERDICT_ALLOWED, 0);
+	emit(EVENT_TRACE, reason, dir, ep_id, p, src_id, dst_id, VERDICT_ALLOWED, 0, 0);
 }
 
 /* trace reports a forwarded packet that trace_notable chose. */

@@ -88,8 +88,11 @@ static __always_inline __u32 policy_slot(__u16 ep_id, __u8 dir, __u8 any)
 
 struct policy_entry {
 	__u8 deny;
+	/* POLICY_MATCH_* of the entry's key, written by the agent (0 in
+	 * entries of earlier agents: none), reported in verdict events. */
+	__u8 match;
 	__u8 flags; /* POLICY_F_* (enums.h); 0 without audited policy */
-	__u8 pad[2];
+	__u8 pad;
 	/* Rule cookie reported in verdict events (the policy engine's rule). */
 	__u32 cookie;
 };
@@ -165,7 +168,8 @@ struct event {
 	 * flags, no observation point". */
 	__u8 tcp_flags; /* the packet's TCP flags (TCP only) */
 	__u8 obs;       /* OBS_* of trace events, 0 otherwise */
-	__u16 pad;
+	__u8 match;     /* POLICY_MATCH_* of policy verdict events, 0 otherwise */
+	__u8 pad;
 };
 
 /* Per-CPU token bucket of events: credit in ns of event budget. */

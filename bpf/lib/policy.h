@@ -25,6 +25,7 @@ volatile const __u8 POLICY_VERDICT_EVENTS = 0;
 struct verdicts {
 	int e, a;
 	__u32 e_cookie, a_cookie;
+	__u8 e_match; /* POLICY_MATCH_* of the enforced view's allowing entry */
 };
 
 /* a_denies: the audit view denies at entry pe (an entry without flags is
@@ -37,7 +38,7 @@ static __always_inline int a_denies(const struct policy_entry *pe)
 /* view_verdict is one view's verdict from its exact and any entries
  * (NULL: none). Deny wins over allow. */
 static __always_inline void view_verdict(const struct policy_entry *x, const struct policy_entry *y, int x_deny, int y_deny,
-					 int *r, __u32 *cookie)
+					 int *r, __u32 *cookie, __u8 *match)
 {
 	if (x && x_deny) {
 		*r = REASON_POLICY_DENY_RULE;
@@ -48,9 +49,11 @@ static __always_inline void view_verdict(const struct policy_entry *x, const str
 	} else if (x) {
 		*r = 0;
 		*cookie = x->cookie;
+		*match = x->match;
 	} else if (y) {
 		*r = 0;
 		*cookie = y->cookie;
+		*match = y->match;
 	} else {
 		*r = REASON_POLICY_DENIED;
 		*cookie = 0;
@@ -82,7 +85,7 @@ static __always_inline void policy_lookup(__u16 ep_id, __u8 dir, __u32 identity,
 	}
 	struct policy_entry *ex = exact && !(exact->flags & POLICY_F_E_NONE) ? exact : NULL;
 	struct policy_entry *ey = any && !(any->flags & POLICY_F_E_NONE) ? any : NULL;
-	view_verdict(ex, ey, ex && ex->deny, ey && ey->deny, &v->e, &v->e_cookie);
+	view_verdict(ex, ey, ex && ex->deny, ey && ey->deny, &v->e, &v->e_cookie, &v->e_match);
 	if (!audit) {
 		v->a = v->e;
 		v->a_cookie = v->e_cookie;
@@ -90,19 +93,22 @@ static __always_inline void policy_lookup(__u16 ep_id, __u8 dir, __u32 identity,
 	}
 	struct policy_entry *ax = exact && !(exact->flags & POLICY_F_A_NONE) ? exact : NULL;
 	struct policy_entry *ay = any && !(any->flags & POLICY_F_A_NONE) ? any : NULL;
-	view_verdict(ax, ay, ax && a_denies(ax), ay && a_denies(ay), &v->a, &v->a_cookie);
+	__u8 a_match = 0;
+	view_verdict(ax, ay, ax && a_denies(ax), ay && a_denies(ay), &v->a, &v->a_cookie, &a_match);
 }
 
 /* combine folds another identity's verdict (r2, c2) into one view's: a
  * deny in either wins, else an allow in either. */
-static __always_inline void combine(int *r, __u32 *c, int r2, __u32 c2)
+static __always_inline int combine(int *r, __u32 *c, int r2, __u32 c2)
 {
 	if (*r == REASON_POLICY_DENY_RULE)
-		return;
+		return 0;
 	if (r2 == REASON_POLICY_DENY_RULE || (r2 == 0 && *r)) {
 		*r = r2;
 		*c = c2;
+		return 1;
 	}
+	return 0;
 }
 
 /* audit_cookie is the rule an endpoint's audit view names for direction
@@ -136,7 +142,7 @@ static __attribute__((noinline)) void audit_pass(const struct pkt *p, __u32 what
 		__sync_fetch_and_add(n, 1);
 	else
 		bpf_map_update_elem(&tdr_audit_v1, &cookie, &one, BPF_NOEXIST);
-	emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_AUDIT, cookie);
+	emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_AUDIT, cookie, 0);
 }
 
 /* policy decides a new flow for endpoint ep, which enforces direction dir
@@ -165,7 +171,8 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 		if (cidr_id) {
 			struct verdicts w = {};
 			policy_lookup(ep_id, dir, cidr_id, p, aud, &w);
-			combine(&v.e, &v.e_cookie, w.e, w.e_cookie);
+			if (combine(&v.e, &v.e_cookie, w.e, w.e_cookie))
+				v.e_match = w.e_match;
 			combine(&v.a, &v.a_cookie, w.a, w.a_cookie);
 		}
 	}
@@ -179,7 +186,7 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 		return 0;
 	}
 	if (enf && POLICY_VERDICT_EVENTS)
-		emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_ALLOWED, v.e_cookie);
+		emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_ALLOWED, v.e_cookie, v.e_match);
 	return 0;
 }
 

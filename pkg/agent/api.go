@@ -41,13 +41,14 @@ type apiParams struct {
 	KVStore    *kvstoreModule    // nil without a kvstore
 	Services   *servicesModule
 	Inspector  *dbinspect.Inspector
+	Flows      *flowsModule // nil with flows off
 	Metrics    *metrics.Server
 }
 
 func registerAPIHandlers(p apiParams) {
 	(&metricsAPI{metrics: p.Metrics}).register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
-		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector}).register(p.API)
+		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows}).register(p.API)
 	(&serviceAPI{services: p.Services}).register(p.API)
 	registerStateDBAPI(p.API, p.Inspector)
 	(&policyAPI{policy: p.Policy}).register(p.API)
@@ -72,6 +73,7 @@ type daemonAPI struct {
 	kvstore    *kvstoreModule
 	services   *servicesModule
 	tables     *dbinspect.Inspector
+	flows      *flowsModule
 }
 
 // policyAPI serves /v1/policy.

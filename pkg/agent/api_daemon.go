@@ -88,6 +88,10 @@ func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse 
 		resp.Kubernetes = h.k8s.model()
 	}
 	resp.Ipam = h.eps.ipamStatus()
+	resp.Hubble = &models.HubbleStatus{State: models.HubbleStatusStateDisabled}
+	if h.flows != nil {
+		resp.Hubble = h.flows.hubbleModel()
+	}
 	resp.DatapathMode = models.DatapathModeVeth
 	resp.AttachMode = models.AttachModeTcx
 	if h.cfg.DatapathAttachMode == string(loader.AttachTC) {
@@ -159,6 +163,9 @@ func (h *daemonAPI) sections() []ext.Section {
 	}
 	if h.services != nil {
 		out = append(out, h.services.statusSection())
+	}
+	if h.flows != nil {
+		out = append(out, h.flows.statusSection())
 	}
 	if h.tables != nil {
 		if sec := tablesStatusSection(h.tables); len(sec.Lines) > 0 {

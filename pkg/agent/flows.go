@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 
+	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"github.com/cilium/hive/cell"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/hubble"
+	"github.com/tendril-net/tendril/pkg/hubble/flowmetrics"
 	"github.com/tendril-net/tendril/pkg/hubble/hubbletls"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
@@ -56,6 +59,8 @@ type HubbleConfig struct {
 	// TraceEvents is which forwarded packets the datapath reports:
 	// per-connection, all or off (drops and verdicts are always reported).
 	TraceEvents string
+	// MetricsExport are the flow metrics and the export to a file.
+	MetricsExport HubbleMetricsConfig
 }
 
 // Values of --hubble-trace-events.
@@ -67,7 +72,8 @@ const (
 
 // DefaultHubbleConfig returns the flows' defaults.
 func DefaultHubbleConfig() HubbleConfig {
-	return HubbleConfig{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection, ClusterName: "default"}
+	return HubbleConfig{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection, ClusterName: "default",
+		MetricsExport: DefaultHubbleMetricsConfig()}
 }
 
 // Flags registers the flows' flags.
@@ -82,6 +88,7 @@ func (c *HubbleConfig) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ClusterName, "hubble-cluster-name", c.ClusterName, "Cluster name in the nodes' TLS server names")
 	fs.IntVar(&c.FlowBufferSize, "hubble-flow-buffer-size", c.FlowBufferSize, "Flows kept in the node's ring")
 	fs.StringVar(&c.TraceEvents, "hubble-trace-events", c.TraceEvents, "Forwarded packets reported as flows: per-connection (a connection's first packets and TCP flag changes), all (every packet) or off (drops and policy verdicts only)")
+	c.MetricsExport.Flags(fs)
 }
 
 // Validate checks the flows' options.
@@ -106,7 +113,7 @@ func (c *HubbleConfig) Validate() error {
 	if c.DisableTLS && (c.TLSCertFile != "" || len(c.TLSClientCAFiles) > 0) {
 		return errors.New("hubble-disable-tls with TLS files: choose one")
 	}
-	return nil
+	return c.MetricsExport.Validate()
 }
 
 // tlsConfig is the TCP listener's TLS, or nil for plain text (or no TCP).
@@ -163,6 +170,13 @@ type flowsModule struct {
 	observer *observer.Observer
 	server   *hubble.Server
 
+	log                *slog.Logger
+	socket, tcpAddress string
+	// lost reads the datapath's lost-event counters.
+	lost        func() (loader.EventsLost, error)
+	metricNames []string
+	// export is nil without --hubble-export-file-path.
+	export *flowExport
 	// peers are the cluster's nodes for the Peer service, filled from the
 	// Node objects from start on; nil without Kubernetes or without a TCP
 	// listener (the node announces only itself).
@@ -184,6 +198,7 @@ type flowsParams struct {
 	Policy     *policyModule
 	Identities identity.Allocator
 	Metrics    *metrics.Server
+	Services   *servicesModule
 	K8s        *k8sClient // nil standalone
 }
 
@@ -207,12 +222,41 @@ func newFlowsModule(p flowsParams) (*flowsModule, error) {
 		_, port, _ = net.SplitHostPort(hc.ListenAddress) // validated
 	}
 	know := &nodeKnowledge{node: p.Config.NodeName, identities: p.Identities, eps: p.Endpoints, ipcache: p.Datapath.ipcache, repo: p.Policy.repo, cidrLabels: p.Policy.cidrIdentityLabels}
-	obs := observer.New(observer.Config{Capacity: p.Config.Hubble.FlowBufferSize}, know, logFor(p.Root, "observer"))
+	if p.Services != nil {
+		know.services = &serviceKnowledge{tables: p.Services.tables}
+	}
+	know.selecting, know.defaultDeny = p.Policy.selectingRules, &defaultDenying{repo: p.Policy.repo}
+	mx := p.Config.Hubble.MetricsExport
+	// The flow metrics and the export see every flow as it is decoded.
+	var consumers []func(*flowpb.Flow)
+	if len(mx.Metrics) > 0 {
+		fm, err := flowmetrics.New(mx.metricsConfig(), p.Metrics.Registry)
+		if err != nil {
+			return nil, err
+		}
+		consumers = append(consumers, fm.Observe)
+	}
+	var export *flowExport
+	if mx.ExportFilePath != "" {
+		cfg, err := mx.exporterConfig()
+		if err != nil {
+			return nil, err
+		}
+		export = &flowExport{cfg: cfg}
+		consumers = append(consumers, export.consume)
+	}
+	obs := observer.New(observer.Config{Capacity: p.Config.Hubble.FlowBufferSize, Consumers: consumers}, know, logFor(p.Root, "observer"))
 	m := &flowsModule{
 		observer: obs,
 		server: hubble.New(hubble.Config{SocketPath: p.Config.hubbleSocket(), TCPAddress: hc.ListenAddress, Version: version.Version,
 			TLS: tlsCfg, TLSServerName: serverName, Peers: peers}, obs, logFor(p.Root, "hubble")),
 		peers: peers, k8s: p.K8s, port: port, clusterName: hc.ClusterName, tls: tlsCfg != nil,
+		log:         logFor(p.Root, "hubble"),
+		socket:      p.Config.hubbleSocket(),
+		tcpAddress:  hc.ListenAddress,
+		lost:        p.Datapath.loader.EventsLost,
+		metricNames: mx.Metrics,
+		export:      export,
 	}
 	p.Metrics.Registry.MustRegister(newFlowsCollector(obs))
 	// The datapath's event reader feeds the observer; it is set before the
@@ -224,9 +268,26 @@ func newFlowsModule(p flowsParams) (*flowsModule, error) {
 	return m, nil
 }
 
-// start serves the Hubble API (step 10, beside metrics and pprof) and
-// follows the Node objects into the Peer service's set.
+// start serves the Hubble API (step 10, beside metrics and pprof),
+// follows the Node objects into the Peer service's set, and opens the
+// export file first, so the flows served are exported too.
 func (m *flowsModule) start(context.Context) error {
+	if m.export != nil {
+		if err := m.export.start(m); err != nil {
+			return err
+		}
+	}
+	if err := m.startServing(); err != nil {
+		if m.export != nil {
+			_ = m.export.stop()
+		}
+		return err
+	}
+	return nil
+}
+
+// startServing follows the nodes (for the Peer service) and serves.
+func (m *flowsModule) startServing() error {
 	if m.peers != nil && m.k8s.watchers != nil {
 		unsub, err := m.k8s.watchers.Nodes.Subscribe(func(ev watchers.Event[*corev1.Node]) {
 			switch ev.Kind {
@@ -258,12 +319,16 @@ func (m *flowsModule) peerOf(n *corev1.Node) hubble.Peer {
 	return p
 }
 
-// stop ends every stream and joins the server's goroutines.
+// stop ends every stream and joins the server's goroutines, then closes
+// the export file.
 func (m *flowsModule) stop(context.Context) error {
 	if m.unsubscribe != nil {
 		m.unsubscribe()
 	}
 	m.server.Stop()
+	if m.export != nil {
+		return m.export.stop()
+	}
 	return nil
 }
 
@@ -319,6 +384,11 @@ type nodeKnowledge struct {
 	repo       *policy.Repository
 	// cidrLabels names the policy's node-local CIDR identities.
 	cidrLabels func(identity.NumericIdentity) []string
+	// services names services by address (nil without the services).
+	services *serviceKnowledge
+	// selecting and defaultDeny name the policies behind a default deny.
+	selecting   func(epID uint16) ([]uint32, bool)
+	defaultDeny *defaultDenying
 
 	// policies is the repository's rules by cookie at revision rev,
 	// rebuilt when the repository moves on (rules change rarely, events
@@ -328,7 +398,17 @@ type nodeKnowledge struct {
 	policies map[uint32]observer.Policy
 }
 
-var _ observer.NodeKnowledge = (*nodeKnowledge)(nil)
+var (
+	_ observer.NodeKnowledge    = (*nodeKnowledge)(nil)
+	_ observer.ServiceKnowledge = (*nodeKnowledge)(nil)
+
+	_ observer.DefaultDenyKnowledge = (*nodeKnowledge)(nil)
+)
+
+// ServiceByAddr names the service of a frontend or backend address.
+func (k *nodeKnowledge) ServiceByAddr(a netip.AddrPort, proto uint8) (observer.Service, bool) {
+	return k.services.ServiceByAddr(a, proto)
+}
 
 func (k *nodeKnowledge) NodeName() string { return k.node }
 

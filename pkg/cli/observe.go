@@ -463,8 +463,16 @@ func summary(f *flowpb.Flow) string {
 	if f.GetIsReply().GetValue() {
 		parts = append(parts, "reply")
 	}
+	// A default deny names the policies selecting the endpoint (why it
+	// denies); a deny rule its own policy.
+	defaultDeny := f.GetVerdict() == flowpb.Verdict_DROPPED && f.GetDropReasonDesc() == flowpb.DropReason_POLICY_DENIED
+	var selecting []string
 	for _, p := range [][]*flowpb.Policy{f.GetIngressDeniedBy(), f.GetEgressDeniedBy()} {
 		for _, pol := range p {
+			if defaultDeny {
+				selecting = append(selecting, pol.GetNamespace()+"/"+pol.GetName())
+				continue
+			}
 			parts = append(parts, fmt.Sprintf("denied by %s/%s", pol.GetNamespace(), pol.GetName()))
 		}
 	}
@@ -473,10 +481,31 @@ func summary(f *flowpb.Flow) string {
 			parts = append(parts, fmt.Sprintf("allowed by %s/%s", pol.GetNamespace(), pol.GetName()))
 		}
 	}
-	if f.GetVerdict() == flowpb.Verdict_DROPPED && f.GetDropReasonDesc() == flowpb.DropReason_POLICY_DENIED {
+	if f.GetEventType().GetType() == observer.MessageTypePolicyVerdict && f.GetPolicyMatchType() != 0 {
+		parts = append(parts, "match "+matchTypeName(f.GetPolicyMatchType()))
+	}
+	switch {
+	case defaultDeny && len(selecting) > 0:
+		parts = append(parts, "default deny of "+strings.Join(selecting, ", "))
+	case defaultDeny:
 		parts = append(parts, "default deny")
 	}
 	return strings.Join(parts, "; ")
+}
+
+// matchTypeName is a verdict's policy match type as hubble prints it.
+func matchTypeName(t uint32) string {
+	switch t {
+	case 1:
+		return "L3-Only"
+	case 2:
+		return "L3-L4"
+	case 3:
+		return "L4-Only"
+	case 4:
+		return "all"
+	}
+	return "unknown"
 }
 
 // dropReasonText is the reason as hubble prints it ("Policy denied").

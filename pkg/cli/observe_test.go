@@ -232,3 +232,24 @@ func TestObserveRequest(t *testing.T) {
 		t.Errorf("either-side filters: %v", w)
 	}
 }
+
+// TestCompactPolicyDetails: a compact line names the deny rule's policy,
+// the default deny, and a verdict's match type.
+func TestCompactPolicyDetails(t *testing.T) {
+	for _, tc := range []struct {
+		f    *flowpb.Flow
+		want string
+	}{
+		{&flowpb.Flow{Verdict: flowpb.Verdict_DROPPED, DropReasonDesc: flowpb.DropReason_POLICY_DENY,
+			IngressDeniedBy: []*flowpb.Policy{{Namespace: "data", Name: "db-deny"}}}, "denied by data/db-deny"},
+		{&flowpb.Flow{Verdict: flowpb.Verdict_DROPPED, DropReasonDesc: flowpb.DropReason_POLICY_DENIED}, "default deny"},
+		{&flowpb.Flow{Verdict: flowpb.Verdict_DROPPED, DropReasonDesc: flowpb.DropReason_POLICY_DENIED,
+			IngressDeniedBy: []*flowpb.Policy{{Namespace: "demo", Name: "allow-frontend"}}}, "default deny of demo/allow-frontend"},
+		{&flowpb.Flow{Verdict: flowpb.Verdict_FORWARDED, EventType: &flowpb.CiliumEventType{Type: 5}, PolicyMatchType: 2,
+			IngressAllowedBy: []*flowpb.Policy{{Namespace: "data", Name: "db"}}}, "allowed by data/db; match L3-L4"},
+	} {
+		if got := summary(tc.f); got != tc.want {
+			t.Errorf("summary %q, want %q", got, tc.want)
+		}
+	}
+}

@@ -102,6 +102,10 @@ func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
 		f.TrafficDirection = flowpb.TrafficDirection_EGRESS
 	}
 	f.Source, f.Destination = d.endpoints(ev)
+	if svc, ok := d.Node.(ServiceKnowledge); ok {
+		f.SourceService = service(svc, ev.Src, ev.SrcPort, ev.Proto)
+		f.DestinationService = service(svc, ev.Dst, ev.DstPort, ev.Proto)
+	}
 	switch ev.Type {
 	case maps.EventDrop:
 		f.Verdict = flowpb.Verdict_DROPPED
@@ -116,6 +120,9 @@ func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
 		if ev.Reason == maps.ReasonPolicyDenyRule && ev.Cookie != 0 {
 			d.attachPolicy(f, ev, true)
 		}
+		if ev.Reason == maps.ReasonPolicyDenied && ev.EndpointID != 0 {
+			d.attachDefaultDeny(f, ev)
+		}
 	case maps.EventPolicyVerdict:
 		f.Verdict = flowpb.Verdict_FORWARDED
 		if !ev.Allowed {
@@ -128,6 +135,8 @@ func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
 		}
 		f.EventType = &flowpb.CiliumEventType{Type: MessageTypePolicyVerdict}
 		f.IsReply = wrapperspb.Bool(false)
+		// The datapath's match types are numbered as Cilium's.
+		f.PolicyMatchType = uint32(ev.MatchType)
 		if ev.Cookie != 0 {
 			d.attachPolicy(f, ev, !ev.Allowed || ev.Audit)
 		}
@@ -166,6 +175,39 @@ func (d *Decoder) attachPolicy(f *flowpb.Flow, ev loader.Event, denied bool) {
 		f.EgressDeniedBy = pol
 	default:
 		f.EgressAllowedBy = pol
+	}
+}
+
+// service names the service of one side, or nil.
+func service(k ServiceKnowledge, addr netip.Addr, port uint16, proto uint8) *flowpb.Service {
+	if port == 0 {
+		return nil
+	}
+	s, ok := k.ServiceByAddr(netip.AddrPortFrom(addr.Unmap(), port), proto)
+	if !ok {
+		return nil
+	}
+	return &flowpb.Service{Namespace: s.Namespace, Name: s.Name}
+}
+
+// attachDefaultDeny names, on a default-deny drop, the policies whose
+// rules select the endpoint in the drop's direction: they are why it
+// denies what they do not allow. The drop reason (POLICY_DENIED, not
+// POLICY_DENY) still tells it from a deny rule's.
+func (d *Decoder) attachDefaultDeny(f *flowpb.Flow, ev loader.Event) {
+	k, ok := d.Node.(DefaultDenyKnowledge)
+	if !ok {
+		return
+	}
+	ingress := ev.Direction == maps.DirIngress
+	var pols []*flowpb.Policy
+	for _, p := range k.DefaultDenyPolicies(ev.EndpointID, ingress) {
+		pols = append(pols, &flowpb.Policy{Name: p.Name, Namespace: p.Namespace, Labels: p.Labels, Revision: p.Revision, Kind: p.Kind})
+	}
+	if ingress {
+		f.IngressDeniedBy = pols
+	} else {
+		f.EgressDeniedBy = pols
 	}
 }
 

@@ -1,6 +1,7 @@
 package observer
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
@@ -90,5 +91,104 @@ func TestDecodeTraceAndVerdict(t *testing.T) {
 	}
 	if _, err := d.Decode(loader.Event{Type: 99}); err == nil {
 		t.Error("an unknown event type decoded")
+	}
+}
+
+// serviceNode also knows a service: its cluster IP and its backend db.
+type serviceNode struct{ fakeNode }
+
+var clusterIP = netip.MustParseAddr("10.96.0.10")
+
+func (serviceNode) ServiceByAddr(a netip.AddrPort, proto uint8) (Service, bool) {
+	if proto == 6 && (a == netip.AddrPortFrom(clusterIP, 5432) || a == netip.AddrPortFrom(dbIP, 5432)) {
+		return Service{Namespace: "data", Name: "db"}, true
+	}
+	return Service{}, false
+}
+
+func TestDecodeServiceAndMatchType(t *testing.T) {
+	d := &Decoder{Node: serviceNode{}, Clock: fixedClock}
+	// A connection to the service's backend (the socket load balancer
+	// translated the cluster IP away) names the service.
+	ev := traceEvent(webIP, dbIP, 6, 40000, 5432, 0x02, maps.DirEgress, maps.ReasonForwarded, 0)
+	f, err := d.Decode(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := f.GetDestinationService(); s.GetName() != "db" || s.GetNamespace() != "data" || f.GetSourceService() != nil {
+		t.Errorf("services: source %v destination %v", f.GetSourceService(), f.GetDestinationService())
+	}
+	// The reply names it as its source.
+	f, _ = d.Decode(traceEvent(dbIP, webIP, 6, 5432, 40000, 0x12, maps.DirIngress, maps.ReasonCTReply, 0))
+	if f.GetSourceService().GetName() != "db" || f.GetDestinationService() != nil {
+		t.Errorf("reply services: source %v destination %v", f.GetSourceService(), f.GetDestinationService())
+	}
+	// Without service knowledge, no service.
+	f, _ = (&Decoder{Node: fakeNode{}, Clock: fixedClock}).Decode(ev)
+	if f.GetDestinationService() != nil {
+		t.Errorf("service %v from a node that knows none", f.GetDestinationService())
+	}
+	// A verdict carries the match type of the entry that allowed it.
+	v := loader.Event{Type: maps.EventPolicyVerdict, Direction: maps.DirIngress, EndpointID: 2, Proto: 6, Allowed: true, Cookie: 7,
+		Src: webIP, Dst: dbIP, SrcPort: 40000, DstPort: 5432, MatchType: maps.PolicyMatchL3L4, Monotonic: at(0)}
+	f, _ = d.Decode(v)
+	if f.GetPolicyMatchType() != uint32(maps.PolicyMatchL3L4) || f.GetPolicyMatchType() != 2 {
+		t.Errorf("match type %d, want L3-L4 (2)", f.GetPolicyMatchType())
+	}
+}
+
+// TestConsumersSeeEveryFlow: the observer hands each decoded flow to its
+// consumers before it enters the ring.
+func TestConsumersSeeEveryFlow(t *testing.T) {
+	var seen []*flowpb.Flow
+	var o *Observer
+	o = New(Config{Clock: fixedClock, Consumers: []func(*flowpb.Flow){func(f *flowpb.Flow) {
+		if _, next, _ := o.Ring().Bounds(); next != uint64(len(seen)) {
+			t.Errorf("flow %d in the ring before its consumer saw it", next)
+		}
+		seen = append(seen, f)
+	}}}, fakeNode{}, nil)
+	for i := range 3 {
+		if err := o.Observe(traceEvent(webIP, dbIP, 6, 40000+uint16(i), 5432, 0x02, maps.DirEgress, maps.ReasonForwarded, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = o.Observe(loader.Event{Type: 99})
+	if len(seen) != 3 {
+		t.Fatalf("consumers saw %d flows, want 3", len(seen))
+	}
+	for i, f := range seen {
+		if g, _ := o.Ring().At(uint64(i)); g != f {
+			t.Fatalf("flow %d: the consumer's is not the ring's", i)
+		}
+	}
+}
+
+// defaultDenyNode knows which policy selects db on ingress.
+type defaultDenyNode struct{ fakeNode }
+
+func (defaultDenyNode) DefaultDenyPolicies(ep uint16, ingress bool) []Policy {
+	if ep == 2 && ingress {
+		return []Policy{{Name: "db-ingress", Namespace: "data", Kind: "CiliumNetworkPolicy"}}
+	}
+	return nil
+}
+
+// TestDecodeDefaultDenyNamesSelectingPolicy: a default-deny drop names the
+// policies selecting the endpoint in its direction, its reason still the
+// default deny's.
+func TestDecodeDefaultDenyNamesSelectingPolicy(t *testing.T) {
+	d := &Decoder{Node: defaultDenyNode{}, Clock: fixedClock}
+	f, err := d.Decode(dropEvent(webIP, dbIP, 5432, maps.ReasonPolicyDenied, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if by := f.GetIngressDeniedBy(); f.GetDropReasonDesc() != flowpb.DropReason_POLICY_DENIED || len(by) != 1 || by[0].GetName() != "db-ingress" || by[0].GetNamespace() != "data" {
+		t.Errorf("default deny: reason %v, denied by %v", f.GetDropReasonDesc(), by)
+	}
+	eg := dropEvent(dbIP, webIP, 80, maps.ReasonPolicyDenied, 0)
+	eg.Direction = maps.DirEgress
+	if f, _ := d.Decode(eg); len(f.GetEgressDeniedBy())+len(f.GetIngressDeniedBy()) != 0 {
+		t.Errorf("egress default deny of an endpoint no egress rule selects names %v %v", f.GetEgressDeniedBy(), f.GetIngressDeniedBy())
 	}
 }

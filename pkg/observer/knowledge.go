@@ -28,6 +28,28 @@ type NodeKnowledge interface {
 	PolicyByCookie(cookie uint32) (Policy, bool)
 }
 
+// ServiceKnowledge is what a NodeKnowledge may also know: the services
+// of the node's load balancer, so a flow names the service it went to.
+type ServiceKnowledge interface {
+	// ServiceByAddr names the service an address and port (and IP
+	// protocol) belong to: one of its frontends (a cluster IP) or, since
+	// the socket load balancer translates before the datapath sees the
+	// packet, one of its backends.
+	ServiceByAddr(addr netip.AddrPort, proto uint8) (Service, bool)
+}
+
+// DefaultDenyKnowledge is what a NodeKnowledge may also know: the
+// policies that put a local endpoint into default deny in a direction
+// (the rules selecting it there), so a default-deny drop names them.
+type DefaultDenyKnowledge interface {
+	DefaultDenyPolicies(endpointID uint16, ingress bool) []Policy
+}
+
+// Service is a service as flows name it.
+type Service struct {
+	Namespace, Name string
+}
+
 // Endpoint is a pod (or another workload) as flows name it.
 type Endpoint struct {
 	// ID is the endpoint ID on its node (0 when not known).

@@ -29,6 +29,8 @@ type Observer struct {
 	ring    *Ring
 	start   time.Time
 
+	consumers []func(*flowpb.Flow)
+
 	decodeErrors atomic.Uint64
 	followers    atomic.Int64
 }
@@ -42,6 +44,10 @@ type Config struct {
 	Capacity int
 	// Clock places event times in wall time; SystemClock when nil.
 	Clock Clock
+	// Consumers get every flow decoded, in order, in the decoding
+	// goroutine, before it enters the ring (flow metrics, export): each
+	// must be quick and must not change the flow.
+	Consumers []func(*flowpb.Flow)
 }
 
 // New returns an observer decoding with what node knows.
@@ -49,7 +55,8 @@ func New(cfg Config, node NodeKnowledge, log *slog.Logger) *Observer {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Observer{log: log, decoder: &Decoder{Node: node, Clock: cfg.Clock}, ring: NewRing(cfg.Capacity), start: time.Now()}
+	return &Observer{log: log, decoder: &Decoder{Node: node, Clock: cfg.Clock}, ring: NewRing(cfg.Capacity), start: time.Now(),
+		consumers: cfg.Consumers}
 }
 
 // Ring is the observer's flow ring.
@@ -70,6 +77,9 @@ func (o *Observer) Observe(ev loader.Event) error {
 	if err != nil {
 		o.decodeErrors.Add(1)
 		return err
+	}
+	for _, c := range o.consumers {
+		c(f)
 	}
 	o.ring.Write(f)
 	return nil

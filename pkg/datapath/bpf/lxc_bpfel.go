@@ -76,7 +76,8 @@ type LxcEvent struct {
 	Len         uint32
 	TcpFlags    uint8
 	Obs         uint8
-	Pad         uint16
+	Match       uint8
+	Pad         uint8
 }
 
 type LxcIpcacheInfo struct {
@@ -217,8 +218,9 @@ type LxcMetricValue struct {
 type LxcPolicyEntry struct {
 	_      structs.HostLayout
 	Deny   uint8
+	Match  uint8
 	Flags  uint8
-	Pad    [2]uint8
+	Pad    uint8
 	Cookie uint32
 }
 

@@ -89,6 +89,9 @@ type Event struct {
 	// ObsPoint is where a trace event saw the packet (maps.ObsFromEndpoint,
 	// maps.ObsToEndpoint); 0 for drops and verdicts.
 	ObsPoint uint8
+	// MatchType is what the allowing entry's key matched
+	// (maps.PolicyMatch*) in policy verdict events; 0 otherwise.
+	MatchType uint8
 	// Monotonic is the kernel's CLOCK_MONOTONIC time of the event.
 	Monotonic time.Duration
 }
@@ -115,7 +118,7 @@ func DecodeEvent(sample []byte) (Event, error) {
 		Type: raw.Type, Reason: raw.Reason, Direction: raw.Dir, EndpointID: raw.EpId, Proto: raw.Proto,
 		Allowed: raw.Verdict == maps.VerdictAllowed || raw.Verdict == maps.VerdictAudit, Audit: raw.Verdict == maps.VerdictAudit, SrcIdentity: raw.SrcIdentity, DstIdentity: raw.DstIdentity, Cookie: raw.Cookie,
 		Src: addr(raw.Saddr), Dst: addr(raw.Daddr), SrcPort: maps.Ntohs(raw.Sport), DstPort: maps.Ntohs(raw.Dport),
-		Len: raw.Len, TCPFlags: raw.TcpFlags, ObsPoint: raw.Obs, Monotonic: time.Duration(raw.Ts),
+		Len: raw.Len, TCPFlags: raw.TcpFlags, ObsPoint: raw.Obs, MatchType: raw.Match, Monotonic: time.Duration(raw.Ts),
 	}, nil
 }
 

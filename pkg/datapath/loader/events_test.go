@@ -2,6 +2,7 @@ package loader
 
 import (
 	"errors"
+	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -173,5 +174,104 @@ func TestPrivilegedEventsLostCounted(t *testing.T) {
 	}
 	if lost.RateLimited == 0 || uint64(read)+lost.Total() != pkts {
 		t.Fatalf("read %d, lost %+v: want some rate limited and %d in all", read, lost, pkts)
+	}
+}
+
+// TestPrivilegedVerdictMatchType: a policy verdict event carries the match
+// type of the entry that allowed the flow: L3-only (identity, any port),
+// L3-L4 (identity and port), L4-only (any identity, a port), all.
+func TestPrivilegedVerdictMatchType(t *testing.T) {
+	n := newNodeWith(t, Config{DirectDelivery: true, PolicyVerdictEvents: true})
+	n.addEndpoints(true, false)
+	er, err := n.l.NewEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer er.Close()
+	// Each case allows port 80 from the remote peer with one kind of
+	// entry (replacing the previous one) and sends a new flow.
+	cases := []struct {
+		name      string
+		id        uint32
+		proto     uint8
+		port      uint16
+		wantMatch uint8
+	}{
+		{"L3-only", idRemote, 0, 0, maps.PolicyMatchL3Only},
+		{"L3-L4", idRemote, 6, 80, maps.PolicyMatchL3L4},
+		{"L4-only", 0, 6, 80, maps.PolicyMatchL4Only},
+		{"all", 0, 0, 0, maps.PolicyMatchAll},
+	}
+	var prev *maps.PolicyKey
+	for i, c := range cases {
+		if prev != nil {
+			if err := n.l.Maps().PolicyMap().Delete(*prev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n.allow(1, maps.DirIngress, c.id, c.proto, c.port)
+		k := maps.PolicyKey{EndpointID: 1, Direction: maps.DirIngress, Identity: c.id, Proto: c.proto, Port: c.port}
+		if c.port != 0 {
+			k.PortPrefixLen = 16
+		}
+		prev = &k
+		if got := n.toPod(n.ifidx, packet(remote, podA, l4{proto: 6, sport: uint16(50000 + i), dport: 80, tcpFlags: tcpSYN})); got != actOK {
+			t.Fatalf("%s: verdict %d", c.name, got)
+		}
+		evs := drain(t, er, 200*time.Millisecond)
+		if len(evs) != 1 || evs[0].Type != EventPolicyVerdict || evs[0].Cookie != 7 || evs[0].MatchType != c.wantMatch {
+			t.Fatalf("%s: events %+v, want one verdict with match type %d", c.name, evs, c.wantMatch)
+		}
+	}
+	// Drops and traces carry none.
+	n.l.Maps().PolicyMap().Delete(*prev)
+	n.toPod(n.ifidx, packet(remote, podA, l4{proto: 6, sport: 60000, dport: 80, tcpFlags: tcpSYN}))
+	if evs := drain(t, er, 200*time.Millisecond); len(evs) != 1 || evs[0].Type != EventDrop || evs[0].MatchType != 0 {
+		t.Fatalf("drop: %+v", evs)
+	}
+}
+
+// TestPrivilegedDirectDeliveryToEndpointTrace: between two local pods
+// with direct delivery, the receiver's to_pod does not run; the sender's
+// from_pod reports the receiver's to-endpoint trace too (its endpoint ID,
+// ingress), for the SYN and for the SYN-ACK coming back.
+func TestPrivilegedDirectDeliveryToEndpointTrace(t *testing.T) {
+	n := newNodeWith(t, Config{DirectDelivery: true, TraceEvents: TracePerConnection})
+	n.addDirectEndpoints()
+	n.allow(2, maps.DirIngress, idA, 6, 8080)
+	er, err := n.l.NewEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer er.Close()
+	if got := n.fromPod(n.ifidx, packet(podA, podB, l4{proto: 6, sport: 40000, dport: 8080, tcpFlags: tcpSYN})); got != actRedirect {
+		t.Fatalf("SYN A to B = %d, want redirect", got)
+	}
+	if got := n.fromPod(n.ifidx2, packet(podB, podA, l4{proto: 6, sport: 8080, dport: 40000, tcpFlags: tcpSYN | tcpACK})); got != actRedirect {
+		t.Fatalf("SYN-ACK B to A = %d, want redirect", got)
+	}
+	// Data: nothing.
+	n.fromPod(n.ifidx, packet(podA, podB, l4{proto: 6, sport: 40000, dport: 8080, tcpFlags: tcpACK}))
+	evs := drain(t, er, 300*time.Millisecond)
+	type seen struct {
+		ep    uint16
+		obs   uint8
+		flags uint8
+		src   netip.Addr
+	}
+	want := []seen{
+		{1, maps.ObsFromEndpoint, tcpSYN, podA},
+		{2, maps.ObsToEndpoint, tcpSYN, podA},
+		{2, maps.ObsFromEndpoint, tcpSYN | tcpACK, podB},
+		{1, maps.ObsToEndpoint, tcpSYN | tcpACK, podB},
+	}
+	if len(evs) != len(want) {
+		t.Fatalf("%d events, want %d: %+v", len(evs), len(want), evs)
+	}
+	for i, ev := range evs {
+		got := seen{ev.EndpointID, ev.ObsPoint, ev.TCPFlags, ev.Src}
+		if got != want[i] || ev.Type != EventTrace || ev.SrcIdentity == 0 || ev.DstIdentity == 0 {
+			t.Errorf("event %d: %+v, want %+v", i, ev, want[i])
+		}
 	}
 }

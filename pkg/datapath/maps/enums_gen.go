@@ -123,6 +123,18 @@ const (
 	ObsToEndpoint   uint8 = 2 // OBS_TO_ENDPOINT: to_pod: delivered to the pod
 )
 
+// What a policy entry's key matches (policy_entry.match, event.match of
+// verdicts), as Cilium's monitor numbers policy match types: the agent
+// writes it with the entry, the datapath copies it into the verdict.
+// From POLICY_MATCH_* of bpf/lib/enums.h.
+const (
+	PolicyMatchNone   uint8 = 0 // POLICY_MATCH_NONE: not known (an entry of an earlier agent)
+	PolicyMatchL3Only uint8 = 1 // POLICY_MATCH_L3_ONLY: a peer identity, any protocol and port
+	PolicyMatchL3L4   uint8 = 2 // POLICY_MATCH_L3_L4: a peer identity and a protocol (and port)
+	PolicyMatchL4Only uint8 = 3 // POLICY_MATCH_L4_ONLY: any identity, a protocol (and port)
+	PolicyMatchAll    uint8 = 4 // POLICY_MATCH_ALL: any identity, protocol and port
+)
+
 // Counters of events that never reached the ring buffer
 // (tdr_events_lost_v1, per CPU).
 // From EVENTS_LOST_* of bpf/lib/enums.h.

@@ -62,6 +62,20 @@ type PolicyValue struct {
 	Flags uint8
 }
 
+// MatchType is what the key matches (PolicyMatch*), which the datapath
+// reports in the verdict events of the flows it allows.
+func (k PolicyKey) MatchType() uint8 {
+	switch {
+	case k.Identity != 0 && k.Proto == 0:
+		return PolicyMatchL3Only
+	case k.Identity != 0:
+		return PolicyMatchL3L4
+	case k.Proto == 0:
+		return PolicyMatchAll
+	}
+	return PolicyMatchL4Only
+}
+
 // fixedPolicyBits is the identity, always matched whole.
 const fixedPolicyBits = 32
 
@@ -184,7 +198,7 @@ func (m *PolicyMap) Upsert(k PolicyKey, v PolicyValue) error {
 	if err != nil {
 		return err
 	}
-	val := bpf.LxcPolicyEntry{Cookie: v.Cookie, Flags: v.Flags}
+	val := bpf.LxcPolicyEntry{Cookie: v.Cookie, Match: k.MatchType(), Flags: v.Flags}
 	if v.Deny {
 		val.Deny = 1
 	}

@@ -156,6 +156,20 @@ func Scenario() []Packet {
 // is gone when it returns. It needs root (testutil.Privileged).
 func DatapathEvents(t testing.TB, pkts []Packet) []loader.Event {
 	t.Helper()
+	return ServiceEvents(t, pkts, nil)
+}
+
+// ServiceBackend is a service frontend (a cluster IP and port, TCP) and
+// its one backend, as the datapath's load-balancing maps hold them.
+type ServiceBackend struct {
+	Frontend, Backend netip.AddrPort
+}
+
+// ServiceEvents is DatapathEvents with services in the datapath: a pod's
+// packet to a frontend is translated to its backend by from_pod (the
+// per-packet path), and the backend's reply back.
+func ServiceEvents(t testing.TB, pkts []Packet, services []ServiceBackend) []loader.Event {
+	t.Helper()
 	testutil.Privileged(t)
 	if _, err := os.Stat("/sys/fs/bpf"); err != nil {
 		t.Fatalf("bpffs: %v", err)
@@ -213,6 +227,16 @@ func DatapathEvents(t testing.TB, pkts []Packet) []loader.Event {
 		{maps.PolicyKey{EndpointID: 2, Direction: maps.DirIngress, Identity: WorldIdentity, Proto: 6, Port: 22, PortPrefixLen: 16}, maps.PolicyValue{Deny: true, Cookie: DenyCookie}},
 	} {
 		if err := m.PolicyMap().Upsert(r.k, r.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, s := range services {
+		id := uint32(i + 1)
+		if err := m.LB.BackendMap().Upsert(id, maps.Backend{Addr: s.Backend.Addr(), Port: s.Backend.Port()}); err != nil {
+			t.Fatal(err)
+		}
+		fe := maps.Frontend{Addr: s.Frontend.Addr(), Port: s.Frontend.Port(), Proto: maps.ProtoTCP}
+		if err := m.LB.ApplyService(fe, maps.Service{ID: id, RevNATID: id}, []uint32{id}, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
