@@ -60,4 +60,10 @@ static __always_inline __u8 enforced(const struct endpoint_info *ep, __u8 dir)
 	return dir == DIR_INGRESS ? (ep->flags & EP_ENFORCE_INGRESS) : (ep->flags & EP_ENFORCE_EGRESS);
 }
 
+/* audited: an audited policy selects the endpoint in direction dir. */
+static __always_inline __u8 audited(const struct endpoint_info *ep, __u8 dir)
+{
+	return dir == DIR_INGRESS ? (ep->flags & EP_AUDIT_INGRESS) : (ep->flags & EP_AUDIT_EGRESS);
+}
+
 #endif

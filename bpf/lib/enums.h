@@ -31,6 +31,12 @@
  * endpoint's namespace (bpf_redirect_peer), its ingress policy checked
  * there: set when its MACs are known. */
 #define EP_DELIVER_DIRECT 0x10
+/* An audited policy selects the endpoint in that direction: a new flow
+ * the audit view (enforced and audited rules together) would deny passes
+ * (unless the enforced rules deny it) and is reported with an AUDIT
+ * verdict and counted per rule. */
+#define EP_AUDIT_INGRESS 0x20
+#define EP_AUDIT_EGRESS 0x40
 
 /* ipcache flags (ipcache_info.flags).
  * go:const IPCacheFlag IPCACHE_F_ uint8 */
@@ -108,6 +114,27 @@
  * go:const Verdict VERDICT_ uint8 */
 #define VERDICT_DENIED 0
 #define VERDICT_ALLOWED 1
+/* An audited policy would have denied the flow; it passed. */
+#define VERDICT_AUDIT 2
+
+/* Policy entry flags (policy_entry.flags): an endpoint under audited
+ * policy has one trie per kind holding both views, the enforced one (its
+ * rules alone) and the audit one (with the audited rules): each entry says
+ * what each view has at its key. An entry without flags is an enforced
+ * entry the audit view shares.
+ * go:const PolicyFlag POLICY_F_ uint8 */
+/* The enforced view has no entry here (only the audit view has one). */
+#define POLICY_F_E_NONE 0x01
+/* The audit view denies here (a deny rule). */
+#define POLICY_F_A_DENY 0x02
+/* The audit view has no entry here. */
+#define POLICY_F_A_NONE 0x04
+
+/* The protocol of the key that holds an endpoint's audit cookie for a
+ * direction (in its any-identity trie, port 0): the rule named when the
+ * audit view denies a flow because no rule allows it.
+ * go:const PolicyAudit POLICY_AUDIT_ uint8 */
+#define POLICY_AUDIT_COOKIE_PROTO 255
 
 /* Service flags (lb_service.flags).
  * go:const SvcFlag SVC_F_ uint8 */

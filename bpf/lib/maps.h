@@ -91,7 +91,8 @@ struct policy_entry {
 	/* POLICY_MATCH_* of the entry's key, written by the agent (0 in
 	 * entries of earlier agents: none), reported in verdict events. */
 	__u8 match;
-	__u8 pad[2];
+	__u8 flags; /* POLICY_F_* (enums.h); 0 without audited policy */
+	__u8 pad;
 	/* Rule cookie reported in verdict events (the policy engine's rule). */
 	__u32 cookie;
 };
@@ -262,6 +263,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct policy_trie);
 } tdr_policy_v2 SEC(".maps");
+
+/* Connections audited policies would have denied, per rule cookie and
+ * CPU: the datapath counts each audit decision (one per new flow), so the
+ * per-rule counts stay exact whatever the event rate limit drops. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__type(key, __u32);   /* rule cookie */
+	__type(value, __u64); /* connections */
+	__uint(max_entries, 16384);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_audit_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -17,11 +17,54 @@
  * connection; the loader turns them on when asked (drops always report). */
 volatile const __u8 POLICY_VERDICT_EVENTS = 0;
 
-/* policy_lookup: 0 allowed, REASON_POLICY_DENIED (no rule allows),
- * REASON_POLICY_DENY_RULE (a deny rule matched). Deny wins over allow. The
- * endpoint's "any identity" trie is looked up only when it has one. */
-static __always_inline int policy_lookup(__u16 ep_id, __u8 dir, __u32 identity, const struct pkt *p, __u32 *cookie,
-					 __u8 *match)
+/* The verdicts of the two views on a new flow: the enforced one (its
+ * rules alone) and, for an endpoint under audited policy, the audit one
+ * (with the audited rules). Each is 0 allowed, REASON_POLICY_DENIED (no
+ * entry allows) or REASON_POLICY_DENY_RULE (a deny rule matched), with the
+ * deciding entry's cookie. */
+struct verdicts {
+	int e, a;
+	__u32 e_cookie, a_cookie;
+	__u8 e_match; /* POLICY_MATCH_* of the enforced view's allowing entry */
+};
+
+/* a_denies: the audit view denies at entry pe (an entry without flags is
+ * an enforced one the audit view shares). */
+static __always_inline int a_denies(const struct policy_entry *pe)
+{
+	return (pe->flags & POLICY_F_A_DENY) || (!pe->flags && pe->deny);
+}
+
+/* view_verdict is one view's verdict from its exact and any entries
+ * (NULL: none). Deny wins over allow. */
+static __always_inline void view_verdict(const struct policy_entry *x, const struct policy_entry *y, int x_deny, int y_deny,
+					 int *r, __u32 *cookie, __u8 *match)
+{
+	if (x && x_deny) {
+		*r = REASON_POLICY_DENY_RULE;
+		*cookie = x->cookie;
+	} else if (y && y_deny) {
+		*r = REASON_POLICY_DENY_RULE;
+		*cookie = y->cookie;
+	} else if (x) {
+		*r = 0;
+		*cookie = x->cookie;
+		*match = x->match;
+	} else if (y) {
+		*r = 0;
+		*cookie = y->cookie;
+		*match = y->match;
+	} else {
+		*r = REASON_POLICY_DENIED;
+		*cookie = 0;
+	}
+}
+
+/* policy_lookup fills v for one peer identity from the endpoint's tries:
+ * the "any identity" trie is looked up only when the endpoint has one;
+ * the audit view only when audit is set. */
+static __always_inline void policy_lookup(__u16 ep_id, __u8 dir, __u32 identity, const struct pkt *p, __u8 audit,
+					  struct verdicts *v)
 {
 	struct policy_key k = {};
 	struct policy_entry *exact = NULL, *any = NULL;
@@ -32,75 +75,118 @@ static __always_inline int policy_lookup(__u16 ep_id, __u8 dir, __u32 identity, 
 	k.identity = identity;
 	k.proto = p->proto;
 	k.dport = p->pport;
-	if (trie) {
+	if (trie)
 		exact = bpf_map_lookup_elem(trie, &k);
-		if (exact && exact->deny) {
-			*cookie = exact->cookie;
-			return REASON_POLICY_DENY_RULE;
-		}
-	}
 	slot = policy_slot(ep_id, dir, 1);
 	trie = bpf_map_lookup_elem(&tdr_policy_v2, &slot);
 	if (trie) {
 		k.identity = ID_ANY;
 		any = bpf_map_lookup_elem(trie, &k);
-		if (any && any->deny) {
-			*cookie = any->cookie;
-			return REASON_POLICY_DENY_RULE;
-		}
 	}
-	if (exact) {
-		*cookie = exact->cookie;
-		*match = exact->match;
-		return 0;
+	struct policy_entry *ex = exact && !(exact->flags & POLICY_F_E_NONE) ? exact : NULL;
+	struct policy_entry *ey = any && !(any->flags & POLICY_F_E_NONE) ? any : NULL;
+	view_verdict(ex, ey, ex && ex->deny, ey && ey->deny, &v->e, &v->e_cookie, &v->e_match);
+	if (!audit) {
+		v->a = v->e;
+		v->a_cookie = v->e_cookie;
+		return;
 	}
-	if (any) {
-		*cookie = any->cookie;
-		*match = any->match;
-		return 0;
-	}
-	return REASON_POLICY_DENIED;
+	struct policy_entry *ax = exact && !(exact->flags & POLICY_F_A_NONE) ? exact : NULL;
+	struct policy_entry *ay = any && !(any->flags & POLICY_F_A_NONE) ? any : NULL;
+	__u8 a_match = 0;
+	view_verdict(ax, ay, ax && a_denies(ax), ay && a_denies(ay), &v->a, &v->a_cookie, &a_match);
 }
 
-/* policy decides a new flow for endpoint ep, which enforces direction dir:
- * 0 to pass, -1 when denied (counted and reported). peer_id is the
- * identity of the other side, or 0 to look it up in the ipcache. A global
- * function, verified on its own (see parse in parse.h). */
+/* combine folds another identity's verdict (r2, c2) into one view's: a
+ * deny in either wins, else an allow in either. */
+static __always_inline int combine(int *r, __u32 *c, int r2, __u32 c2)
+{
+	if (*r == REASON_POLICY_DENY_RULE)
+		return 0;
+	if (r2 == REASON_POLICY_DENY_RULE || (r2 == 0 && *r)) {
+		*r = r2;
+		*c = c2;
+		return 1;
+	}
+	return 0;
+}
+
+/* audit_cookie is the rule an endpoint's audit view names for direction
+ * dir when no rule allows a flow: an entry of its any-identity trie under
+ * a protocol no packet is matched with. */
+static __always_inline __u32 audit_cookie(__u16 ep_id, __u8 dir)
+{
+	__u32 slot = policy_slot(ep_id, dir, 1);
+	void *trie = bpf_map_lookup_elem(&tdr_policy_v2, &slot);
+	if (!trie)
+		return 0;
+	struct policy_key k = {};
+	k.prefixlen = POLICY_FULL_PREFIX;
+	k.identity = ID_ANY;
+	k.proto = POLICY_AUDIT_COOKIE_PROTO;
+	struct policy_entry *pe = bpf_map_lookup_elem(trie, &k);
+	return pe ? pe->cookie : 0;
+}
+
+/* audit_pass counts a flow an audited policy would have denied under the
+ * rule's cookie and reports it with an AUDIT verdict; the flow passes. */
+static __attribute__((noinline)) void audit_pass(const struct pkt *p, __u32 what, __u32 src_id, __u32 dst_id, __u32 cookie)
+{
+	__u8 dir = (what >> 8) & 0xff;
+	__u16 ep_id = what >> 16;
+	__u64 one = 1, *n = bpf_map_lookup_elem(&tdr_audit_v1, &cookie);
+
+	if (!p)
+		return;
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else
+		bpf_map_update_elem(&tdr_audit_v1, &cookie, &one, BPF_NOEXIST);
+	emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_AUDIT, cookie, 0);
+}
+
+/* policy decides a new flow for endpoint ep, which enforces direction dir
+ * or audits it (or both): 0 to pass, -1 when denied (counted and
+ * reported). peer_id is the identity of the other side, or 0 to look it
+ * up in the ipcache. A global function, verified on its own (see parse in
+ * parse.h). */
 __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, const struct pkt *p, __u32 peer_id)
 {
 	if (!ep || !p)
 		return -1;
 	__u16 ep_id = ep->ep_id;
+	__u8 enf = enforced(ep, dir), aud = audited(ep, dir);
 	if (!peer_id)
 		peer_id = identity_of(p->family, dir == DIR_INGRESS ? p->saddr : p->daddr);
 	__u32 src_id = dir == DIR_INGRESS ? peer_id : ep->identity;
 	__u32 dst_id = dir == DIR_INGRESS ? ep->identity : peer_id;
-	__u32 cookie = 0;
-	__u8 match = 0;
-	int reason = policy_lookup(ep_id, dir, peer_id, p, &cookie, &match);
+	struct verdicts v = {};
+	policy_lookup(ep_id, dir, peer_id, p, aud, &v);
 	/* A rule's CIDR selects every address in its block, a pod's or a
 	 * node's too (Kubernetes' ipBlock): the peer's address is looked up in
 	 * the prefixes rules name, and its entries decide beside the peer's
 	 * identity. A deny in either wins, else an allow in either. */
-	if (reason != REASON_POLICY_DENY_RULE && in_cluster_peer(peer_id)) {
+	if (!(enf && v.e == REASON_POLICY_DENY_RULE) && in_cluster_peer(peer_id)) {
 		__u32 cidr_id = policy_cidr_of(p->family, dir == DIR_INGRESS ? p->saddr : p->daddr);
 		if (cidr_id) {
-			__u32 cidr_cookie = 0;
-			__u8 cidr_match = 0;
-			int r = policy_lookup(ep_id, dir, cidr_id, p, &cidr_cookie, &cidr_match);
-			if (r == REASON_POLICY_DENY_RULE || (r == 0 && reason)) {
-				reason = r;
-				cookie = cidr_cookie;
-				match = cidr_match;
-			}
+			struct verdicts w = {};
+			policy_lookup(ep_id, dir, cidr_id, p, aud, &w);
+			if (combine(&v.e, &v.e_cookie, w.e, w.e_cookie))
+				v.e_match = w.e_match;
+			combine(&v.a, &v.a_cookie, w.a, w.a_cookie);
 		}
 	}
-	if (reason) {
-		drop(reason, dir, ep_id, p, src_id, dst_id, cookie);
+	if (enf && v.e) {
+		drop(v.e, dir, ep_id, p, src_id, dst_id, v.e_cookie);
 		return -1;
 	}
-	if (POLICY_VERDICT_EVENTS)
-		emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_ALLOWED, cookie, match);
+	if (aud && v.a) {
+		__u32 cookie = v.a == REASON_POLICY_DENY_RULE ? v.a_cookie : audit_cookie(ep_id, dir);
+		audit_pass(p, (__u32)dir << 8 | (__u32)ep_id << 16, src_id, dst_id, cookie);
+		return 0;
+	}
+	if (enf && POLICY_VERDICT_EVENTS)
+		emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_ALLOWED, v.e_cookie, v.e_match);
 	return 0;
 }
 
@@ -121,7 +207,7 @@ static __always_inline int admit(const struct endpoint_info *ep, __u8 dir, const
 		return 0;
 	}
 	if (ct == CT_NEW) {
-		if (enforced(ep, dir) && policy(ep, dir, p, peer_id))
+		if ((enforced(ep, dir) || audited(ep, dir)) && policy(ep, dir, p, peer_id))
 			return -1;
 		count(REASON_FORWARDED, dir, p->len);
 		return 0;

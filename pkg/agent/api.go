@@ -42,9 +42,11 @@ type apiParams struct {
 	Services   *servicesModule
 	Inspector  *dbinspect.Inspector
 	Flows      *flowsModule // nil with flows off
+	Metrics    *metrics.Server
 }
 
 func registerAPIHandlers(p apiParams) {
+	(&metricsAPI{metrics: p.Metrics}).register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
 		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows}).register(p.API)
 	(&serviceAPI{services: p.Services}).register(p.API)

@@ -263,6 +263,7 @@ func datapathEndpoint(ep *endpoint.Endpoint) loader.EndpointInfo {
 	return loader.EndpointInfo{
 		ID: ep.ID, IfIndex: ep.HostIfIndex, IfName: ep.HostIfName, Addresses: ep.Addresses(),
 		MAC: mac, HostMAC: hostMAC, Identity: ep.Identity, EnforceIngress: ep.EnforceIngress, EnforceEgress: ep.EnforceEgress,
+		AuditIngress: ep.AuditIngress, AuditEgress: ep.AuditEgress,
 	}
 }
 

@@ -163,6 +163,18 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 			k.status.Realized(k.realizedRevision())
 			return nil
 		}, time.Second),
+		job.Timer("policy-status-audited", func(context.Context) error {
+			counts, err := k.policy.auditCounts()
+			if err != nil {
+				return err
+			}
+			byObject := map[string]uint64{}
+			for r, n := range counts {
+				byObject[policystatus.Key(r.Kind, r.Namespace, r.Name)] += n
+			}
+			k.status.Audited(byObject)
+			return nil
+		}, 5*time.Second),
 	)
 	return k, nil
 }

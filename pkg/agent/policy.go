@@ -20,6 +20,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/policyfile"
@@ -94,6 +95,7 @@ type policyParams struct {
 	Datapath   *datapathModule
 	Endpoints  *endpointsModule
 	K8s        *k8sClient
+	Metrics    *metrics.Server
 }
 
 func newPolicyModule(p policyParams) *policyModule {
@@ -103,6 +105,9 @@ func newPolicyModule(p policyParams) *policyModule {
 		realized: map[uint16]policy.MapState{}, results: map[uint16]policy.Result{},
 		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
 		regen: make(chan struct{}, 1),
+	}
+	if m.dp != nil {
+		p.Metrics.Registry.MustRegister(newAuditCollector(m))
 	}
 	m.file = policyfile.New(policyFile(p.Config), m.repo, policySourceAPI, logFor(p.Root, "policy-file"))
 	m.repo.Subscribe(func(uint64) { m.triggerRegeneration() })
@@ -146,6 +151,9 @@ func (p *policyModule) invalidateUniverse() { p.universeEpoch.Add(1) }
 // refresh is the light regeneration of one endpoint (nil without the
 // datapath: there is nothing to refresh).
 func (p *policyModule) run(ctx context.Context, refresh func(*endpoint.Endpoint) error) {
+	if err := p.clearAuditCounts(); err != nil {
+		p.log.Warn("Clear the audit counters of a previous run", "error", err)
+	}
 	if mgr := p.eps.mgr; mgr != nil && refresh != nil {
 		mgr.SetPolicyRevision(p.repo.Revision())
 	}
@@ -406,14 +414,16 @@ func (p *policyModule) realize(ctx context.Context, ep *endpoint.Endpoint, pm po
 		}
 		cur = policy.MapState{}
 		for k, v := range pinned {
-			cur[policy.Key{Identity: identity.NumericIdentity(k.Identity), Direction: k.Direction, Proto: k.Proto, Port: k.Port, PrefixLen: k.PortPrefixLen}] = policy.Entry{Deny: v.Deny, Cookie: v.Cookie}
+			cur[policy.Key{Identity: identity.NumericIdentity(k.Identity), Direction: k.Direction, Proto: k.Proto, Port: k.Port, PrefixLen: k.PortPrefixLen}] = policy.Entry{
+				Deny: v.Deny, Cookie: v.Cookie, EnforcedNone: v.Flags&maps.PolicyFlagENone != 0,
+				AuditNone: v.Flags&maps.PolicyFlagANone != 0, AuditDeny: v.Flags&maps.PolicyFlagADeny != 0}
 		}
 	}
 	upserts, deletes := policy.Diff(cur, want)
 	// Write new entries before removing old ones: a packet in between sees
 	// the union, never an empty state that would deny everything.
 	for k, e := range upserts {
-		if err := pm.Upsert(toMapKey(ep.ID, k), maps.PolicyValue{Deny: e.Deny, Cookie: e.Cookie}); err != nil {
+		if err := pm.Upsert(toMapKey(ep.ID, k), mapValue(e)); err != nil {
 			return err
 		}
 	}
@@ -512,6 +522,36 @@ func (p *policyModule) restorePolicy(context.Context) error {
 
 // enforcement decides, per direction, whether policy applies to ep: never,
 // always, or (default) only where a rule selects the endpoint.
+// mapValue is an entry as the datapath holds it.
+func mapValue(e policy.Entry) maps.PolicyValue {
+	v := maps.PolicyValue{Deny: e.Deny, Cookie: e.Cookie}
+	if e.EnforcedNone {
+		v.Flags |= maps.PolicyFlagENone
+	}
+	if e.AuditNone {
+		v.Flags |= maps.PolicyFlagANone
+	}
+	if e.AuditDeny {
+		v.Flags |= maps.PolicyFlagADeny
+	}
+	return v
+}
+
+// auditing is whether an audited policy selects ep, per direction (never
+// when enforcement is off or always on for every endpoint).
+func (p *policyModule) auditing(ep *endpoint.Endpoint) (ingress, egress bool) {
+	if p.runtime.Values().PolicyEnforcement != option.EnforcementDefault {
+		return false, false
+	}
+	p.mu.Lock()
+	res, ok := p.results[ep.ID]
+	p.mu.Unlock()
+	if !ok {
+		res = p.resolve(ep)
+	}
+	return res.AuditIngress, res.AuditEgress
+}
+
 func (p *policyModule) enforcement(ep *endpoint.Endpoint) (ingress, egress bool) {
 	switch p.runtime.Values().PolicyEnforcement {
 	case option.EnforcementNever:

@@ -146,6 +146,7 @@ func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint
 	}
 	ingress, egress := m.policy.enforcement(ep)
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
+	ep.AuditIngress, ep.AuditEgress = m.policy.auditing(ep)
 	if ep.HostIfIndex == 0 {
 		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
 	}
@@ -160,10 +161,12 @@ func (m *endpointRealizer) refreshPolicy(ep *endpoint.Endpoint) error {
 		return err
 	}
 	ingress, egress := m.policy.enforcement(ep)
-	if ingress == ep.EnforceIngress && egress == ep.EnforceEgress {
+	auditIn, auditEg := m.policy.auditing(ep)
+	if ingress == ep.EnforceIngress && egress == ep.EnforceEgress && auditIn == ep.AuditIngress && auditEg == ep.AuditEgress {
 		return nil
 	}
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
+	ep.AuditIngress, ep.AuditEgress = auditIn, auditEg
 	return m.dp.dp.WriteEndpoint(datapathEndpoint(ep))
 }
 

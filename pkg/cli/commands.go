@@ -18,5 +18,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newObserveCommand,
 		newStateDBCommand,
 		newRelayCommand,
+		newMetricsCommand,
 	}
 }

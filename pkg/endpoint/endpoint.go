@@ -109,6 +109,10 @@ type Endpoint struct {
 	// PolicyEnforcement records which directions are enforced.
 	EnforceIngress bool `json:"enforce-ingress,omitempty"`
 	EnforceEgress  bool `json:"enforce-egress,omitempty"`
+	// AuditIngress and AuditEgress: an audited policy selects the endpoint
+	// in that direction (what it would deny passes, reported as AUDIT).
+	AuditIngress bool `json:"audit-ingress,omitempty"`
+	AuditEgress  bool `json:"audit-egress,omitempty"`
 
 	State   State      `json:"state"`
 	Log     []LogEntry `json:"log,omitempty"`

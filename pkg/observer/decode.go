@@ -128,12 +128,17 @@ func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
 		if !ev.Allowed {
 			f.Verdict = flowpb.Verdict_DROPPED
 		}
+		if ev.Audit {
+			// An audited policy would have denied it; it passed. The
+			// policy is named among those that deny.
+			f.Verdict = flowpb.Verdict_AUDIT
+		}
 		f.EventType = &flowpb.CiliumEventType{Type: MessageTypePolicyVerdict}
 		f.IsReply = wrapperspb.Bool(false)
 		// The datapath's match types are numbered as Cilium's.
 		f.PolicyMatchType = uint32(ev.MatchType)
 		if ev.Cookie != 0 {
-			d.attachPolicy(f, ev, !ev.Allowed)
+			d.attachPolicy(f, ev, !ev.Allowed || ev.Audit)
 		}
 	case maps.EventTrace:
 		f.Verdict = flowpb.Verdict_FORWARDED

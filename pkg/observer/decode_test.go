@@ -76,6 +76,13 @@ func TestDecodeTraceAndVerdict(t *testing.T) {
 	if f.GetEventType().GetType() != MessageTypePolicyVerdict || len(f.GetEgressAllowedBy()) != 1 || f.GetL4().GetUDP().GetDestinationPort() != 53 {
 		t.Errorf("verdict flow: %v", f)
 	}
+	// An audited policy would have denied the flow: AUDIT, naming it among
+	// the policies that deny.
+	v.Audit = true
+	f, _ = d.Decode(v)
+	if f.GetVerdict() != flowpb.Verdict_AUDIT || len(f.GetEgressDeniedBy()) != 1 || len(f.GetEgressAllowedBy()) != 0 {
+		t.Errorf("audit flow: %v", f)
+	}
 	// ICMP echo request: the identifier is in the source port.
 	icmp := traceEvent(webIP, worldA, 1, 7, 0, 0, maps.DirEgress, maps.ReasonForwarded, 0)
 	f, _ = d.Decode(icmp)

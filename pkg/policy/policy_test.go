@@ -413,3 +413,78 @@ func TestInClusterCIDRIdentity(t *testing.T) {
 		}
 	}
 }
+
+// An audited rule selects an endpoint: the resolution holds both views in
+// one map state, and each view evaluated on it answers as that view
+// resolved alone (the enforced view: without the audited rules; the audit
+// view: with them enforced).
+func TestAuditedRulesMergeBothViews(t *testing.T) {
+	enforced := `[
+	 {"endpointSelector":{"matchLabels":{"app":"a"}},"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"},{"port":"81","protocol":"TCP"}]}]}],
+	  "egress":[{"toEntities":["all"]}]},
+	 {"endpointSelector":{"matchLabels":{"app":"a"}},"ingressDeny":[{"fromEntities":["world"],"toPorts":[{"ports":[{"port":"22","protocol":"TCP"}]}]}]}
+	]`
+	audited := `[
+	 {"endpointSelector":{"matchLabels":{"app":"a"}},"enforcementMode":"audit",
+	  "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]},{"fromEntities":["world"],"toPorts":[{"ports":[{"port":"1024","endPort":2047,"protocol":"TCP"}]}]}],
+	  "ingressDeny":[{"fromEndpoints":[{"matchLabels":{"k8s:io.kubernetes.pod.namespace":"y"}}]}],
+	  "egressDeny":[{"toCIDR":["10.1.2.0/24"],"toPorts":[{"ports":[{"port":"443","protocol":"TCP"}]}]}]}
+	]`
+	both := NewRepository()
+	if _, err := both.Add(mustRules(t, enforced), "x", "e", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := both.Add(mustRules(t, audited), "x", "a", false); err != nil {
+		t.Fatal(err)
+	}
+	onlyE := NewRepository()
+	if _, err := onlyE.Add(mustRules(t, enforced), "x", "e", false); err != nil {
+		t.Fatal(err)
+	}
+	asEnforced := NewRepository()
+	if _, err := asEnforced.Add(mustRules(t, enforced), "x", "e", false); err != nil {
+		t.Fatal(err)
+	}
+	rules := mustRules(t, audited)
+	for _, r := range rules {
+		r.EnforcementMode = ""
+	}
+	if _, err := asEnforced.Add(rules, "x", "a", false); err != nil {
+		t.Fatal(err)
+	}
+	ep := Endpoint{Labels: xa.Labels}
+	res := both.Resolve(ep, universe())
+	if !res.AuditIngress || !res.AuditEgress || res.AuditCookie[Ingress] == 0 {
+		t.Fatalf("audit flags %v %v cookie %v", res.AuditIngress, res.AuditEgress, res.AuditCookie)
+	}
+	e, a := onlyE.Resolve(ep, universe()), asEnforced.Resolve(ep, universe())
+	ids := []identity.NumericIdentity{xb.ID, ya.ID, identity.World, c8.ID, c24.ID, identity.Host}
+	checked := 0
+	for _, dir := range []uint8{Ingress, Egress} {
+		for _, id := range ids {
+			for _, port := range []uint16{22, 79, 80, 81, 443, 1024, 1500, 2047, 2048} {
+				ge, _ := res.MapState.Allowed(dir, id, 6, port)
+				we, _ := e.MapState.Allowed(dir, id, 6, port)
+				ga, _ := res.MapState.AuditAllowed(dir, id, 6, port)
+				wa, _ := a.MapState.Allowed(dir, id, 6, port)
+				if ge != we || ga != wa {
+					t.Errorf("dir %d identity %d port %d: enforced view %v (alone %v), audit view %v (alone %v)", dir, id, port, ge, we, ga, wa)
+				}
+				checked++
+			}
+		}
+	}
+	// The views differ where the audited rule would deny what passes (an
+	// audited allow cannot take away another rule's allow: b:81 stays
+	// allowed in both).
+	if ok, _ := res.MapState.AuditAllowed(Ingress, xb.ID, 6, 81); !ok {
+		t.Error("audit view denies b:81, which an enforced rule allows")
+	}
+	if ok, _ := res.MapState.Allowed(Egress, c24.ID, 6, 443); !ok {
+		t.Error("enforced view denies the CIDR")
+	}
+	if ok, _ := res.MapState.AuditAllowed(Egress, c24.ID, 6, 443); ok {
+		t.Error("audit view allows the denied CIDR")
+	}
+	t.Logf("%d probes", checked)
+}

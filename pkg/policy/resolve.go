@@ -32,6 +32,9 @@ type Key struct {
 type Entry struct {
 	Deny   bool
 	Cookie uint32
+	// For an endpoint under audited policy (see mergeAudit): the enforced
+	// view has no entry here, the audit view has none, or denies here.
+	EnforcedNone, AuditNone, AuditDeny bool
 }
 
 // MapState is an endpoint's desired policy map content.
@@ -87,6 +90,12 @@ type Result struct {
 	Rules []uint32
 	// Revision is the repository revision resolved.
 	Revision uint64
+	// AuditIngress and AuditEgress: an audited rule selects the endpoint
+	// in that direction. MapState then holds both views (see mergeAudit)
+	// and AuditCookie names, per direction, the rule reported when the
+	// audit view denies a flow no rule allows.
+	AuditIngress, AuditEgress bool
+	AuditCookie               [2]uint32
 }
 
 func namespaceOf(labels []string) string {
@@ -359,7 +368,7 @@ func (a Key) covers(b Key) bool {
 // Resolve computes an endpoint's policy from the repository's rules over
 // the universe of identities.
 func (r *Repository) Resolve(ep Endpoint, universe Universe) Result {
-	return r.resolve(ep, universe, nil)
+	return r.resolveViews(ep, universe, nil)
 }
 
 // SelectorCache remembers which identities each peer selector selects for
@@ -410,7 +419,7 @@ func (r *Repository) ResolveCached(ep Endpoint, universe Universe, version uint6
 		c.update(version, universe)
 	}
 	c.mu.Unlock()
-	return r.resolve(ep, universe, c)
+	return r.resolveViews(ep, universe, c)
 }
 
 // reset drops every cached selection.
@@ -539,13 +548,108 @@ func (c *SelectorCache) peers(ids []identity.NumericIdentity) []Peer {
 	return out
 }
 
-func (r *Repository) resolve(ep Endpoint, universe Universe, cache *SelectorCache) Result {
+// resolveViews resolves the enforced view (audited rules left out) and,
+// when an audited rule selects the endpoint, the audit view (every rule),
+// folded into one map state.
+func (r *Repository) resolveViews(ep Endpoint, universe Universe, cache *SelectorCache) Result {
 	rules, rev := r.Rules(nil)
+	epSet, epNS := newLabelSet(ep.Labels), namespaceOf(ep.Labels)
+	var audited [2]bool
+	var auditCookie [2]uint32
+	for _, s := range rules {
+		if !s.Rule.Audited() || !s.selects(epSet, epNS) {
+			continue
+		}
+		for dir, has := range [2]bool{len(s.Rule.Ingress)+len(s.Rule.IngressDeny) > 0, len(s.Rule.Egress)+len(s.Rule.EgressDeny) > 0} {
+			if has && !audited[dir] {
+				audited[dir], auditCookie[dir] = true, s.ID
+			}
+		}
+	}
+	res := r.resolve(ep, rules, rev, universe, cache, false)
+	if !audited[Ingress] && !audited[Egress] {
+		return res
+	}
+	all := r.resolve(ep, rules, rev, universe, cache, true)
+	res.Rules = all.Rules
+	res.MapState = mergeAudit(res.MapState, all.MapState, audited)
+	res.AuditIngress, res.AuditEgress, res.AuditCookie = audited[Ingress], audited[Egress], auditCookie
+	for dir := range audited {
+		if audited[dir] {
+			res.MapState[Key{Direction: uint8(dir), Proto: AuditCookieProto}] = Entry{Cookie: auditCookie[dir], EnforcedNone: true, AuditNone: true}
+		}
+	}
+	return res
+}
+
+// AuditCookieProto is the protocol of the key holding an audited
+// endpoint's audit cookie (maps.PolicyAuditCookieProto).
+const AuditCookieProto = 255
+
+// mergeAudit folds the audit view a into the enforced view e, for the
+// directions audited: one table whose entries say what each view has at
+// their key, so the datapath's one longest-prefix lookup per trie answers
+// both. Every key of either view is kept; at each, a view's verdict is its
+// entry at the longest of its own keys covering it (what its own lookup
+// would find for any packet whose longest key in the union is this one).
+func mergeAudit(e, a MapState, audited [2]bool) MapState {
+	out := MapState{}
+	longest := func(m MapState, k Key) (Entry, bool) {
+		if v, ok := m[k]; ok {
+			return v, true
+		}
+		var best Entry
+		bestLen, found := -1, false
+		for mk, v := range m {
+			if !mk.covers(k) {
+				continue
+			}
+			l := 0
+			if mk.Proto != 0 {
+				l = 16 + int(mk.PrefixLen)
+			}
+			if l > bestLen {
+				best, bestLen, found = v, l, true
+			}
+		}
+		return best, found
+	}
+	for k, v := range e {
+		if !audited[k.Direction] {
+			out[k] = v
+		}
+	}
+	keys := map[Key]bool{}
+	for k := range e {
+		if audited[k.Direction] {
+			keys[k] = true
+		}
+	}
+	for k := range a {
+		if audited[k.Direction] {
+			keys[k] = true
+		}
+	}
+	for k := range keys {
+		ev, eok := longest(e, k)
+		av, aok := longest(a, k)
+		ent := Entry{Deny: ev.Deny, Cookie: ev.Cookie, EnforcedNone: !eok, AuditNone: !aok, AuditDeny: aok && av.Deny}
+		// The cookie the datapath reports: the audit view's deny rule when
+		// only it denies (an AUDIT event), else the enforced view's entry.
+		if (aok && av.Deny && !(eok && ev.Deny)) || !eok {
+			ent.Cookie = av.Cookie
+		}
+		out[k] = ent
+	}
+	return out
+}
+
+func (r *Repository) resolve(ep Endpoint, rules []StoredRule, rev uint64, universe Universe, cache *SelectorCache, withAudited bool) Result {
 	res := Result{MapState: MapState{}, Revision: rev}
 	var ingressRules, egressRules, ingressDefaultDeny, egressDefaultDeny bool
 	epSet, epNS := newLabelSet(ep.Labels), namespaceOf(ep.Labels)
 	for _, s := range rules {
-		if !s.selects(epSet, epNS) {
+		if (!withAudited && s.Rule.Audited()) || !s.selects(epSet, epNS) {
 			continue
 		}
 		res.Rules = append(res.Rules, s.ID)
@@ -717,6 +821,20 @@ func (m MapState) AllowedWithCIDR(dir uint8, id, cidrID identity.NumericIdentity
 	return v == verdictAllow, cookie
 }
 
+// AuditAllowed evaluates the audit view of an audited endpoint's map
+// state for one packet, as the datapath does (entries the audit view has
+// no part in are skipped; an entry without audit flags is shared).
+func (m MapState) AuditAllowed(dir uint8, id identity.NumericIdentity, proto uint8, port uint16) (allowed bool, cookie uint32) {
+	audit := MapState{}
+	for k, e := range m {
+		if e.AuditNone {
+			continue
+		}
+		audit[k] = Entry{Deny: e.AuditDeny || (e.Deny && !e.EnforcedNone), Cookie: e.Cookie}
+	}
+	return audit.Allowed(dir, id, proto, port)
+}
+
 type verdict int
 
 const (
@@ -730,8 +848,8 @@ func (m MapState) verdict(dir uint8, id identity.NumericIdentity, proto uint8, p
 		var best Entry
 		bestLen := -1
 		for k, e := range m {
-			if k.Identity != id || k.Direction != dir {
-				continue
+			if k.Identity != id || k.Direction != dir || e.EnforcedNone {
+				continue // (an entry only the audit view has)
 			}
 			l := 0
 			if k.Proto != 0 {

@@ -219,7 +219,8 @@ type LxcPolicyEntry struct {
 	_      structs.HostLayout
 	Deny   uint8
 	Match  uint8
-	Pad    [2]uint8
+	Flags  uint8
+	Pad    uint8
 	Cookie uint32
 }
 
@@ -242,6 +243,7 @@ type LxcRatelimit struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	LxcMapTdrAuditV1            = "tdr_audit_v1"
 	LxcMapTdrCt4V1              = "tdr_ct4_v1"
 	LxcMapTdrCt6V1              = "tdr_ct6_v1"
 	LxcMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
@@ -328,6 +330,7 @@ type LxcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LxcMapSpecs struct {
+	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
 	TdrCt4V1          *ebpf.MapSpec `ebpf:"tdr_ct4_v1"`
 	TdrCt6V1          *ebpf.MapSpec `ebpf:"tdr_ct6_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
@@ -388,6 +391,7 @@ func (o *LxcObjects) Close() error {
 //
 // It can be passed to LoadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LxcMaps struct {
+	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
 	TdrCt4V1          *ebpf.Map `ebpf:"tdr_ct4_v1"`
 	TdrCt6V1          *ebpf.Map `ebpf:"tdr_ct6_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
@@ -416,6 +420,7 @@ type LxcMaps struct {
 
 func (m *LxcMaps) Close() error {
 	return _LxcClose(
+		m.TdrAuditV1,
 		m.TdrCt4V1,
 		m.TdrCt6V1,
 		m.TdrEndpointIp4V1,

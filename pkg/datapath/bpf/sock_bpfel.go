@@ -201,6 +201,7 @@ type SockRatelimit struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	SockMapTdrAuditV1            = "tdr_audit_v1"
 	SockMapTdrCt4V1              = "tdr_ct4_v1"
 	SockMapTdrCt6V1              = "tdr_ct6_v1"
 	SockMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
@@ -298,6 +299,7 @@ type SockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockMapSpecs struct {
+	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
 	TdrCt4V1          *ebpf.MapSpec `ebpf:"tdr_ct4_v1"`
 	TdrCt6V1          *ebpf.MapSpec `ebpf:"tdr_ct6_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
@@ -357,6 +359,7 @@ func (o *SockObjects) Close() error {
 //
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockMaps struct {
+	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
 	TdrCt4V1          *ebpf.Map `ebpf:"tdr_ct4_v1"`
 	TdrCt6V1          *ebpf.Map `ebpf:"tdr_ct6_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
@@ -385,6 +388,7 @@ type SockMaps struct {
 
 func (m *SockMaps) Close() error {
 	return _SockClose(
+		m.TdrAuditV1,
 		m.TdrCt4V1,
 		m.TdrCt6V1,
 		m.TdrEndpointIp4V1,

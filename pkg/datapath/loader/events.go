@@ -67,12 +67,15 @@ func (m TraceMode) set(spec *ebpf.CollectionSpec) error {
 
 // Event is one decoded datapath event.
 type Event struct {
-	Type        uint8
-	Reason      uint8
-	Direction   uint8
-	EndpointID  uint16
-	Proto       uint8
-	Allowed     bool
+	Type       uint8
+	Reason     uint8
+	Direction  uint8
+	EndpointID uint16
+	Proto      uint8
+	Allowed    bool
+	// Audit: an audited policy would have denied the flow (Cookie names
+	// its rule); it passed (Allowed).
+	Audit       bool
 	SrcIdentity uint32
 	DstIdentity uint32
 	// Cookie is the policy rule that decided, 0 for default deny.
@@ -113,7 +116,7 @@ func DecodeEvent(sample []byte) (Event, error) {
 	}
 	return Event{
 		Type: raw.Type, Reason: raw.Reason, Direction: raw.Dir, EndpointID: raw.EpId, Proto: raw.Proto,
-		Allowed: raw.Verdict == maps.VerdictAllowed, SrcIdentity: raw.SrcIdentity, DstIdentity: raw.DstIdentity, Cookie: raw.Cookie,
+		Allowed: raw.Verdict == maps.VerdictAllowed || raw.Verdict == maps.VerdictAudit, Audit: raw.Verdict == maps.VerdictAudit, SrcIdentity: raw.SrcIdentity, DstIdentity: raw.DstIdentity, Cookie: raw.Cookie,
 		Src: addr(raw.Saddr), Dst: addr(raw.Daddr), SrcPort: maps.Ntohs(raw.Sport), DstPort: maps.Ntohs(raw.Dport),
 		Len: raw.Len, TCPFlags: raw.TcpFlags, ObsPoint: raw.Obs, MatchType: raw.Match, Monotonic: time.Duration(raw.Ts),
 	}, nil
@@ -163,6 +166,9 @@ func (e Event) String() string {
 	switch e.Type {
 	case EventPolicyVerdict:
 		kind = "POLICY-ALLOW"
+		if e.Audit {
+			kind = "POLICY-AUDIT"
+		}
 	case EventTrace:
 		kind = "TRACE"
 	}

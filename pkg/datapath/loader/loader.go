@@ -88,6 +88,10 @@ type EndpointInfo struct {
 	Identity       uint32
 	EnforceIngress bool
 	EnforceEgress  bool
+	// AuditIngress and AuditEgress: an audited policy selects the
+	// endpoint in that direction (what it would deny passes, reported).
+	AuditIngress bool
+	AuditEgress  bool
 }
 
 // Loader is the node's datapath.
@@ -288,6 +292,12 @@ func (l *Loader) endpoint(ep EndpointInfo) (maps.Endpoint, error) {
 	}
 	if ep.EnforceEgress {
 		e.Flags |= maps.FlagEnforceEgress
+	}
+	if ep.AuditIngress {
+		e.Flags |= maps.FlagAuditIngress
+	}
+	if ep.AuditEgress {
+		e.Flags |= maps.FlagAuditEgress
 	}
 	// Direct delivery rewrites the frame as the host would route it, so it
 	// needs both MACs of the destination's veth pair.

@@ -26,6 +26,12 @@ const (
 	// endpoint's namespace (bpf_redirect_peer), its ingress policy checked
 	// there: set when its MACs are known.
 	FlagDeliverDirect uint8 = 0x10 // EP_DELIVER_DIRECT
+	// An audited policy selects the endpoint in that direction: a new flow
+	// the audit view (enforced and audited rules together) would deny passes
+	// (unless the enforced rules deny it) and is reported with an AUDIT
+	// verdict and counted per rule.
+	FlagAuditIngress uint8 = 0x20 // EP_AUDIT_INGRESS
+	FlagAuditEgress  uint8 = 0x40 // EP_AUDIT_EGRESS
 )
 
 // ipcache flags (ipcache_info.flags).
@@ -143,6 +149,31 @@ const (
 const (
 	VerdictDenied  uint8 = 0 // VERDICT_DENIED
 	VerdictAllowed uint8 = 1 // VERDICT_ALLOWED
+	// An audited policy would have denied the flow; it passed.
+	VerdictAudit uint8 = 2 // VERDICT_AUDIT
+)
+
+// Policy entry flags (policy_entry.flags): an endpoint under audited
+// policy has one trie per kind holding both views, the enforced one (its
+// rules alone) and the audit one (with the audited rules): each entry says
+// what each view has at its key. An entry without flags is an enforced
+// entry the audit view shares.
+// From POLICY_F_* of bpf/lib/enums.h.
+const (
+	// The enforced view has no entry here (only the audit view has one).
+	PolicyFlagENone uint8 = 0x01 // POLICY_F_E_NONE
+	// The audit view denies here (a deny rule).
+	PolicyFlagADeny uint8 = 0x02 // POLICY_F_A_DENY
+	// The audit view has no entry here.
+	PolicyFlagANone uint8 = 0x04 // POLICY_F_A_NONE
+)
+
+// The protocol of the key that holds an endpoint's audit cookie for a
+// direction (in its any-identity trie, port 0): the rule named when the
+// audit view denies a flow because no rule allows it.
+// From POLICY_AUDIT_* of bpf/lib/enums.h.
+const (
+	PolicyAuditCookieProto uint8 = 255 // POLICY_AUDIT_COOKIE_PROTO
 )
 
 // Service flags (lb_service.flags).

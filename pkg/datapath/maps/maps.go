@@ -30,6 +30,7 @@ const (
 	EndpointIP6Name  = bpf.LxcMapTdrEndpointIp6V1
 	IPCacheMapName   = bpf.LxcMapTdrIpcacheV2
 	PolicyCIDRName   = bpf.LxcMapTdrPolicyCidrV1
+	AuditMapName     = bpf.LxcMapTdrAuditV1
 	PolicyMapName    = bpf.LxcMapTdrPolicyV2
 	CT4MapName       = bpf.LxcMapTdrCt4V1
 	CT6MapName       = bpf.LxcMapTdrCt6V1
@@ -58,6 +59,7 @@ type Maps struct {
 	IPCache      *ebpf.Map
 	PolicyCIDR   *ebpf.Map // prefixes rules name, for in-cluster addresses
 	Policy       *ebpf.Map // array of per-endpoint tries
+	Audit        *ebpf.Map // connections audited policies would deny, per rule
 	CT4          *ebpf.Map
 	CT6          *ebpf.Map
 	Metrics      *ebpf.Map
@@ -74,7 +76,7 @@ type Maps struct {
 func FromObjects(o *bpf.LxcMaps) *Maps {
 	return &Maps{
 		Endpoints: o.TdrEndpointsV2, EndpointsIfx: o.TdrEpIfindexV1, EndpointsID: o.TdrEpIdV1,
-		EndpointsIP4: o.TdrEndpointIp4V1, EndpointsIP6: o.TdrEndpointIp6V1, IPCache: o.TdrIpcacheV2, PolicyCIDR: o.TdrPolicyCidrV1, Policy: o.TdrPolicyV2,
+		EndpointsIP4: o.TdrEndpointIp4V1, EndpointsIP6: o.TdrEndpointIp6V1, IPCache: o.TdrIpcacheV2, PolicyCIDR: o.TdrPolicyCidrV1, Policy: o.TdrPolicyV2, Audit: o.TdrAuditV1,
 		CT4: o.TdrCt4V1, CT6: o.TdrCt6V1, Metrics: o.TdrMetricsV2, Events: o.TdrEventsV1,
 		LB: LBFromObjects(o),
 	}
@@ -100,7 +102,7 @@ func OpenPinned(root string, readOnly bool) (*Maps, error) {
 	m := &Maps{}
 	opts := &ebpf.LoadPinOptions{ReadOnly: readOnly}
 	for name, dst := range map[string]**ebpf.Map{
-		EndpointsMapName: &m.Endpoints, EndpointIfxName: &m.EndpointsIfx, EndpointIDName: &m.EndpointsID, EndpointIP4Name: &m.EndpointsIP4, EndpointIP6Name: &m.EndpointsIP6, IPCacheMapName: &m.IPCache, PolicyCIDRName: &m.PolicyCIDR, PolicyMapName: &m.Policy,
+		EndpointsMapName: &m.Endpoints, EndpointIfxName: &m.EndpointsIfx, EndpointIDName: &m.EndpointsID, EndpointIP4Name: &m.EndpointsIP4, EndpointIP6Name: &m.EndpointsIP6, IPCacheMapName: &m.IPCache, PolicyCIDRName: &m.PolicyCIDR, PolicyMapName: &m.Policy, AuditMapName: &m.Audit,
 		CT4MapName: &m.CT4, CT6MapName: &m.CT6, MetricsMapName: &m.Metrics,
 	} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(root, name), opts)
@@ -121,7 +123,7 @@ func (m *Maps) Close() {
 	if m.LB != nil {
 		m.LB.Close()
 	}
-	for _, mp := range []*ebpf.Map{m.Endpoints, m.EndpointsIfx, m.EndpointsID, m.EndpointsIP4, m.EndpointsIP6, m.IPCache, m.PolicyCIDR, m.Policy, m.CT4, m.CT6, m.Metrics, m.Events} {
+	for _, mp := range []*ebpf.Map{m.Endpoints, m.EndpointsIfx, m.EndpointsID, m.EndpointsIP4, m.EndpointsIP6, m.IPCache, m.PolicyCIDR, m.Policy, m.Audit, m.CT4, m.CT6, m.Metrics, m.Events} {
 		if mp != nil {
 			mp.Close()
 		}
@@ -138,6 +140,9 @@ func (m *Maps) IPCacheMap() IPCacheMap { return IPCacheMap{m: m.IPCache} }
 
 // PolicyCIDRMap is the typed map of the prefixes policy rules name.
 func (m *Maps) PolicyCIDRMap() PolicyCIDRMap { return PolicyCIDRMap{m: m.PolicyCIDR} }
+
+// AuditMap is the typed audit counters map.
+func (m *Maps) AuditMap() AuditMap { return AuditMap{m: m.Audit} }
 
 // PolicyMap is the typed policy map, one per Maps: it caches the handles
 // of the endpoints' tries. Tries are created from the datapath object's

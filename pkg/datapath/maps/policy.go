@@ -57,6 +57,9 @@ func (k PolicyKey) String() string {
 type PolicyValue struct {
 	Deny   bool
 	Cookie uint32
+	// Flags (PolicyFlag*) say what the enforced and the audit view have at
+	// the key, for an endpoint under audited policy; 0 otherwise.
+	Flags uint8
 }
 
 // MatchType is what the key matches (PolicyMatch*), which the datapath
@@ -195,7 +198,7 @@ func (m *PolicyMap) Upsert(k PolicyKey, v PolicyValue) error {
 	if err != nil {
 		return err
 	}
-	val := bpf.LxcPolicyEntry{Cookie: v.Cookie, Match: k.MatchType()}
+	val := bpf.LxcPolicyEntry{Cookie: v.Cookie, Match: k.MatchType(), Flags: v.Flags}
 	if v.Deny {
 		val.Deny = 1
 	}
@@ -244,7 +247,7 @@ func (m *PolicyMap) Lookup(k PolicyKey) (PolicyValue, bool, error) {
 	ok := false
 	err = m.iterateSlots([]uint32{k.slot()}, func(_ uint32, r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
 		if r == want {
-			found, ok = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie}, true
+			found, ok = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie, Flags: v.Flags}, true
 			return false
 		}
 		return true
@@ -281,6 +284,13 @@ func (m *PolicyMap) Decide(ep uint16, dir uint8, identity uint32, proto uint8, p
 	anyID, err := lookup(0)
 	if err != nil {
 		return v, false, err
+	}
+	// The enforced view: entries only the audit view has do not count.
+	if exact != nil && exact.Flags&PolicyFlagENone != 0 {
+		exact = nil
+	}
+	if anyID != nil && anyID.Flags&PolicyFlagENone != 0 {
+		anyID = nil
 	}
 	for _, e := range []*bpf.LxcPolicyEntry{exact, anyID} {
 		if e != nil && e.Deny != 0 {
@@ -366,7 +376,7 @@ func (m *PolicyMap) Iterate(fn func(PolicyKey, PolicyValue) bool) error {
 		return err
 	}
 	return m.iterateSlots(slots, func(slot uint32, r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
-		return fn(fromRawPolicyKey(slot, r), PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie})
+		return fn(fromRawPolicyKey(slot, r), PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie, Flags: v.Flags})
 	})
 }
 
@@ -378,7 +388,7 @@ func (m *PolicyMap) DumpEndpoint(id uint16) (map[PolicyKey]PolicyValue, error) {
 		return nil, err
 	}
 	err = m.iterateSlots(slots, func(slot uint32, r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
-		out[fromRawPolicyKey(slot, r)] = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie}
+		out[fromRawPolicyKey(slot, r)] = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie, Flags: v.Flags}
 		return true
 	})
 	return out, err

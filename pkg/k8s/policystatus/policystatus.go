@@ -59,6 +59,9 @@ type Report struct {
 	Conditions []metav1.Condition `json:",omitempty"`
 	// Enforcing: every local endpoint has realized Revision or later.
 	Enforcing bool
+	// Audited counts the connections the policy, in audit mode, would
+	// have denied on this node.
+	Audited uint64
 	// Updated is when the report last changed.
 	Updated time.Time
 	Status  reconciler.Status
@@ -206,6 +209,32 @@ func (p *Publisher) Realized(rev uint64) int {
 	return n
 }
 
+// Audited records how many connections each policy object, in audit
+// mode, would have denied on this node (by Key: kind/namespace/name);
+// reports whose count changed are published. It returns how many.
+func (p *Publisher) Audited(counts map[string]uint64) int {
+	if p == nil {
+		return 0
+	}
+	wtxn := p.db.WriteTxn(p.table)
+	n := 0
+	for r := range p.table.All(wtxn) {
+		c := counts[r.Key()]
+		if c == r.Audited {
+			continue
+		}
+		nr := r.clone()
+		nr.Audited, nr.Updated, nr.Status = c, p.now(), reconciler.StatusPending()
+		_, _, _ = p.table.Insert(wtxn, nr)
+		n++
+	}
+	wtxn.Commit()
+	return n
+}
+
+// Key is a report's key for policy object kind/namespace/name.
+func Key(kind, ns, name string) string { return key(kind, ns, name) }
+
 // Report is this node's current report on a policy object.
 func (p *Publisher) Report(kind, ns, name string) (*Report, bool) {
 	r, _, found := p.table.Get(p.db.ReadTxn(), KeyIndex.Query(key(kind, ns, name)))
@@ -226,7 +255,7 @@ func Patch(node string, r *Report) ([]byte, error) {
 		"conditions": conds,
 		"nodes": map[string]v1alpha1.NodePolicyStatus{node: {
 			OK: r.Error == "", Error: r.Error, Enforcing: r.Enforcing, LocalPolicyRevision: r.Revision,
-			ObservedGeneration: r.Generation, LastUpdated: metav1.NewTime(r.Updated.Truncate(time.Second)),
+			ObservedGeneration: r.Generation, AuditedConnections: r.Audited, LastUpdated: metav1.NewTime(r.Updated.Truncate(time.Second)),
 		}},
 	}}
 	b, err := json.Marshal(body)

@@ -31,11 +31,26 @@ type Rule struct {
 	Egress            []EgressRule       `json:"egress,omitempty"`
 	EgressDeny        []EgressRule       `json:"egressDeny,omitempty"`
 	EnableDefaultDeny *DefaultDenyConfig `json:"enableDefaultDeny,omitempty"`
+	// EnforcementMode is enforce (the default) or audit: an audited rule
+	// never drops; what it would deny passes, reported with an AUDIT
+	// verdict naming it and counted. Switching to enforce takes effect as
+	// any policy change does.
+	// +kubebuilder:validation:Enum=enforce;audit
+	EnforcementMode string `json:"enforcementMode,omitempty"`
 	// Labels identify the rule: policy get and delete select rules by
 	// them, and an import with replace replaces the rules with the same.
 	Labels      LabelArray `json:"labels,omitempty"`
 	Description string     `json:"description,omitempty"`
 }
+
+// Enforcement modes of a rule.
+const (
+	ModeEnforce = "enforce"
+	ModeAudit   = "audit"
+)
+
+// Audited reports whether the rule is in audit mode.
+func (r *Rule) Audited() bool { return r.EnforcementMode == ModeAudit }
 
 // Rules is a list of rules.
 type Rules []*Rule
@@ -206,6 +221,9 @@ func ParseRules(data []byte) (Rules, error) {
 
 // Validate checks the rule; errors name the field.
 func (r *Rule) Validate() error {
+	if r.EnforcementMode != "" && r.EnforcementMode != ModeEnforce && r.EnforcementMode != ModeAudit {
+		return fmt.Errorf("enforcementMode %q: want %s or %s", r.EnforcementMode, ModeEnforce, ModeAudit)
+	}
 	if r.EndpointSelector == nil && r.NodeSelector == nil {
 		return errors.New("endpointSelector is required")
 	}

@@ -38,6 +38,10 @@ import (
 // identity: a podSelector key "app" selects the identity label "k8s:app".
 const podLabelPrefix = "k8s:"
 
+// AnnotationEnforcementMode puts a NetworkPolicy in audit mode ("audit"):
+// what it would deny passes, reported with an AUDIT verdict naming it.
+const AnnotationEnforcementMode = "policy.tendril.io/enforcement-mode"
+
 // Translate turns a NetworkPolicy into rules for the repository (one rule,
 // labelled with the policy's name, namespace, kind and UID). Invalid input
 // (what the API server would refuse, and selectors on the label keys the
@@ -58,6 +62,14 @@ func Translate(np *networkingv1.NetworkPolicy) (api.Rules, error) {
 	}
 	rule.Labels = RuleLabels(np)
 	rule.Description = "NetworkPolicy " + np.Namespace + "/" + np.Name
+	switch mode := np.Annotations[AnnotationEnforcementMode]; mode {
+	case "", api.ModeEnforce:
+	case api.ModeAudit:
+		rule.EnforcementMode = api.ModeAudit
+	default:
+		return nil, fmt.Errorf("NetworkPolicy %s/%s: metadata.annotations[%s]: %q: want %s or %s",
+			np.Namespace, np.Name, AnnotationEnforcementMode, mode, api.ModeEnforce, api.ModeAudit)
+	}
 	// The engine's own validation is a second line: a failure here is a
 	// translation bug, reported as such rather than stored.
 	if err := rule.Validate(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -316,4 +317,21 @@ func mustSelect(t testing.TB, ss ...string) []labels.Label {
 		t.Fatal(err)
 	}
 	return sel
+}
+
+func TestTranslateEnforcementModeAnnotation(t *testing.T) {
+	np := &networkingv1.NetworkPolicy{}
+	np.Name, np.Namespace = "p", "x"
+	np.Annotations = map[string]string{AnnotationEnforcementMode: "audit"}
+	rules, err := Translate(np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rules[0].Audited() {
+		t.Fatal("annotation audit did not make an audited rule")
+	}
+	np.Annotations[AnnotationEnforcementMode] = "dry-run"
+	if _, err := Translate(np); err == nil || !strings.Contains(err.Error(), AnnotationEnforcementMode) {
+		t.Fatalf("bad mode: %v", err)
+	}
 }

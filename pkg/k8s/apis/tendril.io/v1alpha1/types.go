@@ -112,6 +112,11 @@ type NodePolicyStatus struct {
 	// ObservedGeneration is the object's generation the report is about.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// AuditedConnections counts, for a policy in audit mode, the
+	// connections on this node it would have denied and let pass, since
+	// the node's agent started.
+	// +optional
+	AuditedConnections uint64 `json:"auditedConnections,omitempty"`
 	// LastUpdated is when the node last changed its report.
 	// +optional
 	LastUpdated metav1.Time `json:"lastUpdated,omitempty"`
