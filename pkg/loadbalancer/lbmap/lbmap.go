@@ -56,6 +56,30 @@ type Ops struct {
 	nextBackend uint32
 
 	state map[loadbalancer.FrontendKey]written
+
+	// removed is told, after a frontend was written without them, which
+	// backends left it (nil: nobody listens).
+	removed func([]RemovedBackend)
+}
+
+// RemovedBackend is a backend that left a frontend still in the maps:
+// sockets the socket load-balancer translated to it for this frontend are
+// to be moved off it (pkg/datapath/sockterm).
+type RemovedBackend struct {
+	Frontend loadbalancer.FrontendKey
+	Backend  netip.AddrPort
+	RevNATID uint32
+}
+
+// OnBackendsRemoved sets fn to be called (under the reconciler, so it
+// must return at once) with the backends each Update took out of a
+// frontend, once the frontend is written without them: a socket that
+// reconnects then reaches a live backend. Set it before the reconciler
+// starts.
+func (o *Ops) OnBackendsRemoved(fn func([]RemovedBackend)) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.removed = fn
 }
 
 // New returns the operations over m (the node's LB maps).
@@ -273,16 +297,21 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 	}
 	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev}
 	var errs []error
+	var removed []RemovedBackend
 	for _, id := range prev.backends {
 		if contains(ids, id) {
 			continue
 		}
+		removed = append(removed, RemovedBackend{Frontend: f.Key, Backend: o.backendAddr[id], RevNATID: revNAT})
 		if _, err := o.maps.AffinityMap().DeleteMatching(svcID, id); err != nil {
 			errs = append(errs, err)
 		}
 		if err := o.releaseBackendLocked(id); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if len(removed) > 0 && o.removed != nil {
+		o.removed(removed)
 	}
 	return errors.Join(errs...)
 }
