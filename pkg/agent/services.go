@@ -197,6 +197,10 @@ func (m *servicesModule) start(context.Context) error {
 			return err
 		}
 		m.unsub = append(m.unsub, unsub)
+		if unsub, err = w.Nodes.Subscribe(m.source.OnNode); err != nil {
+			return err
+		}
+		m.unsub = append(m.unsub, unsub)
 	}
 	return nil
 }
