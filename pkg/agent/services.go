@@ -57,6 +57,10 @@ func (c *ServicesConfig) Validate() error {
 	return nil
 }
 
+// lbDrainInterval is how often entries kept for flows that outlived their
+// service or backend are checked against conntrack.
+const lbDrainInterval = 5 * time.Second
+
 // servicesCell is start step 4 (service, reverse NAT and backend IDs
 // restored from the LB maps before anything writes them, the socket
 // load-balancer attached) and what follows from it: the services tables fed
@@ -149,6 +153,18 @@ func newServicesModule(p servicesParams) (*servicesModule, error) {
 		}
 		return nil
 	}))
+	// Reverse NAT and backend entries kept for flows that outlived their
+	// service or backend are released once conntrack no longer has them.
+	jobs.Add(job.Timer("lb-release-drained", func(context.Context) error {
+		if m.ops == nil {
+			return nil
+		}
+		n, err := m.ops.ReleaseDrained()
+		if n > 0 {
+			m.log.Info("Released load-balancer entries whose flows ended", "entries", n)
+		}
+		return err
+	}, lbDrainInterval))
 	// Sockets translated to a backend that left its service are swept
 	// here, off the reconciler's goroutine (which only queues them).
 	jobs.Add(job.OneShot("lb-socket-termination", func(ctx context.Context, _ cell.Health) error {
@@ -166,6 +182,9 @@ func newServicesModule(p servicesParams) (*servicesModule, error) {
 func (m *servicesModule) start(context.Context) error {
 	if m.dp != nil {
 		m.ops = lbmap.New(m.dp.loader.Maps().LB, maglev.Config{Size: maglev.DefaultSize, Seed: m.cfg.Services.MaglevHashSeed}, m.log)
+		// Per-packet translated flows keep their reverse NAT and backend
+		// entries until their conntrack entries are gone.
+		m.ops.KeepWhileFlows(lbmap.CTFlows{CT: m.dp.loader.Maps().CTMap()})
 		r, err := m.ops.Restore()
 		if err != nil {
 			return fmt.Errorf("restore load-balancer IDs: %w", err)
@@ -267,6 +286,10 @@ func (m *servicesModule) statusSection() ext.Section {
 		m.restored.Services, m.restored.Backends, m.restored.RevNAT)})
 	init, _ := m.tables.Frontends.Initialized(txn)
 	s.Lines = append(s.Lines, ext.Line{Key: "sources synced", Value: fmt.Sprintf("%t", init)})
+	if m.ops != nil {
+		rv, bk := m.ops.Draining()
+		s.Lines = append(s.Lines, ext.Line{Key: "kept for open flows", Value: fmt.Sprintf("%d reverse NAT entries, %d backends", rv, bk)})
+	}
 	algo := m.cfg.Services.LBAlgorithm
 	s.Lines = append(s.Lines, ext.Line{Key: "default selection", Value: algo})
 	if m.sock != nil {
