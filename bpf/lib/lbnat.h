@@ -121,10 +121,14 @@ __attribute__((noinline)) int lb_dnat(struct __sk_buff *skb, struct pkt *p)
 	const struct lb_backend *be = NULL;
 	__u32 bid = 0;
 	/* A known flow keeps its backend while the backend exists, even
-	 * terminating (its connections drain); a deleted one is replaced. */
+	 * terminating (its connections drain); a deleted one is replaced,
+	 * and so is a removed one for anything but TCP (a UDP "flow" is only
+	 * a reused source port: it goes to a live backend). */
 	if (fl && fl->rev_nat_id == svc->rev_nat_id) {
 		bid = fl->backend_id;
 		be = bpf_map_lookup_elem(&tdr_lb_backends_v1, &bid);
+		if (be && be->state == BACKEND_REMOVED && p->proto != IPPROTO_TCP_)
+			be = NULL;
 	}
 	if (!be) {
 		struct lb_affinity_key ak = {.kind = p->family == FAMILY_V4 ? AFFINITY_BY_V4 : AFFINITY_BY_V6};

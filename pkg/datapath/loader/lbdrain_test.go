@@ -74,6 +74,39 @@ func TestPrivilegedServiceFlowOutlivesBackendAndService(t *testing.T) {
 		t.Fatalf("a new flow went to %s, want b2 %s", dst, b2)
 	}
 
+	// A UDP "flow" (a reused source port) to a removed backend is not a
+	// connection to keep: it picks a live backend.
+	dnsFE := netip.MustParseAddrPort("10.96.0.53:53")
+	dns := func(b netip.AddrPort) *loadbalancer.Frontend {
+		return &loadbalancer.Frontend{Key: loadbalancer.FrontendKey{Addr: dnsFE, Proto: loadbalancer.UDP}, Service: loadbalancer.ServiceName{Namespace: "ns", Name: "dns"},
+			Backends: []loadbalancer.FrontendBackend{{Addr: b, Active: true}}}
+	}
+	query := func() netip.AddrPort {
+		t.Helper()
+		verdict, out := n.runOut(from, n.ifidx, withL4Checksum(packet(podA, dnsFE.Addr(), l4{proto: 17, sport: 40200, dport: 53, payload: []byte("q")})))
+		_, dst := frameTuple(out)
+		if verdict != actOK {
+			t.Fatalf("UDP query: verdict %d", verdict)
+		}
+		return dst
+	}
+	d1, d2 := netip.MustParseAddrPort("10.2.0.51:5353"), netip.MustParseAddrPort("10.2.0.52:5353")
+	if err := ops.Update(ctx, nil, 0, dns(d1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := query(); got != d1 {
+		t.Fatalf("UDP query went to %s, want %s", got, d1)
+	}
+	if err := ops.Update(ctx, nil, 0, dns(d2)); err != nil {
+		t.Fatal(err)
+	}
+	if got := query(); got != d2 {
+		t.Fatalf("UDP query on the same source port after %s left went to %s, want %s", d1, got, d2)
+	}
+	if err := ops.Delete(ctx, nil, 0, dns(d2)); err != nil {
+		t.Fatal(err)
+	}
+
 	// The service goes.
 	if err := ops.Delete(ctx, nil, 0, frontend()); err != nil {
 		t.Fatal(err)
@@ -82,12 +115,12 @@ func TestPrivilegedServiceFlowOutlivesBackendAndService(t *testing.T) {
 	if released, err := ops.ReleaseDrained(); err != nil || released != 0 {
 		t.Fatalf("released %d (%v) while the flow lives", released, err)
 	}
-	if rv, bk := ops.Draining(); rv != 1 || bk != 2 {
-		t.Fatalf("draining %d reverse NAT, %d backends; want 1 and 2 (b1, b2)", rv, bk)
+	if rv, bk := ops.Draining(); rv != 2 || bk != 4 {
+		t.Fatalf("draining %d reverse NAT, %d backends; want 2 (both services) and 4 (b1, b2, d1, d2)", rv, bk)
 	}
 	b1ID := ids.Backends[b1]
-	if b, ok, _ := n.l.Maps().LB.BackendMap().Lookup(b1ID); !ok || b.State != maps.BackendStateTerminating {
-		t.Fatalf("b1 while draining: %+v %v, want terminating", b, ok)
+	if b, ok, _ := n.l.Maps().LB.BackendMap().Lookup(b1ID); !ok || b.State != maps.BackendStateRemoved {
+		t.Fatalf("b1 while draining: %+v %v, want removed", b, ok)
 	}
 
 	// The flows end: conntrack GC removes their entries.
@@ -97,7 +130,7 @@ func TestPrivilegedServiceFlowOutlivesBackendAndService(t *testing.T) {
 	}
 	for _, e := range entries {
 		if e.RevNAT != 0 {
-			if e.RevNAT != uint16(ids.RevNAT) {
+			if e.Proto == 6 && e.RevNAT != uint16(ids.RevNAT) {
 				t.Errorf("conntrack entry %+v: reverse NAT %d, want %d", e, e.RevNAT, ids.RevNAT)
 			}
 			if err := ct.Delete(e); err != nil {
@@ -105,8 +138,8 @@ func TestPrivilegedServiceFlowOutlivesBackendAndService(t *testing.T) {
 			}
 		}
 	}
-	if released, err := ops.ReleaseDrained(); err != nil || released != 3 {
-		t.Fatalf("released %d (%v) after the flows ended, want 3", released, err)
+	if released, err := ops.ReleaseDrained(); err != nil || released != 6 {
+		t.Fatalf("released %d (%v) after the flows ended, want 6", released, err)
 	}
 	if _, ok, _ := n.l.Maps().LB.RevNATMap().Lookup(ids.RevNAT); ok {
 		t.Error("reverse NAT entry still there after the flows ended")

@@ -274,15 +274,16 @@ func (o *Ops) releaseBackendLocked(id uint32) error {
 	return o.deleteBackendLocked(id)
 }
 
-// drainBackendLocked keeps an unreferenced backend's entry, terminating
-// (no new flow, no affinity follows it; established per-packet flows keep
-// it), until ReleaseDrained finds no flow using it.
+// drainBackendLocked keeps an unreferenced backend's entry, removed (no
+// new flow, no affinity follows it; established per-packet TCP flows keep
+// it, UDP ones pick a live backend), until ReleaseDrained finds no flow
+// using it.
 func (o *Ops) drainBackendLocked(id uint32) error {
 	ap, ok := o.backendAddr[id]
 	if !ok {
 		return nil
 	}
-	if err := o.maps.BackendMap().Upsert(id, maps.Backend{Addr: ap.Addr(), Port: ap.Port(), State: maps.BackendStateTerminating}); err != nil {
+	if err := o.maps.BackendMap().Upsert(id, maps.Backend{Addr: ap.Addr(), Port: ap.Port(), State: maps.BackendStateRemoved}); err != nil {
 		return fmt.Errorf("drain backend %s: %w", ap, err)
 	}
 	o.drainingBackends[id] = true
