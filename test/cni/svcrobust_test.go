@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -217,7 +218,8 @@ func lbIDs(t *testing.T, n *node, fe maps.Frontend) string {
 	return fmt.Sprintf("service %d, reverse NAT %d, backends %v", s.ID, s.RevNATID, slots)
 }
 
-// TestPrivilegedServiceScaleAndRestartUnderTraffic: a client pod sends 100
+// TestPrivilegedServiceScaleAndRestartUnderTraffic: a backend pod reaches
+// itself through a ClusterIP (hairpin, per packet). A client pod sends 100
 // UDP requests a second through a ClusterIP (a new flow each) while the
 // service's backends scale up (a third backend starts answering) and down
 // (the first leaves the slice, still running): no request is lost. Then
@@ -283,6 +285,37 @@ func TestPrivilegedServiceScaleAndRestartUnderTraffic(t *testing.T) {
 	waitRealized(t, n, ctx, dns.Spec.ClusterIP, 53, ips["b1"], ips["b2"])
 	waitRealized(t, n, ctx, bulk.Spec.ClusterIP, 80, ips["b1"])
 	dnsAddr := net.JoinHostPort(dns.Spec.ClusterIP, "53")
+
+	t.Run("hairpin", func(t *testing.T) {
+		// b1 reaches itself through a ClusterIP whose only backend it is.
+		self := mkService("self", 80, 8081, corev1.ProtocolTCP)
+		setSlice("self", 8081, corev1.ProtocolTCP, "b1")
+		waitRealized(t, n, ctx, self.Spec.ClusterIP, 80, ips["b1"])
+		ln := listenIn(t, backends["b1"].netns, "0.0.0.0:8081")
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprintf(c, "b1 saw %s\n", c.RemoteAddr())
+				c.Close()
+			}
+		}()
+		frontend := net.JoinHostPort(self.Spec.ClusterIP, "80")
+		for i := range 3 {
+			c, err := dialFrom(backends["b1"].netns, frontend)
+			if err != nil {
+				t.Fatalf("hairpin connection %d to %s: %v", i, frontend, err)
+			}
+			b, err := io.ReadAll(c)
+			peer := c.RemoteAddr().String()
+			c.Close()
+			if err != nil || !strings.HasPrefix(string(b), "b1 saw 169.254.42.1:") || peer != frontend {
+				t.Fatalf("hairpin connection %d: %q (%v), peer %s; want b1 answering the hairpin address, the peer the frontend", i, b, err, peer)
+			}
+		}
+	})
 
 	t.Run("scale up and down", func(t *testing.T) {
 		stream := startUDPStream(t, client, dnsAddr, 10*time.Millisecond)
