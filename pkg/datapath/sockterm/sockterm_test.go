@@ -2,6 +2,7 @@ package sockterm
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -364,12 +365,29 @@ func TestPrivilegedTerminateRemovedBackend(t *testing.T) {
 	// sweep the reconciler requests.
 	e.point(t, udpFrontend, maps.ProtoUDP, udpID, 2, backend2)
 	e.point(t, tcpFrontend, maps.ProtoTCP, tcpID, 2, backend2)
-	res, err = e.term.Terminate([]Target{{Backend: backend1, Proto: maps.ProtoUDP, RevNATID: udpID}, {Backend: backend1, Proto: maps.ProtoTCP, RevNATID: tcpID}})
-	if err != nil {
-		t.Fatal(err)
+	// As the agent does it: requests to the job that sweeps.
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- e.term.Run(ctx) }()
+	e.term.Request(Target{Backend: backend1, Proto: maps.ProtoUDP, RevNATID: udpID})
+	e.term.Request(Target{Backend: backend1, Proto: maps.ProtoTCP, RevNATID: tcpID})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		tot, _ := e.term.Totals()
+		if tot.Destroyed+tot.Failed >= 2 {
+			if tot.Destroyed != 2 || tot.Failed != 0 {
+				t.Fatalf("want the UDP socket and the TCP connection destroyed, got %+v", tot)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the requested sweeps did not destroy both sockets: %+v", tot)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	if res.Destroyed != 2 || res.Failed != 0 {
-		t.Fatalf("want the UDP socket and the TCP connection destroyed, got %+v", res)
+	cancel()
+	if err := <-runDone; err != nil {
+		t.Fatal(err)
 	}
 	if _, err := stdin.Write([]byte("go\n")); err != nil {
 		t.Fatal(err)
