@@ -39,12 +39,19 @@ const helperEnv = "TENDRIL_SOCKTERM_HELPER"
 
 const cgroupRoot = "/sys/fs/cgroup/unified"
 
-var (
-	udpFrontend = netip.MustParseAddrPort("10.96.0.53:53")
-	tcpFrontend = netip.MustParseAddrPort("10.96.0.80:80")
-	backend1    = netip.MustParseAddrPort("127.0.0.1:9001")
-	backend2    = netip.MustParseAddrPort("127.0.0.1:9002")
-)
+// addrSet is one family's frontends and backends (on the child's
+// loopback).
+type addrSet struct {
+	udpFrontend, tcpFrontend, backend1, backend2 netip.AddrPort
+}
+
+// families are the address sets by the helper's family ("4" or "6").
+var families = map[string]addrSet{
+	"4": {netip.MustParseAddrPort("10.96.0.53:53"), netip.MustParseAddrPort("10.96.0.80:80"),
+		netip.MustParseAddrPort("127.0.0.1:9001"), netip.MustParseAddrPort("127.0.0.1:9002")},
+	"6": {netip.MustParseAddrPort("[fd00:96::53]:53"), netip.MustParseAddrPort("[fd00:96::80]:80"),
+		netip.MustParseAddrPort("[::1]:9001"), netip.MustParseAddrPort("[::1]:9002")},
+}
 
 // ready is what the child's sockets saw before the sweep.
 type ready struct {
@@ -70,8 +77,8 @@ type after struct {
 }
 
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) != "" {
-		if err := helper(); err != nil {
+	if fam := os.Getenv(helperEnv); fam != "" {
+		if err := helper(families[fam]); err != nil {
 			fmt.Fprintln(os.Stderr, "helper:", err)
 			os.Exit(1)
 		}
@@ -81,12 +88,19 @@ func TestMain(m *testing.M) {
 }
 
 func sockaddr(ap netip.AddrPort) unix.Sockaddr {
-	return &unix.SockaddrInet4{Addr: ap.Addr().As4(), Port: int(ap.Port())}
+	if ap.Addr().Is4() {
+		return &unix.SockaddrInet4{Addr: ap.Addr().As4(), Port: int(ap.Port())}
+	}
+	return &unix.SockaddrInet6{Addr: ap.Addr().As16(), Port: int(ap.Port())}
 }
 
 // udpConnect returns a UDP socket connected to dst with a receive timeout.
 func udpConnect(dst netip.AddrPort) (int, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	family := unix.AF_INET
+	if dst.Addr().Is6() {
+		family = unix.AF_INET6
+	}
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
 	}
@@ -119,7 +133,7 @@ func errnoOf(err error) int {
 	return -1
 }
 
-func helper() error {
+func helper(set addrSet) error {
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
 		return err
@@ -132,7 +146,7 @@ func helper() error {
 	for _, b := range []struct {
 		addr netip.AddrPort
 		name string
-	}{{backend1, "b1"}, {backend2, "b2"}} {
+	}{{set.backend1, "b1"}, {set.backend2, "b2"}} {
 		pc, err := net.ListenPacket("udp", b.addr.String())
 		if err != nil {
 			return err
@@ -176,15 +190,15 @@ func helper() error {
 	}
 	out := json.NewEncoder(os.Stdout)
 	var r ready
-	udpFd, err := udpConnect(udpFrontend)
+	udpFd, err := udpConnect(set.udpFrontend)
 	if err == nil {
 		r.UDP, err = udpPing(udpFd)
 	}
-	directFd, err2 := udpConnect(backend1)
+	directFd, err2 := udpConnect(set.backend1)
 	if err2 == nil {
 		r.Direct, err2 = udpPing(directFd)
 	}
-	tcp, err3 := net.Dial("tcp", tcpFrontend.String())
+	tcp, err3 := net.Dial("tcp", set.tcpFrontend.String())
 	if err3 == nil {
 		_, err3 = tcp.Write([]byte("ping"))
 		buf := make([]byte, 64)
@@ -212,7 +226,7 @@ func helper() error {
 	a.UDPRecvErrno = errnoOf(rerr)
 	// The application's answer to the error: connect again.
 	var errs []error
-	if err := unix.Connect(udpFd, sockaddr(udpFrontend)); err != nil {
+	if err := unix.Connect(udpFd, sockaddr(set.udpFrontend)); err != nil {
 		errs = append(errs, fmt.Errorf("reconnect: %w", err))
 	} else if a.UDPReconnect, err = udpPing(udpFd); err != nil {
 		errs = append(errs, fmt.Errorf("after reconnect: %w", err))
@@ -298,7 +312,7 @@ func (e *testEnv) point(t *testing.T, fe netip.AddrPort, proto uint8, id uint32,
 	}
 }
 
-// TestPrivilegedTerminateRemovedBackend: a connected UDP socket and a TCP
+// TestPrivilegedTerminateRemovedBackend, IPv4 and IPv6: a connected UDP socket and a TCP
 // connection that the socket load-balancer sent to backend 1 are destroyed
 // once backend 1 leaves their services: the UDP socket reports
 // ECONNABORTED and, connected again to the same frontend, reaches backend
@@ -306,10 +320,17 @@ func (e *testEnv) point(t *testing.T, fe netip.AddrPort, proto uint8, id uint32,
 // another frontend's reverse NAT ID touches nothing, and a socket
 // connected to backend 1's own address is never touched.
 func TestPrivilegedTerminateRemovedBackend(t *testing.T) {
+	for _, fam := range []string{"4", "6"} {
+		t.Run("IPv"+fam, func(t *testing.T) { testTerminate(t, fam) })
+	}
+}
+
+func testTerminate(t *testing.T, fam string) {
+	a := families[fam]
 	e := setup(t)
 	const udpID, tcpID = 1, 2
-	e.point(t, udpFrontend, maps.ProtoUDP, udpID, 1, backend1)
-	e.point(t, tcpFrontend, maps.ProtoTCP, tcpID, 1, backend1)
+	e.point(t, a.udpFrontend, maps.ProtoUDP, udpID, 1, a.backend1)
+	e.point(t, a.tcpFrontend, maps.ProtoTCP, tcpID, 1, a.backend1)
 
 	cg, err := os.Open(e.cgroup)
 	if err != nil {
@@ -317,7 +338,7 @@ func TestPrivilegedTerminateRemovedBackend(t *testing.T) {
 	}
 	defer cg.Close()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=1")
+	cmd.Env = append(os.Environ(), helperEnv+"="+fam)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -350,7 +371,7 @@ func TestPrivilegedTerminateRemovedBackend(t *testing.T) {
 	}
 
 	// Another frontend's backend 1: nothing of these sockets matches.
-	res, err := e.term.Terminate([]Target{{Backend: backend1, Proto: maps.ProtoUDP, RevNATID: 99}, {Backend: backend1, Proto: maps.ProtoTCP, RevNATID: 99}})
+	res, err := e.term.Terminate([]Target{{Backend: a.backend1, Proto: maps.ProtoUDP, RevNATID: 99}, {Backend: a.backend1, Proto: maps.ProtoTCP, RevNATID: 99}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,14 +384,14 @@ func TestPrivilegedTerminateRemovedBackend(t *testing.T) {
 
 	// Backend 1 leaves both services (backend 2 replaces it), then the
 	// sweep the reconciler requests.
-	e.point(t, udpFrontend, maps.ProtoUDP, udpID, 2, backend2)
-	e.point(t, tcpFrontend, maps.ProtoTCP, tcpID, 2, backend2)
+	e.point(t, a.udpFrontend, maps.ProtoUDP, udpID, 2, a.backend2)
+	e.point(t, a.tcpFrontend, maps.ProtoTCP, tcpID, 2, a.backend2)
 	// As the agent does it: requests to the job that sweeps.
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- e.term.Run(ctx) }()
-	e.term.Request(Target{Backend: backend1, Proto: maps.ProtoUDP, RevNATID: udpID})
-	e.term.Request(Target{Backend: backend1, Proto: maps.ProtoTCP, RevNATID: tcpID})
+	e.term.Request(Target{Backend: a.backend1, Proto: maps.ProtoUDP, RevNATID: udpID})
+	e.term.Request(Target{Backend: a.backend1, Proto: maps.ProtoTCP, RevNATID: tcpID})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		tot, _ := e.term.Totals()
@@ -392,27 +413,27 @@ func TestPrivilegedTerminateRemovedBackend(t *testing.T) {
 	if _, err := stdin.Write([]byte("go\n")); err != nil {
 		t.Fatal(err)
 	}
-	var a after
-	if err := dec.Decode(&a); err != nil {
+	var got after
+	if err := dec.Decode(&got); err != nil {
 		t.Fatalf("child's report: %v; stderr: %s", err, stderr.String())
 	}
-	t.Logf("after the sweep: %+v", a)
-	if a.Err != "" {
-		t.Fatal(a.Err)
+	t.Logf("after the sweep: %+v", got)
+	if got.Err != "" {
+		t.Fatal(got.Err)
 	}
-	if a.UDPRecvErrno != int(unix.ECONNABORTED) {
-		t.Errorf("connected UDP socket: errno %d, want ECONNABORTED", a.UDPRecvErrno)
+	if got.UDPRecvErrno != int(unix.ECONNABORTED) {
+		t.Errorf("connected UDP socket: errno %d, want ECONNABORTED", got.UDPRecvErrno)
 	}
-	if a.UDPReconnect != "b2" {
-		t.Errorf("reconnected UDP socket reached %q, want b2", a.UDPReconnect)
+	if got.UDPReconnect != "b2" {
+		t.Errorf("reconnected UDP socket reached %q, want b2", got.UDPReconnect)
 	}
-	if a.Direct != "b1" {
-		t.Errorf("socket connected to backend 1's own address got %q, want b1 (untouched)", a.Direct)
+	if got.Direct != "b1" {
+		t.Errorf("socket connected to backend 1's own address got %q, want b1 (untouched)", got.Direct)
 	}
-	if a.TCPReadErrno != int(unix.ECONNABORTED) {
-		t.Errorf("TCP client: errno %d, want ECONNABORTED", a.TCPReadErrno)
+	if got.TCPReadErrno != int(unix.ECONNABORTED) {
+		t.Errorf("TCP client: errno %d, want ECONNABORTED", got.TCPReadErrno)
 	}
-	if !strings.Contains(a.ServerErr, "connection reset") {
-		t.Errorf("backend's side of the TCP connection: %q, want a reset", a.ServerErr)
+	if !strings.Contains(got.ServerErr, "connection reset") {
+		t.Errorf("backend's side of the TCP connection: %q, want a reset", got.ServerErr)
 	}
 }
