@@ -72,6 +72,64 @@ __attribute__((noinline)) int deliver_direct(struct __sk_buff *skb, const struct
 	return bpf_redirect_peer(dst->ifindex, 0);
 }
 
+/* hairpin_from_pod handles a pod's packet to itself through a service
+ * (nat: its reverse NAT ID, the packet already DNATed to the pod's own
+ * address) and the pod's reply to the hairpin address (nat 0): both go
+ * back into the pod from here (lbnat.h), under the flow's conntrack entry,
+ * without policy (a pod's traffic with itself is not its policy's
+ * business). Returns the verdict, or -1 when the packet is no hairpin (it
+ * is then unchanged). A global function: the main path's verification
+ * does not multiply with the hairpin's branches. */
+__attribute__((noinline)) int hairpin_from_pod(struct __sk_buff *skb, struct pkt *p, const struct endpoint_info *ep, __u32 nat)
+{
+	if (!skb || !p || !ep)
+		return -1;
+	if (p->icmp_error || p->nonfirst_frag)
+		return -1;
+	__u16 ep_id = ep->ep_id;
+	if (nat) {
+		/* Translated, to the sender's own address? */
+		int r = lb_hairpin_snat(skb, p);
+		if (r <= 0)
+			return r < 0 ? drop((__u8)-r, DIR_EGRESS, ep_id, p, ep->identity, 0, 0) : -1;
+	} else if (!lb_is_hairpin_addr(p, p->daddr)) {
+		return -1;
+	}
+	struct flow f;
+	flow_of(&f, p);
+	struct ct_entry *e = ct_find(&f, p);
+	/* A packet to the hairpin address is a hairpin reply only as the
+	 * reply of a translated flow. */
+	if (!nat && !(e && e->rev_nat && ct_is_reply(e, &f)))
+		return -1;
+	__u8 src_a = ep_is_a(&f, DIR_EGRESS, p);
+	int ct = ct_classify(e, &f, p, ep_id, src_a);
+	int notable = trace_notable(e, p, ct, e && ct_is_reply(e, &f));
+	if (!e) {
+		ct_create(&f, p, ep_id, ep_id, nat << 16);
+	} else {
+		if (ct == CT_NEW) {
+			ct_admit(e, src_a, ep_id);
+			ct_admit(e, !src_a, ep_id);
+		}
+		if (nat && e->rev_nat != nat)
+			e->rev_nat = nat;
+		ct_update(e, &f, p);
+		if (!nat) {
+			int r = lb_hairpin_rev(skb, p);
+			if (r == 0)
+				r = lb_rev_snat(skb, p, e->rev_nat);
+			if (r < 0)
+				return drop((__u8)-r, DIR_EGRESS, ep_id, p, ep->identity, 0, 0);
+		}
+	}
+	if (notable)
+		trace(ct, DIR_EGRESS, ep_id, p, ep->identity, ep->identity);
+	int ret = deliver_direct(skb, p, ep);
+	/* TTL expiring: the host answers it. */
+	return ret >= 0 ? ret : TC_ACT_OK;
+}
+
 SEC("tcx/ingress")
 int from_pod(struct __sk_buff *skb)
 {
@@ -96,6 +154,12 @@ int from_pod(struct __sk_buff *skb)
 	int nat = lb_dnat(skb, &p);
 	if (nat < 0)
 		return drop((__u8)-nat, DIR_EGRESS, ep_id, &p, ep->identity, 0, 0);
+	/* A pod reaching itself through a service, or its reply. Called for
+	 * every packet (it returns at once for others): a test here would
+	 * split the verifier's states of everything below. */
+	int hp = hairpin_from_pod(skb, &p, ep, (__u32)nat);
+	if (hp >= 0)
+		return hp;
 
 	struct flow f;
 	flow_of(&f, &p);

@@ -154,11 +154,14 @@
 /* Backend states (lb_backend.state). Only active backends are in a
  * service's slots and Maglev table; a terminating or quarantined one is
  * still found by its ID (affinity, existing flows) but an affinity entry
- * naming it is not followed.
+ * naming it is not followed. A removed one (no service lists it any more)
+ * is kept only for the open TCP connections of per-packet flows: a UDP
+ * flow naming it picks a live backend again (the stale DNS server case).
  * go:const BackendState BACKEND_ uint8 describe */
 #define BACKEND_ACTIVE 0 /* active */
 #define BACKEND_TERMINATING 1 /* terminating */
 #define BACKEND_QUARANTINED 2 /* quarantined */
+#define BACKEND_REMOVED 3 /* removed */
 
 /* Kinds of session affinity keys (lb_affinity_key.kind): the client's
  * address as the packet shows it, or, at the socket, its network

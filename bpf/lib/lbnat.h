@@ -121,10 +121,14 @@ __attribute__((noinline)) int lb_dnat(struct __sk_buff *skb, struct pkt *p)
 	const struct lb_backend *be = NULL;
 	__u32 bid = 0;
 	/* A known flow keeps its backend while the backend exists, even
-	 * terminating (its connections drain); a deleted one is replaced. */
+	 * terminating (its connections drain); a deleted one is replaced,
+	 * and so is a removed one for anything but TCP (a UDP "flow" is only
+	 * a reused source port: it goes to a live backend). */
 	if (fl && fl->rev_nat_id == svc->rev_nat_id) {
 		bid = fl->backend_id;
 		be = bpf_map_lookup_elem(&tdr_lb_backends_v1, &bid);
+		if (be && be->state == BACKEND_REMOVED && p->proto != IPPROTO_TCP_)
+			be = NULL;
 	}
 	if (!be) {
 		struct lb_affinity_key ak = {.kind = p->family == FAMILY_V4 ? AFFINITY_BY_V4 : AFFINITY_BY_V6};
@@ -146,6 +150,52 @@ __attribute__((noinline)) int lb_dnat(struct __sk_buff *skb, struct pkt *p)
 	p->dport = be->port;
 	p->pport = be->port;
 	return (int)(svc->rev_nat_id & 0xffff);
+}
+
+/* Hairpin: a pod reaching itself through a service. Its packet, DNATed to
+ * its own address, would arrive in the pod from its own address (the
+ * pod's kernel drops that as a martian) and its reply would never leave
+ * the pod. So the packet's source becomes the hairpin address (IPv4
+ * 169.254.42.1, link-local: no pod has it) and it is delivered back into
+ * the pod; the pod's reply to that address comes out again, gets its own
+ * address back as destination and the frontend as source (reverse NAT),
+ * and is delivered back in. The conntrack entry of the flow (hairpin
+ * address <-> backend) carries the reverse NAT ID as for any translated
+ * flow. IPv6 has no hairpin address yet: such a packet is not translated
+ * back (docs/services.md). */
+#define LB_HAIRPIN_V4_0 169
+#define LB_HAIRPIN_V4_1 254
+#define LB_HAIRPIN_V4_2 42
+#define LB_HAIRPIN_V4_3 1
+
+static __always_inline int lb_is_hairpin_addr(const struct pkt *p, const __u8 *a)
+{
+	return p->family == FAMILY_V4 && a[0] == LB_HAIRPIN_V4_0 && a[1] == LB_HAIRPIN_V4_1 && a[2] == LB_HAIRPIN_V4_2 &&
+	       a[3] == LB_HAIRPIN_V4_3;
+}
+
+/* lb_hairpin_snat gives a translated packet whose backend is its own
+ * sender the hairpin address as source. Returns 1 when it did, 0 when the
+ * packet is no hairpin, or minus a drop reason. */
+static __always_inline int lb_hairpin_snat(struct __sk_buff *skb, struct pkt *p)
+{
+	if (p->family != FAMILY_V4 || u32_at(p->saddr) != u32_at(p->daddr))
+		return 0;
+	__u8 h[16] = {LB_HAIRPIN_V4_0, LB_HAIRPIN_V4_1, LB_HAIRPIN_V4_2, LB_HAIRPIN_V4_3};
+	if (nat_rewrite(skb, p, 0, h, p->sport))
+		return -REASON_NAT_FAILED;
+	__builtin_memcpy(p->saddr, h, 4);
+	return 1;
+}
+
+/* lb_hairpin_rev gives a pod's reply to the hairpin address the pod's own
+ * address (its source) as destination. Returns 0, or minus a drop reason. */
+static __always_inline int lb_hairpin_rev(struct __sk_buff *skb, struct pkt *p)
+{
+	if (nat_rewrite(skb, p, 1, p->saddr, p->dport))
+		return -REASON_NAT_FAILED;
+	__builtin_memcpy(p->daddr, p->saddr, 4);
+	return 0;
 }
 
 /* lb_rev_snat gives a reply of a translated flow (its source is the

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/datapath/socklb"
+	"github.com/tendril-net/tendril/pkg/datapath/sockterm"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
@@ -56,6 +57,10 @@ func (c *ServicesConfig) Validate() error {
 	return nil
 }
 
+// lbDrainInterval is how often entries kept for flows that outlived their
+// service or backend are checked against conntrack.
+const lbDrainInterval = 5 * time.Second
+
 // servicesCell is start step 4 (service, reverse NAT and backend IDs
 // restored from the LB maps before anything writes them, the socket
 // load-balancer attached) and what follows from it: the services tables fed
@@ -81,7 +86,11 @@ type servicesModule struct {
 	ops      *lbmap.Ops
 	restored lbmap.Restored
 	sock     *socklb.SockLB
-	unsub    []func()
+	// term destroys sockets the socket LB sent to removed backends (nil
+	// without socket LB, or when the kernel cannot: termErr says why).
+	term    *sockterm.Terminator
+	termErr error
+	unsub   []func()
 }
 
 type servicesParams struct {
@@ -144,6 +153,26 @@ func newServicesModule(p servicesParams) (*servicesModule, error) {
 		}
 		return nil
 	}))
+	// Reverse NAT and backend entries kept for flows that outlived their
+	// service or backend are released once conntrack no longer has them.
+	jobs.Add(job.Timer("lb-release-drained", func(context.Context) error {
+		if m.ops == nil {
+			return nil
+		}
+		n, err := m.ops.ReleaseDrained()
+		if n > 0 {
+			m.log.Info("Released load-balancer entries whose flows ended", "entries", n)
+		}
+		return err
+	}, lbDrainInterval))
+	// Sockets translated to a backend that left its service are swept
+	// here, off the reconciler's goroutine (which only queues them).
+	jobs.Add(job.OneShot("lb-socket-termination", func(ctx context.Context, _ cell.Health) error {
+		if m.term == nil {
+			return nil
+		}
+		return m.term.Run(ctx)
+	}))
 	return m, nil
 }
 
@@ -153,6 +182,9 @@ func newServicesModule(p servicesParams) (*servicesModule, error) {
 func (m *servicesModule) start(context.Context) error {
 	if m.dp != nil {
 		m.ops = lbmap.New(m.dp.loader.Maps().LB, maglev.Config{Size: maglev.DefaultSize, Seed: m.cfg.Services.MaglevHashSeed}, m.log)
+		// Per-packet translated flows keep their reverse NAT and backend
+		// entries until their conntrack entries are gone.
+		m.ops.KeepWhileFlows(lbmap.CTFlows{CT: m.dp.loader.Maps().CTMap()})
 		r, err := m.ops.Restore()
 		if err != nil {
 			return fmt.Errorf("restore load-balancer IDs: %w", err)
@@ -170,6 +202,7 @@ func (m *servicesModule) start(context.Context) error {
 				return fmt.Errorf("attach the socket load-balancer to %s: %w", m.cfg.Services.CgroupRoot, err)
 			}
 			m.sock = sock
+			m.startSocketTermination()
 		}
 	}
 	if m.source != nil {
@@ -183,13 +216,41 @@ func (m *servicesModule) start(context.Context) error {
 			return err
 		}
 		m.unsub = append(m.unsub, unsub)
+		if unsub, err = w.Nodes.Subscribe(m.source.OnNode); err != nil {
+			return err
+		}
+		m.unsub = append(m.unsub, unsub)
 	}
 	return nil
+}
+
+// startSocketTermination loads the socket iterators that move sockets off
+// removed backends and has the reconciler queue every removal for them.
+// A kernel without bpf_sock_destroy (before 6.5) keeps socket LB working
+// without it: the failure is logged and shown in the status.
+func (m *servicesModule) startSocketTermination() {
+	term := sockterm.New(sockterm.Config{BPFRoot: m.cfg.BPFRoot, CgroupPath: m.cfg.Services.CgroupRoot}, m.log)
+	if err := term.Start(); err != nil {
+		m.termErr = err
+		m.log.Warn("Sockets connected to removed backends will not be moved off them", "error", err)
+		return
+	}
+	m.term = term
+	m.ops.OnBackendsRemoved(func(removed []lbmap.RemovedBackend) {
+		targets := make([]sockterm.Target, 0, len(removed))
+		for _, r := range removed {
+			targets = append(targets, sockterm.Target{Backend: r.Backend, Proto: r.Frontend.Proto, RevNATID: r.RevNATID})
+		}
+		term.Request(targets...)
+	})
 }
 
 func (m *servicesModule) stop(context.Context) error {
 	for _, u := range m.unsub {
 		u()
+	}
+	if m.term != nil {
+		m.term.Close()
 	}
 	if m.sock != nil {
 		return m.sock.Close()
@@ -225,11 +286,21 @@ func (m *servicesModule) statusSection() ext.Section {
 		m.restored.Services, m.restored.Backends, m.restored.RevNAT)})
 	init, _ := m.tables.Frontends.Initialized(txn)
 	s.Lines = append(s.Lines, ext.Line{Key: "sources synced", Value: fmt.Sprintf("%t", init)})
+	if m.ops != nil {
+		rv, bk := m.ops.Draining()
+		s.Lines = append(s.Lines, ext.Line{Key: "kept for open flows", Value: fmt.Sprintf("%d reverse NAT entries, %d backends", rv, bk)})
+	}
 	algo := m.cfg.Services.LBAlgorithm
 	s.Lines = append(s.Lines, ext.Line{Key: "default selection", Value: algo})
 	if m.sock != nil {
 		st := m.sock.Status()
 		s.Lines = append(s.Lines, ext.Line{Key: "socket LB", Value: fmt.Sprintf("%s (%d hooks, %d kept from the previous run)", st.Cgroup, st.Hooks, st.Kept)})
+		if m.term != nil {
+			tot, sweeps := m.term.Totals()
+			s.Lines = append(s.Lines, ext.Line{Key: "sockets of removed backends", Value: fmt.Sprintf("%d destroyed (%d refused) in %d sweeps", tot.Destroyed, tot.Failed, sweeps)})
+		} else {
+			s.Lines = append(s.Lines, ext.Line{Key: "sockets of removed backends", Value: fmt.Sprintf("not moved off: %v", m.termErr)})
+		}
 	} else {
 		s.Lines = append(s.Lines, ext.Line{Key: "socket LB", Value: "off (--cgroup-root unset): per-packet NAT only"})
 	}

@@ -72,6 +72,14 @@ const (
 	TrafficPolicyLocal   = "Local"
 )
 
+// Traffic distributions (trafficDistribution) that prefer backends close
+// to the client: of this node's zone, as the EndpointSlice hints say.
+// PreferSameZone is PreferClose's newer, explicit name.
+const (
+	TrafficDistributionPreferClose    = "PreferClose"
+	TrafficDistributionPreferSameZone = "PreferSameZone"
+)
+
 // Service is a service's options, as its source gives them.
 type Service struct {
 	Name ServiceName
@@ -88,6 +96,15 @@ type Service struct {
 	InternalTrafficPolicy string
 	// Maglev selects backends by Maglev hashing instead of at random.
 	Maglev bool
+	// TrafficDistribution is PreferClose or PreferSameZone to prefer
+	// backends hinted for this node's zone; empty otherwise.
+	TrafficDistribution string
+}
+
+// PrefersZone reports whether the service prefers backends of the
+// client's zone.
+func (s *Service) PrefersZone() bool {
+	return s.TrafficDistribution == TrafficDistributionPreferClose || s.TrafficDistribution == TrafficDistributionPreferSameZone
 }
 
 // TableHeader implements statedb.TableWritable.
@@ -123,6 +140,9 @@ type Backend struct {
 	PortName string
 	NodeName string
 	Zone     string
+	// ForZones are the zones the source hints this backend for
+	// (EndpointSlice hints.forZones; trafficDistribution PreferClose).
+	ForZones []string
 	// Ready, Serving and Terminating are the EndpointSlice conditions.
 	Ready, Serving, Terminating bool
 }

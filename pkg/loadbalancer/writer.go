@@ -17,6 +17,10 @@ type Writer struct {
 	t *Tables
 	// nodeName is this node's name (internalTrafficPolicy Local).
 	nodeName string
+	// nodeZone is this node's zone (trafficDistribution PreferClose);
+	// written only inside a write transaction of the tables, which
+	// serializes it with the recomputations that read it.
+	nodeZone string
 }
 
 // NewWriter returns a writer for the tables of node nodeName.
@@ -41,6 +45,30 @@ func (w *Writer) RegisterInitializer(name string) (done func()) {
 		mark(txn)
 		txn.Commit()
 	}
+}
+
+// NodeName is the name of the node the writer selects backends for.
+func (w *Writer) NodeName() string { return w.nodeName }
+
+// SetNodeZone sets this node's zone (its topology.kubernetes.io/zone
+// label; empty: none) and, when it changed, recomputes every service's
+// frontends in the same transaction.
+func (w *Writer) SetNodeZone(zone string) error {
+	txn := w.txn()
+	defer txn.Abort()
+	if zone == w.nodeZone {
+		return nil
+	}
+	prev := w.nodeZone
+	w.nodeZone = zone
+	for svc := range w.t.Services.All(txn) {
+		if err := w.recompute(txn, svc.Name); err != nil {
+			w.nodeZone = prev
+			return err
+		}
+	}
+	txn.Commit()
+	return nil
 }
 
 // UpsertService inserts or replaces a service.
@@ -148,7 +176,10 @@ func sameFrontend(a, b *Frontend) bool {
 // selectBackends picks the backends of port p of the given family: ready
 // ones fill the slots; terminating ones stay listed (their flows drain)
 // and fill the slots only when no backend is ready, as long as they still
-// serve; with internalTrafficPolicy Local only this node's count.
+// serve; with internalTrafficPolicy Local only this node's count. With
+// trafficDistribution PreferClose, ready backends hinted for this node's
+// zone fill the slots and the other ready ones stay listed out of them
+// (their connections go on; see preferZone).
 func (w *Writer) selectBackends(svc *Service, p ServicePort, v4 bool, all []*Backend) []FrontendBackend {
 	byAddr := map[netip.AddrPort]*Backend{}
 	for _, b := range all {
@@ -177,12 +208,42 @@ func (w *Writer) selectBackends(svc *Service, p ServicePort, v4 bool, all []*Bac
 			draining = append(draining, fb)
 		}
 	}
+	ready, elsewhere := w.preferZone(svc, ready, byAddr)
 	if len(ready) == 0 {
 		for i := range draining {
 			draining[i].Active = true
 		}
 	}
 	slices.SortFunc(ready, func(a, b FrontendBackend) int { return a.Addr.Compare(b.Addr) })
+	slices.SortFunc(elsewhere, func(a, b FrontendBackend) int { return a.Addr.Compare(b.Addr) })
 	slices.SortFunc(draining, func(a, b FrontendBackend) int { return a.Addr.Compare(b.Addr) })
-	return append(ready, draining...)
+	return append(append(ready, elsewhere...), draining...)
+}
+
+// preferZone splits the ready backends of a PreferClose service into those
+// hinted for this node's zone (they keep the slots) and the others (listed,
+// not active). As kube-proxy does, it keeps every ready backend when the
+// node has no zone, when a ready backend has no hint (the hints are being
+// written or were withdrawn: a partial view would overload the hinted
+// ones), or when none is hinted for this zone.
+func (w *Writer) preferZone(svc *Service, ready []FrontendBackend, byAddr map[netip.AddrPort]*Backend) (near, elsewhere []FrontendBackend) {
+	if !svc.PrefersZone() || w.nodeZone == "" || len(ready) == 0 {
+		return ready, nil
+	}
+	for _, fb := range ready {
+		b := byAddr[fb.Addr]
+		if len(b.ForZones) == 0 {
+			return ready, nil
+		}
+		if slices.Contains(b.ForZones, w.nodeZone) {
+			near = append(near, fb)
+		} else {
+			fb.Active = false
+			elsewhere = append(elsewhere, fb)
+		}
+	}
+	if len(near) == 0 {
+		return ready, nil
+	}
+	return near, elsewhere
 }

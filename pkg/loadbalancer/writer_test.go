@@ -1,6 +1,7 @@
 package loadbalancer
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -113,4 +114,80 @@ func TestWriterFrontends(t *testing.T) {
 	if fs := frontends(w); len(fs) != 0 {
 		t.Fatalf("frontends left after the service's deletion: %v", fs)
 	}
+}
+
+func listed(f *Frontend) []string {
+	var out []string
+	for _, b := range f.Backends {
+		out = append(out, b.Addr.String())
+	}
+	return out
+}
+
+// TestWriterPreferClose: with trafficDistribution PreferClose, the ready
+// backends hinted for this node's zone fill the slots and the others stay
+// listed out of them; every ready backend is used when the node has no
+// zone, when one ready backend has no hint, when none is hinted for this
+// zone, or when the service does not ask; a zone label arriving later
+// recomputes the frontends.
+func TestWriterPreferClose(t *testing.T) {
+	w := newTestWriter(t)
+	name := ServiceName{Namespace: "ns", Name: "web"}
+	svc := &Service{Name: name, Type: "ClusterIP", Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports: []ServicePort{{Name: "http", Port: 80, Proto: TCP}}, TrafficDistribution: TrafficDistributionPreferClose}
+	if err := w.UpsertService(svc); err != nil {
+		t.Fatal(err)
+	}
+	hinted := func(addr string, zones ...string) *Backend {
+		b := be(addr, true, true, false, "n")
+		b.ForZones = zones
+		return b
+	}
+	set := func(bs ...*Backend) {
+		t.Helper()
+		if err := w.SetBackends(name, "s1", bs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(what string, wantActive, wantListed string) {
+		t.Helper()
+		f := frontends(w)["10.96.0.10:80/TCP"]
+		if got := fmt.Sprint(active(f)); got != wantActive {
+			t.Errorf("%s: active %s, want %s", what, got, wantActive)
+		}
+		if got := fmt.Sprint(listed(f)); got != wantListed {
+			t.Errorf("%s: listed %s, want %s", what, got, wantListed)
+		}
+	}
+	set(hinted("10.0.0.1:8080", "z1"), hinted("10.0.0.2:8080", "z2"), hinted("10.0.0.3:8080", "z1", "z3"))
+	all := "[10.0.0.1:8080 10.0.0.2:8080 10.0.0.3:8080]"
+	check("node without zone", all, all)
+	if err := w.SetNodeZone("z1"); err != nil {
+		t.Fatal(err)
+	}
+	check("zone z1", "[10.0.0.1:8080 10.0.0.3:8080]", "[10.0.0.1:8080 10.0.0.3:8080 10.0.0.2:8080]")
+	if err := w.SetNodeZone("z3"); err != nil {
+		t.Fatal(err)
+	}
+	check("zone z3", "[10.0.0.3:8080]", "[10.0.0.3:8080 10.0.0.1:8080 10.0.0.2:8080]")
+	if err := w.SetNodeZone("z9"); err != nil {
+		t.Fatal(err)
+	}
+	check("no backend hinted for z9", all, all)
+	if err := w.SetNodeZone("z1"); err != nil {
+		t.Fatal(err)
+	}
+	set(hinted("10.0.0.1:8080", "z1"), hinted("10.0.0.2:8080"), hinted("10.0.0.3:8080", "z1", "z3"))
+	check("a ready backend without hints", all, all)
+	// Not ready backends' hints do not matter; terminating ones drain.
+	term := hinted("10.0.0.4:8080")
+	term.Ready, term.Terminating = false, true
+	set(hinted("10.0.0.1:8080", "z1"), hinted("10.0.0.2:8080", "z2"), term)
+	check("zone z1 with a terminating backend", "[10.0.0.1:8080]", "[10.0.0.1:8080 10.0.0.2:8080 10.0.0.4:8080]")
+	svc2 := *svc
+	svc2.TrafficDistribution = ""
+	if err := w.UpsertService(&svc2); err != nil {
+		t.Fatal(err)
+	}
+	check("service without trafficDistribution", "[10.0.0.1:8080 10.0.0.2:8080]", "[10.0.0.1:8080 10.0.0.2:8080 10.0.0.4:8080]")
 }

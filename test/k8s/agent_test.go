@@ -45,6 +45,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// The sockets' child process of sockterm_test.go: no control plane.
+	if os.Getenv(socketsHelperEnv) != "" {
+		os.Exit(socketsHelperMain())
+	}
 	env, startErr = k8senv.Start(context.Background(), k8senv.Options{})
 	code := binaries.Run(m, &builder)
 	if env != nil {

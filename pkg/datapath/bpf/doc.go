@@ -8,3 +8,7 @@ package bpf
 // The socket-level load-balancer (bpf/bpf_sock.c): cgroup hooks that share
 // the pod programs' pinned maps (pkg/datapath/socklb loads and attaches it).
 //go:generate go tool bpf2go -cc clang -no-strip -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel Sock ../../../bpf/bpf_sock.c -- -I../../../bpf
+
+// The termination of sockets sent to removed backends (bpf/bpf_sock_term.c):
+// socket iterators with bpf_sock_destroy (pkg/datapath/sockterm).
+//go:generate go tool bpf2go -cc clang -no-strip -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type lb_term_key SockTerm ../../../bpf/bpf_sock_term.c -- -I../../../bpf

@@ -41,6 +41,9 @@ type CTEntry struct {
 	Expires  uint64
 	Flags    uint8 // CTFlagSeenReply, CTFlagClosing, CTFlagSrcNotLocal, CTFlagDstNotLocal
 	TCPFlags uint8 // every TCP flag seen on the flow
+	// RevNAT is the reverse NAT ID of a flow the per-packet service NAT
+	// translated (Dst is then the backend); 0: not translated.
+	RevNAT uint16
 }
 
 // SeenReply reports whether the flow has been answered.
@@ -108,7 +111,7 @@ func (e CTEntry) key6() bpf.LxcCt6Key {
 
 func (e CTEntry) value() bpf.LxcCtEntry {
 	_, _, aEP, _, _, bEP := e.sides()
-	v := bpf.LxcCtEntry{Expires: e.Expires, EpA: aEP, EpB: bEP, Flags: e.Flags & (CTFlagSeenReply | CTFlagClosing), TcpFlags: e.TCPFlags}
+	v := bpf.LxcCtEntry{Expires: e.Expires, EpA: aEP, EpB: bEP, Flags: e.Flags & (CTFlagSeenReply | CTFlagClosing), TcpFlags: e.TCPFlags, RevNat: e.RevNAT}
 	srcFlag, dstFlag := CTFlagBNotLocal, CTFlagANotLocal
 	if e.srcIsA() {
 		v.Flags |= CTFlagAStarted
@@ -125,7 +128,7 @@ func (e CTEntry) value() bpf.LxcCtEntry {
 
 // fromRaw orients a stored entry: the side that started the flow is Src.
 func fromRaw(proto uint8, a netip.Addr, aPort uint16, b netip.Addr, bPort uint16, v bpf.LxcCtEntry) CTEntry {
-	e := CTEntry{Proto: proto, Expires: v.Expires, Flags: v.Flags & (CTFlagSeenReply | CTFlagClosing), TCPFlags: v.TcpFlags}
+	e := CTEntry{Proto: proto, Expires: v.Expires, Flags: v.Flags & (CTFlagSeenReply | CTFlagClosing), TCPFlags: v.TcpFlags, RevNAT: v.RevNat}
 	aStarted := v.Flags&CTFlagAStarted != 0
 	if (v.Flags&CTFlagANotLocal != 0 && aStarted) || (v.Flags&CTFlagBNotLocal != 0 && !aStarted) {
 		e.Flags |= CTFlagSrcNotLocal

@@ -196,12 +196,15 @@ const (
 // Backend states (lb_backend.state). Only active backends are in a
 // service's slots and Maglev table; a terminating or quarantined one is
 // still found by its ID (affinity, existing flows) but an affinity entry
-// naming it is not followed.
+// naming it is not followed. A removed one (no service lists it any more)
+// is kept only for the open TCP connections of per-packet flows: a UDP
+// flow naming it picks a live backend again (the stale DNS server case).
 // From BACKEND_* of bpf/lib/enums.h.
 const (
 	BackendStateActive      uint8 = 0 // BACKEND_ACTIVE: active
 	BackendStateTerminating uint8 = 1 // BACKEND_TERMINATING: terminating
 	BackendStateQuarantined uint8 = 2 // BACKEND_QUARANTINED: quarantined
+	BackendStateRemoved     uint8 = 3 // BACKEND_REMOVED: removed
 )
 
 // BackendStateNames describes every BackendState constant, for the CLI, events and metrics.
@@ -210,6 +213,7 @@ func BackendStateNames() map[uint8]string {
 		BackendStateActive:      "active",
 		BackendStateTerminating: "terminating",
 		BackendStateQuarantined: "quarantined",
+		BackendStateRemoved:     "removed",
 	}
 }
 

@@ -23,6 +23,11 @@ import (
 // "random" (the node's default otherwise).
 const AnnotationLBAlgorithm = "service.tendril.io/lb-algorithm"
 
+// annotationTopologyMode "Auto" is the older way to ask for topology
+// aware routing; it selects by zone hints like trafficDistribution
+// PreferClose.
+const annotationTopologyMode = "service.kubernetes.io/topology-mode"
+
 // Default ClientIP affinity timeout (Kubernetes' default, 3 hours).
 const defaultAffinityTimeout = 10800
 
@@ -70,6 +75,11 @@ func ServiceFrom(s *corev1.Service, defaultMaglev bool) (svc *loadbalancer.Servi
 	if p := s.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
 		out.InternalTrafficPolicy = loadbalancer.TrafficPolicyLocal
 	}
+	if td := s.Spec.TrafficDistribution; td != nil {
+		out.TrafficDistribution = *td
+	} else if strings.EqualFold(s.Annotations[annotationTopologyMode], "auto") {
+		out.TrafficDistribution = loadbalancer.TrafficDistributionPreferClose
+	}
 	switch strings.ToLower(s.Annotations[AnnotationLBAlgorithm]) {
 	case "maglev":
 		out.Maglev = true
@@ -111,6 +121,12 @@ func BackendsFrom(es *discoveryv1.EndpointSlice) (name loadbalancer.ServiceName,
 		if ep.Zone != nil {
 			zone = *ep.Zone
 		}
+		var forZones []string
+		if ep.Hints != nil {
+			for _, z := range ep.Hints.ForZones {
+				forZones = append(forZones, z.Name)
+			}
+		}
 		for _, a := range ep.Addresses {
 			addr, err := netip.ParseAddr(a)
 			if err != nil {
@@ -134,7 +150,7 @@ func BackendsFrom(es *discoveryv1.EndpointSlice) (name loadbalancer.ServiceName,
 				}
 				backends = append(backends, &loadbalancer.Backend{
 					Addr: netip.AddrPortFrom(addr.Unmap(), uint16(*p.Port)), Proto: l4, PortName: portName,
-					NodeName: nodeName, Zone: zone, Ready: ready, Serving: serving, Terminating: terminating,
+					NodeName: nodeName, Zone: zone, ForZones: forZones, Ready: ready, Serving: serving, Terminating: terminating,
 				})
 			}
 		}
@@ -157,7 +173,8 @@ type Source struct {
 }
 
 // NewSource returns a source writing through w; it marks the frontends
-// table initialized once services and EndpointSlices have both synced.
+// table initialized once services, EndpointSlices and nodes (this node's
+// zone) have all synced.
 func NewSource(w *loadbalancer.Writer, defaultMaglev bool, log *slog.Logger) *Source {
 	return &Source{w: w, log: log, defaultMaglev: defaultMaglev, sliceOwner: map[string]loadbalancer.ServiceName{},
 		synced: map[string]bool{}, done: w.RegisterInitializer("k8s-services")}
@@ -167,10 +184,10 @@ func (s *Source) markSynced(kind string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.synced[kind] = true
-	if s.synced["services"] && s.synced["endpointslices"] && s.done != nil {
+	if s.synced["services"] && s.synced["endpointslices"] && s.synced["nodes"] && s.done != nil {
 		s.done()
 		s.done = nil
-		s.log.Info("Services and EndpointSlices synced; stale load-balancer entries may now be pruned")
+		s.log.Info("Services, EndpointSlices and nodes synced; stale load-balancer entries may now be pruned")
 	}
 }
 
@@ -232,5 +249,24 @@ func (s *Source) OnEndpointSlice(ev watchers.Event[*discoveryv1.EndpointSlice]) 
 	}
 	if err := s.w.SetBackends(name, source, backends); err != nil {
 		s.log.Error("Write EndpointSlice backends", "endpointslice", ev.Key, "error", err)
+	}
+}
+
+// OnNode handles a Node event: this node's topology.kubernetes.io/zone
+// label is the zone that trafficDistribution PreferClose prefers.
+func (s *Source) OnNode(ev watchers.Event[*corev1.Node]) {
+	if ev.Kind == watchers.Synced {
+		s.markSynced("nodes")
+		return
+	}
+	if ev.Object.Name != s.w.NodeName() {
+		return
+	}
+	zone := ""
+	if ev.Kind != watchers.Delete {
+		zone = ev.Object.Labels[corev1.LabelTopologyZone]
+	}
+	if err := s.w.SetNodeZone(zone); err != nil {
+		s.log.Error("Write this node's zone", "zone", zone, "error", err)
 	}
 }

@@ -1,6 +1,7 @@
 package k8ssource
 
 import (
+	"log/slog"
 	"net/netip"
 	"testing"
 
@@ -9,6 +10,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/cilium/statedb"
+
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 )
 
@@ -69,5 +73,79 @@ func TestBackendsFrom(t *testing.T) {
 	es.Labels = nil
 	if _, _, ok := BackendsFrom(es); ok {
 		t.Fatal("a slice of no service must be skipped")
+	}
+}
+
+// TestSourcePreferClose: trafficDistribution (or the topology-mode Auto
+// annotation) and the EndpointSlice zone hints reach the tables; this
+// node's zone label (not another node's) selects the hinted backends; the
+// frontends table is initialized only once services, EndpointSlices and
+// nodes have all synced.
+func TestSourcePreferClose(t *testing.T) {
+	tables, err := loadbalancer.NewTables(statedb.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := loadbalancer.NewWriter(tables, "node-a")
+	src := NewSource(w, false, slog.New(slog.DiscardHandler))
+	initialized := func() bool {
+		ok, _ := tables.Frontends.Initialized(tables.DB.ReadTxn())
+		return ok
+	}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []corev1.ServicePort{{Name: "http", Port: 80}},
+			TrafficDistribution: ptr.To(corev1.ServiceTrafficDistributionPreferClose)}}
+	if s, _, _ := ServiceFrom(svc, false); s.TrafficDistribution != loadbalancer.TrafficDistributionPreferClose {
+		t.Fatalf("trafficDistribution: %+v", s)
+	}
+	auto := svc.DeepCopy()
+	auto.Spec.TrafficDistribution = nil
+	auto.Annotations = map[string]string{"service.kubernetes.io/topology-mode": "Auto"}
+	if s, _, _ := ServiceFrom(auto, false); !s.PrefersZone() {
+		t.Fatalf("topology-mode Auto: %+v", s)
+	}
+	hint := func(ip string, zones ...string) discoveryv1.Endpoint {
+		e := discoveryv1.Endpoint{Addresses: []string{ip}, Hints: &discoveryv1.EndpointHints{}}
+		for _, z := range zones {
+			e.Hints.ForZones = append(e.Hints.ForZones, discoveryv1.ForZone{Name: z})
+		}
+		return e
+	}
+	es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{hint("10.0.0.1", "z1"), hint("10.0.0.2", "z2")},
+		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}}}
+	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Upsert, Key: "ns/web", Object: svc})
+	src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Upsert, Key: "ns/web-1", Object: es})
+	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
+	src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Synced})
+	if initialized() {
+		t.Fatal("initialized before the nodes synced")
+	}
+	node := func(name, zone string) watchers.Event[*corev1.Node] {
+		return watchers.Event[*corev1.Node]{Kind: watchers.Upsert, Key: name,
+			Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelTopologyZone: zone}}}}
+	}
+	activeOf := func() []string {
+		var out []string
+		for f := range tables.Frontends.All(tables.DB.ReadTxn()) {
+			for _, b := range f.Backends {
+				if b.Active {
+					out = append(out, b.Addr.String())
+				}
+			}
+		}
+		return out
+	}
+	src.OnNode(node("node-b", "z2"))
+	if got := activeOf(); len(got) != 2 {
+		t.Fatalf("another node's zone changed the selection: %v", got)
+	}
+	src.OnNode(node("node-a", "z2"))
+	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Synced})
+	if !initialized() {
+		t.Fatal("not initialized after every source synced")
+	}
+	if got := activeOf(); len(got) != 1 || got[0] != "10.0.0.2:8080" {
+		t.Fatalf("node-a in z2: active %v, want 10.0.0.2:8080", got)
 	}
 }

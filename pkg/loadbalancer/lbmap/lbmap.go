@@ -56,6 +56,78 @@ type Ops struct {
 	nextBackend uint32
 
 	state map[loadbalancer.FrontendKey]written
+
+	// removed is told, after a frontend was written without them, which
+	// backends left it (nil: nobody listens).
+	removed func([]RemovedBackend)
+
+	// flows, when set, says which reverse NAT IDs and backends translated
+	// flows still use: a deleted frontend's reverse NAT entry and an
+	// unreferenced backend's entry then drain (kept, IDs reserved) until
+	// no flow uses them, instead of going at once.
+	flows            FlowUse
+	drainingRevNAT   map[uint32]bool
+	drainingBackends map[uint32]bool
+}
+
+// FlowUse reports what the node's translated flows use.
+type FlowUse interface {
+	// InUse returns the reverse NAT IDs and the backends (address and
+	// port) of every live translated flow.
+	InUse() (revNAT map[uint32]bool, backends map[netip.AddrPort]bool, err error)
+}
+
+// CTFlows is the FlowUse of the per-packet service NAT: its flows are the
+// conntrack entries with a reverse NAT ID (their destination is the
+// backend), until they expire. Sockets the socket load-balancer translated
+// need neither entry: their reverse translation is per socket
+// (tdr_lb_sock_revnat_v1), and those of removed backends are destroyed.
+type CTFlows struct{ CT maps.CTMap }
+
+// InUse implements FlowUse.
+func (c CTFlows) InUse() (map[uint32]bool, map[netip.AddrPort]bool, error) {
+	now := maps.MonotonicNow()
+	revNAT, backends := map[uint32]bool{}, map[netip.AddrPort]bool{}
+	err := c.CT.Iterate(func(e maps.CTEntry) bool {
+		if e.RevNAT != 0 && e.Expires > now {
+			revNAT[uint32(e.RevNAT)] = true
+			backends[netip.AddrPortFrom(e.Dst.Unmap(), e.DstPort)] = true
+		}
+		return true
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read conntrack for translated flows: %w", err)
+	}
+	return revNAT, backends, nil
+}
+
+// RemovedBackend is a backend that left a frontend still in the maps:
+// sockets the socket load-balancer translated to it for this frontend are
+// to be moved off it (pkg/datapath/sockterm).
+type RemovedBackend struct {
+	Frontend loadbalancer.FrontendKey
+	Backend  netip.AddrPort
+	RevNATID uint32
+}
+
+// KeepWhileFlows makes reverse NAT entries of deleted frontends and
+// entries of unreferenced backends drain while f reports flows using them
+// (ReleaseDrained deletes them after). Set it before the first Update.
+func (o *Ops) KeepWhileFlows(f FlowUse) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.flows = f
+}
+
+// OnBackendsRemoved sets fn to be called (under the reconciler, so it
+// must return at once) with the backends each Update took out of a
+// frontend, once the frontend is written without them: a socket that
+// reconnects then reaches a live backend. Set it before the reconciler
+// starts.
+func (o *Ops) OnBackendsRemoved(fn func([]RemovedBackend)) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.removed = fn
 }
 
 // New returns the operations over m (the node's LB maps).
@@ -65,6 +137,7 @@ func New(m *maps.LBMaps, mcfg maglev.Config, log *slog.Logger) *Ops {
 		svcIDs: map[loadbalancer.FrontendKey]uint32{}, revNATIDs: map[loadbalancer.FrontendKey]uint32{}, usedIDs: map[uint32]bool{},
 		orphanRevNAT: map[uint32]bool{}, backendIDs: map[netip.AddrPort]uint32{}, backendAddr: map[uint32]netip.AddrPort{},
 		backendRefs: map[uint32]int{}, state: map[loadbalancer.FrontendKey]written{}, nextID: 1, nextBackend: 1,
+		drainingRevNAT: map[uint32]bool{}, drainingBackends: map[uint32]bool{},
 	}
 }
 
@@ -195,14 +268,93 @@ func (o *Ops) releaseBackendLocked(id uint32) error {
 		return nil
 	}
 	delete(o.backendRefs, id)
+	if o.flows != nil {
+		return o.drainBackendLocked(id)
+	}
+	return o.deleteBackendLocked(id)
+}
+
+// drainBackendLocked keeps an unreferenced backend's entry, removed (no
+// new flow, no affinity follows it; established per-packet TCP flows keep
+// it, UDP ones pick a live backend), until ReleaseDrained finds no flow
+// using it.
+func (o *Ops) drainBackendLocked(id uint32) error {
+	ap, ok := o.backendAddr[id]
+	if !ok {
+		return nil
+	}
+	if err := o.maps.BackendMap().Upsert(id, maps.Backend{Addr: ap.Addr(), Port: ap.Port(), State: maps.BackendStateRemoved}); err != nil {
+		return fmt.Errorf("drain backend %s: %w", ap, err)
+	}
+	o.drainingBackends[id] = true
+	return nil
+}
+
+func (o *Ops) deleteBackendLocked(id uint32) error {
 	if err := o.maps.BackendMap().Delete(id); err != nil {
 		return err
 	}
+	delete(o.drainingBackends, id)
 	if ap, ok := o.backendAddr[id]; ok && o.backendIDs[ap] == id {
 		delete(o.backendIDs, ap)
 	}
 	delete(o.backendAddr, id)
 	return nil
+}
+
+// ReleaseDrained deletes the draining reverse NAT and backend entries that
+// no translated flow uses any more, and frees their IDs. It returns how
+// many it deleted.
+func (o *Ops) ReleaseDrained() (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.releaseDrainedLocked()
+}
+
+func (o *Ops) releaseDrainedLocked() (int, error) {
+	if o.flows == nil || (len(o.drainingRevNAT) == 0 && len(o.drainingBackends) == 0) {
+		return 0, nil
+	}
+	revNAT, backends, err := o.flows.InUse()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for id := range o.drainingRevNAT {
+		if revNAT[id] {
+			continue
+		}
+		if err := o.maps.RevNATMap().Delete(id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(o.drainingRevNAT, id)
+		delete(o.usedIDs, id)
+		n++
+	}
+	for id := range o.drainingBackends {
+		if o.backendRefs[id] > 0 {
+			delete(o.drainingBackends, id)
+			continue
+		}
+		if backends[o.backendAddr[id]] {
+			continue
+		}
+		if err := o.deleteBackendLocked(id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// Draining counts the reverse NAT and backend entries kept for flows.
+func (o *Ops) Draining() (revNAT, backends int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.drainingRevNAT), len(o.drainingBackends)
 }
 
 // Update writes frontend f: its backends, its Maglev table, then the
@@ -269,20 +421,26 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 	for _, id := range ids {
 		if !contains(prev.backends, id) {
 			o.backendRefs[id]++
+			delete(o.drainingBackends, id)
 		}
 	}
 	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev}
 	var errs []error
+	var removed []RemovedBackend
 	for _, id := range prev.backends {
 		if contains(ids, id) {
 			continue
 		}
+		removed = append(removed, RemovedBackend{Frontend: f.Key, Backend: o.backendAddr[id], RevNATID: revNAT})
 		if _, err := o.maps.AffinityMap().DeleteMatching(svcID, id); err != nil {
 			errs = append(errs, err)
 		}
 		if err := o.releaseBackendLocked(id); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if len(removed) > 0 && o.removed != nil {
+		o.removed(removed)
 	}
 	return errors.Join(errs...)
 }
@@ -295,10 +453,9 @@ func (o *Ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 }
 
 // deleteLocked removes a frontend: the service entry, slots, Maglev table
-// and affinity (RemoveService), then its reverse NAT entry (sockets and
-// flows still translated by it get their replies untranslated: the
-// deferred deletion is not implemented yet, docs/services.md), then the
-// backends only it used.
+// and affinity (RemoveService), then its reverse NAT entry — at once, or,
+// with KeepWhileFlows, once no translated flow uses it (their replies are
+// translated with it) — then the backends only it used.
 func (o *Ops) deleteLocked(k loadbalancer.FrontendKey) error {
 	w, ok := o.state[k]
 	if !ok {
@@ -307,12 +464,21 @@ func (o *Ops) deleteLocked(k loadbalancer.FrontendKey) error {
 	if err := o.maps.RemoveService(frontendOf(k), w.svc); err != nil {
 		return fmt.Errorf("remove frontend %s: %w", k, err)
 	}
-	if err := o.maps.RevNATMap().Delete(w.svc.RevNATID); err != nil {
+	draining := o.flows != nil
+	if draining {
+		o.drainingRevNAT[w.svc.RevNATID] = true
+	} else if err := o.maps.RevNATMap().Delete(w.svc.RevNATID); err != nil {
 		return err
 	}
 	delete(o.state, k)
 	delete(o.usedIDs, o.svcIDs[k])
 	delete(o.usedIDs, o.revNATIDs[k])
+	if draining {
+		// The reverse NAT ID (the same number as the service ID for
+		// frontends this agent created) stays reserved while it drains:
+		// a new frontend must not take it over under open flows.
+		o.usedIDs[w.svc.RevNATID] = true
+	}
 	delete(o.svcIDs, k)
 	delete(o.revNATIDs, k)
 	var errs []error
@@ -349,6 +515,13 @@ func (o *Ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*loadba
 		}
 	}
 	for id := range o.orphanRevNAT {
+		if o.flows != nil {
+			// Flows of a previous run may still be replied to
+			// through it.
+			o.drainingRevNAT[id] = true
+			delete(o.orphanRevNAT, id)
+			continue
+		}
 		if err := o.maps.RevNATMap().Delete(id); err != nil {
 			errs = append(errs, err)
 			continue
@@ -357,17 +530,21 @@ func (o *Ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*loadba
 		delete(o.usedIDs, id)
 	}
 	for id := range o.backendAddr {
-		if o.backendRefs[id] > 0 {
+		if o.backendRefs[id] > 0 || o.drainingBackends[id] {
 			continue
 		}
-		if err := o.maps.BackendMap().Delete(id); err != nil {
+		var err error
+		if o.flows != nil {
+			err = o.drainBackendLocked(id)
+		} else {
+			err = o.deleteBackendLocked(id)
+		}
+		if err != nil {
 			errs = append(errs, err)
-			continue
 		}
-		if ap := o.backendAddr[id]; o.backendIDs[ap] == id {
-			delete(o.backendIDs, ap)
-		}
-		delete(o.backendAddr, id)
+	}
+	if _, err := o.releaseDrainedLocked(); err != nil {
+		errs = append(errs, err)
 	}
 	svcIDs := map[uint32]int{}
 	for _, w := range o.state {

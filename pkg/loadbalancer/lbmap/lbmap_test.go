@@ -234,3 +234,62 @@ func TestPrivilegedBackendLeavesAndReturnsAcrossRestart(t *testing.T) {
 		t.Fatalf("IDs before %+v, after the restart %+v", before, after)
 	}
 }
+
+// TestPrivilegedOpsReportRemovedBackends: an Update that takes a backend
+// out of a frontend reports it (with the frontend's reverse NAT ID) once
+// the frontend is written without it; one that only marks a backend
+// terminating, or adds one, reports nothing (terminating backends drain).
+func TestPrivilegedOpsReportRemovedBackends(t *testing.T) {
+	m := newLBMaps(t)
+	o := New(m, maglev.Config{Size: maglev.DefaultSize}, quiet())
+	var got [][]RemovedBackend
+	o.OnBackendsRemoved(func(r []RemovedBackend) {
+		// Called once the frontend is written: its slots no longer hold
+		// what is reported.
+		for _, rb := range r {
+			f := fe(rb.Frontend.Addr.String(), rb.Frontend.Proto)
+			_, slots := slotsOf(t, m, f)
+			for _, s := range slots {
+				if s == rb.Backend {
+					t.Errorf("removed backend %s still in the slots when reported", s)
+				}
+			}
+		}
+		got = append(got, r)
+	})
+	ctx := context.Background()
+	dns := func(bs ...loadbalancer.FrontendBackend) *loadbalancer.Frontend {
+		return fe("10.96.0.10:53", maps.ProtoUDP, bs...)
+	}
+	term := act("10.0.0.2:53")
+	term.Active, term.Terminating = false, true
+	for _, f := range []*loadbalancer.Frontend{
+		dns(act("10.0.0.1:53"), act("10.0.0.2:53")),
+		dns(act("10.0.0.1:53"), term),
+		dns(act("10.0.0.1:53"), term, act("10.0.0.3:53")),
+	} {
+		if err := o.Update(ctx, nil, 0, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) != 0 {
+		t.Fatalf("nothing left a frontend yet, reported %+v", got)
+	}
+	if err := o.Update(ctx, nil, 0, dns(act("10.0.0.3:53"))); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := o.FrontendIDs(dns().Key)
+	if len(got) != 1 || len(got[0]) != 2 {
+		t.Fatalf("want one report of two backends, got %+v", got)
+	}
+	seen := map[string]bool{}
+	for _, rb := range got[0] {
+		if rb.RevNATID != ids.RevNAT || rb.Frontend != dns().Key {
+			t.Errorf("report %+v: want frontend %s, reverse NAT %d", rb, dns().Key, ids.RevNAT)
+		}
+		seen[rb.Backend.String()] = true
+	}
+	if !seen["10.0.0.1:53"] || !seen["10.0.0.2:53"] {
+		t.Errorf("reported %+v, want 10.0.0.1:53 and 10.0.0.2:53", got[0])
+	}
+}
