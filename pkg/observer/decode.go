@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net/netip"
+	"sync"
 	"time"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
@@ -72,21 +73,47 @@ func SystemClock() (time.Time, time.Duration) {
 	return time.Now(), time.Duration(ts.Nano())
 }
 
-// Decoder builds flows from datapath events.
+// Decoder builds flows from datapath events. Use it through a pointer.
 type Decoder struct {
 	Node  NodeKnowledge
 	Clock Clock
+
+	// offset is wall time minus CLOCK_MONOTONIC, as last adopted: the
+	// events' monotonic times are placed in wall time by one offset, so
+	// that flows keep the order of their events. Reading the two clocks
+	// per event gives an offset that jitters by microseconds, enough to
+	// swap two close events; a new reading is adopted only when it moved
+	// by more than maxOffsetJitter (the wall clock was stepped).
+	mu        sync.Mutex
+	offset    time.Duration
+	hasOffset bool
 }
 
-// Decode builds the flow of one event.
-func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
+// maxOffsetJitter is how far the wall-minus-monotonic offset may wander
+// before the decoder adopts the new one.
+const maxOffsetJitter = time.Millisecond
+
+// wallTime places a CLOCK_MONOTONIC timestamp in wall time.
+func (d *Decoder) wallTime(mono time.Duration) time.Time {
 	clock := d.Clock
 	if clock == nil {
 		clock = SystemClock
 	}
-	wall, mono := clock()
+	wall, now := clock()
+	off := time.Duration(wall.UnixNano()) - now
+	d.mu.Lock()
+	if !d.hasOffset || off-d.offset > maxOffsetJitter || d.offset-off > maxOffsetJitter {
+		d.offset, d.hasOffset = off, true
+	}
+	off = d.offset
+	d.mu.Unlock()
+	return time.Unix(0, int64(off+mono))
+}
+
+// Decode builds the flow of one event.
+func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
 	f := &flowpb.Flow{
-		Time:     timestamppb.New(wall.Add(ev.Monotonic - mono)),
+		Time:     timestamppb.New(d.wallTime(ev.Monotonic)),
 		Uuid:     newUUID(),
 		Type:     flowpb.FlowType_L3_L4,
 		NodeName: d.Node.NodeName(),
