@@ -56,7 +56,26 @@ static __always_inline void sock_client(struct bpf_sock_addr *ctx, struct lb_aff
 	ak->kind = AFFINITY_BY_NETNS;
 }
 
-static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx)
+/* sock_xlate_event reports a connection translated at connect (within the
+ * trace events' switch and the rate limit): the frontend as the event's
+ * source, the backend as its destination. Datagrams of unconnected UDP
+ * sockets (sendmsg) are translated one by one and not reported. */
+static __always_inline void sock_xlate_event(__u8 family, __u8 proto, const __u8 *frontend, __be16 fport, const __u8 *backend,
+					     __be16 bport, __u16 rev_nat_id)
+{
+	if (!TRACE_EVENTS)
+		return;
+	struct pkt p = {};
+	p.family = family;
+	p.proto = proto;
+	__builtin_memcpy(p.saddr, frontend, 16);
+	__builtin_memcpy(p.daddr, backend, 16);
+	p.sport = fport;
+	p.dport = bport;
+	emit(EVENT_SOCK_XLATE, REASON_FORWARDED, DIR_EGRESS, 0, &p, 0, 0, VERDICT_ALLOWED, rev_nat_id, 0);
+}
+
+static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u8 connect)
 {
 	if (!sock_proto_ok(ctx))
 		return SYS_PROCEED;
@@ -82,10 +101,16 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx)
 
 	ctx->user_ip4 = u32_at(be->addr);
 	ctx->user_port = (__u32)be->port;
+	if (connect) {
+		__u8 fe[16] = {}, ba[16] = {};
+		__builtin_memcpy(fe, &daddr, 4);
+		__builtin_memcpy(ba, be->addr, 4);
+		sock_xlate_event(FAMILY_V4, ctx->protocol, fe, dport, ba, be->port, svc->rev_nat_id);
+	}
 	return SYS_PROCEED;
 }
 
-static __always_inline int sock6_xlate_fwd(struct bpf_sock_addr *ctx)
+static __always_inline int sock6_xlate_fwd(struct bpf_sock_addr *ctx, __u8 connect)
 {
 	if (!sock_proto_ok(ctx))
 		return SYS_PROCEED;
@@ -118,6 +143,8 @@ static __always_inline int sock6_xlate_fwd(struct bpf_sock_addr *ctx)
 	ctx->user_ip6[2] = u32_at(&be->addr[8]);
 	ctx->user_ip6[3] = u32_at(&be->addr[12]);
 	ctx->user_port = (__u32)be->port;
+	if (connect)
+		sock_xlate_event(FAMILY_V6, ctx->protocol, (const __u8 *)daddr, dport, be->addr, be->port, svc->rev_nat_id);
 	return SYS_PROCEED;
 }
 
@@ -161,13 +188,13 @@ static __always_inline int sock6_xlate_rev(struct bpf_sock_addr *ctx)
 SEC("cgroup/connect4")
 int sock_connect4(struct bpf_sock_addr *ctx)
 {
-	return sock4_xlate_fwd(ctx);
+	return sock4_xlate_fwd(ctx, 1);
 }
 
 SEC("cgroup/sendmsg4")
 int sock_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return sock4_xlate_fwd(ctx);
+	return sock4_xlate_fwd(ctx, 0);
 }
 
 SEC("cgroup/recvmsg4")
@@ -185,13 +212,13 @@ int sock_getpeername4(struct bpf_sock_addr *ctx)
 SEC("cgroup/connect6")
 int sock_connect6(struct bpf_sock_addr *ctx)
 {
-	return sock6_xlate_fwd(ctx);
+	return sock6_xlate_fwd(ctx, 1);
 }
 
 SEC("cgroup/sendmsg6")
 int sock_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	return sock6_xlate_fwd(ctx);
+	return sock6_xlate_fwd(ctx, 0);
 }
 
 SEC("cgroup/recvmsg6")

@@ -86,6 +86,10 @@
 #define EVENT_DROP 1
 #define EVENT_POLICY_VERDICT 2
 #define EVENT_TRACE 3 /* a forwarded packet (trace events, lib/events.h) */
+/* A socket's connection to a service frontend translated to a backend at
+ * connect (socket load-balancing): saddr/sport the frontend, daddr/dport
+ * the backend, cookie the service's reverse NAT ID. */
+#define EVENT_SOCK_XLATE 4
 
 /* Observation points of trace events (event.obs): which program saw the
  * packet, as seen from the endpoint.

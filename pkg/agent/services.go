@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/socklb"
 	"github.com/tendril-net/tendril/pkg/datapath/sockterm"
 	"github.com/tendril-net/tendril/pkg/health"
@@ -191,7 +192,7 @@ func (m *servicesModule) start(context.Context) error {
 		}
 		m.restored = r
 		m.log.Info("Load-balancer IDs restored", "services", r.Services, "backends", r.Backends, "reverse-nat", r.RevNAT)
-		sock := socklb.New(socklb.Config{BPFRoot: m.cfg.BPFRoot, CgroupPath: m.cfg.Services.CgroupRoot}, m.log)
+		sock := socklb.New(socklb.Config{BPFRoot: m.cfg.BPFRoot, CgroupPath: m.cfg.Services.CgroupRoot, TraceEvents: loaderConfig(m.cfg).TraceEvents != loader.TraceOff}, m.log)
 		if m.cfg.Services.CgroupRoot == "" {
 			// No socket LB this run: hooks an earlier run pinned go.
 			if err := sock.Detach(); err != nil {

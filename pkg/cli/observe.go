@@ -268,8 +268,10 @@ func eventType(s string) (*flowpb.EventTypeFilter, error) {
 		return &flowpb.EventTypeFilter{Type: observer.MessageTypeTrace, MatchSubType: true, SubType: observer.TraceFromEndpoint}, nil
 	case "policy-verdict":
 		return &flowpb.EventTypeFilter{Type: observer.MessageTypePolicyVerdict}, nil
+	case "trace-sock":
+		return &flowpb.EventTypeFilter{Type: observer.MessageTypeTraceSock}, nil
 	}
-	return nil, fmt.Errorf("--type %q: want drop, trace, trace:to-endpoint, trace:from-endpoint or policy-verdict", s)
+	return nil, fmt.Errorf("--type %q: want drop, trace, trace:to-endpoint, trace:from-endpoint, policy-verdict or trace-sock", s)
 }
 
 // dialTarget turns --server into a gRPC target.
@@ -382,6 +384,9 @@ func endpointName(f *flowpb.Flow, source bool) string {
 	if source {
 		ep, ip, port = f.GetSource(), f.GetIP().GetSource(), l4Port(f, true)
 	}
+	if ip == "" && ep.GetPodName() == "" {
+		return "socket" // a socket translated at connect: no address yet
+	}
 	name := ip
 	if ep.GetPodName() != "" {
 		name = ep.GetNamespace() + "/" + ep.GetPodName()
@@ -427,6 +432,8 @@ func typeName(f *flowpb.Flow) string {
 			return "from-endpoint"
 		}
 		return "to-endpoint"
+	case observer.MessageTypeTraceSock:
+		return "post-xlate-fwd"
 	}
 	return "unknown"
 }
@@ -448,6 +455,9 @@ func detail(f *flowpb.Flow) string {
 
 func summary(f *flowpb.Flow) string {
 	var parts []string
+	if svc := f.GetDestinationService(); f.GetType() == flowpb.FlowType_SOCK && svc != nil {
+		parts = append(parts, "service "+svc.GetNamespace()+"/"+svc.GetName())
+	}
 	if fl := f.GetL4().GetTCP().GetFlags(); fl != nil {
 		var names []string
 		for _, x := range []struct {

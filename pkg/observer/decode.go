@@ -22,6 +22,9 @@ const (
 	MessageTypeDrop          = 1
 	MessageTypeTrace         = 4
 	MessageTypePolicyVerdict = 5
+	// MessageTypeTraceSock: a socket translated at connect (Cilium's
+	// CILIUM_NOTIFY_TRACE_SOCK; `hubble observe --type trace-sock`).
+	MessageTypeTraceSock = 7
 )
 
 // Sub-types of trace flows (flow.CiliumEventType.SubType): the observation
@@ -128,6 +131,9 @@ func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
 	} else {
 		f.TrafficDirection = flowpb.TrafficDirection_EGRESS
 	}
+	if ev.Type == maps.EventSockXlate {
+		return d.sockXlate(f, ev), nil
+	}
 	f.Source, f.Destination = d.endpoints(ev)
 	if svc, ok := d.Node.(ServiceKnowledge); ok {
 		f.SourceService = service(svc, ev.Src, ev.SrcPort, ev.Proto)
@@ -184,6 +190,36 @@ func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
 		return nil, fmt.Errorf("decode event: unknown type %d", ev.Type)
 	}
 	return f, nil
+}
+
+// sockXlate is the flow of a connection the socket load-balancer
+// translated at connect: from the client's socket (no address yet) to the
+// backend, naming the service whose frontend it asked for. The event
+// carries the frontend as its source and the backend as its destination.
+func (d *Decoder) sockXlate(f *flowpb.Flow, ev loader.Event) *flowpb.Flow {
+	f.Type = flowpb.FlowType_SOCK
+	f.Verdict = flowpb.Verdict_TRACED
+	f.EventType = &flowpb.CiliumEventType{Type: MessageTypeTraceSock}
+	f.SockXlatePoint = flowpb.SocketTranslationPoint_SOCK_XLATE_POINT_POST_DIRECTION_FWD
+	f.TrafficDirection = flowpb.TrafficDirection_EGRESS
+	f.IsReply = wrapperspb.Bool(false)
+	f.IP.Source = ""
+	// The event's source port is the frontend's: the flow's layer 4 has
+	// the backend's port and no source port (none is chosen yet).
+	switch l4 := f.GetL4().GetProtocol().(type) {
+	case *flowpb.Layer4_TCP:
+		l4.TCP.SourcePort = 0
+	case *flowpb.Layer4_UDP:
+		l4.UDP.SourcePort = 0
+	}
+	dstEv := ev
+	dstEv.Direction, dstEv.EndpointID, dstEv.SrcIdentity = maps.DirEgress, 0, 0
+	_, f.Destination = d.endpoints(dstEv)
+	f.Source = &flowpb.Endpoint{}
+	if svc, ok := d.Node.(ServiceKnowledge); ok {
+		f.DestinationService = service(svc, ev.Src, ev.SrcPort, ev.Proto)
+	}
+	return f
 }
 
 // attachPolicy names the rule that decided the flow.

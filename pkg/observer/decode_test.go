@@ -192,3 +192,29 @@ func TestDecodeDefaultDenyNamesSelectingPolicy(t *testing.T) {
 		t.Errorf("egress default deny of an endpoint no egress rule selects names %v %v", f.GetEgressDeniedBy(), f.GetIngressDeniedBy())
 	}
 }
+
+// A connection the socket load-balancer translated at connect: a SOCK
+// flow (trace-sock) from the client's socket to the backend, naming the
+// service whose frontend it asked for.
+func TestDecodeSocketTranslation(t *testing.T) {
+	d := &Decoder{Node: serviceNode{}, Clock: fixedClock}
+	ev := loader.Event{Type: maps.EventSockXlate, Reason: maps.ReasonForwarded, Direction: maps.DirEgress, Proto: 6, Allowed: true, Cookie: 3,
+		Src: clusterIP, SrcPort: 5432, Dst: dbIP, DstPort: 5432, Monotonic: at(0)}
+	f, err := d.Decode(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.GetType() != flowpb.FlowType_SOCK || f.GetEventType().GetType() != MessageTypeTraceSock ||
+		f.GetSockXlatePoint() != flowpb.SocketTranslationPoint_SOCK_XLATE_POINT_POST_DIRECTION_FWD || f.GetVerdict() != flowpb.Verdict_TRACED {
+		t.Errorf("socket translation flow: %v", f)
+	}
+	if f.GetIP().GetDestination() != dbIP.String() || f.GetIP().GetSource() != "" || f.GetL4().GetTCP().GetDestinationPort() != 5432 || f.GetL4().GetTCP().GetSourcePort() != 0 {
+		t.Errorf("addresses: %v %v", f.GetIP(), f.GetL4())
+	}
+	if s := f.GetDestinationService(); s.GetName() != "db" || s.GetNamespace() != "data" {
+		t.Errorf("service %v", s)
+	}
+	if f.GetDestination().GetPodName() == "" {
+		t.Errorf("destination %v: want the backend pod", f.GetDestination())
+	}
+}

@@ -22,6 +22,7 @@ const (
 	EventDrop          = maps.EventDrop
 	EventPolicyVerdict = maps.EventPolicyVerdict
 	EventTrace         = maps.EventTrace
+	EventSockXlate     = maps.EventSockXlate
 )
 
 // TraceMode is how the programs report forwarded packets (trace events).
@@ -171,6 +172,8 @@ func (e Event) String() string {
 		}
 	case EventTrace:
 		kind = "TRACE"
+	case EventSockXlate:
+		kind = "SOCK-XLATE"
 	}
 	return fmt.Sprintf("%s %s ep=%d %s %s:%d -> %s:%d proto=%d identity %d->%d rule=%d", kind, maps.ReasonName(e.Reason),
 		e.EndpointID, maps.DirectionName(e.Direction), e.Src, e.SrcPort, e.Dst, e.DstPort, e.Proto, e.SrcIdentity, e.DstIdentity, e.Cookie)

@@ -113,6 +113,10 @@ const (
 	EventDrop          uint8 = 1 // EVENT_DROP
 	EventPolicyVerdict uint8 = 2 // EVENT_POLICY_VERDICT
 	EventTrace         uint8 = 3 // EVENT_TRACE: a forwarded packet (trace events, lib/events.h)
+	// A socket's connection to a service frontend translated to a backend at
+	// connect (socket load-balancing): saddr/sport the frontend, daddr/dport
+	// the backend, cookie the service's reverse NAT ID.
+	EventSockXlate uint8 = 4 // EVENT_SOCK_XLATE
 )
 
 // Observation points of trace events (event.obs): which program saw the

@@ -38,6 +38,9 @@ type Config struct {
 	// descendants') are translated: the node's root cgroup for an agent,
 	// a child cgroup in tests.
 	CgroupPath string
+	// TraceEvents reports each connection translated at connect as a
+	// socket translation event (EVENT_SOCK_XLATE) in the events ring.
+	TraceEvents bool
 }
 
 // hook is one attachment: a program of the object and its attach type.
@@ -115,6 +118,15 @@ func (s *SockLB) Start() error {
 	spec, err := bpf.LoadSock()
 	if err != nil {
 		return fmt.Errorf("load socket load-balancer spec: %w", err)
+	}
+	if s.cfg.TraceEvents {
+		vs, ok := spec.Variables["TRACE_EVENTS"]
+		if !ok {
+			return fmt.Errorf("socket load-balancer object has no constant TRACE_EVENTS")
+		}
+		if err := vs.Set(uint8(1)); err != nil {
+			return fmt.Errorf("set TRACE_EVENTS: %w", err)
+		}
 	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: s.cfg.BPFRoot}}
 	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {

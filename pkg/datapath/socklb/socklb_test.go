@@ -28,12 +28,16 @@ type env struct {
 	cgroup string
 	lb     *SockLB
 	maps   *maps.LBMaps
+	events *ebpf.Map // the events ring the programs share
 }
 
 // setup makes a BPF root, loads the pod object there as the agent's loader
 // would (it owns the maps), a child cgroup, and starts the socket
 // load-balancer on it.
-func setup(t *testing.T) *env {
+func setup(t *testing.T) *env { return setupWith(t, false) }
+
+// setupWith is setup with the socket translation events on or off.
+func setupWith(t *testing.T, traceEvents bool) *env {
 	t.Helper()
 	testutil.Privileged(t)
 	if _, err := bpffs.EnsureMounted(); err != nil {
@@ -62,7 +66,7 @@ func setup(t *testing.T) *env {
 		t.Fatalf("load pod programs: %v", err)
 	}
 	t.Cleanup(func() { lxc.Close() })
-	lb := New(Config{BPFRoot: root, CgroupPath: cg}, nil)
+	lb := New(Config{BPFRoot: root, CgroupPath: cg, TraceEvents: traceEvents}, nil)
 	if err := lb.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +78,7 @@ func setup(t *testing.T) *env {
 	})
 	// The pod object's handles write what the socket hooks read: the
 	// maps are shared through their pins.
-	return &env{root: root, cgroup: cg, lb: lb, maps: maps.LBFromObjects(&lxc.LxcMaps)}
+	return &env{root: root, cgroup: cg, lb: lb, maps: maps.LBFromObjects(&lxc.LxcMaps), events: lxc.TdrEventsV1}
 }
 
 // service writes a frontend with backends (IDs from first on) and returns
