@@ -124,7 +124,13 @@ func (k *kubernetesModule) publish(key string) error {
 // their identities; this node's own endpoints are skipped (the local
 // endpoint is the better source for its addresses).
 func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
-	if ev.Kind == watchers.Synced || k.ipcache == nil {
+	if ev.Kind == watchers.Synced {
+		// The listing's claims are queued before this: the ipcache's
+		// prune waits until they are in.
+		k.remoteEndpointsSynced()
+		return
+	}
+	if k.ipcache == nil {
 		return
 	}
 	st := ev.Object.Status

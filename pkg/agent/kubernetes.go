@@ -67,6 +67,9 @@ type kubernetesModule struct {
 	// initial listings in.
 	nodes                           *nodemanager.Manager
 	nodesSynced, tendrilNodesSynced func()
+	// remoteEndpointsSynced marks the TendrilEndpoints' initial listing
+	// in the ipcache (its prune waits for it); a no-op without datapath.
+	remoteEndpointsSynced func()
 	// local is what the write-back publishes, read by its start step.
 	local node.Local
 	// pubQueue holds the pods whose TendrilEndpoint to write, from the
@@ -121,8 +124,10 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 		identities: p.Identities, policyGen: map[string]int64{},
 		jobs: newJobGroup(p.Jobs, p.Health, "k8s-watchers", p.Log),
 	}
+	k.remoteEndpointsSynced = func() {}
 	if p.Datapath != nil {
 		k.ipcache = p.Datapath
+		k.remoteEndpointsSynced = p.Datapath.ipcache.AddInitializer("k8s-tendrilendpoints")
 	}
 	k.runCtx, k.runCancel = context.WithCancel(context.Background())
 	p.Steps.Append(p.Lifecycle, "k8s-node-writeback", k.startWriteBack, nil)
