@@ -19,7 +19,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
@@ -29,6 +28,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/k8s/endpointpub"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -72,9 +72,9 @@ type kubernetesModule struct {
 	remoteEndpointsSynced func()
 	// local is what the write-back publishes, read by its start step.
 	local node.Local
-	// pubQueue holds the pods whose TendrilEndpoint to write, from the
-	// watchers' start step on.
-	pubQueue workqueue.TypedRateLimitingInterface[string]
+	// publisher holds the TendrilEndpoints to publish (a statedb table
+	// and its reconciler).
+	publisher *endpointpub.Publisher
 
 	mu        sync.Mutex
 	policyGen map[string]int64 // policy source -> generation realized
@@ -143,7 +143,9 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 	if err := k.newNodeManager(p); err != nil {
 		return nil, err
 	}
-	k.jobs.Add(job.OneShot("endpoint-publisher", k.runPublisher))
+	if err := k.newEndpointPublisher(p); err != nil {
+		return nil, err
+	}
 	return k, nil
 }
 
