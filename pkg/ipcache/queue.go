@@ -132,24 +132,27 @@ func (c *IPCache) runQueue(ctx context.Context, _ cell.Health) error {
 			}
 		}
 		for {
+			// Take the whole queue: the writers append to a fresh slice
+			// meanwhile (draining the head of a shared one would make
+			// every append past its capacity copy what is left).
 			q.mu.Lock()
-			n := min(len(q.ops), MaxBatch)
-			batch := q.ops[:n:n]
-			q.ops = q.ops[n:]
-			if len(q.ops) == 0 {
-				q.ops = nil // let the drained backing array go
-			}
+			ops := q.ops
+			q.ops = nil
 			q.mu.Unlock()
-			if n == 0 {
+			if len(ops) == 0 {
 				break
 			}
-			c.applyBatch(batch)
-			lastWrite = time.Now()
-			q.mu.Lock()
-			q.done += uint64(n)
-			close(q.progress)
-			q.progress = make(chan struct{})
-			q.mu.Unlock()
+			for len(ops) > 0 {
+				n := min(len(ops), MaxBatch)
+				c.applyBatch(ops[:n])
+				ops = ops[n:]
+				lastWrite = time.Now()
+				q.mu.Lock()
+				q.done += uint64(n)
+				close(q.progress)
+				q.progress = make(chan struct{})
+				q.mu.Unlock()
+			}
 		}
 	}
 }
