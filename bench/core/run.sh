@@ -99,12 +99,6 @@ for r in $(seq "$REPEAT"); do
 	for tree in old new; do
 		dir=$OLD_DIR
 		[ $tree = new ] && dir=$NEW_DIR
-		if want start; then
-			for _ in 1 2 3; do agent_start $tree agent-start; done
-			# The core alone: most of the start above is the kernel's
-			# verifier on the pod programs.
-			for _ in 1 2 3; do agent_start $tree agent-start-no-datapath --enable-datapath=false; done
-		fi
 		want restore && gobench $tree "$dir" ./pkg/endpointmanager 'Restore200|RestoreAndRegenerate200' 20x
 		want policy && gobench $tree "$dir" ./pkg/policy 'InitialResolution' 3x
 		want policy && gobench $tree "$dir" ./pkg/policy 'NewIdentity' 100x
@@ -112,6 +106,15 @@ for r in $(seq "$REPEAT"); do
 		# This tree's harness and plugin, each tree's agent.
 		want cni && gobench $tree "$NEW_DIR" ./test/cni 'PrivilegedConcurrentAdd50/tendril-default$' 3x \
 			TENDRIL_TEST_AGENT="$work/$tree/tendril-agent"
+		# Last: the kernel frees a stopped agent's maps and programs in
+		# the background, which would slow whatever ran next.
+		if want start; then
+			for _ in 1 2 3; do agent_start $tree agent-start; done
+			# The core alone: most of the start above is the kernel's
+			# verifier on the pod programs.
+			for _ in 1 2 3; do agent_start $tree agent-start-no-datapath --enable-datapath=false; done
+			sleep 5
+		fi
 	done
 	want converge && gobench new "$NEW_DIR" ./pkg/agent 'PolicyChangeConvergence' 20x
 done
