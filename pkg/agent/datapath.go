@@ -462,13 +462,17 @@ func (m *datapathModule) DeleteRemoteNode(node string, ip netip.Addr) error {
 }
 
 // UpsertRemoteEndpoint maps another node's pod address to its identity
-// and node; e names its source (Kubernetes or the kvstore) and owner.
+// and node; e names its source (Kubernetes or the kvstore) and owner. The
+// claim is queued: the ipcache makes the claims of many events in one
+// transaction, and the watcher's callback does not wait.
 func (m *datapathModule) UpsertRemoteEndpoint(ip netip.Addr, e ipcache.Entry) error {
-	return m.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()), e)
+	return m.ipcache.UpsertQueued(netip.PrefixFrom(ip, ip.BitLen()), e)
 }
 
 // DeleteRemoteEndpoint withdraws owner's claim on another node's pod
-// address; other owners' claims on it stay.
+// address (queued, in order with the claims); other owners' claims on it
+// stay.
 func (m *datapathModule) DeleteRemoteEndpoint(ip netip.Addr, src ipcache.Source, owner ipcache.Owner) error {
-	return m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), src, owner)
+	m.ipcache.DeleteQueued(netip.PrefixFrom(ip, ip.BitLen()), src, owner)
+	return nil
 }

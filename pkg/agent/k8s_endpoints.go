@@ -2,63 +2,97 @@ package agent
 
 import (
 	"context"
-	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
-	"time"
 
-	"github.com/cilium/hive/cell"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/workqueue"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/k8s/endpointpub"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/policy"
 )
 
+// newEndpointPublisher registers the TendrilEndpoint publisher's table
+// and reconciler (jobs of the module's group, after the watchers' step).
+// Its prune reads the watcher's cache, and removes only objects that name
+// this node's address.
+func (k *kubernetesModule) newEndpointPublisher(p kubernetesParams) error {
+	pub, err := endpointpub.New(endpointpub.Params{DB: p.DB, Jobs: k.jobs, Log: logFor(k.root, "endpoint-publisher"),
+		ModuleID: p.ModuleID, Client: publisherClient{k: k},
+		Owned: func(tep *v1alpha1.TendrilEndpoint) bool {
+			ip := k.nodeIP()
+			return ip != "" && tep.Status.Networking != nil && tep.Status.Networking.NodeIP == ip
+		}})
+	if err != nil {
+		return err
+	}
+	k.publisher = pub
+	p.Inspector.AddReconciled(endpointpub.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
+		return dbinspect.CountStatus(pub.Table().All(txn), func(d *endpointpub.Desired) reconciler.Status { return d.Reconciliation })
+	})
+	return nil
+}
+
+// publisherClient is the publisher's API server: the clientset, made by
+// the k8s-client step (after the reconciler is registered), and for the
+// prune's list the watcher's cache.
+type publisherClient struct{ k *kubernetesModule }
+
+func (c publisherClient) cs() endpointpub.Clientset {
+	return endpointpub.Clientset{CS: c.k.client.clients.Tendril}
+}
+
+func (c publisherClient) Get(ctx context.Context, ns, name string) (*v1alpha1.TendrilEndpoint, error) {
+	return c.cs().Get(ctx, ns, name)
+}
+
+func (c publisherClient) Create(ctx context.Context, obj *v1alpha1.TendrilEndpoint) error {
+	return c.cs().Create(ctx, obj)
+}
+
+func (c publisherClient) Update(ctx context.Context, obj *v1alpha1.TendrilEndpoint) error {
+	return c.cs().Update(ctx, obj)
+}
+
+func (c publisherClient) Delete(ctx context.Context, ns, name string) error {
+	return c.cs().Delete(ctx, ns, name)
+}
+
+func (c publisherClient) List(context.Context) ([]v1alpha1.TendrilEndpoint, error) {
+	var out []v1alpha1.TendrilEndpoint
+	for _, tep := range c.k.client.watchers.TendrilEndpoints.List() {
+		out = append(out, *tep)
+	}
+	return out, nil
+}
+
 // startPublisher publishes every local endpoint of a pod as a
-// TendrilEndpoint (and removes it with the endpoint), through a rate
-// limited work queue so failed writes are retried.
+// TendrilEndpoint (and removes it with the endpoint): each endpoint event
+// writes the desired object to the publisher's table in one short
+// transaction, and its reconciler talks to the API server. The restored
+// endpoints are in once this returns: the prune may run.
 func (k *kubernetesModule) startPublisher() {
-	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
 	mgr := k.eps.mgr
 	mgr.Subscribe(func(ev endpointmanager.Event) {
 		if ev.Endpoint != nil && ev.Endpoint.PodName != "" {
-			q.Add(ev.Endpoint.PodNamespace + "/" + ev.Endpoint.PodName)
+			k.publish(ev.Endpoint.PodNamespace, ev.Endpoint.PodName)
 		}
 	})
 	for _, ep := range mgr.List() {
 		if ep.PodName != "" {
-			q.Add(ep.PodNamespace + "/" + ep.PodName)
+			k.publish(ep.PodNamespace, ep.PodName)
 		}
 	}
-	k.pubQueue = q
-}
-
-// runPublisher writes the queued pods' TendrilEndpoints until ctx ends,
-// a failed write retried with backoff.
-func (k *kubernetesModule) runPublisher(ctx context.Context, _ cell.Health) error {
-	q := k.pubQueue
-	// The queue's Get returns quit once it is shut down.
-	defer context.AfterFunc(ctx, q.ShutDown)()
-	for {
-		key, quit := q.Get()
-		if quit {
-			return nil
-		}
-		if err := k.publish(key); err != nil {
-			k.log.Warn("Publish endpoint; will retry", "pod", key, "error", err)
-			q.AddRateLimited(key)
-		} else {
-			q.Forget(key)
-		}
-		q.Done(key)
-	}
+	k.publisher.MarkRestored()
 }
 
 func (k *kubernetesModule) localEndpointOf(ns, name string) *endpoint.Endpoint {
@@ -70,20 +104,23 @@ func (k *kubernetesModule) localEndpointOf(ns, name string) *endpoint.Endpoint {
 	return nil
 }
 
-// publish makes the TendrilEndpoint of pod key match the local endpoint.
-func (k *kubernetesModule) publish(key string) error {
-	ns, name, _ := strings.Cut(key, "/")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	client := k.client.clients.Tendril.TendrilV1alpha1().TendrilEndpoints(ns)
+// publish records the TendrilEndpoint the pod should have as its local
+// endpoint is now (the event may be older than a later change), or none.
+func (k *kubernetesModule) publish(ns, name string) {
 	ep := k.localEndpointOf(ns, name)
+	var err error
 	if ep == nil {
-		err := client.Delete(ctx, name, metav1.DeleteOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("delete TendrilEndpoint %s: %w", key, err)
-		}
-		return nil
+		err = k.publisher.Delete(ns, name)
+	} else {
+		err = k.publisher.Set(ns, name, k.endpointStatus(ep))
 	}
+	if err != nil {
+		k.log.Error("Record the TendrilEndpoint to publish", "pod", ns+"/"+name, "error", err)
+	}
+}
+
+// endpointStatus is the TendrilEndpoint status of a local endpoint.
+func (k *kubernetesModule) endpointStatus(ep *endpoint.Endpoint) v1alpha1.EndpointStatus {
 	status := v1alpha1.EndpointStatus{ID: int64(ep.ID), State: string(ep.State),
 		Networking: &v1alpha1.EndpointNetworking{NodeIP: k.nodeIP()}}
 	pair := v1alpha1.AddressPair{}
@@ -97,34 +134,26 @@ func (k *kubernetesModule) publish(key string) error {
 	if ep.Identity != 0 {
 		status.Identity = &v1alpha1.EndpointIdentity{ID: int64(ep.Identity), Labels: endpointLabels(ep)}
 	}
-	for pname, np := range k.client.namedPorts(ep) {
+	ports := k.client.namedPorts(ep)
+	for _, pname := range slices.Sorted(maps.Keys(ports)) {
+		np := ports[pname]
 		proto := map[uint8]string{6: "TCP", 17: "UDP", 132: "SCTP"}[np.Proto]
 		status.NamedPorts = append(status.NamedPorts, v1alpha1.NamedPort{Name: pname, Port: int32(np.Port), Protocol: proto})
 	}
-	cur, err := client.Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		obj := &v1alpha1.TendrilEndpoint{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Status: status}
-		if _, err := client.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create TendrilEndpoint %s: %w", key, err)
-		}
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("get TendrilEndpoint %s: %w", key, err)
-	}
-	cur = cur.DeepCopy()
-	cur.Status = status
-	if _, err := client.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update TendrilEndpoint %s: %w", key, err)
-	}
-	return nil
+	return status
 }
 
 // onRemoteEndpoint puts other nodes' pod addresses into the ipcache with
 // their identities; this node's own endpoints are skipped (the local
 // endpoint is the better source for its addresses).
 func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
-	if ev.Kind == watchers.Synced || k.ipcache == nil {
+	if ev.Kind == watchers.Synced {
+		// The listing's claims are queued before this: the ipcache's
+		// prune waits until they are in.
+		k.remoteEndpointsSynced()
+		return
+	}
+	if k.ipcache == nil {
 		return
 	}
 	st := ev.Object.Status

@@ -14,12 +14,12 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
@@ -29,6 +29,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/k8s/endpointpub"
 	"github.com/tendril-net/tendril/pkg/k8s/policystatus"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/labels"
@@ -63,12 +64,19 @@ type kubernetesModule struct {
 	identities identity.Allocator
 	jobs       job.Group
 
-	nodes *nodemanager.Manager
+	// nodes holds the peers and their routes (statedb tables and their
+	// reconcilers); the two functions mark the Nodes' and TendrilNodes'
+	// initial listings in.
+	nodes                           *nodemanager.Manager
+	nodesSynced, tendrilNodesSynced func()
+	// remoteEndpointsSynced marks the TendrilEndpoints' initial listing
+	// in the ipcache (its prune waits for it); a no-op without datapath.
+	remoteEndpointsSynced func()
 	// local is what the write-back publishes, read by its start step.
 	local node.Local
-	// pubQueue holds the pods whose TendrilEndpoint to write, from the
-	// watchers' start step on.
-	pubQueue workqueue.TypedRateLimitingInterface[string]
+	// publisher holds the TendrilEndpoints to publish (a statedb table
+	// and its reconciler).
+	publisher *endpointpub.Publisher
 
 	mu        sync.Mutex
 	policyGen map[string]int64 // policy source -> generation realized
@@ -119,8 +127,10 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 		identities: p.Identities, policyGen: map[string]int64{},
 		jobs: newJobGroup(p.Jobs, p.Health, "k8s-watchers", p.Log),
 	}
+	k.remoteEndpointsSynced = func() {}
 	if p.Datapath != nil {
 		k.ipcache = p.Datapath
+		k.remoteEndpointsSynced = p.Datapath.ipcache.AddInitializer("k8s-tendrilendpoints")
 	}
 	// This node's report on each Tendril policy, published into the
 	// objects' status by a reconciler.
@@ -153,12 +163,16 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 	// Watchers, and their caches synced, before restored endpoints
 	// regenerate: Kubernetes policies must be in first (fail closed).
 	p.Steps.Append(p.Lifecycle, "k8s-watchers", k.startWatchers, k.stop)
+	// The node manager's reconcilers are jobs of this group, added after
+	// the watchers' step: the endpoints' step (which opens the netlink
+	// handle) and the datapath's (the ipcache) have started by then.
+	if err := k.newNodeManager(p); err != nil {
+		return nil, err
+	}
+	if err := k.newEndpointPublisher(p); err != nil {
+		return nil, err
+	}
 	k.jobs.Add(
-		job.OneShot("node-manager", func(ctx context.Context, _ cell.Health) error {
-			k.nodes.Run(ctx)
-			return nil
-		}),
-		job.OneShot("endpoint-publisher", k.runPublisher),
 		job.Timer("policy-status-enforcing", func(context.Context) error {
 			k.status.Realized(k.realizedRevision())
 			return nil
@@ -177,6 +191,37 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 		}, 5*time.Second),
 	)
 	return k, nil
+}
+
+// newNodeManager registers the nodes and routes tables and their
+// reconcilers; the route prune waits for both the Nodes' and the
+// TendrilNodes' initial listings.
+func (k *kubernetesModule) newNodeManager(p kubernetesParams) error {
+	var cache nodemanager.IPCache
+	if k.ipcache != nil {
+		cache = k.ipcache
+	}
+	var routes nodemanager.RouteBackend
+	if k.cfg.InstallHostNetworking {
+		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return k.eps.nl }}
+	}
+	var err error
+	k.nodes, err = nodemanager.New(nodemanager.Params{LocalNode: k.cfg.NodeName, DB: p.DB, Jobs: k.jobs,
+		Log: logFor(k.root, "node-manager"), ModuleID: p.ModuleID, Routes: routes, IPCache: cache})
+	if err != nil {
+		return err
+	}
+	k.nodesSynced = k.nodes.AddInitializer("k8s-nodes")
+	k.tendrilNodesSynced = k.nodes.AddInitializer("k8s-tendrilnodes")
+	p.Inspector.AddReconciled(nodemanager.NodesTableName, func(txn statedb.ReadTxn) dbinspect.Realization {
+		return dbinspect.CountStatus(k.nodes.Nodes().All(txn), func(p *nodemanager.Peer) reconciler.Status { return p.Status })
+	})
+	if routes != nil {
+		p.Inspector.AddReconciled(nodemanager.RoutesTableName, func(txn statedb.ReadTxn) dbinspect.Realization {
+			return dbinspect.CountStatus(k.nodes.Routes().All(txn), func(r *nodemanager.Route) reconciler.Status { return r.Status })
+		})
+	}
+	return nil
 }
 
 // nodeIP is the address other nodes know this node by: its Node's
@@ -266,16 +311,12 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	var cache nodemanager.IPCache
-	if k.ipcache != nil {
-		cache = k.ipcache
-	}
-	k.nodes = nodemanager.New(nodemanager.Config{LocalNode: k.cfg.NodeName, InstallRoutes: k.cfg.InstallHostNetworking},
-		k.eps.nl, cache, logFor(k.root, "node-manager"))
-	if _, err := w.Nodes.Subscribe(func(ev watchers.Event[*corev1.Node]) { k.onPeerChange(ev.Kind, ev.Key) }); err != nil {
+	if _, err := w.Nodes.Subscribe(func(ev watchers.Event[*corev1.Node]) { k.onPeerChange(ev.Kind, ev.Key, k.nodesSynced) }); err != nil {
 		return err
 	}
-	if _, err := w.TendrilNodes.Subscribe(func(ev watchers.Event[*v1alpha1.TendrilNode]) { k.onPeerChange(ev.Kind, ev.Key) }); err != nil {
+	if _, err := w.TendrilNodes.Subscribe(func(ev watchers.Event[*v1alpha1.TendrilNode]) {
+		k.onPeerChange(ev.Kind, ev.Key, k.tendrilNodesSynced)
+	}); err != nil {
 		return err
 	}
 	w.Start(context.Background())
@@ -294,18 +335,25 @@ func (k *kubernetesModule) stop(context.Context) error {
 }
 
 // onPeerChange recomputes a peer from its Node and TendrilNode (either
-// event may come first); the node is gone when its Node is.
-func (k *kubernetesModule) onPeerChange(kind watchers.EventKind, name string) {
+// event may come first) and writes it to the nodes table in one short
+// transaction; the node is gone when its Node is. synced is the source's
+// table initializer, done with its initial listing.
+func (k *kubernetesModule) onPeerChange(kind watchers.EventKind, name string, synced func()) {
 	if kind == watchers.Synced {
+		synced()
 		return
 	}
 	n, ok := k.client.watchers.Nodes.Get(name)
+	var err error
 	if !ok {
-		k.nodes.DeletePeer(name)
-		return
+		err = k.nodes.DeletePeer(name)
+	} else {
+		tn, _ := k.client.watchers.TendrilNodes.Get(name)
+		err = k.nodes.UpsertPeer(nodemanager.MergeTendrilNode(nodemanager.PeerFromNode(n), tn))
 	}
-	tn, _ := k.client.watchers.TendrilNodes.Get(name)
-	k.nodes.UpsertPeer(nodemanager.MergeTendrilNode(nodemanager.PeerFromNode(n), tn))
+	if err != nil {
+		k.log.Error("Write the nodes table", "node", name, "error", err)
+	}
 }
 
 func (k *kubernetesModule) onPod(ev watchers.Event[*corev1.Pod]) {
@@ -501,9 +549,15 @@ func (k *kubernetesModule) statusSection() ext.Section {
 		s.Lines = append(s.Lines, ext.Line{Key: "Node write-back", Value: v})
 	}
 	if k.nodes != nil {
-		v := fmt.Sprintf("%d peers", len(k.nodes.Peers()))
-		if err := k.nodes.LastError(); err != nil {
-			v += ", last reconciliation failed: " + err.Error()
+		txn := k.nodes.DB().ReadTxn()
+		r := dbinspect.CountStatus(k.nodes.Nodes().All(txn), func(p *nodemanager.Peer) reconciler.Status { return p.Status })
+		v := fmt.Sprintf("%d peers", r.Objects)
+		if r.Errors > 0 {
+			v += fmt.Sprintf(", %d failing: %s", r.Errors, r.LastError)
+		}
+		rr := dbinspect.CountStatus(k.nodes.Routes().All(txn), func(r *nodemanager.Route) reconciler.Status { return r.Status })
+		if rr.Errors > 0 {
+			v += fmt.Sprintf(", %d routes failing: %s", rr.Errors, rr.LastError)
 		}
 		s.Lines = append(s.Lines, ext.Line{Key: "Nodes", Value: v})
 	}

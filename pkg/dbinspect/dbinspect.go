@@ -7,12 +7,14 @@ package dbinspect
 
 import (
 	"fmt"
+	"iter"
 	"net/http"
 	"sort"
 	"sync"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/tendril-net/tendril/api/v1/server"
 )
@@ -144,4 +146,23 @@ func (i *Inspector) Handler() http.Handler {
 		server.WriteJSON(w, http.StatusOK, rows)
 	})
 	return mux
+}
+
+// CountStatus counts a reconciled table's objects by their status (the
+// Counter of a table whose objects carry one reconciler.Status).
+func CountStatus[Obj any](objs iter.Seq2[Obj, statedb.Revision], status func(Obj) reconciler.Status) Realization {
+	var r Realization
+	for obj := range objs {
+		r.Objects++
+		s := status(obj)
+		switch s.Kind {
+		case reconciler.StatusKindDone:
+		case reconciler.StatusKindError:
+			r.Errors++
+			r.LastError = s.GetError()
+		default:
+			r.Pending++
+		}
+	}
+	return r
 }

@@ -76,8 +76,10 @@ func BenchmarkPrivilegedIPCache100k(b *testing.B) {
 	}
 	// ipcache: one Upsert (one write transaction) per prefix, as a
 	// source with one address per event writes; ipcache-batched: 1,000
-	// claims per Write, as a source writing a listing does.
-	for _, mode := range []string{"map-only", "ipcache", "ipcache-batched"} {
+	// claims per Write, as a source writing a listing does;
+	// ipcache-queued: one UpsertQueued per prefix, as the TendrilEndpoint
+	// and kvstore sources now write (the queue batches them).
+	for _, mode := range []string{"map-only", "ipcache", "ipcache-batched", "ipcache-queued"} {
 		b.Run(mode, func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
@@ -106,7 +108,9 @@ func BenchmarkPrivilegedIPCache100k(b *testing.B) {
 				for j := 0; j < n && mode != "ipcache-batched"; j++ {
 					p := netip.PrefixFrom(addrN(j), 32)
 					var err error
-					if mode == "map-only" {
+					if mode == "ipcache-queued" {
+						err = c.UpsertQueued(p, ipcache.Entry{Identity: identity.NumericIdentity(256 + j%1000), Source: ipcache.SourceKubernetes, Owner: owners[j]})
+					} else if mode == "map-only" {
 						err = m.Upsert(p, maps.IPCacheEntry{Identity: uint32(256 + j%1000)})
 					} else {
 						err = c.Upsert(p, ipcache.Entry{Identity: identity.NumericIdentity(256 + j%1000), Source: ipcache.SourceKubernetes, Owner: owners[j]})

@@ -53,6 +53,10 @@ type IPCache struct {
 
 	restoredOnce sync.Once
 	restored     func(statedb.WriteTxn)
+
+	// queue holds the claims made with UpsertQueued and DeleteQueued
+	// until its job writes them in batches.
+	queue *queue
 }
 
 // New creates the table, registers its reconciler on p.Jobs and holds the
@@ -62,7 +66,7 @@ func New(p Params) (*IPCache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ipcache table: %w", err)
 	}
-	c := &IPCache{db: p.DB, table: tbl, log: p.Log}
+	c := &IPCache{db: p.DB, table: tbl, log: p.Log, queue: newQueue(p.Log)}
 	wtxn := p.DB.WriteTxn(tbl)
 	c.restored = tbl.RegisterInitializer(wtxn, InitializerRestore)
 	wtxn.Commit()
@@ -85,6 +89,7 @@ func New(p Params) (*IPCache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ipcache reconciler: %w", err)
 	}
+	p.Jobs.Add(job.OneShot("ipcache-queue", c.runQueue))
 	return c, nil
 }
 
@@ -101,12 +106,16 @@ func (c *IPCache) Table() statedb.Table[*PrefixClaims] { return c.table }
 
 // MarkRestored says that the agent has restored its state (its endpoints,
 // host addresses, policy prefixes): from now on the reconciler prunes
-// backend entries that no claim backs. Idempotent.
+// backend entries that no claim backs. It takes effect once the claims
+// queued before it are in the table (so the prune never removes an entry
+// whose claim is still queued). Idempotent.
 func (c *IPCache) MarkRestored() {
-	c.restoredOnce.Do(func() {
-		wtxn := c.db.WriteTxn(c.table)
-		c.restored(wtxn)
-		wtxn.Commit()
+	c.AfterQueued(func() {
+		c.restoredOnce.Do(func() {
+			wtxn := c.db.WriteTxn(c.table)
+			c.restored(wtxn)
+			wtxn.Commit()
+		})
 	})
 }
 
@@ -114,17 +123,20 @@ func (c *IPCache) MarkRestored() {
 // called as well: a source (the kvstore watch) calls it once its initial
 // listing is in the table, so the prune does not delete what the source
 // would write again a moment later. Call it while the hive is built;
-// the function is idempotent.
+// the function is idempotent, and takes effect once the claims queued
+// before it (UpsertQueued) are in the table.
 func (c *IPCache) AddInitializer(name string) func() {
 	wtxn := c.db.WriteTxn(c.table)
 	done := c.table.RegisterInitializer(wtxn, name)
 	wtxn.Commit()
 	var once sync.Once
 	return func() {
-		once.Do(func() {
-			wtxn := c.db.WriteTxn(c.table)
-			done(wtxn)
-			wtxn.Commit()
+		c.AfterQueued(func() {
+			once.Do(func() {
+				wtxn := c.db.WriteTxn(c.table)
+				done(wtxn)
+				wtxn.Commit()
+			})
 		})
 	}
 }
@@ -303,8 +315,12 @@ func CountStatus(objs iter.Seq2[*PrefixClaims, statedb.Revision]) Realization {
 }
 
 // Synced waits until the backend holds every change made to the table so
-// far (no write left pending or failing), or ctx ends.
+// far and every claim queued so far (no write left pending or failing),
+// or ctx ends.
 func (c *IPCache) Synced(ctx context.Context) error {
+	if err := c.queue.waitQueued(ctx); err != nil {
+		return err
+	}
 	rev := c.table.Revision(c.db.ReadTxn())
 	for {
 		got, low, err := c.rec.WaitUntilReconciled(ctx, rev)

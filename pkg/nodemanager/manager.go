@@ -2,50 +2,32 @@
 // TendrilNode objects: addresses and pod CIDRs) and makes this node able to
 // reach their pods by native routing: a route to each peer's pod CIDRs via
 // the peer's node address, and each peer's addresses in the ipcache as
-// remote-node. It reconciles desired against installed state, so a failed
-// write is retried and routes of peers that vanished while the agent was
-// down are removed at start.
+// remote-node.
+//
+// Desired state is in two statedb tables: "nodes" (one object per peer,
+// written by the sources in one short transaction per change) and
+// "routes" (one per pod CIDR, derived from the peers in the same
+// transaction). Two statedb reconcilers realize them: the nodes
+// reconciler makes each peer's remote-node ipcache claims, the routes
+// reconciler writes the kernel's routes. Each object carries its status, a
+// failed write is retried with backoff, and once every source has synced
+// (the tables' initializers) the routes reconciler prunes routes of peers
+// that vanished while the agent was down.
 package nodemanager
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
-
-	"github.com/tendril-net/tendril/pkg/datapath/linux"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 )
-
-// RouteProtocol marks routes to peer nodes' pod CIDRs. It differs from the
-// endpoint routes' protocol so neither side mistakes the other's routes.
-const RouteProtocol netlink.RouteProtocol = 0x55
-
-// Peer is another node as this node needs it.
-type Peer struct {
-	Name string
-	// IPs are the node's addresses (InternalIP first).
-	IPs []netip.Addr
-	// PodCIDRs are the node's pod CIDRs (at most one per family).
-	PodCIDRs []netip.Prefix
-}
-
-// nextHop is the peer address of the CIDR's family.
-func (p Peer) nextHop(cidr netip.Prefix) (netip.Addr, bool) {
-	for _, ip := range p.IPs {
-		if ip.Is4() == cidr.Addr().Is4() {
-			return ip, true
-		}
-	}
-	return netip.Addr{}, false
-}
 
 // IPCache is where peer node addresses are published (the BPF ipcache).
 // Each address is claimed on behalf of its node, so that when an address
@@ -56,235 +38,208 @@ type IPCache interface {
 	DeleteRemoteNode(node string, ip netip.Addr) error
 }
 
-// nodeAddr is one node's claim on one address.
-type nodeAddr struct {
-	node string
-	ip   netip.Addr
-}
+// Reconciler defaults: a failed write is retried from 100 ms up to every
+// 30 s; routes are pruned every 5 minutes and rewritten every 30 (a route
+// someone deleted by hand comes back).
+const (
+	DefaultRetryMin      = 100 * time.Millisecond
+	DefaultRetryMax      = 30 * time.Second
+	DefaultPruneInterval = 5 * time.Minute
+	DefaultRefresh       = 30 * time.Minute
+)
 
-// Config tunes the manager.
-type Config struct {
+// Params builds a Manager.
+type Params struct {
 	// LocalNode is this node's name: it is never a peer.
 	LocalNode string
-	// InstallRoutes turns the routes on (off when the agent does not own
-	// its network namespace's routing, e.g. in control-plane tests).
-	InstallRoutes bool
-	// ResyncInterval re-applies everything, retrying failed writes.
-	ResyncInterval time.Duration
+	DB        *statedb.DB
+	// Jobs runs the reconcilers; they start with the group.
+	Jobs     job.Group
+	Log      *slog.Logger
+	ModuleID cell.FullModuleID
+	// Routes is the kernel's routing table; nil when the agent does not
+	// own its network namespace's routing (no routes table is written).
+	Routes RouteBackend
+	// IPCache takes the peers' remote-node claims; nil without a datapath.
+	IPCache IPCache
+	// Options beyond the defaults (backoff, prune interval), for tests;
+	// applied to both reconcilers.
+	Options []reconciler.Option
 }
 
-// Manager holds the peers and reconciles routes and ipcache entries.
+// Manager is the sources' API over the nodes and routes tables.
 type Manager struct {
-	cfg   Config
-	nl    *netlink.Handle
-	cache IPCache
-	log   *slog.Logger
-
-	mu        sync.Mutex
-	peers     map[string]Peer
-	published map[nodeAddr]bool
-	lastErr   error
-	kick      chan struct{}
+	local  string
+	db     *statedb.DB
+	nodes  statedb.RWTable[*Peer]
+	routes statedb.RWTable[*Route]
+	// installRoutes: the routes table is written and reconciled.
+	installRoutes bool
+	routeRec      reconciler.Reconciler[*Route]
 }
 
-// New makes a manager; nl is the handle of the namespace to route in.
-func New(cfg Config, nl *netlink.Handle, cache IPCache, log *slog.Logger) *Manager {
-	if cfg.ResyncInterval <= 0 {
-		cfg.ResyncInterval = 30 * time.Second
+// New creates the tables and registers their reconcilers on p.Jobs.
+func New(p Params) (*Manager, error) {
+	nodes, err := statedb.NewTable(p.DB, NodesTableName, PeerNameIndex)
+	if err != nil {
+		return nil, fmt.Errorf("nodes table: %w", err)
 	}
-	return &Manager{cfg: cfg, nl: nl, cache: cache, log: log,
-		peers: map[string]Peer{}, published: map[nodeAddr]bool{}, kick: make(chan struct{}, 1)}
-}
-
-// UpsertPeer adds or changes a peer; the local node is ignored.
-func (m *Manager) UpsertPeer(p Peer) {
-	if p.Name == m.cfg.LocalNode {
-		return
+	routes, err := statedb.NewTable(p.DB, RoutesTableName, RoutePrefixIndex)
+	if err != nil {
+		return nil, fmt.Errorf("routes table: %w", err)
 	}
-	m.mu.Lock()
-	m.peers[p.Name] = p
-	m.mu.Unlock()
-	m.trigger()
-}
-
-// DeletePeer removes a peer.
-func (m *Manager) DeletePeer(name string) {
-	m.mu.Lock()
-	delete(m.peers, name)
-	m.mu.Unlock()
-	m.trigger()
-}
-
-func (m *Manager) trigger() {
-	select {
-	case m.kick <- struct{}{}:
-	default:
+	m := &Manager{local: p.LocalNode, db: p.DB, nodes: nodes, routes: routes, installRoutes: p.Routes != nil}
+	rp := reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID}
+	// The claims live in the ipcache's own table, rebuilt at every start:
+	// nothing of a previous run to prune.
+	_, err = reconciler.Register(rp, nodes, (*Peer).clone, (*Peer).setStatus, (*Peer).getStatus,
+		&peerOps{cache: p.IPCache, published: map[string][]netip.Addr{}}, nil,
+		append([]reconciler.Option{reconciler.WithName(NodesTableName), reconciler.WithoutPruning(),
+			reconciler.WithRetry(DefaultRetryMin, DefaultRetryMax)}, p.Options...)...)
+	if err != nil {
+		return nil, fmt.Errorf("nodes reconciler: %w", err)
 	}
+	if p.Routes != nil {
+		m.routeRec, err = reconciler.Register(rp, routes, (*Route).clone, (*Route).setStatus, (*Route).getStatus,
+			routeOps{backend: p.Routes, log: p.Log}, nil,
+			append([]reconciler.Option{reconciler.WithName(RoutesTableName), reconciler.WithPruning(DefaultPruneInterval),
+				reconciler.WithRefreshing(DefaultRefresh, nil), reconciler.WithRetry(DefaultRetryMin, DefaultRetryMax)}, p.Options...)...)
+		if err != nil {
+			return nil, fmt.Errorf("routes reconciler: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// DB is the database the tables are in.
+func (m *Manager) DB() *statedb.DB { return m.db }
+
+// Nodes is the nodes table, for inspection.
+func (m *Manager) Nodes() statedb.Table[*Peer] { return m.nodes }
+
+// Routes is the routes table, for inspection.
+func (m *Manager) Routes() statedb.Table[*Route] { return m.routes }
+
+// AddInitializer holds the route prune back until the returned function is
+// called: each source of peers registers one while the hive is built and
+// calls it once its initial listing is in the table, so that the prune
+// never removes the route of a peer not yet seen. Idempotent.
+func (m *Manager) AddInitializer(name string) func() {
+	wtxn := m.db.WriteTxn(m.routes)
+	done := m.routes.RegisterInitializer(wtxn, name)
+	wtxn.Commit()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			wtxn := m.db.WriteTxn(m.routes)
+			done(wtxn)
+			wtxn.Commit()
+		})
+	}
+}
+
+// Prune asks for a prune of the routes now (it still waits for the
+// initializers).
+func (m *Manager) Prune() {
+	if m.routeRec != nil {
+		m.routeRec.Prune()
+	}
+}
+
+// UpsertPeer adds or changes a peer in one short transaction; the local
+// node is ignored. The peer is marked pending only when what it wants
+// changed, so a resync of an unchanged Node writes nothing.
+func (m *Manager) UpsertPeer(p Peer) error {
+	if p.Name == m.local || p.Name == "" {
+		return nil
+	}
+	next := &Peer{Name: p.Name, IPs: slices.Clone(p.IPs), PodCIDRs: slices.Clone(p.PodCIDRs),
+		Status: reconciler.StatusPending()}
+	wtxn := m.db.WriteTxn(m.nodes, m.routes)
+	defer wtxn.Abort()
+	old, _, found := m.nodes.Get(wtxn, PeerNameIndex.Query(p.Name))
+	if found && old.sameSpec(next) {
+		return nil
+	}
+	if _, _, err := m.nodes.Insert(wtxn, next); err != nil {
+		return fmt.Errorf("node %s: %w", p.Name, err)
+	}
+	var affected []netip.Prefix
+	if found {
+		affected = append(affected, old.PodCIDRs...)
+	}
+	if err := m.updateRoutes(wtxn, append(affected, next.PodCIDRs...)); err != nil {
+		return err
+	}
+	wtxn.Commit()
+	return nil
+}
+
+// DeletePeer removes a peer; its routes go unless another peer has the
+// same pod CIDR.
+func (m *Manager) DeletePeer(name string) error {
+	wtxn := m.db.WriteTxn(m.nodes, m.routes)
+	defer wtxn.Abort()
+	old, _, found := m.nodes.Get(wtxn, PeerNameIndex.Query(name))
+	if !found {
+		return nil
+	}
+	if _, _, err := m.nodes.Delete(wtxn, old); err != nil {
+		return fmt.Errorf("node %s: %w", name, err)
+	}
+	if err := m.updateRoutes(wtxn, old.PodCIDRs); err != nil {
+		return err
+	}
+	wtxn.Commit()
+	return nil
+}
+
+// updateRoutes recomputes the route of each of cidrs from the peers now in
+// the table. Two peers naming one pod CIDR is a misconfiguration: the
+// route goes to the first by name whatever order their events came in,
+// and to the other when that one goes.
+func (m *Manager) updateRoutes(wtxn statedb.WriteTxn, cidrs []netip.Prefix) error {
+	if !m.installRoutes || len(cidrs) == 0 {
+		return nil
+	}
+	for _, cidr := range cidrs {
+		var want *Route
+		for p := range m.nodes.All(wtxn) {
+			if !slices.Contains(p.PodCIDRs, cidr) {
+				continue
+			}
+			hop, ok := p.nextHop(cidr)
+			if !ok {
+				continue
+			}
+			if want == nil || p.Name < want.Node {
+				want = &Route{Prefix: cidr, NextHop: hop, Node: p.Name}
+			}
+		}
+		cur, _, found := m.routes.Get(wtxn, RoutePrefixIndex.Query(cidr))
+		var err error
+		switch {
+		case want == nil && found:
+			_, _, err = m.routes.Delete(wtxn, cur)
+		case want == nil:
+		case found && cur.NextHop == want.NextHop && cur.Node == want.Node:
+		default:
+			want.Status = reconciler.StatusPending()
+			_, _, err = m.routes.Insert(wtxn, want)
+		}
+		if err != nil {
+			return fmt.Errorf("route %s: %w", cidr, err)
+		}
+	}
+	return nil
 }
 
 // Peers returns the known peers, by name.
-func (m *Manager) Peers() []Peer {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]Peer, 0, len(m.peers))
-	for _, p := range m.peers {
-		out = append(out, p)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
+func (m *Manager) Peers() []*Peer {
+	return statedb.Collect(m.nodes.All(m.db.ReadTxn()))
 }
 
-// LastError is the last reconciliation's error (nil when it succeeded).
-func (m *Manager) LastError() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.lastErr
-}
-
-// Run reconciles on every change and every resync interval until ctx ends.
-func (m *Manager) Run(ctx context.Context) {
-	t := time.NewTicker(m.cfg.ResyncInterval)
-	defer t.Stop()
-	for {
-		err := m.Reconcile()
-		m.mu.Lock()
-		m.lastErr = err
-		m.mu.Unlock()
-		if err != nil {
-			m.log.Warn("Node reconciliation failed; will retry", "error", err)
-		}
-		retry := time.Duration(0)
-		if err != nil {
-			retry = time.Second
-		}
-		var retryC <-chan time.Time
-		if retry > 0 {
-			retryC = time.After(retry)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-m.kick:
-		case <-t.C:
-		case <-retryC:
-		}
-	}
-}
-
-// Reconcile makes routes and ipcache entries match the peers once.
-func (m *Manager) Reconcile() error {
-	m.mu.Lock()
-	peers := make([]Peer, 0, len(m.peers))
-	for _, p := range m.peers {
-		peers = append(peers, p)
-	}
-	m.mu.Unlock()
-
-	var errs []error
-	wantIPs := map[nodeAddr]bool{}
-	wantRoutes := map[netip.Prefix]netip.Addr{}
-	for _, p := range peers {
-		for _, ip := range p.IPs {
-			wantIPs[nodeAddr{p.Name, ip}] = true
-		}
-		for _, c := range p.PodCIDRs {
-			if hop, ok := p.nextHop(c); ok {
-				wantRoutes[c] = hop
-			} else {
-				errs = append(errs, fmt.Errorf("node %s: no address of the family of pod CIDR %s", p.Name, c))
-			}
-		}
-	}
-
-	if m.cache != nil {
-		for na := range wantIPs {
-			if err := m.cache.UpsertRemoteNode(na.node, na.ip); err != nil {
-				errs = append(errs, fmt.Errorf("ipcache remote node %s %s: %w", na.node, na.ip, err))
-				continue
-			}
-			m.mu.Lock()
-			m.published[na] = true
-			m.mu.Unlock()
-		}
-		m.mu.Lock()
-		var stale []nodeAddr
-		for na := range m.published {
-			if !wantIPs[na] {
-				stale = append(stale, na)
-			}
-		}
-		m.mu.Unlock()
-		for _, na := range stale {
-			if err := m.cache.DeleteRemoteNode(na.node, na.ip); err != nil {
-				errs = append(errs, fmt.Errorf("ipcache remove remote node %s %s: %w", na.node, na.ip, err))
-				continue
-			}
-			m.mu.Lock()
-			delete(m.published, na)
-			m.mu.Unlock()
-		}
-	}
-
-	if m.cfg.InstallRoutes && m.nl != nil {
-		if err := m.reconcileRoutes(wantRoutes); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (m *Manager) reconcileRoutes(want map[netip.Prefix]netip.Addr) error {
-	var errs []error
-	for cidr, hop := range want {
-		r := &netlink.Route{
-			Dst:      prefixNet(cidr),
-			Gw:       net.IP(hop.AsSlice()),
-			Protocol: RouteProtocol,
-			Table:    unix.RT_TABLE_MAIN,
-		}
-		if err := m.nl.RouteReplace(r); err != nil {
-			errs = append(errs, fmt.Errorf("route %s via %s: %w", cidr, hop, err))
-		}
-	}
-	installed, err := m.installedRoutes()
-	if err != nil {
-		return errors.Join(append(errs, err)...)
-	}
-	for _, r := range installed {
-		if r.Dst == nil {
-			continue
-		}
-		cidr, ok := netipPrefix(r.Dst)
-		if !ok {
-			continue
-		}
-		if hop, wanted := want[cidr]; wanted && r.Gw != nil && r.Gw.Equal(net.IP(hop.AsSlice())) {
-			continue
-		}
-		if err := m.nl.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, fmt.Errorf("remove stale route %s: %w", cidr, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (m *Manager) installedRoutes() ([]netlink.Route, error) {
-	routes, err := linux.RoutesByProtocol(m.nl, RouteProtocol)
-	if err != nil {
-		return nil, fmt.Errorf("list node routes: %w", err)
-	}
-	return routes, nil
-}
-
-func prefixNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-func netipPrefix(n *net.IPNet) (netip.Prefix, bool) {
-	a, ok := netip.AddrFromSlice(n.IP)
-	if !ok {
-		return netip.Prefix{}, false
-	}
-	ones, _ := n.Mask.Size()
-	return netip.PrefixFrom(a.Unmap(), ones).Masked(), true
+// PeerRoutes returns the desired routes, by prefix.
+func (m *Manager) PeerRoutes() []*Route {
+	return statedb.Collect(m.routes.All(m.db.ReadTxn()))
 }

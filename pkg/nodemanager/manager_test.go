@@ -1,17 +1,26 @@
 package nodemanager
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os/exec"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -25,9 +34,11 @@ import (
 // fakeCache records each node's claims on addresses.
 type fakeCache struct {
 	mu   sync.Mutex
-	ips  map[nodeAddr]bool
+	ips  map[string]bool // node=ip
 	fail bool
 }
+
+func newFakeCache() *fakeCache { return &fakeCache{ips: map[string]bool{}} }
 
 func (f *fakeCache) UpsertRemoteNode(node string, ip netip.Addr) error {
 	f.mu.Lock()
@@ -35,31 +46,21 @@ func (f *fakeCache) UpsertRemoteNode(node string, ip netip.Addr) error {
 	if f.fail {
 		return errors.New("map full")
 	}
-	f.ips[nodeAddr{node, ip}] = true
+	f.ips[node+"="+ip.String()] = true
 	return nil
 }
 
 func (f *fakeCache) DeleteRemoteNode(node string, ip netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.ips, nodeAddr{node, ip})
+	delete(f.ips, node+"="+ip.String())
 	return nil
 }
 
-// list is the claimed addresses, each once.
-func (f *fakeCache) list() string {
+func (f *fakeCache) setFail(v bool) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	seen := map[string]bool{}
-	var out []string
-	for na := range f.ips {
-		if s := na.ip.String(); !seen[s] {
-			seen[s] = true
-			out = append(out, s)
-		}
-	}
-	sort.Strings(out)
-	return fmt.Sprint(out)
+	f.fail = v
+	f.mu.Unlock()
 }
 
 // claims is every node's claim as node=ip.
@@ -67,14 +68,152 @@ func (f *fakeCache) claims() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []string
-	for na := range f.ips {
-		out = append(out, na.node+"="+na.ip.String())
+	for c := range f.ips {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return fmt.Sprint(out)
+}
+
+// fakeRoutes is a routing table that fails on demand.
+type fakeRoutes struct {
+	mu     sync.Mutex
+	routes map[netip.Prefix]netip.Addr
+	fail   error
+}
+
+func (f *fakeRoutes) Replace(dst netip.Prefix, via netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return f.fail
+	}
+	f.routes[dst] = via
+	return nil
+}
+
+func (f *fakeRoutes) Delete(dst netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return f.fail
+	}
+	delete(f.routes, dst)
+	return nil
+}
+
+func (f *fakeRoutes) List() (map[netip.Prefix]netip.Addr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.routes), nil
+}
+
+func (f *fakeRoutes) setFail(err error) {
+	f.mu.Lock()
+	f.fail = err
+	f.mu.Unlock()
+}
+
+func (f *fakeRoutes) String() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return formatRoutes(f.routes)
+}
+
+func formatRoutes(rs map[netip.Prefix]netip.Addr) string {
+	var out []string
+	for dst, via := range rs {
+		out = append(out, dst.String()+" via "+via.String())
 	}
 	sort.Strings(out)
 	return fmt.Sprint(out)
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// startManager runs a Manager (statedb, jobs, both reconcilers with a
+// short backoff) in a hive of its own, stopped when the test ends.
+// initializers are registered before the start, as the agent does.
+func startManager(t *testing.T, routes RouteBackend, cache IPCache, initializers ...string) (*Manager, []func()) {
+	t.Helper()
+	var m *Manager
+	var dones []func()
+	h := hive.New(
+		statedb.Cell,
+		job.Cell,
+		cell.Provide(func() cell.Health { hl, _ := cell.NewSimpleHealth(); return hl }),
+		cell.Module("nodemanager-test", "node manager under test",
+			cell.Invoke(func(db *statedb.DB, jobs job.Registry, hl cell.Health, id cell.FullModuleID, log *slog.Logger) error {
+				var err error
+				m, err = New(Params{LocalNode: "a", DB: db, Jobs: jobs.NewGroup(hl), Log: log, ModuleID: id,
+					Routes: routes, IPCache: cache,
+					Options: []reconciler.Option{reconciler.WithRetry(10*time.Millisecond, 50*time.Millisecond)}})
+				if err != nil {
+					return err
+				}
+				for _, name := range initializers {
+					dones = append(dones, m.AddInitializer(name))
+				}
+				return nil
+			})),
+	)
+	if err := h.Start(quiet(), context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := h.Stop(quiet(), context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	return m, dones
+}
+
+// eventually waits up to 10 s for cond, failing with what it last said.
+func eventually(t *testing.T, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ok, msg := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(msg)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// peerStatus is a peer's reconciliation status as the dump prints it.
+func peerStatus(m *Manager, name string) string {
+	p, _, ok := m.Nodes().Get(m.db.ReadTxn(), PeerNameIndex.Query(name))
+	if !ok {
+		return "absent"
+	}
+	return p.Status.String()
+}
+
+func routeStatus(m *Manager, dst string) string {
+	r, _, ok := m.Routes().Get(m.db.ReadTxn(), RoutePrefixIndex.Query(netip.MustParsePrefix(dst)))
+	if !ok {
+		return "absent"
+	}
+	return r.Status.String()
+}
+
+func mustUpsert(t *testing.T, m *Manager, name string, ips []string, cidrs ...string) {
+	t.Helper()
+	p := Peer{Name: name}
+	for _, ip := range ips {
+		p.IPs = append(p.IPs, netip.MustParseAddr(ip))
+	}
+	for _, c := range cidrs {
+		p.PodCIDRs = append(p.PodCIDRs, netip.MustParsePrefix(c))
+	}
+	if err := m.UpsertPeer(p); err != nil {
+		t.Fatal(err)
+	}
+}
 
 func TestPeerFromNodeAndTendrilNode(t *testing.T) {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b"},
@@ -103,7 +242,8 @@ func TestPeerFromNodeAndTendrilNode(t *testing.T) {
 // its own with a link on a 172.31.9.0/24 "node network": routes to peers'
 // pod CIDRs appear via their addresses, follow changes, disappear with the
 // peer, and a stale route (a peer deleted while the agent was down) goes
-// at the first reconciliation. Failed ipcache writes are retried.
+// only once the sources have synced. Failed ipcache writes are retried
+// without any other event.
 func TestPrivilegedRoutesToPeers(t *testing.T) {
 	testutil.Privileged(t)
 	name := "tdr-nm-test"
@@ -147,66 +287,145 @@ func TestPrivilegedRoutesToPeers(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cache := &fakeCache{ips: map[nodeAddr]bool{}}
-	m := New(Config{LocalNode: "a", InstallRoutes: true}, nl, cache, quiet())
+	backend := NetlinkRoutes{Handle: func() *netlink.Handle { return nl }}
 	routes := func() string {
-		rs, err := m.installedRoutes()
+		rs, err := backend.List()
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out []string
-		for _, r := range rs {
-			out = append(out, r.Dst.String()+" via "+r.Gw.String())
-		}
-		sort.Strings(out)
-		return fmt.Sprint(out)
+		return formatRoutes(rs)
 	}
+	cache := newFakeCache()
+	m, dones := startManager(t, backend, cache, "nodes", "tendrilnodes")
 
-	m.UpsertPeer(Peer{Name: "a", IPs: []netip.Addr{netip.MustParseAddr("172.31.9.1")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.1.0/24")}})
-	m.UpsertPeer(Peer{Name: "b", IPs: []netip.Addr{netip.MustParseAddr("172.31.9.2")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.2.0/24")}})
-	m.UpsertPeer(Peer{Name: "c", IPs: []netip.Addr{netip.MustParseAddr("172.31.9.3")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.3.0/24")}})
-	if err := m.Reconcile(); err != nil {
-		t.Fatal(err)
+	mustUpsert(t, m, "a", []string{"172.31.9.1"}, "10.9.1.0/24")
+	mustUpsert(t, m, "b", []string{"172.31.9.2"}, "10.9.2.0/24")
+	mustUpsert(t, m, "c", []string{"172.31.9.3"}, "10.9.3.0/24")
+	eventually(t, func() (bool, string) {
+		got := routes()
+		want := "[10.9.2.0/24 via 172.31.9.2 10.9.3.0/24 via 172.31.9.3 10.9.99.0/24 via 172.31.9.99]"
+		return got == want, fmt.Sprintf("routes %s, want %s (own node skipped, stale kept before sync)", got, want)
+	})
+	// Not pruned while one source has not synced, even when asked.
+	dones[0]()
+	m.Prune()
+	time.Sleep(200 * time.Millisecond)
+	if got := routes(); !strings.Contains(got, "10.9.99.0/24") {
+		t.Fatalf("stale route pruned before every source synced: %s", got)
 	}
-	if got, want := routes(), "[10.9.2.0/24 via 172.31.9.2 10.9.3.0/24 via 172.31.9.3]"; got != want {
-		t.Fatalf("routes %s, want %s (own node skipped, stale removed)", got, want)
+	dones[1]()
+	eventually(t, func() (bool, string) {
+		got, want := routes(), "[10.9.2.0/24 via 172.31.9.2 10.9.3.0/24 via 172.31.9.3]"
+		return got == want, fmt.Sprintf("routes %s, want %s (stale pruned after sync)", got, want)
+	})
+	if got, want := cache.claims(), "[b=172.31.9.2 c=172.31.9.3]"; got != want {
+		t.Fatalf("ipcache %s, want %s", got, want)
 	}
-	if got := cache.list(); got != "[172.31.9.2 172.31.9.3]" {
-		t.Fatalf("ipcache %s", got)
+	if s := routeStatus(m, "10.9.2.0/24"); !strings.HasPrefix(s, "Done") {
+		t.Fatalf("route status %q", s)
 	}
 
 	// c moves to another address; b goes away.
-	m.UpsertPeer(Peer{Name: "c", IPs: []netip.Addr{netip.MustParseAddr("172.31.9.30")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.3.0/24")}})
-	m.DeletePeer("b")
-	if err := m.Reconcile(); err != nil {
+	mustUpsert(t, m, "c", []string{"172.31.9.30"}, "10.9.3.0/24")
+	if err := m.DeletePeer("b"); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := routes(), "[10.9.3.0/24 via 172.31.9.30]"; got != want {
-		t.Fatalf("routes %s, want %s", got, want)
-	}
-	if got := cache.list(); got != "[172.31.9.30]" {
-		t.Fatalf("ipcache %s", got)
-	}
+	eventually(t, func() (bool, string) {
+		got, want := routes(), "[10.9.3.0/24 via 172.31.9.30]"
+		return got == want, fmt.Sprintf("routes %s, want %s", got, want)
+	})
+	eventually(t, func() (bool, string) {
+		got, want := cache.claims(), "[c=172.31.9.30]"
+		return got == want, fmt.Sprintf("ipcache %s, want %s", got, want)
+	})
 
-	// A failing ipcache write is reported and retried by the next pass.
-	cache.fail = true
-	m.UpsertPeer(Peer{Name: "d", IPs: []netip.Addr{netip.MustParseAddr("172.31.9.4")}})
-	if err := m.Reconcile(); err == nil {
-		t.Fatal("a failed ipcache write was not reported")
-	}
-	cache.fail = false
-	if err := m.Reconcile(); err != nil {
-		t.Fatal(err)
-	}
-	if got := cache.list(); got != "[172.31.9.30 172.31.9.4]" {
-		t.Fatalf("ipcache after retry %s", got)
-	}
+	// A failing ipcache write shows in the node's status and is retried
+	// until it succeeds, with no other event.
+	cache.setFail(true)
+	mustUpsert(t, m, "d", []string{"172.31.9.4"})
+	eventually(t, func() (bool, string) {
+		s := peerStatus(m, "d")
+		return strings.Contains(s, "map full"), "status of d: " + s
+	})
+	cache.setFail(false)
+	eventually(t, func() (bool, string) {
+		got, want := cache.claims(), "[c=172.31.9.30 d=172.31.9.4]"
+		return got == want && strings.HasPrefix(peerStatus(m, "d"), "Done"), fmt.Sprintf("ipcache after retry %s, want %s (status %s)", got, want, peerStatus(m, "d"))
+	})
 
-	// A pod CIDR without an address of its family is an error, not a
-	// route to nowhere.
-	m.UpsertPeer(Peer{Name: "e", IPs: []netip.Addr{netip.MustParseAddr("172.31.9.5")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:e::/112")}})
-	if err := m.Reconcile(); err == nil {
-		t.Fatal("an IPv6 pod CIDR with only an IPv4 node address was accepted")
+	// A pod CIDR without an address of its family is an error in the
+	// node's status, not a route to nowhere.
+	mustUpsert(t, m, "e", []string{"172.31.9.5"}, "fd00:e::/112")
+	eventually(t, func() (bool, string) {
+		s := peerStatus(m, "e")
+		return strings.Contains(s, "no address of the family"), "status of e: " + s
+	})
+	if got := routes(); strings.Contains(got, "fd00:e::") {
+		t.Fatalf("route to nowhere: %s", got)
+	}
+}
+
+// TestRouteWriteRetried: a route the kernel refuses is in Error with the
+// message and is retried with backoff until the kernel takes it, with no
+// other event; the prune waits for the initializers.
+func TestRouteWriteRetried(t *testing.T) {
+	backend := &fakeRoutes{routes: map[netip.Prefix]netip.Addr{
+		netip.MustParsePrefix("10.9.99.0/24"): netip.MustParseAddr("172.31.9.99")}}
+	backend.setFail(errors.New("network is unreachable"))
+	m, dones := startManager(t, backend, nil, "nodes")
+	mustUpsert(t, m, "b", []string{"172.31.9.2"}, "10.9.2.0/24")
+	eventually(t, func() (bool, string) {
+		s := routeStatus(m, "10.9.2.0/24")
+		return strings.Contains(s, "network is unreachable"), "route status " + s
+	})
+	backend.setFail(nil)
+	eventually(t, func() (bool, string) {
+		got := backend.String()
+		want := "[10.9.2.0/24 via 172.31.9.2 10.9.99.0/24 via 172.31.9.99]"
+		return got == want && strings.HasPrefix(routeStatus(m, "10.9.2.0/24"), "Done"),
+			fmt.Sprintf("routes %s, want %s (status %s)", got, want, routeStatus(m, "10.9.2.0/24"))
+	})
+	m.Prune()
+	time.Sleep(200 * time.Millisecond)
+	if got := backend.String(); !strings.Contains(got, "10.9.99.0/24") {
+		t.Fatalf("pruned before the source synced: %s", got)
+	}
+	dones[0]()
+	eventually(t, func() (bool, string) {
+		got, want := backend.String(), "[10.9.2.0/24 via 172.31.9.2]"
+		return got == want, fmt.Sprintf("routes %s, want %s", got, want)
+	})
+}
+
+// TestSamePodCIDRTwoPeers: two peers naming one pod CIDR (a node rebuilt
+// under a new name before the old Node is deleted): the route goes to one
+// of them whatever the event order, and to the other when that one goes.
+func TestSamePodCIDRTwoPeers(t *testing.T) {
+	for _, order := range [][]string{{"old", "new"}, {"new", "old"}} {
+		backend := &fakeRoutes{routes: map[netip.Prefix]netip.Addr{}}
+		m, _ := startManager(t, backend, nil)
+		hops := map[string]string{"old": "172.31.9.7", "new": "172.31.9.8"}
+		for _, n := range order {
+			mustUpsert(t, m, n, []string{hops[n]}, "10.9.7.0/24")
+		}
+		eventually(t, func() (bool, string) {
+			got, want := backend.String(), "[10.9.7.0/24 via 172.31.9.8]"
+			return got == want, fmt.Sprintf("order %v: routes %s, want %s", order, got, want)
+		})
+		if err := m.DeletePeer("new"); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, func() (bool, string) {
+			got, want := backend.String(), "[10.9.7.0/24 via 172.31.9.7]"
+			return got == want, fmt.Sprintf("order %v: after new went: routes %s, want %s", order, got, want)
+		})
+		if err := m.DeletePeer("old"); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, func() (bool, string) {
+			got := backend.String()
+			return got == "[]", fmt.Sprintf("order %v: after both went: routes %s", order, got)
+		})
 	}
 }
 
@@ -214,22 +433,39 @@ func TestPrivilegedRoutesToPeers(t *testing.T) {
 // address (a rebuilt VM). Each node claims the address as itself, so
 // removing the old node withdraws only its own claim.
 func TestAddressMovesBetweenNodes(t *testing.T) {
-	cache := &fakeCache{ips: map[nodeAddr]bool{}}
-	m := New(Config{LocalNode: "a"}, nil, cache, quiet())
-	ip := netip.MustParseAddr("172.31.9.7")
-	m.UpsertPeer(Peer{Name: "old", IPs: []netip.Addr{ip}})
-	m.UpsertPeer(Peer{Name: "new", IPs: []netip.Addr{ip}})
-	if err := m.Reconcile(); err != nil {
+	cache := newFakeCache()
+	m, _ := startManager(t, nil, cache)
+	mustUpsert(t, m, "old", []string{"172.31.9.7"})
+	mustUpsert(t, m, "new", []string{"172.31.9.7"})
+	eventually(t, func() (bool, string) {
+		got, want := cache.claims(), "[new=172.31.9.7 old=172.31.9.7]"
+		return got == want, fmt.Sprintf("claims %s, want %s", got, want)
+	})
+	if err := m.DeletePeer("old"); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := cache.claims(), "[new=172.31.9.7 old=172.31.9.7]"; got != want {
-		t.Fatalf("claims %s, want %s", got, want)
+	eventually(t, func() (bool, string) {
+		got, want := cache.claims(), "[new=172.31.9.7]"
+		return got == want, fmt.Sprintf("after the old node went: claims %s, want %s", got, want)
+	})
+	// Without a routes backend no route is desired at all.
+	if n := len(m.PeerRoutes()); n != 0 {
+		t.Fatalf("%d routes desired without a routes backend", n)
 	}
-	m.DeletePeer("old")
-	if err := m.Reconcile(); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := cache.claims(), "[new=172.31.9.7]"; got != want {
-		t.Fatalf("after the old node went: claims %s, want %s", got, want)
+}
+
+// TestUnchangedPeerNotRewritten: a resync of an unchanged Node leaves the
+// peer's object (and its Done status) as it is.
+func TestUnchangedPeerNotRewritten(t *testing.T) {
+	m, _ := startManager(t, &fakeRoutes{routes: map[netip.Prefix]netip.Addr{}}, newFakeCache())
+	mustUpsert(t, m, "b", []string{"172.31.9.2"}, "10.9.2.0/24")
+	eventually(t, func() (bool, string) {
+		s := peerStatus(m, "b")
+		return strings.HasPrefix(s, "Done"), "status " + s
+	})
+	rev := m.Nodes().Revision(m.db.ReadTxn())
+	mustUpsert(t, m, "b", []string{"172.31.9.2"}, "10.9.2.0/24")
+	if got := m.Nodes().Revision(m.db.ReadTxn()); got != rev {
+		t.Fatalf("unchanged peer rewritten: revision %d -> %d", rev, got)
 	}
 }

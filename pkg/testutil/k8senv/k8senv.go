@@ -129,6 +129,11 @@ func (e *Env) RestartAPIServer(ctx context.Context, down func()) error {
 	return e.startAPIServer(ctx)
 }
 
+// EtcdURL is the client URL of the control plane's etcd (plain HTTP on
+// loopback): a test may change what the API server will read at its next
+// start while it is stopped (RestartAPIServer's down).
+func (e *Env) EtcdURL() string { return e.spec.EtcdURL() }
+
 // Kubeconfig is the admin kubeconfig's path.
 func (e *Env) Kubeconfig() string { return e.kubeconfig }
 

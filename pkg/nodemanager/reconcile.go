@@ -1,0 +1,214 @@
+package nodemanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+
+	"github.com/cilium/statedb"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/tendril-net/tendril/pkg/datapath/linux"
+)
+
+// RouteProtocol marks routes to peer nodes' pod CIDRs. It differs from the
+// endpoint routes' protocol so neither side mistakes the other's routes.
+const RouteProtocol netlink.RouteProtocol = 0x55
+
+// RouteBackend is the kernel's routing table as the routes reconciler
+// sees it; a test injects failures through it.
+type RouteBackend interface {
+	// Replace installs (or changes) the route to dst via the next hop.
+	Replace(dst netip.Prefix, via netip.Addr) error
+	// Delete removes the route to dst; an absent route is not an error.
+	Delete(dst netip.Prefix) error
+	// List returns the routes the node manager owns (RouteProtocol).
+	List() (map[netip.Prefix]netip.Addr, error)
+}
+
+// peerOps realize a peer: its addresses claimed as remote-node in the
+// ipcache, its own claims on addresses it no longer has withdrawn.
+type peerOps struct {
+	cache IPCache
+
+	mu sync.Mutex
+	// published are each node's claims made, so that an address a node
+	// lost (or a deleted node's) is withdrawn.
+	published map[string][]netip.Addr
+}
+
+func (o *peerOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, p *Peer) error {
+	var errs []error
+	for _, cidr := range p.PodCIDRs {
+		if _, ok := p.nextHop(cidr); !ok {
+			errs = append(errs, fmt.Errorf("node %s: no address of the family of pod CIDR %s", p.Name, cidr))
+		}
+	}
+	if o.cache == nil {
+		return errors.Join(errs...)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var kept []netip.Addr
+	for _, ip := range o.published[p.Name] {
+		if containsAddr(p.IPs, ip) {
+			continue
+		}
+		if err := o.cache.DeleteRemoteNode(p.Name, ip); err != nil {
+			errs = append(errs, fmt.Errorf("ipcache: withdraw remote node %s %s: %w", p.Name, ip, err))
+			kept = append(kept, ip) // withdrawn at the retry
+		}
+	}
+	for _, ip := range p.IPs {
+		if err := o.cache.UpsertRemoteNode(p.Name, ip); err != nil {
+			errs = append(errs, fmt.Errorf("ipcache: remote node %s %s: %w", p.Name, ip, err))
+			continue
+		}
+		kept = append(kept, ip)
+	}
+	o.published[p.Name] = kept
+	return errors.Join(errs...)
+}
+
+func (o *peerOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, p *Peer) error {
+	if o.cache == nil {
+		return nil
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var errs []error
+	var kept []netip.Addr
+	for _, ip := range append(o.published[p.Name], p.IPs...) {
+		if containsAddr(kept, ip) {
+			continue
+		}
+		if err := o.cache.DeleteRemoteNode(p.Name, ip); err != nil {
+			errs = append(errs, fmt.Errorf("ipcache: withdraw remote node %s %s: %w", p.Name, ip, err))
+			kept = append(kept, ip)
+		}
+	}
+	if len(kept) == 0 {
+		delete(o.published, p.Name)
+	} else {
+		o.published[p.Name] = kept
+	}
+	return errors.Join(errs...)
+}
+
+func (o *peerOps) Prune(context.Context, statedb.ReadTxn, iter.Seq2[*Peer, statedb.Revision]) error {
+	return nil
+}
+
+func containsAddr(xs []netip.Addr, x netip.Addr) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// routeOps write the routes table to the kernel.
+type routeOps struct {
+	backend RouteBackend
+	log     *slog.Logger
+}
+
+func (o routeOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Route) error {
+	return o.backend.Replace(r.Prefix, r.NextHop)
+}
+
+func (o routeOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Route) error {
+	return o.backend.Delete(r.Prefix)
+}
+
+// Prune removes the routes of RouteProtocol that no object backs: routes
+// of peers that went while the agent was down.
+func (o routeOps) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Route, statedb.Revision]) error {
+	have, err := o.backend.List()
+	if err != nil {
+		return err
+	}
+	want := map[netip.Prefix]bool{}
+	for r := range objs {
+		want[r.Prefix] = true
+	}
+	var errs []error
+	for dst, via := range have {
+		if want[dst] {
+			continue
+		}
+		if err := o.backend.Delete(dst); err != nil {
+			errs = append(errs, fmt.Errorf("prune route %s: %w", dst, err))
+			continue
+		}
+		o.log.Info("Pruned a stale route to a node's pod CIDR", "prefix", dst, "via", via)
+	}
+	return errors.Join(errs...)
+}
+
+// NetlinkRoutes is the RouteBackend over a netlink handle of the network
+// namespace to route in. Handle is called at each operation: the agent's
+// handle is opened by a start step that runs after the reconciler is
+// registered.
+type NetlinkRoutes struct {
+	Handle func() *netlink.Handle
+}
+
+// Replace implements RouteBackend.
+func (n NetlinkRoutes) Replace(dst netip.Prefix, via netip.Addr) error {
+	r := &netlink.Route{Dst: prefixNet(dst), Gw: net.IP(via.AsSlice()), Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN}
+	if err := n.Handle().RouteReplace(r); err != nil {
+		return fmt.Errorf("route %s via %s: %w", dst, via, err)
+	}
+	return nil
+}
+
+// Delete implements RouteBackend.
+func (n NetlinkRoutes) Delete(dst netip.Prefix) error {
+	r := &netlink.Route{Dst: prefixNet(dst), Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN}
+	if err := n.Handle().RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("delete route %s: %w", dst, err)
+	}
+	return nil
+}
+
+// List implements RouteBackend.
+func (n NetlinkRoutes) List() (map[netip.Prefix]netip.Addr, error) {
+	routes, err := linux.RoutesByProtocol(n.Handle(), RouteProtocol)
+	if err != nil {
+		return nil, fmt.Errorf("list node routes: %w", err)
+	}
+	out := map[netip.Prefix]netip.Addr{}
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		dst, ok := netipPrefix(r.Dst)
+		if !ok {
+			continue
+		}
+		via, _ := netip.AddrFromSlice(r.Gw)
+		out[dst] = via.Unmap()
+	}
+	return out, nil
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func netipPrefix(n *net.IPNet) (netip.Prefix, bool) {
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones).Masked(), true
+}

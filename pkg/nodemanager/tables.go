@@ -1,0 +1,126 @@
+package nodemanager
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+	"github.com/cilium/statedb/reconciler"
+)
+
+// Table names, as `tendril statedb` shows them.
+const (
+	NodesTableName  = "nodes"
+	RoutesTableName = "routes"
+)
+
+// Peer is another node as this node needs it: the nodes table's object.
+// Objects are immutable once in the table: a change is a new object.
+type Peer struct {
+	Name string
+	// IPs are the node's addresses (InternalIP first).
+	IPs []netip.Addr
+	// PodCIDRs are the node's pod CIDRs (at most one per family).
+	PodCIDRs []netip.Prefix
+	// Status is the reconciler's (the node's remote-node ipcache claims):
+	// pending, done, or error with message.
+	Status reconciler.Status
+}
+
+// nextHop is the peer address of the CIDR's family.
+func (p *Peer) nextHop(cidr netip.Prefix) (netip.Addr, bool) {
+	for _, ip := range p.IPs {
+		if ip.Is4() == cidr.Addr().Is4() {
+			return ip, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// sameSpec reports whether two versions of a peer want the same state.
+func (p *Peer) sameSpec(o *Peer) bool {
+	return p.Name == o.Name && slices.Equal(p.IPs, o.IPs) && slices.Equal(p.PodCIDRs, o.PodCIDRs)
+}
+
+// TableHeader implements statedb.TableWritable (`tendril statedb dump`).
+func (p *Peer) TableHeader() []string { return []string{"Name", "IPs", "PodCIDRs", "Status"} }
+
+// TableRow implements statedb.TableWritable.
+func (p *Peer) TableRow() []string {
+	return []string{p.Name, joinStrings(p.IPs), joinStrings(p.PodCIDRs), p.Status.String()}
+}
+
+func (p *Peer) clone() *Peer {
+	c := *p
+	return &c
+}
+
+func (p *Peer) setStatus(s reconciler.Status) *Peer {
+	p.Status = s
+	return p
+}
+
+func (p *Peer) getStatus() reconciler.Status { return p.Status }
+
+// PeerNameIndex is the nodes table's primary index.
+var PeerNameIndex = statedb.Index[*Peer, string]{
+	Name: "name",
+	FromObject: func(p *Peer) index.KeySet {
+		return index.NewKeySet(index.String(p.Name))
+	},
+	FromKey:    index.String,
+	FromString: index.FromString,
+	Unique:     true,
+}
+
+// Route is a route to a peer's pod CIDR via the peer's address: the
+// routes table's object, realized in the kernel's main table.
+type Route struct {
+	Prefix  netip.Prefix
+	NextHop netip.Addr
+	// Node is the peer whose pod CIDR this is.
+	Node   string
+	Status reconciler.Status
+}
+
+// TableHeader implements statedb.TableWritable.
+func (r *Route) TableHeader() []string { return []string{"Prefix", "NextHop", "Node", "Status"} }
+
+// TableRow implements statedb.TableWritable.
+func (r *Route) TableRow() []string {
+	return []string{r.Prefix.String(), r.NextHop.String(), r.Node, r.Status.String()}
+}
+
+func (r *Route) clone() *Route {
+	c := *r
+	return &c
+}
+
+func (r *Route) setStatus(s reconciler.Status) *Route {
+	r.Status = s
+	return r
+}
+
+func (r *Route) getStatus() reconciler.Status { return r.Status }
+
+// RoutePrefixIndex is the routes table's primary index: one route per
+// destination.
+var RoutePrefixIndex = statedb.Index[*Route, netip.Prefix]{
+	Name: "prefix",
+	FromObject: func(r *Route) index.KeySet {
+		return index.NewKeySet(index.NetIPPrefix(r.Prefix))
+	},
+	FromKey:    index.NetIPPrefix,
+	FromString: index.NetIPPrefixString,
+	Unique:     true,
+}
+
+func joinStrings[T interface{ String() string }](xs []T) string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = x.String()
+	}
+	return strings.Join(out, ",")
+}
