@@ -19,9 +19,12 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/operator/apiserver"
+	"github.com/tendril-net/tendril/pkg/operator/endpointgc"
+	"github.com/tendril-net/tendril/pkg/operator/identitygc"
 	"github.com/tendril-net/tendril/pkg/operator/k8sclient"
 	"github.com/tendril-net/tendril/pkg/operator/kvstoreclient"
 	"github.com/tendril-net/tendril/pkg/operator/leader"
+	"github.com/tendril-net/tendril/pkg/operator/nodegc"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
 	"github.com/tendril-net/tendril/pkg/operator/status"
 )
@@ -36,6 +39,9 @@ var Cells = []cell.Cell{
 	resources.Cell,
 	leader.Cell,
 	status.Cell,
+	identitygc.Cell,
+	endpointgc.Cell,
+	nodegc.Cell,
 	cell.Invoke(registerChecks),
 }
 

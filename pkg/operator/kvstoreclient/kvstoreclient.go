@@ -108,3 +108,7 @@ func (c *Client) KV() *kvstore.Client {
 	}
 	return c.kv
 }
+
+// ForClient wraps a connected client (tests and benchmarks that run a
+// collector without the hive).
+func ForClient(kv *kvstore.Client) *Client { return &Client{configured: true, kv: kv} }

@@ -73,18 +73,50 @@ type params struct {
 }
 
 func newResources(p params) (*Resources, error) {
-	core := informers.NewSharedInformerFactory(p.Clients.Core, 0)
-	td := tendrilinformers.NewSharedInformerFactory(p.Clients.Tendril, 0)
+	r, start, stop, err := build(p.Clients)
+	if err != nil {
+		return nil, err
+	}
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(ctx cell.HookContext) error {
+			if err := start(ctx, p.Config.K8sCacheSyncTimeout); err != nil {
+				return err
+			}
+			p.Log.Info("Informer caches synced")
+			return nil
+		},
+		OnStop: func(cell.HookContext) error { stop(); return nil },
+	})
+	return r, nil
+}
+
+// Start builds the caches and waits for their sync, for tests and
+// benchmarks that use a collector without the hive; stop ends them.
+func Start(ctx context.Context, clients *k8s.Clients, timeout time.Duration) (r *Resources, stop func(), err error) {
+	r, start, stop, err := build(clients)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := start(ctx, timeout); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return r, stop, nil
+}
+
+func build(clients *k8s.Clients) (*Resources, func(context.Context, time.Duration) error, func(), error) {
+	core := informers.NewSharedInformerFactory(clients.Core, 0)
+	td := tendrilinformers.NewSharedInformerFactory(clients.Tendril, 0)
 	pods := core.Core().V1().Pods()
 	if err := pods.Informer().SetTransform(stripPod); err != nil {
-		return nil, fmt.Errorf("pod informer transform: %w", err)
+		return nil, nil, nil, fmt.Errorf("pod informer transform: %w", err)
 	}
 	eps := td.Tendril().V1alpha1().TendrilEndpoints()
 	if err := eps.Informer().AddIndexers(cache.Indexers{IdentityIndex: endpointIdentity}); err != nil {
-		return nil, fmt.Errorf("endpoint identity index: %w", err)
+		return nil, nil, nil, fmt.Errorf("endpoint identity index: %w", err)
 	}
 	if err := eps.Informer().SetTransform(stripManagedFields); err != nil {
-		return nil, fmt.Errorf("endpoint informer transform: %w", err)
+		return nil, nil, nil, fmt.Errorf("endpoint informer transform: %w", err)
 	}
 	r := &Resources{
 		Pods:                pods.Lister(),
@@ -96,39 +128,34 @@ func newResources(p params) (*Resources, error) {
 		NodeInformer:        core.Core().V1().Nodes().Informer(),
 		TNodeInformer:       td.Tendril().V1alpha1().TendrilNodes().Informer(),
 	}
-	_ = td.Tendril().V1alpha1().TendrilIdentities().Informer()
-	stop := make(chan struct{})
-	p.Lifecycle.Append(cell.Hook{
-		OnStart: func(ctx cell.HookContext) error {
-			core.Start(stop)
-			td.Start(stop)
-			ctx, cancel := context.WithTimeout(ctx, p.Config.K8sCacheSyncTimeout)
-			defer cancel()
-			var pending []string
-			for typ, ok := range core.WaitForCacheSync(ctx.Done()) {
-				if !ok {
-					pending = append(pending, typ.String())
-				}
+	stopCh := make(chan struct{})
+	start := func(ctx context.Context, timeout time.Duration) error {
+		core.Start(stopCh)
+		td.Start(stopCh)
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		var pending []string
+		for typ, ok := range core.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				pending = append(pending, typ.String())
 			}
-			for typ, ok := range td.WaitForCacheSync(ctx.Done()) {
-				if !ok {
-					pending = append(pending, typ.String())
-				}
+		}
+		for typ, ok := range td.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				pending = append(pending, typ.String())
 			}
-			if len(pending) > 0 {
-				return fmt.Errorf("kubernetes caches not synced after %s: %v", p.Config.K8sCacheSyncTimeout, pending)
-			}
-			p.Log.Info("Informer caches synced")
-			return nil
-		},
-		OnStop: func(cell.HookContext) error {
-			close(stop)
-			core.Shutdown()
-			td.Shutdown()
-			return nil
-		},
-	})
-	return r, nil
+		}
+		if len(pending) > 0 {
+			return fmt.Errorf("kubernetes caches not synced after %s: %v", timeout, pending)
+		}
+		return nil
+	}
+	stop := func() {
+		close(stopCh)
+		core.Shutdown()
+		td.Shutdown()
+	}
+	return r, start, stop, nil
 }
 
 // stripPod keeps what the collectors read of a pod.
