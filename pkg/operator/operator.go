@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/operator/apiserver"
+	"github.com/tendril-net/tendril/pkg/operator/clusterpool"
 	"github.com/tendril-net/tendril/pkg/operator/endpointgc"
 	"github.com/tendril-net/tendril/pkg/operator/identitygc"
 	"github.com/tendril-net/tendril/pkg/operator/k8sclient"
@@ -42,6 +43,7 @@ var Cells = []cell.Cell{
 	identitygc.Cell,
 	endpointgc.Cell,
 	nodegc.Cell,
+	clusterpool.Cell,
 	cell.Invoke(registerChecks),
 }
 
