@@ -51,7 +51,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func newNamespace(t *testing.T, e *k8senv.Env, name string) {
+func newNamespace(t testing.TB, e *k8senv.Env, name string) {
 	t.Helper()
 	_, err := e.Clientset().CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 	if err != nil {
@@ -66,7 +66,7 @@ type process struct {
 	done chan struct{}
 }
 
-func startProcess(t *testing.T, e *k8senv.Env, ns, id string, lease, renew, retry time.Duration) *process {
+func startProcess(t testing.TB, e *k8senv.Env, ns, id string, lease, renew, retry time.Duration) *process {
 	t.Helper()
 	if binaryErr != nil {
 		t.Fatal(binaryErr)
@@ -184,7 +184,7 @@ func (r *recorder) checkNoOverlap(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
