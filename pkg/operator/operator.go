@@ -24,6 +24,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/operator/identitygc"
 	"github.com/tendril-net/tendril/pkg/operator/k8sclient"
 	"github.com/tendril-net/tendril/pkg/operator/kvstoreclient"
+	"github.com/tendril-net/tendril/pkg/operator/kvsync"
 	"github.com/tendril-net/tendril/pkg/operator/leader"
 	"github.com/tendril-net/tendril/pkg/operator/nodegc"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
@@ -44,6 +45,7 @@ var Cells = []cell.Cell{
 	endpointgc.Cell,
 	nodegc.Cell,
 	clusterpool.Cell,
+	kvsync.Cell,
 	cell.Invoke(registerChecks),
 }
 

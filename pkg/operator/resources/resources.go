@@ -56,6 +56,11 @@ type Resources struct {
 	// NodeInformer and TNodeInformer let jobs react to changes.
 	NodeInformer  cache.SharedIndexInformer
 	TNodeInformer cache.SharedIndexInformer
+
+	// CoreFactory lets a cell add an informer of its own kind while the
+	// hive is built (before the start hook syncs them all), so only
+	// configured jobs pay for the caches they need.
+	CoreFactory informers.SharedInformerFactory
 }
 
 // Cell provides *Resources, synced by its start hook.
@@ -104,6 +109,12 @@ func Start(ctx context.Context, clients *k8s.Clients, timeout time.Duration) (r 
 	return r, stop, nil
 }
 
+// Build returns the caches unstarted (a test registers more informers
+// before calling start); start syncs them, stop ends them.
+func Build(clients *k8s.Clients) (r *Resources, start func(context.Context, time.Duration) error, stop func(), err error) {
+	return build(clients)
+}
+
 func build(clients *k8s.Clients) (*Resources, func(context.Context, time.Duration) error, func(), error) {
 	core := informers.NewSharedInformerFactory(clients.Core, 0)
 	td := tendrilinformers.NewSharedInformerFactory(clients.Tendril, 0)
@@ -127,6 +138,7 @@ func build(clients *k8s.Clients) (*Resources, func(context.Context, time.Duratio
 		EndpointsByIdentity: eps.Informer().GetIndexer(),
 		NodeInformer:        core.Core().V1().Nodes().Informer(),
 		TNodeInformer:       td.Tendril().V1alpha1().TendrilNodes().Informer(),
+		CoreFactory:         core,
 	}
 	stopCh := make(chan struct{})
 	start := func(ctx context.Context, timeout time.Duration) error {

@@ -51,7 +51,8 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.Duration("operator-status-interval", c.OperatorStatusInterval, "How often the leader rewrites the "+ConfigMapName+" ConfigMap")
 }
 
-// Reports collects the jobs' last results; jobs call Set.
+// Reports collects the jobs' last results; jobs call Set. The zero
+// value is ready to use.
 type Reports struct {
 	mu   sync.Mutex
 	jobs map[string]string
@@ -61,6 +62,9 @@ type Reports struct {
 func (r *Reports) Set(job, report string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.jobs == nil {
+		r.jobs = map[string]string{}
+	}
 	r.jobs[job] = report
 }
 
