@@ -1,0 +1,163 @@
+package e2e_test
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tendril-net/tendril/pkg/controlplane"
+	"github.com/tendril-net/tendril/pkg/k8s"
+	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/testutil"
+)
+
+// TestPrivilegedLabOperatorClusterPool brings up a lab of its own with two
+// tendril-operator replicas and --ipam cluster-pool: the nodes get
+// disjoint CIDRs from the pool and the pods addresses from them; the
+// leading operator is killed with SIGKILL and the other takes the Lease
+// over; an agent killed and started again selects the same CIDR from its
+// TendrilNode.
+func TestPrivilegedLabOperatorClusterPool(t *testing.T) {
+	testutil.Privileged(t)
+	testutil.Require(t, labErr == nil, "no binaries for the lab")
+	name := labName + "op"
+	if len(name) > 12 {
+		name = name[:12]
+	}
+	binDir := filepath.Dir(tendrilBin)
+	t.Cleanup(func() { _ = exec.Command(tendrilBin, "lab", "--name", name, "down").Run() })
+	out, err := exec.Command(tendrilBin, "lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "1",
+		"--operators", "2", "--ipam", "cluster-pool", "--bin-dir", binDir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab up: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "tendril-operator: 2 replicas") {
+		t.Fatalf("lab up did not report the operators:\n%s", out)
+	}
+	st, err := lab.LoadState(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := controlplane.RESTConfig(st.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := k8s.NewClientsForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	// Disjoint CIDRs from the pool; each pod's address in its node's CIDR.
+	pool := netip.MustParsePrefix(lab.ClusterPoolCIDR)
+	cidrs := map[string]netip.Prefix{}
+	for _, n := range st.Nodes {
+		tn, err := c.Tendril.TendrilV1alpha1().TendrilNodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil || len(tn.Spec.IPAM.PodCIDRs) != 1 {
+			t.Fatalf("TendrilNode %s: %v %v", n.Name, tn, err)
+		}
+		p := netip.MustParsePrefix(tn.Spec.IPAM.PodCIDRs[0])
+		if !pool.Contains(p.Addr()) || p.Bits() != 24 {
+			t.Fatalf("node %s CIDR %s is not a /24 of %s", n.Name, p, pool)
+		}
+		for other, q := range cidrs {
+			if q.Overlaps(p) {
+				t.Fatalf("nodes %s and %s overlap: %s %s", other, n.Name, q, p)
+			}
+		}
+		cidrs[n.Name] = p
+	}
+	pods, err := c.Core.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	if err != nil || len(pods.Items) != 2 {
+		t.Fatalf("pods %v %v", pods, err)
+	}
+	for _, p := range pods.Items {
+		ip := netip.MustParseAddr(p.Status.PodIP)
+		if !cidrs[p.Spec.NodeName].Contains(ip) {
+			t.Fatalf("pod %s on %s has %s, outside the node's %s", p.Name, p.Spec.NodeName, ip, cidrs[p.Spec.NodeName])
+		}
+	}
+
+	// Kill the leading operator; the other takes over.
+	leaseHolder := func() string {
+		l, err := c.Core.CoordinationV1().Leases("kube-system").Get(ctx, "tendril-operator-resource-lock", metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+	leader := leaseHolder()
+	procs, err := lab.ReadProcesses(st.PidDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	for _, p := range procs {
+		if name+"-"+p.Role == leader {
+			if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			killed = true
+		}
+	}
+	if !killed {
+		t.Fatalf("no lab process is the leader %q (%v)", leader, procs)
+	}
+	eventually(t, "the other operator to take the lease over", func() (bool, error) {
+		h := leaseHolder()
+		return h != "" && h != leader, nil
+	})
+
+	// Restart node1's agent: it selects the same CIDR from its TendrilNode.
+	var agent lab.Process
+	for _, p := range procs {
+		if p.Role == "agent-node1" {
+			agent = p
+		}
+	}
+	argv, err := os.ReadFile("/proc/" + strconv.Itoa(agent.PID) + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(agent.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the agent to exit", func() (bool, error) {
+		return syscall.Kill(agent.PID, 0) != nil, nil
+	})
+	// The lab started it through nsenter, which exec'd the agent: its
+	// command line no longer names the node's namespace.
+	args := append([]string{"nsenter", "--net=" + lab.NetnsPath(st.Nodes[0].Netns)}, strings.Split(strings.TrimRight(string(argv), "\x00"), "\x00")...)
+	if !strings.HasSuffix(args[2], "tendril-agent") {
+		t.Fatalf("agent-node1's command line: %q", args)
+	}
+	logPath := filepath.Join(st.LogDir(), "agent-node1.log")
+	if _, _, err := lab.StartDetached(st.PidDir(), "agent-node1", logPath, args); err != nil {
+		t.Fatal(err)
+	}
+	selected := regexp.MustCompile(`"Pod CIDRs selected".* ipv4=(\S+) ipv4-from=(\S+)`)
+	eventually(t, "the restarted agent to select its CIDR", func() (bool, error) {
+		b, err := os.ReadFile(logPath)
+		if err != nil {
+			return false, err
+		}
+		m := selected.FindAllStringSubmatch(string(b), -1)
+		if len(m) < 2 {
+			return false, nil
+		}
+		last := m[len(m)-1]
+		if last[1] != cidrs["node1"].String() || last[2] != "cluster-pool" {
+			t.Fatalf("restarted agent selected %s from %s, want %s from cluster-pool", last[1], last[2], cidrs["node1"])
+		}
+		return true, nil
+	})
+}
