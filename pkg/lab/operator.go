@@ -40,6 +40,7 @@ func startOperators(ctx context.Context, cfg Config, st *State, cs kubernetes.In
 		if cfg.IPAM == "cluster-pool" {
 			argv = append(argv, "--ipam", "cluster-pool", "--cluster-pool-ipv4-cidr", ClusterPoolCIDR, "--cluster-pool-ipv4-mask-size", "24")
 		}
+		argv = append(argv, cfg.OperatorArgs...)
 		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), argv)
 		if err != nil {
 			return err

@@ -35,8 +35,10 @@ type Config struct {
 	// --datapath-attach-mode=tc); the lab's own flags come first, so a
 	// flag given here wins.
 	AgentArgs []string
-	// Operators is how many tendril-operator replicas to run (0: none).
-	Operators int
+	// Operators is how many tendril-operator replicas to run (0: none);
+	// OperatorArgs are extra flags for each (after the lab's own).
+	Operators    int
+	OperatorArgs []string
 	// IPAM is "" (kube-controller-manager's node CIDRs) or "cluster-pool"
 	// (the operators allocate them; needs Operators > 0).
 	IPAM string
