@@ -47,6 +47,8 @@ var Cells = []cell.Cell{
 	clusterpool.Cell,
 	kvsync.Cell,
 	cell.Invoke(registerChecks),
+	// Last: the campaign starts once everything above has started.
+	leader.CampaignCell,
 }
 
 // newJobGroup is the operator's one job group (the election and its

@@ -23,7 +23,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/operator/apiserver"
+	"github.com/tendril-net/tendril/pkg/operator/kvstoreclient"
+	"github.com/tendril-net/tendril/pkg/operator/kvsync"
 	"github.com/tendril-net/tendril/pkg/operator/status"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
@@ -317,7 +320,7 @@ func TestHealthAndMetrics(t *testing.T) {
 	newNamespace(t, e, "health")
 	var srv *apiserver.Server
 	h := New(cell.Invoke(func(s *apiserver.Server) { srv = s }))
-	for flag, value := range map[string]string{
+	for flag, value := range map[string]any{
 		"kubeconfig": e.Kubeconfig(), "operator-api-serve-addr": "127.0.0.1:0", "leader-election-namespace": "health",
 		"leader-election-lease-duration": "3s", "leader-election-renew-deadline": "2s", "leader-election-retry-period": "300ms",
 		"operator-id": "op-health",
@@ -358,4 +361,53 @@ func TestHealthAndMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestOperatorWithKVStore runs the operator in-process with --kvstore
+// etcd (embedded etcd) and kvstore identities: it starts, /healthz checks
+// the kvstore too, a Service reaches the kvstore through the hive's
+// kvstore-sync cell, and the status ConfigMap reports that job.
+func TestOperatorWithKVStore(t *testing.T) {
+	e := env.Need(t)
+	newNamespace(t, e, "with-kvstore")
+	ctx := context.Background()
+	etcd, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = etcd.Stop(context.Background()) }()
+	var srv *apiserver.Server
+	var kv *kvstoreclient.Client
+	h := New(cell.Invoke(func(s *apiserver.Server, c *kvstoreclient.Client) { srv, kv = s, c }))
+	for flag, value := range map[string]any{
+		"kubeconfig": e.Kubeconfig(), "operator-api-serve-addr": "127.0.0.1:0", "leader-election-namespace": "with-kvstore",
+		"leader-election-lease-duration": "3s", "leader-election-renew-deadline": "2s", "leader-election-retry-period": "300ms",
+		"operator-id": "op-kv", "kvstore": "etcd", "kvstore-endpoints": etcd.Endpoints(), "identity-allocation-mode": "kvstore",
+		"operator-status-interval": "200ms",
+	} {
+		h.Viper().Set(flag, value)
+	}
+	log := slog.New(slog.DiscardHandler)
+	if err := h.Populate(log); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(log, ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = h.Stop(log, context.Background()) }()
+	if failed := srv.Health(ctx); len(failed) != 0 {
+		t.Fatalf("health: %v", failed)
+	}
+	if _, err := e.Clientset().CoreV1().Services("with-kvstore").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "db"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "pg", Port: 5432}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the service in the kvstore", time.Minute, func() bool {
+		_, found, err := kv.KV().Get(ctx, kvsync.ServicesPrefix+"default/with-kvstore/db")
+		return err == nil && found
+	})
+	waitFor(t, "the status report of kvstore-sync and identity-gc", time.Minute, func() bool {
+		cm, err := e.Clientset().CoreV1().ConfigMaps("with-kvstore").Get(ctx, status.ConfigMapName, metav1.GetOptions{})
+		return err == nil && cm.Data[status.KeyJobPrefix+"kvstore-sync"] != "" && cm.Data[status.KeyJobPrefix+"identity-gc"] != ""
+	})
 }

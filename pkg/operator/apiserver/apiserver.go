@@ -29,7 +29,7 @@ type Config struct {
 }
 
 // DefaultConfig listens on loopback, Cilium's operator port.
-var DefaultConfig = Config{OperatorAPIServeAddr: "127.0.0.1:9234"}
+func DefaultConfig() Config { return Config{OperatorAPIServeAddr: "127.0.0.1:9234"} }
 
 // Flags registers the options.
 func (c Config) Flags(fs *pflag.FlagSet) {
@@ -55,7 +55,7 @@ type Server struct {
 
 // Cell provides *Server and starts it.
 var Cell = cell.Module("api-server", "Health and metrics endpoints",
-	cell.Config(DefaultConfig),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newServer),
 )
 

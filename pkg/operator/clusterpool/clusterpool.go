@@ -63,7 +63,9 @@ type Config struct {
 
 // DefaultConfig: off (Node IPAM of kube-controller-manager); Cilium's
 // mask sizes.
-var DefaultConfig = Config{ClusterPoolIPv4MaskSize: 24, ClusterPoolIPv6MaskSize: 120, ClusterPoolResyncInterval: time.Minute}
+func DefaultConfig() Config {
+	return Config{ClusterPoolIPv4MaskSize: 24, ClusterPoolIPv6MaskSize: 120, ClusterPoolResyncInterval: time.Minute}
+}
 
 // Flags registers the options.
 func (c Config) Flags(fs *pflag.FlagSet) {
@@ -89,7 +91,7 @@ type Allocator struct {
 
 // Cell registers the allocator as a leader job when --ipam cluster-pool.
 var Cell = cell.Module("cluster-pool", "Cluster-pool node CIDR allocation",
-	cell.Config(DefaultConfig),
+	cell.Config(DefaultConfig()),
 	cell.Invoke(register),
 )
 

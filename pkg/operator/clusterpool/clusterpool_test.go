@@ -64,7 +64,7 @@ func TestClusterPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	cfg := DefaultConfig
+	cfg := DefaultConfig()
 	cfg.IPAM = "cluster-pool"
 	cfg.ClusterPoolIPv4CIDR = []string{"10.20.0.0/23"}
 	cfg.ClusterPoolIPv6CIDR = []string{"fd00:20::/119"}
@@ -159,7 +159,7 @@ func TestConfigErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := DefaultConfig
+	cfg := DefaultConfig()
 	cfg.IPAM = "cluster-pool"
 	if _, err := New(cfg, quiet(), c, nil); err == nil {
 		t.Fatal("cluster-pool without pools accepted")

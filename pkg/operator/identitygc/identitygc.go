@@ -62,12 +62,14 @@ type Config struct {
 
 // DefaultConfig: a pass every 15 minutes, 30 minutes of grace, at most
 // 2,500 deletions a minute.
-var DefaultConfig = Config{
-	IdentityAllocationMode:   "crd",
-	IdentityGCInterval:       15 * time.Minute,
-	IdentityHeartbeatTimeout: 30 * time.Minute,
-	IdentityGCRateInterval:   time.Minute,
-	IdentityGCRateLimit:      2500,
+func DefaultConfig() Config {
+	return Config{
+		IdentityAllocationMode:   "crd",
+		IdentityGCInterval:       15 * time.Minute,
+		IdentityHeartbeatTimeout: 30 * time.Minute,
+		IdentityGCRateInterval:   time.Minute,
+		IdentityGCRateLimit:      2500,
+	}
 }
 
 // Flags registers the options.
@@ -128,7 +130,7 @@ type Collector struct {
 
 // Cell registers the GC as a leader job.
 var Cell = cell.Module("identity-gc", "Identity garbage collection",
-	cell.Config(DefaultConfig),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newCollector),
 	cell.Invoke(func(*Collector) {}),
 )

@@ -60,7 +60,7 @@ func setup(t *testing.T) (*k8s.Clients, *resources.Resources) {
 }
 
 func testConfig(mode string, grace time.Duration) Config {
-	cfg := DefaultConfig
+	cfg := DefaultConfig()
 	cfg.IdentityAllocationMode = mode
 	cfg.IdentityHeartbeatTimeout = grace
 	cfg.IdentityGCRateLimit = 1_000_000 // unlimited for the tests; the benchmark measures the limit

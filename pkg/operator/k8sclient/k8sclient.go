@@ -30,7 +30,9 @@ type Config struct {
 }
 
 // DefaultConfig returns the defaults.
-var DefaultConfig = Config{K8sClientQPS: 50, K8sClientBurst: 100, K8sConnectTimeout: 2 * time.Minute, K8sInstallCRDs: true}
+func DefaultConfig() Config {
+	return Config{K8sClientQPS: 50, K8sClientBurst: 100, K8sConnectTimeout: 2 * time.Minute, K8sInstallCRDs: true}
+}
 
 // Flags registers the options.
 func (c Config) Flags(fs *pflag.FlagSet) {
@@ -44,7 +46,7 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 
 // Cell provides *k8s.Clients.
 var Cell = cell.Module("k8s-client", "Kubernetes clients",
-	cell.Config(DefaultConfig),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newClients),
 )
 

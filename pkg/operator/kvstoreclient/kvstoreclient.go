@@ -29,7 +29,9 @@ type Config struct {
 }
 
 // DefaultConfig is no kvstore.
-var DefaultConfig = Config{KVStoreConnectTimeout: time.Minute, KVStoreLeaseTTL: 15 * time.Minute}
+func DefaultConfig() Config {
+	return Config{KVStoreConnectTimeout: time.Minute, KVStoreLeaseTTL: 15 * time.Minute}
+}
 
 // Flags registers the options.
 func (c Config) Flags(fs *pflag.FlagSet) {
@@ -50,7 +52,7 @@ type Client struct {
 
 // Cell provides *Client.
 var Cell = cell.Module("kvstore", "Optional etcd kvstore client",
-	cell.Config(DefaultConfig),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newClient),
 )
 

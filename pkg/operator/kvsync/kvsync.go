@@ -58,7 +58,9 @@ type Config struct {
 }
 
 // DefaultConfig syncs both when a kvstore is configured.
-var DefaultConfig = Config{ClusterName: "default", SynchronizeServices: true, SynchronizeNodes: true}
+func DefaultConfig() Config {
+	return Config{ClusterName: "default", SynchronizeServices: true, SynchronizeNodes: true}
+}
 
 // Flags registers the options.
 func (c Config) Flags(fs *pflag.FlagSet) {
@@ -118,7 +120,7 @@ type Syncer struct {
 
 // Cell registers the sync as a leader job when a kvstore is configured.
 var Cell = cell.Module("kvstore-sync", "Services and nodes into the kvstore",
-	cell.Config(DefaultConfig),
+	cell.Config(DefaultConfig()),
 	cell.Invoke(register),
 )
 

@@ -108,7 +108,7 @@ func TestSyncServicesAndNodes(t *testing.T) {
 	}
 
 	res, build := resourcesForTest(t, c)
-	s, err := New(DefaultConfig, quiet(), kvstoreclient.ForClient(kv), res)
+	s, err := New(DefaultConfig(), quiet(), kvstoreclient.ForClient(kv), res)
 	if err != nil {
 		t.Fatal(err)
 	}

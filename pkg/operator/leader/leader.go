@@ -43,12 +43,14 @@ type Config struct {
 
 // DefaultConfig: 15 s lease, 10 s renew deadline, 2 s retry (Cilium's and
 // client-go's defaults).
-var DefaultConfig = Config{
-	LeaderElectionNamespace:     "kube-system",
-	LeaderElectionLeaseName:     "tendril-operator-resource-lock",
-	LeaderElectionLeaseDuration: 15 * time.Second,
-	LeaderElectionRenewDeadline: 10 * time.Second,
-	LeaderElectionRetryPeriod:   2 * time.Second,
+func DefaultConfig() Config {
+	return Config{
+		LeaderElectionNamespace:     "kube-system",
+		LeaderElectionLeaseName:     "tendril-operator-resource-lock",
+		LeaderElectionLeaseDuration: 15 * time.Second,
+		LeaderElectionRenewDeadline: 10 * time.Second,
+		LeaderElectionRetryPeriod:   2 * time.Second,
+	}
 }
 
 // Flags registers the options.
@@ -105,7 +107,7 @@ type Elector struct {
 
 // Cell provides *Elector; its campaign is a hive job.
 var Cell = cell.Module("leader-election", "Leader election on a Lease",
-	cell.Config(DefaultConfig),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newElector),
 	cell.Invoke(func(*Elector) {}),
 )
@@ -115,7 +117,6 @@ type params struct {
 	Config  Config
 	Log     *slog.Logger
 	Clients *k8s.Clients
-	Jobs    job.Group
 	Server  *apiserver.Server
 }
 
@@ -128,12 +129,19 @@ func newElector(p params) (*Elector, error) {
 		return nil, err
 	}
 	p.Server.Registry.MustRegister(e.gauge, e.acquired)
-	p.Jobs.Add(job.OneShot("leader-election", func(ctx context.Context, _ cell.Health) error {
+	return e, nil
+}
+
+// CampaignCell starts the campaign as a hive job. List it after every
+// other cell: a job's start hook goes where it is added, so the campaign
+// then starts after every other start hook (the kvstore connected, the
+// caches synced) and stops before them.
+var CampaignCell = cell.Invoke(func(e *Elector, jobs job.Group) {
+	jobs.Add(job.OneShot("leader-election", func(ctx context.Context, _ cell.Health) error {
 		e.Campaign(ctx)
 		return nil
 	}))
-	return e, nil
-}
+})
 
 // New returns an elector (tests build one outside a hive).
 func New(cfg Config, clients *k8s.Clients, log *slog.Logger) (*Elector, error) {

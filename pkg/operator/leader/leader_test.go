@@ -209,17 +209,17 @@ func holderOf(l *coordinationv1.Lease) string {
 }
 
 func TestConfigValidate(t *testing.T) {
-	bad := DefaultConfig
+	bad := DefaultConfig()
 	bad.LeaderElectionRenewDeadline = bad.LeaderElectionLeaseDuration
 	if err := bad.Validate(); err == nil {
 		t.Fatal("renew deadline equal to the lease duration accepted")
 	}
-	bad = DefaultConfig
+	bad = DefaultConfig()
 	bad.LeaderElectionRetryPeriod = bad.LeaderElectionRenewDeadline
 	if err := bad.Validate(); err == nil {
 		t.Fatal("retry period equal to the renew deadline accepted")
 	}
-	if err := DefaultConfig.Validate(); err != nil {
+	if err := DefaultConfig().Validate(); err != nil {
 		t.Fatal(err)
 	}
 }

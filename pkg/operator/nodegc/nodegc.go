@@ -32,7 +32,7 @@ type Config struct {
 }
 
 // DefaultConfig runs every 5 minutes (Cilium's default).
-var DefaultConfig = Config{NodesGCInterval: 5 * time.Minute}
+func DefaultConfig() Config { return Config{NodesGCInterval: 5 * time.Minute} }
 
 // Flags registers the options.
 func (c Config) Flags(fs *pflag.FlagSet) {
@@ -61,7 +61,7 @@ type Collector struct {
 
 // Cell registers the GC as a leader job.
 var Cell = cell.Module("node-gc", "Orphaned TendrilNode garbage collection",
-	cell.Config(DefaultConfig),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newCollector),
 	cell.Invoke(func(*Collector) {}),
 )

@@ -35,7 +35,7 @@ type Config struct {
 }
 
 // DefaultConfig waits up to 3 minutes.
-var DefaultConfig = Config{K8sCacheSyncTimeout: 3 * time.Minute}
+func DefaultConfig() Config { return Config{K8sCacheSyncTimeout: 3 * time.Minute} }
 
 // Flags registers the options.
 func (c Config) Flags(fs *pflag.FlagSet) {
@@ -65,7 +65,7 @@ type Resources struct {
 
 // Cell provides *Resources, synced by its start hook.
 var Cell = cell.Module("resources", "Informer caches of what the jobs read",
-	cell.Config(DefaultConfig),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newResources),
 )
 

@@ -44,7 +44,7 @@ type Config struct {
 }
 
 // DefaultConfig writes every 10 s.
-var DefaultConfig = Config{OperatorStatusInterval: 10 * time.Second}
+func DefaultConfig() Config { return Config{OperatorStatusInterval: 10 * time.Second} }
 
 // Flags registers the options.
 func (c Config) Flags(fs *pflag.FlagSet) {
@@ -76,7 +76,7 @@ func (r *Reports) snapshot() map[string]string {
 
 // Cell provides *Reports and registers the status writer as a leader job.
 var Cell = cell.Module("operator-status", "The leader status ConfigMap",
-	cell.Config(DefaultConfig),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newReports),
 	cell.Invoke(func(*Reports) {}),
 )
