@@ -42,6 +42,10 @@ type Config struct {
 	// from the node name) or "none".
 	IPv4Range string
 	IPv6Range string
+	// IPAM is "kubernetes" (pod CIDRs by the precedence above) or
+	// "cluster-pool" (from this node's TendrilNode, written by
+	// tendril-operator).
+	IPAM string
 	// InstallHostNetworking creates the host device and per-pod routes in the
 	// agent's network namespace. Only tests that run the agent in the
 	// machine's own namespace turn it off.
@@ -117,6 +121,7 @@ func DefaultConfig() Config {
 		MTU:                    1500,
 		IPv4Range:              "auto",
 		IPv6Range:              "auto",
+		IPAM:                   "kubernetes",
 		InstallHostNetworking:  true,
 		EnableDatapath:         true,
 		PolicyVerdictEvents:    true,
@@ -157,6 +162,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.DirectDelivery, "direct-delivery", c.DirectDelivery, "Deliver packets between local pods straight into the receiving pod (bpf_redirect_peer), bypassing the host stack")
 	fs.StringVar(&c.DatapathAttachMode, "datapath-attach-mode", c.DatapathAttachMode, "How the eBPF programs attach to pod veths: tcx (BPF links) or tc (clsact qdisc + cls_bpf filters: no RCU grace period per attach, faster pod creation; the filters are not owned). Switching across restarts keeps every endpoint attached")
 	fs.BoolVar(&c.DatapathDeferTCX, "datapath-defer-tcx", c.DatapathDeferTCX, "In tcx mode, attach a new pod with tc filters first and move it to TCX links once no pod has been attached for 500 ms: pod creation without TCX's RCU wait, policed from the first packet (the switch has no gap)")
+	fs.StringVar(&c.IPAM, "ipam", c.IPAM, "Where the node's pod CIDRs come from: kubernetes (Node, annotations, --ipv4-range) or cluster-pool (the TendrilNode tendril-operator fills)")
 	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
 	c.K8s.Flags(fs)
 	fs.DurationVar(&c.K8sCacheSyncTimeout, "k8s-cache-sync-timeout", c.K8sCacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
@@ -175,6 +181,9 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 // Validate checks the values; each error names its option.
 func (c *Config) Validate() error {
 	var errs []error
+	if c.IPAM != "" && c.IPAM != "kubernetes" && c.IPAM != "cluster-pool" {
+		errs = append(errs, fmt.Errorf("ipam %q: must be kubernetes or cluster-pool", c.IPAM))
+	}
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
 		errs = append(errs, fmt.Errorf("state-dir %q: must be an absolute path", c.StateDir))
 	}

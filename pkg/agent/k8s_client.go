@@ -120,8 +120,13 @@ func (k *k8sClient) selectPodCIDRs(ctx context.Context) (node.Selection, error) 
 	if err != nil {
 		return node.Selection{}, err
 	}
-	auto4, auto6 := autoPodCIDRs(k.cfg.NodeName)
-	sel, err := node.SelectPodCIDRs(n, node.Ranges{IPv4: k.cfg.IPv4Range, IPv6: k.cfg.IPv6Range, AutoIPv4: auto4, AutoIPv6: auto6})
+	var sel node.Selection
+	if k.cfg.IPAM == "cluster-pool" {
+		sel, err = node.WaitForClusterPoolCIDRs(ctx, k.clients.Tendril, k.cfg.NodeName, k.log)
+	} else {
+		auto4, auto6 := autoPodCIDRs(k.cfg.NodeName)
+		sel, err = node.SelectPodCIDRs(n, node.Ranges{IPv4: k.cfg.IPv4Range, IPv6: k.cfg.IPv6Range, AutoIPv4: auto4, AutoIPv6: auto6})
+	}
 	if err != nil {
 		return sel, err
 	}

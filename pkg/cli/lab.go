@@ -97,6 +97,9 @@ func newLabUpCommand(name *string) *cobra.Command {
 	cmd.Flags().IntVar(&cfg.Nodes, "nodes", cfg.Nodes, "Number of nodes")
 	cmd.Flags().IntVar(&cfg.PodsPerNode, "pods-per-node", cfg.PodsPerNode, "Pods to start per node (default/pod-N, label app=lab)")
 	cmd.Flags().StringVar(&cfg.BinDir, "bin-dir", "", "Directory with tendril, tendril-agent and tendril-cni (default: this binary's)")
+	cmd.Flags().IntVar(&cfg.Operators, "operators", cfg.Operators, "tendril-operator replicas to run (leader election on a Lease)")
+	cmd.Flags().StringVar(&cfg.IPAM, "ipam", cfg.IPAM, "cluster-pool: the operators allocate node pod CIDRs from "+lab.ClusterPoolCIDR+" and the agents take them (needs --operators)")
+	cmd.Flags().StringArrayVar(&cfg.OperatorArgs, "operator-arg", nil, "Extra flag for every tendril-operator, repeatable (e.g. --operator-arg=--identity-gc-interval=10s)")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "Extra flag for every node's tendril-agent, repeatable (e.g. --agent-arg=--datapath-attach-mode=tc)")
 	return cmd
 }

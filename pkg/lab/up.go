@@ -35,6 +35,13 @@ type Config struct {
 	// --datapath-attach-mode=tc); the lab's own flags come first, so a
 	// flag given here wins.
 	AgentArgs []string
+	// Operators is how many tendril-operator replicas to run (0: none);
+	// OperatorArgs are extra flags for each (after the lab's own).
+	Operators    int
+	OperatorArgs []string
+	// IPAM is "" (kube-controller-manager's node CIDRs) or "cluster-pool"
+	// (the operators allocate them; needs Operators > 0).
+	IPAM string
 	// Out receives progress and the summary.
 	Out io.Writer
 }
@@ -100,6 +107,12 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	}
 	if cfg.PodsPerNode < 0 {
 		return nil, fmt.Errorf("--pods-per-node %d: must not be negative", cfg.PodsPerNode)
+	}
+	if cfg.IPAM != "" && cfg.IPAM != "cluster-pool" {
+		return nil, fmt.Errorf("--ipam %q: must be cluster-pool or empty", cfg.IPAM)
+	}
+	if cfg.IPAM == "cluster-pool" && cfg.Operators == 0 {
+		return nil, fmt.Errorf("--ipam cluster-pool needs tendril-operator: --operators 1 or more")
 	}
 	if err := PrepareHost(out); err != nil {
 		return nil, err
@@ -199,6 +212,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return st, err
 	}
 	step(out, start, "lab kubelets: %d Nodes registered, pod CIDRs assigned", len(st.Nodes))
+	if err := startOperators(ctx, cfg, st, cs, exited, out, start); err != nil {
+		return st, err
+	}
 
 	for _, n := range st.Nodes {
 		argv := []string{"nsenter", "--net=" + NetnsPath(n.Netns), filepath.Join(st.BinDir, "tendril-agent"),
@@ -207,6 +223,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			"--ipv6-range", "none", "--prometheus-serve-addr", "",
 			"--cgroup-root", n.Cgroup}
 		argv = append(argv, hubbleArgs[n.Name]...)
+		if cfg.IPAM == "cluster-pool" {
+			argv = append(argv, "--ipam", "cluster-pool")
+		}
 		argv = append(argv, cfg.AgentArgs...)
 		role := "agent-" + n.Name
 		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), argv)

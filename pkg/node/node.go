@@ -1,7 +1,8 @@
 // Package node knows this node as Kubernetes sees it: it waits for the
 // node's Node object, picks the node's pod CIDRs by precedence
 // (Node.spec.podCIDRs > tendril.io/ipv4-pod-cidr and ipv6 annotations >
-// --ipv4-range/--ipv6-range > auto) and writes the choice and the node's
+// --ipv4-range/--ipv6-range > auto), or with --ipam cluster-pool takes
+// them from its TendrilNode (clusterpool.go), and writes the choice and the node's
 // addresses back (Node annotations and a TendrilNode object), retrying in
 // the background until the API server takes them.
 package node

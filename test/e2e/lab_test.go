@@ -91,12 +91,12 @@ func startLab(dir string) (*env, error) {
 		return nil, err
 	}
 	b := binaries.NewBuilder(dir)
-	for _, name := range []string{"tendril", "tendril-agent", "tendril-cni"} {
+	for _, name := range []string{"tendril", "tendril-agent", "tendril-cni", "tendril-operator"} {
 		p, err := b.Build(name)
 		if err != nil {
 			return nil, err
 		}
-		// The lab wants the three side by side.
+		// The lab wants them side by side.
 		if filepath.Dir(p) != dir {
 			if err := os.Symlink(p, filepath.Join(dir, name)); err != nil {
 				return nil, err

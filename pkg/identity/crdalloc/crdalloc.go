@@ -27,6 +27,13 @@ import (
 	tendrilclient "github.com/tendril-net/tendril/pkg/k8s/client/clientset/versioned"
 )
 
+// AnnotationUnusedSince is set by the operator's identity GC on an
+// identity no TendrilEndpoint uses, with the time it first saw it unused
+// (RFC 3339). An agent that starts using such an identity removes it
+// (claim); the GC deletes an identity only with the resourceVersion it
+// marked, so a claim in between makes the delete fail.
+const AnnotationUnusedSince = "tendril.io/identity-unused-since"
+
 // maxProbes bounds the search for a free number; the range holds 65,280.
 const maxProbes = 4096
 
@@ -108,12 +115,27 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 	sorted := append([]string(nil), labels...)
 	sort.Strings(sorted)
 	key := identity.LabelsKey(sorted)
-	if id, ok := a.KnownID(key); ok {
-		return identity.Identity{ID: id, Labels: sorted, RefCount: a.Ref(id)}, false, nil
-	}
 	a.mu.Lock()
 	client := a.client
 	a.mu.Unlock()
+	if id, ok := a.KnownID(key); ok {
+		refs := a.Ref(id)
+		if refs > 1 || client == nil {
+			return identity.Identity{ID: id, Labels: sorted, RefCount: refs}, false, nil
+		}
+		// This node's first use: claim it from the GC.
+		alive, err := a.claim(client, id)
+		if err != nil {
+			_, _ = a.Unref(id)
+			return identity.Identity{}, false, err
+		}
+		if alive {
+			return identity.Identity{ID: id, Labels: sorted, RefCount: refs}, false, nil
+		}
+		// Collected meanwhile: allocate it anew below.
+		_, _ = a.Unref(id)
+		a.Forget(id)
+	}
 	if client == nil {
 		return identity.Identity{}, false, fmt.Errorf("allocate identity: no Kubernetes client yet")
 	}
@@ -138,6 +160,17 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 			if identity.LabelsKey(curLabels) != key {
 				continue // collision: the next number in the fixed order
 			}
+			if _, marked := cur.Annotations[AnnotationUnusedSince]; marked {
+				alive, cerr := a.claim(client, id)
+				if cerr != nil {
+					return identity.Identity{}, false, cerr
+				}
+				if !alive {
+					a.Forget(id)
+					n-- // collected meanwhile: create this number again
+					continue
+				}
+			}
 			err = nil
 		}
 		if err != nil {
@@ -151,6 +184,44 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 		return identity.Identity{ID: id, Labels: sorted, RefCount: refs}, created, nil
 	}
 	return identity.Identity{}, false, identity.ErrExhausted
+}
+
+// claim makes sure the identity object exists and carries no GC mark:
+// it removes AnnotationUnusedSince with an update at the read
+// resourceVersion, which makes a concurrent GC delete (preconditioned on
+// the version it marked) fail. alive is false when the object is gone.
+func (a *Allocator) claim(client tendrilclient.Interface, id identity.NumericIdentity) (alive bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
+	defer cancel()
+	ids := client.TendrilV1alpha1().TendrilIdentities()
+	name := strconv.Itoa(int(id))
+	for attempt := 0; attempt < 5; attempt++ {
+		cur, err := ids.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("claim identity %d: %w", id, err)
+		}
+		if _, marked := cur.Annotations[AnnotationUnusedSince]; !marked {
+			return true, nil
+		}
+		cur = cur.DeepCopy()
+		delete(cur.Annotations, AnnotationUnusedSince)
+		_, err = ids.Update(ctx, cur, metav1.UpdateOptions{})
+		switch {
+		case err == nil:
+			a.log.Info("Claimed identity marked unused by the GC", "identity", id)
+			return true, nil
+		case apierrors.IsNotFound(err):
+			return false, nil
+		case apierrors.IsConflict(err):
+			continue // changed meanwhile (GC or another agent): read again
+		default:
+			return false, fmt.Errorf("claim identity %d: %w", id, err)
+		}
+	}
+	return false, fmt.Errorf("claim identity %d: conflicts on every attempt", id)
 }
 
 // Release drops a local reference. The object stays: other nodes may use

@@ -234,3 +234,67 @@ func TestThousandDistinctLabelSets(t *testing.T) {
 		t.Fatalf("%d distinct identities for 1,000 label sets", len(seen))
 	}
 }
+
+// TestClaimFromGC: an agent's first use of a known identity removes the
+// GC's unused mark (so the GC's delete, preconditioned on the marked
+// version, fails), and an identity collected behind the agent's cache is
+// created again instead of being used without an object.
+func TestClaimFromGC(t *testing.T) {
+	a, c := newAllocator(t)
+	ctx := context.Background()
+	ids := c.Tendril.TendrilV1alpha1().TendrilIdentities()
+	labels := []string{"k8s:app=claim-test", "k8s:io.kubernetes.pod.namespace=claim"}
+	first, _, err := a.Allocate(labels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(first.ID); err != nil {
+		t.Fatal(err)
+	}
+	name := strconv.Itoa(int(first.ID))
+	// The GC marks it unused.
+	obj, err := ids.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj.Annotations = map[string]string{AnnotationUnusedSince: time.Now().UTC().Format(time.RFC3339)}
+	marked, err := ids.Update(ctx, obj, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// First local use again: the mark goes, the marked version is stale.
+	again, _, err := a.Allocate(labels)
+	if err != nil || again.ID != first.ID {
+		t.Fatalf("allocate again: %v %v", again, err)
+	}
+	obj, err = ids.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, still := obj.Annotations[AnnotationUnusedSince]; still {
+		t.Fatal("the unused mark survived a claim")
+	}
+	err = ids.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &marked.ResourceVersion}})
+	if err == nil {
+		t.Fatal("a delete at the marked version succeeded after the claim")
+	}
+	// Collected while the agent's cache still knows it: the next first
+	// use creates the object again with the same number and labels.
+	if err := a.Release(again.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := ids.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	third, _, err := a.Allocate(labels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err = ids.Get(ctx, strconv.Itoa(int(third.ID)), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("identity %d in use without its object: %v", third.ID, err)
+	}
+	if fmt.Sprint(LabelsOf(obj.SecurityLabels)) != fmt.Sprint(third.Labels) {
+		t.Fatalf("recreated object labels %v, want %v", obj.SecurityLabels, third.Labels)
+	}
+}

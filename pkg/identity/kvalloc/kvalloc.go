@@ -11,7 +11,10 @@
 // race drops its master key and uses the winner's ID). References are
 // value keys bound to the node's session lease: a node that dies stops
 // holding its identities when its lease expires. Unreferenced master keys
-// are the operator's to collect.
+// are the operator's to collect: it deletes a master key (with its index
+// key) only in a transaction that finds no value key, and a value key is
+// written only in a transaction that finds the master key, so a reference
+// never points at a collected identity.
 package kvalloc
 
 import (
@@ -62,6 +65,10 @@ func New(kv *kvstore.Client, node string, log *slog.Logger) *Allocator {
 // SetClient sets the kvstore client before Run and the first allocation.
 func (a *Allocator) SetClient(kv *kvstore.Client) { a.kv = kv }
 
+// LabelsHash is the hash naming a label set's index and value keys (key
+// is identity.LabelsKey of the sorted labels, the master key's value).
+func LabelsHash(key string) string { return hashOf(key) }
+
 func hashOf(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:])
@@ -108,12 +115,29 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 	key := identity.LabelsKey(sorted)
 	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
 	defer cancel()
-	id, created, err := a.lookupOrCreate(ctx, key)
-	if err != nil {
-		return identity.Identity{}, false, err
-	}
-	if err := a.reference(ctx, key, id); err != nil {
-		return identity.Identity{}, false, err
+	var id identity.NumericIdentity
+	var created bool
+	// The reference is written only while the master key exists; the
+	// operator deletes a master key only while no reference exists. When
+	// the operator wins, the label set's keys are gone and the second
+	// round allocates anew.
+	for round := 0; ; round++ {
+		var err error
+		id, created, err = a.lookupOrCreate(ctx, key)
+		if err != nil {
+			return identity.Identity{}, false, err
+		}
+		exists, err := a.reference(ctx, key, id)
+		if err != nil {
+			return identity.Identity{}, false, err
+		}
+		if exists {
+			break
+		}
+		if round == 2 {
+			return identity.Identity{}, false, fmt.Errorf("allocate identity: %d collected under us three times", id)
+		}
+		a.log.Info("Identity was collected while referencing it, allocating again", "identity", id)
 	}
 	a.Learn(id, sorted)
 	n := a.Ref(id)
@@ -171,13 +195,15 @@ func (a *Allocator) lookupOrCreate(ctx context.Context, key string) (identity.Nu
 	return 0, false, identity.ErrExhausted
 }
 
-// reference writes this node's value key on its session lease.
-func (a *Allocator) reference(ctx context.Context, key string, id identity.NumericIdentity) error {
+// reference writes this node's value key on its session lease, only
+// while the identity's master key exists (exists reports it).
+func (a *Allocator) reference(ctx context.Context, key string, id identity.NumericIdentity) (exists bool, err error) {
 	vk := ValuePrefix + hashOf(key) + "/" + a.node
-	if _, err := a.kv.UpdateIfMissing(ctx, vk, []byte(strconv.Itoa(int(id))), kvstore.SessionLease); err != nil {
-		return fmt.Errorf("reference identity %d: %w", id, err)
+	_, exists, err = a.kv.UpdateIfMissingWhileExists(ctx, vk, []byte(strconv.Itoa(int(id))), kvstore.SessionLease, IDPrefix+strconv.Itoa(int(id)))
+	if err != nil {
+		return false, fmt.Errorf("reference identity %d: %w", id, err)
 	}
-	return nil
+	return exists, nil
 }
 
 func parseID(b []byte) (identity.NumericIdentity, error) {

@@ -1,0 +1,67 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// ClusterPoolCIDR is the pool the lab's operators cut node CIDRs from
+// with --ipam cluster-pool: apart from ClusterCIDR (which
+// kube-controller-manager still splits into Node.spec.podCIDRs), so a
+// pod address shows which IPAM gave it.
+const ClusterPoolCIDR = "10.245.0.0/16"
+
+// operatorLease is the Lease tendril-operator elects its leader on.
+const operatorLease = "tendril-operator-resource-lock"
+
+// startOperators starts cfg.Operators tendril-operator replicas on the
+// host (they reach the API server with the admin kubeconfig) and waits
+// until one leads. With --ipam cluster-pool they allocate the nodes' pod
+// CIDRs, and the agents get --ipam cluster-pool.
+func startOperators(ctx context.Context, cfg Config, st *State, cs kubernetes.Interface, exited map[string]<-chan error, out io.Writer, start time.Time) error {
+	if cfg.Operators == 0 {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(cfg.BinDir, "tendril-operator")); err != nil {
+		return fmt.Errorf("tendril-operator not found in %s (make build, or --bin-dir)", cfg.BinDir)
+	}
+	for i := 1; i <= cfg.Operators; i++ {
+		role := "operator-" + strconv.Itoa(i)
+		argv := []string{filepath.Join(st.BinDir, "tendril-operator"), "--kubeconfig", st.Kubeconfig,
+			"--operator-id", st.Name + "-" + role, "--operator-api-serve-addr", "127.0.0.1:0"}
+		if cfg.IPAM == "cluster-pool" {
+			argv = append(argv, "--ipam", "cluster-pool", "--cluster-pool-ipv4-cidr", ClusterPoolCIDR, "--cluster-pool-ipv4-mask-size", "24")
+		}
+		argv = append(argv, cfg.OperatorArgs...)
+		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), argv)
+		if err != nil {
+			return err
+		}
+		exited[role] = watchExit(cmd)
+	}
+	var leader string
+	err := poll(ctx, "wait for a tendril-operator leader", 60*time.Second, st, exited, func() (bool, error) {
+		l, err := cs.CoordinationV1().Leases("kube-system").Get(ctx, operatorLease, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+			return false, fmt.Errorf("lease %s has no holder", operatorLease)
+		}
+		leader = *l.Spec.HolderIdentity
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	step(out, start, "tendril-operator: %d replicas, leader %s", cfg.Operators, leader)
+	return nil
+}

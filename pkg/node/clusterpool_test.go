@@ -1,0 +1,68 @@
+package node
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
+)
+
+// TestWaitForClusterPoolCIDRs: the agent waits while its TendrilNode has
+// no CIDRs, takes them once the operator writes them (both families), and
+// a malformed value is an error.
+func TestWaitForClusterPoolCIDRs(t *testing.T) {
+	c := clients(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := crdinstall.Install(ctx, c.Dynamic, quiet()); err != nil {
+		t.Fatal(err)
+	}
+	tnodes := c.Tendril.TendrilV1alpha1().TendrilNodes()
+	if _, err := tnodes.Create(ctx, &v1alpha1.TendrilNode{ObjectMeta: metav1.ObjectMeta{Name: "pool-node"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan Selection, 1)
+	errs := make(chan error, 1)
+	go func() {
+		sel, err := WaitForClusterPoolCIDRs(ctx, c.Tendril, "pool-node", quiet())
+		errs <- err
+		got <- sel
+	}()
+	select {
+	case err := <-errs:
+		t.Fatalf("returned before the CIDRs were written: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	tn, err := tnodes.Get(ctx, "pool-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn.Spec.IPAM.PodCIDRs = []string{"10.30.1.0/24", "fd00:30::100/120"}
+	if _, err := tnodes.Update(ctx, tn, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	sel := <-got
+	if sel.IPv4.String() != "10.30.1.0/24" || sel.IPv6.String() != "fd00:30::100/120" || sel.IPv4From != SourceClusterPool || sel.IPv6From != SourceClusterPool {
+		t.Fatalf("selection %+v", sel)
+	}
+	// A restarted agent reads the same.
+	again, err := WaitForClusterPoolCIDRs(ctx, c.Tendril, "pool-node", quiet())
+	if err != nil || again != sel {
+		t.Fatalf("second read %+v %v, want %+v", again, err, sel)
+	}
+	// Only IPv4 from the pool: IPv6 is none.
+	if s, err := selectClusterPool("n", []string{"10.1.0.0/24"}); err != nil || s.IPv6From != SourceNone || s.IPv6.IsValid() {
+		t.Fatalf("IPv4 only: %+v %v", s, err)
+	}
+	if _, err := selectClusterPool("n", []string{"10.1.0.0/33"}); err == nil || !strings.Contains(err.Error(), "spec.ipam.podCIDRs") {
+		t.Fatalf("malformed CIDR: %v", err)
+	}
+}

@@ -1,0 +1,282 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tendril-net/tendril/pkg/controlplane"
+	"github.com/tendril-net/tendril/pkg/k8s"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/testutil"
+)
+
+// TestPrivilegedLabOperatorClusterPool brings up a lab of its own with two
+// tendril-operator replicas and --ipam cluster-pool: the nodes get
+// disjoint CIDRs from the pool and the pods addresses from them; the
+// leading operator is killed with SIGKILL and the other takes the Lease
+// over; an agent killed and started again selects the same CIDR from its
+// TendrilNode.
+func TestPrivilegedLabOperatorClusterPool(t *testing.T) {
+	testutil.Privileged(t)
+	testutil.Require(t, labErr == nil, "no binaries for the lab")
+	name := labName + "op"
+	if len(name) > 12 {
+		name = name[:12]
+	}
+	binDir := filepath.Dir(tendrilBin)
+	t.Cleanup(func() { _ = exec.Command(tendrilBin, "lab", "--name", name, "down").Run() })
+	out, err := exec.Command(tendrilBin, "lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "1",
+		"--operators", "2", "--ipam", "cluster-pool", "--bin-dir", binDir,
+		// Short GC timing for the churn phase.
+		"--operator-arg=--identity-gc-interval=2s", "--operator-arg=--identity-heartbeat-timeout=4s",
+		"--operator-arg=--endpoint-gc-interval=2s").CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab up: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "tendril-operator: 2 replicas") {
+		t.Fatalf("lab up did not report the operators:\n%s", out)
+	}
+	st, err := lab.LoadState(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := controlplane.RESTConfig(st.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := k8s.NewClientsForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	// Disjoint CIDRs from the pool; each pod's address in its node's CIDR.
+	pool := netip.MustParsePrefix(lab.ClusterPoolCIDR)
+	cidrs := map[string]netip.Prefix{}
+	for _, n := range st.Nodes {
+		tn, err := c.Tendril.TendrilV1alpha1().TendrilNodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil || len(tn.Spec.IPAM.PodCIDRs) != 1 {
+			t.Fatalf("TendrilNode %s: %v %v", n.Name, tn, err)
+		}
+		p := netip.MustParsePrefix(tn.Spec.IPAM.PodCIDRs[0])
+		if !pool.Contains(p.Addr()) || p.Bits() != 24 {
+			t.Fatalf("node %s CIDR %s is not a /24 of %s", n.Name, p, pool)
+		}
+		for other, q := range cidrs {
+			if q.Overlaps(p) {
+				t.Fatalf("nodes %s and %s overlap: %s %s", other, n.Name, q, p)
+			}
+		}
+		cidrs[n.Name] = p
+	}
+	pods, err := c.Core.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	if err != nil || len(pods.Items) != 2 {
+		t.Fatalf("pods %v %v", pods, err)
+	}
+	for _, p := range pods.Items {
+		ip := netip.MustParseAddr(p.Status.PodIP)
+		if !cidrs[p.Spec.NodeName].Contains(ip) {
+			t.Fatalf("pod %s on %s has %s, outside the node's %s", p.Name, p.Spec.NodeName, ip, cidrs[p.Spec.NodeName])
+		}
+	}
+
+	// Kill the leading operator; the other takes over.
+	leaseHolder := func() string {
+		l, err := c.Core.CoordinationV1().Leases("kube-system").Get(ctx, "tendril-operator-resource-lock", metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+	leader := leaseHolder()
+	procs, err := lab.ReadProcesses(st.PidDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	for _, p := range procs {
+		if name+"-"+p.Role == leader {
+			if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			killed = true
+		}
+	}
+	if !killed {
+		t.Fatalf("no lab process is the leader %q (%v)", leader, procs)
+	}
+	eventually(t, "the other operator to take the lease over", func() (bool, error) {
+		h := leaseHolder()
+		return h != "" && h != leader, nil
+	})
+
+	// Restart node1's agent: it selects the same CIDR from its TendrilNode.
+	var agent lab.Process
+	for _, p := range procs {
+		if p.Role == "agent-node1" {
+			agent = p
+		}
+	}
+	argv, err := os.ReadFile("/proc/" + strconv.Itoa(agent.PID) + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(agent.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the agent to exit", func() (bool, error) {
+		return syscall.Kill(agent.PID, 0) != nil, nil
+	})
+	// The lab started it through nsenter, which exec'd the agent: its
+	// command line no longer names the node's namespace.
+	args := append([]string{"nsenter", "--net=" + lab.NetnsPath(st.Nodes[0].Netns)}, strings.Split(strings.TrimRight(string(argv), "\x00"), "\x00")...)
+	if !strings.HasSuffix(args[2], "tendril-agent") {
+		t.Fatalf("agent-node1's command line: %q", args)
+	}
+	logPath := filepath.Join(st.LogDir(), "agent-node1.log")
+	if _, _, err := lab.StartDetached(st.PidDir(), "agent-node1", logPath, args); err != nil {
+		t.Fatal(err)
+	}
+	selected := regexp.MustCompile(`"Pod CIDRs selected".* ipv4=(\S+) ipv4-from=(\S+)`)
+	eventually(t, "the restarted agent to select its CIDR", func() (bool, error) {
+		b, err := os.ReadFile(logPath)
+		if err != nil {
+			return false, err
+		}
+		m := selected.FindAllStringSubmatch(string(b), -1)
+		if len(m) < 2 {
+			return false, nil
+		}
+		last := m[len(m)-1]
+		if last[1] != cidrs["node1"].String() || last[2] != "cluster-pool" {
+			t.Fatalf("restarted agent selected %s from %s, want %s from cluster-pool", last[1], last[2], cidrs["node1"])
+		}
+		return true, nil
+	})
+
+	churn(t, name, &env{st: st, cs: c.Core, k8: c})
+}
+
+// churn creates and deletes pods with labels of their own (an identity
+// each) while a client keeps talking to a server under a policy that
+// allows only it; once the GC ran, nothing of the gone pods is left (no
+// TendrilEndpoint, no identity) and the policy still holds both ways.
+func churn(t *testing.T, labName string, e *env) {
+	const ns, pods = "churn", 40
+	ctx := context.Background()
+	e.createNamespace(t, ns)
+	for app, node := range map[string]string{"frontend": "node1", "backend": "node2", "other": "node1"} {
+		e.createPod(t, ns, app, node, map[string]string{"app": app})
+	}
+	backend := e.waitReady(t, ns, "backend")
+	e.waitReady(t, ns, "frontend")
+	e.waitReady(t, ns, "other")
+	pol := &v1alpha1.TendrilNetworkPolicy{}
+	if err := yaml.UnmarshalStrict([]byte(policyYAML), pol); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	addr := backend.Status.PodIP + ":80"
+	probeIn := func(from string) int {
+		out, err := exec.Command(tendrilBin, "lab", "--name", labName, "probe", ns+"/"+from, addr, "--timeout", "1s").CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatalf("probe: %v %s", err, out)
+		}
+		return 0
+	}
+	eventually(t, "the policy denying other", func() (bool, error) { return probeIn("other") == 1, nil })
+	if c := probeIn("frontend"); c != 0 {
+		t.Fatalf("frontend -> backend exit %d before the churn", c)
+	}
+	keep := map[int64]bool{}
+	for _, p := range []string{"frontend", "backend", "other"} {
+		tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(ctx, p, metav1.GetOptions{})
+		if err != nil || tep.Status.Identity == nil {
+			t.Fatalf("TendrilEndpoint of %s: %v %v", p, tep, err)
+		}
+		keep[tep.Status.Identity.ID] = true
+	}
+	// Churn: pods with an identity of their own, created and deleted,
+	// the frontend probing the backend in between.
+	gone := map[int64]bool{}
+	for i := 0; i < pods; i++ {
+		e.createPod(t, ns, "churn-"+strconv.Itoa(i), "", map[string]string{"app": "churn-" + strconv.Itoa(i)})
+	}
+	for i := 0; i < pods; i++ {
+		name := "churn-" + strconv.Itoa(i)
+		e.waitReady(t, ns, name)
+		eventually(t, "the TendrilEndpoint of "+name, func() (bool, error) {
+			tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil || tep.Status.Identity == nil {
+				return false, err
+			}
+			gone[tep.Status.Identity.ID] = true
+			return true, nil
+		})
+		if i%10 == 9 {
+			if c := probeIn("frontend"); c != 0 {
+				t.Fatalf("frontend -> backend exit %d during the churn", c)
+			}
+		}
+	}
+	zero := int64(0)
+	for i := 0; i < pods; i++ {
+		if err := e.cs.CoreV1().Pods(ns).Delete(ctx, "churn-"+strconv.Itoa(i), metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "no TendrilEndpoint and no identity of a gone pod", func() (bool, error) {
+		teps, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		if len(teps.Items) != 3 {
+			return false, fmt.Errorf("%d TendrilEndpoints", len(teps.Items))
+		}
+		ids, err := e.k8.Tendril.TendrilV1alpha1().TendrilIdentities().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		left := 0
+		have := map[int64]bool{}
+		for _, id := range ids.Items {
+			n, _ := strconv.ParseInt(id.Name, 10, 64)
+			have[n] = true
+			if gone[n] && !keep[n] {
+				left++
+			}
+		}
+		for id := range keep {
+			if !have[id] {
+				t.Fatalf("identity %d of a running pod was deleted", id)
+			}
+		}
+		return left == 0, fmt.Errorf("%d identities of gone pods left", left)
+	})
+	if c := probeIn("frontend"); c != 0 {
+		t.Errorf("frontend -> backend exit %d after the GC", c)
+	}
+	if c := probeIn("other"); c != 1 {
+		t.Errorf("other -> backend exit %d after the GC, want 1 (denied)", c)
+	}
+}
