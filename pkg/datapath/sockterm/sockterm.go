@@ -22,6 +22,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -246,7 +247,10 @@ func (t *Terminator) Terminate(targets []Target) (Result, error) {
 		res.Namespaces++
 		return errors.Join(errs...)
 	}
-	// The agent's own namespace (host processes outside pods).
+	// The agent's own namespace (host processes outside pods): this
+	// thread's, which namespaces() leaves out, so the thread stays put.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if err := sweep(); err != nil {
 		errs = append(errs, fmt.Errorf("sweep the agent's network namespace: %w", err))
 	}
@@ -319,10 +323,13 @@ func sweepOne(it *link.Iter) (destroyed, failed int, err error) {
 
 // namespaces returns one /proc/<pid>/ns/net path per distinct network
 // namespace of the processes in the cgroup and its descendants, other
-// than the caller's.
+// than the calling thread's (the one swept first). The thread's, not the
+// process's (/proc/self is the main thread's): in a process whose threads
+// are not all in one network namespace, leaving out the main thread's
+// left out a namespace that held sockets to destroy.
 func (t *Terminator) namespaces() ([]string, error) {
 	var self unix.Stat_t
-	if err := unix.Stat("/proc/self/ns/net", &self); err != nil {
+	if err := unix.Stat("/proc/thread-self/ns/net", &self); err != nil {
 		return nil, fmt.Errorf("own network namespace: %w", err)
 	}
 	seen := map[uint64]bool{self.Ino: true}

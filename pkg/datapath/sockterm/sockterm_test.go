@@ -402,7 +402,8 @@ func testTerminate(t *testing.T, fam string) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the requested sweeps did not destroy both sockets: %+v", tot)
+			_, sweeps := e.term.Totals()
+			t.Fatalf("the requested sweeps did not destroy both sockets: %+v after %d sweeps", tot, sweeps)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
