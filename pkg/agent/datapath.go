@@ -125,19 +125,7 @@ func newDatapathModule(p datapathParams) (*datapathModule, error) {
 	}
 	m.policyCIDR = pc
 	p.Inspector.AddReconciled(policycidr.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
-		var r dbinspect.Realization
-		for obj := range pc.Table().All(txn) {
-			r.Objects++
-			switch obj.Status.Kind {
-			case reconciler.StatusKindDone:
-			case reconciler.StatusKindError:
-				r.Errors++
-				r.LastError = obj.Status.GetError()
-			default:
-				r.Pending++
-			}
-		}
-		return r
+		return dbinspect.CountStatus(pc.Table().All(txn), func(o *policycidr.Prefix) reconciler.Status { return o.Status })
 	})
 	p.Inspector.AddReconciled(ipcache.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
 		r := ipcache.CountStatus(ic.Table().All(txn))

@@ -141,19 +141,7 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 	}
 	k.status = st
 	p.Inspector.AddReconciled(policystatus.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
-		var r dbinspect.Realization
-		for obj := range st.Table().All(txn) {
-			r.Objects++
-			switch obj.Status.Kind {
-			case reconciler.StatusKindDone:
-			case reconciler.StatusKindError:
-				r.Errors++
-				r.LastError = obj.Status.GetError()
-			default:
-				r.Pending++
-			}
-		}
-		return r
+		return dbinspect.CountStatus(st.Table().All(txn), func(o *policystatus.Report) reconciler.Status { return o.Status })
 	})
 	k.runCtx, k.runCancel = context.WithCancel(context.Background())
 	p.Steps.Append(p.Lifecycle, "k8s-node-writeback", k.startWriteBack, nil)
