@@ -129,20 +129,22 @@ static __always_inline __u32 audit_cookie(__u16 ep_id, __u8 dir)
 }
 
 /* audit_pass counts a flow an audited policy would have denied under the
- * rule's cookie and reports it with an AUDIT verdict; the flow passes. */
-static __attribute__((noinline)) void audit_pass(const struct pkt *p, __u32 what, __u32 src_id, __u32 dst_id, __u32 cookie)
+ * rule's cookie and reports it with an AUDIT verdict; the flow passes. A
+ * global function, verified once (see drop_out). */
+__attribute__((noinline)) int audit_pass(const struct pkt *p, __u32 what, __u32 src_id, __u32 dst_id, __u32 cookie)
 {
 	__u8 dir = (what >> 8) & 0xff;
 	__u16 ep_id = what >> 16;
 	__u64 one = 1, *n = bpf_map_lookup_elem(&tdr_audit_v1, &cookie);
 
 	if (!p)
-		return;
+		return 0;
 	if (n)
 		__sync_fetch_and_add(n, 1);
 	else
 		bpf_map_update_elem(&tdr_audit_v1, &cookie, &one, BPF_NOEXIST);
 	emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_AUDIT, cookie, 0);
+	return 0;
 }
 
 /* policy decides a new flow for endpoint ep, which enforces direction dir
