@@ -551,8 +551,10 @@ func (b *bench) startProxy(mode string) (*proxy, error) {
 			if err := os.Mkdir(bin, 0o755); err != nil {
 				return nil, err
 			}
-			for _, c := range []string{"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"} {
-				legacy, err := exec.LookPath(c + "-legacy")
+			for c, l := range map[string]string{"iptables": "iptables-legacy", "iptables-save": "iptables-legacy-save",
+				"iptables-restore": "iptables-legacy-restore", "ip6tables": "ip6tables-legacy", "ip6tables-save": "ip6tables-legacy-save",
+				"ip6tables-restore": "ip6tables-legacy-restore"} {
+				legacy, err := exec.LookPath(l)
 				if err != nil {
 					return nil, fmt.Errorf("iptables-legacy mode: %w", err)
 				}
