@@ -71,57 +71,95 @@ func (w *Writer) SetNodeZone(zone string) error {
 	return nil
 }
 
-// UpsertService inserts or replaces a service.
-func (w *Writer) UpsertService(s *Service) error {
+// Batch is a group of changes written in one transaction: each service a
+// change touched has its frontends recomputed once, at the end. Sources
+// use it for bursts (the initial listing): one transaction per change
+// path-copies the tables' trees every time, and that dominated the time
+// from the caches syncing to the maps being written (docs/benchmarks.md).
+type Batch struct {
+	w       *Writer
+	txn     statedb.WriteTxn
+	touched map[ServiceName]bool
+	order   []ServiceName
+}
+
+func (b *Batch) touch(name ServiceName) {
+	if !b.touched[name] {
+		b.touched[name] = true
+		b.order = append(b.order, name)
+	}
+}
+
+// Batch runs fn with a batch and commits what it wrote in one transaction
+// (nothing when fn or a recomputation fails).
+func (w *Writer) Batch(fn func(*Batch) error) error {
 	txn := w.txn()
 	defer txn.Abort()
-	if _, _, err := w.t.Services.Insert(txn, s); err != nil {
-		return fmt.Errorf("insert service %s: %w", s.Name, err)
-	}
-	if err := w.recompute(txn, s.Name); err != nil {
+	b := &Batch{w: w, txn: txn, touched: map[ServiceName]bool{}}
+	if err := fn(b); err != nil {
 		return err
+	}
+	for _, name := range b.order {
+		if err := w.recompute(txn, name); err != nil {
+			return err
+		}
 	}
 	txn.Commit()
 	return nil
+}
+
+// UpsertService inserts or replaces a service.
+func (w *Writer) UpsertService(s *Service) error {
+	return w.Batch(func(b *Batch) error { return b.UpsertService(s) })
 }
 
 // DeleteService removes a service and its frontends (its backends stay
 // until their source removes them).
 func (w *Writer) DeleteService(name ServiceName) error {
-	txn := w.txn()
-	defer txn.Abort()
-	if _, _, err := w.t.Services.Delete(txn, &Service{Name: name}); err != nil {
-		return fmt.Errorf("delete service %s: %w", name, err)
-	}
-	if err := w.recompute(txn, name); err != nil {
-		return err
-	}
-	txn.Commit()
-	return nil
+	return w.Batch(func(b *Batch) error { return b.DeleteService(name) })
 }
 
 // SetBackends replaces what source lists for service name with backends
 // (none: the source is gone).
 func (w *Writer) SetBackends(name ServiceName, source string, backends []*Backend) error {
-	txn := w.txn()
-	defer txn.Abort()
-	for b := range w.t.Backends.List(txn, BackendByService.Query(name)) {
-		if b.Source == source {
-			if _, _, err := w.t.Backends.Delete(txn, b); err != nil {
-				return fmt.Errorf("delete backend %s of %s: %w", b.Addr, name, err)
+	return w.Batch(func(b *Batch) error { return b.SetBackends(name, source, backends) })
+}
+
+// UpsertService inserts or replaces a service in the batch.
+func (b *Batch) UpsertService(s *Service) error {
+	if _, _, err := b.w.t.Services.Insert(b.txn, s); err != nil {
+		return fmt.Errorf("insert service %s: %w", s.Name, err)
+	}
+	b.touch(s.Name)
+	return nil
+}
+
+// DeleteService removes a service in the batch.
+func (b *Batch) DeleteService(name ServiceName) error {
+	if _, _, err := b.w.t.Services.Delete(b.txn, &Service{Name: name}); err != nil {
+		return fmt.Errorf("delete service %s: %w", name, err)
+	}
+	b.touch(name)
+	return nil
+}
+
+// SetBackends replaces what source lists for service name in the batch.
+func (b *Batch) SetBackends(name ServiceName, source string, backends []*Backend) error {
+	t := b.w.t
+	for old := range t.Backends.List(b.txn, BackendByService.Query(name)) {
+		if old.Source == source {
+			if _, _, err := t.Backends.Delete(b.txn, old); err != nil {
+				return fmt.Errorf("delete backend %s of %s: %w", old.Addr, name, err)
 			}
 		}
 	}
-	for _, b := range backends {
-		b.Service, b.Source = name, source
-		if _, _, err := w.t.Backends.Insert(txn, b); err != nil {
-			return fmt.Errorf("insert backend %s of %s: %w", b.Addr, name, err)
+	for _, be := range backends {
+		be.Service, be.Source = name, source
+		if _, _, err := t.Backends.Insert(b.txn, be); err != nil {
+			return fmt.Errorf("insert backend %s of %s: %w", be.Addr, name, err)
 		}
 	}
-	if err := w.recompute(txn, name); err != nil {
-		return err
-	}
-	txn.Commit()
+	b.touch(name)
 	return nil
 }
 

@@ -191,3 +191,55 @@ func TestWriterPreferClose(t *testing.T) {
 	}
 	check("service without trafficDistribution", "[10.0.0.1:8080 10.0.0.2:8080]", "[10.0.0.1:8080 10.0.0.2:8080 10.0.0.4:8080]")
 }
+
+// BenchmarkWriterInitialSync: what the Kubernetes source does at the
+// initial sync for 10,000 services of 10 backends: a Service and an
+// EndpointSlice per service, one write transaction each (as every change
+// after the sync) or in batches of 1,000 events (the initial listing).
+func BenchmarkWriterInitialSync(b *testing.B) {
+	const services = 10000
+	for _, batch := range []int{1, 1000} {
+		b.Run(fmt.Sprintf("events-per-txn-%d", batch), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				db := statedb.New()
+				tables, err := NewTables(db)
+				if err != nil {
+					b.Fatal(err)
+				}
+				w := NewWriter(tables, "node")
+				var ops []func(*Batch) error
+				ip := netip.MustParseAddr("10.96.0.1")
+				for s := 0; s < services; s++ {
+					name := ServiceName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", s)}
+					svc := &Service{Name: name, Type: "ClusterIP", Addresses: []netip.Addr{ip}, Ports: []ServicePort{{Name: "http", Port: 80, Proto: TCP}}}
+					var backends []*Backend
+					for j := 0; j < 10; j++ {
+						backends = append(backends, &Backend{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, byte(1 + j)}), 8080),
+							Proto: TCP, PortName: "http", NodeName: "node", Ready: true, Serving: true})
+					}
+					ops = append(ops, func(b *Batch) error { return b.UpsertService(svc) },
+						func(b *Batch) error { return b.SetBackends(name, "slice-1", backends) })
+					ip = ip.Next()
+				}
+				for len(ops) > 0 {
+					n := min(batch, len(ops))
+					if err := w.Batch(func(bt *Batch) error {
+						for _, o := range ops[:n] {
+							if err := o(bt); err != nil {
+								return err
+							}
+						}
+						return nil
+					}); err != nil {
+						b.Fatal(err)
+					}
+					ops = ops[n:]
+				}
+				if n := tables.Frontends.NumObjects(db.ReadTxn()); n != services {
+					b.Fatalf("%d frontends, want %d", n, services)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/10k-services")
+		})
+	}
+}

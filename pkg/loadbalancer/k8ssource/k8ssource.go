@@ -170,6 +170,12 @@ type Source struct {
 	sliceOwner map[string]loadbalancer.ServiceName
 	synced     map[string]bool
 	done       func()
+
+	// Events of each kind's initial listing, written in batches once the
+	// kind has synced; each is touched only by its kind's subscription
+	// (whose calls are serialized).
+	pendingServices, pendingSlices []op
+	servicesListed, slicesListed   bool
 }
 
 // NewSource returns a source writing through w; it marks the frontends
@@ -191,36 +197,79 @@ func (s *Source) markSynced(kind string) {
 	}
 }
 
+// initialBatch is how many events of the initial listing go into one
+// write transaction.
+const initialBatch = 1000
+
+// op is one event's change to the tables; it logs its own errors, so that
+// one bad object does not fail the others of its batch.
+type op func(*loadbalancer.Batch)
+
+// apply writes o now, or keeps it for the batches of the initial listing
+// while kind has not synced (the frontends table is not initialized
+// before both kinds have, so nothing reconciles a partial view meanwhile).
+func (s *Source) apply(pending *[]op, synced bool, o op) {
+	if !synced {
+		*pending = append(*pending, o)
+		return
+	}
+	s.write([]op{o})
+}
+
+func (s *Source) write(ops []op) {
+	for len(ops) > 0 {
+		n := min(len(ops), initialBatch)
+		err := s.w.Batch(func(b *loadbalancer.Batch) error {
+			for _, o := range ops[:n] {
+				o(b)
+			}
+			return nil
+		})
+		if err != nil {
+			s.log.Error("Write services and backends", "changes", n, "error", err)
+		}
+		ops = ops[n:]
+	}
+}
+
 // OnService handles a Service event.
 func (s *Source) OnService(ev watchers.Event[*corev1.Service]) {
 	if ev.Kind == watchers.Synced {
+		s.write(s.pendingServices)
+		s.pendingServices, s.servicesListed = nil, true
 		s.markSynced("services")
 		return
 	}
 	name := loadbalancer.ServiceName{Namespace: ev.Object.Namespace, Name: ev.Object.Name}
-	var err error
+	var o op
 	if ev.Kind == watchers.Delete {
-		err = s.w.DeleteService(name)
+		o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.DeleteService(name)) }
 	} else {
 		svc, ok, cerr := ServiceFrom(ev.Object, s.defaultMaglev)
 		switch {
 		case cerr != nil:
 			s.log.Warn("Service not translated", "service", ev.Key, "error", cerr)
-			err = s.w.DeleteService(name)
+			o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.DeleteService(name)) }
 		case !ok:
-			err = s.w.DeleteService(name)
+			o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.DeleteService(name)) }
 		default:
-			err = s.w.UpsertService(svc)
+			o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.UpsertService(svc)) }
 		}
 	}
+	s.apply(&s.pendingServices, s.servicesListed, o)
+}
+
+func (s *Source) logErr(what, key string, err error) {
 	if err != nil {
-		s.log.Error("Write service", "service", ev.Key, "error", err)
+		s.log.Error(what, "object", key, "error", err)
 	}
 }
 
 // OnEndpointSlice handles an EndpointSlice event.
 func (s *Source) OnEndpointSlice(ev watchers.Event[*discoveryv1.EndpointSlice]) {
 	if ev.Kind == watchers.Synced {
+		s.write(s.pendingSlices)
+		s.pendingSlices, s.slicesListed = nil, true
 		s.markSynced("endpointslices")
 		return
 	}
@@ -232,11 +281,7 @@ func (s *Source) OnEndpointSlice(ev watchers.Event[*discoveryv1.EndpointSlice]) 
 	if ev.Kind == watchers.Delete {
 		ok = false
 	}
-	if hadPrev && (!ok || prev != name) {
-		if err := s.w.SetBackends(prev, source, nil); err != nil {
-			s.log.Error("Remove EndpointSlice backends", "endpointslice", ev.Key, "error", err)
-		}
-	}
+	moved := hadPrev && (!ok || prev != name)
 	s.mu.Lock()
 	if ok {
 		s.sliceOwner[ev.Key] = name
@@ -244,12 +289,17 @@ func (s *Source) OnEndpointSlice(ev watchers.Event[*discoveryv1.EndpointSlice]) 
 		delete(s.sliceOwner, ev.Key)
 	}
 	s.mu.Unlock()
-	if !ok {
+	if !moved && !ok {
 		return
 	}
-	if err := s.w.SetBackends(name, source, backends); err != nil {
-		s.log.Error("Write EndpointSlice backends", "endpointslice", ev.Key, "error", err)
-	}
+	s.apply(&s.pendingSlices, s.slicesListed, func(b *loadbalancer.Batch) {
+		if moved {
+			s.logErr("Remove EndpointSlice backends", ev.Key, b.SetBackends(prev, source, nil))
+		}
+		if ok {
+			s.logErr("Write EndpointSlice backends", ev.Key, b.SetBackends(name, source, backends))
+		}
+	})
 }
 
 // OnNode handles a Node event: this node's topology.kubernetes.io/zone

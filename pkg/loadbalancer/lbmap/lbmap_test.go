@@ -19,7 +19,7 @@ import (
 )
 
 // newLBMaps creates the real LB maps, unpinned.
-func newLBMaps(t *testing.T) *maps.LBMaps {
+func newLBMaps(t testing.TB) *maps.LBMaps {
 	t.Helper()
 	testutil.Privileged(t)
 	spec, err := bpf.LoadLxc()
