@@ -28,6 +28,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/operator/kvstoreclient"
 	"github.com/tendril-net/tendril/pkg/operator/kvsync"
 	"github.com/tendril-net/tendril/pkg/operator/status"
+	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
 
@@ -85,7 +86,7 @@ func startProcess(t testing.TB, e *k8senv.Env, ns, id string, lease, renew, retr
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := testutil.StartPinned(cmd); err != nil {
 		t.Fatal(err)
 	}
 	p := &process{id: id, cmd: cmd, done: make(chan struct{})}

@@ -81,7 +81,7 @@ func (s *Server) Start(t testing.TB) {
 	s.cmd.Stdout, s.cmd.Stderr = os.Stderr, os.Stderr
 	// etcd dies with the test binary.
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := s.cmd.Start(); err != nil {
+	if err := testutil.StartPinned(s.cmd); err != nil {
 		t.Fatalf("start %s: %v", s.bin, err)
 	}
 	s.exited = make(chan struct{})

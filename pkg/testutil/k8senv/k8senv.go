@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/tendril-net/tendril/pkg/controlplane"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // Options configure a control plane.
@@ -83,7 +84,7 @@ func (e *Env) start(ctx context.Context) error {
 		return err
 	}
 	e.etcd = e.command(controlplane.EtcdBinary, e.spec.EtcdArgs()...)
-	if err := e.etcd.Start(); err != nil {
+	if err := testutil.StartPinned(e.etcd); err != nil {
 		return fmt.Errorf("start etcd: %w", err)
 	}
 	if err := controlplane.WaitTCP(ctx, "127.0.0.1:"+strconv.Itoa(e.spec.EtcdPort), 30*time.Second); err != nil {
@@ -94,7 +95,7 @@ func (e *Env) start(ctx context.Context) error {
 	}
 	if e.opts.ControllerManager {
 		e.cm = e.command(controlplane.ControllerManagerBinary, e.spec.ControllerManagerArgs(e.kubeconfig)...)
-		if err := e.cm.Start(); err != nil {
+		if err := testutil.StartPinned(e.cm); err != nil {
 			return fmt.Errorf("start kube-controller-manager: %w", err)
 		}
 	}
@@ -112,7 +113,7 @@ func (e *Env) command(name string, args ...string) *exec.Cmd {
 
 func (e *Env) startAPIServer(ctx context.Context) error {
 	e.apiserver = e.command(controlplane.APIServerBinary, e.spec.APIServerArgs()...)
-	if err := e.apiserver.Start(); err != nil {
+	if err := testutil.StartPinned(e.apiserver); err != nil {
 		return fmt.Errorf("start kube-apiserver: %w", err)
 	}
 	return controlplane.WaitReady(ctx, e.clientset, 90*time.Second, nil)
