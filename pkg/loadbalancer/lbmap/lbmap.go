@@ -289,9 +289,13 @@ func (o *Ops) drainBackendLocked(id uint32) error {
 	if !ok {
 		return nil
 	}
-	if err := o.maps.BackendMap().Upsert(id, maps.Backend{Addr: ap.Addr(), Port: ap.Port(), State: maps.BackendStateRemoved}); err != nil {
+	drained := maps.Backend{Addr: ap.Addr(), Port: ap.Port(), State: maps.BackendStateRemoved}
+	if err := o.maps.BackendMap().Upsert(id, drained); err != nil {
 		return fmt.Errorf("drain backend %s: %w", ap, err)
 	}
+	// What the map holds now: a frontend that takes the backend back
+	// writes it active again instead of skipping an "unchanged" write.
+	o.backendWritten[id] = drained
 	o.drainingBackends[id] = true
 	return nil
 }

@@ -293,3 +293,52 @@ func TestPrivilegedOpsReportRemovedBackends(t *testing.T) {
 		t.Errorf("reported %+v, want 10.0.0.1:53 and 10.0.0.2:53", got[0])
 	}
 }
+
+// flowsUsing is a FlowUse that reports the given backends in use.
+type flowsUsing map[netip.AddrPort]bool
+
+func (f flowsUsing) InUse() (map[uint32]bool, map[netip.AddrPort]bool, error) {
+	return map[uint32]bool{}, f, nil
+}
+
+// A backend that leaves its frontend while flows use it drains (kept in
+// the map as removed); when the frontend takes it back it is active in
+// the map again, although the writer skips backend writes that change
+// nothing (it once skipped this one: the frontend's second backend stayed
+// "removed" after a scale down and up).
+func TestPrivilegedDrainedBackendReturnsActive(t *testing.T) {
+	m := newLBMaps(t)
+	o := New(m, maglev.Config{Size: maglev.DefaultSize}, quiet())
+	o.KeepWhileFlows(flowsUsing{netip.MustParseAddrPort("10.0.0.1:80"): true})
+	ctx := context.Background()
+	web := func(bs ...loadbalancer.FrontendBackend) *loadbalancer.Frontend {
+		return fe("10.96.0.20:80", maps.ProtoTCP, bs...)
+	}
+	state := func() uint8 {
+		t.Helper()
+		id, ok := o.backendIDs[netip.MustParseAddrPort("10.0.0.1:80")]
+		if !ok {
+			t.Fatal("backend 10.0.0.1:80 has no ID")
+		}
+		b, found, err := m.BackendMap().Lookup(id)
+		if err != nil || !found {
+			t.Fatalf("backend %d: %v %v", id, found, err)
+		}
+		return b.State
+	}
+	for _, step := range []struct {
+		f    *loadbalancer.Frontend
+		want uint8
+	}{
+		{web(act("10.0.0.1:80"), act("10.0.0.2:80")), maps.BackendStateActive},
+		{web(act("10.0.0.2:80")), maps.BackendStateRemoved},
+		{web(act("10.0.0.1:80"), act("10.0.0.2:80")), maps.BackendStateActive},
+	} {
+		if err := o.Update(ctx, nil, 0, step.f); err != nil {
+			t.Fatal(err)
+		}
+		if got := state(); got != step.want {
+			t.Fatalf("after %v: backend state %v, want %v", step.f.Backends, got, step.want)
+		}
+	}
+}
