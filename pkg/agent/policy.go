@@ -414,9 +414,7 @@ func (p *policyModule) realize(ctx context.Context, ep *endpoint.Endpoint, pm po
 		}
 		cur = policy.MapState{}
 		for k, v := range pinned {
-			cur[policy.Key{Identity: identity.NumericIdentity(k.Identity), Direction: k.Direction, Proto: k.Proto, Port: k.Port, PrefixLen: k.PortPrefixLen}] = policy.Entry{
-				Deny: v.Deny, Cookie: v.Cookie, EnforcedNone: v.Flags&maps.PolicyFlagENone != 0,
-				AuditNone: v.Flags&maps.PolicyFlagANone != 0, AuditDeny: v.Flags&maps.PolicyFlagADeny != 0}
+			cur[policy.Key{Identity: identity.NumericIdentity(k.Identity), Direction: k.Direction, Proto: k.Proto, Port: k.Port, PrefixLen: k.PortPrefixLen}] = policy.Entry{Deny: v.Deny, Cookie: v.Cookie, Views: viewFlags(v.Flags)}
 		}
 	}
 	upserts, deletes := policy.Diff(cur, want)
@@ -525,14 +523,29 @@ func (p *policyModule) restorePolicy(context.Context) error {
 // mapValue is an entry as the datapath holds it.
 func mapValue(e policy.Entry) maps.PolicyValue {
 	v := maps.PolicyValue{Deny: e.Deny, Cookie: e.Cookie}
-	if e.EnforcedNone {
+	if e.Views.Has(policy.EnforcedNone) {
 		v.Flags |= maps.PolicyFlagENone
 	}
-	if e.AuditNone {
+	if e.Views.Has(policy.AuditNone) {
 		v.Flags |= maps.PolicyFlagANone
 	}
-	if e.AuditDeny {
+	if e.Views.Has(policy.AuditDeny) {
 		v.Flags |= maps.PolicyFlagADeny
+	}
+	return v
+}
+
+// viewFlags reads an entry's view flags back from the datapath's.
+func viewFlags(f uint8) policy.ViewFlags {
+	var v policy.ViewFlags
+	if f&maps.PolicyFlagENone != 0 {
+		v |= policy.EnforcedNone
+	}
+	if f&maps.PolicyFlagANone != 0 {
+		v |= policy.AuditNone
+	}
+	if f&maps.PolicyFlagADeny != 0 {
+		v |= policy.AuditDeny
 	}
 	return v
 }

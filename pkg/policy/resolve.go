@@ -30,12 +30,30 @@ type Key struct {
 
 // Entry is allow or deny, with the cookie of the rule behind it.
 type Entry struct {
-	Deny   bool
+	Deny bool
+	// Views is, for an endpoint under audited policy (see mergeAudit),
+	// what each view has at the key: 0 for a shared entry. One byte, so an
+	// entry stays 8 bytes (map states are large and built often).
+	Views  ViewFlags
 	Cookie uint32
-	// For an endpoint under audited policy (see mergeAudit): the enforced
-	// view has no entry here, the audit view has none, or denies here.
-	EnforcedNone, AuditNone, AuditDeny bool
 }
+
+// ViewFlags say what the enforced and the audit view of an audited
+// endpoint have at a key; the values are the datapath's POLICY_F_*.
+type ViewFlags uint8
+
+// View flags.
+const (
+	// EnforcedNone: the enforced view has no entry here.
+	EnforcedNone ViewFlags = 0x01
+	// AuditDeny: the audit view denies here.
+	AuditDeny ViewFlags = 0x02
+	// AuditNone: the audit view has no entry here.
+	AuditNone ViewFlags = 0x04
+)
+
+// Has reports whether every flag of f is set.
+func (v ViewFlags) Has(f ViewFlags) bool { return v&f == f }
 
 // MapState is an endpoint's desired policy map content.
 type MapState map[Key]Entry
@@ -576,7 +594,7 @@ func (r *Repository) resolveViews(ep Endpoint, universe Universe, cache *Selecto
 	res.AuditIngress, res.AuditEgress, res.AuditCookie = audited[Ingress], audited[Egress], auditCookie
 	for dir := range audited {
 		if audited[dir] {
-			res.MapState[Key{Direction: uint8(dir), Proto: AuditCookieProto}] = Entry{Cookie: auditCookie[dir], EnforcedNone: true, AuditNone: true}
+			res.MapState[Key{Direction: uint8(dir), Proto: AuditCookieProto}] = Entry{Cookie: auditCookie[dir], Views: EnforcedNone | AuditNone}
 		}
 	}
 	return res
@@ -633,7 +651,16 @@ func mergeAudit(e, a MapState, audited [2]bool) MapState {
 	for k := range keys {
 		ev, eok := longest(e, k)
 		av, aok := longest(a, k)
-		ent := Entry{Deny: ev.Deny, Cookie: ev.Cookie, EnforcedNone: !eok, AuditNone: !aok, AuditDeny: aok && av.Deny}
+		ent := Entry{Deny: ev.Deny, Cookie: ev.Cookie}
+		if !eok {
+			ent.Views |= EnforcedNone
+		}
+		if !aok {
+			ent.Views |= AuditNone
+		}
+		if aok && av.Deny {
+			ent.Views |= AuditDeny
+		}
 		// The cookie the datapath reports: the audit view's deny rule when
 		// only it denies (an AUDIT event), else the enforced view's entry.
 		if (aok && av.Deny && !(eok && ev.Deny)) || !eok {
@@ -827,10 +854,10 @@ func (m MapState) AllowedWithCIDR(dir uint8, id, cidrID identity.NumericIdentity
 func (m MapState) AuditAllowed(dir uint8, id identity.NumericIdentity, proto uint8, port uint16) (allowed bool, cookie uint32) {
 	audit := MapState{}
 	for k, e := range m {
-		if e.AuditNone {
+		if e.Views.Has(AuditNone) {
 			continue
 		}
-		audit[k] = Entry{Deny: e.AuditDeny || (e.Deny && !e.EnforcedNone), Cookie: e.Cookie}
+		audit[k] = Entry{Deny: e.Views.Has(AuditDeny) || (e.Deny && !e.Views.Has(EnforcedNone)), Cookie: e.Cookie}
 	}
 	return audit.Allowed(dir, id, proto, port)
 }
@@ -848,7 +875,7 @@ func (m MapState) verdict(dir uint8, id identity.NumericIdentity, proto uint8, p
 		var best Entry
 		bestLen := -1
 		for k, e := range m {
-			if k.Identity != id || k.Direction != dir || e.EnforcedNone {
+			if k.Identity != id || k.Direction != dir || e.Views.Has(EnforcedNone) {
 				continue // (an entry only the audit view has)
 			}
 			l := 0
