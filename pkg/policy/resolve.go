@@ -571,11 +571,21 @@ func (c *SelectorCache) peers(ids []identity.NumericIdentity) []Peer {
 // folded into one map state.
 func (r *Repository) resolveViews(ep Endpoint, universe Universe, cache *SelectorCache) Result {
 	rules, rev := r.Rules(nil)
-	epSet, epNS := newLabelSet(ep.Labels), namespaceOf(ep.Labels)
 	var audited [2]bool
 	var auditCookie [2]uint32
+	// The endpoint's label set only when an audited rule exists: most
+	// resolutions have none and must not pay for a second set.
+	var epSet labelSet
+	var epNS string
+	haveSet := false
 	for _, s := range rules {
-		if !s.Rule.Audited() || !s.selects(epSet, epNS) {
+		if !s.Rule.Audited() {
+			continue
+		}
+		if !haveSet {
+			epSet, epNS, haveSet = newLabelSet(ep.Labels), namespaceOf(ep.Labels), true
+		}
+		if !s.selects(epSet, epNS) {
 			continue
 		}
 		for dir, has := range [2]bool{len(s.Rule.Ingress)+len(s.Rule.IngressDeny) > 0, len(s.Rule.Egress)+len(s.Rule.EgressDeny) > 0} {
