@@ -3,6 +3,7 @@ package operator
 import (
 	"context"
 	"fmt"
+	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"os"
 	"strconv"
 	"strings"
@@ -33,7 +34,7 @@ func BenchmarkOperatorMemory(b *testing.B) {
 		newNamespace(b, e, ns)
 		p := startProcess(b, e, ns, "mem-"+ns, 15*time.Second, 10*time.Second, 2*time.Second)
 		// Leading means the start (and the informer sync) is done.
-		waitFor(b, "the status write", 2*time.Minute, func() bool {
+		operatortest.WaitFor(b, "the status write", 2*time.Minute, func() bool {
 			cm, err := c.Core.CoreV1().ConfigMaps(ns).Get(context.Background(), status.ConfigMapName, metav1.GetOptions{})
 			return err == nil && cm.Data[status.KeyHolder] == "mem-"+ns
 		})

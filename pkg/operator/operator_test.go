@@ -3,6 +3,7 @@ package operator
 import (
 	"context"
 	"fmt"
+	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"io"
 	"log/slog"
 	"net/http"
@@ -188,18 +189,6 @@ func (r *recorder) checkNoOverlap(t *testing.T) {
 	}
 }
 
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 // TestLeaderKilledFailover runs two operator processes, kills -9 the one
 // that leads, and checks through the status writes and the Lease that the
 // other takes over once the lease expires (never before) and that the two
@@ -218,7 +207,7 @@ func TestLeaderKilledFailover(t *testing.T) {
 	for _, id := range []string{"op-a", "op-b"} {
 		procs[id] = startProcess(t, e, ns, id, lease, renew, retry)
 	}
-	waitFor(t, "a leader's status writes", 2*time.Minute, func() bool { return len(rec.holdersSeen()) == 1 })
+	operatortest.WaitFor(t, "a leader's status writes", 2*time.Minute, func() bool { return len(rec.holdersSeen()) == 1 })
 	first := rec.holdersSeen()[0]
 	// Let it write a few more times, then kill it without any cleanup.
 	time.Sleep(500 * time.Millisecond)
@@ -226,7 +215,7 @@ func TestLeaderKilledFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-procs[first].done
-	waitFor(t, "the other replica's status writes", time.Minute, func() bool { return len(rec.holdersSeen()) == 2 })
+	operatortest.WaitFor(t, "the other replica's status writes", time.Minute, func() bool { return len(rec.holdersSeen()) == 2 })
 	second := rec.holdersSeen()[1]
 	if second == first {
 		t.Fatalf("holder %s after it was killed", second)
@@ -286,7 +275,7 @@ func TestLeaderKilledFailover(t *testing.T) {
 	if code := procs[second].cmd.ProcessState.ExitCode(); code != 0 {
 		t.Fatalf("%s exited %d after SIGTERM", second, code)
 	}
-	waitFor(t, "the restarted replica's writes", time.Minute, func() bool { return len(rec.holdersSeen()) == 3 })
+	operatortest.WaitFor(t, "the restarted replica's writes", time.Minute, func() bool { return len(rec.holdersSeen()) == 3 })
 	if h := rec.holdersSeen(); h[2] != first {
 		t.Fatalf("holders %v", h)
 	}
@@ -349,7 +338,7 @@ func TestHealthAndMetrics(t *testing.T) {
 		t.Fatalf("/healthz %d %q", code, body)
 	}
 	gauge := regexp.MustCompile(`(?m)^tendril_operator_is_leader 1$`)
-	waitFor(t, "the leader gauge", time.Minute, func() bool { _, body := get("/metrics"); return gauge.MatchString(body) })
+	operatortest.WaitFor(t, "the leader gauge", time.Minute, func() bool { _, body := get("/metrics"); return gauge.MatchString(body) })
 	if _, body := get("/metrics"); !strings.Contains(body, "go_goroutines") {
 		t.Fatal("/metrics lacks the Go collector")
 	}
@@ -403,11 +392,11 @@ func TestOperatorWithKVStore(t *testing.T) {
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "pg", Port: 5432}}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the service in the kvstore", time.Minute, func() bool {
+	operatortest.WaitFor(t, "the service in the kvstore", time.Minute, func() bool {
 		_, found, err := kv.KV().Get(ctx, kvsync.ServicesPrefix+"default/with-kvstore/db")
 		return err == nil && found
 	})
-	waitFor(t, "the status report of kvstore-sync and identity-gc", time.Minute, func() bool {
+	operatortest.WaitFor(t, "the status report of kvstore-sync and identity-gc", time.Minute, func() bool {
 		cm, err := e.Clientset().CoreV1().ConfigMaps("with-kvstore").Get(ctx, status.ConfigMapName, metav1.GetOptions{})
 		return err == nil && cm.Data[status.KeyJobPrefix+"kvstore-sync"] != "" && cm.Data[status.KeyJobPrefix+"identity-gc"] != ""
 	})

@@ -2,8 +2,7 @@ package clusterpool
 
 import (
 	"context"
-	"io"
-	"log/slog"
+	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"os"
 	"slices"
 	"testing"
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/tendril-net/tendril/pkg/k8s"
-	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
@@ -23,29 +21,7 @@ import (
 var env k8senv.Package
 
 func TestMain(m *testing.M) {
-	os.Exit(env.Main(m, k8senv.Options{}, func(e *k8senv.Env) error {
-		c, err := k8s.NewClientsForConfig(e.RESTConfig())
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, err = crdinstall.Install(ctx, c.Dynamic, quiet())
-		return err
-	}))
-}
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for i := 0; i < 600; i++ {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
+	os.Exit(env.Main(m, k8senv.Options{}, operatortest.InstallCRDs))
 }
 
 // TestClusterPool: two nodes get disjoint CIDRs of both families; a third
@@ -82,8 +58,8 @@ func TestClusterPool(t *testing.T) {
 	}
 	mkNode("n1")
 	mkNode("n2")
-	waitFor(t, "nodes in the cache", func() bool { n, _ := res.Nodes.List(labels.Everything()); return len(n) == 2 })
-	a, err := New(cfg, quiet(), c, res)
+	operatortest.WaitFor(t, "nodes in the cache", 30*time.Second, func() bool { n, _ := res.Nodes.List(labels.Everything()); return len(n) == 2 })
+	a, err := New(cfg, operatortest.Quiet(), c, res)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,8 +77,8 @@ func TestClusterPool(t *testing.T) {
 	}
 	// A third node: both pools (two subnets each) are exhausted.
 	mkNode("n3")
-	waitFor(t, "n3 in the cache", func() bool { _, err := res.Nodes.Get("n3"); return err == nil })
-	waitFor(t, "TendrilNodes in the cache", func() bool { tn, _ := res.TNodes.List(labels.Everything()); return len(tn) == 2 })
+	operatortest.WaitFor(t, "n3 in the cache", 30*time.Second, func() bool { _, err := res.Nodes.Get("n3"); return err == nil })
+	operatortest.WaitFor(t, "TendrilNodes in the cache", 30*time.Second, func() bool { tn, _ := res.TNodes.List(labels.Everything()); return len(tn) == 2 })
 	if _, err := a.Pass(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -114,12 +90,12 @@ func TestClusterPool(t *testing.T) {
 	if len(tn3.Spec.IPAM.PodCIDRs) != 0 || cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != ReasonExhausted {
 		t.Fatalf("n3: CIDRs %v condition %+v", tn3.Spec.IPAM.PodCIDRs, cond)
 	}
-	waitFor(t, "the exhaustion Event on n3", func() bool {
+	operatortest.WaitFor(t, "the exhaustion Event on n3", 30*time.Second, func() bool {
 		evs, err := c.Core.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=n3,reason=" + ReasonExhausted})
 		return err == nil && len(evs.Items) > 0 && evs.Items[0].Type == corev1.EventTypeWarning
 	})
 	// A new leader's allocator: nothing moves.
-	b, err := New(cfg, quiet(), c, res)
+	b, err := New(cfg, operatortest.Quiet(), c, res)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +112,7 @@ func TestClusterPool(t *testing.T) {
 	if err := c.Tendril.TendrilV1alpha1().TendrilNodes().Delete(ctx, "n1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "n1 gone from the cache", func() bool { _, err := res.TNodes.Get("n1"); return err != nil })
+	operatortest.WaitFor(t, "n1 gone from the cache", 30*time.Second, func() bool { _, err := res.TNodes.Get("n1"); return err != nil })
 	if _, err := b.Pass(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -161,11 +137,11 @@ func TestConfigErrors(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.IPAM = "cluster-pool"
-	if _, err := New(cfg, quiet(), c, nil); err == nil {
+	if _, err := New(cfg, operatortest.Quiet(), c, nil); err == nil {
 		t.Fatal("cluster-pool without pools accepted")
 	}
 	cfg.ClusterPoolIPv4CIDR = []string{"10.0.0.0/25"}
-	if _, err := New(cfg, quiet(), c, nil); err == nil {
+	if _, err := New(cfg, operatortest.Quiet(), c, nil); err == nil {
 		t.Fatal("a pool smaller than the mask accepted")
 	}
 }

@@ -2,8 +2,7 @@ package endpointgc
 
 import (
 	"context"
-	"io"
-	"log/slog"
+	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"os"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
-	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
@@ -22,19 +20,8 @@ import (
 var env k8senv.Package
 
 func TestMain(m *testing.M) {
-	os.Exit(env.Main(m, k8senv.Options{}, func(e *k8senv.Env) error {
-		c, err := k8s.NewClientsForConfig(e.RESTConfig())
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, err = crdinstall.Install(ctx, c.Dynamic, quiet())
-		return err
-	}))
+	os.Exit(env.Main(m, k8senv.Options{}, operatortest.InstallCRDs))
 }
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // TestEndpointGC: endpoints of a running pod and of a pod created just
 // before the pass stay; those of a gone, a Failed and a Succeeded pod go.
@@ -95,7 +82,7 @@ func TestEndpointGC(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	gc := New(quiet(), c, res)
+	gc := New(operatortest.Quiet(), c, res)
 	r, err := gc.Pass(ctx)
 	if err != nil {
 		t.Fatal(err)

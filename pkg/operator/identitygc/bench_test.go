@@ -3,6 +3,7 @@ package identitygc
 import (
 	"context"
 	"fmt"
+	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"strconv"
 	"sync"
 	"testing"
@@ -44,7 +45,7 @@ func BenchmarkIdentityGC(b *testing.B) {
 				}
 				cfg := testConfig("crd", time.Minute)
 				cfg.IdentityGCRateLimit = bc.limit
-				gc := New(cfg, quiet(), c, res, nil)
+				gc := New(cfg, operatortest.Quiet(), c, res, nil)
 				b.StartTimer()
 				start := time.Now()
 				r, err := gc.Pass(context.Background())

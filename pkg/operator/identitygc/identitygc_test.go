@@ -3,8 +3,7 @@ package identitygc
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
+	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"os"
 	"strconv"
 	"sync"
@@ -20,7 +19,6 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
-	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/operator/kvstoreclient"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
@@ -30,19 +28,8 @@ import (
 var env k8senv.Package
 
 func TestMain(m *testing.M) {
-	os.Exit(env.Main(m, k8senv.Options{}, func(e *k8senv.Env) error {
-		c, err := k8s.NewClientsForConfig(e.RESTConfig())
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, err = crdinstall.Install(ctx, c.Dynamic, quiet())
-		return err
-	}))
+	os.Exit(env.Main(m, k8senv.Options{}, operatortest.InstallCRDs))
 }
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func setup(t *testing.T) (*k8s.Clients, *resources.Resources) {
 	t.Helper()
@@ -74,24 +61,13 @@ func publish(c *k8s.Clients, ns, name string, id identity.NumericIdentity) error
 	return err
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for i := 0; i < 1200; i++ {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 // TestCRDMarkThenDelete: an unused identity is marked, then deleted once
 // the grace period has passed; one an endpoint uses stays; a marked one
 // used again loses its mark.
 func TestCRDMarkThenDelete(t *testing.T) {
 	c, res := setup(t)
 	ctx := context.Background()
-	a := crdalloc.New(quiet())
+	a := crdalloc.New(operatortest.Quiet())
 	a.SetClient(c.Tendril)
 	used, _, err := a.Allocate([]string{"k8s:app=used"})
 	if err != nil {
@@ -105,13 +81,13 @@ func TestCRDMarkThenDelete(t *testing.T) {
 	if err := publish(c, "default", "used-pod", used.ID); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the caches", func() bool {
+	operatortest.WaitFor(t, "the caches", time.Minute, func() bool {
 		ids, _ := res.Identities.List(everything())
 		eps, _ := res.EndpointsByIdentity.ByIndex(resources.IdentityIndex, strconv.Itoa(int(used.ID)))
 		return len(ids) >= 2 && len(eps) == 1
 	})
 
-	gc := New(testConfig("crd", time.Hour), quiet(), c, res, nil)
+	gc := New(testConfig("crd", time.Hour), operatortest.Quiet(), c, res, nil)
 	now := time.Now()
 	gc.SetClock(func() time.Time { return now })
 	r, err := gc.Pass(ctx)
@@ -128,7 +104,7 @@ func TestCRDMarkThenDelete(t *testing.T) {
 	}
 	// Within the grace period: nothing deleted.
 	now = now.Add(59 * time.Minute)
-	waitFor(t, "the mark in the cache", func() bool {
+	operatortest.WaitFor(t, "the mark in the cache", time.Minute, func() bool {
 		o, err := res.Identities.Get(strconv.Itoa(int(unused.ID)))
 		return err == nil && o.Annotations[crdalloc.AnnotationUnusedSince] != ""
 	})
@@ -157,7 +133,7 @@ func everything() labelsSelector { return labelsEverything() }
 // identity without its object. After the churn, every identity goes.
 func TestCRDChurn(t *testing.T) {
 	c, res := setup(t)
-	gc := New(testConfig("crd", 2*time.Second), quiet(), c, res, nil)
+	gc := New(testConfig("crd", 2*time.Second), operatortest.Quiet(), c, res, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	var gcWG sync.WaitGroup
 	var deleted, kept atomic.Int64
@@ -182,7 +158,7 @@ func TestCRDChurn(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a := crdalloc.New(quiet())
+			a := crdalloc.New(operatortest.Quiet())
 			a.SetClient(c.Tendril)
 			eps := c.Tendril.TendrilV1alpha1().TendrilEndpoints(ns)
 			for i := 0; i < rounds; i++ {
@@ -227,7 +203,7 @@ func TestCRDChurn(t *testing.T) {
 		t.Fatal("the GC deleted nothing during the churn: the test did not race")
 	}
 	t.Logf("during the churn: %d identities deleted, %d deletions refused by a concurrent claim", deleted.Load(), kept.Load())
-	waitFor(t, "every identity to be collected", func() bool {
+	operatortest.WaitFor(t, "every identity to be collected", time.Minute, func() bool {
 		l, err := c.Tendril.TendrilV1alpha1().TendrilIdentities().List(context.Background(), metav1.ListOptions{})
 		n := 0
 		for _, o := range l.Items {
@@ -247,7 +223,7 @@ func TestCRDChurn(t *testing.T) {
 // key that is gone, and after the churn every master and index key goes.
 func TestKVStoreChurn(t *testing.T) {
 	dir := t.TempDir()
-	srv, err := kvstore.StartEmbedded(context.Background(), kvstore.EmbeddedConfig{Dir: dir, UnsafeNoFsync: true}, quiet())
+	srv, err := kvstore.StartEmbedded(context.Background(), kvstore.EmbeddedConfig{Dir: dir, UnsafeNoFsync: true}, operatortest.Quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +232,7 @@ func TestKVStoreChurn(t *testing.T) {
 		cfg := kvstore.DefaultConfig()
 		cfg.Endpoints = srv.Endpoints()
 		cfg.ConnectTimeout = 20 * time.Second
-		kv, err := kvstore.Connect(context.Background(), cfg, quiet())
+		kv, err := kvstore.Connect(context.Background(), cfg, operatortest.Quiet())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -264,7 +240,7 @@ func TestKVStoreChurn(t *testing.T) {
 		return kv
 	}
 	gcKV := connect()
-	gc := New(testConfig("kvstore", time.Second), quiet(), nil, nil, kvstoreclient.ForClient(gcKV))
+	gc := New(testConfig("kvstore", time.Second), operatortest.Quiet(), nil, nil, kvstoreclient.ForClient(gcKV))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var deleted atomic.Int64
@@ -286,7 +262,7 @@ func TestKVStoreChurn(t *testing.T) {
 	var wg sync.WaitGroup
 	for n := 0; n < nodes; n++ {
 		kv := connect()
-		a := kvalloc.New(kv, fmt.Sprintf("node-%d", n), quiet())
+		a := kvalloc.New(kv, fmt.Sprintf("node-%d", n), operatortest.Quiet())
 		go a.Run(ctx)
 		if err := a.WaitSynced(ctx); err != nil {
 			t.Fatal(err)
@@ -324,7 +300,7 @@ func TestKVStoreChurn(t *testing.T) {
 		t.Fatal("the GC deleted nothing during the churn: the test did not race")
 	}
 	t.Logf("during the churn: %d identities deleted", deleted.Load())
-	waitFor(t, "every master and index key to be collected", func() bool {
+	operatortest.WaitFor(t, "every master and index key to be collected", time.Minute, func() bool {
 		m, _, err1 := gcKV.GetPrefix(context.Background(), kvalloc.IDPrefix)
 		x, _, err2 := gcKV.GetPrefix(context.Background(), kvalloc.LabelsPrefix)
 		return err1 == nil && err2 == nil && len(m) == 0 && len(x) == 0

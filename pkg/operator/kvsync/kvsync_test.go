@@ -3,8 +3,7 @@ package kvsync
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
+	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"os"
 	"testing"
 	"time"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
-	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/operator/kvstoreclient"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
@@ -27,29 +25,7 @@ import (
 var env k8senv.Package
 
 func TestMain(m *testing.M) {
-	os.Exit(env.Main(m, k8senv.Options{}, func(e *k8senv.Env) error {
-		c, err := k8s.NewClientsForConfig(e.RESTConfig())
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, err = crdinstall.Install(ctx, c.Dynamic, quiet())
-		return err
-	}))
-}
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for i := 0; i < 600; i++ {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
+	os.Exit(env.Main(m, k8senv.Options{}, operatortest.InstallCRDs))
 }
 
 // TestSyncServicesAndNodes: a Service with an EndpointSlice and a Node
@@ -63,14 +39,14 @@ func TestSyncServicesAndNodes(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	srv, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true}, quiet())
+	srv, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true}, operatortest.Quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = srv.Stop(context.Background()) }()
 	cfg := kvstore.DefaultConfig()
 	cfg.Endpoints = srv.Endpoints()
-	kv, err := kvstore.Connect(ctx, cfg, quiet())
+	kv, err := kvstore.Connect(ctx, cfg, operatortest.Quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +84,7 @@ func TestSyncServicesAndNodes(t *testing.T) {
 	}
 
 	res, build := resourcesForTest(t, c)
-	s, err := New(DefaultConfig(), quiet(), kvstoreclient.ForClient(kv), res)
+	s, err := New(DefaultConfig(), operatortest.Quiet(), kvstoreclient.ForClient(kv), res)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,16 +100,16 @@ func TestSyncServicesAndNodes(t *testing.T) {
 		}
 		return cs, true
 	}
-	waitFor(t, "the service key with both backends", func() bool {
+	operatortest.WaitFor(t, "the service key with both backends", 30*time.Second, func() bool {
 		cs, ok := readService()
 		return ok && len(cs.Backends) == 2 && cs.Shared && cs.Frontends[svc.Spec.ClusterIP]["http"].Port == 80 && cs.Backends["10.1.0.5"]["http"].Port == 8080
 	})
-	waitFor(t, "the node key", func() bool {
+	operatortest.WaitFor(t, "the node key", 30*time.Second, func() bool {
 		kvp, found, err := kv.Get(ctx, NodesPrefix+"default/node-1")
 		var cn ClusterNode
 		return err == nil && found && json.Unmarshal(kvp.Value, &cn) == nil && len(cn.PodCIDRs) == 1 && cn.PodCIDRs[0] == "10.1.0.0/24" && len(cn.Addresses) == 2
 	})
-	waitFor(t, "the stale key removed", func() bool {
+	operatortest.WaitFor(t, "the stale key removed", 30*time.Second, func() bool {
 		_, found, err := kv.Get(ctx, ServicesPrefix+"default/default/gone")
 		return err == nil && !found
 	})
@@ -142,12 +118,12 @@ func TestSyncServicesAndNodes(t *testing.T) {
 	if _, err := c.Core.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the unready backend dropped", func() bool { cs, ok := readService(); return ok && len(cs.Backends) == 1 })
+	operatortest.WaitFor(t, "the unready backend dropped", 30*time.Second, func() bool { cs, ok := readService(); return ok && len(cs.Backends) == 1 })
 	// The Service goes, its key with it.
 	if err := c.Core.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the service key removed", func() bool { _, ok := readService(); return !ok })
+	operatortest.WaitFor(t, "the service key removed", 30*time.Second, func() bool { _, ok := readService(); return !ok })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

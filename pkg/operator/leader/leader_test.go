@@ -2,8 +2,7 @@ package leader
 
 import (
 	"context"
-	"io"
-	"log/slog"
+	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -21,8 +20,6 @@ import (
 var env k8senv.Package
 
 func TestMain(m *testing.M) { os.Exit(env.Main(m, k8senv.Options{}, nil)) }
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // fastConfig is a short election so the tests take seconds.
 func fastConfig(ns, id string) Config {
@@ -69,17 +66,6 @@ func (r *runs) get() (active, started, ended int) {
 	return r.active, r.started, r.ended
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for i := 0; i < 600; i++ {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 // TestLostLeaseStopsJobs: the lease is taken by another holder (as when
 // this replica cannot renew it); the elector cancels and joins its jobs,
 // and does not run them again while the other holder renews.
@@ -90,7 +76,7 @@ func TestLostLeaseStopsJobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	el, err := New(fastConfig("lost-lease", "op-a"), clients, quiet())
+	el, err := New(fastConfig("lost-lease", "op-a"), clients, operatortest.Quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +87,7 @@ func TestLostLeaseStopsJobs(t *testing.T) {
 	go func() { defer close(done); el.Campaign(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	waitFor(t, "op-a to lead and start its job", func() bool { a, _, _ := r.get(); return el.IsLeader() && a == 1 })
+	operatortest.WaitFor(t, "op-a to lead and start its job", 30*time.Second, func() bool { a, _, _ := r.get(); return el.IsLeader() && a == 1 })
 
 	// An intruder takes the lease over and keeps renewing it.
 	leases := clients.Core.CoordinationV1().Leases("lost-lease")
@@ -124,7 +110,7 @@ func TestLostLeaseStopsJobs(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}()
-	waitFor(t, "op-a to stop its job", func() bool { a, _, _ := r.get(); return stolen.Load() && !el.IsLeader() && a == 0 })
+	operatortest.WaitFor(t, "op-a to stop its job", 30*time.Second, func() bool { a, _, _ := r.get(); return stolen.Load() && !el.IsLeader() && a == 0 })
 	// While the intruder holds the lease, the job stays stopped: op-a only
 	// campaigns. Several retry periods pass without a new run.
 	_, startedBefore, _ := r.get()
@@ -139,7 +125,7 @@ func TestLostLeaseStopsJobs(t *testing.T) {
 	}
 	// The intruder stops renewing: op-a takes over after the lease expires.
 	stopIntruder()
-	waitFor(t, "op-a to lead again", func() bool { a, _, _ := r.get(); return el.IsLeader() && a == 1 })
+	operatortest.WaitFor(t, "op-a to lead again", 30*time.Second, func() bool { a, _, _ := r.get(); return el.IsLeader() && a == 1 })
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.maxActive != 1 {
@@ -164,7 +150,7 @@ func TestTwoElectorsOneLeader(t *testing.T) {
 		done   chan struct{}
 	}
 	start := func(id string) *replica {
-		el, err := New(fastConfig("two-electors", id), clients, quiet())
+		el, err := New(fastConfig("two-electors", id), clients, operatortest.Quiet())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +162,7 @@ func TestTwoElectorsOneLeader(t *testing.T) {
 	}
 	a, b := start("op-a"), start("op-b")
 	defer func() { a.cancel(); b.cancel(); <-a.done; <-b.done }()
-	waitFor(t, "one leader", func() bool { act, _, _ := r.get(); return act == 1 && (a.el.IsLeader() != b.el.IsLeader()) })
+	operatortest.WaitFor(t, "one leader", 30*time.Second, func() bool { act, _, _ := r.get(); return act == 1 && (a.el.IsLeader() != b.el.IsLeader()) })
 	leaderRep, other := a, b
 	if b.el.IsLeader() {
 		leaderRep, other = b, a
@@ -186,7 +172,7 @@ func TestTwoElectorsOneLeader(t *testing.T) {
 	if leaderRep.el.IsLeader() {
 		t.Fatal("a stopped elector still reports leading")
 	}
-	waitFor(t, "the other replica to lead", func() bool { act, _, _ := r.get(); return other.el.IsLeader() && act == 1 })
+	operatortest.WaitFor(t, "the other replica to lead", 30*time.Second, func() bool { act, _, _ := r.get(); return other.el.IsLeader() && act == 1 })
 	lease, err := clients.Core.CoordinationV1().Leases("two-electors").Get(context.Background(), "lock", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

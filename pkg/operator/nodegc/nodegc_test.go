@@ -2,8 +2,7 @@ package nodegc
 
 import (
 	"context"
-	"io"
-	"log/slog"
+	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"os"
 	"testing"
 	"time"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
-	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
@@ -23,19 +21,8 @@ import (
 var env k8senv.Package
 
 func TestMain(m *testing.M) {
-	os.Exit(env.Main(m, k8senv.Options{}, func(e *k8senv.Env) error {
-		c, err := k8s.NewClientsForConfig(e.RESTConfig())
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, err = crdinstall.Install(ctx, c.Dynamic, quiet())
-		return err
-	}))
+	os.Exit(env.Main(m, k8senv.Options{}, operatortest.InstallCRDs))
 }
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // TestOrphanedTendrilNodes: a TendrilNode whose Node is gone is a
 // candidate in one pass and deleted in the next; one whose Node exists
@@ -72,7 +59,7 @@ func TestOrphanedTendrilNodes(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	gc := New(quiet(), c, res)
+	gc := New(operatortest.Quiet(), c, res)
 	r, err := gc.Pass(ctx)
 	if err != nil || r.Candidates != 2 || r.Deleted != 0 {
 		t.Fatalf("first pass: %s %v", r, err)
