@@ -2,7 +2,6 @@ package ipcache
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"iter"
 	"log/slog"
@@ -15,6 +14,8 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+
+	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
 // Backend realizes resolved entries (the BPF map). Its methods are the
@@ -321,22 +322,7 @@ func (c *IPCache) Synced(ctx context.Context) error {
 	if err := c.queue.waitQueued(ctx); err != nil {
 		return err
 	}
-	rev := c.table.Revision(c.db.ReadTxn())
-	for {
-		got, low, err := c.rec.WaitUntilReconciled(ctx, rev)
-		if err != nil {
-			return fmt.Errorf("ipcache reconciled to revision %d of %d: %w", got, rev, err)
-		}
-		if low == 0 || low > rev {
-			return nil
-		}
-		// A write up to rev is still being retried: look again shortly.
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("ipcache: writes since revision %d still failing: %w", low, ctx.Err())
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	return reconcile.Synced(ctx, c.rec, c.table.Revision(c.db.ReadTxn()), TableName)
 }
 
 // WaitRealized waits until the backend holds the current resolved entry
@@ -399,20 +385,9 @@ func (o ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*PrefixC
 	for obj := range objs {
 		want[obj.Prefix] = struct{}{}
 	}
-	var errs []error
-	pruned := 0
-	for _, p := range have {
-		if _, ok := want[p]; ok {
-			continue
-		}
-		if err := o.backend.Delete(p); err != nil {
-			errs = append(errs, fmt.Errorf("prune %s: %w", p, err))
-			continue
-		}
-		pruned++
-	}
+	pruned, err := reconcile.PruneStale(have, want, o.backend.Delete)
 	if pruned > 0 {
 		o.log.Info("Pruned stale ipcache entries", "pruned", pruned)
 	}
-	return errors.Join(errs...)
+	return err
 }

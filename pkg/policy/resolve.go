@@ -622,13 +622,30 @@ const AuditCookieProto = 255
 // would find for any packet whose longest key in the union is this one).
 func mergeAudit(e, a MapState, audited [2]bool) MapState {
 	out := MapState{}
-	longest := func(m MapState, k Key) (Entry, bool) {
+	// A key covers only keys of its own direction and identity: each view
+	// is indexed by those, so finding the covering keys walks one group,
+	// not the whole map state.
+	type group struct {
+		dir uint8
+		id  identity.NumericIdentity
+	}
+	index := func(m MapState) map[group][]Key {
+		g := map[group][]Key{}
+		for k := range m {
+			if audited[k.Direction] {
+				g[group{k.Direction, k.Identity}] = append(g[group{k.Direction, k.Identity}], k)
+			}
+		}
+		return g
+	}
+	eIdx, aIdx := index(e), index(a)
+	longest := func(m MapState, idx map[group][]Key, k Key) (Entry, bool) {
 		if v, ok := m[k]; ok {
 			return v, true
 		}
 		var best Entry
 		bestLen, found := -1, false
-		for mk, v := range m {
+		for _, mk := range idx[group{k.Direction, k.Identity}] {
 			if !mk.covers(k) {
 				continue
 			}
@@ -637,7 +654,7 @@ func mergeAudit(e, a MapState, audited [2]bool) MapState {
 				l = 16 + int(mk.PrefixLen)
 			}
 			if l > bestLen {
-				best, bestLen, found = v, l, true
+				best, bestLen, found = m[mk], l, true
 			}
 		}
 		return best, found
@@ -659,8 +676,8 @@ func mergeAudit(e, a MapState, audited [2]bool) MapState {
 		}
 	}
 	for k := range keys {
-		ev, eok := longest(e, k)
-		av, aok := longest(a, k)
+		ev, eok := longest(e, eIdx, k)
+		av, aok := longest(a, aIdx, k)
 		ent := Entry{Deny: ev.Deny, Cookie: ev.Cookie}
 		if !eok {
 			ent.Views |= EnforcedNone

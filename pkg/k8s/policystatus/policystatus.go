@@ -194,10 +194,17 @@ func (p *Publisher) Realized(rev uint64) int {
 	if p == nil {
 		return 0
 	}
+	becomes := func(r *Report) bool {
+		return !r.Enforcing && r.Error == "" && r.Revision != 0 && r.Revision <= rev
+	}
+	// A job calls this every second: nothing to do takes no write lock.
+	if !p.any(becomes) {
+		return 0
+	}
 	wtxn := p.db.WriteTxn(p.table)
 	n := 0
 	for r := range p.table.All(wtxn) {
-		if r.Enforcing || r.Error != "" || r.Revision == 0 || r.Revision > rev {
+		if !becomes(r) {
 			continue
 		}
 		c := r.clone()
@@ -216,13 +223,17 @@ func (p *Publisher) Audited(counts map[string]uint64) int {
 	if p == nil {
 		return 0
 	}
+	changed := func(r *Report) bool { return counts[r.Key()] != r.Audited }
+	if !p.any(changed) {
+		return 0
+	}
 	wtxn := p.db.WriteTxn(p.table)
 	n := 0
 	for r := range p.table.All(wtxn) {
-		c := counts[r.Key()]
-		if c == r.Audited {
+		if !changed(r) {
 			continue
 		}
+		c := counts[r.Key()]
 		nr := r.clone()
 		nr.Audited, nr.Updated, nr.Status = c, p.now(), reconciler.StatusPending()
 		_, _, _ = p.table.Insert(wtxn, nr)
@@ -234,6 +245,16 @@ func (p *Publisher) Audited(counts map[string]uint64) int {
 
 // Key is a report's key for policy object kind/namespace/name.
 func Key(kind, ns, name string) string { return key(kind, ns, name) }
+
+// any reports whether a report satisfies pred, in a read transaction.
+func (p *Publisher) any(pred func(*Report) bool) bool {
+	for r := range p.table.All(p.db.ReadTxn()) {
+		if pred(r) {
+			return true
+		}
+	}
+	return false
+}
 
 // Report is this node's current report on a policy object.
 func (p *Publisher) Report(kind, ns, name string) (*Report, bool) {

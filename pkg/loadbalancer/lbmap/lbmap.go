@@ -289,14 +289,25 @@ func (o *Ops) drainBackendLocked(id uint32) error {
 	if !ok {
 		return nil
 	}
-	drained := maps.Backend{Addr: ap.Addr(), Port: ap.Port(), State: maps.BackendStateRemoved}
-	if err := o.maps.BackendMap().Upsert(id, drained); err != nil {
+	if err := o.writeBackendLocked(id, maps.Backend{Addr: ap.Addr(), Port: ap.Port(), State: maps.BackendStateRemoved}); err != nil {
 		return fmt.Errorf("drain backend %s: %w", ap, err)
 	}
-	// What the map holds now: a frontend that takes the backend back
-	// writes it active again instead of skipping an "unchanged" write.
-	o.backendWritten[id] = drained
 	o.drainingBackends[id] = true
+	return nil
+}
+
+// writeBackendLocked writes backend id unless the map already holds b.
+// Every write of the backend map goes through it, so backendWritten
+// mirrors the map (a drained backend taken back is written active again,
+// not skipped as unchanged).
+func (o *Ops) writeBackendLocked(id uint32, b maps.Backend) error {
+	if cur, ok := o.backendWritten[id]; ok && cur == b {
+		return nil
+	}
+	if err := o.maps.BackendMap().Upsert(id, b); err != nil {
+		return err
+	}
+	o.backendWritten[id] = b
 	return nil
 }
 
@@ -390,11 +401,8 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 			state = maps.BackendStateTerminating
 		}
 		want := maps.Backend{Addr: b.Addr.Addr(), Port: b.Addr.Port(), State: state}
-		if cur, ok := o.backendWritten[id]; !ok || cur != want {
-			if err := o.maps.BackendMap().Upsert(id, want); err != nil {
-				return fmt.Errorf("frontend %s: %w", f.Key, err)
-			}
-			o.backendWritten[id] = want
+		if err := o.writeBackendLocked(id, want); err != nil {
+			return fmt.Errorf("frontend %s: %w", f.Key, err)
 		}
 		if !contains(ids, id) {
 			ids = append(ids, id)

@@ -83,20 +83,13 @@ func newCollector(p params) *Collector {
 	if p.Config.EndpointGCInterval <= 0 {
 		return c
 	}
-	p.Elector.Add("endpoint-gc", func(ctx context.Context) error {
-		for {
-			r, err := c.Pass(ctx)
-			if err != nil && ctx.Err() == nil {
-				c.log.Warn("Endpoint GC pass failed", "error", err)
-			}
-			p.Reports.Set("endpoint-gc", r.String())
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(p.Config.EndpointGCInterval):
-			}
+	p.Elector.Add("endpoint-gc", leader.Every(p.Config.EndpointGCInterval, func(ctx context.Context) {
+		r, err := c.Pass(ctx)
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("Endpoint GC pass failed", "error", err)
 		}
-	})
+		p.Reports.Set("endpoint-gc", r.String())
+	}))
 	return c
 }
 

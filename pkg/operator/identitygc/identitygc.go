@@ -183,7 +183,7 @@ func New(cfg Config, log *slog.Logger, clients *k8s.Clients, res *resources.Reso
 
 // Run runs a pass at once and then every interval until ctx ends.
 func (c *Collector) Run(ctx context.Context, report func(Result)) error {
-	for {
+	return leader.Every(c.cfg.IdentityGCInterval, func(ctx context.Context) {
 		r, err := c.Pass(ctx)
 		if err != nil && ctx.Err() == nil {
 			c.log.Warn("Identity GC pass failed", "error", err, "partial", r.String())
@@ -193,12 +193,7 @@ func (c *Collector) Run(ctx context.Context, report func(Result)) error {
 		if report != nil {
 			report(r)
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(c.cfg.IdentityGCInterval):
-		}
-	}
+	})(ctx)
 }
 
 // Pass runs one collection in the configured mode.

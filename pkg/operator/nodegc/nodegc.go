@@ -83,20 +83,16 @@ func newCollector(p params) *Collector {
 	if p.Config.NodesGCInterval <= 0 {
 		return c
 	}
+	every := leader.Every(p.Config.NodesGCInterval, func(ctx context.Context) {
+		r, err := c.Pass(ctx)
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("Node GC pass failed", "error", err)
+		}
+		p.Reports.Set("node-gc", r.String())
+	})
 	p.Elector.Add("node-gc", func(ctx context.Context) error {
 		c.candidates = map[types.UID]bool{} // a new term starts afresh
-		for {
-			r, err := c.Pass(ctx)
-			if err != nil && ctx.Err() == nil {
-				c.log.Warn("Node GC pass failed", "error", err)
-			}
-			p.Reports.Set("node-gc", r.String())
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(p.Config.NodesGCInterval):
-			}
-		}
+		return every(ctx)
 	})
 	return c
 }

@@ -20,7 +20,6 @@ package policycidr
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"iter"
 	"log/slog"
@@ -36,6 +35,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
 // TableName is the statedb table's name.
@@ -150,6 +150,11 @@ func (t *Table) MarkRestored() {
 // transaction; unchanged objects are left alone, so the reconciler writes
 // only the difference.
 func (t *Table) Set(want map[netip.Prefix]identity.NumericIdentity) error {
+	// The policy pass calls Set each time: most find the table as wanted,
+	// and take no write lock for it.
+	if t.holds(want) {
+		return nil
+	}
 	wtxn := t.db.WriteTxn(t.table)
 	defer wtxn.Abort()
 	for obj := range t.table.All(wtxn) {
@@ -173,6 +178,20 @@ func (t *Table) Set(want map[netip.Prefix]identity.NumericIdentity) error {
 	return nil
 }
 
+// holds reports whether the table holds exactly want.
+func (t *Table) holds(want map[netip.Prefix]identity.NumericIdentity) bool {
+	txn := t.db.ReadTxn()
+	if t.table.NumObjects(txn) != len(want) {
+		return false
+	}
+	for pf, id := range want {
+		if obj, _, found := t.table.Get(txn, PrefixIndex.Query(pf.Masked())); !found || obj.Identity != id {
+			return false
+		}
+	}
+	return true
+}
+
 // Lookup is the identity of exactly prefix pf, if the table holds it.
 func (t *Table) Lookup(pf netip.Prefix) (identity.NumericIdentity, bool) {
 	obj, _, found := t.table.Get(t.db.ReadTxn(), PrefixIndex.Query(pf.Masked()))
@@ -184,21 +203,7 @@ func (t *Table) Lookup(pf netip.Prefix) (identity.NumericIdentity, bool) {
 
 // Synced waits until the map holds every change made to the table so far.
 func (t *Table) Synced(ctx context.Context) error {
-	rev := t.table.Revision(t.db.ReadTxn())
-	for {
-		got, low, err := t.rec.WaitUntilReconciled(ctx, rev)
-		if err != nil {
-			return fmt.Errorf("%s reconciled to revision %d of %d: %w", TableName, got, rev, err)
-		}
-		if low == 0 || low > rev {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: writes since revision %d still failing: %w", TableName, low, ctx.Err())
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	return reconcile.Synced(ctx, t.rec, t.table.Revision(t.db.ReadTxn()), TableName)
 }
 
 type ops struct {
@@ -225,20 +230,9 @@ func (o ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Prefix,
 	for obj := range objs {
 		want[obj.Prefix] = struct{}{}
 	}
-	var errs []error
-	pruned := 0
-	for _, p := range have {
-		if _, ok := want[p]; ok {
-			continue
-		}
-		if err := o.backend.Delete(p); err != nil {
-			errs = append(errs, fmt.Errorf("prune %s: %w", p, err))
-			continue
-		}
-		pruned++
-	}
+	pruned, err := reconcile.PruneStale(have, want, o.backend.Delete)
 	if pruned > 0 {
 		o.log.Info("Pruned stale policy CIDR entries", "pruned", pruned)
 	}
-	return errors.Join(errs...)
+	return err
 }
