@@ -152,6 +152,12 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 		created := err == nil
 		if apierrors.IsAlreadyExists(err) {
 			cur, gerr := ids.Get(ctx, obj.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(gerr) && ctx.Err() == nil {
+				// Collected (the operator's GC) between the create and the
+				// read: create this number again, as after a lost claim.
+				n--
+				continue
+			}
 			if gerr != nil {
 				return identity.Identity{}, false, fmt.Errorf("allocate identity: re-read %s: %w", obj.Name, gerr)
 			}
