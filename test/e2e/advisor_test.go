@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"slices"
@@ -29,6 +30,28 @@ func runTendril(t *testing.T, args ...string) string {
 		t.Fatalf("tendril %v: %v\n%s%s", args, err, out.String(), errOut.String())
 	}
 	return out.String()
+}
+
+// suggestedConnections reads, from the output of `tendril policy suggest`,
+// how many observed connections each suggested policy admits (by name).
+func suggestedConnections(out string) map[string]int {
+	got := map[string]int{}
+	for _, doc := range strings.Split(out, "\n---\n") {
+		var n int
+		var name string
+		for _, line := range strings.Split(doc, "\n") {
+			if k, err := fmt.Sscanf(line, "# %d observed connections", &n); k == 1 && err == nil {
+				continue
+			}
+			if v, ok := strings.CutPrefix(line, "  name: "); ok {
+				name = v
+			}
+		}
+		if name != "" {
+			got[name] = n
+		}
+	}
+	return got
 }
 
 // conn is a probe: from a pod to another's port.
@@ -120,10 +143,23 @@ func TestPrivilegedLabPolicySuggestAndWhatIf(t *testing.T) {
 	relay := "unix://" + e.st.RelaySocket()
 	var nps []*networkingv1.NetworkPolicy
 	for _, ns := range nss {
+		// The relay serves what the nodes' observers have decoded so
+		// far: wait until each workload's suggestion counts every
+		// connection made to or from it (suggesting from a partial
+		// window leaves a connection out, and replaying it then drops).
+		want := map[string]int{}
+		for _, c := range observed {
+			for _, end := range []string{c.from, c.to} {
+				if n, p, _ := strings.Cut(end, "/"); n == ns {
+					want["suggested-"+p]++
+				}
+			}
+		}
 		var out string
-		eventually(t, "suggested policies for every workload of "+ns, func() (bool, error) {
+		eventually(t, "suggested policies for every connection of every workload of "+ns, func() (bool, error) {
 			out = runTendril(t, "policy", "suggest", "-n", "e2e"+ns, "--since", start, "--server", relay)
-			return strings.Count(out, "kind: NetworkPolicy") == 3, fmt.Errorf("%s", out)
+			got := suggestedConnections(out)
+			return maps.Equal(got, want), fmt.Errorf("connections per suggested policy %v, want %v\n%s", got, want, out)
 		})
 		t.Logf("suggested for %s:\n%s", ns, out)
 		for _, doc := range strings.Split(out, "\n---\n") {
