@@ -37,13 +37,17 @@ func (m *servicesModule) serviceModel(f *loadbalancer.Frontend) *models.Service 
 	if m.ops != nil {
 		ids, _ = m.ops.FrontendIDs(f.Key)
 	}
+	extPolicy := f.ExternalTrafficPolicy
+	if extPolicy == "" {
+		extPolicy = loadbalancer.TrafficPolicyCluster
+	}
 	spec := &models.ServiceSpec{
 		ID: int64(ids.Service),
 		FrontendAddress: &models.FrontendAddress{IP: f.Key.Addr.Addr().String(), Port: f.Key.Addr.Port(),
 			Protocol: loadbalancer.ProtoName(f.Key.Proto), Scope: models.FrontendAddressScopeExternal},
 		BackendAddresses: []*models.BackendAddress{},
 		Flags: &models.ServiceSpecFlags{Type: f.Type, Name: f.Service.Name, Namespace: f.Service.Namespace,
-			IntTrafficPolicy: f.InternalTrafficPolicy, ExtTrafficPolicy: loadbalancer.TrafficPolicyCluster},
+			IntTrafficPolicy: f.InternalTrafficPolicy, ExtTrafficPolicy: extPolicy},
 	}
 	for _, b := range f.Backends {
 		ip := b.Addr.Addr().String()

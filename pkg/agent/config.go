@@ -135,7 +135,7 @@ func DefaultConfig() Config {
 		IdentityAllocationMode: IdentityAllocationCRD,
 		KVStoreConfig:          kvstore.DefaultConfig(),
 		IdentityLabels:         labels.DefaultConfig(),
-		Services:               ServicesConfig{LBAlgorithm: "random"},
+		Services:               ServicesConfig{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true},
 		Hubble:                 DefaultHubbleConfig(),
 		API:                    server.DefaultConfig(),
 		Metrics:                metrics.DefaultConfig(),

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/healthserver"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/k8ssource"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/lbmap"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/maglev"
@@ -38,6 +41,12 @@ type ServicesConfig struct {
 	// MaglevHashSeed seeds the Maglev permutations; every node of a
 	// cluster must use the same.
 	MaglevHashSeed uint64
+	// NodePortRange is the range of node ports answered, "min-max"
+	// (the API server's --service-node-port-range).
+	NodePortRange string
+	// HealthCheckNodePorts answers the health check node ports of
+	// services with externalTrafficPolicy Local.
+	HealthCheckNodePorts bool
 }
 
 // Flags registers the services' flags.
@@ -45,6 +54,19 @@ func (c *ServicesConfig) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.CgroupRoot, "cgroup-root", c.CgroupRoot, "cgroup v2 directory to attach the socket load-balancer to (e.g. /sys/fs/cgroup); empty: services are translated per packet only")
 	fs.StringVar(&c.LBAlgorithm, "lb-algorithm", c.LBAlgorithm, "Default backend selection of services: random or maglev (annotation service.tendril.io/lb-algorithm overrides)")
 	fs.Uint64Var(&c.MaglevHashSeed, "maglev-hash-seed", c.MaglevHashSeed, "Seed of the Maglev permutations (the same on every node)")
+	fs.StringVar(&c.NodePortRange, "node-port-range", c.NodePortRange, "Node ports answered, min-max (as the API server's --service-node-port-range)")
+	fs.BoolVar(&c.HealthCheckNodePorts, "enable-health-check-nodeport", c.HealthCheckNodePorts, "Answer the health check node ports of services with externalTrafficPolicy Local (local backend count: 200, none: 503)")
+}
+
+// NodePorts parses NodePortRange.
+func (c *ServicesConfig) NodePorts() (lo, hi uint16, err error) {
+	a, b, ok := strings.Cut(c.NodePortRange, "-")
+	x, err1 := strconv.ParseUint(strings.TrimSpace(a), 10, 16)
+	y, err2 := strconv.ParseUint(strings.TrimSpace(b), 10, 16)
+	if !ok || err1 != nil || err2 != nil || x == 0 || x > y {
+		return 0, 0, fmt.Errorf("node-port-range %q: want min-max, two ports with min <= max (e.g. 30000-32767)", c.NodePortRange)
+	}
+	return uint16(x), uint16(y), nil
 }
 
 // Validate checks the services' options.
@@ -54,6 +76,9 @@ func (c *ServicesConfig) Validate() error {
 	}
 	if c.CgroupRoot != "" && !strings.HasPrefix(c.CgroupRoot, "/") {
 		return fmt.Errorf("cgroup-root %q: must be an absolute path", c.CgroupRoot)
+	}
+	if _, _, err := c.NodePorts(); err != nil {
+		return err
 	}
 	return nil
 }
@@ -91,7 +116,10 @@ type servicesModule struct {
 	// without socket LB, or when the kernel cannot: termErr says why).
 	term    *sockterm.Terminator
 	termErr error
-	unsub   []func()
+	// health answers the health check node ports (nil: off, or no
+	// Kubernetes).
+	health *healthserver.Server
+	unsub  []func()
 }
 
 type servicesParams struct {
@@ -122,6 +150,18 @@ func newServicesModule(p servicesParams) (*servicesModule, error) {
 	if p.Client != nil {
 		// Pruning waits for this source's initial lists.
 		m.source = k8ssource.NewSource(m.writer, p.Config.Services.LBAlgorithm == "maglev", p.Log)
+		lo, hi, err := p.Config.Services.NodePorts()
+		if err != nil {
+			return nil, err
+		}
+		m.source.SetNodePortRange(lo, hi)
+		if p.Config.Services.HealthCheckNodePorts {
+			m.health = healthserver.New(tables, p.Config.NodeName, p.Log)
+			hj := newJobGroup(p.Jobs, p.Health, "services-health-check", p.Log)
+			hj.Add(job.OneShot("health-check-node-ports", func(ctx context.Context, _ cell.Health) error {
+				return m.health.Run(ctx)
+			}))
+		}
 	}
 	p.Steps.Append(p.Lifecycle, "lb-restore", m.start, m.stop)
 	if p.Datapath == nil {
@@ -291,6 +331,12 @@ func (m *servicesModule) statusSection() ext.Section {
 		rv, bk := m.ops.Draining()
 		s.Lines = append(s.Lines, ext.Line{Key: "kept for open flows", Value: fmt.Sprintf("%d reverse NAT entries, %d backends", rv, bk)})
 	}
+	if m.health != nil {
+		s.Lines = append(s.Lines, ext.Line{Key: "health check node ports", Value: m.health.String()})
+	}
+	if m.source != nil {
+		s.Lines = append(s.Lines, ext.Line{Key: "node ports", Value: fmt.Sprintf("%s on %s", m.cfg.Services.NodePortRange, addrList(m.writer.NodeAddresses()))})
+	}
 	algo := m.cfg.Services.LBAlgorithm
 	s.Lines = append(s.Lines, ext.Line{Key: "default selection", Value: algo})
 	if m.sock != nil {
@@ -306,4 +352,16 @@ func (m *servicesModule) statusSection() ext.Section {
 		s.Lines = append(s.Lines, ext.Line{Key: "socket LB", Value: "off (--cgroup-root unset): per-packet NAT only"})
 	}
 	return s
+}
+
+// addrList formats addresses for the status ("none yet" when empty).
+func addrList(addrs []netip.Addr) string {
+	if len(addrs) == 0 {
+		return "no node address yet"
+	}
+	out := make([]string, len(addrs))
+	for i, a := range addrs {
+		out[i] = a.String()
+	}
+	return strings.Join(out, ", ")
 }

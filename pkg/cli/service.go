@@ -56,7 +56,7 @@ func newServiceCommand(opts *Options) *cobra.Command {
 func printServices(w io.Writer, svcs []*models.Service) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
-	fmt.Fprintln(tw, "ID\tFRONTEND\tSERVICE\tBACKENDS\tREALIZED")
+	fmt.Fprintln(tw, "ID\tFRONTEND\tTYPE\tSERVICE\tBACKENDS\tREALIZED")
 	for _, s := range svcs {
 		sp := s.Spec
 		if sp == nil || sp.FrontendAddress == nil {
@@ -66,13 +66,16 @@ func printServices(w io.Writer, svcs []*models.Service) {
 		if strings.Contains(sp.FrontendAddress.IP, ":") {
 			fe = fmt.Sprintf("[%s]:%d/%s", sp.FrontendAddress.IP, sp.FrontendAddress.Port, sp.FrontendAddress.Protocol)
 		}
-		name := ""
+		name, typ := "", ""
 		if sp.Flags != nil {
-			name = sp.Flags.Namespace + "/" + sp.Flags.Name
+			name, typ = sp.Flags.Namespace+"/"+sp.Flags.Name, sp.Flags.Type
+			if sp.Flags.ExtTrafficPolicy == "Local" {
+				typ += " (external: Local)"
+			}
 		}
 		realized := s.Status != nil && s.Status.Realized != nil
 		if len(sp.BackendAddresses) == 0 {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%v\n", sp.ID, fe, name, "(none)", realized)
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%v\n", sp.ID, fe, typ, name, "(none)", realized)
 			continue
 		}
 		for i, b := range sp.BackendAddresses {
@@ -82,9 +85,9 @@ func printServices(w io.Writer, svcs []*models.Service) {
 			}
 			be := fmt.Sprintf("%s (%s)", ip+":"+fmt.Sprint(b.Port), b.State)
 			if i == 0 {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%v\n", sp.ID, fe, name, be, realized)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%v\n", sp.ID, fe, typ, name, be, realized)
 			} else {
-				fmt.Fprintf(tw, "\t\t\t%s\t\n", be)
+				fmt.Fprintf(tw, "\t\t\t\t%s\t\n", be)
 			}
 		}
 	}

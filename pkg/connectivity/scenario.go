@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -61,6 +63,10 @@ const (
 	svcServers  = "servers"
 	svcAffinity = "servers-affinity"
 	svcLocal    = "servers-local"
+	// svcNodePort is of type NodePort with externalTrafficPolicy Local:
+	// clients in the cluster still reach both servers on either node's
+	// address (kube-proxy's reading), outside clients only the node's own.
+	svcNodePort = "servers-nodeport"
 )
 
 // Probes per attempt of the Service checks that judge who answers: with
@@ -124,8 +130,19 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			return nil, err
 		}
 	}
-	fmt.Fprintf(out, "Services %s (%s), %s (%s, sessionAffinity ClientIP), %s (%s, internalTrafficPolicy Local) with 2 ready endpoints after %s\n\n",
-		svcServers, clusterIPs[svcServers], svcAffinity, clusterIPs[svcAffinity], svcLocal, clusterIPs[svcLocal], time.Since(begin).Round(time.Millisecond))
+	nodePorts, err := createNodePortService(ctx, c, ns)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitEndpoints(ctx, c, ns, svcNodePort, 2, cfg.ReadyWait); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(out, "Services %s (%s), %s (%s, sessionAffinity ClientIP), %s (%s, internalTrafficPolicy Local), %s (node ports %d/TCP, %d/UDP) with 2 ready endpoints after %s\n\n",
+		svcServers, clusterIPs[svcServers], svcAffinity, clusterIPs[svcAffinity], svcLocal, clusterIPs[svcLocal],
+		svcNodePort, nodePorts[80], nodePorts[81], time.Since(begin).Round(time.Millisecond))
+	nodePort := func(node, port int) string {
+		return net.JoinHostPort(cfg.NodeIPs[node], strconv.Itoa(int(nodePorts[port])))
+	}
 
 	from := func(pod string) string { return ns + "/" + pod }
 	to := func(pod string, port int) string { return fmt.Sprintf("%s:%d", ips[pod], port) }
@@ -182,6 +199,17 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 				Backends: []string{podServerSame}, Repeat: serviceProbes},
 			{Name: "internalTrafficPolicy Local, node 2, UDP", From: from(podRemoteClient), To: svc(svcLocal, 81), Proto: "udp", Allowed: true,
 				Backends: []string{podServerOther}, Repeat: serviceProbes},
+		}},
+		// A node answers node ports on its own addresses; another node's
+		// address is that node's to answer (its host program, like a
+		// client from outside), not this node's socket hooks'.
+		{"NodePort from pods on their node's address (socket load-balancing and per-packet NAT)", nil, []Check{
+			{Name: "NodePort on the node's address, TCP", From: from(podClient), To: nodePort(0, 80), Proto: "tcp", Allowed: true, Backends: servers},
+			{Name: "NodePort on the node's address, UDP, node 2", From: from(podRemoteClient), To: nodePort(1, 81), Proto: "udp", Allowed: true, Backends: servers},
+			{Name: "NodePort balances over both (externalTrafficPolicy Local: in-cluster clients reach all)", From: from(podRemoteClient), To: nodePort(1, 80),
+				Proto: "tcp", Allowed: true, Backends: servers, Repeat: spreadProbes, Spread: true},
+			{Name: "NodePort by per-packet NAT, TCP", From: from(podClient), To: nodePort(0, 80), Proto: "tcp", Allowed: true,
+				Backends: servers, OutsideNodeCgroup: true},
 		}},
 		{"Cluster DNS: Services by name through kube-dns (" + cfg.ClusterDNS + ")", nil, dnsChecks},
 		{"Per-packet NAT: clients outside the node cgroups (no socket load-balancing)", nil, []Check{
@@ -369,6 +397,35 @@ func createService(ctx context.Context, c *k8s.Clients, ns, name string) (string
 		return "", fmt.Errorf("service %s/%s got no ClusterIP", ns, name)
 	}
 	return got.Spec.ClusterIP, nil
+}
+
+// createNodePortService creates the NodePort Service (externalTrafficPolicy
+// Local) in front of the servers and returns its node port per port.
+func createNodePortService(ctx context.Context, c *k8s.Clients, ns string) (map[int]int32, error) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: svcNodePort, Namespace: ns},
+		Spec: corev1.ServiceSpec{
+			Type:                  corev1.ServiceTypeNodePort,
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			Selector:              map[string]string{"app": "server"},
+			Ports: []corev1.ServicePort{
+				{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)},
+				{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 81, TargetPort: intstr.FromInt32(81)},
+			},
+		},
+	}
+	got, err := c.Core.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create service %s/%s: %w", ns, svcNodePort, err)
+	}
+	out := map[int]int32{}
+	for _, p := range got.Spec.Ports {
+		if p.NodePort == 0 {
+			return nil, fmt.Errorf("service %s/%s: port %d got no node port", ns, svcNodePort, p.Port)
+		}
+		out[int(p.Port)] = p.NodePort
+	}
+	return out, nil
 }
 
 // waitEndpoints waits until the Service's EndpointSlices (made by the

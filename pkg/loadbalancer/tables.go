@@ -64,12 +64,24 @@ type ServicePort struct {
 	Name  string
 	Port  uint16
 	Proto uint8
+	// NodePort is the port on every node address (NodePort and
+	// LoadBalancer services; 0: none).
+	NodePort uint16
 }
 
 // Traffic policies (internalTrafficPolicy).
 const (
 	TrafficPolicyCluster = "Cluster"
 	TrafficPolicyLocal   = "Local"
+)
+
+// Frontend types, as Cilium's API names them (models.ServiceSpecFlags
+// Type): what kind of address of the service a frontend is.
+const (
+	FrontendClusterIP    = "ClusterIP"
+	FrontendNodePort     = "NodePort"
+	FrontendExternalIP   = "ExternalIPs"
+	FrontendLoadBalancer = "LoadBalancer"
 )
 
 // Traffic distributions (trafficDistribution) that prefer backends close
@@ -83,8 +95,8 @@ const (
 // Service is a service's options, as its source gives them.
 type Service struct {
 	Name ServiceName
-	// Type is the source's kind of service (ClusterIP, NodePort, ...);
-	// only its cluster IPs become frontends in this phase.
+	// Type is the source's kind of service (ClusterIP, NodePort,
+	// LoadBalancer).
 	Type string
 	// Addresses are the cluster IPs (one per family at most).
 	Addresses []netip.Addr
@@ -99,7 +111,26 @@ type Service struct {
 	// TrafficDistribution is PreferClose or PreferSameZone to prefer
 	// backends hinted for this node's zone; empty otherwise.
 	TrafficDistribution string
+
+	// ExternalIPs are spec.externalIPs, LoadBalancerIPs the addresses of
+	// status.loadBalancer.ingress: frontends on the service's ports.
+	ExternalIPs     []netip.Addr
+	LoadBalancerIPs []netip.Addr
+	// ExternalTrafficPolicy Local serves the node ports, external and
+	// load-balancer addresses from this node's backends only (the
+	// client's address is kept); Cluster (the default) from all.
+	ExternalTrafficPolicy string
+	// HealthCheckNodePort answers, with ExternalTrafficPolicy Local,
+	// how many local backends the service has (0: none).
+	HealthCheckNodePort uint16
+	// SourceRanges are spec.loadBalancerSourceRanges: the clients the
+	// load-balancer addresses admit (empty: every client).
+	SourceRanges []netip.Prefix
 }
+
+// ExternalLocal reports whether external traffic is served by this node's
+// backends only.
+func (s *Service) ExternalLocal() bool { return s.ExternalTrafficPolicy == TrafficPolicyLocal }
 
 // PrefersZone reports whether the service prefers backends of the
 // client's zone.
@@ -119,7 +150,11 @@ func (s *Service) TableRow() []string {
 		addrs = append(addrs, a.String())
 	}
 	for _, p := range s.Ports {
-		ports = append(ports, fmt.Sprintf("%s:%d/%s", p.Name, p.Port, ProtoName(p.Proto)))
+		port := fmt.Sprintf("%s:%d/%s", p.Name, p.Port, ProtoName(p.Proto))
+		if p.NodePort != 0 {
+			port += fmt.Sprintf("(node %d)", p.NodePort)
+		}
+		ports = append(ports, port)
 	}
 	aff := "None"
 	if s.Affinity {
@@ -189,13 +224,22 @@ type Frontend struct {
 	Key      FrontendKey
 	Service  ServiceName
 	PortName string
-	Type     string
+	// Type is the kind of address: FrontendClusterIP, FrontendNodePort,
+	// FrontendExternalIP or FrontendLoadBalancer.
+	Type string
 	// Backends, active ones first, each group sorted by address.
 	Backends              []FrontendBackend
 	Affinity              bool
 	AffinityTimeout       uint32
 	InternalTrafficPolicy string
 	Maglev                bool
+	// ExternalTrafficPolicy is the service's for node port, external and
+	// load-balancer frontends (Local: this node's backends only), empty
+	// for cluster IPs.
+	ExternalTrafficPolicy string
+	// SourceRanges are the clients a load-balancer frontend admits
+	// (empty: all).
+	SourceRanges []netip.Prefix
 
 	// Status is the BPF maps reconciler's.
 	Status reconciler.Status
@@ -223,7 +267,7 @@ func (f *Frontend) SetStatus(s reconciler.Status) *Frontend { f.Status = s; retu
 
 // TableHeader implements statedb.TableWritable.
 func (f *Frontend) TableHeader() []string {
-	return []string{"Address", "Service", "Port", "Backends", "Status"}
+	return []string{"Address", "Type", "Service", "Port", "Backends", "Status"}
 }
 
 // TableRow implements statedb.TableWritable.
@@ -239,7 +283,7 @@ func (f *Frontend) TableRow() []string {
 		}
 		bs = append(bs, s)
 	}
-	return []string{f.Key.String(), f.Service.String(), f.PortName, strings.Join(bs, ","), f.Status.String()}
+	return []string{f.Key.String(), f.Type, f.Service.String(), f.PortName, strings.Join(bs, ","), f.Status.String()}
 }
 
 func nameKey(n ServiceName) index.Key { return index.String(n.String()) }

@@ -21,6 +21,9 @@ type Writer struct {
 	// written only inside a write transaction of the tables, which
 	// serializes it with the recomputations that read it.
 	nodeZone string
+	// nodeAddrs are the addresses of this node its node ports are
+	// answered on; written like nodeZone.
+	nodeAddrs []netip.Addr
 }
 
 // NewWriter returns a writer for the tables of node nodeName.
@@ -69,6 +72,44 @@ func (w *Writer) SetNodeZone(zone string) error {
 	}
 	txn.Commit()
 	return nil
+}
+
+// SetNodeAddresses sets the addresses of this node that node ports are
+// answered on and, when they changed, recomputes the frontends of every
+// service with node ports in the same transaction.
+func (w *Writer) SetNodeAddresses(addrs []netip.Addr) error {
+	addrs = slices.Clone(addrs)
+	for i := range addrs {
+		addrs[i] = addrs[i].Unmap()
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	addrs = slices.Compact(addrs)
+	txn := w.txn()
+	defer txn.Abort()
+	if slices.Equal(addrs, w.nodeAddrs) {
+		return nil
+	}
+	prev := w.nodeAddrs
+	w.nodeAddrs = addrs
+	for svc := range w.t.Services.All(txn) {
+		if !svc.hasNodePorts() {
+			continue
+		}
+		if err := w.recompute(txn, svc.Name); err != nil {
+			w.nodeAddrs = prev
+			return err
+		}
+	}
+	txn.Commit()
+	return nil
+}
+
+// NodeAddresses are the addresses node ports are answered on (read under
+// the tables' write lock, which serializes it with SetNodeAddresses).
+func (w *Writer) NodeAddresses() []netip.Addr {
+	txn := w.txn()
+	defer txn.Abort()
+	return slices.Clone(w.nodeAddrs)
 }
 
 // Batch is a group of changes written in one transaction: each service a
@@ -173,26 +214,57 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 		for b := range w.t.Backends.List(txn, BackendByService.Query(name)) {
 			backends = append(backends, b)
 		}
-		for _, addr := range svc.Addresses {
-			for _, p := range svc.Ports {
-				f := &Frontend{
-					Key: FrontendKey{Addr: netip.AddrPortFrom(addr, p.Port), Proto: p.Proto}, Service: name, PortName: p.Name, Type: svc.Type,
-					Affinity: svc.Affinity, AffinityTimeout: svc.AffinityTimeout, InternalTrafficPolicy: svc.InternalTrafficPolicy, Maglev: svc.Maglev,
+		for _, fa := range w.frontendAddrs(svc) {
+			p := fa.port
+			f := &Frontend{
+				Key: FrontendKey{Addr: fa.addr, Proto: p.Proto}, Service: name, PortName: p.Name, Type: fa.typ,
+				Affinity: svc.Affinity, AffinityTimeout: svc.AffinityTimeout, InternalTrafficPolicy: svc.InternalTrafficPolicy, Maglev: svc.Maglev,
+			}
+			if fa.typ != FrontendClusterIP {
+				f.ExternalTrafficPolicy = TrafficPolicyCluster
+				if svc.ExternalLocal() {
+					f.ExternalTrafficPolicy = TrafficPolicyLocal
 				}
-				f.Backends = w.selectBackends(svc, p, addr.Is4(), backends)
+			}
+			if fa.typ == FrontendLoadBalancer {
+				f.SourceRanges = svc.SourceRanges
+			}
+			// The backends are those of clients in the cluster (pods
+			// and nodes: the socket and pod programs), which follow
+			// internalTrafficPolicy whatever the address, as
+			// kube-proxy sends in-cluster clients of a node port or
+			// load-balancer address to every backend even with
+			// externalTrafficPolicy Local. Clients outside narrow them
+			// to this node's by ExternalTrafficPolicy (each backend
+			// names its node).
+			f.Backends = w.selectBackends(svc, p, fa.addr.Addr().Is4(), backends)
+			// The same address and port twice in one service (an
+			// external IP equal to a cluster IP): the first, by the
+			// order above, is the frontend.
+			if _, ok := want[f.Key]; !ok {
 				want[f.Key] = f
 			}
 		}
 	}
+	var released []FrontendKey
 	for f := range w.t.Frontends.List(txn, FrontendByService.Query(name)) {
 		if _, ok := want[f.Key]; !ok {
 			if _, _, err := w.t.Frontends.Delete(txn, f); err != nil {
 				return fmt.Errorf("delete frontend %s: %w", f.Key, err)
 			}
+			if f.Type == FrontendExternalIP || f.Type == FrontendLoadBalancer {
+				released = append(released, f.Key)
+			}
 		}
 	}
 	for _, f := range want {
 		old, _, ok := w.t.Frontends.Get(txn, FrontendByKey.Query(f.Key))
+		if ok && old.Service != name {
+			// The address and port belong to another service's frontend
+			// (an external or load-balancer address two services
+			// name): the one that had it first keeps it.
+			continue
+		}
 		if ok && sameFrontend(old, f) {
 			continue
 		}
@@ -201,7 +273,76 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 			return fmt.Errorf("insert frontend %s: %w", f.Key, err)
 		}
 	}
+	return w.handOver(txn, name, released)
+}
+
+// handOver gives the external or load-balancer frontends service name
+// released to another service that names the same address and port (and
+// was refused it while name held it). Rare, so a scan of the services.
+func (w *Writer) handOver(txn statedb.WriteTxn, name ServiceName, released []FrontendKey) error {
+	if len(released) == 0 {
+		return nil
+	}
+	for svc := range w.t.Services.All(txn) {
+		if svc.Name == name {
+			continue
+		}
+		for _, fa := range w.frontendAddrs(svc) {
+			if fa.typ != FrontendExternalIP && fa.typ != FrontendLoadBalancer {
+				continue
+			}
+			if slices.Contains(released, FrontendKey{Addr: fa.addr, Proto: fa.port.Proto}) {
+				if _, _, taken := w.t.Frontends.Get(txn, FrontendByKey.Query(FrontendKey{Addr: fa.addr, Proto: fa.port.Proto})); !taken {
+					if err := w.recompute(txn, svc.Name); err != nil {
+						return err
+					}
+					break
+				}
+			}
+		}
+	}
 	return nil
+}
+
+// frontendAddr is one address and port of a service and its kind.
+type frontendAddr struct {
+	addr netip.AddrPort
+	port ServicePort
+	typ  string
+}
+
+// frontendAddrs lists the service's frontends: its cluster IPs, this
+// node's addresses on its node ports, its external IPs and its
+// load-balancer addresses, each on every port (of the address's family
+// for node ports).
+func (w *Writer) frontendAddrs(svc *Service) []frontendAddr {
+	var out []frontendAddr
+	for _, p := range svc.Ports {
+		for _, a := range svc.Addresses {
+			out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendClusterIP})
+		}
+		if p.NodePort != 0 {
+			for _, a := range w.nodeAddrs {
+				out = append(out, frontendAddr{netip.AddrPortFrom(a, p.NodePort), p, FrontendNodePort})
+			}
+		}
+		for _, a := range svc.ExternalIPs {
+			out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendExternalIP})
+		}
+		for _, a := range svc.LoadBalancerIPs {
+			out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendLoadBalancer})
+		}
+	}
+	return out
+}
+
+func (s *Service) hasNodePorts() bool {
+	for _, p := range s.Ports {
+		if p.NodePort != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // sameFrontend compares everything but the status.

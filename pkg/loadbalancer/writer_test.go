@@ -243,3 +243,105 @@ func BenchmarkWriterInitialSync(b *testing.B) {
 		})
 	}
 }
+
+// TestWriterNodePortsExternalAndLBAddresses: a LoadBalancer service gets a
+// frontend per port on its cluster IP, on each of this node's addresses
+// (its node port; only once the node's addresses are known, and following
+// them), on its external IPs and on its load-balancer addresses (with the
+// source ranges); in-cluster backends follow internalTrafficPolicy on all
+// of them, externalTrafficPolicy is recorded for outside clients.
+func TestWriterNodePortsExternalAndLBAddresses(t *testing.T) {
+	w := newTestWriter(t)
+	name := ServiceName{Namespace: "ns", Name: "web"}
+	svc := &Service{Name: name, Type: "LoadBalancer", Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports:                 []ServicePort{{Name: "http", Port: 80, Proto: TCP, NodePort: 30080}},
+		ExternalIPs:           []netip.Addr{netip.MustParseAddr("198.51.100.7")},
+		LoadBalancerIPs:       []netip.Addr{netip.MustParseAddr("198.51.100.50")},
+		SourceRanges:          []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+		ExternalTrafficPolicy: TrafficPolicyLocal, InternalTrafficPolicy: TrafficPolicyCluster}
+	if err := w.UpsertService(svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetBackends(name, "s1", []*Backend{be("10.0.0.1:8080", true, true, false, "node-a"), be("10.0.1.1:8080", true, true, false, "node-b")}); err != nil {
+		t.Fatal(err)
+	}
+	types := func() map[string]string {
+		out := map[string]string{}
+		for k, f := range frontends(w) {
+			out[k] = f.Type
+		}
+		return out
+	}
+	if got := types(); len(got) != 3 || got["10.96.0.10:80/TCP"] != FrontendClusterIP || got["198.51.100.7:80/TCP"] != FrontendExternalIP ||
+		got["198.51.100.50:80/TCP"] != FrontendLoadBalancer {
+		t.Fatalf("before the node's addresses are known: %v", got)
+	}
+	if err := w.SetNodeAddresses([]netip.Addr{netip.MustParseAddr("172.30.0.11"), netip.MustParseAddr("fd30::11")}); err != nil {
+		t.Fatal(err)
+	}
+	fs := frontends(w)
+	np, ok := fs["172.30.0.11:30080/TCP"]
+	if !ok || np.Type != FrontendNodePort || np.ExternalTrafficPolicy != TrafficPolicyLocal {
+		t.Fatalf("node port frontend: %+v in %v", np, types())
+	}
+	if got := active(np); len(got) != 2 {
+		t.Fatalf("in-cluster clients of the node port reach every backend (internalTrafficPolicy Cluster), got %v", got)
+	}
+	if n := len(fs["[fd30::11]:30080/TCP"].Backends); n != 0 {
+		t.Fatalf("the IPv6 node address has %d IPv4 backends", n)
+	}
+	if lb := fs["198.51.100.50:80/TCP"]; len(lb.SourceRanges) != 1 || lb.ExternalTrafficPolicy != TrafficPolicyLocal {
+		t.Fatalf("load-balancer frontend %+v", lb)
+	}
+	if fs["10.96.0.10:80/TCP"].ExternalTrafficPolicy != "" || fs["198.51.100.7:80/TCP"].SourceRanges != nil {
+		t.Fatalf("cluster IP / external IP frontends carry external options: %+v %+v", fs["10.96.0.10:80/TCP"], fs["198.51.100.7:80/TCP"])
+	}
+	// The node's address changes: the node port follows.
+	if err := w.SetNodeAddresses([]netip.Addr{netip.MustParseAddr("172.30.0.21")}); err != nil {
+		t.Fatal(err)
+	}
+	fs = frontends(w)
+	if _, ok := fs["172.30.0.11:30080/TCP"]; ok {
+		t.Fatal("the old node address keeps its node port")
+	}
+	if _, ok := fs["172.30.0.21:30080/TCP"]; !ok {
+		t.Fatalf("the new node address has no node port: %v", types())
+	}
+	// Type ClusterIP again: only the cluster IP stays.
+	svc2 := *svc
+	svc2.Type, svc2.Ports, svc2.ExternalIPs, svc2.LoadBalancerIPs = "ClusterIP", []ServicePort{{Name: "http", Port: 80, Proto: TCP}}, nil, nil
+	if err := w.UpsertService(&svc2); err != nil {
+		t.Fatal(err)
+	}
+	if got := types(); len(got) != 1 {
+		t.Fatalf("after the change to ClusterIP: %v", got)
+	}
+}
+
+// TestWriterExternalIPHandOver: two services name the same external IP and
+// port: the first keeps it, and the second gets it when the first lets go.
+func TestWriterExternalIPHandOver(t *testing.T) {
+	w := newTestWriter(t)
+	ext := []netip.Addr{netip.MustParseAddr("198.51.100.7")}
+	a := &Service{Name: ServiceName{"ns", "a"}, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		Ports: []ServicePort{{Name: "http", Port: 80, Proto: TCP}}, ExternalIPs: ext}
+	b := &Service{Name: ServiceName{"ns", "b"}, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.2")},
+		Ports: []ServicePort{{Name: "http", Port: 80, Proto: TCP}}, ExternalIPs: ext}
+	for _, s := range []*Service{a, b} {
+		if err := w.UpsertService(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := frontends(w)["198.51.100.7:80/TCP"]; got == nil || got.Service != a.Name {
+		t.Fatalf("the external IP should stay with the first service: %+v", got)
+	}
+	if err := w.DeleteService(a.Name); err != nil {
+		t.Fatal(err)
+	}
+	if got := frontends(w)["198.51.100.7:80/TCP"]; got == nil || got.Service != b.Name {
+		t.Fatalf("the external IP should pass to the second service: %+v", got)
+	}
+	if n := len(frontends(w)); n != 2 {
+		t.Fatalf("want b's cluster IP and the external IP, got %d frontends", n)
+	}
+}

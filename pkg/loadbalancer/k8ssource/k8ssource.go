@@ -64,7 +64,48 @@ func ServiceFrom(s *corev1.Service, defaultMaglev bool) (svc *loadbalancer.Servi
 		if err != nil {
 			return nil, false, fmt.Errorf("service %s port %q: %w", out.Name, p.Name, err)
 		}
-		out.Ports = append(out.Ports, loadbalancer.ServicePort{Name: p.Name, Port: uint16(p.Port), Proto: proto})
+		sp := loadbalancer.ServicePort{Name: p.Name, Port: uint16(p.Port), Proto: proto}
+		if s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer {
+			sp.NodePort = uint16(p.NodePort)
+		}
+		out.Ports = append(out.Ports, sp)
+	}
+	for _, ip := range s.Spec.ExternalIPs {
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			return nil, false, fmt.Errorf("service %s: external IP %q: %w", out.Name, ip, err)
+		}
+		out.ExternalIPs = append(out.ExternalIPs, a.Unmap())
+	}
+	if s.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			if in.IP == "" {
+				continue // a hostname: nothing to answer on here
+			}
+			if in.IPMode != nil && *in.IPMode == corev1.LoadBalancerIPModeProxy {
+				// The load-balancer proxies to the node ports: its
+				// address is not ours to answer on.
+				continue
+			}
+			a, err := netip.ParseAddr(in.IP)
+			if err != nil {
+				return nil, false, fmt.Errorf("service %s: load-balancer ingress %q: %w", out.Name, in.IP, err)
+			}
+			out.LoadBalancerIPs = append(out.LoadBalancerIPs, a.Unmap())
+		}
+		for _, r := range s.Spec.LoadBalancerSourceRanges {
+			pfx, err := netip.ParsePrefix(strings.TrimSpace(r))
+			if err != nil {
+				return nil, false, fmt.Errorf("service %s: loadBalancerSourceRanges %q: %w", out.Name, r, err)
+			}
+			out.SourceRanges = append(out.SourceRanges, pfx.Masked())
+		}
+	}
+	out.ExternalTrafficPolicy = loadbalancer.TrafficPolicyCluster
+	if s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal &&
+		(s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer) {
+		out.ExternalTrafficPolicy = loadbalancer.TrafficPolicyLocal
+		out.HealthCheckNodePort = uint16(s.Spec.HealthCheckNodePort)
 	}
 	if s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 		out.Affinity, out.AffinityTimeout = true, defaultAffinityTimeout
@@ -163,6 +204,9 @@ type Source struct {
 	w             *loadbalancer.Writer
 	log           *slog.Logger
 	defaultMaglev bool
+	// nodePortMin and nodePortMax bound the node ports answered (the
+	// agent's --node-port-range; 0, 0: any).
+	nodePortMin, nodePortMax uint16
 
 	mu sync.Mutex
 	// sliceOwner remembers each slice's service, so a slice whose label
@@ -184,6 +228,32 @@ type Source struct {
 func NewSource(w *loadbalancer.Writer, defaultMaglev bool, log *slog.Logger) *Source {
 	return &Source{w: w, log: log, defaultMaglev: defaultMaglev, sliceOwner: map[string]loadbalancer.ServiceName{},
 		synced: map[string]bool{}, done: w.RegisterInitializer("k8s-services")}
+}
+
+// SetNodePortRange limits the node ports answered to [lo, hi]: a service's
+// node port outside it is left out (logged), as it would collide with the
+// ports the node's own sockets or masquerade use. Call before the events
+// flow.
+func (s *Source) SetNodePortRange(lo, hi uint16) {
+	s.nodePortMin, s.nodePortMax = lo, hi
+}
+
+// clampNodePorts drops the node ports outside the range.
+func (s *Source) clampNodePorts(key string, svc *loadbalancer.Service) {
+	if s.nodePortMax == 0 {
+		return
+	}
+	for i, p := range svc.Ports {
+		if p.NodePort != 0 && (p.NodePort < s.nodePortMin || p.NodePort > s.nodePortMax) {
+			s.log.Warn("Node port outside --node-port-range left out", "service", key, "port", p.Name, "nodePort", p.NodePort,
+				"range", fmt.Sprintf("%d-%d", s.nodePortMin, s.nodePortMax))
+			svc.Ports[i].NodePort = 0
+		}
+	}
+	if svc.HealthCheckNodePort != 0 && (svc.HealthCheckNodePort < s.nodePortMin || svc.HealthCheckNodePort > s.nodePortMax) {
+		s.log.Warn("Health check node port outside --node-port-range left out", "service", key, "healthCheckNodePort", svc.HealthCheckNodePort)
+		svc.HealthCheckNodePort = 0
+	}
 }
 
 func (s *Source) markSynced(kind string) {
@@ -253,6 +323,7 @@ func (s *Source) OnService(ev watchers.Event[*corev1.Service]) {
 		case !ok:
 			o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.DeleteService(name)) }
 		default:
+			s.clampNodePorts(ev.Key, svc)
 			o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.UpsertService(svc)) }
 		}
 	}
@@ -303,7 +374,8 @@ func (s *Source) OnEndpointSlice(ev watchers.Event[*discoveryv1.EndpointSlice]) 
 }
 
 // OnNode handles a Node event: this node's topology.kubernetes.io/zone
-// label is the zone that trafficDistribution PreferClose prefers.
+// label is the zone that trafficDistribution PreferClose prefers, and its
+// internal and external addresses are those node ports are answered on.
 func (s *Source) OnNode(ev watchers.Event[*corev1.Node]) {
 	if ev.Kind == watchers.Synced {
 		s.markSynced("nodes")
@@ -319,4 +391,26 @@ func (s *Source) OnNode(ev watchers.Event[*corev1.Node]) {
 	if err := s.w.SetNodeZone(zone); err != nil {
 		s.log.Error("Write this node's zone", "zone", zone, "error", err)
 	}
+	var addrs []netip.Addr
+	if ev.Kind != watchers.Delete {
+		addrs = NodeAddresses(ev.Object)
+	}
+	if err := s.w.SetNodeAddresses(addrs); err != nil {
+		s.log.Error("Write this node's addresses", "addresses", addrs, "error", err)
+	}
+}
+
+// NodeAddresses are a node's InternalIP and ExternalIP addresses: those its
+// node ports are answered on.
+func NodeAddresses(n *corev1.Node) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out
 }

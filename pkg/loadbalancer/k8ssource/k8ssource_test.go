@@ -149,3 +149,60 @@ func TestSourcePreferClose(t *testing.T) {
 		t.Fatalf("node-a in z2: active %v, want 10.0.0.2:8080", got)
 	}
 }
+
+// TestServiceFromLoadBalancer: node ports, external IPs, load-balancer
+// ingress addresses (not hostnames, not proxy mode), source ranges and
+// externalTrafficPolicy Local with its health check node port; a bad
+// source range is an error naming it; node ports outside the source's
+// range are left out; this node's addresses give the node port frontends.
+func TestServiceFromLoadBalancer(t *testing.T) {
+	s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", Type: corev1.ServiceTypeLoadBalancer,
+			Ports:                    []corev1.ServicePort{{Name: "http", Port: 80, NodePort: 30080}, {Name: "high", Port: 81, NodePort: 40000}},
+			ExternalIPs:              []string{"198.51.100.7"},
+			LoadBalancerSourceRanges: []string{"198.51.100.0/24 ", "203.0.113.9/32"},
+			ExternalTrafficPolicy:    corev1.ServiceExternalTrafficPolicyLocal, HealthCheckNodePort: 31000},
+		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{
+			{IP: "198.51.100.50"}, {Hostname: "lb.example"}, {IP: "198.51.100.51", IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)}}}}}
+	got, ok, err := ServiceFrom(s, false)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if got.Ports[0].NodePort != 30080 || len(got.ExternalIPs) != 1 || len(got.LoadBalancerIPs) != 1 ||
+		got.LoadBalancerIPs[0] != netip.MustParseAddr("198.51.100.50") || len(got.SourceRanges) != 2 ||
+		!got.ExternalLocal() || got.HealthCheckNodePort != 31000 {
+		t.Fatalf("converted %+v", got)
+	}
+	bad := s.DeepCopy()
+	bad.Spec.LoadBalancerSourceRanges = []string{"not-a-cidr"}
+	if _, _, err := ServiceFrom(bad, false); err == nil {
+		t.Fatal("a bad source range was accepted")
+	}
+	// A ClusterIP service with node ports left over keeps none.
+	cip := s.DeepCopy()
+	cip.Spec.Type = corev1.ServiceTypeClusterIP
+	if got, _, _ := ServiceFrom(cip, false); got.Ports[0].NodePort != 0 || got.ExternalLocal() || len(got.LoadBalancerIPs) != 0 {
+		t.Fatalf("ClusterIP service: %+v", got)
+	}
+
+	tables, err := loadbalancer.NewTables(statedb.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := NewSource(loadbalancer.NewWriter(tables, "node-a"), false, slog.New(slog.DiscardHandler))
+	src.SetNodePortRange(30000, 32767)
+	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
+	src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Synced})
+	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Upsert, Key: "ns/web", Object: s})
+	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Upsert, Key: "node-a", Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "172.30.0.11"}, {Type: corev1.NodeHostName, Address: "node-a"}}}}})
+	var keys []string
+	for f := range tables.Frontends.All(tables.DB.ReadTxn()) {
+		if f.Type == loadbalancer.FrontendNodePort {
+			keys = append(keys, f.Key.String())
+		}
+	}
+	if len(keys) != 1 || keys[0] != "172.30.0.11:30080/TCP" {
+		t.Fatalf("node port frontends %v, want only 172.30.0.11:30080/TCP (40000 is outside the range)", keys)
+	}
+}
