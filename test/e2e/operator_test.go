@@ -2,8 +2,6 @@ package e2e_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -13,13 +11,13 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/k8s"
-	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
@@ -168,115 +166,57 @@ func TestPrivilegedLabOperatorClusterPool(t *testing.T) {
 		return true, nil
 	})
 
-	churn(t, name, &env{st: st, cs: c.Core, k8: c})
+	churn(t, name, &env{st: st, cs: c.Core, k8: c}, churnConfig{pods: 1000, wave: 200})
 }
 
-// churn creates and deletes pods with labels of their own (an identity
-// each) while a client keeps talking to a server under a policy that
-// allows only it; once the GC ran, nothing of the gone pods is left (no
-// TendrilEndpoint, no identity) and the policy still holds both ways.
-func churn(t *testing.T, labName string, e *env) {
-	const ns, pods = "churn", 40
-	ctx := context.Background()
-	e.createNamespace(t, ns)
-	for app, node := range map[string]string{"frontend": "node1", "backend": "node2", "other": "node1"} {
-		e.createPod(t, ns, app, node, map[string]string{"app": app})
+// TestPrivilegedLabOperatorKVStore runs the churn on a lab whose agents
+// and operator allocate identities in the lab's kvstore (lab up
+// --kvstore): the operator collects the master and index keys of the
+// gone pods' identities, and the agents' endpoint address keys go with
+// their endpoints.
+func TestPrivilegedLabOperatorKVStore(t *testing.T) {
+	testutil.Privileged(t)
+	testutil.Require(t, labErr == nil, "no binaries for the lab")
+	name := labName + "kv"
+	if len(name) > 12 {
+		name = name[:12]
 	}
-	backend := e.waitReady(t, ns, "backend")
-	e.waitReady(t, ns, "frontend")
-	e.waitReady(t, ns, "other")
-	pol := &v1alpha1.TendrilNetworkPolicy{}
-	if err := yaml.UnmarshalStrict([]byte(policyYAML), pol); err != nil {
+	binDir := filepath.Dir(tendrilBin)
+	t.Cleanup(func() { _ = exec.Command(tendrilBin, "lab", "--name", name, "down").Run() })
+	out, err := exec.Command(tendrilBin, "lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "1",
+		"--operators", "1", "--kvstore", "--bin-dir", binDir,
+		"--operator-arg=--identity-gc-interval=2s", "--operator-arg=--identity-heartbeat-timeout=4s",
+		"--operator-arg=--endpoint-gc-interval=2s").CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab up: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "KVSTORE  etcd http://127.0.0.1:") {
+		t.Fatalf("lab up did not report the kvstore:\n%s", out)
+	}
+	st, err := lab.LoadState(name)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+	rc, err := controlplane.RESTConfig(st.Kubeconfig)
+	if err != nil {
 		t.Fatal(err)
 	}
-	addr := backend.Status.PodIP + ":80"
-	probeIn := func(from string) int {
-		out, err := exec.Command(tendrilBin, "lab", "--name", labName, "probe", ns+"/"+from, addr, "--timeout", "1s").CombinedOutput()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return ee.ExitCode()
-		}
-		if err != nil {
-			t.Fatalf("probe: %v %s", err, out)
-		}
-		return 0
+	c, err := k8s.NewClientsForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
 	}
-	eventually(t, "the policy denying other", func() (bool, error) { return probeIn("other") == 1, nil })
-	if c := probeIn("frontend"); c != 0 {
-		t.Fatalf("frontend -> backend exit %d before the churn", c)
+	kv, err := clientv3.New(clientv3.Config{Endpoints: []string{st.KVStoreURL()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
 	}
-	keep := map[int64]bool{}
-	for _, p := range []string{"frontend", "backend", "other"} {
-		tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(ctx, p, metav1.GetOptions{})
-		if err != nil || tep.Status.Identity == nil {
-			t.Fatalf("TendrilEndpoint of %s: %v %v", p, tep, err)
-		}
-		keep[tep.Status.Identity.ID] = true
+	defer kv.Close()
+	churn(t, name, &env{st: st, cs: c.Core, k8: c}, churnConfig{pods: 300, wave: 150, kv: kv})
+	// Identities lived in the kvstore only.
+	ids, err := c.Tendril.TendrilV1alpha1().TendrilIdentities().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	// Churn: pods with an identity of their own, created and deleted,
-	// the frontend probing the backend in between.
-	gone := map[int64]bool{}
-	for i := 0; i < pods; i++ {
-		e.createPod(t, ns, "churn-"+strconv.Itoa(i), "", map[string]string{"app": "churn-" + strconv.Itoa(i)})
-	}
-	for i := 0; i < pods; i++ {
-		name := "churn-" + strconv.Itoa(i)
-		e.waitReady(t, ns, name)
-		eventually(t, "the TendrilEndpoint of "+name, func() (bool, error) {
-			tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(ctx, name, metav1.GetOptions{})
-			if err != nil || tep.Status.Identity == nil {
-				return false, err
-			}
-			gone[tep.Status.Identity.ID] = true
-			return true, nil
-		})
-		if i%10 == 9 {
-			if c := probeIn("frontend"); c != 0 {
-				t.Fatalf("frontend -> backend exit %d during the churn", c)
-			}
-		}
-	}
-	zero := int64(0)
-	for i := 0; i < pods; i++ {
-		if err := e.cs.CoreV1().Pods(ns).Delete(ctx, "churn-"+strconv.Itoa(i), metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	eventually(t, "no TendrilEndpoint and no identity of a gone pod", func() (bool, error) {
-		teps, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		if len(teps.Items) != 3 {
-			return false, fmt.Errorf("%d TendrilEndpoints", len(teps.Items))
-		}
-		ids, err := e.k8.Tendril.TendrilV1alpha1().TendrilIdentities().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		left := 0
-		have := map[int64]bool{}
-		for _, id := range ids.Items {
-			n, _ := strconv.ParseInt(id.Name, 10, 64)
-			have[n] = true
-			if gone[n] && !keep[n] {
-				left++
-			}
-		}
-		for id := range keep {
-			if !have[id] {
-				t.Fatalf("identity %d of a running pod was deleted", id)
-			}
-		}
-		return left == 0, fmt.Errorf("%d identities of gone pods left", left)
-	})
-	if c := probeIn("frontend"); c != 0 {
-		t.Errorf("frontend -> backend exit %d after the GC", c)
-	}
-	if c := probeIn("other"); c != 1 {
-		t.Errorf("other -> backend exit %d after the GC, want 1 (denied)", c)
+	if len(ids.Items) != 0 {
+		t.Errorf("%d TendrilIdentity objects in kvstore mode", len(ids.Items))
 	}
 }
