@@ -2,6 +2,8 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -14,10 +16,12 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/k8s"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
@@ -166,7 +170,93 @@ func TestPrivilegedLabOperatorClusterPool(t *testing.T) {
 		return true, nil
 	})
 
+	// The lab's summary shows the CIDRs the agents use: the TendrilNodes'.
+	status, err := exec.Command(tendrilBin, "lab", "--name", name, "status").CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab status: %v\n%s", err, status)
+	}
+	for _, n := range st.Nodes {
+		if !regexp.MustCompile(`(?m)^` + n.Name + `\s+\S+\s+` + regexp.QuoteMeta(cidrs[n.Name].String()) + `\s`).Match(status) {
+			t.Errorf("lab status does not show %s's cluster-pool CIDR %s:\n%s", n.Name, cidrs[n.Name], status)
+		}
+	}
+	if !strings.Contains(string(status), "POD CIDR (cluster-pool)") {
+		t.Errorf("lab status does not say the CIDRs come from the cluster pool:\n%s", status)
+	}
+
 	churn(t, name, &env{st: st, cs: c.Core, k8: c}, churnConfig{pods: 1000, wave: 200})
+
+	poolExhaustedInAgentStatus(t, name, st, c)
+}
+
+// poolExhaustedInAgentStatus restarts the surviving operator with an
+// IPv6 pool that holds one node CIDR: one node gets it, the other's
+// TendrilNode gets PodCIDRsAllocated=False, and that node's agent says so
+// in `tendril status` (a line and a degraded health module) while the
+// other's reports the condition True.
+func poolExhaustedInAgentStatus(t *testing.T, name string, st *lab.State, c *k8s.Clients) {
+	ctx := context.Background()
+	procs, err := lab.ReadProcesses(st.PidDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var op lab.Process
+	for _, p := range procs {
+		if strings.HasPrefix(p.Role, "operator-") && syscall.Kill(p.PID, 0) == nil {
+			op = p
+		}
+	}
+	if op.PID == 0 {
+		t.Fatalf("no operator left running: %v", procs)
+	}
+	argv, err := os.ReadFile("/proc/" + strconv.Itoa(op.PID) + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Split(strings.TrimRight(string(argv), "\x00"), "\x00")
+	// SIGTERM: the operator releases the Lease, so its successor leads at once.
+	if err := syscall.Kill(op.PID, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the operator to exit", func() (bool, error) { return syscall.Kill(op.PID, 0) != nil, nil })
+	args = append(args, "--cluster-pool-ipv6-cidr=fd00:245::/120", "--cluster-pool-ipv6-mask-size=120")
+	if _, _, err := lab.StartDetached(st.PidDir(), op.Role, filepath.Join(st.LogDir(), op.Role+".log"), args); err != nil {
+		t.Fatal(err)
+	}
+	conditions := map[string]metav1.ConditionStatus{}
+	eventually(t, "one node with the IPv6 CIDR, the other with PodCIDRsAllocated=False", func() (bool, error) {
+		falses := 0
+		for _, n := range st.Nodes {
+			tn, err := c.Tendril.TendrilV1alpha1().TendrilNodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			cond := meta.FindStatusCondition(tn.Status.Conditions, v1alpha1.NodeConditionPodCIDRsAllocated)
+			if cond == nil {
+				return false, fmt.Errorf("%s has no condition", n.Name)
+			}
+			conditions[n.Name] = cond.Status
+			if cond.Status == metav1.ConditionFalse {
+				falses++
+			}
+		}
+		return falses == 1, fmt.Errorf("conditions %v", conditions)
+	})
+	for _, n := range st.Nodes {
+		exhausted := conditions[n.Name] == metav1.ConditionFalse
+		eventually(t, n.Name+"'s agent to report its TendrilNode's condition", func() (bool, error) {
+			out, err := exec.Command(tendrilBin, "-H", "unix://"+n.Socket, "status").CombinedOutput()
+			if err != nil && !exhausted {
+				return false, fmt.Errorf("%v: %s", err, out)
+			}
+			s := string(out)
+			if exhausted {
+				return strings.Contains(s, "POOL EXHAUSTED: PodCIDRsAllocated=False (PodCIDRPoolExhausted)") &&
+					regexp.MustCompile(`cluster-pool\s+Degraded`).MatchString(s), errors.New(s)
+			}
+			return strings.Contains(s, "PodCIDRsAllocated=True (Allocated)") && !strings.Contains(s, "POOL EXHAUSTED"), errors.New(s)
+		})
+	}
 }
 
 // TestPrivilegedLabOperatorKVStore runs the churn on a lab whose agents

@@ -300,6 +300,16 @@ type IPAMSpec struct {
 	PodCIDRs []string `json:"podCIDRs,omitempty"`
 }
 
+// NodeConditionPodCIDRsAllocated is the TendrilNode condition
+// tendril-operator's cluster-pool IPAM writes: True (reason Allocated), or
+// False (reason NodeReasonPodCIDRPoolExhausted) when a pool had no CIDR
+// left for a family the node lacks.
+const NodeConditionPodCIDRsAllocated = "PodCIDRsAllocated"
+
+// NodeReasonPodCIDRPoolExhausted is the reason of a False
+// NodeConditionPodCIDRsAllocated.
+const NodeReasonPodCIDRPoolExhausted = "PodCIDRPoolExhausted"
+
 // NodeStatus is what the node's agent reports.
 type NodeStatus struct {
 	// +optional
