@@ -67,6 +67,7 @@ func TestLBIPAM(t *testing.T) {
 	// web: a /30, so .1 and .2 (network and broadcast left out).
 	mkPool("web", v1alpha1.LoadBalancerIPPoolSpec{Blocks: []v1alpha1.LoadBalancerIPBlock{{CIDR: "10.50.0.0/30"}}, ServiceSelector: tier("web")})
 	mkPool("db", v1alpha1.LoadBalancerIPPoolSpec{Blocks: []v1alpha1.LoadBalancerIPBlock{{Start: "10.60.0.10", Stop: "10.60.0.11"}}, ServiceSelector: tier("db")})
+	mkPool("six", v1alpha1.LoadBalancerIPPoolSpec{Blocks: []v1alpha1.LoadBalancerIPBlock{{CIDR: "fd00:60::/127"}}, ServiceSelector: tier("six")})
 	mkPool("off", v1alpha1.LoadBalancerIPPoolSpec{Blocks: []v1alpha1.LoadBalancerIPBlock{{CIDR: "10.70.0.0/24"}}, Disabled: true})
 	mkPool("broken", v1alpha1.LoadBalancerIPPoolSpec{Blocks: []v1alpha1.LoadBalancerIPBlock{{Start: "10.80.0.9", Stop: "10.80.0.1"}}, ServiceSelector: tier("none")})
 	// The schema refuses a block that is both a CIDR and a range.
@@ -111,6 +112,10 @@ func TestLBIPAM(t *testing.T) {
 	mkSvc("web2", "web", nil)
 	mkSvc("dup", "db", func(s *corev1.Service) { s.Annotations = map[string]string{AnnotationIPs: "10.60.0.10"} })
 	mkSvc("bad", "db", func(s *corev1.Service) { s.Annotations = map[string]string{AnnotationIPs: "10.60.0.x"} })
+	// An IPv6 address asked for by a (single-stack IPv4) Service; one
+	// asking for nothing wants IPv4, which the IPv6-only pool lacks.
+	mkSvc("v6", "six", func(s *corev1.Service) { s.Annotations = map[string]string{AnnotationIPs: "fd00:60::1"} })
+	mkSvc("v6b", "six", nil)
 
 	expect(t, c, map[string]want{
 		"web1":  {ips: "10.50.0.1", status: metav1.ConditionTrue, reason: ReasonSatisfied},
@@ -121,7 +126,10 @@ func TestLBIPAM(t *testing.T) {
 		"web2":  {status: metav1.ConditionFalse, reason: ReasonPoolExhausted},
 		"dup":   {status: metav1.ConditionFalse, reason: ReasonRequestedUnavailable, message: "in use by Service default/db1"},
 		"bad":   {status: metav1.ConditionFalse, reason: ReasonInvalidRequest},
+		"v6":    {ips: "fd00:60::1", status: metav1.ConditionTrue, reason: ReasonSatisfied},
+		"v6b":   {status: metav1.ConditionFalse, reason: ReasonNoPool, message: "no matching pool has IPv4 addresses"},
 	})
+	expectPool(t, c, "six", metav1.ConditionFalse, "1 of 2 addresses used")
 	expectPool(t, c, "web", metav1.ConditionTrue, "2 of 2 addresses used; 1 Services waiting for an address")
 	expectPool(t, c, "db", metav1.ConditionFalse, "1 of 2 addresses used")
 	operatortest.WaitFor(t, "the broken pool's Valid=False", 30*time.Second, func() bool {
