@@ -10,11 +10,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/controlplane"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	tendrilclient "github.com/tendril-net/tendril/pkg/k8s/client/clientset/versioned"
 )
 
@@ -27,25 +29,30 @@ func (s *State) Clientset() (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(rc)
 }
 
-// clusterPoolCIDRs are the pod CIDRs in each node's TendrilNode.
-func clusterPoolCIDRs(ctx context.Context, st *State) (map[string][]string, error) {
+// clusterPoolCIDRs are the pod CIDRs in each node's TendrilNode, and a
+// note for each node whose PodCIDRsAllocated condition is False (its
+// agent waits for a CIDR that an exhausted pool cannot give).
+func clusterPoolCIDRs(ctx context.Context, st *State) (cidrs map[string][]string, notes map[string]string, err error) {
 	rc, err := controlplane.RESTConfig(st.Kubeconfig)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tc, err := tendrilclient.NewForConfig(rc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	list, err := tc.TendrilV1alpha1().TendrilNodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("list TendrilNodes: %w", err)
+		return nil, nil, fmt.Errorf("list TendrilNodes: %w", err)
 	}
-	out := map[string][]string{}
+	cidrs, notes = map[string][]string{}, map[string]string{}
 	for _, tn := range list.Items {
-		out[tn.Name] = tn.Spec.IPAM.PodCIDRs
+		cidrs[tn.Name] = tn.Spec.IPAM.PodCIDRs
+		if c := meta.FindStatusCondition(tn.Status.Conditions, v1alpha1.NodeConditionPodCIDRsAllocated); c != nil && c.Status == metav1.ConditionFalse {
+			notes[tn.Name] = fmt.Sprintf(" (TendrilNode %s=False, %s)", c.Type, c.Reason)
+		}
 	}
-	return out, nil
+	return cidrs, notes, nil
 }
 
 // Summary prints the lab's nodes (address, pod CIDR, agent) and its pods
@@ -60,12 +67,13 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 		podCIDRs[n.Name] = n.Spec.PodCIDRs
 	}
 	header := "POD CIDR"
+	notes := map[string]string{}
 	if st.IPAM == "cluster-pool" {
 		// The agents take their CIDRs from their TendrilNodes (the
 		// operators' pool), not from Node.spec.podCIDRs, which
 		// kube-controller-manager still fills from another range.
 		header = "POD CIDR (cluster-pool)"
-		if podCIDRs, err = clusterPoolCIDRs(ctx, st); err != nil {
+		if podCIDRs, notes, err = clusterPoolCIDRs(ctx, st); err != nil {
 			return err
 		}
 	}
@@ -80,7 +88,7 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 			}
 			cancel()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, cmp.Or(strings.Join(podCIDRs[n.Name], ","), "none yet"), agent, n.Socket)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, cmp.Or(strings.Join(podCIDRs[n.Name], ","), "none yet"), agent+notes[n.Name], n.Socket)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

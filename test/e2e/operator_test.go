@@ -242,6 +242,17 @@ func poolExhaustedInAgentStatus(t *testing.T, name string, st *lab.State, c *k8s
 		}
 		return falses == 1, fmt.Errorf("conditions %v", conditions)
 	})
+	// The lab's summary notes the condition beside the node's agent.
+	labStatus, err := exec.Command(tendrilBin, "lab", "--name", name, "status").CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab status: %v\n%s", err, labStatus)
+	}
+	for _, n := range st.Nodes {
+		noted := regexp.MustCompile(`(?m)^` + n.Name + `\s.*serving \(TendrilNode PodCIDRsAllocated=False, PodCIDRPoolExhausted\)`).Match(labStatus)
+		if noted != (conditions[n.Name] == metav1.ConditionFalse) {
+			t.Errorf("lab status notes the exhausted pool for %s: %v, want %v:\n%s", n.Name, noted, !noted, labStatus)
+		}
+	}
 	for _, n := range st.Nodes {
 		exhausted := conditions[n.Name] == metav1.ConditionFalse
 		eventually(t, n.Name+"'s agent to report its TendrilNode's condition", func() (bool, error) {
