@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -77,6 +79,10 @@ type kubernetesModule struct {
 	// publisher holds the TendrilEndpoints to publish (a statedb table
 	// and its reconciler).
 	publisher *endpointpub.Publisher
+	// poolHealth reports this node's TendrilNode PodCIDRsAllocated
+	// condition with --ipam cluster-pool (nil otherwise): degraded while
+	// the operator found a pool exhausted for a family the node lacks.
+	poolHealth cell.Health
 
 	mu        sync.Mutex
 	policyGen map[string]int64 // policy source -> generation realized
@@ -128,6 +134,9 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 		jobs: newJobGroup(p.Jobs, p.Health, "k8s-watchers", p.Log),
 	}
 	k.remoteEndpointsSynced = func() {}
+	if p.Config.IPAM == "cluster-pool" {
+		k.poolHealth = p.Health.Scope("cluster-pool")
+	}
 	if p.Datapath != nil {
 		k.ipcache = p.Datapath
 		k.remoteEndpointsSynced = p.Datapath.ipcache.AddInitializer("k8s-tendrilendpoints")
@@ -304,6 +313,9 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 	}
 	if _, err := w.TendrilNodes.Subscribe(func(ev watchers.Event[*v1alpha1.TendrilNode]) {
 		k.onPeerChange(ev.Kind, ev.Key, k.tendrilNodesSynced)
+		if ev.Key == k.cfg.NodeName && ev.Kind != watchers.Synced {
+			k.reportClusterPool()
+		}
 	}); err != nil {
 		return err
 	}
@@ -320,6 +332,22 @@ func (k *kubernetesModule) stop(context.Context) error {
 	k.runCancel()
 	k.client.watchers.Stop()
 	return nil
+}
+
+// reportClusterPool turns this node's PodCIDRsAllocated condition into
+// the cluster-pool health: a pool exhausted for one of the node's
+// families shows in `tendril status`, not only in the operator's Event.
+func (k *kubernetesModule) reportClusterPool() {
+	if k.poolHealth == nil {
+		return
+	}
+	tn, _ := k.client.watchers.TendrilNodes.Get(k.cfg.NodeName)
+	ok, msg := node.ClusterPoolState(tn)
+	if ok {
+		k.poolHealth.OK(cmp.Or(msg, "no PodCIDRsAllocated condition on the TendrilNode yet"))
+		return
+	}
+	k.poolHealth.Degraded("TendrilNode "+k.cfg.NodeName, errors.New(msg))
 }
 
 // onPeerChange recomputes a peer from its Node and TendrilNode (either
@@ -525,6 +553,14 @@ func (k *kubernetesModule) statusSection() ext.Section {
 		}
 	}
 	s.Lines = append(s.Lines, ext.Line{Key: "Pod CIDRs", Value: strings.Join(cidrs, ", ")})
+	if k.poolHealth != nil && k.client.watchers != nil {
+		tn, _ := k.client.watchers.TendrilNodes.Get(k.cfg.NodeName)
+		ok, msg := node.ClusterPoolState(tn)
+		if !ok {
+			msg = "POOL EXHAUSTED: " + msg + " (tendril-operator found no free CIDR; widen --cluster-pool-ipv4/6-cidr)"
+		}
+		s.Lines = append(s.Lines, ext.Line{Key: "Cluster pool", Value: cmp.Or(msg, "no PodCIDRsAllocated condition yet")})
+	}
 	if k.client.writer != nil {
 		st := k.client.writer.Status()
 		v := "pending"

@@ -99,6 +99,7 @@ func newLabUpCommand(name *string) *cobra.Command {
 	cmd.Flags().StringVar(&cfg.BinDir, "bin-dir", "", "Directory with tendril, tendril-agent and tendril-cni (default: this binary's)")
 	cmd.Flags().IntVar(&cfg.Operators, "operators", cfg.Operators, "tendril-operator replicas to run (leader election on a Lease)")
 	cmd.Flags().StringVar(&cfg.IPAM, "ipam", cfg.IPAM, "cluster-pool: the operators allocate node pod CIDRs from "+lab.ClusterPoolCIDR+" and the agents take them (needs --operators)")
+	cmd.Flags().BoolVar(&cfg.KVStore, "kvstore", false, "Run an etcd as Tendril's kvstore: agents and operators allocate identities there (--identity-allocation-mode kvstore) and the agents publish their endpoints' ipcache keys")
 	cmd.Flags().StringArrayVar(&cfg.OperatorArgs, "operator-arg", nil, "Extra flag for every tendril-operator, repeatable (e.g. --operator-arg=--identity-gc-interval=10s)")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "Extra flag for every node's tendril-agent, repeatable (e.g. --agent-arg=--datapath-attach-mode=tc)")
 	return cmd

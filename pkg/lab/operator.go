@@ -40,6 +40,9 @@ func startOperators(ctx context.Context, cfg Config, st *State, cs kubernetes.In
 		if cfg.IPAM == "cluster-pool" {
 			argv = append(argv, "--ipam", "cluster-pool", "--cluster-pool-ipv4-cidr", ClusterPoolCIDR, "--cluster-pool-ipv4-mask-size", "24")
 		}
+		if st.KVStorePort != 0 {
+			argv = append(argv, "--kvstore", "etcd", "--kvstore-endpoints", st.KVStoreURL(), "--identity-allocation-mode", "kvstore")
+		}
 		argv = append(argv, cfg.OperatorArgs...)
 		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), argv)
 		if err != nil {

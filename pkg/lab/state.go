@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -36,6 +37,9 @@ const (
 	// NodeAPIPort is where, inside each node's namespace, the lab kubelet
 	// proxies the API server (which listens on the machine's loopback).
 	NodeAPIPort = 6443
+	// NodeKVStorePort is where, inside each node's namespace, the lab
+	// kubelet proxies the lab's kvstore etcd (lab up --kvstore).
+	NodeKVStorePort = 2379
 	// BridgeName is the bridge in the lab network namespace.
 	BridgeName = "labbr0"
 )
@@ -107,7 +111,28 @@ type State struct {
 	// NetNetns holds the lab bridge.
 	NetNetns string `json:"netNetns"`
 	Nodes    []Node `json:"nodes"`
+	// IPAM is how the nodes got their pod CIDRs: "" (Node.spec.podCIDRs,
+	// from kube-controller-manager) or "cluster-pool" (the operators'
+	// TendrilNode.spec.ipam.podCIDRs).
+	IPAM string `json:"ipam,omitempty"`
+	// KVStorePort is the port of the lab's kvstore etcd on the machine's
+	// 127.0.0.1 (0: no kvstore); the kubelets proxy it into each node's
+	// namespace at 127.0.0.1:NodeKVStorePort.
+	KVStorePort int `json:"kvstorePort,omitempty"`
 }
+
+// KVStoreURL is the kvstore's client URL from the machine's namespace
+// ("" without a kvstore).
+func (s *State) KVStoreURL() string {
+	if s.KVStorePort == 0 {
+		return ""
+	}
+	return "http://127.0.0.1:" + strconv.Itoa(s.KVStorePort)
+}
+
+// NodeKVStoreURL is the kvstore's client URL from inside a node's
+// namespace, through the kubelet's proxy.
+func NodeKVStoreURL() string { return "http://127.0.0.1:" + strconv.Itoa(NodeKVStorePort) }
 
 func (s *State) path() string { return filepath.Join(s.Dir, "lab.json") }
 

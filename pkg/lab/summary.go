@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -9,12 +10,14 @@ import (
 	"text/tabwriter"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/controlplane"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	tendrilclient "github.com/tendril-net/tendril/pkg/k8s/client/clientset/versioned"
 )
 
 // Clientset is an admin client of the lab's API server.
@@ -26,6 +29,32 @@ func (s *State) Clientset() (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(rc)
 }
 
+// clusterPoolCIDRs are the pod CIDRs in each node's TendrilNode, and a
+// note for each node whose PodCIDRsAllocated condition is False (its
+// agent waits for a CIDR that an exhausted pool cannot give).
+func clusterPoolCIDRs(ctx context.Context, st *State) (cidrs map[string][]string, notes map[string]string, err error) {
+	rc, err := controlplane.RESTConfig(st.Kubeconfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	tc, err := tendrilclient.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, err
+	}
+	list, err := tc.TendrilV1alpha1().TendrilNodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list TendrilNodes: %w", err)
+	}
+	cidrs, notes = map[string][]string{}, map[string]string{}
+	for _, tn := range list.Items {
+		cidrs[tn.Name] = tn.Spec.IPAM.PodCIDRs
+		if c := meta.FindStatusCondition(tn.Status.Conditions, v1alpha1.NodeConditionPodCIDRsAllocated); c != nil && c.Status == metav1.ConditionFalse {
+			notes[tn.Name] = fmt.Sprintf(" (TendrilNode %s=False, %s)", c.Type, c.Reason)
+		}
+	}
+	return cidrs, notes, nil
+}
+
 // Summary prints the lab's nodes (address, pod CIDR, agent) and its pods
 // (node, address, readiness).
 func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Writer) error {
@@ -33,12 +62,23 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err)
 	}
-	byName := map[string]corev1.Node{}
+	podCIDRs := map[string][]string{}
 	for _, n := range nodes.Items {
-		byName[n.Name] = n
+		podCIDRs[n.Name] = n.Spec.PodCIDRs
+	}
+	header := "POD CIDR"
+	notes := map[string]string{}
+	if st.IPAM == "cluster-pool" {
+		// The agents take their CIDRs from their TendrilNodes (the
+		// operators' pool), not from Node.spec.podCIDRs, which
+		// kube-controller-manager still fills from another range.
+		header = "POD CIDR (cluster-pool)"
+		if podCIDRs, notes, err = clusterPoolCIDRs(ctx, st); err != nil {
+			return err
+		}
 	}
 	tw := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tPOD CIDR\tAGENT\tSOCKET")
+	fmt.Fprintln(tw, "NODE\tADDRESS\t"+header+"\tAGENT\tSOCKET")
 	for _, n := range st.Nodes {
 		agent := "not answering"
 		if c, err := client.New(n.Socket); err == nil {
@@ -48,7 +88,7 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 			}
 			cancel()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, strings.Join(byName[n.Name].Spec.PodCIDRs, ","), agent, n.Socket)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, cmp.Or(strings.Join(podCIDRs[n.Name], ","), "none yet"), agent+notes[n.Name], n.Socket)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -60,6 +100,9 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 		if len(rs.GetUnavailableNodes()) > 0 {
 			relay += ", unavailable: " + strings.Join(rs.GetUnavailableNodes(), ", ")
 		}
+	}
+	if st.KVStorePort != 0 {
+		fmt.Fprintf(out, "\nKVSTORE  etcd %s (in each node: %s), identities allocated there\n", st.KVStoreURL(), NodeKVStoreURL())
 	}
 	fmt.Fprintf(out, "\nHUBBLE RELAY  unix://%s (and %s:%d in %s): %s\n", st.RelaySocket(), st.Nodes[0].Address, RelayPort, st.Nodes[0].Netns, relay)
 	pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})

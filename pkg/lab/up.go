@@ -42,6 +42,10 @@ type Config struct {
 	// IPAM is "" (kube-controller-manager's node CIDRs) or "cluster-pool"
 	// (the operators allocate them; needs Operators > 0).
 	IPAM string
+	// KVStore runs an etcd for Tendril's kvstore beside the API server's:
+	// the agents and operators use it for identities (kvstore identity
+	// allocation) and the agents for their endpoints' ipcache keys.
+	KVStore bool
 	// Out receives progress and the summary.
 	Out io.Writer
 }
@@ -144,7 +148,8 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, CoreDNSBin: coreDNS, NetNetns: NetnsPrefix(cfg.Name) + "net"}
+	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, CoreDNSBin: coreDNS,
+		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM}
 	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
 	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
 	for _, d := range []string{st.Dir, st.PidDir(), st.LogDir(), st.PodDir(), filepath.Join(st.Dir, "pki")} {
@@ -177,6 +182,13 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return st, err
 	}
 	step(out, start, "control plane: etcd, kube-apiserver, kube-controller-manager")
+	exited := map[string]<-chan error{}
+	if cfg.KVStore {
+		if err := startKVStore(ctx, st, exited); err != nil {
+			return st, err
+		}
+		step(out, start, "kvstore: etcd at %s (in each node: %s)", st.KVStoreURL(), NodeKVStoreURL())
+	}
 
 	if err := createLabNetwork(st.NetNetns); err != nil {
 		return st, err
@@ -195,7 +207,6 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err != nil {
 		return st, err
 	}
-	exited := map[string]<-chan error{}
 	for i, n := range st.Nodes {
 		argv := []string{filepath.Join(st.BinDir, "tendril"), "lab", "kubelet", "--name", st.Name, "--node", n.Name}
 		if i == 0 {
@@ -225,6 +236,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		argv = append(argv, hubbleArgs[n.Name]...)
 		if cfg.IPAM == "cluster-pool" {
 			argv = append(argv, "--ipam", "cluster-pool")
+		}
+		if cfg.KVStore {
+			argv = append(argv, "--kvstore", "etcd", "--kvstore-endpoints", NodeKVStoreURL(), "--identity-allocation-mode", "kvstore")
 		}
 		argv = append(argv, cfg.AgentArgs...)
 		role := "agent-" + n.Name
@@ -391,6 +405,41 @@ func startControlPlane(ctx context.Context, st *State) (kubernetes.Interface, er
 		return nil, err
 	}
 	return cs, nil
+}
+
+// startKVStore runs the lab's kvstore: a second etcd, apart from the API
+// server's, on free ports of the machine's loopback. The kubelets
+// (started after it) proxy it into the node namespaces.
+func startKVStore(ctx context.Context, st *State, exited map[string]<-chan error) error {
+	client, err := controlplane.FreePort()
+	if err != nil {
+		return err
+	}
+	peerPort, err := controlplane.FreePort()
+	if err != nil {
+		return err
+	}
+	st.KVStorePort = client
+	peer := "http://127.0.0.1:" + strconv.Itoa(peerPort)
+	argv := []string{filepath.Join(st.K8sBinDir, controlplane.EtcdBinary), "--name", "kvstore",
+		"--data-dir", filepath.Join(st.Dir, "kvstore"),
+		"--listen-client-urls", st.KVStoreURL(), "--advertise-client-urls", st.KVStoreURL(),
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "kvstore=" + peer, "--log-level", "warn"}
+	cmd, _, err := StartDetached(st.PidDir(), "kvstore", filepath.Join(st.LogDir(), "kvstore.log"), argv)
+	if err != nil {
+		return err
+	}
+	exited["kvstore"] = watchExit(cmd)
+	if err := controlplane.WaitTCP(ctx, "127.0.0.1:"+strconv.Itoa(client), 30*time.Second); err != nil {
+		select {
+		case e := <-exited["kvstore"]:
+			return exitedError(st, "kvstore", e)
+		default:
+		}
+		return fmt.Errorf("kvstore etcd: %w", err)
+	}
+	return st.Save()
 }
 
 // poll calls cond every interval until it is done, fails, a watched

@@ -7,9 +7,11 @@ import (
 	"net/netip"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	tendrilclient "github.com/tendril-net/tendril/pkg/k8s/client/clientset/versioned"
 )
 
@@ -30,7 +32,11 @@ func WaitForClusterPoolCIDRs(ctx context.Context, c tendrilclient.Interface, nam
 			return selectClusterPool(name, tn.Spec.IPAM.PodCIDRs)
 		}
 		if err == nil {
-			err = fmt.Errorf("TendrilNode %s has no pod CIDRs yet (is tendril-operator running with --ipam cluster-pool? see its PodCIDRsAllocated condition)", name)
+			if ok, msg := ClusterPoolState(tn); !ok && msg != "" {
+				err = fmt.Errorf("TendrilNode %s has no pod CIDRs: %s", name, msg)
+			} else {
+				err = fmt.Errorf("TendrilNode %s has no pod CIDRs yet (is tendril-operator running with --ipam cluster-pool? see its %s condition)", name, v1alpha1.NodeConditionPodCIDRsAllocated)
+			}
 		}
 		if ctx.Err() != nil {
 			return Selection{}, fmt.Errorf("wait for cluster-pool CIDRs of %s: %w (last error: %v)", name, ctx.Err(), err)
@@ -43,6 +49,25 @@ func WaitForClusterPoolCIDRs(ctx context.Context, c tendrilclient.Interface, nam
 		case <-time.After(d):
 		}
 	}
+}
+
+// ClusterPoolState reads the operator's PodCIDRsAllocated condition on a
+// TendrilNode: ok unless it is False (a pool was exhausted for a family
+// the node lacks), and a line saying so; "" when there is no condition
+// yet (or no TendrilNode).
+func ClusterPoolState(tn *v1alpha1.TendrilNode) (ok bool, msg string) {
+	if tn == nil {
+		return true, ""
+	}
+	c := meta.FindStatusCondition(tn.Status.Conditions, v1alpha1.NodeConditionPodCIDRsAllocated)
+	if c == nil {
+		return true, ""
+	}
+	msg = fmt.Sprintf("%s=%s (%s)", c.Type, c.Status, c.Reason)
+	if c.Message != "" {
+		msg += ": " + c.Message
+	}
+	return c.Status != metav1.ConditionFalse, msg + ", since " + c.LastTransitionTime.UTC().Format(time.RFC3339)
 }
 
 func selectClusterPool(name string, cidrs []string) (Selection, error) {

@@ -66,3 +66,26 @@ func TestWaitForClusterPoolCIDRs(t *testing.T) {
 		t.Fatalf("malformed CIDR: %v", err)
 	}
 }
+
+// TestClusterPoolState: no TendrilNode or no condition is not a problem
+// yet; a False condition is, and its line names reason and message.
+func TestClusterPoolState(t *testing.T) {
+	if ok, msg := ClusterPoolState(nil); !ok || msg != "" {
+		t.Fatalf("nil: %v %q", ok, msg)
+	}
+	tn := &v1alpha1.TendrilNode{}
+	if ok, msg := ClusterPoolState(tn); !ok || msg != "" {
+		t.Fatalf("no condition: %v %q", ok, msg)
+	}
+	since := metav1.NewTime(time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC))
+	tn.Status.Conditions = []metav1.Condition{{Type: v1alpha1.NodeConditionPodCIDRsAllocated, Status: metav1.ConditionFalse,
+		Reason: v1alpha1.NodeReasonPodCIDRPoolExhausted, Message: "[ipv6 pool exhausted]", LastTransitionTime: since}}
+	ok, msg := ClusterPoolState(tn)
+	if want := "PodCIDRsAllocated=False (PodCIDRPoolExhausted): [ipv6 pool exhausted], since 2026-11-24T08:00:00Z"; ok || msg != want {
+		t.Fatalf("False: %v %q, want false %q", ok, msg, want)
+	}
+	tn.Status.Conditions[0].Status, tn.Status.Conditions[0].Reason = metav1.ConditionTrue, "Allocated"
+	if ok, msg := ClusterPoolState(tn); !ok || !strings.HasPrefix(msg, "PodCIDRsAllocated=True (Allocated)") {
+		t.Fatalf("True: %v %q", ok, msg)
+	}
+}

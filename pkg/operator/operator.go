@@ -25,6 +25,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/operator/k8sclient"
 	"github.com/tendril-net/tendril/pkg/operator/kvstoreclient"
 	"github.com/tendril-net/tendril/pkg/operator/kvsync"
+	"github.com/tendril-net/tendril/pkg/operator/lbipam"
 	"github.com/tendril-net/tendril/pkg/operator/leader"
 	"github.com/tendril-net/tendril/pkg/operator/nodegc"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
@@ -45,6 +46,7 @@ var Cells = []cell.Cell{
 	endpointgc.Cell,
 	nodegc.Cell,
 	clusterpool.Cell,
+	lbipam.Cell,
 	kvsync.Cell,
 	cell.Invoke(registerChecks),
 	// Last: the campaign starts once everything above has started.

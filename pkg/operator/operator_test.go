@@ -24,6 +24,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	tendrilclient "github.com/tendril-net/tendril/pkg/k8s/client/clientset/versioned"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/operator/apiserver"
 	"github.com/tendril-net/tendril/pkg/operator/kvstoreclient"
@@ -396,8 +398,30 @@ func TestOperatorWithKVStore(t *testing.T) {
 		_, found, err := kv.KV().Get(ctx, kvsync.ServicesPrefix+"default/with-kvstore/db")
 		return err == nil && found
 	})
-	operatortest.WaitFor(t, "the status report of kvstore-sync and identity-gc", time.Minute, func() bool {
+	// The LB IPAM job runs in the hive: a LoadBalancer Service gets its
+	// address from a pool.
+	tc, err := tendrilclient.NewForConfig(e.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.TendrilV1alpha1().TendrilLoadBalancerIPPools().Create(ctx, &v1alpha1.TendrilLoadBalancerIPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "with-kvstore"},
+		Spec: v1alpha1.LoadBalancerIPPoolSpec{Blocks: []v1alpha1.LoadBalancerIPBlock{{CIDR: "10.77.0.8/32"}},
+			ServiceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"test": "with-kvstore"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Clientset().CoreV1().Services("with-kvstore").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "lb", Labels: map[string]string{"test": "with-kvstore"}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	operatortest.WaitFor(t, "the LoadBalancer Service's address from the pool", time.Minute, func() bool {
+		svc, err := e.Clientset().CoreV1().Services("with-kvstore").Get(ctx, "lb", metav1.GetOptions{})
+		return err == nil && len(svc.Status.LoadBalancer.Ingress) == 1 && svc.Status.LoadBalancer.Ingress[0].IP == "10.77.0.8"
+	})
+	operatortest.WaitFor(t, "the status report of kvstore-sync, identity-gc and lb-ipam", time.Minute, func() bool {
 		cm, err := e.Clientset().CoreV1().ConfigMaps("with-kvstore").Get(ctx, status.ConfigMapName, metav1.GetOptions{})
-		return err == nil && cm.Data[status.KeyJobPrefix+"kvstore-sync"] != "" && cm.Data[status.KeyJobPrefix+"identity-gc"] != ""
+		return err == nil && cm.Data[status.KeyJobPrefix+"kvstore-sync"] != "" && cm.Data[status.KeyJobPrefix+"identity-gc"] != "" &&
+			strings.Contains(cm.Data[status.KeyJobPrefix+"lb-ipam"], "1 LoadBalancer Services with addresses")
 	})
 }

@@ -13,9 +13,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/k8s"
@@ -168,115 +170,162 @@ func TestPrivilegedLabOperatorClusterPool(t *testing.T) {
 		return true, nil
 	})
 
-	churn(t, name, &env{st: st, cs: c.Core, k8: c})
+	// The lab's summary shows the CIDRs the agents use: the TendrilNodes'.
+	status, err := exec.Command(tendrilBin, "lab", "--name", name, "status").CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab status: %v\n%s", err, status)
+	}
+	for _, n := range st.Nodes {
+		if !regexp.MustCompile(`(?m)^` + n.Name + `\s+\S+\s+` + regexp.QuoteMeta(cidrs[n.Name].String()) + `\s`).Match(status) {
+			t.Errorf("lab status does not show %s's cluster-pool CIDR %s:\n%s", n.Name, cidrs[n.Name], status)
+		}
+	}
+	if !strings.Contains(string(status), "POD CIDR (cluster-pool)") {
+		t.Errorf("lab status does not say the CIDRs come from the cluster pool:\n%s", status)
+	}
+
+	churn(t, name, &env{st: st, cs: c.Core, k8: c}, churnConfig{pods: 1000, wave: 200})
+
+	poolExhaustedInAgentStatus(t, name, st, c)
 }
 
-// churn creates and deletes pods with labels of their own (an identity
-// each) while a client keeps talking to a server under a policy that
-// allows only it; once the GC ran, nothing of the gone pods is left (no
-// TendrilEndpoint, no identity) and the policy still holds both ways.
-func churn(t *testing.T, labName string, e *env) {
-	const ns, pods = "churn", 40
+// poolExhaustedInAgentStatus restarts the surviving operator with an
+// IPv6 pool that holds one node CIDR: one node gets it, the other's
+// TendrilNode gets PodCIDRsAllocated=False, and that node's agent says so
+// in `tendril status` (a line and a degraded health module) while the
+// other's reports the condition True.
+func poolExhaustedInAgentStatus(t *testing.T, name string, st *lab.State, c *k8s.Clients) {
 	ctx := context.Background()
-	e.createNamespace(t, ns)
-	for app, node := range map[string]string{"frontend": "node1", "backend": "node2", "other": "node1"} {
-		e.createPod(t, ns, app, node, map[string]string{"app": app})
-	}
-	backend := e.waitReady(t, ns, "backend")
-	e.waitReady(t, ns, "frontend")
-	e.waitReady(t, ns, "other")
-	pol := &v1alpha1.TendrilNetworkPolicy{}
-	if err := yaml.UnmarshalStrict([]byte(policyYAML), pol); err != nil {
+	procs, err := lab.ReadProcesses(st.PidDir())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+	var op lab.Process
+	for _, p := range procs {
+		if strings.HasPrefix(p.Role, "operator-") && syscall.Kill(p.PID, 0) == nil {
+			op = p
+		}
+	}
+	if op.PID == 0 {
+		t.Fatalf("no operator left running: %v", procs)
+	}
+	argv, err := os.ReadFile("/proc/" + strconv.Itoa(op.PID) + "/cmdline")
+	if err != nil {
 		t.Fatal(err)
 	}
-	addr := backend.Status.PodIP + ":80"
-	probeIn := func(from string) int {
-		out, err := exec.Command(tendrilBin, "lab", "--name", labName, "probe", ns+"/"+from, addr, "--timeout", "1s").CombinedOutput()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return ee.ExitCode()
-		}
-		if err != nil {
-			t.Fatalf("probe: %v %s", err, out)
-		}
-		return 0
+	args := strings.Split(strings.TrimRight(string(argv), "\x00"), "\x00")
+	// SIGTERM: the operator releases the Lease, so its successor leads at once.
+	if err := syscall.Kill(op.PID, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
 	}
-	eventually(t, "the policy denying other", func() (bool, error) { return probeIn("other") == 1, nil })
-	if c := probeIn("frontend"); c != 0 {
-		t.Fatalf("frontend -> backend exit %d before the churn", c)
+	eventually(t, "the operator to exit", func() (bool, error) { return syscall.Kill(op.PID, 0) != nil, nil })
+	args = append(args, "--cluster-pool-ipv6-cidr=fd00:245::/120", "--cluster-pool-ipv6-mask-size=120")
+	if _, _, err := lab.StartDetached(st.PidDir(), op.Role, filepath.Join(st.LogDir(), op.Role+".log"), args); err != nil {
+		t.Fatal(err)
 	}
-	keep := map[int64]bool{}
-	for _, p := range []string{"frontend", "backend", "other"} {
-		tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(ctx, p, metav1.GetOptions{})
-		if err != nil || tep.Status.Identity == nil {
-			t.Fatalf("TendrilEndpoint of %s: %v %v", p, tep, err)
-		}
-		keep[tep.Status.Identity.ID] = true
-	}
-	// Churn: pods with an identity of their own, created and deleted,
-	// the frontend probing the backend in between.
-	gone := map[int64]bool{}
-	for i := 0; i < pods; i++ {
-		e.createPod(t, ns, "churn-"+strconv.Itoa(i), "", map[string]string{"app": "churn-" + strconv.Itoa(i)})
-	}
-	for i := 0; i < pods; i++ {
-		name := "churn-" + strconv.Itoa(i)
-		e.waitReady(t, ns, name)
-		eventually(t, "the TendrilEndpoint of "+name, func() (bool, error) {
-			tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(ctx, name, metav1.GetOptions{})
-			if err != nil || tep.Status.Identity == nil {
+	conditions := map[string]metav1.ConditionStatus{}
+	eventually(t, "one node with the IPv6 CIDR, the other with PodCIDRsAllocated=False", func() (bool, error) {
+		falses := 0
+		for _, n := range st.Nodes {
+			tn, err := c.Tendril.TendrilV1alpha1().TendrilNodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
 				return false, err
 			}
-			gone[tep.Status.Identity.ID] = true
-			return true, nil
-		})
-		if i%10 == 9 {
-			if c := probeIn("frontend"); c != 0 {
-				t.Fatalf("frontend -> backend exit %d during the churn", c)
+			cond := meta.FindStatusCondition(tn.Status.Conditions, v1alpha1.NodeConditionPodCIDRsAllocated)
+			if cond == nil {
+				return false, fmt.Errorf("%s has no condition", n.Name)
+			}
+			conditions[n.Name] = cond.Status
+			if cond.Status == metav1.ConditionFalse {
+				falses++
 			}
 		}
-	}
-	zero := int64(0)
-	for i := 0; i < pods; i++ {
-		if err := e.cs.CoreV1().Pods(ns).Delete(ctx, "churn-"+strconv.Itoa(i), metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	eventually(t, "no TendrilEndpoint and no identity of a gone pod", func() (bool, error) {
-		teps, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		if len(teps.Items) != 3 {
-			return false, fmt.Errorf("%d TendrilEndpoints", len(teps.Items))
-		}
-		ids, err := e.k8.Tendril.TendrilV1alpha1().TendrilIdentities().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		left := 0
-		have := map[int64]bool{}
-		for _, id := range ids.Items {
-			n, _ := strconv.ParseInt(id.Name, 10, 64)
-			have[n] = true
-			if gone[n] && !keep[n] {
-				left++
-			}
-		}
-		for id := range keep {
-			if !have[id] {
-				t.Fatalf("identity %d of a running pod was deleted", id)
-			}
-		}
-		return left == 0, fmt.Errorf("%d identities of gone pods left", left)
+		return falses == 1, fmt.Errorf("conditions %v", conditions)
 	})
-	if c := probeIn("frontend"); c != 0 {
-		t.Errorf("frontend -> backend exit %d after the GC", c)
+	// The lab's summary notes the condition beside the node's agent.
+	labStatus, err := exec.Command(tendrilBin, "lab", "--name", name, "status").CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab status: %v\n%s", err, labStatus)
 	}
-	if c := probeIn("other"); c != 1 {
-		t.Errorf("other -> backend exit %d after the GC, want 1 (denied)", c)
+	for _, n := range st.Nodes {
+		noted := regexp.MustCompile(`(?m)^` + n.Name + `\s.*serving \(TendrilNode PodCIDRsAllocated=False, PodCIDRPoolExhausted\)`).Match(labStatus)
+		if noted != (conditions[n.Name] == metav1.ConditionFalse) {
+			t.Errorf("lab status notes the exhausted pool for %s: %v, want %v:\n%s", n.Name, noted, !noted, labStatus)
+		}
+	}
+	for _, n := range st.Nodes {
+		exhausted := conditions[n.Name] == metav1.ConditionFalse
+		eventually(t, n.Name+"'s agent to report its TendrilNode's condition", func() (bool, error) {
+			out, err := exec.Command(tendrilBin, "-H", "unix://"+n.Socket, "status").CombinedOutput()
+			if err != nil && !exhausted {
+				return false, fmt.Errorf("%v: %s", err, out)
+			}
+			s := string(out)
+			if exhausted {
+				return strings.Contains(s, "POOL EXHAUSTED: PodCIDRsAllocated=False (PodCIDRPoolExhausted)") &&
+					regexp.MustCompile(`cluster-pool\s+Degraded`).MatchString(s), errors.New(s)
+			}
+			return strings.Contains(s, "PodCIDRsAllocated=True (Allocated)") && !strings.Contains(s, "POOL EXHAUSTED"), errors.New(s)
+		})
+	}
+}
+
+// TestPrivilegedLabOperatorKVStore runs the churn on a lab whose agents
+// and operator allocate identities in the lab's kvstore (lab up
+// --kvstore): the operator collects the master and index keys of the
+// gone pods' identities, and the agents' endpoint address keys go with
+// their endpoints.
+func TestPrivilegedLabOperatorKVStore(t *testing.T) {
+	testutil.Privileged(t)
+	testutil.Require(t, labErr == nil, "no binaries for the lab")
+	name := labName + "kv"
+	if len(name) > 12 {
+		name = name[:12]
+	}
+	binDir := filepath.Dir(tendrilBin)
+	t.Cleanup(func() { _ = exec.Command(tendrilBin, "lab", "--name", name, "down").Run() })
+	out, err := exec.Command(tendrilBin, "lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "1",
+		"--operators", "1", "--kvstore", "--bin-dir", binDir,
+		"--operator-arg=--identity-gc-interval=2s", "--operator-arg=--identity-heartbeat-timeout=4s",
+		"--operator-arg=--endpoint-gc-interval=2s").CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab up: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "KVSTORE  etcd http://127.0.0.1:") {
+		t.Fatalf("lab up did not report the kvstore:\n%s", out)
+	}
+	st, err := lab.LoadState(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := controlplane.RESTConfig(st.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := k8s.NewClientsForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := clientv3.New(clientv3.Config{Endpoints: []string{st.KVStoreURL()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kv.Close()
+	// 300 pods keep CI time; TENDRIL_E2E_KV_CHURN_PODS runs more (1,000
+	// was run by hand: docs/benchmarks.md).
+	pods := 300
+	if v := os.Getenv("TENDRIL_E2E_KV_CHURN_PODS"); v != "" {
+		if pods, err = strconv.Atoi(v); err != nil || pods < 1 {
+			t.Fatalf("TENDRIL_E2E_KV_CHURN_PODS=%q: want a positive number", v)
+		}
+	}
+	churn(t, name, &env{st: st, cs: c.Core, k8: c}, churnConfig{pods: pods, wave: min(pods, 200), kv: kv})
+	// Identities lived in the kvstore only.
+	ids, err := c.Tendril.TendrilV1alpha1().TendrilIdentities().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids.Items) != 0 {
+		t.Errorf("%d TendrilIdentity objects in kvstore mode", len(ids.Items))
 	}
 }

@@ -1,6 +1,7 @@
 // Package kubelet is the lab's minimal kubelet, one process per lab node,
 // running in the machine's network namespace: it proxies the API server
-// into its node's namespace (where the node's tendril-agent runs), registers
+// (and the lab's kvstore, when it has one) into its node's namespace
+// (where the node's tendril-agent runs), registers
 // and heartbeats its Node, optionally schedules unbound pods round robin,
 // and runs the pods bound to its node: a network namespace wired by
 // tendril-cni, the built-in workload (package lab/workload) inside it, and
@@ -44,14 +45,23 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("API server proxy in %s: %w", n.Netns, err)
 	}
-	go proxyAPIServer(ctx, ln, "127.0.0.1:"+strconv.Itoa(cfg.Lab.APIPort), log.With("component", "api-proxy"))
+	go proxyTCP(ctx, ln, "127.0.0.1:"+strconv.Itoa(cfg.Lab.APIPort), log.With("component", "api-proxy"))
 	// Pods reach the API server at <node address>:<API port> (node1's is
 	// the advertised endpoint of the kubernetes Service).
 	podLn, err := listenInNetns(lab.NetnsPath(n.Netns), net.JoinHostPort(n.Address, strconv.Itoa(cfg.Lab.APIPort)))
 	if err != nil {
 		return fmt.Errorf("API server proxy for pods in %s: %w", n.Netns, err)
 	}
-	go proxyAPIServer(ctx, podLn, "127.0.0.1:"+strconv.Itoa(cfg.Lab.APIPort), log.With("component", "api-proxy-pods"))
+	go proxyTCP(ctx, podLn, "127.0.0.1:"+strconv.Itoa(cfg.Lab.APIPort), log.With("component", "api-proxy-pods"))
+	if cfg.Lab.KVStorePort != 0 {
+		// The lab's kvstore etcd, for the node's agent (plain TCP, as the
+		// API server's connections).
+		kvLn, err := listenInNetns(lab.NetnsPath(n.Netns), "127.0.0.1:"+strconv.Itoa(lab.NodeKVStorePort))
+		if err != nil {
+			return fmt.Errorf("kvstore proxy in %s: %w", n.Netns, err)
+		}
+		go proxyTCP(ctx, kvLn, "127.0.0.1:"+strconv.Itoa(cfg.Lab.KVStorePort), log.With("component", "kvstore-proxy"))
+	}
 
 	rc, err := controlplane.RESTConfig(cfg.Lab.Kubeconfig)
 	if err != nil {

@@ -26,11 +26,12 @@ func listenInNetns(netnsPath, addr string) (net.Listener, error) {
 	return ln, err
 }
 
-// proxyAPIServer copies each connection accepted in the node's namespace
-// to the API server on the machine's loopback. TLS passes through
+// proxyTCP copies each connection accepted in the node's namespace
+// to target on the machine's loopback (the API server, the lab's
+// kvstore). TLS passes through
 // untouched: the API server's certificate covers 127.0.0.1, which is the
 // address the agent dials on its side too.
-func proxyAPIServer(ctx context.Context, ln net.Listener, target string, log *slog.Logger) {
+func proxyTCP(ctx context.Context, ln net.Listener, target string, log *slog.Logger) {
 	go func() {
 		<-ctx.Done()
 		ln.Close()
@@ -49,7 +50,7 @@ func proxyAPIServer(ctx context.Context, ln net.Listener, target string, log *sl
 			defer c.Close()
 			up, err := net.DialTimeout("tcp", target, 5*time.Second)
 			if err != nil {
-				log.Warn("Dial the API server", "error", err)
+				log.Warn("Dial", "target", target, "error", err)
 				return
 			}
 			defer up.Close()

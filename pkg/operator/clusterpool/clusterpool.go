@@ -43,12 +43,12 @@ import (
 )
 
 // ConditionAllocated is the TendrilNode condition this package writes.
-const ConditionAllocated = "PodCIDRsAllocated"
+const ConditionAllocated = v1alpha1.NodeConditionPodCIDRsAllocated
 
 // Reasons of the condition (and of the Event).
 const (
 	ReasonAllocated = "Allocated"
-	ReasonExhausted = "PodCIDRPoolExhausted"
+	ReasonExhausted = v1alpha1.NodeReasonPodCIDRPoolExhausted
 )
 
 // Config of the cluster pools.

@@ -57,10 +57,11 @@ type Resources struct {
 	NodeInformer  cache.SharedIndexInformer
 	TNodeInformer cache.SharedIndexInformer
 
-	// CoreFactory lets a cell add an informer of its own kind while the
-	// hive is built (before the start hook syncs them all), so only
-	// configured jobs pay for the caches they need.
-	CoreFactory informers.SharedInformerFactory
+	// CoreFactory and TendrilFactory let a cell add an informer of its
+	// own kind while the hive is built (before the start hook syncs them
+	// all), so only configured jobs pay for the caches they need.
+	CoreFactory    informers.SharedInformerFactory
+	TendrilFactory tendrilinformers.SharedInformerFactory
 }
 
 // Cell provides *Resources, synced by its start hook.
@@ -139,6 +140,7 @@ func build(clients *k8s.Clients) (*Resources, func(context.Context, time.Duratio
 		NodeInformer:        core.Core().V1().Nodes().Informer(),
 		TNodeInformer:       td.Tendril().V1alpha1().TendrilNodes().Informer(),
 		CoreFactory:         core,
+		TendrilFactory:      td,
 	}
 	stopCh := make(chan struct{})
 	start := func(ctx context.Context, timeout time.Duration) error {

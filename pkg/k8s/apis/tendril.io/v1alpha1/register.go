@@ -19,6 +19,7 @@ const (
 	ResourceIdentities                 = "tendrilidentities"
 	ResourceEndpoints                  = "tendrilendpoints"
 	ResourceNodes                      = "tendrilnodes"
+	ResourceLoadBalancerIPPools        = "tendrilloadbalancerippools"
 )
 
 // Resource qualifies a resource name with the group.
@@ -36,6 +37,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&TendrilIdentity{}, &TendrilIdentityList{},
 		&TendrilEndpoint{}, &TendrilEndpointList{},
 		&TendrilNode{}, &TendrilNodeList{},
+		&TendrilLoadBalancerIPPool{}, &TendrilLoadBalancerIPPoolList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

@@ -300,6 +300,16 @@ type IPAMSpec struct {
 	PodCIDRs []string `json:"podCIDRs,omitempty"`
 }
 
+// NodeConditionPodCIDRsAllocated is the TendrilNode condition
+// tendril-operator's cluster-pool IPAM writes: True (reason Allocated), or
+// False (reason NodeReasonPodCIDRPoolExhausted) when a pool had no CIDR
+// left for a family the node lacks.
+const NodeConditionPodCIDRsAllocated = "PodCIDRsAllocated"
+
+// NodeReasonPodCIDRPoolExhausted is the reason of a False
+// NodeConditionPodCIDRsAllocated.
+const NodeReasonPodCIDRPoolExhausted = "PodCIDRPoolExhausted"
+
 // NodeStatus is what the node's agent reports.
 type NodeStatus struct {
 	// +optional
@@ -307,3 +317,86 @@ type NodeStatus struct {
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
+
+// TendrilLoadBalancerIPPool is a pool of addresses from which
+// tendril-operator gives Services of type LoadBalancer their
+// status.loadBalancer.ingress addresses (issue 16, LB IPAM). Pools are
+// cluster-wide; a pool serves the Services its serviceSelector matches
+// (all of them without one).
+//
+// +genclient
+// +genclient:nonNamespaced
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:resource:scope=Cluster,categories=tendril,shortName=tlbpool,singular=tendrilloadbalancerippool
+// +kubebuilder:storageversion
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Disabled",type=boolean,JSONPath=`.spec.disabled`
+// +kubebuilder:printcolumn:name="Exhausted",type=string,JSONPath=`.status.conditions[?(@.type=="Exhausted")].status`
+// +kubebuilder:printcolumn:name="Used",type=string,JSONPath=`.status.conditions[?(@.type=="Exhausted")].message`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type TendrilLoadBalancerIPPool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+
+	Spec LoadBalancerIPPoolSpec `json:"spec"`
+	// +optional
+	Status LoadBalancerIPPoolStatus `json:"status,omitempty"`
+}
+
+// TendrilLoadBalancerIPPoolList is a list of TendrilLoadBalancerIPPool.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type TendrilLoadBalancerIPPoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata"`
+	Items           []TendrilLoadBalancerIPPool `json:"items"`
+}
+
+// LoadBalancerIPPoolSpec is what a pool holds and whom it serves.
+type LoadBalancerIPPoolSpec struct {
+	// Blocks are the pool's addresses: CIDRs and start/stop ranges, IPv4
+	// and IPv6.
+	// +kubebuilder:validation:MinItems=1
+	Blocks []LoadBalancerIPBlock `json:"blocks"`
+	// ServiceSelector picks the Services the pool serves; none: every
+	// Service.
+	// +optional
+	ServiceSelector *metav1.LabelSelector `json:"serviceSelector,omitempty"`
+	// Disabled stops new assignments from the pool; addresses already
+	// assigned stay with their Services.
+	// +optional
+	Disabled bool `json:"disabled,omitempty"`
+}
+
+// LoadBalancerIPBlock is a CIDR, or a range from start to stop (both
+// included). In a CIDR of more than two IPv4 addresses the network and
+// broadcast addresses are not handed out.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.cidr) ? !has(self.start) && !has(self.stop) : has(self.start) && has(self.stop)",message="a block is either cidr, or start and stop"
+type LoadBalancerIPBlock struct {
+	// CIDR such as 172.30.1.0/28 or fd00:30:1::/120.
+	// +optional
+	CIDR string `json:"cidr,omitempty"`
+	// Start is the first address of a range.
+	// +optional
+	Start string `json:"start,omitempty"`
+	// Stop is the last address of a range, of Start's family.
+	// +optional
+	Stop string `json:"stop,omitempty"`
+}
+
+// LoadBalancerIPPoolStatus is the operator's report on a pool.
+type LoadBalancerIPPoolStatus struct {
+	// Conditions: Valid (the blocks parse) and Exhausted (no address
+	// left; its message counts the used ones and the Services waiting).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Conditions of a TendrilLoadBalancerIPPool.
+const (
+	PoolConditionValid     = "Valid"
+	PoolConditionExhausted = "Exhausted"
+)

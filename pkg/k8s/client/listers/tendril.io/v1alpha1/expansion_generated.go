@@ -20,6 +20,10 @@ type TendrilEndpointNamespaceListerExpansion interface{}
 // TendrilIdentityLister.
 type TendrilIdentityListerExpansion interface{}
 
+// TendrilLoadBalancerIPPoolListerExpansion allows custom methods to be added to
+// TendrilLoadBalancerIPPoolLister.
+type TendrilLoadBalancerIPPoolListerExpansion interface{}
+
 // TendrilNetworkPolicyListerExpansion allows custom methods to be added to
 // TendrilNetworkPolicyLister.
 type TendrilNetworkPolicyListerExpansion interface{}

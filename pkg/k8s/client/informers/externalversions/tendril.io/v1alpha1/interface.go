@@ -16,6 +16,8 @@ type Interface interface {
 	TendrilEndpoints() TendrilEndpointInformer
 	// TendrilIdentities returns a TendrilIdentityInformer.
 	TendrilIdentities() TendrilIdentityInformer
+	// TendrilLoadBalancerIPPools returns a TendrilLoadBalancerIPPoolInformer.
+	TendrilLoadBalancerIPPools() TendrilLoadBalancerIPPoolInformer
 	// TendrilNetworkPolicies returns a TendrilNetworkPolicyInformer.
 	TendrilNetworkPolicies() TendrilNetworkPolicyInformer
 	// TendrilNodes returns a TendrilNodeInformer.
@@ -46,6 +48,11 @@ func (v *version) TendrilEndpoints() TendrilEndpointInformer {
 // TendrilIdentities returns a TendrilIdentityInformer.
 func (v *version) TendrilIdentities() TendrilIdentityInformer {
 	return &tendrilIdentityInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
+}
+
+// TendrilLoadBalancerIPPools returns a TendrilLoadBalancerIPPoolInformer.
+func (v *version) TendrilLoadBalancerIPPools() TendrilLoadBalancerIPPoolInformer {
+	return &tendrilLoadBalancerIPPoolInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
 }
 
 // TendrilNetworkPolicies returns a TendrilNetworkPolicyInformer.

@@ -10,6 +10,8 @@ type TendrilEndpointExpansion interface{}
 
 type TendrilIdentityExpansion interface{}
 
+type TendrilLoadBalancerIPPoolExpansion interface{}
+
 type TendrilNetworkPolicyExpansion interface{}
 
 type TendrilNodeExpansion interface{}

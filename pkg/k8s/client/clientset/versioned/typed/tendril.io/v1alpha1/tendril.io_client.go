@@ -17,6 +17,7 @@ type TendrilV1alpha1Interface interface {
 	TendrilClusterwideNetworkPoliciesGetter
 	TendrilEndpointsGetter
 	TendrilIdentitiesGetter
+	TendrilLoadBalancerIPPoolsGetter
 	TendrilNetworkPoliciesGetter
 	TendrilNodesGetter
 }
@@ -36,6 +37,10 @@ func (c *TendrilV1alpha1Client) TendrilEndpoints(namespace string) TendrilEndpoi
 
 func (c *TendrilV1alpha1Client) TendrilIdentities() TendrilIdentityInterface {
 	return newTendrilIdentities(c)
+}
+
+func (c *TendrilV1alpha1Client) TendrilLoadBalancerIPPools() TendrilLoadBalancerIPPoolInterface {
+	return newTendrilLoadBalancerIPPools(c)
 }
 
 func (c *TendrilV1alpha1Client) TendrilNetworkPolicies(namespace string) TendrilNetworkPolicyInterface {

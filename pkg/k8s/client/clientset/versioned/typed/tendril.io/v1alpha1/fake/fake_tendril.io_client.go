@@ -26,6 +26,10 @@ func (c *FakeTendrilV1alpha1) TendrilIdentities() v1alpha1.TendrilIdentityInterf
 	return newFakeTendrilIdentities(c)
 }
 
+func (c *FakeTendrilV1alpha1) TendrilLoadBalancerIPPools() v1alpha1.TendrilLoadBalancerIPPoolInterface {
+	return newFakeTendrilLoadBalancerIPPools(c)
+}
+
 func (c *FakeTendrilV1alpha1) TendrilNetworkPolicies(namespace string) v1alpha1.TendrilNetworkPolicyInterface {
 	return newFakeTendrilNetworkPolicies(c, namespace)
 }
