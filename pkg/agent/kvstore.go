@@ -12,8 +12,11 @@ import (
 	"github.com/cilium/cilium/api/v1/models"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
@@ -54,8 +57,9 @@ type kvstoreModule struct {
 	allocCancel context.CancelFunc
 	allocDone   chan struct{}
 
-	// ipPub writes this node's endpoint addresses to ipStore on its own
-	// job; renewals are the client's new sessions it rewrites after.
+	// ipPub holds this node's endpoint addresses to publish (a table);
+	// its reconciler writes them to ipStore. renewals are the client's
+	// new sessions, after which every key is written again.
 	ipPub       *kvpublisher.Publisher
 	renewals    <-chan struct{}
 	unsubscribe func()
@@ -78,11 +82,14 @@ type kvstoreParams struct {
 	Endpoints  *endpointsModule
 	K8s        *kubernetesModule
 	Datapath   *datapathModule
+	DB         *statedb.DB
+	Inspector  *dbinspect.Inspector
+	ModuleID   cell.FullModuleID
 }
 
-func newKVStoreModule(p kvstoreParams) *kvstoreModule {
+func newKVStoreModule(p kvstoreParams) (*kvstoreModule, error) {
 	if p.Config.KVStore == KVStoreNone && len(p.Config.KVStoreConfig.Endpoints) == 0 {
-		return nil
+		return nil, nil
 	}
 	m := &kvstoreModule{cfg: p.Config, log: p.Log, root: p.Root, identities: p.Identities, eps: p.Endpoints, k8s: p.K8s}
 	if p.Datapath != nil {
@@ -92,12 +99,30 @@ func newKVStoreModule(p kvstoreParams) *kvstoreModule {
 		m.ipcacheListed = p.Datapath.ipcache.AddInitializer("kvstore")
 	}
 	p.Steps.Append(p.Lifecycle, "kvstore", m.start, m.stop)
-	newJobGroup(p.Jobs, p.Health, "kvstore", p.Log).Add(job.OneShot("address-publisher", func(ctx context.Context, _ cell.Health) error {
+	// The publisher's reconciler and the republisher are jobs after the
+	// step, which joins the shared store they write to.
+	jobs := newJobGroup(p.Jobs, p.Health, "kvstore", p.Log)
+	pub, err := kvpublisher.New(kvpublisher.Params{DB: p.DB, Jobs: jobs, Log: logFor(p.Root, "kvstore-publisher"),
+		ModuleID: p.ModuleID, Store: ipStoreRef{m}, Owned: m.ownAddress})
+	if err != nil {
+		return nil, err
+	}
+	m.ipPub = pub
+	p.Inspector.AddReconciled(kvpublisher.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
+		return dbinspect.CountStatus(pub.Table().All(txn), func(k *kvpublisher.Key) reconciler.Status { return k.Reconciliation })
+	})
+	jobs.Add(job.OneShot("address-republisher", func(ctx context.Context, _ cell.Health) error {
 		defer m.unsubscribe()
-		m.ipPub.Run(ctx, m.renewals)
-		return nil
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-m.renewals:
+				pub.Republish()
+			}
+		}
 	}))
-	return m
+	return m, nil
 }
 
 // KVStore modes.

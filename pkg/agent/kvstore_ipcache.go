@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -10,7 +12,6 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
-	"github.com/tendril-net/tendril/pkg/ipcache/kvpublisher"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 )
 
@@ -42,9 +43,9 @@ func (m *kvstoreModule) startIPSync() error {
 		return err
 	}
 	m.ipStore = store
-	m.ipPub = kvpublisher.New(store, kvpublisher.Config{}, log)
 	m.addrOwners = map[netip.Addr]uint16{}
-	// The publisher's job (started right after this step) writes them.
+	// The publisher's reconciler (a job started right after this step)
+	// writes them; the republisher job follows the renewals.
 	m.renewals, m.unsubscribe = m.client.SessionRenewals()
 	m.eps.mgr.Subscribe(func(ev endpointmanager.Event) {
 		if ev.Endpoint != nil {
@@ -54,7 +55,42 @@ func (m *kvstoreModule) startIPSync() error {
 	for _, ep := range m.eps.mgr.List() {
 		m.publishAddresses(ep.ID, ep.Addresses())
 	}
+	m.ipPub.MarkRestored()
 	return nil
+}
+
+// ipStoreRef is the publisher's store: the shared store the kvstore step
+// joins (the reconciler runs only after it).
+type ipStoreRef struct{ m *kvstoreModule }
+
+var errNoIPStore = errors.New("kvstore ipcache store not joined yet")
+
+func (r ipStoreRef) UpsertLocal(ctx context.Context, name string, value []byte) error {
+	if r.m.ipStore == nil {
+		return errNoIPStore
+	}
+	return r.m.ipStore.UpsertLocal(ctx, name, value)
+}
+
+func (r ipStoreRef) DeleteLocal(ctx context.Context, name string) error {
+	if r.m.ipStore == nil {
+		return errNoIPStore
+	}
+	return r.m.ipStore.DeleteLocal(ctx, name)
+}
+
+func (r ipStoreRef) List() map[string][]byte {
+	if r.m.ipStore == nil {
+		return nil
+	}
+	return r.m.ipStore.List()
+}
+
+// ownAddress says whether a key in the kvstore is one of this node's
+// addresses (the prune deletes only those).
+func (m *kvstoreModule) ownAddress(_ string, value []byte) bool {
+	var e ipEntry
+	return json.Unmarshal(value, &e) == nil && e.Node == m.cfg.NodeName
 }
 
 // publishAddresses records the kvstore keys of endpoint id's addresses as
@@ -75,14 +111,18 @@ func (m *kvstoreModule) publishAddresses(id uint16, addrs []netip.Addr) {
 			// Gone, without identity, or the ID is another endpoint's now.
 			if owner, ok := m.addrOwners[ip]; ok && owner == id {
 				delete(m.addrOwners, ip)
-				m.ipPub.Delete(ip.String())
+				if err := m.ipPub.Delete(ip.String()); err != nil {
+					m.log.Error("Record a kvstore address to withdraw", "ip", ip, "error", err)
+				}
 			}
 			continue
 		}
 		v, _ := json.Marshal(ipEntry{IP: ip.String(), Identity: ep.Identity, HostIP: m.hostIP(), Node: m.cfg.NodeName,
 			Namespace: ep.PodNamespace, Name: ep.PodName})
 		m.addrOwners[ip] = id
-		m.ipPub.Set(ip.String(), v)
+		if err := m.ipPub.Set(ip.String(), v); err != nil {
+			m.log.Error("Record a kvstore address to publish", "ip", ip, "error", err)
+		}
 	}
 }
 
@@ -95,11 +135,16 @@ func (m *kvstoreModule) hostIP() string {
 }
 
 func (m *kvstoreModule) onIPEvent(ev kvstore.Event) {
-	if m.ipcache == nil {
+	if ev.Type == kvstore.EventListDone {
+		// The store's view holds the first listing: the publisher may
+		// prune this node's keys no endpoint backs.
+		m.ipPub.MarkListed()
+		if m.ipcacheListed != nil {
+			m.ipcacheListed()
+		}
 		return
 	}
-	if ev.Type == kvstore.EventListDone {
-		m.ipcacheListed()
+	if m.ipcache == nil {
 		return
 	}
 	ip, err := netip.ParseAddr(ev.Key)

@@ -364,3 +364,37 @@ func statusLine(st ext.StatusResponse, section, key string) string {
 	}
 	return ""
 }
+
+// TestKVStoreStaleAddressesPruned: keys of this node left in etcd by an
+// earlier run (its lease still alive after a kill -9, here a key with no
+// lease) whose endpoints are gone are deleted once the agent has restored
+// its endpoints and listed the kvstore; another node's key stays, and the
+// current endpoint's key is published.
+func TestKVStoreStaleAddressesPruned(t *testing.T) {
+	etcd := etcdproc.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	kc, err := kvstore.Connect(ctx, testKVConfig(etcd.Endpoints()), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close(ctx)
+	for _, e := range []ipEntry{{IP: "10.79.0.12", Identity: 4321, Node: "node-a", Namespace: "ns", Name: "stale"},
+		{IP: "10.79.0.13", Identity: 4321, Node: "node-b", Namespace: "ns", Name: "elsewhere"}} {
+		v, _ := json.Marshal(e)
+		if err := kc.Update(ctx, ipPrefix+e.IP, v, kvstore.NoLease); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, _ := startAgent(t, func(cfg *Config) {
+		cfg.KVStore = KVStoreEtcd
+		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
+		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
+	})
+	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
+	if _, err := (cniEndpoints{a.endpoints}).Create(ctx, &endpoint.Endpoint{ContainerID: "c-live", IfName: "eth0",
+		PodNamespace: "ns", PodName: "live", IPv4: netip.MustParseAddr("10.79.0.5")}); err != nil {
+		t.Fatal(err)
+	}
+	waitPublished(t, ctx, kc, "map[10.79.0.13:elsewhere 10.79.0.5:live]", time.Minute)
+}
