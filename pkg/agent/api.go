@@ -10,6 +10,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -34,6 +35,7 @@ type apiParams struct {
 	Steps      *lifecycle.Steps
 	API        *server.Server
 	Identities identity.Allocator
+	IDTable    *identitytable.Table
 	Endpoints  *endpointsModule
 	Policy     *policyModule
 	Datapath   *datapathModule   // nil without the datapath
@@ -48,12 +50,12 @@ type apiParams struct {
 func registerAPIHandlers(p apiParams) {
 	(&metricsAPI{metrics: p.Metrics}).register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
-		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows}).register(p.API)
+		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows}).register(p.API)
 	(&serviceAPI{services: p.Services}).register(p.API)
 	registerStateDBAPI(p.API, p.Inspector)
 	(&policyAPI{policy: p.Policy}).register(p.API)
 	(&mapAPI{cfg: p.Config, dp: p.Datapath}).register(p.API)
-	(&identityAPI{identities: p.Identities, eps: p.Endpoints, dp: p.Datapath}).register(p.API)
+	(&identityAPI{identities: p.IDTable, eps: p.Endpoints, dp: p.Datapath}).register(p.API)
 	(&ipamAPI{log: p.Log, eps: p.Endpoints}).register(p.API)
 	(&endpointAPI{log: p.Log, eps: p.Endpoints, policy: p.Policy, dp: p.Datapath}).register(p.API)
 	(&cniAPI{eps: p.Endpoints, dp: p.Datapath}).register(p.API)
@@ -67,6 +69,7 @@ type daemonAPI struct {
 	health     *health.Registry
 	steps      *lifecycle.Steps
 	identities identity.Allocator
+	idTable    *identitytable.Table
 	eps        *endpointsModule
 	dp         *datapathModule
 	k8s        *kubernetesModule
@@ -85,9 +88,9 @@ type mapAPI struct {
 	dp  *datapathModule
 }
 
-// identityAPI serves /v1/identity and /v1/ip.
+// identityAPI serves /v1/identity and /v1/ip, from the identities table.
 type identityAPI struct {
-	identities identity.Allocator
+	identities *identitytable.Table
 	eps        *endpointsModule
 	dp         *datapathModule
 }

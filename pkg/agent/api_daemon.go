@@ -172,7 +172,7 @@ func (h *daemonAPI) sections() []ext.Section {
 			out = append(out, sec)
 		}
 	}
-	return append(out, h.eps.statusSection(), identityStatusSection(h.identities))
+	return append(out, h.eps.statusSection(), identityStatusSection(h.identities, h.idTable))
 }
 
 // DebugInfo gathers what a bug report needs.

@@ -16,6 +16,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
+	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/policy"
 )
@@ -180,9 +181,8 @@ func (h *identityAPI) handleIPList(w http.ResponseWriter, r *http.Request) error
 	return nil
 }
 
-// identityStatusSection is the identity allocator's part of `tendril status`.
 // identityStatusSection is the identities part of `tendril status`.
-func identityStatusSection(ids identity.Allocator) ext.Section {
+func identityStatusSection(ids identity.Allocator, table *identitytable.Table) ext.Section {
 	mode := IdentityAllocationLocal
 	switch ids.(type) {
 	case *crdalloc.Allocator:
@@ -191,9 +191,9 @@ func identityStatusSection(ids identity.Allocator) ext.Section {
 		mode = "kvstore (etcd)"
 	}
 	known, held := 0, 0
-	for _, id := range ids.List() {
+	for _, id := range table.List() {
 		known++
-		if id.RefCount > 0 {
+		if id.References > 0 {
 			held++
 		}
 	}

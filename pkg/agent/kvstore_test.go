@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/kvstore"
@@ -53,6 +55,15 @@ func TestEmbeddedKVStoreIdentities(t *testing.T) {
 			t.Fatalf("identity 5000 not visible: %+v %v", id, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	// The API read it from the identities table, which `tendril statedb
+	// dump identities` shows: the learned identity, with no reference here.
+	var rows dbinspect.Rows
+	if err := c.Do(ctx, http.MethodGet, "/statedb/rows/identities", nil, nil, nil, &rows); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(rows.Rows, func(r []string) bool { return fmt.Sprint(r) == "[5000 k8s:app=from-another-node 0]" }) {
+		t.Fatalf("identities table rows %v lack identity 5000", rows.Rows)
 	}
 	var st ext.StatusResponse
 	if err := c.Do(ctx, http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
