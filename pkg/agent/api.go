@@ -11,6 +11,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
+	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -40,7 +41,7 @@ type apiParams struct {
 	Policy     *policyModule
 	Datapath   *datapathModule   // nil without the datapath
 	K8s        *kubernetesModule // nil in standalone mode
-	KVStore    *kvstoreModule    // nil without a kvstore
+	KVStore    *agentkv.Module   // nil without a kvstore
 	Services   *servicesModule
 	Inspector  *dbinspect.Inspector
 	Flows      *flowsModule // nil with flows off
@@ -73,7 +74,7 @@ type daemonAPI struct {
 	eps        *endpointsModule
 	dp         *datapathModule
 	k8s        *kubernetesModule
-	kvstore    *kvstoreModule
+	kvstore    *agentkv.Module
 	services   *servicesModule
 	tables     *dbinspect.Inspector
 	flows      *flowsModule

@@ -81,7 +81,7 @@ func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse 
 	}
 	resp.Kvstore = &models.Status{State: models.StatusStateDisabled, Msg: "no kvstore configured"}
 	if h.kvstore != nil {
-		resp.Kvstore = h.kvstore.model()
+		resp.Kvstore = h.kvstore.Model()
 	}
 	resp.Kubernetes = &models.K8sStatus{State: models.StatusStateDisabled, Msg: "standalone"}
 	if h.k8s != nil {
@@ -153,7 +153,7 @@ func (h *daemonAPI) DaemonConfig() *models.DaemonConfiguration {
 func (h *daemonAPI) sections() []ext.Section {
 	var out []ext.Section
 	if h.kvstore != nil {
-		out = append(out, h.kvstore.statusSection())
+		out = append(out, h.kvstore.StatusSection())
 	}
 	if h.k8s != nil {
 		out = append(out, h.k8s.statusSection())

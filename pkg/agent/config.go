@@ -13,6 +13,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -103,6 +104,13 @@ type Config struct {
 	Metrics   metrics.Config
 	Profiling profiling.Config
 }
+
+// KVStore modes (--kvstore).
+const (
+	KVStoreNone     = agentkv.ModeNone
+	KVStoreEtcd     = agentkv.ModeEtcd
+	KVStoreEmbedded = agentkv.ModeEmbedded
+)
 
 // Identity allocation modes.
 const (

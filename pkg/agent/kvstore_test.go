@@ -21,6 +21,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/testutil/etcdproc"
 )
 
@@ -147,17 +148,17 @@ func (fixedIdentity) Remove(context.Context, *endpoint.Endpoint) error { return 
 
 // publishedAddresses reads the ipcache keys in etcd as ip → endpoint name.
 func publishedAddresses(ctx context.Context, c *kvstore.Client) (map[string]string, error) {
-	kvs, _, err := c.GetPrefix(ctx, ipPrefix)
+	kvs, _, err := c.GetPrefix(ctx, agentkv.IPPrefix)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]string{}
 	for _, kv := range kvs {
-		var e ipEntry
+		var e agentkv.IPEntry
 		if err := json.Unmarshal(kv.Value, &e); err != nil {
 			return nil, fmt.Errorf("key %s: %w", kv.Key, err)
 		}
-		out[strings.TrimPrefix(kv.Key, ipPrefix)] = e.Name
+		out[strings.TrimPrefix(kv.Key, agentkv.IPPrefix)] = e.Name
 	}
 	return out, nil
 }
@@ -230,7 +231,7 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 	}
 	// They returned without their keys written: all three changes wait
 	// for etcd, which is still down.
-	st := a.kvstore.ipPub.Status()
+	st := a.kvstore.Publisher().Status()
 	if etcd.Running() || st.Keys != 2 || st.Pending != 3 {
 		t.Fatalf("after the creates: etcd running %v, publisher %+v; want 2 addresses with 3 writes pending", etcd.Running(), st)
 	}
@@ -244,7 +245,7 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 
 	// The outage outlasts a write attempt: the publisher is retrying when
 	// etcd comes back.
-	for a.kvstore.ipPub.Status().LastError == nil {
+	for a.kvstore.Publisher().Status().LastError == nil {
 		select {
 		case <-ctx.Done():
 			t.Fatal("no write failed while etcd was down")
@@ -305,7 +306,7 @@ func TestKVStoreAddressesRepublishedAfterLeaseLoss(t *testing.T) {
 	var lease clientv3.LeaseID
 	deadline := time.Now().Add(time.Minute)
 	for {
-		resp, err := raw.Get(ctx, ipPrefix+"10.79.0.9")
+		resp, err := raw.Get(ctx, agentkv.IPPrefix+"10.79.0.9")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -323,7 +324,7 @@ func TestKVStoreAddressesRepublishedAfterLeaseLoss(t *testing.T) {
 	}
 	deadline = time.Now().Add(time.Minute)
 	for {
-		resp, err := raw.Get(ctx, ipPrefix+"10.79.0.9")
+		resp, err := raw.Get(ctx, agentkv.IPPrefix+"10.79.0.9")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -390,10 +391,10 @@ func TestKVStoreStaleAddressesPruned(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kc.Close(ctx)
-	for _, e := range []ipEntry{{IP: "10.79.0.12", Identity: 4321, Node: "node-a", Namespace: "ns", Name: "stale"},
+	for _, e := range []agentkv.IPEntry{{IP: "10.79.0.12", Identity: 4321, Node: "node-a", Namespace: "ns", Name: "stale"},
 		{IP: "10.79.0.13", Identity: 4321, Node: "node-b", Namespace: "ns", Name: "elsewhere"}} {
 		v, _ := json.Marshal(e)
-		if err := kc.Update(ctx, ipPrefix+e.IP, v, kvstore.NoLease); err != nil {
+		if err := kc.Update(ctx, agentkv.IPPrefix+e.IP, v, kvstore.NoLease); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,4 +1,10 @@
-package agent
+// Package agentkv is the agent's kvstore cell: the etcd client (or an
+// embedded etcd under the state directory), the kvstore identity
+// allocator's watch, this node's endpoint addresses published in etcd
+// (the kvstore-addresses table and its reconciler, pkg/ipcache/kvpublisher)
+// and other nodes' addresses read into the ipcache as the kvstore source.
+// Its start step is "kvstore" (the seeds' step 7).
+package agentkv
 
 import (
 	"context"
@@ -17,33 +23,74 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
+	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/ipcache/kvpublisher"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 )
 
-// kvstoreCell is start step 7: the etcd client (with an embedded etcd
-// under the state directory when --kvstore=embedded) and, in kvstore
-// identity allocation mode, the allocator's watch of the cluster's
-// identities; this node's endpoint addresses published, other nodes' read
-// into the ipcache.
-var kvstoreCell = cell.Module("kvstore", "The etcd client identities and endpoint addresses in etcd",
-	cell.Provide(newKVStoreModule),
-	cell.Invoke(func(*kvstoreModule) {}),
+// Cell is the agent's kvstore: start step 7, after the endpoints are
+// restored and the Kubernetes watchers synced.
+var Cell = cell.Module("kvstore", "The etcd client identities and endpoint addresses in etcd",
+	cell.Provide(New),
+	cell.Invoke(func(*Module) {}),
 )
 
-// kvstoreModule is the agent's kvstore side; nil without a kvstore.
-type kvstoreModule struct {
+// Config is the cell's part of the agent's configuration (the flags stay
+// in the agent's one Config, which the composition root maps to this).
+type Config struct {
+	// Mode is "" (none), etcd or embedded.
+	Mode string
+	// KVStore is the client's configuration (endpoints, TLS, timeouts).
+	KVStore kvstore.Config
+	// StateDir holds the embedded etcd's data and socket.
+	StateDir string
+	// NodeName names this node in the published addresses.
+	NodeName string
+	// IdentityAllocationMode is shown in the status.
+	IdentityAllocationMode string
+}
+
+// Enabled says whether the agent has a kvstore.
+func (c Config) Enabled() bool { return c.Mode != ModeNone || len(c.KVStore.Endpoints) > 0 }
+
+// Endpoints is the local endpoints as the cell reads them: the endpoint
+// manager, which exists from the endpoints' start step on (before this
+// cell's).
+type Endpoints interface {
+	Subscribe(fn func(endpointmanager.Event))
+	List() []*endpoint.Endpoint
+	Lookup(id string) (*endpoint.Endpoint, error)
+}
+
+// NodeIP returns the address peers route this node's pods through ("" if
+// unknown).
+type NodeIP func() string
+
+// IPCache is where other nodes' addresses go (the datapath's ipcache);
+// nil without the datapath.
+type IPCache interface {
+	UpsertRemoteEndpoint(ip netip.Addr, e ipcache.Entry) error
+	DeleteRemoteEndpoint(ip netip.Addr, src ipcache.Source, owner ipcache.Owner) error
+	// AddInitializer holds the ipcache's prune back until the returned
+	// function is called.
+	AddInitializer(name string) func()
+}
+
+// Module is the agent's kvstore side; nil without a kvstore.
+type Module struct {
 	cfg        Config
 	log        *slog.Logger
 	root       cell.RootLogger
 	identities identity.Allocator
-	eps        *endpointsModule
-	k8s        *kubernetesModule // nil in standalone mode
-	ipcache    remoteIPCache     // nil without the datapath
+	eps        Endpoints
+	nodeIP     NodeIP  // nil: no node address to publish
+	ipcache    IPCache // nil without the datapath
 	// ipcacheListed marks the kvstore's initial listing done in the
 	// ipcache table (nil without the datapath).
 	ipcacheListed func()
@@ -68,7 +115,8 @@ type kvstoreModule struct {
 	addrOwners map[netip.Addr]uint16
 }
 
-type kvstoreParams struct {
+// Params are the cell's dependencies.
+type Params struct {
 	cell.In
 
 	Config     Config
@@ -79,29 +127,31 @@ type kvstoreParams struct {
 	Jobs       job.Registry
 	Health     *health.Registry
 	Identities identity.Allocator
-	Endpoints  *endpointsModule
-	K8s        *kubernetesModule
-	Datapath   *datapathModule
+	Endpoints  Endpoints
+	NodeIP     NodeIP  `optional:"true"`
+	IPCache    IPCache `optional:"true"`
 	DB         *statedb.DB
 	Inspector  *dbinspect.Inspector
 	ModuleID   cell.FullModuleID
 }
 
-func newKVStoreModule(p kvstoreParams) (*kvstoreModule, error) {
-	if p.Config.KVStore == KVStoreNone && len(p.Config.KVStoreConfig.Endpoints) == 0 {
+// New builds the module and registers its step and jobs; nil without a
+// kvstore.
+func New(p Params) (*Module, error) {
+	if !p.Config.Enabled() {
 		return nil, nil
 	}
-	m := &kvstoreModule{cfg: p.Config, log: p.Log, root: p.Root, identities: p.Identities, eps: p.Endpoints, k8s: p.K8s}
-	if p.Datapath != nil {
-		m.ipcache = p.Datapath
+	m := &Module{cfg: p.Config, log: p.Log, root: p.Root, identities: p.Identities, eps: p.Endpoints, nodeIP: p.NodeIP}
+	if p.IPCache != nil {
+		m.ipcache = p.IPCache
 		// The ipcache prunes the BPF map only once the other nodes'
 		// addresses in the kvstore are listed (onIPEvent).
-		m.ipcacheListed = p.Datapath.ipcache.AddInitializer("kvstore")
+		m.ipcacheListed = p.IPCache.AddInitializer("kvstore")
 	}
 	p.Steps.Append(p.Lifecycle, "kvstore", m.start, m.stop)
 	// The publisher's reconciler and the republisher are jobs after the
 	// step, which joins the shared store they write to.
-	jobs := newJobGroup(p.Jobs, p.Health, "kvstore", p.Log)
+	jobs := p.Jobs.NewGroup(p.Health.Scope("kvstore"), job.WithLogger(p.Log))
 	pub, err := kvpublisher.New(kvpublisher.Params{DB: p.DB, Jobs: jobs, Log: logFor(p.Root, "kvstore-publisher"),
 		ModuleID: p.ModuleID, Store: ipStoreRef{m}, Owned: m.ownAddress})
 	if err != nil {
@@ -125,16 +175,25 @@ func newKVStoreModule(p kvstoreParams) (*kvstoreModule, error) {
 	return m, nil
 }
 
-// KVStore modes.
+// logFor is the logger of a named part of the cell (the agent's loggers
+// carry a "module" field).
+func logFor(root cell.RootLogger, module string) *slog.Logger {
+	return (*slog.Logger)(root).With("module", module)
+}
+
+// Publisher is the address publisher (its table and status).
+func (m *Module) Publisher() *kvpublisher.Publisher { return m.ipPub }
+
+// Modes.
 const (
-	KVStoreNone     = ""
-	KVStoreEtcd     = "etcd"
-	KVStoreEmbedded = "embedded"
+	ModeNone     = ""
+	ModeEtcd     = "etcd"
+	ModeEmbedded = "embedded"
 )
 
-func (m *kvstoreModule) start(ctx context.Context) error {
-	cfg := m.cfg.KVStoreConfig
-	if m.cfg.KVStore == KVStoreEmbedded {
+func (m *Module) start(ctx context.Context) error {
+	cfg := m.cfg.KVStore
+	if m.cfg.Mode == ModeEmbedded {
 		dir := filepath.Join(m.cfg.StateDir, "etcd")
 		e, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: dir,
 			ClientURL: "unix://" + filepath.Join(m.cfg.StateDir, "etcd.sock")}, logFor(m.root, "embedded-etcd"))
@@ -166,7 +225,7 @@ func (m *kvstoreModule) start(ctx context.Context) error {
 	return m.startIPSync()
 }
 
-func (m *kvstoreModule) stop(ctx context.Context) error {
+func (m *Module) stop(ctx context.Context) error {
 	if m.allocCancel != nil {
 		m.allocCancel()
 	}
@@ -192,7 +251,7 @@ func (m *kvstoreModule) stop(ctx context.Context) error {
 	return err
 }
 
-func (m *kvstoreModule) statusSection() ext.Section {
+func (m *Module) StatusSection() ext.Section {
 	s := ext.Section{Title: "KVStore"}
 	if m.client == nil {
 		s.Lines = append(s.Lines, ext.Line{Key: "State", Value: "not connected"})
@@ -213,8 +272,8 @@ func (m *kvstoreModule) statusSection() ext.Section {
 	return s
 }
 
-// model is the kvstore line of the v1 status.
-func (m *kvstoreModule) model() *models.Status {
+// Model is the kvstore line of the v1 status.
+func (m *Module) Model() *models.Status {
 	if m.client == nil {
 		return &models.Status{State: models.StatusStateWarning, Msg: "not connected yet"}
 	}
