@@ -9,6 +9,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
@@ -44,7 +45,7 @@ type apiParams struct {
 	KVStore    *agentkv.Module   // nil without a kvstore
 	Services   *servicesModule
 	Inspector  *dbinspect.Inspector
-	Flows      *flowsModule // nil with flows off
+	Flows      *agentflows.Module // nil with flows off
 	Metrics    *metrics.Server
 }
 
@@ -77,7 +78,7 @@ type daemonAPI struct {
 	kvstore    *agentkv.Module
 	services   *servicesModule
 	tables     *dbinspect.Inspector
-	flows      *flowsModule
+	flows      *agentflows.Module
 }
 
 // policyAPI serves /v1/policy.
@@ -123,12 +124,12 @@ var serveCell = cell.Module("serve", "Metrics pprof and the API socket",
 	cell.Invoke(registerServeSteps),
 )
 
-func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config, root cell.RootLogger, m *metrics.Server, api *server.Server, flows *flowsModule) {
+func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config, root cell.RootLogger, m *metrics.Server, api *server.Server, flows *agentflows.Module) {
 	steps.Append(lc, "metrics", m.Start, m.Stop)
 	pprofServer := profiling.New(cfg.Profiling, logFor(root, "pprof"))
 	steps.Append(lc, "pprof", pprofServer.Start, pprofServer.Stop)
 	if flows != nil {
-		steps.Append(lc, "hubble", flows.start, flows.stop)
+		steps.Append(lc, "hubble", flows.Start, flows.Stop)
 	}
 	steps.Append(lc, "api-server", func(context.Context) error {
 		if err := api.Listen(); err != nil {

@@ -90,7 +90,7 @@ func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse 
 	resp.Ipam = h.eps.ipamStatus()
 	resp.Hubble = &models.HubbleStatus{State: models.HubbleStatusStateDisabled}
 	if h.flows != nil {
-		resp.Hubble = h.flows.hubbleModel()
+		resp.Hubble = h.flows.HubbleModel()
 	}
 	resp.DatapathMode = models.DatapathModeVeth
 	resp.AttachMode = models.AttachModeTcx
@@ -165,7 +165,7 @@ func (h *daemonAPI) sections() []ext.Section {
 		out = append(out, h.services.statusSection())
 	}
 	if h.flows != nil {
-		out = append(out, h.flows.statusSection())
+		out = append(out, h.flows.StatusSection())
 	}
 	if h.tables != nil {
 		if sec := tablesStatusSection(h.tables); len(sec.Lines) > 0 {

@@ -5,6 +5,7 @@ import (
 	"github.com/cilium/hive/job"
 
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 )
 
@@ -34,7 +35,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		policyCell,
 		regenerationCell,
 		ipcacheRestoredCell,
-		flowsCell,
+		agentflows.Cell,
 		apiCell,
 		serveCell,
 	}

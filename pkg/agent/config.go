@@ -11,6 +11,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
@@ -98,7 +99,7 @@ type Config struct {
 	// Services are the services' options (socket LB, selection).
 	Services ServicesConfig
 	// Hubble are the flows' options (observer, Hubble API, trace events).
-	Hubble HubbleConfig
+	Hubble agentflows.Config
 
 	API       server.Config
 	Metrics   metrics.Config
@@ -144,7 +145,7 @@ func DefaultConfig() Config {
 		KVStoreConfig:          kvstore.DefaultConfig(),
 		IdentityLabels:         labels.DefaultConfig(),
 		Services:               ServicesConfig{LBAlgorithm: "random"},
-		Hubble:                 DefaultHubbleConfig(),
+		Hubble:                 agentflows.DefaultConfig(),
 		API:                    server.DefaultConfig(),
 		Metrics:                metrics.DefaultConfig(),
 		Profiling:              profiling.DefaultConfig(),

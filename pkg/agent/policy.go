@@ -583,3 +583,29 @@ func (p *policyModule) enforcement(ep *endpoint.Endpoint) (ingress, egress bool)
 	}
 	return res.EnforceIngress, res.EnforceEgress
 }
+
+// Repository is the policy repository (the flows name rules from it).
+func (p *policyModule) Repository() *policy.Repository { return p.repo }
+
+// CIDRIdentityLabels is the label of the prefix the policy gave the
+// node-local identity id, or nil. (A scan: there are as many CIDR
+// identities as prefixes in the rules, and only flows to and from them ask.)
+func (p *policyModule) CIDRIdentityLabels(id identity.NumericIdentity) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for pf, cid := range p.cidrIDs {
+		if cid == id&^identity.InClusterCIDR {
+			return []string{"cidr:" + pf.String()}
+		}
+	}
+	return nil
+}
+
+// SelectingRules are the IDs of the rules that select a local endpoint,
+// as its last resolution found them; false before its first.
+func (p *policyModule) SelectingRules(epID uint16) ([]uint32, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	res, ok := p.results[epID]
+	return res.Rules, ok
+}

@@ -2,9 +2,14 @@ package agent
 
 import (
 	"github.com/cilium/hive/cell"
+	corev1 "k8s.io/api/core/v1"
 
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
+	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 )
 
@@ -16,6 +21,13 @@ var wiring = cell.Provide(
 	kvstoreEndpoints,
 	kvstoreNodeIP,
 	kvstoreIPCache,
+	flowsConfig,
+	flowsNode,
+	flowsDatapath,
+	flowsEndpoints,
+	flowsPolicy,
+	flowsServices,
+	flowsNodeEvents,
 )
 
 func kvstoreConfig(cfg Config) agentkv.Config {
@@ -52,4 +64,61 @@ func kvstoreIPCache(dp *datapathModule) agentkv.IPCache {
 		return nil
 	}
 	return kvIPCache{dp}
+}
+
+func flowsConfig(cfg Config) agentflows.Config { return cfg.Hubble }
+
+func flowsNode(cfg Config) agentflows.Node {
+	return agentflows.Node{Name: cfg.NodeName, APISocket: cfg.API.Socket}
+}
+
+// flowsDatapathOf is the datapath's events and ipcache as the flows read
+// them.
+type flowsDatapathOf struct{ dp *datapathModule }
+
+func (f flowsDatapathOf) SetEventSink(sink func(loader.Event))   { f.dp.setEventSink(sink) }
+func (f flowsDatapathOf) EventsLost() (loader.EventsLost, error) { return f.dp.loader.EventsLost() }
+func (f flowsDatapathOf) IPCache() *ipcache.IPCache              { return f.dp.ipcache }
+
+func flowsDatapath(dp *datapathModule) agentflows.Datapath {
+	if dp == nil {
+		return nil
+	}
+	return flowsDatapathOf{dp}
+}
+
+// flowsEndpointsOf looks endpoints up in the manager once it exists.
+type flowsEndpointsOf struct{ eps *endpointsModule }
+
+func (f flowsEndpointsOf) Lookup(id string) (*endpoint.Endpoint, error) {
+	mgr, err := f.eps.manager()
+	if err != nil {
+		return nil, err
+	}
+	return mgr.Lookup(id)
+}
+
+func flowsEndpoints(eps *endpointsModule) agentflows.Endpoints { return flowsEndpointsOf{eps} }
+
+func flowsPolicy(p *policyModule) agentflows.Policy { return p }
+
+func flowsServices(s *servicesModule) agentflows.Services {
+	if s == nil {
+		return agentflows.Services{}
+	}
+	return agentflows.Services{Tables: s.tables}
+}
+
+// flowsNodeEvents follows the Node objects for the Peer service; nil in
+// standalone mode.
+func flowsNodeEvents(k *k8sClient) agentflows.NodeEvents {
+	if k == nil {
+		return nil
+	}
+	return func(fn func(watchers.Event[*corev1.Node])) (func(), error) {
+		if k.watchers == nil {
+			return nil, nil
+		}
+		return k.watchers.Nodes.Subscribe(fn)
+	}
 }
