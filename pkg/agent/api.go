@@ -8,9 +8,11 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/identity/identityapi"
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -57,7 +59,17 @@ func registerAPIHandlers(p apiParams) {
 	registerStateDBAPI(p.API, p.Inspector)
 	(&policyAPI{policy: p.Policy}).register(p.API)
 	(&mapAPI{cfg: p.Config, dp: p.Datapath}).register(p.API)
-	(&identityAPI{identities: p.IDTable, eps: p.Endpoints, dp: p.Datapath}).register(p.API)
+	ids := &identityapi.Handlers{Identities: p.IDTable, Endpoints: func() ([]*endpoint.Endpoint, error) {
+		mgr, err := p.Endpoints.manager()
+		if err != nil {
+			return nil, err
+		}
+		return mgr.List(), nil
+	}}
+	if p.Datapath != nil {
+		ids.IPCache = p.Datapath.ipcache
+	}
+	ids.Register(p.API)
 	(&ipamAPI{log: p.Log, eps: p.Endpoints}).register(p.API)
 	(&endpointAPI{log: p.Log, eps: p.Endpoints, policy: p.Policy, dp: p.Datapath}).register(p.API)
 	(&cniAPI{eps: p.Endpoints, dp: p.Datapath}).register(p.API)
@@ -88,13 +100,6 @@ type policyAPI struct{ policy *policyModule }
 type mapAPI struct {
 	cfg Config
 	dp  *datapathModule
-}
-
-// identityAPI serves /v1/identity and /v1/ip, from the identities table.
-type identityAPI struct {
-	identities *identitytable.Table
-	eps        *endpointsModule
-	dp         *datapathModule
 }
 
 // ipamAPI serves /v1/ipam.

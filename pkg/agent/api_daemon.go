@@ -15,6 +15,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/identity/identityapi"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/version"
 )
@@ -172,7 +173,7 @@ func (h *daemonAPI) sections() []ext.Section {
 			out = append(out, sec)
 		}
 	}
-	return append(out, h.eps.statusSection(), identityStatusSection(h.identities, h.idTable))
+	return append(out, h.eps.statusSection(), identityapi.StatusSection(h.identities, h.idTable))
 }
 
 // DebugInfo gathers what a bug report needs.
