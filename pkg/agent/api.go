@@ -14,6 +14,8 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/identityapi"
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
+	"github.com/tendril-net/tendril/pkg/ipam"
+	"github.com/tendril-net/tendril/pkg/ipam/ipamapi"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
@@ -70,7 +72,9 @@ func registerAPIHandlers(p apiParams) {
 		ids.IPCache = p.Datapath.ipcache
 	}
 	ids.Register(p.API)
-	(&ipamAPI{log: p.Log, eps: p.Endpoints}).register(p.API)
+	eps := p.Endpoints
+	(&ipamapi.Handlers{Log: p.Log, IPAM: func() *ipam.IPAM { return eps.ipam }, NodeAddressing: eps.nodeAddressing,
+		Endpoints: func() []*endpoint.Endpoint { return eps.mgr.List() }}).Register(p.API)
 	(&endpointAPI{log: p.Log, eps: p.Endpoints, policy: p.Policy, dp: p.Datapath}).register(p.API)
 	(&cniAPI{eps: p.Endpoints, dp: p.Datapath}).register(p.API)
 }
@@ -100,12 +104,6 @@ type policyAPI struct{ policy *policyModule }
 type mapAPI struct {
 	cfg Config
 	dp  *datapathModule
-}
-
-// ipamAPI serves /v1/ipam.
-type ipamAPI struct {
-	log *slog.Logger
-	eps *endpointsModule
 }
 
 // endpointAPI serves /v1/endpoint.
