@@ -20,6 +20,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/policy/policyapi"
 	"github.com/tendril-net/tendril/pkg/profiling"
 )
 
@@ -59,7 +60,7 @@ func registerAPIHandlers(p apiParams) {
 		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows}).register(p.API)
 	(&serviceAPI{services: p.Services}).register(p.API)
 	registerStateDBAPI(p.API, p.Inspector)
-	(&policyAPI{policy: p.Policy}).register(p.API)
+	(&policyapi.Handlers{Repo: p.Policy.repo, Universe: p.Policy.universe, Source: policySourceAPI}).Register(p.API)
 	(&mapAPI{cfg: p.Config, dp: p.Datapath}).register(p.API)
 	ids := &identityapi.Handlers{Identities: p.IDTable, Endpoints: func() ([]*endpoint.Endpoint, error) {
 		mgr, err := p.Endpoints.manager()
@@ -96,9 +97,6 @@ type daemonAPI struct {
 	tables     *dbinspect.Inspector
 	flows      *agentflows.Module
 }
-
-// policyAPI serves /v1/policy.
-type policyAPI struct{ policy *policyModule }
 
 // mapAPI serves /v1/map: the BPF maps' contents.
 type mapAPI struct {
