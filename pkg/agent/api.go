@@ -9,6 +9,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/endpointapi"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -76,7 +77,8 @@ func registerAPIHandlers(p apiParams) {
 	eps := p.Endpoints
 	(&ipamapi.Handlers{Log: p.Log, IPAM: func() *ipam.IPAM { return eps.ipam }, NodeAddressing: eps.nodeAddressing,
 		Endpoints: func() []*endpoint.Endpoint { return eps.mgr.List() }}).Register(p.API)
-	(&endpointAPI{log: p.Log, eps: p.Endpoints, policy: p.Policy, dp: p.Datapath}).register(p.API)
+	(&endpointapi.Handlers{Log: p.Log, Manager: eps.manager, NodeAddressing: eps.nodeAddressing, ApplyPodLabels: eps.applyPodLabels,
+		PolicyModel: p.Policy.endpointPolicyModel, Holding: func(h server.HandlerFunc) server.HandlerFunc { return holdingPromotions(p.Datapath, h) }}).Register(p.API)
 	(&cniAPI{eps: p.Endpoints, dp: p.Datapath}).register(p.API)
 }
 
@@ -102,14 +104,6 @@ type daemonAPI struct {
 type mapAPI struct {
 	cfg Config
 	dp  *datapathModule
-}
-
-// endpointAPI serves /v1/endpoint.
-type endpointAPI struct {
-	log    *slog.Logger
-	eps    *endpointsModule
-	policy *policyModule
-	dp     *datapathModule
 }
 
 // cniAPI serves tendril-cni's commands.
