@@ -398,7 +398,7 @@ func TestKVStoreStaleAddressesPruned(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	a, _ := startAgent(t, func(cfg *Config) {
+	a, c := startAgent(t, func(cfg *Config) {
 		cfg.KVStore = KVStoreEtcd
 		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
 		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
@@ -409,4 +409,29 @@ func TestKVStoreStaleAddressesPruned(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPublished(t, ctx, kc, "map[10.79.0.13:elsewhere 10.79.0.5:live]", time.Minute)
+
+	// `tendril statedb`: the table is initialized (so it pruned) and
+	// shows the live key, written.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var tables []dbinspect.TableInfo
+		if err := c.Do(ctx, http.MethodGet, "/statedb/tables", nil, nil, nil, &tables); err != nil {
+			t.Fatal(err)
+		}
+		var rows dbinspect.Rows
+		if err := c.Do(ctx, http.MethodGet, "/statedb/rows/kvstore-addresses", nil, nil, nil, &rows); err != nil {
+			t.Fatal(err)
+		}
+		initialized := slices.ContainsFunc(tables, func(ti dbinspect.TableInfo) bool {
+			return ti.Name == "kvstore-addresses" && ti.Initialized && ti.Reconciled && ti.Pending == 0
+		})
+		live := len(rows.Rows) == 1 && rows.Rows[0][0] == "10.79.0.5" && strings.HasPrefix(rows.Rows[0][2], "Done")
+		if initialized && live {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kvstore-addresses: tables %+v, rows %v", tables, rows.Rows)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
