@@ -18,6 +18,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 )
@@ -28,7 +29,7 @@ type testAgent struct {
 	*Agent
 	endpoints  *endpointsModule
 	policy     *policyModule
-	kvstore    *kvstoreModule
+	kvstore    *agentkv.Module
 	datapath   *datapathModule
 	realizer   *endpointRealizer
 	metrics    *metrics.Server
@@ -37,7 +38,7 @@ type testAgent struct {
 
 func newTestAgent(cfg Config, deps Deps) (*testAgent, error) {
 	ta := &testAgent{}
-	a, err := New(cfg, deps, cell.Invoke(func(e *endpointsModule, p *policyModule, kv *kvstoreModule, dp *datapathModule,
+	a, err := New(cfg, deps, cell.Invoke(func(e *endpointsModule, p *policyModule, kv *agentkv.Module, dp *datapathModule,
 		r *endpointRealizer, m *metrics.Server, ids identity.Allocator) {
 		ta.endpoints, ta.policy, ta.kvstore, ta.datapath, ta.realizer, ta.metrics, ta.identities = e, p, kv, dp, r, m, ids
 	}))

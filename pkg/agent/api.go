@@ -8,11 +8,20 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/endpointapi"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/identity/identityapi"
+	"github.com/tendril-net/tendril/pkg/identity/identitytable"
+	"github.com/tendril-net/tendril/pkg/ipam"
+	"github.com/tendril-net/tendril/pkg/ipam/ipamapi"
+	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/policy/policyapi"
 	"github.com/tendril-net/tendril/pkg/profiling"
 )
 
@@ -34,28 +43,42 @@ type apiParams struct {
 	Steps      *lifecycle.Steps
 	API        *server.Server
 	Identities identity.Allocator
+	IDTable    *identitytable.Table
 	Endpoints  *endpointsModule
 	Policy     *policyModule
 	Datapath   *datapathModule   // nil without the datapath
 	K8s        *kubernetesModule // nil in standalone mode
-	KVStore    *kvstoreModule    // nil without a kvstore
+	KVStore    *agentkv.Module   // nil without a kvstore
 	Services   *servicesModule
 	Inspector  *dbinspect.Inspector
-	Flows      *flowsModule // nil with flows off
+	Flows      *agentflows.Module // nil with flows off
 	Metrics    *metrics.Server
 }
 
 func registerAPIHandlers(p apiParams) {
 	(&metricsAPI{metrics: p.Metrics}).register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
-		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows}).register(p.API)
+		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows}).register(p.API)
 	(&serviceAPI{services: p.Services}).register(p.API)
 	registerStateDBAPI(p.API, p.Inspector)
-	(&policyAPI{policy: p.Policy}).register(p.API)
+	(&policyapi.Handlers{Repo: p.Policy.repo, Universe: p.Policy.universe, Source: policySourceAPI}).Register(p.API)
 	(&mapAPI{cfg: p.Config, dp: p.Datapath}).register(p.API)
-	(&identityAPI{identities: p.Identities, eps: p.Endpoints, dp: p.Datapath}).register(p.API)
-	(&ipamAPI{log: p.Log, eps: p.Endpoints}).register(p.API)
-	(&endpointAPI{log: p.Log, eps: p.Endpoints, policy: p.Policy, dp: p.Datapath}).register(p.API)
+	ids := &identityapi.Handlers{Identities: p.IDTable, Endpoints: func() ([]*endpoint.Endpoint, error) {
+		mgr, err := p.Endpoints.manager()
+		if err != nil {
+			return nil, err
+		}
+		return mgr.List(), nil
+	}}
+	if p.Datapath != nil {
+		ids.IPCache = p.Datapath.ipcache
+	}
+	ids.Register(p.API)
+	eps := p.Endpoints
+	(&ipamapi.Handlers{Log: p.Log, IPAM: func() *ipam.IPAM { return eps.ipam }, NodeAddressing: eps.nodeAddressing,
+		Endpoints: func() []*endpoint.Endpoint { return eps.mgr.List() }}).Register(p.API)
+	(&endpointapi.Handlers{Log: p.Log, Manager: eps.manager, NodeAddressing: eps.nodeAddressing, ApplyPodLabels: eps.applyPodLabels,
+		PolicyModel: p.Policy.endpointPolicyModel, Holding: func(h server.HandlerFunc) server.HandlerFunc { return holdingPromotions(p.Datapath, h) }}).Register(p.API)
 	(&cniAPI{eps: p.Endpoints, dp: p.Datapath}).register(p.API)
 }
 
@@ -67,43 +90,20 @@ type daemonAPI struct {
 	health     *health.Registry
 	steps      *lifecycle.Steps
 	identities identity.Allocator
+	idTable    *identitytable.Table
 	eps        *endpointsModule
 	dp         *datapathModule
 	k8s        *kubernetesModule
-	kvstore    *kvstoreModule
+	kvstore    *agentkv.Module
 	services   *servicesModule
 	tables     *dbinspect.Inspector
-	flows      *flowsModule
+	flows      *agentflows.Module
 }
-
-// policyAPI serves /v1/policy.
-type policyAPI struct{ policy *policyModule }
 
 // mapAPI serves /v1/map: the BPF maps' contents.
 type mapAPI struct {
 	cfg Config
 	dp  *datapathModule
-}
-
-// identityAPI serves /v1/identity and /v1/ip.
-type identityAPI struct {
-	identities identity.Allocator
-	eps        *endpointsModule
-	dp         *datapathModule
-}
-
-// ipamAPI serves /v1/ipam.
-type ipamAPI struct {
-	log *slog.Logger
-	eps *endpointsModule
-}
-
-// endpointAPI serves /v1/endpoint.
-type endpointAPI struct {
-	log    *slog.Logger
-	eps    *endpointsModule
-	policy *policyModule
-	dp     *datapathModule
 }
 
 // cniAPI serves tendril-cni's commands.
@@ -119,12 +119,12 @@ var serveCell = cell.Module("serve", "Metrics pprof and the API socket",
 	cell.Invoke(registerServeSteps),
 )
 
-func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config, root cell.RootLogger, m *metrics.Server, api *server.Server, flows *flowsModule) {
+func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config, root cell.RootLogger, m *metrics.Server, api *server.Server, flows *agentflows.Module) {
 	steps.Append(lc, "metrics", m.Start, m.Stop)
 	pprofServer := profiling.New(cfg.Profiling, logFor(root, "pprof"))
 	steps.Append(lc, "pprof", pprofServer.Start, pprofServer.Stop)
 	if flows != nil {
-		steps.Append(lc, "hubble", flows.start, flows.stop)
+		steps.Append(lc, "hubble", flows.Start, flows.Stop)
 	}
 	steps.Append(lc, "api-server", func(context.Context) error {
 		if err := api.Listen(); err != nil {

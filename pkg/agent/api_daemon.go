@@ -15,6 +15,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/identity/identityapi"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/version"
 )
@@ -81,7 +82,7 @@ func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse 
 	}
 	resp.Kvstore = &models.Status{State: models.StatusStateDisabled, Msg: "no kvstore configured"}
 	if h.kvstore != nil {
-		resp.Kvstore = h.kvstore.model()
+		resp.Kvstore = h.kvstore.Model()
 	}
 	resp.Kubernetes = &models.K8sStatus{State: models.StatusStateDisabled, Msg: "standalone"}
 	if h.k8s != nil {
@@ -90,7 +91,7 @@ func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse 
 	resp.Ipam = h.eps.ipamStatus()
 	resp.Hubble = &models.HubbleStatus{State: models.HubbleStatusStateDisabled}
 	if h.flows != nil {
-		resp.Hubble = h.flows.hubbleModel()
+		resp.Hubble = h.flows.HubbleModel()
 	}
 	resp.DatapathMode = models.DatapathModeVeth
 	resp.AttachMode = models.AttachModeTcx
@@ -153,7 +154,7 @@ func (h *daemonAPI) DaemonConfig() *models.DaemonConfiguration {
 func (h *daemonAPI) sections() []ext.Section {
 	var out []ext.Section
 	if h.kvstore != nil {
-		out = append(out, h.kvstore.statusSection())
+		out = append(out, h.kvstore.StatusSection())
 	}
 	if h.k8s != nil {
 		out = append(out, h.k8s.statusSection())
@@ -165,14 +166,14 @@ func (h *daemonAPI) sections() []ext.Section {
 		out = append(out, h.services.statusSection())
 	}
 	if h.flows != nil {
-		out = append(out, h.flows.statusSection())
+		out = append(out, h.flows.StatusSection())
 	}
 	if h.tables != nil {
 		if sec := tablesStatusSection(h.tables); len(sec.Lines) > 0 {
 			out = append(out, sec)
 		}
 	}
-	return append(out, h.eps.statusSection(), identityStatusSection(h.identities))
+	return append(out, h.eps.statusSection(), identityapi.StatusSection(h.identities, h.idTable))
 }
 
 // DebugInfo gathers what a bug report needs.

@@ -5,6 +5,8 @@ import (
 	"github.com/cilium/hive/job"
 
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
+	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 )
 
 // cells is the agent: one cell per subsystem. Each cell's constructor takes
@@ -19,6 +21,7 @@ import (
 func cells(cfg Config, deps Deps) []cell.Cell {
 	return []cell.Cell{
 		job.Cell,
+		wiring,
 		dbinspect.Cell, // statedb's cell and the tables' inspection
 		coreCell(cfg, deps),
 		kubernetesClientCell,
@@ -26,13 +29,13 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		servicesCell,
 		endpointsCell,
 		kubernetesCell,
-		kvstoreCell,
+		agentkv.Cell,
 		realizerCell,
 		hostIPsCell,
 		policyCell,
 		regenerationCell,
 		ipcacheRestoredCell,
-		flowsCell,
+		agentflows.Cell,
 		apiCell,
 		serveCell,
 	}

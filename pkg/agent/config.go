@@ -11,8 +11,10 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -97,12 +99,19 @@ type Config struct {
 	// Services are the services' options (socket LB, selection).
 	Services ServicesConfig
 	// Hubble are the flows' options (observer, Hubble API, trace events).
-	Hubble HubbleConfig
+	Hubble agentflows.Config
 
 	API       server.Config
 	Metrics   metrics.Config
 	Profiling profiling.Config
 }
+
+// KVStore modes (--kvstore).
+const (
+	KVStoreNone     = agentkv.ModeNone
+	KVStoreEtcd     = agentkv.ModeEtcd
+	KVStoreEmbedded = agentkv.ModeEmbedded
+)
 
 // Identity allocation modes.
 const (
@@ -136,7 +145,7 @@ func DefaultConfig() Config {
 		KVStoreConfig:          kvstore.DefaultConfig(),
 		IdentityLabels:         labels.DefaultConfig(),
 		Services:               ServicesConfig{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true},
-		Hubble:                 DefaultHubbleConfig(),
+		Hubble:                 agentflows.DefaultConfig(),
 		API:                    server.DefaultConfig(),
 		Metrics:                metrics.DefaultConfig(),
 		Profiling:              profiling.DefaultConfig(),

@@ -8,12 +8,14 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
+	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -41,6 +43,7 @@ func coreCell(cfg Config, deps Deps) cell.Cell {
 			newMetricsServer,
 			newAPIServer,
 			newIdentityAllocator,
+			newIdentityTable,
 			newLabelFilter,
 		),
 		// The job registry's own hook goes first, so jobs added by start
@@ -82,6 +85,14 @@ func newMetricsServer(cfg Config, root cell.RootLogger) *metrics.Server {
 
 func newAPIServer(cfg Config, root cell.RootLogger, m *metrics.Server) (*server.Server, error) {
 	return server.New(cfg.API, logFor(root, "api"), m.Registry)
+}
+
+// newIdentityTable is the identities table following the allocator
+// (pkg/identity/identitytable). It is built right after the allocator, so
+// it subscribes before the policy: a policy pass triggered by an identity
+// change reads a table that has it.
+func newIdentityTable(db *statedb.DB, alloc identity.Allocator, root cell.RootLogger) (*identitytable.Table, error) {
+	return identitytable.New(db, alloc, logFor(root, "identities"))
 }
 
 // newIdentityAllocator is local in standalone mode, TendrilIdentity

@@ -150,7 +150,7 @@ func newDatapathModule(p datapathParams) (*datapathModule, error) {
 
 // loaderConfig is the datapath's part of the agent's configuration.
 func loaderConfig(c Config) loader.Config {
-	trace, _ := c.Hubble.traceMode() // validated with the config
+	trace, _ := c.Hubble.TraceMode() // validated with the config
 	return loader.Config{
 		BPFRoot: c.BPFRoot, PolicyVerdictEvents: c.PolicyVerdictEvents, DirectDelivery: c.DirectDelivery, TraceEvents: trace,
 		AttachMode: loader.AttachMode(c.DatapathAttachMode), DeferTCX: c.DatapathDeferTCX,

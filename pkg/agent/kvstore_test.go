@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,9 +17,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/testutil/etcdproc"
 )
 
@@ -53,6 +56,15 @@ func TestEmbeddedKVStoreIdentities(t *testing.T) {
 			t.Fatalf("identity 5000 not visible: %+v %v", id, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	// The API read it from the identities table, which `tendril statedb
+	// dump identities` shows: the learned identity, with no reference here.
+	var rows dbinspect.Rows
+	if err := c.Do(ctx, http.MethodGet, "/statedb/rows/identities", nil, nil, nil, &rows); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(rows.Rows, func(r []string) bool { return fmt.Sprint(r) == "[5000 k8s:app=from-another-node 0]" }) {
+		t.Fatalf("identities table rows %v lack identity 5000", rows.Rows)
 	}
 	var st ext.StatusResponse
 	if err := c.Do(ctx, http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
@@ -136,17 +148,17 @@ func (fixedIdentity) Remove(context.Context, *endpoint.Endpoint) error { return 
 
 // publishedAddresses reads the ipcache keys in etcd as ip → endpoint name.
 func publishedAddresses(ctx context.Context, c *kvstore.Client) (map[string]string, error) {
-	kvs, _, err := c.GetPrefix(ctx, ipPrefix)
+	kvs, _, err := c.GetPrefix(ctx, agentkv.IPPrefix)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]string{}
 	for _, kv := range kvs {
-		var e ipEntry
+		var e agentkv.IPEntry
 		if err := json.Unmarshal(kv.Value, &e); err != nil {
 			return nil, fmt.Errorf("key %s: %w", kv.Key, err)
 		}
-		out[strings.TrimPrefix(kv.Key, ipPrefix)] = e.Name
+		out[strings.TrimPrefix(kv.Key, agentkv.IPPrefix)] = e.Name
 	}
 	return out, nil
 }
@@ -219,7 +231,7 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 	}
 	// They returned without their keys written: all three changes wait
 	// for etcd, which is still down.
-	st := a.kvstore.ipPub.Status()
+	st := a.kvstore.Publisher().Status()
 	if etcd.Running() || st.Keys != 2 || st.Pending != 3 {
 		t.Fatalf("after the creates: etcd running %v, publisher %+v; want 2 addresses with 3 writes pending", etcd.Running(), st)
 	}
@@ -233,7 +245,7 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 
 	// The outage outlasts a write attempt: the publisher is retrying when
 	// etcd comes back.
-	for a.kvstore.ipPub.Status().LastError == nil {
+	for a.kvstore.Publisher().Status().LastError == nil {
 		select {
 		case <-ctx.Done():
 			t.Fatal("no write failed while etcd was down")
@@ -294,7 +306,7 @@ func TestKVStoreAddressesRepublishedAfterLeaseLoss(t *testing.T) {
 	var lease clientv3.LeaseID
 	deadline := time.Now().Add(time.Minute)
 	for {
-		resp, err := raw.Get(ctx, ipPrefix+"10.79.0.9")
+		resp, err := raw.Get(ctx, agentkv.IPPrefix+"10.79.0.9")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -312,7 +324,7 @@ func TestKVStoreAddressesRepublishedAfterLeaseLoss(t *testing.T) {
 	}
 	deadline = time.Now().Add(time.Minute)
 	for {
-		resp, err := raw.Get(ctx, ipPrefix+"10.79.0.9")
+		resp, err := raw.Get(ctx, agentkv.IPPrefix+"10.79.0.9")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -363,4 +375,63 @@ func statusLine(st ext.StatusResponse, section, key string) string {
 		}
 	}
 	return ""
+}
+
+// TestKVStoreStaleAddressesPruned: keys of this node left in etcd by an
+// earlier run (its lease still alive after a kill -9, here a key with no
+// lease) whose endpoints are gone are deleted once the agent has restored
+// its endpoints and listed the kvstore; another node's key stays, and the
+// current endpoint's key is published.
+func TestKVStoreStaleAddressesPruned(t *testing.T) {
+	etcd := etcdproc.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	kc, err := kvstore.Connect(ctx, testKVConfig(etcd.Endpoints()), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close(ctx)
+	for _, e := range []agentkv.IPEntry{{IP: "10.79.0.12", Identity: 4321, Node: "node-a", Namespace: "ns", Name: "stale"},
+		{IP: "10.79.0.13", Identity: 4321, Node: "node-b", Namespace: "ns", Name: "elsewhere"}} {
+		v, _ := json.Marshal(e)
+		if err := kc.Update(ctx, agentkv.IPPrefix+e.IP, v, kvstore.NoLease); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, c := startAgent(t, func(cfg *Config) {
+		cfg.KVStore = KVStoreEtcd
+		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
+		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
+	})
+	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
+	if _, err := (cniEndpoints{a.endpoints}).Create(ctx, &endpoint.Endpoint{ContainerID: "c-live", IfName: "eth0",
+		PodNamespace: "ns", PodName: "live", IPv4: netip.MustParseAddr("10.79.0.5")}); err != nil {
+		t.Fatal(err)
+	}
+	waitPublished(t, ctx, kc, "map[10.79.0.13:elsewhere 10.79.0.5:live]", time.Minute)
+
+	// `tendril statedb`: the table is initialized (so it pruned) and
+	// shows the live key, written.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var tables []dbinspect.TableInfo
+		if err := c.Do(ctx, http.MethodGet, "/statedb/tables", nil, nil, nil, &tables); err != nil {
+			t.Fatal(err)
+		}
+		var rows dbinspect.Rows
+		if err := c.Do(ctx, http.MethodGet, "/statedb/rows/kvstore-addresses", nil, nil, nil, &rows); err != nil {
+			t.Fatal(err)
+		}
+		initialized := slices.ContainsFunc(tables, func(ti dbinspect.TableInfo) bool {
+			return ti.Name == "kvstore-addresses" && ti.Initialized && ti.Reconciled && ti.Pending == 0
+		})
+		live := len(rows.Rows) == 1 && rows.Rows[0][0] == "10.79.0.5" && strings.HasPrefix(rows.Rows[0][2], "Done")
+		if initialized && live {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kvstore-addresses: tables %+v, rows %v", tables, rows.Rows)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

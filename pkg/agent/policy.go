@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -33,9 +34,10 @@ type policyModule struct {
 	repo       *policy.Repository
 	runtime    *option.Runtime
 	identities identity.Allocator
-	dp         *datapathModule  // nil without the datapath
-	eps        *endpointsModule // its manager exists from its start step on
-	k8s        *k8sClient       // nil in standalone mode
+	idTable    *identitytable.Table // the universe's identities: one snapshot, a generation per change of the set or labels
+	dp         *datapathModule      // nil without the datapath
+	eps        *endpointsModule     // its manager exists from its start step on
+	k8s        *k8sClient           // nil in standalone mode
 
 	mu       sync.Mutex
 	realized map[uint16]policy.MapState
@@ -92,6 +94,7 @@ type policyParams struct {
 	Root       cell.RootLogger
 	Runtime    *option.Runtime
 	Identities identity.Allocator
+	IDTable    *identitytable.Table
 	Datapath   *datapathModule
 	Endpoints  *endpointsModule
 	K8s        *k8sClient
@@ -100,7 +103,7 @@ type policyParams struct {
 
 func newPolicyModule(p policyParams) *policyModule {
 	m := &policyModule{
-		log: p.Log, repo: policy.NewRepository(), runtime: p.Runtime, identities: p.Identities,
+		log: p.Log, repo: policy.NewRepository(), runtime: p.Runtime, identities: p.Identities, idTable: p.IDTable,
 		dp: p.Datapath, eps: p.Endpoints, k8s: p.K8s,
 		realized: map[uint16]policy.MapState{}, results: map[uint16]policy.Result{},
 		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
@@ -265,7 +268,7 @@ func (p *policyModule) universe() policy.Universe {
 		return u
 	}
 	named := p.localNamedPorts()
-	for _, id := range p.identities.List() {
+	for _, id := range p.idTable.List() {
 		u = append(u, policy.Peer{ID: id.ID, Labels: id.Labels, NamedPorts: named[id.ID]})
 	}
 	p.mu.Lock()
@@ -308,7 +311,7 @@ func (p *policyModule) localNamedPorts() map[identity.NumericIdentity]map[string
 func (p *policyModule) universeKey() universeKey {
 	var gen uint64
 	if p.dp != nil {
-		gen = p.identities.Generation()
+		gen = p.idTable.Generation()
 	}
 	p.mu.Lock()
 	cidr := p.cidrGen
@@ -579,4 +582,30 @@ func (p *policyModule) enforcement(ep *endpoint.Endpoint) (ingress, egress bool)
 		return p.selects(ep)
 	}
 	return res.EnforceIngress, res.EnforceEgress
+}
+
+// Repository is the policy repository (the flows name rules from it).
+func (p *policyModule) Repository() *policy.Repository { return p.repo }
+
+// CIDRIdentityLabels is the label of the prefix the policy gave the
+// node-local identity id, or nil. (A scan: there are as many CIDR
+// identities as prefixes in the rules, and only flows to and from them ask.)
+func (p *policyModule) CIDRIdentityLabels(id identity.NumericIdentity) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for pf, cid := range p.cidrIDs {
+		if cid == id&^identity.InClusterCIDR {
+			return []string{"cidr:" + pf.String()}
+		}
+	}
+	return nil
+}
+
+// SelectingRules are the IDs of the rules that select a local endpoint,
+// as its last resolution found them; false before its first.
+func (p *policyModule) SelectingRules(epID uint16) ([]uint32, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	res, ok := p.results[epID]
+	return res.Rules, ok
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tendril-net/tendril/pkg/client"
+	"github.com/tendril-net/tendril/pkg/identity"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/policy/api"
@@ -333,5 +335,21 @@ func TestPolicyLabelsImportSelectAndDelete(t *testing.T) {
 	}
 	if err := c.Do(ctx, http.MethodDelete, "/policy", nil, nil, []string{"test=restart"}, nil); err != nil {
 		t.Fatalf("delete a restored rule by labels: %v", err)
+	}
+}
+
+// TestPolicyCIDRIdentityLabels: the flows name a node-local CIDR
+// identity (plain or in-cluster) by the prefix the policy gave it, and
+// know nothing of others.
+func TestPolicyCIDRIdentityLabels(t *testing.T) {
+	pm := &policyModule{cidrIDs: map[netip.Prefix]identity.NumericIdentity{netip.MustParsePrefix("192.0.2.0/24"): identity.LocalScope | 1}}
+	for id, want := range map[identity.NumericIdentity]string{
+		identity.LocalScope | 1:                          "[cidr:192.0.2.0/24]",
+		identity.LocalScope | 1 | identity.InClusterCIDR: "[cidr:192.0.2.0/24]",
+		identity.LocalScope | 2:                          "[]",
+	} {
+		if got := fmt.Sprint(pm.CIDRIdentityLabels(id)); got != want {
+			t.Errorf("identity %d: %s, want %s", id, got, want)
+		}
 	}
 }

@@ -18,6 +18,9 @@ type Allocator interface {
 	Generation() uint64
 	// Subscribe calls fn after identities are added or removed.
 	Subscribe(fn func(added, deleted []Identity))
+	// SubscribeReferences calls fn after id's local references changed
+	// (or it was reserved) without it being added or removed.
+	SubscribeReferences(fn func(id NumericIdentity))
 }
 
 var _ Allocator = (*LocalAllocator)(nil)

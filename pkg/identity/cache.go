@@ -17,6 +17,7 @@ type ClusterCache struct {
 	refs       map[NumericIdentity]int
 	generation uint64
 	listeners  []func(added, deleted []Identity)
+	refFns     []func(NumericIdentity)
 }
 
 // NewClusterCache returns an empty cache.
@@ -86,24 +87,44 @@ func (c *ClusterCache) LabelsOf(id NumericIdentity) ([]string, bool) {
 // Ref takes a local reference and returns the new count.
 func (c *ClusterCache) Ref(id NumericIdentity) int {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.refs[id]++
-	return c.refs[id]
+	n := c.refs[id]
+	c.mu.Unlock()
+	c.referencesChanged(id)
+	return n
 }
 
 // Unref drops a local reference; last says it was the last one.
 func (c *ClusterCache) Unref(id NumericIdentity) (last bool, err error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.refs[id] == 0 {
+		c.mu.Unlock()
 		return false, errNotHeld(id)
 	}
 	c.refs[id]--
 	if c.refs[id] == 0 {
 		delete(c.refs, id)
-		return true, nil
+		last = true
 	}
-	return false, nil
+	c.mu.Unlock()
+	c.referencesChanged(id)
+	return last, nil
+}
+
+// SubscribeReferences calls fn after id's local references changed.
+func (c *ClusterCache) SubscribeReferences(fn func(NumericIdentity)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refFns = append(c.refFns, fn)
+}
+
+func (c *ClusterCache) referencesChanged(id NumericIdentity) {
+	c.mu.Lock()
+	fns := append(([]func(NumericIdentity))(nil), c.refFns...)
+	c.mu.Unlock()
+	for _, fn := range fns {
+		fn(id)
+	}
 }
 
 // Lookup returns a known identity.

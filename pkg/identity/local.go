@@ -35,6 +35,7 @@ type LocalAllocator struct {
 	byID      map[NumericIdentity]*Identity
 	next      NumericIdentity
 	listeners []func(added, deleted []Identity)
+	refFns    []func(NumericIdentity)
 	// generation changes whenever the set of identities does.
 	generation uint64
 }
@@ -59,6 +60,25 @@ func (a *LocalAllocator) Subscribe(fn func(added, deleted []Identity)) {
 	a.listeners = append(a.listeners, fn)
 }
 
+// SubscribeReferences calls fn after an identity's references changed
+// without it being added or deleted, and after Reserve.
+func (a *LocalAllocator) SubscribeReferences(fn func(NumericIdentity)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.refFns = append(a.refFns, fn)
+}
+
+// referencesChanged tells the reference subscribers about id; a.mu must
+// not be held.
+func (a *LocalAllocator) referencesChanged(id NumericIdentity) {
+	a.mu.Lock()
+	fns := append(([]func(NumericIdentity))(nil), a.refFns...)
+	a.mu.Unlock()
+	for _, fn := range fns {
+		fn(id)
+	}
+}
+
 // Allocate returns the identity of labels, allocating it on first use, and
 // takes a reference. isNew tells whether it was created.
 func (a *LocalAllocator) Allocate(labels []string) (Identity, bool, error) {
@@ -71,6 +91,7 @@ func (a *LocalAllocator) Allocate(labels []string) (Identity, bool, error) {
 		id.RefCount++
 		out := *id
 		a.mu.Unlock()
+		a.referencesChanged(out.ID)
 		return out, false, nil
 	}
 	var chosen NumericIdentity
@@ -115,6 +136,7 @@ func (a *LocalAllocator) Release(id NumericIdentity) error {
 	ident.RefCount--
 	if ident.RefCount > 0 {
 		a.mu.Unlock()
+		a.referencesChanged(id)
 		return nil
 	}
 	delete(a.byID, id)
@@ -155,6 +177,14 @@ func (a *LocalAllocator) List() []Identity {
 // a restored endpoint keeps its identity and its pinned policy entries stay
 // valid). A conflicting existing allocation is an error.
 func (a *LocalAllocator) Reserve(id NumericIdentity, labels []string) error {
+	if err := a.reserve(id, labels); err != nil {
+		return err
+	}
+	a.referencesChanged(id)
+	return nil
+}
+
+func (a *LocalAllocator) reserve(id NumericIdentity, labels []string) error {
 	key := LabelsKey(labels)
 	a.mu.Lock()
 	defer a.mu.Unlock()

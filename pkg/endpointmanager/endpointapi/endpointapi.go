@@ -1,8 +1,13 @@
-package agent
+// Package endpointapi serves the local endpoints over the agent's REST
+// API: the /v1/endpoint paths of the Cilium v1 spec (list, create with
+// PUT as the stock cilium-cni does, get, patch, delete one or by
+// container, config, labels, log, healthz).
+package endpointapi
 
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -15,14 +20,39 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 )
 
-// registerEndpointAPI serves the /v1/endpoint paths of the Cilium v1 spec.
-func (h *endpointAPI) register(api *server.Server) {
+// Handlers serve the endpoint part of the API.
+type Handlers struct {
+	Log *slog.Logger
+	// Manager is the endpoint manager; an API error before the endpoints'
+	// start step built it.
+	Manager func() (*endpointmanager.Manager, error)
+	// NodeAddressing is the node's addressing in the endpoint models.
+	NodeAddressing func() *models.NodeAddressing
+	// ApplyPodLabels adds the pod's labels from Kubernetes to an endpoint
+	// being created (nothing in standalone mode).
+	ApplyPodLabels func(ctx context.Context, ep *endpoint.Endpoint)
+	// PolicyModel is an endpoint's policy status in its model.
+	PolicyModel func(ep *endpoint.Endpoint) *models.EndpointPolicyStatus
+	// Holding wraps the handlers that create and delete endpoints (the
+	// datapath holds TCX promotions back meanwhile); nil: not wrapped.
+	Holding func(h server.HandlerFunc) server.HandlerFunc
+}
+
+func (h *Handlers) holding(f server.HandlerFunc) server.HandlerFunc {
+	if h.Holding == nil {
+		return f
+	}
+	return h.Holding(f)
+}
+
+// Register serves the /v1/endpoint paths of the Cilium v1 spec.
+func (h *Handlers) Register(api *server.Server) {
 	api.Handle(http.MethodGet, "/v1/endpoint", h.handleEndpointList)
-	api.Handle(http.MethodDelete, "/v1/endpoint", holdingPromotions(h.dp, h.handleEndpointBatchDelete))
-	api.Handle(http.MethodPut, "/v1/endpoint/{id}", holdingPromotions(h.dp, h.handleEndpointPut))
+	api.Handle(http.MethodDelete, "/v1/endpoint", h.holding(h.handleEndpointBatchDelete))
+	api.Handle(http.MethodPut, "/v1/endpoint/{id}", h.holding(h.handleEndpointPut))
 	api.Handle(http.MethodGet, "/v1/endpoint/{id}", h.handleEndpointGet)
 	api.Handle(http.MethodPatch, "/v1/endpoint/{id}", h.handleEndpointPatch)
-	api.Handle(http.MethodDelete, "/v1/endpoint/{id}", holdingPromotions(h.dp, h.handleEndpointDelete))
+	api.Handle(http.MethodDelete, "/v1/endpoint/{id}", h.holding(h.handleEndpointDelete))
 	api.Handle(http.MethodGet, "/v1/endpoint/{id}/config", h.handleEndpointConfigGet)
 	api.Handle(http.MethodPatch, "/v1/endpoint/{id}/config", h.handleEndpointConfigPatch)
 	api.Handle(http.MethodGet, "/v1/endpoint/{id}/labels", h.handleEndpointLabelsGet)
@@ -44,8 +74,8 @@ func endpointError(err error) error {
 	return err
 }
 
-func (h *endpointAPI) lookupEndpoint(r *http.Request) (*endpoint.Endpoint, error) {
-	mgr, err := h.eps.manager()
+func (h *Handlers) lookupEndpoint(r *http.Request) (*endpoint.Endpoint, error) {
+	mgr, err := h.Manager()
 	if err != nil {
 		return nil, err
 	}
@@ -56,8 +86,8 @@ func (h *endpointAPI) lookupEndpoint(r *http.Request) (*endpoint.Endpoint, error
 	return ep, nil
 }
 
-func (h *endpointAPI) handleEndpointList(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := h.eps.manager()
+func (h *Handlers) handleEndpointList(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.Manager()
 	if err != nil {
 		return err
 	}
@@ -71,7 +101,7 @@ func (h *endpointAPI) handleEndpointList(w http.ResponseWriter, r *http.Request)
 	out := []*models.Endpoint{}
 	for _, ep := range mgr.List() {
 		if hasAllLabels(ep.Labels, filter) {
-			out = append(out, ep.Model(h.eps.nodeAddressing()))
+			out = append(out, ep.Model(h.NodeAddressing()))
 		}
 	}
 	server.WriteJSON(w, http.StatusOK, out)
@@ -91,8 +121,8 @@ func hasAllLabels(have, want []string) bool {
 	return true
 }
 
-func (h *endpointAPI) handleEndpointPut(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := h.eps.manager()
+func (h *Handlers) handleEndpointPut(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.Manager()
 	if err != nil {
 		return err
 	}
@@ -116,7 +146,7 @@ func (h *endpointAPI) handleEndpointPut(w http.ResponseWriter, r *http.Request) 
 	if err != nil {
 		return server.Errorf(http.StatusBadRequest, "%v", err)
 	}
-	h.eps.applyPodLabels(r.Context(), ep)
+	h.ApplyPodLabels(r.Context(), ep)
 	uuids := map[netip.Addr]string{}
 	if req.Addressing != nil {
 		if ep.IPv4.IsValid() && req.Addressing.IPV4ExpirationUUID != "" {
@@ -140,14 +170,14 @@ func (h *endpointAPI) handleEndpointPut(w http.ResponseWriter, r *http.Request) 
 		// out during the synchronous build): it rolls its side back and
 		// never learns this endpoint's ID, so the endpoint must not stay
 		// behind holding the addresses.
-		h.log.Warn("Endpoint created after its client went away; deleting it", "endpoint", created.ID,
+		h.Log.Warn("Endpoint created after its client went away; deleting it", "endpoint", created.ID,
 			"container", created.ContainerID, "error", r.Context().Err())
 		if err := mgr.Delete(context.WithoutCancel(r.Context()), created.ID); err != nil && !errors.Is(err, endpointmanager.ErrNotFound) {
-			h.log.Error("Delete the endpoint of a client that went away", "endpoint", created.ID, "error", err)
+			h.Log.Error("Delete the endpoint of a client that went away", "endpoint", created.ID, "error", err)
 		}
 		return server.Errorf(http.StatusServiceUnavailable, "the client went away before endpoint %d was built; it was deleted", created.ID)
 	}
-	server.WriteJSON(w, http.StatusCreated, created.Model(h.eps.nodeAddressing()))
+	server.WriteJSON(w, http.StatusCreated, created.Model(h.NodeAddressing()))
 	return nil
 }
 
@@ -155,21 +185,21 @@ func (h *endpointAPI) handleEndpointPut(w http.ResponseWriter, r *http.Request) 
 // pod and its namespace are the source of truth (a CNI plugin knows only
 // the pod's name).
 
-func (h *endpointAPI) handleEndpointGet(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handleEndpointGet(w http.ResponseWriter, r *http.Request) error {
 	ep, err := h.lookupEndpoint(r)
 	if err != nil {
 		return err
 	}
-	m := ep.Model(h.eps.nodeAddressing())
-	m.Status.Policy = h.policy.endpointPolicyModel(ep)
+	m := ep.Model(h.NodeAddressing())
+	m.Status.Policy = h.PolicyModel(ep)
 	server.WriteJSON(w, http.StatusOK, m)
 	return nil
 }
 
 // handleEndpointPatch updates the mutable parts of an endpoint: labels,
 // the host interface (a plugin that learned its index late) and pod names.
-func (h *endpointAPI) handleEndpointPatch(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := h.eps.manager()
+func (h *Handlers) handleEndpointPatch(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.Manager()
 	if err != nil {
 		return err
 	}
@@ -220,8 +250,8 @@ func addrString(a netip.Addr) string {
 	return a.String()
 }
 
-func (h *endpointAPI) handleEndpointDelete(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := h.eps.manager()
+func (h *Handlers) handleEndpointDelete(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.Manager()
 	if err != nil {
 		return err
 	}
@@ -234,7 +264,7 @@ func (h *endpointAPI) handleEndpointDelete(w http.ResponseWriter, r *http.Reques
 			return endpointError(err)
 		}
 		// Deleted, but some teardown step failed: 206 with the error count.
-		h.log.Error("Endpoint deleted with errors", "endpoint", ep.ID, "error", err)
+		h.Log.Error("Endpoint deleted with errors", "endpoint", ep.ID, "error", err)
 		server.WriteJSON(w, http.StatusPartialContent, 1)
 		return nil
 	}
@@ -242,8 +272,8 @@ func (h *endpointAPI) handleEndpointDelete(w http.ResponseWriter, r *http.Reques
 	return nil
 }
 
-func (h *endpointAPI) handleEndpointBatchDelete(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := h.eps.manager()
+func (h *Handlers) handleEndpointBatchDelete(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.Manager()
 	if err != nil {
 		return err
 	}
@@ -259,7 +289,7 @@ func (h *endpointAPI) handleEndpointBatchDelete(w http.ResponseWriter, r *http.R
 		return server.Errorf(http.StatusNotFound, "no endpoint of container %s", req.ContainerID)
 	}
 	if err != nil {
-		h.log.Error("Endpoints deleted with errors", "container-id", req.ContainerID, "error", err)
+		h.Log.Error("Endpoints deleted with errors", "container-id", req.ContainerID, "error", err)
 		server.WriteJSON(w, http.StatusPartialContent, 1)
 		return nil
 	}
@@ -267,7 +297,7 @@ func (h *endpointAPI) handleEndpointBatchDelete(w http.ResponseWriter, r *http.R
 	return nil
 }
 
-func (h *endpointAPI) handleEndpointConfigGet(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handleEndpointConfigGet(w http.ResponseWriter, r *http.Request) error {
 	ep, err := h.lookupEndpoint(r)
 	if err != nil {
 		return err
@@ -281,7 +311,7 @@ func (h *endpointAPI) handleEndpointConfigGet(w http.ResponseWriter, r *http.Req
 
 // handleEndpointConfigPatch accepts no per-endpoint option yet: enforcement
 // follows the agent's policy-enforcement mode. Unknown options are 400.
-func (h *endpointAPI) handleEndpointConfigPatch(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handleEndpointConfigPatch(w http.ResponseWriter, r *http.Request) error {
 	if _, err := h.lookupEndpoint(r); err != nil {
 		return err
 	}
@@ -296,7 +326,7 @@ func (h *endpointAPI) handleEndpointConfigPatch(w http.ResponseWriter, r *http.R
 	return nil
 }
 
-func (h *endpointAPI) handleEndpointLabelsGet(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handleEndpointLabelsGet(w http.ResponseWriter, r *http.Request) error {
 	ep, err := h.lookupEndpoint(r)
 	if err != nil {
 		return err
@@ -306,8 +336,8 @@ func (h *endpointAPI) handleEndpointLabelsGet(w http.ResponseWriter, r *http.Req
 	return nil
 }
 
-func (h *endpointAPI) handleEndpointLabelsPatch(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := h.eps.manager()
+func (h *Handlers) handleEndpointLabelsPatch(w http.ResponseWriter, r *http.Request) error {
+	mgr, err := h.Manager()
 	if err != nil {
 		return err
 	}
@@ -333,7 +363,7 @@ func (h *endpointAPI) handleEndpointLabelsPatch(w http.ResponseWriter, r *http.R
 	return nil
 }
 
-func (h *endpointAPI) handleEndpointLog(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handleEndpointLog(w http.ResponseWriter, r *http.Request) error {
 	ep, err := h.lookupEndpoint(r)
 	if err != nil {
 		return err
@@ -346,7 +376,7 @@ func (h *endpointAPI) handleEndpointLog(w http.ResponseWriter, r *http.Request) 
 	return nil
 }
 
-func (h *endpointAPI) handleEndpointHealthz(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handleEndpointHealthz(w http.ResponseWriter, r *http.Request) error {
 	ep, err := h.lookupEndpoint(r)
 	if err != nil {
 		return err

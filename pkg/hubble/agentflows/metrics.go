@@ -1,4 +1,4 @@
-package agent
+package agentflows
 
 import (
 	"context"
@@ -22,10 +22,10 @@ import (
 	"github.com/tendril-net/tendril/pkg/policy"
 )
 
-// HubbleMetricsConfig is the flow metrics' and the export's part of the
+// MetricsConfig is the flow metrics' and the export's part of the
 // flows' configuration (--hubble-metrics, --hubble-export-*), the options
 // Cilium names the same way.
-type HubbleMetricsConfig struct {
+type MetricsConfig struct {
 	// Metrics are the flow metric groups served on the agent's metrics
 	// endpoint (flowmetrics.All's names); empty: none.
 	Metrics []string
@@ -43,9 +43,9 @@ type HubbleMetricsConfig struct {
 	ExportAllowlist, ExportDenylist string
 }
 
-// DefaultHubbleMetricsConfig: every flow metric, no export.
-func DefaultHubbleMetricsConfig() HubbleMetricsConfig {
-	return HubbleMetricsConfig{
+// DefaultMetricsConfig: every flow metric, no export.
+func DefaultMetricsConfig() MetricsConfig {
+	return MetricsConfig{
 		Metrics:               append([]string(nil), flowmetrics.All...),
 		MetricsMaxLabelValues: flowmetrics.DefaultMaxLabelValues,
 		ExportFileMaxSizeMB:   exporter.DefaultMaxSizeMB,
@@ -54,7 +54,7 @@ func DefaultHubbleMetricsConfig() HubbleMetricsConfig {
 }
 
 // Flags registers the flow metrics' and export's flags.
-func (c *HubbleMetricsConfig) Flags(fs *pflag.FlagSet) {
+func (c *MetricsConfig) Flags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&c.Metrics, "hubble-metrics", c.Metrics, "Flow metrics served on the metrics endpoint: "+strings.Join(flowmetrics.All, ", ")+" (empty: none)")
 	fs.IntVar(&c.MetricsMaxLabelValues, "hubble-metrics-max-label-values", c.MetricsMaxLabelValues, `Distinct values kept per flow metric label (service, destination workload, policy); the others count as "other"`)
 	fs.StringVar(&c.ExportFilePath, "hubble-export-file-path", c.ExportFilePath, "Export flows as JSON lines to this file (empty: no export)")
@@ -66,7 +66,7 @@ func (c *HubbleMetricsConfig) Flags(fs *pflag.FlagSet) {
 
 // Validate checks the metric names and the export options, filters
 // included.
-func (c *HubbleMetricsConfig) Validate() error {
+func (c *MetricsConfig) Validate() error {
 	if err := c.metricsConfig().Validate(); err != nil {
 		return err
 	}
@@ -95,11 +95,11 @@ func (c *HubbleMetricsConfig) Validate() error {
 	return nil
 }
 
-func (c *HubbleMetricsConfig) metricsConfig() flowmetrics.Config {
+func (c *MetricsConfig) metricsConfig() flowmetrics.Config {
 	return flowmetrics.Config{Metrics: c.Metrics, MaxLabelValues: c.MetricsMaxLabelValues}
 }
 
-func (c *HubbleMetricsConfig) exportFilters() (allow, deny []*flowpb.FlowFilter, err error) {
+func (c *MetricsConfig) exportFilters() (allow, deny []*flowpb.FlowFilter, err error) {
 	if allow, err = exporter.ParseFilters(c.ExportAllowlist); err != nil {
 		return nil, nil, fmt.Errorf("hubble-export-allowlist: %w", err)
 	}
@@ -109,7 +109,7 @@ func (c *HubbleMetricsConfig) exportFilters() (allow, deny []*flowpb.FlowFilter,
 	return allow, deny, nil
 }
 
-func (c *HubbleMetricsConfig) exporterConfig() (exporter.Config, error) {
+func (c *MetricsConfig) exporterConfig() (exporter.Config, error) {
 	allow, deny, err := c.exportFilters()
 	if err != nil {
 		return exporter.Config{}, err
@@ -137,7 +137,7 @@ func (x *flowExport) consume(f *flowpb.Flow) {
 }
 
 // start opens the file and starts its periodic flush.
-func (x *flowExport) start(m *flowsModule) error {
+func (x *flowExport) start(m *Module) error {
 	e, err := exporter.New(x.cfg, m.log)
 	if err != nil {
 		return err
@@ -164,9 +164,9 @@ func (x *flowExport) stop() error {
 	return e.Close()
 }
 
-// statusSection is the Hubble part of `tendril status`: flows seen, the
+// StatusSection is the Hubble part of `tendril status`: flows seen, the
 // ring's use, lost events, listeners, metrics and export.
-func (m *flowsModule) statusSection() ext.Section {
+func (m *Module) StatusSection() ext.Section {
 	r := m.observer.Ring()
 	sec := ext.Section{Title: "Hubble"}
 	add := func(k, v string) { sec.Lines = append(sec.Lines, ext.Line{Key: k, Value: v}) }
@@ -202,8 +202,8 @@ func (m *flowsModule) statusSection() ext.Section {
 	return sec
 }
 
-// hubbleModel is the status's Cilium model of the observer.
-func (m *flowsModule) hubbleModel() *models.HubbleStatus {
+// HubbleModel is the status's Cilium model of the observer.
+func (m *Module) HubbleModel() *models.HubbleStatus {
 	r := m.observer.Ring()
 	return &models.HubbleStatus{
 		State: models.HubbleStatusStateOk,
@@ -262,15 +262,6 @@ func (k *serviceKnowledge) ServiceByAddr(a netip.AddrPort, proto uint8) (observe
 	}
 	s, ok := k.byAddr[loadbalancer.FrontendKey{Addr: a, Proto: proto}]
 	return s, ok
-}
-
-// selectingRules are the IDs of the rules that select a local endpoint,
-// as its last resolution found them; false before its first.
-func (p *policyModule) selectingRules(epID uint16) ([]uint32, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	res, ok := p.results[epID]
-	return res.Rules, ok
 }
 
 // defaultDenying tells, per rule, in which directions it puts the

@@ -1,4 +1,4 @@
-package agent
+package agentflows
 
 import (
 	"net/netip"
@@ -13,36 +13,36 @@ import (
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
-// TestHubbleMetricsConfigValidate: bad metric names, limits, export
+// TestMetricsConfigValidate: bad metric names, limits, export
 // paths and filters are refused naming the flag.
-func TestHubbleMetricsConfigValidate(t *testing.T) {
-	ok := DefaultHubbleMetricsConfig()
+func TestMetricsConfigValidate(t *testing.T) {
+	ok := DefaultMetricsConfig()
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
 	for _, tc := range []struct {
-		change func(*HubbleMetricsConfig)
+		change func(*MetricsConfig)
 		want   string
 	}{
-		{func(c *HubbleMetricsConfig) { c.Metrics = []string{"flow", "http"} }, `"http"`},
-		{func(c *HubbleMetricsConfig) { c.MetricsMaxLabelValues = 0 }, "hubble-metrics-max-label-values"},
-		{func(c *HubbleMetricsConfig) { c.ExportFilePath = "flows.json" }, "hubble-export-file-path"},
-		{func(c *HubbleMetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportFileMaxSizeMB = 0 }, "hubble-export-file-max-size-mb"},
-		{func(c *HubbleMetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportFileMaxBackups = -1 }, "hubble-export-file-max-backups"},
-		{func(c *HubbleMetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportAllowlist = `{"verdict":` }, "hubble-export-allowlist"},
-		{func(c *HubbleMetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportDenylist = `{"nope":1}` }, "hubble-export-denylist"},
-		{func(c *HubbleMetricsConfig) {
+		{func(c *MetricsConfig) { c.Metrics = []string{"flow", "http"} }, `"http"`},
+		{func(c *MetricsConfig) { c.MetricsMaxLabelValues = 0 }, "hubble-metrics-max-label-values"},
+		{func(c *MetricsConfig) { c.ExportFilePath = "flows.json" }, "hubble-export-file-path"},
+		{func(c *MetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportFileMaxSizeMB = 0 }, "hubble-export-file-max-size-mb"},
+		{func(c *MetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportFileMaxBackups = -1 }, "hubble-export-file-max-backups"},
+		{func(c *MetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportAllowlist = `{"verdict":` }, "hubble-export-allowlist"},
+		{func(c *MetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportDenylist = `{"nope":1}` }, "hubble-export-denylist"},
+		{func(c *MetricsConfig) {
 			c.ExportFilePath = "/tmp/f.json"
 			c.ExportAllowlist = `{"source_fqdn":["a.example"]}`
 		}, "export filters"},
 	} {
-		c := DefaultHubbleMetricsConfig()
+		c := DefaultMetricsConfig()
 		tc.change(&c)
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: error %v, want one naming %s", c, err, tc.want)
 		}
 	}
-	c := DefaultHubbleMetricsConfig()
+	c := DefaultMetricsConfig()
 	c.ExportFilePath, c.ExportAllowlist = "/tmp/f.json", `{"verdict":["DROPPED"]} {"source_pod":["kube-system/"]}`
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)

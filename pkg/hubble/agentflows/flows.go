@@ -1,4 +1,9 @@
-package agent
+// Package agentflows is the agent's flows cell: the observer that decodes
+// the datapath's events into flows (with the node's knowledge of
+// endpoints, identities, services and policies), its flow metrics and
+// export, and the Hubble API server, with the configuration and flags of
+// all of it (--enable-hubble, --hubble-*).
+package agentflows
 
 import (
 	"context"
@@ -20,23 +25,27 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/hubble"
 	"github.com/tendril-net/tendril/pkg/hubble/flowmetrics"
 	"github.com/tendril-net/tendril/pkg/hubble/hubbletls"
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/loadbalancer"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/observer"
 	"github.com/tendril-net/tendril/pkg/policy"
+	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
 	"github.com/tendril-net/tendril/pkg/version"
 )
 
-// HubbleConfig is the flows' part of the agent's configuration: the
+// Config is the flows' part of the agent's configuration: the
 // observer's ring, the Hubble API's listeners and how many forwarded
 // packets the datapath reports.
-type HubbleConfig struct {
+type Config struct {
 	// Enable decodes the datapath's events into flows and serves them.
 	Enable bool
 	// Socket is the Hubble API's unix socket; empty: hubble.sock in the
@@ -60,7 +69,7 @@ type HubbleConfig struct {
 	// per-connection, all or off (drops and verdicts are always reported).
 	TraceEvents string
 	// MetricsExport are the flow metrics and the export to a file.
-	MetricsExport HubbleMetricsConfig
+	MetricsExport MetricsConfig
 }
 
 // Values of --hubble-trace-events.
@@ -70,14 +79,14 @@ const (
 	TraceEventsOff           = "off"
 )
 
-// DefaultHubbleConfig returns the flows' defaults.
-func DefaultHubbleConfig() HubbleConfig {
-	return HubbleConfig{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection, ClusterName: "default",
-		MetricsExport: DefaultHubbleMetricsConfig()}
+// DefaultConfig returns the flows' defaults.
+func DefaultConfig() Config {
+	return Config{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection, ClusterName: "default",
+		MetricsExport: DefaultMetricsConfig()}
 }
 
 // Flags registers the flows' flags.
-func (c *HubbleConfig) Flags(fs *pflag.FlagSet) {
+func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Enable, "enable-hubble", c.Enable, "Decode the datapath's events into flows and serve them with the Hubble API (tendril observe, hubble observe)")
 	fs.StringVar(&c.Socket, "hubble-socket", c.Socket, "Unix socket of the Hubble API (default: hubble.sock beside --socket)")
 	fs.StringVar(&c.ListenAddress, "hubble-listen-address", c.ListenAddress, "TCP address (host:port) of the Hubble API, for the relay (TLS unless --hubble-disable-tls); empty: none")
@@ -92,8 +101,8 @@ func (c *HubbleConfig) Flags(fs *pflag.FlagSet) {
 }
 
 // Validate checks the flows' options.
-func (c *HubbleConfig) Validate() error {
-	if _, err := c.traceMode(); err != nil {
+func (c *Config) Validate() error {
+	if _, err := c.TraceMode(); err != nil {
 		return err
 	}
 	if c.FlowBufferSize < 1 {
@@ -117,7 +126,7 @@ func (c *HubbleConfig) Validate() error {
 }
 
 // tlsConfig is the TCP listener's TLS, or nil for plain text (or no TCP).
-func (c *HubbleConfig) tlsConfig() (*tls.Config, error) {
+func (c *Config) tlsConfig() (*tls.Config, error) {
 	if c.ListenAddress == "" || c.DisableTLS {
 		return nil, nil
 	}
@@ -128,9 +137,9 @@ func (c *HubbleConfig) tlsConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// traceMode is the loader's trace mode of the flag; off when flows are
+// TraceMode is the loader's trace mode of the flag; off when flows are
 // disabled (nobody would read the events).
-func (c *HubbleConfig) traceMode() (loader.TraceMode, error) {
+func (c *Config) TraceMode() (loader.TraceMode, error) {
 	switch c.TraceEvents {
 	case TraceEventsPerConnection:
 		if !c.Enable {
@@ -148,25 +157,70 @@ func (c *HubbleConfig) traceMode() (loader.TraceMode, error) {
 	return loader.TraceOff, fmt.Errorf("hubble-trace-events %q: must be %s, %s or %s", c.TraceEvents, TraceEventsPerConnection, TraceEventsAll, TraceEventsOff)
 }
 
-// hubbleSocket is the Hubble socket: the flag, or beside the API socket.
-func (c Config) hubbleSocket() string {
-	if c.Hubble.Socket != "" {
-		return c.Hubble.Socket
+// SocketPath is the Hubble socket: the flag, or beside the agent's API
+// socket.
+func (c *Config) SocketPath(apiSocket string) string {
+	if c.Socket != "" {
+		return c.Socket
 	}
-	return filepath.Join(filepath.Dir(c.API.Socket), "hubble.sock")
+	return filepath.Join(filepath.Dir(apiSocket), "hubble.sock")
 }
 
-// flowsCell turns the datapath's events into flows (the observer, fed by
-// the datapath's event reader) and serves them with the Hubble API from
-// start step 10 (registered by the serve cell, before the API socket).
-var flowsCell = cell.Module("flows", "Flows observed from the datapath events and the Hubble API",
-	cell.Provide(newFlowsModule),
-	cell.Invoke(func(*flowsModule) {}),
+// Cell turns the datapath's events into flows (the observer, fed by the
+// datapath's event reader) and serves them with the Hubble API from start
+// step 10 (registered by the agent's serve cell, before the API socket).
+var Cell = cell.Module("flows", "Flows observed from the datapath events and the Hubble API",
+	cell.Provide(New),
+	cell.Invoke(func(*Module) {}),
 )
 
-// flowsModule owns the observer and its Hubble server; nil when flows are
+// Node is what the cell needs to know of the agent: the node's name and
+// the agent's API socket (the Hubble socket defaults to beside it).
+type Node struct {
+	Name      string
+	APISocket string
+}
+
+// Datapath is the datapath as the flows read it; nil without one.
+type Datapath interface {
+	// SetEventSink makes every event read go to sink; called before the
+	// hive starts, so before the event reader's job runs.
+	SetEventSink(sink func(loader.Event))
+	// EventsLost reads the datapath's lost-event counters.
+	EventsLost() (loader.EventsLost, error)
+	// IPCache is the ipcache table (local and remote pods' addresses).
+	IPCache() *ipcache.IPCache
+}
+
+// Endpoints finds a local endpoint by ID (an error before the endpoint
+// manager exists).
+type Endpoints interface {
+	Lookup(id string) (*endpoint.Endpoint, error)
+}
+
+// Policy is the policy as the flows name it.
+type Policy interface {
+	Repository() *policy.Repository
+	// CIDRIdentityLabels is the label of the prefix the policy gave a
+	// node-local identity, or nil.
+	CIDRIdentityLabels(id identity.NumericIdentity) []string
+	// SelectingRules are the IDs of the rules that select a local
+	// endpoint, as its last resolution found them; false before its first.
+	SelectingRules(epID uint16) ([]uint32, bool)
+}
+
+// Services are the load balancer's tables (a zero value without the
+// services).
+type Services struct{ Tables *loadbalancer.Tables }
+
+// NodeEvents subscribes to the Node objects (for the Peer service); nil
+// in standalone mode. It returns a nil unsubscribe when the watchers are
+// not running.
+type NodeEvents func(fn func(watchers.Event[*corev1.Node])) (unsubscribe func(), err error)
+
+// Module owns the observer and its Hubble server; nil when flows are
 // disabled or there is no datapath (no events).
-type flowsModule struct {
+type Module struct {
 	observer *observer.Observer
 	server   *hubble.Server
 
@@ -181,52 +235,57 @@ type flowsModule struct {
 	// Node objects from start on; nil without Kubernetes or without a TCP
 	// listener (the node announces only itself).
 	peers       *hubble.PeerSet
-	k8s         *k8sClient
+	nodeEvents  NodeEvents
 	port        string
 	clusterName string
 	tls         bool
 	unsubscribe func()
 }
 
-type flowsParams struct {
+// Params are the cell's dependencies.
+type Params struct {
 	cell.In
 
 	Config     Config
+	Node       Node
 	Root       cell.RootLogger
-	Datapath   *datapathModule // nil without the datapath
-	Endpoints  *endpointsModule
-	Policy     *policyModule
-	Identities identity.Allocator
+	Datapath   Datapath `optional:"true"`
+	Endpoints  Endpoints
+	Policy     Policy
+	Identities *identitytable.Table
 	Metrics    *metrics.Server
-	Services   *servicesModule
-	K8s        *k8sClient // nil standalone
+	Services   Services   `optional:"true"`
+	NodeEvents NodeEvents `optional:"true"`
 }
 
-func newFlowsModule(p flowsParams) (*flowsModule, error) {
-	if !p.Config.Hubble.Enable || p.Datapath == nil {
+// New builds the observer and the Hubble server; nil with flows off or
+// without the datapath.
+func New(p Params) (*Module, error) {
+	if !p.Config.Enable || p.Datapath == nil {
 		return nil, nil
 	}
-	hc := p.Config.Hubble
+	hc := p.Config
 	tlsCfg, err := hc.tlsConfig()
 	if err != nil {
 		return nil, err
 	}
 	serverName := ""
 	if tlsCfg != nil {
-		serverName = hubbletls.ServerName(p.Config.NodeName, hc.ClusterName)
+		serverName = hubbletls.ServerName(p.Node.Name, hc.ClusterName)
 	}
 	var peers *hubble.PeerSet
 	port := ""
-	if hc.ListenAddress != "" && p.K8s != nil {
+	if hc.ListenAddress != "" && p.NodeEvents != nil {
 		peers = hubble.NewPeerSet()
 		_, port, _ = net.SplitHostPort(hc.ListenAddress) // validated
 	}
-	know := &nodeKnowledge{node: p.Config.NodeName, identities: p.Identities, eps: p.Endpoints, ipcache: p.Datapath.ipcache, repo: p.Policy.repo, cidrLabels: p.Policy.cidrIdentityLabels}
-	if p.Services != nil {
-		know.services = &serviceKnowledge{tables: p.Services.tables}
+	repo := p.Policy.Repository()
+	know := &nodeKnowledge{node: p.Node.Name, identities: p.Identities, eps: p.Endpoints, ipcache: p.Datapath.IPCache(), repo: repo, cidrLabels: p.Policy.CIDRIdentityLabels}
+	if p.Services.Tables != nil {
+		know.services = &serviceKnowledge{tables: p.Services.Tables}
 	}
-	know.selecting, know.defaultDeny = p.Policy.selectingRules, &defaultDenying{repo: p.Policy.repo}
-	mx := p.Config.Hubble.MetricsExport
+	know.selecting, know.defaultDeny = p.Policy.SelectingRules, &defaultDenying{repo: repo}
+	mx := p.Config.MetricsExport
 	// The flow metrics and the export see every flow as it is decoded.
 	var consumers []func(*flowpb.Flow)
 	if len(mx.Metrics) > 0 {
@@ -245,33 +304,34 @@ func newFlowsModule(p flowsParams) (*flowsModule, error) {
 		export = &flowExport{cfg: cfg}
 		consumers = append(consumers, export.consume)
 	}
-	obs := observer.New(observer.Config{Capacity: p.Config.Hubble.FlowBufferSize, Consumers: consumers}, know, logFor(p.Root, "observer"))
-	m := &flowsModule{
+	obs := observer.New(observer.Config{Capacity: p.Config.FlowBufferSize, Consumers: consumers}, know, logFor(p.Root, "observer"))
+	socket := hc.SocketPath(p.Node.APISocket)
+	m := &Module{
 		observer: obs,
-		server: hubble.New(hubble.Config{SocketPath: p.Config.hubbleSocket(), TCPAddress: hc.ListenAddress, Version: version.Version,
+		server: hubble.New(hubble.Config{SocketPath: socket, TCPAddress: hc.ListenAddress, Version: version.Version,
 			TLS: tlsCfg, TLSServerName: serverName, Peers: peers}, obs, logFor(p.Root, "hubble")),
-		peers: peers, k8s: p.K8s, port: port, clusterName: hc.ClusterName, tls: tlsCfg != nil,
+		peers: peers, nodeEvents: p.NodeEvents, port: port, clusterName: hc.ClusterName, tls: tlsCfg != nil,
 		log:         logFor(p.Root, "hubble"),
-		socket:      p.Config.hubbleSocket(),
+		socket:      socket,
 		tcpAddress:  hc.ListenAddress,
-		lost:        p.Datapath.loader.EventsLost,
+		lost:        p.Datapath.EventsLost,
 		metricNames: mx.Metrics,
 		export:      export,
 	}
 	p.Metrics.Registry.MustRegister(newFlowsCollector(obs))
 	// The datapath's event reader feeds the observer; it is set before the
 	// hive starts, so before the reader's job runs.
-	p.Datapath.setEventSink(func(ev loader.Event) {
+	p.Datapath.SetEventSink(func(ev loader.Event) {
 		// A decode error is counted by the observer (DecodeErrors).
 		_ = obs.Observe(ev)
 	})
 	return m, nil
 }
 
-// start serves the Hubble API (step 10, beside metrics and pprof),
+// Start serves the Hubble API (step 10, beside metrics and pprof),
 // follows the Node objects into the Peer service's set, and opens the
 // export file first, so the flows served are exported too.
-func (m *flowsModule) start(context.Context) error {
+func (m *Module) Start(context.Context) error {
 	if m.export != nil {
 		if err := m.export.start(m); err != nil {
 			return err
@@ -287,9 +347,9 @@ func (m *flowsModule) start(context.Context) error {
 }
 
 // startServing follows the nodes (for the Peer service) and serves.
-func (m *flowsModule) startServing() error {
-	if m.peers != nil && m.k8s.watchers != nil {
-		unsub, err := m.k8s.watchers.Nodes.Subscribe(func(ev watchers.Event[*corev1.Node]) {
+func (m *Module) startServing() error {
+	if m.peers != nil && m.nodeEvents != nil {
+		unsub, err := m.nodeEvents(func(ev watchers.Event[*corev1.Node]) {
 			switch ev.Kind {
 			case watchers.Upsert:
 				m.peers.Upsert(m.peerOf(ev.Object))
@@ -308,7 +368,7 @@ func (m *flowsModule) startServing() error {
 // peerOf is how the Peer service announces a node: its first address
 // (InternalIP first) with this node's Hubble port (every node of a
 // cluster serves the same flags), and its TLS server name.
-func (m *flowsModule) peerOf(n *corev1.Node) hubble.Peer {
+func (m *Module) peerOf(n *corev1.Node) hubble.Peer {
 	p := hubble.Peer{Name: n.Name}
 	if ips := nodemanager.PeerFromNode(n).IPs; len(ips) > 0 {
 		p.Address = net.JoinHostPort(ips[0].String(), m.port)
@@ -319,9 +379,9 @@ func (m *flowsModule) peerOf(n *corev1.Node) hubble.Peer {
 	return p
 }
 
-// stop ends every stream and joins the server's goroutines, then closes
+// Stop ends every stream and joins the server's goroutines, then closes
 // the export file.
-func (m *flowsModule) stop(context.Context) error {
+func (m *Module) Stop(context.Context) error {
 	if m.unsubscribe != nil {
 		m.unsubscribe()
 	}
@@ -359,27 +419,13 @@ func (c *flowsCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.followers, prometheus.GaugeValue, float64(c.obs.Followers()))
 }
 
-// cidrIdentityLabels is the label of the prefix the policy gave the
-// node-local identity id, or nil. (A scan: there are as many CIDR
-// identities as prefixes in the rules, and only flows to and from them ask.)
-func (p *policyModule) cidrIdentityLabels(id identity.NumericIdentity) []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for pf, cid := range p.cidrIDs {
-		if cid == id&^identity.InClusterCIDR {
-			return []string{"cidr:" + pf.String()}
-		}
-	}
-	return nil
-}
-
 // nodeKnowledge is observer.NodeKnowledge over the agent's subsystems:
-// the identity allocator, the endpoint manager, the ipcache table (local
+// the identities table, the endpoint manager, the ipcache table (local
 // and remote pods' addresses) and the policy repository.
 type nodeKnowledge struct {
 	node       string
-	identities identity.Allocator
-	eps        *endpointsModule
+	identities *identitytable.Table
+	eps        Endpoints
 	ipcache    *ipcache.IPCache
 	repo       *policy.Repository
 	// cidrLabels names the policy's node-local CIDR identities.
@@ -414,7 +460,7 @@ func (k *nodeKnowledge) NodeName() string { return k.node }
 
 // IdentityLabels: a reserved identity is its own label (reserved:world),
 // a node-local one the CIDR the policy gave it (cidr:10.0.0.0/8); the
-// others are the allocator's.
+// others are the identities table's.
 func (k *nodeKnowledge) IdentityLabels(id uint32) []string {
 	nid := identity.NumericIdentity(id)
 	if nid.IsReserved() {
@@ -434,12 +480,8 @@ func (k *nodeKnowledge) IdentityLabels(id uint32) []string {
 
 // EndpointByID is a local endpoint from the endpoint manager.
 func (k *nodeKnowledge) EndpointByID(id uint16) (observer.Endpoint, bool) {
-	mgr, err := k.eps.manager()
-	if err != nil {
-		return observer.Endpoint{}, false // not started yet
-	}
-	ep, err := mgr.Lookup(strconv.Itoa(int(id)))
-	if err != nil {
+	ep, err := k.eps.Lookup(strconv.Itoa(int(id)))
+	if err != nil { // unknown, or the manager is not started yet
 		return observer.Endpoint{}, false
 	}
 	return observer.Endpoint{ID: uint32(ep.ID), Identity: ep.Identity, Namespace: ep.PodNamespace, PodName: ep.PodName, Labels: ep.Labels}, true
@@ -487,11 +529,11 @@ func policyOf(r policy.StoredRule, rev uint64) observer.Policy {
 	if r.Rule != nil {
 		for _, l := range r.Rule.Labels {
 			switch l.Key {
-			case labelPolicyName:
+			case policyk8s.KeyPolicyName:
 				p.Name = l.Value
-			case labelPolicyNamespace:
+			case policyk8s.KeyPolicyNamespace:
 				p.Namespace = l.Value
-			case labelPolicyDerived:
+			case policyk8s.KeyPolicyDerivedFrom:
 				p.Kind = l.Value
 			}
 		}
@@ -505,4 +547,10 @@ func policyOf(r policy.StoredRule, rev uint64) observer.Policy {
 		}
 	}
 	return p
+}
+
+// logFor is the logger of a named part of the cell (the agent's loggers
+// carry a "module" field).
+func logFor(root cell.RootLogger, module string) *slog.Logger {
+	return (*slog.Logger)(root).With("module", module)
 }

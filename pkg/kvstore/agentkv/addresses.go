@@ -1,7 +1,9 @@
-package agent
+package agentkv
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -10,17 +12,16 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
-	"github.com/tendril-net/tendril/pkg/ipcache/kvpublisher"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 )
 
-// ipPrefix holds the kvstore ipcache: one key per endpoint address,
+// IPPrefix holds the kvstore ipcache: one key per endpoint address,
 // tendril/state/ip/v1/<cluster>/<ip>, written by the endpoint's node on
 // its session lease (so a dead node's addresses go with its lease).
-const ipPrefix = kvstore.StatePrefix + "ip/v1/default/"
+const IPPrefix = kvstore.StatePrefix + "ip/v1/default/"
 
-// ipEntry is the JSON value of an ipcache key.
-type ipEntry struct {
+// IPEntry is the JSON value of an ipcache key.
+type IPEntry struct {
 	IP        string `json:"IP"`
 	Identity  uint32 `json:"ID"`
 	HostIP    string `json:"HostIP,omitempty"`
@@ -34,27 +35,62 @@ type ipEntry struct {
 // endpoints). Publishing never waits for etcd: endpoint events only record
 // the desired keys in the publisher, whose goroutine writes them (with
 // retries, and again after a new session); stop joins it.
-func (m *kvstoreModule) startIPSync() error {
+func (m *Module) startIPSync() error {
 	log := logFor(m.root, "kvstore-ipcache")
-	store, err := kvstore.JoinSharedStore(m.client, kvstore.SharedStoreConfig{Prefix: ipPrefix, SyncInterval: time.Minute,
+	store, err := kvstore.JoinSharedStore(m.client, kvstore.SharedStoreConfig{Prefix: IPPrefix, SyncInterval: time.Minute,
 		OnEvent: m.onIPEvent}, log)
 	if err != nil {
 		return err
 	}
 	m.ipStore = store
-	m.ipPub = kvpublisher.New(store, kvpublisher.Config{}, log)
 	m.addrOwners = map[netip.Addr]uint16{}
-	// The publisher's job (started right after this step) writes them.
+	// The publisher's reconciler (a job started right after this step)
+	// writes them; the republisher job follows the renewals.
 	m.renewals, m.unsubscribe = m.client.SessionRenewals()
-	m.eps.mgr.Subscribe(func(ev endpointmanager.Event) {
+	m.eps.Subscribe(func(ev endpointmanager.Event) {
 		if ev.Endpoint != nil {
 			m.publishAddresses(ev.Endpoint.ID, ev.Endpoint.Addresses())
 		}
 	})
-	for _, ep := range m.eps.mgr.List() {
+	for _, ep := range m.eps.List() {
 		m.publishAddresses(ep.ID, ep.Addresses())
 	}
+	m.ipPub.MarkRestored()
 	return nil
+}
+
+// ipStoreRef is the publisher's store: the shared store the kvstore step
+// joins (the reconciler runs only after it).
+type ipStoreRef struct{ m *Module }
+
+var errNoIPStore = errors.New("kvstore ipcache store not joined yet")
+
+func (r ipStoreRef) UpsertLocal(ctx context.Context, name string, value []byte) error {
+	if r.m.ipStore == nil {
+		return errNoIPStore
+	}
+	return r.m.ipStore.UpsertLocal(ctx, name, value)
+}
+
+func (r ipStoreRef) DeleteLocal(ctx context.Context, name string) error {
+	if r.m.ipStore == nil {
+		return errNoIPStore
+	}
+	return r.m.ipStore.DeleteLocal(ctx, name)
+}
+
+func (r ipStoreRef) List() map[string][]byte {
+	if r.m.ipStore == nil {
+		return nil
+	}
+	return r.m.ipStore.List()
+}
+
+// ownAddress says whether a key in the kvstore is one of this node's
+// addresses (the prune deletes only those).
+func (m *Module) ownAddress(_ string, value []byte) bool {
+	var e IPEntry
+	return json.Unmarshal(value, &e) == nil && e.Node == m.cfg.NodeName
 }
 
 // publishAddresses records the kvstore keys of endpoint id's addresses as
@@ -63,10 +99,10 @@ func (m *kvstoreModule) startIPSync() error {
 // is gone. An address is withdrawn only by the endpoint that published it
 // last, so a deleted endpoint's late event cannot remove the key of the
 // endpoint that reuses its address. It never waits for etcd.
-func (m *kvstoreModule) publishAddresses(id uint16, addrs []netip.Addr) {
+func (m *Module) publishAddresses(id uint16, addrs []netip.Addr) {
 	m.addrMu.Lock()
 	defer m.addrMu.Unlock()
-	ep, err := m.eps.mgr.Lookup(strconv.Itoa(int(id)))
+	ep, err := m.eps.Lookup(strconv.Itoa(int(id)))
 	if err != nil || ep.Identity == 0 {
 		ep = nil
 	}
@@ -75,31 +111,40 @@ func (m *kvstoreModule) publishAddresses(id uint16, addrs []netip.Addr) {
 			// Gone, without identity, or the ID is another endpoint's now.
 			if owner, ok := m.addrOwners[ip]; ok && owner == id {
 				delete(m.addrOwners, ip)
-				m.ipPub.Delete(ip.String())
+				if err := m.ipPub.Delete(ip.String()); err != nil {
+					m.log.Error("Record a kvstore address to withdraw", "ip", ip, "error", err)
+				}
 			}
 			continue
 		}
-		v, _ := json.Marshal(ipEntry{IP: ip.String(), Identity: ep.Identity, HostIP: m.hostIP(), Node: m.cfg.NodeName,
+		v, _ := json.Marshal(IPEntry{IP: ip.String(), Identity: ep.Identity, HostIP: m.hostIP(), Node: m.cfg.NodeName,
 			Namespace: ep.PodNamespace, Name: ep.PodName})
 		m.addrOwners[ip] = id
-		m.ipPub.Set(ip.String(), v)
+		if err := m.ipPub.Set(ip.String(), v); err != nil {
+			m.log.Error("Record a kvstore address to publish", "ip", ip, "error", err)
+		}
 	}
 }
 
 // hostIP is the address peers route this node's pods through.
-func (m *kvstoreModule) hostIP() string {
-	if m.k8s != nil {
-		return m.k8s.nodeIP()
+func (m *Module) hostIP() string {
+	if m.nodeIP != nil {
+		return m.nodeIP()
 	}
 	return ""
 }
 
-func (m *kvstoreModule) onIPEvent(ev kvstore.Event) {
-	if m.ipcache == nil {
+func (m *Module) onIPEvent(ev kvstore.Event) {
+	if ev.Type == kvstore.EventListDone {
+		// The store's view holds the first listing: the publisher may
+		// prune this node's keys no endpoint backs.
+		m.ipPub.MarkListed()
+		if m.ipcacheListed != nil {
+			m.ipcacheListed()
+		}
 		return
 	}
-	if ev.Type == kvstore.EventListDone {
-		m.ipcacheListed()
+	if m.ipcache == nil {
 		return
 	}
 	ip, err := netip.ParseAddr(ev.Key)
@@ -113,7 +158,7 @@ func (m *kvstoreModule) onIPEvent(ev kvstore.Event) {
 		}
 		return
 	}
-	var e ipEntry
+	var e IPEntry
 	if err := json.Unmarshal(ev.Value, &e); err != nil || e.Identity == 0 {
 		m.log.Warn("Skipping a kvstore ipcache value that does not parse", "key", ev.Key, "error", err)
 		return

@@ -1,4 +1,10 @@
-package agent
+// Package identityapi serves the identities over the agent's REST API, per
+// the Cilium v1 spec: GET /v1/identity (optionally those with given
+// labels), /v1/identity/{id}, /v1/identity/endpoints and /v1/ip (the
+// ipcache's entries, optionally within a CIDR or of identities with given
+// labels), read from the identities table; and the Identities section of
+// `tendril status`.
+package identityapi
 
 import (
 	"crypto/sha256"
@@ -14,15 +20,29 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
+	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
+	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/policy"
 )
 
-// registerIdentityAPI serves GET /v1/identity, /v1/identity/{id},
+// Handlers serve the identities' part of the API.
+type Handlers struct {
+	// Identities is the identities table.
+	Identities *identitytable.Table
+	// Endpoints lists the local endpoints (an API error before the
+	// endpoint manager exists).
+	Endpoints func() ([]*endpoint.Endpoint, error)
+	// IPCache is the ipcache; nil without the datapath.
+	IPCache *ipcache.IPCache
+}
+
+// Register serves GET /v1/identity, /v1/identity/{id},
 // /v1/identity/endpoints and /v1/ip per the Cilium v1 spec.
-func (h *identityAPI) register(api *server.Server) {
+func (h *Handlers) Register(api *server.Server) {
 	api.Handle(http.MethodGet, "/v1/identity", h.handleIdentityList)
 	api.Handle(http.MethodGet, "/v1/identity/endpoints", h.handleIdentityEndpoints)
 	api.Handle(http.MethodGet, "/v1/identity/{id}", h.handleIdentityGet)
@@ -37,12 +57,12 @@ func identityModel(id identity.NumericIdentity, labels []string) *models.Identit
 }
 
 // allIdentities are the reserved identities and every allocated one.
-func (h *identityAPI) allIdentities() []*models.Identity {
+func (h *Handlers) allIdentities() []*models.Identity {
 	var out []*models.Identity
 	for _, p := range policy.ReservedPeers() {
 		out = append(out, identityModel(p.ID, p.Labels))
 	}
-	for _, id := range h.identities.List() {
+	for _, id := range h.Identities.List() {
 		out = append(out, identityModel(id.ID, id.Labels))
 	}
 	return out
@@ -76,7 +96,7 @@ func hasLabels(have models.Labels, want []string) bool {
 	return true
 }
 
-func (h *identityAPI) handleIdentityList(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handleIdentityList(w http.ResponseWriter, r *http.Request) error {
 	want, err := optionalLabels(r)
 	if err != nil {
 		return err
@@ -94,7 +114,7 @@ func (h *identityAPI) handleIdentityList(w http.ResponseWriter, r *http.Request)
 	return nil
 }
 
-func (h *identityAPI) handleIdentityGet(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handleIdentityGet(w http.ResponseWriter, r *http.Request) error {
 	raw := r.PathValue("id")
 	n, err := strconv.ParseUint(raw, 10, 32)
 	if err != nil {
@@ -109,13 +129,13 @@ func (h *identityAPI) handleIdentityGet(w http.ResponseWriter, r *http.Request) 
 	return server.Errorf(http.StatusNotFound, "identity %d not found", n)
 }
 
-func (h *identityAPI) handleIdentityEndpoints(w http.ResponseWriter, r *http.Request) error {
-	mgr, err := h.eps.manager()
+func (h *Handlers) handleIdentityEndpoints(w http.ResponseWriter, r *http.Request) error {
+	eps, err := h.Endpoints()
 	if err != nil {
 		return err
 	}
 	count := map[identity.NumericIdentity]int64{}
-	for _, ep := range mgr.List() {
+	for _, ep := range eps {
 		if ep.Identity != 0 {
 			count[identity.NumericIdentity(ep.Identity)]++
 		}
@@ -123,7 +143,7 @@ func (h *identityAPI) handleIdentityEndpoints(w http.ResponseWriter, r *http.Req
 	out := []*models.IdentityEndpoints{}
 	for id, n := range count {
 		labels := []string{}
-		if ident, ok := h.identities.Lookup(id); ok {
+		if ident, ok := h.Identities.Lookup(id); ok {
 			labels = ident.Labels
 		} else if id.IsReserved() {
 			labels = []string{id.String()} // "reserved:<name>"
@@ -137,8 +157,8 @@ func (h *identityAPI) handleIdentityEndpoints(w http.ResponseWriter, r *http.Req
 
 // handleIPList lists the ipcache's effective entries, optionally those
 // inside ?cidr=.
-func (h *identityAPI) handleIPList(w http.ResponseWriter, r *http.Request) error {
-	if h.dp == nil {
+func (h *Handlers) handleIPList(w http.ResponseWriter, r *http.Request) error {
+	if h.IPCache == nil {
 		return server.Errorf(http.StatusNotFound, "the datapath is disabled: no ipcache")
 	}
 	var within netip.Prefix
@@ -154,12 +174,12 @@ func (h *identityAPI) handleIPList(w http.ResponseWriter, r *http.Request) error
 		return err
 	}
 	out := []*models.IPListEntry{}
-	for _, it := range h.dp.ipcache.List() {
+	for _, it := range h.IPCache.List() {
 		if within.IsValid() && (!within.Contains(it.Prefix.Addr()) || it.Prefix.Bits() < within.Bits()) {
 			continue
 		}
 		if len(want) > 0 {
-			ident, ok := h.identities.Lookup(it.Entry.Identity)
+			ident, ok := h.Identities.Lookup(it.Entry.Identity)
 			if !ok || !hasLabels(ident.Labels, want) {
 				continue
 			}
@@ -180,10 +200,11 @@ func (h *identityAPI) handleIPList(w http.ResponseWriter, r *http.Request) error
 	return nil
 }
 
-// identityStatusSection is the identity allocator's part of `tendril status`.
-// identityStatusSection is the identities part of `tendril status`.
-func identityStatusSection(ids identity.Allocator) ext.Section {
-	mode := IdentityAllocationLocal
+// StatusSection is the identities part of `tendril status`: the
+// allocator's mode and how many identities the table knows and this node
+// uses.
+func StatusSection(ids identity.Allocator, table *identitytable.Table) ext.Section {
+	mode := "local"
 	switch ids.(type) {
 	case *crdalloc.Allocator:
 		mode = "crd (TendrilIdentity objects)"
@@ -191,9 +212,9 @@ func identityStatusSection(ids identity.Allocator) ext.Section {
 		mode = "kvstore (etcd)"
 	}
 	known, held := 0, 0
-	for _, id := range ids.List() {
+	for _, id := range table.List() {
 		known++
-		if id.RefCount > 0 {
+		if id.References > 0 {
 			held++
 		}
 	}

@@ -1,4 +1,9 @@
-package agent
+// Package policyapi serves the policy repository over the agent's REST
+// API, per the Cilium v1 spec: PUT, GET and DELETE /v1/policy (rules
+// imported, listed and deleted by labels), GET /v1/policy/selectors (each
+// peer selector with the identities it selects now) and POST
+// /v1/policy/trace.
+package policyapi
 
 import (
 	"encoding/json"
@@ -17,8 +22,18 @@ import (
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
-// registerPolicyAPI serves /v1/policy and /v1/policy/selectors.
-func (h *policyAPI) register(api *server.Server) {
+// Handlers serve the policy part of the API.
+type Handlers struct {
+	Repo *policy.Repository
+	// Universe is every identity policy can select now.
+	Universe func() policy.Universe
+	// Source is the repository source of the rules imported here (the
+	// policy file keeps those).
+	Source string
+}
+
+// Register serves /v1/policy, /v1/policy/selectors and /v1/policy/trace.
+func (h *Handlers) Register(api *server.Server) {
 	api.Handle(http.MethodPut, "/v1/policy", h.handlePolicyPut)
 	api.Handle(http.MethodGet, "/v1/policy", h.handlePolicyGet)
 	api.Handle(http.MethodDelete, "/v1/policy", h.handlePolicyDelete)
@@ -51,8 +66,8 @@ func readOptionalLabels(r *http.Request) ([]labels.Label, error) {
 // labelStrings is sel for messages.
 func labelStrings(sel []labels.Label) string { return strings.Join(api.LabelArray(sel).Strings(), " ") }
 
-func (h *policyAPI) policyModel(sel []labels.Label) (*models.Policy, int) {
-	rules, rev := h.policy.repo.Rules(sel)
+func (h *Handlers) policyModel(sel []labels.Label) (*models.Policy, int) {
+	rules, rev := h.Repo.Rules(sel)
 	out := make(api.Rules, 0, len(rules))
 	for _, s := range rules {
 		out = append(out, s.Rule)
@@ -61,7 +76,7 @@ func (h *policyAPI) policyModel(sel []labels.Label) (*models.Policy, int) {
 	return &models.Policy{Policy: string(data), Revision: int64(rev)}, len(rules)
 }
 
-func (h *policyAPI) handlePolicyPut(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handlePolicyPut(w http.ResponseWriter, r *http.Request) error {
 	data, err := io.ReadAll(r.Body)
 	if err != nil {
 		return server.Errorf(http.StatusBadRequest, "read body: %v", err)
@@ -92,9 +107,9 @@ func (h *policyAPI) handlePolicyPut(w http.ResponseWriter, r *http.Request) erro
 		if err != nil {
 			return server.Errorf(http.StatusBadRequest, "replace-with-labels: %v", err)
 		}
-		h.policy.repo.DeleteByLabels(sel)
+		h.Repo.DeleteByLabels(sel)
 	}
-	if _, err := h.policy.repo.Add(rules, "", policySourceAPI, replace); err != nil {
+	if _, err := h.Repo.Add(rules, "", h.Source, replace); err != nil {
 		return server.Errorf(http.StatusBadRequest, "%v", err)
 	}
 	m, _ := h.policyModel(nil)
@@ -102,7 +117,7 @@ func (h *policyAPI) handlePolicyPut(w http.ResponseWriter, r *http.Request) erro
 	return nil
 }
 
-func (h *policyAPI) handlePolicyGet(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handlePolicyGet(w http.ResponseWriter, r *http.Request) error {
 	sel, err := readOptionalLabels(r)
 	if err != nil {
 		return err
@@ -115,12 +130,12 @@ func (h *policyAPI) handlePolicyGet(w http.ResponseWriter, r *http.Request) erro
 	return nil
 }
 
-func (h *policyAPI) handlePolicyDelete(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handlePolicyDelete(w http.ResponseWriter, r *http.Request) error {
 	sel, err := readOptionalLabels(r)
 	if err != nil {
 		return err
 	}
-	rev, n := h.policy.repo.DeleteByLabels(sel)
+	rev, n := h.Repo.DeleteByLabels(sel)
 	if n == 0 && len(sel) > 0 {
 		return server.Errorf(http.StatusNotFound, "no policy rule has labels %s", labelStrings(sel))
 	}
@@ -130,10 +145,10 @@ func (h *policyAPI) handlePolicyDelete(w http.ResponseWriter, r *http.Request) e
 
 // handlePolicySelectors lists every peer selector of the rules with the
 // identities it selects now.
-func (h *policyAPI) handlePolicySelectors(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handlePolicySelectors(w http.ResponseWriter, r *http.Request) error {
 	out := models.SelectorCache{}
-	universe := h.policy.universe()
-	rules, _ := h.policy.repo.Rules(nil)
+	universe := h.Universe()
+	rules, _ := h.Repo.Rules(nil)
 	type entry struct {
 		ids   map[int64]bool
 		users int64
@@ -169,7 +184,7 @@ func (h *policyAPI) handlePolicySelectors(w http.ResponseWriter, r *http.Request
 	return nil
 }
 
-func (h *policyAPI) handlePolicyTrace(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handlePolicyTrace(w http.ResponseWriter, r *http.Request) error {
 	var req ext.TraceRequest
 	if err := server.DecodeJSON(r, &req); err != nil {
 		return err
@@ -182,6 +197,6 @@ func (h *policyAPI) handlePolicyTrace(w http.ResponseWriter, r *http.Request) er
 	if !ok {
 		return server.Errorf(http.StatusBadRequest, "protocol %q: must be TCP, UDP, SCTP, ICMP or ICMPv6", req.Proto)
 	}
-	server.WriteJSON(w, http.StatusOK, h.policy.repo.Trace(req.Src, req.Dst, proto, req.Port, h.policy.universe()))
+	server.WriteJSON(w, http.StatusOK, h.Repo.Trace(req.Src, req.Dst, proto, req.Port, h.Universe()))
 	return nil
 }

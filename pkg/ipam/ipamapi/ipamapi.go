@@ -1,8 +1,13 @@
-package agent
+// Package ipamapi serves the node's IPAM over the agent's REST API, per
+// the Cilium v1 spec: POST /v1/ipam (the next free address of each
+// enabled family, optionally expiring unless an endpoint claims it), POST
+// /v1/ipam/{ip} and DELETE /v1/ipam/{ip}.
+package ipamapi
 
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -10,24 +15,39 @@ import (
 	"github.com/cilium/cilium/api/v1/models"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/ipam"
 )
 
-// registerIPAMAPI serves POST /v1/ipam, POST and DELETE /v1/ipam/{ip}.
-func (h *ipamAPI) register(api *server.Server) {
+// Handlers serve the IPAM part of the API.
+type Handlers struct {
+	Log *slog.Logger
+	// IPAM is the node's allocator; nil before the endpoints' start step
+	// built it (the handlers answer 503 then).
+	IPAM func() *ipam.IPAM
+	// Endpoints lists the local endpoints: an address one of them uses is
+	// released with the endpoint, not here.
+	Endpoints func() []*endpoint.Endpoint
+	// NodeAddressing is the node's addressing of the reply.
+	NodeAddressing func() *models.NodeAddressing
+}
+
+// Register serves POST /v1/ipam, POST and DELETE /v1/ipam/{ip}.
+func (h *Handlers) Register(api *server.Server) {
 	api.Handle(http.MethodPost, "/v1/ipam", h.handleIPAMAllocateNext)
 	api.Handle(http.MethodPost, "/v1/ipam/{ip}", h.handleIPAMAllocateIP)
 	api.Handle(http.MethodDelete, "/v1/ipam/{ip}", h.handleIPAMRelease)
 }
 
-func (h *ipamAPI) ipamReady() (*ipam.IPAM, error) {
-	if h.eps.ipam == nil {
+func (h *Handlers) ipamReady() (*ipam.IPAM, error) {
+	alloc := h.IPAM()
+	if alloc == nil {
 		return nil, server.Errorf(http.StatusServiceUnavailable, "IPAM is not started yet")
 	}
-	return h.eps.ipam, nil
+	return alloc, nil
 }
 
-func (h *ipamAPI) handleIPAMAllocateNext(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handleIPAMAllocateNext(w http.ResponseWriter, r *http.Request) error {
 	alloc, err := h.ipamReady()
 	if err != nil {
 		return err
@@ -56,7 +76,7 @@ func (h *ipamAPI) handleIPAMAllocateNext(w http.ResponseWriter, r *http.Request)
 	if pool := q.Get("pool"); pool != "" && pool != "default" {
 		return server.Errorf(http.StatusBadRequest, "pool %q: only the default pool exists", pool)
 	}
-	resp := &models.IPAMResponse{Address: &models.AddressPair{}, HostAddressing: h.eps.nodeAddressing()}
+	resp := &models.IPAMResponse{Address: &models.AddressPair{}, HostAddressing: h.NodeAddressing()}
 	var got []ipam.Allocation
 	for _, f := range families {
 		var al ipam.Allocation
@@ -88,7 +108,7 @@ func (h *ipamAPI) handleIPAMAllocateNext(w http.ResponseWriter, r *http.Request)
 			resp.Address.IPV6, resp.IPV6 = al.IP.String(), addr
 		}
 	}
-	h.log.Debug("Allocated addresses", "owner", owner, "ipv4", resp.Address.IPV4, "ipv6", resp.Address.IPV6, "expiration", expiration)
+	h.Log.Debug("Allocated addresses", "owner", owner, "ipv4", resp.Address.IPV4, "ipv6", resp.Address.IPV6, "expiration", expiration)
 	server.WriteJSON(w, http.StatusCreated, resp)
 	return nil
 }
@@ -102,7 +122,7 @@ func parseIPParam(r *http.Request) (netip.Addr, error) {
 	return ip.Unmap(), nil
 }
 
-func (h *ipamAPI) handleIPAMAllocateIP(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handleIPAMAllocateIP(w http.ResponseWriter, r *http.Request) error {
 	alloc, err := h.ipamReady()
 	if err != nil {
 		return err
@@ -126,7 +146,7 @@ func (h *ipamAPI) handleIPAMAllocateIP(w http.ResponseWriter, r *http.Request) e
 	return nil
 }
 
-func (h *ipamAPI) handleIPAMRelease(w http.ResponseWriter, r *http.Request) error {
+func (h *Handlers) handleIPAMRelease(w http.ResponseWriter, r *http.Request) error {
 	alloc, err := h.ipamReady()
 	if err != nil {
 		return err
@@ -136,7 +156,7 @@ func (h *ipamAPI) handleIPAMRelease(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	// An address an endpoint still uses is released with the endpoint.
-	for _, ep := range h.eps.mgr.List() {
+	for _, ep := range h.Endpoints() {
 		for _, epIP := range ep.Addresses() {
 			if epIP == ip {
 				return server.Errorf(http.StatusForbidden, "%s belongs to endpoint %d; delete the endpoint instead", ip, ep.ID)

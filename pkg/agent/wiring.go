@@ -1,0 +1,124 @@
+package agent
+
+import (
+	"github.com/cilium/hive/cell"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
+	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
+)
+
+// wiring gives the cells that live in their subsystem packages what they
+// take from the agent's configuration and from cells still in this
+// package, as the types those packages declare.
+var wiring = cell.Provide(
+	kvstoreConfig,
+	kvstoreEndpoints,
+	kvstoreNodeIP,
+	kvstoreIPCache,
+	flowsConfig,
+	flowsNode,
+	flowsDatapath,
+	flowsEndpoints,
+	flowsPolicy,
+	flowsServices,
+	flowsNodeEvents,
+)
+
+func kvstoreConfig(cfg Config) agentkv.Config {
+	return agentkv.Config{Mode: cfg.KVStore, KVStore: cfg.KVStoreConfig, StateDir: cfg.StateDir, NodeName: cfg.NodeName,
+		IdentityAllocationMode: cfg.IdentityAllocationMode}
+}
+
+// kvEndpoints reads the endpoint manager, which the endpoints' start step
+// builds (before the kvstore's).
+type kvEndpoints struct{ eps *endpointsModule }
+
+func kvstoreEndpoints(eps *endpointsModule) agentkv.Endpoints { return kvEndpoints{eps} }
+
+func (k kvEndpoints) Subscribe(fn func(endpointmanager.Event)) { k.eps.mgr.Subscribe(fn) }
+func (k kvEndpoints) List() []*endpoint.Endpoint               { return k.eps.mgr.List() }
+func (k kvEndpoints) Lookup(id string) (*endpoint.Endpoint, error) {
+	return k.eps.mgr.Lookup(id)
+}
+
+func kvstoreNodeIP(k *kubernetesModule) agentkv.NodeIP {
+	if k == nil {
+		return nil
+	}
+	return k.nodeIP
+}
+
+// kvIPCache is the datapath's ipcache as the kvstore source writes it.
+type kvIPCache struct{ *datapathModule }
+
+func (c kvIPCache) AddInitializer(name string) func() { return c.ipcache.AddInitializer(name) }
+
+func kvstoreIPCache(dp *datapathModule) agentkv.IPCache {
+	if dp == nil {
+		return nil
+	}
+	return kvIPCache{dp}
+}
+
+func flowsConfig(cfg Config) agentflows.Config { return cfg.Hubble }
+
+func flowsNode(cfg Config) agentflows.Node {
+	return agentflows.Node{Name: cfg.NodeName, APISocket: cfg.API.Socket}
+}
+
+// flowsDatapathOf is the datapath's events and ipcache as the flows read
+// them.
+type flowsDatapathOf struct{ dp *datapathModule }
+
+func (f flowsDatapathOf) SetEventSink(sink func(loader.Event))   { f.dp.setEventSink(sink) }
+func (f flowsDatapathOf) EventsLost() (loader.EventsLost, error) { return f.dp.loader.EventsLost() }
+func (f flowsDatapathOf) IPCache() *ipcache.IPCache              { return f.dp.ipcache }
+
+func flowsDatapath(dp *datapathModule) agentflows.Datapath {
+	if dp == nil {
+		return nil
+	}
+	return flowsDatapathOf{dp}
+}
+
+// flowsEndpointsOf looks endpoints up in the manager once it exists.
+type flowsEndpointsOf struct{ eps *endpointsModule }
+
+func (f flowsEndpointsOf) Lookup(id string) (*endpoint.Endpoint, error) {
+	mgr, err := f.eps.manager()
+	if err != nil {
+		return nil, err
+	}
+	return mgr.Lookup(id)
+}
+
+func flowsEndpoints(eps *endpointsModule) agentflows.Endpoints { return flowsEndpointsOf{eps} }
+
+func flowsPolicy(p *policyModule) agentflows.Policy { return p }
+
+func flowsServices(s *servicesModule) agentflows.Services {
+	if s == nil {
+		return agentflows.Services{}
+	}
+	return agentflows.Services{Tables: s.tables}
+}
+
+// flowsNodeEvents follows the Node objects for the Peer service; nil in
+// standalone mode.
+func flowsNodeEvents(k *k8sClient) agentflows.NodeEvents {
+	if k == nil {
+		return nil
+	}
+	return func(fn func(watchers.Event[*corev1.Node])) (func(), error) {
+		if k.watchers == nil {
+			return nil, nil
+		}
+		return k.watchers.Nodes.Subscribe(fn)
+	}
+}

@@ -1,0 +1,296 @@
+// Package agentkv is the agent's kvstore cell: the etcd client (or an
+// embedded etcd under the state directory), the kvstore identity
+// allocator's watch, this node's endpoint addresses published in etcd
+// (the kvstore-addresses table and its reconciler, pkg/ipcache/kvpublisher)
+// and other nodes' addresses read into the ipcache as the kvstore source.
+// Its start step is "kvstore" (the seeds' step 7).
+package agentkv
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cilium/cilium/api/v1/models"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
+	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/ipcache/kvpublisher"
+	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
+)
+
+// Cell is the agent's kvstore: start step 7, after the endpoints are
+// restored and the Kubernetes watchers synced.
+var Cell = cell.Module("kvstore", "The etcd client identities and endpoint addresses in etcd",
+	cell.Provide(New),
+	cell.Invoke(func(*Module) {}),
+)
+
+// Config is the cell's part of the agent's configuration (the flags stay
+// in the agent's one Config, which the composition root maps to this).
+type Config struct {
+	// Mode is "" (none), etcd or embedded.
+	Mode string
+	// KVStore is the client's configuration (endpoints, TLS, timeouts).
+	KVStore kvstore.Config
+	// StateDir holds the embedded etcd's data and socket.
+	StateDir string
+	// NodeName names this node in the published addresses.
+	NodeName string
+	// IdentityAllocationMode is shown in the status.
+	IdentityAllocationMode string
+}
+
+// Enabled says whether the agent has a kvstore.
+func (c Config) Enabled() bool { return c.Mode != ModeNone || len(c.KVStore.Endpoints) > 0 }
+
+// Endpoints is the local endpoints as the cell reads them: the endpoint
+// manager, which exists from the endpoints' start step on (before this
+// cell's).
+type Endpoints interface {
+	Subscribe(fn func(endpointmanager.Event))
+	List() []*endpoint.Endpoint
+	Lookup(id string) (*endpoint.Endpoint, error)
+}
+
+// NodeIP returns the address peers route this node's pods through ("" if
+// unknown).
+type NodeIP func() string
+
+// IPCache is where other nodes' addresses go (the datapath's ipcache);
+// nil without the datapath.
+type IPCache interface {
+	UpsertRemoteEndpoint(ip netip.Addr, e ipcache.Entry) error
+	DeleteRemoteEndpoint(ip netip.Addr, src ipcache.Source, owner ipcache.Owner) error
+	// AddInitializer holds the ipcache's prune back until the returned
+	// function is called.
+	AddInitializer(name string) func()
+}
+
+// Module is the agent's kvstore side; nil without a kvstore.
+type Module struct {
+	cfg        Config
+	log        *slog.Logger
+	root       cell.RootLogger
+	identities identity.Allocator
+	eps        Endpoints
+	nodeIP     NodeIP  // nil: no node address to publish
+	ipcache    IPCache // nil without the datapath
+	// ipcacheListed marks the kvstore's initial listing done in the
+	// ipcache table (nil without the datapath).
+	ipcacheListed func()
+
+	embedded *kvstore.Embedded
+	client   *kvstore.Client
+	ipStore  *kvstore.SharedStore
+	// allocCancel ends the identity allocator's watch, which runs during
+	// the start step already (the step waits for its sync); allocDone
+	// joins it.
+	allocCancel context.CancelFunc
+	allocDone   chan struct{}
+
+	// ipPub holds this node's endpoint addresses to publish (a table);
+	// its reconciler writes them to ipStore. renewals are the client's
+	// new sessions, after which every key is written again.
+	ipPub       *kvpublisher.Publisher
+	renewals    <-chan struct{}
+	unsubscribe func()
+	// addrOwners is which endpoint last published each address.
+	addrMu     sync.Mutex
+	addrOwners map[netip.Addr]uint16
+}
+
+// Params are the cell's dependencies.
+type Params struct {
+	cell.In
+
+	Config     Config
+	Log        *slog.Logger
+	Root       cell.RootLogger
+	Lifecycle  cell.Lifecycle
+	Steps      *lifecycle.Steps
+	Jobs       job.Registry
+	Health     *health.Registry
+	Identities identity.Allocator
+	Endpoints  Endpoints
+	NodeIP     NodeIP  `optional:"true"`
+	IPCache    IPCache `optional:"true"`
+	DB         *statedb.DB
+	Inspector  *dbinspect.Inspector
+	ModuleID   cell.FullModuleID
+}
+
+// New builds the module and registers its step and jobs; nil without a
+// kvstore.
+func New(p Params) (*Module, error) {
+	if !p.Config.Enabled() {
+		return nil, nil
+	}
+	m := &Module{cfg: p.Config, log: p.Log, root: p.Root, identities: p.Identities, eps: p.Endpoints, nodeIP: p.NodeIP}
+	if p.IPCache != nil {
+		m.ipcache = p.IPCache
+		// The ipcache prunes the BPF map only once the other nodes'
+		// addresses in the kvstore are listed (onIPEvent).
+		m.ipcacheListed = p.IPCache.AddInitializer("kvstore")
+	}
+	p.Steps.Append(p.Lifecycle, "kvstore", m.start, m.stop)
+	// The publisher's reconciler and the republisher are jobs after the
+	// step, which joins the shared store they write to.
+	jobs := p.Jobs.NewGroup(p.Health.Scope("kvstore"), job.WithLogger(p.Log))
+	pub, err := kvpublisher.New(kvpublisher.Params{DB: p.DB, Jobs: jobs, Log: logFor(p.Root, "kvstore-publisher"),
+		ModuleID: p.ModuleID, Store: ipStoreRef{m}, Owned: m.ownAddress})
+	if err != nil {
+		return nil, err
+	}
+	m.ipPub = pub
+	p.Inspector.AddReconciled(kvpublisher.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
+		return dbinspect.CountStatus(pub.Table().All(txn), func(k *kvpublisher.Key) reconciler.Status { return k.Reconciliation })
+	})
+	jobs.Add(job.OneShot("address-republisher", func(ctx context.Context, _ cell.Health) error {
+		defer m.unsubscribe()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-m.renewals:
+				pub.Republish()
+			}
+		}
+	}))
+	return m, nil
+}
+
+// logFor is the logger of a named part of the cell (the agent's loggers
+// carry a "module" field).
+func logFor(root cell.RootLogger, module string) *slog.Logger {
+	return (*slog.Logger)(root).With("module", module)
+}
+
+// Publisher is the address publisher (its table and status).
+func (m *Module) Publisher() *kvpublisher.Publisher { return m.ipPub }
+
+// Modes.
+const (
+	ModeNone     = ""
+	ModeEtcd     = "etcd"
+	ModeEmbedded = "embedded"
+)
+
+func (m *Module) start(ctx context.Context) error {
+	cfg := m.cfg.KVStore
+	if m.cfg.Mode == ModeEmbedded {
+		dir := filepath.Join(m.cfg.StateDir, "etcd")
+		e, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: dir,
+			ClientURL: "unix://" + filepath.Join(m.cfg.StateDir, "etcd.sock")}, logFor(m.root, "embedded-etcd"))
+		if err != nil {
+			return fmt.Errorf("embedded etcd: %w", err)
+		}
+		m.embedded = e
+		cfg.Endpoints = e.Endpoints()
+	}
+	c, err := kvstore.Connect(ctx, cfg, m.log)
+	if err != nil {
+		return fmt.Errorf("kvstore %v: %w", cfg.Endpoints, err)
+	}
+	m.client = c
+	if alloc, ok := m.identities.(*kvalloc.Allocator); ok {
+		alloc.SetClient(c)
+		runCtx, cancel := context.WithCancel(context.Background())
+		m.allocCancel, m.allocDone = cancel, make(chan struct{})
+		go func() {
+			defer close(m.allocDone)
+			alloc.Run(runCtx)
+		}()
+		wctx, wcancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+		defer wcancel()
+		if err := alloc.WaitSynced(wctx); err != nil {
+			return err
+		}
+	}
+	return m.startIPSync()
+}
+
+func (m *Module) stop(ctx context.Context) error {
+	if m.allocCancel != nil {
+		m.allocCancel()
+	}
+	var err error
+	if m.ipStore != nil {
+		err = m.ipStore.Close(ctx)
+	}
+	if m.client != nil {
+		if cerr := m.client.Close(ctx); err == nil {
+			err = cerr
+		}
+	}
+	if m.allocDone != nil {
+		<-m.allocDone
+	}
+	if m.embedded != nil {
+		stopCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		if serr := m.embedded.Stop(stopCtx); err == nil {
+			err = serr
+		}
+	}
+	return err
+}
+
+func (m *Module) StatusSection() ext.Section {
+	s := ext.Section{Title: "KVStore"}
+	if m.client == nil {
+		s.Lines = append(s.Lines, ext.Line{Key: "State", Value: "not connected"})
+		return s
+	}
+	st := m.client.Status()
+	s.Lines = append(s.Lines,
+		ext.Line{Key: "State", Value: fmt.Sprintf("%s since %s", st.State, st.Since.Format(time.RFC3339))},
+		ext.Line{Key: "Endpoint", Value: st.Endpoint},
+		ext.Line{Key: "Message", Value: st.Message})
+	if m.embedded != nil {
+		s.Lines = append(s.Lines, ext.Line{Key: "Mode", Value: "embedded etcd under the state directory"})
+	}
+	s.Lines = append(s.Lines, ext.Line{Key: "Identity allocation", Value: m.cfg.IdentityAllocationMode})
+	if m.ipPub != nil {
+		s.Lines = append(s.Lines, ext.Line{Key: "Endpoint addresses", Value: publisherStatus(m.ipPub.Status(), time.Now())})
+	}
+	return s
+}
+
+// Model is the kvstore line of the v1 status.
+func (m *Module) Model() *models.Status {
+	if m.client == nil {
+		return &models.Status{State: models.StatusStateWarning, Msg: "not connected yet"}
+	}
+	st := m.client.Status()
+	state := models.StatusStateOk
+	if st.State != kvstore.StateConnected {
+		state = models.StatusStateFailure
+	}
+	return &models.Status{State: state, Msg: fmt.Sprintf("etcd %s: %s", st.Endpoint, st.Message)}
+}
+
+// publisherStatus is the status line of the address publisher: how many
+// keys, how many not yet written, and the last write error.
+func publisherStatus(st kvpublisher.Status, now time.Time) string {
+	v := fmt.Sprintf("%d addresses, %d writes pending", st.Keys, st.Pending)
+	if st.LastError != nil {
+		v += fmt.Sprintf("; last error %s ago: %v", now.Sub(st.LastErrorAt).Round(time.Second), st.LastError)
+	}
+	return v
+}
