@@ -227,9 +227,18 @@ func TestLeaseExpiryReleasesReferences(t *testing.T) {
 // TestMalformedValueSkipped: a master key whose value or name does not
 // parse is skipped; the watch goes on and later identities arrive.
 func TestMalformedValueSkipped(t *testing.T) {
-	a, _ := startAllocator(t, "watcher")
 	c := connect(t)
 	ctx := context.Background()
+	// The package's tests share one etcd and allocate at random in the
+	// cluster range: an earlier test's identity 4000 or 4001, listed by
+	// the allocator below before the keys are overwritten, would keep its
+	// good value (a malformed update is skipped, not a delete).
+	for _, id := range []string{"12", "4000", "4001"} {
+		if err := c.Delete(ctx, IDPrefix+id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, _ := startAllocator(t, "watcher")
 	for _, kv := range [][2]string{{IDPrefix + "not-a-number", "k8s:app=x"}, {IDPrefix + "12", "k8s:app=reserved-range"}, {IDPrefix + "4000", ""}} {
 		if err := c.Update(ctx, kv[0], []byte(kv[1]), kvstore.NoLease); err != nil {
 			t.Fatal(err)
