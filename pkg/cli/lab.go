@@ -423,13 +423,14 @@ func newLabWorkloadCommand() *cobra.Command {
 	var podName, tcp, udp string
 	var readyFD int
 	var reportPeer bool
+	var address string
 	cmd := &cobra.Command{
 		Use:    "workload --pod-name NAME --tcp PORTS --udp PORTS",
 		Short:  "A lab pod's server: answers every TCP connection and UDP datagram with the pod's name",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s := &workload.Server{Name: podName, ReportPeer: reportPeer, Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))}
+			s := &workload.Server{Name: podName, ReportPeer: reportPeer, Address: address, Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))}
 			var err error
 			if s.TCPPorts, err = workload.ParsePorts(tcp); err != nil {
 				return fmt.Errorf("--tcp: %w", err)
@@ -453,6 +454,7 @@ func newLabWorkloadCommand() *cobra.Command {
 	cmd.Flags().StringVar(&tcp, "tcp", "", "TCP ports, comma-separated")
 	cmd.Flags().StringVar(&udp, "udp", "", "UDP ports, comma-separated")
 	cmd.Flags().IntVar(&readyFD, "ready-fd", 0, "File descriptor to write a line to once every port listens")
+	cmd.Flags().StringVar(&address, "address", "", "Listen on this address only (default: every address)")
 	cmd.Flags().BoolVar(&reportPeer, "report-peer", false, "Answer with the name and the source address and port the connection came from (the lab's world server)")
 	return cmd
 }

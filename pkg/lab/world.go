@@ -148,7 +148,7 @@ func addNodeDefaultRoute(n Node) error {
 func worldServerArgv(st *State) []string {
 	ports := workload.FormatPorts(WorldServerPorts)
 	return []string{"nsenter", "--net=" + NetnsPath(st.World.Netns), filepath.Join(st.BinDir, "tendril"), "lab", "workload",
-		"--pod-name", worldServerName, "--tcp", ports, "--udp", ports, "--report-peer"}
+		"--pod-name", worldServerName, "--tcp", ports, "--udp", ports, "--report-peer", "--address", st.World.ServerIP}
 }
 
 // startWorldServer starts the world's server and waits until it answers

@@ -34,7 +34,13 @@ type Server struct {
 	// 172.30.0.11:61001"): the lab's world server says which source a
 	// connection came from (a masqueraded pod's node, or the pod).
 	ReportPeer bool
-	Log        *slog.Logger
+	// Address is the address to listen on ("": every address). A UDP
+	// answer leaves from the listening address, so a server with several
+	// addresses (the lab's world) binds the one it is reached at: the
+	// answer must come from where the datagram went, or a NAT on the way
+	// back cannot match it.
+	Address string
+	Log     *slog.Logger
 }
 
 // answer is what a peer gets.
@@ -59,7 +65,7 @@ func (s *Server) Serve(ctx context.Context, ready func()) error {
 		}
 	}
 	for _, p := range s.TCPPorts {
-		l, err := net.Listen("tcp", ":"+strconv.Itoa(p))
+		l, err := net.Listen("tcp", net.JoinHostPort(s.Address, strconv.Itoa(p)))
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("listen on tcp/%d: %w", p, err)
@@ -67,7 +73,7 @@ func (s *Server) Serve(ctx context.Context, ready func()) error {
 		lns = append(lns, l)
 	}
 	for _, p := range s.UDPPorts {
-		pc, err := net.ListenPacket("udp", ":"+strconv.Itoa(p))
+		pc, err := net.ListenPacket("udp", net.JoinHostPort(s.Address, strconv.Itoa(p)))
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("listen on udp/%d: %w", p, err)
