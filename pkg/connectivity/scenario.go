@@ -36,10 +36,10 @@ type Config struct {
 	// World is a server outside the cluster (IP) answering on TCP 80 and
 	// UDP 81 with "<name> from <source address>:<port>" (the lab's world
 	// server); empty skips the masquerade checks.
-	World string
-	Keep  bool
-	Settle     time.Duration
-	ReadyWait  time.Duration
+	World     string
+	Keep      bool
+	Settle    time.Duration
+	ReadyWait time.Duration
 }
 
 // DefaultConfig returns the defaults.
