@@ -18,10 +18,12 @@
  * is found by a socket lookup before a port is taken. */
 volatile const __u16 MASQ_PORT_MIN = 61000;
 volatile const __u16 MASQ_PORT_MAX = 65535;
-/* Ports tried for a new mapping: from a random one in the range, the next
- * ones in turn. A range no larger than this is searched whole, so its
- * exhaustion is exact; in a larger one, this many taken ports in a row
- * fail the flow (the range is nearly full then). */
+/* Ports tried for a new mapping. A range no larger than this is searched
+ * whole (from a random port, the next ones in turn), so its exhaustion is
+ * exact; in a larger one each try is a random port (no clustering, as the
+ * next-port probing would make), and a flow fails only when every try
+ * hits a taken port: with a fraction f of the range taken, f^64 (3e-4 at
+ * 88%, 4% at 95%). */
 #define MASQ_PROBES 64
 /* A mapping whose flow has no conntrack entry is free for the taking once
  * it is this old (its flow's first packet made both). */
@@ -85,10 +87,34 @@ struct masq_alloc {
 	__u8 pad[6];
 };
 
-/* masq_alloc4 finds a free port for the pod's tuple a->fwd and claims it:
- * the reverse entry is inserted only where none exists (BPF_NOEXIST:
- * two CPUs never get the same port), then the forward one. A port whose
- * mapping's flow is gone (no live conntrack entry) is taken over; a port
+/* masq_claim makes the mapping of a->fwd through port: the reverse entry
+ * is inserted only where none exists (BPF_NOEXIST: two CPUs never get the
+ * same port), then the forward one. Returns 0, 1 when the port was taken
+ * meanwhile, or minus a drop reason. */
+static __always_inline int masq_claim(struct masq_alloc *a, struct nat4_key *rev, const struct nat4_entry *back,
+				      struct nat4_entry *out, __be16 port)
+{
+	rev->port_l = port;
+	long err = bpf_map_update_elem(&tdr_nat4_v1, rev, back, BPF_NOEXIST);
+	if (err == -17) /* EEXIST */
+		return 1;
+	if (err)
+		return -REASON_MASQ_TABLE_FULL;
+	out->port = port;
+	if (bpf_map_update_elem(&tdr_nat4_v1, &a->fwd, out, BPF_ANY)) {
+		bpf_map_delete_elem(&tdr_nat4_v1, rev);
+		return -REASON_MASQ_TABLE_FULL;
+	}
+	a->port = port;
+	return 0;
+}
+
+/* masq_alloc4 finds a port for the pod's tuple a->fwd and claims it. A
+ * port never used (or whose mapping the GC removed) is preferred; only
+ * when the tries find none is a port whose mapping's flow is gone (no
+ * live conntrack entry) taken over: the remote end may still hold the
+ * last connection through that port in TIME_WAIT (60 s on Linux), and a
+ * new SYN meeting it can be refused (PAWS) and must be sent again. A port
  * a host socket would answer on is skipped. Returns 0, or minus a drop
  * reason. A global function: verified once, on its own. */
 __attribute__((noinline)) int masq_alloc4(struct __sk_buff *skb, struct masq_alloc *a)
@@ -102,6 +128,8 @@ __attribute__((noinline)) int masq_alloc4(struct __sk_buff *skb, struct masq_all
 	__u32 off = bpf_get_prandom_u32() % size;
 	struct nat4_key rev = {};
 	struct nat4_entry back = {}, out = {};
+	__be16 reuse = 0, reuse_pod_port = 0;
+	__u8 reuse_pod[4] = {};
 
 	__builtin_memcpy(rev.addr_l, a->node, 4);
 	__builtin_memcpy(rev.addr_r, a->fwd.addr_r, 4);
@@ -115,42 +143,46 @@ __attribute__((noinline)) int masq_alloc4(struct __sk_buff *skb, struct masq_all
 	out.created = a->now;
 
 	for (__u32 i = 0; i < MASQ_PROBES && i < size; i++) {
-		__be16 port = bpf_htons((__u16)(min + (off + i) % size));
+		__u32 pick = size <= MASQ_PROBES ? (off + i) % size : bpf_get_prandom_u32() % size;
+		__be16 port = bpf_htons((__u16)(min + pick));
 		rev.port_l = port;
 		struct nat4_entry *cur = bpf_map_lookup_elem(&tdr_nat4_v1, &rev);
 		if (cur) {
-			/* Taken: free only when its flow is gone. */
-			if (cur->created + MASQ_MIN_AGE > a->now ||
-			    masq_ct_alive(rev.proto, cur->addr, cur->port, rev.addr_r, rev.port_r, a->now))
-				continue;
-			struct nat4_key old = {};
-			__builtin_memcpy(old.addr_l, cur->addr, 4);
-			__builtin_memcpy(old.addr_r, rev.addr_r, 4);
-			old.port_l = cur->port;
-			old.port_r = rev.port_r;
-			old.proto = rev.proto;
-			old.dir = NAT_DIR_EGRESS;
-			/* Only the CPU whose delete succeeds may reuse it. */
-			if (bpf_map_delete_elem(&tdr_nat4_v1, &rev))
-				continue;
-			bpf_map_delete_elem(&tdr_nat4_v1, &old);
+			/* Taken; remember the first whose flow is gone. */
+			if (!reuse && cur->created + MASQ_MIN_AGE <= a->now &&
+			    !masq_ct_alive(rev.proto, cur->addr, cur->port, rev.addr_r, rev.port_r, a->now)) {
+				reuse = port;
+				__builtin_memcpy(reuse_pod, cur->addr, 4);
+				reuse_pod_port = cur->port;
+			}
+			continue;
 		}
 		if (masq_host_socket(skb, rev.proto, a->node, port, rev.addr_r, rev.port_r))
 			continue;
-		long err = bpf_map_update_elem(&tdr_nat4_v1, &rev, &back, BPF_NOEXIST);
-		if (err == -17) /* EEXIST: another CPU took it meanwhile */
-			continue;
-		if (err)
-			return -REASON_MASQ_TABLE_FULL;
-		out.port = port;
-		if (bpf_map_update_elem(&tdr_nat4_v1, &a->fwd, &out, BPF_ANY)) {
-			bpf_map_delete_elem(&tdr_nat4_v1, &rev);
-			return -REASON_MASQ_TABLE_FULL;
-		}
-		a->port = port;
-		return 0;
+		int r = masq_claim(a, &rev, &back, &out, port);
+		if (r <= 0)
+			return r;
 	}
-	return -REASON_MASQ_NO_PORT;
+	if (!reuse || masq_host_socket(skb, rev.proto, a->node, reuse, rev.addr_r, rev.port_r))
+		return -REASON_MASQ_NO_PORT;
+	/* Take the dead mapping over: only the CPU whose delete of its
+	 * reverse entry succeeds may, and its forward entry goes too. */
+	rev.port_l = reuse;
+	if (bpf_map_delete_elem(&tdr_nat4_v1, &rev))
+		return -REASON_MASQ_NO_PORT;
+	struct nat4_key old = {};
+	__builtin_memcpy(old.addr_l, reuse_pod, 4);
+	__builtin_memcpy(old.addr_r, rev.addr_r, 4);
+	old.port_l = reuse_pod_port;
+	old.port_r = rev.port_r;
+	old.proto = rev.proto;
+	old.dir = NAT_DIR_EGRESS;
+	/* Unless the pod's tuple got a mapping of its own since. */
+	struct nat4_entry *was = bpf_map_lookup_elem(&tdr_nat4_v1, &old);
+	if (was && was->port == reuse && u32_at(was->addr) == u32_at(a->node))
+		bpf_map_delete_elem(&tdr_nat4_v1, &old);
+	int r = masq_claim(a, &rev, &back, &out, reuse);
+	return r == 1 ? -REASON_MASQ_NO_PORT : r;
 }
 
 /* masq_rewrite sets the packet's source (egress) or destination (ingress)

@@ -44,14 +44,14 @@ const (
 )
 
 type masqNode struct {
-	t      *testing.T
+	t      testing.TB
 	l      *loader.Loader
 	h      *Programs
 	podIf  int
 	uplink int
 }
 
-func newMasqNode(t *testing.T, portMin, portMax uint16) *masqNode {
+func newMasqNode(t testing.TB, portMin, portMax uint16) *masqNode {
 	testutil.Privileged(t)
 	runtime.LockOSThread()
 	orig, err := netns.Get()
@@ -467,5 +467,39 @@ func TestPrivilegedMasqueradePorts(t *testing.T) {
 	res, _ = n.l.Maps().NAT.NATMap().CollectNAT(n.l.Maps().CTMap(), maps.MonotonicNow())
 	if res.Deleted != 0 {
 		t.Fatalf("GC deleted %d mappings of live flows", res.Deleted)
+	}
+}
+
+// TestPrivilegedMasqueradePrefersFreshPorts: a port whose mapping's flow
+// ended is taken over only when no unused port is found (the remote end
+// may still hold the old connection in TIME_WAIT): with a range of two
+// ports, one held by a dead mapping, a new flow gets the unused one, the
+// next takes the dead one over.
+func TestPrivilegedMasqueradePrefersFreshPorts(t *testing.T) {
+	n := newMasqNode(t, 63000, 63001)
+	dead := maps.NATMapping{Proto: protoTCP, Pod: netip.MustParseAddr("10.244.0.9"), PodPort: 45000, Remote: world, RemotePort: 80,
+		Node: node, NodePort: 63000, Created: maps.MonotonicNow() - 5e9}
+	if err := n.l.Maps().NAT.NATMap().Upsert(dead); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []uint16{63001, 63000} {
+		f := frame(pod, world, protoTCP, uint16(42000+i), 80, 0)
+		n.fromPod(f)
+		ret, out := n.egress(f)
+		if ret != 0 {
+			t.Fatalf("flow %d: verdict %d", i, ret)
+		}
+		if src, _ := tuple(out); src.Port() != want {
+			t.Fatalf("flow %d got port %d, want %d", i, src.Port(), want)
+		}
+	}
+	list, _ := n.l.Maps().NAT.NATMap().List()
+	if len(list) != 2 {
+		t.Fatalf("%d mappings, want the two new ones: %+v", len(list), list)
+	}
+	for _, m := range list {
+		if m.Pod != pod || m.Orphan {
+			t.Fatalf("mapping %+v: the dead one (or half of it) is left", m)
+		}
 	}
 }
