@@ -109,14 +109,62 @@ static __always_inline int masq_claim(struct masq_alloc *a, struct nat4_key *rev
 	return 0;
 }
 
+/* The state of masq_alloc4's tries (bpf_loop's callback context). */
+struct masq_tries {
+	struct __sk_buff *skb;
+	struct masq_alloc *a;
+	struct nat4_key rev;
+	struct nat4_entry back;
+	struct nat4_entry out;
+	__u32 min, size, off;
+	/* 1 while trying; then 0 (claimed) or minus a drop reason. */
+	int result;
+	__be16 reuse, reuse_pod_port;
+	__u8 reuse_pod[4];
+};
+
+/* masq_try is one try of masq_alloc4: returns 1 to stop (t->result says
+ * how), 0 to try again. */
+static long masq_try(__u32 i, void *data)
+{
+	struct masq_tries *t = data;
+	struct masq_alloc *a = t->a;
+	__u32 size = t->size;
+
+	if (!a || size == 0)
+		return 1;
+	__u32 pick = size <= MASQ_PROBES ? (t->off + i) % size : bpf_get_prandom_u32() % size;
+	__be16 port = bpf_htons((__u16)(t->min + pick));
+	t->rev.port_l = port;
+	struct nat4_entry *cur = bpf_map_lookup_elem(&tdr_nat4_v1, &t->rev);
+	if (cur) {
+		/* Taken; remember the first whose flow is gone. */
+		if (!t->reuse && cur->created + MASQ_MIN_AGE <= a->now &&
+		    !masq_ct_alive(t->rev.proto, cur->addr, cur->port, t->rev.addr_r, t->rev.port_r, a->now)) {
+			t->reuse = port;
+			__builtin_memcpy(t->reuse_pod, cur->addr, 4);
+			t->reuse_pod_port = cur->port;
+		}
+		return 0;
+	}
+	if (masq_host_socket(t->skb, t->rev.proto, a->node, port, t->rev.addr_r, t->rev.port_r))
+		return 0;
+	int r = masq_claim(a, &t->rev, &t->back, &t->out, port);
+	if (r == 1)
+		return 0;
+	t->result = r;
+	return 1;
+}
+
 /* masq_alloc4 finds a port for the pod's tuple a->fwd and claims it. A
  * port never used (or whose mapping the GC removed) is preferred; only
  * when the tries find none is a port whose mapping's flow is gone (no
  * live conntrack entry) taken over: the remote end may still hold the
  * last connection through that port in TIME_WAIT (60 s on Linux), and a
  * new SYN meeting it can be refused (PAWS) and must be sent again. A port
- * a host socket would answer on is skipped. Returns 0, or minus a drop
- * reason. A global function: verified once, on its own. */
+ * a host socket would answer on is skipped. The tries run in bpf_loop, so
+ * the verifier checks one try, not MASQ_PROBES of them. Returns 0, or
+ * minus a drop reason. A global function: verified once, on its own. */
 __attribute__((noinline)) int masq_alloc4(struct __sk_buff *skb, struct masq_alloc *a)
 {
 	if (!skb || !a)
@@ -124,64 +172,43 @@ __attribute__((noinline)) int masq_alloc4(struct __sk_buff *skb, struct masq_all
 	__u32 min = MASQ_PORT_MIN, max = MASQ_PORT_MAX;
 	if (max < min)
 		return -REASON_MASQ_NO_PORT;
-	__u32 size = max - min + 1;
-	__u32 off = bpf_get_prandom_u32() % size;
-	struct nat4_key rev = {};
-	struct nat4_entry back = {}, out = {};
-	__be16 reuse = 0, reuse_pod_port = 0;
-	__u8 reuse_pod[4] = {};
+	struct masq_tries t = {.skb = skb, .a = a, .min = min, .size = max - min + 1, .result = 1};
 
-	__builtin_memcpy(rev.addr_l, a->node, 4);
-	__builtin_memcpy(rev.addr_r, a->fwd.addr_r, 4);
-	rev.port_r = a->fwd.port_r;
-	rev.proto = a->fwd.proto;
-	rev.dir = NAT_DIR_INGRESS;
-	__builtin_memcpy(back.addr, a->fwd.addr_l, 4);
-	back.port = a->fwd.port_l;
-	back.created = a->now;
-	__builtin_memcpy(out.addr, a->node, 4);
-	out.created = a->now;
+	t.off = bpf_get_prandom_u32() % t.size;
+	__builtin_memcpy(t.rev.addr_l, a->node, 4);
+	__builtin_memcpy(t.rev.addr_r, a->fwd.addr_r, 4);
+	t.rev.port_r = a->fwd.port_r;
+	t.rev.proto = a->fwd.proto;
+	t.rev.dir = NAT_DIR_INGRESS;
+	__builtin_memcpy(t.back.addr, a->fwd.addr_l, 4);
+	t.back.port = a->fwd.port_l;
+	t.back.created = a->now;
+	__builtin_memcpy(t.out.addr, a->node, 4);
+	t.out.created = a->now;
 
-	for (__u32 i = 0; i < MASQ_PROBES && i < size; i++) {
-		__u32 pick = size <= MASQ_PROBES ? (off + i) % size : bpf_get_prandom_u32() % size;
-		__be16 port = bpf_htons((__u16)(min + pick));
-		rev.port_l = port;
-		struct nat4_entry *cur = bpf_map_lookup_elem(&tdr_nat4_v1, &rev);
-		if (cur) {
-			/* Taken; remember the first whose flow is gone. */
-			if (!reuse && cur->created + MASQ_MIN_AGE <= a->now &&
-			    !masq_ct_alive(rev.proto, cur->addr, cur->port, rev.addr_r, rev.port_r, a->now)) {
-				reuse = port;
-				__builtin_memcpy(reuse_pod, cur->addr, 4);
-				reuse_pod_port = cur->port;
-			}
-			continue;
-		}
-		if (masq_host_socket(skb, rev.proto, a->node, port, rev.addr_r, rev.port_r))
-			continue;
-		int r = masq_claim(a, &rev, &back, &out, port);
-		if (r <= 0)
-			return r;
-	}
-	if (!reuse || masq_host_socket(skb, rev.proto, a->node, reuse, rev.addr_r, rev.port_r))
+	bpf_loop(t.size < MASQ_PROBES ? t.size : MASQ_PROBES, masq_try, &t, 0);
+	if (t.result <= 0)
+		return t.result;
+	__be16 reuse = t.reuse;
+	if (!reuse || masq_host_socket(skb, t.rev.proto, a->node, reuse, t.rev.addr_r, t.rev.port_r))
 		return -REASON_MASQ_NO_PORT;
 	/* Take the dead mapping over: only the CPU whose delete of its
 	 * reverse entry succeeds may, and its forward entry goes too. */
-	rev.port_l = reuse;
-	if (bpf_map_delete_elem(&tdr_nat4_v1, &rev))
+	t.rev.port_l = reuse;
+	if (bpf_map_delete_elem(&tdr_nat4_v1, &t.rev))
 		return -REASON_MASQ_NO_PORT;
 	struct nat4_key old = {};
-	__builtin_memcpy(old.addr_l, reuse_pod, 4);
-	__builtin_memcpy(old.addr_r, rev.addr_r, 4);
-	old.port_l = reuse_pod_port;
-	old.port_r = rev.port_r;
-	old.proto = rev.proto;
+	__builtin_memcpy(old.addr_l, t.reuse_pod, 4);
+	__builtin_memcpy(old.addr_r, t.rev.addr_r, 4);
+	old.port_l = t.reuse_pod_port;
+	old.port_r = t.rev.port_r;
+	old.proto = t.rev.proto;
 	old.dir = NAT_DIR_EGRESS;
 	/* Unless the pod's tuple got a mapping of its own since. */
 	struct nat4_entry *was = bpf_map_lookup_elem(&tdr_nat4_v1, &old);
 	if (was && was->port == reuse && u32_at(was->addr) == u32_at(a->node))
 		bpf_map_delete_elem(&tdr_nat4_v1, &old);
-	int r = masq_claim(a, &rev, &back, &out, reuse);
+	int r = masq_claim(a, &t.rev, &t.back, &t.out, reuse);
 	return r == 1 ? -REASON_MASQ_NO_PORT : r;
 }
 

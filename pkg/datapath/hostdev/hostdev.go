@@ -97,18 +97,36 @@ func Load(opts Options, log *slog.Logger) (*Programs, error) {
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
-	var objs struct {
-		ToNetdev   *ebpf.Program `ebpf:"to_netdev"`
-		FromNetdev *ebpf.Program `ebpf:"from_netdev"`
-	}
+	// Each program from its own copy of the spec, side by side: the
+	// kernel verifies a program in the thread that loads it, and the
+	// verification is most of the load (as the pod programs, see
+	// loader.loadObjects). The maps are the pod programs' (replacements).
 	copts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.BPFRoot}, MapReplacements: opts.Maps}
-	if err := spec.LoadAndAssign(&objs, copts); err != nil {
+	var to struct {
+		P *ebpf.Program `ebpf:"to_netdev"`
+	}
+	var from struct {
+		P *ebpf.Program `ebpf:"from_netdev"`
+	}
+	var wg sync.WaitGroup
+	var toErr, fromErr error
+	wg.Add(2)
+	go func() { defer wg.Done(); toErr = spec.Copy().LoadAndAssign(&to, copts) }()
+	go func() { defer wg.Done(); fromErr = spec.Copy().LoadAndAssign(&from, copts) }()
+	wg.Wait()
+	if err := errors.Join(toErr, fromErr); err != nil {
+		for _, p := range []*ebpf.Program{to.P, from.P} {
+			if p != nil {
+				p.Close()
+			}
+		}
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
 			return nil, fmt.Errorf("load host device programs: %w\n%+v", err, verr)
 		}
 		return nil, fmt.Errorf("load host device programs: %w", err)
 	}
+	objs := struct{ ToNetdev, FromNetdev *ebpf.Program }{to.P, from.P}
 	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		objs.ToNetdev.Close()
