@@ -226,8 +226,14 @@ func (m *Masquerade) WatchPeers(ctx context.Context) {
 		txn := m.db.ReadTxn()
 		meta := m.db.GetTable(txn, nodemanager.NodesTableName)
 		if meta == nil {
-			// No nodes table (no Kubernetes): nothing to watch.
-			return
+			// No nodes table (yet: a module registers it; or never,
+			// without Kubernetes): look again in a while.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			continue
 		}
 		objs, watch := statedb.AnyTable{Meta: meta}.AllWatch(txn)
 		var cidrs []netip.Prefix
