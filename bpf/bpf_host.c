@@ -10,7 +10,9 @@
  * range (nat.h); its tuple's mapping is kept in tdr_nat4_v1 both ways.
  * from_netdev (ingress): a reply to a masqueraded flow gets the pod's
  * address and port back as its destination; the host then routes it to
- * the pod, whose to_pod sees it as the reply of the pod's flow.
+ * the pod, whose to_pod sees it as the reply of the pod's flow. An ICMP
+ * error about a masqueraded flow is translated back the same way (its
+ * outer destination and the packet it quotes).
  *
  * Everything else passes untouched: the host's own traffic, pods' traffic
  * within the cluster, and, for now, IPv6 (docs/datapath.md). */
@@ -76,7 +78,17 @@ int from_netdev(struct __sk_buff *skb)
 {
 	struct pkt p = {};
 
-	if (parse(skb, &p) || p.family != FAMILY_V4 || p.arp || !masq_l4(&p))
+	if (parse(skb, &p) || p.family != FAMILY_V4 || p.arp)
+		return TC_ACT_OK;
+	if (p.icmp_error && p.proto == IPPROTO_ICMP_ && !p.nonfirst_frag) {
+		int r = masq_rev_icmp_error(skb, &p);
+		if (r < 0)
+			return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, &p, 0, 0, 0);
+		if (r == 0)
+			count(REASON_MASQ_REPLY, DIR_INGRESS, p.len);
+		return TC_ACT_OK;
+	}
+	if (!masq_l4(&p))
 		return TC_ACT_OK;
 	struct nat4_key k = {};
 	__builtin_memcpy(k.addr_l, p.daddr, 4);

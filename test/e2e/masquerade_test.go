@@ -41,7 +41,8 @@ var worldAnswer = regexp.MustCompile(`answered "world from ([0-9.]+):([0-9]+)"`)
 // TestPrivilegedLabMasquerade: from a pod on each node, TCP, UDP and ICMP
 // echo reach the world (which has no route to the pod CIDRs) and the world
 // server sees the node's address and a port of the masquerade range; the
-// world cannot reach a pod address; the node's NAT table (read from its
+// world's ICMP error for a closed UDP port reaches the pod; the world
+// cannot reach a pod address; the node's NAT table (read from its
 // pins) and `tendril status` show the masquerade.
 func TestPrivilegedLabMasquerade(t *testing.T) {
 	e := labUp(t)
@@ -70,6 +71,11 @@ func TestPrivilegedLabMasquerade(t *testing.T) {
 		}
 		if code, out := tendril(t, "exec", ref, "--", "ping", "-c", "2", "-W", "2", w.ServerIP); code != 0 {
 			t.Fatalf("%s pings the world: exit %d: %s", ref, code, out)
+		}
+		// UDP to a closed port: the world's "port unreachable", sent to
+		// the node, reaches the pod's socket translated back.
+		if code, out := tendril(t, "probe", ref, w.ServerIP+":9999", "--udp", "--timeout", "2s"); code != 1 || !strings.Contains(out, "connection refused") {
+			t.Fatalf("%s to a closed UDP port of the world: exit %d, want the ICMP error as connection refused: %s", ref, code, out)
 		}
 		// No route back to a pod: the world is outside.
 		if code := probe(t, lab.WorldRef, pod.Status.PodIP+":80", false); code != 1 {

@@ -503,3 +503,60 @@ func TestPrivilegedMasqueradePrefersFreshPorts(t *testing.T) {
 		}
 	}
 }
+
+// icmpError builds an ICMP destination unreachable from src to dst quoting
+// the IP packet of frame q (its header and first 8 bytes of L4), with
+// every checksum right.
+func icmpError(src, dst netip.Addr, q []byte) []byte {
+	quoted := q[14 : 14+20+8]
+	icmp := append([]byte{3, 3, 0, 0, 0, 0, 0, 0}, quoted...)
+	binary.BigEndian.PutUint16(icmp[2:], ^sum16(0, icmp))
+	ip := make([]byte, 20)
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(icmp)))
+	ip[8] = 64
+	ip[9] = protoICMP
+	s, d := src.As4(), dst.As4()
+	copy(ip[12:], s[:])
+	copy(ip[16:], d[:])
+	binary.BigEndian.PutUint16(ip[10:], ^sum16(0, ip))
+	eth := make([]byte, 14)
+	binary.BigEndian.PutUint16(eth[12:], 0x0800)
+	return append(append(eth, ip...), icmp...)
+}
+
+// TestPrivilegedMasqueradeICMPErrors: an ICMP error about a masqueraded
+// flow (sent to the node, quoting the packet as it left) reaches the pod
+// quoting the pod's own tuple, every checksum right; an error about no
+// mapping passes untouched.
+func TestPrivilegedMasqueradeICMPErrors(t *testing.T) {
+	n := newMasqNode(t, 61000, 61999)
+	out := frame(pod, world, protoUDP, 40001, 53, 0)
+	n.fromPod(out)
+	_, left := n.egress(out)
+	src, _ := tuple(left)
+	router := netip.MustParseAddr("203.0.113.1")
+	ret, got := n.ingress(icmpError(router, node, left))
+	if ret != 0 {
+		t.Fatalf("verdict %d", ret)
+	}
+	if dst := netip.AddrFrom4([4]byte(got[30:34])); dst != pod {
+		t.Fatalf("error delivered to %s, want the pod %s", dst, pod)
+	}
+	inner := got[14+20+8:]
+	if s := netip.AddrFrom4([4]byte(inner[12:16])); s != pod || binary.BigEndian.Uint16(inner[20:]) != 40001 {
+		t.Fatalf("error quotes %s:%d, want %s:40001 (it left as %s)", s, binary.BigEndian.Uint16(inner[20:]), pod, src)
+	}
+	if sum16(0, got[14:34]) != 0xffff || sum16(0, inner[:20]) != 0xffff {
+		t.Fatal("outer or quoted IPv4 header checksum wrong")
+	}
+	if sum16(0, got[34:]) != 0xffff {
+		t.Fatal("ICMP checksum wrong")
+	}
+	// About a flow that has no mapping: untouched.
+	stray := frame(node, world, protoUDP, 61999, 53, 0)
+	e := icmpError(router, node, stray)
+	if ret, g := n.ingress(e); ret != 0 || string(g) != string(e) {
+		t.Fatalf("error about no mapping: verdict %d, changed %v", ret, string(g) != string(e))
+	}
+}
