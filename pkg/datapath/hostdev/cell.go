@@ -12,6 +12,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/metrics"
 )
 
 // Cell is the host device programs' part of the agent: it provides the
@@ -46,7 +47,8 @@ type cellParams struct {
 	Health    *health.Registry
 	DB        *statedb.DB
 	// Loader is nil without the datapath.
-	Loader *loader.Loader
+	Loader  *loader.Loader
+	Metrics *metrics.Server
 }
 
 // addressRefresh is how often the devices' addresses are read again.
@@ -60,6 +62,7 @@ func newCell(p cellParams) (*Masquerade, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.Metrics.Registry.MustRegister(newCollector(m))
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(ctx cell.HookContext) error { return m.Start(ctx) },
 		OnStop:  func(cell.HookContext) error { m.Stop(); return nil },
