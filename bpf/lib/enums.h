@@ -191,6 +191,7 @@
 /* Host device flags (hostdev_info.flags).
  * go:const HostDevFlag HOSTDEV_F_ uint8 */
 #define HOSTDEV_F_MASQ_V4 0x01 /* masquerade IPv4 pod traffic leaving here to ipv4 */
+#define HOSTDEV_F_MASQ_V6 0x02 /* masquerade IPv6 pod traffic leaving here to ipv6 */
 
 /* Load-balancing sizes: Maglev table entries per service (a prime: the
  * datapath's table size M; changing it is a layout change of

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Tendril datapath: masquerade (IPv4 source NAT of pod traffic leaving
- * the node through a host device, and the reverse translation of its
- * replies), over tdr_nat4_v1 (natmaps.h). Used by bpf_host.c. */
+/* Tendril datapath: masquerade (source NAT of pod traffic leaving the
+ * node through a host device, and the reverse translation of its
+ * replies), over tdr_nat4_v1 and tdr_nat6_v1 (natmaps.h). Used by
+ * bpf_host.c. */
 #ifndef TDR_NAT_H
 #define TDR_NAT_H
 
@@ -9,6 +10,7 @@
 #include "pkt.h"
 #include "endpoint.h"
 #include "ipcache.h"
+#include "conntrack.h"
 
 /* The source ports (ICMP echo identifiers) masqueraded flows get, set at
  * load time from --masquerade-port-range. The default stays above Linux's
@@ -305,13 +307,18 @@ static __always_inline int masq_rev_icmp_error(struct __sk_buff *skb, struct pkt
 }
 
 /* masq_l4 reports whether the packet is one masquerade translates: TCP,
- * UDP, or ICMP echo (request leaving, reply arriving); not a later
- * fragment (no ports) nor an ICMP error. */
+ * UDP, or ICMP(v6) echo (request leaving, reply arriving); not a later
+ * fragment (no ports), an ICMP error or neighbor discovery. */
 static __always_inline int masq_l4(const struct pkt *p)
 {
-	if (p->nonfirst_frag || p->icmp_error)
+	if (p->nonfirst_frag || p->icmp_error || p->ndp)
 		return 0;
-	return p->proto == IPPROTO_TCP_ || p->proto == IPPROTO_UDP_ || p->proto == IPPROTO_ICMP_;
+	if (p->proto == IPPROTO_TCP_ || p->proto == IPPROTO_UDP_)
+		return 1;
+	/* ICMP: echo requests and replies only (pport is the type). */
+	if (p->family == FAMILY_V4)
+		return p->proto == IPPROTO_ICMP_ && (p->pport == bpf_htons(8) || p->pport == bpf_htons(0));
+	return p->proto == IPPROTO_ICMPV6_ && (p->pport == bpf_htons(128) || p->pport == bpf_htons(129));
 }
 
 /* masq_needed reports whether a packet from a local endpoint to daddr
@@ -323,6 +330,247 @@ static __always_inline int masq_needed(const struct pkt *p)
 		return 0;
 	struct ipcache_key k = {.prefixlen = 32 + 32, .family = FAMILY_V4};
 	__builtin_memcpy(k.addr, p->daddr, 4);
+	return !bpf_map_lookup_elem(&tdr_nomasq_v1, &k);
+}
+
+/* IPv6: the same steps over tdr_nat6_v1. */
+
+static __always_inline int masq_ct_alive6(__u8 proto, const __u8 *pod, __be16 pport, const __u8 *remote, __be16 rport,
+					  __u64 now)
+{
+	struct ct6_key k = {};
+	int pod_a = !lower6(remote, rport, pod, pport);
+
+	k.proto = proto;
+	if (pod_a) {
+		__builtin_memcpy(k.addr_a, pod, 16);
+		__builtin_memcpy(k.addr_b, remote, 16);
+		k.port_a = pport, k.port_b = rport;
+	} else {
+		__builtin_memcpy(k.addr_a, remote, 16);
+		__builtin_memcpy(k.addr_b, pod, 16);
+		k.port_a = rport, k.port_b = pport;
+	}
+	struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct6_v1, &k);
+	return e && e->expires > now;
+}
+
+static __always_inline int masq_host_socket6(struct __sk_buff *skb, __u8 proto, const __u8 *node, __be16 port,
+					     const __u8 *remote, __be16 rport)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+
+	if (proto != IPPROTO_TCP_ && proto != IPPROTO_UDP_)
+		return 0;
+	__builtin_memcpy(t.ipv6.saddr, remote, 16);
+	__builtin_memcpy(t.ipv6.daddr, node, 16);
+	t.ipv6.sport = rport;
+	t.ipv6.dport = port;
+	if (proto == IPPROTO_TCP_)
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	else
+		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	bpf_sk_release(sk);
+	return 1;
+}
+
+struct masq_alloc6 {
+	struct nat6_key fwd;
+	__u8 node[16];
+	__u64 now;
+	__be16 port;
+	__u8 pad[6];
+};
+
+/* The IPv6 path's state lives in a per-CPU scratch entry, not on the
+ * stack: the parsed packet, the request and the tries' frames together
+ * would exceed the verifier's 512 bytes (the IPv4 path fits). A program
+ * runs to its end on its CPU without another program of this object
+ * between (tc runs with bottom halves off), so one entry per CPU holds. */
+struct masq_scratch6 {
+	struct masq_alloc6 a;
+	struct nat6_key rev;
+	struct nat6_key old;
+	struct nat6_entry v;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct masq_scratch6);
+	__uint(max_entries, 1);
+} tdr_masq_scratch6 SEC(".maps");
+
+static __always_inline struct masq_scratch6 *masq_scratch6(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&tdr_masq_scratch6, &zero);
+}
+
+/* masq_claim6 makes the mapping of s->a.fwd through port (masq_claim for
+ * IPv6). */
+static __always_inline int masq_claim6(struct masq_scratch6 *s, __be16 port)
+{
+	struct masq_alloc6 *a = &s->a;
+
+	__builtin_memcpy(s->v.addr, a->fwd.addr_l, 16);
+	s->v.port = a->fwd.port_l;
+	s->v.created = a->now;
+	s->rev.port_l = port;
+	long err = bpf_map_update_elem(&tdr_nat6_v1, &s->rev, &s->v, BPF_NOEXIST);
+	if (err == -17) /* EEXIST */
+		return 1;
+	if (err)
+		return -REASON_MASQ_TABLE_FULL;
+	__builtin_memcpy(s->v.addr, a->node, 16);
+	s->v.port = port;
+	if (bpf_map_update_elem(&tdr_nat6_v1, &a->fwd, &s->v, BPF_ANY)) {
+		bpf_map_delete_elem(&tdr_nat6_v1, &s->rev);
+		return -REASON_MASQ_TABLE_FULL;
+	}
+	a->port = port;
+	return 0;
+}
+
+struct masq_tries6 {
+	struct __sk_buff *skb;
+	struct masq_scratch6 *s;
+	__u32 min, size, off;
+	int result;
+	__be16 reuse;
+};
+
+static long masq_try6(__u32 i, void *data)
+{
+	struct masq_tries6 *t = data;
+	struct masq_scratch6 *s = t->s;
+	__u32 size = t->size;
+
+	if (!s || size == 0)
+		return 1;
+	__u32 pick = size <= MASQ_PROBES ? (t->off + i) % size : bpf_get_prandom_u32() % size;
+	__be16 port = bpf_htons((__u16)(t->min + pick));
+	s->rev.port_l = port;
+	struct nat6_entry *cur = bpf_map_lookup_elem(&tdr_nat6_v1, &s->rev);
+	if (cur) {
+		if (!t->reuse && cur->created + MASQ_MIN_AGE <= s->a.now &&
+		    !masq_ct_alive6(s->rev.proto, cur->addr, cur->port, s->rev.addr_r, s->rev.port_r, s->a.now))
+			t->reuse = port;
+		return 0;
+	}
+	if (masq_host_socket6(t->skb, s->rev.proto, s->a.node, port, s->rev.addr_r, s->rev.port_r))
+		return 0;
+	int r = masq_claim6(s, port);
+	if (r == 1)
+		return 0;
+	t->result = r;
+	return 1;
+}
+
+/* masq_alloc6 is masq_alloc4 for IPv6, over the CPU's scratch entry
+ * (s->a the request, s->a.port the result). A global function. */
+__attribute__((noinline)) int masq_alloc6(struct __sk_buff *skb)
+{
+	if (!skb)
+		return -REASON_MASQ_FAILED;
+	struct masq_scratch6 *s = masq_scratch6();
+	if (!s)
+		return -REASON_MASQ_FAILED;
+	__u32 min = MASQ_PORT_MIN, max = MASQ_PORT_MAX;
+	if (max < min)
+		return -REASON_MASQ_NO_PORT;
+	struct masq_tries6 t = {.skb = skb, .s = s, .min = min, .size = max - min + 1, .result = 1};
+
+	t.off = bpf_get_prandom_u32() % t.size;
+	__builtin_memset(&s->rev, 0, sizeof(s->rev));
+	__builtin_memcpy(s->rev.addr_l, s->a.node, 16);
+	__builtin_memcpy(s->rev.addr_r, s->a.fwd.addr_r, 16);
+	s->rev.port_r = s->a.fwd.port_r;
+	s->rev.proto = s->a.fwd.proto;
+	s->rev.dir = NAT_DIR_INGRESS;
+
+	bpf_loop(t.size < MASQ_PROBES ? t.size : MASQ_PROBES, masq_try6, &t, 0);
+	if (t.result <= 0)
+		return t.result;
+	__be16 reuse = t.reuse;
+	if (!reuse || masq_host_socket6(skb, s->rev.proto, s->a.node, reuse, s->rev.addr_r, s->rev.port_r))
+		return -REASON_MASQ_NO_PORT;
+	/* Take the dead mapping over (as masq_alloc4). */
+	s->rev.port_l = reuse;
+	struct nat6_entry *dead = bpf_map_lookup_elem(&tdr_nat6_v1, &s->rev);
+	if (!dead)
+		return -REASON_MASQ_NO_PORT;
+	__builtin_memset(&s->old, 0, sizeof(s->old));
+	__builtin_memcpy(s->old.addr_l, dead->addr, 16);
+	s->old.port_l = dead->port;
+	if (bpf_map_delete_elem(&tdr_nat6_v1, &s->rev))
+		return -REASON_MASQ_NO_PORT;
+	__builtin_memcpy(s->old.addr_r, s->rev.addr_r, 16);
+	s->old.port_r = s->rev.port_r;
+	s->old.proto = s->rev.proto;
+	s->old.dir = NAT_DIR_EGRESS;
+	/* Unless the pod's tuple got a mapping of its own since. */
+	struct nat6_entry *was = bpf_map_lookup_elem(&tdr_nat6_v1, &s->old);
+	if (was && was->port == reuse && u32_at(was->addr) == u32_at(s->a.node) &&
+	    u32_at(was->addr + 4) == u32_at(s->a.node + 4) && u32_at(was->addr + 8) == u32_at(s->a.node + 8) &&
+	    u32_at(was->addr + 12) == u32_at(s->a.node + 12))
+		bpf_map_delete_elem(&tdr_nat6_v1, &s->old);
+	int r = masq_claim6(s, reuse);
+	return r == 1 ? -REASON_MASQ_NO_PORT : r;
+}
+
+/* masq_rewrite6 is masq_rewrite for IPv6: no header checksum; the L4
+ * checksum (ICMPv6's too) covers a pseudo-header with the addresses. */
+static __always_inline int masq_rewrite6(struct __sk_buff *skb, const struct pkt *p, int ingress, const __u8 *addr,
+					 __be16 port)
+{
+	__u32 old[4], new[4];
+	__be16 old_port = ingress ? p->dport : p->sport;
+	__u32 csum_off, port_off;
+	__u64 l4_flags = 0;
+
+	if (p->proto == IPPROTO_TCP_) {
+		csum_off = p->l4_off + 16;
+		port_off = p->l4_off + (ingress ? 2 : 0);
+	} else if (p->proto == IPPROTO_UDP_) {
+		csum_off = p->l4_off + 6;
+		port_off = p->l4_off + (ingress ? 2 : 0);
+		l4_flags = BPF_F_MARK_MANGLED_0;
+	} else {
+		csum_off = p->l4_off + 2;
+		port_off = p->l4_off + 4;
+	}
+	__builtin_memcpy(old, ingress ? p->daddr : p->saddr, 16);
+	__builtin_memcpy(new, addr, 16);
+	__s64 diff = bpf_csum_diff(old, 16, new, 16, 0);
+	if (diff < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, csum_off, 0, diff, l4_flags | BPF_F_PSEUDO_HDR))
+		return -1;
+	if (bpf_skb_store_bytes(skb, ETH_HLEN + (ingress ? 24 : 8), new, 16, 0))
+		return -1;
+	if (old_port != port) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, l4_flags | 2))
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &port, 2, 0))
+			return -1;
+	}
+	return 0;
+}
+
+/* masq_needed6 is masq_needed for IPv6: a global function, so its keys
+ * are not on the stack while the port is claimed. */
+__attribute__((noinline)) int masq_needed6(const struct pkt *p)
+{
+	if (!p)
+		return 0;
+	if (in_cluster_peer(identity_of(FAMILY_V6, p->daddr)))
+		return 0;
+	struct ipcache_key k = {.prefixlen = 32 + 128, .family = FAMILY_V6};
+	__builtin_memcpy(k.addr, p->daddr, 16);
 	return !bpf_map_lookup_elem(&tdr_nomasq_v1, &k);
 }
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Tendril datapath: the masquerade maps (IPv4): the NAT table, the
+/* Tendril datapath: the masquerade maps: the NAT tables (IPv4, IPv6), the
  * destinations never masqueraded, and what the host programs know of
  * each device they run on. Included by maps.h, so every object declares
  * them and the loader keeps their pins (see docs/datapath.md, Masquerade). */
@@ -47,6 +47,33 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_nat4_v1 SEC(".maps");
 
+/* IPv6: the same, with IPv6 addresses. */
+struct nat6_key {
+	__u8 addr_l[16];
+	__u8 addr_r[16];
+	__be16 port_l;
+	__be16 port_r;
+	__u8 proto;
+	__u8 dir; /* NAT_DIR_* (enums.h) */
+	__u8 pad[2];
+};
+
+struct nat6_entry {
+	__u8 addr[16];
+	__be16 port;
+	__u8 pad[6];
+	__u64 created;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct nat6_key);
+	__type(value, struct nat6_entry);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_nat6_v1 SEC(".maps");
+
 /* Destinations pod traffic keeps its address to (ipcache_key layout,
  * value unused): the cluster's pod CIDRs and --non-masquerade-cidrs.
  * Pods' and nodes' own addresses need no entry: their identity says they
@@ -61,11 +88,12 @@ struct {
 } tdr_nomasq_v1 SEC(".maps");
 
 /* What the host programs know of a device they are attached to, by
- * ifindex: the address masqueraded traffic leaves with. */
+ * ifindex: the addresses masqueraded traffic leaves with. */
 struct hostdev_info {
 	__u8 flags; /* HOSTDEV_F_* (enums.h) */
 	__u8 pad[3];
 	__u8 ipv4[4];
+	__u8 ipv6[16];
 };
 
 struct {

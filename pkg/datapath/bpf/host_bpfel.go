@@ -61,6 +61,7 @@ type HostHostdevInfo struct {
 	Flags uint8
 	Pad   [3]uint8
 	Ipv4  [4]uint8
+	Ipv6  [16]uint8
 }
 
 type HostIpcacheInfo struct {
@@ -192,6 +193,21 @@ type HostLbSockRevnat struct {
 	RevNatId uint32
 }
 
+type HostMasqScratch6 struct {
+	_ structs.HostLayout
+	A struct {
+		_    structs.HostLayout
+		Fwd  HostNat6Key
+		Node [16]uint8
+		Now  uint64
+		Port uint16
+		Pad  [6]uint8
+	}
+	Rev HostNat6Key
+	Old HostNat6Key
+	V   HostNat6Entry
+}
+
 type HostMetricValue struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -210,6 +226,25 @@ type HostNat4Key struct {
 	_     structs.HostLayout
 	AddrL [4]uint8
 	AddrR [4]uint8
+	PortL uint16
+	PortR uint16
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
+type HostNat6Entry struct {
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Port    uint16
+	Pad     [6]uint8
+	Created uint64
+}
+
+type HostNat6Key struct {
+	_     structs.HostLayout
+	AddrL [16]uint8
+	AddrR [16]uint8
 	PortL uint16
 	PortR uint16
 	Proto uint8
@@ -249,8 +284,10 @@ const (
 	HostMapTdrLbRevnatV1         = "tdr_lb_revnat_v1"
 	HostMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	HostMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
+	HostMapTdrMasqScratch6       = "tdr_masq_scratch6"
 	HostMapTdrMetricsV2          = "tdr_metrics_v2"
 	HostMapTdrNat4V1             = "tdr_nat4_v1"
+	HostMapTdrNat6V1             = "tdr_nat6_v1"
 	HostMapTdrNomasqV1           = "tdr_nomasq_v1"
 	HostMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	HostMapTdrPolicyV2           = "tdr_policy_v2"
@@ -340,8 +377,10 @@ type HostMapSpecs struct {
 	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
+	TdrMasqScratch6   *ebpf.MapSpec `ebpf:"tdr_masq_scratch6"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
+	TdrNat6V1         *ebpf.MapSpec `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
@@ -405,8 +444,10 @@ type HostMaps struct {
 	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
+	TdrMasqScratch6   *ebpf.Map `ebpf:"tdr_masq_scratch6"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
+	TdrNat6V1         *ebpf.Map `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
@@ -437,8 +478,10 @@ func (m *HostMaps) Close() error {
 		m.TdrLbRevnatV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
+		m.TdrMasqScratch6,
 		m.TdrMetricsV2,
 		m.TdrNat4V1,
+		m.TdrNat6V1,
 		m.TdrNomasqV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,

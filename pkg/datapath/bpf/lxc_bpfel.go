@@ -85,6 +85,7 @@ type LxcHostdevInfo struct {
 	Flags uint8
 	Pad   [3]uint8
 	Ipv4  [4]uint8
+	Ipv6  [16]uint8
 }
 
 type LxcIpcacheInfo struct {
@@ -241,6 +242,25 @@ type LxcNat4Key struct {
 	Pad   [2]uint8
 }
 
+type LxcNat6Entry struct {
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Port    uint16
+	Pad     [6]uint8
+	Created uint64
+}
+
+type LxcNat6Key struct {
+	_     structs.HostLayout
+	AddrL [16]uint8
+	AddrR [16]uint8
+	PortL uint16
+	PortR uint16
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
 type LxcPolicyEntry struct {
 	_      structs.HostLayout
 	Deny   uint8
@@ -293,6 +313,7 @@ const (
 	LxcMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	LxcMapTdrMetricsV2          = "tdr_metrics_v2"
 	LxcMapTdrNat4V1             = "tdr_nat4_v1"
+	LxcMapTdrNat6V1             = "tdr_nat6_v1"
 	LxcMapTdrNomasqV1           = "tdr_nomasq_v1"
 	LxcMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	LxcMapTdrPolicyV2           = "tdr_policy_v2"
@@ -383,6 +404,7 @@ type LxcMapSpecs struct {
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
+	TdrNat6V1         *ebpf.MapSpec `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
@@ -447,6 +469,7 @@ type LxcMaps struct {
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
+	TdrNat6V1         *ebpf.Map `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
@@ -479,6 +502,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,
 		m.TdrNat4V1,
+		m.TdrNat6V1,
 		m.TdrNomasqV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,

@@ -61,6 +61,7 @@ type SockHostdevInfo struct {
 	Flags uint8
 	Pad   [3]uint8
 	Ipv4  [4]uint8
+	Ipv6  [16]uint8
 }
 
 type SockIpcacheInfo struct {
@@ -217,6 +218,25 @@ type SockNat4Key struct {
 	Pad   [2]uint8
 }
 
+type SockNat6Entry struct {
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Port    uint16
+	Pad     [6]uint8
+	Created uint64
+}
+
+type SockNat6Key struct {
+	_     structs.HostLayout
+	AddrL [16]uint8
+	AddrR [16]uint8
+	PortL uint16
+	PortR uint16
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
 type SockRatelimit struct {
 	_      structs.HostLayout
 	Last   uint64
@@ -251,6 +271,7 @@ const (
 	SockMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	SockMapTdrMetricsV2          = "tdr_metrics_v2"
 	SockMapTdrNat4V1             = "tdr_nat4_v1"
+	SockMapTdrNat6V1             = "tdr_nat6_v1"
 	SockMapTdrNomasqV1           = "tdr_nomasq_v1"
 	SockMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	SockMapTdrPolicyV2           = "tdr_policy_v2"
@@ -352,6 +373,7 @@ type SockMapSpecs struct {
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
+	TdrNat6V1         *ebpf.MapSpec `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
@@ -415,6 +437,7 @@ type SockMaps struct {
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
+	TdrNat6V1         *ebpf.Map `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
@@ -447,6 +470,7 @@ func (m *SockMaps) Close() error {
 		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,
 		m.TdrNat4V1,
+		m.TdrNat6V1,
 		m.TdrNomasqV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,

@@ -33,6 +33,10 @@ var (
 	world2   = netip.MustParseAddr("198.51.100.7")
 	peerPod  = netip.MustParseAddr("10.244.1.5")
 	noMasqTo = netip.MustParseAddr("192.168.3.4")
+	pod6     = netip.MustParseAddr("fd00:10::2")
+	node6    = netip.MustParseAddr("fd00:ff::11")
+	world6   = netip.MustParseAddr("2001:db8::1")
+	peerPod6 = netip.MustParseAddr("fd00:10:1::5")
 )
 
 const (
@@ -84,11 +88,12 @@ func newMasqNode(t testing.TB, portMin, portMax uint16) *masqNode {
 	if err := n.l.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if err := n.l.AttachEndpoint(loader.EndpointInfo{ID: 1, IfIndex: n.podIf, IfName: "tdrpod0", Addresses: []netip.Addr{pod}, Identity: idPod}); err != nil {
+	if err := n.l.AttachEndpoint(loader.EndpointInfo{ID: 1, IfIndex: n.podIf, IfName: "tdrpod0", Addresses: []netip.Addr{pod, pod6}, Identity: idPod}); err != nil {
 		t.Fatal(err)
 	}
 	m := n.l.Maps()
-	for p, id := range map[string]uint32{"0.0.0.0/0": 2, "10.244.0.2/32": idPod, "10.244.1.5/32": idPeerPod, "172.30.0.11/32": 1} {
+	for p, id := range map[string]uint32{"0.0.0.0/0": 2, "10.244.0.2/32": idPod, "10.244.1.5/32": idPeerPod, "172.30.0.11/32": 1,
+		"::/0": 2, "fd00:10::2/128": idPod, "fd00:10:1::5/128": idPeerPod, "fd00:ff::11/128": 1} {
 		if err := m.IPCacheMap().Upsert(netip.MustParsePrefix(p), maps.IPCacheEntry{Identity: id}); err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +101,7 @@ func newMasqNode(t testing.TB, portMin, portMax uint16) *masqNode {
 	if err := m.NAT.SetNoMasquerade([]netip.Prefix{netip.MustParsePrefix("192.168.0.0/16")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.NAT.SetHostDevice(maps.HostDevice{IfIndex: n.uplink, MasqIPv4: node}); err != nil {
+	if err := m.NAT.SetHostDevice(maps.HostDevice{IfIndex: n.uplink, MasqIPv4: node, MasqIPv6: node6}); err != nil {
 		t.Fatal(err)
 	}
 	n.h, err = Load(Options{BPFRoot: root, PortMin: portMin, PortMax: portMax, Maps: n.l.MapReplacements()}, nil)
@@ -558,5 +563,149 @@ func TestPrivilegedMasqueradeICMPErrors(t *testing.T) {
 	e := icmpError(router, node, stray)
 	if ret, g := n.ingress(e); ret != 0 || string(g) != string(e) {
 		t.Fatalf("error about no mapping: verdict %d, changed %v", ret, string(g) != string(e))
+	}
+}
+
+// frame6 builds Ethernet + IPv6 + TCP/UDP or ICMPv6 echo (icmpType,
+// sport as the identifier) with the L4 checksum right.
+func frame6(src, dst netip.Addr, proto uint8, sport, dport uint16, icmpType uint8) []byte {
+	var l4 []byte
+	switch proto {
+	case protoTCP:
+		l4 = make([]byte, 20+4)
+		binary.BigEndian.PutUint16(l4[0:], sport)
+		binary.BigEndian.PutUint16(l4[2:], dport)
+		l4[12] = 5 << 4
+		l4[13] = 0x02
+	case protoUDP:
+		l4 = make([]byte, 8+4)
+		binary.BigEndian.PutUint16(l4[0:], sport)
+		binary.BigEndian.PutUint16(l4[2:], dport)
+		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
+	default:
+		l4 = make([]byte, 8+4)
+		l4[0] = icmpType
+		binary.BigEndian.PutUint16(l4[4:], sport)
+		binary.BigEndian.PutUint16(l4[6:], 1)
+	}
+	ip := make([]byte, 40)
+	ip[0] = 0x60
+	binary.BigEndian.PutUint16(ip[4:], uint16(len(l4)))
+	ip[6] = proto
+	ip[7] = 64
+	s, d := src.As16(), dst.As16()
+	copy(ip[8:], s[:])
+	copy(ip[24:], d[:])
+	eth := make([]byte, 14)
+	binary.BigEndian.PutUint16(eth[12:], 0x86DD)
+	f := append(append(eth, ip...), l4...)
+	binary.BigEndian.PutUint16(f[54+csumOffset6(proto):], ^l4Sum6(f))
+	return f
+}
+
+func csumOffset6(proto uint8) int {
+	if proto == protoICMPv6 {
+		return 2
+	}
+	return csumOffset(proto)
+}
+
+const protoICMPv6 = 58
+
+// l4Sum6 sums an IPv6 frame's L4 segment with its pseudo-header.
+func l4Sum6(f []byte) uint16 {
+	n := int(binary.BigEndian.Uint16(f[18:]))
+	seg := f[54 : 54+n]
+	sum := uint32(sum16(0, f[22:54])) + uint32(f[20]) + uint32(n)
+	return sum16(sum, seg)
+}
+
+func tuple6(f []byte) (netip.AddrPort, netip.AddrPort) {
+	src, dst := netip.AddrFrom16([16]byte(f[22:38])), netip.AddrFrom16([16]byte(f[38:54]))
+	if f[20] == protoICMPv6 {
+		id := binary.BigEndian.Uint16(f[58:])
+		return netip.AddrPortFrom(src, id), netip.AddrPortFrom(dst, id)
+	}
+	return netip.AddrPortFrom(src, binary.BigEndian.Uint16(f[54:])), netip.AddrPortFrom(dst, binary.BigEndian.Uint16(f[56:]))
+}
+
+// TestPrivilegedMasqueradeIPv6: the IPv4 cases for IPv6: TCP, UDP and
+// ICMPv6 echo leave with the node's IPv6 address and a port of the range,
+// their L4 checksums (pseudo-header included, ICMPv6's too) right; later
+// packets keep the mapping; replies come back to the pod; the NAT table
+// lists the mappings; traffic to an in-cluster pod and the host's own
+// pass untouched.
+func TestPrivilegedMasqueradeIPv6(t *testing.T) {
+	const lo, hi = 61000, 61999
+	n := newMasqNode(t, lo, hi)
+	for _, tc := range []struct {
+		proto        uint8
+		sport, dport uint16
+		req, rep     uint8
+	}{
+		{protoTCP, 40000, 80, 0, 0},
+		{protoUDP, 40001, 53, 0, 0},
+		{protoICMPv6, 7, 0, 128, 129},
+	} {
+		out := frame6(pod6, world6, tc.proto, tc.sport, tc.dport, tc.req)
+		n.fromPod(out)
+		ret, got := n.egress(out)
+		if ret != 0 {
+			t.Fatalf("proto %d: egress verdict %d", tc.proto, ret)
+		}
+		src, dst := tuple6(got)
+		if src.Addr() != node6 || !inRange(src.Port(), lo, hi) || dst.Addr() != world6 {
+			t.Fatalf("proto %d: masqueraded %s -> %s, want %s:<%d-%d> -> %s", tc.proto, src, dst, node6, lo, hi, world6)
+		}
+		if s := l4Sum6(got); s != 0xffff {
+			t.Fatalf("proto %d: L4 checksum wrong after masquerade (sum %#x)", tc.proto, s)
+		}
+		if _, again := n.egress(out); func() bool { s2, _ := tuple6(again); return s2 != src }() {
+			t.Fatalf("proto %d: the second packet left with another mapping", tc.proto)
+		}
+		var reply []byte
+		if tc.proto == protoICMPv6 {
+			reply = frame6(world6, node6, protoICMPv6, src.Port(), 0, tc.rep)
+		} else {
+			reply = frame6(world6, node6, tc.proto, tc.dport, src.Port(), 0)
+		}
+		ret, back := n.ingress(reply)
+		if ret != 0 {
+			t.Fatalf("proto %d: ingress verdict %d", tc.proto, ret)
+		}
+		if _, bd := tuple6(back); bd.Addr() != pod6 || bd.Port() != tc.sport {
+			t.Fatalf("proto %d: reply translated to %s, want %s:%d", tc.proto, bd, pod6, tc.sport)
+		}
+		if s := l4Sum6(back); s != 0xffff {
+			t.Fatalf("proto %d: L4 checksum wrong after the reverse translation (sum %#x)", tc.proto, s)
+		}
+	}
+	list, err := n.l.Maps().NAT.NATMap().List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 3 {
+		t.Fatalf("%d mappings, want 3: %+v", len(list), list)
+	}
+	for _, m := range list {
+		if m.Orphan || m.Pod != pod6 || m.Node != node6 {
+			t.Errorf("mapping %+v", m)
+		}
+	}
+	for what, f := range map[string][]byte{
+		"to an in-cluster pod":   frame6(pod6, peerPod6, protoTCP, 40010, 80, 0),
+		"the host's own traffic": frame6(node6, world6, protoTCP, 40012, 80, 0),
+	} {
+		if ret, got := n.egress(f); ret != 0 || string(got) != string(f) {
+			t.Errorf("%s: verdict %d, changed %v", what, ret, string(got) != string(f))
+		}
+	}
+	// The GC collects an IPv6 mapping whose flow is gone.
+	if err := n.l.Maps().CTMap().Delete(maps.CTEntry{Proto: protoUDP, Src: pod6, SrcPort: 40001, Dst: world6, DstPort: 53}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := n.l.Maps().NAT.NATMap().CollectNAT(n.l.Maps().CTMap(), maps.MonotonicNow()+uint64(maps.NATMinAge.Nanoseconds())+1e9)
+	if err != nil || res.Deleted != 1 {
+		t.Fatalf("GC deleted %d IPv6 mappings (%v), want 1", res.Deleted, err)
 	}
 }

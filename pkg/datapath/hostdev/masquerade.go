@@ -50,11 +50,14 @@ type Masquerade struct {
 	lastErr   error
 }
 
-// Device is a device the host programs are attached to.
+// Device is a device the host programs are attached to, with the
+// addresses masqueraded traffic leaves with (invalid: that family is not
+// masqueraded there).
 type Device struct {
 	Name    string     `json:"name"`
 	IfIndex int        `json:"ifindex"`
 	IPv4    netip.Addr `json:"ipv4"`
+	IPv6    netip.Addr `json:"ipv6"`
 }
 
 // GCStats count the NAT collections.
@@ -104,7 +107,7 @@ func (m *Masquerade) Start(ctx context.Context) error {
 	keep := map[int]bool{}
 	for _, d := range devs {
 		// The address first: the program reads it from its first packet.
-		if err := nat.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4}); err != nil {
+		if err := nat.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4, MasqIPv6: d.IPv6}); err != nil {
 			prog.Close()
 			return err
 		}
@@ -149,12 +152,12 @@ func (m *Masquerade) dropOtherDevices(nat *maps.NATMaps, keep map[int]bool) {
 }
 
 // resolveDevices finds the configured devices (default: those of the
-// default routes) and the IPv4 address each masquerades to: its first
-// global one.
+// default routes, IPv4 or IPv6) and the addresses each masquerades to:
+// its first global IPv4 and IPv6 ones.
 func (m *Masquerade) resolveDevices() ([]Device, error) {
 	names := m.cfg.Devices
 	if len(names) == 0 {
-		routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+		routes, err := netlink.RouteList(nil, netlink.FAMILY_ALL)
 		if err != nil {
 			return nil, fmt.Errorf("list routes: %w", err)
 		}
@@ -177,19 +180,24 @@ func (m *Masquerade) resolveDevices() ([]Device, error) {
 			return nil, fmt.Errorf("device %s: %w", n, err)
 		}
 		d := Device{Name: n, IfIndex: l.Attrs().Index}
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			return nil, fmt.Errorf("addresses of %s: %w", n, err)
 		}
 		for _, a := range addrs {
 			ip, ok := netip.AddrFromSlice(a.IP)
-			if ok && ip.Unmap().IsGlobalUnicast() {
-				d.IPv4 = ip.Unmap()
-				break
+			if !ok || !ip.Unmap().IsGlobalUnicast() {
+				continue
+			}
+			ip = ip.Unmap()
+			if ip.Is4() && !d.IPv4.IsValid() {
+				d.IPv4 = ip
+			} else if ip.Is6() && !d.IPv6.IsValid() {
+				d.IPv6 = ip
 			}
 		}
-		if !d.IPv4.IsValid() {
-			m.log.Warn("Device has no IPv4 address: pod traffic through it is not masqueraded", "device", n)
+		if !d.IPv4.IsValid() && !d.IPv6.IsValid() {
+			m.log.Warn("Device has no global address: pod traffic through it is not masqueraded", "device", n)
 		}
 		out = append(out, d)
 	}
@@ -275,12 +283,12 @@ func (m *Masquerade) RefreshAddresses() {
 	defer m.mu.Unlock()
 	for _, d := range devs {
 		for i, old := range m.devices {
-			if old.IfIndex == d.IfIndex && old.IPv4 != d.IPv4 {
-				if err := m.dp.Maps().NAT.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4}); err != nil {
+			if old.IfIndex == d.IfIndex && (old.IPv4 != d.IPv4 || old.IPv6 != d.IPv6) {
+				if err := m.dp.Maps().NAT.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4, MasqIPv6: d.IPv6}); err != nil {
 					m.log.Warn("Cannot write a device's new address", "device", d.Name, "error", err)
 					continue
 				}
-				m.log.Info("Masquerade address changed", "device", d.Name, "from", old.IPv4, "to", d.IPv4)
+				m.log.Info("Masquerade address changed", "device", d.Name, "from", []netip.Addr{old.IPv4, old.IPv6}, "to", []netip.Addr{d.IPv4, d.IPv6})
 				m.devices[i] = d
 			}
 		}

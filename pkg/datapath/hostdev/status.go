@@ -89,16 +89,21 @@ func (m *Masquerade) StatusSection() ext.Section {
 	}
 	var devs []string
 	for _, d := range st.Devices {
-		a := "no IPv4 address"
-		if d.IPv4.IsValid() {
-			a = d.IPv4.String()
+		var as []string
+		for _, ip := range []netip.Addr{d.IPv4, d.IPv6} {
+			if ip.IsValid() {
+				as = append(as, ip.String())
+			}
 		}
-		devs = append(devs, fmt.Sprintf("%s (%s)", d.Name, a))
+		if len(as) == 0 {
+			as = []string{"no global address"}
+		}
+		devs = append(devs, fmt.Sprintf("%s (%s)", d.Name, strings.Join(as, ", ")))
 	}
 	if len(devs) == 0 {
 		devs = []string{"none (no default route, no --devices)"}
 	}
-	add("state", "enabled, IPv4, in eBPF")
+	add("state", "enabled, IPv4 and IPv6, in eBPF")
 	add("devices", strings.Join(devs, ", "))
 	add("port range", st.PortRange)
 	add("NAT table", fmt.Sprintf("%d mappings, %d/%d entries", st.Mappings, st.Entries, st.Capacity))
@@ -164,6 +169,8 @@ func ProtoName(p uint8) string {
 		return "udp"
 	case 1:
 		return "icmp"
+	case 58:
+		return "icmpv6"
 	}
 	return fmt.Sprint(p)
 }

@@ -255,6 +255,7 @@ const (
 // From HOSTDEV_F_* of bpf/lib/enums.h.
 const (
 	HostDevFlagMasqV4 uint8 = 0x01 // HOSTDEV_F_MASQ_V4: masquerade IPv4 pod traffic leaving here to ipv4
+	HostDevFlagMasqV6 uint8 = 0x02 // HOSTDEV_F_MASQ_V6: masquerade IPv6 pod traffic leaving here to ipv6
 )
 
 // Load-balancing sizes: Maglev table entries per service (a prime: the

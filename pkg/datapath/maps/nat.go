@@ -1,7 +1,6 @@
 package maps
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 // Masquerade maps (bpf/lib/natmaps.h).
 const (
 	NAT4MapName    = bpf.LxcMapTdrNat4V1
+	NAT6MapName    = bpf.LxcMapTdrNat6V1
 	NoMasqMapName  = bpf.LxcMapTdrNomasqV1
 	HostDevMapName = bpf.LxcMapTdrHostdevV1
 )
@@ -23,13 +23,14 @@ const (
 // keep the pod's address, and the host devices' addresses.
 type NATMaps struct {
 	NAT4    *ebpf.Map
+	NAT6    *ebpf.Map
 	NoMasq  *ebpf.Map
 	HostDev *ebpf.Map
 }
 
 // NATFromObjects takes the masquerade maps of loaded objects.
 func NATFromObjects(o *bpf.LxcMaps) *NATMaps {
-	return &NATMaps{NAT4: o.TdrNat4V1, NoMasq: o.TdrNomasqV1, HostDev: o.TdrHostdevV1}
+	return &NATMaps{NAT4: o.TdrNat4V1, NAT6: o.TdrNat6V1, NoMasq: o.TdrNomasqV1, HostDev: o.TdrHostdevV1}
 }
 
 // OpenPinnedNAT opens the masquerade maps pinned under root (the CLI reads
@@ -37,7 +38,7 @@ func NATFromObjects(o *bpf.LxcMaps) *NATMaps {
 func OpenPinnedNAT(root string, readOnly bool) (*NATMaps, error) {
 	m := &NATMaps{}
 	opts := &ebpf.LoadPinOptions{ReadOnly: readOnly}
-	for name, dst := range map[string]**ebpf.Map{NAT4MapName: &m.NAT4, NoMasqMapName: &m.NoMasq, HostDevMapName: &m.HostDev} {
+	for name, dst := range map[string]**ebpf.Map{NAT4MapName: &m.NAT4, NAT6MapName: &m.NAT6, NoMasqMapName: &m.NoMasq, HostDevMapName: &m.HostDev} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(root, name), opts)
 		if err != nil {
 			m.Close()
@@ -50,7 +51,7 @@ func OpenPinnedNAT(root string, readOnly bool) (*NATMaps, error) {
 
 // Close releases the handles (pins stay).
 func (m *NATMaps) Close() {
-	for _, mp := range []*ebpf.Map{m.NAT4, m.NoMasq, m.HostDev} {
+	for _, mp := range []*ebpf.Map{m.NAT4, m.NAT6, m.NoMasq, m.HostDev} {
 		if mp != nil {
 			mp.Close()
 		}
@@ -79,40 +80,66 @@ type NATMapping struct {
 	Orphan bool
 }
 
-func (n NATMapping) keys() (fwd, rev bpf.LxcNat4Key) {
+func (n NATMapping) keys4() (fwd, rev bpf.LxcNat4Key) {
 	fwd = bpf.LxcNat4Key{AddrL: n.Pod.As4(), AddrR: n.Remote.As4(), PortL: Htons(n.PodPort), PortR: Htons(n.RemotePort), Proto: n.Proto, Dir: NATDirEgress}
 	rev = bpf.LxcNat4Key{AddrL: n.Node.As4(), AddrR: n.Remote.As4(), PortL: Htons(n.NodePort), PortR: Htons(n.RemotePort), Proto: n.Proto, Dir: NATDirIngress}
 	return fwd, rev
 }
 
-// NATMap is the typed IPv4 NAT table.
-type NATMap struct{ m *ebpf.Map }
+func (n NATMapping) keys6() (fwd, rev bpf.LxcNat6Key) {
+	fwd = bpf.LxcNat6Key{AddrL: n.Pod.As16(), AddrR: n.Remote.As16(), PortL: Htons(n.PodPort), PortR: Htons(n.RemotePort), Proto: n.Proto, Dir: NATDirEgress}
+	rev = bpf.LxcNat6Key{AddrL: n.Node.As16(), AddrR: n.Remote.As16(), PortL: Htons(n.NodePort), PortR: Htons(n.RemotePort), Proto: n.Proto, Dir: NATDirIngress}
+	return fwd, rev
+}
+
+// NATMap is the typed NAT table: one hash per address family.
+type NATMap struct{ m4, m6 *ebpf.Map }
 
 // NATMap is the typed NAT table.
-func (m *NATMaps) NATMap() NATMap { return NATMap{m: m.NAT4} }
+func (m *NATMaps) NATMap() NATMap { return NATMap{m4: m.NAT4, m6: m.NAT6} }
 
 // Upsert writes both entries of a mapping (tests).
 func (t NATMap) Upsert(n NATMapping) error {
-	fwd, rev := n.keys()
-	out := bpf.LxcNat4Entry{Addr: n.Node.As4(), Port: Htons(n.NodePort), Created: n.Created}
-	back := bpf.LxcNat4Entry{Addr: n.Pod.As4(), Port: Htons(n.PodPort), Created: n.Created}
-	if err := t.m.Put(&rev, &back); err != nil {
-		return fmt.Errorf("write NAT entry %s:%d: %w", n.Node, n.NodePort, err)
+	var err error
+	if n.Pod.Is4() {
+		fwd, rev := n.keys4()
+		out := bpf.LxcNat4Entry{Addr: n.Node.As4(), Port: Htons(n.NodePort), Created: n.Created}
+		back := bpf.LxcNat4Entry{Addr: n.Pod.As4(), Port: Htons(n.PodPort), Created: n.Created}
+		if err = t.m4.Put(&rev, &back); err == nil {
+			err = t.m4.Put(&fwd, &out)
+		}
+	} else {
+		fwd, rev := n.keys6()
+		out := bpf.LxcNat6Entry{Addr: n.Node.As16(), Port: Htons(n.NodePort), Created: n.Created}
+		back := bpf.LxcNat6Entry{Addr: n.Pod.As16(), Port: Htons(n.PodPort), Created: n.Created}
+		if err = t.m6.Put(&rev, &back); err == nil {
+			err = t.m6.Put(&fwd, &out)
+		}
 	}
-	if err := t.m.Put(&fwd, &out); err != nil {
-		return fmt.Errorf("write NAT entry %s:%d: %w", n.Pod, n.PodPort, err)
+	if err != nil {
+		return fmt.Errorf("write NAT mapping %s:%d via %s:%d: %w", n.Pod, n.PodPort, n.Node, n.NodePort, err)
 	}
 	return nil
 }
 
 // List returns every mapping, each once (from its egress entry; an
-// ingress entry without its egress one is listed as an orphan).
+// ingress entry without its egress one is listed as an orphan), IPv4
+// first.
 func (t NATMap) List() ([]NATMapping, error) {
+	out, err := list4(t.m4)
+	if err != nil || t.m6 == nil {
+		return out, err
+	}
+	out6, err := list6(t.m6)
+	return append(out, out6...), err
+}
+
+func list4(m *ebpf.Map) ([]NATMapping, error) {
 	var k bpf.LxcNat4Key
 	var v bpf.LxcNat4Entry
 	fwd := map[bpf.LxcNat4Key]bpf.LxcNat4Entry{}
 	rev := map[bpf.LxcNat4Key]bpf.LxcNat4Entry{}
-	it := t.m.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		if k.Dir == NATDirEgress {
 			fwd[k] = v
@@ -121,13 +148,13 @@ func (t NATMap) List() ([]NATMapping, error) {
 		}
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("iterate NAT table: %w", err)
+		return nil, fmt.Errorf("iterate IPv4 NAT table: %w", err)
 	}
 	var out []NATMapping
 	for k, v := range fwd {
 		n := NATMapping{Proto: k.Proto, Pod: netip.AddrFrom4(k.AddrL), PodPort: Ntohs(k.PortL), Remote: netip.AddrFrom4(k.AddrR), RemotePort: Ntohs(k.PortR),
 			Node: netip.AddrFrom4(v.Addr), NodePort: Ntohs(v.Port), Created: v.Created}
-		_, r := n.keys()
+		_, r := n.keys4()
 		back, ok := rev[r]
 		if ok && back.Addr == k.AddrL && back.Port == k.PortL {
 			delete(rev, r)
@@ -143,11 +170,60 @@ func (t NATMap) List() ([]NATMapping, error) {
 	return out, nil
 }
 
-// Count is the number of entries (two per mapping).
-func (t NATMap) Count() (int, error) { return countKeys(t.m) }
+func list6(m *ebpf.Map) ([]NATMapping, error) {
+	var k bpf.LxcNat6Key
+	var v bpf.LxcNat6Entry
+	fwd := map[bpf.LxcNat6Key]bpf.LxcNat6Entry{}
+	rev := map[bpf.LxcNat6Key]bpf.LxcNat6Entry{}
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if k.Dir == NATDirEgress {
+			fwd[k] = v
+		} else {
+			rev[k] = v
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate IPv6 NAT table: %w", err)
+	}
+	var out []NATMapping
+	for k, v := range fwd {
+		n := NATMapping{Proto: k.Proto, Pod: netip.AddrFrom16(k.AddrL), PodPort: Ntohs(k.PortL), Remote: netip.AddrFrom16(k.AddrR), RemotePort: Ntohs(k.PortR),
+			Node: netip.AddrFrom16(v.Addr), NodePort: Ntohs(v.Port), Created: v.Created}
+		_, r := n.keys6()
+		back, ok := rev[r]
+		if ok && back.Addr == k.AddrL && back.Port == k.PortL {
+			delete(rev, r)
+		} else {
+			n.Orphan = true
+		}
+		out = append(out, n)
+	}
+	for k, v := range rev {
+		out = append(out, NATMapping{Proto: k.Proto, Pod: netip.AddrFrom16(v.Addr), PodPort: Ntohs(v.Port), Remote: netip.AddrFrom16(k.AddrR), RemotePort: Ntohs(k.PortR),
+			Node: netip.AddrFrom16(k.AddrL), NodePort: Ntohs(k.PortL), Created: v.Created, Orphan: true})
+	}
+	return out, nil
+}
 
-// Capacity is the table's maximum number of entries.
-func (t NATMap) Capacity() int { return int(t.m.MaxEntries()) }
+// Count is the number of entries of both families (two per mapping).
+func (t NATMap) Count() (int, error) {
+	n4, err := countKeys(t.m4)
+	if err != nil || t.m6 == nil {
+		return n4, err
+	}
+	n6, err := countKeys(t.m6)
+	return n4 + n6, err
+}
+
+// Capacity is the tables' maximum number of entries.
+func (t NATMap) Capacity() int {
+	c := int(t.m4.MaxEntries())
+	if t.m6 != nil {
+		c += int(t.m6.MaxEntries())
+	}
+	return c
+}
 
 // NATMinAge is how old a mapping must be before the GC may remove it for
 // a missing conntrack entry: the datapath makes the conntrack entry before
@@ -172,21 +248,31 @@ func (t NATMap) CollectNAT(ct CTMap, now uint64) (NATSweep, error) {
 		return res, err
 	}
 	minAge := uint64(NATMinAge.Nanoseconds())
-	var dels []bpf.LxcNat4Key
+	var dels4 []bpf.LxcNat4Key
+	var dels6 []bpf.LxcNat6Key
 	for _, n := range list {
 		res.Seen++
 		if n.Created+minAge > now {
 			continue
 		}
-		fwd, rev := n.keys()
 		if n.Orphan {
 			res.Orphans++
 			// Only the half that exists is deleted: the other key may
 			// belong to another mapping (a port taken over).
-			if ok, _ := t.owns(fwd, n, false); ok {
-				dels = append(dels, fwd)
-			} else if ok, _ := t.owns(rev, n, true); ok {
-				dels = append(dels, rev)
+			if n.Pod.Is4() {
+				fwd, rev := n.keys4()
+				if owns4(t.m4, fwd, n.Node, n.NodePort) {
+					dels4 = append(dels4, fwd)
+				} else if owns4(t.m4, rev, n.Pod, n.PodPort) {
+					dels4 = append(dels4, rev)
+				}
+			} else {
+				fwd, rev := n.keys6()
+				if owns6(t.m6, fwd, n.Node, n.NodePort) {
+					dels6 = append(dels6, fwd)
+				} else if owns6(t.m6, rev, n.Pod, n.PodPort) {
+					dels6 = append(dels6, rev)
+				}
 			}
 			continue
 		}
@@ -198,37 +284,39 @@ func (t NATMap) CollectNAT(ct CTMap, now uint64) (NATSweep, error) {
 			continue
 		}
 		res.Deleted++
-		dels = append(dels, fwd, rev)
+		if n.Pod.Is4() {
+			fwd, rev := n.keys4()
+			dels4 = append(dels4, fwd, rev)
+		} else {
+			fwd, rev := n.keys6()
+			dels6 = append(dels6, fwd, rev)
+		}
 	}
-	deleteKeys(t.m, dels)
+	deleteKeys(t.m4, dels4)
+	if t.m6 != nil {
+		deleteKeys(t.m6, dels6)
+	}
 	return res, nil
 }
 
-// owns reports whether key still holds n's entry (of the reverse half when
-// rev).
-func (t NATMap) owns(key bpf.LxcNat4Key, n NATMapping, rev bool) (bool, error) {
+// owns4 and owns6 report whether key still holds the entry giving addr
+// and port.
+func owns4(m *ebpf.Map, key bpf.LxcNat4Key, addr netip.Addr, port uint16) bool {
 	var v bpf.LxcNat4Entry
-	if err := t.m.Lookup(&key, &v); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return false, nil
-		}
-		return false, err
-	}
-	if rev {
-		return v.Addr == n.Pod.As4() && Ntohs(v.Port) == n.PodPort, nil
-	}
-	return v.Addr == n.Node.As4() && Ntohs(v.Port) == n.NodePort, nil
+	return m.Lookup(&key, &v) == nil && v.Addr == addr.As4() && Ntohs(v.Port) == port
+}
+
+func owns6(m *ebpf.Map, key bpf.LxcNat6Key, addr netip.Addr, port uint16) bool {
+	var v bpf.LxcNat6Entry
+	return m.Lookup(&key, &v) == nil && v.Addr == addr.As16() && Ntohs(v.Port) == port
 }
 
 // SetNoMasquerade makes the prefixes the destinations that keep the pod's
-// address (IPv4 only; others are ignored), removing any other.
+// address, removing any other.
 func (m *NATMaps) SetNoMasquerade(prefixes []netip.Prefix) error {
 	want := map[bpf.LxcIpcacheKey]bool{}
 	for _, p := range prefixes {
-		if !p.Addr().Unmap().Is4() {
-			continue
-		}
-		k, err := ipcacheKey(netip.PrefixFrom(p.Addr().Unmap(), p.Bits()))
+		k, err := ipcacheKey(p)
 		if err != nil {
 			return err
 		}
@@ -273,9 +361,11 @@ func (m *NATMaps) NoMasquerade() ([]netip.Prefix, error) {
 // HostDevice is what the host programs know of one device.
 type HostDevice struct {
 	IfIndex int
-	// MasqIPv4 is the address masqueraded IPv4 traffic leaves with
-	// through the device (invalid: not masqueraded there).
+	// MasqIPv4 and MasqIPv6 are the addresses masqueraded traffic leaves
+	// with through the device (invalid: that family is not masqueraded
+	// there).
 	MasqIPv4 netip.Addr
+	MasqIPv6 netip.Addr
 }
 
 // SetHostDevice writes a device's entry.
@@ -285,6 +375,10 @@ func (m *NATMaps) SetHostDevice(d HostDevice) error {
 	if d.MasqIPv4.IsValid() && d.MasqIPv4.Unmap().Is4() {
 		v.Flags |= HostDevFlagMasqV4
 		v.Ipv4 = d.MasqIPv4.Unmap().As4()
+	}
+	if d.MasqIPv6.IsValid() && d.MasqIPv6.Is6() && !d.MasqIPv6.Is4In6() {
+		v.Flags |= HostDevFlagMasqV6
+		v.Ipv6 = d.MasqIPv6.As16()
 	}
 	if err := m.HostDev.Put(&k, &v); err != nil {
 		return fmt.Errorf("write host device %d: %w", d.IfIndex, err)
@@ -302,6 +396,9 @@ func (m *NATMaps) HostDevices() ([]HostDevice, error) {
 		d := HostDevice{IfIndex: int(k)}
 		if v.Flags&HostDevFlagMasqV4 != 0 {
 			d.MasqIPv4 = netip.AddrFrom4(v.Ipv4)
+		}
+		if v.Flags&HostDevFlagMasqV6 != 0 {
+			d.MasqIPv6 = netip.AddrFrom16(v.Ipv6)
 		}
 		out = append(out, d)
 	}
