@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/hive/cell"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/endpointapi"
@@ -53,12 +54,13 @@ type apiParams struct {
 	Inspector  *dbinspect.Inspector
 	Flows      *agentflows.Module // nil with flows off
 	Metrics    *metrics.Server
+	Masquerade *hostdev.Masquerade // nil without the datapath
 }
 
 func registerAPIHandlers(p apiParams) {
 	(&metricsAPI{metrics: p.Metrics}).register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
-		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows}).register(p.API)
+		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows, masq: p.Masquerade}).register(p.API)
 	(&serviceAPI{services: p.Services}).register(p.API)
 	registerStateDBAPI(p.API, p.Inspector)
 	(&policyapi.Handlers{Repo: p.Policy.repo, Universe: p.Policy.universe, Source: policySourceAPI}).Register(p.API)
@@ -98,6 +100,7 @@ type daemonAPI struct {
 	services   *servicesModule
 	tables     *dbinspect.Inspector
 	flows      *agentflows.Module
+	masq       *hostdev.Masquerade
 }
 
 // mapAPI serves /v1/map: the BPF maps' contents.

@@ -119,6 +119,9 @@ type State struct {
 	// 127.0.0.1 (0: no kvstore); the kubelets proxy it into each node's
 	// namespace at 127.0.0.1:NodeKVStorePort.
 	KVStorePort int `json:"kvstorePort,omitempty"`
+	// World is the network outside the cluster (world.go); nil in the
+	// state of a lab made before it existed.
+	World *World `json:"world,omitempty"`
 }
 
 // KVStoreURL is the kvstore's client URL from the machine's namespace

@@ -470,6 +470,23 @@ func (l *Loader) AttachedEndpoints() []uint16 {
 	return out
 }
 
+// MapReplacements returns the loaded maps by name (after Start): another
+// object loaded with them as ebpf.CollectionOptions.MapReplacements uses
+// the same kernel maps (the host device programs, pkg/datapath/hostdev).
+func (l *Loader) MapReplacements() map[string]*ebpf.Map { return mapsByName(&l.objs.LxcMaps) }
+
+func mapsByName(o *bpf.LxcMaps) map[string]*ebpf.Map {
+	repl := map[string]*ebpf.Map{}
+	mv := reflect.ValueOf(o).Elem()
+	for i := range mv.NumField() {
+		name := mv.Type().Field(i).Tag.Get("ebpf")
+		if m, ok := mv.Field(i).Interface().(*ebpf.Map); ok && name != "" && m != nil {
+			repl[name] = m
+		}
+	}
+	return repl
+}
+
 // Programs returns the loaded programs (tests run them with BPF_PROG_TEST_RUN).
 func (l *Loader) Programs() (fromPod, toPod *ebpf.Program) { return l.objs.FromPod, l.objs.ToPod }
 
@@ -523,14 +540,7 @@ func loadObjects(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions, objs *
 	if err := spec.LoadAndAssign(&objs.LxcMaps, opts); err != nil {
 		return err
 	}
-	repl := map[string]*ebpf.Map{}
-	mv := reflect.ValueOf(&objs.LxcMaps).Elem()
-	for i := range mv.NumField() {
-		name := mv.Type().Field(i).Tag.Get("ebpf")
-		if m, ok := mv.Field(i).Interface().(*ebpf.Map); ok && name != "" && m != nil {
-			repl[name] = m
-		}
-	}
+	repl := mapsByName(&objs.LxcMaps)
 	progOpts := *opts
 	progOpts.MapReplacements = repl
 	var from struct {

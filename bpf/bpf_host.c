@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* Tendril's host device programs, attached at each uplink of the node (the
+ * agent's --devices; by default the device of the default route), TCX
+ * ingress and egress (or tc filters in --datapath-attach-mode=tc), pinned
+ * like the pod programs so they keep working while the agent restarts.
+ *
+ * to_netdev (egress): a pod's packet leaving the node for a destination
+ * outside the cluster and outside the non-masquerade CIDRs gets the
+ * device's node address as its source, with a port of the masquerade
+ * range (nat.h); its tuple's mapping is kept in tdr_nat4_v1 both ways.
+ * from_netdev (ingress): a reply to a masqueraded flow gets the pod's
+ * address and port back as its destination; the host then routes it to
+ * the pod, whose to_pod sees it as the reply of the pod's flow. An ICMP
+ * error about a masqueraded flow is translated back the same way (its
+ * outer destination and the packet it quotes).
+ *
+ * IPv4 and IPv6 alike (ICMP errors are translated back for IPv4 only).
+ * Everything else passes untouched: the host's own traffic, pods' traffic
+ * within the cluster (docs/datapath.md). */
+#include "lib/common.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#include "lib/maps.h"
+#include "lib/pkt.h"
+#include "lib/events.h"
+#include "lib/parse.h"
+#include "lib/endpoint.h"
+#include "lib/ipcache.h"
+#include "lib/nat.h"
+
+/* to_netdev6 and from_netdev6 are the IPv6 halves of the programs below,
+ * global functions verified on their own. */
+__attribute__((noinline)) int to_netdev6(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return TC_ACT_OK;
+	const struct endpoint_info *ep = endpoint_by_addr(FAMILY_V6, p->saddr);
+	if (!ep)
+		return TC_ACT_OK;
+	__u32 ifindex = skb->ifindex;
+	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
+	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V6) || !masq_needed6(p))
+		return TC_ACT_OK;
+	struct masq_scratch6 *s = masq_scratch6();
+	if (!s)
+		return TC_ACT_OK;
+	struct masq_alloc6 *a = &s->a;
+	__builtin_memset(a, 0, sizeof(*a));
+	__builtin_memcpy(a->fwd.addr_l, p->saddr, 16);
+	__builtin_memcpy(a->fwd.addr_r, p->daddr, 16);
+	a->fwd.port_l = p->sport;
+	a->fwd.port_r = p->dport;
+	a->fwd.proto = p->proto;
+	a->fwd.dir = NAT_DIR_EGRESS;
+	__builtin_memcpy(a->node, dev->ipv6, 16);
+	a->now = p->now;
+	struct nat6_entry *m = bpf_map_lookup_elem(&tdr_nat6_v1, &a->fwd);
+	__be16 port;
+	if (m && u32_at(m->addr) == u32_at(a->node) && u32_at(m->addr + 4) == u32_at(a->node + 4) &&
+	    u32_at(m->addr + 8) == u32_at(a->node + 8) && u32_at(m->addr + 12) == u32_at(a->node + 12)) {
+		port = m->port;
+	} else {
+		int r = masq_alloc6(skb);
+		if (r < 0)
+			return drop((__u8)-r, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0);
+		/* The scratch entry is this CPU's: still the request's. */
+		s = masq_scratch6();
+		if (!s)
+			return TC_ACT_OK;
+		port = s->a.port;
+	}
+	__u8 node[16];
+	__builtin_memcpy(node, s->a.node, 16);
+	if (masq_rewrite6(skb, p, 0, node, port))
+		return drop(REASON_MASQ_FAILED, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0);
+	count(REASON_MASQUERADED, DIR_EGRESS, p->len);
+	return TC_ACT_OK;
+}
+
+__attribute__((noinline)) int from_netdev6(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return TC_ACT_OK;
+	struct nat6_key k = {};
+	__builtin_memcpy(k.addr_l, p->daddr, 16);
+	__builtin_memcpy(k.addr_r, p->saddr, 16);
+	k.port_l = p->dport;
+	k.port_r = p->sport;
+	k.proto = p->proto;
+	k.dir = NAT_DIR_INGRESS;
+	struct nat6_entry *m = bpf_map_lookup_elem(&tdr_nat6_v1, &k);
+	if (!m)
+		return TC_ACT_OK;
+	__u8 pod[16];
+	__builtin_memcpy(pod, m->addr, 16);
+	__be16 port = m->port;
+	if (masq_rewrite6(skb, p, 1, pod, port))
+		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+	count(REASON_MASQ_REPLY, DIR_INGRESS, p->len);
+	return TC_ACT_OK;
+}
+
+/* to_netdev4 is the IPv4 half of to_netdev: a global function, so its
+ * locals do not add to the stack of the IPv6 path's calls. */
+__attribute__((noinline)) int to_netdev4(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return TC_ACT_OK;
+	const struct endpoint_info *ep = endpoint_by_addr(FAMILY_V4, p->saddr);
+	if (!ep)
+		return TC_ACT_OK;
+	__u32 ifindex = skb->ifindex;
+	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
+	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V4) || !masq_needed(p))
+		return TC_ACT_OK;
+	/* An ICMP echo request's identifier is its "source port". */
+	struct masq_alloc a = {};
+	__builtin_memcpy(a.fwd.addr_l, p->saddr, 4);
+	__builtin_memcpy(a.fwd.addr_r, p->daddr, 4);
+	a.fwd.port_l = p->sport;
+	a.fwd.port_r = p->dport;
+	a.fwd.proto = p->proto;
+	a.fwd.dir = NAT_DIR_EGRESS;
+	__builtin_memcpy(a.node, dev->ipv4, 4);
+	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &a.fwd);
+	__be16 port;
+	if (m && u32_at(m->addr) == u32_at(a.node)) {
+		port = m->port;
+	} else {
+		/* A mapping to another address (the node's changed) is made
+		 * anew; its old reverse entry goes with the GC. */
+		a.now = p->now;
+		int r = masq_alloc4(skb, &a);
+		if (r < 0)
+			return drop((__u8)-r, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0);
+		port = a.port;
+	}
+	if (masq_rewrite(skb, p, 0, a.node, port))
+		return drop(REASON_MASQ_FAILED, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0);
+	count(REASON_MASQUERADED, DIR_EGRESS, p->len);
+	return TC_ACT_OK;
+}
+
+SEC("tcx/egress")
+int to_netdev(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+
+	/* Unparseable packets are the host's business here, not ours. */
+	if (parse(skb, &p) || p.arp || !masq_l4(&p))
+		return TC_ACT_OK;
+	if (p.family == FAMILY_V6)
+		return to_netdev6(skb, &p);
+	return to_netdev4(skb, &p);
+}
+
+SEC("tcx/ingress")
+int from_netdev(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+
+	if (parse(skb, &p) || p.arp)
+		return TC_ACT_OK;
+	if (p.family == FAMILY_V6)
+		return masq_l4(&p) ? from_netdev6(skb, &p) : TC_ACT_OK;
+	if (p.icmp_error && p.proto == IPPROTO_ICMP_ && !p.nonfirst_frag) {
+		int r = masq_rev_icmp_error(skb, &p);
+		if (r < 0)
+			return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, &p, 0, 0, 0);
+		if (r == 0)
+			count(REASON_MASQ_REPLY, DIR_INGRESS, p.len);
+		return TC_ACT_OK;
+	}
+	if (!masq_l4(&p))
+		return TC_ACT_OK;
+	struct nat4_key k = {};
+	__builtin_memcpy(k.addr_l, p.daddr, 4);
+	__builtin_memcpy(k.addr_r, p.saddr, 4);
+	k.port_l = p.dport;
+	k.port_r = p.sport;
+	k.proto = p.proto;
+	k.dir = NAT_DIR_INGRESS;
+	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
+	if (!m)
+		return TC_ACT_OK;
+	__u8 pod[4];
+	__builtin_memcpy(pod, m->addr, 4);
+	__be16 port = m->port;
+	if (masq_rewrite(skb, &p, 1, pod, port))
+		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, &p, 0, 0, 0);
+	count(REASON_MASQ_REPLY, DIR_INGRESS, p.len);
+	return TC_ACT_OK;
+}
