@@ -17,7 +17,7 @@ func TestPrivilegedConnectivityTest(t *testing.T) {
 		t.Fatalf("connectivity test failed: %v", err)
 	}
 	m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out))
-	if m == nil || m[1] != m[2] || m[1] != "54" {
+	if m == nil || m[1] != m[2] || m[1] != "52" {
 		t.Fatalf("no all-passed summary in the output")
 	}
 	for _, want := range []string{"pod to pod, other node, TCP", "pod to host, other node", "other client denied, other node", "egress to TCP 80 denied", "connectivity restored",
