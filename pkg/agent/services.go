@@ -15,6 +15,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/datapath/socklb"
 	"github.com/tendril-net/tendril/pkg/datapath/sockterm"
 	"github.com/tendril-net/tendril/pkg/health"
@@ -38,6 +39,10 @@ type ServicesConfig struct {
 	// MaglevHashSeed seeds the Maglev permutations; every node of a
 	// cluster must use the same.
 	MaglevHashSeed uint64
+	// LBMapMax and LBSlotsMapMax size the LB maps (0: the datapath's
+	// defaults, 131,072 and 1,048,576: 100,000 services of 10 backends).
+	LBMapMax      int
+	LBSlotsMapMax int
 }
 
 // Flags registers the services' flags.
@@ -45,12 +50,22 @@ func (c *ServicesConfig) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.CgroupRoot, "cgroup-root", c.CgroupRoot, "cgroup v2 directory to attach the socket load-balancer to (e.g. /sys/fs/cgroup); empty: services are translated per packet only")
 	fs.StringVar(&c.LBAlgorithm, "lb-algorithm", c.LBAlgorithm, "Default backend selection of services: random or maglev (annotation service.tendril.io/lb-algorithm overrides)")
 	fs.Uint64Var(&c.MaglevHashSeed, "maglev-hash-seed", c.MaglevHashSeed, "Seed of the Maglev permutations (the same on every node)")
+	fs.IntVar(&c.LBMapMax, "bpf-lb-map-max", c.LBMapMax, "Capacity of the BPF service, backend, reverse NAT and Maglev maps (0: 131072); a changed size carries the entries over at start")
+	fs.IntVar(&c.LBSlotsMapMax, "bpf-lb-slots-map-max", c.LBSlotsMapMax, "Capacity of the BPF backend slots map, the backends of all services together (0: 1048576)")
+}
+
+// lbSizes are the LB maps' capacities.
+func (c *ServicesConfig) lbSizes() maps.LBSizes {
+	return maps.LBSizes{MapMax: c.LBMapMax, SlotsMapMax: c.LBSlotsMapMax}
 }
 
 // Validate checks the services' options.
 func (c *ServicesConfig) Validate() error {
 	if c.LBAlgorithm != "random" && c.LBAlgorithm != "maglev" {
 		return fmt.Errorf("lb-algorithm %q: must be random or maglev", c.LBAlgorithm)
+	}
+	if err := c.lbSizes().Validate(); err != nil {
+		return err
 	}
 	if c.CgroupRoot != "" && !strings.HasPrefix(c.CgroupRoot, "/") {
 		return fmt.Errorf("cgroup-root %q: must be an absolute path", c.CgroupRoot)
