@@ -126,9 +126,13 @@ func main() {
 
 // result is one (size, mode) point.
 type result struct {
-	size                int
-	mode                string
-	p50, p99            time.Duration
+	size     int
+	mode     string
+	p50, p99 time.Duration
+	// floorP50 and floorP99: connect from the client pod straight to the
+	// backend pod's address (no service), interleaved with the service
+	// connects: what connect costs on this machine at that moment.
+	floorP50, floorP99  time.Duration
 	failed              int
 	ready               time.Duration // start until every service answered
 	syncToMaps          time.Duration // tendril: caches synced until the maps hold every frontend
@@ -173,7 +177,13 @@ func run(c config) error {
 	}
 	defer restoreCgroup(parent)
 
-	env, err := k8senv.Start(ctx, k8senv.Options{})
+	// A /16 holds 65,534 services: larger runs get a /12 (the API
+	// server's limit for the service range).
+	opts := k8senv.Options{}
+	if c.sizes[len(c.sizes)-1] > 60000 {
+		opts.ServiceCIDR = "10.96.0.0/12"
+	}
+	env, err := k8senv.Start(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
@@ -784,7 +794,8 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 
 	// Connect latency to random services.
 	rng := rand.New(rand.NewPCG(uint64(size), 7))
-	var lat []time.Duration
+	var lat, floor []time.Duration
+	direct := netip.AddrPortFrom(netip.MustParseAddr(backendBase), backendPort)
 	err = inClient(func() error {
 		for i := 0; i < b.c.connects+100; i++ {
 			dst := netip.AddrPortFrom(b.services[rng.IntN(size)], svcPort)
@@ -793,8 +804,14 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 				r.failed++
 				continue
 			}
+			// The floor, right after: the same connect to the
+			// backend's own address.
+			f, _, ferr := connect(direct, false)
 			if i >= 100 { // warm-up
 				lat = append(lat, d)
+				if ferr == nil {
+					floor = append(floor, f)
+				}
 			}
 		}
 		return nil
@@ -803,6 +820,7 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 		return r, err
 	}
 	r.p50, r.p99 = percentile(lat, 0.5), percentile(lat, 0.99)
+	r.floorP50, r.floorP99 = percentile(floor, 0.5), percentile(floor, 0.99)
 	if size == b.c.programSize {
 		if err := b.oneChange(ctx, &r, size, rng); err != nil {
 			return r, err
@@ -1032,19 +1050,19 @@ func histogram(body, name string) string {
 
 func report(rs []result, c config) {
 	fmt.Println()
-	fmt.Println("| services | mode | connect p50 | connect p99 | failed | ready after start | caches synced -> maps | RSS MiB |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| services | mode | connect p50 | connect p99 | pod->pod connect p50 / p99 (floor) | failed | ready after start | caches synced -> maps | RSS MiB |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rs {
 		if r.err != "" {
-			fmt.Printf("| %d | %s | failed: %s |||||||\n", r.size, r.mode, r.err)
+			fmt.Printf("| %d | %s | failed: %s ||||||||\n", r.size, r.mode, r.err)
 			continue
 		}
 		s2m := "—"
 		if r.mode == "tendril" {
 			s2m = r.syncToMaps.Round(time.Millisecond).String()
 		}
-		fmt.Printf("| %d | %s | %s | %s | %d | %s | %s | %.0f |\n", r.size, r.mode, us(r.p50), us(r.p99), r.failed,
-			r.ready.Round(time.Millisecond), s2m, r.rssMiB)
+		fmt.Printf("| %d | %s | %s | %s | %s / %s | %d | %s | %s | %.0f |\n", r.size, r.mode, us(r.p50), us(r.p99), us(r.floorP50), us(r.floorP99),
+			r.failed, r.ready.Round(time.Millisecond), s2m, r.rssMiB)
 	}
 	fmt.Println()
 	fmt.Printf("At %d services:\n\n", c.programSize)
