@@ -178,11 +178,19 @@
 
 /* Load-balancing sizes: Maglev table entries per service (a prime: the
  * datapath's table size M; changing it is a layout change of
- * tdr_lb_maglev_v1), and service and backend IDs are below LB_MAX_IDS
- * (0 is none).
+ * tdr_lb_maglev_v1); service, reverse NAT and backend IDs are below
+ * LB_MAX_IDS (0 is none): a flow's reverse NAT ID travels in the upper 24
+ * bits of ct_create's flags argument (conntrack.h). LB_MAP_MAX and
+ * LB_SLOTS_MAP_MAX are the default capacities of the service, backend,
+ * reverse NAT and Maglev maps and of the slots map: 100,000 services of 10
+ * backends fit. The agent sizes them by flag (--bpf-lb-map-max,
+ * --bpf-lb-slots-map-max); a capacity is no layout: a pin of another
+ * capacity is carried over into the new size at start.
  * go:const LB LB_ */
 #define LB_MAGLEV_TABLE_SIZE 16381
-#define LB_MAX_IDS 65536
+#define LB_MAX_IDS 16777216
+#define LB_MAP_MAX 131072
+#define LB_SLOTS_MAP_MAX 1048576
 
 /* Slots of an endpoint in tdr_policy_v2 (see policy_slot): one trie per
  * direction for entries of a given peer identity and one per direction for

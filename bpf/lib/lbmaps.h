@@ -143,7 +143,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb4_key);
 	__type(value, struct lb_service);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, LB_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb4_services_v1 SEC(".maps");
@@ -152,7 +152,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb6_key);
 	__type(value, struct lb_service);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, LB_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb6_services_v1 SEC(".maps");
@@ -161,7 +161,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb_slot_key);
 	__type(value, __u32); /* backend ID */
-	__uint(max_entries, 4 * LB_MAX_IDS);
+	__uint(max_entries, LB_SLOTS_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_slots_v1 SEC(".maps");
@@ -170,7 +170,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32); /* backend ID */
 	__type(value, struct lb_backend);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, LB_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_backends_v1 SEC(".maps");
@@ -179,7 +179,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32); /* reverse NAT ID */
 	__type(value, struct lb_revnat);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, LB_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_revnat_v1 SEC(".maps");
@@ -188,7 +188,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lb_affinity_key);
 	__type(value, struct lb_affinity);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_affinity_v1 SEC(".maps");
 
@@ -196,7 +196,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32); /* service ID */
 	__type(value, struct lb_maglev);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, LB_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_maglev_v1 SEC(".maps");
@@ -205,7 +205,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lb_sock_key);
 	__type(value, struct lb_sock_revnat);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_sock_revnat_v1 SEC(".maps");
 

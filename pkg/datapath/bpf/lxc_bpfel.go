@@ -40,7 +40,9 @@ type LxcCtEntry struct {
 	EpB      uint16
 	Flags    uint8
 	TcpFlags uint8
-	RevNat   uint16
+	Pad      uint16
+	RevNat   uint32
+	Pad2     uint32
 }
 
 type LxcEndpointInfo struct {
@@ -244,8 +246,8 @@ type LxcRatelimit struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	LxcMapTdrAuditV1            = "tdr_audit_v1"
-	LxcMapTdrCt4V1              = "tdr_ct4_v1"
-	LxcMapTdrCt6V1              = "tdr_ct6_v1"
+	LxcMapTdrCt4V2              = "tdr_ct4_v2"
+	LxcMapTdrCt6V2              = "tdr_ct6_v2"
 	LxcMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	LxcMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	LxcMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -331,8 +333,8 @@ type LxcProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type LxcMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
-	TdrCt4V1          *ebpf.MapSpec `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1          *ebpf.MapSpec `ebpf:"tdr_ct6_v1"`
+	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
+	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -392,8 +394,8 @@ func (o *LxcObjects) Close() error {
 // It can be passed to LoadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LxcMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
-	TdrCt4V1          *ebpf.Map `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1          *ebpf.Map `ebpf:"tdr_ct6_v1"`
+	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
+	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -421,8 +423,8 @@ type LxcMaps struct {
 func (m *LxcMaps) Close() error {
 	return _LxcClose(
 		m.TdrAuditV1,
-		m.TdrCt4V1,
-		m.TdrCt6V1,
+		m.TdrCt4V2,
+		m.TdrCt6V2,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,

@@ -40,7 +40,9 @@ type SockCtEntry struct {
 	EpB      uint16
 	Flags    uint8
 	TcpFlags uint8
-	RevNat   uint16
+	Pad      uint16
+	RevNat   uint32
+	Pad2     uint32
 }
 
 type SockEndpointInfo struct {
@@ -202,8 +204,8 @@ type SockRatelimit struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	SockMapTdrAuditV1            = "tdr_audit_v1"
-	SockMapTdrCt4V1              = "tdr_ct4_v1"
-	SockMapTdrCt6V1              = "tdr_ct6_v1"
+	SockMapTdrCt4V2              = "tdr_ct4_v2"
+	SockMapTdrCt6V2              = "tdr_ct6_v2"
 	SockMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	SockMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	SockMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -300,8 +302,8 @@ type SockProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
-	TdrCt4V1          *ebpf.MapSpec `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1          *ebpf.MapSpec `ebpf:"tdr_ct6_v1"`
+	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
+	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -360,8 +362,8 @@ func (o *SockObjects) Close() error {
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
-	TdrCt4V1          *ebpf.Map `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1          *ebpf.Map `ebpf:"tdr_ct6_v1"`
+	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
+	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -389,8 +391,8 @@ type SockMaps struct {
 func (m *SockMaps) Close() error {
 	return _SockClose(
 		m.TdrAuditV1,
-		m.TdrCt4V1,
-		m.TdrCt6V1,
+		m.TdrCt4V2,
+		m.TdrCt6V2,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,

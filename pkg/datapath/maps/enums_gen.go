@@ -234,12 +234,20 @@ const (
 
 // Load-balancing sizes: Maglev table entries per service (a prime: the
 // datapath's table size M; changing it is a layout change of
-// tdr_lb_maglev_v1), and service and backend IDs are below LB_MAX_IDS
-// (0 is none).
+// tdr_lb_maglev_v1); service, reverse NAT and backend IDs are below
+// LB_MAX_IDS (0 is none): a flow's reverse NAT ID travels in the upper 24
+// bits of ct_create's flags argument (conntrack.h). LB_MAP_MAX and
+// LB_SLOTS_MAP_MAX are the default capacities of the service, backend,
+// reverse NAT and Maglev maps and of the slots map: 100,000 services of 10
+// backends fit. The agent sizes them by flag (--bpf-lb-map-max,
+// --bpf-lb-slots-map-max); a capacity is no layout: a pin of another
+// capacity is carried over into the new size at start.
 // From LB_* of bpf/lib/enums.h.
 const (
-	LBMaglevTableSize = 16381 // LB_MAGLEV_TABLE_SIZE
-	LBMaxIds          = 65536 // LB_MAX_IDS
+	LBMaglevTableSize = 16381    // LB_MAGLEV_TABLE_SIZE
+	LBMaxIds          = 16777216 // LB_MAX_IDS
+	LBMapMax          = 131072   // LB_MAP_MAX
+	LBSlotsMapMax     = 1048576  // LB_SLOTS_MAP_MAX
 )
 
 // Slots of an endpoint in tdr_policy_v2 (see policy_slot): one trie per
