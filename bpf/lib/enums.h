@@ -64,6 +64,8 @@
 #define REASON_CT_REPLY 2 /* Forwarded (reply) */
 #define REASON_CT_RELATED 3 /* Forwarded (related ICMP error) */
 #define REASON_DELIVERED_DIRECT 4 /* Delivered directly to a local endpoint */
+#define REASON_MASQUERADED 5 /* Masqueraded to the node address */
+#define REASON_MASQ_REPLY 6 /* Masquerade reply translated back to the pod */
 #define REASON_POLICY_DENIED 10 /* Policy denied */
 #define REASON_POLICY_DENY_RULE 11 /* Policy denied by deny rule */
 #define REASON_TRUNCATED 12 /* Truncated packet */
@@ -75,6 +77,9 @@
 #define REASON_UNKNOWN_INTERFACE 18 /* Interface has no endpoint */
 #define REASON_SVC_NO_BACKEND 19 /* Service has no backend */
 #define REASON_NAT_FAILED 20 /* Service translation failed */
+#define REASON_MASQ_NO_PORT 21 /* Masquerade port range exhausted */
+#define REASON_MASQ_TABLE_FULL 22 /* Masquerade NAT table full */
+#define REASON_MASQ_FAILED 23 /* Masquerade translation failed */
 
 /* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
  * counters.
@@ -175,6 +180,17 @@
 #define AFFINITY_BY_NETNS 1
 #define AFFINITY_BY_V4 4
 #define AFFINITY_BY_V6 6
+
+/* Directions of NAT entries (nat4_key.dir): the pod's tuple as it leaves
+ * (egress, giving the node's address and port) and the node's tuple as a
+ * reply arrives (ingress, giving the pod's).
+ * go:const NATDir NAT_DIR_ uint8 */
+#define NAT_DIR_EGRESS 1
+#define NAT_DIR_INGRESS 2
+
+/* Host device flags (hostdev_info.flags).
+ * go:const HostDevFlag HOSTDEV_F_ uint8 */
+#define HOSTDEV_F_MASQ_V4 0x01 /* masquerade IPv4 pod traffic leaving here to ipv4 */
 
 /* Load-balancing sizes: Maglev table entries per service (a prime: the
  * datapath's table size M; changing it is a layout change of

@@ -336,5 +336,7 @@ const struct policy_key *unused_policy_key_type __attribute__((unused));
 /* Service load-balancing: its maps are shared by every object as the
  * others are. */
 #include "lbmaps.h"
+/* Masquerade (the host device programs), likewise. */
+#include "natmaps.h"
 
 #endif

@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/hive/cell"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -43,12 +44,13 @@ type apiParams struct {
 	Inspector  *dbinspect.Inspector
 	Flows      *flowsModule // nil with flows off
 	Metrics    *metrics.Server
+	Masquerade *hostdev.Masquerade // nil without the datapath
 }
 
 func registerAPIHandlers(p apiParams) {
 	(&metricsAPI{metrics: p.Metrics}).register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
-		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows}).register(p.API)
+		identities: p.Identities, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows, masq: p.Masquerade}).register(p.API)
 	(&serviceAPI{services: p.Services}).register(p.API)
 	registerStateDBAPI(p.API, p.Inspector)
 	(&policyAPI{policy: p.Policy}).register(p.API)
@@ -74,6 +76,7 @@ type daemonAPI struct {
 	services   *servicesModule
 	tables     *dbinspect.Inspector
 	flows      *flowsModule
+	masq       *hostdev.Masquerade
 }
 
 // policyAPI serves /v1/policy.

@@ -161,6 +161,9 @@ func (h *daemonAPI) sections() []ext.Section {
 	if h.dp != nil {
 		out = append(out, h.dp.statusSection())
 	}
+	if h.masq != nil {
+		out = append(out, h.masq.StatusSection())
+	}
 	if h.services != nil {
 		out = append(out, h.services.statusSection())
 	}

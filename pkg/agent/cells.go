@@ -23,6 +23,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		coreCell(cfg, deps),
 		kubernetesClientCell,
 		datapathCell,
+		masqueradeCell,
 		servicesCell,
 		endpointsCell,
 		kubernetesCell,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/bpffs"
+	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
@@ -98,6 +99,9 @@ type Config struct {
 	Services ServicesConfig
 	// Hubble are the flows' options (observer, Hubble API, trace events).
 	Hubble HubbleConfig
+	// Masquerade are the host device programs' options (masquerade of pod
+	// traffic leaving the node).
+	Masquerade hostdev.Config
 
 	API       server.Config
 	Metrics   metrics.Config
@@ -137,6 +141,7 @@ func DefaultConfig() Config {
 		IdentityLabels:         labels.DefaultConfig(),
 		Services:               ServicesConfig{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true},
 		Hubble:                 DefaultHubbleConfig(),
+		Masquerade:             hostdev.DefaultConfig(),
 		API:                    server.DefaultConfig(),
 		Metrics:                metrics.DefaultConfig(),
 		Profiling:              profiling.DefaultConfig(),
@@ -173,6 +178,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	c.IdentityLabels.Flags(fs)
 	c.Services.Flags(fs)
 	c.Hubble.Flags(fs)
+	c.Masquerade.Flags(fs)
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)
 	c.Profiling.Flags(fs)
@@ -237,6 +243,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Hubble.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Masquerade.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.K8sCacheSyncTimeout <= 0 {

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/vishvananda/netlink"
 
+	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -33,6 +34,7 @@ type hostIPSync struct {
 	log  *slog.Logger
 	dp   *datapathModule
 	eps  *endpointsModule
+	masq *hostdev.Masquerade
 	jobs job.Group
 
 	// addrUpdates are the host's address changes (nil when the
@@ -55,13 +57,16 @@ type hostIPParams struct {
 	Health    *health.Registry
 	Datapath  *datapathModule
 	Endpoints *endpointsModule
+	// Masquerade's NAT entries are collected with conntrack (nil without
+	// the datapath).
+	Masquerade *hostdev.Masquerade
 }
 
 func newHostIPSync(p hostIPParams) *hostIPSync {
 	if p.Datapath == nil {
 		return nil
 	}
-	m := &hostIPSync{log: p.Log, dp: p.Datapath, eps: p.Endpoints, jobs: newJobGroup(p.Jobs, p.Health, "host-ips-ct-gc", p.Log)}
+	m := &hostIPSync{log: p.Log, dp: p.Datapath, eps: p.Endpoints, masq: p.Masquerade, jobs: newJobGroup(p.Jobs, p.Health, "host-ips-ct-gc", p.Log)}
 	p.Steps.Append(p.Lifecycle, "host-ips-ct-gc", m.syncHostIPs, nil)
 	m.jobs.Add(
 		job.OneShot("host-ips-ct-gc", func(ctx context.Context, _ cell.Health) error {
@@ -245,6 +250,12 @@ func (m *hostIPSync) runCTGC() (seen, deleted int) {
 	seen, deleted = res.Seen, res.Deleted
 	if err != nil {
 		m.log.Warn("Conntrack GC", "error", err)
+	}
+	// A NAT mapping goes with its flow's conntrack entry.
+	if nat, err := m.masq.CollectNAT(); err != nil {
+		m.log.Warn("NAT GC", "error", err)
+	} else if nat.Deleted > 0 {
+		m.log.Debug("NAT GC", "mappings-deleted", nat.Deleted, "orphans", nat.Orphans)
 	}
 	m.dp.ctDeleted.Add(float64(deleted))
 	m.dp.ctEntries.Set(float64(seen - deleted))

@@ -58,6 +58,7 @@ func newBPFCommand(opts *Options) *cobra.Command {
 		return c
 	}
 	cmd.AddCommand(newBPFLBCommand(opts, &root))
+	cmd.AddCommand(newBPFNATCommand(opts, &root))
 	cmd.AddCommand(
 		listCmd("endpoint", "List the endpoints map", func(m *maps.Maps, tw *tabwriter.Writer) (any, error) {
 			eps, err := m.EndpointMap().List()

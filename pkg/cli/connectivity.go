@@ -49,6 +49,9 @@ any check failed. Needs root (probes run inside the pods' network namespaces).`,
 			// The kubernetes Service's endpoint: node1's address, where every
 			// lab kubelet forwards the API server for pods.
 			cfg.APIServer = fmt.Sprintf("%s:%d", st.Nodes[0].Address, st.APIPort)
+			if st.World != nil {
+				cfg.World = st.World.ServerIP
+			}
 			rc, err := controlplane.RESTConfig(st.Kubeconfig)
 			if err != nil {
 				return err

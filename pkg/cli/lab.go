@@ -183,6 +183,19 @@ func labPod(name, ref string) (*lab.PodRecord, error) {
 	return rec, nil
 }
 
+// worldRecord stands for the lab's world where a pod's record is used:
+// its network namespace, no resolv.conf.
+func worldRecord(name string) (*lab.PodRecord, error) {
+	st, err := lab.LoadState(name)
+	if err != nil {
+		return nil, err
+	}
+	if st.World == nil {
+		return nil, fmt.Errorf("lab %s has no world (made by an older lab up)", name)
+	}
+	return &lab.PodRecord{Name: lab.WorldRef, Netns: st.World.Netns, IPs: []string{st.World.ClientIP}}, nil
+}
+
 // findLabPod finds a running pod's record and its lab.
 func findLabPod(name, ref string) (*lab.State, *lab.PodRecord, error) {
 	ns, pod, err := lab.ParsePodRef(ref)
@@ -202,14 +215,20 @@ func findLabPod(name, ref string) (*lab.State, *lab.PodRecord, error) {
 
 func newLabExecCommand(name *string) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "exec NS/POD -- CMD [ARG...]",
-		Short: "Run a command in a pod's network namespace, resolving names through the cluster DNS as the pod does",
+		Use:   "exec NS/POD|world -- CMD [ARG...]",
+		Short: "Run a command in a pod's network namespace (resolving names through the cluster DNS as the pod does), or in the world outside the cluster",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if os.Geteuid() != 0 {
 				return errors.New("tendril lab exec needs root (it enters a network namespace)")
 			}
-			rec, err := labPod(*name, args[0])
+			var rec *lab.PodRecord
+			var err error
+			if args[0] == lab.WorldRef {
+				rec, err = worldRecord(*name)
+			} else {
+				rec, err = labPod(*name, args[0])
+			}
 			if err != nil {
 				return err
 			}
@@ -248,8 +267,8 @@ func newLabProbeCommand(name *string) *cobra.Command {
 	var timeout time.Duration
 	broken := func(err error) error { return &ExitError{Code: probeBroken, Msg: "cannot probe: " + err.Error()} }
 	cmd := &cobra.Command{
-		Use:   "probe NS/POD HOST:PORT [--udp] [--dns-tcp] [--tls] [--outside-node-cgroup] [--timeout 1s]",
-		Short: "Connect from inside a pod and wait for an answer (exit 0 answered, 1 no connection or answer, 2+ could not probe)",
+		Use:   "probe NS/POD|world HOST:PORT [--udp] [--dns-tcp] [--tls] [--outside-node-cgroup] [--timeout 1s]",
+		Short: "Connect from inside a pod, or from the world's client address, and wait for an answer (exit 0 answered, 1 no connection or answer, 2+ could not probe)",
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 2 {
 				return broken(fmt.Errorf("want NS/POD HOST:PORT, got %d arguments", len(args)))
@@ -273,11 +292,25 @@ func newLabProbeCommand(name *string) *cobra.Command {
 			if timeout <= 0 {
 				return broken(fmt.Errorf("--timeout %s: must be positive", timeout))
 			}
-			st, rec, err := findLabPod(*name, args[0])
-			if err != nil {
+			var st *lab.State
+			var rec *lab.PodRecord
+			var source net.IP
+			var err error
+			world := args[0] == lab.WorldRef
+			if world {
+				// The world client: its own address, in no node's cgroup,
+				// no cluster DNS.
+				if rec, err = worldRecord(*name); err != nil {
+					return broken(err)
+				}
+				source = net.ParseIP(lab.WorldClientIP)
+				outside = true
+			} else if st, rec, err = findLabPod(*name, args[0]); err != nil {
 				return broken(err)
 			}
-			if outside {
+			if world {
+				err = lab.EnterRootCgroup()
+			} else if outside {
 				// In the pod's network namespace but in no node's cgroup:
 				// socket load-balancing does not see the connection, the pod
 				// programs' per-packet NAT must translate it.
@@ -290,6 +323,9 @@ func newLabProbeCommand(name *string) *cobra.Command {
 			}
 			var roots *x509.CertPool
 			if useTLS {
+				if st == nil {
+					return broken(errors.New("--tls is for pods"))
+				}
 				if udp {
 					return broken(errors.New("--tls is TCP only"))
 				}
@@ -309,6 +345,9 @@ func newLabProbeCommand(name *string) *cobra.Command {
 			host, port, _ := net.SplitHostPort(args[1])
 			var resolver *workload.Resolver
 			if net.ParseIP(host) == nil {
+				if world {
+					return broken(errors.New("the world has no cluster DNS: give an address"))
+				}
 				if resolver, err = podResolver(rec, dnsTCP, timeout); err != nil {
 					return broken(err)
 				}
@@ -330,7 +369,7 @@ func newLabProbeCommand(name *string) *cobra.Command {
 				if roots != nil {
 					answer, probeErr = workload.ProbeTLS(context.Background(), target, host, roots, timeout)
 				} else {
-					answer, probeErr = workload.Probe(context.Background(), target, udp, timeout)
+					answer, probeErr = workload.ProbeFrom(context.Background(), source, target, udp, timeout)
 				}
 				return nil
 			})
@@ -383,13 +422,15 @@ func newLabKubeletCommand(name *string) *cobra.Command {
 func newLabWorkloadCommand() *cobra.Command {
 	var podName, tcp, udp string
 	var readyFD int
+	var reportPeer bool
+	var address string
 	cmd := &cobra.Command{
 		Use:    "workload --pod-name NAME --tcp PORTS --udp PORTS",
 		Short:  "A lab pod's server: answers every TCP connection and UDP datagram with the pod's name",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s := &workload.Server{Name: podName, Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))}
+			s := &workload.Server{Name: podName, ReportPeer: reportPeer, Address: address, Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))}
 			var err error
 			if s.TCPPorts, err = workload.ParsePorts(tcp); err != nil {
 				return fmt.Errorf("--tcp: %w", err)
@@ -413,6 +454,8 @@ func newLabWorkloadCommand() *cobra.Command {
 	cmd.Flags().StringVar(&tcp, "tcp", "", "TCP ports, comma-separated")
 	cmd.Flags().StringVar(&udp, "udp", "", "UDP ports, comma-separated")
 	cmd.Flags().IntVar(&readyFD, "ready-fd", 0, "File descriptor to write a line to once every port listens")
+	cmd.Flags().StringVar(&address, "address", "", "Listen on this address only (default: every address)")
+	cmd.Flags().BoolVar(&reportPeer, "report-peer", false, "Answer with the name and the source address and port the connection came from (the lab's world server)")
 	return cmd
 }
 

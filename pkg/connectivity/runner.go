@@ -70,6 +70,9 @@ type Check struct {
 	Repeat   int
 	Spread   bool
 	Sticky   bool
+	// AnswerPrefix, when set, is how every answer must begin (the world
+	// server's "world from <node address>:": who the server saw).
+	AnswerPrefix string
 }
 
 // ErrCannotProbe marks a probe that could not be made (no such pod, a
@@ -136,6 +139,9 @@ func judgeAnswers(c Check, answers []string) (bool, string) {
 		seen[a]++
 		if len(c.Backends) > 0 && !slices.Contains(c.Backends, a) {
 			return false, fmt.Sprintf("answered by %q, not one of %v", a, c.Backends)
+		}
+		if c.AnswerPrefix != "" && !strings.HasPrefix(a, c.AnswerPrefix) {
+			return false, fmt.Sprintf("answered %q, want %q...", a, c.AnswerPrefix)
 		}
 	}
 	if c.Sticky && len(seen) > 1 {

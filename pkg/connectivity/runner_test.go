@@ -117,6 +117,8 @@ func TestRunnerJudgesWhoAnswers(t *testing.T) {
 		"c>one:80":    {"s2"},
 		"c>stray:80":  {"s1", "x"},
 		"c>down:80":   {},
+		"c>world:80":  {"world from 10.0.0.1:61234"},
+		"c>leak:80":   {"world from 10.244.0.5:40000"},
 	}}
 	backends := []string{"s1", "s2"}
 	r := &Runner{Prober: p, Out: &bytes.Buffer{}, ProbeTimeout: time.Millisecond, Settle: 300 * time.Millisecond}
@@ -129,8 +131,10 @@ func TestRunnerJudgesWhoAnswers(t *testing.T) {
 		{Name: "stranger answers", From: "c", To: "stray:80", Proto: "tcp", Allowed: true, Backends: backends, Repeat: 2},
 		{Name: "denied", From: "c", To: "down:80", Proto: "tcp", Allowed: false},
 		{Name: "cannot probe is no denial", From: "nopod", To: "svc:80", Proto: "tcp", Allowed: false},
+		{Name: "masqueraded to the node", From: "c", To: "world:80", Proto: "tcp", Allowed: true, AnswerPrefix: "world from 10.0.0.1:"},
+		{Name: "left with the pod address", From: "c", To: "leak:80", Proto: "tcp", Allowed: true, AnswerPrefix: "world from 10.0.0.1:"},
 	})
-	want := []bool{true, true, false, false, false, false, true, false}
+	want := []bool{true, true, false, false, false, false, true, false, true, false}
 	for i, w := range want {
 		if res[i].Passed != w {
 			t.Errorf("%s: passed=%v, want %v (last %q)", res[i].Name, res[i].Passed, w, res[i].Last)

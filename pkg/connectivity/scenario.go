@@ -35,9 +35,13 @@ type Config struct {
 	// ClusterDNS is the cluster DNS Service's address (kube-dns), named in
 	// the output; the DNS checks expect pods to resolve through it.
 	ClusterDNS string
-	Keep       bool
-	Settle     time.Duration
-	ReadyWait  time.Duration
+	// World is a server outside the cluster (IP) answering on TCP 80 and
+	// UDP 81 with "<name> from <source address>:<port>" (the lab's world
+	// server); empty skips the masquerade checks.
+	World     string
+	Keep      bool
+	Settle    time.Duration
+	ReadyWait time.Duration
 }
 
 // DefaultConfig returns the defaults.
@@ -256,6 +260,26 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			check("connectivity restored, TCP", from(podOtherClient), to(podServerOther, 80), "tcp", true),
 			check("connectivity restored, same node", from(podOtherClient), to(podServerSame, 80), "tcp", true),
 		}},
+	}
+	if cfg.World != "" {
+		// The world has no route to the pod CIDRs: an answer at all says
+		// the traffic was masqueraded; its source says to which address.
+		world := func(name, client string, node, port int, proto string) Check {
+			return Check{Name: name, From: from(client), To: fmt.Sprintf("%s:%d", cfg.World, port), Proto: proto, Allowed: true,
+				AnswerPrefix: "world from " + cfg.NodeIPs[node] + ":"}
+		}
+		phases = append(phases[:1], append([]struct {
+			title  string
+			before func() error
+			checks []Check
+		}{{"Pod to world (" + cfg.World + "): masqueraded to the node address", nil, []Check{
+			world("pod to world leaves with node 1's address, TCP", podClient, 0, 80, "tcp"),
+			world("pod to world leaves with node 1's address, UDP", podClient, 0, 81, "udp"),
+			check("pod to world, node 1, ICMP", from(podClient), cfg.World, "icmp", true),
+			world("pod to world leaves with node 2's address, TCP", podRemoteClient, 1, 80, "tcp"),
+			world("pod to world leaves with node 2's address, UDP", podRemoteClient, 1, 81, "udp"),
+			check("pod to world, node 2, ICMP", from(podRemoteClient), cfg.World, "icmp", true),
+		}}}, phases[1:]...)...)
 	}
 	if cfg.APIServer != "" {
 		phases[0].checks = append(phases[0].checks,

@@ -25,11 +25,11 @@ func CreateNetns(name string) error { return namedns.Create(name) }
 func DeleteNetns(name string) error { return namedns.Delete(name) }
 
 // ListLabNetns lists the named network namespaces of the lab: exactly the
-// names the lab gives (<name>-net, <name>-nodeN, <name>-pod-<12 hex>), so
+// names the lab gives (<name>-net, <name>-world, <name>-nodeN, <name>-pod-<12 hex>), so
 // that another tool's namespaces that merely share the prefix are never
 // touched.
 func ListLabNetns(name string) ([]string, error) {
-	own := regexp.MustCompile("^" + regexp.QuoteMeta(NetnsPrefix(name)) + `(net|node[0-9]+|pod-[0-9a-f]{12})$`)
+	own := regexp.MustCompile("^" + regexp.QuoteMeta(NetnsPrefix(name)) + `(net|world|node[0-9]+|pod-[0-9a-f]{12})$`)
 	all, err := ListNetns(NetnsPrefix(name))
 	if err != nil {
 		return nil, err

@@ -107,6 +107,9 @@ type State struct {
 	// NetNetns holds the lab bridge.
 	NetNetns string `json:"netNetns"`
 	Nodes    []Node `json:"nodes"`
+	// World is the network outside the cluster (world.go); nil in the
+	// state of a lab made before it existed.
+	World *World `json:"world,omitempty"`
 }
 
 func (s *State) path() string { return filepath.Join(s.Dir, "lab.json") }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/controlplane"
+	"github.com/tendril-net/tendril/pkg/lab/workload"
 )
 
 // Clientset is an admin client of the lab's API server.
@@ -60,6 +63,18 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 		if len(rs.GetUnavailableNodes()) > 0 {
 			relay += ", unavailable: " + strings.Join(rs.GetUnavailableNodes(), ", ")
 		}
+	}
+	if w := st.World; w != nil {
+		server := "not answering"
+		target := net.JoinHostPort(w.ServerIP, strconv.Itoa(WorldServerPorts[0]))
+		_ = InNetns(NetnsPath(w.Netns), func() error {
+			if a, err := workload.Probe(ctx, target, false, 2*time.Second); err == nil {
+				server = fmt.Sprintf("answering (%q)", a)
+			}
+			return nil
+		})
+		fmt.Fprintf(out, "\nWORLD  %s: gateway %s on the bridge (the nodes' default route), server %s:%s tcp+udp %s, client %s; no route to the pod CIDRs\n",
+			w.Netns, w.Gateway, w.ServerIP, workload.FormatPorts(WorldServerPorts), server, w.ClientIP)
 	}
 	fmt.Fprintf(out, "\nHUBBLE RELAY  unix://%s (and %s:%d in %s): %s\n", st.RelaySocket(), st.Nodes[0].Address, RelayPort, st.Nodes[0].Netns, relay)
 	pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})

@@ -22,6 +22,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/controlplane"
+	"github.com/tendril-net/tendril/pkg/lab/workload"
 )
 
 // Config says what lab to bring up.
@@ -186,16 +187,32 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			return st, err
 		}
 	}
+	st.World = newWorld(st.Name)
+	if err := createWorld(st.NetNetns, st.World); err != nil {
+		return st, err
+	}
+	// Before the agents start: an agent's masquerade picks the device of
+	// the default route.
+	for _, n := range st.Nodes {
+		if err := addNodeDefaultRoute(n); err != nil {
+			return st, err
+		}
+	}
 	if err := st.Save(); err != nil {
 		return st, err
 	}
-	step(out, start, "network: bridge in %s, %d node namespaces on %s0/%d", st.NetNetns, len(st.Nodes), NodeSubnetPrefix, NodeSubnetBits)
+	step(out, start, "network: bridge in %s, %d node namespaces on %s0/%d, the world (%s) behind %s",
+		st.NetNetns, len(st.Nodes), NodeSubnetPrefix, NodeSubnetBits, st.World.Netns, st.World.Gateway)
 
 	hubbleArgs, relayTLSArgs, err := hubblePKI(st)
 	if err != nil {
 		return st, err
 	}
 	exited := map[string]<-chan error{}
+	if err := startWorldServer(ctx, st, exited); err != nil {
+		return st, err
+	}
+	step(out, start, "world server: %s:%s (TCP and UDP), answering with the source it sees", st.World.ServerIP, workload.FormatPorts(WorldServerPorts))
 	for i, n := range st.Nodes {
 		argv := []string{filepath.Join(st.BinDir, "tendril"), "lab", "kubelet", "--name", st.Name, "--node", n.Name}
 		if i == 0 {

@@ -82,6 +82,13 @@ type LxcEvent struct {
 	Pad         uint8
 }
 
+type LxcHostdevInfo struct {
+	_     structs.HostLayout
+	Flags uint8
+	Pad   [3]uint8
+	Ipv4  [4]uint8
+}
+
 type LxcIpcacheInfo struct {
 	_            structs.HostLayout
 	Identity     uint32
@@ -217,6 +224,25 @@ type LxcMetricValue struct {
 	Bytes   uint64
 }
 
+type LxcNat4Entry struct {
+	_       structs.HostLayout
+	Addr    [4]uint8
+	Port    uint16
+	Pad     [2]uint8
+	Created uint64
+}
+
+type LxcNat4Key struct {
+	_     structs.HostLayout
+	AddrL [4]uint8
+	AddrR [4]uint8
+	PortL uint16
+	PortR uint16
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
 type LxcPolicyEntry struct {
 	_      structs.HostLayout
 	Deny   uint8
@@ -255,6 +281,7 @@ const (
 	LxcMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
 	LxcMapTdrEventsLostV1       = "tdr_events_lost_v1"
 	LxcMapTdrEventsV1           = "tdr_events_v1"
+	LxcMapTdrHostdevV1          = "tdr_hostdev_v1"
 	LxcMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	LxcMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	LxcMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
@@ -267,6 +294,8 @@ const (
 	LxcMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	LxcMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	LxcMapTdrMetricsV2          = "tdr_metrics_v2"
+	LxcMapTdrNat4V1             = "tdr_nat4_v1"
+	LxcMapTdrNomasqV1           = "tdr_nomasq_v1"
 	LxcMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	LxcMapTdrPolicyV2           = "tdr_policy_v2"
 	LxcMapTdrRatelimitV2        = "tdr_ratelimit_v2"
@@ -342,6 +371,7 @@ type LxcMapSpecs struct {
 	TdrEpIfindexV1    *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.MapSpec `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
+	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
@@ -354,6 +384,8 @@ type LxcMapSpecs struct {
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
+	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
+	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
@@ -403,6 +435,7 @@ type LxcMaps struct {
 	TdrEpIfindexV1    *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.Map `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
+	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
@@ -415,6 +448,8 @@ type LxcMaps struct {
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
+	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
+	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
@@ -432,6 +467,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrEpIfindexV1,
 		m.TdrEventsLostV1,
 		m.TdrEventsV1,
+		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
@@ -444,6 +480,8 @@ func (m *LxcMaps) Close() error {
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,
+		m.TdrNat4V1,
+		m.TdrNomasqV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrRatelimitV2,

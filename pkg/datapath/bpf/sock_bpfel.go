@@ -58,6 +58,13 @@ type SockEndpointInfo struct {
 	Ipv6     [16]uint8
 }
 
+type SockHostdevInfo struct {
+	_     structs.HostLayout
+	Flags uint8
+	Pad   [3]uint8
+	Ipv4  [4]uint8
+}
+
 type SockIpcacheInfo struct {
 	_            structs.HostLayout
 	Identity     uint32
@@ -193,6 +200,25 @@ type SockMetricValue struct {
 	Bytes   uint64
 }
 
+type SockNat4Entry struct {
+	_       structs.HostLayout
+	Addr    [4]uint8
+	Port    uint16
+	Pad     [2]uint8
+	Created uint64
+}
+
+type SockNat4Key struct {
+	_     structs.HostLayout
+	AddrL [4]uint8
+	AddrR [4]uint8
+	PortL uint16
+	PortR uint16
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
 type SockRatelimit struct {
 	_      structs.HostLayout
 	Last   uint64
@@ -213,6 +239,7 @@ const (
 	SockMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
 	SockMapTdrEventsLostV1       = "tdr_events_lost_v1"
 	SockMapTdrEventsV1           = "tdr_events_v1"
+	SockMapTdrHostdevV1          = "tdr_hostdev_v1"
 	SockMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	SockMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	SockMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
@@ -225,6 +252,8 @@ const (
 	SockMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	SockMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	SockMapTdrMetricsV2          = "tdr_metrics_v2"
+	SockMapTdrNat4V1             = "tdr_nat4_v1"
+	SockMapTdrNomasqV1           = "tdr_nomasq_v1"
 	SockMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	SockMapTdrPolicyV2           = "tdr_policy_v2"
 	SockMapTdrRatelimitV2        = "tdr_ratelimit_v2"
@@ -311,6 +340,7 @@ type SockMapSpecs struct {
 	TdrEpIfindexV1    *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.MapSpec `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
+	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
@@ -323,6 +353,8 @@ type SockMapSpecs struct {
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
+	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
+	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
@@ -371,6 +403,7 @@ type SockMaps struct {
 	TdrEpIfindexV1    *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.Map `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
+	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
@@ -383,6 +416,8 @@ type SockMaps struct {
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
+	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
+	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
@@ -400,6 +435,7 @@ func (m *SockMaps) Close() error {
 		m.TdrEpIfindexV1,
 		m.TdrEventsLostV1,
 		m.TdrEventsV1,
+		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
@@ -412,6 +448,8 @@ func (m *SockMaps) Close() error {
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,
+		m.TdrNat4V1,
+		m.TdrNomasqV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrRatelimitV2,

@@ -65,6 +65,8 @@ const (
 	ReasonCTReply          uint8 = 2  // REASON_CT_REPLY: Forwarded (reply)
 	ReasonCTRelated        uint8 = 3  // REASON_CT_RELATED: Forwarded (related ICMP error)
 	ReasonDeliveredDirect  uint8 = 4  // REASON_DELIVERED_DIRECT: Delivered directly to a local endpoint
+	ReasonMasqueraded      uint8 = 5  // REASON_MASQUERADED: Masqueraded to the node address
+	ReasonMasqReply        uint8 = 6  // REASON_MASQ_REPLY: Masquerade reply translated back to the pod
 	ReasonPolicyDenied     uint8 = 10 // REASON_POLICY_DENIED: Policy denied
 	ReasonPolicyDenyRule   uint8 = 11 // REASON_POLICY_DENY_RULE: Policy denied by deny rule
 	ReasonTruncated        uint8 = 12 // REASON_TRUNCATED: Truncated packet
@@ -76,6 +78,9 @@ const (
 	ReasonUnknownInterface uint8 = 18 // REASON_UNKNOWN_INTERFACE: Interface has no endpoint
 	ReasonSvcNoBackend     uint8 = 19 // REASON_SVC_NO_BACKEND: Service has no backend
 	ReasonNatFailed        uint8 = 20 // REASON_NAT_FAILED: Service translation failed
+	ReasonMasqNoPort       uint8 = 21 // REASON_MASQ_NO_PORT: Masquerade port range exhausted
+	ReasonMasqTableFull    uint8 = 22 // REASON_MASQ_TABLE_FULL: Masquerade NAT table full
+	ReasonMasqFailed       uint8 = 23 // REASON_MASQ_FAILED: Masquerade translation failed
 )
 
 // ReasonNames describes every Reason constant, for the CLI, events and metrics.
@@ -86,6 +91,8 @@ func ReasonNames() map[uint8]string {
 		ReasonCTReply:          "Forwarded (reply)",
 		ReasonCTRelated:        "Forwarded (related ICMP error)",
 		ReasonDeliveredDirect:  "Delivered directly to a local endpoint",
+		ReasonMasqueraded:      "Masqueraded to the node address",
+		ReasonMasqReply:        "Masquerade reply translated back to the pod",
 		ReasonPolicyDenied:     "Policy denied",
 		ReasonPolicyDenyRule:   "Policy denied by deny rule",
 		ReasonTruncated:        "Truncated packet",
@@ -97,6 +104,9 @@ func ReasonNames() map[uint8]string {
 		ReasonUnknownInterface: "Interface has no endpoint",
 		ReasonSvcNoBackend:     "Service has no backend",
 		ReasonNatFailed:        "Service translation failed",
+		ReasonMasqNoPort:       "Masquerade port range exhausted",
+		ReasonMasqTableFull:    "Masquerade NAT table full",
+		ReasonMasqFailed:       "Masquerade translation failed",
 	}
 }
 
@@ -230,6 +240,21 @@ const (
 	AffinityByNetns uint8 = 1 // AFFINITY_BY_NETNS
 	AffinityByV4    uint8 = 4 // AFFINITY_BY_V4
 	AffinityByV6    uint8 = 6 // AFFINITY_BY_V6
+)
+
+// Directions of NAT entries (nat4_key.dir): the pod's tuple as it leaves
+// (egress, giving the node's address and port) and the node's tuple as a
+// reply arrives (ingress, giving the pod's).
+// From NAT_DIR_* of bpf/lib/enums.h.
+const (
+	NATDirEgress  uint8 = 1 // NAT_DIR_EGRESS
+	NATDirIngress uint8 = 2 // NAT_DIR_INGRESS
+)
+
+// Host device flags (hostdev_info.flags).
+// From HOSTDEV_F_* of bpf/lib/enums.h.
+const (
+	HostDevFlagMasqV4 uint8 = 0x01 // HOSTDEV_F_MASQ_V4: masquerade IPv4 pod traffic leaving here to ipv4
 )
 
 // Load-balancing sizes: Maglev table entries per service (a prime: the

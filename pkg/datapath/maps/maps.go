@@ -67,6 +67,9 @@ type Maps struct {
 	// LB are the service load-balancing maps (nil when opened with
 	// OpenPinned: OpenPinnedLB opens them).
 	LB *LBMaps
+	// NAT are the masquerade maps (nil when opened with OpenPinned:
+	// OpenPinnedNAT opens them).
+	NAT *NATMaps
 
 	policyOnce sync.Once
 	policy     *PolicyMap
@@ -78,7 +81,7 @@ func FromObjects(o *bpf.LxcMaps) *Maps {
 		Endpoints: o.TdrEndpointsV2, EndpointsIfx: o.TdrEpIfindexV1, EndpointsID: o.TdrEpIdV1,
 		EndpointsIP4: o.TdrEndpointIp4V1, EndpointsIP6: o.TdrEndpointIp6V1, IPCache: o.TdrIpcacheV2, PolicyCIDR: o.TdrPolicyCidrV1, Policy: o.TdrPolicyV2, Audit: o.TdrAuditV1,
 		CT4: o.TdrCt4V2, CT6: o.TdrCt6V2, Metrics: o.TdrMetricsV2, Events: o.TdrEventsV1,
-		LB: LBFromObjects(o),
+		LB: LBFromObjects(o), NAT: NATFromObjects(o),
 	}
 }
 

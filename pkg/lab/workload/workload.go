@@ -30,7 +30,25 @@ type Server struct {
 	Name     string
 	TCPPorts []int
 	UDPPorts []int
-	Log      *slog.Logger
+	// ReportPeer adds the address and port the answer goes to ("NAME from
+	// 172.30.0.11:61001"): the lab's world server says which source a
+	// connection came from (a masqueraded pod's node, or the pod).
+	ReportPeer bool
+	// Address is the address to listen on ("": every address). A UDP
+	// answer leaves from the listening address, so a server with several
+	// addresses (the lab's world) binds the one it is reached at: the
+	// answer must come from where the datagram went, or a NAT on the way
+	// back cannot match it.
+	Address string
+	Log     *slog.Logger
+}
+
+// answer is what a peer gets.
+func (s *Server) answer(peer net.Addr) string {
+	if s.ReportPeer && peer != nil {
+		return s.Name + " from " + peer.String() + "\n"
+	}
+	return s.Name + "\n"
 }
 
 // Serve listens on every port, calls ready once all listen, and answers
@@ -47,7 +65,7 @@ func (s *Server) Serve(ctx context.Context, ready func()) error {
 		}
 	}
 	for _, p := range s.TCPPorts {
-		l, err := net.Listen("tcp", ":"+strconv.Itoa(p))
+		l, err := net.Listen("tcp", net.JoinHostPort(s.Address, strconv.Itoa(p)))
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("listen on tcp/%d: %w", p, err)
@@ -55,7 +73,7 @@ func (s *Server) Serve(ctx context.Context, ready func()) error {
 		lns = append(lns, l)
 	}
 	for _, p := range s.UDPPorts {
-		pc, err := net.ListenPacket("udp", ":"+strconv.Itoa(p))
+		pc, err := net.ListenPacket("udp", net.JoinHostPort(s.Address, strconv.Itoa(p)))
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("listen on udp/%d: %w", p, err)
@@ -106,7 +124,7 @@ func (s *Server) answerTCP(c net.Conn) {
 	_ = c.SetReadDeadline(time.Time{})
 	for _, m := range []string{"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "OPTIONS ", "PATCH "} {
 		if strings.HasPrefix(line, m) {
-			body := s.Name + "\n"
+			body := s.answer(c.RemoteAddr())
 			fmt.Fprintf(c, "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", len(body))
 			if m != "HEAD " {
 				_, _ = c.Write([]byte(body))
@@ -114,7 +132,7 @@ func (s *Server) answerTCP(c net.Conn) {
 			return
 		}
 	}
-	_, _ = c.Write([]byte(s.Name + "\n"))
+	_, _ = c.Write([]byte(s.answer(c.RemoteAddr())))
 }
 
 func (s *Server) udpLoop(pc net.PacketConn) {
@@ -127,7 +145,7 @@ func (s *Server) udpLoop(pc net.PacketConn) {
 			}
 			continue
 		}
-		_, _ = pc.WriteTo([]byte(s.Name+"\n"), from)
+		_, _ = pc.WriteTo([]byte(s.answer(from)), from)
 	}
 }
 
@@ -163,6 +181,12 @@ func FormatPorts(ports []int) string {
 // returns the answer, or an error when nothing answered: refused, timed
 // out, closed without a word.
 func Probe(ctx context.Context, addr string, udp bool, timeout time.Duration) (string, error) {
+	return ProbeFrom(ctx, nil, addr, udp, timeout)
+}
+
+// ProbeFrom is Probe from a given source address (nil: the kernel picks
+// it), as the lab's world client connects from its own address.
+func ProbeFrom(ctx context.Context, source net.IP, addr string, udp bool, timeout time.Duration) (string, error) {
 	deadline := time.Now().Add(timeout)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -171,6 +195,13 @@ func Probe(ctx context.Context, addr string, udp bool, timeout time.Duration) (s
 		network = "udp"
 	}
 	var d net.Dialer
+	if source != nil {
+		if udp {
+			d.LocalAddr = &net.UDPAddr{IP: source}
+		} else {
+			d.LocalAddr = &net.TCPAddr{IP: source}
+		}
+	}
 	c, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return "", err

@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* Tendril's host device programs, attached at each uplink of the node (the
+ * agent's --devices; by default the device of the default route), TCX
+ * ingress and egress (or tc filters in --datapath-attach-mode=tc), pinned
+ * like the pod programs so they keep working while the agent restarts.
+ *
+ * to_netdev (egress): a pod's packet leaving the node for a destination
+ * outside the cluster and outside the non-masquerade CIDRs gets the
+ * device's node address as its source, with a port of the masquerade
+ * range (nat.h); its tuple's mapping is kept in tdr_nat4_v1 both ways.
+ * from_netdev (ingress): a reply to a masqueraded flow gets the pod's
+ * address and port back as its destination; the host then routes it to
+ * the pod, whose to_pod sees it as the reply of the pod's flow.
+ *
+ * Everything else passes untouched: the host's own traffic, pods' traffic
+ * within the cluster, and, for now, IPv6 (docs/datapath.md). */
+#include "lib/common.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#include "lib/maps.h"
+#include "lib/pkt.h"
+#include "lib/events.h"
+#include "lib/parse.h"
+#include "lib/endpoint.h"
+#include "lib/ipcache.h"
+#include "lib/nat.h"
+
+SEC("tcx/egress")
+int to_netdev(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+
+	/* Unparseable packets are the host's business here, not ours. */
+	if (parse(skb, &p) || p.family != FAMILY_V4 || p.arp || !masq_l4(&p))
+		return TC_ACT_OK;
+	const struct endpoint_info *ep = endpoint_by_addr(FAMILY_V4, p.saddr);
+	if (!ep)
+		return TC_ACT_OK;
+	__u32 ifindex = skb->ifindex;
+	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
+	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V4) || !masq_needed(&p))
+		return TC_ACT_OK;
+	/* An ICMP echo request's identifier is its "source port". */
+	struct masq_alloc a = {};
+	__builtin_memcpy(a.fwd.addr_l, p.saddr, 4);
+	__builtin_memcpy(a.fwd.addr_r, p.daddr, 4);
+	a.fwd.port_l = p.sport;
+	a.fwd.port_r = p.dport;
+	a.fwd.proto = p.proto;
+	a.fwd.dir = NAT_DIR_EGRESS;
+	__u8 node[4];
+	__builtin_memcpy(node, dev->ipv4, 4);
+	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &a.fwd);
+	__be16 port;
+	if (m && u32_at(m->addr) == u32_at(node)) {
+		port = m->port;
+	} else {
+		/* A mapping to another address (the node's changed) is made
+		 * anew; its old reverse entry goes with the GC. */
+		__builtin_memcpy(a.node, node, 4);
+		a.now = p.now;
+		int r = masq_alloc4(skb, &a);
+		if (r < 0)
+			return drop((__u8)-r, DIR_EGRESS, ep->ep_id, &p, ep->identity, 0, 0);
+		port = a.port;
+	}
+	if (masq_rewrite(skb, &p, 0, node, port))
+		return drop(REASON_MASQ_FAILED, DIR_EGRESS, ep->ep_id, &p, ep->identity, 0, 0);
+	count(REASON_MASQUERADED, DIR_EGRESS, p.len);
+	return TC_ACT_OK;
+}
+
+SEC("tcx/ingress")
+int from_netdev(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+
+	if (parse(skb, &p) || p.family != FAMILY_V4 || p.arp || !masq_l4(&p))
+		return TC_ACT_OK;
+	struct nat4_key k = {};
+	__builtin_memcpy(k.addr_l, p.daddr, 4);
+	__builtin_memcpy(k.addr_r, p.saddr, 4);
+	k.port_l = p.dport;
+	k.port_r = p.sport;
+	k.proto = p.proto;
+	k.dir = NAT_DIR_INGRESS;
+	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
+	if (!m)
+		return TC_ACT_OK;
+	__u8 pod[4];
+	__builtin_memcpy(pod, m->addr, 4);
+	__be16 port = m->port;
+	if (masq_rewrite(skb, &p, 1, pod, port))
+		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, &p, 0, 0, 0);
+	count(REASON_MASQ_REPLY, DIR_INGRESS, p.len);
+	return TC_ACT_OK;
+}

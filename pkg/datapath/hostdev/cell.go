@@ -1,0 +1,82 @@
+package hostdev
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+
+	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/health"
+)
+
+// Cell is the host device programs' part of the agent: it provides the
+// node's *Masquerade (nil without the datapath), started after the pod
+// datapath's maps are open, and serves its status and NAT table on the
+// API. The agent provides Settings and the *loader.Loader.
+var Cell = cell.Module("host-devices", "Host device programs masquerading pod traffic leaving the node",
+	cell.Provide(newCell),
+	cell.Invoke(func(api *server.Server, m *Masquerade) {
+		if m != nil {
+			m.registerAPI(api)
+		}
+	}),
+)
+
+// Settings are what the agent tells the cell besides its flags.
+type Settings struct {
+	Config Config
+	// BPFRoot and AttachMode are the pod datapath's: the host programs'
+	// links are pinned beside the pods' and attach the same way.
+	BPFRoot    string
+	AttachMode loader.AttachMode
+}
+
+type cellParams struct {
+	cell.In
+
+	Settings  Settings
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	Jobs      job.Registry
+	Health    *health.Registry
+	DB        *statedb.DB
+	// Loader is nil without the datapath.
+	Loader *loader.Loader
+}
+
+// addressRefresh is how often the devices' addresses are read again.
+const addressRefresh = 30 * time.Second
+
+func newCell(p cellParams) (*Masquerade, error) {
+	if p.Loader == nil {
+		return nil, nil
+	}
+	m, err := New(p.Settings.Config, p.Loader, p.DB, p.Settings.AttachMode, p.Settings.BPFRoot, p.Log)
+	if err != nil {
+		return nil, err
+	}
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(ctx cell.HookContext) error { return m.Start(ctx) },
+		OnStop:  func(cell.HookContext) error { m.Stop(); return nil },
+	})
+	if !p.Settings.Config.EnableMasquerade {
+		return m, nil
+	}
+	jobs := p.Jobs.NewGroup(p.Health.Scope("host-devices"), job.WithLogger(p.Log))
+	jobs.Add(
+		job.OneShot("non-masquerade-peers", func(ctx context.Context, _ cell.Health) error {
+			m.WatchPeers(ctx)
+			return nil
+		}),
+		job.Timer("masquerade-addresses", func(context.Context) error {
+			m.RefreshAddresses()
+			return nil
+		}, addressRefresh),
+	)
+	return m, nil
+}

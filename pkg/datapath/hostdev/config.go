@@ -1,0 +1,88 @@
+package hostdev
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+)
+
+// Config is the host device programs' and masquerade's configuration.
+type Config struct {
+	// EnableMasquerade translates the source of pod traffic leaving the
+	// node for outside the cluster to the node's address (on by default,
+	// as Cilium's --enable-ipv4-masquerade: without it a pod cannot reach
+	// a network that has no route to the pod CIDRs).
+	EnableMasquerade bool
+	// Devices are the uplinks the host programs attach to; empty: the
+	// devices of the default routes.
+	Devices []string
+	// NonMasqueradeCIDRs are destinations that keep the pod's address,
+	// besides the cluster's pod CIDRs and every address the ipcache knows
+	// as a pod's or a node's.
+	NonMasqueradeCIDRs []string
+	// MasqueradePortRange is the source ports (ICMP echo identifiers)
+	// masqueraded flows get, "MIN-MAX".
+	MasqueradePortRange string
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{EnableMasquerade: true, MasqueradePortRange: "61000-65535"}
+}
+
+// Flags registers the options.
+func (c *Config) Flags(fs *pflag.FlagSet) {
+	fs.BoolVar(&c.EnableMasquerade, "enable-masquerade", c.EnableMasquerade,
+		"Masquerade pod traffic leaving the node for outside the cluster to the node's address, in eBPF at the --devices")
+	fs.StringSliceVar(&c.Devices, "devices", c.Devices,
+		"Uplink devices the host programs (masquerade) attach to (default: the devices of the default routes)")
+	fs.StringSliceVar(&c.NonMasqueradeCIDRs, "non-masquerade-cidrs", c.NonMasqueradeCIDRs,
+		"Destinations pod traffic keeps its address to, besides the cluster's pod CIDRs and known pod and node addresses")
+	fs.StringVar(&c.MasqueradePortRange, "masquerade-port-range", c.MasqueradePortRange,
+		"Source ports masqueraded flows get, MIN-MAX (reserved from the host's ephemeral ports)")
+}
+
+// Validate checks the values; each error names its option.
+func (c *Config) Validate() error {
+	var errs []error
+	if _, _, err := c.PortRange(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.NonMasqueradePrefixes(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, d := range c.Devices {
+		if d == "" || strings.ContainsAny(d, " /") {
+			errs = append(errs, fmt.Errorf("devices: %q is not a device name", d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PortRange parses MasqueradePortRange.
+func (c *Config) PortRange() (min, max uint16, err error) {
+	lo, hi, ok := strings.Cut(c.MasqueradePortRange, "-")
+	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+	if !ok || err1 != nil || err2 != nil || a < 1024 || b < a {
+		return 0, 0, fmt.Errorf("masquerade-port-range %q: want MIN-MAX with 1024 <= MIN <= MAX <= 65535", c.MasqueradePortRange)
+	}
+	return uint16(a), uint16(b), nil
+}
+
+// NonMasqueradePrefixes parses NonMasqueradeCIDRs.
+func (c *Config) NonMasqueradePrefixes() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range c.NonMasqueradeCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("non-masquerade-cidrs: %w", err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}

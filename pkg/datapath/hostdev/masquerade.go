@@ -1,0 +1,360 @@
+package hostdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/statedb"
+	"github.com/vishvananda/netlink"
+
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
+)
+
+// Masquerade runs the host device programs on the node: it picks the
+// devices, writes each device's node address (tdr_hostdev_v1) and the
+// non-masquerade prefixes (tdr_nomasq_v1), attaches the programs, and
+// collects NAT entries with conntrack (CollectNAT, called by the agent's
+// conntrack GC).
+type Masquerade struct {
+	cfg  Config
+	log  *slog.Logger
+	dp   *loader.Loader
+	db   *statedb.DB
+	mode loader.AttachMode
+	root string
+
+	portMin, portMax uint16
+	configured       []netip.Prefix
+
+	mu   sync.Mutex
+	prog *Programs
+	// devices are the attached devices with the address each masquerades
+	// to, as last written.
+	devices []Device
+	// peerCIDRs are the other nodes' pod CIDRs (the nodes table).
+	peerCIDRs []netip.Prefix
+	gc        GCStats
+	lastErr   error
+}
+
+// Device is a device the host programs are attached to.
+type Device struct {
+	Name    string     `json:"name"`
+	IfIndex int        `json:"ifindex"`
+	IPv4    netip.Addr `json:"ipv4"`
+}
+
+// GCStats count the NAT collections.
+type GCStats struct {
+	Runs    int       `json:"runs"`
+	Deleted int       `json:"deleted"`
+	Last    time.Time `json:"last"`
+}
+
+// New returns the node's masquerade; nothing happens until Start.
+func New(cfg Config, dp *loader.Loader, db *statedb.DB, mode loader.AttachMode, bpfRoot string, log *slog.Logger) (*Masquerade, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	min, max, err := cfg.PortRange()
+	if err != nil {
+		return nil, err
+	}
+	prefixes, err := cfg.NonMasqueradePrefixes()
+	if err != nil {
+		return nil, err
+	}
+	return &Masquerade{cfg: cfg, log: log, dp: dp, db: db, mode: mode, root: bpfRoot, portMin: min, portMax: max, configured: prefixes}, nil
+}
+
+// Start attaches the host programs to the devices (or, with masquerade
+// off, removes what an earlier run attached) and writes their maps.
+func (m *Masquerade) Start(ctx context.Context) error {
+	nat := m.dp.Maps().NAT
+	if !m.cfg.EnableMasquerade {
+		return m.disable(nat)
+	}
+	if err := reservePorts(m.portMin, m.portMax); err != nil {
+		m.log.Warn("Cannot reserve the masquerade ports from the host's ephemeral ports", "error", err)
+	}
+	devs, err := m.resolveDevices()
+	if err != nil {
+		return err
+	}
+	if err := m.writeNoMasquerade(); err != nil {
+		return err
+	}
+	prog, err := Load(Options{BPFRoot: m.root, AttachMode: m.mode, PortMin: m.portMin, PortMax: m.portMax, Maps: m.dp.MapReplacements()}, m.log)
+	if err != nil {
+		return err
+	}
+	keep := map[int]bool{}
+	for _, d := range devs {
+		// The address first: the program reads it from its first packet.
+		if err := nat.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4}); err != nil {
+			prog.Close()
+			return err
+		}
+		if err := prog.Attach(d.IfIndex); err != nil {
+			prog.Close()
+			return fmt.Errorf("attach the host programs to %s: %w", d.Name, err)
+		}
+		keep[d.IfIndex] = true
+	}
+	if err := prog.DetachOthers(keep); err != nil {
+		m.log.Warn("Cannot detach the host programs from former devices", "error", err)
+	}
+	m.dropOtherDevices(nat, keep)
+	m.mu.Lock()
+	m.prog, m.devices = prog, devs
+	m.mu.Unlock()
+	m.log.Info("Masquerade on", "devices", devs, "port-range", m.cfg.MasqueradePortRange, "attach-mode", m.mode,
+		"kept-from-previous-run", prog.Kept())
+	return nil
+}
+
+// disable removes what an earlier run with masquerade left: the devices'
+// entries (the programs then translate nothing) and their pinned links.
+func (m *Masquerade) disable(nat *maps.NATMaps) error {
+	m.dropOtherDevices(nat, nil)
+	return detachPinned(m.root, m.log)
+}
+
+func (m *Masquerade) dropOtherDevices(nat *maps.NATMaps, keep map[int]bool) {
+	devs, err := nat.HostDevices()
+	if err != nil {
+		m.log.Warn("Cannot list host devices", "error", err)
+		return
+	}
+	for _, d := range devs {
+		if !keep[d.IfIndex] {
+			if err := nat.DeleteHostDevice(d.IfIndex); err != nil {
+				m.log.Warn("Cannot remove a former host device", "ifindex", d.IfIndex, "error", err)
+			}
+		}
+	}
+}
+
+// resolveDevices finds the configured devices (default: those of the
+// default routes) and the IPv4 address each masquerades to: its first
+// global one.
+func (m *Masquerade) resolveDevices() ([]Device, error) {
+	names := m.cfg.Devices
+	if len(names) == 0 {
+		routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("list routes: %w", err)
+		}
+		for _, r := range routes {
+			if (r.Dst == nil || r.Dst.IP.IsUnspecified() && isZeroMask(r.Dst.Mask)) && r.LinkIndex > 0 {
+				l, err := netlink.LinkByIndex(r.LinkIndex)
+				if err == nil && !slices.Contains(names, l.Attrs().Name) {
+					names = append(names, l.Attrs().Name)
+				}
+			}
+		}
+		if len(names) == 0 {
+			m.log.Info("No default route: masquerade has no device (--devices names them)")
+		}
+	}
+	var out []Device
+	for _, n := range names {
+		l, err := netlink.LinkByName(n)
+		if err != nil {
+			return nil, fmt.Errorf("device %s: %w", n, err)
+		}
+		d := Device{Name: n, IfIndex: l.Attrs().Index}
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("addresses of %s: %w", n, err)
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if ok && ip.Unmap().IsGlobalUnicast() {
+				d.IPv4 = ip.Unmap()
+				break
+			}
+		}
+		if !d.IPv4.IsValid() {
+			m.log.Warn("Device has no IPv4 address: pod traffic through it is not masqueraded", "device", n)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func isZeroMask(m []byte) bool {
+	for _, b := range m {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// writeNoMasquerade writes the configured prefixes and the peers' pod
+// CIDRs.
+func (m *Masquerade) writeNoMasquerade() error {
+	m.mu.Lock()
+	want := append(slices.Clone(m.configured), m.peerCIDRs...)
+	m.mu.Unlock()
+	return m.dp.Maps().NAT.SetNoMasquerade(want)
+}
+
+// WatchPeers keeps the other nodes' pod CIDRs among the non-masquerade
+// prefixes, from the nodes table (pkg/nodemanager), until ctx ends. Nodes
+// a masqueraded pod might reach by their pod addresses before the ipcache
+// knows the pod's identity.
+func (m *Masquerade) WatchPeers(ctx context.Context) {
+	if m.db == nil || !m.cfg.EnableMasquerade {
+		return
+	}
+	for {
+		txn := m.db.ReadTxn()
+		meta := m.db.GetTable(txn, nodemanager.NodesTableName)
+		if meta == nil {
+			// No nodes table (no Kubernetes): nothing to watch.
+			return
+		}
+		objs, watch := statedb.AnyTable{Meta: meta}.AllWatch(txn)
+		var cidrs []netip.Prefix
+		for o := range objs {
+			if p, ok := o.(*nodemanager.Peer); ok {
+				cidrs = append(cidrs, p.PodCIDRs...)
+			}
+		}
+		sort.Slice(cidrs, func(i, j int) bool { return cidrs[i].String() < cidrs[j].String() })
+		m.mu.Lock()
+		changed := !slices.Equal(cidrs, m.peerCIDRs)
+		m.peerCIDRs = cidrs
+		m.mu.Unlock()
+		if changed {
+			if err := m.writeNoMasquerade(); err != nil {
+				m.log.Warn("Cannot write the non-masquerade prefixes", "error", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-watch:
+		}
+	}
+}
+
+// RefreshAddresses rewrites a device's address when it changed (a node
+// address that moved): called on a timer.
+func (m *Masquerade) RefreshAddresses() {
+	if !m.cfg.EnableMasquerade {
+		return
+	}
+	devs, err := m.resolveDevices()
+	if err != nil {
+		m.log.Warn("Cannot read the masquerade devices", "error", err)
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, d := range devs {
+		for i, old := range m.devices {
+			if old.IfIndex == d.IfIndex && old.IPv4 != d.IPv4 {
+				if err := m.dp.Maps().NAT.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4}); err != nil {
+					m.log.Warn("Cannot write a device's new address", "device", d.Name, "error", err)
+					continue
+				}
+				m.log.Info("Masquerade address changed", "device", d.Name, "from", old.IPv4, "to", d.IPv4)
+				m.devices[i] = d
+			}
+		}
+	}
+}
+
+// CollectNAT deletes the NAT entries of flows conntrack no longer has:
+// the agent's conntrack GC calls it after each sweep.
+func (m *Masquerade) CollectNAT() (maps.NATSweep, error) {
+	if m == nil {
+		return maps.NATSweep{}, nil
+	}
+	dm := m.dp.Maps()
+	res, err := dm.NAT.NATMap().CollectNAT(dm.CTMap(), maps.MonotonicNow())
+	m.mu.Lock()
+	m.gc.Runs++
+	m.gc.Deleted += res.Deleted
+	m.gc.Last = time.Now()
+	m.lastErr = err
+	m.mu.Unlock()
+	return res, err
+}
+
+// Stop releases this process's handles; the attachments stay.
+func (m *Masquerade) Stop() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.prog != nil {
+		m.prog.Close()
+		m.prog = nil
+	}
+}
+
+// reservePorts adds the range to the host's ip_local_reserved_ports (of
+// this network namespace), so the host's own connections never pick a
+// masquerade port as their ephemeral port.
+func reservePorts(min, max uint16) error {
+	const path = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+	cur, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	r := fmt.Sprintf("%d-%d", min, max)
+	if min == max {
+		r = strconv.Itoa(int(min))
+	}
+	have := strings.TrimSpace(string(cur))
+	for _, f := range strings.Split(have, ",") {
+		if f == r {
+			return nil
+		}
+	}
+	if have != "" {
+		r = have + "," + r
+	}
+	if err := os.WriteFile(path, []byte(r), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// detachPinned unpins every host device link under root.
+func detachPinned(root string, log *slog.Logger) error {
+	entries, err := os.ReadDir(linksDir(root))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if _, _, ok := parseAttachmentName(e.Name()); !ok {
+			continue
+		}
+		if err := os.Remove(filepath.Join(linksDir(root), e.Name())); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		log.Info("Masquerade off: detached the host programs of a previous run", "attachment", e.Name())
+	}
+	return errors.Join(errs...)
+}
