@@ -60,7 +60,7 @@ func TestPrivilegedLabHealthCheckNodePort(t *testing.T) {
 		}
 		body, status := out[:i], strings.TrimSpace(out[i+1:])
 		var r struct {
-			Service struct{ Namespace, Name string }
+			Service             struct{ Namespace, Name string }
 			LocalEndpoints      int  `json:"localEndpoints"`
 			ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
 		}

@@ -263,6 +263,7 @@ func BenchmarkSourceBurstAfterSync(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "µs/change")
 }
+
 // TestServiceFromLoadBalancer: node ports, external IPs, load-balancer
 // ingress addresses (not hostnames, not proxy mode), source ranges and
 // externalTrafficPolicy Local with its health check node port; a bad
