@@ -12,6 +12,12 @@
  * address and port back as its destination; the host then routes it to
  * the pod, whose to_pod sees it as the reply of the pod's flow.
  *
+ * Services for clients outside the cluster (nodeport.h): from_netdev
+ * translates a packet to a NodePort, externalIP or load-balancer frontend
+ * of this node to a backend (a remote one's source NATed to the node and
+ * the packet sent on), and a remote backend's reply back to the client;
+ * to_netdev gives a local backend's reply the frontend as its source.
+ *
  * Everything else passes untouched: the host's own traffic, pods' traffic
  * within the cluster, and, for now, IPv6 (docs/datapath.md). */
 #include "lib/common.h"
@@ -25,6 +31,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/endpoint.h"
 #include "lib/ipcache.h"
 #include "lib/nat.h"
+#include "lib/nodeport.h"
 
 SEC("tcx/egress")
 int to_netdev(struct __sk_buff *skb)
@@ -36,6 +43,13 @@ int to_netdev(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	const struct endpoint_info *ep = endpoint_by_addr(FAMILY_V4, p.saddr);
 	if (!ep)
+		return TC_ACT_OK;
+	/* A local backend's reply to an outside client of a service: the
+	 * client expects the frontend, not the node's masquerade address. */
+	int rev = nodeport_rev_out(skb, &p);
+	if (rev < 0)
+		return drop((__u8)-rev, DIR_EGRESS, ep->ep_id, &p, ep->identity, 0, 0);
+	if (rev)
 		return TC_ACT_OK;
 	__u32 ifindex = skb->ifindex;
 	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
@@ -86,13 +100,26 @@ int from_netdev(struct __sk_buff *skb)
 	k.proto = p.proto;
 	k.dir = NAT_DIR_INGRESS;
 	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
-	if (!m)
-		return TC_ACT_OK;
+	if (!m) {
+		/* Not a reply: maybe a new or known flow from outside to a
+		 * service frontend. */
+		int np = nodeport_in(skb, &p);
+		if (np == NODEPORT_NEEDS_SNAT)
+			return nodeport_snat(skb, &p);
+		return np >= 0 ? np : TC_ACT_OK;
+	}
 	__u8 pod[4];
 	__builtin_memcpy(pod, m->addr, 4);
 	__be16 port = m->port;
+	__u8 flags = m->flags;
 	if (masq_rewrite(skb, &p, 1, pod, port))
 		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, &p, 0, 0, 0);
+	if (flags & NAT_F_NODEPORT) {
+		/* A remote backend's reply to an outside client. */
+		__builtin_memcpy(p.daddr, pod, 4);
+		p.dport = port;
+		return nodeport_reply(skb, &p);
+	}
 	count(REASON_MASQ_REPLY, DIR_INGRESS, p.len);
 	return TC_ACT_OK;
 }

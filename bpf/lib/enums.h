@@ -66,6 +66,8 @@
 #define REASON_DELIVERED_DIRECT 4 /* Delivered directly to a local endpoint */
 #define REASON_MASQUERADED 5 /* Masqueraded to the node address */
 #define REASON_MASQ_REPLY 6 /* Masquerade reply translated back to the pod */
+#define REASON_NODEPORT 7 /* Service from outside translated to a backend */
+#define REASON_NODEPORT_REPLY 8 /* Service reply translated back to an outside client */
 #define REASON_POLICY_DENIED 10 /* Policy denied */
 #define REASON_POLICY_DENY_RULE 11 /* Policy denied by deny rule */
 #define REASON_TRUNCATED 12 /* Truncated packet */
@@ -80,6 +82,9 @@
 #define REASON_MASQ_NO_PORT 21 /* Masquerade port range exhausted */
 #define REASON_MASQ_TABLE_FULL 22 /* Masquerade NAT table full */
 #define REASON_MASQ_FAILED 23 /* Masquerade translation failed */
+#define REASON_SVC_NO_LOCAL_BACKEND 24 /* Service has no local backend (externalTrafficPolicy Local) */
+#define REASON_SOURCE_RANGE_DENIED 25 /* Client outside the load balancer's source ranges */
+#define REASON_NODEPORT_NO_ROUTE 26 /* No route to the service backend */
 
 /* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
  * counters.
@@ -159,6 +164,16 @@
 /* The frontend is translated per packet only, not at the socket (the
  * socket hooks leave it alone). */
 #define SVC_F_NO_SOCKET_LB 0x08
+/* The frontend answers clients outside the cluster arriving at the node's
+ * devices (bpf_host.c, nodeport.h): NodePort, externalIPs, LoadBalancer. */
+#define SVC_F_EXTERNAL 0x10
+/* externalTrafficPolicy: Local: outside clients go to this node's
+ * backends only, slots count+1..count+local_count, with their address
+ * kept (no source NAT); none: dropped. */
+#define SVC_F_EXT_LOCAL 0x20
+/* loadBalancerSourceRanges: only clients in the frontend's ranges
+ * (tdr_lb4_srcrange_v1) are admitted from outside. */
+#define SVC_F_SOURCE_RANGES 0x40
 
 /* Backend states (lb_backend.state). Only active backends are in a
  * service's slots and Maglev table; a terminating or quarantined one is
@@ -187,6 +202,13 @@
  * go:const NATDir NAT_DIR_ uint8 */
 #define NAT_DIR_EGRESS 1
 #define NAT_DIR_INGRESS 2
+
+/* NAT entry flags (nat4_entry.flags).
+ * go:const NATFlag NAT_F_ uint8 */
+/* A NodePort mapping (nodeport.h): an outside client's flow to a backend
+ * on another node, source-NATed to this node; its replies get the
+ * service frontend back as source too. */
+#define NAT_F_NODEPORT 0x01
 
 /* Host device flags (hostdev_info.flags).
  * go:const HostDevFlag HOSTDEV_F_ uint8 */

@@ -43,7 +43,10 @@ struct lb_service {
 	/* Active backends in slots 1..count; 0: no backend (drop). */
 	__u16 count;
 	__u8 flags; /* SVC_F_* (enums.h) */
-	__u8 pad;
+	/* With SVC_F_EXT_LOCAL: this node's active backends, the outside
+	 * clients' (externalTrafficPolicy Local) scope, in slots
+	 * count+1..count+local_count (nodeport.h). */
+	__u8 local_count;
 	/* Session affinity timeout in seconds (SVC_F_AFFINITY). */
 	__u32 affinity_timeout;
 };
@@ -208,6 +211,24 @@ struct {
 	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_sock_revnat_v1 SEC(".maps");
+
+/* loadBalancerSourceRanges (SVC_F_SOURCE_RANGES): the clients a
+ * frontend admits from outside, by its reverse NAT ID and a prefix of the
+ * client's address (prefixlen counts the 32 bits of the ID too). */
+struct lb4_srcrange_key {
+	__u32 prefixlen;
+	__u32 rev_nat_id; /* network byte order: part of the trie's prefix */
+	__u8 addr[4];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lb4_srcrange_key);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_lb4_srcrange_v1 SEC(".maps");
 
 /* LRU: as conntrack, a full table evicts the least recently used flows. */
 struct {

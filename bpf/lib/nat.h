@@ -84,7 +84,8 @@ struct masq_alloc {
 	__u8 node[4];
 	__u64 now;
 	__be16 port; /* out: the node's port */
-	__u8 pad[6];
+	__u8 flags;  /* NAT_F_* of the mapping */
+	__u8 pad[5];
 };
 
 /* masq_claim makes the mapping of a->fwd through port: the reverse entry
@@ -183,8 +184,10 @@ __attribute__((noinline)) int masq_alloc4(struct __sk_buff *skb, struct masq_all
 	__builtin_memcpy(t.back.addr, a->fwd.addr_l, 4);
 	t.back.port = a->fwd.port_l;
 	t.back.created = a->now;
+	t.back.flags = a->flags;
 	__builtin_memcpy(t.out.addr, a->node, 4);
 	t.out.created = a->now;
+	t.out.flags = a->flags;
 
 	bpf_loop(t.size < MASQ_PROBES ? t.size : MASQ_PROBES, masq_try, &t, 0);
 	if (t.result <= 0)

@@ -100,6 +100,13 @@ type HostLb4Key struct {
 	Pad   uint8
 }
 
+type HostLb4SrcrangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      [4]uint8
+}
+
 type HostLb6FlowKey struct {
 	_     structs.HostLayout
 	Saddr [16]uint8
@@ -166,7 +173,7 @@ type HostLbService struct {
 	RevNatId        uint32
 	Count           uint16
 	Flags           uint8
-	Pad             uint8
+	LocalCount      uint8
 	AffinityTimeout uint32
 }
 
@@ -204,7 +211,8 @@ type HostNat4Entry struct {
 	_       structs.HostLayout
 	Addr    [4]uint8
 	Port    uint16
-	Pad     [2]uint8
+	Flags   uint8
+	Pad     uint8
 	Created uint64
 }
 
@@ -243,6 +251,7 @@ const (
 	HostMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	HostMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	HostMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	HostMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	HostMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	HostMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
 	HostMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
@@ -334,6 +343,7 @@ type HostMapSpecs struct {
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
@@ -399,6 +409,7 @@ type HostMaps struct {
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
@@ -431,6 +442,7 @@ func (m *HostMaps) Close() error {
 		m.TdrIpcacheV2,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
 		m.TdrLbAffinityV1,

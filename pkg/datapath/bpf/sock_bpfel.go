@@ -100,6 +100,13 @@ type SockLb4Key struct {
 	Pad   uint8
 }
 
+type SockLb4SrcrangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      [4]uint8
+}
+
 type SockLb6FlowKey struct {
 	_     structs.HostLayout
 	Saddr [16]uint8
@@ -166,7 +173,7 @@ type SockLbService struct {
 	RevNatId        uint32
 	Count           uint16
 	Flags           uint8
-	Pad             uint8
+	LocalCount      uint8
 	AffinityTimeout uint32
 }
 
@@ -204,7 +211,8 @@ type SockNat4Entry struct {
 	_       structs.HostLayout
 	Addr    [4]uint8
 	Port    uint16
-	Pad     [2]uint8
+	Flags   uint8
+	Pad     uint8
 	Created uint64
 }
 
@@ -243,6 +251,7 @@ const (
 	SockMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	SockMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	SockMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	SockMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	SockMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	SockMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
 	SockMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
@@ -344,6 +353,7 @@ type SockMapSpecs struct {
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
@@ -407,6 +417,7 @@ type SockMaps struct {
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
@@ -439,6 +450,7 @@ func (m *SockMaps) Close() error {
 		m.TdrIpcacheV2,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
 		m.TdrLbAffinityV1,

@@ -28,6 +28,9 @@ type written struct {
 	svc      maps.Service
 	backends []uint32 // every backend ID the frontend references
 	maglev   bool
+	// ranges are the source ranges written for the frontend
+	// (loadBalancerSourceRanges).
+	ranges []netip.Prefix
 }
 
 // Ops are the reconciler's operations over the LB maps. Every method is
@@ -413,6 +416,29 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 		}
 	}
 	s := maps.Service{ID: svcID, RevNATID: revNAT}
+	if f.Type != "" && f.Type != loadbalancer.FrontendClusterIP {
+		// Clients from outside reach it through the host programs.
+		s.Flags |= maps.SvcFlagExternal
+		if f.ExternalTrafficPolicy == loadbalancer.TrafficPolicyLocal {
+			// Their scope: this node's ready backends, after the
+			// in-cluster slots.
+			s.Flags |= maps.SvcFlagExtLocal
+			var local []uint32
+			for _, b := range f.Backends {
+				if b.Local && !b.Terminating {
+					local = append(local, o.backendIDs[b.Addr])
+				}
+			}
+			if len(local) > 255 {
+				local = local[:255]
+			}
+			s.LocalCount = uint8(len(local))
+			slots = append(slots, local...)
+		}
+		if len(f.SourceRanges) > 0 {
+			s.Flags |= maps.SvcFlagSourceRanges
+		}
+	}
 	if f.Affinity {
 		s.Flags |= maps.SvcFlagAffinity
 		s.AffinityTimeout = f.AffinityTimeout
@@ -430,7 +456,17 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 			return err
 		}
 	}
-	if err := o.maps.ApplyService(frontendOf(f.Key), s, slots, int(prev.svc.Count)); err != nil {
+	// The ranges before the entry that makes the datapath check them.
+	var ranges []netip.Prefix
+	if s.Flags&maps.SvcFlagSourceRanges != 0 {
+		ranges = f.SourceRanges
+	}
+	if len(ranges) > 0 || len(prev.ranges) > 0 {
+		if err := o.maps.SrcRangeMap().Set(revNAT, ranges, prev.ranges); err != nil {
+			return err
+		}
+	}
+	if err := o.maps.ApplyService(frontendOf(f.Key), s, slots, int(prev.svc.Count)+int(prev.svc.LocalCount)); err != nil {
 		return err
 	}
 	if hadPrev && prev.maglev && !f.Maglev {
@@ -438,7 +474,7 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 			return err
 		}
 	}
-	s.Count = uint16(len(slots))
+	s.Count = uint16(len(slots) - int(s.LocalCount))
 	// References are counted only once the frontend is written, so that
 	// a failed attempt retried later does not count its backends twice.
 	for _, id := range ids {
@@ -447,7 +483,7 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 			delete(o.drainingBackends, id)
 		}
 	}
-	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev}
+	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev, ranges: ranges}
 	var errs []error
 	var removed []RemovedBackend
 	for _, id := range prev.backends {
@@ -486,6 +522,11 @@ func (o *Ops) deleteLocked(k loadbalancer.FrontendKey) error {
 	}
 	if err := o.maps.RemoveService(frontendOf(k), w.svc); err != nil {
 		return fmt.Errorf("remove frontend %s: %w", k, err)
+	}
+	if len(w.ranges) > 0 {
+		if err := o.maps.SrcRangeMap().Set(w.svc.RevNATID, nil, w.ranges); err != nil {
+			return fmt.Errorf("remove frontend %s: %w", k, err)
+		}
 	}
 	draining := o.flows != nil
 	if draining {
@@ -571,7 +612,7 @@ func (o *Ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*loadba
 	}
 	svcIDs := map[uint32]int{}
 	for _, w := range o.state {
-		svcIDs[w.svc.ID] = int(w.svc.Count)
+		svcIDs[w.svc.ID] = int(w.svc.Count) + int(w.svc.LocalCount)
 	}
 	// Slots of services no frontend has (a crash between a service
 	// entry's deletion and its slots'): delete up to the highest seen.
