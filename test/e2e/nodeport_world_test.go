@@ -1,7 +1,9 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os/exec"
@@ -9,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -173,5 +176,94 @@ func TestPrivilegedLabNodePortFromWorld(t *testing.T) {
 			code, out := tendril(t, "exec", lab.WorldRef, "--", "curl", "-s", "-o", "/dev/null", "--max-time", "2", "-w", "%{http_code}", url)
 			return code == 0 && strings.TrimSpace(out) == wantCode, fmt.Errorf("curl %s: exit %d: %q, want %s", url, code, out, wantCode)
 		})
+	}
+}
+
+// TestPrivilegedLabNodePortStreamAcrossAgentKill: the world streams TCP
+// (iperf3, 10 s) to a node port of node 2 whose backend is on node 1 —
+// translated and source-NATed by node 2's host program, the reply
+// translated back there — while one node's agent is killed with SIGKILL,
+// stays down a second and starts again; once for node 2 (the translating
+// node), once for node 1 (the backend's). The pinned programs and maps
+// (service, conntrack, NAT) carry the stream: iperf3 runs its whole time
+// without an error.
+func TestPrivilegedLabNodePortStreamAcrossAgentKill(t *testing.T) {
+	e := labUp(t)
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		t.Fatal("iperf3 is missing (hack/install-deps.sh installs it)")
+	}
+	ctx := context.Background()
+	const ns = "e2e-nprestart"
+	e.createNamespace(t, ns)
+	t.Cleanup(func() { _ = e.cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}) })
+	node1, node2 := e.st.Nodes[0], e.st.Nodes[1]
+	e.createPod(t, ns, "backend", node1.Name, map[string]string{"app": "nprestart"})
+	e.waitReady(t, ns, "backend")
+	svc, err := e.cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "iperf"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "nprestart"},
+			Ports: []corev1.ServicePort{
+				{Name: "iperf", Protocol: corev1.ProtocolTCP, Port: 5201, TargetPort: intstr.FromInt32(5201)},
+				{Name: "probe", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)},
+			}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var iperfPort, probePort int32
+	for _, p := range svc.Spec.Ports {
+		if p.Name == "iperf" {
+			iperfPort = p.NodePort
+		} else {
+			probePort = p.NodePort
+		}
+	}
+	eventually(t, "the node port of node 2 to answer the world", func() (bool, error) {
+		code, out := tendril(t, "probe", lab.WorldRef, net.JoinHostPort(node2.Address, strconv.Itoa(int(probePort))), "--timeout", "1s")
+		return code == 0 && strings.Contains(out, `"backend"`), fmt.Errorf("exit %d: %s", code, out)
+	})
+	for _, victim := range []lab.Node{node2, node1} {
+		server := exec.Command(tendrilBin, "lab", "--name", labName, "exec", ns+"/backend", "--", "iperf3", "-s", "-1", "-p", "5201")
+		if err := server.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond) // iperf3 -s listening
+		const seconds = 10
+		var out bytes.Buffer
+		client := exec.Command(tendrilBin, "lab", "--name", labName, "exec", lab.WorldRef, "--",
+			"iperf3", "-c", node2.Address, "-p", strconv.Itoa(int(iperfPort)), "-t", strconv.Itoa(seconds), "-b", "100M", "-J")
+		client.Stdout, client.Stderr = &out, &out
+		if err := client.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+		argv := killAgent(t, e.st, victim.Name)
+		time.Sleep(time.Second)
+		startAgent(t, e.st, victim.Name, argv)
+		eventually(t, "the restarted agent's API", func() (bool, error) {
+			o, err := runCLI(tendrilBin, "-H", victim.Socket, "status")
+			return err == nil, fmt.Errorf("%v: %s", err, o)
+		})
+		clientErr := client.Wait()
+		_ = server.Process.Kill()
+		_ = server.Wait()
+		var ir struct {
+			End struct {
+				SumSent struct {
+					Seconds     float64 `json:"seconds"`
+					Bytes       int64   `json:"bytes"`
+					Retransmits int     `json:"retransmits"`
+				} `json:"sum_sent"`
+			} `json:"end"`
+			Error string `json:"error"`
+		}
+		if err := json.Unmarshal(out.Bytes(), &ir); err != nil || clientErr != nil || ir.Error != "" {
+			t.Fatalf("iperf3 world -> %s:%d across the kill of %s's agent: %v / %v / %q\n%s", node2.Address, iperfPort, victim.Name, clientErr, err, ir.Error, out.String())
+		}
+		t.Logf("iperf3 world -> %s:%d (backend on %s) across kill -9 of %s's agent: %.1f s, %d MB, %d retransmits", node2.Address, iperfPort,
+			node1.Name, victim.Name, ir.End.SumSent.Seconds, ir.End.SumSent.Bytes>>20, ir.End.SumSent.Retransmits)
+		if ir.End.SumSent.Seconds < seconds-0.5 || ir.End.SumSent.Bytes == 0 {
+			t.Errorf("stream broken across the kill of %s's agent: ran %.1f s of %d", victim.Name, ir.End.SumSent.Seconds, seconds)
+		}
 	}
 }
