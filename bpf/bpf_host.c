@@ -44,17 +44,19 @@ int to_netdev(struct __sk_buff *skb)
 	const struct endpoint_info *ep = endpoint_by_addr(FAMILY_V4, p.saddr);
 	if (!ep)
 		return TC_ACT_OK;
-	/* A local backend's reply to an outside client of a service: the
-	 * client expects the frontend, not the node's masquerade address. */
-	int rev = nodeport_rev_out(skb, &p);
-	if (rev < 0)
-		return drop((__u8)-rev, DIR_EGRESS, ep->ep_id, &p, ep->identity, 0, 0);
-	if (rev)
-		return TC_ACT_OK;
 	__u32 ifindex = skb->ifindex;
 	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
-	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V4) || !masq_needed(&p))
+	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V4))
 		return TC_ACT_OK;
+	/* A local backend's reply to an outside client of a service: the
+	 * client expects the frontend, not the pod (nor the node's
+	 * masquerade address). Looked for only where no masquerade mapping
+	 * exists: a masqueraded flow's packets pay no conntrack lookup. */
+	int rev;
+	if (!masq_needed(&p)) {
+		rev = nodeport_rev_out(skb, &p);
+		return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, &p, ep->identity, 0, 0) : TC_ACT_OK;
+	}
 	/* An ICMP echo request's identifier is its "source port". */
 	struct masq_alloc a = {};
 	__builtin_memcpy(a.fwd.addr_l, p.saddr, 4);
@@ -70,6 +72,9 @@ int to_netdev(struct __sk_buff *skb)
 	if (m && u32_at(m->addr) == u32_at(node)) {
 		port = m->port;
 	} else {
+		rev = nodeport_rev_out(skb, &p);
+		if (rev)
+			return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, &p, ep->identity, 0, 0) : TC_ACT_OK;
 		/* A mapping to another address (the node's changed) is made
 		 * anew; its old reverse entry goes with the GC. */
 		__builtin_memcpy(a.node, node, 4);
