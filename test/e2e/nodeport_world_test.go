@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -62,7 +63,9 @@ func fromWorld(t *testing.T, addr string, udp bool) (name, src string, port int,
 //     node 2 (no local backend) refuses, and the health check node port
 //     answers the world 200 on node 1 and 503 on node 2;
 //   - loadBalancerSourceRanges: a range holding the world client admits
-//     it, one that does not refuses it.
+//     it, one that does not refuses it;
+//   - the local backend's NetworkPolicy decides by the client's own
+//     address (an ipBlock of the client admits, another refuses).
 func TestPrivilegedLabNodePortFromWorld(t *testing.T) {
 	e := labUp(t)
 	if e.st.World == nil {
@@ -166,6 +169,44 @@ func TestPrivilegedLabNodePortFromWorld(t *testing.T) {
 	}
 	drops(node2, "no local backend")
 	drops(node1, "source ranges")
+
+	// The local backend's ingress policy sees the client's own address:
+	// a NetworkPolicy admitting only the world client's /32 keeps the
+	// node port answering through node 1, one admitting only another
+	// address refuses it there (node 2's source NAT makes the client
+	// node 2, which neither admits).
+	np1 := net.JoinHostPort(node1.Address, strconv.Itoa(int(cluster.Spec.Ports[0].NodePort)))
+	setPolicy := func(cidr string) {
+		t.Helper()
+		pol := &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "npw-ingress", Namespace: ns},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "npw"}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+				Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: cidr}}}}},
+			},
+		}
+		cur, err := e.cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, pol.Name, metav1.GetOptions{})
+		if err == nil {
+			cur.Spec = pol.Spec
+			_, err = e.cs.NetworkingV1().NetworkPolicies(ns).Update(ctx, cur, metav1.UpdateOptions{})
+		} else {
+			_, err = e.cs.NetworkingV1().NetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	setPolicy(e.st.World.ServerIP + "/32")
+	eventually(t, "the backend's policy to refuse the world client through node 1", func() (bool, error) {
+		_, _, _, err := fromWorld(t, np1, false)
+		return err != nil, fmt.Errorf("still answered")
+	})
+	setPolicy(client + "/32")
+	want("node port on node 1 with a policy admitting the client's address", np1, false, true, "")
+	if err := e.cs.NetworkingV1().NetworkPolicies(ns).Delete(ctx, "npw-ingress", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	// The health check node port, from the world.
 	hc := local.Spec.HealthCheckNodePort
