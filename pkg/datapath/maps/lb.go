@@ -839,3 +839,23 @@ func (m SrcRangeMap) Set(revNAT uint32, want, prev []netip.Prefix) error {
 	}
 	return nil
 }
+
+// List returns every frontend's source ranges, by reverse NAT ID.
+func (m SrcRangeMap) List() (map[uint32][]netip.Prefix, error) {
+	out := map[uint32][]netip.Prefix{}
+	var k bpf.LxcLb4SrcrangeKey
+	var v uint8
+	it := m.m.Iterate()
+	for it.Next(&k, &v) {
+		id := binary.BigEndian.Uint32(binary.NativeEndian.AppendUint32(nil, k.RevNatId))
+		bits := int(k.Prefixlen) - 32
+		if bits < 0 || bits > 32 {
+			continue
+		}
+		out[id] = append(out[id], netip.PrefixFrom(netip.AddrFrom4(k.Addr), bits))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate source ranges: %w", err)
+	}
+	return out, nil
+}

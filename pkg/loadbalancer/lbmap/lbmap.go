@@ -188,7 +188,9 @@ func (o *Ops) Restore() (Restored, error) {
 		k := keyOf(f)
 		o.svcIDs[k], o.revNATIDs[k] = s.ID, s.RevNATID
 		o.usedIDs[s.ID], o.usedIDs[s.RevNATID] = true, true
-		slots, err := o.maps.SlotMap().Get(s.ID, int(s.Count))
+		// The in-cluster slots and, after them, the local ones of
+		// externalTrafficPolicy Local.
+		slots, err := o.maps.SlotMap().Get(s.ID, int(s.Count)+int(s.LocalCount))
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -205,6 +207,18 @@ func (o *Ops) Restore() (Restored, error) {
 	})
 	if err != nil {
 		return r, fmt.Errorf("restore service IDs: %w", err)
+	}
+	// Source ranges: a frontend's written ones are known again, so a
+	// range removed while the agent was down goes at the next write.
+	ranges, err := o.maps.SrcRangeMap().List()
+	if err != nil {
+		return r, fmt.Errorf("restore source ranges: %w", err)
+	}
+	for k, w := range o.state {
+		if rs, ok := ranges[w.svc.RevNATID]; ok {
+			w.ranges = rs
+			o.state[k] = w
+		}
 	}
 	err = o.maps.RevNATMap().Iterate(func(id uint32, _ netip.AddrPort) bool {
 		if !o.usedIDs[id] {
@@ -628,6 +642,24 @@ func (o *Ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*loadba
 	}
 	for svc, n := range doomed {
 		if err := o.maps.SlotMap().Delete(svc, n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Source ranges of no frontend (one deleted while the agent was
+	// down, or a crash between its entry's deletion and its ranges').
+	ranges, err := o.maps.SrcRangeMap().List()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	rangesOf := map[uint32]bool{}
+	for _, w := range o.state {
+		rangesOf[w.svc.RevNATID] = true
+	}
+	for id, rs := range ranges {
+		if rangesOf[id] {
+			continue
+		}
+		if err := o.maps.SrcRangeMap().Set(id, nil, rs); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -347,7 +347,8 @@ func TestPrivilegedDrainedBackendReturnsActive(t *testing.T) {
 // with externalTrafficPolicy Local this node's ready backends follow the
 // in-cluster slots (count them as local_count), and they shrink and grow
 // with the frontend; a load-balancer frontend's source ranges are written
-// under its reverse NAT ID, replaced, and removed with it.
+// under its reverse NAT ID and replaced; a restarted Ops knows them again,
+// and its prune removes those of no frontend.
 func TestPrivilegedOpsExternalScopes(t *testing.T) {
 	m := newLBMaps(t)
 	ctx := context.Background()
@@ -417,7 +418,42 @@ func TestPrivilegedOpsExternalScopes(t *testing.T) {
 	if ranges() != 1 {
 		t.Fatalf("%d ranges after dropping one, want 1", ranges())
 	}
-	if err := o.Delete(ctx, nil, 0, lb); err != nil {
+	// A restarted agent knows the written ranges again: the frontend
+	// losing its ranges while the agent was down drops them at its next
+	// write; ranges of no frontend go at the prune.
+	o2 := New(m, maglev.DefaultConfig(), quiet())
+	if _, err := o2.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SrcRangeMap().Set(999, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	lb.SourceRanges = nil
+	if err := o2.Update(ctx, nil, 0, lb); err != nil {
+		t.Fatal(err)
+	}
+	if ranges() != 1 {
+		t.Fatalf("%d ranges after the restarted agent's write without ranges, want only the orphan's", ranges())
+	}
+	all := func(yield func(*loadbalancer.Frontend, statedb.Revision) bool) {
+		for _, f := range []*loadbalancer.Frontend{np, lb} {
+			if !yield(f, 0) {
+				return
+			}
+		}
+	}
+	if err := o2.Prune(ctx, nil, all); err != nil {
+		t.Fatal(err)
+	}
+	if ranges() != 0 {
+		t.Fatalf("%d ranges after the prune, want none", ranges())
+	}
+	check(2, 1) // the local slots survive restore and prune
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	if err := o2.Update(ctx, nil, 0, lb); err != nil {
+		t.Fatal(err)
+	}
+	if err := o2.Delete(ctx, nil, 0, lb); err != nil {
 		t.Fatal(err)
 	}
 	if ranges() != 0 {
