@@ -65,7 +65,9 @@ func fromWorld(t *testing.T, addr string, udp bool) (name, src string, port int,
 //   - loadBalancerSourceRanges: a range holding the world client admits
 //     it, one that does not refuses it;
 //   - the local backend's NetworkPolicy decides by the client's own
-//     address (an ipBlock of the client admits, another refuses).
+//     address (an ipBlock of the client admits, another refuses);
+//   - a pod on node 2 reaches node 1's node port the same way (node 2
+//     translates only its own addresses), its address kept.
 func TestPrivilegedLabNodePortFromWorld(t *testing.T) {
 	e := labUp(t)
 	if e.st.World == nil {
@@ -150,6 +152,22 @@ func TestPrivilegedLabNodePortFromWorld(t *testing.T) {
 		want("externalTrafficPolicy Local on node 1", net.JoinHostPort(node1.Address, strconv.Itoa(int(local.Spec.Ports[i].NodePort))), udp, true, "")
 		want("load-balancer source range admitting the client", net.JoinHostPort(lbAllowIP, strconv.Itoa(int(p.Port))), udp, true, "")
 	}
+	// A pod on node 2 to node 1's node port: node 2 translates only its
+	// own addresses, so node 1's host program serves the pod like an
+	// outside client (the reply's source turned back at node 1).
+	other := e.labPodOn(t, node2.Name)
+	eventually(t, "a pod on node 2 through node 1's node port", func() (bool, error) {
+		for _, udp := range []bool{false, true} {
+			np := net.JoinHostPort(node1.Address, strconv.Itoa(int(cluster.Spec.Ports[map[bool]int{false: 0, true: 1}[udp]].NodePort)))
+			code, out := tendril(t, "probe", "default/"+other.Name, np, "--timeout", "2s", fmt.Sprintf("--udp=%v", udp))
+			m := peerAnswer.FindStringSubmatch(out)
+			if code != 0 || m == nil || m[1] != "npw-backend" || m[2] != other.Status.PodIP {
+				return false, fmt.Errorf("%s -> %s udp=%v: exit %d: %s (want the backend seeing the pod %s)", other.Name, np, udp, code, strings.TrimSpace(out), other.Status.PodIP)
+			}
+		}
+		return true, nil
+	})
+
 	// Refusals: node 2 has no local backend for the Local service; the
 	// client is outside the other load balancer's range.
 	for _, addr := range []string{
