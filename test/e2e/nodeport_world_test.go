@@ -152,6 +152,13 @@ func TestPrivilegedLabNodePortFromWorld(t *testing.T) {
 		want("externalTrafficPolicy Local on node 1", net.JoinHostPort(node1.Address, strconv.Itoa(int(local.Spec.Ports[i].NodePort))), udp, true, "")
 		want("load-balancer source range admitting the client", net.JoinHostPort(lbAllowIP, strconv.Itoa(int(p.Port))), udp, true, "")
 	}
+	// Node 2's NAT table names its node port mappings (client -> remote
+	// backend).
+	if out, err := exec.Command(tendrilBin, "bpf", "--bpf-root", node2.BPFRoot, "nat", "list").CombinedOutput(); err != nil ||
+		!strings.Contains(string(out), client+":") || !strings.Contains(string(out), "service from outside") {
+		t.Errorf("bpf nat list on node 2 (%v) shows no service mapping of %s:\n%s", err, client, out)
+	}
+
 	// A pod on node 2 to node 1's node port: node 2 translates only its
 	// own addresses, so node 1's host program serves the pod like an
 	// outside client (the reply's source turned back at node 1).

@@ -178,8 +178,8 @@ func TestPrivilegedNodePortRemoteBackend(t *testing.T) {
 		t.Fatalf("NAT mappings %+v (%v), want one per protocol", list, err)
 	}
 	for _, m := range list {
-		if m.Pod != client || m.Remote != peerPod || m.Node != node || m.Orphan {
-			t.Fatalf("mapping %+v: want client -> peer pod through the node", m)
+		if m.Pod != client || m.Remote != peerPod || m.Node != node || m.Orphan || !m.Service {
+			t.Fatalf("mapping %+v: want a service mapping client -> peer pod through the node", m)
 		}
 	}
 	if got := n.metric(maps.ReasonNodeportReply, maps.DirEgress); got != 2 {
