@@ -15,6 +15,13 @@
  * outer destination and the packet it quotes).
  *
  * IPv4 and IPv6 alike (ICMP errors are translated back for IPv4 only).
+ *
+ * Services for clients outside the cluster (nodeport.h): from_netdev
+ * translates a packet to a NodePort, externalIP or load-balancer frontend
+ * of this node to a backend (a remote one's source NATed to the node and
+ * the packet sent on), and a remote backend's reply back to the client;
+ * to_netdev gives a local backend's reply the frontend as its source.
+ *
  * Everything else passes untouched: the host's own traffic, pods' traffic
  * within the cluster (docs/datapath.md). */
 #include "lib/common.h"
@@ -28,6 +35,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/endpoint.h"
 #include "lib/ipcache.h"
 #include "lib/nat.h"
+#include "lib/nodeport.h"
 
 /* to_netdev6 and from_netdev6 are the IPv6 halves of the programs below,
  * global functions verified on their own. */
@@ -112,8 +120,17 @@ __attribute__((noinline)) int to_netdev4(struct __sk_buff *skb, struct pkt *p)
 		return TC_ACT_OK;
 	__u32 ifindex = skb->ifindex;
 	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
-	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V4) || !masq_needed(p))
+	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V4))
 		return TC_ACT_OK;
+	/* A local backend's reply to an outside client of a service: the
+	 * client expects the frontend, not the pod (nor the node's
+	 * masquerade address). Looked for only where no masquerade mapping
+	 * exists: a masqueraded flow's packets pay no conntrack lookup. */
+	int rev;
+	if (!masq_needed(p)) {
+		rev = nodeport_rev_out(skb, p);
+		return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
+	}
 	/* An ICMP echo request's identifier is its "source port". */
 	struct masq_alloc a = {};
 	__builtin_memcpy(a.fwd.addr_l, p->saddr, 4);
@@ -128,6 +145,9 @@ __attribute__((noinline)) int to_netdev4(struct __sk_buff *skb, struct pkt *p)
 	if (m && u32_at(m->addr) == u32_at(a.node)) {
 		port = m->port;
 	} else {
+		rev = nodeport_rev_out(skb, p);
+		if (rev)
+			return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
 		/* A mapping to another address (the node's changed) is made
 		 * anew; its old reverse entry goes with the GC. */
 		a.now = p->now;
@@ -182,13 +202,26 @@ int from_netdev(struct __sk_buff *skb)
 	k.proto = p.proto;
 	k.dir = NAT_DIR_INGRESS;
 	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
-	if (!m)
-		return TC_ACT_OK;
+	if (!m) {
+		/* Not a reply: maybe a new or known flow from outside to a
+		 * service frontend. */
+		int np = nodeport_in(skb, &p);
+		if (np == NODEPORT_NEEDS_SNAT)
+			return nodeport_snat(skb, &p);
+		return np >= 0 ? np : TC_ACT_OK;
+	}
 	__u8 pod[4];
 	__builtin_memcpy(pod, m->addr, 4);
 	__be16 port = m->port;
+	__u8 flags = m->flags;
 	if (masq_rewrite(skb, &p, 1, pod, port))
 		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, &p, 0, 0, 0);
+	if (flags & NAT_F_NODEPORT) {
+		/* A remote backend's reply to an outside client. */
+		__builtin_memcpy(p.daddr, pod, 4);
+		p.dport = port;
+		return nodeport_reply(skb, &p);
+	}
 	count(REASON_MASQ_REPLY, DIR_INGRESS, p.len);
 	return TC_ACT_OK;
 }

@@ -106,7 +106,7 @@ __attribute__((noinline)) int hairpin_from_pod(struct __sk_buff *skb, struct pkt
 	int ct = ct_classify(e, &f, p, ep_id, src_a);
 	int notable = trace_notable(e, p, ct, e && ct_is_reply(e, &f));
 	if (!e) {
-		ct_create(&f, p, ep_id, ep_id, nat << 16);
+		ct_create(&f, p, ep_id, ep_id, nat << CT_REV_NAT_SHIFT);
 	} else {
 		if (ct == CT_NEW) {
 			ct_admit(e, src_a, ep_id);
@@ -203,7 +203,7 @@ int from_pod(struct __sk_buff *skb)
 		if (!e) {
 			__u16 other = direct ? dst->ep_id : 0;
 			__u8 remote = dst ? 0 : (src_a ? CT_F_B_NOT_LOCAL : CT_F_A_NOT_LOCAL);
-			ct_create(&f, &p, src_a ? ep_id : other, src_a ? other : ep_id, remote | ((__u32)nat << 16));
+			ct_create(&f, &p, src_a ? ep_id : other, src_a ? other : ep_id, remote | ((__u32)nat << CT_REV_NAT_SHIFT));
 		} else {
 			if (ct_out == CT_NEW)
 				ct_admit(e, src_a, ep_id);

@@ -61,7 +61,7 @@ static __always_inline void sock_client(struct bpf_sock_addr *ctx, struct lb_aff
  * source, the backend as its destination. Datagrams of unconnected UDP
  * sockets (sendmsg) are translated one by one and not reported. */
 static __always_inline void sock_xlate_event(__u8 family, __u8 proto, const __u8 *frontend, __be16 fport, const __u8 *backend,
-					     __be16 bport, __u16 rev_nat_id)
+					     __be16 bport, __u32 rev_nat_id)
 {
 	if (!TRACE_EVENTS)
 		return;

@@ -43,7 +43,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -126,9 +129,16 @@ func main() {
 
 // result is one (size, mode) point.
 type result struct {
-	size                int
-	mode                string
-	p50, p99            time.Duration
+	size     int
+	mode     string
+	p50, p99 time.Duration
+	// floorP50 and floorP99: connect from the client pod straight to the
+	// backend pod's address (no service), interleaved with the service
+	// connects: what connect costs on this machine at that moment.
+	floorP50, floorP99 time.Duration
+	// hookNs is the connect4 hook's mean run time per call during the
+	// connects (kernel BPF statistics; tendril only).
+	hookNs              float64
 	failed              int
 	ready               time.Duration // start until every service answered
 	syncToMaps          time.Duration // tendril: caches synced until the maps hold every frontend
@@ -173,7 +183,13 @@ func run(c config) error {
 	}
 	defer restoreCgroup(parent)
 
-	env, err := k8senv.Start(ctx, k8senv.Options{})
+	// A /16 holds 65,534 services: larger runs get a /12 (the API
+	// server's limit for the service range).
+	opts := k8senv.Options{}
+	if c.sizes[len(c.sizes)-1] > 60000 {
+		opts.ServiceCIDR = "10.96.0.0/12"
+	}
+	env, err := k8senv.Start(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
@@ -654,6 +670,53 @@ func connect(dst netip.AddrPort, read bool) (time.Duration, byte, error) {
 	return d, buf[0], nil
 }
 
+// hookStats starts counting the run time of the agent's connect4 socket
+// hook (kernel BPF statistics, on while counting); the returned function
+// stops and returns the mean ns per call since (0 without the hook).
+func hookStats(bpfRoot string) func() float64 {
+	none := func() float64 { return 0 }
+	if bpfRoot == "" {
+		return none
+	}
+	lk, err := link.LoadPinnedLink(filepath.Join(bpfRoot, "socklb", "connect4"), nil)
+	if err != nil {
+		log.Printf("connect4 hook statistics: %v", err)
+		return none
+	}
+	defer lk.Close()
+	info, err := lk.Info()
+	if err != nil {
+		log.Printf("connect4 hook statistics: %v", err)
+		return none
+	}
+	prog, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		log.Printf("connect4 hook statistics: %v", err)
+		return none
+	}
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		prog.Close()
+		log.Printf("connect4 hook statistics: %v", err)
+		return none
+	}
+	before, err := prog.Stats()
+	if err != nil {
+		stats.Close()
+		prog.Close()
+		return none
+	}
+	return func() float64 {
+		defer prog.Close()
+		defer stats.Close()
+		after, err := prog.Stats()
+		if err != nil || after.RunCount == before.RunCount {
+			return 0
+		}
+		return float64(after.Runtime-before.Runtime) / float64(after.RunCount-before.RunCount)
+	}
+}
+
 // inNetns runs fn on a locked thread switched into the namespace at path
 // and switches it back after. Unlike namedns.InNetns it does not end the
 // thread: a thread that ends kills the children it started (the control
@@ -784,7 +847,9 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 
 	// Connect latency to random services.
 	rng := rand.New(rand.NewPCG(uint64(size), 7))
-	var lat []time.Duration
+	var lat, floor []time.Duration
+	direct := netip.AddrPortFrom(netip.MustParseAddr(backendBase), backendPort)
+	hook := hookStats(p.bpfRoot)
 	err = inClient(func() error {
 		for i := 0; i < b.c.connects+100; i++ {
 			dst := netip.AddrPortFrom(b.services[rng.IntN(size)], svcPort)
@@ -793,8 +858,14 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 				r.failed++
 				continue
 			}
+			// The floor, right after: the same connect to the
+			// backend's own address.
+			f, _, ferr := connect(direct, false)
 			if i >= 100 { // warm-up
 				lat = append(lat, d)
+				if ferr == nil {
+					floor = append(floor, f)
+				}
 			}
 		}
 		return nil
@@ -803,6 +874,8 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 		return r, err
 	}
 	r.p50, r.p99 = percentile(lat, 0.5), percentile(lat, 0.99)
+	r.floorP50, r.floorP99 = percentile(floor, 0.5), percentile(floor, 0.99)
+	r.hookNs = hook()
 	if size == b.c.programSize {
 		if err := b.oneChange(ctx, &r, size, rng); err != nil {
 			return r, err
@@ -1032,19 +1105,23 @@ func histogram(body, name string) string {
 
 func report(rs []result, c config) {
 	fmt.Println()
-	fmt.Println("| services | mode | connect p50 | connect p99 | failed | ready after start | caches synced -> maps | RSS MiB |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| services | mode | connect p50 | connect p99 | pod->pod connect p50 / p99 (floor) | connect4 hook ns/call | failed | ready after start | caches synced -> maps | RSS MiB |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rs {
 		if r.err != "" {
-			fmt.Printf("| %d | %s | failed: %s |||||||\n", r.size, r.mode, r.err)
+			fmt.Printf("| %d | %s | failed: %s |||||||||\n", r.size, r.mode, r.err)
 			continue
 		}
 		s2m := "—"
 		if r.mode == "tendril" {
 			s2m = r.syncToMaps.Round(time.Millisecond).String()
 		}
-		fmt.Printf("| %d | %s | %s | %s | %d | %s | %s | %.0f |\n", r.size, r.mode, us(r.p50), us(r.p99), r.failed,
-			r.ready.Round(time.Millisecond), s2m, r.rssMiB)
+		hook := "—"
+		if r.hookNs > 0 {
+			hook = fmt.Sprintf("%.0f", r.hookNs)
+		}
+		fmt.Printf("| %d | %s | %s | %s | %s / %s | %s | %d | %s | %s | %.0f |\n", r.size, r.mode, us(r.p50), us(r.p99), us(r.floorP50), us(r.floorP99),
+			hook, r.failed, r.ready.Round(time.Millisecond), s2m, r.rssMiB)
 	}
 	fmt.Println()
 	fmt.Printf("At %d services:\n\n", c.programSize)

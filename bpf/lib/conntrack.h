@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Tendril datapath: conntrack: one entry per flow on the node in
- * tdr_ct4_v1 / tdr_ct6_v1, keyed by the flow's two sides in a canonical
+ * tdr_ct4_v2 / tdr_ct6_v2, keyed by the flow's two sides in a canonical
  * order (see struct ct4_key), shared by both directions and by the flow's
  * local endpoints, each of which admits the flow once. */
 #ifndef TDR_CONNTRACK_H
@@ -115,10 +115,10 @@ static __always_inline struct ct_entry *ct_find(const struct flow *f, const stru
 	struct ct_entry *e;
 
 	if (p->family == FAMILY_V4) {
-		e = bpf_map_lookup_elem(&tdr_ct4_v1, &f->k4);
+		e = bpf_map_lookup_elem(&tdr_ct4_v2, &f->k4);
 		barrier();
 	} else {
-		e = bpf_map_lookup_elem(&tdr_ct6_v1, &f->k6);
+		e = bpf_map_lookup_elem(&tdr_ct6_v2, &f->k6);
 	}
 	if (!e || e->expires <= p->now)
 		return NULL;
@@ -196,10 +196,15 @@ static __always_inline int ct_is_reply(const struct ct_entry *e, const struct fl
 	return f->src_is_a != !!(e->flags & CT_F_A_STARTED);
 }
 
+/* CT_REV_NAT_SHIFT: ct_create's not_local carries the flow's reverse NAT
+ * ID above this bit (24 bits: IDs below LB_MAX_IDS). */
+#define CT_REV_NAT_SHIFT 8
+
 /* ct_create makes the entry of a new flow, naming the local endpoints
  * that admitted it on sides a and b. not_local holds the CT_F_*_NOT_LOCAL
  * flags in its low byte and the flow's reverse NAT ID (lbnat.h; 0: none)
- * in its upper 16 bits (a call takes five arguments). A global function,
+ * in its upper 24 bits, from CT_REV_NAT_SHIFT (a call takes five
+ * arguments). A global function,
  * verified on its own (see parse in parse.h); not on the path of an
  * established packet. */
 __attribute__((noinline)) int ct_create(const struct flow *f, const struct pkt *p, __u32 ep_a, __u32 ep_b,
@@ -213,15 +218,15 @@ __attribute__((noinline)) int ct_create(const struct flow *f, const struct pkt *
 	e.ep_b = ep_b;
 	e.tcp_flags = p->tcp_flags;
 	e.flags = not_local & (CT_F_A_NOT_LOCAL | CT_F_B_NOT_LOCAL);
-	e.rev_nat = not_local >> 16;
+	e.rev_nat = not_local >> CT_REV_NAT_SHIFT;
 	if (f->src_is_a)
 		e.flags |= CT_F_A_STARTED;
 	if (p->proto == IPPROTO_TCP_ && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
 		e.flags |= CT_F_CLOSING;
 	e.expires = p->now + ct_lifetime(p, e.flags);
 	if (p->family == FAMILY_V4)
-		return bpf_map_update_elem(&tdr_ct4_v1, &f->k4, &e, BPF_ANY);
-	return bpf_map_update_elem(&tdr_ct6_v1, &f->k6, &e, BPF_ANY);
+		return bpf_map_update_elem(&tdr_ct4_v2, &f->k4, &e, BPF_ANY);
+	return bpf_map_update_elem(&tdr_ct6_v2, &f->k6, &e, BPF_ANY);
 }
 
 #endif

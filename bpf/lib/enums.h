@@ -66,6 +66,8 @@
 #define REASON_DELIVERED_DIRECT 4 /* Delivered directly to a local endpoint */
 #define REASON_MASQUERADED 5 /* Masqueraded to the node address */
 #define REASON_MASQ_REPLY 6 /* Masquerade reply translated back to the pod */
+#define REASON_NODEPORT 7 /* Service from outside translated to a backend */
+#define REASON_NODEPORT_REPLY 8 /* Service reply translated back to an outside client */
 #define REASON_POLICY_DENIED 10 /* Policy denied */
 #define REASON_POLICY_DENY_RULE 11 /* Policy denied by deny rule */
 #define REASON_TRUNCATED 12 /* Truncated packet */
@@ -80,6 +82,9 @@
 #define REASON_MASQ_NO_PORT 21 /* Masquerade port range exhausted */
 #define REASON_MASQ_TABLE_FULL 22 /* Masquerade NAT table full */
 #define REASON_MASQ_FAILED 23 /* Masquerade translation failed */
+#define REASON_SVC_NO_LOCAL_BACKEND 24 /* Service has no local backend (externalTrafficPolicy Local) */
+#define REASON_SOURCE_RANGE_DENIED 25 /* Client outside the load balancer's source ranges */
+#define REASON_NODEPORT_NO_ROUTE 26 /* No route to the service backend */
 
 /* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
  * counters.
@@ -159,6 +164,16 @@
 /* The frontend is translated per packet only, not at the socket (the
  * socket hooks leave it alone). */
 #define SVC_F_NO_SOCKET_LB 0x08
+/* The frontend answers clients outside the cluster arriving at the node's
+ * devices (bpf_host.c, nodeport.h): NodePort, externalIPs, LoadBalancer. */
+#define SVC_F_EXTERNAL 0x10
+/* externalTrafficPolicy: Local: outside clients go to this node's
+ * backends only, slots count+1..count+local_count, with their address
+ * kept (no source NAT); none: dropped. */
+#define SVC_F_EXT_LOCAL 0x20
+/* loadBalancerSourceRanges: only clients in the frontend's ranges
+ * (tdr_lb4_srcrange_v1) are admitted from outside. */
+#define SVC_F_SOURCE_RANGES 0x40
 
 /* Backend states (lb_backend.state). Only active backends are in a
  * service's slots and Maglev table; a terminating or quarantined one is
@@ -188,6 +203,13 @@
 #define NAT_DIR_EGRESS 1
 #define NAT_DIR_INGRESS 2
 
+/* NAT entry flags (nat4_entry.flags).
+ * go:const NATFlag NAT_F_ uint8 */
+/* A NodePort mapping (nodeport.h): an outside client's flow to a backend
+ * on another node, source-NATed to this node; its replies get the
+ * service frontend back as source too. */
+#define NAT_F_NODEPORT 0x01
+
 /* Host device flags (hostdev_info.flags).
  * go:const HostDevFlag HOSTDEV_F_ uint8 */
 #define HOSTDEV_F_MASQ_V4 0x01 /* masquerade IPv4 pod traffic leaving here to ipv4 */
@@ -195,11 +217,19 @@
 
 /* Load-balancing sizes: Maglev table entries per service (a prime: the
  * datapath's table size M; changing it is a layout change of
- * tdr_lb_maglev_v1), and service and backend IDs are below LB_MAX_IDS
- * (0 is none).
+ * tdr_lb_maglev_v1); service, reverse NAT and backend IDs are below
+ * LB_MAX_IDS (0 is none): a flow's reverse NAT ID travels in the upper 24
+ * bits of ct_create's flags argument (conntrack.h). LB_MAP_MAX and
+ * LB_SLOTS_MAP_MAX are the default capacities of the service, backend,
+ * reverse NAT and Maglev maps and of the slots map: 100,000 services of 10
+ * backends fit. The agent sizes them by flag (--bpf-lb-map-max,
+ * --bpf-lb-slots-map-max); a capacity is no layout: a pin of another
+ * capacity is carried over into the new size at start.
  * go:const LB LB_ */
 #define LB_MAGLEV_TABLE_SIZE 16381
-#define LB_MAX_IDS 65536
+#define LB_MAX_IDS 16777216
+#define LB_MAP_MAX 131072
+#define LB_SLOTS_MAP_MAX 1048576
 
 /* Slots of an endpoint in tdr_policy_v2 (see policy_slot): one trie per
  * direction for entries of a given peer identity and one per direction for

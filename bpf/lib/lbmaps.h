@@ -43,7 +43,10 @@ struct lb_service {
 	/* Active backends in slots 1..count; 0: no backend (drop). */
 	__u16 count;
 	__u8 flags; /* SVC_F_* (enums.h) */
-	__u8 pad;
+	/* With SVC_F_EXT_LOCAL: this node's active backends, the outside
+	 * clients' (externalTrafficPolicy Local) scope, in slots
+	 * count+1..count+local_count (nodeport.h). */
+	__u8 local_count;
 	/* Session affinity timeout in seconds (SVC_F_AFFINITY). */
 	__u32 affinity_timeout;
 };
@@ -143,7 +146,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb4_key);
 	__type(value, struct lb_service);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, LB_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb4_services_v1 SEC(".maps");
@@ -152,7 +155,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb6_key);
 	__type(value, struct lb_service);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, LB_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb6_services_v1 SEC(".maps");
@@ -161,7 +164,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb_slot_key);
 	__type(value, __u32); /* backend ID */
-	__uint(max_entries, 4 * LB_MAX_IDS);
+	__uint(max_entries, LB_SLOTS_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_slots_v1 SEC(".maps");
@@ -170,7 +173,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32); /* backend ID */
 	__type(value, struct lb_backend);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, LB_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_backends_v1 SEC(".maps");
@@ -179,7 +182,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32); /* reverse NAT ID */
 	__type(value, struct lb_revnat);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, LB_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_revnat_v1 SEC(".maps");
@@ -188,7 +191,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lb_affinity_key);
 	__type(value, struct lb_affinity);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_affinity_v1 SEC(".maps");
 
@@ -196,7 +199,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32); /* service ID */
 	__type(value, struct lb_maglev);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, LB_MAP_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_maglev_v1 SEC(".maps");
@@ -205,9 +208,27 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lb_sock_key);
 	__type(value, struct lb_sock_revnat);
-	__uint(max_entries, LB_MAX_IDS);
+	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb_sock_revnat_v1 SEC(".maps");
+
+/* loadBalancerSourceRanges (SVC_F_SOURCE_RANGES): the clients a
+ * frontend admits from outside, by its reverse NAT ID and a prefix of the
+ * client's address (prefixlen counts the 32 bits of the ID too). */
+struct lb4_srcrange_key {
+	__u32 prefixlen;
+	__u32 rev_nat_id; /* network byte order: part of the trie's prefix */
+	__u8 addr[4];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lb4_srcrange_key);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_lb4_srcrange_v1 SEC(".maps");
 
 /* LRU: as conntrack, a full table evicts the least recently used flows. */
 struct {

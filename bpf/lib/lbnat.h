@@ -149,29 +149,47 @@ __attribute__((noinline)) int lb_dnat(struct __sk_buff *skb, struct pkt *p)
 	__builtin_memcpy(p->daddr, be->addr, 16);
 	p->dport = be->port;
 	p->pport = be->port;
-	return (int)(svc->rev_nat_id & 0xffff);
+	/* IDs are below LB_MAX_IDS (2^24): positive as an int. */
+	return (int)(svc->rev_nat_id & (LB_MAX_IDS - 1));
 }
 
 /* Hairpin: a pod reaching itself through a service. Its packet, DNATed to
  * its own address, would arrive in the pod from its own address (the
  * pod's kernel drops that as a martian) and its reply would never leave
- * the pod. So the packet's source becomes the hairpin address (IPv4
- * 169.254.42.1, link-local: no pod has it) and it is delivered back into
- * the pod; the pod's reply to that address comes out again, gets its own
- * address back as destination and the frontend as source (reverse NAT),
- * and is delivered back in. The conntrack entry of the flow (hairpin
- * address <-> backend) carries the reverse NAT ID as for any translated
- * flow. IPv6 has no hairpin address yet: such a packet is not translated
- * back (docs/services.md). */
+ * the pod. So the packet's source becomes the hairpin address and it is
+ * delivered back into the pod; the pod's reply to that address comes out
+ * again, gets its own address back as destination and the frontend as
+ * source (reverse NAT), and is delivered back in. The conntrack entry of
+ * the flow (hairpin address <-> backend) carries the reverse NAT ID as for
+ * any translated flow. The hairpin addresses are no pod's and are routed
+ * through the pod's default gateway (its veth, where from_pod sees the
+ * reply): IPv4 169.254.42.1 (link-local), IPv6 100::a9fe:2a01 (in
+ * 100::/64, RFC 6666's discard-only prefix; a link-local address would
+ * be on-link for the pod, which would look for it by neighbour
+ * discovery instead of sending the reply to its gateway). */
 #define LB_HAIRPIN_V4_0 169
 #define LB_HAIRPIN_V4_1 254
 #define LB_HAIRPIN_V4_2 42
 #define LB_HAIRPIN_V4_3 1
 
+/* The IPv6 hairpin address as four words in network byte order
+ * (0100:0000:0000:0000:0000:0000:a9fe:2a01). */
+#define LB_HAIRPIN_V6_W0 bpf_htonl(0x01000000)
+#define LB_HAIRPIN_V6_W3 bpf_htonl(0xa9fe2a01)
+
 static __always_inline int lb_is_hairpin_addr(const struct pkt *p, const __u8 *a)
 {
-	return p->family == FAMILY_V4 && a[0] == LB_HAIRPIN_V4_0 && a[1] == LB_HAIRPIN_V4_1 && a[2] == LB_HAIRPIN_V4_2 &&
-	       a[3] == LB_HAIRPIN_V4_3;
+	if (p->family == FAMILY_V4)
+		return a[0] == LB_HAIRPIN_V4_0 && a[1] == LB_HAIRPIN_V4_1 && a[2] == LB_HAIRPIN_V4_2 && a[3] == LB_HAIRPIN_V4_3;
+	return u32_at(a) == LB_HAIRPIN_V6_W0 && u32_at(a + 4) == 0 && u32_at(a + 8) == 0 && u32_at(a + 12) == LB_HAIRPIN_V6_W3;
+}
+
+static __always_inline int lb_same_addr(const struct pkt *p)
+{
+	if (p->family == FAMILY_V4)
+		return u32_at(p->saddr) == u32_at(p->daddr);
+	return u32_at(p->saddr) == u32_at(p->daddr) && u32_at(p->saddr + 4) == u32_at(p->daddr + 4) &&
+	       u32_at(p->saddr + 8) == u32_at(p->daddr + 8) && u32_at(p->saddr + 12) == u32_at(p->daddr + 12);
 }
 
 /* lb_hairpin_snat gives a translated packet whose backend is its own
@@ -179,12 +197,22 @@ static __always_inline int lb_is_hairpin_addr(const struct pkt *p, const __u8 *a
  * packet is no hairpin, or minus a drop reason. */
 static __always_inline int lb_hairpin_snat(struct __sk_buff *skb, struct pkt *p)
 {
-	if (p->family != FAMILY_V4 || u32_at(p->saddr) != u32_at(p->daddr))
+	if (!lb_same_addr(p))
 		return 0;
-	__u8 h[16] = {LB_HAIRPIN_V4_0, LB_HAIRPIN_V4_1, LB_HAIRPIN_V4_2, LB_HAIRPIN_V4_3};
+	__u8 h[16] = {};
+	if (p->family == FAMILY_V4) {
+		h[0] = LB_HAIRPIN_V4_0;
+		h[1] = LB_HAIRPIN_V4_1;
+		h[2] = LB_HAIRPIN_V4_2;
+		h[3] = LB_HAIRPIN_V4_3;
+	} else {
+		__u32 w0 = LB_HAIRPIN_V6_W0, w3 = LB_HAIRPIN_V6_W3;
+		__builtin_memcpy(h, &w0, 4);
+		__builtin_memcpy(h + 12, &w3, 4);
+	}
 	if (nat_rewrite(skb, p, 0, h, p->sport))
 		return -REASON_NAT_FAILED;
-	__builtin_memcpy(p->saddr, h, 4);
+	__builtin_memcpy(p->saddr, h, 16);
 	return 1;
 }
 
@@ -194,7 +222,7 @@ static __always_inline int lb_hairpin_rev(struct __sk_buff *skb, struct pkt *p)
 {
 	if (nat_rewrite(skb, p, 1, p->saddr, p->dport))
 		return -REASON_NAT_FAILED;
-	__builtin_memcpy(p->daddr, p->saddr, 4);
+	__builtin_memcpy(p->daddr, p->saddr, 16);
 	return 0;
 }
 

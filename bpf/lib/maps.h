@@ -133,12 +133,14 @@ struct ct_entry {
 	__u16 ep_b;
 	__u8 flags;     /* CT_F_* (enums.h) */
 	__u8 tcp_flags; /* every TCP flag seen, ORed */
+	__u16 pad;
 	/* Reverse NAT ID of a flow the pod programs translated to a service
 	 * backend (lbnat.h): its replies get the frontend back as their
-	 * source. 0: none. These were pad bytes, always 0, before: an entry
-	 * written earlier reads as "not translated", which it was, so the
-	 * layout keeps its name. */
-	__u16 rev_nat;
+	 * source. 0: none. Layout v1 (tdr_ct4_v1) held it in 16 bits, which
+	 * capped a node at 65,535 frontends; v2 widens it (IDs below
+	 * LB_MAX_IDS) and the agent carries v1 entries over at start. */
+	__u32 rev_nat;
+	__u32 pad2;
 };
 
 struct metric_value {
@@ -281,7 +283,7 @@ struct {
 	__type(value, struct ct_entry);
 	__uint(max_entries, 262144);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tdr_ct4_v1 SEC(".maps");
+} tdr_ct4_v2 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -289,7 +291,7 @@ struct {
 	__type(value, struct ct_entry);
 	__uint(max_entries, 131072);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tdr_ct6_v1 SEC(".maps");
+} tdr_ct6_v2 SEC(".maps");
 
 /* Index: reason * 2 + direction. A per-CPU array: the counter update on
  * every packet is a direct, lock-free access. */

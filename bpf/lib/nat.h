@@ -51,7 +51,7 @@ static __always_inline int masq_ct_alive(__u8 proto, const __u8 *pod, __be16 ppo
 		__builtin_memcpy(k.addr_b, pod, 4);
 		k.port_a = rport, k.port_b = pport;
 	}
-	struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct4_v1, &k);
+	struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct4_v2, &k);
 	return e && e->expires > now;
 }
 
@@ -86,7 +86,8 @@ struct masq_alloc {
 	__u8 node[4];
 	__u64 now;
 	__be16 port; /* out: the node's port */
-	__u8 pad[6];
+	__u8 flags;  /* NAT_F_* of the mapping */
+	__u8 pad[5];
 };
 
 /* masq_claim makes the mapping of a->fwd through port: the reverse entry
@@ -185,8 +186,10 @@ __attribute__((noinline)) int masq_alloc4(struct __sk_buff *skb, struct masq_all
 	__builtin_memcpy(t.back.addr, a->fwd.addr_l, 4);
 	t.back.port = a->fwd.port_l;
 	t.back.created = a->now;
+	t.back.flags = a->flags;
 	__builtin_memcpy(t.out.addr, a->node, 4);
 	t.out.created = a->now;
+	t.out.flags = a->flags;
 
 	bpf_loop(t.size < MASQ_PROBES ? t.size : MASQ_PROBES, masq_try, &t, 0);
 	if (t.result <= 0)
@@ -351,7 +354,7 @@ static __always_inline int masq_ct_alive6(__u8 proto, const __u8 *pod, __be16 pp
 		__builtin_memcpy(k.addr_b, pod, 16);
 		k.port_a = rport, k.port_b = pport;
 	}
-	struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct6_v1, &k);
+	struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct6_v2, &k);
 	return e && e->expires > now;
 }
 

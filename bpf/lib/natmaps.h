@@ -28,7 +28,8 @@ struct nat4_key {
 struct nat4_entry {
 	__u8 addr[4];
 	__be16 port;
-	__u8 pad[2];
+	__u8 flags; /* NAT_F_* (enums.h) */
+	__u8 pad;
 	/* bpf_ktime_get_coarse_ns() when the mapping was made: the GC leaves
 	 * a mapping younger than its conntrack entry's first lifetime. */
 	__u64 created;

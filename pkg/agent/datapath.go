@@ -153,7 +153,7 @@ func loaderConfig(c Config) loader.Config {
 	trace, _ := c.Hubble.TraceMode() // validated with the config
 	return loader.Config{
 		BPFRoot: c.BPFRoot, PolicyVerdictEvents: c.PolicyVerdictEvents, DirectDelivery: c.DirectDelivery, TraceEvents: trace,
-		AttachMode: loader.AttachMode(c.DatapathAttachMode), DeferTCX: c.DatapathDeferTCX,
+		AttachMode: loader.AttachMode(c.DatapathAttachMode), DeferTCX: c.DatapathDeferTCX, LBSizes: c.Services.lbSizes(),
 	}
 }
 

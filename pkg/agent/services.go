@@ -17,6 +17,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/datapath/socklb"
 	"github.com/tendril-net/tendril/pkg/datapath/sockterm"
 	"github.com/tendril-net/tendril/pkg/health"
@@ -47,6 +48,10 @@ type ServicesConfig struct {
 	// HealthCheckNodePorts answers the health check node ports of
 	// services with externalTrafficPolicy Local.
 	HealthCheckNodePorts bool
+	// LBMapMax and LBSlotsMapMax size the LB maps (0: the datapath's
+	// defaults, 131,072 and 1,048,576: 100,000 services of 10 backends).
+	LBMapMax      int
+	LBSlotsMapMax int
 }
 
 // Flags registers the services' flags.
@@ -56,6 +61,8 @@ func (c *ServicesConfig) Flags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&c.MaglevHashSeed, "maglev-hash-seed", c.MaglevHashSeed, "Seed of the Maglev permutations (the same on every node)")
 	fs.StringVar(&c.NodePortRange, "node-port-range", c.NodePortRange, "Node ports answered, min-max (as the API server's --service-node-port-range)")
 	fs.BoolVar(&c.HealthCheckNodePorts, "enable-health-check-nodeport", c.HealthCheckNodePorts, "Answer the health check node ports of services with externalTrafficPolicy Local (local backend count: 200, none: 503)")
+	fs.IntVar(&c.LBMapMax, "bpf-lb-map-max", c.LBMapMax, "Capacity of the BPF service, backend, reverse NAT and Maglev maps (0: 131072); a changed size carries the entries over at start")
+	fs.IntVar(&c.LBSlotsMapMax, "bpf-lb-slots-map-max", c.LBSlotsMapMax, "Capacity of the BPF backend slots map, the backends of all services together (0: 1048576)")
 }
 
 // NodePorts parses NodePortRange.
@@ -69,10 +76,18 @@ func (c *ServicesConfig) NodePorts() (lo, hi uint16, err error) {
 	return uint16(x), uint16(y), nil
 }
 
+// lbSizes are the LB maps' capacities.
+func (c *ServicesConfig) lbSizes() maps.LBSizes {
+	return maps.LBSizes{MapMax: c.LBMapMax, SlotsMapMax: c.LBSlotsMapMax}
+}
+
 // Validate checks the services' options.
 func (c *ServicesConfig) Validate() error {
 	if c.LBAlgorithm != "random" && c.LBAlgorithm != "maglev" {
 		return fmt.Errorf("lb-algorithm %q: must be random or maglev", c.LBAlgorithm)
+	}
+	if err := c.lbSizes().Validate(); err != nil {
+		return err
 	}
 	if c.CgroupRoot != "" && !strings.HasPrefix(c.CgroupRoot, "/") {
 		return fmt.Errorf("cgroup-root %q: must be an absolute path", c.CgroupRoot)

@@ -20,6 +20,9 @@ type natRow struct {
 	Node   string `json:"node"`
 	Age    string `json:"age"`
 	Orphan bool   `json:"orphan,omitempty"`
+	// Service: a node port flow to another node's backend (Pod is the
+	// outside client, Remote the backend).
+	Service bool `json:"service,omitempty"`
 }
 
 // newBPFNATCommand lists the masquerade NAT table from its pin (works
@@ -49,7 +52,7 @@ func newBPFNATCommand(opts *Options, root *string) *cobra.Command {
 					age = time.Duration(now - n.Created).Round(time.Second).String()
 				}
 				rows = append(rows, natRow{Proto: hostdev.ProtoName(n.Proto), Pod: netip.AddrPortFrom(n.Pod, n.PodPort).String(),
-					Remote: netip.AddrPortFrom(n.Remote, n.RemotePort).String(), Node: netip.AddrPortFrom(n.Node, n.NodePort).String(), Age: age, Orphan: n.Orphan})
+					Remote: netip.AddrPortFrom(n.Remote, n.RemotePort).String(), Node: netip.AddrPortFrom(n.Node, n.NodePort).String(), Age: age, Orphan: n.Orphan, Service: n.Service})
 			}
 			if ok, err := opts.PrintStructured(cmd.OutOrStdout(), rows); ok {
 				return err
@@ -61,6 +64,9 @@ func newBPFNATCommand(opts *Options, root *string) *cobra.Command {
 				node := r.Node
 				if r.Orphan {
 					node += " (one direction only)"
+				}
+				if r.Service {
+					node += " (service from outside: client -> remote backend)"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Proto, r.Pod, r.Remote, node, r.Age)
 			}

@@ -71,6 +71,9 @@ const (
 	// clients in the cluster still reach both servers on either node's
 	// address (kube-proxy's reading), outside clients only the node's own.
 	svcNodePort = "servers-nodeport"
+	// svcNodePortCluster is of type NodePort with externalTrafficPolicy
+	// Cluster: outside clients reach both servers through either node.
+	svcNodePortCluster = "servers-nodeport-cluster"
 )
 
 // Probes per attempt of the Service checks that judge who answers: with
@@ -134,18 +137,27 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			return nil, err
 		}
 	}
-	nodePorts, err := createNodePortService(ctx, c, ns)
+	nodePorts, err := createNodePortService(ctx, c, ns, svcNodePort, corev1.ServiceExternalTrafficPolicyLocal)
 	if err != nil {
 		return nil, err
 	}
-	if err := waitEndpoints(ctx, c, ns, svcNodePort, 2, cfg.ReadyWait); err != nil {
+	clusterNodePorts, err := createNodePortService(ctx, c, ns, svcNodePortCluster, corev1.ServiceExternalTrafficPolicyCluster)
+	if err != nil {
 		return nil, err
+	}
+	for _, name := range []string{svcNodePort, svcNodePortCluster} {
+		if err := waitEndpoints(ctx, c, ns, name, 2, cfg.ReadyWait); err != nil {
+			return nil, err
+		}
 	}
 	fmt.Fprintf(out, "Services %s (%s), %s (%s, sessionAffinity ClientIP), %s (%s, internalTrafficPolicy Local), %s (node ports %d/TCP, %d/UDP) with 2 ready endpoints after %s\n\n",
 		svcServers, clusterIPs[svcServers], svcAffinity, clusterIPs[svcAffinity], svcLocal, clusterIPs[svcLocal],
 		svcNodePort, nodePorts[80], nodePorts[81], time.Since(begin).Round(time.Millisecond))
 	nodePort := func(node, port int) string {
 		return net.JoinHostPort(cfg.NodeIPs[node], strconv.Itoa(int(nodePorts[port])))
+	}
+	clusterNodePort := func(node, port int) string {
+		return net.JoinHostPort(cfg.NodeIPs[node], strconv.Itoa(int(clusterNodePorts[port])))
 	}
 
 	from := func(pod string) string { return ns + "/" + pod }
@@ -280,6 +292,27 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			world("pod to world leaves with node 2's address, UDP", podRemoteClient, 1, 81, "udp"),
 			check("pod to world, node 2, ICMP", from(podRemoteClient), cfg.World, "icmp", true),
 		}}}, phases[1:]...)...)
+	}
+	if cfg.World != "" {
+		// Clients outside the cluster arrive at a node's device: its host
+		// program translates (docs/services.md, "From outside").
+		worldNP := func(name, to, proto string, backends []string, spread bool) Check {
+			c := Check{Name: name, From: lab.WorldRef, To: to, Proto: proto, Allowed: true, Backends: backends, Repeat: serviceProbes, Spread: spread}
+			if spread {
+				c.Repeat = spreadProbes
+			}
+			return c
+		}
+		phases = append(phases, struct {
+			title  string
+			before func() error
+			checks []Check
+		}{"NodePort from the world (host device programs)", nil, []Check{
+			worldNP("world to NodePort, externalTrafficPolicy Local, node 1, TCP: its own server", nodePort(0, 80), "tcp", []string{podServerSame}, false),
+			worldNP("world to NodePort, externalTrafficPolicy Local, node 2, UDP: its own server", nodePort(1, 81), "udp", []string{podServerOther}, false),
+			worldNP("world to NodePort, externalTrafficPolicy Cluster, node 1, TCP: local and remote servers", clusterNodePort(0, 80), "tcp", servers, true),
+			worldNP("world to NodePort, externalTrafficPolicy Cluster, node 2, UDP: local and remote servers", clusterNodePort(1, 81), "udp", servers, true),
+		}})
 	}
 	if cfg.APIServer != "" {
 		phases[0].checks = append(phases[0].checks,
@@ -423,14 +456,15 @@ func createService(ctx context.Context, c *k8s.Clients, ns, name string) (string
 	return got.Spec.ClusterIP, nil
 }
 
-// createNodePortService creates the NodePort Service (externalTrafficPolicy
-// Local) in front of the servers and returns its node port per port.
-func createNodePortService(ctx context.Context, c *k8s.Clients, ns string) (map[int]int32, error) {
+// createNodePortService creates a NodePort Service with the external
+// traffic policy in front of the servers and returns its node port per
+// port.
+func createNodePortService(ctx context.Context, c *k8s.Clients, ns, name string, etp corev1.ServiceExternalTrafficPolicy) (map[int]int32, error) {
 	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: svcNodePort, Namespace: ns},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.ServiceSpec{
 			Type:                  corev1.ServiceTypeNodePort,
-			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			ExternalTrafficPolicy: etp,
 			Selector:              map[string]string{"app": "server"},
 			Ports: []corev1.ServicePort{
 				{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)},
@@ -440,12 +474,12 @@ func createNodePortService(ctx context.Context, c *k8s.Clients, ns string) (map[
 	}
 	got, err := c.Core.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("create service %s/%s: %w", ns, svcNodePort, err)
+		return nil, fmt.Errorf("create service %s/%s: %w", ns, name, err)
 	}
 	out := map[int]int32{}
 	for _, p := range got.Spec.Ports {
 		if p.NodePort == 0 {
-			return nil, fmt.Errorf("service %s/%s: port %d got no node port", ns, svcNodePort, p.Port)
+			return nil, fmt.Errorf("service %s/%s: port %d got no node port", ns, name, p.Port)
 		}
 		out[int(p.Port)] = p.NodePort
 	}

@@ -126,6 +126,17 @@ type Spec struct {
 	// nothing contacts; validation refuses loopback). The lab sets a node
 	// address where its kubelet forwards the API server, so pods reach it.
 	AdvertiseAddress string
+	// ServiceCIDR is the service network (empty: ServiceCIDR, a /16). It
+	// must contain KubernetesSvcIP; a benchmark of 100,000 services needs
+	// more than a /16.
+	ServiceCIDR string
+}
+
+func (s *Spec) serviceCIDR() string {
+	if s.ServiceCIDR != "" {
+		return s.ServiceCIDR
+	}
+	return ServiceCIDR
 }
 
 // AllocatePorts fills every zero port with a free one.
@@ -181,7 +192,7 @@ func (s *Spec) APIServerArgs() []string {
 		"--client-ca-file", s.PKI.CA,
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-account-key-file", s.PKI.SAPub, "--service-account-signing-key-file", s.PKI.SAKey,
-		"--service-cluster-ip-range", ServiceCIDR,
+		"--service-cluster-ip-range", s.serviceCIDR(),
 		"--authorization-mode", "RBAC",
 		"--allow-privileged=true",
 		admission,
@@ -200,7 +211,7 @@ func (s *Spec) ControllerManagerArgs(kubeconfig string) []string {
 		"--kubeconfig", kubeconfig, "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
 		"--controllers", "endpointslice,namespace,serviceaccount,serviceaccount-token,nodeipam,garbagecollector",
 		"--allocate-node-cidrs=true", "--cluster-cidr", cidr, "--node-cidr-mask-size", "24",
-		"--service-cluster-ip-range", ServiceCIDR,
+		"--service-cluster-ip-range", s.serviceCIDR(),
 		"--service-account-private-key-file", s.PKI.SAKey, "--root-ca-file", s.PKI.CA,
 		"--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(s.ControllerManagerPort),
 		"--use-service-account-credentials=false",

@@ -215,6 +215,10 @@ type FrontendBackend struct {
 	Active   bool
 	NodeName string
 	Zone     string
+	// Local: the backend is on this node (NodeName is the writer's):
+	// with externalTrafficPolicy Local, the ready local backends serve
+	// clients from outside.
+	Local bool
 }
 
 // Frontend is one address, port and protocol the datapath translates,

@@ -377,7 +377,7 @@ func (w *Writer) selectBackends(svc *Service, p ServicePort, v4 bool, all []*Bac
 	}
 	var ready, draining []FrontendBackend
 	for _, b := range byAddr {
-		fb := FrontendBackend{Addr: b.Addr, NodeName: b.NodeName, Zone: b.Zone}
+		fb := FrontendBackend{Addr: b.Addr, NodeName: b.NodeName, Zone: b.Zone, Local: b.NodeName != "" && b.NodeName == w.nodeName}
 		switch {
 		case b.Ready && !b.Terminating:
 			fb.Active = true

@@ -50,6 +50,10 @@ var (
 // TestMain brings one lab up for every test of the package and removes it
 // at the end, whatever the tests did.
 func TestMain(m *testing.M) {
+	// Started inside a pod by a test as a traffic client, not as tests.
+	if spec := os.Getenv(udpStreamEnv); spec != "" {
+		os.Exit(runUDPStream(spec))
+	}
 	binDir, err := os.MkdirTemp("", "tendril-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

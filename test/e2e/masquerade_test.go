@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -151,32 +150,6 @@ func TestPrivilegedLabMasqueradeStreamAcrossAgentKill(t *testing.T) {
 			t.Fatalf("an interval moved nothing:\n%s", clientOut.String())
 		}
 	}
-}
-
-// killAgent kills a node's agent with SIGKILL and returns its command
-// line (the agent's own: nsenter exec'd it).
-func killAgent(t *testing.T, st *lab.State, node string) []string {
-	t.Helper()
-	procs, err := lab.ReadProcesses(st.PidDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range procs {
-		if p.Role != "agent-"+node {
-			continue
-		}
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		eventually(t, "the agent of "+node+" to die", func() (bool, error) { return !p.Alive(), nil })
-		return strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-	}
-	t.Fatalf("no agent process of %s in %v", node, procs)
-	return nil
 }
 
 func lastLines(s string, n int) string {

@@ -40,7 +40,9 @@ type HostCtEntry struct {
 	EpB      uint16
 	Flags    uint8
 	TcpFlags uint8
-	RevNat   uint16
+	Pad      uint16
+	RevNat   uint32
+	Pad2     uint32
 }
 
 type HostEndpointInfo struct {
@@ -97,6 +99,13 @@ type HostLb4Key struct {
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type HostLb4SrcrangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      [4]uint8
 }
 
 type HostLb6FlowKey struct {
@@ -165,7 +174,7 @@ type HostLbService struct {
 	RevNatId        uint32
 	Count           uint16
 	Flags           uint8
-	Pad             uint8
+	LocalCount      uint8
 	AffinityTimeout uint32
 }
 
@@ -218,7 +227,8 @@ type HostNat4Entry struct {
 	_       structs.HostLayout
 	Addr    [4]uint8
 	Port    uint16
-	Pad     [2]uint8
+	Flags   uint8
+	Pad     uint8
 	Created uint64
 }
 
@@ -263,8 +273,8 @@ type HostRatelimit struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	HostMapTdrAuditV1            = "tdr_audit_v1"
-	HostMapTdrCt4V1              = "tdr_ct4_v1"
-	HostMapTdrCt6V1              = "tdr_ct6_v1"
+	HostMapTdrCt4V2              = "tdr_ct4_v2"
+	HostMapTdrCt6V2              = "tdr_ct6_v2"
 	HostMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	HostMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	HostMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -276,6 +286,7 @@ const (
 	HostMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	HostMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	HostMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	HostMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	HostMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	HostMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
 	HostMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
@@ -356,8 +367,8 @@ type HostProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type HostMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
-	TdrCt4V1          *ebpf.MapSpec `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1          *ebpf.MapSpec `ebpf:"tdr_ct6_v1"`
+	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
+	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -369,6 +380,7 @@ type HostMapSpecs struct {
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
@@ -423,8 +435,8 @@ func (o *HostObjects) Close() error {
 // It can be passed to LoadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type HostMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
-	TdrCt4V1          *ebpf.Map `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1          *ebpf.Map `ebpf:"tdr_ct6_v1"`
+	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
+	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -436,6 +448,7 @@ type HostMaps struct {
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
@@ -457,8 +470,8 @@ type HostMaps struct {
 func (m *HostMaps) Close() error {
 	return _HostClose(
 		m.TdrAuditV1,
-		m.TdrCt4V1,
-		m.TdrCt6V1,
+		m.TdrCt4V2,
+		m.TdrCt6V2,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,
@@ -470,6 +483,7 @@ func (m *HostMaps) Close() error {
 		m.TdrIpcacheV2,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
 		m.TdrLbAffinityV1,

@@ -40,7 +40,9 @@ type LxcCtEntry struct {
 	EpB      uint16
 	Flags    uint8
 	TcpFlags uint8
-	RevNat   uint16
+	Pad      uint16
+	RevNat   uint32
+	Pad2     uint32
 }
 
 type LxcEndpointInfo struct {
@@ -123,6 +125,13 @@ type LxcLb4Key struct {
 	Pad   uint8
 }
 
+type LxcLb4SrcrangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      [4]uint8
+}
+
 type LxcLb6FlowKey struct {
 	_     structs.HostLayout
 	Saddr [16]uint8
@@ -189,7 +198,7 @@ type LxcLbService struct {
 	RevNatId        uint32
 	Count           uint16
 	Flags           uint8
-	Pad             uint8
+	LocalCount      uint8
 	AffinityTimeout uint32
 }
 
@@ -227,7 +236,8 @@ type LxcNat4Entry struct {
 	_       structs.HostLayout
 	Addr    [4]uint8
 	Port    uint16
-	Pad     [2]uint8
+	Flags   uint8
+	Pad     uint8
 	Created uint64
 }
 
@@ -290,8 +300,8 @@ type LxcRatelimit struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	LxcMapTdrAuditV1            = "tdr_audit_v1"
-	LxcMapTdrCt4V1              = "tdr_ct4_v1"
-	LxcMapTdrCt6V1              = "tdr_ct6_v1"
+	LxcMapTdrCt4V2              = "tdr_ct4_v2"
+	LxcMapTdrCt6V2              = "tdr_ct6_v2"
 	LxcMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	LxcMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	LxcMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -303,6 +313,7 @@ const (
 	LxcMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	LxcMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	LxcMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	LxcMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	LxcMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	LxcMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
 	LxcMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
@@ -381,8 +392,8 @@ type LxcProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type LxcMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
-	TdrCt4V1          *ebpf.MapSpec `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1          *ebpf.MapSpec `ebpf:"tdr_ct6_v1"`
+	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
+	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -394,6 +405,7 @@ type LxcMapSpecs struct {
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
@@ -446,8 +458,8 @@ func (o *LxcObjects) Close() error {
 // It can be passed to LoadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LxcMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
-	TdrCt4V1          *ebpf.Map `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1          *ebpf.Map `ebpf:"tdr_ct6_v1"`
+	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
+	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -459,6 +471,7 @@ type LxcMaps struct {
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
@@ -479,8 +492,8 @@ type LxcMaps struct {
 func (m *LxcMaps) Close() error {
 	return _LxcClose(
 		m.TdrAuditV1,
-		m.TdrCt4V1,
-		m.TdrCt6V1,
+		m.TdrCt4V2,
+		m.TdrCt6V2,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,
@@ -492,6 +505,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrIpcacheV2,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
 		m.TdrLbAffinityV1,

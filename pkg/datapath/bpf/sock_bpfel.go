@@ -40,7 +40,9 @@ type SockCtEntry struct {
 	EpB      uint16
 	Flags    uint8
 	TcpFlags uint8
-	RevNat   uint16
+	Pad      uint16
+	RevNat   uint32
+	Pad2     uint32
 }
 
 type SockEndpointInfo struct {
@@ -97,6 +99,13 @@ type SockLb4Key struct {
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type SockLb4SrcrangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      [4]uint8
 }
 
 type SockLb6FlowKey struct {
@@ -165,7 +174,7 @@ type SockLbService struct {
 	RevNatId        uint32
 	Count           uint16
 	Flags           uint8
-	Pad             uint8
+	LocalCount      uint8
 	AffinityTimeout uint32
 }
 
@@ -203,7 +212,8 @@ type SockNat4Entry struct {
 	_       structs.HostLayout
 	Addr    [4]uint8
 	Port    uint16
-	Pad     [2]uint8
+	Flags   uint8
+	Pad     uint8
 	Created uint64
 }
 
@@ -248,8 +258,8 @@ type SockRatelimit struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	SockMapTdrAuditV1            = "tdr_audit_v1"
-	SockMapTdrCt4V1              = "tdr_ct4_v1"
-	SockMapTdrCt6V1              = "tdr_ct6_v1"
+	SockMapTdrCt4V2              = "tdr_ct4_v2"
+	SockMapTdrCt6V2              = "tdr_ct6_v2"
 	SockMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	SockMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	SockMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -261,6 +271,7 @@ const (
 	SockMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	SockMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	SockMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	SockMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	SockMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	SockMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
 	SockMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
@@ -350,8 +361,8 @@ type SockProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
-	TdrCt4V1          *ebpf.MapSpec `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1          *ebpf.MapSpec `ebpf:"tdr_ct6_v1"`
+	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
+	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -363,6 +374,7 @@ type SockMapSpecs struct {
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
@@ -414,8 +426,8 @@ func (o *SockObjects) Close() error {
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
-	TdrCt4V1          *ebpf.Map `ebpf:"tdr_ct4_v1"`
-	TdrCt6V1          *ebpf.Map `ebpf:"tdr_ct6_v1"`
+	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
+	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -427,6 +439,7 @@ type SockMaps struct {
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
@@ -447,8 +460,8 @@ type SockMaps struct {
 func (m *SockMaps) Close() error {
 	return _SockClose(
 		m.TdrAuditV1,
-		m.TdrCt4V1,
-		m.TdrCt6V1,
+		m.TdrCt4V2,
+		m.TdrCt6V2,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,
@@ -460,6 +473,7 @@ func (m *SockMaps) Close() error {
 		m.TdrIpcacheV2,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
 		m.TdrLbAffinityV1,

@@ -31,6 +31,13 @@ type SockTermLb4Key struct {
 	Pad   uint8
 }
 
+type SockTermLb4SrcrangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      [4]uint8
+}
+
 type SockTermLb6FlowKey struct {
 	_     structs.HostLayout
 	Saddr [16]uint8
@@ -97,7 +104,7 @@ type SockTermLbService struct {
 	RevNatId        uint32
 	Count           uint16
 	Flags           uint8
-	Pad             uint8
+	LocalCount      uint8
 	AffinityTimeout uint32
 }
 
@@ -140,6 +147,7 @@ type SockTermLbTermKey struct {
 const (
 	SockTermMapTdrLb4FlowsV1     = "tdr_lb4_flows_v1"
 	SockTermMapTdrLb4ServicesV1  = "tdr_lb4_services_v1"
+	SockTermMapTdrLb4SrcrangeV1  = "tdr_lb4_srcrange_v1"
 	SockTermMapTdrLb6FlowsV1     = "tdr_lb6_flows_v1"
 	SockTermMapTdrLb6ServicesV1  = "tdr_lb6_services_v1"
 	SockTermMapTdrLbAffinityV1   = "tdr_lb_affinity_v1"
@@ -205,6 +213,7 @@ type SockTermProgramSpecs struct {
 type SockTermMapSpecs struct {
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
@@ -244,6 +253,7 @@ func (o *SockTermObjects) Close() error {
 type SockTermMaps struct {
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
@@ -259,6 +269,7 @@ func (m *SockTermMaps) Close() error {
 	return _SockTermClose(
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
 		m.TdrLbAffinityV1,

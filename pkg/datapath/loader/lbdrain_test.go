@@ -130,7 +130,7 @@ func TestPrivilegedServiceFlowOutlivesBackendAndService(t *testing.T) {
 	}
 	for _, e := range entries {
 		if e.RevNAT != 0 {
-			if e.Proto == 6 && e.RevNAT != uint16(ids.RevNAT) {
+			if e.Proto == 6 && e.RevNAT != ids.RevNAT {
 				t.Errorf("conntrack entry %+v: reverse NAT %d, want %d", e, e.RevNAT, ids.RevNAT)
 			}
 			if err := ct.Delete(e); err != nil {

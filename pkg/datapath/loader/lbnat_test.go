@@ -297,9 +297,9 @@ func TestPrivilegedServiceTranslationDirect(t *testing.T) {
 // backend: sent to the backend's address (no service hit: the lookup
 // misses), and sent to a ClusterIP (hit: the flow's backend from the
 // flows map, the destination rewritten), with one service in the maps and
-// with 10,000 (the lookup is a hash: the size must not matter). Read
-// prog-ns/packet (the kernel's run-time statistics); ns/run includes the
-// system call.
+// with 10,000 and 100,000 (the lookup is a hash: the size must not
+// matter). Read prog-ns/packet (the kernel's run-time statistics); ns/run
+// includes the system call.
 func BenchmarkPrivilegedFromPodService(b *testing.B) {
 	backend := netip.MustParseAddrPort("10.2.0.9:8080")
 	fe := netip.MustParseAddrPort("10.96.0.10:80")
@@ -312,6 +312,8 @@ func BenchmarkPrivilegedFromPodService(b *testing.B) {
 		{"service-hit", 1, fe},
 		{"no-service-hit-10k-services", 10000, backend},
 		{"service-hit-10k-services", 10000, fe},
+		// Beyond layout 3's 65,536 frontends.
+		{"service-hit-100k-services", 100000, fe},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			n := newNode(b)

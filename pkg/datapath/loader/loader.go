@@ -67,6 +67,9 @@ type Config struct {
 	// TCXQuietPeriod is how long no endpoint must have been attached
 	// before a promotion to TCX links starts; zero means 500 ms.
 	TCXQuietPeriod time.Duration
+	// LBSizes are the capacities of the service load-balancing maps
+	// (zero: the datapath's defaults, 100,000 services of 10 backends).
+	LBSizes maps.LBSizes
 }
 
 // DefaultConfig returns the defaults.
@@ -178,9 +181,22 @@ func (l *Loader) Start() error {
 	if err := l.cfg.TraceEvents.set(spec); err != nil {
 		return err
 	}
+	l.cfg.LBSizes.Apply(spec)
 	legacy := l.openLegacy()
 	defer legacy.close()
-	l.removeIncompatible(spec)
+	resized := l.removeIncompatible(spec)
+	loaded := false
+	defer func() {
+		for name, m := range resized {
+			// A start that fails puts the old map back for the next one.
+			if !loaded {
+				if err := m.Pin(filepath.Join(l.cfg.BPFRoot, name)); err != nil {
+					l.log.Warn("Cannot pin a map of another capacity back", "map", name, "error", err)
+				}
+			}
+			m.Close()
+		}
+	}()
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.cfg.BPFRoot}}
 	if err := loadObjects(spec, opts, &l.objs); err != nil {
 		var verr *ebpf.VerifierError
@@ -189,7 +205,9 @@ func (l *Loader) Start() error {
 		}
 		return fmt.Errorf("load datapath: %w", err)
 	}
+	loaded = true
 	l.maps = maps.FromObjects(&l.objs.LxcMaps)
+	l.carryResized(resized)
 	l.migrateLegacy(legacy)
 	// The array slots mirror the interface hash; a datapath of an earlier
 	// layout had no arrays, and a crash may have left a slot behind.
@@ -226,7 +244,12 @@ func (l *Loader) removeOtherLayouts(spec *ebpf.CollectionSpec) {
 // removeIncompatible deletes pins that carry a current name but another
 // shape (type, key or value size, capacity, flags): they are never read,
 // the load creates them anew. Compatible pins are kept with their entries.
-func (l *Loader) removeIncompatible(spec *ebpf.CollectionSpec) {
+// A hash map that differs in capacity only (a size flag changed, or the
+// defaults did) is held open and returned by name, for carryResized to
+// copy its entries into the new map once loaded: the service maps keep
+// their frontends, backends and IDs across a resize.
+func (l *Loader) removeIncompatible(spec *ebpf.CollectionSpec) map[string]*ebpf.Map {
+	resized := map[string]*ebpf.Map{}
 	l.removePinnedMaps(func(name string) bool {
 		ms, ours := spec.Maps[name]
 		if !ours {
@@ -237,13 +260,62 @@ func (l *Loader) removeIncompatible(spec *ebpf.CollectionSpec) {
 			l.log.Warn("Cannot open pinned map; replacing it", "map", name, "error", err)
 			return true
 		}
-		defer m.Close()
 		if err := ms.Compatible(m); err != nil {
+			sized := ms.Copy()
+			sized.MaxEntries = m.MaxEntries()
+			if maps.Resizable(ms.Type) && sized.Compatible(m) == nil {
+				l.log.Info("Pinned map has another capacity; carrying its entries over into a new map", "map", name,
+					"capacity", m.MaxEntries(), "new-capacity", ms.MaxEntries)
+				resized[name] = m
+				return true
+			}
+			m.Close()
 			l.log.Warn("Pinned map is incompatible with this datapath; replacing it", "map", name, "error", err)
 			return true
 		}
+		m.Close()
 		return false
 	}, "Removed incompatible pinned map")
+	return resized
+}
+
+// carryResized copies the entries of pins removed for their capacity
+// (removeIncompatible) into the loaded maps of the same name, before the
+// links switch to the new programs. The old programs keep the old maps
+// until then; maps that only user space writes (the service maps) lose
+// nothing.
+func (l *Loader) carryResized(resized map[string]*ebpf.Map) {
+	if len(resized) == 0 {
+		return
+	}
+	loaded := loadedMaps(&l.objs.LxcMaps)
+	for name, old := range resized {
+		dst, ok := loaded[name]
+		if !ok {
+			continue
+		}
+		start := time.Now()
+		res, err := maps.CopyEntries(old, dst)
+		if err != nil {
+			l.log.Warn("Cannot carry entries over into a map of another capacity", "map", name, "read", res.Read, "written", res.Written, "error", err)
+			continue
+		}
+		l.log.Info("Carried entries over into a map of another capacity", "map", name, "entries", res.Written,
+			"capacity", dst.MaxEntries(), "duration", time.Since(start))
+	}
+}
+
+// loadedMaps names the loaded pod object's maps.
+func loadedMaps(objs *bpf.LxcMaps) map[string]*ebpf.Map {
+	out := map[string]*ebpf.Map{}
+	mv := reflect.ValueOf(objs).Elem()
+	for i := range mv.NumField() {
+		name := mv.Type().Field(i).Tag.Get("ebpf")
+		if m, ok := mv.Field(i).Interface().(*ebpf.Map); ok && name != "" && m != nil {
+			out[name] = m
+		}
+	}
+	return out
 }
 
 func (l *Loader) removePinnedMaps(match func(string) bool, msg string) {
@@ -473,19 +545,7 @@ func (l *Loader) AttachedEndpoints() []uint16 {
 // MapReplacements returns the loaded maps by name (after Start): another
 // object loaded with them as ebpf.CollectionOptions.MapReplacements uses
 // the same kernel maps (the host device programs, pkg/datapath/hostdev).
-func (l *Loader) MapReplacements() map[string]*ebpf.Map { return mapsByName(&l.objs.LxcMaps) }
-
-func mapsByName(o *bpf.LxcMaps) map[string]*ebpf.Map {
-	repl := map[string]*ebpf.Map{}
-	mv := reflect.ValueOf(o).Elem()
-	for i := range mv.NumField() {
-		name := mv.Type().Field(i).Tag.Get("ebpf")
-		if m, ok := mv.Field(i).Interface().(*ebpf.Map); ok && name != "" && m != nil {
-			repl[name] = m
-		}
-	}
-	return repl
-}
+func (l *Loader) MapReplacements() map[string]*ebpf.Map { return loadedMaps(&l.objs.LxcMaps) }
 
 // Programs returns the loaded programs (tests run them with BPF_PROG_TEST_RUN).
 func (l *Loader) Programs() (fromPod, toPod *ebpf.Program) { return l.objs.FromPod, l.objs.ToPod }
@@ -540,7 +600,7 @@ func loadObjects(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions, objs *
 	if err := spec.LoadAndAssign(&objs.LxcMaps, opts); err != nil {
 		return err
 	}
-	repl := mapsByName(&objs.LxcMaps)
+	repl := loadedMaps(&objs.LxcMaps)
 	progOpts := *opts
 	progOpts.MapReplacements = repl
 	var from struct {

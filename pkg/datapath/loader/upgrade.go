@@ -15,10 +15,12 @@ import (
 // over into the new maps.
 type legacyMaps struct {
 	endpoints, ipcache, ct, policy *ebpf.Map
+	// ct4, ct6: conntrack of layout v1 per flow (16-bit reverse NAT IDs).
+	ct4, ct6 *ebpf.Map
 }
 
 func (lm legacyMaps) close() {
-	for _, m := range []*ebpf.Map{lm.endpoints, lm.ipcache, lm.ct, lm.policy} {
+	for _, m := range []*ebpf.Map{lm.endpoints, lm.ipcache, lm.ct, lm.policy, lm.ct4, lm.ct6} {
 		if m != nil {
 			m.Close()
 		}
@@ -31,7 +33,7 @@ func (l *Loader) openLegacy() legacyMaps {
 	var lm legacyMaps
 	for name, dst := range map[string]**ebpf.Map{
 		maps.EndpointsV1MapName: &lm.endpoints, maps.IPCacheV1MapName: &lm.ipcache, maps.CTV1MapName: &lm.ct,
-		maps.PolicyV1MapName: &lm.policy,
+		maps.PolicyV1MapName: &lm.policy, maps.CT4V1MapName: &lm.ct4, maps.CT6V1MapName: &lm.ct6,
 	} {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(l.cfg.BPFRoot, name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
@@ -72,6 +74,17 @@ func (l *Loader) migrateLegacy(lm legacyMaps) {
 	if lm.ct != nil {
 		res, err := maps.MigrateCTV1(lm.ct, l.maps.CTMap(), maps.MonotonicNow())
 		l.logMigration(maps.CTV1MapName, res, err)
+	}
+	// Conntrack v1 per flow: its entries become v2 entries with the
+	// widened reverse NAT ID, so per-packet translated flows keep their
+	// frontend on replies.
+	if lm.ct4 != nil {
+		res, err := maps.MigrateCTFlowV1(lm.ct4, l.maps.CTMap(), false, maps.MonotonicNow())
+		l.logMigration(maps.CT4V1MapName, res, err)
+	}
+	if lm.ct6 != nil {
+		res, err := maps.MigrateCTFlowV1(lm.ct6, l.maps.CTMap(), true, maps.MonotonicNow())
+		l.logMigration(maps.CT6V1MapName, res, err)
 	}
 }
 

@@ -43,7 +43,7 @@ type CTEntry struct {
 	TCPFlags uint8 // every TCP flag seen on the flow
 	// RevNAT is the reverse NAT ID of a flow the per-packet service NAT
 	// translated (Dst is then the backend); 0: not translated.
-	RevNAT uint16
+	RevNAT uint32
 }
 
 // SeenReply reports whether the flow has been answered.

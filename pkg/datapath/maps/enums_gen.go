@@ -60,53 +60,63 @@ const (
 // each is its name in the CLI, events and metrics.
 // From REASON_* of bpf/lib/enums.h.
 const (
-	ReasonForwarded        uint8 = 0  // REASON_FORWARDED: Forwarded
-	ReasonCTEstablished    uint8 = 1  // REASON_CT_ESTABLISHED: Forwarded (established connection)
-	ReasonCTReply          uint8 = 2  // REASON_CT_REPLY: Forwarded (reply)
-	ReasonCTRelated        uint8 = 3  // REASON_CT_RELATED: Forwarded (related ICMP error)
-	ReasonDeliveredDirect  uint8 = 4  // REASON_DELIVERED_DIRECT: Delivered directly to a local endpoint
-	ReasonMasqueraded      uint8 = 5  // REASON_MASQUERADED: Masqueraded to the node address
-	ReasonMasqReply        uint8 = 6  // REASON_MASQ_REPLY: Masquerade reply translated back to the pod
-	ReasonPolicyDenied     uint8 = 10 // REASON_POLICY_DENIED: Policy denied
-	ReasonPolicyDenyRule   uint8 = 11 // REASON_POLICY_DENY_RULE: Policy denied by deny rule
-	ReasonTruncated        uint8 = 12 // REASON_TRUNCATED: Truncated packet
-	ReasonMalformed        uint8 = 13 // REASON_MALFORMED: Malformed packet
-	ReasonInvalidSource    uint8 = 14 // REASON_INVALID_SOURCE: Invalid source address
-	ReasonUnknownL3        uint8 = 15 // REASON_UNKNOWN_L3: Unsupported L3 protocol
-	ReasonNoEndpoint       uint8 = 16 // REASON_NO_ENDPOINT: No local endpoint for destination
-	ReasonFragment         uint8 = 17 // REASON_FRAGMENT: Fragment without reassembly state under policy
-	ReasonUnknownInterface uint8 = 18 // REASON_UNKNOWN_INTERFACE: Interface has no endpoint
-	ReasonSvcNoBackend     uint8 = 19 // REASON_SVC_NO_BACKEND: Service has no backend
-	ReasonNatFailed        uint8 = 20 // REASON_NAT_FAILED: Service translation failed
-	ReasonMasqNoPort       uint8 = 21 // REASON_MASQ_NO_PORT: Masquerade port range exhausted
-	ReasonMasqTableFull    uint8 = 22 // REASON_MASQ_TABLE_FULL: Masquerade NAT table full
-	ReasonMasqFailed       uint8 = 23 // REASON_MASQ_FAILED: Masquerade translation failed
+	ReasonForwarded         uint8 = 0  // REASON_FORWARDED: Forwarded
+	ReasonCTEstablished     uint8 = 1  // REASON_CT_ESTABLISHED: Forwarded (established connection)
+	ReasonCTReply           uint8 = 2  // REASON_CT_REPLY: Forwarded (reply)
+	ReasonCTRelated         uint8 = 3  // REASON_CT_RELATED: Forwarded (related ICMP error)
+	ReasonDeliveredDirect   uint8 = 4  // REASON_DELIVERED_DIRECT: Delivered directly to a local endpoint
+	ReasonMasqueraded       uint8 = 5  // REASON_MASQUERADED: Masqueraded to the node address
+	ReasonMasqReply         uint8 = 6  // REASON_MASQ_REPLY: Masquerade reply translated back to the pod
+	ReasonNodeport          uint8 = 7  // REASON_NODEPORT: Service from outside translated to a backend
+	ReasonNodeportReply     uint8 = 8  // REASON_NODEPORT_REPLY: Service reply translated back to an outside client
+	ReasonPolicyDenied      uint8 = 10 // REASON_POLICY_DENIED: Policy denied
+	ReasonPolicyDenyRule    uint8 = 11 // REASON_POLICY_DENY_RULE: Policy denied by deny rule
+	ReasonTruncated         uint8 = 12 // REASON_TRUNCATED: Truncated packet
+	ReasonMalformed         uint8 = 13 // REASON_MALFORMED: Malformed packet
+	ReasonInvalidSource     uint8 = 14 // REASON_INVALID_SOURCE: Invalid source address
+	ReasonUnknownL3         uint8 = 15 // REASON_UNKNOWN_L3: Unsupported L3 protocol
+	ReasonNoEndpoint        uint8 = 16 // REASON_NO_ENDPOINT: No local endpoint for destination
+	ReasonFragment          uint8 = 17 // REASON_FRAGMENT: Fragment without reassembly state under policy
+	ReasonUnknownInterface  uint8 = 18 // REASON_UNKNOWN_INTERFACE: Interface has no endpoint
+	ReasonSvcNoBackend      uint8 = 19 // REASON_SVC_NO_BACKEND: Service has no backend
+	ReasonNatFailed         uint8 = 20 // REASON_NAT_FAILED: Service translation failed
+	ReasonMasqNoPort        uint8 = 21 // REASON_MASQ_NO_PORT: Masquerade port range exhausted
+	ReasonMasqTableFull     uint8 = 22 // REASON_MASQ_TABLE_FULL: Masquerade NAT table full
+	ReasonMasqFailed        uint8 = 23 // REASON_MASQ_FAILED: Masquerade translation failed
+	ReasonSvcNoLocalBackend uint8 = 24 // REASON_SVC_NO_LOCAL_BACKEND: Service has no local backend (externalTrafficPolicy Local)
+	ReasonSourceRangeDenied uint8 = 25 // REASON_SOURCE_RANGE_DENIED: Client outside the load balancer's source ranges
+	ReasonNodeportNoRoute   uint8 = 26 // REASON_NODEPORT_NO_ROUTE: No route to the service backend
 )
 
 // ReasonNames describes every Reason constant, for the CLI, events and metrics.
 func ReasonNames() map[uint8]string {
 	return map[uint8]string{
-		ReasonForwarded:        "Forwarded",
-		ReasonCTEstablished:    "Forwarded (established connection)",
-		ReasonCTReply:          "Forwarded (reply)",
-		ReasonCTRelated:        "Forwarded (related ICMP error)",
-		ReasonDeliveredDirect:  "Delivered directly to a local endpoint",
-		ReasonMasqueraded:      "Masqueraded to the node address",
-		ReasonMasqReply:        "Masquerade reply translated back to the pod",
-		ReasonPolicyDenied:     "Policy denied",
-		ReasonPolicyDenyRule:   "Policy denied by deny rule",
-		ReasonTruncated:        "Truncated packet",
-		ReasonMalformed:        "Malformed packet",
-		ReasonInvalidSource:    "Invalid source address",
-		ReasonUnknownL3:        "Unsupported L3 protocol",
-		ReasonNoEndpoint:       "No local endpoint for destination",
-		ReasonFragment:         "Fragment without reassembly state under policy",
-		ReasonUnknownInterface: "Interface has no endpoint",
-		ReasonSvcNoBackend:     "Service has no backend",
-		ReasonNatFailed:        "Service translation failed",
-		ReasonMasqNoPort:       "Masquerade port range exhausted",
-		ReasonMasqTableFull:    "Masquerade NAT table full",
-		ReasonMasqFailed:       "Masquerade translation failed",
+		ReasonForwarded:         "Forwarded",
+		ReasonCTEstablished:     "Forwarded (established connection)",
+		ReasonCTReply:           "Forwarded (reply)",
+		ReasonCTRelated:         "Forwarded (related ICMP error)",
+		ReasonDeliveredDirect:   "Delivered directly to a local endpoint",
+		ReasonMasqueraded:       "Masqueraded to the node address",
+		ReasonMasqReply:         "Masquerade reply translated back to the pod",
+		ReasonNodeport:          "Service from outside translated to a backend",
+		ReasonNodeportReply:     "Service reply translated back to an outside client",
+		ReasonPolicyDenied:      "Policy denied",
+		ReasonPolicyDenyRule:    "Policy denied by deny rule",
+		ReasonTruncated:         "Truncated packet",
+		ReasonMalformed:         "Malformed packet",
+		ReasonInvalidSource:     "Invalid source address",
+		ReasonUnknownL3:         "Unsupported L3 protocol",
+		ReasonNoEndpoint:        "No local endpoint for destination",
+		ReasonFragment:          "Fragment without reassembly state under policy",
+		ReasonUnknownInterface:  "Interface has no endpoint",
+		ReasonSvcNoBackend:      "Service has no backend",
+		ReasonNatFailed:         "Service translation failed",
+		ReasonMasqNoPort:        "Masquerade port range exhausted",
+		ReasonMasqTableFull:     "Masquerade NAT table full",
+		ReasonMasqFailed:        "Masquerade translation failed",
+		ReasonSvcNoLocalBackend: "Service has no local backend (externalTrafficPolicy Local)",
+		ReasonSourceRangeDenied: "Client outside the load balancer's source ranges",
+		ReasonNodeportNoRoute:   "No route to the service backend",
 	}
 }
 
@@ -205,6 +215,16 @@ const (
 	// The frontend is translated per packet only, not at the socket (the
 	// socket hooks leave it alone).
 	SvcFlagNoSocketLb uint8 = 0x08 // SVC_F_NO_SOCKET_LB
+	// The frontend answers clients outside the cluster arriving at the node's
+	// devices (bpf_host.c, nodeport.h): NodePort, externalIPs, LoadBalancer.
+	SvcFlagExternal uint8 = 0x10 // SVC_F_EXTERNAL
+	// externalTrafficPolicy: Local: outside clients go to this node's
+	// backends only, slots count+1..count+local_count, with their address
+	// kept (no source NAT); none: dropped.
+	SvcFlagExtLocal uint8 = 0x20 // SVC_F_EXT_LOCAL
+	// loadBalancerSourceRanges: only clients in the frontend's ranges
+	// (tdr_lb4_srcrange_v1) are admitted from outside.
+	SvcFlagSourceRanges uint8 = 0x40 // SVC_F_SOURCE_RANGES
 )
 
 // Backend states (lb_backend.state). Only active backends are in a
@@ -251,6 +271,15 @@ const (
 	NATDirIngress uint8 = 2 // NAT_DIR_INGRESS
 )
 
+// NAT entry flags (nat4_entry.flags).
+// From NAT_F_* of bpf/lib/enums.h.
+const (
+	// A NodePort mapping (nodeport.h): an outside client's flow to a backend
+	// on another node, source-NATed to this node; its replies get the
+	// service frontend back as source too.
+	NATFlagNodeport uint8 = 0x01 // NAT_F_NODEPORT
+)
+
 // Host device flags (hostdev_info.flags).
 // From HOSTDEV_F_* of bpf/lib/enums.h.
 const (
@@ -260,12 +289,20 @@ const (
 
 // Load-balancing sizes: Maglev table entries per service (a prime: the
 // datapath's table size M; changing it is a layout change of
-// tdr_lb_maglev_v1), and service and backend IDs are below LB_MAX_IDS
-// (0 is none).
+// tdr_lb_maglev_v1); service, reverse NAT and backend IDs are below
+// LB_MAX_IDS (0 is none): a flow's reverse NAT ID travels in the upper 24
+// bits of ct_create's flags argument (conntrack.h). LB_MAP_MAX and
+// LB_SLOTS_MAP_MAX are the default capacities of the service, backend,
+// reverse NAT and Maglev maps and of the slots map: 100,000 services of 10
+// backends fit. The agent sizes them by flag (--bpf-lb-map-max,
+// --bpf-lb-slots-map-max); a capacity is no layout: a pin of another
+// capacity is carried over into the new size at start.
 // From LB_* of bpf/lib/enums.h.
 const (
-	LBMaglevTableSize = 16381 // LB_MAGLEV_TABLE_SIZE
-	LBMaxIds          = 65536 // LB_MAX_IDS
+	LBMaglevTableSize = 16381    // LB_MAGLEV_TABLE_SIZE
+	LBMaxIds          = 16777216 // LB_MAX_IDS
+	LBMapMax          = 131072   // LB_MAP_MAX
+	LBSlotsMapMax     = 1048576  // LB_SLOTS_MAP_MAX
 )
 
 // Slots of an endpoint in tdr_policy_v2 (see policy_slot): one trie per

@@ -22,6 +22,7 @@ const (
 	LBAffinityMapName   = bpf.LxcMapTdrLbAffinityV1
 	LBMaglevMapName     = bpf.LxcMapTdrLbMaglevV1
 	LBSockRevNATMapName = bpf.LxcMapTdrLbSockRevnatV1
+	LB4SrcRangeMapName  = bpf.LxcMapTdrLb4SrcrangeV1
 )
 
 // L4 protocols a frontend may have.
@@ -42,18 +43,21 @@ type LBMaps struct {
 	Affinity   *ebpf.Map // (client, service ID) -> backend ID, last use
 	Maglev     *ebpf.Map // service ID -> Maglev table
 	SockRevNAT *ebpf.Map // (socket cookie, backend) -> frontend
+	SrcRange4  *ebpf.Map // (reverse NAT ID, client prefix): loadBalancerSourceRanges
 }
 
 // LBFromObjects takes the load-balancing maps of the loaded pod object.
 func LBFromObjects(o *bpf.LxcMaps) *LBMaps {
 	return &LBMaps{Services4: o.TdrLb4ServicesV1, Services6: o.TdrLb6ServicesV1, Slots: o.TdrLbSlotsV1, Backends: o.TdrLbBackendsV1,
-		RevNAT: o.TdrLbRevnatV1, Affinity: o.TdrLbAffinityV1, Maglev: o.TdrLbMaglevV1, SockRevNAT: o.TdrLbSockRevnatV1}
+		RevNAT: o.TdrLbRevnatV1, Affinity: o.TdrLbAffinityV1, Maglev: o.TdrLbMaglevV1, SockRevNAT: o.TdrLbSockRevnatV1,
+		SrcRange4: o.TdrLb4SrcrangeV1}
 }
 
 func (m *LBMaps) fields() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
 		LB4ServicesMapName: &m.Services4, LB6ServicesMapName: &m.Services6, LBSlotsMapName: &m.Slots, LBBackendsMapName: &m.Backends,
 		LBRevNATMapName: &m.RevNAT, LBAffinityMapName: &m.Affinity, LBMaglevMapName: &m.Maglev, LBSockRevNATMapName: &m.SockRevNAT,
+		LB4SrcRangeMapName: &m.SrcRange4,
 	}
 }
 
@@ -117,6 +121,10 @@ type Service struct {
 	Count uint16
 	// Flags are SvcFlag*.
 	Flags uint8
+	// LocalCount is, with SvcFlagExtLocal, the number of this node's
+	// active backends that serve clients from outside
+	// (externalTrafficPolicy Local), in slots Count+1..Count+LocalCount.
+	LocalCount uint8
 	// AffinityTimeout is the ClientIP affinity timeout in seconds
 	// (SvcFlagAffinity).
 	AffinityTimeout uint32
@@ -136,11 +144,11 @@ func (s Service) raw() (bpf.LxcLbService, error) {
 	if err := checkID("reverse NAT", s.RevNATID); err != nil {
 		return bpf.LxcLbService{}, err
 	}
-	return bpf.LxcLbService{SvcId: s.ID, RevNatId: s.RevNATID, Count: s.Count, Flags: s.Flags, AffinityTimeout: s.AffinityTimeout}, nil
+	return bpf.LxcLbService{SvcId: s.ID, RevNatId: s.RevNATID, Count: s.Count, Flags: s.Flags, LocalCount: s.LocalCount, AffinityTimeout: s.AffinityTimeout}, nil
 }
 
 func fromRawService(v bpf.LxcLbService) Service {
-	return Service{ID: v.SvcId, RevNATID: v.RevNatId, Count: v.Count, Flags: v.Flags, AffinityTimeout: v.AffinityTimeout}
+	return Service{ID: v.SvcId, RevNATID: v.RevNatId, Count: v.Count, Flags: v.Flags, LocalCount: v.LocalCount, AffinityTimeout: v.AffinityTimeout}
 }
 
 // ServiceMap is the frontends of both families.
@@ -705,7 +713,10 @@ func (m *LBMaps) ApplyService(f Frontend, s Service, backends []uint32, prevCoun
 	if len(backends) >= 1<<16 {
 		return fmt.Errorf("service %s: %d backends, at most %d", f, len(backends), 1<<16-1)
 	}
-	s.Count = uint16(len(backends))
+	if int(s.LocalCount) > len(backends) {
+		return fmt.Errorf("service %s: %d local backends of %d", f, s.LocalCount, len(backends))
+	}
+	s.Count = uint16(len(backends) - int(s.LocalCount))
 	if err := m.RevNATMap().Upsert(s.RevNATID, netip.AddrPortFrom(f.Addr, f.Port)); err != nil {
 		return err
 	}
@@ -728,7 +739,7 @@ func (m *LBMaps) RemoveService(f Frontend, s Service) error {
 	if err := m.ServiceMap().Delete(f); err != nil {
 		return err
 	}
-	if err := m.SlotMap().Delete(s.ID, int(s.Count)); err != nil {
+	if err := m.SlotMap().Delete(s.ID, int(s.Count)+int(s.LocalCount)); err != nil {
 		return err
 	}
 	if err := m.MaglevMap().Delete(s.ID); err != nil {
@@ -779,4 +790,72 @@ func LBHashTuple(src, dst netip.AddrPort, proto uint8) uint32 {
 	}
 	words = append(words, uint32(Htons(src.Port()))<<16|uint32(Htons(dst.Port())), uint32(proto))
 	return LBHash(words...)
+}
+
+// SrcRangeMap is loadBalancerSourceRanges (IPv4): the client prefixes
+// each frontend with SvcFlagSourceRanges admits from outside, keyed by the
+// frontend's reverse NAT ID (bpf/lib/lbmaps.h tdr_lb4_srcrange_v1).
+type SrcRangeMap struct{ m *ebpf.Map }
+
+// SrcRangeMap is the typed source range map.
+func (m *LBMaps) SrcRangeMap() SrcRangeMap { return SrcRangeMap{m: m.SrcRange4} }
+
+func srcRangeKey(revNAT uint32, p netip.Prefix) bpf.LxcLb4SrcrangeKey {
+	k := bpf.LxcLb4SrcrangeKey{Prefixlen: 32 + uint32(p.Bits()), Addr: p.Masked().Addr().As4()}
+	// The ID is part of the trie's prefix: big-endian, as the datapath
+	// writes it (bpf_htonl).
+	k.RevNatId = binary.NativeEndian.Uint32(binary.BigEndian.AppendUint32(nil, revNAT))
+	return k
+}
+
+// Set makes want the ranges of frontend revNAT, deleting those of prev
+// not in want. IPv6 prefixes are skipped (the datapath checks IPv4
+// clients only).
+func (m SrcRangeMap) Set(revNAT uint32, want, prev []netip.Prefix) error {
+	keep := map[bpf.LxcLb4SrcrangeKey]bool{}
+	var one uint8 = 1
+	for _, p := range want {
+		if !p.Addr().Unmap().Is4() {
+			continue
+		}
+		p = netip.PrefixFrom(p.Addr().Unmap(), min(p.Bits(), 32))
+		k := srcRangeKey(revNAT, p)
+		keep[k] = true
+		if err := m.m.Put(&k, &one); err != nil {
+			return fmt.Errorf("write source range %s of reverse NAT ID %d: %w", p, revNAT, err)
+		}
+	}
+	for _, p := range prev {
+		if !p.Addr().Unmap().Is4() {
+			continue
+		}
+		k := srcRangeKey(revNAT, netip.PrefixFrom(p.Addr().Unmap(), min(p.Bits(), 32)))
+		if keep[k] {
+			continue
+		}
+		if err := ignoreMissing(m.m.Delete(&k)); err != nil {
+			return fmt.Errorf("delete source range %s of reverse NAT ID %d: %w", p, revNAT, err)
+		}
+	}
+	return nil
+}
+
+// List returns every frontend's source ranges, by reverse NAT ID.
+func (m SrcRangeMap) List() (map[uint32][]netip.Prefix, error) {
+	out := map[uint32][]netip.Prefix{}
+	var k bpf.LxcLb4SrcrangeKey
+	var v uint8
+	it := m.m.Iterate()
+	for it.Next(&k, &v) {
+		id := binary.BigEndian.Uint32(binary.NativeEndian.AppendUint32(nil, k.RevNatId))
+		bits := int(k.Prefixlen) - 32
+		if bits < 0 || bits > 32 {
+			continue
+		}
+		out[id] = append(out[id], netip.PrefixFrom(netip.AddrFrom4(k.Addr), bits))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate source ranges: %w", err)
+	}
+	return out, nil
 }

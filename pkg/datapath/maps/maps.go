@@ -32,8 +32,8 @@ const (
 	PolicyCIDRName   = bpf.LxcMapTdrPolicyCidrV1
 	AuditMapName     = bpf.LxcMapTdrAuditV1
 	PolicyMapName    = bpf.LxcMapTdrPolicyV2
-	CT4MapName       = bpf.LxcMapTdrCt4V1
-	CT6MapName       = bpf.LxcMapTdrCt6V1
+	CT4MapName       = bpf.LxcMapTdrCt4V2
+	CT6MapName       = bpf.LxcMapTdrCt6V2
 	MetricsMapName   = bpf.LxcMapTdrMetricsV2
 	EventsMapName    = bpf.LxcMapTdrEventsV1
 	RateLimitMapName = bpf.LxcMapTdrRatelimitV2
@@ -80,7 +80,7 @@ func FromObjects(o *bpf.LxcMaps) *Maps {
 	return &Maps{
 		Endpoints: o.TdrEndpointsV2, EndpointsIfx: o.TdrEpIfindexV1, EndpointsID: o.TdrEpIdV1,
 		EndpointsIP4: o.TdrEndpointIp4V1, EndpointsIP6: o.TdrEndpointIp6V1, IPCache: o.TdrIpcacheV2, PolicyCIDR: o.TdrPolicyCidrV1, Policy: o.TdrPolicyV2, Audit: o.TdrAuditV1,
-		CT4: o.TdrCt4V1, CT6: o.TdrCt6V1, Metrics: o.TdrMetricsV2, Events: o.TdrEventsV1,
+		CT4: o.TdrCt4V2, CT6: o.TdrCt6V2, Metrics: o.TdrMetricsV2, Events: o.TdrEventsV1,
 		LB: LBFromObjects(o), NAT: NATFromObjects(o),
 	}
 }

@@ -78,6 +78,10 @@ type NATMapping struct {
 	// Orphan: the entry of one direction is missing (a mapping being made
 	// or taken over, or one the GC has half removed).
 	Orphan bool
+	// Service: an outside client's flow to a service backend on another
+	// node (NAT_F_NODEPORT), source-NATed to this node: Pod is the client,
+	// Remote the backend.
+	Service bool
 }
 
 func (n NATMapping) keys4() (fwd, rev bpf.LxcNat4Key) {
@@ -153,7 +157,7 @@ func list4(m *ebpf.Map) ([]NATMapping, error) {
 	var out []NATMapping
 	for k, v := range fwd {
 		n := NATMapping{Proto: k.Proto, Pod: netip.AddrFrom4(k.AddrL), PodPort: Ntohs(k.PortL), Remote: netip.AddrFrom4(k.AddrR), RemotePort: Ntohs(k.PortR),
-			Node: netip.AddrFrom4(v.Addr), NodePort: Ntohs(v.Port), Created: v.Created}
+			Node: netip.AddrFrom4(v.Addr), NodePort: Ntohs(v.Port), Created: v.Created, Service: v.Flags&NATFlagNodeport != 0}
 		_, r := n.keys4()
 		back, ok := rev[r]
 		if ok && back.Addr == k.AddrL && back.Port == k.PortL {
@@ -165,7 +169,7 @@ func list4(m *ebpf.Map) ([]NATMapping, error) {
 	}
 	for k, v := range rev {
 		out = append(out, NATMapping{Proto: k.Proto, Pod: netip.AddrFrom4(v.Addr), PodPort: Ntohs(v.Port), Remote: netip.AddrFrom4(k.AddrR), RemotePort: Ntohs(k.PortR),
-			Node: netip.AddrFrom4(k.AddrL), NodePort: Ntohs(k.PortL), Created: v.Created, Orphan: true})
+			Node: netip.AddrFrom4(k.AddrL), NodePort: Ntohs(k.PortL), Created: v.Created, Orphan: true, Service: v.Flags&NATFlagNodeport != 0})
 	}
 	return out, nil
 }

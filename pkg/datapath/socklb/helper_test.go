@@ -1,10 +1,12 @@
 package socklb
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -50,6 +52,11 @@ type helperProbe struct {
 	Kind  string `json:"kind"`
 	Dst   string `json:"dst"`
 	Count int    `json:"count"`
+	// Spread > 0: each repetition goes to Dst's address plus a random
+	// offset below Spread (IPv4); Floor, when set, is probed right after
+	// each repetition too (results alternate).
+	Spread int    `json:"spread,omitempty"`
+	Floor  string `json:"floor,omitempty"`
 }
 
 // helperResult is what one socket saw.
@@ -63,6 +70,8 @@ type helperResult struct {
 	From string `json:"from,omitempty"`
 	// Reply is the name of the server that answered.
 	Reply string `json:"reply,omitempty"`
+	// ConnectNanos is how long connect took (kind "tcp-connect").
+	ConnectNanos int64 `json:"connect_ns,omitempty"`
 }
 
 func TestMain(m *testing.M) {
@@ -131,8 +140,19 @@ func helper(req helperRequest, out io.Writer) error {
 		if err != nil {
 			return err
 		}
+		rng := rand.New(rand.NewPCG(uint64(p.Spread), 7))
 		for n := 0; n < max(p.Count, 1); n++ {
-			results[i] = append(results[i], probe(p.Kind, dst))
+			d := dst
+			if p.Spread > 0 {
+				a := dst.Addr().As4()
+				v := binary.BigEndian.Uint32(a[:]) + uint32(rng.IntN(p.Spread))
+				binary.BigEndian.PutUint32(a[:], v)
+				d = netip.AddrPortFrom(netip.AddrFrom4(a), dst.Port())
+			}
+			results[i] = append(results[i], probe(p.Kind, d))
+			if p.Floor != "" {
+				results[i] = append(results[i], probe(p.Kind, netip.MustParseAddrPort(p.Floor)))
+			}
 		}
 	}
 	return json.NewEncoder(out).Encode(results)
@@ -171,7 +191,7 @@ func probe(kind string, dst netip.AddrPort) (r helperResult) {
 		family = unix.AF_INET6
 	}
 	typ := unix.SOCK_STREAM
-	if kind != "tcp" {
+	if kind != "tcp" && kind != "tcp-connect" {
 		typ = unix.SOCK_DGRAM
 	}
 	fd, err := unix.Socket(family, typ|unix.SOCK_CLOEXEC, 0)
@@ -183,6 +203,17 @@ func probe(kind string, dst netip.AddrPort) (r helperResult) {
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	if r.Cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
 		return fail("SO_COOKIE", err)
+	}
+	if kind == "tcp-connect" {
+		// Only the connect, timed; closed with a reset (no TIME_WAIT).
+		_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+		sa := sockaddr(dst)
+		t0 := time.Now()
+		if err := unix.Connect(fd, sa); err != nil {
+			return fail("connect", err)
+		}
+		r.ConnectNanos = time.Since(t0).Nanoseconds()
+		return r
 	}
 	if kind != "udp-unconnected" {
 		if err := unix.Connect(fd, sockaddr(dst)); err != nil {
@@ -225,7 +256,7 @@ func probe(kind string, dst netip.AddrPort) (r helperResult) {
 
 // runHelper runs req in a child process placed into cgroup (a cgroup v2
 // directory) and a new network namespace, and returns its results.
-func runHelper(t *testing.T, cgroup string, req helperRequest) [][]helperResult {
+func runHelper(t testing.TB, cgroup string, req helperRequest) [][]helperResult {
 	t.Helper()
 	b, err := json.Marshal(req)
 	if err != nil {

@@ -128,6 +128,8 @@ func (s *SockLB) Start() error {
 			return fmt.Errorf("set TRACE_EVENTS: %w", err)
 		}
 	}
+	// The pod programs' loader sized the shared maps (--bpf-lb-map-max).
+	maps.AdoptPinnedSizes(spec, s.cfg.BPFRoot)
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: s.cfg.BPFRoot}}
 	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {
 		var verr *ebpf.VerifierError

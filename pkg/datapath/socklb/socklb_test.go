@@ -37,7 +37,7 @@ type env struct {
 func setup(t *testing.T) *env { return setupWith(t, false) }
 
 // setupWith is setup with the socket translation events on or off.
-func setupWith(t *testing.T, traceEvents bool) *env {
+func setupWith(t testing.TB, traceEvents bool) *env {
 	t.Helper()
 	testutil.Privileged(t)
 	if _, err := bpffs.EnsureMounted(); err != nil {

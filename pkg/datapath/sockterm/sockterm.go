@@ -113,6 +113,8 @@ func (t *Terminator) Start() error {
 	if err != nil {
 		return fmt.Errorf("load socket termination spec: %w", err)
 	}
+	// The pod programs' loader sized the shared maps (--bpf-lb-map-max).
+	maps.AdoptPinnedSizes(spec, t.cfg.BPFRoot)
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: t.cfg.BPFRoot}}
 	if err := spec.LoadAndAssign(&t.objs, opts); err != nil {
 		var verr *ebpf.VerifierError

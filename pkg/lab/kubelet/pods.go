@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -280,6 +281,11 @@ func (w *podWorker) startWorkload(sb *sandbox, pod *corev1.Pod, tcp, udp []int) 
 	coreDNS := isCoreDNS(pod)
 	argv := []string{"nsenter", "--net=" + lab.NetnsPath(sb.netns), filepath.Join(st.BinDir, "tendril"), "lab", "workload",
 		"--pod-name", pod.Name, "--tcp", workload.FormatPorts(tcp), "--udp", workload.FormatPorts(udp), "--ready-fd", "3"}
+	// A lab pod whose container asks for it answers with the address it
+	// sees the client from too (tests of source NAT and its absence).
+	if len(pod.Spec.Containers) > 0 && slices.Contains(pod.Spec.Containers[0].Args, "--report-peer") {
+		argv = append(argv, "--report-peer")
+	}
 	if coreDNS {
 		if st.CoreDNSBin == "" {
 			pw.Close()

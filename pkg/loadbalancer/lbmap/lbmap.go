@@ -28,6 +28,9 @@ type written struct {
 	svc      maps.Service
 	backends []uint32 // every backend ID the frontend references
 	maglev   bool
+	// ranges are the source ranges written for the frontend
+	// (loadBalancerSourceRanges).
+	ranges []netip.Prefix
 }
 
 // Ops are the reconciler's operations over the LB maps. Every method is
@@ -185,7 +188,9 @@ func (o *Ops) Restore() (Restored, error) {
 		k := keyOf(f)
 		o.svcIDs[k], o.revNATIDs[k] = s.ID, s.RevNATID
 		o.usedIDs[s.ID], o.usedIDs[s.RevNATID] = true, true
-		slots, err := o.maps.SlotMap().Get(s.ID, int(s.Count))
+		// The in-cluster slots and, after them, the local ones of
+		// externalTrafficPolicy Local.
+		slots, err := o.maps.SlotMap().Get(s.ID, int(s.Count)+int(s.LocalCount))
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -202,6 +207,18 @@ func (o *Ops) Restore() (Restored, error) {
 	})
 	if err != nil {
 		return r, fmt.Errorf("restore service IDs: %w", err)
+	}
+	// Source ranges: a frontend's written ones are known again, so a
+	// range removed while the agent was down goes at the next write.
+	ranges, err := o.maps.SrcRangeMap().List()
+	if err != nil {
+		return r, fmt.Errorf("restore source ranges: %w", err)
+	}
+	for k, w := range o.state {
+		if rs, ok := ranges[w.svc.RevNATID]; ok {
+			w.ranges = rs
+			o.state[k] = w
+		}
 	}
 	err = o.maps.RevNATMap().Iterate(func(id uint32, _ netip.AddrPort) bool {
 		if !o.usedIDs[id] {
@@ -413,6 +430,29 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 		}
 	}
 	s := maps.Service{ID: svcID, RevNATID: revNAT}
+	if f.Type != "" && f.Type != loadbalancer.FrontendClusterIP {
+		// Clients from outside reach it through the host programs.
+		s.Flags |= maps.SvcFlagExternal
+		if f.ExternalTrafficPolicy == loadbalancer.TrafficPolicyLocal {
+			// Their scope: this node's ready backends, after the
+			// in-cluster slots.
+			s.Flags |= maps.SvcFlagExtLocal
+			var local []uint32
+			for _, b := range f.Backends {
+				if b.Local && !b.Terminating {
+					local = append(local, o.backendIDs[b.Addr])
+				}
+			}
+			if len(local) > 255 {
+				local = local[:255]
+			}
+			s.LocalCount = uint8(len(local))
+			slots = append(slots, local...)
+		}
+		if len(f.SourceRanges) > 0 {
+			s.Flags |= maps.SvcFlagSourceRanges
+		}
+	}
 	if f.Affinity {
 		s.Flags |= maps.SvcFlagAffinity
 		s.AffinityTimeout = f.AffinityTimeout
@@ -430,7 +470,17 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 			return err
 		}
 	}
-	if err := o.maps.ApplyService(frontendOf(f.Key), s, slots, int(prev.svc.Count)); err != nil {
+	// The ranges before the entry that makes the datapath check them.
+	var ranges []netip.Prefix
+	if s.Flags&maps.SvcFlagSourceRanges != 0 {
+		ranges = f.SourceRanges
+	}
+	if len(ranges) > 0 || len(prev.ranges) > 0 {
+		if err := o.maps.SrcRangeMap().Set(revNAT, ranges, prev.ranges); err != nil {
+			return err
+		}
+	}
+	if err := o.maps.ApplyService(frontendOf(f.Key), s, slots, int(prev.svc.Count)+int(prev.svc.LocalCount)); err != nil {
 		return err
 	}
 	if hadPrev && prev.maglev && !f.Maglev {
@@ -438,7 +488,7 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 			return err
 		}
 	}
-	s.Count = uint16(len(slots))
+	s.Count = uint16(len(slots) - int(s.LocalCount))
 	// References are counted only once the frontend is written, so that
 	// a failed attempt retried later does not count its backends twice.
 	for _, id := range ids {
@@ -447,7 +497,7 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 			delete(o.drainingBackends, id)
 		}
 	}
-	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev}
+	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev, ranges: ranges}
 	var errs []error
 	var removed []RemovedBackend
 	for _, id := range prev.backends {
@@ -486,6 +536,11 @@ func (o *Ops) deleteLocked(k loadbalancer.FrontendKey) error {
 	}
 	if err := o.maps.RemoveService(frontendOf(k), w.svc); err != nil {
 		return fmt.Errorf("remove frontend %s: %w", k, err)
+	}
+	if len(w.ranges) > 0 {
+		if err := o.maps.SrcRangeMap().Set(w.svc.RevNATID, nil, w.ranges); err != nil {
+			return fmt.Errorf("remove frontend %s: %w", k, err)
+		}
 	}
 	draining := o.flows != nil
 	if draining {
@@ -571,7 +626,7 @@ func (o *Ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*loadba
 	}
 	svcIDs := map[uint32]int{}
 	for _, w := range o.state {
-		svcIDs[w.svc.ID] = int(w.svc.Count)
+		svcIDs[w.svc.ID] = int(w.svc.Count) + int(w.svc.LocalCount)
 	}
 	// Slots of services no frontend has (a crash between a service
 	// entry's deletion and its slots'): delete up to the highest seen.
@@ -587,6 +642,24 @@ func (o *Ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*loadba
 	}
 	for svc, n := range doomed {
 		if err := o.maps.SlotMap().Delete(svc, n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Source ranges of no frontend (one deleted while the agent was
+	// down, or a crash between its entry's deletion and its ranges').
+	ranges, err := o.maps.SrcRangeMap().List()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	rangesOf := map[uint32]bool{}
+	for _, w := range o.state {
+		rangesOf[w.svc.RevNATID] = true
+	}
+	for id, rs := range ranges {
+		if rangesOf[id] {
+			continue
+		}
+		if err := o.maps.SrcRangeMap().Set(id, nil, rs); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -37,7 +37,7 @@ func newLBMaps(t testing.TB) *maps.LBMaps {
 	}
 	m := &maps.LBMaps{Services4: mk(maps.LB4ServicesMapName), Services6: mk(maps.LB6ServicesMapName), Slots: mk(maps.LBSlotsMapName),
 		Backends: mk(maps.LBBackendsMapName), RevNAT: mk(maps.LBRevNATMapName), Affinity: mk(maps.LBAffinityMapName),
-		Maglev: mk(maps.LBMaglevMapName), SockRevNAT: mk(maps.LBSockRevNATMapName)}
+		Maglev: mk(maps.LBMaglevMapName), SockRevNAT: mk(maps.LBSockRevNATMapName), SrcRange4: mk(maps.LB4SrcRangeMapName)}
 	t.Cleanup(m.Close)
 	return m
 }
@@ -340,5 +340,123 @@ func TestPrivilegedDrainedBackendReturnsActive(t *testing.T) {
 		if got := state(); got != step.want {
 			t.Fatalf("after %v: backend state %v, want %v", step.f.Backends, got, step.want)
 		}
+	}
+}
+
+// TestPrivilegedOpsExternalScopes: a node port frontend is marked external;
+// with externalTrafficPolicy Local this node's ready backends follow the
+// in-cluster slots (count them as local_count), and they shrink and grow
+// with the frontend; a load-balancer frontend's source ranges are written
+// under its reverse NAT ID and replaced; a restarted Ops knows them again,
+// and its prune removes those of no frontend.
+func TestPrivilegedOpsExternalScopes(t *testing.T) {
+	m := newLBMaps(t)
+	ctx := context.Background()
+	o := New(m, maglev.DefaultConfig(), quiet())
+	if _, err := o.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	local := func(addr string) loadbalancer.FrontendBackend { b := act(addr); b.Local = true; return b }
+	np := fe("172.30.0.11:30080", loadbalancer.TCP, act("10.0.1.5:8080"), local("10.0.0.2:8080"), local("10.0.0.3:8080"))
+	np.Type, np.ExternalTrafficPolicy = loadbalancer.FrontendNodePort, loadbalancer.TrafficPolicyLocal
+	check := func(wantCount, wantLocal int) {
+		t.Helper()
+		s, ok, err := m.ServiceMap().Lookup(maps.Frontend{Addr: np.Key.Addr.Addr(), Port: np.Key.Addr.Port(), Proto: np.Key.Proto})
+		if err != nil || !ok {
+			t.Fatalf("node port frontend missing (%v)", err)
+		}
+		if s.Flags != maps.SvcFlagExternal|maps.SvcFlagExtLocal || int(s.Count) != wantCount || int(s.LocalCount) != wantLocal {
+			t.Fatalf("service %+v, want external Local with %d + %d slots", s, wantCount, wantLocal)
+		}
+		ids, err := m.SlotMap().Get(s.ID, wantCount+wantLocal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids[wantCount:] {
+			b, _, _ := m.BackendMap().Lookup(id)
+			if b.Addr.String() != fmt.Sprintf("10.0.0.%d", i+2) {
+				t.Fatalf("local slot %d holds %s", wantCount+i+1, b.Addr)
+			}
+		}
+		if extra, _ := m.SlotMap().Get(s.ID, wantCount+wantLocal+1); extra[wantCount+wantLocal] != 0 {
+			t.Fatalf("slot %d left behind", wantCount+wantLocal+1)
+		}
+	}
+	if err := o.Update(ctx, nil, 0, np); err != nil {
+		t.Fatal(err)
+	}
+	check(3, 2)
+	np.Backends = np.Backends[:2]
+	if err := o.Update(ctx, nil, 0, np); err != nil {
+		t.Fatal(err)
+	}
+	check(2, 1)
+
+	lb := fe("203.0.113.10:80", loadbalancer.TCP, act("10.0.0.2:8080"))
+	lb.Type, lb.ExternalTrafficPolicy = loadbalancer.FrontendLoadBalancer, loadbalancer.TrafficPolicyCluster
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("192.0.2.1/32")}
+	if err := o.Update(ctx, nil, 0, lb); err != nil {
+		t.Fatal(err)
+	}
+	ranges := func() int {
+		var k bpf.LxcLb4SrcrangeKey
+		var v uint8
+		n := 0
+		it := m.SrcRange4.Iterate()
+		for it.Next(&k, &v) {
+			n++
+		}
+		return n
+	}
+	if s, _ := slotsOf(t, m, lb); s.Flags != maps.SvcFlagExternal|maps.SvcFlagSourceRanges || ranges() != 2 {
+		t.Fatalf("load balancer %+v with %d ranges, want external with 2", s, ranges())
+	}
+	lb.SourceRanges = lb.SourceRanges[:1]
+	if err := o.Update(ctx, nil, 0, lb); err != nil {
+		t.Fatal(err)
+	}
+	if ranges() != 1 {
+		t.Fatalf("%d ranges after dropping one, want 1", ranges())
+	}
+	// A restarted agent knows the written ranges again: the frontend
+	// losing its ranges while the agent was down drops them at its next
+	// write; ranges of no frontend go at the prune.
+	o2 := New(m, maglev.DefaultConfig(), quiet())
+	if _, err := o2.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SrcRangeMap().Set(999, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	lb.SourceRanges = nil
+	if err := o2.Update(ctx, nil, 0, lb); err != nil {
+		t.Fatal(err)
+	}
+	if ranges() != 1 {
+		t.Fatalf("%d ranges after the restarted agent's write without ranges, want only the orphan's", ranges())
+	}
+	all := func(yield func(*loadbalancer.Frontend, statedb.Revision) bool) {
+		for _, f := range []*loadbalancer.Frontend{np, lb} {
+			if !yield(f, 0) {
+				return
+			}
+		}
+	}
+	if err := o2.Prune(ctx, nil, all); err != nil {
+		t.Fatal(err)
+	}
+	if ranges() != 0 {
+		t.Fatalf("%d ranges after the prune, want none", ranges())
+	}
+	check(2, 1) // the local slots survive restore and prune
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	if err := o2.Update(ctx, nil, 0, lb); err != nil {
+		t.Fatal(err)
+	}
+	if err := o2.Delete(ctx, nil, 0, lb); err != nil {
+		t.Fatal(err)
+	}
+	if ranges() != 0 {
+		t.Fatalf("%d ranges after the frontend's deletion", ranges())
 	}
 }

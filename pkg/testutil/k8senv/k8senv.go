@@ -31,6 +31,8 @@ type Options struct {
 	ControllerManager bool
 	// ClusterCIDR is the pod CIDR the node-IPAM controller splits into /24s.
 	ClusterCIDR string
+	// ServiceCIDR is the service network (empty: controlplane.ServiceCIDR).
+	ServiceCIDR string
 	// Log receives the processes' output (nil: discarded).
 	Log io.Writer
 }
@@ -57,7 +59,7 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Env{opts: opts, bin: bin, spec: controlplane.Spec{Dir: dir, ControllerManager: opts.ControllerManager, ClusterCIDR: opts.ClusterCIDR}}
+	e := &Env{opts: opts, bin: bin, spec: controlplane.Spec{Dir: dir, ControllerManager: opts.ControllerManager, ClusterCIDR: opts.ClusterCIDR, ServiceCIDR: opts.ServiceCIDR}}
 	if err := e.start(ctx); err != nil {
 		e.Stop()
 		return nil, err

@@ -1,0 +1,232 @@
+package hostdev
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+)
+
+// Services for clients outside the cluster in the host device programs
+// (bpf/lib/nodeport.h), with BPF_PROG_TEST_RUN on the masquerade tests'
+// throw-away node: its uplink holds the node address, a route leads to a
+// peer node's pod CIDR through the peer's address (with a known MAC), and
+// the local pod is an endpoint.
+
+var (
+	client    = netip.MustParseAddr("198.51.100.2")
+	client2   = netip.MustParseAddr("198.51.100.7")
+	peerNode  = netip.MustParseAddr("172.30.0.12")
+	lbAddr    = netip.MustParseAddr("203.0.113.10")
+	clusterIP = netip.MustParseAddr("10.96.0.10")
+	peerMAC   = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x12}
+)
+
+const (
+	npLocal     = 30080 // NodePort: the local pod only
+	npRemote    = 30081 // NodePort: the peer's pod only
+	npETPNone   = 30082 // externalTrafficPolicy Local, no local backend
+	npETPLocal  = 30083 // externalTrafficPolicy Local, a backend on each node
+	backendPort = 8080
+)
+
+// newNodePortNode is a masquerade test node with the route to the peer's
+// pods, forwarding on (the FIB lookup wants it), and the services.
+func newNodePortNode(t *testing.T) *masqNode { return newNodePortNodeTB(t) }
+
+func newNodePortNodeTB(t testing.TB) *masqNode {
+	n := newMasqNode(t, 61000, 61009)
+	if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	peer, err := netlink.LinkByName("tdrupp0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(peer); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: n.uplink, Dst: &net.IPNet{IP: net.IP{10, 244, 1, 0}, Mask: net.CIDRMask(24, 32)}, Gw: peerNode.AsSlice()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: n.uplink, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: peerNode.AsSlice(), HardwareAddr: peerMAC}); err != nil {
+		t.Fatal(err)
+	}
+	// The world through a gateway whose MAC is not known yet: replies
+	// go out by the kernel's neighbour resolution (bpf_redirect_neigh).
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: n.uplink, Gw: net.IP{172, 30, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	lb := n.l.Maps().LB
+	for id, addr := range map[uint32]netip.Addr{1: pod, 2: peerPod} {
+		if err := lb.BackendMap().Upsert(id, maps.Backend{Addr: addr, Port: backendPort}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ext := maps.SvcFlagExternal
+	for _, s := range []struct {
+		fe       maps.Frontend
+		svc      maps.Service
+		backends []uint32
+	}{
+		{maps.Frontend{Addr: node, Port: npLocal, Proto: protoTCP}, maps.Service{ID: 1, RevNATID: 1, Flags: ext}, []uint32{1}},
+		{maps.Frontend{Addr: node, Port: npRemote, Proto: protoTCP}, maps.Service{ID: 2, RevNATID: 2, Flags: ext}, []uint32{2}},
+		{maps.Frontend{Addr: node, Port: npRemote, Proto: protoUDP}, maps.Service{ID: 3, RevNATID: 3, Flags: ext}, []uint32{2}},
+		{maps.Frontend{Addr: node, Port: npETPNone, Proto: protoTCP}, maps.Service{ID: 4, RevNATID: 4, Flags: ext | maps.SvcFlagExtLocal}, []uint32{2}},
+		// In-cluster scope both backends; outside clients the local one.
+		{maps.Frontend{Addr: node, Port: npETPLocal, Proto: protoTCP}, maps.Service{ID: 5, RevNATID: 5, Flags: ext | maps.SvcFlagExtLocal, LocalCount: 1}, []uint32{1, 2, 1}},
+		{maps.Frontend{Addr: lbAddr, Port: 80, Proto: protoTCP}, maps.Service{ID: 6, RevNATID: 6, Flags: ext | maps.SvcFlagSourceRanges}, []uint32{1}},
+		{maps.Frontend{Addr: clusterIP, Port: 80, Proto: protoTCP}, maps.Service{ID: 7, RevNATID: 7}, []uint32{1}},
+	} {
+		if err := lb.ApplyService(s.fe, s.svc, s.backends, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := lb.SrcRangeMap().Set(6, []netip.Prefix{netip.MustParsePrefix("198.51.100.0/30")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func ap(a netip.Addr, p uint16) netip.AddrPort { return netip.AddrPortFrom(a, p) }
+
+// TestPrivilegedNodePortLocalBackend: a client's packet to a node port
+// whose backend is on this node is DNATed to the pod, its source kept
+// (the pod's policy sees the client), passed to the host to route; the
+// flow's conntrack entry carries the reverse NAT ID, and the pod's reply
+// leaving the uplink gets the node port as source instead of masquerade.
+func TestPrivilegedNodePortLocalBackend(t *testing.T) {
+	n := newNodePortNode(t)
+	for i := range 2 { // the flow's first packet, then a known one
+		ret, out := n.ingress(frame(client, node, protoTCP, 40000, npLocal, 0))
+		if ret != 0 {
+			t.Fatalf("packet %d: verdict %d, want pass to the host", i, ret)
+		}
+		checkSums(t, "to the pod", out)
+		if src, dst := tuple(out); src != ap(client, 40000) || dst != ap(pod, backendPort) {
+			t.Fatalf("packet %d: %s -> %s, want %s -> %s", i, src, dst, ap(client, 40000), ap(pod, backendPort))
+		}
+	}
+	e, ok, err := n.l.Maps().CTMap().Lookup(maps.CTEntry{Proto: protoTCP, Src: client, SrcPort: 40000, Dst: pod, DstPort: backendPort})
+	if err != nil || !ok || e.RevNAT != 1 {
+		t.Fatalf("conntrack of client <-> pod: %+v found %v (%v), want reverse NAT ID 1", e, ok, err)
+	}
+	ret, out := n.egress(frame(pod, client, protoTCP, backendPort, 40000, 0))
+	if ret != 0 {
+		t.Fatalf("reply: verdict %d", ret)
+	}
+	checkSums(t, "reply", out)
+	if src, dst := tuple(out); src != ap(node, npLocal) || dst != ap(client, 40000) {
+		t.Fatalf("reply leaves as %s -> %s, want %s -> %s", src, dst, ap(node, npLocal), ap(client, 40000))
+	}
+	if list, _ := n.l.Maps().NAT.NATMap().List(); len(list) != 0 {
+		t.Fatalf("NAT mappings %+v, want none (the reply is not masqueraded)", list)
+	}
+	if got := n.metric(maps.ReasonNodeport, maps.DirIngress); got != 2 {
+		t.Fatalf("translated packets %d, want 2", got)
+	}
+	// A cluster IP is not reachable from outside: untouched.
+	f := frame(client, clusterIP, protoTCP, 40001, 80, 0)
+	if ret, out := n.ingress(f); ret != 0 || !bytes.Equal(out[:len(f)], f) {
+		t.Fatalf("cluster IP from outside: verdict %d, changed %v", ret, !bytes.Equal(out[:len(f)], f))
+	}
+}
+
+// TestPrivilegedNodePortRemoteBackend: to a backend on another node the
+// packet leaves with the node's address and a port of the masquerade
+// range as source, sent out the uplink to the peer (FIB: its MAC); the
+// backend's reply gets the client as destination and the node port as
+// source and is sent back out; TCP and UDP.
+func TestPrivilegedNodePortRemoteBackend(t *testing.T) {
+	n := newNodePortNode(t)
+	for _, proto := range []uint8{protoTCP, protoUDP} {
+		var port uint16
+		for i := range 2 {
+			ret, out := n.ingress(frame(client, node, proto, 40000, npRemote, 0))
+			if ret != 7 { // TC_ACT_REDIRECT
+				t.Fatalf("proto %d packet %d: verdict %d, want redirect", proto, i, ret)
+			}
+			checkSums(t, "to the peer", out)
+			src, dst := tuple(out)
+			if src.Addr() != node || !inRange(src.Port(), 61000, 61009) || dst != ap(peerPod, backendPort) {
+				t.Fatalf("proto %d: %s -> %s, want %s:61000-61009 -> %s", proto, src, dst, node, ap(peerPod, backendPort))
+			}
+			if i == 1 && src.Port() != port {
+				t.Fatalf("proto %d: second packet port %d, first %d", proto, src.Port(), port)
+			}
+			port = src.Port()
+			if !bytes.Equal(out[0:6], peerMAC) {
+				t.Fatalf("proto %d: destination MAC %x, want the peer's %s", proto, out[0:6], peerMAC)
+			}
+		}
+		ret, out := n.ingress(frame(peerPod, node, proto, backendPort, port, 0))
+		if ret != 7 {
+			t.Fatalf("proto %d reply: verdict %d, want redirect", proto, ret)
+		}
+		checkSums(t, "reply to the client", out)
+		if src, dst := tuple(out); src != ap(node, npRemote) || dst != ap(client, 40000) {
+			t.Fatalf("proto %d reply: %s -> %s, want %s -> %s", proto, src, dst, ap(node, npRemote), ap(client, 40000))
+		}
+	}
+	list, err := n.l.Maps().NAT.NATMap().List()
+	if err != nil || len(list) != 2 {
+		t.Fatalf("NAT mappings %+v (%v), want one per protocol", list, err)
+	}
+	for _, m := range list {
+		if m.Pod != client || m.Remote != peerPod || m.Node != node || m.Orphan || !m.Service {
+			t.Fatalf("mapping %+v: want a service mapping client -> peer pod through the node", m)
+		}
+	}
+	if got := n.metric(maps.ReasonNodeportReply, maps.DirEgress); got != 2 {
+		t.Fatalf("replies translated %d, want 2", got)
+	}
+}
+
+// TestPrivilegedNodePortExternalLocal: externalTrafficPolicy Local sends
+// outside clients only to this node's backends (every flow: the local
+// pod, its source kept), and a node without one drops them with their
+// reason.
+func TestPrivilegedNodePortExternalLocal(t *testing.T) {
+	n := newNodePortNode(t)
+	for i := range 20 {
+		ret, out := n.ingress(frame(client, node, protoTCP, uint16(41000+i), npETPLocal, 0))
+		if ret != 0 {
+			t.Fatalf("flow %d: verdict %d", i, ret)
+		}
+		if src, dst := tuple(out); src != ap(client, uint16(41000+i)) || dst != ap(pod, backendPort) {
+			t.Fatalf("flow %d: %s -> %s, want the local pod with the client's source", i, src, dst)
+		}
+	}
+	ret, _ := n.ingress(frame(client, node, protoTCP, 42000, npETPNone, 0))
+	if ret != 2 {
+		t.Fatalf("no local backend: verdict %d, want drop", ret)
+	}
+	if got := n.metric(maps.ReasonSvcNoLocalBackend, maps.DirIngress); got != 1 {
+		t.Fatalf("drops for no local backend %d, want 1", got)
+	}
+}
+
+// TestPrivilegedNodePortSourceRanges: a load-balancer address with
+// source ranges admits clients inside them and drops others with their
+// reason.
+func TestPrivilegedNodePortSourceRanges(t *testing.T) {
+	n := newNodePortNode(t)
+	ret, out := n.ingress(frame(client, lbAddr, protoTCP, 43000, 80, 0))
+	if ret != 0 {
+		t.Fatalf("client in range: verdict %d", ret)
+	}
+	if _, dst := tuple(out); dst != ap(pod, backendPort) {
+		t.Fatalf("client in range went to %s", dst)
+	}
+	if ret, _ := n.ingress(frame(client2, lbAddr, protoTCP, 43000, 80, 0)); ret != 2 {
+		t.Fatalf("client outside the ranges: verdict %d, want drop", ret)
+	}
+	if got := n.metric(maps.ReasonSourceRangeDenied, maps.DirIngress); got != 1 {
+		t.Fatalf("source range drops %d, want 1", got)
+	}
+}
