@@ -85,9 +85,12 @@ type config struct {
 	changes     int
 	iperfTime   int
 	agentBin    string
-	kubeProxy   string
-	workers     int
-	readyLimit  time.Duration
+	// baselineAgent is another agent binary, run as mode
+	// "tendril-baseline" (an old build against the new in one run).
+	baselineAgent string
+	kubeProxy     string
+	workers       int
+	readyLimit    time.Duration
 }
 
 func main() {
@@ -100,6 +103,7 @@ func main() {
 	flag.IntVar(&c.changes, "changes", 50, "one-service changes at the programming size")
 	flag.IntVar(&c.iperfTime, "iperf-seconds", 4, "seconds per iperf3 run (two runs each way, alternating)")
 	flag.StringVar(&c.agentBin, "agent", "bin/tendril-agent", "tendril-agent binary")
+	flag.StringVar(&c.baselineAgent, "agent-baseline", "", "another tendril-agent binary, run as mode tendril-baseline")
 	flag.StringVar(&c.kubeProxy, "kube-proxy", "", "kube-proxy binary (hack/kube-proxy.sh)")
 	flag.IntVar(&c.workers, "workers", 32, "concurrent creates while filling the API server")
 	flag.DurationVar(&c.readyLimit, "ready-limit", 5*time.Minute, "how long a proxy may take until every service answers")
@@ -113,11 +117,14 @@ func main() {
 	}
 	c.modes = strings.Split(modes, ",")
 	for _, m := range c.modes {
-		if m != "tendril" && m != "iptables" && m != "iptables-legacy" && m != "nftables" {
-			log.Fatalf("-modes: unknown mode %q (tendril, iptables, iptables-legacy, nftables)", m)
+		if m != "tendril" && m != "tendril-baseline" && m != "iptables" && m != "iptables-legacy" && m != "nftables" {
+			log.Fatalf("-modes: unknown mode %q (tendril, tendril-baseline, iptables, iptables-legacy, nftables)", m)
+		}
+		if m == "tendril-baseline" && c.baselineAgent == "" {
+			log.Fatal("-modes tendril-baseline needs -agent-baseline")
 		}
 	}
-	if slices.ContainsFunc(c.modes, func(m string) bool { return m != "tendril" }) {
+	if slices.ContainsFunc(c.modes, func(m string) bool { return !isTendril(m) }) {
 		if c.kubeProxy == "" {
 			log.Fatal("-kube-proxy is required for the iptables and nftables modes")
 		}
@@ -126,6 +133,9 @@ func main() {
 		log.Fatal(err)
 	}
 }
+
+// isTendril says mode runs the agent.
+func isTendril(mode string) bool { return mode == "tendril" || mode == "tendril-baseline" }
 
 // result is one (size, mode) point.
 type result struct {
@@ -550,9 +560,13 @@ func (b *bench) startProxy(mode string) (*proxy, error) {
 	p := &proxy{dir: dir, synced: make(chan time.Time, 1), logs: &tail{}, exited: make(chan struct{})}
 	var args []string
 	switch mode {
-	case "tendril":
+	case "tendril", "tendril-baseline":
 		p.bpfRoot = "/sys/fs/bpf/tdrkp-" + filepath.Base(dir)
-		args = []string{b.c.agentBin, "--kubeconfig", b.kubeconfig, "--node-name", nodeName,
+		bin := b.c.agentBin
+		if mode == "tendril-baseline" {
+			bin = b.c.baselineAgent
+		}
+		args = []string{bin, "--kubeconfig", b.kubeconfig, "--node-name", nodeName,
 			"--state-dir", filepath.Join(dir, "state"), "--socket", filepath.Join(dir, "agent.sock"), "--bpf-root", p.bpfRoot,
 			"--enable-datapath=true", "--install-host-networking=false", "--prometheus-serve-addr=",
 			"--ipv4-range", "10.244.1.0/24", "--ipv6-range", "none", "--cgroup-root", b.cgroup}
@@ -818,7 +832,7 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 	}
 	defer p.stop()
 
-	if mode == "tendril" {
+	if isTendril(mode) {
 		want := size + 2 // the bench services, iperf, kubernetes
 		var synced time.Time
 		select {
@@ -880,7 +894,7 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 		if err := b.oneChange(ctx, &r, size, rng); err != nil {
 			return r, err
 		}
-		if mode != "tendril" {
+		if !isTendril(mode) {
 			r.metrics = scrapeKubeProxy()
 		}
 		if err := b.throughput(&r); err != nil {
@@ -1113,7 +1127,7 @@ func report(rs []result, c config) {
 			continue
 		}
 		s2m := "—"
-		if r.mode == "tendril" {
+		if isTendril(r.mode) {
 			s2m = r.syncToMaps.Round(time.Millisecond).String()
 		}
 		hook := "—"

@@ -229,7 +229,10 @@ func TestPrivilegedLabServiceRestartUnderTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = server.Process.Kill(); _ = server.Wait() })
-	time.Sleep(500 * time.Millisecond) // iperf3 -s listening; a refused client fails the test below
+	eventually(t, "iperf3 listening in the backend pod", func() (bool, error) {
+		code, out := tendril(t, "exec", "default/"+backend, "--", "ss", "-Hltn", "sport = :5201")
+		return code == 0 && strings.Contains(out, "5201"), fmt.Errorf("exit %d: %s", code, out)
+	})
 	const seconds = 10
 	var iperfOut bytes.Buffer
 	iperf := exec.Command(tendrilBin, "lab", "--name", labName, "exec", "default/pod-1", "--",

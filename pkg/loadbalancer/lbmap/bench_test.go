@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 
@@ -57,12 +58,13 @@ func BenchmarkPrivilegedProgramServices(b *testing.B) {
 	for _, c := range []struct {
 		services int
 		shared   bool
-	}{{1000, true}, {10000, true}, {25000, true}, {1000, false}, {5000, false}} {
+	}{{1000, true}, {10000, true}, {25000, true}, {100000, true}, {1000, false}, {5000, false}} {
 		kind := "shared-backends"
 		if !c.shared {
 			kind = "own-backends"
 		}
 		b.Run(fmt.Sprintf("%d-services-%s", c.services, kind), func(b *testing.B) {
+			base := heapInUse()
 			t := benchTables(b, c.services, c.shared)
 			var fronts []*loadbalancer.Frontend
 			for f := range t.Frontends.All(t.DB.ReadTxn()) {
@@ -85,13 +87,28 @@ func BenchmarkPrivilegedProgramServices(b *testing.B) {
 				if n, err := m.ServiceMap().Count(); err != nil || n != c.services {
 					b.Fatalf("service map holds %d entries (%v), want %d", n, err, c.services)
 				}
+				if i == b.N-1 {
+					// The tables and the reconciler's state, as the
+					// agent holds them (informer caches not included).
+					b.ReportMetric(float64(heapInUse()-base)/(1<<20), "heap-MiB")
+					runtime.KeepAlive(o)
+				}
 				m.Close()
 				b.StartTimer()
 			}
+			runtime.KeepAlive(t)
 			b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms/table")
 			b.ReportMetric(float64(total.Nanoseconds())/float64(b.N*c.services), "ns/service")
 		})
 	}
+}
+
+// heapInUse is the live heap after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
 }
 
 // BenchmarkPrivilegedChangeOneService: one frontend of 10,000 gets a new
