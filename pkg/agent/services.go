@@ -276,6 +276,11 @@ func (m *servicesModule) start(context.Context) error {
 			return err
 		}
 		m.unsub = append(m.unsub, unsub)
+		// This node's pods: their hostPorts (no portmap plugin needed).
+		if unsub, err = w.Pods.Subscribe(m.source.OnPod); err != nil {
+			return err
+		}
+		m.unsub = append(m.unsub, unsub)
 	}
 	return nil
 }

@@ -61,6 +61,12 @@ const (
 	podRemoteClient = "remote-client"
 )
 
+// The host ports of the server on node 2 (TCP 80 and UDP 81).
+const (
+	hostPortTCP = 9080
+	hostPortUDP = 9081
+)
+
 // The test's Services, all of them in front of both servers (app=server)
 // on TCP 80 and UDP 81.
 const (
@@ -307,11 +313,13 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			title  string
 			before func() error
 			checks []Check
-		}{"NodePort from the world (host device programs)", nil, []Check{
+		}{"NodePort and hostPort from the world (host device programs)", nil, []Check{
 			worldNP("world to NodePort, externalTrafficPolicy Local, node 1, TCP: its own server", nodePort(0, 80), "tcp", []string{podServerSame}, false),
 			worldNP("world to NodePort, externalTrafficPolicy Local, node 2, UDP: its own server", nodePort(1, 81), "udp", []string{podServerOther}, false),
 			worldNP("world to NodePort, externalTrafficPolicy Cluster, node 1, TCP: local and remote servers", clusterNodePort(0, 80), "tcp", servers, true),
 			worldNP("world to NodePort, externalTrafficPolicy Cluster, node 2, UDP: local and remote servers", clusterNodePort(1, 81), "udp", servers, true),
+			worldNP("world to a hostPort of the server on node 2, TCP", net.JoinHostPort(cfg.NodeIPs[1], strconv.Itoa(hostPortTCP)), "tcp", []string{podServerOther}, false),
+			worldNP("world to a hostPort of the server on node 2, UDP", net.JoinHostPort(cfg.NodeIPs[1], strconv.Itoa(hostPortUDP)), "udp", []string{podServerOther}, false),
 		}})
 	}
 	if cfg.APIServer != "" {
@@ -342,6 +350,13 @@ func createPod(ctx context.Context, c *k8s.Clients, ns, name, node, app string) 
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": app}},
 		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "workload", Image: "tendril.io/lab-workload"}}},
+	}
+	if name == podServerOther {
+		// Its host ports, served by the node's programs (no portmap).
+		pod.Spec.Containers[0].Ports = []corev1.ContainerPort{
+			{ContainerPort: 80, HostPort: hostPortTCP, Protocol: corev1.ProtocolTCP},
+			{ContainerPort: 81, HostPort: hostPortUDP, Protocol: corev1.ProtocolUDP},
+		}
 	}
 	if _, err := c.Core.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create pod %s/%s: %w", ns, name, err)

@@ -82,6 +82,9 @@ const (
 	FrontendNodePort     = "NodePort"
 	FrontendExternalIP   = "ExternalIPs"
 	FrontendLoadBalancer = "LoadBalancer"
+	// FrontendHostPort is a pod's hostPort: this node's addresses (or
+	// the pod's hostIP) on the host port, to the pod's container port.
+	FrontendHostPort = "HostPort"
 )
 
 // Traffic distributions (trafficDistribution) that prefer backends close

@@ -317,6 +317,20 @@ type frontendAddr struct {
 // for node ports).
 func (w *Writer) frontendAddrs(svc *Service) []frontendAddr {
 	var out []frontendAddr
+	if svc.Type == FrontendHostPort {
+		// A pod's host ports: on its hostIP when it names one
+		// (ExternalIPs), else on every address of this node.
+		addrs := svc.ExternalIPs
+		if len(addrs) == 0 {
+			addrs = w.nodeAddrs
+		}
+		for _, p := range svc.Ports {
+			for _, a := range addrs {
+				out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendHostPort})
+			}
+		}
+		return out
+	}
 	for _, p := range svc.Ports {
 		for _, a := range svc.Addresses {
 			out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendClusterIP})
@@ -337,6 +351,9 @@ func (w *Writer) frontendAddrs(svc *Service) []frontendAddr {
 }
 
 func (s *Service) hasNodePorts() bool {
+	if s.Type == FrontendHostPort {
+		return true
+	}
 	for _, p := range s.Ports {
 		if p.NodePort != 0 {
 			return true

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 
@@ -220,14 +221,19 @@ type Source struct {
 	// (whose calls are serialized).
 	pendingServices, pendingSlices []op
 	servicesListed, slicesListed   bool
+	// The same for this node's pods (their host ports), and which pods
+	// have host ports in the tables.
+	pendingPods []op
+	podsListed  bool
+	hostPorts   map[string]bool
 }
 
 // NewSource returns a source writing through w; it marks the frontends
-// table initialized once services, EndpointSlices and nodes (this node's
-// zone) have all synced.
+// table initialized once services, EndpointSlices, nodes (this node's
+// zone and addresses) and this node's pods (host ports) have all synced.
 func NewSource(w *loadbalancer.Writer, defaultMaglev bool, log *slog.Logger) *Source {
 	return &Source{w: w, log: log, defaultMaglev: defaultMaglev, sliceOwner: map[string]loadbalancer.ServiceName{},
-		synced: map[string]bool{}, done: w.RegisterInitializer("k8s-services")}
+		synced: map[string]bool{}, hostPorts: map[string]bool{}, done: w.RegisterInitializer("k8s-services")}
 }
 
 // SetNodePortRange limits the node ports answered to [lo, hi]: a service's
@@ -260,10 +266,10 @@ func (s *Source) markSynced(kind string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.synced[kind] = true
-	if s.synced["services"] && s.synced["endpointslices"] && s.synced["nodes"] && s.done != nil {
+	if s.synced["services"] && s.synced["endpointslices"] && s.synced["nodes"] && s.synced["pods"] && s.done != nil {
 		s.done()
 		s.done = nil
-		s.log.Info("Services, EndpointSlices and nodes synced; stale load-balancer entries may now be pruned")
+		s.log.Info("Services, EndpointSlices, nodes and pods synced; stale load-balancer entries may now be pruned")
 	}
 }
 
@@ -413,4 +419,100 @@ func NodeAddresses(n *corev1.Node) []netip.Addr {
 		}
 	}
 	return out
+}
+
+// HostPortName is the services-table name of a pod's host ports: the
+// pod's namespace and "pod/<name>", which no Service can be named (a
+// Service name has no slash).
+func HostPortName(namespace, pod string) loadbalancer.ServiceName {
+	return loadbalancer.ServiceName{Namespace: namespace, Name: "pod/" + pod}
+}
+
+// HostPortsFrom converts a pod's containers' hostPorts into a service of
+// type HostPort and its backends (the pod's addresses on the container
+// ports), as the portmap plugin would map them; ok is false for a pod with
+// no host port, no address yet, or that has ended. A hostIP of 0.0.0.0 or
+// :: (or none) means every address of the node.
+func HostPortsFrom(pod *corev1.Pod, nodeName string) (svc *loadbalancer.Service, backends []*loadbalancer.Backend, ok bool) {
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || pod.DeletionTimestamp != nil {
+		return nil, nil, false
+	}
+	var podIPs []netip.Addr
+	for _, ip := range pod.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			podIPs = append(podIPs, a.Unmap())
+		}
+	}
+	if len(podIPs) == 0 {
+		if a, err := netip.ParseAddr(pod.Status.PodIP); err == nil {
+			podIPs = append(podIPs, a.Unmap())
+		}
+	}
+	if len(podIPs) == 0 {
+		return nil, nil, false
+	}
+	svc = &loadbalancer.Service{Name: HostPortName(pod.Namespace, pod.Name), Type: loadbalancer.FrontendHostPort,
+		InternalTrafficPolicy: loadbalancer.TrafficPolicyCluster, ExternalTrafficPolicy: loadbalancer.TrafficPolicyLocal}
+	for _, c := range pod.Spec.Containers {
+		for _, cp := range c.Ports {
+			if cp.HostPort == 0 {
+				continue
+			}
+			proto, err := protoOf(cp.Protocol)
+			if err != nil {
+				continue
+			}
+			name := fmt.Sprintf("%s-%d", strings.ToLower(loadbalancer.ProtoName(proto)), cp.HostPort)
+			svc.Ports = append(svc.Ports, loadbalancer.ServicePort{Name: name, Port: uint16(cp.HostPort), Proto: proto})
+			if ip, err := netip.ParseAddr(cp.HostIP); err == nil && !ip.IsUnspecified() && !slices.Contains(svc.ExternalIPs, ip.Unmap()) {
+				svc.ExternalIPs = append(svc.ExternalIPs, ip.Unmap())
+			}
+			for _, a := range podIPs {
+				backends = append(backends, &loadbalancer.Backend{Addr: netip.AddrPortFrom(a, uint16(cp.ContainerPort)), Proto: proto, PortName: name,
+					NodeName: nodeName, Ready: true, Serving: true})
+			}
+		}
+	}
+	if len(svc.Ports) == 0 {
+		return nil, nil, false
+	}
+	return svc, backends, true
+}
+
+// OnPod handles an event of this node's pods: their host ports.
+func (s *Source) OnPod(ev watchers.Event[*corev1.Pod]) {
+	if ev.Kind == watchers.Synced {
+		s.write(s.pendingPods)
+		s.pendingPods, s.podsListed = nil, true
+		s.markSynced("pods")
+		return
+	}
+	ns, name, _ := strings.Cut(ev.Key, "/")
+	svcName := HostPortName(ns, name)
+	var svc *loadbalancer.Service
+	var backends []*loadbalancer.Backend
+	ok := false
+	if ev.Kind != watchers.Delete {
+		svc, backends, ok = HostPortsFrom(ev.Object, s.w.NodeName())
+	}
+	s.mu.Lock()
+	had := s.hostPorts[ev.Key]
+	if ok {
+		s.hostPorts[ev.Key] = true
+	} else {
+		delete(s.hostPorts, ev.Key)
+	}
+	s.mu.Unlock()
+	if !ok && !had {
+		return // no host port before or now: nothing to write
+	}
+	s.apply(&s.pendingPods, s.podsListed, func(b *loadbalancer.Batch) {
+		if !ok {
+			s.logErr("Remove pod host ports", ev.Key, b.DeleteService(svcName))
+			s.logErr("Remove pod host ports", ev.Key, b.SetBackends(svcName, "pod", nil))
+			return
+		}
+		s.logErr("Write pod host ports", ev.Key, b.UpsertService(svc))
+		s.logErr("Write pod host ports", ev.Key, b.SetBackends(svcName, "pod", backends))
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -143,6 +144,10 @@ func TestSourcePreferClose(t *testing.T) {
 	}
 	src.OnNode(node("node-a", "z2"))
 	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Synced})
+	if initialized() {
+		t.Fatal("initialized before this node's pods synced")
+	}
+	src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Synced})
 	if !initialized() {
 		t.Fatal("not initialized after every source synced")
 	}
@@ -166,6 +171,7 @@ func syncedSource(t testing.TB, n int) (*Source, *loadbalancer.Tables) {
 	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
 	src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Synced})
 	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Synced})
+	src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Synced})
 	return src, tables
 }
 
@@ -318,5 +324,73 @@ func TestServiceFromLoadBalancer(t *testing.T) {
 	}
 	if len(keys) != 1 || keys[0] != "172.30.0.11:30080/TCP" {
 		t.Fatalf("node port frontends %v, want only 172.30.0.11:30080/TCP (40000 is outside the range)", keys)
+	}
+}
+
+// TestHostPorts: a pod of this node with host ports becomes a HostPort
+// service on the node's addresses (or its hostIP) to the pod's container
+// ports; a pod without an address, or ended, has none; deleting the pod
+// removes them.
+func TestHostPorts(t *testing.T) {
+	tables, err := loadbalancer.NewTables(statedb.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := NewSource(loadbalancer.NewWriter(tables, "node-a"), false, slog.New(slog.DiscardHandler))
+	for _, k := range []func(){
+		func() { src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced}) },
+		func() { src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Synced}) },
+		func() { src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Synced}) },
+	} {
+		k()
+	}
+	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Upsert, Key: "node-a", Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "172.30.0.11"}}}}})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec: corev1.PodSpec{NodeName: "node-a", Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+			{ContainerPort: 80, HostPort: 8080}, {ContainerPort: 53, HostPort: 5353, Protocol: corev1.ProtocolUDP}, {ContainerPort: 9090}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.0.5", PodIPs: []corev1.PodIP{{IP: "10.244.0.5"}}}}
+	frontends := func() map[string]string {
+		out := map[string]string{}
+		for f := range tables.Frontends.All(tables.DB.ReadTxn()) {
+			var bs []string
+			for _, b := range f.Backends {
+				bs = append(bs, b.Addr.String())
+			}
+			out[f.Key.String()] = f.Type + " " + f.Service.String() + " " + strings.Join(bs, ",")
+		}
+		return out
+	}
+	noIP := pod.DeepCopy()
+	noIP.Status.PodIP, noIP.Status.PodIPs = "", nil
+	src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Upsert, Key: "ns/web", Object: noIP})
+	if got := frontends(); len(got) != 0 {
+		t.Fatalf("a pod without an address has host ports: %v", got)
+	}
+	src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Upsert, Key: "ns/web", Object: pod})
+	got := frontends()
+	if len(got) != 2 || got["172.30.0.11:8080/TCP"] != "HostPort ns/pod/web 10.244.0.5:80" || got["172.30.0.11:5353/UDP"] != "HostPort ns/pod/web 10.244.0.5:53" {
+		t.Fatalf("host port frontends %v", got)
+	}
+	withHostIP := pod.DeepCopy()
+	withHostIP.Spec.Containers[0].Ports = withHostIP.Spec.Containers[0].Ports[:1]
+	withHostIP.Spec.Containers[0].Ports[0].HostIP = "172.30.0.99"
+	src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Upsert, Key: "ns/web", Object: withHostIP})
+	if got := frontends(); len(got) != 1 || got["172.30.0.99:8080/TCP"] == "" {
+		t.Fatalf("hostIP 172.30.0.99: %v", got)
+	}
+	done := pod.DeepCopy()
+	done.Status.Phase = corev1.PodSucceeded
+	src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Upsert, Key: "ns/web", Object: done})
+	if got := frontends(); len(got) != 0 {
+		t.Fatalf("an ended pod keeps host ports: %v", got)
+	}
+	src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Upsert, Key: "ns/web", Object: pod})
+	src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Delete, Key: "ns/web", Object: pod})
+	if got := frontends(); len(got) != 0 {
+		t.Fatalf("a deleted pod keeps host ports: %v", got)
+	}
+	if n := tables.Backends.NumObjects(tables.DB.ReadTxn()); n != 0 {
+		t.Fatalf("%d backends left", n)
 	}
 }
