@@ -113,7 +113,7 @@ func BenchmarkPrivilegedNodePort(b *testing.B) {
 		}, 0},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			n := newNodePortNodeTB(b)
+			n := newNodePortNode(b)
 			to, from := n.h.ProgramsForTest()
 			prog, ifindex := from, n.uplink
 			if !c.ingress {
