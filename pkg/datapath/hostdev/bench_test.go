@@ -35,7 +35,7 @@ func BenchmarkPrivilegedMasqueradeEstablished(b *testing.B) {
 	n := newMasqNode(b, 61000, 65535)
 	f := frame(pod, world, protoTCP, 40000, 80, 0)
 	n.fromPod(f)
-	to, _ := n.h.ProgramsForTest()
+	to := n.h.toNetdev
 	benchRepeat(b, to, n.uplink, f)
 }
 
@@ -45,13 +45,13 @@ func BenchmarkPrivilegedMasqueradeReply(b *testing.B) {
 	n.fromPod(f)
 	_, out := n.egress(f)
 	src, _ := tuple(out)
-	_, from := n.h.ProgramsForTest()
+	from := n.h.fromNet
 	benchRepeat(b, from, n.uplink, frame(world, node, protoTCP, 80, src.Port(), 0))
 }
 
 func BenchmarkPrivilegedHostDevicePassThrough(b *testing.B) {
 	n := newMasqNode(b, 61000, 65535)
-	to, _ := n.h.ProgramsForTest()
+	to := n.h.toNetdev
 	benchRepeat(b, to, n.uplink, frame(node, world, protoTCP, 40000, 80, 0))
 }
 
@@ -60,7 +60,7 @@ func BenchmarkPrivilegedHostDevicePassThrough(b *testing.B) {
 // cost included).
 func BenchmarkPrivilegedMasqueradeNewFlow(b *testing.B) {
 	n := newMasqNode(b, 61000, 65535)
-	to, _ := n.h.ProgramsForTest()
+	to := n.h.toNetdev
 	frames := make([][]byte, min(b.N, 3000))
 	for i := range frames {
 		frames[i] = frame(pod, world, protoTCP, uint16(20000+i), 80, 0)
@@ -114,7 +114,7 @@ func BenchmarkPrivilegedNodePort(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			n := newNodePortNode(b)
-			to, from := n.h.ProgramsForTest()
+			to, from := n.h.toNetdev, n.h.fromNet
 			prog, ifindex := from, n.uplink
 			if !c.ingress {
 				prog = to

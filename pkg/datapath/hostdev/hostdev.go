@@ -170,11 +170,6 @@ func (p *Programs) prog(dir string) *ebpf.Program {
 	return p.toNetdev
 }
 
-// ProgramsForTest returns to_netdev and from_netdev (BPF_PROG_TEST_RUN).
-func (p *Programs) ProgramsForTest() (toNetdev, fromNetdev *ebpf.Program) {
-	return p.toNetdev, p.fromNet
-}
-
 // Attach gives the device both programs in the attach mode, taking over
 // what an earlier run left there (its pinned link updated in place, its
 // tc filter replaced in its slot: no packet sees no program), and removes

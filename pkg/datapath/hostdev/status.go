@@ -144,7 +144,7 @@ func (m *Masquerade) registerAPI(api *server.Server) {
 		SortMappings(list)
 		out := &models.BPFMap{Path: filepath.Join(m.root, maps.NAT4MapName), Cache: []*models.BPFMapEntry{}}
 		for _, n := range list {
-			k, v := MappingStrings(n)
+			k, v := mappingStrings(n)
 			out.Cache = append(out.Cache, &models.BPFMapEntry{Key: k, Value: v, DesiredAction: "sync"})
 		}
 		server.WriteJSON(w, http.StatusOK, out)
@@ -178,9 +178,9 @@ func ProtoName(p uint8) string {
 	return fmt.Sprint(p)
 }
 
-// MappingStrings renders a mapping as a key (the pod's flow) and a value
+// mappingStrings renders a mapping as a key (the pod's flow) and a value
 // (what it leaves with).
-func MappingStrings(n maps.NATMapping) (string, string) {
+func mappingStrings(n maps.NATMapping) (string, string) {
 	k := fmt.Sprintf("%s %s -> %s", ProtoName(n.Proto), netip.AddrPortFrom(n.Pod, n.PodPort), netip.AddrPortFrom(n.Remote, n.RemotePort))
 	v := "via " + netip.AddrPortFrom(n.Node, n.NodePort).String()
 	if n.Orphan {
