@@ -304,7 +304,7 @@ func newLabProbeCommand(name *string) *cobra.Command {
 				if rec, err = worldRecord(*name); err != nil {
 					return broken(err)
 				}
-				source = net.ParseIP(lab.WorldClientIP)
+				source = net.ParseIP(rec.IPs[0])
 				outside = true
 			} else if st, rec, err = findLabPod(*name, args[0]); err != nil {
 				return broken(err)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,8 +34,6 @@ func (e *env) labPodOn(t *testing.T, node string) *corev1.Pod {
 	return nil
 }
 
-var worldAnswer = regexp.MustCompile(`answered "world from ([0-9.]+):([0-9]+)"`)
-
 // TestPrivilegedLabMasquerade: from a pod on each node, TCP, UDP and ICMP
 // echo reach the world (which has no route to the pod CIDRs) and the world
 // server sees the node's address and a port of the masquerade range; the
@@ -59,13 +56,13 @@ func TestPrivilegedLabMasquerade(t *testing.T) {
 			}
 			code, out := tendril(t, "probe", ref, fmt.Sprintf("%s:%d", w.ServerIP, port), "--timeout", "2s", fmt.Sprintf("--udp=%v", udp))
 			t.Logf("%s -> world udp=%v: exit %d: %s", ref, udp, code, strings.TrimSpace(out))
-			m := worldAnswer.FindStringSubmatch(out)
-			if code != 0 || m == nil {
+			m := peerAnswer.FindStringSubmatch(out)
+			if code != 0 || m == nil || m[1] != "world" {
 				t.Fatalf("%s to the world (udp=%v): exit %d: %s", ref, udp, code, out)
 			}
-			p, _ := strconv.Atoi(m[2])
-			if m[1] != n.Address || p < 61000 || p > 65535 {
-				t.Fatalf("%s reached the world as %s:%s, want %s with a port in 61000-65535", ref, m[1], m[2], n.Address)
+			p, _ := strconv.Atoi(m[3])
+			if m[2] != n.Address || p < 61000 || p > 65535 {
+				t.Fatalf("%s reached the world as %s:%s, want %s with a port in 61000-65535", ref, m[2], m[3], n.Address)
 			}
 		}
 		if code, out := tendril(t, "exec", ref, "--", "ping", "-c", "2", "-W", "2", w.ServerIP); code != 0 {

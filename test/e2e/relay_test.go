@@ -209,6 +209,13 @@ func (f *cliFollow) wait(t *testing.T, what string, match func(*observerpb.GetFl
 // stopAgent stops a node's agent (SIGTERM) and returns its command line.
 func stopAgent(t *testing.T, st *lab.State, node string) []string {
 	t.Helper()
+	return signalAgent(t, st, node, syscall.SIGTERM, "stop")
+}
+
+// signalAgent sends a node's agent sig, waits for it to be gone ("the
+// agent of <node> to <what>") and returns its command line.
+func signalAgent(t *testing.T, st *lab.State, node string, sig syscall.Signal, what string) []string {
+	t.Helper()
 	procs, err := lab.ReadProcesses(st.PidDir())
 	if err != nil {
 		t.Fatal(err)
@@ -222,10 +229,10 @@ func stopAgent(t *testing.T, st *lab.State, node string) []string {
 			t.Fatal(err)
 		}
 		argv := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if err := syscall.Kill(p.PID, syscall.SIGTERM); err != nil {
+		if err := syscall.Kill(p.PID, sig); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the agent of "+node+" to stop", func() (bool, error) { return !p.Alive(), nil })
+		eventually(t, "the agent of "+node+" to "+what, func() (bool, error) { return !p.Alive(), nil })
 		return argv
 	}
 	t.Fatalf("no agent process of %s in %v", node, procs)

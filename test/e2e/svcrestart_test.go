@@ -102,27 +102,7 @@ func runUDPStream(spec string) int {
 // line.
 func killAgent(t *testing.T, st *lab.State, node string) []string {
 	t.Helper()
-	procs, err := lab.ReadProcesses(st.PidDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range procs {
-		if p.Role != "agent-"+node {
-			continue
-		}
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
-		if err != nil {
-			t.Fatal(err)
-		}
-		argv := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		eventually(t, "the agent of "+node+" to die", func() (bool, error) { return !p.Alive(), nil })
-		return argv
-	}
-	t.Fatalf("no agent process of %s in %v", node, procs)
-	return nil
+	return signalAgent(t, st, node, syscall.SIGKILL, "die")
 }
 
 // lbIDs are a frontend's IDs in a node's pinned maps.

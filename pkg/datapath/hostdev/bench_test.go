@@ -18,7 +18,7 @@ import (
 // cost included).
 func BenchmarkPrivilegedMasqueradeNewFlow(b *testing.B) {
 	n := newMasqNode(b, 61000, 65535)
-	to, _ := n.h.ProgramsForTest()
+	to := n.h.toNetdev
 	frames := make([][]byte, min(b.N, 3000))
 	for i := range frames {
 		frames[i] = frame(pod, world, protoTCP, uint16(20000+i), 80, 0)
@@ -80,8 +80,8 @@ func BenchmarkPrivilegedNodePort(b *testing.B) {
 		{"HostPassThrough", false, func(*masqNode) []byte { return frame(node, world, protoTCP, 40000, 80, 0) }, 0},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			n := newNodePortNodeTB(b)
-			to, from := n.h.ProgramsForTest()
+			n := newNodePortNode(b)
+			to, from := n.h.toNetdev, n.h.fromNet
 			prog, ifindex := from, n.uplink
 			if !c.ingress {
 				prog = to

@@ -68,9 +68,9 @@ type Programs struct {
 	fromNet  *ebpf.Program
 	nl       *netlink.Handle
 	// links are the TCX links this process holds, by attachment name;
-	// filters the devices with tc filters, by attachment name.
+	// filters the tc filters, by attachment name.
 	links   map[string]link.Link
-	filters map[string]int
+	filters map[string]bool
 	// kept counts attachments of an earlier run given this run's programs.
 	kept int
 }
@@ -126,18 +126,19 @@ func Load(opts Options, log *slog.Logger) (*Programs, error) {
 		}
 		return nil, fmt.Errorf("load host device programs: %w", err)
 	}
-	objs := struct{ ToNetdev, FromNetdev *ebpf.Program }{to.P, from.P}
-	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-	if err != nil {
-		objs.ToNetdev.Close()
-		objs.FromNetdev.Close()
-		return nil, fmt.Errorf("open netlink handle: %w", err)
-	}
 	if err := os.MkdirAll(linksDir(opts.BPFRoot), 0o750); err != nil {
+		to.P.Close()
+		from.P.Close()
 		return nil, fmt.Errorf("create links directory: %w", err)
 	}
-	return &Programs{opts: opts, log: log, toNetdev: objs.ToNetdev, fromNet: objs.FromNetdev, nl: nl,
-		links: map[string]link.Link{}, filters: map[string]int{}}, nil
+	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		to.P.Close()
+		from.P.Close()
+		return nil, fmt.Errorf("open netlink handle: %w", err)
+	}
+	return &Programs{opts: opts, log: log, toNetdev: to.P, fromNet: from.P, nl: nl,
+		links: map[string]link.Link{}, filters: map[string]bool{}}, nil
 }
 
 func linksDir(root string) string { return filepath.Join(root, "links") }
@@ -167,11 +168,6 @@ func (p *Programs) prog(dir string) *ebpf.Program {
 		return p.fromNet
 	}
 	return p.toNetdev
-}
-
-// ProgramsForTest returns to_netdev and from_netdev (BPF_PROG_TEST_RUN).
-func (p *Programs) ProgramsForTest() (toNetdev, fromNetdev *ebpf.Program) {
-	return p.toNetdev, p.fromNet
 }
 
 // Attach gives the device both programs in the attach mode, taking over
@@ -276,7 +272,7 @@ func (p *Programs) attachTC(ifindex int, dir string) error {
 	if err := p.nl.FilterReplace(want); err != nil {
 		return fmt.Errorf("replace tc filter %s: %w", want.Name, err)
 	}
-	p.filters[attachmentName(ifindex, dir)] = ifindex
+	p.filters[attachmentName(ifindex, dir)] = true
 	return nil
 }
 

@@ -139,13 +139,13 @@ func (n *masqNode) fromPod(frame []byte) {
 
 func (n *masqNode) egress(frame []byte) (uint32, []byte) {
 	n.t.Helper()
-	to, _ := n.h.ProgramsForTest()
+	to := n.h.toNetdev
 	return n.run(to, n.uplink, frame)
 }
 
 func (n *masqNode) ingress(frame []byte) (uint32, []byte) {
 	n.t.Helper()
-	_, from := n.h.ProgramsForTest()
+	from := n.h.fromNet
 	return n.run(from, n.uplink, frame)
 }
 

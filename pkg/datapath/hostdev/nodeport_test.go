@@ -37,9 +37,7 @@ const (
 
 // newNodePortNode is a masquerade test node with the route to the peer's
 // pods, forwarding on (the FIB lookup wants it), and the services.
-func newNodePortNode(t *testing.T) *masqNode { return newNodePortNodeTB(t) }
-
-func newNodePortNodeTB(t testing.TB) *masqNode {
+func newNodePortNode(t testing.TB) *masqNode {
 	n := newMasqNode(t, 61000, 61009)
 	if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("1"), 0o644); err != nil {
 		t.Fatal(err)

@@ -56,9 +56,13 @@ func (m *Masquerade) Status() (Status, error) {
 	if err != nil {
 		return st, err
 	}
+	// The entries from the same walk: a mapping is two, an orphan one.
 	st.Mappings = len(list)
-	if st.Entries, err = nat.Count(); err != nil {
-		return st, err
+	for _, n := range list {
+		st.Entries += 2
+		if n.Orphan {
+			st.Entries--
+		}
 	}
 	st.Capacity = nat.Capacity()
 	prefixes, err := dm.NAT.NoMasquerade()
@@ -110,8 +114,7 @@ func (m *Masquerade) StatusSection() ext.Section {
 	add("non-masquerade", strings.Join(st.NonMasquerade, ", ")+" (and every pod and node address the ipcache knows)")
 	add("programs", fmt.Sprintf("%d attachments", len(st.Attachments)))
 	add("drops", fmt.Sprintf("%d for an exhausted port range, %d for a full table", st.Exhausted, st.TableFull))
-	gc := fmt.Sprintf("%d runs with conntrack GC, %d mappings deleted", st.GC.Runs, st.GC.Deleted)
-	add("NAT GC", gc)
+	add("NAT GC", fmt.Sprintf("%d runs with conntrack GC, %d mappings deleted", st.GC.Runs, st.GC.Deleted))
 	if err != nil {
 		add("error", err.Error())
 	}
@@ -141,7 +144,7 @@ func (m *Masquerade) registerAPI(api *server.Server) {
 		SortMappings(list)
 		out := &models.BPFMap{Path: filepath.Join(m.root, maps.NAT4MapName), Cache: []*models.BPFMapEntry{}}
 		for _, n := range list {
-			k, v := MappingStrings(n)
+			k, v := mappingStrings(n)
 			out.Cache = append(out.Cache, &models.BPFMapEntry{Key: k, Value: v, DesiredAction: "sync"})
 		}
 		server.WriteJSON(w, http.StatusOK, out)
@@ -175,9 +178,9 @@ func ProtoName(p uint8) string {
 	return fmt.Sprint(p)
 }
 
-// MappingStrings renders a mapping as a key (the pod's flow) and a value
+// mappingStrings renders a mapping as a key (the pod's flow) and a value
 // (what it leaves with).
-func MappingStrings(n maps.NATMapping) (string, string) {
+func mappingStrings(n maps.NATMapping) (string, string) {
 	k := fmt.Sprintf("%s %s -> %s", ProtoName(n.Proto), netip.AddrPortFrom(n.Pod, n.PodPort), netip.AddrPortFrom(n.Remote, n.RemotePort))
 	v := "via " + netip.AddrPortFrom(n.Node, n.NodePort).String()
 	if n.Orphan {
