@@ -525,33 +525,18 @@ func (p *policyModule) restorePolicy(context.Context) error {
 // always, or (default) only where a rule selects the endpoint.
 // mapValue is an entry as the datapath holds it.
 func mapValue(e policy.Entry) maps.PolicyValue {
-	v := maps.PolicyValue{Deny: e.Deny, Cookie: e.Cookie}
-	if e.Views.Has(policy.EnforcedNone) {
-		v.Flags |= maps.PolicyFlagENone
-	}
-	if e.Views.Has(policy.AuditNone) {
-		v.Flags |= maps.PolicyFlagANone
-	}
-	if e.Views.Has(policy.AuditDeny) {
-		v.Flags |= maps.PolicyFlagADeny
-	}
-	return v
+	return maps.PolicyValue{Deny: e.Deny, Cookie: e.Cookie, Flags: uint8(e.Views)}
 }
 
 // viewFlags reads an entry's view flags back from the datapath's.
 func viewFlags(f uint8) policy.ViewFlags {
-	var v policy.ViewFlags
-	if f&maps.PolicyFlagENone != 0 {
-		v |= policy.EnforcedNone
-	}
-	if f&maps.PolicyFlagANone != 0 {
-		v |= policy.AuditNone
-	}
-	if f&maps.PolicyFlagADeny != 0 {
-		v |= policy.AuditDeny
-	}
-	return v
+	return policy.ViewFlags(f) & (policy.EnforcedNone | policy.AuditNone | policy.AuditDeny)
 }
+
+// The view flags are the datapath's POLICY_F_* values: a mismatch fails
+// the build (a constant index out of range).
+var _ = [1]struct{}{}[uint8(policy.EnforcedNone)^maps.PolicyFlagENone|
+	uint8(policy.AuditNone)^maps.PolicyFlagANone|uint8(policy.AuditDeny)^maps.PolicyFlagADeny]
 
 // auditing is whether an audited policy selects ep, per direction (never
 // when enforcement is off or always on for every endpoint).

@@ -181,10 +181,6 @@ func (h *Handlers) handleEndpointPut(w http.ResponseWriter, r *http.Request) err
 	return nil
 }
 
-// applyPodLabels gives a new endpoint its labels from Kubernetes: there the
-// pod and its namespace are the source of truth (a CNI plugin knows only
-// the pod's name).
-
 func (h *Handlers) handleEndpointGet(w http.ResponseWriter, r *http.Request) error {
 	ep, err := h.lookupEndpoint(r)
 	if err != nil {

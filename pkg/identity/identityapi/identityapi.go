@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -80,16 +81,9 @@ func optionalLabels(r *http.Request) ([]string, error) {
 	return labels, nil
 }
 
-func hasLabels(have models.Labels, want []string) bool {
+func hasLabels(have []string, want []string) bool {
 	for _, w := range want {
-		found := false
-		for _, h := range have {
-			if h == w {
-				found = true
-				break
-			}
-		}
-		if !found {
+		if !slices.Contains(have, w) {
 			return false
 		}
 	}
@@ -101,13 +95,23 @@ func (h *Handlers) handleIdentityList(w http.ResponseWriter, r *http.Request) er
 	if err != nil {
 		return err
 	}
+	if len(want) == 0 {
+		server.WriteJSON(w, http.StatusOK, h.allIdentities())
+		return nil
+	}
+	// The table's label index finds the candidates of the first label.
 	out := []*models.Identity{}
-	for _, id := range h.allIdentities() {
-		if hasLabels(id.Labels, want) {
-			out = append(out, id)
+	for _, p := range policy.ReservedPeers() {
+		if hasLabels(p.Labels, want) {
+			out = append(out, identityModel(p.ID, p.Labels))
 		}
 	}
-	if len(want) > 0 && len(out) == 0 {
+	for _, id := range h.Identities.WithLabel(want[0]) {
+		if hasLabels(id.Labels, want) {
+			out = append(out, identityModel(id.ID, id.Labels))
+		}
+	}
+	if len(out) == 0 {
 		return server.Errorf(http.StatusNotFound, "no identity has labels %v", want)
 	}
 	server.WriteJSON(w, http.StatusOK, out)
@@ -120,11 +124,15 @@ func (h *Handlers) handleIdentityGet(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return server.Errorf(http.StatusBadRequest, "identity %q: must be a number", raw)
 	}
-	for _, id := range h.allIdentities() {
-		if id.ID == int64(n) {
-			server.WriteJSON(w, http.StatusOK, id)
+	for _, p := range policy.ReservedPeers() {
+		if p.ID == identity.NumericIdentity(n) {
+			server.WriteJSON(w, http.StatusOK, identityModel(p.ID, p.Labels))
 			return nil
 		}
+	}
+	if id, ok := h.Identities.Lookup(identity.NumericIdentity(n)); ok {
+		server.WriteJSON(w, http.StatusOK, identityModel(id.ID, id.Labels))
+		return nil
 	}
 	return server.Errorf(http.StatusNotFound, "identity %d not found", n)
 }

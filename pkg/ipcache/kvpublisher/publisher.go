@@ -29,6 +29,8 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
 	"github.com/cilium/statedb/reconciler"
+
+	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
 // TableName is the name of the publisher's table.
@@ -376,26 +378,29 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Key,
 	if o.owned == nil {
 		return nil
 	}
-	want := map[string]bool{}
+	want := map[string]struct{}{}
 	for k := range objs {
 		if !k.Tombstone() {
-			want[k.Name] = true
+			want[k.Name] = struct{}{}
 		}
 	}
 	have := o.store.List()
-	var errs []error
+	var owned []string
 	for _, name := range slices.Sorted(maps.Keys(have)) {
-		if want[name] || !o.owned(name, have[name]) {
-			continue
+		if o.owned(name, have[name]) {
+			owned = append(owned, name)
 		}
+	}
+	_, err := reconcile.PruneStale(owned, want, func(name string) error {
 		wctx, cancel := context.WithTimeout(ctx, o.timeout)
-		err := o.store.DeleteLocal(wctx, name)
-		cancel()
-		if err != nil {
-			errs = append(errs, o.noteError(fmt.Errorf("prune kvstore key %s: %w", name, err)))
-			continue
+		defer cancel()
+		if err := o.store.DeleteLocal(wctx, name); err != nil {
+			// PruneStale names the key in what it returns.
+			o.noteError(fmt.Errorf("prune kvstore key %s: %w", name, err))
+			return err
 		}
 		o.log.Info("Pruned a kvstore key no endpoint of this node backs", "key", name)
-	}
-	return errors.Join(errs...)
+		return nil
+	})
+	return err
 }
