@@ -580,6 +580,11 @@ func (a *IPAM) assign(svc *corev1.Service, pools []*pool, have []netip.Addr, hel
 		Message: "assigned " + strings.Join(s, ", ")}
 }
 
+// sameCondition says whether old (nil: none) already reads as c.
+func sameCondition(old *metav1.Condition, c metav1.Condition) bool {
+	return old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message
+}
+
 func ingressStrings(addrs []netip.Addr) []string {
 	out := make([]string, 0, len(addrs))
 	for _, a := range addrs {
@@ -601,7 +606,7 @@ func (a *IPAM) writeService(ctx context.Context, svc *corev1.Service, addrs []ne
 		have = w.ingress
 	}
 	old := meta.FindStatusCondition(svc.Status.Conditions, ConditionRequestSatisfied)
-	sameCond := old != nil && old.Status == cond.Status && old.Reason == cond.Reason && old.Message == cond.Message
+	sameCond := sameCondition(old, cond)
 	if slices.Equal(want, have) && sameCond {
 		return false, nil
 	}
@@ -626,7 +631,7 @@ func (a *IPAM) writeService(ctx context.Context, svc *corev1.Service, addrs []ne
 	if !slices.Equal(want, have) {
 		a.log.Info("LoadBalancer addresses", "service", key, "addresses", want, "were", have)
 	}
-	if cond.Status == metav1.ConditionFalse && (old == nil || old.Status != cond.Status || old.Reason != cond.Reason || old.Message != cond.Message) {
+	if cond.Status == metav1.ConditionFalse && !sameCond {
 		a.events.Eventf(svc, corev1.EventTypeWarning, cond.Reason, "No load-balancer address: %s", cond.Message)
 		a.log.Warn("LoadBalancer Service without an address", "service", key, "reason", cond.Reason, "message", cond.Message)
 	}
@@ -690,7 +695,7 @@ func (a *IPAM) writePool(ctx context.Context, p *pool, held map[netip.Addr]strin
 	changed := false
 	for _, c := range []metav1.Condition{valid, exhausted} {
 		old := meta.FindStatusCondition(cur.Status.Conditions, c.Type)
-		if old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+		if sameCondition(old, c) {
 			continue
 		}
 		c.ObservedGeneration = cur.Generation
