@@ -155,12 +155,26 @@ func New(cfg Config, log *slog.Logger, clients *k8s.Clients, res *resources.Reso
 	a := &IPAM{cfg: cfg, log: log, clients: clients, services: sv.Lister(), pools: pl.Lister(),
 		events:  b.NewRecorder(sch, corev1.EventSource{Component: "tendril-operator"}),
 		trigger: make(chan struct{}, 1), written: map[string]written{}}
-	poke := func(any) { a.Poke() }
-	h := cache.ResourceEventHandlerFuncs{AddFunc: poke, UpdateFunc: func(_, o any) { poke(o) }, DeleteFunc: poke}
-	if _, err := sv.Informer().AddEventHandler(h); err != nil {
+	// Only Services this IPAM serves, or served (its condition), change
+	// a pass: the others' events (most of a cluster's) bring none.
+	pokeSvc := func(objs ...any) {
+		for _, o := range objs {
+			svc, ok := o.(*corev1.Service)
+			if !ok || Managed(svc) || meta.FindStatusCondition(svc.Status.Conditions, ConditionRequestSatisfied) != nil {
+				a.Poke()
+				return
+			}
+		}
+	}
+	if _, err := sv.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) { pokeSvc(o) }, UpdateFunc: func(old, o any) { pokeSvc(old, o) }, DeleteFunc: func(o any) { pokeSvc(o) },
+	}); err != nil {
 		return nil, err
 	}
-	if _, err := pl.Informer().AddEventHandler(h); err != nil {
+	poke := func(any) { a.Poke() }
+	if _, err := pl.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: poke, UpdateFunc: func(_, o any) { poke(o) }, DeleteFunc: poke,
+	}); err != nil {
 		return nil, err
 	}
 	return a, nil
