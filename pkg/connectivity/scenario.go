@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -194,11 +195,7 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 		{Name: "kubernetes Service by name (TLS), other node", From: from(podRemoteClient), To: "kubernetes.default.svc.cluster.local:443", Proto: "tls",
 			Allowed: true, Backends: []string{"kube-apiserver"}, DNSTCP: true},
 	}
-	phases := []struct {
-		title  string
-		before func() error
-		checks []Check
-	}{
+	phases := []phase{
 		{"no policy", nil, []Check{
 			check("pod to pod, same node, TCP", from(podClient), to(podServerSame, 80), "tcp", true),
 			check("pod to pod, same node, UDP", from(podClient), to(podServerSame, 81), "udp", true),
@@ -286,20 +283,14 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			return Check{Name: name, From: from(client), To: fmt.Sprintf("%s:%d", cfg.World, port), Proto: proto, Allowed: true,
 				AnswerPrefix: "world from " + cfg.NodeIPs[node] + ":"}
 		}
-		phases = append(phases[:1], append([]struct {
-			title  string
-			before func() error
-			checks []Check
-		}{{"Pod to world (" + cfg.World + "): masqueraded to the node address", nil, []Check{
+		phases = slices.Insert(phases, 1, phase{"Pod to world (" + cfg.World + "): masqueraded to the node address", nil, []Check{
 			world("pod to world leaves with node 1's address, TCP", podClient, 0, 80, "tcp"),
 			world("pod to world leaves with node 1's address, UDP", podClient, 0, 81, "udp"),
 			check("pod to world, node 1, ICMP", from(podClient), cfg.World, "icmp", true),
 			world("pod to world leaves with node 2's address, TCP", podRemoteClient, 1, 80, "tcp"),
 			world("pod to world leaves with node 2's address, UDP", podRemoteClient, 1, 81, "udp"),
 			check("pod to world, node 2, ICMP", from(podRemoteClient), cfg.World, "icmp", true),
-		}}}, phases[1:]...)...)
-	}
-	if cfg.World != "" {
+		}})
 		// Clients outside the cluster arrive at a node's device: its host
 		// program translates (docs/services.md, "From outside").
 		worldNP := func(name, to, proto string, backends []string, spread bool) Check {
@@ -309,11 +300,7 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			}
 			return c
 		}
-		phases = append(phases, struct {
-			title  string
-			before func() error
-			checks []Check
-		}{"NodePort and hostPort from the world (host device programs)", nil, []Check{
+		phases = append(phases, phase{"NodePort and hostPort from the world (host device programs)", nil, []Check{
 			worldNP("world to NodePort, externalTrafficPolicy Local, node 1, TCP: its own server", nodePort(0, 80), "tcp", []string{podServerSame}, false),
 			worldNP("world to NodePort, externalTrafficPolicy Local, node 2, UDP: its own server", nodePort(1, 81), "udp", []string{podServerOther}, false),
 			worldNP("world to NodePort, externalTrafficPolicy Cluster, node 1, TCP: local and remote servers", clusterNodePort(0, 80), "tcp", servers, true),
@@ -344,6 +331,13 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 	}
 	fmt.Fprintln(out)
 	return results, nil
+}
+
+// phase is a group of checks under a title, after an optional step.
+type phase struct {
+	title  string
+	before func() error
+	checks []Check
 }
 
 func createPod(ctx context.Context, c *k8s.Clients, ns, name, node, app string) error {

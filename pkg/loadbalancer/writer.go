@@ -24,10 +24,18 @@ type Writer struct {
 	// nodeAddrs are the addresses of this node its node ports are
 	// answered on; written like nodeZone.
 	nodeAddrs []netip.Addr
+	// contested are the frontend keys a service was refused because
+	// another service's frontend held them: only their release needs a
+	// look for the refused service (handOver). Written like nodeZone; an
+	// entry that outlives its reason (an aborted transaction) costs only
+	// a scan.
+	contested map[FrontendKey]struct{}
 }
 
 // NewWriter returns a writer for the tables of node nodeName.
-func NewWriter(t *Tables, nodeName string) *Writer { return &Writer{t: t, nodeName: nodeName} }
+func NewWriter(t *Tables, nodeName string) *Writer {
+	return &Writer{t: t, nodeName: nodeName, contested: map[FrontendKey]struct{}{}}
+}
 
 // Tables are the writer's tables.
 func (w *Writer) Tables() *Tables { return w.t }
@@ -263,6 +271,7 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 			// The address and port belong to another service's frontend
 			// (an external or load-balancer address two services
 			// name): the one that had it first keeps it.
+			w.contested[f.Key] = struct{}{}
 			continue
 		}
 		if ok && sameFrontend(old, f) {
@@ -278,11 +287,19 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 
 // handOver gives the external or load-balancer frontends service name
 // released to another service that names the same address and port (and
-// was refused it while name held it). Rare, so a scan of the services.
+// was refused it while name held it). Rare (only a contested key), so a
+// scan of the services.
 func (w *Writer) handOver(txn statedb.WriteTxn, name ServiceName, released []FrontendKey) error {
+	released = slices.DeleteFunc(released, func(k FrontendKey) bool {
+		_, ok := w.contested[k]
+		return !ok
+	})
 	if len(released) == 0 {
 		return nil
 	}
+	// Keys still refused to some service after the hand-over stay
+	// contested.
+	refused := map[FrontendKey]bool{}
 	for svc := range w.t.Services.All(txn) {
 		if svc.Name == name {
 			continue
@@ -291,14 +308,21 @@ func (w *Writer) handOver(txn statedb.WriteTxn, name ServiceName, released []Fro
 			if fa.typ != FrontendExternalIP && fa.typ != FrontendLoadBalancer {
 				continue
 			}
-			if slices.Contains(released, FrontendKey{Addr: fa.addr, Proto: fa.port.Proto}) {
-				if _, _, taken := w.t.Frontends.Get(txn, FrontendByKey.Query(FrontendKey{Addr: fa.addr, Proto: fa.port.Proto})); !taken {
+			key := FrontendKey{Addr: fa.addr, Proto: fa.port.Proto}
+			if slices.Contains(released, key) {
+				if _, _, taken := w.t.Frontends.Get(txn, FrontendByKey.Query(key)); !taken {
 					if err := w.recompute(txn, svc.Name); err != nil {
 						return err
 					}
 					break
 				}
+				refused[key] = true
 			}
+		}
+	}
+	for _, k := range released {
+		if !refused[k] {
+			delete(w.contested, k)
 		}
 	}
 	return nil

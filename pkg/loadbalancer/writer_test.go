@@ -345,3 +345,35 @@ func TestWriterExternalIPHandOver(t *testing.T) {
 		t.Fatalf("want b's cluster IP and the external IP, got %d frontends", n)
 	}
 }
+
+// TestWriterExternalIPHandOverThree: three services name one external IP
+// and port: it passes down the line as each holder lets go.
+func TestWriterExternalIPHandOverThree(t *testing.T) {
+	w := newTestWriter(t)
+	ext := []netip.Addr{netip.MustParseAddr("198.51.100.7")}
+	var names []ServiceName
+	for i, n := range []string{"a", "b", "c"} {
+		s := &Service{Name: ServiceName{"ns", n}, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)})},
+			Ports: []ServicePort{{Name: "http", Port: 80, Proto: TCP}}, ExternalIPs: ext}
+		if err := w.UpsertService(s); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, s.Name)
+	}
+	for i, n := range names {
+		if got := frontends(w)["198.51.100.7:80/TCP"]; got == nil || got.Service != n {
+			t.Fatalf("the external IP should be %s's: %+v", n, got)
+		}
+		if err := w.DeleteService(n); err != nil {
+			t.Fatal(err)
+		}
+		// The others' cluster IPs and, while one is left, the external IP.
+		want := len(names) - i - 1
+		if want > 0 {
+			want++
+		}
+		if got := len(frontends(w)); got != want {
+			t.Fatalf("after deleting %s: %d frontends, want %d", n, got, want)
+		}
+	}
+}

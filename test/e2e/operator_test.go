@@ -35,35 +35,8 @@ import (
 func TestPrivilegedLabOperatorClusterPool(t *testing.T) {
 	testutil.Privileged(t)
 	testutil.Require(t, labErr == nil, "no binaries for the lab")
-	name := labName + "op"
-	if len(name) > 12 {
-		name = name[:12]
-	}
-	binDir := filepath.Dir(tendrilBin)
-	t.Cleanup(func() { _ = exec.Command(tendrilBin, "lab", "--name", name, "down").Run() })
-	out, err := exec.Command(tendrilBin, "lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "1",
-		"--operators", "2", "--ipam", "cluster-pool", "--bin-dir", binDir,
-		// Short GC timing for the churn phase.
-		"--operator-arg=--identity-gc-interval=2s", "--operator-arg=--identity-heartbeat-timeout=4s",
-		"--operator-arg=--endpoint-gc-interval=2s").CombinedOutput()
-	if err != nil {
-		t.Fatalf("lab up: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "tendril-operator: 2 replicas") {
-		t.Fatalf("lab up did not report the operators:\n%s", out)
-	}
-	st, err := lab.LoadState(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := controlplane.RESTConfig(st.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := k8s.NewClientsForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	name, st, c := operatorLab(t, "op", "tendril-operator: 2 replicas", "the operators",
+		"--operators", "2", "--ipam", "cluster-pool")
 	ctx := context.Background()
 
 	// Disjoint CIDRs from the pool; each pod's address in its node's CIDR.
@@ -278,34 +251,8 @@ func poolExhaustedInAgentStatus(t *testing.T, name string, st *lab.State, c *k8s
 func TestPrivilegedLabOperatorKVStore(t *testing.T) {
 	testutil.Privileged(t)
 	testutil.Require(t, labErr == nil, "no binaries for the lab")
-	name := labName + "kv"
-	if len(name) > 12 {
-		name = name[:12]
-	}
-	binDir := filepath.Dir(tendrilBin)
-	t.Cleanup(func() { _ = exec.Command(tendrilBin, "lab", "--name", name, "down").Run() })
-	out, err := exec.Command(tendrilBin, "lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "1",
-		"--operators", "1", "--kvstore", "--bin-dir", binDir,
-		"--operator-arg=--identity-gc-interval=2s", "--operator-arg=--identity-heartbeat-timeout=4s",
-		"--operator-arg=--endpoint-gc-interval=2s").CombinedOutput()
-	if err != nil {
-		t.Fatalf("lab up: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "KVSTORE  etcd http://127.0.0.1:") {
-		t.Fatalf("lab up did not report the kvstore:\n%s", out)
-	}
-	st, err := lab.LoadState(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := controlplane.RESTConfig(st.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := k8s.NewClientsForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	name, st, c := operatorLab(t, "kv", "KVSTORE  etcd http://127.0.0.1:", "the kvstore",
+		"--operators", "1", "--kvstore")
 	kv, err := clientv3.New(clientv3.Config{Endpoints: []string{st.KVStoreURL()}, DialTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -328,4 +275,41 @@ func TestPrivilegedLabOperatorKVStore(t *testing.T) {
 	if len(ids.Items) != 0 {
 		t.Errorf("%d TendrilIdentity objects in kvstore mode", len(ids.Items))
 	}
+}
+
+// operatorLab brings up a lab of its own, named labName+suffix (at most
+// 12 characters), of two nodes with a pod each, the given lab up options
+// and short GC timing for the churn phase, torn down when the test ends.
+// lab up's output must contain want (the report of what, for the failure).
+func operatorLab(t *testing.T, suffix, want, what string, args ...string) (string, *lab.State, *k8s.Clients) {
+	t.Helper()
+	name := labName + suffix
+	if len(name) > 12 {
+		name = name[:12]
+	}
+	t.Cleanup(func() { _ = exec.Command(tendrilBin, "lab", "--name", name, "down").Run() })
+	up := append([]string{"lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "1"}, args...)
+	up = append(up, "--bin-dir", filepath.Dir(tendrilBin),
+		"--operator-arg=--identity-gc-interval=2s", "--operator-arg=--identity-heartbeat-timeout=4s",
+		"--operator-arg=--endpoint-gc-interval=2s")
+	out, err := exec.Command(tendrilBin, up...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab up: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("lab up did not report %s:\n%s", what, out)
+	}
+	st, err := lab.LoadState(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := controlplane.RESTConfig(st.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := k8s.NewClientsForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name, st, c
 }

@@ -624,9 +624,12 @@ func (o *Ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*loadba
 	if _, err := o.releaseDrainedLocked(); err != nil {
 		errs = append(errs, err)
 	}
-	svcIDs := map[uint32]int{}
+	// The live frontends' slot counts and reverse NAT IDs (which key
+	// their source ranges).
+	svcIDs, rangesOf := map[uint32]int{}, map[uint32]bool{}
 	for _, w := range o.state {
 		svcIDs[w.svc.ID] = int(w.svc.Count) + int(w.svc.LocalCount)
+		rangesOf[w.svc.RevNATID] = true
 	}
 	// Slots of services no frontend has (a crash between a service
 	// entry's deletion and its slots'): delete up to the highest seen.
@@ -650,10 +653,6 @@ func (o *Ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*loadba
 	ranges, err := o.maps.SrcRangeMap().List()
 	if err != nil {
 		errs = append(errs, err)
-	}
-	rangesOf := map[uint32]bool{}
-	for _, w := range o.state {
-		rangesOf[w.svc.RevNATID] = true
 	}
 	for id, rs := range ranges {
 		if rangesOf[id] {

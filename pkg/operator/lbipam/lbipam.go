@@ -155,12 +155,26 @@ func New(cfg Config, log *slog.Logger, clients *k8s.Clients, res *resources.Reso
 	a := &IPAM{cfg: cfg, log: log, clients: clients, services: sv.Lister(), pools: pl.Lister(),
 		events:  b.NewRecorder(sch, corev1.EventSource{Component: "tendril-operator"}),
 		trigger: make(chan struct{}, 1), written: map[string]written{}}
-	poke := func(any) { a.Poke() }
-	h := cache.ResourceEventHandlerFuncs{AddFunc: poke, UpdateFunc: func(_, o any) { poke(o) }, DeleteFunc: poke}
-	if _, err := sv.Informer().AddEventHandler(h); err != nil {
+	// Only Services this IPAM serves, or served (its condition), change
+	// a pass: the others' events (most of a cluster's) bring none.
+	pokeSvc := func(objs ...any) {
+		for _, o := range objs {
+			svc, ok := o.(*corev1.Service)
+			if !ok || Managed(svc) || meta.FindStatusCondition(svc.Status.Conditions, ConditionRequestSatisfied) != nil {
+				a.Poke()
+				return
+			}
+		}
+	}
+	if _, err := sv.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) { pokeSvc(o) }, UpdateFunc: func(old, o any) { pokeSvc(old, o) }, DeleteFunc: func(o any) { pokeSvc(o) },
+	}); err != nil {
 		return nil, err
 	}
-	if _, err := pl.Informer().AddEventHandler(h); err != nil {
+	poke := func(any) { a.Poke() }
+	if _, err := pl.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: poke, UpdateFunc: func(_, o any) { poke(o) }, DeleteFunc: poke,
+	}); err != nil {
 		return nil, err
 	}
 	return a, nil
@@ -580,6 +594,11 @@ func (a *IPAM) assign(svc *corev1.Service, pools []*pool, have []netip.Addr, hel
 		Message: "assigned " + strings.Join(s, ", ")}
 }
 
+// sameCondition says whether old (nil: none) already reads as c.
+func sameCondition(old *metav1.Condition, c metav1.Condition) bool {
+	return old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message
+}
+
 func ingressStrings(addrs []netip.Addr) []string {
 	out := make([]string, 0, len(addrs))
 	for _, a := range addrs {
@@ -601,7 +620,7 @@ func (a *IPAM) writeService(ctx context.Context, svc *corev1.Service, addrs []ne
 		have = w.ingress
 	}
 	old := meta.FindStatusCondition(svc.Status.Conditions, ConditionRequestSatisfied)
-	sameCond := old != nil && old.Status == cond.Status && old.Reason == cond.Reason && old.Message == cond.Message
+	sameCond := sameCondition(old, cond)
 	if slices.Equal(want, have) && sameCond {
 		return false, nil
 	}
@@ -626,7 +645,7 @@ func (a *IPAM) writeService(ctx context.Context, svc *corev1.Service, addrs []ne
 	if !slices.Equal(want, have) {
 		a.log.Info("LoadBalancer addresses", "service", key, "addresses", want, "were", have)
 	}
-	if cond.Status == metav1.ConditionFalse && (old == nil || old.Status != cond.Status || old.Reason != cond.Reason || old.Message != cond.Message) {
+	if cond.Status == metav1.ConditionFalse && !sameCond {
 		a.events.Eventf(svc, corev1.EventTypeWarning, cond.Reason, "No load-balancer address: %s", cond.Message)
 		a.log.Warn("LoadBalancer Service without an address", "service", key, "reason", cond.Reason, "message", cond.Message)
 	}
@@ -690,7 +709,7 @@ func (a *IPAM) writePool(ctx context.Context, p *pool, held map[netip.Addr]strin
 	changed := false
 	for _, c := range []metav1.Condition{valid, exhausted} {
 		old := meta.FindStatusCondition(cur.Status.Conditions, c.Type)
-		if old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+		if sameCondition(old, c) {
 			continue
 		}
 		c.ObservedGeneration = cur.Generation
