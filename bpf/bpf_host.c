@@ -50,37 +50,15 @@ __attribute__((noinline)) int to_netdev6(struct __sk_buff *skb, struct pkt *p)
 	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
 	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V6) || !masq_needed6(p))
 		return TC_ACT_OK;
-	struct masq_scratch6 *s = masq_scratch6();
+	struct masq_scratch *s = masq_request(p, FAMILY_V6, dev->ipv6, 0);
 	if (!s)
 		return TC_ACT_OK;
-	struct masq_alloc6 *a = &s->a;
-	__builtin_memset(a, 0, sizeof(*a));
-	__builtin_memcpy(a->fwd.addr_l, p->saddr, 16);
-	__builtin_memcpy(a->fwd.addr_r, p->daddr, 16);
-	a->fwd.port_l = p->sport;
-	a->fwd.port_r = p->dport;
-	a->fwd.proto = p->proto;
-	a->fwd.dir = NAT_DIR_EGRESS;
-	__builtin_memcpy(a->node, dev->ipv6, 16);
-	a->now = p->now;
-	struct nat6_entry *m = bpf_map_lookup_elem(&tdr_nat6_v1, &a->fwd);
-	__be16 port;
-	if (m && u32_at(m->addr) == u32_at(a->node) && u32_at(m->addr + 4) == u32_at(a->node + 4) &&
-	    u32_at(m->addr + 8) == u32_at(a->node + 8) && u32_at(m->addr + 12) == u32_at(a->node + 12)) {
-		port = m->port;
-	} else {
+	if (!masq_mapped(s, FAMILY_V6)) {
 		int r = masq_alloc6(skb);
 		if (r < 0)
 			return drop((__u8)-r, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0);
-		/* The scratch entry is this CPU's: still the request's. */
-		s = masq_scratch6();
-		if (!s)
-			return TC_ACT_OK;
-		port = s->a.port;
 	}
-	__u8 node[16];
-	__builtin_memcpy(node, s->a.node, 16);
-	if (masq_rewrite6(skb, p, 0, node, port))
+	if (masq_rewrite(skb, p, FAMILY_V6, 0, s->r.node, s->r.port))
 		return drop(REASON_MASQ_FAILED, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0);
 	count(REASON_MASQUERADED, DIR_EGRESS, p->len);
 	return TC_ACT_OK;
@@ -90,20 +68,15 @@ __attribute__((noinline)) int from_netdev6(struct __sk_buff *skb, struct pkt *p)
 {
 	if (!skb || !p)
 		return TC_ACT_OK;
-	struct nat6_key k = {};
-	__builtin_memcpy(k.addr_l, p->daddr, 16);
-	__builtin_memcpy(k.addr_r, p->saddr, 16);
-	k.port_l = p->dport;
-	k.port_r = p->sport;
-	k.proto = p->proto;
-	k.dir = NAT_DIR_INGRESS;
+	struct nat6_key k;
+	nat_key(&k, FAMILY_V6, NAT_DIR_INGRESS, p->daddr, p->dport, p->saddr, p->sport, p->proto);
 	struct nat6_entry *m = bpf_map_lookup_elem(&tdr_nat6_v1, &k);
 	if (!m)
 		return TC_ACT_OK;
 	__u8 pod[16];
 	__builtin_memcpy(pod, m->addr, 16);
 	__be16 port = m->port;
-	if (masq_rewrite6(skb, p, 1, pod, port))
+	if (masq_rewrite(skb, p, FAMILY_V6, 1, pod, port))
 		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
 	count(REASON_MASQ_REPLY, DIR_INGRESS, p->len);
 	return TC_ACT_OK;
@@ -127,36 +100,23 @@ __attribute__((noinline)) int to_netdev4(struct __sk_buff *skb, struct pkt *p)
 	 * masquerade address). Looked for only where no masquerade mapping
 	 * exists: a masqueraded flow's packets pay no conntrack lookup. */
 	int rev;
-	if (!masq_needed(p)) {
+	if (!masq_needed(p, FAMILY_V4)) {
 		rev = nodeport_rev_out(skb, p);
 		return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
 	}
 	/* An ICMP echo request's identifier is its "source port". */
-	struct masq_alloc a = {};
-	__builtin_memcpy(a.fwd.addr_l, p->saddr, 4);
-	__builtin_memcpy(a.fwd.addr_r, p->daddr, 4);
-	a.fwd.port_l = p->sport;
-	a.fwd.port_r = p->dport;
-	a.fwd.proto = p->proto;
-	a.fwd.dir = NAT_DIR_EGRESS;
-	__builtin_memcpy(a.node, dev->ipv4, 4);
-	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &a.fwd);
-	__be16 port;
-	if (m && u32_at(m->addr) == u32_at(a.node)) {
-		port = m->port;
-	} else {
+	struct masq_scratch *s = masq_request(p, FAMILY_V4, dev->ipv4, 0);
+	if (!s)
+		return TC_ACT_OK;
+	if (!masq_mapped(s, FAMILY_V4)) {
 		rev = nodeport_rev_out(skb, p);
 		if (rev)
 			return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
-		/* A mapping to another address (the node's changed) is made
-		 * anew; its old reverse entry goes with the GC. */
-		a.now = p->now;
-		int r = masq_alloc4(skb, &a);
+		int r = masq_alloc4(skb);
 		if (r < 0)
 			return drop((__u8)-r, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0);
-		port = a.port;
 	}
-	if (masq_rewrite(skb, p, 0, a.node, port))
+	if (masq_rewrite(skb, p, FAMILY_V4, 0, s->r.node, s->r.port))
 		return drop(REASON_MASQ_FAILED, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0);
 	count(REASON_MASQUERADED, DIR_EGRESS, p->len);
 	return TC_ACT_OK;
@@ -194,13 +154,8 @@ int from_netdev(struct __sk_buff *skb)
 	}
 	if (!masq_l4(&p))
 		return TC_ACT_OK;
-	struct nat4_key k = {};
-	__builtin_memcpy(k.addr_l, p.daddr, 4);
-	__builtin_memcpy(k.addr_r, p.saddr, 4);
-	k.port_l = p.dport;
-	k.port_r = p.sport;
-	k.proto = p.proto;
-	k.dir = NAT_DIR_INGRESS;
+	struct nat4_key k;
+	nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, p.daddr, p.dport, p.saddr, p.sport, p.proto);
 	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
 	if (!m) {
 		/* Not a reply: maybe a new or known flow from outside to a
@@ -214,7 +169,7 @@ int from_netdev(struct __sk_buff *skb)
 	__builtin_memcpy(pod, m->addr, 4);
 	__be16 port = m->port;
 	__u8 flags = m->flags;
-	if (masq_rewrite(skb, &p, 1, pod, port))
+	if (masq_rewrite(skb, &p, FAMILY_V4, 1, pod, port))
 		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, &p, 0, 0, 0);
 	if (flags & NAT_F_NODEPORT) {
 		/* A remote backend's reply to an outside client. */

@@ -59,6 +59,44 @@ static __always_inline int lower6(const __u8 *x, __be16 xp, const __u8 *y, __be1
 	return bpf_ntohs(xp) < bpf_ntohs(yp);
 }
 
+/* ct_key fills k (a struct ct4_key or ct6_key, by family) with the
+ * canonical key of the flow between (s, sp) and (d, dp) of protocol
+ * proto, and returns whether s is side a. k must be zeroed. */
+static __always_inline __u8 ct_key(void *k, __u8 family, __u8 proto, const __u8 *s, __be16 sp, const __u8 *d,
+				   __be16 dp)
+{
+	__u8 s_is_a;
+
+	if (family == FAMILY_V4) {
+		struct ct4_key *k4 = k;
+		s_is_a = !lower4(d, dp, s, sp);
+		k4->proto = proto;
+		if (s_is_a) {
+			__builtin_memcpy(k4->addr_a, s, 4);
+			__builtin_memcpy(k4->addr_b, d, 4);
+			k4->port_a = sp, k4->port_b = dp;
+		} else {
+			__builtin_memcpy(k4->addr_a, d, 4);
+			__builtin_memcpy(k4->addr_b, s, 4);
+			k4->port_a = dp, k4->port_b = sp;
+		}
+	} else {
+		struct ct6_key *k6 = k;
+		s_is_a = !lower6(d, dp, s, sp);
+		k6->proto = proto;
+		if (s_is_a) {
+			__builtin_memcpy(k6->addr_a, s, 16);
+			__builtin_memcpy(k6->addr_b, d, 16);
+			k6->port_a = sp, k6->port_b = dp;
+		} else {
+			__builtin_memcpy(k6->addr_a, d, 16);
+			__builtin_memcpy(k6->addr_b, s, 16);
+			k6->port_a = dp, k6->port_b = sp;
+		}
+	}
+	return s_is_a;
+}
+
 /* flow_of builds the canonical key of the packet, or of the packet an ICMP
  * error quotes. */
 static __always_inline void flow_of(struct flow *f, const struct pkt *p)
@@ -71,31 +109,7 @@ static __always_inline void flow_of(struct flow *f, const struct pkt *p)
 		s = p->in_saddr, d = p->in_daddr, sp = p->in_sport, dp = p->in_dport, proto = p->in_proto;
 	}
 	__builtin_memset(f, 0, sizeof(*f));
-	if (p->family == FAMILY_V4) {
-		f->src_is_a = !lower4(d, dp, s, sp);
-		f->k4.proto = proto;
-		if (f->src_is_a) {
-			__builtin_memcpy(f->k4.addr_a, s, 4);
-			__builtin_memcpy(f->k4.addr_b, d, 4);
-			f->k4.port_a = sp, f->k4.port_b = dp;
-		} else {
-			__builtin_memcpy(f->k4.addr_a, d, 4);
-			__builtin_memcpy(f->k4.addr_b, s, 4);
-			f->k4.port_a = dp, f->k4.port_b = sp;
-		}
-	} else {
-		f->src_is_a = !lower6(d, dp, s, sp);
-		f->k6.proto = proto;
-		if (f->src_is_a) {
-			__builtin_memcpy(f->k6.addr_a, s, 16);
-			__builtin_memcpy(f->k6.addr_b, d, 16);
-			f->k6.port_a = sp, f->k6.port_b = dp;
-		} else {
-			__builtin_memcpy(f->k6.addr_a, d, 16);
-			__builtin_memcpy(f->k6.addr_b, s, 16);
-			f->k6.port_a = dp, f->k6.port_b = sp;
-		}
-	}
+	f->src_is_a = ct_key(f, p->family, proto, s, sp, d, dp);
 }
 
 /* ep_is_a reports whether the endpoint that sees the packet in direction

@@ -2,7 +2,13 @@
 /* Tendril datapath: masquerade (source NAT of pod traffic leaving the
  * node through a host device, and the reverse translation of its
  * replies), over tdr_nat4_v1 and tdr_nat6_v1 (natmaps.h). Used by
- * bpf_host.c. */
+ * bpf_host.c.
+ *
+ * Both families take the same steps, written once: a function with a
+ * family argument is always inlined where the family is a constant, so
+ * each copy the compiler makes keeps only its family's branch (and its
+ * family's map: the verifier sees a known map at every map call). The
+ * port claim's state is in a per-CPU scratch entry, not on the stack. */
 #ifndef TDR_NAT_H
 #define TDR_NAT_H
 
@@ -31,202 +37,397 @@ volatile const __u16 MASQ_PORT_MAX = 65535;
  * it is this old (its flow's first packet made both). */
 #define MASQ_MIN_AGE (2ULL * NSEC_PER_SEC)
 
+/* The NAT table of a family. A macro, so that every map call names its
+ * map itself. */
+#define NAT_MAP(family) ((family) == FAMILY_V6 ? (void *)&tdr_nat6_v1 : (void *)&tdr_nat4_v1)
+
+/* A key or an entry of either table. */
+union nat_key {
+	struct nat4_key k4;
+	struct nat6_key k6;
+};
+
+union nat_entry {
+	struct nat4_entry e4;
+	struct nat6_entry e6;
+};
+
+/* Addresses are copied and compared a 32-bit word at a time, which the
+ * compiler cannot see is possible through a byte pointer (it moves them a
+ * byte at a time, and spilled the bytes of one copy to the stack): every
+ * address given to these and to nat_key and nat_entry must be at a 4-byte
+ * aligned offset of an aligned struct, as struct pkt's saddr and daddr,
+ * the maps' keys and values and the scratch entry's are (not pkt's
+ * in_saddr and in_daddr). The verifier refuses a misaligned access to the
+ * stack. */
+static __always_inline void addr_copy(__u8 *dst, const __u8 *src, const __u8 family)
+{
+	if (family == FAMILY_V6)
+		__builtin_memcpy(__builtin_assume_aligned(dst, 4), __builtin_assume_aligned(src, 4), 16);
+	else
+		__builtin_memcpy(__builtin_assume_aligned(dst, 4), __builtin_assume_aligned(src, 4), 4);
+}
+
+static __always_inline __u32 addr_word(const __u8 *a, int i)
+{
+	__u32 v;
+	__builtin_memcpy(&v, (const __u8 *)__builtin_assume_aligned(a, 4) + i, 4);
+	return v;
+}
+
+static __always_inline int addr_eq(const __u8 *a, const __u8 *b, const __u8 family)
+{
+	if (family == FAMILY_V4)
+		return addr_word(a, 0) == addr_word(b, 0);
+	return addr_word(a, 0) == addr_word(b, 0) && addr_word(a, 4) == addr_word(b, 4) &&
+	       addr_word(a, 8) == addr_word(b, 8) && addr_word(a, 12) == addr_word(b, 12);
+}
+
+/* nat_key fills k (a struct nat4_key or nat6_key, by family) and returns
+ * it: local is the pod's side (NAT_DIR_EGRESS) or the node's
+ * (NAT_DIR_INGRESS), see natmaps.h. */
+static __always_inline void *nat_key(void *k, const __u8 family, __u8 dir, const __u8 *addr_l, __be16 port_l,
+				     const __u8 *addr_r, __be16 port_r, __u8 proto)
+{
+	if (family == FAMILY_V6) {
+		struct nat6_key *k6 = k;
+		__builtin_memset(k6, 0, sizeof(*k6));
+		addr_copy(k6->addr_l, addr_l, family);
+		addr_copy(k6->addr_r, addr_r, family);
+		k6->port_l = port_l, k6->port_r = port_r, k6->proto = proto, k6->dir = dir;
+	} else {
+		struct nat4_key *k4 = k;
+		__builtin_memset(k4, 0, sizeof(*k4));
+		addr_copy(k4->addr_l, addr_l, family);
+		addr_copy(k4->addr_r, addr_r, family);
+		k4->port_l = port_l, k4->port_r = port_r, k4->proto = proto, k4->dir = dir;
+	}
+	return k;
+}
+
+static __always_inline void nat_key_set_port(void *k, const __u8 family, __be16 port_l)
+{
+	if (family == FAMILY_V6)
+		((struct nat6_key *)k)->port_l = port_l;
+	else
+		((struct nat4_key *)k)->port_l = port_l;
+}
+
+/* nat_entry fills e (a struct nat4_entry or nat6_entry, by family); the
+ * flags (NAT_F_*) are IPv4's only. */
+static __always_inline void *nat_entry(void *e, const __u8 family, const __u8 *addr, __be16 port, __u8 flags,
+				       __u64 created)
+{
+	if (family == FAMILY_V6) {
+		struct nat6_entry *e6 = e;
+		__builtin_memset(e6, 0, sizeof(*e6));
+		addr_copy(e6->addr, addr, family);
+		e6->port = port, e6->created = created;
+	} else {
+		struct nat4_entry *e4 = e;
+		__builtin_memset(e4, 0, sizeof(*e4));
+		addr_copy(e4->addr, addr, family);
+		e4->port = port, e4->flags = flags, e4->created = created;
+	}
+	return e;
+}
+
+/* The fields of an entry of either table. */
+static __always_inline const __u8 *nat_addr(const void *e, const __u8 family)
+{
+	return family == FAMILY_V6 ? ((const struct nat6_entry *)e)->addr : ((const struct nat4_entry *)e)->addr;
+}
+
+static __always_inline __be16 nat_port(const void *e, const __u8 family)
+{
+	return family == FAMILY_V6 ? ((const struct nat6_entry *)e)->port : ((const struct nat4_entry *)e)->port;
+}
+
+static __always_inline __u64 nat_created(const void *e, const __u8 family)
+{
+	return family == FAMILY_V6 ? ((const struct nat6_entry *)e)->created : ((const struct nat4_entry *)e)->created;
+}
+
 /* masq_ct_alive reports whether the flow of the pod's tuple (pod, pod
  * port) <-> (remote, remote port) has a live conntrack entry: the canonical
  * key of conntrack.h, built from the tuple. */
-static __always_inline int masq_ct_alive(__u8 proto, const __u8 *pod, __be16 pport, const __u8 *remote, __be16 rport,
-					 __u64 now)
+static __always_inline int masq_ct_alive(const __u8 family, __u8 proto, const __u8 *pod, __be16 pport,
+					 const __u8 *remote, __be16 rport, __u64 now)
 {
-	struct ct4_key k = {};
-	__u32 a = bpf_ntohl(u32_at(pod)), b = bpf_ntohl(u32_at(remote));
-	int pod_a = a < b || (a == b && bpf_ntohs(pport) <= bpf_ntohs(rport));
+	struct ct_entry *e;
 
-	k.proto = proto;
-	if (pod_a) {
-		__builtin_memcpy(k.addr_a, pod, 4);
-		__builtin_memcpy(k.addr_b, remote, 4);
-		k.port_a = pport, k.port_b = rport;
+	if (family == FAMILY_V6) {
+		struct ct6_key k = {};
+		ct_key(&k, family, proto, pod, pport, remote, rport);
+		e = bpf_map_lookup_elem(&tdr_ct6_v2, &k);
 	} else {
-		__builtin_memcpy(k.addr_a, remote, 4);
-		__builtin_memcpy(k.addr_b, pod, 4);
-		k.port_a = rport, k.port_b = pport;
+		struct ct4_key k = {};
+		ct_key(&k, family, proto, pod, pport, remote, rport);
+		e = bpf_map_lookup_elem(&tdr_ct4_v2, &k);
 	}
-	struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct4_v2, &k);
 	return e && e->expires > now;
 }
 
 /* masq_host_socket reports whether a socket of the host would receive a
  * reply from (remote, rport) to (node, port): such a port is the host's. */
-static __always_inline int masq_host_socket(struct __sk_buff *skb, __u8 proto, const __u8 *node, __be16 port,
-					    const __u8 *remote, __be16 rport)
+static __always_inline int masq_host_socket(struct __sk_buff *skb, const __u8 family, __u8 proto, const __u8 *node,
+					    __be16 port, const __u8 *remote, __be16 rport)
 {
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
+	__u32 size;
 
 	if (proto != IPPROTO_TCP_ && proto != IPPROTO_UDP_)
 		return 0;
-	t.ipv4.saddr = u32_at(remote);
-	t.ipv4.daddr = u32_at(node);
-	t.ipv4.sport = rport;
-	t.ipv4.dport = port;
+	if (family == FAMILY_V6) {
+		__builtin_memcpy(t.ipv6.saddr, remote, 16);
+		__builtin_memcpy(t.ipv6.daddr, node, 16);
+		t.ipv6.sport = rport;
+		t.ipv6.dport = port;
+		size = sizeof(t.ipv6);
+	} else {
+		t.ipv4.saddr = u32_at(remote);
+		t.ipv4.daddr = u32_at(node);
+		t.ipv4.sport = rport;
+		t.ipv4.dport = port;
+		size = sizeof(t.ipv4);
+	}
 	if (proto == IPPROTO_TCP_)
-		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		sk = bpf_skc_lookup_tcp(skb, &t, size, BPF_F_CURRENT_NETNS, 0);
 	else
-		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		sk = bpf_sk_lookup_udp(skb, &t, size, BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
 		return 0;
 	bpf_sk_release(sk);
 	return 1;
 }
 
-/* A new mapping's request and result (one pointer argument: a global
- * function takes five at most). */
-struct masq_alloc {
-	struct nat4_key fwd; /* the pod's tuple */
-	__u8 node[4];
-	__u64 now;
+/* A mapping's request and result: the pod's tuple (IPv4 addresses in the
+ * first 4 bytes), the node's address it leaves with. */
+struct masq_req {
+	__u8 pod[16] __attribute__((aligned(4)));
+	__u8 remote[16] __attribute__((aligned(4)));
+	__u8 node[16] __attribute__((aligned(4)));
+	__be16 pod_port;
+	__be16 remote_port;
+	__u8 proto;
+	__u8 flags;  /* NAT_F_* of a new mapping */
 	__be16 port; /* out: the node's port */
-	__u8 flags;  /* NAT_F_* of the mapping */
-	__u8 pad[5];
+	__u64 now;
 };
 
-/* masq_claim makes the mapping of a->fwd through port: the reverse entry
+/* The masquerade of one packet, in a per-CPU scratch entry rather than on
+ * the stack: for IPv6 the parsed packet, the request and the frames of the
+ * port claim and its tries came to 552-656 bytes, over the verifier's 512;
+ * IPv4 uses it too (its claim also runs under nodeport_snat, deeper). A
+ * program runs to its end on its CPU without another program of this
+ * object between (tc runs with bottom halves off, and no helper called
+ * between masq_request and the rewrite runs a program), so one entry per
+ * CPU holds. */
+struct masq_scratch {
+	struct masq_req r;
+	union nat_key fwd; /* the flow as the pod sends it */
+	union nat_key rev; /* as its reply would arrive, through the port tried */
+	union nat_key old; /* the forward key of a mapping taken over */
+	union nat_entry val;
+	/* The first port the tries found held by a mapping whose flow is
+	 * gone, and that mapping's pod side and creation as seen then. */
+	__be16 reuse;
+	__be16 reuse_pod_port;
+	__u8 reuse_pod[16] __attribute__((aligned(4)));
+	__u64 reuse_created;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct masq_scratch);
+	__uint(max_entries, 1);
+} tdr_masq_scratch SEC(".maps");
+
+/* masq_request starts the masquerade of p (a pod's packet, or a packet
+ * nodeport_in translated) through the node's address node: the CPU's
+ * scratch entry gets the request and the flow's forward key. Returns the
+ * entry, or NULL. */
+static __always_inline struct masq_scratch *masq_request(const struct pkt *p, const __u8 family, const __u8 *node,
+							 __u8 flags)
+{
+	__u32 zero = 0;
+	struct masq_scratch *s = bpf_map_lookup_elem(&tdr_masq_scratch, &zero);
+	if (!s)
+		return NULL;
+	addr_copy(s->r.pod, p->saddr, family);
+	addr_copy(s->r.remote, p->daddr, family);
+	addr_copy(s->r.node, node, family);
+	s->r.pod_port = p->sport;
+	s->r.remote_port = p->dport;
+	s->r.proto = p->proto;
+	s->r.flags = flags;
+	s->r.port = 0;
+	s->r.now = p->now;
+	nat_key(&s->fwd, family, NAT_DIR_EGRESS, p->saddr, p->sport, p->daddr, p->dport, p->proto);
+	return s;
+}
+
+/* masq_mapped reports whether the request's flow has a mapping through
+ * the node's address, its port then in s->r.port. A mapping through
+ * another address (the node's changed) is made anew; its old reverse
+ * entry goes with the GC. */
+static __always_inline int masq_mapped(struct masq_scratch *s, const __u8 family)
+{
+	const void *m = bpf_map_lookup_elem(NAT_MAP(family), &s->fwd);
+	if (!m || !addr_eq(nat_addr(m, family), s->r.node, family))
+		return 0;
+	s->r.port = nat_port(m, family);
+	return 1;
+}
+
+/* masq_claim makes the request's mapping through port: the reverse entry
  * is inserted only where none exists (BPF_NOEXIST: two CPUs never get the
  * same port), then the forward one. Returns 0, 1 when the port was taken
  * meanwhile, or minus a drop reason. */
-static __always_inline int masq_claim(struct masq_alloc *a, struct nat4_key *rev, const struct nat4_entry *back,
-				      struct nat4_entry *out, __be16 port)
+static __always_inline int masq_claim(struct masq_scratch *s, const __u8 family, __be16 port)
 {
-	rev->port_l = port;
-	long err = bpf_map_update_elem(&tdr_nat4_v1, rev, back, BPF_NOEXIST);
+	nat_key_set_port(&s->rev, family, port);
+	nat_entry(&s->val, family, s->r.pod, s->r.pod_port, s->r.flags, s->r.now);
+	long err = bpf_map_update_elem(NAT_MAP(family), &s->rev, &s->val, BPF_NOEXIST);
 	if (err == -17) /* EEXIST */
 		return 1;
 	if (err)
 		return -REASON_MASQ_TABLE_FULL;
-	out->port = port;
-	if (bpf_map_update_elem(&tdr_nat4_v1, &a->fwd, out, BPF_ANY)) {
-		bpf_map_delete_elem(&tdr_nat4_v1, rev);
+	nat_entry(&s->val, family, s->r.node, port, s->r.flags, s->r.now);
+	if (bpf_map_update_elem(NAT_MAP(family), &s->fwd, &s->val, BPF_ANY)) {
+		bpf_map_delete_elem(NAT_MAP(family), &s->rev);
 		return -REASON_MASQ_TABLE_FULL;
 	}
-	a->port = port;
+	s->r.port = port;
 	return 0;
 }
 
-/* The state of masq_alloc4's tries (bpf_loop's callback context). */
+/* The state of masq_alloc's tries (bpf_loop's callback context). */
 struct masq_tries {
 	struct __sk_buff *skb;
-	struct masq_alloc *a;
-	struct nat4_key rev;
-	struct nat4_entry back;
-	struct nat4_entry out;
+	struct masq_scratch *s;
 	__u32 min, size, off;
 	/* 1 while trying; then 0 (claimed) or minus a drop reason. */
 	int result;
-	__be16 reuse, reuse_pod_port;
-	__u8 reuse_pod[4];
 };
 
-/* masq_try is one try of masq_alloc4: returns 1 to stop (t->result says
+/* masq_try is one try of masq_alloc: returns 1 to stop (t->result says
  * how), 0 to try again. */
-static long masq_try(__u32 i, void *data)
+static __always_inline long masq_try(__u32 i, struct masq_tries *t, const __u8 family)
 {
-	struct masq_tries *t = data;
-	struct masq_alloc *a = t->a;
+	struct masq_scratch *s = t->s;
 	__u32 size = t->size;
 
-	if (!a || size == 0)
+	if (!s || size == 0)
 		return 1;
 	__u32 pick = size <= MASQ_PROBES ? (t->off + i) % size : bpf_get_prandom_u32() % size;
 	__be16 port = bpf_htons((__u16)(t->min + pick));
-	t->rev.port_l = port;
-	struct nat4_entry *cur = bpf_map_lookup_elem(&tdr_nat4_v1, &t->rev);
+	nat_key_set_port(&s->rev, family, port);
+	const void *cur = bpf_map_lookup_elem(NAT_MAP(family), &s->rev);
 	if (cur) {
 		/* Taken; remember the first whose flow is gone. */
-		if (!t->reuse && cur->created + MASQ_MIN_AGE <= a->now &&
-		    !masq_ct_alive(t->rev.proto, cur->addr, cur->port, t->rev.addr_r, t->rev.port_r, a->now)) {
-			t->reuse = port;
-			__builtin_memcpy(t->reuse_pod, cur->addr, 4);
-			t->reuse_pod_port = cur->port;
+		if (!s->reuse && nat_created(cur, family) + MASQ_MIN_AGE <= s->r.now &&
+		    !masq_ct_alive(family, s->r.proto, nat_addr(cur, family), nat_port(cur, family), s->r.remote,
+				   s->r.remote_port, s->r.now)) {
+			s->reuse = port;
+			s->reuse_pod_port = nat_port(cur, family);
+			s->reuse_created = nat_created(cur, family);
+			addr_copy(s->reuse_pod, nat_addr(cur, family), family);
 		}
 		return 0;
 	}
-	if (masq_host_socket(t->skb, t->rev.proto, a->node, port, t->rev.addr_r, t->rev.port_r))
+	if (masq_host_socket(t->skb, family, s->r.proto, s->r.node, port, s->r.remote, s->r.remote_port))
 		return 0;
-	int r = masq_claim(a, &t->rev, &t->back, &t->out, port);
+	int r = masq_claim(s, family, port);
 	if (r == 1)
 		return 0;
 	t->result = r;
 	return 1;
 }
 
-/* masq_alloc4 finds a port for the pod's tuple a->fwd and claims it. A
- * port never used (or whose mapping the GC removed) is preferred; only
- * when the tries find none is a port whose mapping's flow is gone (no
- * live conntrack entry) taken over: the remote end may still hold the
- * last connection through that port in TIME_WAIT (60 s on Linux), and a
- * new SYN meeting it can be refused (PAWS) and must be sent again. A port
- * a host socket would answer on is skipped. The tries run in bpf_loop, so
- * the verifier checks one try, not MASQ_PROBES of them. Returns 0, or
- * minus a drop reason. A global function: verified once, on its own. */
-__attribute__((noinline)) int masq_alloc4(struct __sk_buff *skb, struct masq_alloc *a)
+static long masq_try4(__u32 i, void *data)
 {
-	if (!skb || !a)
+	return masq_try(i, data, FAMILY_V4);
+}
+
+static long masq_try6(__u32 i, void *data)
+{
+	return masq_try(i, data, FAMILY_V6);
+}
+
+/* masq_alloc finds a port for the request in the CPU's scratch entry
+ * (masq_request) and claims it, the port then in s->r.port. A port never
+ * used (or whose mapping the GC removed) is preferred; only when the tries
+ * find none is a port whose mapping's flow is gone (no live conntrack
+ * entry) taken over: the remote end may still hold the last connection
+ * through that port in TIME_WAIT (60 s on Linux), and a new SYN meeting it
+ * can be refused (PAWS) and must be sent again. A port a host socket would
+ * answer on is skipped. The tries run in bpf_loop, so the verifier checks
+ * one try, not MASQ_PROBES of them. Returns 0, or minus a drop reason. */
+static __always_inline int masq_alloc(struct __sk_buff *skb, const __u8 family)
+{
+	__u32 zero = 0;
+	struct masq_scratch *s = bpf_map_lookup_elem(&tdr_masq_scratch, &zero);
+	if (!skb || !s)
 		return -REASON_MASQ_FAILED;
 	__u32 min = MASQ_PORT_MIN, max = MASQ_PORT_MAX;
 	if (max < min)
 		return -REASON_MASQ_NO_PORT;
-	struct masq_tries t = {.skb = skb, .a = a, .min = min, .size = max - min + 1, .result = 1};
+	struct masq_tries t = {.skb = skb, .s = s, .min = min, .size = max - min + 1, .result = 1};
 
 	t.off = bpf_get_prandom_u32() % t.size;
-	__builtin_memcpy(t.rev.addr_l, a->node, 4);
-	__builtin_memcpy(t.rev.addr_r, a->fwd.addr_r, 4);
-	t.rev.port_r = a->fwd.port_r;
-	t.rev.proto = a->fwd.proto;
-	t.rev.dir = NAT_DIR_INGRESS;
-	__builtin_memcpy(t.back.addr, a->fwd.addr_l, 4);
-	t.back.port = a->fwd.port_l;
-	t.back.created = a->now;
-	t.back.flags = a->flags;
-	__builtin_memcpy(t.out.addr, a->node, 4);
-	t.out.created = a->now;
-	t.out.flags = a->flags;
-
-	bpf_loop(t.size < MASQ_PROBES ? t.size : MASQ_PROBES, masq_try, &t, 0);
+	s->reuse = 0;
+	nat_key(&s->rev, family, NAT_DIR_INGRESS, s->r.node, 0, s->r.remote, s->r.remote_port, s->r.proto);
+	bpf_loop(t.size < MASQ_PROBES ? t.size : MASQ_PROBES, family == FAMILY_V6 ? masq_try6 : masq_try4, &t, 0);
 	if (t.result <= 0)
 		return t.result;
-	__be16 reuse = t.reuse;
-	if (!reuse || masq_host_socket(skb, t.rev.proto, a->node, reuse, t.rev.addr_r, t.rev.port_r))
+	__be16 reuse = s->reuse;
+	if (!reuse ||
+	    masq_host_socket(skb, family, s->r.proto, s->r.node, reuse, s->r.remote, s->r.remote_port))
 		return -REASON_MASQ_NO_PORT;
-	/* Take the dead mapping over: only the CPU whose delete of its
-	 * reverse entry succeeds may, and its forward entry goes too. */
-	t.rev.port_l = reuse;
-	if (bpf_map_delete_elem(&tdr_nat4_v1, &t.rev))
+	/* Take the dead mapping over: only while its reverse entry is the one
+	 * the tries saw (another CPU may have taken the port over since), and
+	 * only the CPU whose delete of it succeeds may. Its forward entry goes
+	 * too, unless the pod's tuple got a mapping of its own since. */
+	nat_key_set_port(&s->rev, family, reuse);
+	const void *dead = bpf_map_lookup_elem(NAT_MAP(family), &s->rev);
+	if (!dead || nat_created(dead, family) != s->reuse_created || nat_port(dead, family) != s->reuse_pod_port ||
+	    !addr_eq(nat_addr(dead, family), s->reuse_pod, family))
 		return -REASON_MASQ_NO_PORT;
-	struct nat4_key old = {};
-	__builtin_memcpy(old.addr_l, t.reuse_pod, 4);
-	__builtin_memcpy(old.addr_r, t.rev.addr_r, 4);
-	old.port_l = t.reuse_pod_port;
-	old.port_r = t.rev.port_r;
-	old.proto = t.rev.proto;
-	old.dir = NAT_DIR_EGRESS;
-	/* Unless the pod's tuple got a mapping of its own since. */
-	struct nat4_entry *was = bpf_map_lookup_elem(&tdr_nat4_v1, &old);
-	if (was && was->port == reuse && u32_at(was->addr) == u32_at(a->node))
-		bpf_map_delete_elem(&tdr_nat4_v1, &old);
-	int r = masq_claim(a, &t.rev, &t.back, &t.out, reuse);
+	if (bpf_map_delete_elem(NAT_MAP(family), &s->rev))
+		return -REASON_MASQ_NO_PORT;
+	nat_key(&s->old, family, NAT_DIR_EGRESS, s->reuse_pod, s->reuse_pod_port, s->r.remote, s->r.remote_port,
+		s->r.proto);
+	const void *was = bpf_map_lookup_elem(NAT_MAP(family), &s->old);
+	if (was && nat_port(was, family) == reuse && addr_eq(nat_addr(was, family), s->r.node, family))
+		bpf_map_delete_elem(NAT_MAP(family), &s->old);
+	int r = masq_claim(s, family, reuse);
 	return r == 1 ? -REASON_MASQ_NO_PORT : r;
+}
+
+/* masq_alloc4 and masq_alloc6 are masq_alloc of each family: global
+ * functions, verified once, on their own. */
+__attribute__((noinline)) int masq_alloc4(struct __sk_buff *skb)
+{
+	return masq_alloc(skb, FAMILY_V4);
+}
+
+__attribute__((noinline)) int masq_alloc6(struct __sk_buff *skb)
+{
+	return masq_alloc(skb, FAMILY_V6);
 }
 
 /* masq_rewrite sets the packet's source (egress) or destination (ingress)
  * address and port (ICMP echo: identifier) to addr and port, keeping the
- * IPv4 header checksum and the L4 checksum right (pseudo-header for TCP
- * and UDP; a UDP checksum of 0 stays 0; ICMP's covers the identifier
- * only). Returns 0, or -1 when the packet could not be written. */
-static __always_inline int masq_rewrite(struct __sk_buff *skb, const struct pkt *p, int ingress, const __u8 *addr,
-					__be16 port)
+ * checksums right: IPv4's header checksum, and the L4 checksum with its
+ * pseudo-header (TCP and UDP; ICMPv6's too; a UDP checksum of 0 stays 0;
+ * ICMP's covers the identifier only). Returns 0, or -1 when the packet
+ * could not be written. */
+static __always_inline int masq_rewrite(struct __sk_buff *skb, const struct pkt *p, const __u8 family, int ingress,
+					const __u8 *addr, __be16 port)
 {
-	__u32 old = u32_at(ingress ? p->daddr : p->saddr);
-	__u32 new = u32_at(addr);
 	__be16 old_port = ingress ? p->dport : p->sport;
 	__u32 csum_off, port_off;
 	__u64 l4_flags = 0;
@@ -242,13 +443,28 @@ static __always_inline int masq_rewrite(struct __sk_buff *skb, const struct pkt 
 		csum_off = p->l4_off + 2;
 		port_off = p->l4_off + 4;
 	}
-	if (p->proto != IPPROTO_ICMP_ &&
-	    bpf_l4_csum_replace(skb, csum_off, old, new, l4_flags | BPF_F_PSEUDO_HDR | 4))
-		return -1;
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + 10, old, new, 4))
-		return -1;
-	if (bpf_skb_store_bytes(skb, ETH_HLEN + (ingress ? 16 : 12), &new, 4, 0))
-		return -1;
+	if (family == FAMILY_V6) {
+		__u32 old[4], new[4];
+		__builtin_memcpy(old, ingress ? p->daddr : p->saddr, 16);
+		__builtin_memcpy(new, addr, 16);
+		__s64 diff = bpf_csum_diff(old, 16, new, 16, 0);
+		if (diff < 0)
+			return -1;
+		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, l4_flags | BPF_F_PSEUDO_HDR))
+			return -1;
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + (ingress ? 24 : 8), new, 16, 0))
+			return -1;
+	} else {
+		__u32 old = u32_at(ingress ? p->daddr : p->saddr);
+		__u32 new = u32_at(addr);
+		if (p->proto != IPPROTO_ICMP_ &&
+		    bpf_l4_csum_replace(skb, csum_off, old, new, l4_flags | BPF_F_PSEUDO_HDR | 4))
+			return -1;
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + 10, old, new, 4))
+			return -1;
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + (ingress ? 16 : 12), &new, 4, 0))
+			return -1;
+	}
 	if (old_port != port) {
 		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, l4_flags | 2))
 			return -1;
@@ -268,16 +484,13 @@ static __always_inline int masq_rewrite(struct __sk_buff *skb, const struct pkt 
  * The quoted L4 checksum is left as it is: the pod's kernel finds the
  * socket by the quoted tuple and does not check it. Returns 0 when
  * translated, 1 when the error is about no mapping, -1 when the packet
- * could not be written. */
+ * could not be written. IPv4 only. */
 static __always_inline int masq_rev_icmp_error(struct __sk_buff *skb, struct pkt *p)
 {
-	struct nat4_key k = {};
+	struct nat4_key k = {.port_l = p->in_sport, .port_r = p->in_dport, .proto = p->in_proto, .dir = NAT_DIR_INGRESS};
+	/* Not nat_key: the quoted addresses are not 4-byte aligned. */
 	__builtin_memcpy(k.addr_l, p->in_saddr, 4);
 	__builtin_memcpy(k.addr_r, p->in_daddr, 4);
-	k.port_l = p->in_sport;
-	k.port_r = p->in_dport;
-	k.proto = p->in_proto;
-	k.dir = NAT_DIR_INGRESS;
 	if (u32_at(p->in_saddr) != u32_at(p->daddr))
 		return 1;
 	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
@@ -327,254 +540,22 @@ static __always_inline int masq_l4(const struct pkt *p)
 /* masq_needed reports whether a packet from a local endpoint to daddr
  * leaves with the node's address: not when the destination is a pod or a
  * node of the cluster (its identity says so) or in a non-masquerade CIDR. */
-static __always_inline int masq_needed(const struct pkt *p)
+static __always_inline int masq_needed(const struct pkt *p, const __u8 family)
 {
-	if (in_cluster_peer(identity_of(FAMILY_V4, p->daddr)))
+	if (in_cluster_peer(identity_of(family, p->daddr)))
 		return 0;
-	struct ipcache_key k = {.prefixlen = 32 + 32, .family = FAMILY_V4};
-	__builtin_memcpy(k.addr, p->daddr, 4);
+	struct ipcache_key k = {.prefixlen = 32 + (family == FAMILY_V6 ? 128 : 32), .family = family};
+	addr_copy(k.addr, p->daddr, family);
 	return !bpf_map_lookup_elem(&tdr_nomasq_v1, &k);
 }
 
-/* IPv6: the same steps over tdr_nat6_v1. */
-
-static __always_inline int masq_ct_alive6(__u8 proto, const __u8 *pod, __be16 pport, const __u8 *remote, __be16 rport,
-					  __u64 now)
-{
-	struct ct6_key k = {};
-	int pod_a = !lower6(remote, rport, pod, pport);
-
-	k.proto = proto;
-	if (pod_a) {
-		__builtin_memcpy(k.addr_a, pod, 16);
-		__builtin_memcpy(k.addr_b, remote, 16);
-		k.port_a = pport, k.port_b = rport;
-	} else {
-		__builtin_memcpy(k.addr_a, remote, 16);
-		__builtin_memcpy(k.addr_b, pod, 16);
-		k.port_a = rport, k.port_b = pport;
-	}
-	struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct6_v2, &k);
-	return e && e->expires > now;
-}
-
-static __always_inline int masq_host_socket6(struct __sk_buff *skb, __u8 proto, const __u8 *node, __be16 port,
-					     const __u8 *remote, __be16 rport)
-{
-	struct bpf_sock_tuple t = {};
-	struct bpf_sock *sk;
-
-	if (proto != IPPROTO_TCP_ && proto != IPPROTO_UDP_)
-		return 0;
-	__builtin_memcpy(t.ipv6.saddr, remote, 16);
-	__builtin_memcpy(t.ipv6.daddr, node, 16);
-	t.ipv6.sport = rport;
-	t.ipv6.dport = port;
-	if (proto == IPPROTO_TCP_)
-		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
-	else
-		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
-	if (!sk)
-		return 0;
-	bpf_sk_release(sk);
-	return 1;
-}
-
-struct masq_alloc6 {
-	struct nat6_key fwd;
-	__u8 node[16];
-	__u64 now;
-	__be16 port;
-	__u8 pad[6];
-};
-
-/* The IPv6 path's state lives in a per-CPU scratch entry, not on the
- * stack: the parsed packet, the request and the tries' frames together
- * would exceed the verifier's 512 bytes (the IPv4 path fits). A program
- * runs to its end on its CPU without another program of this object
- * between (tc runs with bottom halves off), so one entry per CPU holds. */
-struct masq_scratch6 {
-	struct masq_alloc6 a;
-	struct nat6_key rev;
-	struct nat6_key old;
-	struct nat6_entry v;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, struct masq_scratch6);
-	__uint(max_entries, 1);
-} tdr_masq_scratch6 SEC(".maps");
-
-static __always_inline struct masq_scratch6 *masq_scratch6(void)
-{
-	__u32 zero = 0;
-	return bpf_map_lookup_elem(&tdr_masq_scratch6, &zero);
-}
-
-/* masq_claim6 makes the mapping of s->a.fwd through port (masq_claim for
- * IPv6). */
-static __always_inline int masq_claim6(struct masq_scratch6 *s, __be16 port)
-{
-	struct masq_alloc6 *a = &s->a;
-
-	__builtin_memcpy(s->v.addr, a->fwd.addr_l, 16);
-	s->v.port = a->fwd.port_l;
-	s->v.created = a->now;
-	s->rev.port_l = port;
-	long err = bpf_map_update_elem(&tdr_nat6_v1, &s->rev, &s->v, BPF_NOEXIST);
-	if (err == -17) /* EEXIST */
-		return 1;
-	if (err)
-		return -REASON_MASQ_TABLE_FULL;
-	__builtin_memcpy(s->v.addr, a->node, 16);
-	s->v.port = port;
-	if (bpf_map_update_elem(&tdr_nat6_v1, &a->fwd, &s->v, BPF_ANY)) {
-		bpf_map_delete_elem(&tdr_nat6_v1, &s->rev);
-		return -REASON_MASQ_TABLE_FULL;
-	}
-	a->port = port;
-	return 0;
-}
-
-struct masq_tries6 {
-	struct __sk_buff *skb;
-	struct masq_scratch6 *s;
-	__u32 min, size, off;
-	int result;
-	__be16 reuse;
-};
-
-static long masq_try6(__u32 i, void *data)
-{
-	struct masq_tries6 *t = data;
-	struct masq_scratch6 *s = t->s;
-	__u32 size = t->size;
-
-	if (!s || size == 0)
-		return 1;
-	__u32 pick = size <= MASQ_PROBES ? (t->off + i) % size : bpf_get_prandom_u32() % size;
-	__be16 port = bpf_htons((__u16)(t->min + pick));
-	s->rev.port_l = port;
-	struct nat6_entry *cur = bpf_map_lookup_elem(&tdr_nat6_v1, &s->rev);
-	if (cur) {
-		if (!t->reuse && cur->created + MASQ_MIN_AGE <= s->a.now &&
-		    !masq_ct_alive6(s->rev.proto, cur->addr, cur->port, s->rev.addr_r, s->rev.port_r, s->a.now))
-			t->reuse = port;
-		return 0;
-	}
-	if (masq_host_socket6(t->skb, s->rev.proto, s->a.node, port, s->rev.addr_r, s->rev.port_r))
-		return 0;
-	int r = masq_claim6(s, port);
-	if (r == 1)
-		return 0;
-	t->result = r;
-	return 1;
-}
-
-/* masq_alloc6 is masq_alloc4 for IPv6, over the CPU's scratch entry
- * (s->a the request, s->a.port the result). A global function. */
-__attribute__((noinline)) int masq_alloc6(struct __sk_buff *skb)
-{
-	if (!skb)
-		return -REASON_MASQ_FAILED;
-	struct masq_scratch6 *s = masq_scratch6();
-	if (!s)
-		return -REASON_MASQ_FAILED;
-	__u32 min = MASQ_PORT_MIN, max = MASQ_PORT_MAX;
-	if (max < min)
-		return -REASON_MASQ_NO_PORT;
-	struct masq_tries6 t = {.skb = skb, .s = s, .min = min, .size = max - min + 1, .result = 1};
-
-	t.off = bpf_get_prandom_u32() % t.size;
-	__builtin_memset(&s->rev, 0, sizeof(s->rev));
-	__builtin_memcpy(s->rev.addr_l, s->a.node, 16);
-	__builtin_memcpy(s->rev.addr_r, s->a.fwd.addr_r, 16);
-	s->rev.port_r = s->a.fwd.port_r;
-	s->rev.proto = s->a.fwd.proto;
-	s->rev.dir = NAT_DIR_INGRESS;
-
-	bpf_loop(t.size < MASQ_PROBES ? t.size : MASQ_PROBES, masq_try6, &t, 0);
-	if (t.result <= 0)
-		return t.result;
-	__be16 reuse = t.reuse;
-	if (!reuse || masq_host_socket6(skb, s->rev.proto, s->a.node, reuse, s->rev.addr_r, s->rev.port_r))
-		return -REASON_MASQ_NO_PORT;
-	/* Take the dead mapping over (as masq_alloc4). */
-	s->rev.port_l = reuse;
-	struct nat6_entry *dead = bpf_map_lookup_elem(&tdr_nat6_v1, &s->rev);
-	if (!dead)
-		return -REASON_MASQ_NO_PORT;
-	__builtin_memset(&s->old, 0, sizeof(s->old));
-	__builtin_memcpy(s->old.addr_l, dead->addr, 16);
-	s->old.port_l = dead->port;
-	if (bpf_map_delete_elem(&tdr_nat6_v1, &s->rev))
-		return -REASON_MASQ_NO_PORT;
-	__builtin_memcpy(s->old.addr_r, s->rev.addr_r, 16);
-	s->old.port_r = s->rev.port_r;
-	s->old.proto = s->rev.proto;
-	s->old.dir = NAT_DIR_EGRESS;
-	/* Unless the pod's tuple got a mapping of its own since. */
-	struct nat6_entry *was = bpf_map_lookup_elem(&tdr_nat6_v1, &s->old);
-	if (was && was->port == reuse && u32_at(was->addr) == u32_at(s->a.node) &&
-	    u32_at(was->addr + 4) == u32_at(s->a.node + 4) && u32_at(was->addr + 8) == u32_at(s->a.node + 8) &&
-	    u32_at(was->addr + 12) == u32_at(s->a.node + 12))
-		bpf_map_delete_elem(&tdr_nat6_v1, &s->old);
-	int r = masq_claim6(s, reuse);
-	return r == 1 ? -REASON_MASQ_NO_PORT : r;
-}
-
-/* masq_rewrite6 is masq_rewrite for IPv6: no header checksum; the L4
- * checksum (ICMPv6's too) covers a pseudo-header with the addresses. */
-static __always_inline int masq_rewrite6(struct __sk_buff *skb, const struct pkt *p, int ingress, const __u8 *addr,
-					 __be16 port)
-{
-	__u32 old[4], new[4];
-	__be16 old_port = ingress ? p->dport : p->sport;
-	__u32 csum_off, port_off;
-	__u64 l4_flags = 0;
-
-	if (p->proto == IPPROTO_TCP_) {
-		csum_off = p->l4_off + 16;
-		port_off = p->l4_off + (ingress ? 2 : 0);
-	} else if (p->proto == IPPROTO_UDP_) {
-		csum_off = p->l4_off + 6;
-		port_off = p->l4_off + (ingress ? 2 : 0);
-		l4_flags = BPF_F_MARK_MANGLED_0;
-	} else {
-		csum_off = p->l4_off + 2;
-		port_off = p->l4_off + 4;
-	}
-	__builtin_memcpy(old, ingress ? p->daddr : p->saddr, 16);
-	__builtin_memcpy(new, addr, 16);
-	__s64 diff = bpf_csum_diff(old, 16, new, 16, 0);
-	if (diff < 0)
-		return -1;
-	if (bpf_l4_csum_replace(skb, csum_off, 0, diff, l4_flags | BPF_F_PSEUDO_HDR))
-		return -1;
-	if (bpf_skb_store_bytes(skb, ETH_HLEN + (ingress ? 24 : 8), new, 16, 0))
-		return -1;
-	if (old_port != port) {
-		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, l4_flags | 2))
-			return -1;
-		if (bpf_skb_store_bytes(skb, port_off, &port, 2, 0))
-			return -1;
-	}
-	return 0;
-}
-
-/* masq_needed6 is masq_needed for IPv6: a global function, so its keys
- * are not on the stack while the port is claimed. */
+/* masq_needed6 is masq_needed for IPv6 as a global function, so its keys
+ * are not on the stack of to_netdev6's other calls. */
 __attribute__((noinline)) int masq_needed6(const struct pkt *p)
 {
 	if (!p)
 		return 0;
-	if (in_cluster_peer(identity_of(FAMILY_V6, p->daddr)))
-		return 0;
-	struct ipcache_key k = {.prefixlen = 32 + 128, .family = FAMILY_V6};
-	__builtin_memcpy(k.addr, p->daddr, 16);
-	return !bpf_map_lookup_elem(&tdr_nomasq_v1, &k);
+	return masq_needed(p, FAMILY_V6);
 }
 
 #endif

@@ -225,32 +225,18 @@ __attribute__((noinline)) int nodeport_snat(struct __sk_buff *skb, struct pkt *p
 	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
 	if (!dev || !u32_at(dev->ipv4))
 		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-	__u8 node[4];
-	__builtin_memcpy(node, dev->ipv4, 4);
-	struct masq_alloc a = {};
-	__builtin_memcpy(a.fwd.addr_l, p->saddr, 4);
-	__builtin_memcpy(a.fwd.addr_r, p->daddr, 4);
-	a.fwd.port_l = p->sport;
-	a.fwd.port_r = p->dport;
-	a.fwd.proto = p->proto;
-	a.fwd.dir = NAT_DIR_EGRESS;
-	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &a.fwd);
-	__be16 port;
-	if (m && u32_at(m->addr) == u32_at(node)) {
-		port = m->port;
-	} else {
-		__builtin_memcpy(a.node, node, 4);
-		a.now = p->now;
-		a.flags = NAT_F_NODEPORT;
-		int r = masq_alloc4(skb, &a);
+	struct masq_scratch *s = masq_request(p, FAMILY_V4, dev->ipv4, NAT_F_NODEPORT);
+	if (!s)
+		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+	if (!masq_mapped(s, FAMILY_V4)) {
+		int r = masq_alloc4(skb);
 		if (r < 0)
 			return drop((__u8)-r, DIR_INGRESS, 0, p, 0, 0, 0);
-		port = a.port;
 	}
-	if (masq_rewrite(skb, p, 0, node, port))
+	if (masq_rewrite(skb, p, FAMILY_V4, 0, s->r.node, s->r.port))
 		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-	__builtin_memcpy(p->saddr, node, 4);
-	p->sport = port;
+	__builtin_memcpy(p->saddr, s->r.node, 4);
+	p->sport = s->r.port;
 	int ret = nodeport_redirect(skb, p);
 	if (ret < 0)
 		return drop(REASON_NODEPORT_NO_ROUTE, DIR_INGRESS, 0, p, 0, 0, 0);

@@ -202,19 +202,45 @@ type HostLbSockRevnat struct {
 	RevNatId uint32
 }
 
-type HostMasqScratch6 struct {
+type HostMasqScratch struct {
 	_ structs.HostLayout
-	A struct {
-		_    structs.HostLayout
-		Fwd  HostNat6Key
-		Node [16]uint8
-		Now  uint64
-		Port uint16
-		Pad  [6]uint8
+	R struct {
+		_          structs.HostLayout
+		Pod        [16]uint8
+		Remote     [16]uint8
+		Node       [16]uint8
+		PodPort    uint16
+		RemotePort uint16
+		Proto      uint8
+		Flags      uint8
+		Port       uint16
+		Now        uint64
 	}
-	Rev HostNat6Key
-	Old HostNat6Key
-	V   HostNat6Entry
+	Fwd struct {
+		_  structs.HostLayout
+		K4 HostNat4Key
+		_  [24]byte
+	}
+	Rev struct {
+		_  structs.HostLayout
+		K4 HostNat4Key
+		_  [24]byte
+	}
+	Old struct {
+		_  structs.HostLayout
+		K4 HostNat4Key
+		_  [24]byte
+	}
+	Val struct {
+		_  structs.HostLayout
+		E4 HostNat4Entry
+		_  [16]byte
+	}
+	Reuse        uint16
+	ReusePodPort uint16
+	ReusePod     [16]uint8
+	_            [4]byte
+	ReuseCreated uint64
 }
 
 type HostMetricValue struct {
@@ -295,7 +321,7 @@ const (
 	HostMapTdrLbRevnatV1         = "tdr_lb_revnat_v1"
 	HostMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	HostMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
-	HostMapTdrMasqScratch6       = "tdr_masq_scratch6"
+	HostMapTdrMasqScratch        = "tdr_masq_scratch"
 	HostMapTdrMetricsV2          = "tdr_metrics_v2"
 	HostMapTdrNat4V1             = "tdr_nat4_v1"
 	HostMapTdrNat6V1             = "tdr_nat6_v1"
@@ -389,7 +415,7 @@ type HostMapSpecs struct {
 	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
-	TdrMasqScratch6   *ebpf.MapSpec `ebpf:"tdr_masq_scratch6"`
+	TdrMasqScratch    *ebpf.MapSpec `ebpf:"tdr_masq_scratch"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.MapSpec `ebpf:"tdr_nat6_v1"`
@@ -457,7 +483,7 @@ type HostMaps struct {
 	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
-	TdrMasqScratch6   *ebpf.Map `ebpf:"tdr_masq_scratch6"`
+	TdrMasqScratch    *ebpf.Map `ebpf:"tdr_masq_scratch"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.Map `ebpf:"tdr_nat6_v1"`
@@ -492,7 +518,7 @@ func (m *HostMaps) Close() error {
 		m.TdrLbRevnatV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
-		m.TdrMasqScratch6,
+		m.TdrMasqScratch,
 		m.TdrMetricsV2,
 		m.TdrNat4V1,
 		m.TdrNat6V1,

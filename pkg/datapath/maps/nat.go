@@ -84,16 +84,61 @@ type NATMapping struct {
 	Service bool
 }
 
-func (n NATMapping) keys4() (fwd, rev bpf.LxcNat4Key) {
-	fwd = bpf.LxcNat4Key{AddrL: n.Pod.As4(), AddrR: n.Remote.As4(), PortL: Htons(n.PodPort), PortR: Htons(n.RemotePort), Proto: n.Proto, Dir: NATDirEgress}
-	rev = bpf.LxcNat4Key{AddrL: n.Node.As4(), AddrR: n.Remote.As4(), PortL: Htons(n.NodePort), PortR: Htons(n.RemotePort), Proto: n.Proto, Dir: NATDirIngress}
+// natKey and natValue are an entry of either family's table, decoded:
+// everything but the layouts (raw4, raw6, decode4, decode6 and the three
+// calls that pick the table: put, lookup, deleteAll) is written once.
+type natKey struct {
+	Local, Remote         netip.Addr
+	LocalPort, RemotePort uint16
+	Proto, Dir            uint8
+}
+
+type natValue struct {
+	Addr    netip.Addr
+	Port    uint16
+	Flags   uint8 // NAT_F_*: IPv4 only
+	Created uint64
+}
+
+func (k natKey) raw4() bpf.LxcNat4Key {
+	return bpf.LxcNat4Key{AddrL: k.Local.As4(), AddrR: k.Remote.As4(), PortL: Htons(k.LocalPort), PortR: Htons(k.RemotePort), Proto: k.Proto, Dir: k.Dir}
+}
+
+func (k natKey) raw6() bpf.LxcNat6Key {
+	return bpf.LxcNat6Key{AddrL: k.Local.As16(), AddrR: k.Remote.As16(), PortL: Htons(k.LocalPort), PortR: Htons(k.RemotePort), Proto: k.Proto, Dir: k.Dir}
+}
+
+func (v natValue) raw4() bpf.LxcNat4Entry {
+	return bpf.LxcNat4Entry{Addr: v.Addr.As4(), Port: Htons(v.Port), Flags: v.Flags, Created: v.Created}
+}
+
+func (v natValue) raw6() bpf.LxcNat6Entry {
+	return bpf.LxcNat6Entry{Addr: v.Addr.As16(), Port: Htons(v.Port), Created: v.Created}
+}
+
+func decode4(k bpf.LxcNat4Key, v bpf.LxcNat4Entry) (natKey, natValue) {
+	return natKey{Local: netip.AddrFrom4(k.AddrL), Remote: netip.AddrFrom4(k.AddrR), LocalPort: Ntohs(k.PortL), RemotePort: Ntohs(k.PortR), Proto: k.Proto, Dir: k.Dir},
+		natValue{Addr: netip.AddrFrom4(v.Addr), Port: Ntohs(v.Port), Flags: v.Flags, Created: v.Created}
+}
+
+func decode6(k bpf.LxcNat6Key, v bpf.LxcNat6Entry) (natKey, natValue) {
+	return natKey{Local: netip.AddrFrom16(k.AddrL), Remote: netip.AddrFrom16(k.AddrR), LocalPort: Ntohs(k.PortL), RemotePort: Ntohs(k.PortR), Proto: k.Proto, Dir: k.Dir},
+		natValue{Addr: netip.AddrFrom16(v.Addr), Port: Ntohs(v.Port), Created: v.Created}
+}
+
+// keys are the mapping's two entries' keys: its tuple as the pod sends it
+// and as the reply arrives.
+func (n NATMapping) keys() (fwd, rev natKey) {
+	fwd = natKey{Local: n.Pod, Remote: n.Remote, LocalPort: n.PodPort, RemotePort: n.RemotePort, Proto: n.Proto, Dir: NATDirEgress}
+	rev = natKey{Local: n.Node, Remote: n.Remote, LocalPort: n.NodePort, RemotePort: n.RemotePort, Proto: n.Proto, Dir: NATDirIngress}
 	return fwd, rev
 }
 
-func (n NATMapping) keys6() (fwd, rev bpf.LxcNat6Key) {
-	fwd = bpf.LxcNat6Key{AddrL: n.Pod.As16(), AddrR: n.Remote.As16(), PortL: Htons(n.PodPort), PortR: Htons(n.RemotePort), Proto: n.Proto, Dir: NATDirEgress}
-	rev = bpf.LxcNat6Key{AddrL: n.Node.As16(), AddrR: n.Remote.As16(), PortL: Htons(n.NodePort), PortR: Htons(n.RemotePort), Proto: n.Proto, Dir: NATDirIngress}
-	return fwd, rev
+func (n NATMapping) flags() uint8 {
+	if n.Service {
+		return NATFlagNodeport
+	}
+	return 0
 }
 
 // NATMap is the typed NAT table: one hash per address family.
@@ -102,23 +147,54 @@ type NATMap struct{ m4, m6 *ebpf.Map }
 // NATMap is the typed NAT table.
 func (m *NATMaps) NATMap() NATMap { return NATMap{m4: m.NAT4, m6: m.NAT6} }
 
+func (t NATMap) put(k natKey, v natValue) error {
+	if k.Local.Is4() {
+		rk, rv := k.raw4(), v.raw4()
+		return t.m4.Put(&rk, &rv)
+	}
+	rk, rv := k.raw6(), v.raw6()
+	return t.m6.Put(&rk, &rv)
+}
+
+func (t NATMap) lookup(k natKey) (natValue, bool) {
+	if k.Local.Is4() {
+		rk, rv := k.raw4(), bpf.LxcNat4Entry{}
+		if t.m4.Lookup(&rk, &rv) != nil {
+			return natValue{}, false
+		}
+		_, v := decode4(rk, rv)
+		return v, true
+	}
+	rk, rv := k.raw6(), bpf.LxcNat6Entry{}
+	if t.m6.Lookup(&rk, &rv) != nil {
+		return natValue{}, false
+	}
+	_, v := decode6(rk, rv)
+	return v, true
+}
+
+func (t NATMap) deleteAll(keys []natKey) {
+	var k4 []bpf.LxcNat4Key
+	var k6 []bpf.LxcNat6Key
+	for _, k := range keys {
+		if k.Local.Is4() {
+			k4 = append(k4, k.raw4())
+		} else {
+			k6 = append(k6, k.raw6())
+		}
+	}
+	deleteKeys(t.m4, k4)
+	if t.m6 != nil {
+		deleteKeys(t.m6, k6)
+	}
+}
+
 // Upsert writes both entries of a mapping (tests).
 func (t NATMap) Upsert(n NATMapping) error {
-	var err error
-	if n.Pod.Is4() {
-		fwd, rev := n.keys4()
-		out := bpf.LxcNat4Entry{Addr: n.Node.As4(), Port: Htons(n.NodePort), Created: n.Created}
-		back := bpf.LxcNat4Entry{Addr: n.Pod.As4(), Port: Htons(n.PodPort), Created: n.Created}
-		if err = t.m4.Put(&rev, &back); err == nil {
-			err = t.m4.Put(&fwd, &out)
-		}
-	} else {
-		fwd, rev := n.keys6()
-		out := bpf.LxcNat6Entry{Addr: n.Node.As16(), Port: Htons(n.NodePort), Created: n.Created}
-		back := bpf.LxcNat6Entry{Addr: n.Pod.As16(), Port: Htons(n.PodPort), Created: n.Created}
-		if err = t.m6.Put(&rev, &back); err == nil {
-			err = t.m6.Put(&fwd, &out)
-		}
+	fwd, rev := n.keys()
+	err := t.put(rev, natValue{Addr: n.Pod, Port: n.PodPort, Flags: n.flags(), Created: n.Created})
+	if err == nil {
+		err = t.put(fwd, natValue{Addr: n.Node, Port: n.NodePort, Flags: n.flags(), Created: n.Created})
 	}
 	if err != nil {
 		return fmt.Errorf("write NAT mapping %s:%d via %s:%d: %w", n.Pod, n.PodPort, n.Node, n.NodePort, err)
@@ -130,84 +206,61 @@ func (t NATMap) Upsert(n NATMapping) error {
 // ingress entry without its egress one is listed as an orphan), IPv4
 // first.
 func (t NATMap) List() ([]NATMapping, error) {
-	out, err := list4(t.m4)
-	if err != nil || t.m6 == nil {
-		return out, err
-	}
-	out6, err := list6(t.m6)
-	return append(out, out6...), err
-}
-
-func list4(m *ebpf.Map) ([]NATMapping, error) {
-	var k bpf.LxcNat4Key
-	var v bpf.LxcNat4Entry
-	fwd := map[bpf.LxcNat4Key]bpf.LxcNat4Entry{}
-	rev := map[bpf.LxcNat4Key]bpf.LxcNat4Entry{}
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if k.Dir == NATDirEgress {
-			fwd[k] = v
-		} else {
-			rev[k] = v
-		}
-	}
-	if err := it.Err(); err != nil {
+	e4, err := walkNAT(t.m4, decode4)
+	if err != nil {
 		return nil, fmt.Errorf("iterate IPv4 NAT table: %w", err)
 	}
-	var out []NATMapping
-	for k, v := range fwd {
-		n := NATMapping{Proto: k.Proto, Pod: netip.AddrFrom4(k.AddrL), PodPort: Ntohs(k.PortL), Remote: netip.AddrFrom4(k.AddrR), RemotePort: Ntohs(k.PortR),
-			Node: netip.AddrFrom4(v.Addr), NodePort: Ntohs(v.Port), Created: v.Created, Service: v.Flags&NATFlagNodeport != 0}
-		_, r := n.keys4()
-		back, ok := rev[r]
-		if ok && back.Addr == k.AddrL && back.Port == k.PortL {
-			delete(rev, r)
-		} else {
-			n.Orphan = true
-		}
-		out = append(out, n)
+	out := pairNAT(e4)
+	if t.m6 == nil {
+		return out, nil
 	}
-	for k, v := range rev {
-		out = append(out, NATMapping{Proto: k.Proto, Pod: netip.AddrFrom4(v.Addr), PodPort: Ntohs(v.Port), Remote: netip.AddrFrom4(k.AddrR), RemotePort: Ntohs(k.PortR),
-			Node: netip.AddrFrom4(k.AddrL), NodePort: Ntohs(k.PortL), Created: v.Created, Orphan: true, Service: v.Flags&NATFlagNodeport != 0})
+	e6, err := walkNAT(t.m6, decode6)
+	if err != nil {
+		return out, fmt.Errorf("iterate IPv6 NAT table: %w", err)
 	}
-	return out, nil
+	return append(out, pairNAT(e6)...), nil
 }
 
-func list6(m *ebpf.Map) ([]NATMapping, error) {
-	var k bpf.LxcNat6Key
-	var v bpf.LxcNat6Entry
-	fwd := map[bpf.LxcNat6Key]bpf.LxcNat6Entry{}
-	rev := map[bpf.LxcNat6Key]bpf.LxcNat6Entry{}
+// walkNAT reads one family's table.
+func walkNAT[K, V any](m *ebpf.Map, decode func(K, V) (natKey, natValue)) (map[natKey]natValue, error) {
+	var k K
+	var v V
+	out := map[natKey]natValue{}
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		if k.Dir == NATDirEgress {
-			fwd[k] = v
-		} else {
-			rev[k] = v
-		}
+		dk, dv := decode(k, v)
+		out[dk] = dv
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("iterate IPv6 NAT table: %w", err)
-	}
+	return out, it.Err()
+}
+
+// pairNAT makes the mappings of a table's entries: each egress entry with
+// the ingress entry that points back at it; the rest are orphans.
+func pairNAT(entries map[natKey]natValue) []NATMapping {
 	var out []NATMapping
-	for k, v := range fwd {
-		n := NATMapping{Proto: k.Proto, Pod: netip.AddrFrom16(k.AddrL), PodPort: Ntohs(k.PortL), Remote: netip.AddrFrom16(k.AddrR), RemotePort: Ntohs(k.PortR),
-			Node: netip.AddrFrom16(v.Addr), NodePort: Ntohs(v.Port), Created: v.Created}
-		_, r := n.keys6()
-		back, ok := rev[r]
-		if ok && back.Addr == k.AddrL && back.Port == k.PortL {
-			delete(rev, r)
+	paired := map[natKey]bool{}
+	for k, v := range entries {
+		if k.Dir != NATDirEgress {
+			continue
+		}
+		n := NATMapping{Proto: k.Proto, Pod: k.Local, PodPort: k.LocalPort, Remote: k.Remote, RemotePort: k.RemotePort,
+			Node: v.Addr, NodePort: v.Port, Created: v.Created, Service: v.Flags&NATFlagNodeport != 0}
+		_, r := n.keys()
+		if back, ok := entries[r]; ok && back.Addr == k.Local && back.Port == k.LocalPort {
+			paired[r] = true
 		} else {
 			n.Orphan = true
 		}
 		out = append(out, n)
 	}
-	for k, v := range rev {
-		out = append(out, NATMapping{Proto: k.Proto, Pod: netip.AddrFrom16(v.Addr), PodPort: Ntohs(v.Port), Remote: netip.AddrFrom16(k.AddrR), RemotePort: Ntohs(k.PortR),
-			Node: netip.AddrFrom16(k.AddrL), NodePort: Ntohs(k.PortL), Created: v.Created, Orphan: true})
+	for k, v := range entries {
+		if k.Dir == NATDirEgress || paired[k] {
+			continue
+		}
+		out = append(out, NATMapping{Proto: k.Proto, Pod: v.Addr, PodPort: v.Port, Remote: k.Remote, RemotePort: k.RemotePort,
+			Node: k.Local, NodePort: k.LocalPort, Created: v.Created, Orphan: true, Service: v.Flags&NATFlagNodeport != 0})
 	}
-	return out, nil
+	return out
 }
 
 // Count is the number of entries of both families (two per mapping).
@@ -252,31 +305,21 @@ func (t NATMap) CollectNAT(ct CTMap, now uint64) (NATSweep, error) {
 		return res, err
 	}
 	minAge := uint64(NATMinAge.Nanoseconds())
-	var dels4 []bpf.LxcNat4Key
-	var dels6 []bpf.LxcNat6Key
+	var dels []natKey
 	for _, n := range list {
 		res.Seen++
 		if n.Created+minAge > now {
 			continue
 		}
+		fwd, rev := n.keys()
 		if n.Orphan {
 			res.Orphans++
 			// Only the half that exists is deleted: the other key may
 			// belong to another mapping (a port taken over).
-			if n.Pod.Is4() {
-				fwd, rev := n.keys4()
-				if owns4(t.m4, fwd, n.Node, n.NodePort) {
-					dels4 = append(dels4, fwd)
-				} else if owns4(t.m4, rev, n.Pod, n.PodPort) {
-					dels4 = append(dels4, rev)
-				}
-			} else {
-				fwd, rev := n.keys6()
-				if owns6(t.m6, fwd, n.Node, n.NodePort) {
-					dels6 = append(dels6, fwd)
-				} else if owns6(t.m6, rev, n.Pod, n.PodPort) {
-					dels6 = append(dels6, rev)
-				}
+			if t.owns(fwd, n.Node, n.NodePort) {
+				dels = append(dels, fwd)
+			} else if t.owns(rev, n.Pod, n.PodPort) {
+				dels = append(dels, rev)
 			}
 			continue
 		}
@@ -288,31 +331,16 @@ func (t NATMap) CollectNAT(ct CTMap, now uint64) (NATSweep, error) {
 			continue
 		}
 		res.Deleted++
-		if n.Pod.Is4() {
-			fwd, rev := n.keys4()
-			dels4 = append(dels4, fwd, rev)
-		} else {
-			fwd, rev := n.keys6()
-			dels6 = append(dels6, fwd, rev)
-		}
+		dels = append(dels, fwd, rev)
 	}
-	deleteKeys(t.m4, dels4)
-	if t.m6 != nil {
-		deleteKeys(t.m6, dels6)
-	}
+	t.deleteAll(dels)
 	return res, nil
 }
 
-// owns4 and owns6 report whether key still holds the entry giving addr
-// and port.
-func owns4(m *ebpf.Map, key bpf.LxcNat4Key, addr netip.Addr, port uint16) bool {
-	var v bpf.LxcNat4Entry
-	return m.Lookup(&key, &v) == nil && v.Addr == addr.As4() && Ntohs(v.Port) == port
-}
-
-func owns6(m *ebpf.Map, key bpf.LxcNat6Key, addr netip.Addr, port uint16) bool {
-	var v bpf.LxcNat6Entry
-	return m.Lookup(&key, &v) == nil && v.Addr == addr.As16() && Ntohs(v.Port) == port
+// owns reports whether key still holds the entry giving addr and port.
+func (t NATMap) owns(key natKey, addr netip.Addr, port uint16) bool {
+	v, ok := t.lookup(key)
+	return ok && v.Addr == addr && v.Port == port
 }
 
 // SetNoMasquerade makes the prefixes the destinations that keep the pod's
