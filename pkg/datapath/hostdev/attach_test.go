@@ -15,7 +15,8 @@ import (
 // uplink with pinned TCX links; a second run (the agent restarted) takes
 // both links over with its programs; a run in tc mode puts tc filters in
 // Tendril's slot and removes the links; a run in TCX mode again moves back
-// and removes the filters; detaching leaves nothing.
+// and removes the filters; a run that no longer configures a device removes
+// a tc-mode run's filters from it; detaching leaves nothing.
 func TestPrivilegedHostDeviceAttachModes(t *testing.T) {
 	n := newMasqNode(t, 61000, 61999)
 	root := n.h.opts.BPFRoot
@@ -94,6 +95,21 @@ func TestPrivilegedHostDeviceAttachModes(t *testing.T) {
 		t.Fatalf("tc: %d pins, %d filters", pins(), filters())
 	}
 	tc.Close()
+
+	// A tc-mode run's filters on a device the next run no longer
+	// configures are found on the device and removed (they have no pin).
+	other, err := Load(Options{BPFRoot: root, AttachMode: loader.AttachTCX, PortMin: 61000, PortMax: 61999, Maps: n.l.MapReplacements()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.DetachOthers(map[int]bool{}); err != nil {
+		t.Fatal(err)
+	}
+	other.Close()
+	if pins() != 0 || filters() != 0 {
+		t.Fatalf("device dropped after a tc run: %d pins, %d filters", pins(), filters())
+	}
+	run(loader.AttachTC).Close()
 
 	back := run(loader.AttachTCX)
 	if pins() != 2 || filters() != 0 {

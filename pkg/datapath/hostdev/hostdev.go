@@ -343,6 +343,56 @@ func (p *Programs) DetachOthers(keep map[int]bool) error {
 		p.mu.Unlock()
 		p.log.Info("Detached the host programs from a device no longer configured", "attachment", e.Name())
 	}
+	errs = append(errs, removeFilters(p.nl, keep, p.log))
+	return errors.Join(errs...)
+}
+
+// removeFilters deletes Tendril's host-program tc filters from every
+// device of the namespace not in keep. tc filters have no pin to list, so
+// a former tc-mode run's filters are found by their name on the devices
+// themselves; without this they stayed on a device dropped from --devices
+// (translating nothing, since its map entry goes, but still run per packet).
+func removeFilters(nl *netlink.Handle, keep map[int]bool, log *slog.Logger) error {
+	if nl == nil {
+		var err error
+		if nl, err = netlink.NewHandle(); err != nil {
+			return fmt.Errorf("netlink handle: %w", err)
+		}
+		defer nl.Close()
+	}
+	links, err := nl.LinkList()
+	if err != nil {
+		return fmt.Errorf("list devices: %w", err)
+	}
+	var errs []error
+	for _, l := range links {
+		idx := l.Attrs().Index
+		if keep[idx] {
+			continue
+		}
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, err := nl.FilterList(l, parent)
+			if err != nil {
+				continue // no clsact qdisc: no filter either
+			}
+			for _, f := range fs {
+				bf, ok := f.(*netlink.BpfFilter)
+				if !ok || bf.Priority != tcPriority || bf.Handle != tcHandle {
+					continue
+				}
+				name, ok := strings.CutPrefix(bf.Name, tcNamePrefix)
+				if _, _, own := parseAttachmentName(name); !ok || !own {
+					continue
+				}
+				if err := nl.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) {
+					errs = append(errs, fmt.Errorf("delete tc filter %s of %s: %w", bf.Name, l.Attrs().Name, err))
+					continue
+				}
+				log.Info("Detached the host programs' tc filter from a device no longer configured",
+					"device", l.Attrs().Name, "filter", bf.Name)
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -133,7 +133,7 @@ func (m *Masquerade) Start(ctx context.Context) error {
 // entries (the programs then translate nothing) and their pinned links.
 func (m *Masquerade) disable(nat *maps.NATMaps) error {
 	m.dropOtherDevices(nat, nil)
-	return detachPinned(m.root, m.log)
+	return errors.Join(detachPinned(m.root, m.log), removeFilters(nil, nil, m.log))
 }
 
 func (m *Masquerade) dropOtherDevices(nat *maps.NATMaps, keep map[int]bool) {
