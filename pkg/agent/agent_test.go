@@ -21,6 +21,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // testAgent is an agent with the objects its tests inspect, taken from its
@@ -28,7 +29,7 @@ import (
 type testAgent struct {
 	*Agent
 	endpoints  *endpointsModule
-	policy     *policyModule
+	policy     *agentpolicy.Module
 	kvstore    *agentkv.Module
 	datapath   *datapathModule
 	realizer   *endpointRealizer
@@ -38,7 +39,7 @@ type testAgent struct {
 
 func newTestAgent(cfg Config, deps Deps) (*testAgent, error) {
 	ta := &testAgent{}
-	a, err := New(cfg, deps, cell.Invoke(func(e *endpointsModule, p *policyModule, kv *agentkv.Module, dp *datapathModule,
+	a, err := New(cfg, deps, cell.Invoke(func(e *endpointsModule, p *agentpolicy.Module, kv *agentkv.Module, dp *datapathModule,
 		r *endpointRealizer, m *metrics.Server, ids identity.Allocator) {
 		ta.endpoints, ta.policy, ta.kvstore, ta.datapath, ta.realizer, ta.metrics, ta.identities = e, p, kv, dp, r, m, ids
 	}))

@@ -22,6 +22,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/policy/policyapi"
 	"github.com/tendril-net/tendril/pkg/profiling"
 )
@@ -46,7 +47,7 @@ type apiParams struct {
 	Identities identity.Allocator
 	IDTable    *identitytable.Table
 	Endpoints  *endpointsModule
-	Policy     *policyModule
+	Policy     *agentpolicy.Module
 	Datapath   *datapathModule   // nil without the datapath
 	K8s        *kubernetesModule // nil in standalone mode
 	KVStore    *agentkv.Module   // nil without a kvstore
@@ -63,7 +64,7 @@ func registerAPIHandlers(p apiParams) {
 		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows, masq: p.Masquerade}).register(p.API)
 	(&serviceAPI{services: p.Services}).register(p.API)
 	registerStateDBAPI(p.API, p.Inspector)
-	(&policyapi.Handlers{Repo: p.Policy.repo, Universe: p.Policy.universe, Source: policySourceAPI}).Register(p.API)
+	(&policyapi.Handlers{Repo: p.Policy.Repository(), Universe: p.Policy.Universe, Source: agentpolicy.SourceAPI}).Register(p.API)
 	(&mapAPI{cfg: p.Config, dp: p.Datapath}).register(p.API)
 	ids := &identityapi.Handlers{Identities: p.IDTable, Endpoints: func() ([]*endpoint.Endpoint, error) {
 		mgr, err := p.Endpoints.manager()
@@ -80,7 +81,7 @@ func registerAPIHandlers(p apiParams) {
 	(&ipamapi.Handlers{Log: p.Log, IPAM: func() *ipam.IPAM { return eps.ipam }, NodeAddressing: eps.nodeAddressing,
 		Endpoints: func() []*endpoint.Endpoint { return eps.mgr.List() }}).Register(p.API)
 	(&endpointapi.Handlers{Log: p.Log, Manager: eps.manager, NodeAddressing: eps.nodeAddressing, ApplyPodLabels: eps.applyPodLabels,
-		PolicyModel: p.Policy.endpointPolicyModel, Holding: func(h server.HandlerFunc) server.HandlerFunc { return holdingPromotions(p.Datapath, h) }}).Register(p.API)
+		PolicyModel: p.Policy.EndpointPolicyModel, Holding: func(h server.HandlerFunc) server.HandlerFunc { return holdingPromotions(p.Datapath, h) }}).Register(p.API)
 	(&cniAPI{eps: p.Endpoints, dp: p.Datapath}).register(p.API)
 }
 

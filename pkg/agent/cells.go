@@ -7,6 +7,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // cells is the agent: one cell per subsystem. Each cell's constructor takes
@@ -33,7 +34,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentkv.Cell,
 		realizerCell,
 		hostIPsCell,
-		policyCell,
+		agentpolicy.Cell,
 		regenerationCell,
 		ipcacheRestoredCell,
 		agentflows.Cell,

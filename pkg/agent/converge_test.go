@@ -21,6 +21,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/ipcache/ipcachetest"
 	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
@@ -61,7 +62,7 @@ func (k *recordingKernel) DetachEndpoint(id uint16, _ []netip.Addr) error {
 	delete(k.endpoints, id)
 	return nil
 }
-func (k *recordingKernel) PolicyMap() policyMap { return recordingPolicyMap{k} }
+func (k *recordingKernel) PolicyMap() agentpolicy.PolicyMap { return recordingPolicyMap{k} }
 
 type recordingPolicyMap struct{ k *recordingKernel }
 
@@ -178,7 +179,9 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 		t.Fatal(err)
 	}
 	r := &regenAgent{a: a, kernel: newRecordingKernel(), alloc: &flakyAllocator{Allocator: a.identities}}
-	a.identities, a.realizer.identities, a.policy.identities = r.alloc, r.alloc, r.alloc
+	// The policy subscribed to the allocator while the hive was built;
+	// what allocates is the realizer.
+	a.identities, a.realizer.identities = r.alloc, r.alloc
 	a.datapath.dp = r.kernel
 	// The hive is not started: the ipcache runs with its reconciler in
 	// a hive of its own, over a backend that accepts every write.
@@ -202,7 +205,7 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	}()
 	go func() {
 		defer close(policyDone)
-		a.policy.run(ctx, a.realizer.refreshPolicy)
+		a.policy.Run(ctx, a.realizer.refreshPolicy)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -232,7 +235,7 @@ func (r *regenAgent) importRules(t testing.TB, doc string) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev, err := r.a.policy.repo.Add(rules, "", "api", false)
+	rev, err := r.a.policy.Repository().Add(rules, "", "api", false)
 	if err != nil {
 		t.Fatal(err)
 	}

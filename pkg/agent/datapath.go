@@ -28,6 +28,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/policy/policycidr"
 )
 
@@ -218,15 +219,7 @@ type endpointDatapath interface {
 	AttachEndpoint(loader.EndpointInfo) error
 	WriteEndpoint(loader.EndpointInfo) error
 	DetachEndpoint(id uint16, addrs []netip.Addr) error
-	PolicyMap() policyMap
-}
-
-// policyMap is the BPF policy map as the policy's realization uses it.
-type policyMap interface {
-	DumpEndpoint(id uint16) (map[maps.PolicyKey]maps.PolicyValue, error)
-	Upsert(maps.PolicyKey, maps.PolicyValue) error
-	Delete(maps.PolicyKey) error
-	DeleteEndpoint(id uint16) error
+	PolicyMap() agentpolicy.PolicyMap
 }
 
 // loaderDatapath is endpointDatapath over the loader (after its start).
@@ -237,7 +230,7 @@ func (d loaderDatapath) WriteEndpoint(ep loader.EndpointInfo) error  { return d.
 func (d loaderDatapath) DetachEndpoint(id uint16, addrs []netip.Addr) error {
 	return d.l.DetachEndpoint(id, addrs)
 }
-func (d loaderDatapath) PolicyMap() policyMap { return d.l.Maps().PolicyMap() }
+func (d loaderDatapath) PolicyMap() agentpolicy.PolicyMap { return d.l.Maps().PolicyMap() }
 
 // datapathEndpoint is what the loader needs to know of ep.
 func datapathEndpoint(ep *endpoint.Endpoint) loader.EndpointInfo {

@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/endpointpub"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // newEndpointPublisher registers the TendrilEndpoint publisher's table
@@ -132,7 +133,7 @@ func (k *kubernetesModule) endpointStatus(ep *endpoint.Endpoint) v1alpha1.Endpoi
 	}
 	status.Networking.Addressing = []v1alpha1.AddressPair{pair}
 	if ep.Identity != 0 {
-		status.Identity = &v1alpha1.EndpointIdentity{ID: int64(ep.Identity), Labels: endpointLabels(ep)}
+		status.Identity = &v1alpha1.EndpointIdentity{ID: int64(ep.Identity), Labels: agentpolicy.EndpointLabels(ep)}
 	}
 	ports := k.client.namedPorts(ep)
 	for _, pname := range slices.Sorted(maps.Keys(ports)) {
@@ -246,6 +247,6 @@ func (k *kubernetesModule) recordRemotePorts(ev watchers.Event[*v1alpha1.Tendril
 		}
 	}
 	if k.client.setRemotePorts(ev.Key, rp) {
-		k.policy.triggerRegeneration()
+		k.policy.TriggerRegeneration()
 	}
 }

@@ -38,6 +38,8 @@ import (
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
+	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
 )
@@ -62,7 +64,7 @@ type kubernetesModule struct {
 	client     *k8sClient
 	eps        *endpointsModule
 	ipcache    remoteIPCache // nil without the datapath
-	policy     *policyModule
+	policy     k8sPolicy
 	identities identity.Allocator
 	jobs       job.Group
 
@@ -104,6 +106,15 @@ type remoteIPCache interface {
 	DeleteRemoteEndpoint(ip netip.Addr, src ipcache.Source, owner ipcache.Owner) error
 }
 
+// k8sPolicy is the policy as the Kubernetes sources use it: the
+// repository policies are imported into, a pass over every endpoint when
+// the universe changed, and the audit counts the policy status reports.
+type k8sPolicy interface {
+	Repository() *policy.Repository
+	TriggerRegeneration()
+	AuditCounts() (map[agentpolicy.AuditedRule]uint64, error)
+}
+
 type kubernetesParams struct {
 	cell.In
 
@@ -117,7 +128,7 @@ type kubernetesParams struct {
 	Client     *k8sClient
 	Endpoints  *endpointsModule
 	Datapath   *datapathModule
-	Policy     *policyModule
+	Policy     *agentpolicy.Module
 	Identities identity.Allocator
 	DB         *statedb.DB
 	ModuleID   cell.FullModuleID
@@ -175,7 +186,7 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 			return nil
 		}, time.Second),
 		job.Timer("policy-status-audited", func(context.Context) error {
-			counts, err := k.policy.auditCounts()
+			counts, err := k.policy.AuditCounts()
 			if err != nil {
 				return err
 			}
@@ -285,7 +296,7 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 	if _, err := w.Pods.Subscribe(func(ev watchers.Event[*corev1.Pod]) {
 		// A pod's named ports may change what named-port rules open.
 		if ev.Kind == watchers.Upsert && len(policyk8s.PodNamedPorts(ev.Object)) > 0 {
-			k.policy.triggerRegeneration()
+			k.policy.TriggerRegeneration()
 		}
 	}); err != nil {
 		return err
@@ -396,7 +407,7 @@ func (k *kubernetesModule) onNamespace(ev watchers.Event[*corev1.Namespace]) {
 // policy that does not translate is rejected whole and logged; its earlier
 // version stays, as the API server would not have accepted it either.
 func (k *kubernetesModule) onNetworkPolicy(ev watchers.Event[*networkingv1.NetworkPolicy]) {
-	repo := k.policy.repo
+	repo := k.policy.Repository()
 	switch ev.Kind {
 	case watchers.Upsert:
 		rev, err := policyk8s.Apply(repo, ev.Object)
@@ -442,7 +453,7 @@ func (k *kubernetesModule) relabel(ns, name string, labels []string) {
 func (k *kubernetesModule) applyPolicy(ctx context.Context, kind watchers.EventKind, derivedFrom, ns, name, uid string,
 	gen int64, spec *api.Rule, specs api.Rules, conds []metav1.Condition) {
 	source := "k8s/" + derivedFrom + "/" + ns + "/" + name
-	repo := k.policy.repo
+	repo := k.policy.Repository()
 	if kind == watchers.Delete {
 		k.mu.Lock()
 		delete(k.policyGen, source)
@@ -500,7 +511,7 @@ func (k *kubernetesModule) applyPolicy(ctx context.Context, kind watchers.EventK
 // realizedRevision is the policy revision every local endpoint has
 // realized: a policy imported at it or before is enforced on this node.
 func (k *kubernetesModule) realizedRevision() uint64 {
-	rev := k.policy.repo.Revision()
+	rev := k.policy.Repository().Revision()
 	mgr := k.eps.mgr
 	if mgr == nil {
 		return 0

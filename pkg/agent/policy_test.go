@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tendril-net/tendril/pkg/client"
-	"github.com/tendril-net/tendril/pkg/identity"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/policy/api"
@@ -27,7 +25,7 @@ import (
 // repository order: what the policy file must hold.
 func apiRulesJSON(t *testing.T, a *testAgent) string {
 	t.Helper()
-	stored, _ := a.policy.repo.Rules(nil)
+	stored, _ := a.policy.Repository().Rules(nil)
 	out := api.Rules{}
 	for _, s := range stored {
 		if s.Source == "api" {
@@ -85,7 +83,7 @@ func TestPolicyFileUnderConcurrentImportsAndKubernetesEvents(t *testing.T) {
 		if strings.Contains(want, "io.cilium.k8s.policy") {
 			t.Fatalf("the API rules hold Kubernetes rules: %s", want)
 		}
-		all, _ := a.policy.repo.Rules(nil)
+		all, _ := a.policy.Repository().Rules(nil)
 		k8sRules := 0
 		for _, s := range all {
 			if s.Source != "api" {
@@ -335,21 +333,5 @@ func TestPolicyLabelsImportSelectAndDelete(t *testing.T) {
 	}
 	if err := c.Do(ctx, http.MethodDelete, "/policy", nil, nil, []string{"test=restart"}, nil); err != nil {
 		t.Fatalf("delete a restored rule by labels: %v", err)
-	}
-}
-
-// TestPolicyCIDRIdentityLabels: the flows name a node-local CIDR
-// identity (plain or in-cluster) by the prefix the policy gave it, and
-// know nothing of others.
-func TestPolicyCIDRIdentityLabels(t *testing.T) {
-	pm := &policyModule{cidrIDs: map[netip.Prefix]identity.NumericIdentity{netip.MustParsePrefix("192.0.2.0/24"): identity.LocalScope | 1}}
-	for id, want := range map[identity.NumericIdentity]string{
-		identity.LocalScope | 1:                          "[cidr:192.0.2.0/24]",
-		identity.LocalScope | 1 | identity.InClusterCIDR: "[cidr:192.0.2.0/24]",
-		identity.LocalScope | 2:                          "[]",
-	} {
-		if got := fmt.Sprint(pm.CIDRIdentityLabels(id)); got != want {
-			t.Errorf("identity %d: %s, want %s", id, got, want)
-		}
 	}
 }

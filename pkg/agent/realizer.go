@@ -13,6 +13,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // realizerCell realizes endpoints in the datapath: it is the endpoint
@@ -29,7 +30,7 @@ var realizerCell = cell.Module("endpoint-realizer", "Endpoint identity ipcache p
 type endpointRealizer struct {
 	log        *slog.Logger
 	dp         *datapathModule
-	policy     *policyModule
+	policy     *agentpolicy.Module
 	identities identity.Allocator
 
 	mu   sync.Mutex
@@ -44,7 +45,7 @@ type realizerParams struct {
 	Steps      *lifecycle.Steps
 	Datapath   *datapathModule
 	Endpoints  *endpointsModule
-	Policy     *policyModule
+	Policy     *agentpolicy.Module
 	Identities identity.Allocator
 }
 
@@ -70,7 +71,7 @@ func (m *endpointRealizer) reserveRestored(eps []*endpoint.Endpoint) {
 		if ep.Identity == 0 || !identity.NumericIdentity(ep.Identity).IsCluster() {
 			continue
 		}
-		labels := endpointLabels(ep)
+		labels := agentpolicy.EndpointLabels(ep)
 		if err := m.identities.Reserve(identity.NumericIdentity(ep.Identity), labels); err != nil {
 			m.log.Warn("Cannot keep a restored endpoint's identity; it gets a new one", "endpoint", ep.ID, "error", err)
 			continue
@@ -81,21 +82,11 @@ func (m *endpointRealizer) reserveRestored(eps []*endpoint.Endpoint) {
 	}
 }
 
-// endpointLabels are the identity-relevant labels of an endpoint: its own,
-// plus its namespace as Kubernetes would give it.
-func endpointLabels(ep *endpoint.Endpoint) []string {
-	labels := append([]string(nil), ep.Labels...)
-	if ep.PodNamespace != "" {
-		labels = append(labels, "k8s:io.kubernetes.pod.namespace="+ep.PodNamespace)
-	}
-	return endpoint.SortedLabels(labels)
-}
-
 // Regenerate realizes one endpoint in the datapath, in the order that keeps
 // its first packet enforced: identity, ipcache, policy entries, endpoint
 // map entry, then the programs.
 func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
-	labels := endpointLabels(ep)
+	labels := agentpolicy.EndpointLabels(ep)
 	var id identity.NumericIdentity
 	if len(labels) == 0 {
 		id = identity.Init
@@ -141,12 +132,12 @@ func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint
 	}
 	// The map state goes in before the endpoint's flags and programs, so the
 	// first packet under enforcement already finds its rules.
-	if err := m.policy.realize(ctx, ep, m.dp.dp.PolicyMap()); err != nil {
+	if err := m.policy.Realize(ctx, ep, m.dp.dp.PolicyMap()); err != nil {
 		return err
 	}
-	ingress, egress := m.policy.enforcement(ep)
+	ingress, egress := m.policy.Enforcement(ep)
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
-	ep.AuditIngress, ep.AuditEgress = m.policy.auditing(ep)
+	ep.AuditIngress, ep.AuditEgress = m.policy.Auditing(ep)
 	if ep.HostIfIndex == 0 {
 		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
 	}
@@ -157,11 +148,11 @@ func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint
 // change: the policy map difference, then the enforcement flags in the
 // endpoint entries (only when they changed).
 func (m *endpointRealizer) refreshPolicy(ep *endpoint.Endpoint) error {
-	if err := m.policy.realize(context.Background(), ep, m.dp.dp.PolicyMap()); err != nil {
+	if err := m.policy.Realize(context.Background(), ep, m.dp.dp.PolicyMap()); err != nil {
 		return err
 	}
-	ingress, egress := m.policy.enforcement(ep)
-	auditIn, auditEg := m.policy.auditing(ep)
+	ingress, egress := m.policy.Enforcement(ep)
+	auditIn, auditEg := m.policy.Auditing(ep)
 	if ingress == ep.EnforceIngress && egress == ep.EnforceEgress && auditIn == ep.AuditIngress && auditEg == ep.AuditEgress {
 		return nil
 	}
@@ -181,7 +172,7 @@ func (m *endpointRealizer) Remove(ctx context.Context, ep *endpoint.Endpoint) er
 			errs = append(errs, err)
 		}
 	}
-	if err := m.policy.remove(ep, m.dp.dp.PolicyMap()); err != nil {
+	if err := m.policy.Remove(ep, m.dp.dp.PolicyMap()); err != nil {
 		errs = append(errs, err)
 	}
 	m.mu.Lock()

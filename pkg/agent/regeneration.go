@@ -10,14 +10,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
-)
-
-// policyCell is the policy repository and its resolution per endpoint;
-// its start step restores the rules imported through the API before the
-// restart, so restored endpoints regenerate to exactly what they enforced.
-var policyCell = cell.Module("policy", "Policy repository resolution and the policy file",
-	cell.Provide(newPolicyModule),
-	cell.Invoke(registerPolicyRestore),
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 type stepParams struct {
@@ -28,16 +21,6 @@ type stepParams struct {
 	Steps     *lifecycle.Steps
 	Jobs      job.Registry
 	Health    *health.Registry
-}
-
-func registerPolicyRestore(p stepParams, pol *policyModule) {
-	p.Steps.Append(p.Lifecycle, "policy-restore", pol.restorePolicy, nil)
-	// The file's writer runs from after the restore until the step stops,
-	// with the last change written.
-	newJobGroup(p.Jobs, p.Health, "policy-restore", p.Log).Add(job.OneShot("policy-file", func(ctx context.Context, _ cell.Health) error {
-		pol.file.Run(ctx)
-		return nil
-	}))
 }
 
 // regenerationCell is start step 9: the restored endpoints regenerate once
@@ -51,7 +34,7 @@ type regenerationParams struct {
 	cell.In
 
 	Endpoints *endpointsModule
-	Policy    *policyModule
+	Policy    *agentpolicy.Module
 	Realizer  *endpointRealizer // nil without the datapath
 }
 
@@ -67,7 +50,7 @@ func registerRegeneration(p stepParams, r regenerationParams) {
 		refresh = r.Realizer.refreshPolicy
 	}
 	newJobGroup(p.Jobs, p.Health, "policy-regeneration", p.Log).Add(job.OneShot("policy-regeneration", func(ctx context.Context, _ cell.Health) error {
-		r.Policy.run(ctx, refresh)
+		r.Policy.Run(ctx, refresh)
 		return nil
 	}))
 }

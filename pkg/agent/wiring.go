@@ -5,12 +5,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
+	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
+	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
+	"github.com/tendril-net/tendril/pkg/policy/policycidr"
 )
 
 // wiring gives the cells that live in their subsystem packages what they
@@ -28,6 +33,10 @@ var wiring = cell.Provide(
 	flowsPolicy,
 	flowsServices,
 	flowsNodeEvents,
+	policyConfig,
+	policyDatapath,
+	policyEndpoints,
+	policyNamedPorts,
 )
 
 func kvstoreConfig(cfg Config) agentkv.Config {
@@ -100,7 +109,7 @@ func (f flowsEndpointsOf) Lookup(id string) (*endpoint.Endpoint, error) {
 
 func flowsEndpoints(eps *endpointsModule) agentflows.Endpoints { return flowsEndpointsOf{eps} }
 
-func flowsPolicy(p *policyModule) agentflows.Policy { return p }
+func flowsPolicy(p *agentpolicy.Module) agentflows.Policy { return p }
 
 func flowsServices(s *servicesModule) agentflows.Services {
 	if s == nil {
@@ -121,4 +130,49 @@ func flowsNodeEvents(k *k8sClient) agentflows.NodeEvents {
 		}
 		return k.watchers.Nodes.Subscribe(fn)
 	}
+}
+
+func policyConfig(cfg Config) agentpolicy.Config { return agentpolicy.Config{StateDir: cfg.StateDir} }
+
+// policyDatapathOf is the datapath as the policy writes it (read at each
+// call: the maps open in the datapath's start step).
+type policyDatapathOf struct{ dp *datapathModule }
+
+func (d policyDatapathOf) Maps() *maps.Maps              { return d.dp.loader.Maps() }
+func (d policyDatapathOf) PolicyCIDR() *policycidr.Table { return d.dp.policyCIDR }
+func (d policyDatapathOf) IPCache() *ipcache.IPCache     { return d.dp.ipcache }
+
+func policyDatapath(dp *datapathModule) agentpolicy.Datapath {
+	if dp == nil {
+		return nil
+	}
+	return policyDatapathOf{dp}
+}
+
+// policyEndpointsOf is the endpoint manager once the endpoints' start step
+// has built it.
+type policyEndpointsOf struct{ eps *endpointsModule }
+
+func (e policyEndpointsOf) Manager() *endpointmanager.Manager        { return e.eps.mgr }
+func (e policyEndpointsOf) Subscribe(fn func(endpointmanager.Event)) { e.eps.Subscribe(fn) }
+func policyEndpoints(eps *endpointsModule) agentpolicy.Endpoints     { return policyEndpointsOf{eps} }
+
+// policyNamedPortsOf are the pods' named ports the Kubernetes client
+// follows.
+type policyNamedPortsOf struct{ k *k8sClient }
+
+func (n policyNamedPortsOf) Local(ep *endpoint.Endpoint) map[string]policy.NamedPort {
+	return n.k.namedPorts(ep)
+}
+
+func (n policyNamedPortsOf) AddRemote(out map[identity.NumericIdentity]map[string]policy.NamedPort) {
+	n.k.addRemoteNamedPorts(out)
+}
+
+// policyNamedPorts is nil in standalone mode.
+func policyNamedPorts(k *k8sClient) agentpolicy.NamedPorts {
+	if k == nil {
+		return nil
+	}
+	return policyNamedPortsOf{k}
 }
