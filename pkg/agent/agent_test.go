@@ -17,6 +17,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/client"
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/metrics"
@@ -31,18 +32,18 @@ type testAgent struct {
 	endpoints  *endpointsModule
 	policy     *agentpolicy.Module
 	kvstore    *agentkv.Module
-	datapath   *datapathModule
+	datapath   *agentdatapath.Module
 	realizer   *endpointRealizer
 	metrics    *metrics.Server
 	identities identity.Allocator
 }
 
-func newTestAgent(cfg Config, deps Deps) (*testAgent, error) {
+func newTestAgent(cfg Config, deps Deps, extra ...cell.Cell) (*testAgent, error) {
 	ta := &testAgent{}
-	a, err := New(cfg, deps, cell.Invoke(func(e *endpointsModule, p *agentpolicy.Module, kv *agentkv.Module, dp *datapathModule,
+	a, err := New(cfg, deps, append(extra, cell.Invoke(func(e *endpointsModule, p *agentpolicy.Module, kv *agentkv.Module, dp *agentdatapath.Module,
 		r *endpointRealizer, m *metrics.Server, ids identity.Allocator) {
 		ta.endpoints, ta.policy, ta.kvstore, ta.datapath, ta.realizer, ta.metrics, ta.identities = e, p, kv, dp, r, m, ids
-	}))
+	}))...)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +63,7 @@ func startAgent(t *testing.T, mutate func(*Config)) (*testAgent, *client.Client)
 	cfg.NodeName = "node-a"
 	// The test runs in the machine's own network namespace: leave it alone.
 	cfg.InstallHostNetworking = false
-	cfg.EnableDatapath = false
+	cfg.Datapath.Enable = false
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -143,7 +144,7 @@ func TestHealthzReportsAttachMode(t *testing.T) {
 		flag string
 		want models.AttachMode
 	}{{"tcx", models.AttachModeTcx}, {"tc", models.AttachModeTc}} {
-		_, c := startAgent(t, func(cfg *Config) { cfg.DatapathAttachMode = tc.flag })
+		_, c := startAgent(t, func(cfg *Config) { cfg.Datapath.AttachMode = tc.flag })
 		var st ext.StatusResponse
 		if err := c.Do(context.Background(), http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
 			t.Fatal(err)
@@ -248,7 +249,7 @@ func TestStartFailureRollsBack(t *testing.T) {
 	cfg.Metrics.ServeAddr = "256.0.0.1:1"
 	cfg.NodeName = "n"
 	cfg.InstallHostNetworking = false
-	cfg.EnableDatapath = false
+	cfg.Datapath.Enable = false
 	a, err := newTestAgent(cfg, Deps{})
 	if err != nil {
 		t.Fatal(err)
@@ -275,7 +276,7 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 		{"bad enforcement", func(c *Config) { c.PolicyEnforcement = "x" }, "policy-enforcement"},
 		{"bad log format", func(c *Config) { c.LogFormat = "xml" }, "log-format"},
 		{"bad mtu", func(c *Config) { c.MTU = 10 }, "mtu"},
-		{"bad attach mode", func(c *Config) { c.DatapathAttachMode = "xdp" }, "datapath-attach-mode"},
+		{"bad attach mode", func(c *Config) { c.Datapath.AttachMode = "xdp" }, "datapath-attach-mode"},
 		// bpffs refuses dots in names; mkdir's EPERM read like a mount
 		// or permission problem.
 		{"dot in a bpf-root name", func(c *Config) { c.BPFRoot = "/sys/fs/bpf/tendril-test.1" }, `bpf-root "/sys/fs/bpf/tendril-test.1": name "tendril-test.1" holds a dot`},

@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/hive/cell"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
@@ -48,9 +49,9 @@ type apiParams struct {
 	IDTable    *identitytable.Table
 	Endpoints  *endpointsModule
 	Policy     *agentpolicy.Module
-	Datapath   *datapathModule   // nil without the datapath
-	K8s        *kubernetesModule // nil in standalone mode
-	KVStore    *agentkv.Module   // nil without a kvstore
+	Datapath   *agentdatapath.Module // nil without the datapath
+	K8s        *kubernetesModule     // nil in standalone mode
+	KVStore    *agentkv.Module       // nil without a kvstore
 	Services   *servicesModule
 	Inspector  *dbinspect.Inspector
 	Flows      *agentflows.Module // nil with flows off
@@ -65,7 +66,7 @@ func registerAPIHandlers(p apiParams) {
 	(&serviceAPI{services: p.Services}).register(p.API)
 	registerStateDBAPI(p.API, p.Inspector)
 	(&policyapi.Handlers{Repo: p.Policy.Repository(), Universe: p.Policy.Universe, Source: agentpolicy.SourceAPI}).Register(p.API)
-	(&mapAPI{cfg: p.Config, dp: p.Datapath}).register(p.API)
+	(&agentdatapath.MapAPI{Datapath: p.Datapath, BPFRoot: p.Config.BPFRoot}).Register(p.API)
 	ids := &identityapi.Handlers{Identities: p.IDTable, Endpoints: func() ([]*endpoint.Endpoint, error) {
 		mgr, err := p.Endpoints.manager()
 		if err != nil {
@@ -74,7 +75,7 @@ func registerAPIHandlers(p apiParams) {
 		return mgr.List(), nil
 	}}
 	if p.Datapath != nil {
-		ids.IPCache = p.Datapath.ipcache
+		ids.IPCache = p.Datapath.IPCache()
 	}
 	ids.Register(p.API)
 	eps := p.Endpoints
@@ -95,7 +96,7 @@ type daemonAPI struct {
 	identities identity.Allocator
 	idTable    *identitytable.Table
 	eps        *endpointsModule
-	dp         *datapathModule
+	dp         *agentdatapath.Module
 	k8s        *kubernetesModule
 	kvstore    *agentkv.Module
 	services   *servicesModule
@@ -104,16 +105,10 @@ type daemonAPI struct {
 	masq       *hostdev.Masquerade
 }
 
-// mapAPI serves /v1/map: the BPF maps' contents.
-type mapAPI struct {
-	cfg Config
-	dp  *datapathModule
-}
-
 // cniAPI serves tendril-cni's commands.
 type cniAPI struct {
 	eps *endpointsModule
-	dp  *datapathModule
+	dp  *agentdatapath.Module
 }
 
 // serveCell is start step 10: metrics, pprof, the Hubble API, then the API served, once

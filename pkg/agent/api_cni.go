@@ -10,6 +10,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/cni"
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 )
@@ -34,7 +35,7 @@ func (h *cniAPI) handleCNI(w http.ResponseWriter, r *http.Request) error {
 	}
 	if h.dp != nil && (command == cni.CommandAdd || command == cni.CommandDel) {
 		// No endpoint moves to TCX links while pods come and go.
-		defer h.dp.loader.HoldPromotions()()
+		defer h.dp.Loader().HoldPromotions()()
 	}
 	var req cni.Request
 	if err := server.DecodeJSON(r, &req); err != nil {
@@ -64,10 +65,10 @@ func (h *cniAPI) handleCNI(w http.ResponseWriter, r *http.Request) error {
 
 // holdingPromotions wraps a handler that creates or removes endpoints (the
 // stock cilium-cni's calls): no endpoint moves to TCX links meanwhile.
-func holdingPromotions(dp *datapathModule, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+func holdingPromotions(dp *agentdatapath.Module, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		if dp != nil {
-			defer dp.loader.HoldPromotions()()
+			defer dp.Loader().HoldPromotions()()
 		}
 		return h(w, r)
 	}

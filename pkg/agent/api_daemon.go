@@ -95,7 +95,7 @@ func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse 
 	}
 	resp.DatapathMode = models.DatapathModeVeth
 	resp.AttachMode = models.AttachModeTcx
-	if h.cfg.DatapathAttachMode == string(loader.AttachTC) {
+	if h.cfg.Datapath.AttachMode == string(loader.AttachTC) {
 		resp.AttachMode = models.AttachModeTc
 	}
 	steps, total := h.steps.Stats()
@@ -160,7 +160,7 @@ func (h *daemonAPI) sections() []ext.Section {
 		out = append(out, h.k8s.statusSection())
 	}
 	if h.dp != nil {
-		out = append(out, h.dp.statusSection())
+		out = append(out, h.dp.StatusSection())
 	}
 	if h.masq != nil {
 		out = append(out, h.masq.StatusSection())

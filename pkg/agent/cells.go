@@ -4,6 +4,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
@@ -26,7 +27,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		dbinspect.Cell, // statedb's cell and the tables' inspection
 		coreCell(cfg, deps),
 		kubernetesClientCell,
-		datapathCell,
+		agentdatapath.Cell,
 		masqueradeCell,
 		servicesCell,
 		endpointsCell,
@@ -36,7 +37,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		hostIPsCell,
 		agentpolicy.Cell,
 		regenerationCell,
-		ipcacheRestoredCell,
+		agentdatapath.RestoredCell,
 		agentflows.Cell,
 		apiCell,
 		serveCell,

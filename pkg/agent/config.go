@@ -10,8 +10,8 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/bpffs"
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
-	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
@@ -53,27 +53,6 @@ type Config struct {
 	// agent's network namespace. Only tests that run the agent in the
 	// machine's own namespace turn it off.
 	InstallHostNetworking bool
-	// EnableDatapath loads the eBPF datapath and attaches it to endpoints.
-	// Only tests of the control plane in the machine's own namespace turn
-	// it off.
-	EnableDatapath bool
-	// PolicyVerdictEvents reports allowed new flows as events too.
-	PolicyVerdictEvents bool
-	// DirectDelivery delivers packets between local pods from the sending
-	// pod's program straight into the receiving pod's namespace
-	// (bpf_redirect_peer), enforcing the receiver's ingress policy there,
-	// instead of through the host stack (whose firewall and NAT rules it
-	// then bypasses).
-	DirectDelivery bool
-	// DatapathAttachMode is how the eBPF programs attach to each pod's host
-	// veth: tcx (BPF links, pinned) or tc (a clsact qdisc and cls_bpf
-	// filters, which spare each attach the RCU grace period TCX waits
-	// for under rtnl). See loader.AttachMode.
-	DatapathAttachMode string
-	// DatapathDeferTCX, in tcx mode, attaches a new pod with tc filters and
-	// moves it to TCX links once no pod has been attached for 500 ms, so
-	// that pod creation never waits for TCX's RCU grace period.
-	DatapathDeferTCX bool
 	// IPAMExpiration is how long an address allocated with expiration may
 	// stay unclaimed by an endpoint.
 	IPAMExpiration time.Duration
@@ -97,6 +76,9 @@ type Config struct {
 	// IdentityLabels decides which labels of a pod count for its identity.
 	IdentityLabels labels.Config
 
+	// Datapath are the eBPF datapath's options (enable, attach mode,
+	// events, direct delivery).
+	Datapath agentdatapath.Config
 	// Services are the services' options (socket LB, selection).
 	Services ServicesConfig
 	// Hubble are the flows' options (observer, Hubble API, trace events).
@@ -136,11 +118,6 @@ func DefaultConfig() Config {
 		IPv6Range:              "auto",
 		IPAM:                   "kubernetes",
 		InstallHostNetworking:  true,
-		EnableDatapath:         true,
-		PolicyVerdictEvents:    true,
-		DirectDelivery:         true,
-		DatapathAttachMode:     string(loader.AttachTCX),
-		DatapathDeferTCX:       true,
 		IPAMExpiration:         10 * time.Minute,
 		K8s:                    k8s.DefaultConfig(),
 		K8sCacheSyncTimeout:    3 * time.Minute,
@@ -148,6 +125,7 @@ func DefaultConfig() Config {
 		IdentityAllocationMode: IdentityAllocationCRD,
 		KVStoreConfig:          kvstore.DefaultConfig(),
 		IdentityLabels:         labels.DefaultConfig(),
+		Datapath:               agentdatapath.DefaultConfig(),
 		Services:               ServicesConfig{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true},
 		Hubble:                 agentflows.DefaultConfig(),
 		Masquerade:             hostdev.DefaultConfig(),
@@ -171,11 +149,6 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.IPv4Range, "ipv4-range", c.IPv4Range, "IPv4 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
 	fs.StringVar(&c.IPv6Range, "ipv6-range", c.IPv6Range, "IPv6 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
 	fs.BoolVar(&c.InstallHostNetworking, "install-host-networking", c.InstallHostNetworking, "Create the host device and per-pod routes in the agent's network namespace")
-	fs.BoolVar(&c.EnableDatapath, "enable-datapath", c.EnableDatapath, "Load the eBPF datapath and attach it to endpoints")
-	fs.BoolVar(&c.PolicyVerdictEvents, "policy-verdict-events", c.PolicyVerdictEvents, "Report allowed new flows as policy verdict events (drops are always reported)")
-	fs.BoolVar(&c.DirectDelivery, "direct-delivery", c.DirectDelivery, "Deliver packets between local pods straight into the receiving pod (bpf_redirect_peer), bypassing the host stack")
-	fs.StringVar(&c.DatapathAttachMode, "datapath-attach-mode", c.DatapathAttachMode, "How the eBPF programs attach to pod veths: tcx (BPF links) or tc (clsact qdisc + cls_bpf filters: no RCU grace period per attach, faster pod creation; the filters are not owned). Switching across restarts keeps every endpoint attached")
-	fs.BoolVar(&c.DatapathDeferTCX, "datapath-defer-tcx", c.DatapathDeferTCX, "In tcx mode, attach a new pod with tc filters first and move it to TCX links once no pod has been attached for 500 ms: pod creation without TCX's RCU wait, policed from the first packet (the switch has no gap)")
 	fs.StringVar(&c.IPAM, "ipam", c.IPAM, "Where the node's pod CIDRs come from: kubernetes (Node, annotations, --ipv4-range) or cluster-pool (the TendrilNode tendril-operator fills)")
 	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
 	c.K8s.Flags(fs)
@@ -185,6 +158,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.KVStore, "kvstore", c.KVStore, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
 	c.KVStoreConfig.Flags(fs)
 	c.IdentityLabels.Flags(fs)
+	c.Datapath.Flags(fs)
 	c.Services.Flags(fs)
 	c.Hubble.Flags(fs)
 	c.Masquerade.Flags(fs)
@@ -217,8 +191,8 @@ func (c *Config) Validate() error {
 	if _, _, err := c.podCIDRs(); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := loader.ParseAttachMode(c.DatapathAttachMode); err != nil {
-		errs = append(errs, fmt.Errorf("datapath-attach-mode %q: must be %s or %s", c.DatapathAttachMode, loader.AttachTCX, loader.AttachTC))
+	if err := c.Datapath.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.IPAMExpiration <= 0 {
 		errs = append(errs, fmt.Errorf("ipam-expiration %s: must be positive", c.IPAMExpiration))

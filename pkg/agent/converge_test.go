@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
@@ -26,7 +28,7 @@ import (
 )
 
 // recordingKernel stands in for the BPF maps and programs an endpoint's
-// regeneration writes (endpointDatapath): it records the policy map and
+// regeneration writes (agentdatapath.Kernel): it records the policy map and
 // the endpoint entries, and fails policy map writes while a fault is
 // injected. Everything above it is the agent's own: identity allocation,
 // ipcache, policy resolution and diff, the endpoint manager, the policy
@@ -168,24 +170,27 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "node-a"
 	cfg.InstallHostNetworking = false
-	cfg.EnableDatapath = true
+	cfg.Datapath.Enable = true
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	cfg.Flags(fs)
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
-	a, err := newTestAgent(cfg, Deps{Flags: fs})
+	kernel := newRecordingKernel()
+	a, err := newTestAgent(cfg, Deps{Flags: fs},
+		// Endpoints are regenerated into the recording kernel.
+		cell.DecorateAll(func(agentdatapath.Kernel) agentdatapath.Kernel { return kernel }),
+		// The hive is not started: the ipcache runs with its reconciler
+		// in a hive of its own, over a backend that accepts every write.
+		cell.DecorateAll(func(*ipcache.IPCache) *ipcache.IPCache { return ipcachetest.Start(t, nopIPCacheBackend{}) }),
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &regenAgent{a: a, kernel: newRecordingKernel(), alloc: &flakyAllocator{Allocator: a.identities}}
+	r := &regenAgent{a: a, kernel: kernel, alloc: &flakyAllocator{Allocator: a.identities}}
 	// The policy subscribed to the allocator while the hive was built;
 	// what allocates is the realizer.
 	a.identities, a.realizer.identities = r.alloc, r.alloc
-	a.datapath.dp = r.kernel
-	// The hive is not started: the ipcache runs with its reconciler in
-	// a hive of its own, over a backend that accepts every write.
-	a.datapath.ipcache = ipcachetest.Start(t, nopIPCacheBackend{})
 	store, err := endpoint.NewStore(filepath.Join(cfg.StateDir, "endpoints"), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/vishvananda/netlink"
 
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/health"
@@ -32,7 +33,7 @@ var hostIPsCell = cell.Module("host-ips", "Host addresses in the ipcache and con
 // conntrack GC; nil without the datapath.
 type hostIPSync struct {
 	log  *slog.Logger
-	dp   *datapathModule
+	dp   *agentdatapath.Module
 	eps  *endpointsModule
 	masq *hostdev.Masquerade
 	jobs job.Group
@@ -55,7 +56,7 @@ type hostIPParams struct {
 	Steps     *lifecycle.Steps
 	Jobs      job.Registry
 	Health    *health.Registry
-	Datapath  *datapathModule
+	Datapath  *agentdatapath.Module
 	Endpoints *endpointsModule
 	// Masquerade's NAT entries are collected with conntrack (nil without
 	// the datapath).
@@ -130,7 +131,7 @@ func (m *hostIPSync) writeHostIPs() error {
 	}
 	m.mu.Unlock()
 	// The node's addresses in one transaction.
-	return m.dp.ipcache.Write(func(w *ipcache.Writer) error {
+	return m.dp.IPCache().Write(func(w *ipcache.Writer) error {
 		for p, id := range want {
 			src, owner := ipcache.SourceLocal, ipcache.OwnerHost
 			if p.Bits() == 0 {
@@ -186,10 +187,7 @@ func (m *hostIPSync) runLoops(ctx context.Context, addrUpdates chan netlink.Addr
 		case <-gc.C:
 			seen, deleted := m.runCTGC()
 			interval = NextCTGCInterval(interval, seen, deleted, minInterval, maxInterval)
-			m.dp.ctInterval.Set(interval.Seconds())
-			m.dp.gcStats.mu.Lock()
-			m.dp.gcStats.Interval = interval
-			m.dp.gcStats.mu.Unlock()
+			m.dp.SetCTGCInterval(interval)
 			gc.Reset(interval)
 		}
 	}
@@ -246,7 +244,7 @@ func (m *hostIPSync) runCTGC() (seen, deleted int) {
 			live[ep.ID] = true
 		}
 	}
-	res, err := m.dp.loader.Maps().CTMap().DeleteExpired(maps.MonotonicNow(), func(id uint16) bool { return live[id] })
+	res, err := m.dp.Loader().Maps().CTMap().DeleteExpired(maps.MonotonicNow(), func(id uint16) bool { return live[id] })
 	seen, deleted = res.Seen, res.Deleted
 	if err != nil {
 		m.log.Warn("Conntrack GC", "error", err)
@@ -257,13 +255,6 @@ func (m *hostIPSync) runCTGC() (seen, deleted int) {
 	} else if nat.Deleted > 0 {
 		m.log.Debug("NAT GC", "mappings-deleted", nat.Deleted, "orphans", nat.Orphans)
 	}
-	m.dp.ctDeleted.Add(float64(deleted))
-	m.dp.ctEntries.Set(float64(seen - deleted))
-	m.dp.gcStats.mu.Lock()
-	m.dp.gcStats.Runs++
-	m.dp.gcStats.Deleted += deleted
-	m.dp.gcStats.Last = time.Now()
-	m.dp.gcStats.Entries = seen - deleted
-	m.dp.gcStats.mu.Unlock()
+	m.dp.RecordCTGC(seen, deleted)
 	return seen, deleted
 }

@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -127,7 +128,7 @@ type kubernetesParams struct {
 	Health     *health.Registry
 	Client     *k8sClient
 	Endpoints  *endpointsModule
-	Datapath   *datapathModule
+	Datapath   *agentdatapath.Module
 	Policy     *agentpolicy.Module
 	Identities identity.Allocator
 	DB         *statedb.DB
@@ -150,7 +151,7 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 	}
 	if p.Datapath != nil {
 		k.ipcache = p.Datapath
-		k.remoteEndpointsSynced = p.Datapath.ipcache.AddInitializer("k8s-tendrilendpoints")
+		k.remoteEndpointsSynced = p.Datapath.IPCache().AddInitializer("k8s-tendrilendpoints")
 	}
 	// This node's report on each Tendril policy, published into the
 	// objects' status by a reconciler.

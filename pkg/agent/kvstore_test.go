@@ -92,7 +92,7 @@ func TestUnreachableKVStoreFailsStartClearly(t *testing.T) {
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "node-a"
 	cfg.InstallHostNetworking = false
-	cfg.EnableDatapath = false
+	cfg.Datapath.Enable = false
 	cfg.KVStore = KVStoreEtcd
 	cfg.KVStoreConfig.Endpoints = []string{"http://127.0.0.1:1"}
 	cfg.KVStoreConfig.ConnectTimeout = 2 * time.Second

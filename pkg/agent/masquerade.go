@@ -3,6 +3,7 @@ package agent
 import (
 	"github.com/cilium/hive/cell"
 
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 )
@@ -14,13 +15,13 @@ import (
 var masqueradeCell = cell.Group(
 	cell.Provide(
 		func(c Config) hostdev.Settings {
-			return hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.DatapathAttachMode)}
+			return hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.Datapath.AttachMode)}
 		},
-		func(dp *datapathModule) *loader.Loader {
+		func(dp *agentdatapath.Module) *loader.Loader {
 			if dp == nil {
 				return nil
 			}
-			return dp.loader
+			return dp.Loader()
 		},
 	),
 	hostdev.Cell,

@@ -211,7 +211,7 @@ func TestCorruptPolicyFileStopsTheStart(t *testing.T) {
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "n"
 	cfg.InstallHostNetworking = false
-	cfg.EnableDatapath = false
+	cfg.Datapath.Enable = false
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		t.Fatal(err)
 	}

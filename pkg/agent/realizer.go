@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/hive/cell"
 
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
@@ -29,7 +30,8 @@ var realizerCell = cell.Module("endpoint-realizer", "Endpoint identity ipcache p
 // nil without the datapath.
 type endpointRealizer struct {
 	log        *slog.Logger
-	dp         *datapathModule
+	kernel     agentdatapath.Kernel
+	ipcache    *ipcache.IPCache
 	policy     *agentpolicy.Module
 	identities identity.Allocator
 
@@ -43,17 +45,18 @@ type realizerParams struct {
 	Log        *slog.Logger
 	Lifecycle  cell.Lifecycle
 	Steps      *lifecycle.Steps
-	Datapath   *datapathModule
+	Kernel     agentdatapath.Kernel // nil without the datapath
+	IPCache    *ipcache.IPCache
 	Endpoints  *endpointsModule
 	Policy     *agentpolicy.Module
 	Identities identity.Allocator
 }
 
 func newEndpointRealizer(p realizerParams) *endpointRealizer {
-	if p.Datapath == nil {
+	if p.Kernel == nil {
 		return nil
 	}
-	r := &endpointRealizer{log: p.Log, dp: p.Datapath, policy: p.Policy, identities: p.Identities, held: map[uint16]identity.NumericIdentity{}}
+	r := &endpointRealizer{log: p.Log, kernel: p.Kernel, ipcache: p.IPCache, policy: p.Policy, identities: p.Identities, held: map[uint16]identity.NumericIdentity{}}
 	// After host networking, every regeneration realizes the endpoint here.
 	p.Endpoints.AddRegenerateHook(r)
 	eps := p.Endpoints
@@ -119,7 +122,7 @@ func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint
 	for _, ip := range ep.Addresses() {
 		e := ipcache.Entry{Identity: id, Source: ipcache.SourceLocal, Owner: ipcache.OwnerEndpoint(ep.ID), Name: ep.PodName, Namespace: ep.PodNamespace}
 		p := netip.PrefixFrom(ip, ip.BitLen())
-		if err := m.dp.ipcache.Upsert(p, e); err != nil {
+		if err := m.ipcache.Upsert(p, e); err != nil {
 			return err
 		}
 		prefixes = append(prefixes, p)
@@ -127,12 +130,12 @@ func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint
 	// The endpoint is ready only once the ipcache's reconciler has written
 	// its addresses to the map (a failed write fails the regeneration,
 	// which is retried).
-	if err := m.dp.ipcache.WaitRealized(ctx, prefixes...); err != nil {
+	if err := m.ipcache.WaitRealized(ctx, prefixes...); err != nil {
 		return err
 	}
 	// The map state goes in before the endpoint's flags and programs, so the
 	// first packet under enforcement already finds its rules.
-	if err := m.policy.Realize(ctx, ep, m.dp.dp.PolicyMap()); err != nil {
+	if err := m.policy.Realize(ctx, ep, m.kernel.PolicyMap()); err != nil {
 		return err
 	}
 	ingress, egress := m.policy.Enforcement(ep)
@@ -141,14 +144,14 @@ func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint
 	if ep.HostIfIndex == 0 {
 		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
 	}
-	return m.dp.dp.AttachEndpoint(datapathEndpoint(ep))
+	return m.kernel.AttachEndpoint(agentdatapath.EndpointInfo(ep))
 }
 
 // refreshPolicy is the light regeneration after a policy, identity or mode
 // change: the policy map difference, then the enforcement flags in the
 // endpoint entries (only when they changed).
 func (m *endpointRealizer) refreshPolicy(ep *endpoint.Endpoint) error {
-	if err := m.policy.Realize(context.Background(), ep, m.dp.dp.PolicyMap()); err != nil {
+	if err := m.policy.Realize(context.Background(), ep, m.kernel.PolicyMap()); err != nil {
 		return err
 	}
 	ingress, egress := m.policy.Enforcement(ep)
@@ -158,21 +161,21 @@ func (m *endpointRealizer) refreshPolicy(ep *endpoint.Endpoint) error {
 	}
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
 	ep.AuditIngress, ep.AuditEgress = auditIn, auditEg
-	return m.dp.dp.WriteEndpoint(datapathEndpoint(ep))
+	return m.kernel.WriteEndpoint(agentdatapath.EndpointInfo(ep))
 }
 
 // Remove tears an endpoint out of the datapath.
 func (m *endpointRealizer) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 	var errs []error
-	if err := m.dp.dp.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
+	if err := m.kernel.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
 		errs = append(errs, err)
 	}
 	for _, ip := range ep.Addresses() {
-		if err := m.dp.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceLocal, ipcache.OwnerEndpoint(ep.ID)); err != nil {
+		if err := m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceLocal, ipcache.OwnerEndpoint(ep.ID)); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := m.policy.Remove(ep, m.dp.dp.PolicyMap()); err != nil {
+	if err := m.policy.Remove(ep, m.kernel.PolicyMap()); err != nil {
 		errs = append(errs, err)
 	}
 	m.mu.Lock()

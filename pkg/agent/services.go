@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/datapath/socklb"
@@ -120,7 +121,7 @@ type servicesModule struct {
 	tables *loadbalancer.Tables
 	writer *loadbalancer.Writer
 	client *k8sClient
-	dp     *datapathModule
+	dp     *agentdatapath.Module
 	source *k8ssource.Source
 	// ops is set by the restore step, before the reconciler is
 	// registered.
@@ -149,7 +150,7 @@ type servicesParams struct {
 	DB        *statedb.DB
 	ModuleID  cell.FullModuleID
 	Client    *k8sClient
-	Datapath  *datapathModule
+	Datapath  *agentdatapath.Module
 }
 
 func newServicesModule(p servicesParams) (*servicesModule, error) {
@@ -237,17 +238,17 @@ func newServicesModule(p servicesParams) (*servicesModule, error) {
 // watchers subscribed (their events flow once step 6 starts them).
 func (m *servicesModule) start(context.Context) error {
 	if m.dp != nil {
-		m.ops = lbmap.New(m.dp.loader.Maps().LB, maglev.Config{Size: maglev.DefaultSize, Seed: m.cfg.Services.MaglevHashSeed}, m.log)
+		m.ops = lbmap.New(m.dp.Loader().Maps().LB, maglev.Config{Size: maglev.DefaultSize, Seed: m.cfg.Services.MaglevHashSeed}, m.log)
 		// Per-packet translated flows keep their reverse NAT and backend
 		// entries until their conntrack entries are gone.
-		m.ops.KeepWhileFlows(lbmap.CTFlows{CT: m.dp.loader.Maps().CTMap()})
+		m.ops.KeepWhileFlows(lbmap.CTFlows{CT: m.dp.Loader().Maps().CTMap()})
 		r, err := m.ops.Restore()
 		if err != nil {
 			return fmt.Errorf("restore load-balancer IDs: %w", err)
 		}
 		m.restored = r
 		m.log.Info("Load-balancer IDs restored", "services", r.Services, "backends", r.Backends, "reverse-nat", r.RevNAT)
-		sock := socklb.New(socklb.Config{BPFRoot: m.cfg.BPFRoot, CgroupPath: m.cfg.Services.CgroupRoot, TraceEvents: loaderConfig(m.cfg).TraceEvents != loader.TraceOff}, m.log)
+		sock := socklb.New(socklb.Config{BPFRoot: m.cfg.BPFRoot, CgroupPath: m.cfg.Services.CgroupRoot, TraceEvents: datapathSettings(m.cfg).TraceEvents != loader.TraceOff}, m.log)
 		if m.cfg.Services.CgroupRoot == "" {
 			// No socket LB this run: hooks an earlier run pinned go.
 			if err := sock.Detach(); err != nil {

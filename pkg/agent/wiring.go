@@ -4,6 +4,7 @@ import (
 	"github.com/cilium/hive/cell"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
@@ -22,6 +23,8 @@ import (
 // take from the agent's configuration and from cells still in this
 // package, as the types those packages declare.
 var wiring = cell.Provide(
+	datapathConfig,
+	datapathSettings,
 	kvstoreConfig,
 	kvstoreEndpoints,
 	kvstoreNodeIP,
@@ -38,6 +41,15 @@ var wiring = cell.Provide(
 	policyEndpoints,
 	policyNamedPorts,
 )
+
+func datapathConfig(cfg Config) agentdatapath.Config { return cfg.Datapath }
+
+// datapathSettings are the datapath's settings from the rest of the
+// agent's configuration.
+func datapathSettings(cfg Config) agentdatapath.Settings {
+	trace, _ := cfg.Hubble.TraceMode() // validated with the config
+	return agentdatapath.Settings{BPFRoot: cfg.BPFRoot, TraceEvents: trace, LBSizes: cfg.Services.lbSizes()}
+}
 
 func kvstoreConfig(cfg Config) agentkv.Config {
 	return agentkv.Config{Mode: cfg.KVStore, KVStore: cfg.KVStoreConfig, StateDir: cfg.StateDir, NodeName: cfg.NodeName,
@@ -64,11 +76,11 @@ func kvstoreNodeIP(k *kubernetesModule) agentkv.NodeIP {
 }
 
 // kvIPCache is the datapath's ipcache as the kvstore source writes it.
-type kvIPCache struct{ *datapathModule }
+type kvIPCache struct{ *agentdatapath.Module }
 
-func (c kvIPCache) AddInitializer(name string) func() { return c.ipcache.AddInitializer(name) }
+func (c kvIPCache) AddInitializer(name string) func() { return c.IPCache().AddInitializer(name) }
 
-func kvstoreIPCache(dp *datapathModule) agentkv.IPCache {
+func kvstoreIPCache(dp *agentdatapath.Module) agentkv.IPCache {
 	if dp == nil {
 		return nil
 	}
@@ -83,13 +95,13 @@ func flowsNode(cfg Config) agentflows.Node {
 
 // flowsDatapathOf is the datapath's events and ipcache as the flows read
 // them.
-type flowsDatapathOf struct{ dp *datapathModule }
+type flowsDatapathOf struct{ dp *agentdatapath.Module }
 
-func (f flowsDatapathOf) SetEventSink(sink func(loader.Event))   { f.dp.setEventSink(sink) }
-func (f flowsDatapathOf) EventsLost() (loader.EventsLost, error) { return f.dp.loader.EventsLost() }
-func (f flowsDatapathOf) IPCache() *ipcache.IPCache              { return f.dp.ipcache }
+func (f flowsDatapathOf) SetEventSink(sink func(loader.Event))   { f.dp.SetEventSink(sink) }
+func (f flowsDatapathOf) EventsLost() (loader.EventsLost, error) { return f.dp.Loader().EventsLost() }
+func (f flowsDatapathOf) IPCache() *ipcache.IPCache              { return f.dp.IPCache() }
 
-func flowsDatapath(dp *datapathModule) agentflows.Datapath {
+func flowsDatapath(dp *agentdatapath.Module) agentflows.Datapath {
 	if dp == nil {
 		return nil
 	}
@@ -134,19 +146,22 @@ func flowsNodeEvents(k *k8sClient) agentflows.NodeEvents {
 
 func policyConfig(cfg Config) agentpolicy.Config { return agentpolicy.Config{StateDir: cfg.StateDir} }
 
-// policyDatapathOf is the datapath as the policy writes it (read at each
-// call: the maps open in the datapath's start step).
-type policyDatapathOf struct{ dp *datapathModule }
+// policyDatapathOf is the datapath as the policy writes it (the maps are
+// read at each call: they open in the datapath's start step).
+type policyDatapathOf struct {
+	dp      *agentdatapath.Module
+	ipcache *ipcache.IPCache
+}
 
-func (d policyDatapathOf) Maps() *maps.Maps              { return d.dp.loader.Maps() }
-func (d policyDatapathOf) PolicyCIDR() *policycidr.Table { return d.dp.policyCIDR }
-func (d policyDatapathOf) IPCache() *ipcache.IPCache     { return d.dp.ipcache }
+func (d policyDatapathOf) Maps() *maps.Maps              { return d.dp.Loader().Maps() }
+func (d policyDatapathOf) PolicyCIDR() *policycidr.Table { return d.dp.PolicyCIDR() }
+func (d policyDatapathOf) IPCache() *ipcache.IPCache     { return d.ipcache }
 
-func policyDatapath(dp *datapathModule) agentpolicy.Datapath {
+func policyDatapath(dp *agentdatapath.Module, ic *ipcache.IPCache) agentpolicy.Datapath {
 	if dp == nil {
 		return nil
 	}
-	return policyDatapathOf{dp}
+	return policyDatapathOf{dp, ic}
 }
 
 // policyEndpointsOf is the endpoint manager once the endpoints' start step
