@@ -18,6 +18,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/metrics"
@@ -29,7 +30,7 @@ import (
 // hive.
 type testAgent struct {
 	*Agent
-	endpoints  *endpointsModule
+	endpoints  *agentendpoints.Module
 	policy     *agentpolicy.Module
 	kvstore    *agentkv.Module
 	datapath   *agentdatapath.Module
@@ -40,7 +41,7 @@ type testAgent struct {
 
 func newTestAgent(cfg Config, deps Deps, extra ...cell.Cell) (*testAgent, error) {
 	ta := &testAgent{}
-	a, err := New(cfg, deps, append(extra, cell.Invoke(func(e *endpointsModule, p *agentpolicy.Module, kv *agentkv.Module, dp *agentdatapath.Module,
+	a, err := New(cfg, deps, append(extra, cell.Invoke(func(e *agentendpoints.Module, p *agentpolicy.Module, kv *agentkv.Module, dp *agentdatapath.Module,
 		r *endpointRealizer, m *metrics.Server, ids identity.Allocator) {
 		ta.endpoints, ta.policy, ta.kvstore, ta.datapath, ta.realizer, ta.metrics, ta.identities = e, p, kv, dp, r, m, ids
 	}))...)
@@ -62,7 +63,7 @@ func startAgent(t *testing.T, mutate func(*Config)) (*testAgent, *client.Client)
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "node-a"
 	// The test runs in the machine's own network namespace: leave it alone.
-	cfg.InstallHostNetworking = false
+	cfg.Endpoints.InstallHostNetworking = false
 	cfg.Datapath.Enable = false
 	if mutate != nil {
 		mutate(&cfg)
@@ -248,7 +249,7 @@ func TestStartFailureRollsBack(t *testing.T) {
 	// after config started; the agent must stop what it started.
 	cfg.Metrics.ServeAddr = "256.0.0.1:1"
 	cfg.NodeName = "n"
-	cfg.InstallHostNetworking = false
+	cfg.Endpoints.InstallHostNetworking = false
 	cfg.Datapath.Enable = false
 	a, err := newTestAgent(cfg, Deps{})
 	if err != nil {
@@ -275,7 +276,7 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 		{"relative state dir", func(c *Config) { c.StateDir = "state" }, "state-dir"},
 		{"bad enforcement", func(c *Config) { c.PolicyEnforcement = "x" }, "policy-enforcement"},
 		{"bad log format", func(c *Config) { c.LogFormat = "xml" }, "log-format"},
-		{"bad mtu", func(c *Config) { c.MTU = 10 }, "mtu"},
+		{"bad mtu", func(c *Config) { c.Endpoints.MTU = 10 }, "mtu"},
 		{"bad attach mode", func(c *Config) { c.Datapath.AttachMode = "xdp" }, "datapath-attach-mode"},
 		// bpffs refuses dots in names; mkdir's EPERM read like a mount
 		// or permission problem.

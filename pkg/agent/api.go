@@ -11,13 +11,13 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/endpointapi"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/identityapi"
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
-	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/ipam/ipamapi"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -47,7 +47,7 @@ type apiParams struct {
 	API        *server.Server
 	Identities identity.Allocator
 	IDTable    *identitytable.Table
-	Endpoints  *endpointsModule
+	Endpoints  *agentendpoints.Module
 	Policy     *agentpolicy.Module
 	Datapath   *agentdatapath.Module // nil without the datapath
 	K8s        *kubernetesModule     // nil in standalone mode
@@ -68,7 +68,7 @@ func registerAPIHandlers(p apiParams) {
 	(&policyapi.Handlers{Repo: p.Policy.Repository(), Universe: p.Policy.Universe, Source: agentpolicy.SourceAPI}).Register(p.API)
 	(&agentdatapath.MapAPI{Datapath: p.Datapath, BPFRoot: p.Config.BPFRoot}).Register(p.API)
 	ids := &identityapi.Handlers{Identities: p.IDTable, Endpoints: func() ([]*endpoint.Endpoint, error) {
-		mgr, err := p.Endpoints.manager()
+		mgr, err := p.Endpoints.ManagerForAPI()
 		if err != nil {
 			return nil, err
 		}
@@ -79,11 +79,17 @@ func registerAPIHandlers(p apiParams) {
 	}
 	ids.Register(p.API)
 	eps := p.Endpoints
-	(&ipamapi.Handlers{Log: p.Log, IPAM: func() *ipam.IPAM { return eps.ipam }, NodeAddressing: eps.nodeAddressing,
-		Endpoints: func() []*endpoint.Endpoint { return eps.mgr.List() }}).Register(p.API)
-	(&endpointapi.Handlers{Log: p.Log, Manager: eps.manager, NodeAddressing: eps.nodeAddressing, ApplyPodLabels: eps.applyPodLabels,
-		PolicyModel: p.Policy.EndpointPolicyModel, Holding: func(h server.HandlerFunc) server.HandlerFunc { return holdingPromotions(p.Datapath, h) }}).Register(p.API)
-	(&cniAPI{eps: p.Endpoints, dp: p.Datapath}).register(p.API)
+	// Endpoints created or removed through the API hold the datapath's
+	// moves to TCX links meanwhile.
+	var hold func() func()
+	if p.Datapath != nil {
+		hold = p.Datapath.Loader().HoldPromotions
+	}
+	(&ipamapi.Handlers{Log: p.Log, IPAM: eps.IPAM, NodeAddressing: eps.NodeAddressing,
+		Endpoints: func() []*endpoint.Endpoint { return eps.Manager().List() }}).Register(p.API)
+	(&endpointapi.Handlers{Log: p.Log, Manager: eps.ManagerForAPI, NodeAddressing: eps.NodeAddressing, ApplyPodLabels: eps.ApplyPodLabels,
+		PolicyModel: p.Policy.EndpointPolicyModel, Holding: func(h server.HandlerFunc) server.HandlerFunc { return agentendpoints.Holding(hold, h) }}).Register(p.API)
+	(&agentendpoints.CNIAPI{Endpoints: p.Endpoints, HoldPromotions: hold}).Register(p.API)
 }
 
 // daemonAPI serves /v1/healthz (the status), /v1/config and /v1/debuginfo.
@@ -95,7 +101,7 @@ type daemonAPI struct {
 	steps      *lifecycle.Steps
 	identities identity.Allocator
 	idTable    *identitytable.Table
-	eps        *endpointsModule
+	eps        *agentendpoints.Module
 	dp         *agentdatapath.Module
 	k8s        *kubernetesModule
 	kvstore    *agentkv.Module
@@ -103,12 +109,6 @@ type daemonAPI struct {
 	tables     *dbinspect.Inspector
 	flows      *agentflows.Module
 	masq       *hostdev.Masquerade
-}
-
-// cniAPI serves tendril-cni's commands.
-type cniAPI struct {
-	eps *endpointsModule
-	dp  *agentdatapath.Module
 }
 
 // serveCell is start step 10: metrics, pprof, the Hubble API, then the API served, once

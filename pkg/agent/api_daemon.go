@@ -88,7 +88,7 @@ func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse 
 	if h.k8s != nil {
 		resp.Kubernetes = h.k8s.model()
 	}
-	resp.Ipam = h.eps.ipamStatus()
+	resp.Ipam = h.eps.IPAMStatus()
 	resp.Hubble = &models.HubbleStatus{State: models.HubbleStatusStateDisabled}
 	if h.flows != nil {
 		resp.Hubble = h.flows.HubbleModel()
@@ -142,10 +142,10 @@ func (h *daemonAPI) DaemonConfig() *models.DaemonConfiguration {
 			Immutable:              immutable,
 			DaemonConfigurationMap: cfgMap,
 			DatapathMode:           models.DatapathModeVeth,
-			DeviceMTU:              int64(h.cfg.MTU),
-			RouteMTU:               int64(h.cfg.MTU),
+			DeviceMTU:              int64(h.cfg.Endpoints.MTU),
+			RouteMTU:               int64(h.cfg.Endpoints.MTU),
 			IpamMode:               "cluster-pool",
-			Addressing:             h.eps.nodeAddressing(),
+			Addressing:             h.eps.NodeAddressing(),
 		},
 	}
 }
@@ -176,7 +176,7 @@ func (h *daemonAPI) sections() []ext.Section {
 			out = append(out, sec)
 		}
 	}
-	return append(out, h.eps.statusSection(), identityapi.StatusSection(h.identities, h.idTable))
+	return append(out, h.eps.StatusSection(), identityapi.StatusSection(h.identities, h.idTable))
 }
 
 // DebugInfo gathers what a bug report needs.

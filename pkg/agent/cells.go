@@ -6,6 +6,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
@@ -30,7 +31,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentdatapath.Cell,
 		masqueradeCell,
 		servicesCell,
-		endpointsCell,
+		agentendpoints.Cell,
 		kubernetesCell,
 		agentkv.Cell,
 		realizerCell,

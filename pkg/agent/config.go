@@ -12,6 +12,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
@@ -39,23 +40,6 @@ type Config struct {
 	Debug bool
 	// LogFormat is text or json.
 	LogFormat string
-	// MTU is the pods' device MTU announced to CNI plugins.
-	MTU int
-	// IPv4Range and IPv6Range are the pod CIDRs: a prefix, "auto" (derived
-	// from the node name) or "none".
-	IPv4Range string
-	IPv6Range string
-	// IPAM is "kubernetes" (pod CIDRs by the precedence above) or
-	// "cluster-pool" (from this node's TendrilNode, written by
-	// tendril-operator).
-	IPAM string
-	// InstallHostNetworking creates the host device and per-pod routes in the
-	// agent's network namespace. Only tests that run the agent in the
-	// machine's own namespace turn it off.
-	InstallHostNetworking bool
-	// IPAMExpiration is how long an address allocated with expiration may
-	// stay unclaimed by an endpoint.
-	IPAMExpiration time.Duration
 
 	// K8s says how to reach the API server; with none configured the agent
 	// runs standalone.
@@ -76,6 +60,9 @@ type Config struct {
 	// IdentityLabels decides which labels of a pod count for its identity.
 	IdentityLabels labels.Config
 
+	// Endpoints are the endpoints' and IPAM's options (pod CIDRs, MTU,
+	// host networking).
+	Endpoints agentendpoints.Config
 	// Datapath are the eBPF datapath's options (enable, attach mode,
 	// events, direct delivery).
 	Datapath agentdatapath.Config
@@ -113,18 +100,13 @@ func DefaultConfig() Config {
 		BPFRoot:                "/sys/fs/bpf/tendril",
 		PolicyEnforcement:      option.EnforcementDefault,
 		LogFormat:              "text",
-		MTU:                    1500,
-		IPv4Range:              "auto",
-		IPv6Range:              "auto",
-		IPAM:                   "kubernetes",
-		InstallHostNetworking:  true,
-		IPAMExpiration:         10 * time.Minute,
 		K8s:                    k8s.DefaultConfig(),
 		K8sCacheSyncTimeout:    3 * time.Minute,
 		K8sInstallCRDs:         true,
 		IdentityAllocationMode: IdentityAllocationCRD,
 		KVStoreConfig:          kvstore.DefaultConfig(),
 		IdentityLabels:         labels.DefaultConfig(),
+		Endpoints:              agentendpoints.DefaultConfig(),
 		Datapath:               agentdatapath.DefaultConfig(),
 		Services:               ServicesConfig{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true},
 		Hubble:                 agentflows.DefaultConfig(),
@@ -145,12 +127,6 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.PolicyEnforcement, "policy-enforcement", c.PolicyEnforcement, "Policy enforcement mode: default, always or never")
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "Log at debug level")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "Log format: text or json")
-	fs.IntVar(&c.MTU, "mtu", c.MTU, "MTU of pod devices")
-	fs.StringVar(&c.IPv4Range, "ipv4-range", c.IPv4Range, "IPv4 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
-	fs.StringVar(&c.IPv6Range, "ipv6-range", c.IPv6Range, "IPv6 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
-	fs.BoolVar(&c.InstallHostNetworking, "install-host-networking", c.InstallHostNetworking, "Create the host device and per-pod routes in the agent's network namespace")
-	fs.StringVar(&c.IPAM, "ipam", c.IPAM, "Where the node's pod CIDRs come from: kubernetes (Node, annotations, --ipv4-range) or cluster-pool (the TendrilNode tendril-operator fills)")
-	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
 	c.K8s.Flags(fs)
 	fs.DurationVar(&c.K8sCacheSyncTimeout, "k8s-cache-sync-timeout", c.K8sCacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
 	fs.BoolVar(&c.K8sInstallCRDs, "k8s-install-crds", c.K8sInstallCRDs, "Create or update the Tendril CRDs at start")
@@ -158,6 +134,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.KVStore, "kvstore", c.KVStore, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
 	c.KVStoreConfig.Flags(fs)
 	c.IdentityLabels.Flags(fs)
+	c.Endpoints.Flags(fs)
 	c.Datapath.Flags(fs)
 	c.Services.Flags(fs)
 	c.Hubble.Flags(fs)
@@ -170,9 +147,6 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 // Validate checks the values; each error names its option.
 func (c *Config) Validate() error {
 	var errs []error
-	if c.IPAM != "" && c.IPAM != "kubernetes" && c.IPAM != "cluster-pool" {
-		errs = append(errs, fmt.Errorf("ipam %q: must be kubernetes or cluster-pool", c.IPAM))
-	}
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
 		errs = append(errs, fmt.Errorf("state-dir %q: must be an absolute path", c.StateDir))
 	}
@@ -188,14 +162,11 @@ func (c *Config) Validate() error {
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		errs = append(errs, fmt.Errorf("log-format %q: must be text or json", c.LogFormat))
 	}
-	if _, _, err := c.podCIDRs(); err != nil {
+	if err := c.Endpoints.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.Datapath.Validate(); err != nil {
 		errs = append(errs, err)
-	}
-	if c.IPAMExpiration <= 0 {
-		errs = append(errs, fmt.Errorf("ipam-expiration %s: must be positive", c.IPAMExpiration))
 	}
 	if err := c.K8s.Validate(); err != nil {
 		errs = append(errs, err)
@@ -233,9 +204,6 @@ func (c *Config) Validate() error {
 	}
 	if c.K8sCacheSyncTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("k8s-cache-sync-timeout %s: must be positive", c.K8sCacheSyncTimeout))
-	}
-	if c.MTU < 1280 || c.MTU > 65535 {
-		errs = append(errs, fmt.Errorf("mtu %d: must be between 1280 and 65535", c.MTU))
 	}
 	return errors.Join(errs...)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/ipcache/ipcachetest"
@@ -169,7 +170,7 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	cfg.BPFRoot = filepath.Join(dir, "bpf-never-used")
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "node-a"
-	cfg.InstallHostNetworking = false
+	cfg.Endpoints.InstallHostNetworking = false
 	cfg.Datapath.Enable = true
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	cfg.Flags(fs)
@@ -195,18 +196,17 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.mgr = a.endpoints.newManager(store, nil)
-	a.endpoints.mgr = r.mgr
+	r.mgr = a.endpoints.NewManager(store, nil)
 	r.mgr.SetRetry(retry)
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := a.endpoints.regenerateRestored(ctx); err != nil {
+	if err := a.endpoints.RegenerateRestored(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// The hive is not started: the test runs the regeneration jobs.
 	workersDone, policyDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(workersDone)
-		_ = a.endpoints.runWorkers(ctx, nil)
+		_ = a.endpoints.RunWorkers(ctx, nil)
 	}()
 	go func() {
 		defer close(policyDone)
@@ -379,7 +379,7 @@ func TestPolicyChangeReachesEndpointThatWasNotReady(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	if line := convergenceLine(r.mgr.Convergence()); !strings.Contains(line, "not yet realized") {
+	if line := agentendpoints.ConvergenceLine(r.mgr.Convergence()); !strings.Contains(line, "not yet realized") {
 		t.Fatalf("status line %q does not count the endpoint not realized", line)
 	}
 
@@ -397,7 +397,7 @@ func TestPolicyChangeReachesEndpointThatWasNotReady(t *testing.T) {
 		t.Fatal("db's ingress is not enforced")
 	}
 	r.waitConverged(t, web.ID, rev)
-	if line := convergenceLine(r.mgr.Convergence()); line != fmt.Sprintf("revision %d: 2/2 realized", rev) {
+	if line := agentendpoints.ConvergenceLine(r.mgr.Convergence()); line != fmt.Sprintf("revision %d: 2/2 realized", rev) {
 		t.Fatalf("status line %q", line)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipam"
@@ -34,7 +35,7 @@ var hostIPsCell = cell.Module("host-ips", "Host addresses in the ipcache and con
 type hostIPSync struct {
 	log  *slog.Logger
 	dp   *agentdatapath.Module
-	eps  *endpointsModule
+	eps  *agentendpoints.Module
 	masq *hostdev.Masquerade
 	jobs job.Group
 
@@ -57,7 +58,7 @@ type hostIPParams struct {
 	Jobs      job.Registry
 	Health    *health.Registry
 	Datapath  *agentdatapath.Module
-	Endpoints *endpointsModule
+	Endpoints *agentendpoints.Module
 	// Masquerade's NAT entries are collected with conntrack (nil without
 	// the datapath).
 	Masquerade *hostdev.Masquerade
@@ -112,7 +113,7 @@ func (m *hostIPSync) writeHostIPs() error {
 		ip = ip.Unmap()
 		want[netip.PrefixFrom(ip, ip.BitLen())] = uint32(identity.Host)
 	}
-	if alloc := m.eps.ipam; alloc != nil {
+	if alloc := m.eps.IPAM(); alloc != nil {
 		for _, f := range []ipam.Family{ipam.IPv4, ipam.IPv6} {
 			if r := alloc.RouterIP(f); r.IsValid() {
 				want[netip.PrefixFrom(r, r.BitLen())] = uint32(identity.Host)
@@ -239,8 +240,8 @@ func NextCTGCInterval(cur time.Duration, seen, deleted int, min, max time.Durati
 
 func (m *hostIPSync) runCTGC() (seen, deleted int) {
 	live := map[uint16]bool{}
-	if m.eps.mgr != nil {
-		for _, ep := range m.eps.mgr.List() {
+	if m.eps.Manager() != nil {
+		for _, ep := range m.eps.Manager().List() {
 			live[ep.ID] = true
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
 	"github.com/tendril-net/tendril/pkg/k8s"
@@ -121,11 +122,11 @@ func (k *k8sClient) selectPodCIDRs(ctx context.Context) (node.Selection, error) 
 		return node.Selection{}, err
 	}
 	var sel node.Selection
-	if k.cfg.IPAM == "cluster-pool" {
+	if k.cfg.Endpoints.IPAM == "cluster-pool" {
 		sel, err = node.WaitForClusterPoolCIDRs(ctx, k.clients.Tendril, k.cfg.NodeName, k.log)
 	} else {
-		auto4, auto6 := autoPodCIDRs(k.cfg.NodeName)
-		sel, err = node.SelectPodCIDRs(n, node.Ranges{IPv4: k.cfg.IPv4Range, IPv6: k.cfg.IPv6Range, AutoIPv4: auto4, AutoIPv6: auto6})
+		auto4, auto6 := agentendpoints.AutoPodCIDRs(k.cfg.NodeName)
+		sel, err = node.SelectPodCIDRs(n, node.Ranges{IPv4: k.cfg.Endpoints.IPv4Range, IPv6: k.cfg.Endpoints.IPv6Range, AutoIPv4: auto4, AutoIPv6: auto6})
 	}
 	if err != nil {
 		return sel, err

@@ -82,7 +82,7 @@ func (c publisherClient) List(context.Context) ([]v1alpha1.TendrilEndpoint, erro
 // transaction, and its reconciler talks to the API server. The restored
 // endpoints are in once this returns: the prune may run.
 func (k *kubernetesModule) startPublisher() {
-	mgr := k.eps.mgr
+	mgr := k.eps.Manager()
 	mgr.Subscribe(func(ev endpointmanager.Event) {
 		if ev.Endpoint != nil && ev.Endpoint.PodName != "" {
 			k.publish(ev.Endpoint.PodNamespace, ev.Endpoint.PodName)
@@ -97,7 +97,7 @@ func (k *kubernetesModule) startPublisher() {
 }
 
 func (k *kubernetesModule) localEndpointOf(ns, name string) *endpoint.Endpoint {
-	for _, ep := range k.eps.mgr.List() {
+	for _, ep := range k.eps.Manager().List() {
 		if ep.PodNamespace == ns && ep.PodName == name {
 			return ep
 		}
@@ -214,7 +214,7 @@ func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilE
 }
 
 func (k *kubernetesModule) isLocalAddress(ip netip.Addr) bool {
-	for _, ep := range k.eps.mgr.List() {
+	for _, ep := range k.eps.Manager().List() {
 		if ep.IPv4 == ip || ep.IPv6 == ip {
 			return true
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
@@ -63,7 +64,7 @@ type kubernetesModule struct {
 	log        *slog.Logger
 	root       cell.RootLogger
 	client     *k8sClient
-	eps        *endpointsModule
+	eps        *agentendpoints.Module
 	ipcache    remoteIPCache // nil without the datapath
 	policy     k8sPolicy
 	identities identity.Allocator
@@ -127,7 +128,7 @@ type kubernetesParams struct {
 	Jobs       job.Registry
 	Health     *health.Registry
 	Client     *k8sClient
-	Endpoints  *endpointsModule
+	Endpoints  *agentendpoints.Module
 	Datapath   *agentdatapath.Module
 	Policy     *agentpolicy.Module
 	Identities identity.Allocator
@@ -146,7 +147,7 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 		jobs: newJobGroup(p.Jobs, p.Health, "k8s-watchers", p.Log),
 	}
 	k.remoteEndpointsSynced = func() {}
-	if p.Config.IPAM == "cluster-pool" {
+	if p.Config.Endpoints.IPAM == "cluster-pool" {
 		k.poolHealth = p.Health.Scope("cluster-pool")
 	}
 	if p.Datapath != nil {
@@ -211,8 +212,8 @@ func (k *kubernetesModule) newNodeManager(p kubernetesParams) error {
 		cache = k.ipcache
 	}
 	var routes nodemanager.RouteBackend
-	if k.cfg.InstallHostNetworking {
-		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return k.eps.nl }}
+	if k.cfg.Endpoints.InstallHostNetworking {
+		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return k.eps.Netlink() }}
 	}
 	var err error
 	k.nodes, err = nodemanager.New(nodemanager.Params{LocalNode: k.cfg.NodeName, DB: p.DB, Jobs: k.jobs,
@@ -239,7 +240,7 @@ func (k *kubernetesModule) nodeIP() string {
 	if ip := k.client.internalIP(); ip != "" {
 		return ip
 	}
-	if m := k.eps.ipam; m != nil {
+	if m := k.eps.IPAM(); m != nil {
 		for _, ip := range []netip.Addr{m.RouterIP(ipam.IPv4), m.RouterIP(ipam.IPv6)} {
 			if ip.IsValid() {
 				return ip.String()
@@ -257,7 +258,7 @@ func (k *kubernetesModule) startWriteBack(context.Context) error {
 	c.mu.Lock()
 	l := node.Local{Name: k.cfg.NodeName, Selection: c.selection, Addresses: node.AddressesOf(c.nodeObj)}
 	c.mu.Unlock()
-	if m := k.eps.ipam; m != nil {
+	if m := k.eps.IPAM(); m != nil {
 		l.RouterIPv4 = m.RouterIP(ipam.IPv4)
 		l.RouterIPv6 = m.RouterIP(ipam.IPv6)
 	}
@@ -429,7 +430,7 @@ func (k *kubernetesModule) onNetworkPolicy(ev watchers.Event[*networkingv1.Netwo
 // realize the policy, retried until they succeed, so this watcher callback
 // never blocks.
 func (k *kubernetesModule) relabel(ns, name string, labels []string) {
-	mgr := k.eps.mgr
+	mgr := k.eps.Manager()
 	if mgr == nil {
 		return
 	}
@@ -513,7 +514,7 @@ func (k *kubernetesModule) applyPolicy(ctx context.Context, kind watchers.EventK
 // realized: a policy imported at it or before is enforced on this node.
 func (k *kubernetesModule) realizedRevision() uint64 {
 	rev := k.policy.Repository().Revision()
-	mgr := k.eps.mgr
+	mgr := k.eps.Manager()
 	if mgr == nil {
 		return 0
 	}

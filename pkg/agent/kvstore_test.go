@@ -91,7 +91,7 @@ func TestUnreachableKVStoreFailsStartClearly(t *testing.T) {
 	cfg.BPFRoot = "/sys/fs/bpf/tendril-test-unused"
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "node-a"
-	cfg.InstallHostNetworking = false
+	cfg.Endpoints.InstallHostNetworking = false
 	cfg.Datapath.Enable = false
 	cfg.KVStore = KVStoreEtcd
 	cfg.KVStoreConfig.Endpoints = []string{"http://127.0.0.1:1"}
@@ -174,7 +174,7 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 	a, c := startAgent(t, func(cfg *Config) {
 		cfg.KVStore = KVStoreEtcd
 		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
-		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
+		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})
 	// A failure while etcd is down must not leave the agent's stop (which
 	// deletes its keys, with no deadline in tests) waiting for it.
@@ -184,9 +184,8 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 		}
 	})
 	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
-	cni := cniEndpoints{a.endpoints}
 	create := func(name, ip string) (*endpoint.Endpoint, error) {
-		return cni.Create(context.Background(), &endpoint.Endpoint{ContainerID: "c-" + name, IfName: "eth0",
+		return a.endpoints.CreateEndpoint(context.Background(), &endpoint.Endpoint{ContainerID: "c-" + name, IfName: "eth0",
 			PodNamespace: "ns", PodName: name, IPv4: netip.MustParseAddr(ip)})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -219,7 +218,7 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 			done <- err
 			return
 		}
-		done <- a.endpoints.mgr.Delete(context.Background(), first.ID)
+		done <- a.endpoints.Manager().Delete(context.Background(), first.ID)
 	}()
 	select {
 	case err := <-done:
@@ -289,10 +288,10 @@ func TestKVStoreAddressesRepublishedAfterLeaseLoss(t *testing.T) {
 	a, _ := startAgent(t, func(cfg *Config) {
 		cfg.KVStore = KVStoreEtcd
 		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
-		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
+		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})
 	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
-	if _, err := (cniEndpoints{a.endpoints}).Create(context.Background(), &endpoint.Endpoint{ContainerID: "c-one", IfName: "eth0",
+	if _, err := a.endpoints.CreateEndpoint(context.Background(), &endpoint.Endpoint{ContainerID: "c-one", IfName: "eth0",
 		PodNamespace: "ns", PodName: "one", IPv4: netip.MustParseAddr("10.79.0.9")}); err != nil {
 		t.Fatal(err)
 	}
@@ -401,10 +400,10 @@ func TestKVStoreStaleAddressesPruned(t *testing.T) {
 	a, c := startAgent(t, func(cfg *Config) {
 		cfg.KVStore = KVStoreEtcd
 		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
-		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
+		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})
 	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
-	if _, err := (cniEndpoints{a.endpoints}).Create(ctx, &endpoint.Endpoint{ContainerID: "c-live", IfName: "eth0",
+	if _, err := a.endpoints.CreateEndpoint(ctx, &endpoint.Endpoint{ContainerID: "c-live", IfName: "eth0",
 		PodNamespace: "ns", PodName: "live", IPv4: netip.MustParseAddr("10.79.0.5")}); err != nil {
 		t.Fatal(err)
 	}

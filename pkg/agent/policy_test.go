@@ -210,7 +210,7 @@ func TestCorruptPolicyFileStopsTheStart(t *testing.T) {
 	cfg.API.Socket = filepath.Join(dir, "t.sock")
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "n"
-	cfg.InstallHostNetworking = false
+	cfg.Endpoints.InstallHostNetworking = false
 	cfg.Datapath.Enable = false
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		t.Fatal(err)

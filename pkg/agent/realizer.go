@@ -11,6 +11,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -47,7 +48,7 @@ type realizerParams struct {
 	Steps      *lifecycle.Steps
 	Kernel     agentdatapath.Kernel // nil without the datapath
 	IPCache    *ipcache.IPCache
-	Endpoints  *endpointsModule
+	Endpoints  *agentendpoints.Module
 	Policy     *agentpolicy.Module
 	Identities identity.Allocator
 }
@@ -61,7 +62,7 @@ func newEndpointRealizer(p realizerParams) *endpointRealizer {
 	p.Endpoints.AddRegenerateHook(r)
 	eps := p.Endpoints
 	p.Steps.Append(p.Lifecycle, "identity-restore", func(context.Context) error {
-		r.reserveRestored(eps.mgr.List())
+		r.reserveRestored(eps.Manager().List())
 		return nil
 	}, nil)
 	return r

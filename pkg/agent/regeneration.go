@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/hive/job"
 
 	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
@@ -33,15 +34,15 @@ var regenerationCell = cell.Module("regeneration", "Endpoint regeneration after 
 type regenerationParams struct {
 	cell.In
 
-	Endpoints *endpointsModule
+	Endpoints *agentendpoints.Module
 	Policy    *agentpolicy.Module
 	Realizer  *endpointRealizer // nil without the datapath
 }
 
 func registerRegeneration(p stepParams, r regenerationParams) {
 	eps := r.Endpoints
-	p.Steps.Append(p.Lifecycle, "regenerate-restored", eps.regenerateRestored, nil)
-	newJobGroup(p.Jobs, p.Health, "regenerate-restored", p.Log).Add(job.OneShot("regeneration-workers", eps.runWorkers))
+	p.Steps.Append(p.Lifecycle, "regenerate-restored", eps.RegenerateRestored, nil)
+	newJobGroup(p.Jobs, p.Health, "regenerate-restored", p.Log).Add(job.OneShot("regeneration-workers", eps.RunWorkers))
 	// The step marks where the policy regeneration starts (its job,
 	// right after it).
 	p.Steps.Append(p.Lifecycle, "policy-regeneration", nil, nil)

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"context"
+
 	"github.com/cilium/hive/cell"
 	corev1 "k8s.io/api/core/v1"
 
@@ -9,11 +11,13 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
+	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/policy/policycidr"
@@ -23,6 +27,9 @@ import (
 // take from the agent's configuration and from cells still in this
 // package, as the types those packages declare.
 var wiring = cell.Provide(
+	endpointsConfig,
+	endpointsSettings,
+	endpointsKubernetes,
 	datapathConfig,
 	datapathSettings,
 	kvstoreConfig,
@@ -42,6 +49,31 @@ var wiring = cell.Provide(
 	policyNamedPorts,
 )
 
+func endpointsConfig(cfg Config) agentendpoints.Config { return cfg.Endpoints }
+
+func endpointsSettings(cfg Config) agentendpoints.Settings {
+	return agentendpoints.Settings{NodeName: cfg.NodeName, StateDir: cfg.StateDir}
+}
+
+// endpointsKubernetesOf is the Kubernetes client as the endpoints read it.
+type endpointsKubernetesOf struct{ k *k8sClient }
+
+func (e endpointsKubernetesOf) SelectPodCIDRs(ctx context.Context) (node.Selection, error) {
+	return e.k.selectPodCIDRs(ctx)
+}
+
+func (e endpointsKubernetesOf) PodLabels(ctx context.Context, ns, name string) ([]string, bool) {
+	return e.k.labelsForEndpoint(ctx, ns, name)
+}
+
+// endpointsKubernetes is nil in standalone mode.
+func endpointsKubernetes(k *k8sClient) agentendpoints.Kubernetes {
+	if k == nil {
+		return nil
+	}
+	return endpointsKubernetesOf{k}
+}
+
 func datapathConfig(cfg Config) agentdatapath.Config { return cfg.Datapath }
 
 // datapathSettings are the datapath's settings from the rest of the
@@ -58,14 +90,14 @@ func kvstoreConfig(cfg Config) agentkv.Config {
 
 // kvEndpoints reads the endpoint manager, which the endpoints' start step
 // builds (before the kvstore's).
-type kvEndpoints struct{ eps *endpointsModule }
+type kvEndpoints struct{ eps *agentendpoints.Module }
 
-func kvstoreEndpoints(eps *endpointsModule) agentkv.Endpoints { return kvEndpoints{eps} }
+func kvstoreEndpoints(eps *agentendpoints.Module) agentkv.Endpoints { return kvEndpoints{eps} }
 
-func (k kvEndpoints) Subscribe(fn func(endpointmanager.Event)) { k.eps.mgr.Subscribe(fn) }
-func (k kvEndpoints) List() []*endpoint.Endpoint               { return k.eps.mgr.List() }
+func (k kvEndpoints) Subscribe(fn func(endpointmanager.Event)) { k.eps.Manager().Subscribe(fn) }
+func (k kvEndpoints) List() []*endpoint.Endpoint               { return k.eps.Manager().List() }
 func (k kvEndpoints) Lookup(id string) (*endpoint.Endpoint, error) {
-	return k.eps.mgr.Lookup(id)
+	return k.eps.Manager().Lookup(id)
 }
 
 func kvstoreNodeIP(k *kubernetesModule) agentkv.NodeIP {
@@ -109,17 +141,17 @@ func flowsDatapath(dp *agentdatapath.Module) agentflows.Datapath {
 }
 
 // flowsEndpointsOf looks endpoints up in the manager once it exists.
-type flowsEndpointsOf struct{ eps *endpointsModule }
+type flowsEndpointsOf struct{ eps *agentendpoints.Module }
 
 func (f flowsEndpointsOf) Lookup(id string) (*endpoint.Endpoint, error) {
-	mgr, err := f.eps.manager()
+	mgr, err := f.eps.ManagerForAPI()
 	if err != nil {
 		return nil, err
 	}
 	return mgr.Lookup(id)
 }
 
-func flowsEndpoints(eps *endpointsModule) agentflows.Endpoints { return flowsEndpointsOf{eps} }
+func flowsEndpoints(eps *agentendpoints.Module) agentflows.Endpoints { return flowsEndpointsOf{eps} }
 
 func flowsPolicy(p *agentpolicy.Module) agentflows.Policy { return p }
 
@@ -166,11 +198,11 @@ func policyDatapath(dp *agentdatapath.Module, ic *ipcache.IPCache) agentpolicy.D
 
 // policyEndpointsOf is the endpoint manager once the endpoints' start step
 // has built it.
-type policyEndpointsOf struct{ eps *endpointsModule }
+type policyEndpointsOf struct{ eps *agentendpoints.Module }
 
-func (e policyEndpointsOf) Manager() *endpointmanager.Manager        { return e.eps.mgr }
-func (e policyEndpointsOf) Subscribe(fn func(endpointmanager.Event)) { e.eps.Subscribe(fn) }
-func policyEndpoints(eps *endpointsModule) agentpolicy.Endpoints     { return policyEndpointsOf{eps} }
+func (e policyEndpointsOf) Manager() *endpointmanager.Manager          { return e.eps.Manager() }
+func (e policyEndpointsOf) Subscribe(fn func(endpointmanager.Event))   { e.eps.Subscribe(fn) }
+func policyEndpoints(eps *agentendpoints.Module) agentpolicy.Endpoints { return policyEndpointsOf{eps} }
 
 // policyNamedPortsOf are the pods' named ports the Kubernetes client
 // follows.
