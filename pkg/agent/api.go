@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity/identityapi"
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/ipam/ipamapi"
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
@@ -50,7 +51,7 @@ type apiParams struct {
 	Endpoints  *agentendpoints.Module
 	Policy     *agentpolicy.Module
 	Datapath   *agentdatapath.Module // nil without the datapath
-	K8s        *kubernetesModule     // nil in standalone mode
+	K8s        *agentk8s.Module      // nil in standalone mode
 	KVStore    *agentkv.Module       // nil without a kvstore
 	Services   *servicesModule
 	Inspector  *dbinspect.Inspector
@@ -103,7 +104,7 @@ type daemonAPI struct {
 	idTable    *identitytable.Table
 	eps        *agentendpoints.Module
 	dp         *agentdatapath.Module
-	k8s        *kubernetesModule
+	k8s        *agentk8s.Module
 	kvstore    *agentkv.Module
 	services   *servicesModule
 	tables     *dbinspect.Inspector

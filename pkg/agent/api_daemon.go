@@ -86,7 +86,7 @@ func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse 
 	}
 	resp.Kubernetes = &models.K8sStatus{State: models.StatusStateDisabled, Msg: "standalone"}
 	if h.k8s != nil {
-		resp.Kubernetes = h.k8s.model()
+		resp.Kubernetes = h.k8s.Model()
 	}
 	resp.Ipam = h.eps.IPAMStatus()
 	resp.Hubble = &models.HubbleStatus{State: models.HubbleStatusStateDisabled}
@@ -157,7 +157,7 @@ func (h *daemonAPI) sections() []ext.Section {
 		out = append(out, h.kvstore.StatusSection())
 	}
 	if h.k8s != nil {
-		out = append(out, h.k8s.statusSection())
+		out = append(out, h.k8s.StatusSection())
 	}
 	if h.dp != nil {
 		out = append(out, h.dp.StatusSection())

@@ -8,6 +8,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
@@ -27,12 +28,12 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		wiring,
 		dbinspect.Cell, // statedb's cell and the tables' inspection
 		coreCell(cfg, deps),
-		kubernetesClientCell,
+		agentk8s.ClientCell,
 		agentdatapath.Cell,
 		masqueradeCell,
 		servicesCell,
 		agentendpoints.Cell,
-		kubernetesCell,
+		agentk8s.Cell,
 		agentkv.Cell,
 		realizerCell,
 		hostIPsCell,

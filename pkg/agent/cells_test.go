@@ -25,7 +25,7 @@ func TestStartOrder(t *testing.T) {
 		want   []string
 	}{
 		{"everything", func(c *Config) {
-			c.K8s.Kubeconfig = writeKubeconfig(t) // the API server is reached only when the step starts
+			c.Kubernetes.Client.Kubeconfig = writeKubeconfig(t) // the API server is reached only when the step starts
 			c.Datapath.Enable = true
 			c.KVStore = KVStoreEmbedded
 			c.IdentityAllocationMode = IdentityAllocationKVStore

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"time"
 
 	"github.com/spf13/pflag"
 
@@ -14,7 +13,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
-	"github.com/tendril-net/tendril/pkg/k8s"
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/labels"
@@ -41,15 +40,9 @@ type Config struct {
 	// LogFormat is text or json.
 	LogFormat string
 
-	// K8s says how to reach the API server; with none configured the agent
-	// runs standalone.
-	K8s k8s.Config
-	// K8sCacheSyncTimeout bounds the wait for the API server and for the
-	// watchers' initial lists; past it the agent exits naming what is
-	// missing.
-	K8sCacheSyncTimeout time.Duration
-	// K8sInstallCRDs creates or updates the Tendril CRDs at start.
-	K8sInstallCRDs bool
+	// Kubernetes says how to reach the API server (with none configured
+	// the agent runs standalone) and how long to wait for it.
+	Kubernetes agentk8s.Config
 	// IdentityAllocationMode is crd (TendrilIdentity objects, with
 	// Kubernetes), kvstore (etcd keys) or local (this node only).
 	IdentityAllocationMode string
@@ -100,9 +93,7 @@ func DefaultConfig() Config {
 		BPFRoot:                "/sys/fs/bpf/tendril",
 		PolicyEnforcement:      option.EnforcementDefault,
 		LogFormat:              "text",
-		K8s:                    k8s.DefaultConfig(),
-		K8sCacheSyncTimeout:    3 * time.Minute,
-		K8sInstallCRDs:         true,
+		Kubernetes:             agentk8s.DefaultConfig(),
 		IdentityAllocationMode: IdentityAllocationCRD,
 		KVStoreConfig:          kvstore.DefaultConfig(),
 		IdentityLabels:         labels.DefaultConfig(),
@@ -127,9 +118,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.PolicyEnforcement, "policy-enforcement", c.PolicyEnforcement, "Policy enforcement mode: default, always or never")
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "Log at debug level")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "Log format: text or json")
-	c.K8s.Flags(fs)
-	fs.DurationVar(&c.K8sCacheSyncTimeout, "k8s-cache-sync-timeout", c.K8sCacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
-	fs.BoolVar(&c.K8sInstallCRDs, "k8s-install-crds", c.K8sInstallCRDs, "Create or update the Tendril CRDs at start")
+	c.Kubernetes.Flags(fs)
 	fs.StringVar(&c.IdentityAllocationMode, "identity-allocation-mode", c.IdentityAllocationMode, "Where identities are allocated: crd (TendrilIdentity objects; needs Kubernetes), kvstore (etcd; needs --kvstore) or local (this node only). Without Kubernetes crd falls back to local")
 	fs.StringVar(&c.KVStore, "kvstore", c.KVStore, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
 	c.KVStoreConfig.Flags(fs)
@@ -168,7 +157,7 @@ func (c *Config) Validate() error {
 	if err := c.Datapath.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := c.K8s.Validate(); err != nil {
+	if err := c.Kubernetes.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	switch c.IdentityAllocationMode {
@@ -201,9 +190,6 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Masquerade.Validate(); err != nil {
 		errs = append(errs, err)
-	}
-	if c.K8sCacheSyncTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("k8s-cache-sync-timeout %s: must be positive", c.K8sCacheSyncTimeout))
 	}
 	return errors.Join(errs...)
 }

@@ -316,9 +316,8 @@ func TestLabelChangeConvergesOnceIdentityAllocationWorks(t *testing.T) {
 	}
 
 	r.alloc.setFailing(true)
-	k := &kubernetesModule{log: r.a.log, eps: r.a.endpoints}
 	begin := time.Now()
-	k.relabel("default", "pod-2", []string{"k8s:app=db", "k8s:io.kubernetes.pod.namespace=default"})
+	r.a.endpoints.Relabel("default", "pod-2", []string{"k8s:app=db", "k8s:io.kubernetes.pod.namespace=default"})
 	if took := time.Since(begin); took > 50*time.Millisecond {
 		t.Errorf("the pod handler took %v: it must only record the labels", took)
 	}

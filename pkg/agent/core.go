@@ -100,7 +100,7 @@ func newIdentityTable(db *statedb.DB, alloc identity.Allocator, root cell.RootLo
 // Kubernetes client and kvstore steps hand the latter two their clients.
 func newIdentityAllocator(cfg Config, root cell.RootLogger) identity.Allocator {
 	switch {
-	case cfg.K8s.Enabled() && cfg.IdentityAllocationMode == IdentityAllocationCRD:
+	case cfg.Kubernetes.Client.Enabled() && cfg.IdentityAllocationMode == IdentityAllocationCRD:
 		return crdalloc.New(logFor(root, "identity-allocator"))
 	case cfg.IdentityAllocationMode == IdentityAllocationKVStore:
 		return kvalloc.New(nil, cfg.NodeName, logFor(root, "identity-allocator"))

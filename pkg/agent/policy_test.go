@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tendril-net/tendril/pkg/client"
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/policy/api"
@@ -122,7 +123,7 @@ func TestPolicyFileUnderConcurrentImportsAndKubernetesEvents(t *testing.T) {
 func policyBurst(t *testing.T, a *testAgent, c *client.Client, cycle int) {
 	t.Helper()
 	ctx := context.Background()
-	k := &kubernetesModule{log: a.log, policy: a.policy, client: &k8sClient{}, policyGen: map[string]int64{}, runCtx: context.Background()}
+	k := agentk8s.NewPolicySource(a.log, a.policy, nil)
 	const teams, rounds, rulesPerImport, k8sWriters = 4, 6, 10, 2
 	var wg, ready sync.WaitGroup
 	gate := make(chan struct{})
@@ -178,7 +179,7 @@ func policyBurst(t *testing.T, a *testAgent, c *client.Client, cycle int) {
 				if i%5 == 4 {
 					kind = watchers.Delete
 				}
-				k.onNetworkPolicy(watchers.Event[*networkingv1.NetworkPolicy]{Kind: kind, Key: np.Namespace + "/" + np.Name, Object: np})
+				k.OnNetworkPolicy(watchers.Event[*networkingv1.NetworkPolicy]{Kind: kind, Key: np.Namespace + "/" + np.Name, Object: np})
 
 				// A TendrilNetworkPolicy event whose status already says
 				// Valid for this generation (no status write: there is no
@@ -187,7 +188,7 @@ func policyBurst(t *testing.T, a *testAgent, c *client.Client, cycle int) {
 				conds := []metav1.Condition{{Type: v1alpha1.ConditionValid, Status: metav1.ConditionTrue, Reason: "Valid", Message: "policy imported", ObservedGeneration: gen}}
 				spec := &api.Rule{EndpointSelector: &api.EndpointSelector{MatchLabels: map[string]string{"app": fmt.Sprint(i)}},
 					Ingress: []api.IngressRule{{FromEntities: []string{"cluster"}}}}
-				k.applyPolicy(ctx, kind, "TendrilNetworkPolicy", "ns", fmt.Sprintf("tnp-%d", w), "uid", gen, spec, nil, conds)
+				k.Apply(kind, "TendrilNetworkPolicy", "ns", fmt.Sprintf("tnp-%d", w), "uid", gen, spec, nil, conds)
 			}
 		}()
 	}

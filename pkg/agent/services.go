@@ -22,6 +22,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/socklb"
 	"github.com/tendril-net/tendril/pkg/datapath/sockterm"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/healthserver"
@@ -120,7 +121,7 @@ type servicesModule struct {
 	log    *slog.Logger
 	tables *loadbalancer.Tables
 	writer *loadbalancer.Writer
-	client *k8sClient
+	client *agentk8s.Client
 	dp     *agentdatapath.Module
 	source *k8ssource.Source
 	// ops is set by the restore step, before the reconciler is
@@ -149,7 +150,7 @@ type servicesParams struct {
 	Health    *health.Registry
 	DB        *statedb.DB
 	ModuleID  cell.FullModuleID
-	Client    *k8sClient
+	Client    *agentk8s.Client
 	Datapath  *agentdatapath.Module
 }
 
@@ -263,7 +264,7 @@ func (m *servicesModule) start(context.Context) error {
 		}
 	}
 	if m.source != nil {
-		w := m.client.watchers
+		w := m.client.Watchers()
 		unsub, err := w.Services.Subscribe(m.source.OnService)
 		if err != nil {
 			return err

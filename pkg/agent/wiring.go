@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"context"
-
 	"github.com/cilium/hive/cell"
 	corev1 "k8s.io/api/core/v1"
 
@@ -15,9 +13,9 @@ import (
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
-	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/policy/policycidr"
@@ -30,6 +28,10 @@ var wiring = cell.Provide(
 	endpointsConfig,
 	endpointsSettings,
 	endpointsKubernetes,
+	k8sConfig,
+	k8sSettings,
+	k8sIPCache,
+	k8sPolicy,
 	datapathConfig,
 	datapathSettings,
 	kvstoreConfig,
@@ -55,24 +57,32 @@ func endpointsSettings(cfg Config) agentendpoints.Settings {
 	return agentendpoints.Settings{NodeName: cfg.NodeName, StateDir: cfg.StateDir}
 }
 
-// endpointsKubernetesOf is the Kubernetes client as the endpoints read it.
-type endpointsKubernetesOf struct{ k *k8sClient }
-
-func (e endpointsKubernetesOf) SelectPodCIDRs(ctx context.Context) (node.Selection, error) {
-	return e.k.selectPodCIDRs(ctx)
-}
-
-func (e endpointsKubernetesOf) PodLabels(ctx context.Context, ns, name string) ([]string, bool) {
-	return e.k.labelsForEndpoint(ctx, ns, name)
-}
-
-// endpointsKubernetes is nil in standalone mode.
-func endpointsKubernetes(k *k8sClient) agentendpoints.Kubernetes {
+// endpointsKubernetes is the Kubernetes client as the endpoints read it;
+// nil in standalone mode.
+func endpointsKubernetes(k *agentk8s.Client) agentendpoints.Kubernetes {
 	if k == nil {
 		return nil
 	}
-	return endpointsKubernetesOf{k}
+	return k
 }
+
+func k8sConfig(cfg Config) agentk8s.Config { return cfg.Kubernetes }
+
+func k8sSettings(cfg Config) agentk8s.Settings {
+	return agentk8s.Settings{NodeName: cfg.NodeName, IPAM: cfg.Endpoints.IPAM, IPv4Range: cfg.Endpoints.IPv4Range,
+		IPv6Range: cfg.Endpoints.IPv6Range, InstallHostNetworking: cfg.Endpoints.InstallHostNetworking}
+}
+
+// k8sIPCache is the datapath's ipcache as the watchers write it; nil
+// without the datapath.
+func k8sIPCache(dp *agentdatapath.Module) agentk8s.IPCache {
+	if dp == nil {
+		return nil
+	}
+	return datapathIPCache{dp}
+}
+
+func k8sPolicy(p *agentpolicy.Module) agentk8s.Policy { return p }
 
 func datapathConfig(cfg Config) agentdatapath.Config { return cfg.Datapath }
 
@@ -100,23 +110,25 @@ func (k kvEndpoints) Lookup(id string) (*endpoint.Endpoint, error) {
 	return k.eps.Manager().Lookup(id)
 }
 
-func kvstoreNodeIP(k *kubernetesModule) agentkv.NodeIP {
+func kvstoreNodeIP(k *agentk8s.Module) agentkv.NodeIP {
 	if k == nil {
 		return nil
 	}
-	return k.nodeIP
+	return k.NodeIP
 }
 
-// kvIPCache is the datapath's ipcache as the kvstore source writes it.
-type kvIPCache struct{ *agentdatapath.Module }
+// datapathIPCache is the datapath's ipcache as the kvstore and Kubernetes
+// sources write it: other nodes and their endpoints, and an initializer
+// for their first listing.
+type datapathIPCache struct{ *agentdatapath.Module }
 
-func (c kvIPCache) AddInitializer(name string) func() { return c.IPCache().AddInitializer(name) }
+func (c datapathIPCache) AddInitializer(name string) func() { return c.IPCache().AddInitializer(name) }
 
 func kvstoreIPCache(dp *agentdatapath.Module) agentkv.IPCache {
 	if dp == nil {
 		return nil
 	}
-	return kvIPCache{dp}
+	return datapathIPCache{dp}
 }
 
 func flowsConfig(cfg Config) agentflows.Config { return cfg.Hubble }
@@ -164,15 +176,16 @@ func flowsServices(s *servicesModule) agentflows.Services {
 
 // flowsNodeEvents follows the Node objects for the Peer service; nil in
 // standalone mode.
-func flowsNodeEvents(k *k8sClient) agentflows.NodeEvents {
+func flowsNodeEvents(k *agentk8s.Client) agentflows.NodeEvents {
 	if k == nil {
 		return nil
 	}
 	return func(fn func(watchers.Event[*corev1.Node])) (func(), error) {
-		if k.watchers == nil {
+		w := k.Watchers()
+		if w == nil {
 			return nil, nil
 		}
-		return k.watchers.Nodes.Subscribe(fn)
+		return w.Nodes.Subscribe(fn)
 	}
 }
 
@@ -206,18 +219,18 @@ func policyEndpoints(eps *agentendpoints.Module) agentpolicy.Endpoints { return 
 
 // policyNamedPortsOf are the pods' named ports the Kubernetes client
 // follows.
-type policyNamedPortsOf struct{ k *k8sClient }
+type policyNamedPortsOf struct{ k *agentk8s.Client }
 
 func (n policyNamedPortsOf) Local(ep *endpoint.Endpoint) map[string]policy.NamedPort {
-	return n.k.namedPorts(ep)
+	return n.k.NamedPorts(ep)
 }
 
 func (n policyNamedPortsOf) AddRemote(out map[identity.NumericIdentity]map[string]policy.NamedPort) {
-	n.k.addRemoteNamedPorts(out)
+	n.k.AddRemoteNamedPorts(out)
 }
 
 // policyNamedPorts is nil in standalone mode.
-func policyNamedPorts(k *k8sClient) agentpolicy.NamedPorts {
+func policyNamedPorts(k *agentk8s.Client) agentpolicy.NamedPorts {
 	if k == nil {
 		return nil
 	}

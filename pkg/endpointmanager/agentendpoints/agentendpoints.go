@@ -333,6 +333,31 @@ func (m *Module) ApplyPodLabels(ctx context.Context, ep *endpoint.Endpoint) {
 		"pod", ep.PodNamespace+"/"+ep.PodName)
 }
 
+// Relabel records new labels for the endpoints of a pod. It only records
+// them and queues the endpoints' regeneration: the manager's workers
+// allocate the identity (over the network in CRD or kvstore mode) and
+// realize the policy, retried until they succeed, so the watcher callback that
+// calls it never blocks.
+func (m *Module) Relabel(ns, name string, labels []string) {
+	mgr := m.mgr
+	if mgr == nil {
+		return
+	}
+	for _, ep := range mgr.List() {
+		if ep.PodNamespace != ns || ep.PodName != name {
+			continue
+		}
+		changed, err := mgr.SetLabels(ep.ID, labels, "Pod labels changed")
+		if err != nil {
+			m.log.Warn("Update endpoint labels", "endpoint", ep.ID, "pod", ns+"/"+name, "error", err)
+			continue
+		}
+		if changed {
+			m.log.Info("Endpoint labels changed; regeneration queued", "endpoint", ep.ID, "pod", ns+"/"+name)
+		}
+	}
+}
+
 // Manager is the endpoint manager; nil before the start step builds it.
 func (m *Module) Manager() *endpointmanager.Manager { return m.mgr }
 
