@@ -22,6 +22,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
@@ -53,7 +54,7 @@ type apiParams struct {
 	Datapath   *agentdatapath.Module // nil without the datapath
 	K8s        *agentk8s.Module      // nil in standalone mode
 	KVStore    *agentkv.Module       // nil without a kvstore
-	Services   *servicesModule
+	Services   *agentservices.Module
 	Inspector  *dbinspect.Inspector
 	Flows      *agentflows.Module // nil with flows off
 	Metrics    *metrics.Server
@@ -64,7 +65,7 @@ func registerAPIHandlers(p apiParams) {
 	(&metricsAPI{metrics: p.Metrics}).register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
 		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows, masq: p.Masquerade}).register(p.API)
-	(&serviceAPI{services: p.Services}).register(p.API)
+	(&agentservices.ServiceAPI{Services: p.Services}).Register(p.API)
 	registerStateDBAPI(p.API, p.Inspector)
 	(&policyapi.Handlers{Repo: p.Policy.Repository(), Universe: p.Policy.Universe, Source: agentpolicy.SourceAPI}).Register(p.API)
 	(&agentdatapath.MapAPI{Datapath: p.Datapath, BPFRoot: p.Config.BPFRoot}).Register(p.API)
@@ -106,7 +107,7 @@ type daemonAPI struct {
 	dp         *agentdatapath.Module
 	k8s        *agentk8s.Module
 	kvstore    *agentkv.Module
-	services   *servicesModule
+	services   *agentservices.Module
 	tables     *dbinspect.Inspector
 	flows      *agentflows.Module
 	masq       *hostdev.Masquerade

@@ -166,7 +166,7 @@ func (h *daemonAPI) sections() []ext.Section {
 		out = append(out, h.masq.StatusSection())
 	}
 	if h.services != nil {
-		out = append(out, h.services.statusSection())
+		out = append(out, h.services.StatusSection())
 	}
 	if h.flows != nil {
 		out = append(out, h.flows.StatusSection())

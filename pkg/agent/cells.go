@@ -10,6 +10,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
@@ -31,7 +32,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentk8s.ClientCell,
 		agentdatapath.Cell,
 		masqueradeCell,
-		servicesCell,
+		agentservices.Cell,
 		agentendpoints.Cell,
 		agentk8s.Cell,
 		agentkv.Cell,

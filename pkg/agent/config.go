@@ -17,6 +17,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/labels"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/profiling"
@@ -60,7 +61,7 @@ type Config struct {
 	// events, direct delivery).
 	Datapath agentdatapath.Config
 	// Services are the services' options (socket LB, selection).
-	Services ServicesConfig
+	Services agentservices.Config
 	// Hubble are the flows' options (observer, Hubble API, trace events).
 	Hubble agentflows.Config
 	// Masquerade are the host device programs' options (masquerade of pod
@@ -99,7 +100,7 @@ func DefaultConfig() Config {
 		IdentityLabels:         labels.DefaultConfig(),
 		Endpoints:              agentendpoints.DefaultConfig(),
 		Datapath:               agentdatapath.DefaultConfig(),
-		Services:               ServicesConfig{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true},
+		Services:               agentservices.DefaultConfig(),
 		Hubble:                 agentflows.DefaultConfig(),
 		Masquerade:             hostdev.DefaultConfig(),
 		API:                    server.DefaultConfig(),

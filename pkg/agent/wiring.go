@@ -16,6 +16,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/policy/policycidr"
@@ -29,6 +30,9 @@ var wiring = cell.Provide(
 	endpointsSettings,
 	endpointsKubernetes,
 	k8sConfig,
+	servicesConfig,
+	servicesSettings,
+	servicesWatchers,
 	k8sSettings,
 	k8sIPCache,
 	k8sPolicy,
@@ -66,6 +70,22 @@ func endpointsKubernetes(k *agentk8s.Client) agentendpoints.Kubernetes {
 	return k
 }
 
+func servicesConfig(cfg Config) agentservices.Config { return cfg.Services }
+
+func servicesSettings(cfg Config) agentservices.Settings {
+	trace, _ := cfg.Hubble.TraceMode() // validated with the config
+	return agentservices.Settings{NodeName: cfg.NodeName, BPFRoot: cfg.BPFRoot, TraceEvents: trace != loader.TraceOff}
+}
+
+// servicesWatchers are the Kubernetes client's watchers (they exist once
+// its step has connected); nil in standalone mode.
+func servicesWatchers(k *agentk8s.Client) agentservices.Watchers {
+	if k == nil {
+		return nil
+	}
+	return k.Watchers
+}
+
 func k8sConfig(cfg Config) agentk8s.Config { return cfg.Kubernetes }
 
 func k8sSettings(cfg Config) agentk8s.Settings {
@@ -90,7 +110,7 @@ func datapathConfig(cfg Config) agentdatapath.Config { return cfg.Datapath }
 // agent's configuration.
 func datapathSettings(cfg Config) agentdatapath.Settings {
 	trace, _ := cfg.Hubble.TraceMode() // validated with the config
-	return agentdatapath.Settings{BPFRoot: cfg.BPFRoot, TraceEvents: trace, LBSizes: cfg.Services.lbSizes()}
+	return agentdatapath.Settings{BPFRoot: cfg.BPFRoot, TraceEvents: trace, LBSizes: cfg.Services.LBSizes()}
 }
 
 func kvstoreConfig(cfg Config) agentkv.Config {
@@ -167,11 +187,11 @@ func flowsEndpoints(eps *agentendpoints.Module) agentflows.Endpoints { return fl
 
 func flowsPolicy(p *agentpolicy.Module) agentflows.Policy { return p }
 
-func flowsServices(s *servicesModule) agentflows.Services {
+func flowsServices(s *agentservices.Module) agentflows.Services {
 	if s == nil {
 		return agentflows.Services{}
 	}
-	return agentflows.Services{Tables: s.tables}
+	return agentflows.Services{Tables: s.Tables()}
 }
 
 // flowsNodeEvents follows the Node objects for the Peer service; nil in
