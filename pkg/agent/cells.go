@@ -5,6 +5,7 @@ import (
 	"github.com/cilium/hive/job"
 
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/hostips"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
@@ -37,7 +38,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentk8s.Cell,
 		agentkv.Cell,
 		realizerCell,
-		hostIPsCell,
+		hostips.Cell,
 		agentpolicy.Cell,
 		regenerationCell,
 		agentdatapath.RestoredCell,

@@ -5,6 +5,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/hostips"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
@@ -30,6 +31,7 @@ var wiring = cell.Provide(
 	endpointsSettings,
 	endpointsKubernetes,
 	k8sConfig,
+	hostIPsEndpoints,
 	servicesConfig,
 	servicesSettings,
 	servicesWatchers,
@@ -85,6 +87,8 @@ func servicesWatchers(k *agentk8s.Client) agentservices.Watchers {
 	}
 	return k.Watchers
 }
+
+func hostIPsEndpoints(e *agentendpoints.Module) hostips.Endpoints { return e }
 
 func k8sConfig(cfg Config) agentk8s.Config { return cfg.Kubernetes }
 
