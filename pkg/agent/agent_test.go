@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/realizer"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/metrics"
@@ -34,7 +35,7 @@ type testAgent struct {
 	policy     *agentpolicy.Module
 	kvstore    *agentkv.Module
 	datapath   *agentdatapath.Module
-	realizer   *endpointRealizer
+	realizer   *realizer.Realizer
 	metrics    *metrics.Server
 	identities identity.Allocator
 }
@@ -42,7 +43,7 @@ type testAgent struct {
 func newTestAgent(cfg Config, deps Deps, extra ...cell.Cell) (*testAgent, error) {
 	ta := &testAgent{}
 	a, err := New(cfg, deps, append(extra, cell.Invoke(func(e *agentendpoints.Module, p *agentpolicy.Module, kv *agentkv.Module, dp *agentdatapath.Module,
-		r *endpointRealizer, m *metrics.Server, ids identity.Allocator) {
+		r *realizer.Realizer, m *metrics.Server, ids identity.Allocator) {
 		ta.endpoints, ta.policy, ta.kvstore, ta.datapath, ta.realizer, ta.metrics, ta.identities = e, p, kv, dp, r, m, ids
 	}))...)
 	if err != nil {

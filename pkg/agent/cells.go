@@ -8,6 +8,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/hostips"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/realizer"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
@@ -37,10 +38,10 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentendpoints.Cell,
 		agentk8s.Cell,
 		agentkv.Cell,
-		realizerCell,
+		realizer.Cell,
 		hostips.Cell,
 		agentpolicy.Cell,
-		regenerationCell,
+		realizer.RegenerationCell,
 		agentdatapath.RestoredCell,
 		agentflows.Cell,
 		apiCell,

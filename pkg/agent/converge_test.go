@@ -178,7 +178,14 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 		t.Fatal(err)
 	}
 	kernel := newRecordingKernel()
+	var alloc *flakyAllocator
 	a, err := newTestAgent(cfg, Deps{Flags: fs},
+		// Identities are allocated through an allocator that fails while
+		// told to.
+		cell.DecorateAll(func(a identity.Allocator) identity.Allocator {
+			alloc = &flakyAllocator{Allocator: a}
+			return alloc
+		}),
 		// Endpoints are regenerated into the recording kernel.
 		cell.DecorateAll(func(agentdatapath.Kernel) agentdatapath.Kernel { return kernel }),
 		// The hive is not started: the ipcache runs with its reconciler
@@ -188,10 +195,7 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &regenAgent{a: a, kernel: kernel, alloc: &flakyAllocator{Allocator: a.identities}}
-	// The policy subscribed to the allocator while the hive was built;
-	// what allocates is the realizer.
-	a.identities, a.realizer.identities = r.alloc, r.alloc
+	r := &regenAgent{a: a, kernel: kernel, alloc: alloc}
 	store, err := endpoint.NewStore(filepath.Join(cfg.StateDir, "endpoints"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +214,7 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	}()
 	go func() {
 		defer close(policyDone)
-		a.policy.Run(ctx, a.realizer.refreshPolicy)
+		a.policy.Run(ctx, a.realizer.RefreshPolicy)
 	}()
 	t.Cleanup(func() {
 		cancel()

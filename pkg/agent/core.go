@@ -116,12 +116,6 @@ func newLabelFilter(cfg Config) (*labels.Filter, error) {
 	return f, nil
 }
 
-// newJobGroup is a module's job group: its goroutines, started and joined
-// with the hive, their health under the module's name.
-func newJobGroup(jobs job.Registry, reg *health.Registry, module string, log *slog.Logger) job.Group {
-	return jobs.NewGroup(reg.Scope(module), job.WithLogger(log))
-}
-
 // logFor is the logger of a named part of a cell. Cells log through the
 // root logger with their own "module" field, as the agent always has (the
 // logger hive gives a module already carries one).

@@ -1,4 +1,4 @@
-package agent
+package realizer
 
 import (
 	"context"
@@ -24,10 +24,10 @@ type stepParams struct {
 	Health    *health.Registry
 }
 
-// regenerationCell is start step 9: the restored endpoints regenerate once
+// RegenerationCell is start step 9: the restored endpoints regenerate once
 // identities and policy are in, then the endpoint manager's workers and the
 // policy regeneration keep every endpoint at the current policy.
-var regenerationCell = cell.Module("regeneration", "Endpoint regeneration after restore and on policy changes",
+var RegenerationCell = cell.Module("regeneration", "Endpoint regeneration after restore and on policy changes",
 	cell.Invoke(registerRegeneration),
 )
 
@@ -36,21 +36,21 @@ type regenerationParams struct {
 
 	Endpoints *agentendpoints.Module
 	Policy    *agentpolicy.Module
-	Realizer  *endpointRealizer // nil without the datapath
+	Realizer  *Realizer // nil without the datapath
 }
 
 func registerRegeneration(p stepParams, r regenerationParams) {
 	eps := r.Endpoints
 	p.Steps.Append(p.Lifecycle, "regenerate-restored", eps.RegenerateRestored, nil)
-	newJobGroup(p.Jobs, p.Health, "regenerate-restored", p.Log).Add(job.OneShot("regeneration-workers", eps.RunWorkers))
+	p.Jobs.NewGroup(p.Health.Scope("regenerate-restored"), job.WithLogger(p.Log)).Add(job.OneShot("regeneration-workers", eps.RunWorkers))
 	// The step marks where the policy regeneration starts (its job,
 	// right after it).
 	p.Steps.Append(p.Lifecycle, "policy-regeneration", nil, nil)
 	var refresh func(*endpoint.Endpoint) error
 	if r.Realizer != nil {
-		refresh = r.Realizer.refreshPolicy
+		refresh = r.Realizer.RefreshPolicy
 	}
-	newJobGroup(p.Jobs, p.Health, "policy-regeneration", p.Log).Add(job.OneShot("policy-regeneration", func(ctx context.Context, _ cell.Health) error {
+	p.Jobs.NewGroup(p.Health.Scope("policy-regeneration"), job.WithLogger(p.Log)).Add(job.OneShot("policy-regeneration", func(ctx context.Context, _ cell.Health) error {
 		r.Policy.Run(ctx, refresh)
 		return nil
 	}))

@@ -1,4 +1,10 @@
-package agent
+// Package realizer is the datapath side of an endpoint's regeneration
+// (identity, ipcache, policy map entries, endpoint map entry and
+// programs: the "endpoint-realizer" cell, start step "identity-restore")
+// and the regeneration that keeps every endpoint at the current policy
+// (the "regeneration" cell: steps "regenerate-restored" and
+// "policy-regeneration", the manager's workers and the policy pass).
+package realizer
 
 import (
 	"context"
@@ -18,18 +24,18 @@ import (
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
-// realizerCell realizes endpoints in the datapath: it is the endpoint
+// Cell realizes endpoints in the datapath: it is the endpoint
 // manager's regeneration step for identity, ipcache, policy map and
 // programs, and its start step re-takes the restored endpoints' identities
 // (step 7, after the kvstore, whose allocator must be synced first).
-var realizerCell = cell.Module("endpoint-realizer", "Endpoint identity ipcache policy map and programs",
-	cell.Provide(newEndpointRealizer),
-	cell.Invoke(func(*endpointRealizer) {}),
+var Cell = cell.Module("endpoint-realizer", "Endpoint identity ipcache policy map and programs",
+	cell.Provide(New),
+	cell.Invoke(func(*Realizer) {}),
 )
 
-// endpointRealizer is the datapath side of an endpoint's regeneration;
+// Realizer is the datapath side of an endpoint's regeneration;
 // nil without the datapath.
-type endpointRealizer struct {
+type Realizer struct {
 	log        *slog.Logger
 	kernel     agentdatapath.Kernel
 	ipcache    *ipcache.IPCache
@@ -40,7 +46,8 @@ type endpointRealizer struct {
 	held map[uint16]identity.NumericIdentity // identity reference held per endpoint
 }
 
-type realizerParams struct {
+// Params are the realizer's dependencies.
+type Params struct {
 	cell.In
 
 	Log        *slog.Logger
@@ -53,11 +60,13 @@ type realizerParams struct {
 	Identities identity.Allocator
 }
 
-func newEndpointRealizer(p realizerParams) *endpointRealizer {
+// New builds the realizer (nil without the datapath), registers it as a
+// regeneration hook of the endpoints and appends its step.
+func New(p Params) *Realizer {
 	if p.Kernel == nil {
 		return nil
 	}
-	r := &endpointRealizer{log: p.Log, kernel: p.Kernel, ipcache: p.IPCache, policy: p.Policy, identities: p.Identities, held: map[uint16]identity.NumericIdentity{}}
+	r := &Realizer{log: p.Log, kernel: p.Kernel, ipcache: p.IPCache, policy: p.Policy, identities: p.Identities, held: map[uint16]identity.NumericIdentity{}}
 	// After host networking, every regeneration realizes the endpoint here.
 	p.Endpoints.AddRegenerateHook(r)
 	eps := p.Endpoints
@@ -70,7 +79,7 @@ func newEndpointRealizer(p realizerParams) *endpointRealizer {
 
 // reserveRestored re-takes the identities of restored endpoints so they
 // keep the numbers their pinned policy entries use.
-func (m *endpointRealizer) reserveRestored(eps []*endpoint.Endpoint) {
+func (m *Realizer) reserveRestored(eps []*endpoint.Endpoint) {
 	for _, ep := range eps {
 		if ep.Identity == 0 || !identity.NumericIdentity(ep.Identity).IsCluster() {
 			continue
@@ -89,7 +98,7 @@ func (m *endpointRealizer) reserveRestored(eps []*endpoint.Endpoint) {
 // Regenerate realizes one endpoint in the datapath, in the order that keeps
 // its first packet enforced: identity, ipcache, policy entries, endpoint
 // map entry, then the programs.
-func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
+func (m *Realizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
 	labels := agentpolicy.EndpointLabels(ep)
 	var id identity.NumericIdentity
 	if len(labels) == 0 {
@@ -148,10 +157,10 @@ func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint
 	return m.kernel.AttachEndpoint(agentdatapath.EndpointInfo(ep))
 }
 
-// refreshPolicy is the light regeneration after a policy, identity or mode
+// RefreshPolicy is the light regeneration after a policy, identity or mode
 // change: the policy map difference, then the enforcement flags in the
 // endpoint entries (only when they changed).
-func (m *endpointRealizer) refreshPolicy(ep *endpoint.Endpoint) error {
+func (m *Realizer) RefreshPolicy(ep *endpoint.Endpoint) error {
 	if err := m.policy.Realize(context.Background(), ep, m.kernel.PolicyMap()); err != nil {
 		return err
 	}
@@ -166,7 +175,7 @@ func (m *endpointRealizer) refreshPolicy(ep *endpoint.Endpoint) error {
 }
 
 // Remove tears an endpoint out of the datapath.
-func (m *endpointRealizer) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
+func (m *Realizer) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 	var errs []error
 	if err := m.kernel.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
 		errs = append(errs, err)
