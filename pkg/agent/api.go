@@ -62,11 +62,11 @@ type apiParams struct {
 }
 
 func registerAPIHandlers(p apiParams) {
-	(&metricsAPI{metrics: p.Metrics}).register(p.API)
+	(&metrics.API{Metrics: p.Metrics}).Register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
 		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows, masq: p.Masquerade}).register(p.API)
 	(&agentservices.ServiceAPI{Services: p.Services}).Register(p.API)
-	registerStateDBAPI(p.API, p.Inspector)
+	p.Inspector.RegisterAPI(p.API)
 	(&policyapi.Handlers{Repo: p.Policy.Repository(), Universe: p.Policy.Universe, Source: agentpolicy.SourceAPI}).Register(p.API)
 	(&agentdatapath.MapAPI{Datapath: p.Datapath, BPFRoot: p.Config.BPFRoot}).Register(p.API)
 	ids := &identityapi.Handlers{Identities: p.IDTable, Endpoints: func() ([]*endpoint.Endpoint, error) {

@@ -172,7 +172,7 @@ func (h *daemonAPI) sections() []ext.Section {
 		out = append(out, h.flows.StatusSection())
 	}
 	if h.tables != nil {
-		if sec := tablesStatusSection(h.tables); len(sec.Lines) > 0 {
+		if sec := h.tables.StatusSection(); len(sec.Lines) > 0 {
 			out = append(out, sec)
 		}
 	}

@@ -7,54 +7,31 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostips"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
-	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
-	"github.com/tendril-net/tendril/pkg/identity"
-	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
-	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
-	"github.com/tendril-net/tendril/pkg/policy/policycidr"
 )
 
-// wiring gives the cells that live in their subsystem packages what they
-// take from the agent's configuration and from cells still in this
-// package, as the types those packages declare.
+// wiring gives each cell what it takes from the agent's configuration
+// (its config struct and settings) and from other cells, as the types its
+// package declares. It is the only place that knows both sides; where a
+// cell's type already has the methods another declares, the provider only
+// names the interface.
 var wiring = cell.Provide(
-	endpointsConfig,
-	endpointsSettings,
-	endpointsKubernetes,
-	k8sConfig,
+	endpointsConfig, endpointsSettings, endpointsKubernetes,
+	datapathConfig, datapathSettings,
+	k8sConfig, k8sSettings, k8sIPCache, k8sPolicy,
+	servicesConfig, servicesSettings, servicesWatchers,
 	hostIPsEndpoints,
-	servicesConfig,
-	servicesSettings,
-	servicesWatchers,
-	k8sSettings,
-	k8sIPCache,
-	k8sPolicy,
-	datapathConfig,
-	datapathSettings,
-	kvstoreConfig,
-	kvstoreEndpoints,
-	kvstoreNodeIP,
-	kvstoreIPCache,
-	flowsConfig,
-	flowsNode,
-	flowsDatapath,
-	flowsEndpoints,
-	flowsPolicy,
-	flowsServices,
-	flowsNodeEvents,
-	policyConfig,
-	policyDatapath,
-	policyEndpoints,
-	policyNamedPorts,
+	kvstoreConfig, kvstoreEndpoints, kvstoreNodeIP, kvstoreIPCache,
+	policyConfig, policyDatapath, policyEndpoints, policyNamedPorts,
+	flowsConfig, flowsNode, flowsDatapath, flowsEndpoints, flowsPolicy, flowsServices, flowsNodeEvents,
 )
 
 func endpointsConfig(cfg Config) agentendpoints.Config { return cfg.Endpoints }
@@ -103,7 +80,7 @@ func k8sIPCache(dp *agentdatapath.Module) agentk8s.IPCache {
 	if dp == nil {
 		return nil
 	}
-	return datapathIPCache{dp}
+	return dp
 }
 
 func k8sPolicy(p *agentpolicy.Module) agentk8s.Policy { return p }
@@ -141,18 +118,11 @@ func kvstoreNodeIP(k *agentk8s.Module) agentkv.NodeIP {
 	return k.NodeIP
 }
 
-// datapathIPCache is the datapath's ipcache as the kvstore and Kubernetes
-// sources write it: other nodes and their endpoints, and an initializer
-// for their first listing.
-type datapathIPCache struct{ *agentdatapath.Module }
-
-func (c datapathIPCache) AddInitializer(name string) func() { return c.IPCache().AddInitializer(name) }
-
 func kvstoreIPCache(dp *agentdatapath.Module) agentkv.IPCache {
 	if dp == nil {
 		return nil
 	}
-	return datapathIPCache{dp}
+	return dp
 }
 
 func flowsConfig(cfg Config) agentflows.Config { return cfg.Hubble }
@@ -161,19 +131,11 @@ func flowsNode(cfg Config) agentflows.Node {
 	return agentflows.Node{Name: cfg.NodeName, APISocket: cfg.API.Socket}
 }
 
-// flowsDatapathOf is the datapath's events and ipcache as the flows read
-// them.
-type flowsDatapathOf struct{ dp *agentdatapath.Module }
-
-func (f flowsDatapathOf) SetEventSink(sink func(loader.Event))   { f.dp.SetEventSink(sink) }
-func (f flowsDatapathOf) EventsLost() (loader.EventsLost, error) { return f.dp.Loader().EventsLost() }
-func (f flowsDatapathOf) IPCache() *ipcache.IPCache              { return f.dp.IPCache() }
-
 func flowsDatapath(dp *agentdatapath.Module) agentflows.Datapath {
 	if dp == nil {
 		return nil
 	}
-	return flowsDatapathOf{dp}
+	return dp
 }
 
 // flowsEndpointsOf looks endpoints up in the manager once it exists.
@@ -215,48 +177,19 @@ func flowsNodeEvents(k *agentk8s.Client) agentflows.NodeEvents {
 
 func policyConfig(cfg Config) agentpolicy.Config { return agentpolicy.Config{StateDir: cfg.StateDir} }
 
-// policyDatapathOf is the datapath as the policy writes it (the maps are
-// read at each call: they open in the datapath's start step).
-type policyDatapathOf struct {
-	dp      *agentdatapath.Module
-	ipcache *ipcache.IPCache
-}
-
-func (d policyDatapathOf) Maps() *maps.Maps              { return d.dp.Loader().Maps() }
-func (d policyDatapathOf) PolicyCIDR() *policycidr.Table { return d.dp.PolicyCIDR() }
-func (d policyDatapathOf) IPCache() *ipcache.IPCache     { return d.ipcache }
-
-func policyDatapath(dp *agentdatapath.Module, ic *ipcache.IPCache) agentpolicy.Datapath {
+func policyDatapath(dp *agentdatapath.Module) agentpolicy.Datapath {
 	if dp == nil {
 		return nil
 	}
-	return policyDatapathOf{dp, ic}
+	return dp
 }
 
-// policyEndpointsOf is the endpoint manager once the endpoints' start step
-// has built it.
-type policyEndpointsOf struct{ eps *agentendpoints.Module }
-
-func (e policyEndpointsOf) Manager() *endpointmanager.Manager          { return e.eps.Manager() }
-func (e policyEndpointsOf) Subscribe(fn func(endpointmanager.Event))   { e.eps.Subscribe(fn) }
-func policyEndpoints(eps *agentendpoints.Module) agentpolicy.Endpoints { return policyEndpointsOf{eps} }
-
-// policyNamedPortsOf are the pods' named ports the Kubernetes client
-// follows.
-type policyNamedPortsOf struct{ k *agentk8s.Client }
-
-func (n policyNamedPortsOf) Local(ep *endpoint.Endpoint) map[string]policy.NamedPort {
-	return n.k.NamedPorts(ep)
-}
-
-func (n policyNamedPortsOf) AddRemote(out map[identity.NumericIdentity]map[string]policy.NamedPort) {
-	n.k.AddRemoteNamedPorts(out)
-}
+func policyEndpoints(eps *agentendpoints.Module) agentpolicy.Endpoints { return eps }
 
 // policyNamedPorts is nil in standalone mode.
 func policyNamedPorts(k *agentk8s.Client) agentpolicy.NamedPorts {
 	if k == nil {
 		return nil
 	}
-	return policyNamedPortsOf{k}
+	return k
 }

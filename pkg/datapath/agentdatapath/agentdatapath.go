@@ -258,6 +258,16 @@ func (m *Module) Loader() *loader.Loader { return m.loader }
 // winners to the BPF ipcache map.
 func (m *Module) IPCache() *ipcache.IPCache { return m.ipcache }
 
+// Maps are the open BPF maps; nil before the start step.
+func (m *Module) Maps() *maps.Maps { return m.loader.Maps() }
+
+// EventsLost reads the datapath's lost-event counters.
+func (m *Module) EventsLost() (loader.EventsLost, error) { return m.loader.EventsLost() }
+
+// AddInitializer holds the ipcache's prune back until the returned
+// function is called (a source's first listing).
+func (m *Module) AddInitializer(name string) func() { return m.ipcache.AddInitializer(name) }
+
 // PolicyCIDR is the table of the prefixes rules name, written to the BPF
 // policy CIDR map by its reconciler.
 func (m *Module) PolicyCIDR() *policycidr.Table { return m.policyCIDR }

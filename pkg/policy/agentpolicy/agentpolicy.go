@@ -75,10 +75,11 @@ type Endpoints interface {
 // NamedPorts are the pods' named container ports, from Kubernetes; nil in
 // standalone mode.
 type NamedPorts interface {
-	// Local are the named ports of a local endpoint's pod.
-	Local(ep *endpoint.Endpoint) map[string]policy.NamedPort
-	// AddRemote adds other nodes' endpoints' named ports per identity.
-	AddRemote(out map[identity.NumericIdentity]map[string]policy.NamedPort)
+	// NamedPorts are the named ports of a local endpoint's pod.
+	NamedPorts(ep *endpoint.Endpoint) map[string]policy.NamedPort
+	// AddRemoteNamedPorts adds other nodes' endpoints' named ports per
+	// identity.
+	AddRemoteNamedPorts(out map[identity.NumericIdentity]map[string]policy.NamedPort)
 }
 
 // PolicyMap is the BPF policy map as the realization writes it.

@@ -202,7 +202,7 @@ func (p *Module) localNamedPorts() map[identity.NumericIdentity]map[string]polic
 	}
 	out := map[identity.NumericIdentity]map[string]policy.NamedPort{}
 	for _, ep := range mgr.List() {
-		ports := p.namedPorts.Local(ep)
+		ports := p.namedPorts.NamedPorts(ep)
 		if len(ports) == 0 || ep.Identity == 0 {
 			continue
 		}
@@ -214,7 +214,7 @@ func (p *Module) localNamedPorts() map[identity.NumericIdentity]map[string]polic
 			out[id][name] = np
 		}
 	}
-	p.namedPorts.AddRemote(out)
+	p.namedPorts.AddRemoteNamedPorts(out)
 	return out
 }
 
@@ -277,7 +277,7 @@ func resolutionKey(ep policy.Endpoint) string {
 func (p *Module) resolve(ep *endpoint.Endpoint) policy.Result {
 	pe := policy.Endpoint{Labels: EndpointLabels(ep)}
 	if p.namedPorts != nil {
-		pe.NamedPorts = p.namedPorts.Local(ep)
+		pe.NamedPorts = p.namedPorts.NamedPorts(ep)
 	}
 	key := resolutionKey(pe)
 	sh := p.sharedFor(p.repo.Revision())
