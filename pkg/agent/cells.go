@@ -10,6 +10,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/realizer"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
+	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
@@ -31,6 +32,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		wiring,
 		dbinspect.Cell, // statedb's cell and the tables' inspection
 		coreCell(cfg, deps),
+		agentidentity.Cell,
 		agentk8s.ClientCell,
 		agentdatapath.Cell,
 		masqueradeCell,

@@ -28,7 +28,7 @@ func TestStartOrder(t *testing.T) {
 			c.Kubernetes.Client.Kubeconfig = writeKubeconfig(t) // the API server is reached only when the step starts
 			c.Datapath.Enable = true
 			c.KVStore = KVStoreEmbedded
-			c.IdentityAllocationMode = IdentityAllocationKVStore
+			c.Identity.AllocationMode = IdentityAllocationKVStore
 		}, seedsOrder},
 		{"standalone, no datapath", func(c *Config) {
 			t.Setenv("KUBERNETES_SERVICE_HOST", "")

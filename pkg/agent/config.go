@@ -13,10 +13,10 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
+	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
-	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -44,15 +44,12 @@ type Config struct {
 	// Kubernetes says how to reach the API server (with none configured
 	// the agent runs standalone) and how long to wait for it.
 	Kubernetes agentk8s.Config
-	// IdentityAllocationMode is crd (TendrilIdentity objects, with
-	// Kubernetes), kvstore (etcd keys) or local (this node only).
-	IdentityAllocationMode string
 	// KVStore is "" (none), etcd (--kvstore-endpoints) or embedded (an etcd
 	// inside the agent, data under the state directory).
 	KVStore       string
 	KVStoreConfig kvstore.Config
-	// IdentityLabels decides which labels of a pod count for its identity.
-	IdentityLabels labels.Config
+	// Identity are the identity allocation mode and the identity labels.
+	Identity agentidentity.Config
 
 	// Endpoints are the endpoints' and IPAM's options (pod CIDRs, MTU,
 	// host networking).
@@ -82,30 +79,29 @@ const (
 
 // Identity allocation modes.
 const (
-	IdentityAllocationCRD     = "crd"
-	IdentityAllocationLocal   = "local"
-	IdentityAllocationKVStore = "kvstore"
+	IdentityAllocationCRD     = agentidentity.AllocationCRD
+	IdentityAllocationLocal   = agentidentity.AllocationLocal
+	IdentityAllocationKVStore = agentidentity.AllocationKVStore
 )
 
 // DefaultConfig returns the defaults of every option.
 func DefaultConfig() Config {
 	return Config{
-		StateDir:               "/var/run/tendril/state",
-		BPFRoot:                "/sys/fs/bpf/tendril",
-		PolicyEnforcement:      option.EnforcementDefault,
-		LogFormat:              "text",
-		Kubernetes:             agentk8s.DefaultConfig(),
-		IdentityAllocationMode: IdentityAllocationCRD,
-		KVStoreConfig:          kvstore.DefaultConfig(),
-		IdentityLabels:         labels.DefaultConfig(),
-		Endpoints:              agentendpoints.DefaultConfig(),
-		Datapath:               agentdatapath.DefaultConfig(),
-		Services:               agentservices.DefaultConfig(),
-		Hubble:                 agentflows.DefaultConfig(),
-		Masquerade:             hostdev.DefaultConfig(),
-		API:                    server.DefaultConfig(),
-		Metrics:                metrics.DefaultConfig(),
-		Profiling:              profiling.DefaultConfig(),
+		StateDir:          "/var/run/tendril/state",
+		BPFRoot:           "/sys/fs/bpf/tendril",
+		PolicyEnforcement: option.EnforcementDefault,
+		LogFormat:         "text",
+		Kubernetes:        agentk8s.DefaultConfig(),
+		KVStoreConfig:     kvstore.DefaultConfig(),
+		Identity:          agentidentity.DefaultConfig(),
+		Endpoints:         agentendpoints.DefaultConfig(),
+		Datapath:          agentdatapath.DefaultConfig(),
+		Services:          agentservices.DefaultConfig(),
+		Hubble:            agentflows.DefaultConfig(),
+		Masquerade:        hostdev.DefaultConfig(),
+		API:               server.DefaultConfig(),
+		Metrics:           metrics.DefaultConfig(),
+		Profiling:         profiling.DefaultConfig(),
 	}
 }
 
@@ -120,10 +116,9 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "Log at debug level")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "Log format: text or json")
 	c.Kubernetes.Flags(fs)
-	fs.StringVar(&c.IdentityAllocationMode, "identity-allocation-mode", c.IdentityAllocationMode, "Where identities are allocated: crd (TendrilIdentity objects; needs Kubernetes), kvstore (etcd; needs --kvstore) or local (this node only). Without Kubernetes crd falls back to local")
 	fs.StringVar(&c.KVStore, "kvstore", c.KVStore, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
 	c.KVStoreConfig.Flags(fs)
-	c.IdentityLabels.Flags(fs)
+	c.Identity.Flags(fs)
 	c.Endpoints.Flags(fs)
 	c.Datapath.Flags(fs)
 	c.Services.Flags(fs)
@@ -161,14 +156,11 @@ func (c *Config) Validate() error {
 	if err := c.Kubernetes.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	switch c.IdentityAllocationMode {
-	case IdentityAllocationCRD, IdentityAllocationLocal:
-	case IdentityAllocationKVStore:
-		if c.KVStore == KVStoreNone && len(c.KVStoreConfig.Endpoints) == 0 {
-			errs = append(errs, fmt.Errorf("identity-allocation-mode kvstore: needs --kvstore (etcd with --kvstore-endpoints, or embedded)"))
-		}
-	default:
-		errs = append(errs, fmt.Errorf("identity-allocation-mode %q: must be crd, kvstore or local", c.IdentityAllocationMode))
+	if err := c.Identity.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Identity.AllocationMode == IdentityAllocationKVStore && c.KVStore == KVStoreNone && len(c.KVStoreConfig.Endpoints) == 0 {
+		errs = append(errs, fmt.Errorf("identity-allocation-mode kvstore: needs --kvstore (etcd with --kvstore-endpoints, or embedded)"))
 	}
 	switch c.KVStore {
 	case KVStoreNone, KVStoreEmbedded:
@@ -180,9 +172,6 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("kvstore %q: must be empty, etcd or embedded", c.KVStore))
 	}
 
-	if _, err := labels.NewFilter(c.IdentityLabels); err != nil {
-		errs = append(errs, fmt.Errorf("identity-labels: %w", err))
-	}
 	if err := c.Services.Validate(); err != nil {
 		errs = append(errs, err)
 	}

@@ -31,7 +31,7 @@ import (
 func TestEmbeddedKVStoreIdentities(t *testing.T) {
 	a, c := startAgent(t, func(cfg *Config) {
 		cfg.KVStore = KVStoreEmbedded
-		cfg.IdentityAllocationMode = IdentityAllocationKVStore
+		cfg.Identity.AllocationMode = IdentityAllocationKVStore
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -96,7 +96,7 @@ func TestUnreachableKVStoreFailsStartClearly(t *testing.T) {
 	cfg.KVStore = KVStoreEtcd
 	cfg.KVStoreConfig.Endpoints = []string{"http://127.0.0.1:1"}
 	cfg.KVStoreConfig.ConnectTimeout = 2 * time.Second
-	cfg.IdentityAllocationMode = IdentityAllocationKVStore
+	cfg.Identity.AllocationMode = IdentityAllocationKVStore
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	cfg.Flags(fs)
 	a, err := newTestAgent(cfg, Deps{Flags: fs, Log: testLogger(t)})
@@ -119,10 +119,10 @@ func TestKVStoreConfigValidation(t *testing.T) {
 		mutate func(*Config)
 		want   string
 	}{
-		{"kvstore allocation without kvstore", func(c *Config) { c.IdentityAllocationMode = IdentityAllocationKVStore }, "needs --kvstore"},
+		{"kvstore allocation without kvstore", func(c *Config) { c.Identity.AllocationMode = IdentityAllocationKVStore }, "needs --kvstore"},
 		{"etcd without endpoints", func(c *Config) { c.KVStore = KVStoreEtcd }, "kvstore-endpoints"},
 		{"unknown kvstore", func(c *Config) { c.KVStore = "consul" }, "must be empty, etcd or embedded"},
-		{"unknown allocation mode", func(c *Config) { c.IdentityAllocationMode = "random" }, "must be crd, kvstore or local"},
+		{"unknown allocation mode", func(c *Config) { c.Identity.AllocationMode = "random" }, "must be crd, kvstore or local"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()

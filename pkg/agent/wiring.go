@@ -11,6 +11,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
+	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
@@ -24,6 +25,7 @@ import (
 // cell's type already has the methods another declares, the provider only
 // names the interface.
 var wiring = cell.Provide(
+	identityConfig, identitySettings,
 	endpointsConfig, endpointsSettings, endpointsKubernetes,
 	datapathConfig, datapathSettings,
 	k8sConfig, k8sSettings, k8sIPCache, k8sPolicy,
@@ -33,6 +35,12 @@ var wiring = cell.Provide(
 	policyConfig, policyDatapath, policyEndpoints, policyNamedPorts,
 	flowsConfig, flowsNode, flowsDatapath, flowsEndpoints, flowsPolicy, flowsServices, flowsNodeEvents,
 )
+
+func identityConfig(cfg Config) agentidentity.Config { return cfg.Identity }
+
+func identitySettings(cfg Config) agentidentity.Settings {
+	return agentidentity.Settings{NodeName: cfg.NodeName, Kubernetes: cfg.Kubernetes.Client.Enabled()}
+}
 
 func endpointsConfig(cfg Config) agentendpoints.Config { return cfg.Endpoints }
 
@@ -96,7 +104,7 @@ func datapathSettings(cfg Config) agentdatapath.Settings {
 
 func kvstoreConfig(cfg Config) agentkv.Config {
 	return agentkv.Config{Mode: cfg.KVStore, KVStore: cfg.KVStoreConfig, StateDir: cfg.StateDir, NodeName: cfg.NodeName,
-		IdentityAllocationMode: cfg.IdentityAllocationMode}
+		IdentityAllocationMode: cfg.Identity.AllocationMode}
 }
 
 // kvEndpoints reads the endpoint manager, which the endpoints' start step
