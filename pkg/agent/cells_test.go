@@ -27,7 +27,7 @@ func TestStartOrder(t *testing.T) {
 		{"everything", func(c *Config) {
 			c.Kubernetes.Client.Kubeconfig = writeKubeconfig(t) // the API server is reached only when the step starts
 			c.Datapath.Enable = true
-			c.KVStore = KVStoreEmbedded
+			c.KVStore.Mode = KVStoreEmbedded
 			c.Identity.AllocationMode = IdentityAllocationKVStore
 		}, seedsOrder},
 		{"standalone, no datapath", func(c *Config) {

@@ -15,7 +15,6 @@ import (
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
-	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
 	"github.com/tendril-net/tendril/pkg/metrics"
@@ -44,10 +43,10 @@ type Config struct {
 	// Kubernetes says how to reach the API server (with none configured
 	// the agent runs standalone) and how long to wait for it.
 	Kubernetes agentk8s.Config
-	// KVStore is "" (none), etcd (--kvstore-endpoints) or embedded (an etcd
-	// inside the agent, data under the state directory).
-	KVStore       string
-	KVStoreConfig kvstore.Config
+	// KVStore is none, etcd (--kvstore-endpoints) or embedded (an etcd
+	// inside the agent, data under the state directory), and the client's
+	// options.
+	KVStore agentkv.Options
 	// Identity are the identity allocation mode and the identity labels.
 	Identity agentidentity.Config
 
@@ -92,7 +91,7 @@ func DefaultConfig() Config {
 		PolicyEnforcement: option.EnforcementDefault,
 		LogFormat:         "text",
 		Kubernetes:        agentk8s.DefaultConfig(),
-		KVStoreConfig:     kvstore.DefaultConfig(),
+		KVStore:           agentkv.DefaultOptions(),
 		Identity:          agentidentity.DefaultConfig(),
 		Endpoints:         agentendpoints.DefaultConfig(),
 		Datapath:          agentdatapath.DefaultConfig(),
@@ -116,8 +115,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "Log at debug level")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "Log format: text or json")
 	c.Kubernetes.Flags(fs)
-	fs.StringVar(&c.KVStore, "kvstore", c.KVStore, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
-	c.KVStoreConfig.Flags(fs)
+	c.KVStore.Flags(fs)
 	c.Identity.Flags(fs)
 	c.Endpoints.Flags(fs)
 	c.Datapath.Flags(fs)
@@ -159,17 +157,11 @@ func (c *Config) Validate() error {
 	if err := c.Identity.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.Identity.AllocationMode == IdentityAllocationKVStore && c.KVStore == KVStoreNone && len(c.KVStoreConfig.Endpoints) == 0 {
+	if c.Identity.AllocationMode == IdentityAllocationKVStore && !c.KVStore.Enabled() {
 		errs = append(errs, fmt.Errorf("identity-allocation-mode kvstore: needs --kvstore (etcd with --kvstore-endpoints, or embedded)"))
 	}
-	switch c.KVStore {
-	case KVStoreNone, KVStoreEmbedded:
-	case KVStoreEtcd:
-		if len(c.KVStoreConfig.Endpoints) == 0 {
-			errs = append(errs, fmt.Errorf("kvstore etcd: --kvstore-endpoints is empty"))
-		}
-	default:
-		errs = append(errs, fmt.Errorf("kvstore %q: must be empty, etcd or embedded", c.KVStore))
+	if err := c.KVStore.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 
 	if err := c.Services.Validate(); err != nil {

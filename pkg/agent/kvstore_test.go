@@ -30,7 +30,7 @@ import (
 // shows in the agent's /v1/identity, and status reports the kvstore.
 func TestEmbeddedKVStoreIdentities(t *testing.T) {
 	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore = KVStoreEmbedded
+		cfg.KVStore.Mode = KVStoreEmbedded
 		cfg.Identity.AllocationMode = IdentityAllocationKVStore
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -93,9 +93,9 @@ func TestUnreachableKVStoreFailsStartClearly(t *testing.T) {
 	cfg.NodeName = "node-a"
 	cfg.Endpoints.InstallHostNetworking = false
 	cfg.Datapath.Enable = false
-	cfg.KVStore = KVStoreEtcd
-	cfg.KVStoreConfig.Endpoints = []string{"http://127.0.0.1:1"}
-	cfg.KVStoreConfig.ConnectTimeout = 2 * time.Second
+	cfg.KVStore.Mode = KVStoreEtcd
+	cfg.KVStore.Client.Endpoints = []string{"http://127.0.0.1:1"}
+	cfg.KVStore.Client.ConnectTimeout = 2 * time.Second
 	cfg.Identity.AllocationMode = IdentityAllocationKVStore
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	cfg.Flags(fs)
@@ -120,8 +120,8 @@ func TestKVStoreConfigValidation(t *testing.T) {
 		want   string
 	}{
 		{"kvstore allocation without kvstore", func(c *Config) { c.Identity.AllocationMode = IdentityAllocationKVStore }, "needs --kvstore"},
-		{"etcd without endpoints", func(c *Config) { c.KVStore = KVStoreEtcd }, "kvstore-endpoints"},
-		{"unknown kvstore", func(c *Config) { c.KVStore = "consul" }, "must be empty, etcd or embedded"},
+		{"etcd without endpoints", func(c *Config) { c.KVStore.Mode = KVStoreEtcd }, "kvstore-endpoints"},
+		{"unknown kvstore", func(c *Config) { c.KVStore.Mode = "consul" }, "must be empty, etcd or embedded"},
 		{"unknown allocation mode", func(c *Config) { c.Identity.AllocationMode = "random" }, "must be crd, kvstore or local"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -172,8 +172,8 @@ func publishedAddresses(ctx context.Context, c *kvstore.Client) (map[string]stri
 func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 	etcd := etcdproc.Start(t)
 	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore = KVStoreEtcd
-		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
+		cfg.KVStore.Mode = KVStoreEtcd
+		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
 		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})
 	// A failure while etcd is down must not leave the agent's stop (which
@@ -286,8 +286,8 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 func TestKVStoreAddressesRepublishedAfterLeaseLoss(t *testing.T) {
 	etcd := etcdproc.Start(t)
 	a, _ := startAgent(t, func(cfg *Config) {
-		cfg.KVStore = KVStoreEtcd
-		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
+		cfg.KVStore.Mode = KVStoreEtcd
+		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
 		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})
 	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
@@ -398,8 +398,8 @@ func TestKVStoreStaleAddressesPruned(t *testing.T) {
 		}
 	}
 	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore = KVStoreEtcd
-		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
+		cfg.KVStore.Mode = KVStoreEtcd
+		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
 		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})
 	a.endpoints.AddRegenerateHook(fixedIdentity(4321))

@@ -103,7 +103,7 @@ func datapathSettings(cfg Config) agentdatapath.Settings {
 }
 
 func kvstoreConfig(cfg Config) agentkv.Config {
-	return agentkv.Config{Mode: cfg.KVStore, KVStore: cfg.KVStoreConfig, StateDir: cfg.StateDir, NodeName: cfg.NodeName,
+	return agentkv.Config{Options: cfg.KVStore, StateDir: cfg.StateDir, NodeName: cfg.NodeName,
 		IdentityAllocationMode: cfg.Identity.AllocationMode}
 }
 
