@@ -24,7 +24,6 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/ipcache/ipcachetest"
 	"github.com/tendril-net/tendril/pkg/policy"
-	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
@@ -65,7 +64,7 @@ func (k *recordingKernel) DetachEndpoint(id uint16, _ []netip.Addr) error {
 	delete(k.endpoints, id)
 	return nil
 }
-func (k *recordingKernel) PolicyMap() agentpolicy.PolicyMap { return recordingPolicyMap{k} }
+func (k *recordingKernel) PolicyMap() agentdatapath.PolicyMap { return recordingPolicyMap{k} }
 
 type recordingPolicyMap struct{ k *recordingKernel }
 

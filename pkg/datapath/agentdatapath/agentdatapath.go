@@ -34,7 +34,6 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
-	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/policy/policycidr"
 )
 
@@ -357,7 +356,16 @@ type Kernel interface {
 	AttachEndpoint(loader.EndpointInfo) error
 	WriteEndpoint(loader.EndpointInfo) error
 	DetachEndpoint(id uint16, addrs []netip.Addr) error
-	PolicyMap() agentpolicy.PolicyMap
+	PolicyMap() PolicyMap
+}
+
+// PolicyMap is the BPF policy map as an endpoint's policy realization
+// writes it.
+type PolicyMap interface {
+	DumpEndpoint(id uint16) (map[maps.PolicyKey]maps.PolicyValue, error)
+	Upsert(maps.PolicyKey, maps.PolicyValue) error
+	Delete(maps.PolicyKey) error
+	DeleteEndpoint(id uint16) error
 }
 
 // loaderKernel is Kernel over the loader (after its start).
@@ -368,7 +376,7 @@ func (d loaderKernel) WriteEndpoint(ep loader.EndpointInfo) error  { return d.l.
 func (d loaderKernel) DetachEndpoint(id uint16, addrs []netip.Addr) error {
 	return d.l.DetachEndpoint(id, addrs)
 }
-func (d loaderKernel) PolicyMap() agentpolicy.PolicyMap { return d.l.Maps().PolicyMap() }
+func (d loaderKernel) PolicyMap() PolicyMap { return d.l.Maps().PolicyMap() }
 
 // EndpointInfo is what the loader needs to know of ep.
 func EndpointInfo(ep *endpoint.Endpoint) loader.EndpointInfo {
