@@ -5,6 +5,7 @@ import (
 	"github.com/cilium/hive/job"
 
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/hostips"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
@@ -35,7 +36,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentidentity.Cell,
 		agentk8s.ClientCell,
 		agentdatapath.Cell,
-		masqueradeCell,
+		hostdev.Cell, // the host device programs: masquerade at the uplinks
 		agentservices.Cell,
 		agentendpoints.Cell,
 		agentk8s.Cell,

@@ -5,6 +5,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/hostips"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/endpoint"
@@ -31,6 +32,7 @@ var wiring = cell.Provide(
 	k8sConfig, k8sSettings, k8sIPCache, k8sPolicy,
 	servicesConfig, servicesSettings, servicesWatchers,
 	hostIPsEndpoints,
+	masqueradeSettings, masqueradeLoader,
 	kvstoreConfig, kvstoreEndpoints, kvstoreNodeIP, kvstoreIPCache,
 	policyConfig, policyDatapath, policyEndpoints, policyNamedPorts,
 	flowsConfig, flowsNode, flowsDatapath, flowsEndpoints, flowsPolicy, flowsServices, flowsNodeEvents,
@@ -71,6 +73,21 @@ func servicesWatchers(k *agentk8s.Client) agentservices.Watchers {
 		return nil
 	}
 	return k.Watchers
+}
+
+// masqueradeSettings are the host device programs' options and what they
+// share with the pod datapath (BPF root, attach mode).
+func masqueradeSettings(c Config) hostdev.Settings {
+	return hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.Datapath.AttachMode)}
+}
+
+// masqueradeLoader is the pod datapath's loader, whose maps the host
+// device programs share; nil without the datapath.
+func masqueradeLoader(dp *agentdatapath.Module) *loader.Loader {
+	if dp == nil {
+		return nil
+	}
+	return dp.Loader()
 }
 
 func hostIPsEndpoints(e *agentendpoints.Module) hostips.Endpoints { return e }
