@@ -54,7 +54,7 @@ coredns:
 # them a second time under the race detector.
 RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/ipcache/... \
 	./pkg/identity/... ./pkg/cni/... ./pkg/agent/ ./pkg/lifecycle/ ./pkg/health/ ./pkg/namedns/ \
-	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/node/ ./pkg/loadbalancer/... ./pkg/dbinspect/ \
+	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/k8s/agentk8s/ ./pkg/node/ ./pkg/loadbalancer/... ./pkg/dbinspect/ \
 	./pkg/observer/... ./pkg/hubble/ ./pkg/hubble/agentflows/ ./pkg/datapath/sockterm/ ./pkg/datapath/hostdev/ ./pkg/operator/...
 
 test: deps verify-generated lint build k8s-binaries coredns

@@ -17,31 +17,35 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/client"
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/realizer"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // testAgent is an agent with the objects its tests inspect, taken from its
 // hive.
 type testAgent struct {
 	*Agent
-	endpoints  *endpointsModule
-	policy     *policyModule
+	endpoints  *agentendpoints.Module
+	policy     *agentpolicy.Module
 	kvstore    *agentkv.Module
-	datapath   *datapathModule
-	realizer   *endpointRealizer
+	datapath   *agentdatapath.Module
+	realizer   *realizer.Realizer
 	metrics    *metrics.Server
 	identities identity.Allocator
 }
 
-func newTestAgent(cfg Config, deps Deps) (*testAgent, error) {
+func newTestAgent(cfg Config, deps Deps, extra ...cell.Cell) (*testAgent, error) {
 	ta := &testAgent{}
-	a, err := New(cfg, deps, cell.Invoke(func(e *endpointsModule, p *policyModule, kv *agentkv.Module, dp *datapathModule,
-		r *endpointRealizer, m *metrics.Server, ids identity.Allocator) {
+	a, err := New(cfg, deps, append(extra, cell.Invoke(func(e *agentendpoints.Module, p *agentpolicy.Module, kv *agentkv.Module, dp *agentdatapath.Module,
+		r *realizer.Realizer, m *metrics.Server, ids identity.Allocator) {
 		ta.endpoints, ta.policy, ta.kvstore, ta.datapath, ta.realizer, ta.metrics, ta.identities = e, p, kv, dp, r, m, ids
-	}))
+	}))...)
 	if err != nil {
 		return nil, err
 	}
@@ -60,8 +64,8 @@ func startAgent(t *testing.T, mutate func(*Config)) (*testAgent, *client.Client)
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "node-a"
 	// The test runs in the machine's own network namespace: leave it alone.
-	cfg.InstallHostNetworking = false
-	cfg.EnableDatapath = false
+	cfg.Endpoints.InstallHostNetworking = false
+	cfg.Datapath.Enable = false
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -142,7 +146,7 @@ func TestHealthzReportsAttachMode(t *testing.T) {
 		flag string
 		want models.AttachMode
 	}{{"tcx", models.AttachModeTcx}, {"tc", models.AttachModeTc}} {
-		_, c := startAgent(t, func(cfg *Config) { cfg.DatapathAttachMode = tc.flag })
+		_, c := startAgent(t, func(cfg *Config) { cfg.Datapath.AttachMode = tc.flag })
 		var st ext.StatusResponse
 		if err := c.Do(context.Background(), http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
 			t.Fatal(err)
@@ -246,8 +250,8 @@ func TestStartFailureRollsBack(t *testing.T) {
 	// after config started; the agent must stop what it started.
 	cfg.Metrics.ServeAddr = "256.0.0.1:1"
 	cfg.NodeName = "n"
-	cfg.InstallHostNetworking = false
-	cfg.EnableDatapath = false
+	cfg.Endpoints.InstallHostNetworking = false
+	cfg.Datapath.Enable = false
 	a, err := newTestAgent(cfg, Deps{})
 	if err != nil {
 		t.Fatal(err)
@@ -273,8 +277,8 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 		{"relative state dir", func(c *Config) { c.StateDir = "state" }, "state-dir"},
 		{"bad enforcement", func(c *Config) { c.PolicyEnforcement = "x" }, "policy-enforcement"},
 		{"bad log format", func(c *Config) { c.LogFormat = "xml" }, "log-format"},
-		{"bad mtu", func(c *Config) { c.MTU = 10 }, "mtu"},
-		{"bad attach mode", func(c *Config) { c.DatapathAttachMode = "xdp" }, "datapath-attach-mode"},
+		{"bad mtu", func(c *Config) { c.Endpoints.MTU = 10 }, "mtu"},
+		{"bad attach mode", func(c *Config) { c.Datapath.AttachMode = "xdp" }, "datapath-attach-mode"},
 		// bpffs refuses dots in names; mkdir's EPERM read like a mount
 		// or permission problem.
 		{"dot in a bpf-root name", func(c *Config) { c.BPFRoot = "/sys/fs/bpf/tendril-test.1" }, `bpf-root "/sys/fs/bpf/tendril-test.1": name "tendril-test.1" holds a dot`},

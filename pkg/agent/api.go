@@ -7,21 +7,25 @@ import (
 	"github.com/cilium/hive/cell"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/endpointapi"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/identityapi"
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
-	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/ipam/ipamapi"
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/policy/policyapi"
 	"github.com/tendril-net/tendril/pkg/profiling"
 )
@@ -45,12 +49,12 @@ type apiParams struct {
 	API        *server.Server
 	Identities identity.Allocator
 	IDTable    *identitytable.Table
-	Endpoints  *endpointsModule
-	Policy     *policyModule
-	Datapath   *datapathModule   // nil without the datapath
-	K8s        *kubernetesModule // nil in standalone mode
-	KVStore    *agentkv.Module   // nil without a kvstore
-	Services   *servicesModule
+	Endpoints  *agentendpoints.Module
+	Policy     *agentpolicy.Module
+	Datapath   *agentdatapath.Module // nil without the datapath
+	K8s        *agentk8s.Module      // nil in standalone mode
+	KVStore    *agentkv.Module       // nil without a kvstore
+	Services   *agentservices.Module
 	Inspector  *dbinspect.Inspector
 	Flows      *agentflows.Module // nil with flows off
 	Metrics    *metrics.Server
@@ -58,30 +62,36 @@ type apiParams struct {
 }
 
 func registerAPIHandlers(p apiParams) {
-	(&metricsAPI{metrics: p.Metrics}).register(p.API)
+	(&metrics.API{Metrics: p.Metrics}).Register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
 		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows, masq: p.Masquerade}).register(p.API)
-	(&serviceAPI{services: p.Services}).register(p.API)
-	registerStateDBAPI(p.API, p.Inspector)
-	(&policyapi.Handlers{Repo: p.Policy.repo, Universe: p.Policy.universe, Source: policySourceAPI}).Register(p.API)
-	(&mapAPI{cfg: p.Config, dp: p.Datapath}).register(p.API)
+	(&agentservices.ServiceAPI{Services: p.Services}).Register(p.API)
+	p.Inspector.RegisterAPI(p.API)
+	(&policyapi.Handlers{Repo: p.Policy.Repository(), Universe: p.Policy.Universe, Source: agentpolicy.SourceAPI}).Register(p.API)
+	(&agentdatapath.MapAPI{Datapath: p.Datapath, BPFRoot: p.Config.BPFRoot}).Register(p.API)
 	ids := &identityapi.Handlers{Identities: p.IDTable, Endpoints: func() ([]*endpoint.Endpoint, error) {
-		mgr, err := p.Endpoints.manager()
+		mgr, err := p.Endpoints.ManagerForAPI()
 		if err != nil {
 			return nil, err
 		}
 		return mgr.List(), nil
 	}}
 	if p.Datapath != nil {
-		ids.IPCache = p.Datapath.ipcache
+		ids.IPCache = p.Datapath.IPCache()
 	}
 	ids.Register(p.API)
 	eps := p.Endpoints
-	(&ipamapi.Handlers{Log: p.Log, IPAM: func() *ipam.IPAM { return eps.ipam }, NodeAddressing: eps.nodeAddressing,
-		Endpoints: func() []*endpoint.Endpoint { return eps.mgr.List() }}).Register(p.API)
-	(&endpointapi.Handlers{Log: p.Log, Manager: eps.manager, NodeAddressing: eps.nodeAddressing, ApplyPodLabels: eps.applyPodLabels,
-		PolicyModel: p.Policy.endpointPolicyModel, Holding: func(h server.HandlerFunc) server.HandlerFunc { return holdingPromotions(p.Datapath, h) }}).Register(p.API)
-	(&cniAPI{eps: p.Endpoints, dp: p.Datapath}).register(p.API)
+	// Endpoints created or removed through the API hold the datapath's
+	// moves to TCX links meanwhile.
+	var hold func() func()
+	if p.Datapath != nil {
+		hold = p.Datapath.Loader().HoldPromotions
+	}
+	(&ipamapi.Handlers{Log: p.Log, IPAM: eps.IPAM, NodeAddressing: eps.NodeAddressing,
+		Endpoints: func() []*endpoint.Endpoint { return eps.Manager().List() }}).Register(p.API)
+	(&endpointapi.Handlers{Log: p.Log, Manager: eps.ManagerForAPI, NodeAddressing: eps.NodeAddressing, ApplyPodLabels: eps.ApplyPodLabels,
+		PolicyModel: p.Policy.EndpointPolicyModel, Holding: func(h server.HandlerFunc) server.HandlerFunc { return agentendpoints.Holding(hold, h) }}).Register(p.API)
+	(&agentendpoints.CNIAPI{Endpoints: p.Endpoints, HoldPromotions: hold}).Register(p.API)
 }
 
 // daemonAPI serves /v1/healthz (the status), /v1/config and /v1/debuginfo.
@@ -93,26 +103,14 @@ type daemonAPI struct {
 	steps      *lifecycle.Steps
 	identities identity.Allocator
 	idTable    *identitytable.Table
-	eps        *endpointsModule
-	dp         *datapathModule
-	k8s        *kubernetesModule
+	eps        *agentendpoints.Module
+	dp         *agentdatapath.Module
+	k8s        *agentk8s.Module
 	kvstore    *agentkv.Module
-	services   *servicesModule
+	services   *agentservices.Module
 	tables     *dbinspect.Inspector
 	flows      *agentflows.Module
 	masq       *hostdev.Masquerade
-}
-
-// mapAPI serves /v1/map: the BPF maps' contents.
-type mapAPI struct {
-	cfg Config
-	dp  *datapathModule
-}
-
-// cniAPI serves tendril-cni's commands.
-type cniAPI struct {
-	eps *endpointsModule
-	dp  *datapathModule
 }
 
 // serveCell is start step 10: metrics, pprof, the Hubble API, then the API served, once

@@ -86,16 +86,16 @@ func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse 
 	}
 	resp.Kubernetes = &models.K8sStatus{State: models.StatusStateDisabled, Msg: "standalone"}
 	if h.k8s != nil {
-		resp.Kubernetes = h.k8s.model()
+		resp.Kubernetes = h.k8s.Model()
 	}
-	resp.Ipam = h.eps.ipamStatus()
+	resp.Ipam = h.eps.IPAMStatus()
 	resp.Hubble = &models.HubbleStatus{State: models.HubbleStatusStateDisabled}
 	if h.flows != nil {
 		resp.Hubble = h.flows.HubbleModel()
 	}
 	resp.DatapathMode = models.DatapathModeVeth
 	resp.AttachMode = models.AttachModeTcx
-	if h.cfg.DatapathAttachMode == string(loader.AttachTC) {
+	if h.cfg.Datapath.AttachMode == string(loader.AttachTC) {
 		resp.AttachMode = models.AttachModeTc
 	}
 	steps, total := h.steps.Stats()
@@ -142,10 +142,10 @@ func (h *daemonAPI) DaemonConfig() *models.DaemonConfiguration {
 			Immutable:              immutable,
 			DaemonConfigurationMap: cfgMap,
 			DatapathMode:           models.DatapathModeVeth,
-			DeviceMTU:              int64(h.cfg.MTU),
-			RouteMTU:               int64(h.cfg.MTU),
+			DeviceMTU:              int64(h.cfg.Endpoints.MTU),
+			RouteMTU:               int64(h.cfg.Endpoints.MTU),
 			IpamMode:               "cluster-pool",
-			Addressing:             h.eps.nodeAddressing(),
+			Addressing:             h.eps.NodeAddressing(),
 		},
 	}
 }
@@ -157,26 +157,26 @@ func (h *daemonAPI) sections() []ext.Section {
 		out = append(out, h.kvstore.StatusSection())
 	}
 	if h.k8s != nil {
-		out = append(out, h.k8s.statusSection())
+		out = append(out, h.k8s.StatusSection())
 	}
 	if h.dp != nil {
-		out = append(out, h.dp.statusSection())
+		out = append(out, h.dp.StatusSection())
 	}
 	if h.masq != nil {
 		out = append(out, h.masq.StatusSection())
 	}
 	if h.services != nil {
-		out = append(out, h.services.statusSection())
+		out = append(out, h.services.StatusSection())
 	}
 	if h.flows != nil {
 		out = append(out, h.flows.StatusSection())
 	}
 	if h.tables != nil {
-		if sec := tablesStatusSection(h.tables); len(sec.Lines) > 0 {
+		if sec := h.tables.StatusSection(); len(sec.Lines) > 0 {
 			out = append(out, sec)
 		}
 	}
-	return append(out, h.eps.statusSection(), identityapi.StatusSection(h.identities, h.idTable))
+	return append(out, h.eps.StatusSection(), identityapi.StatusSection(h.identities, h.idTable))
 }
 
 // DebugInfo gathers what a bug report needs.

@@ -17,8 +17,8 @@ import (
 
 func TestIPAMAndEndpointAPI(t *testing.T) {
 	_, c := startAgent(t, func(cfg *Config) {
-		cfg.IPv4Range = "10.77.0.0/29"
-		cfg.IPv6Range = "fd00:77::/120"
+		cfg.Endpoints.IPv4Range = "10.77.0.0/29"
+		cfg.Endpoints.IPv6Range = "fd00:77::/120"
 	})
 	ctx := context.Background()
 
@@ -180,7 +180,7 @@ func (b *blockingBuild) Remove(context.Context, *endpoint.Endpoint) error { retu
 // synchronous build (a CNI plugin's timeout) leaves no endpoint behind: the
 // client never learns its ID and rolls back its own side.
 func TestEndpointPutClientGone(t *testing.T) {
-	a, c := startAgent(t, func(cfg *Config) { cfg.IPv4Range, cfg.IPv6Range = "10.0.0.0/24", "none" })
+	a, c := startAgent(t, func(cfg *Config) { cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.0.0.0/24", "none" })
 	build := &blockingBuild{started: make(chan struct{}, 1), release: make(chan struct{})}
 	a.endpoints.AddRegenerateHook(build)
 	state := models.EndpointStateWaitingDashForDashIdentity
@@ -220,7 +220,7 @@ func TestEndpointPutClientGone(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if _, held := a.endpoints.ipam.Lookup(netip.MustParseAddr("10.0.0.9")); held {
+	if _, held := a.endpoints.IPAM().Lookup(netip.MustParseAddr("10.0.0.9")); held {
 		t.Error("the endpoint's address stayed allocated")
 	}
 }

@@ -4,9 +4,18 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
+	"github.com/tendril-net/tendril/pkg/datapath/hostips"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/realizer"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
+	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // cells is the agent: one cell per subsystem. Each cell's constructor takes
@@ -24,18 +33,19 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		wiring,
 		dbinspect.Cell, // statedb's cell and the tables' inspection
 		coreCell(cfg, deps),
-		kubernetesClientCell,
-		datapathCell,
-		masqueradeCell,
-		servicesCell,
-		endpointsCell,
-		kubernetesCell,
+		agentidentity.Cell,
+		agentk8s.ClientCell,
+		agentdatapath.Cell,
+		hostdev.Cell, // the host device programs: masquerade at the uplinks
+		agentservices.Cell,
+		agentendpoints.Cell,
+		agentk8s.Cell,
 		agentkv.Cell,
-		realizerCell,
-		hostIPsCell,
-		policyCell,
-		regenerationCell,
-		ipcacheRestoredCell,
+		realizer.Cell,
+		hostips.Cell,
+		agentpolicy.Cell,
+		realizer.RegenerationCell,
+		agentdatapath.RestoredCell,
 		agentflows.Cell,
 		apiCell,
 		serveCell,

@@ -25,14 +25,14 @@ func TestStartOrder(t *testing.T) {
 		want   []string
 	}{
 		{"everything", func(c *Config) {
-			c.K8s.Kubeconfig = writeKubeconfig(t) // the API server is reached only when the step starts
-			c.EnableDatapath = true
-			c.KVStore = KVStoreEmbedded
-			c.IdentityAllocationMode = IdentityAllocationKVStore
+			c.Kubernetes.Client.Kubeconfig = writeKubeconfig(t) // the API server is reached only when the step starts
+			c.Datapath.Enable = true
+			c.KVStore.Mode = KVStoreEmbedded
+			c.Identity.AllocationMode = IdentityAllocationKVStore
 		}, seedsOrder},
 		{"standalone, no datapath", func(c *Config) {
 			t.Setenv("KUBERNETES_SERVICE_HOST", "")
-			c.EnableDatapath = false
+			c.Datapath.Enable = false
 		}, []string{"config", "endpoint-restore-ipam", "policy-restore", "regenerate-restored",
 			"policy-regeneration", "metrics", "pprof", "api-server"}},
 	}

@@ -67,7 +67,7 @@ func BenchmarkPolicyChangeConvergence(b *testing.B) {
 				if i%2 == 0 {
 					rev = r.importRules(b, toggle)
 				} else {
-					rev, _ = r.a.policy.repo.DeleteByLabels(toggleLabels)
+					rev, _ = r.a.policy.Repository().DeleteByLabels(toggleLabels)
 				}
 				r.waitAll(b, n, rev)
 			}

@@ -11,12 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/ipcache/ipcachetest"
@@ -25,7 +28,7 @@ import (
 )
 
 // recordingKernel stands in for the BPF maps and programs an endpoint's
-// regeneration writes (endpointDatapath): it records the policy map and
+// regeneration writes (agentdatapath.Kernel): it records the policy map and
 // the endpoint entries, and fails policy map writes while a fault is
 // injected. Everything above it is the agent's own: identity allocation,
 // ipcache, policy resolution and diff, the endpoint manager, the policy
@@ -61,7 +64,7 @@ func (k *recordingKernel) DetachEndpoint(id uint16, _ []netip.Addr) error {
 	delete(k.endpoints, id)
 	return nil
 }
-func (k *recordingKernel) PolicyMap() policyMap { return recordingPolicyMap{k} }
+func (k *recordingKernel) PolicyMap() agentdatapath.PolicyMap { return recordingPolicyMap{k} }
 
 type recordingPolicyMap struct{ k *recordingKernel }
 
@@ -166,43 +169,51 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	cfg.BPFRoot = filepath.Join(dir, "bpf-never-used")
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "node-a"
-	cfg.InstallHostNetworking = false
-	cfg.EnableDatapath = true
+	cfg.Endpoints.InstallHostNetworking = false
+	cfg.Datapath.Enable = true
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	cfg.Flags(fs)
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
-	a, err := newTestAgent(cfg, Deps{Flags: fs})
+	kernel := newRecordingKernel()
+	var alloc *flakyAllocator
+	a, err := newTestAgent(cfg, Deps{Flags: fs},
+		// Identities are allocated through an allocator that fails while
+		// told to.
+		cell.DecorateAll(func(a identity.Allocator) identity.Allocator {
+			alloc = &flakyAllocator{Allocator: a}
+			return alloc
+		}),
+		// Endpoints are regenerated into the recording kernel.
+		cell.DecorateAll(func(agentdatapath.Kernel) agentdatapath.Kernel { return kernel }),
+		// The hive is not started: the ipcache runs with its reconciler
+		// in a hive of its own, over a backend that accepts every write.
+		cell.DecorateAll(func(*ipcache.IPCache) *ipcache.IPCache { return ipcachetest.Start(t, nopIPCacheBackend{}) }),
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &regenAgent{a: a, kernel: newRecordingKernel(), alloc: &flakyAllocator{Allocator: a.identities}}
-	a.identities, a.realizer.identities, a.policy.identities = r.alloc, r.alloc, r.alloc
-	a.datapath.dp = r.kernel
-	// The hive is not started: the ipcache runs with its reconciler in
-	// a hive of its own, over a backend that accepts every write.
-	a.datapath.ipcache = ipcachetest.Start(t, nopIPCacheBackend{})
+	r := &regenAgent{a: a, kernel: kernel, alloc: alloc}
 	store, err := endpoint.NewStore(filepath.Join(cfg.StateDir, "endpoints"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.mgr = a.endpoints.newManager(store, nil)
-	a.endpoints.mgr = r.mgr
+	r.mgr = a.endpoints.NewManager(store, nil)
 	r.mgr.SetRetry(retry)
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := a.endpoints.regenerateRestored(ctx); err != nil {
+	if err := a.endpoints.RegenerateRestored(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// The hive is not started: the test runs the regeneration jobs.
 	workersDone, policyDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(workersDone)
-		_ = a.endpoints.runWorkers(ctx, nil)
+		_ = a.endpoints.RunWorkers(ctx, nil)
 	}()
 	go func() {
 		defer close(policyDone)
-		a.policy.run(ctx, a.realizer.refreshPolicy)
+		a.policy.Run(ctx, a.realizer.RefreshPolicy)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -232,7 +243,7 @@ func (r *regenAgent) importRules(t testing.TB, doc string) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev, err := r.a.policy.repo.Add(rules, "", "api", false)
+	rev, err := r.a.policy.Repository().Add(rules, "", "api", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,9 +319,8 @@ func TestLabelChangeConvergesOnceIdentityAllocationWorks(t *testing.T) {
 	}
 
 	r.alloc.setFailing(true)
-	k := &kubernetesModule{log: r.a.log, eps: r.a.endpoints}
 	begin := time.Now()
-	k.relabel("default", "pod-2", []string{"k8s:app=db", "k8s:io.kubernetes.pod.namespace=default"})
+	r.a.endpoints.Relabel("default", "pod-2", []string{"k8s:app=db", "k8s:io.kubernetes.pod.namespace=default"})
 	if took := time.Since(begin); took > 50*time.Millisecond {
 		t.Errorf("the pod handler took %v: it must only record the labels", took)
 	}
@@ -371,7 +381,7 @@ func TestPolicyChangeReachesEndpointThatWasNotReady(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	if line := convergenceLine(r.mgr.Convergence()); !strings.Contains(line, "not yet realized") {
+	if line := agentendpoints.ConvergenceLine(r.mgr.Convergence()); !strings.Contains(line, "not yet realized") {
 		t.Fatalf("status line %q does not count the endpoint not realized", line)
 	}
 
@@ -389,7 +399,7 @@ func TestPolicyChangeReachesEndpointThatWasNotReady(t *testing.T) {
 		t.Fatal("db's ingress is not enforced")
 	}
 	r.waitConverged(t, web.ID, rev)
-	if line := convergenceLine(r.mgr.Convergence()); line != fmt.Sprintf("revision %d: 2/2 realized", rev) {
+	if line := agentendpoints.ConvergenceLine(r.mgr.Convergence()); line != fmt.Sprintf("revision %d: 2/2 realized", rev) {
 		t.Fatalf("status line %q", line)
 	}
 }

@@ -8,16 +8,10 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
-	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/health"
-	"github.com/tendril-net/tendril/pkg/identity"
-	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
-	"github.com/tendril-net/tendril/pkg/identity/identitytable"
-	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
-	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -29,8 +23,8 @@ type effectiveFlags struct{ set *pflag.FlagSet }
 
 // coreCell provides what the subsystems share: the configuration, the
 // health registry, the start-step recorder, the runtime options, the
-// metrics registry, the API server handlers register on, the identity
-// allocator and the identity label filter. Its "config" step is the first.
+// metrics registry and the API server handlers register on. Its "config"
+// step is the first.
 func coreCell(cfg Config, deps Deps) cell.Cell {
 	return cell.Module("agent-core", "Configuration health bootstrap stats runtime options and shared services",
 		cell.Provide(
@@ -42,9 +36,6 @@ func coreCell(cfg Config, deps Deps) cell.Cell {
 			newRuntime,
 			newMetricsServer,
 			newAPIServer,
-			newIdentityAllocator,
-			newIdentityTable,
-			newLabelFilter,
 		),
 		// The job registry's own hook goes first, so jobs added by start
 		// steps start at once and stop before every step.
@@ -85,41 +76,6 @@ func newMetricsServer(cfg Config, root cell.RootLogger) *metrics.Server {
 
 func newAPIServer(cfg Config, root cell.RootLogger, m *metrics.Server) (*server.Server, error) {
 	return server.New(cfg.API, logFor(root, "api"), m.Registry)
-}
-
-// newIdentityTable is the identities table following the allocator
-// (pkg/identity/identitytable). It is built right after the allocator, so
-// it subscribes before the policy: a policy pass triggered by an identity
-// change reads a table that has it.
-func newIdentityTable(db *statedb.DB, alloc identity.Allocator, root cell.RootLogger) (*identitytable.Table, error) {
-	return identitytable.New(db, alloc, logFor(root, "identities"))
-}
-
-// newIdentityAllocator is local in standalone mode, TendrilIdentity
-// objects (crdalloc) with Kubernetes, or etcd keys (kvalloc); the
-// Kubernetes client and kvstore steps hand the latter two their clients.
-func newIdentityAllocator(cfg Config, root cell.RootLogger) identity.Allocator {
-	switch {
-	case cfg.K8s.Enabled() && cfg.IdentityAllocationMode == IdentityAllocationCRD:
-		return crdalloc.New(logFor(root, "identity-allocator"))
-	case cfg.IdentityAllocationMode == IdentityAllocationKVStore:
-		return kvalloc.New(nil, cfg.NodeName, logFor(root, "identity-allocator"))
-	}
-	return identity.NewLocalAllocator()
-}
-
-func newLabelFilter(cfg Config) (*labels.Filter, error) {
-	f, err := labels.NewFilter(cfg.IdentityLabels)
-	if err != nil {
-		return nil, fmt.Errorf("identity-labels: %w", err)
-	}
-	return f, nil
-}
-
-// newJobGroup is a module's job group: its goroutines, started and joined
-// with the hive, their health under the module's name.
-func newJobGroup(jobs job.Registry, reg *health.Registry, module string, log *slog.Logger) job.Group {
-	return jobs.NewGroup(reg.Scope(module), job.WithLogger(log))
 }
 
 // logFor is the logger of a named part of a cell. Cells log through the

@@ -30,8 +30,8 @@ import (
 // shows in the agent's /v1/identity, and status reports the kvstore.
 func TestEmbeddedKVStoreIdentities(t *testing.T) {
 	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore = KVStoreEmbedded
-		cfg.IdentityAllocationMode = IdentityAllocationKVStore
+		cfg.KVStore.Mode = KVStoreEmbedded
+		cfg.Identity.AllocationMode = IdentityAllocationKVStore
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -91,12 +91,12 @@ func TestUnreachableKVStoreFailsStartClearly(t *testing.T) {
 	cfg.BPFRoot = "/sys/fs/bpf/tendril-test-unused"
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "node-a"
-	cfg.InstallHostNetworking = false
-	cfg.EnableDatapath = false
-	cfg.KVStore = KVStoreEtcd
-	cfg.KVStoreConfig.Endpoints = []string{"http://127.0.0.1:1"}
-	cfg.KVStoreConfig.ConnectTimeout = 2 * time.Second
-	cfg.IdentityAllocationMode = IdentityAllocationKVStore
+	cfg.Endpoints.InstallHostNetworking = false
+	cfg.Datapath.Enable = false
+	cfg.KVStore.Mode = KVStoreEtcd
+	cfg.KVStore.Client.Endpoints = []string{"http://127.0.0.1:1"}
+	cfg.KVStore.Client.ConnectTimeout = 2 * time.Second
+	cfg.Identity.AllocationMode = IdentityAllocationKVStore
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	cfg.Flags(fs)
 	a, err := newTestAgent(cfg, Deps{Flags: fs, Log: testLogger(t)})
@@ -119,10 +119,10 @@ func TestKVStoreConfigValidation(t *testing.T) {
 		mutate func(*Config)
 		want   string
 	}{
-		{"kvstore allocation without kvstore", func(c *Config) { c.IdentityAllocationMode = IdentityAllocationKVStore }, "needs --kvstore"},
-		{"etcd without endpoints", func(c *Config) { c.KVStore = KVStoreEtcd }, "kvstore-endpoints"},
-		{"unknown kvstore", func(c *Config) { c.KVStore = "consul" }, "must be empty, etcd or embedded"},
-		{"unknown allocation mode", func(c *Config) { c.IdentityAllocationMode = "random" }, "must be crd, kvstore or local"},
+		{"kvstore allocation without kvstore", func(c *Config) { c.Identity.AllocationMode = IdentityAllocationKVStore }, "needs --kvstore"},
+		{"etcd without endpoints", func(c *Config) { c.KVStore.Mode = KVStoreEtcd }, "kvstore-endpoints"},
+		{"unknown kvstore", func(c *Config) { c.KVStore.Mode = "consul" }, "must be empty, etcd or embedded"},
+		{"unknown allocation mode", func(c *Config) { c.Identity.AllocationMode = "random" }, "must be crd, kvstore or local"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()
@@ -172,9 +172,9 @@ func publishedAddresses(ctx context.Context, c *kvstore.Client) (map[string]stri
 func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 	etcd := etcdproc.Start(t)
 	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore = KVStoreEtcd
-		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
-		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
+		cfg.KVStore.Mode = KVStoreEtcd
+		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
+		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})
 	// A failure while etcd is down must not leave the agent's stop (which
 	// deletes its keys, with no deadline in tests) waiting for it.
@@ -184,9 +184,8 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 		}
 	})
 	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
-	cni := cniEndpoints{a.endpoints}
 	create := func(name, ip string) (*endpoint.Endpoint, error) {
-		return cni.Create(context.Background(), &endpoint.Endpoint{ContainerID: "c-" + name, IfName: "eth0",
+		return a.endpoints.CreateEndpoint(context.Background(), &endpoint.Endpoint{ContainerID: "c-" + name, IfName: "eth0",
 			PodNamespace: "ns", PodName: name, IPv4: netip.MustParseAddr(ip)})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -219,7 +218,7 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 			done <- err
 			return
 		}
-		done <- a.endpoints.mgr.Delete(context.Background(), first.ID)
+		done <- a.endpoints.Manager().Delete(context.Background(), first.ID)
 	}()
 	select {
 	case err := <-done:
@@ -287,12 +286,12 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 func TestKVStoreAddressesRepublishedAfterLeaseLoss(t *testing.T) {
 	etcd := etcdproc.Start(t)
 	a, _ := startAgent(t, func(cfg *Config) {
-		cfg.KVStore = KVStoreEtcd
-		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
-		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
+		cfg.KVStore.Mode = KVStoreEtcd
+		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
+		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})
 	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
-	if _, err := (cniEndpoints{a.endpoints}).Create(context.Background(), &endpoint.Endpoint{ContainerID: "c-one", IfName: "eth0",
+	if _, err := a.endpoints.CreateEndpoint(context.Background(), &endpoint.Endpoint{ContainerID: "c-one", IfName: "eth0",
 		PodNamespace: "ns", PodName: "one", IPv4: netip.MustParseAddr("10.79.0.9")}); err != nil {
 		t.Fatal(err)
 	}
@@ -399,12 +398,12 @@ func TestKVStoreStaleAddressesPruned(t *testing.T) {
 		}
 	}
 	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore = KVStoreEtcd
-		cfg.KVStoreConfig.Endpoints = etcd.Endpoints()
-		cfg.IPv4Range, cfg.IPv6Range = "10.79.0.0/28", "none"
+		cfg.KVStore.Mode = KVStoreEtcd
+		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
+		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})
 	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
-	if _, err := (cniEndpoints{a.endpoints}).Create(ctx, &endpoint.Endpoint{ContainerID: "c-live", IfName: "eth0",
+	if _, err := a.endpoints.CreateEndpoint(ctx, &endpoint.Endpoint{ContainerID: "c-live", IfName: "eth0",
 		PodNamespace: "ns", PodName: "live", IPv4: netip.MustParseAddr("10.79.0.5")}); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tendril-net/tendril/pkg/client"
-	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/policy/api"
@@ -27,7 +26,7 @@ import (
 // repository order: what the policy file must hold.
 func apiRulesJSON(t *testing.T, a *testAgent) string {
 	t.Helper()
-	stored, _ := a.policy.repo.Rules(nil)
+	stored, _ := a.policy.Repository().Rules(nil)
 	out := api.Rules{}
 	for _, s := range stored {
 		if s.Source == "api" {
@@ -85,7 +84,7 @@ func TestPolicyFileUnderConcurrentImportsAndKubernetesEvents(t *testing.T) {
 		if strings.Contains(want, "io.cilium.k8s.policy") {
 			t.Fatalf("the API rules hold Kubernetes rules: %s", want)
 		}
-		all, _ := a.policy.repo.Rules(nil)
+		all, _ := a.policy.Repository().Rules(nil)
 		k8sRules := 0
 		for _, s := range all {
 			if s.Source != "api" {
@@ -124,7 +123,7 @@ func TestPolicyFileUnderConcurrentImportsAndKubernetesEvents(t *testing.T) {
 func policyBurst(t *testing.T, a *testAgent, c *client.Client, cycle int) {
 	t.Helper()
 	ctx := context.Background()
-	k := &kubernetesModule{log: a.log, policy: a.policy, client: &k8sClient{}, policyGen: map[string]int64{}, runCtx: context.Background()}
+	k := agentk8s.NewPolicySource(a.log, a.policy, nil)
 	const teams, rounds, rulesPerImport, k8sWriters = 4, 6, 10, 2
 	var wg, ready sync.WaitGroup
 	gate := make(chan struct{})
@@ -180,7 +179,7 @@ func policyBurst(t *testing.T, a *testAgent, c *client.Client, cycle int) {
 				if i%5 == 4 {
 					kind = watchers.Delete
 				}
-				k.onNetworkPolicy(watchers.Event[*networkingv1.NetworkPolicy]{Kind: kind, Key: np.Namespace + "/" + np.Name, Object: np})
+				k.OnNetworkPolicy(watchers.Event[*networkingv1.NetworkPolicy]{Kind: kind, Key: np.Namespace + "/" + np.Name, Object: np})
 
 				// A TendrilNetworkPolicy event whose status already says
 				// Valid for this generation (no status write: there is no
@@ -189,7 +188,7 @@ func policyBurst(t *testing.T, a *testAgent, c *client.Client, cycle int) {
 				conds := []metav1.Condition{{Type: v1alpha1.ConditionValid, Status: metav1.ConditionTrue, Reason: "Valid", Message: "policy imported", ObservedGeneration: gen}}
 				spec := &api.Rule{EndpointSelector: &api.EndpointSelector{MatchLabels: map[string]string{"app": fmt.Sprint(i)}},
 					Ingress: []api.IngressRule{{FromEntities: []string{"cluster"}}}}
-				k.applyPolicy(ctx, kind, "TendrilNetworkPolicy", "ns", fmt.Sprintf("tnp-%d", w), "uid", gen, spec, nil, conds)
+				k.Apply(kind, "TendrilNetworkPolicy", "ns", fmt.Sprintf("tnp-%d", w), "uid", gen, spec, nil, conds)
 			}
 		}()
 	}
@@ -212,8 +211,8 @@ func TestCorruptPolicyFileStopsTheStart(t *testing.T) {
 	cfg.API.Socket = filepath.Join(dir, "t.sock")
 	cfg.Metrics.ServeAddr = ""
 	cfg.NodeName = "n"
-	cfg.InstallHostNetworking = false
-	cfg.EnableDatapath = false
+	cfg.Endpoints.InstallHostNetworking = false
+	cfg.Datapath.Enable = false
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -335,21 +334,5 @@ func TestPolicyLabelsImportSelectAndDelete(t *testing.T) {
 	}
 	if err := c.Do(ctx, http.MethodDelete, "/policy", nil, nil, []string{"test=restart"}, nil); err != nil {
 		t.Fatalf("delete a restored rule by labels: %v", err)
-	}
-}
-
-// TestPolicyCIDRIdentityLabels: the flows name a node-local CIDR
-// identity (plain or in-cluster) by the prefix the policy gave it, and
-// know nothing of others.
-func TestPolicyCIDRIdentityLabels(t *testing.T) {
-	pm := &policyModule{cidrIDs: map[netip.Prefix]identity.NumericIdentity{netip.MustParsePrefix("192.0.2.0/24"): identity.LocalScope | 1}}
-	for id, want := range map[identity.NumericIdentity]string{
-		identity.LocalScope | 1:                          "[cidr:192.0.2.0/24]",
-		identity.LocalScope | 1 | identity.InClusterCIDR: "[cidr:192.0.2.0/24]",
-		identity.LocalScope | 2:                          "[]",
-	} {
-		if got := fmt.Sprint(pm.CIDRIdentityLabels(id)); got != want {
-			t.Errorf("identity %d: %s, want %s", id, got, want)
-		}
 	}
 }

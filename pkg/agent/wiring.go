@@ -4,66 +4,150 @@ import (
 	"github.com/cilium/hive/cell"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
+	"github.com/tendril-net/tendril/pkg/datapath/hostips"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
-	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
-// wiring gives the cells that live in their subsystem packages what they
-// take from the agent's configuration and from cells still in this
-// package, as the types those packages declare.
+// wiring gives each cell what it takes from the agent's configuration
+// (its config struct and settings) and from other cells, as the types its
+// package declares. It is the only place that knows both sides; where a
+// cell's type already has the methods another declares, the provider only
+// names the interface.
 var wiring = cell.Provide(
-	kvstoreConfig,
-	kvstoreEndpoints,
-	kvstoreNodeIP,
-	kvstoreIPCache,
-	flowsConfig,
-	flowsNode,
-	flowsDatapath,
-	flowsEndpoints,
-	flowsPolicy,
-	flowsServices,
-	flowsNodeEvents,
+	identityConfig, identitySettings,
+	endpointsConfig, endpointsSettings, endpointsKubernetes,
+	datapathConfig, datapathSettings,
+	k8sConfig, k8sSettings, k8sIPCache, k8sPolicy,
+	servicesConfig, servicesSettings, servicesWatchers,
+	hostIPsEndpoints,
+	masqueradeSettings, masqueradeLoader,
+	kvstoreConfig, kvstoreEndpoints, kvstoreNodeIP, kvstoreIPCache,
+	policyConfig, policyDatapath, policyEndpoints, policyNamedPorts,
+	flowsConfig, flowsNode, flowsDatapath, flowsEndpoints, flowsPolicy, flowsServices, flowsNodeEvents,
 )
+
+func identityConfig(cfg Config) agentidentity.Config { return cfg.Identity }
+
+func identitySettings(cfg Config) agentidentity.Settings {
+	return agentidentity.Settings{NodeName: cfg.NodeName, Kubernetes: cfg.Kubernetes.Client.Enabled()}
+}
+
+func endpointsConfig(cfg Config) agentendpoints.Config { return cfg.Endpoints }
+
+func endpointsSettings(cfg Config) agentendpoints.Settings {
+	return agentendpoints.Settings{NodeName: cfg.NodeName, StateDir: cfg.StateDir}
+}
+
+// endpointsKubernetes is the Kubernetes client as the endpoints read it;
+// nil in standalone mode.
+func endpointsKubernetes(k *agentk8s.Client) agentendpoints.Kubernetes {
+	if k == nil {
+		return nil
+	}
+	return k
+}
+
+func servicesConfig(cfg Config) agentservices.Config { return cfg.Services }
+
+func servicesSettings(cfg Config) agentservices.Settings {
+	trace, _ := cfg.Hubble.TraceMode() // validated with the config
+	return agentservices.Settings{NodeName: cfg.NodeName, BPFRoot: cfg.BPFRoot, TraceEvents: trace != loader.TraceOff}
+}
+
+// servicesWatchers are the Kubernetes client's watchers (they exist once
+// its step has connected); nil in standalone mode.
+func servicesWatchers(k *agentk8s.Client) agentservices.Watchers {
+	if k == nil {
+		return nil
+	}
+	return k.Watchers
+}
+
+// masqueradeSettings are the host device programs' options and what they
+// share with the pod datapath (BPF root, attach mode).
+func masqueradeSettings(c Config) hostdev.Settings {
+	return hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.Datapath.AttachMode)}
+}
+
+// masqueradeLoader is the pod datapath's loader, whose maps the host
+// device programs share; nil without the datapath.
+func masqueradeLoader(dp *agentdatapath.Module) *loader.Loader {
+	if dp == nil {
+		return nil
+	}
+	return dp.Loader()
+}
+
+func hostIPsEndpoints(e *agentendpoints.Module) hostips.Endpoints { return e }
+
+func k8sConfig(cfg Config) agentk8s.Config { return cfg.Kubernetes }
+
+func k8sSettings(cfg Config) agentk8s.Settings {
+	return agentk8s.Settings{NodeName: cfg.NodeName, IPAM: cfg.Endpoints.IPAM, IPv4Range: cfg.Endpoints.IPv4Range,
+		IPv6Range: cfg.Endpoints.IPv6Range, InstallHostNetworking: cfg.Endpoints.InstallHostNetworking}
+}
+
+// k8sIPCache is the datapath's ipcache as the watchers write it; nil
+// without the datapath.
+func k8sIPCache(dp *agentdatapath.Module) agentk8s.IPCache {
+	if dp == nil {
+		return nil
+	}
+	return dp
+}
+
+func k8sPolicy(p *agentpolicy.Module) agentk8s.Policy { return p }
+
+func datapathConfig(cfg Config) agentdatapath.Config { return cfg.Datapath }
+
+// datapathSettings are the datapath's settings from the rest of the
+// agent's configuration.
+func datapathSettings(cfg Config) agentdatapath.Settings {
+	trace, _ := cfg.Hubble.TraceMode() // validated with the config
+	return agentdatapath.Settings{BPFRoot: cfg.BPFRoot, TraceEvents: trace, LBSizes: cfg.Services.LBSizes()}
+}
 
 func kvstoreConfig(cfg Config) agentkv.Config {
-	return agentkv.Config{Mode: cfg.KVStore, KVStore: cfg.KVStoreConfig, StateDir: cfg.StateDir, NodeName: cfg.NodeName,
-		IdentityAllocationMode: cfg.IdentityAllocationMode}
+	return agentkv.Config{Options: cfg.KVStore, StateDir: cfg.StateDir, NodeName: cfg.NodeName,
+		IdentityAllocationMode: cfg.Identity.AllocationMode}
 }
 
 // kvEndpoints reads the endpoint manager, which the endpoints' start step
 // builds (before the kvstore's).
-type kvEndpoints struct{ eps *endpointsModule }
+type kvEndpoints struct{ eps *agentendpoints.Module }
 
-func kvstoreEndpoints(eps *endpointsModule) agentkv.Endpoints { return kvEndpoints{eps} }
+func kvstoreEndpoints(eps *agentendpoints.Module) agentkv.Endpoints { return kvEndpoints{eps} }
 
-func (k kvEndpoints) Subscribe(fn func(endpointmanager.Event)) { k.eps.mgr.Subscribe(fn) }
-func (k kvEndpoints) List() []*endpoint.Endpoint               { return k.eps.mgr.List() }
+func (k kvEndpoints) Subscribe(fn func(endpointmanager.Event)) { k.eps.Manager().Subscribe(fn) }
+func (k kvEndpoints) List() []*endpoint.Endpoint               { return k.eps.Manager().List() }
 func (k kvEndpoints) Lookup(id string) (*endpoint.Endpoint, error) {
-	return k.eps.mgr.Lookup(id)
+	return k.eps.Manager().Lookup(id)
 }
 
-func kvstoreNodeIP(k *kubernetesModule) agentkv.NodeIP {
+func kvstoreNodeIP(k *agentk8s.Module) agentkv.NodeIP {
 	if k == nil {
 		return nil
 	}
-	return k.nodeIP
+	return k.NodeIP
 }
 
-// kvIPCache is the datapath's ipcache as the kvstore source writes it.
-type kvIPCache struct{ *datapathModule }
-
-func (c kvIPCache) AddInitializer(name string) func() { return c.ipcache.AddInitializer(name) }
-
-func kvstoreIPCache(dp *datapathModule) agentkv.IPCache {
+func kvstoreIPCache(dp *agentdatapath.Module) agentkv.IPCache {
 	if dp == nil {
 		return nil
 	}
-	return kvIPCache{dp}
+	return dp
 }
 
 func flowsConfig(cfg Config) agentflows.Config { return cfg.Hubble }
@@ -72,53 +156,65 @@ func flowsNode(cfg Config) agentflows.Node {
 	return agentflows.Node{Name: cfg.NodeName, APISocket: cfg.API.Socket}
 }
 
-// flowsDatapathOf is the datapath's events and ipcache as the flows read
-// them.
-type flowsDatapathOf struct{ dp *datapathModule }
-
-func (f flowsDatapathOf) SetEventSink(sink func(loader.Event))   { f.dp.setEventSink(sink) }
-func (f flowsDatapathOf) EventsLost() (loader.EventsLost, error) { return f.dp.loader.EventsLost() }
-func (f flowsDatapathOf) IPCache() *ipcache.IPCache              { return f.dp.ipcache }
-
-func flowsDatapath(dp *datapathModule) agentflows.Datapath {
+func flowsDatapath(dp *agentdatapath.Module) agentflows.Datapath {
 	if dp == nil {
 		return nil
 	}
-	return flowsDatapathOf{dp}
+	return dp
 }
 
 // flowsEndpointsOf looks endpoints up in the manager once it exists.
-type flowsEndpointsOf struct{ eps *endpointsModule }
+type flowsEndpointsOf struct{ eps *agentendpoints.Module }
 
 func (f flowsEndpointsOf) Lookup(id string) (*endpoint.Endpoint, error) {
-	mgr, err := f.eps.manager()
+	mgr, err := f.eps.ManagerForAPI()
 	if err != nil {
 		return nil, err
 	}
 	return mgr.Lookup(id)
 }
 
-func flowsEndpoints(eps *endpointsModule) agentflows.Endpoints { return flowsEndpointsOf{eps} }
+func flowsEndpoints(eps *agentendpoints.Module) agentflows.Endpoints { return flowsEndpointsOf{eps} }
 
-func flowsPolicy(p *policyModule) agentflows.Policy { return p }
+func flowsPolicy(p *agentpolicy.Module) agentflows.Policy { return p }
 
-func flowsServices(s *servicesModule) agentflows.Services {
+func flowsServices(s *agentservices.Module) agentflows.Services {
 	if s == nil {
 		return agentflows.Services{}
 	}
-	return agentflows.Services{Tables: s.tables}
+	return agentflows.Services{Tables: s.Tables()}
 }
 
 // flowsNodeEvents follows the Node objects for the Peer service; nil in
 // standalone mode.
-func flowsNodeEvents(k *k8sClient) agentflows.NodeEvents {
+func flowsNodeEvents(k *agentk8s.Client) agentflows.NodeEvents {
 	if k == nil {
 		return nil
 	}
 	return func(fn func(watchers.Event[*corev1.Node])) (func(), error) {
-		if k.watchers == nil {
+		w := k.Watchers()
+		if w == nil {
 			return nil, nil
 		}
-		return k.watchers.Nodes.Subscribe(fn)
+		return w.Nodes.Subscribe(fn)
 	}
+}
+
+func policyConfig(cfg Config) agentpolicy.Config { return agentpolicy.Config{StateDir: cfg.StateDir} }
+
+func policyDatapath(dp *agentdatapath.Module) agentpolicy.Datapath {
+	if dp == nil {
+		return nil
+	}
+	return dp
+}
+
+func policyEndpoints(eps *agentendpoints.Module) agentpolicy.Endpoints { return eps }
+
+// policyNamedPorts is nil in standalone mode.
+func policyNamedPorts(k *agentk8s.Client) agentpolicy.NamedPorts {
+	if k == nil {
+		return nil
+	}
+	return k
 }

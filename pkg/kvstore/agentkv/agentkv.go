@@ -20,6 +20,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
@@ -41,13 +42,44 @@ var Cell = cell.Module("kvstore", "The etcd client identities and endpoint addre
 	cell.Invoke(func(*Module) {}),
 )
 
-// Config is the cell's part of the agent's configuration (the flags stay
-// in the agent's one Config, which the composition root maps to this).
-type Config struct {
+// Options are the kvstore's flags.
+type Options struct {
 	// Mode is "" (none), etcd or embedded.
 	Mode string
-	// KVStore is the client's configuration (endpoints, TLS, timeouts).
-	KVStore kvstore.Config
+	// Client is the client's configuration (endpoints, TLS, timeouts).
+	Client kvstore.Config
+}
+
+// DefaultOptions are the kvstore's defaults: none.
+func DefaultOptions() Options { return Options{Client: kvstore.DefaultConfig()} }
+
+// Flags registers the kvstore's flags.
+func (o *Options) Flags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Mode, "kvstore", o.Mode, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
+	o.Client.Flags(fs)
+}
+
+// Validate checks the values; each error names its option.
+func (o *Options) Validate() error {
+	switch o.Mode {
+	case ModeNone, ModeEmbedded:
+	case ModeEtcd:
+		if len(o.Client.Endpoints) == 0 {
+			return fmt.Errorf("kvstore etcd: --kvstore-endpoints is empty")
+		}
+	default:
+		return fmt.Errorf("kvstore %q: must be empty, etcd or embedded", o.Mode)
+	}
+	return nil
+}
+
+// Enabled says whether the agent has a kvstore.
+func (o Options) Enabled() bool { return o.Mode != ModeNone || len(o.Client.Endpoints) > 0 }
+
+// Config is the cell's configuration: its options and what it takes from
+// the agent's own.
+type Config struct {
+	Options
 	// StateDir holds the embedded etcd's data and socket.
 	StateDir string
 	// NodeName names this node in the published addresses.
@@ -55,9 +87,6 @@ type Config struct {
 	// IdentityAllocationMode is shown in the status.
 	IdentityAllocationMode string
 }
-
-// Enabled says whether the agent has a kvstore.
-func (c Config) Enabled() bool { return c.Mode != ModeNone || len(c.KVStore.Endpoints) > 0 }
 
 // Endpoints is the local endpoints as the cell reads them: the endpoint
 // manager, which exists from the endpoints' start step on (before this
@@ -192,7 +221,7 @@ const (
 )
 
 func (m *Module) start(ctx context.Context) error {
-	cfg := m.cfg.KVStore
+	cfg := m.cfg.Client
 	if m.cfg.Mode == ModeEmbedded {
 		dir := filepath.Join(m.cfg.StateDir, "etcd")
 		e, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: dir,

@@ -1,4 +1,4 @@
-package agent
+package agentk8s
 
 import (
 	"context"
@@ -19,17 +19,18 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/endpointpub"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // newEndpointPublisher registers the TendrilEndpoint publisher's table
 // and reconciler (jobs of the module's group, after the watchers' step).
 // Its prune reads the watcher's cache, and removes only objects that name
 // this node's address.
-func (k *kubernetesModule) newEndpointPublisher(p kubernetesParams) error {
+func (k *Module) newEndpointPublisher(p Params) error {
 	pub, err := endpointpub.New(endpointpub.Params{DB: p.DB, Jobs: k.jobs, Log: logFor(k.root, "endpoint-publisher"),
 		ModuleID: p.ModuleID, Client: publisherClient{k: k},
 		Owned: func(tep *v1alpha1.TendrilEndpoint) bool {
-			ip := k.nodeIP()
+			ip := k.NodeIP()
 			return ip != "" && tep.Status.Networking != nil && tep.Status.Networking.NodeIP == ip
 		}})
 	if err != nil {
@@ -45,7 +46,7 @@ func (k *kubernetesModule) newEndpointPublisher(p kubernetesParams) error {
 // publisherClient is the publisher's API server: the clientset, made by
 // the k8s-client step (after the reconciler is registered), and for the
 // prune's list the watcher's cache.
-type publisherClient struct{ k *kubernetesModule }
+type publisherClient struct{ k *Module }
 
 func (c publisherClient) cs() endpointpub.Clientset {
 	return endpointpub.Clientset{CS: c.k.client.clients.Tendril}
@@ -80,8 +81,8 @@ func (c publisherClient) List(context.Context) ([]v1alpha1.TendrilEndpoint, erro
 // writes the desired object to the publisher's table in one short
 // transaction, and its reconciler talks to the API server. The restored
 // endpoints are in once this returns: the prune may run.
-func (k *kubernetesModule) startPublisher() {
-	mgr := k.eps.mgr
+func (k *Module) startPublisher() {
+	mgr := k.eps.Manager()
 	mgr.Subscribe(func(ev endpointmanager.Event) {
 		if ev.Endpoint != nil && ev.Endpoint.PodName != "" {
 			k.publish(ev.Endpoint.PodNamespace, ev.Endpoint.PodName)
@@ -95,8 +96,8 @@ func (k *kubernetesModule) startPublisher() {
 	k.publisher.MarkRestored()
 }
 
-func (k *kubernetesModule) localEndpointOf(ns, name string) *endpoint.Endpoint {
-	for _, ep := range k.eps.mgr.List() {
+func (k *Module) localEndpointOf(ns, name string) *endpoint.Endpoint {
+	for _, ep := range k.eps.Manager().List() {
 		if ep.PodNamespace == ns && ep.PodName == name {
 			return ep
 		}
@@ -106,7 +107,7 @@ func (k *kubernetesModule) localEndpointOf(ns, name string) *endpoint.Endpoint {
 
 // publish records the TendrilEndpoint the pod should have as its local
 // endpoint is now (the event may be older than a later change), or none.
-func (k *kubernetesModule) publish(ns, name string) {
+func (k *Module) publish(ns, name string) {
 	ep := k.localEndpointOf(ns, name)
 	var err error
 	if ep == nil {
@@ -120,9 +121,9 @@ func (k *kubernetesModule) publish(ns, name string) {
 }
 
 // endpointStatus is the TendrilEndpoint status of a local endpoint.
-func (k *kubernetesModule) endpointStatus(ep *endpoint.Endpoint) v1alpha1.EndpointStatus {
+func (k *Module) endpointStatus(ep *endpoint.Endpoint) v1alpha1.EndpointStatus {
 	status := v1alpha1.EndpointStatus{ID: int64(ep.ID), State: string(ep.State),
-		Networking: &v1alpha1.EndpointNetworking{NodeIP: k.nodeIP()}}
+		Networking: &v1alpha1.EndpointNetworking{NodeIP: k.NodeIP()}}
 	pair := v1alpha1.AddressPair{}
 	if ep.IPv4.IsValid() {
 		pair.IPv4 = ep.IPv4.String()
@@ -132,9 +133,9 @@ func (k *kubernetesModule) endpointStatus(ep *endpoint.Endpoint) v1alpha1.Endpoi
 	}
 	status.Networking.Addressing = []v1alpha1.AddressPair{pair}
 	if ep.Identity != 0 {
-		status.Identity = &v1alpha1.EndpointIdentity{ID: int64(ep.Identity), Labels: endpointLabels(ep)}
+		status.Identity = &v1alpha1.EndpointIdentity{ID: int64(ep.Identity), Labels: agentpolicy.EndpointLabels(ep)}
 	}
-	ports := k.client.namedPorts(ep)
+	ports := k.client.NamedPorts(ep)
 	for _, pname := range slices.Sorted(maps.Keys(ports)) {
 		np := ports[pname]
 		proto := map[uint8]string{6: "TCP", 17: "UDP", 132: "SCTP"}[np.Proto]
@@ -146,7 +147,7 @@ func (k *kubernetesModule) endpointStatus(ep *endpoint.Endpoint) v1alpha1.Endpoi
 // onRemoteEndpoint puts other nodes' pod addresses into the ipcache with
 // their identities; this node's own endpoints are skipped (the local
 // endpoint is the better source for its addresses).
-func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
+func (k *Module) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
 	if ev.Kind == watchers.Synced {
 		// The listing's claims are queued before this: the ipcache's
 		// prune waits until they are in.
@@ -157,7 +158,7 @@ func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilE
 		return
 	}
 	st := ev.Object.Status
-	if st.Networking == nil || st.Networking.NodeIP == k.nodeIP() {
+	if st.Networking == nil || st.Networking.NodeIP == k.NodeIP() {
 		return
 	}
 	var ips []netip.Addr
@@ -212,8 +213,8 @@ func (k *kubernetesModule) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilE
 	}
 }
 
-func (k *kubernetesModule) isLocalAddress(ip netip.Addr) bool {
-	for _, ep := range k.eps.mgr.List() {
+func (k *Module) isLocalAddress(ip netip.Addr) bool {
+	for _, ep := range k.eps.Manager().List() {
 		if ep.IPv4 == ip || ep.IPv6 == ip {
 			return true
 		}
@@ -229,7 +230,7 @@ type remoteNamedPorts struct {
 
 // recordRemotePorts keeps other nodes' named ports per endpoint; a change
 // triggers a policy regeneration when it may change egress named ports.
-func (k *kubernetesModule) recordRemotePorts(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
+func (k *Module) recordRemotePorts(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
 	st := ev.Object.Status
 	var rp remoteNamedPorts
 	if ev.Kind == watchers.Upsert && st.Identity != nil && len(st.NamedPorts) > 0 {
@@ -246,6 +247,6 @@ func (k *kubernetesModule) recordRemotePorts(ev watchers.Event[*v1alpha1.Tendril
 		}
 	}
 	if k.client.setRemotePorts(ev.Key, rp) {
-		k.policy.triggerRegeneration()
+		k.policy.TriggerRegeneration()
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package dbinspect
 
 import (
 	"fmt"
@@ -6,13 +6,12 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/api/v1/server"
-	"github.com/tendril-net/tendril/pkg/dbinspect"
 )
 
-// registerStateDBAPI serves the statedb tables under /v1/statedb/: the
+// RegisterAPI serves the statedb tables under /v1/statedb/: the
 // summaries (/tables), the objects as rows (/rows/{table}) and statedb's
 // own dumps and queries (/dump, /dump/{table}, /query, /changes/{table}).
-func registerStateDBAPI(api *server.Server, in *dbinspect.Inspector) {
+func (in *Inspector) RegisterAPI(api *server.Server) {
 	h := http.StripPrefix("/v1/statedb", in.Handler())
 	api.Handle(http.MethodGet, "/v1/statedb/", func(w http.ResponseWriter, r *http.Request) error {
 		h.ServeHTTP(w, r)
@@ -20,9 +19,9 @@ func registerStateDBAPI(api *server.Server, in *dbinspect.Inspector) {
 	})
 }
 
-// tablesStatusSection is the `tendril status` line per reconciled table:
-// how many of its objects are not realized yet.
-func tablesStatusSection(in *dbinspect.Inspector) ext.Section {
+// StatusSection is the `tendril status` line per reconciled table: how
+// many of its objects are not realized yet.
+func (in *Inspector) StatusSection() ext.Section {
 	sec := ext.Section{Title: "Tables"}
 	for _, t := range in.Tables() {
 		if !t.Reconciled {

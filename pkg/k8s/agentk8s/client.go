@@ -1,4 +1,4 @@
-package agent
+package agentk8s
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
 	"github.com/tendril-net/tendril/pkg/k8s"
@@ -26,17 +27,18 @@ import (
 	"github.com/tendril-net/tendril/pkg/version"
 )
 
-// kubernetesClientCell is start step 2: the Kubernetes clients, the API
-// server reached, the CRDs installed; it also reads what the later steps
-// need of the cluster (this node's Node, pods' labels and named ports).
-var kubernetesClientCell = cell.Module("k8s-client", "Kubernetes clients CRDs and the read side of the caches",
-	cell.Provide(newK8sClient),
-	cell.Invoke(func(*k8sClient) {}),
+// ClientCell is start step 2: the Kubernetes clients, the API server
+// reached, the CRDs installed; it also reads what the later steps need of
+// the cluster (this node's Node, pods' labels and named ports).
+var ClientCell = cell.Module("k8s-client", "Kubernetes clients CRDs and the read side of the caches",
+	cell.Provide(NewClient),
+	cell.Invoke(func(*Client) {}),
 )
 
-// k8sClient is the agent's Kubernetes client side; nil in standalone mode.
-type k8sClient struct {
+// Client is the agent's Kubernetes client side; nil in standalone mode.
+type Client struct {
 	cfg         Config
+	settings    Settings
 	log         *slog.Logger
 	root        cell.RootLogger
 	identities  identity.Allocator
@@ -55,10 +57,12 @@ type k8sClient struct {
 	remotePorts map[string]remoteNamedPorts
 }
 
-type k8sClientParams struct {
+// ClientParams are the client's dependencies.
+type ClientParams struct {
 	cell.In
 
 	Config      Config
+	Settings    Settings
 	Log         *slog.Logger
 	Root        cell.RootLogger
 	Lifecycle   cell.Lifecycle
@@ -67,25 +71,27 @@ type k8sClientParams struct {
 	LabelFilter *labels.Filter
 }
 
-func newK8sClient(p k8sClientParams) *k8sClient {
-	if !p.Config.K8s.Enabled() {
+// NewClient is the client (nil without an API server configured); its
+// step connects.
+func NewClient(p ClientParams) *Client {
+	if !p.Config.Client.Enabled() {
 		return nil
 	}
-	c := &k8sClient{cfg: p.Config, log: p.Log, root: p.Root, identities: p.Identities, labelFilter: p.LabelFilter}
+	c := &Client{cfg: p.Config, settings: p.Settings, log: p.Log, root: p.Root, identities: p.Identities, labelFilter: p.LabelFilter}
 	p.Steps.Append(p.Lifecycle, "k8s-client", c.connect, nil)
 	return c
 }
 
 // connect is start step 2: build the clients, reach the API server
 // (retrying until the cache-sync timeout), install or update the CRDs.
-func (k *k8sClient) connect(ctx context.Context) error {
-	c, err := k8s.NewClients(k.cfg.K8s, "tendril-agent/"+version.Version)
+func (k *Client) connect(ctx context.Context) error {
+	c, err := k8s.NewClients(k.cfg.Client, "tendril-agent/"+version.Version)
 	if err != nil {
 		return err
 	}
 	k.clients = c
 	var lastErr error
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, k.cfg.K8sCacheSyncTimeout, true, func(context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, k.cfg.CacheSyncTimeout, true, func(context.Context) (bool, error) {
 		v, err := c.Core.Discovery().ServerVersion()
 		if err != nil {
 			lastErr = err
@@ -100,7 +106,7 @@ func (k *k8sClient) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reach the Kubernetes API server: %w (last error: %v)", err, lastErr)
 	}
-	if k.cfg.K8sInstallCRDs {
+	if k.cfg.InstallCRDs {
 		if _, err := crdinstall.Install(ctx, c.Dynamic, logFor(k.root, "crd-install")); err != nil {
 			return err
 		}
@@ -108,24 +114,24 @@ func (k *k8sClient) connect(ctx context.Context) error {
 	if alloc, ok := k.identities.(*crdalloc.Allocator); ok {
 		alloc.SetClient(c.Tendril)
 	}
-	k.watchers = watchers.New(c, k.cfg.NodeName, logFor(k.root, "k8s-watchers"))
+	k.watchers = watchers.New(c, k.settings.NodeName, logFor(k.root, "k8s-watchers"))
 	k.writer = node.NewWriter(c.Core, c.Tendril, 10*time.Second, logFor(k.root, "node-writeback"))
 	return nil
 }
 
-// selectPodCIDRs is part of start step 5: wait for this node's Node object
+// SelectPodCIDRs is part of start step 5: wait for this node's Node object
 // and pick the pod CIDRs by precedence.
-func (k *k8sClient) selectPodCIDRs(ctx context.Context) (node.Selection, error) {
-	n, err := node.WaitForNode(ctx, k.clients.Core, k.cfg.NodeName, k.log)
+func (k *Client) SelectPodCIDRs(ctx context.Context) (node.Selection, error) {
+	n, err := node.WaitForNode(ctx, k.clients.Core, k.settings.NodeName, k.log)
 	if err != nil {
 		return node.Selection{}, err
 	}
 	var sel node.Selection
-	if k.cfg.IPAM == "cluster-pool" {
-		sel, err = node.WaitForClusterPoolCIDRs(ctx, k.clients.Tendril, k.cfg.NodeName, k.log)
+	if k.settings.IPAM == "cluster-pool" {
+		sel, err = node.WaitForClusterPoolCIDRs(ctx, k.clients.Tendril, k.settings.NodeName, k.log)
 	} else {
-		auto4, auto6 := autoPodCIDRs(k.cfg.NodeName)
-		sel, err = node.SelectPodCIDRs(n, node.Ranges{IPv4: k.cfg.IPv4Range, IPv6: k.cfg.IPv6Range, AutoIPv4: auto4, AutoIPv6: auto6})
+		auto4, auto6 := agentendpoints.AutoPodCIDRs(k.settings.NodeName)
+		sel, err = node.SelectPodCIDRs(n, node.Ranges{IPv4: k.settings.IPv4Range, IPv6: k.settings.IPv6Range, AutoIPv4: auto4, AutoIPv6: auto6})
 	}
 	if err != nil {
 		return sel, err
@@ -139,7 +145,7 @@ func (k *k8sClient) selectPodCIDRs(ctx context.Context) (node.Selection, error) 
 
 // internalIP is this node's InternalIP from its Node ("" before the Node
 // was read, or without one).
-func (k *k8sClient) internalIP() string {
+func (k *Client) internalIP() string {
 	k.mu.Lock()
 	n := k.nodeObj
 	k.mu.Unlock()
@@ -153,15 +159,9 @@ func (k *k8sClient) internalIP() string {
 	return ""
 }
 
-// Label names Cilium gives pods, kept so policies written for Cilium select
-// the same pods here.
-const (
-	labelServiceAccount  = "io.cilium.k8s.policy.serviceaccount"
-	labelPolicyName      = "io.cilium.k8s.policy.name"
-	labelPolicyNamespace = "io.cilium.k8s.policy.namespace"
-	labelPolicyDerived   = "io.cilium.k8s.policy.derived-from"
-	labelPolicyUID       = "io.cilium.k8s.policy.uid"
-)
+// labelServiceAccount is the label name Cilium gives a pod's service
+// account, kept so policies written for Cilium select the same pods here.
+const labelServiceAccount = "io.cilium.k8s.policy.serviceaccount"
 
 // podLabels are an endpoint's labels from its pod and the pod's namespace,
 // named as Cilium names them; pod labels under the keys the agent sets
@@ -169,7 +169,7 @@ const (
 // member of another namespace, and labels the identity filter
 // (--identity-labels-*) calls irrelevant are left out, so a rollout's
 // pod-template-hash does not give each ReplicaSet its own identity.
-func (k *k8sClient) podLabels(pod *corev1.Pod, ns *corev1.Namespace) []string {
+func (k *Client) podLabels(pod *corev1.Pod, ns *corev1.Namespace) []string {
 	var nsLabels map[string]string
 	if ns != nil {
 		nsLabels = ns.Labels
@@ -192,9 +192,9 @@ func (k *k8sClient) podLabels(pod *corev1.Pod, ns *corev1.Namespace) []string {
 	return out
 }
 
-// namedPorts returns the named container ports of an endpoint's pod (nil
+// NamedPorts returns the named container ports of an endpoint's pod (nil
 // when it has no pod in the cache, or without Kubernetes).
-func (k *k8sClient) namedPorts(ep *endpoint.Endpoint) map[string]policy.NamedPort {
+func (k *Client) NamedPorts(ep *endpoint.Endpoint) map[string]policy.NamedPort {
 	if k == nil || k.watchers == nil || ep.PodName == "" {
 		return nil
 	}
@@ -205,9 +205,9 @@ func (k *k8sClient) namedPorts(ep *endpoint.Endpoint) map[string]policy.NamedPor
 	return policyk8s.PodNamedPorts(pod)
 }
 
-// labelsForEndpoint returns the labels of the endpoint's pod, waiting a
+// PodLabels returns the labels of the endpoint's pod, waiting a
 // little for the pod to reach the cache (CNI ADD can race the watch event).
-func (k *k8sClient) labelsForEndpoint(ctx context.Context, ns, name string) ([]string, bool) {
+func (k *Client) PodLabels(ctx context.Context, ns, name string) ([]string, bool) {
 	if k.watchers == nil || ns == "" || name == "" {
 		return nil, false
 	}
@@ -226,7 +226,7 @@ func (k *k8sClient) labelsForEndpoint(ctx context.Context, ns, name string) ([]s
 
 // setRemotePorts records (ports nil: forgets) the named ports of a remote
 // endpoint; it reports whether the universe's named ports may change.
-func (k *k8sClient) setRemotePorts(key string, rp remoteNamedPorts) bool {
+func (k *Client) setRemotePorts(key string, rp remoteNamedPorts) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.remotePorts == nil {
@@ -241,8 +241,8 @@ func (k *k8sClient) setRemotePorts(key string, rp remoteNamedPorts) bool {
 	return had || rp.ports != nil
 }
 
-// addRemoteNamedPorts merges other nodes' named ports into out, per identity.
-func (k *k8sClient) addRemoteNamedPorts(out map[identity.NumericIdentity]map[string]policy.NamedPort) {
+// AddRemoteNamedPorts merges other nodes' named ports into out, per identity.
+func (k *Client) AddRemoteNamedPorts(out map[identity.NumericIdentity]map[string]policy.NamedPort) {
 	if k == nil {
 		return
 	}
@@ -256,4 +256,17 @@ func (k *k8sClient) addRemoteNamedPorts(out map[identity.NumericIdentity]map[str
 			out[rp.identity][name] = np
 		}
 	}
+}
+
+// Watchers are the informers and their caches; nil before the client's
+// step has connected.
+func (k *Client) Watchers() *watchers.Watchers { return k.watchers }
+
+// Clients are the API clients; nil before the client's step.
+func (k *Client) Clients() *k8s.Clients { return k.clients }
+
+// logFor is the logger of a named part of the cells, with its own
+// "module" field as the agent's parts log.
+func logFor(root cell.RootLogger, module string) *slog.Logger {
+	return (*slog.Logger)(root).With("module", module)
 }

@@ -1,4 +1,9 @@
-package agent
+// Package hostips is the agent's host-ips cell: the node's own addresses
+// in the ipcache (host identity; world for the default routes), kept
+// current on address changes and a timer, and the conntrack GC (with the
+// masquerade's NAT entries) at an adaptive interval. Its start step is
+// "host-ips-ct-gc" (the seeds' step 8).
+package hostips
 
 import (
 	"context"
@@ -12,8 +17,10 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/vishvananda/netlink"
 
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipam"
@@ -21,19 +28,26 @@ import (
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 )
 
-// hostIPsCell is start step 8: the node's own addresses into the ipcache
-// (host and world identities), kept current, and conntrack GC.
-var hostIPsCell = cell.Module("host-ips", "Host addresses in the ipcache and conntrack GC",
-	cell.Provide(newHostIPSync),
-	cell.Invoke(func(*hostIPSync) {}),
+// Cell is start step 8: the node's own addresses into the ipcache (host
+// and world identities), kept current, and conntrack GC.
+var Cell = cell.Module("host-ips", "Host addresses in the ipcache and conntrack GC",
+	cell.Provide(New),
+	cell.Invoke(func(*Sync) {}),
 )
 
-// hostIPSync writes the host's addresses into the ipcache and runs the
+// Endpoints are the local endpoints: IPAM (the router addresses are the
+// host's) and the manager (a live endpoint's conntrack entries stay).
+type Endpoints interface {
+	IPAM() *ipam.IPAM
+	Manager() *endpointmanager.Manager
+}
+
+// Sync writes the host's addresses into the ipcache and runs the
 // conntrack GC; nil without the datapath.
-type hostIPSync struct {
+type Sync struct {
 	log  *slog.Logger
-	dp   *datapathModule
-	eps  *endpointsModule
+	dp   *agentdatapath.Module
+	eps  Endpoints
 	masq *hostdev.Masquerade
 	jobs job.Group
 
@@ -47,7 +61,8 @@ type hostIPSync struct {
 	hostIPs map[netip.Prefix]bool
 }
 
-type hostIPParams struct {
+// Params are the cell's dependencies.
+type Params struct {
 	cell.In
 
 	Log       *slog.Logger
@@ -55,18 +70,21 @@ type hostIPParams struct {
 	Steps     *lifecycle.Steps
 	Jobs      job.Registry
 	Health    *health.Registry
-	Datapath  *datapathModule
-	Endpoints *endpointsModule
+	Datapath  *agentdatapath.Module
+	Endpoints Endpoints
 	// Masquerade's NAT entries are collected with conntrack (nil without
 	// the datapath).
 	Masquerade *hostdev.Masquerade
 }
 
-func newHostIPSync(p hostIPParams) *hostIPSync {
+// New builds the host IPs' sync (nil without the datapath) and appends its
+// step, its loop as a job after it.
+func New(p Params) *Sync {
 	if p.Datapath == nil {
 		return nil
 	}
-	m := &hostIPSync{log: p.Log, dp: p.Datapath, eps: p.Endpoints, masq: p.Masquerade, jobs: newJobGroup(p.Jobs, p.Health, "host-ips-ct-gc", p.Log)}
+	m := &Sync{log: p.Log, dp: p.Datapath, eps: p.Endpoints, masq: p.Masquerade,
+		jobs: p.Jobs.NewGroup(p.Health.Scope("host-ips-ct-gc"), job.WithLogger(p.Log))}
 	p.Steps.Append(p.Lifecycle, "host-ips-ct-gc", m.syncHostIPs, nil)
 	m.jobs.Add(
 		job.OneShot("host-ips-ct-gc", func(ctx context.Context, _ cell.Health) error {
@@ -80,7 +98,7 @@ func newHostIPSync(p hostIPParams) *hostIPSync {
 
 // syncHostIPs is step 8: the node's own addresses → host identity, the
 // default routes → world, refreshed on a timer and on address changes.
-func (m *hostIPSync) syncHostIPs(ctx context.Context) error {
+func (m *Sync) syncHostIPs(ctx context.Context) error {
 	if err := m.writeHostIPs(); err != nil {
 		return err
 	}
@@ -94,7 +112,7 @@ func (m *hostIPSync) syncHostIPs(ctx context.Context) error {
 	return nil
 }
 
-func (m *hostIPSync) writeHostIPs() error {
+func (m *Sync) writeHostIPs() error {
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return fmt.Errorf("list host addresses: %w", err)
@@ -111,7 +129,7 @@ func (m *hostIPSync) writeHostIPs() error {
 		ip = ip.Unmap()
 		want[netip.PrefixFrom(ip, ip.BitLen())] = uint32(identity.Host)
 	}
-	if alloc := m.eps.ipam; alloc != nil {
+	if alloc := m.eps.IPAM(); alloc != nil {
 		for _, f := range []ipam.Family{ipam.IPv4, ipam.IPv6} {
 			if r := alloc.RouterIP(f); r.IsValid() {
 				want[netip.PrefixFrom(r, r.BitLen())] = uint32(identity.Host)
@@ -130,7 +148,7 @@ func (m *hostIPSync) writeHostIPs() error {
 	}
 	m.mu.Unlock()
 	// The node's addresses in one transaction.
-	return m.dp.ipcache.Write(func(w *ipcache.Writer) error {
+	return m.dp.IPCache().Write(func(w *ipcache.Writer) error {
 		for p, id := range want {
 			src, owner := ipcache.SourceLocal, ipcache.OwnerHost
 			if p.Bits() == 0 {
@@ -153,7 +171,7 @@ func (m *hostIPSync) writeHostIPs() error {
 
 // runLoops refreshes host IPs and runs conntrack GC with an interval that
 // adapts to how much each run deleted (the seeds' EnableConntrackGC).
-func (m *hostIPSync) runLoops(ctx context.Context, addrUpdates chan netlink.AddrUpdate) {
+func (m *Sync) runLoops(ctx context.Context, addrUpdates chan netlink.AddrUpdate) {
 	const minInterval, maxInterval = 10 * time.Second, 5 * time.Minute
 	interval := time.Minute
 	gc := time.NewTimer(interval)
@@ -186,10 +204,7 @@ func (m *hostIPSync) runLoops(ctx context.Context, addrUpdates chan netlink.Addr
 		case <-gc.C:
 			seen, deleted := m.runCTGC()
 			interval = NextCTGCInterval(interval, seen, deleted, minInterval, maxInterval)
-			m.dp.ctInterval.Set(interval.Seconds())
-			m.dp.gcStats.mu.Lock()
-			m.dp.gcStats.Interval = interval
-			m.dp.gcStats.mu.Unlock()
+			m.dp.SetCTGCInterval(interval)
 			gc.Reset(interval)
 		}
 	}
@@ -239,14 +254,14 @@ func NextCTGCInterval(cur time.Duration, seen, deleted int, min, max time.Durati
 	return next
 }
 
-func (m *hostIPSync) runCTGC() (seen, deleted int) {
+func (m *Sync) runCTGC() (seen, deleted int) {
 	live := map[uint16]bool{}
-	if m.eps.mgr != nil {
-		for _, ep := range m.eps.mgr.List() {
+	if m.eps.Manager() != nil {
+		for _, ep := range m.eps.Manager().List() {
 			live[ep.ID] = true
 		}
 	}
-	res, err := m.dp.loader.Maps().CTMap().DeleteExpired(maps.MonotonicNow(), func(id uint16) bool { return live[id] })
+	res, err := m.dp.Loader().Maps().CTMap().DeleteExpired(maps.MonotonicNow(), func(id uint16) bool { return live[id] })
 	seen, deleted = res.Seen, res.Deleted
 	if err != nil {
 		m.log.Warn("Conntrack GC", "error", err)
@@ -257,13 +272,6 @@ func (m *hostIPSync) runCTGC() (seen, deleted int) {
 	} else if nat.Deleted > 0 {
 		m.log.Debug("NAT GC", "mappings-deleted", nat.Deleted, "orphans", nat.Orphans)
 	}
-	m.dp.ctDeleted.Add(float64(deleted))
-	m.dp.ctEntries.Set(float64(seen - deleted))
-	m.dp.gcStats.mu.Lock()
-	m.dp.gcStats.Runs++
-	m.dp.gcStats.Deleted += deleted
-	m.dp.gcStats.Last = time.Now()
-	m.dp.gcStats.Entries = seen - deleted
-	m.dp.gcStats.mu.Unlock()
+	m.dp.RecordCTGC(seen, deleted)
 	return seen, deleted
 }

@@ -1,4 +1,4 @@
-package agent
+package agentendpoints
 
 import (
 	"fmt"
@@ -6,11 +6,11 @@ import (
 	"net/netip"
 )
 
-// autoPodCIDRs derives a node's pod CIDRs from its name when nothing else
+// AutoPodCIDRs derives a node's pod CIDRs from its name when nothing else
 // chose them (standalone mode without --ipv4-range/--ipv6-range): a stable
 // 10.128.0.0/10 /24 and a fd00:7464::/96 /112, so the same node gets the same
 // CIDRs across restarts.
-func autoPodCIDRs(nodeName string) (netip.Prefix, netip.Prefix) {
+func AutoPodCIDRs(nodeName string) (netip.Prefix, netip.Prefix) {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(nodeName))
 	sum := h.Sum32()
@@ -19,10 +19,10 @@ func autoPodCIDRs(nodeName string) (netip.Prefix, netip.Prefix) {
 	return v4, v6
 }
 
-// podCIDRs resolves the configured pod CIDRs: an explicit range, "auto", or
-// empty/"none" to disable the family.
-func (c *Config) podCIDRs() (netip.Prefix, netip.Prefix, error) {
-	autoV4, autoV6 := autoPodCIDRs(c.NodeName)
+// PodCIDRs resolves the configured pod CIDRs: an explicit range, "auto"
+// (derived from nodeName), or empty/"none" to disable the family.
+func (c *Config) PodCIDRs(nodeName string) (netip.Prefix, netip.Prefix, error) {
+	autoV4, autoV6 := AutoPodCIDRs(nodeName)
 	parse := func(flag, v string, auto netip.Prefix, want4 bool) (netip.Prefix, error) {
 		switch v {
 		case "", "none":

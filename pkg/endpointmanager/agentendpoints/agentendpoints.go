@@ -1,4 +1,10 @@
-package agent
+// Package agentendpoints is the agent's endpoints cell: the endpoints
+// restored from the state directory, IPAM over this node's pod CIDRs, the
+// endpoint manager with its regenerator (host networking, then the hooks
+// other cells add), the node's host networking, and the CNI server with
+// its API (POST /v1/cni/{command}). Its start step is
+// "endpoint-restore-ipam" (the seeds' step 5).
+package agentendpoints
 
 import (
 	"context"
@@ -16,6 +22,7 @@ import (
 	"github.com/cilium/cilium/api/v1/models"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -29,25 +36,99 @@ import (
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/node"
 )
 
-// endpointsCell is start step 5: the endpoints restored from the state
-// directory, the pod CIDRs picked, IPAM started with every restored
-// endpoint's addresses re-reserved, the host device set up, and the CNI
-// server ready.
-var endpointsCell = cell.Module("endpoints", "Endpoint restore IPAM host networking and the CNI server",
-	cell.Provide(newEndpointsModule),
-	cell.Invoke(func(*endpointsModule) {}),
+// Cell is start step 5: the endpoints restored from the state directory,
+// the pod CIDRs picked, IPAM started with every restored endpoint's
+// addresses re-reserved, the host device set up, and the CNI server ready.
+var Cell = cell.Module("endpoints", "Endpoint restore IPAM host networking and the CNI server",
+	cell.Provide(New),
+	cell.Invoke(func(*Module) {}),
 )
 
-// endpointsModule owns IPAM, the endpoint manager and the node's host
-// networking (host device, per-pod routes).
-type endpointsModule struct {
-	cfg  Config
-	log  *slog.Logger
-	root cell.RootLogger
-	k8s  *k8sClient // nil in standalone mode
-	jobs job.Group
+// Config are the endpoints' and IPAM's options.
+type Config struct {
+	// MTU is the pods' device MTU announced to CNI plugins.
+	MTU int
+	// IPv4Range and IPv6Range are the pod CIDRs: a prefix, "auto" (derived
+	// from the node name) or "none".
+	IPv4Range string
+	IPv6Range string
+	// IPAM is "kubernetes" (pod CIDRs by the precedence above) or
+	// "cluster-pool" (from this node's TendrilNode, written by
+	// tendril-operator).
+	IPAM string
+	// InstallHostNetworking creates the host device and per-pod routes in the
+	// agent's network namespace. Only tests that run the agent in the
+	// machine's own namespace turn it off.
+	InstallHostNetworking bool
+	// IPAMExpiration is how long an address allocated with expiration may
+	// stay unclaimed by an endpoint.
+	IPAMExpiration time.Duration
+}
+
+// DefaultConfig are the endpoints' defaults.
+func DefaultConfig() Config {
+	return Config{MTU: 1500, IPv4Range: "auto", IPv6Range: "auto", IPAM: "kubernetes", InstallHostNetworking: true,
+		IPAMExpiration: 10 * time.Minute}
+}
+
+// Flags registers the endpoints' options.
+func (c *Config) Flags(fs *pflag.FlagSet) {
+	fs.IntVar(&c.MTU, "mtu", c.MTU, "MTU of pod devices")
+	fs.StringVar(&c.IPv4Range, "ipv4-range", c.IPv4Range, "IPv4 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
+	fs.StringVar(&c.IPv6Range, "ipv6-range", c.IPv6Range, "IPv6 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
+	fs.BoolVar(&c.InstallHostNetworking, "install-host-networking", c.InstallHostNetworking, "Create the host device and per-pod routes in the agent's network namespace")
+	fs.StringVar(&c.IPAM, "ipam", c.IPAM, "Where the node's pod CIDRs come from: kubernetes (Node, annotations, --ipv4-range) or cluster-pool (the TendrilNode tendril-operator fills)")
+	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
+}
+
+// Validate checks the values; each error names its option.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.IPAM != "" && c.IPAM != "kubernetes" && c.IPAM != "cluster-pool" {
+		errs = append(errs, fmt.Errorf("ipam %q: must be kubernetes or cluster-pool", c.IPAM))
+	}
+	// The ranges' syntax does not depend on the node's name.
+	if _, _, err := c.PodCIDRs(""); err != nil {
+		errs = append(errs, err)
+	}
+	if c.IPAMExpiration <= 0 {
+		errs = append(errs, fmt.Errorf("ipam-expiration %s: must be positive", c.IPAMExpiration))
+	}
+	if c.MTU < 1280 || c.MTU > 65535 {
+		errs = append(errs, fmt.Errorf("mtu %d: must be between 1280 and 65535", c.MTU))
+	}
+	return errors.Join(errs...)
+}
+
+// Settings are what the endpoints take from the agent's own options.
+type Settings struct {
+	NodeName string
+	// StateDir holds the endpoints' state files (under endpoints/).
+	StateDir string
+}
+
+// Kubernetes is what the endpoints read from the cluster; nil in
+// standalone mode.
+type Kubernetes interface {
+	// SelectPodCIDRs waits for this node's Node and picks its pod CIDRs.
+	SelectPodCIDRs(ctx context.Context) (node.Selection, error)
+	// PodLabels are the labels of a pod's endpoint, waiting a little for
+	// the pod to reach the cache; false when it does not.
+	PodLabels(ctx context.Context, ns, name string) ([]string, bool)
+}
+
+// Module owns IPAM, the endpoint manager and the node's host networking
+// (host device, per-pod routes).
+type Module struct {
+	cfg      Config
+	settings Settings
+	log      *slog.Logger
+	root     cell.RootLogger
+	k8s      Kubernetes // nil in standalone mode
+	jobs     job.Group
 
 	ipam     *ipam.IPAM
 	mgr      *endpointmanager.Manager
@@ -67,22 +148,26 @@ type endpointsModule struct {
 	cni   *cniserver.Server
 }
 
-type endpointsParams struct {
+// Params are the endpoints' dependencies.
+type Params struct {
 	cell.In
 
 	Config    Config
+	Settings  Settings
 	Log       *slog.Logger
 	Root      cell.RootLogger
 	Lifecycle cell.Lifecycle
 	Steps     *lifecycle.Steps
 	Jobs      job.Registry
 	Health    *health.Registry
-	K8s       *k8sClient
+	K8s       Kubernetes
 }
 
-func newEndpointsModule(p endpointsParams) *endpointsModule {
-	m := &endpointsModule{cfg: p.Config, log: p.Log, root: p.Root, k8s: p.K8s,
-		jobs: newJobGroup(p.Jobs, p.Health, "endpoint-restore-ipam", p.Log)}
+// New builds the endpoints module and appends its start step, the IPAM
+// expiration job after it.
+func New(p Params) *Module {
+	m := &Module{cfg: p.Config, settings: p.Settings, log: p.Log, root: p.Root, k8s: p.K8s,
+		jobs: p.Jobs.NewGroup(p.Health.Scope("endpoint-restore-ipam"), job.WithLogger(p.Log))}
 	p.Steps.Append(p.Lifecycle, "endpoint-restore-ipam", m.start, m.stop)
 	m.jobs.Add(job.OneShot("ipam-expiration", func(ctx context.Context, _ cell.Health) error {
 		m.ipam.RunExpiration(ctx, 10*time.Second)
@@ -94,13 +179,13 @@ func newEndpointsModule(p endpointsParams) *endpointsModule {
 // AddRegenerateHook adds a step to every endpoint's regeneration (identity,
 // policy, BPF), run in the order added after host networking; removal runs
 // in reverse. Cells add theirs while the hive is built.
-func (m *endpointsModule) AddRegenerateHook(h endpointmanager.Regenerator) {
+func (m *Module) AddRegenerateHook(h endpointmanager.Regenerator) {
 	m.hookMu.Lock()
 	defer m.hookMu.Unlock()
 	m.hooks = append(m.hooks, h)
 }
 
-func (m *endpointsModule) regenerateHooks() []endpointmanager.Regenerator {
+func (m *Module) regenerateHooks() []endpointmanager.Regenerator {
 	m.hookMu.Lock()
 	defer m.hookMu.Unlock()
 	return append([]endpointmanager.Regenerator(nil), m.hooks...)
@@ -108,13 +193,13 @@ func (m *endpointsModule) regenerateHooks() []endpointmanager.Regenerator {
 
 // Subscribe adds fn to the endpoint manager's subscribers once it is
 // built. Cells subscribe while the hive is built.
-func (m *endpointsModule) Subscribe(fn func(endpointmanager.Event)) {
+func (m *Module) Subscribe(fn func(endpointmanager.Event)) {
 	m.hookMu.Lock()
 	defer m.hookMu.Unlock()
 	m.subscribers = append(m.subscribers, fn)
 }
 
-func (m *endpointsModule) cniServer() *cniserver.Server {
+func (m *Module) cniServer() *cniserver.Server {
 	m.cniMu.Lock()
 	defer m.cniMu.Unlock()
 	return m.cni
@@ -123,13 +208,13 @@ func (m *endpointsModule) cniServer() *cniserver.Server {
 // startIPAMAndRestore is start step 5: read the old endpoints, pick the pod
 // CIDRs, start IPAM and re-reserve every restored endpoint's addresses before
 // anything new is handed out, then set up the host device.
-func (m *endpointsModule) start(ctx context.Context) error {
-	v4, v6, err := m.cfg.podCIDRs()
+func (m *Module) start(ctx context.Context) error {
+	v4, v6, err := m.cfg.PodCIDRs(m.settings.NodeName)
 	if err != nil {
 		return err
 	}
 	if m.k8s != nil {
-		sel, err := m.k8s.selectPodCIDRs(ctx)
+		sel, err := m.k8s.SelectPodCIDRs(ctx)
 		if err != nil {
 			return err
 		}
@@ -140,7 +225,7 @@ func (m *endpointsModule) start(ctx context.Context) error {
 		return fmt.Errorf("start IPAM: %w", err)
 	}
 	m.ipam = alloc
-	store, err := endpoint.NewStore(filepath.Join(m.cfg.StateDir, "endpoints"), logFor(m.root, "endpoint-store"))
+	store, err := endpoint.NewStore(filepath.Join(m.settings.StateDir, "endpoints"), logFor(m.root, "endpoint-store"))
 	if err != nil {
 		return err
 	}
@@ -150,7 +235,7 @@ func (m *endpointsModule) start(ctx context.Context) error {
 	}
 	m.nl = nl
 	m.host = linux.NewHost(nl, netns.None(), logFor(m.root, "host-networking"))
-	m.mgr = m.newManager(store, alloc)
+	m.NewManager(store, alloc)
 
 	start := time.Now()
 	res, err := m.mgr.Restore(ctx, m.host.LinkExists)
@@ -190,10 +275,12 @@ func (m *endpointsModule) start(ctx context.Context) error {
 	return nil
 }
 
-// newManager builds the endpoint manager over store with its regenerator
+// NewManager builds the endpoint manager over store with its regenerator
 // (host networking, then the regeneration hooks) and the subscribers other
-// cells added.
-func (m *endpointsModule) newManager(store *endpoint.Store, alloc *ipam.IPAM) *endpointmanager.Manager {
+// cells added, and makes it the module's. The start step calls it once
+// IPAM and host networking are up; tests of the regeneration call it
+// without starting the hive.
+func (m *Module) NewManager(store *endpoint.Store, alloc *ipam.IPAM) *endpointmanager.Manager {
 	mgr := endpointmanager.New(store, alloc, logFor(m.root, "endpoint-manager"))
 	mgr.SetRegenerator(&regenerator{m: m})
 	m.hookMu.Lock()
@@ -202,21 +289,22 @@ func (m *endpointsModule) newManager(store *endpoint.Store, alloc *ipam.IPAM) *e
 	for _, fn := range subs {
 		mgr.Subscribe(fn)
 	}
+	m.mgr = mgr
 	return mgr
 }
 
-func (m *endpointsModule) stop(context.Context) error {
+func (m *Module) stop(context.Context) error {
 	if m.nl != nil {
 		m.nl.Close()
 	}
 	return nil
 }
 
-// regenerateRestored is start step 9: the restored endpoints regenerate;
-// the manager's workers (runWorkers, a job started right after) retry what
+// RegenerateRestored is start step 9: the restored endpoints regenerate;
+// the manager's workers (RunWorkers, a job started right after) retry what
 // failed and build every later change (labels, policy for endpoints that
 // were not ready).
-func (m *endpointsModule) regenerateRestored(ctx context.Context) error {
+func (m *Module) RegenerateRestored(ctx context.Context) error {
 	if err := m.mgr.RegenerateRestored(ctx); err != nil {
 		// An endpoint that fails is not ready and queued for a retry with
 		// backoff; the agent itself keeps running.
@@ -225,19 +313,19 @@ func (m *endpointsModule) regenerateRestored(ctx context.Context) error {
 	return nil
 }
 
-// runWorkers runs the manager's regeneration workers until ctx ends.
-func (m *endpointsModule) runWorkers(ctx context.Context, _ cell.Health) error {
+// RunWorkers runs the manager's regeneration workers until ctx ends.
+func (m *Module) RunWorkers(ctx context.Context, _ cell.Health) error {
 	m.mgr.Run(ctx)
 	return nil
 }
 
-// applyPodLabels gives an endpoint of a pod its pod's labels (Kubernetes
+// ApplyPodLabels gives an endpoint of a pod its pod's labels (Kubernetes
 // mode).
-func (m *endpointsModule) applyPodLabels(ctx context.Context, ep *endpoint.Endpoint) {
+func (m *Module) ApplyPodLabels(ctx context.Context, ep *endpoint.Endpoint) {
 	if m.k8s == nil || ep.PodName == "" {
 		return
 	}
-	if labels, ok := m.k8s.labelsForEndpoint(ctx, ep.PodNamespace, ep.PodName); ok {
+	if labels, ok := m.k8s.PodLabels(ctx, ep.PodNamespace, ep.PodName); ok {
 		ep.Labels = labels
 		return
 	}
@@ -245,8 +333,43 @@ func (m *endpointsModule) applyPodLabels(ctx context.Context, ep *endpoint.Endpo
 		"pod", ep.PodNamespace+"/"+ep.PodName)
 }
 
-// manager is the endpoint manager, or the API's 503 before its start step.
-func (m *endpointsModule) manager() (*endpointmanager.Manager, error) {
+// Relabel records new labels for the endpoints of a pod. It only records
+// them and queues the endpoints' regeneration: the manager's workers
+// allocate the identity (over the network in CRD or kvstore mode) and
+// realize the policy, retried until they succeed, so the watcher callback that
+// calls it never blocks.
+func (m *Module) Relabel(ns, name string, labels []string) {
+	mgr := m.mgr
+	if mgr == nil {
+		return
+	}
+	for _, ep := range mgr.List() {
+		if ep.PodNamespace != ns || ep.PodName != name {
+			continue
+		}
+		changed, err := mgr.SetLabels(ep.ID, labels, "Pod labels changed")
+		if err != nil {
+			m.log.Warn("Update endpoint labels", "endpoint", ep.ID, "pod", ns+"/"+name, "error", err)
+			continue
+		}
+		if changed {
+			m.log.Info("Endpoint labels changed; regeneration queued", "endpoint", ep.ID, "pod", ns+"/"+name)
+		}
+	}
+}
+
+// Manager is the endpoint manager; nil before the start step builds it.
+func (m *Module) Manager() *endpointmanager.Manager { return m.mgr }
+
+// IPAM is the node's address allocator; nil before the start step.
+func (m *Module) IPAM() *ipam.IPAM { return m.ipam }
+
+// Netlink is the agent's netlink handle; nil before the start step.
+func (m *Module) Netlink() *netlink.Handle { return m.nl }
+
+// ManagerForAPI is the endpoint manager, or the API's 503 before its
+// start step.
+func (m *Module) ManagerForAPI() (*endpointmanager.Manager, error) {
 	if m.mgr == nil {
 		return nil, server.Errorf(http.StatusServiceUnavailable, "endpoint manager is not started yet")
 	}
@@ -260,8 +383,8 @@ func addrIP(a netip.Addr) net.IP {
 	return net.IP(a.AsSlice())
 }
 
-// nodeAddressing reports the node's families, router IPs and CIDRs.
-func (m *endpointsModule) nodeAddressing() *models.NodeAddressing {
+// NodeAddressing reports the node's families, router IPs and CIDRs.
+func (m *Module) NodeAddressing() *models.NodeAddressing {
 	elem := func(f ipam.Family) *models.NodeAddressingElement {
 		if m.ipam == nil || !m.ipam.Enabled(f) {
 			return &models.NodeAddressingElement{Enabled: false}
@@ -273,8 +396,8 @@ func (m *endpointsModule) nodeAddressing() *models.NodeAddressing {
 	return &models.NodeAddressing{IPV4: elem(ipam.IPv4), IPV6: elem(ipam.IPv6)}
 }
 
-// statusSection is the IPAM and endpoints part of `tendril status`.
-func (m *endpointsModule) statusSection() ext.Section {
+// StatusSection is the IPAM and endpoints part of `tendril status`.
+func (m *Module) StatusSection() ext.Section {
 	sec := ext.Section{Title: "IPAM"}
 	if m.ipam == nil {
 		sec.Lines = append(sec.Lines, ext.Line{Key: "state", Value: "not started"})
@@ -289,13 +412,13 @@ func (m *endpointsModule) statusSection() ext.Section {
 		counts[ep.State]++
 	}
 	sec.Lines = append(sec.Lines, ext.Line{Key: "endpoints", Value: fmt.Sprintf("%d (%d ready)", len(eps), counts[endpoint.StateReady])})
-	sec.Lines = append(sec.Lines, ext.Line{Key: "endpoint policy", Value: convergenceLine(m.mgr.Convergence())})
+	sec.Lines = append(sec.Lines, ext.Line{Key: "endpoint policy", Value: ConvergenceLine(m.mgr.Convergence())})
 	return sec
 }
 
-// convergenceLine says how many endpoints have not yet realized the
+// ConvergenceLine says how many endpoints have not yet realized the
 // current policy revision, and how many of those failed last time.
-func convergenceLine(c endpointmanager.Convergence) string {
+func ConvergenceLine(c endpointmanager.Convergence) string {
 	notRealized := c.Endpoints - c.Converged
 	line := fmt.Sprintf("revision %d: %d/%d realized", c.PolicyRevision, c.Converged, c.Endpoints)
 	if notRealized > 0 {
@@ -306,8 +429,8 @@ func convergenceLine(c endpointmanager.Convergence) string {
 
 // regenerator realizes an endpoint in the node: host veth settings and
 // routes now; identity, policy and BPF programs are added by their modules
-// through the hooks in Agent.
-type regenerator struct{ m *endpointsModule }
+// through the hooks other cells add (AddRegenerateHook).
+type regenerator struct{ m *Module }
 
 func (r *regenerator) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
 	if r.m.cfg.InstallHostNetworking && ep.HostIfName != "" {
@@ -364,9 +487,9 @@ func (r *regenerator) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 	return errors.Join(errs...)
 }
 
-// ipamStatus is the status' ipam section: every allocation with its owner,
+// IPAMStatus is the status' ipam section: every allocation with its owner,
 // the router addresses owned by "router", as the Cilium agent reports them.
-func (m *endpointsModule) ipamStatus() *models.IPAMStatus {
+func (m *Module) IPAMStatus() *models.IPAMStatus {
 	st := &models.IPAMStatus{Allocations: models.AllocationMap{}, IPV4: []string{}, IPV6: []string{}}
 	if m.ipam == nil {
 		st.Status = "not started"
@@ -393,7 +516,7 @@ func (m *endpointsModule) ipamStatus() *models.IPAMStatus {
 // endpoint was restored for them (a state file that was corrupt): a route
 // Tendril installed to a veth that still exists keeps its address reserved,
 // so it is never handed to a second pod; routes to vanished veths go.
-func (m *endpointsModule) reserveOrphans() {
+func (m *Module) reserveOrphans() {
 	routes, err := m.host.EndpointRoutes()
 	if err != nil {
 		m.log.Warn("Cannot list endpoint routes to find orphaned addresses", "error", err)
@@ -433,4 +556,10 @@ func (m *endpointsModule) reserveOrphans() {
 		m.log.Warn("A pod address has no restored endpoint (its state was lost); keeping it reserved until its interface goes",
 			"ip", ip, "interface", link.Attrs().Name)
 	}
+}
+
+// logFor is the logger of a named part of the cell, with its own "module"
+// field as the agent's parts log.
+func logFor(root cell.RootLogger, module string) *slog.Logger {
+	return (*slog.Logger)(root).With("module", module)
 }

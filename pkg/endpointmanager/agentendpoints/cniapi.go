@@ -1,4 +1,4 @@
-package agent
+package agentendpoints
 
 import (
 	"bytes"
@@ -14,27 +14,35 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 )
 
-// registerCNIAPI serves POST /v1/cni/{command}, the Tendril extension that
+// CNIAPI serves POST /v1/cni/{command}, the Tendril extension that
 // tendril-cni forwards every CNI command to (the work is in
 // pkg/cni/cniserver; see docs/cni.md).
-func (h *cniAPI) register(api *server.Server) {
+type CNIAPI struct {
+	Endpoints *Module
+	// HoldPromotions keeps endpoints from moving to TCX links until the
+	// function it returns is called; nil without the datapath.
+	HoldPromotions func() func()
+}
+
+// Register adds the CNI API's handler to the API server.
+func (h *CNIAPI) Register(api *server.Server) {
 	api.Handle(http.MethodPost, cni.APIPrefix+"{command}", h.handleCNI)
 }
 
-func (h *cniAPI) handleCNI(w http.ResponseWriter, r *http.Request) error {
+func (h *CNIAPI) handleCNI(w http.ResponseWriter, r *http.Request) error {
 	command := strings.ToUpper(r.PathValue("command"))
 	switch command {
 	case cni.CommandAdd, cni.CommandDel, cni.CommandCheck, cni.CommandStatus, cni.CommandGC:
 	default:
 		return server.Errorf(http.StatusNotFound, "unknown CNI command %q: want add, del, check, status or gc", r.PathValue("command"))
 	}
-	srv := h.eps.cniServer()
+	srv := h.Endpoints.cniServer()
 	if srv == nil {
 		return server.Errorf(http.StatusServiceUnavailable, "endpoints and IPAM are not started yet")
 	}
-	if h.dp != nil && (command == cni.CommandAdd || command == cni.CommandDel) {
+	if h.HoldPromotions != nil && (command == cni.CommandAdd || command == cni.CommandDel) {
 		// No endpoint moves to TCX links while pods come and go.
-		defer h.dp.loader.HoldPromotions()()
+		defer h.HoldPromotions()()
 	}
 	var req cni.Request
 	if err := server.DecodeJSON(r, &req); err != nil {
@@ -62,12 +70,13 @@ func (h *cniAPI) handleCNI(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// holdingPromotions wraps a handler that creates or removes endpoints (the
-// stock cilium-cni's calls): no endpoint moves to TCX links meanwhile.
-func holdingPromotions(dp *datapathModule, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+// Holding wraps a handler that creates or removes endpoints (the stock
+// cilium-cni's calls): no endpoint moves to TCX links meanwhile (hold nil:
+// the handler as it is).
+func Holding(hold func() func(), h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		if dp != nil {
-			defer dp.loader.HoldPromotions()()
+		if hold != nil {
+			defer hold()()
 		}
 		return h(w, r)
 	}
@@ -79,11 +88,17 @@ func writeCNIError(w http.ResponseWriter, e *cni.Error) {
 
 // cniEndpoints gives the CNI server the endpoint manager, with what PUT
 // /v1/endpoint adds: labels from Kubernetes, and the synchronous build.
-type cniEndpoints struct{ m *endpointsModule }
+type cniEndpoints struct{ m *Module }
 
 func (c cniEndpoints) Create(ctx context.Context, ep *endpoint.Endpoint) (*endpoint.Endpoint, error) {
-	c.m.applyPodLabels(ctx, ep)
-	return c.m.mgr.Create(ctx, ep, endpointmanager.CreateOptions{SyncBuild: true})
+	return c.m.CreateEndpoint(ctx, ep)
+}
+
+// CreateEndpoint creates an endpoint as CNI ADD does: with its pod's
+// labels from Kubernetes, built before it returns.
+func (m *Module) CreateEndpoint(ctx context.Context, ep *endpoint.Endpoint) (*endpoint.Endpoint, error) {
+	m.ApplyPodLabels(ctx, ep)
+	return m.mgr.Create(ctx, ep, endpointmanager.CreateOptions{SyncBuild: true})
 }
 
 func (c cniEndpoints) Lookup(id string) (*endpoint.Endpoint, error) {

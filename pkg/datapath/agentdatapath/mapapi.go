@@ -1,4 +1,4 @@
-package agent
+package agentdatapath
 
 import (
 	"fmt"
@@ -18,8 +18,16 @@ import (
 // tables were split by family.
 func mapNames() map[string]string { return maps.PinnedNames() }
 
-// registerMapAPI serves GET /v1/map and /v1/map/{name}.
-func (h *mapAPI) register(api *server.Server) {
+// MapAPI serves GET /v1/map and /v1/map/{name}: the BPF maps' contents.
+type MapAPI struct {
+	// Datapath is nil without the datapath.
+	Datapath *Module
+	// BPFRoot is the bpffs directory the maps are pinned under.
+	BPFRoot string
+}
+
+// Register adds the map API's handlers to the API server.
+func (h *MapAPI) Register(api *server.Server) {
 	api.Handle(http.MethodGet, "/v1/map", func(w http.ResponseWriter, r *http.Request) error {
 		dm, err := h.datapathMaps()
 		if err != nil {
@@ -52,7 +60,7 @@ func (h *mapAPI) register(api *server.Server) {
 			short = "ct"
 		}
 		for s, full := range mapNames() {
-			if name == s || name == full || name == filepath.Join(h.cfg.BPFRoot, full) {
+			if name == s || name == full || name == filepath.Join(h.BPFRoot, full) {
 				short = s
 			}
 		}
@@ -68,18 +76,18 @@ func (h *mapAPI) register(api *server.Server) {
 	})
 }
 
-func (h *mapAPI) datapathMaps() (*maps.Maps, error) {
-	if h.dp == nil || h.dp.loader.Maps() == nil {
+func (h *MapAPI) datapathMaps() (*maps.Maps, error) {
+	if h.Datapath == nil || h.Datapath.loader.Maps() == nil {
 		return nil, server.Errorf(http.StatusNotFound, "the datapath is not enabled on this agent")
 	}
-	return h.dp.loader.Maps(), nil
+	return h.Datapath.loader.Maps(), nil
 }
 
 // mapModel renders a map's entries as key/value strings.
-func (h *mapAPI) mapModel(dm *maps.Maps, short string) (*models.BPFMap, error) {
-	path := filepath.Join(h.cfg.BPFRoot, mapNames()[short])
+func (h *MapAPI) mapModel(dm *maps.Maps, short string) (*models.BPFMap, error) {
+	path := filepath.Join(h.BPFRoot, mapNames()[short])
 	if short == "ct" {
-		path = filepath.Join(h.cfg.BPFRoot, maps.CT4MapName) + "," + filepath.Join(h.cfg.BPFRoot, maps.CT6MapName)
+		path = filepath.Join(h.BPFRoot, maps.CT4MapName) + "," + filepath.Join(h.BPFRoot, maps.CT6MapName)
 	}
 	out := &models.BPFMap{Path: path, Cache: []*models.BPFMapEntry{}}
 	add := func(k, v string) {

@@ -1,4 +1,12 @@
-package agent
+// Package agentk8s is the agent's Kubernetes side: the client cell
+// (clients, the API server reached, CRDs installed, this node's Node and
+// pod CIDRs, pods' labels and named ports; start step "k8s-client") and
+// the Kubernetes cell (the node write-back, the watchers and what they
+// feed: endpoint labels, policies, peers and routes, other nodes'
+// endpoints in the ipcache, this node's endpoints published as
+// TendrilEndpoints, the per-node policy status; start steps
+// "k8s-node-writeback" and "k8s-watchers").
+package agentk8s
 
 import (
 	"cmp"
@@ -16,53 +24,103 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
 	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/endpointpub"
 	"github.com/tendril-net/tendril/pkg/k8s/policystatus"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
-	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
-	"github.com/tendril-net/tendril/pkg/policy/api"
+	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
 )
 
-// kubernetesCell is the end of start step 5 (the node's CIDRs and
+// Cell is the end of start step 5 (the node's CIDRs and
 // addresses written back) and step 6: the watchers, and what they feed
 // (endpoint labels from pods and namespaces, policies, peers, other nodes'
 // endpoints in the ipcache, this node's endpoints published as
 // TendrilEndpoints).
-var kubernetesCell = cell.Module("k8s", "Kubernetes node write-back and watchers",
-	cell.Provide(newKubernetesModule),
-	cell.Invoke(func(*kubernetesModule) {}),
+var Cell = cell.Module("k8s", "Kubernetes node write-back and watchers",
+	cell.Provide(New),
+	cell.Invoke(func(*Module) {}),
 )
 
-// kubernetesModule is the agent's Kubernetes side after the client: the
-// node write-back, the watchers and their subscribers; nil in standalone
-// mode.
-type kubernetesModule struct {
+// Config are the Kubernetes options.
+type Config struct {
+	// Client says how to reach the API server; with none configured the
+	// agent runs standalone.
+	Client k8s.Config
+	// CacheSyncTimeout bounds the wait for the API server and for the
+	// watchers' initial lists; past it the agent exits naming what is
+	// missing.
+	CacheSyncTimeout time.Duration
+	// InstallCRDs creates or updates the Tendril CRDs at start.
+	InstallCRDs bool
+}
+
+// DefaultConfig are the Kubernetes defaults.
+func DefaultConfig() Config {
+	return Config{Client: k8s.DefaultConfig(), CacheSyncTimeout: 3 * time.Minute, InstallCRDs: true}
+}
+
+// Flags registers the Kubernetes options.
+func (c *Config) Flags(fs *pflag.FlagSet) {
+	c.Client.Flags(fs)
+	fs.DurationVar(&c.CacheSyncTimeout, "k8s-cache-sync-timeout", c.CacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
+	fs.BoolVar(&c.InstallCRDs, "k8s-install-crds", c.InstallCRDs, "Create or update the Tendril CRDs at start")
+}
+
+// Validate checks the values; each error names its option.
+func (c *Config) Validate() error {
+	var errs []error
+	if err := c.Client.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.CacheSyncTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("k8s-cache-sync-timeout %s: must be positive", c.CacheSyncTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// Settings are what the Kubernetes side takes from the agent's other
+// options: this node's name and how its pod CIDRs and routes are chosen.
+type Settings struct {
+	NodeName string
+	// IPAM, IPv4Range and IPv6Range are the endpoints' options of the
+	// same names.
+	IPAM, IPv4Range, IPv6Range string
+	// InstallHostNetworking: routes to peers' pod CIDRs are installed.
+	InstallHostNetworking bool
+}
+
+// Module is the agent's Kubernetes side after the client: the node
+// write-back, the watchers and their subscribers; nil in standalone mode.
+type Module struct {
+	settings   Settings
 	cfg        Config
 	log        *slog.Logger
 	root       cell.RootLogger
-	client     *k8sClient
-	eps        *endpointsModule
-	ipcache    remoteIPCache // nil without the datapath
-	policy     *policyModule
+	client     *Client
+	eps        *agentendpoints.Module
+	ipcache    IPCache // nil without the datapath
+	policy     Policy
 	identities identity.Allocator
 	jobs       job.Group
 
@@ -84,75 +142,87 @@ type kubernetesModule struct {
 	// the operator found a pool exhausted for a family the node lacks.
 	poolHealth cell.Health
 
-	mu        sync.Mutex
-	policyGen map[string]int64 // policy source -> generation realized
-	remote    map[string][]netip.Addr
+	mu     sync.Mutex
+	remote map[string][]netip.Addr
 
-	// runCtx ends when the module stops; statusWrites are the policy
-	// status writes in flight, joined on stop.
-	runCtx    context.Context
-	runCancel context.CancelFunc
 	// status is this node's report on each Tendril policy object.
 	status *policystatus.Publisher
+	// policies imports the watched policies into the repository.
+	policies *PolicySource
 }
 
-// remoteIPCache is what the watchers write of other nodes and their pods
-// into the ipcache (the datapath's).
-type remoteIPCache interface {
+// IPCache is what the watchers write of other nodes and their pods into
+// the ipcache (the datapath's), and its initializer for the
+// TendrilEndpoints' first listing.
+type IPCache interface {
 	nodemanager.IPCache
 	UpsertRemoteEndpoint(ip netip.Addr, e ipcache.Entry) error
 	DeleteRemoteEndpoint(ip netip.Addr, src ipcache.Source, owner ipcache.Owner) error
+	AddInitializer(name string) func()
 }
 
-type kubernetesParams struct {
+// Policy is the policy as the Kubernetes sources use it: the repository
+// policies are imported into, a pass over every endpoint when the universe
+// changed, and the audit counts the policy status reports.
+type Policy interface {
+	Repository() *policy.Repository
+	TriggerRegeneration()
+	AuditCounts() (map[agentpolicy.AuditedRule]uint64, error)
+}
+
+// Params are the Kubernetes side's dependencies.
+type Params struct {
 	cell.In
 
 	Config     Config
+	Settings   Settings
 	Log        *slog.Logger
 	Root       cell.RootLogger
 	Lifecycle  cell.Lifecycle
 	Steps      *lifecycle.Steps
 	Jobs       job.Registry
 	Health     *health.Registry
-	Client     *k8sClient
-	Endpoints  *endpointsModule
-	Datapath   *datapathModule
-	Policy     *policyModule
+	Client     *Client
+	Endpoints  *agentendpoints.Module
+	IPCache    IPCache // nil without the datapath
+	Policy     Policy
 	Identities identity.Allocator
 	DB         *statedb.DB
 	ModuleID   cell.FullModuleID
 	Inspector  *dbinspect.Inspector
 }
 
-func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
+// New builds the Kubernetes side (nil in standalone mode) and appends its
+// steps, each with its jobs after it.
+func New(p Params) (*Module, error) {
 	if p.Client == nil {
 		return nil, nil
 	}
-	k := &kubernetesModule{
-		cfg: p.Config, log: p.Log, root: p.Root, client: p.Client, eps: p.Endpoints, policy: p.Policy,
-		identities: p.Identities, policyGen: map[string]int64{},
-		jobs: newJobGroup(p.Jobs, p.Health, "k8s-watchers", p.Log),
+	k := &Module{
+		settings: p.Settings, cfg: p.Config, log: p.Log, root: p.Root, client: p.Client, eps: p.Endpoints, policy: p.Policy,
+		identities: p.Identities,
+		jobs:       p.Jobs.NewGroup(p.Health.Scope("k8s-watchers"), job.WithLogger(p.Log)),
 	}
 	k.remoteEndpointsSynced = func() {}
-	if p.Config.IPAM == "cluster-pool" {
+	if p.Settings.IPAM == "cluster-pool" {
 		k.poolHealth = p.Health.Scope("cluster-pool")
 	}
-	if p.Datapath != nil {
-		k.ipcache = p.Datapath
-		k.remoteEndpointsSynced = p.Datapath.ipcache.AddInitializer("k8s-tendrilendpoints")
+	if p.IPCache != nil {
+		k.ipcache = p.IPCache
+		k.remoteEndpointsSynced = p.IPCache.AddInitializer("k8s-tendrilendpoints")
 	}
 	// This node's report on each Tendril policy, published into the
 	// objects' status by a reconciler.
 	st, err := policystatus.New(policystatus.Params{DB: p.DB, Jobs: k.jobs, Log: logFor(p.Root, "policy-status"),
-		ModuleID: p.ModuleID, Node: p.Config.NodeName, Patcher: policyStatusPatcher{p.Client}})
+		ModuleID: p.ModuleID, Node: p.Settings.NodeName, Patcher: policyStatusPatcher{p.Client}})
 	if err != nil {
 		return nil, err
 	}
 	k.status = st
+	k.policies = NewPolicySource(p.Log, p.Policy, st)
 	p.Inspector.AddReconciled(policystatus.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
 		return dbinspect.CountStatus(st.Table().All(txn), func(o *policystatus.Report) reconciler.Status { return o.Status })
 	})
-	k.runCtx, k.runCancel = context.WithCancel(context.Background())
 	p.Steps.Append(p.Lifecycle, "k8s-node-writeback", k.startWriteBack, nil)
 	k.jobs.Add(job.OneShot("node-writeback", func(ctx context.Context, _ cell.Health) error {
 		return k.client.writer.Run(ctx, k.local)
@@ -175,7 +245,7 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 			return nil
 		}, time.Second),
 		job.Timer("policy-status-audited", func(context.Context) error {
-			counts, err := k.policy.auditCounts()
+			counts, err := k.policy.AuditCounts()
 			if err != nil {
 				return err
 			}
@@ -193,17 +263,17 @@ func newKubernetesModule(p kubernetesParams) (*kubernetesModule, error) {
 // newNodeManager registers the nodes and routes tables and their
 // reconcilers; the route prune waits for both the Nodes' and the
 // TendrilNodes' initial listings.
-func (k *kubernetesModule) newNodeManager(p kubernetesParams) error {
+func (k *Module) newNodeManager(p Params) error {
 	var cache nodemanager.IPCache
 	if k.ipcache != nil {
 		cache = k.ipcache
 	}
 	var routes nodemanager.RouteBackend
-	if k.cfg.InstallHostNetworking {
-		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return k.eps.nl }}
+	if k.settings.InstallHostNetworking {
+		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return k.eps.Netlink() }}
 	}
 	var err error
-	k.nodes, err = nodemanager.New(nodemanager.Params{LocalNode: k.cfg.NodeName, DB: p.DB, Jobs: k.jobs,
+	k.nodes, err = nodemanager.New(nodemanager.Params{LocalNode: k.settings.NodeName, DB: p.DB, Jobs: k.jobs,
 		Log: logFor(k.root, "node-manager"), ModuleID: p.ModuleID, Routes: routes, IPCache: cache})
 	if err != nil {
 		return err
@@ -221,13 +291,13 @@ func (k *kubernetesModule) newNodeManager(p kubernetesParams) error {
 	return nil
 }
 
-// nodeIP is the address other nodes know this node by: its Node's
+// NodeIP is the address other nodes know this node by: its Node's
 // InternalIP, else the IPv4 router IP.
-func (k *kubernetesModule) nodeIP() string {
+func (k *Module) NodeIP() string {
 	if ip := k.client.internalIP(); ip != "" {
 		return ip
 	}
-	if m := k.eps.ipam; m != nil {
+	if m := k.eps.IPAM(); m != nil {
 		for _, ip := range []netip.Addr{m.RouterIP(ipam.IPv4), m.RouterIP(ipam.IPv6)} {
 			if ip.IsValid() {
 				return ip.String()
@@ -240,12 +310,12 @@ func (k *kubernetesModule) nodeIP() string {
 // startWriteBack is the end of step 5: publish the CIDRs, router IPs and
 // node addresses in the background, retrying until the API server takes
 // them.
-func (k *kubernetesModule) startWriteBack(context.Context) error {
+func (k *Module) startWriteBack(context.Context) error {
 	c := k.client
 	c.mu.Lock()
-	l := node.Local{Name: k.cfg.NodeName, Selection: c.selection, Addresses: node.AddressesOf(c.nodeObj)}
+	l := node.Local{Name: k.settings.NodeName, Selection: c.selection, Addresses: node.AddressesOf(c.nodeObj)}
 	c.mu.Unlock()
-	if m := k.eps.ipam; m != nil {
+	if m := k.eps.IPAM(); m != nil {
 		l.RouterIPv4 = m.RouterIP(ipam.IPv4)
 		l.RouterIPv6 = m.RouterIP(ipam.IPv6)
 	}
@@ -255,7 +325,7 @@ func (k *kubernetesModule) startWriteBack(context.Context) error {
 
 // startWatchers is start step 6: subscribe, start the informers and wait
 // for their caches; on timeout the agent stops, naming what did not sync.
-func (k *kubernetesModule) startWatchers(ctx context.Context) error {
+func (k *Module) startWatchers(ctx context.Context) error {
 	w := k.client.watchers
 	if _, err := w.Pods.Subscribe(k.onPod); err != nil {
 		return err
@@ -279,13 +349,13 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 		return err
 	}
 	k.startPublisher()
-	if _, err := w.NetworkPolicies.Subscribe(k.onNetworkPolicy); err != nil {
+	if _, err := w.NetworkPolicies.Subscribe(k.policies.OnNetworkPolicy); err != nil {
 		return err
 	}
 	if _, err := w.Pods.Subscribe(func(ev watchers.Event[*corev1.Pod]) {
 		// A pod's named ports may change what named-port rules open.
 		if ev.Kind == watchers.Upsert && len(policyk8s.PodNamedPorts(ev.Object)) > 0 {
-			k.policy.triggerRegeneration()
+			k.policy.TriggerRegeneration()
 		}
 	}); err != nil {
 		return err
@@ -295,7 +365,7 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 			return
 		}
 		p := ev.Object
-		k.applyPolicy(ctx, ev.Kind, "TendrilNetworkPolicy", p.Namespace, p.Name, string(p.UID), p.Generation, p.Spec, p.Specs, p.Status.Conditions)
+		k.policies.Apply(ev.Kind, "TendrilNetworkPolicy", p.Namespace, p.Name, string(p.UID), p.Generation, p.Spec, p.Specs, p.Status.Conditions)
 	}); err != nil {
 		return err
 	}
@@ -304,7 +374,7 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 			return
 		}
 		p := ev.Object
-		k.applyPolicy(ctx, ev.Kind, "TendrilClusterwideNetworkPolicy", "", p.Name, string(p.UID), p.Generation, p.Spec, p.Specs, p.Status.Conditions)
+		k.policies.Apply(ev.Kind, "TendrilClusterwideNetworkPolicy", "", p.Name, string(p.UID), p.Generation, p.Spec, p.Specs, p.Status.Conditions)
 	}); err != nil {
 		return err
 	}
@@ -313,7 +383,7 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 	}
 	if _, err := w.TendrilNodes.Subscribe(func(ev watchers.Event[*v1alpha1.TendrilNode]) {
 		k.onPeerChange(ev.Kind, ev.Key, k.tendrilNodesSynced)
-		if ev.Key == k.cfg.NodeName && ev.Kind != watchers.Synced {
+		if ev.Key == k.settings.NodeName && ev.Kind != watchers.Synced {
 			k.reportClusterPool()
 		}
 	}); err != nil {
@@ -321,15 +391,14 @@ func (k *kubernetesModule) startWatchers(ctx context.Context) error {
 	}
 	w.Start(context.Background())
 	start := time.Now()
-	if err := w.WaitForCacheSync(ctx, k.cfg.K8sCacheSyncTimeout); err != nil {
+	if err := w.WaitForCacheSync(ctx, k.cfg.CacheSyncTimeout); err != nil {
 		return err
 	}
 	k.log.Info("Kubernetes caches synced", "duration", time.Since(start))
 	return nil
 }
 
-func (k *kubernetesModule) stop(context.Context) error {
-	k.runCancel()
+func (k *Module) stop(context.Context) error {
 	k.client.watchers.Stop()
 	return nil
 }
@@ -337,24 +406,24 @@ func (k *kubernetesModule) stop(context.Context) error {
 // reportClusterPool turns this node's PodCIDRsAllocated condition into
 // the cluster-pool health: a pool exhausted for one of the node's
 // families shows in `tendril status`, not only in the operator's Event.
-func (k *kubernetesModule) reportClusterPool() {
+func (k *Module) reportClusterPool() {
 	if k.poolHealth == nil {
 		return
 	}
-	tn, _ := k.client.watchers.TendrilNodes.Get(k.cfg.NodeName)
+	tn, _ := k.client.watchers.TendrilNodes.Get(k.settings.NodeName)
 	ok, msg := node.ClusterPoolState(tn)
 	if ok {
 		k.poolHealth.OK(cmp.Or(msg, "no PodCIDRsAllocated condition on the TendrilNode yet"))
 		return
 	}
-	k.poolHealth.Degraded("TendrilNode "+k.cfg.NodeName, errors.New(msg))
+	k.poolHealth.Degraded("TendrilNode "+k.settings.NodeName, errors.New(msg))
 }
 
 // onPeerChange recomputes a peer from its Node and TendrilNode (either
 // event may come first) and writes it to the nodes table in one short
 // transaction; the node is gone when its Node is. synced is the source's
 // table initializer, done with its initial listing.
-func (k *kubernetesModule) onPeerChange(kind watchers.EventKind, name string, synced func()) {
+func (k *Module) onPeerChange(kind watchers.EventKind, name string, synced func()) {
 	if kind == watchers.Synced {
 		synced()
 		return
@@ -372,136 +441,30 @@ func (k *kubernetesModule) onPeerChange(kind watchers.EventKind, name string, sy
 	}
 }
 
-func (k *kubernetesModule) onPod(ev watchers.Event[*corev1.Pod]) {
+func (k *Module) onPod(ev watchers.Event[*corev1.Pod]) {
 	if ev.Kind != watchers.Upsert {
 		return
 	}
 	nsObj, _ := k.client.watchers.Namespaces.Get(ev.Object.Namespace)
-	k.relabel(ev.Object.Namespace, ev.Object.Name, k.client.podLabels(ev.Object, nsObj))
+	k.eps.Relabel(ev.Object.Namespace, ev.Object.Name, k.client.podLabels(ev.Object, nsObj))
 }
 
-func (k *kubernetesModule) onNamespace(ev watchers.Event[*corev1.Namespace]) {
+func (k *Module) onNamespace(ev watchers.Event[*corev1.Namespace]) {
 	if ev.Kind != watchers.Upsert {
 		return
 	}
 	for _, pod := range k.client.watchers.Pods.List() {
 		if pod.Namespace == ev.Object.Name {
-			k.relabel(pod.Namespace, pod.Name, k.client.podLabels(pod, ev.Object))
+			k.eps.Relabel(pod.Namespace, pod.Name, k.client.podLabels(pod, ev.Object))
 		}
 	}
-}
-
-// onNetworkPolicy puts a Kubernetes NetworkPolicy into the repository (its
-// translation with the exact Kubernetes semantics) or takes it out. A
-// policy that does not translate is rejected whole and logged; its earlier
-// version stays, as the API server would not have accepted it either.
-func (k *kubernetesModule) onNetworkPolicy(ev watchers.Event[*networkingv1.NetworkPolicy]) {
-	repo := k.policy.repo
-	switch ev.Kind {
-	case watchers.Upsert:
-		rev, err := policyk8s.Apply(repo, ev.Object)
-		if err != nil {
-			k.log.Warn("NetworkPolicy rejected", "policy", ev.Key, "error", err)
-			return
-		}
-		k.log.Info("NetworkPolicy imported", "policy", ev.Key, "revision", rev)
-	case watchers.Delete:
-		rev, n := policyk8s.Delete(repo, ev.Object.Namespace, ev.Object.Name)
-		k.log.Info("NetworkPolicy removed", "policy", ev.Key, "rules", n, "revision", rev)
-	}
-}
-
-// relabel records new labels for the endpoints of a pod. It only records
-// them and queues the endpoints' regeneration: the manager's workers
-// allocate the identity (over the network in CRD or kvstore mode) and
-// realize the policy, retried until they succeed, so this watcher callback
-// never blocks.
-func (k *kubernetesModule) relabel(ns, name string, labels []string) {
-	mgr := k.eps.mgr
-	if mgr == nil {
-		return
-	}
-	for _, ep := range mgr.List() {
-		if ep.PodNamespace != ns || ep.PodName != name {
-			continue
-		}
-		changed, err := mgr.SetLabels(ep.ID, labels, "Pod labels changed")
-		if err != nil {
-			k.log.Warn("Update endpoint labels", "endpoint", ep.ID, "pod", ns+"/"+name, "error", err)
-			continue
-		}
-		if changed {
-			k.log.Info("Endpoint labels changed; regeneration queued", "endpoint", ep.ID, "pod", ns+"/"+name)
-		}
-	}
-}
-
-// applyPolicy puts a Tendril policy's rules in the repository, replacing
-// what the same object had; a policy that does not validate is rejected
-// whole (its previous rules go too) and its status says why.
-func (k *kubernetesModule) applyPolicy(ctx context.Context, kind watchers.EventKind, derivedFrom, ns, name, uid string,
-	gen int64, spec *api.Rule, specs api.Rules, conds []metav1.Condition) {
-	source := "k8s/" + derivedFrom + "/" + ns + "/" + name
-	repo := k.policy.repo
-	if kind == watchers.Delete {
-		k.mu.Lock()
-		delete(k.policyGen, source)
-		k.mu.Unlock()
-		if _, err := repo.ReplaceSource(source, ns, nil); err != nil {
-			k.log.Error("Remove policy", "policy", source, "error", err)
-		}
-		k.status.Removed(derivedFrom, ns, name)
-		return
-	}
-	k.mu.Lock()
-	if g, ok := k.policyGen[source]; ok && g == gen {
-		k.mu.Unlock()
-		return // a status write or a resync: the spec is unchanged
-	}
-	k.policyGen[source] = gen
-	k.mu.Unlock()
-
-	var rules api.Rules
-	if spec != nil {
-		rules = append(rules, spec.DeepCopy())
-	}
-	for _, r := range specs {
-		rules = append(rules, r.DeepCopy())
-	}
-	origin := api.LabelArray{
-		{Source: labels.SourceK8s, Key: labelPolicyName, Value: name},
-		{Source: labels.SourceK8s, Key: labelPolicyDerived, Value: derivedFrom},
-		{Source: labels.SourceK8s, Key: labelPolicyUID, Value: uid},
-	}
-	if ns != "" {
-		origin = append(origin, labels.Label{Source: labels.SourceK8s, Key: labelPolicyNamespace, Value: ns})
-	}
-	for _, r := range rules {
-		r.Labels = append(r.Labels, origin...)
-	}
-	var err error
-	var rev uint64
-	if len(rules) == 0 {
-		err = fmt.Errorf("the policy has neither spec nor specs")
-	} else {
-		rev, err = repo.ReplaceSource(source, ns, rules)
-	}
-	if err != nil {
-		// Rejected whole: nothing of this object stays enforced from an
-		// earlier, valid version either, as the object now says otherwise.
-		_, _ = repo.ReplaceSource(source, ns, nil)
-		k.log.Warn("Policy rejected", "policy", source, "error", err)
-	} else {
-		k.log.Info("Policy imported", "policy", source, "rules", len(rules), "revision", rev)
-	}
-	k.status.Imported(derivedFrom, ns, name, gen, rev, conds, err)
 }
 
 // realizedRevision is the policy revision every local endpoint has
 // realized: a policy imported at it or before is enforced on this node.
-func (k *kubernetesModule) realizedRevision() uint64 {
-	rev := k.policy.repo.Revision()
-	mgr := k.eps.mgr
+func (k *Module) realizedRevision() uint64 {
+	rev := k.policy.Repository().Revision()
+	mgr := k.eps.Manager()
 	if mgr == nil {
 		return 0
 	}
@@ -513,7 +476,7 @@ func (k *kubernetesModule) realizedRevision() uint64 {
 
 // policyStatusPatcher writes the policy status reports with merge patches
 // of the status subresource.
-type policyStatusPatcher struct{ c *k8sClient }
+type policyStatusPatcher struct{ c *Client }
 
 func (p policyStatusPatcher) PatchStatus(ctx context.Context, kind, ns, name string, patch []byte) error {
 	td := p.c.clients.Tendril.TendrilV1alpha1()
@@ -532,8 +495,8 @@ func (p policyStatusPatcher) PatchStatus(ctx context.Context, kind, ns, name str
 	return err
 }
 
-// statusSection is the Kubernetes part of `tendril status`.
-func (k *kubernetesModule) statusSection() ext.Section {
+// StatusSection is the Kubernetes part of `tendril status`.
+func (k *Module) StatusSection() ext.Section {
 	s := ext.Section{Title: "Kubernetes"}
 	k.client.mu.Lock()
 	ver, sel := k.client.serverVersion, k.client.selection
@@ -554,7 +517,7 @@ func (k *kubernetesModule) statusSection() ext.Section {
 	}
 	s.Lines = append(s.Lines, ext.Line{Key: "Pod CIDRs", Value: strings.Join(cidrs, ", ")})
 	if k.poolHealth != nil && k.client.watchers != nil {
-		tn, _ := k.client.watchers.TendrilNodes.Get(k.cfg.NodeName)
+		tn, _ := k.client.watchers.TendrilNodes.Get(k.settings.NodeName)
 		ok, msg := node.ClusterPoolState(tn)
 		if !ok {
 			msg = "POOL EXHAUSTED: " + msg + " (tendril-operator found no free CIDR; widen --cluster-pool-ipv4/6-cidr)"
@@ -605,8 +568,8 @@ func (k *kubernetesModule) statusSection() ext.Section {
 	return s
 }
 
-// model is the Kubernetes line of the v1 status.
-func (k *kubernetesModule) model() *models.K8sStatus {
+// Model is the Kubernetes line of the v1 status.
+func (k *Module) Model() *models.K8sStatus {
 	k.client.mu.Lock()
 	ver := k.client.serverVersion
 	k.client.mu.Unlock()

@@ -1,4 +1,10 @@
-package agent
+// Package agentservices is the agent's services cell: the services
+// tables (pkg/loadbalancer) fed by the Kubernetes source, the LB maps'
+// reconciler with the IDs restored from the pinned maps, the socket
+// load-balancer and its termination of sockets on removed backends, the
+// health check node ports, the status and the service API
+// (GET /v1/service). Its start step is "lb-restore" (the seeds' step 4).
+package agentservices
 
 import (
 	"context"
@@ -16,11 +22,12 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
-	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/datapath/socklb"
 	"github.com/tendril-net/tendril/pkg/datapath/sockterm"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/healthserver"
@@ -29,8 +36,8 @@ import (
 	"github.com/tendril-net/tendril/pkg/loadbalancer/maglev"
 )
 
-// ServicesConfig is the services' part of the agent's configuration.
-type ServicesConfig struct {
+// Config are the services' options.
+type Config struct {
 	// CgroupRoot is the cgroup v2 directory the socket load-balancer is
 	// attached to; empty: no socket LB (per-packet NAT in the pod
 	// programs translates every service flow), and hooks pinned by an
@@ -54,8 +61,13 @@ type ServicesConfig struct {
 	LBSlotsMapMax int
 }
 
+// DefaultConfig are the services' defaults.
+func DefaultConfig() Config {
+	return Config{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true}
+}
+
 // Flags registers the services' flags.
-func (c *ServicesConfig) Flags(fs *pflag.FlagSet) {
+func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.CgroupRoot, "cgroup-root", c.CgroupRoot, "cgroup v2 directory to attach the socket load-balancer to (e.g. /sys/fs/cgroup); empty: services are translated per packet only")
 	fs.StringVar(&c.LBAlgorithm, "lb-algorithm", c.LBAlgorithm, "Default backend selection of services: random or maglev (annotation service.tendril.io/lb-algorithm overrides)")
 	fs.Uint64Var(&c.MaglevHashSeed, "maglev-hash-seed", c.MaglevHashSeed, "Seed of the Maglev permutations (the same on every node)")
@@ -66,7 +78,7 @@ func (c *ServicesConfig) Flags(fs *pflag.FlagSet) {
 }
 
 // NodePorts parses NodePortRange.
-func (c *ServicesConfig) NodePorts() (lo, hi uint16, err error) {
+func (c *Config) NodePorts() (lo, hi uint16, err error) {
 	a, b, ok := strings.Cut(c.NodePortRange, "-")
 	x, err1 := strconv.ParseUint(strings.TrimSpace(a), 10, 16)
 	y, err2 := strconv.ParseUint(strings.TrimSpace(b), 10, 16)
@@ -76,17 +88,17 @@ func (c *ServicesConfig) NodePorts() (lo, hi uint16, err error) {
 	return uint16(x), uint16(y), nil
 }
 
-// lbSizes are the LB maps' capacities.
-func (c *ServicesConfig) lbSizes() maps.LBSizes {
+// LBSizes are the LB maps' capacities.
+func (c *Config) LBSizes() maps.LBSizes {
 	return maps.LBSizes{MapMax: c.LBMapMax, SlotsMapMax: c.LBSlotsMapMax}
 }
 
 // Validate checks the services' options.
-func (c *ServicesConfig) Validate() error {
+func (c *Config) Validate() error {
 	if c.LBAlgorithm != "random" && c.LBAlgorithm != "maglev" {
 		return fmt.Errorf("lb-algorithm %q: must be random or maglev", c.LBAlgorithm)
 	}
-	if err := c.lbSizes().Validate(); err != nil {
+	if err := c.LBSizes().Validate(); err != nil {
 		return err
 	}
 	if c.CgroupRoot != "" && !strings.HasPrefix(c.CgroupRoot, "/") {
@@ -102,26 +114,41 @@ func (c *ServicesConfig) Validate() error {
 // service or backend are checked against conntrack.
 const lbDrainInterval = 5 * time.Second
 
-// servicesCell is start step 4 (service, reverse NAT and backend IDs
+// Cell is start step 4 (service, reverse NAT and backend IDs
 // restored from the LB maps before anything writes them, the socket
 // load-balancer attached) and what follows from it: the services tables fed
 // by the Service and EndpointSlice watchers, and the reconciler writing
 // them into the LB maps.
-var servicesCell = cell.Module("services", "Services load-balanced by the datapath",
-	cell.Provide(newServicesModule),
-	cell.Invoke(func(*servicesModule) {}),
+var Cell = cell.Module("services", "Services load-balanced by the datapath",
+	cell.Provide(New),
+	cell.Invoke(func(*Module) {}),
 )
 
-// servicesModule owns the services tables, their Kubernetes source and
+// Settings are what the services take from the agent's other options.
+type Settings struct {
+	NodeName string
+	// BPFRoot is where the socket LB's and socket termination's programs
+	// are pinned.
+	BPFRoot string
+	// TraceEvents: the socket LB reports its translations as trace events.
+	TraceEvents bool
+}
+
+// Watchers are the Kubernetes watchers the services follow; nil in
+// standalone mode, and before the Kubernetes client has connected.
+type Watchers func() *watchers.Watchers
+
+// Module owns the services tables, their Kubernetes source and
 // the LB maps reconciler (without the datapath: the tables only).
-type servicesModule struct {
-	cfg    Config
-	log    *slog.Logger
-	tables *loadbalancer.Tables
-	writer *loadbalancer.Writer
-	client *k8sClient
-	dp     *datapathModule
-	source *k8ssource.Source
+type Module struct {
+	cfg      Config
+	settings Settings
+	log      *slog.Logger
+	tables   *loadbalancer.Tables
+	writer   *loadbalancer.Writer
+	watchers Watchers
+	dp       *agentdatapath.Module
+	source   *k8ssource.Source
 	// ops is set by the restore step, before the reconciler is
 	// registered.
 	ops      *lbmap.Ops
@@ -137,10 +164,12 @@ type servicesModule struct {
 	unsub  []func()
 }
 
-type servicesParams struct {
+// Params are the services' dependencies.
+type Params struct {
 	cell.In
 
 	Config    Config
+	Settings  Settings
 	Log       *slog.Logger
 	Lifecycle cell.Lifecycle
 	Steps     *lifecycle.Steps
@@ -148,31 +177,33 @@ type servicesParams struct {
 	Health    *health.Registry
 	DB        *statedb.DB
 	ModuleID  cell.FullModuleID
-	Client    *k8sClient
-	Datapath  *datapathModule
+	Watchers  Watchers              // nil in standalone mode
+	Datapath  *agentdatapath.Module // nil without the datapath
 }
 
-func newServicesModule(p servicesParams) (*servicesModule, error) {
+// New builds the services module (the tables only, without Kubernetes
+// and the datapath) and appends its step, its jobs after it.
+func New(p Params) (*Module, error) {
 	tables, err := loadbalancer.NewTables(p.DB)
 	if err != nil {
 		return nil, err
 	}
-	m := &servicesModule{cfg: p.Config, log: p.Log, tables: tables, writer: loadbalancer.NewWriter(tables, p.Config.NodeName),
-		client: p.Client, dp: p.Datapath}
-	if p.Client == nil && p.Datapath == nil {
+	m := &Module{cfg: p.Config, settings: p.Settings, log: p.Log, tables: tables, writer: loadbalancer.NewWriter(tables, p.Settings.NodeName),
+		watchers: p.Watchers, dp: p.Datapath}
+	if p.Watchers == nil && p.Datapath == nil {
 		return m, nil
 	}
-	if p.Client != nil {
+	if p.Watchers != nil {
 		// Pruning waits for this source's initial lists.
-		m.source = k8ssource.NewSource(m.writer, p.Config.Services.LBAlgorithm == "maglev", p.Log)
-		lo, hi, err := p.Config.Services.NodePorts()
+		m.source = k8ssource.NewSource(m.writer, p.Config.LBAlgorithm == "maglev", p.Log)
+		lo, hi, err := p.Config.NodePorts()
 		if err != nil {
 			return nil, err
 		}
 		m.source.SetNodePortRange(lo, hi)
-		if p.Config.Services.HealthCheckNodePorts {
-			m.health = healthserver.New(tables, p.Config.NodeName, p.Log)
-			hj := newJobGroup(p.Jobs, p.Health, "services-health-check", p.Log)
+		if p.Config.HealthCheckNodePorts {
+			m.health = healthserver.New(tables, p.Settings.NodeName, p.Log)
+			hj := p.Jobs.NewGroup(p.Health.Scope("services-health-check"), job.WithLogger(p.Log))
 			hj.Add(job.OneShot("health-check-node-ports", func(ctx context.Context, _ cell.Health) error {
 				return m.health.Run(ctx)
 			}))
@@ -187,7 +218,7 @@ func newServicesModule(p servicesParams) (*servicesModule, error) {
 	// delivered its initial state: reconciling a service seen before its
 	// EndpointSlices (after a restart) would empty its slots for a moment
 	// and free its backends' IDs.
-	jobs := newJobGroup(p.Jobs, p.Health, "services", p.Log)
+	jobs := p.Jobs.NewGroup(p.Health.Scope("services"), job.WithLogger(p.Log))
 	params := reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: jobs, ModuleID: p.ModuleID}
 	jobs.Add(job.OneShot("lb-reconciler-start", func(ctx context.Context, _ cell.Health) error {
 		if init, watch := tables.Frontends.Initialized(p.DB.ReadTxn()); !init {
@@ -235,34 +266,34 @@ func newServicesModule(p servicesParams) (*servicesModule, error) {
 // start is step 4: the IDs read back from the pinned LB maps (before the
 // reconciler writes anything), the socket load-balancer attached, and the
 // watchers subscribed (their events flow once step 6 starts them).
-func (m *servicesModule) start(context.Context) error {
+func (m *Module) start(context.Context) error {
 	if m.dp != nil {
-		m.ops = lbmap.New(m.dp.loader.Maps().LB, maglev.Config{Size: maglev.DefaultSize, Seed: m.cfg.Services.MaglevHashSeed}, m.log)
+		m.ops = lbmap.New(m.dp.Loader().Maps().LB, maglev.Config{Size: maglev.DefaultSize, Seed: m.cfg.MaglevHashSeed}, m.log)
 		// Per-packet translated flows keep their reverse NAT and backend
 		// entries until their conntrack entries are gone.
-		m.ops.KeepWhileFlows(lbmap.CTFlows{CT: m.dp.loader.Maps().CTMap()})
+		m.ops.KeepWhileFlows(lbmap.CTFlows{CT: m.dp.Loader().Maps().CTMap()})
 		r, err := m.ops.Restore()
 		if err != nil {
 			return fmt.Errorf("restore load-balancer IDs: %w", err)
 		}
 		m.restored = r
 		m.log.Info("Load-balancer IDs restored", "services", r.Services, "backends", r.Backends, "reverse-nat", r.RevNAT)
-		sock := socklb.New(socklb.Config{BPFRoot: m.cfg.BPFRoot, CgroupPath: m.cfg.Services.CgroupRoot, TraceEvents: loaderConfig(m.cfg).TraceEvents != loader.TraceOff}, m.log)
-		if m.cfg.Services.CgroupRoot == "" {
+		sock := socklb.New(socklb.Config{BPFRoot: m.settings.BPFRoot, CgroupPath: m.cfg.CgroupRoot, TraceEvents: m.settings.TraceEvents}, m.log)
+		if m.cfg.CgroupRoot == "" {
 			// No socket LB this run: hooks an earlier run pinned go.
 			if err := sock.Detach(); err != nil {
 				return fmt.Errorf("detach the socket load-balancer: %w", err)
 			}
 		} else {
 			if err := sock.Start(); err != nil {
-				return fmt.Errorf("attach the socket load-balancer to %s: %w", m.cfg.Services.CgroupRoot, err)
+				return fmt.Errorf("attach the socket load-balancer to %s: %w", m.cfg.CgroupRoot, err)
 			}
 			m.sock = sock
 			m.startSocketTermination()
 		}
 	}
 	if m.source != nil {
-		w := m.client.watchers
+		w := m.watchers()
 		unsub, err := w.Services.Subscribe(m.source.OnService)
 		if err != nil {
 			return err
@@ -289,8 +320,8 @@ func (m *servicesModule) start(context.Context) error {
 // removed backends and has the reconciler queue every removal for them.
 // A kernel without bpf_sock_destroy (before 6.5) keeps socket LB working
 // without it: the failure is logged and shown in the status.
-func (m *servicesModule) startSocketTermination() {
-	term := sockterm.New(sockterm.Config{BPFRoot: m.cfg.BPFRoot, CgroupPath: m.cfg.Services.CgroupRoot}, m.log)
+func (m *Module) startSocketTermination() {
+	term := sockterm.New(sockterm.Config{BPFRoot: m.settings.BPFRoot, CgroupPath: m.cfg.CgroupRoot}, m.log)
 	if err := term.Start(); err != nil {
 		m.termErr = err
 		m.log.Warn("Sockets connected to removed backends will not be moved off them", "error", err)
@@ -306,7 +337,7 @@ func (m *servicesModule) startSocketTermination() {
 	})
 }
 
-func (m *servicesModule) stop(context.Context) error {
+func (m *Module) stop(context.Context) error {
 	for _, u := range m.unsub {
 		u()
 	}
@@ -319,8 +350,8 @@ func (m *servicesModule) stop(context.Context) error {
 	return nil
 }
 
-// statusSection is the services part of `tendril status`.
-func (m *servicesModule) statusSection() ext.Section {
+// StatusSection is the services part of `tendril status`.
+func (m *Module) StatusSection() ext.Section {
 	txn := m.tables.DB.ReadTxn()
 	s := ext.Section{Title: "Services"}
 	var done, pending, failed int
@@ -355,9 +386,9 @@ func (m *servicesModule) statusSection() ext.Section {
 		s.Lines = append(s.Lines, ext.Line{Key: "health check node ports", Value: m.health.String()})
 	}
 	if m.source != nil {
-		s.Lines = append(s.Lines, ext.Line{Key: "node ports", Value: fmt.Sprintf("%s on %s", m.cfg.Services.NodePortRange, addrList(m.writer.NodeAddresses()))})
+		s.Lines = append(s.Lines, ext.Line{Key: "node ports", Value: fmt.Sprintf("%s on %s", m.cfg.NodePortRange, addrList(m.writer.NodeAddresses()))})
 	}
-	algo := m.cfg.Services.LBAlgorithm
+	algo := m.cfg.LBAlgorithm
 	s.Lines = append(s.Lines, ext.Line{Key: "default selection", Value: algo})
 	if m.sock != nil {
 		st := m.sock.Status()
@@ -385,3 +416,6 @@ func addrList(addrs []netip.Addr) string {
 	}
 	return strings.Join(out, ", ")
 }
+
+// Tables are the services tables (the flows name services from them).
+func (m *Module) Tables() *loadbalancer.Tables { return m.tables }

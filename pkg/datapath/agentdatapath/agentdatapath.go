@@ -1,4 +1,9 @@
-package agent
+// Package agentdatapath is the agent's datapath cell: the eBPF loader
+// and its pinned maps and programs, the events ring buffer's reader, the
+// ipcache and policy CIDR tables with their reconcilers over the BPF maps,
+// the datapath's metrics and status, and the map API (GET /v1/map). Its
+// start step is "bpf-maps" (the seeds' step 3).
+package agentdatapath
 
 import (
 	"context"
@@ -17,6 +22,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
@@ -31,24 +37,92 @@ import (
 	"github.com/tendril-net/tendril/pkg/policy/policycidr"
 )
 
-// datapathCell is start step 3: the BPF datapath loaded (pinned maps opened
-// or created before anything reads them, programs loaded), its events read
-// and the ipcache that writes the BPF ipcache map.
-var datapathCell = cell.Module("datapath", "The eBPF datapath maps programs events and ipcache",
-	cell.Provide(newDatapathModule),
-	cell.Invoke(func(*datapathModule) {}),
+// Cell is start step 3: the BPF datapath loaded (pinned maps opened or
+// created before anything reads them, programs loaded), its events read
+// and the ipcache that writes the BPF ipcache map. Besides the module it
+// provides the ipcache and the kernel side of an endpoint's regeneration
+// as objects of their own, so that what writes endpoints takes only those
+// (and tests can decorate them).
+var Cell = cell.Module("datapath", "The eBPF datapath maps programs events and ipcache",
+	cell.Provide(New, ipcacheOf, kernelOf),
+	cell.Invoke(func(*Module) {}),
 )
 
-// datapathModule owns the BPF datapath: the loader and its maps, the
+// Config are the datapath's options.
+type Config struct {
+	// Enable loads the eBPF datapath and attaches it to endpoints. Only
+	// tests of the control plane in the machine's own namespace turn it
+	// off.
+	Enable bool
+	// PolicyVerdictEvents reports allowed new flows as events too.
+	PolicyVerdictEvents bool
+	// DirectDelivery delivers packets between local pods from the sending
+	// pod's program straight into the receiving pod's namespace
+	// (bpf_redirect_peer), enforcing the receiver's ingress policy there,
+	// instead of through the host stack (whose firewall and NAT rules it
+	// then bypasses).
+	DirectDelivery bool
+	// AttachMode is how the eBPF programs attach to each pod's host veth:
+	// tcx (BPF links, pinned) or tc (a clsact qdisc and cls_bpf filters,
+	// which spare each attach the RCU grace period TCX waits for under
+	// rtnl). See loader.AttachMode.
+	AttachMode string
+	// DeferTCX, in tcx mode, attaches a new pod with tc filters and moves
+	// it to TCX links once no pod has been attached for 500 ms, so that pod
+	// creation never waits for TCX's RCU grace period.
+	DeferTCX bool
+}
+
+// DefaultConfig are the datapath's defaults.
+func DefaultConfig() Config {
+	return Config{Enable: true, PolicyVerdictEvents: true, DirectDelivery: true, AttachMode: string(loader.AttachTCX), DeferTCX: true}
+}
+
+// Flags registers the datapath's options.
+func (c *Config) Flags(fs *pflag.FlagSet) {
+	fs.BoolVar(&c.Enable, "enable-datapath", c.Enable, "Load the eBPF datapath and attach it to endpoints")
+	fs.BoolVar(&c.PolicyVerdictEvents, "policy-verdict-events", c.PolicyVerdictEvents, "Report allowed new flows as policy verdict events (drops are always reported)")
+	fs.BoolVar(&c.DirectDelivery, "direct-delivery", c.DirectDelivery, "Deliver packets between local pods straight into the receiving pod (bpf_redirect_peer), bypassing the host stack")
+	fs.StringVar(&c.AttachMode, "datapath-attach-mode", c.AttachMode, "How the eBPF programs attach to pod veths: tcx (BPF links) or tc (clsact qdisc + cls_bpf filters: no RCU grace period per attach, faster pod creation; the filters are not owned). Switching across restarts keeps every endpoint attached")
+	fs.BoolVar(&c.DeferTCX, "datapath-defer-tcx", c.DeferTCX, "In tcx mode, attach a new pod with tc filters first and move it to TCX links once no pod has been attached for 500 ms: pod creation without TCX's RCU wait, policed from the first packet (the switch has no gap)")
+}
+
+// Validate checks the values; each error names its option.
+func (c *Config) Validate() error {
+	if _, err := loader.ParseAttachMode(c.AttachMode); err != nil {
+		return fmt.Errorf("datapath-attach-mode %q: must be %s or %s", c.AttachMode, loader.AttachTCX, loader.AttachTC)
+	}
+	return nil
+}
+
+// Settings are what the datapath takes from the rest of the agent's
+// configuration: the bpffs directory, the trace events the flows ask for,
+// and the services' LB map sizes.
+type Settings struct {
+	BPFRoot     string
+	TraceEvents loader.TraceMode
+	LBSizes     maps.LBSizes
+}
+
+// LoaderConfig is the loader's configuration.
+func LoaderConfig(c Config, s Settings) loader.Config {
+	return loader.Config{
+		BPFRoot: s.BPFRoot, PolicyVerdictEvents: c.PolicyVerdictEvents, DirectDelivery: c.DirectDelivery, TraceEvents: s.TraceEvents,
+		AttachMode: loader.AttachMode(c.AttachMode), DeferTCX: c.DeferTCX, LBSizes: s.LBSizes,
+	}
+}
+
+// Module owns the BPF datapath: the loader and its maps, the
 // ipcache over the BPF ipcache map, and the datapath's metrics; nil when
 // the datapath is disabled (--enable-datapath=false).
-type datapathModule struct {
+type Module struct {
 	log    *slog.Logger
 	loader *loader.Loader
 	jobs   job.Group
-	// dp is what an endpoint's regeneration writes in the kernel: the
-	// loader's maps and programs (a recording fake in benchmarks).
-	dp endpointDatapath
+	// kernel is what an endpoint's regeneration writes in the kernel: the
+	// loader's maps and programs.
+	kernel   Kernel
+	settings Settings
 	// ipcache holds every source's prefix claims in its statedb table;
 	// its reconciler writes the winners to the BPF ipcache map.
 	ipcache *ipcache.IPCache
@@ -79,10 +153,12 @@ type ctGCStats struct {
 	Entries  int
 }
 
-type datapathParams struct {
+// Params are the datapath's dependencies.
+type Params struct {
 	cell.In
 
 	Config    Config
+	Settings  Settings
 	Log       *slog.Logger
 	Root      cell.RootLogger
 	Lifecycle cell.Lifecycle
@@ -95,21 +171,24 @@ type datapathParams struct {
 	ModuleID  cell.FullModuleID
 }
 
-func newDatapathModule(p datapathParams) (*datapathModule, error) {
-	if !p.Config.EnableDatapath {
+// New builds the datapath module (nil when the datapath is off) and
+// appends its "bpf-maps" step, with its jobs after it.
+func New(p Params) (*Module, error) {
+	if !p.Config.Enable {
 		return nil, nil
 	}
-	m := &datapathModule{
-		log:    p.Log,
-		loader: loader.New(loaderConfig(p.Config), p.Log),
-		jobs:   newJobGroup(p.Jobs, p.Health, "bpf-maps", p.Log),
+	m := &Module{
+		log:      p.Log,
+		settings: p.Settings,
+		loader:   loader.New(LoaderConfig(p.Config, p.Settings), p.Log),
+		jobs:     p.Jobs.NewGroup(p.Health.Scope("bpf-maps"), job.WithLogger(p.Log)),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "datapath", Name: "events_total",
 			Help: "Events read from the datapath's ring buffer, by type and reason."}, []string{"type", "reason"}),
 		ctDeleted:  prometheus.NewCounter(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "deleted_total", Help: "Conntrack entries deleted by the GC."}),
 		ctEntries:  prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "entries", Help: "Conntrack entries seen by the last GC run."}),
 		ctInterval: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "interval_seconds", Help: "Current conntrack GC interval."}),
 	}
-	m.dp = loaderDatapath{m.loader}
+	m.kernel = loaderKernel{m.loader}
 	p.Metrics.Registry.MustRegister(m.events, m.ctDeleted, m.ctEntries, m.ctInterval, newDatapathCollector(m))
 	p.Steps.Append(p.Lifecycle, "bpf-maps", m.start, m.stop)
 	// The ipcache's reconciler is a job of this group, added after the
@@ -148,18 +227,77 @@ func newDatapathModule(p datapathParams) (*datapathModule, error) {
 	return m, nil
 }
 
-// loaderConfig is the datapath's part of the agent's configuration.
-func loaderConfig(c Config) loader.Config {
-	trace, _ := c.Hubble.TraceMode() // validated with the config
-	return loader.Config{
-		BPFRoot: c.BPFRoot, PolicyVerdictEvents: c.PolicyVerdictEvents, DirectDelivery: c.DirectDelivery, TraceEvents: trace,
-		AttachMode: loader.AttachMode(c.DatapathAttachMode), DeferTCX: c.DatapathDeferTCX, LBSizes: c.Services.lbSizes(),
+// logFor is the logger of a named part of the cell, with its own "module"
+// field as the agent's parts log.
+func logFor(root cell.RootLogger, module string) *slog.Logger {
+	return (*slog.Logger)(root).With("module", module)
+}
+
+// ipcacheOf is the datapath's ipcache; nil without the datapath.
+func ipcacheOf(m *Module) *ipcache.IPCache {
+	if m == nil {
+		return nil
 	}
+	return m.ipcache
+}
+
+// kernelOf is the kernel side of endpoints' regeneration; nil without the
+// datapath.
+func kernelOf(m *Module) Kernel {
+	if m == nil {
+		return nil
+	}
+	return m.kernel
+}
+
+// Loader is the eBPF loader: its maps are open from the start step on.
+func (m *Module) Loader() *loader.Loader { return m.loader }
+
+// IPCache holds every source's prefix claims; its reconciler writes the
+// winners to the BPF ipcache map.
+func (m *Module) IPCache() *ipcache.IPCache { return m.ipcache }
+
+// Maps are the open BPF maps; nil before the start step.
+func (m *Module) Maps() *maps.Maps { return m.loader.Maps() }
+
+// EventsLost reads the datapath's lost-event counters.
+func (m *Module) EventsLost() (loader.EventsLost, error) { return m.loader.EventsLost() }
+
+// AddInitializer holds the ipcache's prune back until the returned
+// function is called (a source's first listing).
+func (m *Module) AddInitializer(name string) func() { return m.ipcache.AddInitializer(name) }
+
+// PolicyCIDR is the table of the prefixes rules name, written to the BPF
+// policy CIDR map by its reconciler.
+func (m *Module) PolicyCIDR() *policycidr.Table { return m.policyCIDR }
+
+// BPFRoot is the bpffs directory of the pinned maps.
+func (m *Module) BPFRoot() string { return m.settings.BPFRoot }
+
+// RecordCTGC counts a conntrack GC run (the host IPs cell runs it) in the
+// metrics and the status.
+func (m *Module) RecordCTGC(seen, deleted int) {
+	m.ctDeleted.Add(float64(deleted))
+	m.ctEntries.Set(float64(seen - deleted))
+	m.gcStats.mu.Lock()
+	m.gcStats.Runs++
+	m.gcStats.Deleted += deleted
+	m.gcStats.Last = time.Now()
+	m.gcStats.Entries = seen - deleted
+	m.gcStats.mu.Unlock()
+}
+
+// SetCTGCInterval records the conntrack GC's current interval.
+func (m *Module) SetCTGCInterval(interval time.Duration) {
+	m.ctInterval.Set(interval.Seconds())
+	m.gcStats.mu.Lock()
+	m.gcStats.Interval = interval
+	m.gcStats.mu.Unlock()
 }
 
 // start is step 3: open or create the pinned maps and load the programs,
 // before anything reads them, and open the events ring buffer.
-func (m *datapathModule) start(context.Context) error {
+func (m *Module) start(context.Context) error {
 	if err := m.loader.Start(); err != nil {
 		return err
 	}
@@ -172,13 +310,13 @@ func (m *datapathModule) start(context.Context) error {
 	return nil
 }
 
-// setEventSink hands every event read to fn (the flows' observer), from
+// SetEventSink hands every event read to fn (the flows' observer), from
 // the reader's start on; called while the hive is built.
-func (m *datapathModule) setEventSink(fn func(loader.Event)) { m.sink = fn }
+func (m *Module) SetEventSink(fn func(loader.Event)) { m.sink = fn }
 
 // readEvents drains the events ring buffer until it is closed: counted in
 // metrics, drops logged at debug level, each handed to the sink.
-func (m *datapathModule) readEvents(er *loader.EventReader) {
+func (m *Module) readEvents(er *loader.EventReader) {
 	for {
 		ev, err := er.Read()
 		if err != nil {
@@ -208,39 +346,40 @@ func (m *datapathModule) readEvents(er *loader.EventReader) {
 // stop closes only this process's handles (its jobs stopped before every
 // step): pinned maps and links keep the datapath forwarding and enforcing
 // while the agent is away.
-func (m *datapathModule) stop(context.Context) error {
+func (m *Module) stop(context.Context) error {
 	return m.loader.Close()
 }
 
-// endpointDatapath is the kernel side of an endpoint's regeneration: its
-// endpoint map entry and programs, and the policy map.
-type endpointDatapath interface {
+// Kernel is the kernel side of an endpoint's regeneration: its endpoint
+// map entry and programs, and the policy map.
+type Kernel interface {
 	AttachEndpoint(loader.EndpointInfo) error
 	WriteEndpoint(loader.EndpointInfo) error
 	DetachEndpoint(id uint16, addrs []netip.Addr) error
-	PolicyMap() policyMap
+	PolicyMap() PolicyMap
 }
 
-// policyMap is the BPF policy map as the policy's realization uses it.
-type policyMap interface {
+// PolicyMap is the BPF policy map as an endpoint's policy realization
+// writes it.
+type PolicyMap interface {
 	DumpEndpoint(id uint16) (map[maps.PolicyKey]maps.PolicyValue, error)
 	Upsert(maps.PolicyKey, maps.PolicyValue) error
 	Delete(maps.PolicyKey) error
 	DeleteEndpoint(id uint16) error
 }
 
-// loaderDatapath is endpointDatapath over the loader (after its start).
-type loaderDatapath struct{ l *loader.Loader }
+// loaderKernel is Kernel over the loader (after its start).
+type loaderKernel struct{ l *loader.Loader }
 
-func (d loaderDatapath) AttachEndpoint(ep loader.EndpointInfo) error { return d.l.AttachEndpoint(ep) }
-func (d loaderDatapath) WriteEndpoint(ep loader.EndpointInfo) error  { return d.l.WriteEndpoint(ep) }
-func (d loaderDatapath) DetachEndpoint(id uint16, addrs []netip.Addr) error {
+func (d loaderKernel) AttachEndpoint(ep loader.EndpointInfo) error { return d.l.AttachEndpoint(ep) }
+func (d loaderKernel) WriteEndpoint(ep loader.EndpointInfo) error  { return d.l.WriteEndpoint(ep) }
+func (d loaderKernel) DetachEndpoint(id uint16, addrs []netip.Addr) error {
 	return d.l.DetachEndpoint(id, addrs)
 }
-func (d loaderDatapath) PolicyMap() policyMap { return d.l.Maps().PolicyMap() }
+func (d loaderKernel) PolicyMap() PolicyMap { return d.l.Maps().PolicyMap() }
 
-// datapathEndpoint is what the loader needs to know of ep.
-func datapathEndpoint(ep *endpoint.Endpoint) loader.EndpointInfo {
+// EndpointInfo is what the loader needs to know of ep.
+func EndpointInfo(ep *endpoint.Endpoint) loader.EndpointInfo {
 	var mac, hostMAC net.HardwareAddr
 	if hw, err := net.ParseMAC(ep.MAC); err == nil {
 		mac = hw
@@ -256,7 +395,7 @@ func datapathEndpoint(ep *endpoint.Endpoint) loader.EndpointInfo {
 }
 
 // ipcacheBackend writes the ipcache's winners to the BPF map.
-type ipcacheBackend struct{ m *datapathModule }
+type ipcacheBackend struct{ m *Module }
 
 func (b ipcacheBackend) Upsert(p netip.Prefix, e ipcache.Entry) error {
 	dm := b.m.loader.Maps()
@@ -293,7 +432,7 @@ func (b ipcacheBackend) Prefixes() ([]netip.Prefix, error) {
 }
 
 // policyCIDRBackend writes the policy CIDR table to the BPF map.
-type policyCIDRBackend struct{ m *datapathModule }
+type policyCIDRBackend struct{ m *Module }
 
 func (b policyCIDRBackend) Upsert(p netip.Prefix, id identity.NumericIdentity) error {
 	dm := b.m.loader.Maps()
@@ -327,14 +466,14 @@ func (b policyCIDRBackend) Prefixes() ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// ipcacheRestoredCell lets the ipcache's reconciler prune the BPF map:
+// RestoredCell lets the ipcache's reconciler prune the BPF map:
 // its start hook runs after the restore and regeneration steps (it is
 // listed after them in cells.go and depends on nothing they provide), so
 // by then the endpoints, host addresses, policy prefixes and the sources
 // synced in earlier steps have made their claims, and a map entry no
 // claim backs is a leftover of a previous run.
-var ipcacheRestoredCell = cell.Module("ipcache-restored", "Lets the ipcache prune once the agent has restored its state",
-	cell.Invoke(func(lc cell.Lifecycle, dp *datapathModule) {
+var RestoredCell = cell.Module("ipcache-restored", "Lets the ipcache prune once the agent has restored its state",
+	cell.Invoke(func(lc cell.Lifecycle, dp *Module) {
 		if dp == nil {
 			return
 		}
@@ -346,8 +485,8 @@ var ipcacheRestoredCell = cell.Module("ipcache-restored", "Lets the ipcache prun
 	}),
 )
 
-// statusSection is the datapath part of `tendril status`.
-func (m *datapathModule) statusSection() ext.Section {
+// StatusSection is the datapath part of `tendril status`.
+func (m *Module) StatusSection() ext.Section {
 	st := m.loader.Status()
 	sec := ext.Section{Title: "Datapath"}
 	sec.Lines = append(sec.Lines, ext.Line{Key: "bpf root", Value: st.BPFRoot})
@@ -395,13 +534,13 @@ func attachmentNoun(m loader.AttachMode) string {
 
 // datapathCollector exports the datapath's per-reason counters.
 type datapathCollector struct {
-	m          *datapathModule
+	m          *Module
 	packets    *prometheus.Desc
 	bytes      *prometheus.Desc
 	eventsLost *prometheus.Desc
 }
 
-func newDatapathCollector(m *datapathModule) *datapathCollector {
+func newDatapathCollector(m *Module) *datapathCollector {
 	return &datapathCollector{
 		m:       m,
 		packets: prometheus.NewDesc("tendril_datapath_packets_total", "Packets seen by the datapath, by reason and direction.", []string{"reason", "direction"}, nil),
@@ -439,13 +578,13 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 
 // UpsertRemoteNode maps a peer node's address to the remote-node identity
 // (the node manager's ipcache), as that node's claim.
-func (m *datapathModule) UpsertRemoteNode(node string, ip netip.Addr) error {
+func (m *Module) UpsertRemoteNode(node string, ip netip.Addr) error {
 	return m.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()),
 		ipcache.Entry{Identity: identity.RemoteNode, Source: ipcache.SourceKubernetes, Owner: ipcache.OwnerNode(node)})
 }
 
 // DeleteRemoteNode withdraws a peer node's claim on an address.
-func (m *datapathModule) DeleteRemoteNode(node string, ip netip.Addr) error {
+func (m *Module) DeleteRemoteNode(node string, ip netip.Addr) error {
 	return m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceKubernetes, ipcache.OwnerNode(node))
 }
 
@@ -453,14 +592,14 @@ func (m *datapathModule) DeleteRemoteNode(node string, ip netip.Addr) error {
 // and node; e names its source (Kubernetes or the kvstore) and owner. The
 // claim is queued: the ipcache makes the claims of many events in one
 // transaction, and the watcher's callback does not wait.
-func (m *datapathModule) UpsertRemoteEndpoint(ip netip.Addr, e ipcache.Entry) error {
+func (m *Module) UpsertRemoteEndpoint(ip netip.Addr, e ipcache.Entry) error {
 	return m.ipcache.UpsertQueued(netip.PrefixFrom(ip, ip.BitLen()), e)
 }
 
 // DeleteRemoteEndpoint withdraws owner's claim on another node's pod
 // address (queued, in order with the claims); other owners' claims on it
 // stay.
-func (m *datapathModule) DeleteRemoteEndpoint(ip netip.Addr, src ipcache.Source, owner ipcache.Owner) error {
+func (m *Module) DeleteRemoteEndpoint(ip netip.Addr, src ipcache.Source, owner ipcache.Owner) error {
 	m.ipcache.DeleteQueued(netip.PrefixFrom(ip, ip.BitLen()), src, owner)
 	return nil
 }

@@ -1,4 +1,4 @@
-package agent
+package metrics
 
 import (
 	"net/http"
@@ -8,21 +8,21 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tendril-net/tendril/api/v1/server"
-	"github.com/tendril-net/tendril/pkg/metrics"
 )
 
-// metricsAPI serves GET /v1/metrics/: the agent's metrics as Cilium's
+// API serves GET /v1/metrics/: the agent's metrics as Cilium's
 // models.Metric list (`tendril metrics list`, `cilium-dbg metrics list`),
 // so they can be read over the API socket where no Prometheus listener is
 // configured (the lab's agents have none).
-type metricsAPI struct{ metrics *metrics.Server }
+type API struct{ Metrics *Server }
 
-func (h *metricsAPI) register(api *server.Server) {
+// Register adds the metrics API's handler to the API server.
+func (h *API) Register(api *server.Server) {
 	api.Handle(http.MethodGet, "/v1/metrics/", h.handleList)
 }
 
-func (h *metricsAPI) handleList(w http.ResponseWriter, _ *http.Request) error {
-	families, err := h.metrics.Registry.Gather()
+func (h *API) handleList(w http.ResponseWriter, _ *http.Request) error {
+	families, err := h.Metrics.Registry.Gather()
 	if err != nil {
 		return server.Errorf(http.StatusInternalServerError, "gather metrics: %v", err)
 	}

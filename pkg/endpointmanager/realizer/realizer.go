@@ -1,4 +1,10 @@
-package agent
+// Package realizer is the datapath side of an endpoint's regeneration
+// (identity, ipcache, policy map entries, endpoint map entry and
+// programs: the "endpoint-realizer" cell, start step "identity-restore")
+// and the regeneration that keeps every endpoint at the current policy
+// (the "regeneration" cell: steps "regenerate-restored" and
+// "policy-regeneration", the manager's workers and the policy pass).
+package realizer
 
 import (
 	"context"
@@ -9,55 +15,63 @@ import (
 
 	"github.com/cilium/hive/cell"
 
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
-// realizerCell realizes endpoints in the datapath: it is the endpoint
+// Cell realizes endpoints in the datapath: it is the endpoint
 // manager's regeneration step for identity, ipcache, policy map and
 // programs, and its start step re-takes the restored endpoints' identities
 // (step 7, after the kvstore, whose allocator must be synced first).
-var realizerCell = cell.Module("endpoint-realizer", "Endpoint identity ipcache policy map and programs",
-	cell.Provide(newEndpointRealizer),
-	cell.Invoke(func(*endpointRealizer) {}),
+var Cell = cell.Module("endpoint-realizer", "Endpoint identity ipcache policy map and programs",
+	cell.Provide(New),
+	cell.Invoke(func(*Realizer) {}),
 )
 
-// endpointRealizer is the datapath side of an endpoint's regeneration;
+// Realizer is the datapath side of an endpoint's regeneration;
 // nil without the datapath.
-type endpointRealizer struct {
+type Realizer struct {
 	log        *slog.Logger
-	dp         *datapathModule
-	policy     *policyModule
+	kernel     agentdatapath.Kernel
+	ipcache    *ipcache.IPCache
+	policy     *agentpolicy.Module
 	identities identity.Allocator
 
 	mu   sync.Mutex
 	held map[uint16]identity.NumericIdentity // identity reference held per endpoint
 }
 
-type realizerParams struct {
+// Params are the realizer's dependencies.
+type Params struct {
 	cell.In
 
 	Log        *slog.Logger
 	Lifecycle  cell.Lifecycle
 	Steps      *lifecycle.Steps
-	Datapath   *datapathModule
-	Endpoints  *endpointsModule
-	Policy     *policyModule
+	Kernel     agentdatapath.Kernel // nil without the datapath
+	IPCache    *ipcache.IPCache
+	Endpoints  *agentendpoints.Module
+	Policy     *agentpolicy.Module
 	Identities identity.Allocator
 }
 
-func newEndpointRealizer(p realizerParams) *endpointRealizer {
-	if p.Datapath == nil {
+// New builds the realizer (nil without the datapath), registers it as a
+// regeneration hook of the endpoints and appends its step.
+func New(p Params) *Realizer {
+	if p.Kernel == nil {
 		return nil
 	}
-	r := &endpointRealizer{log: p.Log, dp: p.Datapath, policy: p.Policy, identities: p.Identities, held: map[uint16]identity.NumericIdentity{}}
+	r := &Realizer{log: p.Log, kernel: p.Kernel, ipcache: p.IPCache, policy: p.Policy, identities: p.Identities, held: map[uint16]identity.NumericIdentity{}}
 	// After host networking, every regeneration realizes the endpoint here.
 	p.Endpoints.AddRegenerateHook(r)
 	eps := p.Endpoints
 	p.Steps.Append(p.Lifecycle, "identity-restore", func(context.Context) error {
-		r.reserveRestored(eps.mgr.List())
+		r.reserveRestored(eps.Manager().List())
 		return nil
 	}, nil)
 	return r
@@ -65,12 +79,12 @@ func newEndpointRealizer(p realizerParams) *endpointRealizer {
 
 // reserveRestored re-takes the identities of restored endpoints so they
 // keep the numbers their pinned policy entries use.
-func (m *endpointRealizer) reserveRestored(eps []*endpoint.Endpoint) {
+func (m *Realizer) reserveRestored(eps []*endpoint.Endpoint) {
 	for _, ep := range eps {
 		if ep.Identity == 0 || !identity.NumericIdentity(ep.Identity).IsCluster() {
 			continue
 		}
-		labels := endpointLabels(ep)
+		labels := agentpolicy.EndpointLabels(ep)
 		if err := m.identities.Reserve(identity.NumericIdentity(ep.Identity), labels); err != nil {
 			m.log.Warn("Cannot keep a restored endpoint's identity; it gets a new one", "endpoint", ep.ID, "error", err)
 			continue
@@ -81,21 +95,11 @@ func (m *endpointRealizer) reserveRestored(eps []*endpoint.Endpoint) {
 	}
 }
 
-// endpointLabels are the identity-relevant labels of an endpoint: its own,
-// plus its namespace as Kubernetes would give it.
-func endpointLabels(ep *endpoint.Endpoint) []string {
-	labels := append([]string(nil), ep.Labels...)
-	if ep.PodNamespace != "" {
-		labels = append(labels, "k8s:io.kubernetes.pod.namespace="+ep.PodNamespace)
-	}
-	return endpoint.SortedLabels(labels)
-}
-
 // Regenerate realizes one endpoint in the datapath, in the order that keeps
 // its first packet enforced: identity, ipcache, policy entries, endpoint
 // map entry, then the programs.
-func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
-	labels := endpointLabels(ep)
+func (m *Realizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
+	labels := agentpolicy.EndpointLabels(ep)
 	var id identity.NumericIdentity
 	if len(labels) == 0 {
 		id = identity.Init
@@ -128,7 +132,7 @@ func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint
 	for _, ip := range ep.Addresses() {
 		e := ipcache.Entry{Identity: id, Source: ipcache.SourceLocal, Owner: ipcache.OwnerEndpoint(ep.ID), Name: ep.PodName, Namespace: ep.PodNamespace}
 		p := netip.PrefixFrom(ip, ip.BitLen())
-		if err := m.dp.ipcache.Upsert(p, e); err != nil {
+		if err := m.ipcache.Upsert(p, e); err != nil {
 			return err
 		}
 		prefixes = append(prefixes, p)
@@ -136,52 +140,52 @@ func (m *endpointRealizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint
 	// The endpoint is ready only once the ipcache's reconciler has written
 	// its addresses to the map (a failed write fails the regeneration,
 	// which is retried).
-	if err := m.dp.ipcache.WaitRealized(ctx, prefixes...); err != nil {
+	if err := m.ipcache.WaitRealized(ctx, prefixes...); err != nil {
 		return err
 	}
 	// The map state goes in before the endpoint's flags and programs, so the
 	// first packet under enforcement already finds its rules.
-	if err := m.policy.realize(ctx, ep, m.dp.dp.PolicyMap()); err != nil {
+	if err := m.policy.Realize(ctx, ep, m.kernel.PolicyMap()); err != nil {
 		return err
 	}
-	ingress, egress := m.policy.enforcement(ep)
+	ingress, egress := m.policy.Enforcement(ep)
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
-	ep.AuditIngress, ep.AuditEgress = m.policy.auditing(ep)
+	ep.AuditIngress, ep.AuditEgress = m.policy.Auditing(ep)
 	if ep.HostIfIndex == 0 {
 		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
 	}
-	return m.dp.dp.AttachEndpoint(datapathEndpoint(ep))
+	return m.kernel.AttachEndpoint(agentdatapath.EndpointInfo(ep))
 }
 
-// refreshPolicy is the light regeneration after a policy, identity or mode
+// RefreshPolicy is the light regeneration after a policy, identity or mode
 // change: the policy map difference, then the enforcement flags in the
 // endpoint entries (only when they changed).
-func (m *endpointRealizer) refreshPolicy(ep *endpoint.Endpoint) error {
-	if err := m.policy.realize(context.Background(), ep, m.dp.dp.PolicyMap()); err != nil {
+func (m *Realizer) RefreshPolicy(ep *endpoint.Endpoint) error {
+	if err := m.policy.Realize(context.Background(), ep, m.kernel.PolicyMap()); err != nil {
 		return err
 	}
-	ingress, egress := m.policy.enforcement(ep)
-	auditIn, auditEg := m.policy.auditing(ep)
+	ingress, egress := m.policy.Enforcement(ep)
+	auditIn, auditEg := m.policy.Auditing(ep)
 	if ingress == ep.EnforceIngress && egress == ep.EnforceEgress && auditIn == ep.AuditIngress && auditEg == ep.AuditEgress {
 		return nil
 	}
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
 	ep.AuditIngress, ep.AuditEgress = auditIn, auditEg
-	return m.dp.dp.WriteEndpoint(datapathEndpoint(ep))
+	return m.kernel.WriteEndpoint(agentdatapath.EndpointInfo(ep))
 }
 
 // Remove tears an endpoint out of the datapath.
-func (m *endpointRealizer) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
+func (m *Realizer) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 	var errs []error
-	if err := m.dp.dp.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
+	if err := m.kernel.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
 		errs = append(errs, err)
 	}
 	for _, ip := range ep.Addresses() {
-		if err := m.dp.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceLocal, ipcache.OwnerEndpoint(ep.ID)); err != nil {
+		if err := m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceLocal, ipcache.OwnerEndpoint(ep.ID)); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := m.policy.remove(ep, m.dp.dp.PolicyMap()); err != nil {
+	if err := m.policy.Remove(ep, m.kernel.PolicyMap()); err != nil {
 		errs = append(errs, err)
 	}
 	m.mu.Lock()

@@ -1,68 +1,22 @@
-package agent
+package agentpolicy
 
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/netip"
-	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
-	"github.com/cilium/hive/cell"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
-	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
-	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/ipcache"
-	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy"
-	"github.com/tendril-net/tendril/pkg/policy/policyfile"
 )
-
-// policyModule resolves the repository's rules for each endpoint and
-// realizes the difference in the BPF policy map.
-type policyModule struct {
-	log        *slog.Logger
-	repo       *policy.Repository
-	runtime    *option.Runtime
-	identities identity.Allocator
-	idTable    *identitytable.Table // the universe's identities: one snapshot, a generation per change of the set or labels
-	dp         *datapathModule      // nil without the datapath
-	eps        *endpointsModule     // its manager exists from its start step on
-	k8s        *k8sClient           // nil in standalone mode
-
-	mu       sync.Mutex
-	realized map[uint16]policy.MapState
-	results  map[uint16]policy.Result
-	cidrIDs  map[netip.Prefix]identity.NumericIdentity
-	nextCIDR identity.NumericIdentity
-	cidrGen  uint64
-	cache    *policy.SelectorCache
-
-	// universeEpoch moves whenever something outside the identity
-	// allocator and the CIDR identities may have changed the universe (the
-	// named ports of local and remote pods): every trigger and every
-	// endpoint change.
-	universeEpoch atomic.Uint64
-	// sharedMu guards shared: the universe and the resolutions of the
-	// current policy revision, shared by every endpoint that resolves alike.
-	sharedMu sync.Mutex
-	shared   *sharedResolution
-
-	regen chan struct{}
-
-	// file keeps the rules imported through the API across restarts;
-	// its writer is a job started after restorePolicy.
-	file *policyfile.File
-}
 
 // sharedResolution is what resolving one endpoint computes that does not
 // depend on the endpoint: the universe (every identity, with named ports),
@@ -86,54 +40,10 @@ type universeKey struct {
 	identities, cidr, epoch uint64
 }
 
-type policyParams struct {
-	cell.In
-
-	Config     Config
-	Log        *slog.Logger
-	Root       cell.RootLogger
-	Runtime    *option.Runtime
-	Identities identity.Allocator
-	IDTable    *identitytable.Table
-	Datapath   *datapathModule
-	Endpoints  *endpointsModule
-	K8s        *k8sClient
-	Metrics    *metrics.Server
-}
-
-func newPolicyModule(p policyParams) *policyModule {
-	m := &policyModule{
-		log: p.Log, repo: policy.NewRepository(), runtime: p.Runtime, identities: p.Identities, idTable: p.IDTable,
-		dp: p.Datapath, eps: p.Endpoints, k8s: p.K8s,
-		realized: map[uint16]policy.MapState{}, results: map[uint16]policy.Result{},
-		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
-		regen: make(chan struct{}, 1),
-	}
-	if m.dp != nil {
-		p.Metrics.Registry.MustRegister(newAuditCollector(m))
-	}
-	m.file = policyfile.New(policyFile(p.Config), m.repo, policySourceAPI, logFor(p.Root, "policy-file"))
-	m.repo.Subscribe(func(uint64) { m.triggerRegeneration() })
-	if m.dp != nil {
-		// A new or vanished identity may change what other endpoints'
-		// selectors select.
-		m.identities.Subscribe(func(_, _ []identity.Identity) {
-			if rules, _ := m.repo.Rules(nil); len(rules) > 0 {
-				m.triggerRegeneration()
-			}
-		})
-	}
-	m.runtime.Subscribe(func(option.RuntimeValues) { m.triggerRegeneration() })
-	// An endpoint's identity is part of the universe (its pod's named
-	// ports).
-	m.eps.Subscribe(func(endpointmanager.Event) { m.invalidateUniverse() })
-	return m
-}
-
-// triggerRegeneration asks for a policy pass over every endpoint; requests
+// TriggerRegeneration asks for a policy pass over every endpoint; requests
 // that arrive while one is pending fold into it. It never blocks: watcher
 // callbacks call it.
-func (p *policyModule) triggerRegeneration() {
+func (p *Module) TriggerRegeneration() {
 	p.invalidateUniverse()
 	select {
 	case p.regen <- struct{}{}:
@@ -143,9 +53,9 @@ func (p *policyModule) triggerRegeneration() {
 
 // invalidateUniverse makes the next resolution rebuild the universe (named
 // ports of pods may have changed).
-func (p *policyModule) invalidateUniverse() { p.universeEpoch.Add(1) }
+func (p *Module) invalidateUniverse() { p.universeEpoch.Add(1) }
 
-// run applies rule, identity and enforcement mode changes to every
+// Run applies rule, identity and enforcement mode changes to every
 // endpoint. It announces the repository's revision to the endpoint manager
 // (each endpoint's desired revision), then refreshes the ready endpoints;
 // those that are not ready, or whose refresh fails, are regenerated by the
@@ -153,11 +63,11 @@ func (p *policyModule) invalidateUniverse() { p.universeEpoch.Add(1) }
 //
 // refresh is the light regeneration of one endpoint (nil without the
 // datapath: there is nothing to refresh).
-func (p *policyModule) run(ctx context.Context, refresh func(*endpoint.Endpoint) error) {
+func (p *Module) Run(ctx context.Context, refresh func(*endpoint.Endpoint) error) {
 	if err := p.clearAuditCounts(); err != nil {
 		p.log.Warn("Clear the audit counters of a previous run", "error", err)
 	}
-	if mgr := p.eps.mgr; mgr != nil && refresh != nil {
+	if mgr := p.eps.Manager(); mgr != nil && refresh != nil {
 		mgr.SetPolicyRevision(p.repo.Revision())
 	}
 	for {
@@ -171,14 +81,14 @@ func (p *policyModule) run(ctx context.Context, refresh func(*endpoint.Endpoint)
 		}
 		// A deny naming a block must find the block's prefixes in the
 		// datapath when the endpoints' entries for them land.
-		if p.dp != nil && p.dp.loader.Maps() != nil {
+		if p.dp != nil && p.dp.Maps() != nil {
 			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if err := p.dp.policyCIDR.Synced(wctx); err != nil {
+			if err := p.dp.PolicyCIDR().Synced(wctx); err != nil {
 				p.log.Warn("Policy CIDR map not yet written; endpoints are regenerated anyway", "error", err)
 			}
 			cancel()
 		}
-		mgr := p.eps.mgr
+		mgr := p.eps.Manager()
 		if mgr == nil || refresh == nil {
 			continue
 		}
@@ -199,7 +109,7 @@ func (p *policyModule) run(ctx context.Context, refresh func(*endpoint.Endpoint)
 
 // syncCIDRIdentities gives every prefix the rules select a node-local
 // identity in the ipcache, and removes those no rule needs any more.
-func (p *policyModule) syncCIDRIdentities() error {
+func (p *Module) syncCIDRIdentities() error {
 	want := map[netip.Prefix]bool{}
 	for _, pf := range p.repo.CIDRPrefixes() {
 		want[pf] = true
@@ -227,7 +137,7 @@ func (p *policyModule) syncCIDRIdentities() error {
 		ids[pf] = p.cidrIDs[pf]
 	}
 	p.mu.Unlock()
-	if p.dp == nil || p.dp.loader.Maps() == nil {
+	if p.dp == nil || p.dp.Maps() == nil {
 		return nil
 	}
 	// Every prefix with its in-cluster identity: a pod's or a node's
@@ -240,13 +150,13 @@ func (p *policyModule) syncCIDRIdentities() error {
 		inCluster[pf] = id | identity.InClusterCIDR
 	}
 	p.mu.Unlock()
-	if err := p.dp.policyCIDR.Set(inCluster); err != nil {
+	if err := p.dp.PolicyCIDR().Set(inCluster); err != nil {
 		return err
 	}
 	// Generated claims: a rule's CIDR equal to an endpoint's address never
 	// hides the endpoint's identity (the ipcache's precedence).
 	// One transaction for the change's prefixes.
-	return p.dp.ipcache.Write(func(w *ipcache.Writer) error {
+	return p.dp.IPCache().Write(func(w *ipcache.Writer) error {
 		for pf, id := range ids {
 			if err := w.Upsert(pf, ipcache.Entry{Identity: id, Source: ipcache.SourceGenerated, Owner: ipcache.OwnerPolicyCIDR(pf)}); err != nil {
 				return err
@@ -262,7 +172,7 @@ func (p *policyModule) syncCIDRIdentities() error {
 }
 
 // universe is every identity policy can select right now.
-func (p *policyModule) universe() policy.Universe {
+func (p *Module) universe() policy.Universe {
 	u := policy.ReservedPeers()
 	if p.dp == nil {
 		return u
@@ -285,13 +195,14 @@ func (p *policyModule) universe() policy.Universe {
 // localNamedPorts are the named container ports of the local pods, per
 // identity (the union when pods of one identity name ports differently),
 // for egress rules naming a destination's port.
-func (p *policyModule) localNamedPorts() map[identity.NumericIdentity]map[string]policy.NamedPort {
-	if p.k8s == nil || p.eps.mgr == nil {
+func (p *Module) localNamedPorts() map[identity.NumericIdentity]map[string]policy.NamedPort {
+	mgr := p.eps.Manager()
+	if p.namedPorts == nil || mgr == nil {
 		return nil
 	}
 	out := map[identity.NumericIdentity]map[string]policy.NamedPort{}
-	for _, ep := range p.eps.mgr.List() {
-		ports := p.k8s.namedPorts(ep)
+	for _, ep := range mgr.List() {
+		ports := p.namedPorts.NamedPorts(ep)
 		if len(ports) == 0 || ep.Identity == 0 {
 			continue
 		}
@@ -303,12 +214,12 @@ func (p *policyModule) localNamedPorts() map[identity.NumericIdentity]map[string
 			out[id][name] = np
 		}
 	}
-	p.k8s.addRemoteNamedPorts(out)
+	p.namedPorts.AddRemoteNamedPorts(out)
 	return out
 }
 
 // universeKey is the current universe's identification.
-func (p *policyModule) universeKey() universeKey {
+func (p *Module) universeKey() universeKey {
 	var gen uint64
 	if p.dp != nil {
 		gen = p.idTable.Generation()
@@ -321,7 +232,7 @@ func (p *policyModule) universeKey() universeKey {
 
 // sharedFor returns the shared universe and results for the current
 // universe and revision rev, building the universe only when it changed.
-func (p *policyModule) sharedFor(rev uint64) *sharedResolution {
+func (p *Module) sharedFor(rev uint64) *sharedResolution {
 	key := p.universeKey()
 	p.sharedMu.Lock()
 	defer p.sharedMu.Unlock()
@@ -363,8 +274,11 @@ func resolutionKey(ep policy.Endpoint) string {
 
 // resolve computes ep's policy through the selector cache; endpoints with
 // the same labels and named ports share one resolution per revision.
-func (p *policyModule) resolve(ep *endpoint.Endpoint) policy.Result {
-	pe := policy.Endpoint{Labels: endpointLabels(ep), NamedPorts: p.k8s.namedPorts(ep)}
+func (p *Module) resolve(ep *endpoint.Endpoint) policy.Result {
+	pe := policy.Endpoint{Labels: EndpointLabels(ep)}
+	if p.namedPorts != nil {
+		pe.NamedPorts = p.namedPorts.NamedPorts(ep)
+	}
 	key := resolutionKey(pe)
 	sh := p.sharedFor(p.repo.Revision())
 	p.sharedMu.Lock()
@@ -388,7 +302,7 @@ func (p *policyModule) resolve(ep *endpoint.Endpoint) policy.Result {
 }
 
 // selects is the default-mode enforcement of ep.
-func (p *policyModule) selects(ep *endpoint.Endpoint) (bool, bool) {
+func (p *Module) selects(ep *endpoint.Endpoint) (bool, bool) {
 	res := p.resolve(ep)
 	return res.EnforceIngress, res.EnforceEgress
 }
@@ -397,11 +311,11 @@ func toMapKey(epID uint16, k policy.Key) maps.PolicyKey {
 	return maps.PolicyKey{EndpointID: epID, Direction: k.Direction, Identity: uint32(k.Identity), Proto: k.Proto, Port: k.Port, PortPrefixLen: k.PrefixLen}
 }
 
-// realize writes the difference between ep's realized and desired
+// Realize writes the difference between ep's realized and desired
 // policy to the BPF map; after an agent restart the realized state is read
 // back from the pinned map, so nothing is rewritten needlessly and the
 // entries keep enforcing throughout.
-func (p *policyModule) realize(ctx context.Context, ep *endpoint.Endpoint, pm policyMap) error {
+func (p *Module) Realize(ctx context.Context, ep *endpoint.Endpoint, pm PolicyMap) error {
 	res := p.resolve(ep)
 	want := res.MapState
 	if p.runtime.Values().PolicyEnforcement == option.EnforcementNever {
@@ -443,8 +357,8 @@ func (p *policyModule) realize(ctx context.Context, ep *endpoint.Endpoint, pm po
 	return nil
 }
 
-// remove deletes ep's entries from the policy map.
-func (p *policyModule) remove(ep *endpoint.Endpoint, pm policyMap) error {
+// Remove deletes ep's entries from the policy map.
+func (p *Module) Remove(ep *endpoint.Endpoint, pm PolicyMap) error {
 	if err := pm.DeleteEndpoint(ep.ID); err != nil {
 		return fmt.Errorf("remove the policy of endpoint %d: %w", ep.ID, err)
 	}
@@ -455,8 +369,8 @@ func (p *policyModule) remove(ep *endpoint.Endpoint, pm policyMap) error {
 	return nil
 }
 
-// endpointPolicyModel is an endpoint's realized policy for the API.
-func (p *policyModule) endpointPolicyModel(ep *endpoint.Endpoint) *models.EndpointPolicyStatus {
+// EndpointPolicyModel is an endpoint's realized policy for the API.
+func (p *Module) EndpointPolicyModel(ep *endpoint.Endpoint) *models.EndpointPolicyStatus {
 	p.mu.Lock()
 	state := p.realized[ep.ID]
 	p.mu.Unlock()
@@ -495,25 +409,16 @@ func (p *policyModule) endpointPolicyModel(ep *endpoint.Endpoint) *models.Endpoi
 	return &models.EndpointPolicyStatus{Realized: pol, Spec: &spec}
 }
 
-// policySourceAPI is the repository source of the rules imported through
-// the API: the only rules the policy file keeps.
-const policySourceAPI = "api"
-
-// policyFile keeps the rules imported through the API across restarts, so
-// a restarted agent enforces exactly what it enforced before (Kubernetes
-// policies come back from the API server instead).
-func policyFile(cfg Config) string { return filepath.Join(cfg.StateDir, "policy.json") }
-
-// restorePolicy loads the saved rules; the file's writer (a job) starts
+// restore loads the saved rules; the file's writer (a job) starts
 // after it: a file that does not load stops the start (enforcing nothing
 // would fail open), and nothing is written before the file is read.
-func (p *policyModule) restorePolicy(context.Context) error {
+func (p *Module) restore(context.Context) error {
 	rules, err := p.file.Load()
 	if err != nil {
 		return err
 	}
 	if len(rules) > 0 {
-		if _, err := p.repo.Add(rules, "", policySourceAPI, false); err != nil {
+		if _, err := p.repo.Add(rules, "", SourceAPI, false); err != nil {
 			return fmt.Errorf("restore the rules of policy file %s: %w", p.file.Path(), err)
 		}
 		p.log.Info("Restored policy rules", "rules", len(rules), "file", p.file.Path())
@@ -521,8 +426,6 @@ func (p *policyModule) restorePolicy(context.Context) error {
 	return nil
 }
 
-// enforcement decides, per direction, whether policy applies to ep: never,
-// always, or (default) only where a rule selects the endpoint.
 // mapValue is an entry as the datapath holds it.
 func mapValue(e policy.Entry) maps.PolicyValue {
 	return maps.PolicyValue{Deny: e.Deny, Cookie: e.Cookie, Flags: uint8(e.Views)}
@@ -538,9 +441,9 @@ func viewFlags(f uint8) policy.ViewFlags {
 var _ = [1]struct{}{}[uint8(policy.EnforcedNone)^maps.PolicyFlagENone|
 	uint8(policy.AuditNone)^maps.PolicyFlagANone|uint8(policy.AuditDeny)^maps.PolicyFlagADeny]
 
-// auditing is whether an audited policy selects ep, per direction (never
+// Auditing is whether an audited policy selects ep, per direction (never
 // when enforcement is off or always on for every endpoint).
-func (p *policyModule) auditing(ep *endpoint.Endpoint) (ingress, egress bool) {
+func (p *Module) Auditing(ep *endpoint.Endpoint) (ingress, egress bool) {
 	if p.runtime.Values().PolicyEnforcement != option.EnforcementDefault {
 		return false, false
 	}
@@ -553,7 +456,9 @@ func (p *policyModule) auditing(ep *endpoint.Endpoint) (ingress, egress bool) {
 	return res.AuditIngress, res.AuditEgress
 }
 
-func (p *policyModule) enforcement(ep *endpoint.Endpoint) (ingress, egress bool) {
+// Enforcement decides, per direction, whether policy applies to ep: never,
+// always, or (default) only where a rule selects the endpoint.
+func (p *Module) Enforcement(ep *endpoint.Endpoint) (ingress, egress bool) {
 	switch p.runtime.Values().PolicyEnforcement {
 	case option.EnforcementNever:
 		return false, false
@@ -570,12 +475,12 @@ func (p *policyModule) enforcement(ep *endpoint.Endpoint) (ingress, egress bool)
 }
 
 // Repository is the policy repository (the flows name rules from it).
-func (p *policyModule) Repository() *policy.Repository { return p.repo }
+func (p *Module) Repository() *policy.Repository { return p.repo }
 
 // CIDRIdentityLabels is the label of the prefix the policy gave the
 // node-local identity id, or nil. (A scan: there are as many CIDR
 // identities as prefixes in the rules, and only flows to and from them ask.)
-func (p *policyModule) CIDRIdentityLabels(id identity.NumericIdentity) []string {
+func (p *Module) CIDRIdentityLabels(id identity.NumericIdentity) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for pf, cid := range p.cidrIDs {
@@ -588,9 +493,23 @@ func (p *policyModule) CIDRIdentityLabels(id identity.NumericIdentity) []string 
 
 // SelectingRules are the IDs of the rules that select a local endpoint,
 // as its last resolution found them; false before its first.
-func (p *policyModule) SelectingRules(epID uint16) ([]uint32, bool) {
+func (p *Module) SelectingRules(epID uint16) ([]uint32, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	res, ok := p.results[epID]
 	return res.Rules, ok
+}
+
+// Universe is every identity policy can select right now (the policy
+// API's trace reads it).
+func (p *Module) Universe() policy.Universe { return p.universe() }
+
+// EndpointLabels are the identity-relevant labels of an endpoint: its own,
+// plus its namespace as Kubernetes would give it.
+func EndpointLabels(ep *endpoint.Endpoint) []string {
+	labels := append([]string(nil), ep.Labels...)
+	if ep.PodNamespace != "" {
+		labels = append(labels, "k8s:io.kubernetes.pod.namespace="+ep.PodNamespace)
+	}
+	return endpoint.SortedLabels(labels)
 }

@@ -1,4 +1,4 @@
-package agent
+package agentservices
 
 import (
 	"net/http"
@@ -12,10 +12,11 @@ import (
 	"github.com/tendril-net/tendril/pkg/loadbalancer/lbmap"
 )
 
-// serviceAPI serves /v1/service: the frontends as Cilium's models.Service.
-type serviceAPI struct{ services *servicesModule }
+// ServiceAPI serves /v1/service: the frontends as Cilium's models.Service.
+type ServiceAPI struct{ Services *Module }
 
-func (h *serviceAPI) register(api *server.Server) {
+// Register adds the service API's handlers to the API server.
+func (h *ServiceAPI) Register(api *server.Server) {
 	api.Handle(http.MethodGet, "/v1/service", h.handleList)
 	api.Handle(http.MethodGet, "/v1/service/{id}", h.handleGet)
 }
@@ -23,16 +24,16 @@ func (h *serviceAPI) register(api *server.Server) {
 // serviceModels returns every frontend, in the table's order (by
 // address). The ID is the service ID in the LB maps (0 while not written,
 // or without the datapath).
-func (h *serviceAPI) serviceModels() []*models.Service {
+func (h *ServiceAPI) serviceModels() []*models.Service {
 	out := []*models.Service{}
-	m := h.services
+	m := h.Services
 	for f := range m.tables.Frontends.All(m.tables.DB.ReadTxn()) {
 		out = append(out, m.serviceModel(f))
 	}
 	return out
 }
 
-func (m *servicesModule) serviceModel(f *loadbalancer.Frontend) *models.Service {
+func (m *Module) serviceModel(f *loadbalancer.Frontend) *models.Service {
 	var ids lbmap.IDs
 	if m.ops != nil {
 		ids, _ = m.ops.FrontendIDs(f.Key)
@@ -65,12 +66,12 @@ func (m *servicesModule) serviceModel(f *loadbalancer.Frontend) *models.Service 
 	return svc
 }
 
-func (h *serviceAPI) handleList(w http.ResponseWriter, _ *http.Request) error {
+func (h *ServiceAPI) handleList(w http.ResponseWriter, _ *http.Request) error {
 	server.WriteJSON(w, http.StatusOK, h.serviceModels())
 	return nil
 }
 
-func (h *serviceAPI) handleGet(w http.ResponseWriter, r *http.Request) error {
+func (h *ServiceAPI) handleGet(w http.ResponseWriter, r *http.Request) error {
 	raw := r.PathValue("id")
 	id, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil || id <= 0 {

@@ -1,0 +1,195 @@
+// Package agentpolicy is the agent's policy cell: the policy repository,
+// its resolution per endpoint (shared per revision and label set), the
+// node-local CIDR identities of the prefixes rules name, the realization of
+// an endpoint's policy in the BPF policy map, the audit counters, and the
+// policy file that keeps the rules imported through the API across
+// restarts. Its start step is "policy-restore".
+package agentpolicy
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/identity/identitytable"
+	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/policycidr"
+	"github.com/tendril-net/tendril/pkg/policy/policyfile"
+)
+
+// Cell is the policy repository and its resolution per endpoint; its start
+// step restores the rules imported through the API before the restart, so
+// restored endpoints regenerate to exactly what they enforced.
+var Cell = cell.Module("policy", "Policy repository resolution and the policy file",
+	cell.Provide(New),
+	cell.Invoke(registerRestore),
+)
+
+// Config is the cell's part of the agent's configuration. The policy has
+// no flags of its own: the enforcement mode is a runtime option.
+type Config struct {
+	// StateDir is where the policy file is kept (policy.json).
+	StateDir string
+}
+
+// File is the policy file's path.
+func (c Config) File() string { return filepath.Join(c.StateDir, "policy.json") }
+
+// SourceAPI is the repository source of the rules imported through the
+// API: the only rules the policy file keeps.
+const SourceAPI = "api"
+
+// Datapath is the datapath as the policy writes it: the policy CIDR and
+// ipcache tables and the audit counters. Nil without the datapath.
+type Datapath interface {
+	// Maps are the open BPF maps; nil before the datapath's start step.
+	Maps() *maps.Maps
+	// PolicyCIDR is the table of the prefixes rules name.
+	PolicyCIDR() *policycidr.Table
+	// IPCache is the ipcache the CIDR identities are claimed in.
+	IPCache() *ipcache.IPCache
+}
+
+// Endpoints are the local endpoints: their manager (nil before the
+// endpoints' start step builds it) and their events.
+type Endpoints interface {
+	Manager() *endpointmanager.Manager
+	Subscribe(fn func(endpointmanager.Event))
+}
+
+// NamedPorts are the pods' named container ports, from Kubernetes; nil in
+// standalone mode.
+type NamedPorts interface {
+	// NamedPorts are the named ports of a local endpoint's pod.
+	NamedPorts(ep *endpoint.Endpoint) map[string]policy.NamedPort
+	// AddRemoteNamedPorts adds other nodes' endpoints' named ports per
+	// identity.
+	AddRemoteNamedPorts(out map[identity.NumericIdentity]map[string]policy.NamedPort)
+}
+
+// PolicyMap is the BPF policy map as the realization writes it.
+type PolicyMap interface {
+	DumpEndpoint(id uint16) (map[maps.PolicyKey]maps.PolicyValue, error)
+	Upsert(maps.PolicyKey, maps.PolicyValue) error
+	Delete(maps.PolicyKey) error
+	DeleteEndpoint(id uint16) error
+}
+
+// Module resolves the repository's rules for each endpoint and realizes
+// the difference in the BPF policy map.
+type Module struct {
+	log        *slog.Logger
+	repo       *policy.Repository
+	runtime    *option.Runtime
+	idTable    *identitytable.Table // the universe's identities: one snapshot, a generation per change of the set or labels
+	dp         Datapath             // nil without the datapath
+	eps        Endpoints            // its manager exists from its start step on
+	namedPorts NamedPorts           // nil in standalone mode
+
+	mu       sync.Mutex
+	realized map[uint16]policy.MapState
+	results  map[uint16]policy.Result
+	cidrIDs  map[netip.Prefix]identity.NumericIdentity
+	nextCIDR identity.NumericIdentity
+	cidrGen  uint64
+	cache    *policy.SelectorCache
+
+	// universeEpoch moves whenever something outside the identity
+	// allocator and the CIDR identities may have changed the universe (the
+	// named ports of local and remote pods): every trigger and every
+	// endpoint change.
+	universeEpoch atomic.Uint64
+	// sharedMu guards shared: the universe and the resolutions of the
+	// current policy revision, shared by every endpoint that resolves alike.
+	sharedMu sync.Mutex
+	shared   *sharedResolution
+
+	regen chan struct{}
+
+	// file keeps the rules imported through the API across restarts;
+	// its writer is a job started after the restore.
+	file *policyfile.File
+}
+
+// Params are the policy's dependencies.
+type Params struct {
+	cell.In
+
+	Config     Config
+	Log        *slog.Logger
+	Root       cell.RootLogger
+	Runtime    *option.Runtime
+	Identities identity.Allocator
+	IDTable    *identitytable.Table
+	Datapath   Datapath
+	Endpoints  Endpoints
+	NamedPorts NamedPorts
+	Metrics    *metrics.Server
+}
+
+// New builds the policy module and subscribes it to what changes the
+// policy of endpoints: rules, identities, the enforcement mode, endpoints.
+func New(p Params) *Module {
+	m := &Module{
+		log: p.Log, repo: policy.NewRepository(), runtime: p.Runtime, idTable: p.IDTable,
+		dp: p.Datapath, eps: p.Endpoints, namedPorts: p.NamedPorts,
+		realized: map[uint16]policy.MapState{}, results: map[uint16]policy.Result{},
+		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
+		regen: make(chan struct{}, 1),
+	}
+	if m.dp != nil {
+		p.Metrics.Registry.MustRegister(newAuditCollector(m))
+	}
+	m.file = policyfile.New(p.Config.File(), m.repo, SourceAPI, (*slog.Logger)(p.Root).With("module", "policy-file"))
+	m.repo.Subscribe(func(uint64) { m.TriggerRegeneration() })
+	if m.dp != nil {
+		// A new or vanished identity may change what other endpoints'
+		// selectors select.
+		p.Identities.Subscribe(func(_, _ []identity.Identity) {
+			if rules, _ := m.repo.Rules(nil); len(rules) > 0 {
+				m.TriggerRegeneration()
+			}
+		})
+	}
+	m.runtime.Subscribe(func(option.RuntimeValues) { m.TriggerRegeneration() })
+	// An endpoint's identity is part of the universe (its pod's named
+	// ports).
+	m.eps.Subscribe(func(endpointmanager.Event) { m.invalidateUniverse() })
+	return m
+}
+
+type restoreParams struct {
+	cell.In
+
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	Steps     *lifecycle.Steps
+	Jobs      job.Registry
+	Health    *health.Registry
+}
+
+// registerRestore appends the "policy-restore" step and the policy file's
+// writer: it runs from after the restore until the step stops, with the
+// last change written.
+func registerRestore(p restoreParams, m *Module) {
+	p.Steps.Append(p.Lifecycle, "policy-restore", m.restore, nil)
+	p.Jobs.NewGroup(p.Health.Scope("policy-restore"), job.WithLogger(p.Log)).Add(job.OneShot("policy-file", func(ctx context.Context, _ cell.Health) error {
+		m.file.Run(ctx)
+		return nil
+	}))
+}
