@@ -1,12 +1,13 @@
-// Command verifierstats loads the pod programs (bpf_lxc.c) with the agent's
-// default constants and prints what the kernel's verifier spent on each:
+// Command verifierstats loads the pod programs (bpf_lxc.c, or another
+// object's) with the agent's default constants and prints what the
+// kernel's verifier spent on each:
 // instructions processed, states, verification time (the numbers veristat
 // prints). With -profile it also attributes the processed instructions to
 // the subprograms and source lines they belong to, from the verifier's
 // instruction log: where the states do not prune, the same lines are
 // walked over and over.
 //
-//	go run ./hack/verifierstats [-trace=per-connection] [-verdicts] [-profile 25]
+//	go run ./hack/verifierstats [-object lxc] [-trace=per-connection] [-verdicts] [-profile 25]
 //
 // It needs root (BPF_PROG_LOAD); maps are created unpinned and freed on
 // exit.
@@ -36,11 +37,26 @@ func main() {
 	trace := flag.String("trace", "per-connection", "trace events: off, per-connection (the agent's default) or all")
 	verdicts := flag.Bool("verdicts", true, "policy verdict events (the agent's default: on)")
 	profile := flag.Int("profile", 0, "print the N source lines the verifier walked most, and the instructions per subprogram")
-	progs := flag.String("progs", "from_pod,to_pod", "programs to load")
+	object := flag.String("object", "lxc", "object: lxc (bpf_lxc.c), host, sock or sockterm")
+	progs := flag.String("progs", "", "programs to load (default: all of the object's)")
 	flag.Parse()
 
-	spec, err := bpf.LoadLxc()
+	load, ok := map[string]func() (*ebpf.CollectionSpec, error){
+		"lxc": bpf.LoadLxc, "host": bpf.LoadHost, "sock": bpf.LoadSock, "sockterm": bpf.LoadSockTerm,
+	}[*object]
+	if !ok {
+		check(fmt.Errorf("unknown object %q", *object))
+	}
+	spec, err := load()
 	check(err)
+	if *progs == "" {
+		var names []string
+		for n := range spec.Programs {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		*progs = strings.Join(names, ",")
+	}
 	set := func(name string, v uint8) {
 		// An older object may lack a constant: it then has no such
 		// events.
