@@ -15,6 +15,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -91,7 +92,13 @@ func main() {
 		opts := ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: level, LogSizeStart: logSize(*profile)}}
 		coll, err := ebpf.NewCollectionWithOptions(one, opts)
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %+v\n", name, err)
+			fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+			var verr *ebpf.VerifierError
+			if errors.As(err, &verr) {
+				for _, l := range verr.Log[max(0, len(verr.Log)-20):] {
+					fmt.Fprintln(os.Stderr, l)
+				}
+			}
 			os.Exit(1)
 		}
 		log := coll.Programs[name].VerifierLog
