@@ -170,6 +170,21 @@ __attribute__((noinline)) int audit_pass(const struct pkt *p, __u32 what, __u32 
 	return 0;
 }
 
+/* peer_key fills k with the ipcache key of the packet's peer address as
+ * endpoint direction dir sees it (the source for ingress). All 16 bytes
+ * are copied whatever the family: an IPv4 key's prefix length ends the
+ * trie's comparison after its 4 address bytes. The addresses sit at
+ * offsets 8 and 24 of struct pkt, which holds a __u64: 4-byte aligned,
+ * so the copy is four word moves instead of sixteen byte moves. */
+static __always_inline void peer_key(struct ipcache_key *k, const struct pkt *p, __u32 dir)
+{
+	const __u8 *a = dir == DIR_INGRESS ? p->saddr : p->daddr;
+
+	k->prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
+	k->family = p->family;
+	__builtin_memcpy(k->addr, __builtin_assume_aligned(a, 4), 16);
+}
+
 /* policy decides a new flow for endpoint ep, which enforces direction dir
  * or audits it (or both): 0 to pass, -1 when denied (counted and
  * reported). peer_id is the identity of the other side, or 0 to look it
@@ -181,26 +196,39 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 		return -1;
 	__u16 ep_id = ep->ep_id;
 	__u8 enf = enforced(ep, dir), aud = audited(ep, dir);
-	if (!peer_id)
-		peer_id = identity_of(p->family, dir == DIR_INGRESS ? p->saddr : p->daddr);
+	/* A rule's CIDR selects every address in its block, a pod's or a
+	 * node's too (Kubernetes' ipBlock): the peer's address is looked up in
+	 * the prefixes rules name, and its entries decide beside the peer's
+	 * identity. One key serves both lookups; its scope ends before the
+	 * verdicts' starts, so that they share stack (the pod programs' call
+	 * chain, from_pod -> from_pod_flow -> policy -> policy_lookup, must fit
+	 * in 512 bytes). */
+	__u32 cidr_id = 0;
+	{
+		struct ipcache_key k = {};
+		peer_key(&k, p, dir);
+		if (!peer_id) {
+			struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+			peer_id = info ? info->identity : ID_WORLD;
+		}
+		if (in_cluster_peer(peer_id)) {
+			__u32 *id = bpf_map_lookup_elem(&tdr_policy_cidr_v1, &k);
+			cidr_id = id ? *id : 0;
+		}
+	}
 	__u32 src_id = dir == DIR_INGRESS ? peer_id : ep->identity;
 	__u32 dst_id = dir == DIR_INGRESS ? ep->identity : peer_id;
 	__u32 what = (__u32)ep_id << 16 | (__u32)dir << 8 | (aud ? 1 : 0);
 	struct verdicts v = {};
 	policy_lookup(what, peer_id, p, &v);
-	/* A rule's CIDR selects every address in its block, a pod's or a
-	 * node's too (Kubernetes' ipBlock): the peer's address is looked up in
-	 * the prefixes rules name, and its entries decide beside the peer's
-	 * identity. A deny in either wins, else an allow in either. */
-	if (!(enf && v.e == REASON_POLICY_DENY_RULE) && in_cluster_peer(peer_id)) {
-		__u32 cidr_id = policy_cidr_of(p->family, dir == DIR_INGRESS ? p->saddr : p->daddr);
-		if (cidr_id) {
-			struct verdicts w = {};
-			policy_lookup(what, cidr_id, p, &w);
-			if (combine(&v.e, &v.e_cookie, w.e, w.e_cookie))
-				v.e_match = w.e_match;
-			combine(&v.a, &v.a_cookie, w.a, w.a_cookie);
-		}
+	/* A deny in either wins, else an allow in either; an enforced deny
+	 * rule decides alone. */
+	if (cidr_id && !(enf && v.e == REASON_POLICY_DENY_RULE)) {
+		struct verdicts w = {};
+		policy_lookup(what, cidr_id, p, &w);
+		if (combine(&v.e, &v.e_cookie, w.e, w.e_cookie))
+			v.e_match = w.e_match;
+		combine(&v.a, &v.a_cookie, w.a, w.a_cookie);
 	}
 	if (enf && v.e) {
 		drop(v.e, dir, ep_id, p, src_id, dst_id, v.e_cookie);
