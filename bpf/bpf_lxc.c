@@ -276,13 +276,14 @@ int from_pod(struct __sk_buff *skb)
 /* to_pod_flow decides a packet delivered to endpoint ep whose flow has
  * entry e (NULL: none): the endpoint's ingress policy of a new flow, the
  * entry's commit, the reverse NAT of a service's reply, the trace event.
- * Returns the program's verdict. A global function for the reason
- * from_pod_flow is one: ep and e each come from one of two maps. */
-__attribute__((noinline)) int to_pod_flow(struct __sk_buff *skb, struct lxc_pkt *c, const struct endpoint_info *ep,
-					  struct ct_entry *e)
+ * Returns the program's verdict. Inlined: as a global function (verified
+ * once, as from_pod_flow is) its call cost to_pod 8-10 ns per packet
+ * (120 -> 130 ns, BenchmarkPrivilegedToPodEstablished); to_pod passes a
+ * stack copy of its endpoint instead, which keeps the verifier's paths
+ * few (11,730 instructions against 10,203 called; 14,394 at e3050e0). */
+static __always_inline int to_pod_flow(struct __sk_buff *skb, struct lxc_pkt *c, const struct endpoint_info *ep,
+				       struct ct_entry *e)
 {
-	if (!skb || !c || !ep)
-		return TC_ACT_SHOT;
 	struct pkt *p = &c->p;
 	const struct flow *f = &c->f;
 	__u16 ep_id = ep->ep_id;
@@ -331,8 +332,14 @@ int to_pod(struct __sk_buff *skb)
 	if (!is_endpoint_addr(ep, p->family, p->daddr))
 		return drop(REASON_NO_ENDPOINT, DIR_INGRESS, ep_id, p, 0, ep->identity, 0);
 
+	/* The endpoint comes from the ifindex array or, beyond it, the hash:
+	 * two pointers the verifier never finds equal, so everything below
+	 * would be walked twice. A copy on the stack (map values are 8-byte
+	 * aligned: six moves) is one. */
+	struct endpoint_info me __attribute__((aligned(8)));
+	__builtin_memcpy(&me, __builtin_assume_aligned(ep, 8), sizeof(me));
 	c.nat = 0;
 	flow_of(&c.f, p);
 	struct ct_entry *e = p->nonfirst_frag ? NULL : ct_find(&c.f, p);
-	return to_pod_flow(skb, &c, ep, e);
+	return to_pod_flow(skb, &c, &me, e);
 }
