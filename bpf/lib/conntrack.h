@@ -30,10 +30,11 @@ _Static_assert(CT_ESTABLISHED == REASON_CT_ESTABLISHED && CT_REPLY == REASON_CT_
 /* flow is the conntrack key of a packet (of the packet an ICMP error
  * quotes, for errors) and the side of it the packet's source is. */
 struct flow {
+	/* 4-byte aligned: flow_of copies addresses into it by words. */
 	union {
 		struct ct4_key k4;
 		struct ct6_key k6;
-	};
+	} __attribute__((aligned(4)));
 	__u8 src_is_a;
 };
 
@@ -109,7 +110,10 @@ static __always_inline void flow_of(struct flow *f, const struct pkt *p)
 		s = p->in_saddr, d = p->in_daddr, sp = p->in_sport, dp = p->in_dport, proto = p->in_proto;
 	}
 	__builtin_memset(f, 0, sizeof(*f));
-	f->src_is_a = ct_key(f, p->family, proto, s, sp, d, dp);
+	/* struct pkt's addresses are 4-byte aligned: said so, the compiler
+	 * reads, compares and copies them by words instead of bytes (on
+	 * every packet). */
+	f->src_is_a = ct_key(f, p->family, proto, __builtin_assume_aligned(s, 4), sp, __builtin_assume_aligned(d, 4), dp);
 }
 
 /* ep_is_a reports whether the endpoint that sees the packet in direction

@@ -45,13 +45,26 @@ static __always_inline const struct endpoint_info *endpoint_by_addr(__u8 family,
 	return ep;
 }
 
-/* is_endpoint_addr: addr is one of the endpoint's own addresses. */
+/* aligned_word reads the 32-bit word at b, which is 4-byte aligned (a
+ * type that may alias the bytes it reads). */
+typedef __u32 __attribute__((may_alias, aligned(4))) tdr_word_t;
+
+static __always_inline __u32 aligned_word(const __u8 *b)
+{
+	return *(const tdr_word_t *)b;
+}
+
+/* is_endpoint_addr: addr is one of the endpoint's own addresses. addr is
+ * 4-byte aligned (an address of struct pkt), as are the endpoint's (map
+ * values are 8-byte aligned, ipv4 and ipv6 at offsets 24 and 28): words
+ * are compared instead of assembled from bytes. */
 static __always_inline int is_endpoint_addr(const struct endpoint_info *ep, __u8 family, const __u8 *addr)
 {
 	if (family == FAMILY_V4)
-		return (ep->flags & EP_HAS_IPV4) && u32_at(ep->ipv4) == u32_at(addr);
-	return (ep->flags & EP_HAS_IPV6) && u32_at(ep->ipv6) == u32_at(addr) && u32_at(ep->ipv6 + 4) == u32_at(addr + 4) &&
-	       u32_at(ep->ipv6 + 8) == u32_at(addr + 8) && u32_at(ep->ipv6 + 12) == u32_at(addr + 12);
+		return (ep->flags & EP_HAS_IPV4) && aligned_word(ep->ipv4) == aligned_word(addr);
+	return (ep->flags & EP_HAS_IPV6) && aligned_word(ep->ipv6) == aligned_word(addr) &&
+	       aligned_word(ep->ipv6 + 4) == aligned_word(addr + 4) && aligned_word(ep->ipv6 + 8) == aligned_word(addr + 8) &&
+	       aligned_word(ep->ipv6 + 12) == aligned_word(addr + 12);
 }
 
 /* enforced: the endpoint enforces policy in direction dir. */

@@ -7,9 +7,17 @@
 
 #include "pkt.h"
 
-/* parse_icmp_inner reads the packet an ICMP error quotes, at off. */
-static __always_inline int parse_icmp_inner(struct __sk_buff *skb, __u32 off, struct pkt *p)
+/* parse_icmp_inner reads the packet an ICMP error quotes, at off. A
+ * global function: inlined, the verifier walked it once for every state
+ * the outer headers' parse reaches it with (each IPv6 extension chain
+ * length, each ICMP type test), a fifth of parse's verified instructions;
+ * called, it is checked once, and only ICMP errors pay the call. */
+__attribute__((noinline)) int parse_icmp_inner(struct __sk_buff *skb, __u64 off, struct pkt *p)
 {
+	/* The verifier knows nothing of an argument's upper bits: off is a
+	 * 64-bit value, bounded here before it is an offset. */
+	if (!skb || !p || off > MAX_HDR_OFFSET)
+		return REASON_MALFORMED;
 	__u32 in = off;
 
 	if (p->family == FAMILY_V4) {

@@ -20,17 +20,20 @@ struct pkt {
 	__u8 ndp;        /* neighbor discovery / MLD: always passes */
 	__u8 arp;
 	__u8 in_proto;
+	/* The four addresses start at offsets 8, 24, 40 and 56, so they are
+	 * 4-byte aligned (the struct holds a __u64): conntrack and the
+	 * endpoint checks read them by words (see flow_of). */
 	__u8 saddr[16];
 	__u8 daddr[16];
+	/* Inner tuple of an ICMP error (as the original packet had it). */
+	__u8 in_saddr[16];
+	__u8 in_daddr[16];
+	__be16 in_sport;
+	__be16 in_dport;
 	__be16 sport;
 	__be16 dport;
 	/* The port policy sees: the destination port, or the ICMP type. */
 	__be16 pport;
-	/* Inner tuple of an ICMP error (as the original packet had it). */
-	__be16 in_sport;
-	__be16 in_dport;
-	__u8 in_saddr[16];
-	__u8 in_daddr[16];
 	__u32 len;
 	/* End of the IP packet: Ethernet padding after it is not header. */
 	__u32 l3_end;
@@ -40,6 +43,11 @@ struct pkt {
 	 * read serves every conntrack step. */
 	__u64 now;
 };
+
+_Static_assert(__builtin_offsetof(struct pkt, saddr) % 4 == 0 && __builtin_offsetof(struct pkt, daddr) % 4 == 0 &&
+		       __builtin_offsetof(struct pkt, in_saddr) % 4 == 0 &&
+		       __builtin_offsetof(struct pkt, in_daddr) % 4 == 0,
+	       "struct pkt's addresses must be 4-byte aligned");
 
 /* skb_data and skb_data_end load the packet pointers with the context
  * register and a constant offset in one instruction. Written in C, clang

@@ -35,22 +35,22 @@ static __always_inline int a_denies(const struct policy_entry *pe)
 	return (pe->flags & POLICY_F_A_DENY) || (!pe->flags && pe->deny);
 }
 
-/* view_verdict is one view's verdict from its exact and any entries
- * (NULL: none). Deny wins over allow. */
-static __always_inline void view_verdict(const struct policy_entry *x, const struct policy_entry *y, int x_deny, int y_deny,
-					 int *r, __u32 *cookie, __u8 *match)
+/* view_verdict is one view's verdict from its exact and any entries, each
+ * taken when x_in (y_in) is set. Deny wins over allow. */
+static __always_inline void view_verdict(const struct policy_entry *x, const struct policy_entry *y, int x_in, int y_in,
+					 int x_deny, int y_deny, int *r, __u32 *cookie, __u8 *match)
 {
-	if (x && x_deny) {
+	if (x_in && x_deny) {
 		*r = REASON_POLICY_DENY_RULE;
 		*cookie = x->cookie;
-	} else if (y && y_deny) {
+	} else if (y_in && y_deny) {
 		*r = REASON_POLICY_DENY_RULE;
 		*cookie = y->cookie;
-	} else if (x) {
+	} else if (x_in) {
 		*r = 0;
 		*cookie = x->cookie;
 		*match = x->match;
-	} else if (y) {
+	} else if (y_in) {
 		*r = 0;
 		*cookie = y->cookie;
 		*match = y->match;
@@ -62,39 +62,62 @@ static __always_inline void view_verdict(const struct policy_entry *x, const str
 
 /* policy_lookup fills v for one peer identity from the endpoint's tries:
  * the "any identity" trie is looked up only when the endpoint has one;
- * the audit view only when audit is set. */
-static __always_inline void policy_lookup(__u16 ep_id, __u8 dir, __u32 identity, const struct pkt *p, __u8 audit,
-					  struct verdicts *v)
+ * the audit view only when audit is set. what packs audit (bit 0), dir
+ * (bits 8-15) and the endpoint ID (from bit 16).
+ *
+ * A global function, and the entries are copied out of the tries at once:
+ * inlined and reading through the entry pointers, the verifier walked
+ * every later step (the second identity's lookup, combine, the drop and
+ * event paths) once per combination of "which entry was found" and
+ * "which verdict each view got", three values each, for both views and
+ * both identities: 130,000 of the pod programs' verified instructions
+ * each. Called, it is verified once with its inputs unknown, and the
+ * caller knows nothing of the verdicts it wrote, so its states after the
+ * call prune. */
+__attribute__((noinline)) int policy_lookup(__u32 what, __u32 identity, const struct pkt *p, struct verdicts *v)
 {
+	__u16 ep_id = what >> 16;
+	__u8 dir = (what >> 8) & 0xff, audit = what & 1;
 	struct policy_key k = {};
-	struct policy_entry *exact = NULL, *any = NULL;
+	struct policy_entry x = {}, y = {};
+	int has_x = 0, has_y = 0;
+
+	if (!p || !v)
+		return 0;
 	__u32 slot = policy_slot(ep_id, dir, 0);
 	void *trie = bpf_map_lookup_elem(&tdr_policy_v2, &slot);
-
 	k.prefixlen = POLICY_FULL_PREFIX;
 	k.identity = identity;
 	k.proto = p->proto;
 	k.dport = p->pport;
-	if (trie)
-		exact = bpf_map_lookup_elem(trie, &k);
+	if (trie) {
+		struct policy_entry *pe = bpf_map_lookup_elem(trie, &k);
+		if (pe) {
+			x = *pe;
+			has_x = 1;
+		}
+	}
 	slot = policy_slot(ep_id, dir, 1);
 	trie = bpf_map_lookup_elem(&tdr_policy_v2, &slot);
 	if (trie) {
 		k.identity = ID_ANY;
-		any = bpf_map_lookup_elem(trie, &k);
+		struct policy_entry *pe = bpf_map_lookup_elem(trie, &k);
+		if (pe) {
+			y = *pe;
+			has_y = 1;
+		}
 	}
-	struct policy_entry *ex = exact && !(exact->flags & POLICY_F_E_NONE) ? exact : NULL;
-	struct policy_entry *ey = any && !(any->flags & POLICY_F_E_NONE) ? any : NULL;
-	view_verdict(ex, ey, ex && ex->deny, ey && ey->deny, &v->e, &v->e_cookie, &v->e_match);
+	int ex = has_x && !(x.flags & POLICY_F_E_NONE), ey = has_y && !(y.flags & POLICY_F_E_NONE);
+	view_verdict(&x, &y, ex, ey, x.deny, y.deny, &v->e, &v->e_cookie, &v->e_match);
 	if (!audit) {
 		v->a = v->e;
 		v->a_cookie = v->e_cookie;
-		return;
+		return 0;
 	}
-	struct policy_entry *ax = exact && !(exact->flags & POLICY_F_A_NONE) ? exact : NULL;
-	struct policy_entry *ay = any && !(any->flags & POLICY_F_A_NONE) ? any : NULL;
+	int ax = has_x && !(x.flags & POLICY_F_A_NONE), ay = has_y && !(y.flags & POLICY_F_A_NONE);
 	__u8 a_match = 0;
-	view_verdict(ax, ay, ax && a_denies(ax), ay && a_denies(ay), &v->a, &v->a_cookie, &a_match);
+	view_verdict(&x, &y, ax, ay, a_denies(&x), a_denies(&y), &v->a, &v->a_cookie, &a_match);
+	return 0;
 }
 
 /* combine folds another identity's verdict (r2, c2) into one view's: a
@@ -147,6 +170,21 @@ __attribute__((noinline)) int audit_pass(const struct pkt *p, __u32 what, __u32 
 	return 0;
 }
 
+/* peer_key fills k with the ipcache key of the packet's peer address as
+ * endpoint direction dir sees it (the source for ingress). All 16 bytes
+ * are copied whatever the family: an IPv4 key's prefix length ends the
+ * trie's comparison after its 4 address bytes. The addresses sit at
+ * offsets 8 and 24 of struct pkt, which holds a __u64: 4-byte aligned,
+ * so the copy is four word moves instead of sixteen byte moves. */
+static __always_inline void peer_key(struct ipcache_key *k, const struct pkt *p, __u32 dir)
+{
+	const __u8 *a = dir == DIR_INGRESS ? p->saddr : p->daddr;
+
+	k->prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
+	k->family = p->family;
+	__builtin_memcpy(k->addr, __builtin_assume_aligned(a, 4), 16);
+}
+
 /* policy decides a new flow for endpoint ep, which enforces direction dir
  * or audits it (or both): 0 to pass, -1 when denied (counted and
  * reported). peer_id is the identity of the other side, or 0 to look it
@@ -158,25 +196,39 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 		return -1;
 	__u16 ep_id = ep->ep_id;
 	__u8 enf = enforced(ep, dir), aud = audited(ep, dir);
-	if (!peer_id)
-		peer_id = identity_of(p->family, dir == DIR_INGRESS ? p->saddr : p->daddr);
-	__u32 src_id = dir == DIR_INGRESS ? peer_id : ep->identity;
-	__u32 dst_id = dir == DIR_INGRESS ? ep->identity : peer_id;
-	struct verdicts v = {};
-	policy_lookup(ep_id, dir, peer_id, p, aud, &v);
 	/* A rule's CIDR selects every address in its block, a pod's or a
 	 * node's too (Kubernetes' ipBlock): the peer's address is looked up in
 	 * the prefixes rules name, and its entries decide beside the peer's
-	 * identity. A deny in either wins, else an allow in either. */
-	if (!(enf && v.e == REASON_POLICY_DENY_RULE) && in_cluster_peer(peer_id)) {
-		__u32 cidr_id = policy_cidr_of(p->family, dir == DIR_INGRESS ? p->saddr : p->daddr);
-		if (cidr_id) {
-			struct verdicts w = {};
-			policy_lookup(ep_id, dir, cidr_id, p, aud, &w);
-			if (combine(&v.e, &v.e_cookie, w.e, w.e_cookie))
-				v.e_match = w.e_match;
-			combine(&v.a, &v.a_cookie, w.a, w.a_cookie);
+	 * identity. One key serves both lookups; its scope ends before the
+	 * verdicts' starts, so that they share stack (the pod programs' call
+	 * chain, from_pod -> from_pod_flow -> policy -> policy_lookup, must fit
+	 * in 512 bytes). */
+	__u32 cidr_id = 0;
+	{
+		struct ipcache_key k = {};
+		peer_key(&k, p, dir);
+		if (!peer_id) {
+			struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+			peer_id = info ? info->identity : ID_WORLD;
 		}
+		if (in_cluster_peer(peer_id)) {
+			__u32 *id = bpf_map_lookup_elem(&tdr_policy_cidr_v1, &k);
+			cidr_id = id ? *id : 0;
+		}
+	}
+	__u32 src_id = dir == DIR_INGRESS ? peer_id : ep->identity;
+	__u32 dst_id = dir == DIR_INGRESS ? ep->identity : peer_id;
+	__u32 what = (__u32)ep_id << 16 | (__u32)dir << 8 | (aud ? 1 : 0);
+	struct verdicts v = {};
+	policy_lookup(what, peer_id, p, &v);
+	/* A deny in either wins, else an allow in either; an enforced deny
+	 * rule decides alone. */
+	if (cidr_id && !(enf && v.e == REASON_POLICY_DENY_RULE)) {
+		struct verdicts w = {};
+		policy_lookup(what, cidr_id, p, &w);
+		if (combine(&v.e, &v.e_cookie, w.e, w.e_cookie))
+			v.e_match = w.e_match;
+		combine(&v.a, &v.a_cookie, w.a, w.a_cookie);
 	}
 	if (enf && v.e) {
 		drop(v.e, dir, ep_id, p, src_id, dst_id, v.e_cookie);

@@ -55,3 +55,38 @@ func BenchmarkPrivilegedLoadPrograms(b *testing.B) {
 		})
 	}
 }
+
+// TestPrivilegedVerifierBudget loads the pod programs as the agent does by
+// default (trace events per connection, policy verdict events) and holds
+// the instructions the kernel's verifier walks in each to what it walked
+// at e3050e0, the agent before issue 13 (69,966 for from_pod, 14,394 for
+// to_pod, the same kernel): the verifier is most of the agent's start, and
+// the programs' growth had made that start 2-3.8x slower. The count is
+// the kernel's, deterministic for a given program and kernel; an inlined
+// step that multiplies the verifier's states (see docs/benchmarks.md,
+// Core, and hack/verifierstats -profile) fails this.
+func TestPrivilegedVerifierBudget(t *testing.T) {
+	n := newNodeWith(t, Config{DirectDelivery: true, PolicyVerdictEvents: true, TraceEvents: TracePerConnection})
+	from, to := n.l.Programs()
+	for _, c := range []struct {
+		name   string
+		p      *ebpf.Program
+		budget uint32
+	}{
+		{"from_pod", from, 69966},
+		{"to_pod", to, 14394},
+	} {
+		info, err := c.p.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := info.VerifiedInstructions()
+		if !ok {
+			t.Fatalf("%s: the kernel does not report verified instructions", c.name)
+		}
+		t.Logf("%s: %d verified instructions (budget %d)", c.name, got, c.budget)
+		if got > c.budget {
+			t.Errorf("%s: the verifier walked %d instructions, over the %d of e3050e0: find the states that do not prune with go run ./hack/verifierstats -profile 40", c.name, got, c.budget)
+		}
+	}
+}

@@ -416,12 +416,18 @@ func PortRangePrefixesCover(from, to uint16) bool {
 // prog-ns/packet, next to the wall time per run.
 func benchFromPod(b *testing.B, n *testNode, ifindex int, pkt func(i int) []byte, repeat uint32) {
 	b.Helper()
+	from, _ := n.l.Programs()
+	benchProgram(b, from, ifindex, pkt, repeat)
+}
+
+// benchProgram is benchFromPod for either program.
+func benchProgram(b *testing.B, from *ebpf.Program, ifindex int, pkt func(i int) []byte, repeat uint32) {
+	b.Helper()
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer stats.Close()
-	from, _ := n.l.Programs()
 	ctx := skbContext{}
 	ctx.Fields[10] = uint32(ifindex)
 	s1, err := from.Stats()
@@ -530,6 +536,45 @@ func benchNewFlows(b *testing.B, dst netip.Addr, want uint32, setup func(*testNo
 			benchFromPod(b, n, n.ifidx, func(i int) []byte { return pkts[i+1] }, 1)
 		})
 	}
+}
+
+// BenchmarkPrivilegedToPodEstablished: to_pod on the reply of a TCP flow
+// pod A began to a remote address, A enforcing ingress: the packet the
+// host delivers to a pod on an established flow, hot caches.
+func BenchmarkPrivilegedToPodEstablished(b *testing.B) {
+	n := newNode(b)
+	n.addEndpoints(true, false)
+	if got := n.fromPod(n.ifidx, packet(podA, remote, l4{proto: 6, sport: 40000, dport: 80, tcpFlags: 0x02})); got != actOK {
+		b.Fatalf("SYN: %d", got)
+	}
+	reply := packet(remote, podA, l4{proto: 6, sport: 80, dport: 40000, tcpFlags: 0x10})
+	if got := n.toPod(n.ifidx, reply); got != actOK {
+		b.Fatalf("first run: %d", got)
+	}
+	_, to := n.l.Programs()
+	benchProgram(b, to, n.ifidx, func(int) []byte { return reply }, 1000)
+}
+
+// BenchmarkPrivilegedToPodNewFlow: to_pod on new UDP flows from a remote
+// peer to pod A, which enforces ingress and allows them: the peer's
+// identity from the ipcache, the policy decision and the conntrack create
+// per packet.
+func BenchmarkPrivilegedToPodNewFlow(b *testing.B) {
+	n := newNode(b)
+	n.addEndpoints(true, false)
+	n.allow(1, maps.DirIngress, idRemote, 17, 53)
+	pkts := make([][]byte, 50000)
+	for i := range pkts {
+		pkts[i] = packet(remote, podA, l4{proto: 17, sport: uint16(1024 + i), dport: 53})
+	}
+	if got := n.toPod(n.ifidx, pkts[0]); got != actOK {
+		b.Fatalf("first run: %d", got)
+	}
+	if b.N >= len(pkts) {
+		b.Fatalf("at most %d new flows", len(pkts)-1)
+	}
+	_, to := n.l.Programs()
+	benchProgram(b, to, n.ifidx, func(i int) []byte { return pkts[i+1] }, 1)
 }
 
 // BenchmarkPrivilegedFromPodARP is the floor: test-run overhead plus the
