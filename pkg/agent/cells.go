@@ -7,6 +7,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
 )
 
 // cells is the agent: one cell per subsystem. Each cell's constructor takes
@@ -22,6 +23,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 	return []cell.Cell{
 		job.Cell,
 		wiring,
+		l2Wiring,
 		dbinspect.Cell, // statedb's cell and the tables' inspection
 		coreCell(cfg, deps),
 		kubernetesClientCell,
@@ -30,6 +32,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		servicesCell,
 		endpointsCell,
 		kubernetesCell,
+		l2announcer.Cell,
 		agentkv.Cell,
 		realizerCell,
 		hostIPsCell,

@@ -17,6 +17,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/labels"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/profiling"
@@ -104,6 +105,9 @@ type Config struct {
 	// Masquerade are the host device programs' options (masquerade of pod
 	// traffic leaving the node).
 	Masquerade hostdev.Config
+	// L2Announcements are the ARP announcements of services' load-balancer
+	// and external addresses (pkg/loadbalancer/l2announcer).
+	L2Announcements l2announcer.Config
 
 	API       server.Config
 	Metrics   metrics.Config
@@ -151,6 +155,7 @@ func DefaultConfig() Config {
 		Services:               ServicesConfig{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true},
 		Hubble:                 agentflows.DefaultConfig(),
 		Masquerade:             hostdev.DefaultConfig(),
+		L2Announcements:        l2announcer.DefaultConfig(),
 		API:                    server.DefaultConfig(),
 		Metrics:                metrics.DefaultConfig(),
 		Profiling:              profiling.DefaultConfig(),
@@ -188,6 +193,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	c.Services.Flags(fs)
 	c.Hubble.Flags(fs)
 	c.Masquerade.Flags(fs)
+	c.L2Announcements.Flags(fs)
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)
 	c.Profiling.Flags(fs)
@@ -255,6 +261,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Masquerade.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.L2Announcements.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.K8sCacheSyncTimeout <= 0 {

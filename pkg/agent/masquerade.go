@@ -14,7 +14,8 @@ import (
 var masqueradeCell = cell.Group(
 	cell.Provide(
 		func(c Config) hostdev.Settings {
-			return hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.DatapathAttachMode)}
+			return hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.DatapathAttachMode),
+				L2Announcements: c.L2Announcements.Enabled}
 		},
 		func(dp *datapathModule) *loader.Loader {
 			if dp == nil {
