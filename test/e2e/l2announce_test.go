@@ -1,0 +1,221 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
+)
+
+// l2Env is what the L2 announcements test reads of the lab.
+type l2Env struct {
+	*env
+	t  *testing.T
+	ns string
+}
+
+// holder is the node holding the service's announcement lease ("" none).
+func (e l2Env) holder(svc string) (string, error) {
+	l, err := e.cs.CoordinationV1().Leases("kube-system").Get(context.Background(),
+		l2announcer.LeaseName(loadbalancer.ServiceName{Namespace: e.ns, Name: svc}), metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	if l.Spec.HolderIdentity == nil {
+		return "", nil
+	}
+	return *l.Spec.HolderIdentity, nil
+}
+
+// worldNeigh is the MAC the world's neighbour table holds for addr ("" none).
+func (e l2Env) worldNeigh(addr string) string {
+	out, _ := exec.Command("nsenter", "--net="+lab.NetnsPath(e.st.World.Netns), "ip", "neigh", "show", addr).CombinedOutput()
+	f := strings.Fields(string(out))
+	for i := range f {
+		if f[i] == "lladdr" && i+1 < len(f) {
+			return f[i+1]
+		}
+	}
+	return ""
+}
+
+// nodeMAC is the MAC of a node's uplink (eth0, on the bridge).
+func (e l2Env) nodeMAC(node string) string {
+	n, err := e.st.Node(node)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "cat", "/sys/class/net/eth0/address").CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("MAC of %s: %v: %s", node, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// lbAddress waits for the operator to give the service an address.
+func (e l2Env) lbAddress(svc string) string {
+	var addr string
+	eventually(e.t, "a load-balancer address for "+svc, func() (bool, error) {
+		s, err := e.cs.CoreV1().Services(e.ns).Get(context.Background(), svc, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			addr = in.IP
+			return true, nil
+		}
+		return false, fmt.Errorf("no ingress yet")
+	})
+	return addr
+}
+
+// answeredBy waits until a TCP probe from the world to addr:80 is answered
+// by pod, announced by node (its lease, and the world's neighbour entry
+// holds node's MAC), and returns the source the pod saw.
+func (e l2Env) answeredBy(svc, addr, pod, node string) string {
+	mac := e.nodeMAC(node)
+	var src string
+	eventually(e.t, fmt.Sprintf("%s (%s) announced by %s and answered by %s", svc, addr, node, pod), func() (bool, error) {
+		h, err := e.holder(svc)
+		if err != nil || h != node {
+			return false, fmt.Errorf("lease holder %q (%v)", h, err)
+		}
+		name, s, _, err := fromWorld(e.t, net.JoinHostPort(addr, "80"), false)
+		if err != nil {
+			return false, err
+		}
+		if name != pod {
+			return false, fmt.Errorf("answered by %s", name)
+		}
+		if got := e.worldNeigh(addr); got != mac {
+			return false, fmt.Errorf("world's neighbour entry of %s: %q, want %s's %s", addr, got, node, mac)
+		}
+		src = s
+		return true, nil
+	})
+	return src
+}
+
+// TestPrivilegedLabL2Announcements: LoadBalancer addresses from the lab's
+// pool (tendril-operator) reach the world on-link, with no route, through
+// the ARP answers of the node holding the service's lease:
+//   - externalTrafficPolicy Cluster: the world's ARP request is answered
+//     by the elected node's eth0 MAC, and the service answers;
+//   - externalTrafficPolicy Local: only the node with the ready backend
+//     announces (the client's address is kept); when the backend moves to
+//     the other node, the announcement moves with it;
+//   - the announcing node's agent killed (SIGKILL: its lease is not
+//     released): the other node takes the lease once it expires, its
+//     gratuitous ARP moves the world's neighbour entry, and the world
+//     reaches the service through it.
+func TestPrivilegedLabL2Announcements(t *testing.T) {
+	base := labUp(t)
+	if base.st.World == nil {
+		t.Fatal("the lab has no world")
+	}
+	ctx := context.Background()
+	e := l2Env{env: base, t: t, ns: "e2e-l2"}
+	e.createNamespace(t, e.ns)
+	t.Cleanup(func() { _ = e.cs.CoreV1().Namespaces().Delete(ctx, e.ns, metav1.DeleteOptions{}) })
+	node1, node2 := e.st.Nodes[0].Name, e.st.Nodes[1].Name
+	backend := func(name, node, app string) {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Labels: map[string]string{"app": app}},
+			Spec: corev1.PodSpec{
+				NodeSelector: map[string]string{"kubernetes.io/hostname": node},
+				Containers:   []corev1.Container{{Name: "main", Image: "lab", Args: []string{"--report-peer"}}},
+			},
+		}
+		if _, err := e.cs.CoreV1().Pods(e.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitReady(t, e.ns, name)
+	}
+	service := func(name, app string, etp corev1.ServiceExternalTrafficPolicy) {
+		if _, err := e.cs.CoreV1().Services(e.ns).Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: etp, Selector: map[string]string{"app": app},
+				Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	backend("l2-a", node1, "l2")
+	backend("l2-local-1", node1, "l2-local")
+	service("l2", "l2", corev1.ServiceExternalTrafficPolicyCluster)
+	service("l2-local", "l2-local", corev1.ServiceExternalTrafficPolicyLocal)
+	pool := netip.MustParsePrefix(lab.LBPoolCIDR)
+	addr, localAddr := e.lbAddress("l2"), e.lbAddress("l2-local")
+	for _, a := range []string{addr, localAddr} {
+		if ip, err := netip.ParseAddr(a); err != nil || !pool.Contains(ip) {
+			t.Fatalf("load-balancer address %q not from the lab's pool %s", a, pool)
+		}
+		// On-link in the world: no route names it.
+		out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(e.st.World.Netns), "ip", "route", "get", a).CombinedOutput()
+		if err != nil || strings.Contains(string(out), " via ") {
+			t.Fatalf("world's route to %s: %v: %s (want on-link)", a, err, out)
+		}
+	}
+
+	// Cluster: whichever node won, it answers ARP for the address.
+	var won string
+	eventually(t, "a holder of the l2 lease", func() (bool, error) {
+		h, err := e.holder("l2")
+		won = h
+		return h == node1 || h == node2, fmt.Errorf("holder %q (%v)", h, err)
+	})
+	e.answeredBy("l2", addr, "l2-a", won)
+
+	// Local: node 1 holds the backend, so node 1 announces; the client's
+	// address is kept.
+	if src := e.answeredBy("l2-local", localAddr, "l2-local-1", node1); src != e.st.World.ClientIP {
+		t.Fatalf("externalTrafficPolicy Local: backend saw %s, want the world client %s", src, e.st.World.ClientIP)
+	}
+	// The backend moves to node 2: node 1 gives the lease up, node 2 takes
+	// it and its gratuitous ARP moves the world.
+	if err := e.cs.CoreV1().Pods(e.ns).Delete(ctx, "l2-local-1", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "l2-local-1 gone", func() (bool, error) {
+		_, err := e.cs.CoreV1().Pods(e.ns).Get(ctx, "l2-local-1", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), err
+	})
+	backend("l2-local-2", node2, "l2-local")
+	moved := time.Now()
+	e.answeredBy("l2-local", localAddr, "l2-local-2", node2)
+	t.Logf("externalTrafficPolicy Local: announcement moved to %s with the backend, world answered %s after the new backend was ready",
+		node2, time.Since(moved).Round(time.Millisecond))
+
+	// The announcing node's agent dies: the other node takes over once
+	// the lease expires.
+	other := node1
+	if won == node1 {
+		other = node2
+	}
+	argv := killAgent(t, e.st, won)
+	killed := time.Now()
+	t.Cleanup(func() {
+		n, _ := e.st.Node(won)
+		startAgent(t, e.st, won, argv)
+		eventually(t, "the restarted agent's API", func() (bool, error) {
+			out, err := runCLI(tendrilBin, "-H", n.Socket, "status")
+			return err == nil, fmt.Errorf("%v: %s", err, out)
+		})
+	})
+	e.answeredBy("l2", addr, "l2-a", other)
+	t.Logf("agent of %s killed: %s announces %s, world answered through it %s later (lease duration 15s)",
+		won, other, addr, time.Since(killed).Round(time.Millisecond))
+}
