@@ -58,11 +58,13 @@ func (e l2Env) nodeMAC(node string) string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "cat", "/sys/class/net/eth0/address").CombinedOutput()
-	if err != nil {
+	// Through ip: nsenter keeps the machine's /sys.
+	out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "ip", "-br", "link", "show", "eth0").CombinedOutput()
+	f := strings.Fields(string(out))
+	if err != nil || len(f) < 3 {
 		e.t.Fatalf("MAC of %s: %v: %s", node, err, out)
 	}
-	return strings.TrimSpace(string(out))
+	return f[2]
 }
 
 // lbAddress waits for the operator to give the service an address.
