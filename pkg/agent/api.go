@@ -20,6 +20,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipam/ipamapi"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy/policyapi"
@@ -54,13 +55,14 @@ type apiParams struct {
 	Inspector  *dbinspect.Inspector
 	Flows      *agentflows.Module // nil with flows off
 	Metrics    *metrics.Server
-	Masquerade *hostdev.Masquerade // nil without the datapath
+	Masquerade *hostdev.Masquerade    // nil without the datapath
+	L2         *l2announcer.Announcer // nil with L2 announcements off
 }
 
 func registerAPIHandlers(p apiParams) {
 	(&metricsAPI{metrics: p.Metrics}).register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
-		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows, masq: p.Masquerade}).register(p.API)
+		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows, masq: p.Masquerade, l2: p.L2}).register(p.API)
 	(&serviceAPI{services: p.Services}).register(p.API)
 	registerStateDBAPI(p.API, p.Inspector)
 	(&policyapi.Handlers{Repo: p.Policy.repo, Universe: p.Policy.universe, Source: policySourceAPI}).Register(p.API)
@@ -101,6 +103,7 @@ type daemonAPI struct {
 	tables     *dbinspect.Inspector
 	flows      *agentflows.Module
 	masq       *hostdev.Masquerade
+	l2         *l2announcer.Announcer
 }
 
 // mapAPI serves /v1/map: the BPF maps' contents.

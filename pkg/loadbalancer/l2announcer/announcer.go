@@ -12,8 +12,10 @@ package l2announcer
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 )
 
@@ -230,4 +233,24 @@ func LeaseCampaign(cfg Config, client func() kubernetes.Interface, node string, 
 			}
 		}
 	}
+}
+
+// StatusSection is the announcer's part of `tendril status`: the addresses
+// this node answers for and the services it is a candidate of.
+func (a *Announcer) StatusSection() ext.Section {
+	a.mu.Lock()
+	candidates, leading := len(a.campaigns), len(a.leading)
+	a.mu.Unlock()
+	sec := ext.Section{Title: "L2 announcements", Lines: []ext.Line{
+		{Key: "Services", Value: fmt.Sprintf("candidate for %d, announcing %d (Leases in %s, duration %s)", candidates, leading, a.cfg.LeaseNamespace, a.cfg.LeaseDuration)},
+	}}
+	var rows []string
+	for obj := range a.table.All(a.db.ReadTxn()) {
+		rows = append(rows, fmt.Sprintf("%s on %s (%s) %s", obj.Addr, obj.Device, obj.Service, obj.Status.Kind))
+	}
+	slices.Sort(rows)
+	for _, r := range rows {
+		sec.Lines = append(sec.Lines, ext.Line{Key: "Announcing", Value: r})
+	}
+	return sec
 }

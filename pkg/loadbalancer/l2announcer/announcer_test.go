@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -97,6 +98,11 @@ func TestAnnouncerFollowsLeasesAndCandidacy(t *testing.T) {
 	f.win(t, web)
 	if got := tableKeys(db, table); got[AnnouncementKey{lbIP, 2}] != web || len(got) != 1 {
 		t.Fatalf("leading: table %v, want %s on ifindex 2", got, lbIP)
+	}
+	sec := a.StatusSection()
+	if len(sec.Lines) != 2 || !strings.Contains(sec.Lines[1].Value, "172.30.0.241 on eth0 (default/web)") ||
+		!strings.Contains(sec.Lines[0].Value, "candidate for 1, announcing 1") {
+		t.Fatalf("status section %+v", sec)
 	}
 	obj, _, _ := table.Get(db.ReadTxn(), announcementByKey.Query(AnnouncementKey{lbIP, 2}))
 	if obj.Status.Kind != reconciler.StatusKindPending {
