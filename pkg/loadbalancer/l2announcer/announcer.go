@@ -12,6 +12,7 @@ package l2announcer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -55,8 +56,17 @@ type Announcer struct {
 // or another node).
 type Campaign func(ctx context.Context, svc loadbalancer.ServiceName, lead func(bool), observed func())
 
+// Why a campaign's context ends (context.Cause): a campaign ended because
+// the node is no longer a candidate gives its lease up, so that a
+// candidate takes it over at its next try; one ended by the agent's stop
+// keeps it.
+var (
+	ErrNotCandidate = errors.New("no longer a candidate")
+	ErrStopping     = errors.New("agent stopping")
+)
+
 type campaign struct {
-	cancel   context.CancelFunc
+	cancel   context.CancelCauseFunc
 	done     chan struct{}
 	observed chan struct{}
 	once     sync.Once
@@ -81,7 +91,7 @@ func (a *Announcer) Sync(ctx context.Context, wants map[loadbalancer.ServiceName
 	var stopping []*campaign
 	for name, c := range a.campaigns {
 		if w, ok := wants[name]; !ok || !w.Candidate {
-			c.cancel()
+			c.cancel(ErrNotCandidate)
 			delete(a.campaigns, name)
 			stopping = append(stopping, c)
 		}
@@ -90,7 +100,7 @@ func (a *Announcer) Sync(ctx context.Context, wants map[loadbalancer.ServiceName
 		if !w.Candidate || a.campaigns[name] != nil {
 			continue
 		}
-		cctx, cancel := context.WithCancel(ctx)
+		cctx, cancel := context.WithCancelCause(ctx)
 		c := &campaign{cancel: cancel, done: make(chan struct{}), observed: make(chan struct{})}
 		a.campaigns[name] = c
 		a.wg.Add(1)
@@ -182,11 +192,13 @@ func (a *Announcer) writeTableLocked() {
 	wtxn.Commit()
 }
 
-// Stop ends every campaign (releasing the leases) and waits for them.
+// Stop ends every campaign and waits for them. The leases are kept: a
+// restarted agent takes its own leases back at once, and a stopped one's
+// expire (and with them its datapath's answers) for another node to take.
 func (a *Announcer) Stop() {
 	a.mu.Lock()
 	for name, c := range a.campaigns {
-		c.cancel()
+		c.cancel(ErrStopping)
 		delete(a.campaigns, name)
 	}
 	a.mu.Unlock()
@@ -195,24 +207,24 @@ func (a *Announcer) Stop() {
 
 // LeaseCampaign returns the campaign of the agent: client-go's leader
 // election on the service's Lease in cfg.LeaseNamespace, identity the
-// node's name, campaigning again after a lost term until ctx ends; the
-// lease is released when ctx ends, so another candidate takes it over at
-// its next retry instead of after the lease duration.
+// node's name, campaigning again after a lost term until ctx ends. When
+// ctx ends because the node is no longer a candidate (ErrNotCandidate)
+// the lease is released, so another candidate takes it over at its next
+// retry instead of after the lease duration; otherwise it is kept.
 func LeaseCampaign(cfg Config, client func() kubernetes.Interface, node string, log *slog.Logger) Campaign {
 	return func(ctx context.Context, svc loadbalancer.ServiceName, lead func(bool), observed func()) {
+		lock := &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.LeaseNamespace, Name: LeaseName(svc)},
+			Client:     client().CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: node},
+		}
 		for ctx.Err() == nil {
-			lock := &resourcelock.LeaseLock{
-				LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.LeaseNamespace, Name: LeaseName(svc)},
-				Client:     client().CoordinationV1(),
-				LockConfig: resourcelock.ResourceLockConfig{Identity: node},
-			}
 			le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-				Lock:            lock,
-				LeaseDuration:   cfg.LeaseDuration,
-				RenewDeadline:   cfg.RenewDeadline,
-				RetryPeriod:     cfg.RetryPeriod,
-				ReleaseOnCancel: true,
-				Name:            LeaseName(svc),
+				Lock:          lock,
+				LeaseDuration: cfg.LeaseDuration,
+				RenewDeadline: cfg.RenewDeadline,
+				RetryPeriod:   cfg.RetryPeriod,
+				Name:          LeaseName(svc),
 				Callbacks: leaderelection.LeaderCallbacks{
 					OnStartedLeading: func(context.Context) { lead(true) },
 					OnStoppedLeading: func() { lead(false) },
@@ -232,7 +244,32 @@ func LeaseCampaign(cfg Config, client func() kubernetes.Interface, node string, 
 				}
 			}
 		}
+		if errors.Is(context.Cause(ctx), ErrNotCandidate) {
+			if err := releaseLease(lock, node, cfg.RenewDeadline); err != nil {
+				log.Warn("Cannot release an L2 announcement lease: it expires instead", "service", svc, "error", err)
+			}
+		}
 	}
+}
+
+// releaseLease gives the lease up if node holds it, as client-go's
+// ReleaseOnCancel does: no holder, and a one-second duration.
+func releaseLease(lock *resourcelock.LeaseLock, node string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	rec, _, err := lock.Get(ctx)
+	if err != nil {
+		return fmt.Errorf("get lease %s: %w", lock.Describe(), err)
+	}
+	if rec.HolderIdentity != node {
+		return nil
+	}
+	now := metav1.NewTime(time.Now())
+	if err := lock.Update(ctx, resourcelock.LeaderElectionRecord{LeaderTransitions: rec.LeaderTransitions,
+		LeaseDurationSeconds: 1, RenewTime: now, AcquireTime: now}); err != nil {
+		return fmt.Errorf("release lease %s: %w", lock.Describe(), err)
+	}
+	return nil
 }
 
 // StatusSection is the announcer's part of `tendril status`: the addresses

@@ -24,11 +24,14 @@ import (
 type fakeElection struct {
 	mu      sync.Mutex
 	running map[loadbalancer.ServiceName]func(bool)
+	// ended are the causes the campaigns' contexts ended with.
+	ended   map[loadbalancer.ServiceName]error
 	changed chan struct{}
 }
 
 func newFakeElection() *fakeElection {
-	return &fakeElection{running: map[loadbalancer.ServiceName]func(bool){}, changed: make(chan struct{}, 100)}
+	return &fakeElection{running: map[loadbalancer.ServiceName]func(bool){}, ended: map[loadbalancer.ServiceName]error{},
+		changed: make(chan struct{}, 100)}
 }
 
 func (f *fakeElection) campaign(ctx context.Context, svc loadbalancer.ServiceName, lead func(bool), observed func()) {
@@ -41,6 +44,7 @@ func (f *fakeElection) campaign(ctx context.Context, svc loadbalancer.ServiceNam
 	lead(false)
 	f.mu.Lock()
 	delete(f.running, svc)
+	f.ended[svc] = context.Cause(ctx)
 	f.mu.Unlock()
 }
 
@@ -122,6 +126,9 @@ func TestAnnouncerFollowsLeasesAndCandidacy(t *testing.T) {
 	if f.campaigning(web) {
 		t.Fatal("campaign still running after the node stopped being a candidate")
 	}
+	if cause := f.ended[web]; !errors.Is(cause, ErrNotCandidate) {
+		t.Fatalf("campaign ended with %v, want ErrNotCandidate (the lease is released)", cause)
+	}
 	if got := tableKeys(db, table); len(got) != 0 {
 		t.Fatalf("not a candidate: table %v", got)
 	}
@@ -132,6 +139,19 @@ func TestAnnouncerFollowsLeasesAndCandidacy(t *testing.T) {
 	a.setLeading(web, &campaign{}, true)
 	if got := tableKeys(db, table); len(got) != 0 {
 		t.Fatalf("a stopped campaign's win was recorded: %v", got)
+	}
+}
+
+// TestAnnouncerStopKeepsLeases: the agent's stop ends the campaigns with
+// ErrStopping: the leases are kept (a restart takes them back at once).
+func TestAnnouncerStopKeepsLeases(t *testing.T) {
+	a, f, _, _ := newTestAnnouncer(t)
+	a.Sync(t.Context(), map[loadbalancer.ServiceName]Want{web: {Service: web, Candidate: true, Placements: []Placement{{Addr: lbIP, Device: eth0}}}})
+	<-f.changed
+	f.win(t, web)
+	a.Stop()
+	if cause := f.ended[web]; !errors.Is(cause, ErrStopping) {
+		t.Fatalf("campaign ended with %v, want ErrStopping", cause)
 	}
 }
 
