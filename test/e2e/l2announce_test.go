@@ -2,13 +2,20 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 	"os/exec"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -67,6 +74,100 @@ func (e l2Env) nodeMAC(node string) string {
 	return f[2]
 }
 
+// arpAnswers sends one ARP request for addr from the world's eth0 (as its
+// gateway address) and returns the sender MACs of the replies that arrive
+// within the collection window, sorted: who answers for addr on the
+// bridge.
+func (e l2Env) arpAnswers(addr string) ([]string, error) {
+	target, err := netip.ParseAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return nil, err
+	}
+	defer orig.Close()
+	world, err := netns.GetFromPath(lab.NetnsPath(e.st.World.Netns))
+	if err != nil {
+		return nil, err
+	}
+	defer world.Close()
+	if err := netns.Set(world); err != nil {
+		return nil, err
+	}
+	defer func() { _ = netns.Set(orig) }()
+	link, err := netlink.LinkByName("eth0")
+	if err != nil {
+		return nil, err
+	}
+	// The packet socket wants the protocol in network order.
+	arp := uint16(unix.ETH_P_ARP)
+	proto := int(arp<<8 | arp>>8)
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	sa := &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: link.Attrs().Index, Halen: 6}
+	if err := unix.Bind(fd, sa); err != nil {
+		return nil, err
+	}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000}); err != nil {
+		return nil, err
+	}
+	mac := link.Attrs().HardwareAddr
+	gw := netip.MustParseAddr(e.st.World.Gateway).As4()
+	tpa := target.As4()
+	req := make([]byte, 42)
+	copy(req[0:6], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	copy(req[6:12], mac)
+	binary.BigEndian.PutUint16(req[12:], unix.ETH_P_ARP)
+	binary.BigEndian.PutUint16(req[14:], 1)
+	binary.BigEndian.PutUint16(req[16:], unix.ETH_P_IP)
+	req[18], req[19] = 6, 4
+	binary.BigEndian.PutUint16(req[20:], 1)
+	copy(req[22:28], mac)
+	copy(req[28:32], gw[:])
+	copy(req[38:42], tpa[:])
+	bcast := &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: link.Attrs().Index, Halen: 6}
+	copy(bcast.Addr[:], req[0:6])
+	if err := unix.Sendto(fd, req, 0, bcast); err != nil {
+		return nil, err
+	}
+	var got []string
+	buf := make([]byte, 128)
+	for end := time.Now().Add(time.Second); time.Now().Before(end); {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil || n < 42 {
+			continue
+		}
+		f := buf[:n]
+		if binary.BigEndian.Uint16(f[20:]) != 2 || netip.AddrFrom4([4]byte(f[28:32])) != target {
+			continue
+		}
+		if m := net.HardwareAddr(f[22:28]).String(); !slices.Contains(got, m) {
+			got = append(got, m)
+		}
+	}
+	slices.Sort(got)
+	return got, nil
+}
+
+// onlyAnswer waits until node alone answers ARP for addr.
+func (e l2Env) onlyAnswer(addr, node string) {
+	mac := e.nodeMAC(node)
+	eventually(e.t, fmt.Sprintf("%s alone answering ARP for %s", node, addr), func() (bool, error) {
+		got, err := e.arpAnswers(addr)
+		if err != nil {
+			return false, err
+		}
+		return len(got) == 1 && got[0] == mac, fmt.Errorf("answers from %v, want only %s's %s", got, node, mac)
+	})
+}
+
 // lbAddress waits for the operator to give the service an address.
 func (e l2Env) lbAddress(svc string) string {
 	var addr string
@@ -122,7 +223,8 @@ func (e l2Env) answeredBy(svc, addr, pod, node string) string {
 //   - the announcing node's agent killed (SIGKILL: its lease is not
 //     released): the other node takes the lease once it expires, its
 //     gratuitous ARP moves the world's neighbour entry, and the world
-//     reaches the service through it.
+//     reaches the service through it; the killed node's datapath stops
+//     answering ARP for it (one node answers, before and after).
 func TestPrivilegedLabL2Announcements(t *testing.T) {
 	base := labUp(t)
 	if base.st.World == nil {
@@ -180,6 +282,7 @@ func TestPrivilegedLabL2Announcements(t *testing.T) {
 		return h == node1 || h == node2, fmt.Errorf("holder %q (%v)", h, err)
 	})
 	e.answeredBy("l2", addr, "l2-a", won)
+	e.onlyAnswer(addr, won)
 
 	// Local: node 1 holds the backend, so node 1 announces; the client's
 	// address is kept.
@@ -218,6 +321,9 @@ func TestPrivilegedLabL2Announcements(t *testing.T) {
 		})
 	})
 	e.answeredBy("l2", addr, "l2-a", other)
+	// The dead agent's datapath stops answering once the entry it last
+	// refreshed expires (a lease duration after): one answer again.
+	e.onlyAnswer(addr, other)
 	t.Logf("agent of %s killed: %s announces %s, world answered through it %s later (lease duration 15s)",
 		won, other, addr, time.Since(killed).Round(time.Millisecond))
 }
