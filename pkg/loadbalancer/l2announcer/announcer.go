@@ -47,7 +47,11 @@ type Announcer struct {
 	wants     map[loadbalancer.ServiceName]Want
 	leading   map[loadbalancer.ServiceName]bool
 	campaigns map[loadbalancer.ServiceName]*campaign
-	wg        sync.WaitGroup
+	// stopping: the agent stops; the table (and so the responder map) is
+	// left as it is, for the datapath to answer until a restart takes the
+	// leases back or they expire.
+	stopping bool
+	wg       sync.WaitGroup
 }
 
 // Campaign runs one service's election until ctx ends: it calls lead
@@ -145,7 +149,7 @@ func (a *Announcer) WaitObserved(ctx context.Context) {
 func (a *Announcer) setLeading(name loadbalancer.ServiceName, c *campaign, lead bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if lead && a.campaigns[name] != c {
+	if a.stopping || lead && a.campaigns[name] != c {
 		return
 	}
 	if a.leading[name] == lead {
@@ -197,6 +201,7 @@ func (a *Announcer) writeTableLocked() {
 // expire (and with them its datapath's answers) for another node to take.
 func (a *Announcer) Stop() {
 	a.mu.Lock()
+	a.stopping = true
 	for name, c := range a.campaigns {
 		c.cancel(ErrStopping)
 		delete(a.campaigns, name)

@@ -143,15 +143,19 @@ func TestAnnouncerFollowsLeasesAndCandidacy(t *testing.T) {
 }
 
 // TestAnnouncerStopKeepsLeases: the agent's stop ends the campaigns with
-// ErrStopping: the leases are kept (a restart takes them back at once).
+// ErrStopping: the leases are kept (a restart takes them back at once),
+// and so are the announcements (the datapath keeps answering meanwhile).
 func TestAnnouncerStopKeepsLeases(t *testing.T) {
-	a, f, _, _ := newTestAnnouncer(t)
+	a, f, db, table := newTestAnnouncer(t)
 	a.Sync(t.Context(), map[loadbalancer.ServiceName]Want{web: {Service: web, Candidate: true, Placements: []Placement{{Addr: lbIP, Device: eth0}}}})
 	<-f.changed
 	f.win(t, web)
 	a.Stop()
 	if cause := f.ended[web]; !errors.Is(cause, ErrStopping) {
 		t.Fatalf("campaign ended with %v, want ErrStopping", cause)
+	}
+	if got := tableKeys(db, table); got[AnnouncementKey{lbIP, 2}] != web {
+		t.Fatalf("after the stop: table %v, want the announcement kept", got)
 	}
 }
 
