@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
@@ -220,6 +221,8 @@ func (e l2Env) answeredBy(svc, addr, pod, node string) string {
 //   - externalTrafficPolicy Local: only the node with the ready backend
 //     announces (the client's address is kept); when the backend moves to
 //     the other node, the announcement moves with it;
+//   - the announcing node's agent stopped (SIGTERM) and restarted: its
+//     lease and its responder map entry are kept, and it announces on;
 //   - the announcing node's agent killed (SIGKILL: its lease is not
 //     released): the other node takes the lease once it expires, its
 //     gratuitous ARP moves the world's neighbour entry, and the world
@@ -304,16 +307,50 @@ func TestPrivilegedLabL2Announcements(t *testing.T) {
 	t.Logf("externalTrafficPolicy Local: announcement moved to %s with the backend, world answered %s after the new backend was ready",
 		node2, time.Since(moved).Round(time.Millisecond))
 
+	// The announcing node's agent stops (SIGTERM) and comes back: it keeps
+	// its lease meanwhile (or the other node would have taken it at its
+	// next 2 s try) and its datapath entry, and announces on.
+	n, err := e.st.Node(won)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := stopAgent(t, e.st, won)
+	resp, err := maps.OpenPinnedL2Responder(n.BPFRoot, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := resp.List()
+	resp.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := false
+	for k := range entries {
+		kept = kept || k.Addr.String() == addr
+	}
+	if !kept {
+		t.Fatalf("%s's responder map after its agent stopped: %v, want %s kept", won, entries, addr)
+	}
+	startAgent(t, e.st, won, argv)
+	eventually(t, "the restarted agent's API", func() (bool, error) {
+		out, err := runCLI(tendrilBin, "-H", n.Socket, "status")
+		return err == nil, fmt.Errorf("%v: %s", err, out)
+	})
+	if h, err := e.holder("l2"); err != nil || h != won {
+		t.Fatalf("after %s's agent restarted: lease holder %q (%v), want %s (kept across the stop)", won, h, err, won)
+	}
+	e.answeredBy("l2", addr, "l2-a", won)
+	e.onlyAnswer(addr, won)
+
 	// The announcing node's agent dies: the other node takes over once
 	// the lease expires.
 	other := node1
 	if won == node1 {
 		other = node2
 	}
-	argv := killAgent(t, e.st, won)
+	argv = killAgent(t, e.st, won)
 	killed := time.Now()
 	t.Cleanup(func() {
-		n, _ := e.st.Node(won)
 		startAgent(t, e.st, won, argv)
 		eventually(t, "the restarted agent's API", func() (bool, error) {
 			out, err := runCLI(tendrilBin, "-H", n.Socket, "status")
