@@ -97,6 +97,7 @@ func (a *Announcer) Sync(ctx context.Context, wants map[loadbalancer.ServiceName
 		if w, ok := wants[name]; !ok || !w.Candidate {
 			c.cancel(ErrNotCandidate)
 			delete(a.campaigns, name)
+			delete(a.leading, name)
 			stopping = append(stopping, c)
 		}
 	}
@@ -113,6 +114,12 @@ func (a *Announcer) Sync(ctx context.Context, wants map[loadbalancer.ServiceName
 			defer close(c.done)
 			a.campaign(cctx, name, func(lead bool) {
 				c.once.Do(func() { close(c.observed) })
+				if !lead && cctx.Err() != nil {
+					// Ended by Sync (which has rewritten the table) or
+					// by the agent's stop (the table stays): not a
+					// lease lost while campaigning.
+					return
+				}
 				a.setLeading(name, c, lead)
 			}, func() { c.once.Do(func() { close(c.observed) }) })
 		}()

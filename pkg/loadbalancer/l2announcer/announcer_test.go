@@ -159,6 +159,21 @@ func TestAnnouncerStopKeepsLeases(t *testing.T) {
 	}
 }
 
+// TestAnnouncerJobContextEnds: the job's context ending (the agent stops,
+// before Stop is called) leaves the announcements in place.
+func TestAnnouncerJobContextEnds(t *testing.T) {
+	a, f, db, table := newTestAnnouncer(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	a.Sync(ctx, map[loadbalancer.ServiceName]Want{web: {Service: web, Candidate: true, Placements: []Placement{{Addr: lbIP, Device: eth0}}}})
+	<-f.changed
+	f.win(t, web)
+	cancel()
+	a.wg.Wait()
+	if got := tableKeys(db, table); got[AnnouncementKey{lbIP, 2}] != web {
+		t.Fatalf("after the job's context ended: table %v, want the announcement kept", got)
+	}
+}
+
 // TestAnnouncerLosesLease: losing the lease removes the announcement.
 func TestAnnouncerLosesLease(t *testing.T) {
 	a, f, db, table := newTestAnnouncer(t)
