@@ -22,6 +22,9 @@
  * the packet sent on), and a remote backend's reply back to the client;
  * to_netdev gives a local backend's reply the frontend as its source.
  *
+ * L2 announcements (arp.h): from_netdev answers the ARP requests for the
+ * load-balancer and external addresses this node announces on the device.
+ *
  * Everything else passes untouched: the host's own traffic, pods' traffic
  * within the cluster (docs/datapath.md). */
 #include "lib/common.h"
@@ -36,6 +39,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/ipcache.h"
 #include "lib/nat.h"
 #include "lib/nodeport.h"
+#include "lib/arp.h"
 
 /* to_netdev6 and from_netdev6 are the IPv6 halves of the programs below,
  * global functions verified on their own. */
@@ -140,8 +144,10 @@ int from_netdev(struct __sk_buff *skb)
 {
 	struct pkt p = {};
 
-	if (parse(skb, &p) || p.arp)
+	if (parse(skb, &p))
 		return TC_ACT_OK;
+	if (p.arp)
+		return arp_respond(skb);
 	if (p.family == FAMILY_V6)
 		return masq_l4(&p) ? from_netdev6(skb, &p) : TC_ACT_OK;
 	if (p.icmp_error && p.proto == IPPROTO_ICMP_ && !p.nonfirst_frag) {

@@ -338,5 +338,7 @@ const struct policy_key *unused_policy_key_type __attribute__((unused));
 #include "lbmaps.h"
 /* Masquerade (the host device programs), likewise. */
 #include "natmaps.h"
+/* L2 announcements' ARP responder (the host device programs). */
+#include "l2maps.h"
 
 #endif

@@ -23,6 +23,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
@@ -58,13 +59,14 @@ type apiParams struct {
 	Inspector  *dbinspect.Inspector
 	Flows      *agentflows.Module // nil with flows off
 	Metrics    *metrics.Server
-	Masquerade *hostdev.Masquerade // nil without the datapath
+	Masquerade *hostdev.Masquerade    // nil without the datapath
+	L2         *l2announcer.Announcer // nil with L2 announcements off
 }
 
 func registerAPIHandlers(p apiParams) {
 	(&metrics.API{Metrics: p.Metrics}).Register(p.API)
 	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
-		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows, masq: p.Masquerade}).register(p.API)
+		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows, masq: p.Masquerade, l2: p.L2}).register(p.API)
 	(&agentservices.ServiceAPI{Services: p.Services}).Register(p.API)
 	p.Inspector.RegisterAPI(p.API)
 	(&policyapi.Handlers{Repo: p.Policy.Repository(), Universe: p.Policy.Universe, Source: agentpolicy.SourceAPI}).Register(p.API)
@@ -111,6 +113,7 @@ type daemonAPI struct {
 	tables     *dbinspect.Inspector
 	flows      *agentflows.Module
 	masq       *hostdev.Masquerade
+	l2         *l2announcer.Announcer
 }
 
 // serveCell is start step 10: metrics, pprof, the Hubble API, then the API served, once

@@ -168,6 +168,9 @@ func (h *daemonAPI) sections() []ext.Section {
 	if h.services != nil {
 		out = append(out, h.services.StatusSection())
 	}
+	if h.l2 != nil {
+		out = append(out, h.l2.StatusSection())
+	}
 	if h.flows != nil {
 		out = append(out, h.flows.StatusSection())
 	}

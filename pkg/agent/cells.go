@@ -15,6 +15,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
@@ -31,6 +32,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 	return []cell.Cell{
 		job.Cell,
 		wiring,
+		l2Wiring,
 		dbinspect.Cell, // statedb's cell and the tables' inspection
 		coreCell(cfg, deps),
 		agentidentity.Cell,
@@ -40,6 +42,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentservices.Cell,
 		agentendpoints.Cell,
 		agentk8s.Cell,
+		l2announcer.Cell,
 		agentkv.Cell,
 		realizer.Cell,
 		hostips.Cell,

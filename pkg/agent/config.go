@@ -17,6 +17,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/profiling"
@@ -63,6 +64,9 @@ type Config struct {
 	// Masquerade are the host device programs' options (masquerade of pod
 	// traffic leaving the node).
 	Masquerade hostdev.Config
+	// L2Announcements are the ARP announcements of services' load-balancer
+	// and external addresses (pkg/loadbalancer/l2announcer).
+	L2Announcements l2announcer.Config
 
 	API       server.Config
 	Metrics   metrics.Config
@@ -98,6 +102,7 @@ func DefaultConfig() Config {
 		Services:          agentservices.DefaultConfig(),
 		Hubble:            agentflows.DefaultConfig(),
 		Masquerade:        hostdev.DefaultConfig(),
+		L2Announcements:   l2announcer.DefaultConfig(),
 		API:               server.DefaultConfig(),
 		Metrics:           metrics.DefaultConfig(),
 		Profiling:         profiling.DefaultConfig(),
@@ -122,6 +127,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	c.Services.Flags(fs)
 	c.Hubble.Flags(fs)
 	c.Masquerade.Flags(fs)
+	c.L2Announcements.Flags(fs)
 	c.API.Flags(fs)
 	c.Metrics.Flags(fs)
 	c.Profiling.Flags(fs)
@@ -171,6 +177,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Masquerade.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.L2Announcements.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -78,7 +78,8 @@ func servicesWatchers(k *agentk8s.Client) agentservices.Watchers {
 // masqueradeSettings are the host device programs' options and what they
 // share with the pod datapath (BPF root, attach mode).
 func masqueradeSettings(c Config) hostdev.Settings {
-	return hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.Datapath.AttachMode)}
+	return hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.Datapath.AttachMode),
+		L2Announcements: c.L2Announcements.Enabled}
 }
 
 // masqueradeLoader is the pod datapath's loader, whose maps the host

@@ -69,7 +69,9 @@ func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 }
 
 func newLabUpCommand(name *string) *cobra.Command {
-	cfg := lab.Config{Nodes: 2, PodsPerNode: 3}
+	// One operator: it gives LoadBalancer Services their address from the
+	// lab's pool (lab.LBPoolCIDR).
+	cfg := lab.Config{Nodes: 2, PodsPerNode: 3, Operators: 1}
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Bring a lab up (removing the leftovers of an earlier one first)",
@@ -97,7 +99,7 @@ func newLabUpCommand(name *string) *cobra.Command {
 	cmd.Flags().IntVar(&cfg.Nodes, "nodes", cfg.Nodes, "Number of nodes")
 	cmd.Flags().IntVar(&cfg.PodsPerNode, "pods-per-node", cfg.PodsPerNode, "Pods to start per node (default/pod-N, label app=lab)")
 	cmd.Flags().StringVar(&cfg.BinDir, "bin-dir", "", "Directory with tendril, tendril-agent and tendril-cni (default: this binary's)")
-	cmd.Flags().IntVar(&cfg.Operators, "operators", cfg.Operators, "tendril-operator replicas to run (leader election on a Lease)")
+	cmd.Flags().IntVar(&cfg.Operators, "operators", cfg.Operators, "tendril-operator replicas to run (leader election on a Lease; with 1 or more, LoadBalancer Services get addresses from the pool "+lab.LBPoolCIDR+")")
 	cmd.Flags().StringVar(&cfg.IPAM, "ipam", cfg.IPAM, "cluster-pool: the operators allocate node pod CIDRs from "+lab.ClusterPoolCIDR+" and the agents take them (needs --operators)")
 	cmd.Flags().BoolVar(&cfg.KVStore, "kvstore", false, "Run an etcd as Tendril's kvstore: agents and operators allocate identities there (--identity-allocation-mode kvstore) and the agents publish their endpoints' ipcache keys")
 	cmd.Flags().StringArrayVar(&cfg.OperatorArgs, "operator-arg", nil, "Extra flag for every tendril-operator, repeatable (e.g. --operator-arg=--identity-gc-interval=10s)")

@@ -81,6 +81,11 @@ const (
 	// svcNodePortCluster is of type NodePort with externalTrafficPolicy
 	// Cluster: outside clients reach both servers through either node.
 	svcNodePortCluster = "servers-nodeport-cluster"
+	// svcLoadBalancer is of type LoadBalancer (externalTrafficPolicy
+	// Cluster): tendril-operator gives it an address from the lab's pool,
+	// on the bridge's subnet, which one node answers ARP for (L2
+	// announcements): the world reaches it on-link.
+	svcLoadBalancer = "servers-lb"
 )
 
 // Probes per attempt of the Service checks that judge who answers: with
@@ -300,6 +305,11 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			}
 			return c
 		}
+		lbAddr, err := createLoadBalancerService(ctx, c, ns, svcLoadBalancer, cfg.ReadyWait)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(out, "Service %s got load-balancer address %s\n", svcLoadBalancer, lbAddr)
 		phases = append(phases, phase{"NodePort and hostPort from the world (host device programs)", nil, []Check{
 			worldNP("world to NodePort, externalTrafficPolicy Local, node 1, TCP: its own server", nodePort(0, 80), "tcp", []string{podServerSame}, false),
 			worldNP("world to NodePort, externalTrafficPolicy Local, node 2, UDP: its own server", nodePort(1, 81), "udp", []string{podServerOther}, false),
@@ -307,6 +317,9 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			worldNP("world to NodePort, externalTrafficPolicy Cluster, node 2, UDP: local and remote servers", clusterNodePort(1, 81), "udp", servers, true),
 			worldNP("world to a hostPort of the server on node 2, TCP", net.JoinHostPort(cfg.NodeIPs[1], strconv.Itoa(hostPortTCP)), "tcp", []string{podServerOther}, false),
 			worldNP("world to a hostPort of the server on node 2, UDP", net.JoinHostPort(cfg.NodeIPs[1], strconv.Itoa(hostPortUDP)), "udp", []string{podServerOther}, false),
+			// No route to it in the world: its ARP request is answered
+			// by the node holding the Service's lease.
+			worldNP("world to a LoadBalancer address on-link (L2 announcement), TCP: both servers", net.JoinHostPort(lbAddr, "80"), "tcp", servers, true),
 		}})
 	}
 	if cfg.APIServer != "" {
@@ -493,6 +506,46 @@ func createNodePortService(ctx context.Context, c *k8s.Clients, ns, name string,
 		out[int(p.Port)] = p.NodePort
 	}
 	return out, nil
+}
+
+// createLoadBalancerService creates a Service of type LoadBalancer in front
+// of the servers and waits until it has an ingress address (from
+// tendril-operator's load-balancer IPAM and the lab's pool).
+func createLoadBalancerService(ctx context.Context, c *k8s.Clients, ns, name string, wait time.Duration) (string, error) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.ServiceSpec{
+			Type:                  corev1.ServiceTypeLoadBalancer,
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyCluster,
+			Selector:              map[string]string{"app": "server"},
+			Ports: []corev1.ServicePort{
+				{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)},
+			},
+		},
+	}
+	if _, err := c.Core.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return "", fmt.Errorf("create service %s/%s: %w", ns, name, err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		got, err := c.Core.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			for _, in := range got.Status.LoadBalancer.Ingress {
+				if ip := net.ParseIP(in.IP); ip != nil && ip.To4() != nil {
+					return in.IP, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("service %s/%s got no IPv4 load-balancer address within %s: does the lab run tendril-operator (lab up --operators 1) with its TendrilLoadBalancerIPPool %s?",
+				ns, name, wait, lab.LBPoolName)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // waitEndpoints waits until the Service's EndpointSlices (made by the

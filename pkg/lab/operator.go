@@ -66,5 +66,9 @@ func startOperators(ctx context.Context, cfg Config, st *State, cs kubernetes.In
 		return err
 	}
 	step(out, start, "tendril-operator: %d replicas, leader %s", cfg.Operators, leader)
+	if err := createLBPool(ctx, st); err != nil {
+		return err
+	}
+	step(out, start, "load-balancer pool %s: %s, announced on the bridge (L2 announcements)", LBPoolName, LBPoolCIDR)
 	return nil
 }

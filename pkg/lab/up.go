@@ -249,7 +249,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			"--node-name", n.Name, "--kubeconfig", st.NodeKubeconfig,
 			"--state-dir", n.StateDir, "--socket", n.Socket, "--bpf-root", n.BPFRoot,
 			"--ipv6-range", "none", "--prometheus-serve-addr", "",
-			"--cgroup-root", n.Cgroup}
+			"--cgroup-root", n.Cgroup,
+			// The load-balancer addresses of the lab's pool, and external
+			// IPs on the bridge, answered on-link (lbpool.go).
+			"--enable-l2-announcements"}
 		argv = append(argv, hubbleArgs[n.Name]...)
 		if cfg.IPAM == "cluster-pool" {
 			argv = append(argv, "--ipam", "cluster-pool")

@@ -21,13 +21,17 @@ import (
 	"github.com/tendril-net/tendril/pkg/lab"
 )
 
+// staticLBClass is the loadBalancerClass of Services whose address a test
+// sets itself: the lab's tendril-operator assigns none to them.
+var staticLBClass = "e2e.tendril.io/static"
+
 // peerAnswer is a --report-peer workload's answer: its name and the
 // source it saw.
 var peerAnswer = regexp.MustCompile(`answered "([a-z0-9-]+) from ([0-9.]+):([0-9]+)"`)
 
-// worldRoute sends dst from the world through a node (no announcement of
-// load-balancer or external addresses exists yet: the route stands for
-// it) until the test ends.
+// worldRoute sends dst from the world through a node until the test ends:
+// addresses outside the lab bridge's subnet, which no L2 announcement
+// covers (TestPrivilegedLabL2Announcements covers those on it).
 func worldRoute(t *testing.T, e *env, dst, via string) {
 	t.Helper()
 	ns := "--net=" + lab.NetnsPath(e.st.World.Netns)
@@ -57,8 +61,8 @@ func fromWorld(t *testing.T, addr string, udp bool) (name, src string, port int,
 //     with its own address (a masquerade-range port) and the reply comes
 //     back to the client from the node port;
 //   - an external IP routed to node 2 (remote backend), a load-balancer
-//     address (status.loadBalancer.ingress, set here: no operator runs)
-//     routed to node 1;
+//     address (status.loadBalancer.ingress, set here: the Services have a
+//     loadBalancerClass the lab's operator leaves alone) routed to node 1;
 //   - externalTrafficPolicy Local: node 1 keeps the client's address,
 //     node 2 (no local backend) refuses, and the health check node port
 //     answers the world 200 on node 1 and 503 on node 2;
@@ -104,7 +108,7 @@ func TestPrivilegedLabNodePortFromWorld(t *testing.T) {
 		s, err := e.cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: etp, Selector: map[string]string{"app": "npw"},
-				Ports: ports, LoadBalancerSourceRanges: ranges, ExternalIPs: ext},
+				Ports: ports, LoadBalancerSourceRanges: ranges, ExternalIPs: ext, LoadBalancerClass: &staticLBClass},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)

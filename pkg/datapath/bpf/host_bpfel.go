@@ -83,6 +83,19 @@ type HostIpcacheKey struct {
 	Addr      [16]uint8
 }
 
+type HostL2ResponderEntry struct {
+	_       structs.HostLayout
+	Mac     [6]uint8
+	Pad     [2]uint8
+	Expires uint64
+}
+
+type HostL2ResponderV4Key struct {
+	_       structs.HostLayout
+	Addr    [4]uint8
+	Ifindex uint32
+}
+
 type HostLb4FlowKey struct {
 	_     structs.HostLayout
 	Saddr [4]uint8
@@ -310,6 +323,7 @@ const (
 	HostMapTdrEventsV1           = "tdr_events_v1"
 	HostMapTdrHostdevV1          = "tdr_hostdev_v1"
 	HostMapTdrIpcacheV2          = "tdr_ipcache_v2"
+	HostMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
 	HostMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	HostMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
 	HostMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
@@ -404,6 +418,7 @@ type HostMapSpecs struct {
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
 	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
+	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
@@ -472,6 +487,7 @@ type HostMaps struct {
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
 	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
+	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
@@ -507,6 +523,7 @@ func (m *HostMaps) Close() error {
 		m.TdrEventsV1,
 		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
+		m.TdrL2ResponderV4,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
 		m.TdrLb4SrcrangeV1,

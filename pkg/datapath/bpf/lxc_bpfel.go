@@ -107,6 +107,19 @@ type LxcIpcacheKey struct {
 	Addr      [16]uint8
 }
 
+type LxcL2ResponderEntry struct {
+	_       structs.HostLayout
+	Mac     [6]uint8
+	Pad     [2]uint8
+	Expires uint64
+}
+
+type LxcL2ResponderV4Key struct {
+	_       structs.HostLayout
+	Addr    [4]uint8
+	Ifindex uint32
+}
+
 type LxcLb4FlowKey struct {
 	_     structs.HostLayout
 	Saddr [4]uint8
@@ -311,6 +324,7 @@ const (
 	LxcMapTdrEventsV1           = "tdr_events_v1"
 	LxcMapTdrHostdevV1          = "tdr_hostdev_v1"
 	LxcMapTdrIpcacheV2          = "tdr_ipcache_v2"
+	LxcMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
 	LxcMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	LxcMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
 	LxcMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
@@ -403,6 +417,7 @@ type LxcMapSpecs struct {
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
 	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
+	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
@@ -469,6 +484,7 @@ type LxcMaps struct {
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
 	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
+	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
@@ -503,6 +519,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrEventsV1,
 		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
+		m.TdrL2ResponderV4,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
 		m.TdrLb4SrcrangeV1,

@@ -83,6 +83,19 @@ type SockIpcacheKey struct {
 	Addr      [16]uint8
 }
 
+type SockL2ResponderEntry struct {
+	_       structs.HostLayout
+	Mac     [6]uint8
+	Pad     [2]uint8
+	Expires uint64
+}
+
+type SockL2ResponderV4Key struct {
+	_       structs.HostLayout
+	Addr    [4]uint8
+	Ifindex uint32
+}
+
 type SockLb4FlowKey struct {
 	_     structs.HostLayout
 	Saddr [4]uint8
@@ -269,6 +282,7 @@ const (
 	SockMapTdrEventsV1           = "tdr_events_v1"
 	SockMapTdrHostdevV1          = "tdr_hostdev_v1"
 	SockMapTdrIpcacheV2          = "tdr_ipcache_v2"
+	SockMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
 	SockMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	SockMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
 	SockMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
@@ -372,6 +386,7 @@ type SockMapSpecs struct {
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
 	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
+	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
@@ -437,6 +452,7 @@ type SockMaps struct {
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
 	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
+	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
@@ -471,6 +487,7 @@ func (m *SockMaps) Close() error {
 		m.TdrEventsV1,
 		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
+		m.TdrL2ResponderV4,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
 		m.TdrLb4SrcrangeV1,

@@ -35,6 +35,9 @@ type Settings struct {
 	// links are pinned beside the pods' and attach the same way.
 	BPFRoot    string
 	AttachMode loader.AttachMode
+	// L2Announcements attaches the programs even with masquerade off
+	// (their ingress answers ARP for announced addresses).
+	L2Announcements bool
 }
 
 type cellParams struct {
@@ -62,6 +65,7 @@ func newCell(p cellParams) (*Masquerade, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.SetL2Announcements(p.Settings.L2Announcements)
 	p.Metrics.Registry.MustRegister(newCollector(m))
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(ctx cell.HookContext) error { return m.Start(ctx) },

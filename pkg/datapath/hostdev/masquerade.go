@@ -48,6 +48,9 @@ type Masquerade struct {
 	peerCIDRs []netip.Prefix
 	gc        GCStats
 	lastErr   error
+	// l2 attaches the programs even with masquerade off: their ingress
+	// answers ARP for L2 announcements (bpf/lib/arp.h).
+	l2 bool
 }
 
 // Device is a device the host programs are attached to, with the
@@ -83,15 +86,33 @@ func New(cfg Config, dp *loader.Loader, db *statedb.DB, mode loader.AttachMode, 
 	return &Masquerade{cfg: cfg, log: log, dp: dp, db: db, mode: mode, root: bpfRoot, portMin: min, portMax: max, configured: prefixes}, nil
 }
 
+// SetL2Announcements makes Start attach the programs even with masquerade
+// off (called before Start): L2 announcements need their ARP responder.
+func (m *Masquerade) SetL2Announcements(on bool) { m.l2 = on }
+
+// DeviceNames are the devices the programs are attached to.
+func (m *Masquerade) DeviceNames() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, d := range m.devices {
+		out = append(out, d.Name)
+	}
+	return out
+}
+
 // Start attaches the host programs to the devices (or, with masquerade
-// off, removes what an earlier run attached) and writes their maps.
+// and L2 announcements off, removes what an earlier run attached) and
+// writes their maps.
 func (m *Masquerade) Start(ctx context.Context) error {
 	nat := m.dp.Maps().NAT
-	if !m.cfg.EnableMasquerade {
+	if !m.cfg.EnableMasquerade && !m.l2 {
 		return m.disable(nat)
 	}
-	if err := reservePorts(m.portMin, m.portMax); err != nil {
-		m.log.Warn("Cannot reserve the masquerade ports from the host's ephemeral ports", "error", err)
+	if m.cfg.EnableMasquerade {
+		if err := reservePorts(m.portMin, m.portMax); err != nil {
+			m.log.Warn("Cannot reserve the masquerade ports from the host's ephemeral ports", "error", err)
+		}
 	}
 	devs, err := m.resolveDevices()
 	if err != nil {
@@ -107,7 +128,13 @@ func (m *Masquerade) Start(ctx context.Context) error {
 	keep := map[int]bool{}
 	for _, d := range devs {
 		// The address first: the program reads it from its first packet.
-		if err := nat.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4, MasqIPv6: d.IPv6}); err != nil {
+		// Without masquerade the device has none: nothing is translated
+		// on the way out.
+		hd := maps.HostDevice{IfIndex: d.IfIndex}
+		if m.cfg.EnableMasquerade {
+			hd.MasqIPv4, hd.MasqIPv6 = d.IPv4, d.IPv6
+		}
+		if err := nat.SetHostDevice(hd); err != nil {
 			prog.Close()
 			return err
 		}
@@ -124,7 +151,7 @@ func (m *Masquerade) Start(ctx context.Context) error {
 	m.mu.Lock()
 	m.prog, m.devices = prog, devs
 	m.mu.Unlock()
-	m.log.Info("Masquerade on", "devices", devs, "port-range", m.cfg.MasqueradePortRange, "attach-mode", m.mode,
+	m.log.Info("Host device programs attached", "masquerade", m.cfg.EnableMasquerade, "l2-announcements", m.l2, "devices", devs, "port-range", m.cfg.MasqueradePortRange, "attach-mode", m.mode,
 		"kept-from-previous-run", prog.Kept())
 	return nil
 }

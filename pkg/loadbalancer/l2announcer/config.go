@@ -1,0 +1,67 @@
+package l2announcer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Config is the L2 announcements' configuration (the names and defaults
+// of Cilium's --enable-l2-announcements and --l2-announcements-lease-*).
+type Config struct {
+	// Enabled answers ARP for the load-balancer and external IPv4
+	// addresses of services on the node's devices, one node per service,
+	// elected with a Lease.
+	Enabled bool
+	// LeaseNamespace holds the per-service Leases.
+	LeaseNamespace string
+	// LeaseDuration is how long a node that stopped renewing keeps a
+	// service's lease (and its datapath keeps answering): the longest
+	// time the address goes unanswered when its node dies.
+	LeaseDuration time.Duration
+	// RenewDeadline is how long the holder retries renewing before it
+	// gives the service up.
+	RenewDeadline time.Duration
+	// RetryPeriod is how often candidates try to take a lease and the
+	// holder renews it.
+	RetryPeriod time.Duration
+}
+
+// DefaultConfig returns the defaults (Cilium's).
+func DefaultConfig() Config {
+	return Config{LeaseNamespace: "kube-system", LeaseDuration: 15 * time.Second, RenewDeadline: 5 * time.Second, RetryPeriod: 2 * time.Second}
+}
+
+// Flags registers the options.
+func (c *Config) Flags(fs *pflag.FlagSet) {
+	fs.BoolVar(&c.Enabled, "enable-l2-announcements", c.Enabled,
+		"Answer ARP for services' load-balancer and external IPv4 addresses on the node's devices (the --devices of the host programs), one node per service elected with a Lease")
+	fs.StringVar(&c.LeaseNamespace, "l2-announcements-lease-namespace", c.LeaseNamespace, "Namespace of the L2 announcements' per-service Leases")
+	fs.DurationVar(&c.LeaseDuration, "l2-announcements-lease-duration", c.LeaseDuration, "How long a node keeps announcing a service after it last renewed its lease")
+	fs.DurationVar(&c.RenewDeadline, "l2-announcements-renew-deadline", c.RenewDeadline, "How long the announcing node retries renewing its lease before giving the service up")
+	fs.DurationVar(&c.RetryPeriod, "l2-announcements-retry-period", c.RetryPeriod, "How often candidates try to take a lease and the holder renews it")
+}
+
+// Validate checks the values; each error names its option. The timings
+// obey client-go's leader election: duration > deadline > 1.2 × period.
+func (c *Config) Validate() error {
+	if !c.Enabled {
+		return nil
+	}
+	var errs []error
+	if c.LeaseNamespace == "" {
+		errs = append(errs, errors.New("l2-announcements-lease-namespace: must not be empty"))
+	}
+	if c.RetryPeriod <= 0 {
+		errs = append(errs, fmt.Errorf("l2-announcements-retry-period %s: must be positive", c.RetryPeriod))
+	}
+	if c.RenewDeadline <= time.Duration(1.2*float64(c.RetryPeriod)) {
+		errs = append(errs, fmt.Errorf("l2-announcements-renew-deadline %s: must be more than 1.2 × l2-announcements-retry-period (%s)", c.RenewDeadline, c.RetryPeriod))
+	}
+	if c.LeaseDuration <= c.RenewDeadline {
+		errs = append(errs, fmt.Errorf("l2-announcements-lease-duration %s: must be more than l2-announcements-renew-deadline (%s)", c.LeaseDuration, c.RenewDeadline))
+	}
+	return errors.Join(errs...)
+}
