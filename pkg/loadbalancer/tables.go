@@ -325,7 +325,24 @@ var (
 		FromObject: func(f *Frontend) index.KeySet { return index.NewKeySet(nameKey(f.Service)) },
 		FromKey:    nameKey,
 	}
+	// BackendByAddr finds the backends at an address, port and protocol
+	// (of every service that lists it): flows name the service of a
+	// backend address by it without scanning the frontends.
+	BackendByAddr = statedb.Index[*Backend, FrontendKey]{
+		Name:       "address",
+		FromObject: func(b *Backend) index.KeySet { return index.NewKeySet(addrKey(FrontendKey{Addr: b.Addr, Proto: b.Proto})) },
+		FromKey:    addrKey,
+	}
 )
+
+// addrKey is a compact binary key of an address, port and protocol (19
+// bytes: it is stored once per backend row).
+func addrKey(k FrontendKey) index.Key {
+	a := k.Addr.Addr().As16()
+	out := make([]byte, 0, 19)
+	out = append(out, a[:]...)
+	return append(out, byte(k.Addr.Port()>>8), byte(k.Addr.Port()), k.Proto)
+}
 
 // Tables are the three tables.
 type Tables struct {
@@ -342,7 +359,7 @@ func NewTables(db *statedb.DB) (*Tables, error) {
 	if t.Services, err = statedb.NewTable(db, "services", ServiceByName); err != nil {
 		return nil, fmt.Errorf("services table: %w", err)
 	}
-	if t.Backends, err = statedb.NewTable(db, "backends", BackendByKey, BackendByService); err != nil {
+	if t.Backends, err = statedb.NewTable(db, "backends", BackendByKey, BackendByService, BackendByAddr); err != nil {
 		return nil, fmt.Errorf("backends table: %w", err)
 	}
 	if t.Frontends, err = statedb.NewTable(db, "frontends", FrontendByKey, FrontendByService); err != nil {
