@@ -329,9 +329,11 @@ var (
 	// (of every service that lists it): flows name the service of a
 	// backend address by it without scanning the frontends.
 	BackendByAddr = statedb.Index[*Backend, FrontendKey]{
-		Name:       "address",
-		FromObject: func(b *Backend) index.KeySet { return index.NewKeySet(addrKey(FrontendKey{Addr: b.Addr, Proto: b.Proto})) },
-		FromKey:    addrKey,
+		Name: "address",
+		FromObject: func(b *Backend) index.KeySet {
+			return index.NewKeySet(addrKey(FrontendKey{Addr: b.Addr, Proto: b.Proto}))
+		},
+		FromKey: addrKey,
 	}
 )
 
