@@ -303,6 +303,20 @@ var (
 		FromKey:    nameKey,
 		Unique:     true,
 	}
+	// ServiceByHealthCheck holds only the services that need a health
+	// check node port (externalTrafficPolicy Local with a port; the key is
+	// always true): the health server lists and watches them alone, so
+	// the other services' changes do not wake it.
+	ServiceByHealthCheck = statedb.Index[*Service, bool]{
+		Name: "health-check",
+		FromObject: func(s *Service) index.KeySet {
+			if s.ExternalLocal() && s.HealthCheckNodePort != 0 {
+				return index.NewKeySet(index.Bool(true))
+			}
+			return index.EmptyKeySet
+		},
+		FromKey: index.Bool,
+	}
 	BackendByKey = statedb.Index[*Backend, string]{
 		Name:       "key",
 		FromObject: func(b *Backend) index.KeySet { return index.NewKeySet(index.String(b.key())) },
@@ -358,7 +372,7 @@ type Tables struct {
 func NewTables(db *statedb.DB) (*Tables, error) {
 	t := &Tables{DB: db}
 	var err error
-	if t.Services, err = statedb.NewTable(db, "services", ServiceByName); err != nil {
+	if t.Services, err = statedb.NewTable(db, "services", ServiceByName, ServiceByHealthCheck); err != nil {
 		return nil, fmt.Errorf("services table: %w", err)
 	}
 	if t.Backends, err = statedb.NewTable(db, "backends", BackendByKey, BackendByService, BackendByAddr); err != nil {
