@@ -31,6 +31,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -91,6 +92,12 @@ type config struct {
 	kubeProxy     string
 	workers       int
 	readyLimit    time.Duration
+	// directAbove: Services past this count are written into etcd
+	// (direct.go says why); 0: every Service through the API server.
+	directAbove int
+	// heapDir receives a heap profile of the agent at each point
+	// (empty: none; the agent then serves no pprof).
+	heapDir string
 }
 
 func main() {
@@ -106,6 +113,8 @@ func main() {
 	flag.StringVar(&c.baselineAgent, "agent-baseline", "", "another tendril-agent binary, run as mode tendril-baseline")
 	flag.StringVar(&c.kubeProxy, "kube-proxy", "", "kube-proxy binary (hack/kube-proxy.sh)")
 	flag.IntVar(&c.workers, "workers", 32, "concurrent creates while filling the API server")
+	flag.IntVar(&c.directAbove, "direct-above", 0, "write Services past this count into the API server's etcd instead of creating them (kube-apiserver's ClusterIP allocation is O(Services) per create); 0: never")
+	flag.StringVar(&c.heapDir, "heap-profiles", "", "directory for a heap profile of the agent at each point (the agent serves pprof in the node namespace)")
 	flag.DurationVar(&c.readyLimit, "ready-limit", 5*time.Minute, "how long a proxy may take until every service answers")
 	flag.Parse()
 	for _, s := range strings.Split(sizes, ",") {
@@ -214,7 +223,7 @@ func run(c config) error {
 	if err := setupCluster(ctx, cs); err != nil {
 		return err
 	}
-	b := &bench{c: c, cs: cs, kubeconfig: env.Kubeconfig(), apiAddr: apiAddr, cgroup: cg}
+	b := &bench{c: c, cs: cs, kubeconfig: env.Kubeconfig(), apiAddr: apiAddr, cgroup: cg, etcdURL: env.EtcdURL()}
 	fmt.Printf("# services benchmark %s, load %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), loadavg())
 	var results []result
 	gaveUp := map[string]bool{}
@@ -272,6 +281,7 @@ type bench struct {
 	kubeconfig string
 	apiAddr    string
 	cgroup     string
+	etcdURL    string
 	services   []netip.Addr // ClusterIPs of bench services 0..n-1
 	iperfIP    netip.Addr
 	// changedSvcs are the services the one-change test moved (restored
@@ -346,6 +356,14 @@ func (b *bench) fill(ctx context.Context, size int) error {
 			return fmt.Errorf("iperf slice: %w", err)
 		}
 		b.iperfIP = netip.MustParseAddr(s.Spec.ClusterIP)
+	}
+	if d := b.c.directAbove; d > 0 && size > d {
+		if len(b.services) < d {
+			if err := b.fill(ctx, d); err != nil {
+				return err
+			}
+		}
+		return b.fillDirect(ctx, size)
 	}
 	from := len(b.services)
 	ips := make([]netip.Addr, size-from)
@@ -570,6 +588,9 @@ func (b *bench) startProxy(mode string) (*proxy, error) {
 			"--state-dir", filepath.Join(dir, "state"), "--socket", filepath.Join(dir, "agent.sock"), "--bpf-root", p.bpfRoot,
 			"--enable-datapath=true", "--install-host-networking=false", "--prometheus-serve-addr=",
 			"--ipv4-range", "10.244.1.0/24", "--ipv6-range", "none", "--cgroup-root", b.cgroup}
+		if b.c.heapDir != "" {
+			args = append(args, "--pprof-serve-addr", agentPprof)
+		}
 	default:
 		proxyMode := mode
 		if mode == "iptables-legacy" {
@@ -902,6 +923,11 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 		}
 	}
 	r.rssMiB = p.rssMiB()
+	if isTendril(mode) && b.c.heapDir != "" {
+		if err := saveHeap(filepath.Join(b.c.heapDir, fmt.Sprintf("heap-%s-%d.pprof", mode, size))); err != nil {
+			log.Printf("heap profile: %v", err)
+		}
+	}
 	// Move the changed services back for the next mode.
 	if size == b.c.programSize {
 		if err := b.restoreChanged(ctx); err != nil {
@@ -1173,3 +1199,38 @@ func report(rs []result, c config) {
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/1e3) }
+
+// agentPprof is where the agent serves pprof, in the node's namespace.
+const agentPprof = "127.0.0.1:6060"
+
+// saveHeap writes the agent's heap profile (after a GC: gc=1) to path. The
+// connection is made on a thread in the node namespace; HTTP runs over it
+// from here.
+func saveHeap(path string) error {
+	var conn net.Conn
+	if err := inNetns(nsPath(nodeNS), func() error {
+		var err error
+		conn, err = net.DialTimeout("tcp", agentPprof, 5*time.Second)
+		return err
+	}); err != nil {
+		return fmt.Errorf("dial the agent's pprof: %w", err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Minute))
+	if _, err := fmt.Fprintf(conn, "GET /debug/pprof/heap?gc=1 HTTP/1.0\r\nHost: agent\r\n\r\n"); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return fmt.Errorf("read the heap profile: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("heap profile: %s", resp.Status)
+	}
+	return os.WriteFile(path, body, 0o644)
+}
