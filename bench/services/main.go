@@ -82,10 +82,13 @@ type config struct {
 	sizes       []int
 	modes       []string
 	programSize int
-	connects    int
-	changes     int
-	iperfTime   int
-	agentBin    string
+	// changesAt are more sizes at which one change is measured (without
+	// throughput).
+	changesAt map[int]bool
+	connects  int
+	changes   int
+	iperfTime int
+	agentBin  string
 	// baselineAgent is another agent binary, run as mode
 	// "tendril-baseline" (an old build against the new in one run).
 	baselineAgent string
@@ -106,6 +109,8 @@ func main() {
 	flag.StringVar(&sizes, "sizes", "100,1000,10000,25000", "service counts (10 backends each), ascending")
 	flag.StringVar(&modes, "modes", "tendril,iptables,nftables", "proxies to compare")
 	flag.IntVar(&c.programSize, "program-size", 10000, "size at which programming, one-change and throughput are measured")
+	var changesAt string
+	flag.StringVar(&changesAt, "changes-at", "", "more sizes (comma-separated) at which one change is measured")
 	flag.IntVar(&c.connects, "connects", 2000, "connections per latency point")
 	flag.IntVar(&c.changes, "changes", 50, "one-service changes at the programming size")
 	flag.IntVar(&c.iperfTime, "iperf-seconds", 4, "seconds per iperf3 run (two runs each way, alternating)")
@@ -123,6 +128,12 @@ func main() {
 			log.Fatalf("-sizes: bad size %q", s)
 		}
 		c.sizes = append(c.sizes, n)
+	}
+	c.changesAt = map[int]bool{}
+	for _, s := range strings.Split(changesAt, ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(s)); err == nil {
+			c.changesAt[n] = true
+		}
 	}
 	c.modes = strings.Split(modes, ",")
 	for _, m := range c.modes {
@@ -921,6 +932,10 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 		if err := b.throughput(&r); err != nil {
 			return r, err
 		}
+	} else if b.c.changesAt[size] {
+		if err := b.oneChange(ctx, &r, size, rng); err != nil {
+			return r, err
+		}
 	}
 	r.rssMiB = p.rssMiB()
 	if isTendril(mode) && b.c.heapDir != "" {
@@ -929,7 +944,7 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 		}
 	}
 	// Move the changed services back for the next mode.
-	if size == b.c.programSize {
+	if size == b.c.programSize || b.c.changesAt[size] {
 		if err := b.restoreChanged(ctx); err != nil {
 			return r, err
 		}
@@ -1162,6 +1177,13 @@ func report(rs []result, c config) {
 		}
 		fmt.Printf("| %d | %s | %s | %s | %s / %s | %s | %d | %s | %s | %.0f |\n", r.size, r.mode, us(r.p50), us(r.p99), us(r.floorP50), us(r.floorP99),
 			hook, r.failed, r.ready.Round(time.Millisecond), s2m, r.rssMiB)
+	}
+	fmt.Println()
+	for _, r := range rs {
+		if c.changesAt[r.size] && r.size != c.programSize && r.err == "" {
+			fmt.Printf("- one change realized at %d services, %s: p50 %s / p99 %s (%d)\n", r.size, r.mode,
+				r.changeP50.Round(10*time.Microsecond), r.change99.Round(10*time.Microsecond), r.changeN)
+		}
 	}
 	fmt.Println()
 	fmt.Printf("At %d services:\n\n", c.programSize)
