@@ -52,6 +52,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
@@ -175,9 +176,11 @@ type result struct {
 	rssMiB              float64
 	changeP50, change99 time.Duration
 	changeN             int
-	metrics             string
-	svcGbps, podGbps    float64
-	err                 string // the point failed
+	// watchP50/P99: when a plain watch saw the same changes.
+	watchP50, watchP99 time.Duration
+	metrics            string
+	svcGbps, podGbps   float64
+	err                string // the point failed
 }
 
 // cleanLeftovers removes what a killed earlier run left: its namespaces,
@@ -953,8 +956,16 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 }
 
 func (b *bench) oneChange(ctx context.Context, r *result, size int, rng *rand.Rand) error {
-	var lat []time.Duration
+	var lat, watchLat []time.Duration
 	used := map[int]bool{}
+	// The floor: the same change seen by a plain watch of this process
+	// (update, etcd, the API server's watch cache, the event on the
+	// wire), which any proxy waits for before it can act.
+	seen, stop, err := b.watchSlices(ctx)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	for i := 0; i < b.c.changes; i++ {
 		k := rng.IntN(size)
 		for used[k] {
@@ -987,12 +998,54 @@ func (b *bench) oneChange(ctx context.Context, r *result, size int, rng *rand.Ra
 		if err != nil {
 			return err
 		}
+		if at, ok := seen(name+"-1", time.Second); ok {
+			watchLat = append(watchLat, at.Sub(t0))
+		}
 		b.changedSvcs = append(b.changedSvcs, k)
 		time.Sleep(100 * time.Millisecond)
 	}
 	r.changeN = len(lat)
 	r.changeP50, r.change99 = percentile(lat, 0.5), percentile(lat, 0.99)
+	r.watchP50, r.watchP99 = percentile(watchLat, 0.5), percentile(watchLat, 0.99)
 	return nil
+}
+
+// watchSlices watches the bench's EndpointSlices from now on; seen(name,
+// wait) is when the latest modification of slice name arrived (waiting up
+// to wait for it), and forgets it.
+func (b *bench) watchSlices(ctx context.Context) (seen func(string, time.Duration) (time.Time, bool), stop func(), err error) {
+	l, err := b.cs.DiscoveryV1().EndpointSlices(benchNS).List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list slices: %w", err)
+	}
+	w, err := b.cs.DiscoveryV1().EndpointSlices(benchNS).Watch(ctx, metav1.ListOptions{ResourceVersion: l.ResourceVersion})
+	if err != nil {
+		return nil, nil, fmt.Errorf("watch slices: %w", err)
+	}
+	var mu sync.Mutex
+	arrived := map[string]time.Time{}
+	go func() {
+		for ev := range w.ResultChan() {
+			now := time.Now()
+			if es, ok := ev.Object.(*discoveryv1.EndpointSlice); ok && ev.Type == watch.Modified {
+				mu.Lock()
+				arrived[es.Name] = now
+				mu.Unlock()
+			}
+		}
+	}()
+	seen = func(name string, wait time.Duration) (time.Time, bool) {
+		for deadline := time.Now().Add(wait); ; time.Sleep(time.Millisecond) {
+			mu.Lock()
+			at, ok := arrived[name]
+			delete(arrived, name)
+			mu.Unlock()
+			if ok || time.Now().After(deadline) {
+				return at, ok
+			}
+		}
+	}
+	return seen, w.Stop, nil
 }
 
 func (b *bench) restoreChanged(ctx context.Context) error {
@@ -1181,20 +1234,21 @@ func report(rs []result, c config) {
 	fmt.Println()
 	for _, r := range rs {
 		if c.changesAt[r.size] && r.size != c.programSize && r.err == "" {
-			fmt.Printf("- one change realized at %d services, %s: p50 %s / p99 %s (%d)\n", r.size, r.mode,
-				r.changeP50.Round(10*time.Microsecond), r.change99.Round(10*time.Microsecond), r.changeN)
+			fmt.Printf("- one change realized at %d services, %s: p50 %s / p99 %s (%d); a plain watch saw it after p50 %s / p99 %s\n", r.size, r.mode,
+				r.changeP50.Round(10*time.Microsecond), r.change99.Round(10*time.Microsecond), r.changeN,
+				r.watchP50.Round(10*time.Microsecond), r.watchP99.Round(10*time.Microsecond))
 		}
 	}
 	fmt.Println()
 	fmt.Printf("At %d services:\n\n", c.programSize)
-	fmt.Println("| mode | one change realized p50 / p99 (n) | pod->pod Gbit/s | pod->ClusterIP->pod Gbit/s | ratio | kube-proxy metrics |")
-	fmt.Println("|---|---|---|---|---|---|")
+	fmt.Println("| mode | one change realized p50 / p99 (n) | a plain watch saw it p50 / p99 | pod->pod Gbit/s | pod->ClusterIP->pod Gbit/s | ratio | kube-proxy metrics |")
+	fmt.Println("|---|---|---|---|---|---|---|")
 	for _, r := range rs {
 		if r.size != c.programSize || r.err != "" {
 			continue
 		}
-		fmt.Printf("| %s | %s / %s (%d) | %.2f | %.2f | %.1f%% | %s |\n", r.mode, r.changeP50.Round(10*time.Microsecond), r.change99.Round(10*time.Microsecond),
-			r.changeN, r.podGbps, r.svcGbps, 100*r.svcGbps/r.podGbps, r.metrics)
+		fmt.Printf("| %s | %s / %s (%d) | %s / %s | %.2f | %.2f | %.1f%% | %s |\n", r.mode, r.changeP50.Round(10*time.Microsecond), r.change99.Round(10*time.Microsecond),
+			r.changeN, r.watchP50.Round(10*time.Microsecond), r.watchP99.Round(10*time.Microsecond), r.podGbps, r.svcGbps, 100*r.svcGbps/r.podGbps, r.metrics)
 	}
 	// Ratios the targets name.
 	by := map[string]result{}
