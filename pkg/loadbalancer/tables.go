@@ -174,13 +174,15 @@ type Backend struct {
 	// backends are replaced per source.
 	Source   string
 	Addr     netip.AddrPort
-	Proto    uint8
 	PortName string
 	NodeName string
 	Zone     string
 	// ForZones are the zones the source hints this backend for
 	// (EndpointSlice hints.forZones; trafficDistribution PreferClose).
 	ForZones []string
+	// Proto beside the flags: 160 bytes a row instead of 168 (a million
+	// rows at 100,000 services of 10 backends).
+	Proto uint8
 	// Ready, Serving and Terminating are the EndpointSlice conditions.
 	Ready, Serving, Terminating bool
 }
@@ -210,14 +212,17 @@ func (k FrontendKey) String() string { return k.Addr.String() + "/" + ProtoName(
 
 // FrontendBackend is a backend as a frontend uses it.
 type FrontendBackend struct {
-	Addr netip.AddrPort
+	Addr     netip.AddrPort
+	NodeName string
+	Zone     string
+	// The flags last, together: 72 bytes instead of 80 (one is kept per
+	// backend per frontend).
+
 	// Terminating backends are kept (their flows drain) but get no new
 	// flow unless no ready backend exists.
 	Terminating bool
 	// Active backends fill the service's slots (and Maglev table).
-	Active   bool
-	NodeName string
-	Zone     string
+	Active bool
 	// Local: the backend is on this node (NodeName is the writer's):
 	// with externalTrafficPolicy Local, the ready local backends serve
 	// clients from outside.
