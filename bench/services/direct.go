@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"fmt"
@@ -25,8 +26,8 @@ import (
 // allocation metrics, lists every IPAddress twice (ipallocator's Used and
 // Free, from createIPAddress): a Service create costs O(Services) of API
 // server CPU, so creates slow from ≈260/s at 2,500 Services to ≈90/s at
-// 10,000 and ≈10/s past 20,000 on this machine (bench/apifill, CPU profile
-// of the API server). The agent is not running during the fill; the cost is
+// 10,000 (bench/apifill, with a CPU profile of the API server) and to
+// 10–20/s past 20,000 in earlier runs of this benchmark. The agent is not running during the fill; the cost is
 // the API server's alone. Past the threshold this writes each Service and
 // its IPAddress as the API server stores them (protobuf, its keys); the API
 // server's watch cache picks them up from etcd, and everything the agent
@@ -88,16 +89,12 @@ func storedIPAddress(ip netip.Addr, svc string) *networkingv1.IPAddress {
 }
 
 func (d *directWriter) encode(obj runtime.Object) (string, error) {
-	var buf bytesBuffer
+	var buf bytes.Buffer
 	if err := d.codec.Encode(obj, &buf); err != nil {
 		return "", err
 	}
-	return string(buf), nil
+	return buf.String(), nil
 }
-
-type bytesBuffer []byte
-
-func (b *bytesBuffer) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }
 
 // put writes services[i] for i in [from, to) with the given cluster IPs, in
 // transactions of up to 64 Services (128 puts: etcd's default limit).
