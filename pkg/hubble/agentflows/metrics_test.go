@@ -94,6 +94,25 @@ func TestServiceKnowledge(t *testing.T) {
 			t.Errorf("%s/%d: %q, want %q", tc.addr, tc.proto, got, tc.want)
 		}
 	}
+	// A backend listed by two services names the first by name, and
+	// the other once the first no longer lists it.
+	other := loadbalancer.ServiceName{Namespace: "shop", Name: "api"}
+	if err := w.UpsertService(&loadbalancer.Service{Name: other, Type: "ClusterIP", Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.11")},
+		Ports: []loadbalancer.ServicePort{{Name: "http", Port: 80, Proto: loadbalancer.TCP}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetBackends(other, "s2", []*loadbalancer.Backend{{Addr: netip.MustParseAddrPort("10.0.0.5:8080"), Proto: loadbalancer.TCP, PortName: "http", Ready: true, Serving: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := k.ServiceByAddr(netip.MustParseAddrPort("10.0.0.5:8080"), loadbalancer.TCP); s.Name != "api" {
+		t.Errorf("shared backend named %v, want shop/api (first by name)", s)
+	}
+	if err := w.SetBackends(other, "s2", nil); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := k.ServiceByAddr(netip.MustParseAddrPort("10.0.0.5:8080"), loadbalancer.TCP); s.Name != "web" {
+		t.Errorf("backend named %v after shop/api dropped it, want shop/web", s)
+	}
 	if err := w.DeleteService(name); err != nil {
 		t.Fatal(err)
 	}
