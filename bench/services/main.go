@@ -31,6 +31,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -51,6 +52,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
@@ -81,16 +83,25 @@ type config struct {
 	sizes       []int
 	modes       []string
 	programSize int
-	connects    int
-	changes     int
-	iperfTime   int
-	agentBin    string
+	// changesAt are more sizes at which one change is measured (without
+	// throughput).
+	changesAt map[int]bool
+	connects  int
+	changes   int
+	iperfTime int
+	agentBin  string
 	// baselineAgent is another agent binary, run as mode
 	// "tendril-baseline" (an old build against the new in one run).
 	baselineAgent string
 	kubeProxy     string
 	workers       int
 	readyLimit    time.Duration
+	// directAbove: Services past this count are written into etcd
+	// (direct.go says why); 0: every Service through the API server.
+	directAbove int
+	// heapDir receives a heap profile of the agent at each point
+	// (empty: none; the agent then serves no pprof).
+	heapDir string
 }
 
 func main() {
@@ -99,6 +110,8 @@ func main() {
 	flag.StringVar(&sizes, "sizes", "100,1000,10000,25000", "service counts (10 backends each), ascending")
 	flag.StringVar(&modes, "modes", "tendril,iptables,nftables", "proxies to compare")
 	flag.IntVar(&c.programSize, "program-size", 10000, "size at which programming, one-change and throughput are measured")
+	var changesAt string
+	flag.StringVar(&changesAt, "changes-at", "", "more sizes (comma-separated) at which one change is measured")
 	flag.IntVar(&c.connects, "connects", 2000, "connections per latency point")
 	flag.IntVar(&c.changes, "changes", 50, "one-service changes at the programming size")
 	flag.IntVar(&c.iperfTime, "iperf-seconds", 4, "seconds per iperf3 run (two runs each way, alternating)")
@@ -106,6 +119,8 @@ func main() {
 	flag.StringVar(&c.baselineAgent, "agent-baseline", "", "another tendril-agent binary, run as mode tendril-baseline")
 	flag.StringVar(&c.kubeProxy, "kube-proxy", "", "kube-proxy binary (hack/kube-proxy.sh)")
 	flag.IntVar(&c.workers, "workers", 32, "concurrent creates while filling the API server")
+	flag.IntVar(&c.directAbove, "direct-above", 0, "write Services past this count into the API server's etcd instead of creating them (kube-apiserver's ClusterIP allocation is O(Services) per create); 0: never")
+	flag.StringVar(&c.heapDir, "heap-profiles", "", "directory for a heap profile of the agent at each point (the agent serves pprof in the node namespace)")
 	flag.DurationVar(&c.readyLimit, "ready-limit", 5*time.Minute, "how long a proxy may take until every service answers")
 	flag.Parse()
 	for _, s := range strings.Split(sizes, ",") {
@@ -114,6 +129,12 @@ func main() {
 			log.Fatalf("-sizes: bad size %q", s)
 		}
 		c.sizes = append(c.sizes, n)
+	}
+	c.changesAt = map[int]bool{}
+	for _, s := range strings.Split(changesAt, ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(s)); err == nil {
+			c.changesAt[n] = true
+		}
 	}
 	c.modes = strings.Split(modes, ",")
 	for _, m := range c.modes {
@@ -155,9 +176,11 @@ type result struct {
 	rssMiB              float64
 	changeP50, change99 time.Duration
 	changeN             int
-	metrics             string
-	svcGbps, podGbps    float64
-	err                 string // the point failed
+	// watchP50/P99: when a plain watch saw the same changes.
+	watchP50, watchP99 time.Duration
+	metrics            string
+	svcGbps, podGbps   float64
+	err                string // the point failed
 }
 
 // cleanLeftovers removes what a killed earlier run left: its namespaces,
@@ -214,7 +237,7 @@ func run(c config) error {
 	if err := setupCluster(ctx, cs); err != nil {
 		return err
 	}
-	b := &bench{c: c, cs: cs, kubeconfig: env.Kubeconfig(), apiAddr: apiAddr, cgroup: cg}
+	b := &bench{c: c, cs: cs, kubeconfig: env.Kubeconfig(), apiAddr: apiAddr, cgroup: cg, etcdURL: env.EtcdURL()}
 	fmt.Printf("# services benchmark %s, load %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), loadavg())
 	var results []result
 	gaveUp := map[string]bool{}
@@ -272,6 +295,7 @@ type bench struct {
 	kubeconfig string
 	apiAddr    string
 	cgroup     string
+	etcdURL    string
 	services   []netip.Addr // ClusterIPs of bench services 0..n-1
 	iperfIP    netip.Addr
 	// changedSvcs are the services the one-change test moved (restored
@@ -346,6 +370,14 @@ func (b *bench) fill(ctx context.Context, size int) error {
 			return fmt.Errorf("iperf slice: %w", err)
 		}
 		b.iperfIP = netip.MustParseAddr(s.Spec.ClusterIP)
+	}
+	if d := b.c.directAbove; d > 0 && size > d {
+		if len(b.services) < d {
+			if err := b.fill(ctx, d); err != nil {
+				return err
+			}
+		}
+		return b.fillDirect(ctx, size)
 	}
 	from := len(b.services)
 	ips := make([]netip.Addr, size-from)
@@ -570,6 +602,9 @@ func (b *bench) startProxy(mode string) (*proxy, error) {
 			"--state-dir", filepath.Join(dir, "state"), "--socket", filepath.Join(dir, "agent.sock"), "--bpf-root", p.bpfRoot,
 			"--enable-datapath=true", "--install-host-networking=false", "--prometheus-serve-addr=",
 			"--ipv4-range", "10.244.1.0/24", "--ipv6-range", "none", "--cgroup-root", b.cgroup}
+		if b.c.heapDir != "" {
+			args = append(args, "--pprof-serve-addr", agentPprof)
+		}
 	default:
 		proxyMode := mode
 		if mode == "iptables-legacy" {
@@ -900,10 +935,19 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 		if err := b.throughput(&r); err != nil {
 			return r, err
 		}
+	} else if b.c.changesAt[size] {
+		if err := b.oneChange(ctx, &r, size, rng); err != nil {
+			return r, err
+		}
 	}
 	r.rssMiB = p.rssMiB()
+	if isTendril(mode) && b.c.heapDir != "" {
+		if err := saveHeap(filepath.Join(b.c.heapDir, fmt.Sprintf("heap-%s-%d.pprof", mode, size))); err != nil {
+			log.Printf("heap profile: %v", err)
+		}
+	}
 	// Move the changed services back for the next mode.
-	if size == b.c.programSize {
+	if size == b.c.programSize || b.c.changesAt[size] {
 		if err := b.restoreChanged(ctx); err != nil {
 			return r, err
 		}
@@ -912,8 +956,16 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 }
 
 func (b *bench) oneChange(ctx context.Context, r *result, size int, rng *rand.Rand) error {
-	var lat []time.Duration
+	var lat, watchLat []time.Duration
 	used := map[int]bool{}
+	// The floor: the same change seen by a plain watch of this process
+	// (update, etcd, the API server's watch cache, the event on the
+	// wire), which any proxy waits for before it can act.
+	seen, stop, err := b.watchSlices(ctx)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	for i := 0; i < b.c.changes; i++ {
 		k := rng.IntN(size)
 		for used[k] {
@@ -946,12 +998,54 @@ func (b *bench) oneChange(ctx context.Context, r *result, size int, rng *rand.Ra
 		if err != nil {
 			return err
 		}
+		if at, ok := seen(name+"-1", time.Second); ok {
+			watchLat = append(watchLat, at.Sub(t0))
+		}
 		b.changedSvcs = append(b.changedSvcs, k)
 		time.Sleep(100 * time.Millisecond)
 	}
 	r.changeN = len(lat)
 	r.changeP50, r.change99 = percentile(lat, 0.5), percentile(lat, 0.99)
+	r.watchP50, r.watchP99 = percentile(watchLat, 0.5), percentile(watchLat, 0.99)
 	return nil
+}
+
+// watchSlices watches the bench's EndpointSlices from now on; seen(name,
+// wait) is when the latest modification of slice name arrived (waiting up
+// to wait for it), and forgets it.
+func (b *bench) watchSlices(ctx context.Context) (seen func(string, time.Duration) (time.Time, bool), stop func(), err error) {
+	l, err := b.cs.DiscoveryV1().EndpointSlices(benchNS).List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list slices: %w", err)
+	}
+	w, err := b.cs.DiscoveryV1().EndpointSlices(benchNS).Watch(ctx, metav1.ListOptions{ResourceVersion: l.ResourceVersion})
+	if err != nil {
+		return nil, nil, fmt.Errorf("watch slices: %w", err)
+	}
+	var mu sync.Mutex
+	arrived := map[string]time.Time{}
+	go func() {
+		for ev := range w.ResultChan() {
+			now := time.Now()
+			if es, ok := ev.Object.(*discoveryv1.EndpointSlice); ok && ev.Type == watch.Modified {
+				mu.Lock()
+				arrived[es.Name] = now
+				mu.Unlock()
+			}
+		}
+	}()
+	seen = func(name string, wait time.Duration) (time.Time, bool) {
+		for deadline := time.Now().Add(wait); ; time.Sleep(time.Millisecond) {
+			mu.Lock()
+			at, ok := arrived[name]
+			delete(arrived, name)
+			mu.Unlock()
+			if ok || time.Now().After(deadline) {
+				return at, ok
+			}
+		}
+	}
+	return seen, w.Stop, nil
 }
 
 func (b *bench) restoreChanged(ctx context.Context) error {
@@ -1138,15 +1232,23 @@ func report(rs []result, c config) {
 			hook, r.failed, r.ready.Round(time.Millisecond), s2m, r.rssMiB)
 	}
 	fmt.Println()
+	for _, r := range rs {
+		if c.changesAt[r.size] && r.size != c.programSize && r.err == "" {
+			fmt.Printf("- one change realized at %d services, %s: p50 %s / p99 %s (%d); a plain watch saw it after p50 %s / p99 %s\n", r.size, r.mode,
+				r.changeP50.Round(10*time.Microsecond), r.change99.Round(10*time.Microsecond), r.changeN,
+				r.watchP50.Round(10*time.Microsecond), r.watchP99.Round(10*time.Microsecond))
+		}
+	}
+	fmt.Println()
 	fmt.Printf("At %d services:\n\n", c.programSize)
-	fmt.Println("| mode | one change realized p50 / p99 (n) | pod->pod Gbit/s | pod->ClusterIP->pod Gbit/s | ratio | kube-proxy metrics |")
-	fmt.Println("|---|---|---|---|---|---|")
+	fmt.Println("| mode | one change realized p50 / p99 (n) | a plain watch saw it p50 / p99 | pod->pod Gbit/s | pod->ClusterIP->pod Gbit/s | ratio | kube-proxy metrics |")
+	fmt.Println("|---|---|---|---|---|---|---|")
 	for _, r := range rs {
 		if r.size != c.programSize || r.err != "" {
 			continue
 		}
-		fmt.Printf("| %s | %s / %s (%d) | %.2f | %.2f | %.1f%% | %s |\n", r.mode, r.changeP50.Round(10*time.Microsecond), r.change99.Round(10*time.Microsecond),
-			r.changeN, r.podGbps, r.svcGbps, 100*r.svcGbps/r.podGbps, r.metrics)
+		fmt.Printf("| %s | %s / %s (%d) | %s / %s | %.2f | %.2f | %.1f%% | %s |\n", r.mode, r.changeP50.Round(10*time.Microsecond), r.change99.Round(10*time.Microsecond),
+			r.changeN, r.watchP50.Round(10*time.Microsecond), r.watchP99.Round(10*time.Microsecond), r.podGbps, r.svcGbps, 100*r.svcGbps/r.podGbps, r.metrics)
 	}
 	// Ratios the targets name.
 	by := map[string]result{}
@@ -1173,3 +1275,38 @@ func report(rs []result, c config) {
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/1e3) }
+
+// agentPprof is where the agent serves pprof, in the node's namespace.
+const agentPprof = "127.0.0.1:6060"
+
+// saveHeap writes the agent's heap profile (after a GC: gc=1) to path. The
+// connection is made on a thread in the node namespace; HTTP runs over it
+// from here.
+func saveHeap(path string) error {
+	var conn net.Conn
+	if err := inNetns(nsPath(nodeNS), func() error {
+		var err error
+		conn, err = net.DialTimeout("tcp", agentPprof, 5*time.Second)
+		return err
+	}); err != nil {
+		return fmt.Errorf("dial the agent's pprof: %w", err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Minute))
+	if _, err := fmt.Fprintf(conn, "GET /debug/pprof/heap?gc=1 HTTP/1.0\r\nHost: agent\r\n\r\n"); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return fmt.Errorf("read the heap profile: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("heap profile: %s", resp.Status)
+	}
+	return os.WriteFile(path, body, 0o644)
+}

@@ -174,13 +174,15 @@ type Backend struct {
 	// backends are replaced per source.
 	Source   string
 	Addr     netip.AddrPort
-	Proto    uint8
 	PortName string
 	NodeName string
 	Zone     string
 	// ForZones are the zones the source hints this backend for
 	// (EndpointSlice hints.forZones; trafficDistribution PreferClose).
 	ForZones []string
+	// Proto beside the flags: 160 bytes a row instead of 168 (a million
+	// rows at 100,000 services of 10 backends).
+	Proto uint8
 	// Ready, Serving and Terminating are the EndpointSlice conditions.
 	Ready, Serving, Terminating bool
 }
@@ -210,14 +212,17 @@ func (k FrontendKey) String() string { return k.Addr.String() + "/" + ProtoName(
 
 // FrontendBackend is a backend as a frontend uses it.
 type FrontendBackend struct {
-	Addr netip.AddrPort
+	Addr     netip.AddrPort
+	NodeName string
+	Zone     string
+	// The flags last, together: 72 bytes instead of 80 (one is kept per
+	// backend per frontend).
+
 	// Terminating backends are kept (their flows drain) but get no new
 	// flow unless no ready backend exists.
 	Terminating bool
 	// Active backends fill the service's slots (and Maglev table).
-	Active   bool
-	NodeName string
-	Zone     string
+	Active bool
 	// Local: the backend is on this node (NodeName is the writer's):
 	// with externalTrafficPolicy Local, the ready local backends serve
 	// clients from outside.
@@ -303,6 +308,20 @@ var (
 		FromKey:    nameKey,
 		Unique:     true,
 	}
+	// ServiceByHealthCheck holds only the services that need a health
+	// check node port (externalTrafficPolicy Local with a port; the key is
+	// always true): the health server lists and watches them alone, so
+	// the other services' changes do not wake it.
+	ServiceByHealthCheck = statedb.Index[*Service, bool]{
+		Name: "health-check",
+		FromObject: func(s *Service) index.KeySet {
+			if s.ExternalLocal() && s.HealthCheckNodePort != 0 {
+				return index.NewKeySet(index.Bool(true))
+			}
+			return index.EmptyKeySet
+		},
+		FromKey: index.Bool,
+	}
 	BackendByKey = statedb.Index[*Backend, string]{
 		Name:       "key",
 		FromObject: func(b *Backend) index.KeySet { return index.NewKeySet(index.String(b.key())) },
@@ -325,7 +344,26 @@ var (
 		FromObject: func(f *Frontend) index.KeySet { return index.NewKeySet(nameKey(f.Service)) },
 		FromKey:    nameKey,
 	}
+	// BackendByAddr finds the backends at an address, port and protocol
+	// (of every service that lists it): flows name the service of a
+	// backend address by it without scanning the frontends.
+	BackendByAddr = statedb.Index[*Backend, FrontendKey]{
+		Name: "address",
+		FromObject: func(b *Backend) index.KeySet {
+			return index.NewKeySet(addrKey(FrontendKey{Addr: b.Addr, Proto: b.Proto}))
+		},
+		FromKey: addrKey,
+	}
 )
+
+// addrKey is a compact binary key of an address, port and protocol (19
+// bytes: it is stored once per backend row).
+func addrKey(k FrontendKey) index.Key {
+	a := k.Addr.Addr().As16()
+	out := make([]byte, 0, 19)
+	out = append(out, a[:]...)
+	return append(out, byte(k.Addr.Port()>>8), byte(k.Addr.Port()), k.Proto)
+}
 
 // Tables are the three tables.
 type Tables struct {
@@ -339,10 +377,10 @@ type Tables struct {
 func NewTables(db *statedb.DB) (*Tables, error) {
 	t := &Tables{DB: db}
 	var err error
-	if t.Services, err = statedb.NewTable(db, "services", ServiceByName); err != nil {
+	if t.Services, err = statedb.NewTable(db, "services", ServiceByName, ServiceByHealthCheck); err != nil {
 		return nil, fmt.Errorf("services table: %w", err)
 	}
-	if t.Backends, err = statedb.NewTable(db, "backends", BackendByKey, BackendByService); err != nil {
+	if t.Backends, err = statedb.NewTable(db, "backends", BackendByKey, BackendByService, BackendByAddr); err != nil {
 		return nil, fmt.Errorf("backends table: %w", err)
 	}
 	if t.Frontends, err = statedb.NewTable(db, "frontends", FrontendByKey, FrontendByService); err != nil {

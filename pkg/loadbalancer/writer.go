@@ -416,7 +416,12 @@ func (w *Writer) selectBackends(svc *Service, p ServicePort, v4 bool, all []*Bac
 		}
 		byAddr[b.Addr] = b
 	}
-	var ready, draining []FrontendBackend
+	// Sized for the usual case, every backend ready: the slice is kept
+	// in the frontend, and append's doubling would leave up to half of
+	// it unused (1,152 bytes for 10 backends instead of 720, per
+	// frontend, 100,000 frontends).
+	ready := make([]FrontendBackend, 0, len(byAddr))
+	var draining []FrontendBackend
 	for _, b := range byAddr {
 		fb := FrontendBackend{Addr: b.Addr, NodeName: b.NodeName, Zone: b.Zone, Local: b.NodeName != "" && b.NodeName == w.nodeName}
 		switch {
@@ -437,7 +442,11 @@ func (w *Writer) selectBackends(svc *Service, p ServicePort, v4 bool, all []*Bac
 	slices.SortFunc(ready, func(a, b FrontendBackend) int { return a.Addr.Compare(b.Addr) })
 	slices.SortFunc(elsewhere, func(a, b FrontendBackend) int { return a.Addr.Compare(b.Addr) })
 	slices.SortFunc(draining, func(a, b FrontendBackend) int { return a.Addr.Compare(b.Addr) })
-	return append(append(ready, elsewhere...), draining...)
+	if len(elsewhere) == 0 && len(draining) == 0 && len(ready) == cap(ready) {
+		return ready
+	}
+	out := make([]FrontendBackend, 0, len(ready)+len(elsewhere)+len(draining))
+	return append(append(append(out, ready...), elsewhere...), draining...)
 }
 
 // preferZone splits the ready backends of a PreferClose service into those

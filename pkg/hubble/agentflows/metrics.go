@@ -215,53 +215,30 @@ func (m *Module) HubbleModel() *models.HubbleStatus {
 	}
 }
 
-// serviceKnowledge names services from the load balancer's frontends
-// table: a frontend by its address, or one of its backends; rebuilt when
-// the table changes (services change rarely, flows are many).
+// serviceKnowledge names services from the load balancer's tables: a
+// frontend by its address, else the service of a backend at that address
+// (a backend shared by several services names the first by name). Both are
+// index lookups in the current snapshot, so a changed service costs the
+// flows nothing: a copy of every frontend and backend rebuilt on each
+// change was O(all backends) per change (a million entries at 100,000
+// services of 10 backends).
 type serviceKnowledge struct {
 	tables *loadbalancer.Tables
-
-	mu     sync.Mutex
-	rev    uint64
-	built  bool
-	byAddr map[loadbalancer.FrontendKey]observer.Service
 }
 
 func (k *serviceKnowledge) ServiceByAddr(a netip.AddrPort, proto uint8) (observer.Service, bool) {
 	if k == nil || k.tables == nil {
 		return observer.Service{}, false
 	}
+	key := loadbalancer.FrontendKey{Addr: a, Proto: proto}
 	txn := k.tables.DB.ReadTxn()
-	rev := k.tables.Frontends.Revision(txn)
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if !k.built || rev != k.rev {
-		k.byAddr = map[loadbalancer.FrontendKey]observer.Service{}
-		// Frontends first: a cluster IP always names its own service; a
-		// backend shared by two services names the first (by address).
-		var backends []struct {
-			key loadbalancer.FrontendKey
-			svc observer.Service
-		}
-		for f := range k.tables.Frontends.All(txn) {
-			svc := observer.Service{Namespace: f.Service.Namespace, Name: f.Service.Name}
-			k.byAddr[f.Key] = svc
-			for _, b := range f.Backends {
-				backends = append(backends, struct {
-					key loadbalancer.FrontendKey
-					svc observer.Service
-				}{loadbalancer.FrontendKey{Addr: b.Addr, Proto: f.Key.Proto}, svc})
-			}
-		}
-		for _, b := range backends {
-			if _, ok := k.byAddr[b.key]; !ok {
-				k.byAddr[b.key] = b.svc
-			}
-		}
-		k.rev, k.built = rev, true
+	if f, _, ok := k.tables.Frontends.Get(txn, loadbalancer.FrontendByKey.Query(key)); ok {
+		return observer.Service{Namespace: f.Service.Namespace, Name: f.Service.Name}, true
 	}
-	s, ok := k.byAddr[loadbalancer.FrontendKey{Addr: a, Proto: proto}]
-	return s, ok
+	for b := range k.tables.Backends.List(txn, loadbalancer.BackendByAddr.Query(key)) {
+		return observer.Service{Namespace: b.Service.Namespace, Name: b.Service.Name}, true
+	}
+	return observer.Service{}, false
 }
 
 // defaultDenying tells, per rule, in which directions it puts the

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
@@ -43,6 +44,9 @@ type Server struct {
 	listeners map[uint16]*listener
 	// serving counts the listeners' serve loops, joined when Run ends.
 	serving sync.WaitGroup
+	// examined counts the services Run has read: its work, which must
+	// follow the health-checked services, not all of them.
+	examined atomic.Int64
 }
 
 type listener struct {
@@ -68,13 +72,15 @@ const retryInterval = 5 * time.Second
 func (s *Server) Run(ctx context.Context) error {
 	defer s.closeAll()
 	for {
+		// Only the health-checked services, by their index: reading
+		// (and waking for) every service made each change of any
+		// service cost a pass over all of them.
 		txn := s.tables.DB.ReadTxn()
-		_, watch := s.tables.Services.AllWatch(txn)
+		svcs, watch := s.tables.Services.ListWatch(txn, loadbalancer.ServiceByHealthCheck.Query(true))
 		want := map[uint16]loadbalancer.ServiceName{}
-		for svc := range s.tables.Services.All(txn) {
-			if svc.ExternalLocal() && svc.HealthCheckNodePort != 0 {
-				want[svc.HealthCheckNodePort] = svc.Name
-			}
+		for svc := range svcs {
+			s.examined.Add(1)
+			want[svc.HealthCheckNodePort] = svc.Name
 		}
 		failed := s.sync(want)
 		var retry <-chan time.Time

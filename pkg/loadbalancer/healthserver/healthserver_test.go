@@ -119,3 +119,60 @@ func TestHealthCheckNodePort(t *testing.T) {
 		t.Fatal("the health check port still answers after the policy went back to Cluster")
 	}
 }
+
+// TestOtherServicesCostNothing: changes of services without a health
+// check node port do not make the server read services (it used to read
+// every service on every change of any).
+func TestOtherServicesCostNothing(t *testing.T) {
+	tables, err := loadbalancer.NewTables(statedb.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := loadbalancer.NewWriter(tables, "node-a")
+	s := New(tables, "node-a", slog.New(slog.DiscardHandler))
+	s.listen = func(uint16) (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
+	plain := func(i int) *loadbalancer.Service {
+		return &loadbalancer.Service{Name: loadbalancer.ServiceName{Namespace: "ns", Name: fmt.Sprintf("plain-%d", i)}, Type: "ClusterIP",
+			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+			Ports:     []loadbalancer.ServicePort{{Name: "http", Port: 80, Proto: loadbalancer.TCP}}}
+	}
+	for i := 0; i < 500; i++ {
+		if err := w.UpsertService(plain(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.UpsertService(&loadbalancer.Service{Name: loadbalancer.ServiceName{Namespace: "ns", Name: "web"}, Type: "LoadBalancer",
+		Addresses:             []netip.Addr{netip.MustParseAddr("10.97.0.10")},
+		Ports:                 []loadbalancer.ServicePort{{Name: "http", Port: 80, Proto: loadbalancer.TCP, NodePort: 30080}},
+		ExternalTrafficPolicy: loadbalancer.TrafficPolicyLocal, HealthCheckNodePort: 31000}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for deadline := time.Now().Add(10 * time.Second); len(s.Ports()) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the health check port did not open")
+		}
+	}
+	before := s.examined.Load()
+	if before != 1 {
+		t.Errorf("first pass read %d services, want the 1 health-checked one", before)
+	}
+	for i := 0; i < 500; i++ {
+		svc := plain(i)
+		svc.Ports[0].Port = 81
+		if err := w.UpsertService(svc); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.DeleteService(svc.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Give a woken loop the time to run: it must not have.
+	time.Sleep(50 * time.Millisecond)
+	if n := s.examined.Load() - before; n != 0 {
+		t.Fatalf("1,000 changes of other services made the server read %d services, want 0", n)
+	}
+}
