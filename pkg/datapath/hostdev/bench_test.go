@@ -120,3 +120,30 @@ func BenchmarkPrivilegedNodePort(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPrivilegedLoadHostPrograms: loading the host device programs
+// (the kernel's verifier is most of it), with the instructions the
+// verifier processed for each program (its global functions included)
+// and the program's size after translation.
+func BenchmarkPrivilegedLoadHostPrograms(b *testing.B) {
+	n := newMasqNode(b, 61000, 65535)
+	for range b.N {
+		h, err := Load(Options{BPFRoot: n.root, PortMin: 61000, PortMax: 65535, Maps: n.l.MapReplacements()}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for name, p := range map[string]*ebpf.Program{"to_netdev": h.toNetdev, "from_netdev": h.fromNet} {
+			info, err := p.Info()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if v, ok := info.VerifiedInstructions(); ok {
+				b.ReportMetric(float64(v), name+"-verified-insns")
+			}
+			if insns, err := info.Instructions(); err == nil {
+				b.ReportMetric(float64(len(insns)), name+"-xlated-insns")
+			}
+		}
+		h.Close()
+	}
+}
