@@ -17,12 +17,16 @@
  *   the client as destination and the frontend as source (as Linux's NAT
  *   makes a related error look like a reply of its flow), and is sent back
  *   out to the client by FIB lookup.
- * - a local backend's reply to an outside client (turned into the
- *   frontend by to_netdev): quoted frontend -> client. The flow's entry in
- *   the flows map (client, frontend -> backend) gives the backend: the
- *   outer destination and the quoted source become the backend's address
- *   and port, and the host routes the error to the pod, whose path MTU
- *   discovery needs it.
+ * - a backend's reply to an outside client (a local backend's turned into
+ *   the frontend by to_netdev, a remote one's by nodeport_reply): quoted
+ *   frontend -> client. The flow's entry in the flows map (client,
+ *   frontend -> backend) gives the backend, whose path MTU discovery needs
+ *   the error. A local one: the outer destination and the quoted source
+ *   become the backend's address and port, and the host routes the error
+ *   to the pod. A remote one: the NAT mapping's forward half gives the
+ *   node's address and port the backend sees; the error quotes the reply
+ *   as the backend sent it (backend -> node address and port), comes from
+ *   the node to the backend, and is sent on by FIB lookup.
  *
  * Checksums: IPv4's outer and quoted header checksums and the ICMP
  * checksum (which covers the quoted header: an address change there is
@@ -152,11 +156,16 @@ static __always_inline int icmp_err_nodeport_remote(struct __sk_buff *skb, struc
 	return ICMP_ERR_NEEDS_REDIRECT;
 }
 
-/* icmp_err_nodeport_local translates an error about a local backend's
- * reply to an outside client (quoted: frontend -> client) back to the
- * backend. Returns the verdict. */
-static __always_inline int icmp_err_nodeport_local(struct __sk_buff *skb, struct pkt *p, const __u8 family,
-						   struct icmp_err_tuple *q, __u32 in_ip, __u32 in_l4)
+/* icmp_err_nodeport_reply translates an error about a backend's reply to
+ * an outside client (quoted: frontend -> client) back to the backend: a
+ * local one gets it as its own reply's error; a remote one's reply left
+ * this node translated from (backend -> node address and masquerade port),
+ * so the error is made about that packet (quoting it, from the node's
+ * address) and sent to the backend. Returns the verdict, or
+ * ICMP_ERR_NEEDS_REDIRECT; k is scratch for a NAT key. */
+static __always_inline int icmp_err_nodeport_reply(struct __sk_buff *skb, struct pkt *p, const __u8 family,
+						   struct icmp_err_tuple *q, union nat_key *k, __u32 in_ip,
+						   __u32 in_l4)
 {
 	struct lb_flow *fl;
 
@@ -180,10 +189,24 @@ static __always_inline int icmp_err_nodeport_local(struct __sk_buff *skb, struct
 		return TC_ACT_OK;
 	__be16 bport = be->port;
 	addr_copy(q->addr, be->addr, family);
-	/* A remote backend's reply left from its own node's view through
-	 * this one: its error is not translated (yet). */
-	if (!endpoint_by_addr(family, q->addr))
-		return TC_ACT_OK;
+	if (!endpoint_by_addr(family, q->addr)) {
+		/* The flow's mapping as the client's packets leave for the
+		 * backend: the node's address and port the backend sees. */
+		nat_key(k, family, NAT_DIR_EGRESS, q->d, p->in_dport, q->addr, bport, p->in_proto);
+		const void *m = bpf_map_lookup_elem(NAT_MAP(family), k);
+		if (!m)
+			return TC_ACT_OK;
+		__be16 nport = nat_port(m, family);
+		addr_copy(q->fe, nat_addr(m, family), family);
+		if (icmp_err_inner(skb, p, family, in_ip, in_l4, 1, q->s, q->addr, p->in_sport, bport) ||
+		    icmp_err_inner(skb, p, family, in_ip, in_l4, 0, q->d, q->fe, p->in_dport, nport) ||
+		    icmp_err_outer(skb, p, family, 0, p->daddr, q->addr) || icmp_err_outer(skb, p, family, 1, p->saddr, q->fe))
+			return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+		addr_copy(p->saddr, q->fe, family);
+		addr_copy(p->daddr, q->addr, family);
+		count(REASON_NODEPORT_ICMP_ERROR, DIR_INGRESS, p->len);
+		return ICMP_ERR_NEEDS_REDIRECT;
+	}
 	if (icmp_err_inner(skb, p, family, in_ip, in_l4, 1, q->s, q->addr, p->in_sport, bport) ||
 	    icmp_err_outer(skb, p, family, 0, p->daddr, q->addr))
 		return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
@@ -224,7 +247,7 @@ static __always_inline int icmp_error_in(struct __sk_buff *skb, struct pkt *p, c
 	if (!m) {
 		if (proto != IPPROTO_TCP_ && proto != IPPROTO_UDP_)
 			return TC_ACT_OK;
-		return icmp_err_nodeport_local(skb, p, family, &q, in_ip, in_l4);
+		return icmp_err_nodeport_reply(skb, p, family, &q, &k, in_ip, in_l4);
 	}
 	__be16 port = nat_port(m, family);
 	__u8 flags = family == FAMILY_V6 ? ((const struct nat6_entry *)m)->flags : ((const struct nat4_entry *)m)->flags;

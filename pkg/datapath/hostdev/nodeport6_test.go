@@ -310,8 +310,10 @@ func TestPrivilegedMasqueradeICMPv6Errors(t *testing.T) {
 // flows from outside. About the packet sent on to a remote backend (from
 // the node's address and a masquerade port): sent back to the client,
 // from the frontend, quoting the client's packet to the frontend. About a
-// local backend's reply (from the frontend to the client): delivered to
-// the pod, quoting the pod's own reply. Every checksum right; counted.
+// remote backend's reply (from the frontend to the client): sent to the
+// backend, from the node, quoting the reply as the backend sent it. About
+// a local backend's reply: delivered to the pod, quoting the pod's own
+// reply. Every checksum right; counted.
 func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	n := newNodePort6Node(t)
 
@@ -332,10 +334,33 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	}
 	checkICMP4(t, "IPv4 error to the client", got)
 
+	// IPv4, the remote backend's reply (sent to the client from the node
+	// port): a router on the client's path says it does not fit; the
+	// backend gets the error about its reply as it sent it.
+	fwdSrc, _ := tuple(fwd)
+	ret, reply := n.ingress(frame(peerPod, node, protoUDP, backendPort, fwdSrc.Port(), 0))
+	if s, d := tuple(reply); ret != 7 || s != ap(node, npRemote) || d != ap(client, 40000) {
+		t.Fatalf("IPv4 remote backend's reply: verdict %d, %s -> %s", ret, s, d)
+	}
+	ret, got = n.ingress(icmpError(router, node, reply))
+	if ret != 7 {
+		t.Fatalf("IPv4 error about the remote backend's reply: verdict %d, want redirect to the backend", ret)
+	}
+	if src, dst := outer4(got); src != node || dst != peerPod {
+		t.Fatalf("IPv4 error %s -> %s, want the node %s -> the backend %s", src, dst, node, peerPod)
+	}
+	if qs, qd := quoted4(got); qs != ap(peerPod, backendPort) || qd != fwdSrc {
+		t.Fatalf("IPv4 error quotes %s -> %s, want %s -> %s", qs, qd, ap(peerPod, backendPort), fwdSrc)
+	}
+	if !bytes.Equal(got[0:6], peerMAC) {
+		t.Fatalf("IPv4 error to the backend: destination MAC %x, want the peer's %s", got[0:6], peerMAC)
+	}
+	checkICMP4(t, "IPv4 error to the remote backend", got)
+
 	// IPv4, local backend: a router on the client's path says its reply
 	// does not fit.
 	n.ingress(frame(client, node, protoTCP, 40001, npLocal, 0))
-	ret, reply := n.egress(frame(pod, client, protoTCP, backendPort, 40001, 0))
+	ret, reply = n.egress(frame(pod, client, protoTCP, backendPort, 40001, 0))
 	if s, _ := tuple(reply); ret != 0 || s != ap(node, npLocal) {
 		t.Fatalf("IPv4 local backend's reply: verdict %d, from %s", ret, s)
 	}
@@ -368,6 +393,24 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	}
 	checkSums6(t, "IPv6 error to the client", got)
 
+	// IPv6, the remote backend's reply: packet too big.
+	fwdSrc6, _ := tuple6(fwd)
+	ret, reply = n.ingress(frame6(peerPod6, node6, protoUDP, backendPort, fwdSrc6.Port(), 0))
+	if s, d := tuple6(reply); ret != 7 || s != ap(node6, npRemote) || d != ap(client6, 40000) {
+		t.Fatalf("IPv6 remote backend's reply: verdict %d, %s -> %s", ret, s, d)
+	}
+	ret, got = n.ingress(icmpError6(router6, node6, 2, reply))
+	if ret != 7 {
+		t.Fatalf("IPv6 error about the remote backend's reply: verdict %d, want redirect to the backend", ret)
+	}
+	if src, dst := outer6(got); src != node6 || dst != peerPod6 {
+		t.Fatalf("IPv6 error %s -> %s, want the node %s -> the backend %s", src, dst, node6, peerPod6)
+	}
+	if qs, qd := quoted6(got); qs != ap(peerPod6, backendPort) || qd != fwdSrc6 {
+		t.Fatalf("IPv6 error quotes %s -> %s, want %s -> %s", qs, qd, ap(peerPod6, backendPort), fwdSrc6)
+	}
+	checkSums6(t, "IPv6 error to the remote backend", got)
+
 	// IPv6, local backend: packet too big.
 	n.ingress(frame6(client6, node6, protoTCP, 40001, npLocal, 0))
 	ret, reply = n.egress(frame6(pod6, client6, protoTCP, backendPort, 40001, 0))
@@ -386,8 +429,8 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	}
 	checkSums6(t, "IPv6 error to the pod", got)
 
-	if got := n.metric(maps.ReasonNodeportICMPError, maps.DirIngress); got != 4 {
-		t.Fatalf("service ICMP errors counted %d, want 4", got)
+	if got := n.metric(maps.ReasonNodeportICMPError, maps.DirIngress); got != 6 {
+		t.Fatalf("service ICMP errors counted %d, want 6", got)
 	}
 	// An error about a flow of no service (nor masquerade): untouched.
 	e := icmpError6(router6, node6, 1, frame6(node6, client6, protoTCP, 30999, 40000, 0))
