@@ -156,7 +156,15 @@ int to_netdev(struct __sk_buff *skb)
 	struct pkt p = {};
 
 	/* Unparseable packets are the host's business here, not ours. */
-	if (parse(skb, &p) || p.arp || !masq_l4(&p))
+	if (parse(skb, &p) || p.arp)
+		return TC_ACT_OK;
+	/* A local backend's ICMP error to an outside client (icmperr.h). */
+	if (p.icmp_error && !p.nonfirst_frag) {
+		if (p.family == FAMILY_V6)
+			return p.proto == IPPROTO_ICMPV6_ ? icmp_error_out6(skb, &p) : TC_ACT_OK;
+		return p.proto == IPPROTO_ICMP_ ? icmp_error_out4(skb, &p) : TC_ACT_OK;
+	}
+	if (!masq_l4(&p))
 		return TC_ACT_OK;
 	if (p.family == FAMILY_V6)
 		return to_netdev6(skb, &p);

@@ -28,6 +28,11 @@
  *   as the backend sent it (backend -> node address and port), comes from
  *   the node to the backend, and is sent on by FIB lookup.
  *
+ * And leaving (to_netdev): an ICMP error a local backend sends to an
+ * outside client about the client's packet (quoted: client -> backend)
+ * gets the frontend as its source and quoted destination, so the client
+ * finds its socket (a UDP node port's "port unreachable").
+ *
  * Checksums: IPv4's outer and quoted header checksums and the ICMP
  * checksum (which covers the quoted header: an address change there is
  * offset by its header checksum's, so only the ports change it); ICMPv6's
@@ -261,6 +266,74 @@ static __always_inline int icmp_error_in(struct __sk_buff *skb, struct pkt *p, c
 	addr_copy(p->daddr, q.addr, family);
 	count(REASON_MASQ_REPLY, DIR_INGRESS, p->len);
 	return TC_ACT_OK;
+}
+
+/* icmp_error_out gives an ICMP(v6) error a local backend sends to an
+ * outside client (leaving through the device; a UDP port unreachable,
+ * say), about the client's packet as the backend received it (client ->
+ * backend), the frontend instead of the backend: as its outer source and
+ * as the quoted destination, with the frontend's port. The flow's
+ * conntrack entry names the frontend (its reverse NAT ID, set only where
+ * this node translated the flow). Returns 0 when it did, 1 for an error
+ * of no such flow, or minus a drop reason. */
+static __always_inline int icmp_error_out(struct __sk_buff *skb, struct pkt *p, const __u8 family)
+{
+	struct icmp_err_tuple q;
+
+	if (p->in_proto != IPPROTO_TCP_ && p->in_proto != IPPROTO_UDP_)
+		return 1;
+	if (family == FAMILY_V6) {
+		__builtin_memcpy(q.s, p->in_saddr, 16);
+		__builtin_memcpy(q.d, p->in_daddr, 16);
+	} else {
+		__builtin_memcpy(q.s, p->in_saddr, 4);
+		__builtin_memcpy(q.d, p->in_daddr, 4);
+	}
+	/* From the address the quoted packet was sent to. */
+	if (!addr_eq(q.d, p->saddr, family) || !endpoint_by_addr(family, q.d))
+		return 1;
+	struct flow f;
+	flow_of(&f, p);
+	struct ct_entry *e = ct_find(&f, p);
+	/* The quoted packet went the flow's way: the client started it. */
+	if (!e || !e->rev_nat || ct_is_reply(e, &f))
+		return 1;
+	__u32 rev_nat = e->rev_nat;
+	const struct lb_revnat *rv = bpf_map_lookup_elem(&tdr_lb_revnat_v1, &rev_nat);
+	if (!rv || rv->family != family)
+		return 1;
+	__be16 fport = rv->port;
+	addr_copy(q.fe, rv->addr, family);
+	__u32 in_ip = p->l4_off + 8, in_l4 = in_ip + 40;
+	if (family == FAMILY_V4) {
+		__u8 vihl;
+		if (bpf_skb_load_bytes(skb, in_ip, &vihl, 1))
+			return -REASON_NAT_FAILED;
+		in_l4 = in_ip + ((__u32)(vihl & 0xf)) * 4;
+	}
+	if (icmp_err_inner(skb, p, family, in_ip, in_l4, 0, q.d, q.fe, p->in_dport, fport) ||
+	    icmp_err_outer(skb, p, family, 1, p->saddr, q.fe))
+		return -REASON_NAT_FAILED;
+	count(REASON_NODEPORT_ICMP_ERROR, DIR_EGRESS, p->len);
+	return 0;
+}
+
+/* icmp_error_out4 and icmp_error_out6 are icmp_error_out of each family,
+ * global functions; they return the verdict. */
+__attribute__((noinline)) int icmp_error_out4(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return TC_ACT_OK;
+	int r = icmp_error_out(skb, p, FAMILY_V4);
+	return r < 0 ? drop((__u8)-r, DIR_EGRESS, 0, p, 0, 0, 0) : TC_ACT_OK;
+}
+
+__attribute__((noinline)) int icmp_error_out6(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return TC_ACT_OK;
+	int r = icmp_error_out(skb, p, FAMILY_V6);
+	return r < 0 ? drop((__u8)-r, DIR_EGRESS, 0, p, 0, 0, 0) : TC_ACT_OK;
 }
 
 /* icmp_error_in4 and icmp_error_in6 are icmp_error_in of each family:

@@ -438,3 +438,53 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 		t.Fatalf("error about no service flow: verdict %d, changed %v", ret, !bytes.Equal(g, e))
 	}
 }
+
+// TestPrivilegedNodePortBackendICMPErrors: an ICMP or ICMPv6 error a local
+// backend sends to an outside client about the client's packet (as DNATed
+// to it) leaves from the frontend, quoting the client's packet to the
+// frontend, checksums right, counted; an error from the pod about a flow
+// this node did not translate leaves untouched.
+func TestPrivilegedNodePortBackendICMPErrors(t *testing.T) {
+	n := newNodePort6Node(t)
+	ret, in := n.ingress(frame(client, node, protoTCP, 40002, npLocal, 0))
+	if ret != 0 {
+		t.Fatalf("IPv4 to the local backend: verdict %d", ret)
+	}
+	ret, got := n.egress(icmpError(pod, client, in))
+	if ret != 0 {
+		t.Fatalf("IPv4 error from the backend: verdict %d", ret)
+	}
+	if src, dst := outer4(got); src != node || dst != client {
+		t.Fatalf("IPv4 error %s -> %s, want the frontend %s -> %s", src, dst, node, client)
+	}
+	if qs, qd := quoted4(got); qs != ap(client, 40002) || qd != ap(node, npLocal) {
+		t.Fatalf("IPv4 error quotes %s -> %s, want %s -> %s", qs, qd, ap(client, 40002), ap(node, npLocal))
+	}
+	checkICMP4(t, "IPv4 error from the backend", got)
+
+	ret, in = n.ingress(frame6(client6, node6, protoTCP, 40002, npLocal, 0))
+	if ret != 0 {
+		t.Fatalf("IPv6 to the local backend: verdict %d", ret)
+	}
+	ret, got = n.egress(icmpError6(pod6, client6, 1, in))
+	if ret != 0 {
+		t.Fatalf("IPv6 error from the backend: verdict %d", ret)
+	}
+	if src, dst := outer6(got); src != node6 || dst != client6 {
+		t.Fatalf("IPv6 error %s -> %s, want the frontend %s -> %s", src, dst, node6, client6)
+	}
+	if qs, qd := quoted6(got); qs != ap(client6, 40002) || qd != ap(node6, npLocal) {
+		t.Fatalf("IPv6 error quotes %s -> %s, want %s -> %s", qs, qd, ap(client6, 40002), ap(node6, npLocal))
+	}
+	checkSums6(t, "IPv6 error from the backend", got)
+	if got := n.metric(maps.ReasonNodeportICMPError, maps.DirEgress); got != 2 {
+		t.Fatalf("backend ICMP errors counted %d, want 2", got)
+	}
+
+	// About a packet of no translated flow (the client reached the pod's
+	// own address): untouched.
+	e := icmpError6(pod6, client6, 1, frame6(client6, pod6, protoTCP, 40003, backendPort, 0))
+	if ret, g := n.egress(e); ret != 0 || !bytes.Equal(g, e) {
+		t.Fatalf("error about no translated flow: verdict %d, changed %v", ret, !bytes.Equal(g, e))
+	}
+}
