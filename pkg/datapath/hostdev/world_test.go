@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -37,7 +38,9 @@ import (
 // the client's connection is answered from the node port (the reply
 // turned back at to_netdev), and 1 MiB echoes intact with checksum
 // offload off on both ends (a wrong L4 checksum is dropped by the
-// receiver). A node port whose only backend is elsewhere under
+// receiver). UDP to a node port whose backend has no socket on its port
+// gets "connection refused" (the pod's ICMPv6 error translated on its
+// way out). A node port whose only backend is elsewhere under
 // externalTrafficPolicy Local refuses the connection (no SYN-ACK) and
 // counts the drop's reason.
 func TestPrivilegedNodePortIPv6World(t *testing.T) {
@@ -174,6 +177,15 @@ func TestPrivilegedNodePortIPv6World(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// UDP to a port of the backend nobody listens on: the backend's
+	// "port unreachable" must reach the client from the node port.
+	if err := m.LB.BackendMap().Upsert(3, maps.Backend{Addr: be.IPv6, Port: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.LB.ApplyService(maps.Frontend{Addr: node6, Port: npLocal, Proto: protoUDP}, maps.Service{ID: 3, RevNATID: 3, Flags: maps.SvcFlagExternal}, []uint32{3}, 0); err != nil {
+		t.Fatal(err)
+	}
+
 	// The backend: says whom it sees, then echoes.
 	var ln net.Listener
 	if err := be.Do(func() (err error) {
@@ -200,7 +212,9 @@ func TestPrivilegedNodePortIPv6World(t *testing.T) {
 	const size = 1 << 20
 	var seen, peer string
 	err = linux.InNetNS(world, func() error {
-		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: client6.AsSlice()}}
+		// Room for SYN retransmissions (1 s, 3 s, 7 s) on a loaded
+		// machine: neighbour discovery on the veths may cost the first.
+		d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: client6.AsSlice()}}
 		c, err := d.Dial("tcp", netip.AddrPortFrom(node6, npLocal).String())
 		if err != nil {
 			return fmt.Errorf("connect to the node port: %w", err)
@@ -239,6 +253,40 @@ func TestPrivilegedNodePortIPv6World(t *testing.T) {
 	}
 	if n := metric(t, l, maps.ReasonNodeport, maps.DirIngress); n == 0 {
 		t.Fatal("no packet counted as translated to a backend")
+	}
+
+	// A closed UDP port behind the node port: the client's connected
+	// socket gets "connection refused" (the pod's ICMPv6 error, its
+	// source and quoted destination turned into the node port).
+	err = linux.InNetNS(world, func() error {
+		c, err := net.DialUDP("udp6", &net.UDPAddr{IP: client6.AsSlice()}, net.UDPAddrFromAddrPort(netip.AddrPortFrom(node6, npLocal)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		// A datagram every 200 ms until refused: the first may wait
+		// for neighbour discovery, and the pod's kernel rate-limits
+		// its ICMPv6 errors.
+		var last error
+		for range 50 {
+			if _, err := c.Write([]byte("anyone?")); err != nil && !errors.Is(err, unix.ECONNREFUSED) {
+				return fmt.Errorf("send: %w", err)
+			} else if err != nil {
+				return nil
+			}
+			_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			_, last = c.Read(make([]byte, 16))
+			if errors.Is(last, unix.ECONNREFUSED) {
+				return nil
+			}
+		}
+		return fmt.Errorf("read after sending to a closed port: %v, want connection refused", last)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := metric(t, l, maps.ReasonNodeportICMPError, maps.DirEgress); n == 0 {
+		t.Fatal("the backend's ICMPv6 error was not counted as translated")
 	}
 
 	// externalTrafficPolicy Local without a local backend: refused.
