@@ -38,7 +38,11 @@ import (
 // the client's connection is answered from the node port (the reply
 // turned back at to_netdev), and 1 MiB echoes intact with checksum
 // offload off on both ends (a wrong L4 checksum is dropped by the
-// receiver). UDP to a node port whose backend has no socket on its port
+// receiver). A second node port's backend is "on another node" (an
+// address of the world namespace, routed through the same link): it sees
+// the node's address and a masquerade-range port, and the client the node
+// port, 1 MiB echoed (SNAT, FIB redirect, the reply's reverse translation
+// and redirect, for real). UDP to a node port whose backend has no socket on its port
 // gets "connection refused" (the pod's ICMPv6 error translated on its
 // way out). A node port whose only backend is elsewhere under
 // externalTrafficPolicy Local refuses the connection (no SYN-ACK) and
@@ -103,6 +107,9 @@ func TestPrivilegedNodePortIPv6World(t *testing.T) {
 	for _, a := range []*netlink.Addr{
 		{IPNet: &net.IPNet{IP: worldGW.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD},
 		{IPNet: &net.IPNet{IP: client6.AsSlice(), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD},
+		// A backend "on another node": the world namespace plays
+		// that node too, reached through the same link.
+		{IPNet: &net.IPNet{IP: peerPod6.AsSlice(), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD},
 	} {
 		if err := wh.AddrAdd(weth, a); err != nil {
 			t.Fatal(err)
@@ -120,6 +127,9 @@ func TestPrivilegedNodePortIPv6World(t *testing.T) {
 	// The node reaches the world's client addresses through the world's
 	// side of the veth.
 	if err := node.Handle.RouteAdd(&netlink.Route{LinkIndex: up.Attrs().Index, Dst: &net.IPNet{IP: net.ParseIP("2001:db8::"), Mask: net.CIDRMask(32, 128)}, Gw: worldGW.AsSlice()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Handle.RouteAdd(&netlink.Route{LinkIndex: up.Attrs().Index, Dst: &net.IPNet{IP: net.ParseIP("fd00:10:1::"), Mask: net.CIDRMask(64, 128)}, Gw: worldGW.AsSlice()}); err != nil {
 		t.Fatal(err)
 	}
 	// This thread is in the node's namespace: its /proc/sys/net is the node's.
@@ -177,6 +187,10 @@ func TestPrivilegedNodePortIPv6World(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	if err := m.LB.ApplyService(maps.Frontend{Addr: node6, Port: npRemote, Proto: protoTCP}, maps.Service{ID: 4, RevNATID: 4, Flags: maps.SvcFlagExternal}, []uint32{2}, 0); err != nil {
+		t.Fatal(err)
+	}
+
 	// UDP to a port of the backend nobody listens on: the backend's
 	// "port unreachable" must reach the client from the node port.
 	if err := m.LB.BackendMap().Upsert(3, maps.Backend{Addr: be.IPv6, Port: 9}); err != nil {
@@ -209,50 +223,97 @@ func TestPrivilegedNodePortIPv6World(t *testing.T) {
 		}
 	}()
 
-	const size = 1 << 20
-	var seen, peer string
-	err = linux.InNetNS(world, func() error {
-		// Room for SYN retransmissions (1 s, 3 s, 7 s) on a loaded
-		// machine: neighbour discovery on the veths may cost the first.
-		d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: client6.AsSlice()}}
-		c, err := d.Dial("tcp", netip.AddrPortFrom(node6, npLocal).String())
-		if err != nil {
-			return fmt.Errorf("connect to the node port: %w", err)
-		}
-		defer c.Close()
-		peer = c.RemoteAddr().String()
-		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-		r := bufio.NewReader(c)
-		if seen, err = r.ReadString('\n'); err != nil {
-			return fmt.Errorf("read the backend's greeting: %w", err)
-		}
-		data := make([]byte, size)
-		_, _ = rand.Read(data)
-		errc := make(chan error, 1)
-		go func() { _, err := c.Write(data); errc <- err }()
-		back := make([]byte, size)
-		if _, err := io.ReadFull(r, back); err != nil {
-			return fmt.Errorf("read the echo: %w", err)
-		}
-		if err := <-errc; err != nil {
-			return fmt.Errorf("write: %w", err)
-		}
-		if !bytes.Equal(back, data) {
-			return fmt.Errorf("the echo differs from what was sent")
-		}
-		return nil
-	})
-	if err != nil {
+	// The remote backend, in the world: says whom it sees, then echoes.
+	var rln net.Listener
+	if err := linux.InNetNS(world, func() (err error) {
+		rln, err = net.Listen("tcp", net.JoinHostPort(peerPod6.String(), fmt.Sprint(backendPort)))
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
+	defer rln.Close()
+	go func() {
+		for {
+			c, err := rln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = fmt.Fprintf(c, "%s\n", c.RemoteAddr())
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+
+	// exchange connects from the world's client to the node port, reads
+	// whom the backend saw and echoes 1 MiB through the connection.
+	exchange := func(port uint16) (seen netip.AddrPort, peer string) {
+		t.Helper()
+		const size = 1 << 20
+		var greeting string
+		err := linux.InNetNS(world, func() error {
+			// Room for SYN retransmissions (1 s, 3 s, 7 s) on a loaded
+			// machine: neighbour discovery on the veths may cost the first.
+			d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: client6.AsSlice()}}
+			c, err := d.Dial("tcp", netip.AddrPortFrom(node6, port).String())
+			if err != nil {
+				return fmt.Errorf("connect to the node port: %w", err)
+			}
+			defer c.Close()
+			peer = c.RemoteAddr().String()
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			r := bufio.NewReader(c)
+			if greeting, err = r.ReadString('\n'); err != nil {
+				return fmt.Errorf("read the backend's greeting: %w", err)
+			}
+			data := make([]byte, size)
+			_, _ = rand.Read(data)
+			errc := make(chan error, 1)
+			go func() { _, err := c.Write(data); errc <- err }()
+			back := make([]byte, size)
+			if _, err := io.ReadFull(r, back); err != nil {
+				return fmt.Errorf("read the echo: %w", err)
+			}
+			if err := <-errc; err != nil {
+				return fmt.Errorf("write: %w", err)
+			}
+			if !bytes.Equal(back, data) {
+				return fmt.Errorf("the echo differs from what was sent")
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("node port %d: %v", port, err)
+		}
+		seen, err = netip.ParseAddrPort(strings.TrimSpace(greeting))
+		if err != nil {
+			t.Fatalf("node port %d: the backend's greeting %q: %v", port, greeting, err)
+		}
+		return seen, peer
+	}
+
+	seen, peer := exchange(npLocal)
 	if want := netip.AddrPortFrom(node6, npLocal).String(); peer != want {
 		t.Fatalf("the client talks to %s, want the node port %s", peer, want)
 	}
-	if got, err := netip.ParseAddrPort(strings.TrimSpace(seen)); err != nil || got.Addr() != client6 {
-		t.Fatalf("the backend saw %q, want the client %s (source kept)", seen, client6)
+	if seen.Addr() != client6 {
+		t.Fatalf("the local backend saw %s, want the client %s (source kept)", seen, client6)
 	}
 	if n := metric(t, l, maps.ReasonNodeport, maps.DirIngress); n == 0 {
 		t.Fatal("no packet counted as translated to a backend")
+	}
+	// The remote backend sees the node's address and a masquerade
+	// port; its replies reach the client from the node port.
+	seen, peer = exchange(npRemote)
+	if want := netip.AddrPortFrom(node6, npRemote).String(); peer != want {
+		t.Fatalf("the client talks to %s, want the node port %s", peer, want)
+	}
+	if seen.Addr() != node6 || !inRange(seen.Port(), 61000, 61999) {
+		t.Fatalf("the remote backend saw %s, want %s and a port of 61000-61999", seen, node6)
+	}
+	if n := metric(t, l, maps.ReasonNodeportReply, maps.DirEgress); n == 0 {
+		t.Fatal("no remote backend's reply counted as translated")
 	}
 
 	// A closed UDP port behind the node port: the client's connected
