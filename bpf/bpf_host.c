@@ -10,17 +10,20 @@
  * range (nat.h); its tuple's mapping is kept in tdr_nat4_v1 both ways.
  * from_netdev (ingress): a reply to a masqueraded flow gets the pod's
  * address and port back as its destination; the host then routes it to
- * the pod, whose to_pod sees it as the reply of the pod's flow. An ICMP
- * error about a masqueraded flow is translated back the same way (its
- * outer destination and the packet it quotes).
+ * the pod, whose to_pod sees it as the reply of the pod's flow.
  *
- * IPv4 and IPv6 alike (ICMP errors are translated back for IPv4 only).
+ * Services for clients outside the cluster (nodeport.h, nodeport6.h):
+ * from_netdev translates a packet to a NodePort, externalIP or
+ * load-balancer frontend of this node to a backend (a remote one's source
+ * NATed to the node and the packet sent on), and a remote backend's reply
+ * back to the client; to_netdev gives a local backend's reply the
+ * frontend as its source.
  *
- * Services for clients outside the cluster (nodeport.h): from_netdev
- * translates a packet to a NodePort, externalIP or load-balancer frontend
- * of this node to a backend (a remote one's source NATed to the node and
- * the packet sent on), and a remote backend's reply back to the client;
- * to_netdev gives a local backend's reply the frontend as its source.
+ * An ICMP or ICMPv6 error about a masqueraded flow or a service flow from
+ * outside is translated back the same way (icmperr.h: its outer addresses
+ * and the packet it quotes).
+ *
+ * IPv4 and IPv6 alike.
  *
  * L2 announcements (arp.h): from_netdev answers the ARP requests for the
  * load-balancer and external addresses this node announces on the device.
@@ -39,6 +42,8 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/ipcache.h"
 #include "lib/nat.h"
 #include "lib/nodeport.h"
+#include "lib/nodeport6.h"
+#include "lib/icmperr.h"
 #include "lib/arp.h"
 
 /* to_netdev6 and from_netdev6 are the IPv6 halves of the programs below,
@@ -52,12 +57,22 @@ __attribute__((noinline)) int to_netdev6(struct __sk_buff *skb, struct pkt *p)
 		return TC_ACT_OK;
 	__u32 ifindex = skb->ifindex;
 	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
-	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V6) || !masq_needed6(p))
+	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V6))
 		return TC_ACT_OK;
+	/* A local backend's reply to an outside client: the frontend as
+	 * source (as to_netdev4). */
+	int rev;
+	if (!masq_needed6(p)) {
+		rev = nodeport_rev_out(skb, p);
+		return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
+	}
 	struct masq_scratch *s = masq_request(p, FAMILY_V6, dev->ipv6, 0);
 	if (!s)
 		return TC_ACT_OK;
 	if (!masq_mapped(s, FAMILY_V6)) {
+		rev = nodeport_rev_out(skb, p);
+		if (rev)
+			return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
 		int r = masq_alloc6(skb);
 		if (r < 0)
 			return drop((__u8)-r, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0);
@@ -68,6 +83,12 @@ __attribute__((noinline)) int to_netdev6(struct __sk_buff *skb, struct pkt *p)
 	return TC_ACT_OK;
 }
 
+/* from_netdev6's answer for a packet that is no reply of a mapping: maybe
+ * a flow from outside to a service frontend, which from_netdev gives to
+ * nodeport_in6 (not a TC verdict). */
+#define FROM_NETDEV6_NO_MAPPING 1002
+
+/* from_netdev6 returns the verdict, or FROM_NETDEV6_NO_MAPPING. */
 __attribute__((noinline)) int from_netdev6(struct __sk_buff *skb, struct pkt *p)
 {
 	if (!skb || !p)
@@ -76,12 +97,19 @@ __attribute__((noinline)) int from_netdev6(struct __sk_buff *skb, struct pkt *p)
 	nat_key(&k, FAMILY_V6, NAT_DIR_INGRESS, p->daddr, p->dport, p->saddr, p->sport, p->proto);
 	struct nat6_entry *m = bpf_map_lookup_elem(&tdr_nat6_v1, &k);
 	if (!m)
-		return TC_ACT_OK;
-	__u8 pod[16];
+		return FROM_NETDEV6_NO_MAPPING;
+	__u8 pod[16] __attribute__((aligned(4)));
 	__builtin_memcpy(pod, m->addr, 16);
 	__be16 port = m->port;
+	__u8 flags = m->flags;
 	if (masq_rewrite(skb, p, FAMILY_V6, 1, pod, port))
 		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+	if (flags & NAT_F_NODEPORT) {
+		/* A remote backend's reply to an outside client. */
+		__builtin_memcpy(p->daddr, pod, 16);
+		p->dport = port;
+		return nodeport_reply6(skb, p);
+	}
 	count(REASON_MASQ_REPLY, DIR_INGRESS, p->len);
 	return TC_ACT_OK;
 }
@@ -132,7 +160,15 @@ int to_netdev(struct __sk_buff *skb)
 	struct pkt p = {};
 
 	/* Unparseable packets are the host's business here, not ours. */
-	if (parse(skb, &p) || p.arp || !masq_l4(&p))
+	if (parse(skb, &p) || p.arp)
+		return TC_ACT_OK;
+	/* A local backend's ICMP error to an outside client (icmperr.h). */
+	if (p.icmp_error && !p.nonfirst_frag) {
+		if (p.family == FAMILY_V6)
+			return p.proto == IPPROTO_ICMPV6_ ? icmp_error_out6(skb, &p) : TC_ACT_OK;
+		return p.proto == IPPROTO_ICMP_ ? icmp_error_out4(skb, &p) : TC_ACT_OK;
+	}
+	if (!masq_l4(&p))
 		return TC_ACT_OK;
 	if (p.family == FAMILY_V6)
 		return to_netdev6(skb, &p);
@@ -148,15 +184,29 @@ int from_netdev(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	if (p.arp)
 		return arp_respond(skb);
-	if (p.family == FAMILY_V6)
-		return masq_l4(&p) ? from_netdev6(skb, &p) : TC_ACT_OK;
+	if (p.family == FAMILY_V6) {
+		if (p.icmp_error && p.proto == IPPROTO_ICMPV6_ && !p.nonfirst_frag) {
+			int r = icmp_error_in6(skb, &p);
+			return r == ICMP_ERR_NEEDS_REDIRECT ? icmp_err_redirect(skb, &p) : r;
+		}
+		if (!masq_l4(&p))
+			return TC_ACT_OK;
+		/* nodeport_in6 and nodeport_snat6 are called from here, not
+		 * from from_netdev6: from_netdev -> from_netdev6 ->
+		 * nodeport_in6 came to 576 bytes of stack, over the 512. */
+		int r = from_netdev6(skb, &p);
+		if (r != FROM_NETDEV6_NO_MAPPING)
+			return r;
+		/* Not a reply: maybe a flow from outside to a service
+		 * frontend (nodeport6.h). */
+		r = nodeport_in6(skb, &p);
+		if (r == NODEPORT_NEEDS_SNAT)
+			return nodeport_snat6(skb, &p);
+		return r >= 0 ? r : TC_ACT_OK;
+	}
 	if (p.icmp_error && p.proto == IPPROTO_ICMP_ && !p.nonfirst_frag) {
-		int r = masq_rev_icmp_error(skb, &p);
-		if (r < 0)
-			return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, &p, 0, 0, 0);
-		if (r == 0)
-			count(REASON_MASQ_REPLY, DIR_INGRESS, p.len);
-		return TC_ACT_OK;
+		int r = icmp_error_in4(skb, &p);
+		return r == ICMP_ERR_NEEDS_REDIRECT ? icmp_err_redirect(skb, &p) : r;
 	}
 	if (!masq_l4(&p))
 		return TC_ACT_OK;

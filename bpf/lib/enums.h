@@ -68,6 +68,7 @@
 #define REASON_MASQ_REPLY 6 /* Masquerade reply translated back to the pod */
 #define REASON_NODEPORT 7 /* Service from outside translated to a backend */
 #define REASON_NODEPORT_REPLY 8 /* Service reply translated back to an outside client */
+#define REASON_NODEPORT_ICMP_ERROR 9 /* ICMP error about a service flow from outside translated */
 #define REASON_POLICY_DENIED 10 /* Policy denied */
 #define REASON_POLICY_DENY_RULE 11 /* Policy denied by deny rule */
 #define REASON_TRUNCATED 12 /* Truncated packet */
@@ -172,7 +173,7 @@
  * kept (no source NAT); none: dropped. */
 #define SVC_F_EXT_LOCAL 0x20
 /* loadBalancerSourceRanges: only clients in the frontend's ranges
- * (tdr_lb4_srcrange_v1) are admitted from outside. */
+ * (tdr_lb4_srcrange_v1, tdr_lb6_srcrange_v1) are admitted from outside. */
 #define SVC_F_SOURCE_RANGES 0x40
 
 /* Backend states (lb_backend.state). Only active backends are in a
@@ -203,7 +204,7 @@
 #define NAT_DIR_EGRESS 1
 #define NAT_DIR_INGRESS 2
 
-/* NAT entry flags (nat4_entry.flags).
+/* NAT entry flags (nat4_entry.flags, nat6_entry.flags).
  * go:const NATFlag NAT_F_ uint8 */
 /* A NodePort mapping (nodeport.h): an outside client's flow to a backend
  * on another node, source-NATed to this node; its replies get the

@@ -230,6 +230,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb4_srcrange_v1 SEC(".maps");
 
+/* The same for IPv6 clients (prefixlen counts the 32 bits of the ID). */
+struct lb6_srcrange_key {
+	__u32 prefixlen;
+	__u32 rev_nat_id; /* network byte order */
+	__u8 addr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lb6_srcrange_key);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_lb6_srcrange_v1 SEC(".maps");
+
 /* LRU: as conntrack, a full table evicts the least recently used flows. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -113,8 +113,7 @@ static __always_inline void nat_key_set_port(void *k, const __u8 family, __be16 
 		((struct nat4_key *)k)->port_l = port_l;
 }
 
-/* nat_entry fills e (a struct nat4_entry or nat6_entry, by family); the
- * flags (NAT_F_*) are IPv4's only. */
+/* nat_entry fills e (a struct nat4_entry or nat6_entry, by family). */
 static __always_inline void *nat_entry(void *e, const __u8 family, const __u8 *addr, __be16 port, __u8 flags,
 				       __u64 created)
 {
@@ -122,7 +121,7 @@ static __always_inline void *nat_entry(void *e, const __u8 family, const __u8 *a
 		struct nat6_entry *e6 = e;
 		__builtin_memset(e6, 0, sizeof(*e6));
 		addr_copy(e6->addr, addr, family);
-		e6->port = port, e6->created = created;
+		e6->port = port, e6->flags = flags, e6->created = created;
 	} else {
 		struct nat4_entry *e4 = e;
 		__builtin_memset(e4, 0, sizeof(*e4));
@@ -471,54 +470,6 @@ static __always_inline int masq_rewrite(struct __sk_buff *skb, const struct pkt 
 		if (bpf_skb_store_bytes(skb, port_off, &port, 2, 0))
 			return -1;
 	}
-	return 0;
-}
-
-/* masq_rev_icmp_error gives an ICMP error about a masqueraded flow (a
- * router's "fragmentation needed", a remote's "port unreachable"), sent
- * to the node's address and quoting the packet as it left (node address
- * and port -> remote), back to the pod: the outer destination and the
- * quoted source become the pod's address and port. The IPv4 checksums of
- * both headers stay right and the ICMP checksum follows the quoted port
- * (the quoted header's address and checksum change by opposite amounts).
- * The quoted L4 checksum is left as it is: the pod's kernel finds the
- * socket by the quoted tuple and does not check it. Returns 0 when
- * translated, 1 when the error is about no mapping, -1 when the packet
- * could not be written. IPv4 only. */
-static __always_inline int masq_rev_icmp_error(struct __sk_buff *skb, struct pkt *p)
-{
-	struct nat4_key k = {.port_l = p->in_sport, .port_r = p->in_dport, .proto = p->in_proto, .dir = NAT_DIR_INGRESS};
-	/* Not nat_key: the quoted addresses are not 4-byte aligned. */
-	__builtin_memcpy(k.addr_l, p->in_saddr, 4);
-	__builtin_memcpy(k.addr_r, p->in_daddr, 4);
-	if (u32_at(p->in_saddr) != u32_at(p->daddr))
-		return 1;
-	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
-	if (!m)
-		return 1;
-	__u32 pod = u32_at(m->addr);
-	__be16 pport = m->port;
-	__u32 node = u32_at(p->daddr);
-	__u32 in_ip = p->l4_off + 8;
-	__u8 vihl;
-	if (bpf_skb_load_bytes(skb, in_ip, &vihl, 1))
-		return -1;
-	__u32 in_l4 = in_ip + ((__u32)(vihl & 0xf)) * 4;
-	__u32 port_off = in_l4 + (p->in_proto == IPPROTO_ICMP_ ? 4 : 0);
-	/* The outer destination. */
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + 10, node, pod, 4) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + 16, &pod, 4, 0))
-		return -1;
-	/* The quoted source address, with the quoted header's checksum. */
-	if (bpf_l3_csum_replace(skb, in_ip + 10, node, pod, 4) || bpf_skb_store_bytes(skb, in_ip + 12, &pod, 4, 0))
-		return -1;
-	/* The quoted source port (echo identifier), in the ICMP checksum. */
-	if (p->in_sport != pport) {
-		if (bpf_l4_csum_replace(skb, p->l4_off + 2, p->in_sport, pport, 2) ||
-		    bpf_skb_store_bytes(skb, port_off, &pport, 2, 0))
-			return -1;
-	}
-	__builtin_memcpy(p->daddr, m->addr, 4);
 	return 0;
 }
 

@@ -62,7 +62,10 @@ struct nat6_key {
 struct nat6_entry {
 	__u8 addr[16];
 	__be16 port;
-	__u8 pad[6];
+	/* NAT_F_* (enums.h): a byte of what was padding, so a table pinned
+	 * before keeps its layout (its entries read 0: masquerade). */
+	__u8 flags;
+	__u8 pad[5];
 	__u64 created;
 };
 

@@ -235,7 +235,7 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 				}
 			}
 			if fa.typ == FrontendLoadBalancer {
-				f.SourceRanges = svc.SourceRanges
+				f.SourceRanges = rangesOfFamily(svc.SourceRanges, fa.addr.Addr().Is4())
 			}
 			// The backends are those of clients in the cluster (pods
 			// and nodes: the socket and pod programs), which follow
@@ -369,6 +369,21 @@ func (w *Writer) frontendAddrs(svc *Service) []frontendAddr {
 		}
 		for _, a := range svc.LoadBalancerIPs {
 			out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendLoadBalancer})
+		}
+	}
+	return out
+}
+
+// rangesOfFamily are the source ranges of one family: a load-balancer
+// address admits the clients of its own family in its ranges, and, as
+// kube-proxy has it, every client of a family the ranges do not name (a
+// dual-stack service listing only IPv4 ranges leaves its IPv6 address
+// open, rather than closed to all).
+func rangesOfFamily(ranges []netip.Prefix, v4 bool) []netip.Prefix {
+	var out []netip.Prefix
+	for _, r := range ranges {
+		if r.Addr().Unmap().Is4() == v4 {
+			out = append(out, r)
 		}
 	}
 	return out

@@ -318,6 +318,53 @@ func TestWriterNodePortsExternalAndLBAddresses(t *testing.T) {
 	}
 }
 
+// TestWriterDualStackExternal: a dual-stack LoadBalancer service gets a
+// node port on each of the node's IPv4 and IPv6 addresses, each with the
+// backends of its family, and each load-balancer address the source
+// ranges of its own family (none: open to that family's clients).
+func TestWriterDualStackExternal(t *testing.T) {
+	w := newTestWriter(t)
+	name := ServiceName{Namespace: "ns", Name: "web"}
+	svc := &Service{Name: name, Type: "LoadBalancer", Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd96::10")},
+		Ports:                 []ServicePort{{Name: "http", Port: 80, Proto: TCP, NodePort: 30080}},
+		LoadBalancerIPs:       []netip.Addr{netip.MustParseAddr("198.51.100.50"), netip.MustParseAddr("2001:db8:5::50"), netip.MustParseAddr("2001:db8:5::51")},
+		SourceRanges:          []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:1::/48")},
+		ExternalTrafficPolicy: TrafficPolicyCluster, InternalTrafficPolicy: TrafficPolicyCluster}
+	if err := w.UpsertService(svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetBackends(name, "s1", []*Backend{be("10.0.0.1:8080", true, true, false, "node-a"), be("[fd00:10::1]:8080", true, true, false, "node-a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetNodeAddresses([]netip.Addr{netip.MustParseAddr("172.30.0.11"), netip.MustParseAddr("fd30::11")}); err != nil {
+		t.Fatal(err)
+	}
+	fs := frontends(w)
+	for key, want := range map[string]string{"172.30.0.11:30080/TCP": "10.0.0.1:8080", "[fd30::11]:30080/TCP": "[fd00:10::1]:8080"} {
+		f, ok := fs[key]
+		if !ok || f.Type != FrontendNodePort {
+			t.Fatalf("node port %s: %+v", key, f)
+		}
+		if got := active(f); len(got) != 1 || got[0] != want {
+			t.Fatalf("node port %s backends %v, want %s", key, got, want)
+		}
+	}
+	for key, want := range map[string]string{"198.51.100.50:80/TCP": "198.51.100.0/24", "[2001:db8:5::50]:80/TCP": "2001:db8:1::/48"} {
+		if rs := fs[key].SourceRanges; len(rs) != 1 || rs[0].String() != want {
+			t.Fatalf("load-balancer address %s ranges %v, want only %s", key, rs, want)
+		}
+	}
+	// Only IPv4 ranges: the IPv6 address admits every IPv6 client.
+	svc2 := *svc
+	svc2.SourceRanges = svc.SourceRanges[:1]
+	if err := w.UpsertService(&svc2); err != nil {
+		t.Fatal(err)
+	}
+	if rs := frontends(w)["[2001:db8:5::51]:80/TCP"].SourceRanges; len(rs) != 0 {
+		t.Fatalf("IPv6 address with IPv4 ranges only: %v, want none", rs)
+	}
+}
+
 // TestWriterExternalIPHandOver: two services name the same external IP and
 // port: the first keeps it, and the second gets it when the first lets go.
 func TestWriterExternalIPHandOver(t *testing.T) {

@@ -139,6 +139,13 @@ type HostLb6Key struct {
 	Pad   uint8
 }
 
+type HostLb6SrcrangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      [16]uint8
+}
+
 type HostLbAffinity struct {
 	_         structs.HostLayout
 	LastUsed  uint64
@@ -286,7 +293,8 @@ type HostNat6Entry struct {
 	_       structs.HostLayout
 	Addr    [16]uint8
 	Port    uint16
-	Pad     [6]uint8
+	Flags   uint8
+	Pad     [5]uint8
 	Created uint64
 }
 
@@ -329,6 +337,7 @@ const (
 	HostMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	HostMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	HostMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
+	HostMapTdrLb6SrcrangeV1      = "tdr_lb6_srcrange_v1"
 	HostMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
 	HostMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
 	HostMapTdrLbMaglevV1         = "tdr_lb_maglev_v1"
@@ -424,6 +433,7 @@ type HostMapSpecs struct {
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
@@ -493,6 +503,7 @@ type HostMaps struct {
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
@@ -529,6 +540,7 @@ func (m *HostMaps) Close() error {
 		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
+		m.TdrLb6SrcrangeV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,

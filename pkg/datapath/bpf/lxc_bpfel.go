@@ -163,6 +163,13 @@ type LxcLb6Key struct {
 	Pad   uint8
 }
 
+type LxcLb6SrcrangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      [16]uint8
+}
+
 type LxcLbAffinity struct {
 	_         structs.HostLayout
 	LastUsed  uint64
@@ -269,7 +276,8 @@ type LxcNat6Entry struct {
 	_       structs.HostLayout
 	Addr    [16]uint8
 	Port    uint16
-	Pad     [6]uint8
+	Flags   uint8
+	Pad     [5]uint8
 	Created uint64
 }
 
@@ -330,6 +338,7 @@ const (
 	LxcMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	LxcMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	LxcMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
+	LxcMapTdrLb6SrcrangeV1      = "tdr_lb6_srcrange_v1"
 	LxcMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
 	LxcMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
 	LxcMapTdrLbMaglevV1         = "tdr_lb_maglev_v1"
@@ -423,6 +432,7 @@ type LxcMapSpecs struct {
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
@@ -490,6 +500,7 @@ type LxcMaps struct {
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
@@ -525,6 +536,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
+		m.TdrLb6SrcrangeV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,

@@ -139,6 +139,13 @@ type SockLb6Key struct {
 	Pad   uint8
 }
 
+type SockLb6SrcrangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      [16]uint8
+}
+
 type SockLbAffinity struct {
 	_         structs.HostLayout
 	LastUsed  uint64
@@ -245,7 +252,8 @@ type SockNat6Entry struct {
 	_       structs.HostLayout
 	Addr    [16]uint8
 	Port    uint16
-	Pad     [6]uint8
+	Flags   uint8
+	Pad     [5]uint8
 	Created uint64
 }
 
@@ -288,6 +296,7 @@ const (
 	SockMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	SockMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	SockMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
+	SockMapTdrLb6SrcrangeV1      = "tdr_lb6_srcrange_v1"
 	SockMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
 	SockMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
 	SockMapTdrLbMaglevV1         = "tdr_lb_maglev_v1"
@@ -392,6 +401,7 @@ type SockMapSpecs struct {
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
@@ -458,6 +468,7 @@ type SockMaps struct {
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
@@ -493,6 +504,7 @@ func (m *SockMaps) Close() error {
 		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
+		m.TdrLb6SrcrangeV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,

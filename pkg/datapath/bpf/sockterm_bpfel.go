@@ -56,6 +56,13 @@ type SockTermLb6Key struct {
 	Pad   uint8
 }
 
+type SockTermLb6SrcrangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      [16]uint8
+}
+
 type SockTermLbAffinity struct {
 	_         structs.HostLayout
 	LastUsed  uint64
@@ -150,6 +157,7 @@ const (
 	SockTermMapTdrLb4SrcrangeV1  = "tdr_lb4_srcrange_v1"
 	SockTermMapTdrLb6FlowsV1     = "tdr_lb6_flows_v1"
 	SockTermMapTdrLb6ServicesV1  = "tdr_lb6_services_v1"
+	SockTermMapTdrLb6SrcrangeV1  = "tdr_lb6_srcrange_v1"
 	SockTermMapTdrLbAffinityV1   = "tdr_lb_affinity_v1"
 	SockTermMapTdrLbBackendsV1   = "tdr_lb_backends_v1"
 	SockTermMapTdrLbMaglevV1     = "tdr_lb_maglev_v1"
@@ -216,6 +224,7 @@ type SockTermMapSpecs struct {
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
@@ -256,6 +265,7 @@ type SockTermMaps struct {
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
@@ -272,6 +282,7 @@ func (m *SockTermMaps) Close() error {
 		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
+		m.TdrLb6SrcrangeV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,

@@ -1,6 +1,7 @@
 package hostdev
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -78,9 +79,26 @@ func BenchmarkPrivilegedNodePort(b *testing.B) {
 			return frame(world, node, protoTCP, 80, src.Port(), 0)
 		}, 0},
 		{"HostPassThrough", false, func(*masqNode) []byte { return frame(node, world, protoTCP, 40000, 80, 0) }, 0},
+		// The same over IPv6 (nodeport6.h, on a node that has both).
+		{"IPv6LocalBackend", true, func(*masqNode) []byte { return frame6(client6, node6, protoTCP, 40000, npLocal, 0) }, 0},
+		{"IPv6LocalBackendReply", false, func(n *masqNode) []byte {
+			n.ingress(frame6(client6, node6, protoTCP, 40000, npLocal, 0))
+			return frame6(pod6, client6, protoTCP, backendPort, 40000, 0)
+		}, 0},
+		{"IPv6RemoteBackend", true, func(*masqNode) []byte { return frame6(client6, node6, protoTCP, 40000, npRemote, 0) }, 7},
+		{"IPv6RemoteBackendReply", true, func(n *masqNode) []byte {
+			_, out := n.ingress(frame6(client6, node6, protoTCP, 40000, npRemote, 0))
+			src, _ := tuple6(out)
+			return frame6(peerPod6, node6, protoTCP, backendPort, src.Port(), 0)
+		}, 7},
+		{"IPv6NoService", true, func(*masqNode) []byte { return frame6(client6, node6, protoTCP, 40000, 22, 0) }, 0},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			n := newNodePortNode(b)
+			newNode := newNodePortNode
+			if strings.HasPrefix(c.name, "IPv6") {
+				newNode = newNodePort6Node
+			}
+			n := newNode(b)
 			to, from := n.h.toNetdev, n.h.fromNet
 			prog, ifindex := from, n.uplink
 			if !c.ingress {
@@ -118,5 +136,32 @@ func BenchmarkPrivilegedNodePort(b *testing.B) {
 				b.ReportMetric(float64(after.Runtime-before.Runtime)/float64(runs), "bpf-ns/packet")
 			}
 		})
+	}
+}
+
+// BenchmarkPrivilegedLoadHostPrograms: loading the host device programs
+// (the kernel's verifier is most of it), with the instructions the
+// verifier processed for each program (its global functions included)
+// and the program's size after translation.
+func BenchmarkPrivilegedLoadHostPrograms(b *testing.B) {
+	n := newMasqNode(b, 61000, 65535)
+	for range b.N {
+		h, err := Load(Options{BPFRoot: n.root, PortMin: 61000, PortMax: 65535, Maps: n.l.MapReplacements()}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for name, p := range map[string]*ebpf.Program{"to_netdev": h.toNetdev, "from_netdev": h.fromNet} {
+			info, err := p.Info()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if v, ok := info.VerifiedInstructions(); ok {
+				b.ReportMetric(float64(v), name+"-verified-insns")
+			}
+			if insns, err := info.Instructions(); err == nil {
+				b.ReportMetric(float64(len(insns)), name+"-xlated-insns")
+			}
+		}
+		h.Close()
 	}
 }

@@ -51,6 +51,7 @@ type masqNode struct {
 	t      testing.TB
 	l      *loader.Loader
 	h      *Programs
+	root   string
 	podIf  int
 	uplink int
 }
@@ -83,6 +84,7 @@ func newMasqNode(t testing.TB, portMin, portMax uint16) *masqNode {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	root := filepath.Join("/sys/fs/bpf", "tendril-hosttest-"+hex.EncodeToString(b))
+	n.root = root
 	n.l = loader.New(loader.Config{BPFRoot: root}, nil)
 	t.Cleanup(func() { _ = n.l.Remove() })
 	if err := n.l.Start(); err != nil {

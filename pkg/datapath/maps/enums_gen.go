@@ -69,6 +69,7 @@ const (
 	ReasonMasqReply         uint8 = 6  // REASON_MASQ_REPLY: Masquerade reply translated back to the pod
 	ReasonNodeport          uint8 = 7  // REASON_NODEPORT: Service from outside translated to a backend
 	ReasonNodeportReply     uint8 = 8  // REASON_NODEPORT_REPLY: Service reply translated back to an outside client
+	ReasonNodeportICMPError uint8 = 9  // REASON_NODEPORT_ICMP_ERROR: ICMP error about a service flow from outside translated
 	ReasonPolicyDenied      uint8 = 10 // REASON_POLICY_DENIED: Policy denied
 	ReasonPolicyDenyRule    uint8 = 11 // REASON_POLICY_DENY_RULE: Policy denied by deny rule
 	ReasonTruncated         uint8 = 12 // REASON_TRUNCATED: Truncated packet
@@ -100,6 +101,7 @@ func ReasonNames() map[uint8]string {
 		ReasonMasqReply:         "Masquerade reply translated back to the pod",
 		ReasonNodeport:          "Service from outside translated to a backend",
 		ReasonNodeportReply:     "Service reply translated back to an outside client",
+		ReasonNodeportICMPError: "ICMP error about a service flow from outside translated",
 		ReasonPolicyDenied:      "Policy denied",
 		ReasonPolicyDenyRule:    "Policy denied by deny rule",
 		ReasonTruncated:         "Truncated packet",
@@ -223,7 +225,7 @@ const (
 	// kept (no source NAT); none: dropped.
 	SvcFlagExtLocal uint8 = 0x20 // SVC_F_EXT_LOCAL
 	// loadBalancerSourceRanges: only clients in the frontend's ranges
-	// (tdr_lb4_srcrange_v1) are admitted from outside.
+	// (tdr_lb4_srcrange_v1, tdr_lb6_srcrange_v1) are admitted from outside.
 	SvcFlagSourceRanges uint8 = 0x40 // SVC_F_SOURCE_RANGES
 )
 
@@ -271,7 +273,7 @@ const (
 	NATDirIngress uint8 = 2 // NAT_DIR_INGRESS
 )
 
-// NAT entry flags (nat4_entry.flags).
+// NAT entry flags (nat4_entry.flags, nat6_entry.flags).
 // From NAT_F_* of bpf/lib/enums.h.
 const (
 	// A NodePort mapping (nodeport.h): an outside client's flow to a backend

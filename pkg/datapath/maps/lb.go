@@ -23,6 +23,7 @@ const (
 	LBMaglevMapName     = bpf.LxcMapTdrLbMaglevV1
 	LBSockRevNATMapName = bpf.LxcMapTdrLbSockRevnatV1
 	LB4SrcRangeMapName  = bpf.LxcMapTdrLb4SrcrangeV1
+	LB6SrcRangeMapName  = bpf.LxcMapTdrLb6SrcrangeV1
 )
 
 // L4 protocols a frontend may have.
@@ -43,21 +44,22 @@ type LBMaps struct {
 	Affinity   *ebpf.Map // (client, service ID) -> backend ID, last use
 	Maglev     *ebpf.Map // service ID -> Maglev table
 	SockRevNAT *ebpf.Map // (socket cookie, backend) -> frontend
-	SrcRange4  *ebpf.Map // (reverse NAT ID, client prefix): loadBalancerSourceRanges
+	SrcRange4  *ebpf.Map // (reverse NAT ID, IPv4 client prefix): loadBalancerSourceRanges
+	SrcRange6  *ebpf.Map // (reverse NAT ID, IPv6 client prefix)
 }
 
 // LBFromObjects takes the load-balancing maps of the loaded pod object.
 func LBFromObjects(o *bpf.LxcMaps) *LBMaps {
 	return &LBMaps{Services4: o.TdrLb4ServicesV1, Services6: o.TdrLb6ServicesV1, Slots: o.TdrLbSlotsV1, Backends: o.TdrLbBackendsV1,
 		RevNAT: o.TdrLbRevnatV1, Affinity: o.TdrLbAffinityV1, Maglev: o.TdrLbMaglevV1, SockRevNAT: o.TdrLbSockRevnatV1,
-		SrcRange4: o.TdrLb4SrcrangeV1}
+		SrcRange4: o.TdrLb4SrcrangeV1, SrcRange6: o.TdrLb6SrcrangeV1}
 }
 
 func (m *LBMaps) fields() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
 		LB4ServicesMapName: &m.Services4, LB6ServicesMapName: &m.Services6, LBSlotsMapName: &m.Slots, LBBackendsMapName: &m.Backends,
 		LBRevNATMapName: &m.RevNAT, LBAffinityMapName: &m.Affinity, LBMaglevMapName: &m.Maglev, LBSockRevNATMapName: &m.SockRevNAT,
-		LB4SrcRangeMapName: &m.SrcRange4,
+		LB4SrcRangeMapName: &m.SrcRange4, LB6SrcRangeMapName: &m.SrcRange6,
 	}
 }
 
@@ -792,70 +794,107 @@ func LBHashTuple(src, dst netip.AddrPort, proto uint8) uint32 {
 	return LBHash(words...)
 }
 
-// SrcRangeMap is loadBalancerSourceRanges (IPv4): the client prefixes
-// each frontend with SvcFlagSourceRanges admits from outside, keyed by the
-// frontend's reverse NAT ID (bpf/lib/lbmaps.h tdr_lb4_srcrange_v1).
-type SrcRangeMap struct{ m *ebpf.Map }
+// SrcRangeMap is loadBalancerSourceRanges: the client prefixes each
+// frontend with SvcFlagSourceRanges admits from outside, keyed by the
+// frontend's reverse NAT ID and the prefix, one LPM trie per family
+// (bpf/lib/lbmaps.h tdr_lb4_srcrange_v1, tdr_lb6_srcrange_v1). A frontend
+// checks the clients of its own family only.
+type SrcRangeMap struct{ m4, m6 *ebpf.Map }
 
 // SrcRangeMap is the typed source range map.
-func (m *LBMaps) SrcRangeMap() SrcRangeMap { return SrcRangeMap{m: m.SrcRange4} }
+func (m *LBMaps) SrcRangeMap() SrcRangeMap { return SrcRangeMap{m4: m.SrcRange4, m6: m.SrcRange6} }
 
-func srcRangeKey(revNAT uint32, p netip.Prefix) bpf.LxcLb4SrcrangeKey {
-	k := bpf.LxcLb4SrcrangeKey{Prefixlen: 32 + uint32(p.Bits()), Addr: p.Masked().Addr().As4()}
-	// The ID is part of the trie's prefix: big-endian, as the datapath
-	// writes it (bpf_htonl).
-	k.RevNatId = binary.NativeEndian.Uint32(binary.BigEndian.AppendUint32(nil, revNAT))
-	return k
+// beID is a reverse NAT ID as the tries' keys hold it: part of the
+// prefix, so big-endian, as the datapath writes it (bpf_htonl).
+func beID(revNAT uint32) uint32 {
+	return binary.NativeEndian.Uint32(binary.BigEndian.AppendUint32(nil, revNAT))
+}
+
+// srcRangeEntry is one key of either trie.
+type srcRangeEntry struct {
+	k4 bpf.LxcLb4SrcrangeKey
+	k6 bpf.LxcLb6SrcrangeKey
+	v6 bool
+}
+
+func srcRangeKey(revNAT uint32, p netip.Prefix) srcRangeEntry {
+	a := p.Addr()
+	if a.Is4In6() && p.Bits() >= 96 {
+		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	p = p.Masked()
+	if p.Addr().Is4() {
+		return srcRangeEntry{k4: bpf.LxcLb4SrcrangeKey{Prefixlen: 32 + uint32(p.Bits()), RevNatId: beID(revNAT), Addr: p.Addr().As4()}}
+	}
+	return srcRangeEntry{v6: true, k6: bpf.LxcLb6SrcrangeKey{Prefixlen: 32 + uint32(p.Bits()), RevNatId: beID(revNAT), Addr: p.Addr().As16()}}
+}
+
+func (m SrcRangeMap) put(e srcRangeEntry) error {
+	var one uint8 = 1
+	if e.v6 {
+		return m.m6.Put(&e.k6, &one)
+	}
+	return m.m4.Put(&e.k4, &one)
+}
+
+func (m SrcRangeMap) delete(e srcRangeEntry) error {
+	if e.v6 {
+		return ignoreMissing(m.m6.Delete(&e.k6))
+	}
+	return ignoreMissing(m.m4.Delete(&e.k4))
 }
 
 // Set makes want the ranges of frontend revNAT, deleting those of prev
-// not in want. IPv6 prefixes are skipped (the datapath checks IPv4
-// clients only).
+// not in want.
 func (m SrcRangeMap) Set(revNAT uint32, want, prev []netip.Prefix) error {
-	keep := map[bpf.LxcLb4SrcrangeKey]bool{}
-	var one uint8 = 1
+	keep := map[srcRangeEntry]bool{}
 	for _, p := range want {
-		if !p.Addr().Unmap().Is4() {
-			continue
-		}
-		p = netip.PrefixFrom(p.Addr().Unmap(), min(p.Bits(), 32))
-		k := srcRangeKey(revNAT, p)
-		keep[k] = true
-		if err := m.m.Put(&k, &one); err != nil {
+		e := srcRangeKey(revNAT, p)
+		keep[e] = true
+		if err := m.put(e); err != nil {
 			return fmt.Errorf("write source range %s of reverse NAT ID %d: %w", p, revNAT, err)
 		}
 	}
 	for _, p := range prev {
-		if !p.Addr().Unmap().Is4() {
+		e := srcRangeKey(revNAT, p)
+		if keep[e] {
 			continue
 		}
-		k := srcRangeKey(revNAT, netip.PrefixFrom(p.Addr().Unmap(), min(p.Bits(), 32)))
-		if keep[k] {
-			continue
-		}
-		if err := ignoreMissing(m.m.Delete(&k)); err != nil {
+		if err := m.delete(e); err != nil {
 			return fmt.Errorf("delete source range %s of reverse NAT ID %d: %w", p, revNAT, err)
 		}
 	}
 	return nil
 }
 
-// List returns every frontend's source ranges, by reverse NAT ID.
+// List returns every frontend's source ranges (both families), by
+// reverse NAT ID.
 func (m SrcRangeMap) List() (map[uint32][]netip.Prefix, error) {
 	out := map[uint32][]netip.Prefix{}
-	var k bpf.LxcLb4SrcrangeKey
+	idOf := func(k uint32) uint32 { return binary.BigEndian.Uint32(binary.NativeEndian.AppendUint32(nil, k)) }
+	var k4 bpf.LxcLb4SrcrangeKey
 	var v uint8
-	it := m.m.Iterate()
-	for it.Next(&k, &v) {
-		id := binary.BigEndian.Uint32(binary.NativeEndian.AppendUint32(nil, k.RevNatId))
-		bits := int(k.Prefixlen) - 32
-		if bits < 0 || bits > 32 {
-			continue
+	it := m.m4.Iterate()
+	for it.Next(&k4, &v) {
+		if bits := int(k4.Prefixlen) - 32; bits >= 0 && bits <= 32 {
+			out[idOf(k4.RevNatId)] = append(out[idOf(k4.RevNatId)], netip.PrefixFrom(netip.AddrFrom4(k4.Addr), bits))
 		}
-		out[id] = append(out[id], netip.PrefixFrom(netip.AddrFrom4(k.Addr), bits))
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("iterate source ranges: %w", err)
+		return nil, fmt.Errorf("iterate IPv4 source ranges: %w", err)
+	}
+	if m.m6 == nil {
+		return out, nil
+	}
+	var k6 bpf.LxcLb6SrcrangeKey
+	it = m.m6.Iterate()
+	for it.Next(&k6, &v) {
+		if bits := int(k6.Prefixlen) - 32; bits >= 0 && bits <= 128 {
+			out[idOf(k6.RevNatId)] = append(out[idOf(k6.RevNatId)], netip.PrefixFrom(netip.AddrFrom16(k6.Addr), bits))
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate IPv6 source ranges: %w", err)
 	}
 	return out, nil
 }

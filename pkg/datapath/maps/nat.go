@@ -96,7 +96,7 @@ type natKey struct {
 type natValue struct {
 	Addr    netip.Addr
 	Port    uint16
-	Flags   uint8 // NAT_F_*: IPv4 only
+	Flags   uint8 // NAT_F_*
 	Created uint64
 }
 
@@ -113,7 +113,7 @@ func (v natValue) raw4() bpf.LxcNat4Entry {
 }
 
 func (v natValue) raw6() bpf.LxcNat6Entry {
-	return bpf.LxcNat6Entry{Addr: v.Addr.As16(), Port: Htons(v.Port), Created: v.Created}
+	return bpf.LxcNat6Entry{Addr: v.Addr.As16(), Port: Htons(v.Port), Flags: v.Flags, Created: v.Created}
 }
 
 func decode4(k bpf.LxcNat4Key, v bpf.LxcNat4Entry) (natKey, natValue) {
@@ -123,7 +123,7 @@ func decode4(k bpf.LxcNat4Key, v bpf.LxcNat4Entry) (natKey, natValue) {
 
 func decode6(k bpf.LxcNat6Key, v bpf.LxcNat6Entry) (natKey, natValue) {
 	return natKey{Local: netip.AddrFrom16(k.AddrL), Remote: netip.AddrFrom16(k.AddrR), LocalPort: Ntohs(k.PortL), RemotePort: Ntohs(k.PortR), Proto: k.Proto, Dir: k.Dir},
-		natValue{Addr: netip.AddrFrom16(v.Addr), Port: Ntohs(v.Port), Created: v.Created}
+		natValue{Addr: netip.AddrFrom16(v.Addr), Port: Ntohs(v.Port), Flags: v.Flags, Created: v.Created}
 }
 
 // keys are the mapping's two entries' keys: its tuple as the pod sends it

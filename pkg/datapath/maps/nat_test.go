@@ -41,13 +41,14 @@ func TestPrivilegedNATTable(t *testing.T) {
 	svc4 := NATMapping{Proto: 6, Pod: a("203.0.113.9"), PodPort: 50000, Remote: a("10.0.1.7"), RemotePort: 8080, Node: a("172.30.0.11"), NodePort: 61002, Created: old, Service: true}
 	live6 := NATMapping{Proto: 6, Pod: a("fd00:10::2"), PodPort: 40000, Remote: a("2001:db8::1"), RemotePort: 443, Node: a("fd00:ff::11"), NodePort: 61000, Created: old}
 	dead6 := NATMapping{Proto: 58, Pod: a("fd00:10::2"), PodPort: 7, Remote: a("2001:db8::1"), Node: a("fd00:ff::11"), NodePort: 61003, Created: old}
+	svc6 := NATMapping{Proto: 6, Pod: a("2001:db8:9::9"), PodPort: 50000, Remote: a("fd00:10:1::7"), RemotePort: 8080, Node: a("fd00:ff::11"), NodePort: 61002, Created: old, Service: true}
 	young6 := NATMapping{Proto: 17, Pod: a("fd00:10::3"), PodPort: 40002, Remote: a("2001:db8::1"), RemotePort: 53, Node: a("fd00:ff::11"), NodePort: 61004, Created: now}
-	for _, n := range []NATMapping{live4, dead4, svc4, live6, dead6, young6} {
+	for _, n := range []NATMapping{live4, dead4, svc4, live6, svc6, dead6, young6} {
 		if err := nat.Upsert(n); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, n := range []NATMapping{live4, svc4, live6} {
+	for _, n := range []NATMapping{live4, svc4, live6, svc6} {
 		if err := ct.Upsert(CTEntry{Proto: n.Proto, Src: n.Pod, SrcPort: n.PodPort, Dst: n.Remote, DstPort: n.RemotePort, Expires: now + 60e9}); err != nil {
 			t.Fatal(err)
 		}
@@ -78,9 +79,9 @@ func TestPrivilegedNATTable(t *testing.T) {
 		return netip.AddrPortFrom(n.Pod, n.PodPort).String() + "/" + n.Remote.String()
 	}
 	sort.Slice(list, func(i, j int) bool { return key(list[i]) < key(list[j]) })
-	want := []NATMapping{live4, dead4, svc4, live6, dead6, young6, orphanFwd, orphanRev, stale}
-	for i := range want[6:] {
-		want[6+i].Orphan = true
+	want := []NATMapping{live4, dead4, svc4, live6, svc6, dead6, young6, orphanFwd, orphanRev, stale}
+	for i := range want[7:] {
+		want[7+i].Orphan = true
 	}
 	sort.Slice(want, func(i, j int) bool { return key(want[i]) < key(want[j]) })
 	if len(list) != len(want) {
@@ -91,8 +92,8 @@ func TestPrivilegedNATTable(t *testing.T) {
 			t.Errorf("mapping %d: got %+v, want %+v", i, list[i], want[i])
 		}
 	}
-	if c, _ := nat.Count(); c != 2*6+3 {
-		t.Errorf("%d entries, want %d", c, 2*6+3)
+	if c, _ := nat.Count(); c != 2*7+3 {
+		t.Errorf("%d entries, want %d", c, 2*7+3)
 	}
 
 	res, err := nat.CollectNAT(ct, now)
@@ -101,8 +102,8 @@ func TestPrivilegedNATTable(t *testing.T) {
 	}
 	// dead4 and dead6 with both halves; orphanFwd and orphanRev; stale's
 	// forward half (its reverse key is live4's).
-	if res.Seen != 9 || res.Deleted != 2 || res.Orphans != 3 {
-		t.Errorf("sweep %+v, want 9 seen, 2 deleted, 3 orphans", res)
+	if res.Seen != 10 || res.Deleted != 2 || res.Orphans != 3 {
+		t.Errorf("sweep %+v, want 10 seen, 2 deleted, 3 orphans", res)
 	}
 	list, _ = nat.List()
 	left := map[string]bool{}
@@ -112,12 +113,12 @@ func TestPrivilegedNATTable(t *testing.T) {
 		}
 		left[key(n)] = true
 	}
-	for _, n := range []NATMapping{live4, svc4, live6, young6} {
+	for _, n := range []NATMapping{live4, svc4, live6, svc6, young6} {
 		if !left[key(n)] {
 			t.Errorf("mapping %+v collected", n)
 		}
 	}
-	if len(list) != 4 {
-		t.Errorf("%d mappings left, want 4: %+v", len(list), list)
+	if len(list) != 5 {
+		t.Errorf("%d mappings left, want 5: %+v", len(list), list)
 	}
 }

@@ -37,7 +37,8 @@ func newLBMaps(t testing.TB) *maps.LBMaps {
 	}
 	m := &maps.LBMaps{Services4: mk(maps.LB4ServicesMapName), Services6: mk(maps.LB6ServicesMapName), Slots: mk(maps.LBSlotsMapName),
 		Backends: mk(maps.LBBackendsMapName), RevNAT: mk(maps.LBRevNATMapName), Affinity: mk(maps.LBAffinityMapName),
-		Maglev: mk(maps.LBMaglevMapName), SockRevNAT: mk(maps.LBSockRevNATMapName), SrcRange4: mk(maps.LB4SrcRangeMapName)}
+		Maglev: mk(maps.LBMaglevMapName), SockRevNAT: mk(maps.LBSockRevNATMapName), SrcRange4: mk(maps.LB4SrcRangeMapName),
+		SrcRange6: mk(maps.LB6SrcRangeMapName)}
 	t.Cleanup(m.Close)
 	return m
 }
@@ -458,5 +459,58 @@ func TestPrivilegedOpsExternalScopes(t *testing.T) {
 	}
 	if ranges() != 0 {
 		t.Fatalf("%d ranges after the frontend's deletion", ranges())
+	}
+}
+
+// TestPrivilegedOpsExternalIPv6: an IPv6 load-balancer frontend is marked
+// external and its IPv6 source ranges go into the IPv6 trie (none into
+// the IPv4 one); a restarted Ops lists them again, and the frontend's
+// deletion removes them.
+func TestPrivilegedOpsExternalIPv6(t *testing.T) {
+	m := newLBMaps(t)
+	o := New(m, maglev.DefaultConfig(), quiet())
+	ctx := context.Background()
+	lb := fe("[2001:db8:5::10]:80", loadbalancer.TCP, act("[fd00:10::2]:8080"))
+	lb.Type, lb.ExternalTrafficPolicy = loadbalancer.FrontendLoadBalancer, loadbalancer.TrafficPolicyCluster
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("2001:db8:1::/48"), netip.MustParsePrefix("2001:db8:2::7/128")}
+	if err := o.Update(ctx, nil, 0, lb); err != nil {
+		t.Fatal(err)
+	}
+	// count is the number of ranges of family v6 in the tries.
+	count := func(v6 bool) int {
+		all, err := m.SrcRangeMap().List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, rs := range all {
+			for _, r := range rs {
+				if r.Addr().Is6() == v6 {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	s, _ := slotsOf(t, m, lb)
+	if s.Flags != maps.SvcFlagExternal|maps.SvcFlagSourceRanges || count(true) != 2 || count(false) != 0 {
+		t.Fatalf("IPv6 load balancer %+v with %d IPv6 and %d IPv4 ranges, want external with 2 IPv6", s, count(true), count(false))
+	}
+	o2 := New(m, maglev.DefaultConfig(), quiet())
+	if _, err := o2.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.SrcRangeMap().List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs := got[s.RevNATID]; len(rs) != 2 {
+		t.Fatalf("ranges listed for reverse NAT ID %d: %v, want the two IPv6 ones", s.RevNATID, rs)
+	}
+	if err := o2.Delete(ctx, nil, 0, lb); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(true); n != 0 {
+		t.Fatalf("%d IPv6 ranges after the frontend's deletion", n)
 	}
 }
