@@ -68,6 +68,7 @@
 #define REASON_MASQ_REPLY 6 /* Masquerade reply translated back to the pod */
 #define REASON_NODEPORT 7 /* Service from outside translated to a backend */
 #define REASON_NODEPORT_REPLY 8 /* Service reply translated back to an outside client */
+#define REASON_NODEPORT_DSR 9 /* Service from outside sent to a remote backend (DSR) */
 #define REASON_POLICY_DENIED 10 /* Policy denied */
 #define REASON_POLICY_DENY_RULE 11 /* Policy denied by deny rule */
 #define REASON_TRUNCATED 12 /* Truncated packet */
@@ -85,6 +86,7 @@
 #define REASON_SVC_NO_LOCAL_BACKEND 24 /* Service has no local backend (externalTrafficPolicy Local) */
 #define REASON_SOURCE_RANGE_DENIED 25 /* Client outside the load balancer's source ranges */
 #define REASON_NODEPORT_NO_ROUTE 26 /* No route to the service backend */
+#define REASON_DSR_MTU_EXCEEDED 27 /* DSR option would exceed the MTU */
 
 /* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
  * counters.

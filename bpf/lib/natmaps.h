@@ -105,4 +105,35 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_hostdev_v1 SEC(".maps");
 
+/* Direct server return (nodeport.h): on a backend's node, the service
+ * frontend an outside client's flow was sent to, read from the IPv4
+ * option the forwarding node wrote, by the flow's tuple as it arrives
+ * (client -> backend). The backend's replies leave with the frontend as
+ * their source. An LRU: an entry is refreshed by the flow's packets that
+ * carry the option (a TCP flow's SYN, every UDP datagram) and the least
+ * recently used go when the table is full; no mapping of a port rests on
+ * it, so eviction costs only an idle flow's replies. */
+struct dsr4_key {
+	__u8 client[4];
+	__u8 backend[4];
+	__be16 client_port;
+	__be16 backend_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct dsr4_entry {
+	__u8 addr[4];
+	__be16 port;
+	__u8 pad[2];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct dsr4_key);
+	__type(value, struct dsr4_entry);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_dsr4_v1 SEC(".maps");
+
 #endif

@@ -27,11 +27,25 @@ type Config struct {
 	// MasqueradePortRange is the source ports (ICMP echo identifiers)
 	// masqueraded flows get, "MIN-MAX".
 	MasqueradePortRange string
+	// LBMode is how a request from outside the cluster reaches a backend
+	// on another node: LBModeSNAT (the source becomes this node's
+	// address, the reply comes back through here) or LBModeDSR (direct
+	// server return: the client's source is kept, the frontend travels to
+	// the backend's node in an IPv4 option and the reply leaves that node
+	// straight to the client). Cilium's --bpf-lb-mode; every node of a
+	// cluster needs the same.
+	LBMode string
 }
+
+// Load-balancing modes (Config.LBMode).
+const (
+	LBModeSNAT = "snat"
+	LBModeDSR  = "dsr"
+)
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{EnableMasquerade: true, MasqueradePortRange: "61000-65535"}
+	return Config{EnableMasquerade: true, MasqueradePortRange: "61000-65535", LBMode: LBModeSNAT}
 }
 
 // Flags registers the options.
@@ -44,6 +58,8 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 		"Destinations pod traffic keeps its address to, besides the cluster's pod CIDRs and known pod and node addresses")
 	fs.StringVar(&c.MasqueradePortRange, "masquerade-port-range", c.MasqueradePortRange,
 		"Source ports masqueraded flows get, MIN-MAX (reserved from the host's ephemeral ports)")
+	fs.StringVar(&c.LBMode, "bpf-lb-mode", c.LBMode,
+		"How a request from outside reaches a backend on another node: snat (source NATed to this node, replies back through it) or dsr (direct server return: client source kept, replies leave the backend's node; IPv4, every node the same)")
 }
 
 // Validate checks the values; each error names its option.
@@ -53,6 +69,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if _, err := c.NonMasqueradePrefixes(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.DSR(); err != nil {
 		errs = append(errs, err)
 	}
 	for _, d := range c.Devices {
@@ -72,6 +91,18 @@ func (c *Config) PortRange() (min, max uint16, err error) {
 		return 0, 0, fmt.Errorf("masquerade-port-range %q: want MIN-MAX with 1024 <= MIN <= MAX <= 65535", c.MasqueradePortRange)
 	}
 	return uint16(a), uint16(b), nil
+}
+
+// DSR parses LBMode: whether remote backends are reached by direct
+// server return.
+func (c *Config) DSR() (bool, error) {
+	switch c.LBMode {
+	case LBModeSNAT:
+		return false, nil
+	case LBModeDSR:
+		return true, nil
+	}
+	return false, fmt.Errorf("bpf-lb-mode %q: want %s or %s", c.LBMode, LBModeSNAT, LBModeDSR)
 }
 
 // NonMasqueradePrefixes parses NonMasqueradeCIDRs.

@@ -53,6 +53,7 @@ type masqNode struct {
 	h      *Programs
 	podIf  int
 	uplink int
+	root   string
 }
 
 func newMasqNode(t testing.TB, portMin, portMax uint16) *masqNode {
@@ -83,6 +84,7 @@ func newMasqNode(t testing.TB, portMin, portMax uint16) *masqNode {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	root := filepath.Join("/sys/fs/bpf", "tendril-hosttest-"+hex.EncodeToString(b))
+	n.root = root
 	n.l = loader.New(loader.Config{BPFRoot: root}, nil)
 	t.Cleanup(func() { _ = n.l.Remove() })
 	if err := n.l.Start(); err != nil {

@@ -37,6 +37,7 @@ type Masquerade struct {
 	root string
 
 	portMin, portMax uint16
+	dsr              bool
 	configured       []netip.Prefix
 
 	mu   sync.Mutex
@@ -80,7 +81,11 @@ func New(cfg Config, dp *loader.Loader, db *statedb.DB, mode loader.AttachMode, 
 	if err != nil {
 		return nil, err
 	}
-	return &Masquerade{cfg: cfg, log: log, dp: dp, db: db, mode: mode, root: bpfRoot, portMin: min, portMax: max, configured: prefixes}, nil
+	dsr, err := cfg.DSR()
+	if err != nil {
+		return nil, err
+	}
+	return &Masquerade{cfg: cfg, log: log, dp: dp, db: db, mode: mode, root: bpfRoot, portMin: min, portMax: max, dsr: dsr, configured: prefixes}, nil
 }
 
 // Start attaches the host programs to the devices (or, with masquerade
@@ -100,7 +105,7 @@ func (m *Masquerade) Start(ctx context.Context) error {
 	if err := m.writeNoMasquerade(); err != nil {
 		return err
 	}
-	prog, err := Load(Options{BPFRoot: m.root, AttachMode: m.mode, PortMin: m.portMin, PortMax: m.portMax, Maps: m.dp.MapReplacements()}, m.log)
+	prog, err := Load(Options{BPFRoot: m.root, AttachMode: m.mode, PortMin: m.portMin, PortMax: m.portMax, DSR: m.dsr, Maps: m.dp.MapReplacements()}, m.log)
 	if err != nil {
 		return err
 	}
@@ -125,7 +130,7 @@ func (m *Masquerade) Start(ctx context.Context) error {
 	m.prog, m.devices = prog, devs
 	m.mu.Unlock()
 	m.log.Info("Masquerade on", "devices", devs, "port-range", m.cfg.MasqueradePortRange, "attach-mode", m.mode,
-		"kept-from-previous-run", prog.Kept())
+		"lb-mode", m.cfg.LBMode, "kept-from-previous-run", prog.Kept())
 	return nil
 }
 

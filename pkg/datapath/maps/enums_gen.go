@@ -69,6 +69,7 @@ const (
 	ReasonMasqReply         uint8 = 6  // REASON_MASQ_REPLY: Masquerade reply translated back to the pod
 	ReasonNodeport          uint8 = 7  // REASON_NODEPORT: Service from outside translated to a backend
 	ReasonNodeportReply     uint8 = 8  // REASON_NODEPORT_REPLY: Service reply translated back to an outside client
+	ReasonNodeportDsr       uint8 = 9  // REASON_NODEPORT_DSR: Service from outside sent to a remote backend (DSR)
 	ReasonPolicyDenied      uint8 = 10 // REASON_POLICY_DENIED: Policy denied
 	ReasonPolicyDenyRule    uint8 = 11 // REASON_POLICY_DENY_RULE: Policy denied by deny rule
 	ReasonTruncated         uint8 = 12 // REASON_TRUNCATED: Truncated packet
@@ -86,6 +87,7 @@ const (
 	ReasonSvcNoLocalBackend uint8 = 24 // REASON_SVC_NO_LOCAL_BACKEND: Service has no local backend (externalTrafficPolicy Local)
 	ReasonSourceRangeDenied uint8 = 25 // REASON_SOURCE_RANGE_DENIED: Client outside the load balancer's source ranges
 	ReasonNodeportNoRoute   uint8 = 26 // REASON_NODEPORT_NO_ROUTE: No route to the service backend
+	ReasonDsrMtuExceeded    uint8 = 27 // REASON_DSR_MTU_EXCEEDED: DSR option would exceed the MTU
 )
 
 // ReasonNames describes every Reason constant, for the CLI, events and metrics.
@@ -100,6 +102,7 @@ func ReasonNames() map[uint8]string {
 		ReasonMasqReply:         "Masquerade reply translated back to the pod",
 		ReasonNodeport:          "Service from outside translated to a backend",
 		ReasonNodeportReply:     "Service reply translated back to an outside client",
+		ReasonNodeportDsr:       "Service from outside sent to a remote backend (DSR)",
 		ReasonPolicyDenied:      "Policy denied",
 		ReasonPolicyDenyRule:    "Policy denied by deny rule",
 		ReasonTruncated:         "Truncated packet",
@@ -117,6 +120,7 @@ func ReasonNames() map[uint8]string {
 		ReasonSvcNoLocalBackend: "Service has no local backend (externalTrafficPolicy Local)",
 		ReasonSourceRangeDenied: "Client outside the load balancer's source ranges",
 		ReasonNodeportNoRoute:   "No route to the service backend",
+		ReasonDsrMtuExceeded:    "DSR option would exceed the MTU",
 	}
 }
 
