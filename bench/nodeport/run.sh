@@ -5,7 +5,7 @@
 #    program DNATs, source-NATs to node2 and redirects to node1; the reply
 #    comes back through node2), against
 #  - the same pod routed directly (node1's agent restarted with
-#    --enable-masquerade=false, so no host program runs there and the pod's
+#    --enable-masquerade=false --enable-node-port=false, so no host program runs there and the pod's
 #    replies keep its address, and the world given a route to node1's pod
 #    CIDR),
 # alternated ROUNDS times: one iperf3 TCP stream for SECONDS_PER_RUN s and
@@ -94,7 +94,7 @@ for r in $(seq "$ROUNDS"); do
 	wait_answer "$NODE2_IP:$NP_HTTP"
 	NP+=("$(iperf "$NODE2_IP" "$NP_IPERF")")
 	CN+=("$(connrate -addr "$NODE2_IP:$NP_HTTP" -n 500 | field conn_per_sec_before_failure)")
-	restart_agent --enable-masquerade=false
+	restart_agent --enable-masquerade=false --enable-node-port=false
 	ip -n $WORLD route replace "$CIDR" via "$NODE_IP"
 	wait_answer "$POD_IP:80"
 	DI+=("$(iperf "$POD_IP" 5201)")

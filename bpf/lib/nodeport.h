@@ -51,6 +51,10 @@
  * cluster runs the same mode, as with Cilium's. */
 volatile const __u8 LB_DSR = 0;
 
+/* NODEPORT_OFF: 1 with --enable-node-port=false (the programs attached
+ * for masquerade only): requests from outside are left to the host. */
+volatile const __u8 NODEPORT_OFF = 0;
+
 /* The IPv4 option that carries a DSR flow's frontend to the backend's
  * node: type 0x9a (the copied flag and number 26, the value Cilium's
  * datapath uses, so that captures read alike), length 8, the frontend's
@@ -355,7 +359,7 @@ static __always_inline int nodeport_dsr_rev(struct __sk_buff *skb, struct pkt *p
  * on its own. */
 __attribute__((noinline)) int nodeport_in(struct __sk_buff *skb, struct pkt *p)
 {
-	if (!skb || !p)
+	if (!skb || !p || NODEPORT_OFF)
 		return -1;
 	if (p->proto != IPPROTO_TCP_ && p->proto != IPPROTO_UDP_)
 		return -1;

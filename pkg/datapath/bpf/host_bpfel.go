@@ -354,6 +354,7 @@ const (
 	HostVarLB_DSR                = "LB_DSR"
 	HostVarMASQ_PORT_MAX         = "MASQ_PORT_MAX"
 	HostVarMASQ_PORT_MIN         = "MASQ_PORT_MIN"
+	HostVarNODEPORT_OFF          = "NODEPORT_OFF"
 	HostVarTRACE_EVENTS          = "TRACE_EVENTS"
 	HostVarTRACE_EVERY_PACKET    = "TRACE_EVERY_PACKET"
 	HostVarUnusedEventType       = "unused_event_type"
@@ -454,6 +455,7 @@ type HostVariableSpecs struct {
 	LB_DSR                *ebpf.VariableSpec `ebpf:"LB_DSR"`
 	MASQ_PORT_MAX         *ebpf.VariableSpec `ebpf:"MASQ_PORT_MAX"`
 	MASQ_PORT_MIN         *ebpf.VariableSpec `ebpf:"MASQ_PORT_MIN"`
+	NODEPORT_OFF          *ebpf.VariableSpec `ebpf:"NODEPORT_OFF"`
 	TRACE_EVENTS          *ebpf.VariableSpec `ebpf:"TRACE_EVENTS"`
 	TRACE_EVERY_PACKET    *ebpf.VariableSpec `ebpf:"TRACE_EVERY_PACKET"`
 	UnusedEventType       *ebpf.VariableSpec `ebpf:"unused_event_type"`
@@ -561,6 +563,7 @@ type HostVariables struct {
 	LB_DSR                *ebpf.Variable `ebpf:"LB_DSR"`
 	MASQ_PORT_MAX         *ebpf.Variable `ebpf:"MASQ_PORT_MAX"`
 	MASQ_PORT_MIN         *ebpf.Variable `ebpf:"MASQ_PORT_MIN"`
+	NODEPORT_OFF          *ebpf.Variable `ebpf:"NODEPORT_OFF"`
 	TRACE_EVENTS          *ebpf.Variable `ebpf:"TRACE_EVENTS"`
 	TRACE_EVERY_PACKET    *ebpf.Variable `ebpf:"TRACE_EVERY_PACKET"`
 	UnusedEventType       *ebpf.Variable `ebpf:"unused_event_type"`

@@ -17,6 +17,11 @@ type Config struct {
 	// as Cilium's --enable-ipv4-masquerade: without it a pod cannot reach
 	// a network that has no route to the pod CIDRs).
 	EnableMasquerade bool
+	// EnableNodePort serves NodePort, externalIP and load-balancer
+	// frontends to clients outside the cluster in the host programs (on
+	// by default; Cilium's --enable-node-port). The host programs attach
+	// to the devices when masquerade or this needs them.
+	EnableNodePort bool
 	// Devices are the uplinks the host programs attach to; empty: the
 	// devices of the default routes.
 	Devices []string
@@ -45,13 +50,15 @@ const (
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{EnableMasquerade: true, MasqueradePortRange: "61000-65535", LBMode: LBModeSNAT}
+	return Config{EnableMasquerade: true, EnableNodePort: true, MasqueradePortRange: "61000-65535", LBMode: LBModeSNAT}
 }
 
 // Flags registers the options.
 func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.EnableMasquerade, "enable-masquerade", c.EnableMasquerade,
 		"Masquerade pod traffic leaving the node for outside the cluster to the node's address, in eBPF at the --devices")
+	fs.BoolVar(&c.EnableNodePort, "enable-node-port", c.EnableNodePort,
+		"Serve NodePort, externalIP and load-balancer frontends to clients outside the cluster, in eBPF at the --devices")
 	fs.StringSliceVar(&c.Devices, "devices", c.Devices,
 		"Uplink devices the host programs (masquerade) attach to (default: the devices of the default routes)")
 	fs.StringSliceVar(&c.NonMasqueradeCIDRs, "non-masquerade-cidrs", c.NonMasqueradeCIDRs,
@@ -92,6 +99,10 @@ func (c *Config) PortRange() (min, max uint16, err error) {
 	}
 	return uint16(a), uint16(b), nil
 }
+
+// HostPrograms reports whether the host device programs attach: for
+// masquerade, for services from outside, or both.
+func (c *Config) HostPrograms() bool { return c.EnableMasquerade || c.EnableNodePort }
 
 // DSR parses LBMode: whether remote backends are reached by direct
 // server return.

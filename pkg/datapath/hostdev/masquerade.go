@@ -88,11 +88,12 @@ func New(cfg Config, dp *loader.Loader, db *statedb.DB, mode loader.AttachMode, 
 	return &Masquerade{cfg: cfg, log: log, dp: dp, db: db, mode: mode, root: bpfRoot, portMin: min, portMax: max, dsr: dsr, configured: prefixes}, nil
 }
 
-// Start attaches the host programs to the devices (or, with masquerade
-// off, removes what an earlier run attached) and writes their maps.
+// Start attaches the host programs to the devices (or, with neither
+// masquerade nor services from outside on, removes what an earlier run
+// attached) and writes their maps.
 func (m *Masquerade) Start(ctx context.Context) error {
 	nat := m.dp.Maps().NAT
-	if !m.cfg.EnableMasquerade {
+	if !m.cfg.HostPrograms() {
 		return m.disable(nat)
 	}
 	if err := reservePorts(m.portMin, m.portMax); err != nil {
@@ -105,14 +106,14 @@ func (m *Masquerade) Start(ctx context.Context) error {
 	if err := m.writeNoMasquerade(); err != nil {
 		return err
 	}
-	prog, err := Load(Options{BPFRoot: m.root, AttachMode: m.mode, PortMin: m.portMin, PortMax: m.portMax, DSR: m.dsr, Maps: m.dp.MapReplacements()}, m.log)
+	prog, err := Load(Options{BPFRoot: m.root, AttachMode: m.mode, PortMin: m.portMin, PortMax: m.portMax, DSR: m.dsr, NoNodePort: !m.cfg.EnableNodePort, Maps: m.dp.MapReplacements()}, m.log)
 	if err != nil {
 		return err
 	}
 	keep := map[int]bool{}
 	for _, d := range devs {
 		// The address first: the program reads it from its first packet.
-		if err := nat.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4, MasqIPv6: d.IPv6}); err != nil {
+		if err := nat.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4, MasqIPv6: d.IPv6, NoMasquerade: !m.cfg.EnableMasquerade}); err != nil {
 			prog.Close()
 			return err
 		}
@@ -129,12 +130,12 @@ func (m *Masquerade) Start(ctx context.Context) error {
 	m.mu.Lock()
 	m.prog, m.devices = prog, devs
 	m.mu.Unlock()
-	m.log.Info("Masquerade on", "devices", devs, "port-range", m.cfg.MasqueradePortRange, "attach-mode", m.mode,
+	m.log.Info("Host device programs attached", "masquerade", m.cfg.EnableMasquerade, "node-port", m.cfg.EnableNodePort, "devices", devs, "port-range", m.cfg.MasqueradePortRange, "attach-mode", m.mode,
 		"lb-mode", m.cfg.LBMode, "kept-from-previous-run", prog.Kept())
 	return nil
 }
 
-// disable removes what an earlier run with masquerade left: the devices'
+// disable removes what an earlier run with the host programs left: the devices'
 // entries (the programs then translate nothing) and their pinned links.
 func (m *Masquerade) disable(nat *maps.NATMaps) error {
 	m.dropOtherDevices(nat, nil)
@@ -273,10 +274,11 @@ func (m *Masquerade) WatchPeers(ctx context.Context) {
 	}
 }
 
-// RefreshAddresses rewrites a device's address when it changed (a node
-// address that moved): called on a timer.
+// RefreshAddresses rewrites a device's address (masquerade's, and
+// NodePort's source NAT's) when it changed (a node address that moved):
+// called on a timer.
 func (m *Masquerade) RefreshAddresses() {
-	if !m.cfg.EnableMasquerade {
+	if !m.cfg.HostPrograms() {
 		return
 	}
 	devs, err := m.resolveDevices()
@@ -289,7 +291,7 @@ func (m *Masquerade) RefreshAddresses() {
 	for _, d := range devs {
 		for i, old := range m.devices {
 			if old.IfIndex == d.IfIndex && (old.IPv4 != d.IPv4 || old.IPv6 != d.IPv6) {
-				if err := m.dp.Maps().NAT.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4, MasqIPv6: d.IPv6}); err != nil {
+				if err := m.dp.Maps().NAT.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4, MasqIPv6: d.IPv6, NoMasquerade: !m.cfg.EnableMasquerade}); err != nil {
 					m.log.Warn("Cannot write a device's new address", "device", d.Name, "error", err)
 					continue
 				}

@@ -398,6 +398,10 @@ type HostDevice struct {
 	// there).
 	MasqIPv4 netip.Addr
 	MasqIPv6 netip.Addr
+	// NoMasquerade: pod traffic leaving through the device keeps its
+	// address (--enable-masquerade=false); the addresses serve only the
+	// source NAT of requests from outside to a remote backend (NodePort).
+	NoMasquerade bool
 }
 
 // SetHostDevice writes a device's entry.
@@ -405,11 +409,15 @@ func (m *NATMaps) SetHostDevice(d HostDevice) error {
 	k := uint32(d.IfIndex)
 	v := bpf.LxcHostdevInfo{}
 	if d.MasqIPv4.IsValid() && d.MasqIPv4.Unmap().Is4() {
-		v.Flags |= HostDevFlagMasqV4
+		if !d.NoMasquerade {
+			v.Flags |= HostDevFlagMasqV4
+		}
 		v.Ipv4 = d.MasqIPv4.Unmap().As4()
 	}
 	if d.MasqIPv6.IsValid() && d.MasqIPv6.Is6() && !d.MasqIPv6.Is4In6() {
-		v.Flags |= HostDevFlagMasqV6
+		if !d.NoMasquerade {
+			v.Flags |= HostDevFlagMasqV6
+		}
 		v.Ipv6 = d.MasqIPv6.As16()
 	}
 	if err := m.HostDev.Put(&k, &v); err != nil {
@@ -425,11 +433,11 @@ func (m *NATMaps) HostDevices() ([]HostDevice, error) {
 	var out []HostDevice
 	it := m.HostDev.Iterate()
 	for it.Next(&k, &v) {
-		d := HostDevice{IfIndex: int(k)}
-		if v.Flags&HostDevFlagMasqV4 != 0 {
+		d := HostDevice{IfIndex: int(k), NoMasquerade: v.Flags&(HostDevFlagMasqV4|HostDevFlagMasqV6) == 0}
+		if v.Ipv4 != [4]byte{} {
 			d.MasqIPv4 = netip.AddrFrom4(v.Ipv4)
 		}
-		if v.Flags&HostDevFlagMasqV6 != 0 {
+		if v.Ipv6 != [16]byte{} {
 			d.MasqIPv6 = netip.AddrFrom16(v.Ipv6)
 		}
 		out = append(out, d)
