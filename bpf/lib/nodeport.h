@@ -232,12 +232,13 @@ __attribute__((noinline)) int nodeport_dsr_fits(struct __sk_buff *skb, const str
  * (ahead of any option the packet had), and fixes the header length,
  * the total length and the header checksum. The L4 checksum covers none
  * of them: its pseudo-header has the L4 length. p follows the move.
- * Returns 0, or -1 when the packet was not (or not wholly) rewritten. */
+ * Returns 0, 1 when the packet is unchanged (no room could be made: a
+ * GSO UDP datagram, say), or -1 when it was not wholly rewritten. */
 static __always_inline int nodeport_dsr_opt(struct __sk_buff *skb, struct pkt *p, __u32 fe_addr, __be16 fe_port)
 {
 	__u8 *h = hdr(skb, p, ETH_HLEN, 4);
 	if (!h)
-		return -1;
+		return 1;
 	__u32 old_w = u32_at(h);
 	__u8 w[4] = {h[0] + DSR_OPT_LEN / 4, h[1]};
 	__u16 tot = (((__u16)h[2] << 8) | h[3]) + DSR_OPT_LEN;
@@ -251,7 +252,7 @@ static __always_inline int nodeport_dsr_opt(struct __sk_buff *skb, struct pkt *p
 	__builtin_memcpy(&o[2], &fe_port, 2);
 	opt[1] = fe_addr;
 	if (bpf_skb_adjust_room(skb, DSR_OPT_LEN, BPF_ADJ_ROOM_NET, 0))
-		return -1;
+		return 1;
 	p->l3_end += DSR_OPT_LEN;
 	p->l4_off += DSR_OPT_LEN;
 	p->len += DSR_OPT_LEN;
@@ -275,8 +276,9 @@ static __always_inline int nodeport_dsr_opt(struct __sk_buff *skb, struct pkt *p
  * the backend's node could tell, and a datagram's option refreshes the
  * record). The option must fit the path:
  * - a UDP datagram it would push over the MTU (or past the 60-byte
- *   header) goes the SNAT way instead (NODEPORT_NEEDS_SNAT): the client
- *   still gets its reply from the frontend, through this node;
+ *   header, or that has no room for it: a GSO datagram) goes the SNAT
+ *   way instead (NODEPORT_NEEDS_SNAT): the client still gets its reply
+ *   from the frontend, through this node;
  * - a TCP SYN (tens of bytes: only a link MTU below ~100 does this) is
  *   dropped with REASON_DSR_MTU_EXCEEDED; a flow's later segments carry
  *   no option, so a TCP flow must start as DSR or not at all.
@@ -293,7 +295,10 @@ __attribute__((noinline)) int nodeport_dsr(struct __sk_buff *skb, struct pkt *p,
 				return NODEPORT_NEEDS_SNAT;
 			return drop(REASON_DSR_MTU_EXCEEDED, DIR_INGRESS, 0, p, 0, 0, 0);
 		}
-		if (nodeport_dsr_opt(skb, p, fe_addr, (__be16)fe_port))
+		int r = nodeport_dsr_opt(skb, p, fe_addr, (__be16)fe_port);
+		if (r == 1 && udp)
+			return NODEPORT_NEEDS_SNAT;
+		if (r)
 			return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
 	}
 	count(REASON_NODEPORT_DSR, DIR_INGRESS, p->len);
