@@ -109,10 +109,12 @@ struct {
  * frontend an outside client's flow was sent to, read from the IPv4
  * option the forwarding node wrote, by the flow's tuple as it arrives
  * (client -> backend). The backend's replies leave with the frontend as
- * their source. An LRU: an entry is refreshed by the flow's packets that
- * carry the option (a TCP flow's SYN, every UDP datagram) and the least
- * recently used go when the table is full; no mapping of a port rests on
- * it, so eviction costs only an idle flow's replies. */
+ * their source. An entry goes with its flow's conntrack entry (the
+ * agent's CT GC, once older than `created` allows: the record is written
+ * before the pod's to_pod makes the conntrack entry); an LRU besides, so
+ * that a full table evicts the least recently used instead of refusing a
+ * new flow (no port rests on an entry: eviction costs only an idle
+ * flow's replies). */
 struct dsr4_key {
 	__u8 client[4];
 	__u8 backend[4];
@@ -126,6 +128,8 @@ struct dsr4_entry {
 	__u8 addr[4];
 	__be16 port;
 	__u8 pad[2];
+	/* bpf_ktime_get_coarse_ns() when recorded. */
+	__u64 created;
 };
 
 struct {

@@ -319,7 +319,7 @@ static __always_inline int nodeport_dsr_recv(struct __sk_buff *skb, const struct
 	__u8 *o = hdr(skb, p, ETH_HLEN + 20, DSR_OPT_LEN);
 	if (!o || o[0] != DSR_OPT_TYPE || o[1] != DSR_OPT_LEN)
 		return 0;
-	struct dsr4_entry v = {};
+	struct dsr4_entry v = {.created = p->now};
 	__builtin_memcpy(&v.port, &o[2], 2);
 	__builtin_memcpy(v.addr, &o[4], 4);
 	if (!endpoint_by_addr(FAMILY_V4, p->daddr))

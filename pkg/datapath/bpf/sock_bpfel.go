@@ -46,10 +46,11 @@ type SockCtEntry struct {
 }
 
 type SockDsr4Entry struct {
-	_    structs.HostLayout
-	Addr [4]uint8
-	Port uint16
-	Pad  [2]uint8
+	_       structs.HostLayout
+	Addr    [4]uint8
+	Port    uint16
+	Pad     [2]uint8
+	Created uint64
 }
 
 type SockDsr4Key struct {

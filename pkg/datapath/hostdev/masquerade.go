@@ -66,6 +66,9 @@ type GCStats struct {
 	Runs    int       `json:"runs"`
 	Deleted int       `json:"deleted"`
 	Last    time.Time `json:"last"`
+	// DSRDeleted counts DSR records collected (flows other nodes sent
+	// to this node's backends, whose conntrack entries are gone).
+	DSRDeleted int `json:"dsr-deleted"`
 }
 
 // New returns the node's masquerade; nothing happens until Start.
@@ -302,17 +305,22 @@ func (m *Masquerade) RefreshAddresses() {
 	}
 }
 
-// CollectNAT deletes the NAT entries of flows conntrack no longer has:
-// the agent's conntrack GC calls it after each sweep.
+// CollectNAT deletes the NAT entries and DSR records of flows conntrack
+// no longer has: the agent's conntrack GC calls it after each sweep.
 func (m *Masquerade) CollectNAT() (maps.NATSweep, error) {
 	if m == nil {
 		return maps.NATSweep{}, nil
 	}
 	dm := m.dp.Maps()
-	res, err := dm.NAT.NATMap().CollectNAT(dm.CTMap(), maps.MonotonicNow())
+	now := maps.MonotonicNow()
+	res, err := dm.NAT.NATMap().CollectNAT(dm.CTMap(), now)
+	// DSR records of this node's backends go with conntrack the same way.
+	dsr, derr := dm.NAT.DSRMap().CollectDSR(dm.CTMap(), now)
+	err = errors.Join(err, derr)
 	m.mu.Lock()
 	m.gc.Runs++
 	m.gc.Deleted += res.Deleted
+	m.gc.DSRDeleted += dsr.Deleted
 	m.gc.Last = time.Now()
 	m.lastErr = err
 	m.mu.Unlock()

@@ -112,22 +112,19 @@ func tupleAt(f []byte) (netip.AddrPort, netip.AddrPort) {
 // dsrEntry reads the backend node's record of a DSR flow.
 func (n *masqNode) dsrEntry(client, backend netip.AddrPort, proto uint8) (netip.AddrPort, bool) {
 	n.t.Helper()
-	m := n.l.MapReplacements()["tdr_dsr4_v1"]
-	if m == nil {
-		n.t.Fatal("no tdr_dsr4_v1 among the datapath's maps")
+	list, err := n.l.Maps().NAT.DSRMap().List()
+	if err != nil {
+		n.t.Fatal(err)
 	}
-	var k [16]byte
-	c, b := client.Addr().As4(), backend.Addr().As4()
-	copy(k[0:], c[:])
-	copy(k[4:], b[:])
-	binary.BigEndian.PutUint16(k[8:], client.Port())
-	binary.BigEndian.PutUint16(k[10:], backend.Port())
-	k[12] = proto
-	var v [8]byte
-	if err := m.Lookup(&k, &v); err != nil {
-		return netip.AddrPort{}, false
+	for _, f := range list {
+		if f.Proto == proto && netip.AddrPortFrom(f.Client, f.ClientPort) == client && netip.AddrPortFrom(f.Backend, f.BackendPort) == backend {
+			if f.Created == 0 || f.Created > maps.MonotonicNow() {
+				n.t.Fatalf("record %+v: creation time %d, want the datapath's clock at the packet", f, f.Created)
+			}
+			return netip.AddrPortFrom(f.Frontend, f.FrontendPort), true
+		}
 	}
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(v[0:4])), binary.BigEndian.Uint16(v[4:])), true
+	return netip.AddrPort{}, false
 }
 
 // TestPrivilegedNodePortDSRForward: in dsr mode a request to a node port

@@ -26,11 +26,14 @@ type NATMaps struct {
 	NAT6    *ebpf.Map
 	NoMasq  *ebpf.Map
 	HostDev *ebpf.Map
+	// DSR4 is the record of flows other nodes send here by direct
+	// server return (dsr.go).
+	DSR4 *ebpf.Map
 }
 
 // NATFromObjects takes the masquerade maps of loaded objects.
 func NATFromObjects(o *bpf.LxcMaps) *NATMaps {
-	return &NATMaps{NAT4: o.TdrNat4V1, NAT6: o.TdrNat6V1, NoMasq: o.TdrNomasqV1, HostDev: o.TdrHostdevV1}
+	return &NATMaps{NAT4: o.TdrNat4V1, NAT6: o.TdrNat6V1, NoMasq: o.TdrNomasqV1, HostDev: o.TdrHostdevV1, DSR4: o.TdrDsr4V1}
 }
 
 // OpenPinnedNAT opens the masquerade maps pinned under root (the CLI reads
@@ -38,7 +41,7 @@ func NATFromObjects(o *bpf.LxcMaps) *NATMaps {
 func OpenPinnedNAT(root string, readOnly bool) (*NATMaps, error) {
 	m := &NATMaps{}
 	opts := &ebpf.LoadPinOptions{ReadOnly: readOnly}
-	for name, dst := range map[string]**ebpf.Map{NAT4MapName: &m.NAT4, NAT6MapName: &m.NAT6, NoMasqMapName: &m.NoMasq, HostDevMapName: &m.HostDev} {
+	for name, dst := range map[string]**ebpf.Map{NAT4MapName: &m.NAT4, NAT6MapName: &m.NAT6, NoMasqMapName: &m.NoMasq, HostDevMapName: &m.HostDev, DSR4MapName: &m.DSR4} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(root, name), opts)
 		if err != nil {
 			m.Close()
@@ -51,7 +54,7 @@ func OpenPinnedNAT(root string, readOnly bool) (*NATMaps, error) {
 
 // Close releases the handles (pins stay).
 func (m *NATMaps) Close() {
-	for _, mp := range []*ebpf.Map{m.NAT4, m.NAT6, m.NoMasq, m.HostDev} {
+	for _, mp := range []*ebpf.Map{m.NAT4, m.NAT6, m.NoMasq, m.HostDev, m.DSR4} {
 		if mp != nil {
 			mp.Close()
 		}
@@ -146,6 +149,9 @@ type NATMap struct{ m4, m6 *ebpf.Map }
 
 // NATMap is the typed NAT table.
 func (m *NATMaps) NATMap() NATMap { return NATMap{m4: m.NAT4, m6: m.NAT6} }
+
+// DSRMap is the record of DSR flows to this node's backends.
+func (m *NATMaps) DSRMap() DSRMap { return NewDSRMap(m.DSR4) }
 
 func (t NATMap) put(k natKey, v natValue) error {
 	if k.Local.Is4() {
