@@ -70,7 +70,9 @@ restart_agent() { # NODE [extra agent flags]
 	setsid nsenter --net=/run/netns/$LAB-$n "${argv[@]}" "$@" >>$DIR/logs/agent-$n.log 2>&1 </dev/null &
 	echo "$! $(awk '{print $22}' /proc/$!/stat)" >$pidf
 	for _ in $(seq 200); do
-		bin/tendril -H $DIR/nodes/$n/agent.sock status >/dev/null 2>&1 && return 0
+		# Then SETTLE s more: a starting agent's work (syncing, attaching)
+		# must not share the CPUs with the measurement.
+		bin/tendril -H $DIR/nodes/$n/agent.sock status >/dev/null 2>&1 && sleep "${SETTLE:-3}" && return 0
 		sleep 0.1
 	done
 	echo "agent of $n did not come back" >&2
