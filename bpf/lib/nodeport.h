@@ -226,6 +226,19 @@ __attribute__((noinline)) int nodeport_dsr_fits(struct __sk_buff *skb, const str
 	return bpf_fib_lookup(skb, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_FRAG_NEEDED;
 }
 
+/* nodeport_dsr_client reports whether the packet's client may be served
+ * by DSR: not one inside the cluster (a pod, a node: the ipcache knows
+ * it), which goes the SNAT way, since the backend's reply to a client
+ * beside it (a pod or the host of the backend's node) never leaves that
+ * node through its uplink, where the frontend would be put back. A global
+ * function: its ipcache key is not on nodeport_dsr's stack. */
+__attribute__((noinline)) int nodeport_dsr_client(const struct pkt *p)
+{
+	if (!p)
+		return 0;
+	return !in_cluster_peer(identity_of(FAMILY_V4, p->saddr));
+}
+
 /* nodeport_dsr_opt inserts the DSR option (frontend fe_addr, a word in
  * network byte order, and fe_port) right after the fixed part of the
  * IPv4 header, where bpf_skb_adjust_room's network-layer room goes
@@ -282,11 +295,14 @@ static __always_inline int nodeport_dsr_opt(struct __sk_buff *skb, struct pkt *p
  * - a TCP SYN (tens of bytes: only a link MTU below ~100 does this) is
  *   dropped with REASON_DSR_MTU_EXCEEDED; a flow's later segments carry
  *   no option, so a TCP flow must start as DSR or not at all.
+ * Clients inside the cluster are sent the SNAT way (see below).
  * Returns the verdict or NODEPORT_NEEDS_SNAT. A global function. */
 __attribute__((noinline)) int nodeport_dsr(struct __sk_buff *skb, struct pkt *p, __u32 fe_addr, __u32 fe_port)
 {
 	if (!skb || !p)
 		return TC_ACT_OK;
+	if (!nodeport_dsr_client(p))
+		return NODEPORT_NEEDS_SNAT;
 	int udp = p->proto == IPPROTO_UDP_;
 	if (udp || (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
 		int room = p->l4_off - ETH_HLEN + DSR_OPT_LEN <= IPV4_MAX_HLEN;

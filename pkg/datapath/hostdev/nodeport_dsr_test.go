@@ -131,8 +131,8 @@ func (n *masqNode) dsrEntry(client, backend netip.AddrPort, proto uint8) (netip.
 // whose backend is on the peer keeps the client's source; a TCP SYN and
 // every UDP datagram carry the frontend in the option (header length,
 // total length and both checksums right), a TCP flow's later segments go
-// without it, all sent to the peer's MAC; no NAT mapping is made and the
-// SNAT reply path is never taken.
+// without it, all sent to the peer's MAC; no NAT mapping is made for
+// them. A client inside the cluster goes the SNAT way.
 func TestPrivilegedNodePortDSRForward(t *testing.T) {
 	n := newNodePortNode(t)
 	n.loadDSR()
@@ -181,13 +181,20 @@ func TestPrivilegedNodePortDSRForward(t *testing.T) {
 		}
 	}
 	if list, _ := n.l.Maps().NAT.NATMap().List(); len(list) != 0 {
-		t.Fatalf("NAT mappings %+v, want none in dsr mode", list)
+		t.Fatalf("NAT mappings %+v, want none for outside clients in dsr mode", list)
 	}
 	if got := n.metric(maps.ReasonNodeportDsr, maps.DirIngress); got != 5 {
 		t.Fatalf("DSR-forwarded packets %d, want 5", got)
 	}
+	// A client inside the cluster (here a pod of this node) goes the
+	// SNAT way: the backend's reply to it may not leave its node by the
+	// uplink.
+	ret, out := n.ingress(frame(pod, node, protoTCP, 40003, npRemote, 0))
+	if src, dst := tupleAt(out); ret != 7 || ipLen(out) != 20 || src.Addr() != node || !inRange(src.Port(), 61000, 61009) || dst != ap(peerPod, backendPort) {
+		t.Fatalf("in-cluster client: verdict %d, %s -> %s (header %d), want SNAT to %s", ret, src, dst, ipLen(out), node)
+	}
 	// A local backend is no business of DSR: as in snat mode.
-	ret, out := n.ingress(frame(client, node, protoTCP, 40001, npLocal, 0))
+	ret, out = n.ingress(frame(client, node, protoTCP, 40001, npLocal, 0))
 	if src, dst := tupleAt(out); ret != 0 || ipLen(out) != 20 || src != ap(client, 40001) || dst != ap(pod, backendPort) {
 		t.Fatalf("local backend: verdict %d, %s -> %s, header %d", ret, src, dst, ipLen(out))
 	}
