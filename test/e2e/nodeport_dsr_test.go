@@ -79,6 +79,8 @@ const (
 //   - the reply does not pass through node 2: its reply counter stays
 //     where it was while node 1 counts a reply per answer, and node 2
 //     counts the requests it sent on by DSR;
+//   - a pod beside the backend (an in-cluster client) through the same
+//     node port goes the SNAT way and is answered;
 //   - an iperf3 stream through it keeps going across kill -9 of node 1's
 //     agent (the backend's: the option's record and the programs are
 //     pinned) and of node 2's.
@@ -161,6 +163,19 @@ func TestPrivilegedLabNodePortDSR(t *testing.T) {
 	}
 	if got := datapathCount(t, node2, reasonDSR, "ingress") - dsrNode2; got < 2*probes {
 		t.Errorf("node 2 sent %d packets on by DSR, want at least %d", got, 2*probes)
+	}
+
+	// A pod beside the backend (node 1) through node 2's node port: an
+	// in-cluster client goes the SNAT way (the backend's reply to it
+	// would never leave node 1 by its uplink), and is answered.
+	beside := e.labPodOn(t, node1.Name)
+	for _, udp := range []bool{false, true} {
+		addr := net.JoinHostPort(node2.Address, strconv.Itoa(nodePort[map[bool]string{false: "tcp", true: "udp"}[udp]]))
+		code, out := tendril(t, "probe", "default/"+beside.Name, addr, "--timeout", "2s", fmt.Sprintf("--udp=%v", udp))
+		m := peerAnswer.FindStringSubmatch(out)
+		if code != 0 || m == nil || m[1] != "dsr-backend" || m[2] != node2.Address {
+			t.Fatalf("pod %s on %s -> %s udp=%v: exit %d: %s (want the backend seeing node 2 %s)", beside.Name, node1.Name, addr, udp, code, out, node2.Address)
+		}
 	}
 
 	// A stream across kill -9 of the backend's node's agent, then of the
