@@ -177,6 +177,8 @@ func TestPrivilegedLabNodePortDSR(t *testing.T) {
 			t.Fatalf("pod %s on %s -> %s udp=%v: exit %d: %s (want the backend seeing node 2 %s)", beside.Name, node1.Name, addr, udp, code, out, node2.Address)
 		}
 	}
+	// Those replies came back through node 2; the stream's must not.
+	viaNode2 = datapathCount(t, node2, reasonNodePortReply, "egress")
 
 	// A stream across kill -9 of the backend's node's agent, then of the
 	// forwarding node's.
