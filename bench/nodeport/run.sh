@@ -12,8 +12,9 @@
 #    --enable-masquerade=false --enable-node-port=false, so no host
 #    program runs there and the pod's replies keep its address, and the
 #    world given a route to node1's pod CIDR),
-# alternated ROUNDS times: one iperf3 TCP stream for SECONDS_PER_RUN s and
-# 500 new connections one after the other (bench/nat/connrate: connect,
+# alternated ROUNDS times: one iperf3 TCP stream for SECONDS_PER_RUN s to
+# the backend, one from it (iperf3 -R: the backend's data is the reply,
+# which DSR sends straight from node1), and 500 new connections one after the other (bench/nat/connrate: connect,
 # request, answer, close) to the pod's lab workload (TCP 80).
 # Prints Markdown for docs/benchmarks.md. LAB names the lab (default
 # npbench).
@@ -78,12 +79,18 @@ restart_agent() { # NODE [extra agent flags]
 	echo "agent of $n did not come back" >&2
 	exit 1
 }
-iperf() { # HOST PORT
-	$T exec world -- iperf3 -c "$1" -p "$2" -t "$SECS" -J |
+iperf() { # HOST PORT [iperf3 flags: -R for the backend sending]
+	$T exec world -- iperf3 -c "$1" -p "$2" -t "$SECS" -J "${@:3}" |
 		python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))'
 }
 connrate() { $T exec world -- $PWD/bin/connrate "$@" 2>/dev/null; }
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p"; }
+conns() { # connrate flags: its whole line to stderr (failures show), the rate out
+	local l
+	l=$(connrate "$@")
+	echo "  connrate $*: $l" >&2
+	echo "$l" | field conn_per_sec_before_failure
+}
 wait_answer() { # HOST:PORT
 	for _ in $(seq 100); do
 		$T probe world "$1" --timeout 1s >/dev/null 2>&1 && return 0
@@ -96,32 +103,37 @@ wait_answer() { # HOST:PORT
 $T exec $POD -- iperf3 -s -p 5201 -D
 sleep 0.3
 echo "backend $POD ($POD_IP) on node1; world -> node2 $NODE2_IP:$NP_IPERF/$NP_HTTP; ${SECS}s per iperf3 run, $ROUNDS rounds" >&2
-declare -a NP DS DI CN CS CD
+declare -a NP DS DI CN CS CD RN RS RD
 for r in $(seq "$ROUNDS"); do
 	restart_agent node1
 	restart_agent node2
 	ip -n $WORLD route del "$CIDR" 2>/dev/null || true
 	wait_answer "$NODE2_IP:$NP_HTTP"
 	NP+=("$(iperf "$NODE2_IP" "$NP_IPERF")")
-	CN+=("$(connrate -addr "$NODE2_IP:$NP_HTTP" -n 500 | field conn_per_sec_before_failure)")
+	RN+=("$(iperf "$NODE2_IP" "$NP_IPERF" -R)")
+	CN+=("$(conns -addr "$NODE2_IP:$NP_HTTP" -n 500)")
 	restart_agent node1 --bpf-lb-mode=dsr
 	restart_agent node2 --bpf-lb-mode=dsr
 	wait_answer "$NODE2_IP:$NP_HTTP"
 	DS+=("$(iperf "$NODE2_IP" "$NP_IPERF")")
-	CS+=("$(connrate -addr "$NODE2_IP:$NP_HTTP" -n 500 | field conn_per_sec_before_failure)")
+	RS+=("$(iperf "$NODE2_IP" "$NP_IPERF" -R)")
+	CS+=("$(conns -addr "$NODE2_IP:$NP_HTTP" -n 500)")
 	restart_agent node1 --enable-masquerade=false --enable-node-port=false
 	ip -n $WORLD route replace "$CIDR" via "$NODE_IP"
 	wait_answer "$POD_IP:80"
 	DI+=("$(iperf "$POD_IP" 5201)")
-	CD+=("$(connrate -addr "$POD_IP:80" -n 500 | field conn_per_sec_before_failure)")
-	echo "round $r: snat ${NP[-1]} Gbit/s ${CN[-1]} conn/s; dsr ${DS[-1]} Gbit/s ${CS[-1]} conn/s; direct ${DI[-1]} Gbit/s ${CD[-1]} conn/s" >&2
+	RD+=("$(iperf "$POD_IP" 5201 -R)")
+	CD+=("$(conns -addr "$POD_IP:80" -n 500)")
+	echo "round $r: snat ${NP[-1]}/${RN[-1]} Gbit/s ${CN[-1]} conn/s; dsr ${DS[-1]}/${RS[-1]} Gbit/s ${CS[-1]} conn/s; direct ${DI[-1]}/${RD[-1]} Gbit/s ${CD[-1]} conn/s (to/from the backend)" >&2
 done
 ip -n $WORLD route del "$CIDR" 2>/dev/null || true
 
 ratio() { python3 -c "print('%.2f' % (${1:-0}/max(${2:-1},1e-9)))"; }
 echo
-echo "| round | world → NodePort of node2 (backend on node1), snat: TCP Gbit/s | conn/s | dsr: TCP Gbit/s | conn/s | world → backend routed directly: TCP Gbit/s | conn/s | snat/direct Gbit/s | dsr/direct Gbit/s | snat/direct conn/s | dsr/direct conn/s |"
+echo "World → NodePort of node2 (backend on node1) in snat and dsr mode, and the backend routed directly: one TCP stream to the backend (world sends), one from it (iperf3 -R, the backend sends: its data is the reply DSR sends straight from node1), new connections per second."
+echo
+echo "| round | to backend, Gbit/s: snat | dsr | direct | from backend (-R), Gbit/s: snat | dsr | direct | conn/s: snat | dsr | direct | ratios to direct, snat / dsr: to | from | conn/s |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for i in "${!NP[@]}"; do
-	echo "| $((i + 1)) | ${NP[$i]} | ${CN[$i]} | ${DS[$i]} | ${CS[$i]} | ${DI[$i]} | ${CD[$i]} | $(ratio "${NP[$i]}" "${DI[$i]}") | $(ratio "${DS[$i]}" "${DI[$i]}") | $(ratio "${CN[$i]}" "${CD[$i]}") | $(ratio "${CS[$i]}" "${CD[$i]}") |"
+	echo "| $((i + 1)) | ${NP[$i]} | ${DS[$i]} | ${DI[$i]} | ${RN[$i]} | ${RS[$i]} | ${RD[$i]} | ${CN[$i]} | ${CS[$i]} | ${CD[$i]} | $(ratio "${NP[$i]}" "${DI[$i]}") / $(ratio "${DS[$i]}" "${DI[$i]}") | $(ratio "${RN[$i]}" "${RD[$i]}") / $(ratio "${RS[$i]}" "${RD[$i]}") | $(ratio "${CN[$i]}" "${CD[$i]}") / $(ratio "${CS[$i]}" "${CD[$i]}") |"
 done
