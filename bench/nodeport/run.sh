@@ -14,8 +14,9 @@
 #    world given a route to node1's pod CIDR),
 # alternated ROUNDS times: one iperf3 TCP stream for SECONDS_PER_RUN s to
 # the backend, one from it (iperf3 -R: the backend's data is the reply,
-# which DSR sends straight from node1), and 500 new connections one after the other (bench/nat/connrate: connect,
-# request, answer, close) to the pod's lab workload (TCP 80).
+# which DSR sends straight from node1), and CONNS (500) new connections
+# one after the other (bench/nat/connrate: connect, request, answer,
+# close) to the pod's lab workload (TCP 80).
 # Prints Markdown for docs/benchmarks.md. LAB names the lab (default
 # npbench).
 set -euo pipefail
@@ -23,6 +24,7 @@ cd "$(dirname "$0")/../.."
 LAB=${LAB:-npbench}
 SECS=${SECONDS_PER_RUN:-8}
 ROUNDS=${ROUNDS:-2}
+CONNS=${CONNS:-500}
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 make build >/dev/null
 go build -o bin/connrate ./bench/nat/connrate
@@ -111,19 +113,19 @@ for r in $(seq "$ROUNDS"); do
 	wait_answer "$NODE2_IP:$NP_HTTP"
 	NP+=("$(iperf "$NODE2_IP" "$NP_IPERF")")
 	RN+=("$(iperf "$NODE2_IP" "$NP_IPERF" -R)")
-	CN+=("$(conns -addr "$NODE2_IP:$NP_HTTP" -n 500)")
+	CN+=("$(conns -addr "$NODE2_IP:$NP_HTTP" -n "$CONNS")")
 	restart_agent node1 --bpf-lb-mode=dsr
 	restart_agent node2 --bpf-lb-mode=dsr
 	wait_answer "$NODE2_IP:$NP_HTTP"
 	DS+=("$(iperf "$NODE2_IP" "$NP_IPERF")")
 	RS+=("$(iperf "$NODE2_IP" "$NP_IPERF" -R)")
-	CS+=("$(conns -addr "$NODE2_IP:$NP_HTTP" -n 500)")
+	CS+=("$(conns -addr "$NODE2_IP:$NP_HTTP" -n "$CONNS")")
 	restart_agent node1 --enable-masquerade=false --enable-node-port=false
 	ip -n $WORLD route replace "$CIDR" via "$NODE_IP"
 	wait_answer "$POD_IP:80"
 	DI+=("$(iperf "$POD_IP" 5201)")
 	RD+=("$(iperf "$POD_IP" 5201 -R)")
-	CD+=("$(conns -addr "$POD_IP:80" -n 500)")
+	CD+=("$(conns -addr "$POD_IP:80" -n "$CONNS")")
 	echo "round $r: snat ${NP[-1]}/${RN[-1]} Gbit/s ${CN[-1]} conn/s; dsr ${DS[-1]}/${RS[-1]} Gbit/s ${CS[-1]} conn/s; direct ${DI[-1]}/${RD[-1]} Gbit/s ${CD[-1]} conn/s (to/from the backend)" >&2
 done
 ip -n $WORLD route del "$CIDR" 2>/dev/null || true
