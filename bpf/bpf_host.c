@@ -125,14 +125,16 @@ __attribute__((noinline)) int to_netdev4(struct __sk_buff *skb, struct pkt *p)
 		return TC_ACT_OK;
 	__u32 ifindex = skb->ifindex;
 	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
-	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V4))
+	if (!dev)
 		return TC_ACT_OK;
 	/* A local backend's reply to an outside client of a service: the
 	 * client expects the frontend, not the pod (nor the node's
 	 * masquerade address). Looked for only where no masquerade mapping
-	 * exists: a masqueraded flow's packets pay no conntrack lookup. */
+	 * exists: a masqueraded flow's packets pay no conntrack lookup.
+	 * Without masquerade on the device (the programs run there for the
+	 * services), every pod packet leaving is looked for. */
 	int rev;
-	if (!masq_needed(p, FAMILY_V4)) {
+	if (!(dev->flags & HOSTDEV_F_MASQ_V4) || !masq_needed(p, FAMILY_V4)) {
 		rev = nodeport_rev_out(skb, p);
 		return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
 	}

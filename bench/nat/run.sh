@@ -2,7 +2,7 @@
 # Masquerade benchmark (root), in one run on a lab of its own (2 nodes):
 #  1. pod-to-world TCP throughput (iperf3, one stream) through masquerade
 #     against plain routing without it (the agent restarted with
-#     --enable-masquerade=false and the world given a route back to the
+#     --enable-masquerade=false --enable-node-port=false and the world given a route back to the
 #     pod CIDR), alternated ROUNDS times;
 #  2. new connections per second from a pod to the world server (TCP 80), each
 #     connect + request + answer + close (bench/nat/connrate), with and
@@ -70,7 +70,7 @@ for r in $(seq "$ROUNDS"); do
 	ip -n $WORLD route del "$CIDR" 2>/dev/null || true
 	MASQ+=("$(iperf)")
 	CM+=("$(connrate -addr 198.51.100.1:80 -n 500 | field conn_per_sec_before_failure)")
-	restart_agent --enable-masquerade=false
+	restart_agent --enable-masquerade=false --enable-node-port=false
 	ip -n $WORLD route replace "$CIDR" via "$NODE_IP"
 	OFF+=("$(iperf)")
 	CO+=("$(connrate -addr 198.51.100.1:80 -n 500 | field conn_per_sec_before_failure)")

@@ -86,6 +86,7 @@
 #define REASON_SVC_NO_LOCAL_BACKEND 24 /* Service has no local backend (externalTrafficPolicy Local) */
 #define REASON_SOURCE_RANGE_DENIED 25 /* Client outside the load balancer's source ranges */
 #define REASON_NODEPORT_NO_ROUTE 26 /* No route to the service backend */
+#define REASON_DSR_MTU_EXCEEDED 27 /* DSR option would exceed the MTU */
 
 /* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
  * counters.

@@ -108,4 +108,39 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_hostdev_v1 SEC(".maps");
 
+/* Direct server return (nodeport.h): on a backend's node, the service
+ * frontend an outside client's flow was sent to, read from the IPv4
+ * option the forwarding node wrote, by the flow's tuple as it arrives
+ * (client -> backend). The backend's replies leave with the frontend as
+ * their source. An entry goes with its flow's conntrack entry (the
+ * agent's CT GC, once older than `created` allows: the record is written
+ * before the pod's to_pod makes the conntrack entry); an LRU besides, so
+ * that a full table evicts the least recently used instead of refusing a
+ * new flow (no port rests on an entry: eviction costs only an idle
+ * flow's replies). */
+struct dsr4_key {
+	__u8 client[4];
+	__u8 backend[4];
+	__be16 client_port;
+	__be16 backend_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct dsr4_entry {
+	__u8 addr[4];
+	__be16 port;
+	__u8 pad[2];
+	/* bpf_ktime_get_coarse_ns() when recorded. */
+	__u64 created;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct dsr4_key);
+	__type(value, struct dsr4_entry);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_dsr4_v1 SEC(".maps");
+
 #endif

@@ -95,9 +95,10 @@ func startAgent(t *testing.T, nodeName string, extra ...string) *agent {
 		"--state-dir", filepath.Join(dir, "state"), "--socket", sock, "--bpf-root", "/sys/fs/bpf/tendril-k8s-test-unused",
 		"--enable-datapath=false", "--install-host-networking=false", "--prometheus-serve-addr=",
 		// The agent runs in the machine's own network namespace: with the
-		// datapath on (extra), masquerade would attach to the machine's
-		// uplink and reserve its ports.
-		"--enable-masquerade=false",
+		// datapath on (extra), the host programs (masquerade, services
+		// from outside) would attach to the machine's uplink and reserve
+		// its ports.
+		"--enable-masquerade=false", "--enable-node-port=false",
 	}, extra...)
 	a := &agent{cmd: exec.Command(bin, args...), logs: &syncBuffer{}, exited: make(chan error, 1)}
 	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs

@@ -45,6 +45,24 @@ type HostCtEntry struct {
 	Pad2     uint32
 }
 
+type HostDsr4Entry struct {
+	_       structs.HostLayout
+	Addr    [4]uint8
+	Port    uint16
+	Pad     [2]uint8
+	Created uint64
+}
+
+type HostDsr4Key struct {
+	_           structs.HostLayout
+	Client      [4]uint8
+	Backend     [4]uint8
+	ClientPort  uint16
+	BackendPort uint16
+	Proto       uint8
+	Pad         [3]uint8
+}
+
 type HostEndpointInfo struct {
 	_        structs.HostLayout
 	Ifindex  uint32
@@ -322,6 +340,7 @@ const (
 	HostMapTdrAuditV1            = "tdr_audit_v1"
 	HostMapTdrCt4V2              = "tdr_ct4_v2"
 	HostMapTdrCt6V2              = "tdr_ct6_v2"
+	HostMapTdrDsr4V1             = "tdr_dsr4_v1"
 	HostMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	HostMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	HostMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -356,8 +375,10 @@ const (
 	HostProgToNetdev             = "to_netdev"
 	HostVarEVENTS_BURST          = "EVENTS_BURST"
 	HostVarEVENTS_PER_SEC        = "EVENTS_PER_SEC"
+	HostVarLB_DSR                = "LB_DSR"
 	HostVarMASQ_PORT_MAX         = "MASQ_PORT_MAX"
 	HostVarMASQ_PORT_MIN         = "MASQ_PORT_MIN"
+	HostVarNODEPORT_OFF          = "NODEPORT_OFF"
 	HostVarTRACE_EVENTS          = "TRACE_EVENTS"
 	HostVarTRACE_EVERY_PACKET    = "TRACE_EVERY_PACKET"
 	HostVarUnusedEventType       = "unused_event_type"
@@ -418,6 +439,7 @@ type HostMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
+	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -456,8 +478,10 @@ type HostMapSpecs struct {
 type HostVariableSpecs struct {
 	EVENTS_BURST          *ebpf.VariableSpec `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.VariableSpec `ebpf:"EVENTS_PER_SEC"`
+	LB_DSR                *ebpf.VariableSpec `ebpf:"LB_DSR"`
 	MASQ_PORT_MAX         *ebpf.VariableSpec `ebpf:"MASQ_PORT_MAX"`
 	MASQ_PORT_MIN         *ebpf.VariableSpec `ebpf:"MASQ_PORT_MIN"`
+	NODEPORT_OFF          *ebpf.VariableSpec `ebpf:"NODEPORT_OFF"`
 	TRACE_EVENTS          *ebpf.VariableSpec `ebpf:"TRACE_EVENTS"`
 	TRACE_EVERY_PACKET    *ebpf.VariableSpec `ebpf:"TRACE_EVERY_PACKET"`
 	UnusedEventType       *ebpf.VariableSpec `ebpf:"unused_event_type"`
@@ -488,6 +512,7 @@ type HostMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
+	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -525,6 +550,7 @@ func (m *HostMaps) Close() error {
 		m.TdrAuditV1,
 		m.TdrCt4V2,
 		m.TdrCt6V2,
+		m.TdrDsr4V1,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,
@@ -564,8 +590,10 @@ func (m *HostMaps) Close() error {
 type HostVariables struct {
 	EVENTS_BURST          *ebpf.Variable `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.Variable `ebpf:"EVENTS_PER_SEC"`
+	LB_DSR                *ebpf.Variable `ebpf:"LB_DSR"`
 	MASQ_PORT_MAX         *ebpf.Variable `ebpf:"MASQ_PORT_MAX"`
 	MASQ_PORT_MIN         *ebpf.Variable `ebpf:"MASQ_PORT_MIN"`
+	NODEPORT_OFF          *ebpf.Variable `ebpf:"NODEPORT_OFF"`
 	TRACE_EVENTS          *ebpf.Variable `ebpf:"TRACE_EVENTS"`
 	TRACE_EVERY_PACKET    *ebpf.Variable `ebpf:"TRACE_EVERY_PACKET"`
 	UnusedEventType       *ebpf.Variable `ebpf:"unused_event_type"`

@@ -45,6 +45,24 @@ type LxcCtEntry struct {
 	Pad2     uint32
 }
 
+type LxcDsr4Entry struct {
+	_       structs.HostLayout
+	Addr    [4]uint8
+	Port    uint16
+	Pad     [2]uint8
+	Created uint64
+}
+
+type LxcDsr4Key struct {
+	_           structs.HostLayout
+	Client      [4]uint8
+	Backend     [4]uint8
+	ClientPort  uint16
+	BackendPort uint16
+	Proto       uint8
+	Pad         [3]uint8
+}
+
 type LxcEndpointInfo struct {
 	_        structs.HostLayout
 	Ifindex  uint32
@@ -323,6 +341,7 @@ const (
 	LxcMapTdrAuditV1            = "tdr_audit_v1"
 	LxcMapTdrCt4V2              = "tdr_ct4_v2"
 	LxcMapTdrCt6V2              = "tdr_ct6_v2"
+	LxcMapTdrDsr4V1             = "tdr_dsr4_v1"
 	LxcMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	LxcMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	LxcMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -417,6 +436,7 @@ type LxcMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
+	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -485,6 +505,7 @@ type LxcMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
+	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -521,6 +542,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrAuditV1,
 		m.TdrCt4V2,
 		m.TdrCt6V2,
+		m.TdrDsr4V1,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,

@@ -45,6 +45,24 @@ type SockCtEntry struct {
 	Pad2     uint32
 }
 
+type SockDsr4Entry struct {
+	_       structs.HostLayout
+	Addr    [4]uint8
+	Port    uint16
+	Pad     [2]uint8
+	Created uint64
+}
+
+type SockDsr4Key struct {
+	_           structs.HostLayout
+	Client      [4]uint8
+	Backend     [4]uint8
+	ClientPort  uint16
+	BackendPort uint16
+	Proto       uint8
+	Pad         [3]uint8
+}
+
 type SockEndpointInfo struct {
 	_        structs.HostLayout
 	Ifindex  uint32
@@ -281,6 +299,7 @@ const (
 	SockMapTdrAuditV1            = "tdr_audit_v1"
 	SockMapTdrCt4V2              = "tdr_ct4_v2"
 	SockMapTdrCt6V2              = "tdr_ct6_v2"
+	SockMapTdrDsr4V1             = "tdr_dsr4_v1"
 	SockMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	SockMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	SockMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -386,6 +405,7 @@ type SockMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
+	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -453,6 +473,7 @@ type SockMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
+	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -489,6 +510,7 @@ func (m *SockMaps) Close() error {
 		m.TdrAuditV1,
 		m.TdrCt4V2,
 		m.TdrCt6V2,
+		m.TdrDsr4V1,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,

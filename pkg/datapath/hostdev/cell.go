@@ -71,7 +71,7 @@ func newCell(p cellParams) (*Masquerade, error) {
 		OnStart: func(ctx cell.HookContext) error { return m.Start(ctx) },
 		OnStop:  func(cell.HookContext) error { m.Stop(); return nil },
 	})
-	if !p.Settings.Config.EnableMasquerade {
+	if !p.Settings.Config.HostPrograms() {
 		return m, nil
 	}
 	jobs := p.Jobs.NewGroup(p.Health.Scope("host-devices"), job.WithLogger(p.Log))

@@ -17,6 +17,11 @@ type Config struct {
 	// as Cilium's --enable-ipv4-masquerade: without it a pod cannot reach
 	// a network that has no route to the pod CIDRs).
 	EnableMasquerade bool
+	// EnableNodePort serves NodePort, externalIP and load-balancer
+	// frontends to clients outside the cluster in the host programs (on
+	// by default; Cilium's --enable-node-port). The host programs attach
+	// to the devices when masquerade or this needs them.
+	EnableNodePort bool
 	// Devices are the uplinks the host programs attach to; empty: the
 	// devices of the default routes.
 	Devices []string
@@ -27,23 +32,41 @@ type Config struct {
 	// MasqueradePortRange is the source ports (ICMP echo identifiers)
 	// masqueraded flows get, "MIN-MAX".
 	MasqueradePortRange string
+	// LBMode is how a request from outside the cluster reaches a backend
+	// on another node: LBModeSNAT (the source becomes this node's
+	// address, the reply comes back through here) or LBModeDSR (direct
+	// server return: the client's source is kept, the frontend travels to
+	// the backend's node in an IPv4 option and the reply leaves that node
+	// straight to the client). Cilium's --bpf-lb-mode; every node of a
+	// cluster needs the same.
+	LBMode string
 }
+
+// Load-balancing modes (Config.LBMode).
+const (
+	LBModeSNAT = "snat"
+	LBModeDSR  = "dsr"
+)
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{EnableMasquerade: true, MasqueradePortRange: "61000-65535"}
+	return Config{EnableMasquerade: true, EnableNodePort: true, MasqueradePortRange: "61000-65535", LBMode: LBModeSNAT}
 }
 
 // Flags registers the options.
 func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.EnableMasquerade, "enable-masquerade", c.EnableMasquerade,
 		"Masquerade pod traffic leaving the node for outside the cluster to the node's address, in eBPF at the --devices")
+	fs.BoolVar(&c.EnableNodePort, "enable-node-port", c.EnableNodePort,
+		"Serve NodePort, externalIP and load-balancer frontends to clients outside the cluster, in eBPF at the --devices")
 	fs.StringSliceVar(&c.Devices, "devices", c.Devices,
 		"Uplink devices the host programs (masquerade) attach to (default: the devices of the default routes)")
 	fs.StringSliceVar(&c.NonMasqueradeCIDRs, "non-masquerade-cidrs", c.NonMasqueradeCIDRs,
 		"Destinations pod traffic keeps its address to, besides the cluster's pod CIDRs and known pod and node addresses")
 	fs.StringVar(&c.MasqueradePortRange, "masquerade-port-range", c.MasqueradePortRange,
 		"Source ports masqueraded flows get, MIN-MAX (reserved from the host's ephemeral ports)")
+	fs.StringVar(&c.LBMode, "bpf-lb-mode", c.LBMode,
+		"How a request from outside reaches a backend on another node: snat (source NATed to this node, replies back through it) or dsr (direct server return: client source kept, replies leave the backend's node; IPv4, every node the same)")
 }
 
 // Validate checks the values; each error names its option.
@@ -53,6 +76,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if _, err := c.NonMasqueradePrefixes(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.DSR(); err != nil {
 		errs = append(errs, err)
 	}
 	for _, d := range c.Devices {
@@ -72,6 +98,22 @@ func (c *Config) PortRange() (min, max uint16, err error) {
 		return 0, 0, fmt.Errorf("masquerade-port-range %q: want MIN-MAX with 1024 <= MIN <= MAX <= 65535", c.MasqueradePortRange)
 	}
 	return uint16(a), uint16(b), nil
+}
+
+// HostPrograms reports whether the host device programs attach: for
+// masquerade, for services from outside, or both.
+func (c *Config) HostPrograms() bool { return c.EnableMasquerade || c.EnableNodePort }
+
+// DSR parses LBMode: whether remote backends are reached by direct
+// server return.
+func (c *Config) DSR() (bool, error) {
+	switch c.LBMode {
+	case LBModeSNAT:
+		return false, nil
+	case LBModeDSR:
+		return true, nil
+	}
+	return false, fmt.Errorf("bpf-lb-mode %q: want %s or %s", c.LBMode, LBModeSNAT, LBModeDSR)
 }
 
 // NonMasqueradePrefixes parses NonMasqueradeCIDRs.

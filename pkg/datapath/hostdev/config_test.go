@@ -13,6 +13,9 @@ func TestConfigValidate(t *testing.T) {
 	if min, max, err := def.PortRange(); err != nil || min != 61000 || max != 65535 {
 		t.Fatalf("default range %d-%d (%v), want 61000-65535", min, max, err)
 	}
+	if dsr, err := def.DSR(); dsr || err != nil {
+		t.Fatalf("default lb mode DSR %v (%v), want snat", dsr, err)
+	}
 	for _, tc := range []struct {
 		mutate func(*Config)
 		err    string
@@ -26,6 +29,9 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.NonMasqueradeCIDRs = []string{"10.0.0.0/8", "192.168.1.7/16"} }, ""},
 		{func(c *Config) { c.NonMasqueradeCIDRs = []string{"10.0.0.0/33"} }, "non-masquerade-cidrs"},
 		{func(c *Config) { c.Devices = []string{"eth0", "bad name"} }, "devices"},
+		{func(c *Config) { c.LBMode = LBModeDSR }, ""},
+		{func(c *Config) { c.LBMode = "hybrid" }, `bpf-lb-mode "hybrid": want snat or dsr`},
+		{func(c *Config) { c.LBMode = "" }, "bpf-lb-mode"},
 	} {
 		c := DefaultConfig()
 		tc.mutate(&c)

@@ -53,6 +53,13 @@ type Options struct {
 	AttachMode loader.AttachMode
 	// PortMin and PortMax bound the masquerade source ports.
 	PortMin, PortMax uint16
+	// DSR sends requests from outside to a remote backend by direct
+	// server return, and honours the DSR option of other nodes'
+	// (--bpf-lb-mode=dsr; LB_DSR in bpf/lib/nodeport.h).
+	DSR bool
+	// NoNodePort leaves requests from outside to service frontends
+	// alone (--enable-node-port=false with masquerade on; NODEPORT_OFF).
+	NoNodePort bool
 	// Maps are the pod programs' loaded maps by name
 	// (loader.MapReplacements): the host programs use the same ones.
 	Maps map[string]*ebpf.Map
@@ -88,7 +95,14 @@ func Load(opts Options, log *slog.Logger) (*Programs, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load host device programs' spec: %w", err)
 	}
-	for name, v := range map[string]uint16{"MASQ_PORT_MIN": opts.PortMin, "MASQ_PORT_MAX": opts.PortMax} {
+	var dsr, off uint8
+	if opts.DSR {
+		dsr = 1
+	}
+	if opts.NoNodePort {
+		off = 1
+	}
+	for name, v := range map[string]any{"MASQ_PORT_MIN": opts.PortMin, "MASQ_PORT_MAX": opts.PortMax, "LB_DSR": dsr, "NODEPORT_OFF": off} {
 		sv, ok := spec.Variables[name]
 		if !ok {
 			return nil, fmt.Errorf("host device programs have no %s", name)

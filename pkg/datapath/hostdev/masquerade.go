@@ -37,6 +37,7 @@ type Masquerade struct {
 	root string
 
 	portMin, portMax uint16
+	dsr              bool
 	configured       []netip.Prefix
 
 	mu   sync.Mutex
@@ -68,6 +69,9 @@ type GCStats struct {
 	Runs    int       `json:"runs"`
 	Deleted int       `json:"deleted"`
 	Last    time.Time `json:"last"`
+	// DSRDeleted counts DSR records collected (flows other nodes sent
+	// to this node's backends, whose conntrack entries are gone).
+	DSRDeleted int `json:"dsr-deleted"`
 }
 
 // New returns the node's masquerade; nothing happens until Start.
@@ -83,7 +87,11 @@ func New(cfg Config, dp *loader.Loader, db *statedb.DB, mode loader.AttachMode, 
 	if err != nil {
 		return nil, err
 	}
-	return &Masquerade{cfg: cfg, log: log, dp: dp, db: db, mode: mode, root: bpfRoot, portMin: min, portMax: max, configured: prefixes}, nil
+	dsr, err := cfg.DSR()
+	if err != nil {
+		return nil, err
+	}
+	return &Masquerade{cfg: cfg, log: log, dp: dp, db: db, mode: mode, root: bpfRoot, portMin: min, portMax: max, dsr: dsr, configured: prefixes}, nil
 }
 
 // SetL2Announcements makes Start attach the programs even with masquerade
@@ -101,12 +109,12 @@ func (m *Masquerade) DeviceNames() []string {
 	return out
 }
 
-// Start attaches the host programs to the devices (or, with masquerade
-// and L2 announcements off, removes what an earlier run attached) and
-// writes their maps.
+// Start attaches the host programs to the devices (or, with masquerade,
+// services from outside and L2 announcements all off, removes what an
+// earlier run attached) and writes their maps.
 func (m *Masquerade) Start(ctx context.Context) error {
 	nat := m.dp.Maps().NAT
-	if !m.cfg.EnableMasquerade && !m.l2 {
+	if !m.cfg.HostPrograms() && !m.l2 {
 		return m.disable(nat)
 	}
 	if m.cfg.EnableMasquerade {
@@ -121,20 +129,14 @@ func (m *Masquerade) Start(ctx context.Context) error {
 	if err := m.writeNoMasquerade(); err != nil {
 		return err
 	}
-	prog, err := Load(Options{BPFRoot: m.root, AttachMode: m.mode, PortMin: m.portMin, PortMax: m.portMax, Maps: m.dp.MapReplacements()}, m.log)
+	prog, err := Load(Options{BPFRoot: m.root, AttachMode: m.mode, PortMin: m.portMin, PortMax: m.portMax, DSR: m.dsr, NoNodePort: !m.cfg.EnableNodePort, Maps: m.dp.MapReplacements()}, m.log)
 	if err != nil {
 		return err
 	}
 	keep := map[int]bool{}
 	for _, d := range devs {
 		// The address first: the program reads it from its first packet.
-		// Without masquerade the device has none: nothing is translated
-		// on the way out.
-		hd := maps.HostDevice{IfIndex: d.IfIndex}
-		if m.cfg.EnableMasquerade {
-			hd.MasqIPv4, hd.MasqIPv6 = d.IPv4, d.IPv6
-		}
-		if err := nat.SetHostDevice(hd); err != nil {
+		if err := nat.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4, MasqIPv6: d.IPv6, NoMasquerade: !m.cfg.EnableMasquerade}); err != nil {
 			prog.Close()
 			return err
 		}
@@ -151,12 +153,12 @@ func (m *Masquerade) Start(ctx context.Context) error {
 	m.mu.Lock()
 	m.prog, m.devices = prog, devs
 	m.mu.Unlock()
-	m.log.Info("Host device programs attached", "masquerade", m.cfg.EnableMasquerade, "l2-announcements", m.l2, "devices", devs, "port-range", m.cfg.MasqueradePortRange, "attach-mode", m.mode,
-		"kept-from-previous-run", prog.Kept())
+	m.log.Info("Host device programs attached", "masquerade", m.cfg.EnableMasquerade, "node-port", m.cfg.EnableNodePort, "l2-announcements", m.l2, "devices", devs, "port-range", m.cfg.MasqueradePortRange, "attach-mode", m.mode,
+		"lb-mode", m.cfg.LBMode, "kept-from-previous-run", prog.Kept())
 	return nil
 }
 
-// disable removes what an earlier run with masquerade left: the devices'
+// disable removes what an earlier run with the host programs left: the devices'
 // entries (the programs then translate nothing) and their pinned links.
 func (m *Masquerade) disable(nat *maps.NATMaps) error {
 	m.dropOtherDevices(nat, nil)
@@ -295,10 +297,11 @@ func (m *Masquerade) WatchPeers(ctx context.Context) {
 	}
 }
 
-// RefreshAddresses rewrites a device's address when it changed (a node
-// address that moved): called on a timer.
+// RefreshAddresses rewrites a device's address (masquerade's, and
+// NodePort's source NAT's) when it changed (a node address that moved):
+// called on a timer.
 func (m *Masquerade) RefreshAddresses() {
-	if !m.cfg.EnableMasquerade {
+	if !m.cfg.HostPrograms() {
 		return
 	}
 	devs, err := m.resolveDevices()
@@ -311,7 +314,7 @@ func (m *Masquerade) RefreshAddresses() {
 	for _, d := range devs {
 		for i, old := range m.devices {
 			if old.IfIndex == d.IfIndex && (old.IPv4 != d.IPv4 || old.IPv6 != d.IPv6) {
-				if err := m.dp.Maps().NAT.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4, MasqIPv6: d.IPv6}); err != nil {
+				if err := m.dp.Maps().NAT.SetHostDevice(maps.HostDevice{IfIndex: d.IfIndex, MasqIPv4: d.IPv4, MasqIPv6: d.IPv6, NoMasquerade: !m.cfg.EnableMasquerade}); err != nil {
 					m.log.Warn("Cannot write a device's new address", "device", d.Name, "error", err)
 					continue
 				}
@@ -322,17 +325,22 @@ func (m *Masquerade) RefreshAddresses() {
 	}
 }
 
-// CollectNAT deletes the NAT entries of flows conntrack no longer has:
-// the agent's conntrack GC calls it after each sweep.
+// CollectNAT deletes the NAT entries and DSR records of flows conntrack
+// no longer has: the agent's conntrack GC calls it after each sweep.
 func (m *Masquerade) CollectNAT() (maps.NATSweep, error) {
 	if m == nil {
 		return maps.NATSweep{}, nil
 	}
 	dm := m.dp.Maps()
-	res, err := dm.NAT.NATMap().CollectNAT(dm.CTMap(), maps.MonotonicNow())
+	now := maps.MonotonicNow()
+	res, err := dm.NAT.NATMap().CollectNAT(dm.CTMap(), now)
+	// DSR records of this node's backends go with conntrack the same way.
+	dsr, derr := dm.NAT.DSRMap().CollectDSR(dm.CTMap(), now)
+	err = errors.Join(err, derr)
 	m.mu.Lock()
 	m.gc.Runs++
 	m.gc.Deleted += res.Deleted
+	m.gc.DSRDeleted += dsr.Deleted
 	m.gc.Last = time.Now()
 	m.lastErr = err
 	m.mu.Unlock()

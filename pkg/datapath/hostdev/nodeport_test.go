@@ -228,3 +228,46 @@ func TestPrivilegedNodePortSourceRanges(t *testing.T) {
 		t.Fatalf("source range drops %d, want 1", got)
 	}
 }
+
+// TestPrivilegedNodePortWithoutMasquerade: with --enable-masquerade=false
+// the programs still serve clients outside (the device keeps its address
+// for the source NAT of a remote backend's flows): a local backend's reply
+// gets the node port as source, a remote backend is reached through the
+// node's address, and a pod's own traffic to the world keeps the pod's
+// address. With --enable-node-port=false as well a request to the node
+// port is left to the host.
+func TestPrivilegedNodePortWithoutMasquerade(t *testing.T) {
+	n := newNodePortNode(t)
+	if err := n.l.Maps().NAT.SetHostDevice(maps.HostDevice{IfIndex: n.uplink, MasqIPv4: node, NoMasquerade: true}); err != nil {
+		t.Fatal(err)
+	}
+	devs, err := n.l.Maps().NAT.HostDevices()
+	if err != nil || len(devs) != 1 || !devs[0].NoMasquerade || devs[0].MasqIPv4 != node {
+		t.Fatalf("host devices %+v (%v), want %s without masquerade", devs, err, node)
+	}
+	if ret, _ := n.ingress(frame(client, node, protoTCP, 40000, npLocal, 0)); ret != 0 {
+		t.Fatalf("to the local backend: verdict %d", ret)
+	}
+	ret, out := n.egress(frame(pod, client, protoTCP, backendPort, 40000, 0))
+	if src, dst := tuple(out); ret != 0 || src != ap(node, npLocal) || dst != ap(client, 40000) {
+		t.Fatalf("local backend's reply: verdict %d, %s -> %s, want from %s", ret, src, dst, ap(node, npLocal))
+	}
+	ret, out = n.ingress(frame(client, node, protoTCP, 40001, npRemote, 0))
+	if src, _ := tuple(out); ret != 7 || src.Addr() != node {
+		t.Fatalf("to the remote backend: verdict %d, source %s, want redirected from %s", ret, src, node)
+	}
+	f := frame(pod, world, protoUDP, 5000, 53, 0)
+	if ret, out := n.egress(f); ret != 0 || !bytes.Equal(out[:len(f)], f) {
+		t.Fatalf("pod to the world: verdict %d, changed %v: want it untranslated", ret, !bytes.Equal(out[:len(f)], f))
+	}
+
+	n.h.Close()
+	n.h, err = Load(Options{BPFRoot: n.root, PortMin: 61000, PortMax: 61009, NoNodePort: true, Maps: n.l.MapReplacements()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f = frame(client, node, protoTCP, 40002, npLocal, 0)
+	if ret, out := n.ingress(f); ret != 0 || !bytes.Equal(out[:len(f)], f) {
+		t.Fatalf("node port with --enable-node-port=false: verdict %d, changed %v", ret, !bytes.Equal(out[:len(f)], f))
+	}
+}

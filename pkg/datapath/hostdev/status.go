@@ -34,11 +34,16 @@ type Status struct {
 	// free port (REASON_MASQ_NO_PORT); TableFull for a full NAT table.
 	Exhausted uint64 `json:"exhausted-drops"`
 	TableFull uint64 `json:"table-full-drops"`
+	// NodePort: services from outside are served at the devices
+	// (--enable-node-port), a remote backend reached by LBMode
+	// (--bpf-lb-mode: snat or dsr).
+	NodePort bool   `json:"node-port"`
+	LBMode   string `json:"lb-mode"`
 }
 
 // Status reads the masquerade's state.
 func (m *Masquerade) Status() (Status, error) {
-	st := Status{Enabled: m.cfg.EnableMasquerade, PortRange: m.cfg.MasqueradePortRange}
+	st := Status{Enabled: m.cfg.EnableMasquerade, PortRange: m.cfg.MasqueradePortRange, NodePort: m.cfg.EnableNodePort, LBMode: m.cfg.LBMode}
 	m.mu.Lock()
 	st.Devices = append([]Device(nil), m.devices...)
 	st.GC = m.gc
@@ -87,8 +92,13 @@ func (m *Masquerade) StatusSection() ext.Section {
 	sec := ext.Section{Title: "Masquerade"}
 	add := func(k, v string) { sec.Lines = append(sec.Lines, ext.Line{Key: k, Value: v}) }
 	st, err := m.Status()
+	services := "off (--enable-node-port=false)"
+	if st.NodePort {
+		services = "on, remote backends by " + st.LBMode + " (--bpf-lb-mode)"
+	}
 	if !st.Enabled {
 		add("state", "disabled (--enable-masquerade=false): pod traffic leaves with the pod's address")
+		add("services from outside", services)
 		return sec
 	}
 	var devs []string
@@ -114,7 +124,8 @@ func (m *Masquerade) StatusSection() ext.Section {
 	add("non-masquerade", strings.Join(st.NonMasquerade, ", ")+" (and every pod and node address the ipcache knows)")
 	add("programs", fmt.Sprintf("%d attachments", len(st.Attachments)))
 	add("drops", fmt.Sprintf("%d for an exhausted port range, %d for a full table", st.Exhausted, st.TableFull))
-	add("NAT GC", fmt.Sprintf("%d runs with conntrack GC, %d mappings deleted", st.GC.Runs, st.GC.Deleted))
+	add("services from outside", services)
+	add("NAT GC", fmt.Sprintf("%d runs with conntrack GC, %d mappings and %d DSR records deleted", st.GC.Runs, st.GC.Deleted, st.GC.DSRDeleted))
 	if err != nil {
 		add("error", err.Error())
 	}

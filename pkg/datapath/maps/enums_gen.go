@@ -87,6 +87,7 @@ const (
 	ReasonSvcNoLocalBackend uint8 = 24 // REASON_SVC_NO_LOCAL_BACKEND: Service has no local backend (externalTrafficPolicy Local)
 	ReasonSourceRangeDenied uint8 = 25 // REASON_SOURCE_RANGE_DENIED: Client outside the load balancer's source ranges
 	ReasonNodeportNoRoute   uint8 = 26 // REASON_NODEPORT_NO_ROUTE: No route to the service backend
+	ReasonDsrMtuExceeded    uint8 = 27 // REASON_DSR_MTU_EXCEEDED: DSR option would exceed the MTU
 )
 
 // ReasonNames describes every Reason constant, for the CLI, events and metrics.
@@ -119,6 +120,7 @@ func ReasonNames() map[uint8]string {
 		ReasonSvcNoLocalBackend: "Service has no local backend (externalTrafficPolicy Local)",
 		ReasonSourceRangeDenied: "Client outside the load balancer's source ranges",
 		ReasonNodeportNoRoute:   "No route to the service backend",
+		ReasonDsrMtuExceeded:    "DSR option would exceed the MTU",
 	}
 }
 

@@ -26,11 +26,14 @@ type NATMaps struct {
 	NAT6    *ebpf.Map
 	NoMasq  *ebpf.Map
 	HostDev *ebpf.Map
+	// DSR4 is the record of flows other nodes send here by direct
+	// server return (dsr.go).
+	DSR4 *ebpf.Map
 }
 
 // NATFromObjects takes the masquerade maps of loaded objects.
 func NATFromObjects(o *bpf.LxcMaps) *NATMaps {
-	return &NATMaps{NAT4: o.TdrNat4V1, NAT6: o.TdrNat6V1, NoMasq: o.TdrNomasqV1, HostDev: o.TdrHostdevV1}
+	return &NATMaps{NAT4: o.TdrNat4V1, NAT6: o.TdrNat6V1, NoMasq: o.TdrNomasqV1, HostDev: o.TdrHostdevV1, DSR4: o.TdrDsr4V1}
 }
 
 // OpenPinnedNAT opens the masquerade maps pinned under root (the CLI reads
@@ -38,7 +41,7 @@ func NATFromObjects(o *bpf.LxcMaps) *NATMaps {
 func OpenPinnedNAT(root string, readOnly bool) (*NATMaps, error) {
 	m := &NATMaps{}
 	opts := &ebpf.LoadPinOptions{ReadOnly: readOnly}
-	for name, dst := range map[string]**ebpf.Map{NAT4MapName: &m.NAT4, NAT6MapName: &m.NAT6, NoMasqMapName: &m.NoMasq, HostDevMapName: &m.HostDev} {
+	for name, dst := range map[string]**ebpf.Map{NAT4MapName: &m.NAT4, NAT6MapName: &m.NAT6, NoMasqMapName: &m.NoMasq, HostDevMapName: &m.HostDev, DSR4MapName: &m.DSR4} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(root, name), opts)
 		if err != nil {
 			m.Close()
@@ -51,7 +54,7 @@ func OpenPinnedNAT(root string, readOnly bool) (*NATMaps, error) {
 
 // Close releases the handles (pins stay).
 func (m *NATMaps) Close() {
-	for _, mp := range []*ebpf.Map{m.NAT4, m.NAT6, m.NoMasq, m.HostDev} {
+	for _, mp := range []*ebpf.Map{m.NAT4, m.NAT6, m.NoMasq, m.HostDev, m.DSR4} {
 		if mp != nil {
 			mp.Close()
 		}
@@ -146,6 +149,9 @@ type NATMap struct{ m4, m6 *ebpf.Map }
 
 // NATMap is the typed NAT table.
 func (m *NATMaps) NATMap() NATMap { return NATMap{m4: m.NAT4, m6: m.NAT6} }
+
+// DSRMap is the record of DSR flows to this node's backends.
+func (m *NATMaps) DSRMap() DSRMap { return NewDSRMap(m.DSR4) }
 
 func (t NATMap) put(k natKey, v natValue) error {
 	if k.Local.Is4() {
@@ -398,6 +404,10 @@ type HostDevice struct {
 	// there).
 	MasqIPv4 netip.Addr
 	MasqIPv6 netip.Addr
+	// NoMasquerade: pod traffic leaving through the device keeps its
+	// address (--enable-masquerade=false); the addresses serve only the
+	// source NAT of requests from outside to a remote backend (NodePort).
+	NoMasquerade bool
 }
 
 // SetHostDevice writes a device's entry.
@@ -405,11 +415,15 @@ func (m *NATMaps) SetHostDevice(d HostDevice) error {
 	k := uint32(d.IfIndex)
 	v := bpf.LxcHostdevInfo{}
 	if d.MasqIPv4.IsValid() && d.MasqIPv4.Unmap().Is4() {
-		v.Flags |= HostDevFlagMasqV4
+		if !d.NoMasquerade {
+			v.Flags |= HostDevFlagMasqV4
+		}
 		v.Ipv4 = d.MasqIPv4.Unmap().As4()
 	}
 	if d.MasqIPv6.IsValid() && d.MasqIPv6.Is6() && !d.MasqIPv6.Is4In6() {
-		v.Flags |= HostDevFlagMasqV6
+		if !d.NoMasquerade {
+			v.Flags |= HostDevFlagMasqV6
+		}
 		v.Ipv6 = d.MasqIPv6.As16()
 	}
 	if err := m.HostDev.Put(&k, &v); err != nil {
@@ -425,11 +439,11 @@ func (m *NATMaps) HostDevices() ([]HostDevice, error) {
 	var out []HostDevice
 	it := m.HostDev.Iterate()
 	for it.Next(&k, &v) {
-		d := HostDevice{IfIndex: int(k)}
-		if v.Flags&HostDevFlagMasqV4 != 0 {
+		d := HostDevice{IfIndex: int(k), NoMasquerade: v.Flags&(HostDevFlagMasqV4|HostDevFlagMasqV6) == 0}
+		if v.Ipv4 != [4]byte{} {
 			d.MasqIPv4 = netip.AddrFrom4(v.Ipv4)
 		}
-		if v.Flags&HostDevFlagMasqV6 != 0 {
+		if v.Ipv6 != [16]byte{} {
 			d.MasqIPv6 = netip.AddrFrom16(v.Ipv6)
 		}
 		out = append(out, d)
