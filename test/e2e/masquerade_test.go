@@ -129,7 +129,7 @@ func TestPrivilegedLabMasqueradeStreamAcrossAgentKill(t *testing.T) {
 		if err != nil {
 			return false, err
 		}
-		i := strings.LastIndex(string(b), "Masquerade on")
+		i := strings.LastIndex(string(b), "Host device programs attached")
 		return i >= 0 && strings.Contains(string(b[i:]), "kept-from-previous-run=2"), nil
 	})
 	select {
