@@ -8,24 +8,17 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
-	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/endpointapi"
-	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
-	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/identityapi"
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/ipam/ipamapi"
-	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
-	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
 	"github.com/tendril-net/tendril/pkg/metrics"
-	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/policy/policyapi"
 	"github.com/tendril-net/tendril/pkg/profiling"
@@ -41,32 +34,20 @@ var apiCell = cell.Module("api-handlers", "REST API handlers",
 type apiParams struct {
 	cell.In
 
-	Config     Config
-	Log        *slog.Logger
-	Flags      effectiveFlags
-	Runtime    *option.Runtime
-	Health     *health.Registry
-	Steps      *lifecycle.Steps
-	API        *server.Server
-	Identities identity.Allocator
-	IDTable    *identitytable.Table
-	Endpoints  *agentendpoints.Module
-	Policy     *agentpolicy.Module
-	Datapath   *agentdatapath.Module // nil without the datapath
-	K8s        *agentk8s.Module      // nil in standalone mode
-	KVStore    *agentkv.Module       // nil without a kvstore
-	Services   *agentservices.Module
-	Inspector  *dbinspect.Inspector
-	Flows      *agentflows.Module // nil with flows off
-	Metrics    *metrics.Server
-	Masquerade *hostdev.Masquerade    // nil without the datapath
-	L2         *l2announcer.Announcer // nil with L2 announcements off
+	Config    Config
+	Log       *slog.Logger
+	API       *server.Server
+	IDTable   *identitytable.Table
+	Endpoints *agentendpoints.Module
+	Policy    *agentpolicy.Module
+	Datapath  *agentdatapath.Module // nil without the datapath
+	Services  *agentservices.Module
+	Inspector *dbinspect.Inspector
+	Metrics   *metrics.Server
 }
 
 func registerAPIHandlers(p apiParams) {
 	(&metrics.API{Metrics: p.Metrics}).Register(p.API)
-	(&daemonAPI{cfg: p.Config, flags: p.Flags, runtime: p.Runtime, health: p.Health, steps: p.Steps,
-		identities: p.Identities, idTable: p.IDTable, eps: p.Endpoints, dp: p.Datapath, k8s: p.K8s, kvstore: p.KVStore, services: p.Services, tables: p.Inspector, flows: p.Flows, masq: p.Masquerade, l2: p.L2}).register(p.API)
 	(&agentservices.ServiceAPI{Services: p.Services}).Register(p.API)
 	p.Inspector.RegisterAPI(p.API)
 	(&policyapi.Handlers{Repo: p.Policy.Repository(), Universe: p.Policy.Universe, Source: agentpolicy.SourceAPI}).Register(p.API)
@@ -94,26 +75,6 @@ func registerAPIHandlers(p apiParams) {
 	(&endpointapi.Handlers{Log: p.Log, Manager: eps.ManagerForAPI, NodeAddressing: eps.NodeAddressing, ApplyPodLabels: eps.ApplyPodLabels,
 		PolicyModel: p.Policy.EndpointPolicyModel, Holding: func(h server.HandlerFunc) server.HandlerFunc { return agentendpoints.Holding(hold, h) }}).Register(p.API)
 	(&agentendpoints.CNIAPI{Endpoints: p.Endpoints, HoldPromotions: hold}).Register(p.API)
-}
-
-// daemonAPI serves /v1/healthz (the status), /v1/config and /v1/debuginfo.
-type daemonAPI struct {
-	cfg        Config
-	flags      effectiveFlags
-	runtime    *option.Runtime
-	health     *health.Registry
-	steps      *lifecycle.Steps
-	identities identity.Allocator
-	idTable    *identitytable.Table
-	eps        *agentendpoints.Module
-	dp         *agentdatapath.Module
-	k8s        *agentk8s.Module
-	kvstore    *agentkv.Module
-	services   *agentservices.Module
-	tables     *dbinspect.Inspector
-	flows      *agentflows.Module
-	masq       *hostdev.Masquerade
-	l2         *l2announcer.Announcer
 }
 
 // serveCell is start step 10: metrics, pprof, the Hubble API, then the API served, once

@@ -4,6 +4,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 
+	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/hostips"
@@ -50,6 +51,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		realizer.RegenerationCell,
 		agentdatapath.RestoredCell,
 		agentflows.Cell,
+		daemonapi.Cell,
 		apiCell,
 		serveCell,
 	}

@@ -4,6 +4,7 @@ import (
 	"github.com/cilium/hive/cell"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/hostips"
@@ -26,6 +27,7 @@ import (
 // cell's type already has the methods another declares, the provider only
 // names the interface.
 var wiring = cell.Provide(
+	daemonSettings,
 	identityConfig, identitySettings,
 	endpointsConfig, endpointsSettings, endpointsKubernetes,
 	datapathConfig, datapathSettings,
@@ -37,6 +39,12 @@ var wiring = cell.Provide(
 	policyConfig, policyDatapath, policyEndpoints, policyNamedPorts,
 	flowsConfig, flowsNode, flowsDatapath, flowsEndpoints, flowsPolicy, flowsServices, flowsNodeEvents,
 )
+
+// daemonSettings are what the daemon API shows of the configuration.
+func daemonSettings(cfg Config, f effectiveFlags, eps *agentendpoints.Module) daemonapi.Settings {
+	return daemonapi.Settings{NodeName: cfg.NodeName, AttachModeTC: cfg.Datapath.AttachMode == string(loader.AttachTC),
+		MTU: cfg.Endpoints.MTU, Flags: f.set, NodeAddressing: eps.NodeAddressing}
+}
 
 func identityConfig(cfg Config) agentidentity.Config { return cfg.Identity }
 
