@@ -52,7 +52,6 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentdatapath.RestoredCell,
 		agentflows.Cell,
 		daemonapi.Cell,
-		apiCell,
 		serveCell,
 	}
 }

@@ -74,8 +74,15 @@ func newMetricsServer(cfg Config, root cell.RootLogger) *metrics.Server {
 	return metrics.New(cfg.Metrics, logFor(root, "metrics"))
 }
 
+// newAPIServer is the API server the cells register their handlers on;
+// it serves the metrics' own API.
 func newAPIServer(cfg Config, root cell.RootLogger, m *metrics.Server) (*server.Server, error) {
-	return server.New(cfg.API, logFor(root, "api"), m.Registry)
+	api, err := server.New(cfg.API, logFor(root, "api"), m.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("API server: %w", err)
+	}
+	(&metrics.API{Metrics: m}).Register(api)
+	return api, nil
 }
 
 // logFor is the logger of a named part of a cell. Cells log through the

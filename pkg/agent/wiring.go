@@ -28,13 +28,13 @@ import (
 // names the interface.
 var wiring = cell.Provide(
 	daemonSettings,
-	identityConfig, identitySettings,
-	endpointsConfig, endpointsSettings, endpointsKubernetes,
+	identityConfig, identitySettings, identityEndpoints,
+	endpointsConfig, endpointsSettings, endpointsKubernetes, endpointsPolicyModel,
 	datapathConfig, datapathSettings,
 	k8sConfig, k8sSettings, k8sIPCache, k8sPolicy,
 	servicesConfig, servicesSettings, servicesWatchers,
 	hostIPsEndpoints,
-	masqueradeSettings, masqueradeLoader,
+	masqueradeSettings, datapathLoader,
 	kvstoreConfig, kvstoreEndpoints, kvstoreNodeIP, kvstoreIPCache,
 	policyConfig, policyDatapath, policyEndpoints, policyNamedPorts,
 	flowsConfig, flowsNode, flowsDatapath, flowsEndpoints, flowsPolicy, flowsServices, flowsNodeEvents,
@@ -50,6 +50,12 @@ func identityConfig(cfg Config) agentidentity.Config { return cfg.Identity }
 
 func identitySettings(cfg Config) agentidentity.Settings {
 	return agentidentity.Settings{NodeName: cfg.NodeName, Kubernetes: cfg.Kubernetes.Client.Enabled()}
+}
+
+func identityEndpoints(e *agentendpoints.Module) agentidentity.Endpoints { return e }
+
+func endpointsPolicyModel(p *agentpolicy.Module) agentendpoints.PolicyModel {
+	return p.EndpointPolicyModel
 }
 
 func endpointsConfig(cfg Config) agentendpoints.Config { return cfg.Endpoints }
@@ -90,9 +96,10 @@ func masqueradeSettings(c Config) hostdev.Settings {
 		L2Announcements: c.L2Announcements.Enabled}
 }
 
-// masqueradeLoader is the pod datapath's loader, whose maps the host
-// device programs share; nil without the datapath.
-func masqueradeLoader(dp *agentdatapath.Module) *loader.Loader {
+// datapathLoader is the pod datapath's loader, whose maps the host device
+// programs share and whose promotions to TCX links the endpoints' API
+// holds; nil without the datapath.
+func datapathLoader(dp *agentdatapath.Module) *loader.Loader {
 	if dp == nil {
 		return nil
 	}

@@ -44,7 +44,7 @@ import (
 // as objects of their own, so that what writes endpoints takes only those
 // (and tests can decorate them).
 var Cell = cell.Module("datapath", "The eBPF datapath maps programs events and ipcache",
-	cell.Provide(New, ipcacheOf, kernelOf, statusContribution),
+	cell.Provide(New, ipcacheOf, kernelOf, statusContribution, apiHandlers),
 	cell.Invoke(func(*Module) {}),
 )
 
