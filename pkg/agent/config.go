@@ -73,20 +73,6 @@ type Config struct {
 	Profiling profiling.Config
 }
 
-// KVStore modes (--kvstore).
-const (
-	KVStoreNone     = agentkv.ModeNone
-	KVStoreEtcd     = agentkv.ModeEtcd
-	KVStoreEmbedded = agentkv.ModeEmbedded
-)
-
-// Identity allocation modes.
-const (
-	IdentityAllocationCRD     = agentidentity.AllocationCRD
-	IdentityAllocationLocal   = agentidentity.AllocationLocal
-	IdentityAllocationKVStore = agentidentity.AllocationKVStore
-)
-
 // DefaultConfig returns the defaults of every option.
 func DefaultConfig() Config {
 	return Config{
@@ -133,7 +119,8 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	c.Profiling.Flags(fs)
 }
 
-// Validate checks the values; each error names its option.
+// Validate checks the agent-wide values and each cell's config; each
+// error names its option.
 func (c *Config) Validate() error {
 	var errs []error
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
@@ -142,45 +129,17 @@ func (c *Config) Validate() error {
 	if err := bpffs.CheckPath(c.BPFRoot); err != nil {
 		errs = append(errs, fmt.Errorf("bpf-root %w", err))
 	}
-	if c.API.Socket == "" || !filepath.IsAbs(c.API.Socket) {
-		errs = append(errs, fmt.Errorf("socket %q: must be an absolute path", c.API.Socket))
-	}
-	if err := option.ValidateEnforcement(c.PolicyEnforcement); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, c.API.Validate(), option.ValidateEnforcement(c.PolicyEnforcement))
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		errs = append(errs, fmt.Errorf("log-format %q: must be text or json", c.LogFormat))
 	}
-	if err := c.Endpoints.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Datapath.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Kubernetes.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Identity.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.Identity.AllocationMode == IdentityAllocationKVStore && !c.KVStore.Enabled() {
+	errs = append(errs, c.Endpoints.Validate(), c.Datapath.Validate(), c.Kubernetes.Validate(), c.Identity.Validate())
+	// The one check across two cells' options.
+	if c.Identity.AllocationMode == agentidentity.AllocationKVStore && !c.KVStore.Enabled() {
 		errs = append(errs, fmt.Errorf("identity-allocation-mode kvstore: needs --kvstore (etcd with --kvstore-endpoints, or embedded)"))
 	}
-	if err := c.KVStore.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-
-	if err := c.Services.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Hubble.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Masquerade.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.L2Announcements.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	// errors.Join drops the nil errors of the valid ones.
+	errs = append(errs, c.KVStore.Validate(), c.Services.Validate(), c.Hubble.Validate(), c.Masquerade.Validate(),
+		c.L2Announcements.Validate())
 	return errors.Join(errs...)
 }

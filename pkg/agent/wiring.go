@@ -25,20 +25,56 @@ import (
 // (its config struct and settings) and from other cells, as the types its
 // package declares. It is the only place that knows both sides; where a
 // cell's type already has the methods another declares, the provider only
-// names the interface.
+// names the interface (as).
 var wiring = cell.Provide(
-	daemonSettings,
-	identityConfig, identitySettings, identityEndpoints,
-	endpointsConfig, endpointsSettings, endpointsKubernetes, endpointsPolicyModel,
-	datapathConfig, datapathSettings,
-	k8sConfig, k8sSettings, k8sIPCache, k8sPolicy,
-	servicesConfig, servicesSettings, servicesWatchers,
-	hostIPsEndpoints,
-	masqueradeSettings, datapathLoader,
-	kvstoreConfig, kvstoreEndpoints, kvstoreNodeIP, kvstoreIPCache,
-	policyConfig, policyDatapath, policyEndpoints, policyNamedPorts,
-	flowsConfig, flowsNode, flowsDatapath, flowsEndpoints, flowsPolicy, flowsServices, flowsNodeEvents,
+	cellConfigs, daemonSettings, identitySettings, endpointsSettings, datapathSettings, k8sSettings,
+	servicesSettings, masqueradeSettings, kvstoreConfig, flowsNode, datapathLoader,
+	as[agentidentity.Endpoints, *agentendpoints.Module],
+	as[agentendpoints.Kubernetes, *agentk8s.Client],
+	as[agentk8s.IPCache, *agentdatapath.Module],
+	as[agentk8s.Policy, *agentpolicy.Module],
+	as[hostips.Endpoints, *agentendpoints.Module],
+	as[agentkv.IPCache, *agentdatapath.Module],
+	as[agentpolicy.Datapath, *agentdatapath.Module],
+	as[agentpolicy.Endpoints, *agentendpoints.Module],
+	as[agentpolicy.NamedPorts, *agentk8s.Client],
+	as[agentflows.Datapath, *agentdatapath.Module],
+	as[agentflows.Endpoints, *agentendpoints.Module],
+	as[agentflows.Policy, *agentpolicy.Module],
+	endpointsPolicyModel, servicesWatchers, kvstoreEndpoints, kvstoreNodeIP, flowsServices, flowsNodeEvents,
 )
+
+// as is a cell's value as the interface I another cell declares; a nil
+// pointer (a subsystem that is off) is a nil I, which the cells test for,
+// rather than an I holding a nil pointer. A type without I's methods
+// fails the hive's build: TestStartOrder builds it with every subsystem
+// on.
+func as[I any, P comparable](v P) I {
+	var none P
+	if v == none {
+		var nilI I
+		return nilI
+	}
+	return any(v).(I)
+}
+
+// configs are the cells' config structs, fields of the agent's Config.
+type configs struct {
+	cell.Out
+
+	Identity   agentidentity.Config
+	Endpoints  agentendpoints.Config
+	Datapath   agentdatapath.Config
+	Kubernetes agentk8s.Config
+	Services   agentservices.Config
+	Hubble     agentflows.Config
+	Policy     agentpolicy.Config
+}
+
+func cellConfigs(cfg Config) configs {
+	return configs{Identity: cfg.Identity, Endpoints: cfg.Endpoints, Datapath: cfg.Datapath, Kubernetes: cfg.Kubernetes,
+		Services: cfg.Services, Hubble: cfg.Hubble, Policy: agentpolicy.Config{StateDir: cfg.StateDir}}
+}
 
 // daemonSettings are what the daemon API shows of the configuration.
 func daemonSettings(cfg Config, f effectiveFlags, eps *agentendpoints.Module) daemonapi.Settings {
@@ -46,34 +82,17 @@ func daemonSettings(cfg Config, f effectiveFlags, eps *agentendpoints.Module) da
 		MTU: cfg.Endpoints.MTU, Flags: f.set, NodeAddressing: eps.NodeAddressing}
 }
 
-func identityConfig(cfg Config) agentidentity.Config { return cfg.Identity }
-
 func identitySettings(cfg Config) agentidentity.Settings {
 	return agentidentity.Settings{NodeName: cfg.NodeName, Kubernetes: cfg.Kubernetes.Client.Enabled()}
 }
-
-func identityEndpoints(e *agentendpoints.Module) agentidentity.Endpoints { return e }
-
-func endpointsPolicyModel(p *agentpolicy.Module) agentendpoints.PolicyModel {
-	return p.EndpointPolicyModel
-}
-
-func endpointsConfig(cfg Config) agentendpoints.Config { return cfg.Endpoints }
 
 func endpointsSettings(cfg Config) agentendpoints.Settings {
 	return agentendpoints.Settings{NodeName: cfg.NodeName, StateDir: cfg.StateDir}
 }
 
-// endpointsKubernetes is the Kubernetes client as the endpoints read it;
-// nil in standalone mode.
-func endpointsKubernetes(k *agentk8s.Client) agentendpoints.Kubernetes {
-	if k == nil {
-		return nil
-	}
-	return k
+func endpointsPolicyModel(p *agentpolicy.Module) agentendpoints.PolicyModel {
+	return p.EndpointPolicyModel
 }
-
-func servicesConfig(cfg Config) agentservices.Config { return cfg.Services }
 
 func servicesSettings(cfg Config) agentservices.Settings {
 	trace, _ := cfg.Hubble.TraceMode() // validated with the config
@@ -106,27 +125,10 @@ func datapathLoader(dp *agentdatapath.Module) *loader.Loader {
 	return dp.Loader()
 }
 
-func hostIPsEndpoints(e *agentendpoints.Module) hostips.Endpoints { return e }
-
-func k8sConfig(cfg Config) agentk8s.Config { return cfg.Kubernetes }
-
 func k8sSettings(cfg Config) agentk8s.Settings {
 	return agentk8s.Settings{NodeName: cfg.NodeName, IPAM: cfg.Endpoints.IPAM, IPv4Range: cfg.Endpoints.IPv4Range,
 		IPv6Range: cfg.Endpoints.IPv6Range, InstallHostNetworking: cfg.Endpoints.InstallHostNetworking}
 }
-
-// k8sIPCache is the datapath's ipcache as the watchers write it; nil
-// without the datapath.
-func k8sIPCache(dp *agentdatapath.Module) agentk8s.IPCache {
-	if dp == nil {
-		return nil
-	}
-	return dp
-}
-
-func k8sPolicy(p *agentpolicy.Module) agentk8s.Policy { return p }
-
-func datapathConfig(cfg Config) agentdatapath.Config { return cfg.Datapath }
 
 // datapathSettings are the datapath's settings from the rest of the
 // agent's configuration.
@@ -141,7 +143,7 @@ func kvstoreConfig(cfg Config) agentkv.Config {
 }
 
 // kvEndpoints reads the endpoint manager, which the endpoints' start step
-// builds (before the kvstore's).
+// builds (before the kvstore's), and subscribes to it then.
 type kvEndpoints struct{ eps *agentendpoints.Module }
 
 func kvstoreEndpoints(eps *agentendpoints.Module) agentkv.Endpoints { return kvEndpoints{eps} }
@@ -159,40 +161,9 @@ func kvstoreNodeIP(k *agentk8s.Module) agentkv.NodeIP {
 	return k.NodeIP
 }
 
-func kvstoreIPCache(dp *agentdatapath.Module) agentkv.IPCache {
-	if dp == nil {
-		return nil
-	}
-	return dp
-}
-
-func flowsConfig(cfg Config) agentflows.Config { return cfg.Hubble }
-
 func flowsNode(cfg Config) agentflows.Node {
 	return agentflows.Node{Name: cfg.NodeName, APISocket: cfg.API.Socket}
 }
-
-func flowsDatapath(dp *agentdatapath.Module) agentflows.Datapath {
-	if dp == nil {
-		return nil
-	}
-	return dp
-}
-
-// flowsEndpointsOf looks endpoints up in the manager once it exists.
-type flowsEndpointsOf struct{ eps *agentendpoints.Module }
-
-func (f flowsEndpointsOf) Lookup(id string) (*endpoint.Endpoint, error) {
-	mgr, err := f.eps.ManagerForAPI()
-	if err != nil {
-		return nil, err
-	}
-	return mgr.Lookup(id)
-}
-
-func flowsEndpoints(eps *agentendpoints.Module) agentflows.Endpoints { return flowsEndpointsOf{eps} }
-
-func flowsPolicy(p *agentpolicy.Module) agentflows.Policy { return p }
 
 func flowsServices(s *agentservices.Module) agentflows.Services {
 	if s == nil {
@@ -214,23 +185,4 @@ func flowsNodeEvents(k *agentk8s.Client) agentflows.NodeEvents {
 		}
 		return w.Nodes.Subscribe(fn)
 	}
-}
-
-func policyConfig(cfg Config) agentpolicy.Config { return agentpolicy.Config{StateDir: cfg.StateDir} }
-
-func policyDatapath(dp *agentdatapath.Module) agentpolicy.Datapath {
-	if dp == nil {
-		return nil
-	}
-	return dp
-}
-
-func policyEndpoints(eps *agentendpoints.Module) agentpolicy.Endpoints { return eps }
-
-// policyNamedPorts is nil in standalone mode.
-func policyNamedPorts(k *agentk8s.Client) agentpolicy.NamedPorts {
-	if k == nil {
-		return nil
-	}
-	return k
 }

@@ -54,3 +54,13 @@ func (m *Module) ListForAPI() ([]*endpoint.Endpoint, error) {
 	}
 	return mgr.List(), nil
 }
+
+// Lookup finds an endpoint by ID, or the API's 503 before the start step
+// built the manager.
+func (m *Module) Lookup(id string) (*endpoint.Endpoint, error) {
+	mgr, err := m.ManagerForAPI()
+	if err != nil {
+		return nil, err
+	}
+	return mgr.Lookup(id)
+}
