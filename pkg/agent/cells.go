@@ -16,7 +16,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer/l2wiring"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
@@ -33,7 +33,6 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 	return []cell.Cell{
 		job.Cell,
 		wiring,
-		l2Wiring,
 		dbinspect.Cell, // statedb's cell and the tables' inspection
 		coreCell(cfg, deps),
 		agentidentity.Cell,
@@ -43,7 +42,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentservices.Cell,
 		agentendpoints.Cell,
 		agentk8s.Cell,
-		l2announcer.Cell,
+		l2wiring.Cell, // the L2 announcements with their providers
 		agentkv.Cell,
 		realizer.Cell,
 		hostips.Cell,

@@ -18,6 +18,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
@@ -69,11 +70,14 @@ type configs struct {
 	Services   agentservices.Config
 	Hubble     agentflows.Config
 	Policy     agentpolicy.Config
+	L2         l2announcer.Config
+	L2Node     l2announcer.Node
 }
 
 func cellConfigs(cfg Config) configs {
 	return configs{Identity: cfg.Identity, Endpoints: cfg.Endpoints, Datapath: cfg.Datapath, Kubernetes: cfg.Kubernetes,
-		Services: cfg.Services, Hubble: cfg.Hubble, Policy: agentpolicy.Config{StateDir: cfg.StateDir}}
+		Services: cfg.Services, Hubble: cfg.Hubble, Policy: agentpolicy.Config{StateDir: cfg.StateDir},
+		L2: cfg.L2Announcements, L2Node: l2announcer.Node{Name: cfg.NodeName}}
 }
 
 // daemonSettings are what the daemon API shows of the configuration.
