@@ -58,16 +58,7 @@ func registerConfigStep(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config) {
 // newRuntime holds the options PATCH /v1/config changes at run time; the
 // debug option sets the log level.
 func newRuntime(cfg Config, log *slog.Logger, level *slog.LevelVar) *option.Runtime {
-	rt := option.NewRuntime(option.RuntimeValues{PolicyEnforcement: cfg.PolicyEnforcement, Debug: cfg.Debug})
-	rt.Subscribe(func(v option.RuntimeValues) {
-		if v.Debug {
-			level.Set(slog.LevelDebug)
-		} else {
-			level.Set(slog.LevelInfo)
-		}
-		log.Info("Runtime options changed", "policy-enforcement", v.PolicyEnforcement, "debug", v.Debug)
-	})
-	return rt
+	return option.NewLoggedRuntime(option.RuntimeValues{PolicyEnforcement: cfg.PolicyEnforcement, Debug: cfg.Debug}, log, level)
 }
 
 func newMetricsServer(cfg Config, root cell.RootLogger) *metrics.Server {

@@ -11,6 +11,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/endpointapi"
 	"github.com/tendril-net/tendril/pkg/ipam/ipamapi"
+	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // PolicyModel is an endpoint's policy status in its model, as the policy
@@ -64,3 +65,6 @@ func (m *Module) Lookup(id string) (*endpoint.Endpoint, error) {
 	}
 	return mgr.Lookup(id)
 }
+
+// policyModelOf is the policy's model of an endpoint's policy status.
+func policyModelOf(p *agentpolicy.Module) PolicyModel { return p.EndpointPolicyModel }
