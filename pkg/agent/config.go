@@ -41,36 +41,23 @@ type Config struct {
 	// LogFormat is text or json.
 	LogFormat string
 
-	// Kubernetes says how to reach the API server (with none configured
-	// the agent runs standalone) and how long to wait for it.
-	Kubernetes agentk8s.Config
-	// KVStore is none, etcd (--kvstore-endpoints) or embedded (an etcd
-	// inside the agent, data under the state directory), and the client's
-	// options.
-	KVStore agentkv.Options
-	// Identity are the identity allocation mode and the identity labels.
-	Identity agentidentity.Config
-
-	// Endpoints are the endpoints' and IPAM's options (pod CIDRs, MTU,
-	// host networking).
-	Endpoints agentendpoints.Config
-	// Datapath are the eBPF datapath's options (enable, attach mode,
-	// events, direct delivery).
-	Datapath agentdatapath.Config
-	// Services are the services' options (socket LB, selection).
-	Services agentservices.Config
-	// Hubble are the flows' options (observer, Hubble API, trace events).
-	Hubble agentflows.Config
-	// Masquerade are the host device programs' options (masquerade of pod
-	// traffic leaving the node).
-	Masquerade hostdev.Config
-	// L2Announcements are the ARP announcements of services' load-balancer
-	// and external addresses (pkg/loadbalancer/l2announcer).
+	// Each cell's options, documented with their flags in its package:
+	// the Kubernetes client (none: standalone), the kvstore (none, etcd or
+	// embedded), identity allocation, endpoints and IPAM, the eBPF
+	// datapath, services, flows (Hubble), the host devices' masquerade,
+	// L2 announcements, the API socket, metrics and pprof.
+	Kubernetes      agentk8s.Config
+	KVStore         agentkv.Options
+	Identity        agentidentity.Config
+	Endpoints       agentendpoints.Config
+	Datapath        agentdatapath.Config
+	Services        agentservices.Config
+	Hubble          agentflows.Config
+	Masquerade      hostdev.Config
 	L2Announcements l2announcer.Config
-
-	API       server.Config
-	Metrics   metrics.Config
-	Profiling profiling.Config
+	API             server.Config
+	Metrics         metrics.Config
+	Profiling       profiling.Config
 }
 
 // DefaultConfig returns the defaults of every option.
@@ -105,18 +92,10 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.PolicyEnforcement, "policy-enforcement", c.PolicyEnforcement, "Policy enforcement mode: default, always or never")
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "Log at debug level")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "Log format: text or json")
-	c.Kubernetes.Flags(fs)
-	c.KVStore.Flags(fs)
-	c.Identity.Flags(fs)
-	c.Endpoints.Flags(fs)
-	c.Datapath.Flags(fs)
-	c.Services.Flags(fs)
-	c.Hubble.Flags(fs)
-	c.Masquerade.Flags(fs)
-	c.L2Announcements.Flags(fs)
-	c.API.Flags(fs)
-	c.Metrics.Flags(fs)
-	c.Profiling.Flags(fs)
+	for _, cellConfig := range []interface{ Flags(*pflag.FlagSet) }{&c.Kubernetes, &c.KVStore, &c.Identity, &c.Endpoints,
+		&c.Datapath, &c.Services, &c.Hubble, &c.Masquerade, &c.L2Announcements, &c.API, &c.Metrics, &c.Profiling} {
+		cellConfig.Flags(fs)
+	}
 }
 
 // Validate checks the agent-wide values and each cell's config; each
