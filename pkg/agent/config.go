@@ -18,6 +18,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/profiling"
@@ -109,10 +110,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("bpf-root %w", err))
 	}
 	errs = append(errs, c.API.Validate(), option.ValidateEnforcement(c.PolicyEnforcement))
-	if c.LogFormat != "text" && c.LogFormat != "json" {
-		errs = append(errs, fmt.Errorf("log-format %q: must be text or json", c.LogFormat))
-	}
-	errs = append(errs, c.Endpoints.Validate(), c.Datapath.Validate(), c.Kubernetes.Validate(), c.Identity.Validate())
+	errs = append(errs, logging.CheckFormat(c.LogFormat), c.Endpoints.Validate(), c.Datapath.Validate(), c.Kubernetes.Validate(), c.Identity.Validate())
 	// The one check across two cells' options.
 	if c.Identity.AllocationMode == agentidentity.AllocationKVStore && !c.KVStore.Enabled() {
 		errs = append(errs, fmt.Errorf("identity-allocation-mode kvstore: needs --kvstore (etcd with --kvstore-endpoints, or embedded)"))
