@@ -8,18 +8,14 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
-	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 )
-
-// effectiveFlags is the resolved flag set: the effective configuration
-// that GET /v1/config shows (hive provides its own, empty, *pflag.FlagSet).
-type effectiveFlags struct{ set *pflag.FlagSet }
 
 // coreCell provides what the subsystems share: the configuration, the
 // health registry, the start-step recorder, the runtime options, the
@@ -29,7 +25,7 @@ func coreCell(cfg Config, deps Deps) cell.Cell {
 	return cell.Module("agent-core", "Configuration health bootstrap stats runtime options and shared services",
 		cell.Provide(
 			func() Config { return cfg },
-			func() effectiveFlags { return effectiveFlags{deps.Flags} },
+			func() daemonapi.Flags { return daemonapi.Flags{Set: deps.Flags} },
 			func() *slog.LevelVar { return deps.LogLevel },
 			health.NewRegistry,
 			lifecycle.NewSteps,

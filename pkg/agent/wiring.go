@@ -24,7 +24,8 @@ import (
 // (as). The cells provide the other adapters themselves, next to the
 // interfaces they fill.
 var wiring = cell.Provide(
-	cellConfigs, daemonSettings,
+	cellConfigs,
+	as[daemonapi.Addressing, *agentendpoints.Module],
 	as[agentidentity.Endpoints, *agentendpoints.Module],
 	as[agentendpoints.Kubernetes, *agentk8s.Client],
 	as[agentk8s.IPCache, *agentdatapath.Module],
@@ -76,6 +77,7 @@ type configs struct {
 	Policy             agentpolicy.Config
 	L2                 l2announcer.Config
 	L2Node             l2announcer.Node
+	Daemon             daemonapi.Settings
 }
 
 func cellConfigs(c Config) configs {
@@ -103,11 +105,7 @@ func cellConfigs(c Config) configs {
 		Policy:     agentpolicy.Config{StateDir: c.StateDir},
 		L2:         c.L2Announcements,
 		L2Node:     l2announcer.Node{Name: c.NodeName},
+		Daemon: daemonapi.Settings{NodeName: c.NodeName, AttachModeTC: c.Datapath.AttachMode == string(loader.AttachTC),
+			MTU: c.Endpoints.MTU},
 	}
-}
-
-// daemonSettings are what the daemon API shows of the configuration.
-func daemonSettings(cfg Config, f effectiveFlags, eps *agentendpoints.Module) daemonapi.Settings {
-	return daemonapi.Settings{NodeName: cfg.NodeName, AttachModeTC: cfg.Datapath.AttachMode == string(loader.AttachTC),
-		MTU: cfg.Endpoints.MTU, Flags: f.set, NodeAddressing: eps.NodeAddressing}
 }

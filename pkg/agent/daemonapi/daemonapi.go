@@ -37,27 +37,37 @@ type Settings struct {
 	AttachModeTC bool
 	// MTU is the pods' device MTU.
 	MTU int
-	// Flags is the resolved flag set: the effective configuration
-	// (nil in tests that build the agent without a command).
-	Flags *pflag.FlagSet
-	// NodeAddressing is the node's addressing as the v1 API shows it.
-	NodeAddressing func() *models.NodeAddressing
+}
+
+// Flags is the resolved flag set: the effective configuration (nil in
+// tests that build the agent without a command). A type of its own
+// because hive provides its own, empty, *pflag.FlagSet.
+type Flags struct{ Set *pflag.FlagSet }
+
+// Addressing is the node's addressing as the v1 API shows it (the
+// endpoints' IPAM).
+type Addressing interface {
+	NodeAddressing() *models.NodeAddressing
 }
 
 type params struct {
 	cell.In
 
-	Settings Settings
-	Runtime  *option.Runtime
-	Health   *health.Registry
-	Steps    *lifecycle.Steps
-	API      *server.Server
-	Status   status.In
+	Settings   Settings
+	Flags      Flags
+	Addressing Addressing
+	Runtime    *option.Runtime
+	Health     *health.Registry
+	Steps      *lifecycle.Steps
+	API        *server.Server
+	Status     status.In
 }
 
 // Handlers serve /v1/healthz, /v1/config and /v1/debuginfo.
 type Handlers struct {
 	settings      Settings
+	flags         *pflag.FlagSet
+	addressing    Addressing
 	runtime       *option.Runtime
 	health        *health.Registry
 	steps         *lifecycle.Steps
@@ -65,7 +75,7 @@ type Handlers struct {
 }
 
 func register(p params) {
-	h := &Handlers{settings: p.Settings, runtime: p.Runtime, health: p.Health, steps: p.Steps, contributions: p.Status.Contributions}
+	h := &Handlers{settings: p.Settings, flags: p.Flags.Set, addressing: p.Addressing, runtime: p.Runtime, health: p.Health, steps: p.Steps, contributions: p.Status.Contributions}
 	h.Register(p.API)
 }
 
@@ -105,7 +115,7 @@ func (h *Handlers) Register(api *server.Server) {
 }
 
 func (h *Handlers) isKnownOption(key string) bool {
-	return h.settings.Flags != nil && h.settings.Flags.Lookup(key) != nil
+	return h.flags != nil && h.flags.Lookup(key) != nil
 }
 
 // ciliumState maps a health level to the state strings of the Cilium API
@@ -163,8 +173,8 @@ func (h *Handlers) DaemonConfig() *models.DaemonConfiguration {
 	spec := &models.DaemonConfigurationSpec{Options: rt.OptionsMap(), PolicyEnforcement: rt.PolicyEnforcement}
 	cfgMap := map[string]any{}
 	immutable := models.ConfigurationMap{}
-	if h.settings.Flags != nil {
-		h.settings.Flags.VisitAll(func(f *pflag.Flag) {
+	if h.flags != nil {
+		h.flags.VisitAll(func(f *pflag.Flag) {
 			cfgMap[f.Name] = f.Value.String()
 			if f.Name != "debug" && f.Name != "policy-enforcement" {
 				immutable[f.Name] = f.Value.String()
@@ -175,8 +185,8 @@ func (h *Handlers) DaemonConfig() *models.DaemonConfiguration {
 	cfgMap["debug"] = rt.Debug
 	cfgMap["policy-enforcement"] = rt.PolicyEnforcement
 	var addressing *models.NodeAddressing
-	if h.settings.NodeAddressing != nil {
-		addressing = h.settings.NodeAddressing()
+	if h.addressing != nil {
+		addressing = h.addressing.NodeAddressing()
 	}
 	return &models.DaemonConfiguration{
 		Spec: spec,
