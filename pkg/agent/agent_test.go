@@ -119,6 +119,15 @@ func TestHealthzThroughSocket(t *testing.T) {
 	if strings.Join(order, " ") != strings.Join(want, " ") {
 		t.Errorf("bootstrap steps started in the order %v, want %v", order, want)
 	}
+	// The sections come in their order keys' order (pkg/status), as
+	// `tendril status` always printed them.
+	var titles []string
+	for _, s := range st.Tendril.Sections {
+		titles = append(titles, s.Title)
+	}
+	if got, want := strings.Join(titles, ", "), "Services, IPAM, Identities"; got != want {
+		t.Errorf("status sections %s, want %s", got, want)
+	}
 	if st.Tendril.Bootstrap.Total <= 0 {
 		t.Errorf("bootstrap total %v", st.Tendril.Bootstrap.Total)
 	}

@@ -4,6 +4,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 
+	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/hostips"
@@ -15,7 +16,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer/l2wiring"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
@@ -32,7 +33,6 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 	return []cell.Cell{
 		job.Cell,
 		wiring,
-		l2Wiring,
 		dbinspect.Cell, // statedb's cell and the tables' inspection
 		coreCell(cfg, deps),
 		agentidentity.Cell,
@@ -42,7 +42,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentservices.Cell,
 		agentendpoints.Cell,
 		agentk8s.Cell,
-		l2announcer.Cell,
+		l2wiring.Cell, // the L2 announcements with their providers
 		agentkv.Cell,
 		realizer.Cell,
 		hostips.Cell,
@@ -50,7 +50,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		realizer.RegenerationCell,
 		agentdatapath.RestoredCell,
 		agentflows.Cell,
-		apiCell,
+		daemonapi.Cell,
 		serveCell,
 	}
 }

@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+
+	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
+	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 )
 
 // seedsOrder is the agent's start, in the order of ARCHITECTURE.md and the
@@ -27,8 +30,8 @@ func TestStartOrder(t *testing.T) {
 		{"everything", func(c *Config) {
 			c.Kubernetes.Client.Kubeconfig = writeKubeconfig(t) // the API server is reached only when the step starts
 			c.Datapath.Enable = true
-			c.KVStore.Mode = KVStoreEmbedded
-			c.Identity.AllocationMode = IdentityAllocationKVStore
+			c.KVStore.Mode = agentkv.ModeEmbedded
+			c.Identity.AllocationMode = agentidentity.AllocationKVStore
 		}, seedsOrder},
 		{"standalone, no datapath", func(c *Config) {
 			t.Setenv("KUBERNETES_SERVICE_HOST", "")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/version"
 )
@@ -39,21 +39,10 @@ func NewCommand(stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}
-			level := new(slog.LevelVar)
-			if cfg.Debug {
-				level.Set(slog.LevelDebug)
+			log, level, err := logging.New(stderr, cfg.LogFormat, cfg.Debug)
+			if err != nil {
+				return fmt.Errorf("invalid configuration: %w", err)
 			}
-			opts := &slog.HandlerOptions{Level: level}
-			var handler slog.Handler
-			switch cfg.LogFormat {
-			case "json":
-				handler = slog.NewJSONHandler(stderr, opts)
-			case "text":
-				handler = slog.NewTextHandler(stderr, opts)
-			default:
-				return fmt.Errorf("invalid configuration: log-format %q: must be text or json", cfg.LogFormat)
-			}
-			log := slog.New(handler)
 			a, err := New(cfg, Deps{Log: log, LogLevel: level, Flags: fs, Sources: sources})
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/profiling"
@@ -41,51 +42,24 @@ type Config struct {
 	// LogFormat is text or json.
 	LogFormat string
 
-	// Kubernetes says how to reach the API server (with none configured
-	// the agent runs standalone) and how long to wait for it.
-	Kubernetes agentk8s.Config
-	// KVStore is none, etcd (--kvstore-endpoints) or embedded (an etcd
-	// inside the agent, data under the state directory), and the client's
-	// options.
-	KVStore agentkv.Options
-	// Identity are the identity allocation mode and the identity labels.
-	Identity agentidentity.Config
-
-	// Endpoints are the endpoints' and IPAM's options (pod CIDRs, MTU,
-	// host networking).
-	Endpoints agentendpoints.Config
-	// Datapath are the eBPF datapath's options (enable, attach mode,
-	// events, direct delivery).
-	Datapath agentdatapath.Config
-	// Services are the services' options (socket LB, selection).
-	Services agentservices.Config
-	// Hubble are the flows' options (observer, Hubble API, trace events).
-	Hubble agentflows.Config
-	// Masquerade are the host device programs' options (masquerade of pod
-	// traffic leaving the node).
-	Masquerade hostdev.Config
-	// L2Announcements are the ARP announcements of services' load-balancer
-	// and external addresses (pkg/loadbalancer/l2announcer).
+	// Each cell's options, documented with their flags in its package:
+	// the Kubernetes client (none: standalone), the kvstore (none, etcd or
+	// embedded), identity allocation, endpoints and IPAM, the eBPF
+	// datapath, services, flows (Hubble), the host devices' masquerade,
+	// L2 announcements, the API socket, metrics and pprof.
+	Kubernetes      agentk8s.Config
+	KVStore         agentkv.Options
+	Identity        agentidentity.Config
+	Endpoints       agentendpoints.Config
+	Datapath        agentdatapath.Config
+	Services        agentservices.Config
+	Hubble          agentflows.Config
+	Masquerade      hostdev.Config
 	L2Announcements l2announcer.Config
-
-	API       server.Config
-	Metrics   metrics.Config
-	Profiling profiling.Config
+	API             server.Config
+	Metrics         metrics.Config
+	Profiling       profiling.Config
 }
-
-// KVStore modes (--kvstore).
-const (
-	KVStoreNone     = agentkv.ModeNone
-	KVStoreEtcd     = agentkv.ModeEtcd
-	KVStoreEmbedded = agentkv.ModeEmbedded
-)
-
-// Identity allocation modes.
-const (
-	IdentityAllocationCRD     = agentidentity.AllocationCRD
-	IdentityAllocationLocal   = agentidentity.AllocationLocal
-	IdentityAllocationKVStore = agentidentity.AllocationKVStore
-)
 
 // DefaultConfig returns the defaults of every option.
 func DefaultConfig() Config {
@@ -119,21 +93,14 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.PolicyEnforcement, "policy-enforcement", c.PolicyEnforcement, "Policy enforcement mode: default, always or never")
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "Log at debug level")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "Log format: text or json")
-	c.Kubernetes.Flags(fs)
-	c.KVStore.Flags(fs)
-	c.Identity.Flags(fs)
-	c.Endpoints.Flags(fs)
-	c.Datapath.Flags(fs)
-	c.Services.Flags(fs)
-	c.Hubble.Flags(fs)
-	c.Masquerade.Flags(fs)
-	c.L2Announcements.Flags(fs)
-	c.API.Flags(fs)
-	c.Metrics.Flags(fs)
-	c.Profiling.Flags(fs)
+	for _, cellConfig := range []interface{ Flags(*pflag.FlagSet) }{&c.Kubernetes, &c.KVStore, &c.Identity, &c.Endpoints,
+		&c.Datapath, &c.Services, &c.Hubble, &c.Masquerade, &c.L2Announcements, &c.API, &c.Metrics, &c.Profiling} {
+		cellConfig.Flags(fs)
+	}
 }
 
-// Validate checks the values; each error names its option.
+// Validate checks the agent-wide values and each cell's config; each
+// error names its option.
 func (c *Config) Validate() error {
 	var errs []error
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
@@ -142,45 +109,14 @@ func (c *Config) Validate() error {
 	if err := bpffs.CheckPath(c.BPFRoot); err != nil {
 		errs = append(errs, fmt.Errorf("bpf-root %w", err))
 	}
-	if c.API.Socket == "" || !filepath.IsAbs(c.API.Socket) {
-		errs = append(errs, fmt.Errorf("socket %q: must be an absolute path", c.API.Socket))
-	}
-	if err := option.ValidateEnforcement(c.PolicyEnforcement); err != nil {
-		errs = append(errs, err)
-	}
-	if c.LogFormat != "text" && c.LogFormat != "json" {
-		errs = append(errs, fmt.Errorf("log-format %q: must be text or json", c.LogFormat))
-	}
-	if err := c.Endpoints.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Datapath.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Kubernetes.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Identity.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.Identity.AllocationMode == IdentityAllocationKVStore && !c.KVStore.Enabled() {
+	errs = append(errs, c.API.Validate(), option.ValidateEnforcement(c.PolicyEnforcement))
+	errs = append(errs, logging.CheckFormat(c.LogFormat), c.Endpoints.Validate(), c.Datapath.Validate(), c.Kubernetes.Validate(), c.Identity.Validate())
+	// The one check across two cells' options.
+	if c.Identity.AllocationMode == agentidentity.AllocationKVStore && !c.KVStore.Enabled() {
 		errs = append(errs, fmt.Errorf("identity-allocation-mode kvstore: needs --kvstore (etcd with --kvstore-endpoints, or embedded)"))
 	}
-	if err := c.KVStore.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-
-	if err := c.Services.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Hubble.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Masquerade.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.L2Announcements.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	// errors.Join drops the nil errors of the valid ones.
+	errs = append(errs, c.KVStore.Validate(), c.Services.Validate(), c.Hubble.Validate(), c.Masquerade.Validate(),
+		c.L2Announcements.Validate())
 	return errors.Join(errs...)
 }

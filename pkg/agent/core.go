@@ -8,18 +8,14 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
-	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 )
-
-// effectiveFlags is the resolved flag set: the effective configuration
-// that GET /v1/config shows (hive provides its own, empty, *pflag.FlagSet).
-type effectiveFlags struct{ set *pflag.FlagSet }
 
 // coreCell provides what the subsystems share: the configuration, the
 // health registry, the start-step recorder, the runtime options, the
@@ -29,7 +25,7 @@ func coreCell(cfg Config, deps Deps) cell.Cell {
 	return cell.Module("agent-core", "Configuration health bootstrap stats runtime options and shared services",
 		cell.Provide(
 			func() Config { return cfg },
-			func() effectiveFlags { return effectiveFlags{deps.Flags} },
+			func() daemonapi.Flags { return daemonapi.Flags{Set: deps.Flags} },
 			func() *slog.LevelVar { return deps.LogLevel },
 			health.NewRegistry,
 			lifecycle.NewSteps,
@@ -58,24 +54,22 @@ func registerConfigStep(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config) {
 // newRuntime holds the options PATCH /v1/config changes at run time; the
 // debug option sets the log level.
 func newRuntime(cfg Config, log *slog.Logger, level *slog.LevelVar) *option.Runtime {
-	rt := option.NewRuntime(option.RuntimeValues{PolicyEnforcement: cfg.PolicyEnforcement, Debug: cfg.Debug})
-	rt.Subscribe(func(v option.RuntimeValues) {
-		if v.Debug {
-			level.Set(slog.LevelDebug)
-		} else {
-			level.Set(slog.LevelInfo)
-		}
-		log.Info("Runtime options changed", "policy-enforcement", v.PolicyEnforcement, "debug", v.Debug)
-	})
-	return rt
+	return option.NewLoggedRuntime(option.RuntimeValues{PolicyEnforcement: cfg.PolicyEnforcement, Debug: cfg.Debug}, log, level)
 }
 
 func newMetricsServer(cfg Config, root cell.RootLogger) *metrics.Server {
 	return metrics.New(cfg.Metrics, logFor(root, "metrics"))
 }
 
+// newAPIServer is the API server the cells register their handlers on;
+// it serves the metrics' own API.
 func newAPIServer(cfg Config, root cell.RootLogger, m *metrics.Server) (*server.Server, error) {
-	return server.New(cfg.API, logFor(root, "api"), m.Registry)
+	api, err := server.New(cfg.API, logFor(root, "api"), m.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("API server: %w", err)
+	}
+	(&metrics.API{Metrics: m}).Register(api)
+	return api, nil
 }
 
 // logFor is the logger of a named part of a cell. Cells log through the

@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
@@ -30,8 +31,8 @@ import (
 // shows in the agent's /v1/identity, and status reports the kvstore.
 func TestEmbeddedKVStoreIdentities(t *testing.T) {
 	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore.Mode = KVStoreEmbedded
-		cfg.Identity.AllocationMode = IdentityAllocationKVStore
+		cfg.KVStore.Mode = agentkv.ModeEmbedded
+		cfg.Identity.AllocationMode = agentidentity.AllocationKVStore
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -93,10 +94,10 @@ func TestUnreachableKVStoreFailsStartClearly(t *testing.T) {
 	cfg.NodeName = "node-a"
 	cfg.Endpoints.InstallHostNetworking = false
 	cfg.Datapath.Enable = false
-	cfg.KVStore.Mode = KVStoreEtcd
+	cfg.KVStore.Mode = agentkv.ModeEtcd
 	cfg.KVStore.Client.Endpoints = []string{"http://127.0.0.1:1"}
 	cfg.KVStore.Client.ConnectTimeout = 2 * time.Second
-	cfg.Identity.AllocationMode = IdentityAllocationKVStore
+	cfg.Identity.AllocationMode = agentidentity.AllocationKVStore
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	cfg.Flags(fs)
 	a, err := newTestAgent(cfg, Deps{Flags: fs, Log: testLogger(t)})
@@ -119,8 +120,8 @@ func TestKVStoreConfigValidation(t *testing.T) {
 		mutate func(*Config)
 		want   string
 	}{
-		{"kvstore allocation without kvstore", func(c *Config) { c.Identity.AllocationMode = IdentityAllocationKVStore }, "needs --kvstore"},
-		{"etcd without endpoints", func(c *Config) { c.KVStore.Mode = KVStoreEtcd }, "kvstore-endpoints"},
+		{"kvstore allocation without kvstore", func(c *Config) { c.Identity.AllocationMode = agentidentity.AllocationKVStore }, "needs --kvstore"},
+		{"etcd without endpoints", func(c *Config) { c.KVStore.Mode = agentkv.ModeEtcd }, "kvstore-endpoints"},
 		{"unknown kvstore", func(c *Config) { c.KVStore.Mode = "consul" }, "must be empty, etcd or embedded"},
 		{"unknown allocation mode", func(c *Config) { c.Identity.AllocationMode = "random" }, "must be crd, kvstore or local"},
 	} {
@@ -172,7 +173,7 @@ func publishedAddresses(ctx context.Context, c *kvstore.Client) (map[string]stri
 func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 	etcd := etcdproc.Start(t)
 	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore.Mode = KVStoreEtcd
+		cfg.KVStore.Mode = agentkv.ModeEtcd
 		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
 		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})
@@ -286,7 +287,7 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 func TestKVStoreAddressesRepublishedAfterLeaseLoss(t *testing.T) {
 	etcd := etcdproc.Start(t)
 	a, _ := startAgent(t, func(cfg *Config) {
-		cfg.KVStore.Mode = KVStoreEtcd
+		cfg.KVStore.Mode = agentkv.ModeEtcd
 		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
 		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})
@@ -398,7 +399,7 @@ func TestKVStoreStaleAddressesPruned(t *testing.T) {
 		}
 	}
 	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore.Mode = KVStoreEtcd
+		cfg.KVStore.Mode = agentkv.ModeEtcd
 		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
 		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
 	})

@@ -2,220 +2,110 @@ package agent
 
 import (
 	"github.com/cilium/hive/cell"
-	corev1 "k8s.io/api/core/v1"
 
+	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/hostips"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
-	"github.com/tendril-net/tendril/pkg/endpoint"
-	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
-	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // wiring gives each cell what it takes from the agent's configuration
-// (its config struct and settings) and from other cells, as the types its
-// package declares. It is the only place that knows both sides; where a
-// cell's type already has the methods another declares, the provider only
-// names the interface.
+// (its config struct and settings) and, where a cell's type already has
+// the methods another cell declares as an interface, names the interface
+// (as). The cells provide the other adapters themselves, next to the
+// interfaces they fill.
 var wiring = cell.Provide(
-	identityConfig, identitySettings,
-	endpointsConfig, endpointsSettings, endpointsKubernetes,
-	datapathConfig, datapathSettings,
-	k8sConfig, k8sSettings, k8sIPCache, k8sPolicy,
-	servicesConfig, servicesSettings, servicesWatchers,
-	hostIPsEndpoints,
-	masqueradeSettings, masqueradeLoader,
-	kvstoreConfig, kvstoreEndpoints, kvstoreNodeIP, kvstoreIPCache,
-	policyConfig, policyDatapath, policyEndpoints, policyNamedPorts,
-	flowsConfig, flowsNode, flowsDatapath, flowsEndpoints, flowsPolicy, flowsServices, flowsNodeEvents,
+	cellConfigs,
+	as[daemonapi.Addressing, *agentendpoints.Module],
+	as[agentidentity.Endpoints, *agentendpoints.Module],
+	as[agentendpoints.Kubernetes, *agentk8s.Client],
+	as[agentk8s.IPCache, *agentdatapath.Module],
+	as[agentk8s.Policy, *agentpolicy.Module],
+	as[hostips.Endpoints, *agentendpoints.Module],
+	as[agentkv.IPCache, *agentdatapath.Module],
+	as[agentpolicy.Datapath, *agentdatapath.Module],
+	as[agentpolicy.Endpoints, *agentendpoints.Module],
+	as[agentpolicy.NamedPorts, *agentk8s.Client],
+	as[agentflows.Datapath, *agentdatapath.Module],
+	as[agentflows.Endpoints, *agentendpoints.Module],
+	as[agentflows.Policy, *agentpolicy.Module],
 )
 
-func identityConfig(cfg Config) agentidentity.Config { return cfg.Identity }
-
-func identitySettings(cfg Config) agentidentity.Settings {
-	return agentidentity.Settings{NodeName: cfg.NodeName, Kubernetes: cfg.Kubernetes.Client.Enabled()}
-}
-
-func endpointsConfig(cfg Config) agentendpoints.Config { return cfg.Endpoints }
-
-func endpointsSettings(cfg Config) agentendpoints.Settings {
-	return agentendpoints.Settings{NodeName: cfg.NodeName, StateDir: cfg.StateDir}
-}
-
-// endpointsKubernetes is the Kubernetes client as the endpoints read it;
-// nil in standalone mode.
-func endpointsKubernetes(k *agentk8s.Client) agentendpoints.Kubernetes {
-	if k == nil {
-		return nil
+// as is a cell's value as the interface I another cell declares; a nil
+// pointer (a subsystem that is off) is a nil I, which the cells test for,
+// rather than an I holding a nil pointer. A type without I's methods
+// fails the hive's build: TestStartOrder builds it with every subsystem
+// on.
+func as[I any, P comparable](v P) I {
+	var none P
+	if v == none {
+		var nilI I
+		return nilI
 	}
-	return k
+	return any(v).(I)
 }
 
-func servicesConfig(cfg Config) agentservices.Config { return cfg.Services }
+// configs are the cells' config structs (fields of the agent's Config)
+// and their settings: what each reads of the agent-wide options and of
+// the other cells' options.
+type configs struct {
+	cell.Out
 
-func servicesSettings(cfg Config) agentservices.Settings {
-	trace, _ := cfg.Hubble.TraceMode() // validated with the config
-	return agentservices.Settings{NodeName: cfg.NodeName, BPFRoot: cfg.BPFRoot, TraceEvents: trace != loader.TraceOff}
+	Identity           agentidentity.Config
+	IdentitySettings   agentidentity.Settings
+	Endpoints          agentendpoints.Config
+	EndpointsSettings  agentendpoints.Settings
+	Datapath           agentdatapath.Config
+	DatapathSettings   agentdatapath.Settings
+	Kubernetes         agentk8s.Config
+	KubernetesSettings agentk8s.Settings
+	Services           agentservices.Config
+	ServicesSettings   agentservices.Settings
+	Masquerade         hostdev.Settings
+	KVStore            agentkv.Config
+	Hubble             agentflows.Config
+	HubbleNode         agentflows.Node
+	Policy             agentpolicy.Config
+	L2                 l2announcer.Config
+	L2Node             l2announcer.Node
+	Daemon             daemonapi.Settings
 }
 
-// servicesWatchers are the Kubernetes client's watchers (they exist once
-// its step has connected); nil in standalone mode.
-func servicesWatchers(k *agentk8s.Client) agentservices.Watchers {
-	if k == nil {
-		return nil
+func cellConfigs(c Config) configs {
+	trace, _ := c.Hubble.TraceMode() // validated with the config
+	return configs{
+		Identity:          c.Identity,
+		IdentitySettings:  agentidentity.Settings{NodeName: c.NodeName, Kubernetes: c.Kubernetes.Client.Enabled()},
+		Endpoints:         c.Endpoints,
+		EndpointsSettings: agentendpoints.Settings{NodeName: c.NodeName, StateDir: c.StateDir},
+		Datapath:          c.Datapath,
+		DatapathSettings:  agentdatapath.Settings{BPFRoot: c.BPFRoot, TraceEvents: trace, LBSizes: c.Services.LBSizes()},
+		Kubernetes:        c.Kubernetes,
+		KubernetesSettings: agentk8s.Settings{NodeName: c.NodeName, IPAM: c.Endpoints.IPAM, IPv4Range: c.Endpoints.IPv4Range,
+			IPv6Range: c.Endpoints.IPv6Range, InstallHostNetworking: c.Endpoints.InstallHostNetworking},
+		Services:         c.Services,
+		ServicesSettings: agentservices.Settings{NodeName: c.NodeName, BPFRoot: c.BPFRoot, TraceEvents: trace != loader.TraceOff},
+		// The host device programs share the pod datapath's BPF root and
+		// attach mode.
+		Masquerade: hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.Datapath.AttachMode),
+			L2Announcements: c.L2Announcements.Enabled},
+		KVStore: agentkv.Config{Options: c.KVStore, StateDir: c.StateDir, NodeName: c.NodeName,
+			IdentityAllocationMode: c.Identity.AllocationMode},
+		Hubble:     c.Hubble,
+		HubbleNode: agentflows.Node{Name: c.NodeName, APISocket: c.API.Socket},
+		Policy:     agentpolicy.Config{StateDir: c.StateDir},
+		L2:         c.L2Announcements,
+		L2Node:     l2announcer.Node{Name: c.NodeName},
+		Daemon: daemonapi.Settings{NodeName: c.NodeName, AttachModeTC: c.Datapath.AttachMode == string(loader.AttachTC),
+			MTU: c.Endpoints.MTU},
 	}
-	return k.Watchers
-}
-
-// masqueradeSettings are the host device programs' options and what they
-// share with the pod datapath (BPF root, attach mode).
-func masqueradeSettings(c Config) hostdev.Settings {
-	return hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.Datapath.AttachMode),
-		L2Announcements: c.L2Announcements.Enabled}
-}
-
-// masqueradeLoader is the pod datapath's loader, whose maps the host
-// device programs share; nil without the datapath.
-func masqueradeLoader(dp *agentdatapath.Module) *loader.Loader {
-	if dp == nil {
-		return nil
-	}
-	return dp.Loader()
-}
-
-func hostIPsEndpoints(e *agentendpoints.Module) hostips.Endpoints { return e }
-
-func k8sConfig(cfg Config) agentk8s.Config { return cfg.Kubernetes }
-
-func k8sSettings(cfg Config) agentk8s.Settings {
-	return agentk8s.Settings{NodeName: cfg.NodeName, IPAM: cfg.Endpoints.IPAM, IPv4Range: cfg.Endpoints.IPv4Range,
-		IPv6Range: cfg.Endpoints.IPv6Range, InstallHostNetworking: cfg.Endpoints.InstallHostNetworking}
-}
-
-// k8sIPCache is the datapath's ipcache as the watchers write it; nil
-// without the datapath.
-func k8sIPCache(dp *agentdatapath.Module) agentk8s.IPCache {
-	if dp == nil {
-		return nil
-	}
-	return dp
-}
-
-func k8sPolicy(p *agentpolicy.Module) agentk8s.Policy { return p }
-
-func datapathConfig(cfg Config) agentdatapath.Config { return cfg.Datapath }
-
-// datapathSettings are the datapath's settings from the rest of the
-// agent's configuration.
-func datapathSettings(cfg Config) agentdatapath.Settings {
-	trace, _ := cfg.Hubble.TraceMode() // validated with the config
-	return agentdatapath.Settings{BPFRoot: cfg.BPFRoot, TraceEvents: trace, LBSizes: cfg.Services.LBSizes()}
-}
-
-func kvstoreConfig(cfg Config) agentkv.Config {
-	return agentkv.Config{Options: cfg.KVStore, StateDir: cfg.StateDir, NodeName: cfg.NodeName,
-		IdentityAllocationMode: cfg.Identity.AllocationMode}
-}
-
-// kvEndpoints reads the endpoint manager, which the endpoints' start step
-// builds (before the kvstore's).
-type kvEndpoints struct{ eps *agentendpoints.Module }
-
-func kvstoreEndpoints(eps *agentendpoints.Module) agentkv.Endpoints { return kvEndpoints{eps} }
-
-func (k kvEndpoints) Subscribe(fn func(endpointmanager.Event)) { k.eps.Manager().Subscribe(fn) }
-func (k kvEndpoints) List() []*endpoint.Endpoint               { return k.eps.Manager().List() }
-func (k kvEndpoints) Lookup(id string) (*endpoint.Endpoint, error) {
-	return k.eps.Manager().Lookup(id)
-}
-
-func kvstoreNodeIP(k *agentk8s.Module) agentkv.NodeIP {
-	if k == nil {
-		return nil
-	}
-	return k.NodeIP
-}
-
-func kvstoreIPCache(dp *agentdatapath.Module) agentkv.IPCache {
-	if dp == nil {
-		return nil
-	}
-	return dp
-}
-
-func flowsConfig(cfg Config) agentflows.Config { return cfg.Hubble }
-
-func flowsNode(cfg Config) agentflows.Node {
-	return agentflows.Node{Name: cfg.NodeName, APISocket: cfg.API.Socket}
-}
-
-func flowsDatapath(dp *agentdatapath.Module) agentflows.Datapath {
-	if dp == nil {
-		return nil
-	}
-	return dp
-}
-
-// flowsEndpointsOf looks endpoints up in the manager once it exists.
-type flowsEndpointsOf struct{ eps *agentendpoints.Module }
-
-func (f flowsEndpointsOf) Lookup(id string) (*endpoint.Endpoint, error) {
-	mgr, err := f.eps.ManagerForAPI()
-	if err != nil {
-		return nil, err
-	}
-	return mgr.Lookup(id)
-}
-
-func flowsEndpoints(eps *agentendpoints.Module) agentflows.Endpoints { return flowsEndpointsOf{eps} }
-
-func flowsPolicy(p *agentpolicy.Module) agentflows.Policy { return p }
-
-func flowsServices(s *agentservices.Module) agentflows.Services {
-	if s == nil {
-		return agentflows.Services{}
-	}
-	return agentflows.Services{Tables: s.Tables()}
-}
-
-// flowsNodeEvents follows the Node objects for the Peer service; nil in
-// standalone mode.
-func flowsNodeEvents(k *agentk8s.Client) agentflows.NodeEvents {
-	if k == nil {
-		return nil
-	}
-	return func(fn func(watchers.Event[*corev1.Node])) (func(), error) {
-		w := k.Watchers()
-		if w == nil {
-			return nil, nil
-		}
-		return w.Nodes.Subscribe(fn)
-	}
-}
-
-func policyConfig(cfg Config) agentpolicy.Config { return agentpolicy.Config{StateDir: cfg.StateDir} }
-
-func policyDatapath(dp *agentdatapath.Module) agentpolicy.Datapath {
-	if dp == nil {
-		return nil
-	}
-	return dp
-}
-
-func policyEndpoints(eps *agentendpoints.Module) agentpolicy.Endpoints { return eps }
-
-// policyNamedPorts is nil in standalone mode.
-func policyNamedPorts(k *agentk8s.Client) agentpolicy.NamedPorts {
-	if k == nil {
-		return nil
-	}
-	return k
 }

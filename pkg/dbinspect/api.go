@@ -38,3 +38,6 @@ func (in *Inspector) StatusSection() ext.Section {
 	}
 	return sec
 }
+
+// apiHandlers serves the tables' inspection API.
+func apiHandlers(in *Inspector) server.HandlersOut { return server.Handlers(in.RegisterAPI) }

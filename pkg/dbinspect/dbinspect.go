@@ -23,7 +23,7 @@ import (
 var Cell = cell.Group(
 	statedb.Cell,
 	cell.Module("statedb-inspect", "Inspection of the statedb tables",
-		cell.Provide(New),
+		cell.Provide(New, statusContribution, apiHandlers),
 	),
 )
 

@@ -2,6 +2,7 @@ package option
 
 import (
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,6 +61,21 @@ func (r *Runtime) Values() RuntimeValues {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return RuntimeValues{PolicyEnforcement: r.enforcement, Debug: r.debug}
+}
+
+// NewLoggedRuntime is NewRuntime whose debug option sets level (the
+// agent's log level) and whose changes are logged to log.
+func NewLoggedRuntime(v RuntimeValues, log *slog.Logger, level *slog.LevelVar) *Runtime {
+	rt := NewRuntime(v)
+	rt.Subscribe(func(v RuntimeValues) {
+		if v.Debug {
+			level.Set(slog.LevelDebug)
+		} else {
+			level.Set(slog.LevelInfo)
+		}
+		log.Info("Runtime options changed", "policy-enforcement", v.PolicyEnforcement, "debug", v.Debug)
+	})
+	return rt
 }
 
 // Subscribe calls fn after every change, with the new values.

@@ -46,6 +46,14 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.Int64Var(&c.MaxBodyBytes, "api-max-body-bytes", c.MaxBodyBytes, "Largest request body the API accepts")
 }
 
+// Validate checks the values; each error names its option.
+func (c Config) Validate() error {
+	if c.Socket == "" || !filepath.IsAbs(c.Socket) {
+		return fmt.Errorf("socket %q: must be an absolute path", c.Socket)
+	}
+	return nil
+}
+
 // HandlerFunc serves one route. Returning an error writes it as a JSON error
 // body: an *Error keeps its status code, anything else is a 500.
 type HandlerFunc func(w http.ResponseWriter, r *http.Request) error

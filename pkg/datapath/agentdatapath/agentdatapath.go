@@ -44,7 +44,7 @@ import (
 // as objects of their own, so that what writes endpoints takes only those
 // (and tests can decorate them).
 var Cell = cell.Module("datapath", "The eBPF datapath maps programs events and ipcache",
-	cell.Provide(New, ipcacheOf, kernelOf),
+	cell.Provide(New, ipcacheOf, kernelOf, loaderOf, statusContribution, apiHandlers),
 	cell.Invoke(func(*Module) {}),
 )
 
@@ -239,6 +239,16 @@ func ipcacheOf(m *Module) *ipcache.IPCache {
 		return nil
 	}
 	return m.ipcache
+}
+
+// loaderOf is the datapath's loader, whose maps the host device programs
+// share and whose promotions to TCX links the endpoints' API holds; nil
+// without the datapath.
+func loaderOf(m *Module) *loader.Loader {
+	if m == nil {
+		return nil
+	}
+	return m.loader
 }
 
 // kernelOf is the kernel side of endpoints' regeneration; nil without the

@@ -171,3 +171,9 @@ func mapAddr(a netip.Addr) string {
 	}
 	return a.String()
 }
+
+// apiHandlers serves the maps' API (which answers an error without the
+// datapath).
+func apiHandlers(m *Module, s Settings) server.HandlersOut {
+	return server.Handlers((&MapAPI{Datapath: m, BPFRoot: s.BPFRoot}).Register)
+}

@@ -20,7 +20,7 @@ import (
 // datapath's maps are open, and serves its status and NAT table on the
 // API. The agent provides Settings and the *loader.Loader.
 var Cell = cell.Module("host-devices", "Host device programs masquerading pod traffic leaving the node",
-	cell.Provide(newCell),
+	cell.Provide(newCell, statusContribution),
 	cell.Invoke(func(api *server.Server, m *Masquerade) {
 		if m != nil {
 			m.registerAPI(api)

@@ -43,7 +43,7 @@ import (
 // the pod CIDRs picked, IPAM started with every restored endpoint's
 // addresses re-reserved, the host device set up, and the CNI server ready.
 var Cell = cell.Module("endpoints", "Endpoint restore IPAM host networking and the CNI server",
-	cell.Provide(New),
+	cell.Provide(New, statusContribution, apiHandlers, policyModelOf),
 	cell.Invoke(func(*Module) {}),
 )
 

@@ -170,7 +170,7 @@ func (c *Config) SocketPath(apiSocket string) string {
 // datapath's event reader) and serves them with the Hubble API from start
 // step 10 (registered by the agent's serve cell, before the API socket).
 var Cell = cell.Module("flows", "Flows observed from the datapath events and the Hubble API",
-	cell.Provide(New),
+	cell.Provide(New, statusContribution, servicesOf, nodeEventsOf),
 	cell.Invoke(func(*Module) {}),
 )
 

@@ -24,7 +24,7 @@ import (
 // Cell provides the identity allocator, the identities table and the
 // identity label filter.
 var Cell = cell.Module("identity", "Identity allocator identities table and label filter",
-	cell.Provide(NewAllocator, NewTable, NewLabelFilter),
+	cell.Provide(NewAllocator, NewTable, NewLabelFilter, statusContribution, apiHandlers),
 )
 
 // Allocation modes (--identity-allocation-mode).

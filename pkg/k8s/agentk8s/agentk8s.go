@@ -58,7 +58,7 @@ import (
 // endpoints in the ipcache, this node's endpoints published as
 // TendrilEndpoints).
 var Cell = cell.Module("k8s", "Kubernetes node write-back and watchers",
-	cell.Provide(New),
+	cell.Provide(New, statusContribution),
 	cell.Invoke(func(*Module) {}),
 )
 

@@ -38,7 +38,7 @@ import (
 // Cell is the agent's kvstore: start step 7, after the endpoints are
 // restored and the Kubernetes watchers synced.
 var Cell = cell.Module("kvstore", "The etcd client identities and endpoint addresses in etcd",
-	cell.Provide(New),
+	cell.Provide(New, statusContribution, endpointsOf, nodeIPOf),
 	cell.Invoke(func(*Module) {}),
 )
 

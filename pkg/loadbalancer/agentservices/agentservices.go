@@ -120,7 +120,7 @@ const lbDrainInterval = 5 * time.Second
 // by the Service and EndpointSlice watchers, and the reconciler writing
 // them into the LB maps.
 var Cell = cell.Module("services", "Services load-balanced by the datapath",
-	cell.Provide(New),
+	cell.Provide(New, statusContribution, apiHandlers, watchersOf),
 	cell.Invoke(func(*Module) {}),
 )
 

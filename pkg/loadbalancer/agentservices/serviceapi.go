@@ -85,3 +85,8 @@ func (h *ServiceAPI) handleGet(w http.ResponseWriter, r *http.Request) error {
 	}
 	return server.Errorf(http.StatusNotFound, "service %d not found", id)
 }
+
+// apiHandlers serves the services' API.
+func apiHandlers(m *Module) server.HandlersOut {
+	return server.Handlers((&ServiceAPI{Services: m}).Register)
+}

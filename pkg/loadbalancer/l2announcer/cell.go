@@ -24,7 +24,7 @@ import (
 // into campaigns and the table) and the table's reconciler (the
 // responder map). It provides the *Announcer (nil when off).
 var Cell = cell.Module("l2-announcements", "Answers ARP for load-balancer and external addresses of services",
-	cell.Provide(newCell),
+	cell.Provide(newCell, statusContribution),
 	cell.Invoke(func(*Announcer) {}),
 )
 

@@ -36,7 +36,7 @@ import (
 // step restores the rules imported through the API before the restart, so
 // restored endpoints regenerate to exactly what they enforced.
 var Cell = cell.Module("policy", "Policy repository resolution and the policy file",
-	cell.Provide(New),
+	cell.Provide(New, apiHandlers),
 	cell.Invoke(registerRestore),
 )
 

@@ -1,4 +1,8 @@
-package agent
+// Package daemonapi serves the agent's own REST API: /v1/healthz (the
+// status: overall health, bootstrap stats, module health and the
+// subsystems' sections collected by pkg/status), /v1/config (the
+// effective configuration and the runtime options) and /v1/debuginfo.
+package daemonapi
 
 import (
 	"context"
@@ -8,20 +12,75 @@ import (
 	"strings"
 
 	"github.com/cilium/cilium/api/v1/models"
+	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/api/v1/server"
-	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/health"
-	"github.com/tendril-net/tendril/pkg/identity/identityapi"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/status"
 	"github.com/tendril-net/tendril/pkg/version"
 )
 
-// registerDaemonAPI serves /v1/healthz, /v1/config and /v1/debuginfo.
-func (h *daemonAPI) register(api *server.Server) {
+// Cell registers the daemon handlers on the API server.
+var Cell = cell.Module("daemon-api", "The agent status configuration and debug info API",
+	cell.Invoke(register),
+)
+
+// Settings are what the handlers read of the agent's configuration.
+type Settings struct {
+	NodeName string
+	// AttachModeTC: the datapath attaches with tc rather than tcx.
+	AttachModeTC bool
+	// MTU is the pods' device MTU.
+	MTU int
+}
+
+// Flags is the resolved flag set: the effective configuration (nil in
+// tests that build the agent without a command). A type of its own
+// because hive provides its own, empty, *pflag.FlagSet.
+type Flags struct{ Set *pflag.FlagSet }
+
+// Addressing is the node's addressing as the v1 API shows it (the
+// endpoints' IPAM).
+type Addressing interface {
+	NodeAddressing() *models.NodeAddressing
+}
+
+type params struct {
+	cell.In
+
+	Settings   Settings
+	Flags      Flags
+	Addressing Addressing
+	Runtime    *option.Runtime
+	Health     *health.Registry
+	Steps      *lifecycle.Steps
+	API        *server.Server
+	Status     status.In
+}
+
+// Handlers serve /v1/healthz, /v1/config and /v1/debuginfo.
+type Handlers struct {
+	settings      Settings
+	flags         *pflag.FlagSet
+	addressing    Addressing
+	runtime       *option.Runtime
+	health        *health.Registry
+	steps         *lifecycle.Steps
+	contributions []status.Contribution
+}
+
+func register(p params) {
+	h := &Handlers{settings: p.Settings, flags: p.Flags.Set, addressing: p.Addressing, runtime: p.Runtime, health: p.Health, steps: p.Steps, contributions: p.Status.Contributions}
+	h.Register(p.API)
+}
+
+// Register serves the handlers on api.
+func (h *Handlers) Register(api *server.Server) {
 	api.Handle(http.MethodGet, "/v1/healthz", func(w http.ResponseWriter, r *http.Request) error {
 		brief, err := server.BoolHeader(r, "brief", false)
 		if err != nil {
@@ -55,8 +114,8 @@ func (h *daemonAPI) register(api *server.Server) {
 	})
 }
 
-func (h *daemonAPI) isKnownOption(key string) bool {
-	return h.flags.set != nil && h.flags.set.Lookup(key) != nil
+func (h *Handlers) isKnownOption(key string) bool {
+	return h.flags != nil && h.flags.Lookup(key) != nil
 }
 
 // ciliumState maps a health level to the state strings of the Cilium API
@@ -73,37 +132,28 @@ func ciliumState(l health.Level) string {
 }
 
 // Status aggregates module health, bootstrap stats and the status sections.
-func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse {
+func (h *Handlers) Status(ctx context.Context, brief bool) *ext.StatusResponse {
 	level, msg := h.health.Overall()
 	resp := &ext.StatusResponse{}
 	resp.Cilium = &models.Status{State: ciliumState(level), Msg: msg}
 	if brief {
 		return resp
 	}
+	// What no subsystem fills is off; the contributions overwrite these.
 	resp.Kvstore = &models.Status{State: models.StatusStateDisabled, Msg: "no kvstore configured"}
-	if h.kvstore != nil {
-		resp.Kvstore = h.kvstore.Model()
-	}
 	resp.Kubernetes = &models.K8sStatus{State: models.StatusStateDisabled, Msg: "standalone"}
-	if h.k8s != nil {
-		resp.Kubernetes = h.k8s.Model()
-	}
-	resp.Ipam = h.eps.IPAMStatus()
 	resp.Hubble = &models.HubbleStatus{State: models.HubbleStatusStateDisabled}
-	if h.flows != nil {
-		resp.Hubble = h.flows.HubbleModel()
-	}
+	status.FillModels(h.contributions, resp)
 	resp.DatapathMode = models.DatapathModeVeth
 	resp.AttachMode = models.AttachModeTcx
-	if h.cfg.Datapath.AttachMode == string(loader.AttachTC) {
+	if h.settings.AttachModeTC {
 		resp.AttachMode = models.AttachModeTc
 	}
 	steps, total := h.steps.Stats()
-	started := h.steps.Started()
 	st := &ext.Status{
 		Version:   version.String(),
-		Started:   started,
-		NodeName:  h.cfg.NodeName,
+		Started:   h.steps.Started(),
+		NodeName:  h.settings.NodeName,
 		Bootstrap: ext.Bootstrap{Total: total},
 	}
 	for _, s := range steps {
@@ -112,20 +162,19 @@ func (h *daemonAPI) Status(ctx context.Context, brief bool) *ext.StatusResponse 
 	for _, m := range h.health.All() {
 		st.Modules = append(st.Modules, ext.ModuleHealth{Module: m.Module, Level: string(m.Level), Message: m.Message, Since: m.Since})
 	}
-	st.Sections = h.sections()
-
+	st.Sections = status.Sections(h.contributions)
 	resp.Tendril = st
 	return resp
 }
 
 // DaemonConfig is the effective configuration as models.DaemonConfiguration.
-func (h *daemonAPI) DaemonConfig() *models.DaemonConfiguration {
+func (h *Handlers) DaemonConfig() *models.DaemonConfiguration {
 	rt := h.runtime.Values()
 	spec := &models.DaemonConfigurationSpec{Options: rt.OptionsMap(), PolicyEnforcement: rt.PolicyEnforcement}
 	cfgMap := map[string]any{}
 	immutable := models.ConfigurationMap{}
-	if h.flags.set != nil {
-		h.flags.set.VisitAll(func(f *pflag.Flag) {
+	if h.flags != nil {
+		h.flags.VisitAll(func(f *pflag.Flag) {
 			cfgMap[f.Name] = f.Value.String()
 			if f.Name != "debug" && f.Name != "policy-enforcement" {
 				immutable[f.Name] = f.Value.String()
@@ -135,6 +184,10 @@ func (h *daemonAPI) DaemonConfig() *models.DaemonConfiguration {
 	// The runtime values win over the start-up flags they came from.
 	cfgMap["debug"] = rt.Debug
 	cfgMap["policy-enforcement"] = rt.PolicyEnforcement
+	var addressing *models.NodeAddressing
+	if h.addressing != nil {
+		addressing = h.addressing.NodeAddressing()
+	}
 	return &models.DaemonConfiguration{
 		Spec: spec,
 		Status: &models.DaemonConfigurationStatus{
@@ -142,48 +195,16 @@ func (h *daemonAPI) DaemonConfig() *models.DaemonConfiguration {
 			Immutable:              immutable,
 			DaemonConfigurationMap: cfgMap,
 			DatapathMode:           models.DatapathModeVeth,
-			DeviceMTU:              int64(h.cfg.Endpoints.MTU),
-			RouteMTU:               int64(h.cfg.Endpoints.MTU),
+			DeviceMTU:              int64(h.settings.MTU),
+			RouteMTU:               int64(h.settings.MTU),
 			IpamMode:               "cluster-pool",
-			Addressing:             h.eps.NodeAddressing(),
+			Addressing:             addressing,
 		},
 	}
 }
 
-// sections are the modules' parts of `tendril status`, in a fixed order.
-func (h *daemonAPI) sections() []ext.Section {
-	var out []ext.Section
-	if h.kvstore != nil {
-		out = append(out, h.kvstore.StatusSection())
-	}
-	if h.k8s != nil {
-		out = append(out, h.k8s.StatusSection())
-	}
-	if h.dp != nil {
-		out = append(out, h.dp.StatusSection())
-	}
-	if h.masq != nil {
-		out = append(out, h.masq.StatusSection())
-	}
-	if h.services != nil {
-		out = append(out, h.services.StatusSection())
-	}
-	if h.l2 != nil {
-		out = append(out, h.l2.StatusSection())
-	}
-	if h.flows != nil {
-		out = append(out, h.flows.StatusSection())
-	}
-	if h.tables != nil {
-		if sec := h.tables.StatusSection(); len(sec.Lines) > 0 {
-			out = append(out, sec)
-		}
-	}
-	return append(out, h.eps.StatusSection(), identityapi.StatusSection(h.identities, h.idTable))
-}
-
 // DebugInfo gathers what a bug report needs.
-func (h *daemonAPI) DebugInfo(ctx context.Context) *models.DebugInfo {
+func (h *Handlers) DebugInfo(ctx context.Context) *models.DebugInfo {
 	var env []string
 	for _, kv := range os.Environ() {
 		if strings.HasPrefix(kv, "TENDRIL_") {
@@ -196,15 +217,15 @@ func (h *daemonAPI) DebugInfo(ctx context.Context) *models.DebugInfo {
 	if unix.Uname(&uts) == nil {
 		kernel = unix.ByteSliceToString(uts.Release[:])
 	}
-	status := h.Status(ctx, false)
+	st := h.Status(ctx, false)
 	subsystems := map[string]string{}
-	for _, m := range status.Tendril.Modules {
+	for _, m := range st.Tendril.Modules {
 		subsystems[m.Module] = m.Level + ": " + m.Message
 	}
 	return &models.DebugInfo{
 		CiliumVersion:        "tendril " + version.String(),
 		KernelVersion:        kernel,
-		CiliumStatus:         &status.StatusResponse,
+		CiliumStatus:         &st.StatusResponse,
 		EnvironmentVariables: env,
 		EndpointList:         []*models.Endpoint{},
 		ServiceList:          []*models.Service{},

@@ -1,0 +1,32 @@
+package agentflows
+
+import (
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
+)
+
+// servicesOf are the LB tables the flows name services from.
+func servicesOf(s *agentservices.Module) Services {
+	if s == nil {
+		return Services{}
+	}
+	return Services{Tables: s.Tables()}
+}
+
+// nodeEventsOf follows the Node objects for the Peer service; nil in
+// standalone mode.
+func nodeEventsOf(k *agentk8s.Client) NodeEvents {
+	if k == nil {
+		return nil
+	}
+	return func(fn func(watchers.Event[*corev1.Node])) (func(), error) {
+		w := k.Watchers()
+		if w == nil {
+			return nil, nil
+		}
+		return w.Nodes.Subscribe(fn)
+	}
+}

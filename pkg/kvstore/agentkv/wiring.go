@@ -1,0 +1,29 @@
+package agentkv
+
+import (
+	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
+	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
+)
+
+// endpointsOf reads the endpoint manager, which the endpoints' start step
+// builds (before the kvstore's), and subscribes to it then.
+func endpointsOf(eps *agentendpoints.Module) Endpoints { return managerOf{eps} }
+
+type managerOf struct{ eps *agentendpoints.Module }
+
+func (m managerOf) Subscribe(fn func(endpointmanager.Event)) { m.eps.Manager().Subscribe(fn) }
+func (m managerOf) List() []*endpoint.Endpoint               { return m.eps.Manager().List() }
+func (m managerOf) Lookup(id string) (*endpoint.Endpoint, error) {
+	return m.eps.Manager().Lookup(id)
+}
+
+// nodeIPOf is the node's address as Kubernetes knows it; nil in
+// standalone mode.
+func nodeIPOf(k *agentk8s.Module) NodeIP {
+	if k == nil {
+		return nil
+	}
+	return k.NodeIP
+}
