@@ -3,6 +3,7 @@ package hostdev
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf/link"
@@ -122,4 +123,75 @@ func TestPrivilegedHostDeviceAttachModes(t *testing.T) {
 	if pins() != 0 || filters() != 0 {
 		t.Fatalf("detached: %d pins, %d filters", pins(), filters())
 	}
+}
+
+// TestPrivilegedStartWithoutDevices: on a node with no device for the host
+// programs (no default route, no --devices) the agent's start loads
+// nothing — the programs would only cost their verification — and still
+// removes what an earlier run attached to a device: its pinned TCX links
+// and a tc-mode run's filters.
+func TestPrivilegedStartWithoutDevices(t *testing.T) {
+	n := newMasqNode(t, 61000, 61999)
+	root := n.h.opts.BPFRoot
+	for _, mode := range []loader.AttachMode{loader.AttachTCX, loader.AttachTC} {
+		earlier, err := Load(Options{BPFRoot: root, AttachMode: mode, PortMin: 61000, PortMax: 61999, Maps: n.l.MapReplacements()}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := earlier.Attach(n.uplink); err != nil {
+			t.Fatal(err)
+		}
+		earlier.Close()
+		if len(hostAttachments(t, root, n.uplink)) != 2 {
+			t.Fatalf("%s: the earlier run's attachments %v, want 2", mode, hostAttachments(t, root, n.uplink))
+		}
+		cfg := DefaultConfig()
+		cfg.MasqueradePortRange = "61000-61999"
+		m, err := New(cfg, n.l, nil, mode, root, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if m.prog != nil {
+			t.Fatalf("%s: the programs were loaded with no device to attach them to", mode)
+		}
+		st, err := m.Status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Devices) != 0 || len(st.Attachments) != 0 {
+			t.Fatalf("%s: devices %v, attachments %v, want none (no default route)", mode, st.Devices, st.Attachments)
+		}
+		if got := hostAttachments(t, root, n.uplink); len(got) != 0 {
+			t.Fatalf("%s: left attached %v", mode, got)
+		}
+		m.Stop()
+	}
+}
+
+// hostAttachments lists the host programs' pinned links under root and
+// their tc filters on ifindex.
+func hostAttachments(t *testing.T, root string, ifindex int) []string {
+	t.Helper()
+	var out []string
+	entries, _ := os.ReadDir(linksDir(root))
+	for _, e := range entries {
+		if _, _, ok := parseAttachmentName(e.Name()); ok {
+			out = append(out, "link "+e.Name())
+		}
+	}
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		fs, err := netlink.FilterList(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}, parent)
+		if err != nil {
+			continue
+		}
+		for _, f := range fs {
+			if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, tcNamePrefix) {
+				out = append(out, "filter "+bf.Name)
+			}
+		}
+	}
+	return out
 }
