@@ -13,6 +13,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 )
@@ -58,23 +59,16 @@ func newRuntime(cfg Config, log *slog.Logger, level *slog.LevelVar) *option.Runt
 }
 
 func newMetricsServer(cfg Config, root cell.RootLogger) *metrics.Server {
-	return metrics.New(cfg.Metrics, logFor(root, "metrics"))
+	return metrics.New(cfg.Metrics, logging.For(root, "metrics"))
 }
 
 // newAPIServer is the API server the cells register their handlers on;
 // it serves the metrics' own API.
 func newAPIServer(cfg Config, root cell.RootLogger, m *metrics.Server) (*server.Server, error) {
-	api, err := server.New(cfg.API, logFor(root, "api"), m.Registry)
+	api, err := server.New(cfg.API, logging.For(root, "api"), m.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("API server: %w", err)
 	}
 	(&metrics.API{Metrics: m}).Register(api)
 	return api, nil
-}
-
-// logFor is the logger of a named part of a cell. Cells log through the
-// root logger with their own "module" field, as the agent always has (the
-// logger hive gives a module already carries one).
-func logFor(root cell.RootLogger, module string) *slog.Logger {
-	return (*slog.Logger)(root).With("module", module)
 }

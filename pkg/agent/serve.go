@@ -8,6 +8,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/profiling"
 )
@@ -24,7 +25,7 @@ func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config, r
 	api *server.Server, handlers server.HandlersIn, flows *agentflows.Module) {
 	handlers.RegisterAll(api)
 	steps.Append(lc, "metrics", m.Start, m.Stop)
-	pprofServer := profiling.New(cfg.Profiling, logFor(root, "pprof"))
+	pprofServer := profiling.New(cfg.Profiling, logging.For(root, "pprof"))
 	steps.Append(lc, "pprof", pprofServer.Start, pprofServer.Stop)
 	if flows != nil {
 		steps.Append(lc, "hubble", flows.Start, flows.Stop)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+
+	"github.com/cilium/hive/cell"
 )
 
 // CheckFormat checks a --log-format value.
@@ -32,4 +34,11 @@ func New(w io.Writer, format string, debug bool) (*slog.Logger, *slog.LevelVar, 
 		return slog.New(slog.NewJSONHandler(w, opts)), level, nil
 	}
 	return slog.New(slog.NewTextHandler(w, opts)), level, nil
+}
+
+// For is the logger of a named part of a cell. Cells log through the root
+// logger with their own "module" field, as the agent always has (the
+// logger hive gives a module already carries one).
+func For(root cell.RootLogger, module string) *slog.Logger {
+	return (*slog.Logger)(root).With("module", module)
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/policy/policycidr"
 )
@@ -193,12 +194,12 @@ func New(p Params) (*Module, error) {
 	p.Steps.Append(p.Lifecycle, "bpf-maps", m.start, m.stop)
 	// The ipcache's reconciler is a job of this group, added after the
 	// step: it writes the map once the maps are open.
-	ic, err := ipcache.New(ipcache.Params{DB: p.DB, Jobs: m.jobs, Log: logFor(p.Root, "ipcache"), ModuleID: p.ModuleID, Backend: ipcacheBackend{m}})
+	ic, err := ipcache.New(ipcache.Params{DB: p.DB, Jobs: m.jobs, Log: logging.For(p.Root, "ipcache"), ModuleID: p.ModuleID, Backend: ipcacheBackend{m}})
 	if err != nil {
 		return nil, err
 	}
 	m.ipcache = ic
-	pc, err := policycidr.New(policycidr.Params{DB: p.DB, Jobs: m.jobs, Log: logFor(p.Root, "policy-cidr"), ModuleID: p.ModuleID, Backend: policyCIDRBackend{m}})
+	pc, err := policycidr.New(policycidr.Params{DB: p.DB, Jobs: m.jobs, Log: logging.For(p.Root, "policy-cidr"), ModuleID: p.ModuleID, Backend: policyCIDRBackend{m}})
 	if err != nil {
 		return nil, err
 	}
@@ -225,12 +226,6 @@ func New(p Params) (*Module, error) {
 		}),
 	)
 	return m, nil
-}
-
-// logFor is the logger of a named part of the cell, with its own "module"
-// field as the agent's parts log.
-func logFor(root cell.RootLogger, module string) *slog.Logger {
-	return (*slog.Logger)(root).With("module", module)
 }
 
 // ipcacheOf is the datapath's ipcache; nil without the datapath.

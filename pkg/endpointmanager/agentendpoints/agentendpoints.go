@@ -36,6 +36,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/node"
 )
 
@@ -220,12 +221,12 @@ func (m *Module) start(ctx context.Context) error {
 		}
 		v4, v6 = sel.IPv4, sel.IPv6
 	}
-	alloc, err := ipam.New(ipam.Config{ExpirationTimeout: m.cfg.IPAMExpiration}, logFor(m.root, "ipam"), v4, v6)
+	alloc, err := ipam.New(ipam.Config{ExpirationTimeout: m.cfg.IPAMExpiration}, logging.For(m.root, "ipam"), v4, v6)
 	if err != nil {
 		return fmt.Errorf("start IPAM: %w", err)
 	}
 	m.ipam = alloc
-	store, err := endpoint.NewStore(filepath.Join(m.settings.StateDir, "endpoints"), logFor(m.root, "endpoint-store"))
+	store, err := endpoint.NewStore(filepath.Join(m.settings.StateDir, "endpoints"), logging.For(m.root, "endpoint-store"))
 	if err != nil {
 		return err
 	}
@@ -234,7 +235,7 @@ func (m *Module) start(ctx context.Context) error {
 		return fmt.Errorf("open netlink: %w", err)
 	}
 	m.nl = nl
-	m.host = linux.NewHost(nl, netns.None(), logFor(m.root, "host-networking"))
+	m.host = linux.NewHost(nl, netns.None(), logging.For(m.root, "host-networking"))
 	m.NewManager(store, alloc)
 
 	start := time.Now()
@@ -263,7 +264,7 @@ func (m *Module) start(ctx context.Context) error {
 		}
 	}
 	srv, err := cniserver.New(cniserver.Deps{
-		Log: logFor(m.root, "cni"), IPAM: alloc, Endpoints: cniEndpoints{m: m},
+		Log: logging.For(m.root, "cni"), IPAM: alloc, Endpoints: cniEndpoints{m: m},
 		Netlink: nl, Host: m.host, DeviceMTU: m.cfg.MTU,
 	})
 	if err != nil {
@@ -281,7 +282,7 @@ func (m *Module) start(ctx context.Context) error {
 // IPAM and host networking are up; tests of the regeneration call it
 // without starting the hive.
 func (m *Module) NewManager(store *endpoint.Store, alloc *ipam.IPAM) *endpointmanager.Manager {
-	mgr := endpointmanager.New(store, alloc, logFor(m.root, "endpoint-manager"))
+	mgr := endpointmanager.New(store, alloc, logging.For(m.root, "endpoint-manager"))
 	mgr.SetRegenerator(&regenerator{m: m})
 	m.hookMu.Lock()
 	subs := append([]func(endpointmanager.Event){}, m.subscribers...)
@@ -556,10 +557,4 @@ func (m *Module) reserveOrphans() {
 		m.log.Warn("A pod address has no restored endpoint (its state was lost); keeping it reserved until its interface goes",
 			"ip", ip, "interface", link.Attrs().Name)
 	}
-}
-
-// logFor is the logger of a named part of the cell, with its own "module"
-// field as the agent's parts log.
-func logFor(root cell.RootLogger, module string) *slog.Logger {
-	return (*slog.Logger)(root).With("module", module)
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/observer"
@@ -304,14 +305,14 @@ func New(p Params) (*Module, error) {
 		export = &flowExport{cfg: cfg}
 		consumers = append(consumers, export.consume)
 	}
-	obs := observer.New(observer.Config{Capacity: p.Config.FlowBufferSize, Consumers: consumers}, know, logFor(p.Root, "observer"))
+	obs := observer.New(observer.Config{Capacity: p.Config.FlowBufferSize, Consumers: consumers}, know, logging.For(p.Root, "observer"))
 	socket := hc.SocketPath(p.Node.APISocket)
 	m := &Module{
 		observer: obs,
 		server: hubble.New(hubble.Config{SocketPath: socket, TCPAddress: hc.ListenAddress, Version: version.Version,
-			TLS: tlsCfg, TLSServerName: serverName, Peers: peers}, obs, logFor(p.Root, "hubble")),
+			TLS: tlsCfg, TLSServerName: serverName, Peers: peers}, obs, logging.For(p.Root, "hubble")),
 		peers: peers, nodeEvents: p.NodeEvents, port: port, clusterName: hc.ClusterName, tls: tlsCfg != nil,
-		log:         logFor(p.Root, "hubble"),
+		log:         logging.For(p.Root, "hubble"),
 		socket:      socket,
 		tcpAddress:  hc.ListenAddress,
 		lost:        p.Datapath.EventsLost,
@@ -547,10 +548,4 @@ func policyOf(r policy.StoredRule, rev uint64) observer.Policy {
 		}
 	}
 	return p
-}
-
-// logFor is the logger of a named part of the cell (the agent's loggers
-// carry a "module" field).
-func logFor(root cell.RootLogger, module string) *slog.Logger {
-	return (*slog.Logger)(root).With("module", module)
 }

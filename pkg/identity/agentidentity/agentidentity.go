@@ -8,7 +8,6 @@ package agentidentity
 
 import (
 	"fmt"
-	"log/slog"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -19,6 +18,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/labels"
+	"github.com/tendril-net/tendril/pkg/logging"
 )
 
 // Cell provides the identity allocator, the identities table and the
@@ -80,7 +80,7 @@ type Settings struct {
 // (crdalloc) with Kubernetes, or etcd keys (kvalloc); the Kubernetes
 // client and kvstore steps hand the latter two their clients.
 func NewAllocator(cfg Config, s Settings, root cell.RootLogger) identity.Allocator {
-	log := (*slog.Logger)(root).With("module", "identity-allocator")
+	log := logging.For(root, "identity-allocator")
 	switch {
 	case s.Kubernetes && cfg.AllocationMode == AllocationCRD:
 		return crdalloc.New(log)
@@ -95,7 +95,7 @@ func NewAllocator(cfg Config, s Settings, root cell.RootLogger) identity.Allocat
 // it subscribes before the policy: a policy pass triggered by an identity
 // change reads a table that has it.
 func NewTable(db *statedb.DB, alloc identity.Allocator, root cell.RootLogger) (*identitytable.Table, error) {
-	return identitytable.New(db, alloc, (*slog.Logger)(root).With("module", "identities"))
+	return identitytable.New(db, alloc, logging.For(root, "identities"))
 }
 
 // NewLabelFilter is the identity label filter of the configuration.

@@ -45,6 +45,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/policystatus"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/policy"
@@ -213,7 +214,7 @@ func New(p Params) (*Module, error) {
 	}
 	// This node's report on each Tendril policy, published into the
 	// objects' status by a reconciler.
-	st, err := policystatus.New(policystatus.Params{DB: p.DB, Jobs: k.jobs, Log: logFor(p.Root, "policy-status"),
+	st, err := policystatus.New(policystatus.Params{DB: p.DB, Jobs: k.jobs, Log: logging.For(p.Root, "policy-status"),
 		ModuleID: p.ModuleID, Node: p.Settings.NodeName, Patcher: policyStatusPatcher{p.Client}})
 	if err != nil {
 		return nil, err
@@ -274,7 +275,7 @@ func (k *Module) newNodeManager(p Params) error {
 	}
 	var err error
 	k.nodes, err = nodemanager.New(nodemanager.Params{LocalNode: k.settings.NodeName, DB: p.DB, Jobs: k.jobs,
-		Log: logFor(k.root, "node-manager"), ModuleID: p.ModuleID, Routes: routes, IPCache: cache})
+		Log: logging.For(k.root, "node-manager"), ModuleID: p.ModuleID, Routes: routes, IPCache: cache})
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/policy"
 	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
@@ -107,15 +108,15 @@ func (k *Client) connect(ctx context.Context) error {
 		return fmt.Errorf("reach the Kubernetes API server: %w (last error: %v)", err, lastErr)
 	}
 	if k.cfg.InstallCRDs {
-		if _, err := crdinstall.Install(ctx, c.Dynamic, logFor(k.root, "crd-install")); err != nil {
+		if _, err := crdinstall.Install(ctx, c.Dynamic, logging.For(k.root, "crd-install")); err != nil {
 			return err
 		}
 	}
 	if alloc, ok := k.identities.(*crdalloc.Allocator); ok {
 		alloc.SetClient(c.Tendril)
 	}
-	k.watchers = watchers.New(c, k.settings.NodeName, logFor(k.root, "k8s-watchers"))
-	k.writer = node.NewWriter(c.Core, c.Tendril, 10*time.Second, logFor(k.root, "node-writeback"))
+	k.watchers = watchers.New(c, k.settings.NodeName, logging.For(k.root, "k8s-watchers"))
+	k.writer = node.NewWriter(c.Core, c.Tendril, 10*time.Second, logging.For(k.root, "node-writeback"))
 	return nil
 }
 
@@ -264,9 +265,3 @@ func (k *Client) Watchers() *watchers.Watchers { return k.watchers }
 
 // Clients are the API clients; nil before the client's step.
 func (k *Client) Clients() *k8s.Clients { return k.clients }
-
-// logFor is the logger of a named part of the cells, with its own
-// "module" field as the agent's parts log.
-func logFor(root cell.RootLogger, module string) *slog.Logger {
-	return (*slog.Logger)(root).With("module", module)
-}

@@ -18,6 +18,7 @@ import (
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/endpointpub"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
@@ -27,7 +28,7 @@ import (
 // Its prune reads the watcher's cache, and removes only objects that name
 // this node's address.
 func (k *Module) newEndpointPublisher(p Params) error {
-	pub, err := endpointpub.New(endpointpub.Params{DB: p.DB, Jobs: k.jobs, Log: logFor(k.root, "endpoint-publisher"),
+	pub, err := endpointpub.New(endpointpub.Params{DB: p.DB, Jobs: k.jobs, Log: logging.For(k.root, "endpoint-publisher"),
 		ModuleID: p.ModuleID, Client: publisherClient{k: k},
 		Owned: func(tep *v1alpha1.TendrilEndpoint) bool {
 			ip := k.NodeIP()

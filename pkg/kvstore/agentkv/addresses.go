@@ -13,6 +13,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/logging"
 )
 
 // IPPrefix holds the kvstore ipcache: one key per endpoint address,
@@ -36,7 +37,7 @@ type IPEntry struct {
 // the desired keys in the publisher, whose goroutine writes them (with
 // retries, and again after a new session); stop joins it.
 func (m *Module) startIPSync() error {
-	log := logFor(m.root, "kvstore-ipcache")
+	log := logging.For(m.root, "kvstore-ipcache")
 	store, err := kvstore.JoinSharedStore(m.client, kvstore.SharedStoreConfig{Prefix: IPPrefix, SyncInterval: time.Minute,
 		OnEvent: m.onIPEvent}, log)
 	if err != nil {

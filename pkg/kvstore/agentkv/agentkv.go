@@ -33,6 +33,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache/kvpublisher"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/logging"
 )
 
 // Cell is the agent's kvstore: start step 7, after the endpoints are
@@ -181,7 +182,7 @@ func New(p Params) (*Module, error) {
 	// The publisher's reconciler and the republisher are jobs after the
 	// step, which joins the shared store they write to.
 	jobs := p.Jobs.NewGroup(p.Health.Scope("kvstore"), job.WithLogger(p.Log))
-	pub, err := kvpublisher.New(kvpublisher.Params{DB: p.DB, Jobs: jobs, Log: logFor(p.Root, "kvstore-publisher"),
+	pub, err := kvpublisher.New(kvpublisher.Params{DB: p.DB, Jobs: jobs, Log: logging.For(p.Root, "kvstore-publisher"),
 		ModuleID: p.ModuleID, Store: ipStoreRef{m}, Owned: m.ownAddress})
 	if err != nil {
 		return nil, err
@@ -204,12 +205,6 @@ func New(p Params) (*Module, error) {
 	return m, nil
 }
 
-// logFor is the logger of a named part of the cell (the agent's loggers
-// carry a "module" field).
-func logFor(root cell.RootLogger, module string) *slog.Logger {
-	return (*slog.Logger)(root).With("module", module)
-}
-
 // Publisher is the address publisher (its table and status).
 func (m *Module) Publisher() *kvpublisher.Publisher { return m.ipPub }
 
@@ -225,7 +220,7 @@ func (m *Module) start(ctx context.Context) error {
 	if m.cfg.Mode == ModeEmbedded {
 		dir := filepath.Join(m.cfg.StateDir, "etcd")
 		e, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: dir,
-			ClientURL: "unix://" + filepath.Join(m.cfg.StateDir, "etcd.sock")}, logFor(m.root, "embedded-etcd"))
+			ClientURL: "unix://" + filepath.Join(m.cfg.StateDir, "etcd.sock")}, logging.For(m.root, "embedded-etcd"))
 		if err != nil {
 			return fmt.Errorf("embedded etcd: %w", err)
 		}

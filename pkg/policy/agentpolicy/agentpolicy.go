@@ -25,6 +25,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy"
@@ -155,7 +156,7 @@ func New(p Params) *Module {
 	if m.dp != nil {
 		p.Metrics.Registry.MustRegister(newAuditCollector(m))
 	}
-	m.file = policyfile.New(p.Config.File(), m.repo, SourceAPI, (*slog.Logger)(p.Root).With("module", "policy-file"))
+	m.file = policyfile.New(p.Config.File(), m.repo, SourceAPI, logging.For(p.Root, "policy-file"))
 	m.repo.Subscribe(func(uint64) { m.TriggerRegeneration() })
 	if m.dp != nil {
 		// A new or vanished identity may change what other endpoints'
