@@ -264,6 +264,24 @@ func outer4(f []byte) (netip.Addr, netip.Addr) {
 	return netip.AddrFrom4([4]byte(f[26:30])), netip.AddrFrom4([4]byte(f[30:34]))
 }
 
+// checkICMPError checks an ICMP or ICMPv6 error frame (the family of
+// src): its outer addresses src -> dst, the tuple it quotes qs -> qd, and
+// its checksums.
+func checkICMPError(t *testing.T, what string, f []byte, src, dst netip.Addr, qs, qd netip.AddrPort) {
+	t.Helper()
+	outer, quoted, sums := outer4, quoted4, checkICMP4
+	if src.Is6() {
+		outer, quoted, sums = outer6, quoted6, checkSums6
+	}
+	if s, d := outer(f); s != src || d != dst {
+		t.Fatalf("%s: %s -> %s, want %s -> %s", what, s, d, src, dst)
+	}
+	if s, d := quoted(f); s != qs || d != qd {
+		t.Fatalf("%s: quotes %s -> %s, want %s -> %s", what, s, d, qs, qd)
+	}
+	sums(t, what, f)
+}
+
 // checkICMP4 checks an ICMP error frame's checksums: the outer and quoted
 // IPv4 headers' and the ICMP message's.
 func checkICMP4(t *testing.T, what string, f []byte) {
@@ -284,18 +302,11 @@ func TestPrivilegedMasqueradeICMPv6Errors(t *testing.T) {
 	out := frame6(pod6, world6, protoUDP, 40001, 53, 0)
 	n.fromPod(out)
 	_, left := n.egress(out)
-	leftSrc, _ := tuple6(left)
 	ret, got := n.ingress(icmpError6(router6, node6, 2, left))
 	if ret != 0 {
 		t.Fatalf("verdict %d", ret)
 	}
-	if src, dst := outer6(got); src != router6 || dst != pod6 {
-		t.Fatalf("error %s -> %s, want %s -> the pod %s", src, dst, router6, pod6)
-	}
-	if qs, qd := quoted6(got); qs != ap(pod6, 40001) || qd != ap(world6, 53) {
-		t.Fatalf("error quotes %s -> %s, want %s -> %s (it left as %s)", qs, qd, ap(pod6, 40001), ap(world6, 53), leftSrc)
-	}
-	checkSums6(t, "ICMPv6 error", got)
+	checkICMPError(t, "ICMPv6 error", got, router6, pod6, ap(pod6, 40001), ap(world6, 53))
 	if got := n.metric(maps.ReasonMasqReply, maps.DirIngress); got != 1 {
 		t.Fatalf("masquerade replies counted %d, want 1", got)
 	}
@@ -326,13 +337,7 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 7 {
 		t.Fatalf("IPv4 error about the remote backend's flow: verdict %d, want redirect to the client", ret)
 	}
-	if src, dst := outer4(got); src != node || dst != client {
-		t.Fatalf("IPv4 error %s -> %s, want the frontend %s -> the client %s", src, dst, node, client)
-	}
-	if qs, qd := quoted4(got); qs != ap(client, 40000) || qd != ap(node, npRemote) {
-		t.Fatalf("IPv4 error quotes %s -> %s, want %s -> %s", qs, qd, ap(client, 40000), ap(node, npRemote))
-	}
-	checkICMP4(t, "IPv4 error to the client", got)
+	checkICMPError(t, "IPv4 error to the client", got, node, client, ap(client, 40000), ap(node, npRemote))
 
 	// IPv4, the remote backend's reply (sent to the client from the node
 	// port): a router on the client's path says it does not fit; the
@@ -346,16 +351,10 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 7 {
 		t.Fatalf("IPv4 error about the remote backend's reply: verdict %d, want redirect to the backend", ret)
 	}
-	if src, dst := outer4(got); src != node || dst != peerPod {
-		t.Fatalf("IPv4 error %s -> %s, want the node %s -> the backend %s", src, dst, node, peerPod)
-	}
-	if qs, qd := quoted4(got); qs != ap(peerPod, backendPort) || qd != fwdSrc {
-		t.Fatalf("IPv4 error quotes %s -> %s, want %s -> %s", qs, qd, ap(peerPod, backendPort), fwdSrc)
-	}
+	checkICMPError(t, "IPv4 error to the remote backend", got, node, peerPod, ap(peerPod, backendPort), fwdSrc)
 	if !bytes.Equal(got[0:6], peerMAC) {
 		t.Fatalf("IPv4 error to the backend: destination MAC %x, want the peer's %s", got[0:6], peerMAC)
 	}
-	checkICMP4(t, "IPv4 error to the remote backend", got)
 
 	// IPv4, local backend: a router on the client's path says its reply
 	// does not fit.
@@ -368,13 +367,7 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 0 {
 		t.Fatalf("IPv4 error about the local backend's reply: verdict %d", ret)
 	}
-	if src, dst := outer4(got); src != router || dst != pod {
-		t.Fatalf("IPv4 error %s -> %s, want %s -> the pod %s", src, dst, router, pod)
-	}
-	if qs, qd := quoted4(got); qs != ap(pod, backendPort) || qd != ap(client, 40001) {
-		t.Fatalf("IPv4 error quotes %s -> %s, want %s -> %s", qs, qd, ap(pod, backendPort), ap(client, 40001))
-	}
-	checkICMP4(t, "IPv4 error to the pod", got)
+	checkICMPError(t, "IPv4 error to the pod", got, router, pod, ap(pod, backendPort), ap(client, 40001))
 
 	// IPv6, remote backend.
 	ret, fwd = n.ingress(frame6(client6, node6, protoUDP, 40000, npRemote, 0))
@@ -385,13 +378,7 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 7 {
 		t.Fatalf("IPv6 error about the remote backend's flow: verdict %d, want redirect to the client", ret)
 	}
-	if src, dst := outer6(got); src != node6 || dst != client6 {
-		t.Fatalf("IPv6 error %s -> %s, want the frontend %s -> the client %s", src, dst, node6, client6)
-	}
-	if qs, qd := quoted6(got); qs != ap(client6, 40000) || qd != ap(node6, npRemote) {
-		t.Fatalf("IPv6 error quotes %s -> %s, want %s -> %s", qs, qd, ap(client6, 40000), ap(node6, npRemote))
-	}
-	checkSums6(t, "IPv6 error to the client", got)
+	checkICMPError(t, "IPv6 error to the client", got, node6, client6, ap(client6, 40000), ap(node6, npRemote))
 
 	// IPv6, the remote backend's reply: packet too big.
 	fwdSrc6, _ := tuple6(fwd)
@@ -403,13 +390,7 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 7 {
 		t.Fatalf("IPv6 error about the remote backend's reply: verdict %d, want redirect to the backend", ret)
 	}
-	if src, dst := outer6(got); src != node6 || dst != peerPod6 {
-		t.Fatalf("IPv6 error %s -> %s, want the node %s -> the backend %s", src, dst, node6, peerPod6)
-	}
-	if qs, qd := quoted6(got); qs != ap(peerPod6, backendPort) || qd != fwdSrc6 {
-		t.Fatalf("IPv6 error quotes %s -> %s, want %s -> %s", qs, qd, ap(peerPod6, backendPort), fwdSrc6)
-	}
-	checkSums6(t, "IPv6 error to the remote backend", got)
+	checkICMPError(t, "IPv6 error to the remote backend", got, node6, peerPod6, ap(peerPod6, backendPort), fwdSrc6)
 
 	// IPv6, local backend: packet too big.
 	n.ingress(frame6(client6, node6, protoTCP, 40001, npLocal, 0))
@@ -421,13 +402,7 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 0 {
 		t.Fatalf("IPv6 error about the local backend's reply: verdict %d", ret)
 	}
-	if src, dst := outer6(got); src != router6 || dst != pod6 {
-		t.Fatalf("IPv6 error %s -> %s, want %s -> the pod %s", src, dst, router6, pod6)
-	}
-	if qs, qd := quoted6(got); qs != ap(pod6, backendPort) || qd != ap(client6, 40001) {
-		t.Fatalf("IPv6 error quotes %s -> %s, want %s -> %s", qs, qd, ap(pod6, backendPort), ap(client6, 40001))
-	}
-	checkSums6(t, "IPv6 error to the pod", got)
+	checkICMPError(t, "IPv6 error to the pod", got, router6, pod6, ap(pod6, backendPort), ap(client6, 40001))
 
 	if got := n.metric(maps.ReasonNodeportICMPError, maps.DirIngress); got != 6 {
 		t.Fatalf("service ICMP errors counted %d, want 6", got)
@@ -454,13 +429,7 @@ func TestPrivilegedNodePortBackendICMPErrors(t *testing.T) {
 	if ret != 0 {
 		t.Fatalf("IPv4 error from the backend: verdict %d", ret)
 	}
-	if src, dst := outer4(got); src != node || dst != client {
-		t.Fatalf("IPv4 error %s -> %s, want the frontend %s -> %s", src, dst, node, client)
-	}
-	if qs, qd := quoted4(got); qs != ap(client, 40002) || qd != ap(node, npLocal) {
-		t.Fatalf("IPv4 error quotes %s -> %s, want %s -> %s", qs, qd, ap(client, 40002), ap(node, npLocal))
-	}
-	checkICMP4(t, "IPv4 error from the backend", got)
+	checkICMPError(t, "IPv4 error from the backend", got, node, client, ap(client, 40002), ap(node, npLocal))
 
 	ret, in = n.ingress(frame6(client6, node6, protoTCP, 40002, npLocal, 0))
 	if ret != 0 {
@@ -470,13 +439,7 @@ func TestPrivilegedNodePortBackendICMPErrors(t *testing.T) {
 	if ret != 0 {
 		t.Fatalf("IPv6 error from the backend: verdict %d", ret)
 	}
-	if src, dst := outer6(got); src != node6 || dst != client6 {
-		t.Fatalf("IPv6 error %s -> %s, want the frontend %s -> %s", src, dst, node6, client6)
-	}
-	if qs, qd := quoted6(got); qs != ap(client6, 40002) || qd != ap(node6, npLocal) {
-		t.Fatalf("IPv6 error quotes %s -> %s, want %s -> %s", qs, qd, ap(client6, 40002), ap(node6, npLocal))
-	}
-	checkSums6(t, "IPv6 error from the backend", got)
+	checkICMPError(t, "IPv6 error from the backend", got, node6, client6, ap(client6, 40002), ap(node6, npLocal))
 	if got := n.metric(maps.ReasonNodeportICMPError, maps.DirEgress); got != 2 {
 		t.Fatalf("backend ICMP errors counted %d, want 2", got)
 	}
