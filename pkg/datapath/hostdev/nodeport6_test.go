@@ -97,35 +97,7 @@ func checkSums6(t *testing.T, what string, f []byte) {
 // ID; the pod's reply leaving the uplink gets the node port as source
 // instead of masquerade.
 func TestPrivilegedNodePortIPv6LocalBackend(t *testing.T) {
-	n := newNodePort6Node(t)
-	for i := range 2 {
-		ret, out := n.ingress(frame6(client6, node6, protoTCP, 40000, npLocal, 0))
-		if ret != 0 {
-			t.Fatalf("packet %d: verdict %d, want pass to the host", i, ret)
-		}
-		checkSums6(t, "to the pod", out)
-		if src, dst := tuple6(out); src != ap(client6, 40000) || dst != ap(pod6, backendPort) {
-			t.Fatalf("packet %d: %s -> %s, want %s -> %s", i, src, dst, ap(client6, 40000), ap(pod6, backendPort))
-		}
-	}
-	e, ok, err := n.l.Maps().CTMap().Lookup(maps.CTEntry{Proto: protoTCP, Src: client6, SrcPort: 40000, Dst: pod6, DstPort: backendPort})
-	if err != nil || !ok || e.RevNAT != 11 {
-		t.Fatalf("conntrack of client <-> pod: %+v found %v (%v), want reverse NAT ID 11", e, ok, err)
-	}
-	ret, out := n.egress(frame6(pod6, client6, protoTCP, backendPort, 40000, 0))
-	if ret != 0 {
-		t.Fatalf("reply: verdict %d", ret)
-	}
-	checkSums6(t, "reply", out)
-	if src, dst := tuple6(out); src != ap(node6, npLocal) || dst != ap(client6, 40000) {
-		t.Fatalf("reply leaves as %s -> %s, want %s -> %s", src, dst, ap(node6, npLocal), ap(client6, 40000))
-	}
-	if list, _ := n.l.Maps().NAT.NATMap().List(); len(list) != 0 {
-		t.Fatalf("NAT mappings %+v, want none (the reply is not masqueraded)", list)
-	}
-	if got := n.metric(maps.ReasonNodeport, maps.DirIngress); got != 2 {
-		t.Fatalf("translated packets %d, want 2", got)
-	}
+	checkNodePortLocalBackend(t, newNodePort6Node(t), npV6)
 }
 
 // TestPrivilegedNodePortIPv6RemoteBackend: to a backend on another node
@@ -134,90 +106,21 @@ func TestPrivilegedNodePortIPv6LocalBackend(t *testing.T) {
 // gets the client as destination and the node port as source; TCP and
 // UDP; the mappings are in the IPv6 NAT table flagged as the service's.
 func TestPrivilegedNodePortIPv6RemoteBackend(t *testing.T) {
-	n := newNodePort6Node(t)
-	for _, proto := range []uint8{protoTCP, protoUDP} {
-		var port uint16
-		for i := range 2 {
-			ret, out := n.ingress(frame6(client6, node6, proto, 40000, npRemote, 0))
-			if ret != 7 { // TC_ACT_REDIRECT
-				t.Fatalf("proto %d packet %d: verdict %d, want redirect", proto, i, ret)
-			}
-			checkSums6(t, "to the peer", out)
-			src, dst := tuple6(out)
-			if src.Addr() != node6 || !inRange(src.Port(), 61000, 61009) || dst != ap(peerPod6, backendPort) {
-				t.Fatalf("proto %d: %s -> %s, want %s:61000-61009 -> %s", proto, src, dst, node6, ap(peerPod6, backendPort))
-			}
-			if i == 1 && src.Port() != port {
-				t.Fatalf("proto %d: second packet port %d, first %d", proto, src.Port(), port)
-			}
-			port = src.Port()
-			if !bytes.Equal(out[0:6], peerMAC) {
-				t.Fatalf("proto %d: destination MAC %x, want the peer's %s", proto, out[0:6], peerMAC)
-			}
-		}
-		ret, out := n.ingress(frame6(peerPod6, node6, proto, backendPort, port, 0))
-		if ret != 7 {
-			t.Fatalf("proto %d reply: verdict %d, want redirect", proto, ret)
-		}
-		checkSums6(t, "reply to the client", out)
-		if src, dst := tuple6(out); src != ap(node6, npRemote) || dst != ap(client6, 40000) {
-			t.Fatalf("proto %d reply: %s -> %s, want %s -> %s", proto, src, dst, ap(node6, npRemote), ap(client6, 40000))
-		}
-	}
-	list, err := n.l.Maps().NAT.NATMap().List()
-	if err != nil || len(list) != 2 {
-		t.Fatalf("NAT mappings %+v (%v), want one per protocol", list, err)
-	}
-	for _, m := range list {
-		if m.Pod != client6 || m.Remote != peerPod6 || m.Node != node6 || m.Orphan || !m.Service {
-			t.Fatalf("mapping %+v: want a service mapping client -> peer pod through the node", m)
-		}
-	}
-	if got := n.metric(maps.ReasonNodeportReply, maps.DirEgress); got != 2 {
-		t.Fatalf("replies translated %d, want 2", got)
-	}
+	checkNodePortRemoteBackend(t, newNodePort6Node(t), npV6)
 }
 
 // TestPrivilegedNodePortIPv6ExternalLocal: externalTrafficPolicy Local
 // sends IPv6 clients only to this node's backend, source kept; a node
 // without one drops them with their reason.
 func TestPrivilegedNodePortIPv6ExternalLocal(t *testing.T) {
-	n := newNodePort6Node(t)
-	for i := range 20 {
-		ret, out := n.ingress(frame6(client6, node6, protoTCP, uint16(41000+i), npETPLocal, 0))
-		if ret != 0 {
-			t.Fatalf("flow %d: verdict %d", i, ret)
-		}
-		if src, dst := tuple6(out); src != ap(client6, uint16(41000+i)) || dst != ap(pod6, backendPort) {
-			t.Fatalf("flow %d: %s -> %s, want the local pod with the client's source", i, src, dst)
-		}
-	}
-	if ret, _ := n.ingress(frame6(client6, node6, protoTCP, 42000, npETPNone, 0)); ret != 2 {
-		t.Fatalf("no local backend: verdict %d, want drop", ret)
-	}
-	if got := n.metric(maps.ReasonSvcNoLocalBackend, maps.DirIngress); got != 1 {
-		t.Fatalf("drops for no local backend %d, want 1", got)
-	}
+	checkNodePortExternalLocal(t, newNodePort6Node(t), npV6)
 }
 
 // TestPrivilegedNodePortIPv6SourceRanges: an IPv6 load-balancer address
 // with source ranges admits a client inside them and drops one outside
 // with its reason.
 func TestPrivilegedNodePortIPv6SourceRanges(t *testing.T) {
-	n := newNodePort6Node(t)
-	ret, out := n.ingress(frame6(client6, lb6Addr, protoTCP, 43000, 80, 0))
-	if ret != 0 {
-		t.Fatalf("client in range: verdict %d", ret)
-	}
-	if _, dst := tuple6(out); dst != ap(pod6, backendPort) {
-		t.Fatalf("client in range went to %s", dst)
-	}
-	if ret, _ := n.ingress(frame6(client6b, lb6Addr, protoTCP, 43000, 80, 0)); ret != 2 {
-		t.Fatalf("client outside the ranges: verdict %d, want drop", ret)
-	}
-	if got := n.metric(maps.ReasonSourceRangeDenied, maps.DirIngress); got != 1 {
-		t.Fatalf("source range drops %d, want 1", got)
-	}
+	checkNodePortSourceRanges(t, newNodePort6Node(t), npV6)
 }
 
 // icmpError6 builds an ICMPv6 error of type typ (1 unreachable, 2 packet
