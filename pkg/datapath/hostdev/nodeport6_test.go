@@ -97,7 +97,7 @@ func checkSums6(t *testing.T, what string, f []byte) {
 // ID; the pod's reply leaving the uplink gets the node port as source
 // instead of masquerade.
 func TestPrivilegedNodePortIPv6LocalBackend(t *testing.T) {
-	checkNodePortLocalBackend(t, newNodePort6Node(t), npV6)
+	checkNodePortLocalBackend(t, newNodePort6Node(t), famV6)
 }
 
 // TestPrivilegedNodePortIPv6RemoteBackend: to a backend on another node
@@ -106,21 +106,21 @@ func TestPrivilegedNodePortIPv6LocalBackend(t *testing.T) {
 // gets the client as destination and the node port as source; TCP and
 // UDP; the mappings are in the IPv6 NAT table flagged as the service's.
 func TestPrivilegedNodePortIPv6RemoteBackend(t *testing.T) {
-	checkNodePortRemoteBackend(t, newNodePort6Node(t), npV6)
+	checkNodePortRemoteBackend(t, newNodePort6Node(t), famV6)
 }
 
 // TestPrivilegedNodePortIPv6ExternalLocal: externalTrafficPolicy Local
 // sends IPv6 clients only to this node's backend, source kept; a node
 // without one drops them with their reason.
 func TestPrivilegedNodePortIPv6ExternalLocal(t *testing.T) {
-	checkNodePortExternalLocal(t, newNodePort6Node(t), npV6)
+	checkNodePortExternalLocal(t, newNodePort6Node(t), famV6)
 }
 
 // TestPrivilegedNodePortIPv6SourceRanges: an IPv6 load-balancer address
 // with source ranges admits a client inside them and drops one outside
 // with its reason.
 func TestPrivilegedNodePortIPv6SourceRanges(t *testing.T) {
-	checkNodePortSourceRanges(t, newNodePort6Node(t), npV6)
+	checkNodePortSourceRanges(t, newNodePort6Node(t), famV6)
 }
 
 // icmpError6 builds an ICMPv6 error of type typ (1 unreachable, 2 packet

@@ -93,25 +93,33 @@ func newNodePortNode(t testing.TB) *masqNode {
 
 func ap(a netip.Addr, p uint16) netip.AddrPort { return netip.AddrPortFrom(a, p) }
 
-// npFamily is one address family's frames and addresses in the NodePort
-// tests: the IPv4 and IPv6 tests check the same things through it.
-type npFamily struct {
+// ipFamily is one address family's frames and addresses in the host
+// programs' tests: the IPv4 and IPv6 tests check the same things through
+// it.
+type ipFamily struct {
 	frame     func(src, dst netip.Addr, proto uint8, sport, dport uint16, icmpType uint8) []byte
 	tuple     func(f []byte) (netip.AddrPort, netip.AddrPort)
 	checkSums func(t *testing.T, what string, f []byte)
 	// client2 is outside the load-balancer address lb's source ranges.
 	client, client2, node, pod, peerPod, lb netip.Addr
+	// world and world2 are masquerade's destinations; otherPod a pod
+	// whose mappings a test writes itself.
+	world, world2, otherPod netip.Addr
 	// revNAT is the reverse NAT ID of the node port npLocal.
 	revNAT uint32
 }
 
 var (
-	npV4 = npFamily{frame, tuple, checkSums, client, client2, node, pod, peerPod, lbAddr, 1}
-	npV6 = npFamily{frame6, tuple6, checkSums6, client6, client6b, node6, pod6, peerPod6, lb6Addr, 11}
+	famV4 = ipFamily{frame: frame, tuple: tuple, checkSums: checkSums,
+		client: client, client2: client2, node: node, pod: pod, peerPod: peerPod, lb: lbAddr,
+		world: world, world2: world2, otherPod: netip.MustParseAddr("10.244.0.9"), revNAT: 1}
+	famV6 = ipFamily{frame: frame6, tuple: tuple6, checkSums: checkSums6,
+		client: client6, client2: client6b, node: node6, pod: pod6, peerPod: peerPod6, lb: lb6Addr,
+		world: world6, world2: world6b, otherPod: netip.MustParseAddr("fd00:10::9"), revNAT: 11}
 )
 
 // checkNodePortLocalBackend is TestPrivilegedNodePortLocalBackend of family f, on n.
-func checkNodePortLocalBackend(t *testing.T, n *masqNode, f npFamily) {
+func checkNodePortLocalBackend(t *testing.T, n *masqNode, f ipFamily) {
 	t.Helper()
 	for i := range 2 { // the flow's first packet, then a known one
 		ret, out := n.ingress(f.frame(f.client, f.node, protoTCP, 40000, npLocal, 0))
@@ -144,7 +152,7 @@ func checkNodePortLocalBackend(t *testing.T, n *masqNode, f npFamily) {
 }
 
 // checkNodePortRemoteBackend is TestPrivilegedNodePortRemoteBackend of family f, on n.
-func checkNodePortRemoteBackend(t *testing.T, n *masqNode, f npFamily) {
+func checkNodePortRemoteBackend(t *testing.T, n *masqNode, f ipFamily) {
 	t.Helper()
 	for _, proto := range []uint8{protoTCP, protoUDP} {
 		var port uint16
@@ -190,7 +198,7 @@ func checkNodePortRemoteBackend(t *testing.T, n *masqNode, f npFamily) {
 }
 
 // checkNodePortExternalLocal is TestPrivilegedNodePortExternalLocal of family f, on n.
-func checkNodePortExternalLocal(t *testing.T, n *masqNode, f npFamily) {
+func checkNodePortExternalLocal(t *testing.T, n *masqNode, f ipFamily) {
 	t.Helper()
 	for i := range 20 {
 		ret, out := n.ingress(f.frame(f.client, f.node, protoTCP, uint16(41000+i), npETPLocal, 0))
@@ -211,7 +219,7 @@ func checkNodePortExternalLocal(t *testing.T, n *masqNode, f npFamily) {
 }
 
 // checkNodePortSourceRanges is TestPrivilegedNodePortSourceRanges of family f, on n.
-func checkNodePortSourceRanges(t *testing.T, n *masqNode, f npFamily) {
+func checkNodePortSourceRanges(t *testing.T, n *masqNode, f ipFamily) {
 	t.Helper()
 	ret, out := n.ingress(f.frame(f.client, f.lb, protoTCP, 43000, 80, 0))
 	if ret != 0 {
@@ -235,7 +243,7 @@ func checkNodePortSourceRanges(t *testing.T, n *masqNode, f npFamily) {
 // leaving the uplink gets the node port as source instead of masquerade.
 func TestPrivilegedNodePortLocalBackend(t *testing.T) {
 	n := newNodePortNode(t)
-	checkNodePortLocalBackend(t, n, npV4)
+	checkNodePortLocalBackend(t, n, famV4)
 	// A cluster IP is not reachable from outside: untouched.
 	f := frame(client, clusterIP, protoTCP, 40001, 80, 0)
 	if ret, out := n.ingress(f); ret != 0 || !bytes.Equal(out[:len(f)], f) {
@@ -250,7 +258,7 @@ func TestPrivilegedNodePortLocalBackend(t *testing.T) {
 // source and is sent back out; TCP and UDP.
 func TestPrivilegedNodePortRemoteBackend(t *testing.T) {
 	n := newNodePortNode(t)
-	checkNodePortRemoteBackend(t, n, npV4)
+	checkNodePortRemoteBackend(t, n, famV4)
 }
 
 // TestPrivilegedNodePortExternalLocal: externalTrafficPolicy Local sends
@@ -259,7 +267,7 @@ func TestPrivilegedNodePortRemoteBackend(t *testing.T) {
 // reason.
 func TestPrivilegedNodePortExternalLocal(t *testing.T) {
 	n := newNodePortNode(t)
-	checkNodePortExternalLocal(t, n, npV4)
+	checkNodePortExternalLocal(t, n, famV4)
 }
 
 // TestPrivilegedNodePortSourceRanges: a load-balancer address with
@@ -267,7 +275,7 @@ func TestPrivilegedNodePortExternalLocal(t *testing.T) {
 // reason.
 func TestPrivilegedNodePortSourceRanges(t *testing.T) {
 	n := newNodePortNode(t)
-	checkNodePortSourceRanges(t, n, npV4)
+	checkNodePortSourceRanges(t, n, famV4)
 }
 
 // TestPrivilegedNodePortWithoutMasquerade: with --enable-masquerade=false
