@@ -413,7 +413,7 @@ func detachPinned(root string, log *slog.Logger) error {
 			errs = append(errs, err)
 			continue
 		}
-		log.Info("Masquerade off: detached the host programs of a previous run", "attachment", e.Name())
+		log.Info("Detached the host programs of a previous run (host programs off, or no device)", "attachment", e.Name())
 	}
 	return errors.Join(errs...)
 }
