@@ -126,6 +126,50 @@ struct icmp_err_tuple {
 	__u8 fe[16] __attribute__((aligned(4)));   /* the frontend */
 };
 
+/* icmp_err_quoted copies the quoted packet's addresses to q. */
+static __always_inline void icmp_err_quoted(struct icmp_err_tuple *q, const struct pkt *p, const __u8 family)
+{
+	if (family == FAMILY_V6) {
+		__builtin_memcpy(q->s, p->in_saddr, 16);
+		__builtin_memcpy(q->d, p->in_daddr, 16);
+	} else {
+		__builtin_memcpy(q->s, p->in_saddr, 4);
+		__builtin_memcpy(q->d, p->in_daddr, 4);
+	}
+}
+
+/* icmp_err_quoted_l4 sets *in_l4 to the offset of the quoted packet's L4
+ * header (in_ip: its IP header's); -1 when the IPv4 header is unreadable. */
+static __always_inline int icmp_err_quoted_l4(struct __sk_buff *skb, const __u8 family, __u32 in_ip, __u32 *in_l4)
+{
+	*in_l4 = in_ip + 40;
+	if (family == FAMILY_V4) {
+		__u8 vihl;
+		if (bpf_skb_load_bytes(skb, in_ip, &vihl, 1))
+			return -1;
+		*in_l4 = in_ip + ((__u32)(vihl & 0xf)) * 4;
+	}
+	return 0;
+}
+
+/* icmp_err_both sets the error about q->s -> q->d (ports in_sport and
+ * in_dport) to one about q->addr:port_a -> q->fe:port_fe, sent from q->fe
+ * to q->addr, and leaves it for icmp_err_redirect; returns
+ * ICMP_ERR_NEEDS_REDIRECT, or a drop. */
+static __always_inline int icmp_err_both(struct __sk_buff *skb, struct pkt *p, const __u8 family,
+					 const struct icmp_err_tuple *q, __u32 in_ip, __u32 in_l4, __be16 port_a,
+					 __be16 port_fe)
+{
+	if (icmp_err_inner(skb, p, family, in_ip, in_l4, 1, q->s, q->addr, p->in_sport, port_a) ||
+	    icmp_err_inner(skb, p, family, in_ip, in_l4, 0, q->d, q->fe, p->in_dport, port_fe) ||
+	    icmp_err_outer(skb, p, family, 0, p->daddr, q->addr) || icmp_err_outer(skb, p, family, 1, p->saddr, q->fe))
+		return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+	addr_copy(p->saddr, q->fe, family);
+	addr_copy(p->daddr, q->addr, family);
+	count(REASON_NODEPORT_ICMP_ERROR, DIR_INGRESS, p->len);
+	return ICMP_ERR_NEEDS_REDIRECT;
+}
+
 /* icmp_err_nodeport_remote translates an error about an outside client's
  * flow to a backend on another node (m: its NAT mapping's reverse half;
  * q->addr already the client) and sends it back to the client. */
@@ -151,14 +195,7 @@ static __always_inline int icmp_err_nodeport_remote(struct __sk_buff *skb, struc
 		return TC_ACT_OK;
 	__be16 fport = rv->port;
 	addr_copy(q->fe, rv->addr, family);
-	if (icmp_err_inner(skb, p, family, in_ip, in_l4, 1, q->s, q->addr, p->in_sport, cport) ||
-	    icmp_err_inner(skb, p, family, in_ip, in_l4, 0, q->d, q->fe, p->in_dport, fport) ||
-	    icmp_err_outer(skb, p, family, 0, p->daddr, q->addr) || icmp_err_outer(skb, p, family, 1, p->saddr, q->fe))
-		return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-	addr_copy(p->saddr, q->fe, family);
-	addr_copy(p->daddr, q->addr, family);
-	count(REASON_NODEPORT_ICMP_ERROR, DIR_INGRESS, p->len);
-	return ICMP_ERR_NEEDS_REDIRECT;
+	return icmp_err_both(skb, p, family, q, in_ip, in_l4, cport, fport);
 }
 
 /* icmp_err_nodeport_reply translates an error about a backend's reply to
@@ -203,14 +240,7 @@ static __always_inline int icmp_err_nodeport_reply(struct __sk_buff *skb, struct
 			return TC_ACT_OK;
 		__be16 nport = nat_port(m, family);
 		addr_copy(q->fe, nat_addr(m, family), family);
-		if (icmp_err_inner(skb, p, family, in_ip, in_l4, 1, q->s, q->addr, p->in_sport, bport) ||
-		    icmp_err_inner(skb, p, family, in_ip, in_l4, 0, q->d, q->fe, p->in_dport, nport) ||
-		    icmp_err_outer(skb, p, family, 0, p->daddr, q->addr) || icmp_err_outer(skb, p, family, 1, p->saddr, q->fe))
-			return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-		addr_copy(p->saddr, q->fe, family);
-		addr_copy(p->daddr, q->addr, family);
-		count(REASON_NODEPORT_ICMP_ERROR, DIR_INGRESS, p->len);
-		return ICMP_ERR_NEEDS_REDIRECT;
+		return icmp_err_both(skb, p, family, q, in_ip, in_l4, bport, nport);
 	}
 	if (icmp_err_inner(skb, p, family, in_ip, in_l4, 1, q->s, q->addr, p->in_sport, bport) ||
 	    icmp_err_outer(skb, p, family, 0, p->daddr, q->addr))
@@ -229,23 +259,13 @@ static __always_inline int icmp_error_in(struct __sk_buff *skb, struct pkt *p, c
 	struct icmp_err_tuple q;
 	__u8 proto = p->in_proto;
 
-	if (family == FAMILY_V6) {
-		__builtin_memcpy(q.s, p->in_saddr, 16);
-		__builtin_memcpy(q.d, p->in_daddr, 16);
-	} else {
-		__builtin_memcpy(q.s, p->in_saddr, 4);
-		__builtin_memcpy(q.d, p->in_daddr, 4);
-	}
+	icmp_err_quoted(&q, p, family);
 	/* Sent to the address the quoted packet left with. */
 	if (!addr_eq(q.s, p->daddr, family))
 		return TC_ACT_OK;
-	__u32 in_ip = p->l4_off + 8, in_l4 = in_ip + 40;
-	if (family == FAMILY_V4) {
-		__u8 vihl;
-		if (bpf_skb_load_bytes(skb, in_ip, &vihl, 1))
-			return TC_ACT_OK;
-		in_l4 = in_ip + ((__u32)(vihl & 0xf)) * 4;
-	}
+	__u32 in_ip = p->l4_off + 8, in_l4;
+	if (icmp_err_quoted_l4(skb, family, in_ip, &in_l4))
+		return TC_ACT_OK;
 	union nat_key k;
 	nat_key(&k, family, NAT_DIR_INGRESS, q.s, p->in_sport, q.d, p->in_dport, proto);
 	const void *m = bpf_map_lookup_elem(NAT_MAP(family), &k);
@@ -282,13 +302,7 @@ static __always_inline int icmp_error_out(struct __sk_buff *skb, struct pkt *p, 
 
 	if (p->in_proto != IPPROTO_TCP_ && p->in_proto != IPPROTO_UDP_)
 		return 1;
-	if (family == FAMILY_V6) {
-		__builtin_memcpy(q.s, p->in_saddr, 16);
-		__builtin_memcpy(q.d, p->in_daddr, 16);
-	} else {
-		__builtin_memcpy(q.s, p->in_saddr, 4);
-		__builtin_memcpy(q.d, p->in_daddr, 4);
-	}
+	icmp_err_quoted(&q, p, family);
 	/* From the address the quoted packet was sent to. */
 	if (!addr_eq(q.d, p->saddr, family) || !endpoint_by_addr(family, q.d))
 		return 1;
@@ -304,13 +318,9 @@ static __always_inline int icmp_error_out(struct __sk_buff *skb, struct pkt *p, 
 		return 1;
 	__be16 fport = rv->port;
 	addr_copy(q.fe, rv->addr, family);
-	__u32 in_ip = p->l4_off + 8, in_l4 = in_ip + 40;
-	if (family == FAMILY_V4) {
-		__u8 vihl;
-		if (bpf_skb_load_bytes(skb, in_ip, &vihl, 1))
-			return -REASON_NAT_FAILED;
-		in_l4 = in_ip + ((__u32)(vihl & 0xf)) * 4;
-	}
+	__u32 in_ip = p->l4_off + 8, in_l4;
+	if (icmp_err_quoted_l4(skb, family, in_ip, &in_l4))
+		return -REASON_NAT_FAILED;
 	if (icmp_err_inner(skb, p, family, in_ip, in_l4, 0, q.d, q.fe, p->in_dport, fport) ||
 	    icmp_err_outer(skb, p, family, 1, p->saddr, q.fe))
 		return -REASON_NAT_FAILED;

@@ -415,60 +415,8 @@ __attribute__((noinline)) int nodeport_in(struct __sk_buff *skb, struct pkt *p)
 	return NODEPORT_NEEDS_SNAT;
 }
 
-/* nodeport_snat sends a packet nodeport_in translated to another node's
- * backend (p: already DNATed) on with this node's address and a port of
- * the masquerade range as its source, so that the reply comes back through
- * here. A global function: its stack (and masq_alloc4's) is not added to
- * nodeport_in's. */
-__attribute__((noinline)) int nodeport_snat(struct __sk_buff *skb, struct pkt *p)
-{
-	if (!skb || !p)
-		return TC_ACT_OK;
-	__u32 ifindex = skb->ifindex;
-	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
-	if (!dev || !u32_at(dev->ipv4))
-		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-	struct masq_scratch *s = masq_request(p, FAMILY_V4, dev->ipv4, NAT_F_NODEPORT);
-	if (!s)
-		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-	if (!masq_mapped(s, FAMILY_V4)) {
-		int r = masq_alloc4(skb);
-		if (r < 0)
-			return drop((__u8)-r, DIR_INGRESS, 0, p, 0, 0, 0);
-	}
-	if (masq_rewrite(skb, p, FAMILY_V4, 0, s->r.node, s->r.port))
-		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-	__builtin_memcpy(p->saddr, s->r.node, 4);
-	p->sport = s->r.port;
-	int ret = nodeport_redirect(skb, p);
-	if (ret < 0)
-		return drop(REASON_NODEPORT_NO_ROUTE, DIR_INGRESS, 0, p, 0, 0, 0);
-	return ret;
-}
-
-/* nodeport_reply finishes a remote backend's reply whose destination the
- * NAT table just gave back (the client's, in p): the frontend becomes
- * its source (the conntrack entry's reverse NAT ID) and it goes back out
- * to the client. A global function. */
-__attribute__((noinline)) int nodeport_reply(struct __sk_buff *skb, struct pkt *p)
-{
-	if (!skb || !p)
-		return TC_ACT_OK;
-	struct flow f;
-	flow_of(&f, p);
-	struct ct_entry *e = ct_find(&f, p);
-	if (!e || !e->rev_nat)
-		return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-	ct_update(e, &f, p);
-	int r = lb_rev_snat(skb, p, e->rev_nat);
-	if (r < 0)
-		return drop((__u8)-r, DIR_INGRESS, 0, p, 0, 0, 0);
-	count(REASON_NODEPORT_REPLY, DIR_EGRESS, p->len);
-	int ret = nodeport_redirect(skb, p);
-	if (ret < 0)
-		return drop(REASON_NODEPORT_NO_ROUTE, DIR_INGRESS, 0, p, 0, 0, 0);
-	return ret;
-}
+/* nodeport_snat and nodeport_reply, the remote backend's legs, are in
+ * nodeport6.h with their IPv6 twins: one body for both families. */
 
 /* nodeport_rev_out gives a local backend's reply to an outside client
  * (leaving through the device, p from a local endpoint) the frontend as

@@ -160,43 +160,61 @@ __attribute__((noinline)) int nodeport_in6(struct __sk_buff *skb, struct pkt *p)
 	return local ? TC_ACT_OK : NODEPORT_NEEDS_SNAT;
 }
 
+/* nodeport_snat_family is nodeport_snat and nodeport_snat6 (family a
+ * constant: each global function is its own copy). */
+static __always_inline int nodeport_snat_family(struct __sk_buff *skb, struct pkt *p, const __u8 family)
+{
+	__u32 ifindex = skb->ifindex;
+	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
+	if (!dev || (family == FAMILY_V6 ? !(dev->flags & HOSTDEV_F_MASQ_V6) : !u32_at(dev->ipv4)))
+		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+	struct masq_scratch *s = masq_request(p, family, family == FAMILY_V6 ? dev->ipv6 : dev->ipv4, NAT_F_NODEPORT);
+	if (!s)
+		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+	if (!masq_mapped(s, family)) {
+		int r = family == FAMILY_V6 ? masq_alloc6(skb) : masq_alloc4(skb);
+		if (r < 0)
+			return drop((__u8)-r, DIR_INGRESS, 0, p, 0, 0, 0);
+	}
+	if (masq_rewrite(skb, p, family, 0, s->r.node, s->r.port))
+		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+	if (family == FAMILY_V6)
+		__builtin_memcpy(p->saddr, s->r.node, 16);
+	else
+		__builtin_memcpy(p->saddr, s->r.node, 4);
+	p->sport = s->r.port;
+	int ret = family == FAMILY_V6 ? nodeport_redirect6(skb, p) : nodeport_redirect(skb, p);
+	if (ret < 0)
+		return drop(REASON_NODEPORT_NO_ROUTE, DIR_INGRESS, 0, p, 0, 0, 0);
+	return ret;
+}
+
+/* nodeport_snat sends a packet nodeport_in translated to another node's
+ * backend (p: already DNATed) on with this node's address and a port of
+ * the masquerade range as its source, so that the reply comes back through
+ * here. A global function: its stack (and masq_alloc4's) is not added to
+ * nodeport_in's. */
+__attribute__((noinline)) int nodeport_snat(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return TC_ACT_OK;
+	return nodeport_snat_family(skb, p, FAMILY_V4);
+}
+
 /* nodeport_snat6 is nodeport_snat for IPv6: the packet nodeport_in6
- * translated to another node's backend leaves with the device's IPv6
+ * translated to another node's backend leaves with the node's IPv6
  * address and a port of the masquerade range (tdr_nat6_v1, flagged
  * NAT_F_NODEPORT), sent on by the FIB. */
 __attribute__((noinline)) int nodeport_snat6(struct __sk_buff *skb, struct pkt *p)
 {
 	if (!skb || !p)
 		return TC_ACT_OK;
-	__u32 ifindex = skb->ifindex;
-	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
-	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V6))
-		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-	struct masq_scratch *s = masq_request(p, FAMILY_V6, dev->ipv6, NAT_F_NODEPORT);
-	if (!s)
-		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-	if (!masq_mapped(s, FAMILY_V6)) {
-		int r = masq_alloc6(skb);
-		if (r < 0)
-			return drop((__u8)-r, DIR_INGRESS, 0, p, 0, 0, 0);
-	}
-	if (masq_rewrite(skb, p, FAMILY_V6, 0, s->r.node, s->r.port))
-		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-	__builtin_memcpy(p->saddr, s->r.node, 16);
-	p->sport = s->r.port;
-	int ret = nodeport_redirect6(skb, p);
-	if (ret < 0)
-		return drop(REASON_NODEPORT_NO_ROUTE, DIR_INGRESS, 0, p, 0, 0, 0);
-	return ret;
+	return nodeport_snat_family(skb, p, FAMILY_V6);
 }
 
-/* nodeport_reply6 is nodeport_reply for IPv6: a remote backend's reply
- * whose destination the NAT table just gave back (the client's, in p) gets
- * the frontend as its source and goes back out to the client. */
-__attribute__((noinline)) int nodeport_reply6(struct __sk_buff *skb, struct pkt *p)
+/* nodeport_reply_family is nodeport_reply and nodeport_reply6. */
+static __always_inline int nodeport_reply_family(struct __sk_buff *skb, struct pkt *p, const __u8 family)
 {
-	if (!skb || !p)
-		return TC_ACT_OK;
 	struct flow f;
 	flow_of(&f, p);
 	struct ct_entry *e = ct_find(&f, p);
@@ -207,10 +225,31 @@ __attribute__((noinline)) int nodeport_reply6(struct __sk_buff *skb, struct pkt 
 	if (r < 0)
 		return drop((__u8)-r, DIR_INGRESS, 0, p, 0, 0, 0);
 	count(REASON_NODEPORT_REPLY, DIR_EGRESS, p->len);
-	int ret = nodeport_redirect6(skb, p);
+	int ret = family == FAMILY_V6 ? nodeport_redirect6(skb, p) : nodeport_redirect(skb, p);
 	if (ret < 0)
 		return drop(REASON_NODEPORT_NO_ROUTE, DIR_INGRESS, 0, p, 0, 0, 0);
 	return ret;
+}
+
+/* nodeport_reply finishes a remote backend's reply whose destination the
+ * NAT table just gave back (the client's, in p): the frontend becomes
+ * its source (the conntrack entry's reverse NAT ID) and it goes back out
+ * to the client. A global function. */
+__attribute__((noinline)) int nodeport_reply(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return TC_ACT_OK;
+	return nodeport_reply_family(skb, p, FAMILY_V4);
+}
+
+/* nodeport_reply6 is nodeport_reply for IPv6: a remote backend's reply
+ * whose destination the NAT table just gave back (the client's, in p) gets
+ * the frontend as its source and goes back out to the client. */
+__attribute__((noinline)) int nodeport_reply6(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return TC_ACT_OK;
+	return nodeport_reply_family(skb, p, FAMILY_V6);
 }
 
 #endif

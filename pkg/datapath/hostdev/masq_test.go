@@ -378,74 +378,7 @@ func TestPrivilegedMasquerade(t *testing.T) {
 func TestPrivilegedMasqueradePorts(t *testing.T) {
 	const lo, hi = 62000, 62003
 	n := newMasqNode(t, lo, hi)
-	// A host socket on 62000.
-	ln, err := net.Listen("tcp", "172.30.0.11:62000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	// A live mapping of another pod flow on 62001 to the same destination.
-	other := maps.NATMapping{Proto: protoTCP, Pod: netip.MustParseAddr("10.244.0.9"), PodPort: 45000, Remote: world, RemotePort: 80,
-		Node: node, NodePort: 62001, Created: maps.MonotonicNow()}
-	if err := n.l.Maps().NAT.NATMap().Upsert(other); err != nil {
-		t.Fatal(err)
-	}
-	otherCT := maps.CTEntry{Proto: protoTCP, Src: other.Pod, SrcPort: other.PodPort, Dst: world, DstPort: 80, Expires: maps.MonotonicNow() + 60e9, Flags: maps.CTFlagSeenReply}
-	if err := n.l.Maps().CTMap().Upsert(otherCT); err != nil {
-		t.Fatal(err)
-	}
-	got := map[uint16]bool{}
-	for i := range 2 {
-		f := frame(pod, world, protoTCP, uint16(41000+i), 80, 0)
-		n.fromPod(f)
-		ret, out := n.egress(f)
-		if ret != 0 {
-			t.Fatalf("flow %d: verdict %d", i, ret)
-		}
-		src, _ := tuple(out)
-		if src.Port() == 62000 || src.Port() == 62001 || got[src.Port()] || !inRange(src.Port(), lo, hi) {
-			t.Fatalf("flow %d got port %d (taken: host socket 62000, mapping 62001, earlier %v)", i, src.Port(), got)
-		}
-		got[src.Port()] = true
-	}
-	// Another destination has its own ports.
-	f := frame(pod, world2, protoTCP, 41000, 80, 0)
-	n.fromPod(f)
-	if ret, _ := n.egress(f); ret != 0 {
-		t.Fatalf("flow to another destination: verdict %d", ret)
-	}
-	// Exhausted.
-	drops := n.metric(maps.ReasonMasqNoPort, maps.DirEgress)
-	full := frame(pod, world, protoTCP, 41009, 80, 0)
-	n.fromPod(full)
-	if ret, _ := n.egress(full); ret != 2 {
-		t.Fatalf("flow beyond the range: verdict %d, want a drop", ret)
-	}
-	if n.metric(maps.ReasonMasqNoPort, maps.DirEgress) != drops+1 {
-		t.Fatalf("exhaustion not counted under %q", maps.ReasonName(maps.ReasonMasqNoPort))
-	}
-	// The other flow ends: its port is free for the taking (its mapping
-	// is old enough once its conntrack entry is gone).
-	if err := n.l.Maps().CTMap().Delete(otherCT); err != nil {
-		t.Fatal(err)
-	}
-	other.Created = maps.MonotonicNow() - 3e9
-	if err := n.l.Maps().NAT.NATMap().Upsert(other); err != nil {
-		t.Fatal(err)
-	}
-	ret, out := n.egress(full)
-	if ret != 0 {
-		t.Fatalf("flow after a mapping's flow ended: verdict %d", ret)
-	}
-	if src, _ := tuple(out); src.Port() != 62001 {
-		t.Fatalf("flow got port %d, want the freed 62001", src.Port())
-	}
-	list, _ := n.l.Maps().NAT.NATMap().List()
-	for _, m := range list {
-		if m.Pod == other.Pod {
-			t.Fatalf("the taken-over mapping is still there: %+v", m)
-		}
-	}
+	checkMasqPorts(t, n, famV4)
 
 	// GC: the mapping of a flow whose conntrack entry is gone goes, with
 	// both halves; live ones stay.
@@ -483,20 +416,104 @@ func TestPrivilegedMasqueradePorts(t *testing.T) {
 // ports, one held by a dead mapping, a new flow gets the unused one, the
 // next takes the dead one over.
 func TestPrivilegedMasqueradePrefersFreshPorts(t *testing.T) {
-	n := newMasqNode(t, 63000, 63001)
-	dead := maps.NATMapping{Proto: protoTCP, Pod: netip.MustParseAddr("10.244.0.9"), PodPort: 45000, Remote: world, RemotePort: 80,
-		Node: node, NodePort: 63000, Created: maps.MonotonicNow() - 5e9}
+	checkMasqFreshPorts(t, newMasqNode(t, 63000, 63001), famV4)
+}
+
+// checkMasqPorts is TestPrivilegedMasqueradePorts' allocation, of family f,
+// on n with the range 62000-62003: a host socket and a live mapping's
+// ports are not given, then exhaustion, then a dead mapping's port taken
+// over. It returns the mappings left.
+func checkMasqPorts(t *testing.T, n *masqNode, f ipFamily) []maps.NATMapping {
+	t.Helper()
+	const lo, hi = 62000, 62003
+	// A host socket on 62000.
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(f.node, 62000).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	// A live mapping of another pod flow on 62001 to the same destination.
+	other := maps.NATMapping{Proto: protoTCP, Pod: f.otherPod, PodPort: 45000, Remote: f.world, RemotePort: 80,
+		Node: f.node, NodePort: 62001, Created: maps.MonotonicNow()}
+	if err := n.l.Maps().NAT.NATMap().Upsert(other); err != nil {
+		t.Fatal(err)
+	}
+	otherCT := maps.CTEntry{Proto: protoTCP, Src: other.Pod, SrcPort: other.PodPort, Dst: f.world, DstPort: 80, Expires: maps.MonotonicNow() + 60e9, Flags: maps.CTFlagSeenReply}
+	if err := n.l.Maps().CTMap().Upsert(otherCT); err != nil {
+		t.Fatal(err)
+	}
+	got := map[uint16]bool{}
+	for i := range 2 {
+		fr := f.frame(f.pod, f.world, protoTCP, uint16(41000+i), 80, 0)
+		n.fromPod(fr)
+		ret, out := n.egress(fr)
+		if ret != 0 {
+			t.Fatalf("flow %d: verdict %d", i, ret)
+		}
+		src, _ := f.tuple(out)
+		if src.Port() == 62000 || src.Port() == 62001 || got[src.Port()] || !inRange(src.Port(), lo, hi) {
+			t.Fatalf("flow %d got port %d (taken: host socket 62000, mapping 62001, earlier %v)", i, src.Port(), got)
+		}
+		got[src.Port()] = true
+	}
+	// Another destination has its own ports.
+	other2 := f.frame(f.pod, f.world2, protoTCP, 41000, 80, 0)
+	n.fromPod(other2)
+	if ret, _ := n.egress(other2); ret != 0 {
+		t.Fatalf("flow to another destination: verdict %d", ret)
+	}
+	// Exhausted.
+	drops := n.metric(maps.ReasonMasqNoPort, maps.DirEgress)
+	full := f.frame(f.pod, f.world, protoTCP, 41009, 80, 0)
+	n.fromPod(full)
+	if ret, _ := n.egress(full); ret != 2 {
+		t.Fatalf("flow beyond the range: verdict %d, want a drop", ret)
+	}
+	if n.metric(maps.ReasonMasqNoPort, maps.DirEgress) != drops+1 {
+		t.Fatalf("exhaustion not counted under %q", maps.ReasonName(maps.ReasonMasqNoPort))
+	}
+	// The other flow ends: its port is free for the taking (its mapping
+	// is old enough once its conntrack entry is gone).
+	if err := n.l.Maps().CTMap().Delete(otherCT); err != nil {
+		t.Fatal(err)
+	}
+	other.Created = maps.MonotonicNow() - 3e9
+	if err := n.l.Maps().NAT.NATMap().Upsert(other); err != nil {
+		t.Fatal(err)
+	}
+	ret, out := n.egress(full)
+	if ret != 0 {
+		t.Fatalf("flow after a mapping's flow ended: verdict %d", ret)
+	}
+	if src, _ := f.tuple(out); src.Port() != 62001 {
+		t.Fatalf("flow got port %d, want the freed 62001", src.Port())
+	}
+	list, _ := n.l.Maps().NAT.NATMap().List()
+	for _, m := range list {
+		if m.Pod == other.Pod {
+			t.Fatalf("the taken-over mapping is still there: %+v", m)
+		}
+	}
+	return list
+}
+
+// checkMasqFreshPorts is TestPrivilegedMasqueradePrefersFreshPorts of
+// family f, on n with the range 63000-63001.
+func checkMasqFreshPorts(t *testing.T, n *masqNode, f ipFamily) {
+	t.Helper()
+	dead := maps.NATMapping{Proto: protoTCP, Pod: f.otherPod, PodPort: 45000, Remote: f.world, RemotePort: 80,
+		Node: f.node, NodePort: 63000, Created: maps.MonotonicNow() - 5e9}
 	if err := n.l.Maps().NAT.NATMap().Upsert(dead); err != nil {
 		t.Fatal(err)
 	}
 	for i, want := range []uint16{63001, 63000} {
-		f := frame(pod, world, protoTCP, uint16(42000+i), 80, 0)
-		n.fromPod(f)
-		ret, out := n.egress(f)
+		fr := f.frame(f.pod, f.world, protoTCP, uint16(42000+i), 80, 0)
+		n.fromPod(fr)
+		ret, out := n.egress(fr)
 		if ret != 0 {
 			t.Fatalf("flow %d: verdict %d", i, ret)
 		}
-		if src, _ := tuple(out); src.Port() != want {
+		if src, _ := f.tuple(out); src.Port() != want {
 			t.Fatalf("flow %d got port %d, want %d", i, src.Port(), want)
 		}
 	}
@@ -505,7 +522,7 @@ func TestPrivilegedMasqueradePrefersFreshPorts(t *testing.T) {
 		t.Fatalf("%d mappings, want the two new ones: %+v", len(list), list)
 	}
 	for _, m := range list {
-		if m.Pod != pod || m.Orphan {
+		if m.Pod != f.pod || m.Orphan {
 			t.Fatalf("mapping %+v: the dead one (or half of it) is left", m)
 		}
 	}

@@ -133,8 +133,7 @@ func (m *Masquerade) Start(ctx context.Context) error {
 		// Nothing to attach to: loading the programs would cost their
 		// verification (30–40 ms of the agent's start) for no device.
 		// What an earlier run attached elsewhere is removed all the same.
-		m.dropOtherDevices(nat, nil)
-		if err := errors.Join(detachPinned(m.root, m.log), removeFilters(nil, nil, m.log)); err != nil {
+		if err := m.disable(nat); err != nil {
 			m.log.Warn("Cannot detach the host programs from former devices", "error", err)
 		}
 		m.log.Info("Host device programs not loaded: no device", "masquerade", m.cfg.EnableMasquerade, "node-port", m.cfg.EnableNodePort)
@@ -414,7 +413,7 @@ func detachPinned(root string, log *slog.Logger) error {
 			errs = append(errs, err)
 			continue
 		}
-		log.Info("Masquerade off: detached the host programs of a previous run", "attachment", e.Name())
+		log.Info("Detached the host programs of a previous run (host programs off, or no device)", "attachment", e.Name())
 	}
 	return errors.Join(errs...)
 }

@@ -97,35 +97,7 @@ func checkSums6(t *testing.T, what string, f []byte) {
 // ID; the pod's reply leaving the uplink gets the node port as source
 // instead of masquerade.
 func TestPrivilegedNodePortIPv6LocalBackend(t *testing.T) {
-	n := newNodePort6Node(t)
-	for i := range 2 {
-		ret, out := n.ingress(frame6(client6, node6, protoTCP, 40000, npLocal, 0))
-		if ret != 0 {
-			t.Fatalf("packet %d: verdict %d, want pass to the host", i, ret)
-		}
-		checkSums6(t, "to the pod", out)
-		if src, dst := tuple6(out); src != ap(client6, 40000) || dst != ap(pod6, backendPort) {
-			t.Fatalf("packet %d: %s -> %s, want %s -> %s", i, src, dst, ap(client6, 40000), ap(pod6, backendPort))
-		}
-	}
-	e, ok, err := n.l.Maps().CTMap().Lookup(maps.CTEntry{Proto: protoTCP, Src: client6, SrcPort: 40000, Dst: pod6, DstPort: backendPort})
-	if err != nil || !ok || e.RevNAT != 11 {
-		t.Fatalf("conntrack of client <-> pod: %+v found %v (%v), want reverse NAT ID 11", e, ok, err)
-	}
-	ret, out := n.egress(frame6(pod6, client6, protoTCP, backendPort, 40000, 0))
-	if ret != 0 {
-		t.Fatalf("reply: verdict %d", ret)
-	}
-	checkSums6(t, "reply", out)
-	if src, dst := tuple6(out); src != ap(node6, npLocal) || dst != ap(client6, 40000) {
-		t.Fatalf("reply leaves as %s -> %s, want %s -> %s", src, dst, ap(node6, npLocal), ap(client6, 40000))
-	}
-	if list, _ := n.l.Maps().NAT.NATMap().List(); len(list) != 0 {
-		t.Fatalf("NAT mappings %+v, want none (the reply is not masqueraded)", list)
-	}
-	if got := n.metric(maps.ReasonNodeport, maps.DirIngress); got != 2 {
-		t.Fatalf("translated packets %d, want 2", got)
-	}
+	checkNodePortLocalBackend(t, newNodePort6Node(t), famV6)
 }
 
 // TestPrivilegedNodePortIPv6RemoteBackend: to a backend on another node
@@ -134,90 +106,21 @@ func TestPrivilegedNodePortIPv6LocalBackend(t *testing.T) {
 // gets the client as destination and the node port as source; TCP and
 // UDP; the mappings are in the IPv6 NAT table flagged as the service's.
 func TestPrivilegedNodePortIPv6RemoteBackend(t *testing.T) {
-	n := newNodePort6Node(t)
-	for _, proto := range []uint8{protoTCP, protoUDP} {
-		var port uint16
-		for i := range 2 {
-			ret, out := n.ingress(frame6(client6, node6, proto, 40000, npRemote, 0))
-			if ret != 7 { // TC_ACT_REDIRECT
-				t.Fatalf("proto %d packet %d: verdict %d, want redirect", proto, i, ret)
-			}
-			checkSums6(t, "to the peer", out)
-			src, dst := tuple6(out)
-			if src.Addr() != node6 || !inRange(src.Port(), 61000, 61009) || dst != ap(peerPod6, backendPort) {
-				t.Fatalf("proto %d: %s -> %s, want %s:61000-61009 -> %s", proto, src, dst, node6, ap(peerPod6, backendPort))
-			}
-			if i == 1 && src.Port() != port {
-				t.Fatalf("proto %d: second packet port %d, first %d", proto, src.Port(), port)
-			}
-			port = src.Port()
-			if !bytes.Equal(out[0:6], peerMAC) {
-				t.Fatalf("proto %d: destination MAC %x, want the peer's %s", proto, out[0:6], peerMAC)
-			}
-		}
-		ret, out := n.ingress(frame6(peerPod6, node6, proto, backendPort, port, 0))
-		if ret != 7 {
-			t.Fatalf("proto %d reply: verdict %d, want redirect", proto, ret)
-		}
-		checkSums6(t, "reply to the client", out)
-		if src, dst := tuple6(out); src != ap(node6, npRemote) || dst != ap(client6, 40000) {
-			t.Fatalf("proto %d reply: %s -> %s, want %s -> %s", proto, src, dst, ap(node6, npRemote), ap(client6, 40000))
-		}
-	}
-	list, err := n.l.Maps().NAT.NATMap().List()
-	if err != nil || len(list) != 2 {
-		t.Fatalf("NAT mappings %+v (%v), want one per protocol", list, err)
-	}
-	for _, m := range list {
-		if m.Pod != client6 || m.Remote != peerPod6 || m.Node != node6 || m.Orphan || !m.Service {
-			t.Fatalf("mapping %+v: want a service mapping client -> peer pod through the node", m)
-		}
-	}
-	if got := n.metric(maps.ReasonNodeportReply, maps.DirEgress); got != 2 {
-		t.Fatalf("replies translated %d, want 2", got)
-	}
+	checkNodePortRemoteBackend(t, newNodePort6Node(t), famV6)
 }
 
 // TestPrivilegedNodePortIPv6ExternalLocal: externalTrafficPolicy Local
 // sends IPv6 clients only to this node's backend, source kept; a node
 // without one drops them with their reason.
 func TestPrivilegedNodePortIPv6ExternalLocal(t *testing.T) {
-	n := newNodePort6Node(t)
-	for i := range 20 {
-		ret, out := n.ingress(frame6(client6, node6, protoTCP, uint16(41000+i), npETPLocal, 0))
-		if ret != 0 {
-			t.Fatalf("flow %d: verdict %d", i, ret)
-		}
-		if src, dst := tuple6(out); src != ap(client6, uint16(41000+i)) || dst != ap(pod6, backendPort) {
-			t.Fatalf("flow %d: %s -> %s, want the local pod with the client's source", i, src, dst)
-		}
-	}
-	if ret, _ := n.ingress(frame6(client6, node6, protoTCP, 42000, npETPNone, 0)); ret != 2 {
-		t.Fatalf("no local backend: verdict %d, want drop", ret)
-	}
-	if got := n.metric(maps.ReasonSvcNoLocalBackend, maps.DirIngress); got != 1 {
-		t.Fatalf("drops for no local backend %d, want 1", got)
-	}
+	checkNodePortExternalLocal(t, newNodePort6Node(t), famV6)
 }
 
 // TestPrivilegedNodePortIPv6SourceRanges: an IPv6 load-balancer address
 // with source ranges admits a client inside them and drops one outside
 // with its reason.
 func TestPrivilegedNodePortIPv6SourceRanges(t *testing.T) {
-	n := newNodePort6Node(t)
-	ret, out := n.ingress(frame6(client6, lb6Addr, protoTCP, 43000, 80, 0))
-	if ret != 0 {
-		t.Fatalf("client in range: verdict %d", ret)
-	}
-	if _, dst := tuple6(out); dst != ap(pod6, backendPort) {
-		t.Fatalf("client in range went to %s", dst)
-	}
-	if ret, _ := n.ingress(frame6(client6b, lb6Addr, protoTCP, 43000, 80, 0)); ret != 2 {
-		t.Fatalf("client outside the ranges: verdict %d, want drop", ret)
-	}
-	if got := n.metric(maps.ReasonSourceRangeDenied, maps.DirIngress); got != 1 {
-		t.Fatalf("source range drops %d, want 1", got)
-	}
+	checkNodePortSourceRanges(t, newNodePort6Node(t), famV6)
 }
 
 // icmpError6 builds an ICMPv6 error of type typ (1 unreachable, 2 packet
@@ -264,6 +167,24 @@ func outer4(f []byte) (netip.Addr, netip.Addr) {
 	return netip.AddrFrom4([4]byte(f[26:30])), netip.AddrFrom4([4]byte(f[30:34]))
 }
 
+// checkICMPError checks an ICMP or ICMPv6 error frame (the family of
+// src): its outer addresses src -> dst, the tuple it quotes qs -> qd, and
+// its checksums.
+func checkICMPError(t *testing.T, what string, f []byte, src, dst netip.Addr, qs, qd netip.AddrPort) {
+	t.Helper()
+	outer, quoted, sums := outer4, quoted4, checkICMP4
+	if src.Is6() {
+		outer, quoted, sums = outer6, quoted6, checkSums6
+	}
+	if s, d := outer(f); s != src || d != dst {
+		t.Fatalf("%s: %s -> %s, want %s -> %s", what, s, d, src, dst)
+	}
+	if s, d := quoted(f); s != qs || d != qd {
+		t.Fatalf("%s: quotes %s -> %s, want %s -> %s", what, s, d, qs, qd)
+	}
+	sums(t, what, f)
+}
+
 // checkICMP4 checks an ICMP error frame's checksums: the outer and quoted
 // IPv4 headers' and the ICMP message's.
 func checkICMP4(t *testing.T, what string, f []byte) {
@@ -284,18 +205,11 @@ func TestPrivilegedMasqueradeICMPv6Errors(t *testing.T) {
 	out := frame6(pod6, world6, protoUDP, 40001, 53, 0)
 	n.fromPod(out)
 	_, left := n.egress(out)
-	leftSrc, _ := tuple6(left)
 	ret, got := n.ingress(icmpError6(router6, node6, 2, left))
 	if ret != 0 {
 		t.Fatalf("verdict %d", ret)
 	}
-	if src, dst := outer6(got); src != router6 || dst != pod6 {
-		t.Fatalf("error %s -> %s, want %s -> the pod %s", src, dst, router6, pod6)
-	}
-	if qs, qd := quoted6(got); qs != ap(pod6, 40001) || qd != ap(world6, 53) {
-		t.Fatalf("error quotes %s -> %s, want %s -> %s (it left as %s)", qs, qd, ap(pod6, 40001), ap(world6, 53), leftSrc)
-	}
-	checkSums6(t, "ICMPv6 error", got)
+	checkICMPError(t, "ICMPv6 error", got, router6, pod6, ap(pod6, 40001), ap(world6, 53))
 	if got := n.metric(maps.ReasonMasqReply, maps.DirIngress); got != 1 {
 		t.Fatalf("masquerade replies counted %d, want 1", got)
 	}
@@ -326,13 +240,7 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 7 {
 		t.Fatalf("IPv4 error about the remote backend's flow: verdict %d, want redirect to the client", ret)
 	}
-	if src, dst := outer4(got); src != node || dst != client {
-		t.Fatalf("IPv4 error %s -> %s, want the frontend %s -> the client %s", src, dst, node, client)
-	}
-	if qs, qd := quoted4(got); qs != ap(client, 40000) || qd != ap(node, npRemote) {
-		t.Fatalf("IPv4 error quotes %s -> %s, want %s -> %s", qs, qd, ap(client, 40000), ap(node, npRemote))
-	}
-	checkICMP4(t, "IPv4 error to the client", got)
+	checkICMPError(t, "IPv4 error to the client", got, node, client, ap(client, 40000), ap(node, npRemote))
 
 	// IPv4, the remote backend's reply (sent to the client from the node
 	// port): a router on the client's path says it does not fit; the
@@ -346,16 +254,10 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 7 {
 		t.Fatalf("IPv4 error about the remote backend's reply: verdict %d, want redirect to the backend", ret)
 	}
-	if src, dst := outer4(got); src != node || dst != peerPod {
-		t.Fatalf("IPv4 error %s -> %s, want the node %s -> the backend %s", src, dst, node, peerPod)
-	}
-	if qs, qd := quoted4(got); qs != ap(peerPod, backendPort) || qd != fwdSrc {
-		t.Fatalf("IPv4 error quotes %s -> %s, want %s -> %s", qs, qd, ap(peerPod, backendPort), fwdSrc)
-	}
+	checkICMPError(t, "IPv4 error to the remote backend", got, node, peerPod, ap(peerPod, backendPort), fwdSrc)
 	if !bytes.Equal(got[0:6], peerMAC) {
 		t.Fatalf("IPv4 error to the backend: destination MAC %x, want the peer's %s", got[0:6], peerMAC)
 	}
-	checkICMP4(t, "IPv4 error to the remote backend", got)
 
 	// IPv4, local backend: a router on the client's path says its reply
 	// does not fit.
@@ -368,13 +270,7 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 0 {
 		t.Fatalf("IPv4 error about the local backend's reply: verdict %d", ret)
 	}
-	if src, dst := outer4(got); src != router || dst != pod {
-		t.Fatalf("IPv4 error %s -> %s, want %s -> the pod %s", src, dst, router, pod)
-	}
-	if qs, qd := quoted4(got); qs != ap(pod, backendPort) || qd != ap(client, 40001) {
-		t.Fatalf("IPv4 error quotes %s -> %s, want %s -> %s", qs, qd, ap(pod, backendPort), ap(client, 40001))
-	}
-	checkICMP4(t, "IPv4 error to the pod", got)
+	checkICMPError(t, "IPv4 error to the pod", got, router, pod, ap(pod, backendPort), ap(client, 40001))
 
 	// IPv6, remote backend.
 	ret, fwd = n.ingress(frame6(client6, node6, protoUDP, 40000, npRemote, 0))
@@ -385,13 +281,7 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 7 {
 		t.Fatalf("IPv6 error about the remote backend's flow: verdict %d, want redirect to the client", ret)
 	}
-	if src, dst := outer6(got); src != node6 || dst != client6 {
-		t.Fatalf("IPv6 error %s -> %s, want the frontend %s -> the client %s", src, dst, node6, client6)
-	}
-	if qs, qd := quoted6(got); qs != ap(client6, 40000) || qd != ap(node6, npRemote) {
-		t.Fatalf("IPv6 error quotes %s -> %s, want %s -> %s", qs, qd, ap(client6, 40000), ap(node6, npRemote))
-	}
-	checkSums6(t, "IPv6 error to the client", got)
+	checkICMPError(t, "IPv6 error to the client", got, node6, client6, ap(client6, 40000), ap(node6, npRemote))
 
 	// IPv6, the remote backend's reply: packet too big.
 	fwdSrc6, _ := tuple6(fwd)
@@ -403,13 +293,7 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 7 {
 		t.Fatalf("IPv6 error about the remote backend's reply: verdict %d, want redirect to the backend", ret)
 	}
-	if src, dst := outer6(got); src != node6 || dst != peerPod6 {
-		t.Fatalf("IPv6 error %s -> %s, want the node %s -> the backend %s", src, dst, node6, peerPod6)
-	}
-	if qs, qd := quoted6(got); qs != ap(peerPod6, backendPort) || qd != fwdSrc6 {
-		t.Fatalf("IPv6 error quotes %s -> %s, want %s -> %s", qs, qd, ap(peerPod6, backendPort), fwdSrc6)
-	}
-	checkSums6(t, "IPv6 error to the remote backend", got)
+	checkICMPError(t, "IPv6 error to the remote backend", got, node6, peerPod6, ap(peerPod6, backendPort), fwdSrc6)
 
 	// IPv6, local backend: packet too big.
 	n.ingress(frame6(client6, node6, protoTCP, 40001, npLocal, 0))
@@ -421,13 +305,7 @@ func TestPrivilegedNodePortICMPErrors(t *testing.T) {
 	if ret != 0 {
 		t.Fatalf("IPv6 error about the local backend's reply: verdict %d", ret)
 	}
-	if src, dst := outer6(got); src != router6 || dst != pod6 {
-		t.Fatalf("IPv6 error %s -> %s, want %s -> the pod %s", src, dst, router6, pod6)
-	}
-	if qs, qd := quoted6(got); qs != ap(pod6, backendPort) || qd != ap(client6, 40001) {
-		t.Fatalf("IPv6 error quotes %s -> %s, want %s -> %s", qs, qd, ap(pod6, backendPort), ap(client6, 40001))
-	}
-	checkSums6(t, "IPv6 error to the pod", got)
+	checkICMPError(t, "IPv6 error to the pod", got, router6, pod6, ap(pod6, backendPort), ap(client6, 40001))
 
 	if got := n.metric(maps.ReasonNodeportICMPError, maps.DirIngress); got != 6 {
 		t.Fatalf("service ICMP errors counted %d, want 6", got)
@@ -454,13 +332,7 @@ func TestPrivilegedNodePortBackendICMPErrors(t *testing.T) {
 	if ret != 0 {
 		t.Fatalf("IPv4 error from the backend: verdict %d", ret)
 	}
-	if src, dst := outer4(got); src != node || dst != client {
-		t.Fatalf("IPv4 error %s -> %s, want the frontend %s -> %s", src, dst, node, client)
-	}
-	if qs, qd := quoted4(got); qs != ap(client, 40002) || qd != ap(node, npLocal) {
-		t.Fatalf("IPv4 error quotes %s -> %s, want %s -> %s", qs, qd, ap(client, 40002), ap(node, npLocal))
-	}
-	checkICMP4(t, "IPv4 error from the backend", got)
+	checkICMPError(t, "IPv4 error from the backend", got, node, client, ap(client, 40002), ap(node, npLocal))
 
 	ret, in = n.ingress(frame6(client6, node6, protoTCP, 40002, npLocal, 0))
 	if ret != 0 {
@@ -470,13 +342,7 @@ func TestPrivilegedNodePortBackendICMPErrors(t *testing.T) {
 	if ret != 0 {
 		t.Fatalf("IPv6 error from the backend: verdict %d", ret)
 	}
-	if src, dst := outer6(got); src != node6 || dst != client6 {
-		t.Fatalf("IPv6 error %s -> %s, want the frontend %s -> %s", src, dst, node6, client6)
-	}
-	if qs, qd := quoted6(got); qs != ap(client6, 40002) || qd != ap(node6, npLocal) {
-		t.Fatalf("IPv6 error quotes %s -> %s, want %s -> %s", qs, qd, ap(client6, 40002), ap(node6, npLocal))
-	}
-	checkSums6(t, "IPv6 error from the backend", got)
+	checkICMPError(t, "IPv6 error from the backend", got, node6, client6, ap(client6, 40002), ap(node6, npLocal))
 	if got := n.metric(maps.ReasonNodeportICMPError, maps.DirEgress); got != 2 {
 		t.Fatalf("backend ICMP errors counted %d, want 2", got)
 	}

@@ -93,34 +93,55 @@ func newNodePortNode(t testing.TB) *masqNode {
 
 func ap(a netip.Addr, p uint16) netip.AddrPort { return netip.AddrPortFrom(a, p) }
 
-// TestPrivilegedNodePortLocalBackend: a client's packet to a node port
-// whose backend is on this node is DNATed to the pod, its source kept
-// (the pod's policy sees the client), passed to the host to route; the
-// flow's conntrack entry carries the reverse NAT ID, and the pod's reply
-// leaving the uplink gets the node port as source instead of masquerade.
-func TestPrivilegedNodePortLocalBackend(t *testing.T) {
-	n := newNodePortNode(t)
+// ipFamily is one address family's frames and addresses in the host
+// programs' tests: the IPv4 and IPv6 tests check the same things through
+// it.
+type ipFamily struct {
+	frame     func(src, dst netip.Addr, proto uint8, sport, dport uint16, icmpType uint8) []byte
+	tuple     func(f []byte) (netip.AddrPort, netip.AddrPort)
+	checkSums func(t *testing.T, what string, f []byte)
+	// client2 is outside the load-balancer address lb's source ranges.
+	client, client2, node, pod, peerPod, lb netip.Addr
+	// world and world2 are masquerade's destinations; otherPod a pod
+	// whose mappings a test writes itself.
+	world, world2, otherPod netip.Addr
+	// revNAT is the reverse NAT ID of the node port npLocal.
+	revNAT uint32
+}
+
+var (
+	famV4 = ipFamily{frame: frame, tuple: tuple, checkSums: checkSums,
+		client: client, client2: client2, node: node, pod: pod, peerPod: peerPod, lb: lbAddr,
+		world: world, world2: world2, otherPod: netip.MustParseAddr("10.244.0.9"), revNAT: 1}
+	famV6 = ipFamily{frame: frame6, tuple: tuple6, checkSums: checkSums6,
+		client: client6, client2: client6b, node: node6, pod: pod6, peerPod: peerPod6, lb: lb6Addr,
+		world: world6, world2: world6b, otherPod: netip.MustParseAddr("fd00:10::9"), revNAT: 11}
+)
+
+// checkNodePortLocalBackend is TestPrivilegedNodePortLocalBackend of family f, on n.
+func checkNodePortLocalBackend(t *testing.T, n *masqNode, f ipFamily) {
+	t.Helper()
 	for i := range 2 { // the flow's first packet, then a known one
-		ret, out := n.ingress(frame(client, node, protoTCP, 40000, npLocal, 0))
+		ret, out := n.ingress(f.frame(f.client, f.node, protoTCP, 40000, npLocal, 0))
 		if ret != 0 {
 			t.Fatalf("packet %d: verdict %d, want pass to the host", i, ret)
 		}
-		checkSums(t, "to the pod", out)
-		if src, dst := tuple(out); src != ap(client, 40000) || dst != ap(pod, backendPort) {
-			t.Fatalf("packet %d: %s -> %s, want %s -> %s", i, src, dst, ap(client, 40000), ap(pod, backendPort))
+		f.checkSums(t, "to the pod", out)
+		if src, dst := f.tuple(out); src != ap(f.client, 40000) || dst != ap(f.pod, backendPort) {
+			t.Fatalf("packet %d: %s -> %s, want %s -> %s", i, src, dst, ap(f.client, 40000), ap(f.pod, backendPort))
 		}
 	}
-	e, ok, err := n.l.Maps().CTMap().Lookup(maps.CTEntry{Proto: protoTCP, Src: client, SrcPort: 40000, Dst: pod, DstPort: backendPort})
-	if err != nil || !ok || e.RevNAT != 1 {
-		t.Fatalf("conntrack of client <-> pod: %+v found %v (%v), want reverse NAT ID 1", e, ok, err)
+	e, ok, err := n.l.Maps().CTMap().Lookup(maps.CTEntry{Proto: protoTCP, Src: f.client, SrcPort: 40000, Dst: f.pod, DstPort: backendPort})
+	if err != nil || !ok || e.RevNAT != f.revNAT {
+		t.Fatalf("conntrack of client <-> pod: %+v found %v (%v), want reverse NAT ID %d", e, ok, err, f.revNAT)
 	}
-	ret, out := n.egress(frame(pod, client, protoTCP, backendPort, 40000, 0))
+	ret, out := n.egress(f.frame(f.pod, f.client, protoTCP, backendPort, 40000, 0))
 	if ret != 0 {
 		t.Fatalf("reply: verdict %d", ret)
 	}
-	checkSums(t, "reply", out)
-	if src, dst := tuple(out); src != ap(node, npLocal) || dst != ap(client, 40000) {
-		t.Fatalf("reply leaves as %s -> %s, want %s -> %s", src, dst, ap(node, npLocal), ap(client, 40000))
+	f.checkSums(t, "reply", out)
+	if src, dst := f.tuple(out); src != ap(f.node, npLocal) || dst != ap(f.client, 40000) {
+		t.Fatalf("reply leaves as %s -> %s, want %s -> %s", src, dst, ap(f.node, npLocal), ap(f.client, 40000))
 	}
 	if list, _ := n.l.Maps().NAT.NATMap().List(); len(list) != 0 {
 		t.Fatalf("NAT mappings %+v, want none (the reply is not masqueraded)", list)
@@ -128,6 +149,101 @@ func TestPrivilegedNodePortLocalBackend(t *testing.T) {
 	if got := n.metric(maps.ReasonNodeport, maps.DirIngress); got != 2 {
 		t.Fatalf("translated packets %d, want 2", got)
 	}
+}
+
+// checkNodePortRemoteBackend is TestPrivilegedNodePortRemoteBackend of family f, on n.
+func checkNodePortRemoteBackend(t *testing.T, n *masqNode, f ipFamily) {
+	t.Helper()
+	for _, proto := range []uint8{protoTCP, protoUDP} {
+		var port uint16
+		for i := range 2 {
+			ret, out := n.ingress(f.frame(f.client, f.node, proto, 40000, npRemote, 0))
+			if ret != 7 { // TC_ACT_REDIRECT
+				t.Fatalf("proto %d packet %d: verdict %d, want redirect", proto, i, ret)
+			}
+			f.checkSums(t, "to the peer", out)
+			src, dst := f.tuple(out)
+			if src.Addr() != f.node || !inRange(src.Port(), 61000, 61009) || dst != ap(f.peerPod, backendPort) {
+				t.Fatalf("proto %d: %s -> %s, want %s:61000-61009 -> %s", proto, src, dst, f.node, ap(f.peerPod, backendPort))
+			}
+			if i == 1 && src.Port() != port {
+				t.Fatalf("proto %d: second packet port %d, first %d", proto, src.Port(), port)
+			}
+			port = src.Port()
+			if !bytes.Equal(out[0:6], peerMAC) {
+				t.Fatalf("proto %d: destination MAC %x, want the peer's %s", proto, out[0:6], peerMAC)
+			}
+		}
+		ret, out := n.ingress(f.frame(f.peerPod, f.node, proto, backendPort, port, 0))
+		if ret != 7 {
+			t.Fatalf("proto %d reply: verdict %d, want redirect", proto, ret)
+		}
+		f.checkSums(t, "reply to the client", out)
+		if src, dst := f.tuple(out); src != ap(f.node, npRemote) || dst != ap(f.client, 40000) {
+			t.Fatalf("proto %d reply: %s -> %s, want %s -> %s", proto, src, dst, ap(f.node, npRemote), ap(f.client, 40000))
+		}
+	}
+	list, err := n.l.Maps().NAT.NATMap().List()
+	if err != nil || len(list) != 2 {
+		t.Fatalf("NAT mappings %+v (%v), want one per protocol", list, err)
+	}
+	for _, m := range list {
+		if m.Pod != f.client || m.Remote != f.peerPod || m.Node != f.node || m.Orphan || !m.Service {
+			t.Fatalf("mapping %+v: want a service mapping client -> peer pod through the node", m)
+		}
+	}
+	if got := n.metric(maps.ReasonNodeportReply, maps.DirEgress); got != 2 {
+		t.Fatalf("replies translated %d, want 2", got)
+	}
+}
+
+// checkNodePortExternalLocal is TestPrivilegedNodePortExternalLocal of family f, on n.
+func checkNodePortExternalLocal(t *testing.T, n *masqNode, f ipFamily) {
+	t.Helper()
+	for i := range 20 {
+		ret, out := n.ingress(f.frame(f.client, f.node, protoTCP, uint16(41000+i), npETPLocal, 0))
+		if ret != 0 {
+			t.Fatalf("flow %d: verdict %d", i, ret)
+		}
+		if src, dst := f.tuple(out); src != ap(f.client, uint16(41000+i)) || dst != ap(f.pod, backendPort) {
+			t.Fatalf("flow %d: %s -> %s, want the local pod with the client's source", i, src, dst)
+		}
+	}
+	ret, _ := n.ingress(f.frame(f.client, f.node, protoTCP, 42000, npETPNone, 0))
+	if ret != 2 {
+		t.Fatalf("no local backend: verdict %d, want drop", ret)
+	}
+	if got := n.metric(maps.ReasonSvcNoLocalBackend, maps.DirIngress); got != 1 {
+		t.Fatalf("drops for no local backend %d, want 1", got)
+	}
+}
+
+// checkNodePortSourceRanges is TestPrivilegedNodePortSourceRanges of family f, on n.
+func checkNodePortSourceRanges(t *testing.T, n *masqNode, f ipFamily) {
+	t.Helper()
+	ret, out := n.ingress(f.frame(f.client, f.lb, protoTCP, 43000, 80, 0))
+	if ret != 0 {
+		t.Fatalf("client in range: verdict %d", ret)
+	}
+	if _, dst := f.tuple(out); dst != ap(f.pod, backendPort) {
+		t.Fatalf("client in range went to %s", dst)
+	}
+	if ret, _ := n.ingress(f.frame(f.client2, f.lb, protoTCP, 43000, 80, 0)); ret != 2 {
+		t.Fatalf("client outside the ranges: verdict %d, want drop", ret)
+	}
+	if got := n.metric(maps.ReasonSourceRangeDenied, maps.DirIngress); got != 1 {
+		t.Fatalf("source range drops %d, want 1", got)
+	}
+}
+
+// TestPrivilegedNodePortLocalBackend: a client's packet to a node port
+// whose backend is on this node is DNATed to the pod, its source kept
+// (the pod's policy sees the client), passed to the host to route; the
+// flow's conntrack entry carries the reverse NAT ID, and the pod's reply
+// leaving the uplink gets the node port as source instead of masquerade.
+func TestPrivilegedNodePortLocalBackend(t *testing.T) {
+	n := newNodePortNode(t)
+	checkNodePortLocalBackend(t, n, famV4)
 	// A cluster IP is not reachable from outside: untouched.
 	f := frame(client, clusterIP, protoTCP, 40001, 80, 0)
 	if ret, out := n.ingress(f); ret != 0 || !bytes.Equal(out[:len(f)], f) {
@@ -142,47 +258,7 @@ func TestPrivilegedNodePortLocalBackend(t *testing.T) {
 // source and is sent back out; TCP and UDP.
 func TestPrivilegedNodePortRemoteBackend(t *testing.T) {
 	n := newNodePortNode(t)
-	for _, proto := range []uint8{protoTCP, protoUDP} {
-		var port uint16
-		for i := range 2 {
-			ret, out := n.ingress(frame(client, node, proto, 40000, npRemote, 0))
-			if ret != 7 { // TC_ACT_REDIRECT
-				t.Fatalf("proto %d packet %d: verdict %d, want redirect", proto, i, ret)
-			}
-			checkSums(t, "to the peer", out)
-			src, dst := tuple(out)
-			if src.Addr() != node || !inRange(src.Port(), 61000, 61009) || dst != ap(peerPod, backendPort) {
-				t.Fatalf("proto %d: %s -> %s, want %s:61000-61009 -> %s", proto, src, dst, node, ap(peerPod, backendPort))
-			}
-			if i == 1 && src.Port() != port {
-				t.Fatalf("proto %d: second packet port %d, first %d", proto, src.Port(), port)
-			}
-			port = src.Port()
-			if !bytes.Equal(out[0:6], peerMAC) {
-				t.Fatalf("proto %d: destination MAC %x, want the peer's %s", proto, out[0:6], peerMAC)
-			}
-		}
-		ret, out := n.ingress(frame(peerPod, node, proto, backendPort, port, 0))
-		if ret != 7 {
-			t.Fatalf("proto %d reply: verdict %d, want redirect", proto, ret)
-		}
-		checkSums(t, "reply to the client", out)
-		if src, dst := tuple(out); src != ap(node, npRemote) || dst != ap(client, 40000) {
-			t.Fatalf("proto %d reply: %s -> %s, want %s -> %s", proto, src, dst, ap(node, npRemote), ap(client, 40000))
-		}
-	}
-	list, err := n.l.Maps().NAT.NATMap().List()
-	if err != nil || len(list) != 2 {
-		t.Fatalf("NAT mappings %+v (%v), want one per protocol", list, err)
-	}
-	for _, m := range list {
-		if m.Pod != client || m.Remote != peerPod || m.Node != node || m.Orphan || !m.Service {
-			t.Fatalf("mapping %+v: want a service mapping client -> peer pod through the node", m)
-		}
-	}
-	if got := n.metric(maps.ReasonNodeportReply, maps.DirEgress); got != 2 {
-		t.Fatalf("replies translated %d, want 2", got)
-	}
+	checkNodePortRemoteBackend(t, n, famV4)
 }
 
 // TestPrivilegedNodePortExternalLocal: externalTrafficPolicy Local sends
@@ -191,22 +267,7 @@ func TestPrivilegedNodePortRemoteBackend(t *testing.T) {
 // reason.
 func TestPrivilegedNodePortExternalLocal(t *testing.T) {
 	n := newNodePortNode(t)
-	for i := range 20 {
-		ret, out := n.ingress(frame(client, node, protoTCP, uint16(41000+i), npETPLocal, 0))
-		if ret != 0 {
-			t.Fatalf("flow %d: verdict %d", i, ret)
-		}
-		if src, dst := tuple(out); src != ap(client, uint16(41000+i)) || dst != ap(pod, backendPort) {
-			t.Fatalf("flow %d: %s -> %s, want the local pod with the client's source", i, src, dst)
-		}
-	}
-	ret, _ := n.ingress(frame(client, node, protoTCP, 42000, npETPNone, 0))
-	if ret != 2 {
-		t.Fatalf("no local backend: verdict %d, want drop", ret)
-	}
-	if got := n.metric(maps.ReasonSvcNoLocalBackend, maps.DirIngress); got != 1 {
-		t.Fatalf("drops for no local backend %d, want 1", got)
-	}
+	checkNodePortExternalLocal(t, n, famV4)
 }
 
 // TestPrivilegedNodePortSourceRanges: a load-balancer address with
@@ -214,19 +275,7 @@ func TestPrivilegedNodePortExternalLocal(t *testing.T) {
 // reason.
 func TestPrivilegedNodePortSourceRanges(t *testing.T) {
 	n := newNodePortNode(t)
-	ret, out := n.ingress(frame(client, lbAddr, protoTCP, 43000, 80, 0))
-	if ret != 0 {
-		t.Fatalf("client in range: verdict %d", ret)
-	}
-	if _, dst := tuple(out); dst != ap(pod, backendPort) {
-		t.Fatalf("client in range went to %s", dst)
-	}
-	if ret, _ := n.ingress(frame(client2, lbAddr, protoTCP, 43000, 80, 0)); ret != 2 {
-		t.Fatalf("client outside the ranges: verdict %d, want drop", ret)
-	}
-	if got := n.metric(maps.ReasonSourceRangeDenied, maps.DirIngress); got != 1 {
-		t.Fatalf("source range drops %d, want 1", got)
-	}
+	checkNodePortSourceRanges(t, n, famV4)
 }
 
 // TestPrivilegedNodePortWithoutMasquerade: with --enable-masquerade=false

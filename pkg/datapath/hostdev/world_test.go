@@ -209,19 +209,7 @@ func TestPrivilegedNodePortIPv6World(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = fmt.Fprintf(c, "%s\n", c.RemoteAddr())
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
+	go serveWhoEcho(ln)
 
 	// The remote backend, in the world: says whom it sees, then echoes.
 	var rln net.Listener
@@ -232,19 +220,7 @@ func TestPrivilegedNodePortIPv6World(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rln.Close()
-	go func() {
-		for {
-			c, err := rln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = fmt.Fprintf(c, "%s\n", c.RemoteAddr())
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
+	go serveWhoEcho(rln)
 
 	// exchange connects from the world's client to the node port, reads
 	// whom the backend saw and echoes 1 MiB through the connection.
@@ -376,4 +352,20 @@ func metric(t *testing.T, l *loader.Loader, reason, dir uint8) uint64 {
 		t.Fatal(err)
 	}
 	return row.Packets
+}
+
+// serveWhoEcho serves ln until it is closed: each connection is told whom
+// the server sees (its remote address, a line), then echoed.
+func serveWhoEcho(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			_, _ = fmt.Fprintf(c, "%s\n", c.RemoteAddr())
+			_, _ = io.Copy(c, c)
+		}()
+	}
 }
