@@ -174,33 +174,14 @@ func (b *bench) fillDirect(ctx context.Context, size int) error {
 	}
 	log.Printf("%d Services written into etcd in %s", size-from, time.Since(t0).Round(time.Millisecond))
 	t0 = time.Now()
-	work := make(chan int)
-	errc := make(chan error, 1)
-	var wg sync.WaitGroup
-	for w := 0; w < b.c.workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				name := fmt.Sprintf("svc-%d", i)
-				if _, err := b.cs.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice(name, backendAddrs(), backendPort), metav1.CreateOptions{}); err != nil {
-					select {
-					case errc <- fmt.Errorf("create slice %s: %w", name, err):
-					default:
-					}
-				}
-			}
-		}()
-	}
-	for i := from; i < size; i++ {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	select {
-	case err := <-errc:
+	if err := b.parallel(from, size, func(i int) error {
+		name := fmt.Sprintf("svc-%d", i)
+		if _, err := b.cs.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice(name, backendAddrs(), backendPort), metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create slice %s: %w", name, err)
+		}
+		return nil
+	}); err != nil {
 		return err
-	default:
 	}
 	log.Printf("%d EndpointSlices created through the API server in %s", size-from, time.Since(t0).Round(time.Millisecond))
 	// The watch cache has them once a list counts them all.

@@ -381,31 +381,45 @@ func (b *bench) fill(ctx context.Context, size int) error {
 	}
 	from := len(b.services)
 	ips := make([]netip.Addr, size-from)
+	if err := b.parallel(from, size, func(i int) error {
+		name := fmt.Sprintf("svc-%d", i)
+		s, err := b.cs.CoreV1().Services(benchNS).Create(ctx, service(name, svcPort, backendPort), metav1.CreateOptions{})
+		if err == nil {
+			_, err = b.cs.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice(name, backendAddrs(), backendPort), metav1.CreateOptions{})
+		}
+		if err != nil {
+			return fmt.Errorf("create %s: %w", name, err)
+		}
+		ips[i-from] = netip.MustParseAddr(s.Spec.ClusterIP)
+		return nil
+	}); err != nil {
+		return err
+	}
+	b.services = append(b.services, ips...)
+	return nil
+}
+
+// parallel runs fn(i) for i in [from, to) on the configured number of
+// workers and returns one of the errors, if any.
+func (b *bench) parallel(from, to int, fn func(i int) error) error {
 	work := make(chan int)
-	errc := make(chan error, b.c.workers)
+	errc := make(chan error, 1)
 	var wg sync.WaitGroup
 	for w := 0; w < b.c.workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				name := fmt.Sprintf("svc-%d", i)
-				s, err := b.cs.CoreV1().Services(benchNS).Create(ctx, service(name, svcPort, backendPort), metav1.CreateOptions{})
-				if err == nil {
-					_, err = b.cs.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice(name, backendAddrs(), backendPort), metav1.CreateOptions{})
-				}
-				if err != nil {
+				if err := fn(i); err != nil {
 					select {
-					case errc <- fmt.Errorf("create %s: %w", name, err):
+					case errc <- err:
 					default:
 					}
-					continue
 				}
-				ips[i-from] = netip.MustParseAddr(s.Spec.ClusterIP)
 			}
 		}()
 	}
-	for i := from; i < size; i++ {
+	for i := from; i < to; i++ {
 		work <- i
 	}
 	close(work)
@@ -414,9 +428,8 @@ func (b *bench) fill(ctx context.Context, size int) error {
 	case err := <-errc:
 		return err
 	default:
+		return nil
 	}
-	b.services = append(b.services, ips...)
-	return nil
 }
 
 // topology is one fresh set of namespaces and listeners.
