@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"log"
 	"net/netip"
@@ -140,15 +141,20 @@ func (d *directWriter) put(ctx context.Context, from int, ips []netip.Addr) erro
 	}
 }
 
-// freeIPs picks n addresses of the service range that no Service holds,
-// from the top of the /12 down (the allocator picks at random from it).
-func freeIPs(n int, used []netip.Addr) []netip.Addr {
+// freeIPs picks n addresses of the service range r that no Service
+// holds, from the top of the range down (the allocator picks at random
+// from it).
+func freeIPs(n int, used []netip.Addr, r netip.Prefix) []netip.Addr {
 	taken := make(map[netip.Addr]bool, len(used))
 	for _, a := range used {
 		taken[a] = true
 	}
 	out := make([]netip.Addr, 0, n)
-	for a := netip.MustParseAddr("10.111.255.254"); len(out) < n; a = a.Prev() {
+	// From below the range's broadcast address down.
+	base := r.Masked().Addr().As4()
+	var top [4]byte
+	binary.BigEndian.PutUint32(top[:], binary.BigEndian.Uint32(base[:])|(1<<(32-r.Bits())-2))
+	for a := netip.AddrFrom4(top); len(out) < n; a = a.Prev() {
 		if !taken[a] {
 			out = append(out, a)
 		}
@@ -167,7 +173,7 @@ func (b *bench) fillDirect(ctx context.Context, size int) error {
 	}
 	defer d.close()
 	used := append([]netip.Addr{b.iperfIP, netip.MustParseAddr("10.96.0.1")}, b.services...)
-	ips := freeIPs(size-from, used)
+	ips := freeIPs(size-from, used, b.serviceRange)
 	t0 := time.Now()
 	if err := d.put(ctx, from, ips); err != nil {
 		return err

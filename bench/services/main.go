@@ -22,6 +22,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -55,6 +56,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/namedns"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
@@ -222,6 +224,7 @@ func run(c config) error {
 	if c.sizes[len(c.sizes)-1] > 60000 {
 		opts.ServiceCIDR = "10.96.0.0/12"
 	}
+	serviceRange := netip.MustParsePrefix(cmp.Or(opts.ServiceCIDR, controlplane.ServiceCIDR))
 	env, err := k8senv.Start(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
@@ -237,7 +240,7 @@ func run(c config) error {
 	if err := setupCluster(ctx, cs); err != nil {
 		return err
 	}
-	b := &bench{c: c, cs: cs, kubeconfig: env.Kubeconfig(), apiAddr: apiAddr, cgroup: cg, etcdURL: env.EtcdURL()}
+	b := &bench{c: c, cs: cs, kubeconfig: env.Kubeconfig(), apiAddr: apiAddr, cgroup: cg, etcdURL: env.EtcdURL(), serviceRange: serviceRange}
 	fmt.Printf("# services benchmark %s, load %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), loadavg())
 	var results []result
 	gaveUp := map[string]bool{}
@@ -296,8 +299,11 @@ type bench struct {
 	apiAddr    string
 	cgroup     string
 	etcdURL    string
-	services   []netip.Addr // ClusterIPs of bench services 0..n-1
-	iperfIP    netip.Addr
+	// serviceRange is the API server's service range (the direct fill
+	// picks its ClusterIPs from it).
+	serviceRange netip.Prefix
+	services     []netip.Addr // ClusterIPs of bench services 0..n-1
+	iperfIP      netip.Addr
 	// changedSvcs are the services the one-change test moved (restored
 	// before the next mode).
 	changedSvcs []int
