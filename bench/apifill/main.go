@@ -106,8 +106,8 @@ func run(size, workers, step int, profileAt string, profileSeconds int, out, cid
 	fmt.Println("|---|---|---|---|---|")
 	for i := 0; i < size; i++ {
 		if profiles[i] {
-			// Drain, then profile the API server under the same
-			// creators for profileSeconds.
+			// Profile the API server for profileSeconds while the
+			// creators go on (nothing is drained first).
 			go func(at int) {
 				p, err := cs.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", strconv.Itoa(profileSeconds)).DoRaw(ctx)
 				if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"log"
 	"net/netip"
@@ -140,15 +141,20 @@ func (d *directWriter) put(ctx context.Context, from int, ips []netip.Addr) erro
 	}
 }
 
-// freeIPs picks n addresses of the service range that no Service holds,
-// from the top of the /12 down (the allocator picks at random from it).
-func freeIPs(n int, used []netip.Addr) []netip.Addr {
+// freeIPs picks n addresses of the service range r that no Service
+// holds, from the top of the range down (the allocator picks at random
+// from it).
+func freeIPs(n int, used []netip.Addr, r netip.Prefix) []netip.Addr {
 	taken := make(map[netip.Addr]bool, len(used))
 	for _, a := range used {
 		taken[a] = true
 	}
 	out := make([]netip.Addr, 0, n)
-	for a := netip.MustParseAddr("10.111.255.254"); len(out) < n; a = a.Prev() {
+	// From below the range's broadcast address down.
+	base := r.Masked().Addr().As4()
+	var top [4]byte
+	binary.BigEndian.PutUint32(top[:], binary.BigEndian.Uint32(base[:])|(1<<(32-r.Bits())-2))
+	for a := netip.AddrFrom4(top); len(out) < n; a = a.Prev() {
 		if !taken[a] {
 			out = append(out, a)
 		}
@@ -167,40 +173,21 @@ func (b *bench) fillDirect(ctx context.Context, size int) error {
 	}
 	defer d.close()
 	used := append([]netip.Addr{b.iperfIP, netip.MustParseAddr("10.96.0.1")}, b.services...)
-	ips := freeIPs(size-from, used)
+	ips := freeIPs(size-from, used, b.serviceRange)
 	t0 := time.Now()
 	if err := d.put(ctx, from, ips); err != nil {
 		return err
 	}
 	log.Printf("%d Services written into etcd in %s", size-from, time.Since(t0).Round(time.Millisecond))
 	t0 = time.Now()
-	work := make(chan int)
-	errc := make(chan error, 1)
-	var wg sync.WaitGroup
-	for w := 0; w < b.c.workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				name := fmt.Sprintf("svc-%d", i)
-				if _, err := b.cs.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice(name, backendAddrs(), backendPort), metav1.CreateOptions{}); err != nil {
-					select {
-					case errc <- fmt.Errorf("create slice %s: %w", name, err):
-					default:
-					}
-				}
-			}
-		}()
-	}
-	for i := from; i < size; i++ {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	select {
-	case err := <-errc:
+	if err := b.parallel(from, size, func(i int) error {
+		name := fmt.Sprintf("svc-%d", i)
+		if _, err := b.cs.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice(name, backendAddrs(), backendPort), metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create slice %s: %w", name, err)
+		}
+		return nil
+	}); err != nil {
 		return err
-	default:
 	}
 	log.Printf("%d EndpointSlices created through the API server in %s", size-from, time.Since(t0).Round(time.Millisecond))
 	// The watch cache has them once a list counts them all.

@@ -22,6 +22,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -55,6 +56,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/namedns"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
@@ -222,6 +224,7 @@ func run(c config) error {
 	if c.sizes[len(c.sizes)-1] > 60000 {
 		opts.ServiceCIDR = "10.96.0.0/12"
 	}
+	serviceRange := netip.MustParsePrefix(cmp.Or(opts.ServiceCIDR, controlplane.ServiceCIDR))
 	env, err := k8senv.Start(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
@@ -237,7 +240,7 @@ func run(c config) error {
 	if err := setupCluster(ctx, cs); err != nil {
 		return err
 	}
-	b := &bench{c: c, cs: cs, kubeconfig: env.Kubeconfig(), apiAddr: apiAddr, cgroup: cg, etcdURL: env.EtcdURL()}
+	b := &bench{c: c, cs: cs, kubeconfig: env.Kubeconfig(), apiAddr: apiAddr, cgroup: cg, etcdURL: env.EtcdURL(), serviceRange: serviceRange}
 	fmt.Printf("# services benchmark %s, load %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), loadavg())
 	var results []result
 	gaveUp := map[string]bool{}
@@ -296,8 +299,11 @@ type bench struct {
 	apiAddr    string
 	cgroup     string
 	etcdURL    string
-	services   []netip.Addr // ClusterIPs of bench services 0..n-1
-	iperfIP    netip.Addr
+	// serviceRange is the API server's service range (the direct fill
+	// picks its ClusterIPs from it).
+	serviceRange netip.Prefix
+	services     []netip.Addr // ClusterIPs of bench services 0..n-1
+	iperfIP      netip.Addr
 	// changedSvcs are the services the one-change test moved (restored
 	// before the next mode).
 	changedSvcs []int
@@ -381,31 +387,45 @@ func (b *bench) fill(ctx context.Context, size int) error {
 	}
 	from := len(b.services)
 	ips := make([]netip.Addr, size-from)
+	if err := b.parallel(from, size, func(i int) error {
+		name := fmt.Sprintf("svc-%d", i)
+		s, err := b.cs.CoreV1().Services(benchNS).Create(ctx, service(name, svcPort, backendPort), metav1.CreateOptions{})
+		if err == nil {
+			_, err = b.cs.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice(name, backendAddrs(), backendPort), metav1.CreateOptions{})
+		}
+		if err != nil {
+			return fmt.Errorf("create %s: %w", name, err)
+		}
+		ips[i-from] = netip.MustParseAddr(s.Spec.ClusterIP)
+		return nil
+	}); err != nil {
+		return err
+	}
+	b.services = append(b.services, ips...)
+	return nil
+}
+
+// parallel runs fn(i) for i in [from, to) on the configured number of
+// workers and returns one of the errors, if any.
+func (b *bench) parallel(from, to int, fn func(i int) error) error {
 	work := make(chan int)
-	errc := make(chan error, b.c.workers)
+	errc := make(chan error, 1)
 	var wg sync.WaitGroup
 	for w := 0; w < b.c.workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				name := fmt.Sprintf("svc-%d", i)
-				s, err := b.cs.CoreV1().Services(benchNS).Create(ctx, service(name, svcPort, backendPort), metav1.CreateOptions{})
-				if err == nil {
-					_, err = b.cs.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice(name, backendAddrs(), backendPort), metav1.CreateOptions{})
-				}
-				if err != nil {
+				if err := fn(i); err != nil {
 					select {
-					case errc <- fmt.Errorf("create %s: %w", name, err):
+					case errc <- err:
 					default:
 					}
-					continue
 				}
-				ips[i-from] = netip.MustParseAddr(s.Spec.ClusterIP)
 			}
 		}()
 	}
-	for i := from; i < size; i++ {
+	for i := from; i < to; i++ {
 		work <- i
 	}
 	close(work)
@@ -414,9 +434,8 @@ func (b *bench) fill(ctx context.Context, size int) error {
 	case err := <-errc:
 		return err
 	default:
+		return nil
 	}
-	b.services = append(b.services, ips...)
-	return nil
 }
 
 // topology is one fresh set of namespaces and listeners.

@@ -24,23 +24,6 @@ static __always_inline __u32 identity_of(__u8 family, const __u8 *addr)
 	return info->identity;
 }
 
-/* policy_cidr_of: the in-cluster CIDR identity of the longest prefix a
- * rule names holding addr, or 0 when no rule names one. */
-static __always_inline __u32 policy_cidr_of(__u8 family, const __u8 *addr)
-{
-	struct ipcache_key k = {};
-	k.family = family;
-	if (family == FAMILY_V4) {
-		k.prefixlen = 32 + 32;
-		__builtin_memcpy(k.addr, addr, 4);
-	} else {
-		k.prefixlen = 32 + 128;
-		__builtin_memcpy(k.addr, addr, 16);
-	}
-	__u32 *id = bpf_map_lookup_elem(&tdr_policy_cidr_v1, &k);
-	return id ? *id : 0;
-}
-
 /* in_cluster_peer: the identity is a pod's or a node's (the ipcache gave
  * the address an identity of its own), not the world's or a CIDR's. */
 static __always_inline int in_cluster_peer(__u32 id)

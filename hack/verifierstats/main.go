@@ -10,7 +10,7 @@
 //	go run ./hack/verifierstats [-object lxc] [-trace=per-connection] [-verdicts] [-profile 25]
 //
 // It needs root (BPF_PROG_LOAD); maps are created unpinned and freed on
-// exit.
+// exit. VSTATS_DUMP=dir writes each program's verifier log to dir.
 package main
 
 import (
@@ -83,9 +83,6 @@ func main() {
 			}
 		}
 		level := ebpf.LogLevelStats
-		if os.Getenv("VSTATS_BRANCHONLY") != "" {
-			level = 0
-		}
 		if *profile > 0 {
 			level |= ebpf.LogLevelInstruction
 		}

@@ -54,12 +54,12 @@ type resourceState interface {
 // New builds the informers; nodeName limits the pod cache to this node's
 // pods. Nothing is listed until Start.
 func New(c *k8s.Clients, nodeName string, log *slog.Logger) *Watchers {
-	core := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(stripManagedFields))
-	local := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(stripManagedFields),
+	core := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(k8s.StripManagedFields))
+	local := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(k8s.StripManagedFields),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 		}))
-	td := tendrilinformers.NewSharedInformerFactoryWithOptions(c.Tendril, 0, tendrilinformers.WithTransform(stripManagedFields))
+	td := tendrilinformers.NewSharedInformerFactoryWithOptions(c.Tendril, 0, tendrilinformers.WithTransform(k8s.StripManagedFields))
 	tv := td.Tendril().V1alpha1()
 
 	w := &Watchers{
@@ -85,17 +85,6 @@ func New(c *k8s.Clients, nodeName string, log *slog.Logger) *Watchers {
 		r.setErrorHandler(log)
 	}
 	return w
-}
-
-// stripManagedFields drops metadata.managedFields before an object enters a
-// cache: the agent never reads them, and they are a large share of each
-// cached object (each field's owner, per manager) — at 100,000 Services and
-// EndpointSlices, tens of MiB.
-func stripManagedFields(obj any) (any, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 func (r *Resource[T]) setErrorHandler(log *slog.Logger) {

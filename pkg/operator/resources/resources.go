@@ -127,7 +127,7 @@ func build(clients *k8s.Clients) (*Resources, func(context.Context, time.Duratio
 	if err := eps.Informer().AddIndexers(cache.Indexers{IdentityIndex: endpointIdentity}); err != nil {
 		return nil, nil, nil, fmt.Errorf("endpoint identity index: %w", err)
 	}
-	if err := eps.Informer().SetTransform(stripManagedFields); err != nil {
+	if err := eps.Informer().SetTransform(k8s.StripManagedFields); err != nil {
 		return nil, nil, nil, fmt.Errorf("endpoint informer transform: %w", err)
 	}
 	r := &Resources{
@@ -183,13 +183,6 @@ func stripPod(obj any) (any, error) {
 		Spec:       corev1.PodSpec{NodeName: pod.Spec.NodeName},
 		Status:     corev1.PodStatus{Phase: pod.Status.Phase},
 	}, nil
-}
-
-func stripManagedFields(obj any) (any, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 func endpointIdentity(obj any) ([]string, error) {
