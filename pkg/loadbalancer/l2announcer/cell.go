@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -153,12 +152,8 @@ func (r *runner) Run(ctx context.Context) error {
 		if err != nil {
 			r.log.Warn("Cannot read the devices for L2 announcements", "error", err)
 		}
-		var list []*loadbalancer.Service
-		for s := range svcs {
-			list = append(list, s)
-		}
-		wants := Wants(r.node, list, func(n loadbalancer.ServiceName) []*loadbalancer.Backend {
-			return slices.Collect(statedbObjects(r.svc.Backends.List(txn, loadbalancer.BackendByService.Query(n))))
+		wants := Wants(r.node, statedb.Collect(svcs), func(n loadbalancer.ServiceName) []*loadbalancer.Backend {
+			return statedb.Collect(r.svc.Backends.List(txn, loadbalancer.BackendByService.Query(n)))
 		}, devs)
 		r.a.Sync(ctx, wants)
 		if first {
@@ -182,16 +177,6 @@ func (r *runner) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(settle):
-		}
-	}
-}
-
-func statedbObjects[O any](seq func(func(O, statedb.Revision) bool)) func(func(O) bool) {
-	return func(yield func(O) bool) {
-		for o := range seq {
-			if !yield(o) {
-				return
-			}
 		}
 	}
 }
