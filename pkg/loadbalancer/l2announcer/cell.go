@@ -144,13 +144,20 @@ func (r *runner) Run(ctx context.Context) error {
 	ticker := time.NewTicker(deviceRefresh)
 	defer ticker.Stop()
 	first := true
+	// The devices are read at the first pass and on each tick (a failed
+	// read again at the next pass), not on every services change.
+	var devs []Device
+	readDevs := true
 	for {
 		txn := r.db.ReadTxn()
 		svcs, svcWatch := r.svc.Services.AllWatch(txn)
 		_, beWatch := r.svc.Backends.AllWatch(txn)
-		devs, err := ReadDevices(r.devices())
-		if err != nil {
-			r.log.Warn("Cannot read the devices for L2 announcements", "error", err)
+		if readDevs {
+			var err error
+			if devs, err = ReadDevices(r.devices()); err != nil {
+				r.log.Warn("Cannot read the devices for L2 announcements", "error", err)
+			}
+			readDevs = err != nil
 		}
 		wants := Wants(r.node, statedb.Collect(svcs), func(n loadbalancer.ServiceName) []*loadbalancer.Backend {
 			return statedb.Collect(r.svc.Backends.List(txn, loadbalancer.BackendByService.Query(n)))
@@ -172,6 +179,7 @@ func (r *runner) Run(ctx context.Context) error {
 		case <-svcWatch:
 		case <-beWatch:
 		case <-ticker.C:
+			readDevs = true
 		}
 		select {
 		case <-ctx.Done():
