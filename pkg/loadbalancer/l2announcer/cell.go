@@ -82,9 +82,6 @@ func newCell(p cellParams) (*Announcer, error) {
 	if p.Responder == nil || p.Devices == nil {
 		return nil, errors.New("enable-l2-announcements: needs the eBPF datapath (the host device programs answer ARP)")
 	}
-	if err := p.Config.Validate(); err != nil {
-		return nil, err
-	}
 	table, err := NewTable(p.DB)
 	if err != nil {
 		return nil, err
