@@ -105,35 +105,22 @@ func (e l2Env) arpAnswers(addr string) ([]string, error) {
 		return nil, err
 	}
 	// The packet socket wants the protocol in network order.
-	arp := uint16(unix.ETH_P_ARP)
-	proto := int(arp<<8 | arp>>8)
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+	proto := maps.Htons(unix.ETH_P_ARP)
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(proto))
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(fd)
-	sa := &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: link.Attrs().Index, Halen: 6}
+	sa := &unix.SockaddrLinklayer{Protocol: proto, Ifindex: link.Attrs().Index, Halen: 6}
 	if err := unix.Bind(fd, sa); err != nil {
 		return nil, err
 	}
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000}); err != nil {
 		return nil, err
 	}
-	mac := link.Attrs().HardwareAddr
-	gw := netip.MustParseAddr(e.st.World.Gateway).As4()
-	tpa := target.As4()
-	req := make([]byte, 42)
-	copy(req[0:6], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
-	copy(req[6:12], mac)
-	binary.BigEndian.PutUint16(req[12:], unix.ETH_P_ARP)
-	binary.BigEndian.PutUint16(req[14:], 1)
-	binary.BigEndian.PutUint16(req[16:], unix.ETH_P_IP)
-	req[18], req[19] = 6, 4
-	binary.BigEndian.PutUint16(req[20:], 1)
-	copy(req[22:28], mac)
-	copy(req[28:32], gw[:])
-	copy(req[38:42], tpa[:])
-	bcast := &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: link.Attrs().Index, Halen: 6}
+	// From the world's gateway address.
+	req := l2announcer.ARPRequest(link.Attrs().HardwareAddr, netip.MustParseAddr(e.st.World.Gateway), target)
+	bcast := &unix.SockaddrLinklayer{Protocol: proto, Ifindex: link.Attrs().Index, Halen: 6}
 	copy(bcast.Addr[:], req[0:6])
 	if err := unix.Sendto(fd, req, 0, bcast); err != nil {
 		return nil, err
@@ -332,10 +319,7 @@ func TestPrivilegedLabL2Announcements(t *testing.T) {
 		t.Fatalf("%s's responder map after its agent stopped: %v, want %s kept", won, entries, addr)
 	}
 	startAgent(t, e.st, won, argv)
-	eventually(t, "the restarted agent's API", func() (bool, error) {
-		out, err := runCLI(tendrilBin, "-H", n.Socket, "status")
-		return err == nil, fmt.Errorf("%v: %s", err, out)
-	})
+	waitAgentAPI(t, *n)
 	if h, err := e.holder("l2"); err != nil || h != won {
 		t.Fatalf("after %s's agent restarted: lease holder %q (%v), want %s (kept across the stop)", won, h, err, won)
 	}
@@ -352,10 +336,7 @@ func TestPrivilegedLabL2Announcements(t *testing.T) {
 	killed := time.Now()
 	t.Cleanup(func() {
 		startAgent(t, e.st, won, argv)
-		eventually(t, "the restarted agent's API", func() (bool, error) {
-			out, err := runCLI(tendrilBin, "-H", n.Socket, "status")
-			return err == nil, fmt.Errorf("%v: %s", err, out)
-		})
+		waitAgentAPI(t, *n)
 	})
 	e.answeredBy("l2", addr, "l2-a", other)
 	// The dead agent's datapath stops answering once the entry it last

@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"strconv"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -185,47 +183,9 @@ func TestPrivilegedLabNodePortDSR(t *testing.T) {
 	// A stream across kill -9 of the backend's node's agent, then of the
 	// forwarding node's.
 	for _, victim := range []lab.Node{node1, node2} {
-		server := exec.Command(tendrilBin, "lab", "--name", labName, "exec", ns+"/dsr-backend", "--", "iperf3", "-s", "-1", "-p", "5201")
-		if err := server.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(500 * time.Millisecond) // iperf3 -s listening
-		const seconds = 10
-		var out bytes.Buffer
-		cl := exec.Command(tendrilBin, "lab", "--name", labName, "exec", lab.WorldRef, "--",
-			"iperf3", "-c", node2.Address, "-p", strconv.Itoa(nodePort["iperf"]), "-t", strconv.Itoa(seconds), "-b", "100M", "-J")
-		cl.Stdout, cl.Stderr = &out, &out
-		if err := cl.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(2 * time.Second)
-		argv := killAgent(t, e.st, victim.Name)
-		time.Sleep(time.Second)
-		startAgent(t, e.st, victim.Name, argv)
-		eventually(t, "the restarted agent's API", func() (bool, error) {
-			o, err := runCLI(tendrilBin, "-H", victim.Socket, "status")
-			return err == nil, fmt.Errorf("%v: %s", err, o)
-		})
-		clientErr := cl.Wait()
-		_ = server.Process.Kill()
-		_ = server.Wait()
-		var ir struct {
-			End struct {
-				SumSent struct {
-					Seconds float64 `json:"seconds"`
-					Bytes   int64   `json:"bytes"`
-				} `json:"sum_sent"`
-			} `json:"end"`
-			Error string `json:"error"`
-		}
-		if err := json.Unmarshal(out.Bytes(), &ir); err != nil || clientErr != nil || ir.Error != "" {
-			t.Fatalf("iperf3 world -> %s:%d (DSR) across the kill of %s's agent: %v / %v / %q\n%s", node2.Address, nodePort["iperf"], victim.Name, clientErr, err, ir.Error, out.String())
-		}
+		r := iperfAcrossAgentKill(t, e, ns+"/dsr-backend", node2.Address, nodePort["iperf"], victim, "DSR")
 		t.Logf("iperf3 world -> %s:%d (DSR, backend on %s) across kill -9 of %s's agent: %.1f s, %d MB", node2.Address, nodePort["iperf"],
-			node1.Name, victim.Name, ir.End.SumSent.Seconds, ir.End.SumSent.Bytes>>20)
-		if ir.End.SumSent.Seconds < seconds-0.5 || ir.End.SumSent.Bytes == 0 {
-			t.Errorf("stream broken across the kill of %s's agent: ran %.1f s of %d", victim.Name, ir.End.SumSent.Seconds, seconds)
-		}
+			node1.Name, victim.Name, r.Seconds, r.Bytes>>20)
 		if got := datapathCount(t, node2, reasonNodePortReply, "egress"); got != viaNode2 {
 			t.Errorf("node 2 translated %d replies of the stream, want none", got-viaNode2)
 		}

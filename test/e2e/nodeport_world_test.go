@@ -293,47 +293,72 @@ func TestPrivilegedLabNodePortStreamAcrossAgentKill(t *testing.T) {
 		return code == 0 && strings.Contains(out, `"backend"`), fmt.Errorf("exit %d: %s", code, out)
 	})
 	for _, victim := range []lab.Node{node2, node1} {
-		server := exec.Command(tendrilBin, "lab", "--name", labName, "exec", ns+"/backend", "--", "iperf3", "-s", "-1", "-p", "5201")
-		if err := server.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(500 * time.Millisecond) // iperf3 -s listening
-		const seconds = 10
-		var out bytes.Buffer
-		client := exec.Command(tendrilBin, "lab", "--name", labName, "exec", lab.WorldRef, "--",
-			"iperf3", "-c", node2.Address, "-p", strconv.Itoa(int(iperfPort)), "-t", strconv.Itoa(seconds), "-b", "100M", "-J")
-		client.Stdout, client.Stderr = &out, &out
-		if err := client.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(2 * time.Second)
-		argv := killAgent(t, e.st, victim.Name)
-		time.Sleep(time.Second)
-		startAgent(t, e.st, victim.Name, argv)
-		eventually(t, "the restarted agent's API", func() (bool, error) {
-			o, err := runCLI(tendrilBin, "-H", victim.Socket, "status")
-			return err == nil, fmt.Errorf("%v: %s", err, o)
-		})
-		clientErr := client.Wait()
-		_ = server.Process.Kill()
-		_ = server.Wait()
-		var ir struct {
-			End struct {
-				SumSent struct {
-					Seconds     float64 `json:"seconds"`
-					Bytes       int64   `json:"bytes"`
-					Retransmits int     `json:"retransmits"`
-				} `json:"sum_sent"`
-			} `json:"end"`
-			Error string `json:"error"`
-		}
-		if err := json.Unmarshal(out.Bytes(), &ir); err != nil || clientErr != nil || ir.Error != "" {
-			t.Fatalf("iperf3 world -> %s:%d across the kill of %s's agent: %v / %v / %q\n%s", node2.Address, iperfPort, victim.Name, clientErr, err, ir.Error, out.String())
-		}
+		r := iperfAcrossAgentKill(t, e, ns+"/backend", node2.Address, int(iperfPort), victim, "")
 		t.Logf("iperf3 world -> %s:%d (backend on %s) across kill -9 of %s's agent: %.1f s, %d MB, %d retransmits", node2.Address, iperfPort,
-			node1.Name, victim.Name, ir.End.SumSent.Seconds, ir.End.SumSent.Bytes>>20, ir.End.SumSent.Retransmits)
-		if ir.End.SumSent.Seconds < seconds-0.5 || ir.End.SumSent.Bytes == 0 {
-			t.Errorf("stream broken across the kill of %s's agent: ran %.1f s of %d", victim.Name, ir.End.SumSent.Seconds, seconds)
-		}
+			node1.Name, victim.Name, r.Seconds, r.Bytes>>20, r.Retransmits)
 	}
+}
+
+// iperfSum is the sender's summary of an iperf3 run.
+type iperfSum struct {
+	Seconds     float64 `json:"seconds"`
+	Bytes       int64   `json:"bytes"`
+	Retransmits int     `json:"retransmits"`
+}
+
+// iperfAcrossAgentKill streams TCP from the world to addr:port for 10 s
+// (iperf3, its server in the pod serverRef on port 5201) while victim's
+// agent is killed with SIGKILL 2 s in and started again a second later.
+// The stream must run its whole time without an error; what qualifies
+// the stream in the failures ("" none). Returns the sender's summary.
+func iperfAcrossAgentKill(t *testing.T, e *env, serverRef, addr string, port int, victim lab.Node, what string) iperfSum {
+	t.Helper()
+	server := exec.Command(tendrilBin, "lab", "--name", labName, "exec", serverRef, "--", "iperf3", "-s", "-1", "-p", "5201")
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // iperf3 -s listening
+	const seconds = 10
+	var out bytes.Buffer
+	client := exec.Command(tendrilBin, "lab", "--name", labName, "exec", lab.WorldRef, "--",
+		"iperf3", "-c", addr, "-p", strconv.Itoa(port), "-t", strconv.Itoa(seconds), "-b", "100M", "-J")
+	client.Stdout, client.Stderr = &out, &out
+	if err := client.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	argv := killAgent(t, e.st, victim.Name)
+	time.Sleep(time.Second)
+	startAgent(t, e.st, victim.Name, argv)
+	waitAgentAPI(t, victim)
+	clientErr := client.Wait()
+	_ = server.Process.Kill()
+	_ = server.Wait()
+	var ir struct {
+		End struct {
+			SumSent iperfSum `json:"sum_sent"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	if what != "" {
+		what = " (" + what + ")"
+	}
+	if err := json.Unmarshal(out.Bytes(), &ir); err != nil || clientErr != nil || ir.Error != "" {
+		t.Fatalf("iperf3 world -> %s:%d%s across the kill of %s's agent: %v / %v / %q\n%s", addr, port, what, victim.Name, clientErr, err, ir.Error, out.String())
+	}
+	r := ir.End.SumSent
+	if r.Seconds < seconds-0.5 || r.Bytes == 0 {
+		t.Errorf("stream%s broken across the kill of %s's agent: ran %.1f s of %d", what, victim.Name, r.Seconds, seconds)
+	}
+	return r
+}
+
+// waitAgentAPI waits until the (restarted) agent of n answers on its API
+// socket.
+func waitAgentAPI(t *testing.T, n lab.Node) {
+	t.Helper()
+	eventually(t, "the restarted agent's API", func() (bool, error) {
+		out, err := runCLI(tendrilBin, "-H", n.Socket, "status")
+		return err == nil, fmt.Errorf("%v: %s", err, out)
+	})
 }

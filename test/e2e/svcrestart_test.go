@@ -241,10 +241,7 @@ func TestPrivilegedLabServiceRestartUnderTraffic(t *testing.T) {
 	killed := time.Now()
 	time.Sleep(time.Second)
 	startAgent(t, e.st, client.Node, argv)
-	eventually(t, "the restarted agent's API", func() (bool, error) {
-		out, err := runCLI(tendrilBin, "-H", node.Socket, "status")
-		return err == nil, fmt.Errorf("%v: %s", err, out)
-	})
+	waitAgentAPI(t, *node)
 	t.Logf("agent of %s killed and back in %s", client.Node, time.Since(killed).Round(time.Millisecond))
 
 	iperfErr := iperf.Wait()

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -83,9 +82,6 @@ func newCell(p cellParams) (*Announcer, error) {
 	if p.Responder == nil || p.Devices == nil {
 		return nil, errors.New("enable-l2-announcements: needs the eBPF datapath (the host device programs answer ARP)")
 	}
-	if err := p.Config.Validate(); err != nil {
-		return nil, err
-	}
 	table, err := NewTable(p.DB)
 	if err != nil {
 		return nil, err
@@ -145,20 +141,23 @@ func (r *runner) Run(ctx context.Context) error {
 	ticker := time.NewTicker(deviceRefresh)
 	defer ticker.Stop()
 	first := true
+	// The devices are read at the first pass and on each tick (a failed
+	// read again at the next pass), not on every services change.
+	var devs []Device
+	readDevs := true
 	for {
 		txn := r.db.ReadTxn()
 		svcs, svcWatch := r.svc.Services.AllWatch(txn)
 		_, beWatch := r.svc.Backends.AllWatch(txn)
-		devs, err := ReadDevices(r.devices())
-		if err != nil {
-			r.log.Warn("Cannot read the devices for L2 announcements", "error", err)
+		if readDevs {
+			var err error
+			if devs, err = ReadDevices(r.devices()); err != nil {
+				r.log.Warn("Cannot read the devices for L2 announcements", "error", err)
+			}
+			readDevs = err != nil
 		}
-		var list []*loadbalancer.Service
-		for s := range svcs {
-			list = append(list, s)
-		}
-		wants := Wants(r.node, list, func(n loadbalancer.ServiceName) []*loadbalancer.Backend {
-			return slices.Collect(statedbObjects(r.svc.Backends.List(txn, loadbalancer.BackendByService.Query(n))))
+		wants := Wants(r.node, statedb.Collect(svcs), func(n loadbalancer.ServiceName) []*loadbalancer.Backend {
+			return statedb.Collect(r.svc.Backends.List(txn, loadbalancer.BackendByService.Query(n)))
 		}, devs)
 		r.a.Sync(ctx, wants)
 		if first {
@@ -177,21 +176,12 @@ func (r *runner) Run(ctx context.Context) error {
 		case <-svcWatch:
 		case <-beWatch:
 		case <-ticker.C:
+			readDevs = true
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(settle):
-		}
-	}
-}
-
-func statedbObjects[O any](seq func(func(O, statedb.Revision) bool)) func(func(O) bool) {
-	return func(yield func(O) bool) {
-		for o := range seq {
-			if !yield(o) {
-				return
-			}
 		}
 	}
 }

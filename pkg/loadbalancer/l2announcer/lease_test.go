@@ -81,6 +81,11 @@ func TestLeaseCampaign(t *testing.T) {
 	// the test only if node-a released the lease.
 	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 10*time.Minute, 2*time.Second, 300*time.Millisecond
 	svc := loadbalancer.ServiceName{Namespace: "ns", Name: "web"}
+	// The lease outlives the campaigns (10 minutes): a later run in this
+	// control plane (-count) starts without it.
+	t.Cleanup(func() {
+		_ = cs.CoordinationV1().Leases("default").Delete(context.Background(), LeaseName(svc), metav1.DeleteOptions{})
+	})
 
 	a := startCampaign(cfg, cs, "node-a", svc)
 	a.waitLead(t, "node-a", true)

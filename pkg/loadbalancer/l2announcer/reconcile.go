@@ -3,7 +3,6 @@ package l2announcer
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"iter"
 	"log/slog"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
 // Responder is the kernel side the reconciler writes: the responder map.
@@ -66,23 +66,20 @@ func (o *ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, a
 // Prune removes map entries no announcement backs: those of a former run
 // whose services this run does not lead.
 func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Announcement, statedb.Revision]) error {
-	keep := map[maps.L2ResponderKey]bool{}
+	keep := map[maps.L2ResponderKey]struct{}{}
 	for a := range objs {
-		keep[maps.L2ResponderKey{Addr: a.Addr, IfIndex: a.IfIndex}] = true
+		keep[maps.L2ResponderKey{Addr: a.Addr, IfIndex: a.IfIndex}] = struct{}{}
 	}
 	have, err := o.resp.List()
 	if err != nil {
 		return err
 	}
-	var errs []error
+	keys := make([]maps.L2ResponderKey, 0, len(have))
 	for k := range have {
-		if !keep[k] {
-			if err := o.resp.Delete(k); err != nil {
-				errs = append(errs, err)
-			}
-		}
+		keys = append(keys, k)
 	}
-	return errors.Join(errs...)
+	_, err = reconcile.PruneStale(keys, keep, o.resp.Delete)
+	return err
 }
 
 // monotonicNow is CLOCK_MONOTONIC in ns: bpf_ktime_get_ns's clock.
@@ -97,7 +94,11 @@ func monotonicNow() (uint64, error) {
 // GARPFrame is a gratuitous ARP request for addr from mac: broadcast,
 // sender and target address both addr, which a Linux neighbour updates
 // its cached entry of addr with.
-func GARPFrame(mac net.HardwareAddr, addr netip.Addr) []byte {
+func GARPFrame(mac net.HardwareAddr, addr netip.Addr) []byte { return ARPRequest(mac, addr, addr) }
+
+// ARPRequest is a broadcast Ethernet ARP request from mac and sender for
+// target (IPv4 addresses).
+func ARPRequest(mac net.HardwareAddr, sender, target netip.Addr) []byte {
 	f := make([]byte, 42)
 	for i := range 6 {
 		f[i] = 0xff
@@ -109,23 +110,21 @@ func GARPFrame(mac net.HardwareAddr, addr netip.Addr) []byte {
 	f[18], f[19] = 6, 4
 	binary.BigEndian.PutUint16(f[20:], 1) // request
 	copy(f[22:28], mac)
-	a := addr.As4()
-	copy(f[28:32], a[:])
-	copy(f[38:42], a[:])
+	s, t := sender.As4(), target.As4()
+	copy(f[28:32], s[:])
+	copy(f[38:42], t[:])
 	return f
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // sendGARP sends the gratuitous ARP out of the device with a packet
 // socket (in the caller's network namespace).
 func sendGARP(ifindex int, mac net.HardwareAddr, addr netip.Addr) error {
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ARP)))
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(maps.Htons(unix.ETH_P_ARP)))
 	if err != nil {
 		return fmt.Errorf("packet socket: %w", err)
 	}
 	defer unix.Close(fd)
-	sa := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ARP), Ifindex: ifindex, Halen: 6}
+	sa := &unix.SockaddrLinklayer{Protocol: maps.Htons(unix.ETH_P_ARP), Ifindex: ifindex, Halen: 6}
 	copy(sa.Addr[:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
 	if err := unix.Sendto(fd, GARPFrame(mac, addr), 0, sa); err != nil {
 		return fmt.Errorf("send on ifindex %d: %w", ifindex, err)
