@@ -83,9 +83,13 @@ func TestLeaseCampaign(t *testing.T) {
 	svc := loadbalancer.ServiceName{Namespace: "ns", Name: "web"}
 	// The lease outlives the campaigns (10 minutes): a later run in this
 	// control plane (-count) starts without it.
-	t.Cleanup(func() {
+	// A run that died before its cleanup (in a control plane that outlives
+	// it) may have left it too: start without one.
+	deleteLease := func() {
 		_ = cs.CoordinationV1().Leases("default").Delete(context.Background(), LeaseName(svc), metav1.DeleteOptions{})
-	})
+	}
+	deleteLease()
+	t.Cleanup(deleteLease)
 
 	a := startCampaign(cfg, cs, "node-a", svc)
 	a.waitLead(t, "node-a", true)
