@@ -4,12 +4,10 @@ package main
 import (
 	"fmt"
 	"os"
-
-	"github.com/tendril-net/tendril/pkg/agent"
 )
 
 func main() {
-	if err := agent.NewCommand(os.Stderr).Execute(); err != nil {
+	if err := newCommand(os.Stderr).Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "tendril-agent:", err)
 		os.Exit(1)
 	}

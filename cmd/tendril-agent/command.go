@@ -1,4 +1,4 @@
-package agent
+package main
 
 import (
 	"context"
@@ -11,16 +11,17 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tendril-net/tendril/pkg/agent"
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/version"
 )
 
-// NewCommand returns the tendril-agent command: it resolves the config
+// newCommand returns the tendril-agent command: it resolves the config
 // (flags > TENDRIL_* > config dir > defaults), builds the agent and runs it
 // until SIGINT or SIGTERM.
-func NewCommand(stderr io.Writer) *cobra.Command {
-	cfg := DefaultConfig()
+func newCommand(stderr io.Writer) *cobra.Command {
+	cfg := agent.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:           "tendril-agent",
 		Short:         "Tendril node agent: eBPF networking, security and observability",
@@ -43,7 +44,7 @@ func NewCommand(stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}
-			a, err := New(cfg, Deps{Log: log, LogLevel: level, Flags: fs, Sources: sources})
+			a, err := agent.New(cfg, agent.Deps{Log: log, LogLevel: level, Flags: fs, Sources: sources})
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}
