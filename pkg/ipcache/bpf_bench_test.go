@@ -29,6 +29,13 @@ type bpfBackend struct{ m maps.IPCacheMap }
 func (b bpfBackend) Upsert(p netip.Prefix, e ipcache.Entry) error {
 	return b.m.Upsert(p, maps.IPCacheEntry{Identity: uint32(e.Identity), TunnelIP: e.HostIP})
 }
+func (b bpfBackend) UpsertBatch(ps []netip.Prefix, es []ipcache.Entry) (int, error) {
+	vals := make([]maps.IPCacheEntry, len(es))
+	for i, e := range es {
+		vals[i] = maps.IPCacheEntry{Identity: uint32(e.Identity), TunnelIP: e.HostIP}
+	}
+	return b.m.UpsertBatch(ps, vals)
+}
 func (b bpfBackend) Delete(p netip.Prefix) error { return b.m.Delete(p) }
 func (b bpfBackend) Prefixes() ([]netip.Prefix, error) {
 	var out []netip.Prefix
@@ -38,6 +45,9 @@ func (b bpfBackend) Prefixes() ([]netip.Prefix, error) {
 	})
 	return out, err
 }
+
+// singleBackend hides the backend's batch update.
+type singleBackend struct{ ipcache.Backend }
 
 func newIPCacheMap(tb testing.TB) maps.IPCacheMap {
 	tb.Helper()
@@ -78,8 +88,10 @@ func BenchmarkPrivilegedIPCache100k(b *testing.B) {
 	// source with one address per event writes; ipcache-batched: 1,000
 	// claims per Write, as a source writing a listing does;
 	// ipcache-queued: one UpsertQueued per prefix, as the TendrilEndpoint
-	// and kvstore sources now write (the queue batches them).
-	for _, mode := range []string{"map-only", "ipcache", "ipcache-batched", "ipcache-queued"} {
+	// and kvstore sources now write (the queue batches them);
+	// ipcache-queued-single: the same with the map written one prefix a
+	// system call (the reconciler without the backend's batch update).
+	for _, mode := range []string{"map-only", "ipcache", "ipcache-batched", "ipcache-queued", "ipcache-queued-single"} {
 		b.Run(mode, func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
@@ -87,7 +99,11 @@ func BenchmarkPrivilegedIPCache100k(b *testing.B) {
 				var c *ipcache.IPCache
 				stop := func() {}
 				if mode != "map-only" {
-					c, stop = ipcachetest.Run(b, bpfBackend{m})
+					var backend ipcache.Backend = bpfBackend{m}
+					if mode == "ipcache-queued-single" {
+						backend = singleBackend{backend}
+					}
+					c, stop = ipcachetest.Run(b, backend)
 				}
 				b.StartTimer()
 				if mode == "ipcache-batched" {
@@ -108,7 +124,7 @@ func BenchmarkPrivilegedIPCache100k(b *testing.B) {
 				for j := 0; j < n && mode != "ipcache-batched"; j++ {
 					p := netip.PrefixFrom(addrN(j), 32)
 					var err error
-					if mode == "ipcache-queued" {
+					if mode == "ipcache-queued" || mode == "ipcache-queued-single" {
 						err = c.UpsertQueued(p, ipcache.Entry{Identity: identity.NumericIdentity(256 + j%1000), Source: ipcache.SourceKubernetes, Owner: owners[j]})
 					} else if mode == "map-only" {
 						err = m.Upsert(p, maps.IPCacheEntry{Identity: uint32(256 + j%1000)})

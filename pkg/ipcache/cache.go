@@ -28,6 +28,15 @@ type Backend interface {
 	Prefixes() ([]netip.Prefix, error)
 }
 
+// BatchBackend is a Backend that also writes many prefixes in one call
+// (the BPF map's batch update: one system call for a reconciler round
+// instead of one a prefix). UpsertBatch writes in order and returns how
+// many it wrote before the first failure, with that failure.
+type BatchBackend interface {
+	Backend
+	UpsertBatch(prefixes []netip.Prefix, entries []Entry) (int, error)
+}
+
 // InitializerRestore is the table initializer that holds the prune back
 // until the agent has restored its state (MarkRestored).
 const InitializerRestore = "agent-restore"
@@ -77,6 +86,11 @@ func New(p Params) (*IPCache, error) {
 		reconciler.WithPruning(DefaultPruneInterval),
 		reconciler.WithRetry(DefaultRetryMin, DefaultRetryMax),
 	}, p.Options...)
+	// A backend that writes batches gets the round's changes at once.
+	var batch reconciler.BatchOperations[*PrefixClaims]
+	if bb, ok := p.Backend.(BatchBackend); ok {
+		batch = batchOps{backend: bb}
+	}
 	c.rec, err = reconciler.Register(
 		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID},
 		tbl,
@@ -84,7 +98,7 @@ func New(p Params) (*IPCache, error) {
 		(*PrefixClaims).setStatus,
 		(*PrefixClaims).getStatus,
 		ops{backend: p.Backend, log: p.Log},
-		nil,
+		batch,
 		opts...,
 	)
 	if err != nil {
@@ -390,4 +404,37 @@ func (o ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*PrefixC
 		o.log.Info("Pruned stale ipcache entries", "pruned", pruned)
 	}
 	return err
+}
+
+// batchOps write a reconciler round's changes with the backend's batch
+// update; deletes go one by one (rarer, and a batch delete stops at the
+// first absent prefix, which a delete must ignore).
+type batchOps struct{ backend BatchBackend }
+
+// UpdateBatch writes the batch; an element the batch stops at is written
+// alone, so the failure lands on that prefix only (its status, its
+// retry) and the batch goes on after it.
+func (o batchOps) UpdateBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*PrefixClaims]) {
+	prefixes := make([]netip.Prefix, len(batch))
+	entries := make([]Entry, len(batch))
+	for i, b := range batch {
+		prefixes[i], entries[i] = b.Object.Prefix, b.Object.Resolved
+	}
+	for i := 0; i < len(batch); {
+		n, err := o.backend.UpsertBatch(prefixes[i:], entries[i:])
+		i += n
+		if err == nil {
+			return
+		}
+		if i < len(batch) {
+			batch[i].Result = o.backend.Upsert(prefixes[i], entries[i])
+			i++
+		}
+	}
+}
+
+func (o batchOps) DeleteBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*PrefixClaims]) {
+	for i := range batch {
+		batch[i].Result = o.backend.Delete(batch[i].Object.Prefix)
+	}
 }

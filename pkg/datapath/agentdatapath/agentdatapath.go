@@ -407,11 +407,29 @@ func (b ipcacheBackend) Upsert(p netip.Prefix, e ipcache.Entry) error {
 	if dm == nil {
 		return fmt.Errorf("datapath maps not open")
 	}
+	return dm.IPCacheMap().Upsert(p, ipcacheMapEntry(e))
+}
+
+// UpsertBatch writes a reconciler round's entries in one batch update.
+func (b ipcacheBackend) UpsertBatch(prefixes []netip.Prefix, entries []ipcache.Entry) (int, error) {
+	dm := b.m.loader.Maps()
+	if dm == nil {
+		return 0, fmt.Errorf("datapath maps not open")
+	}
+	vals := make([]maps.IPCacheEntry, len(entries))
+	for i, e := range entries {
+		vals[i] = ipcacheMapEntry(e)
+	}
+	return dm.IPCacheMap().UpsertBatch(prefixes, vals)
+}
+
+// ipcacheMapEntry is the map's value of an ipcache entry.
+func ipcacheMapEntry(e ipcache.Entry) maps.IPCacheEntry {
 	v := maps.IPCacheEntry{Identity: uint32(e.Identity), TunnelIP: e.HostIP}
 	if e.Identity == identity.RemoteNode {
 		v.Flags |= maps.IPCacheFlagRemoteNode
 	}
-	return dm.IPCacheMap().Upsert(p, v)
+	return v
 }
 
 func (b ipcacheBackend) Delete(p netip.Prefix) error {
