@@ -155,6 +155,37 @@ func TestPrivilegedIPCacheAndPolicyLookups(t *testing.T) {
 	}
 }
 
+// TestPrivilegedIPCacheUpsertBatch: a batch is written in one call, in
+// order; an invalid prefix stops it there with the count written before
+// it, as a kernel failure of one element does.
+func TestPrivilegedIPCacheUpsertBatch(t *testing.T) {
+	ipc := newUnpinnedMaps(t).IPCacheMap()
+	ps := []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16"), netip.MustParsePrefix("fd00:2::/64"), netip.MustParsePrefix("10.2.3.4/32")}
+	es := []IPCacheEntry{{Identity: 400}, {Identity: 401, TunnelIP: netip.MustParseAddr("192.0.2.9")}, {Identity: 402, Flags: IPCacheFlagRemoteNode}}
+	if n, err := ipc.UpsertBatch(ps, es); n != 3 || err != nil {
+		t.Fatalf("batch of 3: wrote %d, %v", n, err)
+	}
+	got, err := ipc.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range ps {
+		if got[p] != es[i] {
+			t.Errorf("%s: %+v, want %+v", p, got[p], es[i])
+		}
+	}
+	n, err := ipc.UpsertBatch([]netip.Prefix{netip.MustParsePrefix("10.3.0.0/16"), {}, netip.MustParsePrefix("10.4.0.0/16")}, es)
+	if n != 1 || err == nil {
+		t.Fatalf("batch with an invalid second prefix: wrote %d, %v; want 1 and an error", n, err)
+	}
+	if _, ok, _ := ipc.Lookup(netip.MustParsePrefix("10.4.0.0/16")); ok {
+		t.Error("the batch went on past the invalid prefix")
+	}
+	if _, err := ipc.UpsertBatch(ps[:2], es); err == nil {
+		t.Error("a batch of 2 prefixes for 3 entries was taken")
+	}
+}
+
 // TestPrivilegedPolicyTriesPerEndpoint: each endpoint's entries live in
 // tries of its own, one per direction and identity kind, created with the
 // first entry of the kind; a lookup never sees another endpoint's entries,
