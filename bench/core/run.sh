@@ -101,7 +101,7 @@ for r in $(seq "$REPEAT"); do
 		[ $tree = new ] && dir=$NEW_DIR
 		want restore && gobench $tree "$dir" ./pkg/endpointmanager 'Restore200|RestoreAndRegenerate200' 20x
 		want policy && gobench $tree "$dir" ./pkg/policy 'InitialResolution' 3x
-		want policy && gobench $tree "$dir" ./pkg/policy 'NewIdentity$' 100x
+		want policy && gobench $tree "$dir" ./pkg/policy 'NewIdentity$' 1000x
 		want ipcache && gobench $tree "$dir" ./pkg/ipcache 'IPCache100k' 3x
 		# This tree's harness and plugin, each tree's agent.
 		want cni && gobench $tree "$NEW_DIR" ./test/cni 'PrivilegedConcurrentAdd50/tendril-default$' 3x \
