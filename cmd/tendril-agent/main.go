@@ -6,10 +6,13 @@ import (
 	"os"
 
 	"github.com/tendril-net/tendril/pkg/agent"
+	"github.com/tendril-net/tendril/pkg/startgc"
 )
 
 func main() {
-	if err := agent.NewCommand(os.Stderr).Execute(); err != nil {
+	// startgc's init has raised the garbage collector's target for the
+	// process's start; the agent gives it back once ready.
+	if err := agent.NewCommand(os.Stderr, startgc.Done).Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "tendril-agent:", err)
 		os.Exit(1)
 	}

@@ -18,8 +18,9 @@ import (
 
 // NewCommand returns the tendril-agent command: it resolves the config
 // (flags > TENDRIL_* > config dir > defaults), builds the agent and runs it
-// until SIGINT or SIGTERM.
-func NewCommand(stderr io.Writer) *cobra.Command {
+// until SIGINT or SIGTERM. onReady, when not nil, is called once the agent
+// has started (Deps.Ready).
+func NewCommand(stderr io.Writer, onReady func()) *cobra.Command {
 	cfg := DefaultConfig()
 	cmd := &cobra.Command{
 		Use:           "tendril-agent",
@@ -43,7 +44,7 @@ func NewCommand(stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}
-			a, err := New(cfg, Deps{Log: log, LogLevel: level, Flags: fs, Sources: sources})
+			a, err := New(cfg, Deps{Log: log, LogLevel: level, Flags: fs, Sources: sources, Ready: onReady})
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}
