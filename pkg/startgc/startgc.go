@@ -12,10 +12,12 @@
 // or not at all and peaks at about 17 MB of heap instead of 10.
 //
 // The package's init sets the start target. Go initializes, among the
-// packages whose dependencies are initialized, the first by import path:
-// this one depends on runtime/debug only, so it is initialized before the
-// heavy packages above (GODEBUG=inittrace=1 shows the order). Importing it
-// from package main is enough to have its effect; Done ends it.
+// packages whose dependencies are initialized, the first by import path;
+// this one depends on four standard packages (runtime/debug, os, strconv,
+// strings), so it is initialized before the heavy packages above, after
+// 1.9 of the 6.5 MB they allocate (GODEBUG=inittrace=1 shows the order).
+// Importing it from package main is enough to have its effect; Done ends
+// it.
 package startgc
 
 import (
