@@ -14,6 +14,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent"
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/startgc"
 	"github.com/tendril-net/tendril/pkg/version"
 )
 
@@ -44,7 +45,7 @@ func newCommand(stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}
-			a, err := agent.New(cfg, agent.Deps{Log: log, LogLevel: level, Flags: fs, Sources: sources})
+			a, err := agent.New(cfg, agent.Deps{Log: log, LogLevel: level, Flags: fs, Sources: sources, Ready: startgc.Done})
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}

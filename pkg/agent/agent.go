@@ -22,19 +22,25 @@ import (
 )
 
 // Deps are what the caller (cmd/tendril-agent) hands the agent besides its
-// config: the logger, its level (changed by PATCH /v1/config) and the
-// resolved flag set (the effective configuration).
+// config: the logger, its level (changed by PATCH /v1/config), the
+// resolved flag set (the effective configuration) and what to call once
+// the agent is ready.
 type Deps struct {
 	Log      *slog.Logger
 	LogLevel *slog.LevelVar
 	Flags    *pflag.FlagSet
 	Sources  map[string]option.Source
+	// Ready, when set, is called once Start has started every step: the
+	// command ends the start's garbage collector target there
+	// (pkg/startgc).
+	Ready func()
 }
 
 // Agent is a node agent: its hive and what the caller asks of it.
 type Agent struct {
 	cfg    Config
 	log    *slog.Logger
+	ready  func()
 	hive   *hive.Hive
 	steps  *lifecycle.Steps
 	health *health.Registry
@@ -60,7 +66,7 @@ func New(cfg Config, deps Deps, extra ...cell.Cell) (*Agent, error) {
 	if deps.LogLevel == nil {
 		deps.LogLevel = new(slog.LevelVar)
 	}
-	a := &Agent{cfg: cfg, log: deps.Log}
+	a := &Agent{cfg: cfg, log: deps.Log, ready: deps.Ready}
 	all := append(cells(cfg, deps), extra...)
 	all = append(all, cell.Invoke(func(s *lifecycle.Steps, h *health.Registry) { a.steps, a.health = s, h }))
 	opts := hive.DefaultOptions()
@@ -91,6 +97,9 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	a.steps.SetTotal(time.Since(begin))
 	a.log.Info("Agent ready", "bootstrap", time.Since(begin))
+	if a.ready != nil {
+		a.ready()
+	}
 	return nil
 }
 

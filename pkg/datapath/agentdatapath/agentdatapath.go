@@ -45,8 +45,9 @@ import (
 // as objects of their own, so that what writes endpoints takes only those
 // (and tests can decorate them).
 var Cell = cell.Module("datapath", "The eBPF datapath maps programs events and ipcache",
-	cell.Provide(New, ipcacheOf, kernelOf, loaderOf, statusContribution, apiHandlers),
+	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
+	cell.Provide(New, ipcacheOf, kernelOf, loaderOf, statusContribution, apiHandlers),
 )
 
 // Config are the datapath's options.

@@ -20,12 +20,13 @@ import (
 // datapath's maps are open, and serves its status and NAT table on the
 // API. The agent provides Settings and the *loader.Loader.
 var Cell = cell.Module("host-devices", "Host device programs masquerading pod traffic leaving the node",
-	cell.Provide(newCell, statusContribution),
+	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(api *server.Server, m *Masquerade) {
 		if m != nil {
 			m.registerAPI(api)
 		}
 	}),
+	cell.Provide(newCell, statusContribution),
 )
 
 // Settings are what the agent tells the cell besides its flags.

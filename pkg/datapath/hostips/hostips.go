@@ -31,8 +31,9 @@ import (
 // Cell is start step 8: the node's own addresses into the ipcache (host
 // and world identities), kept current, and conntrack GC.
 var Cell = cell.Module("host-ips", "Host addresses in the ipcache and conntrack GC",
-	cell.Provide(New),
+	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Sync) {}),
+	cell.Provide(New),
 )
 
 // Endpoints are the local endpoints: IPAM (the router addresses are the

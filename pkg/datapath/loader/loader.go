@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -595,9 +596,25 @@ func (l *Loader) Remove() error {
 // (from_pod about twice to_pod): loaded side by side they verify on two
 // CPUs at once. Each program is loaded from its own copy of the spec with
 // the loaded maps as replacements, so both use the same maps (the
-// constants' .rodata is the program's own, the same in both).
+// constants' .rodata is the program's own, the same in both). The maps
+// the kernel preallocates are created several at once first (createMaps):
+// on a fresh node their creation was as long as the programs' load.
 func loadObjects(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions, objs *bpf.LxcObjects) error {
-	if err := spec.LoadAndAssign(&objs.LxcMaps, opts); err != nil {
+	created, err := createMaps(spec, opts.Maps)
+	if err != nil {
+		return err
+	}
+	// LoadAndAssign clones the replacements into objs: these are closed
+	// once it has, the clones hold the maps.
+	defer closeMaps(created)
+	mapOpts := *opts
+	mapOpts.MapReplacements = make(map[string]*ebpf.Map, len(opts.MapReplacements)+len(created))
+	for _, from := range []map[string]*ebpf.Map{opts.MapReplacements, created} {
+		for name, m := range from {
+			mapOpts.MapReplacements[name] = m
+		}
+	}
+	if err := spec.LoadAndAssign(&objs.LxcMaps, &mapOpts); err != nil {
 		return err
 	}
 	repl := loadedMaps(&objs.LxcMaps)
@@ -626,4 +643,89 @@ func loadObjects(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions, objs *
 	}
 	objs.FromPod, objs.ToPod = from.P, to.P
 	return nil
+}
+
+// createMaps creates, or opens where a pin of the same shape is left (as
+// LoadAndAssign does), the spec's maps that hold no other map or program
+// and are not a data section, on as many goroutines as the runtime has
+// CPUs. The kernel preallocates a hash map's elements (an LRU's lists, a
+// per-CPU map's values on every CPU) in the thread that creates it: tens
+// of milliseconds for the conntrack, service and audit maps, one after the
+// other in LoadAndAssign. The rest (.rodata, .bss, the policy map of maps)
+// is left to LoadAndAssign: cheap, and a data section takes the spec's
+// variables there. On error every map created is closed; pins made stay,
+// as LoadAndAssign leaves them.
+func createMaps(spec *ebpf.CollectionSpec, opts ebpf.MapOptions) (map[string]*ebpf.Map, error) {
+	var names []string
+	for name, ms := range spec.Maps {
+		if strings.HasPrefix(name, ".") || holdsObjects(ms.Type) {
+			continue
+		}
+		names = append(names, name)
+	}
+	// The largest first, so that the last ones to finish are small: the
+	// size is only a guess at the kernel's work.
+	sort.Slice(names, func(i, j int) bool {
+		si, sj := preallocGuess(spec.Maps[names[i]]), preallocGuess(spec.Maps[names[j]])
+		if si != sj {
+			return si > sj
+		}
+		return names[i] < names[j]
+	})
+	work := make(chan string, len(names))
+	for _, name := range names {
+		work <- name
+	}
+	close(work)
+	var (
+		mu      sync.Mutex
+		created = make(map[string]*ebpf.Map, len(names))
+		errs    []error
+		wg      sync.WaitGroup
+	)
+	for range min(runtime.GOMAXPROCS(0), len(names)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range work {
+				m, err := ebpf.NewMapWithOptions(spec.Maps[name], opts)
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, fmt.Errorf("map %s: %w", name, err))
+				} else {
+					created[name] = m
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		closeMaps(created)
+		return nil, err
+	}
+	return created, nil
+}
+
+// holdsObjects: a map of maps or of programs, filled by LoadAndAssign
+// with objects of the collection.
+func holdsObjects(t ebpf.MapType) bool {
+	return t == ebpf.ArrayOfMaps || t == ebpf.HashOfMaps || t == ebpf.ProgramArray
+}
+
+// preallocGuess is what the kernel allocates for a map when it is created,
+// roughly: its entries' keys and values, per CPU for a per-CPU map.
+func preallocGuess(ms *ebpf.MapSpec) uint64 {
+	size := uint64(ms.MaxEntries) * uint64(ms.KeySize+ms.ValueSize)
+	switch ms.Type {
+	case ebpf.PerCPUHash, ebpf.PerCPUArray, ebpf.LRUCPUHash:
+		size *= uint64(runtime.NumCPU())
+	}
+	return size
+}
+
+func closeMaps(ms map[string]*ebpf.Map) {
+	for _, m := range ms {
+		m.Close()
+	}
 }

@@ -44,8 +44,9 @@ import (
 // the pod CIDRs picked, IPAM started with every restored endpoint's
 // addresses re-reserved, the host device set up, and the CNI server ready.
 var Cell = cell.Module("endpoints", "Endpoint restore IPAM host networking and the CNI server",
-	cell.Provide(New, statusContribution, apiHandlers, policyModelOf),
+	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
+	cell.Provide(New, statusContribution, apiHandlers, policyModelOf),
 )
 
 // Config are the endpoints' and IPAM's options.

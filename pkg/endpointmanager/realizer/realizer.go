@@ -29,8 +29,9 @@ import (
 // programs, and its start step re-takes the restored endpoints' identities
 // (step 7, after the kvstore, whose allocator must be synced first).
 var Cell = cell.Module("endpoint-realizer", "Endpoint identity ipcache policy map and programs",
-	cell.Provide(New),
+	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Realizer) {}),
+	cell.Provide(New),
 )
 
 // Realizer is the datapath side of an endpoint's regeneration;

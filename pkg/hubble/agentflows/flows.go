@@ -171,8 +171,9 @@ func (c *Config) SocketPath(apiSocket string) string {
 // datapath's event reader) and serves them with the Hubble API from start
 // step 10 (registered by the agent's serve cell, before the API socket).
 var Cell = cell.Module("flows", "Flows observed from the datapath events and the Hubble API",
-	cell.Provide(New, statusContribution, servicesOf, nodeEventsOf),
+	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
+	cell.Provide(New, statusContribution, servicesOf, nodeEventsOf),
 )
 
 // Node is what the cell needs to know of the agent: the node's name and

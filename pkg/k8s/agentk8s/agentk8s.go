@@ -59,8 +59,9 @@ import (
 // endpoints in the ipcache, this node's endpoints published as
 // TendrilEndpoints).
 var Cell = cell.Module("k8s", "Kubernetes node write-back and watchers",
-	cell.Provide(New, statusContribution),
+	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
+	cell.Provide(New, statusContribution),
 )
 
 // Config are the Kubernetes options.

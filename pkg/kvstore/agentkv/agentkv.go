@@ -39,8 +39,9 @@ import (
 // Cell is the agent's kvstore: start step 7, after the endpoints are
 // restored and the Kubernetes watchers synced.
 var Cell = cell.Module("kvstore", "The etcd client identities and endpoint addresses in etcd",
-	cell.Provide(New, statusContribution, endpointsOf, nodeIPOf),
+	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
+	cell.Provide(New, statusContribution, endpointsOf, nodeIPOf),
 )
 
 // Options are the kvstore's flags.

@@ -120,8 +120,9 @@ const lbDrainInterval = 5 * time.Second
 // by the Service and EndpointSlice watchers, and the reconciler writing
 // them into the LB maps.
 var Cell = cell.Module("services", "Services load-balanced by the datapath",
-	cell.Provide(New, statusContribution, apiHandlers, watchersOf),
+	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
+	cell.Provide(New, statusContribution, apiHandlers, watchersOf),
 )
 
 // Settings are what the services take from the agent's other options.

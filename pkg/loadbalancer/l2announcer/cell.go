@@ -23,8 +23,9 @@ import (
 // into campaigns and the table) and the table's reconciler (the
 // responder map). It provides the *Announcer (nil when off).
 var Cell = cell.Module("l2-announcements", "Answers ARP for load-balancer and external addresses of services",
-	cell.Provide(newCell, statusContribution),
+	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Announcer) {}),
+	cell.Provide(newCell, statusContribution),
 )
 
 // Node is this node's name (the leases' holder identity).

@@ -37,8 +37,9 @@ import (
 // step restores the rules imported through the API before the restart, so
 // restored endpoints regenerate to exactly what they enforced.
 var Cell = cell.Module("policy", "Policy repository resolution and the policy file",
-	cell.Provide(New, apiHandlers),
+	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(registerRestore),
+	cell.Provide(New, apiHandlers),
 )
 
 // Config is the cell's part of the agent's configuration. The policy has

@@ -154,8 +154,11 @@ func (f *File) Write() error {
 // encode is the file's content for rules: an indented JSON list, "[]" for
 // none.
 func encode(rules api.Rules) []byte {
-	if rules == nil {
-		rules = api.Rules{}
+	if len(rules) == 0 {
+		// What MarshalIndent writes for an empty list, without building
+		// its encoders for the rule types (0.15 ms at the agent's start,
+		// whose policy-restore loads no file on a new node).
+		return []byte("[]\n")
 	}
 	data, err := json.MarshalIndent(rules, "", "  ")
 	if err != nil {

@@ -1,7 +1,9 @@
 package policyfile
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -140,5 +142,20 @@ func TestRunWritesTheLastChangesOnStop(t *testing.T) {
 	}
 	if files, _ := os.ReadDir(dir); len(files) != 1 {
 		t.Fatalf("files in the directory: %v, want only the policy file", files)
+	}
+}
+
+// TestEncodeEmpty: the empty list's encoding, written without the JSON
+// encoder, is the encoder's.
+func TestEncodeEmpty(t *testing.T) {
+	want, err := json.MarshalIndent(api.Rules{}, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, '\n')
+	for _, rules := range []api.Rules{nil, {}} {
+		if got := encode(rules); !bytes.Equal(got, want) {
+			t.Fatalf("encode(%#v) = %q, want %q", rules, got, want)
+		}
 	}
 }
