@@ -40,7 +40,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentk8s.ClientCell,
 		agentdatapath.Cell,
 		epattach.Cell, // the endpoints table: each endpoint's attachment, reconciled
-		hostdev.Cell, // the host device programs: masquerade at the uplinks
+		hostdev.Cell,  // the host device programs: masquerade at the uplinks
 		agentservices.Cell,
 		agentendpoints.Cell,
 		agentk8s.Cell,
