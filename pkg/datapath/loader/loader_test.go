@@ -776,8 +776,8 @@ func benchmarkTakeOver(b *testing.B, from, to AttachMode) {
 // attached already costs when only its flags change (the endpoints
 // table's reconciler calls AttachEndpoint for every change of an
 // endpoint's object), in each attach mode: only the map entries are
-// written (a TCX link update would wait for an RCU grace period, as an
-// attach does).
+// written, no TCX link update or tc filter replace (measured against the
+// re-attach: tcx 12–14 µs → 8–14 µs, tc 36–42 µs → 6–7 µs).
 func BenchmarkPrivilegedReattachEndpoint(b *testing.B) {
 	for _, mode := range attachModes {
 		b.Run(string(mode), func(b *testing.B) {
