@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"golang.org/x/time/rate"
 
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
@@ -63,6 +64,10 @@ type Deps struct {
 	Options []reconciler.Option
 }
 
+// roundSize is how many objects the reconciler writes before it commits
+// their statuses (and their regenerations stop waiting).
+const roundSize = 8
+
 // Table is the writers' API over the endpoints table.
 type Table struct {
 	db    *statedb.DB
@@ -92,6 +97,12 @@ func Register(d Deps) (*Table, error) {
 		reconciler.WithName(TableName),
 		reconciler.WithPruning(ipcache.DefaultPruneInterval),
 		reconciler.WithRetry(ipcache.DefaultRetryMin, ipcache.DefaultRetryMax),
+		// A regeneration (a CNI ADD) waits for its object's attach: no
+		// pause between rounds to gather a batch (statedb's default
+		// waits up to 1 ms, which a serial ADD paid every time), and the
+		// statuses committed every few objects rather than after a
+		// burst's last attach.
+		reconciler.WithRoundLimits(roundSize, rate.NewLimiter(rate.Inf, 1)),
 	}, d.Options...)
 	t.rec, err = reconciler.Register(
 		reconciler.Params{Log: d.Log, DB: d.DB, JobGroup: d.Jobs, ModuleID: d.ModuleID},
