@@ -65,8 +65,12 @@ type Deps struct {
 }
 
 // roundSize is how many objects the reconciler writes before it commits
-// their statuses (and their regenerations stop waiting).
-const roundSize = 8
+// their statuses (and their regenerations stop waiting): one, so that of
+// a burst of ADDs each waits for its own attach and those queued before
+// it (the loader attaches one at a time anyway), as when each called the
+// loader itself, not for a batch after it; a round's commit is a write
+// transaction of a few microseconds.
+const roundSize = 1
 
 // Table is the writers' API over the endpoints table.
 type Table struct {
@@ -99,9 +103,8 @@ func Register(d Deps) (*Table, error) {
 		reconciler.WithRetry(ipcache.DefaultRetryMin, ipcache.DefaultRetryMax),
 		// A regeneration (a CNI ADD) waits for its object's attach: no
 		// pause between rounds to gather a batch (statedb's default
-		// waits up to 1 ms, which a serial ADD paid every time), and the
-		// statuses committed every few objects rather than after a
-		// burst's last attach.
+		// waits up to 1 ms, which a serial ADD paid every time), and each
+		// status committed as soon as its attach is done.
 		reconciler.WithRoundLimits(roundSize, rate.NewLimiter(rate.Inf, 1)),
 	}, d.Options...)
 	t.rec, err = reconciler.Register(
