@@ -6,6 +6,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/epattach"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/hostips"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
@@ -46,7 +47,8 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentidentity.Cell,
 		agentk8s.ClientCell,
 		agentdatapath.Cell,
-		hostdev.Cell, // the host device programs: masquerade at the uplinks
+		epattach.Cell, // the endpoints table: each endpoint's attachment, reconciled
+		hostdev.Cell,  // the host device programs: masquerade at the uplinks
 		agentservices.Cell,
 		agentendpoints.Cell,
 		agentk8s.Cell,

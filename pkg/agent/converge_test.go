@@ -15,6 +15,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/epattach"
+	"github.com/tendril-net/tendril/pkg/datapath/epattach/epattachtest"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
@@ -64,6 +66,17 @@ func (k *recordingKernel) DetachEndpoint(id uint16, _ []netip.Addr) error {
 	delete(k.endpoints, id)
 	return nil
 }
+func (k *recordingKernel) AttachedEndpoints() []uint16 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []uint16
+	for id := range k.endpoints {
+		out = append(out, id)
+	}
+	return out
+}
+func (k *recordingKernel) EndpointIDs() ([]uint16, error)     { return k.AttachedEndpoints(), nil }
+func (k *recordingKernel) PurgeEndpoint(id uint16) error      { return k.DetachEndpoint(id, nil) }
 func (k *recordingKernel) PolicyMap() agentdatapath.PolicyMap { return recordingPolicyMap{k} }
 
 type recordingPolicyMap struct{ k *recordingKernel }
@@ -190,6 +203,8 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 		// The hive is not started: the ipcache runs with its reconciler
 		// in a hive of its own, over a backend that accepts every write.
 		cell.DecorateAll(func(*ipcache.IPCache) *ipcache.IPCache { return ipcachetest.Start(t, nopIPCacheBackend{}) }),
+		// Likewise the endpoints table, over the recording kernel.
+		cell.DecorateAll(func(*epattach.Table) *epattach.Table { return epattachtest.Start(t, kernel) }),
 	)
 	if err != nil {
 		t.Fatal(err)

@@ -357,11 +357,15 @@ func (m *Module) stop(context.Context) error {
 }
 
 // Kernel is the kernel side of an endpoint's regeneration: its endpoint
-// map entry and programs, and the policy map.
+// map entry and programs (written by the endpoints table's reconciler,
+// pkg/datapath/epattach, which also lists and purges what no endpoint
+// backs), and the policy map.
 type Kernel interface {
 	AttachEndpoint(loader.EndpointInfo) error
-	WriteEndpoint(loader.EndpointInfo) error
 	DetachEndpoint(id uint16, addrs []netip.Addr) error
+	AttachedEndpoints() []uint16
+	EndpointIDs() ([]uint16, error)
+	PurgeEndpoint(id uint16) error
 	PolicyMap() PolicyMap
 }
 
@@ -378,11 +382,13 @@ type PolicyMap interface {
 type loaderKernel struct{ l *loader.Loader }
 
 func (d loaderKernel) AttachEndpoint(ep loader.EndpointInfo) error { return d.l.AttachEndpoint(ep) }
-func (d loaderKernel) WriteEndpoint(ep loader.EndpointInfo) error  { return d.l.WriteEndpoint(ep) }
 func (d loaderKernel) DetachEndpoint(id uint16, addrs []netip.Addr) error {
 	return d.l.DetachEndpoint(id, addrs)
 }
-func (d loaderKernel) PolicyMap() PolicyMap { return d.l.Maps().PolicyMap() }
+func (d loaderKernel) AttachedEndpoints() []uint16    { return d.l.AttachedEndpoints() }
+func (d loaderKernel) EndpointIDs() ([]uint16, error) { return d.l.EndpointIDs() }
+func (d loaderKernel) PurgeEndpoint(id uint16) error  { return d.l.PurgeEndpoint(id) }
+func (d loaderKernel) PolicyMap() PolicyMap           { return d.l.Maps().PolicyMap() }
 
 // EndpointInfo is what the loader needs to know of ep.
 func EndpointInfo(ep *endpoint.Endpoint) loader.EndpointInfo {

@@ -440,3 +440,69 @@ func (m EndpointMap) Count() (int, error) {
 func (m EndpointMap) Capacity() int {
 	return int(m.byIfindex.MaxEntries() + m.byIPv4.MaxEntries() + m.byIPv6.MaxEntries())
 }
+
+// IDs returns the endpoint IDs that have an entry in the map (an
+// interface or an address entry), for the prune of endpoints no one
+// backs.
+func (m EndpointMap) IDs() (map[uint16]struct{}, error) {
+	out := map[uint16]struct{}{}
+	for _, mp := range []*ebpf.Map{m.byIfindex, m.byIPv4, m.byIPv6} {
+		var v bpf.LxcEndpointInfo
+		key := make([]byte, mp.KeySize())
+		it := mp.Iterate()
+		for it.Next(key, &v) {
+			if v.EpId != 0 {
+				out[v.EpId] = struct{}{}
+			}
+		}
+		if err := it.Err(); err != nil {
+			return nil, fmt.Errorf("list endpoint IDs in %s: %w", mp, err)
+		}
+	}
+	return out, nil
+}
+
+// Purge removes every entry that names endpoint id, whatever its key: the
+// prune of an endpoint whose last state is unknown (DeleteID removes the
+// entries of one record, found by its addresses or a walk, and would
+// leave an address entry whose interface entry says otherwise).
+func (m EndpointMap) Purge(id uint16) error {
+	// Interface entries first, as in remove: the endpoint's programs then
+	// drop its traffic rather than pass it half-removed.
+	var ifindexes []uint32
+	var k uint32
+	var v bpf.LxcEndpointInfo
+	it := m.byIfindex.Iterate()
+	for it.Next(&k, &v) {
+		if v.EpId == id {
+			ifindexes = append(ifindexes, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("purge endpoint %d: read interface entries: %w", id, err)
+	}
+	for _, ifindex := range ifindexes {
+		if err := m.deleteIfindex(ifindex, id); err != nil {
+			return fmt.Errorf("purge endpoint %d: %w", id, err)
+		}
+	}
+	for _, mp := range []*ebpf.Map{m.byIPv4, m.byIPv6} {
+		var keys [][]byte
+		key := make([]byte, mp.KeySize())
+		it := mp.Iterate()
+		for it.Next(key, &v) {
+			if v.EpId == id {
+				keys = append(keys, append([]byte(nil), key...))
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("purge endpoint %d: read %s: %w", id, mp, err)
+		}
+		for _, key := range keys {
+			if err := ignoreMissing(mp.Delete(key)); err != nil {
+				return fmt.Errorf("purge endpoint %d: delete from %s: %w", id, mp, err)
+			}
+		}
+	}
+	return clearSlot(m.byID, uint32(id), id)
+}

@@ -1,6 +1,8 @@
 // Package realizer is the datapath side of an endpoint's regeneration
-// (identity, ipcache, policy map entries, endpoint map entry and
-// programs: the "endpoint-realizer" cell, start step "identity-restore")
+// (identity, ipcache, policy map entries, then the endpoint's object in
+// the endpoints table, whose reconciler writes its endpoint map entry and
+// attaches its programs: the "endpoint-realizer" cell, start step
+// "identity-restore")
 // and the regeneration that keeps every endpoint at the current policy
 // (the "regeneration" cell: steps "regenerate-restored" and
 // "policy-regeneration", the manager's workers and the policy pass).
@@ -12,10 +14,12 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/cilium/hive/cell"
 
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/epattach"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -39,6 +43,7 @@ var Cell = cell.Module("endpoint-realizer", "Endpoint identity ipcache policy ma
 type Realizer struct {
 	log        *slog.Logger
 	kernel     agentdatapath.Kernel
+	attach     *epattach.Table
 	ipcache    *ipcache.IPCache
 	policy     *agentpolicy.Module
 	identities identity.Allocator
@@ -55,6 +60,7 @@ type Params struct {
 	Lifecycle  cell.Lifecycle
 	Steps      *lifecycle.Steps
 	Kernel     agentdatapath.Kernel // nil without the datapath
+	Attach     *epattach.Table      // the endpoints table; nil without the datapath
 	IPCache    *ipcache.IPCache
 	Endpoints  *agentendpoints.Module
 	Policy     *agentpolicy.Module
@@ -67,16 +73,38 @@ func New(p Params) *Realizer {
 	if p.Kernel == nil {
 		return nil
 	}
-	r := &Realizer{log: p.Log, kernel: p.Kernel, ipcache: p.IPCache, policy: p.Policy, identities: p.Identities, held: map[uint16]identity.NumericIdentity{}}
+	r := &Realizer{log: p.Log, kernel: p.Kernel, attach: p.Attach, ipcache: p.IPCache, policy: p.Policy, identities: p.Identities, held: map[uint16]identity.NumericIdentity{}}
 	// After host networking, every regeneration realizes the endpoint here.
 	p.Endpoints.AddRegenerateHook(r)
 	eps := p.Endpoints
 	p.Steps.Append(p.Lifecycle, "identity-restore", func(context.Context) error {
-		r.reserveRestored(eps.Manager().List())
-		return nil
+		restored := eps.Manager().List()
+		r.reserveRestored(restored)
+		// Before any regeneration: the endpoints table's prune must keep
+		// every restored endpoint's attachment, regenerated or not.
+		return r.keepRestored(restored)
 	}, nil)
 	return r
 }
+
+// keepRestored puts the restored endpoints into the endpoints table as the
+// previous run left them in the kernel (the reconciler writes nothing for
+// them until their regeneration replaces them).
+func (m *Realizer) keepRestored(eps []*endpoint.Endpoint) error {
+	rows := make([]epattach.Endpoint, 0, len(eps))
+	for _, ep := range eps {
+		rows = append(rows, epattach.Endpoint{EndpointInfo: agentdatapath.EndpointInfo(ep), Namespace: ep.PodNamespace, Pod: ep.PodName})
+	}
+	if err := m.attach.AddRestored(rows); err != nil {
+		return fmt.Errorf("keep the restored endpoints' attachments: %w", err)
+	}
+	return nil
+}
+
+// MarkRestored lets the endpoints table prune the attachments no endpoint
+// backs: called once the restored endpoints have regenerated (each is in
+// the table since the identity-restore step, regenerated or not).
+func (m *Realizer) MarkRestored() { m.attach.MarkRestored() }
 
 // reserveRestored re-takes the identities of restored endpoints so they
 // keep the numbers their pinned policy entries use.
@@ -97,8 +125,12 @@ func (m *Realizer) reserveRestored(eps []*endpoint.Endpoint) {
 }
 
 // Regenerate realizes one endpoint in the datapath, in the order that keeps
-// its first packet enforced: identity, ipcache, policy entries, endpoint
-// map entry, then the programs.
+// its first packet enforced: identity, ipcache, policy entries, then its
+// object in the endpoints table, whose reconciler writes the endpoint map
+// entry, then attaches the programs. It returns once that is done (an
+// endpoint is ready only once attached), or with the attach's error (the
+// endpoint manager retries the regeneration, and the reconciler the
+// attach).
 func (m *Realizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error {
 	labels := agentpolicy.EndpointLabels(ep)
 	var id identity.NumericIdentity
@@ -155,8 +187,16 @@ func (m *Realizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error 
 	if ep.HostIfIndex == 0 {
 		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
 	}
-	return m.kernel.AttachEndpoint(agentdatapath.EndpointInfo(ep))
+	if err := m.attach.Upsert(agentdatapath.EndpointInfo(ep), ep.PodNamespace, ep.PodName); err != nil {
+		return err
+	}
+	return m.attach.WaitRealized(ctx, ep.ID)
 }
+
+// refreshWait bounds how long a policy refresh waits for the endpoints
+// table's reconciler to write new flags (it has no context of its own):
+// past it the refresh fails and the endpoint gets a full regeneration.
+const refreshWait = time.Minute
 
 // RefreshPolicy is the light regeneration after a policy, identity or mode
 // change: the policy map difference, then the enforcement flags in the
@@ -172,13 +212,21 @@ func (m *Realizer) RefreshPolicy(ep *endpoint.Endpoint) error {
 	}
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
 	ep.AuditIngress, ep.AuditEgress = auditIn, auditEg
-	return m.kernel.WriteEndpoint(agentdatapath.EndpointInfo(ep))
+	if err := m.attach.Upsert(agentdatapath.EndpointInfo(ep), ep.PodNamespace, ep.PodName); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), refreshWait)
+	defer cancel()
+	return m.attach.WaitRealized(ctx, ep.ID)
 }
 
-// Remove tears an endpoint out of the datapath.
+// Remove tears an endpoint out of the datapath: its object leaves the
+// endpoints table and the reconciler detaches it (Remove waits for that;
+// a failed detach is returned and retried by the reconciler), then its
+// ipcache claims and policy entries go.
 func (m *Realizer) Remove(ctx context.Context, ep *endpoint.Endpoint) error {
 	var errs []error
-	if err := m.kernel.DetachEndpoint(ep.ID, ep.Addresses()); err != nil {
+	if err := m.attach.Delete(ctx, ep.ID); err != nil {
 		errs = append(errs, err)
 	}
 	for _, ip := range ep.Addresses() {

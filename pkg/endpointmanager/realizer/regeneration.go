@@ -41,7 +41,16 @@ type regenerationParams struct {
 
 func registerRegeneration(p stepParams, r regenerationParams) {
 	eps := r.Endpoints
-	p.Steps.Append(p.Lifecycle, "regenerate-restored", eps.RegenerateRestored, nil)
+	p.Steps.Append(p.Lifecycle, "regenerate-restored", func(ctx context.Context) error {
+		err := eps.RegenerateRestored(ctx)
+		if r.Realizer != nil {
+			// Every restored endpoint is in the endpoints table now
+			// (regenerated, or as the previous run left it): the table's
+			// reconciler may prune the attachments of the others.
+			r.Realizer.MarkRestored()
+		}
+		return err
+	}, nil)
 	p.Jobs.NewGroup(p.Health.Scope("regenerate-restored"), job.WithLogger(p.Log)).Add(job.OneShot("regeneration-workers", eps.RunWorkers))
 	// The step marks where the policy regeneration starts (its job,
 	// right after it).

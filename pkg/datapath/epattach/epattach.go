@@ -1,0 +1,360 @@
+// Package epattach is the endpoints table: what the datapath should hold
+// for each local endpoint (its endpoint map entries and its programs on
+// the host veth), and the statedb reconciler that writes it to the
+// kernel, retries failures with backoff and prunes the attachments and
+// map entries of endpoints that have no object in the table.
+package epattach
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"golang.org/x/time/rate"
+
+	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/reconcile"
+)
+
+// Kernel is the datapath as the reconciler writes it (the loader in the
+// agent); a test injects failures through it.
+type Kernel interface {
+	// AttachEndpoint writes the endpoint's map entries and attaches its
+	// programs; idempotent, and only the entries when the programs are
+	// attached already.
+	AttachEndpoint(loader.EndpointInfo) error
+	// DetachEndpoint removes the endpoint's programs and map entries.
+	DetachEndpoint(id uint16, addrs []netip.Addr) error
+	// AttachedEndpoints and EndpointIDs list the endpoint IDs with
+	// programs attached and with endpoint map entries, for the prune.
+	AttachedEndpoints() []uint16
+	EndpointIDs() ([]uint16, error)
+	// PurgeEndpoint removes every program and map entry of an endpoint
+	// whose addresses are not known (the prune).
+	PurgeEndpoint(id uint16) error
+}
+
+// InitializerRestore is the table initializer that holds the prune back
+// until the restored endpoints are in the table (MarkRestored).
+const InitializerRestore = "agent-restore"
+
+// Deps are what Register needs.
+type Deps struct {
+	DB *statedb.DB
+	// Jobs runs the reconciler; its jobs must start once the kernel can
+	// be written (after the datapath's step).
+	Jobs     job.Group
+	Log      *slog.Logger
+	ModuleID cell.FullModuleID
+	Kernel   Kernel
+	// Options beyond the defaults (retry backoff, prune interval), for
+	// tests.
+	Options []reconciler.Option
+}
+
+// roundSize is how many objects the reconciler writes before it commits
+// their statuses (and their regenerations stop waiting): one, so that of
+// a burst of ADDs each waits for its own attach and those queued before
+// it (the loader attaches one at a time anyway), as when each called the
+// loader itself, not for a batch after it; a round's commit is a write
+// transaction of a few microseconds.
+const roundSize = 1
+
+// Table is the writers' API over the endpoints table.
+type Table struct {
+	db    *statedb.DB
+	table statedb.RWTable[*Endpoint]
+	rec   reconciler.Reconciler[*Endpoint]
+	ops   *ops
+
+	restoredOnce sync.Once
+	restored     func(statedb.WriteTxn)
+}
+
+// Register creates the table and registers its reconciler on d.Jobs; the
+// prune waits for MarkRestored. The intervals are the ipcache's: a failed
+// write is retried from 100 ms up to every 30 s, the prune runs once the
+// table is initialized and every 5 minutes, and every object is written
+// again every 30 minutes (statedb's default refresh).
+func Register(d Deps) (*Table, error) {
+	tbl, err := NewTable(d.DB)
+	if err != nil {
+		return nil, fmt.Errorf("endpoints table: %w", err)
+	}
+	t := &Table{db: d.DB, table: tbl, ops: &ops{kernel: d.Kernel, log: d.Log, deleteErrs: map[uint16]error{}}}
+	wtxn := d.DB.WriteTxn(tbl)
+	t.restored = tbl.RegisterInitializer(wtxn, InitializerRestore)
+	wtxn.Commit()
+	opts := append([]reconciler.Option{
+		reconciler.WithName(TableName),
+		reconciler.WithPruning(ipcache.DefaultPruneInterval),
+		reconciler.WithRetry(ipcache.DefaultRetryMin, ipcache.DefaultRetryMax),
+		// A regeneration (a CNI ADD) waits for its object's attach: no
+		// pause between rounds to gather a batch (statedb's default
+		// waits up to 1 ms, which a serial ADD paid every time), and each
+		// status committed as soon as its attach is done.
+		reconciler.WithRoundLimits(roundSize, rate.NewLimiter(rate.Inf, 1)),
+	}, d.Options...)
+	t.rec, err = reconciler.Register(
+		reconciler.Params{Log: d.Log, DB: d.DB, JobGroup: d.Jobs, ModuleID: d.ModuleID},
+		tbl,
+		(*Endpoint).clone,
+		(*Endpoint).setStatus,
+		(*Endpoint).getStatus,
+		t.ops,
+		nil,
+		opts...,
+	)
+	if err != nil {
+		return nil, fmt.Errorf("endpoints reconciler: %w", err)
+	}
+	return t, nil
+}
+
+// Table is the statedb table, for reading and inspection.
+func (t *Table) Table() statedb.Table[*Endpoint] { return t.table }
+
+// DB is the database the table is in.
+func (t *Table) DB() *statedb.DB { return t.db }
+
+// Get returns endpoint id's object.
+func (t *Table) Get(id uint16) (*Endpoint, bool) {
+	obj, _, found := t.table.Get(t.db.ReadTxn(), IDIndex.Query(id))
+	return obj, found
+}
+
+// Upsert records what the datapath should hold for an endpoint, in one
+// short write transaction. The object is marked pending (the reconciler
+// attaches it) when that changed, or when its last attach failed (the
+// caller, a regeneration, wants it tried now); otherwise it is left as
+// it is, so an unchanged endpoint costs no kernel write.
+func (t *Table) Upsert(info loader.EndpointInfo, namespace, pod string) error {
+	next := &Endpoint{EndpointInfo: info, Namespace: namespace, Pod: pod, Status: reconciler.StatusPending()}
+	wtxn := t.db.WriteTxn(t.table)
+	old, _, found := t.table.Get(wtxn, IDIndex.Query(info.ID))
+	if found && old.sameSpec(next) && old.Status.Kind != reconciler.StatusKindError {
+		wtxn.Abort()
+		return nil
+	}
+	if _, _, err := t.table.Insert(wtxn, next); err != nil {
+		wtxn.Abort()
+		return fmt.Errorf("endpoints table: endpoint %d: %w", info.ID, err)
+	}
+	wtxn.Commit()
+	return nil
+}
+
+// AddRestored gives each restored endpoint that has no object yet one
+// that keeps what the previous run left in the kernel (Restored, done at
+// once: the reconciler writes nothing for it), so that the prune never
+// detaches an endpoint that is restored but not regenerated yet, or whose
+// regeneration failed before it reached the table.
+func (t *Table) AddRestored(eps []Endpoint) error {
+	wtxn := t.db.WriteTxn(t.table)
+	defer wtxn.Abort()
+	for _, ep := range eps {
+		if _, _, found := t.table.Get(wtxn, IDIndex.Query(ep.ID)); found {
+			continue
+		}
+		ep.Restored = true
+		ep.Status = reconciler.StatusDone()
+		if _, _, err := t.table.Insert(wtxn, &ep); err != nil {
+			return fmt.Errorf("endpoints table: restored endpoint %d: %w", ep.ID, err)
+		}
+	}
+	wtxn.Commit()
+	return nil
+}
+
+// MarkRestored says that every restored endpoint is in the table: from
+// now on the reconciler prunes what no object backs. Idempotent.
+func (t *Table) MarkRestored() {
+	t.restoredOnce.Do(func() {
+		wtxn := t.db.WriteTxn(t.table)
+		t.restored(wtxn)
+		wtxn.Commit()
+	})
+}
+
+// Prune asks for a prune now (it still waits for MarkRestored).
+func (t *Table) Prune() { t.rec.Prune() }
+
+// WaitRealized waits until the kernel holds endpoint id's current object.
+// It returns the reconciler's error when the attach failed (the
+// reconciler goes on retrying it), so that the endpoint's regeneration
+// fails and is retried like any other failure.
+func (t *Table) WaitRealized(ctx context.Context, id uint16) error {
+	for {
+		obj, _, watch, found := t.table.GetWatch(t.db.ReadTxn(), IDIndex.Query(id))
+		if !found {
+			return fmt.Errorf("endpoint %d is not in the endpoints table", id)
+		}
+		switch obj.Status.Kind {
+		case reconciler.StatusKindDone:
+			return nil
+		case reconciler.StatusKindError:
+			return fmt.Errorf("attach endpoint %d: %s", id, obj.Status.GetError())
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for endpoint %d to be attached: %w", id, ctx.Err())
+		case <-watch:
+		}
+	}
+}
+
+// Delete removes endpoint id's object and waits until the reconciler has
+// detached it. A failed detach is returned, and retried by the
+// reconciler with backoff (and by the prune) until it succeeds.
+func (t *Table) Delete(ctx context.Context, id uint16) error {
+	wtxn := t.db.WriteTxn(t.table)
+	obj, _, found := t.table.Get(wtxn, IDIndex.Query(id))
+	if !found {
+		wtxn.Abort()
+		return nil
+	}
+	if _, _, err := t.table.Delete(wtxn, obj); err != nil {
+		wtxn.Abort()
+		return fmt.Errorf("endpoints table: delete endpoint %d: %w", id, err)
+	}
+	rev := t.table.Revision(wtxn)
+	wtxn.Commit()
+	if _, _, err := t.rec.WaitUntilReconciled(ctx, rev); err != nil {
+		return fmt.Errorf("wait for endpoint %d to be detached: %w", id, err)
+	}
+	return t.ops.deleteErr(id)
+}
+
+// Synced waits until the kernel holds every change made to the table so
+// far with none failing, or ctx ends.
+func (t *Table) Synced(ctx context.Context) error {
+	return reconcile.Synced(ctx, t.rec, t.table.Revision(t.db.ReadTxn()), TableName)
+}
+
+// ops are the reconciler's operations over the kernel.
+type ops struct {
+	kernel Kernel
+	log    *slog.Logger
+
+	mu sync.Mutex
+	// deleteErrs holds the last failed detach of each endpoint until one
+	// succeeds, for Delete to report.
+	deleteErrs map[uint16]error
+}
+
+func (o *ops) deleteErr(id uint16) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.deleteErrs[id]
+}
+
+// Update attaches the endpoint (its map entries, then its programs). A
+// restored endpoint not regenerated yet is left as the previous run left
+// it: its facts (identity, flags) are not known to be current.
+func (o *ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *Endpoint) error {
+	if e.Restored {
+		return nil
+	}
+	if err := o.kernel.AttachEndpoint(e.EndpointInfo); err != nil {
+		return fmt.Errorf("attach endpoint %d: %w", e.ID, err)
+	}
+	return nil
+}
+
+// Delete detaches the endpoint and removes its map entries.
+func (o *ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *Endpoint) error {
+	err := o.kernel.DetachEndpoint(e.ID, e.Addresses)
+	if err != nil {
+		err = fmt.Errorf("detach endpoint %d: %w", e.ID, err)
+	}
+	o.mu.Lock()
+	if err != nil {
+		o.deleteErrs[e.ID] = err
+	} else {
+		delete(o.deleteErrs, e.ID)
+	}
+	o.mu.Unlock()
+	return err
+}
+
+// Prune removes the programs and map entries of every endpoint ID that has
+// no object: endpoints of a previous run that were not restored (their
+// state is gone, or their interface), and detaches that failed.
+func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Endpoint, statedb.Revision]) error {
+	mapped, err := o.kernel.EndpointIDs()
+	if err != nil {
+		return fmt.Errorf("list the endpoint map: %w", err)
+	}
+	have := slices.Compact(slices.Sorted(slices.Values(append(mapped, o.kernel.AttachedEndpoints()...))))
+	want := map[uint16]struct{}{}
+	for e := range objs {
+		want[e.ID] = struct{}{}
+	}
+	var pruned []uint16
+	_, err = reconcile.PruneStale(have, want, func(id uint16) error {
+		if err := o.kernel.PurgeEndpoint(id); err != nil {
+			return err
+		}
+		pruned = append(pruned, id)
+		o.mu.Lock()
+		delete(o.deleteErrs, id)
+		o.mu.Unlock()
+		return nil
+	})
+	if len(pruned) > 0 {
+		o.log.Info("Pruned the datapath of endpoints that no longer exist", "endpoints", pruned)
+	}
+	return err
+}
+
+// Cell provides the endpoints table (nil without the datapath) with its
+// reconciler over the datapath's kernel side. Its jobs start after the
+// datapath's step (the cell is built after the datapath, whose kernel it
+// takes), so the maps are open when it writes them.
+var Cell = cell.Module("endpoints-table", "The endpoints table and the reconciler of their attachments",
+	cell.Provide(New),
+	cell.Invoke(func(*Table) {}),
+)
+
+// Params are the cell's dependencies.
+type Params struct {
+	cell.In
+
+	Log       *slog.Logger
+	DB        *statedb.DB
+	Inspector *dbinspect.Inspector
+	Jobs      job.Registry
+	Health    *health.Registry
+	ModuleID  cell.FullModuleID
+	Kernel    agentdatapath.Kernel // nil without the datapath
+}
+
+// New registers the table and its reconciler; nil without the datapath.
+func New(p Params) (*Table, error) {
+	if p.Kernel == nil {
+		return nil, nil
+	}
+	t, err := Register(Deps{
+		DB: p.DB, Log: p.Log, ModuleID: p.ModuleID, Kernel: p.Kernel,
+		Jobs: p.Jobs.NewGroup(p.Health.Scope("bpf-maps"), job.WithLogger(p.Log)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.Inspector.AddReconciled(TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
+		return dbinspect.CountStatus(t.table.All(txn), (*Endpoint).getStatus)
+	})
+	return t, nil
+}
