@@ -55,7 +55,7 @@ coredns:
 RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/ipcache/... \
 	./pkg/identity/... ./pkg/cni/... ./pkg/agent/ ./pkg/lifecycle/ ./pkg/health/ ./pkg/namedns/ \
 	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/k8s/agentk8s/ ./pkg/node/ ./pkg/loadbalancer/... ./pkg/dbinspect/ \
-	./pkg/observer/... ./pkg/hubble/ ./pkg/hubble/agentflows/ ./pkg/datapath/sockterm/ ./pkg/datapath/hostdev/ ./pkg/operator/...
+	./pkg/observer/... ./pkg/hubble/ ./pkg/hubble/agentflows/ ./pkg/datapath/sockterm/ ./pkg/datapath/hostdev/ ./pkg/operator/... ./pkg/datapath/epattach/
 
 test: deps verify-generated lint build k8s-binaries coredns
 	@echo "==> go test (full log in .test-output.log), then go test -race on the packages that hold concurrency"

@@ -75,8 +75,10 @@ func (k *recordingKernel) AttachedEndpoints() []uint16 {
 	}
 	return out
 }
-func (k *recordingKernel) EndpointIDs() ([]uint16, error)     { return k.AttachedEndpoints(), nil }
-func (k *recordingKernel) PurgeEndpoint(id uint16) error      { return k.DetachEndpoint(id, nil) }
+func (k *recordingKernel) EndpointIDs() ([]uint16, error) { return k.AttachedEndpoints(), nil }
+func (k *recordingKernel) PurgeEndpoint(id uint16) (bool, error) {
+	return false, k.DetachEndpoint(id, nil)
+}
 func (k *recordingKernel) PolicyMap() agentdatapath.PolicyMap { return recordingPolicyMap{k} }
 
 type recordingPolicyMap struct{ k *recordingKernel }

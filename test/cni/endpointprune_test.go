@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,10 +20,14 @@ import (
 // TestPrivilegedStaleEndpointPrunedAfterRestart: three pods, then the
 // agent is killed and one pod's endpoint state removed (its pod and veth
 // stay, but the agent cannot restore it). The restarted agent's endpoints
-// table reconciler removes that endpoint's programs (pinned TCX links or
-// tc filters) and its endpoint map entries, and leaves the two restored
-// endpoints' as they were: the same TCX links, their map entries, and
-// traffic between them. `GET /v1/statedb/rows/endpoints` shows the two.
+// table reconciler removes that endpoint's map entries and keeps its
+// programs on the veth that still exists, so the pod is cut off (its
+// programs find no endpoint: fail closed, never a pod veth without
+// programs), and leaves the two restored endpoints' as they were: the same
+// TCX links, their map entries, and traffic between them. `GET
+// /v1/statedb/rows/endpoints` shows the two. Once the pod is gone (its
+// namespace and veth deleted), the next agent's prune removes the
+// programs too.
 func TestPrivilegedStaleEndpointPrunedAfterRestart(t *testing.T) {
 	testutil.Privileged(t)
 	args := []string{"--ipv6-range", "none", "--ipv4-range", "10.233.0.0/24"}
@@ -34,20 +39,24 @@ func TestPrivilegedStaleEndpointPrunedAfterRestart(t *testing.T) {
 		ips[p] = n.mustAdd(list, p).IPs[0].Address.IP.String()
 	}
 	ids := map[*pod]uint16{}
+	var cVeth string
 	for _, e := range n.endpoints() {
 		for p, ip := range ips {
 			if e.Status.Networking.Addressing[0].IPV4 == ip {
 				ids[p] = uint16(e.ID)
+				if p == c {
+					cVeth = e.Status.Networking.InterfaceName
+				}
 			}
 		}
 	}
-	if len(ids) != 3 {
-		t.Fatalf("endpoints of the three pods: %v", ids)
+	if len(ids) != 3 || cVeth == "" {
+		t.Fatalf("endpoints of the three pods: %v (c's veth %q)", ids, cVeth)
 	}
 	mode := n.attachMode(t)
 	n.checkAttachments(t, mode, 6)
-	if !reachable(a, ips[b]) {
-		t.Fatal("a cannot reach b before the restart")
+	if !reachable(a, ips[b]) || !reachable(a, ips[c]) {
+		t.Fatal("a cannot reach b and c before the restart")
 	}
 	kept := map[*pod][]string{a: n.attachmentsOf(t, ids[a]), b: n.attachmentsOf(t, ids[b])}
 
@@ -56,17 +65,24 @@ func TestPrivilegedStaleEndpointPrunedAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Before the new agent: c is attached, with its map entries.
-	if got := n.attachmentsOf(t, ids[c]); len(got) != 2 {
-		t.Fatalf("endpoint %d (pod c) has attachments %v before the restart, want 2", ids[c], got)
+	cAttached := n.attachmentsOf(t, ids[c])
+	if len(cAttached) != 2 {
+		t.Fatalf("endpoint %d (pod c) has attachments %v before the restart, want 2", ids[c], cAttached)
 	}
 	if !n.inEndpointMap(t, ids[c], ips[c]) {
 		t.Fatalf("endpoint %d (pod c) is not in the endpoint map before the restart", ids[c])
 	}
 	n.runAgent(t, args...)
 
-	eventually(t, fmt.Sprintf("the programs and map entries of endpoint %d (pod c, not restored) pruned", ids[c]), func() bool {
-		return len(n.attachmentsOf(t, ids[c])) == 0 && !n.inEndpointMap(t, ids[c], ips[c])
+	eventually(t, fmt.Sprintf("the map entries of endpoint %d (pod c, not restored) pruned", ids[c]), func() bool {
+		return !n.inEndpointMap(t, ids[c], ips[c])
 	})
+	if got := n.attachmentsOf(t, ids[c]); strings.Join(got, " ") != strings.Join(cAttached, " ") {
+		t.Errorf("endpoint %d (pod c, veth alive): attachments %v after the restart, want its programs kept: %v", ids[c], got, cAttached)
+	}
+	if reachable(a, ips[c]) || reachable(c, ips[a]) {
+		t.Error("pod c, whose endpoint was not restored, still has traffic: its programs should drop it")
+	}
 	for _, p := range []*pod{a, b} {
 		if got := n.attachmentsOf(t, ids[p]); strings.Join(got, " ") != strings.Join(kept[p], " ") {
 			t.Errorf("restored endpoint %d (pod %s): attachments %v after the restart, had %v", ids[p], p.name, got, kept[p])
@@ -93,6 +109,37 @@ func TestPrivilegedStaleEndpointPrunedAfterRestart(t *testing.T) {
 			t.Errorf("row of the endpoints table: %v (header %v)", r, rows.Header)
 		}
 	}
+
+	// The pod goes (its namespace, with it the veth pair); the next
+	// agent's prune removes the programs that were left to cut it off.
+	if out, err := exec.Command("ip", "netns", "del", filepath.Base(c.netns)).CombinedOutput(); err != nil {
+		t.Fatalf("delete pod c's namespace: %v: %s", err, out)
+	}
+	eventually(t, "pod c's host veth "+cVeth+" gone with its namespace", func() bool {
+		_, err := n.nl.LinkByName(cVeth)
+		return err != nil
+	})
+	n.killAgent(t)
+	n.runAgent(t, args...)
+	eventually(t, fmt.Sprintf("the programs of endpoint %d (pod c, its veth gone) pruned", ids[c]), func() bool {
+		return len(n.attachmentsOf(t, ids[c])) == 0 && !n.pinnedLinkOf(t, ids[c])
+	})
+	if !reachable(a, ips[b]) {
+		t.Error("the restored pods cannot reach each other after the second restart")
+	}
+}
+
+// pinnedLinkOf reports whether a TCX link pin of endpoint id is left
+// (attachmentsOf lists only pins whose link loads; a link whose interface
+// went still loads, so this is the same check, by file).
+func (n *node) pinnedLinkOf(t *testing.T, id uint16) bool {
+	t.Helper()
+	for _, dir := range []string{"ingress", "egress"} {
+		if _, err := os.Stat(filepath.Join(n.bpfRoot, "links", fmt.Sprintf("ep%d-%s", id, dir))); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // attachmentsOf describes endpoint id's attachments: each pinned TCX link

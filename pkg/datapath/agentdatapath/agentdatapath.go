@@ -365,7 +365,7 @@ type Kernel interface {
 	DetachEndpoint(id uint16, addrs []netip.Addr) error
 	AttachedEndpoints() []uint16
 	EndpointIDs() ([]uint16, error)
-	PurgeEndpoint(id uint16) error
+	PurgeEndpoint(id uint16) (keptPrograms bool, err error)
 	PolicyMap() PolicyMap
 }
 
@@ -385,10 +385,10 @@ func (d loaderKernel) AttachEndpoint(ep loader.EndpointInfo) error { return d.l.
 func (d loaderKernel) DetachEndpoint(id uint16, addrs []netip.Addr) error {
 	return d.l.DetachEndpoint(id, addrs)
 }
-func (d loaderKernel) AttachedEndpoints() []uint16    { return d.l.AttachedEndpoints() }
-func (d loaderKernel) EndpointIDs() ([]uint16, error) { return d.l.EndpointIDs() }
-func (d loaderKernel) PurgeEndpoint(id uint16) error  { return d.l.PurgeEndpoint(id) }
-func (d loaderKernel) PolicyMap() PolicyMap           { return d.l.Maps().PolicyMap() }
+func (d loaderKernel) AttachedEndpoints() []uint16           { return d.l.AttachedEndpoints() }
+func (d loaderKernel) EndpointIDs() ([]uint16, error)        { return d.l.EndpointIDs() }
+func (d loaderKernel) PurgeEndpoint(id uint16) (bool, error) { return d.l.PurgeEndpoint(id) }
+func (d loaderKernel) PolicyMap() PolicyMap                  { return d.l.Maps().PolicyMap() }
 
 // EndpointInfo is what the loader needs to know of ep.
 func EndpointInfo(ep *endpoint.Endpoint) loader.EndpointInfo {

@@ -41,9 +41,12 @@ type Kernel interface {
 	// programs attached and with endpoint map entries, for the prune.
 	AttachedEndpoints() []uint16
 	EndpointIDs() ([]uint16, error)
-	// PurgeEndpoint removes every program and map entry of an endpoint
-	// whose addresses are not known (the prune).
-	PurgeEndpoint(id uint16) error
+	// PurgeEndpoint removes the map entries of an endpoint whose
+	// addresses are not known (the prune), and its programs unless they
+	// are on an interface that still exists (keptPrograms: a pod whose
+	// state was lost, cut off by its programs rather than left without;
+	// loader.PurgeEndpoint).
+	PurgeEndpoint(id uint16) (keptPrograms bool, err error)
 }
 
 // InitializerRestore is the table initializer that holds the prune back
@@ -289,9 +292,11 @@ func (o *ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e
 	return err
 }
 
-// Prune removes the programs and map entries of every endpoint ID that has
-// no object: endpoints of a previous run that were not restored (their
-// state is gone, or their interface), and detaches that failed.
+// Prune removes the map entries and programs of every endpoint ID that
+// has no object: endpoints of a previous run that were not restored (their
+// state is gone, or their interface), and detaches that failed. Programs
+// on an interface that still exists stay (loader.PurgeEndpoint): they cut
+// the pod off until its interface goes, and a later prune removes them.
 func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Endpoint, statedb.Revision]) error {
 	mapped, err := o.kernel.EndpointIDs()
 	if err != nil {
@@ -302,12 +307,17 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Endpoi
 	for e := range objs {
 		want[e.ID] = struct{}{}
 	}
-	var pruned []uint16
+	var pruned, cutOff []uint16
 	_, err = reconcile.PruneStale(have, want, func(id uint16) error {
-		if err := o.kernel.PurgeEndpoint(id); err != nil {
+		kept, err := o.kernel.PurgeEndpoint(id)
+		if err != nil {
 			return err
 		}
-		pruned = append(pruned, id)
+		if kept {
+			cutOff = append(cutOff, id)
+		} else {
+			pruned = append(pruned, id)
+		}
 		o.mu.Lock()
 		delete(o.deleteErrs, id)
 		o.mu.Unlock()
@@ -315,6 +325,10 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Endpoi
 	})
 	if len(pruned) > 0 {
 		o.log.Info("Pruned the datapath of endpoints that no longer exist", "endpoints", pruned)
+	}
+	if len(cutOff) > 0 {
+		o.log.Warn("Endpoints that were not restored keep their programs while their interfaces exist: their pods' traffic is dropped until they go",
+			"endpoints", cutOff)
 	}
 	return err
 }

@@ -73,11 +73,11 @@ func (k *fakeKernel) EndpointIDs() ([]uint16, error) {
 	return out, nil
 }
 
-func (k *fakeKernel) PurgeEndpoint(id uint16) error {
+func (k *fakeKernel) PurgeEndpoint(id uint16) (bool, error) {
 	k.mu.Lock()
 	k.purged = append(k.purged, id)
 	k.mu.Unlock()
-	return k.DetachEndpoint(id, nil)
+	return false, k.DetachEndpoint(id, nil)
 }
 
 func (k *fakeKernel) state() (attaches int, attached map[uint16]loader.EndpointInfo, purged []uint16) {

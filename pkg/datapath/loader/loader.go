@@ -518,23 +518,60 @@ func (l *Loader) EndpointIDs() ([]uint16, error) {
 	return out, nil
 }
 
-// PurgeEndpoint removes every trace of endpoint id: its programs,
-// whichever mode attached them, and every endpoint map entry that names
-// it. It is the prune of an endpoint nothing backs any more (a pod that
-// went while the agent was down), whose addresses are not known.
-func (l *Loader) PurgeEndpoint(id uint16) error {
+// PurgeEndpoint removes what the kernel holds of endpoint id, which
+// nothing backs any more (an endpoint of a previous run that was not
+// restored), whose addresses are not known: every endpoint map entry that
+// names it, and its programs, whichever mode attached them — unless they
+// sit on an interface that still exists. That is a pod whose state was
+// lost while its veth lives on (agentendpoints keeps its address reserved
+// until the interface goes): its programs stay, find no endpoint entry and
+// drop its traffic (REASON_UNKNOWN_INTERFACE), so the pod is cut off
+// rather than left on a veth without programs, where no policy would hold.
+// keptPrograms says so; a later prune removes them once the interface is
+// gone.
+func (l *Loader) PurgeEndpoint(id uint16) (keptPrograms bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.pendingTCX, id)
-	errs := []error{l.dropTCXLinksLocked(id), l.dropTCFiltersLocked(id)}
+	var errs []error
 	if l.maps != nil {
 		errs = append(errs, l.maps.EndpointMap().Purge(id))
 	}
 	delete(l.written, id)
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("purge endpoint %d: %w", id, err)
+	if l.onLiveInterfaceLocked(id) {
+		keptPrograms = true
+	} else {
+		delete(l.pendingTCX, id)
+		errs = append(errs, l.dropTCXLinksLocked(id), l.dropTCFiltersLocked(id))
 	}
-	return nil
+	if err := errors.Join(errs...); err != nil {
+		return keptPrograms, fmt.Errorf("purge endpoint %d: %w", id, err)
+	}
+	return keptPrograms, nil
+}
+
+// onLiveInterfaceLocked reports whether a TCX link or tc filter of
+// endpoint id is attached to an interface that exists (a TCX link whose
+// interface went reports interface 0).
+func (l *Loader) onLiveInterfaceLocked(id uint16) bool {
+	exists := func(ifindex int) bool {
+		if ifindex == 0 {
+			return false
+		}
+		_, err := l.nl.LinkByIndex(ifindex)
+		return err == nil
+	}
+	for _, dir := range directions {
+		name := linkName(id, dir)
+		if lk, ok := l.links[name]; ok {
+			if info, err := lk.Info(); err == nil && info.TCX() != nil && exists(int(info.TCX().Ifindex)) {
+				return true
+			}
+		}
+		if f, ok := l.filters[name]; ok && exists(f.ifindex) {
+			return true
+		}
+	}
+	return false
 }
 
 // DetachEndpoint removes the endpoint's programs, whichever mode attached
