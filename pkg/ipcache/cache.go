@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"golang.org/x/time/rate"
 
 	"github.com/tendril-net/tendril/pkg/reconcile"
 )
@@ -85,6 +86,12 @@ func New(p Params) (*IPCache, error) {
 		// Prune once the table is initialized, then every 5 minutes.
 		reconciler.WithPruning(DefaultPruneInterval),
 		reconciler.WithRetry(DefaultRetryMin, DefaultRetryMax),
+		// No pause between rounds: statedb's default (at most 1,000 rounds
+		// a second) made every regeneration's WaitRealized wait up to 1 ms
+		// for the next round. Batches still fill: the queue commits up to
+		// 1,000 claims a transaction, and a round takes all changes since
+		// the last.
+		reconciler.WithRoundLimits(DefaultRoundSize, rate.NewLimiter(rate.Inf, 1)),
 	}, p.Options...)
 	// A backend that writes batches gets the round's changes at once.
 	var batch reconciler.BatchOperations[*PrefixClaims]
@@ -108,9 +115,10 @@ func New(p Params) (*IPCache, error) {
 	return c, nil
 }
 
-// Reconciler defaults: a failed map write is retried from 100 ms up to
+// Reconciler defaults: rounds of up to 1,000 prefixes; a failed map write is retried from 100 ms up to
 // every 30 s; a full prune of the map runs every 5 minutes.
 const (
+	DefaultRoundSize     = 1000
 	DefaultRetryMin      = 100 * time.Millisecond
 	DefaultRetryMax      = 30 * time.Second
 	DefaultPruneInterval = 5 * time.Minute
