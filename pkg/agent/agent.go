@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/cilium/hive"
@@ -53,12 +52,8 @@ func New(cfg Config, deps Deps, extra ...cell.Cell) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.NodeName == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			return nil, fmt.Errorf("node-name not set and host name unknown: %w", err)
-		}
-		cfg.NodeName = host
+	if err := cfg.DefaultNodeName(); err != nil {
+		return nil, err
 	}
 	if deps.Log == nil {
 		deps.Log = slog.New(slog.DiscardHandler)
