@@ -7,7 +7,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -80,7 +83,13 @@ func (s *Store) LoadAll() ([]*Endpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read endpoint state dir %s: %w", s.Dir, err)
 	}
-	var out []*Endpoint
+	type state struct {
+		name string
+		id   uint16
+		ep   *Endpoint
+		err  error
+	}
+	var states []state
 	for _, e := range entries {
 		if !e.IsDir() {
 			continue
@@ -89,20 +98,35 @@ func (s *Store) LoadAll() ([]*Endpoint, error) {
 		if err != nil {
 			continue // moved-aside or foreign directories
 		}
-		ep, err := s.load(e.Name())
-		if err == nil && ep.ID != uint16(id) {
-			err = fmt.Errorf("state says ID %d", ep.ID)
+		states = append(states, state{name: e.Name(), id: uint16(id)})
+	}
+	// The files are read and decoded on every CPU: the restore is on the
+	// agent's start path, and a node's endpoints are many small files.
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(states)) {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(states); i = int(next.Add(1) - 1) {
+				states[i].ep, states[i].err = s.load(states[i].name)
+			}
+		})
+	}
+	wg.Wait()
+	out := make([]*Endpoint, 0, len(states))
+	for _, st := range states {
+		if st.err == nil && st.ep.ID != st.id {
+			st.err = fmt.Errorf("state says ID %d", st.ep.ID)
 		}
-		if err != nil {
-			aside := filepath.Join(s.Dir, fmt.Sprintf("%s.corrupt-%d", e.Name(), time.Now().UnixNano()))
+		if st.err != nil {
+			aside := filepath.Join(s.Dir, fmt.Sprintf("%s.corrupt-%d", st.name, time.Now().UnixNano()))
 			s.Log.Error("Endpoint state unreadable; moved aside, the other endpoints still restore",
-				"endpoint", e.Name(), "error", err, "moved-to", aside)
-			if mvErr := os.Rename(filepath.Join(s.Dir, e.Name()), aside); mvErr != nil {
-				s.Log.Error("Could not move bad endpoint state aside", "endpoint", e.Name(), "error", mvErr)
+				"endpoint", st.name, "error", st.err, "moved-to", aside)
+			if mvErr := os.Rename(filepath.Join(s.Dir, st.name), aside); mvErr != nil {
+				s.Log.Error("Could not move bad endpoint state aside", "endpoint", st.name, "error", mvErr)
 			}
 			continue
 		}
-		out = append(out, ep)
+		out = append(out, st.ep)
 	}
 	return out, nil
 }
