@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"sort"
 	"strings"
@@ -458,24 +459,52 @@ func (c *SelectorCache) reset(rev, version uint64, universe Universe) {
 // universe changed, starting over is cheaper.
 func (c *SelectorCache) update(version uint64, universe Universe) {
 	sets := make([]labelSet, len(universe))
-	index := make(map[identity.NumericIdentity]int, len(universe))
 	var fresh []int // universe positions to match
 	gone := map[identity.NumericIdentity]bool{}
+	// A new universe is mostly the old one in the same order (the agent
+	// builds it from the identities each time): a peer is looked for at
+	// its old position first, and the index is the old one cloned and
+	// patched where peers moved or came, far cheaper than built again.
+	var patch []int // positions of peers that moved or are new
 	for i, p := range universe {
-		index[p.ID] = i
-		if oi, ok := c.index[p.ID]; ok && samePeer(c.universe[oi], p) {
+		oi, ok := i, i < len(c.universe) && c.universe[i].ID == p.ID
+		if !ok {
+			oi, ok = c.index[p.ID]
+			patch = append(patch, i)
+		}
+		if ok && samePeer(c.universe[oi], p) {
 			sets[i] = c.sets[oi]
 			continue
 		}
 		sets[i] = newLabelSet(p.Labels)
 		fresh = append(fresh, i)
-		if _, ok := c.index[p.ID]; ok {
+		if ok {
 			gone[p.ID] = true // changed: leaves, then is matched again
 		}
 	}
-	for id := range c.index {
-		if _, ok := index[id]; !ok {
-			gone[id] = true
+	var index map[identity.NumericIdentity]int
+	if len(patch) <= len(universe)/8 {
+		index = maps.Clone(c.index)
+		for _, i := range patch {
+			index[universe[i].ID] = i
+		}
+		// An identity is still there when its position holds it;
+		// otherwise it left the universe, and the clone still names it.
+		for id, i := range index {
+			if i >= len(universe) || universe[i].ID != id {
+				gone[id] = true
+				delete(index, id)
+			}
+		}
+	} else {
+		index = make(map[identity.NumericIdentity]int, len(universe))
+		for i, p := range universe {
+			index[p.ID] = i
+		}
+		for id := range c.index {
+			if _, ok := index[id]; !ok {
+				gone[id] = true
+			}
 		}
 	}
 	if len(fresh)+len(gone) > len(universe)/4+8 {
