@@ -521,7 +521,7 @@ func (l *Loader) EndpointIDs() ([]uint16, error) {
 // PurgeEndpoint removes what the kernel holds of endpoint id, which
 // nothing backs any more (an endpoint of a previous run that was not
 // restored), whose addresses are not known: every endpoint map entry that
-// names it, and its programs, whichever mode attached them — unless they
+// names it, its policy map entries, and its programs, whichever mode attached them — unless they
 // sit on an interface that still exists. That is a pod whose state was
 // lost while its veth lives on (agentendpoints keeps its address reserved
 // until the interface goes): its programs stay, find no endpoint entry and
@@ -534,7 +534,8 @@ func (l *Loader) PurgeEndpoint(id uint16) (keptPrograms bool, err error) {
 	defer l.mu.Unlock()
 	var errs []error
 	if l.maps != nil {
-		errs = append(errs, l.maps.EndpointMap().Purge(id))
+		// Its policy entries too: nothing realizes them any more.
+		errs = append(errs, l.maps.EndpointMap().Purge(id), l.maps.PolicyMap().DeleteEndpoint(id))
 	}
 	delete(l.written, id)
 	if l.onLiveInterfaceLocked(id) {
