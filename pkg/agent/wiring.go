@@ -5,6 +5,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/epattach"
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/hostips"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
@@ -38,6 +39,7 @@ var wiring = cell.Provide(
 	as[agentflows.Datapath, *agentdatapath.Module],
 	as[agentflows.Endpoints, *agentendpoints.Module],
 	as[agentflows.Policy, *agentpolicy.Module],
+	as[epattach.Kernel, agentdatapath.Kernel],
 )
 
 // as is a cell's value as the interface I another cell declares; a nil

@@ -25,6 +25,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/datapath/epattach"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
@@ -361,11 +362,7 @@ func (m *Module) stop(context.Context) error {
 // pkg/datapath/epattach, which also lists and purges what no endpoint
 // backs), and the policy map.
 type Kernel interface {
-	AttachEndpoint(loader.EndpointInfo) error
-	DetachEndpoint(id uint16, addrs []netip.Addr) error
-	AttachedEndpoints() []uint16
-	EndpointIDs() ([]uint16, error)
-	PurgeEndpoint(id uint16) (keptPrograms bool, err error)
+	epattach.Kernel
 	PolicyMap() PolicyMap
 }
 

@@ -20,7 +20,6 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
 
-	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
@@ -352,7 +351,7 @@ type Params struct {
 	Jobs      job.Registry
 	Health    *health.Registry
 	ModuleID  cell.FullModuleID
-	Kernel    agentdatapath.Kernel // nil without the datapath
+	Kernel    Kernel // the datapath's (agentdatapath.Kernel); nil without the datapath
 }
 
 // New registers the table and its reconciler; nil without the datapath.
