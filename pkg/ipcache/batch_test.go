@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/cilium/statedb/reconciler"
+
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // batchBackend writes batches as the BPF map's batch update does: in
@@ -58,7 +60,7 @@ func TestBatchStopsOnlyAtTheFailingPrefix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the failing prefix's error in its status", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the failing prefix's error in its status", func() bool {
 		r := c.Realization()
 		return r.Errors == 1 && r.Pending == 0
 	})

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 type fakeBackend struct {
@@ -123,18 +124,6 @@ func TestSourcePrecedence(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds or 10 s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestFailedWritesAreRetried: a backend write that fails leaves the claim
 // in the table with the error in its status, and the reconciler retries it
 // (with backoff) until it succeeds, without any other event; a failed
@@ -154,7 +143,7 @@ func TestFailedWritesAreRetried(t *testing.T) {
 		}
 		return obj.Status
 	}
-	waitFor(t, "the error in the object's status", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the error in the object's status", func() bool {
 		return status().Kind == reconciler.StatusKindError && strings.Contains(status().GetError(), "E2BIG")
 	})
 	if r := c.Realization(); r.Errors != 1 || r.Objects != 1 || !strings.Contains(r.LastError, "E2BIG") {
@@ -164,7 +153,7 @@ func TestFailedWritesAreRetried(t *testing.T) {
 		t.Fatal("the claim is lost when the write fails")
 	}
 	first := b.opCount()
-	waitFor(t, "retries of the failed write", func() bool { return b.opCount() >= first+2 })
+	testutil.Eventually(t, 10*time.Second, "retries of the failed write", func() bool { return b.opCount() >= first+2 })
 	if _, ok := b.get(p); ok {
 		t.Fatal("a failing write reached the backend")
 	}
@@ -186,7 +175,7 @@ func TestFailedWritesAreRetried(t *testing.T) {
 	if err := c.Delete(p, SourceKubernetes, OwnerNode("b")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "retries of the failed delete", func() bool { return b.opCount() >= before+2 })
+	testutil.Eventually(t, 10*time.Second, "retries of the failed delete", func() bool { return b.opCount() >= before+2 })
 	if _, ok := b.get(p); !ok {
 		t.Fatal("a failing delete removed the entry")
 	}

@@ -128,9 +128,6 @@ func Register(d Deps) (*Table, error) {
 // Table is the statedb table, for reading and inspection.
 func (t *Table) Table() statedb.Table[*Endpoint] { return t.table }
 
-// DB is the database the table is in.
-func (t *Table) DB() *statedb.DB { return t.db }
-
 // Get returns endpoint id's object.
 func (t *Table) Get(id uint16) (*Endpoint, bool) {
 	obj, _, found := t.table.Get(t.db.ReadTxn(), IDIndex.Query(id))
@@ -237,12 +234,6 @@ func (t *Table) Delete(ctx context.Context, id uint16) error {
 		return fmt.Errorf("wait for endpoint %d to be detached: %w", id, err)
 	}
 	return t.ops.deleteErr(id)
-}
-
-// Synced waits until the kernel holds every change made to the table so
-// far with none failing, or ctx ends.
-func (t *Table) Synced(ctx context.Context) error {
-	return reconcile.Synced(ctx, t.rec, t.table.Revision(t.db.ReadTxn()), TableName)
 }
 
 // ops are the reconciler's operations over the kernel.

@@ -16,6 +16,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/epattach"
 	"github.com/tendril-net/tendril/pkg/datapath/epattach/epattachtest"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // fakeKernel records attached endpoints and map entries by ID; attaches
@@ -96,17 +97,6 @@ func info(id uint16, ifindex int) loader.EndpointInfo {
 	return loader.EndpointInfo{ID: id, IfIndex: ifindex, IfName: "tdr" + string(rune('a'+id)), Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, 0, 0, byte(id)})}, Identity: 1000}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestFailedAttachIsRetried: the kernel refuses the first three attaches.
 // The regeneration's wait returns the error (the object's status says
 // it), and the reconciler retries with backoff until the attach succeeds,
@@ -128,7 +118,7 @@ func TestFailedAttachIsRetried(t *testing.T) {
 	if obj.Status.Kind != reconciler.StatusKindError || !strings.Contains(obj.Status.GetError(), "attach endpoint 5") {
 		t.Fatalf("status after a failed attach: %s", obj.Status)
 	}
-	waitFor(t, "the attach to be retried until it succeeds", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the attach to be retried until it succeeds", func() bool {
 		obj, _ := tbl.Get(5)
 		return obj.Status.Kind == reconciler.StatusKindDone
 	})
@@ -199,7 +189,7 @@ func TestPruneWaitsForRestore(t *testing.T) {
 		t.Fatalf("pruned %v before the restored endpoints were in", purged)
 	}
 	tbl.MarkRestored()
-	waitFor(t, "the prune", func() bool { _, _, purged := k.state(); return len(purged) == 2 })
+	testutil.Eventually(t, 10*time.Second, "the prune", func() bool { _, _, purged := k.state(); return len(purged) == 2 })
 	attaches, attached, purged := k.state()
 	slices.Sort(purged)
 	if !slices.Equal(purged, []uint16{8, 9}) {

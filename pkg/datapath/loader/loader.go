@@ -514,7 +514,6 @@ func (l *Loader) EndpointIDs() ([]uint16, error) {
 	for id := range ids {
 		out = append(out, id)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out, nil
 }
 
@@ -564,7 +563,7 @@ func (l *Loader) onLiveInterfaceLocked(id uint16) bool {
 	for _, dir := range directions {
 		name := linkName(id, dir)
 		if lk, ok := l.links[name]; ok {
-			if info, err := lk.Info(); err == nil && info.TCX() != nil && exists(int(info.TCX().Ifindex)) {
+			if ifindex, err := tcxIfindex(lk); err == nil && exists(ifindex) {
 				return true
 			}
 		}

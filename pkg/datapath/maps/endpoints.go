@@ -1,6 +1,8 @@
 package maps
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -441,23 +443,36 @@ func (m EndpointMap) Capacity() int {
 	return int(m.byIfindex.MaxEntries() + m.byIPv4.MaxEntries() + m.byIPv6.MaxEntries())
 }
 
-// IDs returns the endpoint IDs that have an entry in the map (an
-// interface or an address entry), for the prune of endpoints no one
-// backs.
-func (m EndpointMap) IDs() (map[uint16]struct{}, error) {
-	out := map[uint16]struct{}{}
+// eachEntry calls fn for every entry of the interface and address maps
+// (the arrays mirror them), with its map and its key (valid during the
+// call only).
+func (m EndpointMap) eachEntry(fn func(mp *ebpf.Map, key []byte, v bpf.LxcEndpointInfo)) error {
 	for _, mp := range []*ebpf.Map{m.byIfindex, m.byIPv4, m.byIPv6} {
 		var v bpf.LxcEndpointInfo
 		key := make([]byte, mp.KeySize())
 		it := mp.Iterate()
 		for it.Next(key, &v) {
-			if v.EpId != 0 {
-				out[v.EpId] = struct{}{}
-			}
+			fn(mp, key, v)
 		}
 		if err := it.Err(); err != nil {
-			return nil, fmt.Errorf("list endpoint IDs in %s: %w", mp, err)
+			return fmt.Errorf("read %s: %w", mp, err)
 		}
+	}
+	return nil
+}
+
+// IDs returns the endpoint IDs that have an entry in the map (an
+// interface or an address entry), for the prune of endpoints no one
+// backs.
+func (m EndpointMap) IDs() (map[uint16]struct{}, error) {
+	out := map[uint16]struct{}{}
+	err := m.eachEntry(func(_ *ebpf.Map, _ []byte, v bpf.LxcEndpointInfo) {
+		if v.EpId != 0 {
+			out[v.EpId] = struct{}{}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list endpoint IDs: %w", err)
 	}
 	return out, nil
 }
@@ -467,41 +482,30 @@ func (m EndpointMap) IDs() (map[uint16]struct{}, error) {
 // entries of one record, found by its addresses or a walk, and would
 // leave an address entry whose interface entry says otherwise).
 func (m EndpointMap) Purge(id uint16) error {
-	// Interface entries first, as in remove: the endpoint's programs then
-	// drop its traffic rather than pass it half-removed.
-	var ifindexes []uint32
-	var k uint32
-	var v bpf.LxcEndpointInfo
-	it := m.byIfindex.Iterate()
-	for it.Next(&k, &v) {
+	type entry struct {
+		mp  *ebpf.Map
+		key []byte
+	}
+	var found []entry
+	err := m.eachEntry(func(mp *ebpf.Map, key []byte, v bpf.LxcEndpointInfo) {
 		if v.EpId == id {
-			ifindexes = append(ifindexes, k)
+			found = append(found, entry{mp, bytes.Clone(key)})
 		}
+	})
+	if err != nil {
+		return fmt.Errorf("purge endpoint %d: %w", id, err)
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("purge endpoint %d: read interface entries: %w", id, err)
-	}
-	for _, ifindex := range ifindexes {
-		if err := m.deleteIfindex(ifindex, id); err != nil {
-			return fmt.Errorf("purge endpoint %d: %w", id, err)
+	// eachEntry walks the interface entries first; they go first, as in
+	// remove: the endpoint's programs then drop its traffic rather than
+	// pass it half-removed.
+	for _, e := range found {
+		if e.mp == m.byIfindex {
+			err = m.deleteIfindex(binary.NativeEndian.Uint32(e.key), id)
+		} else {
+			err = ignoreMissing(e.mp.Delete(e.key))
 		}
-	}
-	for _, mp := range []*ebpf.Map{m.byIPv4, m.byIPv6} {
-		var keys [][]byte
-		key := make([]byte, mp.KeySize())
-		it := mp.Iterate()
-		for it.Next(key, &v) {
-			if v.EpId == id {
-				keys = append(keys, append([]byte(nil), key...))
-			}
-		}
-		if err := it.Err(); err != nil {
-			return fmt.Errorf("purge endpoint %d: read %s: %w", id, mp, err)
-		}
-		for _, key := range keys {
-			if err := ignoreMissing(mp.Delete(key)); err != nil {
-				return fmt.Errorf("purge endpoint %d: delete from %s: %w", id, mp, err)
-			}
+		if err != nil {
+			return fmt.Errorf("purge endpoint %d from %s: %w", id, e.mp, err)
 		}
 	}
 	return clearSlot(m.byID, uint32(id), id)

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 type patch struct {
@@ -82,24 +83,13 @@ func start(t *testing.T, pt Patcher) *Publisher {
 	return pub
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestReportsImportEnforcementAndRejection(t *testing.T) {
 	fp := &fakePatcher{}
 	pub := start(t, fp)
 
 	// Imported at revision 7: OK, not yet enforcing.
 	pub.Imported(KindNetworkPolicy, "shop", "allow-web", 3, 7, nil, nil)
-	eventually(t, "the import report", func() bool {
+	testutil.Eventually(t, 30*time.Second, "the import report", func() bool {
 		p, st := fp.last(t)
 		n, ok := st.Nodes["node1"]
 		return p.name == "allow-web" && p.ns == "shop" && p.kind == KindNetworkPolicy && ok && n.OK && !n.Enforcing && n.LocalPolicyRevision == 7 && n.ObservedGeneration == 3
@@ -127,7 +117,7 @@ func TestReportsImportEnforcementAndRejection(t *testing.T) {
 	fp.mu.Lock()
 	fp.fail = false
 	fp.mu.Unlock()
-	eventually(t, "the enforcing report", func() bool {
+	testutil.Eventually(t, 30*time.Second, "the enforcing report", func() bool {
 		_, st := fp.last(t)
 		return st.Nodes["node1"].Enforcing
 	})
@@ -151,7 +141,7 @@ func TestReportsImportEnforcementAndRejection(t *testing.T) {
 	// with the reason.
 	pub.Imported(KindClusterwideNetworkPolicy, "", "bad", 1, 9, nil, errors.New(`egress[1].toCIDR[0]: "not-a-cidr"`))
 	pub.Realized(100)
-	eventually(t, "the rejection report", func() bool {
+	testutil.Eventually(t, 30*time.Second, "the rejection report", func() bool {
 		p, st := fp.last(t)
 		n := st.Nodes["node1"]
 		return p.name == "bad" && p.kind == KindClusterwideNetworkPolicy && !n.OK && !n.Enforcing && n.Error != "" &&

@@ -19,6 +19,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // fakeMap is a Backend that can be made to fail.
@@ -89,17 +90,6 @@ func synced(t *testing.T, tbl *Table) {
 	}
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestSetReconcilesTheDifference(t *testing.T) {
 	pf := netip.MustParsePrefix
 	id := func(n int) identity.NumericIdentity {
@@ -148,7 +138,7 @@ func TestSetReconcilesTheDifference(t *testing.T) {
 	}
 
 	tbl.MarkRestored()
-	eventually(t, "the prune of the previous run's entry", func() bool {
+	testutil.Eventually(t, 30*time.Second, "the prune of the previous run's entry", func() bool {
 		_, ok := fm.snapshot()[pf("192.0.2.0/24")]
 		return !ok
 	})
