@@ -2,16 +2,12 @@ package ipcache
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/cilium/hive"
-	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/job"
-	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+
+	"github.com/tendril-net/tendril/pkg/reconcile/reconciletest"
 )
 
 // startCache runs an IPCache over b in a hive of its own (statedb, jobs,
@@ -20,25 +16,10 @@ import (
 func startCache(tb testing.TB, b Backend, opts ...reconciler.Option) *IPCache {
 	tb.Helper()
 	var c *IPCache
-	h := hive.New(
-		statedb.Cell,
-		job.Cell,
-		cell.Provide(func() cell.Health { hl, _ := cell.NewSimpleHealth(); return hl }),
-		cell.Module("ipcache-test", "ipcache under test",
-			cell.Invoke(func(db *statedb.DB, jobs job.Registry, hl cell.Health, id cell.FullModuleID, log *slog.Logger) error {
-				var err error
-				c, err = New(Params{DB: db, Jobs: jobs.NewGroup(hl), Log: log, ModuleID: id, Backend: b, Options: opts})
-				return err
-			})),
-	)
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if err := h.Start(quiet, context.Background()); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := h.Stop(quiet, context.Background()); err != nil {
-			tb.Error(err)
-		}
+	reconciletest.Start(tb, "ipcache-test", func(d reconciletest.Deps) error {
+		var err error
+		c, err = New(Params{DB: d.DB, Jobs: d.Jobs, Log: d.Log, ModuleID: d.ModuleID, Backend: b, Options: opts})
+		return err
 	})
 	return c
 }

@@ -1,7 +1,6 @@
 package nodemanager
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -16,10 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/hive"
-	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/job"
-	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -28,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/reconcile/reconciletest"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -138,32 +134,18 @@ func startManager(t *testing.T, routes RouteBackend, cache IPCache, initializers
 	t.Helper()
 	var m *Manager
 	var dones []func()
-	h := hive.New(
-		statedb.Cell,
-		job.Cell,
-		cell.Provide(func() cell.Health { hl, _ := cell.NewSimpleHealth(); return hl }),
-		cell.Module("nodemanager-test", "node manager under test",
-			cell.Invoke(func(db *statedb.DB, jobs job.Registry, hl cell.Health, id cell.FullModuleID, log *slog.Logger) error {
-				var err error
-				m, err = New(Params{LocalNode: "a", DB: db, Jobs: jobs.NewGroup(hl), Log: log, ModuleID: id,
-					Routes: routes, IPCache: cache,
-					Options: []reconciler.Option{reconciler.WithRetry(10*time.Millisecond, 50*time.Millisecond)}})
-				if err != nil {
-					return err
-				}
-				for _, name := range initializers {
-					dones = append(dones, m.AddInitializer(name))
-				}
-				return nil
-			})),
-	)
-	if err := h.Start(quiet(), context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := h.Stop(quiet(), context.Background()); err != nil {
-			t.Error(err)
+	reconciletest.Start(t, "nodemanager-test", func(d reconciletest.Deps) error {
+		var err error
+		m, err = New(Params{LocalNode: "a", DB: d.DB, Jobs: d.Jobs, Log: d.Log, ModuleID: d.ModuleID,
+			Routes: routes, IPCache: cache,
+			Options: []reconciler.Option{reconciler.WithRetry(10*time.Millisecond, 50*time.Millisecond)}})
+		if err != nil {
+			return err
 		}
+		for _, name := range initializers {
+			dones = append(dones, m.AddInitializer(name))
+		}
+		return nil
 	})
 	return m, dones
 }
