@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/tendril-net/tendril/pkg/freeport"
 )
 
 // Versions of the binaries hack/k8s-binaries.sh builds.
@@ -98,15 +100,10 @@ func EnsureBinaries(log io.Writer) (string, error) {
 	return dir, nil
 }
 
-// FreePort is a TCP port on 127.0.0.1 nothing listens on right now.
-func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+// FreePort is a TCP port on 127.0.0.1 nothing listens on right now and
+// that no outgoing connection takes before a child binds it (see
+// freeport).
+func FreePort(avoid ...int) (int, error) { return freeport.Loopback(avoid...) }
 
 // Spec is one control plane: its directory, ports and options.
 type Spec struct {
@@ -141,15 +138,23 @@ func (s *Spec) serviceCIDR() string {
 
 // AllocatePorts fills every zero port with a free one.
 func (s *Spec) AllocatePorts() error {
-	for _, p := range []*int{&s.EtcdPort, &s.EtcdPeerPort, &s.APIPort, &s.ControllerManagerPort} {
+	ports := []*int{&s.EtcdPort, &s.EtcdPeerPort, &s.APIPort, &s.ControllerManagerPort}
+	var picked []int
+	for _, p := range ports {
+		if *p != 0 {
+			picked = append(picked, *p)
+		}
+	}
+	for _, p := range ports {
 		if *p != 0 {
 			continue
 		}
-		port, err := FreePort()
+		port, err := FreePort(picked...)
 		if err != nil {
 			return err
 		}
 		*p = port
+		picked = append(picked, port)
 	}
 	return nil
 }

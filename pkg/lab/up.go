@@ -178,12 +178,14 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 	}
 
-	cs, err := startControlPlane(ctx, st)
+	// Every process the lab starts is watched from here on: one that
+	// exits while lab up waits on it ends the wait with its log's tail.
+	exited := map[string]<-chan error{}
+	cs, err := startControlPlane(ctx, st, exited)
 	if err != nil {
 		return st, err
 	}
 	step(out, start, "control plane: etcd, kube-apiserver, kube-controller-manager")
-	exited := map[string]<-chan error{}
 	if cfg.KVStore {
 		if err := startKVStore(ctx, st, exited); err != nil {
 			return st, err
@@ -348,7 +350,7 @@ func exitedError(st *State, role string, err error) error {
 	return fmt.Errorf("%s %v; end of %s:\n%s", role, err, log, logTail(log, 20))
 }
 
-func startControlPlane(ctx context.Context, st *State) (kubernetes.Interface, error) {
+func startControlPlane(ctx context.Context, st *State, exited map[string]<-chan error) (kubernetes.Interface, error) {
 	// The API server advertises node1's lab address: every lab kubelet
 	// forwards <its node address>:<API port> to it, so pods reach the
 	// kubernetes Service's endpoint through node1.
@@ -392,7 +394,8 @@ func startControlPlane(ctx context.Context, st *State) (kubernetes.Interface, er
 		if err != nil {
 			return nil, err
 		}
-		return watchExit(cmd), nil
+		exited[role] = watchExit(cmd)
+		return exited[role], nil
 	}
 	etcdExit, err := run("etcd", controlplane.EtcdBinary, spec.EtcdArgs())
 	if err != nil {
@@ -435,7 +438,7 @@ func startKVStore(ctx context.Context, st *State, exited map[string]<-chan error
 	if err != nil {
 		return err
 	}
-	peerPort, err := controlplane.FreePort()
+	peerPort, err := controlplane.FreePort(client)
 	if err != nil {
 		return err
 	}

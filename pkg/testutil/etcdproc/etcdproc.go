@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tendril-net/tendril/pkg/freeport"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -48,20 +49,22 @@ func Start(t testing.TB) *Server {
 	_, err := os.Stat(bin)
 	testutil.Require(t, err == nil, "no etcd binary at "+bin+" (hack/k8s-binaries.sh builds it)")
 	s := &Server{bin: bin, dir: t.TempDir()}
-	s.clientURL = "http://127.0.0.1:" + strconv.Itoa(freePort(t))
-	s.peerURL = "http://127.0.0.1:" + strconv.Itoa(freePort(t))
+	client := freePort(t)
+	s.clientURL = "http://127.0.0.1:" + strconv.Itoa(client)
+	s.peerURL = "http://127.0.0.1:" + strconv.Itoa(freePort(t, client))
 	s.Start(t)
 	t.Cleanup(s.kill)
 	return s
 }
 
-func freePort(t testing.TB) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// freePort is outside the ephemeral range: etcd binds it again on every
+// restart, and no outgoing connection may take it in between.
+func freePort(t testing.TB, avoid ...int) int {
+	p, err := freeport.Loopback(avoid...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // Endpoints are the client URLs.
