@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"sort"
 	"sync"
-	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -84,8 +83,8 @@ func New(p Params) (*IPCache, error) {
 	opts := append([]reconciler.Option{
 		reconciler.WithName(TableName),
 		// Prune once the table is initialized, then every 5 minutes.
-		reconciler.WithPruning(DefaultPruneInterval),
-		reconciler.WithRetry(DefaultRetryMin, DefaultRetryMax),
+		reconciler.WithPruning(reconcile.PruneInterval),
+		reconciler.WithRetry(reconcile.RetryMin, reconcile.RetryMax),
 		// No pause between rounds: statedb's default (at most 1,000 rounds
 		// a second) made every regeneration's WaitRealized wait up to 1 ms
 		// for the next round. Batches still fill: the queue commits up to
@@ -115,14 +114,9 @@ func New(p Params) (*IPCache, error) {
 	return c, nil
 }
 
-// Reconciler defaults: rounds of up to 1,000 prefixes; a failed map write is retried from 100 ms up to
-// every 30 s; a full prune of the map runs every 5 minutes.
-const (
-	DefaultRoundSize     = 1000
-	DefaultRetryMin      = 100 * time.Millisecond
-	DefaultRetryMax      = 30 * time.Second
-	DefaultPruneInterval = 5 * time.Minute
-)
+// DefaultRoundSize is the most prefixes one reconciler round writes;
+// retries and prunes follow reconcile's defaults.
+const DefaultRoundSize = 1000
 
 // Table is the ipcache table, for inspection.
 func (c *IPCache) Table() statedb.Table[*PrefixClaims] { return c.table }

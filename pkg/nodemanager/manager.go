@@ -21,12 +21,13 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+
+	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
 // IPCache is where peer node addresses are published (the BPF ipcache).
@@ -37,16 +38,6 @@ type IPCache interface {
 	UpsertRemoteNode(node string, ip netip.Addr) error
 	DeleteRemoteNode(node string, ip netip.Addr) error
 }
-
-// Reconciler defaults: a failed write is retried from 100 ms up to every
-// 30 s; routes are pruned every 5 minutes and rewritten every 30 (a route
-// someone deleted by hand comes back).
-const (
-	DefaultRetryMin      = 100 * time.Millisecond
-	DefaultRetryMax      = 30 * time.Second
-	DefaultPruneInterval = 5 * time.Minute
-	DefaultRefresh       = 30 * time.Minute
-)
 
 // Params builds a Manager.
 type Params struct {
@@ -95,15 +86,15 @@ func New(p Params) (*Manager, error) {
 	_, err = reconciler.Register(rp, nodes, (*Peer).clone, (*Peer).setStatus, (*Peer).getStatus,
 		&peerOps{cache: p.IPCache, published: map[string][]netip.Addr{}}, nil,
 		append([]reconciler.Option{reconciler.WithName(NodesTableName), reconciler.WithoutPruning(),
-			reconciler.WithRetry(DefaultRetryMin, DefaultRetryMax)}, p.Options...)...)
+			reconciler.WithRetry(reconcile.RetryMin, reconcile.RetryMax)}, p.Options...)...)
 	if err != nil {
 		return nil, fmt.Errorf("nodes reconciler: %w", err)
 	}
 	if p.Routes != nil {
 		m.routeRec, err = reconciler.Register(rp, routes, (*Route).clone, (*Route).setStatus, (*Route).getStatus,
 			routeOps{backend: p.Routes, log: p.Log}, nil,
-			append([]reconciler.Option{reconciler.WithName(RoutesTableName), reconciler.WithPruning(DefaultPruneInterval),
-				reconciler.WithRefreshing(DefaultRefresh, nil), reconciler.WithRetry(DefaultRetryMin, DefaultRetryMax)}, p.Options...)...)
+			append([]reconciler.Option{reconciler.WithName(RoutesTableName), reconciler.WithPruning(reconcile.PruneInterval),
+				reconciler.WithRefreshing(reconcile.Refresh, nil), reconciler.WithRetry(reconcile.RetryMin, reconcile.RetryMax)}, p.Options...)...)
 		if err != nil {
 			return nil, fmt.Errorf("routes reconciler: %w", err)
 		}

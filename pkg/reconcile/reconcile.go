@@ -13,6 +13,18 @@ import (
 	"github.com/cilium/statedb"
 )
 
+// Defaults the agent's reconcilers share: a failed write is retried from
+// 100 ms, backing off to every 30 s; the prune runs once the table is
+// initialized and then every 5 minutes; one that refreshes rewrites every
+// object every 30 minutes (what someone edited or deleted by hand comes
+// back).
+const (
+	RetryMin      = 100 * time.Millisecond
+	RetryMax      = 30 * time.Second
+	PruneInterval = 5 * time.Minute
+	Refresh       = 30 * time.Minute
+)
+
 // Waiter is the part of a reconciler Synced uses.
 type Waiter interface {
 	WaitUntilReconciled(ctx context.Context, untilRevision statedb.Revision) (statedb.Revision, statedb.Revision, error)

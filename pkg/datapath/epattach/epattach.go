@@ -23,7 +23,6 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
-	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
@@ -101,8 +100,8 @@ func Register(d Deps) (*Table, error) {
 	wtxn.Commit()
 	opts := append([]reconciler.Option{
 		reconciler.WithName(TableName),
-		reconciler.WithPruning(ipcache.DefaultPruneInterval),
-		reconciler.WithRetry(ipcache.DefaultRetryMin, ipcache.DefaultRetryMax),
+		reconciler.WithPruning(reconcile.PruneInterval),
+		reconciler.WithRetry(reconcile.RetryMin, reconcile.RetryMax),
 		// A regeneration (a CNI ADD) waits for its object's attach: no
 		// pause between rounds to gather a batch (statedb's default
 		// waits up to 1 ms, which a serial ADD paid every time), and each

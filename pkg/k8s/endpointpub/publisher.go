@@ -30,6 +30,7 @@ import (
 
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	tendrilclient "github.com/tendril-net/tendril/pkg/k8s/client/clientset/versioned"
+	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
 // TableName is the name of the publisher's table.
@@ -39,17 +40,10 @@ const TableName = "tendrilendpoints"
 // its endpoints and published them into the table (MarkRestored).
 const InitializerRestore = "agent-restore"
 
-// Reconciler defaults: a failed write is retried from 100 ms up to every
-// 30 s; the prune runs every 5 minutes; every object is rewritten every
-// 30 minutes (an object someone edited or deleted comes back).
-const (
-	DefaultRetryMin      = 100 * time.Millisecond
-	DefaultRetryMax      = 30 * time.Second
-	DefaultPruneInterval = 5 * time.Minute
-	DefaultRefresh       = 30 * time.Minute
-	// WriteTimeout bounds one call to the API server.
-	WriteTimeout = 10 * time.Second
-)
+// WriteTimeout bounds one call to the API server. Retries, prunes and
+// refreshes (every object rewritten every 30 minutes, so one someone
+// edited or deleted comes back) follow reconcile's defaults.
+const WriteTimeout = 10 * time.Second
 
 // Desired is the TendrilEndpoint a local pod should have: the table's
 // object, immutable once inserted.
@@ -159,8 +153,8 @@ func New(p Params) (*Publisher, error) {
 	_, err = reconciler.Register(reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID},
 		tbl, (*Desired).clone, (*Desired).setStatus, (*Desired).getStatus,
 		ops{client: p.Client, owned: p.Owned, log: p.Log}, nil,
-		append([]reconciler.Option{reconciler.WithName(TableName), reconciler.WithPruning(DefaultPruneInterval),
-			reconciler.WithRefreshing(DefaultRefresh, nil), reconciler.WithRetry(DefaultRetryMin, DefaultRetryMax)}, p.Options...)...)
+		append([]reconciler.Option{reconciler.WithName(TableName), reconciler.WithPruning(reconcile.PruneInterval),
+			reconciler.WithRefreshing(reconcile.Refresh, nil), reconciler.WithRetry(reconcile.RetryMin, reconcile.RetryMax)}, p.Options...)...)
 	if err != nil {
 		return nil, fmt.Errorf("%s reconciler: %w", TableName, err)
 	}

@@ -26,7 +26,6 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -100,13 +99,6 @@ type Table struct {
 	restored     func(statedb.WriteTxn)
 }
 
-// Reconciler defaults, as the ipcache's.
-const (
-	DefaultRetryMin      = 100 * time.Millisecond
-	DefaultRetryMax      = 30 * time.Second
-	DefaultPruneInterval = 5 * time.Minute
-)
-
 // New creates the table and registers its reconciler on p.Jobs. The prune
 // waits for MarkRestored: until the agent has its rules back, an entry of
 // the previous run may still be needed (a deny among them), so it stays.
@@ -121,8 +113,8 @@ func New(p Params) (*Table, error) {
 	wtxn.Commit()
 	opts := append([]reconciler.Option{
 		reconciler.WithName(TableName),
-		reconciler.WithPruning(DefaultPruneInterval),
-		reconciler.WithRetry(DefaultRetryMin, DefaultRetryMax),
+		reconciler.WithPruning(reconcile.PruneInterval),
+		reconciler.WithRetry(reconcile.RetryMin, reconcile.RetryMax),
 	}, p.Options...)
 	t.rec, err = reconciler.Register(
 		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID},
