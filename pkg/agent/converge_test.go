@@ -54,6 +54,9 @@ func (k *recordingKernel) setFailing(f bool) {
 }
 
 func (k *recordingKernel) AttachEndpoint(ep loader.EndpointInfo) error { return k.WriteEndpoint(ep) }
+func (k *recordingKernel) CheckEndpoint(ep loader.EndpointInfo) (bool, error) {
+	return false, k.WriteEndpoint(ep)
+}
 func (k *recordingKernel) WriteEndpoint(ep loader.EndpointInfo) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()

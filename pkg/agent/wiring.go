@@ -68,6 +68,7 @@ type configs struct {
 	EndpointsSettings  agentendpoints.Settings
 	Datapath           agentdatapath.Config
 	DatapathSettings   agentdatapath.Settings
+	Attachments        epattach.Config
 	Kubernetes         agentk8s.Config
 	KubernetesSettings agentk8s.Settings
 	Services           agentservices.Config
@@ -91,6 +92,7 @@ func cellConfigs(c Config) configs {
 		EndpointsSettings: agentendpoints.Settings{NodeName: c.NodeName, StateDir: c.StateDir},
 		Datapath:          c.Datapath,
 		DatapathSettings:  agentdatapath.Settings{BPFRoot: c.BPFRoot, TraceEvents: trace, LBSizes: c.Services.LBSizes()},
+		Attachments:       epattach.Config{CheckInterval: c.Datapath.AttachmentCheckInterval},
 		Kubernetes:        c.Kubernetes,
 		KubernetesSettings: agentk8s.Settings{NodeName: c.NodeName, IPAM: c.Endpoints.IPAM, IPv4Range: c.Endpoints.IPv4Range,
 			IPv6Range: c.Endpoints.IPv6Range, InstallHostNetworking: c.Endpoints.InstallHostNetworking},

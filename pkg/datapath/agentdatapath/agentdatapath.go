@@ -74,11 +74,16 @@ type Config struct {
 	// it to TCX links once no pod has been attached for 500 ms, so that pod
 	// creation never waits for TCX's RCU grace period.
 	DeferTCX bool
+	// AttachmentCheckInterval is how often each endpoint's programs are
+	// checked in the kernel and attached again when something else
+	// removed them (0: never).
+	AttachmentCheckInterval time.Duration
 }
 
 // DefaultConfig are the datapath's defaults.
 func DefaultConfig() Config {
-	return Config{Enable: true, PolicyVerdictEvents: true, DirectDelivery: true, AttachMode: string(loader.AttachTCX), DeferTCX: true}
+	return Config{Enable: true, PolicyVerdictEvents: true, DirectDelivery: true, AttachMode: string(loader.AttachTCX), DeferTCX: true,
+		AttachmentCheckInterval: time.Minute}
 }
 
 // Flags registers the datapath's options.
@@ -87,6 +92,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.PolicyVerdictEvents, "policy-verdict-events", c.PolicyVerdictEvents, "Report allowed new flows as policy verdict events (drops are always reported)")
 	fs.BoolVar(&c.DirectDelivery, "direct-delivery", c.DirectDelivery, "Deliver packets between local pods straight into the receiving pod (bpf_redirect_peer), bypassing the host stack")
 	fs.StringVar(&c.AttachMode, "datapath-attach-mode", c.AttachMode, "How the eBPF programs attach to pod veths: tcx (BPF links) or tc (clsact qdisc + cls_bpf filters: no RCU grace period per attach, faster pod creation; the filters are not owned). Switching across restarts keeps every endpoint attached")
+	fs.DurationVar(&c.AttachmentCheckInterval, "datapath-attachment-check-interval", c.AttachmentCheckInterval, "How often each endpoint's programs are checked in the kernel and attached again when something else removed them (a deleted tc filter or clsact qdisc, a detached TCX link): until then the pod is not policed. 0 turns the check off")
 	fs.BoolVar(&c.DeferTCX, "datapath-defer-tcx", c.DeferTCX, "In tcx mode, attach a new pod with tc filters first and move it to TCX links once no pod has been attached for 500 ms: pod creation without TCX's RCU wait, policed from the first packet (the switch has no gap)")
 }
 
@@ -94,6 +100,9 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 func (c *Config) Validate() error {
 	if _, err := loader.ParseAttachMode(c.AttachMode); err != nil {
 		return fmt.Errorf("datapath-attach-mode %q: must be %s or %s", c.AttachMode, loader.AttachTCX, loader.AttachTC)
+	}
+	if c.AttachmentCheckInterval < 0 {
+		return fmt.Errorf("datapath-attachment-check-interval %s: must not be negative", c.AttachmentCheckInterval)
 	}
 	return nil
 }
@@ -379,6 +388,9 @@ type PolicyMap interface {
 type loaderKernel struct{ l *loader.Loader }
 
 func (d loaderKernel) AttachEndpoint(ep loader.EndpointInfo) error { return d.l.AttachEndpoint(ep) }
+func (d loaderKernel) CheckEndpoint(ep loader.EndpointInfo) (bool, error) {
+	return d.l.CheckEndpoint(ep)
+}
 func (d loaderKernel) DetachEndpoint(id uint16, addrs []netip.Addr) error {
 	return d.l.DetachEndpoint(id, addrs)
 }

@@ -13,16 +13,20 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
@@ -35,6 +39,10 @@ type Kernel interface {
 	AttachEndpoint(loader.EndpointInfo) error
 	// DetachEndpoint removes the endpoint's programs and map entries.
 	DetachEndpoint(id uint16, addrs []netip.Addr) error
+	// CheckEndpoint is AttachEndpoint believing the kernel rather than
+	// the loader's record of the programs: it puts back what someone else
+	// removed (a tc filter, the clsact qdisc, a TCX link) and says so.
+	CheckEndpoint(loader.EndpointInfo) (reattached bool, err error)
 	// AttachedEndpoints and EndpointIDs list the endpoint IDs with
 	// programs attached and with endpoint map entries, for the prune.
 	AttachedEndpoints() []uint16
@@ -60,6 +68,9 @@ type Deps struct {
 	Log      *slog.Logger
 	ModuleID cell.FullModuleID
 	Kernel   Kernel
+	// CheckInterval is how often each endpoint's attachment is checked in
+	// the kernel (0: never). It is a refresh of the reconciler.
+	CheckInterval time.Duration
 	// Options beyond the defaults (retry backoff, prune interval), for
 	// tests.
 	Options []reconciler.Option
@@ -107,6 +118,10 @@ func Register(d Deps) (*Table, error) {
 		// waits up to 1 ms, which a serial ADD paid every time), and each
 		// status committed as soon as its attach is done.
 		reconciler.WithRoundLimits(roundSize, rate.NewLimiter(rate.Inf, 1)),
+		// The check: an endpoint's programs removed by someone else leave
+		// its pod unpoliced (fail open) until they are back. Its
+		// refreshes are paced at 100 endpoints a second.
+		reconciler.WithRefreshing(d.CheckInterval, rate.NewLimiter(100, 1)),
 	}, d.Options...)
 	t.rec, err = reconciler.Register(
 		reconciler.Params{Log: d.Log, DB: d.DB, JobGroup: d.Jobs, ModuleID: d.ModuleID},
@@ -123,6 +138,10 @@ func Register(d Deps) (*Table, error) {
 	}
 	return t, nil
 }
+
+// Reattached is how many times the check found an endpoint's programs
+// removed by something else and attached them again.
+func (t *Table) Reattached() uint64 { return t.ops.reattached.Load() }
 
 // Table is the statedb table, for reading and inspection.
 func (t *Table) Table() statedb.Table[*Endpoint] { return t.table }
@@ -244,6 +263,8 @@ type ops struct {
 	// deleteErrs holds the last failed detach of each endpoint until one
 	// succeeds, for Delete to report.
 	deleteErrs map[uint16]error
+	// reattached counts the checks that found programs gone.
+	reattached atomic.Uint64
 }
 
 func (o *ops) deleteErr(id uint16) error {
@@ -252,11 +273,25 @@ func (o *ops) deleteErr(id uint16) error {
 	return o.deleteErrs[id]
 }
 
-// Update attaches the endpoint (its map entries, then its programs). A
-// restored endpoint not regenerated yet is left as the previous run left
-// it: its facts (identity, flags) are not known to be current.
+// Update attaches the endpoint (its map entries, then its programs); a
+// refresh (the periodic check) checks the kernel for its programs and
+// attaches again what is gone. A restored endpoint not regenerated yet is
+// left as the previous run left it: its facts (identity, flags) are not
+// known to be current.
 func (o *ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *Endpoint) error {
 	if e.Restored {
+		return nil
+	}
+	if e.Status.Kind == reconciler.StatusKindRefreshing {
+		reattached, err := o.kernel.CheckEndpoint(e.EndpointInfo)
+		if err != nil {
+			return fmt.Errorf("check endpoint %d: %w", e.ID, err)
+		}
+		if reattached {
+			o.reattached.Add(1)
+			o.log.Warn("Attached the programs of an endpoint again: something else had removed them, and its pod was not policed meanwhile",
+				"endpoint", e.ID, "pod", e.Namespace+"/"+e.Pod, "interface", e.IfName)
+		}
 		return nil
 	}
 	if err := o.kernel.AttachEndpoint(e.EndpointInfo); err != nil {
@@ -331,10 +366,19 @@ var Cell = cell.Module("endpoints-table", "The endpoints table and the reconcile
 	cell.Invoke(func(*Table) {}),
 )
 
+// Config is what the agent's options say of the endpoints table.
+type Config struct {
+	// CheckInterval is how often each endpoint's programs are checked in
+	// the kernel and attached again when gone (0: never).
+	CheckInterval time.Duration
+}
+
 // Params are the cell's dependencies.
 type Params struct {
 	cell.In
 
+	Config    Config
+	Metrics   *metrics.Server
 	Log       *slog.Logger
 	DB        *statedb.DB
 	Inspector *dbinspect.Inspector
@@ -350,12 +394,16 @@ func New(p Params) (*Table, error) {
 		return nil, nil
 	}
 	t, err := Register(Deps{
-		DB: p.DB, Log: p.Log, ModuleID: p.ModuleID, Kernel: p.Kernel,
+		DB: p.DB, Log: p.Log, ModuleID: p.ModuleID, Kernel: p.Kernel, CheckInterval: p.Config.CheckInterval,
 		Jobs: p.Jobs.NewGroup(p.Health.Scope("bpf-maps"), job.WithLogger(p.Log)),
 	})
 	if err != nil {
 		return nil, err
 	}
+	p.Metrics.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "tendril", Subsystem: "endpoint", Name: "programs_reattached_total",
+		Help: "Times the periodic check found an endpoint's programs removed by something else and attached them again.",
+	}, func() float64 { return float64(t.Reattached()) }))
 	p.Inspector.AddReconciled(TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
 		return dbinspect.CountStatus(t.table.All(txn), (*Endpoint).getStatus)
 	})

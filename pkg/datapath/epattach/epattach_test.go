@@ -28,10 +28,36 @@ type fakeKernel struct {
 	failAttach int
 	attaches   int
 	purged     []uint16
+	// removed are endpoints whose programs someone else took off: an
+	// attach does not see it (the loader's cheap path), a check does.
+	removed map[uint16]bool
+	checks  int
 }
 
 func newFakeKernel() *fakeKernel {
-	return &fakeKernel{attached: map[uint16]loader.EndpointInfo{}, mapOnly: map[uint16]bool{}}
+	return &fakeKernel{attached: map[uint16]loader.EndpointInfo{}, mapOnly: map[uint16]bool{}, removed: map[uint16]bool{}}
+}
+
+func (k *fakeKernel) CheckEndpoint(ep loader.EndpointInfo) (bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.checks++
+	k.attached[ep.ID] = ep
+	gone := k.removed[ep.ID]
+	delete(k.removed, ep.ID)
+	return gone, nil
+}
+
+func (k *fakeKernel) removePrograms(id uint16) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.removed[id] = true
+}
+
+func (k *fakeKernel) checked() (checks int, removed int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.checks, len(k.removed)
 }
 
 func (k *fakeKernel) AttachEndpoint(ep loader.EndpointInfo) error {
@@ -128,6 +154,48 @@ func TestFailedAttachIsRetried(t *testing.T) {
 	attaches, attached, _ := k.state()
 	if attaches != 4 || attached[5].IfIndex != 7 {
 		t.Fatalf("%d attaches, attached %v: want 3 failures and one success", attaches, attached)
+	}
+}
+
+// TestCheckPutsBackRemovedPrograms: the periodic check (a refresh of the
+// reconciler) checks every endpoint in the kernel; the one whose programs
+// someone removed gets them back and is counted once, the others are
+// left as they are, and regenerations still take the cheap path.
+func TestCheckPutsBackRemovedPrograms(t *testing.T) {
+	k := newFakeKernel()
+	tbl := epattachtest.Start(t, k, fastRetry, reconciler.WithRefreshing(20*time.Millisecond, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, id := range []uint16{1, 2, 3} {
+		if err := tbl.Upsert(info(id, 10+int(id)), "default", "web"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tbl.WaitRealized(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k.removePrograms(2)
+	testutil.Eventually(t, 10*time.Second, "the check to put endpoint 2's programs back", func() bool {
+		_, removed := k.checked()
+		return removed == 0 && tbl.Reattached() == 1
+	})
+	// Further rounds of checks find nothing more.
+	checks, _ := k.checked()
+	testutil.Eventually(t, 10*time.Second, "three more rounds of checks", func() bool {
+		n, _ := k.checked()
+		return n >= checks+9
+	})
+	if n := tbl.Reattached(); n != 1 {
+		t.Errorf("%d reattaches counted, want 1", n)
+	}
+	attaches, _, _ := k.state()
+	if attaches != 3 {
+		t.Errorf("%d attaches, want the 3 first ones (checks are not attaches)", attaches)
+	}
+	for _, id := range []uint16{1, 2, 3} {
+		if err := tbl.WaitRealized(ctx, id); err != nil {
+			t.Errorf("endpoint %d after the checks: %v", id, err)
+		}
 	}
 }
 

@@ -656,3 +656,65 @@ func TestPrivilegedDeferredTCXPromotion(t *testing.T) {
 		t.Errorf("%d pending after the detach", got)
 	}
 }
+
+// TestPrivilegedCheckEndpointPutsBackWhatOthersRemoved: in either mode,
+// programs someone else took off a pod's veth (tc: a deleted filter, a
+// deleted clsact qdisc; TCX: a detached link) are attached again by
+// CheckEndpoint, which says so, while an intact endpoint is left as it
+// is; b's policy holds again afterwards.
+func TestPrivilegedCheckEndpointPutsBackWhatOthersRemoved(t *testing.T) {
+	for _, mode := range attachModes {
+		t.Run(string(mode), func(t *testing.T) {
+			lab := newPodLab(t)
+			a, b, c := lab.addPod("a", 0), lab.addPod("b", 1), lab.addPod("c", 2)
+			l := lab.start(Config{DirectDelivery: true, AttachMode: mode})
+			eps := policyPods(t, l, a, b, c)
+			switch mode {
+			case AttachTC:
+				// b's egress filter (its ingress policy on the host path)
+				// and c's whole qdisc (its ingress filter with it).
+				if err := netlink.FilterDel(l.bpfFilter(tcFilter{ifindex: b.HostIfIndex, id: 2, dir: dirEgress}, -1)); err != nil {
+					t.Fatal(err)
+				}
+				if err := netlink.QdiscDel(&netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: c.HostIfIndex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				for _, name := range []string{"ep2-egress", "ep3-ingress"} {
+					lk, err := link.LoadPinnedLink(filepath.Join(lab.root, "links", name), nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					err = lk.Detach()
+					lk.Close()
+					if err != nil {
+						t.Fatalf("detach %s: %v", name, err)
+					}
+				}
+			}
+			if _, got := c.ping(t, b.IPv4, 2); got != 0 {
+				t.Logf("with b's and c's programs gone, c reached b against b's policy (%d of 2): fail open until the check", got)
+			}
+			for i, ep := range eps {
+				reattached, err := l.CheckEndpoint(ep)
+				if err != nil {
+					t.Fatalf("check endpoint %d: %v", ep.ID, err)
+				}
+				if want := i > 0; reattached != want {
+					t.Errorf("check endpoint %d: reattached %v, want %v", ep.ID, reattached, want)
+				}
+			}
+			lab.checkAttached(l, 6)
+			checkDenied(t, c, b, "after the check")
+			if sent, got := a.ping(t, b.IPv4, 5); got != sent {
+				t.Errorf("a to b after the check: %d of %d", got, sent)
+			}
+			// Nothing is missing now: a second check changes nothing.
+			for _, ep := range eps {
+				if reattached, err := l.CheckEndpoint(ep); err != nil || reattached {
+					t.Errorf("second check of endpoint %d: reattached %v, %v", ep.ID, reattached, err)
+				}
+			}
+		})
+	}
+}

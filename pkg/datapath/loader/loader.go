@@ -427,6 +427,32 @@ func (l *Loader) AttachEndpoint(ep EndpointInfo) error {
 	if l.attachedLocked(ep) {
 		return nil
 	}
+	return l.attachProgramsLocked(ep)
+}
+
+// CheckEndpoint is AttachEndpoint that believes the kernel rather than
+// this process's record of ep's tc filters: someone may have deleted a
+// filter or the clsact qdisc (a TCX link detached by someone else shows
+// in its link info, which attachedLocked reads). Whatever is missing is
+// attached again, and reattached says so. The map entries are written as
+// by AttachEndpoint (an entry someone deleted comes back too). Two filter
+// dumps on top of AttachEndpoint's cost: for a periodic check, not for
+// every regeneration.
+func (l *Loader) CheckEndpoint(ep EndpointInfo) (reattached bool, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.writeEndpointLocked(ep); err != nil {
+		return false, err
+	}
+	if l.attachedLocked(ep) && !l.forgetVanishedTCFiltersLocked(ep.ID) {
+		return false, nil
+	}
+	return true, l.attachProgramsLocked(ep)
+}
+
+// attachProgramsLocked attaches ep's programs in the loader's mode and
+// removes those of the other mode.
+func (l *Loader) attachProgramsLocked(ep EndpointInfo) error {
 	if l.cfg.AttachMode == AttachTC {
 		if err := l.attachTCLocked(ep); err != nil {
 			return fmt.Errorf("attach tc filters of endpoint %d to %s: %w", ep.ID, ep.IfName, err)

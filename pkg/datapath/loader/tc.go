@@ -220,6 +220,40 @@ func (l *Loader) listTCFilters() (map[string]tcFilter, error) {
 	return out, nil
 }
 
+// forgetVanishedTCFiltersLocked drops from this process's record each
+// filter of endpoint id that the kernel no longer holds in its slot on
+// its interface (a hook that cannot be listed, its qdisc gone, counts as
+// holding none), so that the next attach puts it back; it reports whether
+// any was gone.
+func (l *Loader) forgetVanishedTCFiltersLocked(id uint16) (vanished bool) {
+	for _, dir := range directions {
+		name := linkName(id, dir)
+		f, ok := l.filters[name]
+		if !ok || l.holdsTCFilter(f) {
+			continue
+		}
+		delete(l.filters, name)
+		vanished = true
+	}
+	return vanished
+}
+
+// holdsTCFilter reports whether the kernel has Tendril's filter f in its
+// slot.
+func (l *Loader) holdsTCFilter(f tcFilter) bool {
+	parent := tcParent(f.dir)
+	fs, err := l.nl.FilterList(ifaceRef(f.ifindex), parent)
+	if err != nil {
+		return false
+	}
+	for _, kf := range fs {
+		if got, ok := parseTCFilter(kf, parent); ok && got.id == f.id {
+			return true
+		}
+	}
+	return false
+}
+
 // dropTCFiltersLocked deletes both of an endpoint's filters.
 func (l *Loader) dropTCFiltersLocked(id uint16) error {
 	return eachDirection(id, l.dropTCFilterLocked)
