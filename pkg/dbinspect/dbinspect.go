@@ -156,7 +156,9 @@ func CountStatus[Obj any](objs iter.Seq2[Obj, statedb.Revision], status func(Obj
 		r.Objects++
 		s := status(obj)
 		switch s.Kind {
-		case reconciler.StatusKindDone:
+		case reconciler.StatusKindDone, reconciler.StatusKindRefreshing:
+			// Refreshing is realized, being written again (a periodic
+			// check): not pending to whoever reads the count.
 		case reconciler.StatusKindError:
 			r.Errors++
 			r.LastError = s.GetError()

@@ -2,6 +2,7 @@ package dbinspect
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
+	"github.com/cilium/statedb/reconciler"
 )
 
 type thing struct {
@@ -96,5 +98,24 @@ func TestHandler(t *testing.T) {
 	get("/v1/statedb/dump/things", http.StatusOK, &dump)
 	if len(dump["things"]) != 3 || dump["things"][2].Name != "c" {
 		t.Fatalf("dump %+v", dump)
+	}
+}
+
+// TestCountStatus: done and refreshing (realized, being checked again)
+// count as realized, pending as pending, errors with the last message.
+func TestCountStatus(t *testing.T) {
+	statuses := []reconciler.Status{
+		reconciler.StatusDone(), reconciler.StatusRefreshing(), reconciler.StatusPending(),
+		reconciler.StatusError(errors.New("map full")),
+	}
+	r := CountStatus(func(yield func(reconciler.Status, statedb.Revision) bool) {
+		for i, s := range statuses {
+			if !yield(s, statedb.Revision(i)) {
+				return
+			}
+		}
+	}, func(s reconciler.Status) reconciler.Status { return s })
+	if r.Objects != 4 || r.Pending != 1 || r.Errors != 1 || r.LastError != "map full" {
+		t.Errorf("got %+v, want 4 objects, 1 pending, 1 error (map full)", r)
 	}
 }

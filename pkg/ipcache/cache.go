@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
 
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
@@ -301,34 +302,10 @@ func (c *IPCache) List() []Item {
 	return out
 }
 
-// Realization counts the table's objects by reconciliation status.
-type Realization struct {
-	Objects, Pending, Errors int
-	// LastError is one of the errors, for display.
-	LastError string
-}
-
 // Realization counts the objects not yet realized: pending (not yet
-// written, or being refreshed) and failed (retried with backoff).
-func (c *IPCache) Realization() Realization {
-	return CountStatus(c.table.All(c.db.ReadTxn()))
-}
-
-// CountStatus counts objects of a reconciled table by status.
-func CountStatus(objs iter.Seq2[*PrefixClaims, statedb.Revision]) Realization {
-	var r Realization
-	for obj := range objs {
-		r.Objects++
-		switch obj.Status.Kind {
-		case reconciler.StatusKindDone:
-		case reconciler.StatusKindError:
-			r.Errors++
-			r.LastError = obj.Status.GetError()
-		default:
-			r.Pending++
-		}
-	}
-	return r
+// written) and failed (retried with backoff).
+func (c *IPCache) Realization() dbinspect.Realization {
+	return dbinspect.CountStatus(c.table.All(c.db.ReadTxn()), (*PrefixClaims).getStatus)
 }
 
 // Synced waits until the backend holds every change made to the table so

@@ -219,8 +219,7 @@ func New(p Params) (*Module, error) {
 		return dbinspect.CountStatus(pc.Table().All(txn), func(o *policycidr.Prefix) reconciler.Status { return o.Status })
 	})
 	p.Inspector.AddReconciled(ipcache.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
-		r := ipcache.CountStatus(ic.Table().All(txn))
-		return dbinspect.Realization{Objects: r.Objects, Pending: r.Pending, Errors: r.Errors, LastError: r.LastError}
+		return dbinspect.CountStatus(ic.Table().All(txn), func(o *ipcache.PrefixClaims) reconciler.Status { return o.Status })
 	})
 	// The jobs are added after the step: they start once the maps are
 	// open and stop before they are closed.
