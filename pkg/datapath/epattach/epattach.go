@@ -143,6 +143,17 @@ func Register(d Deps) (*Table, error) {
 // removed by something else and attached them again.
 func (t *Table) Reattached() uint64 { return t.ops.reattached.Load() }
 
+// Realization counts the objects by status for the Tables section, and
+// the failed detaches being retried as errors too (their rows are gone).
+func (t *Table) Realization(txn statedb.ReadTxn) dbinspect.Realization {
+	r := dbinspect.CountStatus(t.table.All(txn), (*Endpoint).getStatus)
+	if n, last := t.ops.failedDetaches(); n > 0 {
+		r.Errors += n
+		r.LastError = last.Error()
+	}
+	return r
+}
+
 // Table is the statedb table, for reading and inspection.
 func (t *Table) Table() statedb.Table[*Endpoint] { return t.table }
 
@@ -267,6 +278,17 @@ type ops struct {
 	reattached atomic.Uint64
 }
 
+// failedDetaches counts the detaches that failed and are retried, with
+// one of their errors: their objects are gone from the table.
+func (o *ops) failedDetaches() (n int, last error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, err := range o.deleteErrs {
+		last = err
+	}
+	return len(o.deleteErrs), last
+}
+
 func (o *ops) deleteErr(id uint16) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -297,6 +319,11 @@ func (o *ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e
 	if err := o.kernel.AttachEndpoint(e.EndpointInfo); err != nil {
 		return fmt.Errorf("attach endpoint %d: %w", e.ID, err)
 	}
+	// The ID's new interface has its programs, and the attach removed
+	// those of a former one: a failed detach under this ID is over.
+	o.mu.Lock()
+	delete(o.deleteErrs, e.ID)
+	o.mu.Unlock()
 	return nil
 }
 
@@ -404,8 +431,6 @@ func New(p Params) (*Table, error) {
 		Namespace: "tendril", Subsystem: "endpoint", Name: "programs_reattached_total",
 		Help: "Times the periodic check found an endpoint's programs removed by something else and attached them again.",
 	}, func() float64 { return float64(t.Reattached()) }))
-	p.Inspector.AddReconciled(TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
-		return dbinspect.CountStatus(t.table.All(txn), (*Endpoint).getStatus)
-	})
+	p.Inspector.AddReconciled(TableName, t.Realization)
 	return t, nil
 }

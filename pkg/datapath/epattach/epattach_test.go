@@ -32,6 +32,8 @@ type fakeKernel struct {
 	// attach does not see it (the loader's cheap path), a check does.
 	removed map[uint16]bool
 	checks  int
+	// failDetach fails detaches while true.
+	failDetach bool
 }
 
 func newFakeKernel() *fakeKernel {
@@ -75,6 +77,9 @@ func (k *fakeKernel) AttachEndpoint(ep loader.EndpointInfo) error {
 func (k *fakeKernel) DetachEndpoint(id uint16, _ []netip.Addr) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.failDetach {
+		return errors.New("detach TCX ingress of interface 7: operation not permitted")
+	}
 	delete(k.attached, id)
 	delete(k.mapOnly, id)
 	return nil
@@ -196,6 +201,41 @@ func TestCheckPutsBackRemovedPrograms(t *testing.T) {
 		if err := tbl.WaitRealized(ctx, id); err != nil {
 			t.Errorf("endpoint %d after the checks: %v", id, err)
 		}
+	}
+}
+
+// TestFailedDetachIsCounted: a detach that fails is returned to the
+// deleter and, its row gone, still counted as an error of the table until
+// the reconciler's retry succeeds.
+func TestFailedDetachIsCounted(t *testing.T) {
+	k := newFakeKernel()
+	tbl := epattachtest.Start(t, k, fastRetry)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tbl.Upsert(info(5, 7), "default", "web"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tbl.WaitRealized(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	k.mu.Lock()
+	k.failDetach = true
+	k.mu.Unlock()
+	if err := tbl.Delete(ctx, 5); err == nil || !strings.Contains(err.Error(), "operation not permitted") {
+		t.Fatalf("delete with a failing detach: %v", err)
+	}
+	r := tbl.Realization(tbl.ReadTxn())
+	if r.Objects != 0 || r.Errors != 1 || !strings.Contains(r.LastError, "detach endpoint 5") {
+		t.Fatalf("realization after a failed detach: %+v", r)
+	}
+	k.mu.Lock()
+	k.failDetach = false
+	k.mu.Unlock()
+	testutil.Eventually(t, 10*time.Second, "the detach to be retried until it succeeds", func() bool {
+		return tbl.Realization(tbl.ReadTxn()).Errors == 0
+	})
+	if _, attached, _ := k.state(); len(attached) != 0 {
+		t.Errorf("still attached after the retried detach: %v", attached)
 	}
 }
 
