@@ -797,3 +797,26 @@ func BenchmarkPrivilegedReattachEndpoint(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPrivilegedCheckEndpoint is the attachment check of one intact
+// endpoint (map entries written, both hooks read from the kernel), beside
+// the regeneration's cheap path (BenchmarkPrivilegedReattachEndpoint).
+func BenchmarkPrivilegedCheckEndpoint(b *testing.B) {
+	for _, mode := range attachModes {
+		b.Run(string(mode), func(b *testing.B) {
+			n := newNodeWith(b, Config{DirectDelivery: true, AttachMode: mode})
+			ifindex := netlab.AddVeth(b, "tdrr0", "tdrrp0")
+			ep := EndpointInfo{ID: 100, IfIndex: ifindex, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, 9, 0, 1})}, Identity: idA}
+			if err := n.l.AttachEndpoint(ep); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				reattached, err := n.l.CheckEndpoint(ep)
+				if err != nil || reattached {
+					b.Fatalf("check of an intact endpoint: reattached %v, %v", reattached, err)
+				}
+			}
+		})
+	}
+}
