@@ -1,6 +1,7 @@
 package cni_test
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/cilium/cilium/api/v1/models"
 
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
@@ -95,6 +98,11 @@ func TestPrivilegedRemovedProgramsPutBack(t *testing.T) {
 			if !reachable(b, ipA) {
 				t.Error("b cannot reach a after a's programs came back")
 			}
+			// Counted once the check's Update returns, just after the kernel
+			// holds the programs again.
+			eventually(t, "tendril_endpoint_programs_reattached_total to count the check", func() bool {
+				return n.metric(t, "tendril_endpoint_programs_reattached_total") == 1
+			})
 		})
 	}
 }
@@ -113,4 +121,20 @@ func linkAttached(t *testing.T, bpfRoot, name string) bool {
 		return false
 	}
 	return info.TCX().Ifindex != 0
+}
+
+// metric reads one of the agent's metrics over its API socket (GET
+// /v1/metrics/, as `tendril metrics list`); -1 when it is not there.
+func (n *node) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	var list []*models.Metric
+	if err := n.agent.Do(context.Background(), "GET", "/metrics/", nil, nil, nil, &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range list {
+		if m.Name == name {
+			return m.Value
+		}
+	}
+	return -1
 }
