@@ -101,6 +101,7 @@ func cellConfigs(c Config) configs {
 		// The host device programs share the pod datapath's BPF root and
 		// attach mode.
 		Masquerade: hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.Datapath.AttachMode),
+			CheckInterval:   c.Datapath.AttachmentCheckInterval,
 			L2Announcements: c.L2Announcements.Enabled},
 		KVStore: agentkv.Config{Options: c.KVStore, StateDir: c.StateDir, NodeName: c.NodeName,
 			IdentityAllocationMode: c.Identity.AllocationMode},

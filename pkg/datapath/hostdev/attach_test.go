@@ -17,7 +17,9 @@ import (
 // both links over with its programs; a run in tc mode puts tc filters in
 // Tendril's slot and removes the links; a run in TCX mode again moves back
 // and removes the filters; a run that no longer configures a device removes
-// a tc-mode run's filters from it; detaching leaves nothing.
+// a tc-mode run's filters from it; detaching leaves nothing. In each mode,
+// programs someone else removes (a deleted filter, a detached link) are
+// attached again by Check.
 func TestPrivilegedHostDeviceAttachModes(t *testing.T) {
 	n := newMasqNode(t, 61000, 61999)
 	root := n.h.opts.BPFRoot
@@ -95,6 +97,11 @@ func TestPrivilegedHostDeviceAttachModes(t *testing.T) {
 	if pins() != 0 || filters() != 2 {
 		t.Fatalf("tc: %d pins, %d filters", pins(), filters())
 	}
+	// Someone deletes the egress filter: the check puts it back.
+	if err := netlink.FilterDel(tc.filter(n.uplink, dirEgress, -1)); err != nil {
+		t.Fatal(err)
+	}
+	checkPutsBack(t, tc, n.uplink, func() bool { return filters() == 2 })
 	tc.Close()
 
 	// A tc-mode run's filters on a device the next run no longer
@@ -116,6 +123,20 @@ func TestPrivilegedHostDeviceAttachModes(t *testing.T) {
 	if pins() != 2 || filters() != 0 {
 		t.Fatalf("back to TCX: %d pins, %d filters", pins(), filters())
 	}
+	// Someone detaches the ingress link (BPF_LINK_DETACH): the check
+	// attaches a new one.
+	detached := progLink(t, root, attachmentName(n.uplink, dirIngress))
+	if err := detached.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	detachedID := linkID(t, detached)
+	detached.Close()
+	checkPutsBack(t, back, n.uplink, func() bool {
+		lk := progLink(t, root, attachmentName(n.uplink, dirIngress))
+		defer lk.Close()
+		info, err := lk.Info()
+		return err == nil && info.ID != detachedID && int(info.TCX().Ifindex) == n.uplink && pins() == 2
+	})
 	if err := back.Detach(n.uplink); err != nil {
 		t.Fatal(err)
 	}
@@ -194,4 +215,40 @@ func hostAttachments(t *testing.T, root string, ifindex int) []string {
 		}
 	}
 	return out
+}
+
+// checkPutsBack runs the check on a device whose programs someone took
+// off: it says it attached them again and intact() holds; a second check
+// finds nothing gone.
+func checkPutsBack(t *testing.T, p *Programs, ifindex int, intact func() bool) {
+	t.Helper()
+	reattached, err := p.Check(ifindex)
+	if err != nil || !reattached {
+		t.Fatalf("check after a removal: reattached %v, %v", reattached, err)
+	}
+	if !intact() {
+		t.Fatal("the check did not put the programs back")
+	}
+	if reattached, err := p.Check(ifindex); err != nil || reattached {
+		t.Fatalf("second check: reattached %v, %v", reattached, err)
+	}
+}
+
+// progLink opens a pinned link of the host programs.
+func progLink(t *testing.T, root, name string) link.Link {
+	t.Helper()
+	lk, err := link.LoadPinnedLink(filepath.Join(linksDir(root), name), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lk
+}
+
+func linkID(t *testing.T, lk link.Link) link.ID {
+	t.Helper()
+	info, err := lk.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.ID
 }

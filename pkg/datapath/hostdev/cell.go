@@ -36,6 +36,9 @@ type Settings struct {
 	// links are pinned beside the pods' and attach the same way.
 	BPFRoot    string
 	AttachMode loader.AttachMode
+	// CheckInterval is how often the devices' programs are checked in the
+	// kernel and attached again when gone (0: never), as the pods'.
+	CheckInterval time.Duration
 	// L2Announcements attaches the programs even with masquerade off
 	// (their ingress answers ARP for announced addresses).
 	L2Announcements bool
@@ -86,5 +89,11 @@ func newCell(p cellParams) (*Masquerade, error) {
 			return nil
 		}, addressRefresh),
 	)
+	if p.Settings.CheckInterval > 0 {
+		jobs.Add(job.Timer("host-program-check", func(context.Context) error {
+			m.CheckAttachments()
+			return nil
+		}, p.Settings.CheckInterval))
+	}
 	return m, nil
 }

@@ -212,6 +212,65 @@ func (p *Programs) Attach(ifindex int) error {
 	return nil
 }
 
+// Check looks in the kernel for the device's programs and attaches again
+// what something else removed (a tc filter or the clsact qdisc deleted, a
+// TCX link detached): without them the device's traffic is neither
+// masqueraded nor load-balanced. It reports whether anything was gone.
+func (p *Programs) Check(ifindex int) (reattached bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, dir := range directions {
+		name := attachmentName(ifindex, dir)
+		if p.opts.AttachMode == loader.AttachTC {
+			if p.holdsFilter(ifindex, dir) {
+				continue
+			}
+			reattached = true
+			if err := p.attachTC(ifindex, dir); err != nil {
+				return true, err
+			}
+			continue
+		}
+		if lk, ok := p.links[name]; ok {
+			info, err := lk.Info()
+			if err != nil {
+				// Not known to be gone: never drop a link that may work.
+				return reattached, fmt.Errorf("read link %s: %w", name, err)
+			}
+			if info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
+				continue
+			}
+			// Detached by someone else (its info names no device): a
+			// new link replaces it.
+			if err := p.dropLink(name); err != nil {
+				return false, err
+			}
+		}
+		reattached = true
+		if err := p.attachTCX(ifindex, dir); err != nil {
+			return true, err
+		}
+	}
+	return reattached, nil
+}
+
+// holdsFilter reports whether the kernel has Tendril's filter in its slot
+// of the device's hook (a hook that cannot be listed holds none).
+func (p *Programs) holdsFilter(ifindex int, dir string) bool {
+	want := p.filter(ifindex, dir, -1)
+	fs, err := p.nl.FilterList(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}, want.Parent)
+	if err != nil {
+		return false
+	}
+	for _, f := range fs {
+		a := f.Attrs()
+		if bf, ok := f.(*netlink.BpfFilter); ok && a.Priority == tcPriority && a.Handle == tcHandle && bf.Name == want.Name {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *Programs) attachTCX(ifindex int, dir string) error {
 	name := attachmentName(ifindex, dir)
 	pin := filepath.Join(linksDir(p.opts.BPFRoot), name)

@@ -49,6 +49,8 @@ type Masquerade struct {
 	peerCIDRs []netip.Prefix
 	gc        GCStats
 	lastErr   error
+	// reattached counts the devices' programs the check put back.
+	reattached uint64
 	// l2 attaches the programs even with masquerade off: their ingress
 	// answers ARP for L2 announcements (bpf/lib/arp.h).
 	l2 bool
@@ -331,6 +333,28 @@ func (m *Masquerade) RefreshAddresses() {
 				m.log.Info("Masquerade address changed", "device", d.Name, "from", []netip.Addr{old.IPv4, old.IPv6}, "to", []netip.Addr{d.IPv4, d.IPv6})
 				m.devices[i] = d
 			}
+		}
+	}
+}
+
+// CheckAttachments looks in the kernel for every device's programs and
+// attaches again what something else removed (see Programs.Check).
+func (m *Masquerade) CheckAttachments() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.prog == nil {
+		return
+	}
+	for _, d := range m.devices {
+		reattached, err := m.prog.Check(d.IfIndex)
+		if reattached {
+			m.reattached++
+			m.log.Warn("Attached the host programs of a device again: something else had removed them",
+				"device", d.Name, "ifindex", d.IfIndex, "error", err)
+			continue
+		}
+		if err != nil {
+			m.log.Warn("Cannot check a device's host programs", "device", d.Name, "error", err)
 		}
 	}
 }

@@ -14,6 +14,7 @@ type collector struct {
 	capacity *prometheus.Desc
 	gcDel    *prometheus.Desc
 	devices  *prometheus.Desc
+	reatt    *prometheus.Desc
 }
 
 func newCollector(m *Masquerade) *collector {
@@ -23,6 +24,8 @@ func newCollector(m *Masquerade) *collector {
 		capacity: prometheus.NewDesc("tendril_masquerade_nat_capacity", "Capacity of the masquerade NAT table, in entries.", nil, nil),
 		gcDel:    prometheus.NewDesc("tendril_masquerade_nat_gc_deleted_total", "Masquerade mappings deleted by the GC with conntrack.", nil, nil),
 		devices:  prometheus.NewDesc("tendril_masquerade_devices", "Devices the host programs masquerade at.", nil, nil),
+		reatt: prometheus.NewDesc("tendril_host_programs_reattached_total",
+			"Times the periodic check found a device's host programs removed by something else and attached them again.", nil, nil),
 	}
 }
 
@@ -31,6 +34,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.capacity
 	ch <- c.gcDel
 	ch <- c.devices
+	ch <- c.reatt
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -44,8 +48,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(nat.Capacity()))
 	c.m.mu.Lock()
-	deleted, devs := c.m.gc.Deleted, len(c.m.devices)
+	deleted, devs, reatt := c.m.gc.Deleted, len(c.m.devices), c.m.reattached
 	c.m.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(c.reatt, prometheus.CounterValue, float64(reatt))
 	ch <- prometheus.MustNewConstMetric(c.gcDel, prometheus.CounterValue, float64(deleted))
 	ch <- prometheus.MustNewConstMetric(c.devices, prometheus.GaugeValue, float64(devs))
 }
