@@ -100,11 +100,6 @@ func EnsureBinaries(log io.Writer) (string, error) {
 	return dir, nil
 }
 
-// FreePort is a TCP port on 127.0.0.1 nothing listens on right now and
-// that no outgoing connection takes before a child binds it (see
-// freeport).
-func FreePort(avoid ...int) (int, error) { return freeport.Loopback(avoid...) }
-
 // Spec is one control plane: its directory, ports and options.
 type Spec struct {
 	// Dir holds etcd's data; the certificates are in PKI.
@@ -149,7 +144,7 @@ func (s *Spec) AllocatePorts() error {
 		if *p != 0 {
 			continue
 		}
-		port, err := FreePort(picked...)
+		port, err := freeport.Loopback(picked...)
 		if err != nil {
 			return err
 		}

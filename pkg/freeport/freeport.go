@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -36,7 +37,7 @@ func Loopback(avoid ...int) (int, error) {
 	}
 	for range 200 {
 		p := lo + rand.IntN(hi-lo+1)
-		if contains(avoid, p) {
+		if slices.Contains(avoid, p) {
 			continue
 		}
 		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
@@ -88,13 +89,4 @@ func parseRange(s string) (int, int, error) {
 		return 0, 0, fmt.Errorf("ephemeral port range %q: not low and high", strings.TrimSpace(s))
 	}
 	return lo, hi, nil
-}
-
-func contains(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }

@@ -2,6 +2,7 @@ package freeport
 
 import (
 	"net"
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -55,7 +56,7 @@ func TestLoopbackOutsideTheEphemeralRange(t *testing.T) {
 		if p >= eLo && p <= eHi {
 			t.Fatalf("port %d is in the ephemeral range %d-%d", p, eLo, eHi)
 		}
-		if contains(got, p) {
+		if slices.Contains(got, p) {
 			t.Fatalf("port %d picked twice", p)
 		}
 		got = append(got, p)

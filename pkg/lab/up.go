@@ -22,6 +22,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/controlplane"
+	"github.com/tendril-net/tendril/pkg/freeport"
 	"github.com/tendril-net/tendril/pkg/lab/workload"
 )
 
@@ -434,11 +435,11 @@ func startControlPlane(ctx context.Context, st *State, exited map[string]<-chan 
 // server's, on free ports of the machine's loopback. The kubelets
 // (started after it) proxy it into the node namespaces.
 func startKVStore(ctx context.Context, st *State, exited map[string]<-chan error) error {
-	client, err := controlplane.FreePort()
+	client, err := freeport.Loopback()
 	if err != nil {
 		return err
 	}
-	peerPort, err := controlplane.FreePort(client)
+	peerPort, err := freeport.Loopback(client)
 	if err != nil {
 		return err
 	}

@@ -96,10 +96,8 @@ type Table struct {
 }
 
 // Register creates the table and registers its reconciler on d.Jobs; the
-// prune waits for MarkRestored. The intervals are the ipcache's: a failed
-// write is retried from 100 ms up to every 30 s, the prune runs once the
-// table is initialized and every 5 minutes, and every object is written
-// again every 30 minutes (statedb's default refresh).
+// prune waits for MarkRestored. Retries and prunes follow pkg/reconcile's
+// intervals; the refresh is the attachment check, every d.CheckInterval.
 func Register(d Deps) (*Table, error) {
 	tbl, err := NewTable(d.DB)
 	if err != nil {

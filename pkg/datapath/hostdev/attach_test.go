@@ -63,19 +63,7 @@ func TestPrivilegedHostDeviceAttachModes(t *testing.T) {
 		}
 		return c
 	}
-	progID := func(name string) uint32 {
-		t.Helper()
-		lk, err := link.LoadPinnedLink(filepath.Join(linksDir(root), name), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer lk.Close()
-		info, err := lk.Info()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return uint32(info.Program)
-	}
+	progID := func(name string) uint32 { return uint32(pinnedLinkInfo(t, root, name).Program) }
 
 	first := run(loader.AttachTCX)
 	if pins() != 2 || filters() != 0 || len(first.Attachments()) != 2 {
@@ -125,17 +113,20 @@ func TestPrivilegedHostDeviceAttachModes(t *testing.T) {
 	}
 	// Someone detaches the ingress link (BPF_LINK_DETACH): the check
 	// attaches a new one.
-	detached := progLink(t, root, attachmentName(n.uplink, dirIngress))
-	if err := detached.Detach(); err != nil {
+	ingress := attachmentName(n.uplink, dirIngress)
+	detachedID := pinnedLinkInfo(t, root, ingress).ID
+	detached, err := link.LoadPinnedLink(filepath.Join(linksDir(root), ingress), nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	detachedID := linkID(t, detached)
+	err = detached.Detach()
 	detached.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	checkPutsBack(t, back, n.uplink, func() bool {
-		lk := progLink(t, root, attachmentName(n.uplink, dirIngress))
-		defer lk.Close()
-		info, err := lk.Info()
-		return err == nil && info.ID != detachedID && int(info.TCX().Ifindex) == n.uplink && pins() == 2
+		info := pinnedLinkInfo(t, root, ingress)
+		return info.ID != detachedID && int(info.TCX().Ifindex) == n.uplink && pins() == 2
 	})
 	if err := back.Detach(n.uplink); err != nil {
 		t.Fatal(err)
@@ -234,21 +225,17 @@ func checkPutsBack(t *testing.T, p *Programs, ifindex int, intact func() bool) {
 	}
 }
 
-// progLink opens a pinned link of the host programs.
-func progLink(t *testing.T, root, name string) link.Link {
+// pinnedLinkInfo reads a pinned link of the host programs.
+func pinnedLinkInfo(t *testing.T, root, name string) *link.Info {
 	t.Helper()
 	lk, err := link.LoadPinnedLink(filepath.Join(linksDir(root), name), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return lk
-}
-
-func linkID(t *testing.T, lk link.Link) link.ID {
-	t.Helper()
+	defer lk.Close()
 	info, err := lk.Info()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return info.ID
+	return info
 }

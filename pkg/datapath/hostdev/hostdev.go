@@ -232,18 +232,12 @@ func (p *Programs) Check(ifindex int) (reattached bool, err error) {
 			continue
 		}
 		if lk, ok := p.links[name]; ok {
-			info, err := lk.Info()
+			at, err := loader.TCXIfindex(lk)
 			if err != nil {
-				// Not known to be gone: never drop a link that may work.
 				return reattached, fmt.Errorf("read link %s: %w", name, err)
 			}
-			if info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
+			if at == ifindex {
 				continue
-			}
-			// Detached by someone else (its info names no device): a
-			// new link replaces it.
-			if err := p.dropLink(name); err != nil {
-				return false, err
 			}
 		}
 		reattached = true
@@ -275,11 +269,22 @@ func (p *Programs) attachTCX(ifindex int, dir string) error {
 	name := attachmentName(ifindex, dir)
 	pin := filepath.Join(linksDir(p.opts.BPFRoot), name)
 	if lk, ok := p.links[name]; ok {
-		return lk.Update(p.prog(dir))
+		at, err := loader.TCXIfindex(lk)
+		if err != nil {
+			// Not known to be gone: never drop a link that may work.
+			return fmt.Errorf("read link %s: %w", name, err)
+		}
+		if at == ifindex {
+			return lk.Update(p.prog(dir))
+		}
+		// Detached by someone else (it names no device): a new link
+		// replaces it.
+		if err := p.dropLink(name); err != nil {
+			return err
+		}
 	}
 	if lk, err := link.LoadPinnedLink(pin, nil); err == nil {
-		info, ierr := lk.Info()
-		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
+		if at, ierr := loader.TCXIfindex(lk); ierr == nil && at == ifindex {
 			if err := lk.Update(p.prog(dir)); err != nil {
 				lk.Close()
 				return fmt.Errorf("update pinned link %s: %w", name, err)

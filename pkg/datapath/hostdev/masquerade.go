@@ -347,14 +347,14 @@ func (m *Masquerade) CheckAttachments() {
 	}
 	for _, d := range m.devices {
 		reattached, err := m.prog.Check(d.IfIndex)
-		if reattached {
+		switch {
+		case err != nil:
+			m.log.Warn("Cannot check or attach again a device's host programs", "device", d.Name,
+				"found-removed", reattached, "error", err)
+		case reattached:
 			m.reattached++
 			m.log.Warn("Attached the host programs of a device again: something else had removed them",
-				"device", d.Name, "ifindex", d.IfIndex, "error", err)
-			continue
-		}
-		if err != nil {
-			m.log.Warn("Cannot check a device's host programs", "device", d.Name, "error", err)
+				"device", d.Name, "ifindex", d.IfIndex)
 		}
 	}
 }

@@ -164,7 +164,7 @@ func (l *Loader) takeOverAsTCX(pinned map[string]pinnedLink, filters map[string]
 // endpoint is there already), then deletes f.
 func (l *Loader) switchToTCX(name string, f tcFilter) error {
 	if lk, ok := l.links[name]; ok {
-		if ifindex, _ := tcxIfindex(lk); ifindex != f.ifindex {
+		if ifindex, _ := TCXIfindex(lk); ifindex != f.ifindex {
 			return fmt.Errorf("endpoint's pinned link is on interface %d", ifindex)
 		}
 	} else if err := l.attachTCXLink(f.ifindex, f.id, f.dir); err != nil {

@@ -500,7 +500,7 @@ func (l *Loader) attachedLocked(ep EndpointInfo) bool {
 	for _, dir := range directions {
 		name := linkName(ep.ID, dir)
 		if lk, ok := l.links[name]; ok {
-			if ifindex, err := tcxIfindex(lk); err != nil || ifindex != ep.IfIndex {
+			if ifindex, err := TCXIfindex(lk); err != nil || ifindex != ep.IfIndex {
 				return false
 			}
 			tcx++
@@ -589,7 +589,7 @@ func (l *Loader) onLiveInterfaceLocked(id uint16) bool {
 	for _, dir := range directions {
 		name := linkName(id, dir)
 		if lk, ok := l.links[name]; ok {
-			if ifindex, err := tcxIfindex(lk); err == nil && exists(ifindex) {
+			if ifindex, err := TCXIfindex(lk); err == nil && exists(ifindex) {
 				return true
 			}
 		}

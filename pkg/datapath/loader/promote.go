@@ -45,7 +45,7 @@ func (l *Loader) deferLocked(ep EndpointInfo) bool {
 		if !ok {
 			return true
 		}
-		if ifindex, err := tcxIfindex(lk); err != nil || ifindex != ep.IfIndex {
+		if ifindex, err := TCXIfindex(lk); err != nil || ifindex != ep.IfIndex {
 			return true
 		}
 	}

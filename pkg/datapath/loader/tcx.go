@@ -42,7 +42,7 @@ func (l *Loader) loadPinnedLinks() (map[string]pinnedLink, error) {
 			_ = os.Remove(path)
 			continue
 		}
-		ifindex, err := tcxIfindex(lk)
+		ifindex, err := TCXIfindex(lk)
 		if err != nil {
 			// Left as it is: unpinning a link that may be live would
 			// detach its program.
@@ -68,9 +68,10 @@ func closeLinks(links map[string]pinnedLink) {
 	}
 }
 
-// tcxIfindex is the interface a TCX link attaches to; 0 once the
-// interface is gone.
-func tcxIfindex(lk link.Link) (int, error) {
+// TCXIfindex is the interface a TCX link attaches to: 0 once the
+// interface is gone or the link was detached (BPF_LINK_DETACH). The host
+// device programs (hostdev) read their links with it too.
+func TCXIfindex(lk link.Link) (int, error) {
 	info, err := lk.Info()
 	if err != nil {
 		return 0, fmt.Errorf("link info: %w", err)
@@ -87,7 +88,7 @@ func tcxIfindex(lk link.Link) (int, error) {
 func (l *Loader) attachTCXLocked(ep EndpointInfo, dir string) error {
 	name := linkName(ep.ID, dir)
 	if lk, ok := l.links[name]; ok {
-		if ifindex, err := tcxIfindex(lk); err == nil && ifindex == ep.IfIndex {
+		if ifindex, err := TCXIfindex(lk); err == nil && ifindex == ep.IfIndex {
 			return lk.Update(l.progFor(dir))
 		}
 		// The link belongs to an interface that is gone (the pod's veth
