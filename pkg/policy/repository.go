@@ -154,6 +154,34 @@ func (r *Repository) ReplaceByLabels(match []labels.Label, rules api.Rules, name
 	}), nil
 }
 
+// Import validates rules and, in one revision, removes the rules they
+// replace and adds them: with replaceSame, every rule carrying the label
+// set of an added rule; with replaceMatching (when not empty), every rule
+// carrying all of those labels. What PUT /v1/policy with replace or
+// replace-with-labels needs: a delete and an add as two revisions would let
+// an endpoint selected only by the old rules be resolved (and the policy
+// file be written) with neither. Nothing changes when a rule is invalid.
+func (r *Repository) Import(rules api.Rules, namespace, source string, replaceSame bool, replaceMatching []labels.Label) (uint64, error) {
+	for i, rule := range rules {
+		if err := rule.Validate(); err != nil {
+			return 0, fmt.Errorf("rule %d: %w", i, err)
+		}
+	}
+	same := map[string]bool{}
+	if replaceSame {
+		for _, rule := range rules {
+			same[rule.Labels.Key()] = true
+		}
+	}
+	return r.change(func() bool {
+		r.removeLocked(func(s StoredRule) bool {
+			return same[s.Rule.Labels.Key()] || (len(replaceMatching) > 0 && s.Rule.Labels.HasAll(replaceMatching))
+		})
+		r.appendLocked(rules, namespace, source)
+		return true
+	}), nil
+}
+
 // DeleteByLabels removes the rules that have a match for every label of
 // sel (all rules when sel is empty; see api.LabelArray.HasAll) and returns
 // how many went.

@@ -102,14 +102,16 @@ func (h *Handlers) handlePolicyPut(w http.ResponseWriter, r *http.Request) error
 			return server.Errorf(http.StatusBadRequest, "replace %q: not a boolean", v)
 		}
 	}
+	var replaceWith []labels.Label
 	if with := q["replace-with-labels"]; len(with) > 0 {
-		sel, err := api.ParseSelectLabels(with)
-		if err != nil {
+		if replaceWith, err = api.ParseSelectLabels(with); err != nil {
 			return server.Errorf(http.StatusBadRequest, "replace-with-labels: %v", err)
 		}
-		h.Repo.DeleteByLabels(sel)
 	}
-	if _, err := h.Repo.Add(rules, "", h.Source, replace); err != nil {
+	// One revision for the removal and the addition: no resolution and no
+	// write of the policy file sees the old rules gone and the new ones
+	// missing.
+	if _, err := h.Repo.Import(rules, "", h.Source, replace, replaceWith); err != nil {
 		return server.Errorf(http.StatusBadRequest, "%v", err)
 	}
 	m, _ := h.policyModel(nil)
