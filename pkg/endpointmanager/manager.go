@@ -652,6 +652,15 @@ func (m *Manager) Restore(ctx context.Context, linkExists func(name string) (boo
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].ID < eps[j].ID })
 	for _, ep := range eps {
+		if ep.ID == 0 || ep.ID > MaxID {
+			// Not an ID this agent hands out: the datapath's per-endpoint
+			// maps have no slot for it. The state stays on disk to be
+			// looked at.
+			m.log.Error("Endpoint state has an ID out of range; endpoint not restored",
+				"endpoint", ep.ID, "max", MaxID, "dir", m.store.Dir)
+			res.Failed = append(res.Failed, ep.ID)
+			continue
+		}
 		exists := true
 		if ep.HostIfName != "" && linkExists != nil {
 			ok, err := linkExists(ep.HostIfName)

@@ -276,3 +276,37 @@ func TestIDCursorAcrossRestart(t *testing.T) {
 		t.Errorf("cursor still %s after %d more creates", got, cursorBlock)
 	}
 }
+
+// TestRestoreRefusesIDsOutOfRange: a state directory whose endpoint ID is
+// 0 or above MaxID (written by hand, or by another program) is not
+// restored: the ID does not fit the datapath's per-endpoint maps, and no
+// endpoint created through the API could have it.
+func TestRestoreRefusesIDsOutOfRange(t *testing.T) {
+	dir := t.TempDir()
+	f := newFixture(t, dir)
+	good := f.createPod(t, 1)
+	for _, id := range []uint16{0, MaxID + 1, 65535} {
+		bad := *good
+		bad.ID = id
+		bad.IPv4 = netip.MustParseAddr("10.5.1.200")
+		if err := f.store.Write(&bad); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := newFixture(t, dir)
+	res, err := g.mgr.Restore(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Restored) != 1 || res.Restored[0] != good.ID {
+		t.Errorf("restored %v, want only endpoint %d", res.Restored, good.ID)
+	}
+	for _, ep := range g.mgr.List() {
+		if ep.ID != good.ID {
+			t.Errorf("endpoint %d restored", ep.ID)
+		}
+	}
+	if len(res.Failed) != 3 {
+		t.Errorf("failed %v, want the three out-of-range IDs", res.Failed)
+	}
+}

@@ -139,8 +139,16 @@ func (h *Handlers) handleEndpointPut(w http.ResponseWriter, r *http.Request) err
 	if err := server.DecodeJSON(r, &req); err != nil {
 		return err
 	}
-	if req.ID != 0 && requested == 0 {
+	// The body's ID is an int64: it is range-checked before it becomes an
+	// endpoint ID, or 65537 would wrap to endpoint 1.
+	if req.ID < 0 || req.ID > endpointmanager.MaxID {
+		return server.Errorf(http.StatusBadRequest, "endpoint ID %d in the body: want 0 (the agent chooses) to %d", req.ID, endpointmanager.MaxID)
+	}
+	switch {
+	case req.ID != 0 && requested == 0:
 		requested = uint16(req.ID)
+	case req.ID != 0 && int64(requested) != req.ID:
+		return server.Errorf(http.StatusBadRequest, "endpoint ID %d in the body differs from %d in the path", req.ID, requested)
 	}
 	ep, err := endpoint.FromChangeRequest(&req)
 	if err != nil {
