@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/tendril-net/tendril/pkg/labels"
 )
 
 // State is an endpoint's lifecycle state (the Cilium API's EndpointState).
@@ -225,6 +227,17 @@ func (e *Endpoint) Addresses() []netip.Addr {
 		}
 	}
 	return out
+}
+
+// CheckLabels checks labels an API client gives an endpoint: each must pass
+// labels.CheckString, since they become the labels of its identity.
+func CheckLabels(ls []string) error {
+	for _, l := range ls {
+		if err := labels.CheckString(l); err != nil {
+			return fmt.Errorf("labels: %w", err)
+		}
+	}
+	return nil
 }
 
 // SortedLabels returns the labels sorted, without duplicates.

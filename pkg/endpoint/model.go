@@ -29,6 +29,9 @@ func FromChangeRequest(req *models.EndpointChangeRequest) (*Endpoint, error) {
 		K8sUID:        req.K8sUID,
 		Labels:        SortedLabels(req.Labels),
 	}
+	if err := CheckLabels(req.Labels); err != nil {
+		return nil, err
+	}
 	if ns, ok := req.Properties["netns"].(string); ok {
 		ep.NetNS = ns
 	}

@@ -72,3 +72,25 @@ func TestReservedByNameMatchesNames(t *testing.T) {
 		t.Error("unknown name resolved")
 	}
 }
+
+// TestSeparatorInLabelIsRefused: a label holding ';' (or ',') is refused,
+// not allocated: the label set's key joins labels with ';', so
+// "k8s:app=a;k8s:role=admin" would share the identity of the two labels
+// app=a and role=admin, and a node reading the kvstore's master key
+// would see those two.
+func TestSeparatorInLabelIsRefused(t *testing.T) {
+	a := NewLocalAllocator()
+	admin, _, err := a.Allocate([]string{"k8s:app=a", "k8s:role=admin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][]string{{"k8s:app=a;k8s:role=admin"}, {"k8s:app=a,k8s:role=admin"}, {"k8s:app=a", ""}} {
+		got, _, err := a.Allocate(bad)
+		if err == nil {
+			t.Errorf("Allocate(%q) = identity %d (admin's is %d), want an error", bad, got.ID, admin.ID)
+		}
+	}
+	if err := CheckLabels([]string{"k8s:app=a", "k8s:role=admin", "cidr:2001:db8::/32", "k8s:url=a=b"}); err != nil {
+		t.Errorf("valid labels refused: %v", err)
+	}
+}

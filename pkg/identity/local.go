@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/tendril-net/tendril/pkg/labels"
 )
 
 // ErrExhausted means no free identity is left in the range.
@@ -19,7 +21,20 @@ type Identity struct {
 	RefCount int
 }
 
-// LabelsKey is the stable string form of a label set (sorted, joined).
+// CheckLabels checks the labels of an identity before it is allocated:
+// each one must pass labels.CheckString, or the set's key (LabelsKey)
+// would name another set.
+func CheckLabels(ls []string) error {
+	for _, l := range ls {
+		if err := labels.CheckString(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// LabelsKey is the stable string form of a label set (sorted, joined by
+// ';', which CheckLabels keeps out of the labels).
 func LabelsKey(labels []string) string {
 	s := append([]string(nil), labels...)
 	sort.Strings(s)
@@ -84,6 +99,9 @@ func (a *LocalAllocator) referencesChanged(id NumericIdentity) {
 func (a *LocalAllocator) Allocate(labels []string) (Identity, bool, error) {
 	if len(labels) == 0 {
 		return Identity{}, false, fmt.Errorf("allocate identity: empty label set")
+	}
+	if err := CheckLabels(labels); err != nil {
+		return Identity{}, false, fmt.Errorf("allocate identity: %w", err)
 	}
 	key := LabelsKey(labels)
 	a.mu.Lock()

@@ -83,6 +83,25 @@ func (l Label) validate() error {
 	return nil
 }
 
+// CheckString checks a label's string form as endpoints and identities
+// carry it ("source:key=value", the form endpoint labels arrive in over the
+// API): not empty, and without ',' or ';'. Those separate labels in a
+// set's string form and in the key that names its identity (the kvstore
+// master key's value, identity.LabelsKey): "k8s:app=a;k8s:role=admin" as
+// one label would share the identity of the two labels app=a and
+// role=admin, and read back as those two on every other node. Such labels
+// are refused rather than escaped, so every key already written keeps its
+// meaning.
+func CheckString(s string) error {
+	if s == "" {
+		return fmt.Errorf("empty label")
+	}
+	if strings.ContainsAny(s, ",;") {
+		return fmt.Errorf("label %q: contains ',' or ';', which separate labels", s)
+	}
+	return nil
+}
+
 // String is "source:key=value", or "source:key" without a value.
 func (l Label) String() string {
 	if l.Value == "" {

@@ -211,6 +211,9 @@ func (h *Handlers) handleEndpointPatch(w http.ResponseWriter, r *http.Request) e
 	if err := server.DecodeJSON(r, &req); err != nil {
 		return err
 	}
+	if err := endpoint.CheckLabels(req.Labels); err != nil {
+		return server.Errorf(http.StatusBadRequest, "%v", err)
+	}
 	_, err = mgr.Update(r.Context(), r.PathValue("id"), "Endpoint patched", func(ep *endpoint.Endpoint) error {
 		if req.Addressing != nil && ((req.Addressing.IPV4 != "" && req.Addressing.IPV4 != addrString(ep.IPv4)) ||
 			(req.Addressing.IPV6 != "" && req.Addressing.IPV6 != addrString(ep.IPv6))) {
@@ -353,6 +356,9 @@ func (h *Handlers) handleEndpointLabelsPatch(w http.ResponseWriter, r *http.Requ
 		if !strings.Contains(l, "=") && !strings.Contains(l, ":") {
 			return server.Errorf(http.StatusBadRequest, "label %q: want [source:]key[=value]", l)
 		}
+	}
+	if err := endpoint.CheckLabels(spec.User); err != nil {
+		return server.Errorf(http.StatusBadRequest, "%v", err)
 	}
 	if _, err := mgr.Update(r.Context(), r.PathValue("id"), "Labels changed", func(ep *endpoint.Endpoint) error {
 		ep.Labels = endpoint.SortedLabels(spec.User)

@@ -110,3 +110,31 @@ func TestPutBodyIDDisagreeingWithPath(t *testing.T) {
 		}
 	}
 }
+
+// TestLabelsWithSeparatorsAreRejected: a label holding ';' or ',' (the
+// separators of a label set's key and string form) is a 400 on every path
+// that sets an endpoint's labels, and changes nothing.
+func TestLabelsWithSeparatorsAreRejected(t *testing.T) {
+	ts, mgr := serve(t)
+	if code, msg := do(t, ts, http.MethodPut, "/v1/endpoint/5", `{"container-id":"c0","labels":["k8s:app=a"],"addressing":{"ipv4":"10.0.0.4"}}`); code != http.StatusCreated {
+		t.Fatalf("PUT a good endpoint: %d %s", code, msg)
+	}
+	for _, bad := range []string{`k8s:app=a;k8s:role=admin`, `k8s:app=a,k8s:role=admin`, ``} {
+		body := `{"container-id":"c1","labels":["` + bad + `"],"addressing":{"ipv4":"10.0.0.5"}}`
+		if code, msg := do(t, ts, http.MethodPut, "/v1/endpoint/0", body); code != http.StatusBadRequest {
+			t.Errorf("PUT with label %q: %d %s, want 400", bad, code, msg)
+		}
+		if code, msg := do(t, ts, http.MethodPatch, "/v1/endpoint/5", `{"labels":["`+bad+`"]}`); code != http.StatusBadRequest {
+			t.Errorf("PATCH with label %q: %d %s, want 400", bad, code, msg)
+		}
+		if code, msg := do(t, ts, http.MethodPatch, "/v1/endpoint/5/labels", `{"user":["`+bad+`"]}`); code != http.StatusBadRequest {
+			t.Errorf("PATCH labels with %q: %d %s, want 400", bad, code, msg)
+		}
+	}
+	eps := mgr.List()
+	if len(eps) != 1 || len(eps[0].Labels) != 1 || eps[0].Labels[0] != "k8s:app=a" {
+		for _, ep := range eps {
+			t.Errorf("endpoint %d has labels %q", ep.ID, ep.Labels)
+		}
+	}
+}

@@ -97,7 +97,14 @@ func (a *Allocator) Upsert(obj *v1alpha1.TendrilIdentity) {
 		a.log.Warn("Ignoring TendrilIdentity with a name that is not a cluster identity", "name", obj.Name)
 		return
 	}
-	a.Learn(identity.NumericIdentity(id), LabelsOf(obj.SecurityLabels))
+	labels := LabelsOf(obj.SecurityLabels)
+	if err := identity.CheckLabels(labels); err != nil {
+		// Another party wrote it (no agent allocates such labels): its
+		// labels would read as another set's.
+		a.log.Warn("Ignoring TendrilIdentity with a malformed label", "name", obj.Name, "error", err)
+		return
+	}
+	a.Learn(identity.NumericIdentity(id), labels)
 }
 
 // Delete forgets an identity the watcher saw go (identity GC). A local
@@ -112,6 +119,9 @@ func (a *Allocator) Delete(obj *v1alpha1.TendrilIdentity) {
 // when no node has it yet, and takes a reference. isNew reports whether
 // this call created it.
 func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
+	if err := identity.CheckLabels(labels); err != nil {
+		return identity.Identity{}, false, fmt.Errorf("allocate identity: %w", err)
+	}
 	sorted := append([]string(nil), labels...)
 	sort.Strings(sorted)
 	key := identity.LabelsKey(sorted)

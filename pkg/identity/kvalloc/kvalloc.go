@@ -87,7 +87,12 @@ func (a *Allocator) Run(ctx context.Context) {
 				a.log.Warn("Skipping a malformed identity key", "key", ev.Key, "value", string(ev.Value))
 				continue
 			}
-			a.Learn(identity.NumericIdentity(id), strings.Split(string(ev.Value), ";"))
+			labels := strings.Split(string(ev.Value), ";")
+			if err := identity.CheckLabels(labels); err != nil {
+				a.log.Warn("Skipping an identity key with a malformed label", "key", ev.Key, "value", string(ev.Value), "error", err)
+				continue
+			}
+			a.Learn(identity.NumericIdentity(id), labels)
 		case kvstore.EventDelete:
 			id, err := strconv.ParseUint(strings.TrimPrefix(ev.Key, IDPrefix), 10, 32)
 			if err == nil {
@@ -110,6 +115,9 @@ func (a *Allocator) WaitSynced(ctx context.Context) error {
 // Allocate returns the cluster identity of labels, creating it when the
 // cluster has none, and records this node's reference.
 func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
+	if err := identity.CheckLabels(labels); err != nil {
+		return identity.Identity{}, false, fmt.Errorf("allocate identity: %w", err)
+	}
 	sorted := append([]string(nil), labels...)
 	sort.Strings(sorted)
 	key := identity.LabelsKey(sorted)

@@ -283,3 +283,24 @@ func BenchmarkAllocate(b *testing.B) {
 		}
 	}
 }
+
+// TestSeparatorInLabelNeverReachesTheKVStore: a label holding ';' is
+// refused before its master key is written; before, node1 allocated the
+// one label "k8s:app=a;k8s:role=admin" and node2 read the key back as the
+// two labels app=a and role=admin, a set a role=admin policy selects.
+func TestSeparatorInLabelNeverReachesTheKVStore(t *testing.T) {
+	a1, c := startAllocator(t, "node1")
+	bad := []string{"k8s:app=smuggle;k8s:role=admin"}
+	if id, _, err := a1.Allocate(bad); err == nil {
+		t.Errorf("Allocate(%q) = identity %d, want an error", bad, id.ID)
+	}
+	kvs, _, err := c.GetPrefix(context.Background(), IDPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range kvs {
+		if strings.Contains(string(kv.Value), "smuggle") {
+			t.Errorf("master key %s = %q written", kv.Key, kv.Value)
+		}
+	}
+}
