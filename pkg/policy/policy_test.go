@@ -76,6 +76,26 @@ func TestResolution(t *testing.T) {
 			probes: []probe{{Ingress, ya.ID, 6, 1, true}, {Ingress, xb.ID, 6, 1, false}},
 		},
 		{
+			// A key that merely ends in the namespace key names no
+			// namespace: the peer stays restricted to the rule's own.
+			name: "a key ending in the namespace key does not lift the namespace restriction", ns: "x",
+			doc:    `[{"endpointSelector":{},"ingress":[{"fromEndpoints":[{"matchExpressions":[{"key":"k8s:evil.io.kubernetes.pod.namespace","operator":"DoesNotExist"}]}]}]}]`,
+			target: xa, enforceIn: true,
+			probes: []probe{{Ingress, xb.ID, 6, 1, true}, {Ingress, ya.ID, 6, 1, false}},
+		},
+		{
+			name: "the namespace key of any source names a namespace", ns: "x",
+			doc:    `[{"endpointSelector":{},"ingress":[{"fromEndpoints":[{"matchLabels":{"any:io.kubernetes.pod.namespace":"y"}},{"matchLabels":{"io.kubernetes.pod.namespace":"y","app":"a"}}]}]}]`,
+			target: xa, enforceIn: true,
+			probes: []probe{{Ingress, ya.ID, 6, 1, true}, {Ingress, xb.ID, 6, 1, false}},
+		},
+		{
+			name: "the namespace key of another source names no namespace", ns: "x",
+			doc:    `[{"endpointSelector":{},"ingress":[{"fromEndpoints":[{"matchExpressions":[{"key":"unspec:io.kubernetes.pod.namespace","operator":"DoesNotExist"}]}]}]}]`,
+			target: xa, enforceIn: true,
+			probes: []probe{{Ingress, xb.ID, 6, 1, true}, {Ingress, ya.ID, 6, 1, false}},
+		},
+		{
 			name:   "matchExpressions",
 			doc:    `[{"endpointSelector":{"matchExpressions":[{"key":"app","operator":"In","values":["a","c"]}]},"egress":[{"toEndpoints":[{"matchExpressions":[{"key":"app","operator":"NotIn","values":["a"]}]}]}]}]`,
 			target: xa, enforceEg: true,
@@ -487,4 +507,34 @@ func TestAuditedRulesMergeBothViews(t *testing.T) {
 		t.Error("audit view allows the denied CIDR")
 	}
 	t.Logf("%d probes", checked)
+}
+
+// TestWithNamespaceMatchesTheExactKey: only the namespace key itself (with
+// the k8s source, any source, or none) lifts a namespaced rule's peer
+// selector out of the rule's namespace; a key that merely ends in it, or
+// has another source, is a label like any other.
+func TestWithNamespaceMatchesTheExactKey(t *testing.T) {
+	for key, names := range map[string]bool{
+		"k8s:io.kubernetes.pod.namespace":      true,
+		"any:io.kubernetes.pod.namespace":      true,
+		"io.kubernetes.pod.namespace":          true,
+		"k8s:evil.io.kubernetes.pod.namespace": false,
+		"evilio.kubernetes.pod.namespace":      false,
+		"unspec:io.kubernetes.pod.namespace":   false,
+		"reserved:io.kubernetes.pod.namespace": false,
+	} {
+		for _, sel := range []api.EndpointSelector{
+			{MatchLabels: map[string]string{key: "z"}},
+			{MatchExpressions: []api.Requirement{{Key: key, Operator: "In", Values: []string{"z"}}}},
+		} {
+			out := withNamespace(sel, "x")
+			_, restricted := out.MatchLabels[NamespaceLabel]
+			if restricted == names && key != NamespaceLabel {
+				t.Errorf("withNamespace(%+v): restricted to x = %v, want %v", sel, restricted, !names)
+			}
+			if key == NamespaceLabel && out.MatchLabels[NamespaceLabel] == "x" {
+				t.Errorf("withNamespace(%+v) overrode the selector's own namespace", sel)
+			}
+		}
+	}
 }

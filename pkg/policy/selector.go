@@ -8,6 +8,7 @@ package policy
 import (
 	"strings"
 
+	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
@@ -58,6 +59,20 @@ func (s labelSet) values(selKey string) []string {
 		selKey = key
 	}
 	return s.byKey[selKey]
+}
+
+// namesNamespace reports whether a selector key is the namespace label's:
+// the key exactly, with the k8s source (NamespaceLabel), any source, or
+// none, as values matches them. Only the k8s-sourced label is the pod's
+// namespace (Kubernetes pods cannot set it, see policy/k8s); a key that
+// merely ends in it, or has another source, is a label like any other and
+// must not lift a namespaced rule's peer out of its namespace.
+func namesNamespace(selKey string) bool {
+	source, key, ok := strings.Cut(selKey, ":")
+	if !ok {
+		source, key = labels.SourceAny, selKey
+	}
+	return key == labels.KeyPodNamespace && (source == labels.SourceK8s || source == labels.SourceAny)
 }
 
 func contains(vs []string, v string) bool {
@@ -124,12 +139,12 @@ func withNamespace(sel api.EndpointSelector, ns string) api.EndpointSelector {
 		return sel
 	}
 	for k := range sel.MatchLabels {
-		if strings.HasSuffix(k, "io.kubernetes.pod.namespace") {
+		if namesNamespace(k) {
 			return sel
 		}
 	}
 	for _, r := range sel.MatchExpressions {
-		if strings.HasSuffix(r.Key, "io.kubernetes.pod.namespace") {
+		if namesNamespace(r.Key) {
 			return sel
 		}
 	}
