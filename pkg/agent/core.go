@@ -2,9 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -13,6 +13,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
+	"github.com/tendril-net/tendril/pkg/lockfile"
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -42,14 +43,25 @@ func coreCell(cfg Config, deps Deps) cell.Cell {
 }
 
 // registerConfigStep is start step 1: the configuration is resolved
-// already; create the directory the agent owns.
+// already; create the directory the agent owns and lock it, before any
+// step writes pins, restores endpoints or takes sockets over, so that a
+// second agent on the same state dir stops here and disturbs nothing of
+// the first. The lock goes when this step stops (or the process exits).
 func registerConfigStep(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config) {
+	var lock *lockfile.Lock
 	steps.Append(lc, "config", func(context.Context) error {
-		if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
-			return fmt.Errorf("create state dir %s: %w", cfg.StateDir, err)
+		l, err := lockfile.Acquire(cfg.StateDir)
+		if errors.Is(err, lockfile.ErrHeld) {
+			return fmt.Errorf("state dir %s: %w: another tendril-agent runs on it; stop it, or give this one its own --state-dir", cfg.StateDir, err)
 		}
+		if err != nil {
+			return fmt.Errorf("state dir %s: %w", cfg.StateDir, err)
+		}
+		lock = l
 		return nil
-	}, nil)
+	}, func(context.Context) error {
+		return lock.Release()
+	})
 }
 
 // newRuntime holds the options PATCH /v1/config changes at run time; the

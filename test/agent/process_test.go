@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -325,5 +327,103 @@ func TestCLIEndpointAndIPAM(t *testing.T) {
 	}
 	if _, errOut, code := runCLI(t, p.socket, "endpoint", "get", "42"); code == 0 || !strings.Contains(errOut, "404") {
 		t.Errorf("get of a missing endpoint: exit %d, %s", code, errOut)
+	}
+}
+
+// fileStates is name → (inode, size, mtime) of every file under dir, for
+// telling whether another process touched it.
+func fileStates(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
+		if err != nil {
+			if os.IsNotExist(err) {
+				return nil
+			}
+			return err
+		}
+		st, _ := fi.Sys().(*syscall.Stat_t)
+		var ino uint64
+		if st != nil {
+			ino = st.Ino
+		}
+		out[path] = fmt.Sprintf("ino=%d size=%d mtime=%s mode=%s", ino, fi.Size(), fi.ModTime().Format(time.RFC3339Nano), fi.Mode())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestSecondAgentOnSameStateDirRefuses: a second agent given the state
+// directory of a running one (its own API socket, in the same directory,
+// so the same hubble.sock; the same bpffs root) exits non-zero at its
+// first start step with a message naming the directory and the first
+// agent's PID, and touches nothing of the first: its state files, its
+// sockets and its pins are as they were, and it still answers.
+func TestSecondAgentOnSameStateDirRefuses(t *testing.T) {
+	p := startAgent(t, nil)
+	p.waitServing(t)
+	dir := filepath.Dir(p.socket)
+	stateDir := filepath.Join(dir, "state")
+	bpfRoot := "/sys/fs/bpf/tendril-proc-" + filepath.Base(dir)
+	// The agent's directory: its state, its API socket and (when the
+	// datapath runs) its Hubble socket beside it.
+	beforeDir, beforePins := fileStates(t, dir), fileStates(t, bpfRoot)
+
+	bin, _ := builder.Build("tendril-agent")
+	second := filepath.Join(dir, "second.sock")
+	cmd := exec.Command(bin, "--state-dir", stateDir, "--socket", second, "--bpf-root", bpfRoot,
+		"--prometheus-serve-addr", "", "--node-name", "proc-node", "--install-host-networking=false", "--enable-datapath=false")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		exited <- nil
+	})
+	// Either it exits, or it comes up serving (the bug); the deadline only
+	// keeps a hung agent from hanging the test.
+	var waitErr error
+	deadline := time.Now().Add(60 * time.Second)
+wait:
+	for {
+		select {
+		case waitErr = <-exited:
+			exited <- waitErr
+			break wait
+		default:
+		}
+		if _, _, code := runCLI(t, second, "status", "--brief"); code == 0 {
+			t.Fatalf("a second agent on the same state dir came up serving; stderr:\n%s", stderr.String())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("second agent neither exited nor served; stderr:\n%s", stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if waitErr == nil {
+		t.Fatalf("second agent exited 0; stderr:\n%s", stderr.String())
+	}
+	msg := stderr.String()
+	if !strings.Contains(msg, stateDir) || !strings.Contains(msg, fmt.Sprintf("pid %d", p.cmd.Process.Pid)) {
+		t.Errorf("second agent's error does not name the state dir %s and pid %d:\n%s", stateDir, p.cmd.Process.Pid, msg)
+	}
+	afterDir := fileStates(t, dir)
+	delete(afterDir, second)
+	if !maps.Equal(beforeDir, afterDir) {
+		t.Errorf("the first agent's directory changed:\nbefore %v\nafter  %v", beforeDir, afterDir)
+	}
+	if afterPins := fileStates(t, bpfRoot); !maps.Equal(beforePins, afterPins) {
+		t.Errorf("the first agent's pins changed:\nbefore %v\nafter  %v", beforePins, afterPins)
+	}
+	if _, _, code := runCLI(t, p.socket, "status", "--brief"); code != 0 {
+		t.Fatal("first agent no longer answers")
 	}
 }
