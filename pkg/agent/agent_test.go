@@ -302,7 +302,17 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 		}, "hubble-disable-tls with TLS files"},
 		{"hubble TLS files missing", func(c *Config) {
 			c.Hubble.ListenAddress, c.Hubble.TLSCertFile, c.Hubble.TLSKeyFile = ":4244", "/nonexistent/x.crt", "/nonexistent/x.key"
+			c.Hubble.TLSClientCAFiles = []string{"/nonexistent/ca.crt"}
 		}, "hubble TLS: load TLS certificate /nonexistent/x.crt"},
+		{"hubble TLS without client CAs", func(c *Config) {
+			c.Hubble.ListenAddress, c.Hubble.TLSCertFile, c.Hubble.TLSKeyFile = ":4244", "/x.crt", "/x.key"
+		}, "--hubble-tls-client-ca-files"},
+		{"hubble client CAs and no client auth", func(c *Config) {
+			c.Hubble.ListenAddress, c.Hubble.TLSCertFile, c.Hubble.TLSKeyFile = ":4244", "/x.crt", "/x.key"
+			c.Hubble.TLSClientCAFiles, c.Hubble.DisableClientAuth = []string{"/ca.crt"}, true
+		}, "choose one"},
+		{"hubble streams unbounded", func(c *Config) { c.Hubble.MaxConcurrentStreams = 0 }, "hubble-max-concurrent-streams"},
+		{"hubble connections unbounded", func(c *Config) { c.Hubble.MaxConnections = 0 }, "hubble-max-connections"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

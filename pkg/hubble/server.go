@@ -61,6 +61,13 @@ type Config struct {
 	// PeerAddress is how other processes reach this node's TCP server,
 	// as the Peer service announces it; TCPAddress when empty.
 	PeerAddress string
+	// MaxConcurrentStreams bounds the streams (RPCs) of one connection,
+	// announced in its HTTP/2 settings and enforced by refusing streams
+	// past it; 0: gRPC's default (no bound).
+	MaxConcurrentStreams uint32
+	// MaxConnections bounds the TCP listener's open connections: one past
+	// it is closed as soon as it is accepted; 0: no bound.
+	MaxConnections int
 }
 
 // Server is the gRPC server of one node's observer.
@@ -83,9 +90,13 @@ func New(cfg Config, obs *observer.Observer, log *slog.Logger) *Server {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, obs: obs, log: log}
-	s.grpc = s.newGRPC()
+	var opts []grpc.ServerOption
+	if cfg.MaxConcurrentStreams > 0 {
+		opts = append(opts, grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams))
+	}
+	s.grpc = s.newGRPC(opts...)
 	if cfg.TLS != nil {
-		s.tlsGRPC = s.newGRPC(grpc.Creds(credentials.NewTLS(cfg.TLS)))
+		s.tlsGRPC = s.newGRPC(append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))...)
 	}
 	return s
 }
@@ -130,6 +141,9 @@ func (s *Server) Start() error {
 		if err != nil {
 			s.Stop()
 			return fmt.Errorf("listen on %s: %w", s.cfg.TCPAddress, err)
+		}
+		if s.cfg.MaxConnections > 0 {
+			l = newLimitListener(l, s.cfg.MaxConnections, s.log)
 		}
 		g := s.grpc
 		if s.tlsGRPC != nil {

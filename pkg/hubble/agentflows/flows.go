@@ -61,6 +61,14 @@ type Config struct {
 	TLSKeyFile       string
 	TLSClientCAFiles []string
 	DisableTLS       bool
+	// DisableClientAuth serves TLS clients without a certificate: an
+	// explicit choice, since without client CAs anyone who reaches the
+	// port reads every flow of the node.
+	DisableClientAuth bool
+	// MaxConcurrentStreams bounds the streams of one connection, and
+	// MaxConnections the TCP listener's connections.
+	MaxConcurrentStreams uint32
+	MaxConnections       int
 	// ClusterName goes into this node's TLS server name
 	// (<node>.<cluster>.hubble-grpc.tendril.io).
 	ClusterName string
@@ -80,9 +88,19 @@ const (
 	TraceEventsOff           = "off"
 )
 
+// Defaults of the Hubble API's limits: a relay holds one connection per
+// node with a handful of streams, a CLI one connection with one stream;
+// the bounds leave room for many of both and stop a client that opens
+// without end.
+const (
+	DefaultMaxConcurrentStreams = 64
+	DefaultMaxConnections       = 128
+)
+
 // DefaultConfig returns the flows' defaults.
 func DefaultConfig() Config {
 	return Config{Enable: true, FlowBufferSize: observer.DefaultRingCapacity, TraceEvents: TraceEventsPerConnection, ClusterName: "default",
+		MaxConcurrentStreams: DefaultMaxConcurrentStreams, MaxConnections: DefaultMaxConnections,
 		MetricsExport: DefaultMetricsConfig()}
 }
 
@@ -95,6 +113,9 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.TLSKeyFile, "hubble-tls-key-file", c.TLSKeyFile, "PEM private key of --hubble-tls-cert-file")
 	fs.StringSliceVar(&c.TLSClientCAFiles, "hubble-tls-client-ca-files", c.TLSClientCAFiles, "PEM CAs of the clients' certificates: when given, clients of the TCP listener must present one (mTLS)")
 	fs.BoolVar(&c.DisableTLS, "hubble-disable-tls", c.DisableTLS, "Serve the Hubble API's TCP listener in plain text")
+	fs.BoolVar(&c.DisableClientAuth, "hubble-disable-client-auth", c.DisableClientAuth, "Serve TLS clients of the TCP listener without a client certificate (anyone who reaches the port reads every flow of the node); without it, --hubble-tls-client-ca-files is required")
+	fs.Uint32Var(&c.MaxConcurrentStreams, "hubble-max-concurrent-streams", c.MaxConcurrentStreams, "Streams (RPCs) one connection to the Hubble API may have open at once")
+	fs.IntVar(&c.MaxConnections, "hubble-max-connections", c.MaxConnections, "Connections the Hubble API's TCP listener keeps open at once; one more is closed at once")
 	fs.StringVar(&c.ClusterName, "hubble-cluster-name", c.ClusterName, "Cluster name in the nodes' TLS server names")
 	fs.IntVar(&c.FlowBufferSize, "hubble-flow-buffer-size", c.FlowBufferSize, "Flows kept in the node's ring")
 	fs.StringVar(&c.TraceEvents, "hubble-trace-events", c.TraceEvents, "Forwarded packets reported as flows: per-connection (a connection's first packets and TCP flag changes), all (every packet) or off (drops and policy verdicts only)")
@@ -119,9 +140,21 @@ func (c *Config) Validate() error {
 		if !c.DisableTLS && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
 			return fmt.Errorf("hubble-listen-address %q: TLS needs --hubble-tls-cert-file and --hubble-tls-key-file (or --hubble-disable-tls for plain text)", c.ListenAddress)
 		}
+		if !c.DisableTLS && len(c.TLSClientCAFiles) == 0 && !c.DisableClientAuth {
+			return fmt.Errorf("hubble-listen-address %q: TLS clients must present a certificate: give --hubble-tls-client-ca-files (or --hubble-disable-client-auth to serve every flow of the node to any client that reaches the port)", c.ListenAddress)
+		}
 	}
 	if c.DisableTLS && (c.TLSCertFile != "" || len(c.TLSClientCAFiles) > 0) {
 		return errors.New("hubble-disable-tls with TLS files: choose one")
+	}
+	if c.DisableClientAuth && len(c.TLSClientCAFiles) > 0 {
+		return errors.New("hubble-disable-client-auth with --hubble-tls-client-ca-files: choose one")
+	}
+	if c.MaxConcurrentStreams < 1 {
+		return fmt.Errorf("hubble-max-concurrent-streams %d: must be positive", c.MaxConcurrentStreams)
+	}
+	if c.MaxConnections < 1 {
+		return fmt.Errorf("hubble-max-connections %d: must be positive", c.MaxConnections)
 	}
 	return c.MetricsExport.Validate()
 }
@@ -131,7 +164,8 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 	if c.ListenAddress == "" || c.DisableTLS {
 		return nil, nil
 	}
-	cfg, err := hubbletls.Server{CertFile: c.TLSCertFile, KeyFile: c.TLSKeyFile, ClientCAFiles: c.TLSClientCAFiles}.Config()
+	cfg, err := hubbletls.Server{CertFile: c.TLSCertFile, KeyFile: c.TLSKeyFile, ClientCAFiles: c.TLSClientCAFiles,
+		AllowAnyClient: c.DisableClientAuth}.Config()
 	if err != nil {
 		return nil, fmt.Errorf("hubble TLS: %w", err)
 	}
@@ -311,7 +345,8 @@ func New(p Params) (*Module, error) {
 	m := &Module{
 		observer: obs,
 		server: hubble.New(hubble.Config{SocketPath: socket, TCPAddress: hc.ListenAddress, Version: version.Version,
-			TLS: tlsCfg, TLSServerName: serverName, Peers: peers}, obs, logging.For(p.Root, "hubble")),
+			TLS: tlsCfg, TLSServerName: serverName, Peers: peers,
+			MaxConcurrentStreams: hc.MaxConcurrentStreams, MaxConnections: hc.MaxConnections}, obs, logging.For(p.Root, "hubble")),
 		peers: peers, nodeEvents: p.NodeEvents, port: port, clusterName: hc.ClusterName, tls: tlsCfg != nil,
 		log:         logging.For(p.Root, "hubble"),
 		socket:      socket,

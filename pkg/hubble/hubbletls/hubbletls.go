@@ -31,6 +31,11 @@ type Server struct {
 	// ClientCAFiles: when given, clients must present a certificate
 	// signed by one of them (mTLS).
 	ClientCAFiles []string
+	// AllowAnyClient serves clients without a certificate: only with no
+	// ClientCAFiles, and only when asked for explicitly, since a TLS
+	// server certificate alone would serve everything to anyone who
+	// reaches the port.
+	AllowAnyClient bool
 }
 
 // Config loads the server's certificate and client CAs.
@@ -43,6 +48,12 @@ func (s Server) Config() (*tls.Config, error) {
 		return nil, fmt.Errorf("load TLS certificate %s and key %s: %w", s.CertFile, s.KeyFile, err)
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}
+	switch {
+	case len(s.ClientCAFiles) == 0 && !s.AllowAnyClient:
+		return nil, errors.New("a TLS server needs client CA files to verify its clients' certificates (or an explicit choice to serve any client)")
+	case len(s.ClientCAFiles) > 0 && s.AllowAnyClient:
+		return nil, errors.New("client CA files and serving any client contradict: choose one")
+	}
 	if len(s.ClientCAFiles) > 0 {
 		pool, err := LoadCAs(s.ClientCAFiles)
 		if err != nil {

@@ -55,6 +55,9 @@ type Config struct {
 	TLSRelayServerCertFile string   `mapstructure:"tls-relay-server-cert-file"`
 	TLSRelayServerKeyFile  string   `mapstructure:"tls-relay-server-key-file"`
 	TLSRelayClientCAFiles  []string `mapstructure:"tls-relay-client-ca-files"`
+	// TLSRelayDisableClientAuth serves TLS clients of the relay without a
+	// certificate: an explicit choice, as for the agents.
+	TLSRelayDisableClientAuth bool `mapstructure:"tls-relay-disable-client-auth"`
 	// RetryTimeout is the longest wait between attempts to reach a node
 	// or the Peer service.
 	RetryTimeout time.Duration `mapstructure:"retry-timeout"`
@@ -78,7 +81,8 @@ func (def Config) Flags(fs *pflag.FlagSet) {
 	fs.String("tls-client-key-file", def.TLSClientKeyFile, "PEM key of --tls-client-cert-file")
 	fs.String("tls-relay-server-cert-file", def.TLSRelayServerCertFile, "PEM certificate of the relay's TCP listeners (TLS); empty: plain text")
 	fs.String("tls-relay-server-key-file", def.TLSRelayServerKeyFile, "PEM key of --tls-relay-server-cert-file")
-	fs.StringSlice("tls-relay-client-ca-files", def.TLSRelayClientCAFiles, "PEM CAs of the relay's clients' certificates: when given, clients must present one (mTLS)")
+	fs.StringSlice("tls-relay-client-ca-files", def.TLSRelayClientCAFiles, "PEM CAs of the relay's clients' certificates, which clients must present (mTLS); required with --tls-relay-server-cert-file unless --tls-relay-disable-client-auth")
+	fs.Bool("tls-relay-disable-client-auth", def.TLSRelayDisableClientAuth, "Serve TLS clients of the relay without a client certificate (anyone who reaches the port reads every flow of the cluster)")
 	fs.Duration("retry-timeout", def.RetryTimeout, "Longest wait between attempts to reach a node or the Peer service")
 }
 
@@ -104,11 +108,23 @@ func (c Config) Validate() error {
 	if c.DisableClientTLS && (len(c.TLSHubbleServerCAFiles) > 0 || c.TLSClientCertFile != "") {
 		return errors.New("--disable-client-tls with TLS files: choose one")
 	}
+	if !c.DisableClientTLS && (c.TLSClientCertFile == "" || c.TLSClientKeyFile == "") {
+		// The nodes require a client certificate (unless they were told
+		// to serve any client): without one every node would stay
+		// unavailable, with a handshake error in the log only.
+		return errors.New("--tls-client-cert-file and --tls-client-key-file are required: the nodes' Hubble API requires a client certificate (or --disable-client-tls for nodes serving plain text)")
+	}
 	if (c.TLSRelayServerCertFile == "") != (c.TLSRelayServerKeyFile == "") {
 		return errors.New("--tls-relay-server-cert-file and --tls-relay-server-key-file go together")
 	}
 	if len(c.TLSRelayClientCAFiles) > 0 && c.TLSRelayServerCertFile == "" {
 		return errors.New("--tls-relay-client-ca-files needs --tls-relay-server-cert-file")
+	}
+	if c.TLSRelayServerCertFile != "" && len(c.TLSRelayClientCAFiles) == 0 && !c.TLSRelayDisableClientAuth {
+		return errors.New("--tls-relay-server-cert-file needs --tls-relay-client-ca-files, so that clients must present a certificate (or --tls-relay-disable-client-auth to serve any client)")
+	}
+	if c.TLSRelayDisableClientAuth && len(c.TLSRelayClientCAFiles) > 0 {
+		return errors.New("--tls-relay-disable-client-auth with --tls-relay-client-ca-files: choose one")
 	}
 	if c.RetryTimeout <= 0 {
 		return fmt.Errorf("--retry-timeout %s: must be positive", c.RetryTimeout)
@@ -186,7 +202,7 @@ func newServer(p serverParams) (*Server, error) {
 	if p.Config.TLSRelayServerCertFile != "" {
 		var err error
 		serverTLS, err = hubbletls.Server{CertFile: p.Config.TLSRelayServerCertFile, KeyFile: p.Config.TLSRelayServerKeyFile,
-			ClientCAFiles: p.Config.TLSRelayClientCAFiles}.Config()
+			ClientCAFiles: p.Config.TLSRelayClientCAFiles, AllowAnyClient: p.Config.TLSRelayDisableClientAuth}.Config()
 		if err != nil {
 			return nil, fmt.Errorf("relay server TLS: %w", err)
 		}
