@@ -22,7 +22,7 @@ import (
 // pki is a CA with a server certificate for node-a, a client certificate
 // from the same CA, and a client certificate from another CA.
 type pki struct {
-	ca                         *hubbletls.CA
+	ca                          *hubbletls.CA
 	server, client, otherClient hubbletls.Pair
 }
 
