@@ -78,3 +78,12 @@ func parseTree(t *testing.T) []goFile {
 	}
 	return files
 }
+
+// funcDeclName is the name of a top-level function (not a method).
+func funcDeclName(d ast.Decl) (string, bool) {
+	fd, ok := d.(*ast.FuncDecl)
+	if !ok || fd.Recv != nil {
+		return "", false
+	}
+	return fd.Name.Name, true
+}
