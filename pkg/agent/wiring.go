@@ -102,7 +102,10 @@ func cellConfigs(c Config) configs {
 		// attach mode.
 		Masquerade: hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.Datapath.AttachMode),
 			CheckInterval:   c.Datapath.AttachmentCheckInterval,
-			L2Announcements: c.L2Announcements.Enabled},
+			L2Announcements: c.L2Announcements.Enabled,
+			// A cluster node takes its default routes' devices; a
+			// standalone agent leaves the machine's uplink alone.
+			AutoDevices: c.Kubernetes.Client.Enabled()},
 		KVStore: agentkv.Config{Options: c.KVStore, StateDir: c.StateDir, NodeName: c.NodeName,
 			IdentityAllocationMode: c.Identity.AllocationMode},
 		Hubble:     c.Hubble,
