@@ -113,7 +113,7 @@ func cellConfigs(c Config) configs {
 		Policy:     agentpolicy.Config{StateDir: c.StateDir},
 		L2:         c.L2Announcements,
 		L2Node:     l2announcer.Node{Name: c.NodeName},
-		Daemon: daemonapi.Settings{NodeName: c.NodeName, AttachModeTC: c.Datapath.AttachMode == string(loader.AttachTC),
+		Daemon: daemonapi.Settings{NodeName: c.NodeName, AttachModeTC: c.Datapath.AttachMode == string(loader.AttachTC), AttachModeNote: c.attachModeNote,
 			MTU: c.Endpoints.MTU},
 	}
 }
