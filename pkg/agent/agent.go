@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -60,6 +61,15 @@ func New(cfg Config, deps Deps, extra ...cell.Cell) (*Agent, error) {
 	}
 	if deps.LogLevel == nil {
 		deps.LogLevel = new(slog.LevelVar)
+	}
+	if cfg.Datapath.Enable {
+		// A kernel before 6.6 has no TCX: the datapath attaches with tc
+		// filters there rather than failing every endpoint's attach.
+		mode, note := loader.ResolveAttachMode(loader.AttachMode(cfg.Datapath.AttachMode), loader.ProbeTCX)
+		if note != "" {
+			deps.Log.Warn("Datapath attach mode falls back to tc", "requested", cfg.Datapath.AttachMode, "reason", note)
+			cfg.Datapath.AttachMode, cfg.attachModeNote = string(mode), note
+		}
 	}
 	a := &Agent{cfg: cfg, log: deps.Log, ready: deps.Ready}
 	all := append(cells(cfg, deps), extra...)

@@ -166,6 +166,31 @@ func TestHealthzReportsAttachMode(t *testing.T) {
 	}
 }
 
+// TestHealthzNamesAnAttachModeFallback: when the kernel made the agent
+// fall back from tcx to tc (New sets the note from loader.ResolveAttachMode),
+// the status names it in a Datapath section.
+func TestHealthzNamesAnAttachModeFallback(t *testing.T) {
+	_, c := startAgent(t, func(cfg *Config) {
+		cfg.Datapath.AttachMode = "tc"
+		cfg.attachModeNote = "the kernel has no TCX links"
+	})
+	var st ext.StatusResponse
+	if err := c.Do(context.Background(), http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, sec := range st.Tendril.Sections {
+		for _, l := range sec.Lines {
+			if sec.Title == "Datapath" && l.Key == "attach mode" && strings.Contains(l.Value, "no TCX") {
+				found = true
+			}
+		}
+	}
+	if !found || st.AttachMode != models.AttachModeTc {
+		t.Errorf("status after a fallback: attach-mode %q, sections %+v", st.AttachMode, st.Tendril.Sections)
+	}
+}
+
 func TestHealthzReportsAFailedModule(t *testing.T) {
 	a, c := startAgent(t, nil)
 	a.Health().Reporter("datapath").Failed("map full")

@@ -24,6 +24,10 @@ import (
 // Config is the agent's whole configuration: its own options and each
 // module's config struct.
 type Config struct {
+	// attachModeNote is set by New when the kernel made it fall back from
+	// tcx to tc: why, and what the node cannot do then.
+	attachModeNote string
+
 	// The agent's own options: state and pin directories, node name,
 	// policy enforcement, log options.
 	option.Agent

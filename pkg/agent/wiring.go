@@ -102,7 +102,10 @@ func cellConfigs(c Config) configs {
 		// attach mode.
 		Masquerade: hostdev.Settings{Config: c.Masquerade, BPFRoot: c.BPFRoot, AttachMode: loader.AttachMode(c.Datapath.AttachMode),
 			CheckInterval:   c.Datapath.AttachmentCheckInterval,
-			L2Announcements: c.L2Announcements.Enabled},
+			L2Announcements: c.L2Announcements.Enabled,
+			// A cluster node takes its default routes' devices; a
+			// standalone agent leaves the machine's uplink alone.
+			AutoDevices: c.Kubernetes.Client.Enabled()},
 		KVStore: agentkv.Config{Options: c.KVStore, StateDir: c.StateDir, NodeName: c.NodeName,
 			IdentityAllocationMode: c.Identity.AllocationMode},
 		Hubble:     c.Hubble,
@@ -110,7 +113,7 @@ func cellConfigs(c Config) configs {
 		Policy:     agentpolicy.Config{StateDir: c.StateDir},
 		L2:         c.L2Announcements,
 		L2Node:     l2announcer.Node{Name: c.NodeName},
-		Daemon: daemonapi.Settings{NodeName: c.NodeName, AttachModeTC: c.Datapath.AttachMode == string(loader.AttachTC),
+		Daemon: daemonapi.Settings{NodeName: c.NodeName, AttachModeTC: c.Datapath.AttachMode == string(loader.AttachTC), AttachModeNote: c.attachModeNote,
 			MTU: c.Endpoints.MTU},
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -19,7 +20,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/lab/kubelet"
 	"github.com/tendril-net/tendril/pkg/lab/workload"
@@ -125,28 +125,19 @@ func newLabDownCommand(name *string) *cobra.Command {
 func newLabEnvCommand(name *string) *cobra.Command {
 	return &cobra.Command{
 		Use:   "env",
-		Short: "Print the lab's KUBECONFIG and node sockets as shell exports (eval \"$(tendril lab env)\")",
+		Short: "Print the lab's KUBECONFIG, node sockets and a PATH with its kubectl as shell exports (eval \"$(tendril lab env)\")",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := lab.LoadState(*name)
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "export KUBECONFIG=%s\n", st.Kubeconfig)
-			if kubectl := filepath.Join(st.K8sBinDir, controlplane.KubectlBinary); fileExists(kubectl) {
-				fmt.Fprintf(out, "alias kubectl=%s\n", kubectl)
+			env, err := st.EnvExports()
+			if err != nil {
+				return err
 			}
-			for i, n := range st.Nodes {
-				if i == 0 {
-					fmt.Fprintf(out, "export TENDRIL_SOCK=unix://%s\n", n.Socket)
-				}
-				fmt.Fprintf(out, "export TENDRIL_SOCK_%s=unix://%s\n", strings.ToUpper(n.Name), n.Socket)
-			}
-			// The lab's Hubble relay, for tendril observe and hubble.
-			fmt.Fprintf(out, "export TENDRIL_HUBBLE_SERVER=unix://%s\n", st.RelaySocket())
-			fmt.Fprintf(out, "export HUBBLE_SERVER=unix://%s\n", st.RelaySocket())
-			return nil
+			_, err = io.WriteString(cmd.OutOrStdout(), env)
+			return err
 		},
 	}
 }

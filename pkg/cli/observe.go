@@ -91,7 +91,7 @@ A flag without from-/to- matches either side (two filters, as hubble builds them
 	f.StringSliceVar(&o.fromPort, "from-port", nil, "Source port")
 	f.StringSliceVar(&o.toPort, "to-port", nil, "Destination port")
 	f.StringSliceVar(&o.protocol, "protocol", nil, "tcp, udp, sctp, icmp, icmpv4, icmpv6")
-	f.StringSliceVar(&o.verdict, "verdict", nil, "FORWARDED or DROPPED")
+	f.StringSliceVar(&o.verdict, "verdict", nil, "FORWARDED, DROPPED or AUDIT (what an audit-mode policy would have denied)")
 	f.StringSliceVar(&o.dropReason, "drop-reason", nil, "Drop reason (POLICY_DENIED, POLICY_DENY, ...)")
 	f.StringSliceVarP(&o.types, "type", "t", nil, "Event type: drop, trace, trace:to-endpoint, trace:from-endpoint, policy-verdict")
 	f.StringSliceVar(&o.nodes, "node-name", nil, "Node name pattern (node-*)")
@@ -191,7 +191,7 @@ func (o *observeOptions) filters() ([]*flowpb.FlowFilter, error) {
 	for _, v := range o.verdict {
 		n, ok := flowpb.Verdict_value[strings.ToUpper(v)]
 		if !ok {
-			return nil, fmt.Errorf("--verdict %q: want FORWARDED or DROPPED", v)
+			return nil, fmt.Errorf("--verdict %q: want FORWARDED, DROPPED or AUDIT", v)
 		}
 		common.Verdict = append(common.Verdict, flowpb.Verdict(n))
 	}

@@ -253,3 +253,20 @@ func TestCompactPolicyDetails(t *testing.T) {
 		}
 	}
 }
+
+// TestObserveVerdictHelpNamesEveryVerdict: --verdict's help and its error
+// name every verdict the agent's flows carry, AUDIT (audit-mode policy)
+// included.
+func TestObserveVerdictHelpNamesEveryVerdict(t *testing.T) {
+	cmd := newObserveCommand(nil)
+	usage := cmd.Flags().Lookup("verdict").Usage
+	_, err := (&observeOptions{verdict: []string{"sideways"}}).request(time.Now())
+	for _, v := range []string{"FORWARDED", "DROPPED", "AUDIT"} {
+		if !strings.Contains(usage, v) {
+			t.Errorf("--verdict help %q does not name %s", usage, v)
+		}
+		if err == nil || !strings.Contains(err.Error(), v) {
+			t.Errorf("--verdict error %v does not name %s", err, v)
+		}
+	}
+}

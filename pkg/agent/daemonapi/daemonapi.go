@@ -35,6 +35,9 @@ type Settings struct {
 	NodeName string
 	// AttachModeTC: the datapath attaches with tc rather than tcx.
 	AttachModeTC bool
+	// AttachModeNote says why the attach mode is not the one asked for
+	// (a kernel without TCX) and what the node cannot do then; "": none.
+	AttachModeNote string
 	// MTU is the pods' device MTU.
 	MTU int
 }
@@ -163,6 +166,9 @@ func (h *Handlers) Status(ctx context.Context, brief bool) *ext.StatusResponse {
 		st.Modules = append(st.Modules, ext.ModuleHealth{Module: m.Module, Level: string(m.Level), Message: m.Message, Since: m.Since})
 	}
 	st.Sections = status.Sections(h.contributions)
+	if h.settings.AttachModeNote != "" {
+		st.Sections = append(st.Sections, ext.Section{Title: "Datapath", Lines: []ext.Line{{Key: "attach mode", Value: "tc (fallback): " + h.settings.AttachModeNote}}})
+	}
 	resp.Tendril = st
 	return resp
 }

@@ -42,6 +42,11 @@ type Settings struct {
 	// L2Announcements attaches the programs even with masquerade off
 	// (their ingress answers ARP for announced addresses).
 	L2Announcements bool
+	// AutoDevices: with no --devices, attach to the default routes'
+	// devices (a cluster node, Kubernetes mode). Off, a standalone agent
+	// attaches to no device and reserves no port unless --devices names
+	// one.
+	AutoDevices bool
 }
 
 type cellParams struct {
@@ -70,6 +75,7 @@ func newCell(p cellParams) (*Masquerade, error) {
 		return nil, err
 	}
 	m.SetL2Announcements(p.Settings.L2Announcements)
+	m.SetAutoDevices(p.Settings.AutoDevices)
 	p.Metrics.Registry.MustRegister(newCollector(m))
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(ctx cell.HookContext) error { return m.Start(ctx) },

@@ -60,7 +60,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.EnableNodePort, "enable-node-port", c.EnableNodePort,
 		"Serve NodePort, externalIP and load-balancer frontends to clients outside the cluster, in eBPF at the --devices")
 	fs.StringSliceVar(&c.Devices, "devices", c.Devices,
-		"Uplink devices the host programs (masquerade) attach to (default: the devices of the default routes)")
+		"Uplink devices the host programs (masquerade, services from outside, L2 announcements) attach to (default: with --kubeconfig the devices of the default routes; without, none)")
 	fs.StringSliceVar(&c.NonMasqueradeCIDRs, "non-masquerade-cidrs", c.NonMasqueradeCIDRs,
 		"Destinations pod traffic keeps its address to, besides the cluster's pod CIDRs and known pod and node addresses")
 	fs.StringVar(&c.MasqueradePortRange, "masquerade-port-range", c.MasqueradePortRange,

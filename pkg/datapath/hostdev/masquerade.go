@@ -54,6 +54,10 @@ type Masquerade struct {
 	// l2 attaches the programs even with masquerade off: their ingress
 	// answers ARP for L2 announcements (bpf/lib/arp.h).
 	l2 bool
+	// autoDevices takes the default routes' devices when --devices names
+	// none (a node of a cluster); off, nothing attaches to the machine's
+	// uplink unless asked (a standalone agent on a workstation).
+	autoDevices bool
 }
 
 // Device is a device the host programs are attached to, with the
@@ -100,6 +104,12 @@ func New(cfg Config, dp *loader.Loader, db *statedb.DB, mode loader.AttachMode, 
 // off (called before Start): L2 announcements need their ARP responder.
 func (m *Masquerade) SetL2Announcements(on bool) { m.l2 = on }
 
+// SetAutoDevices makes an empty Config.Devices mean the devices of the
+// default routes (called before Start; the agent sets it in Kubernetes
+// mode). Without it, an empty Devices attaches nothing and reserves no
+// port: a standalone agent leaves the machine's uplink alone.
+func (m *Masquerade) SetAutoDevices(on bool) { m.autoDevices = on }
+
 // DeviceNames are the devices the programs are attached to.
 func (m *Masquerade) DeviceNames() []string {
 	m.mu.Lock()
@@ -119,14 +129,16 @@ func (m *Masquerade) Start(ctx context.Context) error {
 	if !m.cfg.HostPrograms() && !m.l2 {
 		return m.disable(nat)
 	}
-	if m.cfg.EnableMasquerade {
-		if err := reservePorts(m.portMin, m.portMax); err != nil {
-			m.log.Warn("Cannot reserve the masquerade ports from the host's ephemeral ports", "error", err)
-		}
-	}
 	devs, err := m.resolveDevices()
 	if err != nil {
 		return err
+	}
+	// The ports are reserved only where masquerade has a device to use
+	// them on.
+	if m.cfg.EnableMasquerade && len(devs) > 0 {
+		if err := reservePorts(m.portMin, m.portMax); err != nil {
+			m.log.Warn("Cannot reserve the masquerade ports from the host's ephemeral ports", "error", err)
+		}
 	}
 	if err := m.writeNoMasquerade(); err != nil {
 		return err
@@ -138,7 +150,11 @@ func (m *Masquerade) Start(ctx context.Context) error {
 		if err := m.disable(nat); err != nil {
 			m.log.Warn("Cannot detach the host programs from former devices", "error", err)
 		}
-		m.log.Info("Host device programs not loaded: no device", "masquerade", m.cfg.EnableMasquerade, "node-port", m.cfg.EnableNodePort)
+		reason := "no default route"
+		if !m.autoDevices {
+			reason = "standalone agent: --devices names none"
+		}
+		m.log.Info("Host device programs not loaded: no device", "reason", reason, "masquerade", m.cfg.EnableMasquerade, "node-port", m.cfg.EnableNodePort)
 		return nil
 	}
 	prog, err := Load(Options{BPFRoot: m.root, AttachMode: m.mode, PortMin: m.portMin, PortMax: m.portMax, DSR: m.dsr, NoNodePort: !m.cfg.EnableNodePort, Maps: m.dp.MapReplacements()}, m.log)
@@ -192,12 +208,13 @@ func (m *Masquerade) dropOtherDevices(nat *maps.NATMaps, keep map[int]bool) {
 	}
 }
 
-// resolveDevices finds the configured devices (default: those of the
-// default routes, IPv4 or IPv6) and the addresses each masquerades to:
-// its first global IPv4 and IPv6 ones.
+// resolveDevices finds the configured devices (default, with
+// autoDevices: those of the default routes, IPv4 or IPv6; without: none)
+// and the addresses each masquerades to: its first global IPv4 and IPv6
+// ones.
 func (m *Masquerade) resolveDevices() ([]Device, error) {
 	names := m.cfg.Devices
-	if len(names) == 0 {
+	if len(names) == 0 && m.autoDevices {
 		routes, err := netlink.RouteList(nil, netlink.FAMILY_ALL)
 		if err != nil {
 			return nil, fmt.Errorf("list routes: %w", err)

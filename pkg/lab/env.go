@@ -1,0 +1,60 @@
+package lab
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/tendril-net/tendril/pkg/controlplane"
+)
+
+// EnvExports is what `tendril lab env` prints for eval: KUBECONFIG, the
+// node sockets, the relay for tendril observe and hubble, and, when the
+// Kubernetes binaries include kubectl, a PATH entry holding a `kubectl`
+// link to it. A PATH entry rather than an alias: scripts (non-interactive
+// shells) do not expand aliases.
+func (s *State) EnvExports() (string, error) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "export KUBECONFIG=%s\n", s.Kubeconfig)
+	if dir, err := s.kubectlDir(); err != nil {
+		return "", err
+	} else if dir != "" {
+		fmt.Fprintf(&b, "export PATH=%s:\"$PATH\"\n", dir)
+	}
+	for i, n := range s.Nodes {
+		if i == 0 {
+			fmt.Fprintf(&b, "export TENDRIL_SOCK=unix://%s\n", n.Socket)
+		}
+		fmt.Fprintf(&b, "export TENDRIL_SOCK_%s=unix://%s\n", strings.ToUpper(n.Name), n.Socket)
+	}
+	fmt.Fprintf(&b, "export TENDRIL_HUBBLE_SERVER=unix://%s\n", s.RelaySocket())
+	fmt.Fprintf(&b, "export HUBBLE_SERVER=unix://%s\n", s.RelaySocket())
+	return b.String(), nil
+}
+
+// kubectlDir makes <lab dir>/bin/kubectl a link to the lab's kubectl
+// (kept current: the Kubernetes version may change between builds) and
+// returns that directory, or "" when no kubectl was built.
+func (s *State) kubectlDir() (string, error) {
+	target := filepath.Join(s.K8sBinDir, controlplane.KubectlBinary)
+	if _, err := os.Stat(target); err != nil {
+		return "", nil
+	}
+	dir := filepath.Join(s.Dir, "bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("lab env: %w", err)
+	}
+	link := filepath.Join(dir, "kubectl")
+	if cur, err := os.Readlink(link); err == nil && cur == target {
+		return dir, nil
+	}
+	if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("lab env: replace %s: %w", link, err)
+	}
+	if err := os.Symlink(target, link); err != nil {
+		return "", fmt.Errorf("lab env: %w", err)
+	}
+	return dir, nil
+}
