@@ -13,9 +13,14 @@ import (
 // The datapath checks policy once per flow and endpoint, when the flow is
 // new (bpf/lib/policy.h, admit); a conntrack entry that names the
 // endpoint lets every later packet through without a look at the policy
-// map. Ending a flow deletes its entry: its next packet is a new flow
-// again and meets the new policy. Which flows a change ends is
-// --policy-revoke-established (option.Revoke*).
+// map. Ending a flow revokes the endpoint's admission in its entry
+// (maps.CTMap.Revoke): every later packet of the flow at the endpoint
+// meets the new policy, and the flow is never admitted again. (Deleting
+// the entry would not do: a packet of the other direction that the
+// endpoint's policy lets through, a retransmission, would start the flow
+// afresh with the endpoint as its initiator, and its peer's packets would
+// be replies.) Which flows a change ends is --policy-revoke-established
+// (option.Revoke*).
 
 // revokeKind says what an endpoint's realized policy took away since its
 // established flows were last checked.
@@ -94,7 +99,7 @@ func (p *Module) RevokeEstablished(ep *endpoint.Endpoint) (int, error) {
 // flowTable is the conntrack table as the revocation walks it.
 type flowTable interface {
 	Iterate(fn func(maps.CTEntry) bool) error
-	Delete(maps.CTEntry) error
+	Revoke(e maps.CTEntry, id uint16) (bool, error)
 }
 
 // flowChecker decides a flow as the datapath decides a new one: the
@@ -152,9 +157,10 @@ type verdicter interface {
 	verdict(ep uint16, dir uint8, peer netip.Addr, proto uint8, port uint16) (deny, allowed bool, err error)
 }
 
-// revokeFlows deletes the conntrack entries of flows ep admitted in a
+// revokeFlows revokes ep's admission of the flows it admitted in a
 // direction it enforces that its policy now denies (mode deny: by a deny
-// entry; mode all: by a deny entry or for want of an allow).
+// entry; mode all: by a deny entry or for want of an allow): from their
+// next packet on its policy checks them as new, and drops them.
 func revokeFlows(ep *endpoint.Endpoint, mode string, check verdicter, ct flowTable) (int, error) {
 	var victims []maps.CTEntry
 	var walkErr error
@@ -188,10 +194,13 @@ func revokeFlows(ep *endpoint.Endpoint, mode string, check verdicter, ct flowTab
 	}
 	ended := 0
 	for _, e := range victims {
-		if err := ct.Delete(e); err != nil {
+		ok, err := ct.Revoke(e, ep.ID)
+		if err != nil {
 			return ended, err
 		}
-		ended++
+		if ok {
+			ended++
+		}
 	}
 	return ended, nil
 }
