@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/url"
 	"runtime"
 	"strings"
 	"syscall"
@@ -54,12 +55,12 @@ func inPodNetns(t *testing.T, p *pod, fn func()) {
 	<-done
 }
 
-// importPolicyRevision imports rules and returns the repository's
-// revision after it.
+// importPolicyRevision imports rules (replacing those with the same
+// labels) and returns the repository's revision after it.
 func (n *node) importPolicyRevision(t *testing.T, doc string) int64 {
 	t.Helper()
 	var pol models.Policy
-	if err := n.agent.Do(context.Background(), "PUT", "/policy", nil, nil, doc, &pol); err != nil {
+	if err := n.agent.Do(context.Background(), "PUT", "/policy", url.Values{"replace": {"true"}}, nil, doc, &pol); err != nil {
 		t.Fatal(err)
 	}
 	return pol.Revision
@@ -87,13 +88,27 @@ func (n *node) waitRealized(t *testing.T, id string, rev int64) {
 // and the client's connection times out (TCP_USER_TIMEOUT).
 // With none (Cilium's behaviour) the established flow outlives the deny:
 // the next message is echoed.
+//
+// When the change only removes a's allow (b still enforces ingress, for
+// another peer), all ends the flow the same way, and deny lets it live.
 func TestPrivilegedRevokeEstablishedFlow(t *testing.T) {
 	testutil.Privileged(t)
+	const (
+		denyRule = `[{"endpointSelector":{"matchLabels":{"app":"b"}},"labels":["test=revoke-deny"],
+				"ingressDeny":[{"fromEndpoints":[{"matchLabels":{"app":"a"}}]}]}]`
+		allowOther = `[{"endpointSelector":{"matchLabels":{"app":"b"}},"labels":["test=revoke-allow"],
+				"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"other"}}],"toPorts":[{"ports":[{"port":"7070","protocol":"TCP"}]}]}]}]`
+	)
 	for _, tc := range []struct {
-		mode    string
-		revoked bool
-	}{{"deny", true}, {"none", false}} {
-		t.Run(tc.mode, func(t *testing.T) {
+		name, mode, change string
+		revoked            bool
+	}{
+		{"deny rule, deny", "deny", denyRule, true},
+		{"deny rule, none", "none", denyRule, false},
+		{"allow removed, all", "all", allowOther, true},
+		{"allow removed, deny", "deny", allowOther, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			n := startNode(t, "--ipv6-range", "none", "--policy-revoke-established", tc.mode)
 			list := n.confList("tendril-cni", "1.1.0", nil)
 			a, b := n.newPod("a"), n.newPod("b")
@@ -184,16 +199,15 @@ func TestPrivilegedRevokeEstablishedFlow(t *testing.T) {
 				}
 			}
 
-			rev = n.importPolicyRevision(t, `[{"endpointSelector":{"matchLabels":{"app":"b"}},"labels":["test=revoke-deny"],
-				"ingressDeny":[{"fromEndpoints":[{"matchLabels":{"app":"a"}}]}]}]`)
+			rev = n.importPolicyRevision(t, tc.change)
 			n.waitRealized(t, "pod-name:default/b", rev)
 
 			start := time.Now()
 			echo, err := exchange("three")
-			t.Logf("after the deny: %q %v (%v)", echo, err, time.Since(start))
+			t.Logf("after the change: %q %v (%v)", echo, err, time.Since(start))
 			if !tc.revoked {
 				if err != nil || echo != "three" {
-					t.Fatalf("with --policy-revoke-established=none the established flow stopped: %q %v", echo, err)
+					t.Fatalf("with --policy-revoke-established=%s the established flow stopped: %q %v", tc.mode, echo, err)
 				}
 				if s := <-got; s != "three" {
 					t.Fatalf("server got %q", s)
@@ -201,14 +215,14 @@ func TestPrivilegedRevokeEstablishedFlow(t *testing.T) {
 				return
 			}
 			if !errors.Is(err, syscall.ETIMEDOUT) {
-				t.Fatalf("after the deny the exchange ended with %q %v, want the connection timed out", echo, err)
+				t.Fatalf("after the change the exchange ended with %q %v, want the connection timed out", echo, err)
 			}
 			// The server never got the message: it was dropped, not
 			// delivered and unanswered.
 			select {
 			case s, ok := <-got:
 				if ok {
-					t.Fatalf("the server got %q after the deny", s)
+					t.Fatalf("the server got %q after the change", s)
 				}
 			default:
 			}
@@ -217,8 +231,12 @@ func TestPrivilegedRevokeEstablishedFlow(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			if row, err := m.MetricsMap().Lookup(maps.ReasonPolicyDenyRule, maps.DirIngress); err != nil || row.Packets == 0 {
-				t.Errorf("no ingress drop by the deny rule counted: %+v %v", row, err)
+			reason := maps.ReasonPolicyDenyRule
+			if tc.change == allowOther {
+				reason = maps.ReasonPolicyDenied
+			}
+			if row, err := m.MetricsMap().Lookup(reason, maps.DirIngress); err != nil || row.Packets == 0 {
+				t.Errorf("no ingress drop counted under %s: %+v %v", maps.ReasonName(reason), row, err)
 			}
 		})
 	}
