@@ -171,9 +171,13 @@ static __always_inline __u64 ct_lifetime(const struct pkt *p, __u8 flags)
 	return CT_LIFETIME_TCP;
 }
 
-/* ct_admit names endpoint ep_id on its side of an existing entry. */
+/* ct_admit names endpoint ep_id on its side of an existing entry, unless
+ * the agent revoked that side's admission: the endpoint's policy then
+ * checks every packet of the flow as new. */
 static __always_inline void ct_admit(struct ct_entry *e, __u8 is_a, __u16 ep_id)
 {
+	if (e->revoked & (is_a ? CT_REVOKED_A : CT_REVOKED_B))
+		return;
 	if (is_a)
 		e->ep_a = ep_id;
 	else

@@ -133,7 +133,8 @@ struct ct_entry {
 	__u16 ep_b;
 	__u8 flags;     /* CT_F_* (enums.h) */
 	__u8 tcp_flags; /* every TCP flag seen, ORed */
-	__u16 pad;
+	__u8 revoked;   /* CT_REVOKED_* (enums.h), written by the agent */
+	__u8 pad;
 	/* Reverse NAT ID of a flow the pod programs translated to a service
 	 * backend (lbnat.h): its replies get the frontend back as their
 	 * source. 0: none. Layout v1 (tdr_ct4_v1) held it in 16 bits, which

@@ -310,6 +310,7 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 	}{
 		{"relative state dir", func(c *Config) { c.StateDir = "state" }, "state-dir"},
 		{"bad enforcement", func(c *Config) { c.PolicyEnforcement = "x" }, "policy-enforcement"},
+		{"bad revoke mode", func(c *Config) { c.PolicyRevokeEstablished = "some" }, "policy-revoke-established"},
 		{"bad log format", func(c *Config) { c.LogFormat = "xml" }, "log-format"},
 		{"bad mtu", func(c *Config) { c.Endpoints.MTU = 10 }, "mtu"},
 		{"bad attach mode", func(c *Config) { c.Datapath.AttachMode = "xdp" }, "datapath-attach-mode"},

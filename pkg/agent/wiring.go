@@ -110,7 +110,7 @@ func cellConfigs(c Config) configs {
 			IdentityAllocationMode: c.Identity.AllocationMode},
 		Hubble:     c.Hubble,
 		HubbleNode: agentflows.Node{Name: c.NodeName, APISocket: c.API.Socket},
-		Policy:     agentpolicy.Config{StateDir: c.StateDir},
+		Policy:     agentpolicy.Config{StateDir: c.StateDir, RevokeEstablished: c.PolicyRevokeEstablished},
 		L2:         c.L2Announcements,
 		L2Node:     l2announcer.Node{Name: c.NodeName},
 		Daemon: daemonapi.Settings{NodeName: c.NodeName, AttachModeTC: c.Datapath.AttachMode == string(loader.AttachTC), AttachModeNote: c.attachModeNote,

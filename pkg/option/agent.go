@@ -27,6 +27,9 @@ type Agent struct {
 	NodeName string
 	// PolicyEnforcement is default, always or never; changeable at run time.
 	PolicyEnforcement string
+	// PolicyRevokeEstablished is which established flows a policy change
+	// ends: deny, all or none (RevokeDeny, RevokeAll, RevokeNone).
+	PolicyRevokeEstablished string
 	// Debug turns on debug logging; changeable at run time.
 	Debug bool
 	// LogFormat is text or json.
@@ -36,10 +39,11 @@ type Agent struct {
 // DefaultAgent returns the agent's own defaults.
 func DefaultAgent() Agent {
 	return Agent{
-		StateDir:          "/var/run/tendril/state",
-		BPFRoot:           "/sys/fs/bpf/tendril",
-		PolicyEnforcement: EnforcementDefault,
-		LogFormat:         "text",
+		StateDir:                "/var/run/tendril/state",
+		BPFRoot:                 "/sys/fs/bpf/tendril",
+		PolicyEnforcement:       EnforcementDefault,
+		PolicyRevokeEstablished: RevokeDeny,
+		LogFormat:               "text",
 	}
 }
 
@@ -50,6 +54,8 @@ func (c *Agent) Flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.BPFRoot, "bpf-root", c.BPFRoot, "bpffs directory for this node's pinned maps and links")
 	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "Name of this node (default: the host name)")
 	fs.StringVar(&c.PolicyEnforcement, "policy-enforcement", c.PolicyEnforcement, "Policy enforcement mode: default, always or never")
+	fs.StringVar(&c.PolicyRevokeEstablished, "policy-revoke-established", c.PolicyRevokeEstablished,
+		"Established flows a policy change ends: deny (those a deny rule covers), all (also those no allow admits any more) or none (they outlive it, as in Cilium)")
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "Log at debug level")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "Log format: text or json")
 }
@@ -63,7 +69,7 @@ func (c *Agent) Validate() error {
 	if err := bpffs.CheckPath(c.BPFRoot); err != nil {
 		errs = append(errs, fmt.Errorf("bpf-root %w", err))
 	}
-	errs = append(errs, ValidateEnforcement(c.PolicyEnforcement), logging.CheckFormat(c.LogFormat))
+	errs = append(errs, ValidateEnforcement(c.PolicyEnforcement), ValidateRevokeMode(c.PolicyRevokeEstablished), logging.CheckFormat(c.LogFormat))
 	return errors.Join(errs...)
 }
 

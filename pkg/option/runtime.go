@@ -24,6 +24,28 @@ func ValidateEnforcement(mode string) error {
 	return fmt.Errorf("policy-enforcement %q: must be default, always or never", mode)
 }
 
+// Modes of --policy-revoke-established: which established flows a
+// policy change ends (pkg/policy/agentpolicy, RevokeEstablished).
+const (
+	// RevokeDeny ends the flows a deny rule of the new policy covers.
+	RevokeDeny = "deny"
+	// RevokeAll also ends the flows no allow of the new policy admits
+	// any more.
+	RevokeAll = "all"
+	// RevokeNone ends nothing: established flows outlive any policy
+	// change until they close or expire (Cilium's behaviour).
+	RevokeNone = "none"
+)
+
+// ValidateRevokeMode checks a --policy-revoke-established value.
+func ValidateRevokeMode(mode string) error {
+	switch mode {
+	case RevokeDeny, RevokeAll, RevokeNone:
+		return nil
+	}
+	return fmt.Errorf("policy-revoke-established %q: must be deny, all or none", mode)
+}
+
 // ErrImmutable is returned when a known option cannot change at run time.
 type ErrImmutable struct{ Key string }
 

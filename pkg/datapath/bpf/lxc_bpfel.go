@@ -40,7 +40,8 @@ type LxcCtEntry struct {
 	EpB      uint16
 	Flags    uint8
 	TcpFlags uint8
-	Pad      uint16
+	Revoked  uint8
+	Pad      uint8
 	RevNat   uint32
 	Pad2     uint32
 }

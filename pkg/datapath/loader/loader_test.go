@@ -232,8 +232,9 @@ func TestPrivilegedDatapathPaths(t *testing.T) {
 	if n.metric(maps.ReasonPolicyDenyRule, maps.DirIngress) == 0 {
 		t.Fatal("deny rule drop not counted")
 	}
-	// Established flows are not re-checked: the earlier allowed UDP flow
-	// still passes (a policy change that must cut flows flushes CT).
+	// Established flows are not re-checked by the datapath: the earlier
+	// allowed UDP flow still passes (the agent revokes the flows a change
+	// denies in their entries: TestPrivilegedConntrackRevokedSide).
 	if got := n.toPod(n.ifidx, packet(remote, podA, l4{proto: 17, sport: 1234, dport: 9050})); got != actOK {
 		t.Fatalf("established flow = %d", got)
 	}

@@ -44,6 +44,10 @@ type CTEntry struct {
 	// RevNAT is the reverse NAT ID of a flow the per-packet service NAT
 	// translated (Dst is then the backend); 0: not translated.
 	RevNAT uint32
+	// SrcRevoked and DstRevoked: the agent revoked the admission of the
+	// local endpoint on that side (Revoke); its policy checks every
+	// packet of the flow as new, and never admits it again.
+	SrcRevoked, DstRevoked bool
 }
 
 // SeenReply reports whether the flow has been answered.
@@ -123,6 +127,16 @@ func (e CTEntry) value() bpf.LxcCtEntry {
 	if e.Flags&CTFlagDstNotLocal != 0 {
 		v.Flags |= dstFlag
 	}
+	srcRev, dstRev := CTRevokedB, CTRevokedA
+	if e.srcIsA() {
+		srcRev, dstRev = CTRevokedA, CTRevokedB
+	}
+	if e.SrcRevoked {
+		v.Revoked |= srcRev
+	}
+	if e.DstRevoked {
+		v.Revoked |= dstRev
+	}
 	return v
 }
 
@@ -136,10 +150,13 @@ func fromRaw(proto uint8, a netip.Addr, aPort uint16, b netip.Addr, bPort uint16
 	if (v.Flags&CTFlagBNotLocal != 0 && aStarted) || (v.Flags&CTFlagANotLocal != 0 && !aStarted) {
 		e.Flags |= CTFlagDstNotLocal
 	}
+	aRev, bRev := v.Revoked&CTRevokedA != 0, v.Revoked&CTRevokedB != 0
 	if aStarted {
 		e.Src, e.SrcPort, e.SrcEndpoint, e.Dst, e.DstPort, e.DstEndpoint = a, aPort, v.EpA, b, bPort, v.EpB
+		e.SrcRevoked, e.DstRevoked = aRev, bRev
 	} else {
 		e.Src, e.SrcPort, e.SrcEndpoint, e.Dst, e.DstPort, e.DstEndpoint = b, bPort, v.EpB, a, aPort, v.EpA
+		e.SrcRevoked, e.DstRevoked = bRev, aRev
 	}
 	return e
 }
@@ -190,6 +207,55 @@ func (m CTMap) Delete(e CTEntry) error {
 		return fmt.Errorf("delete conntrack entry: %w", err)
 	}
 	return nil
+}
+
+// Revoke takes endpoint id's admission of e's flow back: the side it is
+// named on loses the name and is marked revoked, so the endpoint's
+// policy checks every later packet of the flow as new and never admits
+// it again (bpf/lib/conntrack.h, ct_admit). The entry itself stays, for
+// the flow's other endpoint, and so that a packet the endpoint's policy
+// lets through does not start the flow afresh with the endpoint admitted.
+// It reports whether the entry was there and named id.
+func (m CTMap) Revoke(e CTEntry, id uint16) (bool, error) {
+	is4, err := e.is4()
+	if err != nil {
+		return false, err
+	}
+	var v bpf.LxcCtEntry
+	var mp *ebpf.Map
+	var key any
+	if is4 {
+		k := e.key4()
+		mp, key = m.v4, &k
+	} else {
+		k := e.key6()
+		mp, key = m.v6, &k
+	}
+	if err := mp.Lookup(key, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("look up conntrack entry %s:%d -> %s:%d: %w", e.Src, e.SrcPort, e.Dst, e.DstPort, err)
+	}
+	named := false
+	if id != 0 && v.EpA == id {
+		v.EpA, v.Revoked, named = 0, v.Revoked|CTRevokedA, true
+	}
+	if id != 0 && v.EpB == id {
+		v.EpB, v.Revoked, named = 0, v.Revoked|CTRevokedB, true
+	}
+	if !named {
+		return false, nil
+	}
+	// The datapath may have changed the deadline or flags since the
+	// lookup: losing that update costs at most a refresh.
+	if err := mp.Update(key, &v, ebpf.UpdateExist); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("revoke conntrack entry %s:%d -> %s:%d of endpoint %d: %w", e.Src, e.SrcPort, e.Dst, e.DstPort, id, err)
+	}
+	return true, nil
 }
 
 // Lookup returns the entry of the flow with key's protocol, addresses and

@@ -55,6 +55,19 @@ const (
 	CTFlagBNotLocal uint8 = 0x10 // CT_F_B_NOT_LOCAL
 )
 
+// Conntrack entry revocations (ct_entry.revoked), by side of the key: the
+// agent revoked the side's endpoint's admission of the flow (a policy
+// change denies it, --policy-revoke-established). The endpoint is no
+// longer named on its side, so every packet of the flow it sees goes
+// through its policy as a new one, and it is never named again: a packet
+// its policy lets through (the other direction's, say) does not admit
+// the flow back.
+// From CT_REVOKED_* of bpf/lib/enums.h.
+const (
+	CTRevokedA uint8 = 0x01 // CT_REVOKED_A
+	CTRevokedB uint8 = 0x02 // CT_REVOKED_B
+)
+
 // Reasons: packet outcomes counted in tdr_metrics_v2 and reported in drop
 // events. Below REASON_POLICY_DENIED the packet passed. The comment after
 // each is its name in the CLI, events and metrics.

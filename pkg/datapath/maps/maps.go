@@ -154,15 +154,7 @@ func (m *Maps) AuditMap() AuditMap { return AuditMap{m: m.Audit} }
 // of the endpoints' tries. Tries are created from the datapath object's
 // spec, read once when first needed.
 func (m *Maps) PolicyMap() *PolicyMap {
-	m.policyOnce.Do(func() {
-		var once sync.Once
-		var spec *ebpf.MapSpec
-		var err error
-		m.policy = newPolicyMap(m.Policy, func() (*ebpf.MapSpec, error) {
-			once.Do(func() { spec, err = PolicyTrieSpec() })
-			return spec, err
-		})
-	})
+	m.policyOnce.Do(func() { m.policy = NewPolicyMap(m.Policy, 0) })
 	return m.policy
 }
 

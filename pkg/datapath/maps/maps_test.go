@@ -506,3 +506,42 @@ func TestPrivilegedEndpointMaps(t *testing.T) {
 			slot(m.EndpointsIfx, 50), slot(m.EndpointsIfx, 77), slot(m.EndpointsID, 9))
 	}
 }
+
+// TestPrivilegedCTRevoke: revoking an endpoint's admission unnames it on
+// its side of the entry and marks that side, whichever side of the key it
+// is; the other endpoint keeps its admission; a second revoke, or one for
+// an endpoint the entry does not name, changes nothing.
+func TestPrivilegedCTRevoke(t *testing.T) {
+	m := newUnpinnedMaps(t)
+	ct := m.CTMap()
+	for _, e := range []CTEntry{
+		{Proto: 6, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), SrcPort: 40000, DstPort: 80, SrcEndpoint: 1, DstEndpoint: 2, Expires: 1 << 40},
+		{Proto: 6, Src: netip.MustParseAddr("10.0.0.9"), Dst: netip.MustParseAddr("10.0.0.2"), SrcPort: 40000, DstPort: 80, SrcEndpoint: 3, DstEndpoint: 2, Expires: 1 << 40},
+		{Proto: 17, Src: netip.MustParseAddr("fd00::9"), Dst: netip.MustParseAddr("fd00::2"), SrcPort: 5353, DstPort: 53, SrcEndpoint: 3, DstEndpoint: 2, Expires: 1 << 40},
+	} {
+		if err := ct.Upsert(e); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := ct.Revoke(e, 7); err != nil || ok {
+			t.Fatalf("%v: revoke of an endpoint it does not name = %v %v", e, ok, err)
+		}
+		if ok, err := ct.Revoke(e, 2); err != nil || !ok {
+			t.Fatalf("%v: revoke = %v %v", e, ok, err)
+		}
+		got, found, err := ct.Lookup(e)
+		if err != nil || !found {
+			t.Fatalf("%v: entry gone after revoke: %v", e, err)
+		}
+		want := e
+		want.DstEndpoint, want.DstRevoked = 0, true
+		if got != want {
+			t.Errorf("after revoke: %+v, want %+v", got, want)
+		}
+		if ok, err := ct.Revoke(e, 2); err != nil || ok {
+			t.Errorf("%v: second revoke = %v %v", e, ok, err)
+		}
+	}
+	if ok, err := ct.Revoke(CTEntry{Proto: 6, Src: netip.MustParseAddr("10.9.9.9"), Dst: netip.MustParseAddr("10.9.9.8"), SrcPort: 1, DstPort: 2}, 2); err != nil || ok {
+		t.Errorf("revoke of a missing entry = %v %v", ok, err)
+	}
+}

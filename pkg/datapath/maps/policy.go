@@ -144,6 +144,26 @@ type PolicyMap struct {
 	scanned bool
 }
 
+// NewPolicyMap is a typed handle on an open outer policy map (one of
+// its kind per outer map: it caches the tries) whose new tries hold
+// trieEntries entries each (0: as many as the datapath object declares).
+// The kernel takes tries of any size in the outer map; a smaller one
+// fills sooner, as a test of a full map needs.
+func NewPolicyMap(outer *ebpf.Map, trieEntries uint32) *PolicyMap {
+	var once sync.Once
+	var spec *ebpf.MapSpec
+	var err error
+	return newPolicyMap(outer, func() (*ebpf.MapSpec, error) {
+		once.Do(func() {
+			if spec, err = PolicyTrieSpec(); err == nil && trieEntries > 0 {
+				spec = spec.Copy()
+				spec.MaxEntries = trieEntries
+			}
+		})
+		return spec, err
+	})
+}
+
 func newPolicyMap(outer *ebpf.Map, innerSpec func() (*ebpf.MapSpec, error)) *PolicyMap {
 	return &PolicyMap{outer: outer, innerSpec: innerSpec, tries: map[uint32]*ebpf.Map{}}
 }

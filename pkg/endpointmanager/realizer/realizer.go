@@ -190,7 +190,13 @@ func (m *Realizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error 
 	if err := m.attach.Upsert(agentdatapath.EndpointInfo(ep), ep.PodNamespace, ep.PodName); err != nil {
 		return err
 	}
-	return m.attach.WaitRealized(ctx, ep.ID)
+	if err := m.attach.WaitRealized(ctx, ep.ID); err != nil {
+		return err
+	}
+	// Last: the flows the new policy revokes meet it on their next packet
+	// only once its entries and the enforcement flags are in.
+	_, err := m.policy.RevokeEstablished(ep)
+	return err
 }
 
 // refreshWait bounds how long a policy refresh waits for the endpoints
@@ -200,24 +206,29 @@ const refreshWait = time.Minute
 
 // RefreshPolicy is the light regeneration after a policy, identity or mode
 // change: the policy map difference, then the enforcement flags in the
-// endpoint entries (only when they changed).
+// endpoint entries (only when they changed), then the end of the
+// established flows the change revoked (--policy-revoke-established).
 func (m *Realizer) RefreshPolicy(ep *endpoint.Endpoint) error {
 	if err := m.policy.Realize(context.Background(), ep, m.kernel.PolicyMap()); err != nil {
 		return err
 	}
 	ingress, egress := m.policy.Enforcement(ep)
 	auditIn, auditEg := m.policy.Auditing(ep)
-	if ingress == ep.EnforceIngress && egress == ep.EnforceEgress && auditIn == ep.AuditIngress && auditEg == ep.AuditEgress {
-		return nil
+	if ingress != ep.EnforceIngress || egress != ep.EnforceEgress || auditIn != ep.AuditIngress || auditEg != ep.AuditEgress {
+		ep.EnforceIngress, ep.EnforceEgress = ingress, egress
+		ep.AuditIngress, ep.AuditEgress = auditIn, auditEg
+		if err := m.attach.Upsert(agentdatapath.EndpointInfo(ep), ep.PodNamespace, ep.PodName); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), refreshWait)
+		defer cancel()
+		if err := m.attach.WaitRealized(ctx, ep.ID); err != nil {
+			return err
+		}
 	}
-	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
-	ep.AuditIngress, ep.AuditEgress = auditIn, auditEg
-	if err := m.attach.Upsert(agentdatapath.EndpointInfo(ep), ep.PodNamespace, ep.PodName); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), refreshWait)
-	defer cancel()
-	return m.attach.WaitRealized(ctx, ep.ID)
+	// Last, as in a regeneration: entries and flags are in.
+	_, err := m.policy.RevokeEstablished(ep)
+	return err
 }
 
 // Remove tears an endpoint out of the datapath: its object leaves the

@@ -42,11 +42,15 @@ var Cell = cell.Module("policy", "Policy repository resolution and the policy fi
 	cell.Provide(New, apiHandlers),
 )
 
-// Config is the cell's part of the agent's configuration. The policy has
-// no flags of its own: the enforcement mode is a runtime option.
+// Config is the cell's part of the agent's configuration. Its flags are
+// the agent's own (pkg/option): the enforcement mode is a runtime option.
 type Config struct {
 	// StateDir is where the policy file is kept (policy.json).
 	StateDir string
+	// RevokeEstablished is --policy-revoke-established: which established
+	// flows a policy change ends (option.RevokeDeny, RevokeAll,
+	// RevokeNone; empty is RevokeDeny).
+	RevokeEstablished string
 }
 
 // File is the policy file's path.
@@ -103,8 +107,16 @@ type Module struct {
 	eps        Endpoints            // its manager exists from its start step on
 	namedPorts NamedPorts           // nil in standalone mode
 
+	// revokeMode is Config.RevokeEstablished.
+	revokeMode string
+
 	mu       sync.Mutex
 	realized map[uint16]policy.MapState
+	// revoke marks what each endpoint's realized policy took away since
+	// its established flows were last checked (RevokeEstablished), and
+	// enforced its enforcement flags at that check.
+	revoke   map[uint16]revokeKind
+	enforced map[uint16][2]bool
 	results  map[uint16]policy.Result
 	cidrIDs  map[netip.Prefix]identity.NumericIdentity
 	nextCIDR identity.NumericIdentity
@@ -151,11 +163,15 @@ func New(p Params) *Module {
 		log: p.Log, repo: policy.NewRepository(), runtime: p.Runtime, idTable: p.IDTable,
 		dp: p.Datapath, eps: p.Endpoints, namedPorts: p.NamedPorts,
 		realized: map[uint16]policy.MapState{}, results: map[uint16]policy.Result{},
+		revokeMode: p.Config.RevokeEstablished, revoke: map[uint16]revokeKind{}, enforced: map[uint16][2]bool{},
 		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
 		regen: make(chan struct{}, 1),
 	}
 	if m.dp != nil {
 		p.Metrics.Registry.MustRegister(newAuditCollector(m))
+	}
+	if m.revokeMode == "" {
+		m.revokeMode = option.RevokeDeny
 	}
 	m.file = policyfile.New(p.Config.File(), m.repo, SourceAPI, logging.For(p.Root, "policy-file"))
 	m.repo.Subscribe(func(uint64) { m.TriggerRegeneration() })

@@ -334,25 +334,27 @@ func (p *Module) Realize(ctx context.Context, ep *endpoint.Endpoint, pm PolicyMa
 			cur[policy.Key{Identity: identity.NumericIdentity(k.Identity), Direction: k.Direction, Proto: k.Proto, Port: k.Port, PrefixLen: k.PortPrefixLen}] = policy.Entry{Deny: v.Deny, Cookie: v.Cookie, Views: viewFlags(v.Flags)}
 		}
 	}
-	upserts, deletes := policy.Diff(cur, want)
-	// Write new entries before removing old ones: a packet in between sees
-	// the union, never an empty state that would deny everything.
-	for k, e := range upserts {
-		if err := pm.Upsert(toMapKey(ep.ID, k), mapValue(e)); err != nil {
-			return err
-		}
-	}
-	for _, k := range deletes {
-		if err := pm.Delete(toMapKey(ep.ID, k)); err != nil {
-			return err
-		}
-	}
+	// Ordered so that no state in between is more permissive than both
+	// the old and the new policy, and so that a failed write (a full
+	// trie) never keeps a revoked allow: see writeOrdered.
+	w := writeOrdered(pm, ep.ID, cur, want)
 	p.mu.Lock()
-	p.realized[ep.ID] = want
+	// What landed, even on failure: the retry writes only what is still
+	// missing, and a later revision removes what did land.
+	p.realized[ep.ID] = w.landed
+	if w.denied || w.revoked {
+		p.revoke[ep.ID] |= revokeFlags(w)
+	}
 	p.mu.Unlock()
+	if w.closed > 0 {
+		p.log.Warn("Policy map full: allows a missing deny would override are held back (fail closed)", "endpoint", ep.ID, "revision", res.Revision, "allows", w.closed)
+	}
+	if w.err != nil {
+		return fmt.Errorf("realize policy revision %d of endpoint %d: %w", res.Revision, ep.ID, w.err)
+	}
 	ep.PolicyRevision = res.Revision
-	if len(upserts)+len(deletes) > 0 {
-		p.log.Debug("Policy map updated", "endpoint", ep.ID, "revision", res.Revision, "upserts", len(upserts), "deletes", len(deletes))
+	if w.writes > 0 {
+		p.log.Debug("Policy map updated", "endpoint", ep.ID, "revision", res.Revision, "writes", w.writes, "entries", len(want))
 	}
 	return nil
 }
@@ -365,6 +367,8 @@ func (p *Module) Remove(ep *endpoint.Endpoint, pm PolicyMap) error {
 	p.mu.Lock()
 	delete(p.realized, ep.ID)
 	delete(p.results, ep.ID)
+	delete(p.revoke, ep.ID)
+	delete(p.enforced, ep.ID)
 	p.mu.Unlock()
 	return nil
 }
