@@ -40,6 +40,15 @@ if [[ -x $OUT ]]; then
 	exit 0
 fi
 mkdir -p "$BIN" "$CACHE/scratch"
+# One build at a time per cache: two runs (parallel test packages, two
+# checkouts) would otherwise write the same .tmp file and race on its rename.
+exec 9>"$CACHE/.build.lock"
+flock 9
+# Another run may have built it while this one waited.
+if [[ -x $OUT ]]; then
+	echo "$OUT"
+	exit 0
+fi
 scratch=$CACHE/scratch/cilium-$VERSION
 log "building $TOOL from github.com/cilium/cilium@$VERSION (about four minutes the first time)"
 if [[ ! -f $scratch/go.mod ]]; then

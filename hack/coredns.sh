@@ -30,6 +30,15 @@ if [[ -x $OUT ]]; then
 	exit 0
 fi
 mkdir -p "$BIN" "$CACHE/scratch"
+# One build at a time per cache: two runs (parallel test packages, two
+# checkouts) would otherwise write the same .tmp file and race on its rename.
+exec 9>"$CACHE/.build.lock"
+flock 9
+# Another run may have built it while this one waited.
+if [[ -x $OUT ]]; then
+	echo "$OUT"
+	exit 0
+fi
 log "building CoreDNS from github.com/coredns/coredns@$VERSION (a few minutes the first time)"
 # go mod download needs a module to run in outside GOPATH mode: an empty
 # scratch directory is enough for a versioned download.

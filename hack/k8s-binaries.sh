@@ -23,6 +23,10 @@ if [[ ${1:-} == --print-dir ]]; then
 	exit 0
 fi
 mkdir -p "$BIN"
+# One build at a time per cache: two runs (parallel test packages, two
+# checkouts) would otherwise write the same .tmp file and race on its rename.
+exec 9>"$CACHE/.build.lock"
+flock 9
 log() { echo "k8s-binaries: $*" >&2; }
 
 build_kubernetes() {
