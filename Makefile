@@ -22,7 +22,12 @@ GENERATED_FILES := ':(glob)pkg/datapath/bpf/*_bpfel.go' ':(glob)pkg/datapath/bpf
 # Their checksums (tracked and new files; a missing one shows as an error line).
 generated_sums = git ls-files -co --exclude-standard -- $(GENERATED_FILES) | sort | xargs -r sha256sum 2>&1
 
-.PHONY: all build deps generate verify-generated lint test test-unit demo demo-down k8s-binaries coredns hubble clean
+# Time per fuzz target of `make fuzz`; `make fuzz-short` (run by `make test`)
+# gives each FUZZTIME_SHORT. The targets are listed in hack/fuzz-targets.txt.
+FUZZTIME ?= 10m
+FUZZTIME_SHORT ?= 5s
+
+.PHONY: all build deps generate verify-generated lint test test-unit fuzz fuzz-short demo demo-down k8s-binaries coredns hubble clean
 
 all: build
 
@@ -79,12 +84,25 @@ test: deps verify-generated lint build k8s-binaries coredns
 	@TENDRIL_BIN_DIR=$(BIN) $(GO) test -p 1 -v -count=1 -timeout 50m ./... > $(CURDIR)/.test-output.log 2>&1; \
 		status=$$?; \
 		$(GO) test -race -v -count=1 -timeout 20m $(RACE_PACKAGES) >> $(CURDIR)/.test-output.log 2>&1 || status=1; \
+		$(MAKE) --no-print-directory fuzz-short >> $(CURDIR)/.test-output.log 2>&1 || status=1; \
 		hack/test-summary.sh $(CURDIR)/.test-output.log; \
 		if [ $$status -ne 0 ]; then echo "==> failures in detail:"; grep -B2 -A30 -E '^\s*--- FAIL' $(CURDIR)/.test-output.log | head -400; fi; \
 		exit $$status
 
 test-unit:
 	$(GO) test -count=1 ./...
+
+# Every fuzz target of hack/fuzz-targets.txt for FUZZTIME each (10m: two
+# hours in all); a crasher fails and is left under the package's
+# testdata/fuzz/<target>/ to fix and commit as a regression input.
+fuzz:
+	@hack/fuzz.sh $(FUZZTIME)
+
+# The same for FUZZTIME_SHORT each: part of `make test`, whose log gets its
+# output ("--- fuzz <package> <target>: rc=..., execs=..." per target and
+# "FAIL fuzz ..." for a failure).
+fuzz-short:
+	@hack/fuzz.sh $(FUZZTIME_SHORT)
 
 demo: deps build k8s-binaries coredns
 	@hack/demo.sh

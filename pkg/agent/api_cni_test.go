@@ -47,7 +47,8 @@ func TestCNIAPI(t *testing.T) {
 		code    uint // CNI code of the error body; 0 for success
 	}{
 		{"status", "status", cni.Request{Config: conf("1.1.0")}, 204, 0},
-		{"gc, nothing to collect", "gc", cni.Request{Config: conf("1.1.0")}, 204, 0},
+		{"gc, nothing to collect", "gc", cni.Request{Config: json.RawMessage(`{"cniVersion":"1.1.0","name":"n","type":"tendril-cni","cni.dev/valid-attachments":[]}`)}, 204, 0},
+		{"gc without valid attachments", "gc", cni.Request{Config: conf("1.1.0")}, 400, cni.ErrInvalidNetworkConfig},
 		{"del of an unknown attachment", "del", cni.Request{ContainerID: "nope", IfName: "eth0", Config: conf("1.0.0")}, 204, 0},
 		{"del with malformed CNI_ARGS", "del", cni.Request{ContainerID: "nope", IfName: "eth0", Args: "K8S_POD_NAME", Config: conf("1.0.0")}, 204, 0},
 		{"unknown command", "frob", cni.Request{Config: conf("1.1.0")}, 404, 0},

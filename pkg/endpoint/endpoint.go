@@ -83,6 +83,11 @@ type Endpoint struct {
 	ContainerName string `json:"container-name,omitempty"`
 	// IfName is the interface name inside the pod (CNI_IFNAME).
 	IfName string `json:"interface-name,omitempty"`
+	// NetworkName is the CNI network (the configuration's "name") whose
+	// ADD created the endpoint. CNI GC of a network considers only its
+	// own endpoints; empty for endpoints made otherwise (the REST API,
+	// state files of older agents), which GC never removes.
+	NetworkName string `json:"cni-network,omitempty"`
 	// HostIfName and HostIfIndex are the host side of the pod's veth.
 	HostIfName  string     `json:"host-interface-name,omitempty"`
 	HostIfIndex int        `json:"host-interface-index,omitempty"`

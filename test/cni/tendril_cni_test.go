@@ -19,7 +19,9 @@ import (
 // two pods on one node and checks that the pods reach each other by IP.
 func TestPrivilegedTendrilCNILifecycle(t *testing.T) {
 	testutil.Privileged(t)
-	n := startNode(t)
+	// No grace period: GC below collects pod-a right after its ADD (the
+	// grace period itself is TestPrivilegedTendrilCNIGCSafety's).
+	n := startNode(t, "--cni-gc-grace-period=0s")
 	list := n.confList("tendril-cni", "1.1.0", nil)
 
 	ctx := context.Background()

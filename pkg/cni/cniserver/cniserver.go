@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -62,6 +63,10 @@ type Deps struct {
 	Host *linux.Host
 	// DeviceMTU is the pods' MTU unless the configuration sets "mtu".
 	DeviceMTU int
+	// GCGracePeriod is how young an endpoint GC keeps although the
+	// runtime's valid attachments do not name it (DefaultGCGracePeriod
+	// unless configured; 0 keeps only endpoints created after GC began).
+	GCGracePeriod time.Duration
 }
 
 // Server runs CNI commands.
@@ -72,6 +77,8 @@ type Server struct {
 	netns string
 	// nodeNS is the agent's network namespace, for commandNetlink.
 	nodeNS netns.NsHandle
+	// now is the clock GC compares endpoints' creation times with.
+	now func() time.Time
 
 	mu sync.Mutex
 	// owners serializes the commands of one IPAM owner (a pod): its
@@ -102,7 +109,7 @@ func New(deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cni server: open own network namespace: %w", err)
 	}
-	return &Server{deps: deps, log: deps.Log, netns: self, nodeNS: nodeNS, owners: map[string]*ownerLock{}}, nil
+	return &Server{deps: deps, log: deps.Log, netns: self, nodeNS: nodeNS, now: time.Now, owners: map[string]*ownerLock{}}, nil
 }
 
 // commandNetlink opens a routing-netlink socket in the node's namespace

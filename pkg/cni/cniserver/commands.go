@@ -3,11 +3,11 @@ package cniserver
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -205,6 +205,7 @@ func (s *Server) add(ctx context.Context, req *cni.Request) (_ []byte, retErr *c
 		MAC: pod.mac.String(), HostMAC: hostLink.Attrs().HardwareAddr.String(),
 		IPv4: addrs.v4, IPv6: addrs.v6, NetNS: req.Netns,
 		PodNamespace: string(podArgs.K8S_POD_NAMESPACE), PodName: string(podArgs.K8S_POD_NAME), K8sUID: string(podArgs.K8S_POD_UID),
+		NetworkName: conf.Name,
 	}
 	created, err = s.deps.Endpoints.Create(ctx, ep)
 	if err != nil {
@@ -360,35 +361,43 @@ func (s *Server) status(req *cni.Request) *cni.Error {
 	return cni.Errorf(cni.ErrPluginNotAvailable, "agent has no pod address range yet")
 }
 
-// gc removes the endpoints (and their veths) of attachments that are not
-// in cni.dev/valid-attachments (CNI GC). Endpoints without a container ID
-// (host, health) are never touched.
+// gc removes the endpoints (and their veths) of this network's
+// attachments that are not in cni.dev/valid-attachments (CNI GC). Three
+// things keep an endpoint whatever the list says:
+//   - it is not this network's: GC of one network never touches another's,
+//     nor endpoints without a recorded network (the REST API's, those
+//     restored from an older agent's state) or without a container ID
+//     (host, health);
+//   - it is younger than the grace period, or was created after GC began:
+//     its ADD may have finished after the runtime listed the valid
+//     attachments, so the list cannot speak for it yet;
+//   - the configuration has no list at all: the spec makes it GC's input,
+//     and a GC without one is refused (code 7) rather than read as
+//     "nothing is valid".
 func (s *Server) gc(ctx context.Context, req *cni.Request) *cni.Error {
+	start := s.now()
 	conf, cerr := ParseConfig(req.Config)
 	if cerr != nil {
 		return cerr
 	}
-	valid, validCID := map[string]bool{}, map[string]bool{}
+	if err := requireValidAttachments(req.Config); err != nil {
+		return err
+	}
+	if conf.Name == "" {
+		return cni.Errorf(cni.ErrInvalidNetworkConfig, "GC: network configuration has no name")
+	}
+	grace := s.deps.GCGracePeriod
+	valid := map[string]bool{}
 	for _, a := range conf.ValidAttachments {
 		valid[cni.AttachmentID(a.ContainerID, a.IfName)] = true
-		validCID[a.ContainerID] = true
 	}
 	var errs []error
 	for _, ep := range s.deps.Endpoints.List() {
-		cid, ifname := ep.ContainerID, ep.IfName
-		// An endpoint without an interface name is kept while any
-		// attachment of its container is valid.
-		if cid == "" || valid[cni.AttachmentID(cid, ifname)] || (ifname == "" && validCID[cid]) {
+		if !s.gcCandidate(ep, conf.Name, valid, start.Add(-grace)) {
 			continue
 		}
-		s.log.Info("GC: removing stale attachment", "endpoint", ep.ID, "container", cid, "ifname", ifname)
-		if err := s.deps.Endpoints.Delete(ctx, ep.ID); err != nil && !s.deps.Endpoints.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("endpoint %s: %w", strconv.Itoa(int(ep.ID)), err))
-		}
-		if ifname != "" {
-			if err := deleteLink(s.deps.Netlink, HostVethName(cid, ifname)); err != nil {
-				errs = append(errs, err)
-			}
+		if err := s.gcEndpoint(ctx, ep, conf.Name, valid, start.Add(-grace)); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -396,6 +405,62 @@ func (s *Server) gc(ctx context.Context, req *cni.Request) *cni.Error {
 	}
 	return nil
 }
+
+// DefaultGCGracePeriod is how young an endpoint GC keeps by default: the
+// plugin's whole ADD timeout, so an ADD the runtime has not recorded yet
+// when it lists the valid attachments is not collected.
+const DefaultGCGracePeriod = 2 * time.Minute
+
+// gcCandidate reports whether GC of network may remove ep: a CNI
+// attachment of that network, created before cutoff, not in valid.
+func (s *Server) gcCandidate(ep *endpoint.Endpoint, network string, valid map[string]bool, cutoff time.Time) bool {
+	return ep.ContainerID != "" && ep.IfName != "" && ep.NetworkName == network &&
+		!valid[cni.AttachmentID(ep.ContainerID, ep.IfName)] && ep.Created.Before(cutoff)
+}
+
+// gcEndpoint removes one stale attachment under its owner's lock, after
+// looking it up again: an ADD of the same attachment that ran since the
+// listing replaced the endpoint, and the new one is not this GC's.
+func (s *Server) gcEndpoint(ctx context.Context, listed *endpoint.Endpoint, network string, valid map[string]bool, cutoff time.Time) error {
+	defer s.lockOwner(listed.IPAMOwner())()
+	ep, err := s.deps.Endpoints.Lookup("cni-attachment-id:" + listed.AttachmentID())
+	if err != nil {
+		if s.deps.Endpoints.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("look up endpoint %d: %w", listed.ID, err)
+	}
+	if ep.ID != listed.ID || !ep.Created.Equal(listed.Created) || !s.gcCandidate(ep, network, valid, cutoff) {
+		return nil
+	}
+	s.log.Info("GC: removing stale attachment", "network", network, "endpoint", ep.ID, "container", ep.ContainerID, "ifname", ep.IfName, "created", ep.Created)
+	var errs []error
+	if err := s.deps.Endpoints.Delete(ctx, ep.ID); err != nil && !s.deps.Endpoints.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("endpoint %d: %w", ep.ID, err))
+	}
+	if err := deleteLink(s.deps.Netlink, HostVethName(ep.ContainerID, ep.IfName)); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// requireValidAttachments refuses a GC configuration without a
+// cni.dev/valid-attachments list (absent or null). An empty list is an
+// answer (nothing of this network is valid); no list is not.
+func requireValidAttachments(config []byte) *cni.Error {
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(config, &keys); err != nil {
+		return cni.NewError(cni.ErrDecodingFailure, "decode network configuration", err.Error())
+	}
+	if raw, ok := keys[ValidAttachmentsKey]; !ok || string(bytes.TrimSpace(raw)) == "null" {
+		return cni.Errorf(cni.ErrInvalidNetworkConfig,
+			"GC needs %s in the network configuration (the spec requires it); without it nothing is collected", ValidAttachmentsKey)
+	}
+	return nil
+}
+
+// ValidAttachmentsKey is the configuration key of GC's valid attachments.
+const ValidAttachmentsKey = "cni.dev/valid-attachments"
 
 // netnsError reports a CNI_NETNS that cannot be opened: code 4, naming
 // CNI_NETNS (the spec has no code of its own for it).

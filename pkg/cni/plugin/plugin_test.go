@@ -110,6 +110,11 @@ func TestInvocationErrors(t *testing.T) {
 		{"no version", env, `{"name":"n","type":"tendril-cni"}`, cni.ErrIncompatibleCNIVersion},
 		{"CHECK with 0.3.1", with("CNI_COMMAND", "CHECK"), `{"cniVersion":"0.3.1","name":"n","type":"tendril-cni"}`, cni.ErrIncompatibleCNIVersion},
 		{"GC with 1.0.0", with("CNI_COMMAND", "GC"), conf, cni.ErrIncompatibleCNIVersion},
+		// GC without its list of valid attachments must not reach the
+		// agent as "nothing is valid".
+		{"GC without valid attachments", with("CNI_COMMAND", "GC"), strings.Replace(conf, "1.0.0", "1.1.0", 1), cni.ErrInvalidNetworkConfig},
+		{"GC with null valid attachments", with("CNI_COMMAND", "GC"), strings.Replace(confWith(`"cni.dev/valid-attachments":null`), "1.0.0", "1.1.0", 1), cni.ErrInvalidNetworkConfig},
+		{"GC with valid attachments, agent down", with("CNI_COMMAND", "GC"), strings.Replace(confWith(`"cni.dev/valid-attachments":[]`), "1.0.0", "1.1.0", 1), cni.ErrTryAgainLater},
 		{"other type", env, `{"cniVersion":"1.0.0","name":"n","type":"bridge"}`, cni.ErrInvalidNetworkConfig},
 		{"mtu out of range", env, confWith(`"mtu":100`), cni.ErrInvalidNetworkConfig},
 		{"relative socket", env, `{"cniVersion":"1.0.0","name":"n","type":"tendril-cni","agent-socket":"x.sock"}`, cni.ErrInvalidNetworkConfig},

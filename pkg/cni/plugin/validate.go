@@ -103,6 +103,9 @@ type netConf struct {
 	AgentSocket string `json:"agent-socket"`
 	MTU         int    `json:"mtu"`
 	LogFile     string `json:"log-file"`
+	// ValidAttachments is GC's list, checked only for being there: the
+	// agent reads it.
+	ValidAttachments json.RawMessage `json:"cni.dev/valid-attachments"`
 }
 
 // minVersion is the oldest configuration version that allows a command.
@@ -140,6 +143,12 @@ func checkConfig(command string, data []byte) (*netConf, *cni.Error) {
 	}
 	if c.MTU != 0 && (c.MTU < 1280 || c.MTU > 65535) {
 		return &c, cni.Errorf(cni.ErrInvalidNetworkConfig, "mtu %d: must be between 1280 and 65535", c.MTU)
+	}
+	if command == cni.CommandGC && (len(c.ValidAttachments) == 0 || string(c.ValidAttachments) == "null") {
+		// The spec makes the list GC's input; without it "nothing is
+		// valid" and "the runtime sent nothing" look alike, so GC is
+		// refused rather than let collect every attachment.
+		return &c, cni.Errorf(cni.ErrInvalidNetworkConfig, "GC needs cni.dev/valid-attachments in the network configuration (the spec requires it); without it nothing is collected")
 	}
 	if c.AgentSocket == "" {
 		c.AgentSocket = cni.DefaultAgentSocket

@@ -68,12 +68,16 @@ type Config struct {
 	// IPAMExpiration is how long an address allocated with expiration may
 	// stay unclaimed by an endpoint.
 	IPAMExpiration time.Duration
+	// CNIGCGracePeriod is how young a pod's endpoint CNI GC keeps although
+	// the runtime's valid attachments do not name it (an ADD the runtime
+	// had not recorded when it listed them).
+	CNIGCGracePeriod time.Duration
 }
 
 // DefaultConfig are the endpoints' defaults.
 func DefaultConfig() Config {
 	return Config{MTU: 1500, IPv4Range: "auto", IPv6Range: "auto", IPAM: "kubernetes", InstallHostNetworking: true,
-		IPAMExpiration: 10 * time.Minute}
+		IPAMExpiration: 10 * time.Minute, CNIGCGracePeriod: cniserver.DefaultGCGracePeriod}
 }
 
 // Flags registers the endpoints' options.
@@ -84,6 +88,7 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.InstallHostNetworking, "install-host-networking", c.InstallHostNetworking, "Create the host device and per-pod routes in the agent's network namespace")
 	fs.StringVar(&c.IPAM, "ipam", c.IPAM, "Where the node's pod CIDRs come from: kubernetes (Node, annotations, --ipv4-range) or cluster-pool (the TendrilNode tendril-operator fills)")
 	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
+	fs.DurationVar(&c.CNIGCGracePeriod, "cni-gc-grace-period", c.CNIGCGracePeriod, "How young a pod's endpoint CNI GC keeps although the runtime's valid attachments do not name it (an ADD not yet recorded)")
 }
 
 // Validate checks the values; each error names its option.
@@ -98,6 +103,9 @@ func (c *Config) Validate() error {
 	}
 	if c.IPAMExpiration <= 0 {
 		errs = append(errs, fmt.Errorf("ipam-expiration %s: must be positive", c.IPAMExpiration))
+	}
+	if c.CNIGCGracePeriod < 0 {
+		errs = append(errs, fmt.Errorf("cni-gc-grace-period %s: must not be negative", c.CNIGCGracePeriod))
 	}
 	if c.MTU < 1280 || c.MTU > 65535 {
 		errs = append(errs, fmt.Errorf("mtu %d: must be between 1280 and 65535", c.MTU))
@@ -266,7 +274,7 @@ func (m *Module) start(ctx context.Context) error {
 	}
 	srv, err := cniserver.New(cniserver.Deps{
 		Log: logging.For(m.root, "cni"), IPAM: alloc, Endpoints: cniEndpoints{m: m},
-		Netlink: nl, Host: m.host, DeviceMTU: m.cfg.MTU,
+		Netlink: nl, Host: m.host, DeviceMTU: m.cfg.MTU, GCGracePeriod: m.cfg.CNIGCGracePeriod,
 	})
 	if err != nil {
 		return err

@@ -237,12 +237,21 @@ func (k *Module) recordRemotePorts(ev watchers.Event[*v1alpha1.TendrilEndpoint])
 	if ev.Kind == watchers.Upsert && st.Identity != nil && len(st.NamedPorts) > 0 {
 		rp = remoteNamedPorts{identity: identity.NumericIdentity(st.Identity.ID), ports: map[string]policy.NamedPort{}}
 		for _, np := range st.NamedPorts {
-			proto := uint8(6)
+			var proto uint8
 			switch np.Protocol {
+			case "", "TCP":
+				proto = 6
 			case "UDP":
 				proto = 17
 			case "SCTP":
 				proto = 132
+			}
+			// Another node wrote these: a port out of range (it wrapped
+			// into another port as uint16) or an unknown protocol (it
+			// read as TCP) would open a port nobody named.
+			if proto == 0 || np.Port < 1 || np.Port > 65535 {
+				k.log.Warn("Skipping a remote named port that is not a port", "endpoint", ev.Key, "name", np.Name, "port", np.Port, "protocol", np.Protocol)
+				continue
 			}
 			rp.ports[np.Name] = policy.NamedPort{Port: uint16(np.Port), Proto: proto}
 		}
