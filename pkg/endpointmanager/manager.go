@@ -854,6 +854,24 @@ func (m *Manager) SetLabels(id uint16, labels []string, reason string) (bool, er
 	return true, nil
 }
 
+// Requeue queues a full regeneration of an endpoint that must resolve
+// again what it holds (its identity was revoked, say), after the one
+// running if any: what a callback may call, it does not wait. An unknown
+// endpoint is ignored.
+func (m *Manager) Requeue(id uint16, reason string) {
+	m.mu.Lock()
+	ep, ok := m.endpoints[id]
+	if !ok {
+		m.mu.Unlock()
+		return
+	}
+	if ep.State == endpoint.StateReady || ep.State == endpoint.StateNotReady {
+		_ = ep.SetState(endpoint.StateWaitingToRegenerate, reason, m.now())
+	}
+	m.mu.Unlock()
+	m.queue.add(id, reason, 0)
+}
+
 // Run regenerates the queued endpoints with the retry policy's workers and
 // runs the periodic full pass, until ctx ends; it returns once every worker
 // has stopped.

@@ -21,6 +21,12 @@ type Allocator interface {
 	// SubscribeReferences calls fn after id's local references changed
 	// (or it was reserved) without it being added or removed.
 	SubscribeReferences(fn func(id NumericIdentity))
+	// SubscribeRevoked calls fn when the cluster no longer gives id to the
+	// labels this node holds it for (it was collected and taken by
+	// another label set while this node could not keep it): every local
+	// user of id for labels must allocate again (its references are
+	// dropped already, nothing to release).
+	SubscribeRevoked(fn func(id NumericIdentity, labels []string))
 }
 
 var _ Allocator = (*LocalAllocator)(nil)

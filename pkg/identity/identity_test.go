@@ -94,3 +94,45 @@ func TestSeparatorInLabelIsRefused(t *testing.T) {
 		t.Errorf("valid labels refused: %v", err)
 	}
 }
+
+// TestClusterCacheRevoke: a number the store gives to other labels no
+// longer maps the old labels to it; a reference for the new labels
+// revokes the references held for the old ones, tells the revocation
+// subscribers once, and leaves one binding.
+func TestClusterCacheRevoke(t *testing.T) {
+	c := NewClusterCache()
+	old := []string{"k8s:app=old"}
+	c.Learn(300, old)
+	c.RefAs(300, old)
+	c.RefAs(300, old)
+	var revoked []string
+	c.SubscribeRevoked(func(id NumericIdentity, labels []string) { revoked = append(revoked, fmt.Sprint(id, labels)) })
+	// The store now says 300 is other labels.
+	other := []string{"k8s:app=other"}
+	c.Learn(300, other)
+	if _, ok := c.KnownID(LabelsKey(old)); ok {
+		t.Fatal("the old labels still map to the reused number")
+	}
+	if key, _ := c.BoundLabels(300); key != LabelsKey(old) {
+		t.Fatalf("bound to %q before the revocation", key)
+	}
+	if n := c.RefAs(300, other); n != 1 {
+		t.Fatalf("references after taking the number for other labels: %d, want 1", n)
+	}
+	if fmt.Sprint(revoked) != "[300 [k8s:app=old]]" {
+		t.Fatalf("revoked %v", revoked)
+	}
+	if h := c.Held(); len(h) != 1 || h[0].LabelsKey != LabelsKey(other) || h[0].Refs != 1 {
+		t.Fatalf("held %+v", h)
+	}
+	// Revoking labels the number is not held for does nothing.
+	if c.Revoke(300, LabelsKey(old)) {
+		t.Fatal("revoked a binding that is gone")
+	}
+	if last, err := c.Unref(300); err != nil || !last {
+		t.Fatalf("unref: %v %v", last, err)
+	}
+	if _, held := c.BoundLabels(300); held {
+		t.Fatal("bound after the last reference went")
+	}
+}

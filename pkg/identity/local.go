@@ -41,6 +41,14 @@ func LabelsKey(labels []string) string {
 	return strings.Join(s, ";")
 }
 
+// SplitLabelsKey is the inverse of LabelsKey.
+func SplitLabelsKey(key string) []string {
+	if key == "" {
+		return nil
+	}
+	return strings.Split(key, ";")
+}
+
 // LocalAllocator allocates cluster-range identities in memory, reference
 // counted. It is the allocator of standalone mode (no kvstore, no CRDs);
 // the same label set always gets the same identity while referenced.
@@ -82,6 +90,10 @@ func (a *LocalAllocator) SubscribeReferences(fn func(NumericIdentity)) {
 	defer a.mu.Unlock()
 	a.refFns = append(a.refFns, fn)
 }
+
+// SubscribeRevoked is part of Allocator: a local allocator owns its
+// numbers, so it never revokes one and never calls fn.
+func (a *LocalAllocator) SubscribeRevoked(func(NumericIdentity, []string)) {}
 
 // referencesChanged tells the reference subscribers about id; a.mu must
 // not be held.

@@ -12,11 +12,14 @@ import (
 // collecting it) order themselves through one etcd transaction each: the
 // second of the two sees what the first did and does nothing.
 
-// UpdateIfMissingWhileExists is UpdateIfMissing conditioned on guard
-// existing: it writes key (unless it already holds value on the asked
-// lease) only while guard exists, in one transaction. guardExists is
-// false when guard was missing and nothing was written.
-func (c *Client) UpdateIfMissingWhileExists(ctx context.Context, key string, value []byte, lease LeaseMode, guard string) (wrote, guardExists bool, err error) {
+// UpdateIfMissingWhileHolds is UpdateIfMissing conditioned on guard
+// holding guardValue: it writes key (unless it already holds value on the
+// asked lease) only while guard exists with exactly that value, in one
+// transaction. guardHolds is false when guard was missing or held another
+// value, and nothing was written. (A reference to an identity must name
+// the identity's labels, not just its number: a number collected and
+// taken by another label set must not be referenced for the old one.)
+func (c *Client) UpdateIfMissingWhileHolds(ctx context.Context, key string, value []byte, lease LeaseMode, guard string, guardValue []byte) (wrote, guardHolds bool, err error) {
 	opts, leaseID, err := c.leaseOption(ctx, lease)
 	if err != nil {
 		return false, false, fmt.Errorf("kvstore guarded update %q: %w", key, err)
@@ -26,8 +29,10 @@ func (c *Client) UpdateIfMissingWhileExists(ctx context.Context, key string, val
 		nil,
 		[]clientv3.Op{clientv3.OpPut(key, string(value), opts...)},
 	)
+	// A value comparison against a missing key fails: a missing guard
+	// takes the Else branch too.
 	resp, err := c.etcd.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(guard), ">", 0)).
+		If(clientv3.Compare(clientv3.Value(guard), "=", string(guardValue))).
 		Then(inner).
 		Commit()
 	if err != nil {

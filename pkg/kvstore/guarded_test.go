@@ -11,7 +11,7 @@ func TestGuardedWrites(t *testing.T) {
 	ctx := testContext(t, 30*time.Second)
 
 	// No guard: nothing written.
-	wrote, exists, err := c.UpdateIfMissingWhileExists(ctx, "ref/a", []byte("1"), NoLease, "master")
+	wrote, exists, err := c.UpdateIfMissingWhileHolds(ctx, "ref/a", []byte("1"), NoLease, "master", []byte("m"))
 	if err != nil || wrote || exists {
 		t.Fatalf("without guard: wrote=%v exists=%v err=%v", wrote, exists, err)
 	}
@@ -21,12 +21,12 @@ func TestGuardedWrites(t *testing.T) {
 	if err := c.Update(ctx, "master", []byte("m"), NoLease); err != nil {
 		t.Fatal(err)
 	}
-	wrote, exists, err = c.UpdateIfMissingWhileExists(ctx, "ref/a", []byte("1"), SessionLease, "master")
+	wrote, exists, err = c.UpdateIfMissingWhileHolds(ctx, "ref/a", []byte("1"), SessionLease, "master", []byte("m"))
 	if err != nil || !wrote || !exists {
 		t.Fatalf("with guard: wrote=%v exists=%v err=%v", wrote, exists, err)
 	}
 	// Identical: not rewritten.
-	wrote, exists, err = c.UpdateIfMissingWhileExists(ctx, "ref/a", []byte("1"), SessionLease, "master")
+	wrote, exists, err = c.UpdateIfMissingWhileHolds(ctx, "ref/a", []byte("1"), SessionLease, "master", []byte("m"))
 	if err != nil || wrote || !exists {
 		t.Fatalf("identical: wrote=%v exists=%v err=%v", wrote, exists, err)
 	}
@@ -50,5 +50,16 @@ func TestGuardedWrites(t *testing.T) {
 	}
 	if _, found, _ := c.Get(ctx, "master"); found {
 		t.Fatal("master key left")
+	}
+	// A guard holding another value blocks the write, like a missing one.
+	if err := c.Update(ctx, "master2", []byte("other"), NoLease); err != nil {
+		t.Fatal(err)
+	}
+	wrote, holds, err := c.UpdateIfMissingWhileHolds(ctx, "ref/b", []byte("2"), NoLease, "master2", []byte("mine"))
+	if err != nil || wrote || holds {
+		t.Fatalf("guard with another value: wrote=%v holds=%v err=%v", wrote, holds, err)
+	}
+	if _, found, _ := c.Get(ctx, "ref/b"); found {
+		t.Fatal("written while the guard held another value")
 	}
 }

@@ -77,6 +77,13 @@ func New(p Params) *Realizer {
 	// After host networking, every regeneration realizes the endpoint here.
 	p.Endpoints.AddRegenerateHook(r)
 	eps := p.Endpoints
+	p.Identities.SubscribeRevoked(func(id identity.NumericIdentity, labels []string) {
+		for _, ep := range r.Revoked(id) {
+			if mgr := eps.Manager(); mgr != nil {
+				mgr.Requeue(ep, fmt.Sprintf("Identity %d no longer stands for its labels", id))
+			}
+		}
+	})
 	p.Steps.Append(p.Lifecycle, "identity-restore", func(context.Context) error {
 		restored := eps.Manager().List()
 		r.reserveRestored(restored)
@@ -105,6 +112,28 @@ func (m *Realizer) keepRestored(eps []*endpoint.Endpoint) error {
 // backs: called once the restored endpoints have regenerated (each is in
 // the table since the identity-restore step, regenerated or not).
 func (m *Realizer) MarkRestored() { m.attach.MarkRestored() }
+
+// Revoked forgets, for every endpoint holding id, that it holds it (the
+// allocator dropped the references: nothing to release) and returns those
+// endpoints: their next regeneration allocates their labels again. Until
+// it runs, the endpoints keep the old number in the datapath; the number
+// stands for other labels elsewhere already (that is why it was revoked),
+// so the regeneration is queued at once.
+func (m *Realizer) Revoked(id identity.NumericIdentity) []uint16 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var eps []uint16
+	for ep, held := range m.held {
+		if held == id {
+			delete(m.held, ep)
+			eps = append(eps, ep)
+		}
+	}
+	if len(eps) > 0 {
+		m.log.Warn("Identity revoked; its endpoints allocate again", "identity", id, "endpoints", eps)
+	}
+	return eps
+}
 
 // reserveRestored re-takes the identities of restored endpoints so they
 // keep the numbers their pinned policy entries use.

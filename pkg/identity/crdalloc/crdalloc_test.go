@@ -11,11 +11,14 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/k8s/client/informers/externalversions"
 	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
@@ -297,4 +300,150 @@ func TestClaimFromGC(t *testing.T) {
 	if fmt.Sprint(LabelsOf(obj.SecurityLabels)) != fmt.Sprint(third.Labels) {
 		t.Fatalf("recreated object labels %v, want %v", obj.SecurityLabels, third.Labels)
 	}
+}
+
+// runWithWatcher runs the allocator's keeper, fed by a real informer on
+// TendrilIdentities as the agent's watcher feeds it, on node's TendrilNode.
+func runWithWatcher(t *testing.T, a *Allocator, c *k8s.Clients, node string) {
+	t.Helper()
+	a.SetNode(node)
+	a.resyncInterval = 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	factory := externalversions.NewSharedInformerFactory(c.Tendril, 0)
+	inf := factory.Tendril().V1alpha1().TendrilIdentities().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { a.Upsert(o.(*v1alpha1.TendrilIdentity)) },
+		UpdateFunc: func(_, o any) { a.Upsert(o.(*v1alpha1.TendrilIdentity)) },
+		DeleteFunc: func(o any) {
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if obj, ok := o.(*v1alpha1.TendrilIdentity); ok {
+				a.Delete(obj)
+			}
+		},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		factory.Shutdown()
+	})
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestDeletedIdentityInUseIsRecreated: an identity this agent's endpoint
+// holds is deleted (the GC found no TendrilEndpoint for it, or a person):
+// the agent creates it again with the same number and labels. Deleted and
+// retaken by other labels, it is revoked instead: the users are told and
+// allocate a number that means their labels.
+func TestDeletedIdentityInUseIsRecreated(t *testing.T) {
+	a, c := newAllocator(t)
+	runWithWatcher(t, a, c, "")
+	ctx := context.Background()
+	ids := c.Tendril.TendrilV1alpha1().TendrilIdentities()
+	labels := []string{"k8s:app=keep-me", "k8s:io.kubernetes.pod.namespace=recreate"}
+	held, _, err := a.Allocate(labels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := strconv.Itoa(int(held.ID))
+	waitFor(t, "the watcher to see the identity", func() bool { _, ok := a.Lookup(held.ID); return ok })
+	if err := ids.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the identity in use to be created again", func() bool {
+		obj, err := ids.Get(ctx, name, metav1.GetOptions{})
+		return err == nil && fmt.Sprint(LabelsOf(obj.SecurityLabels)) == fmt.Sprint(held.Labels)
+	})
+
+	// Deleted, then taken by other labels before the agent could act.
+	revoked := make(chan identity.NumericIdentity, 1)
+	a.SubscribeRevoked(func(id identity.NumericIdentity, l []string) {
+		if identity.LabelsKey(l) == identity.LabelsKey(labels) {
+			revoked <- id
+		}
+	})
+	other := &v1alpha1.TendrilIdentity{ObjectMeta: metav1.ObjectMeta{Name: name}, SecurityLabels: map[string]string{"k8s:app": "usurper"}}
+	for attempt := 0; ; attempt++ {
+		if err := ids.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		// The agent may recreate it first: then delete again.
+		_, err := ids.Create(ctx, other, metav1.CreateOptions{})
+		if err == nil {
+			break
+		}
+		if !apierrors.IsAlreadyExists(err) || attempt == 100 {
+			t.Fatalf("take the number for other labels: %v", err)
+		}
+	}
+	select {
+	case id := <-revoked:
+		if id != held.ID {
+			t.Fatalf("revoked %d, want %d", id, held.ID)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("identity %d kept for %v after it went to other labels", held.ID, labels)
+	}
+	obj, err := ids.Get(ctx, name, metav1.GetOptions{})
+	if err != nil || obj.SecurityLabels["k8s:app"] != "usurper" {
+		t.Fatalf("the other labels' identity was changed: %v %v", obj, err)
+	}
+	again, _, err := a.Allocate(labels)
+	if err != nil || again.ID == held.ID {
+		t.Fatalf("allocate again: %v %v (the old number means other labels now)", again, err)
+	}
+}
+
+// TestIdentitiesInUsePublished: the agent lists the identities it holds
+// in its TendrilNode's annotation (the GC's evidence for endpoints without
+// a TendrilEndpoint) and drops them once released.
+func TestIdentitiesInUsePublished(t *testing.T) {
+	a, c := newAllocator(t)
+	ctx := context.Background()
+	tn := &v1alpha1.TendrilNode{ObjectMeta: metav1.ObjectMeta{Name: "publisher-node"}}
+	if _, err := c.Tendril.TendrilV1alpha1().TendrilNodes().Create(ctx, tn, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	runWithWatcher(t, a, c, "publisher-node")
+	one, _, err := a.Allocate([]string{"k8s:app=published-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, _, err := a.Allocate([]string{"k8s:app=published-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	annotation := func() string {
+		n, err := c.Tendril.TendrilV1alpha1().TendrilNodes().Get(ctx, "publisher-node", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Annotations[AnnotationIdentitiesInUse]
+	}
+	lo, hi := min(one.ID, two.ID), max(one.ID, two.ID)
+	waitFor(t, "both identities published", func() bool { return annotation() == fmt.Sprintf("%d,%d", lo, hi) })
+	if err := a.Release(one.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the released identity unpublished", func() bool { return annotation() == strconv.Itoa(int(two.ID)) })
 }

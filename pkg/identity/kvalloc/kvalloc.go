@@ -13,20 +13,35 @@
 // holding its identities when its lease expires. Unreferenced master keys
 // are the operator's to collect: it deletes a master key (with its index
 // key) only in a transaction that finds no value key, and a value key is
-// written only in a transaction that finds the master key, so a reference
-// never points at a collected identity.
+// written only in a transaction that finds the master key holding the
+// reference's labels, so a reference never points at a collected identity
+// nor at its number reused by another label set.
+//
+// A reference lives on the session lease, so it goes when the lease does
+// (etcd out of reach longer than the TTL, or revoked): the agent's
+// endpoints still use the identity, but the cluster no longer sees that.
+// After every new session (and every resync interval, and when the watch
+// sees a held identity's master key go or change) the allocator writes
+// each reference again; a master key the GC collected meanwhile is created
+// again with the same number and labels. If the number went to another
+// label set meanwhile, the references are revoked (identity.ClusterCache
+// Revoke): the users of the number allocate their labels again and get a
+// number that means them. Keeping the old number is never an option then:
+// every other node maps it to the other labels.
 package kvalloc
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -44,6 +59,15 @@ const (
 // maxAttempts bounds the search for a free ID.
 const maxAttempts = 64
 
+// DefaultResyncInterval is how often every reference is checked and
+// written again if missing, besides after each new session.
+const DefaultResyncInterval = 5 * time.Minute
+
+// stripes is the number of locks ordering the writes and deletes of one
+// label set's reference (per label set, not one for all: allocations of
+// different label sets proceed in parallel).
+const stripes = 64
+
 // Allocator is the kvstore identity allocator of one node.
 type Allocator struct {
 	*identity.ClusterCache
@@ -52,6 +76,15 @@ type Allocator struct {
 	log     *slog.Logger
 	timeout time.Duration
 	synced  chan struct{}
+	// resyncInterval is DefaultResyncInterval unless a test sets it.
+	resyncInterval time.Duration
+	// resync asks the keeper to check the references now.
+	resync chan struct{}
+	// locks order, per label set, taking the first reference (write the
+	// value key, count it), dropping the last (uncount, delete it) and
+	// writing it again after a lost session, so that no value key
+	// outlives its last local user and none is missing while one exists.
+	locks [stripes]sync.Mutex
 }
 
 // New returns an allocator for node; Run keeps its view of the cluster's
@@ -59,8 +92,17 @@ type Allocator struct {
 // the kvstore after building its modules).
 func New(kv *kvstore.Client, node string, log *slog.Logger) *Allocator {
 	return &Allocator{ClusterCache: identity.NewClusterCache(), kv: kv, node: node, log: log, timeout: 10 * time.Second,
-		synced: make(chan struct{})}
+		synced: make(chan struct{}), resyncInterval: DefaultResyncInterval, resync: make(chan struct{}, 1)}
 }
+
+// lockFor returns the lock of a label set's reference.
+func (a *Allocator) lockFor(key string) *sync.Mutex {
+	h := sha256.Sum256([]byte(key))
+	return &a.locks[int(h[0])%stripes]
+}
+
+// valueKey is this node's reference key of a label set.
+func (a *Allocator) valueKey(key string) string { return ValuePrefix + hashOf(key) + "/" + a.node }
 
 // SetClient sets the kvstore client before Run and the first allocation.
 func (a *Allocator) SetClient(kv *kvstore.Client) { a.kv = kv }
@@ -74,9 +116,19 @@ func hashOf(key string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Run watches the master keys until ctx ends; a value that does not parse
-// is logged and skipped, the watch goes on.
+// Run watches the master keys and keeps this node's references written
+// until ctx ends; a value that does not parse is logged and skipped, the
+// watch goes on.
 func (a *Allocator) Run(ctx context.Context) {
+	renewals, unsubscribe := a.kv.SessionRenewals()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer unsubscribe()
+		a.keepReferences(ctx, renewals)
+	}()
+	defer wg.Wait()
 	for ev := range a.kv.ListAndWatch(ctx, IDPrefix) {
 		switch ev.Type {
 		case kvstore.EventListDone:
@@ -93,13 +145,144 @@ func (a *Allocator) Run(ctx context.Context) {
 				continue
 			}
 			a.Learn(identity.NumericIdentity(id), labels)
+			if key, held := a.BoundLabels(identity.NumericIdentity(id)); held && key != string(ev.Value) {
+				// Our number now names other labels: revoke (keeper).
+				a.triggerResync()
+			}
 		case kvstore.EventDelete:
 			id, err := strconv.ParseUint(strings.TrimPrefix(ev.Key, IDPrefix), 10, 32)
 			if err == nil {
 				a.Forget(identity.NumericIdentity(id))
+				if _, held := a.BoundLabels(identity.NumericIdentity(id)); held {
+					// Collected (or removed by hand) while in use here:
+					// the keeper creates it again.
+					a.triggerResync()
+				}
 			}
 		}
 	}
+}
+
+func (a *Allocator) triggerResync() {
+	select {
+	case a.resync <- struct{}{}:
+	default:
+	}
+}
+
+// keepReferences writes the references again after each new session
+// (the old lease took them), when the watch asks, and every resync
+// interval; a failed pass is retried with backoff.
+func (a *Allocator) keepReferences(ctx context.Context, renewals <-chan struct{}) {
+	t := time.NewTicker(a.resyncInterval)
+	defer t.Stop()
+	const retryMin, retryMax = 200 * time.Millisecond, 10 * time.Second
+	delay := retryMin
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-renewals:
+			a.log.Info("New kvstore session; writing this node's identity references again")
+		case <-a.resync:
+		case <-t.C:
+		case <-retry:
+		}
+		retry = nil
+		if err := a.restoreReferences(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			a.log.Warn("Cannot write this node's identity references; retrying", "retry-in", delay, "error", err)
+			retry = time.After(delay)
+			delay = min(delay*2, retryMax)
+			continue
+		}
+		delay = retryMin
+	}
+}
+
+// restoreReferences writes every reference this node holds that is
+// missing, re-creating a collected master key, and revokes the ones whose
+// number another label set took.
+func (a *Allocator) restoreReferences(ctx context.Context) error {
+	var errs []error
+	for _, h := range a.Held() {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := a.restoreReference(ctx, h.ID, h.LabelsKey); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (a *Allocator) restoreReference(ctx context.Context, id identity.NumericIdentity, key string) error {
+	mu := a.lockFor(key)
+	mu.Lock()
+	defer mu.Unlock()
+	if cur, held := a.BoundLabels(id); !held || cur != key {
+		return nil // released (or revoked) meanwhile
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	master := IDPrefix + strconv.Itoa(int(id))
+	for round := 0; round < 3; round++ {
+		wrote, holds, err := a.kv.UpdateIfMissingWhileHolds(ctx, a.valueKey(key), []byte(strconv.Itoa(int(id))), kvstore.SessionLease, master, []byte(key))
+		if err != nil {
+			return fmt.Errorf("restore reference to identity %d: %w", id, err)
+		}
+		if holds {
+			if wrote {
+				a.log.Info("Wrote a lost identity reference again", "identity", id, "labels", key)
+			}
+			return a.ensureIndex(ctx, id, key)
+		}
+		kv, found, err := a.kv.Get(ctx, master)
+		if err != nil {
+			return fmt.Errorf("restore identity %d: %w", id, err)
+		}
+		if found && string(kv.Value) != key {
+			// Collected while this node could not hold it, and taken by
+			// another label set: every other node maps the number to
+			// those labels now. Fail closed: the local users resolve
+			// their labels again (a new number), and the number is not
+			// referenced for these labels.
+			a.log.Warn("Identity was collected and reused for other labels while this node's references were lost; its endpoints get a new identity",
+				"identity", id, "labels", key, "now", string(kv.Value))
+			a.Revoke(id, key)
+			return nil
+		}
+		if !found {
+			created, err := a.kv.CreateOnly(ctx, master, []byte(key), kvstore.NoLease)
+			if err != nil {
+				return fmt.Errorf("re-create identity %d: %w", id, err)
+			}
+			if created {
+				a.log.Warn("Identity in use here was collected while this node's references were lost; created it again with the same number",
+					"identity", id, "labels", key)
+			}
+		}
+	}
+	return fmt.Errorf("restore identity %d: its master key changes under us", id)
+}
+
+// ensureIndex puts back the label set's index key after its master key
+// was re-created: other nodes allocating these labels then find this
+// number. If the labels got another number meanwhile, the index names
+// that one and stays: both numbers mean the same labels.
+func (a *Allocator) ensureIndex(ctx context.Context, id identity.NumericIdentity, key string) error {
+	index := LabelsPrefix + hashOf(key)
+	created, err := a.kv.CreateOnly(ctx, index, []byte(strconv.Itoa(int(id))), kvstore.NoLease)
+	if err != nil {
+		return fmt.Errorf("restore identity %d: index: %w", id, err)
+	}
+	if created {
+		a.log.Info("Wrote a lost identity index key again", "identity", id, "labels", key)
+	}
+	return nil
 }
 
 // WaitSynced waits for the first complete list of identities.
@@ -121,6 +304,9 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 	sorted := append([]string(nil), labels...)
 	sort.Strings(sorted)
 	key := identity.LabelsKey(sorted)
+	mu := a.lockFor(key)
+	mu.Lock()
+	defer mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
 	defer cancel()
 	var id identity.NumericIdentity
@@ -148,7 +334,7 @@ func (a *Allocator) Allocate(labels []string) (identity.Identity, bool, error) {
 		a.log.Info("Identity was collected while referencing it, allocating again", "identity", id)
 	}
 	a.Learn(id, sorted)
-	n := a.Ref(id)
+	n := a.RefAs(id, sorted)
 	if created {
 		a.log.Info("Allocated identity", "identity", id, "labels", key)
 	}
@@ -204,10 +390,10 @@ func (a *Allocator) lookupOrCreate(ctx context.Context, key string) (identity.Nu
 }
 
 // reference writes this node's value key on its session lease, only
-// while the identity's master key exists (exists reports it).
+// while the identity's master key exists and names these labels (exists
+// reports it).
 func (a *Allocator) reference(ctx context.Context, key string, id identity.NumericIdentity) (exists bool, err error) {
-	vk := ValuePrefix + hashOf(key) + "/" + a.node
-	_, exists, err = a.kv.UpdateIfMissingWhileExists(ctx, vk, []byte(strconv.Itoa(int(id))), kvstore.SessionLease, IDPrefix+strconv.Itoa(int(id)))
+	_, exists, err = a.kv.UpdateIfMissingWhileHolds(ctx, a.valueKey(key), []byte(strconv.Itoa(int(id))), kvstore.SessionLease, IDPrefix+strconv.Itoa(int(id)), []byte(key))
 	if err != nil {
 		return false, fmt.Errorf("reference identity %d: %w", id, err)
 	}
@@ -224,15 +410,21 @@ func parseID(b []byte) (identity.NumericIdentity, error) {
 
 // Release drops a reference; the node's value key goes with the last.
 func (a *Allocator) Release(id identity.NumericIdentity) error {
+	key, held := a.BoundLabels(id)
+	if !held {
+		_, err := a.Unref(id) // the not-held error
+		return err
+	}
+	mu := a.lockFor(key)
+	mu.Lock()
+	defer mu.Unlock()
 	last, err := a.Unref(id)
 	if err != nil || !last {
 		return err
 	}
-	labels, _ := a.LabelsOf(id)
 	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
 	defer cancel()
-	vk := ValuePrefix + hashOf(identity.LabelsKey(labels)) + "/" + a.node
-	if err := a.kv.Delete(ctx, vk); err != nil {
+	if err := a.kv.Delete(ctx, a.valueKey(key)); err != nil {
 		return fmt.Errorf("release identity %d: %w", id, err)
 	}
 	return nil

@@ -232,6 +232,14 @@ func New(p Params) (*Module, error) {
 	// Watchers, and their caches synced, before restored endpoints
 	// regenerate: Kubernetes policies must be in first (fail closed).
 	p.Steps.Append(p.Lifecycle, "k8s-watchers", k.startWatchers, k.stop)
+	if alloc, ok := p.Identities.(*crdalloc.Allocator); ok {
+		// Recreates the identities in use here that the watcher saw
+		// deleted, and publishes the ones in use on this TendrilNode.
+		k.jobs.Add(job.OneShot("identity-keeper", func(ctx context.Context, _ cell.Health) error {
+			alloc.Run(ctx)
+			return nil
+		}))
+	}
 	// The node manager's reconcilers are jobs of this group, added after
 	// the watchers' step: the endpoints' step (which opens the netlink
 	// handle) and the datapath's (the ipcache) have started by then.

@@ -115,6 +115,7 @@ func (k *Client) connect(ctx context.Context) error {
 	}
 	if alloc, ok := k.identities.(*crdalloc.Allocator); ok {
 		alloc.SetClient(c.Tendril)
+		alloc.SetNode(k.settings.NodeName)
 	}
 	k.watchers = watchers.New(c, k.settings.NodeName, logging.For(k.root, "k8s-watchers"))
 	k.writer = node.NewWriter(c.Core, c.Tendril, 10*time.Second, logging.For(k.root, "node-writeback"))

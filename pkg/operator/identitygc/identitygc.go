@@ -3,7 +3,12 @@
 // --identity-gc-rate-limit per --identity-gc-rate-interval, on the leader.
 //
 // CRD mode (TendrilIdentity objects): an identity is in use while a
-// TendrilEndpoint refers to it. A pass marks an unused identity with
+// TendrilEndpoint refers to it or an existing TendrilNode lists it in
+// crdalloc.AnnotationIdentitiesInUse (its agent's endpoints hold it: an
+// endpoint without a pod, or whose TendrilEndpoint cannot be written,
+// publishes nothing else; a TendrilNode lives as long as its Node, so the
+// evidence of a node whose agent is down, whose endpoints still forward,
+// stays). A pass marks an unused identity with
 // crdalloc.AnnotationUnusedSince, clears the mark of one used again, and
 // deletes one marked longer than the grace period, after re-checking the
 // endpoints' index, with a delete preconditioned on the UID and the
@@ -28,6 +33,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -204,9 +210,45 @@ func (c *Collector) Pass(ctx context.Context) (Result, error) {
 	return c.passCRD(ctx)
 }
 
-func (c *Collector) used(name string) bool {
+// used reports whether a TendrilEndpoint or a node's published list
+// (inUse, nil: read the TendrilNodes now) holds the identity.
+func (c *Collector) used(name string, inUse map[string]bool) bool {
 	eps, err := c.res.EndpointsByIdentity.ByIndex(resources.IdentityIndex, name)
-	return err != nil || len(eps) > 0 // an index error keeps the identity
+	if err != nil || len(eps) > 0 { // an index error keeps the identity
+		return true
+	}
+	if inUse == nil {
+		if inUse, err = c.nodesInUse(); err != nil {
+			return true
+		}
+	}
+	return inUse[name]
+}
+
+// nodesInUse is every identity the existing TendrilNodes list as in use
+// by their agents' endpoints. An entry that is not a cluster identity
+// number is skipped (logged): it can only keep an identity, never free
+// one.
+func (c *Collector) nodesInUse() (map[string]bool, error) {
+	nodes, err := c.res.TNodes.List(labels.Everything())
+	if err != nil {
+		return nil, fmt.Errorf("list TendrilNodes: %w", err)
+	}
+	out := map[string]bool{}
+	for _, n := range nodes {
+		v, ok := n.Annotations[crdalloc.AnnotationIdentitiesInUse]
+		if !ok {
+			continue
+		}
+		ids, bad := crdalloc.ParseIdentitiesInUse(v)
+		if bad > 0 {
+			c.log.Warn("Skipping malformed entries of a node's identities in use", "node", n.Name, "malformed", bad)
+		}
+		for _, id := range ids {
+			out[strconv.Itoa(int(id))] = true
+		}
+	}
+	return out, nil
 }
 
 func (c *Collector) passCRD(ctx context.Context) (Result, error) {
@@ -216,6 +258,10 @@ func (c *Collector) passCRD(ctx context.Context) (Result, error) {
 		return r, fmt.Errorf("list identities: %w", err)
 	}
 	r.Identities = len(all)
+	inUse, err := c.nodesInUse()
+	if err != nil {
+		return r, err
+	}
 	ids := c.clients.Tendril.TendrilV1alpha1().TendrilIdentities()
 	now := c.now()
 	for _, obj := range all {
@@ -225,7 +271,7 @@ func (c *Collector) passCRD(ctx context.Context) (Result, error) {
 		mark, marked := obj.Annotations[crdalloc.AnnotationUnusedSince]
 		since, perr := time.Parse(time.RFC3339, mark)
 		switch {
-		case c.used(obj.Name):
+		case c.used(obj.Name, inUse):
 			if marked {
 				if err := c.setMark(ctx, obj, ""); err != nil {
 					return r, err
@@ -241,8 +287,9 @@ func (c *Collector) passCRD(ctx context.Context) (Result, error) {
 			if err := c.limiter.Wait(ctx); err != nil {
 				return r, err
 			}
-			// Re-check: an endpoint may have appeared since the listing.
-			if c.used(obj.Name) {
+			// Re-check: an endpoint (or a node's list) may have appeared
+			// since the listing.
+			if c.used(obj.Name, nil) {
 				continue
 			}
 			rv, uid := obj.ResourceVersion, obj.UID

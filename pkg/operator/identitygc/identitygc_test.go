@@ -308,3 +308,80 @@ func TestKVStoreChurn(t *testing.T) {
 	cancel()
 	gcWG.Wait()
 }
+
+// TestCRDIdentityListedByNodeIsKept: an identity no TendrilEndpoint refers
+// to, but that an existing TendrilNode lists as in use by its agent's
+// endpoints (one without a pod, or whose TendrilEndpoint writes fail), is
+// never collected; once the node no longer lists it, it is. Malformed
+// entries in the list are skipped.
+func TestCRDIdentityListedByNodeIsKept(t *testing.T) {
+	c, res := setup(t)
+	ctx := context.Background()
+	a := crdalloc.New(operatortest.Quiet())
+	a.SetClient(c.Tendril)
+	held, _, err := a.Allocate([]string{"k8s:app=no-tendrilendpoint"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := strconv.Itoa(int(held.ID))
+	const annotation = "tendril.io/identities-in-use" // crdalloc.AnnotationIdentitiesInUse
+	tn := &v1alpha1.TendrilNode{ObjectMeta: metav1.ObjectMeta{Name: "node-without-endpoints",
+		Annotations: map[string]string{annotation: "not-a-number,12," + name + ",99999999"}}}
+	tnodes := c.Tendril.TendrilV1alpha1().TendrilNodes()
+	if _, err := tnodes.Create(ctx, tn, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tnodes.Delete(context.Background(), tn.Name, metav1.DeleteOptions{}) })
+	operatortest.WaitFor(t, "the caches", time.Minute, func() bool {
+		_, errID := res.Identities.Get(name)
+		n, errN := res.TNodes.Get(tn.Name)
+		return errID == nil && errN == nil && n.Annotations[annotation] != ""
+	})
+	gc := New(testConfig("crd", time.Minute), operatortest.Quiet(), c, res, nil)
+	now := time.Now()
+	gc.SetClock(func() time.Time { return now })
+	ids := c.Tendril.TendrilV1alpha1().TendrilIdentities()
+	for range 3 {
+		if _, err := gc.Pass(ctx); err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(time.Hour)
+	}
+	obj, err := ids.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("identity %d in use on a node was collected: %v", held.ID, err)
+	}
+	if _, marked := obj.Annotations[crdalloc.AnnotationUnusedSince]; marked {
+		t.Fatalf("identity %d in use on a node is marked unused", held.ID)
+	}
+	// The node no longer lists it: collected after the grace period.
+	cur, err := tnodes.Get(ctx, tn.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Annotations[annotation] = ""
+	if _, err := tnodes.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	operatortest.WaitFor(t, "the node's list in the cache", time.Minute, func() bool {
+		n, err := res.TNodes.Get(tn.Name)
+		return err == nil && n.Annotations[annotation] == ""
+	})
+	deleted := false
+	for range 3 {
+		r, err := gc.Pass(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		deleted = deleted || r.Deleted > 0
+		now = now.Add(time.Hour)
+		// Wait for the mark to reach the cache before the next pass.
+		operatortest.WaitFor(t, "the identity's state in the cache", time.Minute, func() bool {
+			o, err := res.Identities.Get(name)
+			return err != nil || o.Annotations[crdalloc.AnnotationUnusedSince] != ""
+		})
+	}
+	if _, err := ids.Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) || !deleted {
+		t.Fatalf("identity %d no longer listed was not collected: %v", held.ID, err)
+	}
+}
