@@ -127,15 +127,20 @@ func (m *Manager) Routes() statedb.Table[*Route] { return m.routes }
 // called: each source of peers registers one while the hive is built and
 // calls it once its initial listing is in the table, so that the prune
 // never removes the route of a peer not yet seen. Idempotent.
+//
+// The nodes table gets the same initializer: the claim gates
+// (ClaimGate) judge other nodes' endpoints only once every node is known.
 func (m *Manager) AddInitializer(name string) func() {
-	wtxn := m.db.WriteTxn(m.routes)
-	done := m.routes.RegisterInitializer(wtxn, name)
+	wtxn := m.db.WriteTxn(m.routes, m.nodes)
+	doneRoutes := m.routes.RegisterInitializer(wtxn, name)
+	doneNodes := m.nodes.RegisterInitializer(wtxn, name)
 	wtxn.Commit()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			wtxn := m.db.WriteTxn(m.routes)
-			done(wtxn)
+			wtxn := m.db.WriteTxn(m.routes, m.nodes)
+			doneRoutes(wtxn)
+			doneNodes(wtxn)
 			wtxn.Commit()
 		})
 	}

@@ -185,6 +185,9 @@ type Module struct {
 	// remoteEndpointsSynced marks the TendrilEndpoints' initial listing
 	// in the ipcache (its prune waits for it); a no-op without datapath.
 	remoteEndpointsSynced func()
+	// gate judges other nodes' TendrilEndpoints before they reach the
+	// ipcache; nil without the datapath.
+	gate *nodemanager.ClaimGate
 	// local is what the write-back publishes, read by its start step.
 	local node.Local
 	// publisher holds the TendrilEndpoints to publish (a statedb table
@@ -264,6 +267,8 @@ func New(p Params) (*Module, error) {
 	if p.IPCache != nil {
 		k.ipcache = p.IPCache
 		k.remoteEndpointsSynced = p.IPCache.AddInitializer("k8s-tendrilendpoints")
+		k.gate = nodemanager.NewClaimGate(nodemanager.ClaimGateParams{DB: p.DB, Cache: p.IPCache,
+			Log: logging.For(p.Root, "tendrilendpoint-claims"), OnRejected: nodemanager.ClaimsRejectedCounter(registry(p.Metrics), "kubernetes")})
 	}
 	// This node's report on each Tendril policy, published into the
 	// objects' status by a reconciler.
@@ -284,6 +289,9 @@ func New(p Params) (*Module, error) {
 	// Watchers, and their caches synced, before restored endpoints
 	// regenerate: Kubernetes policies must be in first (fail closed).
 	p.Steps.Append(p.Lifecycle, "k8s-watchers", k.startWatchers, k.stop)
+	if k.gate != nil {
+		k.jobs.Add(job.OneShot("tendrilendpoint-claims", func(ctx context.Context, _ cell.Health) error { return k.gate.Run(ctx) }))
+	}
 	// The node manager's reconcilers are jobs of this group, added after
 	// the watchers' step: the endpoints' step (which opens the netlink
 	// handle) and the datapath's (the ipcache) have started by then.
@@ -666,4 +674,12 @@ func joinRejections(rs []nodemanager.Rejection) string {
 		out[i] = r.String()
 	}
 	return strings.Join(out, ", ")
+}
+
+// registry is the metrics' registry (nil: none).
+func registry(m *metrics.Server) prometheus.Registerer {
+	if m == nil {
+		return nil
+	}
+	return m.Registry
 }
