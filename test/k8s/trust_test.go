@@ -64,6 +64,18 @@ func TestPrivilegedForgedClaimsStayOutOfIPCache(t *testing.T) {
 	mkNode("node-trust", "", "10.244.40.0/24")
 	mkNode("node-peer", "172.30.41.2", "10.244.41.0/24")
 	mkNode("node-evil", "172.30.42.2")
+	// The agent first: it installs the CRDs; every claim below comes
+	// while it runs.
+	root := "/sys/fs/bpf/tendril-k8s-trust-" + randHex()
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	cg := "/sys/fs/cgroup/unified/tendril-test-trust-" + randHex()
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(cg) })
+	a := startAgent(t, "node-trust", "--enable-datapath=true", "--bpf-root", root, "--ipv4-range", "10.244.40.0/24",
+		"--ipv6-range", "none", "--cgroup-root", cg, "--kvstore", "etcd", "--kvstore-endpoints", strings.Join(etcd.Endpoints(), ","))
+	a.waitServing(t)
 	if _, err := td.TendrilNodes().Create(ctx, &v1alpha1.TendrilNode{ObjectMeta: metav1.ObjectMeta{Name: "node-evil"},
 		Spec: v1alpha1.NodeSpec{IPAM: v1alpha1.IPAMSpec{PodCIDRs: []string{"0.0.0.0/0"}}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -108,16 +120,6 @@ func TestPrivilegedForgedClaimsStayOutOfIPCache(t *testing.T) {
 	putKey(agentkv.IPEntry{IP: "10.244.41.23", Identity: 5000, Node: "node-peer", HostIP: "172.30.42.2"})
 	putKey(agentkv.IPEntry{IP: "1.1.1.1", Identity: 5000, Node: "node-evil"})
 
-	root := "/sys/fs/bpf/tendril-k8s-trust-" + randHex()
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	cg := "/sys/fs/cgroup/unified/tendril-test-trust-" + randHex()
-	if err := os.Mkdir(cg, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.Remove(cg) })
-	a := startAgent(t, "node-trust", "--enable-datapath=true", "--bpf-root", root, "--ipv4-range", "10.244.40.0/24",
-		"--ipv6-range", "none", "--cgroup-root", cg, "--kvstore", "etcd", "--kvstore-endpoints", strings.Join(etcd.Endpoints(), ","))
-	a.waitServing(t)
 
 	// Only the claims under 10.244.0.0/16 and the forged ones' addresses
 	// matter here (the map also holds host and other tests' addresses).
