@@ -120,7 +120,6 @@ func TestPrivilegedForgedClaimsStayOutOfIPCache(t *testing.T) {
 	putKey(agentkv.IPEntry{IP: "10.244.41.23", Identity: 5000, Node: "node-peer", HostIP: "172.30.42.2"})
 	putKey(agentkv.IPEntry{IP: "1.1.1.1", Identity: 5000, Node: "node-evil"})
 
-
 	// Only the claims under 10.244.0.0/16 and the forged ones' addresses
 	// matter here (the map also holds host and other tests' addresses).
 	watched := map[string]bool{}
