@@ -53,6 +53,11 @@ type Params struct {
 	Routes RouteBackend
 	// IPCache takes the peers' remote-node claims; nil without a datapath.
 	IPCache IPCache
+	// Rules check each peer's pod CIDRs before they are accepted.
+	Rules Rules
+	// OnRejected, if set, is told of each pod CIDR a peer is newly
+	// refused for (after the transaction; the counter of rejections).
+	OnRejected func(node string, r Rejection)
 	// Options beyond the defaults (backoff, prune interval), for tests;
 	// applied to both reconcilers.
 	Options []reconciler.Option
@@ -67,6 +72,9 @@ type Manager struct {
 	// installRoutes: the routes table is written and reconciled.
 	installRoutes bool
 	routeRec      reconciler.Reconciler[*Route]
+	rules         Rules
+	log           *slog.Logger
+	onRejected    func(string, Rejection)
 }
 
 // New creates the tables and registers their reconcilers on p.Jobs.
@@ -79,7 +87,11 @@ func New(p Params) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("routes table: %w", err)
 	}
-	m := &Manager{local: p.LocalNode, db: p.DB, nodes: nodes, routes: routes, installRoutes: p.Routes != nil}
+	if err := p.Rules.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Manager{local: p.LocalNode, db: p.DB, nodes: nodes, routes: routes, installRoutes: p.Routes != nil,
+		rules: p.Rules, log: p.Log, onRejected: p.OnRejected}
 	rp := reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID}
 	// The claims live in the ipcache's own table, rebuilt at every start:
 	// nothing of a previous run to prune.
@@ -115,15 +127,20 @@ func (m *Manager) Routes() statedb.Table[*Route] { return m.routes }
 // called: each source of peers registers one while the hive is built and
 // calls it once its initial listing is in the table, so that the prune
 // never removes the route of a peer not yet seen. Idempotent.
+//
+// The nodes table gets the same initializer: the claim gates
+// (ClaimGate) judge other nodes' endpoints only once every node is known.
 func (m *Manager) AddInitializer(name string) func() {
-	wtxn := m.db.WriteTxn(m.routes)
-	done := m.routes.RegisterInitializer(wtxn, name)
+	wtxn := m.db.WriteTxn(m.routes, m.nodes)
+	doneRoutes := m.routes.RegisterInitializer(wtxn, name)
+	doneNodes := m.nodes.RegisterInitializer(wtxn, name)
 	wtxn.Commit()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			wtxn := m.db.WriteTxn(m.routes)
-			done(wtxn)
+			wtxn := m.db.WriteTxn(m.routes, m.nodes)
+			doneRoutes(wtxn)
+			doneNodes(wtxn)
 			wtxn.Commit()
 		})
 	}
@@ -138,36 +155,48 @@ func (m *Manager) Prune() {
 }
 
 // UpsertPeer adds or changes a peer in one short transaction; the local
-// node is ignored. The peer is marked pending only when what it wants
+// node is ignored. p.PodCIDRs are the pod CIDRs the node asks for: each
+// is checked (Rules, and against the other peers' claims) and only those
+// accepted become routes; the refused ones are logged, counted and kept
+// in the peer's Rejected. A change can also change what overlapping
+// peers are accepted for: they are evaluated again in the same
+// transaction. The peer is marked pending only when what it wants
 // changed, so a resync of an unchanged Node writes nothing.
 func (m *Manager) UpsertPeer(p Peer) error {
 	if p.Name == m.local || p.Name == "" {
 		return nil
 	}
-	next := &Peer{Name: p.Name, IPs: slices.Clone(p.IPs), PodCIDRs: slices.Clone(p.PodCIDRs),
-		Status: reconciler.StatusPending()}
+	next := &Peer{Name: p.Name, Created: p.Created, IPs: slices.Clone(p.IPs), Requested: slices.Clone(p.PodCIDRs),
+		Rejected: slices.Clone(p.Rejected), Status: reconciler.StatusPending()}
 	wtxn := m.db.WriteTxn(m.nodes, m.routes)
 	defer wtxn.Abort()
 	old, _, found := m.nodes.Get(wtxn, PeerNameIndex.Query(p.Name))
-	if found && old.sameSpec(next) {
+	peers := []*Peer{next}
+	for q := range m.nodes.All(wtxn) {
+		if q.Name != p.Name {
+			peers = append(peers, q)
+		}
+	}
+	k := newChecker(m.rules, peers)
+	k.evaluate(next)
+	if found && old.sameOutcome(next) {
 		return nil
 	}
-	if _, _, err := m.nodes.Insert(wtxn, next); err != nil {
-		return fmt.Errorf("node %s: %w", p.Name, err)
+	if !found {
+		old = nil
 	}
-	var affected []netip.Prefix
-	if found {
-		affected = append(affected, old.PodCIDRs...)
-	}
-	if err := m.updateRoutes(wtxn, append(affected, next.PodCIDRs...)); err != nil {
+	rejected, err := m.apply(wtxn, k, old, next)
+	if err != nil {
 		return err
 	}
 	wtxn.Commit()
+	m.reportRejected(rejected)
 	return nil
 }
 
 // DeletePeer removes a peer; its routes go unless another peer has the
-// same pod CIDR.
+// same pod CIDR, and the peers it kept from overlapping CIDRs are
+// evaluated again.
 func (m *Manager) DeletePeer(name string) error {
 	wtxn := m.db.WriteTxn(m.nodes, m.routes)
 	defer wtxn.Abort()
@@ -178,11 +207,92 @@ func (m *Manager) DeletePeer(name string) error {
 	if _, _, err := m.nodes.Delete(wtxn, old); err != nil {
 		return fmt.Errorf("node %s: %w", name, err)
 	}
-	if err := m.updateRoutes(wtxn, old.PodCIDRs); err != nil {
+	k := newChecker(m.rules, statedb.Collect(m.nodes.All(wtxn)))
+	rejected, err := m.apply(wtxn, k, old, nil)
+	if err != nil {
 		return err
 	}
 	wtxn.Commit()
+	m.reportRejected(rejected)
 	return nil
+}
+
+// apply writes next (nil: the peer went), evaluates again every other
+// peer whose claims old or next touch, and recomputes the routes of every
+// pod CIDR whose owner may have changed. It returns the rejections that
+// are new.
+func (m *Manager) apply(wtxn statedb.WriteTxn, k *checker, old, next *Peer) ([]peerRejection, error) {
+	var affected []netip.Prefix
+	var rejected []peerRejection
+	if old != nil {
+		affected = append(affected, old.PodCIDRs...)
+	}
+	if next != nil {
+		if _, _, err := m.nodes.Insert(wtxn, next); err != nil {
+			return nil, fmt.Errorf("node %s: %w", next.Name, err)
+		}
+		affected = append(affected, next.PodCIDRs...)
+		rejected = append(rejected, newRejections(old, next)...)
+	}
+	for _, q := range k.peers {
+		if q == next || !(related(old, q) || related(next, q)) {
+			continue
+		}
+		q2 := q.clone()
+		k.evaluate(q2)
+		if slices.Equal(q2.PodCIDRs, q.PodCIDRs) && slices.Equal(q2.Rejected, q.Rejected) {
+			continue
+		}
+		if !slices.Equal(q2.PodCIDRs, q.PodCIDRs) {
+			q2.Status = reconciler.StatusPending()
+		}
+		if _, _, err := m.nodes.Insert(wtxn, q2); err != nil {
+			return nil, fmt.Errorf("node %s: %w", q2.Name, err)
+		}
+		affected = append(append(affected, q.PodCIDRs...), q2.PodCIDRs...)
+		rejected = append(rejected, newRejections(q, q2)...)
+	}
+	return rejected, m.updateRoutes(wtxn, affected)
+}
+
+type peerRejection struct {
+	node string
+	r    Rejection
+}
+
+// newRejections are next's rejections old did not have.
+func newRejections(old, next *Peer) []peerRejection {
+	var out []peerRejection
+	for _, r := range next.Rejected {
+		if old == nil || !slices.Contains(old.Rejected, r) {
+			out = append(out, peerRejection{node: next.Name, r: r})
+		}
+	}
+	return out
+}
+
+// reportRejected logs each new rejection and tells OnRejected.
+func (m *Manager) reportRejected(rs []peerRejection) {
+	for _, r := range rs {
+		if m.log != nil {
+			m.log.Warn("Refused a node's pod CIDR: no route, no endpoints of the node in it",
+				"node", r.node, "podCIDR", r.r.CIDR, "reason", r.r.Reason, "detail", r.r.Detail)
+		}
+		if m.onRejected != nil {
+			m.onRejected(r.node, r.r)
+		}
+	}
+}
+
+// Rejected returns every peer's refused pod CIDRs, by node name.
+func (m *Manager) Rejected() map[string][]Rejection {
+	out := map[string][]Rejection{}
+	for p := range m.nodes.All(m.db.ReadTxn()) {
+		if len(p.Rejected) > 0 {
+			out[p.Name] = p.Rejected
+		}
+	}
+	return out
 }
 
 // updateRoutes recomputes the route of each of cidrs from the peers now in

@@ -451,3 +451,72 @@ func TestUnchangedPeerNotRewritten(t *testing.T) {
 		t.Fatalf("unchanged peer rewritten: revision %d -> %d", rev, got)
 	}
 }
+
+// TestPrivilegedHostilePodCIDRNoRoute: a peer whose TendrilNode names the
+// default route, or a pod CIDR inside another node's, gets no route in a
+// real routing table, while a legitimate peer does.
+func TestPrivilegedHostilePodCIDRNoRoute(t *testing.T) {
+	testutil.Privileged(t)
+	name := "tdr-nm-hostile"
+	_ = exec.Command("ip", "netns", "del", name).Run()
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	nl, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nl.Close()
+	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lab0"}, PeerName: "lab0p"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{"lab0", "lab0p", "lo"} {
+		link, err := nl.LinkByName(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nl.LinkSetUp(link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link, _ := nl.LinkByName("lab0")
+	addr, _ := netlink.ParseAddr("172.31.9.1/24")
+	if err := nl.AddrAdd(link, addr); err != nil {
+		t.Fatal(err)
+	}
+	backend := NetlinkRoutes{Handle: func() *netlink.Handle { return nl }}
+	m, _ := startManager(t, backend, newFakeCache())
+
+	// The hostile ones first: a claim made before the legitimate one
+	// must not win by arriving first either.
+	mustUpsert(t, m, "evil", []string{"172.31.9.66"}, "0.0.0.0/0")
+	mustUpsert(t, m, "thief", []string{"172.31.9.67"}, "10.9.2.0/25")
+	mustUpsert(t, m, "b", []string{"172.31.9.2"}, "10.9.2.0/24")
+	// With no creation times the order is by name: b's claim holds
+	// whatever order the events came in.
+	eventually(t, func() (bool, string) {
+		rs, err := nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return false, err.Error()
+		}
+		var got []string
+		for _, r := range rs {
+			dst := "default"
+			if r.Dst != nil {
+				dst = r.Dst.String()
+			}
+			if r.Gw != nil {
+				got = append(got, dst+" via "+r.Gw.String())
+			}
+		}
+		sort.Strings(got)
+		want := "[10.9.2.0/24 via 172.31.9.2]"
+		return fmt.Sprint(got) == want, fmt.Sprintf("gateway routes in the main table %v, want %s", got, want)
+	})
+}

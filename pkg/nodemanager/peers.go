@@ -11,7 +11,7 @@ import (
 // PeerFromNode reads a peer from a Node object: InternalIP (then
 // ExternalIP) addresses and spec.podCIDRs.
 func PeerFromNode(n *corev1.Node) Peer {
-	p := Peer{Name: n.Name}
+	p := Peer{Name: n.Name, Created: n.CreationTimestamp.Time}
 	for _, typ := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
 		for _, a := range n.Status.Addresses {
 			if a.Type != typ {
@@ -26,12 +26,22 @@ func PeerFromNode(n *corev1.Node) Peer {
 	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
 		cidrs = []string{n.Spec.PodCIDR}
 	}
-	for _, c := range cidrs {
-		if pf, err := netip.ParsePrefix(c); err == nil {
-			p.PodCIDRs = append(p.PodCIDRs, pf.Masked())
-		}
-	}
+	p.PodCIDRs, p.Rejected = parseCIDRs(cidrs)
 	return p
+}
+
+// parseCIDRs reads pod CIDRs; one that does not parse is kept as a
+// rejection, so that it shows rather than vanishes.
+func parseCIDRs(cidrs []string) (ok []netip.Prefix, bad []Rejection) {
+	for _, c := range cidrs {
+		pf, err := netip.ParsePrefix(c)
+		if err != nil {
+			bad = append(bad, Rejection{CIDR: c, Reason: ReasonMalformed, Detail: err.Error()})
+			continue
+		}
+		ok = append(ok, pf.Masked())
+	}
+	return ok, bad
 }
 
 // MergeTendrilNode completes a peer with what its agent published: the
@@ -42,12 +52,7 @@ func MergeTendrilNode(p Peer, tn *v1alpha1.TendrilNode) Peer {
 		return p
 	}
 	if len(tn.Spec.IPAM.PodCIDRs) > 0 {
-		p.PodCIDRs = nil
-		for _, c := range tn.Spec.IPAM.PodCIDRs {
-			if pf, err := netip.ParsePrefix(c); err == nil {
-				p.PodCIDRs = append(p.PodCIDRs, pf.Masked())
-			}
-		}
+		p.PodCIDRs, p.Rejected = parseCIDRs(tn.Spec.IPAM.PodCIDRs)
 	}
 	if len(p.IPs) == 0 {
 		for _, a := range tn.Spec.Addresses {

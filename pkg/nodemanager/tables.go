@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
@@ -20,10 +21,20 @@ const (
 // Objects are immutable once in the table: a change is a new object.
 type Peer struct {
 	Name string
+	// Created is when the node's Node was created: of two nodes asking
+	// for overlapping pod CIDRs, the older gets them.
+	Created time.Time
 	// IPs are the node's addresses (InternalIP first).
 	IPs []netip.Addr
-	// PodCIDRs are the node's pod CIDRs (at most one per family).
+	// PodCIDRs are the node's pod CIDRs that passed the checks (Rules;
+	// at most one per family): only these become routes and scope the
+	// node's endpoints' claims. Given to UpsertPeer, the requested ones.
 	PodCIDRs []netip.Prefix
+	// Requested are the pod CIDRs the node's objects name.
+	Requested []netip.Prefix
+	// Rejected are the requested pod CIDRs refused, with the reason
+	// (malformed ones included).
+	Rejected []Rejection
 	// Status is the reconciler's (the node's remote-node ipcache claims):
 	// pending, done, or error with message.
 	Status reconciler.Status
@@ -45,11 +56,13 @@ func (p *Peer) sameSpec(o *Peer) bool {
 }
 
 // TableHeader implements statedb.TableWritable (`tendril statedb dump`).
-func (p *Peer) TableHeader() []string { return []string{"Name", "IPs", "PodCIDRs", "Status"} }
+func (p *Peer) TableHeader() []string {
+	return []string{"Name", "IPs", "PodCIDRs", "Rejected", "Status"}
+}
 
 // TableRow implements statedb.TableWritable.
 func (p *Peer) TableRow() []string {
-	return []string{p.Name, joinStrings(p.IPs), joinStrings(p.PodCIDRs), p.Status.String()}
+	return []string{p.Name, joinStrings(p.IPs), joinStrings(p.PodCIDRs), joinStrings(p.Rejected), p.Status.String()}
 }
 
 func (p *Peer) clone() *Peer {

@@ -14,7 +14,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
@@ -46,6 +49,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/logging"
+	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/policy"
@@ -75,11 +79,20 @@ type Config struct {
 	CacheSyncTimeout time.Duration
 	// InstallCRDs creates or updates the Tendril CRDs at start.
 	InstallCRDs bool
+	// PeerPodCIDRMinPrefixIPv4/IPv6 are the shortest pod CIDRs another
+	// node may claim (nodemanager.Rules).
+	PeerPodCIDRMinPrefixIPv4, PeerPodCIDRMinPrefixIPv6 int
+	// ClusterPoolIPv4/IPv6 are the operator's cluster pools: when set,
+	// another node's pod CIDR of the family must lie inside one.
+	ClusterPoolIPv4, ClusterPoolIPv6 []string
+	// ServiceCIDRs no node's pod CIDR may overlap.
+	ServiceCIDRs []string
 }
 
 // DefaultConfig are the Kubernetes defaults.
 func DefaultConfig() Config {
-	return Config{Client: k8s.DefaultConfig(), CacheSyncTimeout: 3 * time.Minute, InstallCRDs: true}
+	return Config{Client: k8s.DefaultConfig(), CacheSyncTimeout: 3 * time.Minute, InstallCRDs: true,
+		PeerPodCIDRMinPrefixIPv4: nodemanager.DefaultMinPrefixIPv4, PeerPodCIDRMinPrefixIPv6: nodemanager.DefaultMinPrefixIPv6}
 }
 
 // Flags registers the Kubernetes options.
@@ -87,6 +100,41 @@ func (c *Config) Flags(fs *pflag.FlagSet) {
 	c.Client.Flags(fs)
 	fs.DurationVar(&c.CacheSyncTimeout, "k8s-cache-sync-timeout", c.CacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
 	fs.BoolVar(&c.InstallCRDs, "k8s-install-crds", c.InstallCRDs, "Create or update the Tendril CRDs at start")
+	fs.IntVar(&c.PeerPodCIDRMinPrefixIPv4, "peer-pod-cidr-min-prefix-ipv4", c.PeerPodCIDRMinPrefixIPv4, "Shortest IPv4 pod CIDR accepted from another node (a shorter one gets no route)")
+	fs.IntVar(&c.PeerPodCIDRMinPrefixIPv6, "peer-pod-cidr-min-prefix-ipv6", c.PeerPodCIDRMinPrefixIPv6, "Shortest IPv6 pod CIDR accepted from another node (a shorter one gets no route)")
+	fs.StringSliceVar(&c.ClusterPoolIPv4, "cluster-pool-ipv4-cidr", c.ClusterPoolIPv4, "The operator's IPv4 cluster pools: another node's IPv4 pod CIDR outside them is refused (empty: not checked)")
+	fs.StringSliceVar(&c.ClusterPoolIPv6, "cluster-pool-ipv6-cidr", c.ClusterPoolIPv6, "The operator's IPv6 cluster pools: another node's IPv6 pod CIDR outside them is refused (empty: not checked)")
+	fs.StringSliceVar(&c.ServiceCIDRs, "k8s-service-cidr", c.ServiceCIDRs, "The cluster's service CIDRs: a node's pod CIDR overlapping one is refused")
+}
+
+// peerRules are the checks on other nodes' pod CIDRs; local reads this
+// node's pod CIDRs and addresses.
+func (c *Config) peerRules(local func() ([]netip.Prefix, []netip.Addr)) (nodemanager.Rules, error) {
+	r := nodemanager.Rules{MinPrefixIPv4: c.PeerPodCIDRMinPrefixIPv4, MinPrefixIPv6: c.PeerPodCIDRMinPrefixIPv6, Local: local}
+	var errs []error
+	parse := func(flag string, vals []string, is4 *bool) []netip.Prefix {
+		var out []netip.Prefix
+		for _, v := range vals {
+			p, err := netip.ParsePrefix(strings.TrimSpace(v))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s %q: %w", flag, v, err))
+				continue
+			}
+			if is4 != nil && p.Addr().Is4() != *is4 {
+				errs = append(errs, fmt.Errorf("%s %q: wrong address family", flag, v))
+				continue
+			}
+			out = append(out, p.Masked())
+		}
+		return out
+	}
+	v4, v6 := true, false
+	r.Pools = append(parse("cluster-pool-ipv4-cidr", c.ClusterPoolIPv4, &v4), parse("cluster-pool-ipv6-cidr", c.ClusterPoolIPv6, &v6)...)
+	r.Reserved = parse("k8s-service-cidr", c.ServiceCIDRs, nil)
+	if err := r.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("peer-pod-cidr-min-prefix: %w", err))
+	}
+	return r, errors.Join(errs...)
 }
 
 // Validate checks the values; each error names its option.
@@ -97,6 +145,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CacheSyncTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("k8s-cache-sync-timeout %s: must be positive", c.CacheSyncTimeout))
+	}
+	if _, err := c.peerRules(nil); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -134,6 +185,9 @@ type Module struct {
 	// remoteEndpointsSynced marks the TendrilEndpoints' initial listing
 	// in the ipcache (its prune waits for it); a no-op without datapath.
 	remoteEndpointsSynced func()
+	// gate judges other nodes' TendrilEndpoints before they reach the
+	// ipcache; nil without the datapath.
+	gate *nodemanager.ClaimGate
 	// local is what the write-back publishes, read by its start step.
 	local node.Local
 	// publisher holds the TendrilEndpoints to publish (a statedb table
@@ -192,6 +246,7 @@ type Params struct {
 	DB         *statedb.DB
 	ModuleID   cell.FullModuleID
 	Inspector  *dbinspect.Inspector
+	Metrics    *metrics.Server
 }
 
 // New builds the Kubernetes side (nil in standalone mode) and appends its
@@ -212,6 +267,8 @@ func New(p Params) (*Module, error) {
 	if p.IPCache != nil {
 		k.ipcache = p.IPCache
 		k.remoteEndpointsSynced = p.IPCache.AddInitializer("k8s-tendrilendpoints")
+		k.gate = nodemanager.NewClaimGate(nodemanager.ClaimGateParams{DB: p.DB, Cache: p.IPCache,
+			Log: logging.For(p.Root, "tendrilendpoint-claims"), OnRejected: nodemanager.ClaimsRejectedCounter(registry(p.Metrics), "kubernetes")})
 	}
 	// This node's report on each Tendril policy, published into the
 	// objects' status by a reconciler.
@@ -239,6 +296,9 @@ func New(p Params) (*Module, error) {
 			alloc.Run(ctx)
 			return nil
 		}))
+	}
+	if k.gate != nil {
+		k.jobs.Add(job.OneShot("tendrilendpoint-claims", func(ctx context.Context, _ cell.Health) error { return k.gate.Run(ctx) }))
 	}
 	// The node manager's reconcilers are jobs of this group, added after
 	// the watchers' step: the endpoints' step (which opens the netlink
@@ -282,9 +342,20 @@ func (k *Module) newNodeManager(p Params) error {
 	if k.settings.InstallHostNetworking {
 		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return k.eps.Netlink() }}
 	}
-	var err error
+	rules, err := k.cfg.peerRules(k.client.localPodCIDRsAndAddresses)
+	if err != nil {
+		return err
+	}
+	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tendril", Subsystem: "node", Name: "pod_cidrs_rejected_total",
+		Help: "Pod CIDRs of other nodes refused (no route, no endpoint claims in them), by reason.",
+	}, []string{"reason"})
+	if p.Metrics != nil {
+		p.Metrics.Registry.MustRegister(rejected)
+	}
 	k.nodes, err = nodemanager.New(nodemanager.Params{LocalNode: k.settings.NodeName, DB: p.DB, Jobs: k.jobs,
-		Log: logging.For(k.root, "node-manager"), ModuleID: p.ModuleID, Routes: routes, IPCache: cache})
+		Log: logging.For(k.root, "node-manager"), ModuleID: p.ModuleID, Routes: routes, IPCache: cache,
+		Rules: rules, OnRejected: func(_ string, r nodemanager.Rejection) { rejected.WithLabelValues(r.Reason).Inc() }})
 	if err != nil {
 		return err
 	}
@@ -557,6 +628,13 @@ func (k *Module) StatusSection() ext.Section {
 			v += fmt.Sprintf(", %d routes failing: %s", rr.Errors, rr.LastError)
 		}
 		s.Lines = append(s.Lines, ext.Line{Key: "Nodes", Value: v})
+		if rej := k.nodes.Rejected(); len(rej) > 0 {
+			var parts []string
+			for _, name := range slices.Sorted(maps.Keys(rej)) {
+				parts = append(parts, name+": "+joinRejections(rej[name]))
+			}
+			s.Lines = append(s.Lines, ext.Line{Key: "Refused pod CIDRs", Value: strings.Join(parts, "; ")})
+		}
 	}
 	if k.client.watchers != nil {
 		synced := 0
@@ -596,4 +674,20 @@ func (k *Module) Model() *models.K8sStatus {
 		}
 	}
 	return st
+}
+
+func joinRejections(rs []nodemanager.Rejection) string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.String()
+	}
+	return strings.Join(out, ", ")
+}
+
+// registry is the metrics' registry (nil: none).
+func registry(m *metrics.Server) prometheus.Registerer {
+	if m == nil {
+		return nil
+	}
+	return m.Registry
 }

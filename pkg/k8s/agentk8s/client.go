@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sort"
 	"sync"
 	"time"
@@ -144,6 +145,28 @@ func (k *Client) SelectPodCIDRs(ctx context.Context) (node.Selection, error) {
 	k.mu.Unlock()
 	k.log.Info("Pod CIDRs selected", "ipv4", sel.IPv4, "ipv4-from", sel.IPv4From, "ipv6", sel.IPv6, "ipv6-from", sel.IPv6From)
 	return sel, nil
+}
+
+// localPodCIDRsAndAddresses are this node's selected pod CIDRs and its
+// Node's addresses (none before the Node was read): what other nodes'
+// pod CIDRs must not overlap or contain.
+func (k *Client) localPodCIDRsAndAddresses() ([]netip.Prefix, []netip.Addr) {
+	k.mu.Lock()
+	n, sel := k.nodeObj, k.selection
+	k.mu.Unlock()
+	var cidrs []netip.Prefix
+	for _, p := range []netip.Prefix{sel.IPv4, sel.IPv6} {
+		if p.IsValid() {
+			cidrs = append(cidrs, p)
+		}
+	}
+	var addrs []netip.Addr
+	for _, a := range node.AddressesOf(n) {
+		if ip, err := netip.ParseAddr(a.IP); err == nil {
+			addrs = append(addrs, ip)
+		}
+	}
+	return cidrs, addrs
 }
 
 // internalIP is this node's InternalIP from its Node ("" before the Node

@@ -2,6 +2,7 @@ package agentk8s
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"net/netip"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/endpointpub"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/logging"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
@@ -151,8 +153,11 @@ func (k *Module) endpointStatus(ep *endpoint.Endpoint) v1alpha1.EndpointStatus {
 func (k *Module) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
 	if ev.Kind == watchers.Synced {
 		// The listing's claims are queued before this: the ipcache's
-		// prune waits until they are in.
-		k.remoteEndpointsSynced()
+		// prune waits until they are in, and until the gate judged them
+		// against the nodes' listing.
+		if k.gate != nil {
+			k.gate.Synced(k.remoteEndpointsSynced)
+		}
 		return
 	}
 	if k.ipcache == nil {
@@ -185,21 +190,20 @@ func (k *Module) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilEndpoint]) 
 	k.mu.Unlock()
 	// The claims are this object's own: another object claiming one of
 	// these addresses (the pod that reuses it) keeps its claim when this
-	// one goes.
+	// one goes. They pass the gate: a cluster-scope identity, addresses
+	// inside the accepted pod CIDRs of the node the status names.
 	ns, name, _ := strings.Cut(ev.Key, "/")
 	owner := ipcache.OwnerTendrilEndpoint(ns, name)
+	nodeIP, _ := netip.ParseAddr(st.Networking.NodeIP)
 	keep := map[netip.Addr]bool{}
 	for _, ip := range ips {
 		keep[ip] = true
 		if k.isLocalAddress(ip) {
 			continue
 		}
-		e := ipcache.Entry{Identity: identity.NumericIdentity(st.Identity.ID), Source: ipcache.SourceKubernetes, Owner: owner,
-			Name: ev.Object.Name, Namespace: ev.Object.Namespace}
-		e.HostIP, _ = netip.ParseAddr(st.Networking.NodeIP)
-		if err := k.ipcache.UpsertRemoteEndpoint(ip, e); err != nil {
-			k.log.Warn("ipcache: remote endpoint", "endpoint", ev.Key, "ip", ip, "error", err)
-		}
+		k.gate.Upsert(nodemanager.Claim{IP: ip, Identity: st.Identity.ID, NodeIP: nodeIP,
+			Entry: ipcache.Entry{Source: ipcache.SourceKubernetes, Owner: owner, Name: ev.Object.Name,
+				Namespace: ev.Object.Namespace, HostIP: nodeIP}})
 	}
 	for _, ip := range old {
 		if keep[ip] {
@@ -208,9 +212,7 @@ func (k *Module) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilEndpoint]) 
 		// Withdrawn even when the address is local now: the local claim
 		// wins anyway, and a claim left behind would resurface when the
 		// local endpoint goes.
-		if err := k.ipcache.DeleteRemoteEndpoint(ip, ipcache.SourceKubernetes, owner); err != nil {
-			k.log.Warn("ipcache: remove remote endpoint", "endpoint", ev.Key, "ip", ip, "error", err)
-		}
+		k.gate.Delete(ip, ipcache.SourceKubernetes, owner)
 	}
 }
 
@@ -223,6 +225,8 @@ func (k *Module) isLocalAddress(ip netip.Addr) bool {
 	return false
 }
 
+var errNoIdentity = errors.New("no identity")
+
 // remoteNamedPorts are the named ports a remote endpoint publishes.
 type remoteNamedPorts struct {
 	identity identity.NumericIdentity
@@ -234,8 +238,14 @@ type remoteNamedPorts struct {
 func (k *Module) recordRemotePorts(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
 	st := ev.Object.Status
 	var rp remoteNamedPorts
-	if ev.Kind == watchers.Upsert && st.Identity != nil && len(st.NamedPorts) > 0 {
-		rp = remoteNamedPorts{identity: identity.NumericIdentity(st.Identity.ID), ports: map[string]policy.NamedPort{}}
+	var id identity.NumericIdentity
+	var idErr error = errNoIdentity
+	if st.Identity != nil {
+		id, idErr = nodemanager.CheckIdentity(st.Identity.ID)
+	}
+	// Named ports of an identity another node may not claim are ignored.
+	if ev.Kind == watchers.Upsert && idErr == nil && len(st.NamedPorts) > 0 {
+		rp = remoteNamedPorts{identity: id, ports: map[string]policy.NamedPort{}}
 		for _, np := range st.NamedPorts {
 			var proto uint8
 			switch np.Protocol {

@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
-	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/logging"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
 )
 
 // IPPrefix holds the kvstore ipcache: one key per endpoint address,
@@ -141,7 +141,9 @@ func (m *Module) onIPEvent(ev kvstore.Event) {
 		// prune this node's keys no endpoint backs.
 		m.ipPub.MarkListed()
 		if m.ipcacheListed != nil {
-			m.ipcacheListed()
+			// The ipcache may prune once the gate has judged the listing
+			// against the nodes' listing.
+			m.gate.Synced(m.ipcacheListed)
 		}
 		return
 	}
@@ -153,29 +155,28 @@ func (m *Module) onIPEvent(ev kvstore.Event) {
 		m.log.Warn("Skipping a malformed kvstore ipcache key", "key", ev.Key)
 		return
 	}
+	owner := ipcache.OwnerKVStore(ev.Key)
 	if ev.Type == kvstore.EventDelete {
-		if err := m.ipcache.DeleteRemoteEndpoint(ip, ipcache.SourceKVStore, ipcache.OwnerKVStore(ev.Key)); err != nil {
-			m.log.Warn("ipcache: remove kvstore address", "ip", ip, "error", err)
-		}
+		m.gate.Delete(ip, ipcache.SourceKVStore, owner)
 		return
 	}
 	var e IPEntry
 	if err := json.Unmarshal(ev.Value, &e); err != nil || e.Identity == 0 {
+		// An identity beyond 32 bits fails here too: never truncated. A
+		// claim the key made before goes.
 		m.log.Warn("Skipping a kvstore ipcache value that does not parse", "key", ev.Key, "error", err)
+		m.gate.Delete(ip, ipcache.SourceKVStore, owner)
 		return
 	}
 	if e.Node == m.cfg.NodeName {
 		// This node's own endpoints are in the ipcache as local; a claim
 		// the key made while another node held the address goes.
-		if err := m.ipcache.DeleteRemoteEndpoint(ip, ipcache.SourceKVStore, ipcache.OwnerKVStore(ev.Key)); err != nil {
-			m.log.Warn("ipcache: remove kvstore address", "ip", ip, "error", err)
-		}
+		m.gate.Delete(ip, ipcache.SourceKVStore, owner)
 		return
 	}
-	entry := ipcache.Entry{Identity: identity.NumericIdentity(e.Identity), Source: ipcache.SourceKVStore, Owner: ipcache.OwnerKVStore(ev.Key),
-		Name: e.Name, Namespace: e.Namespace}
+	// The gate: a cluster-scope identity, an address inside the pod
+	// CIDRs of the node the value names, a host IP of that node.
+	entry := ipcache.Entry{Source: ipcache.SourceKVStore, Owner: owner, Name: e.Name, Namespace: e.Namespace}
 	entry.HostIP, _ = netip.ParseAddr(e.HostIP)
-	if err := m.ipcache.UpsertRemoteEndpoint(ip, entry); err != nil {
-		m.log.Warn("ipcache: kvstore address", "ip", ip, "error", err)
-	}
+	m.gate.Upsert(nodemanager.Claim{IP: ip, Identity: int64(e.Identity), Node: e.Node, Entry: entry})
 }

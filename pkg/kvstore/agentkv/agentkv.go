@@ -20,6 +20,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
@@ -34,6 +35,8 @@ import (
 	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/logging"
+	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
 )
 
 // Cell is the agent's kvstore: start step 7, after the endpoints are
@@ -125,6 +128,9 @@ type Module struct {
 	// ipcacheListed marks the kvstore's initial listing done in the
 	// ipcache table (nil without the datapath).
 	ipcacheListed func()
+	// gate judges other nodes' addresses before they reach the ipcache
+	// (nil without the datapath).
+	gate *nodemanager.ClaimGate
 
 	embedded *kvstore.Embedded
 	client   *kvstore.Client
@@ -159,8 +165,9 @@ type Params struct {
 	Health     *health.Registry
 	Identities identity.Allocator
 	Endpoints  Endpoints
-	NodeIP     NodeIP  `optional:"true"`
-	IPCache    IPCache `optional:"true"`
+	NodeIP     NodeIP          `optional:"true"`
+	IPCache    IPCache         `optional:"true"`
+	Metrics    *metrics.Server `optional:"true"`
 	DB         *statedb.DB
 	Inspector  *dbinspect.Inspector
 	ModuleID   cell.FullModuleID
@@ -178,6 +185,12 @@ func New(p Params) (*Module, error) {
 		// The ipcache prunes the BPF map only once the other nodes'
 		// addresses in the kvstore are listed (onIPEvent).
 		m.ipcacheListed = p.IPCache.AddInitializer("kvstore")
+		var reg prometheus.Registerer
+		if p.Metrics != nil {
+			reg = p.Metrics.Registry
+		}
+		m.gate = nodemanager.NewClaimGate(nodemanager.ClaimGateParams{DB: p.DB, Cache: p.IPCache,
+			Log: logging.For(p.Root, "kvstore-claims"), OnRejected: nodemanager.ClaimsRejectedCounter(reg, "kvstore")})
 	}
 	p.Steps.Append(p.Lifecycle, "kvstore", m.start, m.stop)
 	// The publisher's reconciler and the republisher are jobs after the
@@ -192,6 +205,9 @@ func New(p Params) (*Module, error) {
 	p.Inspector.AddReconciled(kvpublisher.TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
 		return dbinspect.CountStatus(pub.Table().All(txn), func(k *kvpublisher.Key) reconciler.Status { return k.Reconciliation })
 	})
+	if m.gate != nil {
+		jobs.Add(job.OneShot("kvstore-claims", func(ctx context.Context, _ cell.Health) error { return m.gate.Run(ctx) }))
+	}
 	jobs.Add(job.OneShot("address-republisher", func(ctx context.Context, _ cell.Health) error {
 		defer m.unsubscribe()
 		for {

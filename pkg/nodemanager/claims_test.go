@@ -1,0 +1,153 @@
+package nodemanager
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"sync"
+	"testing"
+
+	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/ipcache"
+)
+
+func TestCheckIdentity(t *testing.T) {
+	for _, tt := range []struct {
+		id int64
+		ok bool
+	}{
+		{0, false}, {int64(identity.Host), false}, {int64(identity.World), false}, {int64(identity.RemoteNode), false},
+		{int64(identity.KubeAPIServer), false}, {255, false}, {256, true}, {4321, true}, {65535, true}, {65536, false},
+		{int64(identity.LocalScope) | 5, false}, {int64(identity.LocalScope | identity.InClusterCIDR | 7), false},
+		// 2^32 + 300 would be 300 truncated to 32 bits: refused, not narrowed.
+		{1<<32 + 300, false}, {1<<32 + int64(identity.Host), false}, {-1, false}, {-(1 << 32) + 300, false},
+	} {
+		got, err := CheckIdentity(tt.id)
+		if (err == nil) != tt.ok {
+			t.Errorf("CheckIdentity(%d) = %d, %v; want ok=%v", tt.id, got, err, tt.ok)
+		}
+		if err == nil && int64(got) != tt.id {
+			t.Errorf("CheckIdentity(%d) = %d: changed", tt.id, got)
+		}
+	}
+}
+
+// remoteCache records the remote claims as ip=identity@owner.
+type remoteCache struct {
+	mu     sync.Mutex
+	claims map[string]string
+}
+
+func (c *remoteCache) UpsertRemoteEndpoint(ip netip.Addr, e ipcache.Entry) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.claims[ip.String()+"@"+string(e.Owner)] = fmt.Sprint(uint32(e.Identity))
+	return nil
+}
+
+func (c *remoteCache) DeleteRemoteEndpoint(ip netip.Addr, _ ipcache.Source, owner ipcache.Owner) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.claims, ip.String()+"@"+string(owner))
+	return nil
+}
+
+func (c *remoteCache) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for k, v := range c.claims {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return fmt.Sprint(out)
+}
+
+func claim(ip string, id int64, node, nodeIP, owner string) Claim {
+	c := Claim{IP: netip.MustParseAddr(ip), Identity: id, Node: node,
+		Entry: ipcache.Entry{Source: ipcache.SourceKVStore, Owner: ipcache.Owner(owner)}}
+	if nodeIP != "" {
+		c.NodeIP = netip.MustParseAddr(nodeIP)
+	}
+	return c
+}
+
+func TestClaimGate(t *testing.T) {
+	m, dones := startManager(t, nil, nil, "nodes")
+	cache := &remoteCache{claims: map[string]string{}}
+	var mu sync.Mutex
+	reasons := map[string]int{}
+	g := NewClaimGate(ClaimGateParams{DB: m.DB(), Cache: cache, Log: quiet(), OnRejected: func(r string) {
+		mu.Lock()
+		reasons[r]++
+		mu.Unlock()
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan struct{})
+	go func() { _ = g.Run(ctx); close(runDone) }()
+	t.Cleanup(func() { cancel(); <-runDone })
+	synced := make(chan struct{})
+	g.Synced(func() { close(synced) })
+
+	mustUpsert(t, m, "b", []string{"172.31.9.2"}, "10.9.2.0/24")
+	// Before the nodes' listing is in, nothing is judged on its node.
+	g.Upsert(claim("10.9.2.10", 4321, "b", "", "k/good"))
+	g.Upsert(claim("10.9.2.11", int64(identity.Host), "b", "", "k/reserved"))
+	if got := cache.String(); got != "[]" {
+		t.Fatalf("claims in the ipcache before the nodes synced: %s", got)
+	}
+	select {
+	case <-synced:
+		t.Fatal("Synced done before the nodes synced")
+	default:
+	}
+	dones[0]()
+	<-synced
+	eventually(t, func() (bool, string) {
+		got, want := cache.String(), "[10.9.2.10@k/good=4321]"
+		return got == want, fmt.Sprintf("ipcache %s, want %s", got, want)
+	})
+
+	// Forged: another node's CIDR, a node's own address, an unknown
+	// node, a host IP that is not the node's, truncation bait.
+	mustUpsert(t, m, "c", []string{"172.31.9.3"}, "10.9.3.0/24")
+	// The claims come after the gate has seen c (else they are refused
+	// as of an unknown node first, then accepted: counted twice).
+	eventually(t, func() (bool, string) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.view.byName["c"] != nil, "the gate has not seen node c"
+	})
+	g.Upsert(claim("10.9.3.10", 4321, "b", "", "k/other-cidr"))
+	g.Upsert(claim("172.31.9.3", 4321, "b", "", "k/node-ip"))
+	g.Upsert(claim("10.9.5.10", 4321, "e", "", "k/unknown"))
+	g.Upsert(claim("10.9.2.12", 1<<32+300, "b", "", "k/truncated"))
+	hostIP := claim("10.9.2.13", 4321, "b", "", "k/host-ip")
+	hostIP.Entry.HostIP = netip.MustParseAddr("172.31.9.3")
+	g.Upsert(hostIP)
+	// TendrilEndpoint style: the node by its address or its router IP.
+	g.Upsert(claim("10.9.3.20", 5000, "", "172.31.9.3", "tep/by-node-ip"))
+	g.Upsert(claim("10.9.3.21", 5000, "", "10.9.3.1", "tep/by-router-ip"))
+	g.Upsert(claim("10.9.2.22", 5000, "", "10.9.3.1", "tep/wrong-node"))
+	eventually(t, func() (bool, string) {
+		got, want := cache.String(), "[10.9.2.10@k/good=4321 10.9.3.20@tep/by-node-ip=5000 10.9.3.21@tep/by-router-ip=5000]"
+		return got == want, fmt.Sprintf("ipcache %s, want %s", got, want)
+	})
+	mu.Lock()
+	want := map[string]int{ClaimReasonIdentity: 2, ClaimReasonOutside: 2, ClaimReasonNodeAddress: 1, ClaimReasonUnknownNode: 1, ClaimReasonHostIP: 1}
+	if fmt.Sprint(reasons) != fmt.Sprint(want) {
+		t.Errorf("rejections %v, want %v", reasons, want)
+	}
+	mu.Unlock()
+
+	// The unknown node joins: its claim is accepted. b loses its CIDR:
+	// its claims leave the ipcache. A deleted claim goes.
+	mustUpsert(t, m, "e", []string{"172.31.9.5"}, "10.9.5.0/24")
+	mustUpsert(t, m, "b", []string{"172.31.9.2"})
+	g.Delete(netip.MustParseAddr("10.9.3.20"), ipcache.SourceKVStore, "tep/by-node-ip")
+	eventually(t, func() (bool, string) {
+		got, want := cache.String(), "[10.9.3.21@tep/by-router-ip=5000 10.9.5.10@k/unknown=4321]"
+		return got == want, fmt.Sprintf("ipcache %s, want %s", got, want)
+	})
+}

@@ -1,0 +1,177 @@
+package nodemanager
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/tendril-net/tendril/pkg/reconcile/reconciletest"
+)
+
+// startWithRules runs a Manager with the rules and a fake routing table,
+// recording what OnRejected is told.
+func startWithRules(t *testing.T, rules Rules) (*Manager, *fakeRoutes, func() []string) {
+	t.Helper()
+	backend := &fakeRoutes{routes: map[netip.Prefix]netip.Addr{}}
+	var mu sync.Mutex
+	var told []string
+	var m *Manager
+	reconciletest.Start(t, "nodemanager-rules-test", func(d reconciletest.Deps) error {
+		var err error
+		m, err = New(Params{LocalNode: "a", DB: d.DB, Jobs: d.Jobs, Log: d.Log, ModuleID: d.ModuleID, Routes: backend,
+			Rules: rules, OnRejected: func(node string, r Rejection) {
+				mu.Lock()
+				told = append(told, node+" "+r.CIDR+" "+r.Reason)
+				mu.Unlock()
+			},
+			Options: []reconciler.Option{reconciler.WithRetry(10*time.Millisecond, 50*time.Millisecond)}})
+		return err
+	})
+	return m, backend, func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(told) }
+}
+
+func rejectedOf(m *Manager, name string) string {
+	var out []string
+	for _, r := range m.Rejected()[name] {
+		out = append(out, r.CIDR+" "+r.Reason)
+	}
+	return strings.Join(out, "; ")
+}
+
+func TestPodCIDRRules(t *testing.T) {
+	local := func() ([]netip.Prefix, []netip.Addr) {
+		return []netip.Prefix{netip.MustParsePrefix("10.9.1.0/24")}, []netip.Addr{netip.MustParseAddr("172.31.9.1")}
+	}
+	m, backend, told := startWithRules(t, Rules{Local: local,
+		Reserved: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
+		Pools:    []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16"), netip.MustParsePrefix("10.96.0.0/12")}})
+	cases := []struct {
+		node, ip, cidr, reason string
+	}{
+		{"default", "172.31.9.10", "0.0.0.0/0", ReasonDefaultRoute},
+		{"default6", "fd00::10", "::/0", ReasonDefaultRoute},
+		{"short", "172.31.9.11", "10.0.0.0/9", ReasonTooShort},
+		{"short6", "fd00::11", "fd00:b::/40", ReasonTooShort},
+		{"pool", "172.31.9.12", "10.10.0.0/24", ReasonOutsidePool},
+		{"service", "172.31.9.13", "10.96.0.0/24", ReasonReserved},
+		{"local", "172.31.9.14", "10.9.1.128/25", ReasonLocal},
+		{"host", "172.31.9.15", "172.31.9.0/24", ReasonOutsidePool},
+		{"ok", "172.31.9.16", "10.9.2.0/24", ""},
+	}
+	for _, c := range cases {
+		mustUpsert(t, m, c.node, []string{c.ip}, c.cidr)
+	}
+	for _, c := range cases {
+		want := ""
+		if c.reason != "" {
+			want = c.cidr + " " + c.reason
+		}
+		if got := rejectedOf(m, c.node); got != want {
+			t.Errorf("%s: rejected %q, want %q", c.node, got, want)
+		}
+	}
+	eventually(t, func() (bool, string) {
+		got, want := backend.String(), "[10.9.2.0/24 via 172.31.9.16]"
+		return got == want, fmt.Sprintf("routes %s, want %s", got, want)
+	})
+	if n := len(told()); n != len(cases)-1 {
+		t.Errorf("OnRejected told %d times, want %d: %v", n, len(cases)-1, told())
+	}
+	// The same object again is no new rejection.
+	mustUpsert(t, m, "default", []string{"172.31.9.10"}, "0.0.0.0/0")
+	if n := len(told()); n != len(cases)-1 {
+		t.Errorf("an unchanged rejection was reported again: %v", told())
+	}
+}
+
+// TestPodCIDRContainingNodeAddress: a pod CIDR holding this node's or
+// another node's address would take that node's traffic.
+func TestPodCIDRContainingNodeAddress(t *testing.T) {
+	local := func() ([]netip.Prefix, []netip.Addr) { return nil, []netip.Addr{netip.MustParseAddr("10.50.0.1")} }
+	m, backend, _ := startWithRules(t, Rules{Local: local})
+	mustUpsert(t, m, "b", []string{"10.60.0.2"}, "10.50.0.0/24") // this node's address
+	mustUpsert(t, m, "c", []string{"10.60.0.3"}, "10.60.0.0/24") // its own and b's
+	mustUpsert(t, m, "d", []string{"10.61.0.4"}, "10.61.8.0/24") // fine
+	mustUpsert(t, m, "e", []string{"10.61.0.5"}, "10.70.0.0/24") // fine until a node moves in
+	for node, want := range map[string]string{"b": "10.50.0.0/24 " + ReasonNodeAddress, "c": "10.60.0.0/24 " + ReasonNodeAddress, "d": "", "e": ""} {
+		if got := rejectedOf(m, node); got != want {
+			t.Errorf("%s: rejected %q, want %q", node, got, want)
+		}
+	}
+	mustUpsert(t, m, "f", []string{"10.70.0.9"})
+	if got, want := rejectedOf(m, "e"), "10.70.0.0/24 "+ReasonNodeAddress; got != want {
+		t.Errorf("e after node f took an address in its CIDR: rejected %q, want %q", got, want)
+	}
+	eventually(t, func() (bool, string) {
+		got, want := backend.String(), "[10.61.8.0/24 via 10.61.0.4]"
+		return got == want, fmt.Sprintf("routes %s, want %s", got, want)
+	})
+}
+
+// TestOverlappingPodCIDRsOlderNodeWins: of two nodes asking for
+// overlapping CIDRs, the one created first gets its CIDR whatever order
+// the events come in, the other none; when the first goes, the other's
+// CIDR is accepted.
+func TestOverlappingPodCIDRsOlderNodeWins(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	older := Peer{Name: "zz-older", Created: t0, IPs: []netip.Addr{netip.MustParseAddr("172.31.9.2")},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.2.0/24")}}
+	newer := Peer{Name: "aa-newer", Created: t0.Add(time.Hour), IPs: []netip.Addr{netip.MustParseAddr("172.31.9.3")},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/22")}}
+	for _, order := range [][]Peer{{older, newer}, {newer, older}} {
+		m, backend, _ := startWithRules(t, Rules{})
+		for _, p := range order {
+			if err := m.UpsertPeer(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, want := rejectedOf(m, "aa-newer"), "10.9.0.0/22 "+ReasonOtherNode; got != want {
+			t.Errorf("order %s first: newer rejected %q, want %q", order[0].Name, got, want)
+		}
+		if got := rejectedOf(m, "zz-older"); got != "" {
+			t.Errorf("order %s first: older rejected %q", order[0].Name, got)
+		}
+		eventually(t, func() (bool, string) {
+			got, want := backend.String(), "[10.9.2.0/24 via 172.31.9.2]"
+			return got == want, fmt.Sprintf("order %s first: routes %s, want %s", order[0].Name, got, want)
+		})
+		if err := m.DeletePeer("zz-older"); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, func() (bool, string) {
+			got, want := backend.String(), "[10.9.0.0/22 via 172.31.9.3]"
+			return got == want, fmt.Sprintf("after the older went: routes %s, want %s", got, want)
+		})
+	}
+}
+
+func TestMalformedAndSecondOfFamily(t *testing.T) {
+	m, _, _ := startWithRules(t, Rules{})
+	p := Peer{Name: "b", IPs: []netip.Addr{netip.MustParseAddr("172.31.9.2")},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.2.0/24"), netip.MustParsePrefix("10.9.3.0/24")},
+		Rejected: []Rejection{{CIDR: "10.9.4.0/33", Reason: ReasonMalformed, Detail: "bad bits"}}}
+	if err := m.UpsertPeer(p); err != nil {
+		t.Fatal(err)
+	}
+	want := "10.9.4.0/33 " + ReasonMalformed + "; 10.9.3.0/24 " + ReasonFamilyTwice
+	if got := rejectedOf(m, "b"); got != want {
+		t.Fatalf("rejected %q, want %q", got, want)
+	}
+}
+
+func TestRulesValidate(t *testing.T) {
+	for _, r := range []Rules{{MinPrefixIPv4: 33}, {MinPrefixIPv6: 129}, {MinPrefixIPv4: -1}} {
+		if r.Validate() == nil {
+			t.Errorf("%+v: no error", r)
+		}
+	}
+	if err := (Rules{MinPrefixIPv4: 20, MinPrefixIPv6: 64}).Validate(); err != nil {
+		t.Error(err)
+	}
+}
