@@ -15,6 +15,23 @@ import (
 	"github.com/tendril-net/tendril/pkg/lab"
 )
 
+// LabConfig fills cfg's nodes, API server and world from a lab with at
+// least two nodes.
+func LabConfig(st *lab.State, cfg Config) (Config, error) {
+	if len(st.Nodes) < 2 {
+		return cfg, fmt.Errorf("lab %s has %d node(s); the test needs two", st.Name, len(st.Nodes))
+	}
+	cfg.Nodes = [2]string{st.Nodes[0].Name, st.Nodes[1].Name}
+	cfg.NodeIPs = [2]string{st.Nodes[0].Address, st.Nodes[1].Address}
+	// The kubernetes Service's endpoint: node1's address, where every
+	// lab kubelet forwards the API server for pods.
+	cfg.APIServer = fmt.Sprintf("%s:%d", st.Nodes[0].Address, st.APIPort)
+	if st.World != nil {
+		cfg.World = st.World.ServerIP
+	}
+	return cfg, nil
+}
+
 // LabProber probes from lab pods by entering their network namespaces.
 type LabProber struct {
 	State *lab.State
