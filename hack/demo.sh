@@ -6,7 +6,9 @@
 # by name through the cluster DNS (CoreDNS as kube-dns), a
 # TendrilNetworkPolicy that lets only the frontend reach the backend, and
 # what Tendril shows about it. Needs root. The lab stays up for you to try
-# things; `make demo-down` (tendril lab down) removes it.
+# things; `make demo-down` (tendril lab down) removes it. Every probe is
+# compared with what the policy in force says: a mismatch, or a probe that
+# could not be made, fails the run (exit 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ $(id -u) -ne 0 ]]; then
@@ -32,41 +34,22 @@ k get pods -n demo -o wide
 k get endpointslices -n demo
 backend=$(k get pod -n demo backend -o jsonpath='{.status.podIP}')
 
-probe() { # probe FROM PORT [--udp]: from a demo pod to the backend
-	local from=$1 port=$2 proto=tcp
-	[[ ${3:-} == --udp ]] && proto=udp
-	if out=$($T lab probe "demo/$from" "$backend:$port" ${3:-} 2>&1); then
-		printf '  %-8s -> backend:%s/%s  connected (%s)\n' "$from" "$port" "$proto" "${out##*answered }"
-	else
-		printf '  %-8s -> backend:%s/%s  BLOCKED\n' "$from" "$port" "$proto"
-	fi
-}
+# shellcheck source=hack/demo-lib.sh
+. hack/demo-lib.sh # probe, svcprobe: each outcome compared with the expected one
 step "Traffic: same node and across nodes, TCP and UDP"
-probe frontend 80
-probe other 80
-probe frontend 53 --udp
-probe far 80
+probe frontend 80 connected
+probe other 80 connected
+probe frontend 53 connected --udp
+probe far 80 connected
 $T lab exec demo/frontend -- curl -s "http://$backend/" | sed 's/^/  curl from the frontend: /'
 
 step "A Service: demo/backend answers at its ClusterIP, from node1 and from node2"
 cip=$(k get service -n demo backend -o jsonpath='{.spec.clusterIP}')
 k get service -n demo backend
 k get endpointslices -n demo -l kubernetes.io/service-name=backend
-svcprobe() { # svcprobe FROM [TRIES]: from a demo pod to the backend Service's ClusterIP
-	local from=$1 out=
-	for _ in $(seq "${2:-50}"); do # the agents program the Service within moments
-		out=$($T lab probe "demo/$from" "$cip:80" --timeout 500ms 2>&1) && break
-		out=
-		sleep 0.1
-	done
-	if [[ -n $out ]]; then
-		printf '  %-8s -> %s:80/tcp (Service demo/backend)  answered by %s\n' "$from" "$cip" "${out##*answered }"
-	else
-		printf '  %-8s -> %s:80/tcp (Service demo/backend)  BLOCKED\n' "$from" "$cip"
-	fi
-}
-svcprobe frontend
-svcprobe far
+svcprobe frontend connected
+svcprobe far connected
+demo_verdict
 $T lab exec demo/far -- curl -s "http://$cip/" | sed 's/^/  curl from far (node2) to the ClusterIP: /'
 echo "  node2's agent: the Service and its backend as the datapath has them"
 $T -H "$TENDRIL_SOCK_NODE2" service list
@@ -87,17 +70,9 @@ ver=$($T lab exec demo/frontend -- curl -s --cacert "/var/run/tendril-lab/$LAB/p
 echo "  https://kubernetes.default/version from the frontend (the kubernetes Service, TLS verified for the name): {${ver%,}}"
 
 step "Policy: the backend accepts only the frontend, on 80/TCP (examples/lab/allow-frontend.yaml)"
-k apply -f examples/lab/allow-frontend.yaml
-for _ in $(seq 50); do
-	$T lab probe demo/other "$backend:80" --timeout 200ms >/dev/null 2>&1 || break
-	sleep 0.1
-done
-k get tnp -n demo
-probe frontend 80
-probe other 80
-probe frontend 53 --udp
-svcprobe frontend 1
-svcprobe far 1
+# Applies it and compares each probe with what it says; fails on a mismatch
+# (TENDRIL_DEMO_DELETE_POLICY=1 deletes it first: then the demo must fail).
+TENDRIL=$T hack/demo-policy.sh
 $T $node1 policy trace --src k8s:app=other,k8s:io.kubernetes.pod.namespace=demo \
 	--dst k8s:app=backend,k8s:io.kubernetes.pod.namespace=demo --dport 80/TCP || true
 

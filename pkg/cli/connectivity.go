@@ -41,16 +41,8 @@ any check failed. Needs root (probes run inside the pods' network namespaces).`,
 			if err != nil {
 				return fmt.Errorf("lab %s: %w (is it up? tendril lab up)", labName, err)
 			}
-			if len(st.Nodes) < 2 {
-				return fmt.Errorf("lab %s has %d node(s); the test needs two", labName, len(st.Nodes))
-			}
-			cfg.Nodes = [2]string{st.Nodes[0].Name, st.Nodes[1].Name}
-			cfg.NodeIPs = [2]string{st.Nodes[0].Address, st.Nodes[1].Address}
-			// The kubernetes Service's endpoint: node1's address, where every
-			// lab kubelet forwards the API server for pods.
-			cfg.APIServer = fmt.Sprintf("%s:%d", st.Nodes[0].Address, st.APIPort)
-			if st.World != nil {
-				cfg.World = st.World.ServerIP
+			if cfg, err = connectivity.LabConfig(st, cfg); err != nil {
+				return err
 			}
 			rc, err := controlplane.RESTConfig(st.Kubeconfig)
 			if err != nil {
@@ -79,6 +71,7 @@ any check failed. Needs root (probes run inside the pods' network namespaces).`,
 	test.Flags().StringVar(&cfg.Namespace, "namespace", cfg.Namespace, "Namespace of the test's pods and policies (recreated)")
 	test.Flags().BoolVar(&cfg.Keep, "keep", cfg.Keep, "Leave the test namespace in place afterwards")
 	test.Flags().DurationVar(&cfg.Settle, "settle", cfg.Settle, "How long a check may retry until policy has reached the nodes")
+	test.Flags().IntVar(&cfg.DenyProbes, "deny-probes", cfg.DenyProbes, "How many probes in a row a denied check needs dropped; once one is, any that gets through fails the check")
 	cmd.AddCommand(test)
 	return cmd
 }

@@ -15,6 +15,23 @@ import (
 	"github.com/tendril-net/tendril/pkg/lab"
 )
 
+// LabConfig fills cfg's nodes, API server and world from a lab with at
+// least two nodes.
+func LabConfig(st *lab.State, cfg Config) (Config, error) {
+	if len(st.Nodes) < 2 {
+		return cfg, fmt.Errorf("lab %s has %d node(s); the test needs two", st.Name, len(st.Nodes))
+	}
+	cfg.Nodes = [2]string{st.Nodes[0].Name, st.Nodes[1].Name}
+	cfg.NodeIPs = [2]string{st.Nodes[0].Address, st.Nodes[1].Address}
+	// The kubernetes Service's endpoint: node1's address, where every
+	// lab kubelet forwards the API server for pods.
+	cfg.APIServer = fmt.Sprintf("%s:%d", st.Nodes[0].Address, st.APIPort)
+	if st.World != nil {
+		cfg.World = st.World.ServerIP
+	}
+	return cfg, nil
+}
+
 // LabProber probes from lab pods by entering their network namespaces.
 type LabProber struct {
 	State *lab.State
@@ -60,10 +77,25 @@ func (p LabProber) Probe(ctx context.Context, pod, addr string, opts ProbeOption
 		return parseProbeAnswer(stdout.String())
 	case errors.As(err, &exit) && exit.ExitCode() == 1:
 		// `lab probe` exit 1: nothing answered.
-		return "", errors.New(strings.TrimPrefix(msg, "Error: "))
+		return "", probeFailure(strings.TrimPrefix(msg, "Error: "), opts)
 	default:
 		return "", fmt.Errorf("%w from %s: %v: %s", ErrCannotProbe, pod, err, msg)
 	}
+}
+
+// probeFailure classifies the message of a `lab probe` that got no
+// answer: it was dropped when its time ran out before anything came back
+// (the handshake for TCP, the answer for UDP, or the name's resolution).
+// A TCP connection that was accepted but not answered, a refusal, an
+// unreachable network or a name that does not exist are not drops.
+func probeFailure(msg string, opts ProbeOptions) error {
+	timedOut := strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "no answer within") ||
+		strings.Contains(msg, "deadline exceeded")
+	accepted := !opts.UDP && strings.Contains(msg, "connected, but no answer")
+	if timedOut && !accepted {
+		return fmt.Errorf("%w: %s", ErrDropped, msg)
+	}
+	return errors.New(msg)
 }
 
 // parseProbeAnswer reads the answer from `lab probe`'s line
@@ -84,7 +116,7 @@ func parseProbeAnswer(out string) (string, error) {
 func (p LabProber) Dial(ctx context.Context, pod, addr string, timeout time.Duration) error {
 	path, err := p.netns(pod)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %v", ErrCannotProbe, err)
 	}
 	var dialErr error
 	if err := lab.InNetns(path, func() error {
@@ -96,7 +128,10 @@ func (p LabProber) Dial(ctx context.Context, pod, addr string, timeout time.Dura
 		dialErr = err
 		return nil
 	}); err != nil {
-		return fmt.Errorf("enter %s: %w", pod, err)
+		return fmt.Errorf("%w: enter %s: %v", ErrCannotProbe, pod, err)
+	}
+	if ne, ok := dialErr.(net.Error); ok && ne.Timeout() {
+		return fmt.Errorf("%w: %v", ErrDropped, dialErr)
 	}
 	return dialErr
 }
@@ -105,15 +140,24 @@ func (p LabProber) Dial(ctx context.Context, pod, addr string, timeout time.Dura
 func (p LabProber) Ping(ctx context.Context, pod, ip string, timeout time.Duration) error {
 	path, err := p.netns(pod)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %v", ErrCannotProbe, err)
 	}
 	secs := int(timeout.Seconds())
 	if secs < 1 {
 		secs = 1
 	}
 	out, err := exec.CommandContext(ctx, "nsenter", "--net="+path, "ping", "-c", "1", "-W", fmt.Sprint(secs), ip).CombinedOutput()
-	if err != nil {
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exit) && exit.ExitCode() == 1 && !strings.Contains(string(out), "Unreachable"):
+		// ping(8) exits 1 when no reply came back in time (or an ICMP
+		// error did, which is no drop).
+		return fmt.Errorf("%w: ping %s: %s", ErrDropped, ip, strings.TrimSpace(lastLine(string(out))))
+	case errors.As(err, &exit):
 		return fmt.Errorf("ping %s: %v: %s", ip, err, strings.TrimSpace(lastLine(string(out))))
+	default:
+		return fmt.Errorf("%w: ping %s: %v", ErrCannotProbe, ip, err)
 	}
 	return nil
 }

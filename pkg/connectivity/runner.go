@@ -24,8 +24,11 @@ type Prober interface {
 	// DNS name and port that the pod resolves through its cluster DNS),
 	// waits for an answer and returns it (the lab workload answers with its
 	// pod's name, a TLS server with its certificate's common name); an
-	// error means no connection or no answer, or, wrapping ErrCannotProbe,
-	// that the probe could not be made at all.
+	// error means no connection or no answer: wrapping ErrDropped when
+	// nothing came back within the timeout (what a policy that drops looks
+	// like), wrapping ErrCannotProbe when the probe could not be made at
+	// all, neither for any other failure (refused, unreachable, a name
+	// that does not exist). Ping and Dial report the same way.
 	Probe(ctx context.Context, pod, addr string, opts ProbeOptions, timeout time.Duration) (string, error)
 	// Ping sends ICMP echo requests from pod to ip.
 	Ping(ctx context.Context, pod, ip string, timeout time.Duration) error
@@ -79,6 +82,12 @@ type Check struct {
 // broken prober): a check never counts it as "denied".
 var ErrCannotProbe = errors.New("cannot probe")
 
+// ErrDropped marks a probe that got nothing back within its timeout: no
+// handshake, no answer, no refusal. Tendril's policy drops what it denies,
+// so this is the only failure a denied check accepts; a refusal says the
+// traffic reached its destination.
+var ErrDropped = errors.New("dropped")
+
 // Result is a check's outcome.
 type Result struct {
 	Check
@@ -98,6 +107,12 @@ type Runner struct {
 	// Settle is how long a check keeps retrying until the expected outcome
 	// shows: policy reaches the nodes asynchronously.
 	Settle time.Duration
+	// DenyProbes is how many probes in a row a denied check needs dropped
+	// (0: one). From the first dropped probe on, every probe must be
+	// dropped: one that connects, or fails otherwise, fails the check at
+	// once. A single lost datagram or slow handshake therefore never
+	// passes a check whose policy is absent.
+	DenyProbes int
 }
 
 func (r *Runner) probeOnce(ctx context.Context, c Check) (string, error) {
@@ -157,46 +172,22 @@ func judgeAnswers(c Check, answers []string) (bool, string) {
 	return true, ""
 }
 
-// Run runs the checks in order, a progress line each. A check passes as
-// soon as a probe's outcome is the expected one; it fails when Settle
-// passes without that.
+// Run runs the checks in order, a progress line each. An allowed check
+// passes as soon as a probe's outcome is the expected one; it fails when
+// Settle passes without that. A denied check retries while probes get
+// through (the policy may not have arrived yet) and passes once DenyProbes
+// probes in a row are dropped; it fails when, after its first dropped
+// probe, one is not (the policy does not hold), when Settle passes first,
+// or when a probe cannot be made.
 func (r *Runner) Run(ctx context.Context, total, first int, checks []Check) []Result {
 	out := make([]Result, 0, len(checks))
 	for i, c := range checks {
 		begin := time.Now()
-		res := Result{Check: c}
-		for {
-			res.Attempts++
-			answers, err := r.attempt(ctx, c)
-			connected := err == nil
-			res.Last = ""
-			if err != nil {
-				res.Last = err.Error()
-			}
-			if errors.Is(err, ErrCannotProbe) {
-				break // never mistaken for a denial, and retrying will not help
-			}
-			if connected == c.Allowed {
-				ok, why := true, ""
-				if connected {
-					ok, why = judgeAnswers(c, answers)
-				}
-				res.Passed, res.Last = ok, why
-				// Who answered is final once everything answers: retrying
-				// until a lucky draw would let a broken affinity or traffic
-				// policy pass. Only a spread not seen yet (a backend still
-				// being added) is worth another attempt.
-				if ok || !c.Spread {
-					break
-				}
-			}
-			if time.Since(begin) > r.Settle || ctx.Err() != nil {
-				break
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
-			}
+		var res Result
+		if c.Allowed {
+			res = r.runAllowed(ctx, c)
+		} else {
+			res = r.runDenied(ctx, c)
 		}
 		res.Took = time.Since(begin)
 		verdict := "ok"
@@ -208,6 +199,90 @@ func (r *Runner) Run(ctx context.Context, total, first int, checks []Check) []Re
 		out = append(out, res)
 	}
 	return out
+}
+
+// runAllowed retries a check that expects a connection until it connects
+// and the answers are right, or Settle passes.
+func (r *Runner) runAllowed(ctx context.Context, c Check) Result {
+	begin := time.Now()
+	res := Result{Check: c}
+	for {
+		res.Attempts++
+		answers, err := r.attempt(ctx, c)
+		res.Last = ""
+		if err != nil {
+			res.Last = err.Error()
+		}
+		if errors.Is(err, ErrCannotProbe) {
+			return res // retrying will not help
+		}
+		if err == nil {
+			ok, why := judgeAnswers(c, answers)
+			res.Passed, res.Last = ok, why
+			// Who answered is final once everything answers: retrying
+			// until a lucky draw would let a broken affinity or traffic
+			// policy pass. Only a spread not seen yet (a backend still
+			// being added) is worth another attempt.
+			if ok || !c.Spread {
+				return res
+			}
+		}
+		if !r.wait(ctx, begin) {
+			return res
+		}
+	}
+}
+
+// runDenied probes a check that expects denial until DenyProbes probes in
+// a row are dropped. Before the first drop, a probe that gets through is
+// retried (policy reaches the nodes asynchronously); from the first drop
+// on, the window must hold: any other outcome fails the check.
+func (r *Runner) runDenied(ctx context.Context, c Check) Result {
+	begin := time.Now()
+	res := Result{Check: c}
+	dropped := 0
+	for {
+		res.Attempts++
+		_, err := r.attempt(ctx, c)
+		switch {
+		case errors.Is(err, ErrCannotProbe):
+			res.Last = err.Error()
+			return res // never mistaken for a denial
+		case errors.Is(err, ErrDropped):
+			dropped++
+			res.Last = ""
+			if dropped >= max(r.DenyProbes, 1) {
+				res.Passed = true
+				return res
+			}
+			continue // the window's next probe, at once
+		case err == nil:
+			res.Last = "connected"
+		default:
+			res.Last = "not dropped: " + err.Error()
+		}
+		if dropped > 0 {
+			res.Last = fmt.Sprintf("%s after %d dropped probe%s: the denial does not hold", res.Last, dropped, plural(dropped))
+			return res
+		}
+		if !r.wait(ctx, begin) {
+			return res
+		}
+	}
+}
+
+// wait pauses before a check's next attempt; false when Settle has passed
+// since begin or ctx is done.
+func (r *Runner) wait(ctx context.Context, begin time.Time) bool {
+	if time.Since(begin) > r.Settle || ctx.Err() != nil {
+		return false
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(200 * time.Millisecond):
+		return true
+	}
 }
 
 func plural(n int) string {
@@ -240,9 +315,6 @@ func PrintTable(w io.Writer, results []Result) {
 		got := "PASS"
 		if !r.Passed {
 			got = "FAIL: " + firstLine(r.Last)
-			if r.Last == "" {
-				got = "FAIL: connected"
-			}
 		}
 		if r.Repeat > 1 {
 			want += fmt.Sprintf(" (x%d)", r.Repeat)

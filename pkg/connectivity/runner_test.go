@@ -31,7 +31,7 @@ func (f *fakeProber) outcome(key string) error {
 	if ok {
 		return nil
 	}
-	return errors.New("i/o timeout")
+	return fmt.Errorf("%w: i/o timeout", ErrDropped)
 }
 
 func (f *fakeProber) Probe(_ context.Context, pod, addr string, _ ProbeOptions, _ time.Duration) (string, error) {
@@ -53,7 +53,7 @@ func TestRunnerPassesFailsAndWaitsForPolicy(t *testing.T) {
 		seen:      map[string]int{},
 	}
 	var out bytes.Buffer
-	r := &Runner{Prober: p, Out: &out, ProbeTimeout: time.Millisecond, Settle: 2 * time.Second}
+	r := &Runner{Prober: p, Out: &out, ProbeTimeout: time.Millisecond, Settle: 2 * time.Second, DenyProbes: 3}
 	res := r.Run(context.Background(), 4, 1, []Check{
 		{Name: "allowed tcp", From: "a", To: "10.0.0.2:80", Proto: "tcp", Allowed: true},
 		{Name: "api server", From: "a", To: "10.0.0.9:6443", Proto: "tcp-connect", Allowed: true},
@@ -64,15 +64,17 @@ func TestRunnerPassesFailsAndWaitsForPolicy(t *testing.T) {
 	if Failed(res) != 1 || !res[0].Passed || !res[1].Passed || !res[2].Passed || !res[3].Passed || res[4].Passed {
 		t.Fatalf("results %+v", res)
 	}
-	if res[3].Attempts != 3 {
-		t.Fatalf("late policy: %d attempts, want 3", res[3].Attempts)
+	// Two probes connect before the policy arrives, then the window of
+	// three dropped probes.
+	if res[3].Attempts != 5 {
+		t.Fatalf("late policy: %d attempts, want 5", res[3].Attempts)
 	}
 	if !strings.Contains(out.String(), "[5/4] never connects") || !strings.Contains(out.String(), "FAILED") {
 		t.Fatalf("progress lines:\n%s", out.String())
 	}
 	var table bytes.Buffer
 	PrintTable(&table, res)
-	for _, want := range []string{"CHECK", "PASS", "FAIL: i/o timeout", "5 checks: 4 passed, 1 failed"} {
+	for _, want := range []string{"CHECK", "PASS", "FAIL: dropped: i/o timeout", "5 checks: 4 passed, 1 failed"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}
@@ -99,7 +101,7 @@ func (a *answerProber) Probe(_ context.Context, pod, addr string, opts ProbeOpti
 		return "", fmt.Errorf("%w: no pod %s", ErrCannotProbe, pod)
 	}
 	if len(list) == 0 {
-		return "", errors.New("connection refused")
+		return "", fmt.Errorf("%w: i/o timeout", ErrDropped)
 	}
 	i := a.n[key]
 	a.n[key]++
@@ -184,5 +186,120 @@ func TestRunnerPassesProbeOptions(t *testing.T) {
 	want := []ProbeOptions{{DNSTCP: true}, {UDP: true}, {TLS: true}, {OutsideNodeCgroup: true}}
 	if fmt.Sprint(p.opts) != fmt.Sprint(want) {
 		t.Fatalf("probe options %+v, want %+v", p.opts, want)
+	}
+}
+
+// scriptProber answers the probes of each target with a script of
+// outcomes, one per probe in order (the last one repeats): nil connects,
+// an error fails the probe.
+type scriptProber struct {
+	mu     sync.Mutex
+	script map[string][]error
+	n      map[string]int
+}
+
+func (s *scriptProber) next(key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	list := s.script[key]
+	i := min(s.n[key], len(list)-1)
+	s.n[key]++
+	return list[i]
+}
+
+func (s *scriptProber) Probe(_ context.Context, pod, addr string, _ ProbeOptions, _ time.Duration) (string, error) {
+	return "s", s.next(pod + ">" + addr)
+}
+func (s *scriptProber) Ping(_ context.Context, pod, ip string, _ time.Duration) error {
+	return s.next(pod + ">" + ip)
+}
+func (s *scriptProber) Dial(_ context.Context, pod, addr string, _ time.Duration) error {
+	return s.next(pod + ">" + addr)
+}
+
+// TestRunnerDeniedHoldsOverAWindow: a denied check passes only when a
+// whole window of probes is dropped. One lost datagram, a refusal, a
+// probe that cannot be made or a policy that goes away in the middle of
+// the window fail it; allowed checks still retry through failures.
+func TestRunnerDeniedHoldsOverAWindow(t *testing.T) {
+	drop := fmt.Errorf("%w: i/o timeout", ErrDropped)
+	refused := errors.New("connection refused")
+	cannot := fmt.Errorf("%w: no pod", ErrCannotProbe)
+	p := &scriptProber{n: map[string]int{}, script: map[string][]error{
+		"c>held:80":      {drop},
+		"c>late:80":      {nil, nil, drop},
+		"c>onelost:80":   {drop, nil},
+		"c>removed:80":   {drop, drop, nil},
+		"c>refused:80":   {refused},
+		"c>cannot:80":    {cannot},
+		"c>flaky:80":     {drop, refused, nil},
+		"c>neverdrop:80": {nil},
+		"c>10.0.0.9":     {drop},
+		"c>allowed:80":   {drop, refused, drop, nil},
+	}}
+	r := &Runner{Prober: p, Out: &bytes.Buffer{}, ProbeTimeout: time.Millisecond, Settle: 700 * time.Millisecond, DenyProbes: 3}
+	res := r.Run(context.Background(), 10, 1, []Check{
+		{Name: "held", From: "c", To: "held:80", Proto: "tcp"},
+		{Name: "policy arrives late", From: "c", To: "late:80", Proto: "udp"},
+		{Name: "one lost datagram, no policy", From: "c", To: "onelost:80", Proto: "udp"},
+		{Name: "policy removed in the window", From: "c", To: "removed:80", Proto: "tcp"},
+		{Name: "refused is no drop", From: "c", To: "refused:80", Proto: "tcp"},
+		{Name: "cannot probe is no drop", From: "c", To: "cannot:80", Proto: "tcp"},
+		{Name: "refused in the window", From: "c", To: "flaky:80", Proto: "tcp"},
+		{Name: "never dropped", From: "c", To: "neverdrop:80", Proto: "tcp"},
+		{Name: "ping dropped", From: "c", To: "10.0.0.9", Proto: "icmp"},
+		{Name: "allowed retries", From: "c", To: "allowed:80", Proto: "tcp", Allowed: true},
+	})
+	want := []struct {
+		passed   bool
+		attempts int
+		last     string
+	}{
+		{true, 3, ""},
+		{true, 5, ""},
+		{false, 2, "connected after 1 dropped probe: the denial does not hold"},
+		{false, 3, "connected after 2 dropped probes"},
+		{false, -1, "not dropped: connection refused"},
+		{false, 1, "cannot probe"},
+		{false, 2, "not dropped: connection refused after 1 dropped probe"},
+		{false, -1, "connected"},
+		{true, 3, ""},
+		{true, 4, ""},
+	}
+	for i, w := range want {
+		got := res[i]
+		if got.Passed != w.passed || (w.attempts >= 0 && got.Attempts != w.attempts) || !strings.Contains(got.Last, w.last) {
+			t.Errorf("%s: passed=%v after %d probes (last %q), want passed=%v after %d probes (last %q)",
+				got.Name, got.Passed, got.Attempts, got.Last, w.passed, w.attempts, w.last)
+		}
+	}
+	// Checks that never see the expected outcome retry until Settle.
+	for _, i := range []int{4, 7} {
+		if res[i].Attempts < 2 {
+			t.Errorf("%s: %d probes, want retries until Settle", res[i].Name, res[i].Attempts)
+		}
+	}
+}
+
+// TestProbeFailureClassifies: only a probe whose time ran out before
+// anything came back counts as dropped.
+func TestProbeFailureClassifies(t *testing.T) {
+	for _, c := range []struct {
+		msg     string
+		opts    ProbeOptions
+		dropped bool
+	}{
+		{"ns/c -> 10.0.0.2:80/tcp: no answer: dial tcp 10.0.0.2:80: i/o timeout", ProbeOptions{}, true},
+		{"ns/c -> 10.0.0.2:81/udp: no answer: no answer within 1s", ProbeOptions{UDP: true}, true},
+		{"ns/c -> servers:81/udp: resolve servers: read udp 10.0.0.3:5353->10.96.0.10:53: i/o timeout", ProbeOptions{UDP: true}, true},
+		{"ns/c -> 10.0.0.2:80/tcp: no answer: dial tcp 10.0.0.2:80: connect: connection refused", ProbeOptions{}, false},
+		{"ns/c -> 10.0.0.2:81/udp: no answer: read udp: connection refused", ProbeOptions{UDP: true}, false},
+		{"ns/c -> 10.0.0.2:80/tcp: no answer: connected, but no answer: read tcp: i/o timeout", ProbeOptions{}, false},
+		{"ns/c -> 10.0.0.2:80/tcp: no answer: dial tcp: connect: no route to host", ProbeOptions{}, false},
+		{"ns/c -> nope:80/tcp: nope: no such host", ProbeOptions{}, false},
+	} {
+		if got := errors.Is(probeFailure(c.msg, c.opts), ErrDropped); got != c.dropped {
+			t.Errorf("%q: dropped=%v, want %v", c.msg, got, c.dropped)
+		}
 	}
 }

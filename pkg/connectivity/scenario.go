@@ -39,15 +39,18 @@ type Config struct {
 	// World is a server outside the cluster (IP) answering on TCP 80 and
 	// UDP 81 with "<name> from <source address>:<port>" (the lab's world
 	// server); empty skips the masquerade checks.
-	World     string
-	Keep      bool
-	Settle    time.Duration
-	ReadyWait time.Duration
+	World  string
+	Keep   bool
+	Settle time.Duration
+	// DenyProbes is how many probes in a row a denied check needs dropped
+	// (Runner.DenyProbes).
+	DenyProbes int
+	ReadyWait  time.Duration
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{Namespace: "tendril-connectivity", ClusterDNS: lab.ClusterDNSIP, Settle: 30 * time.Second, ReadyWait: 2 * time.Minute}
+	return Config{Namespace: "tendril-connectivity", ClusterDNS: lab.ClusterDNSIP, Settle: 30 * time.Second, DenyProbes: 3, ReadyWait: 2 * time.Minute}
 }
 
 // The test's pods: a client and a second client on node 0, servers on
@@ -331,7 +334,7 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 	for _, ph := range phases {
 		total += len(ph.checks)
 	}
-	runner := &Runner{Prober: prober, Out: out, ProbeTimeout: time.Second, Settle: cfg.Settle}
+	runner := &Runner{Prober: prober, Out: out, ProbeTimeout: time.Second, Settle: cfg.Settle, DenyProbes: cfg.DenyProbes}
 	var results []Result
 	for _, ph := range phases {
 		fmt.Fprintf(out, "--- %s\n", ph.title)

@@ -23,27 +23,51 @@ type Process struct {
 	Start uint64
 }
 
-// processStart reads a process' start time; an error means it is gone.
+// processStart reads a process' start time; an error means it is gone
+// (a zombie is gone: it has exited).
 func processStart(pid int) (uint64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	state, start, err := readStat(pid)
 	if err != nil {
 		return 0, err
+	}
+	if state == "Z" {
+		return 0, fmt.Errorf("process %d is a zombie", pid)
+	}
+	return start, nil
+}
+
+// childStart reads the start time of a child not yet waited for. A child
+// that has already exited is a zombie, and its PID stays its own until the
+// Wait, so its start time is read all the same: the caller's Wait then
+// says how it ended, with its exit status.
+func childStart(pid int) (uint64, error) {
+	_, start, err := readStat(pid)
+	return start, err
+}
+
+// readStat reads a process' state (field 3) and start time (field 22) from
+// /proc/PID/stat.
+func readStat(pid int) (string, uint64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", 0, err
 	}
 	// The command name (field 2) may hold spaces and parentheses: the
 	// fields after it start after the last ')'.
 	i := bytes.LastIndexByte(data, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: malformed", pid)
+		return "", 0, fmt.Errorf("/proc/%d/stat: malformed", pid)
 	}
 	fields := strings.Fields(string(data[i+1:]))
 	// Field 3 (state) is fields[0], so field 22 is fields[19].
 	if len(fields) < 20 {
-		return 0, fmt.Errorf("/proc/%d/stat: malformed", pid)
+		return "", 0, fmt.Errorf("/proc/%d/stat: malformed", pid)
 	}
-	if fields[0] == "Z" {
-		return 0, fmt.Errorf("process %d is a zombie", pid)
+	start, err := strconv.ParseUint(fields[19], 10, 64)
+	if err != nil {
+		return "", 0, fmt.Errorf("/proc/%d/stat: start time: %w", pid, err)
 	}
-	return strconv.ParseUint(fields[19], 10, 64)
+	return fields[0], start, nil
 }
 
 // Alive reports whether the recorded process still runs.
@@ -56,7 +80,9 @@ func (p Process) Alive() bool {
 // to logPath, records it in pidDir under role and returns without waiting:
 // the process outlives the caller. Command-line tools that start a lab
 // process use it; the lab kubelet starts pod workloads the same way so
-// they survive a kubelet restart.
+// they survive a kubelet restart. A process that exits at once is
+// returned like any other: the returned command's Wait says how it ended
+// (watchExit), whether it exited before its start time was read or after.
 func StartDetached(pidDir, role, logPath string, argv []string) (*exec.Cmd, Process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -70,10 +96,11 @@ func StartDetached(pidDir, role, logPath string, argv []string) (*exec.Cmd, Proc
 		return nil, Process{}, fmt.Errorf("start %s: %w", role, err)
 	}
 	p := Process{Role: role, PID: cmd.Process.Pid}
-	if p.Start, err = processStart(p.PID); err != nil {
+	// Even when it has exited already: the caller's Wait reports how.
+	if p.Start, err = childStart(p.PID); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		return nil, Process{}, fmt.Errorf("start %s: exited at once (see %s)", role, logPath)
+		return nil, Process{}, fmt.Errorf("start %s: %w", role, err)
 	}
 	if err := writeFileAtomic(filepath.Join(pidDir, role+".pid"), fmt.Appendf(nil, "%d %d\n", p.PID, p.Start)); err != nil {
 		_ = cmd.Process.Kill()

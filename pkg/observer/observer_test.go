@@ -124,6 +124,8 @@ func TestFlowsFollow(t *testing.T) {
 			t.Fatalf("got %d, want %d", p, want)
 		}
 	}
+	// Each flow comes out before the next is made: followed as it
+	// happens. (The deadline only ends a follow that never delivers.)
 	for i := 5; i <= 7; i++ {
 		o.observeTest(t, i)
 		select {
@@ -131,8 +133,8 @@ func TestFlowsFollow(t *testing.T) {
 			if p != i {
 				t.Fatalf("followed %d, want %d", p, i)
 			}
-		case <-time.After(time.Second):
-			t.Fatalf("flow %d not followed within 1 s", i)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("flow %d never followed", i)
 		}
 	}
 	cancel()
@@ -160,7 +162,7 @@ func TestFlowsFollowFromNowUntil(t *testing.T) {
 		if !errors.Is(err, ErrUntilPassed) {
 			t.Fatalf("ended with %v", err)
 		}
-	case <-time.After(2 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("follow did not stop at its until time")
 	}
 	close(got)

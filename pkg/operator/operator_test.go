@@ -226,8 +226,9 @@ func TestLeaderKilledFailover(t *testing.T) {
 
 	// The takeover, read from the Lease: the new holder acquired it
 	// after the dead one's last renewal plus the lease duration (never
-	// earlier: safety, see below), and within the renew deadline after
-	// that.
+	// earlier: safety, see below). How long after is logged, not
+	// asserted (no wall-clock upper bound in a test): that it happens at
+	// all is the wait above.
 	rec.mu.Lock()
 	var lastRenew, acquired time.Time
 	transitions := int32(-1)
@@ -259,9 +260,6 @@ func TestLeaderKilledFailover(t *testing.T) {
 	// one second before the lease runs out from the real last renewal.
 	if gap < lease-time.Second {
 		t.Fatalf("%s acquired the lease %v after the last renewal, before the %s lease expired", second, gap, lease)
-	}
-	if gap > lease+renew {
-		t.Fatalf("%s acquired the lease %v after the last renewal: later than lease duration + renew deadline (%s)", second, gap, lease+renew)
 	}
 	if transitions < 1 {
 		t.Fatalf("lease transitions %d after a takeover", transitions)

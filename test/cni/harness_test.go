@@ -291,6 +291,18 @@ func (n *node) endpoints() []*models.Endpoint {
 	return eps
 }
 
+// endpointOf is the ID of the pod's endpoint.
+func (n *node) endpointOf(p *pod) int64 {
+	n.t.Helper()
+	for _, ep := range n.endpoints() {
+		if ep.Status != nil && ep.Status.ExternalIdentifiers != nil && ep.Status.ExternalIdentifiers.ContainerID == p.rt.ContainerID {
+			return ep.ID
+		}
+	}
+	n.t.Fatalf("no endpoint of pod %s (container %s)", p.name, p.rt.ContainerID)
+	return 0
+}
+
 // podAllocations are the agent's IPAM allocations held for pods: every
 // allocation except the router's, from the status' ipam section.
 func (n *node) podAllocations() map[string]string {
