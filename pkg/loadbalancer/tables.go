@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
@@ -122,6 +123,13 @@ type Service struct {
 	// SourceRanges are spec.loadBalancerSourceRanges: the clients the
 	// load-balancer addresses admit (empty: every client).
 	SourceRanges []netip.Prefix
+
+	// Labels, UID and Created are the source object's: which policies
+	// select the service, what its events name, and which of two
+	// services claiming one address came first (L2 announcements).
+	Labels  map[string]string
+	UID     string
+	Created time.Time
 }
 
 // ExternalLocal reports whether external traffic is served by this node's

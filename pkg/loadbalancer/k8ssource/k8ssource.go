@@ -34,7 +34,8 @@ func ServiceFrom(s *corev1.Service, defaultMaglev bool) (svc *loadbalancer.Servi
 		return nil, false, nil
 	}
 	out := &loadbalancer.Service{Name: loadbalancer.ServiceName{Namespace: s.Namespace, Name: s.Name}, Type: string(s.Spec.Type),
-		InternalTrafficPolicy: loadbalancer.TrafficPolicyCluster, Maglev: defaultMaglev}
+		InternalTrafficPolicy: loadbalancer.TrafficPolicyCluster, Maglev: defaultMaglev,
+		Labels: s.Labels, UID: string(s.UID), Created: s.CreationTimestamp.Time}
 	if out.Type == "" {
 		out.Type = string(corev1.ServiceTypeClusterIP)
 	}
