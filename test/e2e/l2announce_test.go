@@ -371,18 +371,6 @@ func TestPrivilegedLabL2AnnouncementRefusals(t *testing.T) {
 		Spec: corev1.ServiceSpec{Ports: ports, ExternalIPs: []string{gateway, node2.Address}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "L2AnnouncementRefused events on hijack for "+gateway+" and "+node2.Address, func() (bool, error) {
-		evs, err := e.cs.CoreV1().Events(e.ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=hijack,reason=" + l2announcer.ReasonRefused})
-		if err != nil {
-			return false, err
-		}
-		var msgs []string
-		for _, ev := range evs.Items {
-			msgs = append(msgs, ev.Message)
-		}
-		all := strings.Join(msgs, "\n")
-		return strings.Contains(all, gateway+" refused") && strings.Contains(all, node2.Address+" refused"), fmt.Errorf("events: %q", msgs)
-	})
 	if _, err := e.cs.CoreV1().Services(e.ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "control"},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: ports}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -395,9 +383,6 @@ func TestPrivilegedLabL2AnnouncementRefusals(t *testing.T) {
 		return h != "", fmt.Errorf("holder %q (%v)", h, err)
 	})
 	e.onlyAnswer(addr, holder)
-	if h, err := e.holder("hijack"); !apierrors.IsNotFound(err) {
-		t.Fatalf("hijack's lease: holder %q, error %v; want no lease (no node is a candidate)", h, err)
-	}
 	got, err := e.arpAnswers(gateway)
 	if err != nil {
 		t.Fatal(err)
@@ -412,4 +397,19 @@ func TestPrivilegedLabL2AnnouncementRefusals(t *testing.T) {
 	if mac := e.nodeMAC(node2.Name); len(got) != 1 || got[0] != mac {
 		t.Fatalf("ARP for %s's address %s answered by %v, want only %s", node2.Name, node2.Address, got, mac)
 	}
+	if h, err := e.holder("hijack"); !apierrors.IsNotFound(err) {
+		t.Fatalf("hijack's lease: holder %q, error %v; want no lease (no node is a candidate)", h, err)
+	}
+	eventually(t, "L2AnnouncementRefused events on hijack for "+gateway+" and "+node2.Address, func() (bool, error) {
+		evs, err := e.cs.CoreV1().Events(e.ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=hijack,reason=L2AnnouncementRefused"})
+		if err != nil {
+			return false, err
+		}
+		var msgs []string
+		for _, ev := range evs.Items {
+			msgs = append(msgs, ev.Message)
+		}
+		all := strings.Join(msgs, "\n")
+		return strings.Contains(all, gateway+" refused") && strings.Contains(all, node2.Address+" refused"), fmt.Errorf("events: %q", msgs)
+	})
 }

@@ -2,6 +2,7 @@ package l2announcer
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"testing"
@@ -200,5 +201,26 @@ func TestParsePolicy(t *testing.T) {
 		if _, err := ParsePolicy(c.pool, nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: error %v, want one naming %s", c.pool.Spec, err, c.want)
 		}
+	}
+}
+
+// TestReportNew: a refusal is reported once while it lasts, again when
+// it comes back, and again when its reason changes.
+func TestReportNew(t *testing.T) {
+	r := &runner{log: slog.New(slog.DiscardHandler)}
+	var got []string
+	report := func(x Refusal) { got = append(got, x.Addr.String()+" "+x.Reason) }
+	n := loadbalancer.ServiceName{Namespace: "ns", Name: "hijack"}
+	gw := Refusal{Service: n, Addr: gateway, Reason: "gateway"}
+	node := Refusal{Service: n, Addr: node2IP, Reason: "node"}
+	last := r.reportNew([]Refusal{gw, node}, nil, report)
+	last = r.reportNew([]Refusal{gw, node}, last, report)
+	last = r.reportNew([]Refusal{gw}, last, report)
+	last = r.reportNew([]Refusal{gw, node}, last, report)
+	node.Reason = "node, renamed"
+	r.reportNew([]Refusal{gw, node}, last, report)
+	want := "[172.30.0.1 gateway 172.30.0.12 node 172.30.0.12 node 172.30.0.12 node, renamed]"
+	if fmt.Sprint(got) != want {
+		t.Fatalf("reported %v, want %s", got, want)
 	}
 }
