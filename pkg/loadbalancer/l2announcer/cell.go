@@ -22,7 +22,7 @@ import (
 // --enable-l2-announcements, the announcer's job (services and devices
 // into campaigns and the table) and the table's reconciler (the
 // responder map). It provides the *Announcer (nil when off).
-var Cell = cell.Module("l2-announcements", "Answers ARP for the addresses of services that a pool's L2 announcement policy admits",
+var Cell = cell.Module("l2-announcements", "Answers ARP for service addresses admitted by a pool L2 announcement policy",
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Announcer) {}),
 	cell.Provide(newCell, statusContribution),
