@@ -253,8 +253,8 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			"--state-dir", n.StateDir, "--socket", n.Socket, "--bpf-root", n.BPFRoot,
 			"--ipv6-range", "none", "--prometheus-serve-addr", "",
 			"--cgroup-root", n.Cgroup,
-			// The load-balancer addresses of the lab's pool, and external
-			// IPs on the bridge, answered on-link (lbpool.go).
+			// The load-balancer addresses of the lab's pool answered
+			// on-link (its l2Announcements, lbpool.go).
 			"--enable-l2-announcements"}
 		argv = append(argv, hubbleArgs[n.Name]...)
 		if cfg.IPAM == "cluster-pool" {

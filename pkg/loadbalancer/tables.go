@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
@@ -87,14 +88,6 @@ const (
 	FrontendHostPort = "HostPort"
 )
 
-// Traffic distributions (trafficDistribution) that prefer backends close
-// to the client: of this node's zone, as the EndpointSlice hints say.
-// PreferSameZone is PreferClose's newer, explicit name.
-const (
-	TrafficDistributionPreferClose    = "PreferClose"
-	TrafficDistributionPreferSameZone = "PreferSameZone"
-)
-
 // Service is a service's options, as its source gives them.
 type Service struct {
 	Name ServiceName
@@ -111,8 +104,9 @@ type Service struct {
 	InternalTrafficPolicy string
 	// Maglev selects backends by Maglev hashing instead of at random.
 	Maglev bool
-	// TrafficDistribution is PreferClose or PreferSameZone to prefer
-	// backends hinted for this node's zone; empty otherwise.
+	// TrafficDistribution is spec.trafficDistribution, as written (shown,
+	// not acted on: the EndpointSlice hints it makes the controller
+	// write are, in every case; see TopologyMode).
 	TrafficDistribution string
 
 	// ExternalIPs are spec.externalIPs, LoadBalancerIPs the addresses of
@@ -129,17 +123,18 @@ type Service struct {
 	// SourceRanges are spec.loadBalancerSourceRanges: the clients the
 	// load-balancer addresses admit (empty: every client).
 	SourceRanges []netip.Prefix
+
+	// Labels, UID and Created are the source object's: which policies
+	// select the service, what its events name, and which of two
+	// services claiming one address came first (L2 announcements).
+	Labels  map[string]string
+	UID     string
+	Created time.Time
 }
 
 // ExternalLocal reports whether external traffic is served by this node's
 // backends only.
 func (s *Service) ExternalLocal() bool { return s.ExternalTrafficPolicy == TrafficPolicyLocal }
-
-// PrefersZone reports whether the service prefers backends of the
-// client's zone.
-func (s *Service) PrefersZone() bool {
-	return s.TrafficDistribution == TrafficDistributionPreferClose || s.TrafficDistribution == TrafficDistributionPreferSameZone
-}
 
 // TableHeader implements statedb.TableWritable.
 func (s *Service) TableHeader() []string {
@@ -177,10 +172,12 @@ type Backend struct {
 	PortName string
 	NodeName string
 	Zone     string
-	// ForZones are the zones the source hints this backend for
-	// (EndpointSlice hints.forZones; trafficDistribution PreferClose).
+	// ForZones and ForNodes are the zones and nodes the source hints
+	// this backend for (EndpointSlice hints.forZones, hints.forNodes):
+	// see TopologyMode.
 	ForZones []string
-	// Proto beside the flags: 160 bytes a row instead of 168 (a million
+	ForNodes []string
+	// Proto beside the flags: 184 bytes a row instead of 192 (a million
 	// rows at 100,000 services of 10 backends).
 	Proto uint8
 	// Ready, Serving and Terminating are the EndpointSlice conditions.

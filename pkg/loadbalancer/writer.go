@@ -15,9 +15,9 @@ import (
 // frontends table is always consistent with the other two.
 type Writer struct {
 	t *Tables
-	// nodeName is this node's name (internalTrafficPolicy Local).
+	// nodeName is this node's name (internalTrafficPolicy Local, node hints).
 	nodeName string
-	// nodeZone is this node's zone (trafficDistribution PreferClose);
+	// nodeZone is this node's zone (the EndpointSlices' zone hints);
 	// written only inside a write transaction of the tables, which
 	// serializes it with the recomputations that read it.
 	nodeZone string
@@ -411,10 +411,10 @@ func sameFrontend(a, b *Frontend) bool {
 // selectBackends picks the backends of port p of the given family: ready
 // ones fill the slots; terminating ones stay listed (their flows drain)
 // and fill the slots only when no backend is ready, as long as they still
-// serve; with internalTrafficPolicy Local only this node's count. With
-// trafficDistribution PreferClose, ready backends hinted for this node's
-// zone fill the slots and the other ready ones stay listed out of them
-// (their connections go on; see preferZone).
+// serve; with internalTrafficPolicy Local only this node's count. When
+// the EndpointSlice hints say so, the ready backends hinted for this node
+// (or its zone) fill the slots and the other ready ones stay listed out
+// of them (their connections go on; see topology).
 func (w *Writer) selectBackends(svc *Service, p ServicePort, v4 bool, all []*Backend) []FrontendBackend {
 	byAddr := map[netip.AddrPort]*Backend{}
 	for _, b := range all {
@@ -448,7 +448,7 @@ func (w *Writer) selectBackends(svc *Service, p ServicePort, v4 bool, all []*Bac
 			draining = append(draining, fb)
 		}
 	}
-	ready, elsewhere := w.preferZone(svc, ready, byAddr)
+	ready, elsewhere := w.topology(svc, ready, byAddr)
 	if len(ready) == 0 {
 		for i := range draining {
 			draining[i].Active = true
@@ -464,30 +464,38 @@ func (w *Writer) selectBackends(svc *Service, p ServicePort, v4 bool, all []*Bac
 	return append(append(append(out, ready...), elsewhere...), draining...)
 }
 
-// preferZone splits the ready backends of a PreferClose service into those
-// hinted for this node's zone (they keep the slots) and the others (listed,
-// not active). As kube-proxy does, it keeps every ready backend when the
-// node has no zone, when a ready backend has no hint (the hints are being
-// written or were withdrawn: a partial view would overload the hinted
-// ones), or when none is hinted for this zone.
-func (w *Writer) preferZone(svc *Service, ready []FrontendBackend, byAddr map[netip.AddrPort]*Backend) (near, elsewhere []FrontendBackend) {
-	if !svc.PrefersZone() || w.nodeZone == "" || len(ready) == 0 {
+// topology narrows the ready backends of a service to those its
+// EndpointSlice hints name for this node, as kube-proxy does (whatever the
+// Service's trafficDistribution says: the EndpointSlice controller writes
+// hints for topology-mode Auto and for each trafficDistribution, and the
+// hints are what kube-proxy follows). near keep the slots; elsewhere are
+// listed, not active (their connections go on). The mode is chosen from
+// the ready backends (TopologyMode): node hints when every ready backend
+// has one and one names this node, else zone hints when every ready
+// backend has one and one names this node's zone, else none (every ready
+// backend: the hints are being written or were withdrawn, and a partial
+// view would overload the hinted ones). internalTrafficPolicy Local has
+// no topology: its backends are this node's already.
+func (w *Writer) topology(svc *Service, ready []FrontendBackend, byAddr map[netip.AddrPort]*Backend) (near, elsewhere []FrontendBackend) {
+	if svc.InternalTrafficPolicy == TrafficPolicyLocal || len(ready) == 0 {
 		return ready, nil
 	}
-	for _, fb := range ready {
+	hints := make([]Hints, len(ready))
+	for i, fb := range ready {
 		b := byAddr[fb.Addr]
-		if len(b.ForZones) == 0 {
-			return ready, nil
-		}
-		if slices.Contains(b.ForZones, w.nodeZone) {
+		hints[i] = Hints{ForNodes: b.ForNodes, ForZones: b.ForZones}
+	}
+	mode := TopologyMode(hints, w.nodeName, w.nodeZone)
+	if mode == TopologyNone {
+		return ready, nil
+	}
+	for i, fb := range ready {
+		if hints[i].For(mode, w.nodeName, w.nodeZone) {
 			near = append(near, fb)
 		} else {
 			fb.Active = false
 			elsewhere = append(elsewhere, fb)
 		}
-	}
-	if len(near) == 0 {
-		return ready, nil
 	}
 	return near, elsewhere
 }

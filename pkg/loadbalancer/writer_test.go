@@ -124,17 +124,19 @@ func listed(f *Frontend) []string {
 	return out
 }
 
-// TestWriterPreferClose: with trafficDistribution PreferClose, the ready
-// backends hinted for this node's zone fill the slots and the others stay
-// listed out of them; every ready backend is used when the node has no
-// zone, when one ready backend has no hint, when none is hinted for this
-// zone, or when the service does not ask; a zone label arriving later
-// recomputes the frontends.
-func TestWriterPreferClose(t *testing.T) {
+// TestWriterTopologyHints: the ready backends hinted for this node's zone
+// fill the slots and the others stay listed out of them; every ready
+// backend is used when the node has no zone, when one ready backend has
+// no hint, or when none is hinted for this zone; a zone label arriving
+// later recomputes the frontends. As kube-proxy, the hints are followed
+// whether or not the Service sets trafficDistribution (topology-mode
+// Auto has hints and no trafficDistribution), node hints before zone
+// hints, and not for internalTrafficPolicy Local.
+func TestWriterTopologyHints(t *testing.T) {
 	w := newTestWriter(t)
 	name := ServiceName{Namespace: "ns", Name: "web"}
 	svc := &Service{Name: name, Type: "ClusterIP", Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
-		Ports: []ServicePort{{Name: "http", Port: 80, Proto: TCP}}, TrafficDistribution: TrafficDistributionPreferClose}
+		Ports: []ServicePort{{Name: "http", Port: 80, Proto: TCP}}, TrafficDistribution: "PreferClose"}
 	if err := w.UpsertService(svc); err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +191,34 @@ func TestWriterPreferClose(t *testing.T) {
 	if err := w.UpsertService(&svc2); err != nil {
 		t.Fatal(err)
 	}
-	check("service without trafficDistribution", "[10.0.0.1:8080 10.0.0.2:8080]", "[10.0.0.1:8080 10.0.0.2:8080 10.0.0.4:8080]")
+	check("service without trafficDistribution", "[10.0.0.1:8080]", "[10.0.0.1:8080 10.0.0.2:8080 10.0.0.4:8080]")
+	// Node hints (PreferSameNode): this node's backend, wherever the
+	// zone hints point.
+	onNode := func(addr, node string, zones ...string) *Backend {
+		b := hinted(addr, zones...)
+		b.ForNodes = []string{node}
+		return b
+	}
+	set(onNode("10.0.0.1:8080", "node-b", "z1"), onNode("10.0.0.2:8080", "node-a", "z2"))
+	check("node hints", "[10.0.0.2:8080]", "[10.0.0.2:8080 10.0.0.1:8080]")
+	set(onNode("10.0.0.1:8080", "node-b", "z1"), onNode("10.0.0.2:8080", "node-c", "z2"))
+	check("node hints for other nodes: zone hints", "[10.0.0.1:8080]", "[10.0.0.1:8080 10.0.0.2:8080]")
+	set(onNode("10.0.0.1:8080", "node-b", "z1"), hinted("10.0.0.2:8080", "z2"), onNode("10.0.0.3:8080", "node-a", "z2"))
+	check("a backend without node hints: zone hints", "[10.0.0.1:8080]", "[10.0.0.1:8080 10.0.0.2:8080 10.0.0.3:8080]")
+	// internalTrafficPolicy Local: this node's ready backends, no
+	// topology (kube-proxy's local endpoints).
+	local := func(addr string, zones ...string) *Backend {
+		b := hinted(addr, zones...)
+		b.NodeName = "node-a"
+		return b
+	}
+	svc3 := svc2
+	svc3.InternalTrafficPolicy = TrafficPolicyLocal
+	if err := w.UpsertService(&svc3); err != nil {
+		t.Fatal(err)
+	}
+	set(local("10.0.0.1:8080", "z1"), local("10.0.0.2:8080", "z2"), hinted("10.0.0.3:8080", "z1"))
+	check("internalTrafficPolicy Local", "[10.0.0.1:8080 10.0.0.2:8080]", "[10.0.0.1:8080 10.0.0.2:8080]")
 }
 
 // BenchmarkWriterInitialSync: what the Kubernetes source does at the

@@ -345,3 +345,71 @@ func TestPrivilegedLabL2Announcements(t *testing.T) {
 	t.Logf("agent of %s killed: %s announces %s, world answered through it %s later (lease duration 15s)",
 		won, other, addr, time.Since(killed).Round(time.Millisecond))
 }
+
+// TestPrivilegedLabL2AnnouncementRefusals: a Service's spec.externalIPs
+// (anyone who may create a Service writes them, CVE-2020-8554) do not
+// make a node answer ARP for them: not for the lab's gateway (the
+// world's address, every node's default route), not for another node's
+// address. The Service gets an L2AnnouncementRefused Event for each, no
+// lease is campaigned for, and, once a load-balancer address of the
+// lab's pool created after it is announced (the announcer has seen
+// both), the world's ARP requests for the gateway get no answer from a
+// node and those for node 2's address only node 2's.
+func TestPrivilegedLabL2AnnouncementRefusals(t *testing.T) {
+	base := labUp(t)
+	if base.st.World == nil {
+		t.Fatal("the lab has no world")
+	}
+	ctx := context.Background()
+	e := l2Env{env: base, t: t, ns: "e2e-l2-refused"}
+	e.createNamespace(t, e.ns)
+	t.Cleanup(func() { _ = e.cs.CoreV1().Namespaces().Delete(ctx, e.ns, metav1.DeleteOptions{}) })
+	node2 := e.st.Nodes[1]
+	gateway := e.st.World.Gateway
+	ports := []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)}}
+	if _, err := e.cs.CoreV1().Services(e.ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "hijack"},
+		Spec: corev1.ServiceSpec{Ports: ports, ExternalIPs: []string{gateway, node2.Address}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cs.CoreV1().Services(e.ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "control"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: ports}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	addr := e.lbAddress("control")
+	var holder string
+	eventually(t, "a holder of control's lease", func() (bool, error) {
+		h, err := e.holder("control")
+		holder = h
+		return h != "", fmt.Errorf("holder %q (%v)", h, err)
+	})
+	e.onlyAnswer(addr, holder)
+	got, err := e.arpAnswers(gateway)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 0 {
+		t.Fatalf("ARP for the gateway %s answered by %v, want no node", gateway, got)
+	}
+	got, err = e.arpAnswers(node2.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mac := e.nodeMAC(node2.Name); len(got) != 1 || got[0] != mac {
+		t.Fatalf("ARP for %s's address %s answered by %v, want only %s", node2.Name, node2.Address, got, mac)
+	}
+	if h, err := e.holder("hijack"); !apierrors.IsNotFound(err) {
+		t.Fatalf("hijack's lease: holder %q, error %v; want no lease (no node is a candidate)", h, err)
+	}
+	eventually(t, "L2AnnouncementRefused events on hijack for "+gateway+" and "+node2.Address, func() (bool, error) {
+		evs, err := e.cs.CoreV1().Events(e.ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=hijack,reason=L2AnnouncementRefused"})
+		if err != nil {
+			return false, err
+		}
+		var msgs []string
+		for _, ev := range evs.Items {
+			msgs = append(msgs, ev.Message)
+		}
+		all := strings.Join(msgs, "\n")
+		return strings.Contains(all, gateway+" refused") && strings.Contains(all, node2.Address+" refused"), fmt.Errorf("events: %q", msgs)
+	})
+}

@@ -194,7 +194,7 @@ func TestAgentInKubernetes(t *testing.T) {
 			if err == nil {
 				t.Fatalf("agent exited 0; log:\n%s", a.logs.String())
 			}
-			want := "kubernetes caches not synced after 3s: tendrilclusterwidenetworkpolicies, tendrilendpoints, tendrilidentities, tendrilnetworkpolicies, tendrilnodes"
+			want := "kubernetes caches not synced after 3s: tendrilclusterwidenetworkpolicies, tendrilendpoints, tendrilidentities, tendrilloadbalancerippools, tendrilnetworkpolicies, tendrilnodes"
 			if !strings.Contains(a.logs.String(), want) {
 				t.Fatalf("agent log lacks %q:\n%s", want, a.logs.String())
 			}

@@ -35,6 +35,9 @@ type Watchers struct {
 	TendrilIdentities                 *Resource[*v1alpha1.TendrilIdentity]
 	TendrilEndpoints                  *Resource[*v1alpha1.TendrilEndpoint]
 	TendrilNodes                      *Resource[*v1alpha1.TendrilNode]
+	// TendrilLoadBalancerIPPools: their l2Announcements say which
+	// addresses the node may announce.
+	TendrilLoadBalancerIPPools *Resource[*v1alpha1.TendrilLoadBalancerIPPool]
 
 	log       *slog.Logger
 	factories []interface {
@@ -75,13 +78,14 @@ func New(c *k8s.Clients, nodeName string, log *slog.Logger) *Watchers {
 		TendrilIdentities:                 newResource[*v1alpha1.TendrilIdentity](v1alpha1.ResourceIdentities, tv.TendrilIdentities().Informer()),
 		TendrilEndpoints:                  newResource[*v1alpha1.TendrilEndpoint](v1alpha1.ResourceEndpoints, tv.TendrilEndpoints().Informer()),
 		TendrilNodes:                      newResource[*v1alpha1.TendrilNode](v1alpha1.ResourceNodes, tv.TendrilNodes().Informer()),
+		TendrilLoadBalancerIPPools:        newResource[*v1alpha1.TendrilLoadBalancerIPPool](v1alpha1.ResourceLoadBalancerIPPools, tv.TendrilLoadBalancerIPPools().Informer()),
 		log:                               log,
 	}
 	w.factories = append(w.factories, core, local, td)
 	w.all = []resourceState{w.Pods, w.Namespaces, w.Nodes, w.Services, w.EndpointSlices, w.NetworkPolicies,
-		w.TendrilNetworkPolicies, w.TendrilClusterwideNetworkPolicies, w.TendrilIdentities, w.TendrilEndpoints, w.TendrilNodes}
+		w.TendrilNetworkPolicies, w.TendrilClusterwideNetworkPolicies, w.TendrilIdentities, w.TendrilEndpoints, w.TendrilNodes, w.TendrilLoadBalancerIPPools}
 	for _, r := range []interface{ setErrorHandler(*slog.Logger) }{w.Pods, w.Namespaces, w.Nodes, w.Services, w.EndpointSlices, w.NetworkPolicies,
-		w.TendrilNetworkPolicies, w.TendrilClusterwideNetworkPolicies, w.TendrilIdentities, w.TendrilEndpoints, w.TendrilNodes} {
+		w.TendrilNetworkPolicies, w.TendrilClusterwideNetworkPolicies, w.TendrilIdentities, w.TendrilEndpoints, w.TendrilNodes, w.TendrilLoadBalancerIPPools} {
 		r.setErrorHandler(log)
 	}
 	return w

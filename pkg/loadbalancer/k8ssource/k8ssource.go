@@ -24,11 +24,6 @@ import (
 // "random" (the node's default otherwise).
 const AnnotationLBAlgorithm = "service.tendril.io/lb-algorithm"
 
-// annotationTopologyMode "Auto" is the older way to ask for topology
-// aware routing; it selects by zone hints like trafficDistribution
-// PreferClose.
-const annotationTopologyMode = "service.kubernetes.io/topology-mode"
-
 // Default ClientIP affinity timeout (Kubernetes' default, 3 hours).
 const defaultAffinityTimeout = 10800
 
@@ -39,7 +34,8 @@ func ServiceFrom(s *corev1.Service, defaultMaglev bool) (svc *loadbalancer.Servi
 		return nil, false, nil
 	}
 	out := &loadbalancer.Service{Name: loadbalancer.ServiceName{Namespace: s.Namespace, Name: s.Name}, Type: string(s.Spec.Type),
-		InternalTrafficPolicy: loadbalancer.TrafficPolicyCluster, Maglev: defaultMaglev}
+		InternalTrafficPolicy: loadbalancer.TrafficPolicyCluster, Maglev: defaultMaglev,
+		Labels: s.Labels, UID: string(s.UID), Created: s.CreationTimestamp.Time}
 	if out.Type == "" {
 		out.Type = string(corev1.ServiceTypeClusterIP)
 	}
@@ -119,8 +115,6 @@ func ServiceFrom(s *corev1.Service, defaultMaglev bool) (svc *loadbalancer.Servi
 	}
 	if td := s.Spec.TrafficDistribution; td != nil {
 		out.TrafficDistribution = *td
-	} else if strings.EqualFold(s.Annotations[annotationTopologyMode], "auto") {
-		out.TrafficDistribution = loadbalancer.TrafficDistributionPreferClose
 	}
 	switch strings.ToLower(s.Annotations[AnnotationLBAlgorithm]) {
 	case "maglev":
@@ -163,10 +157,13 @@ func BackendsFrom(es *discoveryv1.EndpointSlice) (name loadbalancer.ServiceName,
 		if ep.Zone != nil {
 			zone = *ep.Zone
 		}
-		var forZones []string
+		var forZones, forNodes []string
 		if ep.Hints != nil {
 			for _, z := range ep.Hints.ForZones {
 				forZones = append(forZones, z.Name)
+			}
+			for _, n := range ep.Hints.ForNodes {
+				forNodes = append(forNodes, n.Name)
 			}
 		}
 		for _, a := range ep.Addresses {
@@ -192,7 +189,7 @@ func BackendsFrom(es *discoveryv1.EndpointSlice) (name loadbalancer.ServiceName,
 				}
 				backends = append(backends, &loadbalancer.Backend{
 					Addr: netip.AddrPortFrom(addr.Unmap(), uint16(*p.Port)), Proto: l4, PortName: portName,
-					NodeName: nodeName, Zone: zone, ForZones: forZones, Ready: ready, Serving: serving, Terminating: terminating,
+					NodeName: nodeName, Zone: zone, ForZones: forZones, ForNodes: forNodes, Ready: ready, Serving: serving, Terminating: terminating,
 				})
 			}
 		}

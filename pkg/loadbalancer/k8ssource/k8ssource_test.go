@@ -57,7 +57,8 @@ func TestBackendsFrom(t *testing.T) {
 		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: "web-abc", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints: []discoveryv1.Endpoint{
-			{Addresses: []string{"10.0.0.1"}, NodeName: ptr.To("a"), Zone: ptr.To("z1")},
+			{Addresses: []string{"10.0.0.1"}, NodeName: ptr.To("a"), Zone: ptr.To("z1"), Hints: &discoveryv1.EndpointHints{
+				ForZones: []discoveryv1.ForZone{{Name: "z1"}}, ForNodes: []discoveryv1.ForNode{{Name: "a"}}}},
 			{Addresses: []string{"10.0.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}},
 		},
 		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}},
@@ -66,7 +67,7 @@ func TestBackendsFrom(t *testing.T) {
 	if !ok || name != (loadbalancer.ServiceName{Namespace: "ns", Name: "web"}) || len(bs) != 2 {
 		t.Fatalf("%v %v %+v", ok, name, bs)
 	}
-	if b := bs[0]; !b.Ready || !b.Serving || b.Terminating || b.NodeName != "a" || b.Zone != "z1" || b.Proto != loadbalancer.TCP || b.PortName != "http" {
+	if b := bs[0]; !b.Ready || !b.Serving || b.Terminating || b.NodeName != "a" || b.Zone != "z1" || fmt.Sprint(b.ForZones, b.ForNodes) != "[z1] [a]" || b.Proto != loadbalancer.TCP || b.PortName != "http" {
 		t.Fatalf("unset conditions: %+v", b)
 	}
 	if b := bs[1]; b.Ready || !b.Serving || !b.Terminating {
@@ -78,12 +79,13 @@ func TestBackendsFrom(t *testing.T) {
 	}
 }
 
-// TestSourcePreferClose: trafficDistribution (or the topology-mode Auto
-// annotation) and the EndpointSlice zone hints reach the tables; this
-// node's zone label (not another node's) selects the hinted backends; the
+// TestSourceTopologyHints: trafficDistribution and the EndpointSlice zone
+// and node hints reach the tables; this node's zone label (not another
+// node's) selects the hinted backends, for a Service without
+// trafficDistribution too (kube-proxy follows the hints alone); the
 // frontends table is initialized only once services, EndpointSlices and
 // nodes have all synced.
-func TestSourcePreferClose(t *testing.T) {
+func TestSourceTopologyHints(t *testing.T) {
 	tables, err := loadbalancer.NewTables(statedb.New())
 	if err != nil {
 		t.Fatal(err)
@@ -97,15 +99,10 @@ func TestSourcePreferClose(t *testing.T) {
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
 		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []corev1.ServicePort{{Name: "http", Port: 80}},
 			TrafficDistribution: ptr.To(corev1.ServiceTrafficDistributionPreferClose)}}
-	if s, _, _ := ServiceFrom(svc, false); s.TrafficDistribution != loadbalancer.TrafficDistributionPreferClose {
+	if s, _, _ := ServiceFrom(svc, false); s.TrafficDistribution != corev1.ServiceTrafficDistributionPreferClose {
 		t.Fatalf("trafficDistribution: %+v", s)
 	}
-	auto := svc.DeepCopy()
-	auto.Spec.TrafficDistribution = nil
-	auto.Annotations = map[string]string{"service.kubernetes.io/topology-mode": "Auto"}
-	if s, _, _ := ServiceFrom(auto, false); !s.PrefersZone() {
-		t.Fatalf("topology-mode Auto: %+v", s)
-	}
+	svc.Spec.TrafficDistribution = nil
 	hint := func(ip string, zones ...string) discoveryv1.Endpoint {
 		e := discoveryv1.Endpoint{Addresses: []string{ip}, Hints: &discoveryv1.EndpointHints{}}
 		for _, z := range zones {

@@ -1,6 +1,8 @@
-// Package l2announcer makes the node answer ARP for the load-balancer and
-// external IPv4 addresses of services (L2 announcements, as Cilium's): for
-// each service with such an address on the subnet of one of the node's
+// Package l2announcer makes the node answer ARP for the IPv4 addresses of
+// services that a TendrilLoadBalancerIPPool's spec.l2Announcements admits
+// (L2 announcements, as Cilium's; never a node's address, a gateway, or an
+// address another service holds: policy.go, candidates.go): for each
+// service with such an address on the subnet of one of the node's
 // devices, the candidate nodes (every node; with externalTrafficPolicy
 // Local, those with a ready backend) elect one with a coordination.k8s.io
 // Lease per service. The winner's announcements are the desired state in

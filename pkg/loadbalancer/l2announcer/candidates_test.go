@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/labels"
+
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 )
 
@@ -17,6 +19,9 @@ var (
 	extIP = netip.MustParseAddr("192.168.7.50")
 	far   = netip.MustParseAddr("203.0.113.9")
 	web   = loadbalancer.ServiceName{Namespace: "default", Name: "web"}
+	// everything admits every address of every service, of both kinds.
+	everything = Cluster{Policies: []*Policy{{Pool: "all", Node: true, LoadBalancerIPs: true, ExternalIPs: true,
+		Blocks: []AddrRange{{From: netip.MustParseAddr("0.0.0.0"), To: netip.MustParseAddr("255.255.255.255")}}, Services: labels.Everything()}}}
 )
 
 func TestAddresses(t *testing.T) {
@@ -77,7 +82,7 @@ func TestWantsCandidates(t *testing.T) {
 	of := func(n loadbalancer.ServiceName) []*loadbalancer.Backend { return backends[n] }
 	svcs := []*loadbalancer.Service{local, cluster, farSvc}
 
-	w := Wants("node-1", svcs, of, []Device{eth0})
+	w, _ := Wants("node-1", svcs, of, []Device{eth0}, everything)
 	if _, ok := w[farSvc.Name]; ok {
 		t.Fatalf("a service with no address on a device's subnet is wanted: %+v", w)
 	}
@@ -97,7 +102,8 @@ func TestWantsCandidates(t *testing.T) {
 		{&loadbalancer.Backend{NodeName: "node-1", Ready: true}, true},
 	} {
 		backends[local.Name] = []*loadbalancer.Backend{c.b}
-		if got := Wants("node-1", svcs, of, []Device{eth0})[local.Name].Candidate; got != c.want {
+		if w, _ := Wants("node-1", svcs, of, []Device{eth0}, everything); w[local.Name].Candidate != c.want {
+			got := w[local.Name].Candidate
 			t.Errorf("backend %+v: candidate %v, want %v", *c.b, got, c.want)
 		}
 	}

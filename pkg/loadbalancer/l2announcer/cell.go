@@ -22,7 +22,7 @@ import (
 // --enable-l2-announcements, the announcer's job (services and devices
 // into campaigns and the table) and the table's reconciler (the
 // responder map). It provides the *Announcer (nil when off).
-var Cell = cell.Module("l2-announcements", "Answers ARP for load-balancer and external addresses of services",
+var Cell = cell.Module("l2-announcements", "Answers ARP for service addresses admitted by a pool L2 announcement policy",
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Announcer) {}),
 	cell.Provide(newCell, statusContribution),
@@ -45,6 +45,12 @@ type DeviceNames func() []string
 // standalone).
 type Kubernetes func() kubernetes.Interface
 
+// ClusterSource starts following the pools' L2 announcement policies and
+// the nodes once the agent is connected (the services have synced): read
+// returns the current Cluster as it applies to this node, and changed
+// receives after each change of either, until ctx ends.
+type ClusterSource func(ctx context.Context) (read func() Cluster, changed <-chan struct{}, err error)
+
 type cellParams struct {
 	cell.In
 
@@ -53,6 +59,7 @@ type cellParams struct {
 	Services  Services
 	Devices   DeviceNames
 	Kube      Kubernetes
+	Cluster   ClusterSource
 	Responder Responder `optional:"true"`
 	Log       *slog.Logger
 	Jobs      job.Registry
@@ -80,6 +87,9 @@ func newCell(p cellParams) (*Announcer, error) {
 	if p.Kube == nil {
 		return nil, errors.New("enable-l2-announcements: needs Kubernetes (the announcing node is elected with Leases)")
 	}
+	if p.Cluster == nil {
+		return nil, errors.New("enable-l2-announcements: needs Kubernetes (the TendrilLoadBalancerIPPools' l2Announcements say what is announced)")
+	}
 	if p.Responder == nil || p.Devices == nil {
 		return nil, errors.New("enable-l2-announcements: needs the eBPF datapath (the host device programs answer ARP)")
 	}
@@ -103,7 +113,8 @@ func newCell(p cellParams) (*Announcer, error) {
 	p.Inspector.AddReconciled(TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
 		return dbinspect.CountStatus(table.All(txn), func(a *Announcement) reconciler.Status { return a.Status })
 	})
-	run := &runner{a: a, db: p.DB, svc: p.Services, devices: p.Devices, node: p.Node.Name, log: p.Log,
+	run := &runner{a: a, db: p.DB, svc: p.Services, devices: p.Devices, cluster: p.Cluster, node: p.Node.Name, log: p.Log,
+		report: newRefusalRecorder(p.Kube, p.Node.Name),
 		synced: func() {
 			w := p.DB.WriteTxn(table)
 			synced(w)
@@ -118,11 +129,15 @@ func newCell(p cellParams) (*Announcer, error) {
 // runner turns the services tables and the devices into the announcer's
 // wants, again on every change.
 type runner struct {
-	a              *Announcer
-	db             *statedb.DB
-	svc            Services
-	devices        DeviceNames
-	node           string
+	a       *Announcer
+	db      *statedb.DB
+	svc     Services
+	devices DeviceNames
+	cluster ClusterSource
+	node    string
+	// report makes a refusal known on its service (an Event); called
+	// once per refusal while it lasts.
+	report         func(ctx context.Context) (func(Refusal), func())
 	log            *slog.Logger
 	synced         func()
 	observeTimeout time.Duration
@@ -139,6 +154,13 @@ func (r *runner) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+	readCluster, clusterChanged, err := r.cluster(ctx)
+	if err != nil {
+		return fmt.Errorf("L2 announcements: follow the pools and nodes: %w", err)
+	}
+	report, stopReports := r.report(ctx)
+	defer stopReports()
+	reported := map[Refusal]struct{}{}
 	ticker := time.NewTicker(deviceRefresh)
 	defer ticker.Stop()
 	first := true
@@ -157,10 +179,11 @@ func (r *runner) Run(ctx context.Context) error {
 			}
 			readDevs = err != nil
 		}
-		wants := Wants(r.node, statedb.Collect(svcs), func(n loadbalancer.ServiceName) []*loadbalancer.Backend {
+		wants, refused := Wants(r.node, statedb.Collect(svcs), func(n loadbalancer.ServiceName) []*loadbalancer.Backend {
 			return statedb.Collect(r.svc.Backends.List(txn, loadbalancer.BackendByService.Query(n)))
-		}, devs)
+		}, devs, readCluster())
 		r.a.Sync(ctx, wants)
+		reported = r.reportNew(refused, reported, report)
 		if first {
 			// Prune only once the campaigns of the services announced
 			// before a restart have read their leases: this node keeps
@@ -176,6 +199,7 @@ func (r *runner) Run(ctx context.Context) error {
 			return nil
 		case <-svcWatch:
 		case <-beWatch:
+		case <-clusterChanged:
 		case <-ticker.C:
 			readDevs = true
 		}
@@ -185,4 +209,20 @@ func (r *runner) Run(ctx context.Context) error {
 		case <-time.After(settle):
 		}
 	}
+}
+
+// reportNew reports the refusals not reported in the last pass (a
+// refusal that ends and comes back is reported again) and returns the
+// set to compare the next pass with.
+func (r *runner) reportNew(refused []Refusal, last map[Refusal]struct{}, report func(Refusal)) map[Refusal]struct{} {
+	now := make(map[Refusal]struct{}, len(refused))
+	for _, x := range refused {
+		now[x] = struct{}{}
+		if _, ok := last[x]; ok {
+			continue
+		}
+		r.log.Warn("L2 announcement refused", "service", x.Service, "address", x.Addr, "reason", x.Reason)
+		report(x)
+	}
+	return now
 }

@@ -11,9 +11,9 @@ import (
 // Config is the L2 announcements' configuration (the names and defaults
 // of Cilium's --enable-l2-announcements and --l2-announcements-lease-*).
 type Config struct {
-	// Enabled answers ARP for the load-balancer and external IPv4
-	// addresses of services on the node's devices, one node per service,
-	// elected with a Lease.
+	// Enabled answers ARP for the IPv4 addresses of services that a
+	// pool's L2 announcement policy admits on the node's devices, one
+	// node per service, elected with a Lease.
 	Enabled bool
 	// LeaseNamespace holds the per-service Leases.
 	LeaseNamespace string
@@ -37,7 +37,7 @@ func DefaultConfig() Config {
 // Flags registers the options.
 func (c *Config) Flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Enabled, "enable-l2-announcements", c.Enabled,
-		"Answer ARP for services' load-balancer and external IPv4 addresses on the node's devices (the --devices of the host programs), one node per service elected with a Lease")
+		"Answer ARP for services' IPv4 addresses that a TendrilLoadBalancerIPPool's spec.l2Announcements admits (load-balancer addresses; external IPs only if it says so) on the node's devices (the --devices of the host programs), one node per service elected with a Lease")
 	fs.StringVar(&c.LeaseNamespace, "l2-announcements-lease-namespace", c.LeaseNamespace, "Namespace of the L2 announcements' per-service Leases")
 	fs.DurationVar(&c.LeaseDuration, "l2-announcements-lease-duration", c.LeaseDuration, "How long a node keeps announcing a service after it last renewed its lease")
 	fs.DurationVar(&c.RenewDeadline, "l2-announcements-renew-deadline", c.RenewDeadline, "How long the announcing node retries renewing its lease before giving the service up")

@@ -6,13 +6,22 @@
 package l2wiring
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+
 	"github.com/cilium/hive/cell"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
 )
@@ -20,7 +29,7 @@ import (
 // Cell is the L2 announcements' cell with its providers. Its config and
 // node name come from the agent's configuration.
 var Cell = cell.Group(
-	cell.Provide(services, deviceNames, kube, responder),
+	cell.Provide(services, deviceNames, kube, cluster, responder),
 	l2announcer.Cell,
 )
 
@@ -43,6 +52,71 @@ func kube(k *agentk8s.Client) l2announcer.Kubernetes {
 		return nil
 	}
 	return func() kubernetes.Interface { return k.Clients().Core }
+}
+
+// cluster follows the pools and the Nodes in the agent's watchers; nil
+// in standalone mode.
+func cluster(k *agentk8s.Client, node l2announcer.Node, log *slog.Logger) l2announcer.ClusterSource {
+	if k == nil {
+		return nil
+	}
+	return func(ctx context.Context) (func() l2announcer.Cluster, <-chan struct{}, error) {
+		w := k.Watchers()
+		if w == nil {
+			return nil, nil, errors.New("not connected to Kubernetes")
+		}
+		changed := make(chan struct{}, 1)
+		poke := func() {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+		unPools, err := w.TendrilLoadBalancerIPPools.Subscribe(func(watchers.Event[*v1alpha1.TendrilLoadBalancerIPPool]) { poke() })
+		if err != nil {
+			return nil, nil, fmt.Errorf("follow %s: %w", v1alpha1.ResourceLoadBalancerIPPools, err)
+		}
+		unNodes, err := w.Nodes.Subscribe(func(watchers.Event[*corev1.Node]) { poke() })
+		if err != nil {
+			unPools()
+			return nil, nil, fmt.Errorf("follow nodes: %w", err)
+		}
+		context.AfterFunc(ctx, func() { unPools(); unNodes() })
+		bad := map[string]string{} // pool → the error last logged
+		read := func() l2announcer.Cluster {
+			var self map[string]string
+			cl := l2announcer.Cluster{NodeAddrs: map[netip.Addr]string{}}
+			for _, n := range w.Nodes.List() {
+				if n.Name == node.Name {
+					self = n.Labels
+				}
+				for _, a := range n.Status.Addresses {
+					if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+						continue
+					}
+					if ip, err := netip.ParseAddr(a.Address); err == nil {
+						cl.NodeAddrs[ip.Unmap()] = n.Name
+					}
+				}
+			}
+			for _, pool := range w.TendrilLoadBalancerIPPools.List() {
+				p, err := l2announcer.ParsePolicy(pool, self)
+				if err != nil {
+					if bad[pool.Name] != err.Error() {
+						log.Error("TendrilLoadBalancerIPPool's l2Announcements refused: none of its addresses is announced", "pool", pool.Name, "error", err)
+						bad[pool.Name] = err.Error()
+					}
+					continue
+				}
+				delete(bad, pool.Name)
+				if p != nil {
+					cl.Policies = append(cl.Policies, p)
+				}
+			}
+			return cl
+		}
+		return read, changed, nil
+	}
 }
 
 // responder is the datapath's responder map; nil without the datapath.

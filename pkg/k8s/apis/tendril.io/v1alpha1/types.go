@@ -366,6 +366,40 @@ type LoadBalancerIPPoolSpec struct {
 	// assigned stay with their Services.
 	// +optional
 	Disabled bool `json:"disabled,omitempty"`
+	// L2Announcements opts the pool's addresses in to L2 announcements
+	// (agents with --enable-l2-announcements answer ARP for them): an
+	// address outside every pool that sets it is never announced.
+	// +optional
+	L2Announcements *L2AnnouncementPolicy `json:"l2Announcements,omitempty"`
+}
+
+// L2AnnouncementPolicy says which of a pool's addresses the agents
+// announce, from which nodes and on which interfaces (after Cilium's
+// CiliumL2AnnouncementPolicy, bound to the pool's blocks). Whatever it
+// says, no node announces a node's address, the gateway of the device's
+// subnet, or an address another Service's announcement holds.
+type L2AnnouncementPolicy struct {
+	// ServiceSelector narrows the Services whose addresses are announced
+	// (within those the pool serves); none: all of them.
+	// +optional
+	ServiceSelector *metav1.LabelSelector `json:"serviceSelector,omitempty"`
+	// NodeSelector picks the nodes that may announce; none: every node.
+	// +optional
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+	// Interfaces are regular expressions, matched against the whole
+	// name, of the devices to announce on (of the host programs'
+	// devices); none: every device on the address's subnet.
+	// +optional
+	Interfaces []string `json:"interfaces,omitempty"`
+	// LoadBalancerIPs announces the Services' load-balancer ingress
+	// addresses that lie in the pool's blocks (default true).
+	// +optional
+	LoadBalancerIPs *bool `json:"loadBalancerIPs,omitempty"`
+	// ExternalIPs also announces the Services' spec.externalIPs that lie
+	// in the pool's blocks (default false: whoever may create a Service
+	// may set them, CVE-2020-8554).
+	// +optional
+	ExternalIPs bool `json:"externalIPs,omitempty"`
 }
 
 // LoadBalancerIPBlock is a CIDR, or a range from start to stop (both
