@@ -3,7 +3,6 @@ package kvstore
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -255,80 +254,4 @@ func waitFor(t testing.TB, ctx context.Context, what string, cond func() bool) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// tcpProxy forwards connections to an etcd endpoint and can cut them all
-// and refuse new ones: a network partition between one client and etcd,
-// while other clients keep working.
-type tcpProxy struct {
-	ln     net.Listener
-	target string
-
-	mu     sync.Mutex
-	paused bool
-	conns  map[net.Conn]struct{}
-}
-
-func newTCPProxy(t testing.TB, targetURL string) *tcpProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &tcpProxy{ln: ln, target: targetURL[len("http://"):], conns: map[net.Conn]struct{}{}}
-	go p.serve()
-	t.Cleanup(func() {
-		ln.Close()
-		p.Pause()
-	})
-	return p
-}
-
-func (p *tcpProxy) Endpoint() string { return "http://" + p.ln.Addr().String() }
-
-func (p *tcpProxy) serve() {
-	for {
-		in, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.paused {
-			p.mu.Unlock()
-			in.Close()
-			continue
-		}
-		out, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			in.Close()
-			continue
-		}
-		p.conns[in], p.conns[out] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		go p.pipe(in, out)
-		go p.pipe(out, in)
-	}
-}
-
-func (p *tcpProxy) pipe(dst, src net.Conn) {
-	_, _ = io.Copy(dst, src)
-	dst.Close()
-	src.Close()
-}
-
-// Pause cuts every connection and refuses new ones until Resume.
-func (p *tcpProxy) Pause() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.paused = true
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-func (p *tcpProxy) Resume() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.paused = false
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/tendril-net/tendril/pkg/testutil/tcpproxy"
 )
 
 const testPrefix = StatePrefix + "test/"
@@ -89,8 +91,8 @@ func TestListAndWatchListThenLiveEvents(t *testing.T) {
 // during the cut was never seen, so it produces nothing.
 func TestListAndWatchRelistAfterCompaction(t *testing.T) {
 	srv := newEmbeddedServer(t)
-	proxy := newTCPProxy(t, srv.Endpoints()[0])
-	watcher := connect(t, []string{proxy.Endpoint()}, withLeaseTTL(5*time.Minute))
+	proxy := tcpproxy.Start(t, srv.Endpoints()[0])
+	watcher := connect(t, []string{proxy.URL()}, withLeaseTTL(5*time.Minute))
 	writer := connect(t, srv.Endpoints())
 	ctx := testContext(t, 90*time.Second)
 
