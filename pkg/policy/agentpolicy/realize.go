@@ -141,7 +141,7 @@ func writeOrdered(pm PolicyMap, epID uint16, cur, want policy.MapState) writeRes
 		}
 	}
 	// 3. Missing denies again, then fail closed on what they overlap.
-	if len(missing) > 0 {
+	retryMissing := func() {
 		still := missing[:0]
 		for _, k := range missing {
 			if upsert(k, upserts[k]) {
@@ -152,6 +152,7 @@ func writeOrdered(pm PolicyMap, epID uint16, cur, want policy.MapState) writeRes
 		}
 		missing = still
 	}
+	retryMissing()
 	shadowed := func(k policy.Key) bool {
 		for _, d := range missing {
 			if overlaps(k, d) {
@@ -168,15 +169,7 @@ func writeOrdered(pm PolicyMap, epID uint16, cur, want policy.MapState) writeRes
 			}
 		}
 		// The allows taken out may have made room.
-		still := missing[:0]
-		for _, k := range missing {
-			if upsert(k, upserts[k]) {
-				res.denied = true
-			} else {
-				still = append(still, k)
-			}
-		}
-		missing = still
+		retryMissing()
 	}
 	// 4. New allows and the other changes.
 	var retry []policy.Key
