@@ -7,6 +7,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
 )
 
 // recordingIPCache keeps the claims the kvstore side makes.
@@ -28,9 +29,10 @@ func (r *recordingIPCache) DeleteRemoteEndpoint(ip netip.Addr, _ ipcache.Source,
 func (r *recordingIPCache) AddInitializer(string) func() { return func() {} }
 
 // FuzzIPEvent: a kvstore ipcache key and value of any content (another
-// node writes them) either becomes a remote claim of exactly the key's
-// address, with a non-zero identity and the key as owner, or is skipped;
-// never a panic, never a claim for this node's own entries.
+// node writes them) is decoded without a panic and reaches the ipcache
+// only through the claim gate (TestClaimGate covers what the gate lets
+// through): a write that bypasses it, or more than one claim per event,
+// fails.
 func FuzzIPEvent(f *testing.F) {
 	f.Add("10.0.1.5", []byte(`{"IP":"10.0.1.5","ID":1234,"HostIP":"192.168.0.2","Node":"node-b","Namespace":"default","Name":"web"}`), false)
 	f.Add("fd00::5", []byte(`{"IP":"fd00::5","ID":70000,"Node":"node-b"}`), false)
@@ -41,7 +43,13 @@ func FuzzIPEvent(f *testing.F) {
 	f.Add("10.0.1.0/24", []byte(`{"ID":5}`), false)
 	f.Fuzz(func(t *testing.T, key string, value []byte, del bool) {
 		rec := &recordingIPCache{upserts: map[netip.Addr]ipcache.Entry{}}
-		m := &Module{cfg: Config{NodeName: "node-a"}, log: slog.New(slog.DiscardHandler), ipcache: rec}
+		log := slog.New(slog.DiscardHandler)
+		// The claim gate before the nodes' listing: it judges only the
+		// identity and writes nothing yet, so every claim the ipcache
+		// sees below came from onIPEvent itself, past the gate (none
+		// should).
+		gate := nodemanager.NewClaimGate(nodemanager.ClaimGateParams{Cache: rec, Log: log})
+		m := &Module{cfg: Config{NodeName: "node-a"}, log: log, ipcache: rec, gate: gate}
 		typ := kvstore.EventCreate
 		if del {
 			typ = kvstore.EventDelete
