@@ -46,7 +46,6 @@ const (
 	ClaimReasonHostIP      = "host-ip-not-the-node"
 	ClaimReasonNodeAddress = "node-address"
 	ClaimReasonOutside     = "outside-node-pod-cidrs"
-	ClaimReasonNoNodes     = "no-nodes-table"
 )
 
 type claimKey struct {
@@ -111,7 +110,7 @@ type nodeView struct {
 	byIP   map[netip.Addr]*Peer
 	peers  []*Peer
 	// none: there is no nodes table (no Kubernetes): no claim can be
-	// tied to a node.
+	// tied to a node, only its identity judged.
 	none bool
 }
 
@@ -159,7 +158,11 @@ func (v *nodeView) judge(c Claim) (reason, detail string) {
 		return ClaimReasonIdentity, err.Error()
 	}
 	if v.none {
-		return ClaimReasonNoNodes, "no nodes table: no claim can be tied to a node"
+		// kvstore without Kubernetes: no node registry to tie the
+		// address to, so the identity is all that can be checked; the
+		// etcd credentials are the boundary there (docs/kvstore.md).
+		// Refusing would switch off cross-node identities in that mode.
+		return "", ""
 	}
 	var p *Peer
 	switch {

@@ -151,3 +151,16 @@ func TestClaimGate(t *testing.T) {
 		return got == want, fmt.Sprintf("ipcache %s, want %s", got, want)
 	})
 }
+
+// TestClaimWithoutNodesTable: with no nodes table (kvstore without
+// Kubernetes) a claim is judged on its identity alone: a cluster identity
+// passes, a reserved one does not.
+func TestClaimWithoutNodesTable(t *testing.T) {
+	v := &nodeView{none: true}
+	if reason, detail := v.judge(claim("10.9.2.10", 4321, "b", "", "k/good")); reason != "" {
+		t.Fatalf("a cluster identity refused without a nodes table: %s (%s)", reason, detail)
+	}
+	if reason, _ := v.judge(claim("10.9.2.11", int64(identity.Host), "b", "", "k/reserved")); reason != ClaimReasonIdentity {
+		t.Fatalf("a reserved identity: reason %q, want %q", reason, ClaimReasonIdentity)
+	}
+}
