@@ -292,6 +292,8 @@ func TestProbeFailureClassifies(t *testing.T) {
 		{"ns/c -> 10.0.0.2:80/tcp: no answer: dial tcp 10.0.0.2:80: i/o timeout", ProbeOptions{}, true},
 		{"ns/c -> 10.0.0.2:81/udp: no answer: no answer within 1s", ProbeOptions{UDP: true}, true},
 		{"ns/c -> servers:81/udp: resolve servers: read udp 10.0.0.3:5353->10.96.0.10:53: i/o timeout", ProbeOptions{UDP: true}, true},
+		// The lab workload's own resolver (pkg/lab/workload) when no answer came.
+		{"ns/c -> servers:81/udp: resolve servers: 10.96.0.10:53 over UDP: no answer within 2s", ProbeOptions{UDP: true}, true},
 		{"ns/c -> 10.0.0.2:80/tcp: no answer: dial tcp 10.0.0.2:80: connect: connection refused", ProbeOptions{}, false},
 		{"ns/c -> 10.0.0.2:81/udp: no answer: read udp: connection refused", ProbeOptions{UDP: true}, false},
 		{"ns/c -> 10.0.0.2:80/tcp: no answer: connected, but no answer: read tcp: i/o timeout", ProbeOptions{}, false},

@@ -195,6 +195,7 @@ func exchangeUDP(ctx context.Context, server string, query []byte, id uint16) ([
 	}
 	defer c.Close()
 	deadline, _ := ctx.Deadline()
+	start := time.Now()
 	buf := make([]byte, 4096)
 	for {
 		if _, err := c.Write(query); err != nil {
@@ -218,7 +219,9 @@ func exchangeUDP(ctx context.Context, server string, query []byte, id uint16) ([
 			}
 		}
 		if !time.Now().Before(deadline) {
-			return nil, errors.New("no answer")
+			// "no answer within": the connectivity test reads a
+			// resolution that timed out as dropped (a deny holds).
+			return nil, fmt.Errorf("no answer within %s", time.Since(start).Round(time.Millisecond))
 		}
 	}
 }
