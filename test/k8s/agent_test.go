@@ -225,7 +225,7 @@ func TestAgentInKubernetes(t *testing.T) {
 		if v := section(&st, "Kubernetes", "API server"); !strings.HasPrefix(v, "Ok ") {
 			t.Errorf("API server line %q", v)
 		}
-		if v := section(&st, "Kubernetes", "Resources"); v != "11/11 synced" {
+		if v := section(&st, "Kubernetes", "Resources"); v != "12/12 synced" {
 			t.Errorf("resources line %q", v)
 		}
 		if v := section(&st, "Identities", "Allocation"); v != "crd (TendrilIdentity objects)" {
