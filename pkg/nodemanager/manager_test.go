@@ -229,21 +229,7 @@ func TestPeerFromNodeAndTendrilNode(t *testing.T) {
 func TestPrivilegedRoutesToPeers(t *testing.T) {
 	testutil.Privileged(t)
 	name := "tdr-nm-test"
-	_ = exec.Command("ip", "netns", "del", name).Run()
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	nl, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nl.Close()
+	nl := routeTestNetns(t, name)
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lab0"}, PeerName: "lab0p"}
 	if err := nl.LinkAdd(veth); err != nil {
 		t.Fatal(err)
@@ -458,21 +444,7 @@ func TestUnchangedPeerNotRewritten(t *testing.T) {
 func TestPrivilegedHostilePodCIDRNoRoute(t *testing.T) {
 	testutil.Privileged(t)
 	name := "tdr-nm-hostile"
-	_ = exec.Command("ip", "netns", "del", name).Run()
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	nl, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nl.Close()
+	nl := routeTestNetns(t, name)
 	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lab0"}, PeerName: "lab0p"}); err != nil {
 		t.Fatal(err)
 	}
@@ -519,4 +491,26 @@ func TestPrivilegedHostilePodCIDRNoRoute(t *testing.T) {
 		want := "[10.9.2.0/24 via 172.31.9.2]"
 		return fmt.Sprint(got) == want, fmt.Sprintf("gateway routes in the main table %v, want %s", got, want)
 	})
+}
+
+// routeTestNetns makes a fresh named network namespace for a route test
+// and returns a netlink handle in it; both go when the test ends.
+func routeTestNetns(t *testing.T, name string) *netlink.Handle {
+	t.Helper()
+	_ = exec.Command("ip", "netns", "del", name).Run()
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	nl, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nl.Close() })
+	return nl
 }
