@@ -76,8 +76,8 @@ coredns:
 # them a second time under the race detector.
 RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/ipcache/... \
 	./pkg/identity/... ./pkg/cni/... ./pkg/agent/ ./pkg/lifecycle/ ./pkg/health/ ./pkg/namedns/ \
-	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/k8s/agentk8s/ ./pkg/node/ ./pkg/loadbalancer/... ./pkg/dbinspect/ \
-	./pkg/observer/... ./pkg/hubble/ ./pkg/hubble/agentflows/ ./pkg/datapath/sockterm/ ./pkg/datapath/hostdev/ ./pkg/operator/... ./pkg/datapath/epattach/
+	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/agent/agentk8s/ ./pkg/node/ ./pkg/loadbalancer/... ./pkg/dbinspect/ \
+	./pkg/observer/... ./pkg/hubble/ ./pkg/agent/agentflows/ ./pkg/datapath/sockterm/ ./pkg/agent/hostdev/ ./pkg/operator/... ./pkg/agent/epattach/
 
 test: deps verify-generated lint build k8s-binaries coredns
 	@echo "==> go test (full log in .test-output.log), then go test -race on the packages that hold concurrency"

@@ -2,7 +2,7 @@
 /* Tendril datapath: the L2 announcements' responder map (arp.h answers
  * from it in the host device programs). Declared with every object's maps
  * (maps.h includes it) so that the pod datapath's loader creates and pins
- * it and user space (pkg/datapath/maps, pkg/loadbalancer/l2announcer)
+ * it and user space (pkg/datapath/maps, pkg/agent/l2announcer)
  * writes it while no host program is loaded yet. */
 #ifndef TDR_L2MAPS_H
 #define TDR_L2MAPS_H

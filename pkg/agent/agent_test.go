@@ -16,15 +16,15 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/agent/agentkv"
+	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
+	"github.com/tendril-net/tendril/pkg/agent/realizer"
 	"github.com/tendril-net/tendril/pkg/client"
-	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
-	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
-	"github.com/tendril-net/tendril/pkg/endpointmanager/realizer"
 	"github.com/tendril-net/tendril/pkg/identity"
-	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
-	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // testAgent is an agent with the objects its tests inspect, taken from its

@@ -4,21 +4,20 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/agent/agentflows"
+	"github.com/tendril-net/tendril/pkg/agent/agentidentity"
+	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
+	"github.com/tendril-net/tendril/pkg/agent/agentkv"
+	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
+	"github.com/tendril-net/tendril/pkg/agent/agentservices"
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
-	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
-	"github.com/tendril-net/tendril/pkg/datapath/epattach"
-	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
-	"github.com/tendril-net/tendril/pkg/datapath/hostips"
-	"github.com/tendril-net/tendril/pkg/dbinspect"
-	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
-	"github.com/tendril-net/tendril/pkg/endpointmanager/realizer"
-	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
-	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
-	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
-	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer/l2wiring"
-	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
+	"github.com/tendril-net/tendril/pkg/agent/epattach"
+	"github.com/tendril-net/tendril/pkg/agent/hostdev"
+	"github.com/tendril-net/tendril/pkg/agent/hostips"
+	"github.com/tendril-net/tendril/pkg/agent/l2announcer/l2wiring"
+	"github.com/tendril-net/tendril/pkg/agent/realizer"
 )
 
 // cells is the agent: one cell per subsystem. Each cell's constructor takes
@@ -42,7 +41,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 	return []cell.Cell{
 		job.Cell,
 		wiring,
-		dbinspect.Cell, // statedb's cell and the tables' inspection
+		tablesCell, // statedb's cell and the tables' inspection
 		coreCell(cfg, deps),
 		agentidentity.Cell,
 		agentk8s.ClientCell,

@@ -6,8 +6,8 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
-	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
+	"github.com/tendril-net/tendril/pkg/agent/agentidentity"
+	"github.com/tendril-net/tendril/pkg/agent/agentkv"
 )
 
 // seedsOrder is the agent's start, in the order of ARCHITECTURE.md and the

@@ -8,9 +8,11 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
+	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/lockfile"
@@ -41,6 +43,15 @@ func coreCell(cfg Config, deps Deps) cell.Cell {
 		cell.Invoke(registerConfigStep),
 	)
 }
+
+// tablesCell provides the database (statedb.Cell) and its Inspector,
+// with the inspector's API handlers and status section.
+var tablesCell = cell.Group(
+	statedb.Cell,
+	cell.Module("statedb-inspect", "Inspection of the statedb tables",
+		cell.Provide(dbinspect.New, dbinspect.StatusContribution, dbinspect.APIHandlers),
+	),
+)
 
 // registerConfigStep is start step 1: the configuration is resolved
 // already; create the directory the agent owns and lock it, before any

@@ -17,12 +17,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/agent/agentidentity"
+	"github.com/tendril-net/tendril/pkg/agent/agentkv"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
-	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/kvstore"
-	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
 	"github.com/tendril-net/tendril/pkg/testutil/etcdproc"
 )
 

@@ -15,8 +15,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
 	"github.com/tendril-net/tendril/pkg/client"
-	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/policy/api"

@@ -6,7 +6,7 @@ import (
 	"github.com/cilium/hive/cell"
 
 	"github.com/tendril-net/tendril/api/v1/server"
-	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
+	"github.com/tendril-net/tendril/pkg/agent/agentflows"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"

@@ -3,20 +3,20 @@ package agent
 import (
 	"github.com/cilium/hive/cell"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/agent/agentflows"
+	"github.com/tendril-net/tendril/pkg/agent/agentidentity"
+	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
+	"github.com/tendril-net/tendril/pkg/agent/agentkv"
+	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
+	"github.com/tendril-net/tendril/pkg/agent/agentservices"
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
-	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
-	"github.com/tendril-net/tendril/pkg/datapath/epattach"
-	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
-	"github.com/tendril-net/tendril/pkg/datapath/hostips"
+	"github.com/tendril-net/tendril/pkg/agent/epattach"
+	"github.com/tendril-net/tendril/pkg/agent/hostdev"
+	"github.com/tendril-net/tendril/pkg/agent/hostips"
+	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
-	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
-	"github.com/tendril-net/tendril/pkg/hubble/agentflows"
-	"github.com/tendril-net/tendril/pkg/identity/agentidentity"
-	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
-	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
-	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // wiring gives each cell what it takes from the agent's configuration

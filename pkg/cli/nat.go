@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
+	"github.com/tendril-net/tendril/pkg/agent/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
 

@@ -40,4 +40,5 @@ func (in *Inspector) StatusSection() ext.Section {
 }
 
 // apiHandlers serves the tables' inspection API.
-func apiHandlers(in *Inspector) server.HandlersOut { return server.Handlers(in.RegisterAPI) }
+// APIHandlers registers the inspector's handlers on the agent's API.
+func APIHandlers(in *Inspector) server.HandlersOut { return server.Handlers(in.RegisterAPI) }

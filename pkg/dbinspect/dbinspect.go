@@ -12,19 +12,10 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/tendril-net/tendril/api/v1/server"
-)
-
-// Cell provides the database (statedb.Cell) and its Inspector.
-var Cell = cell.Group(
-	statedb.Cell,
-	cell.Module("statedb-inspect", "Inspection of the statedb tables",
-		cell.Provide(New, statusContribution, apiHandlers),
-	),
 )
 
 // Realization counts a reconciled table's objects by status.

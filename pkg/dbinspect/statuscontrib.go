@@ -7,7 +7,8 @@ import (
 
 // statusContribution is the tables' section of `tendril status`, shown
 // only once a table is reconciled.
-func statusContribution(in *Inspector) status.Out {
+// StatusContribution is the tables' section of `tendril status`.
+func StatusContribution(in *Inspector) status.Out {
 	return status.Provide(status.Contribution{Order: status.OrderTables, Section: func() (ext.Section, bool) {
 		sec := in.StatusSection()
 		return sec, len(sec.Lines) > 0

@@ -25,7 +25,7 @@ func ValidateEnforcement(mode string) error {
 }
 
 // Modes of --policy-revoke-established: which established flows a
-// policy change ends (pkg/policy/agentpolicy, RevokeEstablished).
+// policy change ends (pkg/agent/agentpolicy, RevokeEstablished).
 const (
 	// RevokeDeny ends the flows a deny rule of the new policy covers.
 	RevokeDeny = "deny"

@@ -25,7 +25,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
+	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
 )
 
 // l2Env is what the L2 announcements test reads of the lab.

@@ -21,7 +21,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/kvstore"
-	"github.com/tendril-net/tendril/pkg/kvstore/agentkv"
+	"github.com/tendril-net/tendril/pkg/agent/agentkv"
 	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/etcdproc"
 )

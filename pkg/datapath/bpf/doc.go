@@ -14,5 +14,5 @@ package bpf
 //go:generate go tool bpf2go -cc clang -no-strip -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type lb_term_key SockTerm ../../../bpf/bpf_sock_term.c -- -I../../../bpf
 
 // The host device programs (bpf/bpf_host.c): masquerade at the node's
-// uplinks, sharing the pod programs' pinned maps (pkg/datapath/hostdev).
+// uplinks, sharing the pod programs' pinned maps (pkg/agent/hostdev).
 //go:generate go tool bpf2go -cc clang -no-strip -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type nat4_key -type nat4_entry -type hostdev_info Host ../../../bpf/bpf_host.c -- -I../../../bpf

@@ -691,7 +691,7 @@ func (l *Loader) AttachedEndpoints() []uint16 {
 
 // MapReplacements returns the loaded maps by name (after Start): another
 // object loaded with them as ebpf.CollectionOptions.MapReplacements uses
-// the same kernel maps (the host device programs, pkg/datapath/hostdev).
+// the same kernel maps (the host device programs, pkg/agent/hostdev).
 func (l *Loader) MapReplacements() map[string]*ebpf.Map { return loadedMaps(&l.objs.LxcMaps) }
 
 // Programs returns the loaded programs (tests run them with BPF_PROG_TEST_RUN).

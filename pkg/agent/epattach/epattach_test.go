@@ -13,8 +13,8 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
 
-	"github.com/tendril-net/tendril/pkg/datapath/epattach"
-	"github.com/tendril-net/tendril/pkg/datapath/epattach/epattachtest"
+	"github.com/tendril-net/tendril/pkg/agent/epattach"
+	"github.com/tendril-net/tendril/pkg/agent/epattach/epattachtest"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )

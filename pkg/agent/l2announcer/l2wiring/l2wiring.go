@@ -1,5 +1,5 @@
 // Package l2wiring gives the L2 announcements' cell
-// (pkg/loadbalancer/l2announcer) what it takes from the other cells: the
+// (pkg/agent/l2announcer) what it takes from the other cells: the
 // services tables, the host programs' devices, the Kubernetes client and
 // the datapath's responder map. It keeps l2announcer free of the other
 // cells' packages; the agent lists Cell instead of l2announcer.Cell.
@@ -16,14 +16,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
+	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
+	"github.com/tendril-net/tendril/pkg/agent/agentservices"
+	"github.com/tendril-net/tendril/pkg/agent/hostdev"
+	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
-	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/l2announcer"
 )
 
 // Cell is the L2 announcements' cell with its providers. Its config and

@@ -7,11 +7,11 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/endpoint"
-	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
-	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 type stepParams struct {

@@ -7,11 +7,11 @@ import (
 	"github.com/cilium/hive/cell"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager/endpointapi"
 	"github.com/tendril-net/tendril/pkg/ipam/ipamapi"
-	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // PolicyModel is an endpoint's policy status in its model, as the policy

@@ -13,8 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/endpoint"
-	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
 	"github.com/tendril-net/tendril/pkg/k8s"

@@ -22,7 +22,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
-	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/datapath/socklb"
 	"github.com/tendril-net/tendril/pkg/datapath/sockterm"

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
@@ -22,7 +23,6 @@ import (
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/policy"
-	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // newEndpointPublisher registers the TendrilEndpoint publisher's table

@@ -8,7 +8,7 @@ import (
 
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/tendril-net/tendril/pkg/datapath/epattach"
+	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/reconcile/reconciletest"
 )
 

@@ -17,8 +17,8 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/vishvananda/netlink"
 
-	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
-	"github.com/tendril-net/tendril/pkg/datapath/hostdev"
+	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/agent/hostdev"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/health"

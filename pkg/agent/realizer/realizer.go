@@ -18,14 +18,14 @@ import (
 
 	"github.com/cilium/hive/cell"
 
-	"github.com/tendril-net/tendril/pkg/datapath/agentdatapath"
-	"github.com/tendril-net/tendril/pkg/datapath/epattach"
+	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
+	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/endpoint"
-	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
-	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 )
 
 // Cell realizes endpoints in the datapath: it is the endpoint

@@ -3,9 +3,9 @@ package agentflows
 import (
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
+	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
+	"github.com/tendril-net/tendril/pkg/agent/agentservices"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/agentservices"
 )
 
 // servicesOf are the LB tables the flows name services from.

@@ -1,6 +1,6 @@
 package agentservices
 
-import "github.com/tendril-net/tendril/pkg/k8s/agentk8s"
+import "github.com/tendril-net/tendril/pkg/agent/agentk8s"
 
 // watchersOf are the Kubernetes client's watchers (they exist once its
 // step has connected); nil in standalone mode.

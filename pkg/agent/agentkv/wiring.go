@@ -1,10 +1,10 @@
 package agentkv
 
 import (
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
-	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
-	"github.com/tendril-net/tendril/pkg/k8s/agentk8s"
 )
 
 // endpointsOf reads the endpoint manager, which the endpoints' start step

@@ -35,8 +35,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
-	"github.com/tendril-net/tendril/pkg/endpointmanager/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
@@ -53,7 +54,6 @@ import (
 	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/policy"
-	"github.com/tendril-net/tendril/pkg/policy/agentpolicy"
 	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
 )
 

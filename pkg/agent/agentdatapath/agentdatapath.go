@@ -25,7 +25,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
-	"github.com/tendril-net/tendril/pkg/datapath/epattach"
+	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
@@ -367,7 +367,7 @@ func (m *Module) stop(context.Context) error {
 
 // Kernel is the kernel side of an endpoint's regeneration: its endpoint
 // map entry and programs (written by the endpoints table's reconciler,
-// pkg/datapath/epattach, which also lists and purges what no endpoint
+// pkg/agent/epattach, which also lists and purges what no endpoint
 // backs), and the policy map.
 type Kernel interface {
 	epattach.Kernel
