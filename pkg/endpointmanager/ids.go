@@ -4,7 +4,12 @@
 
 package endpointmanager
 
-import "strconv"
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/tendril-net/tendril/pkg/endpoint"
+)
 
 // MaxID is the largest endpoint ID.
 const MaxID = 4095
@@ -15,6 +20,30 @@ const MaxID = 4095
 // so at most cursorBlock IDs are skipped and none handed out before is
 // reused at once.
 const cursorBlock = 64
+
+// pickIDLocked gives ep its ID: the one requested, or the next free one
+// after the cursor; newMark is allocateIDLocked's. It takes nothing to give
+// back: the endpoint's entry in the table takes the ID, and until then the
+// held lock keeps it (a cursor moved past it stays moved, as freed IDs are
+// not reused at once).
+func (m *Manager) pickIDLocked(ep *endpoint.Endpoint, requested uint16) (newMark bool, err error) {
+	if requested != 0 {
+		if requested > MaxID {
+			return false, fmt.Errorf("%w: %d is above %d", ErrInvalidID, requested, MaxID)
+		}
+		if _, used := m.endpoints[requested]; used {
+			return false, fmt.Errorf("%w: ID %d", ErrExists, requested)
+		}
+		ep.ID = requested
+		return false, nil
+	}
+	id, newMark, err := m.allocateIDLocked()
+	if err != nil {
+		return false, err
+	}
+	ep.ID = id
+	return newMark, nil
+}
 
 // allocateIDLocked picks the next free ID after the cursor, so a freed ID
 // is not reused at once. newMark reports that the cursor on disk must move

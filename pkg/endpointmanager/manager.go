@@ -244,96 +244,59 @@ type CreateOptions struct {
 
 // Create adds an endpoint: it claims (or reserves) its addresses, persists
 // it and regenerates it (waiting when SyncBuild). A failure leaves nothing
-// behind.
-func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts CreateOptions) (*endpoint.Endpoint, error) {
-	var newMark bool
-	m.mu.Lock()
-	if ep.ContainerID != "" {
-		for _, other := range m.endpoints {
-			if other.AttachmentID() == ep.AttachmentID() {
-				m.mu.Unlock()
-				return nil, fmt.Errorf("%w: attachment %s is endpoint %d", ErrExists, ep.AttachmentID(), other.ID)
+// behind: each step records what it takes in claims, and one deferred
+// rollback gives it all back, newest first.
+func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts CreateOptions) (_ *endpoint.Endpoint, err error) {
+	// Deferred first, so it runs last: the ID cursor is on disk (or its
+	// write failed) before the ID is reported, after any rollback.
+	var cursorDone chan error
+	defer func() {
+		if cursorDone != nil {
+			if err := <-cursorDone; err != nil {
+				m.log.Warn("Persist endpoint ID cursor", "error", err)
 			}
 		}
-	}
-	if opts.RequestedID != 0 {
-		if opts.RequestedID > MaxID {
-			m.mu.Unlock()
-			return nil, fmt.Errorf("%w: %d is above %d", ErrInvalidID, opts.RequestedID, MaxID)
-		}
-		if _, used := m.endpoints[opts.RequestedID]; used {
-			m.mu.Unlock()
-			return nil, fmt.Errorf("%w: ID %d", ErrExists, opts.RequestedID)
-		}
-		ep.ID = opts.RequestedID
-	} else {
-		id, mark, err := m.allocateIDLocked()
+	}()
+	c := claims{mu: &m.mu}
+	c.lock()
+	defer func() {
 		if err != nil {
-			m.mu.Unlock()
-			return nil, err
+			c.rollback()
 		}
-		ep.ID, newMark = id, mark
+		if c.held {
+			c.unlock()
+		}
+	}()
+
+	if err := m.checkAttachmentLocked(ep); err != nil {
+		return nil, err
 	}
-	// Claim the addresses: stop their expiration, or reserve them when the
-	// caller allocated them elsewhere (e.g. a restarted plugin). What this
-	// call claimed or reserved is released again if it fails, so a failed
-	// Create leaves no allocation behind (a build failure deletes the
-	// endpoint, which releases them too).
-	var taken []netip.Addr
-	rollback := func() {
-		for _, ip := range taken {
-			_ = m.ipam.Release(ip)
-		}
+	newMark, err := m.pickIDLocked(ep, opts.RequestedID)
+	if err != nil {
+		return nil, err
 	}
-	if m.ipam != nil {
-		for _, ip := range ep.Addresses() {
-			if alloc, ok := m.ipam.Lookup(ip); ok {
-				if alloc.Claimed {
-					rollback()
-					m.mu.Unlock()
-					return nil, fmt.Errorf("%w: address %s is held by another endpoint", ErrExists, ip)
-				}
-				if err := m.ipam.Claim(ip, opts.ExpirationUUIDs[ip]); err != nil {
-					rollback()
-					m.mu.Unlock()
-					return nil, fmt.Errorf("claim address %s: %w", ip, err)
-				}
-				taken = append(taken, ip)
-				continue
-			}
-			if _, err := m.ipam.Allocate(ip, ep.IPAMOwner()); err != nil {
-				rollback()
-				m.mu.Unlock()
-				return nil, fmt.Errorf("reserve address %s: %w", ip, err)
-			}
-			_ = m.ipam.Claim(ip, "")
-			taken = append(taken, ip)
-		}
+	if err := m.claimAddressesLocked(ep, opts.ExpirationUUIDs, &c); err != nil {
+		return nil, err
 	}
 	ep.Created = m.now()
 	ep.DesiredPolicyRevision = m.policyRevision
 	if err := ep.SetState(endpoint.StateWaitingForIdentity, "Endpoint created", m.now()); err != nil {
-		rollback()
-		m.mu.Unlock()
 		return nil, err
 	}
 	// Visible at once (its ID and addresses are taken); the disk writes
 	// happen outside the lock so concurrent creates do not queue behind
 	// each other's fsyncs.
-	m.endpoints[ep.ID] = ep
+	id := ep.ID
+	m.endpoints[id] = ep
+	c.addLocked(func() { delete(m.endpoints, id) })
 	snapshot := ep.Clone()
-	m.mu.Unlock()
+	c.unlock()
 	if newMark {
 		// The cursor moves on disk beside this endpoint's first state write
 		// (the store commits concurrent writes together); a failure only
 		// lets freed IDs come back sooner after a crash.
-		cursorDone := make(chan error, 1)
+		cursorDone = make(chan error, 1)
 		go func() { cursorDone <- m.persistCursor() }()
-		defer func() {
-			if err := <-cursorDone; err != nil {
-				m.log.Warn("Persist endpoint ID cursor", "error", err)
-			}
-		}()
 	}
 
 	if opts.SyncBuild {
@@ -341,31 +304,81 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 		// it, and is on disk before Create returns. A crash during the build
 		// loses an endpoint nobody was told about; its caller sees the
 		// failure (a CNI ADD is retried after a DEL).
-		if regenErr, writeErr := m.regenerate(ctx, ep.ID, "Initial build"); regenErr != nil || writeErr != nil {
-			// A pod whose datapath cannot be built must not run half-wired:
-			// remove it so the CNI plugin can retry from scratch.
-			_ = m.Delete(context.WithoutCancel(ctx), ep.ID)
+		//
+		// A pod whose datapath cannot be built must not run half-wired: a
+		// failure from here deletes the endpoint (datapath, addresses,
+		// state) so the CNI plugin can retry from scratch.
+		c.handOver(func() { _ = m.Delete(context.WithoutCancel(ctx), id) })
+		if regenErr, writeErr := m.regenerate(ctx, id, "Initial build"); regenErr != nil || writeErr != nil {
 			if regenErr != nil {
-				return nil, fmt.Errorf("build endpoint %d: %w", ep.ID, regenErr)
+				return nil, fmt.Errorf("build endpoint %d: %w", id, regenErr)
 			}
-			return nil, fmt.Errorf("persist endpoint %d: %w", ep.ID, writeErr)
+			return nil, fmt.Errorf("persist endpoint %d: %w", id, writeErr)
 		}
-		m.log.Info("Endpoint created", "endpoint", ep.ID, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
+		c.keep()
+		m.log.Info("Endpoint created", "endpoint", id, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
 	} else {
 		if err := m.store.Write(snapshot); err != nil {
-			m.mu.Lock()
-			delete(m.endpoints, ep.ID)
-			m.mu.Unlock()
-			rollback()
 			return nil, err
 		}
-		m.log.Info("Endpoint created", "endpoint", ep.ID, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
+		c.keep()
+		m.log.Info("Endpoint created", "endpoint", id, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
 		// The regeneration workers (Run) build it, retrying until it
 		// succeeds.
-		m.queue.add(ep.ID, "Initial build", 0)
+		m.queue.add(id, "Initial build", 0)
 	}
-	m.notify(Event{Kind: EventUpsert, Endpoint: m.mustGet(ep.ID)})
-	return m.Lookup(strconv.Itoa(int(ep.ID)))
+	m.notify(Event{Kind: EventUpsert, Endpoint: m.mustGet(id)})
+	return m.Lookup(strconv.Itoa(int(id)))
+}
+
+// checkAttachmentLocked refuses a second endpoint for one attachment
+// (container and interface).
+func (m *Manager) checkAttachmentLocked(ep *endpoint.Endpoint) error {
+	if ep.ContainerID == "" {
+		return nil
+	}
+	for _, other := range m.endpoints {
+		if other.AttachmentID() == ep.AttachmentID() {
+			return fmt.Errorf("%w: attachment %s is endpoint %d", ErrExists, ep.AttachmentID(), other.ID)
+		}
+	}
+	return nil
+}
+
+// claimAddressesLocked claims the endpoint's addresses: it stops their
+// expiration, or reserves them when the caller allocated them elsewhere
+// (e.g. a restarted plugin). What it claimed or reserved is recorded in c,
+// to be released if Create fails (an address it did not take, held by
+// another endpoint say, stays as it is).
+func (m *Manager) claimAddressesLocked(ep *endpoint.Endpoint, uuids map[netip.Addr]string, c *claims) error {
+	if m.ipam == nil {
+		return nil
+	}
+	// One claim for all: the addresses go back in the order taken.
+	var taken []netip.Addr
+	c.add(func() {
+		for _, ip := range taken {
+			_ = m.ipam.Release(ip)
+		}
+	})
+	for _, ip := range ep.Addresses() {
+		if alloc, ok := m.ipam.Lookup(ip); ok {
+			if alloc.Claimed {
+				return fmt.Errorf("%w: address %s is held by another endpoint", ErrExists, ip)
+			}
+			if err := m.ipam.Claim(ip, uuids[ip]); err != nil {
+				return fmt.Errorf("claim address %s: %w", ip, err)
+			}
+			taken = append(taken, ip)
+			continue
+		}
+		if _, err := m.ipam.Allocate(ip, ep.IPAMOwner()); err != nil {
+			return fmt.Errorf("reserve address %s: %w", ip, err)
+		}
+		_ = m.ipam.Claim(ip, "")
+		taken = append(taken, ip)
+	}
+	return nil
 }
 
 func (m *Manager) mustGet(id uint16) *endpoint.Endpoint {
