@@ -52,9 +52,6 @@ var (
 	ErrNoIDs     = errors.New("no free endpoint ID")
 )
 
-// MaxID is the largest endpoint ID.
-const MaxID = 4095
-
 // Retry is how the manager brings failed or lagging endpoints back in line.
 type Retry struct {
 	// Base is the delay before the first retry of a failed regeneration;
@@ -176,55 +173,6 @@ func (m *Manager) notify(ev Event) {
 	}
 }
 
-// cursorBlock is how far the persisted ID cursor runs ahead of the IDs
-// handed out: the cursor file is written once per cursorBlock creates, not
-// on every one. After a restart the manager starts at the persisted cursor,
-// so at most cursorBlock IDs are skipped and none handed out before is
-// reused at once.
-const cursorBlock = 64
-
-// allocateIDLocked picks the next free ID after the cursor, so a freed ID
-// is not reused at once. newMark reports that the cursor on disk must move
-// (persistCursor) before the ID may be reported to anyone.
-func (m *Manager) allocateIDLocked() (id uint16, newMark bool, err error) {
-	for n := 0; n < MaxID; n++ {
-		id := m.nextID
-		m.nextID = nextCursor(m.nextID, 1)
-		m.ahead--
-		if _, used := m.endpoints[id]; !used {
-			if m.ahead < 0 {
-				m.mark, m.ahead = nextCursor(m.nextID, cursorBlock), cursorBlock
-				newMark = true
-			}
-			return id, newMark, nil
-		}
-	}
-	return 0, false, ErrNoIDs
-}
-
-// nextCursor is the ID n steps after id, wrapping from MaxID to 1.
-func nextCursor(id uint16, n int) uint16 {
-	return uint16((int(id)-1+n)%MaxID + 1)
-}
-
-// persistCursor writes the current mark unless a write of it (or of a
-// later one) is already done.
-func (m *Manager) persistCursor() error {
-	m.cursorMu.Lock()
-	defer m.cursorMu.Unlock()
-	m.mu.Lock()
-	mark := m.mark
-	m.mu.Unlock()
-	if mark == m.persisted {
-		return nil
-	}
-	if err := m.store.WriteFile("next-id", []byte(strconv.Itoa(int(mark)))); err != nil {
-		return err
-	}
-	m.persisted = mark
-	return nil
-}
-
 // Lookup finds an endpoint by any ID form of the API: "N", "cilium-local:N",
 // "container-id:X", "cni-attachment-id:X", "pod-name:NS/NAME",
 // "container-name:X". It returns a copy.
@@ -296,96 +244,59 @@ type CreateOptions struct {
 
 // Create adds an endpoint: it claims (or reserves) its addresses, persists
 // it and regenerates it (waiting when SyncBuild). A failure leaves nothing
-// behind.
-func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts CreateOptions) (*endpoint.Endpoint, error) {
-	var newMark bool
-	m.mu.Lock()
-	if ep.ContainerID != "" {
-		for _, other := range m.endpoints {
-			if other.AttachmentID() == ep.AttachmentID() {
-				m.mu.Unlock()
-				return nil, fmt.Errorf("%w: attachment %s is endpoint %d", ErrExists, ep.AttachmentID(), other.ID)
+// behind: each step records what it takes in claims, and one deferred
+// rollback gives it all back, newest first.
+func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts CreateOptions) (_ *endpoint.Endpoint, err error) {
+	// Deferred first, so it runs last: the ID cursor is on disk (or its
+	// write failed) before the ID is reported, after any rollback.
+	var cursorDone chan error
+	defer func() {
+		if cursorDone != nil {
+			if err := <-cursorDone; err != nil {
+				m.log.Warn("Persist endpoint ID cursor", "error", err)
 			}
 		}
-	}
-	if opts.RequestedID != 0 {
-		if opts.RequestedID > MaxID {
-			m.mu.Unlock()
-			return nil, fmt.Errorf("%w: %d is above %d", ErrInvalidID, opts.RequestedID, MaxID)
-		}
-		if _, used := m.endpoints[opts.RequestedID]; used {
-			m.mu.Unlock()
-			return nil, fmt.Errorf("%w: ID %d", ErrExists, opts.RequestedID)
-		}
-		ep.ID = opts.RequestedID
-	} else {
-		id, mark, err := m.allocateIDLocked()
+	}()
+	c := claims{mu: &m.mu}
+	c.lock()
+	defer func() {
 		if err != nil {
-			m.mu.Unlock()
-			return nil, err
+			c.rollback()
 		}
-		ep.ID, newMark = id, mark
+		if c.held {
+			c.unlock()
+		}
+	}()
+
+	if err := m.checkAttachmentLocked(ep); err != nil {
+		return nil, err
 	}
-	// Claim the addresses: stop their expiration, or reserve them when the
-	// caller allocated them elsewhere (e.g. a restarted plugin). What this
-	// call claimed or reserved is released again if it fails, so a failed
-	// Create leaves no allocation behind (a build failure deletes the
-	// endpoint, which releases them too).
-	var taken []netip.Addr
-	rollback := func() {
-		for _, ip := range taken {
-			_ = m.ipam.Release(ip)
-		}
+	newMark, err := m.pickIDLocked(ep, opts.RequestedID)
+	if err != nil {
+		return nil, err
 	}
-	if m.ipam != nil {
-		for _, ip := range ep.Addresses() {
-			if alloc, ok := m.ipam.Lookup(ip); ok {
-				if alloc.Claimed {
-					rollback()
-					m.mu.Unlock()
-					return nil, fmt.Errorf("%w: address %s is held by another endpoint", ErrExists, ip)
-				}
-				if err := m.ipam.Claim(ip, opts.ExpirationUUIDs[ip]); err != nil {
-					rollback()
-					m.mu.Unlock()
-					return nil, fmt.Errorf("claim address %s: %w", ip, err)
-				}
-				taken = append(taken, ip)
-				continue
-			}
-			if _, err := m.ipam.Allocate(ip, ep.IPAMOwner()); err != nil {
-				rollback()
-				m.mu.Unlock()
-				return nil, fmt.Errorf("reserve address %s: %w", ip, err)
-			}
-			_ = m.ipam.Claim(ip, "")
-			taken = append(taken, ip)
-		}
+	if err := m.claimAddressesLocked(ep, opts.ExpirationUUIDs, &c); err != nil {
+		return nil, err
 	}
 	ep.Created = m.now()
 	ep.DesiredPolicyRevision = m.policyRevision
 	if err := ep.SetState(endpoint.StateWaitingForIdentity, "Endpoint created", m.now()); err != nil {
-		rollback()
-		m.mu.Unlock()
 		return nil, err
 	}
 	// Visible at once (its ID and addresses are taken); the disk writes
 	// happen outside the lock so concurrent creates do not queue behind
 	// each other's fsyncs.
-	m.endpoints[ep.ID] = ep
+	id := ep.ID
+	m.endpoints[id] = ep
+	c.addLocked(func() { delete(m.endpoints, id) })
 	snapshot := ep.Clone()
-	m.mu.Unlock()
+	c.unlock()
 	if newMark {
 		// The cursor moves on disk beside this endpoint's first state write
 		// (the store commits concurrent writes together); a failure only
 		// lets freed IDs come back sooner after a crash.
-		cursorDone := make(chan error, 1)
+		cursorDone = make(chan error, 1)
 		go func() { cursorDone <- m.persistCursor() }()
-		defer func() {
-			if err := <-cursorDone; err != nil {
-				m.log.Warn("Persist endpoint ID cursor", "error", err)
-			}
-		}()
 	}
 
 	if opts.SyncBuild {
@@ -393,31 +304,81 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 		// it, and is on disk before Create returns. A crash during the build
 		// loses an endpoint nobody was told about; its caller sees the
 		// failure (a CNI ADD is retried after a DEL).
-		if regenErr, writeErr := m.regenerate(ctx, ep.ID, "Initial build"); regenErr != nil || writeErr != nil {
-			// A pod whose datapath cannot be built must not run half-wired:
-			// remove it so the CNI plugin can retry from scratch.
-			_ = m.Delete(context.WithoutCancel(ctx), ep.ID)
+		//
+		// A pod whose datapath cannot be built must not run half-wired: a
+		// failure from here deletes the endpoint (datapath, addresses,
+		// state) so the CNI plugin can retry from scratch.
+		c.handOver(func() { _ = m.Delete(context.WithoutCancel(ctx), id) })
+		if regenErr, writeErr := m.regenerate(ctx, id, "Initial build"); regenErr != nil || writeErr != nil {
 			if regenErr != nil {
-				return nil, fmt.Errorf("build endpoint %d: %w", ep.ID, regenErr)
+				return nil, fmt.Errorf("build endpoint %d: %w", id, regenErr)
 			}
-			return nil, fmt.Errorf("persist endpoint %d: %w", ep.ID, writeErr)
+			return nil, fmt.Errorf("persist endpoint %d: %w", id, writeErr)
 		}
-		m.log.Info("Endpoint created", "endpoint", ep.ID, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
+		c.keep()
+		m.log.Info("Endpoint created", "endpoint", id, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
 	} else {
 		if err := m.store.Write(snapshot); err != nil {
-			m.mu.Lock()
-			delete(m.endpoints, ep.ID)
-			m.mu.Unlock()
-			rollback()
 			return nil, err
 		}
-		m.log.Info("Endpoint created", "endpoint", ep.ID, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
+		c.keep()
+		m.log.Info("Endpoint created", "endpoint", id, "pod", ep.PodKey(), "ipv4", ep.IPv4, "ipv6", ep.IPv6, "interface", ep.HostIfName)
 		// The regeneration workers (Run) build it, retrying until it
 		// succeeds.
-		m.queue.add(ep.ID, "Initial build", 0)
+		m.queue.add(id, "Initial build", 0)
 	}
-	m.notify(Event{Kind: EventUpsert, Endpoint: m.mustGet(ep.ID)})
-	return m.Lookup(strconv.Itoa(int(ep.ID)))
+	m.notify(Event{Kind: EventUpsert, Endpoint: m.mustGet(id)})
+	return m.Lookup(strconv.Itoa(int(id)))
+}
+
+// checkAttachmentLocked refuses a second endpoint for one attachment
+// (container and interface).
+func (m *Manager) checkAttachmentLocked(ep *endpoint.Endpoint) error {
+	if ep.ContainerID == "" {
+		return nil
+	}
+	for _, other := range m.endpoints {
+		if other.AttachmentID() == ep.AttachmentID() {
+			return fmt.Errorf("%w: attachment %s is endpoint %d", ErrExists, ep.AttachmentID(), other.ID)
+		}
+	}
+	return nil
+}
+
+// claimAddressesLocked claims the endpoint's addresses: it stops their
+// expiration, or reserves them when the caller allocated them elsewhere
+// (e.g. a restarted plugin). What it claimed or reserved is recorded in c,
+// to be released if Create fails (an address it did not take, held by
+// another endpoint say, stays as it is).
+func (m *Manager) claimAddressesLocked(ep *endpoint.Endpoint, uuids map[netip.Addr]string, c *claims) error {
+	if m.ipam == nil {
+		return nil
+	}
+	// One claim for all: the addresses go back in the order taken.
+	var taken []netip.Addr
+	c.add(func() {
+		for _, ip := range taken {
+			_ = m.ipam.Release(ip)
+		}
+	})
+	for _, ip := range ep.Addresses() {
+		if alloc, ok := m.ipam.Lookup(ip); ok {
+			if alloc.Claimed {
+				return fmt.Errorf("%w: address %s is held by another endpoint", ErrExists, ip)
+			}
+			if err := m.ipam.Claim(ip, uuids[ip]); err != nil {
+				return fmt.Errorf("claim address %s: %w", ip, err)
+			}
+			taken = append(taken, ip)
+			continue
+		}
+		if _, err := m.ipam.Allocate(ip, ep.IPAMOwner()); err != nil {
+			return fmt.Errorf("reserve address %s: %w", ip, err)
+		}
+		_ = m.ipam.Claim(ip, "")
+		taken = append(taken, ip)
+	}
+	return nil
 }
 
 func (m *Manager) mustGet(id uint16) *endpoint.Endpoint {
@@ -629,121 +590,6 @@ func (m *Manager) List() []*endpoint.Endpoint {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
-}
-
-// RestoreResult says what Restore did.
-type RestoreResult struct {
-	Restored []uint16
-	// Removed are endpoints whose interface was gone.
-	Removed []uint16
-	// Failed are endpoints whose addresses could not be re-reserved.
-	Failed []uint16
-}
-
-// Restore reads the endpoints persisted by a previous run. Each endpoint
-// whose host interface still exists (linkExists) gets its ID and addresses
-// re-reserved and comes back in state restoring; the others are removed.
-// Call it before any new allocation.
-func (m *Manager) Restore(ctx context.Context, linkExists func(name string) (bool, error)) (RestoreResult, error) {
-	var res RestoreResult
-	eps, err := m.store.LoadAll()
-	if err != nil {
-		return res, err
-	}
-	sort.Slice(eps, func(i, j int) bool { return eps[i].ID < eps[j].ID })
-	for _, ep := range eps {
-		if ep.ID == 0 || ep.ID > MaxID {
-			// Not an ID this agent hands out: the datapath's per-endpoint
-			// maps have no slot for it. The state stays on disk to be
-			// looked at.
-			m.log.Error("Endpoint state has an ID out of range; endpoint not restored",
-				"endpoint", ep.ID, "max", MaxID, "dir", m.store.Dir)
-			res.Failed = append(res.Failed, ep.ID)
-			continue
-		}
-		exists := true
-		if ep.HostIfName != "" && linkExists != nil {
-			ok, err := linkExists(ep.HostIfName)
-			if err != nil {
-				return res, fmt.Errorf("restore endpoint %d: check interface %s: %w", ep.ID, ep.HostIfName, err)
-			}
-			exists = ok
-		}
-		if !exists {
-			m.log.Info("Endpoint's interface is gone; removing it", "endpoint", ep.ID, "interface", ep.HostIfName)
-			_ = m.store.Remove(ep.ID)
-			res.Removed = append(res.Removed, ep.ID)
-			continue
-		}
-		var reserved []netip.Addr
-		var failed error
-		if m.ipam != nil {
-			for _, ip := range ep.Addresses() {
-				if err := m.ipam.Restore(ip, ep.IPAMOwner()); err != nil {
-					failed = err
-					break
-				}
-				reserved = append(reserved, ip)
-			}
-		}
-		if failed != nil {
-			for _, ip := range reserved {
-				_ = m.ipam.Release(ip)
-			}
-			m.log.Error("Cannot re-reserve endpoint addresses; endpoint not restored", "endpoint", ep.ID, "error", failed)
-			res.Failed = append(res.Failed, ep.ID)
-			continue
-		}
-		ep.State = ""
-		ep.LastRegenerationError = ""
-		ep.Regeneration.ConsecutiveFailures = 0
-		// Policy revisions count from 1 again in every run of the agent: the
-		// previous run's numbers mean nothing now, and the restored
-		// endpoint realizes the current policy when it regenerates.
-		ep.PolicyRevision, ep.DesiredPolicyRevision = 0, m.policyRevision
-		_ = ep.SetState(endpoint.StateRestoring, "Restored from disk after agent restart", m.now())
-		m.mu.Lock()
-		m.endpoints[ep.ID] = ep
-		m.mu.Unlock()
-		res.Restored = append(res.Restored, ep.ID)
-	}
-	return res, nil
-}
-
-// regenerateWorkers bounds how many restored endpoints regenerate at once.
-const regenerateWorkers = 8
-
-// RegenerateRestored regenerates the endpoints in state restoring, several
-// at a time (each waits mostly on its state file's fsync).
-func (m *Manager) RegenerateRestored(ctx context.Context) error {
-	var (
-		mu   sync.Mutex
-		errs []error
-		wg   sync.WaitGroup
-	)
-	work := make(chan uint16)
-	for w := 0; w < regenerateWorkers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for id := range work {
-				if err := m.Regenerate(ctx, id, "Restored endpoint"); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("regenerate restored endpoint %d: %w", id, err))
-					mu.Unlock()
-				}
-				m.notify(Event{Kind: EventUpsert, Endpoint: m.mustGet(id)})
-			}
-		}()
-	}
-	for _, ep := range m.List() {
-		if ep.State == endpoint.StateRestoring {
-			work <- ep.ID
-		}
-	}
-	close(work)
-	wg.Wait()
-	return errors.Join(errs...)
 }
 
 // Refresh is the light path for policy changes (no re-attachment, no host

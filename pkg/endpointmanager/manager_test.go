@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/tendril-net/tendril/pkg/endpoint"
@@ -111,98 +112,6 @@ func TestSyncBuildFailureLeavesNothing(t *testing.T) {
 	}
 }
 
-func TestRestoreTwentyEndpoints(t *testing.T) {
-	dir := t.TempDir()
-	f := newFixture(t, dir)
-	want := map[uint16]netip.Addr{}
-	for i := 0; i < 20; i++ {
-		ep := f.createPod(t, i)
-		want[ep.ID] = ep.IPv4
-	}
-	// One endpoint's interface is gone, one state file is corrupt.
-	gone := "veth3"
-	if err := os.WriteFile(filepath.Join(dir, "8", "state.json"), []byte("garbage"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// A new agent process: fresh IPAM and manager on the same state dir.
-	g := newFixture(t, dir)
-	res, err := g.mgr.Restore(context.Background(), func(name string) (bool, error) { return name != gone, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.Restored) != 18 || len(res.Removed) != 1 {
-		t.Fatalf("restore result %+v", res)
-	}
-	for _, ep := range g.mgr.List() {
-		if want[ep.ID] != ep.IPv4 || ep.State != endpoint.StateRestoring {
-			t.Errorf("endpoint %d restored as %s/%s, want %s", ep.ID, ep.IPv4, ep.State, want[ep.ID])
-		}
-	}
-	if err := g.mgr.RegenerateRestored(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	for _, ep := range g.mgr.List() {
-		if ep.State != endpoint.StateReady {
-			t.Errorf("endpoint %d is %s after regeneration", ep.ID, ep.State)
-		}
-	}
-	// The next allocation gets an address no restored endpoint holds, and a
-	// new endpoint gets a fresh ID.
-	used := map[netip.Addr]bool{}
-	for _, ep := range g.mgr.List() {
-		used[ep.IPv4] = true
-	}
-	next := g.createPodAfterRestore(t, 100)
-	if used[next.IPv4] {
-		t.Fatalf("address %s handed out twice", next.IPv4)
-	}
-	if _, clash := want[next.ID]; clash {
-		t.Fatalf("ID %d reused", next.ID)
-	}
-}
-
-func (f *fixture) createPodAfterRestore(t *testing.T, i int) *endpoint.Endpoint {
-	return f.createPod(t, i)
-}
-
-// BenchmarkRestore200 is the restore of 200 endpoints from disk: read the
-// states, check interfaces, re-reserve IDs and addresses.
-func BenchmarkRestore200(b *testing.B) {
-	dir := b.TempDir()
-	f := newFixture(b, dir)
-	for i := 0; i < 200; i++ {
-		f.createPod(b, i)
-	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		g := newFixture(b, dir)
-		res, err := g.mgr.Restore(context.Background(), func(string) (bool, error) { return true, nil })
-		if err != nil || len(res.Restored) != 200 {
-			b.Fatalf("%+v %v", res, err)
-		}
-	}
-}
-
-// BenchmarkRestoreAndRegenerate200 adds the regeneration of the 200
-// restored endpoints (with a no-op datapath: the state writes remain).
-func BenchmarkRestoreAndRegenerate200(b *testing.B) {
-	dir := b.TempDir()
-	f := newFixture(b, dir)
-	for i := 0; i < 200; i++ {
-		f.createPod(b, i)
-	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		g := newFixture(b, dir)
-		if _, err := g.mgr.Restore(context.Background(), func(string) (bool, error) { return true, nil }); err != nil {
-			b.Fatal(err)
-		}
-		if err := g.mgr.RegenerateRestored(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 // TestSyncBuildIsOnDiskAtReturn: a synchronously built endpoint's state,
 // as built (ready), is on disk when Create returns, so a restart right
 // after finds it; and a store that cannot write fails the Create and
@@ -236,77 +145,183 @@ func TestSyncBuildIsOnDiskAtReturn(t *testing.T) {
 	}
 }
 
-// TestIDCursorAcrossRestart: the persisted cursor runs ahead of the IDs
-// handed out, so after a restart a freed ID is not handed out again at
-// once; and it is written once per block of creates, not on every create.
-func TestIDCursorAcrossRestart(t *testing.T) {
-	dir := t.TempDir()
-	f := newFixture(t, dir)
-	var last *endpoint.Endpoint
-	for i := 1; i <= 3; i++ {
-		last = f.createPod(t, i)
+// TestCreateFailureAtEachStepGivesBackItsClaims makes each step of Create
+// fail in turn, after the steps before it have taken their claims (the ID,
+// the IPv4 address, the IPv6 address, the entry in the endpoint table, the
+// state on disk), and checks that the failed Create gave back every claim
+// it took and nothing it did not take: no endpoint is left, no state on
+// disk, its addresses are free again while an address another endpoint or
+// a pending allocation holds stays held, and once the cause is gone the
+// same endpoint (same ID, attachment and addresses) can be created.
+func TestCreateFailureAtEachStepGivesBackItsClaims(t *testing.T) {
+	const id = 7
+	v4, v6 := netip.MustParseAddr("10.5.0.20"), netip.MustParseAddr("fd00:5::20")
+	newEP := func() *endpoint.Endpoint {
+		return &endpoint.Endpoint{ContainerID: "c1", IfName: "eth0", HostIfName: "veth1",
+			IPv4: v4, IPv6: v6, PodNamespace: "ns", PodName: "pod-1"}
 	}
-	cursor := func() string {
-		data, err := f.store.ReadFile("next-id")
+	type env struct {
+		t    *testing.T
+		f    *fixture
+		ep   *endpoint.Endpoint
+		opts CreateOptions
+	}
+	// held checks that an address the failed Create did not take is
+	// still allocated as it was.
+	held := func(e *env, ip netip.Addr, claimed bool) {
+		e.t.Helper()
+		if a, ok := e.f.ipam.Lookup(ip); !ok || a.Claimed != claimed {
+			e.t.Errorf("address %s, not the failed Create's, is %+v (allocated %v), want allocated, claimed %v", ip, a, ok, claimed)
+		}
+	}
+	// otherHolds creates another endpoint holding ip.
+	otherHolds := func(e *env, ip netip.Addr) *endpoint.Endpoint {
+		e.t.Helper()
+		other := &endpoint.Endpoint{ContainerID: "c2", IfName: "eth0", PodNamespace: "ns", PodName: "pod-2"}
+		if ip.Is4() {
+			other.IPv4 = ip
+		} else {
+			other.IPv6 = ip
+		}
+		got, err := e.f.mgr.Create(context.Background(), other, CreateOptions{SyncBuild: true})
 		if err != nil {
-			t.Fatal(err)
+			e.t.Fatal(err)
 		}
-		return string(data)
+		return got
 	}
-	first := cursor()
-	if err := f.mgr.Delete(context.Background(), last.ID); err != nil {
-		t.Fatal(err)
-	}
-	f.createPod(t, 4)
-	if got := cursor(); got != first {
-		t.Errorf("cursor rewritten within its block: %s then %s", first, got)
-	}
-
-	// A new manager on the same state, as after a restart.
-	g := &fixture{dir: dir, ipam: f.ipam, store: f.store, mgr: New(f.store, f.ipam, nil)}
-	next := g.createPod(t, 5)
-	if next.ID <= 4 || next.ID == last.ID {
-		t.Errorf("first ID after the restart is %d; IDs up to 4 were handed out (%d freed)", next.ID, last.ID)
-	}
-	// Crossing the block moves the cursor on disk before the ID is used.
-	for i := 6; i < 6+cursorBlock; i++ {
-		g.createPod(t, i)
-	}
-	if got := cursor(); got == first {
-		t.Errorf("cursor still %s after %d more creates", got, cursorBlock)
-	}
-}
-
-// TestRestoreRefusesIDsOutOfRange: a state directory whose endpoint ID is
-// 0 or above MaxID (written by hand, or by another program) is not
-// restored: the ID does not fit the datapath's per-endpoint maps, and no
-// endpoint created through the API could have it.
-func TestRestoreRefusesIDsOutOfRange(t *testing.T) {
-	dir := t.TempDir()
-	f := newFixture(t, dir)
-	good := f.createPod(t, 1)
-	for _, id := range []uint16{0, MaxID + 1, 65535} {
-		bad := *good
-		bad.ID = id
-		bad.IPv4 = netip.MustParseAddr("10.5.1.200")
-		if err := f.store.Write(&bad); err != nil {
-			t.Fatal(err)
+	deleteOther := func(e *env) {
+		if _, err := e.f.mgr.DeleteByContainerID(context.Background(), "c2"); err != nil {
+			e.t.Fatal(err)
 		}
 	}
-	g := newFixture(t, dir)
-	res, err := g.mgr.Restore(context.Background(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.Restored) != 1 || res.Restored[0] != good.ID {
-		t.Errorf("restored %v, want only endpoint %d", res.Restored, good.ID)
-	}
-	for _, ep := range g.mgr.List() {
-		if ep.ID != good.ID {
-			t.Errorf("endpoint %d restored", ep.ID)
+	// blockStateDir puts a file where the endpoint's state directory goes.
+	blockStateDir := func(e *env) {
+		if err := os.WriteFile(filepath.Join(e.f.dir, strconv.Itoa(id)), []byte("x"), 0o600); err != nil {
+			e.t.Fatal(err)
 		}
 	}
-	if len(res.Failed) != 3 {
-		t.Errorf("failed %v, want the three out-of-range IDs", res.Failed)
+	unblockStateDir := func(e *env) {
+		// (A failed build's Delete may have removed it already.)
+		if err := os.RemoveAll(filepath.Join(e.f.dir, strconv.Itoa(id))); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name string
+		// fail sets up the failure; notTaken checks what the failed Create
+		// must leave as it was; fix removes the cause.
+		fail     func(e *env)
+		notTaken func(e *env)
+		fix      func(e *env)
+	}{{
+		name: "requested ID in use",
+		fail: func(e *env) {
+			e.opts.RequestedID = otherHolds(e, netip.MustParseAddr("10.5.0.30")).ID
+			e.ep.ContainerID = "c3"
+		},
+		notTaken: func(e *env) { held(e, netip.MustParseAddr("10.5.0.30"), true) },
+		fix:      func(e *env) { deleteOther(e); e.ep.ContainerID = "c1"; e.opts.RequestedID = id },
+	}, {
+		name:     "first address held by another endpoint",
+		fail:     func(e *env) { otherHolds(e, v4) },
+		notTaken: func(e *env) { held(e, v4, true) },
+		fix:      deleteOther,
+	}, {
+		name:     "second address held by another endpoint",
+		fail:     func(e *env) { otherHolds(e, v6) },
+		notTaken: func(e *env) { held(e, v6, true) },
+		fix:      deleteOther,
+	}, {
+		name: "second address's claim refused (expiration UUID)",
+		fail: func(e *env) {
+			a, err := e.f.ipam.AllocateNextWithExpiration(ipam.IPv6, e.ep.IPAMOwner())
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			e.ep.IPv6 = a.IP
+			e.opts.ExpirationUUIDs = map[netip.Addr]string{a.IP: "not-" + a.ExpirationUUID}
+		},
+		notTaken: func(e *env) { held(e, e.ep.IPv6, false) },
+		fix: func(e *env) {
+			a, _ := e.f.ipam.Lookup(e.ep.IPv6)
+			e.opts.ExpirationUUIDs = map[netip.Addr]string{a.IP: a.ExpirationUUID}
+		},
+	}, {
+		name:     "second address outside the pod CIDR",
+		fail:     func(e *env) { e.ep.IPv6 = netip.MustParseAddr("fd00:6::20") },
+		notTaken: func(e *env) {},
+		fix:      func(e *env) { e.ep.IPv6 = v6 },
+	}, {
+		name:     "initial state refused",
+		fail:     func(e *env) { e.ep.State = endpoint.StateDisconnected },
+		notTaken: func(e *env) {},
+		fix:      func(e *env) { e.ep.State = "" },
+	}, {
+		name:     "state write fails",
+		fail:     blockStateDir,
+		notTaken: func(e *env) {},
+		fix:      unblockStateDir,
+	}, {
+		name:     "build fails",
+		fail:     func(e *env) { e.opts.SyncBuild = true; e.f.mgr.SetRegenerator(failingRegen{}) },
+		notTaken: func(e *env) {},
+		fix:      func(e *env) { e.f.mgr.SetRegenerator(NopRegenerator{}) },
+	}, {
+		name:     "state write after the build fails",
+		fail:     func(e *env) { e.opts.SyncBuild = true; blockStateDir(e) },
+		notTaken: func(e *env) {},
+		fix:      unblockStateDir,
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			alloc, err := ipam.New(ipam.DefaultConfig(), nil, netip.MustParsePrefix("10.5.0.0/23"), netip.MustParsePrefix("fd00:5::/112"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			store, err := endpoint.NewStore(dir, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := &fixture{dir: dir, ipam: alloc, store: store, mgr: New(store, alloc, nil)}
+			e := &env{t: t, f: f, ep: newEP(), opts: CreateOptions{RequestedID: id}}
+			tt.fail(e)
+			before := len(f.mgr.List())
+			if _, err := f.mgr.Create(context.Background(), e.ep, e.opts); err == nil {
+				t.Fatal("Create succeeded despite the injected failure")
+			}
+			if n := len(f.mgr.List()); n != before {
+				t.Errorf("%d endpoints after the failed Create, want %d", n, before)
+			}
+			if _, err := f.mgr.Lookup("container-id:" + e.ep.ContainerID); !errors.Is(err, ErrNotFound) {
+				t.Errorf("failed endpoint still there: %v", err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, strconv.Itoa(int(e.ep.ID)), "state.json")); err == nil {
+				t.Errorf("state of endpoint %d left on disk", e.ep.ID)
+			}
+			tt.notTaken(e)
+			// (An address a case allocated itself is checked by notTaken.)
+			for _, ip := range []netip.Addr{v4, v6} {
+				owner := ""
+				if a, ok := f.ipam.Lookup(ip); ok {
+					owner = a.Owner
+				}
+				if owner == e.ep.IPAMOwner() {
+					t.Errorf("address %s still held for %s after the failed Create", ip, owner)
+				}
+			}
+			// With the cause gone, the same endpoint can be created: its
+			// ID, attachment and addresses were all given back.
+			tt.fix(e)
+			retry := newEP()
+			retry.IPv6 = e.ep.IPv6
+			got, err := f.mgr.Create(context.Background(), retry, e.opts)
+			if err != nil {
+				t.Fatalf("Create after the cause was removed: %v", err)
+			}
+			if got.ID != e.opts.RequestedID {
+				t.Errorf("created as endpoint %d, want %d", got.ID, e.opts.RequestedID)
+			}
+		})
 	}
 }
