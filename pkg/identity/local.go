@@ -205,35 +205,52 @@ func (a *LocalAllocator) List() []Identity {
 
 // Reserve re-creates an identity with a known ID (restore after restart, so
 // a restored endpoint keeps its identity and its pinned policy entries stay
-// valid). A conflicting existing allocation is an error.
+// valid). A conflicting existing allocation is an error (see Reserve).
 func (a *LocalAllocator) Reserve(id NumericIdentity, labels []string) error {
-	if err := a.reserve(id, labels); err != nil {
+	if err := Reserve(localReserveStore{a}, id, labels); err != nil {
 		return err
 	}
 	a.referencesChanged(id)
 	return nil
 }
 
-func (a *LocalAllocator) reserve(id NumericIdentity, labels []string) error {
-	key := LabelsKey(labels)
+// localReserveStore is the LocalAllocator's half of Reserve: it owns its
+// numbers, so it creates the identity as the asked number. It tells no
+// subscriber (Reserve's caller tells the reference subscribers once it
+// succeeded), and its Release only undoes an Acquire.
+type localReserveStore struct{ a *LocalAllocator }
+
+func (s localReserveStore) Acquire(id NumericIdentity, sorted []string) (NumericIdentity, error) {
+	a := s.a
+	key := LabelsKey(sorted)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if cur, ok := a.byKey[key]; ok {
-		if cur.ID != id {
-			return fmt.Errorf("reserve identity %d: labels already have identity %d", id, cur.ID)
-		}
 		cur.RefCount++
-		return nil
+		return cur.ID, nil
 	}
 	if _, used := a.byID[id]; used {
-		return fmt.Errorf("reserve identity %d: in use by other labels", id)
+		return 0, fmt.Errorf("in use by other labels: %w", ErrReserveConflict)
 	}
-	sorted := append([]string(nil), labels...)
-	sort.Strings(sorted)
 	ident := &Identity{ID: id, Labels: sorted, RefCount: 1}
 	a.byKey[key] = ident
 	a.byID[id] = ident
 	a.generation++
+	return id, nil
+}
+
+// Release undoes an Acquire that found the labels under another number:
+// that identity had references before, so it is never the last one and
+// the count is back where it was (nothing for subscribers to see).
+func (s localReserveStore) Release(id NumericIdentity) error {
+	a := s.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ident, ok := a.byID[id]
+	if !ok || ident.RefCount < 2 {
+		return fmt.Errorf("undo reference on identity %d: not held twice", id)
+	}
+	ident.RefCount--
 	return nil
 }
 

@@ -431,17 +431,9 @@ func (a *Allocator) Release(id identity.NumericIdentity) error {
 }
 
 // Reserve takes a reference on a restored endpoint's identity; it fails
-// when the cluster gives these labels another ID.
+// when the cluster gives these labels another number (identity.Reserve).
 func (a *Allocator) Reserve(id identity.NumericIdentity, labels []string) error {
-	got, _, err := a.Allocate(labels)
-	if err != nil {
-		return err
-	}
-	if got.ID != id {
-		_ = a.Release(got.ID)
-		return fmt.Errorf("reserve identity %d: the cluster has these labels as %d", id, got.ID)
-	}
-	return nil
+	return identity.ReserveByAllocating(a, id, labels)
 }
 
 var _ identity.Allocator = (*Allocator)(nil)

@@ -38,6 +38,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/operator/leader"
+	"github.com/tendril-net/tendril/pkg/operator/periodic"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
 	"github.com/tendril-net/tendril/pkg/operator/status"
 )
@@ -118,9 +119,7 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
-	p.Elector.Add("cluster-pool", func(ctx context.Context) error {
-		return a.Run(ctx, func(s string) { p.Reports.Set("cluster-pool", s) })
-	})
+	a.Job(p.Reports).Register(p.Elector)
 	return nil
 }
 
@@ -129,6 +128,9 @@ func register(p params) error {
 func New(cfg Config, log *slog.Logger, clients *k8s.Clients, res *resources.Resources) (*Allocator, error) {
 	if _, _, err := cfg.pools(); err != nil {
 		return nil, err
+	}
+	if cfg.ClusterPoolResyncInterval <= 0 {
+		return nil, fmt.Errorf("cluster-pool-resync-interval %s: must be positive", cfg.ClusterPoolResyncInterval)
 	}
 	if len(cfg.ClusterPoolIPv4CIDR) == 0 && len(cfg.ClusterPoolIPv6CIDR) == 0 {
 		return nil, fmt.Errorf("ipam cluster-pool: neither --cluster-pool-ipv4-cidr nor --cluster-pool-ipv6-cidr is set")
@@ -165,24 +167,13 @@ func (c Config) pools() (*Pool, *Pool, error) {
 	return v4, v6, nil
 }
 
-// Run allocates on every change and every resync interval, for one term.
-func (a *Allocator) Run(ctx context.Context, report func(string)) error {
-	a.assigned = map[string][]string{}
-	tick := time.NewTicker(a.cfg.ClusterPoolResyncInterval)
-	defer tick.Stop()
-	for {
-		summary, err := a.Pass(ctx)
-		if err != nil && ctx.Err() == nil {
-			a.log.Warn("Cluster-pool allocation pass failed", "error", err)
-			summary = "last pass failed: " + err.Error()
-		}
-		report(summary)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-a.trigger:
-		case <-tick.C:
-		}
+// Job is the allocator as a leader job: a pass at the start of each
+// term, on every Node or TendrilNode change and every resync interval.
+func (a *Allocator) Job(reports periodic.Reporter) periodic.Job {
+	return periodic.Job{
+		Name: "cluster-pool", Interval: a.cfg.ClusterPoolResyncInterval, Log: a.log, Reports: reports,
+		Pass: a.Pass, Failed: "Cluster-pool allocation pass failed", Trigger: a.trigger,
+		StartTerm: func() { a.assigned = map[string][]string{} },
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/operator/apiserver"
 	"github.com/tendril-net/tendril/pkg/operator/leader"
+	"github.com/tendril-net/tendril/pkg/operator/periodic"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
 	"github.com/tendril-net/tendril/pkg/operator/status"
 )
@@ -80,16 +81,11 @@ type params struct {
 func newCollector(p params) *Collector {
 	c := New(p.Log, p.Clients, p.Resources)
 	p.Server.Registry.MustRegister(c.deleted)
-	if p.Config.EndpointGCInterval <= 0 {
-		return c
-	}
-	p.Elector.Add("endpoint-gc", leader.Every(p.Config.EndpointGCInterval, func(ctx context.Context) {
-		r, err := c.Pass(ctx)
-		if err != nil && ctx.Err() == nil {
-			c.log.Warn("Endpoint GC pass failed", "error", err)
-		}
-		p.Reports.Set("endpoint-gc", r.String())
-	}))
+	periodic.Job{
+		Name: "endpoint-gc", Interval: p.Config.EndpointGCInterval, Log: c.log, Reports: p.Reports,
+		Pass:   func(ctx context.Context) (string, error) { r, err := c.Pass(ctx); return r.String(), err },
+		Failed: "Endpoint GC pass failed",
+	}.Register(p.Elector)
 	return c
 }
 

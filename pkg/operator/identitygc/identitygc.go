@@ -53,6 +53,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/operator/apiserver"
 	"github.com/tendril-net/tendril/pkg/operator/kvstoreclient"
 	"github.com/tendril-net/tendril/pkg/operator/leader"
+	"github.com/tendril-net/tendril/pkg/operator/periodic"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
 	"github.com/tendril-net/tendril/pkg/operator/status"
 )
@@ -166,9 +167,7 @@ func newCollector(p params) (*Collector, error) {
 		p.Log.Info("Identity GC disabled (--identity-gc-interval=0)")
 		return c, nil
 	}
-	p.Elector.Add("identity-gc", func(ctx context.Context) error {
-		return c.Run(ctx, func(r Result) { p.Reports.Set("identity-gc", r.String()) })
-	})
+	c.Job(p.Reports).Register(p.Elector)
 	return c, nil
 }
 
@@ -187,19 +186,20 @@ func New(cfg Config, log *slog.Logger, clients *k8s.Clients, res *resources.Reso
 	}
 }
 
-// Run runs a pass at once and then every interval until ctx ends.
-func (c *Collector) Run(ctx context.Context, report func(Result)) error {
-	return leader.Every(c.cfg.IdentityGCInterval, func(ctx context.Context) {
-		r, err := c.Pass(ctx)
-		if err != nil && ctx.Err() == nil {
-			c.log.Warn("Identity GC pass failed", "error", err, "partial", r.String())
-		} else if ctx.Err() == nil {
-			c.log.Info("Identity GC pass", "identities", r.Identities, "deleted", r.Deleted, "marked", r.Marked, "unmarked", r.Unmarked, "kept", r.Kept)
-		}
-		if report != nil {
-			report(r)
-		}
-	})(ctx)
+// Job is the GC as a leader job: a pass at the start of each term and
+// then every --identity-gc-interval, each logged and reported.
+func (c *Collector) Job(reports periodic.Reporter) periodic.Job {
+	return periodic.Job{
+		Name: "identity-gc", Interval: c.cfg.IdentityGCInterval, Log: c.log, Reports: reports,
+		Failed: "Identity GC pass failed",
+		Pass: func(ctx context.Context) (string, error) {
+			r, err := c.Pass(ctx)
+			if err == nil && ctx.Err() == nil {
+				c.log.Info("Identity GC pass", "identities", r.Identities, "deleted", r.Deleted, "marked", r.Marked, "unmarked", r.Unmarked, "kept", r.Kept)
+			}
+			return r.String(), err
+		},
+	}
 }
 
 // Pass runs one collection in the configured mode.

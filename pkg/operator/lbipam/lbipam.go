@@ -47,6 +47,7 @@ import (
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	tendrillisters "github.com/tendril-net/tendril/pkg/k8s/client/listers/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/operator/leader"
+	"github.com/tendril-net/tendril/pkg/operator/periodic"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
 	"github.com/tendril-net/tendril/pkg/operator/status"
 )
@@ -113,9 +114,7 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
-	p.Elector.Add("lb-ipam", func(ctx context.Context) error {
-		return a.Run(ctx, func(s string) { p.Reports.Set("lb-ipam", s) })
-	})
+	a.Job(p.Reports).Register(p.Elector)
 	return nil
 }
 
@@ -140,6 +139,9 @@ type written struct {
 // New subscribes to Services and pools; call it before the caches start
 // (while the hive is built).
 func New(cfg Config, log *slog.Logger, clients *k8s.Clients, res *resources.Resources) (*IPAM, error) {
+	if cfg.LBIPAMResyncInterval <= 0 {
+		return nil, fmt.Errorf("lb-ipam-resync-interval %s: must be positive", cfg.LBIPAMResyncInterval)
+	}
 	sv := res.CoreFactory.Core().V1().Services()
 	pl := res.TendrilFactory.Tendril().V1alpha1().TendrilLoadBalancerIPPools()
 	// Events name Services and pools: the recorder's scheme knows both.
@@ -188,31 +190,24 @@ func (a *IPAM) Poke() {
 	}
 }
 
-// Run assigns on every change and every resync interval, for one term.
-// The term's first pass reads the Services from the API server rather
-// than the cache, so the previous leader's last writes are seen even if
-// the cache has not caught up with them.
-func (a *IPAM) Run(ctx context.Context, report func(string)) error {
-	a.written = map[string]written{}
-	tick := time.NewTicker(a.cfg.LBIPAMResyncInterval)
-	defer tick.Stop()
-	fromAPI := true
-	for {
-		summary, err := a.Pass(ctx, fromAPI)
-		if err != nil && ctx.Err() == nil {
-			a.log.Warn("LB IPAM pass failed", "error", err)
-			summary = "last pass failed: " + err.Error()
-			time.AfterFunc(time.Second, a.Poke)
-		} else {
-			fromAPI = false
-		}
-		report(summary)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-a.trigger:
-		case <-tick.C:
-		}
+// Job is the IPAM as a leader job: a pass at the start of each term, on
+// every change and every resync interval, a failed one retried after a
+// second. The term's passes read the Services from the API server rather
+// than the cache until one succeeds, so the previous leader's last
+// writes are seen even if the cache has not caught up with them.
+func (a *IPAM) Job(reports periodic.Reporter) periodic.Job {
+	var fromAPI bool
+	return periodic.Job{
+		Name: "lb-ipam", Interval: a.cfg.LBIPAMResyncInterval, Log: a.log, Reports: reports,
+		Failed: "LB IPAM pass failed", Trigger: a.trigger, RetryAfter: time.Second,
+		StartTerm: func() { a.written, fromAPI = map[string]written{}, true },
+		Pass: func(ctx context.Context) (string, error) {
+			summary, err := a.Pass(ctx, fromAPI)
+			if err == nil {
+				fromAPI = false
+			}
+			return summary, err
+		},
 	}
 }
 

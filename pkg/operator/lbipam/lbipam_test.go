@@ -98,7 +98,7 @@ func TestLBIPAM(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = a.Run(tctx, func(string) {})
+			_ = a.Job(nil).Run(tctx)
 		}()
 		return func() { tcancel(); <-done }
 	}

@@ -81,21 +81,6 @@ func (c Config) Validate() error {
 // An error is logged and the job restarted after a pause while leading.
 type Run func(ctx context.Context) error
 
-// Every is a job that calls pass at once and then every interval until
-// its term ends (the GCs' loop).
-func Every(interval time.Duration, pass func(context.Context)) Run {
-	return func(ctx context.Context) error {
-		for {
-			pass(ctx)
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(interval):
-			}
-		}
-	}
-}
-
 type namedJob struct {
 	name string
 	run  Run

@@ -22,6 +22,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/operator/apiserver"
 	"github.com/tendril-net/tendril/pkg/operator/leader"
+	"github.com/tendril-net/tendril/pkg/operator/periodic"
 	"github.com/tendril-net/tendril/pkg/operator/resources"
 	"github.com/tendril-net/tendril/pkg/operator/status"
 )
@@ -80,20 +81,12 @@ type params struct {
 func newCollector(p params) *Collector {
 	c := New(p.Log, p.Clients, p.Resources)
 	p.Server.Registry.MustRegister(c.deleted)
-	if p.Config.NodesGCInterval <= 0 {
-		return c
-	}
-	every := leader.Every(p.Config.NodesGCInterval, func(ctx context.Context) {
-		r, err := c.Pass(ctx)
-		if err != nil && ctx.Err() == nil {
-			c.log.Warn("Node GC pass failed", "error", err)
-		}
-		p.Reports.Set("node-gc", r.String())
-	})
-	p.Elector.Add("node-gc", func(ctx context.Context) error {
-		c.candidates = map[types.UID]bool{} // a new term starts afresh
-		return every(ctx)
-	})
+	periodic.Job{
+		Name: "node-gc", Interval: p.Config.NodesGCInterval, Log: c.log, Reports: p.Reports,
+		Pass:      func(ctx context.Context) (string, error) { r, err := c.Pass(ctx); return r.String(), err },
+		Failed:    "Node GC pass failed",
+		StartTerm: func() { c.candidates = map[types.UID]bool{} }, // a new term starts afresh
+	}.Register(p.Elector)
 	return c
 }
 
