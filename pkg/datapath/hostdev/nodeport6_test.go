@@ -14,7 +14,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
 
-// Services for clients outside the cluster over IPv6 (bpf/lib/nodeport6.h)
+// Services for clients outside the cluster over IPv6 (bpf/lib/nodeport.h)
 // and ICMP errors about translated flows (bpf/lib/icmperr.h), with
 // BPF_PROG_TEST_RUN on the node of nodeport_test.go given IPv6: the node's
 // IPv6 address on its uplink, a route to the peer node's pod prefix through
