@@ -53,9 +53,8 @@
 #define NODEPORT_NEEDS_SNAT DSR_NEEDS_SNAT
 
 /* NODEPORT_OFF: 1 with --enable-node-port=false (the programs attached
- * for masquerade only): requests from outside are left to the host.
- * Checked by IPv4's nodeport_in only, as before the two families were
- * written once: IPv6's nodeport_in6 has never checked it. */
+ * for masquerade only): requests from outside are left to the host, over
+ * either family (the services tables keep their external frontends). */
 volatile const __u8 NODEPORT_OFF = 0;
 
 /* The flows map of a family. A macro, so that every map call names its
@@ -200,7 +199,7 @@ static __always_inline void nodeport_ct(const struct pkt *p, __u32 rev_nat, int 
  * frontend of this node (see above): nodeport_in and nodeport_in6. */
 static __always_inline int nodeport_in_family(struct __sk_buff *skb, struct pkt *p, const __u8 family)
 {
-	if (family == FAMILY_V4 && NODEPORT_OFF)
+	if (NODEPORT_OFF)
 		return -1;
 	if (p->proto != IPPROTO_TCP_ && p->proto != IPPROTO_UDP_)
 		return -1;
