@@ -12,7 +12,7 @@
  * address and port back as its destination; the host then routes it to
  * the pod, whose to_pod sees it as the reply of the pod's flow.
  *
- * Services for clients outside the cluster (nodeport.h, nodeport6.h):
+ * Services for clients outside the cluster (nodeport.h, nodeport_dsr.h):
  * from_netdev translates a packet to a NodePort, externalIP or
  * load-balancer frontend of this node to a backend (a remote one's source
  * NATed to the node and the packet sent on), and a remote backend's reply
@@ -42,7 +42,6 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/ipcache.h"
 #include "lib/nat.h"
 #include "lib/nodeport.h"
-#include "lib/nodeport6.h"
 #include "lib/icmperr.h"
 #include "lib/arp.h"
 
@@ -63,14 +62,14 @@ __attribute__((noinline)) int to_netdev6(struct __sk_buff *skb, struct pkt *p)
 	 * source (as to_netdev4). */
 	int rev;
 	if (!masq_needed6(p)) {
-		rev = nodeport_rev_out(skb, p);
+		rev = nodeport_rev_out(skb, p, FAMILY_V6);
 		return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
 	}
 	struct masq_scratch *s = masq_request(p, FAMILY_V6, dev->ipv6, 0);
 	if (!s)
 		return TC_ACT_OK;
 	if (!masq_mapped(s, FAMILY_V6)) {
-		rev = nodeport_rev_out(skb, p);
+		rev = nodeport_rev_out(skb, p, FAMILY_V6);
 		if (rev)
 			return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
 		int r = masq_alloc6(skb);
@@ -135,7 +134,7 @@ __attribute__((noinline)) int to_netdev4(struct __sk_buff *skb, struct pkt *p)
 	 * services), every pod packet leaving is looked for. */
 	int rev;
 	if (!(dev->flags & HOSTDEV_F_MASQ_V4) || !masq_needed(p, FAMILY_V4)) {
-		rev = nodeport_rev_out(skb, p);
+		rev = nodeport_rev_out(skb, p, FAMILY_V4);
 		return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
 	}
 	/* An ICMP echo request's identifier is its "source port". */
@@ -143,7 +142,7 @@ __attribute__((noinline)) int to_netdev4(struct __sk_buff *skb, struct pkt *p)
 	if (!s)
 		return TC_ACT_OK;
 	if (!masq_mapped(s, FAMILY_V4)) {
-		rev = nodeport_rev_out(skb, p);
+		rev = nodeport_rev_out(skb, p, FAMILY_V4);
 		if (rev)
 			return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
 		int r = masq_alloc4(skb);
@@ -200,7 +199,7 @@ int from_netdev(struct __sk_buff *skb)
 		if (r != FROM_NETDEV6_NO_MAPPING)
 			return r;
 		/* Not a reply: maybe a flow from outside to a service
-		 * frontend (nodeport6.h). */
+		 * frontend (nodeport.h). */
 		r = nodeport_in6(skb, &p);
 		if (r == NODEPORT_NEEDS_SNAT)
 			return nodeport_snat6(skb, &p);

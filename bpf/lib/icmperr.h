@@ -44,7 +44,6 @@
 
 #include "nat.h"
 #include "nodeport.h"
-#include "nodeport6.h"
 
 /* icmp_error_in's answer for an error translated for an outside client:
  * icmp_err_redirect must send it (not a TC verdict). */
@@ -58,7 +57,7 @@ __attribute__((noinline)) int icmp_err_redirect(struct __sk_buff *skb, struct pk
 {
 	if (!skb || !p)
 		return TC_ACT_OK;
-	int ret = p->family == FAMILY_V6 ? nodeport_redirect6(skb, p) : nodeport_redirect(skb, p);
+	int ret = p->family == FAMILY_V6 ? fib_redirect6(skb, p) : fib_redirect4(skb, p);
 	if (ret < 0)
 		return drop(REASON_NODEPORT_NO_ROUTE, DIR_INGRESS, 0, p, 0, 0, 0);
 	return ret;

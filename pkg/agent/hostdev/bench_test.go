@@ -110,7 +110,7 @@ func BenchmarkPrivilegedNodePort(b *testing.B) {
 			return frame(world, node, protoTCP, 80, src.Port(), 0)
 		}, 0},
 		{"HostPassThrough", false, func(*masqNode) []byte { return frame(node, world, protoTCP, 40000, 80, 0) }, 0},
-		// The same over IPv6 (nodeport6.h, on a node that has both).
+		// The same over IPv6 (nodeport.h's IPv6 copy, on a node that has both).
 		{"IPv6LocalBackend", true, func(*masqNode) []byte { return frame6(client6, node6, protoTCP, 40000, npLocal, 0) }, 0},
 		{"IPv6LocalBackendReply", false, func(n *masqNode) []byte {
 			n.ingress(frame6(client6, node6, protoTCP, 40000, npLocal, 0))

@@ -55,7 +55,7 @@ type Options struct {
 	PortMin, PortMax uint16
 	// DSR sends requests from outside to a remote backend by direct
 	// server return, and honours the DSR option of other nodes'
-	// (--bpf-lb-mode=dsr; LB_DSR in bpf/lib/nodeport.h).
+	// (--bpf-lb-mode=dsr; LB_DSR in bpf/lib/nodeport_dsr.h).
 	DSR bool
 	// NoNodePort leaves requests from outside to service frontends
 	// alone (--enable-node-port=false with masquerade on; NODEPORT_OFF).

@@ -8,13 +8,14 @@ import (
 	"os"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
 
-// Services for clients outside the cluster over IPv6 (bpf/lib/nodeport6.h)
+// Services for clients outside the cluster over IPv6 (bpf/lib/nodeport.h)
 // and ICMP errors about translated flows (bpf/lib/icmperr.h), with
 // BPF_PROG_TEST_RUN on the node of nodeport_test.go given IPv6: the node's
 // IPv6 address on its uplink, a route to the peer node's pod prefix through
@@ -121,6 +122,61 @@ func TestPrivilegedNodePortIPv6ExternalLocal(t *testing.T) {
 // with its reason.
 func TestPrivilegedNodePortIPv6SourceRanges(t *testing.T) {
 	checkNodePortSourceRanges(t, newNodePort6Node(t), famV6)
+}
+
+// TestPrivilegedNodePortIPv6Off: with --enable-node-port=false (the
+// programs attached for masquerade only) a request from outside to a node
+// port on the node's IPv6 address is left to the host untouched, as over
+// IPv4 (TestPrivilegedNodePortWithoutMasquerade), and no flow is recorded
+// for it; the same requests are translated with node ports on.
+func TestPrivilegedNodePortIPv6Off(t *testing.T) {
+	n := newNodePort6Node(t)
+	reqs := [][]byte{
+		frame6(client6, node6, protoTCP, 40000, npLocal, 0),
+		frame6(client6, node6, protoTCP, 40001, npRemote, 0),
+		frame6(client6, node6, protoUDP, 40002, npRemote, 0),
+	}
+	if ret, out := n.ingress(reqs[0]); ret != 0 || bytes.Equal(out[:len(reqs[0])], reqs[0]) {
+		t.Fatalf("node port on: verdict %d, translated %v: want it translated", ret, !bytes.Equal(out[:len(reqs[0])], reqs[0]))
+	}
+
+	n.h.Close()
+	var err error
+	n.h, err = Load(Options{BPFRoot: n.root, PortMin: 61000, PortMax: 61009, NoNodePort: true, Maps: n.l.MapReplacements()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flows := n.l.MapReplacements()["tdr_lb6_flows_v1"]
+	if flows == nil {
+		t.Fatal("no tdr_lb6_flows_v1 among the loaded maps")
+	}
+	before := mapEntries(t, flows)
+	for _, f := range reqs[1:] {
+		if ret, out := n.ingress(f); ret != 0 || !bytes.Equal(out[:len(f)], f) {
+			src, dst := tuple6(out)
+			t.Errorf("node port with --enable-node-port=false: verdict %d, changed %v (%s -> %s): want it untouched", ret, !bytes.Equal(out[:len(f)], f), src, dst)
+		}
+	}
+	if after := mapEntries(t, flows); after != before {
+		t.Errorf("node port with --enable-node-port=false: %d IPv6 flows recorded, want none", after-before)
+	}
+}
+
+// mapEntries counts the entries of m.
+func mapEntries(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	var (
+		k, v []byte
+		n    int
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // icmpError6 builds an ICMPv6 error of type typ (1 unreachable, 2 packet

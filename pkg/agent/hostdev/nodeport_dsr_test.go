@@ -11,7 +11,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
 
-// Direct server return (--bpf-lb-mode=dsr, bpf/lib/nodeport.h) with
+// Direct server return (--bpf-lb-mode=dsr, bpf/lib/nodeport_dsr.h) with
 // BPF_PROG_TEST_RUN on the NodePort tests' node: as the node a client's
 // request arrives at (the backend is the peer's pod) and as the backend's
 // node (the backend is the local pod, the frontend the peer node's).

@@ -10,7 +10,7 @@ import (
 )
 
 // DSR4MapName is the backend node's record of direct-server-return flows
-// (bpf/lib/natmaps.h, written by bpf/lib/nodeport.h).
+// (bpf/lib/natmaps.h, written by bpf/lib/nodeport_dsr.h).
 const DSR4MapName = bpf.LxcMapTdrDsr4V1
 
 // DSRFlow is one flow another node sent here by direct server return:
