@@ -357,12 +357,11 @@ func (c *IPCache) WaitRealized(ctx context.Context, prefixes ...netip.Prefix) er
 // prefixOps are the reconciler's operations: the resolved entry of one
 // prefix to the backend, and the prune of what the table does not hold
 // (entries of a previous run whose owners are gone).
-func prefixOps(backend Backend, log *slog.Logger) reconcile.PrefixOps[*PrefixClaims, Entry] {
-	return reconcile.PrefixOps[*PrefixClaims, Entry]{
+func prefixOps(backend Backend, log *slog.Logger) reconcile.PrefixOps[*PrefixClaims] {
+	return reconcile.PrefixOps[*PrefixClaims]{
 		Prefix: func(c *PrefixClaims) netip.Prefix { return c.Prefix },
-		Value:  func(c *PrefixClaims) Entry { return c.Resolved },
-		Kernel: reconcile.PrefixKernel[Entry]{
-			Put:    backend.Upsert,
+		Kernel: reconcile.PrefixKernel[*PrefixClaims]{
+			Put:    func(p netip.Prefix, c *PrefixClaims) error { return backend.Upsert(p, c.Resolved) },
 			Delete: backend.Delete,
 			List:   reconcile.ListPrefixes("the ipcache backend", backend.Prefixes),
 		},

@@ -118,12 +118,11 @@ func containsAddr(xs []netip.Addr, x netip.Addr) bool {
 // routeOps write the routes table to the kernel, and prune the routes of
 // RouteProtocol that no object backs: routes of peers that went while the
 // agent was down.
-func routeOps(backend RouteBackend, log *slog.Logger) reconcile.PrefixOps[*Route, netip.Addr] {
-	return reconcile.PrefixOps[*Route, netip.Addr]{
+func routeOps(backend RouteBackend, log *slog.Logger) reconcile.PrefixOps[*Route] {
+	return reconcile.PrefixOps[*Route]{
 		Prefix: func(r *Route) netip.Prefix { return r.Prefix },
-		Value:  func(r *Route) netip.Addr { return r.NextHop },
-		Kernel: reconcile.PrefixKernel[netip.Addr]{
-			Put:    backend.Replace,
+		Kernel: reconcile.PrefixKernel[*Route]{
+			Put:    func(dst netip.Prefix, r *Route) error { return backend.Replace(dst, r.NextHop) },
 			Delete: backend.Delete,
 			// The backend's error says what it listed.
 			List: func() (iter.Seq2[netip.Prefix, []any], error) {

@@ -12,20 +12,17 @@ import (
 
 // PrefixOps are the operations of a reconciler that writes objects keyed
 // by prefix into a kernel table keyed the same way (the BPF ipcache, the
-// policy CIDR map, the routes to peers' pod CIDRs): Update puts an
-// object's value under its prefix, Delete removes its prefix, Prune
-// removes what the kernel holds under a prefix no object has. Obj is the
-// table's object, V what the kernel holds for a prefix. Every function
-// but Pruned must be set.
+// policy CIDR map, the routes to peers' pod CIDRs): Update puts an object
+// under its prefix, Delete removes its prefix, Prune removes what the
+// kernel holds under a prefix no object has. Every function but Pruned
+// must be set.
 //
 // PrefixOps implements statedb's reconciler.Operations[Obj].
-type PrefixOps[Obj, V any] struct {
+type PrefixOps[Obj any] struct {
 	// Prefix is an object's key.
 	Prefix func(Obj) netip.Prefix
-	// Value is what the kernel holds for an object.
-	Value func(Obj) V
 	// Kernel is the table written.
-	Kernel PrefixKernel[V]
+	Kernel PrefixKernel[Obj]
 
 	// Entry names one kernel entry in the errors of a failed prune delete
 	// ("route": "prune route 10.1.0.0/24: ..."); empty leaves it out.
@@ -37,9 +34,13 @@ type PrefixOps[Obj, V any] struct {
 
 // PrefixKernel is a kernel table keyed by prefix as PrefixOps writes it.
 // Its functions are called from the reconciler's goroutine only.
-type PrefixKernel[V any] struct {
-	// Put writes v under prefix, replacing what the kernel held there.
-	Put func(prefix netip.Prefix, v V) error
+type PrefixKernel[Obj any] struct {
+	// Put writes obj's value (what the kernel holds for it: a map value,
+	// a route's next hop) under prefix, obj's own, replacing what the
+	// kernel held there. It is given the object rather than a value
+	// PrefixOps would get from it: a value returned through a function
+	// of a type parameter costs several times the call it feeds.
+	Put func(prefix netip.Prefix, obj Obj) error
 	// Delete removes prefix; an absent prefix is not an error.
 	Delete func(prefix netip.Prefix) error
 	// List returns what the kernel holds that is the reconciler's to
@@ -76,13 +77,13 @@ func ListPrefixes(what string, list func() ([]netip.Prefix, error)) func() (iter
 	}
 }
 
-// Update puts obj's value under its prefix.
-func (o PrefixOps[Obj, V]) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
-	return o.Kernel.Put(o.Prefix(obj), o.Value(obj))
+// Update puts obj under its prefix.
+func (o PrefixOps[Obj]) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
+	return o.Kernel.Put(o.Prefix(obj), obj)
 }
 
 // Delete removes obj's prefix.
-func (o PrefixOps[Obj, V]) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
+func (o PrefixOps[Obj]) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
 	return o.Kernel.Delete(o.Prefix(obj))
 }
 
@@ -91,7 +92,7 @@ func (o PrefixOps[Obj, V]) Delete(_ context.Context, _ statedb.ReadTxn, _ stated
 // It goes on past a failed delete and returns the failures joined (the
 // reconciler prunes again at its next full round). A failed listing
 // deletes nothing.
-func (o PrefixOps[Obj, V]) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[Obj, statedb.Revision]) error {
+func (o PrefixOps[Obj]) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[Obj, statedb.Revision]) error {
 	listing, err := o.Kernel.List()
 	if err != nil {
 		return err

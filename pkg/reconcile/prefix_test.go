@@ -120,11 +120,14 @@ var objIndex = statedb.Index[*obj, netip.Prefix]{
 	Unique:     true,
 }
 
-func (k *fakeKernel) ops(pruned *[]Stale) PrefixOps[*obj, string] {
-	return PrefixOps[*obj, string]{
+func (k *fakeKernel) ops(pruned *[]Stale) PrefixOps[*obj] {
+	return PrefixOps[*obj]{
 		Prefix: func(o *obj) netip.Prefix { return o.Prefix },
-		Value:  func(o *obj) string { return o.Value },
-		Kernel: PrefixKernel[string]{Put: k.put, Delete: k.del, List: k.list},
+		Kernel: PrefixKernel[*obj]{
+			Put:    func(p netip.Prefix, o *obj) error { return k.put(p, o.Value) },
+			Delete: k.del,
+			List:   k.list,
+		},
 		Entry:  "entry",
 		Pruned: func(gone []Stale) { *pruned = append(*pruned, gone...) },
 	}

@@ -202,12 +202,11 @@ func (t *Table) Synced(ctx context.Context) error {
 
 // prefixOps write the table to the map and prune map entries no object
 // backs: prefixes of rules that are gone, left by a previous run.
-func prefixOps(backend Backend, log *slog.Logger) reconcile.PrefixOps[*Prefix, identity.NumericIdentity] {
-	return reconcile.PrefixOps[*Prefix, identity.NumericIdentity]{
+func prefixOps(backend Backend, log *slog.Logger) reconcile.PrefixOps[*Prefix] {
+	return reconcile.PrefixOps[*Prefix]{
 		Prefix: func(p *Prefix) netip.Prefix { return p.Prefix },
-		Value:  func(p *Prefix) identity.NumericIdentity { return p.Identity },
-		Kernel: reconcile.PrefixKernel[identity.NumericIdentity]{
-			Put:    backend.Upsert,
+		Kernel: reconcile.PrefixKernel[*Prefix]{
+			Put:    func(pf netip.Prefix, p *Prefix) error { return backend.Upsert(pf, p.Identity) },
 			Delete: backend.Delete,
 			List:   reconcile.ListPrefixes("the policy CIDR map", backend.Prefixes),
 		},
