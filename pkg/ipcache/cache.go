@@ -3,7 +3,6 @@ package ipcache
 import (
 	"context"
 	"fmt"
-	"iter"
 	"log/slog"
 	"net/netip"
 	"sort"
@@ -73,6 +72,9 @@ type IPCache struct {
 // New creates the table, registers its reconciler on p.Jobs and holds the
 // prune back until MarkRestored.
 func New(p Params) (*IPCache, error) {
+	if p.Backend == nil {
+		return nil, fmt.Errorf("ipcache: no backend")
+	}
 	tbl, err := NewTable(p.DB)
 	if err != nil {
 		return nil, fmt.Errorf("ipcache table: %w", err)
@@ -104,7 +106,7 @@ func New(p Params) (*IPCache, error) {
 		(*PrefixClaims).clone,
 		(*PrefixClaims).setStatus,
 		(*PrefixClaims).getStatus,
-		ops{backend: p.Backend, log: p.Log},
+		prefixOps(p.Backend, p.Log),
 		batch,
 		opts...,
 	)
@@ -352,37 +354,19 @@ func (c *IPCache) WaitRealized(ctx context.Context, prefixes ...netip.Prefix) er
 	}
 }
 
-// ops are the reconciler's operations: the resolved entry of one prefix
-// to the backend, and the prune of what the table does not hold.
-type ops struct {
-	backend Backend
-	log     *slog.Logger
-}
-
-func (o ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj *PrefixClaims) error {
-	return o.backend.Upsert(obj.Prefix, obj.Resolved)
-}
-
-func (o ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj *PrefixClaims) error {
-	return o.backend.Delete(obj.Prefix)
-}
-
-// Prune deletes what the backend holds and no object in the table backs:
-// entries of a previous run whose owners are gone.
-func (o ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*PrefixClaims, statedb.Revision]) error {
-	have, err := o.backend.Prefixes()
-	if err != nil {
-		return fmt.Errorf("list the ipcache backend: %w", err)
+// prefixOps are the reconciler's operations: the resolved entry of one
+// prefix to the backend, and the prune of what the table does not hold
+// (entries of a previous run whose owners are gone).
+func prefixOps(backend Backend, log *slog.Logger) reconcile.PrefixOps[*PrefixClaims] {
+	return reconcile.PrefixOps[*PrefixClaims]{
+		Prefix: func(c *PrefixClaims) netip.Prefix { return c.Prefix },
+		Kernel: reconcile.PrefixKernel[*PrefixClaims]{
+			Put:    func(p netip.Prefix, c *PrefixClaims) error { return backend.Upsert(p, c.Resolved) },
+			Delete: backend.Delete,
+			List:   reconcile.ListPrefixes("the ipcache backend", backend.Prefixes),
+		},
+		Pruned: func(gone []reconcile.Stale) { log.Info("Pruned stale ipcache entries", "pruned", len(gone)) },
 	}
-	want := make(map[netip.Prefix]struct{}, len(have))
-	for obj := range objs {
-		want[obj.Prefix] = struct{}{}
-	}
-	pruned, err := reconcile.PruneStale(have, want, o.backend.Delete)
-	if pruned > 0 {
-		o.log.Info("Pruned stale ipcache entries", "pruned", pruned)
-	}
-	return err
 }
 
 // batchOps write a reconciler round's changes with the backend's batch

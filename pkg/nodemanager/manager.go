@@ -104,7 +104,7 @@ func New(p Params) (*Manager, error) {
 	}
 	if p.Routes != nil {
 		m.routeRec, err = reconciler.Register(rp, routes, (*Route).clone, (*Route).setStatus, (*Route).getStatus,
-			routeOps{backend: p.Routes, log: p.Log}, nil,
+			routeOps(p.Routes, p.Log), nil,
 			append([]reconciler.Option{reconciler.WithName(RoutesTableName), reconciler.WithPruning(reconcile.PruneInterval),
 				reconciler.WithRefreshing(reconcile.Refresh, nil), reconciler.WithRetry(reconcile.RetryMin, reconcile.RetryMax)}, p.Options...)...)
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/datapath/linux"
+	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
 // RouteProtocol marks routes to peer nodes' pod CIDRs. It differs from the
@@ -114,43 +115,37 @@ func containsAddr(xs []netip.Addr, x netip.Addr) bool {
 	return false
 }
 
-// routeOps write the routes table to the kernel.
-type routeOps struct {
-	backend RouteBackend
-	log     *slog.Logger
-}
-
-func (o routeOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Route) error {
-	return o.backend.Replace(r.Prefix, r.NextHop)
-}
-
-func (o routeOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Route) error {
-	return o.backend.Delete(r.Prefix)
-}
-
-// Prune removes the routes of RouteProtocol that no object backs: routes
-// of peers that went while the agent was down.
-func (o routeOps) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Route, statedb.Revision]) error {
-	have, err := o.backend.List()
-	if err != nil {
-		return err
+// routeOps write the routes table to the kernel, and prune the routes of
+// RouteProtocol that no object backs: routes of peers that went while the
+// agent was down.
+func routeOps(backend RouteBackend, log *slog.Logger) reconcile.PrefixOps[*Route] {
+	return reconcile.PrefixOps[*Route]{
+		Prefix: func(r *Route) netip.Prefix { return r.Prefix },
+		Kernel: reconcile.PrefixKernel[*Route]{
+			Put:    func(dst netip.Prefix, r *Route) error { return backend.Replace(dst, r.NextHop) },
+			Delete: backend.Delete,
+			// The backend's error says what it listed.
+			List: func() (iter.Seq2[netip.Prefix, []any], error) {
+				have, err := backend.List()
+				if err != nil {
+					return nil, err
+				}
+				return func(yield func(netip.Prefix, []any) bool) {
+					for dst, via := range have {
+						if !yield(dst, []any{"via", via}) {
+							return
+						}
+					}
+				}, nil
+			},
+		},
+		Entry: "route",
+		Pruned: func(gone []reconcile.Stale) {
+			for _, s := range gone {
+				log.Info("Pruned a stale route to a node's pod CIDR", append([]any{"prefix", s.Prefix}, s.Attrs...)...)
+			}
+		},
 	}
-	want := map[netip.Prefix]bool{}
-	for r := range objs {
-		want[r.Prefix] = true
-	}
-	var errs []error
-	for dst, via := range have {
-		if want[dst] {
-			continue
-		}
-		if err := o.backend.Delete(dst); err != nil {
-			errs = append(errs, fmt.Errorf("prune route %s: %w", dst, err))
-			continue
-		}
-		o.log.Info("Pruned a stale route to a node's pod CIDR", "prefix", dst, "via", via)
-	}
-	return errors.Join(errs...)
 }
 
 // NetlinkRoutes is the RouteBackend over a netlink handle of the network

@@ -1,7 +1,8 @@
 // Package reconcile holds what the agent's statedb reconcilers of keyed
 // backends (the BPF ipcache, the policy CIDR map) share beyond statedb's
 // reconciler package: waiting until the backend holds a table's changes,
-// and the prune of the keys a backend holds and no object backs.
+// the prune of the keys a backend holds and no object backs, and the
+// whole set of operations of those keyed by prefix (PrefixOps).
 package reconcile
 
 import (

@@ -21,7 +21,6 @@ package policycidr
 import (
 	"context"
 	"fmt"
-	"iter"
 	"log/slog"
 	"net/netip"
 	"strconv"
@@ -103,6 +102,9 @@ type Table struct {
 // waits for MarkRestored: until the agent has its rules back, an entry of
 // the previous run may still be needed (a deny among them), so it stays.
 func New(p Params) (*Table, error) {
+	if p.Backend == nil {
+		return nil, fmt.Errorf("%s: no backend", TableName)
+	}
 	tbl, err := statedb.NewTable(p.DB, TableName, PrefixIndex)
 	if err != nil {
 		return nil, fmt.Errorf("%s table: %w", TableName, err)
@@ -119,7 +121,7 @@ func New(p Params) (*Table, error) {
 	t.rec, err = reconciler.Register(
 		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID},
 		tbl, (*Prefix).clone, (*Prefix).setStatus, (*Prefix).getStatus,
-		ops{backend: p.Backend, log: p.Log}, nil, opts...)
+		prefixOps(p.Backend, p.Log), nil, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%s reconciler: %w", TableName, err)
 	}
@@ -198,33 +200,16 @@ func (t *Table) Synced(ctx context.Context) error {
 	return reconcile.Synced(ctx, t.rec, t.table.Revision(t.db.ReadTxn()), TableName)
 }
 
-type ops struct {
-	backend Backend
-	log     *slog.Logger
-}
-
-func (o ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj *Prefix) error {
-	return o.backend.Upsert(obj.Prefix, obj.Identity)
-}
-
-func (o ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj *Prefix) error {
-	return o.backend.Delete(obj.Prefix)
-}
-
-// Prune deletes map entries no object backs: prefixes of rules that are
-// gone, left by a previous run.
-func (o ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Prefix, statedb.Revision]) error {
-	have, err := o.backend.Prefixes()
-	if err != nil {
-		return fmt.Errorf("list the policy CIDR map: %w", err)
+// prefixOps write the table to the map and prune map entries no object
+// backs: prefixes of rules that are gone, left by a previous run.
+func prefixOps(backend Backend, log *slog.Logger) reconcile.PrefixOps[*Prefix] {
+	return reconcile.PrefixOps[*Prefix]{
+		Prefix: func(p *Prefix) netip.Prefix { return p.Prefix },
+		Kernel: reconcile.PrefixKernel[*Prefix]{
+			Put:    func(pf netip.Prefix, p *Prefix) error { return backend.Upsert(pf, p.Identity) },
+			Delete: backend.Delete,
+			List:   reconcile.ListPrefixes("the policy CIDR map", backend.Prefixes),
+		},
+		Pruned: func(gone []reconcile.Stale) { log.Info("Pruned stale policy CIDR entries", "pruned", len(gone)) },
 	}
-	want := map[netip.Prefix]struct{}{}
-	for obj := range objs {
-		want[obj.Prefix] = struct{}{}
-	}
-	pruned, err := reconcile.PruneStale(have, want, o.backend.Delete)
-	if pruned > 0 {
-		o.log.Info("Pruned stale policy CIDR entries", "pruned", pruned)
-	}
-	return err
 }
