@@ -78,7 +78,7 @@ func TestClaimGate(t *testing.T) {
 	cache := &remoteCache{claims: map[string]string{}}
 	var mu sync.Mutex
 	reasons := map[string]int{}
-	g := NewClaimGate(ClaimGateParams{DB: m.DB(), Cache: cache, Log: quiet(), OnRejected: func(r string) {
+	g := NewClaimGate(ClaimGateParams{DB: m.DB(), Nodes: m.Nodes(), Cache: cache, Log: quiet(), OnRejected: func(r string) {
 		mu.Lock()
 		reasons[r]++
 		mu.Unlock()
