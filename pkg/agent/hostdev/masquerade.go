@@ -294,13 +294,7 @@ func (m *Masquerade) WatchPeers(ctx context.Context) {
 	if m.db == nil || m.peers == nil || !m.cfg.EnableMasquerade {
 		return
 	}
-	for {
-		objs, watch := m.peers.AllWatch(m.db.ReadTxn())
-		var cidrs []netip.Prefix
-		for p := range objs {
-			cidrs = append(cidrs, p.PodCIDRs...)
-		}
-		sort.Slice(cidrs, func(i, j int) bool { return cidrs[i].String() < cidrs[j].String() })
+	followPeerCIDRs(ctx, m.db, m.peers, func(cidrs []netip.Prefix) {
 		m.mu.Lock()
 		changed := !slices.Equal(cidrs, m.peerCIDRs)
 		m.peerCIDRs = cidrs
@@ -310,6 +304,21 @@ func (m *Masquerade) WatchPeers(ctx context.Context) {
 				m.log.Warn("Cannot write the non-masquerade prefixes", "error", err)
 			}
 		}
+	})
+}
+
+// followPeerCIDRs calls apply with the peers' pod CIDRs (sorted) now and
+// again each time the table changes, woken by the table's watch channel,
+// until ctx ends.
+func followPeerCIDRs(ctx context.Context, db *statedb.DB, peers statedb.Table[*nodemanager.Peer], apply func([]netip.Prefix)) {
+	for {
+		objs, watch := peers.AllWatch(db.ReadTxn())
+		var cidrs []netip.Prefix
+		for p := range objs {
+			cidrs = append(cidrs, p.PodCIDRs...)
+		}
+		sort.Slice(cidrs, func(i, j int) bool { return cidrs[i].String() < cidrs[j].String() })
+		apply(cidrs)
 		select {
 		case <-ctx.Done():
 			return
