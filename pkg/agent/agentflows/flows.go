@@ -225,8 +225,6 @@ type Datapath interface {
 	SetEventSink(sink func(loader.Event))
 	// EventsLost reads the datapath's lost-event counters.
 	EventsLost() (loader.EventsLost, error)
-	// IPCache is the ipcache table (local and remote pods' addresses).
-	IPCache() *ipcache.IPCache
 }
 
 // Endpoints finds a local endpoint by ID (an error before the endpoint
@@ -279,10 +277,13 @@ type Module struct {
 type Params struct {
 	cell.In
 
-	Config     Config
-	Node       Node
-	Root       cell.RootLogger
-	Datapath   Datapath `optional:"true"`
+	Config   Config
+	Node     Node
+	Root     cell.RootLogger
+	Datapath Datapath `optional:"true"`
+	// IPCache is the datapath cell's ipcache (local and remote pods'
+	// addresses); nil without the datapath.
+	IPCache    *ipcache.IPCache
 	Endpoints  Endpoints
 	Policy     Policy
 	Identities *identitytable.Table
@@ -317,7 +318,7 @@ func New(p Params) (*Module, error) {
 		_, port, _ = net.SplitHostPort(hc.ListenAddress) // validated
 	}
 	repo := p.Policy.Repository()
-	know := &nodeKnowledge{node: p.Node.Name, identities: p.Identities, eps: p.Endpoints, ipcache: p.Datapath.IPCache(), repo: repo, cidrLabels: p.Policy.CIDRIdentityLabels}
+	know := &nodeKnowledge{node: p.Node.Name, identities: p.Identities, eps: p.Endpoints, ipcache: p.IPCache, repo: repo, cidrLabels: p.Policy.CIDRIdentityLabels}
 	know.services = &serviceKnowledge{db: p.DB, frontends: p.Frontends, backends: p.Backends}
 	know.selecting, know.defaultDeny = p.Policy.SelectingRules, &defaultDenying{repo: repo}
 	mx := p.Config.MetricsExport
