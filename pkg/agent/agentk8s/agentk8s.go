@@ -180,6 +180,9 @@ type Module struct {
 	// the two functions mark the Nodes' and TendrilNodes' initial
 	// listings in.
 	nodes                           *nodemanager.Manager
+	db                              *statedb.DB
+	peers                           statedb.Table[*nodemanager.Peer]
+	routes                          statedb.Table[*nodemanager.Route]
 	nodesSynced, tendrilNodesSynced func()
 	// remoteEndpointsSynced marks the TendrilEndpoints' initial listing
 	// in the ipcache (its prune waits for it); a no-op without datapath.
@@ -246,10 +249,12 @@ type Params struct {
 	ModuleID   cell.FullModuleID
 	Inspector  *dbinspect.Inspector
 	Metrics    *metrics.Server
-	// Nodes writes the nodes table (the nodes cell's; non-nil with a
-	// client); Peers is that table, read by the claim gate.
-	Nodes *nodemanager.Manager
-	Peers statedb.Table[*nodemanager.Peer]
+	// Nodes writes the nodes and routes tables (the nodes cell's;
+	// non-nil with a client); Peers and Routes are those tables, read by
+	// the claim gate and the status.
+	Nodes  *nodemanager.Manager
+	Peers  statedb.Table[*nodemanager.Peer]
+	Routes statedb.Table[*nodemanager.Route]
 }
 
 // New builds the Kubernetes side (nil in standalone mode) and appends its
@@ -260,7 +265,7 @@ func New(p Params) (*Module, error) {
 	}
 	k := &Module{
 		settings: p.Settings, cfg: p.Config, log: p.Log, root: p.Root, client: p.Client, eps: p.Endpoints, policy: p.Policy,
-		identities: p.Identities, nodes: p.Nodes,
+		identities: p.Identities, nodes: p.Nodes, db: p.DB, peers: p.Peers, routes: p.Routes,
 		jobs: p.Jobs.NewGroup(p.Health.Scope("k8s-watchers"), job.WithLogger(p.Log)),
 	}
 	k.remoteEndpointsSynced = func() {}
@@ -581,13 +586,13 @@ func (k *Module) StatusSection() ext.Section {
 		s.Lines = append(s.Lines, ext.Line{Key: "Node write-back", Value: v})
 	}
 	if k.nodes != nil {
-		txn := k.nodes.DB().ReadTxn()
-		r := dbinspect.CountStatus(k.nodes.Nodes().All(txn), func(p *nodemanager.Peer) reconciler.Status { return p.Status })
+		txn := k.db.ReadTxn()
+		r := dbinspect.CountStatus(k.peers.All(txn), func(p *nodemanager.Peer) reconciler.Status { return p.Status })
 		v := fmt.Sprintf("%d peers", r.Objects)
 		if r.Errors > 0 {
 			v += fmt.Sprintf(", %d failing: %s", r.Errors, r.LastError)
 		}
-		rr := dbinspect.CountStatus(k.nodes.Routes().All(txn), func(r *nodemanager.Route) reconciler.Status { return r.Status })
+		rr := dbinspect.CountStatus(k.routes.All(txn), func(r *nodemanager.Route) reconciler.Status { return r.Status })
 		if rr.Errors > 0 {
 			v += fmt.Sprintf(", %d routes failing: %s", rr.Errors, rr.LastError)
 		}
