@@ -17,6 +17,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/hostdev"
 	"github.com/tendril-net/tendril/pkg/agent/hostips"
 	"github.com/tendril-net/tendril/pkg/agent/l2announcer/l2wiring"
+	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/agent/realizer"
 )
 
@@ -50,6 +51,7 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		hostdev.Cell,  // the host device programs: masquerade at the uplinks
 		agentservices.Cell,
 		agentendpoints.Cell,
+		nodes.Cell, // the nodes and routes tables, written by agentk8s's node watchers
 		agentk8s.Cell,
 		l2wiring.Cell, // the L2 announcements with their providers
 		agentkv.Cell,

@@ -16,6 +16,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/hostdev"
 	"github.com/tendril-net/tendril/pkg/agent/hostips"
 	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
+	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 )
 
@@ -33,6 +34,7 @@ var wiring = cell.Provide(
 	as[agentk8s.Policy, *agentpolicy.Module],
 	as[hostips.Endpoints, *agentendpoints.Module],
 	as[agentkv.IPCache, *agentdatapath.Module],
+	as[nodes.IPCache, *agentdatapath.Module],
 	as[agentpolicy.Datapath, *agentdatapath.Module],
 	as[agentpolicy.Endpoints, *agentendpoints.Module],
 	as[agentpolicy.NamedPorts, *agentk8s.Client],

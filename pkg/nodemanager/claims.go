@@ -72,7 +72,10 @@ type heldClaim struct {
 // is judged again, and one that became valid (or invalid) is added to
 // (or withdrawn from) the ipcache.
 type ClaimGate struct {
-	db         *statedb.DB
+	db    *statedb.DB
+	nodes statedb.Table[*Peer]
+	// noNodes: nothing fills the nodes table (see ClaimGateParams).
+	noNodes    bool
 	cache      RemoteCache
 	log        *slog.Logger
 	onRejected func(reason string)
@@ -82,7 +85,7 @@ type ClaimGate struct {
 	mu     sync.Mutex
 	claims map[claimKey]*heldClaim
 	// view is the nodes as last read; ready once the nodes table's
-	// sources have synced (or there is no nodes table).
+	// sources have synced (at once when there is no source of nodes).
 	view  *nodeView
 	ready bool
 	// synced are the sources' done functions waiting for ready.
@@ -91,16 +94,24 @@ type ClaimGate struct {
 
 // ClaimGateParams builds a ClaimGate.
 type ClaimGateParams struct {
-	DB    *statedb.DB
-	Cache RemoteCache
-	Log   *slog.Logger
+	DB *statedb.DB
+	// Nodes is the nodes table the claims are judged against (the
+	// Manager's, written by the sources of nodes).
+	Nodes statedb.Table[*Peer]
+	// NoNodes says that nothing fills the nodes table (a kvstore without
+	// Kubernetes): no claim can be tied to a node, so only its identity
+	// is judged. Without it, an empty table refuses every claim as of an
+	// unknown node.
+	NoNodes bool
+	Cache   RemoteCache
+	Log     *slog.Logger
 	// OnRejected, if set, is told the reason of each refusal (a counter).
 	OnRejected func(reason string)
 }
 
 // NewClaimGate returns a gate; Run follows the nodes table.
 func NewClaimGate(p ClaimGateParams) *ClaimGate {
-	return &ClaimGate{db: p.DB, cache: p.Cache, log: p.Log, onRejected: p.OnRejected, settle: 50 * time.Millisecond,
+	return &ClaimGate{db: p.DB, nodes: p.Nodes, noNodes: p.NoNodes, cache: p.Cache, log: p.Log, onRejected: p.OnRejected, settle: 50 * time.Millisecond,
 		claims: map[claimKey]*heldClaim{}}
 }
 
@@ -109,8 +120,8 @@ type nodeView struct {
 	byName map[string]*Peer
 	byIP   map[netip.Addr]*Peer
 	peers  []*Peer
-	// none: there is no nodes table (no Kubernetes): no claim can be
-	// tied to a node, only its identity judged.
+	// none: nothing fills the nodes table (no Kubernetes): no claim
+	// can be tied to a node, only its identity judged.
 	none bool
 }
 
@@ -298,28 +309,22 @@ func (g *ClaimGate) Synced(done func()) {
 }
 
 // Run follows the nodes table until ctx ends: each change (bursts
-// batched) judges every held claim again.
+// batched) judges every held claim again. Without a source of nodes
+// (NoNodes) every claim is judged on its identity alone, at once.
 func (g *ClaimGate) Run(ctx context.Context) error {
-	txn := g.db.ReadTxn()
-	meta := g.db.GetTable(txn, NodesTableName)
-	if meta == nil {
-		// Tables are registered while the hive is built: none now means
-		// none ever (no Kubernetes).
+	if g.noNodes {
 		g.setView(&nodeView{none: true}, true)
 		<-ctx.Done()
 		return nil
 	}
-	table := statedb.AnyTable{Meta: meta}
 	for {
 		txn := g.db.ReadTxn()
-		objs, watch := table.AllWatch(txn)
+		objs, watch := g.nodes.AllWatch(txn)
 		var peers []*Peer
-		for o := range objs {
-			if p, ok := o.(*Peer); ok {
-				peers = append(peers, p)
-			}
+		for p := range objs {
+			peers = append(peers, p)
 		}
-		init, initWatch := meta.Initialized(txn)
+		init, initWatch := g.nodes.Initialized(txn)
 		g.setView(newNodeView(peers), init)
 		if !init {
 			watch = mergeWatch(ctx, watch, initWatch)

@@ -78,7 +78,7 @@ func TestClaimGate(t *testing.T) {
 	cache := &remoteCache{claims: map[string]string{}}
 	var mu sync.Mutex
 	reasons := map[string]int{}
-	g := NewClaimGate(ClaimGateParams{DB: m.DB(), Cache: cache, Log: quiet(), OnRejected: func(r string) {
+	g := NewClaimGate(ClaimGateParams{DB: m.DB(), Nodes: m.Nodes(), Cache: cache, Log: quiet(), OnRejected: func(r string) {
 		mu.Lock()
 		reasons[r]++
 		mu.Unlock()
@@ -162,5 +162,49 @@ func TestClaimWithoutNodesTable(t *testing.T) {
 	}
 	if reason, _ := v.judge(claim("10.9.2.11", int64(identity.Host), "b", "", "k/reserved")); reason != ClaimReasonIdentity {
 		t.Fatalf("a reserved identity: reason %q, want %q", reason, ClaimReasonIdentity)
+	}
+}
+
+// TestClaimGateNoNodeSource: the gate tells "nothing fills the nodes
+// table" (NoNodes: kvstore without Kubernetes; claims judged on their
+// identity alone) from an empty nodes table (no node known: refused),
+// both with the table present.
+func TestClaimGateNoNodeSource(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		noNodes bool
+		want    string
+		reasons []string
+	}{
+		{"no source", true, "[10.9.2.10@k/good=4321]", []string{ClaimReasonIdentity}},
+		{"empty table", false, "[]", []string{ClaimReasonUnknownNode, ClaimReasonIdentity}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m, _ := startManager(t, nil, nil)
+			cache := &remoteCache{claims: map[string]string{}}
+			reasons := make(chan string, 4)
+			g := NewClaimGate(ClaimGateParams{DB: m.DB(), Nodes: m.Nodes(), NoNodes: tt.noNodes, Cache: cache, Log: quiet(),
+				OnRejected: func(r string) { reasons <- r }})
+			ctx, cancel := context.WithCancel(context.Background())
+			runDone := make(chan struct{})
+			go func() { _ = g.Run(ctx); close(runDone) }()
+			t.Cleanup(func() { cancel(); <-runDone })
+			synced := make(chan struct{})
+			g.Synced(func() { close(synced) })
+			<-synced
+			g.Upsert(claim("10.9.2.10", 4321, "b", "", "k/good"))
+			g.Upsert(claim("10.9.2.11", int64(identity.Host), "b", "", "k/reserved"))
+			if got := cache.String(); got != tt.want {
+				t.Fatalf("ipcache %s, want %s", got, tt.want)
+			}
+			close(reasons)
+			var got []string
+			for r := range reasons {
+				got = append(got, r)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tt.reasons) {
+				t.Fatalf("rejections %v, want %v", got, tt.reasons)
+			}
+		})
 	}
 }

@@ -61,6 +61,9 @@ type Params struct {
 	// Options beyond the defaults (backoff, prune interval), for tests;
 	// applied to both reconcilers.
 	Options []reconciler.Option
+	// Tables are the nodes and routes tables the manager writes
+	// (NewTables); zero: New creates them.
+	Tables Tables
 }
 
 // Manager is the sources' API over the nodes and routes tables.
@@ -77,16 +80,17 @@ type Manager struct {
 	onRejected    func(string, Rejection)
 }
 
-// New creates the tables and registers their reconcilers on p.Jobs.
+// New registers the tables' reconcilers on p.Jobs (and the tables, unless
+// p.Tables holds them already).
 func New(p Params) (*Manager, error) {
-	nodes, err := statedb.NewTable(p.DB, NodesTableName, PeerNameIndex)
-	if err != nil {
-		return nil, fmt.Errorf("nodes table: %w", err)
+	if p.Tables.Nodes == nil || p.Tables.Routes == nil {
+		t, err := NewTables(p.DB)
+		if err != nil {
+			return nil, err
+		}
+		p.Tables = t
 	}
-	routes, err := statedb.NewTable(p.DB, RoutesTableName, RoutePrefixIndex)
-	if err != nil {
-		return nil, fmt.Errorf("routes table: %w", err)
-	}
+	nodes, routes := p.Tables.Nodes, p.Tables.Routes
 	if err := p.Rules.Validate(); err != nil {
 		return nil, err
 	}
@@ -95,7 +99,7 @@ func New(p Params) (*Manager, error) {
 	rp := reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID}
 	// The claims live in the ipcache's own table, rebuilt at every start:
 	// nothing of a previous run to prune.
-	_, err = reconciler.Register(rp, nodes, (*Peer).clone, (*Peer).setStatus, (*Peer).getStatus,
+	_, err := reconciler.Register(rp, nodes, (*Peer).clone, (*Peer).setStatus, (*Peer).getStatus,
 		&peerOps{cache: p.IPCache, published: map[string][]netip.Addr{}}, nil,
 		append([]reconciler.Option{reconciler.WithName(NodesTableName), reconciler.WithoutPruning(),
 			reconciler.WithRetry(reconcile.RetryMin, reconcile.RetryMax)}, p.Options...)...)

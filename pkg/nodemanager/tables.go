@@ -1,6 +1,7 @@
 package nodemanager
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -16,6 +17,28 @@ const (
 	NodesTableName  = "nodes"
 	RoutesTableName = "routes"
 )
+
+// Tables are the nodes and routes tables, writable: only the Manager
+// writes them; everyone else reads them as statedb.Table.
+type Tables struct {
+	Nodes  statedb.RWTable[*Peer]
+	Routes statedb.RWTable[*Route]
+}
+
+// NewTables registers the nodes and routes tables in db. They exist
+// whether or not anything fills them (a standalone agent's stay empty),
+// so their readers need no special case for their absence.
+func NewTables(db *statedb.DB) (Tables, error) {
+	nodes, err := statedb.NewTable(db, NodesTableName, PeerNameIndex)
+	if err != nil {
+		return Tables{}, fmt.Errorf("nodes table: %w", err)
+	}
+	routes, err := statedb.NewTable(db, RoutesTableName, RoutePrefixIndex)
+	if err != nil {
+		return Tables{}, fmt.Errorf("routes table: %w", err)
+	}
+	return Tables{Nodes: nodes, Routes: routes}, nil
+}
 
 // Peer is another node as this node needs it: the nodes table's object.
 // Objects are immutable once in the table: a change is a new object.

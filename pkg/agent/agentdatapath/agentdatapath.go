@@ -48,7 +48,7 @@ import (
 var Cell = cell.Module("datapath", "The eBPF datapath maps programs events and ipcache",
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
-	cell.Provide(New, ipcacheOf, kernelOf, loaderOf, statusContribution, apiHandlers),
+	cell.Provide(New, ipcacheOf, policyCIDROf, kernelOf, loaderOf, statusContribution, apiHandlers),
 )
 
 // Config are the datapath's options.
@@ -246,6 +246,16 @@ func ipcacheOf(m *Module) *ipcache.IPCache {
 	return m.ipcache
 }
 
+// policyCIDROf is the table of the prefixes rules name, written to the
+// BPF policy CIDR map by its reconciler (the policy writes it); nil
+// without the datapath.
+func policyCIDROf(m *Module) *policycidr.Table {
+	if m == nil {
+		return nil
+	}
+	return m.policyCIDR
+}
+
 // loaderOf is the datapath's loader, whose maps the host device programs
 // share and whose promotions to TCX links the endpoints' API holds; nil
 // without the datapath.
@@ -281,10 +291,6 @@ func (m *Module) EventsLost() (loader.EventsLost, error) { return m.loader.Event
 // AddInitializer holds the ipcache's prune back until the returned
 // function is called (a source's first listing).
 func (m *Module) AddInitializer(name string) func() { return m.ipcache.AddInitializer(name) }
-
-// PolicyCIDR is the table of the prefixes rules name, written to the BPF
-// policy CIDR map by its reconciler.
-func (m *Module) PolicyCIDR() *policycidr.Table { return m.policyCIDR }
 
 // BPFRoot is the bpffs directory of the pinned maps.
 func (m *Module) BPFRoot() string { return m.settings.BPFRoot }

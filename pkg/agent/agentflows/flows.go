@@ -20,6 +20,7 @@ import (
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
@@ -207,7 +208,7 @@ func (c *Config) SocketPath(apiSocket string) string {
 var Cell = cell.Module("flows", "Flows observed from the datapath events and the Hubble API",
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
-	cell.Provide(New, statusContribution, servicesOf, nodeEventsOf),
+	cell.Provide(New, statusContribution, nodeEventsOf),
 )
 
 // Node is what the cell needs to know of the agent: the node's name and
@@ -224,8 +225,6 @@ type Datapath interface {
 	SetEventSink(sink func(loader.Event))
 	// EventsLost reads the datapath's lost-event counters.
 	EventsLost() (loader.EventsLost, error)
-	// IPCache is the ipcache table (local and remote pods' addresses).
-	IPCache() *ipcache.IPCache
 }
 
 // Endpoints finds a local endpoint by ID (an error before the endpoint
@@ -244,10 +243,6 @@ type Policy interface {
 	// endpoint, as its last resolution found them; false before its first.
 	SelectingRules(epID uint16) ([]uint32, bool)
 }
-
-// Services are the load balancer's tables (a zero value without the
-// services).
-type Services struct{ Tables *loadbalancer.Tables }
 
 // NodeEvents subscribes to the Node objects (for the Peer service); nil
 // in standalone mode. It returns a nil unsubscribe when the watchers are
@@ -282,15 +277,22 @@ type Module struct {
 type Params struct {
 	cell.In
 
-	Config     Config
-	Node       Node
-	Root       cell.RootLogger
-	Datapath   Datapath `optional:"true"`
+	Config   Config
+	Node     Node
+	Root     cell.RootLogger
+	Datapath Datapath `optional:"true"`
+	// IPCache is the datapath cell's ipcache (local and remote pods'
+	// addresses); nil without the datapath.
+	IPCache    *ipcache.IPCache
 	Endpoints  Endpoints
 	Policy     Policy
 	Identities *identitytable.Table
 	Metrics    *metrics.Server
-	Services   Services   `optional:"true"`
+	// DB, Frontends and Backends are the services tables (the services
+	// cell's) flows name their services from.
+	DB         *statedb.DB
+	Frontends  statedb.Table[*loadbalancer.Frontend]
+	Backends   statedb.Table[*loadbalancer.Backend]
 	NodeEvents NodeEvents `optional:"true"`
 }
 
@@ -316,10 +318,8 @@ func New(p Params) (*Module, error) {
 		_, port, _ = net.SplitHostPort(hc.ListenAddress) // validated
 	}
 	repo := p.Policy.Repository()
-	know := &nodeKnowledge{node: p.Node.Name, identities: p.Identities, eps: p.Endpoints, ipcache: p.Datapath.IPCache(), repo: repo, cidrLabels: p.Policy.CIDRIdentityLabels}
-	if p.Services.Tables != nil {
-		know.services = &serviceKnowledge{tables: p.Services.Tables}
-	}
+	know := &nodeKnowledge{node: p.Node.Name, identities: p.Identities, eps: p.Endpoints, ipcache: p.IPCache, repo: repo, cidrLabels: p.Policy.CIDRIdentityLabels}
+	know.services = &serviceKnowledge{db: p.DB, frontends: p.Frontends, backends: p.Backends}
 	know.selecting, know.defaultDeny = p.Policy.SelectingRules, &defaultDenying{repo: repo}
 	mx := p.Config.MetricsExport
 	// The flow metrics and the export see every flow as it is decoded.

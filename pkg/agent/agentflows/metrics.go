@@ -11,6 +11,7 @@ import (
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"github.com/cilium/cilium/api/v1/models"
+	"github.com/cilium/statedb"
 	"github.com/go-openapi/strfmt"
 	"github.com/spf13/pflag"
 
@@ -223,19 +224,21 @@ func (m *Module) HubbleModel() *models.HubbleStatus {
 // change was O(all backends) per change (a million entries at 100,000
 // services of 10 backends).
 type serviceKnowledge struct {
-	tables *loadbalancer.Tables
+	db        *statedb.DB
+	frontends statedb.Table[*loadbalancer.Frontend]
+	backends  statedb.Table[*loadbalancer.Backend]
 }
 
 func (k *serviceKnowledge) ServiceByAddr(a netip.AddrPort, proto uint8) (observer.Service, bool) {
-	if k == nil || k.tables == nil {
+	if k == nil || k.db == nil {
 		return observer.Service{}, false
 	}
 	key := loadbalancer.FrontendKey{Addr: a, Proto: proto}
-	txn := k.tables.DB.ReadTxn()
-	if f, _, ok := k.tables.Frontends.Get(txn, loadbalancer.FrontendByKey.Query(key)); ok {
+	txn := k.db.ReadTxn()
+	if f, _, ok := k.frontends.Get(txn, loadbalancer.FrontendByKey.Query(key)); ok {
 		return observer.Service{Namespace: f.Service.Namespace, Name: f.Service.Name}, true
 	}
-	for b := range k.tables.Backends.List(txn, loadbalancer.BackendByAddr.Query(key)) {
+	for b := range k.backends.List(txn, loadbalancer.BackendByAddr.Query(key)) {
 		return observer.Service{Namespace: b.Service.Namespace, Name: b.Service.Name}, true
 	}
 	return observer.Service{}, false

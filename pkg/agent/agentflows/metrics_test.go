@@ -73,7 +73,7 @@ func TestServiceKnowledge(t *testing.T) {
 	if err := w.SetBackends(name, "s1", []*loadbalancer.Backend{{Addr: netip.MustParseAddrPort("10.0.0.5:8080"), Proto: loadbalancer.TCP, PortName: "http", Ready: true, Serving: true}}); err != nil {
 		t.Fatal(err)
 	}
-	k := &nodeKnowledge{services: &serviceKnowledge{tables: tables}}
+	k := &nodeKnowledge{services: &serviceKnowledge{db: tables.DB, frontends: tables.Frontends, backends: tables.Backends}}
 	for _, tc := range []struct {
 		addr  string
 		proto uint8
@@ -224,7 +224,7 @@ func BenchmarkServiceByAddrAfterChange(b *testing.B) {
 			pod = pod.Next()
 		}
 	}
-	k := &nodeKnowledge{services: &serviceKnowledge{tables: tables}}
+	k := &nodeKnowledge{services: &serviceKnowledge{db: tables.DB, frontends: tables.Frontends, backends: tables.Backends}}
 	changed := loadbalancer.ServiceName{Namespace: "bench", Name: "svc-0"}
 	lookup := netip.AddrPortFrom(netip.MustParseAddr("10.1.0.50"), 8080) // a backend of svc-5
 	if s, ok := k.ServiceByAddr(lookup, loadbalancer.TCP); !ok || s.Name != "svc-5" {

@@ -4,17 +4,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
-	"github.com/tendril-net/tendril/pkg/agent/agentservices"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 )
-
-// servicesOf are the LB tables the flows name services from.
-func servicesOf(s *agentservices.Module) Services {
-	if s == nil {
-		return Services{}
-	}
-	return Services{Tables: s.Tables()}
-}
 
 // nodeEventsOf follows the Node objects for the Peer service; nil in
 // standalone mode.

@@ -28,7 +28,6 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
-	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -177,10 +176,13 @@ type Module struct {
 	identities identity.Allocator
 	jobs       job.Group
 
-	// nodes holds the peers and their routes (statedb tables and their
-	// reconcilers); the two functions mark the Nodes' and TendrilNodes'
-	// initial listings in.
+	// nodes writes the peers and their routes (the nodes cell's tables);
+	// the two functions mark the Nodes' and TendrilNodes' initial
+	// listings in.
 	nodes                           *nodemanager.Manager
+	db                              *statedb.DB
+	peers                           statedb.Table[*nodemanager.Peer]
+	routes                          statedb.Table[*nodemanager.Route]
 	nodesSynced, tendrilNodesSynced func()
 	// remoteEndpointsSynced marks the TendrilEndpoints' initial listing
 	// in the ipcache (its prune waits for it); a no-op without datapath.
@@ -247,6 +249,12 @@ type Params struct {
 	ModuleID   cell.FullModuleID
 	Inspector  *dbinspect.Inspector
 	Metrics    *metrics.Server
+	// Nodes writes the nodes and routes tables (the nodes cell's;
+	// non-nil with a client); Peers and Routes are those tables, read by
+	// the claim gate and the status.
+	Nodes  *nodemanager.Manager
+	Peers  statedb.Table[*nodemanager.Peer]
+	Routes statedb.Table[*nodemanager.Route]
 }
 
 // New builds the Kubernetes side (nil in standalone mode) and appends its
@@ -257,8 +265,8 @@ func New(p Params) (*Module, error) {
 	}
 	k := &Module{
 		settings: p.Settings, cfg: p.Config, log: p.Log, root: p.Root, client: p.Client, eps: p.Endpoints, policy: p.Policy,
-		identities: p.Identities,
-		jobs:       p.Jobs.NewGroup(p.Health.Scope("k8s-watchers"), job.WithLogger(p.Log)),
+		identities: p.Identities, nodes: p.Nodes, db: p.DB, peers: p.Peers, routes: p.Routes,
+		jobs: p.Jobs.NewGroup(p.Health.Scope("k8s-watchers"), job.WithLogger(p.Log)),
 	}
 	k.remoteEndpointsSynced = func() {}
 	if p.Settings.IPAM == "cluster-pool" {
@@ -267,7 +275,7 @@ func New(p Params) (*Module, error) {
 	if p.IPCache != nil {
 		k.ipcache = p.IPCache
 		k.remoteEndpointsSynced = p.IPCache.AddInitializer("k8s-tendrilendpoints")
-		k.gate = nodemanager.NewClaimGate(nodemanager.ClaimGateParams{DB: p.DB, Cache: p.IPCache,
+		k.gate = nodemanager.NewClaimGate(nodemanager.ClaimGateParams{DB: p.DB, Nodes: p.Peers, Cache: p.IPCache,
 			Log: logging.For(p.Root, "tendrilendpoint-claims"), OnRejected: nodemanager.ClaimsRejectedCounter(registry(p.Metrics), "kubernetes")})
 	}
 	// This node's report on each Tendril policy, published into the
@@ -300,12 +308,8 @@ func New(p Params) (*Module, error) {
 	if k.gate != nil {
 		k.jobs.Add(job.OneShot("tendrilendpoint-claims", func(ctx context.Context, _ cell.Health) error { return k.gate.Run(ctx) }))
 	}
-	// The node manager's reconcilers are jobs of this group, added after
-	// the watchers' step: the endpoints' step (which opens the netlink
-	// handle) and the datapath's (the ipcache) have started by then.
-	if err := k.newNodeManager(p); err != nil {
-		return nil, err
-	}
+	k.nodesSynced = k.nodes.AddInitializer("k8s-nodes")
+	k.tendrilNodesSynced = k.nodes.AddInitializer("k8s-tendrilnodes")
 	if err := k.newEndpointPublisher(p); err != nil {
 		return nil, err
 	}
@@ -330,46 +334,11 @@ func New(p Params) (*Module, error) {
 	return k, nil
 }
 
-// newNodeManager registers the nodes and routes tables and their
-// reconcilers; the route prune waits for both the Nodes' and the
-// TendrilNodes' initial listings.
-func (k *Module) newNodeManager(p Params) error {
-	var cache nodemanager.IPCache
-	if k.ipcache != nil {
-		cache = k.ipcache
-	}
-	var routes nodemanager.RouteBackend
-	if k.settings.InstallHostNetworking {
-		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return k.eps.Netlink() }}
-	}
-	rules, err := k.cfg.peerRules(k.client.localPodCIDRsAndAddresses)
-	if err != nil {
-		return err
-	}
-	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "tendril", Subsystem: "node", Name: "pod_cidrs_rejected_total",
-		Help: "Pod CIDRs of other nodes refused (no route, no endpoint claims in them), by reason.",
-	}, []string{"reason"})
-	if p.Metrics != nil {
-		p.Metrics.Registry.MustRegister(rejected)
-	}
-	k.nodes, err = nodemanager.New(nodemanager.Params{LocalNode: k.settings.NodeName, DB: p.DB, Jobs: k.jobs,
-		Log: logging.For(k.root, "node-manager"), ModuleID: p.ModuleID, Routes: routes, IPCache: cache,
-		Rules: rules, OnRejected: func(_ string, r nodemanager.Rejection) { rejected.WithLabelValues(r.Reason).Inc() }})
-	if err != nil {
-		return err
-	}
-	k.nodesSynced = k.nodes.AddInitializer("k8s-nodes")
-	k.tendrilNodesSynced = k.nodes.AddInitializer("k8s-tendrilnodes")
-	p.Inspector.AddReconciled(nodemanager.NodesTableName, func(txn statedb.ReadTxn) dbinspect.Realization {
-		return dbinspect.CountStatus(k.nodes.Nodes().All(txn), func(p *nodemanager.Peer) reconciler.Status { return p.Status })
-	})
-	if routes != nil {
-		p.Inspector.AddReconciled(nodemanager.RoutesTableName, func(txn statedb.ReadTxn) dbinspect.Realization {
-			return dbinspect.CountStatus(k.nodes.Routes().All(txn), func(r *nodemanager.Route) reconciler.Status { return r.Status })
-		})
-	}
-	return nil
+// PeerRules are the checks on other nodes' pod CIDRs from the Kubernetes
+// options, against this node's pod CIDRs and addresses as the client read
+// them (the nodes cell's node manager applies them).
+func PeerRules(cfg Config, c *Client) (nodemanager.Rules, error) {
+	return cfg.peerRules(c.localPodCIDRsAndAddresses)
 }
 
 // NodeIP is the address other nodes know this node by: its Node's
@@ -617,13 +586,13 @@ func (k *Module) StatusSection() ext.Section {
 		s.Lines = append(s.Lines, ext.Line{Key: "Node write-back", Value: v})
 	}
 	if k.nodes != nil {
-		txn := k.nodes.DB().ReadTxn()
-		r := dbinspect.CountStatus(k.nodes.Nodes().All(txn), func(p *nodemanager.Peer) reconciler.Status { return p.Status })
+		txn := k.db.ReadTxn()
+		r := dbinspect.CountStatus(k.peers.All(txn), func(p *nodemanager.Peer) reconciler.Status { return p.Status })
 		v := fmt.Sprintf("%d peers", r.Objects)
 		if r.Errors > 0 {
 			v += fmt.Sprintf(", %d failing: %s", r.Errors, r.LastError)
 		}
-		rr := dbinspect.CountStatus(k.nodes.Routes().All(txn), func(r *nodemanager.Route) reconciler.Status { return r.Status })
+		rr := dbinspect.CountStatus(k.routes.All(txn), func(r *nodemanager.Route) reconciler.Status { return r.Status })
 		if rr.Errors > 0 {
 			v += fmt.Sprintf(", %d routes failing: %s", rr.Errors, rr.LastError)
 		}

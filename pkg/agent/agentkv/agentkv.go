@@ -24,6 +24,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
@@ -171,6 +172,11 @@ type Params struct {
 	DB         *statedb.DB
 	Inspector  *dbinspect.Inspector
 	ModuleID   cell.FullModuleID
+	// Peers are the other nodes (the nodes cell's table) the claim gate
+	// judges addresses against; NodeSources says whether anything fills
+	// it.
+	Peers       statedb.Table[*nodemanager.Peer]
+	NodeSources nodes.Sources
 }
 
 // New builds the module and registers its step and jobs; nil without a
@@ -189,7 +195,9 @@ func New(p Params) (*Module, error) {
 		if p.Metrics != nil {
 			reg = p.Metrics.Registry
 		}
-		m.gate = nodemanager.NewClaimGate(nodemanager.ClaimGateParams{DB: p.DB, Cache: p.IPCache,
+		// Without Kubernetes nothing fills the nodes table: the gate
+		// judges each address on its identity alone (docs/kvstore.md).
+		m.gate = nodemanager.NewClaimGate(nodemanager.ClaimGateParams{DB: p.DB, Nodes: p.Peers, NoNodes: p.NodeSources.None(), Cache: p.IPCache,
 			Log: logging.For(p.Root, "kvstore-claims"), OnRejected: nodemanager.ClaimsRejectedCounter(reg, "kvstore")})
 	}
 	p.Steps.Append(p.Lifecycle, "kvstore", m.start, m.stop)

@@ -60,15 +60,12 @@ func (c Config) File() string { return filepath.Join(c.StateDir, "policy.json") 
 // API: the only rules the policy file keeps.
 const SourceAPI = "api"
 
-// Datapath is the datapath as the policy writes it: the policy CIDR and
-// ipcache tables and the audit counters. Nil without the datapath.
+// Datapath is the datapath's maps as the policy reads and writes them
+// (the audit counters, the policy maps of revocation). Nil without the
+// datapath.
 type Datapath interface {
 	// Maps are the open BPF maps; nil before the datapath's start step.
 	Maps() *maps.Maps
-	// PolicyCIDR is the table of the prefixes rules name.
-	PolicyCIDR() *policycidr.Table
-	// IPCache is the ipcache the CIDR identities are claimed in.
-	IPCache() *ipcache.IPCache
 }
 
 // Endpoints are the local endpoints: their manager (nil before the
@@ -104,6 +101,8 @@ type Module struct {
 	runtime    *option.Runtime
 	idTable    *identitytable.Table // the universe's identities: one snapshot, a generation per change of the set or labels
 	dp         Datapath             // nil without the datapath
+	policyCIDR *policycidr.Table    // nil without the datapath
+	ipcache    *ipcache.IPCache     // nil without the datapath
 	eps        Endpoints            // its manager exists from its start step on
 	namedPorts NamedPorts           // nil in standalone mode
 
@@ -151,6 +150,11 @@ type Params struct {
 	Identities identity.Allocator
 	IDTable    *identitytable.Table
 	Datapath   Datapath
+	// PolicyCIDR (the prefixes rules name) and IPCache (where their CIDR
+	// identities are claimed) are the datapath cell's tables; nil
+	// without the datapath.
+	PolicyCIDR *policycidr.Table
+	IPCache    *ipcache.IPCache
 	Endpoints  Endpoints
 	NamedPorts NamedPorts
 	Metrics    *metrics.Server
@@ -161,7 +165,7 @@ type Params struct {
 func New(p Params) *Module {
 	m := &Module{
 		log: p.Log, repo: policy.NewRepository(), runtime: p.Runtime, idTable: p.IDTable,
-		dp: p.Datapath, eps: p.Endpoints, namedPorts: p.NamedPorts,
+		dp: p.Datapath, policyCIDR: p.PolicyCIDR, ipcache: p.IPCache, eps: p.Endpoints, namedPorts: p.NamedPorts,
 		realized: map[uint16]policy.MapState{}, results: map[uint16]policy.Result{},
 		revokeMode: p.Config.RevokeEstablished, revoke: map[uint16]revokeKind{}, enforced: map[uint16][2]bool{},
 		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),

@@ -83,7 +83,7 @@ func (p *Module) Run(ctx context.Context, refresh func(*endpoint.Endpoint) error
 		// datapath when the endpoints' entries for them land.
 		if p.dp != nil && p.dp.Maps() != nil {
 			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if err := p.dp.PolicyCIDR().Synced(wctx); err != nil {
+			if err := p.policyCIDR.Synced(wctx); err != nil {
 				p.log.Warn("Policy CIDR map not yet written; endpoints are regenerated anyway", "error", err)
 			}
 			cancel()
@@ -150,13 +150,13 @@ func (p *Module) syncCIDRIdentities() error {
 		inCluster[pf] = id | identity.InClusterCIDR
 	}
 	p.mu.Unlock()
-	if err := p.dp.PolicyCIDR().Set(inCluster); err != nil {
+	if err := p.policyCIDR.Set(inCluster); err != nil {
 		return err
 	}
 	// Generated claims: a rule's CIDR equal to an endpoint's address never
 	// hides the endpoint's identity (the ipcache's precedence).
 	// One transaction for the change's prefixes.
-	return p.dp.IPCache().Write(func(w *ipcache.Writer) error {
+	return p.ipcache.Write(func(w *ipcache.Writer) error {
 		for pf, id := range ids {
 			if err := w.Upsert(pf, ipcache.Entry{Identity: id, Source: ipcache.SourceGenerated, Owner: ipcache.OwnerPolicyCIDR(pf)}); err != nil {
 				return err

@@ -122,8 +122,24 @@ const lbDrainInterval = 5 * time.Second
 var Cell = cell.Module("services", "Services load-balanced by the datapath",
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
-	cell.Provide(New, statusContribution, apiHandlers, watchersOf),
+	cell.ProvidePrivate(loadbalancer.NewTables),
+	cell.Provide(New, readTables, statusContribution, apiHandlers, watchersOf),
 )
+
+// Tables are the services tables as their readers take them, by type
+// (the flows name services from them, the L2 announcements follow
+// them); only this cell writes them.
+type Tables struct {
+	cell.Out
+
+	Services  statedb.Table[*loadbalancer.Service]
+	Backends  statedb.Table[*loadbalancer.Backend]
+	Frontends statedb.Table[*loadbalancer.Frontend]
+}
+
+func readTables(t *loadbalancer.Tables) Tables {
+	return Tables{Services: t.Services, Backends: t.Backends, Frontends: t.Frontends}
+}
 
 // Settings are what the services take from the agent's other options.
 type Settings struct {
@@ -178,17 +194,16 @@ type Params struct {
 	Health    *health.Registry
 	DB        *statedb.DB
 	ModuleID  cell.FullModuleID
-	Watchers  Watchers              // nil in standalone mode
-	Datapath  *agentdatapath.Module // nil without the datapath
+	// Tables are the services tables (the cell's own, writable).
+	Tables   *loadbalancer.Tables
+	Watchers Watchers              // nil in standalone mode
+	Datapath *agentdatapath.Module // nil without the datapath
 }
 
 // New builds the services module (the tables only, without Kubernetes
 // and the datapath) and appends its step, its jobs after it.
 func New(p Params) (*Module, error) {
-	tables, err := loadbalancer.NewTables(p.DB)
-	if err != nil {
-		return nil, err
-	}
+	tables := p.Tables
 	m := &Module{cfg: p.Config, settings: p.Settings, log: p.Log, tables: tables, writer: loadbalancer.NewWriter(tables, p.Settings.NodeName),
 		watchers: p.Watchers, dp: p.Datapath}
 	if p.Watchers == nil && p.Datapath == nil {
@@ -417,6 +432,3 @@ func addrList(addrs []netip.Addr) string {
 	}
 	return strings.Join(out, ", ")
 }
-
-// Tables are the services tables (the flows name services from them).
-func (m *Module) Tables() *loadbalancer.Tables { return m.tables }

@@ -159,7 +159,7 @@ func TestPrivilegedStartWithoutDevices(t *testing.T) {
 		}
 		cfg := DefaultConfig()
 		cfg.MasqueradePortRange = "61000-61999"
-		m, err := New(cfg, n.l, nil, mode, root, nil)
+		m, err := New(cfg, n.l, nil, nil, mode, root, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
 )
 
 // Cell is the host device programs' part of the agent: it provides the
@@ -58,6 +59,9 @@ type cellParams struct {
 	Jobs      job.Registry
 	Health    *health.Registry
 	DB        *statedb.DB
+	// Peers are the other nodes (the nodes cell's table): their pod
+	// CIDRs are not masqueraded.
+	Peers statedb.Table[*nodemanager.Peer]
 	// Loader is nil without the datapath.
 	Loader  *loader.Loader
 	Metrics *metrics.Server
@@ -70,7 +74,7 @@ func newCell(p cellParams) (*Masquerade, error) {
 	if p.Loader == nil {
 		return nil, nil
 	}
-	m, err := New(p.Settings.Config, p.Loader, p.DB, p.Settings.AttachMode, p.Settings.BPFRoot, p.Log)
+	m, err := New(p.Settings.Config, p.Loader, p.DB, p.Peers, p.Settings.AttachMode, p.Settings.BPFRoot, p.Log)
 	if err != nil {
 		return nil, err
 	}

@@ -29,12 +29,15 @@ import (
 // collects NAT entries with conntrack (CollectNAT, called by the agent's
 // conntrack GC).
 type Masquerade struct {
-	cfg  Config
-	log  *slog.Logger
-	dp   *loader.Loader
-	db   *statedb.DB
-	mode loader.AttachMode
-	root string
+	cfg Config
+	log *slog.Logger
+	dp  *loader.Loader
+	db  *statedb.DB
+	// peers is the nodes table (the nodes cell's); nil: no peers' pod
+	// CIDRs are kept off masquerade (tests of the programs alone).
+	peers statedb.Table[*nodemanager.Peer]
+	mode  loader.AttachMode
+	root  string
 
 	portMin, portMax uint16
 	dsr              bool
@@ -80,8 +83,10 @@ type GCStats struct {
 	DSRDeleted int `json:"dsr-deleted"`
 }
 
-// New returns the node's masquerade; nothing happens until Start.
-func New(cfg Config, dp *loader.Loader, db *statedb.DB, mode loader.AttachMode, bpfRoot string, log *slog.Logger) (*Masquerade, error) {
+// New returns the node's masquerade; nothing happens until Start. peers
+// (in db) are the other nodes, whose pod CIDRs WatchPeers keeps off
+// masquerade.
+func New(cfg Config, dp *loader.Loader, db *statedb.DB, peers statedb.Table[*nodemanager.Peer], mode loader.AttachMode, bpfRoot string, log *slog.Logger) (*Masquerade, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -97,7 +102,7 @@ func New(cfg Config, dp *loader.Loader, db *statedb.DB, mode loader.AttachMode, 
 	if err != nil {
 		return nil, err
 	}
-	return &Masquerade{cfg: cfg, log: log, dp: dp, db: db, mode: mode, root: bpfRoot, portMin: min, portMax: max, dsr: dsr, configured: prefixes}, nil
+	return &Masquerade{cfg: cfg, log: log, dp: dp, db: db, peers: peers, mode: mode, root: bpfRoot, portMin: min, portMax: max, dsr: dsr, configured: prefixes}, nil
 }
 
 // SetL2Announcements makes Start attach the programs even with masquerade
@@ -281,34 +286,15 @@ func (m *Masquerade) writeNoMasquerade() error {
 }
 
 // WatchPeers keeps the other nodes' pod CIDRs among the non-masquerade
-// prefixes, from the nodes table (pkg/nodemanager), until ctx ends. Nodes
-// a masqueraded pod might reach by their pod addresses before the ipcache
+// prefixes, from the nodes table (pkg/nodemanager), until ctx ends: each
+// change of the table is written as it comes (its watch channel). Nodes a
+// masqueraded pod might reach by their pod addresses before the ipcache
 // knows the pod's identity.
 func (m *Masquerade) WatchPeers(ctx context.Context) {
-	if m.db == nil || !m.cfg.EnableMasquerade {
+	if m.db == nil || m.peers == nil || !m.cfg.EnableMasquerade {
 		return
 	}
-	for {
-		txn := m.db.ReadTxn()
-		meta := m.db.GetTable(txn, nodemanager.NodesTableName)
-		if meta == nil {
-			// No nodes table (yet: a module registers it; or never,
-			// without Kubernetes): look again in a while.
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Second):
-			}
-			continue
-		}
-		objs, watch := statedb.AnyTable{Meta: meta}.AllWatch(txn)
-		var cidrs []netip.Prefix
-		for o := range objs {
-			if p, ok := o.(*nodemanager.Peer); ok {
-				cidrs = append(cidrs, p.PodCIDRs...)
-			}
-		}
-		sort.Slice(cidrs, func(i, j int) bool { return cidrs[i].String() < cidrs[j].String() })
+	followPeerCIDRs(ctx, m.db, m.peers, func(cidrs []netip.Prefix) {
 		m.mu.Lock()
 		changed := !slices.Equal(cidrs, m.peerCIDRs)
 		m.peerCIDRs = cidrs
@@ -318,6 +304,21 @@ func (m *Masquerade) WatchPeers(ctx context.Context) {
 				m.log.Warn("Cannot write the non-masquerade prefixes", "error", err)
 			}
 		}
+	})
+}
+
+// followPeerCIDRs calls apply with the peers' pod CIDRs (sorted) now and
+// again each time the table changes, woken by the table's watch channel,
+// until ctx ends.
+func followPeerCIDRs(ctx context.Context, db *statedb.DB, peers statedb.Table[*nodemanager.Peer], apply func([]netip.Prefix)) {
+	for {
+		objs, watch := peers.AllWatch(db.ReadTxn())
+		var cidrs []netip.Prefix
+		for p := range objs {
+			cidrs = append(cidrs, p.PodCIDRs...)
+		}
+		sort.Slice(cidrs, func(i, j int) bool { return cidrs[i].String() < cidrs[j].String() })
+		apply(cidrs)
 		select {
 		case <-ctx.Done():
 			return

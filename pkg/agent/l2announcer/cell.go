@@ -54,9 +54,11 @@ type ClusterSource func(ctx context.Context) (read func() Cluster, changed <-cha
 type cellParams struct {
 	cell.In
 
-	Config    Config
-	Node      Node
-	Services  Services
+	Config Config
+	Node   Node
+	// The services tables (the services cell's), by type.
+	Services  statedb.Table[*loadbalancer.Service]
+	Backends  statedb.Table[*loadbalancer.Backend]
 	Devices   DeviceNames
 	Kube      Kubernetes
 	Cluster   ClusterSource
@@ -113,7 +115,7 @@ func newCell(p cellParams) (*Announcer, error) {
 	p.Inspector.AddReconciled(TableName, func(txn statedb.ReadTxn) dbinspect.Realization {
 		return dbinspect.CountStatus(table.All(txn), func(a *Announcement) reconciler.Status { return a.Status })
 	})
-	run := &runner{a: a, db: p.DB, svc: p.Services, devices: p.Devices, cluster: p.Cluster, node: p.Node.Name, log: p.Log,
+	run := &runner{a: a, db: p.DB, svc: Services{Services: p.Services, Backends: p.Backends}, devices: p.Devices, cluster: p.Cluster, node: p.Node.Name, log: p.Log,
 		report: newRefusalRecorder(p.Kube, p.Node.Name),
 		synced: func() {
 			w := p.DB.WriteTxn(table)

@@ -1,6 +1,6 @@
 // Package l2wiring gives the L2 announcements' cell
-// (pkg/agent/l2announcer) what it takes from the other cells: the
-// services tables, the host programs' devices, the Kubernetes client and
+// (pkg/agent/l2announcer) what it takes from the other cells: the host
+// programs' devices, the Kubernetes client and
 // the datapath's responder map. It keeps l2announcer free of the other
 // cells' packages; the agent lists Cell instead of l2announcer.Cell.
 package l2wiring
@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
-	"github.com/tendril-net/tendril/pkg/agent/agentservices"
 	"github.com/tendril-net/tendril/pkg/agent/hostdev"
 	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
@@ -29,14 +28,9 @@ import (
 // Cell is the L2 announcements' cell with its providers. Its config and
 // node name come from the agent's configuration.
 var Cell = cell.Group(
-	cell.Provide(services, deviceNames, kube, cluster, responder),
+	cell.Provide(deviceNames, kube, cluster, responder),
 	l2announcer.Cell,
 )
-
-func services(s *agentservices.Module) l2announcer.Services {
-	t := s.Tables()
-	return l2announcer.Services{Services: t.Services, Backends: t.Backends}
-}
 
 // deviceNames are the host programs' devices; nil without the datapath.
 func deviceNames(m *hostdev.Masquerade) l2announcer.DeviceNames {
