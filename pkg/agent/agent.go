@@ -1,7 +1,8 @@
 // Package agent is the composition root of tendril-agent: a hive
 // (github.com/cilium/hive) of the subsystem cells listed in cells.go. It
-// builds the hive from the resolved configuration, starts it (each start
-// step timed into the bootstrap stats, with its health) and stops it.
+// builds the hive, whose cells own their flags (cell.Config), populates
+// it from the flags' values, starts it (each start step timed into the
+// bootstrap stats, with its health) and stops it.
 // See docs/architecture.md.
 package agent
 
@@ -14,17 +15,18 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
+	"go.uber.org/dig"
 
-	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/option"
 )
 
-// Deps are what the caller (cmd/tendril-agent) hands the agent besides its
-// config: the logger, its level (changed by PATCH /v1/config), the
-// resolved flag set (the effective configuration) and what to call once
-// the agent is ready.
+// Deps are what the caller (cmd/tendril-agent) hands the agent besides
+// its flags: the logger, its level (changed by PATCH /v1/config), the
+// resolved flag set (the effective configuration, which the API reports)
+// and what to call once the agent is ready.
 type Deps struct {
 	Log      *slog.Logger
 	LogLevel *slog.LevelVar
@@ -38,51 +40,67 @@ type Deps struct {
 
 // Agent is a node agent: its hive and what the caller asks of it.
 type Agent struct {
-	cfg    Config
+	deps   Deps
 	log    *slog.Logger
-	ready  func()
 	hive   *hive.Hive
 	steps  *lifecycle.Steps
 	health *health.Registry
+	opts   option.Agent
+	node   option.LocalNode
 }
 
-// New builds the agent's hive and its object graph (every constructor
-// runs, nothing starts until Start). extra cells are added after the
-// agent's own: tests use them to reach the objects they inspect.
-func New(cfg Config, deps Deps, extra ...cell.Cell) (*Agent, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := cfg.DefaultNodeName(); err != nil {
-		return nil, err
-	}
+// New builds the agent's hive of the cells: every cell's flags exist
+// (RegisterFlags), nothing is constructed until Populate. extra cells are
+// added after the agent's own: tests use them to reach the objects they
+// inspect.
+func New(extra ...cell.Cell) *Agent {
+	a := &Agent{}
+	all := append(cells(), extra...)
+	all = append(all,
+		// What the command hands the core cell, read when the hive is
+		// populated.
+		cell.Provide(
+			func() *slog.LevelVar { return a.deps.LogLevel },
+			func() daemonapi.Flags { return daemonapi.Flags{Set: a.deps.Flags} },
+		),
+		cell.Invoke(func(s *lifecycle.Steps, h *health.Registry, o option.Agent, n option.LocalNode) {
+			a.steps, a.health, a.opts, a.node = s, h, o, n
+		}))
+	opts := hive.DefaultOptions()
+	// TENDRIL_<FLAG> sets an option the command line does not (the
+	// command resolves the environment and the config directory into the
+	// flags first: pkg/option.Resolver).
+	opts.EnvPrefix = option.EnvPrefix
+	// The hive logs each hook at Info only when it takes longer than this
+	// (at Debug otherwise), as the agent logged its steps before.
+	opts.LogThreshold = time.Second
+	a.hive = hive.NewWithOptions(opts, all...)
+	return a
+}
+
+// RegisterFlags adds every cell's flags to fs (the command's): what is set
+// on them before Populate configures the cells.
+func (a *Agent) RegisterFlags(fs *pflag.FlagSet) { a.hive.RegisterFlags(fs) }
+
+// Populate builds the agent's object graph from the flags' values: each
+// cell decodes and validates its config, every constructor runs, nothing
+// starts until Start. An invalid option is returned as its cell reported
+// it (naming the option).
+func (a *Agent) Populate(deps Deps) error {
 	if deps.Log == nil {
 		deps.Log = slog.New(slog.DiscardHandler)
 	}
 	if deps.LogLevel == nil {
 		deps.LogLevel = new(slog.LevelVar)
 	}
-	if cfg.Datapath.Enable {
-		// A kernel before 6.6 has no TCX: the datapath attaches with tc
-		// filters there rather than failing every endpoint's attach.
-		mode, note := loader.ResolveAttachMode(loader.AttachMode(cfg.Datapath.AttachMode), loader.ProbeTCX)
-		if note != "" {
-			deps.Log.Warn("Datapath attach mode falls back to tc", "requested", cfg.Datapath.AttachMode, "reason", note)
-			cfg.Datapath.AttachMode, cfg.attachModeNote = string(mode), note
-		}
-	}
-	a := &Agent{cfg: cfg, log: deps.Log, ready: deps.Ready}
-	all := append(cells(cfg, deps), extra...)
-	all = append(all, cell.Invoke(func(s *lifecycle.Steps, h *health.Registry) { a.steps, a.health = s, h }))
-	opts := hive.DefaultOptions()
-	// The hive logs each hook at Info only when it takes longer than this
-	// (at Debug otherwise), as the agent logged its steps before.
-	opts.LogThreshold = time.Second
-	a.hive = hive.NewWithOptions(opts, all...)
+	a.deps, a.log = deps, deps.Log
 	if err := a.hive.Populate(deps.Log); err != nil {
-		return nil, fmt.Errorf("build the agent: %w", err)
+		if cause := dig.RootCause(err); option.IsInvalid(cause) {
+			return cause
+		}
+		return fmt.Errorf("build the agent: %w", err)
 	}
-	return a, nil
+	return nil
 }
 
 // Start starts every step in order; on failure the started ones are
@@ -90,7 +108,7 @@ func New(cfg Config, deps Deps, extra ...cell.Cell) (*Agent, error) {
 func (a *Agent) Start(ctx context.Context) error {
 	begin := time.Now()
 	a.steps.Begin(begin)
-	a.log.Info("Starting tendril-agent", "node", a.cfg.NodeName, "state-dir", a.cfg.StateDir, "bpf-root", a.cfg.BPFRoot)
+	a.log.Info("Starting tendril-agent", "node", a.node.Name, "state-dir", a.opts.StateDir, "bpf-root", a.opts.BPFRoot)
 	if err := a.hive.Start(a.log, ctx); err != nil {
 		a.log.Error("Start step failed, stopping the modules already started", "error", err)
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -102,8 +120,8 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	a.steps.SetTotal(time.Since(begin))
 	a.log.Info("Agent ready", "bootstrap", time.Since(begin))
-	if a.ready != nil {
-		a.ready()
+	if a.deps.Ready != nil {
+		a.deps.Ready()
 	}
 	return nil
 }

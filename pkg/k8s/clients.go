@@ -24,10 +24,10 @@ type Config struct {
 	// when the agent runs in a pod, and standalone mode otherwise.
 	Kubeconfig string
 	// APIServer overrides the server address of the kubeconfig.
-	APIServer string
+	APIServer string `mapstructure:"k8s-api-server"`
 	// QPS and Burst bound the agent's request rate.
-	QPS   float32
-	Burst int
+	QPS   float32 `mapstructure:"k8s-client-qps"`
+	Burst int     `mapstructure:"k8s-client-burst"`
 }
 
 // DefaultConfig returns the defaults.
