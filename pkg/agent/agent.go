@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/dig"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentidentity"
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -71,6 +72,9 @@ func New(extra ...cell.Cell) *Agent {
 	// command resolves the environment and the config directory into the
 	// flags first: pkg/option.Resolver).
 	opts.EnvPrefix = option.EnvPrefix
+	// Label patterns are regexps: each flag value whole (see
+	// agentidentity.LabelPatterns).
+	opts.DecodeHooks = cell.DecodeHooks{agentidentity.DecodeLabelPatterns}
 	// The hive logs each hook at Info only when it takes longer than this
 	// (at Debug otherwise), as the agent logged its steps before.
 	opts.LogThreshold = time.Second

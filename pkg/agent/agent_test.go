@@ -55,8 +55,7 @@ func newTestAgent(deps Deps, flags map[string]string, extra ...cell.Cell) (*test
 		r *realizer.Realizer, m *metrics.Server, ids identity.Allocator) {
 		ta.endpoints, ta.policy, ta.kvstore, ta.datapath, ta.realizer, ta.metrics, ta.identities = e, p, kv, dp, r, m, ids
 	}))...)
-	fs := pflag.NewFlagSet("tendril-agent", pflag.ContinueOnError)
-	a.RegisterFlags(fs)
+	fs := newFlagSet(a)
 	for _, name := range slices.Sorted(maps.Keys(flags)) {
 		if err := fs.Set(name, flags[name]); err != nil {
 			return nil, fmt.Errorf("--%s=%s: %w", name, flags[name], err)
@@ -70,6 +69,13 @@ func newTestAgent(deps Deps, flags map[string]string, extra ...cell.Cell) (*test
 	}
 	ta.Agent = a
 	return ta, nil
+}
+
+// newFlagSet is a flag set with a's flags, as the command's.
+func newFlagSet(a *Agent) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("tendril-agent", pflag.ContinueOnError)
+	a.RegisterFlags(fs)
+	return fs
 }
 
 // testFlags are the flags of an in-process test agent: its own state dir,
