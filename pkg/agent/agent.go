@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/cilium/hive"
@@ -17,7 +18,6 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/dig"
 
-	"github.com/tendril-net/tendril/pkg/agent/agentidentity"
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -72,9 +72,7 @@ func New(extra ...cell.Cell) *Agent {
 	// command resolves the environment and the config directory into the
 	// flags first: pkg/option.Resolver).
 	opts.EnvPrefix = option.EnvPrefix
-	// Label patterns are regexps: each flag value whole (see
-	// agentidentity.LabelPatterns).
-	opts.DecodeHooks = cell.DecodeHooks{agentidentity.DecodeLabelPatterns}
+	opts.DecodeHooks = cell.DecodeHooks{keepListsWhole}
 	// The hive logs each hook at Info only when it takes longer than this
 	// (at Debug otherwise), as the agent logged its steps before.
 	opts.LogThreshold = time.Second
@@ -105,6 +103,35 @@ func (a *Agent) Populate(deps Deps) error {
 		return fmt.Errorf("build the agent: %w", err)
 	}
 	return nil
+}
+
+// keepListsWhole is a decode hook of the agent's hive: a list flag's
+// values reach the cell's config as the flag parsed them. cell.Config's
+// decoding splits a []string of one value again at its spaces (so that
+// "a b" from an environment variable is two values); here every value
+// comes through the flags (the command resolves the environment and the
+// config directory into them), and one value holding a space is one
+// value: a label pattern "a{1, 2}" or a file path. The hook sees the
+// config's whole input first and hands each []string on as a []any,
+// which that split does not touch and which decodes into the []string
+// field the same.
+func keepListsWhole(_, to reflect.Type, data any) (any, error) {
+	in, ok := data.(map[string]any)
+	if !ok || to.Kind() != reflect.Struct {
+		return data, nil
+	}
+	out := make(map[string]any, len(in))
+	for k, v := range in {
+		if list, ok := v.([]string); ok {
+			values := make([]any, len(list))
+			for i, s := range list {
+				values[i] = s
+			}
+			v = values
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 // Start starts every step in order; on failure the started ones are

@@ -45,6 +45,7 @@ func TestFlagsDecodeIntoTheCellsConfigs(t *testing.T) {
 		"hubble-metrics":                "",
 		"maglev-hash-seed":              "18446744073709551615",
 		"api-max-body-bytes":            "8589934592",
+		"hubble-tls-client-ca-files":    "/etc/hubble certs/ca.pem",
 	})
 	a := New(cell.Invoke(func(i agentidentity.Config, o agentkv.Options, k agentk8s.Config, f agentflows.Config, s agentservices.Config, c server.Config) {
 		id, kv, k8s, flows, svc, api = i, o, k, f, s, c
@@ -55,7 +56,9 @@ func TestFlagsDecodeIntoTheCellsConfigs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A list flag given twice, and a pattern holding a space.
+	// A list flag given twice, and a pattern holding a space. A list of
+	// one value holding a space stays one value too (exclude above, and
+	// the hubble CA file below).
 	for _, v := range []string{"x{1,2}", "team id"} {
 		if err := fs.Set("identity-labels-include", v); err != nil {
 			t.Fatal(err)
@@ -68,9 +71,9 @@ func TestFlagsDecodeIntoTheCellsConfigs(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"identity-labels-include", id.Labels().Include, []string{"x{1,2}", "team id"}},
-		{"identity-labels-exclude", id.Labels().Exclude, []string{"a{1, 2}"}},
-		{"identity-labels-keep (default)", id.Labels().Keep, labels.DefaultKeepPatterns()},
+		{"identity-labels-include", id.Labels.Include, []string{"x{1,2}", "team id"}},
+		{"identity-labels-exclude", id.Labels.Exclude, []string{"a{1, 2}"}},
+		{"identity-labels-keep (default)", id.Labels.Keep, labels.DefaultKeepPatterns()},
 		{"identity-allocation-mode (default)", id.AllocationMode, agentidentity.AllocationCRD},
 		{"kvstore", kv.Mode, agentkv.ModeEtcd},
 		{"kvstore-endpoints", kv.Client.Endpoints, []string{"http://127.0.0.1:1", "http://127.0.0.1:2"}},
@@ -82,6 +85,7 @@ func TestFlagsDecodeIntoTheCellsConfigs(t *testing.T) {
 		{"k8s-service-cidr", k8s.ServiceCIDRs, []string{"10.96.0.0/12"}},
 		{"cluster-pool-ipv4-cidr (default)", len(k8s.ClusterPoolIPv4), 0},
 		{"hubble-max-concurrent-streams", flows.MaxConcurrentStreams, uint32(7)},
+		{"hubble-tls-client-ca-files", flows.TLSClientCAFiles, []string{"/etc/hubble certs/ca.pem"}},
 		{"hubble-metrics (emptied)", len(flows.MetricsExport.Metrics), 0},
 		{"maglev-hash-seed", svc.MaglevHashSeed, uint64(math.MaxUint64)},
 		{"api-max-body-bytes", api.MaxBodyBytes, int64(8 << 30)},

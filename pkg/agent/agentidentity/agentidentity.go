@@ -8,8 +8,6 @@ package agentidentity
 
 import (
 	"fmt"
-	"reflect"
-	"slices"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -45,55 +43,21 @@ type Config struct {
 	// AllocationMode is crd (TendrilIdentity objects, with Kubernetes),
 	// kvstore (etcd keys) or local (this node only).
 	AllocationMode string `mapstructure:"identity-allocation-mode"`
-	// LabelsKeep, LabelsInclude and LabelsExclude decide which labels of
-	// a pod count for its identity (labels.Config).
-	LabelsKeep    LabelPatterns `mapstructure:"identity-labels-keep"`
-	LabelsInclude LabelPatterns `mapstructure:"identity-labels-include"`
-	LabelsExclude LabelPatterns `mapstructure:"identity-labels-exclude"`
-}
-
-// LabelPatterns are the values of a label pattern flag, each pattern
-// whole. A struct rather than a []string: the hive splits a list of one
-// string again at its spaces (cell.Config's decoding), which would cut a
-// regexp such as "a{1, 2}" in two; DecodeLabelPatterns (a decode hook of
-// the agent's hive) takes the flag's list as it is.
-type LabelPatterns struct{ Patterns []string }
-
-// DecodeLabelPatterns is the hive's decode hook of LabelPatterns: the
-// flag's values, unsplit.
-func DecodeLabelPatterns(from, to reflect.Type, data any) (any, error) {
-	if to != reflect.TypeFor[LabelPatterns]() {
-		return data, nil
-	}
-	patterns, ok := data.([]string)
-	if !ok {
-		return nil, fmt.Errorf("label patterns: want a list of strings, got %T", data)
-	}
-	return LabelPatterns{Patterns: slices.Clone(patterns)}, nil
+	// Labels decides which labels of a pod count for its identity.
+	Labels labels.Config `mapstructure:",squash"`
 }
 
 // DefaultConfig are the identity defaults.
 func DefaultConfig() Config {
-	return configOf(AllocationCRD, labels.DefaultConfig())
-}
-
-func configOf(mode string, l labels.Config) Config {
-	return Config{AllocationMode: mode, LabelsKeep: LabelPatterns{l.Keep}, LabelsInclude: LabelPatterns{l.Include},
-		LabelsExclude: LabelPatterns{l.Exclude}}
-}
-
-// Labels is the label filter's configuration.
-func (c Config) Labels() labels.Config {
-	return labels.Config{Keep: c.LabelsKeep.Patterns, Include: c.LabelsInclude.Patterns, Exclude: c.LabelsExclude.Patterns}
+	return Config{AllocationMode: AllocationCRD, Labels: labels.DefaultConfig()}
 }
 
 // Flags registers the identity options, with c's values as defaults.
 func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.String("identity-allocation-mode", c.AllocationMode, "Where identities are allocated: crd (TendrilIdentity objects; needs Kubernetes), kvstore (etcd; needs --kvstore) or local (this node only). Without Kubernetes crd falls back to local")
-	// The label filter's own flags, bound to a copy that only gives them
-	// their defaults: the hive decodes the values into Config.
-	l := c.Labels()
-	l.Flags(fs)
+	// The label filter's flags bind to this copy of c, which only gives
+	// them their defaults: the hive decodes the values into Config.
+	c.Labels.Flags(fs)
 }
 
 // validate is Validate, marked as a configuration error.
@@ -107,7 +71,7 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("identity-allocation-mode %q: must be crd, kvstore or local", c.AllocationMode)
 	}
-	if _, err := labels.NewFilter(c.Labels()); err != nil {
+	if _, err := labels.NewFilter(c.Labels); err != nil {
 		return fmt.Errorf("identity-labels: %w", err)
 	}
 	return nil
@@ -138,7 +102,7 @@ func NewTable(db *statedb.DB, alloc identity.Allocator, root cell.RootLogger) (*
 
 // NewLabelFilter is the identity label filter of the configuration.
 func NewLabelFilter(cfg Config) (*labels.Filter, error) {
-	f, err := labels.NewFilter(cfg.Labels())
+	f, err := labels.NewFilter(cfg.Labels)
 	if err != nil {
 		return nil, fmt.Errorf("identity-labels: %w", err)
 	}
