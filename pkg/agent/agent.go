@@ -96,13 +96,41 @@ func (a *Agent) Populate(deps Deps) error {
 		deps.LogLevel = new(slog.LevelVar)
 	}
 	a.deps, a.log = deps, deps.Log
-	if err := a.hive.Populate(deps.Log); err != nil {
+	if err := a.hive.Populate(slog.New(quietInvalid{deps.Log.Handler()})); err != nil {
 		if cause := dig.RootCause(err); option.IsInvalid(cause) {
 			return cause
 		}
 		return fmt.Errorf("build the agent: %w", err)
 	}
 	return nil
+}
+
+// quietInvalid drops the hive's log record of a failed invoke whose error
+// is an invalid option: Populate returns that error, and the command
+// reports it once, as it did when the agent validated its options before
+// building the hive.
+type quietInvalid struct{ slog.Handler }
+
+func (h quietInvalid) Handle(ctx context.Context, r slog.Record) error {
+	invalid := false
+	r.Attrs(func(a slog.Attr) bool {
+		if err, ok := a.Value.Any().(error); ok && option.IsInvalid(err) {
+			invalid = true
+		}
+		return !invalid
+	})
+	if invalid {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h quietInvalid) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return quietInvalid{h.Handler.WithAttrs(attrs)}
+}
+
+func (h quietInvalid) WithGroup(name string) slog.Handler {
+	return quietInvalid{h.Handler.WithGroup(name)}
 }
 
 // keepListsWhole is a decode hook of the agent's hive: a list flag's

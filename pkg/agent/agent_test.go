@@ -366,9 +366,15 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			// Every other option at its default, as before the cells
 			// owned their flags.
-			_, err := newTestAgent(Deps{}, tt.flags)
+			var log strings.Builder
+			_, err := newTestAgent(Deps{Log: slog.New(slog.NewTextHandler(&log, nil))}, tt.flags)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("New = %v, want error naming %s", err, tt.want)
+			}
+			// The error is returned, not also logged: the command
+			// reports it once.
+			if strings.Contains(log.String(), tt.want) {
+				t.Fatalf("the invalid option was logged too:\n%s", log.String())
 			}
 		})
 	}

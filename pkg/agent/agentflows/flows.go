@@ -324,7 +324,9 @@ func New(p Params) (*Module, error) {
 	hc := p.Config
 	tlsCfg, err := hc.tlsConfig()
 	if err != nil {
-		return nil, err
+		// Files the options name that do not load: the configuration's
+		// error, reported as the other invalid options.
+		return nil, option.Invalid(err)
 	}
 	serverName := ""
 	if tlsCfg != nil {
