@@ -99,8 +99,6 @@ func DefaultConfig() Config {
 
 // Flags registers the Kubernetes options, with c's values as defaults.
 func (c Config) Flags(fs *pflag.FlagSet) {
-	// The client's flags bind to this copy of c, which only gives them
-	// their defaults: the hive decodes the values into Config.
 	c.Client.Flags(fs)
 	fs.Duration("k8s-cache-sync-timeout", c.CacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
 	fs.Bool("k8s-install-crds", c.InstallCRDs, "Create or update the Tendril CRDs at start")
