@@ -18,11 +18,12 @@ import (
 	"github.com/tendril-net/tendril/pkg/version"
 )
 
-// newCommand returns the tendril-agent command: it resolves the config
-// (flags > TENDRIL_* > config dir > defaults), builds the agent and runs it
-// until SIGINT or SIGTERM.
+// newCommand returns the tendril-agent command: its flags are the agent's
+// cells' (each cell owns its own); it resolves them (flags > TENDRIL_* >
+// config dir > defaults), builds the agent from them and runs it until
+// SIGINT or SIGTERM.
 func newCommand(stderr io.Writer) *cobra.Command {
-	cfg := agent.DefaultConfig()
+	a := agent.New()
 	cmd := &cobra.Command{
 		Use:           "tendril-agent",
 		Short:         "Tendril node agent: eBPF networking, security and observability",
@@ -32,21 +33,35 @@ func newCommand(stderr io.Writer) *cobra.Command {
 		Args:          cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fs := cmd.Flags()
+			configDir, err := fs.GetString("config-dir")
+			if err != nil {
+				return err
+			}
 			if !fs.Changed("config-dir") {
 				if v, ok := os.LookupEnv(option.EnvName("config-dir")); ok {
-					cfg.ConfigDir = v
+					configDir = v
 				}
 			}
-			sources, err := option.Resolver{ConfigDir: cfg.ConfigDir}.Resolve(fs)
+			// The environment and the config directory set the flags the
+			// command line did not, before the cells read them.
+			sources, err := option.Resolver{ConfigDir: configDir}.Resolve(fs)
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}
-			log, level, err := logging.New(stderr, cfg.LogFormat, cfg.Debug)
+			// The log options are read before the hive is built: it logs.
+			format, err := fs.GetString("log-format")
+			if err != nil {
+				return err
+			}
+			debug, err := fs.GetBool("debug")
+			if err != nil {
+				return err
+			}
+			log, level, err := logging.New(stderr, format, debug)
 			if err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}
-			a, err := agent.New(cfg, agent.Deps{Log: log, LogLevel: level, Flags: fs, Sources: sources, Ready: startgc.Done})
-			if err != nil {
+			if err := a.Populate(agent.Deps{Log: log, LogLevel: level, Flags: fs, Sources: sources, Ready: startgc.Done}); err != nil {
 				return fmt.Errorf("invalid configuration: %w", err)
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -54,6 +69,6 @@ func newCommand(stderr io.Writer) *cobra.Command {
 			return a.Run(ctx, 4*time.Second)
 		},
 	}
-	cfg.Flags(cmd.Flags())
+	a.RegisterFlags(cmd.Flags())
 	return cmd
 }

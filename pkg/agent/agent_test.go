@@ -3,10 +3,13 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,43 +41,67 @@ type testAgent struct {
 	realizer   *realizer.Realizer
 	metrics    *metrics.Server
 	identities identity.Allocator
+	// socket is the API socket of an agent startAgent started.
+	socket string
 }
 
-func newTestAgent(cfg Config, deps Deps, extra ...cell.Cell) (*testAgent, error) {
+// newTestAgent builds an agent the way the command does: its cells'
+// flags registered on a flag set, set to flags (name: value, as on the
+// command line; a list's values separated by commas), then the hive
+// populated.
+func newTestAgent(deps Deps, flags map[string]string, extra ...cell.Cell) (*testAgent, error) {
 	ta := &testAgent{}
-	a, err := New(cfg, deps, append(extra, cell.Invoke(func(e *agentendpoints.Module, p *agentpolicy.Module, kv *agentkv.Module, dp *agentdatapath.Module,
+	a := New(append(extra, cell.Invoke(func(e *agentendpoints.Module, p *agentpolicy.Module, kv *agentkv.Module, dp *agentdatapath.Module,
 		r *realizer.Realizer, m *metrics.Server, ids identity.Allocator) {
 		ta.endpoints, ta.policy, ta.kvstore, ta.datapath, ta.realizer, ta.metrics, ta.identities = e, p, kv, dp, r, m, ids
 	}))...)
-	if err != nil {
+	fs := newFlagSet(a)
+	for _, name := range slices.Sorted(maps.Keys(flags)) {
+		if err := fs.Set(name, flags[name]); err != nil {
+			return nil, fmt.Errorf("--%s=%s: %w", name, flags[name], err)
+		}
+	}
+	if deps.Flags == nil {
+		deps.Flags = fs
+	}
+	if err := a.Populate(deps); err != nil {
 		return nil, err
 	}
 	ta.Agent = a
 	return ta, nil
 }
 
-// startAgent runs an agent in-process with its own state dir and socket.
-func startAgent(t *testing.T, mutate func(*Config)) (*testAgent, *client.Client) {
+// newFlagSet is a flag set with a's flags, as the command's.
+func newFlagSet(a *Agent) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("tendril-agent", pflag.ContinueOnError)
+	a.RegisterFlags(fs)
+	return fs
+}
+
+// testFlags are the flags of an in-process test agent: its own state dir,
+// API socket and bpffs root under dir, no metrics listener, node-a, the
+// machine's own network namespace left alone and no datapath; more are
+// set over them.
+func testFlags(dir string, more map[string]string) map[string]string {
+	flags := map[string]string{
+		"state-dir":               filepath.Join(dir, "state"),
+		"socket":                  filepath.Join(dir, "run", "tendril.sock"),
+		"bpf-root":                filepath.Join("/sys/fs/bpf", "tendril-test-"+filepath.Base(dir)),
+		"prometheus-serve-addr":   "",
+		"node-name":               "node-a",
+		"install-host-networking": "false",
+		"enable-datapath":         "false",
+	}
+	maps.Copy(flags, more)
+	return flags
+}
+
+// startAgent runs an agent in-process with its own state dir and socket,
+// the flags of more, and the extra cells.
+func startAgent(t *testing.T, more map[string]string, extra ...cell.Cell) (*testAgent, *client.Client) {
 	t.Helper()
-	dir := t.TempDir()
-	cfg := DefaultConfig()
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.API.Socket = filepath.Join(dir, "run", "tendril.sock")
-	cfg.BPFRoot = filepath.Join("/sys/fs/bpf", "tendril-test-"+filepath.Base(dir))
-	cfg.Metrics.ServeAddr = ""
-	cfg.NodeName = "node-a"
-	// The test runs in the machine's own network namespace: leave it alone.
-	cfg.Endpoints.InstallHostNetworking = false
-	cfg.Datapath.Enable = false
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-	cfg.Flags(fs)
-	if err := fs.Parse(nil); err != nil {
-		t.Fatal(err)
-	}
-	a, err := newTestAgent(cfg, Deps{Flags: fs, Log: testLogger(t)})
+	flags := testFlags(t.TempDir(), more)
+	a, err := newTestAgent(Deps{Log: testLogger(t)}, flags, extra...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +109,8 @@ func startAgent(t *testing.T, mutate func(*Config)) (*testAgent, *client.Client)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Stop(context.Background()) })
-	c, err := client.New("unix://" + cfg.API.Socket)
+	a.socket = flags["socket"]
+	c, err := client.New("unix://" + flags["socket"])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +183,7 @@ func TestHealthzReportsAttachMode(t *testing.T) {
 		flag string
 		want models.AttachMode
 	}{{"tcx", models.AttachModeTcx}, {"tc", models.AttachModeTc}} {
-		_, c := startAgent(t, func(cfg *Config) { cfg.Datapath.AttachMode = tc.flag })
+		_, c := startAgent(t, map[string]string{"datapath-attach-mode": tc.flag})
 		var st ext.StatusResponse
 		if err := c.Do(context.Background(), http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
 			t.Fatal(err)
@@ -167,13 +195,14 @@ func TestHealthzReportsAttachMode(t *testing.T) {
 }
 
 // TestHealthzNamesAnAttachModeFallback: when the kernel made the agent
-// fall back from tcx to tc (New sets the note from loader.ResolveAttachMode),
-// the status names it in a Datapath section.
+// fall back from tcx to tc (the datapath cell sets the note from
+// loader.ResolveAttachMode), the status names it in a Datapath section.
 func TestHealthzNamesAnAttachModeFallback(t *testing.T) {
-	_, c := startAgent(t, func(cfg *Config) {
-		cfg.Datapath.AttachMode = "tc"
-		cfg.attachModeNote = "the kernel has no TCX links"
-	})
+	_, c := startAgent(t, map[string]string{"datapath-attach-mode": "tc"},
+		cell.DecorateAll(func(m agentdatapath.AttachMode) agentdatapath.AttachMode {
+			m.Note = "the kernel has no TCX links"
+			return m
+		}))
 	var st ext.StatusResponse
 	if err := c.Do(context.Background(), http.MethodGet, "/healthz", nil, nil, nil, &st); err != nil {
 		t.Fatal(err)
@@ -276,17 +305,10 @@ func TestDebugInfo(t *testing.T) {
 }
 
 func TestStartFailureRollsBack(t *testing.T) {
-	dir := t.TempDir()
-	cfg := DefaultConfig()
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.API.Socket = filepath.Join(dir, "t.sock")
 	// An address that cannot be listened on makes the metrics module fail
 	// after config started; the agent must stop what it started.
-	cfg.Metrics.ServeAddr = "256.0.0.1:1"
-	cfg.NodeName = "n"
-	cfg.Endpoints.InstallHostNetworking = false
-	cfg.Datapath.Enable = false
-	a, err := newTestAgent(cfg, Deps{})
+	flags := testFlags(t.TempDir(), map[string]string{"prometheus-serve-addr": "256.0.0.1:1", "node-name": "n"})
+	a, err := newTestAgent(Deps{}, flags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +316,7 @@ func TestStartFailureRollsBack(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "start metrics") {
 		t.Fatalf("Start = %v, want metrics failure", err)
 	}
-	c, _ := client.New("unix://" + cfg.API.Socket)
+	c, _ := client.New("unix://" + flags["socket"])
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := c.Do(ctx, http.MethodGet, "/healthz", nil, nil, nil, nil); err == nil {
@@ -304,49 +326,55 @@ func TestStartFailureRollsBack(t *testing.T) {
 
 func TestInvalidConfigIsRejected(t *testing.T) {
 	tests := []struct {
-		name   string
-		mutate func(*Config)
-		want   string
+		name  string
+		flags map[string]string
+		want  string
 	}{
-		{"relative state dir", func(c *Config) { c.StateDir = "state" }, "state-dir"},
-		{"bad enforcement", func(c *Config) { c.PolicyEnforcement = "x" }, "policy-enforcement"},
-		{"bad revoke mode", func(c *Config) { c.PolicyRevokeEstablished = "some" }, "policy-revoke-established"},
-		{"bad log format", func(c *Config) { c.LogFormat = "xml" }, "log-format"},
-		{"bad mtu", func(c *Config) { c.Endpoints.MTU = 10 }, "mtu"},
-		{"bad attach mode", func(c *Config) { c.Datapath.AttachMode = "xdp" }, "datapath-attach-mode"},
+		{"relative state dir", map[string]string{"state-dir": "state"}, "state-dir"},
+		{"bad enforcement", map[string]string{"policy-enforcement": "x"}, "policy-enforcement"},
+		{"bad revoke mode", map[string]string{"policy-revoke-established": "some"}, "policy-revoke-established"},
+		{"bad log format", map[string]string{"log-format": "xml"}, "log-format"},
+		{"bad mtu", map[string]string{"mtu": "10"}, "mtu"},
+		{"bad attach mode", map[string]string{"datapath-attach-mode": "xdp"}, "datapath-attach-mode"},
 		// bpffs refuses dots in names; mkdir's EPERM read like a mount
 		// or permission problem.
-		{"dot in a bpf-root name", func(c *Config) { c.BPFRoot = "/sys/fs/bpf/tendril-test.1" }, `bpf-root "/sys/fs/bpf/tendril-test.1": name "tendril-test.1" holds a dot`},
-		{"relative bpf-root", func(c *Config) { c.BPFRoot = "tendril" }, "bpf-root"},
-		{"bad trace events", func(c *Config) { c.Hubble.TraceEvents = "some" }, "hubble-trace-events"},
-		{"empty flow buffer", func(c *Config) { c.Hubble.FlowBufferSize = 0 }, "hubble-flow-buffer-size"},
-		{"relative hubble socket", func(c *Config) { c.Hubble.Socket = "hubble.sock" }, "hubble-socket"},
-		{"hubble TCP without TLS files", func(c *Config) { c.Hubble.ListenAddress = "127.0.0.1:4244" }, "--hubble-disable-tls"},
-		{"hubble TCP address without a port", func(c *Config) { c.Hubble.ListenAddress = "127.0.0.1" }, "hubble-listen-address"},
-		{"hubble plain text and TLS files", func(c *Config) {
-			c.Hubble.ListenAddress, c.Hubble.DisableTLS, c.Hubble.TLSCertFile = ":4244", true, "/x.crt"
+		{"dot in a bpf-root name", map[string]string{"bpf-root": "/sys/fs/bpf/tendril-test.1"}, `bpf-root "/sys/fs/bpf/tendril-test.1": name "tendril-test.1" holds a dot`},
+		{"relative bpf-root", map[string]string{"bpf-root": "tendril"}, "bpf-root"},
+		{"bad trace events", map[string]string{"hubble-trace-events": "some"}, "hubble-trace-events"},
+		{"empty flow buffer", map[string]string{"hubble-flow-buffer-size": "0"}, "hubble-flow-buffer-size"},
+		{"relative hubble socket", map[string]string{"hubble-socket": "hubble.sock"}, "hubble-socket"},
+		{"hubble TCP without TLS files", map[string]string{"hubble-listen-address": "127.0.0.1:4244"}, "--hubble-disable-tls"},
+		{"hubble TCP address without a port", map[string]string{"hubble-listen-address": "127.0.0.1"}, "hubble-listen-address"},
+		{"hubble plain text and TLS files", map[string]string{
+			"hubble-listen-address": ":4244", "hubble-disable-tls": "true", "hubble-tls-cert-file": "/x.crt",
 		}, "hubble-disable-tls with TLS files"},
-		{"hubble TLS files missing", func(c *Config) {
-			c.Hubble.ListenAddress, c.Hubble.TLSCertFile, c.Hubble.TLSKeyFile = ":4244", "/nonexistent/x.crt", "/nonexistent/x.key"
-			c.Hubble.TLSClientCAFiles = []string{"/nonexistent/ca.crt"}
+		{"hubble TLS files missing", map[string]string{
+			"hubble-listen-address": ":4244", "hubble-tls-cert-file": "/nonexistent/x.crt", "hubble-tls-key-file": "/nonexistent/x.key",
+			"hubble-tls-client-ca-files": "/nonexistent/ca.crt",
 		}, "hubble TLS: load TLS certificate /nonexistent/x.crt"},
-		{"hubble TLS without client CAs", func(c *Config) {
-			c.Hubble.ListenAddress, c.Hubble.TLSCertFile, c.Hubble.TLSKeyFile = ":4244", "/x.crt", "/x.key"
+		{"hubble TLS without client CAs", map[string]string{
+			"hubble-listen-address": ":4244", "hubble-tls-cert-file": "/x.crt", "hubble-tls-key-file": "/x.key",
 		}, "--hubble-tls-client-ca-files"},
-		{"hubble client CAs and no client auth", func(c *Config) {
-			c.Hubble.ListenAddress, c.Hubble.TLSCertFile, c.Hubble.TLSKeyFile = ":4244", "/x.crt", "/x.key"
-			c.Hubble.TLSClientCAFiles, c.Hubble.DisableClientAuth = []string{"/ca.crt"}, true
+		{"hubble client CAs and no client auth", map[string]string{
+			"hubble-listen-address": ":4244", "hubble-tls-cert-file": "/x.crt", "hubble-tls-key-file": "/x.key",
+			"hubble-tls-client-ca-files": "/ca.crt", "hubble-disable-client-auth": "true",
 		}, "choose one"},
-		{"hubble streams unbounded", func(c *Config) { c.Hubble.MaxConcurrentStreams = 0 }, "hubble-max-concurrent-streams"},
-		{"hubble connections unbounded", func(c *Config) { c.Hubble.MaxConnections = 0 }, "hubble-max-connections"},
+		{"hubble streams unbounded", map[string]string{"hubble-max-concurrent-streams": "0"}, "hubble-max-concurrent-streams"},
+		{"hubble connections unbounded", map[string]string{"hubble-max-connections": "0"}, "hubble-max-connections"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := DefaultConfig()
-			tt.mutate(&cfg)
-			_, err := newTestAgent(cfg, Deps{})
+			// Every other option at its default, as before the cells
+			// owned their flags.
+			var log strings.Builder
+			_, err := newTestAgent(Deps{Log: slog.New(slog.NewTextHandler(&log, nil))}, tt.flags)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("New = %v, want error naming %s", err, tt.want)
+			}
+			// The error is returned, not also logged: the command
+			// reports it once.
+			if strings.Contains(log.String(), tt.want) {
+				t.Fatalf("the invalid option was logged too:\n%s", log.String())
 			}
 		})
 	}
@@ -364,7 +392,7 @@ func assertAPIError(t *testing.T, err error, code int, msg string) {
 }
 
 func TestMetricsServed(t *testing.T) {
-	a, c := startAgent(t, func(cfg *Config) { cfg.Metrics.ServeAddr = "127.0.0.1:0" })
+	a, c := startAgent(t, map[string]string{"prometheus-serve-addr": "127.0.0.1:0"})
 	if err := c.Do(context.Background(), http.MethodGet, "/healthz", nil, nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}

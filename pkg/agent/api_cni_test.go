@@ -17,10 +17,10 @@ import (
 // test/cni): STATUS, GC, DEL of an attachment that does not exist, and the
 // errors, each a CNI error object with the spec's code.
 func TestCNIAPI(t *testing.T) {
-	a, _ := startAgent(t, func(cfg *Config) { cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.0.0.0/24", "none" })
+	a, _ := startAgent(t, map[string]string{"ipv4-range": "10.0.0.0/24", "ipv6-range": "none"})
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, "unix", a.cfg.API.Socket)
+		return d.DialContext(ctx, "unix", a.socket)
 	}}}
 	conf := func(version string) json.RawMessage {
 		return json.RawMessage(`{"cniVersion":"` + version + `","name":"n","type":"tendril-cni"}`)

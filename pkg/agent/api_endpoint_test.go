@@ -16,10 +16,7 @@ import (
 )
 
 func TestIPAMAndEndpointAPI(t *testing.T) {
-	_, c := startAgent(t, func(cfg *Config) {
-		cfg.Endpoints.IPv4Range = "10.77.0.0/29"
-		cfg.Endpoints.IPv6Range = "fd00:77::/120"
-	})
+	_, c := startAgent(t, map[string]string{"ipv4-range": "10.77.0.0/29", "ipv6-range": "fd00:77::/120"})
 	ctx := context.Background()
 
 	// Allocation with expiration for a pod, idempotent for the same owner.
@@ -180,7 +177,7 @@ func (b *blockingBuild) Remove(context.Context, *endpoint.Endpoint) error { retu
 // synchronous build (a CNI plugin's timeout) leaves no endpoint behind: the
 // client never learns its ID and rolls back its own side.
 func TestEndpointPutClientGone(t *testing.T) {
-	a, c := startAgent(t, func(cfg *Config) { cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.0.0.0/24", "none" })
+	a, c := startAgent(t, map[string]string{"ipv4-range": "10.0.0.0/24", "ipv6-range": "none"})
 	build := &blockingBuild{started: make(chan struct{}, 1), release: make(chan struct{})}
 	a.endpoints.AddRegenerateHook(build)
 	state := models.EndpointStateWaitingDashForDashIdentity

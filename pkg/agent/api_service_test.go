@@ -13,7 +13,7 @@ import (
 // TestServiceAPIEmpty: with no service, GET /v1/service answers 200 and
 // an empty JSON array (not null), and an unknown ID is 404.
 func TestServiceAPIEmpty(t *testing.T) {
-	_, c := startAgent(t, func(cfg *Config) {})
+	_, c := startAgent(t, nil)
 	ctx := context.Background()
 	var raw json.RawMessage
 	if err := c.Do(ctx, http.MethodGet, "/service", nil, nil, nil, &raw); err != nil {

@@ -4,6 +4,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentcore"
 	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/agent/agentflows"
@@ -38,12 +39,12 @@ import (
 // came since its last check, and the module's own registration has just
 // checked: 12 checks less, 11% of the allocations of building the hive
 // (BenchmarkNew).
-func cells(cfg Config, deps Deps) []cell.Cell {
+func cells() []cell.Cell {
 	return []cell.Cell{
 		job.Cell,
 		wiring,
-		tablesCell, // statedb's cell and the tables' inspection
-		coreCell(cfg, deps),
+		agentcore.TablesCell, // statedb's cell and the tables' inspection
+		agentcore.Cell,       // the agent's own options, health, steps, API and metrics servers
 		agentidentity.Cell,
 		agentk8s.ClientCell,
 		agentdatapath.Cell,
@@ -62,6 +63,6 @@ func cells(cfg Config, deps Deps) []cell.Cell {
 		agentdatapath.RestoredCell,
 		agentflows.Cell,
 		daemonapi.Cell,
-		serveCell,
+		agentcore.ServeCell,
 	}
 }

@@ -23,31 +23,32 @@ var seedsOrder = []string{
 // subsystem on; without the optional ones, the others keep their order.
 func TestStartOrder(t *testing.T) {
 	tests := []struct {
-		name   string
-		mutate func(*Config)
-		want   []string
+		name  string
+		setup func() map[string]string
+		want  []string
 	}{
-		{"everything", func(c *Config) {
-			c.Kubernetes.Client.Kubeconfig = writeKubeconfig(t) // the API server is reached only when the step starts
-			c.Datapath.Enable = true
-			c.KVStore.Mode = agentkv.ModeEmbedded
-			c.Identity.AllocationMode = agentidentity.AllocationKVStore
+		{"everything", func() map[string]string {
+			return map[string]string{
+				"kubeconfig":               writeKubeconfig(t), // the API server is reached only when the step starts
+				"enable-datapath":          "true",
+				"kvstore":                  agentkv.ModeEmbedded,
+				"identity-allocation-mode": agentidentity.AllocationKVStore,
+			}
 		}, seedsOrder},
-		{"standalone, no datapath", func(c *Config) {
+		{"standalone, no datapath", func() map[string]string {
 			t.Setenv("KUBERNETES_SERVICE_HOST", "")
-			c.Datapath.Enable = false
+			return map[string]string{"enable-datapath": "false"}
 		}, []string{"config", "endpoint-restore-ipam", "policy-restore", "regenerate-restored",
 			"policy-regeneration", "metrics", "pprof", "api-server"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			cfg := DefaultConfig()
-			cfg.StateDir = filepath.Join(dir, "state")
-			cfg.API.Socket = filepath.Join(dir, "tendril.sock")
-			cfg.NodeName = "node-a"
-			tt.mutate(&cfg)
-			a, err := New(cfg, Deps{})
+			flags := tt.setup()
+			flags["state-dir"] = filepath.Join(dir, "state")
+			flags["socket"] = filepath.Join(dir, "tendril.sock")
+			flags["node-name"] = "node-a"
+			a, err := newTestAgent(Deps{}, flags)
 			if err != nil {
 				t.Fatal(err)
 			}

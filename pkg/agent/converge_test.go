@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/cilium/hive/cell"
-	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
@@ -202,22 +201,10 @@ type regenAgent struct {
 func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 	t.Helper()
 	dir := t.TempDir()
-	cfg := DefaultConfig()
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.API.Socket = filepath.Join(dir, "run", "tendril.sock")
-	cfg.BPFRoot = filepath.Join(dir, "bpf-never-used")
-	cfg.Metrics.ServeAddr = ""
-	cfg.NodeName = "node-a"
-	cfg.Endpoints.InstallHostNetworking = false
-	cfg.Datapath.Enable = true
-	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-	cfg.Flags(fs)
-	if err := fs.Parse(nil); err != nil {
-		t.Fatal(err)
-	}
+	flags := testFlags(dir, map[string]string{"bpf-root": filepath.Join(dir, "bpf-never-used"), "enable-datapath": "true"})
 	kernel := newRecordingKernel()
 	var alloc *flakyAllocator
-	a, err := newTestAgent(cfg, Deps{Flags: fs},
+	a, err := newTestAgent(Deps{}, flags,
 		// Identities are allocated through an allocator that fails while
 		// told to.
 		cell.DecorateAll(func(a identity.Allocator) identity.Allocator {
@@ -236,7 +223,7 @@ func newRegenAgent(t testing.TB, retry endpointmanager.Retry) *regenAgent {
 		t.Fatal(err)
 	}
 	r := &regenAgent{a: a, kernel: kernel, alloc: alloc}
-	store, err := endpoint.NewStore(filepath.Join(cfg.StateDir, "endpoints"), nil)
+	store, err := endpoint.NewStore(filepath.Join(flags["state-dir"], "endpoints"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/cilium/hive/cell"
-	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/server"
 )
@@ -95,22 +94,12 @@ func FuzzAPI(f *testing.F) {
 // networking: it leaves the machine alone) and returns its API handler.
 func startAPIHandler(f *testing.F) http.Handler {
 	dir := f.TempDir()
-	cfg := DefaultConfig()
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.API.Socket = filepath.Join(dir, "run", "tendril.sock")
-	cfg.BPFRoot = filepath.Join("/sys/fs/bpf", "tendril-fuzz-"+filepath.Base(dir))
-	cfg.Metrics.ServeAddr = ""
-	cfg.NodeName = "node-a"
-	cfg.Endpoints.InstallHostNetworking = false
-	cfg.Datapath.Enable = false
-	cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.77.0.0/24", "fd00:77::/120"
-	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-	cfg.Flags(fs)
-	if err := fs.Parse(nil); err != nil {
-		f.Fatal(err)
-	}
+	flags := testFlags(dir, map[string]string{
+		"bpf-root":   filepath.Join("/sys/fs/bpf", "tendril-fuzz-"+filepath.Base(dir)),
+		"ipv4-range": "10.77.0.0/24", "ipv6-range": "fd00:77::/120",
+	})
 	var api *server.Server
-	a, err := New(cfg, Deps{Flags: fs, Log: slog.New(slog.DiscardHandler)}, cell.Invoke(func(s *server.Server) { api = s }))
+	a, err := newTestAgent(Deps{Log: slog.New(slog.DiscardHandler)}, flags, cell.Invoke(func(s *server.Server) { api = s }))
 	if err != nil {
 		f.Fatal(err)
 	}

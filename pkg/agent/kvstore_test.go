@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
-	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
@@ -30,14 +29,11 @@ import (
 // kvstore identity allocation: an identity another node writes into etcd
 // shows in the agent's /v1/identity, and status reports the kvstore.
 func TestEmbeddedKVStoreIdentities(t *testing.T) {
-	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore.Mode = agentkv.ModeEmbedded
-		cfg.Identity.AllocationMode = agentidentity.AllocationKVStore
-	})
+	a, c := startAgent(t, map[string]string{"kvstore": agentkv.ModeEmbedded, "identity-allocation-mode": agentidentity.AllocationKVStore})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	kcfg := kvstore.DefaultConfig()
-	kcfg.Endpoints = []string{"unix://" + filepath.Join(a.cfg.StateDir, "etcd.sock")}
+	kcfg.Endpoints = []string{"unix://" + filepath.Join(a.opts.StateDir, "etcd.sock")}
 	kc, err := kvstore.Connect(ctx, kcfg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -85,22 +81,12 @@ func TestEmbeddedKVStoreIdentities(t *testing.T) {
 // TestUnreachableKVStoreFailsStartClearly: the agent retries for the
 // connect timeout, then stops with an error naming the kvstore.
 func TestUnreachableKVStoreFailsStartClearly(t *testing.T) {
-	dir := t.TempDir()
-	cfg := DefaultConfig()
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.API.Socket = filepath.Join(dir, "run", "tendril.sock")
-	cfg.BPFRoot = "/sys/fs/bpf/tendril-test-unused"
-	cfg.Metrics.ServeAddr = ""
-	cfg.NodeName = "node-a"
-	cfg.Endpoints.InstallHostNetworking = false
-	cfg.Datapath.Enable = false
-	cfg.KVStore.Mode = agentkv.ModeEtcd
-	cfg.KVStore.Client.Endpoints = []string{"http://127.0.0.1:1"}
-	cfg.KVStore.Client.ConnectTimeout = 2 * time.Second
-	cfg.Identity.AllocationMode = agentidentity.AllocationKVStore
-	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-	cfg.Flags(fs)
-	a, err := newTestAgent(cfg, Deps{Flags: fs, Log: testLogger(t)})
+	flags := testFlags(t.TempDir(), map[string]string{
+		"bpf-root": "/sys/fs/bpf/tendril-test-unused",
+		"kvstore":  agentkv.ModeEtcd, "kvstore-endpoints": "http://127.0.0.1:1", "kvstore-connect-timeout": "2s",
+		"identity-allocation-mode": agentidentity.AllocationKVStore,
+	})
+	a, err := newTestAgent(Deps{Log: testLogger(t)}, flags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,19 +102,17 @@ func TestUnreachableKVStoreFailsStartClearly(t *testing.T) {
 
 func TestKVStoreConfigValidation(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		mutate func(*Config)
-		want   string
+		name  string
+		flags map[string]string
+		want  string
 	}{
-		{"kvstore allocation without kvstore", func(c *Config) { c.Identity.AllocationMode = agentidentity.AllocationKVStore }, "needs --kvstore"},
-		{"etcd without endpoints", func(c *Config) { c.KVStore.Mode = agentkv.ModeEtcd }, "kvstore-endpoints"},
-		{"unknown kvstore", func(c *Config) { c.KVStore.Mode = "consul" }, "must be empty, etcd or embedded"},
-		{"unknown allocation mode", func(c *Config) { c.Identity.AllocationMode = "random" }, "must be crd, kvstore or local"},
+		{"kvstore allocation without kvstore", map[string]string{"identity-allocation-mode": agentidentity.AllocationKVStore}, "needs --kvstore"},
+		{"etcd without endpoints", map[string]string{"kvstore": agentkv.ModeEtcd}, "kvstore-endpoints"},
+		{"unknown kvstore", map[string]string{"kvstore": "consul"}, "must be empty, etcd or embedded"},
+		{"unknown allocation mode", map[string]string{"identity-allocation-mode": "random"}, "must be crd, kvstore or local"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := DefaultConfig()
-			tc.mutate(&cfg)
-			err := cfg.Validate()
+			_, err := newTestAgent(Deps{}, testFlags(t.TempDir(), tc.flags))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want %q", err, tc.want)
 			}
@@ -172,11 +156,8 @@ func publishedAddresses(ctx context.Context, c *kvstore.Client) (map[string]stri
 // further event, and the deleted endpoint's key is gone.
 func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 	etcd := etcdproc.Start(t)
-	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore.Mode = agentkv.ModeEtcd
-		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
-		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
-	})
+	a, c := startAgent(t, map[string]string{"kvstore": agentkv.ModeEtcd, "kvstore-endpoints": strings.Join(etcd.Endpoints(), ","),
+		"ipv4-range": "10.79.0.0/28", "ipv6-range": "none"})
 	// A failure while etcd is down must not leave the agent's stop (which
 	// deletes its keys, with no deadline in tests) waiting for it.
 	t.Cleanup(func() {
@@ -284,11 +265,8 @@ func TestKVStoreAddressPublishingDoesNotWaitForEtcd(t *testing.T) {
 // outage), the keys are written again under the new session.
 func TestKVStoreAddressesRepublishedAfterLeaseLoss(t *testing.T) {
 	etcd := etcdproc.Start(t)
-	a, _ := startAgent(t, func(cfg *Config) {
-		cfg.KVStore.Mode = agentkv.ModeEtcd
-		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
-		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
-	})
+	a, _ := startAgent(t, map[string]string{"kvstore": agentkv.ModeEtcd, "kvstore-endpoints": strings.Join(etcd.Endpoints(), ","),
+		"ipv4-range": "10.79.0.0/28", "ipv6-range": "none"})
 	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
 	if _, err := a.endpoints.CreateEndpoint(context.Background(), &endpoint.Endpoint{ContainerID: "c-one", IfName: "eth0",
 		PodNamespace: "ns", PodName: "one", IPv4: netip.MustParseAddr("10.79.0.9")}); err != nil {
@@ -396,11 +374,8 @@ func TestKVStoreStaleAddressesPruned(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	a, c := startAgent(t, func(cfg *Config) {
-		cfg.KVStore.Mode = agentkv.ModeEtcd
-		cfg.KVStore.Client.Endpoints = etcd.Endpoints()
-		cfg.Endpoints.IPv4Range, cfg.Endpoints.IPv6Range = "10.79.0.0/28", "none"
-	})
+	a, c := startAgent(t, map[string]string{"kvstore": agentkv.ModeEtcd, "kvstore-endpoints": strings.Join(etcd.Endpoints(), ","),
+		"ipv4-range": "10.79.0.0/28", "ipv6-range": "none"})
 	a.endpoints.AddRegenerateHook(fixedIdentity(4321))
 	if _, err := a.endpoints.CreateEndpoint(ctx, &endpoint.Endpoint{ContainerID: "c-live", IfName: "eth0",
 		PodNamespace: "ns", PodName: "live", IPv4: netip.MustParseAddr("10.79.0.5")}); err != nil {

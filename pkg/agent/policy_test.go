@@ -70,10 +70,7 @@ func TestPolicyFileUnderConcurrentImportsAndKubernetesEvents(t *testing.T) {
 	ctx := context.Background()
 	want := ""
 	for cycle := 0; cycle < 8; cycle++ {
-		a, c := startAgent(t, func(cfg *Config) {
-			cfg.StateDir = stateDir
-			cfg.API.Socket = filepath.Join(run, fmt.Sprintf("cycle-%d.sock", cycle))
-		})
+		a, c := startAgent(t, map[string]string{"state-dir": stateDir, "socket": filepath.Join(run, fmt.Sprintf("cycle-%d.sock", cycle))})
 		if cycle > 0 {
 			if got := apiRulesJSON(t, a); got != want {
 				t.Fatalf("cycle %d: restored rules differ from those at the end of the last cycle:\ngot  %.400s\nwant %.400s", cycle, got, want)
@@ -205,23 +202,16 @@ func policyBurst(t *testing.T, a *testAgent, c *client.Client, cycle int) {
 // fails the start with a message naming the file and the way out, and the
 // file stays as it was for the operator to look at.
 func TestCorruptPolicyFileStopsTheStart(t *testing.T) {
-	dir := t.TempDir()
-	cfg := DefaultConfig()
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.API.Socket = filepath.Join(dir, "t.sock")
-	cfg.Metrics.ServeAddr = ""
-	cfg.NodeName = "n"
-	cfg.Endpoints.InstallHostNetworking = false
-	cfg.Datapath.Enable = false
-	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+	flags := testFlags(t.TempDir(), map[string]string{"node-name": "n"})
+	if err := os.MkdirAll(flags["state-dir"], 0o750); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(cfg.StateDir, "policy.json")
+	path := filepath.Join(flags["state-dir"], "policy.json")
 	corrupt := `[{"endpointSelector":{"matchLabels":{"app":"a"}},"ingress":[{"fromEnti`
 	if err := os.WriteFile(path, []byte(corrupt), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a, err := newTestAgent(cfg, Deps{Log: testLogger(t)})
+	a, err := newTestAgent(Deps{Log: testLogger(t)}, flags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,10 +254,7 @@ func TestPolicyLabelsImportSelectAndDelete(t *testing.T) {
 	stateDir := filepath.Join(t.TempDir(), "state")
 	run := t.TempDir()
 	ctx := context.Background()
-	a, c := startAgent(t, func(cfg *Config) {
-		cfg.StateDir = stateDir
-		cfg.API.Socket = filepath.Join(run, "first.sock")
-	})
+	a, c := startAgent(t, map[string]string{"state-dir": stateDir, "socket": filepath.Join(run, "first.sock")})
 	if err := c.Do(ctx, http.MethodPut, "/policy", nil, nil, ciliumDbgImport, nil); err != nil {
 		t.Fatalf("import: %v", err)
 	}
@@ -324,10 +311,7 @@ func TestPolicyLabelsImportSelectAndDelete(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(stateDir, "policy.json"), []byte(old), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, c = startAgent(t, func(cfg *Config) {
-		cfg.StateDir = stateDir
-		cfg.API.Socket = filepath.Join(run, "second.sock")
-	})
+	_, c = startAgent(t, map[string]string{"state-dir": stateDir, "socket": filepath.Join(run, "second.sock")})
 	rules, err := rulesWith("k8s:io.cilium.k8s.policy.name=old")
 	if err != nil || len(rules) != 1 || rules[0].Labels.Key() != "k8s:io.cilium.k8s.policy.name=old;unspec:test=restart" {
 		t.Fatalf("rules restored from the older form: %+v, %v", rules, err)

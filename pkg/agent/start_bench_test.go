@@ -7,18 +7,13 @@ import (
 	"time"
 )
 
-// benchConfig is the standalone agent of bench/core's start without the
+// benchFlags are the standalone agent of bench/core's start without the
 // datapath: no Kubernetes, no kvstore.
-func benchConfig(b *testing.B) Config {
+func benchFlags(b *testing.B) map[string]string {
 	b.Setenv("KUBERNETES_SERVICE_HOST", "")
 	dir := b.TempDir()
-	cfg := DefaultConfig()
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.API.Socket = filepath.Join(dir, "tendril.sock")
-	cfg.NodeName = "bench-node"
-	cfg.Datapath.Enable = false
-	cfg.Metrics.ServeAddr = ""
-	return cfg
+	return map[string]string{"state-dir": filepath.Join(dir, "state"), "socket": filepath.Join(dir, "tendril.sock"),
+		"node-name": "bench-node", "enable-datapath": "false", "prometheus-serve-addr": ""}
 }
 
 // BenchmarkNew is the agent's construction (the hive built and
@@ -26,10 +21,10 @@ func benchConfig(b *testing.B) Config {
 // start without the datapath runs it. Allocations and CPU profiles show
 // where the construction goes; no wall-clock assertion.
 func BenchmarkNew(b *testing.B) {
-	cfg := benchConfig(b)
+	flags := benchFlags(b)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := New(cfg, Deps{}); err != nil {
+		if _, err := newTestAgent(Deps{}, flags); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -38,10 +33,10 @@ func BenchmarkNew(b *testing.B) {
 // BenchmarkNewStartStop builds, starts (serving the API socket) and stops
 // the agent without the datapath.
 func BenchmarkNewStartStop(b *testing.B) {
-	cfg := benchConfig(b)
+	flags := benchFlags(b)
 	b.ReportAllocs()
 	for b.Loop() {
-		a, err := New(cfg, Deps{})
+		a, err := newTestAgent(Deps{}, flags)
 		if err != nil {
 			b.Fatal(err)
 		}

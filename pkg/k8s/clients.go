@@ -24,10 +24,10 @@ type Config struct {
 	// when the agent runs in a pod, and standalone mode otherwise.
 	Kubeconfig string
 	// APIServer overrides the server address of the kubeconfig.
-	APIServer string
+	APIServer string `mapstructure:"k8s-api-server"`
 	// QPS and Burst bound the agent's request rate.
-	QPS   float32
-	Burst int
+	QPS   float32 `mapstructure:"k8s-client-qps"`
+	Burst int     `mapstructure:"k8s-client-burst"`
 }
 
 // DefaultConfig returns the defaults.
@@ -35,12 +35,12 @@ func DefaultConfig() Config {
 	return Config{QPS: 50, Burst: 100}
 }
 
-// Flags registers the options.
-func (c *Config) Flags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "Kubeconfig of the cluster (empty: in-cluster config when in a pod, else standalone mode)")
-	fs.StringVar(&c.APIServer, "k8s-api-server", c.APIServer, "Kubernetes API server URL (overrides the kubeconfig's)")
-	fs.Float32Var(&c.QPS, "k8s-client-qps", c.QPS, "Queries per second to the API server")
-	fs.IntVar(&c.Burst, "k8s-client-burst", c.Burst, "Burst of queries to the API server")
+// Flags registers the options, with c's values as defaults.
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.String("kubeconfig", c.Kubeconfig, "Kubeconfig of the cluster (empty: in-cluster config when in a pod, else standalone mode)")
+	fs.String("k8s-api-server", c.APIServer, "Kubernetes API server URL (overrides the kubeconfig's)")
+	fs.Float32("k8s-client-qps", c.QPS, "Queries per second to the API server")
+	fs.Int("k8s-client-burst", c.Burst, "Burst of queries to the API server")
 }
 
 // Validate checks the values.

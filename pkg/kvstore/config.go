@@ -19,22 +19,22 @@ import (
 type Config struct {
 	// Endpoints are etcd client URLs: http(s)://host:port or
 	// unix:///path/to/socket.
-	Endpoints []string
+	Endpoints []string `mapstructure:"kvstore-endpoints"`
 	// TLS files; a CA alone verifies the server, a certificate and key
 	// also authenticate the client.
-	TLSCAFile   string
-	TLSCertFile string
-	TLSKeyFile  string
+	TLSCAFile   string `mapstructure:"kvstore-tls-ca-file"`
+	TLSCertFile string `mapstructure:"kvstore-tls-cert-file"`
+	TLSKeyFile  string `mapstructure:"kvstore-tls-key-file"`
 	// Options are key=value tuning options (see the Opt* constants).
-	Options map[string]string
+	Options map[string]string `mapstructure:"kvstore-opt"`
 	// ConnectTimeout bounds how long Connect waits for the first
 	// successful exchange with etcd (retrying with backoff meanwhile).
-	ConnectTimeout time.Duration
+	ConnectTimeout time.Duration `mapstructure:"kvstore-connect-timeout"`
 	// LeaseTTL is the TTL of the session lease that keys written with
 	// SessionLease and locks are bound to. Long, so that keys survive an
 	// etcd outage or restart; it is also how long a crashed agent's keys
 	// linger.
-	LeaseTTL time.Duration
+	LeaseTTL time.Duration `mapstructure:"kvstore-lease-ttl"`
 }
 
 // Keys of Config.Options.

@@ -27,13 +27,13 @@ import (
 type Config struct {
 	// Keep patterns are always relevant: a workload's namespace and its
 	// service account are what policies select on.
-	Keep []string
+	Keep []string `mapstructure:"identity-labels-keep"`
 	// Include patterns, when any is given, restrict identities to the
 	// labels they (or Keep) match.
-	Include []string
+	Include []string `mapstructure:"identity-labels-include"`
 	// Exclude patterns name labels that are never relevant, unless a Keep
 	// pattern or a longer Include match says otherwise.
-	Exclude []string
+	Exclude []string `mapstructure:"identity-labels-exclude"`
 }
 
 // DefaultKeepPatterns are the labels Tendril derives from a pod's context

@@ -21,15 +21,15 @@ import (
 // Config is the metrics server's configuration.
 type Config struct {
 	// ServeAddr is the TCP address of the /metrics endpoint; empty disables it.
-	ServeAddr string
+	ServeAddr string `mapstructure:"prometheus-serve-addr"`
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config { return Config{ServeAddr: "127.0.0.1:9962"} }
 
 // Flags registers the metrics flags.
-func (c *Config) Flags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.ServeAddr, "prometheus-serve-addr", c.ServeAddr, "Address to serve Prometheus metrics on (empty disables)")
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.String("prometheus-serve-addr", c.ServeAddr, "Address to serve Prometheus metrics on (empty disables)")
 }
 
 // Server serves a registry over HTTP.

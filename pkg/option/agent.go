@@ -14,8 +14,9 @@ import (
 
 // Agent is tendril-agent's own options, beside each cell's config struct:
 // where it keeps state and pins, the node's name, the runtime options'
-// values at start and the log options. Cells read the parts they need
-// through their Settings.
+// values at start and the log options. The agent's core cell
+// (pkg/agent/agentcore) owns them (cell.Config); other cells take Agent,
+// or the resolved LocalNode, by type.
 type Agent struct {
 	// ConfigDir is a directory of one file per option (a mounted ConfigMap).
 	ConfigDir string
@@ -27,9 +28,6 @@ type Agent struct {
 	NodeName string
 	// PolicyEnforcement is default, always or never; changeable at run time.
 	PolicyEnforcement string
-	// PolicyRevokeEstablished is which established flows a policy change
-	// ends: deny, all or none (RevokeDeny, RevokeAll, RevokeNone).
-	PolicyRevokeEstablished string
 	// Debug turns on debug logging; changeable at run time.
 	Debug bool
 	// LogFormat is text or json.
@@ -39,29 +37,26 @@ type Agent struct {
 // DefaultAgent returns the agent's own defaults.
 func DefaultAgent() Agent {
 	return Agent{
-		StateDir:                "/var/run/tendril/state",
-		BPFRoot:                 "/sys/fs/bpf/tendril",
-		PolicyEnforcement:       EnforcementDefault,
-		PolicyRevokeEstablished: RevokeDeny,
-		LogFormat:               "text",
+		StateDir:          "/var/run/tendril/state",
+		BPFRoot:           "/sys/fs/bpf/tendril",
+		PolicyEnforcement: EnforcementDefault,
+		LogFormat:         "text",
 	}
 }
 
-// Flags registers the agent's own options.
-func (c *Agent) Flags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.ConfigDir, "config-dir", c.ConfigDir, "Directory with one file per option (e.g. a mounted ConfigMap)")
-	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "Directory for state kept across restarts")
-	fs.StringVar(&c.BPFRoot, "bpf-root", c.BPFRoot, "bpffs directory for this node's pinned maps and links")
-	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "Name of this node (default: the host name)")
-	fs.StringVar(&c.PolicyEnforcement, "policy-enforcement", c.PolicyEnforcement, "Policy enforcement mode: default, always or never")
-	fs.StringVar(&c.PolicyRevokeEstablished, "policy-revoke-established", c.PolicyRevokeEstablished,
-		"Established flows a policy change ends: deny (those a deny rule covers), all (also those no allow admits any more) or none (they outlive it, as in Cilium)")
-	fs.BoolVar(&c.Debug, "debug", c.Debug, "Log at debug level")
-	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "Log format: text or json")
+// Flags registers the agent's own options, with c's values as defaults.
+func (c Agent) Flags(fs *pflag.FlagSet) {
+	fs.String("config-dir", c.ConfigDir, "Directory with one file per option (e.g. a mounted ConfigMap)")
+	fs.String("state-dir", c.StateDir, "Directory for state kept across restarts")
+	fs.String("bpf-root", c.BPFRoot, "bpffs directory for this node's pinned maps and links")
+	fs.String("node-name", c.NodeName, "Name of this node (default: the host name)")
+	fs.String("policy-enforcement", c.PolicyEnforcement, "Policy enforcement mode: default, always or never")
+	fs.Bool("debug", c.Debug, "Log at debug level")
+	fs.String("log-format", c.LogFormat, "Log format: text or json")
 }
 
 // Validate checks the agent's own options; each error names its option.
-func (c *Agent) Validate() error {
+func (c Agent) Validate() error {
 	var errs []error
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
 		errs = append(errs, fmt.Errorf("state-dir %q: must be an absolute path", c.StateDir))
@@ -69,19 +64,43 @@ func (c *Agent) Validate() error {
 	if err := bpffs.CheckPath(c.BPFRoot); err != nil {
 		errs = append(errs, fmt.Errorf("bpf-root %w", err))
 	}
-	errs = append(errs, ValidateEnforcement(c.PolicyEnforcement), ValidateRevokeMode(c.PolicyRevokeEstablished), logging.CheckFormat(c.LogFormat))
+	errs = append(errs, ValidateEnforcement(c.PolicyEnforcement), logging.CheckFormat(c.LogFormat))
 	return errors.Join(errs...)
 }
 
-// DefaultNodeName sets NodeName to the host name when it is not set.
-func (c *Agent) DefaultNodeName() error {
+// LocalNode is this node's name resolved: --node-name, else the host
+// name. The cells that name the node take it rather than Agent.NodeName.
+type LocalNode struct{ Name string }
+
+// ResolveLocalNode is the node's name: NodeName, else the host name.
+func (c Agent) ResolveLocalNode() (LocalNode, error) {
 	if c.NodeName != "" {
-		return nil
+		return LocalNode{Name: c.NodeName}, nil
 	}
 	host, err := os.Hostname()
 	if err != nil {
-		return fmt.Errorf("node-name not set and host name unknown: %w", err)
+		return LocalNode{}, fmt.Errorf("node-name not set and host name unknown: %w", err)
 	}
-	c.NodeName = host
-	return nil
+	return LocalNode{Name: host}, nil
+}
+
+// Invalid marks err (nil stays nil) as an invalid configuration: the
+// agent reports it as it is, without the hive's wrapping of a failed
+// constructor (IsInvalid). Each cell validates its config with it.
+func Invalid(err error) error {
+	if err == nil {
+		return nil
+	}
+	return invalidError{err}
+}
+
+type invalidError struct{ err error }
+
+func (e invalidError) Error() string { return e.err.Error() }
+func (e invalidError) Unwrap() error { return e.err }
+
+// IsInvalid reports whether err was marked by Invalid.
+func IsInvalid(err error) bool {
+	var inv invalidError
+	return errors.As(err, &inv)
 }

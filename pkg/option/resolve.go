@@ -26,10 +26,14 @@ const (
 	SourceFlag      Source = "flag"
 )
 
+// EnvPrefix is the prefix of the options' environment variables (the
+// agent's hive binds them with it too).
+const EnvPrefix = "TENDRIL_"
+
 // EnvName is the environment variable for a flag: TENDRIL_ + upper snake case
 // (--state-dir → TENDRIL_STATE_DIR).
 func EnvName(flag string) string {
-	return "TENDRIL_" + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(flag))
+	return EnvPrefix + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(flag))
 }
 
 // Resolver applies the sources to a flag set that has already parsed the

@@ -19,25 +19,25 @@ import (
 // Config is the profiling server's configuration.
 type Config struct {
 	// ServeAddr is the TCP address of the pprof endpoints; empty disables.
-	ServeAddr string
+	ServeAddr string `mapstructure:"pprof-serve-addr"`
 	// BlockProfileRate samples one blocking event per this many
 	// nanoseconds blocked (runtime.SetBlockProfileRate); 0 records none.
 	// Only applied while pprof is served.
-	BlockProfileRate int
+	BlockProfileRate int `mapstructure:"pprof-block-profile-rate"`
 	// MutexProfileFraction samples 1/n of mutex contention events
 	// (runtime.SetMutexProfileFraction); 0 records none. Only applied while
 	// pprof is served.
-	MutexProfileFraction int
+	MutexProfileFraction int `mapstructure:"pprof-mutex-profile-fraction"`
 }
 
 // DefaultConfig returns the defaults (disabled).
 func DefaultConfig() Config { return Config{} }
 
 // Flags registers the flags.
-func (c *Config) Flags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.ServeAddr, "pprof-serve-addr", c.ServeAddr, "Address to serve Go pprof profiles on, e.g. 127.0.0.1:6060 (empty disables)")
-	fs.IntVar(&c.BlockProfileRate, "pprof-block-profile-rate", c.BlockProfileRate, "With --pprof-serve-addr: record one blocking event per this many nanoseconds blocked for /debug/pprof/block (0: none)")
-	fs.IntVar(&c.MutexProfileFraction, "pprof-mutex-profile-fraction", c.MutexProfileFraction, "With --pprof-serve-addr: record 1/n of mutex contention events for /debug/pprof/mutex (0: none)")
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.String("pprof-serve-addr", c.ServeAddr, "Address to serve Go pprof profiles on, e.g. 127.0.0.1:6060 (empty disables)")
+	fs.Int("pprof-block-profile-rate", c.BlockProfileRate, "With --pprof-serve-addr: record one blocking event per this many nanoseconds blocked for /debug/pprof/block (0: none)")
+	fs.Int("pprof-mutex-profile-fraction", c.MutexProfileFraction, "With --pprof-serve-addr: record 1/n of mutex contention events for /debug/pprof/mutex (0: none)")
 }
 
 // Server serves the pprof handlers.

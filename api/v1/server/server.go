@@ -32,7 +32,7 @@ type Config struct {
 	// Socket is the unix socket path the API is served on.
 	Socket string
 	// MaxBodyBytes bounds request bodies; larger bodies get 413.
-	MaxBodyBytes int64
+	MaxBodyBytes int64 `mapstructure:"api-max-body-bytes"`
 }
 
 // DefaultConfig returns the defaults.
@@ -41,9 +41,9 @@ func DefaultConfig() Config {
 }
 
 // Flags registers the server's flags.
-func (c *Config) Flags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Socket, "socket", c.Socket, "Unix socket path of the agent API")
-	fs.Int64Var(&c.MaxBodyBytes, "api-max-body-bytes", c.MaxBodyBytes, "Largest request body the API accepts")
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.String("socket", c.Socket, "Unix socket path of the agent API")
+	fs.Int64("api-max-body-bytes", c.MaxBodyBytes, "Largest request body the API accepts")
 }
 
 // Validate checks the values; each error names its option.

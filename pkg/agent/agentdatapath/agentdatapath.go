@@ -36,6 +36,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy/policycidr"
 )
 
@@ -46,9 +47,11 @@ import (
 // as objects of their own, so that what writes endpoints takes only those
 // (and tests can decorate them).
 var Cell = cell.Module("datapath", "The eBPF datapath maps programs events and ipcache",
+	cell.Config(DefaultConfig()),
+	cell.Invoke(Config.validate),
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
-	cell.Provide(New, ipcacheOf, policyCIDROf, kernelOf, loaderOf, statusContribution, apiHandlers),
+	cell.Provide(New, ipcacheOf, policyCIDROf, kernelOf, loaderOf, statusContribution, apiHandlers, resolveAttachMode, attachmentsConfig),
 )
 
 // Config are the datapath's options.
@@ -56,7 +59,7 @@ type Config struct {
 	// Enable loads the eBPF datapath and attaches it to endpoints. Only
 	// tests of the control plane in the machine's own namespace turn it
 	// off.
-	Enable bool
+	Enable bool `mapstructure:"enable-datapath"`
 	// PolicyVerdictEvents reports allowed new flows as events too.
 	PolicyVerdictEvents bool
 	// DirectDelivery delivers packets between local pods from the sending
@@ -69,15 +72,15 @@ type Config struct {
 	// tcx (BPF links, pinned) or tc (a clsact qdisc and cls_bpf filters,
 	// which spare each attach the RCU grace period TCX waits for under
 	// rtnl). See loader.AttachMode.
-	AttachMode string
+	AttachMode string `mapstructure:"datapath-attach-mode"`
 	// DeferTCX, in tcx mode, attaches a new pod with tc filters and moves
 	// it to TCX links once no pod has been attached for 500 ms, so that pod
 	// creation never waits for TCX's RCU grace period.
-	DeferTCX bool
+	DeferTCX bool `mapstructure:"datapath-defer-tcx"`
 	// AttachmentCheckInterval is how often each endpoint's programs are
 	// checked in the kernel and attached again when something else
 	// removed them (0: never).
-	AttachmentCheckInterval time.Duration
+	AttachmentCheckInterval time.Duration `mapstructure:"datapath-attachment-check-interval"`
 }
 
 // DefaultConfig are the datapath's defaults.
@@ -86,18 +89,21 @@ func DefaultConfig() Config {
 		AttachmentCheckInterval: time.Minute}
 }
 
-// Flags registers the datapath's options.
-func (c *Config) Flags(fs *pflag.FlagSet) {
-	fs.BoolVar(&c.Enable, "enable-datapath", c.Enable, "Load the eBPF datapath and attach it to endpoints")
-	fs.BoolVar(&c.PolicyVerdictEvents, "policy-verdict-events", c.PolicyVerdictEvents, "Report allowed new flows as policy verdict events (drops are always reported)")
-	fs.BoolVar(&c.DirectDelivery, "direct-delivery", c.DirectDelivery, "Deliver packets between local pods straight into the receiving pod (bpf_redirect_peer), bypassing the host stack")
-	fs.StringVar(&c.AttachMode, "datapath-attach-mode", c.AttachMode, "How the eBPF programs attach to pod veths: tcx (BPF links) or tc (clsact qdisc + cls_bpf filters: no RCU grace period per attach, faster pod creation; the filters are not owned). Switching across restarts keeps every endpoint attached")
-	fs.DurationVar(&c.AttachmentCheckInterval, "datapath-attachment-check-interval", c.AttachmentCheckInterval, "How often each endpoint's programs are checked in the kernel and attached again when something else removed them (a deleted tc filter or clsact qdisc, a detached TCX link): until then the pod is not policed. 0 turns the check off")
-	fs.BoolVar(&c.DeferTCX, "datapath-defer-tcx", c.DeferTCX, "In tcx mode, attach a new pod with tc filters first and move it to TCX links once no pod has been attached for 500 ms: pod creation without TCX's RCU wait, policed from the first packet (the switch has no gap)")
+// Flags registers the datapath's options, with c's values as defaults.
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.Bool("enable-datapath", c.Enable, "Load the eBPF datapath and attach it to endpoints")
+	fs.Bool("policy-verdict-events", c.PolicyVerdictEvents, "Report allowed new flows as policy verdict events (drops are always reported)")
+	fs.Bool("direct-delivery", c.DirectDelivery, "Deliver packets between local pods straight into the receiving pod (bpf_redirect_peer), bypassing the host stack")
+	fs.String("datapath-attach-mode", c.AttachMode, "How the eBPF programs attach to pod veths: tcx (BPF links) or tc (clsact qdisc + cls_bpf filters: no RCU grace period per attach, faster pod creation; the filters are not owned). Switching across restarts keeps every endpoint attached")
+	fs.Duration("datapath-attachment-check-interval", c.AttachmentCheckInterval, "How often each endpoint's programs are checked in the kernel and attached again when something else removed them (a deleted tc filter or clsact qdisc, a detached TCX link): until then the pod is not policed. 0 turns the check off")
+	fs.Bool("datapath-defer-tcx", c.DeferTCX, "In tcx mode, attach a new pod with tc filters first and move it to TCX links once no pod has been attached for 500 ms: pod creation without TCX's RCU wait, policed from the first packet (the switch has no gap)")
 }
 
+// validate is Validate, marked as a configuration error.
+func (c Config) validate() error { return option.Invalid(c.Validate()) }
+
 // Validate checks the values; each error names its option.
-func (c *Config) Validate() error {
+func (c Config) Validate() error {
 	if _, err := loader.ParseAttachMode(c.AttachMode); err != nil {
 		return fmt.Errorf("datapath-attach-mode %q: must be %s or %s", c.AttachMode, loader.AttachTCX, loader.AttachTC)
 	}
@@ -107,20 +113,51 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Settings are what the datapath takes from the rest of the agent's
-// configuration: the bpffs directory, the trace events the flows ask for,
-// and the services' LB map sizes.
-type Settings struct {
+// AttachMode is the attach mode the datapath runs with: the requested
+// one (--datapath-attach-mode), or tc filters on a kernel before 6.6,
+// which has no TCX, rather than failing every endpoint's attach. The host
+// device programs attach the same way.
+type AttachMode struct {
+	Mode loader.AttachMode
+	// Note says why Mode is not the one asked for and what the node
+	// cannot do then; "": it is.
+	Note string
+}
+
+// resolveAttachMode probes the kernel for TCX when the datapath is on
+// and tcx is asked for.
+func resolveAttachMode(c Config, log *slog.Logger) AttachMode {
+	requested := loader.AttachMode(c.AttachMode)
+	if !c.Enable {
+		return AttachMode{Mode: requested}
+	}
+	mode, note := loader.ResolveAttachMode(requested, loader.ProbeTCX)
+	if note != "" {
+		log.Warn("Datapath attach mode falls back to tc", "requested", c.AttachMode, "reason", note)
+	}
+	return AttachMode{Mode: mode, Note: note}
+}
+
+// attachmentsConfig is the endpoints table's configuration: its check
+// interval is this cell's flag.
+func attachmentsConfig(c Config) epattach.Config {
+	return epattach.Config{CheckInterval: c.AttachmentCheckInterval}
+}
+
+// settings are what the datapath takes from the other cells' options: the
+// bpffs directory (the agent's), the trace events the flows ask for, and
+// the services' LB map sizes.
+type settings struct {
 	BPFRoot     string
 	TraceEvents loader.TraceMode
 	LBSizes     maps.LBSizes
 }
 
-// LoaderConfig is the loader's configuration.
-func LoaderConfig(c Config, s Settings) loader.Config {
+// loaderConfig is the loader's configuration.
+func loaderConfig(c Config, mode AttachMode, s settings) loader.Config {
 	return loader.Config{
 		BPFRoot: s.BPFRoot, PolicyVerdictEvents: c.PolicyVerdictEvents, DirectDelivery: c.DirectDelivery, TraceEvents: s.TraceEvents,
-		AttachMode: loader.AttachMode(c.AttachMode), DeferTCX: c.DeferTCX, LBSizes: s.LBSizes,
+		AttachMode: mode.Mode, DeferTCX: c.DeferTCX, LBSizes: s.LBSizes,
 	}
 }
 
@@ -134,7 +171,7 @@ type Module struct {
 	// kernel is what an endpoint's regeneration writes in the kernel: the
 	// loader's maps and programs.
 	kernel   Kernel
-	settings Settings
+	settings settings
 	// ipcache holds every source's prefix claims in its statedb table;
 	// its reconciler writes the winners to the BPF ipcache map.
 	ipcache *ipcache.IPCache
@@ -170,7 +207,10 @@ type Params struct {
 	cell.In
 
 	Config    Config
-	Settings  Settings
+	Attach    AttachMode
+	Agent     option.Agent
+	Trace     loader.TraceMode
+	LBSizes   maps.LBSizes
 	Log       *slog.Logger
 	Root      cell.RootLogger
 	Lifecycle cell.Lifecycle
@@ -189,10 +229,11 @@ func New(p Params) (*Module, error) {
 	if !p.Config.Enable {
 		return nil, nil
 	}
+	set := settings{BPFRoot: p.Agent.BPFRoot, TraceEvents: p.Trace, LBSizes: p.LBSizes}
 	m := &Module{
 		log:      p.Log,
-		settings: p.Settings,
-		loader:   loader.New(LoaderConfig(p.Config, p.Settings), p.Log),
+		settings: set,
+		loader:   loader.New(loaderConfig(p.Config, p.Attach, set), p.Log),
 		jobs:     p.Jobs.NewGroup(p.Health.Scope("bpf-maps"), job.WithLogger(p.Log)),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "datapath", Name: "events_total",
 			Help: "Events read from the datapath's ring buffer, by type and reason."}, []string{"type", "reason"}),

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/option"
 )
 
 // mapNames are the short names of the datapath's maps and their pinned
@@ -174,6 +175,6 @@ func mapAddr(a netip.Addr) string {
 
 // apiHandlers serves the maps' API (which answers an error without the
 // datapath).
-func apiHandlers(m *Module, s Settings) server.HandlersOut {
-	return server.Handlers((&MapAPI{Datapath: m, BPFRoot: s.BPFRoot}).Register)
+func apiHandlers(m *Module, a option.Agent) server.HandlersOut {
+	return server.Handlers((&MapAPI{Datapath: m, BPFRoot: a.BPFRoot}).Register)
 }

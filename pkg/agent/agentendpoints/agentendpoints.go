@@ -38,12 +38,15 @@ import (
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/node"
+	"github.com/tendril-net/tendril/pkg/option"
 )
 
 // Cell is start step 5: the endpoints restored from the state directory,
 // the pod CIDRs picked, IPAM started with every restored endpoint's
 // addresses re-reserved, the host device set up, and the CNI server ready.
 var Cell = cell.Module("endpoints", "Endpoint restore IPAM host networking and the CNI server",
+	cell.Config(DefaultConfig()),
+	cell.Invoke(Config.validate),
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
 	cell.Provide(New, statusContribution, apiHandlers, policyModelOf),
@@ -80,19 +83,22 @@ func DefaultConfig() Config {
 		IPAMExpiration: 10 * time.Minute, CNIGCGracePeriod: cniserver.DefaultGCGracePeriod}
 }
 
-// Flags registers the endpoints' options.
-func (c *Config) Flags(fs *pflag.FlagSet) {
-	fs.IntVar(&c.MTU, "mtu", c.MTU, "MTU of pod devices")
-	fs.StringVar(&c.IPv4Range, "ipv4-range", c.IPv4Range, "IPv4 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
-	fs.StringVar(&c.IPv6Range, "ipv6-range", c.IPv6Range, "IPv6 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
-	fs.BoolVar(&c.InstallHostNetworking, "install-host-networking", c.InstallHostNetworking, "Create the host device and per-pod routes in the agent's network namespace")
-	fs.StringVar(&c.IPAM, "ipam", c.IPAM, "Where the node's pod CIDRs come from: kubernetes (Node, annotations, --ipv4-range) or cluster-pool (the TendrilNode tendril-operator fills)")
-	fs.DurationVar(&c.IPAMExpiration, "ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
-	fs.DurationVar(&c.CNIGCGracePeriod, "cni-gc-grace-period", c.CNIGCGracePeriod, "How young a pod's endpoint CNI GC keeps although the runtime's valid attachments do not name it (an ADD not yet recorded)")
+// Flags registers the endpoints' options, with c's values as defaults.
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.Int("mtu", c.MTU, "MTU of pod devices")
+	fs.String("ipv4-range", c.IPv4Range, "IPv4 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
+	fs.String("ipv6-range", c.IPv6Range, "IPv6 pod CIDR of this node: a prefix, auto or none (Kubernetes: Node.spec.podCIDRs wins)")
+	fs.Bool("install-host-networking", c.InstallHostNetworking, "Create the host device and per-pod routes in the agent's network namespace")
+	fs.String("ipam", c.IPAM, "Where the node's pod CIDRs come from: kubernetes (Node, annotations, --ipv4-range) or cluster-pool (the TendrilNode tendril-operator fills)")
+	fs.Duration("ipam-expiration", c.IPAMExpiration, "How long an address allocated with expiration may stay unclaimed")
+	fs.Duration("cni-gc-grace-period", c.CNIGCGracePeriod, "How young a pod's endpoint CNI GC keeps although the runtime's valid attachments do not name it (an ADD not yet recorded)")
 }
 
+// validate is Validate, marked as a configuration error.
+func (c Config) validate() error { return option.Invalid(c.Validate()) }
+
 // Validate checks the values; each error names its option.
-func (c *Config) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	if c.IPAM != "" && c.IPAM != "kubernetes" && c.IPAM != "cluster-pool" {
 		errs = append(errs, fmt.Errorf("ipam %q: must be kubernetes or cluster-pool", c.IPAM))
@@ -113,8 +119,8 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Settings are what the endpoints take from the agent's own options.
-type Settings struct {
+// settings are what the endpoints take from the agent's own options.
+type settings struct {
 	NodeName string
 	// StateDir holds the endpoints' state files (under endpoints/).
 	StateDir string
@@ -134,7 +140,7 @@ type Kubernetes interface {
 // (host device, per-pod routes).
 type Module struct {
 	cfg      Config
-	settings Settings
+	settings settings
 	log      *slog.Logger
 	root     cell.RootLogger
 	k8s      Kubernetes // nil in standalone mode
@@ -163,7 +169,8 @@ type Params struct {
 	cell.In
 
 	Config    Config
-	Settings  Settings
+	Agent     option.Agent
+	Node      option.LocalNode
 	Log       *slog.Logger
 	Root      cell.RootLogger
 	Lifecycle cell.Lifecycle
@@ -176,7 +183,7 @@ type Params struct {
 // New builds the endpoints module and appends its start step, the IPAM
 // expiration job after it.
 func New(p Params) *Module {
-	m := &Module{cfg: p.Config, settings: p.Settings, log: p.Log, root: p.Root, k8s: p.K8s,
+	m := &Module{cfg: p.Config, settings: settings{NodeName: p.Node.Name, StateDir: p.Agent.StateDir}, log: p.Log, root: p.Root, k8s: p.K8s,
 		jobs: p.Jobs.NewGroup(p.Health.Scope("endpoint-restore-ipam"), job.WithLogger(p.Log))}
 	p.Steps.Append(p.Lifecycle, "endpoint-restore-ipam", m.start, m.stop)
 	m.jobs.Add(job.OneShot("ipam-expiration", func(ctx context.Context, _ cell.Health) error {

@@ -25,6 +25,7 @@ import (
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/hubble"
@@ -39,6 +40,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/observer"
+	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy"
 	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
 	"github.com/tendril-net/tendril/pkg/version"
@@ -49,37 +51,37 @@ import (
 // packets the datapath reports.
 type Config struct {
 	// Enable decodes the datapath's events into flows and serves them.
-	Enable bool
+	Enable bool `mapstructure:"enable-hubble"`
 	// Socket is the Hubble API's unix socket; empty: hubble.sock in the
 	// directory of the agent's API socket (--socket).
-	Socket string
+	Socket string `mapstructure:"hubble-socket"`
 	// ListenAddress is an optional TCP address (host:port) of the Hubble
 	// API, for the relay; empty: none.
-	ListenAddress string
+	ListenAddress string `mapstructure:"hubble-listen-address"`
 	// TLS of the TCP listener (Cilium's flags): a certificate and key,
 	// client CAs for mTLS, or DisableTLS to serve plain text explicitly.
-	TLSCertFile      string
-	TLSKeyFile       string
-	TLSClientCAFiles []string
-	DisableTLS       bool
+	TLSCertFile      string   `mapstructure:"hubble-tls-cert-file"`
+	TLSKeyFile       string   `mapstructure:"hubble-tls-key-file"`
+	TLSClientCAFiles []string `mapstructure:"hubble-tls-client-ca-files"`
+	DisableTLS       bool     `mapstructure:"hubble-disable-tls"`
 	// DisableClientAuth serves TLS clients without a certificate: an
 	// explicit choice, since without client CAs anyone who reaches the
 	// port reads every flow of the node.
-	DisableClientAuth bool
+	DisableClientAuth bool `mapstructure:"hubble-disable-client-auth"`
 	// MaxConcurrentStreams bounds the streams of one connection, and
 	// MaxConnections the TCP listener's connections.
-	MaxConcurrentStreams uint32
-	MaxConnections       int
+	MaxConcurrentStreams uint32 `mapstructure:"hubble-max-concurrent-streams"`
+	MaxConnections       int    `mapstructure:"hubble-max-connections"`
 	// ClusterName goes into this node's TLS server name
 	// (<node>.<cluster>.hubble-grpc.tendril.io).
-	ClusterName string
+	ClusterName string `mapstructure:"hubble-cluster-name"`
 	// FlowBufferSize is the number of flows the ring keeps.
-	FlowBufferSize int
+	FlowBufferSize int `mapstructure:"hubble-flow-buffer-size"`
 	// TraceEvents is which forwarded packets the datapath reports:
 	// per-connection, all or off (drops and verdicts are always reported).
-	TraceEvents string
+	TraceEvents string `mapstructure:"hubble-trace-events"`
 	// MetricsExport are the flow metrics and the export to a file.
-	MetricsExport MetricsConfig
+	MetricsExport MetricsConfig `mapstructure:",squash"`
 }
 
 // Values of --hubble-trace-events.
@@ -105,26 +107,29 @@ func DefaultConfig() Config {
 		MetricsExport: DefaultMetricsConfig()}
 }
 
-// Flags registers the flows' flags.
-func (c *Config) Flags(fs *pflag.FlagSet) {
-	fs.BoolVar(&c.Enable, "enable-hubble", c.Enable, "Decode the datapath's events into flows and serve them with the Hubble API (tendril observe, hubble observe)")
-	fs.StringVar(&c.Socket, "hubble-socket", c.Socket, "Unix socket of the Hubble API (default: hubble.sock beside --socket)")
-	fs.StringVar(&c.ListenAddress, "hubble-listen-address", c.ListenAddress, "TCP address (host:port) of the Hubble API, for the relay (TLS unless --hubble-disable-tls); empty: none")
-	fs.StringVar(&c.TLSCertFile, "hubble-tls-cert-file", c.TLSCertFile, "PEM certificate of the Hubble API's TCP listener (its name: <node>.<cluster>.hubble-grpc.tendril.io)")
-	fs.StringVar(&c.TLSKeyFile, "hubble-tls-key-file", c.TLSKeyFile, "PEM private key of --hubble-tls-cert-file")
-	fs.StringSliceVar(&c.TLSClientCAFiles, "hubble-tls-client-ca-files", c.TLSClientCAFiles, "PEM CAs of the clients' certificates: when given, clients of the TCP listener must present one (mTLS)")
-	fs.BoolVar(&c.DisableTLS, "hubble-disable-tls", c.DisableTLS, "Serve the Hubble API's TCP listener in plain text")
-	fs.BoolVar(&c.DisableClientAuth, "hubble-disable-client-auth", c.DisableClientAuth, "Serve TLS clients of the TCP listener without a client certificate (anyone who reaches the port reads every flow of the node); without it, --hubble-tls-client-ca-files is required")
-	fs.Uint32Var(&c.MaxConcurrentStreams, "hubble-max-concurrent-streams", c.MaxConcurrentStreams, "Streams (RPCs) one connection to the Hubble API may have open at once")
-	fs.IntVar(&c.MaxConnections, "hubble-max-connections", c.MaxConnections, "Connections the Hubble API's TCP listener keeps open at once; one more is closed at once")
-	fs.StringVar(&c.ClusterName, "hubble-cluster-name", c.ClusterName, "Cluster name in the nodes' TLS server names")
-	fs.IntVar(&c.FlowBufferSize, "hubble-flow-buffer-size", c.FlowBufferSize, "Flows kept in the node's ring")
-	fs.StringVar(&c.TraceEvents, "hubble-trace-events", c.TraceEvents, "Forwarded packets reported as flows: per-connection (a connection's first packets and TCP flag changes), all (every packet) or off (drops and policy verdicts only)")
+// Flags registers the flows' flags, with c's values as defaults.
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.Bool("enable-hubble", c.Enable, "Decode the datapath's events into flows and serve them with the Hubble API (tendril observe, hubble observe)")
+	fs.String("hubble-socket", c.Socket, "Unix socket of the Hubble API (default: hubble.sock beside --socket)")
+	fs.String("hubble-listen-address", c.ListenAddress, "TCP address (host:port) of the Hubble API, for the relay (TLS unless --hubble-disable-tls); empty: none")
+	fs.String("hubble-tls-cert-file", c.TLSCertFile, "PEM certificate of the Hubble API's TCP listener (its name: <node>.<cluster>.hubble-grpc.tendril.io)")
+	fs.String("hubble-tls-key-file", c.TLSKeyFile, "PEM private key of --hubble-tls-cert-file")
+	fs.StringSlice("hubble-tls-client-ca-files", c.TLSClientCAFiles, "PEM CAs of the clients' certificates: when given, clients of the TCP listener must present one (mTLS)")
+	fs.Bool("hubble-disable-tls", c.DisableTLS, "Serve the Hubble API's TCP listener in plain text")
+	fs.Bool("hubble-disable-client-auth", c.DisableClientAuth, "Serve TLS clients of the TCP listener without a client certificate (anyone who reaches the port reads every flow of the node); without it, --hubble-tls-client-ca-files is required")
+	fs.Uint32("hubble-max-concurrent-streams", c.MaxConcurrentStreams, "Streams (RPCs) one connection to the Hubble API may have open at once")
+	fs.Int("hubble-max-connections", c.MaxConnections, "Connections the Hubble API's TCP listener keeps open at once; one more is closed at once")
+	fs.String("hubble-cluster-name", c.ClusterName, "Cluster name in the nodes' TLS server names")
+	fs.Int("hubble-flow-buffer-size", c.FlowBufferSize, "Flows kept in the node's ring")
+	fs.String("hubble-trace-events", c.TraceEvents, "Forwarded packets reported as flows: per-connection (a connection's first packets and TCP flag changes), all (every packet) or off (drops and policy verdicts only)")
 	c.MetricsExport.Flags(fs)
 }
 
+// validate is Validate, marked as a configuration error.
+func (c Config) validate() error { return option.Invalid(c.Validate()) }
+
 // Validate checks the flows' options.
-func (c *Config) Validate() error {
+func (c Config) Validate() error {
 	if _, err := c.TraceMode(); err != nil {
 		return err
 	}
@@ -161,7 +166,7 @@ func (c *Config) Validate() error {
 }
 
 // tlsConfig is the TCP listener's TLS, or nil for plain text (or no TCP).
-func (c *Config) tlsConfig() (*tls.Config, error) {
+func (c Config) tlsConfig() (*tls.Config, error) {
 	if c.ListenAddress == "" || c.DisableTLS {
 		return nil, nil
 	}
@@ -175,7 +180,7 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 
 // TraceMode is the loader's trace mode of the flag; off when flows are
 // disabled (nobody would read the events).
-func (c *Config) TraceMode() (loader.TraceMode, error) {
+func (c Config) TraceMode() (loader.TraceMode, error) {
 	switch c.TraceEvents {
 	case TraceEventsPerConnection:
 		if !c.Enable {
@@ -195,7 +200,7 @@ func (c *Config) TraceMode() (loader.TraceMode, error) {
 
 // SocketPath is the Hubble socket: the flag, or beside the agent's API
 // socket.
-func (c *Config) SocketPath(apiSocket string) string {
+func (c Config) SocketPath(apiSocket string) string {
 	if c.Socket != "" {
 		return c.Socket
 	}
@@ -206,10 +211,26 @@ func (c *Config) SocketPath(apiSocket string) string {
 // datapath's event reader) and serves them with the Hubble API from start
 // step 10 (registered by the agent's serve cell, before the API socket).
 var Cell = cell.Module("flows", "Flows observed from the datapath events and the Hubble API",
+	cell.Config(DefaultConfig()),
+	cell.Invoke(Config.validate),
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
-	cell.Provide(New, statusContribution, nodeEventsOf),
+	cell.Provide(New, statusContribution, nodeEventsOf, traceMode),
+	cell.ProvidePrivate(nodeOf),
 )
+
+// traceMode is the trace events the datapath reports (its loader's
+// configuration, and the socket load-balancer's): this cell's
+// --hubble-trace-events, off with flows disabled.
+func traceMode(c Config) loader.TraceMode {
+	mode, _ := c.TraceMode() // validated with the config
+	return mode
+}
+
+// nodeOf is what the cell reads of the agent's options.
+func nodeOf(n option.LocalNode, api server.Config) Node {
+	return Node{Name: n.Name, APISocket: api.Socket}
+}
 
 // Node is what the cell needs to know of the agent: the node's name and
 // the agent's API socket (the Hubble socket defaults to beside it).
@@ -305,7 +326,9 @@ func New(p Params) (*Module, error) {
 	hc := p.Config
 	tlsCfg, err := hc.tlsConfig()
 	if err != nil {
-		return nil, err
+		// Files the options name that do not load: the configuration's
+		// error, reported as the other invalid options.
+		return nil, option.Invalid(err)
 	}
 	serverName := ""
 	if tlsCfg != nil {

@@ -29,19 +29,20 @@ import (
 type MetricsConfig struct {
 	// Metrics are the flow metric groups served on the agent's metrics
 	// endpoint (flowmetrics.All's names); empty: none.
-	Metrics []string
+	Metrics []string `mapstructure:"hubble-metrics"`
 	// MetricsMaxLabelValues bounds each unbounded label's distinct values.
-	MetricsMaxLabelValues int
+	MetricsMaxLabelValues int `mapstructure:"hubble-metrics-max-label-values"`
 	// ExportFilePath is the JSON lines file flows are exported to; empty:
 	// no export.
-	ExportFilePath string
+	ExportFilePath string `mapstructure:"hubble-export-file-path"`
 	// ExportFileMaxSizeMB rotates the file past this size.
-	ExportFileMaxSizeMB int
+	ExportFileMaxSizeMB int `mapstructure:"hubble-export-file-max-size-mb"`
 	// ExportFileMaxBackups is how many rotated files are kept.
-	ExportFileMaxBackups int
+	ExportFileMaxBackups int `mapstructure:"hubble-export-file-max-backups"`
 	// ExportAllowlist and ExportDenylist are Hubble flow filters as JSON
 	// (objects one after the other, or an array).
-	ExportAllowlist, ExportDenylist string
+	ExportAllowlist string `mapstructure:"hubble-export-allowlist"`
+	ExportDenylist  string `mapstructure:"hubble-export-denylist"`
 }
 
 // DefaultMetricsConfig: every flow metric, no export.
@@ -55,19 +56,19 @@ func DefaultMetricsConfig() MetricsConfig {
 }
 
 // Flags registers the flow metrics' and export's flags.
-func (c *MetricsConfig) Flags(fs *pflag.FlagSet) {
-	fs.StringSliceVar(&c.Metrics, "hubble-metrics", c.Metrics, "Flow metrics served on the metrics endpoint: "+strings.Join(flowmetrics.All, ", ")+" (empty: none)")
-	fs.IntVar(&c.MetricsMaxLabelValues, "hubble-metrics-max-label-values", c.MetricsMaxLabelValues, `Distinct values kept per flow metric label (service, destination workload, policy); the others count as "other"`)
-	fs.StringVar(&c.ExportFilePath, "hubble-export-file-path", c.ExportFilePath, "Export flows as JSON lines to this file (empty: no export)")
-	fs.IntVar(&c.ExportFileMaxSizeMB, "hubble-export-file-max-size-mb", c.ExportFileMaxSizeMB, "Rotate the export file past this size (MiB)")
-	fs.IntVar(&c.ExportFileMaxBackups, "hubble-export-file-max-backups", c.ExportFileMaxBackups, "Rotated export files kept (FILE.1 newest)")
-	fs.StringVar(&c.ExportAllowlist, "hubble-export-allowlist", c.ExportAllowlist, `Export only flows matching one of these Hubble flow filters (JSON, e.g. {"verdict":["DROPPED"]})`)
-	fs.StringVar(&c.ExportDenylist, "hubble-export-denylist", c.ExportDenylist, "Never export flows matching one of these Hubble flow filters (JSON)")
+func (c MetricsConfig) Flags(fs *pflag.FlagSet) {
+	fs.StringSlice("hubble-metrics", c.Metrics, "Flow metrics served on the metrics endpoint: "+strings.Join(flowmetrics.All, ", ")+" (empty: none)")
+	fs.Int("hubble-metrics-max-label-values", c.MetricsMaxLabelValues, `Distinct values kept per flow metric label (service, destination workload, policy); the others count as "other"`)
+	fs.String("hubble-export-file-path", c.ExportFilePath, "Export flows as JSON lines to this file (empty: no export)")
+	fs.Int("hubble-export-file-max-size-mb", c.ExportFileMaxSizeMB, "Rotate the export file past this size (MiB)")
+	fs.Int("hubble-export-file-max-backups", c.ExportFileMaxBackups, "Rotated export files kept (FILE.1 newest)")
+	fs.String("hubble-export-allowlist", c.ExportAllowlist, `Export only flows matching one of these Hubble flow filters (JSON, e.g. {"verdict":["DROPPED"]})`)
+	fs.String("hubble-export-denylist", c.ExportDenylist, "Never export flows matching one of these Hubble flow filters (JSON)")
 }
 
 // Validate checks the metric names and the export options, filters
 // included.
-func (c *MetricsConfig) Validate() error {
+func (c MetricsConfig) Validate() error {
 	if err := c.metricsConfig().Validate(); err != nil {
 		return err
 	}

@@ -13,17 +13,21 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/identity/crdalloc"
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/logging"
+	"github.com/tendril-net/tendril/pkg/option"
 )
 
 // Cell provides the identity allocator, the identities table and the
 // identity label filter.
 var Cell = cell.Module("identity", "Identity allocator identities table and label filter",
+	cell.Config(DefaultConfig()),
+	cell.Invoke(Config.validate),
 	cell.Provide(NewAllocator, NewTable, NewLabelFilter, statusContribution, apiHandlers),
 )
 
@@ -38,9 +42,9 @@ const (
 type Config struct {
 	// AllocationMode is crd (TendrilIdentity objects, with Kubernetes),
 	// kvstore (etcd keys) or local (this node only).
-	AllocationMode string
+	AllocationMode string `mapstructure:"identity-allocation-mode"`
 	// Labels decides which labels of a pod count for its identity.
-	Labels labels.Config
+	Labels labels.Config `mapstructure:",squash"`
 }
 
 // DefaultConfig are the identity defaults.
@@ -48,15 +52,20 @@ func DefaultConfig() Config {
 	return Config{AllocationMode: AllocationCRD, Labels: labels.DefaultConfig()}
 }
 
-// Flags registers the identity options.
-func (c *Config) Flags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.AllocationMode, "identity-allocation-mode", c.AllocationMode, "Where identities are allocated: crd (TendrilIdentity objects; needs Kubernetes), kvstore (etcd; needs --kvstore) or local (this node only). Without Kubernetes crd falls back to local")
+// Flags registers the identity options, with c's values as defaults.
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.String("identity-allocation-mode", c.AllocationMode, "Where identities are allocated: crd (TendrilIdentity objects; needs Kubernetes), kvstore (etcd; needs --kvstore) or local (this node only). Without Kubernetes crd falls back to local")
+	// The label filter's flags bind to this copy of c, which only gives
+	// them their defaults: the hive decodes the values into Config.
 	c.Labels.Flags(fs)
 }
 
+// validate is Validate, marked as a configuration error.
+func (c Config) validate() error { return option.Invalid(c.Validate()) }
+
 // Validate checks the values; each error names its option. (That kvstore
-// mode has a kvstore is the agent's check: it spans two cells.)
-func (c *Config) Validate() error {
+// mode has a kvstore is the kvstore cell's check: it sees both options.)
+func (c Config) Validate() error {
 	switch c.AllocationMode {
 	case AllocationCRD, AllocationLocal, AllocationKVStore:
 	default:
@@ -68,24 +77,17 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Settings are what the identity cell takes from the agent's other
-// options.
-type Settings struct {
-	NodeName string
-	// Kubernetes: an API server is configured (crd mode needs one).
-	Kubernetes bool
-}
-
 // NewAllocator is local in standalone mode, TendrilIdentity objects
 // (crdalloc) with Kubernetes, or etcd keys (kvalloc); the Kubernetes
 // client and kvstore steps hand the latter two their clients.
-func NewAllocator(cfg Config, s Settings, root cell.RootLogger) identity.Allocator {
+// crd mode needs an API server configured (k8s).
+func NewAllocator(cfg Config, node option.LocalNode, k8s agentk8s.Config, root cell.RootLogger) identity.Allocator {
 	log := logging.For(root, "identity-allocator")
 	switch {
-	case s.Kubernetes && cfg.AllocationMode == AllocationCRD:
+	case k8s.Client.Enabled() && cfg.AllocationMode == AllocationCRD:
 		return crdalloc.New(log)
 	case cfg.AllocationMode == AllocationKVStore:
-		return kvalloc.New(nil, s.NodeName, log)
+		return kvalloc.New(nil, node.Name, log)
 	}
 	return identity.NewLocalAllocator()
 }

@@ -52,6 +52,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
+	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy"
 	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
 )
@@ -71,21 +72,22 @@ var Cell = cell.Module("k8s", "Kubernetes node write-back and watchers",
 type Config struct {
 	// Client says how to reach the API server; with none configured the
 	// agent runs standalone.
-	Client k8s.Config
+	Client k8s.Config `mapstructure:",squash"`
 	// CacheSyncTimeout bounds the wait for the API server and for the
 	// watchers' initial lists; past it the agent exits naming what is
 	// missing.
-	CacheSyncTimeout time.Duration
+	CacheSyncTimeout time.Duration `mapstructure:"k8s-cache-sync-timeout"`
 	// InstallCRDs creates or updates the Tendril CRDs at start.
-	InstallCRDs bool
+	InstallCRDs bool `mapstructure:"k8s-install-crds"`
 	// PeerPodCIDRMinPrefixIPv4/IPv6 are the shortest pod CIDRs another
 	// node may claim (nodemanager.Rules).
 	PeerPodCIDRMinPrefixIPv4, PeerPodCIDRMinPrefixIPv6 int
 	// ClusterPoolIPv4/IPv6 are the operator's cluster pools: when set,
 	// another node's pod CIDR of the family must lie inside one.
-	ClusterPoolIPv4, ClusterPoolIPv6 []string
+	ClusterPoolIPv4 []string `mapstructure:"cluster-pool-ipv4-cidr"`
+	ClusterPoolIPv6 []string `mapstructure:"cluster-pool-ipv6-cidr"`
 	// ServiceCIDRs no node's pod CIDR may overlap.
-	ServiceCIDRs []string
+	ServiceCIDRs []string `mapstructure:"k8s-service-cidr"`
 }
 
 // DefaultConfig are the Kubernetes defaults.
@@ -94,21 +96,21 @@ func DefaultConfig() Config {
 		PeerPodCIDRMinPrefixIPv4: nodemanager.DefaultMinPrefixIPv4, PeerPodCIDRMinPrefixIPv6: nodemanager.DefaultMinPrefixIPv6}
 }
 
-// Flags registers the Kubernetes options.
-func (c *Config) Flags(fs *pflag.FlagSet) {
+// Flags registers the Kubernetes options, with c's values as defaults.
+func (c Config) Flags(fs *pflag.FlagSet) {
 	c.Client.Flags(fs)
-	fs.DurationVar(&c.CacheSyncTimeout, "k8s-cache-sync-timeout", c.CacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
-	fs.BoolVar(&c.InstallCRDs, "k8s-install-crds", c.InstallCRDs, "Create or update the Tendril CRDs at start")
-	fs.IntVar(&c.PeerPodCIDRMinPrefixIPv4, "peer-pod-cidr-min-prefix-ipv4", c.PeerPodCIDRMinPrefixIPv4, "Shortest IPv4 pod CIDR accepted from another node (a shorter one gets no route)")
-	fs.IntVar(&c.PeerPodCIDRMinPrefixIPv6, "peer-pod-cidr-min-prefix-ipv6", c.PeerPodCIDRMinPrefixIPv6, "Shortest IPv6 pod CIDR accepted from another node (a shorter one gets no route)")
-	fs.StringSliceVar(&c.ClusterPoolIPv4, "cluster-pool-ipv4-cidr", c.ClusterPoolIPv4, "The operator's IPv4 cluster pools: another node's IPv4 pod CIDR outside them is refused (empty: not checked)")
-	fs.StringSliceVar(&c.ClusterPoolIPv6, "cluster-pool-ipv6-cidr", c.ClusterPoolIPv6, "The operator's IPv6 cluster pools: another node's IPv6 pod CIDR outside them is refused (empty: not checked)")
-	fs.StringSliceVar(&c.ServiceCIDRs, "k8s-service-cidr", c.ServiceCIDRs, "The cluster's service CIDRs: a node's pod CIDR overlapping one is refused")
+	fs.Duration("k8s-cache-sync-timeout", c.CacheSyncTimeout, "How long to wait for the API server and the initial lists of watched resources")
+	fs.Bool("k8s-install-crds", c.InstallCRDs, "Create or update the Tendril CRDs at start")
+	fs.Int("peer-pod-cidr-min-prefix-ipv4", c.PeerPodCIDRMinPrefixIPv4, "Shortest IPv4 pod CIDR accepted from another node (a shorter one gets no route)")
+	fs.Int("peer-pod-cidr-min-prefix-ipv6", c.PeerPodCIDRMinPrefixIPv6, "Shortest IPv6 pod CIDR accepted from another node (a shorter one gets no route)")
+	fs.StringSlice("cluster-pool-ipv4-cidr", c.ClusterPoolIPv4, "The operator's IPv4 cluster pools: another node's IPv4 pod CIDR outside them is refused (empty: not checked)")
+	fs.StringSlice("cluster-pool-ipv6-cidr", c.ClusterPoolIPv6, "The operator's IPv6 cluster pools: another node's IPv6 pod CIDR outside them is refused (empty: not checked)")
+	fs.StringSlice("k8s-service-cidr", c.ServiceCIDRs, "The cluster's service CIDRs: a node's pod CIDR overlapping one is refused")
 }
 
 // peerRules are the checks on other nodes' pod CIDRs; local reads this
 // node's pod CIDRs and addresses.
-func (c *Config) peerRules(local func() ([]netip.Prefix, []netip.Addr)) (nodemanager.Rules, error) {
+func (c Config) peerRules(local func() ([]netip.Prefix, []netip.Addr)) (nodemanager.Rules, error) {
 	r := nodemanager.Rules{MinPrefixIPv4: c.PeerPodCIDRMinPrefixIPv4, MinPrefixIPv6: c.PeerPodCIDRMinPrefixIPv6, Local: local}
 	var errs []error
 	parse := func(flag string, vals []string, is4 *bool) []netip.Prefix {
@@ -136,8 +138,11 @@ func (c *Config) peerRules(local func() ([]netip.Prefix, []netip.Addr)) (nodeman
 	return r, errors.Join(errs...)
 }
 
+// validate is Validate, marked as a configuration error.
+func (c Config) validate() error { return option.Invalid(c.Validate()) }
+
 // Validate checks the values; each error names its option.
-func (c *Config) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	if err := c.Client.Validate(); err != nil {
 		errs = append(errs, err)
@@ -151,9 +156,9 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Settings are what the Kubernetes side takes from the agent's other
+// settings are what the Kubernetes side takes from the other cells'
 // options: this node's name and how its pod CIDRs and routes are chosen.
-type Settings struct {
+type settings struct {
 	NodeName string
 	// IPAM, IPv4Range and IPv6Range are the endpoints' options of the
 	// same names.
@@ -162,10 +167,15 @@ type Settings struct {
 	InstallHostNetworking bool
 }
 
+func settingsOf(node option.LocalNode, eps agentendpoints.Config) settings {
+	return settings{NodeName: node.Name, IPAM: eps.IPAM, IPv4Range: eps.IPv4Range, IPv6Range: eps.IPv6Range,
+		InstallHostNetworking: eps.InstallHostNetworking}
+}
+
 // Module is the agent's Kubernetes side after the client: the node
 // write-back, the watchers and their subscribers; nil in standalone mode.
 type Module struct {
-	settings   Settings
+	settings   settings
 	cfg        Config
 	log        *slog.Logger
 	root       cell.RootLogger
@@ -233,7 +243,8 @@ type Params struct {
 	cell.In
 
 	Config     Config
-	Settings   Settings
+	Node       option.LocalNode
+	EPConfig   agentendpoints.Config
 	Log        *slog.Logger
 	Root       cell.RootLogger
 	Lifecycle  cell.Lifecycle
@@ -263,13 +274,14 @@ func New(p Params) (*Module, error) {
 	if p.Client == nil {
 		return nil, nil
 	}
+	set := settingsOf(p.Node, p.EPConfig)
 	k := &Module{
-		settings: p.Settings, cfg: p.Config, log: p.Log, root: p.Root, client: p.Client, eps: p.Endpoints, policy: p.Policy,
+		settings: set, cfg: p.Config, log: p.Log, root: p.Root, client: p.Client, eps: p.Endpoints, policy: p.Policy,
 		identities: p.Identities, nodes: p.Nodes, db: p.DB, peers: p.Peers, routes: p.Routes,
 		jobs: p.Jobs.NewGroup(p.Health.Scope("k8s-watchers"), job.WithLogger(p.Log)),
 	}
 	k.remoteEndpointsSynced = func() {}
-	if p.Settings.IPAM == "cluster-pool" {
+	if set.IPAM == "cluster-pool" {
 		k.poolHealth = p.Health.Scope("cluster-pool")
 	}
 	if p.IPCache != nil {
@@ -281,7 +293,7 @@ func New(p Params) (*Module, error) {
 	// This node's report on each Tendril policy, published into the
 	// objects' status by a reconciler.
 	st, err := policystatus.New(policystatus.Params{DB: p.DB, Jobs: k.jobs, Log: logging.For(p.Root, "policy-status"),
-		ModuleID: p.ModuleID, Node: p.Settings.NodeName, Patcher: policyStatusPatcher{p.Client}})
+		ModuleID: p.ModuleID, Node: set.NodeName, Patcher: policyStatusPatcher{p.Client}})
 	if err != nil {
 		return nil, err
 	}

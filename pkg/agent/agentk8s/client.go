@@ -24,6 +24,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/node"
+	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy"
 	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
 	"github.com/tendril-net/tendril/pkg/version"
@@ -33,6 +34,8 @@ import (
 // reached, the CRDs installed; it also reads what the later steps need of
 // the cluster (this node's Node, pods' labels and named ports).
 var ClientCell = cell.Module("k8s-client", "Kubernetes clients CRDs and the read side of the caches",
+	cell.Config(DefaultConfig()),
+	cell.Invoke(Config.validate),
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Client) {}),
 	cell.Provide(NewClient),
@@ -41,7 +44,7 @@ var ClientCell = cell.Module("k8s-client", "Kubernetes clients CRDs and the read
 // Client is the agent's Kubernetes client side; nil in standalone mode.
 type Client struct {
 	cfg         Config
-	settings    Settings
+	settings    settings
 	log         *slog.Logger
 	root        cell.RootLogger
 	identities  identity.Allocator
@@ -65,7 +68,8 @@ type ClientParams struct {
 	cell.In
 
 	Config      Config
-	Settings    Settings
+	Node        option.LocalNode
+	Endpoints   agentendpoints.Config
 	Log         *slog.Logger
 	Root        cell.RootLogger
 	Lifecycle   cell.Lifecycle
@@ -80,7 +84,7 @@ func NewClient(p ClientParams) *Client {
 	if !p.Config.Client.Enabled() {
 		return nil
 	}
-	c := &Client{cfg: p.Config, settings: p.Settings, log: p.Log, root: p.Root, identities: p.Identities, labelFilter: p.LabelFilter}
+	c := &Client{cfg: p.Config, settings: settingsOf(p.Node, p.Endpoints), log: p.Log, root: p.Root, identities: p.Identities, labelFilter: p.LabelFilter}
 	p.Steps.Append(p.Lifecycle, "k8s-client", c.connect, nil)
 	return c
 }

@@ -8,6 +8,7 @@ package agentkv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -24,6 +25,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/api/v1/ext"
+	"github.com/tendril-net/tendril/pkg/agent/agentidentity"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/endpoint"
@@ -38,35 +40,51 @@ import (
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
+	"github.com/tendril-net/tendril/pkg/option"
 )
 
 // Cell is the agent's kvstore: start step 7, after the endpoints are
 // restored and the Kubernetes watchers synced.
 var Cell = cell.Module("kvstore", "The etcd client identities and endpoint addresses in etcd",
+	cell.Config(DefaultOptions()),
+	cell.Invoke(validate),
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
 	cell.Provide(New, statusContribution, endpointsOf, nodeIPOf),
+	cell.ProvidePrivate(configOf),
 )
 
 // Options are the kvstore's flags.
 type Options struct {
 	// Mode is "" (none), etcd or embedded.
-	Mode string
+	Mode string `mapstructure:"kvstore"`
 	// Client is the client's configuration (endpoints, TLS, timeouts).
-	Client kvstore.Config
+	Client kvstore.Config `mapstructure:",squash"`
 }
 
 // DefaultOptions are the kvstore's defaults: none.
 func DefaultOptions() Options { return Options{Client: kvstore.DefaultConfig()} }
 
-// Flags registers the kvstore's flags.
-func (o *Options) Flags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Mode, "kvstore", o.Mode, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
+// Flags registers the kvstore's flags, with o's values as defaults.
+func (o Options) Flags(fs *pflag.FlagSet) {
+	fs.String("kvstore", o.Mode, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
+	// The client's flags bind to this copy of o, which only gives them
+	// their defaults: the hive decodes the values into Options.
 	o.Client.Flags(fs)
 }
 
+// validate checks the options and the one check across two cells'
+// options: identities in etcd need a kvstore.
+func validate(o Options, id agentidentity.Config) error {
+	var errs []error
+	if id.AllocationMode == agentidentity.AllocationKVStore && !o.Enabled() {
+		errs = append(errs, fmt.Errorf("identity-allocation-mode kvstore: needs --kvstore (etcd with --kvstore-endpoints, or embedded)"))
+	}
+	return option.Invalid(errors.Join(append(errs, o.Validate())...))
+}
+
 // Validate checks the values; each error names its option.
-func (o *Options) Validate() error {
+func (o Options) Validate() error {
 	switch o.Mode {
 	case ModeNone, ModeEmbedded:
 	case ModeEtcd:
@@ -83,7 +101,7 @@ func (o *Options) Validate() error {
 func (o Options) Enabled() bool { return o.Mode != ModeNone || len(o.Client.Endpoints) > 0 }
 
 // Config is the cell's configuration: its options and what it takes from
-// the agent's own.
+// the other cells' (configOf).
 type Config struct {
 	Options
 	// StateDir holds the embedded etcd's data and socket.
@@ -92,6 +110,10 @@ type Config struct {
 	NodeName string
 	// IdentityAllocationMode is shown in the status.
 	IdentityAllocationMode string
+}
+
+func configOf(o Options, a option.Agent, n option.LocalNode, id agentidentity.Config) Config {
+	return Config{Options: o, StateDir: a.StateDir, NodeName: n.Name, IdentityAllocationMode: id.AllocationMode}
 }
 
 // Endpoints is the local endpoints as the cell reads them: the endpoint

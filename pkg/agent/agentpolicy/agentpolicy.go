@@ -16,6 +16,7 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/spf13/pflag"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/endpoint"
@@ -37,24 +38,38 @@ import (
 // step restores the rules imported through the API before the restart, so
 // restored endpoints regenerate to exactly what they enforced.
 var Cell = cell.Module("policy", "Policy repository resolution and the policy file",
+	cell.Config(DefaultConfig()),
+	cell.Invoke(Config.validate),
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(registerRestore),
 	cell.Provide(New, apiHandlers),
 )
 
-// Config is the cell's part of the agent's configuration. Its flags are
-// the agent's own (pkg/option): the enforcement mode is a runtime option.
+// Config is the cell's option. (The enforcement mode is the agent's
+// own, a runtime option: pkg/option.)
 type Config struct {
-	// StateDir is where the policy file is kept (policy.json).
-	StateDir string
 	// RevokeEstablished is --policy-revoke-established: which established
 	// flows a policy change ends (option.RevokeDeny, RevokeAll,
 	// RevokeNone; empty is RevokeDeny).
-	RevokeEstablished string
+	RevokeEstablished string `mapstructure:"policy-revoke-established"`
 }
 
-// File is the policy file's path.
-func (c Config) File() string { return filepath.Join(c.StateDir, "policy.json") }
+// DefaultConfig is the cell's default: deny rules end the flows they
+// cover.
+func DefaultConfig() Config { return Config{RevokeEstablished: option.RevokeDeny} }
+
+// Flags registers the cell's option, with c's value as default.
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.String("policy-revoke-established", c.RevokeEstablished,
+		"Established flows a policy change ends: deny (those a deny rule covers), all (also those no allow admits any more) or none (they outlive it, as in Cilium)")
+}
+
+func (c Config) validate() error {
+	return option.Invalid(option.ValidateRevokeMode(c.RevokeEstablished))
+}
+
+// policyFile is the policy file's path in the state dir.
+func policyFile(stateDir string) string { return filepath.Join(stateDir, "policy.json") }
 
 // SourceAPI is the repository source of the rules imported through the
 // API: the only rules the policy file keeps.
@@ -144,6 +159,7 @@ type Params struct {
 	cell.In
 
 	Config     Config
+	Agent      option.Agent
 	Log        *slog.Logger
 	Root       cell.RootLogger
 	Runtime    *option.Runtime
@@ -177,7 +193,7 @@ func New(p Params) *Module {
 	if m.revokeMode == "" {
 		m.revokeMode = option.RevokeDeny
 	}
-	m.file = policyfile.New(p.Config.File(), m.repo, SourceAPI, logging.For(p.Root, "policy-file"))
+	m.file = policyfile.New(policyFile(p.Agent.StateDir), m.repo, SourceAPI, logging.For(p.Root, "policy-file"))
 	m.repo.Subscribe(func(uint64) { m.TriggerRegeneration() })
 	if m.dp != nil {
 		// A new or vanished identity may change what other endpoints'

@@ -23,6 +23,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/datapath/socklb"
 	"github.com/tendril-net/tendril/pkg/datapath/sockterm"
@@ -34,6 +35,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/loadbalancer/k8ssource"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/lbmap"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/maglev"
+	"github.com/tendril-net/tendril/pkg/option"
 )
 
 // Config are the services' options.
@@ -54,11 +56,11 @@ type Config struct {
 	NodePortRange string
 	// HealthCheckNodePorts answers the health check node ports of
 	// services with externalTrafficPolicy Local.
-	HealthCheckNodePorts bool
+	HealthCheckNodePorts bool `mapstructure:"enable-health-check-nodeport"`
 	// LBMapMax and LBSlotsMapMax size the LB maps (0: the datapath's
 	// defaults, 131,072 and 1,048,576: 100,000 services of 10 backends).
-	LBMapMax      int
-	LBSlotsMapMax int
+	LBMapMax      int `mapstructure:"bpf-lb-map-max"`
+	LBSlotsMapMax int `mapstructure:"bpf-lb-slots-map-max"`
 }
 
 // DefaultConfig are the services' defaults.
@@ -66,19 +68,19 @@ func DefaultConfig() Config {
 	return Config{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true}
 }
 
-// Flags registers the services' flags.
-func (c *Config) Flags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.CgroupRoot, "cgroup-root", c.CgroupRoot, "cgroup v2 directory to attach the socket load-balancer to (e.g. /sys/fs/cgroup); empty: services are translated per packet only")
-	fs.StringVar(&c.LBAlgorithm, "lb-algorithm", c.LBAlgorithm, "Default backend selection of services: random or maglev (annotation service.tendril.io/lb-algorithm overrides)")
-	fs.Uint64Var(&c.MaglevHashSeed, "maglev-hash-seed", c.MaglevHashSeed, "Seed of the Maglev permutations (the same on every node)")
-	fs.StringVar(&c.NodePortRange, "node-port-range", c.NodePortRange, "Node ports answered, min-max (as the API server's --service-node-port-range)")
-	fs.BoolVar(&c.HealthCheckNodePorts, "enable-health-check-nodeport", c.HealthCheckNodePorts, "Answer the health check node ports of services with externalTrafficPolicy Local (local backend count: 200, none: 503)")
-	fs.IntVar(&c.LBMapMax, "bpf-lb-map-max", c.LBMapMax, "Capacity of the BPF service, backend, reverse NAT and Maglev maps (0: 131072); a changed size carries the entries over at start")
-	fs.IntVar(&c.LBSlotsMapMax, "bpf-lb-slots-map-max", c.LBSlotsMapMax, "Capacity of the BPF backend slots map, the backends of all services together (0: 1048576)")
+// Flags registers the services' flags, with c's values as defaults.
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.String("cgroup-root", c.CgroupRoot, "cgroup v2 directory to attach the socket load-balancer to (e.g. /sys/fs/cgroup); empty: services are translated per packet only")
+	fs.String("lb-algorithm", c.LBAlgorithm, "Default backend selection of services: random or maglev (annotation service.tendril.io/lb-algorithm overrides)")
+	fs.Uint64("maglev-hash-seed", c.MaglevHashSeed, "Seed of the Maglev permutations (the same on every node)")
+	fs.String("node-port-range", c.NodePortRange, "Node ports answered, min-max (as the API server's --service-node-port-range)")
+	fs.Bool("enable-health-check-nodeport", c.HealthCheckNodePorts, "Answer the health check node ports of services with externalTrafficPolicy Local (local backend count: 200, none: 503)")
+	fs.Int("bpf-lb-map-max", c.LBMapMax, "Capacity of the BPF service, backend, reverse NAT and Maglev maps (0: 131072); a changed size carries the entries over at start")
+	fs.Int("bpf-lb-slots-map-max", c.LBSlotsMapMax, "Capacity of the BPF backend slots map, the backends of all services together (0: 1048576)")
 }
 
 // NodePorts parses NodePortRange.
-func (c *Config) NodePorts() (lo, hi uint16, err error) {
+func (c Config) NodePorts() (lo, hi uint16, err error) {
 	a, b, ok := strings.Cut(c.NodePortRange, "-")
 	x, err1 := strconv.ParseUint(strings.TrimSpace(a), 10, 16)
 	y, err2 := strconv.ParseUint(strings.TrimSpace(b), 10, 16)
@@ -88,13 +90,17 @@ func (c *Config) NodePorts() (lo, hi uint16, err error) {
 	return uint16(x), uint16(y), nil
 }
 
-// LBSizes are the LB maps' capacities.
-func (c *Config) LBSizes() maps.LBSizes {
+// LBSizes are the LB maps' capacities; the cell provides them to the
+// datapath, which creates the maps.
+func (c Config) LBSizes() maps.LBSizes {
 	return maps.LBSizes{MapMax: c.LBMapMax, SlotsMapMax: c.LBSlotsMapMax}
 }
 
+// validate is Validate, marked as a configuration error.
+func (c Config) validate() error { return option.Invalid(c.Validate()) }
+
 // Validate checks the services' options.
-func (c *Config) Validate() error {
+func (c Config) Validate() error {
 	if c.LBAlgorithm != "random" && c.LBAlgorithm != "maglev" {
 		return fmt.Errorf("lb-algorithm %q: must be random or maglev", c.LBAlgorithm)
 	}
@@ -120,10 +126,12 @@ const lbDrainInterval = 5 * time.Second
 // by the Service and EndpointSlice watchers, and the reconciler writing
 // them into the LB maps.
 var Cell = cell.Module("services", "Services load-balanced by the datapath",
+	cell.Config(DefaultConfig()),
+	cell.Invoke(Config.validate),
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
 	cell.ProvidePrivate(loadbalancer.NewTables),
-	cell.Provide(New, readTables, statusContribution, apiHandlers, watchersOf),
+	cell.Provide(New, readTables, statusContribution, apiHandlers, watchersOf, Config.LBSizes),
 )
 
 // Tables are the services tables as their readers take them, by type
@@ -141,8 +149,8 @@ func readTables(t *loadbalancer.Tables) Tables {
 	return Tables{Services: t.Services, Backends: t.Backends, Frontends: t.Frontends}
 }
 
-// Settings are what the services take from the agent's other options.
-type Settings struct {
+// settings are what the services take from the other cells' options.
+type settings struct {
 	NodeName string
 	// BPFRoot is where the socket LB's and socket termination's programs
 	// are pinned.
@@ -159,7 +167,7 @@ type Watchers func() *watchers.Watchers
 // the LB maps reconciler (without the datapath: the tables only).
 type Module struct {
 	cfg      Config
-	settings Settings
+	settings settings
 	log      *slog.Logger
 	tables   *loadbalancer.Tables
 	writer   *loadbalancer.Writer
@@ -186,7 +194,9 @@ type Params struct {
 	cell.In
 
 	Config    Config
-	Settings  Settings
+	Agent     option.Agent
+	Node      option.LocalNode
+	Trace     loader.TraceMode
 	Log       *slog.Logger
 	Lifecycle cell.Lifecycle
 	Steps     *lifecycle.Steps
@@ -204,7 +214,8 @@ type Params struct {
 // and the datapath) and appends its step, its jobs after it.
 func New(p Params) (*Module, error) {
 	tables := p.Tables
-	m := &Module{cfg: p.Config, settings: p.Settings, log: p.Log, tables: tables, writer: loadbalancer.NewWriter(tables, p.Settings.NodeName),
+	set := settings{NodeName: p.Node.Name, BPFRoot: p.Agent.BPFRoot, TraceEvents: p.Trace != loader.TraceOff}
+	m := &Module{cfg: p.Config, settings: set, log: p.Log, tables: tables, writer: loadbalancer.NewWriter(tables, set.NodeName),
 		watchers: p.Watchers, dp: p.Datapath}
 	if p.Watchers == nil && p.Datapath == nil {
 		return m, nil
@@ -218,7 +229,7 @@ func New(p Params) (*Module, error) {
 		}
 		m.source.SetNodePortRange(lo, hi)
 		if p.Config.HealthCheckNodePorts {
-			m.health = healthserver.New(tables, p.Settings.NodeName, p.Log)
+			m.health = healthserver.New(tables, set.NodeName, p.Log)
 			hj := p.Jobs.NewGroup(p.Health.Scope("services-health-check"), job.WithLogger(p.Log))
 			hj.Add(job.OneShot("health-check-node-ports", func(ctx context.Context, _ cell.Health) error {
 				return m.health.Run(ctx)

@@ -13,9 +13,11 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/option"
 )
 
 // TestTablesProvidedByType: the services cell (standalone, no datapath)
@@ -34,8 +36,9 @@ func TestTablesProvidedByType(t *testing.T) {
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(
-			DefaultConfig,
-			func() Settings { return Settings{NodeName: "node-a"} },
+			func() option.Agent { return option.DefaultAgent() },
+			func() option.LocalNode { return option.LocalNode{Name: "node-a"} },
+			func() loader.TraceMode { return loader.TraceOff },
 			func() *agentk8s.Client { return nil },
 			func() *agentdatapath.Module { return nil },
 			health.NewRegistry,

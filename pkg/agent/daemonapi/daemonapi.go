@@ -18,6 +18,9 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -30,8 +33,8 @@ var Cell = cell.Module("daemon-api", "The agent status configuration and debug i
 	cell.Invoke(register),
 )
 
-// Settings are what the handlers read of the agent's configuration.
-type Settings struct {
+// settings are what the handlers read of the cells' options.
+type settings struct {
 	NodeName string
 	// AttachModeTC: the datapath attaches with tc rather than tcx.
 	AttachModeTC bool
@@ -56,7 +59,9 @@ type Addressing interface {
 type params struct {
 	cell.In
 
-	Settings   Settings
+	Node       option.LocalNode
+	Attach     agentdatapath.AttachMode
+	Endpoints  agentendpoints.Config
 	Flags      Flags
 	Addressing Addressing
 	Runtime    *option.Runtime
@@ -68,7 +73,7 @@ type params struct {
 
 // Handlers serve /v1/healthz, /v1/config and /v1/debuginfo.
 type Handlers struct {
-	settings      Settings
+	settings      settings
 	flags         *pflag.FlagSet
 	addressing    Addressing
 	runtime       *option.Runtime
@@ -78,7 +83,8 @@ type Handlers struct {
 }
 
 func register(p params) {
-	h := &Handlers{settings: p.Settings, flags: p.Flags.Set, addressing: p.Addressing, runtime: p.Runtime, health: p.Health, steps: p.Steps, contributions: p.Status.Contributions}
+	set := settings{NodeName: p.Node.Name, AttachModeTC: p.Attach.Mode == loader.AttachTC, AttachModeNote: p.Attach.Note, MTU: p.Endpoints.MTU}
+	h := &Handlers{settings: set, flags: p.Flags.Set, addressing: p.Addressing, runtime: p.Runtime, health: p.Health, steps: p.Steps, contributions: p.Status.Contributions}
 	h.Register(p.API)
 }
 

@@ -10,17 +10,23 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
+	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
+	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
+	"github.com/tendril-net/tendril/pkg/option"
 )
 
 // Cell is the host device programs' part of the agent: it provides the
 // node's *Masquerade (nil without the datapath), started after the pod
 // datapath's maps are open, and serves its status and NAT table on the
-// API. The agent provides Settings and the *loader.Loader.
+// API. The datapath cell provides the *loader.Loader and the attach mode.
 var Cell = cell.Module("host-devices", "Host device programs masquerading pod traffic leaving the node",
+	cell.Config(DefaultConfig()),
+	cell.Invoke(Config.validate),
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(api *server.Server, m *Masquerade) {
 		if m != nil {
@@ -30,8 +36,8 @@ var Cell = cell.Module("host-devices", "Host device programs masquerading pod tr
 	cell.Provide(newCell, statusContribution),
 )
 
-// Settings are what the agent tells the cell besides its flags.
-type Settings struct {
+// settings are what the cell takes from the other cells' options.
+type settings struct {
 	Config Config
 	// BPFRoot and AttachMode are the pod datapath's: the host programs'
 	// links are pinned beside the pods' and attach the same way.
@@ -50,10 +56,24 @@ type Settings struct {
 	AutoDevices bool
 }
 
+// settingsOf: the host programs share the pod datapath's BPF root,
+// attach mode and check interval; L2 announcements need them; a cluster
+// node takes its default routes' devices, a standalone agent leaves the
+// machine's uplink alone.
+func settingsOf(p cellParams) settings {
+	return settings{Config: p.Config, BPFRoot: p.Agent.BPFRoot, AttachMode: p.Attach.Mode,
+		CheckInterval: p.Datapath.AttachmentCheckInterval, L2Announcements: p.L2.Enabled, AutoDevices: p.K8s.Client.Enabled()}
+}
+
 type cellParams struct {
 	cell.In
 
-	Settings  Settings
+	Config    Config
+	Agent     option.Agent
+	Attach    agentdatapath.AttachMode
+	Datapath  agentdatapath.Config
+	L2        l2announcer.Config
+	K8s       agentk8s.Config
 	Log       *slog.Logger
 	Lifecycle cell.Lifecycle
 	Jobs      job.Registry
@@ -74,18 +94,19 @@ func newCell(p cellParams) (*Masquerade, error) {
 	if p.Loader == nil {
 		return nil, nil
 	}
-	m, err := New(p.Settings.Config, p.Loader, p.DB, p.Peers, p.Settings.AttachMode, p.Settings.BPFRoot, p.Log)
+	st := settingsOf(p)
+	m, err := New(st.Config, p.Loader, p.DB, p.Peers, st.AttachMode, st.BPFRoot, p.Log)
 	if err != nil {
 		return nil, err
 	}
-	m.SetL2Announcements(p.Settings.L2Announcements)
-	m.SetAutoDevices(p.Settings.AutoDevices)
+	m.SetL2Announcements(st.L2Announcements)
+	m.SetAutoDevices(st.AutoDevices)
 	p.Metrics.Registry.MustRegister(newCollector(m))
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(ctx cell.HookContext) error { return m.Start(ctx) },
 		OnStop:  func(cell.HookContext) error { m.Stop(); return nil },
 	})
-	if !p.Settings.Config.HostPrograms() {
+	if !st.Config.HostPrograms() {
 		return m, nil
 	}
 	jobs := p.Jobs.NewGroup(p.Health.Scope("host-devices"), job.WithLogger(p.Log))
@@ -99,11 +120,11 @@ func newCell(p cellParams) (*Masquerade, error) {
 			return nil
 		}, addressRefresh),
 	)
-	if p.Settings.CheckInterval > 0 {
+	if st.CheckInterval > 0 {
 		jobs.Add(job.Timer("host-program-check", func(context.Context) error {
 			m.CheckAttachments()
 			return nil
-		}, p.Settings.CheckInterval))
+		}, st.CheckInterval))
 	}
 	return m, nil
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/spf13/pflag"
+
+	"github.com/tendril-net/tendril/pkg/option"
 )
 
 // Config is the host device programs' and masquerade's configuration.
@@ -39,7 +41,7 @@ type Config struct {
 	// the backend's node in an IPv4 option and the reply leaves that node
 	// straight to the client). Cilium's --bpf-lb-mode; every node of a
 	// cluster needs the same.
-	LBMode string
+	LBMode string `mapstructure:"bpf-lb-mode"`
 }
 
 // Load-balancing modes (Config.LBMode).
@@ -53,24 +55,27 @@ func DefaultConfig() Config {
 	return Config{EnableMasquerade: true, EnableNodePort: true, MasqueradePortRange: "61000-65535", LBMode: LBModeSNAT}
 }
 
-// Flags registers the options.
-func (c *Config) Flags(fs *pflag.FlagSet) {
-	fs.BoolVar(&c.EnableMasquerade, "enable-masquerade", c.EnableMasquerade,
+// Flags registers the options, with c's values as defaults.
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.Bool("enable-masquerade", c.EnableMasquerade,
 		"Masquerade pod traffic leaving the node for outside the cluster to the node's address, in eBPF at the --devices")
-	fs.BoolVar(&c.EnableNodePort, "enable-node-port", c.EnableNodePort,
+	fs.Bool("enable-node-port", c.EnableNodePort,
 		"Serve NodePort, externalIP and load-balancer frontends to clients outside the cluster, in eBPF at the --devices")
-	fs.StringSliceVar(&c.Devices, "devices", c.Devices,
+	fs.StringSlice("devices", c.Devices,
 		"Uplink devices the host programs (masquerade, services from outside, L2 announcements) attach to (default: with --kubeconfig the devices of the default routes; without, none)")
-	fs.StringSliceVar(&c.NonMasqueradeCIDRs, "non-masquerade-cidrs", c.NonMasqueradeCIDRs,
+	fs.StringSlice("non-masquerade-cidrs", c.NonMasqueradeCIDRs,
 		"Destinations pod traffic keeps its address to, besides the cluster's pod CIDRs and known pod and node addresses")
-	fs.StringVar(&c.MasqueradePortRange, "masquerade-port-range", c.MasqueradePortRange,
+	fs.String("masquerade-port-range", c.MasqueradePortRange,
 		"Source ports masqueraded flows get, MIN-MAX (reserved from the host's ephemeral ports)")
-	fs.StringVar(&c.LBMode, "bpf-lb-mode", c.LBMode,
+	fs.String("bpf-lb-mode", c.LBMode,
 		"How a request from outside reaches a backend on another node: snat (source NATed to this node, replies back through it) or dsr (direct server return: client source kept, replies leave the backend's node; IPv4, every node the same)")
 }
 
+// validate is Validate, marked as a configuration error.
+func (c Config) validate() error { return option.Invalid(c.Validate()) }
+
 // Validate checks the values; each error names its option.
-func (c *Config) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	if _, _, err := c.PortRange(); err != nil {
 		errs = append(errs, err)
@@ -90,7 +95,7 @@ func (c *Config) Validate() error {
 }
 
 // PortRange parses MasqueradePortRange.
-func (c *Config) PortRange() (min, max uint16, err error) {
+func (c Config) PortRange() (min, max uint16, err error) {
 	lo, hi, ok := strings.Cut(c.MasqueradePortRange, "-")
 	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
 	b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
@@ -102,11 +107,11 @@ func (c *Config) PortRange() (min, max uint16, err error) {
 
 // HostPrograms reports whether the host device programs attach: for
 // masquerade, for services from outside, or both.
-func (c *Config) HostPrograms() bool { return c.EnableMasquerade || c.EnableNodePort }
+func (c Config) HostPrograms() bool { return c.EnableMasquerade || c.EnableNodePort }
 
 // DSR parses LBMode: whether remote backends are reached by direct
 // server return.
-func (c *Config) DSR() (bool, error) {
+func (c Config) DSR() (bool, error) {
 	switch c.LBMode {
 	case LBModeSNAT:
 		return false, nil
@@ -117,7 +122,7 @@ func (c *Config) DSR() (bool, error) {
 }
 
 // NonMasqueradePrefixes parses NonMasqueradeCIDRs.
-func (c *Config) NonMasqueradePrefixes() ([]netip.Prefix, error) {
+func (c Config) NonMasqueradePrefixes() ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, s := range c.NonMasqueradeCIDRs {
 		p, err := netip.ParsePrefix(strings.TrimSpace(s))

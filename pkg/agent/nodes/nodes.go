@@ -26,6 +26,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
+	"github.com/tendril-net/tendril/pkg/option"
 )
 
 // Cell provides the nodes and routes tables (read-only, by type), what
@@ -73,9 +74,12 @@ type IPCache interface {
 type Params struct {
 	cell.In
 
-	Tables   nodemanager.Tables
-	Config   agentk8s.Config
-	Settings agentk8s.Settings
+	Tables nodemanager.Tables
+	Config agentk8s.Config
+	// Node is this node's name; EPConfig says whether routes to the
+	// peers' pod CIDRs are installed (--install-host-networking).
+	Node     option.LocalNode
+	EPConfig agentendpoints.Config
 	// Client is nil in standalone mode: then nothing writes the tables.
 	Client    *agentk8s.Client
 	Endpoints *agentendpoints.Module
@@ -102,7 +106,7 @@ func newManager(p Params) (*nodemanager.Manager, error) {
 		cache = p.IPCache
 	}
 	var routes nodemanager.RouteBackend
-	if p.Settings.InstallHostNetworking {
+	if p.EPConfig.InstallHostNetworking {
 		// The endpoints' step opens the handle; the reconcilers are jobs,
 		// started after every step the constructor's parameters appended.
 		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return p.Endpoints.Netlink() }}
@@ -119,7 +123,7 @@ func newManager(p Params) (*nodemanager.Manager, error) {
 		p.Metrics.Registry.MustRegister(rejected)
 	}
 	jobs := p.Jobs.NewGroup(p.Health.Scope("nodes"), job.WithLogger(p.Log))
-	m, err := nodemanager.New(nodemanager.Params{LocalNode: p.Settings.NodeName, DB: p.DB, Jobs: jobs,
+	m, err := nodemanager.New(nodemanager.Params{LocalNode: p.Node.Name, DB: p.DB, Jobs: jobs,
 		Log: logging.For(p.Root, "node-manager"), ModuleID: p.ModuleID, Routes: routes, IPCache: cache,
 		Rules: rules, Tables: p.Tables,
 		OnRejected: func(_ string, r nodemanager.Rejection) { rejected.WithLabelValues(r.Reason).Inc() }})

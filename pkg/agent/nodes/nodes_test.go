@@ -16,6 +16,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
+	"github.com/tendril-net/tendril/pkg/option"
 )
 
 // claims is an ipcache that reports each remote-node claim on a channel.
@@ -38,7 +39,8 @@ func world(client *agentk8s.Client, cache IPCache) cell.Cell {
 		cell.Provide(
 			func() *agentk8s.Client { return client },
 			agentk8s.DefaultConfig,
-			func() agentk8s.Settings { return agentk8s.Settings{NodeName: "node-a"} },
+			func() option.LocalNode { return option.LocalNode{Name: "node-a"} },
+			func() agentendpoints.Config { return agentendpoints.Config{} },
 			func() *agentendpoints.Module { return nil },
 			func() IPCache { return cache },
 			health.NewRegistry,

@@ -23,14 +23,17 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/option"
 )
 
-// Cell is the L2 announcements' cell with its providers. Its config and
-// node name come from the agent's configuration.
+// Cell is the L2 announcements' cell with its providers.
 var Cell = cell.Group(
-	cell.Provide(deviceNames, kube, cluster, responder),
+	cell.Provide(deviceNames, kube, cluster, responder, localNode),
 	l2announcer.Cell,
 )
+
+// localNode is this node's name, the leases' holder identity.
+func localNode(n option.LocalNode) l2announcer.Node { return l2announcer.Node{Name: n.Name} }
 
 // deviceNames are the host programs' devices; nil without the datapath.
 func deviceNames(m *hostdev.Masquerade) l2announcer.DeviceNames {

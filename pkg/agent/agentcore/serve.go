@@ -1,4 +1,4 @@
-package agent
+package agentcore
 
 import (
 	"context"
@@ -13,19 +13,20 @@ import (
 	"github.com/tendril-net/tendril/pkg/profiling"
 )
 
-// serveCell registers the handlers every subsystem cell provides (the
+// ServeCell registers the handlers every subsystem cell provides (the
 // "api-handlers" value group, api/v1/server.HandlersOut) on the API
 // server, and is start step 10: metrics, pprof, the Hubble API, then the
 // API served, once every subsystem is built and every handler registered.
-var serveCell = cell.Module("serve", "Metrics pprof and the API socket",
+var ServeCell = cell.Module("serve", "Metrics pprof and the API socket",
+	cell.Config(profiling.DefaultConfig()),
 	cell.Invoke(registerServeSteps),
 )
 
-func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg Config, root cell.RootLogger, m *metrics.Server,
+func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg profiling.Config, root cell.RootLogger, m *metrics.Server,
 	api *server.Server, handlers server.HandlersIn, flows *agentflows.Module) {
 	handlers.RegisterAll(api)
 	steps.Append(lc, "metrics", m.Start, m.Stop)
-	pprofServer := profiling.New(cfg.Profiling, logging.For(root, "pprof"))
+	pprofServer := profiling.New(cfg, logging.For(root, "pprof"))
 	steps.Append(lc, "pprof", pprofServer.Start, pprofServer.Stop)
 	if flows != nil {
 		steps.Append(lc, "hubble", flows.Start, flows.Stop)
