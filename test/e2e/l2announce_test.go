@@ -22,10 +22,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
-	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
 )
 
 // l2Env is what the L2 announcements test reads of the lab.
