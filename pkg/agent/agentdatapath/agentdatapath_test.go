@@ -2,6 +2,9 @@ package agentdatapath
 
 import (
 	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -18,11 +21,13 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy/policycidr"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // provided is what the datapath cell provides to the others.
@@ -43,11 +48,17 @@ type provided struct {
 // the flags' values set over the defaults; p receives what it provides.
 func newHive(t *testing.T, flags map[string]string, p *provided) *hive.Hive {
 	t.Helper()
+	return newHiveWith(t, option.DefaultAgent(), flags, p)
+}
+
+// newHiveWith is newHive with the agent's options agent.
+func newHiveWith(t *testing.T, agent option.Agent, flags map[string]string, p *provided) *hive.Hive {
+	t.Helper()
 	h := hive.New(
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(
-			func() option.Agent { return option.DefaultAgent() },
+			func() option.Agent { return agent },
 			func() loader.TraceMode { return loader.TraceOff },
 			func() maps.LBSizes { return maps.LBSizes{} },
 			func() *metrics.Server { return metrics.New(metrics.Config{}, hivetest.Logger(t)) },
@@ -147,5 +158,57 @@ func TestInvalidConfigRefused(t *testing.T) {
 		if !option.IsInvalid(err) || !strings.Contains(err.Error(), tc.flag+" ") {
 			t.Errorf("--%s=%s: %v (invalid %v); want a configuration error naming the option", tc.flag, tc.value, err, option.IsInvalid(err))
 		}
+	}
+}
+
+// TestPrivilegedDatapathOn: with the datapath on, the cell's "bpf-maps"
+// step loads it under its own bpffs root: the module, its ipcache, policy
+// CIDR table, kernel and loader are provided (the ipcache the module's),
+// the maps are pinned under the root, and a claim in the ipcache is
+// written to the BPF map by its reconciler (realized without error).
+func TestPrivilegedDatapathOn(t *testing.T) {
+	testutil.Privileged(t)
+	agent := option.DefaultAgent()
+	agent.BPFRoot = filepath.Join("/sys/fs/bpf", "tendril-celltest-"+filepath.Base(t.TempDir()))
+	var p provided
+	h := newHiveWith(t, agent, map[string]string{"datapath-attach-mode": "tc"}, &p)
+	log := hivetest.Logger(t)
+	// Registered first, so it runs after the stop below: the pins go.
+	t.Cleanup(func() {
+		if p.loader != nil {
+			_ = p.loader.Remove()
+		}
+		_ = os.RemoveAll(agent.BPFRoot)
+	})
+	if err := h.Start(log, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := h.Stop(log, context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	if p.mod == nil || p.ipc == nil || p.cidr == nil || p.kernel == nil || p.loader == nil {
+		t.Fatalf("datapath on: module %v ipcache %v cidr %v kernel %v loader %v; want all set", p.mod, p.ipc, p.cidr, p.kernel, p.loader)
+	}
+	if p.mod.IPCache() != p.ipc || p.mod.Loader() != p.loader || p.mod.BPFRoot() != agent.BPFRoot {
+		t.Fatal("the provided ipcache, loader or bpf root are not the module's")
+	}
+	if !slices.Contains(p.steps.Names(), "bpf-maps") {
+		t.Fatalf("steps %v, want bpf-maps", p.steps.Names())
+	}
+	if p.attach.Mode != loader.AttachTC {
+		t.Fatalf("attach mode %+v, want tc as asked", p.attach)
+	}
+	pins, err := os.ReadDir(agent.BPFRoot)
+	if err != nil || len(pins) == 0 {
+		t.Fatalf("pins under %s: %v (%v)", agent.BPFRoot, pins, err)
+	}
+	prefix := netip.MustParsePrefix("192.0.2.7/32")
+	if err := p.ipc.Upsert(prefix, ipcache.Entry{Identity: identity.NumericIdentity(300), Source: ipcache.SourceLocal, Owner: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ipc.WaitRealized(context.Background(), prefix); err != nil {
+		t.Fatalf("ipcache claim not written to the BPF map: %v", err)
 	}
 }
