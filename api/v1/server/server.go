@@ -51,6 +51,11 @@ func (c Config) Validate() error {
 	if c.Socket == "" || !filepath.IsAbs(c.Socket) {
 		return fmt.Errorf("socket %q: must be an absolute path", c.Socket)
 	}
+	// New turns a zero bound into the default for its callers in tests;
+	// from the command line a bound of 0 or less is a mistake to name.
+	if c.MaxBodyBytes <= 0 {
+		return fmt.Errorf("api-max-body-bytes %d: must be positive", c.MaxBodyBytes)
+	}
 	return nil
 }
 

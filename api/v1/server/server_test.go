@@ -166,3 +166,24 @@ func TestStaleSocketIsReplaced(t *testing.T) {
 	conn.Close()
 	_ = s.Stop(context.Background())
 }
+
+// TestConfigValidate: the socket must be absolute and the body bound
+// positive; each error names its option.
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Socket: "rel.sock", MaxBodyBytes: 1}, "socket"},
+		{Config{Socket: "/a.sock", MaxBodyBytes: 0}, "api-max-body-bytes 0"},
+		{Config{Socket: "/a.sock", MaxBodyBytes: -5}, "api-max-body-bytes -5"},
+	} {
+		err := tc.cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%+v) = %v, want an error naming %q", tc.cfg, err, tc.want)
+		}
+	}
+}

@@ -134,6 +134,7 @@ func TestInvalidOptionsRefused(t *testing.T) {
 		"state-dir":          "relative/state",
 		"log-format":         "xml",
 		"socket":             "tendril.sock",
+		"api-max-body-bytes": "0",
 	} {
 		t.Run(flag, func(t *testing.T) {
 			h := newHive(t, map[string]string{flag: value}, nil)
