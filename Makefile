@@ -77,7 +77,8 @@ coredns:
 RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/ipcache/... \
 	./pkg/identity/... ./pkg/cni/... ./pkg/agent/ ./pkg/lifecycle/ ./pkg/health/ ./pkg/namedns/ \
 	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/agent/agentk8s/ ./pkg/node/ ./pkg/loadbalancer/... ./pkg/dbinspect/ \
-	./pkg/observer/... ./pkg/hubble/ ./pkg/agent/agentflows/ ./pkg/datapath/sockterm/ ./pkg/agent/hostdev/ ./pkg/operator/... ./pkg/agent/epattach/
+	./pkg/observer/... ./pkg/hubble/ ./pkg/agent/agentflows/ ./pkg/datapath/sockterm/ ./pkg/agent/hostdev/ ./pkg/operator/... ./pkg/agent/epattach/ \
+	./pkg/agent/nodes/ ./pkg/reconcile/
 
 test: deps verify-generated lint build k8s-binaries coredns
 	@echo "==> go test (full log in .test-output.log), then go test -race on the packages that hold concurrency"
