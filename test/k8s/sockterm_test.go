@@ -149,7 +149,7 @@ func socketsHelper(req socketsRequest) error {
 		if _, err := unix.Write(fd, []byte("ping")); err != nil {
 			return "", err
 		}
-		n, err := unix.Read(fd, buf)
+		n, err := testutil.RetryEINTR(func() (int, error) { return unix.Read(fd, buf) })
 		if err != nil {
 			return "", err
 		}

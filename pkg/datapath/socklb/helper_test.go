@@ -18,6 +18,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // The sockets under test live in a child process of the test: started
@@ -228,7 +230,7 @@ func probe(kind string, dst netip.AddrPort) (r helperResult) {
 	buf := make([]byte, 64)
 	switch kind {
 	case "tcp":
-		n, err := unix.Read(fd, buf)
+		n, err := testutil.RetryEINTR(func() (int, error) { return unix.Read(fd, buf) })
 		if err != nil {
 			return fail("read", err)
 		}
@@ -245,7 +247,12 @@ func probe(kind string, dst netip.AddrPort) (r helperResult) {
 	default:
 		return fail("probe", fmt.Errorf("unknown kind %q", kind))
 	}
-	n, from, err := unix.Recvfrom(fd, buf, 0)
+	var from unix.Sockaddr
+	n, err := testutil.RetryEINTR(func() (int, error) {
+		n, sa, err := unix.Recvfrom(fd, buf, 0)
+		from = sa
+		return n, err
+	})
 	if err != nil {
 		return fail("recvfrom", err)
 	}

@@ -118,7 +118,7 @@ func udpPing(fd int) (string, error) {
 		return "", fmt.Errorf("send: %w", err)
 	}
 	buf := make([]byte, 64)
-	n, err := unix.Read(fd, buf)
+	n, err := testutil.RetryEINTR(func() (int, error) { return unix.Read(fd, buf) })
 	if err != nil {
 		return "", fmt.Errorf("receive: %w", err)
 	}
