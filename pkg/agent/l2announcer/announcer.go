@@ -259,7 +259,7 @@ func LeaseCampaign(cfg Config, client func() kubernetes.Interface, node string, 
 			}
 		}
 		if errors.Is(context.Cause(ctx), ErrNotCandidate) {
-			if err := releaseLease(lock, node, cfg.RenewDeadline); err != nil {
+			if err := releaseLease(lock, node, cfg); err != nil {
 				log.Warn("Cannot release an L2 announcement lease: it expires instead", "service", svc, "error", err)
 			}
 		}
@@ -267,8 +267,25 @@ func LeaseCampaign(cfg Config, client func() kubernetes.Interface, node string, 
 }
 
 // releaseLease gives the lease up if node holds it, as client-go's
-// ReleaseOnCancel does: no holder, and a one-second duration.
-func releaseLease(lock *resourcelock.LeaseLock, node string, timeout time.Duration) error {
+// ReleaseOnCancel does: no holder, and a one-second duration. It tries
+// again (each try bounded by the renew deadline) until the lease would
+// have expired anyway: one slow answer from a loaded API server must not
+// leave a service unannounced for a whole lease duration.
+func releaseLease(lock *resourcelock.LeaseLock, node string, cfg Config) error {
+	deadline := time.Now().Add(cfg.LeaseDuration)
+	var err error
+	for {
+		if err = releaseLeaseOnce(lock, node, cfg.RenewDeadline); err == nil {
+			return nil
+		}
+		if time.Now().Add(cfg.RetryPeriod).After(deadline) {
+			return err
+		}
+		time.Sleep(cfg.RetryPeriod)
+	}
+}
+
+func releaseLeaseOnce(lock *resourcelock.LeaseLock, node string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	rec, _, err := lock.Get(ctx)
