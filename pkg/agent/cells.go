@@ -59,7 +59,7 @@ func cells() []cell.Cell {
 		realizer.Cell,
 		hostips.Cell,
 		agentpolicy.Cell,
-		realizer.RegenerationCell,
+		agentendpoints.RegenerationCell,
 		agentdatapath.RestoredCell,
 		agentflows.Cell,
 		daemonapi.Cell,

@@ -4,10 +4,24 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
 
 	"github.com/tendril-net/tendril/pkg/agent/agentidentity"
 	"github.com/tendril-net/tendril/pkg/agent/agentkv"
+	"github.com/tendril-net/tendril/pkg/agent/epattach"
+	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
+	"github.com/tendril-net/tendril/pkg/identity/identitytable"
+	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/ipcache/kvpublisher"
+	"github.com/tendril-net/tendril/pkg/k8s/endpointpub"
+	"github.com/tendril-net/tendril/pkg/k8s/policystatus"
+	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
+	"github.com/tendril-net/tendril/pkg/policy/policycidr"
 )
 
 // seedsOrder is the agent's start, in the order of ARCHITECTURE.md and the
@@ -73,4 +87,62 @@ current-context: x
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestEveryTableIsTyped: with every subsystem on, each table in the
+// database is some cell's typed output, which any other cell can receive
+// by its type; none is reached only by its name.
+func TestEveryTableIsTyped(t *testing.T) {
+	dir := t.TempDir()
+	flags := map[string]string{
+		"kubeconfig":               writeKubeconfig(t),
+		"enable-datapath":          "true",
+		"kvstore":                  agentkv.ModeEmbedded,
+		"identity-allocation-mode": agentidentity.AllocationKVStore,
+		"enable-l2-announcements":  "true",
+		"state-dir":                filepath.Join(dir, "state"),
+		"socket":                   filepath.Join(dir, "tendril.sock"),
+		"node-name":                "node-a",
+	}
+	var typed, registered []string
+	_, err := newTestAgent(Deps{}, flags, cell.Invoke(func(in typedTables) {
+		for _, tbl := range []interface{ Name() statedb.TableName }{
+			in.Identities.Table(), in.PolicyCIDRs.Table(), in.Endpoints.Table(), in.IPCache.Table(),
+			in.Nodes, in.Routes, in.Services, in.Backends, in.Frontends,
+			in.PolicyStatus, in.EndpointPublications, in.KVAddresses, in.L2Announcements,
+		} {
+			typed = append(typed, tbl.Name())
+		}
+		for _, meta := range in.DB.GetTables(in.DB.ReadTxn()) {
+			registered = append(registered, meta.Name())
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(typed)
+	slices.Sort(registered)
+	if !slices.Equal(typed, registered) {
+		t.Fatalf("typed outputs %v\nregistered tables %v", typed, registered)
+	}
+}
+
+// typedTables is every table by its type, as a cell receives it.
+type typedTables struct {
+	cell.In
+
+	DB                   *statedb.DB
+	Identities           *identitytable.Table
+	PolicyCIDRs          *policycidr.Table
+	Endpoints            *epattach.Table
+	IPCache              *ipcache.IPCache
+	Nodes                statedb.Table[*nodemanager.Peer]
+	Routes               statedb.Table[*nodemanager.Route]
+	Services             statedb.Table[*loadbalancer.Service]
+	Backends             statedb.Table[*loadbalancer.Backend]
+	Frontends            statedb.Table[*loadbalancer.Frontend]
+	PolicyStatus         statedb.Table[*policystatus.Report]
+	EndpointPublications statedb.Table[*endpointpub.Desired]
+	KVAddresses          statedb.Table[*kvpublisher.Key]
+	L2Announcements      statedb.Table[*l2announcer.Announcement]
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/agent/hostips"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
+	"github.com/tendril-net/tendril/pkg/agent/realizer"
 )
 
 // wiring names, where a cell's type already has the methods another cell
@@ -36,6 +37,8 @@ var wiring = cell.Provide(
 	as[agentflows.Endpoints, *agentendpoints.Module],
 	as[agentflows.Policy, *agentpolicy.Module],
 	as[epattach.Kernel, agentdatapath.Kernel],
+	as[agentendpoints.Realizer, *realizer.Realizer],
+	as[agentendpoints.PolicyRegeneration, *agentpolicy.Module],
 )
 
 // as is a cell's value as the interface I another cell declares; a nil

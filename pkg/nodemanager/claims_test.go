@@ -78,7 +78,7 @@ func TestClaimGate(t *testing.T) {
 	cache := &remoteCache{claims: map[string]string{}}
 	var mu sync.Mutex
 	reasons := map[string]int{}
-	g := NewClaimGate(ClaimGateParams{DB: m.DB(), Nodes: m.Nodes(), Cache: cache, Log: quiet(), OnRejected: func(r string) {
+	g := NewClaimGate(ClaimGateParams{DB: m.db, Nodes: m.nodes, Cache: cache, Log: quiet(), OnRejected: func(r string) {
 		mu.Lock()
 		reasons[r]++
 		mu.Unlock()
@@ -183,7 +183,7 @@ func TestClaimGateNoNodeSource(t *testing.T) {
 			m, _ := startManager(t, nil, nil)
 			cache := &remoteCache{claims: map[string]string{}}
 			reasons := make(chan string, 4)
-			g := NewClaimGate(ClaimGateParams{DB: m.DB(), Nodes: m.Nodes(), NoNodes: tt.noNodes, Cache: cache, Log: quiet(),
+			g := NewClaimGate(ClaimGateParams{DB: m.db, Nodes: m.nodes, NoNodes: tt.noNodes, Cache: cache, Log: quiet(),
 				OnRejected: func(r string) { reasons <- r }})
 			ctx, cancel := context.WithCancel(context.Background())
 			runDone := make(chan struct{})

@@ -118,15 +118,6 @@ func New(p Params) (*Manager, error) {
 	return m, nil
 }
 
-// DB is the database the tables are in.
-func (m *Manager) DB() *statedb.DB { return m.db }
-
-// Nodes is the nodes table, for inspection.
-func (m *Manager) Nodes() statedb.Table[*Peer] { return m.nodes }
-
-// Routes is the routes table, for inspection.
-func (m *Manager) Routes() statedb.Table[*Route] { return m.routes }
-
 // AddInitializer holds the route prune back until the returned function is
 // called: each source of peers registers one while the hive is built and
 // calls it once its initial listing is in the table, so that the prune

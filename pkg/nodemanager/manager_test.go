@@ -168,7 +168,7 @@ func eventually(t *testing.T, cond func() (bool, string)) {
 
 // peerStatus is a peer's reconciliation status as the dump prints it.
 func peerStatus(m *Manager, name string) string {
-	p, _, ok := m.Nodes().Get(m.db.ReadTxn(), PeerNameIndex.Query(name))
+	p, _, ok := m.nodes.Get(m.db.ReadTxn(), PeerNameIndex.Query(name))
 	if !ok {
 		return "absent"
 	}
@@ -176,7 +176,7 @@ func peerStatus(m *Manager, name string) string {
 }
 
 func routeStatus(m *Manager, dst string) string {
-	r, _, ok := m.Routes().Get(m.db.ReadTxn(), RoutePrefixIndex.Query(netip.MustParsePrefix(dst)))
+	r, _, ok := m.routes.Get(m.db.ReadTxn(), RoutePrefixIndex.Query(netip.MustParsePrefix(dst)))
 	if !ok {
 		return "absent"
 	}
@@ -431,9 +431,9 @@ func TestUnchangedPeerNotRewritten(t *testing.T) {
 		s := peerStatus(m, "b")
 		return strings.HasPrefix(s, "Done"), "status " + s
 	})
-	rev := m.Nodes().Revision(m.db.ReadTxn())
+	rev := m.nodes.Revision(m.db.ReadTxn())
 	mustUpsert(t, m, "b", []string{"172.31.9.2"}, "10.9.2.0/24")
-	if got := m.Nodes().Revision(m.db.ReadTxn()); got != rev {
+	if got := m.nodes.Revision(m.db.ReadTxn()); got != rev {
 		t.Fatalf("unchanged peer rewritten: revision %d -> %d", rev, got)
 	}
 }

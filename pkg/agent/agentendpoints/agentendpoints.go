@@ -158,6 +158,7 @@ type Module struct {
 	hookMu      sync.Mutex
 	hooks       []endpointmanager.Regenerator
 	subscribers []func(endpointmanager.Event)
+	realizer    Realizer // nil without the datapath (RegenerationCell sets it)
 
 	// cni serves tendril-cni's commands once IPAM and the endpoints are up.
 	cniMu sync.Mutex
@@ -260,6 +261,11 @@ func (m *Module) start(ctx context.Context) error {
 		return fmt.Errorf("restore endpoints: %w", err)
 	}
 	m.restored = res
+	if r := m.realizerOrNil(); r != nil {
+		// Before the CNI server serves: these are the restored endpoints
+		// and no others.
+		r.Restored(m.mgr.List())
+	}
 	m.log.Info("Restored endpoints from disk", "restored", len(res.Restored), "removed", len(res.Removed),
 		"failed", len(res.Failed), "duration", time.Since(start), "ipv4-cidr", v4, "ipv6-cidr", v6)
 

@@ -65,7 +65,7 @@ import (
 var Cell = cell.Module("k8s", "Kubernetes node write-back and watchers",
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
-	cell.Provide(New, statusContribution),
+	cell.Provide(New, statusContribution, policyStatusOf, endpointPublicationsOf),
 )
 
 // Config are the Kubernetes options.
@@ -671,4 +671,24 @@ func registry(m *metrics.Server) prometheus.Registerer {
 		return nil
 	}
 	return m.Registry
+}
+
+// policyStatusOf is this node's report on each Tendril policy, the cell's
+// typed output (its reconciler writes it into the objects' status). Nil
+// without Kubernetes.
+func policyStatusOf(k *Module) statedb.Table[*policystatus.Report] {
+	if k == nil || k.status == nil {
+		return nil
+	}
+	return k.status.Table()
+}
+
+// endpointPublicationsOf is the TendrilEndpoints this node wants in the API
+// server, the cell's typed output (its reconciler writes them). Nil
+// without Kubernetes.
+func endpointPublicationsOf(k *Module) statedb.Table[*endpointpub.Desired] {
+	if k == nil || k.publisher == nil {
+		return nil
+	}
+	return k.publisher.Table()
 }

@@ -50,7 +50,7 @@ var Cell = cell.Module("kvstore", "The etcd client identities and endpoint addre
 	cell.Invoke(validate),
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
-	cell.Provide(New, statusContribution, endpointsOf, nodeIPOf),
+	cell.Provide(New, statusContribution, endpointsOf, nodeIPOf, addressesOf),
 	cell.ProvidePrivate(configOf),
 )
 
@@ -364,4 +364,14 @@ func publisherStatus(st kvpublisher.Status, now time.Time) string {
 		v += fmt.Sprintf("; last error %s ago: %v", now.Sub(st.LastErrorAt).Round(time.Second), st.LastError)
 	}
 	return v
+}
+
+// addressesOf is the endpoint addresses this node publishes in etcd, the
+// cell's typed output (its reconciler writes and prunes the keys). Nil
+// without a kvstore.
+func addressesOf(m *Module) statedb.Table[*kvpublisher.Key] {
+	if m == nil || m.ipPub == nil {
+		return nil
+	}
+	return m.ipPub.Table()
 }

@@ -27,7 +27,7 @@ var Cell = cell.Module("l2-announcements", "Answers ARP for service addresses ad
 	cell.Invoke(Config.validate),
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Announcer) {}),
-	cell.Provide(newCell, statusContribution),
+	cell.Provide(newCell, statusContribution, tableOf),
 )
 
 // Node is this node's name (the leases' holder identity).
@@ -229,4 +229,14 @@ func (r *runner) reportNew(refused []Refusal, last map[Refusal]struct{}, report 
 		report(x)
 	}
 	return now
+}
+
+// tableOf is the announcements table, the cell's typed output: which
+// service address this node answers ARP for, on which device, and its
+// reconciliation. Nil with announcements off.
+func tableOf(a *Announcer) statedb.Table[*Announcement] {
+	if a == nil {
+		return nil
+	}
+	return a.table
 }

@@ -2,10 +2,12 @@
 // (identity, ipcache, policy map entries, then the endpoint's object in
 // the endpoints table, whose reconciler writes its endpoint map entry and
 // attaches its programs: the "endpoint-realizer" cell, start step
-// "identity-restore")
-// and the regeneration that keeps every endpoint at the current policy
-// (the "regeneration" cell: steps "regenerate-restored" and
-// "policy-regeneration", the manager's workers and the policy pass).
+// "identity-restore").
+//
+// The endpoint manager calls the realizer and hands it what it needs (the
+// restored endpoints, the identities revoked); the realizer writes tables
+// and waits on their reconcilers, and never calls back into the endpoints
+// (agentendpoints's regeneration cell wires it in).
 package realizer
 
 import (
@@ -13,13 +15,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/cilium/hive/cell"
 
 	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
-	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/endpoint"
@@ -48,8 +50,9 @@ type Realizer struct {
 	policy     *agentpolicy.Module
 	identities identity.Allocator
 
-	mu   sync.Mutex
-	held map[uint16]identity.NumericIdentity // identity reference held per endpoint
+	mu       sync.Mutex
+	held     map[uint16]identity.NumericIdentity // identity reference held per endpoint
+	restored []*endpoint.Endpoint                // what the endpoint manager read back from disk
 }
 
 // Params are the realizer's dependencies.
@@ -62,36 +65,38 @@ type Params struct {
 	Kernel     agentdatapath.Kernel // nil without the datapath
 	Attach     *epattach.Table      // the endpoints table; nil without the datapath
 	IPCache    *ipcache.IPCache
-	Endpoints  *agentendpoints.Module
 	Policy     *agentpolicy.Module
 	Identities identity.Allocator
 }
 
-// New builds the realizer (nil without the datapath), registers it as a
-// regeneration hook of the endpoints and appends its step.
+// New builds the realizer (nil without the datapath) and appends its
+// step. The endpoints make it their regeneration hook.
 func New(p Params) *Realizer {
 	if p.Kernel == nil {
 		return nil
 	}
 	r := &Realizer{log: p.Log, kernel: p.Kernel, attach: p.Attach, ipcache: p.IPCache, policy: p.Policy, identities: p.Identities, held: map[uint16]identity.NumericIdentity{}}
-	// After host networking, every regeneration realizes the endpoint here.
-	p.Endpoints.AddRegenerateHook(r)
-	eps := p.Endpoints
-	p.Identities.SubscribeRevoked(func(id identity.NumericIdentity, labels []string) {
-		for _, ep := range r.Revoked(id) {
-			if mgr := eps.Manager(); mgr != nil {
-				mgr.Requeue(ep, fmt.Sprintf("Identity %d no longer stands for its labels", id))
-			}
-		}
-	})
 	p.Steps.Append(p.Lifecycle, "identity-restore", func(context.Context) error {
-		restored := eps.Manager().List()
+		r.mu.Lock()
+		restored := r.restored
+		r.restored = nil
+		r.mu.Unlock()
 		r.reserveRestored(restored)
 		// Before any regeneration: the endpoints table's prune must keep
 		// every restored endpoint's attachment, regenerated or not.
 		return r.keepRestored(restored)
 	}, nil)
 	return r
+}
+
+// Restored hands the realizer the endpoints the endpoint manager read back
+// from disk (its start step, before the CNI server serves): the
+// identity-restore step re-takes their identities and keeps their
+// attachments.
+func (m *Realizer) Restored(eps []*endpoint.Endpoint) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.restored = slices.Clone(eps)
 }
 
 // keepRestored puts the restored endpoints into the endpoints table as the

@@ -215,3 +215,32 @@ func TestNilWithoutDatapath(t *testing.T) {
 		t.Fatalf("steps %v without the datapath include identity-restore", steps.Names())
 	}
 }
+
+// TestRestoredKeptBeforeRegeneration: the endpoints the endpoint manager
+// hands over as restored are in the endpoints table after the
+// identity-restore step (their attachments survive the table's prune
+// before they regenerate) and keep their identity numbers.
+func TestRestoredKeptBeforeRegeneration(t *testing.T) {
+	rec := &record{}
+	var (
+		tbl *epattach.Table
+		ids identity.Allocator
+		db  *statedb.DB
+	)
+	restored := &endpoint.Endpoint{ID: 9, PodNamespace: "default", PodName: "db-0", Labels: []string{"k8s:app=db"},
+		IPv4: netip.MustParseAddr("10.77.3.20"), HostIfIndex: 43, Identity: 4242}
+	start(t, flags, append(world(t, rec, kernel{rec}), Cell,
+		cell.Invoke(func(real *Realizer, et *epattach.Table, a identity.Allocator, d *statedb.DB) {
+			tbl, ids, db = et, a, d
+			// As the endpoints' start step does, before identity-restore.
+			real.Restored([]*endpoint.Endpoint{restored})
+		}))...)
+	row, _, found := tbl.Table().Get(db.ReadTxn(), epattach.IDIndex.Query(restored.ID))
+	if !found || row.Pod != "db-0" {
+		t.Fatalf("restored endpoint's row %+v (found %v), want db-0 kept", row, found)
+	}
+	ident, ok := ids.Lookup(identity.NumericIdentity(restored.Identity))
+	if !ok || identity.LabelsKey(ident.Labels) != identity.LabelsKey(agentpolicy.EndpointLabels(restored)) {
+		t.Fatalf("identity %d after restore: %+v (found %v), want the endpoint's labels reserved", restored.Identity, ident, ok)
+	}
+}
