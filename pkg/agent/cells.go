@@ -18,6 +18,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/hostdev"
 	"github.com/tendril-net/tendril/pkg/agent/hostips"
 	"github.com/tendril-net/tendril/pkg/agent/l2announcer/l2wiring"
+	"github.com/tendril-net/tendril/pkg/agent/nodehealth"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/agent/realizer"
 )
@@ -53,6 +54,7 @@ func cells() []cell.Cell {
 		agentservices.Cell,
 		agentendpoints.Cell,
 		nodes.Cell, // the nodes and routes tables, written by agentk8s's node watchers
+		nodehealth.Cell,
 		agentk8s.Cell,
 		l2wiring.Cell, // the L2 announcements with their providers
 		agentkv.Cell,

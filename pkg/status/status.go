@@ -22,6 +22,7 @@ const (
 	OrderServices   = 50
 	OrderL2         = 60
 	OrderHubble     = 70
+	OrderNodeHealth = 75
 	OrderTables     = 80
 	OrderEndpoints  = 90
 	OrderIdentities = 100

@@ -1,0 +1,298 @@
+package nodehealth
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
+	tutil "github.com/tendril-net/tendril/pkg/testutil"
+)
+
+// fakeNet answers the probes of the addresses marked up; a probe of any
+// other address fails as a timeout would.
+type fakeNet struct {
+	mu sync.Mutex
+	up map[netip.Addr]bool
+	// hold, if set for an address, is waited on before it answers.
+	hold map[netip.Addr]chan struct{}
+}
+
+func newFakeNet(up ...netip.Addr) *fakeNet {
+	n := &fakeNet{up: map[netip.Addr]bool{}, hold: map[netip.Addr]chan struct{}{}}
+	for _, ip := range up {
+		n.up[ip] = true
+	}
+	return n
+}
+
+func (n *fakeNet) set(ip netip.Addr, up bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.up[ip] = up
+}
+
+func (n *fakeNet) probe(latency time.Duration) ProbeFunc {
+	return func(ctx context.Context, ip netip.Addr) (time.Duration, error) {
+		n.mu.Lock()
+		hold := n.hold[ip]
+		n.mu.Unlock()
+		if hold != nil {
+			<-hold
+		}
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if !n.up[ip] {
+			return 0, errors.New("no echo reply within 1s")
+		}
+		return latency, nil
+	}
+}
+
+// rig is a database with the nodes table (written by the test, as the
+// node manager would) and the node health table with its prober.
+type rig struct {
+	db     *statedb.DB
+	nodes  statedb.RWTable[*nodemanager.Peer]
+	prober *Prober
+	net    *fakeNet
+	// written and deleted are what the prober reported, in order.
+	mu      sync.Mutex
+	deleted []string
+}
+
+func newRig(t *testing.T, net *fakeNet) *rig {
+	t.Helper()
+	db := statedb.New()
+	tables, err := nodemanager.NewTables(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, err := NewTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{db: db, nodes: tables.Nodes, net: net}
+	r.prober = &Prober{DB: db, Table: table, Peers: tables.Nodes, ICMP: net.probe(time.Millisecond), HTTP: net.probe(2 * time.Millisecond),
+		Timeout: time.Second, Now: time.Now, Log: hivetest.Logger(t),
+		Written: func(_ []*Status, deleted []string) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.deleted = append(r.deleted, deleted...)
+		}}
+	return r
+}
+
+func (r *rig) upsert(t *testing.T, name string, ips ...netip.Addr) {
+	t.Helper()
+	w := r.db.WriteTxn(r.nodes)
+	if _, _, err := r.nodes.Insert(w, &nodemanager.Peer{Name: name, IPs: ips}); err != nil {
+		t.Fatal(err)
+	}
+	w.Commit()
+}
+
+func (r *rig) remove(t *testing.T, name string) {
+	t.Helper()
+	w := r.db.WriteTxn(r.nodes)
+	if _, _, err := r.nodes.Delete(w, &nodemanager.Peer{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	w.Commit()
+}
+
+func (r *rig) status(name string) (*Status, bool) {
+	st, _, ok := r.prober.Table.Get(r.db.ReadTxn(), StatusByNode.Query(name))
+	return st, ok
+}
+
+func (r *rig) round(t *testing.T) {
+	t.Helper()
+	if err := r.prober.Round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var (
+	b1 = netip.MustParseAddr("192.0.2.11")
+	b2 = netip.MustParseAddr("192.0.2.12")
+	c1 = netip.MustParseAddr("192.0.2.21")
+	d1 = netip.MustParseAddr("192.0.2.31")
+)
+
+// TestProbeRoundsFollowTheNodes: a node that stops answering is
+// unreachable after the next round, with the probe's error, and
+// reachable again after the round once it answers; each address is
+// probed and recorded on its own; a node that leaves the nodes table
+// loses its row.
+func TestProbeRoundsFollowTheNodes(t *testing.T) {
+	net := newFakeNet(b1, b2, c1)
+	r := newRig(t, net)
+	r.upsert(t, "node-b", b1, b2)
+	r.upsert(t, "node-c", c1)
+	r.round(t)
+
+	st, ok := r.status("node-b")
+	if !ok || !st.Reachable() || len(st.Addresses) != 2 {
+		t.Fatalf("node-b after the first round: %+v (found %v), want reachable on 2 addresses", st, ok)
+	}
+	a := st.Addresses[0]
+	if a.IP != b1 || !a.ICMP.Reachable || a.ICMP.Latency != time.Millisecond || a.HTTP.Latency != 2*time.Millisecond || a.ICMP.Probed.IsZero() {
+		t.Fatalf("node-b primary: %+v", a)
+	}
+
+	// A secondary address down: recorded, the node still reachable.
+	net.set(b2, false)
+	r.round(t)
+	st, _ = r.status("node-b")
+	if !st.Reachable() || st.Addresses[1].ICMP.Reachable || st.Addresses[1].HTTP.Error == "" {
+		t.Fatalf("node-b with its secondary address down: %+v", st)
+	}
+
+	// The primary down: unreachable, with the error.
+	net.set(b1, false)
+	r.round(t)
+	st, _ = r.status("node-b")
+	if st.Reachable() || st.Addresses[0].ICMP.Reachable || st.Addresses[0].HTTP.Reachable ||
+		!strings.Contains(st.Addresses[0].ICMP.Error, "no echo reply") {
+		t.Fatalf("node-b with its primary address down: %+v", st)
+	}
+	if c, _ := r.status("node-c"); !c.Reachable() {
+		t.Fatalf("node-c follows node-b: %+v", c)
+	}
+
+	// Back: reachable at the next round, the error gone.
+	net.set(b1, true)
+	net.set(b2, true)
+	r.round(t)
+	st, _ = r.status("node-b")
+	if !st.Reachable() || !st.Addresses[1].Reachable() || st.Addresses[0].ICMP.Error != "" {
+		t.Fatalf("node-b answering again: %+v", st)
+	}
+
+	// node-c leaves: its row goes (Prune, at once) and stays gone.
+	r.remove(t, "node-c")
+	r.prober.Prune()
+	if _, ok := r.status("node-c"); ok {
+		t.Fatal("node-c's row outlived the node")
+	}
+	r.round(t)
+	if _, ok := r.status("node-c"); ok {
+		t.Fatal("a round wrote a row for a node that left")
+	}
+	if !slices.Equal(r.deleted, []string{"node-c"}) {
+		t.Fatalf("deleted %v, want [node-c] once", r.deleted)
+	}
+}
+
+// TestNodeLeavingDuringARound: a node deleted while its probes run gets
+// no row from that round.
+func TestNodeLeavingDuringARound(t *testing.T) {
+	net := newFakeNet(b1, d1)
+	hold := make(chan struct{})
+	net.hold[d1] = hold
+	r := newRig(t, net)
+	r.upsert(t, "node-b", b1)
+	r.upsert(t, "node-d", d1)
+	done := make(chan error)
+	go func() { done <- r.prober.Round(context.Background()) }()
+	r.remove(t, "node-d")
+	close(hold)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.status("node-d"); ok {
+		t.Fatal("node-d got a row after it left")
+	}
+	if st, ok := r.status("node-b"); !ok || !st.Reachable() {
+		t.Fatalf("node-b: %+v (found %v)", st, ok)
+	}
+}
+
+// TestRunProbesEveryIntervalAndPrunesAtOnce: the prober's loop probes at
+// once and again every interval (a node that stops answering shows so),
+// and a node leaving the nodes table loses its row without waiting for
+// a round (the interval here is an hour).
+func TestRunProbesEveryIntervalAndPrunesAtOnce(t *testing.T) {
+	t.Run("interval", func(t *testing.T) {
+		net := newFakeNet(b1)
+		r := newRig(t, net)
+		r.upsert(t, "node-b", b1)
+		run(t, r, 20*time.Millisecond)
+		reachable := func(want bool) func() bool {
+			return func() bool { st, ok := r.status("node-b"); return ok && st.Reachable() == want }
+		}
+		tutil.Eventually(t, 10*time.Second, "node-b reachable", reachable(true))
+		net.set(b1, false)
+		tutil.Eventually(t, 10*time.Second, "node-b unreachable", reachable(false))
+		net.set(b1, true)
+		tutil.Eventually(t, 10*time.Second, "node-b reachable again", reachable(true))
+	})
+	t.Run("prune", func(t *testing.T) {
+		net := newFakeNet(b1, c1)
+		r := newRig(t, net)
+		r.upsert(t, "node-b", b1)
+		r.upsert(t, "node-c", c1)
+		run(t, r, time.Hour)
+		tutil.Eventually(t, 10*time.Second, "first round", func() bool { _, ok := r.status("node-c"); return ok })
+		r.remove(t, "node-c")
+		tutil.Eventually(t, 10*time.Second, "node-c's row deleted", func() bool { _, ok := r.status("node-c"); return !ok })
+		if _, ok := r.status("node-b"); !ok {
+			t.Fatal("node-b's row went with node-c's")
+		}
+	})
+}
+
+func run(t *testing.T, r *rig, interval time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.prober.Run(ctx, interval, health.NewRegistry().Scope("node-health")) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// TestMetricsFollowTheRounds: the connectivity gauges say 1 or 0 per
+// node and probe type (the primary address), the latency only while it
+// answers, and a node that left has no series.
+func TestMetricsFollowTheRounds(t *testing.T) {
+	net := newFakeNet(b1, c1)
+	r := newRig(t, net)
+	m := newConnectivityMetrics("node-a")
+	r.prober.Written = m.update
+	r.upsert(t, "node-b", b1)
+	r.upsert(t, "node-c", c1)
+	r.round(t)
+	if got := testutil.ToFloat64(m.status.WithLabelValues("node-a", "node-b", "icmp")); got != 1 {
+		t.Fatalf("node-b icmp status %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.latency.WithLabelValues("node-a", "node-b", "http")); got != 0.002 {
+		t.Fatalf("node-b http latency %v, want 0.002", got)
+	}
+	net.set(b1, false)
+	r.round(t)
+	if got := testutil.ToFloat64(m.status.WithLabelValues("node-a", "node-b", "http")); got != 0 {
+		t.Fatalf("node-b http status %v while down, want 0", got)
+	}
+	if n := testutil.CollectAndCount(m.latency); n != 2 {
+		t.Fatalf("%d latency series with node-b down, want node-c's 2", n)
+	}
+	r.remove(t, "node-c")
+	r.round(t)
+	if n := testutil.CollectAndCount(m.status); n != 2 {
+		t.Fatalf("%d status series after node-c left, want node-b's 2", n)
+	}
+}
