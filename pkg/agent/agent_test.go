@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -91,9 +93,23 @@ func testFlags(dir string, more map[string]string) map[string]string {
 		"node-name":               "node-a",
 		"install-host-networking": "false",
 		"enable-datapath":         "false",
+		// The health responder listens on every address of the
+		// machine's namespace: not on the port of an agent running there.
+		"health-port": freeHealthPort(),
 	}
 	maps.Copy(flags, more)
 	return flags
+}
+
+// freeHealthPort is a TCP port nothing listens on just now, for an
+// agent's --health-port.
+func freeHealthPort() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "4240"
+	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
 
 // startAgent runs an agent in-process with its own state dir and socket,
@@ -153,7 +169,7 @@ func TestHealthzThroughSocket(t *testing.T) {
 	for _, s := range st.Tendril.Sections {
 		titles = append(titles, s.Title)
 	}
-	if got, want := strings.Join(titles, ", "), "Services, IPAM, Identities"; got != want {
+	if got, want := strings.Join(titles, ", "), "Services, Node health, IPAM, Identities"; got != want {
 		t.Errorf("status sections %s, want %s", got, want)
 	}
 	if st.Tendril.Bootstrap.Total <= 0 {

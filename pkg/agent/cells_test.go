@@ -14,6 +14,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentkv"
 	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
+	"github.com/tendril-net/tendril/pkg/agent/nodehealth"
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/ipcache/kvpublisher"
@@ -109,7 +110,7 @@ func TestEveryTableIsTyped(t *testing.T) {
 		for _, tbl := range []interface{ Name() statedb.TableName }{
 			in.Identities.Table(), in.PolicyCIDRs.Table(), in.Endpoints.Table(), in.IPCache.Table(),
 			in.Nodes, in.Routes, in.Services, in.Backends, in.Frontends,
-			in.PolicyStatus, in.EndpointPublications, in.KVAddresses, in.L2Announcements,
+			in.PolicyStatus, in.EndpointPublications, in.KVAddresses, in.L2Announcements, in.NodeHealth,
 		} {
 			typed = append(typed, tbl.Name())
 		}
@@ -145,4 +146,5 @@ type typedTables struct {
 	EndpointPublications statedb.Table[*endpointpub.Desired]
 	KVAddresses          statedb.Table[*kvpublisher.Key]
 	L2Announcements      statedb.Table[*l2announcer.Announcement]
+	NodeHealth           statedb.Table[*nodehealth.Status]
 }

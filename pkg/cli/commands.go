@@ -19,5 +19,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newStateDBCommand,
 		newRelayCommand,
 		newMetricsCommand,
+		newHealthCommand,
 	}
 }

@@ -42,7 +42,7 @@ func startAgent(t *testing.T, extraEnv []string, args ...string) *agentProc {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "t.sock")
 	base := []string{"--state-dir", filepath.Join(dir, "state"), "--socket", sock,
-		"--bpf-root", "/sys/fs/bpf/tendril-proc-" + filepath.Base(dir), "--prometheus-serve-addr", "", "--node-name", "proc-node", "--install-host-networking=false", "--enable-datapath=false"}
+		"--bpf-root", "/sys/fs/bpf/tendril-proc-" + filepath.Base(dir), "--prometheus-serve-addr", "", "--node-name", "proc-node", "--install-host-networking=false", "--enable-datapath=false", "--enable-health-checking=false"}
 	cmd := exec.Command(bin, append(base, args...)...)
 	cmd.Env = append(os.Environ(), extraEnv...)
 	p := &agentProc{cmd: cmd, socket: sock, stderr: &bytes.Buffer{}}
@@ -177,7 +177,7 @@ func TestSecondAgentOnSameSocketRefuses(t *testing.T) {
 	bin, _ := builder.Build("tendril-agent")
 	dir := t.TempDir()
 	out, err := exec.Command(bin, "--state-dir", filepath.Join(dir, "s"), "--socket", p.socket,
-		"--prometheus-serve-addr", "", "--node-name", "x", "--install-host-networking=false", "--enable-datapath=false").CombinedOutput()
+		"--prometheus-serve-addr", "", "--node-name", "x", "--install-host-networking=false", "--enable-datapath=false", "--enable-health-checking=false").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "served by a running agent") {
 		t.Fatalf("second agent: err %v, output %s", err, out)
 	}
@@ -197,7 +197,7 @@ func TestStaleSocketAfterKill(t *testing.T) {
 	// A new agent on the same socket replaces the stale file.
 	bin, _ := builder.Build("tendril-agent")
 	dir := t.TempDir()
-	cmd := exec.Command(bin, "--state-dir", filepath.Join(dir, "s"), "--socket", p.socket, "--prometheus-serve-addr", "", "--node-name", "y", "--install-host-networking=false", "--enable-datapath=false")
+	cmd := exec.Command(bin, "--state-dir", filepath.Join(dir, "s"), "--socket", p.socket, "--prometheus-serve-addr", "", "--node-name", "y", "--install-host-networking=false", "--enable-datapath=false", "--enable-health-checking=false")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -231,7 +231,7 @@ func TestInvalidConfigStopsTheAgent(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			args := append([]string{"--state-dir", filepath.Join(dir, "s"), "--socket", filepath.Join(dir, "t.sock"), "--prometheus-serve-addr", "", "--install-host-networking=false", "--enable-datapath=false"}, tt.args...)
+			args := append([]string{"--state-dir", filepath.Join(dir, "s"), "--socket", filepath.Join(dir, "t.sock"), "--prometheus-serve-addr", "", "--install-host-networking=false", "--enable-datapath=false", "--enable-health-checking=false"}, tt.args...)
 			cmd := exec.Command(bin, args...)
 			cmd.Env = append(os.Environ(), tt.env...)
 			out, err := cmd.CombinedOutput()
@@ -375,7 +375,7 @@ func TestSecondAgentOnSameStateDirRefuses(t *testing.T) {
 	bin, _ := builder.Build("tendril-agent")
 	second := filepath.Join(dir, "second.sock")
 	cmd := exec.Command(bin, "--state-dir", stateDir, "--socket", second, "--bpf-root", bpfRoot,
-		"--prometheus-serve-addr", "", "--node-name", "proc-node", "--install-host-networking=false", "--enable-datapath=false")
+		"--prometheus-serve-addr", "", "--node-name", "proc-node", "--install-host-networking=false", "--enable-datapath=false", "--enable-health-checking=false")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {

@@ -99,6 +99,9 @@ func startAgent(t *testing.T, nodeName string, extra ...string) *agent {
 		// from outside) would attach to the machine's uplink and reserve
 		// its ports.
 		"--enable-masquerade=false", "--enable-node-port=false",
+		// Node health would probe the test's Nodes' made-up addresses
+		// from the machine's own namespace, and take port 4240 there.
+		"--enable-health-checking=false",
 	}, extra...)
 	a := &agent{cmd: exec.Command(bin, args...), logs: &syncBuffer{}, exited: make(chan error, 1)}
 	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
