@@ -172,13 +172,13 @@ func TestCellProbesOverLoopback(t *testing.T) {
 	}
 
 	wtxn := w.db.WriteTxn(w.nodes)
-	if _, _, err := w.nodes.Insert(wtxn, &nodemanager.Peer{Name: "node-lo", IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}); err != nil {
+	if _, _, err := w.nodes.Insert(wtxn, &nodemanager.Peer{Name: "node-lo", IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")}}); err != nil {
 		t.Fatal(err)
 	}
 	wtxn.Commit()
-	tutil.Eventually(t, 10*time.Second, "node-lo reachable", func() bool {
+	tutil.Eventually(t, 10*time.Second, "node-lo reachable on both addresses (IPv4 and IPv6)", func() bool {
 		st, _, ok := w.table.Get(w.db.ReadTxn(), StatusByNode.Query("node-lo"))
-		return ok && st.Reachable()
+		return ok && len(st.Addresses) == 2 && st.Addresses[0].Reachable() && st.Addresses[1].Reachable()
 	})
 
 	secs := status.Sections(w.status)
