@@ -65,6 +65,12 @@ func (p *Prober) Round(ctx context.Context) error {
 		for j, ip := range peer.IPs {
 			a := &st.Addresses[j]
 			a.IP = ip
+			if err := probeable(ip); err != nil {
+				now := p.Now()
+				a.ICMP = Result{Error: err.Error(), Probed: now}
+				a.HTTP = a.ICMP
+				continue
+			}
 			for _, job := range []struct {
 				f   ProbeFunc
 				out *Result
@@ -85,6 +91,20 @@ func (p *Prober) Round(ctx context.Context) error {
 		return err
 	}
 	p.write(results)
+	return nil
+}
+
+// probeable refuses what a Node's address must not make every agent
+// send to: no address, the unspecified address, multicast and the IPv4
+// broadcast (the addresses come from Node and TendrilNode objects).
+func probeable(ip netip.Addr) error {
+	ip = ip.Unmap()
+	switch {
+	case !ip.IsValid(), ip.IsUnspecified():
+		return fmt.Errorf("not probed: %q is not a node address", ip)
+	case ip.IsMulticast(), ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return fmt.Errorf("not probed: %s is not a unicast address", ip)
+	}
 	return nil
 }
 

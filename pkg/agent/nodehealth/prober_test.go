@@ -296,3 +296,39 @@ func TestMetricsFollowTheRounds(t *testing.T) {
 		t.Fatalf("%d status series after node-c left, want node-b's 2", n)
 	}
 }
+
+// TestNoProbeToNonUnicast: a node's address that is unspecified,
+// multicast or the IPv4 broadcast is not probed (the probe functions
+// never see it) and is recorded unreachable with the reason; the
+// node's other addresses are probed.
+func TestNoProbeToNonUnicast(t *testing.T) {
+	bad := []netip.Addr{netip.MustParseAddr("0.0.0.0"), netip.MustParseAddr("224.0.0.1"),
+		netip.MustParseAddr("255.255.255.255"), netip.MustParseAddr("ff02::1"), netip.MustParseAddr("::")}
+	net := newFakeNet(b1)
+	r := newRig(t, net)
+	seen := map[netip.Addr]bool{}
+	var mu sync.Mutex
+	count := func(f ProbeFunc) ProbeFunc {
+		return func(ctx context.Context, ip netip.Addr) (time.Duration, error) {
+			mu.Lock()
+			seen[ip] = true
+			mu.Unlock()
+			return f(ctx, ip)
+		}
+	}
+	r.prober.ICMP, r.prober.HTTP = count(r.prober.ICMP), count(r.prober.HTTP)
+	r.upsert(t, "node-x", append(bad, b1)...)
+	r.round(t)
+	st, _ := r.status("node-x")
+	for i, ip := range bad {
+		if seen[ip] {
+			t.Errorf("%s probed", ip)
+		}
+		if a := st.Addresses[i]; a.ICMP.Reachable || !strings.Contains(a.ICMP.Error, "not probed") || a.HTTP.Error != a.ICMP.Error {
+			t.Errorf("%s recorded as %+v", ip, a)
+		}
+	}
+	if !seen[b1] || !st.Addresses[len(bad)].Reachable() {
+		t.Fatalf("the node's unicast address: probed %v, %+v", seen[b1], st.Addresses[len(bad)])
+	}
+}
