@@ -58,6 +58,8 @@ func FuzzAPI(f *testing.F) {
 		{"GET", "/v1/identity/abc", ""},
 		{"GET", "/v1/service/1", ""},
 		{"GET", "/v1/map/nat", ""},
+		{"GET", "/v1/health", ""},
+		{"GET", "/v1/cluster/nodes", ""},
 		{"GET", "/v1/map/../../etc/passwd", ""},
 		{"POST", "/v1/cni/gc", `{"config":{"cniVersion":"1.1.0","name":"n","type":"tendril-cni","cni.dev/valid-attachments":[]}}`},
 		{"POST", "/v1/cni/del", `{"container-id":"c1","ifname":"eth0","config":{"cniVersion":"1.1.0","name":"n","type":"tendril-cni"}}`},
