@@ -76,7 +76,7 @@ coredns:
 # them a second time under the race detector.
 RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/ipcache/... \
 	./pkg/identity/... ./pkg/cni/... ./pkg/agent/ ./pkg/lifecycle/ ./pkg/health/ ./pkg/namedns/ \
-	./pkg/nodemanager/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/agent/agentk8s/ ./pkg/node/ ./pkg/loadbalancer/... ./pkg/dbinspect/ \
+	./pkg/nodemanager/ ./pkg/agent/nodehealth/ ./pkg/kvstore/ ./pkg/k8s/watchers/ ./pkg/agent/agentk8s/ ./pkg/node/ ./pkg/loadbalancer/... ./pkg/dbinspect/ \
 	./pkg/observer/... ./pkg/hubble/ ./pkg/agent/agentflows/ ./pkg/datapath/sockterm/ ./pkg/agent/hostdev/ ./pkg/operator/... ./pkg/agent/epattach/ \
 	./pkg/agent/nodes/ ./pkg/reconcile/
 

@@ -1,0 +1,102 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/tendril-net/tendril/pkg/agent/nodehealth"
+	"github.com/tendril-net/tendril/pkg/lab"
+)
+
+// healthView is `tendril health -o json` on a node's agent: whether it
+// sees peer reachable (both probes on its primary address) and probed.
+func healthView(t *testing.T, node lab.Node, peer string) (reachable, probed bool, err error) {
+	t.Helper()
+	out := runTendril(t, "-H", "unix://"+node.Socket, "health", "-o", "json")
+	var resp nodehealth.HealthResponse
+	if err := json.Unmarshal([]byte(out), &resp); err != nil {
+		return false, false, fmt.Errorf("tendril health -o json on %s: %w\n%s", node.Name, err, out)
+	}
+	for _, n := range resp.Nodes {
+		if n.Name == peer {
+			return n.Reachable, n.Probed, nil
+		}
+	}
+	return false, false, fmt.Errorf("%s's health view has no %s: %s", node.Name, peer, out)
+}
+
+// setBridgePort sets the node's port on the lab bridge (the veth named
+// after the node, in the lab's network namespace) up or down: down cuts
+// the node off the lab network, as a pulled cable would.
+func setBridgePort(e *env, node string, up bool) error {
+	ns, err := netns.GetFromPath(lab.NetnsPath(e.st.NetNetns))
+	if err != nil {
+		return fmt.Errorf("open %s: %w", e.st.NetNetns, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	link, err := h.LinkByName(node)
+	if err != nil {
+		return fmt.Errorf("bridge port %s: %w", node, err)
+	}
+	if up {
+		return h.LinkSetUp(link)
+	}
+	return h.LinkSetDown(link)
+}
+
+// TestPrivilegedLabNodeHealth: every agent probes the other node (ICMP
+// and HTTP on its health port). A node cut off the lab network shows as
+// unreachable in the other node's view and the other node in its own,
+// and both recover once it is plugged in again. The times are logged
+// (the deadline only keeps a broken lab from hanging the test).
+func TestPrivilegedLabNodeHealth(t *testing.T) {
+	e := labUp(t)
+	n1, n2 := e.st.Nodes[0], e.st.Nodes[1]
+	both := func(want bool) func() (bool, error) {
+		return func() (bool, error) {
+			for _, v := range []struct {
+				from lab.Node
+				peer string
+			}{{n1, n2.Name}, {n2, n1.Name}} {
+				r, probed, err := healthView(t, v.from, v.peer)
+				if err != nil {
+					return false, err
+				}
+				if !probed || r != want {
+					return false, fmt.Errorf("%s sees %s reachable=%v (probed %v), want %v", v.from.Name, v.peer, r, probed, want)
+				}
+			}
+			return true, nil
+		}
+	}
+	eventually(t, "both nodes reachable from each other", both(true))
+
+	if err := setBridgePort(e, n2.Name, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := setBridgePort(e, n2.Name, true); err != nil {
+			t.Errorf("plug %s in again: %v", n2.Name, err)
+		}
+	})
+	cut := time.Now()
+	eventually(t, n2.Name+" unreachable from "+n1.Name+" and the other way", both(false))
+	t.Logf("unreachable on both sides %v after the cut (probe interval 10s)", time.Since(cut).Round(time.Millisecond))
+
+	if err := setBridgePort(e, n2.Name, true); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	eventually(t, "both nodes reachable again", both(true))
+	t.Logf("reachable again on both sides %v after the node was plugged in", time.Since(back).Round(time.Millisecond))
+}
