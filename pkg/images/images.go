@@ -314,6 +314,45 @@ func ReadArchive(archive, dir string) (*Archive, error) {
 	return &Archive{Image: img, Digest: d.Digest, Ref: d.Annotations[AnnotationRefName]}, nil
 }
 
+// ExtractFiles writes the image's regular files and directories under dir
+// (with their modes): what a runtime's snapshot of the image holds.
+func ExtractFiles(img v1.Image, dir string) error {
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read layers: %w", err)
+		}
+		name := path.Clean(hdr.Name)
+		if !fs.ValidPath(name) {
+			return fmt.Errorf("layer entry %q outside the image", hdr.Name)
+		}
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(p, fs.FileMode(hdr.Mode).Perm()); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, fs.FileMode(hdr.Mode).Perm())
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(f, tr)
+			if err := errors.Join(err, f.Close()); err != nil {
+				return fmt.Errorf("extract %s: %w", hdr.Name, err)
+			}
+		default:
+			return fmt.Errorf("layer entry %q of type %c", hdr.Name, hdr.Typeflag)
+		}
+	}
+}
+
 // LayerFile is one entry of an image's file system.
 type LayerFile struct {
 	Mode int64

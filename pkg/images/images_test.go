@@ -5,8 +5,10 @@ import (
 	"context"
 	"debug/elf"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -103,6 +105,7 @@ func TestImages(t *testing.T) {
 			for _, b := range w.files {
 				checkStatic(t, filepath.Join(binDir, b))
 			}
+			runEntrypoint(t, a, cf.Config.Entrypoint)
 		})
 	}
 
@@ -167,6 +170,42 @@ func TestImages(t *testing.T) {
 			}
 		}
 	})
+}
+
+// runEntrypoint extracts the image's files and runs its entrypoint (with
+// --help, from the extracted tree, as a runtime would run it from its
+// snapshot) and, in the agent's image, the init container's command
+// `tendril cni install` with the image's tendril-cni.
+func runEntrypoint(t *testing.T, a *Archive, entrypoint []string) {
+	t.Helper()
+	root := t.TempDir()
+	if err := ExtractFiles(a.Image, root); err != nil {
+		t.Fatal(err)
+	}
+	args := append(append([]string{}, entrypoint[1:]...), "--help")
+	out, err := exec.Command(filepath.Join(root, entrypoint[0]), args...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Usage:") {
+		t.Errorf("%q --help: %v\n%s", entrypoint, err, out)
+	}
+	if entrypoint[0] != BinDir+"/tendril-agent" {
+		return
+	}
+	host := t.TempDir()
+	out, err = exec.Command(filepath.Join(root, BinDir, "tendril"), "cni", "install",
+		"--source", filepath.Join(root, BinDir, "tendril-cni"),
+		"--cni-bin-dir", filepath.Join(host, "bin"), "--cni-conf-dir", filepath.Join(host, "net.d")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("tendril cni install from the image: %v\n%s", err, out)
+	}
+	// The installed plugin is the image's, and runs: asked for its
+	// version it answers as a CNI plugin.
+	cmd := exec.Command(filepath.Join(host, "bin", "tendril-cni"))
+	cmd.Env = []string{"CNI_COMMAND=VERSION"}
+	cmd.Stdin = strings.NewReader(`{"cniVersion":"1.1.0"}`)
+	out, err = cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "supportedVersions") {
+		t.Errorf("installed tendril-cni VERSION: %v\n%s", err, out)
+	}
 }
 
 // checkStatic fails unless path is an x86-64 ELF executable with no
