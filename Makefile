@@ -27,7 +27,7 @@ generated_sums = git ls-files -co --exclude-standard -- $(GENERATED_FILES) | sor
 FUZZTIME ?= 10m
 FUZZTIME_SHORT ?= 5s
 
-.PHONY: all build deps generate verify-generated lint test test-unit bench-smoke fuzz fuzz-short demo demo-down k8s-binaries coredns hubble clean
+.PHONY: all build deps generate verify-generated verify-helm helm-render helm-crds images lint test test-unit bench-smoke fuzz fuzz-short demo demo-down k8s-binaries coredns hubble clean
 
 all: build
 
@@ -53,6 +53,33 @@ verify-generated:
 			diff <(echo "$$before") <(echo "$$after") >&2; \
 			echo "generated files are stale: run 'make generate' and commit" >&2; exit 1; \
 		fi
+
+# The Helm chart (deploy/helm/tendril): its crds/ is a copy of deploy/crds
+# (helm reads CRDs only from the chart's own directory), and its rendered
+# manifests are committed in deploy/helm/rendered, one file per values set
+# (hack/helm-render.sh, with helm from hack/helm.sh). verify-helm, part of
+# `make test`, lints the chart and fails when either copy is stale.
+HELM_CHART := deploy/helm/tendril
+helm-crds:
+	@rm -f $(HELM_CHART)/crds/*.yaml && mkdir -p $(HELM_CHART)/crds && cp deploy/crds/*.yaml $(HELM_CHART)/crds/
+
+helm-render: helm-crds
+	@hack/helm-render.sh deploy/helm/rendered
+
+verify-helm:
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+		hack/helm-render.sh "$$tmp" || exit 1; \
+		if ! diff -r deploy/helm/rendered "$$tmp" >&2 || ! diff -r --exclude='*.go' deploy/crds $(HELM_CHART)/crds >&2; then \
+			echo "the chart's CRDs or rendered manifests are stale: run 'make helm-render' and commit" >&2; exit 1; \
+		fi
+
+# OCI image archives of the agent, operator, relay and lab workload
+# (pkg/images, docs/install.md) from static binaries, without a container
+# engine, under _output/images; the same sources give the same digests.
+# Every timestamp is SOURCE_DATE_EPOCH, else 0.
+IMAGES_OUT ?= _output/images
+images:
+	$(GO) run ./hack/images --out $(IMAGES_OUT) --version $(VERSION) --revision $(COMMIT)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -80,7 +107,7 @@ RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/i
 	./pkg/observer/... ./pkg/hubble/ ./pkg/agent/agentflows/ ./pkg/datapath/sockterm/ ./pkg/agent/hostdev/ ./pkg/operator/... ./pkg/agent/epattach/ \
 	./pkg/agent/nodes/ ./pkg/reconcile/
 
-test: deps verify-generated lint build k8s-binaries coredns
+test: deps verify-generated verify-helm lint build k8s-binaries coredns
 	@echo "==> go test (full log in .test-output.log), then go test -race on the packages that hold concurrency"
 	@TENDRIL_BIN_DIR=$(BIN) $(GO) test -p 1 -v -count=1 -timeout 50m ./... > $(CURDIR)/.test-output.log 2>&1; \
 		status=$$?; \
@@ -132,4 +159,4 @@ hubble:
 	@ln -sf "$$(hack/hubble-cli.sh)" $(BIN)/hubble && echo "bin/hubble -> $$(readlink $(BIN)/hubble)"
 
 clean:
-	rm -rf $(BIN) .test-output.log
+	rm -rf $(BIN) .test-output.log _output
