@@ -274,6 +274,9 @@ func TestPrivilegedAgentInCluster(t *testing.T) {
 		"--enable-datapath=false", "--install-host-networking=false", "--prometheus-serve-addr=",
 		"--enable-masquerade=false", "--enable-node-port=false", "--enable-health-check-nodeport=false", "--cgroup-root=",
 		"--enable-hubble=false", "--hubble-listen-address=",
+		// In the machine's own namespace: no health port on its
+		// addresses, and no probes to other Nodes' addresses.
+		"--enable-health-checking=false",
 	}, []string{"TENDRIL_NODE_NAME=" + nodeName})
 
 	var last string
