@@ -37,13 +37,7 @@ func TestPrivilegedOperatorInCluster(t *testing.T) {
 	testutil.Privileged(t)
 	e := env.Need(t)
 	ctx := context.Background()
-	c := newApplier(t, e)
-	data, err := render(t, "--include-crds")
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs := decode(t, data)
-	c.createCRDs(t, objs)
+	c, objs := chartWithCRDs(t, e)
 	for _, ref := range []struct{ kind, name string }{
 		{"ServiceAccount", "tendril-operator"}, {"ClusterRole", "tendril-operator"}, {"ClusterRoleBinding", "tendril-operator"},
 		{"Role", "tendril-operator"}, {"RoleBinding", "tendril-operator"},
@@ -231,13 +225,7 @@ func TestPrivilegedAgentInCluster(t *testing.T) {
 	testutil.Privileged(t)
 	e := env.Need(t)
 	ctx := context.Background()
-	c := newApplier(t, e)
-	data, err := render(t, "--include-crds")
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs := decode(t, data)
-	c.createCRDs(t, objs)
+	c, objs := chartWithCRDs(t, e)
 	for _, ref := range []struct{ kind, name string }{
 		{"ServiceAccount", "tendril-agent"}, {"ClusterRole", "tendril-agent"}, {"ClusterRoleBinding", "tendril-agent"},
 	} {
@@ -297,3 +285,17 @@ func TestPrivilegedAgentInCluster(t *testing.T) {
 }
 
 var tendrilNodesGVR = schema.GroupVersionResource{Group: "tendril.io", Version: "v1alpha1", Resource: "tendrilnodes"}
+
+// chartWithCRDs renders the default chart with its CRDs, creates the CRDs
+// for real, and returns the applier and the chart's objects.
+func chartWithCRDs(t *testing.T, e *k8senv.Env) (*applier, []*unstructured.Unstructured) {
+	t.Helper()
+	c := newApplier(t, e)
+	data, err := render(t, "--include-crds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := decode(t, data)
+	c.createCRDs(t, objs)
+	return c, objs
+}
