@@ -100,8 +100,9 @@ func TestLeaseCampaign(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Enabled, cfg.LeaseNamespace = true, "default"
 	// A lease far longer than waitLead's bound: node-b can take over in
-	// the test only if node-a released the lease.
-	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 10*time.Minute, 2*time.Second, 300*time.Millisecond
+	// the test only if node-a released the lease. A renew deadline long
+	// enough for a loaded API server (the release tries for two of them).
+	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 10*time.Minute, 5*time.Second, 300*time.Millisecond
 	svc := loadbalancer.ServiceName{Namespace: "ns", Name: "web"}
 	// The lease outlives the campaigns (10 minutes): a later run in this
 	// control plane (-count) starts without it.
