@@ -8,6 +8,7 @@
 #
 #   bench/core/run.sh                 # everything, REPEAT=2
 #   REPEAT=3 ONLY=start,ipcache bench/core/run.sh
+#   RESULTS=/tmp/core.txt ...          # keep the raw samples
 #
 # Measured: agent start (exec to /v1/healthz answering, standalone, in a
 # fresh network namespace; with the BPF datapath loaded and without); restore and regenerate
@@ -41,6 +42,7 @@ for t in old new; do
 	(cd "$dir" && go build -o "$work/$t/" ./cmd/tendril-agent)
 done
 go build -o "$work/startwait" ./bench/core/startwait
+go build -o "$work/ratio" ./bench/core/ratio
 echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg); old $OLD_REV, new $(git rev-parse --short HEAD)"
 
 out=$work/results
@@ -137,3 +139,12 @@ END {
 	o = median("old", "BenchmarkPrivilegedIPCache100k/ipcache/ns/op"); w = median("new", "BenchmarkPrivilegedIPCache100k/ipcache-queued/ns/op")
 	if (o > 0 && w != "") printf "%-70s old %12.3f  new %12.3f  new/old %.2f\n", "ipcache 100k: old ipcache vs new queued (ns/op)", o, w, w / o
 }' "$out" | sort
+
+# The start's samples (three per tree and repetition) with the noise of
+# the run beside them: the ratio's bootstrap interval, and an A/A ratio
+# between halves of the old samples (bench/core/ratio).
+echo
+echo "# new/old with 95% bootstrap intervals (measurements with 6 samples or more per tree)"
+"$work/ratio" "$out"
+[ -z "${RESULTS:-}" ] || cp "$out" "$RESULTS"
+
