@@ -1,10 +1,17 @@
 // Command ratio reads bench/core's results ("TREE NAME VALUE UNIT" per
-// line, trees old and new) and prints, per measurement with at least
-// -min samples in each tree, the new/old ratio of the medians with a 95%
-// bootstrap interval, and the same ratio between two halves of the old
-// samples (odd and even in the order they were taken: an A/A comparison
-// under the same machine, which is what "the machine's noise" means for
-// that run). A ratio whose interval holds 1 is not told apart from noise.
+// line, trees old and new) and prints, per measurement with at least -min
+// samples in each tree, how new compares with old and how old compares
+// with itself in the same run, each with a 95% bootstrap interval.
+//
+// The samples are read as pairs: the i-th old and the i-th new sample of
+// a measurement were taken back to back (bench/core/run.sh takes the
+// starts so), and the reading is the median of the pairs' new/old. On
+// this machine the load drifts within a run by more than the trees
+// differ; a pair sees one load, so the drift cancels, where medians of
+// all old against all new samples would compare two different moments.
+// The A/A line pairs consecutive old samples (1st with 2nd, 3rd with
+// 4th, ...): its interval is the run's own noise. A ratio whose interval
+// holds 1 is not told apart from noise.
 //
 //	ratio [-min 6] [-resamples 10000] results
 //
@@ -37,26 +44,32 @@ func main() {
 		os.Exit(1)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	fmt.Printf("%-40s %5s %10s %10s %22s %22s  %s\n", "measurement", "n", "old med", "new med",
+	fmt.Printf("%-32s %5s %9s %9s %22s %22s  %s\n", "measurement", "pairs", "old med", "new med",
 		"new/old [95%]", "A/A old [95%]", "reading")
 	for _, name := range order {
 		o, n := samples[key{"old", name}], samples[key{"new", name}]
 		if len(o) < *minSamples || len(n) < *minSamples {
 			continue
 		}
-		r, lo, hi := bootstrapRatio(rng, o, n, *resamples)
-		var odd, even []float64
-		for i, v := range o {
-			if i%2 == 0 {
-				even = append(even, v)
-			} else {
-				odd = append(odd, v)
-			}
+		pairs := pairRatios(o, n)
+		r, lo, hi := bootstrapMedian(rng, pairs, *resamples)
+		var aa []float64
+		for i := 0; i+1 < len(o); i += 2 {
+			aa = append(aa, o[i+1]/o[i])
 		}
-		ar, alo, ahi := bootstrapRatio(rng, even, odd, *resamples)
-		fmt.Printf("%-40s %2d/%-2d %10.2f %10.2f %6.2f [%5.2f, %5.2f] %6.2f [%5.2f, %5.2f]  %s\n", name,
-			len(o), len(n), median(o), median(n), r, lo, hi, ar, alo, ahi, reading(lo, hi))
+		ar, alo, ahi := bootstrapMedian(rng, aa, *resamples)
+		fmt.Printf("%-32s %5d %9.2f %9.2f %6.2f [%5.2f, %5.2f] %6.2f [%5.2f, %5.2f]  %s\n", name,
+			len(pairs), median(o), median(n), r, lo, hi, ar, alo, ahi, reading(lo, hi))
 	}
+}
+
+// pairRatios is new[i]/old[i] for the pairs both trees have.
+func pairRatios(old, new []float64) []float64 {
+	out := make([]float64, min(len(old), len(new)))
+	for i := range out {
+		out[i] = new[i] / old[i]
+	}
+	return out
 }
 
 type key struct{ tree, name string }
@@ -93,23 +106,19 @@ func read(path string) (map[key][]float64, []string, error) {
 	return samples, order, nil
 }
 
-// bootstrapRatio is median(b)/median(a) and its 2.5th and 97.5th
-// percentiles over resamples drawn with replacement from each.
-func bootstrapRatio(rng *rand.Rand, a, b []float64, resamples int) (ratio, lo, hi float64) {
-	ratio = median(b) / median(a)
-	ratios := make([]float64, resamples)
-	ra, rb := make([]float64, len(a)), make([]float64, len(b))
-	for i := range ratios {
-		for j := range ra {
-			ra[j] = a[rng.IntN(len(a))]
+// bootstrapMedian is the median of vs and its 2.5th and 97.5th
+// percentiles over resamples drawn from vs with replacement.
+func bootstrapMedian(rng *rand.Rand, vs []float64, resamples int) (med, lo, hi float64) {
+	meds := make([]float64, resamples)
+	r := make([]float64, len(vs))
+	for i := range meds {
+		for j := range r {
+			r[j] = vs[rng.IntN(len(vs))]
 		}
-		for j := range rb {
-			rb[j] = b[rng.IntN(len(b))]
-		}
-		ratios[i] = median(rb) / median(ra)
+		meds[i] = median(r)
 	}
-	slices.Sort(ratios)
-	return ratio, ratios[resamples*25/1000], ratios[resamples*975/1000]
+	slices.Sort(meds)
+	return median(vs), meds[resamples*25/1000], meds[resamples*975/1000]
 }
 
 func median(vs []float64) float64 {
