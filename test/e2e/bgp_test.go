@@ -1,0 +1,208 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/cilium/cilium/api/v1/models"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/tendril-net/tendril/pkg/lab"
+)
+
+// birdRoute is the router's own view of prefix (`birdc show route
+// <prefix>`); "" when it has none.
+func birdRoute(t *testing.T, e *env, prefix string) string {
+	t.Helper()
+	out, err := e.st.BGP.Birdc(context.Background(), "show", "route", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "Network not found") || !strings.Contains(out, prefix) {
+		return ""
+	}
+	return out
+}
+
+// viaAll reports whether route names every address as a next hop.
+func viaAll(route string, addrs ...string) error {
+	for _, a := range addrs {
+		if !strings.Contains(route, "via "+a+" ") {
+			return fmt.Errorf("route has no next hop %s:\n%s", a, route)
+		}
+	}
+	return nil
+}
+
+// TestPrivilegedLabBGP: the lab's router (BIRD, in the world) learns
+// from every node's speaker what the node was given, and nothing else:
+//   - each node's pod CIDR, with the node as next hop;
+//   - a LoadBalancer address LB-IPAM gave from the BGP pool, from every
+//     node (externalTrafficPolicy Cluster: an ECMP route), and the world
+//     reaches the service through that route (not on-link);
+//   - a Service whose status carries an address outside every pool
+//     (written here, as anyone with services/status could) is refused by
+//     every node, says so in the nodes' status of the cluster config,
+//     and the router never has it;
+//   - `tendril bgp peers` on a node shows the session established;
+//   - deleting the Service withdraws its route from the router and the
+//     world.
+func TestPrivilegedLabBGP(t *testing.T) {
+	e := labUp(t)
+	if e.st.BGP == nil || e.st.World == nil {
+		t.Fatal("the lab runs no BGP router (lab up --bgp)")
+	}
+	ctx := context.Background()
+	const ns = "e2e-bgp"
+	e.createNamespace(t, ns)
+	t.Cleanup(func() { _ = e.cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}) })
+	var nodeAddrs []string
+	for _, n := range e.st.Nodes {
+		nodeAddrs = append(nodeAddrs, n.Address)
+	}
+
+	// Pod CIDRs, each from its own node.
+	for _, n := range e.st.Nodes {
+		node, err := e.cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(node.Spec.PodCIDRs) == 0 {
+			t.Fatalf("node %s has no pod CIDR", n.Name)
+		}
+		for _, cidr := range node.Spec.PodCIDRs {
+			eventually(t, fmt.Sprintf("the router to learn %s's pod CIDR %s", n.Name, cidr), func() (bool, error) {
+				r := birdRoute(t, e, cidr)
+				if err := viaAll(r, n.Address); err != nil {
+					return false, err
+				}
+				for _, other := range nodeAddrs {
+					if other != n.Address && strings.Contains(r, "via "+other+" ") {
+						return false, fmt.Errorf("pod CIDR %s of %s also via %s:\n%s", cidr, n.Name, other, r)
+					}
+				}
+				return true, nil
+			})
+		}
+	}
+
+	// A LoadBalancer Service from the BGP pool, backend on node 1.
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bgp-backend", Labels: map[string]string{"app": "bgp"}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{"kubernetes.io/hostname": e.st.Nodes[0].Name},
+			Containers:   []corev1.Container{{Name: "main", Image: "lab", Args: []string{"--report-peer"}}},
+		},
+	}
+	if _, err := e.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitReady(t, ns, "bgp-backend")
+	const addr = "192.0.2.241"
+	ports := []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)}}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "bgp", Labels: map[string]string{lab.BGPServiceLabel: "true"},
+			Annotations: map[string]string{"lbipam.tendril.io/ips": addr}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "bgp"}, Ports: ports},
+	}
+	if _, err := e.cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "LB-IPAM to give "+addr, func() (bool, error) {
+		s, err := e.cs.CoreV1().Services(ns).Get(ctx, "bgp", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return len(s.Status.LoadBalancer.Ingress) == 1 && s.Status.LoadBalancer.Ingress[0].IP == addr, fmt.Errorf("ingress %v", s.Status.LoadBalancer.Ingress)
+	})
+	eventually(t, "the router to learn "+addr+" from every node", func() (bool, error) {
+		return true, viaAll(birdRoute(t, e, addr+"/32"), nodeAddrs...)
+	})
+	world := "--net=" + lab.NetnsPath(e.st.World.Netns)
+	eventually(t, "the world's kernel to route "+addr+" to the nodes", func() (bool, error) {
+		out, err := exec.Command("nsenter", world, "ip", "route", "show", addr).CombinedOutput()
+		if err != nil {
+			return false, fmt.Errorf("%v: %s", err, out)
+		}
+		for _, a := range nodeAddrs {
+			if !strings.Contains(string(out), "via "+a) {
+				return false, fmt.Errorf("world route %q lacks next hop %s", out, a)
+			}
+		}
+		return true, nil
+	})
+	eventually(t, "the world to reach the service at "+addr, func() (bool, error) {
+		name, _, _, err := fromWorld(t, net.JoinHostPort(addr, "80"), false)
+		if err != nil {
+			return false, err
+		}
+		return name == "bgp-backend", fmt.Errorf("answered by %q", name)
+	})
+
+	// An address outside every pool in a Service's status: refused.
+	const outside = "192.0.2.100"
+	hijack := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "bgp-hijack", Labels: map[string]string{lab.BGPServiceLabel: "true"}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "bgp"}, Ports: ports,
+			LoadBalancerClass: ptr.To("example.com/other")},
+	}
+	created, err := e.cs.CoreV1().Services(ns).Create(ctx, hijack, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: outside}}
+	if _, err := e.cs.CoreV1().Services(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "every node to report "+outside+" refused", func() (bool, error) {
+		cc, err := e.k8.Tendril.TendrilV1alpha1().TendrilBGPClusterConfigs().Get(ctx, lab.BGPConfigName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		refused := 0
+		for _, n := range cc.Status.Nodes {
+			for _, r := range n.Refused {
+				if strings.HasPrefix(r, outside+"/32 (service "+ns+"/bgp-hijack)") && strings.Contains(r, "in no TendrilLoadBalancerIPPool") {
+					refused++
+				}
+			}
+		}
+		return refused == len(e.st.Nodes), fmt.Errorf("status %+v", cc.Status.Nodes)
+	})
+	if r := birdRoute(t, e, outside+"/32"); r != "" {
+		t.Fatalf("the router learned %s:\n%s", outside, r)
+	}
+
+	// The CLI on node 1: the session with the router is up.
+	out := runTendril(t, "-H", "unix://"+e.st.Nodes[0].Socket, "bgp", "peers", "-o", "json")
+	var peers []*models.BgpPeer
+	if err := json.Unmarshal([]byte(out), &peers); err != nil {
+		t.Fatalf("bgp peers: %v: %s", err, out)
+	}
+	if len(peers) != 1 || peers[0].PeerAddress != e.st.World.Gateway || peers[0].SessionState != "established" ||
+		peers[0].PeerAsn != lab.BGPRouterASN || peers[0].GracefulRestart == nil || !peers[0].GracefulRestart.Enabled {
+		t.Fatalf("bgp peers: %s", out)
+	}
+	t.Logf("tendril bgp routes on %s:\n%s", e.st.Nodes[0].Name, runTendril(t, "-H", "unix://"+e.st.Nodes[0].Socket, "bgp", "routes"))
+
+	// Deleting the Service withdraws its address.
+	if err := e.cs.CoreV1().Services(ns).Delete(ctx, "bgp", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the router to withdraw "+addr, func() (bool, error) {
+		r := birdRoute(t, e, addr+"/32")
+		return r == "", fmt.Errorf("route still there:\n%s", r)
+	})
+	eventually(t, "the world's kernel to drop "+addr, func() (bool, error) {
+		out, err := exec.Command("nsenter", world, "ip", "route", "show", addr).CombinedOutput()
+		return err == nil && strings.TrimSpace(string(out)) == "", fmt.Errorf("%v: %q", err, out)
+	})
+}
