@@ -22,11 +22,14 @@ import (
 // <prefix>`); "" when it has none.
 func birdRoute(t *testing.T, e *env, prefix string) string {
 	t.Helper()
-	out, err := e.st.BGP.Birdc(context.Background(), "show", "route", prefix)
+	out, err := e.st.BGP.Birdc(context.Background(), "show", "route", "all", prefix)
+	if strings.Contains(out, "Network not found") {
+		return "" // birdc exits 1 then
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(out, "Network not found") || !strings.Contains(out, prefix) {
+	if !strings.Contains(out, prefix) {
 		return ""
 	}
 	return out
