@@ -56,6 +56,11 @@ func viaAll(route string, addrs ...string) error {
 //     every node, says so in the nodes' status of the cluster config,
 //     and the router never has it;
 //   - `tendril bgp peers` on a node shows the session established;
+//   - a node's agent killed (SIGKILL): the router keeps its path through
+//     graceful restart while the session is down, the world's probes all
+//     answered, and the restarted agent's session comes back;
+//   - externalTrafficPolicy Local: only the node with the ready backend
+//     announces; the backend deleted, the route is withdrawn;
 //   - deleting the Service withdraws its route from the router and the
 //     world.
 func TestPrivilegedLabBGP(t *testing.T) {
@@ -195,6 +200,68 @@ func TestPrivilegedLabBGP(t *testing.T) {
 		t.Fatalf("bgp peers: %s", out)
 	}
 	t.Logf("tendril bgp routes on %s:\n%s", e.st.Nodes[0].Name, runTendril(t, "-H", "unix://"+e.st.Nodes[0].Socket, "bgp", "routes"))
+
+	// Graceful restart: node 2's agent killed (SIGKILL: no NOTIFICATION),
+	// the router keeps node 2's path while the session is down, and the
+	// world's traffic keeps flowing (the datapath forwards without its
+	// agent); the restarted agent's session comes back.
+	victim := e.st.Nodes[1]
+	argv := killAgent(t, e.st, victim.Name)
+	eventually(t, "the router to see "+victim.Name+"'s session drop", func() (bool, error) {
+		out, err := e.st.BGP.Birdc(ctx, "show", "protocols", victim.Name)
+		return err == nil && !strings.Contains(out, "Established"), fmt.Errorf("%v: %s", err, out)
+	})
+	if err := viaAll(birdRoute(t, e, addr+"/32"), nodeAddrs...); err != nil {
+		t.Fatalf("graceful restart: %v", err)
+	}
+	for i := range 20 {
+		if name, _, _, err := fromWorld(t, net.JoinHostPort(addr, "80"), false); err != nil || name != "bgp-backend" {
+			t.Fatalf("probe %d from the world with %s's agent down: %q, %v", i, victim.Name, name, err)
+		}
+	}
+	if err := viaAll(birdRoute(t, e, addr+"/32"), nodeAddrs...); err != nil {
+		t.Fatalf("graceful restart, after the probes: %v", err)
+	}
+	startAgent(t, e.st, victim.Name, argv)
+	waitAgentAPI(t, victim)
+	eventually(t, victim.Name+"'s session back", func() (bool, error) {
+		out, err := e.st.BGP.Birdc(ctx, "show", "protocols", victim.Name)
+		return err == nil && strings.Contains(out, "Established"), fmt.Errorf("%v: %s", err, out)
+	})
+	eventually(t, "the route via both nodes, not stale", func() (bool, error) {
+		r := birdRoute(t, e, addr+"/32")
+		if strings.Contains(r, "stale") {
+			return false, fmt.Errorf("stale:\n%s", r)
+		}
+		return true, viaAll(r, nodeAddrs...)
+	})
+
+	// externalTrafficPolicy Local: announced by the node with the ready
+	// backend only, withdrawn when it goes.
+	const localAddr = "192.0.2.242"
+	local := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "bgp-local", Labels: map[string]string{lab.BGPServiceLabel: "true"},
+			Annotations: map[string]string{"lbipam.tendril.io/ips": localAddr}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "bgp"}, Ports: ports,
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal},
+	}
+	if _, err := e.cs.CoreV1().Services(ns).Create(ctx, local, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the router to learn "+localAddr+" from node 1 only", func() (bool, error) {
+		r := birdRoute(t, e, localAddr+"/32")
+		if strings.Contains(r, "via "+victim.Address+" ") {
+			return false, fmt.Errorf("also via %s (no local backend):\n%s", victim.Address, r)
+		}
+		return true, viaAll(r, e.st.Nodes[0].Address)
+	})
+	if err := e.cs.CoreV1().Pods(ns).Delete(ctx, "bgp-backend", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the router to withdraw "+localAddr+" with its only backend", func() (bool, error) {
+		r := birdRoute(t, e, localAddr+"/32")
+		return r == "", fmt.Errorf("route still there:\n%s", r)
+	})
 
 	// Deleting the Service withdraws its address.
 	if err := e.cs.CoreV1().Services(ns).Delete(ctx, "bgp", metav1.DeleteOptions{}); err != nil {

@@ -21,7 +21,7 @@ import (
 // router is a second gobgp server on loopback: the node's peer. It
 // listens on port, accepts the node (127.0.0.1, ASN nodeASN) passively
 // and announces 192.0.2.0/24 to it.
-func router(t *testing.T, port int, nodeASN uint32) *server.BgpServer {
+func router(t testing.TB, port int, nodeASN uint32) *server.BgpServer {
 	t.Helper()
 	r := server.NewBgpServer(server.LoggerOption(newLogger(slog.New(slog.DiscardHandler))))
 	go r.Serve()
