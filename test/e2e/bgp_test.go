@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
 )
 
@@ -55,7 +56,11 @@ func viaAll(route string, addrs ...string) error {
 //     (written here, as anyone with services/status could) is refused by
 //     every node, says so in the nodes' status of the cluster config,
 //     and the router never has it;
-//   - `tendril bgp peers` on a node shows the session established;
+//   - `tendril bgp peers` on a node shows the session established, and
+//     `tendril status` its section;
+//   - a peer added at an address no one answers: every node's status
+//     entry says why its session is down, `tendril bgp peers` lists it,
+//     the router's session stays up;
 //   - a node's agent killed (SIGKILL): the router keeps its path through
 //     graceful restart while the session is down, the world's probes all
 //     answered, and the restarted agent's session comes back;
@@ -200,6 +205,54 @@ func TestPrivilegedLabBGP(t *testing.T) {
 		t.Fatalf("bgp peers: %s", out)
 	}
 	t.Logf("tendril bgp routes on %s:\n%s", e.st.Nodes[0].Name, runTendril(t, "-H", "unix://"+e.st.Nodes[0].Socket, "bgp", "routes"))
+	if st := runTendril(t, "-H", "unix://"+e.st.Nodes[0].Socket, "status"); !strings.Contains(st, "BGP control plane") ||
+		!strings.Contains(st, "1/1 established") {
+		t.Fatalf("tendril status lacks the BGP section with the session:\n%s", st)
+	}
+
+	// A peer no one answers at: the nodes say why in their status and in
+	// `tendril bgp peers`; the other session stays up.
+	const nowhere = "172.30.0.230"
+	ccs := e.k8.Tendril.TendrilV1alpha1().TendrilBGPClusterConfigs()
+	cc, err := ccs.Get(ctx, lab.BGPConfigName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peersBefore := cc.Spec.Peers
+	cc.Spec.Peers = append(cc.Spec.Peers, v1alpha1.BGPPeer{Name: "nowhere", PeerAddress: nowhere, PeerASN: lab.BGPRouterASN, PeerConfigRef: lab.BGPConfigName})
+	if _, err := ccs.Update(ctx, cc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	restorePeers := func() {
+		cc, err := ccs.Get(ctx, lab.BGPConfigName, metav1.GetOptions{})
+		if err == nil {
+			cc.Spec.Peers = peersBefore
+			_, err = ccs.Update(ctx, cc, metav1.UpdateOptions{})
+		}
+		if err != nil {
+			t.Errorf("restore the cluster config's peers: %v", err)
+		}
+	}
+	eventually(t, "every node to report why the peer "+nowhere+" is down", func() (bool, error) {
+		cc, err := ccs.Get(ctx, lab.BGPConfigName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		down := 0
+		for _, n := range cc.Status.Nodes {
+			for _, p := range n.Peers {
+				if p.Name == "nowhere" && p.State != "established" && strings.Contains(p.Reason, "failed to connect") {
+					down++
+				}
+			}
+		}
+		return down == len(e.st.Nodes), fmt.Errorf("status %+v", cc.Status.Nodes)
+	})
+	if out := runTendril(t, "-H", "unix://"+e.st.Nodes[0].Socket, "bgp", "peers"); !strings.Contains(out, nowhere+":179") ||
+		!strings.Contains(out, e.st.World.Gateway+":179  established") {
+		t.Fatalf("bgp peers with the unreachable peer:\n%s", out)
+	}
+	restorePeers()
 
 	// Graceful restart: node 2's agent killed (SIGKILL: no NOTIFICATION),
 	// the router keeps node 2's path while the session is down, and the

@@ -110,10 +110,17 @@ func (l *logger) Info(msg string, f gobgplog.Fields) { l.log.Info(msg, l.attrs(f
 func (l *logger) Debug(msg string, f gobgplog.Fields) {
 	// A session that drops back to idle says why only here, at debug
 	// level ("state changed", reason=invalid-msg, hold-timer-expired...).
-	if msg == "state changed" && fmt.Sprint(f["new"]) == "BGP_FSM_IDLE" {
+	switch {
+	case msg == "state changed" && fmt.Sprint(f["new"]) == "BGP_FSM_IDLE":
 		l.dropped(f)
+	case msg == "failed to connect":
+		// An unreachable peer: gobgp says so only at debug level.
+		l.remember(msg, f)
 	}
 	l.log.Debug(msg, l.attrs(f)...)
 }
-func (l *logger) SetLevel(gobgplog.LogLevel)  {}
-func (l *logger) GetLevel() gobgplog.LogLevel { return gobgplog.InfoLevel }
+func (l *logger) SetLevel(gobgplog.LogLevel) {}
+
+// GetLevel is debug: gobgp tests it before logging a failed connection,
+// which lastProblem needs; slog's handler filters what is printed.
+func (l *logger) GetLevel() gobgplog.LogLevel { return gobgplog.DebugLevel }

@@ -196,3 +196,26 @@ func TestSpeakerReportsAWrongASN(t *testing.T) {
 		t.Fatalf("reason %q does not name the ASN mismatch", st[0].Reason)
 	}
 }
+
+// TestSpeakerReportsAnUnreachablePeer: nothing listens at the peer's
+// port; PeerStates says the connection failed.
+func TestSpeakerReportsAnUnreachablePeer(t *testing.T) {
+	port, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(slog.New(slog.DiscardHandler), -1)
+	t.Cleanup(func() { s.Stop(context.Background()) })
+	ctx := context.Background()
+	if _, err := s.Apply(ctx, desired(port, 65000), netip.MustParseAddr("10.0.0.1"), allowed(t)); err != nil {
+		t.Fatal(err)
+	}
+	var st []PeerState
+	eventually(t, "a reason for the unreachable peer", func() bool {
+		st, err = s.PeerStates(ctx)
+		return err == nil && len(st) == 1 && st[0].Reason != ""
+	})
+	if st[0].State == "established" || !strings.Contains(st[0].Reason, "failed to connect") || !strings.Contains(st[0].Reason, "connection refused") {
+		t.Fatalf("peer state %+v", st[0])
+	}
+}
