@@ -17,6 +17,7 @@ import (
 
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // birdRoute is the router's own view of prefix (`birdc show route
@@ -205,6 +206,23 @@ func TestPrivilegedLabBGP(t *testing.T) {
 		t.Fatalf("bgp peers: %s", out)
 	}
 	t.Logf("tendril bgp routes on %s:\n%s", e.st.Nodes[0].Name, runTendril(t, "-H", "unix://"+e.st.Nodes[0].Socket, "bgp", "routes"))
+	// The stock cilium-dbg reads the same API: its peers and its routes
+	// (which decodes each path's NLRI and attributes from their wire
+	// format).
+	dbg, err := exec.Command("../../hack/cilium-dbg.sh").Output()
+	testutil.Require(t, err == nil, fmt.Sprintf("stock cilium-dbg not built: %v", err))
+	for _, args := range [][]string{{"bgp", "peers"}, {"bgp", "routes", "available", "ipv4", "unicast"}} {
+		out, err := exec.Command(strings.TrimSpace(string(dbg)), append([]string{"-H", "unix://" + e.st.Nodes[0].Socket}, args...)...).CombinedOutput()
+		t.Logf("cilium-dbg %s on %s:\n%s", strings.Join(args, " "), e.st.Nodes[0].Name, out)
+		if err != nil {
+			t.Fatalf("cilium-dbg %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		for _, want := range map[string][]string{"peers": {e.st.World.Gateway, "established"}, "routes": {addr + "/32", "10.244."}}[args[1]] {
+			if !strings.Contains(string(out), want) {
+				t.Fatalf("cilium-dbg %s lacks %q:\n%s", strings.Join(args, " "), want, out)
+			}
+		}
+	}
 	if st := runTendril(t, "-H", "unix://"+e.st.Nodes[0].Socket, "status"); !strings.Contains(st, "BGP control plane") ||
 		!strings.Contains(st, "1/1 established") {
 		t.Fatalf("tendril status lacks the BGP section with the session:\n%s", st)
