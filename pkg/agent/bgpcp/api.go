@@ -5,12 +5,15 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/cilium/cilium/api/v1/models"
+
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/bgp/speaker"
 )
 
-// apiHandlers serves GET /v1/bgp/peers and /v1/bgp/routes as Cilium's v1
-// API defines them (models.BgpPeer, models.BgpRoute); 501 with the
+// apiHandlers serves GET /v1/bgp/peers, /v1/bgp/routes and
+// /v1/bgp/route-policies as Cilium's v1 API defines them
+// (models.BgpPeer, models.BgpRoute, models.BgpRoutePolicy); 501 with the
 // control plane off, as Cilium answers.
 func apiHandlers(cp *ControlPlane) server.HandlersOut {
 	return server.Handlers(func(api *server.Server) {
@@ -50,6 +53,20 @@ func apiHandlers(cp *ControlPlane) server.HandlersOut {
 				return server.Errorf(http.StatusInternalServerError, "%v", err)
 			}
 			server.WriteJSON(w, http.StatusOK, routes)
+			return nil
+		})
+		// The speaker runs no route policies (every advert passes the
+		// guard before it reaches gobgp instead): the list is empty.
+		api.Handle(http.MethodGet, "/v1/bgp/route-policies", func(w http.ResponseWriter, r *http.Request) error {
+			if cp == nil {
+				return disabled()
+			}
+			if asn := r.URL.Query().Get("router_asn"); asn != "" {
+				if _, err := strconv.ParseUint(asn, 10, 32); err != nil {
+					return server.Errorf(http.StatusBadRequest, "router_asn %q: not an ASN", asn)
+				}
+			}
+			server.WriteJSON(w, http.StatusOK, []*models.BgpRoutePolicy{})
 			return nil
 		})
 	})

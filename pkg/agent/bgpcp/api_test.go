@@ -51,7 +51,7 @@ func serve(t *testing.T, cp *ControlPlane) func(path string) (int, string) {
 // Cilium's do.
 func TestAPIDisabled(t *testing.T) {
 	get := serve(t, nil)
-	for _, p := range []string{"/v1/bgp/peers", "/v1/bgp/routes?table_type=loc-rib&afi=ipv4&safi=unicast"} {
+	for _, p := range []string{"/v1/bgp/peers", "/v1/bgp/routes?table_type=loc-rib&afi=ipv4&safi=unicast", "/v1/bgp/route-policies"} {
 		if code, body := get(p); code != http.StatusNotImplemented {
 			t.Fatalf("GET %s: %d %s, want 501", p, code, body)
 		}
@@ -73,6 +73,8 @@ func TestAPIQueries(t *testing.T) {
 		"/v1/bgp/routes?table_type=adj-rib-in&afi=ipv4&safi=unicast":                       http.StatusBadRequest,
 		"/v1/bgp/routes?table_type=adj-rib-out&afi=ipv4&safi=unicast&neighbor=not-an-addr": http.StatusBadRequest,
 		"/v1/bgp/routes?table_type=loc-rib&afi=ipv4&safi=unicast&router_asn=x":             http.StatusBadRequest,
+		"/v1/bgp/route-policies":               http.StatusOK,
+		"/v1/bgp/route-policies?router_asn=-1": http.StatusBadRequest,
 	} {
 		code, body := get(p)
 		if code != want {
