@@ -13,6 +13,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentkv"
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/agent/agentservices"
+	"github.com/tendril-net/tendril/pkg/agent/bgpcp"
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/agent/hostdev"
@@ -60,6 +61,7 @@ func cells() []cell.Cell {
 		nodehealth.Cell,
 		agentk8s.Cell,
 		l2wiring.Cell, // the L2 announcements with their providers
+		bgpcp.Cell,    // the BGP control plane: a speaker announcing pod CIDRs and LoadBalancer addresses
 		agentkv.Cell,
 		realizer.Cell,
 		hostips.Cell,

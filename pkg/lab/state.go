@@ -122,6 +122,8 @@ type State struct {
 	// World is the network outside the cluster (world.go); nil in the
 	// state of a lab made before it existed.
 	World *World `json:"world,omitempty"`
+	// BGP is the lab's BGP router (lab up --bgp; bgp.go); nil without.
+	BGP *BGPRouter `json:"bgp,omitempty"`
 }
 
 // KVStoreURL is the kvstore's client URL from the machine's namespace

@@ -48,6 +48,9 @@ type Config struct {
 	// the agents and operators use it for identities (kvstore identity
 	// allocation) and the agents for their endpoints' ipcache keys.
 	KVStore bool
+	// BGP runs a BGP router (BIRD) in the world that every node's agent
+	// peers with (bgp.go); needs Operators > 0 (LB-IPAM and the CRDs).
+	BGP bool
 	// Out receives progress and the summary.
 	Out io.Writer
 }
@@ -119,6 +122,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	}
 	if cfg.IPAM == "cluster-pool" && cfg.Operators == 0 {
 		return nil, fmt.Errorf("--ipam cluster-pool needs tendril-operator: --operators 1 or more")
+	}
+	if cfg.BGP && cfg.Operators == 0 {
+		return nil, fmt.Errorf("--bgp needs tendril-operator (the CRDs and the load-balancer addresses): --operators 1 or more")
 	}
 	if err := PrepareHost(out); err != nil {
 		return nil, err
@@ -247,6 +253,19 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return st, err
 	}
 
+	if cfg.BGP {
+		if err := startBGPRouter(ctx, st, exited); err != nil {
+			return st, err
+		}
+		if err := st.Save(); err != nil {
+			return st, err
+		}
+		if err := createBGPObjects(ctx, st); err != nil {
+			return st, err
+		}
+		step(out, start, "BGP: BIRD in %s at %s (AS %d) peering with every node (AS %d); pool %s: %s, routed", st.World.Netns,
+			st.World.Gateway, BGPRouterASN, BGPNodeASN, BGPPoolName, BGPPoolCIDR)
+	}
 	for _, n := range st.Nodes {
 		argv := []string{"nsenter", "--net=" + NetnsPath(n.Netns), filepath.Join(st.BinDir, "tendril-agent"),
 			"--node-name", n.Name, "--kubeconfig", st.NodeKubeconfig,
@@ -257,6 +276,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			// on-link (its l2Announcements, lbpool.go).
 			"--enable-l2-announcements"}
 		argv = append(argv, hubbleArgs[n.Name]...)
+		if cfg.BGP {
+			argv = append(argv, "--enable-bgp-control-plane")
+		}
 		if cfg.IPAM == "cluster-pool" {
 			argv = append(argv, "--ipam", "cluster-pool")
 		}
