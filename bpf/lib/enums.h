@@ -101,6 +101,7 @@
 #define REASON_DSR_MTU_EXCEEDED 27 /* DSR option would exceed the MTU */
 #define REASON_TO_OVERLAY 28 /* Encapsulated to the node owning the destination */
 #define REASON_NO_TUNNEL_KEY 29 /* Overlay packet without tunnel metadata */
+#define REASON_TUNNEL_NOT_A_NODE 30 /* Overlay packet from an address of no known node */
 
 /* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
  * counters.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -220,7 +221,10 @@ spec:
 // bridge's port of the receiving node shows the packets as VXLAN on UDP
 // 8472 with the sending pod's security identity as the VNI; and a policy
 // on the receiving pod admits the allowed identity and denies another
-// (enforced with the identity the VNI carried).
+// (enforced with the identity the VNI carried); with both agents killed
+// the overlay keeps forwarding, and keeps denying, and after their
+// restart it still does. A forged VXLAN packet from an address of no
+// node (the lab's world) is dropped whatever identity its VNI claims.
 func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	labUp(t) // the binaries; the tunnel lab is this test's own
 	name, e := tunnelLab(t)
@@ -347,4 +351,121 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 			t.Errorf("frontend -> backend:8080 exit %d, want 0 (allowed by its identity)", c)
 		}
 	})
+
+	t.Run("VXLAN from an address of no node is dropped", func(t *testing.T) {
+		// A forged packet from the world's namespace to node2's tunnel
+		// port, claiming the allowed frontend's identity in the VNI.
+		var frontendID uint32
+		tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(ctx, "frontend", metav1.GetOptions{})
+		if err != nil || tep.Status.Identity == nil {
+			t.Fatalf("frontend's identity: %v", err)
+		}
+		frontendID = uint32(tep.Status.Identity.ID)
+		node2, err := e.st.Node("node2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		const reason = "Overlay packet from an address of no known node"
+		before := datapathCount(t, *node2, reason, "ingress")
+		pkt := forgedVXLAN(frontendID, netip.MustParseAddr(tep.Status.Networking.Addressing[0].IPv4), netip.MustParseAddr(backend.Status.PodIP))
+		if err := sendUDPFrom(e.st.World.Netns, node2.Address+":8472", pkt); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "node2 to count the forged packet", func() (bool, error) {
+			n := datapathCount(t, *node2, reason, "ingress")
+			return n > before, fmt.Errorf("%d, %d before", n, before)
+		})
+	})
+
+	t.Run("agents killed and restarted", func(t *testing.T) {
+		addr := backend.Status.PodIP + ":8080"
+		argvs := map[string][]string{}
+		for _, n := range e.st.Nodes {
+			argvs[n.Name] = killAgent(t, e.st, n.Name)
+		}
+		// Down: the device, the pinned links and tdr_tunnel_v1 carry on,
+		// the receiving pod's policy too.
+		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
+			t.Errorf("agents down: frontend -> backend:8080 exit %d, want 0", c)
+		}
+		if c, _ := labProbe(t, name, ns+"/other", addr, false); c != 1 {
+			t.Errorf("agents down: other -> backend:8080 exit %d, want 1 (denied)", c)
+		}
+		for _, n := range e.st.Nodes {
+			startAgent(t, e.st, n.Name, argvs[n.Name])
+		}
+		for _, n := range e.st.Nodes {
+			eventually(t, "the restarted agent of "+n.Name, func() (bool, error) {
+				o, err := runCLI(tendrilBin, "-H", n.Socket, "status")
+				return err == nil, fmt.Errorf("%v: %s", err, o)
+			})
+		}
+		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
+			t.Errorf("agents restarted: frontend -> backend:8080 exit %d, want 0", c)
+		}
+		if c, _ := labProbe(t, name, ns+"/other", addr, false); c != 1 {
+			t.Errorf("agents restarted: other -> backend:8080 exit %d, want 1 (denied)", c)
+		}
+	})
+}
+
+// forgedVXLAN is a VXLAN packet (its UDP payload) with VNI vni carrying a
+// TCP SYN from src to dst:8080.
+func forgedVXLAN(vni uint32, src, dst netip.Addr) []byte {
+	b := make([]byte, 8+14+20+20)
+	b[0] = 0x08 // the VNI is valid
+	b[4], b[5], b[6] = byte(vni>>16), byte(vni>>8), byte(vni)
+	eth := b[8:]
+	copy(eth[0:6], []byte{2, 0, 0, 0, 0, 1})
+	copy(eth[6:12], []byte{2, 0, 0, 0, 0, 2})
+	binary.BigEndian.PutUint16(eth[12:], unix.ETH_P_IP)
+	ip := eth[14:]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], 40)
+	ip[8], ip[9] = 64, unix.IPPROTO_TCP
+	s4, d4 := src.As4(), dst.As4()
+	copy(ip[12:], s4[:])
+	copy(ip[16:], d4[:])
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	tcp := ip[20:]
+	binary.BigEndian.PutUint16(tcp[0:], 40001)
+	binary.BigEndian.PutUint16(tcp[2:], 8080)
+	tcp[12], tcp[13] = 5<<4, 0x02
+	return b
+}
+
+// sendUDPFrom sends one UDP datagram from a namespace of the lab.
+func sendUDPFrom(netnsName, addr string, payload []byte) error {
+	errc := make(chan error, 1)
+	go func() {
+		// The thread is left in the namespace and dropped with the
+		// goroutine (not unlocked).
+		runtime.LockOSThread()
+		ns, err := netns.GetFromPath(lab.NetnsPath(netnsName))
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			errc <- err
+			return
+		}
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer c.Close()
+		_, err = c.Write(payload)
+		errc <- err
+	}()
+	return <-errc
 }

@@ -104,6 +104,7 @@ const (
 	ReasonDsrMtuExceeded    uint8 = 27 // REASON_DSR_MTU_EXCEEDED: DSR option would exceed the MTU
 	ReasonToOverlay         uint8 = 28 // REASON_TO_OVERLAY: Encapsulated to the node owning the destination
 	ReasonNoTunnelKey       uint8 = 29 // REASON_NO_TUNNEL_KEY: Overlay packet without tunnel metadata
+	ReasonTunnelNotANode    uint8 = 30 // REASON_TUNNEL_NOT_A_NODE: Overlay packet from an address of no known node
 )
 
 // ReasonNames describes every Reason constant, for the CLI, events and metrics.
@@ -139,6 +140,7 @@ func ReasonNames() map[uint8]string {
 		ReasonDsrMtuExceeded:    "DSR option would exceed the MTU",
 		ReasonToOverlay:         "Encapsulated to the node owning the destination",
 		ReasonNoTunnelKey:       "Overlay packet without tunnel metadata",
+		ReasonTunnelNotANode:    "Overlay packet from an address of no known node",
 	}
 }
 

@@ -6,13 +6,16 @@ import (
 	"encoding/hex"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"runtime"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
@@ -193,5 +196,90 @@ func TestPrivilegedEncapDecision(t *testing.T) {
 	}
 	if got := overlay(); got != 1 {
 		t.Fatalf("after the other frames: %d packets sent to the overlay, want still 1", got)
+	}
+}
+
+// TestPrivilegedOverlayAttach: the overlay programs load with the pod
+// programs' maps (the verifier accepts them), attach to the device with
+// pinned TCX links, take a new program in place on the same device (an
+// agent's restart), move to a device created again, and go with Detach;
+// EnsureDevice keeps a matching device (ARP off) and replaces one of
+// another port.
+func TestPrivilegedOverlayAttach(t *testing.T) {
+	n := newNode(t)
+	dev, err := EnsureDevice(n.nl, VXLAN, DefaultVXLANPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := EnsureDevice(n.nl, VXLAN, DefaultVXLANPort); err != nil || again.Attrs().Index != dev.Attrs().Index {
+		t.Fatalf("a matching device was not kept: %v", err)
+	}
+	if l, err := n.nl.LinkByName(DeviceName(VXLAN)); err != nil || l.Attrs().RawFlags&unix.IFF_NOARP == 0 {
+		t.Errorf("tunnel device with ARP on (%v)", err)
+	}
+	root, err := os.MkdirTemp("/sys/fs/bpf", "tendril-tunlinks-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	attached := func(ifindex int) int {
+		t.Helper()
+		count := 0
+		for _, name := range []string{linkIngress, linkEgress} {
+			lk, err := link.LoadPinnedLink(filepath.Join(root, name), nil)
+			if err != nil {
+				continue
+			}
+			if on, err := loader.TCXIfindex(lk); err == nil && on == ifindex {
+				count++
+			}
+			lk.Close()
+		}
+		return count
+	}
+	for round := range 2 {
+		p, err := Load(n.l.MapReplacements(), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Attach(dev.Attrs().Index, root); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		p.Close()
+		if got := attached(dev.Attrs().Index); got != 2 {
+			t.Fatalf("round %d: %d pinned links on the device, want 2", round, got)
+		}
+	}
+	// Another port: the device is replaced (a new ifindex), and the
+	// programs follow it there.
+	moved, err := EnsureDevice(n.nl, VXLAN, 4789)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved.Attrs().Index == dev.Attrs().Index {
+		t.Fatal("a device of another port was kept")
+	}
+	p, err := Load(n.l.MapReplacements(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Attach(moved.Attrs().Index, root); err != nil {
+		t.Fatal(err)
+	}
+	if got := attached(moved.Attrs().Index); got != 2 {
+		t.Fatalf("%d pinned links on the new device, want 2", got)
+	}
+	if err := Detach(root); err != nil {
+		t.Fatal(err)
+	}
+	if got := attached(moved.Attrs().Index); got != 0 {
+		t.Fatalf("%d pinned links after Detach", got)
+	}
+	if err := RemoveDevices(n.nl, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.nl.LinkByName(DeviceName(VXLAN)); err == nil {
+		t.Fatal("the device is still there after RemoveDevices")
 	}
 }
