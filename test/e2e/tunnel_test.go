@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -219,8 +220,9 @@ spec:
 // tendril_vxlan); pods on two nodes reach each other over TCP and UDP, and
 // a ClusterIP reaches its backend on the other node; a capture on the
 // bridge's port of the receiving node shows the packets as VXLAN on UDP
-// 8472 with the sending pod's security identity as the VNI; and a policy
-// on the receiving pod admits the allowed identity and denies another
+// 8472 with the sending pod's security identity as the VNI; a NodePort of
+// the node without the backend answers the world through the tunnel; a
+// policy on the receiving pod admits the allowed identity and denies another
 // (enforced with the identity the VNI carried); with both agents killed
 // the overlay keeps forwarding, and keeps denying, and after their
 // restart it still does. A forged VXLAN packet from an address of no
@@ -324,6 +326,30 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		if !strings.Contains(out, `answered "backend"`) {
 			t.Errorf("ClusterIP %s answered by another than backend: %s", addr, out)
 		}
+	})
+
+	t.Run("NodePort from the world to a backend on the other node", func(t *testing.T) {
+		svc := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "backend-np", Namespace: ns},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "backend"},
+				Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 9091, TargetPort: intstr.FromInt32(8080)}}},
+		}
+		created, err := e.cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node1, err := e.st.Node("node1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// node1's address: the backend is on node2, reached through
+		// the tunnel (the route to its pod CIDR is tendril_vxlan's).
+		addr := fmt.Sprintf("%s:%d", node1.Address, created.Spec.Ports[0].NodePort)
+		var answer string
+		eventually(t, "an answer at "+addr+" from the world", func() (bool, error) {
+			answer, err = dialFrom(e.st.World.Netns, addr)
+			return err == nil && strings.Contains(answer, "backend"), fmt.Errorf("%v: %q", err, answer)
+		})
 	})
 
 	t.Run("policy on the receiving pod", func(t *testing.T) {
@@ -468,4 +494,40 @@ func sendUDPFrom(netnsName, addr string, payload []byte) error {
 		errc <- err
 	}()
 	return <-errc
+}
+
+// dialFrom connects to addr over TCP from a namespace of the lab and
+// returns what the server says first (the lab's pods name themselves).
+func dialFrom(netnsName, addr string) (string, error) {
+	type result struct {
+		s   string
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // left in the namespace, dropped with the goroutine
+		ns, err := netns.GetFromPath(lab.NetnsPath(netnsName))
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			res <- result{err: err}
+			return
+		}
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		_, _ = c.Write([]byte("hello\n"))
+		buf := make([]byte, 512)
+		n, err := c.Read(buf)
+		res <- result{s: string(buf[:n]), err: err}
+	}()
+	r := <-res
+	return r.s, r.err
 }

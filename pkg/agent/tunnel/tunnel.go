@@ -88,7 +88,8 @@ func New(cfg Config, kernel Kernel, log *slog.Logger) *Tunnel {
 // (created again if it went: a new ifindex), the programs are attached to
 // it and from_pod points at it, in that order (from_pod never redirects to
 // a device without its programs), and the other protocol's device is
-// gone. Native: from_pod points nowhere, then the programs and devices go.
+// gone. Native: from_pod points nowhere first, then the programs and the
+// devices go.
 func (t *Tunnel) Reconcile() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
