@@ -39,9 +39,10 @@ import (
 // endpoints (the MTU overhead) and the nodes cell (the device the pod
 // CIDR routes go to).
 var Cell = cell.Module("tunnel", "Routing mode native or tunnel with a VXLAN or Geneve overlay between nodes",
-	cell.Config(DefaultConfig()),
+	// Invokes, then the config, then the providers (pkg/agent/cells.go).
 	cell.Invoke(Config.validate),
 	cell.Invoke(func(*Tunnel) {}),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newCell, mtuOverhead, routeDevice),
 )
 
