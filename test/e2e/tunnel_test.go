@@ -93,17 +93,11 @@ func startCapture(t *testing.T, netnsName, dev string) *capture {
 
 func (c *capture) run(netnsName, dev string, ready chan<- error) error {
 	fail := func(err error) error { ready <- err; return err }
-	// The thread stays in the lab's namespace and is dropped at the end
-	// (not unlocked): no other goroutine runs there.
-	runtime.LockOSThread()
-	ns, err := netns.GetFromPath(lab.NetnsPath(netnsName))
+	leave, err := enterNetns(netnsName)
 	if err != nil {
 		return fail(err)
 	}
-	defer ns.Close()
-	if err := netns.Set(ns); err != nil {
-		return fail(err)
-	}
+	defer leave()
 	link, err := netlink.LinkByName(dev)
 	if err != nil {
 		return fail(err)
@@ -471,19 +465,12 @@ func forgedVXLAN(vni uint32, src, dst netip.Addr) []byte {
 func sendUDPFrom(netnsName, addr string, payload []byte) error {
 	errc := make(chan error, 1)
 	go func() {
-		// The thread is left in the namespace and dropped with the
-		// goroutine (not unlocked).
-		runtime.LockOSThread()
-		ns, err := netns.GetFromPath(lab.NetnsPath(netnsName))
+		leave, err := enterNetns(netnsName)
 		if err != nil {
 			errc <- err
 			return
 		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
+		defer leave()
 		c, err := net.Dial("udp", addr)
 		if err != nil {
 			errc <- err
@@ -505,17 +492,12 @@ func dialFrom(netnsName, addr string) (string, error) {
 	}
 	res := make(chan result, 1)
 	go func() {
-		runtime.LockOSThread() // left in the namespace, dropped with the goroutine
-		ns, err := netns.GetFromPath(lab.NetnsPath(netnsName))
+		leave, err := enterNetns(netnsName)
 		if err != nil {
 			res <- result{err: err}
 			return
 		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			res <- result{err: err}
-			return
-		}
+		defer leave()
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err != nil {
 			res <- result{err: err}
@@ -530,4 +512,36 @@ func dialFrom(netnsName, addr string) (string, error) {
 	}()
 	r := <-res
 	return r.s, r.err
+}
+
+// enterNetns locks the goroutine's thread into a namespace of the lab;
+// leave puts it back and unlocks it. A thread that cannot go back stays
+// locked and is dropped with its goroutine, unless it is the process's
+// main thread, which Go keeps: then the process itself would count as
+// inside the lab's namespace, and lab down would kill it. So the thread
+// always goes back when it can.
+func enterNetns(name string) (leave func(), err error) {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return nil, err
+	}
+	ns, err := netns.GetFromPath(lab.NetnsPath(name))
+	if err != nil {
+		orig.Close()
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	defer ns.Close()
+	if err := netns.Set(ns); err != nil {
+		orig.Close()
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	return func() {
+		defer orig.Close()
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+	}, nil
 }
