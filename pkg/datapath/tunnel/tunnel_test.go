@@ -93,6 +93,26 @@ func frame(src, dst netip.Addr) []byte {
 	return b
 }
 
+// frame6 is an Ethernet frame of an IPv6 UDP datagram from src to dst.
+func frame6(src, dst netip.Addr) []byte {
+	b := make([]byte, 14+40+8+18)
+	copy(b[0:6], []byte{2, 0, 0, 0, 0, 1})
+	copy(b[6:12], []byte{2, 0, 0, 0, 0, 2})
+	binary.BigEndian.PutUint16(b[12:], 0x86DD)
+	ip := b[14:]
+	ip[0] = 0x60
+	binary.BigEndian.PutUint16(ip[4:], 8+18)
+	ip[6], ip[7] = 17, 64
+	s, d := src.As16(), dst.As16()
+	copy(ip[8:], s[:])
+	copy(ip[24:], d[:])
+	udp := ip[40:]
+	binary.BigEndian.PutUint16(udp[0:], 40000)
+	binary.BigEndian.PutUint16(udp[2:], 5201)
+	binary.BigEndian.PutUint16(udp[4:], 8+18)
+	return b
+}
+
 // run runs prog on pkt as if it came in on ifindex; the verdict.
 func run(t *testing.T, prog *ebpf.Program, ifindex int, pkt []byte) uint32 {
 	t.Helper()
@@ -112,6 +132,8 @@ const (
 
 var (
 	podA      = netip.MustParseAddr("10.1.0.2")
+	podA6     = netip.MustParseAddr("fd00::a")
+	remote6   = netip.MustParseAddr("fd00:2::5") // in a peer's IPv6 pod CIDR
 	podB      = netip.MustParseAddr("10.1.0.3")
 	remotePod = netip.MustParseAddr("10.2.0.5") // in a peer's pod CIDR
 	world     = netip.MustParseAddr("10.3.0.9") // no owner node
@@ -126,7 +148,8 @@ const (
 
 // TestPrivilegedEncapDecision runs from_pod (BPF_PROG_TEST_RUN) on
 // frames of a local pod: to another node's pod (the ipcache names the
-// owner node) it is redirected to the tunnel device and counted as sent
+// owner node), IPv4 or IPv6 inside, over an IPv4 or IPv6 underlay, it is
+// redirected to the tunnel device and counted as sent
 // to the overlay; to a local pod it is delivered directly, not tunnelled;
 // to an address without an owner node, and in native routing (the map's
 // device 0), it goes to the host stack. The tunnel key's contents (the
@@ -137,7 +160,7 @@ func TestPrivilegedEncapDecision(t *testing.T) {
 	ifA := netlab.AddVeth(t, "tdrtun0", "tdrtunp0")
 	ifB := netlab.AddVeth(t, "tdrtun1", "tdrtunp1")
 	for _, ep := range []loader.EndpointInfo{
-		{ID: 1, IfIndex: ifA, IfName: "tdrtun0", Addresses: []netip.Addr{podA}, Identity: idA, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}},
+		{ID: 1, IfIndex: ifA, IfName: "tdrtun0", Addresses: []netip.Addr{podA, podA6}, Identity: idA, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}},
 		{ID: 2, IfIndex: ifB, IfName: "tdrtun1", Addresses: []netip.Addr{podB}, Identity: idB, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 3}},
 	} {
 		if err := n.l.AttachEndpoint(ep); err != nil {
@@ -149,6 +172,8 @@ func TestPrivilegedEncapDecision(t *testing.T) {
 		"10.1.0.2/32": {Identity: idA}, "10.1.0.3/32": {Identity: idB},
 		"10.2.0.0/24": {Identity: idRemote, TunnelIP: peerNode},
 		"10.3.0.0/24": {Identity: 2},
+		"fd00::a/128": {Identity: idA}, "fd00:2::/64": {Identity: idRemote, TunnelIP: peerNode},
+		"fd00:3::/64": {Identity: idRemote, TunnelIP: netip.MustParseAddr("fd99::2")}, // a node on an IPv6 underlay
 	} {
 		if err := m.IPCacheMap().Upsert(netip.MustParsePrefix(p), e); err != nil {
 			t.Fatal(err)
@@ -178,11 +203,25 @@ func TestPrivilegedEncapDecision(t *testing.T) {
 	if got := overlay(); got != 1 {
 		t.Fatalf("remote pod: %d packets sent to the overlay, want 1", got)
 	}
+	// IPv6 inside, the same IPv4 underlay.
+	if got := run(t, from, ifA, frame6(podA6, remote6)); got != tcActRedirect {
+		t.Fatalf("remote pod over IPv6: verdict %d, want %d", got, tcActRedirect)
+	}
+	if got := overlay(); got != 2 {
+		t.Fatalf("remote pod over IPv6: %d packets sent to the overlay, want 2", got)
+	}
+	// An owner node on an IPv6 underlay (the key's IPv6 remote).
+	if got := run(t, from, ifA, frame6(podA6, netip.MustParseAddr("fd00:3::7"))); got != tcActRedirect {
+		t.Fatalf("remote pod of a node on an IPv6 underlay: verdict %d, want %d", got, tcActRedirect)
+	}
+	if got := overlay(); got != 3 {
+		t.Fatalf("remote pod of a node on an IPv6 underlay: %d packets sent to the overlay, want 3", got)
+	}
 	// A local pod: delivered into its namespace (a redirect too), not
 	// through the overlay.
 	run(t, from, ifA, frame(podA, podB))
-	if got := overlay(); got != 1 {
-		t.Fatalf("local pod: %d packets sent to the overlay, want still 1", got)
+	if got := overlay(); got != 3 {
+		t.Fatalf("local pod: %d packets sent to the overlay, want still 3", got)
 	}
 	if got := run(t, from, ifA, frame(podA, world)); got != tcActOK {
 		t.Fatalf("address without an owner node: verdict %d, want %d (the host's routes)", got, tcActOK)
@@ -194,8 +233,8 @@ func TestPrivilegedEncapDecision(t *testing.T) {
 	if got := run(t, from, ifA, frame(podA, remotePod)); got != tcActOK {
 		t.Fatalf("native routing, remote pod: verdict %d, want %d", got, tcActOK)
 	}
-	if got := overlay(); got != 1 {
-		t.Fatalf("after the other frames: %d packets sent to the overlay, want still 1", got)
+	if got := overlay(); got != 3 {
+		t.Fatalf("after the other frames: %d packets sent to the overlay, want still 3", got)
 	}
 }
 
