@@ -211,16 +211,17 @@ spec:
 
 // TestPrivilegedLabTunnelVXLAN: a lab in the tunnel routing mode. No node
 // routes another's pod CIDR via the lab bridge (the routes go to
-// tendril_vxlan); pods on two nodes reach each other over TCP and UDP, and
-// a ClusterIP reaches its backend on the other node; a capture on the
-// bridge's port of the receiving node shows the packets as VXLAN on UDP
-// 8472 with the sending pod's security identity as the VNI; a NodePort of
-// the node without the backend answers the world through the tunnel; a
-// policy on the receiving pod admits the allowed identity and denies another
-// (enforced with the identity the VNI carried); with both agents killed
-// the overlay keeps forwarding, and keeps denying, and after their
-// restart it still does. A forged VXLAN packet from an address of no
-// node (the lab's world) is dropped whatever identity its VNI claims.
+// tendril_vxlan); the pods' MTU is 50 bytes less; pods on two nodes reach
+// each other over TCP and UDP, and a ClusterIP reaches its backend on the
+// other node; a capture on the bridge's port of the receiving node shows
+// the packets as VXLAN on UDP 8472 with the sending pod's security
+// identity as the VNI; a NodePort of the node without the backend answers
+// the world through the tunnel; a policy on the receiving pod admits the
+// allowed identity and denies another (enforced with the identity the
+// VNI carried); with both agents killed the overlay keeps forwarding, and
+// keeps denying, and after their restart it still does. A forged VXLAN
+// packet from an address of no node (the lab's world) is dropped whatever
+// identity its VNI claims.
 func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	labUp(t) // the binaries; the tunnel lab is this test's own
 	name, e := tunnelLab(t)
@@ -260,6 +261,18 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		}
 		otherID = uint32(tep.Status.Identity.ID)
 		return true, nil
+	})
+
+	t.Run("the pods' MTU leaves room for VXLAN", func(t *testing.T) {
+		// ip, not /sys/class/net: sysfs shows the namespace it was
+		// mounted in, the machine's.
+		out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/other", "--", "ip", "-o", "link", "show", "dev", "eth0").CombinedOutput()
+		if err != nil {
+			t.Fatalf("lab exec: %v\n%s", err, out)
+		}
+		if !strings.Contains(string(out), " mtu 1450 ") {
+			t.Errorf("pod eth0, want MTU 1450 (1500 less VXLAN's 50): %s", out)
+		}
 	})
 
 	t.Run("TCP and UDP across nodes, VXLAN with the identity", func(t *testing.T) {
