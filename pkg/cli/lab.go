@@ -101,6 +101,7 @@ func newLabUpCommand(name *string) *cobra.Command {
 	cmd.Flags().StringVar(&cfg.BinDir, "bin-dir", "", "Directory with tendril, tendril-agent and tendril-cni (default: this binary's)")
 	cmd.Flags().IntVar(&cfg.Operators, "operators", cfg.Operators, "tendril-operator replicas to run (leader election on a Lease; with 1 or more, LoadBalancer Services get addresses from the pool "+lab.LBPoolCIDR+")")
 	cmd.Flags().StringVar(&cfg.IPAM, "ipam", cfg.IPAM, "cluster-pool: the operators allocate node pod CIDRs from "+lab.ClusterPoolCIDR+" and the agents take them (needs --operators)")
+	cmd.Flags().StringVar(&cfg.RoutingMode, "routing-mode", "", "The agents' --routing-mode: native (routes to the other nodes' pod CIDRs via them) or tunnel (VXLAN between the nodes, no pod CIDR route via the lab bridge)")
 	cmd.Flags().BoolVar(&cfg.KVStore, "kvstore", false, "Run an etcd as Tendril's kvstore: agents and operators allocate identities there (--identity-allocation-mode kvstore) and the agents publish their endpoints' ipcache keys")
 	cmd.Flags().BoolVar(&cfg.BGP, "bgp", false, "Run a BGP router (BIRD) in the world that every node's agent peers with (--enable-bgp-control-plane): the nodes announce their pod CIDRs and the load-balancer addresses of Services labelled "+lab.BGPServiceLabel+"=true, from the pool "+lab.BGPPoolCIDR+", which the world reaches through the learned routes")
 	cmd.Flags().StringArrayVar(&cfg.OperatorArgs, "operator-arg", nil, "Extra flag for every tendril-operator, repeatable (e.g. --operator-arg=--identity-gc-interval=10s)")

@@ -115,6 +115,8 @@ type State struct {
 	// from kube-controller-manager) or "cluster-pool" (the operators'
 	// TendrilNode.spec.ipam.podCIDRs).
 	IPAM string `json:"ipam,omitempty"`
+	// RoutingMode is the agents' --routing-mode ("": native).
+	RoutingMode string `json:"routingMode,omitempty"`
 	// KVStorePort is the port of the lab's kvstore etcd on the machine's
 	// 127.0.0.1 (0: no kvstore); the kubelets proxy it into each node's
 	// namespace at 127.0.0.1:NodeKVStorePort.

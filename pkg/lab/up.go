@@ -51,6 +51,11 @@ type Config struct {
 	// BGP runs a BGP router (BIRD) in the world that every node's agent
 	// peers with (bgp.go); needs Operators > 0 (LB-IPAM and the CRDs).
 	BGP bool
+	// RoutingMode is the agents' --routing-mode: "" or "native" (each
+	// agent routes the other nodes' pod CIDRs via them on the lab
+	// bridge) or "tunnel" (VXLAN between the nodes; no node has a route
+	// to another's pod CIDR via the bridge).
+	RoutingMode string
 	// Out receives progress and the summary.
 	Out io.Writer
 }
@@ -126,6 +131,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.BGP && cfg.Operators == 0 {
 		return nil, fmt.Errorf("--bgp needs tendril-operator (the CRDs and the load-balancer addresses): --operators 1 or more")
 	}
+	if cfg.RoutingMode != "" && cfg.RoutingMode != "native" && cfg.RoutingMode != "tunnel" {
+		return nil, fmt.Errorf("--routing-mode %q: must be native or tunnel", cfg.RoutingMode)
+	}
 	if err := PrepareHost(out); err != nil {
 		return nil, err
 	}
@@ -157,7 +165,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return nil, err
 	}
 	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, CoreDNSBin: coreDNS,
-		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM}
+		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM, RoutingMode: cfg.RoutingMode}
 	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
 	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
 	for _, d := range []string{st.Dir, st.PidDir(), st.LogDir(), st.PodDir(), filepath.Join(st.Dir, "pki")} {
@@ -281,6 +289,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 		if cfg.IPAM == "cluster-pool" {
 			argv = append(argv, "--ipam", "cluster-pool")
+		}
+		if cfg.RoutingMode != "" {
+			argv = append(argv, "--routing-mode", cfg.RoutingMode)
 		}
 		if cfg.KVStore {
 			argv = append(argv, "--kvstore", "etcd", "--kvstore-endpoints", NodeKVStoreURL(), "--identity-allocation-mode", "kvstore")
