@@ -39,9 +39,8 @@ import (
 // Cell is the BGP control plane; it provides *ControlPlane (nil when
 // off).
 var Cell = cell.Module("bgp-control-plane", "Announces pod CIDRs and LoadBalancer addresses over BGP",
-	cell.Config(DefaultConfig()),
-	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*ControlPlane) {}),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newControlPlane, statusContribution, apiHandlers),
 )
 
