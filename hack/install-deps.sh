@@ -91,7 +91,9 @@ check_host() {
 
 # gcc and libc6-dev: the race detector (make test runs -race) needs cgo.
 # iptables, nftables, conntrack: kube-proxy in the services benchmark (hack/kube-proxy.sh).
-packages=(clang llvm libbpf-dev bpftool iproute2 iperf3 iputils-ping ethtool curl jq procps util-linux gcc libc6-dev iptables nftables conntrack)
+# runc: the OCI runtime of the lab's real nodes (tendril lab up --runtime
+# containerd; containerd and the kubelet come from hack/node-binaries.sh).
+packages=(clang llvm libbpf-dev bpftool iproute2 iperf3 iputils-ping ethtool curl jq procps util-linux gcc libc6-dev iptables nftables conntrack runc)
 missing=()
 for p in "${packages[@]}"; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -55,6 +55,7 @@ answers with the pod's name. Needs root. See docs/lab.md.`,
 		newLabExecCommand(&name),
 		newLabProbeCommand(&name),
 		newLabKubeletCommand(&name),
+		newLabNodeProxyCommand(&name),
 		newLabWorkloadCommand(),
 	)
 	return cmd
@@ -410,6 +411,28 @@ func newLabKubeletCommand(name *string) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&node, "node", "", "The node this kubelet runs")
 	cmd.Flags().BoolVar(&schedule, "schedule", false, "Also bind unscheduled pods to nodes")
+	return cmd
+}
+
+func newLabNodeProxyCommand(name *string) *cobra.Command {
+	var node string
+	cmd := &cobra.Command{
+		Use:    "node-proxy --node NODE",
+		Short:  "Forward the API server (and kvstore) into a real node's namespace (started by lab up --runtime containerd)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := lab.LoadState(*name)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			return kubelet.RunProxies(ctx, kubelet.Config{Lab: st, Node: node, Log: log})
+		},
+	}
+	cmd.Flags().StringVar(&node, "node", "", "The node whose namespace gets the proxies")
 	return cmd
 }
 
