@@ -88,6 +88,11 @@ func newLabUpCommand(name *string) *cobra.Command {
 				}
 				cfg.BinDir = filepath.Dir(self)
 			}
+			if cfg.ImagesDir == "" {
+				// make build's bin/ and make images' _output/images are
+				// siblings in a checkout.
+				cfg.ImagesDir = filepath.Join(cfg.BinDir, "..", "_output", "images")
+			}
 			if _, err := lab.Up(ctx, cfg); err != nil {
 				if logs := filepath.Join(lab.Dir(*name), "logs"); fileExists(logs) {
 					return fmt.Errorf("lab up: %w\n(logs under %s; tendril lab down removes what was made)", err, logs)
@@ -105,6 +110,8 @@ func newLabUpCommand(name *string) *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.KVStore, "kvstore", false, "Run an etcd as Tendril's kvstore: agents and operators allocate identities there (--identity-allocation-mode kvstore) and the agents publish their endpoints' ipcache keys")
 	cmd.Flags().StringArrayVar(&cfg.OperatorArgs, "operator-arg", nil, "Extra flag for every tendril-operator, repeatable (e.g. --operator-arg=--identity-gc-interval=10s)")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "Extra flag for every node's tendril-agent, repeatable (e.g. --agent-arg=--datapath-attach-mode=tc)")
+	cmd.Flags().StringVar(&cfg.Runtime, "runtime", "", "containerd: run each node as the upstream kubelet and containerd (hack/node-binaries.sh builds them), with the images of make images imported (work in progress: docs/containerd-lab-status.md)")
+	cmd.Flags().StringVar(&cfg.ImagesDir, "images-dir", "", "Image archives of make images, for --runtime containerd (default: ../_output/images from the bin dir)")
 	return cmd
 }
 

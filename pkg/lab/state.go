@@ -119,6 +119,9 @@ type State struct {
 	// 127.0.0.1 (0: no kvstore); the kubelets proxy it into each node's
 	// namespace at 127.0.0.1:NodeKVStorePort.
 	KVStorePort int `json:"kvstorePort,omitempty"`
+	// Runtime is "" (the lab's own kubelets) or "containerd" (real nodes:
+	// the upstream kubelet and containerd, package realnode).
+	Runtime string `json:"runtime,omitempty"`
 	// World is the network outside the cluster (world.go); nil in the
 	// state of a lab made before it existed.
 	World *World `json:"world,omitempty"`

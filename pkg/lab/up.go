@@ -48,6 +48,13 @@ type Config struct {
 	// the agents and operators use it for identities (kvstore identity
 	// allocation) and the agents for their endpoints' ipcache keys.
 	KVStore bool
+	// Runtime is "" (the lab's own kubelet per node) or "containerd"
+	// (RuntimeContainerd: the upstream kubelet and containerd per node,
+	// Tendril installed by its Helm chart).
+	Runtime string
+	// ImagesDir holds the image archives of `make images` (the
+	// containerd runtime imports them into every node).
+	ImagesDir string
 	// Out receives progress and the summary.
 	Out io.Writer
 }
@@ -120,10 +127,20 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.IPAM == "cluster-pool" && cfg.Operators == 0 {
 		return nil, fmt.Errorf("--ipam cluster-pool needs tendril-operator: --operators 1 or more")
 	}
+	if err := ValidateRuntime(cfg.Runtime); err != nil {
+		return nil, err
+	}
 	if err := PrepareHost(out); err != nil {
 		return nil, err
 	}
-	for _, b := range []string{"tendril", "tendril-agent", "tendril-cni"} {
+	binaries := []string{"tendril", "tendril-agent", "tendril-cni"}
+	if cfg.Runtime == RuntimeContainerd {
+		binaries = append(binaries, PauseBinary)
+		if _, err := imageArchives(cfg.ImagesDir); err != nil {
+			return nil, err
+		}
+	}
+	for _, b := range binaries {
 		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {
 			return nil, fmt.Errorf("%s not found in %s (make build, or --bin-dir)", b, cfg.BinDir)
 		}
@@ -145,13 +162,18 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Runtime == RuntimeContainerd {
+		if _, err := ensureNodeBinaries(out); err != nil {
+			return nil, err
+		}
+	}
 
 	cgMount, err := Cgroup2Mount()
 	if err != nil {
 		return nil, err
 	}
 	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, CoreDNSBin: coreDNS,
-		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM}
+		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM, Runtime: cfg.Runtime}
 	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
 	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
 	for _, d := range []string{st.Dir, st.PidDir(), st.LogDir(), st.PodDir(), filepath.Join(st.Dir, "pki")} {
@@ -227,6 +249,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return st, err
 	}
 	step(out, start, "world server: %s:%s (TCP and UDP), answering with the source it sees", st.World.ServerIP, workload.FormatPorts(WorldServerPorts))
+	if cfg.Runtime == RuntimeContainerd {
+		return st, upContainerd(ctx, cfg, st, cs, exited, out, start)
+	}
 	for i, n := range st.Nodes {
 		argv := []string{filepath.Join(st.BinDir, "tendril"), "lab", "kubelet", "--name", st.Name, "--node", n.Name}
 		if i == 0 {
@@ -356,6 +381,9 @@ func startControlPlane(ctx context.Context, st *State, exited map[string]<-chan 
 	// forwards <its node address>:<API port> to it, so pods reach the
 	// kubernetes Service's endpoint through node1.
 	spec := controlplane.Spec{Dir: st.Dir, ControllerManager: true, ClusterCIDR: ClusterCIDR, AdvertiseAddress: st.Nodes[0].Address}
+	if st.Runtime == RuntimeContainerd {
+		spec.ExtraControllers = realNodeControllers()
+	}
 	var nodeIPs []net.IP
 	for _, n := range st.Nodes {
 		nodeIPs = append(nodeIPs, net.ParseIP(n.Address))

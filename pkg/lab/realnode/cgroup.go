@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -94,13 +95,23 @@ func PrepareCgroupRoot(hs []Hierarchy, root string) error {
 		if !h.Cpuset {
 			continue
 		}
-		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-			v, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
-			if err != nil {
-				return fmt.Errorf("cgroup %s: read the parent's %s: %w", dir, f, err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, f), v, 0o644); err != nil {
-				return fmt.Errorf("cgroup %s: write %s: %w", dir, f, err)
+		// Every level from the top: MkdirAll made the parents with empty
+		// cpusets too.
+		cur := h.Mount
+		for _, part := range strings.Split(strings.Trim(filepath.Clean(root), "/"), "/") {
+			parent := cur
+			cur = filepath.Join(cur, part)
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				if have, err := os.ReadFile(filepath.Join(cur, f)); err == nil && strings.TrimSpace(string(have)) != "" {
+					continue
+				}
+				v, err := os.ReadFile(filepath.Join(parent, f))
+				if err != nil {
+					return fmt.Errorf("cgroup %s: read the parent's %s: %w", cur, f, err)
+				}
+				if err := os.WriteFile(filepath.Join(cur, f), v, 0o644); err != nil {
+					return fmt.Errorf("cgroup %s: write %s: %w", cur, f, err)
+				}
 			}
 		}
 	}
@@ -148,6 +159,50 @@ func RemoveCgroupRoot(hs []Hierarchy, root string) (int, error) {
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// KillCgroupRoot sends SIGKILL to every process in the cgroupRoot's tree,
+// in every hierarchy, until none is left or wait passes: the containers
+// runc started (in pod network namespaces the lab does not name) are found
+// only there. It returns how many it killed.
+func KillCgroupRoot(hs []Hierarchy, root string, wait time.Duration) (int, error) {
+	if root == "" || root == "/" || strings.Contains(root, "..") {
+		return 0, fmt.Errorf("cgroup root %q: refusing to kill its tree", root)
+	}
+	killed := map[int]bool{}
+	deadline := time.Now().Add(wait)
+	for {
+		left := 0
+		for _, h := range hs {
+			_ = filepath.WalkDir(filepath.Join(h.Mount, root), func(path string, d fs.DirEntry, err error) error {
+				if err != nil || !d.IsDir() {
+					return nil
+				}
+				data, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+				if err != nil {
+					return nil
+				}
+				for _, f := range strings.Fields(string(data)) {
+					pid, err := strconv.Atoi(f)
+					if err != nil || pid <= 0 {
+						continue
+					}
+					left++
+					if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {
+						killed[pid] = true
+					}
+				}
+				return nil
+			})
+		}
+		if left == 0 {
+			return len(killed), nil
+		}
+		if time.Now().After(deadline) {
+			return len(killed), fmt.Errorf("cgroup %s: %d processes still there after %s", root, left, wait)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func rmdirRetry(dir string, wait time.Duration) error {

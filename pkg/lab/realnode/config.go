@@ -36,6 +36,19 @@ type Node struct {
 	// cgroup hierarchy's root ("/tendril-lab.<lab>.<node>"): created in
 	// every hierarchy before the kubelet starts, removed on teardown.
 	CgroupRoot string
+	// BPFDir is the node's directory in bpffs: in the node's mount
+	// namespace it is /sys/fs/bpf, where the agent pod's hostPath volume
+	// pins its maps.
+	BPFDir string
+	// Cgroup2Dir is the node's cgroup v2 directory (the unified
+	// hierarchy's <mount>/<CgroupRoot>): the node's pods' cgroups are
+	// under it, and in the node's mount namespace it is bound at
+	// AgentCgroupPath, the agent's cgroup root.
+	Cgroup2Dir string
+	// AgentCgroupPath is where, in the node's mount namespace, Cgroup2Dir
+	// is bound: the chart's agent.cgroupRoot (one value for every node,
+	// each node's own cgroup behind it). It must exist on the machine.
+	AgentCgroupPath string
 	// PauseImage is the pod sandbox image's name in containerd's store.
 	PauseImage string
 	// ClusterDNS and ClusterDomain are given to the pods.
@@ -56,6 +69,8 @@ func (n Node) PodLogsDir() string         { return filepath.Join(n.Dir, "pod-log
 func (n Node) CNIBinDir() string          { return filepath.Join(n.Dir, "cni", "bin") }
 func (n Node) CNIConfDir() string         { return filepath.Join(n.Dir, "cni", "net.d") }
 func (n Node) MountNamespace() string     { return filepath.Join(n.Dir, "mntns") }
+func (n Node) TendrilRunDir() string      { return filepath.Join(n.Dir, "tendril-run") }
+func (n Node) NetnsDir() string           { return filepath.Join(n.Dir, "netns") }
 func (n Node) SysctlDir() string          { return filepath.Join(n.Dir, "sysctl") }
 func (n Node) ContainerdEndpoint() string { return "unix://" + n.ContainerdSocket() }
 
@@ -69,7 +84,12 @@ func tomlString(s string) string { return strconv.Quote(s) }
 // a runc root of the node's own. NRI is off: its socket is one path for the
 // whole machine, and several nodes' containerds share the machine.
 // Nothing listens on TCP: the CRI streaming server (exec, logs -f) is on
-// the node namespace's loopback.
+// the node namespace's loopback. OOM score adjustments are kept no lower
+// than containerd's own: the kubelet asks -998 for every pod sandbox, and
+// lowering a score needs CAP_SYS_RESOURCE, which a lab machine (a
+// container itself, as here) may not have: runc then fails with "can't
+// get final child's PID from pipe" (its init could not write
+// /proc/self/oom_score_adj).
 func ContainerdConfigTOML(n Node) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
@@ -91,6 +111,7 @@ func ContainerdConfigTOML(n Node) string {
 	p("    sandbox = %s", tomlString(n.PauseImage))
 	p("")
 	p(`[plugins."io.containerd.cri.v1.runtime"]`)
+	p(`  restrict_oom_score_adj = true`)
 	p(`  [plugins."io.containerd.cri.v1.runtime".containerd]`)
 	p(`    default_runtime_name = "runc"`)
 	p(`    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]`)

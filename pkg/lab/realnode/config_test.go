@@ -50,6 +50,7 @@ func TestContainerdConfigTOML(t *testing.T) {
 		{[]string{"plugins", "io.containerd.cri.v1.runtime", "containerd", "runtimes", "runc", "options", "SystemdCgroup"}, false},
 		{[]string{"plugins", "io.containerd.cri.v1.runtime", "containerd", "runtimes", "runc", "options", "Root"}, n.RuncRoot()},
 		{[]string{"plugins", "io.containerd.grpc.v1.cri", "disable_tcp_service"}, true},
+		{[]string{"plugins", "io.containerd.cri.v1.runtime", "restrict_oom_score_adj"}, true},
 	}
 	for _, c := range checks {
 		if got := get(c.path...); got != c.want {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -70,15 +71,28 @@ var kernelTunables = []string{
 	"kernel/keys/root_maxbytes",
 }
 
-// hostPaths are the machine's paths a node's pods and CNI use that must be
-// the node's own: the chart's agent DaemonSet mounts them as hostPath
-// volumes (its init container installs tendril-cni and its network
-// configuration there), and containerd's CRI reads them.
+// hostPaths are the machine's paths a node's pods, CNI and containerd use
+// that must be the node's own, keyed by the machine's path: the chart's
+// agent DaemonSet mounts them as hostPath volumes (its init container
+// installs tendril-cni and its network configuration in the CNI dirs; the
+// agent pins its maps in bpffs, keeps its state and socket in
+// /var/run/tendril, finds pod namespaces in /var/run/netns, attaches
+// socket load-balancing at its cgroup root), and containerd makes the pod
+// network namespaces in /var/run/netns.
 func (n Node) hostPaths() map[string]string {
-	return map[string]string{
-		"/opt/cni/bin":   n.CNIBinDir(),
-		"/etc/cni/net.d": n.CNIConfDir(),
+	m := map[string]string{
+		"/opt/cni/bin":     n.CNIBinDir(),
+		"/etc/cni/net.d":   n.CNIConfDir(),
+		"/var/run/tendril": n.TendrilRunDir(),
+		"/var/run/netns":   n.NetnsDir(),
 	}
+	if n.BPFDir != "" {
+		m["/sys/fs/bpf"] = n.BPFDir
+	}
+	if n.AgentCgroupPath != "" && n.Cgroup2Dir != "" {
+		m[n.AgentCgroupPath] = n.Cgroup2Dir
+	}
+	return m
 }
 
 // Prepare makes the node's directories, configurations, cgroupRoot and
@@ -86,7 +100,8 @@ func (n Node) hostPaths() map[string]string {
 // kubelet authenticates its callers with it).
 func Prepare(ctx context.Context, n Node, b Binaries, clientCAFile string) error {
 	for _, d := range []string{n.ContainerdRoot(), n.ContainerdState(), n.RuncRoot(), n.KubeletDir(),
-		n.PodLogsDir(), n.CNIBinDir(), n.CNIConfDir(), n.SysctlDir(), n.shimDir()} {
+		n.PodLogsDir(), n.CNIBinDir(), n.CNIConfDir(), n.SysctlDir(), n.shimDir(),
+		n.TendrilRunDir(), n.NetnsDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
@@ -108,6 +123,11 @@ func Prepare(ctx context.Context, n Node, b Binaries, clientCAFile string) error
 	}
 	if err := PrepareCgroupRoot(hs, n.CgroupRoot); err != nil {
 		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	if n.BPFDir != "" {
+		if err := os.MkdirAll(n.BPFDir, 0o755); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
 	}
 	return createMountNamespace(ctx, n)
 }
@@ -154,7 +174,14 @@ func createMountNamespace(ctx context.Context, n Node) error {
 			return fmt.Errorf("node %s: shield sysctl %s: %w", n.Name, t, err)
 		}
 	}
-	for host, own := range n.hostPaths() {
+	paths := n.hostPaths()
+	hosts := make([]string, 0, len(paths))
+	for h := range paths {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	for _, host := range hosts {
+		own := paths[host]
 		if err := os.MkdirAll(host, 0o755); err != nil {
 			return err
 		}
@@ -249,17 +276,23 @@ func ImportImages(ctx context.Context, n Node, b Binaries, archives ...string) e
 // under the node's cgroupRoot. It is idempotent.
 func Teardown(n Node) error {
 	var errs []error
+	var hs []Hierarchy
+	if n.CgroupRoot != "" {
+		var err error
+		if hs, err = Hierarchies(); err != nil {
+			errs = append(errs, err)
+		} else if _, err := KillCgroupRoot(hs, n.CgroupRoot, 10*time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := unix.Unmount(n.MountNamespace(), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		errs = append(errs, fmt.Errorf("node %s: unmount its mount namespace: %w", n.Name, err))
 	}
 	if err := unix.Unmount(n.nsDir(), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		errs = append(errs, fmt.Errorf("node %s: unmount %s: %w", n.Name, n.nsDir(), err))
 	}
-	if n.CgroupRoot != "" {
-		hs, err := Hierarchies()
-		if err != nil {
-			errs = append(errs, err)
-		} else if _, err := RemoveCgroupRoot(hs, n.CgroupRoot); err != nil {
+	if len(hs) > 0 {
+		if _, err := RemoveCgroupRoot(hs, n.CgroupRoot); err != nil {
 			errs = append(errs, err)
 		}
 	}

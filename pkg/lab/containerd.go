@@ -1,0 +1,274 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tendril-net/tendril/pkg/controlplane"
+	"github.com/tendril-net/tendril/pkg/freeport"
+	"github.com/tendril-net/tendril/pkg/lab/realnode"
+)
+
+// RuntimeContainerd is `lab up --runtime containerd`: each node is the
+// upstream kubelet and containerd (package realnode) instead of the lab's
+// own kubelet, and Tendril is installed with its Helm chart from the
+// images of `make images`.
+const RuntimeContainerd = "containerd"
+
+// ValidateRuntime checks --runtime.
+func ValidateRuntime(r string) error {
+	if r != "" && r != RuntimeContainerd {
+		return fmt.Errorf("--runtime %q: must be containerd or empty (the lab's own kubelet)", r)
+	}
+	return nil
+}
+
+// realNodeControllers are what kube-controller-manager runs besides the
+// lab's default set when the nodes are real: the chart's DaemonSet and
+// Deployments, and the kube-root-ca.crt ConfigMap of every namespace (a
+// real kubelet mounts it in each pod's service-account token volume).
+func realNodeControllers() []string { return []string{"root-ca-cert-publisher", "daemonset", "deployment", "replicaset"} }
+
+// PauseBinary is the pod sandbox's binary, beside tendril in the bin dir.
+const PauseBinary = "tendril-pause"
+
+// realNodeCgroupRoot is the kubelet's cgroupRoot of a real node: the
+// path of the lab's node cgroup (NodeCgroupDir) relative to the cgroup2
+// mount, so the node's pods are under the cgroup its agent attaches
+// socket load-balancing to; the same path is made in every v1 hierarchy.
+func realNodeCgroupRoot(lab, node string) string {
+	return "/" + filepath.Join(CgroupSubdir, lab, node)
+}
+
+// agentCgroupPath is where, in every real node's mount namespace, the
+// node's cgroup v2 is bound: the chart's agent.cgroupRoot.
+func agentCgroupPath(st *State) string { return filepath.Join(st.Dir, "node-cgroup") }
+
+// realNode is the realnode view of a lab node.
+func realNode(st *State, n Node, cgMount string) realnode.Node {
+	return realnode.Node{
+		Name:            n.Name,
+		Dir:             filepath.Join(st.Dir, "nodes", n.Name),
+		NetnsPath:       NetnsPath(n.Netns),
+		Address:         n.Address,
+		Kubeconfig:      st.NodeKubeconfig,
+		CgroupRoot:      realNodeCgroupRoot(st.Name, n.Name),
+		BPFDir:          n.BPFRoot,
+		Cgroup2Dir:      NodeCgroupDir(cgMount, st.Name, n.Name),
+		AgentCgroupPath: agentCgroupPath(st),
+		PauseImage:      realnode.PauseImageRef,
+		ClusterDNS:      ClusterDNSIP,
+		ClusterDomain:   ClusterDomain,
+	}
+}
+
+// ensureNodeBinaries builds what is missing with hack/node-binaries.sh
+// (of the source tree this program was built from).
+func ensureNodeBinaries(out io.Writer) (realnode.Binaries, error) {
+	b := realnode.BinariesIn(controlplane.BinaryDir())
+	missing := b.Missing()
+	if len(missing) == 0 {
+		return b, nil
+	}
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "..", "hack", "node-binaries.sh")
+	if _, err := os.Stat(script); err != nil {
+		return b, fmt.Errorf("%s missing from %s, and no hack/node-binaries.sh to build them (run it from a Tendril checkout)", strings.Join(missing, ", "), controlplane.BinaryDir())
+	}
+	fmt.Fprintf(out, "==> building %s (hack/node-binaries.sh; minutes the first time)\n", strings.Join(missing, ", "))
+	cmd := exec.Command(script)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		return b, fmt.Errorf("build the node binaries (hack/node-binaries.sh): %w", err)
+	}
+	if missing := b.Missing(); len(missing) > 0 {
+		return b, fmt.Errorf("hack/node-binaries.sh ran, and still missing: %s", strings.Join(missing, ", "))
+	}
+	return b, nil
+}
+
+// imageArchives lists the OCI archives of dir (`make images`).
+func imageArchives(dir string) ([]string, error) {
+	archives, err := filepath.Glob(filepath.Join(dir, "*.tar"))
+	if err != nil {
+		return nil, err
+	}
+	if len(archives) == 0 {
+		return nil, fmt.Errorf("no image archives in %s (make images, or --images-dir)", dir)
+	}
+	sort.Strings(archives)
+	return archives, nil
+}
+
+// upRealNodes brings the real nodes up, after the control plane and the
+// lab network: per node the API server proxy, containerd (the pause image
+// and the Tendril images imported), the kubelet; then kube-scheduler; and
+// waits for every Node to register with a pod CIDR.
+func upRealNodes(ctx context.Context, cfg Config, st *State, cs kubernetes.Interface, exited map[string]<-chan error, out io.Writer, start time.Time) error {
+	bins := realnode.BinariesIn(controlplane.BinaryDir())
+	cgMount, err := Cgroup2Mount()
+	if err != nil {
+		return err
+	}
+	archives, err := imageArchives(cfg.ImagesDir)
+	if err != nil {
+		return err
+	}
+	pause := filepath.Join(st.Dir, "pause.tar")
+	if err := realnode.WritePauseImage(filepath.Join(st.BinDir, PauseBinary), pause); err != nil {
+		return err
+	}
+	archives = append([]string{pause}, archives...)
+	if err := os.MkdirAll(agentCgroupPath(st), 0o755); err != nil {
+		return err
+	}
+	startRole := func(role string, argv []string) error {
+		cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), argv)
+		if err != nil {
+			return err
+		}
+		exited[role] = watchExit(cmd)
+		return nil
+	}
+	clientCA := filepath.Join(st.Dir, "pki", "ca.crt")
+	for _, n := range st.Nodes {
+		if err := startRole("node-proxy-"+n.Name, []string{filepath.Join(st.BinDir, "tendril"), "lab", "node-proxy", "--name", st.Name, "--node", n.Name}); err != nil {
+			return err
+		}
+		rn := realNode(st, n, cgMount)
+		if err := realnode.Prepare(ctx, rn, bins, clientCA); err != nil {
+			return err
+		}
+		if err := startRole("containerd-"+n.Name, realnode.ContainerdArgv(rn, bins)); err != nil {
+			return err
+		}
+	}
+	for _, n := range st.Nodes {
+		rn := realNode(st, n, cgMount)
+		if err := realnode.WaitContainerd(ctx, rn, bins, 60*time.Second); err != nil {
+			return err
+		}
+		if err := realnode.ImportImages(ctx, rn, bins, archives...); err != nil {
+			return err
+		}
+	}
+	step(out, start, "containerd: %d nodes, %d images imported into each", len(st.Nodes), len(archives))
+	for _, n := range st.Nodes {
+		if err := startRole("kubelet-"+n.Name, realnode.KubeletArgv(realNode(st, n, cgMount), bins)); err != nil {
+			return err
+		}
+	}
+	port, err := freeport.Loopback()
+	if err != nil {
+		return err
+	}
+	if err := startRole("kube-scheduler", []string{bins.Scheduler, "--kubeconfig", st.Kubeconfig,
+		"--authentication-kubeconfig", st.Kubeconfig, "--authorization-kubeconfig", st.Kubeconfig,
+		"--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(port)}); err != nil {
+		return err
+	}
+	if err := waitNodesRegistered(ctx, cs, st, exited); err != nil {
+		return err
+	}
+	step(out, start, "kubelets %s: %d Nodes registered, pod CIDRs assigned", realnode.KubeletVersion, len(st.Nodes))
+	return nil
+}
+
+// sandboxCheckPod is a host-network pod of the pause image bound to a
+// node: it runs through the kubelet, CRI and runc without CNI.
+func sandboxCheckPod(node string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "sandbox-check-" + node, Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{
+			NodeName:    node,
+			HostNetwork: true,
+			Containers: []corev1.Container{{Name: "pause", Image: realnode.PauseImageRef,
+				ImagePullPolicy: corev1.PullNever}},
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+		},
+	}
+}
+
+// upContainerd is the rest of Up for the containerd runtime.
+func upContainerd(ctx context.Context, cfg Config, st *State, cs kubernetes.Interface, exited map[string]<-chan error, out io.Writer, start time.Time) error {
+	if err := upRealNodes(ctx, cfg, st, cs, exited, out, start); err != nil {
+		return err
+	}
+	if err := waitDefaultServiceAccount(ctx, cs, metav1.NamespaceDefault); err != nil {
+		return err
+	}
+	// A pod sandbox on every node first: the kubelet, CRI, runc and the
+	// pause image work before anything of Tendril is involved.
+	for _, n := range st.Nodes {
+		if _, err := cs.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, sandboxCheckPod(n.Name), metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create the sandbox check pod of %s: %w", n.Name, err)
+		}
+	}
+	err := poll(ctx, "wait for the host-network pause pods", 2*time.Minute, st, exited, func() (bool, error) {
+		for _, n := range st.Nodes {
+			p, err := cs.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, sandboxCheckPod(n.Name).Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			if p.Status.Phase != corev1.PodRunning {
+				return false, fmt.Errorf("pod %s is %s", p.Name, p.Status.Phase)
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	step(out, start, "pod sandboxes: a host-network pause pod runs on each of %d nodes", len(st.Nodes))
+	fmt.Fprintf(out, "\nlab %s (runtime containerd) is up in %.1fs: tendril lab env prints how to reach it; tendril lab down removes it\n", st.Name, time.Since(start).Seconds())
+	return nil
+}
+
+// downRealNodes removes what the real nodes of the named lab left once
+// their recorded processes are gone: their containers (found by cgroup),
+// mount namespaces and kubelet cgroups. A node is a real one when its
+// directory holds a mount namespace file, so this needs no lab.json.
+func downRealNodes(name string) (int, error) {
+	dirs, err := filepath.Glob(filepath.Join(Dir(name), "nodes", "*"))
+	if err != nil {
+		return 0, err
+	}
+	var errs []error
+	count := 0
+	for _, d := range dirs {
+		node := filepath.Base(d)
+		rn := realnode.Node{Name: node, Dir: d, CgroupRoot: realNodeCgroupRoot(name, node)}
+		if _, err := os.Stat(rn.MountNamespace()); err != nil {
+			continue
+		}
+		if err := realnode.Teardown(rn); err != nil {
+			errs = append(errs, err)
+		}
+		count++
+	}
+	if count > 0 {
+		// The kubelets' cgroupRoots' parents in the v1 hierarchies, once
+		// empty (another lab may still use <hierarchy>/tendril-lab).
+		if hs, err := realnode.Hierarchies(); err == nil {
+			for _, h := range hs {
+				_ = os.Remove(filepath.Join(h.Mount, CgroupSubdir, name))
+				_ = os.Remove(filepath.Join(h.Mount, CgroupSubdir))
+			}
+		}
+	}
+	return count, errors.Join(errs...)
+}
