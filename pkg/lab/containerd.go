@@ -41,7 +41,9 @@ func ValidateRuntime(r string) error {
 // lab's default set when the nodes are real: the chart's DaemonSet and
 // Deployments, and the kube-root-ca.crt ConfigMap of every namespace (a
 // real kubelet mounts it in each pod's service-account token volume).
-func realNodeControllers() []string { return []string{"root-ca-cert-publisher", "daemonset", "deployment", "replicaset"} }
+func realNodeControllers() []string {
+	return []string{"root-ca-cert-publisher", "daemonset", "deployment", "replicaset"}
+}
 
 // PauseBinary is the pod sandbox's binary, beside tendril in the bin dir.
 const PauseBinary = "tendril-pause"
