@@ -20,6 +20,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/freeport"
+	"github.com/tendril-net/tendril/pkg/images"
 	"github.com/tendril-net/tendril/pkg/lab/realnode"
 )
 
@@ -86,8 +87,7 @@ func ensureNodeBinaries(out io.Writer) (realnode.Binaries, error) {
 	if len(missing) == 0 {
 		return b, nil
 	}
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "hack", "node-binaries.sh")
+	script := filepath.Join(repoRoot(), "hack", "node-binaries.sh")
 	if _, err := os.Stat(script); err != nil {
 		return b, fmt.Errorf("%s missing from %s, and no hack/node-binaries.sh to build them (run it from a Tendril checkout)", strings.Join(missing, ", "), controlplane.BinaryDir())
 	}
@@ -236,6 +236,14 @@ func upContainerd(ctx context.Context, cfg Config, st *State, cs kubernetes.Inte
 		return err
 	}
 	step(out, start, "pod sandboxes: a host-network pause pod runs on each of %d nodes", len(st.Nodes))
+	if err := installChart(ctx, cfg, st, out); err != nil {
+		return err
+	}
+	step(out, start, "helm install tendril (chart %s) into %s", chartDir(), ChartNamespace)
+	if err := waitAgentPods(ctx, cs, st, exited); err != nil {
+		return err
+	}
+	step(out, start, "tendril-agent: a Ready pod on each of %d nodes, Nodes Ready", len(st.Nodes))
 	fmt.Fprintf(out, "\nlab %s (runtime containerd) is up in %.1fs: tendril lab env prints how to reach it; tendril lab down removes it\n", st.Name, time.Since(start).Seconds())
 	return nil
 }
@@ -273,4 +281,149 @@ func downRealNodes(name string) (int, error) {
 		}
 	}
 	return count, errors.Join(errs...)
+}
+
+// ChartNamespace is where the lab installs the chart.
+const ChartNamespace = "kube-system"
+
+// repoRoot is the source tree this program was built from (the chart and
+// the hack scripts are there).
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+func chartDir() string { return filepath.Join(repoRoot(), "deploy", "helm", "tendril") }
+
+// chartValues are the lab's values for the chart: the imported images
+// (never pulled), the API server through each node's proxy (the agent
+// and operator run on the host network before pod networking exists),
+// each node's own cgroup (bound at one path in every node's mount
+// namespace), Hubble without TLS (no certificates are made here yet).
+func chartValues(st *State, tag string) []string {
+	operators := min(len(st.Nodes), 2)
+	return []string{
+		"image.tag=" + tag,
+		"image.pullPolicy=Never",
+		"k8sServiceHost=127.0.0.1",
+		"k8sServicePort=" + strconv.Itoa(NodeAPIPort),
+		"agent.cgroupRoot=" + agentCgroupPath(st),
+		"hubble.tls.enabled=false",
+		"operator.replicas=" + strconv.Itoa(operators),
+	}
+}
+
+// imageTag is the tag of the agent image among the archives (make images
+// tags every image with the same version).
+func imageTag(imagesDir string) (string, error) {
+	tmp, err := os.MkdirTemp("", "tendril-lab-image-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	a, err := images.ReadArchive(filepath.Join(imagesDir, "agent.tar"), tmp)
+	if err != nil {
+		return "", fmt.Errorf("read the agent image: %w", err)
+	}
+	i := strings.LastIndexByte(a.Ref, ':')
+	if i < 0 || strings.Contains(a.Ref[i:], "/") {
+		return "", fmt.Errorf("agent image %q has no tag", a.Ref)
+	}
+	return a.Ref[i+1:], nil
+}
+
+// installChart runs helm install of the chart against the lab's API
+// server (helm from hack/helm.sh).
+func installChart(ctx context.Context, cfg Config, st *State, out io.Writer) error {
+	tag, err := imageTag(cfg.ImagesDir)
+	if err != nil {
+		return err
+	}
+	helmPath, err := exec.CommandContext(ctx, filepath.Join(repoRoot(), "hack", "helm.sh")).Output()
+	if err != nil {
+		return fmt.Errorf("helm (hack/helm.sh): %w", err)
+	}
+	argv := []string{"install", "tendril", chartDir(), "--namespace", ChartNamespace, "--kubeconfig", st.Kubeconfig}
+	for _, v := range chartValues(st, tag) {
+		argv = append(argv, "--set", v)
+	}
+	cmd := exec.CommandContext(ctx, strings.TrimSpace(string(helmPath)), argv...)
+	logf, err := os.OpenFile(filepath.Join(st.LogDir(), "helm.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	fmt.Fprintf(logf, "$ helm %s\n", strings.Join(argv, " "))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("helm install: %w; end of %s:\n%s", err, logf.Name(), logTail(logf.Name(), 20))
+	}
+	return nil
+}
+
+// waitAgentPods waits for a Ready agent pod on every node and every Node
+// Ready (the kubelet reports it once the CNI configuration the agent's
+// init container installs is there).
+func waitAgentPods(ctx context.Context, cs kubernetes.Interface, st *State, exited map[string]<-chan error) error {
+	return poll(ctx, "wait for the tendril-agent pods and the Nodes", 5*time.Minute, st, exited, func() (bool, error) {
+		pods, err := cs.CoreV1().Pods(ChartNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=tendril-agent"})
+		if err != nil {
+			return false, err
+		}
+		ready := map[string]bool{}
+		var why []string
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if podReadyCondition(p) {
+				ready[p.Spec.NodeName] = true
+			} else {
+				why = append(why, fmt.Sprintf("%s on %s: %s", p.Name, p.Spec.NodeName, podWaitReason(p)))
+			}
+		}
+		for _, n := range st.Nodes {
+			if !ready[n.Name] {
+				return false, fmt.Errorf("no Ready agent pod on %s (%s)", n.Name, strings.Join(why, "; "))
+			}
+			node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			if !nodeReady(node) {
+				return false, fmt.Errorf("node %s is not Ready", n.Name)
+			}
+		}
+		return true, nil
+	})
+}
+
+func podReadyCondition(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// podWaitReason says why a pod is not Ready yet, from its containers'
+// states.
+func podWaitReason(p *corev1.Pod) string {
+	for _, cs := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		if w := cs.State.Waiting; w != nil {
+			return cs.Name + " " + w.Reason + " " + w.Message
+		}
+		if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
+			return fmt.Sprintf("%s exited %d %s", cs.Name, t.ExitCode, t.Reason)
+		}
+	}
+	return string(p.Status.Phase)
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

@@ -189,6 +189,14 @@ func createMountNamespace(ctx context.Context, n Node) error {
 			return fmt.Errorf("node %s: bind %s over %s: %w", n.Name, own, host, err)
 		}
 	}
+	// Inside, every mount shared, as on a systemd machine: the chart's
+	// hostPath volumes with HostToContainer propagation (bpffs, the netns
+	// dir, the cgroup) need a shared or slave source. Turning a private
+	// mount shared makes a peer group of the node's own: nothing reaches
+	// the machine.
+	if err := n.inMountNS(ctx, "mount", "--make-rshared", "/"); err != nil {
+		return fmt.Errorf("node %s: make its mounts shared: %w", n.Name, err)
+	}
 	return nil
 }
 
