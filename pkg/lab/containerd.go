@@ -376,8 +376,14 @@ func waitAgentPods(ctx context.Context, cs kubernetes.Interface, st *State, exit
 			p := &pods.Items[i]
 			if podReadyCondition(p) {
 				ready[p.Spec.NodeName] = true
-			} else {
-				why = append(why, fmt.Sprintf("%s on %s: %s", p.Name, p.Spec.NodeName, podWaitReason(p)))
+				continue
+			}
+			why = append(why, fmt.Sprintf("%s on %s: %s", p.Name, p.Spec.NodeName, podWaitReason(p)))
+			// A container that keeps failing will not get better: its
+			// log says why, now rather than at the deadline.
+			if c, failed := failingContainer(p); failed {
+				return false, &stopPolling{fmt.Errorf("agent pod %s on %s: container %s keeps failing; end of its log:\n%s",
+					p.Name, p.Spec.NodeName, c, podLogTail(st, p, c, 15))}
 			}
 		}
 		for _, n := range st.Nodes {
@@ -426,4 +432,29 @@ func nodeReady(n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// failingContainer names a container of p in CrashLoopBackOff or that
+// the runtime cannot create.
+func failingContainer(p *corev1.Pod) (string, bool) {
+	for _, cs := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		if w := cs.State.Waiting; w != nil && cs.RestartCount >= 2 &&
+			(w.Reason == "CrashLoopBackOff" || w.Reason == "CreateContainerError" || w.Reason == "CreateContainerConfigError") {
+			return cs.Name, true
+		}
+	}
+	return "", false
+}
+
+// podLogTail is the end of a container's newest log, read from the
+// node's pod log directory (the kubelet's podLogsDir).
+func podLogTail(st *State, p *corev1.Pod, container string, lines int) string {
+	dir := filepath.Join(st.Dir, "nodes", p.Spec.NodeName, "pod-logs",
+		p.Namespace+"_"+p.Name+"_"+string(p.UID), container)
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	if len(logs) == 0 {
+		return "(no log in " + dir + ")"
+	}
+	sort.Strings(logs)
+	return logTail(logs[len(logs)-1], lines)
 }

@@ -495,7 +495,9 @@ func startKVStore(ctx context.Context, st *State, exited map[string]<-chan error
 }
 
 // poll calls cond every interval until it is done, fails, a watched
-// process exits or timeout passes; what names the wait in errors.
+// process exits or timeout passes; what names the wait in errors. A
+// *stopPolling error from cond ends the wait at once (a failure that
+// waiting will not cure).
 func poll(ctx context.Context, what string, timeout time.Duration, st *State, exited map[string]<-chan error, cond func() (bool, error)) error {
 	deadline := time.Now().Add(timeout)
 	var last error
@@ -503,6 +505,10 @@ func poll(ctx context.Context, what string, timeout time.Duration, st *State, ex
 		ok, err := cond()
 		if ok {
 			return nil
+		}
+		var stop *stopPolling
+		if errors.As(err, &stop) {
+			return fmt.Errorf("%s: %w", what, stop.err)
 		}
 		if err != nil {
 			last = err
@@ -524,6 +530,12 @@ func poll(ctx context.Context, what string, timeout time.Duration, st *State, ex
 		}
 	}
 }
+
+// stopPolling is a cond error that ends poll at once.
+type stopPolling struct{ err error }
+
+func (s *stopPolling) Error() string { return s.err.Error() }
+func (s *stopPolling) Unwrap() error { return s.err }
 
 func waitNodesRegistered(ctx context.Context, cs kubernetes.Interface, st *State, exited map[string]<-chan error) error {
 	return poll(ctx, "wait for the Nodes and their pod CIDRs", 60*time.Second, st, exited, func() (bool, error) {
