@@ -41,9 +41,11 @@ func ValidateRuntime(r string) error {
 // realNodeControllers are what kube-controller-manager runs besides the
 // lab's default set when the nodes are real: the chart's DaemonSet and
 // Deployments, and the kube-root-ca.crt ConfigMap of every namespace (a
-// real kubelet mounts it in each pod's service-account token volume).
+// real kubelet mounts it in each pod's service-account token volume), and
+// the node lifecycle controller (it lifts the not-ready taint a real
+// kubelet registers its Node with, once the Node is Ready).
 func realNodeControllers() []string {
-	return []string{"root-ca-cert-publisher", "daemonset", "deployment", "replicaset"}
+	return []string{"root-ca-cert-publisher", "daemonset", "deployment", "replicaset", "nodelifecycle"}
 }
 
 // PauseBinary is the pod sandbox's binary, beside tendril in the bin dir.
@@ -310,6 +312,8 @@ func chartValues(st *State, tag string) []string {
 		"agent.cgroupRoot=" + agentCgroupPath(st),
 		"hubble.tls.enabled=false",
 		"operator.replicas=" + strconv.Itoa(operators),
+		// The lab network is IPv4 only (as the default lab's agents).
+		"agent.extraConfig.ipv6-range=none",
 	}
 }
 
