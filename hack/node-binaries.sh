@@ -8,6 +8,7 @@
 #   ${TENDRIL_CACHE:-$HOME/.cache/tendril}/bin/containerd-<version>
 #   ${TENDRIL_CACHE:-$HOME/.cache/tendril}/bin/ctr-<version>
 #   ${TENDRIL_CACHE:-$HOME/.cache/tendril}/bin/containerd-shim-runc-v2-<version>
+#   ${TENDRIL_CACHE:-$HOME/.cache/tendril}/bin/cni-plugins-<version>/loopback
 # and makes sure runc is installed (Debian's package: containerd's runc shim
 # runs it from PATH).
 # The kubelet and kube-scheduler are built in hack/k8s-binaries.sh's scratch module (the one whose
@@ -23,6 +24,7 @@ set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.36.3}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.2.1}
+CNI_PLUGINS_VERSION=${CNI_PLUGINS_VERSION:-v1.9.1}
 CACHE=${TENDRIL_CACHE:-$HOME/.cache/tendril}
 BIN=$CACHE/bin
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -107,7 +109,18 @@ GO
 	done
 }
 
-mkdir -p "$BIN"
+# build_loopback: containerd's CRI runs the reference loopback CNI plugin
+# in every pod sandbox besides the network's own plugins; it goes beside
+# hack/cni-plugins.sh's ptp and host-local.
+build_loopback() {
+	local dir=$BIN/cni-plugins-$CNI_PLUGINS_VERSION
+	[[ -x $dir/loopback ]] && return 0
+	mkdir -p "$dir"
+	log "building the loopback CNI plugin $CNI_PLUGINS_VERSION"
+	(cd "$CACHE/scratch" && GOBIN=$dir GOFLAGS= GOWORK=off CGO_ENABLED=0 go install "github.com/containernetworking/plugins/plugins/main/loopback@$CNI_PLUGINS_VERSION")
+}
+
+mkdir -p "$BIN" "$CACHE/scratch"
 ensure_runc
 # The kubelet's scratch module (and the control plane binaries) first: that
 # script takes the build lock itself.
@@ -117,4 +130,5 @@ exec 9>"$CACHE/.build.lock"
 flock 9
 build_containerd
 build_kube
+build_loopback
 log "binaries in $BIN"

@@ -25,12 +25,16 @@ type Binaries struct {
 	// that name, so the node's PATH starts with ShimDir (a directory of
 	// links named as containerd expects).
 	Shim string
+	// Loopback is the reference loopback CNI plugin: containerd's CRI
+	// runs it in every pod sandbox, from the node's CNI bin dir.
+	Loopback string
 }
 
 // Versions pinned by hack/node-binaries.sh.
 const (
 	KubeletVersion    = "v1.36.3"
 	ContainerdVersion = "v2.2.1"
+	CNIPluginsVersion = "v1.9.1"
 )
 
 // BinariesIn names the pinned binaries in the cache directory dir.
@@ -41,13 +45,14 @@ func BinariesIn(dir string) Binaries {
 		Containerd: filepath.Join(dir, "containerd-"+ContainerdVersion),
 		Ctr:        filepath.Join(dir, "ctr-"+ContainerdVersion),
 		Shim:       filepath.Join(dir, "containerd-shim-runc-v2-"+ContainerdVersion),
+		Loopback:   filepath.Join(dir, "cni-plugins-"+CNIPluginsVersion, "loopback"),
 	}
 }
 
 // Missing lists the binaries (and runc) that are not there.
 func (b Binaries) Missing() []string {
 	var missing []string
-	for _, p := range []string{b.Kubelet, b.Scheduler, b.Containerd, b.Ctr, b.Shim} {
+	for _, p := range []string{b.Kubelet, b.Scheduler, b.Containerd, b.Ctr, b.Shim, b.Loopback} {
 		if _, err := os.Stat(p); err != nil {
 			missing = append(missing, filepath.Base(p))
 		}
@@ -112,10 +117,14 @@ func Prepare(ctx context.Context, n Node, b Binaries, clientCAFile string) error
 	if err := os.WriteFile(n.KubeletConfig(), []byte(KubeletConfigYAML(n, clientCAFile)), 0o644); err != nil {
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
-	link := filepath.Join(n.shimDir(), "containerd-shim-runc-v2")
-	_ = os.Remove(link)
-	if err := os.Symlink(b.Shim, link); err != nil {
-		return fmt.Errorf("node %s: %w", n.Name, err)
+	for link, target := range map[string]string{
+		filepath.Join(n.shimDir(), "containerd-shim-runc-v2"): b.Shim,
+		filepath.Join(n.CNIBinDir(), "loopback"):              b.Loopback,
+	} {
+		_ = os.Remove(link)
+		if err := os.Symlink(target, link); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
 	}
 	hs, err := Hierarchies()
 	if err != nil {
