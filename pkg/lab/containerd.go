@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tendril-net/tendril/pkg/controlplane"
@@ -246,6 +247,22 @@ func upContainerd(ctx context.Context, cfg Config, st *State, cs kubernetes.Inte
 		return err
 	}
 	step(out, start, "tendril-agent: a Ready pod on each of %d nodes, Nodes Ready", len(st.Nodes))
+	total := cfg.Nodes * cfg.PodsPerNode
+	if total > 0 {
+		tag, err := imageTag(cfg.ImagesDir)
+		if err != nil {
+			return err
+		}
+		for i := 1; i <= total; i++ {
+			if _, err := cs.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, workloadPod(PodPrefix+strconv.Itoa(i), tag), metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create pod %s%d: %w", PodPrefix, i, err)
+			}
+		}
+		if err := waitPodsReady(ctx, cs, total, out); err != nil {
+			return err
+		}
+		step(out, start, "pods: %d running as containers of the workload image", total)
+	}
 	fmt.Fprintf(out, "\nlab %s (runtime containerd) is up in %.1fs: tendril lab env prints how to reach it; tendril lab down removes it\n", st.Name, time.Since(start).Seconds())
 	return nil
 }
@@ -461,4 +478,32 @@ func podLogTail(st *State, p *corev1.Pod, container string, lines int) string {
 	}
 	sort.Strings(logs)
 	return logTail(logs[len(logs)-1], lines)
+}
+
+// workloadPod is a lab pod as a real container: the workload image's
+// entrypoint (tendril lab workload) answering on 80 and 81, TCP and UDP,
+// with its pod's name (as the lab kubelet's pods do), Ready once it
+// accepts on 80.
+func workloadPod(name, tag string) *corev1.Pod {
+	var ports []corev1.ContainerPort
+	for _, p := range []int32{80, 81} {
+		ports = append(ports, corev1.ContainerPort{ContainerPort: p, Protocol: corev1.ProtocolTCP},
+			corev1.ContainerPort{ContainerPort: p, Protocol: corev1.ProtocolUDP})
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: map[string]string{LabelApp: LabApp}},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{
+				Name:            "workload",
+				Image:           images.DefaultRepository + "/workload:" + tag,
+				ImagePullPolicy: corev1.PullNever,
+				Args:            []string{"--pod-name", "$(POD_NAME)", "--tcp", "80,81", "--udp", "80,81"},
+				Env: []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{
+					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
+				Ports: ports,
+				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+					TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}}, PeriodSeconds: 2},
+			}},
+		},
+	}
 }
