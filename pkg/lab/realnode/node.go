@@ -83,13 +83,18 @@ var kernelTunables = []string{
 // agent pins its maps in bpffs, keeps its state and socket in
 // /var/run/tendril, finds pod namespaces in /var/run/netns, attaches
 // socket load-balancing at its cgroup root), and containerd makes the pod
-// network namespaces in /var/run/netns.
+// network namespaces in /var/run/netns and its shims their sockets under
+// /run/containerd.
 func (n Node) hostPaths() map[string]string {
 	m := map[string]string{
 		"/opt/cni/bin":     n.CNIBinDir(),
 		"/etc/cni/net.d":   n.CNIConfDir(),
 		"/var/run/tendril": n.TendrilRunDir(),
 		"/var/run/netns":   n.NetnsDir(),
+		// The shims' sockets (/run/containerd/s/<hash>) and fifos: a
+		// killed shim leaves its socket behind, in the node's directory
+		// rather than the machine's.
+		"/run/containerd": filepath.Join(n.Dir, "run-containerd"),
 	}
 	if n.BPFDir != "" {
 		m["/sys/fs/bpf"] = n.BPFDir
@@ -106,7 +111,7 @@ func (n Node) hostPaths() map[string]string {
 func Prepare(ctx context.Context, n Node, b Binaries, clientCAFile string) error {
 	for _, d := range []string{n.ContainerdRoot(), n.ContainerdState(), n.RuncRoot(), n.KubeletDir(),
 		n.PodLogsDir(), n.CNIBinDir(), n.CNIConfDir(), n.SysctlDir(), n.shimDir(),
-		n.TendrilRunDir(), n.NetnsDir()} {
+		n.TendrilRunDir(), n.NetnsDir(), filepath.Join(n.Dir, "run-containerd")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
