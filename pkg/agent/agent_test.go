@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -27,6 +26,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/agent/realizer"
 	"github.com/tendril-net/tendril/pkg/client"
+	"github.com/tendril-net/tendril/pkg/freeport"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -101,15 +101,14 @@ func testFlags(dir string, more map[string]string) map[string]string {
 	return flags
 }
 
-// freeHealthPort is a TCP port nothing listens on just now, for an
-// agent's --health-port.
+// freeHealthPort is a TCP port nothing listens on and the kernel does
+// not hand out as a source port, for an agent's --health-port.
 func freeHealthPort() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Loopback()
 	if err != nil {
-		return "4240"
+		panic(fmt.Sprintf("a free health port: %v", err))
 	}
-	defer ln.Close()
-	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	return strconv.Itoa(port)
 }
 
 // startAgent runs an agent in-process with its own state dir and socket,

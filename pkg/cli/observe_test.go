@@ -1,11 +1,9 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,27 +14,10 @@ import (
 	"github.com/tendril-net/tendril/pkg/hubble"
 	"github.com/tendril-net/tendril/pkg/hubble/hubbletest"
 	"github.com/tendril-net/tendril/pkg/observer"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
-// syncBuffer is a bytes.Buffer safe to read while a command writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func runObserve(ctx context.Context, t *testing.T, out *syncBuffer, args ...string) error {
+func runObserve(ctx context.Context, t *testing.T, out *testutil.SyncBuffer, args ...string) error {
 	t.Helper()
 	cmd := NewRootCommand()
 	cmd.SetArgs(append([]string{"observe"}, args...))
@@ -47,7 +28,7 @@ func runObserve(ctx context.Context, t *testing.T, out *syncBuffer, args ...stri
 
 func observeLines(t *testing.T, args ...string) []string {
 	t.Helper()
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	if err := runObserve(context.Background(), t, &out, args...); err != nil {
 		t.Fatalf("observe %v: %v\n%s", args, err, out.String())
 	}
@@ -153,7 +134,7 @@ func TestPrivilegedObserveCommand(t *testing.T) {
 			}
 		}
 	}
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	if err := runObserve(context.Background(), t, &out, "--server", sock, "--protocol", "http"); err == nil {
 		t.Error("an L7 protocol filter was accepted")
 	}
@@ -162,7 +143,7 @@ func TestPrivilegedObserveCommand(t *testing.T) {
 	// deadline only ends a follow that never prints).
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var fout syncBuffer
+	var fout testutil.SyncBuffer
 	go func() {
 		done <- runObserve(ctx, t, &fout, "--server", sock, "--follow", "--protocol", "udp", "-o", "json")
 	}()

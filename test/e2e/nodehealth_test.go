@@ -3,6 +3,8 @@ package e2e_test
 import (
 	"encoding/json"
 	"fmt"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/agent/nodehealth"
 	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // healthView is `tendril health -o json` on a node's agent: whether it
@@ -80,6 +83,19 @@ func TestPrivilegedLabNodeHealth(t *testing.T) {
 		}
 	}
 	eventually(t, "both nodes reachable from each other", both(true))
+
+	// The stock cilium-dbg lists the cluster's nodes from GET
+	// /v1/cluster/nodes: this node as itself, the other with its address.
+	out, err := exec.Command("../../hack/cilium-dbg.sh").Output()
+	testutil.Require(t, err == nil, fmt.Sprintf("stock cilium-dbg not built: %v", err))
+	list, err := exec.Command(strings.TrimSpace(string(out)), "-H", "unix://"+n1.Socket, "node", "list").CombinedOutput()
+	if err != nil {
+		t.Fatalf("cilium-dbg node list: %v\n%s", err, list)
+	}
+	t.Logf("cilium-dbg node list on %s:\n%s", n1.Name, list)
+	if !strings.Contains(string(list), n2.Name) || !strings.Contains(string(list), n2.Address) {
+		t.Errorf("cilium-dbg node list on %s lacks %s (%s)", n1.Name, n2.Name, n2.Address)
+	}
 
 	if err := setBridgePort(e, n2.Name, false); err != nil {
 		t.Fatal(err)

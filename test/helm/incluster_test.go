@@ -1,14 +1,12 @@
 package helm
 
 import (
-	"bytes"
 	"context"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
 
 	"github.com/tendril-net/tendril/pkg/operator/status"
 	"github.com/tendril-net/tendril/pkg/testutil"
@@ -37,13 +36,7 @@ func TestPrivilegedOperatorInCluster(t *testing.T) {
 	testutil.Privileged(t)
 	e := env.Need(t)
 	ctx := context.Background()
-	c := newApplier(t, e)
-	data, err := render(t, "--include-crds")
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs := decode(t, data)
-	c.createCRDs(t, objs)
+	c, objs := chartWithCRDs(t, e)
 	for _, ref := range []struct{ kind, name string }{
 		{"ServiceAccount", "tendril-operator"}, {"ClusterRole", "tendril-operator"}, {"ClusterRoleBinding", "tendril-operator"},
 		{"Role", "tendril-operator"}, {"RoleBinding", "tendril-operator"},
@@ -84,7 +77,7 @@ func TestPrivilegedOperatorInCluster(t *testing.T) {
 func serviceAccountDir(t *testing.T, e *k8senv.Env, name string) string {
 	t.Helper()
 	tok, err := e.Clientset().CoreV1().ServiceAccounts(namespace).CreateToken(context.Background(), name,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600))}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +100,7 @@ func serviceAccountDir(t *testing.T, e *k8senv.Env, name string) string {
 // inCluster is a process started as in a pod (startInCluster).
 type inCluster struct {
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *testutil.SyncBuffer
 	done chan struct{}
 }
 
@@ -124,7 +117,7 @@ func startInCluster(t *testing.T, e *k8senv.Env, sa, bin string, args, env []str
 	script := `mount -t tmpfs tmpfs /run && d=/run/secrets/kubernetes.io/serviceaccount && mkdir -p $d && cp "$0"/* $d/ && exec "$@"`
 	cmd := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-c", script, sa, bin}, args...)...)
 	cmd.Env = append([]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "KUBERNETES_SERVICE_HOST=" + u.Hostname(), "KUBERNETES_SERVICE_PORT=" + u.Port()}, env...)
-	p := &inCluster{cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	p := &inCluster{cmd: cmd, logs: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := testutil.StartPinned(cmd); err != nil {
@@ -172,27 +165,6 @@ func (p *inCluster) noForbidden(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the process's writes and the
-// test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func ptr[T any](v T) *T { return &v }
-
 // apply creates o for real, or updates it to what was rendered.
 func (a *applier) apply(t *testing.T, o *unstructured.Unstructured) {
 	t.Helper()
@@ -231,13 +203,7 @@ func TestPrivilegedAgentInCluster(t *testing.T) {
 	testutil.Privileged(t)
 	e := env.Need(t)
 	ctx := context.Background()
-	c := newApplier(t, e)
-	data, err := render(t, "--include-crds")
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs := decode(t, data)
-	c.createCRDs(t, objs)
+	c, objs := chartWithCRDs(t, e)
 	for _, ref := range []struct{ kind, name string }{
 		{"ServiceAccount", "tendril-agent"}, {"ClusterRole", "tendril-agent"}, {"ClusterRoleBinding", "tendril-agent"},
 	} {
@@ -297,3 +263,17 @@ func TestPrivilegedAgentInCluster(t *testing.T) {
 }
 
 var tendrilNodesGVR = schema.GroupVersionResource{Group: "tendril.io", Version: "v1alpha1", Resource: "tendrilnodes"}
+
+// chartWithCRDs renders the default chart with its CRDs, creates the CRDs
+// for real, and returns the applier and the chart's objects.
+func chartWithCRDs(t *testing.T, e *k8senv.Env) (*applier, []*unstructured.Unstructured) {
+	t.Helper()
+	c := newApplier(t, e)
+	data, err := render(t, "--include-crds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := decode(t, data)
+	c.createCRDs(t, objs)
+	return c, objs
+}

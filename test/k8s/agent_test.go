@@ -7,7 +7,6 @@
 package k8s_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -57,27 +55,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// syncBuffer is a log sink the agent's process and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type agent struct {
 	cmd    *exec.Cmd
-	logs   *syncBuffer
+	logs   *testutil.SyncBuffer
 	api    *client.Client
 	exited chan error
 }
@@ -103,7 +83,7 @@ func startAgent(t *testing.T, nodeName string, extra ...string) *agent {
 		// from the machine's own namespace, and take port 4240 there.
 		"--enable-health-checking=false",
 	}, extra...)
-	a := &agent{cmd: exec.Command(bin, args...), logs: &syncBuffer{}, exited: make(chan error, 1)}
+	a := &agent{cmd: exec.Command(bin, args...), logs: &testutil.SyncBuffer{}, exited: make(chan error, 1)}
 	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -267,12 +267,14 @@ func LeaseCampaign(cfg Config, client func() kubernetes.Interface, node string, 
 }
 
 // releaseLease gives the lease up if node holds it, as client-go's
-// ReleaseOnCancel does: no holder, and a one-second duration. It tries
-// again (each try bounded by the renew deadline) until the lease would
-// have expired anyway: one slow answer from a loaded API server must not
-// leave a service unannounced for a whole lease duration.
+// ReleaseOnCancel does: no holder, and a one-second duration. One slow
+// answer from a loaded API server must not leave a service unannounced
+// for a whole lease duration, so it tries again (each try bounded by the
+// renew deadline) for up to two renew deadlines, and never past the
+// moment the lease would have expired anyway. The bound matters: Sync
+// waits for the release, and the agent's stop waits for Sync.
 func releaseLease(lock *resourcelock.LeaseLock, node string, cfg Config) error {
-	deadline := time.Now().Add(cfg.LeaseDuration)
+	deadline := time.Now().Add(min(cfg.LeaseDuration, 2*cfg.RenewDeadline))
 	var err error
 	for {
 		if err = releaseLeaseOnce(lock, node, cfg.RenewDeadline); err == nil {

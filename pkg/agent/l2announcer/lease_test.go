@@ -79,6 +79,18 @@ func (r *campaignRun) waitLead(t *testing.T, node string, want bool) {
 	}
 }
 
+// withoutLease deletes the service's Lease now and when the test ends:
+// it outlives the campaigns (their duration is 10 minutes), so a later
+// run in this control plane (-count), or one that died before its
+// cleanup, would otherwise start with it.
+func withoutLease(t *testing.T, cs kubernetes.Interface, svc loadbalancer.ServiceName) {
+	deleteLease := func() {
+		_ = cs.CoordinationV1().Leases("default").Delete(context.Background(), LeaseName(svc), metav1.DeleteOptions{})
+	}
+	deleteLease()
+	t.Cleanup(deleteLease)
+}
+
 func holderOf(t *testing.T, cs kubernetes.Interface, svc loadbalancer.ServiceName) string {
 	t.Helper()
 	l, err := cs.CoordinationV1().Leases("default").Get(context.Background(), LeaseName(svc), metav1.GetOptions{})
@@ -100,18 +112,11 @@ func TestLeaseCampaign(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Enabled, cfg.LeaseNamespace = true, "default"
 	// A lease far longer than waitLead's bound: node-b can take over in
-	// the test only if node-a released the lease.
-	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 10*time.Minute, 2*time.Second, 300*time.Millisecond
+	// the test only if node-a released the lease. A renew deadline long
+	// enough for a loaded API server (the release tries for two of them).
+	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 10*time.Minute, 5*time.Second, 300*time.Millisecond
 	svc := loadbalancer.ServiceName{Namespace: "ns", Name: "web"}
-	// The lease outlives the campaigns (10 minutes): a later run in this
-	// control plane (-count) starts without it.
-	// A run that died before its cleanup (in a control plane that outlives
-	// it) may have left it too: start without one.
-	deleteLease := func() {
-		_ = cs.CoordinationV1().Leases("default").Delete(context.Background(), LeaseName(svc), metav1.DeleteOptions{})
-	}
-	deleteLease()
-	t.Cleanup(deleteLease)
+	withoutLease(t, cs, svc)
 
 	a := startCampaign(t, cfg, cs, "node-a", svc)
 	a.waitLead(t, "node-a", true)
@@ -144,11 +149,7 @@ func TestReleaseLeaseRetries(t *testing.T) {
 	cfg.Enabled, cfg.LeaseNamespace = true, "default"
 	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 10*time.Minute, 2*time.Second, 100*time.Millisecond
 	svc := loadbalancer.ServiceName{Namespace: "ns", Name: "release-retry"}
-	deleteLease := func() {
-		_ = cs.CoordinationV1().Leases("default").Delete(context.Background(), LeaseName(svc), metav1.DeleteOptions{})
-	}
-	deleteLease()
-	t.Cleanup(deleteLease)
+	withoutLease(t, cs, svc)
 
 	a := startCampaign(t, cfg, cs, "node-a", svc)
 	a.waitLead(t, "node-a", true)

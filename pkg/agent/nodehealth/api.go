@@ -203,5 +203,16 @@ func NodeElement(p *nodemanager.Peer) *models.NodeElement {
 		}
 		n.SecondaryAddresses = append(n.SecondaryAddresses, &models.NodeAddressingElement{Enabled: true, IP: ip.Unmap().String()})
 	}
+	// The pod CIDRs that passed the checks, as Cilium's alloc ranges
+	// (cilium-dbg node list's "Endpoint CIDR").
+	for _, cidr := range p.PodCIDRs {
+		fam := n.PrimaryAddress.IPV4
+		if cidr.Addr().Is6() {
+			fam = n.PrimaryAddress.IPV6
+		}
+		if fam.AllocRange == "" {
+			fam.AllocRange = cidr.String()
+		}
+	}
 	return n
 }

@@ -122,3 +122,22 @@ func TestClusterNodesClientID(t *testing.T) {
 		t.Fatalf("%d clients remembered, at most %d", n, maxNodesClients)
 	}
 }
+
+// TestNodeElementAllocRanges: a node's accepted pod CIDRs are its alloc
+// ranges, one per family (cilium-dbg node list's "Endpoint CIDR"); its
+// requested but refused ones are not.
+func TestNodeElementAllocRanges(t *testing.T) {
+	p := &nodemanager.Peer{Name: "node-b",
+		IPs:       []netip.Addr{netip.MustParseAddr("172.31.0.2"), netip.MustParseAddr("fd00::2")},
+		PodCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")},
+		Requested: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("0.0.0.0/0")},
+	}
+	n := NodeElement(p)
+	if n.PrimaryAddress.IPV4.AllocRange != "10.244.1.0/24" || n.PrimaryAddress.IPV6.AllocRange != "fd00:10:244:1::/64" {
+		t.Fatalf("alloc ranges %q %q", n.PrimaryAddress.IPV4.AllocRange, n.PrimaryAddress.IPV6.AllocRange)
+	}
+	p.PodCIDRs = nil
+	if n := NodeElement(p); n.PrimaryAddress.IPV4.AllocRange != "" {
+		t.Fatalf("alloc range %q from refused or absent pod CIDRs", n.PrimaryAddress.IPV4.AllocRange)
+	}
+}

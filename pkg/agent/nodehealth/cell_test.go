@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -21,6 +20,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/freeport"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
@@ -148,7 +148,10 @@ func TestOffProvidesNothing(t *testing.T) {
 // finds a node whose address is loopback reachable through it; the
 // result is in the typed table, the status, the API and the metrics.
 func TestCellProbesOverLoopback(t *testing.T) {
-	port := freePort(t)
+	port, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var w world
 	start(t, newHive(t, map[string]string{"health-port": strconv.Itoa(port), "health-check-interval": "200ms"}, &w))
 	if w.table == nil || w.table.Name() != TableName {
@@ -217,17 +220,6 @@ func start(t *testing.T, h *hive.Hive) {
 			t.Error(err)
 		}
 	})
-}
-
-// freePort is a TCP port nothing listens on just now (the responder of
-// a test must not take the agent's 4240).
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // apiServer serves the registrars through the agent's API server's

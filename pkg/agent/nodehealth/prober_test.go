@@ -24,12 +24,14 @@ import (
 type fakeNet struct {
 	mu sync.Mutex
 	up map[netip.Addr]bool
-	// hold, if set for an address, is waited on before it answers.
-	hold map[netip.Addr]chan struct{}
+	// hold, if set for an address, is waited on before it answers; each
+	// probe that starts waiting on it is reported on holding.
+	hold    map[netip.Addr]chan struct{}
+	holding chan netip.Addr
 }
 
 func newFakeNet(up ...netip.Addr) *fakeNet {
-	n := &fakeNet{up: map[netip.Addr]bool{}, hold: map[netip.Addr]chan struct{}{}}
+	n := &fakeNet{up: map[netip.Addr]bool{}, hold: map[netip.Addr]chan struct{}{}, holding: make(chan netip.Addr, 16)}
 	for _, ip := range up {
 		n.up[ip] = true
 	}
@@ -48,6 +50,7 @@ func (n *fakeNet) probe(latency time.Duration) ProbeFunc {
 		hold := n.hold[ip]
 		n.mu.Unlock()
 		if hold != nil {
+			n.holding <- ip
 			<-hold
 		}
 		n.mu.Lock()
@@ -68,6 +71,7 @@ type rig struct {
 	net    *fakeNet
 	// written and deleted are what the prober reported, in order.
 	mu      sync.Mutex
+	written []string
 	deleted []string
 }
 
@@ -85,9 +89,12 @@ func newRig(t *testing.T, net *fakeNet) *rig {
 	r := &rig{db: db, nodes: tables.Nodes, net: net}
 	r.prober = &Prober{DB: db, Table: table, Peers: tables.Nodes, ICMP: net.probe(time.Millisecond), HTTP: net.probe(2 * time.Millisecond),
 		Timeout: time.Second, Now: time.Now, Log: hivetest.Logger(t),
-		Written: func(_ []*Status, deleted []string) {
+		Written: func(written []*Status, deleted []string) {
 			r.mu.Lock()
 			defer r.mu.Unlock()
+			for _, st := range written {
+				r.written = append(r.written, st.Node)
+			}
 			r.deleted = append(r.deleted, deleted...)
 		}}
 	return r
@@ -196,7 +203,8 @@ func TestProbeRoundsFollowTheNodes(t *testing.T) {
 }
 
 // TestNodeLeavingDuringARound: a node deleted while its probes run gets
-// no row from that round.
+// no row from that round, and is not reported written (its metrics would
+// be set for a node that is gone).
 func TestNodeLeavingDuringARound(t *testing.T) {
 	net := newFakeNet(b1, d1)
 	hold := make(chan struct{})
@@ -206,6 +214,8 @@ func TestNodeLeavingDuringARound(t *testing.T) {
 	r.upsert(t, "node-d", d1)
 	done := make(chan error)
 	go func() { done <- r.prober.Round(context.Background()) }()
+	// node-d leaves only once the round has read it and its probe runs.
+	<-net.holding
 	r.remove(t, "node-d")
 	close(hold)
 	if err := <-done; err != nil {
@@ -213,6 +223,12 @@ func TestNodeLeavingDuringARound(t *testing.T) {
 	}
 	if _, ok := r.status("node-d"); ok {
 		t.Fatal("node-d got a row after it left")
+	}
+	r.mu.Lock()
+	written := slices.Clone(r.written)
+	r.mu.Unlock()
+	if slices.Contains(written, "node-d") {
+		t.Fatalf("reported written %v: node-d had left", written)
 	}
 	if st, ok := r.status("node-b"); !ok || !st.Reachable() {
 		t.Fatalf("node-b: %+v (found %v)", st, ok)

@@ -1,7 +1,6 @@
 package periodic
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/pkg/operator/leader"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // eventually is the generous deadline of a wait for something that must
@@ -99,25 +99,7 @@ func (r *reports) get() []string {
 	return append([]string(nil), r.all...)
 }
 
-// syncBuffer is a log sink safe for Run's goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func testJob(p *passes, c *clock, logs *syncBuffer, r *reports) Job {
+func testJob(p *passes, c *clock, logs *testutil.SyncBuffer, r *reports) Job {
 	j := Job{
 		Name: "test-gc", Interval: time.Hour, Pass: p.pass, Failed: "Test GC pass failed",
 		Log: slog.New(slog.NewTextHandler(logs, nil)), after: c.after,
@@ -139,7 +121,7 @@ func start(j Job) (stop func() error) {
 
 func TestPassAtOnceThenEveryInterval(t *testing.T) {
 	p, c, r := newPasses(), newClock(), &reports{}
-	stop := start(testJob(p, c, &syncBuffer{}, r))
+	stop := start(testJob(p, c, &testutil.SyncBuffer{}, r))
 	if n := recv(t, "first pass", p.calls); n != 1 {
 		t.Fatalf("first pass is call %d", n)
 	}
@@ -174,7 +156,7 @@ func TestPassAtOnceThenEveryInterval(t *testing.T) {
 
 func TestFailedPassIsLoggedReportedAndTheNextRuns(t *testing.T) {
 	boom := errors.New("api server said no")
-	p, c, r, logs := newPasses(boom), newClock(), &reports{}, &syncBuffer{}
+	p, c, r, logs := newPasses(boom), newClock(), &reports{}, &testutil.SyncBuffer{}
 	j := testJob(p, c, logs, r)
 	j.RetryAfter = time.Second
 	stop := start(j)
@@ -208,7 +190,7 @@ func TestFailedPassIsLoggedReportedAndTheNextRuns(t *testing.T) {
 // A RetryAfter longer than the interval does not stretch the pause.
 func TestRetryAfterNeverLengthensThePause(t *testing.T) {
 	p, c := newPasses(errors.New("x")), newClock()
-	j := testJob(p, c, &syncBuffer{}, nil)
+	j := testJob(p, c, &testutil.SyncBuffer{}, nil)
 	j.RetryAfter = 2 * time.Hour
 	stop := start(j)
 	recv(t, "pass", p.calls)
@@ -223,7 +205,7 @@ func TestRetryAfterNeverLengthensThePause(t *testing.T) {
 // A pass cut short by the end of the term is no failure: nothing is
 // logged.
 func TestErrorOfACancelledPassIsNotLogged(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	j := Job{Name: "test-gc", Interval: time.Hour, Failed: "Test GC pass failed", Log: slog.New(slog.NewTextHandler(logs, nil)),
 		Pass: func(ctx context.Context) (string, error) { cancel(); return "", ctx.Err() }}
@@ -238,7 +220,7 @@ func TestErrorOfACancelledPassIsNotLogged(t *testing.T) {
 func TestTriggerRunsAPassBeforeTheInterval(t *testing.T) {
 	p, c := newPasses(), newClock()
 	trigger := make(chan struct{}, 1)
-	j := testJob(p, c, &syncBuffer{}, &reports{})
+	j := testJob(p, c, &testutil.SyncBuffer{}, &reports{})
 	j.Trigger = trigger
 	stop := start(j)
 	recv(t, "first pass", p.calls)
@@ -256,7 +238,7 @@ func TestStartTermRunsBeforeEachTermsFirstPass(t *testing.T) {
 	var order []string
 	var mu sync.Mutex
 	note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
-	j := Job{Name: "test-gc", Interval: time.Hour, Log: slog.New(slog.NewTextHandler(&syncBuffer{}, nil)),
+	j := Job{Name: "test-gc", Interval: time.Hour, Log: slog.New(slog.NewTextHandler(&testutil.SyncBuffer{}, nil)),
 		StartTerm: func() { note("start") },
 		after:     func(time.Duration) <-chan time.Time { return nil }}
 	passed := make(chan struct{}, 4)
@@ -291,14 +273,14 @@ func TestRegisterSkipsADisabledJob(t *testing.T) {
 	p, c := newPasses(), newClock()
 	for _, interval := range []time.Duration{0, -time.Second} {
 		e := elector{}
-		j := testJob(p, c, &syncBuffer{}, nil)
+		j := testJob(p, c, &testutil.SyncBuffer{}, nil)
 		j.Interval = interval
 		if j.Register(e) || len(e) != 0 {
 			t.Fatalf("interval %s: registered %v", interval, e)
 		}
 	}
 	e := elector{}
-	if !testJob(p, c, &syncBuffer{}, nil).Register(e) || e["test-gc"] == nil {
+	if !testJob(p, c, &testutil.SyncBuffer{}, nil).Register(e) || e["test-gc"] == nil {
 		t.Fatalf("not registered: %v", e)
 	}
 	// What the elector runs for a term is the job's Run.
