@@ -247,7 +247,7 @@ func newLabExecCommand(name *string) *cobra.Command {
 			if len(command) == 0 {
 				return errors.New("no command given: tendril lab exec NS/POD -- CMD [ARG...]")
 			}
-			argv := append([]string{"nsenter", "--net=" + lab.NetnsPath(rec.Netns), "--"}, command...)
+			argv := append([]string{"nsenter", "--net=" + rec.NetnsFile(), "--"}, command...)
 			// The mount namespace with the pod's resolv.conf belongs to this
 			// thread, which must be the one that execs.
 			runtime.LockOSThread()
@@ -356,7 +356,7 @@ func newLabProbeCommand(name *string) *cobra.Command {
 			}
 			var answer, resolved string
 			var resolveErr, probeErr error
-			err = lab.InNetns(lab.NetnsPath(rec.Netns), func() error {
+			err = lab.InNetns(rec.NetnsFile(), func() error {
 				target := args[1]
 				if resolver != nil {
 					// From the pod's namespace, to the pod's nameserver.

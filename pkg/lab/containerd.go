@@ -137,7 +137,11 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, cs kubernetes.Inter
 	if err := realnode.WritePauseImage(filepath.Join(st.BinDir, PauseBinary), pause); err != nil {
 		return err
 	}
-	archives = append([]string{pause}, archives...)
+	coreDNS := filepath.Join(st.Dir, "coredns.tar")
+	if err := WriteCoreDNSImage(st.CoreDNSBin, coreDNS); err != nil {
+		return err
+	}
+	archives = append([]string{pause, coreDNS}, archives...)
 	if err := os.MkdirAll(agentCgroupPath(st), 0o755); err != nil {
 		return err
 	}
@@ -239,6 +243,14 @@ func upContainerd(ctx context.Context, cfg Config, st *State, cs kubernetes.Inte
 		return err
 	}
 	step(out, start, "pod sandboxes: a host-network pause pod runs on each of %d nodes", len(st.Nodes))
+	tag, err := imageTag(cfg.ImagesDir)
+	if err != nil {
+		return err
+	}
+	st.WorkloadImage = images.DefaultRepository + "/workload:" + tag
+	if err := st.Save(); err != nil {
+		return err
+	}
 	if err := installChart(ctx, cfg, st, out); err != nil {
 		return err
 	}
@@ -247,14 +259,17 @@ func upContainerd(ctx context.Context, cfg Config, st *State, cs kubernetes.Inte
 		return err
 	}
 	step(out, start, "tendril-agent: a Ready pod on each of %d nodes, Nodes Ready", len(st.Nodes))
+	if err := createLBPool(ctx, st); err != nil {
+		return err
+	}
+	step(out, start, "load-balancer pool %s: %s, announced on the bridge (L2 announcements)", LBPoolName, LBPoolCIDR)
+	if err := deployCoreDNSPods(ctx, cs, st); err != nil {
+		return err
+	}
 	total := cfg.Nodes * cfg.PodsPerNode
 	if total > 0 {
-		tag, err := imageTag(cfg.ImagesDir)
-		if err != nil {
-			return err
-		}
 		for i := 1; i <= total; i++ {
-			if _, err := cs.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, workloadPod(PodPrefix+strconv.Itoa(i), tag), metav1.CreateOptions{}); err != nil {
+			if _, err := cs.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, workloadPod(PodPrefix+strconv.Itoa(i), st.WorkloadImage), metav1.CreateOptions{}); err != nil {
 				return fmt.Errorf("create pod %s%d: %w", PodPrefix, i, err)
 			}
 		}
@@ -263,6 +278,10 @@ func upContainerd(ctx context.Context, cfg Config, st *State, cs kubernetes.Inte
 		}
 		step(out, start, "pods: %d running as containers of the workload image", total)
 	}
+	if err := waitClusterDNS(ctx, cs, st); err != nil {
+		return err
+	}
+	step(out, start, "cluster DNS: CoreDNS (%s) on %d nodes behind %s/%s at %s", CoreDNSImageRef, len(dnsNodes(st)), DNSNamespace, DNSServiceName, ClusterDNSIP)
 	fmt.Fprintf(out, "\nlab %s (runtime containerd) is up in %.1fs: tendril lab env prints how to reach it; tendril lab down removes it\n", st.Name, time.Since(start).Seconds())
 	return nil
 }
@@ -331,6 +350,9 @@ func chartValues(st *State, tag string) []string {
 		"operator.replicas=" + strconv.Itoa(operators),
 		// The lab network is IPv4 only (as the default lab's agents).
 		"agent.extraConfig.ipv6-range=none",
+		// The load-balancer addresses of the lab's pool answered on-link
+		// (lbpool.go), as the default lab's agents do.
+		"l2Announcements.enabled=true",
 	}
 }
 
@@ -480,30 +502,33 @@ func podLogTail(st *State, p *corev1.Pod, container string, lines int) string {
 	return logTail(logs[len(logs)-1], lines)
 }
 
-// workloadPod is a lab pod as a real container: the workload image's
-// entrypoint (tendril lab workload) answering on 80 and 81, TCP and UDP,
-// with its pod's name (as the lab kubelet's pods do), Ready once it
-// accepts on 80.
-func workloadPod(name, tag string) *corev1.Pod {
+// workloadPod is a lab pod as a real container of image.
+func workloadPod(name, image string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: map[string]string{LabelApp: LabApp}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{WorkloadContainer(image)}},
+	}
+}
+
+// WorkloadContainer is the workload as a real container (image: the
+// workload image of `make images`, never pulled): its entrypoint (tendril
+// lab workload) answers on 80 and 81, TCP and UDP, with its pod's name
+// (as the lab kubelet's pods do), Ready once it accepts on 80.
+func WorkloadContainer(image string) corev1.Container {
 	var ports []corev1.ContainerPort
 	for _, p := range []int32{80, 81} {
 		ports = append(ports, corev1.ContainerPort{ContainerPort: p, Protocol: corev1.ProtocolTCP},
 			corev1.ContainerPort{ContainerPort: p, Protocol: corev1.ProtocolUDP})
 	}
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: map[string]string{LabelApp: LabApp}},
-		Spec: corev1.PodSpec{
-			Containers: []corev1.Container{{
-				Name:            "workload",
-				Image:           images.DefaultRepository + "/workload:" + tag,
-				ImagePullPolicy: corev1.PullNever,
-				Args:            []string{"--pod-name", "$(POD_NAME)", "--tcp", "80,81", "--udp", "80,81"},
-				Env: []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{
-					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
-				Ports: ports,
-				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
-					TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}}, PeriodSeconds: 2},
-			}},
-		},
+	return corev1.Container{
+		Name:            "workload",
+		Image:           image,
+		ImagePullPolicy: corev1.PullNever,
+		Args:            []string{"--pod-name", "$(POD_NAME)", "--tcp", "80,81", "--udp", "80,81"},
+		Env: []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
+		Ports: ports,
+		ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+			TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}}, PeriodSeconds: 2},
 	}
 }

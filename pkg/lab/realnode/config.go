@@ -74,6 +74,12 @@ func (n Node) NetnsDir() string           { return filepath.Join(n.Dir, "netns")
 func (n Node) SysctlDir() string          { return filepath.Join(n.Dir, "sysctl") }
 func (n Node) ContainerdEndpoint() string { return "unix://" + n.ContainerdSocket() }
 
+// TaskBundleSpec is the OCI runtime spec (config.json) containerd's runc
+// shim runs the container id of the CRI's namespace k8s.io from.
+func (n Node) TaskBundleSpec(id string) string {
+	return filepath.Join(n.ContainerdState(), "io.containerd.runtime.v2.task", "k8s.io", id, "config.json")
+}
+
 // tomlString quotes s for TOML (a basic string).
 func tomlString(s string) string { return strconv.Quote(s) }
 
