@@ -121,6 +121,8 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 		}
 	}
 
+	t.Run("helm upgrade under traffic", func(t *testing.T) { upgradeUnderTraffic(t, st, tendril, imagesDir) })
+
 	procs, err := lab.ReadProcesses(st.PidDir())
 	if err != nil || len(procs) == 0 {
 		t.Fatalf("no recorded processes (%v)", err)
