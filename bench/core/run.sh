@@ -8,6 +8,7 @@
 #
 #   bench/core/run.sh                 # everything, REPEAT=2
 #   REPEAT=3 ONLY=start,ipcache bench/core/run.sh
+#   RESULTS=/tmp/core.txt ...          # keep the raw samples
 #
 # Measured: agent start (exec to /v1/healthz answering, standalone, in a
 # fresh network namespace; with the BPF datapath loaded and without); restore and regenerate
@@ -41,6 +42,7 @@ for t in old new; do
 	(cd "$dir" && go build -o "$work/$t/" ./cmd/tendril-agent)
 done
 go build -o "$work/startwait" ./bench/core/startwait
+go build -o "$work/ratio" ./bench/core/ratio
 echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg); old $OLD_REV, new $(git rev-parse --short HEAD)"
 
 out=$work/results
@@ -80,14 +82,19 @@ agent_start() {
 	dir=$(mktemp -d -p "$work")
 	ip netns add "$ns"
 	nsenter --net=/run/netns/"$ns" ip link set lo up
-	ms=$(nsenter --net=/run/netns/"$ns" "$work/startwait" -socket "$dir/agent.sock" -- \
+	read -r ms cpu < <(nsenter --net=/run/netns/"$ns" "$work/startwait" -cpu -socket "$dir/agent.sock" -- \
 		"$work/$tree/tendril-agent" --state-dir "$dir/state" --socket "$dir/agent.sock" \
 		--bpf-root "/sys/fs/bpf/tdrcore-start-$tree" --install-host-networking=false --prometheus-serve-addr= \
-		--node-name bench-node "$@" 2>"$dir/log") || { cat "$dir/log" >&2; exit 1; }
+		--node-name bench-node "$@" 2>"$dir/log" || echo failed)
+	[ "$ms" != failed ] && [ -n "$cpu" ] || { cat "$dir/log" >&2; exit 1; }
 	ip netns del "$ns"
 	rm -rf "/sys/fs/bpf/tdrcore-start-$tree"
 	record "$tree" "$name/ms" "$ms" ms
+	record "$tree" "$name/cpu-ms" "$cpu" ms
 }
+
+# pair_order R I: old new, or new old, alternating.
+pair_order() { if ((($1 + $2) % 2)); then echo new old; else echo old new; fi; }
 
 for r in $(seq "$REPEAT"); do
 	echo "# repetition $r"
@@ -103,16 +110,23 @@ for r in $(seq "$REPEAT"); do
 		# This tree's harness and plugin, each tree's agent.
 		want cni && gobench $tree "$NEW_DIR" ./test/cni 'PrivilegedConcurrentAdd50/tendril-default$' 3x \
 			TENDRIL_TEST_AGENT="$work/$tree/tendril-agent"
-		# Last: the kernel frees a stopped agent's maps and programs in
-		# the background, which would slow whatever ran next.
-		if want start; then
-			for _ in 1 2 3; do agent_start $tree agent-start; done
-			# The core alone: most of the start above is the kernel's
-			# verifier on the pod programs.
-			for _ in 1 2 3; do agent_start $tree agent-start-no-datapath --enable-datapath=false; done
-			sleep 5
-		fi
 	done
+	# The starts in pairs, old and new back to back (which goes first
+	# alternates), so that each pair saw the same load: on this machine
+	# the load drifts within a run by more than the trees differ, and
+	# bench/core/ratio compares the pairs. The kernel frees a stopped
+	# agent's maps and programs in the background, which would slow
+	# whatever ran next: a pause after each start with the datapath.
+	if want start; then
+		for i in 1 2 3; do
+			for tree in $(pair_order "$r" "$i"); do agent_start $tree agent-start; sleep 2; done
+		done
+		# The core alone: most of the start above is the kernel's
+		# verifier on the pod programs.
+		for i in 1 2 3; do
+			for tree in $(pair_order "$r" "$i"); do agent_start $tree agent-start-no-datapath --enable-datapath=false; done
+		done
+	fi
 	want converge && gobench new "$NEW_DIR" ./pkg/agent 'PolicyChangeConvergence' 20x
 done
 
@@ -137,3 +151,11 @@ END {
 	o = median("old", "BenchmarkPrivilegedIPCache100k/ipcache/ns/op"); w = median("new", "BenchmarkPrivilegedIPCache100k/ipcache-queued/ns/op")
 	if (o > 0 && w != "") printf "%-70s old %12.3f  new %12.3f  new/old %.2f\n", "ipcache 100k: old ipcache vs new queued (ns/op)", o, w, w / o
 }' "$out" | sort
+
+# The starts' pairs with the noise of the run beside them: the median
+# new/old of the pairs with its bootstrap interval, and the same for
+# consecutive old samples, an A/A comparison (bench/core/ratio).
+echo
+echo "# new/old with 95% bootstrap intervals (measurements with 6 samples or more per tree)"
+"$work/ratio" "$out"
+[ -z "${RESULTS:-}" ] || cp "$out" "$RESULTS"

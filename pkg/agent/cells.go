@@ -33,13 +33,16 @@ import (
 //	k8s-watchers, kvstore, identity-restore, host-ips-ct-gc, policy-restore,
 //	regenerate-restored, policy-regeneration, metrics, pprof, hubble, api-server
 //
-// Inside a module, the Invoke is listed before the Provides. The hive runs
-// every Invoke after every Provide whatever the order, so the order
-// changes nothing in what is built or when; but dig checks the whole
-// graph for cycles at an Invoke's registration in a scope when a Provide
-// came since its last check, and the module's own registration has just
-// checked: 12 checks less, 11% of the allocations of building the hive
-// (BenchmarkNew).
+// Inside a module, the Invokes come first, then the Configs, then the
+// Provides. The hive runs every Invoke after every Provide whatever the
+// order, so the order changes nothing in what is built or when; but dig
+// checks the whole graph for cycles at an Invoke's registration in a
+// scope when a Provide came since that scope's last check (a Config's
+// registration is an Invoke and a Provide). The module's own registration
+// has just checked, so in this order a module costs no check of its own
+// beyond it: BenchmarkNew's allocations fell from 84,862 to 76,796 when the
+// Configs moved behind the Invokes, and by 11% before that when the
+// Invokes moved before the Provides.
 func cells() []cell.Cell {
 	return []cell.Cell{
 		job.Cell,

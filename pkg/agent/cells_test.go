@@ -23,6 +23,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/policy/policycidr"
+	"github.com/tendril-net/tendril/pkg/status"
 )
 
 // seedsOrder is the agent's start, in the order of ARCHITECTURE.md and the
@@ -63,12 +64,25 @@ func TestStartOrder(t *testing.T) {
 			flags["state-dir"] = filepath.Join(dir, "state")
 			flags["socket"] = filepath.Join(dir, "tendril.sock")
 			flags["node-name"] = "node-a"
-			a, err := newTestAgent(Deps{}, flags)
+			var contributions []status.Contribution
+			a, err := newTestAgent(Deps{}, flags, cell.Invoke(func(in status.In) { contributions = in.Contributions }))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got := a.steps.Names(); !reflect.DeepEqual(got, tt.want) {
 				t.Fatalf("start order\n got %v\nwant %v", got, tt.want)
+			}
+			// Each subsystem owns its status section's order key; two
+			// equal keys would leave their order to the cell list.
+			seen := map[int]bool{}
+			for _, c := range contributions {
+				if c.Section == nil {
+					continue
+				}
+				if seen[c.Order] {
+					t.Errorf("two status sections have the order key %d", c.Order)
+				}
+				seen[c.Order] = true
 			}
 		})
 	}

@@ -12,25 +12,19 @@ import (
 	"github.com/tendril-net/tendril/api/v1/ext"
 )
 
-// Orders of the sections in `tendril status`. They are kept in one list
-// because the output's order is part of what users and tests read.
-const (
-	OrderKVStore    = 10
-	OrderKubernetes = 20
-	OrderDatapath   = 30
-	OrderMasquerade = 40
-	OrderServices   = 50
-	OrderL2         = 60
-	OrderHubble     = 70
-	OrderNodeHealth = 75
-	OrderTables     = 80
-	OrderEndpoints  = 90
-	OrderIdentities = 100
-)
+// The order of the sections is part of what users and tests read, so each
+// contribution carries an Order key, and the subsystem that owns a section
+// owns its key (a constant in its package, with the neighbours it sits
+// between): adding a subsystem never edits this package. The keys in use,
+// smallest first: KVStore 10, Kubernetes 20, Datapath 30, Masquerade 40,
+// Services 50, L2 announcements 60, Hubble 70, Node health 75, Tables 80,
+// IPAM and endpoints 90, Identities 100; a new one takes a free value
+// between the sections it belongs between. Equal keys keep the order of
+// the cell list.
 
 // Contribution is one subsystem's part of the status.
 type Contribution struct {
-	// Order places Section among the others (the Order* constants).
+	// Order places Section among the others: smaller first.
 	Order int
 	// Section returns the subsystem's section; false leaves it out (e.g.
 	// nothing to show yet). Nil: no section.

@@ -5,6 +5,13 @@
 // result: the agents' starts differ by less than that.
 //
 //	startwait -socket S -- agent args...   # prints milliseconds, 0.1 ms resolution
+//	startwait -cpu -socket S -- agent ...  # and the agent's CPU time to that moment
+//
+// The CPU time (-cpu, in ms) is what the agent's threads ran on a CPU
+// until it answered, from /proc/<pid>/task/*/schedstat (nanoseconds, where
+// /proc/<pid>/stat counts 10 ms ticks). On a loaded machine the wall
+// clock also counts the time the agent waited for a CPU; its own CPU
+// time moves much less.
 //
 // The command keeps running after the report until startwait is
 // signalled; it is then stopped with SIGTERM (and its exit awaited).
@@ -18,6 +25,9 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -25,6 +35,7 @@ import (
 func main() {
 	socket := flag.String("socket", "", "the agent's API socket")
 	timeout := flag.Duration("timeout", 60*time.Second, "give up after")
+	cpu := flag.Bool("cpu", false, "also print the command's CPU time until it answered")
 	flag.Parse()
 	if *socket == "" || flag.NArg() == 0 {
 		fmt.Fprintln(os.Stderr, "usage: startwait -socket S -- command args...")
@@ -70,6 +81,43 @@ func main() {
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
-	fmt.Printf("%.1f\n", float64(time.Since(begin).Microseconds())/1000)
+	elapsed := time.Since(begin)
+	if *cpu {
+		ns, err := cpuTime(cmd.Process.Pid)
+		if err != nil {
+			stop()
+			fmt.Fprintln(os.Stderr, "startwait:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("%.1f %.1f\n", float64(elapsed.Microseconds())/1000, float64(ns)/1e6)
+	} else {
+		fmt.Printf("%.1f\n", float64(elapsed.Microseconds())/1000)
+	}
 	stop()
+}
+
+// cpuTime is the nanoseconds pid's threads have run, the first field of
+// each thread's schedstat.
+func cpuTime(pid int) (int64, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	if err != nil || len(tasks) == 0 {
+		return 0, fmt.Errorf("threads of %d: %v", pid, err)
+	}
+	var total int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue // a thread that exited since the glob
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			return 0, fmt.Errorf("%s: empty", t)
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", t, err)
+		}
+		total += ns
+	}
+	return total, nil
 }

@@ -33,10 +33,10 @@ import (
 // register on. Its "config" step is the first. The command provides the
 // log level (*slog.LevelVar) and the resolved flags (daemonapi.Flags).
 var Cell = cell.Module("agent-core", "Configuration health bootstrap stats runtime options and shared services",
+	cell.Invoke(validate),
 	cell.Config(option.DefaultAgent()),
 	cell.Config(server.DefaultConfig()),
 	cell.Config(metrics.DefaultConfig()),
-	cell.Invoke(validate),
 	cell.Provide(
 		localNode,
 		health.NewRegistry,

@@ -18,8 +18,8 @@ import (
 // server, and is start step 10: metrics, pprof, the Hubble API, then the
 // API served, once every subsystem is built and every handler registered.
 var ServeCell = cell.Module("serve", "Metrics pprof and the API socket",
-	cell.Config(profiling.DefaultConfig()),
 	cell.Invoke(registerServeSteps),
+	cell.Config(profiling.DefaultConfig()),
 )
 
 func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg profiling.Config, root cell.RootLogger, m *metrics.Server,

@@ -47,10 +47,9 @@ import (
 // as objects of their own, so that what writes endpoints takes only those
 // (and tests can decorate them).
 var Cell = cell.Module("datapath", "The eBPF datapath maps programs events and ipcache",
-	cell.Config(DefaultConfig()),
 	cell.Invoke(Config.validate),
-	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
+	cell.Config(DefaultConfig()),
 	cell.Provide(New, ipcacheOf, policyCIDROf, kernelOf, loaderOf, statusContribution, apiHandlers, resolveAttachMode, attachmentsConfig),
 )
 

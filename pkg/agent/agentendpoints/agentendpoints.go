@@ -45,10 +45,9 @@ import (
 // the pod CIDRs picked, IPAM started with every restored endpoint's
 // addresses re-reserved, the host device set up, and the CNI server ready.
 var Cell = cell.Module("endpoints", "Endpoint restore IPAM host networking and the CNI server",
-	cell.Config(DefaultConfig()),
 	cell.Invoke(Config.validate),
-	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
+	cell.Config(DefaultConfig()),
 	cell.Provide(New, statusContribution, apiHandlers, policyModelOf),
 )
 

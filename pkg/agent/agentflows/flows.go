@@ -211,10 +211,9 @@ func (c Config) SocketPath(apiSocket string) string {
 // datapath's event reader) and serves them with the Hubble API from start
 // step 10 (registered by the agent's serve cell, before the API socket).
 var Cell = cell.Module("flows", "Flows observed from the datapath events and the Hubble API",
-	cell.Config(DefaultConfig()),
 	cell.Invoke(Config.validate),
-	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
+	cell.Config(DefaultConfig()),
 	cell.Provide(New, statusContribution, nodeEventsOf, traceMode),
 	cell.ProvidePrivate(nodeOf),
 )

@@ -26,8 +26,8 @@ import (
 // Cell provides the identity allocator, the identities table and the
 // identity label filter.
 var Cell = cell.Module("identity", "Identity allocator identities table and label filter",
-	cell.Config(DefaultConfig()),
 	cell.Invoke(Config.validate),
+	cell.Config(DefaultConfig()),
 	cell.Provide(NewAllocator, NewTable, NewLabelFilter, statusContribution, apiHandlers),
 )
 

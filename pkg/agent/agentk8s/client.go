@@ -34,10 +34,9 @@ import (
 // reached, the CRDs installed; it also reads what the later steps need of
 // the cluster (this node's Node, pods' labels and named ports).
 var ClientCell = cell.Module("k8s-client", "Kubernetes clients CRDs and the read side of the caches",
-	cell.Config(DefaultConfig()),
 	cell.Invoke(Config.validate),
-	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Client) {}),
+	cell.Config(DefaultConfig()),
 	cell.Provide(NewClient),
 )
 

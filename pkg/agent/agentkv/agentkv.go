@@ -46,10 +46,9 @@ import (
 // Cell is the agent's kvstore: start step 7, after the endpoints are
 // restored and the Kubernetes watchers synced.
 var Cell = cell.Module("kvstore", "The etcd client identities and endpoint addresses in etcd",
-	cell.Config(DefaultOptions()),
 	cell.Invoke(validate),
-	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
+	cell.Config(DefaultOptions()),
 	cell.Provide(New, statusContribution, endpointsOf, nodeIPOf, addressesOf),
 	cell.ProvidePrivate(configOf),
 )

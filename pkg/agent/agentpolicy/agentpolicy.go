@@ -40,10 +40,9 @@ import (
 // step restores the rules imported through the API before the restart, so
 // restored endpoints regenerate to exactly what they enforced.
 var Cell = cell.Module("policy", "Policy repository resolution and the policy file",
-	cell.Config(DefaultConfig()),
 	cell.Invoke(Config.validate),
-	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(registerRestore),
+	cell.Config(DefaultConfig()),
 	cell.Provide(New, apiHandlers),
 )
 

@@ -126,10 +126,9 @@ const lbDrainInterval = 5 * time.Second
 // by the Service and EndpointSlice watchers, and the reconciler writing
 // them into the LB maps.
 var Cell = cell.Module("services", "Services load-balanced by the datapath",
-	cell.Config(DefaultConfig()),
 	cell.Invoke(Config.validate),
-	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Module) {}),
+	cell.Config(DefaultConfig()),
 	cell.ProvidePrivate(loadbalancer.NewTables),
 	cell.Provide(New, readTables, statusContribution, apiHandlers, watchersOf, Config.LBSizes),
 )

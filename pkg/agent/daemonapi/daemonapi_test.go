@@ -70,7 +70,7 @@ func world(t *testing.T, attach agentdatapath.AttachMode) (cell.Cell, *health.Re
 				return server.New(server.Config{Socket: sock}, logging.For(root, "api"), nil)
 			},
 			func() status.Out {
-				return status.Provide(status.Contribution{Order: status.OrderEndpoints, Section: status.Always(func() ext.Section {
+				return status.Provide(status.Contribution{Order: 90, Section: status.Always(func() ext.Section {
 					return ext.Section{Title: "Test", Lines: []ext.Line{{Key: "k", Value: "v"}}}
 				})})
 			},

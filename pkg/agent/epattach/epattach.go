@@ -387,8 +387,8 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Endpoi
 // datapath's step (the cell is built after the datapath, whose kernel it
 // takes), so the maps are open when it writes them.
 var Cell = cell.Module("endpoints-table", "The endpoints table and the reconciler of their attachments",
-	cell.Provide(New),
 	cell.Invoke(func(*Table) {}),
+	cell.Provide(New),
 )
 
 // Config is what the agent's options say of the endpoints table.

@@ -25,14 +25,13 @@ import (
 // datapath's maps are open, and serves its status and NAT table on the
 // API. The datapath cell provides the *loader.Loader and the attach mode.
 var Cell = cell.Module("host-devices", "Host device programs masquerading pod traffic leaving the node",
-	cell.Config(DefaultConfig()),
 	cell.Invoke(Config.validate),
-	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(api *server.Server, m *Masquerade) {
 		if m != nil {
 			m.registerAPI(api)
 		}
 	}),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newCell, statusContribution),
 )
 

@@ -23,10 +23,9 @@ import (
 // into campaigns and the table) and the table's reconciler (the
 // responder map). It provides the *Announcer (nil when off).
 var Cell = cell.Module("l2-announcements", "Answers ARP for service addresses admitted by a pool L2 announcement policy",
-	cell.Config(DefaultConfig()),
 	cell.Invoke(Config.validate),
-	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Announcer) {}),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newCell, statusContribution, tableOf),
 )
 

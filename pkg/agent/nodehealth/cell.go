@@ -27,10 +27,9 @@ import (
 // responder and the prober jobs and the node-health table; the API's
 // /v1/cluster/nodes in every mode.
 var Cell = cell.Module("node-health", "Probes the other nodes and answers their probes",
-	cell.Config(DefaultConfig()),
 	cell.Invoke(Config.validate),
-	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
 	cell.Invoke(func(*Checker) {}),
+	cell.Config(DefaultConfig()),
 	cell.Provide(newChecker, tableOf, statusContribution, apiHandlers),
 )
 

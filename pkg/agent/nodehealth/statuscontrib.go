@@ -8,13 +8,17 @@ import (
 	"github.com/tendril-net/tendril/pkg/status"
 )
 
+// statusOrder places this section in `tendril status` (pkg/status):
+// after Hubble (70), before the tables (80).
+const statusOrder = 75
+
 // statusContribution is node health's section of `tendril status`; none
 // with health checking off.
 func statusContribution(c *Checker) status.Out {
 	if c == nil {
 		return status.Out{}
 	}
-	return status.Provide(status.Contribution{Order: status.OrderNodeHealth, Section: status.Always(c.StatusSection)})
+	return status.Provide(status.Contribution{Order: statusOrder, Section: status.Always(c.StatusSection)})
 }
 
 // StatusSection is "N/M nodes reachable" over the nodes table, and a
