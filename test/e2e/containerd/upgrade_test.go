@@ -2,6 +2,7 @@ package containerd_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -18,8 +19,11 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/images"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	tendrilclient "github.com/tendril-net/tendril/pkg/k8s/client/clientset/versioned"
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/lab/realnode"
+	"github.com/tendril-net/tendril/pkg/policy/api"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -30,7 +34,8 @@ const upgradeTag = "e2e-upgrade"
 // of another tag while a TCP stream (iperf3) and a ping every 10 ms run
 // from a pod on node2 to a pod on node1: the agent DaemonSet rolls node by
 // node (maxUnavailable 1), and the stream must survive it unbroken and no
-// ping may be lost. Both run until the rollout is over: the stream for
+// ping may be lost; a pod the server's policy denies keeps trying and
+// must never connect. Both run until the rollout is over: the stream for
 // long enough, checked by order of events (it must still run when the
 // rollout ends).
 func upgradeUnderTraffic(t *testing.T, st *lab.State, tendril, imagesDir string) {
@@ -59,9 +64,9 @@ func upgradeUnderTraffic(t *testing.T, st *lab.State, tendril, imagesDir string)
 		}
 	}
 
-	server, client := "upgrade-server", "upgrade-client"
-	for name, node := range map[string]string{server: st.Nodes[0].Name, client: st.Nodes[1].Name} {
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+	server, client, denied := "upgrade-server", "upgrade-client", "upgrade-denied"
+	for name, node := range map[string]string{server: st.Nodes[0].Name, client: st.Nodes[1].Name, denied: st.Nodes[1].Name} {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: map[string]string{"app": name}},
 			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{lab.WorkloadContainer(st.WorkloadImage)}}}
 		if _, err := cs.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -69,7 +74,7 @@ func upgradeUnderTraffic(t *testing.T, st *lab.State, tendril, imagesDir string)
 	}
 	serverIP := ""
 	poll(t, "the upgrade test's pods Ready", func() (bool, error) {
-		for _, name := range []string{server, client} {
+		for _, name := range []string{server, client, denied} {
 			p, err := cs.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, name, metav1.GetOptions{})
 			if err != nil || !lab.PodReady(p) {
 				return false, err
@@ -79,6 +84,43 @@ func upgradeUnderTraffic(t *testing.T, st *lab.State, tendril, imagesDir string)
 			}
 		}
 		return true, nil
+	})
+
+	// The server admits the client only: the denied pod must never
+	// connect, before, during or after the rollout.
+	rc, err := controlplane.RESTConfig(st.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := tendrilclient.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := &v1alpha1.TendrilNetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "upgrade-server-admits-client", Namespace: metav1.NamespaceDefault},
+		Spec: &api.Rule{
+			EndpointSelector: &api.EndpointSelector{MatchLabels: map[string]string{"app": server}},
+			Ingress:          []api.IngressRule{{FromEndpoints: []api.EndpointSelector{{MatchLabels: map[string]string{"app": client}}}}},
+		},
+	}
+	if _, err := tc.TendrilV1alpha1().TendrilNetworkPolicies(metav1.NamespaceDefault).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	probe := func(from string) int {
+		err := exec.Command(tendril, "lab", "probe", "--name", st.Name, "default/"+from, serverIP+":80", "--timeout", "500ms").Run()
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+			return 0
+		case errors.As(err, &ee):
+			return ee.ExitCode()
+		}
+		t.Fatalf("lab probe: %v", err)
+		return -1
+	}
+	poll(t, "the policy to admit the client and drop the denied pod", func() (bool, error) {
+		c, d := probe(client), probe(denied)
+		return c == 0 && d == 1, fmt.Errorf("client probe exit %d, denied probe exit %d", c, d)
 	})
 
 	exec1 := func(pod string, argv ...string) (*exec.Cmd, *testutil.SyncBuffer) {
@@ -117,6 +159,24 @@ func upgradeUnderTraffic(t *testing.T, st *lab.State, tendril, imagesDir string)
 	if err != nil {
 		t.Fatalf("hack/helm.sh: %v", err)
 	}
+	// The denied pod keeps trying throughout.
+	stopDenied := make(chan struct{})
+	deniedDone := make(chan [2]int, 1)
+	go func() {
+		tries, connected := 0, 0
+		for {
+			select {
+			case <-stopDenied:
+				deniedDone <- [2]int{tries, connected}
+				return
+			default:
+			}
+			tries++
+			if err := exec.Command(tendril, "lab", "probe", "--name", st.Name, "default/"+denied, serverIP+":80", "--timeout", "500ms").Run(); err == nil {
+				connected++
+			}
+		}
+	}()
 	begin := time.Now()
 	out, err := exec.Command(strings.TrimSpace(string(helm)), "upgrade", "tendril", filepath.Join(moduleRoot(t), "deploy", "helm", "tendril"),
 		"--namespace", lab.ChartNamespace, "--kubeconfig", st.Kubeconfig, "--reuse-values", "--set", "image.tag="+upgradeTag).CombinedOutput()
@@ -129,6 +189,12 @@ func upgradeUnderTraffic(t *testing.T, st *lab.State, tendril, imagesDir string)
 	case err := <-streamDone:
 		t.Fatalf("the TCP stream ended before the rollout did (%v):\n%s", err, streamOut.String())
 	default:
+	}
+	close(stopDenied)
+	d := <-deniedDone
+	t.Logf("the denied pod tried %d times during the upgrade, connected %d times", d[0], d[1])
+	if d[0] == 0 || d[1] > 0 {
+		t.Errorf("the denied pod connected %d of %d times during the upgrade", d[1], d[0])
 	}
 	_ = ping.Process.Signal(syscall.SIGINT)
 	_ = stream.Process.Signal(syscall.SIGINT)
