@@ -67,7 +67,8 @@
 #define CT_REVOKED_B 0x02
 
 /* Reasons: packet outcomes counted in tdr_metrics_v2 and reported in drop
- * events. Below REASON_POLICY_DENIED the packet passed. The comment after
+ * events. Below REASON_POLICY_DENIED the packet passed, and with
+ * REASON_TO_OVERLAY (added after the drops). The comment after
  * each is its name in the CLI, events and metrics.
  * go:const Reason REASON_ uint8 describe */
 #define REASON_FORWARDED 0 /* Forwarded */
@@ -98,6 +99,9 @@
 #define REASON_SOURCE_RANGE_DENIED 25 /* Client outside the load balancer's source ranges */
 #define REASON_NODEPORT_NO_ROUTE 26 /* No route to the service backend */
 #define REASON_DSR_MTU_EXCEEDED 27 /* DSR option would exceed the MTU */
+#define REASON_TO_OVERLAY 28 /* Encapsulated to the node owning the destination */
+#define REASON_NO_TUNNEL_KEY 29 /* Overlay packet without tunnel metadata */
+#define REASON_TUNNEL_NOT_A_NODE 30 /* Overlay packet from an address of no known node */
 
 /* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
  * counters.

@@ -52,9 +52,9 @@ struct ipcache_key {
 struct ipcache_info {
 	__u32 identity;
 	__u8 flags;
-	/* Owner node of the prefix (0: this node or unknown): where a tunnel
-	 * mode (VXLAN) will encapsulate to; native routing leaves it to the
-	 * host's routes. */
+	/* Owner node of the prefix (0: this node or unknown): where the
+	 * tunnel routing mode encapsulates to (lib/overlay.h); native routing
+	 * leaves it to the host's routes. */
 	__u8 tunnel_family;
 	__u8 pad[2];
 	__u8 tunnel_ip[16];
@@ -327,6 +327,25 @@ struct {
 	__uint(max_entries, EVENTS_LOST_MAX);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_events_lost_v1 SEC(".maps");
+
+/* The overlay (tunnel routing mode, docs/routing.md): the device a pod's
+ * packet for another node's pod is redirected to, its tunnel key naming
+ * that node (the ipcache entry's tunnel_ip) and carrying the source's
+ * identity as the VNI. One entry, written by the agent's tunnel cell;
+ * ifindex 0 (native routing, or no agent yet) leaves every such packet to
+ * the host's routes. */
+struct tunnel_info {
+	__u32 ifindex; /* the overlay device (tendril_vxlan), 0: native */
+	__u32 flags;   /* reserved, 0 */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct tunnel_info);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_tunnel_v1 SEC(".maps");
 
 /* Keep struct event and the policy key and entry in BTF so bpf2go generates
  * their Go types (the inner policy maps name only their sizes). */

@@ -13,6 +13,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentkv"
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/agent/agentservices"
+	"github.com/tendril-net/tendril/pkg/agent/bgpcp"
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/agent/hostdev"
@@ -21,6 +22,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/nodehealth"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/agent/realizer"
+	"github.com/tendril-net/tendril/pkg/agent/tunnel"
 )
 
 // cells is the agent: one cell per subsystem. Each cell's constructor takes
@@ -56,10 +58,12 @@ func cells() []cell.Cell {
 		hostdev.Cell,  // the host device programs: masquerade at the uplinks
 		agentservices.Cell,
 		agentendpoints.Cell,
-		nodes.Cell, // the nodes and routes tables, written by agentk8s's node watchers
+		nodes.Cell,  // the nodes and routes tables, written by agentk8s's node watchers
+		tunnel.Cell, // the routing mode: native, or the VXLAN/Geneve overlay's device and programs
 		nodehealth.Cell,
 		agentk8s.Cell,
 		l2wiring.Cell, // the L2 announcements with their providers
+		bgpcp.Cell,    // the BGP control plane: a speaker announcing pod CIDRs and LoadBalancer addresses
 		agentkv.Cell,
 		realizer.Cell,
 		hostips.Cell,

@@ -21,5 +21,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newCNICommand,
 		newMetricsCommand,
 		newHealthCommand,
+		newBGPCommand,
 	}
 }

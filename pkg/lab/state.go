@@ -115,6 +115,8 @@ type State struct {
 	// from kube-controller-manager) or "cluster-pool" (the operators'
 	// TendrilNode.spec.ipam.podCIDRs).
 	IPAM string `json:"ipam,omitempty"`
+	// RoutingMode is the agents' --routing-mode ("": native).
+	RoutingMode string `json:"routingMode,omitempty"`
 	// KVStorePort is the port of the lab's kvstore etcd on the machine's
 	// 127.0.0.1 (0: no kvstore); the kubelets proxy it into each node's
 	// namespace at 127.0.0.1:NodeKVStorePort.
@@ -129,6 +131,8 @@ type State struct {
 	// World is the network outside the cluster (world.go); nil in the
 	// state of a lab made before it existed.
 	World *World `json:"world,omitempty"`
+	// BGP is the lab's BGP router (lab up --bgp; bgp.go); nil without.
+	BGP *BGPRouter `json:"bgp,omitempty"`
 }
 
 // KVStoreURL is the kvstore's client URL from the machine's namespace

@@ -55,6 +55,14 @@ type Config struct {
 	// ImagesDir holds the image archives of `make images` (the
 	// containerd runtime imports them into every node).
 	ImagesDir string
+	// BGP runs a BGP router (BIRD) in the world that every node's agent
+	// peers with (bgp.go); needs Operators > 0 (LB-IPAM and the CRDs).
+	BGP bool
+	// RoutingMode is the agents' --routing-mode: "" or "native" (each
+	// agent routes the other nodes' pod CIDRs via them on the lab
+	// bridge) or "tunnel" (VXLAN between the nodes; no node has a route
+	// to another's pod CIDR via the bridge).
+	RoutingMode string
 	// Out receives progress and the summary.
 	Out io.Writer
 }
@@ -130,6 +138,12 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := ValidateRuntime(cfg.Runtime); err != nil {
 		return nil, err
 	}
+	if cfg.BGP && cfg.Operators == 0 {
+		return nil, fmt.Errorf("--bgp needs tendril-operator (the CRDs and the load-balancer addresses): --operators 1 or more")
+	}
+	if cfg.RoutingMode != "" && cfg.RoutingMode != "native" && cfg.RoutingMode != "tunnel" {
+		return nil, fmt.Errorf("--routing-mode %q: must be native or tunnel", cfg.RoutingMode)
+	}
 	if err := PrepareHost(out); err != nil {
 		return nil, err
 	}
@@ -173,7 +187,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return nil, err
 	}
 	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, CoreDNSBin: coreDNS,
-		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM, Runtime: cfg.Runtime}
+		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM, Runtime: cfg.Runtime, RoutingMode: cfg.RoutingMode}
 	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
 	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
 	for _, d := range []string{st.Dir, st.PidDir(), st.LogDir(), st.PodDir(), filepath.Join(st.Dir, "pki")} {
@@ -272,6 +286,19 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return st, err
 	}
 
+	if cfg.BGP {
+		if err := startBGPRouter(ctx, st, exited); err != nil {
+			return st, err
+		}
+		if err := st.Save(); err != nil {
+			return st, err
+		}
+		if err := createBGPObjects(ctx, st); err != nil {
+			return st, err
+		}
+		step(out, start, "BGP: BIRD in %s at %s (AS %d) peering with every node (AS %d); pool %s: %s, routed", st.World.Netns,
+			st.World.Gateway, BGPRouterASN, BGPNodeASN, BGPPoolName, BGPPoolCIDR)
+	}
 	for _, n := range st.Nodes {
 		argv := []string{"nsenter", "--net=" + NetnsPath(n.Netns), filepath.Join(st.BinDir, "tendril-agent"),
 			"--node-name", n.Name, "--kubeconfig", st.NodeKubeconfig,
@@ -282,8 +309,14 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			// on-link (its l2Announcements, lbpool.go).
 			"--enable-l2-announcements"}
 		argv = append(argv, hubbleArgs[n.Name]...)
+		if cfg.BGP {
+			argv = append(argv, "--enable-bgp-control-plane")
+		}
 		if cfg.IPAM == "cluster-pool" {
 			argv = append(argv, "--ipam", "cluster-pool")
+		}
+		if cfg.RoutingMode != "" {
+			argv = append(argv, "--routing-mode", cfg.RoutingMode)
 		}
 		if cfg.KVStore {
 			argv = append(argv, "--kvstore", "etcd", "--kvstore-endpoints", NodeKVStoreURL(), "--identity-allocation-mode", "kvstore")

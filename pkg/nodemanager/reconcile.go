@@ -154,11 +154,25 @@ func routeOps(backend RouteBackend, log *slog.Logger) reconcile.PrefixOps[*Route
 // registered.
 type NetlinkRoutes struct {
 	Handle func() *netlink.Handle
+	// Device, when set, routes the pod CIDRs to this device instead of
+	// via the peer's address: the tunnel routing mode's device
+	// (pkg/agent/tunnel), whose program encapsulates to the peer, so the
+	// underlay needs no route to any pod CIDR. Looked up by name at each
+	// operation (the device may be created after the reconciler starts:
+	// the route then fails and is retried).
+	Device string
 }
 
 // Replace implements RouteBackend.
 func (n NetlinkRoutes) Replace(dst netip.Prefix, via netip.Addr) error {
 	r := &netlink.Route{Dst: prefixNet(dst), Gw: net.IP(via.AsSlice()), Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN}
+	if n.Device != "" {
+		l, err := n.Handle().LinkByName(n.Device)
+		if err != nil {
+			return fmt.Errorf("route %s to device %s: %w", dst, n.Device, err)
+		}
+		r.Gw, r.LinkIndex, r.Scope = nil, l.Attrs().Index, netlink.SCOPE_LINK
+	}
 	if err := n.Handle().RouteReplace(r); err != nil {
 		return fmt.Errorf("route %s via %s: %w", dst, via, err)
 	}

@@ -111,7 +111,9 @@ func startLab(dir string) (*env, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, tendrilBin, "lab", "up", "--name", labName, "--nodes", "2",
-		"--pods-per-node", fmt.Sprint(podsPerNode), "--bin-dir", dir).CombinedOutput()
+		"--pods-per-node", fmt.Sprint(podsPerNode), "--bin-dir", dir,
+		// A BGP router in the world peering with every node (bgp_test.go).
+		"--bgp").CombinedOutput()
 	upOutput = string(out)
 	if err != nil {
 		return nil, fmt.Errorf("tendril lab up: %w\n%s", err, out)

@@ -348,8 +348,8 @@ func (a *applier) createCRDs(t *testing.T, objs []*unstructured.Unstructured) {
 			t.Fatalf("CRD %s: %v", o.GetName(), err)
 		}
 	}
-	if len(names) != 6 {
-		t.Fatalf("%d CRDs rendered, want the 6 of deploy/crds", len(names))
+	if len(names) != 9 {
+		t.Fatalf("%d CRDs rendered, want the 9 of deploy/crds", len(names))
 	}
 	testutil.Eventually(t, time.Minute, "the CRDs established", func() bool {
 		for _, n := range names {

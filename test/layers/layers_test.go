@@ -71,6 +71,7 @@ var placement = map[string]Layer{
 	"pkg/version":                Domain,
 	"pkg/hubble/flowmetrics":     Domain,
 	"pkg/hubble/relay/merge":     Domain,
+	"pkg/bgp":                    Domain,
 
 	// Kernel and I/O: everything else under pkg/ that is not a cell.
 	"pkg/...":    Kernel,

@@ -180,12 +180,22 @@ type Params struct {
 	Jobs      job.Registry
 	Health    *health.Registry
 	K8s       Kubernetes
+	// Overhead is what an encapsulation between nodes adds to a pod's
+	// packets (the tunnel routing mode, pkg/agent/tunnel): the pods'
+	// device MTU is --mtu less it. Optional: 0 routing natively.
+	Overhead MTUOverhead `optional:"true"`
 }
+
+// MTUOverhead is the bytes of encapsulation a pod's packet to another
+// node gets: the pods' MTU leaves room for them.
+type MTUOverhead int
 
 // New builds the endpoints module and appends its start step, the IPAM
 // expiration job after it.
 func New(p Params) *Module {
-	m := &Module{cfg: p.Config, settings: settings{NodeName: p.Node.Name, StateDir: p.Agent.StateDir, ProcFS: p.Agent.ProcFS}, log: p.Log, root: p.Root, k8s: p.K8s,
+	cfg := p.Config
+	cfg.MTU -= int(p.Overhead)
+	m := &Module{cfg: cfg, settings: settings{NodeName: p.Node.Name, StateDir: p.Agent.StateDir, ProcFS: p.Agent.ProcFS}, log: p.Log, root: p.Root, k8s: p.K8s,
 		jobs: p.Jobs.NewGroup(p.Health.Scope("endpoint-restore-ipam"), job.WithLogger(p.Log))}
 	p.Steps.Append(p.Lifecycle, "endpoint-restore-ipam", m.start, m.stop)
 	m.jobs.Add(job.OneShot("ipam-expiration", func(ctx context.Context, _ cell.Health) error {

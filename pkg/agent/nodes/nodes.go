@@ -65,6 +65,11 @@ func sources(c *agentk8s.Client) Sources {
 	return Sources{Kubernetes: c != nil}
 }
 
+// RouteDevice is the device the routes to the peers' pod CIDRs go to
+// instead of via the peers' addresses: the tunnel routing mode's device,
+// provided by pkg/agent/tunnel ("" in native routing).
+type RouteDevice string
+
 // IPCache takes the peers' remote-node claims (the datapath's ipcache).
 type IPCache interface {
 	nodemanager.IPCache
@@ -84,15 +89,18 @@ type Params struct {
 	Client    *agentk8s.Client
 	Endpoints *agentendpoints.Module
 	// IPCache is nil without the datapath.
-	IPCache   IPCache `optional:"true"`
-	DB        *statedb.DB
-	Log       *slog.Logger
-	Root      cell.RootLogger
-	Jobs      job.Registry
-	Health    *health.Registry
-	ModuleID  cell.FullModuleID
-	Inspector *dbinspect.Inspector
-	Metrics   *metrics.Server `optional:"true"`
+	IPCache IPCache `optional:"true"`
+	// RouteDevice is set in the tunnel routing mode (optional: a hive
+	// without the tunnel cell routes natively).
+	RouteDevice RouteDevice `optional:"true"`
+	DB          *statedb.DB
+	Log         *slog.Logger
+	Root        cell.RootLogger
+	Jobs        job.Registry
+	Health      *health.Registry
+	ModuleID    cell.FullModuleID
+	Inspector   *dbinspect.Inspector
+	Metrics     *metrics.Server `optional:"true"`
 }
 
 // newManager builds the node manager and registers its reconcilers (nil
@@ -109,7 +117,7 @@ func newManager(p Params) (*nodemanager.Manager, error) {
 	if p.EPConfig.InstallHostNetworking {
 		// The endpoints' step opens the handle; the reconcilers are jobs,
 		// started after every step the constructor's parameters appended.
-		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return p.Endpoints.Netlink() }}
+		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return p.Endpoints.Netlink() }, Device: string(p.RouteDevice)}
 	}
 	rules, err := agentk8s.PeerRules(p.Config, p.Client)
 	if err != nil {

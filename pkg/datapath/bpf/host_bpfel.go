@@ -334,6 +334,12 @@ type HostRatelimit struct {
 	Credit uint64
 }
 
+type HostTunnelInfo struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Flags   uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -372,6 +378,7 @@ const (
 	HostMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	HostMapTdrPolicyV2           = "tdr_policy_v2"
 	HostMapTdrRatelimitV2        = "tdr_ratelimit_v2"
+	HostMapTdrTunnelV1           = "tdr_tunnel_v1"
 	HostProgFromNetdev           = "from_netdev"
 	HostProgToNetdev             = "to_netdev"
 	HostVarEVENTS_BURST          = "EVENTS_BURST"
@@ -471,6 +478,7 @@ type HostMapSpecs struct {
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
+	TdrTunnelV1       *ebpf.MapSpec `ebpf:"tdr_tunnel_v1"`
 }
 
 // HostVariableSpecs contains global variables before they are loaded into the kernel.
@@ -544,6 +552,7 @@ type HostMaps struct {
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
+	TdrTunnelV1       *ebpf.Map `ebpf:"tdr_tunnel_v1"`
 }
 
 func (m *HostMaps) Close() error {
@@ -582,6 +591,7 @@ func (m *HostMaps) Close() error {
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrRatelimitV2,
+		m.TdrTunnelV1,
 	)
 }
 

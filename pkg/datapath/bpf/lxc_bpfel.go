@@ -335,6 +335,12 @@ type LxcRatelimit struct {
 	Credit uint64
 }
 
+type LxcTunnelInfo struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Flags   uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -372,6 +378,7 @@ const (
 	LxcMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	LxcMapTdrPolicyV2           = "tdr_policy_v2"
 	LxcMapTdrRatelimitV2        = "tdr_ratelimit_v2"
+	LxcMapTdrTunnelV1           = "tdr_tunnel_v1"
 	LxcProgFromPod              = "from_pod"
 	LxcProgToPod                = "to_pod"
 	LxcVarEVENTS_BURST          = "EVENTS_BURST"
@@ -467,6 +474,7 @@ type LxcMapSpecs struct {
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
+	TdrTunnelV1       *ebpf.MapSpec `ebpf:"tdr_tunnel_v1"`
 }
 
 // LxcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -536,6 +544,7 @@ type LxcMaps struct {
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
+	TdrTunnelV1       *ebpf.Map `ebpf:"tdr_tunnel_v1"`
 }
 
 func (m *LxcMaps) Close() error {
@@ -573,6 +582,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrRatelimitV2,
+		m.TdrTunnelV1,
 	)
 }
 

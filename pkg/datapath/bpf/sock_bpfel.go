@@ -293,6 +293,12 @@ type SockRatelimit struct {
 	Credit uint64
 }
 
+type SockTunnelInfo struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Flags   uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -330,6 +336,7 @@ const (
 	SockMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	SockMapTdrPolicyV2           = "tdr_policy_v2"
 	SockMapTdrRatelimitV2        = "tdr_ratelimit_v2"
+	SockMapTdrTunnelV1           = "tdr_tunnel_v1"
 	SockProgSockConnect4         = "sock_connect4"
 	SockProgSockConnect6         = "sock_connect6"
 	SockProgSockGetpeername4     = "sock_getpeername4"
@@ -436,6 +443,7 @@ type SockMapSpecs struct {
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
+	TdrTunnelV1       *ebpf.MapSpec `ebpf:"tdr_tunnel_v1"`
 }
 
 // SockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -504,6 +512,7 @@ type SockMaps struct {
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
+	TdrTunnelV1       *ebpf.Map `ebpf:"tdr_tunnel_v1"`
 }
 
 func (m *SockMaps) Close() error {
@@ -541,6 +550,7 @@ func (m *SockMaps) Close() error {
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrRatelimitV2,
+		m.TdrTunnelV1,
 	)
 }
 

@@ -69,7 +69,8 @@ const (
 )
 
 // Reasons: packet outcomes counted in tdr_metrics_v2 and reported in drop
-// events. Below REASON_POLICY_DENIED the packet passed. The comment after
+// events. Below REASON_POLICY_DENIED the packet passed, and with
+// REASON_TO_OVERLAY (added after the drops). The comment after
 // each is its name in the CLI, events and metrics.
 // From REASON_* of bpf/lib/enums.h.
 const (
@@ -101,6 +102,9 @@ const (
 	ReasonSourceRangeDenied uint8 = 25 // REASON_SOURCE_RANGE_DENIED: Client outside the load balancer's source ranges
 	ReasonNodeportNoRoute   uint8 = 26 // REASON_NODEPORT_NO_ROUTE: No route to the service backend
 	ReasonDsrMtuExceeded    uint8 = 27 // REASON_DSR_MTU_EXCEEDED: DSR option would exceed the MTU
+	ReasonToOverlay         uint8 = 28 // REASON_TO_OVERLAY: Encapsulated to the node owning the destination
+	ReasonNoTunnelKey       uint8 = 29 // REASON_NO_TUNNEL_KEY: Overlay packet without tunnel metadata
+	ReasonTunnelNotANode    uint8 = 30 // REASON_TUNNEL_NOT_A_NODE: Overlay packet from an address of no known node
 )
 
 // ReasonNames describes every Reason constant, for the CLI, events and metrics.
@@ -134,6 +138,9 @@ func ReasonNames() map[uint8]string {
 		ReasonSourceRangeDenied: "Client outside the load balancer's source ranges",
 		ReasonNodeportNoRoute:   "No route to the service backend",
 		ReasonDsrMtuExceeded:    "DSR option would exceed the MTU",
+		ReasonToOverlay:         "Encapsulated to the node owning the destination",
+		ReasonNoTunnelKey:       "Overlay packet without tunnel metadata",
+		ReasonTunnelNotANode:    "Overlay packet from an address of no known node",
 	}
 }
 

@@ -20,8 +20,10 @@ func ReasonName(r uint8) string {
 	return fmt.Sprintf("Reason %d", r)
 }
 
-// IsDrop reports whether a reason is a drop.
-func IsDrop(r uint8) bool { return r >= ReasonPolicyDenied }
+// IsDrop reports whether a reason is a drop: those from
+// ReasonPolicyDenied on, but ReasonToOverlay (a packet sent to another
+// node through the tunnel, numbered after the drops that came first).
+func IsDrop(r uint8) bool { return r >= ReasonPolicyDenied && r != ReasonToOverlay }
 
 // DirectionName names a direction.
 func DirectionName(d uint8) string {

@@ -20,6 +20,9 @@ const (
 	ResourceEndpoints                  = "tendrilendpoints"
 	ResourceNodes                      = "tendrilnodes"
 	ResourceLoadBalancerIPPools        = "tendrilloadbalancerippools"
+	ResourceBGPClusterConfigs          = "tendrilbgpclusterconfigs"
+	ResourceBGPPeerConfigs             = "tendrilbgppeerconfigs"
+	ResourceBGPAdvertisements          = "tendrilbgpadvertisements"
 )
 
 // Resource qualifies a resource name with the group.
@@ -38,6 +41,9 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&TendrilEndpoint{}, &TendrilEndpointList{},
 		&TendrilNode{}, &TendrilNodeList{},
 		&TendrilLoadBalancerIPPool{}, &TendrilLoadBalancerIPPoolList{},
+		&TendrilBGPClusterConfig{}, &TendrilBGPClusterConfigList{},
+		&TendrilBGPPeerConfig{}, &TendrilBGPPeerConfigList{},
+		&TendrilBGPAdvertisement{}, &TendrilBGPAdvertisementList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

@@ -39,6 +39,12 @@ func (f *genericInformer) Lister() cache.GenericLister {
 func (f *sharedInformerFactory) ForResource(resource schema.GroupVersionResource) (GenericInformer, error) {
 	switch resource {
 	// Group=tendril.io, Version=v1alpha1
+	case v1alpha1.SchemeGroupVersion.WithResource("tendrilbgpadvertisements"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Tendril().V1alpha1().TendrilBGPAdvertisements().Informer()}, nil
+	case v1alpha1.SchemeGroupVersion.WithResource("tendrilbgpclusterconfigs"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Tendril().V1alpha1().TendrilBGPClusterConfigs().Informer()}, nil
+	case v1alpha1.SchemeGroupVersion.WithResource("tendrilbgppeerconfigs"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Tendril().V1alpha1().TendrilBGPPeerConfigs().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("tendrilclusterwidenetworkpolicies"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Tendril().V1alpha1().TendrilClusterwideNetworkPolicies().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("tendrilendpoints"):

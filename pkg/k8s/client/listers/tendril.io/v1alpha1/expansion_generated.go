@@ -4,6 +4,18 @@
 
 package v1alpha1
 
+// TendrilBGPAdvertisementListerExpansion allows custom methods to be added to
+// TendrilBGPAdvertisementLister.
+type TendrilBGPAdvertisementListerExpansion interface{}
+
+// TendrilBGPClusterConfigListerExpansion allows custom methods to be added to
+// TendrilBGPClusterConfigLister.
+type TendrilBGPClusterConfigListerExpansion interface{}
+
+// TendrilBGPPeerConfigListerExpansion allows custom methods to be added to
+// TendrilBGPPeerConfigLister.
+type TendrilBGPPeerConfigListerExpansion interface{}
+
 // TendrilClusterwideNetworkPolicyListerExpansion allows custom methods to be added to
 // TendrilClusterwideNetworkPolicyLister.
 type TendrilClusterwideNetworkPolicyListerExpansion interface{}

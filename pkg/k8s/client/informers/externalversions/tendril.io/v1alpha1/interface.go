@@ -10,6 +10,12 @@ import (
 
 // Interface provides access to all the informers in this group version.
 type Interface interface {
+	// TendrilBGPAdvertisements returns a TendrilBGPAdvertisementInformer.
+	TendrilBGPAdvertisements() TendrilBGPAdvertisementInformer
+	// TendrilBGPClusterConfigs returns a TendrilBGPClusterConfigInformer.
+	TendrilBGPClusterConfigs() TendrilBGPClusterConfigInformer
+	// TendrilBGPPeerConfigs returns a TendrilBGPPeerConfigInformer.
+	TendrilBGPPeerConfigs() TendrilBGPPeerConfigInformer
 	// TendrilClusterwideNetworkPolicies returns a TendrilClusterwideNetworkPolicyInformer.
 	TendrilClusterwideNetworkPolicies() TendrilClusterwideNetworkPolicyInformer
 	// TendrilEndpoints returns a TendrilEndpointInformer.
@@ -33,6 +39,21 @@ type version struct {
 // New returns a new Interface.
 func New(f internalinterfaces.SharedInformerFactory, namespace string, tweakListOptions internalinterfaces.TweakListOptionsFunc) Interface {
 	return &version{factory: f, namespace: namespace, tweakListOptions: tweakListOptions}
+}
+
+// TendrilBGPAdvertisements returns a TendrilBGPAdvertisementInformer.
+func (v *version) TendrilBGPAdvertisements() TendrilBGPAdvertisementInformer {
+	return &tendrilBGPAdvertisementInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
+}
+
+// TendrilBGPClusterConfigs returns a TendrilBGPClusterConfigInformer.
+func (v *version) TendrilBGPClusterConfigs() TendrilBGPClusterConfigInformer {
+	return &tendrilBGPClusterConfigInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
+}
+
+// TendrilBGPPeerConfigs returns a TendrilBGPPeerConfigInformer.
+func (v *version) TendrilBGPPeerConfigs() TendrilBGPPeerConfigInformer {
+	return &tendrilBGPPeerConfigInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
 }
 
 // TendrilClusterwideNetworkPolicies returns a TendrilClusterwideNetworkPolicyInformer.

@@ -4,6 +4,12 @@
 
 package v1alpha1
 
+type TendrilBGPAdvertisementExpansion interface{}
+
+type TendrilBGPClusterConfigExpansion interface{}
+
+type TendrilBGPPeerConfigExpansion interface{}
+
 type TendrilClusterwideNetworkPolicyExpansion interface{}
 
 type TendrilEndpointExpansion interface{}

@@ -14,6 +14,9 @@ import (
 
 type TendrilV1alpha1Interface interface {
 	RESTClient() rest.Interface
+	TendrilBGPAdvertisementsGetter
+	TendrilBGPClusterConfigsGetter
+	TendrilBGPPeerConfigsGetter
 	TendrilClusterwideNetworkPoliciesGetter
 	TendrilEndpointsGetter
 	TendrilIdentitiesGetter
@@ -25,6 +28,18 @@ type TendrilV1alpha1Interface interface {
 // TendrilV1alpha1Client is used to interact with features provided by the tendril.io group.
 type TendrilV1alpha1Client struct {
 	restClient rest.Interface
+}
+
+func (c *TendrilV1alpha1Client) TendrilBGPAdvertisements() TendrilBGPAdvertisementInterface {
+	return newTendrilBGPAdvertisements(c)
+}
+
+func (c *TendrilV1alpha1Client) TendrilBGPClusterConfigs() TendrilBGPClusterConfigInterface {
+	return newTendrilBGPClusterConfigs(c)
+}
+
+func (c *TendrilV1alpha1Client) TendrilBGPPeerConfigs() TendrilBGPPeerConfigInterface {
+	return newTendrilBGPPeerConfigs(c)
 }
 
 func (c *TendrilV1alpha1Client) TendrilClusterwideNetworkPolicies() TendrilClusterwideNetworkPolicyInterface {

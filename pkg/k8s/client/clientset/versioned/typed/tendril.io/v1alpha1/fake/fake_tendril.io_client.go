@@ -14,6 +14,18 @@ type FakeTendrilV1alpha1 struct {
 	*testing.Fake
 }
 
+func (c *FakeTendrilV1alpha1) TendrilBGPAdvertisements() v1alpha1.TendrilBGPAdvertisementInterface {
+	return newFakeTendrilBGPAdvertisements(c)
+}
+
+func (c *FakeTendrilV1alpha1) TendrilBGPClusterConfigs() v1alpha1.TendrilBGPClusterConfigInterface {
+	return newFakeTendrilBGPClusterConfigs(c)
+}
+
+func (c *FakeTendrilV1alpha1) TendrilBGPPeerConfigs() v1alpha1.TendrilBGPPeerConfigInterface {
+	return newFakeTendrilBGPPeerConfigs(c)
+}
+
 func (c *FakeTendrilV1alpha1) TendrilClusterwideNetworkPolicies() v1alpha1.TendrilClusterwideNetworkPolicyInterface {
 	return newFakeTendrilClusterwideNetworkPolicies(c)
 }

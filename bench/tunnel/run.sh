@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Pod-to-pod TCP throughput across nodes, native routing against the tunnel
+# routing mode (VXLAN), in the same run: two labs of two nodes side by side
+# (one per mode, names of their own), one iperf3 stream from pod-1 (node1)
+# to pod-2 (node2) in each, the modes alternating round by round so that a
+# noisy neighbour hits both. Needs root and iperf3. Prints each round and
+# the median per mode with the tunnel/native ratio.
+#
+#   bench/tunnel/run.sh                 # 5 rounds of 5 s
+#   ROUNDS=9 SECONDS_PER_ROUND=10 bench/tunnel/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=${ROUNDS:-5}
+SECS=${SECONDS_PER_ROUND:-5}
+BIN=${BIN:-bin}
+[ -n "${SKIP_BUILD:-}" ] || make -s build k8s-binaries >/dev/null
+T=$BIN/tendril
+NATIVE=tunbnat
+TUNNEL=tunbtun
+trap '$T lab --name $NATIVE down >/dev/null 2>&1 || true; $T lab --name $TUNNEL down >/dev/null 2>&1 || true' EXIT
+echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+$T lab --name $NATIVE up --nodes 2 --pods-per-node 1 --bin-dir "$BIN" >/tmp/tendril-tunbench-native.log 2>&1 ||
+	{ cat /tmp/tendril-tunbench-native.log; exit 1; }
+$T lab --name $TUNNEL up --nodes 2 --pods-per-node 1 --routing-mode tunnel --bin-dir "$BIN" >/tmp/tendril-tunbench-tunnel.log 2>&1 ||
+	{ cat /tmp/tendril-tunbench-tunnel.log; exit 1; }
+
+# pod_ip LAB POD: the pod's IPv4 address.
+pod_ip() { $T lab --name "$1" exec "default/$2" -- ip -4 -o addr show dev eth0 | awk '{sub("/.*", "", $4); print $4}'; }
+
+# gbps LAB: one iperf3 TCP stream pod-1 -> pod-2 for SECS seconds, in Gbit/s.
+gbps() {
+	local lab=$1 ip
+	ip=$(pod_ip "$lab" pod-2)
+	$T lab --name "$lab" exec default/pod-2 -- iperf3 -s -1 >/dev/null 2>&1 &
+	local srv=$!
+	sleep 0.5
+	$T lab --name "$lab" exec default/pod-1 -- iperf3 -c "$ip" -t "$SECS" -J |
+		jq '.end.sum_received.bits_per_second / 1e9'
+	wait $srv || true
+}
+
+for lab in $NATIVE $TUNNEL; do
+	echo "# $lab: pod-1 $(pod_ip $lab pod-1), pod-2 $(pod_ip $lab pod-2)"
+done
+nat=()
+tun=()
+for round in $(seq "$ROUNDS"); do
+	n=$(gbps $NATIVE)
+	u=$(gbps $TUNNEL)
+	printf 'round %d: native %.2f Gbit/s, tunnel (vxlan) %.2f Gbit/s\n' "$round" "$n" "$u"
+	nat+=("$n")
+	tun+=("$u")
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+mn=$(median "${nat[@]}")
+mu=$(median "${tun[@]}")
+printf 'pod-to-pod TCP across nodes, 1 stream, %d rounds of %d s: native median %.2f Gbit/s, tunnel median %.2f Gbit/s, tunnel/native %.2f\n' \
+	"$ROUNDS" "$SECS" "$mn" "$mu" "$(echo "$mu / $mn" | bc -l)"

@@ -1,0 +1,177 @@
+package bgp
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+)
+
+// Pool is a TendrilLoadBalancerIPPool as the guard reads it: its address
+// ranges and the Services it serves.
+type Pool struct {
+	Name     string
+	Ranges   []AddrRange
+	Services labels.Selector
+}
+
+// AddrRange is From to To, both included.
+type AddrRange struct{ From, To netip.Addr }
+
+// Contains reports whether a lies in the range.
+func (r AddrRange) Contains(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.BitLen() == r.From.BitLen() && r.From.Compare(a) <= 0 && a.Compare(r.To) <= 0
+}
+
+// ParsePool reads a pool's blocks and selector. A pool with a block that
+// does not parse is refused whole (its addresses are announced by no
+// one), as LB-IPAM refuses it.
+func ParsePool(p *v1alpha1.TendrilLoadBalancerIPPool) (Pool, error) {
+	out := Pool{Name: p.Name}
+	for i, b := range p.Spec.Blocks {
+		r, err := parseBlock(b)
+		if err != nil {
+			return Pool{}, fmt.Errorf("pool %s: block %d: %w", p.Name, i, err)
+		}
+		out.Ranges = append(out.Ranges, r)
+	}
+	sel, err := selector(p.Spec.ServiceSelector)
+	if err != nil {
+		return Pool{}, fmt.Errorf("pool %s: serviceSelector: %w", p.Name, err)
+	}
+	out.Services = sel
+	return out, nil
+}
+
+// parseBlock is a block's range. In an IPv4 CIDR of more than two
+// addresses LB-IPAM hands out neither the network nor the broadcast
+// address, so neither is in the range.
+func parseBlock(b v1alpha1.LoadBalancerIPBlock) (AddrRange, error) {
+	switch {
+	case b.CIDR != "" && b.Start == "" && b.Stop == "":
+		p, err := netip.ParsePrefix(b.CIDR)
+		if err != nil {
+			return AddrRange{}, fmt.Errorf("cidr %q: %w", b.CIDR, err)
+		}
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-bitsOffset(p.Addr())).Masked()
+		r := AddrRange{From: p.Addr(), To: lastAddr(p)}
+		if p.Addr().Is4() && p.Bits() < 31 {
+			r.From, r.To = r.From.Next(), r.To.Prev()
+		}
+		return r, nil
+	case b.CIDR == "" && b.Start != "" && b.Stop != "":
+		from, err := netip.ParseAddr(b.Start)
+		if err != nil {
+			return AddrRange{}, fmt.Errorf("start %q: %w", b.Start, err)
+		}
+		to, err := netip.ParseAddr(b.Stop)
+		if err != nil {
+			return AddrRange{}, fmt.Errorf("stop %q: %w", b.Stop, err)
+		}
+		from, to = from.Unmap(), to.Unmap()
+		if from.BitLen() != to.BitLen() || to.Less(from) {
+			return AddrRange{}, fmt.Errorf("start %s to stop %s: not a range", from, to)
+		}
+		return AddrRange{From: from, To: to}, nil
+	}
+	return AddrRange{}, errors.New("want cidr, or start and stop")
+}
+
+// bitsOffset is 96 for an IPv4-mapped IPv6 address (its prefix length
+// counts the 96 bits before the IPv4 address), else 0.
+func bitsOffset(a netip.Addr) int {
+	if a.Is4In6() {
+		return 96
+	}
+	return 0
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 1 << (7 - i%8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+func selector(s *metav1.LabelSelector) (labels.Selector, error) {
+	if s == nil {
+		return labels.Everything(), nil
+	}
+	return metav1.LabelSelectorAsSelector(s)
+}
+
+// Allowed is what this node may announce: its own pod CIDRs, whole, and
+// single addresses of the pools' ranges. It is built from the node and
+// the pools alone, never from the advertisements or the services, so
+// that nothing those say widens it.
+type Allowed struct {
+	podCIDRs []netip.Prefix
+	pools    []Pool
+}
+
+// NewAllowed is the guard for a node with these pod CIDRs and pools.
+func NewAllowed(podCIDRs []netip.Prefix, pools []Pool) Allowed {
+	return Allowed{podCIDRs: podCIDRs, pools: pools}
+}
+
+// Admit says why p may not be announced (nil: it may): p is one of the
+// node's pod CIDRs exactly, or a host prefix (/32, /128) of an address
+// that lies in a pool.
+func (a Allowed) Admit(p netip.Prefix) error {
+	if !p.IsValid() || p != p.Masked() {
+		return fmt.Errorf("%s: not a valid prefix", p)
+	}
+	for _, c := range a.podCIDRs {
+		if p == c {
+			return nil
+		}
+	}
+	if p.IsSingleIP() {
+		if pool := a.poolOf(p.Addr()); pool != "" {
+			return nil
+		}
+		return fmt.Errorf("%s: neither a pod CIDR of this node nor in a TendrilLoadBalancerIPPool", p)
+	}
+	return fmt.Errorf("%s: not a pod CIDR of this node (%v)", p, a.podCIDRs)
+}
+
+// poolOf is the first pool whose ranges hold addr ("" for none).
+func (a Allowed) poolOf(addr netip.Addr) string {
+	for _, pool := range a.pools {
+		for _, r := range pool.Ranges {
+			if r.Contains(addr) {
+				return pool.Name
+			}
+		}
+	}
+	return ""
+}
+
+// admitService says why addr may not be announced for a Service with
+// these labels: it must lie in a pool that serves the Service (an address
+// in another Service's pool was not given to this one by LB-IPAM).
+func (a Allowed) admitService(addr netip.Addr, svcLabels map[string]string) error {
+	inAny := false
+	for _, pool := range a.pools {
+		for _, r := range pool.Ranges {
+			if !r.Contains(addr) {
+				continue
+			}
+			inAny = true
+			if pool.Services.Matches(labels.Set(svcLabels)) {
+				return nil
+			}
+		}
+	}
+	if inAny {
+		return fmt.Errorf("%s: in a TendrilLoadBalancerIPPool that does not serve the Service", addr)
+	}
+	return fmt.Errorf("%s: in no TendrilLoadBalancerIPPool", addr)
+}

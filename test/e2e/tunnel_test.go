@@ -1,0 +1,560 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tendril-net/tendril/pkg/controlplane"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/k8s"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/lab"
+)
+
+// tunnelLab brings up a lab of its own in the tunnel routing mode (two
+// nodes, no lab pods), torn down when the test ends.
+func tunnelLab(t *testing.T) (string, *env) {
+	t.Helper()
+	name := labName + "tun"
+	if len(name) > 12 {
+		name = name[:12]
+	}
+	t.Cleanup(func() { _ = exec.Command(tendrilBin, "lab", "--name", name, "down").Run() })
+	out, err := exec.Command(tendrilBin, "lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "0",
+		"--routing-mode", "tunnel", "--bin-dir", filepath.Dir(tendrilBin)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab up --routing-mode tunnel: %v\n%s", err, out)
+	}
+	st, err := lab.LoadState(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := controlplane.RESTConfig(st.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := k8s.NewClientsForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name, &env{st: st, cs: c.Core, k8: c}
+}
+
+// vxlanFrame is what a capture saw of one VXLAN packet on the underlay.
+type vxlanFrame struct {
+	vni      uint32
+	src, dst netip.Addr // the inner IPv4 packet's
+}
+
+// capture records the VXLAN frames (UDP port 8472) a device of the lab's
+// network namespace sees, until stop is called.
+type capture struct {
+	mu     sync.Mutex
+	frames []vxlanFrame
+	done   chan struct{}
+	err    error
+	wg     sync.WaitGroup
+}
+
+func startCapture(t *testing.T, netnsName, dev string) *capture {
+	t.Helper()
+	c := &capture{done: make(chan struct{})}
+	ready := make(chan error, 1)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.err = c.run(netnsName, dev, ready)
+	}()
+	if err := <-ready; err != nil {
+		t.Fatalf("capture on %s: %v", dev, err)
+	}
+	return c
+}
+
+func (c *capture) run(netnsName, dev string, ready chan<- error) error {
+	fail := func(err error) error { ready <- err; return err }
+	leave, err := enterNetns(netnsName)
+	if err != nil {
+		return fail(err)
+	}
+	defer leave()
+	link, err := netlink.LinkByName(dev)
+	if err != nil {
+		return fail(err)
+	}
+	// ETH_P_ALL: a socket bound to one protocol sees only the frames
+	// the device receives, not those the bridge sends out of it.
+	proto := maps.Htons(unix.ETH_P_ALL)
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(proto))
+	if err != nil {
+		return fail(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: link.Attrs().Index}); err != nil {
+		return fail(err)
+	}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000}); err != nil {
+		return fail(err)
+	}
+	ready <- nil
+	buf := make([]byte, 9000)
+	for {
+		select {
+		case <-c.done:
+			return nil
+		default:
+		}
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			continue
+		}
+		if f, ok := parseVXLAN(buf[:n]); ok {
+			c.mu.Lock()
+			c.frames = append(c.frames, f)
+			c.mu.Unlock()
+		}
+	}
+}
+
+// parseVXLAN reads an Ethernet frame of IPv4/UDP to port 8472 carrying
+// VXLAN with an inner IPv4 packet.
+func parseVXLAN(f []byte) (vxlanFrame, bool) {
+	if len(f) < 14+20 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+		return vxlanFrame{}, false
+	}
+	ip := f[14:]
+	ihl := int(ip[0]&0xf) * 4
+	if ip[9] != unix.IPPROTO_UDP || len(ip) < ihl+8+8+14+20 {
+		return vxlanFrame{}, false
+	}
+	udp := ip[ihl:]
+	if binary.BigEndian.Uint16(udp[2:]) != 8472 {
+		return vxlanFrame{}, false
+	}
+	vx := udp[8:]
+	if vx[0]&0x08 == 0 { // the VNI flag
+		return vxlanFrame{}, false
+	}
+	vni := uint32(vx[4])<<16 | uint32(vx[5])<<8 | uint32(vx[6])
+	inner := vx[8:]
+	if binary.BigEndian.Uint16(inner[12:]) != unix.ETH_P_IP {
+		return vxlanFrame{}, false
+	}
+	in := inner[14:]
+	return vxlanFrame{vni: vni, src: netip.AddrFrom4([4]byte(in[12:16])), dst: netip.AddrFrom4([4]byte(in[16:20]))}, true
+}
+
+func (c *capture) stop() ([]vxlanFrame, error) {
+	close(c.done)
+	c.wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.frames, c.err
+}
+
+// labProbe is probe for the lab name.
+func labProbe(t *testing.T, name, from, addr string, udp bool) (int, string) {
+	t.Helper()
+	args := []string{"lab", "--name", name, "probe", from, addr, "--timeout", "1s"}
+	if udp {
+		args = append(args, "--udp")
+	}
+	cmd := exec.Command(tendrilBin, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	t.Logf("probe %s -> %s udp=%v: exit %d: %s", from, addr, udp, code, strings.TrimSpace(out.String()))
+	return code, out.String()
+}
+
+// tunnelPolicyYAML admits the frontend alone to the backend's TCP 8080.
+const tunnelPolicyYAML = `
+apiVersion: tendril.io/v1alpha1
+kind: TendrilNetworkPolicy
+metadata:
+  name: allow-frontend
+spec:
+  endpointSelector:
+    matchLabels: {app: backend}
+  ingress:
+  - fromEndpoints:
+    - matchLabels: {app: frontend}
+    toPorts:
+    - ports: [{port: "8080", protocol: TCP}]
+`
+
+// TestPrivilegedLabTunnelVXLAN: a lab in the tunnel routing mode. No node
+// routes another's pod CIDR via the lab bridge (the routes go to
+// tendril_vxlan); the pods' MTU is 50 bytes less; pods on two nodes reach
+// each other over TCP and UDP, and a ClusterIP reaches its backend on the
+// other node; a capture on the bridge's port of the receiving node shows
+// the packets as VXLAN on UDP 8472 with the sending pod's security
+// identity as the VNI; a NodePort of the node without the backend answers
+// the world through the tunnel; a policy on the receiving pod admits the
+// allowed identity and denies another (enforced with the identity the
+// VNI carried); with both agents killed the overlay keeps forwarding, and
+// keeps denying, and after their restart it still does. A forged VXLAN
+// packet from an address of no node (the lab's world) is dropped whatever
+// identity its VNI claims.
+func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
+	labUp(t) // the binaries; the tunnel lab is this test's own
+	name, e := tunnelLab(t)
+	ctx := context.Background()
+
+	t.Run("no pod CIDR route via the bridge", func(t *testing.T) {
+		for _, n := range e.st.Nodes {
+			out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "ip", "-4", "route", "show", "proto", "85").CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s: ip route: %v\n%s", n.Name, err, out)
+			}
+			routes := strings.TrimSpace(string(out))
+			if routes == "" || strings.Contains(routes, " via ") || !strings.Contains(routes, "dev tendril_vxlan") {
+				t.Errorf("%s: the routes to the other node's pod CIDR, want them to tendril_vxlan only:\n%s", n.Name, routes)
+			}
+		}
+	})
+
+	const ns = "e2e-tunnel"
+	e.createNamespace(t, ns)
+	tcp8080 := corev1.ContainerPort{ContainerPort: 8080, Protocol: corev1.ProtocolTCP}
+	udp53 := corev1.ContainerPort{ContainerPort: 53, Protocol: corev1.ProtocolUDP}
+	e.createPod(t, ns, "backend", "node2", map[string]string{"app": "backend"}, tcp8080, udp53)
+	e.createPod(t, ns, "frontend", "node1", map[string]string{"app": "frontend"})
+	e.createPod(t, ns, "other", "node1", map[string]string{"app": "other"})
+	backend := e.waitReady(t, ns, "backend")
+	e.waitReady(t, ns, "frontend")
+	other := e.waitReady(t, ns, "other")
+	var otherID uint32
+	eventually(t, "the identity of "+ns+"/other", func() (bool, error) {
+		tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(ctx, "other", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if tep.Status.Identity == nil || tep.Status.Identity.ID == 0 {
+			return false, fmt.Errorf("no identity yet")
+		}
+		otherID = uint32(tep.Status.Identity.ID)
+		return true, nil
+	})
+
+	t.Run("the pods' MTU leaves room for VXLAN", func(t *testing.T) {
+		// ip, not /sys/class/net: sysfs shows the namespace it was
+		// mounted in, the machine's.
+		out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/other", "--", "ip", "-o", "link", "show", "dev", "eth0").CombinedOutput()
+		if err != nil {
+			t.Fatalf("lab exec: %v\n%s", err, out)
+		}
+		if !strings.Contains(string(out), " mtu 1450 ") {
+			t.Errorf("pod eth0, want MTU 1450 (1500 less VXLAN's 50): %s", out)
+		}
+	})
+
+	t.Run("TCP and UDP across nodes, VXLAN with the identity", func(t *testing.T) {
+		cap := startCapture(t, e.st.NetNetns, "node2")
+		tcp, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":8080", false)
+		udp, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":53", true)
+		frames, err := cap.stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tcp != 0 || udp != 0 {
+			t.Fatalf("other -> backend across nodes: TCP exit %d, UDP exit %d, want 0 and 0", tcp, udp)
+		}
+		src, dst := netip.MustParseAddr(other.Status.PodIP), netip.MustParseAddr(backend.Status.PodIP)
+		seen := 0
+		for _, f := range frames {
+			if f.src == src && f.dst == dst {
+				seen++
+				if f.vni != otherID {
+					t.Errorf("VXLAN frame %s -> %s with VNI %d, want the source's identity %d", f.src, f.dst, f.vni, otherID)
+				}
+			}
+		}
+		if seen == 0 {
+			t.Fatalf("no VXLAN frame %s -> %s on UDP 8472 at node2's bridge port (%d VXLAN frames seen)", src, dst, len(frames))
+		}
+		t.Logf("%d VXLAN frames other -> backend, VNI %d", seen, otherID)
+	})
+
+	t.Run("ClusterIP to a backend on the other node", func(t *testing.T) {
+		svc := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "backend", Namespace: ns},
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "backend"},
+				Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 9090, TargetPort: intstr.FromInt32(8080)}}},
+		}
+		created, err := e.cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the Service's endpoint", func() (bool, error) {
+			sl, err := e.cs.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=backend"})
+			if err != nil {
+				return false, err
+			}
+			n := 0
+			for _, s := range sl.Items {
+				n += len(s.Endpoints)
+			}
+			return n == 1, fmt.Errorf("%d endpoints", n)
+		})
+		addr := created.Spec.ClusterIP + ":9090"
+		var out string
+		eventually(t, "an answer at the ClusterIP", func() (bool, error) {
+			var code int
+			code, out = labProbe(t, name, ns+"/frontend", addr, false)
+			return code == 0, fmt.Errorf("exit %d", code)
+		})
+		if !strings.Contains(out, `answered "backend"`) {
+			t.Errorf("ClusterIP %s answered by another than backend: %s", addr, out)
+		}
+	})
+
+	t.Run("NodePort from the world to a backend on the other node", func(t *testing.T) {
+		svc := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "backend-np", Namespace: ns},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "backend"},
+				Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 9091, TargetPort: intstr.FromInt32(8080)}}},
+		}
+		created, err := e.cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node1, err := e.st.Node("node1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// node1's address: the backend is on node2, reached through
+		// the tunnel (the route to its pod CIDR is tendril_vxlan's).
+		addr := fmt.Sprintf("%s:%d", node1.Address, created.Spec.Ports[0].NodePort)
+		var answer string
+		eventually(t, "an answer at "+addr+" from the world", func() (bool, error) {
+			answer, err = dialFrom(e.st.World.Netns, addr)
+			return err == nil && strings.Contains(answer, "backend"), fmt.Errorf("%v: %q", err, answer)
+		})
+	})
+
+	t.Run("policy on the receiving pod", func(t *testing.T) {
+		pol := &v1alpha1.TendrilNetworkPolicy{}
+		if err := yaml.UnmarshalStrict([]byte(tunnelPolicyYAML), pol); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		addr := backend.Status.PodIP + ":8080"
+		node2, err := e.st.Node("node2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := datapathCount(t, *node2, "Policy denied", "ingress")
+		eventually(t, "other -> backend:8080 denied", func() (bool, error) {
+			c, _ := labProbe(t, name, ns+"/other", addr, false)
+			return c == 1, fmt.Errorf("exit %d", c)
+		})
+		if after := datapathCount(t, *node2, "Policy denied", "ingress"); after <= before {
+			t.Errorf("node2 counted no ingress policy drop (%d before, %d after): the deny was not the receiving pod's policy", before, after)
+		}
+		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
+			t.Errorf("frontend -> backend:8080 exit %d, want 0 (allowed by its identity)", c)
+		}
+	})
+
+	t.Run("VXLAN from an address of no node is dropped", func(t *testing.T) {
+		// A forged packet from the world's namespace to node2's tunnel
+		// port, claiming the allowed frontend's identity in the VNI.
+		var frontendID uint32
+		tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(ctx, "frontend", metav1.GetOptions{})
+		if err != nil || tep.Status.Identity == nil {
+			t.Fatalf("frontend's identity: %v", err)
+		}
+		frontendID = uint32(tep.Status.Identity.ID)
+		node2, err := e.st.Node("node2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		const reason = "Overlay packet from an address of no known node"
+		before := datapathCount(t, *node2, reason, "ingress")
+		pkt := forgedVXLAN(frontendID, netip.MustParseAddr(tep.Status.Networking.Addressing[0].IPv4), netip.MustParseAddr(backend.Status.PodIP))
+		if err := sendUDPFrom(e.st.World.Netns, node2.Address+":8472", pkt); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "node2 to count the forged packet", func() (bool, error) {
+			n := datapathCount(t, *node2, reason, "ingress")
+			return n > before, fmt.Errorf("%d, %d before", n, before)
+		})
+	})
+
+	t.Run("agents killed and restarted", func(t *testing.T) {
+		addr := backend.Status.PodIP + ":8080"
+		argvs := map[string][]string{}
+		for _, n := range e.st.Nodes {
+			argvs[n.Name] = killAgent(t, e.st, n.Name)
+		}
+		// Down: the device, the pinned links and tdr_tunnel_v1 carry on,
+		// the receiving pod's policy too.
+		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
+			t.Errorf("agents down: frontend -> backend:8080 exit %d, want 0", c)
+		}
+		if c, _ := labProbe(t, name, ns+"/other", addr, false); c != 1 {
+			t.Errorf("agents down: other -> backend:8080 exit %d, want 1 (denied)", c)
+		}
+		for _, n := range e.st.Nodes {
+			startAgent(t, e.st, n.Name, argvs[n.Name])
+		}
+		for _, n := range e.st.Nodes {
+			eventually(t, "the restarted agent of "+n.Name, func() (bool, error) {
+				o, err := runCLI(tendrilBin, "-H", n.Socket, "status")
+				return err == nil, fmt.Errorf("%v: %s", err, o)
+			})
+		}
+		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
+			t.Errorf("agents restarted: frontend -> backend:8080 exit %d, want 0", c)
+		}
+		if c, _ := labProbe(t, name, ns+"/other", addr, false); c != 1 {
+			t.Errorf("agents restarted: other -> backend:8080 exit %d, want 1 (denied)", c)
+		}
+	})
+}
+
+// forgedVXLAN is a VXLAN packet (its UDP payload) with VNI vni carrying a
+// TCP SYN from src to dst:8080.
+func forgedVXLAN(vni uint32, src, dst netip.Addr) []byte {
+	b := make([]byte, 8+14+20+20)
+	b[0] = 0x08 // the VNI is valid
+	b[4], b[5], b[6] = byte(vni>>16), byte(vni>>8), byte(vni)
+	eth := b[8:]
+	copy(eth[0:6], []byte{2, 0, 0, 0, 0, 1})
+	copy(eth[6:12], []byte{2, 0, 0, 0, 0, 2})
+	binary.BigEndian.PutUint16(eth[12:], unix.ETH_P_IP)
+	ip := eth[14:]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], 40)
+	ip[8], ip[9] = 64, unix.IPPROTO_TCP
+	s4, d4 := src.As4(), dst.As4()
+	copy(ip[12:], s4[:])
+	copy(ip[16:], d4[:])
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	tcp := ip[20:]
+	binary.BigEndian.PutUint16(tcp[0:], 40001)
+	binary.BigEndian.PutUint16(tcp[2:], 8080)
+	tcp[12], tcp[13] = 5<<4, 0x02
+	return b
+}
+
+// sendUDPFrom sends one UDP datagram from a namespace of the lab.
+func sendUDPFrom(netnsName, addr string, payload []byte) error {
+	errc := make(chan error, 1)
+	go func() {
+		leave, err := enterNetns(netnsName)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer leave()
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer c.Close()
+		_, err = c.Write(payload)
+		errc <- err
+	}()
+	return <-errc
+}
+
+// dialFrom connects to addr over TCP from a namespace of the lab and
+// returns what the server says first (the lab's pods name themselves).
+func dialFrom(netnsName, addr string) (string, error) {
+	type result struct {
+		s   string
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		leave, err := enterNetns(netnsName)
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		defer leave()
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		_, _ = c.Write([]byte("hello\n"))
+		buf := make([]byte, 512)
+		n, err := c.Read(buf)
+		res <- result{s: string(buf[:n]), err: err}
+	}()
+	r := <-res
+	return r.s, r.err
+}
+
+// enterNetns locks the goroutine's thread into a namespace of the lab;
+// leave puts it back and unlocks it. A thread that cannot go back stays
+// locked and is dropped with its goroutine, unless it is the process's
+// main thread, which Go keeps: then the process itself would count as
+// inside the lab's namespace, and lab down would kill it. So the thread
+// always goes back when it can.
+func enterNetns(name string) (leave func(), err error) {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return nil, err
+	}
+	ns, err := netns.GetFromPath(lab.NetnsPath(name))
+	if err != nil {
+		orig.Close()
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	defer ns.Close()
+	if err := netns.Set(ns); err != nil {
+		orig.Close()
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	return func() {
+		defer orig.Close()
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+	}, nil
+}
