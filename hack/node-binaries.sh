@@ -54,6 +54,12 @@ build_kube() {
 	done
 	((${#want[@]} == 0)) && return 0
 	local mod=$CACHE/scratch/kubernetes-$K8S_VERSION
+	# hack/k8s-binaries.sh makes the module when it builds the control
+	# plane; a cache holding only its binaries has none.
+	[[ -f $mod/go.mod ]] || {
+		log "$mod/go.mod missing (hack/k8s-binaries.sh makes it when it builds the control plane): rm $BIN/kube-apiserver-$K8S_VERSION and run again"
+		exit 1
+	}
 	cat >"$mod/node_tools.go" <<'GO'
 //go:build tools
 
