@@ -91,8 +91,10 @@ check_host() {
 
 # gcc and libc6-dev: the race detector (make test runs -race) needs cgo.
 # iptables, nftables, conntrack: kube-proxy in the services benchmark (hack/kube-proxy.sh).
+# runc: the OCI runtime of the lab's real nodes (tendril lab up --runtime
+# containerd; containerd and the kubelet come from hack/node-binaries.sh).
 # bird2: the lab's BGP router (tendril lab up --bgp, pkg/lab/bgp.go).
-packages=(clang llvm libbpf-dev bpftool iproute2 iperf3 iputils-ping ethtool curl jq procps util-linux gcc libc6-dev iptables nftables conntrack bird2)
+packages=(clang llvm libbpf-dev bpftool iproute2 iperf3 iputils-ping ethtool curl jq procps util-linux gcc libc6-dev iptables nftables conntrack runc bird2)
 missing=()
 for p in "${packages[@]}"; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

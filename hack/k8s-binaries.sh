@@ -29,10 +29,23 @@ exec 9>"$CACHE/.build.lock"
 flock 9
 log() { echo "k8s-binaries: $*" >&2; }
 
+# stamped BINARY: whether the binary reports K8S_VERSION. Binaries built
+# before this script stamped the version (-X of component-base/version, as
+# Kubernetes' Makefile does) report v0.0.0-master, which helm's kubeVersion
+# check of the chart refuses: they are rebuilt once.
+stamped() {
+	local out
+	case $1 in
+	kubectl) out=$("$BIN/$1-$K8S_VERSION" version --client 2>/dev/null) || return 1 ;;
+	*) out=$("$BIN/$1-$K8S_VERSION" --version 2>/dev/null) || return 1 ;;
+	esac
+	[[ $out == *"$K8S_VERSION"* ]]
+}
+
 build_kubernetes() {
 	local want=()
 	for c in kube-apiserver kube-controller-manager kubectl; do
-		[[ -x $BIN/$c-$K8S_VERSION ]] || want+=("$c")
+		[[ -x $BIN/$c-$K8S_VERSION ]] && stamped "$c" || want+=("$c")
 	done
 	((${#want[@]} == 0)) && return 0
 	local mod=$CACHE/scratch/kubernetes-$K8S_VERSION
@@ -65,9 +78,13 @@ import (
 )
 GO
 	(cd "$mod" && GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 || true)
+	local minor=${K8S_VERSION#v1.}
+	minor=${minor%%.*}
+	local v=k8s.io/component-base/version
+	local ldflags="-s -w -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean"
 	for c in "${want[@]}"; do
 		log "go build k8s.io/kubernetes/cmd/$c"
-		(cd "$mod" && GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$BIN/$c-$K8S_VERSION.tmp" "k8s.io/kubernetes/cmd/$c")
+		(cd "$mod" && GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$BIN/$c-$K8S_VERSION.tmp" "k8s.io/kubernetes/cmd/$c")
 		mv "$BIN/$c-$K8S_VERSION.tmp" "$BIN/$c-$K8S_VERSION"
 		log "built $BIN/$c-$K8S_VERSION"
 	done

@@ -55,6 +55,7 @@ answers with the pod's name. Needs root. See docs/lab.md.`,
 		newLabExecCommand(&name),
 		newLabProbeCommand(&name),
 		newLabKubeletCommand(&name),
+		newLabNodeProxyCommand(&name),
 		newLabWorkloadCommand(),
 	)
 	return cmd
@@ -87,6 +88,11 @@ func newLabUpCommand(name *string) *cobra.Command {
 				}
 				cfg.BinDir = filepath.Dir(self)
 			}
+			if cfg.ImagesDir == "" {
+				// make build's bin/ and make images' _output/images are
+				// siblings in a checkout.
+				cfg.ImagesDir = filepath.Join(cfg.BinDir, "..", "_output", "images")
+			}
 			if _, err := lab.Up(ctx, cfg); err != nil {
 				if logs := filepath.Join(lab.Dir(*name), "logs"); fileExists(logs) {
 					return fmt.Errorf("lab up: %w\n(logs under %s; tendril lab down removes what was made)", err, logs)
@@ -106,6 +112,8 @@ func newLabUpCommand(name *string) *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.BGP, "bgp", false, "Run a BGP router (BIRD) in the world that every node's agent peers with (--enable-bgp-control-plane): the nodes announce their pod CIDRs and the load-balancer addresses of Services labelled "+lab.BGPServiceLabel+"=true, from the pool "+lab.BGPPoolCIDR+", which the world reaches through the learned routes")
 	cmd.Flags().StringArrayVar(&cfg.OperatorArgs, "operator-arg", nil, "Extra flag for every tendril-operator, repeatable (e.g. --operator-arg=--identity-gc-interval=10s)")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "Extra flag for every node's tendril-agent, repeatable (e.g. --agent-arg=--datapath-attach-mode=tc)")
+	cmd.Flags().StringVar(&cfg.Runtime, "runtime", "", "containerd: run each node as the upstream kubelet and containerd (hack/node-binaries.sh builds them), with the images of make images imported (work in progress: docs/containerd-lab-status.md)")
+	cmd.Flags().StringVar(&cfg.ImagesDir, "images-dir", "", "Image archives of make images, for --runtime containerd (default: ../_output/images from the bin dir)")
 	return cmd
 }
 
@@ -241,7 +249,7 @@ func newLabExecCommand(name *string) *cobra.Command {
 			if len(command) == 0 {
 				return errors.New("no command given: tendril lab exec NS/POD -- CMD [ARG...]")
 			}
-			argv := append([]string{"nsenter", "--net=" + lab.NetnsPath(rec.Netns), "--"}, command...)
+			argv := append([]string{"nsenter", "--net=" + rec.NetnsFile(), "--"}, command...)
 			// The mount namespace with the pod's resolv.conf belongs to this
 			// thread, which must be the one that execs.
 			runtime.LockOSThread()
@@ -350,7 +358,7 @@ func newLabProbeCommand(name *string) *cobra.Command {
 			}
 			var answer, resolved string
 			var resolveErr, probeErr error
-			err = lab.InNetns(lab.NetnsPath(rec.Netns), func() error {
+			err = lab.InNetns(rec.NetnsFile(), func() error {
 				target := args[1]
 				if resolver != nil {
 					// From the pod's namespace, to the pod's nameserver.
@@ -412,6 +420,28 @@ func newLabKubeletCommand(name *string) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&node, "node", "", "The node this kubelet runs")
 	cmd.Flags().BoolVar(&schedule, "schedule", false, "Also bind unscheduled pods to nodes")
+	return cmd
+}
+
+func newLabNodeProxyCommand(name *string) *cobra.Command {
+	var node string
+	cmd := &cobra.Command{
+		Use:    "node-proxy --node NODE",
+		Short:  "Forward the API server (and kvstore) into a real node's namespace (started by lab up --runtime containerd)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := lab.LoadState(*name)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			return kubelet.RunProxies(ctx, kubelet.Config{Lab: st, Node: node, Log: log})
+		},
+	}
+	cmd.Flags().StringVar(&node, "node", "", "The node whose namespace gets the proxies")
 	return cmd
 }
 

@@ -29,6 +29,7 @@ func LabConfig(st *lab.State, cfg Config) (Config, error) {
 	if st.World != nil {
 		cfg.World = st.World.ServerIP
 	}
+	cfg.WorkloadImage = st.WorkloadImage
 	return cfg, nil
 }
 
@@ -46,7 +47,7 @@ func (p LabProber) netns(pod string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
-	return lab.NetnsPath(rec.Netns), nil
+	return rec.NetnsFile(), nil
 }
 
 // Probe connects from the pod with `tendril lab probe`, a process of its

@@ -39,9 +39,13 @@ type Config struct {
 	// World is a server outside the cluster (IP) answering on TCP 80 and
 	// UDP 81 with "<name> from <source address>:<port>" (the lab's world
 	// server); empty skips the masquerade checks.
-	World  string
-	Keep   bool
-	Settle time.Duration
+	World string
+	// WorkloadImage is the image of the test's pods on real nodes (the
+	// lab's State.WorkloadImage, imported into every node's containerd);
+	// empty for the lab kubelet, which runs its own workload.
+	WorkloadImage string
+	Keep          bool
+	Settle        time.Duration
 	// DenyProbes is how many probes in a row a denied check needs dropped
 	// (Runner.DenyProbes).
 	DenyProbes int
@@ -128,7 +132,7 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 	}{podClient: {0, "client"}, podOtherClient: {0, "other-client"}, podServerSame: {0, "server"}, podServerOther: {1, "server"},
 		podRemoteClient: {1, "remote-client"}}
 	for name, p := range pods {
-		if err := createPod(ctx, c, ns, name, cfg.Nodes[p.node], p.app); err != nil {
+		if err := createPod(ctx, c, ns, name, cfg.Nodes[p.node], p.app, cfg.WorkloadImage); err != nil {
 			return nil, err
 		}
 	}
@@ -356,10 +360,16 @@ type phase struct {
 	checks []Check
 }
 
-func createPod(ctx context.Context, c *k8s.Clients, ns, name, node, app string) error {
+// createPod creates a test pod bound to node: the lab kubelet's workload,
+// or with image a real container of the workload image.
+func createPod(ctx context.Context, c *k8s.Clients, ns, name, node, app, image string) error {
+	container := corev1.Container{Name: "workload", Image: "tendril.io/lab-workload"}
+	if image != "" {
+		container = lab.WorkloadContainer(image)
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": app}},
-		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "workload", Image: "tendril.io/lab-workload"}}},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{container}},
 	}
 	if name == podServerOther {
 		// Its host ports, served by the node's programs (no portmap).

@@ -113,6 +113,12 @@ type Spec struct {
 	ControllerManager bool
 	// ClusterCIDR is what node IPAM splits into a /24 per node.
 	ClusterCIDR string
+	// ExtraControllers are kube-controller-manager controllers to run
+	// besides the default set (ControllerManagerArgs): a lab of real
+	// kubelets needs the workload controllers (daemonset, deployment,
+	// replicaset) and root-ca-cert-publisher (the kube-root-ca.crt
+	// ConfigMap every service-account token volume projects).
+	ExtraControllers []string
 	// AdvertiseAddress is the address the API server publishes as the
 	// kubernetes Service's endpoint (empty: a documentation address that
 	// nothing contacts; validation refuses loopback). The lab sets a node
@@ -201,7 +207,8 @@ func (s *Spec) APIServerArgs() []string {
 
 // ControllerManagerArgs are kube-controller-manager's flags: the
 // EndpointSlice, namespace, service-account, token, node-IPAM and
-// garbage-collector controllers, authenticating with kubeconfig.
+// garbage-collector controllers (and ExtraControllers), authenticating
+// with kubeconfig.
 func (s *Spec) ControllerManagerArgs(kubeconfig string) []string {
 	cidr := s.ClusterCIDR
 	if cidr == "" {
@@ -209,7 +216,7 @@ func (s *Spec) ControllerManagerArgs(kubeconfig string) []string {
 	}
 	return []string{
 		"--kubeconfig", kubeconfig, "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
-		"--controllers", "endpointslice,namespace,serviceaccount,serviceaccount-token,nodeipam,garbagecollector",
+		"--controllers", strings.Join(append([]string{"endpointslice", "namespace", "serviceaccount", "serviceaccount-token", "nodeipam", "garbagecollector"}, s.ExtraControllers...), ","),
 		"--allocate-node-cidrs=true", "--cluster-cidr", cidr, "--node-cidr-mask-size", "24",
 		"--service-cluster-ip-range", s.serviceCIDR(),
 		"--service-account-private-key-file", s.PKI.SAKey, "--root-ca-file", s.PKI.CA,

@@ -105,21 +105,25 @@ func (s *State) CoreDNSKubeconfig() string { return filepath.Join(s.CoreDNSDir()
 // the lab never sends traffic outside its own namespaces, so a name
 // outside the cluster gets SERVFAIL rather than a query to the machine's
 // resolver. No cache either: tests create a Service and resolve it at
-// once, and a cached NXDOMAIN would hide it for its TTL.
+// once, and a cached NXDOMAIN would hide it for its TTL. An empty
+// kubeconfig makes the plugin go in-cluster (a real pod's token).
 func Corefile(kubeconfig string) string {
+	kc := ""
+	if kubeconfig != "" {
+		kc = "\n        kubeconfig " + kubeconfig
+	}
 	return fmt.Sprintf(`.:53 {
     errors
     health :8080
     ready :%d
-    kubernetes %s in-addr.arpa ip6.arpa {
-        kubeconfig %s
+    kubernetes %s in-addr.arpa ip6.arpa {%s
         pods insecure
         fallthrough in-addr.arpa ip6.arpa
         ttl 5
     }
     loadbalance
 }
-`, CoreDNSReadyPort, ClusterDomain, kubeconfig)
+`, CoreDNSReadyPort, ClusterDomain, kc)
 }
 
 // writeCoreDNSConfig writes the Corefile and CoreDNS's kubeconfig. CoreDNS
@@ -167,20 +171,8 @@ func dnsNodes(st *State) []Node {
 // then lists them behind the Service once they are Ready.
 func deployClusterDNS(ctx context.Context, cs kubernetes.Interface, st *State) error {
 	labels := map[string]string{DNSAppLabel: DNSAppValue}
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: DNSServiceName, Namespace: DNSNamespace, Labels: map[string]string{
-			DNSAppLabel: DNSAppValue, "kubernetes.io/name": "CoreDNS", "kubernetes.io/cluster-service": "true"}},
-		Spec: corev1.ServiceSpec{
-			ClusterIP: ClusterDNSIP,
-			Selector:  labels,
-			Ports: []corev1.ServicePort{
-				{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(53)},
-				{Name: "dns-tcp", Protocol: corev1.ProtocolTCP, Port: 53, TargetPort: intstr.FromInt32(53)},
-			},
-		},
-	}
-	if _, err := cs.CoreV1().Services(DNSNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create Service %s/%s at %s: %w", DNSNamespace, DNSServiceName, ClusterDNSIP, err)
+	if err := createKubeDNSService(ctx, cs); err != nil {
+		return err
 	}
 	for _, n := range dnsNodes(st) {
 		pod := &corev1.Pod{
@@ -239,4 +231,26 @@ func waitClusterDNS(ctx context.Context, cs kubernetes.Interface, st *State) err
 		}
 		return true, nil
 	})
+}
+
+// createKubeDNSService creates the kube-dns Service at ClusterDNSIP in
+// front of the pods labelled k8s-app=kube-dns.
+func createKubeDNSService(ctx context.Context, cs kubernetes.Interface) error {
+	labels := map[string]string{DNSAppLabel: DNSAppValue}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: DNSServiceName, Namespace: DNSNamespace, Labels: map[string]string{
+			DNSAppLabel: DNSAppValue, "kubernetes.io/name": "CoreDNS", "kubernetes.io/cluster-service": "true"}},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: ClusterDNSIP,
+			Selector:  labels,
+			Ports: []corev1.ServicePort{
+				{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(53)},
+				{Name: "dns-tcp", Protocol: corev1.ProtocolTCP, Port: 53, TargetPort: intstr.FromInt32(53)},
+			},
+		},
+	}
+	if _, err := cs.CoreV1().Services(DNSNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create Service %s/%s at %s: %w", DNSNamespace, DNSServiceName, ClusterDNSIP, err)
+	}
+	return nil
 }

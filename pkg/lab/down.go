@@ -54,6 +54,11 @@ func Down(name string, out io.Writer) error {
 	if len(stray) > 0 {
 		fmt.Fprintf(out, "  stopped %d processes inside the lab's network namespaces\n", len(stray))
 	}
+	if n, err := downRealNodes(name); err != nil {
+		errs = append(errs, err)
+	} else if n > 0 {
+		fmt.Fprintf(out, "  removed %d real nodes' containers, mount namespaces and kubelet cgroups\n", n)
+	}
 	for _, n := range names {
 		if err := DeleteNetns(n); err != nil {
 			errs = append(errs, err)

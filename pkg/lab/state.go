@@ -121,6 +121,13 @@ type State struct {
 	// 127.0.0.1 (0: no kvstore); the kubelets proxy it into each node's
 	// namespace at 127.0.0.1:NodeKVStorePort.
 	KVStorePort int `json:"kvstorePort,omitempty"`
+	// Runtime is "" (the lab's own kubelets) or "containerd" (real nodes:
+	// the upstream kubelet and containerd, package realnode).
+	Runtime string `json:"runtime,omitempty"`
+	// WorkloadImage is, on real nodes, the workload image imported into
+	// every node's containerd (localhost/tendril/workload:<tag>): the
+	// image of the connectivity test's pods. Empty for the lab kubelet.
+	WorkloadImage string `json:"workloadImage,omitempty"`
 	// World is the network outside the cluster (world.go); nil in the
 	// state of a lab made before it existed.
 	World *World `json:"world,omitempty"`
@@ -197,17 +204,29 @@ func LoadState(name string) (*State, error) {
 // PodRecord is a pod the kubelet runs: how `lab exec` and `lab probe` find
 // its network namespace.
 type PodRecord struct {
-	Namespace   string   `json:"namespace"`
-	Name        string   `json:"name"`
-	UID         string   `json:"uid"`
-	Node        string   `json:"node"`
-	Netns       string   `json:"netns"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+	Node      string `json:"node"`
+	Netns     string `json:"netns"`
+	// NetnsPath is the network namespace as a path, for a pod of a real
+	// node (/proc/<sandbox pid>/ns/net); empty for the lab kubelet's,
+	// whose Netns is a name under /run/netns.
+	NetnsPath   string   `json:"netnsPath,omitempty"`
 	ContainerID string   `json:"containerID"`
 	IPs         []string `json:"ips"`
 	// ResolvConf is the pod's resolv.conf, which `lab exec` mounts over
 	// /etc/resolv.conf in a mount namespace of its own; "" for a pod that
 	// uses the machine's (dnsPolicy Default, as CoreDNS's own pods).
 	ResolvConf string `json:"resolvConf,omitempty"`
+}
+
+// NetnsFile is the path of the pod's network namespace.
+func (r *PodRecord) NetnsFile() string {
+	if r.NetnsPath != "" {
+		return r.NetnsPath
+	}
+	return NetnsPath(r.Netns)
 }
 
 func (s *State) podRecordPath(namespace, name string) string {
@@ -247,8 +266,12 @@ func (s *State) RemovePod(namespace, name, uid string) error {
 // ErrNoPod says the lab runs no pod of that name.
 var ErrNoPod = errors.New("no such pod running in the lab")
 
-// Pod reads the record of a running pod.
+// Pod reads the record of a running pod; on real nodes (Runtime
+// containerd) it asks the API server and the pod's node (cripod.go).
 func (s *State) Pod(namespace, name string) (*PodRecord, error) {
+	if s.Runtime == RuntimeContainerd {
+		return s.criPod(namespace, name)
+	}
 	data, err := os.ReadFile(s.podRecordPath(namespace, name))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%s/%s: %w", namespace, name, ErrNoPod)

@@ -48,6 +48,13 @@ type Config struct {
 	// the agents and operators use it for identities (kvstore identity
 	// allocation) and the agents for their endpoints' ipcache keys.
 	KVStore bool
+	// Runtime is "" (the lab's own kubelet per node) or "containerd"
+	// (RuntimeContainerd: the upstream kubelet and containerd per node,
+	// Tendril installed by its Helm chart).
+	Runtime string
+	// ImagesDir holds the image archives of `make images` (the
+	// containerd runtime imports them into every node).
+	ImagesDir string
 	// BGP runs a BGP router (BIRD) in the world that every node's agent
 	// peers with (bgp.go); needs Operators > 0 (LB-IPAM and the CRDs).
 	BGP bool
@@ -128,6 +135,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.IPAM == "cluster-pool" && cfg.Operators == 0 {
 		return nil, fmt.Errorf("--ipam cluster-pool needs tendril-operator: --operators 1 or more")
 	}
+	if err := ValidateRuntime(cfg.Runtime); err != nil {
+		return nil, err
+	}
 	if cfg.BGP && cfg.Operators == 0 {
 		return nil, fmt.Errorf("--bgp needs tendril-operator (the CRDs and the load-balancer addresses): --operators 1 or more")
 	}
@@ -137,7 +147,14 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := PrepareHost(out); err != nil {
 		return nil, err
 	}
-	for _, b := range []string{"tendril", "tendril-agent", "tendril-cni"} {
+	binaries := []string{"tendril", "tendril-agent", "tendril-cni"}
+	if cfg.Runtime == RuntimeContainerd {
+		binaries = append(binaries, PauseBinary)
+		if _, err := imageArchives(cfg.ImagesDir); err != nil {
+			return nil, err
+		}
+	}
+	for _, b := range binaries {
 		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {
 			return nil, fmt.Errorf("%s not found in %s (make build, or --bin-dir)", b, cfg.BinDir)
 		}
@@ -159,13 +176,18 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Runtime == RuntimeContainerd {
+		if _, err := ensureNodeBinaries(out); err != nil {
+			return nil, err
+		}
+	}
 
 	cgMount, err := Cgroup2Mount()
 	if err != nil {
 		return nil, err
 	}
 	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, CoreDNSBin: coreDNS,
-		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM, RoutingMode: cfg.RoutingMode}
+		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM, Runtime: cfg.Runtime, RoutingMode: cfg.RoutingMode}
 	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
 	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
 	for _, d := range []string{st.Dir, st.PidDir(), st.LogDir(), st.PodDir(), filepath.Join(st.Dir, "pki")} {
@@ -241,6 +263,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return st, err
 	}
 	step(out, start, "world server: %s:%s (TCP and UDP), answering with the source it sees", st.World.ServerIP, workload.FormatPorts(WorldServerPorts))
+	if cfg.Runtime == RuntimeContainerd {
+		return st, upContainerd(ctx, cfg, st, cs, exited, out, start)
+	}
 	for i, n := range st.Nodes {
 		argv := []string{filepath.Join(st.BinDir, "tendril"), "lab", "kubelet", "--name", st.Name, "--node", n.Name}
 		if i == 0 {
@@ -389,6 +414,9 @@ func startControlPlane(ctx context.Context, st *State, exited map[string]<-chan 
 	// forwards <its node address>:<API port> to it, so pods reach the
 	// kubernetes Service's endpoint through node1.
 	spec := controlplane.Spec{Dir: st.Dir, ControllerManager: true, ClusterCIDR: ClusterCIDR, AdvertiseAddress: st.Nodes[0].Address}
+	if st.Runtime == RuntimeContainerd {
+		spec.ExtraControllers = realNodeControllers()
+	}
 	var nodeIPs []net.IP
 	for _, n := range st.Nodes {
 		nodeIPs = append(nodeIPs, net.ParseIP(n.Address))
@@ -500,7 +528,9 @@ func startKVStore(ctx context.Context, st *State, exited map[string]<-chan error
 }
 
 // poll calls cond every interval until it is done, fails, a watched
-// process exits or timeout passes; what names the wait in errors.
+// process exits or timeout passes; what names the wait in errors. A
+// *stopPolling error from cond ends the wait at once (a failure that
+// waiting will not cure).
 func poll(ctx context.Context, what string, timeout time.Duration, st *State, exited map[string]<-chan error, cond func() (bool, error)) error {
 	deadline := time.Now().Add(timeout)
 	var last error
@@ -508,6 +538,10 @@ func poll(ctx context.Context, what string, timeout time.Duration, st *State, ex
 		ok, err := cond()
 		if ok {
 			return nil
+		}
+		var stop *stopPolling
+		if errors.As(err, &stop) {
+			return fmt.Errorf("%s: %w", what, stop.err)
 		}
 		if err != nil {
 			last = err
@@ -529,6 +563,12 @@ func poll(ctx context.Context, what string, timeout time.Duration, st *State, ex
 		}
 	}
 }
+
+// stopPolling is a cond error that ends poll at once.
+type stopPolling struct{ err error }
+
+func (s *stopPolling) Error() string { return s.err.Error() }
+func (s *stopPolling) Unwrap() error { return s.err }
 
 func waitNodesRegistered(ctx context.Context, cs kubernetes.Interface, st *State, exited map[string]<-chan error) error {
 	return poll(ctx, "wait for the Nodes and their pod CIDRs", 60*time.Second, st, exited, func() (bool, error) {

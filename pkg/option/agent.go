@@ -26,6 +26,11 @@ type Agent struct {
 	BPFRoot string
 	// NodeName is this node's name (the Kubernetes Node name).
 	NodeName string
+	// ProcFS is where the node's procfs is seen: the agent writes its
+	// network sysctls under <ProcFS>/sys/net. In an unprivileged
+	// container /proc/sys is read-only, and the chart mounts the node's
+	// /proc/sys/net at /host/proc/sys/net (Cilium's --procfs).
+	ProcFS string
 	// PolicyEnforcement is default, always or never; changeable at run time.
 	PolicyEnforcement string
 	// Debug turns on debug logging; changeable at run time.
@@ -39,6 +44,7 @@ func DefaultAgent() Agent {
 	return Agent{
 		StateDir:          "/var/run/tendril/state",
 		BPFRoot:           "/sys/fs/bpf/tendril",
+		ProcFS:            "/proc",
 		PolicyEnforcement: EnforcementDefault,
 		LogFormat:         "text",
 	}
@@ -50,6 +56,7 @@ func (c Agent) Flags(fs *pflag.FlagSet) {
 	fs.String("state-dir", c.StateDir, "Directory for state kept across restarts")
 	fs.String("bpf-root", c.BPFRoot, "bpffs directory for this node's pinned maps and links")
 	fs.String("node-name", c.NodeName, "Name of this node (default: the host name)")
+	fs.String("procfs", c.ProcFS, "Where the node's procfs is mounted: network sysctls are written under <procfs>/sys/net (an unprivileged container mounts the node's /proc/sys/net elsewhere)")
 	fs.String("policy-enforcement", c.PolicyEnforcement, "Policy enforcement mode: default, always or never")
 	fs.Bool("debug", c.Debug, "Log at debug level")
 	fs.String("log-format", c.LogFormat, "Log format: text or json")
@@ -60,6 +67,9 @@ func (c Agent) Validate() error {
 	var errs []error
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
 		errs = append(errs, fmt.Errorf("state-dir %q: must be an absolute path", c.StateDir))
+	}
+	if c.ProcFS == "" || !filepath.IsAbs(c.ProcFS) {
+		errs = append(errs, fmt.Errorf("procfs %q: must be an absolute path", c.ProcFS))
 	}
 	if err := bpffs.CheckPath(c.BPFRoot); err != nil {
 		errs = append(errs, fmt.Errorf("bpf-root %w", err))

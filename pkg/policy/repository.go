@@ -43,6 +43,9 @@ type Repository struct {
 	notifyMu   sync.Mutex
 	notifyDone *sync.Cond
 	notified   uint64
+
+	// allowLocalhost: see SetAllowLocalhost.
+	allowLocalhost bool
 }
 
 // NewRepository returns an empty repository at revision 1.
@@ -279,4 +282,14 @@ func (r *Repository) CIDRPrefixes() []netip.Prefix {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
 	return out
+}
+
+// SetAllowLocalhost makes every endpoint under ingress policy admit its
+// own node (identity host) on every port, unless a deny rule covers the
+// flow (Cilium's --allow-localhost=always): the kubelet's probes come from
+// the node. Set it before the first resolution.
+func (r *Repository) SetAllowLocalhost(allow bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.allowLocalhost = allow
 }

@@ -183,8 +183,19 @@ func (r *Repository) resolve(ep Endpoint, rules []StoredRule, rev uint64, univer
 	if egressRules && !egressDefaultDeny {
 		res.MapState.merge(Key{Direction: Egress}, Entry{})
 	}
+	if ingressRules && r.localhostAllowed() {
+		// An entry of its own, so a deny from host (longer prefix, or
+		// the same key: deny wins) still applies.
+		res.MapState.merge(Key{Identity: identity.Host, Direction: Ingress}, Entry{})
+	}
 	res.MapState.pruneCoveredAllows()
 	return res
+}
+
+func (r *Repository) localhostAllowed() bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.allowLocalhost
 }
 
 func (m MapState) add(s section, dir uint8, deny bool, rule StoredRule, ep Endpoint, universe Universe, cache *SelectorCache, idx int) {

@@ -334,3 +334,30 @@ func TestAuditedRulesMergeBothViews(t *testing.T) {
 	}
 	t.Logf("%d probes", checked)
 }
+
+// TestAllowLocalhost: with AllowLocalhost (Cilium's --allow-localhost
+// always) the node may reach its endpoints under ingress policy on every
+// port (the kubelet's probes come from it), a deny from host still wins
+// for what it covers, egress is not affected, and without it host is an
+// identity like any other.
+func TestAllowLocalhost(t *testing.T) {
+	doc := `[{"endpointSelector":{},"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}],` +
+		`"ingressDeny":[{"fromEntities":["host"],"toPorts":[{"ports":[{"port":"22","protocol":"TCP"}]}]}],"egress":[{"toEndpoints":[{"matchLabels":{"app":"b"}}]}]}]`
+	for _, allow := range []bool{false, true} {
+		repo := NewRepository()
+		repo.SetAllowLocalhost(allow)
+		if _, err := repo.Add(mustRules(t, doc), "x", "test", false); err != nil {
+			t.Fatal(err)
+		}
+		res := repo.Resolve(Endpoint{Labels: xa.Labels}, universe())
+		for _, p := range []probe{
+			{Ingress, identity.Host, 6, 8080, allow}, {Ingress, identity.Host, 17, 53, allow},
+			{Ingress, identity.Host, 6, 22, false}, {Ingress, xb.ID, 6, 80, true}, {Ingress, xb.ID, 6, 8080, false},
+			{Ingress, identity.World, 6, 8080, false}, {Egress, identity.Host, 6, 80, false},
+		} {
+			if got, _ := res.MapState.Allowed(p.dir, p.peer, p.proto, p.port); got != p.allow {
+				t.Errorf("allowLocalhost=%v: dir %d from %d %d/%d: allowed=%v, want %v (state %v)", allow, p.dir, p.peer, p.proto, p.port, got, p.allow, res.MapState)
+			}
+		}
+	}
+}

@@ -123,6 +123,8 @@ type settings struct {
 	NodeName string
 	// StateDir holds the endpoints' state files (under endpoints/).
 	StateDir string
+	// ProcFS is where the host's sysctls are written (<ProcFS>/sys).
+	ProcFS string
 }
 
 // Kubernetes is what the endpoints read from the cluster; nil in
@@ -193,7 +195,7 @@ type MTUOverhead int
 func New(p Params) *Module {
 	cfg := p.Config
 	cfg.MTU -= int(p.Overhead)
-	m := &Module{cfg: cfg, settings: settings{NodeName: p.Node.Name, StateDir: p.Agent.StateDir}, log: p.Log, root: p.Root, k8s: p.K8s,
+	m := &Module{cfg: cfg, settings: settings{NodeName: p.Node.Name, StateDir: p.Agent.StateDir, ProcFS: p.Agent.ProcFS}, log: p.Log, root: p.Root, k8s: p.K8s,
 		jobs: p.Jobs.NewGroup(p.Health.Scope("endpoint-restore-ipam"), job.WithLogger(p.Log))}
 	p.Steps.Append(p.Lifecycle, "endpoint-restore-ipam", m.start, m.stop)
 	m.jobs.Add(job.OneShot("ipam-expiration", func(ctx context.Context, _ cell.Health) error {
@@ -261,7 +263,7 @@ func (m *Module) start(ctx context.Context) error {
 		return fmt.Errorf("open netlink: %w", err)
 	}
 	m.nl = nl
-	m.host = linux.NewHost(nl, netns.None(), logging.For(m.root, "host-networking"))
+	m.host = linux.NewHost(nl, netns.None(), logging.For(m.root, "host-networking")).WithProcFS(m.settings.ProcFS)
 	m.NewManager(store, alloc)
 
 	start := time.Now()

@@ -8,6 +8,8 @@ package agentpolicy
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
@@ -51,20 +53,41 @@ type Config struct {
 	// flows a policy change ends (option.RevokeDeny, RevokeAll,
 	// RevokeNone; empty is RevokeDeny).
 	RevokeEstablished string `mapstructure:"policy-revoke-established"`
+	// AllowLocalhost is --allow-localhost (Cilium's name): "always" lets
+	// the node reach its endpoints under ingress policy unless a deny
+	// covers it (the kubelet's probes come from the node; the Helm
+	// chart sets it), "policy" treats the host identity like any other.
+	AllowLocalhost string `mapstructure:"allow-localhost"`
 }
+
+// Values of --allow-localhost.
+const (
+	AllowLocalhostAlways = "always"
+	AllowLocalhostPolicy = "policy"
+)
 
 // DefaultConfig is the cell's default: deny rules end the flows they
 // cover.
-func DefaultConfig() Config { return Config{RevokeEstablished: option.RevokeDeny} }
+func DefaultConfig() Config {
+	return Config{RevokeEstablished: option.RevokeDeny, AllowLocalhost: AllowLocalhostPolicy}
+}
 
 // Flags registers the cell's option, with c's value as default.
 func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.String("policy-revoke-established", c.RevokeEstablished,
 		"Established flows a policy change ends: deny (those a deny rule covers), all (also those no allow admits any more) or none (they outlive it, as in Cilium)")
+	fs.String("allow-localhost", c.AllowLocalhost,
+		"Traffic from the node to its endpoints under ingress policy: always (allowed unless a deny rule covers it, as Cilium's default; the kubelet's probes need it) or policy (only what the rules allow)")
 }
 
 func (c Config) validate() error {
-	return option.Invalid(option.ValidateRevokeMode(c.RevokeEstablished))
+	var errAllow error
+	switch c.AllowLocalhost {
+	case "", AllowLocalhostAlways, AllowLocalhostPolicy:
+	default:
+		errAllow = fmt.Errorf("allow-localhost %q: must be always or policy", c.AllowLocalhost)
+	}
+	return option.Invalid(errors.Join(option.ValidateRevokeMode(c.RevokeEstablished), errAllow))
 }
 
 // policyFile is the policy file's path in the state dir.
@@ -189,6 +212,7 @@ func New(p Params) *Module {
 	if m.dp != nil {
 		p.Metrics.Registry.MustRegister(newAuditCollector(m))
 	}
+	m.repo.SetAllowLocalhost(p.Config.AllowLocalhost == AllowLocalhostAlways)
 	if m.revokeMode == "" {
 		m.revokeMode = option.RevokeDeny
 	}

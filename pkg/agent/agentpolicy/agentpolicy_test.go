@@ -23,3 +23,18 @@ func TestPolicyCIDRIdentityLabels(t *testing.T) {
 		}
 	}
 }
+
+// TestAllowLocalhostConfig: --allow-localhost takes always or policy
+// (policy by default) and rejects anything else.
+func TestAllowLocalhostConfig(t *testing.T) {
+	if got := DefaultConfig().AllowLocalhost; got != AllowLocalhostPolicy {
+		t.Errorf("default %q, want %q", got, AllowLocalhostPolicy)
+	}
+	for v, ok := range map[string]bool{AllowLocalhostAlways: true, AllowLocalhostPolicy: true, "auto": false, "yes": false} {
+		c := DefaultConfig()
+		c.AllowLocalhost = v
+		if err := c.validate(); (err == nil) != ok {
+			t.Errorf("allow-localhost %q: %v", v, err)
+		}
+	}
+}

@@ -41,6 +41,13 @@ func NewHost(handle *netlink.Handle, ns netns.NsHandle, log *slog.Logger) *Host 
 	return &Host{handle: handle, sysctl: Sysctl{NetNS: ns}, log: log}
 }
 
+// WithProcFS makes the host write its sysctls under procfs/sys instead of
+// /proc/sys (Sysctl.ProcFS); it returns h.
+func (h *Host) WithProcFS(procfs string) *Host {
+	h.sysctl.ProcFS = procfs
+	return h
+}
+
 // Sysctl returns the sysctl writer of this host's namespace.
 func (h *Host) Sysctl() Sysctl { return h.sysctl }
 

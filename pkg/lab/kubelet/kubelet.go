@@ -41,26 +41,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log := cfg.Log.With("node", n.Name)
-	ln, err := listenInNetns(lab.NetnsPath(n.Netns), "127.0.0.1:"+strconv.Itoa(lab.NodeAPIPort))
-	if err != nil {
-		return fmt.Errorf("API server proxy in %s: %w", n.Netns, err)
-	}
-	go proxyTCP(ctx, ln, "127.0.0.1:"+strconv.Itoa(cfg.Lab.APIPort), log.With("component", "api-proxy"))
-	// Pods reach the API server at <node address>:<API port> (node1's is
-	// the advertised endpoint of the kubernetes Service).
-	podLn, err := listenInNetns(lab.NetnsPath(n.Netns), net.JoinHostPort(n.Address, strconv.Itoa(cfg.Lab.APIPort)))
-	if err != nil {
-		return fmt.Errorf("API server proxy for pods in %s: %w", n.Netns, err)
-	}
-	go proxyTCP(ctx, podLn, "127.0.0.1:"+strconv.Itoa(cfg.Lab.APIPort), log.With("component", "api-proxy-pods"))
-	if cfg.Lab.KVStorePort != 0 {
-		// The lab's kvstore etcd, for the node's agent (plain TCP, as the
-		// API server's connections).
-		kvLn, err := listenInNetns(lab.NetnsPath(n.Netns), "127.0.0.1:"+strconv.Itoa(lab.NodeKVStorePort))
-		if err != nil {
-			return fmt.Errorf("kvstore proxy in %s: %w", n.Netns, err)
-		}
-		go proxyTCP(ctx, kvLn, "127.0.0.1:"+strconv.Itoa(cfg.Lab.KVStorePort), log.With("component", "kvstore-proxy"))
+	if err := startProxies(ctx, cfg.Lab, n, log); err != nil {
+		return err
 	}
 
 	rc, err := controlplane.RESTConfig(cfg.Lab.Kubeconfig)
@@ -86,4 +68,48 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	pm := newPodManager(cs, cfg.Lab, n, cni, log.With("component", "pods"))
 	return pm.run(ctx)
+}
+
+// RunProxies serves only the node's proxies of the API server (and the
+// kvstore) until ctx ends: for the lab's real nodes (lab up --runtime
+// containerd), whose kubelet is the upstream one.
+func RunProxies(ctx context.Context, cfg Config) error {
+	n, err := cfg.Lab.Node(cfg.Node)
+	if err != nil {
+		return err
+	}
+	if err := startProxies(ctx, cfg.Lab, n, cfg.Log.With("node", n.Name)); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// startProxies forwards, from inside the node's namespace, the API server
+// (for the node's agent and kubelet at 127.0.0.1:NodeAPIPort, for pods at
+// <node address>:<API port>) and the lab's kvstore to the machine's
+// loopback.
+func startProxies(ctx context.Context, st *lab.State, n *lab.Node, log *slog.Logger) error {
+	ln, err := listenInNetns(lab.NetnsPath(n.Netns), "127.0.0.1:"+strconv.Itoa(lab.NodeAPIPort))
+	if err != nil {
+		return fmt.Errorf("API server proxy in %s: %w", n.Netns, err)
+	}
+	go proxyTCP(ctx, ln, "127.0.0.1:"+strconv.Itoa(st.APIPort), log.With("component", "api-proxy"))
+	// Pods reach the API server at <node address>:<API port> (node1's is
+	// the advertised endpoint of the kubernetes Service).
+	podLn, err := listenInNetns(lab.NetnsPath(n.Netns), net.JoinHostPort(n.Address, strconv.Itoa(st.APIPort)))
+	if err != nil {
+		return fmt.Errorf("API server proxy for pods in %s: %w", n.Netns, err)
+	}
+	go proxyTCP(ctx, podLn, "127.0.0.1:"+strconv.Itoa(st.APIPort), log.With("component", "api-proxy-pods"))
+	if st.KVStorePort != 0 {
+		// The lab's kvstore etcd, for the node's agent (plain TCP, as the
+		// API server's connections).
+		kvLn, err := listenInNetns(lab.NetnsPath(n.Netns), "127.0.0.1:"+strconv.Itoa(lab.NodeKVStorePort))
+		if err != nil {
+			return fmt.Errorf("kvstore proxy in %s: %w", n.Netns, err)
+		}
+		go proxyTCP(ctx, kvLn, "127.0.0.1:"+strconv.Itoa(st.KVStorePort), log.With("component", "kvstore-proxy"))
+	}
+	return nil
 }

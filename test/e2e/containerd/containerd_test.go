@@ -1,0 +1,186 @@
+// Package containerd_test proves Tendril on real Kubernetes node software:
+// `tendril lab up --runtime containerd` runs each lab node as the upstream
+// kubelet and containerd (with runc), installs Tendril with its Helm chart
+// from freshly built images, and `tendril connectivity test` must pass
+// against it; `tendril lab down` must then leave nothing behind. A package
+// of its own: the e2e package's TestMain brings up the default lab, which
+// this test does not need.
+package containerd_test
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tendril-net/tendril/pkg/images"
+	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/lab/realnode"
+	"github.com/tendril-net/tendril/pkg/testutil"
+	"github.com/tendril-net/tendril/pkg/testutil/binaries"
+)
+
+// labName keeps the test's lab apart from a person's and from the e2e
+// package's; TENDRIL_E2E_LAB (plus "cd") picks another.
+var labName = cmp.Or(os.Getenv("TENDRIL_E2E_LAB"), "tdre2e") + "cd"
+
+func moduleRoot(t *testing.T) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
+}
+
+// buildLab builds what `lab up --runtime containerd` runs from this
+// checkout: the lab's binaries (tendril, tendril-agent, tendril-cni,
+// tendril-pause) and the image archives of `make images`. The control
+// plane and node binaries lab up builds itself when missing
+// (hack/k8s-binaries.sh, hack/node-binaries.sh).
+func buildLab(t *testing.T) (binDir, imagesDir string) {
+	binDir, imagesDir = t.TempDir(), t.TempDir()
+	b := binaries.NewBuilder(binDir)
+	for _, name := range []string{"tendril", "tendril-agent", "tendril-cni", lab.PauseBinary} {
+		p, err := b.Build(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Dir(p) != binDir {
+			if err := os.Symlink(p, filepath.Join(binDir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	begin := time.Now()
+	imgBin := filepath.Join(imagesDir, "bin")
+	if err := images.BuildBinaries(context.Background(), moduleRoot(t), imgBin, "e2e", "e2e"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := images.BuildAll(images.Specs(imgBin, images.Meta{Repository: images.DefaultRepository, Version: "e2e",
+		Revision: "e2e", Created: time.Unix(0, 0).UTC()}), imagesDir); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("images built in %s", time.Since(begin).Round(time.Millisecond))
+	return binDir, imagesDir
+}
+
+// TestPrivilegedLabContainerdConnectivity brings up a two-node lab of
+// real nodes, runs the connectivity test against it (every check must
+// pass), and takes it down: no process, mount, cgroup or network
+// namespace of the lab may be left.
+func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
+	testutil.Privileged(t)
+	binDir, imagesDir := buildLab(t)
+	tendril := filepath.Join(binDir, "tendril")
+	down := func() (string, error) {
+		out, err := exec.Command(tendril, "lab", "down", "--name", labName).CombinedOutput()
+		return string(out), err
+	}
+	t.Cleanup(func() {
+		if out, err := down(); err != nil {
+			t.Errorf("lab down: %v\n%s", err, out)
+		}
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	begin := time.Now()
+	out, err := exec.CommandContext(ctx, tendril, "lab", "up", "--name", labName, "--runtime", lab.RuntimeContainerd,
+		"--nodes", "2", "--pods-per-node", "1", "--bin-dir", binDir, "--images-dir", imagesDir).CombinedOutput()
+	t.Logf("tendril lab up --runtime containerd (%s):\n%s", time.Since(begin).Round(time.Millisecond), out)
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	st, err := lab.LoadState(labName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Runtime != lab.RuntimeContainerd || st.WorkloadImage != images.DefaultRepository+"/workload:e2e" {
+		t.Fatalf("lab state: runtime %q, workload image %q", st.Runtime, st.WorkloadImage)
+	}
+
+	begin = time.Now()
+	out, err = exec.CommandContext(ctx, tendril, "connectivity", "test", "--lab", labName).CombinedOutput()
+	t.Logf("tendril connectivity test (%s):\n%s", time.Since(begin).Round(time.Millisecond), out)
+	if err != nil {
+		t.Errorf("connectivity test: %v", err)
+	}
+	if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] {
+		t.Errorf("no all-passed summary in the connectivity test's output")
+	}
+	for _, want := range []string{"pod to pod, other node, TCP", "Service by DNS name, other node, UDP",
+		"other client denied via the ClusterIP", "world to a LoadBalancer address on-link (L2 announcement), TCP: both servers"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the connectivity test's output lacks check %q", want)
+		}
+	}
+
+	t.Run("helm upgrade under traffic", func(t *testing.T) { upgradeUnderTraffic(t, st, tendril, imagesDir) })
+
+	procs, err := lab.ReadProcesses(st.PidDir())
+	if err != nil || len(procs) == 0 {
+		t.Fatalf("no recorded processes (%v)", err)
+	}
+	if out, err := down(); err != nil {
+		t.Fatalf("lab down: %v\n%s", err, out)
+	}
+	checkNothingLeft(t, st, procs)
+}
+
+// checkNothingLeft fails for anything of the lab that `lab down` left:
+// its recorded processes and any process naming its directory (the
+// containerd shims), mounts under its directories (the nodes' mount
+// namespaces, the kubelets' and runc's mounts), its cgroups in every
+// hierarchy (a cgroup that holds a process cannot be removed) and its
+// network namespaces.
+func checkNothingLeft(t *testing.T, st *lab.State, procs []lab.Process) {
+	t.Helper()
+	for _, p := range procs {
+		if p.Alive() {
+			t.Errorf("%s (pid %d) still running", p.Role, p.PID)
+		}
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, ent := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmdline, []byte(st.Dir)) {
+			t.Errorf("process %s still runs: %s", ent.Name(), bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
+		}
+	}
+	mounts, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mounts.Close()
+	sc := bufio.NewScanner(mounts)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) > 4 && (strings.HasPrefix(f[4], st.Dir) || strings.HasPrefix(f[4], lab.BPFDir(st.Name))) {
+			t.Errorf("mount left: %s", sc.Text())
+		}
+	}
+	paths := []string{st.Dir, lab.BPFDir(st.Name)}
+	for _, n := range st.Nodes {
+		paths = append(paths, n.Cgroup, filepath.Dir(n.Cgroup))
+	}
+	hs, err := realnode.Hierarchies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hs {
+		paths = append(paths, filepath.Join(h.Mount, lab.CgroupSubdir, st.Name))
+	}
+	for _, p := range paths {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind (%v)", p, err)
+		}
+	}
+	if left, _ := lab.ListNetns(lab.NetnsPrefix(st.Name)); len(left) > 0 {
+		t.Errorf("network namespaces left: %v", left)
+	}
+}
