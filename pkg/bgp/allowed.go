@@ -1,7 +1,6 @@
 package bgp
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 
@@ -9,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/lbpool"
 )
 
 // Pool is a TendrilLoadBalancerIPPool as the guard reads it: its address
@@ -20,13 +20,7 @@ type Pool struct {
 }
 
 // AddrRange is From to To, both included.
-type AddrRange struct{ From, To netip.Addr }
-
-// Contains reports whether a lies in the range.
-func (r AddrRange) Contains(a netip.Addr) bool {
-	a = a.Unmap()
-	return a.BitLen() == r.From.BitLen() && r.From.Compare(a) <= 0 && a.Compare(r.To) <= 0
-}
+type AddrRange = lbpool.Range
 
 // ParsePool reads a pool's blocks and selector. A pool with a block that
 // does not parse is refused whole (its addresses are announced by no
@@ -34,7 +28,7 @@ func (r AddrRange) Contains(a netip.Addr) bool {
 func ParsePool(p *v1alpha1.TendrilLoadBalancerIPPool) (Pool, error) {
 	out := Pool{Name: p.Name}
 	for i, b := range p.Spec.Blocks {
-		r, err := parseBlock(b)
+		r, err := lbpool.AssignableRange(b)
 		if err != nil {
 			return Pool{}, fmt.Errorf("pool %s: block %d: %w", p.Name, i, err)
 		}
@@ -46,58 +40,6 @@ func ParsePool(p *v1alpha1.TendrilLoadBalancerIPPool) (Pool, error) {
 	}
 	out.Services = sel
 	return out, nil
-}
-
-// parseBlock is a block's range. In an IPv4 CIDR of more than two
-// addresses LB-IPAM hands out neither the network nor the broadcast
-// address, so neither is in the range.
-func parseBlock(b v1alpha1.LoadBalancerIPBlock) (AddrRange, error) {
-	switch {
-	case b.CIDR != "" && b.Start == "" && b.Stop == "":
-		p, err := netip.ParsePrefix(b.CIDR)
-		if err != nil {
-			return AddrRange{}, fmt.Errorf("cidr %q: %w", b.CIDR, err)
-		}
-		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-bitsOffset(p.Addr())).Masked()
-		r := AddrRange{From: p.Addr(), To: lastAddr(p)}
-		if p.Addr().Is4() && p.Bits() < 31 {
-			r.From, r.To = r.From.Next(), r.To.Prev()
-		}
-		return r, nil
-	case b.CIDR == "" && b.Start != "" && b.Stop != "":
-		from, err := netip.ParseAddr(b.Start)
-		if err != nil {
-			return AddrRange{}, fmt.Errorf("start %q: %w", b.Start, err)
-		}
-		to, err := netip.ParseAddr(b.Stop)
-		if err != nil {
-			return AddrRange{}, fmt.Errorf("stop %q: %w", b.Stop, err)
-		}
-		from, to = from.Unmap(), to.Unmap()
-		if from.BitLen() != to.BitLen() || to.Less(from) {
-			return AddrRange{}, fmt.Errorf("start %s to stop %s: not a range", from, to)
-		}
-		return AddrRange{From: from, To: to}, nil
-	}
-	return AddrRange{}, errors.New("want cidr, or start and stop")
-}
-
-// bitsOffset is 96 for an IPv4-mapped IPv6 address (its prefix length
-// counts the 96 bits before the IPv4 address), else 0.
-func bitsOffset(a netip.Addr) int {
-	if a.Is4In6() {
-		return 96
-	}
-	return 0
-}
-
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 1 << (7 - i%8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
 
 func selector(s *metav1.LabelSelector) (labels.Selector, error) {

@@ -65,6 +65,7 @@ var placement = map[string]Layer{
 	"pkg/endpointmanager":        Domain,
 	"pkg/loadbalancer":           Domain,
 	"pkg/loadbalancer/maglev":    Domain,
+	"pkg/loadbalancer/lbpool":    Domain,
 	"pkg/k8s/apis/...":           Domain,
 	"pkg/cni":                    Domain,
 	"pkg/reconcile":              Domain,

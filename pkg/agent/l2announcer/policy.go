@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/lbpool"
 )
 
 // Policy is one TendrilLoadBalancerIPPool's spec.l2Announcements as this
@@ -33,12 +34,7 @@ type Policy struct {
 }
 
 // AddrRange is a run of addresses, both ends included.
-type AddrRange struct{ From, To netip.Addr }
-
-// Contains reports whether a is in the range.
-func (r AddrRange) Contains(a netip.Addr) bool {
-	return a.BitLen() == r.From.BitLen() && r.From.Compare(a) <= 0 && a.Compare(r.To) <= 0
-}
+type AddrRange = lbpool.Range
 
 // Admits reports whether the policy lets a service with labels lbls
 // announce addr as a load-balancer (lb) or external address.
@@ -75,7 +71,9 @@ func ParsePolicy(pool *v1alpha1.TendrilLoadBalancerIPPool, nodeLabels map[string
 	p := &Policy{Pool: pool.Name, LoadBalancerIPs: l2.LoadBalancerIPs == nil || *l2.LoadBalancerIPs, ExternalIPs: l2.ExternalIPs}
 	var errs []error
 	for i, b := range pool.Spec.Blocks {
-		r, err := parseBlock(b)
+		// A CIDR whole: an announcement may cover any address a
+		// Service holds in it.
+		r, err := lbpool.BlockRange(b)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("blocks[%d]: %w", i, err))
 			continue
@@ -126,42 +124,4 @@ func both(a, b *metav1.LabelSelector) (labels.Selector, error) {
 	}
 	reqs, _ := sb.Requirements()
 	return sa.Add(reqs...), nil
-}
-
-// parseBlock is a pool block's range: a CIDR whole (an announcement may
-// cover any address a Service holds in it), or start to stop.
-func parseBlock(b v1alpha1.LoadBalancerIPBlock) (AddrRange, error) {
-	switch {
-	case b.CIDR != "" && b.Start == "" && b.Stop == "":
-		p, err := netip.ParsePrefix(b.CIDR)
-		if err != nil {
-			return AddrRange{}, fmt.Errorf("cidr %q: %w", b.CIDR, err)
-		}
-		p = p.Masked()
-		return AddrRange{From: p.Addr(), To: lastAddr(p)}, nil
-	case b.CIDR == "" && b.Start != "" && b.Stop != "":
-		from, err := netip.ParseAddr(b.Start)
-		if err != nil {
-			return AddrRange{}, fmt.Errorf("start %q: %w", b.Start, err)
-		}
-		to, err := netip.ParseAddr(b.Stop)
-		if err != nil {
-			return AddrRange{}, fmt.Errorf("stop %q: %w", b.Stop, err)
-		}
-		from, to = from.Unmap(), to.Unmap()
-		if from.BitLen() != to.BitLen() || to.Less(from) {
-			return AddrRange{}, fmt.Errorf("start %s to stop %s: not a range", from, to)
-		}
-		return AddrRange{From: from, To: to}, nil
-	}
-	return AddrRange{}, errors.New("want cidr, or start and stop")
-}
-
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 1 << (7 - i%8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
