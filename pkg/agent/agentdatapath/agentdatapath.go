@@ -574,6 +574,9 @@ func (m *Module) StatusSection() ext.Section {
 	st := m.loader.Status()
 	sec := ext.Section{Title: "Datapath"}
 	sec.Lines = append(sec.Lines, ext.Line{Key: "bpf root", Value: st.BPFRoot})
+	if st.MountedBPFFS {
+		sec.Lines = append(sec.Lines, ext.Line{Key: "bpffs", Value: "was not mounted at /sys/fs/bpf: the agent mounted one, and the pinned maps and links last only as long as that mount; in a container, mount the node's /sys/fs/bpf into the pod (docs/install.md)"})
+	}
 	mode := attachModeDescription(st.AttachMode)
 	if st.DeferTCX {
 		mode += ", new pods on tc filters until the node is quiet (--datapath-defer-tcx)"

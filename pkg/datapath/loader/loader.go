@@ -106,7 +106,9 @@ type Loader struct {
 
 	mu   sync.Mutex
 	objs bpf.LxcObjects
-	maps *maps.Maps
+	// mountedBPFFS: Start found no bpffs at /sys/fs/bpf and mounted one.
+	mountedBPFFS bool
+	maps         *maps.Maps
 	// nl is a netlink handle in the network namespace Start ran in (the
 	// node's): tc qdiscs and filters, in either mode (a TCX run takes over
 	// filters a tc run left).
@@ -163,7 +165,15 @@ func (l *Loader) Start() error {
 		return err
 	}
 	if mounted {
-		l.log.Info("Mounted bpffs: it was not mounted", "path", bpffs.DefaultMount)
+		// In a container this mount is the container's own: the pinned
+		// maps and links go with it, and a restarted agent starts over
+		// (the pods lose their datapath state). Said at Warn and in the
+		// status, not only here.
+		l.log.Warn("bpffs was not mounted: mounted one; pinned maps and links last only as long as this mount (in a container, mount the node's /sys/fs/bpf into the pod)",
+			"path", bpffs.DefaultMount)
+		l.mu.Lock()
+		l.mountedBPFFS = true
+		l.mu.Unlock()
 	}
 	if err := os.MkdirAll(l.linksDir(), 0o750); err != nil {
 		return fmt.Errorf("create BPF root %s: %w", l.cfg.BPFRoot, err)
@@ -636,6 +646,9 @@ type Status struct {
 	DeferTCX    bool           `json:"defer-tcx"`
 	MapEntries  map[string]int `json:"map-entries"`
 	MapCapacity map[string]int `json:"map-capacity"`
+	// MountedBPFFS says no bpffs was mounted at /sys/fs/bpf when the
+	// datapath started, and the agent mounted one.
+	MountedBPFFS bool `json:"mounted-bpffs,omitempty"`
 }
 
 // Status counts links and map entries.
@@ -644,7 +657,7 @@ func (l *Loader) Status() Status {
 	defer l.mu.Unlock()
 	st := Status{BPFRoot: l.cfg.BPFRoot, AttachMode: l.cfg.AttachMode, Links: len(l.links) + len(l.filters), ReusedLinks: l.reusedLinks, PendingTCX: len(l.pendingTCX),
 		DeferTCX:   l.cfg.AttachMode == AttachTCX && l.cfg.DeferTCX,
-		MapEntries: map[string]int{}, MapCapacity: map[string]int{}}
+		MapEntries: map[string]int{}, MapCapacity: map[string]int{}, MountedBPFFS: l.mountedBPFFS}
 	if l.maps == nil {
 		return st
 	}
