@@ -3,6 +3,7 @@ package cni_test
 import (
 	"context"
 	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/cni"
 	"github.com/tendril-net/tendril/pkg/cni/cniserver"
+	"github.com/tendril-net/tendril/pkg/cni/delqueue"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -232,7 +234,10 @@ func TestPrivilegedTendrilCNIBadInput(t *testing.T) {
 	})
 	t.Run("agent down", func(t *testing.T) {
 		p := n.newPod("no-agent")
-		list := n.confList("tendril-cni", "1.1.0", map[string]any{"agent-socket": n.dir + "/none.sock"})
+		// A socket in a directory of its own: its DEL queue is not the
+		// running agent's.
+		none := filepath.Join(t.TempDir(), "none.sock")
+		list := n.confList("tendril-cni", "1.1.0", map[string]any{"agent-socket": none})
 		_, err := n.add(list, p)
 		if err == nil {
 			t.Fatal("ADD succeeded without an agent")
@@ -245,22 +250,48 @@ func TestPrivilegedTendrilCNIBadInput(t *testing.T) {
 		}
 		n.assertClean("agent down")
 
-		// DEL while the agent is away: the runtime is told to try again
-		// (11); the agent does the work, so the attachment is still whole
-		// (veth, endpoint), and the retry once the agent answers cleans up.
-		up := n.newPod("del-retry")
+		// DEL while no agent listens: it succeeds (a "try again" would
+		// hold the pod in Terminating for as long as no agent runs:
+		// forever after an uninstall) and is queued beside the socket it
+		// found no agent on. The agent does the work, so the attachment
+		// is still whole (veth, endpoint) until one runs the queue; here
+		// the DEL through the agent does it.
+		up := n.newPod("del-queued")
 		n.mustAdd(good, up)
-		err = n.del(list, up)
-		if err == nil || cniCode(t, err) != types.ErrTryAgainLater {
-			t.Errorf("DEL without agent: %v, want code %d", err, types.ErrTryAgainLater)
+		if err := n.del(list, up); err != nil {
+			t.Errorf("DEL without agent: %v, want success", err)
+		}
+		if entries, errs := delqueue.List(delqueue.Dir(none)); len(entries) != 1 || len(errs) != 0 {
+			t.Errorf("DEL without agent: queue %v %v, want the DEL", entries, errs)
 		}
 		if v := n.hostVeths(); len(v) != 1 {
 			t.Errorf("DEL without agent: veths %v, want the pod's still there", v)
 		}
 		if err := n.del(good, up); err != nil {
-			t.Errorf("DEL retry: %v", err)
+			t.Errorf("DEL through the agent: %v", err)
 		}
-		n.assertClean("DEL retry")
+		n.assertClean("DEL through the agent")
+	})
+	t.Run("DEL while the agent restarts", func(t *testing.T) {
+		// The agent is killed (its socket file stays: nobody accepts),
+		// the pod is deleted meanwhile: the DEL is queued and succeeds,
+		// and the restarted agent runs it at start: veth, endpoint and
+		// addresses go.
+		p := n.newPod("del-restart")
+		n.mustAdd(good, p)
+		n.killAgent(t)
+		if err := n.del(good, p); err != nil {
+			t.Fatalf("DEL with the agent down: %v, want success", err)
+		}
+		if entries, _ := delqueue.List(delqueue.Dir(n.socket)); len(entries) != 1 {
+			t.Fatalf("queue %v, want the DEL", entries)
+		}
+		n.runAgent(t)
+		eventually(t, "the queued DEL run by the restarted agent", func() bool {
+			entries, _ := delqueue.List(delqueue.Dir(n.socket))
+			return len(entries) == 0 && len(n.hostVeths()) == 0 && len(n.endpoints()) == 0
+		})
+		n.assertClean("queued DEL after the restart")
 	})
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/cni/cniserver"
+	"github.com/tendril-net/tendril/pkg/cni/delqueue"
 	"github.com/tendril-net/tendril/pkg/datapath/linux"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
@@ -184,6 +185,9 @@ type Params struct {
 	// packets (the tunnel routing mode, pkg/agent/tunnel): the pods'
 	// device MTU is --mtu less it. Optional: 0 routing natively.
 	Overhead MTUOverhead `optional:"true"`
+	// API is the API server's configuration: tendril-cni queues the DELs
+	// it could not send beside the socket (pkg/cni/delqueue).
+	API server.Config
 }
 
 // MTUOverhead is the bytes of encapsulation a pod's packet to another
@@ -200,6 +204,11 @@ func New(p Params) *Module {
 	p.Steps.Append(p.Lifecycle, "endpoint-restore-ipam", m.start, m.stop)
 	m.jobs.Add(job.OneShot("ipam-expiration", func(ctx context.Context, _ cell.Health) error {
 		m.ipam.RunExpiration(ctx, 10*time.Second)
+		return nil
+	}))
+	queue := delqueue.Dir(p.API.Socket)
+	m.jobs.Add(job.OneShot("cni-delete-queue", func(ctx context.Context, _ cell.Health) error {
+		m.followDeleteQueue(ctx, queue)
 		return nil
 	}))
 	return m

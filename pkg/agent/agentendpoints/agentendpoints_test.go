@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -33,6 +34,7 @@ func newHive(t *testing.T, flags map[string]string, mod **Module) *hive.Hive {
 		job.Cell,
 		cell.Provide(
 			func() option.Agent { return agent },
+			func() server.Config { return server.Config{Socket: filepath.Join(agent.StateDir, "t.sock")} },
 			func() option.LocalNode { return option.LocalNode{Name: "node-a"} },
 			func() Kubernetes { return nil },
 			health.NewRegistry,

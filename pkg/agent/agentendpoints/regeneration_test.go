@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -115,6 +116,7 @@ func TestRegenerationHandsTheRealizerItsInputs(t *testing.T) {
 		job.Cell,
 		cell.Provide(
 			func() option.Agent { return agent },
+			func() server.Config { return server.Config{Socket: filepath.Join(agent.StateDir, "t.sock")} },
 			func() option.LocalNode { return option.LocalNode{Name: "node-a"} },
 			func() Kubernetes { return nil },
 			func() Realizer { return real },

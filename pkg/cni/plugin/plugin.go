@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/pkg/cni"
+	"github.com/tendril-net/tendril/pkg/cni/delqueue"
 )
 
 // DefaultTimeout bounds one command, including the agent's synchronous
@@ -85,6 +86,9 @@ type run struct {
 	command string
 	args    invocation
 	conf    *netConf
+	// delWithoutAgent: a DEL that found no agent listening and succeeded
+	// without it (logged as such).
+	delWithoutAgent bool
 }
 
 func (r *run) cniVersion() string {
@@ -136,6 +140,20 @@ func (r *run) execute(about string) *cni.Error {
 	}
 	status, answer, herr := post(socket, cni.CommandPath(r.command), body, r.start.Add(r.env.Timeout))
 	if herr != nil {
+		if r.command == cni.CommandDel && agentAbsent(herr) {
+			// No agent listens (uninstalled, crashed, or restarting and
+			// not serving yet). "Try again later" would hold the pod in
+			// Terminating for as long as no agent comes back: forever
+			// after `helm uninstall`. The DEL is recorded for the agent
+			// and succeeds; the agent runs it once it has started (and
+			// one that restarts also drops every restored endpoint whose
+			// host veth went with the pod's namespace).
+			if qerr := delqueue.Add(delqueue.Dir(socket), req.ContainerID, req.IfName, body); qerr != nil {
+				return r.unreachable(socket, errors.Join(herr, qerr))
+			}
+			r.delWithoutAgent = true
+			return nil
+		}
 		return r.unreachable(socket, herr)
 	}
 	if status/100 == 2 {
@@ -160,6 +178,13 @@ func (r *run) version() *cni.Error {
 		return cni.NewError(cni.ErrIOFailure, "write the version", err.Error())
 	}
 	return nil
+}
+
+// agentAbsent reports whether err says nothing listens on the agent's
+// socket (no socket file, or nobody accepting on it), as opposed to an
+// agent that took the request and did not answer in time.
+func agentAbsent(err error) bool {
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // unreachable is the error for an agent that did not answer: "try again
@@ -215,9 +240,12 @@ func (r *run) writeLog(err *cni.Error) {
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	attrs := []any{"pid", os.Getpid(), "command", r.command, "container", r.args.containerID,
 		"ifname", r.args.ifName, "duration", r.env.Now().Sub(r.start)}
-	if err != nil {
+	switch {
+	case err != nil:
 		log.Warn("CNI command failed", append(attrs, "code", err.Code, "error", err.Error())...)
-	} else {
+	case r.delWithoutAgent:
+		log.Warn("CNI DEL done without the agent: none listens; the DEL is queued for it", attrs...)
+	default:
 		log.Info("CNI command done", attrs...)
 	}
 	_, _ = f.Write(buf.Bytes())

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/pkg/cni"
+	"github.com/tendril-net/tendril/pkg/cni/delqueue"
 )
 
 // invoke runs the plugin with env and stdin and returns its exit code and
@@ -273,5 +274,52 @@ func TestLogFile(t *testing.T) {
 	}
 	if !strings.Contains(data, "command=ADD") || !strings.Contains(data, "container=c1") || !strings.Contains(data, "code=11") {
 		t.Errorf("log line %q", data)
+	}
+}
+
+// TestDelWithoutAgent: DEL succeeds when no agent listens on the socket
+// (none there, or a stale socket file nobody accepts on) and says so in
+// the log file; ADD without an agent still asks the runtime to try again.
+// The runtime would otherwise retry DEL for as long as no agent runs: a
+// pod stays Terminating forever after the agent is uninstalled.
+func TestDelWithoutAgent(t *testing.T) {
+	dir := t.TempDir()
+	stale := filepath.Join(dir, "stale.sock")
+	l, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close() // the file stays, nobody accepts: ECONNREFUSED
+	for name, sock := range map[string]string{"no socket": filepath.Join(dir, "none.sock"), "stale socket": stale} {
+		t.Run(name, func(t *testing.T) {
+			logFile := filepath.Join(t.TempDir(), "cni.log")
+			env, conf := addEnv(sock)
+			conf = strings.Replace(conf, `"agent-socket"`, fmt.Sprintf(`"log-file":%q,"agent-socket"`, logFile), 1)
+			env["CNI_COMMAND"] = "DEL"
+			if code, out, errOut := invoke(t, env, conf); code != 0 {
+				t.Fatalf("DEL without an agent: exit %d, stdout %q, stderr %q", code, out, errOut)
+			}
+			b, err := os.ReadFile(logFile)
+			if err != nil || !strings.Contains(string(b), "done without the agent") {
+				t.Errorf("log file %q (%v) does not say the DEL ran without the agent", b, err)
+			}
+			// Recorded for the agent, beside its socket.
+			entries, errs := delqueue.List(delqueue.Dir(sock))
+			if len(errs) != 0 || len(entries) != 1 || !strings.Contains(string(entries[0].Body), `"container-id":"c1"`) {
+				t.Errorf("delete queue %v %v, want the DEL's request", entries, errs)
+			}
+			for _, e := range entries {
+				_ = delqueue.Remove(e)
+			}
+			env["CNI_COMMAND"] = "ADD"
+			code, out, _ := invoke(t, env, conf)
+			if code != 1 {
+				t.Fatalf("ADD without an agent: exit %d, stdout %q", code, out)
+			}
+			if e := printedError(t, out); e.Code != cni.ErrTryAgainLater {
+				t.Errorf("ADD without an agent printed %+v, want code %d", e, cni.ErrTryAgainLater)
+			}
+		})
 	}
 }
