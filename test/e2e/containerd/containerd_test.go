@@ -121,7 +121,13 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 		}
 	}
 
-	t.Run("helm upgrade under traffic", func(t *testing.T) { upgradeUnderTraffic(t, st, tendril, imagesDir) })
+	if t.Run("helm upgrade under traffic", func(t *testing.T) { upgradeUnderTraffic(t, st, tendril, imagesDir) }) {
+		// The upgrade's pods, one per node, are the traffic the datapath
+		// must keep forwarding once the release is gone.
+		t.Run("helm uninstall leaves what install.md says", func(t *testing.T) {
+			uninstallLeavesWhatTheDocsSay(t, st, tendril, "upgrade-server", "upgrade-client")
+		})
+	}
 
 	procs, err := lab.ReadProcesses(st.PidDir())
 	if err != nil || len(procs) == 0 {
