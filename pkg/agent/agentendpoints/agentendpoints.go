@@ -186,9 +186,8 @@ type Params struct {
 	// device MTU is --mtu less it. Optional: 0 routing natively.
 	Overhead MTUOverhead `optional:"true"`
 	// API is the API server's configuration: tendril-cni queues the DELs
-	// it could not send beside the socket (pkg/cni/delqueue). Optional:
-	// a hive without the API server (a test's) has no queue to run.
-	API server.Config `optional:"true"`
+	// it could not send beside the socket (pkg/cni/delqueue).
+	API server.Config
 }
 
 // MTUOverhead is the bytes of encapsulation a pod's packet to another
@@ -207,13 +206,11 @@ func New(p Params) *Module {
 		m.ipam.RunExpiration(ctx, 10*time.Second)
 		return nil
 	}))
-	if p.API.Socket != "" {
-		queue := delqueue.Dir(p.API.Socket)
-		m.jobs.Add(job.OneShot("cni-delete-queue", func(ctx context.Context, _ cell.Health) error {
-			m.followDeleteQueue(ctx, queue)
-			return nil
-		}))
-	}
+	queue := delqueue.Dir(p.API.Socket)
+	m.jobs.Add(job.OneShot("cni-delete-queue", func(ctx context.Context, _ cell.Health) error {
+		m.followDeleteQueue(ctx, queue)
+		return nil
+	}))
 	return m
 }
 

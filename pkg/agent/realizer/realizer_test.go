@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
@@ -106,6 +107,7 @@ func world(t *testing.T, rec *record, kern agentdatapath.Kernel) []cell.Cell {
 		cell.Module("test-datapath", "The fakes of the datapath",
 			cell.Provide(
 				func() option.Agent { return agent },
+				func() server.Config { return server.Config{Socket: filepath.Join(agent.StateDir, "t.sock")} },
 				func() option.LocalNode { return option.LocalNode{Name: "node-a"} },
 				func() agentendpoints.Kubernetes { return nil },
 				func() *option.Runtime {

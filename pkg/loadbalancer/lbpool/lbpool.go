@@ -24,8 +24,6 @@ func (r Range) Contains(a netip.Addr) bool {
 	return a.BitLen() == r.From.BitLen() && r.From.Compare(a) <= 0 && a.Compare(r.To) <= 0
 }
 
-func (r Range) String() string { return "{" + r.From.String() + " " + r.To.String() + "}" }
-
 // BlockRange is every address of a block as written: a CIDR whole, or
 // start to stop. A Service may hold any of them (a user may ask for one).
 func BlockRange(b v1alpha1.LoadBalancerIPBlock) (Range, error) {
@@ -64,7 +62,7 @@ func parseBlock(b v1alpha1.LoadBalancerIPBlock) (Range, netip.Prefix, error) {
 			bits -= 96
 		}
 		p = netip.PrefixFrom(p.Addr().Unmap(), bits).Masked()
-		return Range{From: p.Addr(), To: LastAddr(p)}, p, nil
+		return Range{From: p.Addr(), To: lastAddr(p)}, p, nil
 	case b.CIDR == "" && b.Start != "" && b.Stop != "":
 		from, err := netip.ParseAddr(b.Start)
 		if err != nil {
@@ -86,8 +84,8 @@ func parseBlock(b v1alpha1.LoadBalancerIPBlock) (Range, netip.Prefix, error) {
 	return Range{}, netip.Prefix{}, errors.New("want cidr, or start and stop")
 }
 
-// LastAddr is the highest address of a prefix.
-func LastAddr(p netip.Prefix) netip.Addr {
+// lastAddr is the highest address of a prefix.
+func lastAddr(p netip.Prefix) netip.Addr {
 	b := p.Addr().AsSlice()
 	for i := p.Bits(); i < len(b)*8; i++ {
 		b[i/8] |= 1 << (7 - i%8)

@@ -2,7 +2,7 @@ package containerd_test
 
 import (
 	"context"
-	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -116,11 +116,16 @@ func uninstallLeavesWhatTheDocsSay(t *testing.T, st *lab.State, tendril, server,
 // gives to `kubectl delete crd`.
 func documentedCRDs(t *testing.T) []string {
 	t.Helper()
-	b, err := exec.Command("sed", "-n", "/^## Uninstall and leftovers/,/^## /p", filepath.Join(moduleRoot(t), "docs", "install.md")).Output()
+	b, err := os.ReadFile(filepath.Join(moduleRoot(t), "docs", "install.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := regexp.MustCompile(`tendril[a-z]+\.tendril\.io`).FindAllString(string(b), -1)
+	_, section, ok := strings.Cut(string(b), "\n## Uninstall and leftovers\n")
+	if !ok {
+		t.Fatal("docs/install.md has no section \"Uninstall and leftovers\"")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	names := regexp.MustCompile(`tendril[a-z]+\.tendril\.io`).FindAllString(section, -1)
 	seen := map[string]bool{}
 	var out []string
 	for _, n := range names {
@@ -130,7 +135,7 @@ func documentedCRDs(t *testing.T) []string {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatal(fmt.Errorf("no CRD names in docs/install.md's uninstall section"))
+		t.Fatal("no CRD names in docs/install.md's uninstall section")
 	}
 	return out
 }
