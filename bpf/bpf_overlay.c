@@ -5,10 +5,12 @@
  * headers, these programs read and write the tunnel key).
  *
  * from_overlay (tcx ingress: decapsulated packets from other nodes): a
- * packet whose outer source is no known node's address is dropped; the
- * source's identity is the tunnel ID the sending node set (lib/overlay.h);
- * a packet for a local endpoint goes through that endpoint's ingress
- * policy with that identity (no lookup of the source address), its flow's
+ * packet whose outer source is no known node's address is dropped, and so
+ * is one whose inner source the ipcache names as another node's (a node
+ * may send only for its own pods); the source's identity is the ipcache's
+ * for the inner source, as in native routing, not the tunnel ID the
+ * sending node set (overlay_inner_source says why); a packet for a local
+ * endpoint goes through that endpoint's ingress policy with it, its flow's
  * conntrack entry and a service reply's reverse NAT, as to_pod would, and
  * is delivered into the pod's namespace; a packet for the node itself
  * goes to the host stack.
@@ -49,11 +51,11 @@ static __always_inline int tunnel_key_of(struct __sk_buff *skb, struct bpf_tunne
 	return -1;
 }
 
-/* overlay_source is the identity of a decapsulated packet's source: the
- * tunnel ID the sending node set, or -REASON_* to drop the packet: no
+/* overlay_source checks a decapsulated packet's outer source: the tunnel
+ * ID the sending node set (0 or more), or -REASON_* to drop the packet: no
  * tunnel key, or an outer source (the key's remote) that is no known
  * node's address (the ipcache flags a peer's own addresses), since anyone
- * else who reaches the tunnel port could put any identity in the VNI. A
+ * else who reaches the tunnel port could send as a node. A
  * global function: its key is not on the stack of from_overlay's call
  * chain through policy, which is near the 512 bytes. */
 __attribute__((noinline)) int overlay_source(struct __sk_buff *skb)
@@ -82,6 +84,58 @@ __attribute__((noinline)) int overlay_source(struct __sk_buff *skb)
 	return (int)(key.tunnel_id & TUNNEL_ID_MASK);
 }
 
+/* overlay_inner_source is the identity of a decapsulated packet's inner
+ * source p->saddr, or -REASON_* to drop the packet. The ipcache decides,
+ * not the tunnel ID: a node the ipcache trusts as a node (overlay_source)
+ * could otherwise put any identity in the VNI, a database's for a pod of
+ * its own, or any pod's for a source address of another node's pod. So:
+ * when the ipcache names an owner node for the inner source (a remote
+ * pod's entry), the outer source must be that node (else
+ * REASON_INVALID_SOURCE), and the identity is the entry's, which the
+ * agent admitted only for an endpoint the owner node may claim
+ * (pkg/nodemanager's claims); an address the ipcache gives no owner (the
+ * world, a node's own address, a pod not learnt yet) has the identity the
+ * ipcache gives it, as native routing would. The VNI differs from the
+ * entry only while an identity change travels, when native routing too
+ * decides on the ipcache's. A global function, as overlay_source. */
+__attribute__((noinline)) int overlay_inner_source(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct bpf_tunnel_key key = {};
+	struct ipcache_key k = {};
+
+	if (!skb || !p)
+		return -REASON_MALFORMED;
+	int v6 = tunnel_key_of(skb, &key);
+	if (v6 < 0)
+		return -REASON_NO_TUNNEL_KEY;
+	k.family = p->family;
+	k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
+	__builtin_memcpy(k.addr, __builtin_assume_aligned(p->saddr, 4), 16);
+	/* This node's own pods and addresses never come from the overlay. */
+	if (endpoint_by_addr(p->family, p->saddr))
+		return -REASON_INVALID_SOURCE;
+	struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+	if (!info)
+		return ID_WORLD;
+	if (info->identity == ID_HOST)
+		return -REASON_INVALID_SOURCE;
+	if (!info->tunnel_family)
+		return (int)info->identity;
+	if (v6) {
+		__u32 owner6[4];
+		__builtin_memcpy(owner6, info->tunnel_ip, 16);
+		if (info->tunnel_family != FAMILY_V6 || owner6[0] != key.remote_ipv6[0] || owner6[1] != key.remote_ipv6[1] ||
+		    owner6[2] != key.remote_ipv6[2] || owner6[3] != key.remote_ipv6[3])
+			return -REASON_INVALID_SOURCE;
+	} else {
+		__u32 outer = bpf_htonl(key.remote_ipv4), owner;
+		__builtin_memcpy(&owner, info->tunnel_ip, 4);
+		if (info->tunnel_family != FAMILY_V4 || owner != outer)
+			return -REASON_INVALID_SOURCE;
+	}
+	return (int)info->identity;
+}
+
 /* has_tunnel_key: the packet has a tunnel key (from_pod set it). A global
  * function, as overlay_source. */
 __attribute__((noinline)) int has_tunnel_key(struct __sk_buff *skb)
@@ -103,21 +157,20 @@ int from_overlay(struct __sk_buff *skb)
 	int src = overlay_source(skb);
 	if (src < 0)
 		return drop((__u8)-src, DIR_INGRESS, 0, p, 0, 0, 0);
-	__u32 src_id = (__u32)src;
-	/* The sender's host is a remote node here; ID 0 (a sender that set
-	 * none) is nobody the policy knows: the world. */
-	if (src_id == ID_HOST)
-		src_id = ID_REMOTE_NODE;
-	else if (src_id == 0)
-		src_id = ID_WORLD;
 	int reason = parse(skb, p);
 	if (reason)
-		return drop(reason, DIR_INGRESS, 0, p, src_id, 0, 0);
+		return drop(reason, DIR_INGRESS, 0, p, 0, 0, 0);
 	/* The inner frame carries the sending pod's MAC addresses: for the
 	 * host's stack it is this node's. */
 	bpf_skb_change_type(skb, PACKET_HOST_);
 	if (p->arp || p->ndp)
 		return TC_ACT_OK;
+	/* Checked for the node's own packets too: its stack must not take a
+	 * pod address from a node that does not own it either. */
+	src = overlay_inner_source(skb, p);
+	if (src < 0)
+		return drop((__u8)-src, DIR_INGRESS, 0, p, 0, 0, 0);
+	__u32 src_id = (__u32)src;
 	const struct endpoint_info *ep = endpoint_by_addr(p->family, p->daddr);
 	if (!ep)
 		return TC_ACT_OK; /* the node's own: its stack, its programs */

@@ -36,6 +36,7 @@
 
 /* Reserved identities (see pkg/identity). */
 #define ID_ANY 0
+#define ID_HOST 1
 #define ID_WORLD 2
 #define ID_WORLD_IPV4 9
 #define ID_WORLD_IPV6 10

@@ -20,8 +20,6 @@
 #define TUNNEL_ID_MASK 0xffffffU
 #define TUNNEL_TTL 64
 
-#define ID_HOST 1
-#define ID_REMOTE_NODE 6
 
 /* tunnel_device: the overlay device's ifindex, 0 in native routing. */
 static __always_inline __u32 tunnel_device(void)

@@ -410,6 +410,45 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		})
 	})
 
+	t.Run("a node's VXLAN is judged by the ipcache, not its VNI", func(t *testing.T) {
+		// node1 is a known node, so its packets pass the outer check; a
+		// compromised node1 claims the allowed frontend's identity in the
+		// VNI for its other pod, then sends as a pod of node2 itself.
+		tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(ctx, "frontend", metav1.GetOptions{})
+		if err != nil || tep.Status.Identity == nil {
+			t.Fatalf("frontend's identity: %v", err)
+		}
+		frontendID := uint32(tep.Status.Identity.ID)
+		node1, err := e.st.Node("node1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		node2, err := e.st.Node("node2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := netip.MustParseAddr(backend.Status.PodIP)
+		denied := datapathCount(t, *node2, "Policy denied", "ingress")
+		pkt := forgedVXLAN(frontendID, netip.MustParseAddr(other.Status.PodIP), dst)
+		if err := sendUDPFrom(node1.Netns, node2.Address+":8472", pkt); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "node2 to deny other's packet that claimed frontend's identity", func() (bool, error) {
+			n := datapathCount(t, *node2, "Policy denied", "ingress")
+			return n > denied, fmt.Errorf("%d policy drops, %d before", n, denied)
+		})
+		const reason = "Invalid source address"
+		invalid := datapathCount(t, *node2, reason, "ingress")
+		pkt = forgedVXLAN(frontendID, dst, dst)
+		if err := sendUDPFrom(node1.Netns, node2.Address+":8472", pkt); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "node2 to drop a packet from node1 with a source of node2's own pod", func() (bool, error) {
+			n := datapathCount(t, *node2, reason, "ingress")
+			return n > invalid, fmt.Errorf("%d, %d before", n, invalid)
+		})
+	})
+
 	t.Run("agents killed and restarted", func(t *testing.T) {
 		addr := backend.Status.PodIP + ":8080"
 		argvs := map[string][]string{}
