@@ -42,6 +42,9 @@ type Advert struct {
 	Prefix netip.Prefix
 	// Source is "pod CIDR" or "service <namespace>/<name>".
 	Source string
+	// Attributes are those of every advertisement entry that selected the
+	// prefix, merged.
+	Attributes Attributes
 }
 
 // Refusal is a prefix an advertisement asked for that is not announced.
@@ -141,16 +144,19 @@ func Compute(in Input) Desired {
 		d.Errors = append(d.Errors, fmt.Sprintf("advertisementSelector: %v", err))
 		return d
 	}
-	want := map[netip.Prefix]string{}
+	want := map[netip.Prefix]Advert{}
+	var attrs Attributes // the entry's being added
 	add := func(p netip.Prefix, source string) {
-		if _, dup := want[p]; dup {
+		if a, dup := want[p]; dup {
+			a.Attributes = a.Attributes.Merge(attrs)
+			want[p] = a
 			return
 		}
 		if err := in.Allowed.Admit(p); err != nil {
 			d.Refused = append(d.Refused, Refusal{Prefix: p, Source: source, Reason: err.Error()})
 			return
 		}
-		want[p] = source
+		want[p] = Advert{Prefix: p, Source: source, Attributes: attrs}
 	}
 	adverts := slices.Clone(in.Adverts)
 	slices.SortFunc(adverts, func(a, b *v1alpha1.TendrilBGPAdvertisement) int { return strings.Compare(a.Name, b.Name) })
@@ -159,6 +165,14 @@ func Compute(in Input) Desired {
 			continue
 		}
 		for i, e := range a.Spec.Advertisements {
+			var err error
+			if attrs, err = ParseAttributes(e.Attributes); err != nil {
+				// Not announced at all: without the attributes asked for
+				// (a no-export, say) the prefixes could go where they
+				// must not.
+				d.Errors = append(d.Errors, fmt.Sprintf("TendrilBGPAdvertisement %s: advertisement %d: attributes: %v (not announced)", a.Name, i, err))
+				continue
+			}
 			switch e.AdvertisementType {
 			case v1alpha1.BGPAdvertPodCIDR:
 				for _, c := range in.PodCIDRs {
@@ -188,8 +202,8 @@ func Compute(in Input) Desired {
 			}
 		}
 	}
-	for p, src := range want {
-		d.Adverts = append(d.Adverts, Advert{Prefix: p, Source: src})
+	for _, a := range want {
+		d.Adverts = append(d.Adverts, a)
 	}
 	slices.SortFunc(d.Adverts, func(a, b Advert) int { return comparePrefix(a.Prefix, b.Prefix) })
 	slices.SortFunc(d.Refused, func(a, b Refusal) int {

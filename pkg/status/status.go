@@ -16,7 +16,7 @@ import (
 // contribution carries an Order key, and the subsystem that owns a section
 // owns its key (a constant in its package, with the neighbours it sits
 // between): adding a subsystem never edits this package. The keys in use,
-// smallest first: KVStore 10, Kubernetes 20, Datapath 30, Masquerade 40,
+// smallest first: KVStore 10, Kubernetes 20, Datapath 30, Routing 35, Masquerade 40,
 // Services 50, L2 announcements 60, Hubble 70, Node health 75, Tables 80,
 // IPAM and endpoints 90, Identities 100; a new one takes a free value
 // between the sections it belongs between. Equal keys keep the order of

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/cilium/cilium/api/v1/models"
@@ -65,6 +66,8 @@ func viaAll(route string, addrs ...string) error {
 //   - a node's agent killed (SIGKILL): the router keeps its path through
 //     graceful restart while the session is down, the world's probes all
 //     answered, and the restarted agent's session comes back;
+//   - the same agent stopped cleanly (SIGTERM): no Cease, so the router
+//     keeps its path as stale until the agent is back;
 //   - externalTrafficPolicy Local: only the node with the ready backend
 //     announces; the backend deleted, the route is withdrawn;
 //   - deleting the Service withdraws its route from the router and the
@@ -228,6 +231,36 @@ func TestPrivilegedLabBGP(t *testing.T) {
 		t.Fatalf("tendril status lacks the BGP section with the session:\n%s", st)
 	}
 
+	// Communities on the Service entry of the lab's advertisement: the
+	// router's route carries them, from both nodes; taken off again, the
+	// route has none.
+	setServiceAttrs := func(a *v1alpha1.BGPAttributes) {
+		t.Helper()
+		adv, err := e.k8.Tendril.TendrilV1alpha1().TendrilBGPAdvertisements().Get(ctx, "lab", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range adv.Spec.Advertisements {
+			if adv.Spec.Advertisements[i].AdvertisementType == v1alpha1.BGPAdvertService {
+				adv.Spec.Advertisements[i].Attributes = a
+			}
+		}
+		if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilBGPAdvertisements().Update(ctx, adv, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setServiceAttrs(&v1alpha1.BGPAttributes{Communities: &v1alpha1.BGPCommunities{Standard: []string{"65001:100"}, Large: []string{"65001:7:8"}}})
+	eventually(t, "the router's route of "+addr+" to carry the communities", func() (bool, error) {
+		r := birdRoute(t, e, addr+"/32")
+		ok := strings.Count(r, "BGP.community: (65001,100)") == len(nodeAddrs) && strings.Count(r, "BGP.large_community: (65001, 7, 8)") == len(nodeAddrs)
+		return ok, fmt.Errorf("want both communities on each of %d paths:\n%s", len(nodeAddrs), r)
+	})
+	setServiceAttrs(nil)
+	eventually(t, "the router's route of "+addr+" without communities", func() (bool, error) {
+		r := birdRoute(t, e, addr+"/32")
+		return !strings.Contains(r, "community") && viaAll(r, nodeAddrs...) == nil, fmt.Errorf("%s", r)
+	})
+
 	// A peer no one answers at: the nodes say why in their status and in
 	// `tendril bgp peers`; the other session stays up.
 	const nowhere = "172.30.0.230"
@@ -306,6 +339,31 @@ func TestPrivilegedLabBGP(t *testing.T) {
 		return err == nil && strings.Contains(out, "Established"), fmt.Errorf("%v: %s", err, out)
 	})
 	eventually(t, "the route via both nodes, not stale", func() (bool, error) {
+		r := birdRoute(t, e, addr+"/32")
+		if strings.Contains(r, "stale") {
+			return false, fmt.Errorf("stale:\n%s", r)
+		}
+		return true, viaAll(r, nodeAddrs...)
+	})
+
+	// A clean stop (SIGTERM, as a rolling upgrade sends): the session
+	// ends without a Cease, so the router keeps the node's routes as
+	// stale until the agent is back, as after the kill -9.
+	argv = signalAgent(t, e.st, victim.Name, syscall.SIGTERM, "stop")
+	eventually(t, "the router to see "+victim.Name+"'s session end after SIGTERM", func() (bool, error) {
+		out, err := e.st.BGP.Birdc(ctx, "show", "protocols", victim.Name)
+		return err == nil && !strings.Contains(out, "Established"), fmt.Errorf("%v: %s", err, out)
+	})
+	if r := birdRoute(t, e, addr+"/32"); viaAll(r, nodeAddrs...) != nil {
+		t.Fatalf("after SIGTERM of %s's agent the router dropped its route (a Cease flushes graceful restart):\n%s", victim.Name, r)
+	}
+	startAgent(t, e.st, victim.Name, argv)
+	waitAgentAPI(t, victim)
+	eventually(t, victim.Name+"'s session back after SIGTERM", func() (bool, error) {
+		out, err := e.st.BGP.Birdc(ctx, "show", "protocols", victim.Name)
+		return err == nil && strings.Contains(out, "Established"), fmt.Errorf("%v: %s", err, out)
+	})
+	eventually(t, "the route via both nodes, not stale, after SIGTERM", func() (bool, error) {
 		r := birdRoute(t, e, addr+"/32")
 		if strings.Contains(r, "stale") {
 			return false, fmt.Errorf("stale:\n%s", r)

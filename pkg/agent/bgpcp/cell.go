@@ -119,8 +119,11 @@ func newControlPlane(p params) (*ControlPlane, error) {
 	// The speaker listens nowhere (port -1): the node opens its sessions,
 	// so agents in one network namespace (tests) do not contend for 179.
 	cp.speaker = speaker.New(p.Log, -1)
+	// The agent stops to restart (an upgrade, a SIGTERM of its pod): the
+	// sessions with graceful restart outlive the stop, so that their peers
+	// keep the node's routes, as after a kill -9 (StopForRestart says why).
 	p.Lifecycle.Append(cell.Hook{OnStop: func(ctx cell.HookContext) error {
-		cp.speaker.Stop(ctx)
+		cp.speaker.StopForRestart(ctx)
 		return nil
 	}})
 	jobs := p.Jobs.NewGroup(p.Health.Scope("bgp-control-plane"), job.WithLogger(p.Log))

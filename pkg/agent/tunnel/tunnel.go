@@ -43,7 +43,7 @@ var Cell = cell.Module("tunnel", "Routing mode native or tunnel with a VXLAN or 
 	cell.Invoke(Config.validate),
 	cell.Invoke(func(*Tunnel) {}),
 	cell.Config(DefaultConfig()),
-	cell.Provide(newCell, mtuOverhead, routeDevice),
+	cell.Provide(newCell, mtuOverhead, routeDevice, statusContribution),
 )
 
 func mtuOverhead(c Config) agentendpoints.MTUOverhead {

@@ -13,12 +13,14 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/hive/job"
 
+	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	dptunnel "github.com/tendril-net/tendril/pkg/datapath/tunnel"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/status"
 )
 
 // fakeKernel records the reconciler's calls in order; ifindex is the
@@ -123,6 +125,7 @@ type provided struct {
 	Overhead agentendpoints.MTUOverhead
 	Route    nodes.RouteDevice
 	Tunnel   *Tunnel
+	Status   []status.Contribution `group:"status-contributions"`
 }
 
 func newHive(flags map[string]string, out *provided) *hive.Hive {
@@ -152,11 +155,13 @@ func TestCellProvides(t *testing.T) {
 		overhead int
 		device   string
 		port     uint16
+		// mode is the status's Mode line and the Cilium model's modes.
+		mode, model string
 	}{
-		{nil, 0, "", 8472},
-		{map[string]string{"routing-mode": "tunnel"}, 50, "tendril_vxlan", 8472},
-		{map[string]string{"routing-mode": "tunnel", "tunnel-protocol": "geneve"}, 50, "tendril_geneve", 6081},
-		{map[string]string{"routing-mode": "tunnel", "tunnel-port": "4789"}, 50, "tendril_vxlan", 4789},
+		{nil, 0, "", 8472, "native (", "Native/"},
+		{map[string]string{"routing-mode": "tunnel"}, 50, "tendril_vxlan", 8472, "tunnel (vxlan on UDP 8472", "Tunnel/vxlan"},
+		{map[string]string{"routing-mode": "tunnel", "tunnel-protocol": "geneve"}, 50, "tendril_geneve", 6081, "tunnel (geneve on UDP 6081", "Tunnel/geneve"},
+		{map[string]string{"routing-mode": "tunnel", "tunnel-port": "4789"}, 50, "tendril_vxlan", 4789, "tunnel (vxlan on UDP 4789", "Tunnel/vxlan"},
 	} {
 		var p provided
 		if err := newHive(c.flags, &p).Populate(hivetest.Logger(t)); err != nil {
@@ -168,6 +173,35 @@ func TestCellProvides(t *testing.T) {
 		if p.Tunnel != nil {
 			t.Errorf("flags %v: a reconciler without the datapath", c.flags)
 		}
+		secs := status.Sections(p.Status)
+		if len(secs) != 1 || secs[0].Title != "Routing" || len(secs[0].Lines) == 0 || !strings.HasPrefix(secs[0].Lines[0].Value, c.mode) {
+			t.Errorf("flags %v: status sections %+v, want Routing with a mode line %q...", c.flags, secs, c.mode)
+		}
+		var resp ext.StatusResponse
+		status.FillModels(p.Status, &resp)
+		if r := resp.Routing; r == nil || r.InterHostRoutingMode+"/"+r.TunnelProtocol != c.model || r.IntraHostRoutingMode != "BPF" {
+			t.Errorf("flags %v: Cilium routing status %+v, want %s and BPF", c.flags, r, c.model)
+		}
+	}
+}
+
+// TestRoutingSectionDevice: in tunnel mode the section names the device
+// the reconciler made, or says there is none yet.
+func TestRoutingSectionDevice(t *testing.T) {
+	c := Config{RoutingMode: ModeTunnel, TunnelProtocol: "vxlan"}
+	k := &fakeKernel{ifindex: 7}
+	tun := New(c, k, slog.Default())
+	if got := routingSection(c, tun).Lines[1].Value; got != "not created yet" {
+		t.Errorf("before the first round: device %q", got)
+	}
+	if err := tun.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if got := routingSection(c, tun).Lines[1].Value; got != "tendril_vxlan (ifindex 7)" {
+		t.Errorf("after a round: device %q", got)
+	}
+	if got := routingSection(c, nil).Lines[1].Value; !strings.HasPrefix(got, "none") {
+		t.Errorf("without the datapath: device %q", got)
 	}
 }
 

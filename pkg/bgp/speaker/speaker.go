@@ -42,7 +42,14 @@ type Speaker struct {
 	// listenPort is gobgp's: -1 listens nowhere (the node connects out).
 	listenPort int32
 	peers      map[netip.Addr]bgp.Peer
-	paths      map[netip.Prefix]*gobgpapi.Path
+	paths      map[netip.Prefix]announced
+}
+
+// announced is a path the server announces and the attributes it was
+// built with (a change of them announces it again).
+type announced struct {
+	path  *gobgpapi.Path
+	attrs bgp.Attributes
 }
 
 // New builds the server and runs its loop until Stop.
@@ -51,7 +58,7 @@ func New(log *slog.Logger, listenPort int32) *Speaker {
 	s := server.NewBgpServer(server.LoggerOption(gl))
 	go s.Serve()
 	return &Speaker{log: log, gl: gl, server: s, listenPort: listenPort,
-		peers: map[netip.Addr]bgp.Peer{}, paths: map[netip.Prefix]*gobgpapi.Path{}}
+		peers: map[netip.Addr]bgp.Peer{}, paths: map[netip.Prefix]announced{}}
 }
 
 // Stop stops BGP (sessions end with a notification) and the server.
@@ -65,6 +72,49 @@ func (s *Speaker) Stop(ctx context.Context) {
 		s.started = false
 	}
 	s.server.Stop()
+}
+
+// StopForRestart ends the speaker for a restart of the agent (a clean
+// SIGTERM: a rolling upgrade, a restart of the pod). A peer with graceful
+// restart is not told anything: its session ends when the process exits
+// and the kernel closes the TCP connection, which the peer takes as the
+// restart RFC 4724 provides for, keeping the node's routes (as stale)
+// until the restarted agent's session sends End-of-RIB or the restart
+// time passes, as after a kill -9. A NOTIFICATION would not do: gobgp
+// sends a Cease "peer de-configured", which RFC 8538 makes a Hard Reset
+// that flushes the routes. Peers without graceful restart get the Cease
+// at once, so they stop using the node now rather than at their hold
+// timer. The server's loop is left to the process's exit too. It returns
+// the number of peers left to the process's exit.
+func (s *Speaker) StopForRestart(ctx context.Context) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.started {
+		s.server.Stop()
+		return 0
+	}
+	left := 0
+	for addr, p := range s.peers {
+		if p.GracefulRestart {
+			left++
+			continue
+		}
+		if err := s.server.DeletePeer(ctx, &gobgpapi.DeletePeerRequest{Address: addr.String()}); err != nil {
+			s.log.Warn("Delete a peer without graceful restart", "peer", addr, "error", err)
+		}
+		delete(s.peers, addr)
+	}
+	if left == 0 {
+		if err := s.server.StopBgp(ctx, &gobgpapi.StopBgpRequest{}); err != nil {
+			s.log.Warn("Stop BGP", "error", err)
+		}
+		s.started = false
+		s.server.Stop()
+		return 0
+	}
+	s.log.Info("BGP sessions with graceful restart left to the process's exit: the peers keep this node's routes until it is back",
+		"peers", left)
+	return left
 }
 
 // Applied counts what the speaker runs.
@@ -132,25 +182,27 @@ func (s *Speaker) Apply(ctx context.Context, d bgp.Desired, routerID netip.Addr,
 	for _, a := range d.Adverts {
 		wantPaths[a.Prefix] = true
 	}
-	for prefix, path := range s.paths {
+	for prefix, ann := range s.paths {
 		if wantPaths[prefix] {
 			continue
 		}
-		if err := s.server.DeletePath(ctx, &gobgpapi.DeletePathRequest{Family: path.Family, Path: path}); err != nil {
+		if err := s.server.DeletePath(ctx, &gobgpapi.DeletePathRequest{Family: ann.path.Family, Path: ann.path}); err != nil {
 			errs = append(errs, fmt.Errorf("withdraw %s: %w", prefix, err))
 			continue
 		}
 		delete(s.paths, prefix)
 	}
 	for _, a := range d.Adverts {
-		if _, ok := s.paths[a.Prefix]; ok {
+		if ann, ok := s.paths[a.Prefix]; ok && ann.attrs.Equal(a.Attributes) {
 			continue
 		}
 		if err := allowed.Admit(a.Prefix); err != nil {
 			errs = append(errs, fmt.Errorf("refused to announce %s (%s): %w", a.Prefix, a.Source, err))
 			continue
 		}
-		path, err := newPath(a.Prefix)
+		// A path of the same prefix from this server replaces the one
+		// announced with other attributes (an implicit withdraw).
+		path, err := newPath(a.Prefix, a.Attributes)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -159,7 +211,7 @@ func (s *Speaker) Apply(ctx context.Context, d bgp.Desired, routerID netip.Addr,
 			errs = append(errs, fmt.Errorf("announce %s: %w", a.Prefix, err))
 			continue
 		}
-		s.paths[a.Prefix] = path
+		s.paths[a.Prefix] = announced{path: path, attrs: a.Attributes}
 	}
 	return Applied{Peers: len(s.peers), Paths: len(s.paths)}, errors.Join(errs...)
 }
@@ -219,8 +271,10 @@ func gobgpPeer(p bgp.Peer) *gobgpapi.Peer {
 }
 
 // newPath is the path announcing prefix, with this node as next hop
-// (0.0.0.0 and :: are replaced by the session's local address).
-func newPath(prefix netip.Prefix) (*gobgpapi.Path, error) {
+// (0.0.0.0 and :: are replaced by the session's local address) and
+// attrs' communities and local preference (gobgp sends LOCAL_PREF to
+// iBGP peers only).
+func newPath(prefix netip.Prefix, extra bgp.Attributes) (*gobgpapi.Path, error) {
 	origin := gobgp.NewPathAttributeOrigin(gobgp.BGP_ORIGIN_ATTR_TYPE_IGP)
 	var nlri gobgp.AddrPrefixInterface
 	var attrs []gobgp.PathAttributeInterface
@@ -230,6 +284,19 @@ func newPath(prefix netip.Prefix) (*gobgpapi.Path, error) {
 	} else {
 		nlri = gobgp.NewIPv6AddrPrefix(uint8(prefix.Bits()), prefix.Addr().String())
 		attrs = []gobgp.PathAttributeInterface{origin, gobgp.NewPathAttributeMpReachNLRI("::", []gobgp.AddrPrefixInterface{nlri})}
+	}
+	if len(extra.Communities) > 0 {
+		attrs = append(attrs, gobgp.NewPathAttributeCommunities(extra.Communities))
+	}
+	if len(extra.LargeCommunities) > 0 {
+		large := make([]*gobgp.LargeCommunity, 0, len(extra.LargeCommunities))
+		for _, l := range extra.LargeCommunities {
+			large = append(large, gobgp.NewLargeCommunity(l.GlobalAdmin, l.LocalData1, l.LocalData2))
+		}
+		attrs = append(attrs, gobgp.NewPathAttributeLargeCommunities(large))
+	}
+	if extra.LocalPreference != 0 {
+		attrs = append(attrs, gobgp.NewPathAttributeLocalPref(extra.LocalPreference))
 	}
 	p, err := apiutil.NewPath(nlri, false, attrs, time.Now())
 	if err != nil {

@@ -39,7 +39,7 @@ func router(t testing.TB, port int, nodeASN uint32) *server.BgpServer {
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := newPath(netip.MustParsePrefix("192.0.2.0/24"))
+	p, err := newPath(netip.MustParsePrefix("192.0.2.0/24"), bgp.Attributes{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,5 +217,85 @@ func TestSpeakerReportsAnUnreachablePeer(t *testing.T) {
 	})
 	if st[0].State == "established" || !strings.Contains(st[0].Reason, "failed to connect") || !strings.Contains(st[0].Reason, "connection refused") {
 		t.Fatalf("peer state %+v", st[0])
+	}
+}
+
+// routerAttrs are the communities, large communities and local preference
+// of prefix in the router's table ("" when absent).
+func routerAttrs(t *testing.T, r *server.BgpServer, prefix string) (comms []uint32, large []string, localPref uint32, found bool) {
+	t.Helper()
+	err := r.ListPath(context.Background(), &gobgpapi.ListPathRequest{TableType: gobgpapi.TableType_GLOBAL,
+		Family: &gobgpapi.Family{Afi: gobgpapi.Family_AFI_IP, Safi: gobgpapi.Family_SAFI_UNICAST}}, func(d *gobgpapi.Destination) {
+		if d.Prefix != prefix || len(d.Paths) == 0 {
+			return
+		}
+		found = true
+		for _, a := range d.Paths[0].Pattrs {
+			v, err := a.UnmarshalNew()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch x := v.(type) {
+			case *gobgpapi.CommunitiesAttribute:
+				comms = x.Communities
+			case *gobgpapi.LargeCommunitiesAttribute:
+				for _, l := range x.Communities {
+					large = append(large, bgp.LargeCommunity{GlobalAdmin: l.GlobalAdmin, LocalData1: l.LocalData1, LocalData2: l.LocalData2}.String())
+				}
+			case *gobgpapi.LocalPrefAttribute:
+				localPref = x.LocalPref
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return comms, large, localPref, found
+}
+
+// TestSpeakerSendsAttributes: the router gets a prefix's communities and
+// large communities, and a change of them reaches it as a new path of the
+// prefix; LOCAL_PREF goes to an iBGP peer and never to an eBGP one.
+func TestSpeakerSendsAttributes(t *testing.T) {
+	attrs := bgp.Attributes{Communities: []uint32{65000<<16 | 100, 0xFFFFFF01},
+		LargeCommunities: []bgp.LargeCommunity{{GlobalAdmin: 65000, LocalData1: 1, LocalData2: 2}}, LocalPreference: 200}
+	for _, c := range []struct {
+		name    string
+		nodeASN uint32 // the router is AS 65000
+		wantLP  uint32
+	}{{"eBGP", 65001, 0}, {"iBGP", 65000, 200}} {
+		t.Run(c.name, func(t *testing.T) {
+			port, err := freeport.Loopback()
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := router(t, port, c.nodeASN)
+			s := New(slog.New(slog.DiscardHandler), -1)
+			t.Cleanup(func() { s.Stop(context.Background()) })
+			ctx := context.Background()
+			routerID := netip.MustParseAddr("10.0.0.1")
+			d := desired(port, 65000, "10.244.1.0/24")
+			d.LocalASN = c.nodeASN
+			d.Adverts[0].Attributes = attrs
+			if _, err := s.Apply(ctx, d, routerID, allowed(t)); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the router to learn the prefix with its communities", func() bool {
+				comms, large, _, found := routerAttrs(t, r, "10.244.1.0/24")
+				return found && slices.Equal(comms, attrs.Communities) && slices.Equal(large, []string{"65000:1:2"})
+			})
+			if _, _, lp, _ := routerAttrs(t, r, "10.244.1.0/24"); lp != c.wantLP {
+				t.Errorf("LOCAL_PREF %d at the router, want %d", lp, c.wantLP)
+			}
+			changed := bgp.Attributes{Communities: []uint32{65000<<16 | 300}}
+			d.Adverts[0].Attributes = changed
+			if _, err := s.Apply(ctx, d, routerID, allowed(t)); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the router to get the changed communities", func() bool {
+				comms, large, _, found := routerAttrs(t, r, "10.244.1.0/24")
+				return found && slices.Equal(comms, changed.Communities) && len(large) == 0
+			})
+		})
 	}
 }

@@ -239,6 +239,42 @@ type BGPAdvertisementEntry struct {
 	// Service picks the Services and which of their addresses.
 	// +optional
 	Service *BGPServiceAdvertisement `json:"service,omitempty"`
+	// Attributes are the BGP path attributes the entry's prefixes carry.
+	// A prefix two entries announce carries both entries' communities and
+	// the higher local preference.
+	// +optional
+	Attributes *BGPAttributes `json:"attributes,omitempty"`
+}
+
+// BGPAttributes are path attributes of announced prefixes (Cilium's
+// CiliumBGPAdvertisement attributes).
+type BGPAttributes struct {
+	// Communities are RFC 1997 and RFC 8092 communities.
+	// +optional
+	Communities *BGPCommunities `json:"communities,omitempty"`
+	// LocalPreference is the LOCAL_PREF sent to iBGP peers (eBGP peers
+	// never get it, RFC 4271).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
+	// +optional
+	LocalPreference *int64 `json:"localPreference,omitempty"`
+}
+
+// BGPCommunities are the communities of announced prefixes.
+type BGPCommunities struct {
+	// Standard communities: "ASN:value" (each 0-65535) or one decimal
+	// 32-bit number.
+	// +optional
+	Standard []string `json:"standard,omitempty"`
+	// WellKnown communities by name: no-export, no-advertise,
+	// no-export-subconfed, no-peer, blackhole, graceful-shutdown,
+	// accept-own, llgr-stale, no-llgr.
+	// +optional
+	WellKnown []string `json:"wellKnown,omitempty"`
+	// Large communities (RFC 8092): "global:local1:local2", each a 32-bit
+	// number.
+	// +optional
+	Large []string `json:"large,omitempty"`
 }
 
 // Advertisement types.
