@@ -18,7 +18,7 @@ COMMANDS := $(notdir $(wildcard cmd/*))
 # compares only these, so an edit elsewhere does not fail it.
 GENERATED_FILES := ':(glob)pkg/datapath/bpf/*_bpfel.go' ':(glob)pkg/datapath/bpf/*_bpfel.o' \
 	pkg/datapath/maps/enums_gen.go pkg/datapath/bpf/testdata/shared_maps.o \
-	':(glob)pkg/**/zz_generated*.go' pkg/k8s/client deploy/crds deploy/helm/tendril/crds
+	':(glob)pkg/**/zz_generated*.go' pkg/k8s/client deploy/crds
 # Their checksums (tracked and new files; a missing one shows as an error line).
 generated_sums = git ls-files -co --exclude-standard -- $(GENERATED_FILES) | sort | xargs -r sha256sum 2>&1
 
@@ -41,6 +41,7 @@ deps:
 generate:
 	@if [ -x hack/generate-bpf.sh ]; then hack/generate-bpf.sh; fi
 	@if [ -x hack/update-codegen.sh ]; then hack/update-codegen.sh; fi
+	@$(MAKE) --no-print-directory helm-crds
 
 # Regenerates everything and fails when that changed a generated file: its
 # checksums before and after, so unstaged edits (generated or not) of a tree

@@ -38,9 +38,6 @@ rm -f deploy/crds/*.yaml
 	crd:crdVersions=v1,maxDescLen=400 \
 	paths=./pkg/k8s/apis/... paths=./pkg/policy/api/... \
 	output:crd:artifacts:config=deploy/crds
-# The chart installs the same CRDs (helm applies its crds/ directory as is).
-rm -f deploy/helm/tendril/crds/*.yaml
-cp deploy/crds/*.yaml deploy/helm/tendril/crds/
 
 # Typed client, listers and informers.
 rm -rf "$OUT"

@@ -35,6 +35,18 @@ type Peer struct {
 	RestartTime                       uint32
 	// EBGPMultihop is the TTL (0: directly connected).
 	EBGPMultihop uint8
+	// Password is the TCP MD5 password ("": none). Never logged or shown:
+	// String leaves it out.
+	Password string
+}
+
+// String is the peer without its password (what %v and %+v print).
+func (p Peer) String() string {
+	auth := ""
+	if p.Password != "" {
+		auth = " md5"
+	}
+	return fmt.Sprintf("%s %s AS%d port %d%s", p.Name, p.Address, p.ASN, p.Port, auth)
 }
 
 // Advert is one prefix to announce and what asked for it.
@@ -86,6 +98,11 @@ type Input struct {
 	LocalReady func(loadbalancer.ServiceName) bool
 	// Allowed is the guard every prefix passes.
 	Allowed Allowed
+	// Passwords are the "password" keys of the Secrets in the BGP secrets
+	// namespace, by Secret name (a Secret without the key is absent).
+	Passwords map[string]string
+	// SecretsNamespace is that namespace, for messages.
+	SecretsNamespace string
 }
 
 // Compute is the node's desired state. Every advert passes in.Allowed;
@@ -124,7 +141,7 @@ func Compute(in Input) Desired {
 	}
 	seen := map[netip.Addr]string{}
 	for _, p := range cc.Spec.Peers {
-		peer, err := parsePeer(p, pcs)
+		peer, err := parsePeer(p, pcs, in)
 		if err == nil && seen[peer.Address] != "" {
 			err = fmt.Errorf("address %s is peer %s's too", peer.Address, seen[peer.Address])
 		}
@@ -237,7 +254,7 @@ func comparePrefix(a, b netip.Prefix) int {
 }
 
 // parsePeer checks a peer and fills in its session from its peer config.
-func parsePeer(p v1alpha1.BGPPeer, pcs map[string]*v1alpha1.TendrilBGPPeerConfig) (Peer, error) {
+func parsePeer(p v1alpha1.BGPPeer, pcs map[string]*v1alpha1.TendrilBGPPeerConfig, in Input) (Peer, error) {
 	addr, err := netip.ParseAddr(p.PeerAddress)
 	if err != nil {
 		return Peer{}, fmt.Errorf("peerAddress: %w", err)
@@ -300,5 +317,22 @@ func parsePeer(p v1alpha1.BGPPeer, pcs map[string]*v1alpha1.TendrilBGPPeerConfig
 		}
 		out.Port = uint16(*s.PeerPort)
 	}
+	if ref := s.AuthSecretRef; ref != nil {
+		// No session without the password asked for: the router would
+		// refuse it anyway, and a session that quietly drops its
+		// authentication is worse than one that is down and says why.
+		pw, ok := in.Passwords[*ref]
+		switch {
+		case !ok:
+			return Peer{}, fmt.Errorf("TendrilBGPPeerConfig %s: authSecretRef: Secret %s/%s not found or without a %q key", pc.Name, in.SecretsNamespace, *ref, "password")
+		case pw == "" || len(pw) > MaxPasswordLen:
+			return Peer{}, fmt.Errorf("TendrilBGPPeerConfig %s: authSecretRef: Secret %s/%s: the password must be 1-%d bytes", pc.Name, in.SecretsNamespace, *ref, MaxPasswordLen)
+		}
+		out.Password = pw
+	}
 	return out, nil
 }
+
+// MaxPasswordLen is the longest TCP MD5 key the kernel takes
+// (TCP_MD5SIG_MAXKEYLEN).
+const MaxPasswordLen = 80

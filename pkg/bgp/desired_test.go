@@ -1,6 +1,7 @@
 package bgp
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -217,5 +218,41 @@ func TestComputeLocalTrafficPolicy(t *testing.T) {
 	ready = true
 	if d := Compute(in); !slices.Equal(prefixes(d.Adverts), []string{"172.30.1.4/32 service default/local"}) {
 		t.Fatalf("announced %q with a local backend", prefixes(d.Adverts))
+	}
+}
+
+// TestComputePeerPassword: a peer config's authSecretRef gives the peer
+// the Secret's password; a missing Secret (or key) or a password the
+// kernel cannot take leaves the peer out with the reason, never a
+// session without the password; the reason names no password.
+func TestComputePeerPassword(t *testing.T) {
+	pc := func(name, ref string) *v1alpha1.TendrilBGPPeerConfig {
+		return &v1alpha1.TendrilBGPPeerConfig{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: v1alpha1.BGPPeerConfigSpec{AuthSecretRef: ptr.To(ref)}}
+	}
+	in := Input{
+		NodeName: "node-1",
+		ClusterConfigs: []*v1alpha1.TendrilBGPClusterConfig{clusterConfig("all", nil,
+			v1alpha1.BGPPeer{Name: "tor-a", PeerAddress: "172.30.0.1", PeerASN: 65000, PeerConfigRef: "with-secret"},
+			v1alpha1.BGPPeer{Name: "tor-b", PeerAddress: "172.30.0.2", PeerASN: 65000, PeerConfigRef: "missing-secret"},
+			v1alpha1.BGPPeer{Name: "tor-c", PeerAddress: "172.30.0.3", PeerASN: 65000, PeerConfigRef: "long-secret"})},
+		PeerConfigs:      []*v1alpha1.TendrilBGPPeerConfig{pc("with-secret", "rack-a"), pc("missing-secret", "nope"), pc("long-secret", "long")},
+		Passwords:        map[string]string{"rack-a": "s3cret", "long": strings.Repeat("x", MaxPasswordLen+1)},
+		SecretsNamespace: "kube-system",
+		Allowed:          NewAllowed(nil, nil),
+	}
+	d := Compute(in)
+	if len(d.Peers) != 1 || d.Peers[0].Name != "tor-a" || d.Peers[0].Password != "s3cret" {
+		t.Fatalf("peers %v, want tor-a alone with its password", d.Peers)
+	}
+	want := []string{
+		`peer tor-b: TendrilBGPPeerConfig missing-secret: authSecretRef: Secret kube-system/nope not found or without a "password" key`,
+		"peer tor-c: TendrilBGPPeerConfig long-secret: authSecretRef: Secret kube-system/long: the password must be 1-80 bytes",
+	}
+	if !slices.Equal(d.Errors, want) {
+		t.Errorf("errors %q\nwant %q", d.Errors, want)
+	}
+	if s := fmt.Sprintf("%v %+v", d.Peers, d.Peers[0]); strings.Contains(s, "s3cret") {
+		t.Errorf("a peer printed shows its password: %s", s)
 	}
 }

@@ -81,9 +81,11 @@ type ControlPlane struct {
 	services statedb.Table[*loadbalancer.Service]
 	backends statedb.Table[*loadbalancer.Backend]
 	source   Source
-	podCIDRs PodCIDRs
-	speaker  *speaker.Speaker
-	metrics  *peerMetrics
+	// secretsNamespace is where authSecretRef's Secrets are (messages).
+	secretsNamespace string
+	podCIDRs         PodCIDRs
+	speaker          *speaker.Speaker
+	metrics          *peerMetrics
 
 	mu   sync.Mutex
 	last Pass
@@ -111,7 +113,7 @@ func newControlPlane(p params) (*ControlPlane, error) {
 		return nil, errors.New("enable-bgp-control-plane: needs Kubernetes (the TendrilBGPClusterConfigs say what the node runs)")
 	}
 	cp := &ControlPlane{node: p.Node.Name, log: p.Log, db: p.DB, services: p.Services, backends: p.Backends,
-		source: kubeSource(p.K8s, p.Node.Name), podCIDRs: ipamCIDRs(p.Endpoints), metrics: newPeerMetrics()}
+		source: kubeSource(p.K8s, p.Node.Name, p.Config.BGPSecretsNamespace), secretsNamespace: p.Config.BGPSecretsNamespace, podCIDRs: ipamCIDRs(p.Endpoints), metrics: newPeerMetrics()}
 	if p.Metrics != nil {
 		p.Metrics.Registry.MustRegister(cp.metrics.collectors()...)
 	}
@@ -227,7 +229,7 @@ func (cp *ControlPlane) pass(ctx context.Context, s Snapshot, svcs []*loadbalanc
 	allowed := bgp.NewAllowed(podCIDRs, pools)
 	d := bgp.Compute(bgp.Input{NodeName: cp.node, NodeLabels: s.NodeLabels, PodCIDRs: podCIDRs,
 		ClusterConfigs: s.ClusterConfigs, PeerConfigs: s.PeerConfigs, Adverts: s.Adverts,
-		Services: svcs, LocalReady: localReady, Allowed: allowed})
+		Services: svcs, LocalReady: localReady, Allowed: allowed, Passwords: s.Passwords, SecretsNamespace: cp.secretsNamespace})
 	d.Errors = append(out.Desired.Errors, d.Errors...)
 	out.Desired = d
 	switch {

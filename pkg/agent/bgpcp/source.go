@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
@@ -32,6 +33,9 @@ type Snapshot struct {
 	PeerConfigs    []*v1alpha1.TendrilBGPPeerConfig
 	Adverts        []*v1alpha1.TendrilBGPAdvertisement
 	Pools          []*v1alpha1.TendrilLoadBalancerIPPool
+	// Passwords are the "password" keys of the Secrets of the BGP secrets
+	// namespace, by Secret name.
+	Passwords map[string]string
 }
 
 // Source starts following the cluster (once the agent is connected):
@@ -47,7 +51,7 @@ type StatusWriter func(ctx context.Context, config string, st *v1alpha1.BGPNodeS
 // kubeSource follows the Node and the pools in the agent's watchers and
 // the three BGP kinds in informers of their own (started only with the
 // control plane on, so an agent without it lists none of them).
-func kubeSource(k *agentk8s.Client, node string) Source {
+func kubeSource(k *agentk8s.Client, node, secretsNamespace string) Source {
 	if k == nil {
 		return nil
 	}
@@ -81,7 +85,12 @@ func kubeSource(k *agentk8s.Client, node string) Source {
 		v := f.Tendril().V1alpha1()
 		ccs, pcs, ads := v.TendrilBGPClusterConfigs(), v.TendrilBGPPeerConfigs(), v.TendrilBGPAdvertisements()
 		handler := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { poke() }, UpdateFunc: func(any, any) { poke() }, DeleteFunc: func(any) { poke() }}
-		for _, inf := range []cache.SharedIndexInformer{ccs.Informer(), pcs.Informer(), ads.Informer()} {
+		// Secrets of the one namespace peer configs may name, and only
+		// while the control plane runs: the agent holds no other Secret.
+		sf := informers.NewSharedInformerFactoryWithOptions(clients.Core, 0, informers.WithNamespace(secretsNamespace),
+			informers.WithTransform(k8s.StripManagedFields))
+		secrets := sf.Core().V1().Secrets()
+		for _, inf := range []cache.SharedIndexInformer{ccs.Informer(), pcs.Informer(), ads.Informer(), secrets.Informer()} {
 			if _, err := inf.AddEventHandler(handler); err != nil {
 				unPools()
 				unNodes()
@@ -89,11 +98,16 @@ func kubeSource(k *agentk8s.Client, node string) Source {
 			}
 		}
 		f.Start(ctx.Done())
-		context.AfterFunc(ctx, func() { unPools(); unNodes(); f.Shutdown() })
-		synced := f.WaitForCacheSync(ctx.Done())
-		for typ, ok := range synced {
+		sf.Start(ctx.Done())
+		context.AfterFunc(ctx, func() { unPools(); unNodes(); f.Shutdown(); sf.Shutdown() })
+		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
 			if !ok {
 				return nil, nil, nil, fmt.Errorf("BGP objects: %s not synced", typ)
+			}
+		}
+		for typ, ok := range sf.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				return nil, nil, nil, fmt.Errorf("BGP secrets in %s: %s not synced", secretsNamespace, typ)
 			}
 		}
 		read := func() Snapshot {
@@ -105,6 +119,13 @@ func kubeSource(k *agentk8s.Client, node string) Source {
 			s.PeerConfigs, _ = pcs.Lister().List(labels.Everything())
 			s.Adverts, _ = ads.Lister().List(labels.Everything())
 			s.Pools = w.TendrilLoadBalancerIPPools.List()
+			list, _ := secrets.Lister().Secrets(secretsNamespace).List(labels.Everything())
+			s.Passwords = map[string]string{}
+			for _, sec := range list {
+				if pw, ok := sec.Data["password"]; ok {
+					s.Passwords[sec.Name] = string(pw)
+				}
+			}
 			return s
 		}
 		write := func(ctx context.Context, config string, st *v1alpha1.BGPNodeStatus) error {

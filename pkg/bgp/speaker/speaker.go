@@ -254,7 +254,7 @@ func family(a netip.Addr) *gobgpapi.Family {
 func gobgpPeer(p bgp.Peer) *gobgpapi.Peer {
 	afi := &gobgpapi.AfiSafi{Config: &gobgpapi.AfiSafiConfig{Family: family(p.Address), Enabled: true}}
 	out := &gobgpapi.Peer{
-		Conf: &gobgpapi.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, Description: p.Name},
+		Conf: &gobgpapi.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, Description: p.Name, AuthPassword: p.Password},
 		Timers: &gobgpapi.Timers{Config: &gobgpapi.TimersConfig{
 			HoldTime: uint64(p.HoldTime), KeepaliveInterval: uint64(p.KeepAlive), ConnectRetry: uint64(p.ConnectRetry)}},
 		Transport: &gobgpapi.Transport{RemotePort: uint32(p.Port)},
@@ -366,10 +366,10 @@ func toModel(p *gobgpapi.Peer, asn uint32, cfg map[string]bgp.Peer) *models.BgpP
 	}
 	if st := p.State; st != nil {
 		m.SessionState = strings.ToLower(gobgpapi.PeerState_SessionState_name[int32(st.SessionState)])
-		m.TCPPasswordEnabled = st.AuthPassword != ""
 	}
 	if c, ok := cfg[m.PeerAddress]; ok {
-		m.PeerPort = int64(c.Port)
+		// From the config: gobgp's state does not echo the password.
+		m.PeerPort, m.TCPPasswordEnabled = int64(c.Port), c.Password != ""
 	}
 	if t := p.Transport; t != nil && t.RemotePort != 0 {
 		m.PeerPort = int64(t.RemotePort)

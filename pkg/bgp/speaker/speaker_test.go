@@ -1,7 +1,14 @@
+// The test routers listen; Go's listeners are MPTCP by default since Go
+// 1.24, and an MPTCP socket refuses TCP_MD5SIG (ENOPROTOOPT), so gobgp
+// could not set a router's password. The node's speaker listens nowhere
+// and dials plain TCP, where the password is set.
+//go:debug multipathtcp=0
+
 package speaker
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -23,6 +30,13 @@ import (
 // and announces 192.0.2.0/24 to it.
 func router(t testing.TB, port int, nodeASN uint32) *server.BgpServer {
 	t.Helper()
+	return routerWithPassword(t, port, nodeASN, "")
+}
+
+// routerWithPassword is router, requiring the TCP MD5 password pw of the
+// node's session ("": none).
+func routerWithPassword(t testing.TB, port int, nodeASN uint32, pw string) *server.BgpServer {
+	t.Helper()
 	r := server.NewBgpServer(server.LoggerOption(newLogger(slog.New(slog.DiscardHandler))))
 	go r.Serve()
 	t.Cleanup(r.Stop)
@@ -33,7 +47,7 @@ func router(t testing.TB, port int, nodeASN uint32) *server.BgpServer {
 	}
 	t.Cleanup(func() { _ = r.StopBgp(context.Background(), &gobgpapi.StopBgpRequest{}) })
 	if err := r.AddPeer(ctx, &gobgpapi.AddPeerRequest{Peer: &gobgpapi.Peer{
-		Conf:      &gobgpapi.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: nodeASN},
+		Conf:      &gobgpapi.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: nodeASN, AuthPassword: pw},
 		Transport: &gobgpapi.Transport{PassiveMode: true},
 		Timers:    &gobgpapi.Timers{Config: &gobgpapi.TimersConfig{HoldTime: 9, KeepaliveInterval: 3, ConnectRetry: 1}},
 	}}); err != nil {
@@ -297,5 +311,55 @@ func TestSpeakerSendsAttributes(t *testing.T) {
 				return found && slices.Equal(comms, changed.Communities) && len(large) == 0
 			})
 		})
+	}
+}
+
+// TestSpeakerMD5: a router that requires a TCP MD5 password (RFC 2385)
+// gets no session from a node without it or with another, and one with
+// the right password; the API says the session has a password, never
+// which.
+func TestSpeakerMD5(t *testing.T) {
+	port, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := routerWithPassword(t, port, 65001, "s3cret-of-the-rack")
+	ctx := context.Background()
+	routerID := netip.MustParseAddr("10.0.0.1")
+	established := func(s *Speaker) bool {
+		peers, err := s.Peers(ctx)
+		return err == nil && len(peers) == 1 && peers[0].SessionState == "established"
+	}
+	for _, pw := range []string{"", "wrong-password"} {
+		s := New(slog.New(slog.DiscardHandler), -1)
+		d := desired(port, 65000, "10.244.1.0/24")
+		d.Peers[0].Password = pw
+		if _, err := s.Apply(ctx, d, routerID, allowed(t)); err != nil {
+			t.Fatal(err)
+		}
+		// The node retries every second (connect retry 1): five tries.
+		time.Sleep(5 * time.Second)
+		if established(s) || len(learned(t, r)) != 1 {
+			t.Errorf("password %q: a session to the router that requires another (router's table %v)", pw, learned(t, r))
+		}
+		s.Stop(ctx)
+	}
+	s := New(slog.New(slog.DiscardHandler), -1)
+	t.Cleanup(func() { s.Stop(context.Background()) })
+	d := desired(port, 65000, "10.244.1.0/24")
+	d.Peers[0].Password = "s3cret-of-the-rack"
+	if _, err := s.Apply(ctx, d, routerID, allowed(t)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the session with the right password", func() bool { return established(s) })
+	eventually(t, "the router to learn the pod CIDR", func() bool {
+		return slices.Equal(learned(t, r), []string{"10.244.1.0/24", "192.0.2.0/24"})
+	})
+	peers, _ := s.Peers(ctx)
+	if !peers[0].TCPPasswordEnabled {
+		t.Error("the peer's model says no password")
+	}
+	if printed := fmt.Sprintf("%v %+v", d.Peers[0], d.Peers); strings.Contains(printed, "s3cret") {
+		t.Error("a peer printed with fmt shows its password")
 	}
 }

@@ -165,6 +165,12 @@ type BGPPeerConfigSpec struct {
 	// +kubebuilder:validation:Maximum=65535
 	// +optional
 	PeerPort *int32 `json:"peerPort,omitempty"`
+	// AuthSecretRef names a Secret in the agents' BGP secrets namespace
+	// (--bgp-secrets-namespace, kube-system by default) whose key
+	// "password" is the session's TCP MD5 password (RFC 2385). A session
+	// whose Secret or key is missing is not opened.
+	// +optional
+	AuthSecretRef *string `json:"authSecretRef,omitempty"`
 }
 
 // BGPTimers are a session's timers, in seconds.
