@@ -120,6 +120,9 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 			w.Netns, w.Gateway, w.ServerIP, workload.FormatPorts(WorldServerPorts), server, w.ClientIP)
 	}
 	fmt.Fprintf(out, "\nHUBBLE RELAY  unix://%s (and %s:%d in %s): %s\n", st.RelaySocket(), st.Nodes[0].Address, RelayPort, st.Nodes[0].Netns, relay)
+	if u := st.UIURL(); u != "" {
+		fmt.Fprintf(out, "\nWEB UI  %s (tendril ui: service map, flows, policy)\n", u)
+	}
 	pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("list pods: %w", err)

@@ -339,6 +339,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return st, err
 	}
 	step(out, start, "hubble relay: %d nodes over mTLS, unix://%s", len(st.Nodes), st.RelaySocket())
+	if err := startUI(ctx, st, exited); err != nil {
+		return st, err
+	}
+	step(out, start, "web UI: %s (tendril ui over the relay)", st.UIURL())
 
 	for _, ns := range []string{metav1.NamespaceDefault, DNSNamespace} {
 		if err := waitDefaultServiceAccount(ctx, cs, ns); err != nil {
