@@ -95,7 +95,8 @@ check_host() {
 # containerd; containerd and the kubelet come from hack/node-binaries.sh).
 # bird2: the lab's BGP router (tendril lab up --bgp, pkg/lab/bgp.go).
 # chromium: the web UI's browser tests (pkg/ui, headless, driven by chromedp).
-packages=(clang llvm libbpf-dev bpftool iproute2 iperf3 iputils-ping ethtool curl jq procps util-linux gcc libc6-dev iptables nftables conntrack runc bird2 chromium)
+# prometheus: the lab's Prometheus (tendril lab up --prometheus, pkg/lab/prometheus.go).
+packages=(clang llvm libbpf-dev bpftool iproute2 iperf3 iputils-ping ethtool curl jq procps util-linux gcc libc6-dev iptables nftables conntrack runc bird2 chromium prometheus)
 missing=()
 for p in "${packages[@]}"; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

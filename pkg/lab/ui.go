@@ -25,7 +25,14 @@ func (s *State) UIURL() string {
 // port, over the lab's relay socket, with node1's agent API for what-if.
 // It waits until the UI reads flows from the relay.
 func startUI(ctx context.Context, st *State, exited map[string]<-chan error) error {
-	port, err := freeport.Loopback(st.APIPort, st.KVStorePort)
+	avoid := []int{st.APIPort, st.KVStorePort}
+	if p := st.Prometheus; p != nil {
+		avoid = append(avoid, p.Port)
+		for _, t := range p.Targets {
+			avoid = append(avoid, t.LocalPort)
+		}
+	}
+	port, err := freeport.Loopback(avoid...)
 	if err != nil {
 		return fmt.Errorf("pick the UI's port: %w", err)
 	}
