@@ -5,7 +5,8 @@
 
 const SVG = "http://www.w3.org/2000/svg";
 const $ = (sel) => document.querySelector(sel);
-const state = { ns: "", window: "", tab: "map", map: null, stream: null, rows: [], workload: "" };
+// ?namespace=NS opens the page on that namespace (links, tests).
+const state = { ns: new URLSearchParams(location.search).get("namespace") || "", window: "", tab: "map", map: null, stream: null, rows: [], workload: "" };
 const MAX_ROWS = 500;
 
 function el(tag, attrs, ...children) {
@@ -47,6 +48,7 @@ async function refreshStatus() {
     if (have.join("\n") !== want.join("\n")) {
       sel.replaceChildren(...want.map((n) => el("option", { value: n }, n || "all namespaces")));
       if (!state.ns && nss.length) state.ns = nss.includes("demo") ? "demo" : nss[0];
+      if (!want.includes(state.ns)) sel.append(el("option", { value: state.ns }, state.ns));
       sel.value = state.ns;
     }
   } catch (e) {
