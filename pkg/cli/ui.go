@@ -27,6 +27,7 @@ const DefaultUIListen = "127.0.0.1:12000"
 
 func newUICommand(*Options) *cobra.Command {
 	var relay, listen, agent string
+	var history []string
 	var capacity int
 	cmd := &cobra.Command{
 		Use:   "ui",
@@ -36,7 +37,8 @@ namespace (workloads, Services, the world and the host, with the observed traffi
 protocol, port, rate and verdict; drops in red with the policy that dropped them), a flow
 table with hubble observe's filters, following live or over a time range, and a policy view
 (the policies acting on a workload with their verdicts, the policy suggested from its flows,
-and what-if for a pasted policy). It keeps the last --capacity flows. Its assets are in the
+and what-if for a pasted policy). It keeps the last --capacity flows; --history-file
+makes flow export files searchable for older ones. Its assets are in the
 binary: it needs nothing from the Internet. --agent names an agent's API whose rules in
 force what-if compares with (without it: with no rules).`,
 		Args:              cobra.NoArgs,
@@ -45,7 +47,7 @@ force what-if compares with (without it: with no rules).`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
-			cfg := ui.Config{Relay: relay, Capacity: capacity}
+			cfg := ui.Config{Relay: relay, Capacity: capacity, HistoryFiles: history}
 			if agent != "" {
 				c, err := client.New(agent)
 				if err != nil {
@@ -88,5 +90,6 @@ force what-if compares with (without it: with no rules).`,
 	f.StringVar(&listen, "listen", DefaultUIListen, "Address to serve the UI on (host:port)")
 	f.StringVar(&agent, "agent", "", "An agent's API (unix://PATH) whose rules in force what-if compares with")
 	f.IntVar(&capacity, "capacity", ui.DefaultCapacity, "How many recent flows the UI keeps")
+	f.StringSliceVar(&history, "history-file", nil, "Flow export files (an agent's --hubble-export-file-path; its rotated FILE.N are read too) the page searches for history beyond the ring (repeatable)")
 	return cmd
 }

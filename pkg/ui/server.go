@@ -41,6 +41,10 @@ type Config struct {
 	Rules func(context.Context) (api.Rules, error)
 	// RulesSource names where Rules reads, for the page.
 	RulesSource string
+	// HistoryFiles are flow export files (the agents'
+	// --hubble-export-file-path, with their rotated backups) searched by
+	// /api/history, for history beyond the ring.
+	HistoryFiles []string
 	// StreamBatch is how often the live stream sends what it gathered
 	// (DefaultStreamBatch when 0).
 	StreamBatch time.Duration
@@ -93,6 +97,7 @@ func New(cfg Config, log *slog.Logger) *Server {
 	s.mux.HandleFunc("GET /api/flows", s.flows)
 	s.mux.HandleFunc("GET /api/stream", s.stream)
 	s.mux.HandleFunc("GET /api/policy", s.policy)
+	s.mux.HandleFunc("GET /api/history", s.history)
 	s.mux.HandleFunc("POST /api/whatif", s.whatif)
 	return s
 }
@@ -214,11 +219,14 @@ type Status struct {
 	Seen        uint64 `json:"seen"`
 	Capacity    int    `json:"capacity"`
 	RulesSource string `json:"rulesSource"`
+	// History says whether /api/history has files to search.
+	History bool `json:"history"`
 }
 
 func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
-	st := Status{Relay: s.cfg.Relay, Connected: s.connected, Error: s.lastErr, Capacity: s.cfg.Capacity, RulesSource: s.cfg.RulesSource}
+	st := Status{Relay: s.cfg.Relay, Connected: s.connected, Error: s.lastErr, Capacity: s.cfg.Capacity, RulesSource: s.cfg.RulesSource,
+		History: len(s.cfg.HistoryFiles) > 0}
 	s.mu.Unlock()
 	st.Flows, st.Seen = s.store.Len(), s.store.Seen()
 	if st.RulesSource == "" {

@@ -41,6 +41,7 @@ async function refreshStatus() {
     s.textContent = (st.connected ? "relay " : "relay unreachable ") + st.relay + " · " + st.flows + " flows held (" + st.seen + " seen)" + (st.error ? " · " + st.error : "");
     s.classList.toggle("down", !st.connected);
     $("#rules-source").textContent = st.rulesSource;
+    $("#history-box").hidden = !st.history;
     const nss = await getJSON("/api/namespaces");
     const sel = $("#namespace");
     const have = Array.from(sel.options).map((o) => o.value);
@@ -164,7 +165,8 @@ function flowQuery() {
   for (const k of ["pod", "label", "verdict", "protocol", "port", "policy", "since", "until"]) q[k] = (f.get(k) || "").trim();
   const p = new URLSearchParams();
   for (const [k, v] of Object.entries(q)) if (v) p.set(k, v);
-  return { params: p, follow: f.get("follow") === "on" && !q.until };
+  const history = f.get("history") === "on";
+  return { params: p, follow: f.get("follow") === "on" && !q.until && !history, history };
 }
 
 function rowOf(r) {
@@ -189,13 +191,14 @@ function renderRows(note) {
 
 async function loadFlows() {
   if (state.stream) { state.stream.close(); state.stream = null; }
-  const { params: p, follow } = flowQuery();
+  const { params: p, follow, history } = flowQuery();
   p.set("limit", String(MAX_ROWS));
   try {
-    const list = await getJSON("/api/flows?" + p);
+    const list = await getJSON((history ? "/api/history?" : "/api/flows?") + p);
     state.rows = list.flows;
     let skipped = 0;
-    renderRows(list.matched + " matching flows held" + (list.matched > list.flows.length ? ", the last " + list.flows.length + " shown" : "") + (follow ? "; following" : ""));
+    const where = history ? " in the export files (" + list.files.length + " read" + (list.unreadable ? ", " + list.unreadable + " unreadable lines skipped" : "") + ")" : " held";
+    renderRows(list.matched + " matching flows" + where + (list.matched > list.flows.length ? ", the last " + list.flows.length + " shown" : "") + (follow ? "; following" : ""));
     if (!follow) return;
     p.delete("limit");
     state.stream = new EventSource("/api/stream?" + p);
