@@ -1,12 +1,14 @@
 package ui
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/tendril-net/tendril/pkg/hubble/exporter"
 	"github.com/tendril-net/tendril/pkg/ui/uitest"
 )
 
@@ -14,7 +16,19 @@ import (
 // server reading a real Hubble server fed the lab demo's traffic.
 func TestBrowserServiceMapFlowsPolicy(t *testing.T) {
 	ctx := uitest.Browser(t)
-	demo, s, hs := uiOverDemo(t, Config{StreamBatch: 50 * time.Millisecond})
+	// An export file of earlier flows, for the table's history search.
+	history := filepath.Join(t.TempDir(), "flows.json")
+	ex, err := exporter.New(exporter.Config{Path: history, MaxSizeBytes: 1 << 20}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range demoFlows(t, time.Now().Add(-time.Hour), 7) {
+		ex.Export(f)
+	}
+	if err := ex.Close(); err != nil {
+		t.Fatal(err)
+	}
+	demo, s, hs := uiOverDemo(t, Config{StreamBatch: 50 * time.Millisecond, HistoryFiles: []string{history}})
 	for i := range 3 {
 		demo.round(t, time.Duration(i)*time.Second, uint16(40000+i))
 	}
@@ -28,6 +42,9 @@ func TestBrowserServiceMapFlowsPolicy(t *testing.T) {
 		chromedp.WaitVisible(`g.edge.forwarded[data-source="demo/frontend"][data-target="demo/backend"]`),
 		chromedp.WaitVisible(`g.edge.dropped[data-source="demo/other"][data-target="demo/backend"]`),
 	)
+	// How long the page took to load its assets (logged, not bounded).
+	load := uitest.Value(t, ctx, "the page's load time", chromedp.Evaluate[float64](`performance.getEntriesByType('navigation')[0].loadEventEnd`))
+	t.Logf("the page and its assets loaded in %.0f ms", load)
 	drop := uitest.Value(t, ctx, "the dropped edge", chromedp.Evaluate[edgeLook](`(() => {
 		const g = document.querySelector('g.edge.dropped[data-source="demo/other"][data-target="demo/backend"]');
 		return { Text: g.querySelector('text').textContent, Stroke: getComputedStyle(g.querySelector('path')).stroke }; })()`))
@@ -48,6 +65,16 @@ func TestBrowserServiceMapFlowsPolicy(t *testing.T) {
 	uitest.Do(t, ctx, "the followed drops",
 		uitest.Poll(`(() => { const rows = document.querySelectorAll('#flows tbody tr.flow');
 			return rows.length === 8 && Array.from(rows).every(r => r.dataset.verdict === 'DROPPED'); })()`),
+	)
+
+	// The export files: the seven earlier rounds' audit verdicts.
+	uitest.Do(t, ctx, "the history search",
+		chromedp.SetValue(`select[name="verdict"]`, "AUDIT"),
+		chromedp.Click(`#history-box input`),
+		chromedp.Click(`#filters button[type="submit"]`),
+		uitest.Poll(`(() => { const rows = document.querySelectorAll('#flows tbody tr.flow');
+			return rows.length === 7 && Array.from(rows).every(r => r.dataset.verdict === 'AUDIT')
+				&& document.querySelector('#flows-info').textContent.includes('export files'); })()`),
 	)
 
 	// The policy view of the backend (a click on its node): the suggested
