@@ -27,7 +27,7 @@ const DefaultUIListen = "127.0.0.1:12000"
 
 func newUICommand(*Options) *cobra.Command {
 	var relay, listen, agent string
-	var history []string
+	var history, allowedHosts []string
 	var capacity int
 	cmd := &cobra.Command{
 		Use:   "ui",
@@ -47,7 +47,7 @@ force what-if compares with (without it: with no rules).`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
-			cfg := ui.Config{Relay: relay, Capacity: capacity, HistoryFiles: history}
+			cfg := ui.Config{Relay: relay, Capacity: capacity, HistoryFiles: history, AllowedHosts: allowedHosts}
 			if agent != "" {
 				c, err := client.New(agent)
 				if err != nil {
@@ -90,6 +90,7 @@ force what-if compares with (without it: with no rules).`,
 	f.StringVar(&listen, "listen", DefaultUIListen, "Address to serve the UI on (host:port)")
 	f.StringVar(&agent, "agent", "", "An agent's API (unix://PATH) whose rules in force what-if compares with")
 	f.IntVar(&capacity, "capacity", ui.DefaultCapacity, "How many recent flows the UI keeps")
+	f.StringSliceVar(&allowedHosts, "allowed-host", nil, "Host names the page may be reached by besides addresses and localhost (behind a proxy or an ingress); others are refused (repeatable)")
 	f.StringSliceVar(&history, "history-file", nil, "Flow export files (an agent's --hubble-export-file-path; its rotated FILE.N are read too) the page searches for history beyond the ring (repeatable)")
 	return cmd
 }

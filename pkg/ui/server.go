@@ -45,6 +45,11 @@ type Config struct {
 	// --hubble-export-file-path, with their rotated backups) searched by
 	// /api/history, for history beyond the ring.
 	HistoryFiles []string
+	// AllowedHosts are host names (besides literal addresses and
+	// localhost) the page may be reached by, as the Host header names
+	// them; a request for any other is refused, so a web site whose name
+	// is rebound to the UI's address cannot read the flows.
+	AllowedHosts []string
 	// StreamBatch is how often the live stream sends what it gathered
 	// (DefaultStreamBatch when 0).
 	StreamBatch time.Duration
@@ -106,11 +111,39 @@ func New(cfg Config, log *slog.Logger) *Server {
 func (s *Server) Store() *Store { return s.store }
 
 // Handler serves the page and its API.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
+
+// serveHTTP refuses a request for a host name the UI does not answer to:
+// the page has no login, and a browser lets any site whose DNS name is
+// rebound to the UI's address read it unless the name is checked.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.hostAllowed(r.Host) {
+		writeError(w, http.StatusForbidden, fmt.Errorf("host %q is not one this UI answers to (tendril ui --allowed-host)", r.Host))
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *Server) hostAllowed(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if net.ParseIP(host) != nil || strings.EqualFold(host, "localhost") {
+		return true
+	}
+	for _, h := range s.cfg.AllowedHosts {
+		if strings.EqualFold(h, host) {
+			return true
+		}
+	}
+	return false
+}
 
 // Serve serves HTTP on l until ctx ends.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second,
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	go func() {
 		<-ctx.Done()

@@ -194,3 +194,30 @@ func TestStaticAssetsEmbedded(t *testing.T) {
 		}
 	}
 }
+
+// TestHostChecked: the page answers for addresses, localhost and the
+// allowed names only, so a site whose name is rebound to the UI's address
+// (DNS rebinding) cannot read the flows from a browser.
+func TestHostChecked(t *testing.T) {
+	hs := httptest.NewServer(New(Config{Relay: "unix:///nonexistent", AllowedHosts: []string{"ui.example"}}, nil).Handler())
+	defer hs.Close()
+	for host, want := range map[string]int{
+		"127.0.0.1:12000": 200, "localhost:12000": 200, "[::1]:12000": 200, "LOCALHOST": 200, "ui.example": 200, "ui.example:80": 200,
+		"evil.example:12000": 403, "evil.example": 403, "127.0.0.1.evil.example": 403,
+	} {
+		req, err := http.NewRequest(http.MethodGet, hs.URL+"/api/status", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: %d %s, want %d", host, resp.StatusCode, b, want)
+		}
+	}
+}
