@@ -96,6 +96,12 @@ $T observe --server "$hubble_node1" --last 1 --type policy-verdict --from-pod de
 step "tendril status of node1"
 $T $node1 status
 
+step "The web UI (tendril ui over the relay): the service map, the flows, the policy view"
+ui_port=${TENDRIL_UI%/}
+ui_port=${ui_port##*:}
+echo "  $TENDRIL_UI  -- open it in a browser (from another machine: ssh -L $ui_port:127.0.0.1:$ui_port this-machine)"
+curl -s "${TENDRIL_UI}api/status" | sed 's/^/  its status: /'
+
 step "Done. The lab stays up; try next:"
 cat <<TRY
   eval "\$($T lab env)"                      # KUBECONFIG, kubectl alias, TENDRIL_SOCK (node1)
@@ -108,6 +114,7 @@ cat <<TRY
   $T -H \$TENDRIL_SOCK_NODE2 endpoint list
   $T -H \$TENDRIL_SOCK_NODE2 ip list         # the ipcache: pods of both nodes with their identities
   $T observe --server $hubble_node1 --follow   # node1's flows as they happen (or: hubble observe --server ...)
+  open $TENDRIL_UI                             # the web UI: service map (other -> backend in red), flows, policy
   $T connectivity test --keep                 # and look at namespace tendril-connectivity afterwards
   kubectl delete tnp -n demo allow-frontend; kubectl label pod -n demo other app=frontend --overwrite
   make demo-down                              # tendril lab down: removes everything

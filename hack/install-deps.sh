@@ -94,7 +94,9 @@ check_host() {
 # runc: the OCI runtime of the lab's real nodes (tendril lab up --runtime
 # containerd; containerd and the kubelet come from hack/node-binaries.sh).
 # bird2: the lab's BGP router (tendril lab up --bgp, pkg/lab/bgp.go).
-packages=(clang llvm libbpf-dev bpftool iproute2 iperf3 iputils-ping ethtool curl jq procps util-linux gcc libc6-dev iptables nftables conntrack runc bird2)
+# chromium: the web UI's browser tests (pkg/ui, headless, driven by chromedp).
+# prometheus: the lab's Prometheus (tendril lab up --prometheus, pkg/lab/prometheus.go).
+packages=(clang llvm libbpf-dev bpftool iproute2 iperf3 iputils-ping ethtool curl jq procps util-linux gcc libc6-dev iptables nftables conntrack runc bird2 chromium prometheus)
 missing=()
 for p in "${packages[@]}"; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

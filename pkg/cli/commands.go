@@ -18,6 +18,7 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newObserveCommand,
 		newStateDBCommand,
 		newRelayCommand,
+		newUICommand,
 		newCNICommand,
 		newMetricsCommand,
 		newHealthCommand,

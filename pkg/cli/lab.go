@@ -56,6 +56,7 @@ answers with the pod's name. Needs root. See docs/lab.md.`,
 		newLabProbeCommand(&name),
 		newLabKubeletCommand(&name),
 		newLabNodeProxyCommand(&name),
+		newLabMetricsForwardCommand(&name),
 		newLabWorkloadCommand(),
 	)
 	return cmd
@@ -110,6 +111,7 @@ func newLabUpCommand(name *string) *cobra.Command {
 	cmd.Flags().StringVar(&cfg.RoutingMode, "routing-mode", "", "The agents' --routing-mode: native (routes to the other nodes' pod CIDRs via them) or tunnel (VXLAN between the nodes, no pod CIDR route via the lab bridge)")
 	cmd.Flags().BoolVar(&cfg.KVStore, "kvstore", false, "Run an etcd as Tendril's kvstore: agents and operators allocate identities there (--identity-allocation-mode kvstore) and the agents publish their endpoints' ipcache keys")
 	cmd.Flags().BoolVar(&cfg.BGP, "bgp", false, "Run a BGP router (BIRD) in the world that every node's agent peers with (--enable-bgp-control-plane): the nodes announce their pod CIDRs and the load-balancer addresses of Services labelled "+lab.BGPServiceLabel+"=true, from the pool "+lab.BGPPoolCIDR+", which the world reaches through the learned routes")
+	cmd.Flags().BoolVar(&cfg.Prometheus, "prometheus", false, "Run Debian's prometheus (in the machine's namespace, on a free loopback port) scraping every agent (with every flow metric), the operators and the relay; dashboards in install/grafana")
 	cmd.Flags().StringArrayVar(&cfg.OperatorArgs, "operator-arg", nil, "Extra flag for every tendril-operator, repeatable (e.g. --operator-arg=--identity-gc-interval=10s)")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "Extra flag for every node's tendril-agent, repeatable (e.g. --agent-arg=--datapath-attach-mode=tc)")
 	cmd.Flags().StringVar(&cfg.Runtime, "runtime", "", "containerd: run each node as the upstream kubelet and containerd (hack/node-binaries.sh builds them), with the images of make images imported (work in progress: docs/containerd-lab-status.md)")
@@ -421,6 +423,24 @@ func newLabKubeletCommand(name *string) *cobra.Command {
 	cmd.Flags().StringVar(&node, "node", "", "The node this kubelet runs")
 	cmd.Flags().BoolVar(&schedule, "schedule", false, "Also bind unscheduled pods to nodes")
 	return cmd
+}
+
+func newLabMetricsForwardCommand(name *string) *cobra.Command {
+	return &cobra.Command{
+		Use:    "metrics-forward",
+		Short:  "Forward the lab Prometheus' loopback ports to the metrics of the agents and the relay in the node namespaces (started by lab up --prometheus)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := lab.LoadState(*name)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			return lab.RunMetricsForward(ctx, st, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)))
+		},
+	}
 }
 
 func newLabNodeProxyCommand(name *string) *cobra.Command {

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,15 +20,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/timestamppb"
-	networkingv1 "k8s.io/api/networking/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tendril-net/tendril/pkg/hubble"
-	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
-	"github.com/tendril-net/tendril/pkg/labels"
 	"github.com/tendril-net/tendril/pkg/policy/api"
-	policyk8s "github.com/tendril-net/tendril/pkg/policy/k8s"
 	"github.com/tendril-net/tendril/pkg/policy/observed"
 )
 
@@ -190,7 +184,7 @@ verdict changes, grouped by source and destination workload.`,
 			if err != nil {
 				return err
 			}
-			cands, err := parseCandidates(data)
+			cands, err := observed.ParseCandidates(data)
 			if err != nil {
 				return fmt.Errorf("%s: %w", file, err)
 			}
@@ -261,82 +255,4 @@ func printChanges(out io.Writer, format string, changes []observed.Change, nconn
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", g.Src, g.Dst, strings.Join(g.Ports, ","), g.Connections, verdictWord(g.Before), verdictWord(g.After))
 	}
 	return tw.Flush()
-}
-
-// parseCandidates reads policy objects from YAML or JSON documents.
-func parseCandidates(data []byte) ([]observed.Candidate, error) {
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	var out []observed.Candidate
-	for i := 0; ; i++ {
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			return nil, fmt.Errorf("document %d: %w", i+1, err)
-		}
-		if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
-			continue
-		}
-		var meta struct{ Kind string }
-		if err := json.Unmarshal(raw, &meta); err != nil {
-			return nil, fmt.Errorf("document %d: %w", i+1, err)
-		}
-		c, err := candidate(meta.Kind, raw)
-		if err != nil {
-			return nil, fmt.Errorf("document %d (%s): %w", i+1, meta.Kind, err)
-		}
-		out = append(out, c)
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("no policy in the file")
-	}
-	return out, nil
-}
-
-func candidate(kind string, raw []byte) (observed.Candidate, error) {
-	key := func(derived, ns, name string) api.LabelArray {
-		l := api.LabelArray{{Source: labels.SourceK8s, Key: policyk8s.KeyPolicyDerivedFrom, Value: derived}, {Source: labels.SourceK8s, Key: policyk8s.KeyPolicyName, Value: name}}
-		if ns != "" {
-			l = append(l, labels.Label{Source: labels.SourceK8s, Key: policyk8s.KeyPolicyNamespace, Value: ns})
-		}
-		return l
-	}
-	switch kind {
-	case "NetworkPolicy":
-		var np networkingv1.NetworkPolicy
-		if err := json.Unmarshal(raw, &np); err != nil {
-			return observed.Candidate{}, err
-		}
-		if np.Namespace == "" {
-			np.Namespace = "default"
-		}
-		rules, err := policyk8s.Translate(&np)
-		if err != nil {
-			return observed.Candidate{}, err
-		}
-		return observed.Candidate{Match: policyk8s.KeyLabels(np.Namespace, np.Name), Namespace: np.Namespace, Source: policyk8s.Source(np.Namespace, np.Name), Rules: rules}, nil
-	case "TendrilNetworkPolicy", "TendrilClusterwideNetworkPolicy":
-		var obj v1alpha1.TendrilNetworkPolicy
-		if err := json.Unmarshal(raw, &obj); err != nil {
-			return observed.Candidate{}, err
-		}
-		ns := obj.Namespace
-		if kind == "TendrilNetworkPolicy" && ns == "" {
-			ns = "default"
-		}
-		if kind == "TendrilClusterwideNetworkPolicy" {
-			ns = ""
-		}
-		var rules api.Rules
-		if obj.Spec != nil {
-			rules = append(rules, obj.Spec)
-		}
-		rules = append(rules, obj.Specs...)
-		if len(rules) == 0 {
-			return observed.Candidate{}, fmt.Errorf("%s %s has neither spec nor specs", kind, obj.Name)
-		}
-		return observed.Candidate{Match: key(kind, ns, obj.Name), Namespace: ns, Source: kind + "/" + ns + "/" + obj.Name, Rules: rules}, nil
-	}
-	return observed.Candidate{}, fmt.Errorf("kind %q: want NetworkPolicy, TendrilNetworkPolicy or TendrilClusterwideNetworkPolicy", kind)
 }

@@ -24,6 +24,7 @@ func newRelayCommand(*Options) *cobra.Command {
 			func() relay.Version { return relay.Version(version.Version) },
 		),
 		relay.Cell,
+		relay.MetricsCell,
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",

@@ -31,6 +31,9 @@ func (s *State) EnvExports() (string, error) {
 	}
 	fmt.Fprintf(&b, "export TENDRIL_HUBBLE_SERVER=unix://%s\n", s.RelaySocket())
 	fmt.Fprintf(&b, "export HUBBLE_SERVER=unix://%s\n", s.RelaySocket())
+	if u := s.UIURL(); u != "" {
+		fmt.Fprintf(&b, "export TENDRIL_UI=%s\n", u)
+	}
 	return b.String(), nil
 }
 

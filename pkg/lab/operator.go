@@ -35,8 +35,16 @@ func startOperators(ctx context.Context, cfg Config, st *State, cs kubernetes.In
 	}
 	for i := 1; i <= cfg.Operators; i++ {
 		role := "operator-" + strconv.Itoa(i)
+		apiAddr := "127.0.0.1:0"
+		if st.Prometheus != nil {
+			port, err := operatorMetricsPort(st, role)
+			if err != nil {
+				return err
+			}
+			apiAddr = "127.0.0.1:" + strconv.Itoa(port)
+		}
 		argv := []string{filepath.Join(st.BinDir, "tendril-operator"), "--kubeconfig", st.Kubeconfig,
-			"--operator-id", st.Name + "-" + role, "--operator-api-serve-addr", "127.0.0.1:0"}
+			"--operator-id", st.Name + "-" + role, "--operator-api-serve-addr", apiAddr}
 		if cfg.IPAM == "cluster-pool" {
 			argv = append(argv, "--ipam", "cluster-pool", "--cluster-pool-ipv4-cidr", ClusterPoolCIDR, "--cluster-pool-ipv4-mask-size", "24")
 		}

@@ -133,6 +133,12 @@ type State struct {
 	World *World `json:"world,omitempty"`
 	// BGP is the lab's BGP router (lab up --bgp; bgp.go); nil without.
 	BGP *BGPRouter `json:"bgp,omitempty"`
+	// UIPort is the port of the lab's web UI (tendril ui, ui.go) on the
+	// machine's 127.0.0.1; 0: none.
+	UIPort int `json:"uiPort,omitempty"`
+	// Prometheus is the lab's Prometheus (lab up --prometheus,
+	// prometheus.go); nil without.
+	Prometheus *Prometheus `json:"prometheus,omitempty"`
 }
 
 // KVStoreURL is the kvstore's client URL from the machine's namespace

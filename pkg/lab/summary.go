@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"sort"
 	"strconv"
 	"strings"
@@ -120,6 +121,17 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 			w.Netns, w.Gateway, w.ServerIP, workload.FormatPorts(WorldServerPorts), server, w.ClientIP)
 	}
 	fmt.Fprintf(out, "\nHUBBLE RELAY  unix://%s (and %s:%d in %s): %s\n", st.RelaySocket(), st.Nodes[0].Address, RelayPort, st.Nodes[0].Netns, relay)
+	if p := st.Prometheus; p != nil {
+		up, err := PrometheusTargetsUp(&http.Client{Timeout: 2 * time.Second}, p)
+		state := fmt.Sprintf("%d/%d targets up", up, len(p.Targets))
+		if err != nil {
+			state = err.Error()
+		}
+		fmt.Fprintf(out, "\nPROMETHEUS  %s: %s (dashboards: install/grafana)\n", p.URL(), state)
+	}
+	if u := st.UIURL(); u != "" {
+		fmt.Fprintf(out, "\nWEB UI  %s (tendril ui: service map, flows, policy)\n", u)
+	}
 	pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("list pods: %w", err)

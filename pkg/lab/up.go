@@ -63,6 +63,10 @@ type Config struct {
 	// bridge) or "tunnel" (VXLAN between the nodes; no node has a route
 	// to another's pod CIDR via the bridge).
 	RoutingMode string
+	// Prometheus runs Debian's prometheus scraping every agent, the
+	// operators and the relay (prometheus.go); the agents serve their
+	// metrics and every flow metric.
+	Prometheus bool
 	// Out receives progress and the summary.
 	Out io.Writer
 }
@@ -137,6 +141,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	}
 	if err := ValidateRuntime(cfg.Runtime); err != nil {
 		return nil, err
+	}
+	if cfg.Prometheus && cfg.Runtime == RuntimeContainerd {
+		return nil, fmt.Errorf("--prometheus runs with the lab's own kubelet only, not --runtime %s", RuntimeContainerd)
 	}
 	if cfg.BGP && cfg.Operators == 0 {
 		return nil, fmt.Errorf("--bgp needs tendril-operator (the CRDs and the load-balancer addresses): --operators 1 or more")
@@ -256,6 +263,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		st.NetNetns, len(st.Nodes), NodeSubnetPrefix, NodeSubnetBits, st.World.Netns, st.World.Gateway)
 
 	hubbleArgs, relayTLSArgs, err := hubblePKI(st)
+	if err == nil && cfg.Prometheus {
+		err = planPrometheus(st)
+	}
 	if err != nil {
 		return st, err
 	}
@@ -309,6 +319,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			// on-link (its l2Announcements, lbpool.go).
 			"--enable-l2-announcements"}
 		argv = append(argv, hubbleArgs[n.Name]...)
+		if cfg.Prometheus {
+			argv = append(argv, agentMetricsArgs(n)...)
+		}
 		if cfg.BGP {
 			argv = append(argv, "--enable-bgp-control-plane")
 		}
@@ -335,10 +348,17 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 	}
 	step(out, start, "tendril-agents: %d serving", len(st.Nodes))
+	if cfg.Prometheus {
+		relayTLSArgs = append(relayTLSArgs, "--prometheus-serve-addr", net.JoinHostPort(st.Nodes[0].Address, strconv.Itoa(RelayMetricsPort)))
+	}
 	if err := startRelay(ctx, st, relayTLSArgs, exited); err != nil {
 		return st, err
 	}
 	step(out, start, "hubble relay: %d nodes over mTLS, unix://%s", len(st.Nodes), st.RelaySocket())
+	if err := startUI(ctx, st, exited); err != nil {
+		return st, err
+	}
+	step(out, start, "web UI: %s (tendril ui over the relay)", st.UIURL())
 
 	for _, ns := range []string{metav1.NamespaceDefault, DNSNamespace} {
 		if err := waitDefaultServiceAccount(ctx, cs, ns); err != nil {
@@ -364,6 +384,12 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return st, err
 	}
 	step(out, start, "cluster DNS: CoreDNS on %d nodes behind %s/%s at %s", len(dnsNodes(st)), DNSNamespace, DNSServiceName, ClusterDNSIP)
+	if cfg.Prometheus {
+		if err := startPrometheus(ctx, st, exited); err != nil {
+			return st, err
+		}
+		step(out, start, "prometheus: %s scraping %d targets (install/grafana has dashboards)", st.Prometheus.URL(), len(st.Prometheus.Targets))
+	}
 	fmt.Fprintln(out)
 	if err := Summary(ctx, st, cs, out); err != nil {
 		return st, err

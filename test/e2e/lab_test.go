@@ -113,7 +113,9 @@ func startLab(dir string) (*env, error) {
 	out, err := exec.CommandContext(ctx, tendrilBin, "lab", "up", "--name", labName, "--nodes", "2",
 		"--pods-per-node", fmt.Sprint(podsPerNode), "--bin-dir", dir,
 		// A BGP router in the world peering with every node (bgp_test.go).
-		"--bgp").CombinedOutput()
+		"--bgp",
+		// Prometheus scraping every component (prometheus_test.go).
+		"--prometheus").CombinedOutput()
 	upOutput = string(out)
 	if err != nil {
 		return nil, fmt.Errorf("tendril lab up: %w\n%s", err, out)
