@@ -252,7 +252,7 @@ type Source struct {
 	// that changes none of them writes nothing.
 	applied map[string][]loadbalancer.RedirectBackend
 	synced  map[string]bool
-	done     func()
+	done    func()
 }
 
 // New returns a source writing through w; the frontends table is not
