@@ -22,7 +22,7 @@ func svcPolicy(ns, name string) *v1alpha1.TendrilLocalRedirectPolicy {
 			RedirectFrontend: v1alpha1.RedirectFrontend{ServiceMatcher: &v1alpha1.LRPServiceMatcher{ServiceName: "kube-dns", Namespace: ns}},
 			RedirectBackend: v1alpha1.RedirectBackend{
 				LocalEndpointSelector: metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "node-local-dns"}},
-				ToPorts: []v1alpha1.LRPPort{{Port: "53", Protocol: "UDP", Name: "dns"}, {Port: "53", Protocol: "TCP", Name: "dns-tcp"}},
+				ToPorts:               []v1alpha1.LRPPort{{Port: "53", Protocol: "UDP", Name: "dns"}, {Port: "53", Protocol: "TCP", Name: "dns-tcp"}},
 			},
 		},
 	}
