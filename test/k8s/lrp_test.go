@@ -226,12 +226,18 @@ func TestPrivilegedLocalRedirectDNSCache(t *testing.T) {
 			RedirectFrontend: v1alpha1.RedirectFrontend{AddressMatcher: &v1alpha1.LRPAddressMatcher{IP: "169.254.20.10",
 				ToPorts: []v1alpha1.LRPPort{lrpPort("53", "UDP", "dns")}}},
 			RedirectBackend: backend}},
-		// Refused: another namespace's Service, and a bad address.
+		// Refused: another namespace's Service, a bad address, and an
+		// address from a namespace the agent does not let redirect
+		// addresses (it would redirect every pod of the node).
 		{ObjectMeta: metav1.ObjectMeta{Name: "steal-dns", Namespace: tenant}, Spec: v1alpha1.LocalRedirectPolicySpec{
 			RedirectFrontend: v1alpha1.RedirectFrontend{ServiceMatcher: &v1alpha1.LRPServiceMatcher{ServiceName: "kube-dns", Namespace: ns}},
 			RedirectBackend:  backend}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "bad-ip", Namespace: tenant}, Spec: v1alpha1.LocalRedirectPolicySpec{
 			RedirectFrontend: v1alpha1.RedirectFrontend{AddressMatcher: &v1alpha1.LRPAddressMatcher{IP: "169.254.20.300",
+				ToPorts: []v1alpha1.LRPPort{lrpPort("53", "UDP", "dns")}}},
+			RedirectBackend: backend}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "tenant-addr", Namespace: tenant}, Spec: v1alpha1.LocalRedirectPolicySpec{
+			RedirectFrontend: v1alpha1.RedirectFrontend{AddressMatcher: &v1alpha1.LRPAddressMatcher{IP: "169.254.20.11",
 				ToPorts: []v1alpha1.LRPPort{lrpPort("53", "UDP", "dns")}}},
 			RedirectBackend: backend}},
 	}
@@ -244,7 +250,8 @@ func TestPrivilegedLocalRedirectDNSCache(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = os.Remove(cg) })
 	// The agent installs the CRDs at its start; the policies follow.
-	a := startAgent(t, nodeName, "--enable-datapath=true", "--bpf-root", root, "--ipv4-range", "10.244.33.0/24", "--ipv6-range", "none", "--cgroup-root", cg)
+	a := startAgent(t, nodeName, "--enable-datapath=true", "--bpf-root", root, "--ipv4-range", "10.244.33.0/24", "--ipv6-range", "none", "--cgroup-root", cg,
+		"--lrp-address-matcher-namespaces", ns)
 	a.waitServing(t)
 	for _, p := range policies {
 		eventually(t, "the policy CRD to take "+p.Name, func() (bool, error) {
@@ -264,10 +271,15 @@ func TestPrivilegedLocalRedirectDNSCache(t *testing.T) {
 	}
 	eventually(t, "the status to count the policies", func() (bool, error) {
 		v := section(a.status(t), "Services", "local redirect policies")
-		return strings.HasPrefix(v, "2 applied, 2 refused"), fmt.Errorf("status line %q", v)
+		return strings.HasPrefix(v, "2 applied, 3 refused"), fmt.Errorf("status line %q", v)
 	})
-	if !strings.Contains(a.logs.String(), "own namespace") || !strings.Contains(a.logs.String(), "169.254.20.300") {
-		t.Errorf("the agent's log does not say why the two policies were refused")
+	for _, why := range []string{"own namespace", "169.254.20.300", "namespace lrp-tenant may not redirect addresses"} {
+		if !strings.Contains(a.logs.String(), why) {
+			t.Errorf("the agent's log does not say why a policy was refused (%q)", why)
+		}
+	}
+	if st := readFrontend(t, root, maps.Frontend{Addr: netip.MustParseAddr("169.254.20.11"), Port: 53, Proto: maps.ProtoUDP}); st.found {
+		t.Errorf("a refused policy's address reached the LB maps: %+v", st)
 	}
 
 	// A pod's DNS, through the socket LB.
@@ -328,7 +340,7 @@ func TestPrivilegedLocalRedirectDNSCache(t *testing.T) {
 				t.Errorf("cilium-dbg lrp list lacks %q", want)
 			}
 		}
-		for _, refused := range []string{"steal-dns", "bad-ip", "10.244.33.66"} {
+		for _, refused := range []string{"steal-dns", "bad-ip", "tenant-addr", "10.244.33.66"} {
 			if strings.Contains(string(list), refused) {
 				t.Errorf("cilium-dbg lrp list shows %q, which was refused", refused)
 			}

@@ -66,11 +66,16 @@ type Config struct {
 	// addressMatcher may redirect (empty: any unicast address), as
 	// Cilium's localRedirectPolicies.addressMatcherCIDRs.
 	LRPAddressMatcherCIDRs []string `mapstructure:"lrp-address-matcher-cidrs"`
+	// LRPAddressMatcherNamespaces are the namespaces whose policies may
+	// use an addressMatcher, which redirects every pod of the node ("*":
+	// any; default kube-system). serviceMatchers are allowed everywhere:
+	// they redirect only their own namespace's Service.
+	LRPAddressMatcherNamespaces []string `mapstructure:"lrp-address-matcher-namespaces"`
 }
 
 // DefaultConfig are the services' defaults.
 func DefaultConfig() Config {
-	return Config{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true}
+	return Config{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true, LRPAddressMatcherNamespaces: []string{"kube-system"}}
 }
 
 // Flags registers the services' flags, with c's values as defaults.
@@ -82,6 +87,7 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.Bool("enable-health-check-nodeport", c.HealthCheckNodePorts, "Answer the health check node ports of services with externalTrafficPolicy Local (local backend count: 200, none: 503)")
 	fs.Int("bpf-lb-map-max", c.LBMapMax, "Capacity of the BPF service, backend, reverse NAT and Maglev maps (0: 131072); a changed size carries the entries over at start")
 	fs.StringSlice("lrp-address-matcher-cidrs", c.LRPAddressMatcherCIDRs, "Ranges a local redirect policy's addressMatcher may redirect (empty: any unicast address); a policy naming another address is refused")
+	fs.StringSlice("lrp-address-matcher-namespaces", c.LRPAddressMatcherNamespaces, "Namespaces whose local redirect policies may use an addressMatcher, which redirects every pod of the node (*: any)")
 	fs.Int("bpf-lb-slots-map-max", c.LBSlotsMapMax, "Capacity of the BPF backend slots map, the backends of all services together (0: 1048576)")
 }
 
@@ -251,11 +257,12 @@ func New(p Params) (*Module, error) {
 			return nil, err
 		}
 		m.source.SetNodePortRange(lo, hi)
-		allowed, err := p.Config.LRPAddressPrefixes()
+		cidrs, err := p.Config.LRPAddressPrefixes()
 		if err != nil {
 			return nil, err
 		}
-		m.lrp = lrpsource.New(m.writer, allowed, p.Log.With("part", "local-redirect"))
+		lim := lrpsource.Limits{AddressCIDRs: cidrs, AddressNamespaces: p.Config.LRPAddressMatcherNamespaces}
+		m.lrp = lrpsource.New(m.writer, lim, p.Log.With("part", "local-redirect"))
 		if p.Config.HealthCheckNodePorts {
 			m.health = healthserver.New(tables, set.NodeName, p.Log)
 			hj := p.Jobs.NewGroup(p.Health.Scope("services-health-check"), job.WithLogger(p.Log))

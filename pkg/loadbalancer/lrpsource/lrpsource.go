@@ -39,9 +39,25 @@ type Policy struct {
 	BackendPorts []loadbalancer.ServicePort
 }
 
-// Parse checks a policy whole and translates it; allowed are the ranges an
-// addressMatcher's address must be in (none: any unicast address).
-func Parse(p *v1alpha1.TendrilLocalRedirectPolicy, allowed []netip.Prefix) (*Policy, error) {
+// Limits are what a node allows addressMatchers. An addressMatcher
+// redirects the traffic of every pod on the node, whatever its namespace,
+// so unlike a serviceMatcher (its own namespace's Service only) it is
+// limited to the namespaces an administrator names.
+type Limits struct {
+	// AddressCIDRs are the ranges an addressMatcher's address must be in
+	// (none: any unicast address).
+	AddressCIDRs []netip.Prefix
+	// AddressNamespaces are the namespaces whose policies may use an
+	// addressMatcher ("*": any).
+	AddressNamespaces []string
+}
+
+func (l Limits) namespaceAllowed(ns string) bool {
+	return slices.Contains(l.AddressNamespaces, "*") || slices.Contains(l.AddressNamespaces, ns)
+}
+
+// Parse checks a policy whole and translates it, within lim.
+func Parse(p *v1alpha1.TendrilLocalRedirectPolicy, lim Limits) (*Policy, error) {
 	name := loadbalancer.ServiceName{Namespace: p.Namespace, Name: p.Name}
 	r := &loadbalancer.LocalRedirect{Name: name, UID: string(p.UID)}
 	fe := p.Spec.RedirectFrontend
@@ -59,8 +75,12 @@ func Parse(p *v1alpha1.TendrilLocalRedirectPolicy, allowed []netip.Prefix) (*Pol
 			(a.Is4() && a == netip.AddrFrom4([4]byte{255, 255, 255, 255})) {
 			return nil, fmt.Errorf("redirectFrontend.addressMatcher.ip %s: must be a unicast address (not unspecified, loopback, multicast or broadcast)", a)
 		}
-		if len(allowed) > 0 && !slices.ContainsFunc(allowed, func(p netip.Prefix) bool { return p.Contains(a) }) {
-			return nil, fmt.Errorf("redirectFrontend.addressMatcher.ip %s: outside the ranges this node allows (--lrp-address-matcher-cidrs %s)", a, prefixList(allowed))
+		if !lim.namespaceAllowed(p.Namespace) {
+			return nil, fmt.Errorf("redirectFrontend.addressMatcher: namespace %s may not redirect addresses (it would redirect every pod of the node; --lrp-address-matcher-namespaces %s)",
+				p.Namespace, strings.Join(lim.AddressNamespaces, ","))
+		}
+		if len(lim.AddressCIDRs) > 0 && !slices.ContainsFunc(lim.AddressCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			return nil, fmt.Errorf("redirectFrontend.addressMatcher.ip %s: outside the ranges this node allows (--lrp-address-matcher-cidrs %s)", a, prefixList(lim.AddressCIDRs))
 		}
 		if len(am.ToPorts) == 0 {
 			return nil, errors.New("redirectFrontend.addressMatcher.toPorts: at least one port")
@@ -240,9 +260,9 @@ type Writer interface {
 
 // Source follows the policies and this node's pods.
 type Source struct {
-	w       Writer
-	log     *slog.Logger
-	allowed []netip.Prefix
+	w      Writer
+	log    *slog.Logger
+	limits Limits
 
 	mu       sync.Mutex
 	policies map[string]*Policy // by namespace/name, the valid ones
@@ -257,8 +277,8 @@ type Source struct {
 
 // New returns a source writing through w; the frontends table is not
 // initialized (no prune of the LB maps) until both kinds have synced.
-func New(w Writer, allowed []netip.Prefix, log *slog.Logger) *Source {
-	return &Source{w: w, log: log, allowed: allowed, policies: map[string]*Policy{}, rejected: map[string]string{},
+func New(w Writer, lim Limits, log *slog.Logger) *Source {
+	return &Source{w: w, log: log, limits: lim, policies: map[string]*Policy{}, rejected: map[string]string{},
 		pods: map[string]*corev1.Pod{}, applied: map[string][]loadbalancer.RedirectBackend{}, synced: map[string]bool{}, done: w.RegisterInitializer("k8s-local-redirects")}
 }
 
@@ -305,7 +325,7 @@ func (s *Source) OnPolicy(ev watchers.Event[*v1alpha1.TendrilLocalRedirectPolicy
 		s.logErr(ev.Key, s.w.DeleteLocalRedirect(name))
 		return
 	}
-	p, err := Parse(ev.Object, s.allowed)
+	p, err := Parse(ev.Object, s.limits)
 	if err != nil {
 		// Refused whole: nothing of it stays applied (an earlier valid
 		// version included).

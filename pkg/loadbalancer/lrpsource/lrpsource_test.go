@@ -38,7 +38,7 @@ func addrPolicy(ip string, ports ...v1alpha1.LRPPort) *v1alpha1.TendrilLocalRedi
 // TestParseRefusesBadPolicies: every malformed part refuses the whole
 // policy with an error naming the field.
 func TestParseRefusesBadPolicies(t *testing.T) {
-	allowed := []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16")}
+	allowed := Limits{AddressCIDRs: []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16")}, AddressNamespaces: []string{"tenant-a", "kube-system"}}
 	tcp80 := v1alpha1.LRPPort{Port: "80", Protocol: "TCP"}
 	cases := []struct {
 		name   string
@@ -49,6 +49,11 @@ func TestParseRefusesBadPolicies(t *testing.T) {
 		{"loopback", func() *v1alpha1.TendrilLocalRedirectPolicy { return addrPolicy("127.0.0.1", tcp80) }, "unicast"},
 		{"unspecified", func() *v1alpha1.TendrilLocalRedirectPolicy { return addrPolicy("0.0.0.0", tcp80) }, "unicast"},
 		{"multicast", func() *v1alpha1.TendrilLocalRedirectPolicy { return addrPolicy("224.0.0.1", tcp80) }, "unicast"},
+		{"namespace not allowed", func() *v1alpha1.TendrilLocalRedirectPolicy {
+			p := addrPolicy("169.254.1.1", tcp80)
+			p.Namespace = "tenant-b"
+			return p
+		}, "namespace tenant-b may not redirect addresses"},
 		{"outside allowed", func() *v1alpha1.TendrilLocalRedirectPolicy { return addrPolicy("8.8.8.8", tcp80) }, "lrp-address-matcher-cidrs"},
 		{"no frontend port", func() *v1alpha1.TendrilLocalRedirectPolicy { return addrPolicy("169.254.1.1") }, "at least one port"},
 		{"port 0", func() *v1alpha1.TendrilLocalRedirectPolicy {
@@ -126,8 +131,11 @@ func TestParseRefusesBadPolicies(t *testing.T) {
 	if _, err := Parse(addrPolicy("169.254.169.254", tcp80), allowed); err != nil {
 		t.Fatalf("a good address policy refused: %v", err)
 	}
-	if _, err := Parse(addrPolicy("8.8.8.8", tcp80), nil); err != nil {
-		t.Fatalf("with no allowed ranges, any unicast address: %v", err)
+	if _, err := Parse(addrPolicy("8.8.8.8", tcp80), Limits{AddressNamespaces: []string{"*"}}); err != nil {
+		t.Fatalf("with no allowed ranges and any namespace, any unicast address: %v", err)
+	}
+	if _, err := Parse(addrPolicy("169.254.169.254", tcp80), Limits{}); err == nil {
+		t.Fatal("with no namespace allowed, an addressMatcher was accepted")
 	}
 }
 
@@ -176,7 +184,7 @@ func podsOf(r *loadbalancer.LocalRedirect) []string {
 // kinds.
 func TestSourceSelectsLocalPodsOfItsNamespace(t *testing.T) {
 	w := newWriter(t)
-	s := New(w, nil, slog.New(slog.DiscardHandler))
+	s := New(w, Limits{}, slog.New(slog.DiscardHandler))
 	cache := map[string]string{"k8s-app": "node-local-dns"}
 	s.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Upsert, Key: "kube-system/cache", Object: pod("kube-system", "cache", "10.0.0.7", cache)})
 	s.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Upsert, Key: "tenant-a/fake", Object: pod("tenant-a", "fake", "10.0.0.66", cache)})
