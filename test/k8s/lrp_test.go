@@ -150,7 +150,8 @@ func lrpPort(port, proto, name string) v1alpha1.LRPPort {
 // keep using the kube-dns ClusterIP; a TendrilLocalRedirectPolicy
 // (serviceMatcher) sends their UDP and TCP DNS to the cache pod on their
 // own node, through the agent's socket LB, with real sockets in a pod's
-// network namespace and cgroup; with the cache pod deleted the same
+// network namespace and cgroup, also while the agent is down and after it
+// restarted; with the cache pod deleted the same
 // ClusterIP reaches the Service's own backend again. An addressMatcher
 // policy gets its frontend in the LB maps while the cache pod exists and
 // loses it after. A policy of another namespace naming kube-dns, and one
@@ -323,6 +324,32 @@ func TestPrivilegedLocalRedirectDNSCache(t *testing.T) {
 	}
 	if got := ask(); got.Err != "" || got.UDP != cacheIP || got.TCP != cacheIP {
 		t.Fatalf("with the cache pod on the node, the kube-dns ClusterIP should reach it: %+v", got)
+	}
+
+	// The agent restarts: while it is down the pinned maps keep
+	// redirecting, and the new agent writes the redirect again before it
+	// changes anything (its frontends wait for both sources' lists), so
+	// every answer comes from the cache.
+	agentArgs := []string{"--enable-datapath=true", "--bpf-root", root, "--ipv4-range", "10.244.33.0/24", "--ipv6-range", "none", "--cgroup-root", cg,
+		"--lrp-address-matcher-namespaces", ns}
+	a.stop(t)
+	if got := ask(); got.Err != "" || got.UDP != cacheIP || got.TCP != cacheIP {
+		t.Fatalf("with the agent down, the redirect should hold: %+v", got)
+	}
+	a = startAgent(t, nodeName, agentArgs...)
+	a.waitServing(t)
+	eventually(t, "the restarted agent to have reconciled the redirect", func() (bool, error) {
+		for _, s := range a.services(t) {
+			if s.Spec.FrontendAddress.IP == dns.Spec.ClusterIP && s.Spec.Flags.Type == "LocalRedirect" && s.Status.Realized != nil {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("no realized LocalRedirect frontend for %s", dns.Spec.ClusterIP)
+	})
+	for range 3 {
+		if got := ask(); got.Err != "" || got.UDP != cacheIP || got.TCP != cacheIP {
+			t.Fatalf("after the restart the redirect should hold: %+v", got)
+		}
 	}
 
 	t.Run("lrp list", func(t *testing.T) {
