@@ -274,9 +274,14 @@ func TestPrivilegedLocalRedirectDNSCache(t *testing.T) {
 		v := section(a.status(t), "Services", "local redirect policies")
 		return strings.HasPrefix(v, "2 applied, 3 refused"), fmt.Errorf("status line %q", v)
 	})
-	for _, why := range []string{"own namespace", "169.254.20.300", "namespace lrp-tenant may not redirect addresses"} {
+	st := a.status(t)
+	for key, why := range map[string]string{"lrp-tenant/steal-dns": "own namespace", "lrp-tenant/bad-ip": "169.254.20.300",
+		"lrp-tenant/tenant-addr": "namespace lrp-tenant may not redirect addresses"} {
 		if !strings.Contains(a.logs.String(), why) {
 			t.Errorf("the agent's log does not say why a policy was refused (%q)", why)
+		}
+		if v := section(st, "Services", "refused "+key); !strings.Contains(v, why) {
+			t.Errorf("status line refused %s: %q, want the reason %q", key, v, why)
 		}
 	}
 	if st := readFrontend(t, root, maps.Frontend{Addr: netip.MustParseAddr("169.254.20.11"), Port: 53, Proto: maps.ProtoUDP}); st.found {

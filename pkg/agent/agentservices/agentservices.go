@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -143,6 +144,10 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// maxRefusedShown bounds the refused local redirect policies the status
+// names.
+const maxRefusedShown = 5
 
 // lbDrainInterval is how often entries kept for flows that outlived their
 // service or backend are checked against conntrack.
@@ -461,11 +466,21 @@ func (m *Module) StatusSection() ext.Section {
 	}
 	if m.lrp != nil {
 		applied, rejected := m.lrp.Counts()
-		v := fmt.Sprintf("%d applied, %d refused", applied, rejected)
-		if rejected > 0 {
-			v += " (see tendril lrp list and the agent's log)"
+		s.Lines = append(s.Lines, ext.Line{Key: "local redirect policies", Value: fmt.Sprintf("%d applied, %d refused", applied, rejected)})
+		// The refused ones with their reasons, a few (the log has all).
+		refused := m.lrp.Rejected()
+		names := make([]string, 0, len(refused))
+		for n := range refused {
+			names = append(names, n)
 		}
-		s.Lines = append(s.Lines, ext.Line{Key: "local redirect policies", Value: v})
+		sort.Strings(names)
+		for i, n := range names {
+			if i == maxRefusedShown {
+				s.Lines = append(s.Lines, ext.Line{Key: "refused policies", Value: fmt.Sprintf("%d more in the agent's log", len(names)-i)})
+				break
+			}
+			s.Lines = append(s.Lines, ext.Line{Key: "refused " + n, Value: refused[n]})
+		}
 	}
 	algo := m.cfg.LBAlgorithm
 	s.Lines = append(s.Lines, ext.Line{Key: "default selection", Value: algo})
