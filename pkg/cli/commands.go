@@ -23,5 +23,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newMetricsCommand,
 		newHealthCommand,
 		newBGPCommand,
+		newLRPCommand,
 	}
 }

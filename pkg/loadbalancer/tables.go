@@ -249,9 +249,19 @@ type Frontend struct {
 	// SourceRanges are the clients a load-balancer frontend admits
 	// (empty: all).
 	SourceRanges []netip.Prefix
+	// Redirect is the local redirect policy whose local backends the
+	// frontend has (Type FrontendLocalRedirect); zero otherwise.
+	Redirect ServiceName
 
 	// Status is the BPF maps reconciler's.
 	Status reconciler.Status
+}
+
+// External reports whether clients from outside the node reach the
+// frontend (through the host programs): every type but cluster IPs and
+// local redirects, which only this node's pods and host use.
+func (f *Frontend) External() bool {
+	return f.Type != "" && f.Type != FrontendClusterIP && f.Type != FrontendLocalRedirect
 }
 
 // ActiveCount is the number of backends in the slots.
@@ -362,12 +372,14 @@ func addrKey(k FrontendKey) index.Key {
 	return append(out, byte(k.Addr.Port()>>8), byte(k.Addr.Port()), k.Proto)
 }
 
-// Tables are the three tables.
+// Tables are the services, backends and frontends tables, and the local
+// redirect policies that change frontends.
 type Tables struct {
 	DB        *statedb.DB
 	Services  statedb.RWTable[*Service]
 	Backends  statedb.RWTable[*Backend]
 	Frontends statedb.RWTable[*Frontend]
+	Redirects statedb.RWTable[*LocalRedirect]
 }
 
 // NewTables creates and registers the tables in db.
@@ -382,6 +394,9 @@ func NewTables(db *statedb.DB) (*Tables, error) {
 	}
 	if t.Frontends, err = statedb.NewTable(db, "frontends", FrontendByKey, FrontendByService); err != nil {
 		return nil, fmt.Errorf("frontends table: %w", err)
+	}
+	if t.Redirects, err = statedb.NewTable(db, "local-redirects", RedirectByName, RedirectByService); err != nil {
+		return nil, fmt.Errorf("local-redirects table: %w", err)
 	}
 	return t, nil
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
@@ -41,7 +42,7 @@ func NewWriter(t *Tables, nodeName string) *Writer {
 func (w *Writer) Tables() *Tables { return w.t }
 
 func (w *Writer) txn() statedb.WriteTxn {
-	return w.t.DB.WriteTxn(w.t.Services, w.t.Backends, w.t.Frontends)
+	return w.t.DB.WriteTxn(w.t.Services, w.t.Backends, w.t.Frontends, w.t.Redirects)
 }
 
 // RegisterInitializer marks the frontends table as not initialized until
@@ -222,6 +223,7 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 		for b := range w.t.Backends.List(txn, BackendByService.Query(name)) {
 			backends = append(backends, b)
 		}
+		lrp := w.redirect(txn, name)
 		for _, fa := range w.frontendAddrs(svc) {
 			p := fa.port
 			f := &Frontend{
@@ -246,6 +248,16 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 			// to this node's by ExternalTrafficPolicy (each backend
 			// names its node).
 			f.Backends = w.selectBackends(svc, p, fa.addr.Addr().Is4(), backends)
+			if lrp != nil && fa.typ == FrontendClusterIP && lrp.redirectsPort(p) {
+				// A serviceMatcher: this node's selected pods while
+				// it has any, else the service's own backends.
+				if local := lrp.backendsFor(p, svc.Ports, fa.addr.Addr().Is4()); len(local) > 0 {
+					f.Backends, f.Type, f.Redirect = local, FrontendLocalRedirect, lrp.Name
+				}
+			}
+			if fa.typ == FrontendLocalRedirect {
+				f.Redirect = ServiceName{Namespace: name.Namespace, Name: strings.TrimPrefix(name.Name, "lrp/")}
+			}
 			// The same address and port twice in one service (an
 			// external IP equal to a cluster IP): the first, by the
 			// order above, is the frontend.
@@ -260,9 +272,7 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 			if _, _, err := w.t.Frontends.Delete(txn, f); err != nil {
 				return fmt.Errorf("delete frontend %s: %w", f.Key, err)
 			}
-			if f.Type == FrontendExternalIP || f.Type == FrontendLoadBalancer {
-				released = append(released, f.Key)
-			}
+			released = append(released, f.Key)
 		}
 	}
 	for _, f := range want {
@@ -270,9 +280,13 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 		if ok && old.Service != name {
 			// The address and port belong to another service's frontend
 			// (an external or load-balancer address two services
-			// name): the one that had it first keeps it.
+			// name): the one that had it first keeps it. A local
+			// redirect's address yields to any service's (a policy
+			// never takes a service's address, whichever came first).
 			w.contested[f.Key] = struct{}{}
-			continue
+			if old.Type != FrontendLocalRedirect || f.Type == FrontendLocalRedirect {
+				continue
+			}
 		}
 		if ok && sameFrontend(old, f) {
 			continue
@@ -285,7 +299,7 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 	return w.handOver(txn, name, released)
 }
 
-// handOver gives the external or load-balancer frontends service name
+// handOver gives the frontends service name
 // released to another service that names the same address and port (and
 // was refused it while name held it). Rare (only a contested key), so a
 // scan of the services.
@@ -305,9 +319,6 @@ func (w *Writer) handOver(txn statedb.WriteTxn, name ServiceName, released []Fro
 			continue
 		}
 		for _, fa := range w.frontendAddrs(svc) {
-			if fa.typ != FrontendExternalIP && fa.typ != FrontendLoadBalancer {
-				continue
-			}
 			key := FrontendKey{Addr: fa.addr, Proto: fa.port.Proto}
 			if slices.Contains(released, key) {
 				if _, _, taken := w.t.Frontends.Get(txn, FrontendByKey.Query(key)); !taken {
@@ -355,9 +366,13 @@ func (w *Writer) frontendAddrs(svc *Service) []frontendAddr {
 		}
 		return out
 	}
+	typ := FrontendClusterIP
+	if svc.Type == FrontendLocalRedirect {
+		typ = FrontendLocalRedirect
+	}
 	for _, p := range svc.Ports {
 		for _, a := range svc.Addresses {
-			out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendClusterIP})
+			out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, typ})
 		}
 		if p.NodePort != 0 {
 			for _, a := range w.nodeAddrs {

@@ -47,6 +47,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(socketsHelperEnv) != "" {
 		os.Exit(socketsHelperMain())
 	}
+	if os.Getenv(lrpHelperEnv) != "" {
+		os.Exit(lrpHelperMain())
+	}
 	env, startErr = k8senv.Start(context.Background(), k8senv.Options{})
 	code := binaries.Run(m, &builder)
 	if env != nil {
@@ -177,7 +180,7 @@ func TestAgentInKubernetes(t *testing.T) {
 			if err == nil {
 				t.Fatalf("agent exited 0; log:\n%s", a.logs.String())
 			}
-			want := "kubernetes caches not synced after 3s: tendrilclusterwidenetworkpolicies, tendrilendpoints, tendrilidentities, tendrilloadbalancerippools, tendrilnetworkpolicies, tendrilnodes"
+			want := "kubernetes caches not synced after 3s: tendrilclusterwidenetworkpolicies, tendrilendpoints, tendrilidentities, tendrilloadbalancerippools, tendrillocalredirectpolicies, tendrilnetworkpolicies, tendrilnodes"
 			if !strings.Contains(a.logs.String(), want) {
 				t.Fatalf("agent log lacks %q:\n%s", want, a.logs.String())
 			}
@@ -208,7 +211,7 @@ func TestAgentInKubernetes(t *testing.T) {
 		if v := section(&st, "Kubernetes", "API server"); !strings.HasPrefix(v, "Ok ") {
 			t.Errorf("API server line %q", v)
 		}
-		if v := section(&st, "Kubernetes", "Resources"); v != "12/12 synced" {
+		if v := section(&st, "Kubernetes", "Resources"); v != "13/13 synced" {
 			t.Errorf("resources line %q", v)
 		}
 		if v := section(&st, "Identities", "Allocation"); v != "crd (TendrilIdentity objects)" {

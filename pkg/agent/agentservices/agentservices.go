@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/loadbalancer/healthserver"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/k8ssource"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/lbmap"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/lrpsource"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/maglev"
 	"github.com/tendril-net/tendril/pkg/option"
 )
@@ -61,11 +63,20 @@ type Config struct {
 	// defaults, 131,072 and 1,048,576: 100,000 services of 10 backends).
 	LBMapMax      int `mapstructure:"bpf-lb-map-max"`
 	LBSlotsMapMax int `mapstructure:"bpf-lb-slots-map-max"`
+	// LRPAddressMatcherCIDRs are the ranges a local redirect policy's
+	// addressMatcher may redirect (empty: any unicast address), as
+	// Cilium's localRedirectPolicies.addressMatcherCIDRs.
+	LRPAddressMatcherCIDRs []string `mapstructure:"lrp-address-matcher-cidrs"`
+	// LRPAddressMatcherNamespaces are the namespaces whose policies may
+	// use an addressMatcher, which redirects every pod of the node ("*":
+	// any; default kube-system). serviceMatchers are allowed everywhere:
+	// they redirect only their own namespace's Service.
+	LRPAddressMatcherNamespaces []string `mapstructure:"lrp-address-matcher-namespaces"`
 }
 
 // DefaultConfig are the services' defaults.
 func DefaultConfig() Config {
-	return Config{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true}
+	return Config{LBAlgorithm: "random", NodePortRange: "30000-32767", HealthCheckNodePorts: true, LRPAddressMatcherNamespaces: []string{"kube-system"}}
 }
 
 // Flags registers the services' flags, with c's values as defaults.
@@ -76,6 +87,8 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.String("node-port-range", c.NodePortRange, "Node ports answered, min-max (as the API server's --service-node-port-range)")
 	fs.Bool("enable-health-check-nodeport", c.HealthCheckNodePorts, "Answer the health check node ports of services with externalTrafficPolicy Local (local backend count: 200, none: 503)")
 	fs.Int("bpf-lb-map-max", c.LBMapMax, "Capacity of the BPF service, backend, reverse NAT and Maglev maps (0: 131072); a changed size carries the entries over at start")
+	fs.StringSlice("lrp-address-matcher-cidrs", c.LRPAddressMatcherCIDRs, "Ranges a local redirect policy's addressMatcher may redirect (empty: any unicast address); a policy naming another address is refused")
+	fs.StringSlice("lrp-address-matcher-namespaces", c.LRPAddressMatcherNamespaces, "Namespaces whose local redirect policies may use an addressMatcher, which redirects every pod of the node (*: any)")
 	fs.Int("bpf-lb-slots-map-max", c.LBSlotsMapMax, "Capacity of the BPF backend slots map, the backends of all services together (0: 1048576)")
 }
 
@@ -96,6 +109,19 @@ func (c Config) LBSizes() maps.LBSizes {
 	return maps.LBSizes{MapMax: c.LBMapMax, SlotsMapMax: c.LBSlotsMapMax}
 }
 
+// LRPAddressPrefixes parses LRPAddressMatcherCIDRs.
+func (c Config) LRPAddressPrefixes() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range c.LRPAddressMatcherCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("lrp-address-matcher-cidrs %q: %w", s, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
 // validate is Validate, marked as a configuration error.
 func (c Config) validate() error { return option.Invalid(c.Validate()) }
 
@@ -113,8 +139,15 @@ func (c Config) Validate() error {
 	if _, _, err := c.NodePorts(); err != nil {
 		return err
 	}
+	if _, err := c.LRPAddressPrefixes(); err != nil {
+		return err
+	}
 	return nil
 }
+
+// maxRefusedShown bounds the refused local redirect policies the status
+// names.
+const maxRefusedShown = 5
 
 // lbDrainInterval is how often entries kept for flows that outlived their
 // service or backend are checked against conntrack.
@@ -173,6 +206,8 @@ type Module struct {
 	watchers Watchers
 	dp       *agentdatapath.Module
 	source   *k8ssource.Source
+	// lrp follows the local redirect policies (nil standalone).
+	lrp *lrpsource.Source
 	// ops is set by the restore step, before the reconciler is
 	// registered.
 	ops      *lbmap.Ops
@@ -227,6 +262,12 @@ func New(p Params) (*Module, error) {
 			return nil, err
 		}
 		m.source.SetNodePortRange(lo, hi)
+		cidrs, err := p.Config.LRPAddressPrefixes()
+		if err != nil {
+			return nil, err
+		}
+		lim := lrpsource.Limits{AddressCIDRs: cidrs, AddressNamespaces: p.Config.LRPAddressMatcherNamespaces}
+		m.lrp = lrpsource.New(m.writer, lim, p.Log.With("part", "local-redirect"))
 		if p.Config.HealthCheckNodePorts {
 			m.health = healthserver.New(tables, set.NodeName, p.Log)
 			hj := p.Jobs.NewGroup(p.Health.Scope("services-health-check"), job.WithLogger(p.Log))
@@ -338,6 +379,15 @@ func (m *Module) start(context.Context) error {
 			return err
 		}
 		m.unsub = append(m.unsub, unsub)
+		// Local redirect policies and the local pods they select.
+		if unsub, err = w.TendrilLocalRedirectPolicies.Subscribe(m.lrp.OnPolicy); err != nil {
+			return err
+		}
+		m.unsub = append(m.unsub, unsub)
+		if unsub, err = w.Pods.Subscribe(m.lrp.OnPod); err != nil {
+			return err
+		}
+		m.unsub = append(m.unsub, unsub)
 	}
 	return nil
 }
@@ -413,6 +463,24 @@ func (m *Module) StatusSection() ext.Section {
 	}
 	if m.source != nil {
 		s.Lines = append(s.Lines, ext.Line{Key: "node ports", Value: fmt.Sprintf("%s on %s", m.cfg.NodePortRange, addrList(m.writer.NodeAddresses()))})
+	}
+	if m.lrp != nil {
+		applied, rejected := m.lrp.Counts()
+		s.Lines = append(s.Lines, ext.Line{Key: "local redirect policies", Value: fmt.Sprintf("%d applied, %d refused", applied, rejected)})
+		// The refused ones with their reasons, a few (the log has all).
+		refused := m.lrp.Rejected()
+		names := make([]string, 0, len(refused))
+		for n := range refused {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for i, n := range names {
+			if i == maxRefusedShown {
+				s.Lines = append(s.Lines, ext.Line{Key: "refused policies", Value: fmt.Sprintf("%d more in the agent's log", len(names)-i)})
+				break
+			}
+			s.Lines = append(s.Lines, ext.Line{Key: "refused " + n, Value: refused[n]})
+		}
 	}
 	algo := m.cfg.LBAlgorithm
 	s.Lines = append(s.Lines, ext.Line{Key: "default selection", Value: algo})

@@ -86,7 +86,7 @@ func (h *ServiceAPI) handleGet(w http.ResponseWriter, r *http.Request) error {
 	return server.Errorf(http.StatusNotFound, "service %d not found", id)
 }
 
-// apiHandlers serves the services' API.
+// apiHandlers serves the services' API and the local redirect policies'.
 func apiHandlers(m *Module) server.HandlersOut {
-	return server.Handlers((&ServiceAPI{Services: m}).Register)
+	return server.Handlers((&ServiceAPI{Services: m}).Register, (&LRPAPI{Services: m}).Register)
 }

@@ -49,8 +49,8 @@ func TestInstallCreatesUpdatesAndValidates(t *testing.T) {
 	if err != nil {
 		t.Fatalf("install: %v", err)
 	}
-	if len(res) != 9 {
-		t.Fatalf("installed %d CRDs, want 9: %v", len(res), res)
+	if len(res) != 10 {
+		t.Fatalf("installed %d CRDs, want 10: %v", len(res), res)
 	}
 	for name, action := range res {
 		if action != "created" {

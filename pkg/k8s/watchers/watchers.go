@@ -38,6 +38,8 @@ type Watchers struct {
 	// TendrilLoadBalancerIPPools: their l2Announcements say which
 	// addresses the node may announce.
 	TendrilLoadBalancerIPPools *Resource[*v1alpha1.TendrilLoadBalancerIPPool]
+	// TendrilLocalRedirectPolicies: the services' local redirects.
+	TendrilLocalRedirectPolicies *Resource[*v1alpha1.TendrilLocalRedirectPolicy]
 
 	log       *slog.Logger
 	factories []interface {
@@ -79,13 +81,14 @@ func New(c *k8s.Clients, nodeName string, log *slog.Logger) *Watchers {
 		TendrilEndpoints:                  newResource[*v1alpha1.TendrilEndpoint](v1alpha1.ResourceEndpoints, tv.TendrilEndpoints().Informer()),
 		TendrilNodes:                      newResource[*v1alpha1.TendrilNode](v1alpha1.ResourceNodes, tv.TendrilNodes().Informer()),
 		TendrilLoadBalancerIPPools:        newResource[*v1alpha1.TendrilLoadBalancerIPPool](v1alpha1.ResourceLoadBalancerIPPools, tv.TendrilLoadBalancerIPPools().Informer()),
+		TendrilLocalRedirectPolicies:      newResource[*v1alpha1.TendrilLocalRedirectPolicy](v1alpha1.ResourceLocalRedirectPolicies, tv.TendrilLocalRedirectPolicies().Informer()),
 		log:                               log,
 	}
 	w.factories = append(w.factories, core, local, td)
 	w.all = []resourceState{w.Pods, w.Namespaces, w.Nodes, w.Services, w.EndpointSlices, w.NetworkPolicies,
-		w.TendrilNetworkPolicies, w.TendrilClusterwideNetworkPolicies, w.TendrilIdentities, w.TendrilEndpoints, w.TendrilNodes, w.TendrilLoadBalancerIPPools}
+		w.TendrilNetworkPolicies, w.TendrilClusterwideNetworkPolicies, w.TendrilIdentities, w.TendrilEndpoints, w.TendrilNodes, w.TendrilLoadBalancerIPPools, w.TendrilLocalRedirectPolicies}
 	for _, r := range []interface{ setErrorHandler(*slog.Logger) }{w.Pods, w.Namespaces, w.Nodes, w.Services, w.EndpointSlices, w.NetworkPolicies,
-		w.TendrilNetworkPolicies, w.TendrilClusterwideNetworkPolicies, w.TendrilIdentities, w.TendrilEndpoints, w.TendrilNodes, w.TendrilLoadBalancerIPPools} {
+		w.TendrilNetworkPolicies, w.TendrilClusterwideNetworkPolicies, w.TendrilIdentities, w.TendrilEndpoints, w.TendrilNodes, w.TendrilLoadBalancerIPPools, w.TendrilLocalRedirectPolicies} {
 		r.setErrorHandler(log)
 	}
 	return w

@@ -95,7 +95,7 @@ func TestWatchersAgainstAPIServer(t *testing.T) {
 		if err == nil {
 			t.Fatal("caches synced although the Tendril CRDs are not installed")
 		}
-		want := "kubernetes caches not synced after 2s: tendrilclusterwidenetworkpolicies, tendrilendpoints, tendrilidentities, tendrilloadbalancerippools, tendrilnetworkpolicies, tendrilnodes"
+		want := "kubernetes caches not synced after 2s: tendrilclusterwidenetworkpolicies, tendrilendpoints, tendrilidentities, tendrilloadbalancerippools, tendrillocalredirectpolicies, tendrilnetworkpolicies, tendrilnodes"
 		if err.Error() != want {
 			t.Fatalf("error %q,\nwant %q", err, want)
 		}

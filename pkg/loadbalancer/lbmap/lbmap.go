@@ -430,7 +430,7 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 		}
 	}
 	s := maps.Service{ID: svcID, RevNATID: revNAT}
-	if f.Type != "" && f.Type != loadbalancer.FrontendClusterIP {
+	if f.External() {
 		// Clients from outside reach it through the host programs.
 		s.Flags |= maps.SvcFlagExternal
 		if f.ExternalTrafficPolicy == loadbalancer.TrafficPolicyLocal {

@@ -23,6 +23,7 @@ const (
 	ResourceBGPClusterConfigs          = "tendrilbgpclusterconfigs"
 	ResourceBGPPeerConfigs             = "tendrilbgppeerconfigs"
 	ResourceBGPAdvertisements          = "tendrilbgpadvertisements"
+	ResourceLocalRedirectPolicies      = "tendrillocalredirectpolicies"
 )
 
 // Resource qualifies a resource name with the group.
@@ -44,6 +45,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&TendrilBGPClusterConfig{}, &TendrilBGPClusterConfigList{},
 		&TendrilBGPPeerConfig{}, &TendrilBGPPeerConfigList{},
 		&TendrilBGPAdvertisement{}, &TendrilBGPAdvertisementList{},
+		&TendrilLocalRedirectPolicy{}, &TendrilLocalRedirectPolicyList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

@@ -53,6 +53,8 @@ func (f *sharedInformerFactory) ForResource(resource schema.GroupVersionResource
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Tendril().V1alpha1().TendrilIdentities().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("tendrilloadbalancerippools"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Tendril().V1alpha1().TendrilLoadBalancerIPPools().Informer()}, nil
+	case v1alpha1.SchemeGroupVersion.WithResource("tendrillocalredirectpolicies"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Tendril().V1alpha1().TendrilLocalRedirectPolicies().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("tendrilnetworkpolicies"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Tendril().V1alpha1().TendrilNetworkPolicies().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("tendrilnodes"):

@@ -36,6 +36,14 @@ type TendrilIdentityListerExpansion interface{}
 // TendrilLoadBalancerIPPoolLister.
 type TendrilLoadBalancerIPPoolListerExpansion interface{}
 
+// TendrilLocalRedirectPolicyListerExpansion allows custom methods to be added to
+// TendrilLocalRedirectPolicyLister.
+type TendrilLocalRedirectPolicyListerExpansion interface{}
+
+// TendrilLocalRedirectPolicyNamespaceListerExpansion allows custom methods to be added to
+// TendrilLocalRedirectPolicyNamespaceLister.
+type TendrilLocalRedirectPolicyNamespaceListerExpansion interface{}
+
 // TendrilNetworkPolicyListerExpansion allows custom methods to be added to
 // TendrilNetworkPolicyLister.
 type TendrilNetworkPolicyListerExpansion interface{}

@@ -24,6 +24,8 @@ type Interface interface {
 	TendrilIdentities() TendrilIdentityInformer
 	// TendrilLoadBalancerIPPools returns a TendrilLoadBalancerIPPoolInformer.
 	TendrilLoadBalancerIPPools() TendrilLoadBalancerIPPoolInformer
+	// TendrilLocalRedirectPolicies returns a TendrilLocalRedirectPolicyInformer.
+	TendrilLocalRedirectPolicies() TendrilLocalRedirectPolicyInformer
 	// TendrilNetworkPolicies returns a TendrilNetworkPolicyInformer.
 	TendrilNetworkPolicies() TendrilNetworkPolicyInformer
 	// TendrilNodes returns a TendrilNodeInformer.
@@ -74,6 +76,11 @@ func (v *version) TendrilIdentities() TendrilIdentityInformer {
 // TendrilLoadBalancerIPPools returns a TendrilLoadBalancerIPPoolInformer.
 func (v *version) TendrilLoadBalancerIPPools() TendrilLoadBalancerIPPoolInformer {
 	return &tendrilLoadBalancerIPPoolInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
+}
+
+// TendrilLocalRedirectPolicies returns a TendrilLocalRedirectPolicyInformer.
+func (v *version) TendrilLocalRedirectPolicies() TendrilLocalRedirectPolicyInformer {
+	return &tendrilLocalRedirectPolicyInformer{factory: v.factory, namespace: v.namespace, tweakListOptions: v.tweakListOptions}
 }
 
 // TendrilNetworkPolicies returns a TendrilNetworkPolicyInformer.

@@ -18,6 +18,8 @@ type TendrilIdentityExpansion interface{}
 
 type TendrilLoadBalancerIPPoolExpansion interface{}
 
+type TendrilLocalRedirectPolicyExpansion interface{}
+
 type TendrilNetworkPolicyExpansion interface{}
 
 type TendrilNodeExpansion interface{}

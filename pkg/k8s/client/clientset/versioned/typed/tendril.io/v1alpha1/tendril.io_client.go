@@ -21,6 +21,7 @@ type TendrilV1alpha1Interface interface {
 	TendrilEndpointsGetter
 	TendrilIdentitiesGetter
 	TendrilLoadBalancerIPPoolsGetter
+	TendrilLocalRedirectPoliciesGetter
 	TendrilNetworkPoliciesGetter
 	TendrilNodesGetter
 }
@@ -56,6 +57,10 @@ func (c *TendrilV1alpha1Client) TendrilIdentities() TendrilIdentityInterface {
 
 func (c *TendrilV1alpha1Client) TendrilLoadBalancerIPPools() TendrilLoadBalancerIPPoolInterface {
 	return newTendrilLoadBalancerIPPools(c)
+}
+
+func (c *TendrilV1alpha1Client) TendrilLocalRedirectPolicies(namespace string) TendrilLocalRedirectPolicyInterface {
+	return newTendrilLocalRedirectPolicies(c, namespace)
 }
 
 func (c *TendrilV1alpha1Client) TendrilNetworkPolicies(namespace string) TendrilNetworkPolicyInterface {

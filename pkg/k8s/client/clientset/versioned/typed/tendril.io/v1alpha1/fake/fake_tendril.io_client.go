@@ -42,6 +42,10 @@ func (c *FakeTendrilV1alpha1) TendrilLoadBalancerIPPools() v1alpha1.TendrilLoadB
 	return newFakeTendrilLoadBalancerIPPools(c)
 }
 
+func (c *FakeTendrilV1alpha1) TendrilLocalRedirectPolicies(namespace string) v1alpha1.TendrilLocalRedirectPolicyInterface {
+	return newFakeTendrilLocalRedirectPolicies(c, namespace)
+}
+
 func (c *FakeTendrilV1alpha1) TendrilNetworkPolicies(namespace string) v1alpha1.TendrilNetworkPolicyInterface {
 	return newFakeTendrilNetworkPolicies(c, namespace)
 }

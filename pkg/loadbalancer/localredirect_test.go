@@ -1,0 +1,174 @@
+package loadbalancer
+
+import (
+	"net/netip"
+	"testing"
+)
+
+func dnsService() *Service {
+	return &Service{Name: ServiceName{Namespace: "kube-system", Name: "kube-dns"}, Type: "ClusterIP",
+		Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports:     []ServicePort{{Name: "dns", Port: 53, Proto: UDP}, {Name: "dns-tcp", Port: 53, Proto: TCP}}}
+}
+
+func dnsBackends() []*Backend {
+	return []*Backend{
+		{Addr: netip.MustParseAddrPort("10.0.1.5:53"), Proto: UDP, PortName: "dns", NodeName: "node-b", Ready: true, Serving: true},
+		{Addr: netip.MustParseAddrPort("10.0.1.5:53"), Proto: TCP, PortName: "dns-tcp", NodeName: "node-b", Ready: true, Serving: true},
+	}
+}
+
+func cacheRedirect(backends ...string) *LocalRedirect {
+	r := &LocalRedirect{Name: ServiceName{Namespace: "kube-system", Name: "nodelocaldns"},
+		Service: ServiceName{Namespace: "kube-system", Name: "kube-dns"}}
+	for _, a := range backends {
+		r.Backends = append(r.Backends,
+			RedirectBackend{Pod: "kube-system/cache", Addr: netip.MustParseAddrPort(a), Proto: UDP, PortName: "dns"},
+			RedirectBackend{Pod: "kube-system/cache", Addr: netip.MustParseAddrPort(a), Proto: TCP, PortName: "dns-tcp"})
+	}
+	return r
+}
+
+// TestLocalRedirectServiceMatcher: the service's cluster IP frontends get
+// the local pods while the policy has any, the service's own backends
+// again when none is left or the policy goes; a policy of another
+// namespace changes nothing.
+func TestLocalRedirectServiceMatcher(t *testing.T) {
+	w := newTestWriter(t)
+	svc := dnsService()
+	if err := w.UpsertService(svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetBackends(svc.Name, "s1", dnsBackends()); err != nil {
+		t.Fatal(err)
+	}
+	check := func(what, key, wantType, wantBackend string) {
+		t.Helper()
+		f := frontends(w)[key]
+		if f == nil {
+			t.Fatalf("%s: no frontend %s", what, key)
+		}
+		if got := active(f); f.Type != wantType || len(got) != 1 || got[0] != wantBackend {
+			t.Fatalf("%s: %s is %s to %v, want %s to %s", what, key, f.Type, got, wantType, wantBackend)
+		}
+	}
+	check("before", "10.96.0.10:53/UDP", FrontendClusterIP, "10.0.1.5:53")
+
+	if err := w.UpsertLocalRedirect(cacheRedirect("10.0.0.7:53")); err != nil {
+		t.Fatal(err)
+	}
+	check("redirected", "10.96.0.10:53/UDP", FrontendLocalRedirect, "10.0.0.7:53")
+	check("redirected", "10.96.0.10:53/TCP", FrontendLocalRedirect, "10.0.0.7:53")
+	if f := frontends(w)["10.96.0.10:53/UDP"]; f.Redirect.Name != "nodelocaldns" || !f.Backends[0].Local {
+		t.Fatalf("redirected frontend %+v should name its policy and a local backend", f)
+	}
+
+	// The cache pod is gone: the service's own backends again.
+	if err := w.UpsertLocalRedirect(cacheRedirect()); err != nil {
+		t.Fatal(err)
+	}
+	check("no local backend", "10.96.0.10:53/UDP", FrontendClusterIP, "10.0.1.5:53")
+	if err := w.UpsertLocalRedirect(cacheRedirect("10.0.0.8:53")); err != nil {
+		t.Fatal(err)
+	}
+	check("back", "10.96.0.10:53/UDP", FrontendLocalRedirect, "10.0.0.8:53")
+	if err := w.DeleteLocalRedirect(ServiceName{Namespace: "kube-system", Name: "nodelocaldns"}); err != nil {
+		t.Fatal(err)
+	}
+	check("deleted", "10.96.0.10:53/TCP", FrontendClusterIP, "10.0.1.5:53")
+
+	// A policy of another namespace naming the service (the source
+	// refuses it; the writer ignores it all the same).
+	foreign := cacheRedirect("10.0.0.9:53")
+	foreign.Name.Namespace = "tenant-a"
+	if err := w.UpsertLocalRedirect(foreign); err != nil {
+		t.Fatal(err)
+	}
+	check("foreign policy", "10.96.0.10:53/UDP", FrontendClusterIP, "10.0.1.5:53")
+}
+
+// TestLocalRedirectServiceMatcherPorts: only the ports the policy names
+// are redirected.
+func TestLocalRedirectServiceMatcherPorts(t *testing.T) {
+	w := newTestWriter(t)
+	svc := dnsService()
+	if err := w.UpsertService(svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetBackends(svc.Name, "s1", dnsBackends()); err != nil {
+		t.Fatal(err)
+	}
+	r := cacheRedirect("10.0.0.7:53")
+	r.Ports = []ServicePort{{Name: "dns", Port: 53, Proto: UDP}}
+	if err := w.UpsertLocalRedirect(r); err != nil {
+		t.Fatal(err)
+	}
+	fs := frontends(w)
+	if fs["10.96.0.10:53/UDP"].Type != FrontendLocalRedirect || fs["10.96.0.10:53/TCP"].Type != FrontendClusterIP {
+		t.Fatalf("only the named port should be redirected: UDP %s, TCP %s", fs["10.96.0.10:53/UDP"].Type, fs["10.96.0.10:53/TCP"].Type)
+	}
+}
+
+// TestLocalRedirectAddressMatcher: an address gets a frontend while the
+// policy has local backends and none without (it stops redirecting); a
+// service's address is never taken, whichever came first, and is handed
+// back to the policy when the service goes.
+func TestLocalRedirectAddressMatcher(t *testing.T) {
+	w := newTestWriter(t)
+	addr := netip.MustParseAddr("169.254.20.10")
+	r := &LocalRedirect{Name: ServiceName{Namespace: "tenant-a", Name: "cache"}, Address: addr,
+		Ports:    []ServicePort{{Name: "dns", Port: 53, Proto: UDP}},
+		Backends: []RedirectBackend{{Pod: "tenant-a/c", Addr: netip.MustParseAddrPort("10.0.0.7:1053"), Proto: UDP, PortName: "other"}}}
+	if err := w.UpsertLocalRedirect(r); err != nil {
+		t.Fatal(err)
+	}
+	f := frontends(w)["169.254.20.10:53/UDP"]
+	if f == nil || f.Type != FrontendLocalRedirect || f.External() || f.Redirect != r.Name {
+		t.Fatalf("address frontend %+v", f)
+	}
+	if got := active(f); len(got) != 1 || got[0] != "10.0.0.7:1053" {
+		t.Fatalf("a single port pairs with the single backend port whatever its name: %v", got)
+	}
+	noBackends := *r
+	noBackends.Backends = nil
+	if err := w.UpsertLocalRedirect(&noBackends); err != nil {
+		t.Fatal(err)
+	}
+	if f := frontends(w)["169.254.20.10:53/UDP"]; f != nil {
+		t.Fatalf("no local backend: the address is not redirected, have %+v", f)
+	}
+	if err := w.UpsertLocalRedirect(r); err != nil {
+		t.Fatal(err)
+	}
+
+	// A service with that address takes it, though the policy came first.
+	svc := &Service{Name: ServiceName{Namespace: "tenant-b", Name: "dns"}, Type: "ClusterIP", Addresses: []netip.Addr{addr},
+		Ports: []ServicePort{{Name: "dns", Port: 53, Proto: UDP}}}
+	if err := w.UpsertService(svc); err != nil {
+		t.Fatal(err)
+	}
+	if f := frontends(w)["169.254.20.10:53/UDP"]; f.Service != svc.Name || f.Type != FrontendClusterIP {
+		t.Fatalf("the service's address should be the service's: %+v", f)
+	}
+	// A change of the policy does not take it back.
+	r2 := *r
+	r2.Backends = append(r2.Backends, RedirectBackend{Pod: "tenant-a/d", Addr: netip.MustParseAddrPort("10.0.0.8:1053"), Proto: UDP, PortName: "other"})
+	if err := w.UpsertLocalRedirect(&r2); err != nil {
+		t.Fatal(err)
+	}
+	if f := frontends(w)["169.254.20.10:53/UDP"]; f.Service != svc.Name {
+		t.Fatalf("the policy took the service's address back: %+v", f)
+	}
+	if err := w.DeleteService(svc.Name); err != nil {
+		t.Fatal(err)
+	}
+	if f := frontends(w)["169.254.20.10:53/UDP"]; f == nil || f.Type != FrontendLocalRedirect || len(active(f)) != 2 {
+		t.Fatalf("the service gone, the policy's frontend should be back: %+v", f)
+	}
+	if err := w.DeleteLocalRedirect(r.Name); err != nil {
+		t.Fatal(err)
+	}
+	if len(frontends(w)) != 0 {
+		t.Fatalf("frontends left: %v", frontends(w))
+	}
+}
