@@ -83,11 +83,13 @@ func (p *Proxy) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	srcAP := addrPort(w.RemoteAddr())
 	dst := p.cfg.OrigDst(w)
 	fl := flowFor(srcAP, dst, w.RemoteAddr().Network())
+	// The flow is recorded before the answer is written, so whoever saw
+	// the answer finds its flow.
 	reply := func(m *dns.Msg, verdict flowpb.Verdict, reason string) {
+		p.emit(fl, req, m, verdict, reason, time.Since(start))
 		if err := w.WriteMsg(m); err != nil {
 			p.cfg.Log.Debug("Cannot answer a DNS query", "src", srcAP, "error", err)
 		}
-		p.emit(fl, req, m, verdict, reason, time.Since(start))
 	}
 	if len(req.Question) != 1 || req.Opcode != dns.OpcodeQuery {
 		reply(new(dns.Msg).SetRcode(req, dns.RcodeFormatError), flowpb.Verdict_DROPPED, "one question of opcode QUERY expected")

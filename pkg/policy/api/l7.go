@@ -321,3 +321,17 @@ func validHeaderName(s string) bool {
 	}
 	return true
 }
+
+// Regexp is the selector as an anchored regular expression over the
+// normalized name with its trailing dot (what the v1 API's
+// /fqdn/names shows as regexString).
+func (s FQDNSelector) Regexp() string {
+	if s.MatchName != "" {
+		return "^" + regexp.QuoteMeta(NormalizeName(s.MatchName)+".") + "$"
+	}
+	p := NormalizeName(s.MatchPattern)
+	if p == "*" {
+		return `^[-a-zA-Z0-9_]+(\.[-a-zA-Z0-9_]+)*\.$`
+	}
+	return "^" + strings.ReplaceAll(regexp.QuoteMeta(p+"."), `\*`, `[-a-zA-Z0-9_]*`) + "$"
+}

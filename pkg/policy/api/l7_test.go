@@ -2,6 +2,7 @@ package api
 
 import (
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -100,6 +101,12 @@ func TestFQDNSelectorMatches(t *testing.T) {
 	for _, c := range cases {
 		if got := c.sel.Matches(c.name); got != c.want {
 			t.Errorf("%+v.Matches(%q) = %v, want %v", c.sel, c.name, got, c.want)
+		}
+		// The regular expression the API shows agrees with Matches.
+		if c.sel.Validate("s") == nil {
+			if got := regexp.MustCompile(c.sel.Regexp()).MatchString(NormalizeName(c.name) + "."); got != c.want {
+				t.Errorf("%+v.Regexp() %s on %q = %v, want %v", c.sel, c.sel.Regexp(), c.name, got, c.want)
+			}
 		}
 	}
 }
