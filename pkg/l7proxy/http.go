@@ -65,9 +65,9 @@ func NewHTTP(cfg Config) *HTTPProxy {
 func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 	defer conn.Close()
 	rules := p.cfg.Rules(src, dst)
-	matchers := make([]*api.Matcher, 0, len(rules))
+	matchers := make([]*Matcher, 0, len(rules))
 	for i, r := range rules {
-		m, err := r.Compile()
+		m, err := Compile(r)
 		if err != nil {
 			// Validated with the policy: not expected; the rule allows nothing.
 			p.cfg.Log.Warn("HTTP rule does not compile; it allows nothing", "rule", i, "error", err)

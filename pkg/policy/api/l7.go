@@ -9,7 +9,6 @@ package api
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -222,92 +221,39 @@ func (r *L7Rules) validate(field string, ports []PortProtocol, egress bool) erro
 	return nil
 }
 
-// Matcher is a compiled HTTP rule (not part of the CRD types).
-//
-// +kubebuilder:object:generate=false
-type Matcher struct {
-	Rule               PortRuleHTTP
-	method, path, host *regexp.Regexp
-	headers            []headerMatch
-}
-
-type headerMatch struct {
-	name, value string
-	hasValue    bool
-}
-
-// Compile compiles the rule's expressions (anchored: they match the whole
-// method, path or host).
-func (h PortRuleHTTP) Compile() (*Matcher, error) {
-	m := &Matcher{Rule: h}
-	var err error
-	compile := func(what, expr string) *regexp.Regexp {
-		if expr == "" || err != nil {
-			return nil
-		}
-		re, e := regexp.Compile("^(?:" + expr + ")$")
-		if e != nil {
-			err = fmt.Errorf("%s %q: %w", what, expr, e)
-		}
-		return re
+// HTTPExpr compiles one of an HTTP rule's expressions anchored (it
+// matches the whole method, path or host); nil for an empty one.
+func HTTPExpr(what, expr string) (*regexp.Regexp, error) {
+	if expr == "" {
+		return nil, nil
 	}
-	m.method = compile("method", h.Method)
-	m.path = compile("path", h.Path)
-	m.host = compile("host", h.Host)
+	re, err := regexp.Compile("^(?:" + expr + ")$")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s %q: %w", what, expr, err)
 	}
-	for i, hd := range h.Headers {
-		name, value, hasValue := strings.Cut(hd, ":")
-		name = strings.TrimSpace(name)
-		if name == "" || !validHeaderName(name) {
-			return nil, fmt.Errorf("headers[%d] %q: want \"Name\" or \"Name: value\"", i, hd)
-		}
-		m.headers = append(m.headers, headerMatch{http.CanonicalHeaderKey(name), strings.TrimSpace(value), hasValue})
-	}
-	return m, nil
+	return re, nil
 }
 
-// Matches reports whether the request matches every field of the rule.
-func (m *Matcher) Matches(r *http.Request) bool {
-	if m.method != nil && !m.method.MatchString(r.Method) {
-		return false
+// ParseHeader parses an HTTP rule's header: "Name" or "Name: value".
+func ParseHeader(h string) (name, value string, hasValue bool, err error) {
+	name, value, hasValue = strings.Cut(h, ":")
+	name = strings.TrimSpace(name)
+	if name == "" || !validHeaderName(name) {
+		return "", "", false, fmt.Errorf("header %q: want \"Name\" or \"Name: value\"", h)
 	}
-	if m.path != nil && !m.path.MatchString(r.URL.Path) {
-		return false
-	}
-	if m.host != nil {
-		host := r.Host
-		if h, _, ok := strings.Cut(host, ":"); ok && !strings.HasPrefix(host, "[") {
-			host = h
-		}
-		if !m.host.MatchString(host) {
-			return false
-		}
-	}
-	for _, h := range m.headers {
-		vals, ok := r.Header[h.name]
-		if !ok {
-			return false
-		}
-		if h.hasValue {
-			found := false
-			for _, v := range vals {
-				if v == h.value {
-					found = true
-				}
-			}
-			if !found {
-				return false
-			}
-		}
-	}
-	return true
+	return name, strings.TrimSpace(value), hasValue, nil
 }
 
 func (h PortRuleHTTP) validate(field string) error {
-	if _, err := h.Compile(); err != nil {
-		return fmt.Errorf("%s: %w", field, err)
+	for _, e := range [][2]string{{"method", h.Method}, {"path", h.Path}, {"host", h.Host}} {
+		if _, err := HTTPExpr(e[0], e[1]); err != nil {
+			return fmt.Errorf("%s: %w", field, err)
+		}
+	}
+	for i, hd := range h.Headers {
+		if _, _, _, err := ParseHeader(hd); err != nil {
+			return fmt.Errorf("%s.headers[%d]: %w", field, i, err)
+		}
 	}
 	return nil
 }
