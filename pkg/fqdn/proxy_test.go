@@ -165,3 +165,53 @@ func TestProxyForwardsRefusesLearns(t *testing.T) {
 		t.Fatalf("unknown source: %s", dns.RcodeToString[r.Rcode])
 	}
 }
+
+// Over TCP the proxy forwards over TCP too, and AAAA answers are learned.
+func TestProxyTCPAndAAAA(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var upNet string
+	var mu sync.Mutex
+	up := &dns.Server{Listener: l, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		mu.Lock()
+		upNet = w.RemoteAddr().Network()
+		mu.Unlock()
+		m := new(dns.Msg).SetReply(r)
+		m.Answer = append(m.Answer, &dns.AAAA{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeAAAA, Class: dns.ClassINET, Ttl: 30}, AAAA: net.ParseIP("2001:db8::10")})
+		_ = w.WriteMsg(m)
+	})}
+	go func() { _ = up.ActivateAndServe() }()
+	t.Cleanup(func() { _ = up.Shutdown() })
+	upAddr := netip.MustParseAddrPort(l.Addr().String())
+	var learned []netip.Addr
+	p := NewProxy(ProxyConfig{
+		Endpoint: func(netip.Addr) (Source, bool) { return Source{EndpointID: 3}, true },
+		Rules:    func(uint16, netip.AddrPort) []api.PortRuleDNS { return []api.PortRuleDNS{{MatchPattern: "*"}} },
+		Learned: func(_ context.Context, _ Source, _ string, ips []netip.Addr, _ uint32) error {
+			mu.Lock()
+			learned = ips
+			mu.Unlock()
+			return nil
+		},
+		OrigDst: func(dns.ResponseWriter) netip.AddrPort { return upAddr },
+	})
+	pl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &dns.Server{Listener: pl, Handler: p}
+	go func() { _ = srv.ActivateAndServe() }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	c := &dns.Client{Net: "tcp", Timeout: 10 * time.Second}
+	r, _, err := c.Exchange(new(dns.Msg).SetQuestion("v6.example.", dns.TypeAAAA), pl.Addr().String())
+	if err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("query over TCP: %v %v", r, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if upNet != "tcp" || len(learned) != 1 || learned[0] != netip.MustParseAddr("2001:db8::10") {
+		t.Fatalf("upstream transport %q, learned %v", upNet, learned)
+	}
+}
