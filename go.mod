@@ -11,6 +11,7 @@ require (
 	github.com/containernetworking/plugins v1.9.1
 	github.com/go-openapi/strfmt v0.23.0
 	github.com/google/go-containerregistry v0.22.1
+	github.com/miekg/dns v1.1.73
 	github.com/osrg/gobgp/v3 v3.37.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
@@ -36,8 +37,6 @@ require (
 	k8s.io/utils v0.0.0-20260210185600-b8788abfbbc2
 	sigs.k8s.io/yaml v1.6.0
 )
-
-require github.com/miekg/dns v1.1.73
 
 require (
 	github.com/asaskevich/govalidator v0.0.0-20230301143203-a9d515a09cc2 // indirect
