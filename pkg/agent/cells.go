@@ -8,6 +8,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/agent/agentflows"
+	"github.com/tendril-net/tendril/pkg/agent/agentfqdn"
 	"github.com/tendril-net/tendril/pkg/agent/agentidentity"
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
 	"github.com/tendril-net/tendril/pkg/agent/agentkv"
@@ -68,6 +69,7 @@ func cells() []cell.Cell {
 		realizer.Cell,
 		hostips.Cell,
 		agentpolicy.Cell,
+		agentfqdn.Cell, // the names the DNS proxy learned: restored into policy before its first regeneration
 		agentendpoints.RegenerationCell,
 		agentdatapath.RestoredCell,
 		agentflows.Cell,

@@ -24,5 +24,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newHealthCommand,
 		newBGPCommand,
 		newLRPCommand,
+		newFQDNCommand,
 	}
 }

@@ -25,6 +25,9 @@ type Peer struct {
 	// the agent passes the union and a name may open a port number on a
 	// pod that gives it another name.
 	NamedPorts map[string]NamedPort
+	// Names are, for a CIDR identity, the DNS names the node's DNS proxy
+	// saw answered with its address: what toFQDNs selectors match.
+	Names []string
 }
 
 // Universe is every identity the policy can select.

@@ -18,20 +18,38 @@ type section struct {
 	entities  []string
 	cidrs     []string
 	cidrSets  []api.CIDRRule
+	fqdns     []api.FQDNSelector
 	ports     []api.PortRule
 	icmps     []api.ICMPRule
 }
 
 func ingressSection(r api.IngressRule) section {
-	return section{r.FromEndpoints, r.FromEntities, r.FromCIDR, r.FromCIDRSet, r.ToPorts, r.ICMPs}
+	return section{r.FromEndpoints, r.FromEntities, r.FromCIDR, r.FromCIDRSet, nil, r.ToPorts, r.ICMPs}
 }
 
 func egressSection(r api.EgressRule) section {
-	return section{r.ToEndpoints, r.ToEntities, r.ToCIDR, r.ToCIDRSet, r.ToPorts, r.ICMPs}
+	return section{r.ToEndpoints, r.ToEntities, r.ToCIDR, r.ToCIDRSet, r.ToFQDNs, r.ToPorts, r.ICMPs}
 }
 
+// hasPeers: toFQDNs count as peers, so a toFQDNs section with ports is
+// never taken for an L4-only (any peer) one; it selects only the CIDR
+// identities learned for its names.
 func (s section) hasPeers() bool {
-	return len(s.endpoints)+len(s.entities)+len(s.cidrs)+len(s.cidrSets) > 0
+	return len(s.endpoints)+len(s.entities)+len(s.cidrs)+len(s.cidrSets)+len(s.fqdns) > 0
+}
+
+// fqdnMatches reports whether an FQDN selector selects peer p: a CIDR
+// identity whose address DNS answered for a name the selector matches.
+func fqdnMatches(f api.FQDNSelector, p Peer) bool {
+	if !p.CIDR.IsValid() {
+		return false
+	}
+	for _, n := range p.Names {
+		if f.Matches(n) {
+			return true
+		}
+	}
+	return false
 }
 
 // entityMatches reports whether entity selects peer p.
@@ -88,6 +106,11 @@ func (s section) peerMatchesSet(p Peer, set labelSet, ns string) bool {
 	}
 	for _, c := range s.cidrSets {
 		if cidrMatches(c.CIDR, c.Except, p) {
+			return true
+		}
+	}
+	for _, f := range s.fqdns {
+		if fqdnMatches(f, p) {
 			return true
 		}
 	}
@@ -168,6 +191,13 @@ func (s section) expandPorts(named map[string]NamedPort, onlyNamed bool) []portK
 	}
 	var out []portKey
 	for _, pr := range s.ports {
+		if pr.Rules != nil && len(pr.Rules.HTTP) > 0 {
+			// HTTP rules are enforced by the node's L7 proxy, which the
+			// datapath does not redirect to yet: until it does, the
+			// port is not opened at all (fail closed), rather than
+			// opened to every request.
+			continue
+		}
 		if len(pr.Ports) == 0 && !onlyNamed {
 			out = append(out, portKey{})
 		}

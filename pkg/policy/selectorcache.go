@@ -6,6 +6,7 @@ package policy
 
 import (
 	"maps"
+	"slices"
 	"sync"
 
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -170,15 +171,9 @@ func (c *SelectorCache) update(version uint64, universe Universe) {
 // samePeer reports whether a peer still selects alike: same labels, same
 // CIDR. Named ports do not change selection.
 func samePeer(a, b Peer) bool {
-	if a.CIDR != b.CIDR || len(a.Labels) != len(b.Labels) {
-		return false
-	}
-	for i := range a.Labels {
-		if a.Labels[i] != b.Labels[i] {
-			return false
-		}
-	}
-	return true
+	// Names count: a CIDR identity whose learned names changed must be
+	// matched again by toFQDNs selections.
+	return a.CIDR == b.CIDR && slices.Equal(a.Labels, b.Labels) && slices.Equal(a.Names, b.Names)
 }
 
 func (c *SelectorCache) lookup(k selectorKey, s section, ns string) []identity.NumericIdentity {

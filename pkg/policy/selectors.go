@@ -49,6 +49,9 @@ func PeerSelectors(s StoredRule) []PeerSelector {
 		for _, c := range sec.cidrSets {
 			out = append(out, PeerSelector{String: fmt.Sprintf("cidr:%s except %v", c.CIDR, c.Except), sec: section{cidrSets: []api.CIDRRule{c}}})
 		}
+		for _, f := range sec.fqdns {
+			out = append(out, PeerSelector{String: "fqdn:" + f.String(), sec: section{fqdns: []api.FQDNSelector{f}}})
+		}
 	}
 	for _, in := range append(append([]api.IngressRule(nil), s.Rule.Ingress...), s.Rule.IngressDeny...) {
 		addSec(ingressSection(in))

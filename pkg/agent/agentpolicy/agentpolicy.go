@@ -171,6 +171,17 @@ type Module struct {
 
 	regen chan struct{}
 
+	// fqdnNames are the DNS names the DNS proxy learned per address
+	// (guarded by mu): each address gets a host-prefix CIDR identity, the
+	// names are that identity's for toFQDNs selectors. namesGen counts
+	// SetFQDNNames calls; namesApplied is the last one a complete
+	// regeneration pass has applied; passDone is closed at the end of
+	// each pass (then replaced).
+	fqdnNames    map[netip.Addr][]string
+	namesGen     uint64
+	namesApplied uint64
+	passDone     chan struct{}
+
 	// file keeps the rules imported through the API across restarts;
 	// its writer is a job started after the restore.
 	file *policyfile.File
@@ -207,7 +218,7 @@ func New(p Params) *Module {
 		realized: map[uint16]policy.MapState{}, results: map[uint16]policy.Result{},
 		revokeMode: p.Config.RevokeEstablished, revoke: map[uint16]revokeKind{}, enforced: map[uint16][2]bool{},
 		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
-		regen: make(chan struct{}, 1),
+		regen: make(chan struct{}, 1), passDone: make(chan struct{}),
 	}
 	if m.dp != nil {
 		p.Metrics.Registry.MustRegister(newAuditCollector(m))

@@ -76,34 +76,94 @@ func (p *Module) Run(ctx context.Context, refresh func(*endpoint.Endpoint) error
 			return
 		case <-p.regen:
 		}
-		if err := p.syncCIDRIdentities(); err != nil {
-			p.log.Error("CIDR identities", "error", err)
+		p.mu.Lock()
+		names := p.namesGen
+		p.mu.Unlock()
+		p.regenerate(ctx, refresh)
+		p.passApplied(names)
+	}
+}
+
+// regenerate is one pass of Run: CIDR identities, then every endpoint.
+func (p *Module) regenerate(ctx context.Context, refresh func(*endpoint.Endpoint) error) {
+	if err := p.syncCIDRIdentities(); err != nil {
+		p.log.Error("CIDR identities", "error", err)
+	}
+	// A deny naming a block must find the block's prefixes in the
+	// datapath when the endpoints' entries for them land.
+	if p.dp != nil && p.dp.Maps() != nil {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := p.policyCIDR.Synced(wctx); err != nil {
+			p.log.Warn("Policy CIDR map not yet written; endpoints are regenerated anyway", "error", err)
 		}
-		// A deny naming a block must find the block's prefixes in the
-		// datapath when the endpoints' entries for them land.
-		if p.dp != nil && p.dp.Maps() != nil {
-			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if err := p.policyCIDR.Synced(wctx); err != nil {
-				p.log.Warn("Policy CIDR map not yet written; endpoints are regenerated anyway", "error", err)
-			}
-			cancel()
+		cancel()
+	}
+	mgr := p.eps.Manager()
+	if mgr == nil || refresh == nil {
+		return
+	}
+	rev := p.repo.Revision()
+	mgr.SetPolicyRevision(rev)
+	start := time.Now()
+	eps := mgr.List()
+	failed := 0
+	for _, ep := range eps {
+		if err := mgr.Refresh(ctx, ep.ID, refresh); err != nil {
+			failed++
+			p.log.Warn("Apply a policy change to an endpoint; it is regenerated until it succeeds", "endpoint", ep.ID, "revision", rev, "error", err)
 		}
-		mgr := p.eps.Manager()
-		if mgr == nil || refresh == nil {
-			continue
+	}
+	p.log.Debug("Applied policy to endpoints", "revision", rev, "endpoints", len(eps), "failed", failed, "duration", time.Since(start))
+}
+
+// passApplied records that a pass which began at names generation g has
+// ended, and wakes WaitFQDNNames.
+func (p *Module) passApplied(g uint64) {
+	p.mu.Lock()
+	if g > p.namesApplied {
+		p.namesApplied = g
+	}
+	if p.passDone != nil {
+		close(p.passDone)
+	}
+	p.passDone = make(chan struct{})
+	p.mu.Unlock()
+}
+
+// SetFQDNNames replaces the names the DNS proxy learned per address and
+// triggers a regeneration; it returns the generation to wait for with
+// WaitFQDNNames.
+func (p *Module) SetFQDNNames(names map[netip.Addr][]string) uint64 {
+	p.mu.Lock()
+	p.fqdnNames = names
+	p.namesGen++
+	p.cidrGen++ // the universe changes: the learned addresses' identities and names
+	g := p.namesGen
+	p.mu.Unlock()
+	p.TriggerRegeneration()
+	return g
+}
+
+// WaitFQDNNames returns once a regeneration pass that began after
+// SetFQDNNames returned g has ended: the CIDR identities of the names are
+// in the ipcache and every endpoint's policy was refreshed with them
+// (those whose refresh failed are retried by the endpoint manager).
+func (p *Module) WaitFQDNNames(ctx context.Context, g uint64) error {
+	for {
+		p.mu.Lock()
+		if p.passDone == nil {
+			p.passDone = make(chan struct{})
 		}
-		rev := p.repo.Revision()
-		mgr.SetPolicyRevision(rev)
-		start := time.Now()
-		eps := mgr.List()
-		failed := 0
-		for _, ep := range eps {
-			if err := mgr.Refresh(ctx, ep.ID, refresh); err != nil {
-				failed++
-				p.log.Warn("Apply a policy change to an endpoint; it is regenerated until it succeeds", "endpoint", ep.ID, "revision", rev, "error", err)
-			}
+		applied, ch := p.namesApplied, p.passDone
+		p.mu.Unlock()
+		if applied >= g {
+			return nil
 		}
-		p.log.Debug("Applied policy to endpoints", "revision", rev, "endpoints", len(eps), "failed", failed, "duration", time.Since(start))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the policy of learned names: %w", ctx.Err())
+		case <-ch:
+		}
 	}
 }
 
@@ -115,6 +175,11 @@ func (p *Module) syncCIDRIdentities() error {
 		want[pf] = true
 	}
 	p.mu.Lock()
+	// Each address the DNS proxy learned is a host prefix of its own, so
+	// toFQDNs select exactly the answered addresses.
+	for a := range p.fqdnNames {
+		want[netip.PrefixFrom(a, a.BitLen())] = true
+	}
 	var add, del []netip.Prefix
 	for pf := range want {
 		if _, ok := p.cidrIDs[pf]; !ok {
@@ -185,7 +250,13 @@ func (p *Module) universe() policy.Universe {
 	for pf, id := range p.cidrIDs {
 		// The prefix's identity for addresses outside the cluster, and the
 		// one pods and nodes inside it carry for policy.
-		u = append(u, policy.Peer{ID: id, Labels: []string{"cidr:" + pf.String()}, CIDR: pf},
+		// Only the world's identity of a learned address has its names:
+		// toFQDNs never select a pod or a node through their block.
+		var names []string
+		if pf.IsSingleIP() {
+			names = p.fqdnNames[pf.Addr()]
+		}
+		u = append(u, policy.Peer{ID: id, Labels: []string{"cidr:" + pf.String()}, CIDR: pf, Names: names},
 			policy.Peer{ID: id | identity.InClusterCIDR, Labels: []string{"cidr:" + pf.String()}, CIDR: pf})
 	}
 	p.mu.Unlock()

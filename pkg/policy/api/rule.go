@@ -91,8 +91,13 @@ type EgressRule struct {
 	ToEntities  []string           `json:"toEntities,omitempty"`
 	ToCIDR      []string           `json:"toCIDR,omitempty"`
 	ToCIDRSet   []CIDRRule         `json:"toCIDRSet,omitempty"`
-	ToPorts     []PortRule         `json:"toPorts,omitempty"`
-	ICMPs       []ICMPRule         `json:"icmps,omitempty"`
+	// ToFQDNs select the addresses the node's DNS proxy saw answered for
+	// the names (egress only; not combined with other peers of the
+	// section). The pod's DNS lookups must go through a port with DNS
+	// rules for the proxy to see them.
+	ToFQDNs []FQDNSelector `json:"toFQDNs,omitempty"`
+	ToPorts []PortRule     `json:"toPorts,omitempty"`
+	ICMPs   []ICMPRule     `json:"icmps,omitempty"`
 }
 
 // CIDRRule is a CIDR with exceptions.
@@ -104,6 +109,8 @@ type CIDRRule struct {
 // PortRule lists ports.
 type PortRule struct {
 	Ports []PortProtocol `json:"ports,omitempty"`
+	// Rules are L7 rules for the ports (allow sections only).
+	Rules *L7Rules `json:"rules,omitempty"`
 }
 
 // PortProtocol is a port (or named port) with an optional range end.
@@ -293,11 +300,47 @@ func (s *EndpointSelector) Validate(field string) error {
 }
 
 func (r *IngressRule) validate(field string, deny bool) error {
-	return validatePeers(field, "from", r.FromEndpoints, r.FromEntities, r.FromCIDR, r.FromCIDRSet, r.ToPorts, r.ICMPs, deny)
+	if err := validatePeers(field, "from", r.FromEndpoints, r.FromEntities, r.FromCIDR, r.FromCIDRSet, r.ToPorts, r.ICMPs, deny); err != nil {
+		return err
+	}
+	return validateL7(field, r.ToPorts, deny, false)
 }
 
 func (r *EgressRule) validate(field string, deny bool) error {
-	return validatePeers(field, "to", r.ToEndpoints, r.ToEntities, r.ToCIDR, r.ToCIDRSet, r.ToPorts, r.ICMPs, deny)
+	if err := validatePeers(field, "to", r.ToEndpoints, r.ToEntities, r.ToCIDR, r.ToCIDRSet, r.ToPorts, r.ICMPs, deny); err != nil {
+		return err
+	}
+	if len(r.ToFQDNs) > 0 {
+		if deny {
+			return fmt.Errorf("%s.toFQDNs: not allowed in deny rules (a name's addresses are learned after the lookup)", field)
+		}
+		if len(r.ToEndpoints)+len(r.ToEntities)+len(r.ToCIDR)+len(r.ToCIDRSet) > 0 {
+			return fmt.Errorf("%s.toFQDNs: cannot be combined with toEndpoints, toEntities, toCIDR or toCIDRSet in one section", field)
+		}
+	}
+	for i, f := range r.ToFQDNs {
+		if err := f.Validate(fmt.Sprintf("%s.toFQDNs[%d]", field, i)); err != nil {
+			return err
+		}
+	}
+	return validateL7(field, r.ToPorts, deny, true)
+}
+
+// validateL7 checks the L7 rules of a section's ports.
+func validateL7(field string, ports []PortRule, deny, egress bool) error {
+	for i, pr := range ports {
+		if pr.Rules == nil {
+			continue
+		}
+		f := fmt.Sprintf("%s.toPorts[%d].rules", field, i)
+		if deny && len(pr.Rules.DNS)+len(pr.Rules.HTTP) > 0 {
+			return fmt.Errorf("%s: L7 rules are not allowed in deny rules", f)
+		}
+		if err := pr.Rules.validate(f, pr.Ports, egress); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func validatePeers(field, dir string, eps []EndpointSelector, ents []string, cidrs []string, sets []CIDRRule, ports []PortRule, icmps []ICMPRule, deny bool) error {

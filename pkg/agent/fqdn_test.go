@@ -1,0 +1,54 @@
+package agent
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/cilium/api/v1/models"
+
+	"github.com/tendril-net/tendril/pkg/client"
+)
+
+// The FQDN cache saved in the state dir is restored when the agent starts
+// and served on the v1 API (/v1/fqdn/cache); an expired entry is not.
+func TestFQDNCacheRestoredAndServed(t *testing.T) {
+	dir := t.TempDir()
+	flags := testFlags(dir, nil)
+	if err := os.MkdirAll(flags["state-dir"], 0o700); err != nil {
+		t.Fatal(err)
+	}
+	future, past := time.Now().Add(time.Hour).UTC().Format(time.RFC3339), time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	saved := `{"version":1,"lookups":[
+	  {"endpointID":7,"name":"world.example","ips":["192.0.2.10"],"ttl":3600,"lookupTime":"` + past + `","expires":"` + future + `"},
+	  {"endpointID":7,"name":"old.example","ips":["192.0.2.11"],"ttl":60,"lookupTime":"` + past + `","expires":"` + past + `"}]}`
+	if err := os.WriteFile(filepath.Join(flags["state-dir"], "fqdn-cache.json"), []byte(saved), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := newTestAgent(Deps{Log: testLogger(t)}, flags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	c, err := client.New("unix://" + flags["socket"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []models.DNSLookup
+	if err := c.Do(context.Background(), http.MethodGet, "/fqdn/cache", nil, nil, nil, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Fqdn != "world.example." || got[0].EndpointID != 7 || len(got[0].Ips) != 1 || got[0].Ips[0] != "192.0.2.10" {
+		t.Fatalf("restored cache: %+v", got)
+	}
+	var names models.NameManager
+	if err := c.Do(context.Background(), http.MethodGet, "/fqdn/names", nil, nil, nil, &names); err != nil {
+		t.Fatal(err)
+	}
+}

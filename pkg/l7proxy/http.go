@@ -1,0 +1,175 @@
+// Package l7proxy is the node's transparent HTTP proxy for ports with
+// HTTP rules: it reads each request of a redirected connection, passes
+// those an HTTP rule of the sender's policy allows to the connection's
+// original destination (one upstream connection per client connection,
+// kept alive, bodies streamed both ways), answers the others 403, and
+// records an L7 flow per request naming the rule that decided.
+//
+// Who sent a connection is decided by the caller (the redirect's
+// listener) from the endpoint table, never from the request.
+package l7proxy
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	flowpb "github.com/cilium/cilium/api/v1/flow"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tendril-net/tendril/pkg/policy/api"
+)
+
+// Source is the local endpoint a redirected connection came from.
+type Source struct {
+	EndpointID uint16
+	Identity   uint32
+}
+
+// Config is what the proxy asks of the agent.
+type Config struct {
+	// Rules are the HTTP rules of src's policy for dst (nil: none allow).
+	Rules func(src Source, dst netip.AddrPort) []api.PortRuleHTTP
+	// Dial connects to the original destination.
+	Dial func(dst netip.AddrPort) (net.Conn, error)
+	// Flow receives one L7 flow per request (nil: none).
+	Flow func(*flowpb.Flow)
+	Log  *slog.Logger
+}
+
+// HTTPProxy serves redirected HTTP connections.
+type HTTPProxy struct{ cfg Config }
+
+// NewHTTP returns the proxy.
+func NewHTTP(cfg Config) *HTTPProxy {
+	if cfg.Dial == nil {
+		cfg.Dial = func(dst netip.AddrPort) (net.Conn, error) {
+			return net.DialTimeout("tcp", dst.String(), 10*time.Second)
+		}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &HTTPProxy{cfg: cfg}
+}
+
+// ServeConn proxies one client connection from src, originally to dst,
+// until either side closes it. It closes conn.
+func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
+	defer conn.Close()
+	rules := p.cfg.Rules(src, dst)
+	matchers := make([]*Matcher, 0, len(rules))
+	for i, r := range rules {
+		m, err := Compile(r)
+		if err != nil {
+			// Validated with the policy: not expected; the rule allows nothing.
+			p.cfg.Log.Warn("HTTP rule does not compile; it allows nothing", "rule", i, "error", err)
+			continue
+		}
+		matchers = append(matchers, m)
+	}
+	var upstream net.Conn
+	var upReader *bufio.Reader
+	defer func() {
+		if upstream != nil {
+			upstream.Close()
+		}
+	}()
+	br := bufio.NewReader(conn)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				p.cfg.Log.Debug("HTTP proxy: bad request; closing", "src", conn.RemoteAddr(), "error", err)
+			}
+			return
+		}
+		start := time.Now()
+		rule := -1
+		for i, m := range matchers {
+			if m.Matches(req) {
+				rule = i
+				break
+			}
+		}
+		if rule < 0 {
+			// The body is drained so the next request on the connection
+			// can be read (keep-alive survives a denial).
+			_, _ = io.Copy(io.Discard, req.Body)
+			req.Body.Close()
+			resp := &http.Response{StatusCode: http.StatusForbidden, ProtoMajor: 1, ProtoMinor: 1, Request: req,
+				Header: http.Header{"Content-Type": {"text/plain"}}, Close: req.Close}
+			body := "Access denied\n"
+			resp.ContentLength = int64(len(body))
+			resp.Body = io.NopCloser(strings.NewReader(body))
+			p.emit(src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_DROPPED, "no http rule allows it")
+			if err := resp.Write(conn); err != nil || req.Close {
+				return
+			}
+			continue
+		}
+		if upstream == nil {
+			upstream, err = p.cfg.Dial(dst)
+			if err != nil {
+				p.cfg.Log.Info("HTTP proxy: cannot reach the original destination", "dst", dst, "error", err)
+				p.emit(src, conn, dst, req, http.StatusServiceUnavailable, time.Since(start), flowpb.Verdict_ERROR, "upstream: "+err.Error())
+				_ = (&http.Response{StatusCode: http.StatusServiceUnavailable, ProtoMajor: 1, ProtoMinor: 1, Close: true, Request: req}).Write(conn)
+				return
+			}
+			upReader = bufio.NewReader(upstream)
+		}
+		if err := req.Write(upstream); err != nil {
+			p.cfg.Log.Debug("HTTP proxy: write upstream", "dst", dst, "error", err)
+			return
+		}
+		resp, err := http.ReadResponse(upReader, req)
+		if err != nil {
+			p.cfg.Log.Debug("HTTP proxy: read upstream", "dst", dst, "error", err)
+			return
+		}
+		reason := fmt.Sprintf("allowed by http rule %d %s", rule, describe(rules[rule]))
+		p.emit(src, conn, dst, req, resp.StatusCode, time.Since(start), flowpb.Verdict_FORWARDED, reason)
+		err = resp.Write(conn) // streams the body
+		resp.Body.Close()
+		if err != nil || req.Close || resp.Close {
+			return
+		}
+	}
+}
+
+func describe(r api.PortRuleHTTP) string {
+	return fmt.Sprintf("{method: %q, path: %q, host: %q, headers: %q}", r.Method, r.Path, r.Host, r.Headers)
+}
+
+// emit records the request's flow.
+func (p *HTTPProxy) emit(src Source, conn net.Conn, dst netip.AddrPort, req *http.Request, code int, latency time.Duration, verdict flowpb.Verdict, reason string) {
+	if p.cfg.Flow == nil {
+		return
+	}
+	s, _ := netip.ParseAddrPort(conn.RemoteAddr().String())
+	u := *req.URL
+	u.Scheme, u.Host = "http", req.Host
+	f := &flowpb.Flow{
+		Time:      timestamppb.Now(),
+		Type:      flowpb.FlowType_L7,
+		Verdict:   verdict,
+		IP:        &flowpb.IP{Source: s.Addr().Unmap().String(), Destination: dst.Addr().String()},
+		L4:        &flowpb.Layer4{Protocol: &flowpb.Layer4_TCP{TCP: &flowpb.TCP{SourcePort: uint32(s.Port()), DestinationPort: uint32(dst.Port())}}},
+		Source:    &flowpb.Endpoint{ID: uint32(src.EndpointID), Identity: src.Identity},
+		EventType: &flowpb.CiliumEventType{Type: 129}, // MessageTypeAccessLog
+		Summary:   "HTTP " + reason,
+		L7: &flowpb.Layer7{Type: flowpb.L7FlowType_RESPONSE, LatencyNs: uint64(latency),
+			Record: &flowpb.Layer7_Http{Http: &flowpb.HTTP{Code: uint32(code), Method: req.Method, Url: u.String(), Protocol: req.Proto}}},
+	}
+	if verdict == flowpb.Verdict_DROPPED {
+		f.DropReasonDesc = flowpb.DropReason_POLICY_DENIED
+	}
+	p.cfg.Flow(f)
+}
