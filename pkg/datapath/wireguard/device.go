@@ -1,3 +1,9 @@
+// Package wireguard is the kernel side of the transparent encryption
+// between nodes (docs/encryption.md): the WireGuard device (the userspace
+// implementation, golang.zx2c4.com/wireguard, in a process of its own on
+// a TUN device, where the kernel has no WireGuard module) and its
+// configuration through wgctrl, which drives a kernel device the same
+// way. The keys are in wgkey.
 package wireguard
 
 import (

@@ -1,10 +1,9 @@
-// Package wireguard is the kernel side of the transparent encryption
-// between nodes (docs/encryption.md): the node's key pair, the WireGuard
-// device (the userspace implementation, golang.zx2c4.com/wireguard, in a
-// process of its own on a TUN device, where the kernel has no WireGuard
-// module) and its configuration through wgctrl, which drives a kernel
-// device the same way.
-package wireguard
+// Package wgkey is a node's WireGuard keys (docs/encryption.md): its
+// private key, kept in the agent's state directory, and the check of the
+// public keys other nodes publish. It is apart from the device's package
+// so that the readers of TendrilNodes check keys without linking the
+// device.
+package wgkey
 
 import (
 	"bytes"
