@@ -3,6 +3,7 @@ package wireguard
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,8 +52,12 @@ func (e *Encryption) StatusSection() ext.Section {
 		if p.Endpoint != nil {
 			ep = p.Endpoint.String()
 		}
-		add(name, fmt.Sprintf("endpoint %s, allowed %v, last handshake %s, received %d B, sent %d B",
-			ep, p.AllowedIPs, hs, p.ReceiveBytes, p.TransmitBytes))
+		allowed := make([]string, 0, len(p.AllowedIPs))
+		for _, a := range p.AllowedIPs {
+			allowed = append(allowed, a.String())
+		}
+		add(name, fmt.Sprintf("endpoint %s, allowed %s, last handshake %s, received %d B, sent %d B",
+			ep, strings.Join(allowed, ","), hs, p.ReceiveBytes, p.TransmitBytes))
 	}
 	names := make([]string, 0, len(st.Skipped))
 	for n := range st.Skipped {

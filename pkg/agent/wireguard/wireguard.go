@@ -189,8 +189,13 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 // valid key (checked as the TendrilNode was read) and a pod CIDR the
 // table accepted. The endpoint is the node's own address (the first of
 // the pod CIDRs' first family; the table's addresses come from the Node
-// and its TendrilNode), the allowed IPs exactly the accepted pod CIDRs,
-// so a node can neither receive nor send for another's pods. A key two
+// and its TendrilNode), the allowed IPs exactly the accepted pod CIDRs
+// and the node's own addresses, so a node can neither receive nor send
+// for another's pods. The node's addresses are there for what comes back
+// from it: a pod's packet to another node's address leaves in the clear
+// (only the pod CIDRs are routed to the device), but the node's answer
+// to the pod is routed into its device, and the receiving device drops
+// an inner source its peer is not allowed. A key two
 // nodes publish is given to neither (WireGuard would merge them into one
 // peer and its allowed IPs), nor is this node's own key.
 func desiredPeers(all []*nodemanager.Peer, own wgtypes.Key, port uint16) ([]dpwg.Peer, map[string]string) {
@@ -230,8 +235,12 @@ func desiredPeers(all []*nodemanager.Peer, own wgtypes.Key, port uint16) ([]dpwg
 			skipped[p.Name] = "no node address"
 			continue
 		}
+		allowed := slices.Clone(p.PodCIDRs)
+		for _, ip := range p.IPs {
+			allowed = append(allowed, netip.PrefixFrom(ip, ip.BitLen()))
+		}
 		out = append(out, dpwg.Peer{Node: p.Name, PublicKey: key, Endpoint: netip.AddrPortFrom(ep, port),
-			AllowedIPs: slices.Clone(p.PodCIDRs)})
+			AllowedIPs: allowed})
 	}
 	return out, skipped
 }

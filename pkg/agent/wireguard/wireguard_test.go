@@ -146,7 +146,7 @@ func TestPeersFromNodesTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := v.dev.peers()
-	want := map[string]string{kb: "192.168.1.2:51871 10.244.2.0/24", kc: "192.168.1.3:51871 10.244.3.0/24"}
+	want := map[string]string{kb: "192.168.1.2:51871 10.244.2.0/24,192.168.1.2/32", kc: "192.168.1.3:51871 10.244.3.0/24,192.168.1.3/32"}
 	if len(got) != len(want) || got[kb] != want[kb] || got[kc] != want[kc] {
 		t.Fatalf("peers %v, want %v", got, want)
 	}
