@@ -22,5 +22,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newMetricsCommand,
 		newHealthCommand,
 		newBGPCommand,
+		newEncryptCommand,
 	}
 }
