@@ -466,4 +466,3 @@ func (e *Encryption) State() State {
 	st.Peers = d.Peers
 	return st
 }
-
