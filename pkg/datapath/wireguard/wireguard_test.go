@@ -282,22 +282,30 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 		_, _ = io.Copy(c, c)
 	}()
 	payload := bytes.Repeat(marker, 2000)
+	var tc net.Conn
 	inNS(t, podA, func() error {
-		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(ipB, 5001).String(), 30*time.Second)
+		var err error
+		tc, err = net.DialTimeout("tcp", netip.AddrPortFrom(ipB, 5001).String(), 30*time.Second)
 		if err != nil {
 			return fmt.Errorf("tcp pod to pod: %w", err)
 		}
-		defer c.Close()
-		go func() { _, _ = c.Write(payload) }()
-		got := make([]byte, len(payload))
-		if _, err := io.ReadFull(c, got); err != nil {
-			return fmt.Errorf("tcp echo: %w", err)
-		}
-		if !bytes.Equal(got, payload) {
-			return fmt.Errorf("tcp echo differs")
-		}
 		return nil
 	})
+	defer tc.Close()
+	// The connection's socket stays in pod A's namespace: it is used
+	// from any thread.
+	echo := func(what string) {
+		t.Helper()
+		go func() { _, _ = tc.Write(payload) }()
+		got := make([]byte, len(payload))
+		if _, err := io.ReadFull(tc, got); err != nil {
+			t.Fatalf("tcp echo %s: %v", what, err)
+		}
+		if !bytes.Equal(got, payload) {
+			t.Fatalf("tcp echo %s differs", what)
+		}
+	}
+	echo("before")
 	// UDP: pod A to pod B and back.
 	var uc net.PacketConn
 	inNS(t, podB, func() error {
@@ -382,6 +390,24 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 	}
 	if len(d.Peers) != 1 || d.Peers[0].LastHandshakeTime.IsZero() || d.Peers[0].ReceiveBytes == 0 || d.Peers[0].TransmitBytes == 0 {
 		t.Fatalf("device A's peer %+v", d.Peers)
+	}
+
+	// Key rotation under an open connection: node A takes a new key,
+	// node B learns it (the old peer removed, the new one added, as the
+	// agent's reconciler does when A's TendrilNode changes); the
+	// connection goes on, not reset.
+	newA, _ := wgtypes.GeneratePrivateKey()
+	if _, err := Configure(client, devA, newA, DefaultPort, []Peer{{Node: "b", PublicKey: keyB.PublicKey(),
+		Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Configure(client, devB, keyB, DefaultPort, []Peer{{Node: "a", PublicKey: newA.PublicKey(),
+		Endpoint: netip.AddrPortFrom(nodeA, DefaultPort), AllowedIPs: []netip.Prefix{cidrA}}}); err != nil {
+		t.Fatal(err)
+	}
+	echo("after the key rotation")
+	if d, err := client.Device(devB); err != nil || len(d.Peers) != 1 || d.Peers[0].PublicKey != newA.PublicKey() || d.Peers[0].LastHandshakeTime.IsZero() {
+		t.Fatalf("device B after the rotation: %+v %v", d, err)
 	}
 
 	// The device outlives its client: a new client finds it, as an agent
