@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"text/tabwriter"
 	"time"
 
@@ -37,6 +38,28 @@ func newEncryptCommand(opts *Options) *cobra.Command {
 				return err
 			}
 			printEncryption(cmd.OutOrStdout(), sec, on)
+			return nil
+		},
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "rotate-key",
+		Short: "Give this node a new WireGuard key: set on its device and published in its TendrilNode; the peers take it and handshake again, connections are kept",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := opts.Client()
+			if err != nil {
+				return err
+			}
+			var out struct {
+				PublicKey string `json:"publicKey"`
+			}
+			if err := c.Do(cmd.Context(), http.MethodPost, "/encrypt/rotate-key", nil, nil, nil, &out); err != nil {
+				return err
+			}
+			if ok, err := opts.PrintStructured(cmd.OutOrStdout(), &out); ok {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "New public key: %s\n", out.PublicKey)
 			return nil
 		},
 	})

@@ -50,7 +50,7 @@ var Cell = cell.Module("wireguard", "Transparent encryption between nodes with W
 	cell.Invoke(Config.validate),
 	cell.Invoke(func(*Encryption) {}),
 	cell.Config(DefaultConfig()),
-	cell.Provide(newCell, publicKeys, routeDevice, mtuOverhead, statusContribution),
+	cell.Provide(newCell, publicKeys, routeDevice, mtuOverhead, statusContribution, apiHandlers),
 )
 
 func routeDevice(c Config) nodes.EncryptionDevice {
