@@ -4,17 +4,21 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/wgctrl"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -24,6 +28,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // wireguardLab brings up a lab of its own with --encryption wireguard
@@ -273,6 +278,84 @@ func TestPrivilegedLabWireGuard(t *testing.T) {
 		if !strings.Contains(out, "Encryption") || !strings.Contains(out, "node2") || !strings.Contains(out, node2.Address+":51871") ||
 			strings.Contains(out, "last handshake never") {
 			t.Errorf("tendril status of node1, want an Encryption section with node2's peer and a handshake:\n%s", out)
+		}
+	})
+
+	t.Run("key rotation under an iperf3 stream", func(t *testing.T) {
+		_, err := exec.LookPath("iperf3")
+		testutil.Require(t, err == nil, "iperf3 not installed")
+		server := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/backend", "--", "iperf3", "-s", "-1", "-p", "5201")
+		if err := server.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = server.Process.Kill(); _ = server.Wait() })
+		eventually(t, "iperf3 listening in the backend pod", func() (bool, error) {
+			out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/backend", "--", "ss", "-Hltn", "sport = :5201").CombinedOutput()
+			return err == nil && strings.Contains(string(out), "5201"), fmt.Errorf("%v: %s", err, out)
+		})
+		const seconds = 10
+		var iperfOut bytes.Buffer
+		iperf := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/frontend", "--",
+			"iperf3", "-c", backend.Status.PodIP, "-p", "5201", "-t", strconv.Itoa(seconds), "-i", "1", "-J")
+		iperf.Stdout, iperf.Stderr = &iperfOut, &iperfOut
+		if err := iperf.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Three seconds in, the backend's node takes a new key.
+		time.Sleep(3 * time.Second)
+		out, err := runCLI(tendrilBin, "-H", node2.Socket, "encrypt", "rotate-key")
+		if err != nil {
+			t.Fatalf("rotate-key: %v\n%s", err, out)
+		}
+		newKey := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(out), "New public key:"))
+		iperfErr := iperf.Wait()
+		var ir struct {
+			Intervals []struct {
+				Sum struct {
+					Bytes int64 `json:"bytes"`
+				} `json:"sum"`
+			} `json:"intervals"`
+			End struct {
+				SumSent struct {
+					Seconds     float64 `json:"seconds"`
+					Bytes       int64   `json:"bytes"`
+					Retransmits int     `json:"retransmits"`
+				} `json:"sum_sent"`
+			} `json:"end"`
+			Error string `json:"error"`
+		}
+		if err := json.Unmarshal(iperfOut.Bytes(), &ir); err != nil || iperfErr != nil || ir.Error != "" {
+			t.Fatalf("iperf3 across the rotation: %v / %v / %q\n%s", iperfErr, err, ir.Error, iperfOut.String())
+		}
+		var perSecond []int64
+		for _, iv := range ir.Intervals {
+			perSecond = append(perSecond, iv.Sum.Bytes>>20)
+		}
+		t.Logf("iperf3 across the key rotation: %.1f s, %d MB, %d retransmits, MB per second %v", ir.End.SumSent.Seconds,
+			ir.End.SumSent.Bytes>>20, ir.End.SumSent.Retransmits, perSecond)
+		if ir.End.SumSent.Seconds < seconds-0.5 || ir.End.SumSent.Bytes == 0 {
+			t.Errorf("iperf3 stream broken: ran %.1f s of %d", ir.End.SumSent.Seconds, seconds)
+		}
+		// node1's device took node2's new key as its peer (read from
+		// the device's control socket, the machine's).
+		wg, err := wgctrl.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer wg.Close()
+		eventually(t, "node1's peer with node2's new key", func() (bool, error) {
+			d, err := wg.Device(lab.WireGuardDevice(name, 0))
+			if err != nil {
+				return false, err
+			}
+			var keys []string
+			for _, p := range d.Peers {
+				keys = append(keys, p.PublicKey.String())
+			}
+			return len(keys) == 1 && keys[0] == newKey, fmt.Errorf("peers %v, want %s", keys, newKey)
+		})
+		if st, err := runCLI(tendrilBin, "-H", node2.Socket, "encrypt", "status"); err != nil || !strings.Contains(st, newKey) {
+			t.Errorf("node2's encrypt status does not show the new key %s: %v\n%s", newKey, err, st)
 		}
 	})
 
