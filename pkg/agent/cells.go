@@ -24,6 +24,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/agent/realizer"
 	"github.com/tendril-net/tendril/pkg/agent/tunnel"
+	"github.com/tendril-net/tendril/pkg/agent/wireguard"
 )
 
 // cells is the agent: one cell per subsystem. Each cell's constructor takes
@@ -59,8 +60,9 @@ func cells() []cell.Cell {
 		hostdev.Cell,  // the host device programs: masquerade at the uplinks
 		agentservices.Cell,
 		agentendpoints.Cell,
-		nodes.Cell,  // the nodes and routes tables, written by agentk8s's node watchers
-		tunnel.Cell, // the routing mode: native, or the VXLAN/Geneve overlay's device and programs
+		nodes.Cell,     // the nodes and routes tables, written by agentk8s's node watchers
+		tunnel.Cell,    // the routing mode: native, or the VXLAN/Geneve overlay's device and programs
+		wireguard.Cell, // transparent encryption between nodes: the WireGuard device and its peers
 		nodehealth.Cell,
 		agentk8s.Cell,
 		l2wiring.Cell, // the L2 announcements with their providers

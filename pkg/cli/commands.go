@@ -25,5 +25,6 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newBGPCommand,
 		newLRPCommand,
 		newFQDNCommand,
+		newEncryptCommand,
 	}
 }

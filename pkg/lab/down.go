@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -85,6 +86,14 @@ func Down(name string, out io.Writer) error {
 			errs = append(errs, fmt.Errorf("remove pinned BPF objects: %w", err))
 		} else {
 			fmt.Fprintf(out, "  removed pinned BPF objects under %s\n", BPFDir(name))
+		}
+	}
+	// The userspace WireGuard devices' control sockets (their processes,
+	// inside the nodes' namespaces, were killed above and could not
+	// remove them).
+	if st, err := LoadState(name); err == nil && st.Encryption == "wireguard" {
+		for i := range st.Nodes {
+			_ = os.Remove(filepath.Join("/var/run/wireguard", WireGuardDevice(name, i)+".sock"))
 		}
 	}
 	// The parent directories go when no other lab uses them.

@@ -117,6 +117,8 @@ type State struct {
 	IPAM string `json:"ipam,omitempty"`
 	// RoutingMode is the agents' --routing-mode ("": native).
 	RoutingMode string `json:"routingMode,omitempty"`
+	// Encryption is "" or "wireguard" (the agents' --enable-wireguard).
+	Encryption string `json:"encryption,omitempty"`
 	// KVStorePort is the port of the lab's kvstore etcd on the machine's
 	// 127.0.0.1 (0: no kvstore); the kubelets proxy it into each node's
 	// namespace at 127.0.0.1:NodeKVStorePort.

@@ -67,6 +67,10 @@ type Config struct {
 	// operators and the relay (prometheus.go); the agents serve their
 	// metrics and every flow metric.
 	Prometheus bool
+	// Encryption is "" (none) or "wireguard": the agents encrypt pod
+	// traffic between the nodes (--enable-wireguard), each node's device
+	// named by WireGuardDevice.
+	Encryption string
 	// Out receives progress and the summary.
 	Out io.Writer
 }
@@ -151,6 +155,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.RoutingMode != "" && cfg.RoutingMode != "native" && cfg.RoutingMode != "tunnel" {
 		return nil, fmt.Errorf("--routing-mode %q: must be native or tunnel", cfg.RoutingMode)
 	}
+	if cfg.Encryption != "" && cfg.Encryption != "wireguard" {
+		return nil, fmt.Errorf("--encryption %q: must be wireguard (or none)", cfg.Encryption)
+	}
 	if err := PrepareHost(out); err != nil {
 		return nil, err
 	}
@@ -194,7 +201,8 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return nil, err
 	}
 	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, CoreDNSBin: coreDNS,
-		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM, Runtime: cfg.Runtime, RoutingMode: cfg.RoutingMode}
+		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM, Runtime: cfg.Runtime, RoutingMode: cfg.RoutingMode,
+		Encryption: cfg.Encryption}
 	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
 	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
 	for _, d := range []string{st.Dir, st.PidDir(), st.LogDir(), st.PodDir(), filepath.Join(st.Dir, "pki")} {
@@ -309,7 +317,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		step(out, start, "BGP: BIRD in %s at %s (AS %d) peering with every node (AS %d); pool %s: %s, routed", st.World.Netns,
 			st.World.Gateway, BGPRouterASN, BGPNodeASN, BGPPoolName, BGPPoolCIDR)
 	}
-	for _, n := range st.Nodes {
+	for i, n := range st.Nodes {
 		argv := []string{"nsenter", "--net=" + NetnsPath(n.Netns), filepath.Join(st.BinDir, "tendril-agent"),
 			"--node-name", n.Name, "--kubeconfig", st.NodeKubeconfig,
 			"--state-dir", n.StateDir, "--socket", n.Socket, "--bpf-root", n.BPFRoot,
@@ -330,6 +338,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 		if cfg.RoutingMode != "" {
 			argv = append(argv, "--routing-mode", cfg.RoutingMode)
+		}
+		if cfg.Encryption == "wireguard" {
+			argv = append(argv, "--enable-wireguard", "--wireguard-device", WireGuardDevice(cfg.Name, i))
 		}
 		if cfg.KVStore {
 			argv = append(argv, "--kvstore", "etcd", "--kvstore-endpoints", NodeKVStoreURL(), "--identity-allocation-mode", "kvstore")
@@ -680,4 +691,16 @@ func waitPodsReady(ctx context.Context, cs kubernetes.Interface, total int, out 
 		}
 		return ready >= total, fmt.Errorf("%d/%d pods ready", ready, total)
 	})
+}
+
+// WireGuardDevice is the WireGuard device of the lab's node i (from 0).
+// The userspace device's control socket, /var/run/wireguard/<name>.sock,
+// is the machine's, shared by every lab node and lab: each needs a name
+// of its own, within Linux's 15 characters.
+func WireGuardDevice(lab string, i int) string {
+	name := fmt.Sprintf("wg%d-%s", i+1, lab)
+	if len(name) > 15 {
+		name = name[:15]
+	}
+	return name
 }

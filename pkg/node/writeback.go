@@ -29,6 +29,9 @@ type Local struct {
 	// Addresses are the node's own addresses (InternalIP ...), usually
 	// from the Node object's status.
 	Addresses []v1alpha1.NodeAddress
+	// WireGuardPublicKey is the node's WireGuard public key ("" with
+	// encryption off).
+	WireGuardPublicKey string
 }
 
 // Writer publishes Local to the API server, retrying until it succeeds.
@@ -125,7 +128,8 @@ func (w *Writer) annotate(ctx context.Context, l Local) error {
 }
 
 func (w *Writer) upsertTendrilNode(ctx context.Context, l Local) error {
-	spec := v1alpha1.NodeSpec{Addresses: append([]v1alpha1.NodeAddress(nil), l.Addresses...)}
+	spec := v1alpha1.NodeSpec{Addresses: append([]v1alpha1.NodeAddress(nil), l.Addresses...),
+		Encryption: v1alpha1.NodeEncryption{WireGuardPublicKey: l.WireGuardPublicKey}}
 	if l.RouterIPv4.IsValid() {
 		spec.Addresses = append(spec.Addresses, v1alpha1.NodeAddress{Type: "TendrilInternalIP", IP: l.RouterIPv4.String()})
 	}

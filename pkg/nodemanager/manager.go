@@ -162,7 +162,7 @@ func (m *Manager) UpsertPeer(p Peer) error {
 		return nil
 	}
 	next := &Peer{Name: p.Name, Created: p.Created, IPs: slices.Clone(p.IPs), Requested: slices.Clone(p.PodCIDRs),
-		Rejected: slices.Clone(p.Rejected), Status: reconciler.StatusPending()}
+		Rejected: slices.Clone(p.Rejected), WireGuardKey: p.WireGuardKey, KeyError: p.KeyError, Status: reconciler.StatusPending()}
 	wtxn := m.db.WriteTxn(m.nodes, m.routes)
 	defer wtxn.Abort()
 	old, _, found := m.nodes.Get(wtxn, PeerNameIndex.Query(p.Name))
@@ -186,6 +186,10 @@ func (m *Manager) UpsertPeer(p Peer) error {
 	}
 	wtxn.Commit()
 	m.reportRejected(rejected)
+	if next.KeyError != "" && m.log != nil && (old == nil || old.KeyError != next.KeyError) {
+		m.log.Warn("Refused the WireGuard public key of a node: no encrypted traffic to it until it publishes a valid one",
+			"node", next.Name, "error", next.KeyError)
+	}
 	return nil
 }
 

@@ -514,3 +514,47 @@ func routeTestNetns(t *testing.T, name string) *netlink.Handle {
 	t.Cleanup(func() { nl.Close() })
 	return nl
 }
+
+// TestWireGuardKeyFromTendrilNode: a node's published WireGuard key is
+// checked as it is read; a malformed one is kept as the peer's KeyError,
+// never as its key, and a key that changes (rotation) changes the table's
+// peer.
+func TestWireGuardKeyFromTendrilNode(t *testing.T) {
+	const good = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg="
+	tn := func(key string) *v1alpha1.TendrilNode {
+		return &v1alpha1.TendrilNode{Spec: v1alpha1.NodeSpec{Encryption: v1alpha1.NodeEncryption{WireGuardPublicKey: key}}}
+	}
+	if p := MergeTendrilNode(Peer{Name: "b"}, tn(good)); p.WireGuardKey != good || p.KeyError != "" {
+		t.Fatalf("valid key: %+v", p)
+	}
+	for _, bad := range []string{"not-a-key", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", good[:43] + "==", "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dh="} {
+		if p := MergeTendrilNode(Peer{Name: "b"}, tn(bad)); p.WireGuardKey != "" || p.KeyError == "" {
+			t.Errorf("malformed key %q: %+v", bad, p)
+		}
+	}
+	if p := MergeTendrilNode(Peer{Name: "b"}, tn("")); p.WireGuardKey != "" || p.KeyError != "" {
+		t.Fatalf("no key: %+v", p)
+	}
+
+	m, _ := startManager(t, nil, nil)
+	b := Peer{Name: "b", IPs: []netip.Addr{netip.MustParseAddr("172.30.0.12")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
+	if err := m.UpsertPeer(MergeTendrilNode(b, tn(good))); err != nil {
+		t.Fatal(err)
+	}
+	if ps := m.Peers(); len(ps) != 1 || ps[0].WireGuardKey != good {
+		t.Fatalf("peers %+v", ps)
+	}
+	const rotated = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw="
+	if err := m.UpsertPeer(MergeTendrilNode(b, tn(rotated))); err != nil {
+		t.Fatal(err)
+	}
+	if ps := m.Peers(); len(ps) != 1 || ps[0].WireGuardKey != rotated {
+		t.Fatalf("after rotation, peers %+v", ps)
+	}
+	if err := m.UpsertPeer(MergeTendrilNode(b, tn("garbage"))); err != nil {
+		t.Fatal(err)
+	}
+	if ps := m.Peers(); len(ps) != 1 || ps[0].WireGuardKey != "" || ps[0].KeyError == "" {
+		t.Fatalf("after a malformed key, peers %+v", ps)
+	}
+}

@@ -5,6 +5,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/tendril-net/tendril/pkg/datapath/wireguard/wgkey"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 )
 
@@ -50,6 +51,15 @@ func parseCIDRs(cidrs []string) (ok []netip.Prefix, bad []Rejection) {
 func MergeTendrilNode(p Peer, tn *v1alpha1.TendrilNode) Peer {
 	if tn == nil {
 		return p
+	}
+	// Another node wrote this: a key that is not one never reaches the
+	// device.
+	if s := tn.Spec.Encryption.WireGuardPublicKey; s != "" {
+		if k, err := wgkey.ParsePublicKey(s); err != nil {
+			p.KeyError = err.Error()
+		} else {
+			p.WireGuardKey = k.String()
+		}
 	}
 	if len(tn.Spec.IPAM.PodCIDRs) > 0 {
 		p.PodCIDRs, p.Rejected = parseCIDRs(tn.Spec.IPAM.PodCIDRs)

@@ -58,6 +58,12 @@ type Peer struct {
 	// Rejected are the requested pod CIDRs refused, with the reason
 	// (malformed ones included).
 	Rejected []Rejection
+	// WireGuardKey is the node's WireGuard public key as its TendrilNode
+	// publishes it, checked (wgkey.ParsePublicKey): "" when it publishes
+	// none or a malformed one (then KeyError says why).
+	WireGuardKey string
+	// KeyError is why the published key was refused ("" if it was not).
+	KeyError string
 	// Status is the reconciler's (the node's remote-node ipcache claims):
 	// pending, done, or error with message.
 	Status reconciler.Status

@@ -185,6 +185,9 @@ type Params struct {
 	// packets (the tunnel routing mode, pkg/agent/tunnel): the pods'
 	// device MTU is --mtu less it. Optional: 0 routing natively.
 	Overhead MTUOverhead `optional:"true"`
+	// Encryption is what the encryption between nodes adds
+	// (pkg/agent/wireguard): subtracted too. Optional: 0 unencrypted.
+	Encryption EncryptionOverhead `optional:"true"`
 	// API is the API server's configuration: tendril-cni queues the DELs
 	// it could not send beside the socket (pkg/cni/delqueue).
 	API server.Config
@@ -194,11 +197,15 @@ type Params struct {
 // node gets: the pods' MTU leaves room for them.
 type MTUOverhead int
 
+// EncryptionOverhead is the bytes the encryption between nodes adds to a
+// pod's packet to another node.
+type EncryptionOverhead int
+
 // New builds the endpoints module and appends its start step, the IPAM
 // expiration job after it.
 func New(p Params) *Module {
 	cfg := p.Config
-	cfg.MTU -= int(p.Overhead)
+	cfg.MTU -= int(p.Overhead) + int(p.Encryption)
 	m := &Module{cfg: cfg, settings: settings{NodeName: p.Node.Name, StateDir: p.Agent.StateDir, ProcFS: p.Agent.ProcFS}, log: p.Log, root: p.Root, k8s: p.K8s,
 		jobs: p.Jobs.NewGroup(p.Health.Scope("endpoint-restore-ipam"), job.WithLogger(p.Log))}
 	p.Steps.Append(p.Lifecycle, "endpoint-restore-ipam", m.start, m.stop)

@@ -266,6 +266,15 @@ type Params struct {
 	Nodes  *nodemanager.Manager
 	Peers  statedb.Table[*nodemanager.Peer]
 	Routes statedb.Table[*nodemanager.Route]
+	// Keys is this node's encryption key to publish in its TendrilNode
+	// (pkg/agent/wireguard; nil with encryption off).
+	Keys PublicKeys `optional:"true"`
+}
+
+// PublicKeys is this node's public encryption key and a channel closed
+// when it changes (a rotation): the write-back publishes it again.
+type PublicKeys interface {
+	WireGuardPublicKey() (key string, changed <-chan struct{})
 }
 
 // New builds the Kubernetes side (nil in standalone mode) and appends its
@@ -304,7 +313,21 @@ func New(p Params) (*Module, error) {
 	})
 	p.Steps.Append(p.Lifecycle, "k8s-node-writeback", k.startWriteBack, nil)
 	k.jobs.Add(job.OneShot("node-writeback", func(ctx context.Context, _ cell.Health) error {
-		return k.client.writer.Run(ctx, k.local)
+		for {
+			l := k.local
+			var changed <-chan struct{}
+			if p.Keys != nil {
+				l.WireGuardPublicKey, changed = p.Keys.WireGuardPublicKey()
+			}
+			if err := k.client.writer.Run(ctx, l); err != nil || changed == nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-changed:
+			}
+		}
 	}))
 	// Watchers, and their caches synced, before restored endpoints
 	// regenerate: Kubernetes policies must be in first (fail closed).

@@ -10,6 +10,7 @@
 package nodes
 
 import (
+	"cmp"
 	"log/slog"
 
 	"github.com/cilium/hive/cell"
@@ -70,6 +71,11 @@ func sources(c *agentk8s.Client) Sources {
 // provided by pkg/agent/tunnel ("" in native routing).
 type RouteDevice string
 
+// EncryptionDevice is the encryption's device (pkg/agent/wireguard, ""
+// with encryption off): with one, the routes to the peers' pod CIDRs go
+// to it, so the host sends pod traffic for other nodes through it.
+type EncryptionDevice string
+
 // IPCache takes the peers' remote-node claims (the datapath's ipcache).
 type IPCache interface {
 	nodemanager.IPCache
@@ -93,14 +99,17 @@ type Params struct {
 	// RouteDevice is set in the tunnel routing mode (optional: a hive
 	// without the tunnel cell routes natively).
 	RouteDevice RouteDevice `optional:"true"`
-	DB          *statedb.DB
-	Log         *slog.Logger
-	Root        cell.RootLogger
-	Jobs        job.Registry
-	Health      *health.Registry
-	ModuleID    cell.FullModuleID
-	Inspector   *dbinspect.Inspector
-	Metrics     *metrics.Server `optional:"true"`
+	// EncryptionDevice, when set, takes the routes instead (optional: a
+	// hive without the wireguard cell encrypts nothing).
+	EncryptionDevice EncryptionDevice `optional:"true"`
+	DB               *statedb.DB
+	Log              *slog.Logger
+	Root             cell.RootLogger
+	Jobs             job.Registry
+	Health           *health.Registry
+	ModuleID         cell.FullModuleID
+	Inspector        *dbinspect.Inspector
+	Metrics          *metrics.Server `optional:"true"`
 }
 
 // newManager builds the node manager and registers its reconcilers (nil
@@ -117,7 +126,7 @@ func newManager(p Params) (*nodemanager.Manager, error) {
 	if p.EPConfig.InstallHostNetworking {
 		// The endpoints' step opens the handle; the reconcilers are jobs,
 		// started after every step the constructor's parameters appended.
-		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return p.Endpoints.Netlink() }, Device: string(p.RouteDevice)}
+		routes = nodemanager.NetlinkRoutes{Handle: func() *netlink.Handle { return p.Endpoints.Netlink() }, Device: cmp.Or(string(p.EncryptionDevice), string(p.RouteDevice))}
 	}
 	rules, err := agentk8s.PeerRules(p.Config, p.Client)
 	if err != nil {

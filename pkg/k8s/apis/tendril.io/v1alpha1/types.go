@@ -280,6 +280,20 @@ type NodeSpec struct {
 	// IPAM holds the node's pod CIDRs.
 	// +optional
 	IPAM IPAMSpec `json:"ipam,omitempty"`
+	// Encryption is what the other nodes need to encrypt traffic to this
+	// node (--enable-wireguard).
+	// +optional
+	Encryption NodeEncryption `json:"encryption,omitempty"`
+}
+
+// NodeEncryption is a node's public encryption material.
+type NodeEncryption struct {
+	// WireGuardPublicKey is the node's WireGuard public key (base64 of 32
+	// bytes). The private key never leaves the node. Readers check it
+	// again: the schema's pattern is not all a malformed key can be.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$`
+	WireGuardPublicKey string `json:"wireguardPublicKey,omitempty"`
 }
 
 // NodeAddress is one address of a node.

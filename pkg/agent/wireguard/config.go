@@ -1,0 +1,77 @@
+package wireguard
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/spf13/pflag"
+
+	"github.com/tendril-net/tendril/pkg/agent/tunnel"
+	dpwg "github.com/tendril-net/tendril/pkg/datapath/wireguard"
+	"github.com/tendril-net/tendril/pkg/option"
+)
+
+// Config is the encryption's configuration; the fields match the flag
+// names.
+type Config struct {
+	// EnableWireguard encrypts pod traffic between nodes.
+	EnableWireguard bool
+	// WireguardStrict drops pod traffic to a remote node's pod CIDR that
+	// would leave unencrypted (not built yet: refused).
+	WireguardStrict bool
+	// WireguardEncryptNode encrypts the nodes' own traffic too (not
+	// built yet: refused).
+	WireguardEncryptNode bool
+	// WireguardPort is the device's UDP port, the same on every node.
+	WireguardPort uint16
+	// WireguardDevice is the device's name. The userspace device's
+	// control socket is /var/run/wireguard/<name>.sock, one per file
+	// system: agents sharing one (the lab's nodes) need a name each.
+	WireguardDevice string
+}
+
+// DefaultConfig: off, Cilium's port.
+func DefaultConfig() Config {
+	return Config{WireguardPort: dpwg.DefaultPort, WireguardDevice: dpwg.DefaultDevice}
+}
+
+// Flags registers the options, with c's values as defaults.
+func (c Config) Flags(fs *pflag.FlagSet) {
+	fs.Bool("enable-wireguard", c.EnableWireguard,
+		"Encrypt pod traffic between nodes with WireGuard (the kernel's device, or the userspace implementation where the kernel has no module)")
+	fs.Bool("wireguard-strict", c.WireguardStrict, "Drop pod traffic to another node's pod CIDR that would leave unencrypted (not built yet)")
+	fs.Bool("wireguard-encrypt-node", c.WireguardEncryptNode, "Encrypt the nodes' own traffic between them too (not built yet)")
+	fs.Uint16("wireguard-port", c.WireguardPort, "UDP port of the WireGuard device, the same on every node")
+	fs.String("wireguard-device", c.WireguardDevice, "Name of the WireGuard device")
+}
+
+// validate is Validate, marked as a configuration error.
+func (c Config) validate(t tunnel.Config) error { return option.Invalid(c.Validate(t)) }
+
+// Validate checks the values against each other and the routing mode;
+// each error names its option.
+func (c Config) Validate(t tunnel.Config) error {
+	var errs []error
+	if c.WireguardPort == 0 {
+		errs = append(errs, errors.New("wireguard-port: must not be 0"))
+	}
+	if n := len(c.WireguardDevice); n == 0 || n > 15 {
+		errs = append(errs, fmt.Errorf("wireguard-device %q: must be 1 to 15 characters (a Linux interface name)", c.WireguardDevice))
+	}
+	if !c.EnableWireguard {
+		if c.WireguardStrict || c.WireguardEncryptNode {
+			errs = append(errs, errors.New("wireguard-strict and wireguard-encrypt-node need enable-wireguard"))
+		}
+		return errors.Join(errs...)
+	}
+	if t.Tunneling() {
+		errs = append(errs, fmt.Errorf("enable-wireguard: not built with routing-mode %s yet (docs/encryption.md); use %s", tunnel.ModeTunnel, tunnel.ModeNative))
+	}
+	if c.WireguardStrict {
+		errs = append(errs, errors.New("wireguard-strict: not built yet (docs/encryption.md)"))
+	}
+	if c.WireguardEncryptNode {
+		errs = append(errs, errors.New("wireguard-encrypt-node: not built yet (docs/encryption.md)"))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,468 @@
+// Package wireguard is the agent's cell for the transparent encryption of
+// pod traffic between nodes (--enable-wireguard, docs/encryption.md). It
+// keeps the node's private key in the state directory (mode 0600, kept
+// across restarts) and publishes the public key in the node's TendrilNode
+// (agentk8s.PublicKeys); it keeps one WireGuard device, the userspace
+// implementation in a process of its own that outlives the agent
+// (pkg/datapath/wireguard), found again by its control socket when the
+// agent restarts; and a reconciler sets the device's peers from the nodes
+// table: each other node with a valid key, its endpoint that node's own
+// address, its allowed IPs the pod CIDRs the nodes table accepted for it.
+// The nodes cell routes the peers' pod CIDRs to the device
+// (nodes.EncryptionDevice), and the pods' MTU leaves room for the
+// encryption (agentendpoints.EncryptionOverhead).
+package wireguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"golang.zx2c4.com/wireguard/wgctrl"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
+	"github.com/tendril-net/tendril/pkg/agent/nodes"
+	dpwg "github.com/tendril-net/tendril/pkg/datapath/wireguard"
+	"github.com/tendril-net/tendril/pkg/datapath/wireguard/wgkey"
+	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
+	"github.com/tendril-net/tendril/pkg/option"
+)
+
+// Cell is the encryption: its config, the device's reconciler
+// (*Encryption, nil with encryption off), the public key to publish, the
+// device the peers' pod CIDR routes go to, the MTU the encryption takes.
+var Cell = cell.Module("wireguard", "Transparent encryption between nodes with WireGuard",
+	cell.Invoke(Config.validate),
+	cell.Invoke(func(*Encryption) {}),
+	cell.Config(DefaultConfig()),
+	cell.Provide(newCell, publicKeys, routeDevice, mtuOverhead, statusContribution, apiHandlers),
+)
+
+func routeDevice(c Config) nodes.EncryptionDevice {
+	if !c.EnableWireguard {
+		return ""
+	}
+	return nodes.EncryptionDevice(c.WireguardDevice)
+}
+
+func mtuOverhead(c Config) agentendpoints.EncryptionOverhead {
+	if !c.EnableWireguard {
+		return 0
+	}
+	return dpwg.Overhead
+}
+
+func publicKeys(e *Encryption) agentk8s.PublicKeys {
+	if e == nil {
+		return nil
+	}
+	return e
+}
+
+// Device is the WireGuard device as the reconciler drives it
+// (userspaceDevice; a fake in the cell's tests).
+type Device interface {
+	dpwg.Client
+	// Ensure finds the device running, or starts it.
+	Ensure(ctx context.Context) error
+}
+
+// Encryption reconciles the device with the key and the nodes table.
+type Encryption struct {
+	cfg     Config
+	keyPath string
+	dev     Device
+	db      *statedb.DB
+	peers   statedb.Table[*nodemanager.Peer]
+	log     *slog.Logger
+
+	mu  sync.Mutex
+	key wgtypes.Key
+	// keyChanged is closed (and replaced) when the key changes.
+	keyChanged chan struct{}
+	// skipped are the nodes left out of the peers, and why.
+	skipped map[string]string
+	lastErr error
+}
+
+// New builds the reconciler: the key is read from keyPath, or made.
+func New(cfg Config, keyPath string, dev Device, db *statedb.DB, peers statedb.Table[*nodemanager.Peer], log *slog.Logger) (*Encryption, error) {
+	key, err := wgkey.LoadOrCreateKey(keyPath)
+	if err != nil {
+		return nil, err
+	}
+	return &Encryption{cfg: cfg, keyPath: keyPath, dev: dev, db: db, peers: peers, log: log,
+		key: key, keyChanged: make(chan struct{})}, nil
+}
+
+// WireGuardPublicKey is this node's public key, to publish, and a channel
+// closed when it changes (agentk8s.PublicKeys).
+func (e *Encryption) WireGuardPublicKey() (string, <-chan struct{}) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.key.PublicKey().String(), e.keyChanged
+}
+
+// RotateKey makes a new key, sets it on the device and has it published.
+// The peers keep sending to the old key's sessions until they learn the
+// new one from the TendrilNode and handshake again: the sessions are
+// re-established, the pods' connections are not reset (TCP retransmits
+// across the gap).
+func (e *Encryption) RotateKey(ctx context.Context) error {
+	key, err := wgkey.RotateKey(e.keyPath)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.key = key
+	close(e.keyChanged)
+	e.keyChanged = make(chan struct{})
+	e.mu.Unlock()
+	e.log.Info("WireGuard key rotated", "public-key", key.PublicKey().String())
+	return e.Reconcile(ctx)
+}
+
+// Reconcile makes the device hold the key and the peers the nodes table
+// gives. Until the table is initialized (its sources have listed every
+// node) peers are only added or updated, never removed: at an agent's
+// restart the device still has every peer, and removing them until the
+// table fills would cut the pods' traffic the device carries meanwhile.
+func (e *Encryption) Reconcile(ctx context.Context) error {
+	err := e.reconcile(ctx)
+	e.mu.Lock()
+	e.lastErr = err
+	e.mu.Unlock()
+	return err
+}
+
+func (e *Encryption) reconcile(ctx context.Context) error {
+	if err := e.dev.Ensure(ctx); err != nil {
+		return err
+	}
+	txn := e.db.ReadTxn()
+	initialized, _ := e.peers.Initialized(txn)
+	e.mu.Lock()
+	key := e.key
+	e.mu.Unlock()
+	want, skipped := desiredPeers(statedb.Collect(e.peers.All(txn)), key.PublicKey(), e.cfg.WireguardPort)
+	e.mu.Lock()
+	for n, why := range skipped {
+		if e.skipped[n] != why {
+			e.log.Warn("Node left out of the WireGuard peers", "node", n, "reason", why)
+		}
+	}
+	e.skipped = skipped
+	e.mu.Unlock()
+	if !initialized {
+		cur, err := e.dev.Device(e.cfg.WireguardDevice)
+		if err != nil {
+			return fmt.Errorf("wireguard device %s: %w", e.cfg.WireguardDevice, err)
+		}
+		want = keepUnknown(want, cur.Peers)
+	}
+	changed, err := dpwg.Configure(e.dev, e.cfg.WireguardDevice, key, int(e.cfg.WireguardPort), want)
+	if err != nil {
+		return err
+	}
+	if changed {
+		e.log.Info("WireGuard peers set", "device", e.cfg.WireguardDevice, "peers", len(want), "nodes-synced", initialized)
+	}
+	return nil
+}
+
+// desiredPeers are the peers the nodes table gives: every node with a
+// valid key (checked as the TendrilNode was read) and a pod CIDR the
+// table accepted. The endpoint is the node's own address (the first of
+// the pod CIDRs' first family; the table's addresses come from the Node
+// and its TendrilNode), the allowed IPs exactly the accepted pod CIDRs
+// and the node's own addresses, so a node can neither receive nor send
+// for another's pods. The node's addresses are there for what comes back
+// from it: a pod's packet to another node's address leaves in the clear
+// (only the pod CIDRs are routed to the device), but the node's answer
+// to the pod is routed into its device, and the receiving device drops
+// an inner source its peer is not allowed. A key two
+// nodes publish is given to neither (WireGuard would merge them into one
+// peer and its allowed IPs), nor is this node's own key.
+func desiredPeers(all []*nodemanager.Peer, own wgtypes.Key, port uint16) ([]dpwg.Peer, map[string]string) {
+	skipped := map[string]string{}
+	byKey := map[string][]string{}
+	for _, p := range all {
+		if p.WireGuardKey != "" {
+			byKey[p.WireGuardKey] = append(byKey[p.WireGuardKey], p.Name)
+		}
+	}
+	var out []dpwg.Peer
+	for _, p := range all {
+		switch {
+		case p.KeyError != "":
+			skipped[p.Name] = "malformed key: " + p.KeyError
+			continue
+		case p.WireGuardKey == "":
+			skipped[p.Name] = "no key published"
+			continue
+		case len(byKey[p.WireGuardKey]) > 1:
+			skipped[p.Name] = fmt.Sprintf("key published by %d nodes %v", len(byKey[p.WireGuardKey]), byKey[p.WireGuardKey])
+			continue
+		case p.WireGuardKey == own.PublicKey().String() || p.WireGuardKey == own.String():
+			skipped[p.Name] = "publishes this node's key"
+			continue
+		case len(p.PodCIDRs) == 0:
+			skipped[p.Name] = "no accepted pod CIDR"
+			continue
+		}
+		key, err := wgkey.ParsePublicKey(p.WireGuardKey)
+		if err != nil { // checked when read; again, as the last gate
+			skipped[p.Name] = "malformed key: " + err.Error()
+			continue
+		}
+		ep, ok := endpoint(p)
+		if !ok {
+			skipped[p.Name] = "no node address"
+			continue
+		}
+		allowed := slices.Clone(p.PodCIDRs)
+		for _, ip := range p.IPs {
+			allowed = append(allowed, netip.PrefixFrom(ip, ip.BitLen()))
+		}
+		out = append(out, dpwg.Peer{Node: p.Name, PublicKey: key, Endpoint: netip.AddrPortFrom(ep, port),
+			AllowedIPs: allowed})
+	}
+	return out, skipped
+}
+
+func endpoint(p *nodemanager.Peer) (netip.Addr, bool) {
+	v4 := p.PodCIDRs[0].Addr().Is4()
+	for _, ip := range p.IPs {
+		if ip.Is4() == v4 {
+			return ip, true
+		}
+	}
+	if len(p.IPs) > 0 {
+		return p.IPs[0], true
+	}
+	return netip.Addr{}, false
+}
+
+// keepUnknown adds to want the device's peers want does not name (by
+// key), unchanged: before the nodes table is complete, absence proves
+// nothing.
+func keepUnknown(want []dpwg.Peer, have []wgtypes.Peer) []dpwg.Peer {
+	named := map[wgtypes.Key]bool{}
+	for _, p := range want {
+		named[p.PublicKey] = true
+	}
+	for _, h := range have {
+		if named[h.PublicKey] || h.Endpoint == nil {
+			continue
+		}
+		ap := h.Endpoint.AddrPort()
+		p := dpwg.Peer{Node: "(not yet listed)", PublicKey: h.PublicKey, Endpoint: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}
+		for _, n := range h.AllowedIPs {
+			a, _ := netip.AddrFromSlice(n.IP)
+			ones, _ := n.Mask.Size()
+			p.AllowedIPs = append(p.AllowedIPs, netip.PrefixFrom(a.Unmap(), ones))
+		}
+		want = append(want, p)
+	}
+	return want
+}
+
+// run reconciles at every change of the nodes table, and every recheck
+// (the device's process may have gone: it is started again).
+func (e *Encryption) run(ctx context.Context, h cell.Health) error {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		_, watch := e.peers.AllWatch(e.db.ReadTxn())
+		_, initWatch := e.peers.Initialized(e.db.ReadTxn())
+		if err := e.Reconcile(ctx); err != nil {
+			h.Degraded("reconcile", err)
+			e.log.Warn("WireGuard device not reconciled, will retry", "error", err)
+		} else {
+			h.OK("peers set")
+		}
+		t.Reset(recheck)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-watch:
+		case <-initWatch:
+		case <-t.C:
+		}
+	}
+}
+
+// recheck is how often the device is checked without a change.
+const recheck = 10 * time.Second
+
+type params struct {
+	cell.In
+
+	Config    Config
+	Agent     option.Agent
+	EPConfig  agentendpoints.Config
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	Jobs      job.Registry
+	Health    *health.Registry
+	DB        *statedb.DB
+	Nodes     statedb.Table[*nodemanager.Peer]
+	Metrics   *metrics.Server `optional:"true"`
+}
+
+func newCell(p params) (*Encryption, error) {
+	if !p.Config.EnableWireguard {
+		return nil, nil
+	}
+	dev := &userspaceDevice{name: p.Config.WireguardDevice, mtu: p.EPConfig.MTU - dpwg.Overhead,
+		logPath: filepath.Join(p.Agent.StateDir, "wireguard-device.log"), log: p.Log}
+	e, err := New(p.Config, filepath.Join(p.Agent.StateDir, wgkey.KeyFile), dev, p.DB, p.Nodes, p.Log)
+	if err != nil {
+		return nil, fmt.Errorf("wireguard: %w", err)
+	}
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(hc cell.HookContext) error {
+			// The device first (found running, or started), so the
+			// routes the nodes cell puts to it find it.
+			if err := dev.Ensure(hc); err != nil {
+				return fmt.Errorf("wireguard: %w", err)
+			}
+			e.log.Info("WireGuard encryption on", "device", p.Config.WireguardDevice, "port", p.Config.WireguardPort,
+				"public-key", e.key.PublicKey().String())
+			return nil
+		},
+		OnStop: func(cell.HookContext) error {
+			// The device and its process stay: pod traffic between
+			// nodes keeps flowing, encrypted, while the agent is down.
+			return dev.close()
+		},
+	})
+	jobs := p.Jobs.NewGroup(p.Health.Scope("wireguard"), job.WithLogger(p.Log))
+	jobs.Add(job.OneShot("wireguard-peers", e.run))
+	if p.Metrics != nil {
+		p.Metrics.Registry.MustRegister(newCollector(e))
+	}
+	return e, nil
+}
+
+// userspaceDevice is the device through wgctrl, started as the agent's
+// own binary in a process of its own (dpwg.Spawn) when not found running.
+// A kernel device would be driven by the same wgctrl calls.
+type userspaceDevice struct {
+	name    string
+	mtu     int
+	logPath string
+	log     *slog.Logger
+
+	mu     sync.Mutex
+	client *wgctrl.Client
+}
+
+func (d *userspaceDevice) wg() (*wgctrl.Client, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.client == nil {
+		c, err := wgctrl.New()
+		if err != nil {
+			return nil, fmt.Errorf("wgctrl: %w", err)
+		}
+		d.client = c
+	}
+	return d.client, nil
+}
+
+func (d *userspaceDevice) Ensure(ctx context.Context) error {
+	c, err := d.wg()
+	if err != nil {
+		return err
+	}
+	if dpwg.Running(c, d.name) {
+		return nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("wireguard device: own binary: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pid, err := dpwg.Spawn(ctx, c, d.name, []string{exe, dpwg.ServeSubcommand, "--name", d.name, "--mtu", strconv.Itoa(d.mtu)}, d.logPath)
+	if err != nil {
+		return err
+	}
+	d.log.Info("WireGuard device started (userspace, its own process)", "device", d.name, "pid", pid, "mtu", d.mtu)
+	return nil
+}
+
+func (d *userspaceDevice) Device(name string) (*wgtypes.Device, error) {
+	c, err := d.wg()
+	if err != nil {
+		return nil, err
+	}
+	return c.Device(name)
+}
+
+func (d *userspaceDevice) ConfigureDevice(name string, cfg wgtypes.Config) error {
+	c, err := d.wg()
+	if err != nil {
+		return err
+	}
+	return c.ConfigureDevice(name, cfg)
+}
+
+func (d *userspaceDevice) close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.client == nil {
+		return nil
+	}
+	err := d.client.Close()
+	d.client = nil
+	return err
+}
+
+// State is the device as `tendril status` shows it.
+type State struct {
+	Device    string
+	PublicKey string
+	Port      int
+	Peers     []wgtypes.Peer
+	// Nodes names each peer's node by its key.
+	Nodes   map[wgtypes.Key]string
+	Skipped map[string]string
+	Err     error
+}
+
+// State reads the device.
+func (e *Encryption) State() State {
+	e.mu.Lock()
+	st := State{Device: e.cfg.WireguardDevice, PublicKey: e.key.PublicKey().String(), Port: int(e.cfg.WireguardPort),
+		Skipped: e.skipped, Err: e.lastErr, Nodes: map[wgtypes.Key]string{}}
+	e.mu.Unlock()
+	for p := range e.peers.All(e.db.ReadTxn()) {
+		if k, err := wgkey.ParsePublicKey(p.WireGuardKey); err == nil {
+			st.Nodes[k] = p.Name
+		}
+	}
+	d, err := e.dev.Device(e.cfg.WireguardDevice)
+	if err != nil {
+		st.Err = errors.Join(st.Err, err)
+		return st
+	}
+	st.Peers = d.Peers
+	return st
+}

@@ -1,0 +1,278 @@
+package wireguard
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/statedb"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/tendril-net/tendril/pkg/agent/tunnel"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
+)
+
+// fakeDevice is a device in memory.
+type fakeDevice struct {
+	ensured int
+	dev     wgtypes.Device
+}
+
+func (f *fakeDevice) Ensure(context.Context) error { f.ensured++; return nil }
+
+func (f *fakeDevice) Device(string) (*wgtypes.Device, error) { d := f.dev; return &d, nil }
+
+func (f *fakeDevice) ConfigureDevice(_ string, cfg wgtypes.Config) error {
+	if cfg.PrivateKey != nil {
+		f.dev.PrivateKey = *cfg.PrivateKey
+	}
+	if cfg.ListenPort != nil {
+		f.dev.ListenPort = *cfg.ListenPort
+	}
+	for _, pc := range cfg.Peers {
+		i := -1
+		for j, p := range f.dev.Peers {
+			if p.PublicKey == pc.PublicKey {
+				i = j
+			}
+		}
+		switch {
+		case pc.Remove && i >= 0:
+			f.dev.Peers = append(f.dev.Peers[:i], f.dev.Peers[i+1:]...)
+		case pc.Remove:
+		case i >= 0:
+			f.dev.Peers[i] = wgtypes.Peer{PublicKey: pc.PublicKey, Endpoint: pc.Endpoint, AllowedIPs: pc.AllowedIPs}
+		default:
+			f.dev.Peers = append(f.dev.Peers, wgtypes.Peer{PublicKey: pc.PublicKey, Endpoint: pc.Endpoint, AllowedIPs: pc.AllowedIPs})
+		}
+	}
+	return nil
+}
+
+func (f *fakeDevice) peers() map[string]string {
+	out := map[string]string{}
+	for _, p := range f.dev.Peers {
+		var ips []string
+		for _, a := range p.AllowedIPs {
+			ips = append(ips, a.String())
+		}
+		out[p.PublicKey.String()] = p.Endpoint.String() + " " + strings.Join(ips, ",")
+	}
+	return out
+}
+
+func pub(t *testing.T) string {
+	t.Helper()
+	k, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.PublicKey().String()
+}
+
+func peer(name, ip, cidr, key string) *nodemanager.Peer {
+	return &nodemanager.Peer{Name: name, IPs: []netip.Addr{netip.MustParseAddr(ip)},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix(cidr)}, WireGuardKey: key}
+}
+
+type env struct {
+	db    *statedb.DB
+	nodes statedb.RWTable[*nodemanager.Peer]
+	done  func(statedb.WriteTxn)
+	dev   *fakeDevice
+	e     *Encryption
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	db := statedb.New()
+	tables, err := nodemanager.NewTables(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wtxn := db.WriteTxn(tables.Nodes)
+	done := tables.Nodes.RegisterInitializer(wtxn, "test")
+	wtxn.Commit()
+	dev := &fakeDevice{}
+	e, err := New(DefaultConfig(), filepath.Join(t.TempDir(), "wireguard.key"), dev, db, tables.Nodes, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{db: db, nodes: tables.Nodes, done: done, dev: dev, e: e}
+}
+
+// synced marks the nodes table initialized (its sources listed).
+func (v *env) synced() {
+	wtxn := v.db.WriteTxn(v.nodes)
+	v.done(wtxn)
+	wtxn.Commit()
+}
+
+func (v *env) set(t *testing.T, ps ...*nodemanager.Peer) {
+	t.Helper()
+	wtxn := v.db.WriteTxn(v.nodes)
+	_ = v.nodes.DeleteAll(wtxn)
+	for _, p := range ps {
+		if _, _, err := v.nodes.Insert(wtxn, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wtxn.Commit()
+}
+
+// TestPeersFromNodesTable: each node with a valid key becomes a peer, its
+// endpoint its own address on the configured port, its allowed IPs its
+// accepted pod CIDRs; a node without a key, with a malformed one, with
+// this node's key or one another node also publishes, is left out.
+func TestPeersFromNodesTable(t *testing.T) {
+	v := newEnv(t)
+	kb, kc, dup := pub(t), pub(t), pub(t)
+	own, _ := v.e.WireGuardPublicKey()
+	v.set(t,
+		peer("b", "192.168.1.2", "10.244.2.0/24", kb),
+		peer("c", "192.168.1.3", "10.244.3.0/24", kc),
+		peer("nokey", "192.168.1.4", "10.244.4.0/24", ""),
+		&nodemanager.Peer{Name: "bad", IPs: []netip.Addr{netip.MustParseAddr("192.168.1.5")}, KeyError: "not base64"},
+		peer("d1", "192.168.1.6", "10.244.6.0/24", dup),
+		peer("d2", "192.168.1.7", "10.244.7.0/24", dup),
+		peer("mine", "192.168.1.8", "10.244.8.0/24", own),
+	)
+	v.synced()
+	if err := v.e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := v.dev.peers()
+	want := map[string]string{kb: "192.168.1.2:51871 10.244.2.0/24,192.168.1.2/32", kc: "192.168.1.3:51871 10.244.3.0/24,192.168.1.3/32"}
+	if len(got) != len(want) || got[kb] != want[kb] || got[kc] != want[kc] {
+		t.Fatalf("peers %v, want %v", got, want)
+	}
+	st := v.e.State()
+	for _, n := range []string{"nokey", "bad", "d1", "d2", "mine"} {
+		if st.Skipped[n] == "" {
+			t.Errorf("node %s not reported as left out: %v", n, st.Skipped)
+		}
+	}
+	if v.dev.dev.ListenPort != 51871 || v.dev.dev.PrivateKey.PublicKey().String() != own {
+		t.Fatalf("device %+v", v.dev.dev)
+	}
+	// A node goes: its peer goes.
+	v.set(t, peer("b", "192.168.1.2", "10.244.2.0/24", kb))
+	if err := v.e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := v.dev.peers(); len(got) != 1 || got[kb] == "" {
+		t.Fatalf("after c went, peers %v", got)
+	}
+	sec := v.e.StatusSection()
+	found := false
+	for _, l := range sec.Lines {
+		found = found || (l.Key == "b" && strings.Contains(l.Value, "192.168.1.2:51871"))
+	}
+	if !found {
+		t.Fatalf("status %+v has no line for b", sec)
+	}
+}
+
+// TestRestartKeepsPeersUntilSynced: an agent restarting finds the device
+// with its peers; until the nodes table is initialized, a peer the table
+// does not (yet) list is kept, so pod traffic keeps flowing encrypted;
+// once it is, the peer of a node that is gone is removed.
+func TestRestartKeepsPeersUntilSynced(t *testing.T) {
+	v := newEnv(t)
+	kb, kc := pub(t), pub(t)
+	v.set(t, peer("b", "192.168.1.2", "10.244.2.0/24", kb), peer("c", "192.168.1.3", "10.244.3.0/24", kc))
+	v.synced()
+	if err := v.e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The restarted agent: same key file, same device, an empty table
+	// not yet initialized.
+	w := newEnv(t)
+	w.dev = v.dev
+	w.e.dev = v.dev
+	w.e.keyPath = v.e.keyPath
+	w.e.key = v.e.key
+	w.set(t, peer("b", "192.168.1.2", "10.244.2.0/24", kb))
+	if err := w.e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := v.dev.peers(); len(got) != 2 {
+		t.Fatalf("before the table is initialized, peers %v (c's was removed)", got)
+	}
+	w.synced()
+	if err := w.e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := v.dev.peers(); len(got) != 1 || got[kb] == "" {
+		t.Fatalf("after the table is initialized, peers %v", got)
+	}
+}
+
+// TestKeyKeptAndRotated: the key is the same after a restart (same state
+// dir); a rotation changes it, tells the publisher, and sets it on the
+// device, the peers untouched.
+func TestKeyKeptAndRotated(t *testing.T) {
+	v := newEnv(t)
+	kb := pub(t)
+	v.set(t, peer("b", "192.168.1.2", "10.244.2.0/24", kb))
+	v.synced()
+	if err := v.e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	before, changed := v.e.WireGuardPublicKey()
+	again, err := New(DefaultConfig(), v.e.keyPath, v.dev, v.db, v.nodes, v.e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, _ := again.WireGuardPublicKey(); k != before {
+		t.Fatal("the key changed across a restart")
+	}
+	if err := v.e.RotateKey(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	default:
+		t.Fatal("the publisher was not told of the new key")
+	}
+	after, _ := v.e.WireGuardPublicKey()
+	if after == before || v.dev.dev.PrivateKey.PublicKey().String() != after {
+		t.Fatalf("rotation: published %s, device %s, before %s", after, v.dev.dev.PrivateKey.PublicKey(), before)
+	}
+	if got := v.dev.peers(); len(got) != 1 || got[kb] == "" {
+		t.Fatalf("rotation changed the peers: %v", got)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	native := tunnel.DefaultConfig()
+	tun := native
+	tun.RoutingMode = tunnel.ModeTunnel
+	on := DefaultConfig()
+	on.EnableWireguard = true
+	if err := on.Validate(native); err != nil {
+		t.Fatal(err)
+	}
+	if err := DefaultConfig().Validate(native); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		c Config
+		t tunnel.Config
+	}{
+		"tunnel mode":        {on, tun},
+		"strict without":     {Config{WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
+		"port 0":             {Config{EnableWireguard: true, WireguardDevice: "x"}, native},
+		"long device name":   {Config{EnableWireguard: true, WireguardPort: 1, WireguardDevice: "a-name-too-long-for-linux"}, native},
+		"encrypt-node":       {Config{EnableWireguard: true, WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
+		"strict (not built)": {Config{EnableWireguard: true, WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
+	} {
+		if err := c.c.Validate(c.t); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

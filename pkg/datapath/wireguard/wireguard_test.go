@@ -1,0 +1,485 @@
+package wireguard
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/wgctrl"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/tendril-net/tendril/pkg/testutil"
+)
+
+// serveEnv makes the test binary a device process (Spawn runs it).
+const serveEnv = "TDR_WG_TEST_SERVE"
+
+func TestMain(m *testing.M) {
+	if name := os.Getenv(serveEnv); name != "" {
+		if err := Serve(name, 1420, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// fakeClient is a device in memory.
+type fakeClient struct {
+	dev     wgtypes.Device
+	configs []wgtypes.Config
+}
+
+func (f *fakeClient) Device(string) (*wgtypes.Device, error) { d := f.dev; return &d, nil }
+
+func (f *fakeClient) ConfigureDevice(_ string, cfg wgtypes.Config) error {
+	f.configs = append(f.configs, cfg)
+	if cfg.PrivateKey != nil {
+		f.dev.PrivateKey = *cfg.PrivateKey
+	}
+	if cfg.ListenPort != nil {
+		f.dev.ListenPort = *cfg.ListenPort
+	}
+	for _, pc := range cfg.Peers {
+		i := -1
+		for j, p := range f.dev.Peers {
+			if p.PublicKey == pc.PublicKey {
+				i = j
+			}
+		}
+		if pc.Remove {
+			if i >= 0 {
+				f.dev.Peers = append(f.dev.Peers[:i], f.dev.Peers[i+1:]...)
+			}
+			continue
+		}
+		p := wgtypes.Peer{PublicKey: pc.PublicKey, Endpoint: pc.Endpoint, AllowedIPs: pc.AllowedIPs}
+		if i >= 0 {
+			f.dev.Peers[i] = p
+		} else {
+			f.dev.Peers = append(f.dev.Peers, p)
+		}
+	}
+	return nil
+}
+
+func TestConfigureByDifference(t *testing.T) {
+	key, _ := wgtypes.GeneratePrivateKey()
+	k1, _ := wgtypes.GeneratePrivateKey()
+	k2, _ := wgtypes.GeneratePrivateKey()
+	p1 := Peer{Node: "n1", PublicKey: k1.PublicKey(), Endpoint: netip.MustParseAddrPort("192.168.1.1:51871"),
+		AllowedIPs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
+	p2 := Peer{Node: "n2", PublicKey: k2.PublicKey(), Endpoint: netip.MustParseAddrPort("192.168.1.2:51871"),
+		AllowedIPs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix("fd00:2::/64")}}
+	f := &fakeClient{}
+	changed, err := Configure(f, "wg", key, 51871, []Peer{p1, p2})
+	if err != nil || !changed {
+		t.Fatalf("first configure: %v %v", changed, err)
+	}
+	if len(f.dev.Peers) != 2 || f.dev.PrivateKey != key || f.dev.ListenPort != 51871 {
+		t.Fatalf("device %+v", f.dev)
+	}
+	// Same again: nothing sent (sessions stay).
+	if changed, err := Configure(f, "wg", key, 51871, []Peer{p2, p1}); err != nil || changed {
+		t.Fatalf("unchanged peers reconfigured: %v %v (%+v)", changed, err, f.configs[len(f.configs)-1])
+	}
+	// n2 goes, n1's CIDR changes: n1 updated in place, n2 removed, only
+	// those two in the configuration.
+	p1.AllowedIPs = []netip.Prefix{netip.MustParsePrefix("10.244.9.0/24")}
+	if _, err := Configure(f, "wg", key, 51871, []Peer{p1}); err != nil {
+		t.Fatal(err)
+	}
+	last := f.configs[len(f.configs)-1]
+	if last.PrivateKey != nil || last.ReplacePeers || len(last.Peers) != 2 {
+		t.Fatalf("configuration %+v", last)
+	}
+	if len(f.dev.Peers) != 1 || f.dev.Peers[0].AllowedIPs[0].String() != "10.244.9.0/24" {
+		t.Fatalf("peers %+v", f.dev.Peers)
+	}
+	// A new key: only the key is sent.
+	key2, _ := wgtypes.GeneratePrivateKey()
+	if _, err := Configure(f, "wg", key2, 51871, []Peer{p1}); err != nil {
+		t.Fatal(err)
+	}
+	if last := f.configs[len(f.configs)-1]; last.PrivateKey == nil || len(last.Peers) != 0 {
+		t.Fatalf("rotation sent %+v", last)
+	}
+}
+
+// inNS runs fn on a thread in ns.
+func inNS(t *testing.T, ns netns.NsHandle, fn func() error) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// The thread is left in ns and dies with the goroutine (not
+		// unlocked), so no other goroutine runs in ns by accident.
+		if err := netns.Set(ns); err != nil {
+			errc <- err
+			return
+		}
+		errc <- fn()
+	}()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newNS(t *testing.T) (netns.NsHandle, *netlink.Handle) {
+	t.Helper()
+	var ns netns.NsHandle
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		var err error
+		ns, err = netns.New()
+		errc <- err
+	}()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close(); ns.Close() })
+	lo, _ := h.LinkByName("lo")
+	_ = h.LinkSetUp(lo)
+	return ns, h
+}
+
+// veth makes a pair a (in ha) and b (in nsb) with the addresses, up.
+func veth(t *testing.T, ha *netlink.Handle, a string, addrA netip.Prefix, hb *netlink.Handle, nsb netns.NsHandle, b string, addrB netip.Prefix) {
+	t.Helper()
+	if err := ha.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: a}, PeerName: b, PeerNamespace: netlink.NsFd(nsb)}); err != nil {
+		t.Fatalf("veth %s: %v", a, err)
+	}
+	for _, x := range []struct {
+		h    *netlink.Handle
+		name string
+		addr netip.Prefix
+	}{{ha, a, addrA}, {hb, b, addrB}} {
+		l, err := x.h.LinkByName(x.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := x.h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: x.addr.Addr().AsSlice(), Mask: net.CIDRMask(x.addr.Bits(), 32)}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := x.h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestPrivilegedEncryptedBetweenNodes: two namespaces as nodes on one
+// link, each with a pod; each node runs the userspace device in a process
+// of its own (Spawn), configured by Configure with the other node as peer
+// and its pod CIDR routed to the device. Pods exchange TCP and UDP; a
+// capture on the link sees only UDP between the node addresses on the
+// WireGuard port, never a pod address or the payload. Then the device's
+// process outlives its client, is found again by a new client, and goes
+// with Stop.
+func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
+	testutil.Privileged(t)
+	nsA, hA := newNS(t)
+	nsB, hB := newNS(t)
+	podA, hPA := newNS(t)
+	podB, hPB := newNS(t)
+	nodeA, nodeB := netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("192.168.77.2")
+	cidrA, cidrB := netip.MustParsePrefix("10.201.1.0/24"), netip.MustParsePrefix("10.201.2.0/24")
+	ipA, ipB := netip.MustParseAddr("10.201.1.2"), netip.MustParseAddr("10.201.2.2")
+	veth(t, hA, "link", netip.PrefixFrom(nodeA, 24), hB, nsB, "link", netip.PrefixFrom(nodeB, 24))
+	veth(t, hA, "poda", netip.MustParsePrefix("10.201.1.1/24"), hPA, podA, "eth0", netip.PrefixFrom(ipA, 24))
+	veth(t, hB, "podb", netip.MustParsePrefix("10.201.2.1/24"), hPB, podB, "eth0", netip.PrefixFrom(ipB, 24))
+	for _, p := range []struct {
+		h  *netlink.Handle
+		gw string
+	}{{hPA, "10.201.1.1"}, {hPB, "10.201.2.1"}} {
+		if err := p.h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}, Gw: net.ParseIP(p.gw)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ns := range []netns.NsHandle{nsA, nsB} {
+		inNS(t, ns, func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0) })
+	}
+
+	client, err := wgctrl.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	devA, devB := "tdwgtestA", "tdwgtestB"
+	keyA, _ := wgtypes.GeneratePrivateKey()
+	keyB, _ := wgtypes.GeneratePrivateKey()
+	logPath := filepath.Join(t.TempDir(), "device.log")
+	pids := map[string]int{}
+	for _, n := range []struct {
+		ns       netns.NsHandle
+		h        *netlink.Handle
+		dev      string
+		key      wgtypes.Key
+		peer     Peer
+		peerCIDR netip.Prefix
+	}{
+		{nsA, hA, devA, keyA, Peer{Node: "b", PublicKey: keyB.PublicKey(), Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}, cidrB},
+		{nsB, hB, devB, keyB, Peer{Node: "a", PublicKey: keyA.PublicKey(), Endpoint: netip.AddrPortFrom(nodeA, DefaultPort), AllowedIPs: []netip.Prefix{cidrA}}, cidrA},
+	} {
+		inNS(t, n.ns, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			pid, err := Spawn(ctx, client, n.dev, []string{"/usr/bin/env", serveEnv + "=" + n.dev, os.Args[0]}, logPath)
+			pids[n.dev] = pid
+			return err
+		})
+		t.Cleanup(func() { inNS(t, n.ns, func() error { return Stop(n.dev) }) })
+		if _, err := Configure(client, n.dev, n.key, DefaultPort, []Peer{n.peer}); err != nil {
+			t.Fatal(err)
+		}
+		l, err := n.h.LinkByName(n.dev)
+		if err != nil {
+			t.Fatalf("device %s not in the node's namespace: %v", n.dev, err)
+		}
+		if err := n.h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: n.peerCIDR.Addr().AsSlice(), Mask: net.CIDRMask(24, 32)}, LinkIndex: l.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The capture on node A's end of the link: both directions.
+	frames := capture(t, nsA, "link")
+	marker := []byte("tendril-wireguard-cleartext-marker")
+
+	// TCP: pod A sends to pod B, which echoes.
+	var ln net.Listener
+	inNS(t, podB, func() error {
+		var err error
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(ipB, 5001).String())
+		return err
+	})
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.Copy(c, c)
+	}()
+	payload := bytes.Repeat(marker, 2000)
+	var tc net.Conn
+	inNS(t, podA, func() error {
+		var err error
+		tc, err = net.DialTimeout("tcp", netip.AddrPortFrom(ipB, 5001).String(), 30*time.Second)
+		if err != nil {
+			return fmt.Errorf("tcp pod to pod: %w", err)
+		}
+		return nil
+	})
+	defer tc.Close()
+	// The connection's socket stays in pod A's namespace: it is used
+	// from any thread.
+	echo := func(what string) {
+		t.Helper()
+		go func() { _, _ = tc.Write(payload) }()
+		got := make([]byte, len(payload))
+		if _, err := io.ReadFull(tc, got); err != nil {
+			t.Fatalf("tcp echo %s: %v", what, err)
+		}
+		if !bytes.Equal(got, payload) {
+			t.Fatalf("tcp echo %s differs", what)
+		}
+	}
+	echo("before")
+	// UDP: pod A to pod B and back.
+	var uc net.PacketConn
+	inNS(t, podB, func() error {
+		var err error
+		uc, err = net.ListenPacket("udp", netip.AddrPortFrom(ipB, 5002).String())
+		return err
+	})
+	defer uc.Close()
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := uc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = uc.WriteTo(buf[:n], from)
+		}
+	}()
+	inNS(t, podA, func() error {
+		c, err := net.Dial("udp", netip.AddrPortFrom(ipB, 5002).String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 2048)
+		// Retried: a datagram may be lost while nothing is wrong.
+		for i := 0; i < 50; i++ {
+			if _, err := c.Write(marker); err != nil {
+				return err
+			}
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			n, err := c.Read(buf)
+			if err == nil && bytes.Equal(buf[:n], marker) {
+				return nil
+			}
+		}
+		return fmt.Errorf("udp pod to pod: no answer")
+	})
+
+	got := frames()
+	var wg int
+	for _, f := range got {
+		if bytes.Contains(f, marker) {
+			t.Fatalf("payload in the clear on the link: % x", f[:min(len(f), 64)])
+		}
+		if len(f) < 14 {
+			continue
+		}
+		switch binary.BigEndian.Uint16(f[12:14]) {
+		case unix.ETH_P_ARP, unix.ETH_P_IPV6:
+			// Neighbour resolution, IPv6 link-local chatter: no pod
+			// address in either (checked below for IPv4 only: the pods
+			// here have none of IPv6).
+			continue
+		case unix.ETH_P_IP:
+		default:
+			t.Fatalf("unexpected frame type %#x on the link", binary.BigEndian.Uint16(f[12:14]))
+		}
+		ip := f[14:]
+		src, _ := netip.AddrFromSlice(ip[12:16])
+		dst, _ := netip.AddrFromSlice(ip[16:20])
+		ihl := int(ip[0]&0xf) * 4
+		if ip[9] != unix.IPPROTO_UDP {
+			t.Fatalf("IPv4 protocol %d between %s and %s on the link, want only UDP", ip[9], src, dst)
+		}
+		sport, dport := binary.BigEndian.Uint16(ip[ihl:]), binary.BigEndian.Uint16(ip[ihl+2:])
+		nodes := (src == nodeA && dst == nodeB) || (src == nodeB && dst == nodeA)
+		if !nodes || sport != DefaultPort || dport != DefaultPort {
+			t.Fatalf("UDP %s:%d > %s:%d on the link, want only the nodes' WireGuard port", src, sport, dst, dport)
+		}
+		wg++
+	}
+	if wg == 0 {
+		t.Fatalf("no WireGuard datagram captured (%d frames)", len(got))
+	}
+	t.Logf("%d frames on the link, %d WireGuard datagrams between the nodes", len(got), wg)
+
+	// Peers and counters as the status will show them.
+	d, err := client.Device(devA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Peers) != 1 || d.Peers[0].LastHandshakeTime.IsZero() || d.Peers[0].ReceiveBytes == 0 || d.Peers[0].TransmitBytes == 0 {
+		t.Fatalf("device A's peer %+v", d.Peers)
+	}
+
+	// Key rotation under an open connection: node A takes a new key,
+	// node B learns it (the old peer removed, the new one added, as the
+	// agent's reconciler does when A's TendrilNode changes); the
+	// connection goes on, not reset.
+	newA, _ := wgtypes.GeneratePrivateKey()
+	if _, err := Configure(client, devA, newA, DefaultPort, []Peer{{Node: "b", PublicKey: keyB.PublicKey(),
+		Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Configure(client, devB, keyB, DefaultPort, []Peer{{Node: "a", PublicKey: newA.PublicKey(),
+		Endpoint: netip.AddrPortFrom(nodeA, DefaultPort), AllowedIPs: []netip.Prefix{cidrA}}}); err != nil {
+		t.Fatal(err)
+	}
+	echo("after the key rotation")
+	if d, err := client.Device(devB); err != nil || len(d.Peers) != 1 || d.Peers[0].PublicKey != newA.PublicKey() || d.Peers[0].LastHandshakeTime.IsZero() {
+		t.Fatalf("device B after the rotation: %+v %v", d, err)
+	}
+
+	// The device outlives its client: a new client finds it, as an agent
+	// restarted would.
+	client.Close()
+	c2, err := wgctrl.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	inNS(t, nsA, func() error {
+		if !Running(c2, devA) {
+			return fmt.Errorf("device %s not found by a new client", devA)
+		}
+		return nil
+	})
+	// Stop ends the process.
+	inNS(t, nsA, func() error { return Stop(devA) })
+	// Spawn's waiter reaps it: then it is gone.
+	testutil.Eventually(t, 30*time.Second, "the device process to end", func() bool {
+		return syscall.Kill(pids[devA], 0) != nil
+	})
+}
+
+// capture reads every frame on dev in ns until the returned function is
+// called, which returns them.
+func capture(t *testing.T, ns netns.NsHandle, dev string) func() [][]byte {
+	t.Helper()
+	var fd int
+	inNS(t, ns, func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		ifi, err := net.InterfaceByName(dev)
+		if err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index})
+	})
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000})
+	var mu sync.Mutex
+	var frames [][]byte
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		buf := make([]byte, 65536)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			n, _, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				continue
+			}
+			mu.Lock()
+			frames = append(frames, bytes.Clone(buf[:n]))
+			mu.Unlock()
+		}
+	}()
+	return func() [][]byte {
+		close(done)
+		<-stopped
+		unix.Close(fd)
+		mu.Lock()
+		defer mu.Unlock()
+		return frames
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -1,0 +1,422 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/wgctrl"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tendril-net/tendril/pkg/controlplane"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/k8s"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/testutil"
+)
+
+// wireguardLab brings up a lab of its own with --encryption wireguard
+// (two nodes, no lab pods), torn down when the test ends.
+func wireguardLab(t *testing.T) (string, *env) {
+	t.Helper()
+	name := labName + "wg"
+	if len(name) > 12 {
+		name = name[:12]
+	}
+	t.Cleanup(func() { _ = exec.Command(tendrilBin, "lab", "--name", name, "down").Run() })
+	out, err := exec.Command(tendrilBin, "lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "0",
+		"--encryption", "wireguard", "--bin-dir", filepath.Dir(tendrilBin)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab up --encryption wireguard: %v\n%s", err, out)
+	}
+	st, err := lab.LoadState(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := controlplane.RESTConfig(st.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := k8s.NewClientsForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name, &env{st: st, cs: c.Core, k8: c}
+}
+
+// rawCapture records every frame a device of the lab's network namespace
+// sees, until stop.
+type rawCapture struct {
+	mu     sync.Mutex
+	frames [][]byte
+	done   chan struct{}
+	err    error
+	wg     sync.WaitGroup
+}
+
+func startRawCapture(t *testing.T, netnsName, dev string) *rawCapture {
+	t.Helper()
+	c := &rawCapture{done: make(chan struct{})}
+	ready := make(chan error, 1)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.err = c.run(netnsName, dev, ready)
+	}()
+	if err := <-ready; err != nil {
+		t.Fatalf("capture on %s: %v", dev, err)
+	}
+	return c
+}
+
+func (c *rawCapture) run(netnsName, dev string, ready chan<- error) error {
+	fail := func(err error) error { ready <- err; return err }
+	leave, err := enterNetns(netnsName)
+	if err != nil {
+		return fail(err)
+	}
+	defer leave()
+	link, err := netlink.LinkByName(dev)
+	if err != nil {
+		return fail(err)
+	}
+	proto := maps.Htons(unix.ETH_P_ALL)
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(proto))
+	if err != nil {
+		return fail(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: link.Attrs().Index}); err != nil {
+		return fail(err)
+	}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000}); err != nil {
+		return fail(err)
+	}
+	ready <- nil
+	buf := make([]byte, 65536)
+	for {
+		select {
+		case <-c.done:
+			return nil
+		default:
+		}
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			continue
+		}
+		c.mu.Lock()
+		c.frames = append(c.frames, bytes.Clone(buf[:n]))
+		c.mu.Unlock()
+	}
+}
+
+func (c *rawCapture) stop() ([][]byte, error) {
+	close(c.done)
+	c.wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.frames, c.err
+}
+
+// wireguardPids are the lab's WireGuard device processes, by device.
+func wireguardPids(t *testing.T, st *lab.State) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if len(args) < 4 || args[1] != "wireguard-device" {
+			continue
+		}
+		for i := range st.Nodes {
+			if args[3] == lab.WireGuardDevice(st.Name, i) {
+				out[args[3]] = e.Name()
+			}
+		}
+	}
+	return out
+}
+
+// TestPrivilegedLabWireGuard: a lab with --encryption wireguard. Each
+// node routes the other's pod CIDR to its WireGuard device, the pods' MTU
+// is 60 bytes less; pods on two nodes exchange TCP and UDP, and a capture
+// on the bridge port of the receiving node sees no packet to or from a
+// pod address and no payload in the clear, only UDP between the node
+// addresses on the WireGuard port; a policy on the receiving pod admits
+// the allowed identity and denies another (the identity derived from the
+// inner source address, which encryption leaves as it is); tendril status
+// shows the peer with a handshake; with both agents killed (SIGKILL) the
+// device processes live on and the traffic keeps flowing encrypted (and
+// the deny holds); the restarted agents find the same devices.
+func TestPrivilegedLabWireGuard(t *testing.T) {
+	labUp(t) // the binaries; the WireGuard lab is this test's own
+	name, e := wireguardLab(t)
+	ctx := context.Background()
+
+	t.Run("pod CIDR routes to the device", func(t *testing.T) {
+		for i, n := range e.st.Nodes {
+			out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "ip", "-4", "route", "show", "proto", "85").CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s: ip route: %v\n%s", n.Name, err, out)
+			}
+			routes := strings.TrimSpace(string(out))
+			if routes == "" || strings.Contains(routes, " via ") || !strings.Contains(routes, "dev "+lab.WireGuardDevice(name, i)) {
+				t.Errorf("%s: the routes to the other node's pod CIDR, want them to %s only:\n%s", n.Name, lab.WireGuardDevice(name, i), routes)
+			}
+		}
+	})
+
+	const ns = "e2e-wireguard"
+	e.createNamespace(t, ns)
+	tcp8080 := corev1.ContainerPort{ContainerPort: 8080, Protocol: corev1.ProtocolTCP}
+	udp53 := corev1.ContainerPort{ContainerPort: 53, Protocol: corev1.ProtocolUDP}
+	e.createPod(t, ns, "backend", "node2", map[string]string{"app": "backend"}, tcp8080, udp53)
+	e.createPod(t, ns, "frontend", "node1", map[string]string{"app": "frontend"})
+	e.createPod(t, ns, "other", "node1", map[string]string{"app": "other"})
+	backend := e.waitReady(t, ns, "backend")
+	frontend := e.waitReady(t, ns, "frontend")
+	other := e.waitReady(t, ns, "other")
+
+	t.Run("the pods' MTU leaves room for WireGuard", func(t *testing.T) {
+		out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/other", "--", "ip", "-o", "link", "show", "dev", "eth0").CombinedOutput()
+		if err != nil {
+			t.Fatalf("lab exec: %v\n%s", err, out)
+		}
+		if !strings.Contains(string(out), " mtu 1440 ") {
+			t.Errorf("pod eth0, want MTU 1440 (1500 less WireGuard's 60): %s", out)
+		}
+	})
+
+	node1, err := e.st.Node("node1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node2, err := e.st.Node("node2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := map[netip.Addr]string{}
+	for _, p := range []*corev1.Pod{backend, frontend, other} {
+		pods[netip.MustParseAddr(p.Status.PodIP)] = p.Name
+	}
+	n1, n2 := netip.MustParseAddr(node1.Address), netip.MustParseAddr(node2.Address)
+
+	t.Run("TCP and UDP across nodes, only WireGuard on the wire", func(t *testing.T) {
+		cap := startRawCapture(t, e.st.NetNetns, "node2")
+		tcp, tcpOut := labProbe(t, name, ns+"/other", backend.Status.PodIP+":8080", false)
+		udp, udpOut := labProbe(t, name, ns+"/other", backend.Status.PodIP+":53", true)
+		frames, err := cap.stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tcp != 0 || udp != 0 {
+			t.Fatalf("other -> backend across nodes: TCP exit %d, UDP exit %d, want 0 and 0", tcp, udp)
+		}
+		if !strings.Contains(tcpOut, "backend") || !strings.Contains(udpOut, "backend") {
+			t.Fatalf("answers %q %q, want the backend's name", tcpOut, udpOut)
+		}
+		wg := 0
+		for _, f := range frames {
+			if len(f) < 34 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+				continue
+			}
+			ip := f[14:]
+			src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+			if pods[src] != "" || pods[dst] != "" {
+				t.Errorf("a packet %s -> %s (protocol %d) of a pod on the wire", src, dst, ip[9])
+			}
+			ihl := int(ip[0]&0xf) * 4
+			// The probes' ports in the clear, whatever the addresses
+			// (a translated packet would have others).
+			if (ip[9] == unix.IPPROTO_TCP || ip[9] == unix.IPPROTO_UDP) && len(ip) >= ihl+4 {
+				sp, dp := binary.BigEndian.Uint16(ip[ihl:]), binary.BigEndian.Uint16(ip[ihl+2:])
+				if sp == 8080 || dp == 8080 || sp == 53 || dp == 53 {
+					t.Errorf("a probe's packet %s:%d -> %s:%d in the clear", src, sp, dst, dp)
+				}
+			}
+			if ip[9] == unix.IPPROTO_UDP && len(ip) >= ihl+4 && binary.BigEndian.Uint16(ip[ihl+2:]) == 51871 {
+				if !((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+					t.Errorf("WireGuard datagram %s -> %s, want between the nodes", src, dst)
+				}
+				wg++
+			}
+		}
+		if wg == 0 {
+			t.Fatalf("no WireGuard datagram between %s and %s on node2's bridge port (%d frames)", n1, n2, len(frames))
+		}
+		t.Logf("%d frames on node2's bridge port, %d WireGuard datagrams, none of a pod", len(frames), wg)
+	})
+
+	t.Run("status shows the peer", func(t *testing.T) {
+		out, err := runCLI(tendrilBin, "-H", node1.Socket, "status")
+		if err != nil {
+			t.Fatalf("status: %v\n%s", err, out)
+		}
+		if !strings.Contains(out, "Encryption") || !strings.Contains(out, "node2") || !strings.Contains(out, node2.Address+":51871") ||
+			strings.Contains(out, "last handshake never") {
+			t.Errorf("tendril status of node1, want an Encryption section with node2's peer and a handshake:\n%s", out)
+		}
+	})
+
+	t.Run("key rotation under an iperf3 stream", func(t *testing.T) {
+		_, err := exec.LookPath("iperf3")
+		testutil.Require(t, err == nil, "iperf3 not installed")
+		server := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/backend", "--", "iperf3", "-s", "-1", "-p", "5201")
+		if err := server.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = server.Process.Kill(); _ = server.Wait() })
+		eventually(t, "iperf3 listening in the backend pod", func() (bool, error) {
+			out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/backend", "--", "ss", "-Hltn", "sport = :5201").CombinedOutput()
+			return err == nil && strings.Contains(string(out), "5201"), fmt.Errorf("%v: %s", err, out)
+		})
+		const seconds = 10
+		var iperfOut bytes.Buffer
+		iperf := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/frontend", "--",
+			"iperf3", "-c", backend.Status.PodIP, "-p", "5201", "-t", strconv.Itoa(seconds), "-i", "1", "-J")
+		iperf.Stdout, iperf.Stderr = &iperfOut, &iperfOut
+		if err := iperf.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Three seconds in, the backend's node takes a new key.
+		time.Sleep(3 * time.Second)
+		out, err := runCLI(tendrilBin, "-H", node2.Socket, "encrypt", "rotate-key")
+		if err != nil {
+			t.Fatalf("rotate-key: %v\n%s", err, out)
+		}
+		newKey := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(out), "New public key:"))
+		iperfErr := iperf.Wait()
+		var ir struct {
+			Intervals []struct {
+				Sum struct {
+					Bytes int64 `json:"bytes"`
+				} `json:"sum"`
+			} `json:"intervals"`
+			End struct {
+				SumSent struct {
+					Seconds     float64 `json:"seconds"`
+					Bytes       int64   `json:"bytes"`
+					Retransmits int     `json:"retransmits"`
+				} `json:"sum_sent"`
+			} `json:"end"`
+			Error string `json:"error"`
+		}
+		if err := json.Unmarshal(iperfOut.Bytes(), &ir); err != nil || iperfErr != nil || ir.Error != "" {
+			t.Fatalf("iperf3 across the rotation: %v / %v / %q\n%s", iperfErr, err, ir.Error, iperfOut.String())
+		}
+		var perSecond []int64
+		for _, iv := range ir.Intervals {
+			perSecond = append(perSecond, iv.Sum.Bytes>>20)
+		}
+		t.Logf("iperf3 across the key rotation: %.1f s, %d MB, %d retransmits, MB per second %v", ir.End.SumSent.Seconds,
+			ir.End.SumSent.Bytes>>20, ir.End.SumSent.Retransmits, perSecond)
+		if ir.End.SumSent.Seconds < seconds-0.5 || ir.End.SumSent.Bytes == 0 {
+			t.Errorf("iperf3 stream broken: ran %.1f s of %d", ir.End.SumSent.Seconds, seconds)
+		}
+		// node1's device took node2's new key as its peer (read from
+		// the device's control socket, the machine's).
+		wg, err := wgctrl.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer wg.Close()
+		eventually(t, "node1's peer with node2's new key", func() (bool, error) {
+			d, err := wg.Device(lab.WireGuardDevice(name, 0))
+			if err != nil {
+				return false, err
+			}
+			var keys []string
+			for _, p := range d.Peers {
+				keys = append(keys, p.PublicKey.String())
+			}
+			return len(keys) == 1 && keys[0] == newKey, fmt.Errorf("peers %v, want %s", keys, newKey)
+		})
+		if st, err := runCLI(tendrilBin, "-H", node2.Socket, "encrypt", "status"); err != nil || !strings.Contains(st, newKey) {
+			t.Errorf("node2's encrypt status does not show the new key %s: %v\n%s", newKey, err, st)
+		}
+	})
+
+	t.Run("policy on the receiving pod", func(t *testing.T) {
+		pol := &v1alpha1.TendrilNetworkPolicy{}
+		if err := yaml.UnmarshalStrict([]byte(tunnelPolicyYAML), pol); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		addr := backend.Status.PodIP + ":8080"
+		before := datapathCount(t, *node2, "Policy denied", "ingress")
+		eventually(t, "other -> backend:8080 denied", func() (bool, error) {
+			c, _ := labProbe(t, name, ns+"/other", addr, false)
+			return c == 1, fmt.Errorf("exit %d", c)
+		})
+		if after := datapathCount(t, *node2, "Policy denied", "ingress"); after <= before {
+			t.Errorf("node2 counted no ingress policy drop (%d before, %d after): the deny was not the receiving pod's policy", before, after)
+		}
+		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
+			t.Errorf("frontend -> backend:8080 exit %d, want 0 (allowed by its identity)", c)
+		}
+	})
+
+	t.Run("agents killed and restarted", func(t *testing.T) {
+		addr := backend.Status.PodIP + ":8080"
+		pids := wireguardPids(t, e.st)
+		if len(pids) != 2 {
+			t.Fatalf("device processes %v, want one per node", pids)
+		}
+		argvs := map[string][]string{}
+		for _, n := range e.st.Nodes {
+			argvs[n.Name] = killAgent(t, e.st, n.Name)
+		}
+		if got := wireguardPids(t, e.st); fmt.Sprint(got) != fmt.Sprint(pids) {
+			t.Errorf("device processes after the agents' SIGKILL %v, want %v", got, pids)
+		}
+		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
+			t.Errorf("agents down: frontend -> backend:8080 exit %d, want 0", c)
+		}
+		if c, _ := labProbe(t, name, ns+"/other", addr, false); c != 1 {
+			t.Errorf("agents down: other -> backend:8080 exit %d, want 1 (denied)", c)
+		}
+		for _, n := range e.st.Nodes {
+			startAgent(t, e.st, n.Name, argvs[n.Name])
+		}
+		for _, n := range e.st.Nodes {
+			eventually(t, "the restarted agent of "+n.Name, func() (bool, error) {
+				o, err := runCLI(tendrilBin, "-H", n.Socket, "status")
+				return err == nil && strings.Contains(o, "Encryption"), fmt.Errorf("%v: %s", err, o)
+			})
+		}
+		if got := wireguardPids(t, e.st); fmt.Sprint(got) != fmt.Sprint(pids) {
+			t.Errorf("device processes after the agents' restart %v, want the same %v (found again, not started anew)", got, pids)
+		}
+		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
+			t.Errorf("agents restarted: frontend -> backend:8080 exit %d, want 0", c)
+		}
+		if c, _ := labProbe(t, name, ns+"/other", addr, false); c != 1 {
+			t.Errorf("agents restarted: other -> backend:8080 exit %d, want 1 (denied)", c)
+		}
+	})
+}
