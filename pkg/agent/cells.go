@@ -21,6 +21,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/l2announcer/l2wiring"
 	"github.com/tendril-net/tendril/pkg/agent/nodehealth"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
+	"github.com/tendril-net/tendril/pkg/agent/prefilter"
 	"github.com/tendril-net/tendril/pkg/agent/realizer"
 	"github.com/tendril-net/tendril/pkg/agent/tunnel"
 )
@@ -54,8 +55,9 @@ func cells() []cell.Cell {
 		agentidentity.Cell,
 		agentk8s.ClientCell,
 		agentdatapath.Cell,
-		epattach.Cell, // the endpoints table: each endpoint's attachment, reconciled
-		hostdev.Cell,  // the host device programs: masquerade at the uplinks
+		epattach.Cell,  // the endpoints table: each endpoint's attachment, reconciled
+		hostdev.Cell,   // the host device programs: masquerade at the uplinks
+		prefilter.Cell, // the XDP prefilter: denied source CIDRs dropped at the host devices
 		agentservices.Cell,
 		agentendpoints.Cell,
 		nodes.Cell,  // the nodes and routes tables, written by agentk8s's node watchers
