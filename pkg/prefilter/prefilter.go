@@ -148,8 +148,10 @@ func New(p Params) (*List, error) {
 				Delete: p.Backend.Delete,
 				List:   reconcile.ListPrefixes("the prefilter maps", p.Backend.Prefixes),
 			},
-			Entry:  "prefilter prefix",
-			Pruned: func(gone []reconcile.Stale) { p.Log.Info("Pruned prefilter prefixes the list lacks", "pruned", len(gone)) },
+			Entry: "prefilter prefix",
+			Pruned: func(gone []reconcile.Stale) {
+				p.Log.Info("Pruned prefilter prefixes the list lacks", "pruned", len(gone))
+			},
 		}, nil, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%s reconciler: %w", TableName, err)
@@ -307,6 +309,11 @@ func (l *List) change(ctx context.Context, rev int64, cidrs []string, add bool) 
 	out := l.spec(rtxn)
 	if err := reconcile.Synced(ctx, l.rec, l.table.Revision(rtxn), TableName); err != nil {
 		return out, fmt.Errorf("revision %d saved, not yet in the datapath (retried): %w", l.revision, err)
+	}
+	// A failed write is retried under a later table revision than the one
+	// waited for: the entries' status says whether the maps hold them.
+	if n, lastErr := l.Pending(); n > 0 {
+		return out, fmt.Errorf("revision %d saved, %d CIDRs not yet in the datapath (retried): %s", l.revision, n, lastErr)
 	}
 	l.realized = l.revision
 	return out, nil

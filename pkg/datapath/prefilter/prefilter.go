@@ -49,10 +49,16 @@ type Datapath struct {
 	links map[int]*link.Link
 }
 
+// Dir is the prefilter's directory under a node's BPF root: its maps and
+// links are pinned there, apart from the pod datapath's, whose loader
+// removes the tdr_ maps of the root that its own object lacks.
+func Dir(root string) string { return filepath.Join(root, "prefilter") }
+
 // Open loads the program and opens (or creates) its maps pinned under
-// root: a deny list an earlier run left is the maps' content until the
-// reconciler says otherwise.
-func Open(root string, log *slog.Logger) (*Datapath, error) {
+// the node's BPF root (in Dir): a deny list an earlier run left is the
+// maps' content until the reconciler says otherwise.
+func Open(bpfRoot string, log *slog.Logger) (*Datapath, error) {
+	root := Dir(bpfRoot)
 	if err := os.MkdirAll(linksDir(root), 0o700); err != nil {
 		return nil, fmt.Errorf("prefilter: create %s: %w", linksDir(root), err)
 	}
@@ -252,9 +258,10 @@ func (d *Datapath) DetachOthers(keep map[int]bool) error {
 	return errors.Join(errs...)
 }
 
-// DetachPinned removes every pinned XDP prefilter link under root without
-// loading the program (the prefilter was turned off).
-func DetachPinned(root string) error {
+// DetachPinned removes every pinned XDP prefilter link under the node's
+// BPF root without loading the program (the prefilter was turned off).
+func DetachPinned(bpfRoot string) error {
+	root := Dir(bpfRoot)
 	entries, err := os.ReadDir(linksDir(root))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {

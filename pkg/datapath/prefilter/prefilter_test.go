@@ -176,5 +176,3 @@ func BenchmarkPrefilterDrop(b *testing.B) {
 		})
 	}
 }
-
-
