@@ -184,20 +184,7 @@ func TestPrivilegedPrefilterDropsWorldTraffic(t *testing.T) {
 	if err := pf.attach([]string{"tdrpfup"}); err != nil {
 		t.Fatal(err)
 	}
-	var list *prefilter.List
-	h := hive.New(statedb.Cell, job.Cell,
-		cell.Provide(func() cell.Health { hl, _ := cell.NewSimpleHealth(); return hl }),
-		cell.Module("prefilter-test", "prefilter under test",
-			cell.Invoke(func(db *statedb.DB, jobs job.Registry, hl cell.Health, id cell.FullModuleID) error {
-				var err error
-				list, err = prefilter.New(prefilter.Params{DB: db, Jobs: jobs.NewGroup(hl), Log: quiet, ModuleID: id, Backend: dp,
-					StateFile: filepath.Join(t.TempDir(), "prefilter.json"), MaxPerFamily: dpprefilter.MaxEntries})
-				return err
-			})))
-	if err := h.Start(quiet, context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Stop(quiet, context.Background()) })
+	list := startList(t, dp, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -286,3 +273,24 @@ func TestPrivilegedPrefilterDropsWorldTraffic(t *testing.T) {
 	}
 }
 
+// startList runs the deny list over dp, saved in dir, in a hive of its
+// own.
+func startList(t *testing.T, dp *dpprefilter.Datapath, dir string) *prefilter.List {
+	t.Helper()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var list *prefilter.List
+	h := hive.New(statedb.Cell, job.Cell,
+		cell.Provide(func() cell.Health { hl, _ := cell.NewSimpleHealth(); return hl }),
+		cell.Module("prefilter-test", "prefilter under test",
+			cell.Invoke(func(db *statedb.DB, jobs job.Registry, hl cell.Health, id cell.FullModuleID) error {
+				var err error
+				list, err = prefilter.New(prefilter.Params{DB: db, Jobs: jobs.NewGroup(hl), Log: quiet, ModuleID: id, Backend: dp,
+					StateFile: filepath.Join(dir, "prefilter.json"), MaxPerFamily: dpprefilter.MaxEntries})
+				return err
+			})))
+	if err := h.Start(quiet, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Stop(quiet, context.Background()) })
+	return list
+}
