@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/hostdev"
 	"github.com/tendril-net/tendril/pkg/agent/hostips"
 	"github.com/tendril-net/tendril/pkg/agent/l2announcer/l2wiring"
+	"github.com/tendril-net/tendril/pkg/agent/mapeventlog"
 	"github.com/tendril-net/tendril/pkg/agent/nodehealth"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/agent/prefilter"
@@ -54,6 +55,7 @@ func cells() []cell.Cell {
 		agentcore.Cell,       // the agent's own options, health, steps, API and metrics servers
 		agentidentity.Cell,
 		agentk8s.ClientCell,
+		mapeventlog.Cell, // the recent writes of the ipcache, LB and policy maps (GET /v1/map/{name}/events)
 		agentdatapath.Cell,
 		epattach.Cell,  // the endpoints table: each endpoint's attachment, reconciled
 		hostdev.Cell,   // the host device programs: masquerade at the uplinks

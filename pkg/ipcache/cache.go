@@ -15,6 +15,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/mapevents"
 	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
@@ -52,6 +53,9 @@ type Params struct {
 	// Reconciler options beyond the defaults (retry backoff, prune
 	// interval), for tests.
 	Options []reconciler.Option
+	// Events records the map writes (GET /v1/map/{name}/events); nil:
+	// none.
+	Events *mapevents.Ring
 }
 
 // IPCache is the writers' API over the ipcache table.
@@ -100,14 +104,17 @@ func New(p Params) (*IPCache, error) {
 	if bb, ok := p.Backend.(BatchBackend); ok {
 		batch = batchOps{backend: bb}
 	}
+	describe := func(p *PrefixClaims) (string, string) {
+		return p.Prefix.String(), fmt.Sprintf("identity=%d tunnel=%v source=%v", p.Resolved.Identity, p.Resolved.HostIP, p.Resolved.Source)
+	}
 	c.rec, err = reconciler.Register(
 		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID},
 		tbl,
 		(*PrefixClaims).clone,
 		(*PrefixClaims).setStatus,
 		(*PrefixClaims).getStatus,
-		prefixOps(p.Backend, p.Log),
-		batch,
+		mapevents.Ops(prefixOps(p.Backend, p.Log), p.Events, describe),
+		mapevents.BatchOps(batch, p.Events, describe),
 		opts...,
 	)
 	if err != nil {
