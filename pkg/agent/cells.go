@@ -14,6 +14,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/agent/agentservices"
 	"github.com/tendril-net/tendril/pkg/agent/bgpcp"
+	"github.com/tendril-net/tendril/pkg/agent/cgroupmeta"
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/agent/hostdev"
@@ -74,6 +75,7 @@ func cells() []cell.Cell {
 		agentpolicy.Cell,
 		agentendpoints.RegenerationCell,
 		agentdatapath.RestoredCell,
+		cgroupmeta.Cell, // pods by cgroup ID: socket-LB flows name their client pod
 		agentflows.Cell,
 		daemonapi.Cell,
 		agentcore.ServeCell,
