@@ -104,8 +104,14 @@ func New(p Params) (*IPCache, error) {
 	if bb, ok := p.Backend.(BatchBackend); ok {
 		batch = batchOps{backend: bb}
 	}
+	// An event names the prefix and what its entry holds (map events,
+	// GET /v1/map/{name}/events).
 	describe := func(p *PrefixClaims) (string, string) {
-		return p.Prefix.String(), fmt.Sprintf("identity=%d tunnel=%v source=%v", p.Resolved.Identity, p.Resolved.HostIP, p.Resolved.Source)
+		v := fmt.Sprintf("identity=%d source=%v", p.Resolved.Identity, p.Resolved.Source)
+		if p.Resolved.HostIP.IsValid() {
+			v += " tunnel=" + p.Resolved.HostIP.String()
+		}
+		return p.Prefix.String(), v
 	}
 	c.rec, err = reconciler.Register(
 		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID},
