@@ -59,7 +59,10 @@ static __always_inline void sock_client(struct bpf_sock_addr *ctx, struct lb_aff
 /* sock_xlate_event reports a connection translated at connect (within the
  * trace events' switch and the rate limit): the frontend as the event's
  * source, the backend as its destination. Datagrams of unconnected UDP
- * sockets (sendmsg) are translated one by one and not reported. */
+ * sockets (sendmsg) are translated one by one and not reported. The
+ * socket hook knows no identity, so the event's two identity fields carry
+ * the client's cgroup ID instead (low 32 bits as the source's, high as
+ * the destination's): the agent names the client's pod from it. */
 static __always_inline void sock_xlate_event(__u8 family, __u8 proto, const __u8 *frontend, __be16 fport, const __u8 *backend,
 					     __be16 bport, __u32 rev_nat_id)
 {
@@ -72,7 +75,8 @@ static __always_inline void sock_xlate_event(__u8 family, __u8 proto, const __u8
 	__builtin_memcpy(p.daddr, backend, 16);
 	p.sport = fport;
 	p.dport = bport;
-	emit(EVENT_SOCK_XLATE, REASON_FORWARDED, DIR_EGRESS, 0, &p, 0, 0, VERDICT_ALLOWED, rev_nat_id, 0);
+	__u64 cgroup = bpf_get_current_cgroup_id();
+	emit(EVENT_SOCK_XLATE, REASON_FORWARDED, DIR_EGRESS, 0, &p, (__u32)cgroup, (__u32)(cgroup >> 32), VERDICT_ALLOWED, rev_nat_id, 0);
 }
 
 static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u8 connect)

@@ -15,13 +15,16 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/agent/agentservices"
 	"github.com/tendril-net/tendril/pkg/agent/bgpcp"
+	"github.com/tendril-net/tendril/pkg/agent/cgroupmeta"
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/agent/hostdev"
 	"github.com/tendril-net/tendril/pkg/agent/hostips"
 	"github.com/tendril-net/tendril/pkg/agent/l2announcer/l2wiring"
+	"github.com/tendril-net/tendril/pkg/agent/mapeventlog"
 	"github.com/tendril-net/tendril/pkg/agent/nodehealth"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
+	"github.com/tendril-net/tendril/pkg/agent/prefilter"
 	"github.com/tendril-net/tendril/pkg/agent/realizer"
 	"github.com/tendril-net/tendril/pkg/agent/tunnel"
 	"github.com/tendril-net/tendril/pkg/agent/wireguard"
@@ -55,9 +58,11 @@ func cells() []cell.Cell {
 		agentcore.Cell,       // the agent's own options, health, steps, API and metrics servers
 		agentidentity.Cell,
 		agentk8s.ClientCell,
+		mapeventlog.Cell, // the recent writes of the ipcache, LB and policy maps (GET /v1/map/{name}/events)
 		agentdatapath.Cell,
-		epattach.Cell, // the endpoints table: each endpoint's attachment, reconciled
-		hostdev.Cell,  // the host device programs: masquerade at the uplinks
+		epattach.Cell,  // the endpoints table: each endpoint's attachment, reconciled
+		hostdev.Cell,   // the host device programs: masquerade at the uplinks
+		prefilter.Cell, // the XDP prefilter: denied source CIDRs dropped at the host devices
 		agentservices.Cell,
 		agentendpoints.Cell,
 		nodes.Cell,     // the nodes and routes tables, written by agentk8s's node watchers
@@ -74,6 +79,7 @@ func cells() []cell.Cell {
 		agentfqdn.Cell, // the names the DNS proxy learned: restored into policy before its first regeneration
 		agentendpoints.RegenerationCell,
 		agentdatapath.RestoredCell,
+		cgroupmeta.Cell, // pods by cgroup ID: socket-LB flows name their client pod
 		agentflows.Cell,
 		daemonapi.Cell,
 		agentcore.ServeCell,

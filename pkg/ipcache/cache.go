@@ -15,6 +15,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/mapevents"
 	"github.com/tendril-net/tendril/pkg/reconcile"
 )
 
@@ -52,6 +53,9 @@ type Params struct {
 	// Reconciler options beyond the defaults (retry backoff, prune
 	// interval), for tests.
 	Options []reconciler.Option
+	// Events records the map writes (GET /v1/map/{name}/events); nil:
+	// none.
+	Events *mapevents.Ring
 }
 
 // IPCache is the writers' API over the ipcache table.
@@ -100,14 +104,23 @@ func New(p Params) (*IPCache, error) {
 	if bb, ok := p.Backend.(BatchBackend); ok {
 		batch = batchOps{backend: bb}
 	}
+	// An event names the prefix and what its entry holds (map events,
+	// GET /v1/map/{name}/events).
+	describe := func(p *PrefixClaims) (string, string) {
+		v := fmt.Sprintf("identity=%d source=%v", p.Resolved.Identity, p.Resolved.Source)
+		if p.Resolved.HostIP.IsValid() {
+			v += " tunnel=" + p.Resolved.HostIP.String()
+		}
+		return p.Prefix.String(), v
+	}
 	c.rec, err = reconciler.Register(
 		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID},
 		tbl,
 		(*PrefixClaims).clone,
 		(*PrefixClaims).setStatus,
 		(*PrefixClaims).getStatus,
-		prefixOps(p.Backend, p.Log),
-		batch,
+		mapevents.Ops(prefixOps(p.Backend, p.Log), p.Events, describe),
+		mapevents.BatchOps(batch, p.Events, describe),
 		opts...,
 	)
 	if err != nil {

@@ -216,6 +216,18 @@ func (d *Decoder) sockXlate(f *flowpb.Flow, ev loader.Event) *flowpb.Flow {
 	dstEv.Direction, dstEv.EndpointID, dstEv.SrcIdentity = maps.DirEgress, 0, 0
 	_, f.Destination = d.endpoints(dstEv)
 	f.Source = &flowpb.Endpoint{}
+	// The client is the pod whose cgroup the connecting process is in.
+	if ck, ok := d.Node.(CgroupKnowledge); ok && ev.CgroupID != 0 {
+		if e, ok := ck.EndpointByCgroup(ev.CgroupID); ok {
+			f.Source = &flowpb.Endpoint{ID: e.ID, Identity: e.Identity, Namespace: e.Namespace, PodName: e.PodName, Labels: e.Labels}
+			if len(f.Source.Labels) == 0 && e.Identity != 0 {
+				f.Source.Labels = d.Node.IdentityLabels(e.Identity)
+			}
+			if e.WorkloadName != "" {
+				f.Source.Workloads = []*flowpb.Workload{{Name: e.WorkloadName, Kind: e.WorkloadKind}}
+			}
+		}
+	}
 	if svc, ok := d.Node.(ServiceKnowledge); ok {
 		f.DestinationService = service(svc, ev.Src, ev.SrcPort, ev.Proto)
 	}

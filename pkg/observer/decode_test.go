@@ -218,3 +218,35 @@ func TestDecodeSocketTranslation(t *testing.T) {
 		t.Errorf("destination %v: want the backend pod", f.GetDestination())
 	}
 }
+
+// cgroupNode knows one cgroup's pod.
+type cgroupNode struct{ serviceNode }
+
+func (cgroupNode) EndpointByCgroup(id uint64) (Endpoint, bool) {
+	if id != 0x1_0000_002a {
+		return Endpoint{}, false
+	}
+	return Endpoint{ID: 9, Identity: 4242, Namespace: "shop", PodName: "client-7d9f", Labels: []string{"k8s:app=client"}}, true
+}
+
+// A socket translation event's cgroup names the client pod as the flow's
+// source (pod → service); an unknown cgroup leaves the source empty.
+func TestDecodeSocketTranslationNamesClientPod(t *testing.T) {
+	d := &Decoder{Node: cgroupNode{}, Clock: fixedClock}
+	ev := loader.Event{Type: maps.EventSockXlate, Reason: maps.ReasonForwarded, Direction: maps.DirEgress, Proto: 6, Allowed: true, Cookie: 3,
+		Src: clusterIP, SrcPort: 5432, Dst: dbIP, DstPort: 5432, Monotonic: at(0), CgroupID: 0x1_0000_002a}
+	f, err := d.Decode(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := f.GetSource(); s.GetPodName() != "client-7d9f" || s.GetNamespace() != "shop" || s.GetIdentity() != 4242 || s.GetID() != 9 || len(s.GetLabels()) != 1 {
+		t.Errorf("source %v: want the client pod", s)
+	}
+	if f.GetDestinationService().GetName() != "db" {
+		t.Errorf("service %v", f.GetDestinationService())
+	}
+	ev.CgroupID = 7
+	if f, _ := d.Decode(ev); f.GetSource().GetPodName() != "" {
+		t.Errorf("unknown cgroup: source %v", f.GetSource())
+	}
+}

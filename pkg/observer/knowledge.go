@@ -38,6 +38,13 @@ type ServiceKnowledge interface {
 	ServiceByAddr(addr netip.AddrPort, proto uint8) (Service, bool)
 }
 
+// CgroupKnowledge is what a NodeKnowledge may also know: the pod a cgroup
+// belongs to, so that a socket load-balancer flow (whose event carries the
+// connecting process's cgroup, no address) names its client pod.
+type CgroupKnowledge interface {
+	EndpointByCgroup(cgroupID uint64) (Endpoint, bool)
+}
+
 // DefaultDenyKnowledge is what a NodeKnowledge may also know: the
 // policies that put a local endpoint into default deny in a direction
 // (the rules selecting it there), so a default-deny drop names them.

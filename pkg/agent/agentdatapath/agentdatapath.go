@@ -35,6 +35,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/logging"
+	"github.com/tendril-net/tendril/pkg/mapevents"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy/policycidr"
@@ -220,6 +221,8 @@ type Params struct {
 	DB        *statedb.DB
 	Inspector *dbinspect.Inspector
 	ModuleID  cell.FullModuleID
+	// MapEvents records the reconcilers' map writes (nil: none).
+	MapEvents *mapevents.Registry `optional:"true"`
 }
 
 // New builds the datapath module (nil when the datapath is off) and
@@ -245,7 +248,8 @@ func New(p Params) (*Module, error) {
 	p.Steps.Append(p.Lifecycle, "bpf-maps", m.start, m.stop)
 	// The ipcache's reconciler is a job of this group, added after the
 	// step: it writes the map once the maps are open.
-	ic, err := ipcache.New(ipcache.Params{DB: p.DB, Jobs: m.jobs, Log: logging.For(p.Root, "ipcache"), ModuleID: p.ModuleID, Backend: ipcacheBackend{m}})
+	ic, err := ipcache.New(ipcache.Params{DB: p.DB, Jobs: m.jobs, Log: logging.For(p.Root, "ipcache"), ModuleID: p.ModuleID, Backend: ipcacheBackend{m},
+		Events: p.MapEvents.Ring(maps.IPCacheMapName)})
 	if err != nil {
 		return nil, err
 	}

@@ -26,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tendril-net/tendril/api/v1/server"
+	"github.com/tendril-net/tendril/pkg/agent/cgroupmeta"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/hubble"
@@ -314,6 +315,9 @@ type Params struct {
 	Frontends  statedb.Table[*loadbalancer.Frontend]
 	Backends   statedb.Table[*loadbalancer.Backend]
 	NodeEvents NodeEvents `optional:"true"`
+	// Cgroups names the pod of a socket-LB event's cgroup (nil without
+	// the socket load-balancer).
+	Cgroups *cgroupmeta.Resolver `optional:"true"`
 }
 
 // New builds the observer and the Hubble server; nil with flows off or
@@ -343,6 +347,7 @@ func New(p Params) (*Module, error) {
 	know := &nodeKnowledge{node: p.Node.Name, identities: p.Identities, eps: p.Endpoints, ipcache: p.IPCache, repo: repo, cidrLabels: p.Policy.CIDRIdentityLabels}
 	know.services = &serviceKnowledge{db: p.DB, frontends: p.Frontends, backends: p.Backends}
 	know.selecting, know.defaultDeny = p.Policy.SelectingRules, &defaultDenying{repo: repo}
+	know.cgroups = p.Cgroups
 	mx := p.Config.MetricsExport
 	// The flow metrics and the export see every flow as it is decoded.
 	var consumers []func(*flowpb.Flow)
@@ -494,6 +499,8 @@ type nodeKnowledge struct {
 	// selecting and defaultDeny name the policies behind a default deny.
 	selecting   func(epID uint16) ([]uint32, bool)
 	defaultDeny *defaultDenying
+	// cgroups names a socket-LB flow's client pod (nil: none).
+	cgroups *cgroupmeta.Resolver
 
 	// policies is the repository's rules by cookie at revision rev,
 	// rebuilt when the repository moves on (rules change rarely, events
@@ -606,4 +613,9 @@ func policyOf(r policy.StoredRule, rev uint64) observer.Policy {
 		}
 	}
 	return p
+}
+
+// EndpointByCgroup is the local pod whose cgroup a socket-LB event names.
+func (k *nodeKnowledge) EndpointByCgroup(id uint64) (observer.Endpoint, bool) {
+	return k.cgroups.EndpointByCgroup(id)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/logging"
+	"github.com/tendril-net/tendril/pkg/mapevents"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy"
@@ -139,6 +140,7 @@ type Module struct {
 	idTable    *identitytable.Table // the universe's identities: one snapshot, a generation per change of the set or labels
 	dp         Datapath             // nil without the datapath
 	policyCIDR *policycidr.Table    // nil without the datapath
+	mapEvents  *mapevents.Ring      // the policy map's writes; nil: not recorded
 	ipcache    *ipcache.IPCache     // nil without the datapath
 	eps        Endpoints            // its manager exists from its start step on
 	namedPorts NamedPorts           // nil in standalone mode
@@ -207,6 +209,8 @@ type Params struct {
 	Endpoints  Endpoints
 	NamedPorts NamedPorts
 	Metrics    *metrics.Server
+	// MapEvents records the policy map's writes (nil: none).
+	MapEvents *mapevents.Registry `optional:"true"`
 }
 
 // New builds the policy module and subscribes it to what changes the
@@ -215,7 +219,8 @@ func New(p Params) *Module {
 	m := &Module{
 		log: p.Log, repo: policy.NewRepository(), runtime: p.Runtime, idTable: p.IDTable,
 		dp: p.Datapath, policyCIDR: p.PolicyCIDR, ipcache: p.IPCache, eps: p.Endpoints, namedPorts: p.NamedPorts,
-		realized: map[uint16]policy.MapState{}, results: map[uint16]policy.Result{},
+		mapEvents: p.MapEvents.Ring(maps.PolicyMapName),
+		realized:  map[uint16]policy.MapState{}, results: map[uint16]policy.Result{},
 		revokeMode: p.Config.RevokeEstablished, revoke: map[uint16]revokeKind{}, enforced: map[uint16][2]bool{},
 		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
 		regen: make(chan struct{}, 1), passDone: make(chan struct{}),

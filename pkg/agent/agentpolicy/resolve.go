@@ -387,6 +387,7 @@ func toMapKey(epID uint16, k policy.Key) maps.PolicyKey {
 // back from the pinned map, so nothing is rewritten needlessly and the
 // entries keep enforcing throughout.
 func (p *Module) Realize(ctx context.Context, ep *endpoint.Endpoint, pm PolicyMap) error {
+	pm = recordPolicyMap(pm, p.mapEvents)
 	res := p.resolve(ep)
 	want := res.MapState
 	if p.runtime.Values().PolicyEnforcement == option.EnforcementNever {
@@ -432,6 +433,7 @@ func (p *Module) Realize(ctx context.Context, ep *endpoint.Endpoint, pm PolicyMa
 
 // Remove deletes ep's entries from the policy map.
 func (p *Module) Remove(ep *endpoint.Endpoint, pm PolicyMap) error {
+	pm = recordPolicyMap(pm, p.mapEvents)
 	if err := pm.DeleteEndpoint(ep.ID); err != nil {
 		return fmt.Errorf("remove the policy of endpoint %d: %w", ep.ID, err)
 	}

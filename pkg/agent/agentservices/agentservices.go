@@ -37,6 +37,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/loadbalancer/lbmap"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/lrpsource"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/maglev"
+	"github.com/tendril-net/tendril/pkg/mapevents"
 	"github.com/tendril-net/tendril/pkg/option"
 )
 
@@ -242,6 +243,8 @@ type Params struct {
 	Tables   *loadbalancer.Tables
 	Watchers Watchers              // nil in standalone mode
 	Datapath *agentdatapath.Module // nil without the datapath
+	// MapEvents records the LB maps' writes (nil: none).
+	MapEvents *mapevents.Registry `optional:"true"`
 }
 
 // New builds the services module (the tables only, without Kubernetes
@@ -298,7 +301,7 @@ func New(p Params) (*Module, error) {
 		}
 		_, err := reconciler.Register(params,
 			tables.Frontends, (*loadbalancer.Frontend).Clone, (*loadbalancer.Frontend).SetStatus, (*loadbalancer.Frontend).GetStatus,
-			m.ops, nil,
+			mapevents.Ops[*loadbalancer.Frontend](m.ops, p.MapEvents.Ring(LBServicesEvents), describeFrontend), nil,
 			reconciler.WithRetry(100*time.Millisecond, 30*time.Second),
 			reconciler.WithPruning(5*time.Minute),
 		)
@@ -509,4 +512,17 @@ func addrList(addrs []netip.Addr) string {
 		out[i] = a.String()
 	}
 	return strings.Join(out, ", ")
+}
+
+// LBServicesEvents names the ring of the LB maps' writes in GET
+// /v1/map/{name}/events: one event per frontend written (its service
+// entry, slots, reverse NAT and backends) or removed.
+const LBServicesEvents = "lb-services"
+
+func describeFrontend(f *loadbalancer.Frontend) (string, string) {
+	var bs []string
+	for _, b := range f.Backends {
+		bs = append(bs, b.Addr.String())
+	}
+	return f.Key.String(), fmt.Sprintf("service=%s type=%s backends=[%s]", f.Service, f.Type, strings.Join(bs, ","))
 }

@@ -21,3 +21,7 @@ package bpf
 // the node's tunnel device, sharing the pod programs' pinned maps
 // (pkg/datapath/tunnel loads and attaches them).
 //go:generate go tool bpf2go -cc clang -no-strip -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel Overlay ../../../bpf/bpf_overlay.c -- -I../../../bpf
+
+// The XDP prefilter (bpf/bpf_xdp.c): the deny list of source CIDRs dropped
+// at the host devices before the stack (pkg/datapath/prefilter).
+//go:generate go tool bpf2go -cc clang -no-strip -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type prefilter4_key -type prefilter6_key -type prefilter_stat Xdp ../../../bpf/bpf_xdp.c -- -I../../../bpf

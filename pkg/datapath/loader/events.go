@@ -95,6 +95,10 @@ type Event struct {
 	MatchType uint8
 	// Monotonic is the kernel's CLOCK_MONOTONIC time of the event.
 	Monotonic time.Duration
+	// CgroupID is the client's cgroup of a socket translation event
+	// (EventSockXlate; 0 for others): the socket hook's event carries it
+	// in its identity fields, which such an event has no other use for.
+	CgroupID uint64
 }
 
 // EventSize is the size of one event record as the programs write it.
@@ -115,12 +119,17 @@ func DecodeEvent(sample []byte) (Event, error) {
 		}
 		return netip.AddrFrom16(b)
 	}
-	return Event{
+	ev := Event{
 		Type: raw.Type, Reason: raw.Reason, Direction: raw.Dir, EndpointID: raw.EpId, Proto: raw.Proto,
 		Allowed: raw.Verdict == maps.VerdictAllowed || raw.Verdict == maps.VerdictAudit, Audit: raw.Verdict == maps.VerdictAudit, SrcIdentity: raw.SrcIdentity, DstIdentity: raw.DstIdentity, Cookie: raw.Cookie,
 		Src: addr(raw.Saddr), Dst: addr(raw.Daddr), SrcPort: maps.Ntohs(raw.Sport), DstPort: maps.Ntohs(raw.Dport),
 		Len: raw.Len, TCPFlags: raw.TcpFlags, ObsPoint: raw.Obs, MatchType: raw.Match, Monotonic: time.Duration(raw.Ts),
-	}, nil
+	}
+	if ev.Type == EventSockXlate {
+		ev.CgroupID = uint64(raw.DstIdentity)<<32 | uint64(raw.SrcIdentity)
+		ev.SrcIdentity, ev.DstIdentity = 0, 0
+	}
+	return ev, nil
 }
 
 // EventsLost counts the events that never reached the ring buffer since
