@@ -15,6 +15,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
 	"github.com/tendril-net/tendril/pkg/agent/nodehealth"
+	agentprefilter "github.com/tendril-net/tendril/pkg/agent/prefilter"
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/ipcache/kvpublisher"
@@ -115,6 +116,7 @@ func TestEveryTableIsTyped(t *testing.T) {
 		"kvstore":                  agentkv.ModeEmbedded,
 		"identity-allocation-mode": agentidentity.AllocationKVStore,
 		"enable-l2-announcements":  "true",
+		"enable-xdp-prefilter":     "true",
 		"state-dir":                filepath.Join(dir, "state"),
 		"socket":                   filepath.Join(dir, "tendril.sock"),
 		"node-name":                "node-a",
@@ -124,7 +126,8 @@ func TestEveryTableIsTyped(t *testing.T) {
 		for _, tbl := range []interface{ Name() statedb.TableName }{
 			in.Identities.Table(), in.PolicyCIDRs.Table(), in.Endpoints.Table(), in.IPCache.Table(),
 			in.Nodes, in.Routes, in.Services, in.Backends, in.Frontends,
-			in.PolicyStatus, in.EndpointPublications, in.KVAddresses, in.L2Announcements, in.NodeHealth,
+			in.PolicyStatus, in.EndpointPublications, in.KVAddresses, in.L2Announcements, in.NodeHealth, in.Redirects,
+			in.Prefilter.List().Table(),
 		} {
 			typed = append(typed, tbl.Name())
 		}
@@ -161,4 +164,6 @@ type typedTables struct {
 	KVAddresses          statedb.Table[*kvpublisher.Key]
 	L2Announcements      statedb.Table[*l2announcer.Announcement]
 	NodeHealth           statedb.Table[*nodehealth.Status]
+	Redirects            statedb.Table[*loadbalancer.LocalRedirect]
+	Prefilter            *agentprefilter.Prefilter
 }

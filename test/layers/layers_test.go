@@ -97,6 +97,7 @@ var placement = map[string]Layer{
 	"pkg/ipcache/ipcachetest":         Commands,
 	"pkg/agent/epattach/epattachtest": Commands,
 	"pkg/reconcile/reconciletest":     Commands,
+	"pkg/ui/uitest":                   Commands,
 	"cmd/...":                         Commands,
 	"test/...":                        Commands,
 	"bench/...":                       Commands,

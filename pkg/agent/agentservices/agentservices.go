@@ -176,10 +176,12 @@ type Tables struct {
 	Services  statedb.Table[*loadbalancer.Service]
 	Backends  statedb.Table[*loadbalancer.Backend]
 	Frontends statedb.Table[*loadbalancer.Frontend]
+	// Redirects are the local redirect policies applied (docs/lrp.md).
+	Redirects statedb.Table[*loadbalancer.LocalRedirect]
 }
 
 func readTables(t *loadbalancer.Tables) Tables {
-	return Tables{Services: t.Services, Backends: t.Backends, Frontends: t.Frontends}
+	return Tables{Services: t.Services, Backends: t.Backends, Frontends: t.Frontends, Redirects: t.Redirects}
 }
 
 // settings are what the services take from the other cells' options.
