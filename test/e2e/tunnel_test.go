@@ -11,11 +11,9 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -25,25 +23,26 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tendril-net/tendril/pkg/controlplane"
-	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
 )
 
-// tunnelLab brings up a lab of its own in the tunnel routing mode (two
-// nodes, no lab pods), torn down when the test ends.
-func tunnelLab(t *testing.T) (string, *env) {
+// ownLab brings up a lab of its own, named after the suite's lab with
+// suffix, of two nodes and no lab pods, with extra `lab up` flags; torn
+// down when the test ends.
+func ownLab(t *testing.T, suffix string, extra ...string) (string, *env) {
 	t.Helper()
-	name := labName + "tun"
+	name := labName + suffix
 	if len(name) > 12 {
 		name = name[:12]
 	}
 	t.Cleanup(func() { _ = exec.Command(tendrilBin, "lab", "--name", name, "down").Run() })
-	out, err := exec.Command(tendrilBin, "lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "0",
-		"--routing-mode", "tunnel", "--bin-dir", filepath.Dir(tendrilBin)).CombinedOutput()
+	args := append([]string{"lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "0",
+		"--bin-dir", filepath.Dir(tendrilBin)}, extra...)
+	out, err := exec.Command(tendrilBin, args...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("lab up --routing-mode tunnel: %v\n%s", err, out)
+		t.Fatalf("lab up %s: %v\n%s", strings.Join(extra, " "), err, out)
 	}
 	st, err := lab.LoadState(name)
 	if err != nil {
@@ -64,76 +63,6 @@ func tunnelLab(t *testing.T) (string, *env) {
 type vxlanFrame struct {
 	vni      uint32
 	src, dst netip.Addr // the inner IPv4 packet's
-}
-
-// capture records the VXLAN frames (UDP port 8472) a device of the lab's
-// network namespace sees, until stop is called.
-type capture struct {
-	mu     sync.Mutex
-	frames []vxlanFrame
-	done   chan struct{}
-	err    error
-	wg     sync.WaitGroup
-}
-
-func startCapture(t *testing.T, netnsName, dev string) *capture {
-	t.Helper()
-	c := &capture{done: make(chan struct{})}
-	ready := make(chan error, 1)
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		c.err = c.run(netnsName, dev, ready)
-	}()
-	if err := <-ready; err != nil {
-		t.Fatalf("capture on %s: %v", dev, err)
-	}
-	return c
-}
-
-func (c *capture) run(netnsName, dev string, ready chan<- error) error {
-	fail := func(err error) error { ready <- err; return err }
-	leave, err := enterNetns(netnsName)
-	if err != nil {
-		return fail(err)
-	}
-	defer leave()
-	link, err := netlink.LinkByName(dev)
-	if err != nil {
-		return fail(err)
-	}
-	// ETH_P_ALL: a socket bound to one protocol sees only the frames
-	// the device receives, not those the bridge sends out of it.
-	proto := maps.Htons(unix.ETH_P_ALL)
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(proto))
-	if err != nil {
-		return fail(err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: link.Attrs().Index}); err != nil {
-		return fail(err)
-	}
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000}); err != nil {
-		return fail(err)
-	}
-	ready <- nil
-	buf := make([]byte, 9000)
-	for {
-		select {
-		case <-c.done:
-			return nil
-		default:
-		}
-		n, _, err := unix.Recvfrom(fd, buf, 0)
-		if err != nil {
-			continue
-		}
-		if f, ok := parseVXLAN(buf[:n]); ok {
-			c.mu.Lock()
-			c.frames = append(c.frames, f)
-			c.mu.Unlock()
-		}
-	}
 }
 
 // parseVXLAN reads an Ethernet frame of IPv4/UDP to port 8472 carrying
@@ -162,14 +91,6 @@ func parseVXLAN(f []byte) (vxlanFrame, bool) {
 	}
 	in := inner[14:]
 	return vxlanFrame{vni: vni, src: netip.AddrFrom4([4]byte(in[12:16])), dst: netip.AddrFrom4([4]byte(in[16:20]))}, true
-}
-
-func (c *capture) stop() ([]vxlanFrame, error) {
-	close(c.done)
-	c.wg.Wait()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.frames, c.err
 }
 
 // labProbe is probe for the lab name.
@@ -224,7 +145,7 @@ spec:
 // identity its VNI claims.
 func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	labUp(t) // the binaries; the tunnel lab is this test's own
-	name, e := tunnelLab(t)
+	name, e := ownLab(t, "tun", "--routing-mode", "tunnel")
 	ctx := context.Background()
 
 	t.Run("no pod CIDR route via the bridge", func(t *testing.T) {
@@ -276,12 +197,18 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	})
 
 	t.Run("TCP and UDP across nodes, VXLAN with the identity", func(t *testing.T) {
-		cap := startCapture(t, e.st.NetNetns, "node2")
+		cap := startRawCapture(t, e.st.NetNetns, "node2")
 		tcp, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":8080", false)
 		udp, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":53", true)
-		frames, err := cap.stop()
+		raw, err := cap.stop()
 		if err != nil {
 			t.Fatal(err)
+		}
+		var frames []vxlanFrame
+		for _, f := range raw {
+			if v, ok := parseVXLAN(f); ok {
+				frames = append(frames, v)
+			}
 		}
 		if tcp != 0 || udp != 0 {
 			t.Fatalf("other -> backend across nodes: TCP exit %d, UDP exit %d, want 0 and 0", tcp, udp)

@@ -23,45 +23,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
-	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
-// wireguardLab brings up a lab of its own with --encryption wireguard
-// (two nodes, no lab pods), torn down when the test ends.
-func wireguardLab(t *testing.T) (string, *env) {
-	t.Helper()
-	name := labName + "wg"
-	if len(name) > 12 {
-		name = name[:12]
-	}
-	t.Cleanup(func() { _ = exec.Command(tendrilBin, "lab", "--name", name, "down").Run() })
-	out, err := exec.Command(tendrilBin, "lab", "--name", name, "up", "--nodes", "2", "--pods-per-node", "0",
-		"--encryption", "wireguard", "--bin-dir", filepath.Dir(tendrilBin)).CombinedOutput()
-	if err != nil {
-		t.Fatalf("lab up --encryption wireguard: %v\n%s", err, out)
-	}
-	st, err := lab.LoadState(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := controlplane.RESTConfig(st.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := k8s.NewClientsForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return name, &env{st: st, cs: c.Core, k8: c}
-}
-
 // rawCapture records every frame a device of the lab's network namespace
-// sees, until stop.
+// sees, until stop (ETH_P_ALL: a socket bound to one protocol sees only
+// the frames the device receives, not those the bridge sends out of it).
 type rawCapture struct {
 	mu     sync.Mutex
 	frames [][]byte
@@ -173,7 +143,7 @@ func wireguardPids(t *testing.T, st *lab.State) map[string]string {
 // the deny holds); the restarted agents find the same devices.
 func TestPrivilegedLabWireGuard(t *testing.T) {
 	labUp(t) // the binaries; the WireGuard lab is this test's own
-	name, e := wireguardLab(t)
+	name, e := ownLab(t, "wg", "--encryption", "wireguard")
 	ctx := context.Background()
 
 	t.Run("pod CIDR routes to the device", func(t *testing.T) {
