@@ -56,6 +56,16 @@ func selector(s *metav1.LabelSelector) (labels.Selector, error) {
 type Allowed struct {
 	podCIDRs []netip.Prefix
 	pools    []Pool
+	// serviceCIDRs are the cluster's (its ServiceCIDR objects): where a
+	// cluster IP may be.
+	serviceCIDRs []netip.Prefix
+}
+
+// WithServiceCIDRs is a with the cluster's service CIDRs, inside which
+// cluster IPs may be announced (as host prefixes).
+func (a Allowed) WithServiceCIDRs(cidrs []netip.Prefix) Allowed {
+	a.serviceCIDRs = cidrs
+	return a
 }
 
 // NewAllowed is the guard for a node with these pod CIDRs and pools.
@@ -65,7 +75,7 @@ func NewAllowed(podCIDRs []netip.Prefix, pools []Pool) Allowed {
 
 // Admit says why p may not be announced (nil: it may): p is one of the
 // node's pod CIDRs exactly, or a host prefix (/32, /128) of an address
-// that lies in a pool.
+// that lies in a pool or in one of the cluster's service CIDRs.
 func (a Allowed) Admit(p netip.Prefix) error {
 	if !p.IsValid() || p != p.Masked() {
 		return fmt.Errorf("%s: not a valid prefix", p)
@@ -79,7 +89,10 @@ func (a Allowed) Admit(p netip.Prefix) error {
 		if pool := a.poolOf(p.Addr()); pool != "" {
 			return nil
 		}
-		return fmt.Errorf("%s: neither a pod CIDR of this node nor in a TendrilLoadBalancerIPPool", p)
+		if a.admitClusterIP(p.Addr()) == nil {
+			return nil
+		}
+		return fmt.Errorf("%s: neither a pod CIDR of this node nor in a TendrilLoadBalancerIPPool or a service CIDR", p)
 	}
 	return fmt.Errorf("%s: not a pod CIDR of this node (%v)", p, a.podCIDRs)
 }
@@ -94,6 +107,21 @@ func (a Allowed) poolOf(addr netip.Addr) string {
 		}
 	}
 	return ""
+}
+
+// admitClusterIP says why addr may not be announced as a cluster IP: it
+// must lie in one of the cluster's service CIDRs (the API server
+// allocates cluster IPs there and refuses others).
+func (a Allowed) admitClusterIP(addr netip.Addr) error {
+	for _, c := range a.serviceCIDRs {
+		if c.Contains(addr) {
+			return nil
+		}
+	}
+	if len(a.serviceCIDRs) == 0 {
+		return fmt.Errorf("%s: the cluster's service CIDRs are not known (no ServiceCIDR object)", addr)
+	}
+	return fmt.Errorf("%s: in none of the cluster's service CIDRs", addr)
 }
 
 // admitService says why addr may not be announced for a Service with

@@ -82,3 +82,76 @@ func TestComputeAttributes(t *testing.T) {
 		t.Errorf("errors %q", d.Errors)
 	}
 }
+
+// TestComputeClusterAndExternalIPs: a cluster IP is announced when it
+// lies in the cluster's service CIDRs (refused when they are unknown or it
+// does not); an external IP only inside a pool that serves the Service,
+// as a load-balancer address (anyone who may create a Service may write
+// any external IP); internalTrafficPolicy Local holds back the cluster IP
+// and externalTrafficPolicy Local the external one while the node has no
+// ready backend.
+func TestComputeClusterAndExternalIPs(t *testing.T) {
+	expose := map[string]string{"expose": "bgp"}
+	entry := exposedLBIP
+	entry.Service = &v1alpha1.BGPServiceAdvertisement{Selector: exposedLBIP.Service.Selector,
+		Addresses: []string{v1alpha1.BGPServiceAddressClusterIP, v1alpha1.BGPServiceAddressExternalIP}}
+	web := service("web", expose, "", "172.30.1.9")
+	web.Addresses = []netip.Addr{netip.MustParseAddr("10.96.0.10")}
+	web.ExternalIPs = []netip.Addr{netip.MustParseAddr("172.30.1.5"), netip.MustParseAddr("8.8.8.8")}
+	local := service("local", expose, "Local")
+	local.InternalTrafficPolicy = "Local"
+	local.Addresses = []netip.Addr{netip.MustParseAddr("10.96.0.11")}
+	local.ExternalIPs = []netip.Addr{netip.MustParseAddr("172.30.1.6")}
+	odd := service("odd", expose, "")
+	odd.Addresses = []netip.Addr{netip.MustParseAddr("10.97.0.1")}
+	in := Input{
+		NodeName: "node-1",
+		ClusterConfigs: []*v1alpha1.TendrilBGPClusterConfig{clusterConfig("all", nil,
+			v1alpha1.BGPPeer{Name: "tor", PeerAddress: "172.30.0.1", PeerASN: 65000})},
+		Adverts:    []*v1alpha1.TendrilBGPAdvertisement{advert("svc", "on", entry)},
+		Services:   []*loadbalancer.Service{web, local, odd},
+		LocalReady: func(loadbalancer.ServiceName) bool { return false },
+		Allowed: NewAllowed(nil, pools(t, pool("lb", poolCIDR, nil))).
+			WithServiceCIDRs([]netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}),
+	}
+	d := Compute(in)
+	want := []string{"10.96.0.10/32 service default/web", "172.30.1.5/32 service default/web"}
+	if got := prefixes(d.Adverts); !slices.Equal(got, want) {
+		t.Errorf("adverts %q, want %q (the LB address is not asked for; local's wait for a ready backend)", got, want)
+	}
+	var refused []string
+	for _, r := range d.Refused {
+		refused = append(refused, r.String())
+	}
+	wantRefused := []string{
+		"8.8.8.8/32 (service default/web): 8.8.8.8: in no TendrilLoadBalancerIPPool",
+		"10.97.0.1/32 (service default/odd): 10.97.0.1: in none of the cluster's service CIDRs",
+	}
+	slices.Sort(refused)
+	slices.Sort(wantRefused)
+	if !slices.Equal(refused, wantRefused) {
+		t.Errorf("refused %q, want %q", refused, wantRefused)
+	}
+	for _, a := range d.Adverts {
+		if err := in.Allowed.Admit(a.Prefix); err != nil {
+			t.Errorf("advert %s not admitted by the speaker's guard: %v", a.Prefix, err)
+		}
+	}
+
+	// With a ready local backend, local's addresses go too; without any
+	// ServiceCIDR known, no cluster IP is announced.
+	in.LocalReady = func(loadbalancer.ServiceName) bool { return true }
+	in.Allowed = NewAllowed(nil, pools(t, pool("lb", poolCIDR, nil)))
+	d = Compute(in)
+	want = []string{"172.30.1.5/32 service default/web", "172.30.1.6/32 service default/local"}
+	if got := prefixes(d.Adverts); !slices.Equal(got, want) {
+		t.Errorf("without service CIDRs: adverts %q, want %q", got, want)
+	}
+	found := false
+	for _, r := range d.Refused {
+		found = found || strings.Contains(r.Reason, "service CIDRs are not known")
+	}
+	if !found {
+		t.Errorf("without service CIDRs: refusals %v lack the reason", d.Refused)
+	}
+}

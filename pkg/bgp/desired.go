@@ -200,19 +200,20 @@ func Compute(in Input) Desired {
 					d.Errors = append(d.Errors, fmt.Sprintf("TendrilBGPAdvertisement %s: advertisement %d: Service without service", a.Name, i))
 					continue
 				}
+				if bad := unknownAddressKinds(e.Service.Addresses); len(bad) > 0 {
+					d.Errors = append(d.Errors, fmt.Sprintf("TendrilBGPAdvertisement %s: advertisement %d: unknown address kinds %q", a.Name, i, bad))
+					continue
+				}
 				svcSel, err := selector(e.Service.Selector)
 				if err != nil {
 					d.Errors = append(d.Errors, fmt.Sprintf("TendrilBGPAdvertisement %s: advertisement %d: selector: %v", a.Name, i, err))
-					continue
-				}
-				if !slices.Contains(e.Service.Addresses, v1alpha1.BGPServiceAddressLoadBalancerIP) {
 					continue
 				}
 				for _, s := range in.Services {
 					if !svcSel.Matches(labels.Set(s.Labels)) {
 						continue
 					}
-					d.serviceAdverts(in, s, add)
+					d.serviceAdverts(in, s, e.Service.Addresses, add)
 				}
 			default:
 				d.Errors = append(d.Errors, fmt.Sprintf("TendrilBGPAdvertisement %s: advertisement %d: unknown type %q", a.Name, i, e.AdvertisementType))
@@ -230,23 +231,51 @@ func Compute(in Input) Desired {
 	return d
 }
 
-// serviceAdverts adds a Service's load-balancer addresses: each must lie
-// in a pool that serves the Service; with externalTrafficPolicy Local,
-// only while the node has a ready backend of it.
-func (d *Desired) serviceAdverts(in Input, s *loadbalancer.Service, add func(netip.Prefix, string)) {
+// serviceAdverts adds a Service's addresses of the kinds asked for.
+// Load-balancer and external addresses must lie in a pool that serves
+// the Service (external IPs are whatever the Service's writer put there:
+// CVE-2020-8554), and with externalTrafficPolicy Local are announced only
+// while the node has a ready backend of it; cluster IPs must lie in the
+// cluster's service CIDRs, and with internalTrafficPolicy Local follow the
+// same rule.
+func (d *Desired) serviceAdverts(in Input, s *loadbalancer.Service, kinds []string, add func(netip.Prefix, string)) {
 	source := "service " + s.Name.String()
-	if s.ExternalTrafficPolicy == "Local" && (in.LocalReady == nil || !in.LocalReady(s.Name)) {
-		return
-	}
-	for _, a := range s.LoadBalancerIPs {
-		a = a.Unmap()
-		p := netip.PrefixFrom(a, a.BitLen())
-		if err := in.Allowed.admitService(a, s.Labels); err != nil {
-			d.Refused = append(d.Refused, Refusal{Prefix: p, Source: source, Reason: err.Error()})
-			continue
+	local := in.LocalReady != nil && in.LocalReady(s.Name)
+	each := func(addrs []netip.Addr, admit func(netip.Addr) error) {
+		for _, a := range addrs {
+			a = a.Unmap()
+			p := netip.PrefixFrom(a, a.BitLen())
+			if err := admit(a); err != nil {
+				d.Refused = append(d.Refused, Refusal{Prefix: p, Source: source, Reason: err.Error()})
+				continue
+			}
+			add(p, source)
 		}
-		add(p, source)
 	}
+	inPool := func(a netip.Addr) error { return in.Allowed.admitService(a, s.Labels) }
+	externalOK := s.ExternalTrafficPolicy != "Local" || local
+	if slices.Contains(kinds, v1alpha1.BGPServiceAddressLoadBalancerIP) && externalOK {
+		each(s.LoadBalancerIPs, inPool)
+	}
+	if slices.Contains(kinds, v1alpha1.BGPServiceAddressExternalIP) && externalOK {
+		each(s.ExternalIPs, inPool)
+	}
+	if slices.Contains(kinds, v1alpha1.BGPServiceAddressClusterIP) && (s.InternalTrafficPolicy != "Local" || local) {
+		each(s.Addresses, in.Allowed.admitClusterIP)
+	}
+}
+
+// unknownAddressKinds are the kinds in kinds that are none of the three.
+func unknownAddressKinds(kinds []string) []string {
+	var bad []string
+	for _, k := range kinds {
+		switch k {
+		case v1alpha1.BGPServiceAddressLoadBalancerIP, v1alpha1.BGPServiceAddressExternalIP, v1alpha1.BGPServiceAddressClusterIP:
+		default:
+			bad = append(bad, k)
+		}
+	}
+	return bad
 }
 
 func comparePrefix(a, b netip.Prefix) int {

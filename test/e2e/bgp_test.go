@@ -261,6 +261,40 @@ func TestPrivilegedLabBGP(t *testing.T) {
 		return !strings.Contains(r, "community") && viaAll(r, nodeAddrs...) == nil, fmt.Errorf("%s", r)
 	})
 
+	// Cluster IPs asked for too: the Service's cluster IP, inside the API
+	// server's default ServiceCIDR, reaches the router from both nodes,
+	// and goes when the kind is taken off again.
+	setServiceKinds := func(kinds ...string) {
+		t.Helper()
+		adv, err := e.k8.Tendril.TendrilV1alpha1().TendrilBGPAdvertisements().Get(ctx, "lab", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range adv.Spec.Advertisements {
+			if adv.Spec.Advertisements[i].Service != nil {
+				adv.Spec.Advertisements[i].Service.Addresses = kinds
+			}
+		}
+		if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilBGPAdvertisements().Update(ctx, adv, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	created, err = e.cs.CoreV1().Services(ns).Get(ctx, "bgp", metav1.GetOptions{})
+	if err != nil || created.Spec.ClusterIP == "" {
+		t.Fatalf("the Service's cluster IP: %v", err)
+	}
+	clusterIP := created.Spec.ClusterIP + "/32"
+	setServiceKinds(v1alpha1.BGPServiceAddressLoadBalancerIP, v1alpha1.BGPServiceAddressClusterIP)
+	eventually(t, "the router to learn the cluster IP "+clusterIP+" from both nodes", func() (bool, error) {
+		r := birdRoute(t, e, clusterIP)
+		return viaAll(r, nodeAddrs...) == nil, fmt.Errorf("%s", r)
+	})
+	setServiceKinds(v1alpha1.BGPServiceAddressLoadBalancerIP)
+	eventually(t, "the router to drop the cluster IP "+clusterIP, func() (bool, error) {
+		r := birdRoute(t, e, clusterIP)
+		return r == "", fmt.Errorf("still there:\n%s", r)
+	})
+
 	// A peer no one answers at: the nodes say why in their status and in
 	// `tendril bgp peers`; the other session stays up.
 	const nowhere = "172.30.0.230"

@@ -226,7 +226,7 @@ func (cp *ControlPlane) pass(ctx context.Context, s Snapshot, svcs []*loadbalanc
 		}
 		pools = append(pools, pp)
 	}
-	allowed := bgp.NewAllowed(podCIDRs, pools)
+	allowed := bgp.NewAllowed(podCIDRs, pools).WithServiceCIDRs(s.ServiceCIDRs)
 	d := bgp.Compute(bgp.Input{NodeName: cp.node, NodeLabels: s.NodeLabels, PodCIDRs: podCIDRs,
 		ClusterConfigs: s.ClusterConfigs, PeerConfigs: s.PeerConfigs, Adverts: s.Adverts,
 		Services: svcs, LocalReady: localReady, Allowed: allowed, Passwords: s.Passwords, SecretsNamespace: cp.secretsNamespace})

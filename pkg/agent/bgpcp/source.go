@@ -36,6 +36,10 @@ type Snapshot struct {
 	// Passwords are the "password" keys of the Secrets of the BGP secrets
 	// namespace, by Secret name.
 	Passwords map[string]string
+	// ServiceCIDRs are the cluster's, from its ServiceCIDR objects (the
+	// API server allocates cluster IPs there): where a cluster IP may be
+	// announced.
+	ServiceCIDRs []netip.Prefix
 }
 
 // Source starts following the cluster (once the agent is connected):
@@ -90,7 +94,9 @@ func kubeSource(k *agentk8s.Client, node, secretsNamespace string) Source {
 		sf := informers.NewSharedInformerFactoryWithOptions(clients.Core, 0, informers.WithNamespace(secretsNamespace),
 			informers.WithTransform(k8s.StripManagedFields))
 		secrets := sf.Core().V1().Secrets()
-		for _, inf := range []cache.SharedIndexInformer{ccs.Informer(), pcs.Informer(), ads.Informer(), secrets.Informer()} {
+		cf := informers.NewSharedInformerFactoryWithOptions(clients.Core, 0, informers.WithTransform(k8s.StripManagedFields))
+		serviceCIDRs := cf.Networking().V1().ServiceCIDRs()
+		for _, inf := range []cache.SharedIndexInformer{ccs.Informer(), pcs.Informer(), ads.Informer(), secrets.Informer(), serviceCIDRs.Informer()} {
 			if _, err := inf.AddEventHandler(handler); err != nil {
 				unPools()
 				unNodes()
@@ -99,7 +105,8 @@ func kubeSource(k *agentk8s.Client, node, secretsNamespace string) Source {
 		}
 		f.Start(ctx.Done())
 		sf.Start(ctx.Done())
-		context.AfterFunc(ctx, func() { unPools(); unNodes(); f.Shutdown(); sf.Shutdown() })
+		cf.Start(ctx.Done())
+		context.AfterFunc(ctx, func() { unPools(); unNodes(); f.Shutdown(); sf.Shutdown(); cf.Shutdown() })
 		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
 			if !ok {
 				return nil, nil, nil, fmt.Errorf("BGP objects: %s not synced", typ)
@@ -108,6 +115,11 @@ func kubeSource(k *agentk8s.Client, node, secretsNamespace string) Source {
 		for typ, ok := range sf.WaitForCacheSync(ctx.Done()) {
 			if !ok {
 				return nil, nil, nil, fmt.Errorf("BGP secrets in %s: %s not synced", secretsNamespace, typ)
+			}
+		}
+		for typ, ok := range cf.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				return nil, nil, nil, fmt.Errorf("ServiceCIDRs: %s not synced", typ)
 			}
 		}
 		read := func() Snapshot {
@@ -124,6 +136,14 @@ func kubeSource(k *agentk8s.Client, node, secretsNamespace string) Source {
 			for _, sec := range list {
 				if pw, ok := sec.Data["password"]; ok {
 					s.Passwords[sec.Name] = string(pw)
+				}
+			}
+			cidrs, _ := serviceCIDRs.Lister().List(labels.Everything())
+			for _, c := range cidrs {
+				for _, v := range c.Spec.CIDRs {
+					if p, err := netip.ParsePrefix(v); err == nil {
+						s.ServiceCIDRs = append(s.ServiceCIDRs, p.Masked())
+					}
 				}
 			}
 			return s

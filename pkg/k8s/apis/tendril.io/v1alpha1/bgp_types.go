@@ -294,13 +294,23 @@ type BGPServiceAdvertisement struct {
 	// Selector picks the Services by label; none: every Service.
 	// +optional
 	Selector *metav1.LabelSelector `json:"selector,omitempty"`
-	// Addresses are the kinds of address announced; only LoadBalancerIP
+	// Addresses are the kinds of address announced: LoadBalancerIP
 	// (status.loadBalancer.ingress addresses that lie in a
-	// TendrilLoadBalancerIPPool) for now.
+	// TendrilLoadBalancerIPPool serving the Service), ExternalIP
+	// (spec.externalIPs, under the same pool rule: anyone who may create a
+	// Service may write any external IP), ClusterIP (the cluster IPs, inside
+	// the cluster's ServiceCIDRs).
 	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:items:Enum=LoadBalancerIP;ExternalIP;ClusterIP
 	Addresses []string `json:"addresses"`
 }
 
 // BGPServiceAddressLoadBalancerIP is a Service's load-balancer ingress
 // address.
 const BGPServiceAddressLoadBalancerIP = "LoadBalancerIP"
+
+// BGPServiceAddressExternalIP is a Service's spec.externalIPs address.
+const BGPServiceAddressExternalIP = "ExternalIP"
+
+// BGPServiceAddressClusterIP is a Service's cluster IP.
+const BGPServiceAddressClusterIP = "ClusterIP"
