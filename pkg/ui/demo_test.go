@@ -165,20 +165,27 @@ func demoFlows(t testing.TB, base time.Time, rounds int) []*flowpb.Flow {
 // observer fed the demo's events, on a unix socket.
 type demoServer struct {
 	obs    *observer.Observer
+	srv    *hubble.Server
 	socket string
 	base   time.Time
 }
 
-func newDemoServer(t testing.TB) *demoServer {
+// newDemoServer starts the server; opts add to its configuration (a TCP
+// listener with TLS).
+func newDemoServer(t testing.TB, opts ...func(*hubble.Config)) *demoServer {
 	t.Helper()
 	base := time.Now()
 	s := &demoServer{base: base, socket: filepath.Join(t.TempDir(), "hubble.sock")}
 	s.obs = observer.New(observer.Config{Capacity: 65536, Clock: demoClock(base)}, demoNode{}, nil)
-	srv := hubble.New(hubble.Config{SocketPath: s.socket, Version: "test"}, s.obs, nil)
-	if err := srv.Start(); err != nil {
+	cfg := hubble.Config{SocketPath: s.socket, Version: "test"}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	s.srv = hubble.New(cfg, s.obs, nil)
+	if err := s.srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(srv.Stop)
+	t.Cleanup(s.srv.Stop)
 	return s
 }
 

@@ -2,6 +2,7 @@ package ui
 
 import (
 	"context"
+	"crypto/tls"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -19,6 +20,7 @@ import (
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	observerpb "github.com/cilium/cilium/api/v1/observer"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -33,6 +35,9 @@ type Config struct {
 	// Relay is the Observer API to read: unix://PATH, a path, or
 	// host:port (the relay's, or one node's).
 	Relay string
+	// RelayTLS secures the connection to the relay (RelayTLS.Config);
+	// nil: plain text.
+	RelayTLS *tls.Config
 	// Capacity is how many recent flows the UI keeps (DefaultCapacity
 	// when 0): the map, the table and the policy view see these.
 	Capacity int
@@ -172,7 +177,11 @@ func DialTarget(server string) string {
 // reconnecting after a failure. It first asks for as many past flows as the
 // store holds, then for new ones only.
 func (s *Server) ReadRelay(ctx context.Context) error {
-	conn, err := grpc.NewClient(DialTarget(s.cfg.Relay), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if s.cfg.RelayTLS != nil {
+		creds = credentials.NewTLS(s.cfg.RelayTLS)
+	}
+	conn, err := grpc.NewClient(DialTarget(s.cfg.Relay), grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return fmt.Errorf("connect to relay %s: %w", s.cfg.Relay, err)
 	}
@@ -246,6 +255,7 @@ func writeError(w http.ResponseWriter, code int, err error) {
 // Status is /api/status's answer.
 type Status struct {
 	Relay       string `json:"relay"`
+	RelayTLS    bool   `json:"relayTLS"`
 	Connected   bool   `json:"connected"`
 	Error       string `json:"error,omitempty"`
 	Flows       int    `json:"flows"`
@@ -258,7 +268,7 @@ type Status struct {
 
 func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
-	st := Status{Relay: s.cfg.Relay, Connected: s.connected, Error: s.lastErr, Capacity: s.cfg.Capacity, RulesSource: s.cfg.RulesSource,
+	st := Status{Relay: s.cfg.Relay, RelayTLS: s.cfg.RelayTLS != nil, Connected: s.connected, Error: s.lastErr, Capacity: s.cfg.Capacity, RulesSource: s.cfg.RulesSource,
 		History: len(s.cfg.HistoryFiles) > 0}
 	s.mu.Unlock()
 	st.Flows, st.Seen = s.store.Len(), s.store.Seen()
