@@ -215,9 +215,25 @@ var Cell = cell.Module("flows", "Flows observed from the datapath events and the
 	cell.Invoke(Config.validate),
 	cell.Invoke(func(*Module) {}),
 	cell.Config(DefaultConfig()),
-	cell.Provide(New, statusContribution, nodeEventsOf, traceMode),
+	cell.Provide(New, statusContribution, nodeEventsOf, traceMode, l7SinkOf),
 	cell.ProvidePrivate(nodeOf),
 )
+
+// l7SinkOf is where the node's proxies (DNS, HTTP) publish their L7
+// flows: the observer, so they are served, counted and exported as the
+// datapath's are; with flows off, a sink that drops them (the proxies
+// still enforce).
+func l7SinkOf(m *Module) observer.L7Sink {
+	if m == nil {
+		return discardL7{}
+	}
+	return m.observer
+}
+
+// discardL7 is the sink without an observer.
+type discardL7 struct{}
+
+func (discardL7) PublishL7(*flowpb.Flow) {}
 
 // traceMode is the trace events the datapath reports (its loader's
 // configuration, and the socket load-balancer's): this cell's
