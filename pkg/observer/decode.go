@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"golang.org/x/sys/unix"
@@ -394,6 +395,12 @@ func (d *Decoder) complete(f *flowpb.Flow) {
 	if f.EventType == nil {
 		f.EventType = &flowpb.CiliumEventType{Type: MessageTypeAccessLog}
 	}
+	if h := f.GetL7().GetHttp(); h != nil {
+		// What a pod sent, kept in the ring: bounded, so a pod cannot make
+		// the ring hold megabytes per flow.
+		h.Url = truncate(h.Url, MaxL7Text)
+		h.Method = truncate(h.Method, MaxL7Text)
+	}
 	src, _ := netip.ParseAddr(f.GetIP().GetSource())
 	dst, _ := netip.ParseAddr(f.GetIP().GetDestination())
 	f.Source = d.fill(f.Source, src)
@@ -406,6 +413,24 @@ func (d *Decoder) complete(f *flowpb.Flow) {
 		}
 		f.DestinationService = service(svc, dst, uint16(port), proto)
 	}
+}
+
+// MaxL7Text bounds the text of an L7 flow a pod chose (an HTTP URL,
+// its method) as the ring keeps it: Go's HTTP request reading bounds no
+// line, and the ring holds thousands of flows.
+const MaxL7Text = 4096
+
+// truncate cuts s to at most n bytes, on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "..."
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 // fill completes one side of a proxy's flow: the local endpoint of its

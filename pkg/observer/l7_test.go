@@ -2,9 +2,11 @@ package observer
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 
@@ -99,5 +101,31 @@ func TestPublishL7BesideTheDecoder(t *testing.T) {
 	wg.Wait()
 	if n != 3*each || o.Ring().Seen() != 3*each {
 		t.Fatalf("consumed %d, ring %d; want %d", n, o.Ring().Seen(), 3*each)
+	}
+}
+
+// TestPublishL7BoundsWhatAPodSent: an HTTP flow's URL and method, which
+// a pod chooses, are kept at most MaxL7Text bytes (cut on a rune
+// boundary), so the ring cannot be made to hold megabytes per flow.
+func TestPublishL7BoundsWhatAPodSent(t *testing.T) {
+	o := New(Config{Clock: fixedClock}, fakeNode{}, nil)
+	long := "http://web/" + strings.Repeat("é", 1<<19) // a megabyte
+	method := strings.Repeat("X", MaxL7Text+1)
+	o.PublishL7(&flowpb.Flow{IP: &flowpb.IP{Source: webIP.String(), Destination: dbIP.String()}, Source: &flowpb.Endpoint{ID: web.ID},
+		L7: &flowpb.Layer7{Type: flowpb.L7FlowType_RESPONSE, Record: &flowpb.Layer7_Http{Http: &flowpb.HTTP{Url: long, Method: method, Code: 403}}}})
+	o.PublishL7(&flowpb.Flow{L7: &flowpb.Layer7{Record: &flowpb.Layer7_Http{Http: &flowpb.HTTP{Url: "http://web/healthz", Method: "GET"}}}})
+	f, ok := o.Ring().At(0)
+	if !ok {
+		t.Fatal("not in the ring")
+	}
+	h := f.GetL7().GetHttp()
+	if len(h.GetUrl()) > MaxL7Text || !strings.HasPrefix(h.GetUrl(), "http://web/é") || !strings.HasSuffix(h.GetUrl(), "...") || !utf8.ValidString(h.GetUrl()) {
+		t.Errorf("URL kept: %d bytes, valid UTF-8 %v", len(h.GetUrl()), utf8.ValidString(h.GetUrl()))
+	}
+	if len(h.GetMethod()) > MaxL7Text {
+		t.Errorf("method kept: %d bytes", len(h.GetMethod()))
+	}
+	if g, _ := o.Ring().At(1); g.GetL7().GetHttp().GetUrl() != "http://web/healthz" || g.GetL7().GetHttp().GetMethod() != "GET" {
+		t.Errorf("a short request changed: %v", g.GetL7())
 	}
 }
