@@ -481,7 +481,7 @@ type flowsCollector struct {
 func newFlowsCollector(obs *observer.Observer) *flowsCollector {
 	return &flowsCollector{
 		obs:       obs,
-		seen:      prometheus.NewDesc("tendril_hubble_flows_seen_total", "Flows decoded from the datapath's events into the ring.", nil, nil),
+		seen:      prometheus.NewDesc("tendril_hubble_flows_seen_total", "Flows written to the ring: decoded from the datapath's events, and the proxies' L7 flows.", nil, nil),
 		errors:    prometheus.NewDesc("tendril_hubble_decode_errors_total", "Datapath events that could not be decoded into flows.", nil, nil),
 		followers: prometheus.NewDesc("tendril_hubble_followers", "GetFlows streams following the ring.", nil, nil),
 	}
