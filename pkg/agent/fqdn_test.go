@@ -5,11 +5,16 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"github.com/cilium/cilium/api/v1/models"
+	"github.com/cilium/hive/cell"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentflows"
+	"github.com/tendril-net/tendril/pkg/agent/agentfqdn"
 	"github.com/tendril-net/tendril/pkg/client"
 )
 
@@ -50,5 +55,43 @@ func TestFQDNCacheRestoredAndServed(t *testing.T) {
 	var names models.NameManager
 	if err := c.Do(context.Background(), http.MethodGet, "/fqdn/names", nil, nil, nil, &names); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The FQDN cell's DNS proxy configuration publishes its L7 flows into the
+// flows cell's observer: a flow handed to it is counted among the flows
+// the node's Hubble serves.
+func TestFQDNProxyFlowsReachTheObserver(t *testing.T) {
+	dir := t.TempDir()
+	flags := testFlags(dir, map[string]string{"enable-datapath": "true"})
+	var mgr *agentfqdn.Manager
+	var flows *agentflows.Module
+	if _, err := newTestAgent(Deps{Log: testLogger(t)}, flags, cell.Invoke(func(m *agentfqdn.Manager, f *agentflows.Module) {
+		mgr, flows = m, f
+	})); err != nil {
+		t.Fatal(err)
+	}
+	if flows == nil {
+		t.Fatal("no flows module with the datapath on")
+	}
+	seen := func() string {
+		for _, l := range flows.StatusSection().Lines {
+			if l.Key == "flows seen" {
+				return l.Value
+			}
+		}
+		return ""
+	}
+	if s := seen(); !strings.HasPrefix(s, "0 ") {
+		t.Fatalf("flows seen before: %q", s)
+	}
+	cfg := mgr.ProxyConfig()
+	if cfg.Flow == nil || cfg.Learned == nil {
+		t.Fatalf("proxy configuration without its hooks: flow %v, learned %v", cfg.Flow != nil, cfg.Learned != nil)
+	}
+	cfg.Flow(&flowpb.Flow{IP: &flowpb.IP{Source: "10.1.0.2", Destination: "10.1.0.3"},
+		L7: &flowpb.Layer7{Type: flowpb.L7FlowType_RESPONSE, Record: &flowpb.Layer7_Dns{Dns: &flowpb.DNS{Query: "world.example."}}}})
+	if s := seen(); !strings.HasPrefix(s, "1 ") {
+		t.Fatalf("flows seen after the proxy's flow: %q", s)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tendril-net/tendril/pkg/hubble"
+	"github.com/tendril-net/tendril/pkg/hubble/flowmetrics"
 	"github.com/tendril-net/tendril/pkg/observer"
 )
 
@@ -93,7 +94,7 @@ A flag without from-/to- matches either side (two filters, as hubble builds them
 	f.StringSliceVar(&o.protocol, "protocol", nil, "tcp, udp, sctp, icmp, icmpv4, icmpv6")
 	f.StringSliceVar(&o.verdict, "verdict", nil, "FORWARDED, DROPPED or AUDIT (what an audit-mode policy would have denied)")
 	f.StringSliceVar(&o.dropReason, "drop-reason", nil, "Drop reason (POLICY_DENIED, POLICY_DENY, ...)")
-	f.StringSliceVarP(&o.types, "type", "t", nil, "Event type: drop, trace, trace:to-endpoint, trace:from-endpoint, policy-verdict")
+	f.StringSliceVarP(&o.types, "type", "t", nil, "Event type: drop, trace, trace:to-endpoint, trace:from-endpoint, policy-verdict, trace-sock, l7")
 	f.StringSliceVar(&o.nodes, "node-name", nil, "Node name pattern (node-*)")
 	f.StringArrayVar(&o.tcpFlags, "tcp-flags", nil, "TCP flags the flow has, e.g. SYN or SYN,ACK (repeat for any of)")
 	f.BoolSliceVar(&o.reply, "is-reply", nil, "Replies (true) or not (false)")
@@ -270,8 +271,10 @@ func eventType(s string) (*flowpb.EventTypeFilter, error) {
 		return &flowpb.EventTypeFilter{Type: observer.MessageTypePolicyVerdict}, nil
 	case "trace-sock":
 		return &flowpb.EventTypeFilter{Type: observer.MessageTypeTraceSock}, nil
+	case "l7":
+		return &flowpb.EventTypeFilter{Type: observer.MessageTypeAccessLog}, nil
 	}
-	return nil, fmt.Errorf("--type %q: want drop, trace, trace:to-endpoint, trace:from-endpoint, policy-verdict or trace-sock", s)
+	return nil, fmt.Errorf("--type %q: want drop, trace, trace:to-endpoint, trace:from-endpoint, policy-verdict, trace-sock or l7", s)
 }
 
 // dialTarget turns --server into a gRPC target.
@@ -434,8 +437,49 @@ func typeName(f *flowpb.Flow) string {
 		return "to-endpoint"
 	case observer.MessageTypeTraceSock:
 		return "post-xlate-fwd"
+	case observer.MessageTypeAccessLog:
+		// As hubble prints them: dns-response, http-request.
+		kind := "l7"
+		switch {
+		case f.GetL7().GetDns() != nil:
+			kind = "dns"
+		case f.GetL7().GetHttp() != nil:
+			kind = "http"
+		}
+		switch f.GetL7().GetType() {
+		case flowpb.L7FlowType_REQUEST:
+			return kind + "-request"
+		case flowpb.L7FlowType_RESPONSE:
+			return kind + "-response"
+		}
+		return kind
 	}
 	return "unknown"
+}
+
+// l7Text is what an L7 flow's record says: the DNS query and its answer,
+// or the HTTP request and its response.
+func l7Text(f *flowpb.Flow) string {
+	l7 := f.GetL7()
+	latency := time.Duration(l7.GetLatencyNs()).Round(time.Microsecond)
+	if d := l7.GetDns(); d != nil {
+		s := fmt.Sprintf("DNS %s %s %s", d.GetQuery(), strings.Join(d.GetQtypes(), ","), flowmetrics.RcodeName(d.GetRcode()))
+		if len(d.GetIps()) > 0 {
+			s += fmt.Sprintf(" %s TTL %d", strings.Join(d.GetIps(), ","), d.GetTtl())
+		}
+		if len(d.GetCnames()) > 0 {
+			s += " CNAME " + strings.Join(d.GetCnames(), ",")
+		}
+		return s + " " + latency.String()
+	}
+	if h := l7.GetHttp(); h != nil {
+		s := fmt.Sprintf("%s %s %s", h.GetProtocol(), h.GetMethod(), h.GetUrl())
+		if h.GetCode() != 0 {
+			s += fmt.Sprintf(" => %d", h.GetCode())
+		}
+		return s + " " + latency.String()
+	}
+	return ""
 }
 
 // detail is the compact line's tail: drop reason, TCP flags, policy.
@@ -455,6 +499,13 @@ func detail(f *flowpb.Flow) string {
 
 func summary(f *flowpb.Flow) string {
 	var parts []string
+	if f.GetL7() != nil {
+		// The record, then the proxy's reason (the rule, or why not).
+		parts = append(parts, l7Text(f))
+		if s := f.GetSummary(); s != "" {
+			parts = append(parts, s)
+		}
+	}
 	if svc := f.GetDestinationService(); f.GetType() == flowpb.FlowType_SOCK && svc != nil {
 		parts = append(parts, "service "+svc.GetNamespace()+"/"+svc.GetName())
 	}

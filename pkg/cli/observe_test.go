@@ -11,6 +11,8 @@ import (
 	observerpb "github.com/cilium/cilium/api/v1/observer"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/hubble"
 	"github.com/tendril-net/tendril/pkg/hubble/hubbletest"
 	"github.com/tendril-net/tendril/pkg/observer"
@@ -184,7 +186,8 @@ func TestObserveRequest(t *testing.T) {
 		{o: observeOptions{all: true, verdict: []string{"dropped"}}, nf: 1},
 		{o: observeOptions{pod: []string{"ns/a"}, verdict: []string{"DROPPED"}}, number: 20, nf: 2},
 		{o: observeOptions{verdict: []string{"sideways"}}, err: true},
-		{o: observeOptions{types: []string{"l7"}}, err: true},
+		{o: observeOptions{types: []string{"l8"}}, err: true},
+		{o: observeOptions{types: []string{"l7"}}, number: 20, nf: 1},
 		{o: observeOptions{since: "5m"}, number: 0},
 	}
 	for i, c := range cases {
@@ -247,6 +250,50 @@ func TestObserveVerdictHelpNamesEveryVerdict(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), v) {
 			t.Errorf("--verdict error %v does not name %s", err, v)
+		}
+	}
+}
+
+// TestObserveL7Flows: `tendril observe --type l7` asks for the proxies'
+// flows alone and prints each readably: the DNS query, its rcode and
+// answer, the HTTP request and its status, and the proxy's reason.
+func TestObserveL7Flows(t *testing.T) {
+	obs := observer.New(observer.Config{}, hubbletest.Node{Name: "node-a"}, nil)
+	// A datapath flow the filter must leave out.
+	if err := obs.Observe(loader.Event{Type: maps.EventTrace, Direction: maps.DirEgress, EndpointID: 1, Proto: 6,
+		Src: hubbletest.WebIP, Dst: hubbletest.DBIP, SrcPort: 40000, DstPort: 5432, TCPFlags: 0x02, ObsPoint: maps.ObsFromEndpoint}); err != nil {
+		t.Fatal(err)
+	}
+	// As the proxies build them (pkg/fqdn, pkg/l7proxy).
+	udp := &flowpb.Layer4{Protocol: &flowpb.Layer4_UDP{UDP: &flowpb.UDP{SourcePort: 34561, DestinationPort: 53}}}
+	tcp := &flowpb.Layer4{Protocol: &flowpb.Layer4_TCP{TCP: &flowpb.TCP{SourcePort: 58808, DestinationPort: 5432}}}
+	web := func() *flowpb.Endpoint { return &flowpb.Endpoint{ID: 1, Identity: hubbletest.WebIdentity} }
+	ip := &flowpb.IP{Source: hubbletest.WebIP.String(), Destination: hubbletest.DBIP.String(), IpVersion: flowpb.IPVersion_IPv4}
+	obs.PublishL7(&flowpb.Flow{Type: flowpb.FlowType_L7, EventType: &flowpb.CiliumEventType{Type: observer.MessageTypeAccessLog},
+		Verdict: flowpb.Verdict_FORWARDED, IP: ip, L4: udp, Source: web(), Summary: "DNS allowed by dns rule matchName: world.example",
+		L7: &flowpb.Layer7{Type: flowpb.L7FlowType_RESPONSE, LatencyNs: 1500000, Record: &flowpb.Layer7_Dns{Dns: &flowpb.DNS{
+			Query: "world.example.", Qtypes: []string{"A"}, Ips: []string{"192.0.2.10"}, Ttl: 30, Rcode: 0, ObservationSource: "proxy"}}}})
+	obs.PublishL7(&flowpb.Flow{Type: flowpb.FlowType_L7, EventType: &flowpb.CiliumEventType{Type: observer.MessageTypeAccessLog},
+		Verdict: flowpb.Verdict_DROPPED, DropReasonDesc: flowpb.DropReason_POLICY_DENIED, IP: ip, L4: tcp, Source: web(), Summary: "HTTP no http rule allows it",
+		L7: &flowpb.Layer7{Type: flowpb.L7FlowType_RESPONSE, LatencyNs: 250000, Record: &flowpb.Layer7_Http{Http: &flowpb.HTTP{
+			Code: 403, Method: "POST", Url: "http://db/healthz", Protocol: "HTTP/1.1"}}}})
+	sock := filepath.Join(t.TempDir(), "hubble.sock")
+	srv := hubble.New(hubble.Config{SocketPath: sock}, obs, nil)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+
+	lines := observeLines(t, "--server", "unix://"+sock, "--type", "l7", "--all")
+	if len(lines) != 2 {
+		t.Fatalf("--type l7 printed %d lines, want 2:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	for i, want := range []string{
+		"shop/web-7d9f:34561 (ID:1000) -> data/db-0:53 (ID:1001) dns-response FORWARDED DNS world.example. A NOERROR 192.0.2.10 TTL 30 1.5ms; DNS allowed by dns rule matchName: world.example",
+		"shop/web-7d9f:58808 (ID:1000) -> data/db-0:5432 (ID:1001) http-response DROPPED (Policy denied) HTTP/1.1 POST http://db/healthz => 403 250µs; HTTP no http rule allows it",
+	} {
+		if !strings.Contains(lines[i], want) {
+			t.Errorf("line %d:\n%s\nlacks\n%s", i, lines[i], want)
 		}
 	}
 }

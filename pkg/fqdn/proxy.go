@@ -186,10 +186,12 @@ func addrPort(a net.Addr) netip.AddrPort {
 
 func flowFor(src, dst netip.AddrPort, network string) *flowpb.Flow {
 	f := &flowpb.Flow{
-		Type:      flowpb.FlowType_L7,
-		IP:        &flowpb.IP{Source: src.Addr().String(), Destination: dst.Addr().String()},
-		IsReply:   nil,
-		EventType: &flowpb.CiliumEventType{Type: 129}, // MessageTypeAccessLog
+		Type: flowpb.FlowType_L7,
+		IP:   &flowpb.IP{Source: src.Addr().String(), Destination: dst.Addr().String()},
+		// A pod's lookup is what it sends: the reporter of the dns
+		// metrics is the client.
+		TrafficDirection: flowpb.TrafficDirection_EGRESS,
+		EventType:        &flowpb.CiliumEventType{Type: 129}, // MessageTypeAccessLog
 	}
 	if network == "tcp" {
 		f.L4 = &flowpb.Layer4{Protocol: &flowpb.Layer4_TCP{TCP: &flowpb.TCP{SourcePort: uint32(src.Port()), DestinationPort: uint32(dst.Port())}}}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"golang.org/x/sys/unix"
@@ -25,6 +26,9 @@ const (
 	// MessageTypeTraceSock: a socket translated at connect (Cilium's
 	// CILIUM_NOTIFY_TRACE_SOCK; `hubble observe --type trace-sock`).
 	MessageTypeTraceSock = 7
+	// MessageTypeAccessLog: an L7 flow of a proxy (DNS, HTTP), Cilium's
+	// access log record; `hubble observe --type l7` asks for it.
+	MessageTypeAccessLog = 129
 )
 
 // Sub-types of trace flows (flow.CiliumEventType.SubType): the observation
@@ -371,4 +375,97 @@ func newUUID() string {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// complete fills in what a proxy's flow lacks and a decoded one has: the
+// node, a UUID, the time, the L7 event type and both endpoints as the
+// node knows them (the source by its endpoint ID when the proxy named
+// it, else by address; the destination by address), with their labels.
+func (d *Decoder) complete(f *flowpb.Flow) {
+	f.NodeName = d.Node.NodeName()
+	if f.Uuid == "" {
+		f.Uuid = newUUID()
+	}
+	if f.Time == nil {
+		f.Time = timestamppb.New(time.Now())
+	}
+	if f.Type == flowpb.FlowType_UNKNOWN_TYPE {
+		f.Type = flowpb.FlowType_L7
+	}
+	if f.EventType == nil {
+		f.EventType = &flowpb.CiliumEventType{Type: MessageTypeAccessLog}
+	}
+	if h := f.GetL7().GetHttp(); h != nil {
+		// What a pod sent, kept in the ring: bounded, so a pod cannot make
+		// the ring hold megabytes per flow.
+		h.Url = truncate(h.Url, MaxL7Text)
+		h.Method = truncate(h.Method, MaxL7Text)
+	}
+	src, _ := netip.ParseAddr(f.GetIP().GetSource())
+	dst, _ := netip.ParseAddr(f.GetIP().GetDestination())
+	f.Source = d.fill(f.Source, src)
+	f.Destination = d.fill(f.Destination, dst)
+	if svc, ok := d.Node.(ServiceKnowledge); ok && dst.IsValid() {
+		proto := uint8(6) // TCP
+		port := f.GetL4().GetTCP().GetDestinationPort()
+		if u := f.GetL4().GetUDP(); u != nil {
+			proto, port = 17, u.GetDestinationPort()
+		}
+		f.DestinationService = service(svc, dst, uint16(port), proto)
+	}
+}
+
+// MaxL7Text bounds the text of an L7 flow a pod chose (an HTTP URL,
+// its method) as the ring keeps it: Go's HTTP request reading bounds no
+// line, and the ring holds thousands of flows.
+const MaxL7Text = 4096
+
+// truncate cuts s to at most n bytes, on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "..."
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
+// fill completes one side of a proxy's flow: the local endpoint of its
+// ID, else the endpoint holding its address; what the proxy said (its
+// identity) is kept.
+func (d *Decoder) fill(ep *flowpb.Endpoint, addr netip.Addr) *flowpb.Endpoint {
+	if ep == nil {
+		ep = &flowpb.Endpoint{}
+	}
+	e, ok := Endpoint{}, false
+	if ep.ID != 0 && ep.ID <= 0xffff {
+		e, ok = d.Node.EndpointByID(uint16(ep.ID))
+	}
+	if !ok && addr.IsValid() {
+		e, ok = d.Node.EndpointByIP(addr)
+	}
+	if ok {
+		if ep.ID == 0 {
+			ep.ID = e.ID
+		}
+		if ep.Identity == 0 {
+			ep.Identity = e.Identity
+		}
+		if ep.Namespace == "" {
+			ep.Namespace, ep.PodName = e.Namespace, e.PodName
+		}
+		if len(ep.Labels) == 0 {
+			ep.Labels = e.Labels
+		}
+		if len(ep.Workloads) == 0 && e.WorkloadName != "" {
+			ep.Workloads = []*flowpb.Workload{{Name: e.WorkloadName, Kind: e.WorkloadKind}}
+		}
+	}
+	if len(ep.Labels) == 0 && ep.Identity != 0 {
+		ep.Labels = d.Node.IdentityLabels(ep.Identity)
+	}
+	return ep
 }

@@ -29,6 +29,10 @@ type Observer struct {
 	ring    *Ring
 	start   time.Time
 
+	// publish serialises the consumers and the ring's write: flows come
+	// from the decoding goroutine and from the proxies' (Publish), and
+	// the consumers (the export) are written for one caller at a time.
+	publish   sync.Mutex
 	consumers []func(*flowpb.Flow)
 
 	decodeErrors atomic.Uint64
@@ -78,12 +82,42 @@ func (o *Observer) Observe(ev loader.Event) error {
 		o.decodeErrors.Add(1)
 		return err
 	}
+	o.write(f)
+	return nil
+}
+
+// write hands a complete flow to the consumers, then to the ring.
+func (o *Observer) write(f *flowpb.Flow) {
+	o.publish.Lock()
+	defer o.publish.Unlock()
 	for _, c := range o.consumers {
 		c(f)
 	}
 	o.ring.Write(f)
-	return nil
 }
+
+// L7Sink takes the L7 flows the node's proxies build (the DNS proxy's,
+// the HTTP proxy's) into the flows the observer serves.
+type L7Sink interface {
+	// PublishL7 records one flow; the sink owns it afterwards (the caller
+	// must not change it). Safe for concurrent use.
+	PublishL7(f *flowpb.Flow)
+}
+
+// PublishL7 completes a flow a proxy built (the node's name, a UUID, the
+// time when it has none, the endpoints' pods and labels from what the
+// node knows) and records it as a decoded one: the consumers (metrics,
+// export) see it and the ring keeps it. Safe for concurrent use with
+// Observe.
+func (o *Observer) PublishL7(f *flowpb.Flow) {
+	if f == nil {
+		return
+	}
+	o.decoder.complete(f)
+	o.write(f)
+}
+
+var _ L7Sink = (*Observer)(nil)
 
 // Run feeds the ring from src until ctx ends or src fails; it closes src
 // and returns once its reading goroutine has stopped.

@@ -215,9 +215,25 @@ var Cell = cell.Module("flows", "Flows observed from the datapath events and the
 	cell.Invoke(Config.validate),
 	cell.Invoke(func(*Module) {}),
 	cell.Config(DefaultConfig()),
-	cell.Provide(New, statusContribution, nodeEventsOf, traceMode),
+	cell.Provide(New, statusContribution, nodeEventsOf, traceMode, l7SinkOf),
 	cell.ProvidePrivate(nodeOf),
 )
+
+// l7SinkOf is where the node's proxies (DNS, HTTP) publish their L7
+// flows: the observer, so they are served, counted and exported as the
+// datapath's are; with flows off, a sink that drops them (the proxies
+// still enforce).
+func l7SinkOf(m *Module) observer.L7Sink {
+	if m == nil {
+		return discardL7{}
+	}
+	return m.observer
+}
+
+// discardL7 is the sink without an observer.
+type discardL7 struct{}
+
+func (discardL7) PublishL7(*flowpb.Flow) {}
 
 // traceMode is the trace events the datapath reports (its loader's
 // configuration, and the socket load-balancer's): this cell's
@@ -465,7 +481,7 @@ type flowsCollector struct {
 func newFlowsCollector(obs *observer.Observer) *flowsCollector {
 	return &flowsCollector{
 		obs:       obs,
-		seen:      prometheus.NewDesc("tendril_hubble_flows_seen_total", "Flows decoded from the datapath's events into the ring.", nil, nil),
+		seen:      prometheus.NewDesc("tendril_hubble_flows_seen_total", "Flows written to the ring: decoded from the datapath's events, and the proxies' L7 flows.", nil, nil),
 		errors:    prometheus.NewDesc("tendril_hubble_decode_errors_total", "Datapath events that could not be decoded into flows.", nil, nil),
 		followers: prometheus.NewDesc("tendril_hubble_followers", "GetFlows streams following the ring.", nil, nil),
 	}

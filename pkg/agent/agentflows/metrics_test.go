@@ -26,7 +26,7 @@ func TestMetricsConfigValidate(t *testing.T) {
 		change func(*MetricsConfig)
 		want   string
 	}{
-		{func(c *MetricsConfig) { c.Metrics = []string{"flow", "http"} }, `"http"`},
+		{func(c *MetricsConfig) { c.Metrics = []string{"flow", "kafka"} }, `"kafka"`},
 		{func(c *MetricsConfig) { c.MetricsMaxLabelValues = 0 }, "hubble-metrics-max-label-values"},
 		{func(c *MetricsConfig) { c.ExportFilePath = "flows.json" }, "hubble-export-file-path"},
 		{func(c *MetricsConfig) { c.ExportFilePath = "/tmp/f.json"; c.ExportFileMaxSizeMB = 0 }, "hubble-export-file-max-size-mb"},

@@ -23,6 +23,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/fqdn"
 	"github.com/tendril-net/tendril/pkg/fqdn/fqdnapi"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/observer"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
@@ -69,6 +70,8 @@ type Manager struct {
 	cache    *fqdn.Cache
 	policy   *agentpolicy.Module
 	stateDir string
+	// flows takes the DNS proxy's L7 flows (the flows cell's observer).
+	flows observer.L7Sink
 
 	mu      sync.Mutex
 	lastGen uint64 // the policy's names generation of the last change
@@ -82,6 +85,9 @@ type params struct {
 	Agent  option.Agent
 	Log    *slog.Logger
 	Policy *agentpolicy.Module
+	// Flows is the flows cell's sink of L7 flows; absent in hives
+	// without the flows cell (the proxy then records no flow).
+	Flows observer.L7Sink `optional:"true"`
 }
 
 // New builds the manager and restores the saved cache into the policy's
@@ -90,7 +96,7 @@ type params struct {
 // learned addresses: otherwise it would take them out of the pinned
 // policy maps that kept them allowed while the agent was down.
 func New(p params) *Manager {
-	m := &Manager{log: p.Log, cache: fqdn.NewCache(time.Duration(p.Config.MinTTL)*time.Second, nil), policy: p.Policy, stateDir: p.Agent.StateDir}
+	m := &Manager{log: p.Log, cache: fqdn.NewCache(time.Duration(p.Config.MinTTL)*time.Second, nil), policy: p.Policy, stateDir: p.Agent.StateDir, flows: p.Flows}
 	n, err := m.cache.Restore(m.stateDir)
 	if err != nil {
 		m.log.Warn("FQDN cache not restored; names are learned again at the next lookups", "error", err)
@@ -99,6 +105,19 @@ func New(p params) *Manager {
 	}
 	m.lastGen = m.policy.SetFQDNNames(m.cache.Names())
 	return m
+}
+
+// ProxyConfig is the part of the DNS proxy's configuration this cell
+// owns: Learned puts answers into policy before they are released, Flow
+// publishes each query's L7 flow into the observer (hubble observe
+// --type l7, the dns metrics). The redirect's listener adds the rest
+// (Endpoint, Rules, OrigDst).
+func (m *Manager) ProxyConfig() fqdn.ProxyConfig {
+	cfg := fqdn.ProxyConfig{Learned: m.Learn, Log: m.log}
+	if m.flows != nil {
+		cfg.Flow = m.flows.PublishL7
+	}
+	return cfg
 }
 
 // Cache is the cache.

@@ -31,10 +31,15 @@ const (
 	MetricService = "service"
 	// MetricTCPConnect is the SYN to SYN-ACK histogram.
 	MetricTCPConnect = "tcp-connect"
+	// MetricDNS counts the DNS proxy's queries and responses.
+	MetricDNS = "dns"
+	// MetricHTTP counts the HTTP proxy's requests and responses and
+	// times them.
+	MetricHTTP = "http"
 )
 
 // All is every metric group, in the order the help lists them.
-var All = []string{MetricFlow, MetricDrop, MetricPolicy, MetricService, MetricTCPConnect}
+var All = []string{MetricFlow, MetricDrop, MetricPolicy, MetricService, MetricTCPConnect, MetricDNS, MetricHTTP}
 
 // DefaultDeny is the policy label of a drop no rule asked for: the
 // endpoint enforces policy and nothing allowed the flow.
@@ -94,6 +99,8 @@ type Metrics struct {
 
 	services, workloads, policies *limiter
 	connects                      *connectTracker
+
+	l7 l7Metrics
 }
 
 // New creates the selected metrics and registers them in reg.
@@ -110,6 +117,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Metrics, error) {
 		maxPending = DefaultMaxPending
 	}
 	m := &Metrics{services: newLimiter(maxValues), workloads: newLimiter(maxValues), policies: newLimiter(maxValues)}
+	m.l7.values = newLimiter(maxValues)
 	var cs []prometheus.Collector
 	for _, name := range cfg.Metrics {
 		switch name {
@@ -151,6 +159,10 @@ func New(cfg Config, reg prometheus.Registerer) (*Metrics, error) {
 			}, []string{"service", "destination_workload"})
 			m.connects = newConnectTracker(maxPending)
 			cs = append(cs, m.connectRTT)
+		case MetricDNS:
+			cs = append(cs, newDNSMetrics(&m.l7)...)
+		case MetricHTTP:
+			cs = append(cs, newHTTPMetrics(&m.l7)...)
 		}
 	}
 	for _, c := range cs {
@@ -191,6 +203,9 @@ func (m *Metrics) Observe(f *flowpb.Flow) {
 	}
 	if m.connectRTT != nil {
 		m.observeConnect(f)
+	}
+	if f.GetEventType().GetType() == eventL7 {
+		m.l7.observe(f)
 	}
 }
 
@@ -246,6 +261,14 @@ func eventTypeNames(f *flowpb.Flow) (typ, sub string) {
 		return "trace", "other"
 	case eventPolicyVerdict:
 		return "policy-verdict", ""
+	case eventL7:
+		switch {
+		case f.GetL7().GetDns() != nil:
+			return "l7", "dns"
+		case f.GetL7().GetHttp() != nil:
+			return "l7", "http"
+		}
+		return "l7", ""
 	}
 	return "unknown", ""
 }

@@ -350,7 +350,7 @@ tendril_hubble_service_new_connections_total{protocol="TCP",service="other"} 3
 }
 
 func TestConfigValidate(t *testing.T) {
-	if err := (Config{Metrics: []string{"flow", "dns"}}).Validate(); err == nil || !strings.Contains(err.Error(), `"dns"`) {
+	if err := (Config{Metrics: []string{"flow", "kafka"}}).Validate(); err == nil || !strings.Contains(err.Error(), `"kafka"`) {
 		t.Fatalf("unknown metric: %v", err)
 	}
 	if err := (Config{Metrics: All}).Validate(); err != nil {
