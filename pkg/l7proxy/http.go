@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -60,6 +61,31 @@ func NewHTTP(cfg Config) *HTTPProxy {
 	return &HTTPProxy{cfg: cfg}
 }
 
+// MaxHeaderBytes bounds a request's line and headers (net/http's
+// DefaultMaxHeaderBytes): a client cannot make the proxy hold more.
+const MaxHeaderBytes = 1 << 20
+
+// errHeaderTooLarge is headerLimit's error past its bound.
+var errHeaderTooLarge = errors.New("request headers too large")
+
+// headerLimit reads from r at most n bytes more, then fails.
+type headerLimit struct {
+	r io.Reader
+	n int64
+}
+
+func (l *headerLimit) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errHeaderTooLarge
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
 // ServeConn proxies one client connection from src, originally to dst,
 // until either side closes it. It closes conn.
 func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
@@ -82,9 +108,20 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 			upstream.Close()
 		}
 	}()
-	br := bufio.NewReader(conn)
+	// A request's line and headers may take MaxHeaderBytes (and what the
+	// buffer read ahead), as net/http's server allows; the body is then
+	// read without a bound (streamed, not held).
+	lim := &headerLimit{r: conn}
+	br := bufio.NewReader(lim)
 	for {
+		lim.n = MaxHeaderBytes + int64(br.Size())
 		req, err := http.ReadRequest(br)
+		lim.n = math.MaxInt64
+		if errors.Is(err, errHeaderTooLarge) {
+			p.cfg.Log.Debug("HTTP proxy: request headers too large; closing", "src", conn.RemoteAddr())
+			_ = (&http.Response{StatusCode: http.StatusRequestHeaderFieldsTooLarge, ProtoMajor: 1, ProtoMinor: 1, Close: true}).Write(conn)
+			return
+		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				p.cfg.Log.Debug("HTTP proxy: bad request; closing", "src", conn.RemoteAddr(), "error", err)

@@ -1,6 +1,7 @@
 package l7proxy
 
 import (
+	"bufio"
 	"io"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 
@@ -117,4 +119,68 @@ func TestHTTPProxyAllowsDeniesKeepsAlive(t *testing.T) {
 	if f := flows[0]; f.Verdict != flowpb.Verdict_FORWARDED || f.L7.GetHttp().GetCode() != 200 || !strings.Contains(f.Summary, `rule 0 {method: "GET"`) || !strings.HasSuffix(f.L7.GetHttp().GetUrl(), "/healthz") {
 		t.Errorf("allow flow: %v", f)
 	}
+}
+
+// TestHTTPProxyBoundsRequestHeaders: a client that sends a header line
+// longer than MaxHeaderBytes gets 431 and its connection closed, without
+// the proxy reading (and holding) all of it; a request within the bound
+// is still served on a fresh connection.
+func TestHTTPProxyBoundsRequestHeaders(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer up.Close()
+	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String())
+	p := NewHTTP(Config{Rules: func(Source, netip.AddrPort) []api.PortRuleHTTP {
+		return []api.PortRuleHTTP{{Method: "GET"}}
+	}})
+	serve := func() net.Conn {
+		client, server := net.Pipe()
+		go p.ServeConn(server, Source{EndpointID: 7}, upAddr)
+		return client
+	}
+	c := serve()
+	defer c.Close()
+	// Before the bound, the proxy read the whole line and then waited for
+	// the end of the headers: fail rather than hang.
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	// Written in the background: the proxy must answer and close before
+	// the whole (8 MiB) line is read.
+	written := make(chan int64, 1)
+	go func() {
+		n, _ := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
+		m, _ := io.Copy(c, io.LimitReader(repeatReader('a'), 8<<20))
+		written <- int64(n) + m
+	}()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to an oversized header: %v", err)
+	}
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("status %d, want 431", resp.StatusCode)
+	}
+	c.Close()
+	if n := <-written; n >= 8<<20 {
+		t.Errorf("the proxy read the whole %d-byte header", n)
+	}
+
+	ok := serve()
+	defer ok.Close()
+	if _, err := io.WriteString(ok, "GET / HTTP/1.1\r\nHost: x\r\nX-Fine: "+strings.Repeat("b", 4096)+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = http.ReadResponse(bufio.NewReader(ok), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("a request within the bound: %v %v", resp, err)
+	}
+}
+
+// repeatReader reads b forever.
+type repeatReader byte
+
+func (r repeatReader) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(r)
+	}
+	return len(p), nil
 }
