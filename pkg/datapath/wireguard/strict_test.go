@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -177,6 +178,11 @@ func TestPrivilegedStrictDecision(t *testing.T) {
 		t.Fatal(err)
 	}
 	from, _ := l.Programs()
+	events, err := l.NewEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = events.Close() })
 	drops := func() uint64 {
 		t.Helper()
 		row, err := l.Maps().MetricsMap().Lookup(maps.ReasonUnencrypted, maps.DirEgress)
@@ -213,6 +219,22 @@ func TestPrivilegedStrictDecision(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("on, no device", pod6, remote6, shot, 1)
+	// The drop is an event (a flow for Hubble), with its reason and the
+	// pod that sent it.
+	events.SetDeadline(time.Now().Add(30 * time.Second))
+	for {
+		ev, err := events.Read()
+		if err != nil {
+			t.Fatalf("no drop event: %v", err)
+		}
+		if ev.Type != maps.EventDrop {
+			continue
+		}
+		if ev.Reason != maps.ReasonUnencrypted || ev.EndpointID != 1 || ev.SrcIdentity != 70001 || ev.Src != pod6 || ev.Dst != remote6 {
+			t.Fatalf("drop event %s, want %s from endpoint 1 (identity 70001) %s -> %s", ev, maps.ReasonName(maps.ReasonUnencrypted), pod6, remote6)
+		}
+		break
+	}
 	if err := em.SetDevice(wg.Attrs().Index, true); err != nil {
 		t.Fatal(err)
 	}
