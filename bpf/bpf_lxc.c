@@ -36,6 +36,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/lbnat.h"
 #include "lib/lxc.h"
 #include "lib/overlay.h"
+#include "lib/encrypt.h"
 
 /* hairpin_from_pod handles a pod's packet to itself through a service
  * (nat: its reverse NAT ID, the packet already DNATed to the pod's own
@@ -124,6 +125,11 @@ __attribute__((noinline)) int from_pod_flow(struct __sk_buff *skb, struct lxc_pk
 	int direct = dst && (dst->flags & EP_DELIVER_DIRECT) && dst->ifindex != ep->ifindex;
 	int ct_out = ct_classify(e, f, p, ep_id, src_a);
 	if (admit(ep, DIR_EGRESS, p, ct_out, dst ? dst->identity : 0))
+		return TC_ACT_SHOT;
+	/* WireGuard strict mode: a packet for another node's pod that would
+	 * not go through the WireGuard device (or to a node without a key)
+	 * goes nowhere; before the flow's entry records it. */
+	if (!dst && encrypt_strict_drop(skb, p, ep_id, ep->identity))
 		return TC_ACT_SHOT;
 	int ct_in = CT_ESTABLISHED;
 	if (direct) {

@@ -102,11 +102,19 @@
 #define REASON_TO_OVERLAY 28 /* Encapsulated to the node owning the destination */
 #define REASON_NO_TUNNEL_KEY 29 /* Overlay packet without tunnel metadata */
 #define REASON_TUNNEL_NOT_A_NODE 30 /* Overlay packet from an address of no known node */
+/* WireGuard strict mode (lib/encrypt.h): a pod's packet for another
+ * node's pod CIDR whose peer has no key, or whose route does not go to
+ * the WireGuard device. */
+#define REASON_UNENCRYPTED 31 /* Would leave the node unencrypted (WireGuard strict mode) */
 
 /* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
  * counters.
  * go:const reason REASON_ */
 #define REASON_MAX 32
+
+/* Encryption flags (encrypt_info.flags).
+ * go:const EncryptFlag ENCRYPT_F_ uint32 */
+#define ENCRYPT_F_STRICT 0x01 /* --wireguard-strict: drop what would leave unencrypted */
 
 /* Event types (event.type).
  * go:const Event EVENT_ uint8 */

@@ -347,6 +347,37 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_tunnel_v1 SEC(".maps");
 
+/* WireGuard strict mode (docs/encryption.md, lib/encrypt.h). One entry,
+ * written by the agent's wireguard cell: the WireGuard device's ifindex
+ * and ENCRYPT_F_STRICT. Without the flag (strict mode off, encryption
+ * off, no agent yet) from_pod does not look further. */
+struct encrypt_info {
+	__u32 ifindex; /* the WireGuard device, 0: none (yet) */
+	__u32 flags;   /* ENCRYPT_F_* */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct encrypt_info);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_encrypt_v1 SEC(".maps");
+
+/* The destinations that must leave encrypted: every other node's pod
+ * CIDRs (the nodes table's), each with 1 when that node is a peer of the
+ * device (a valid key of its own) and 0 when it is not (no key, a
+ * malformed or duplicate one): under strict mode nothing reaches a node
+ * that is no peer. Written by the wireguard cell. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct ipcache_key);
+	__type(value, __u32);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_encrypt_cidrs_v1 SEC(".maps");
+
 /* Keep struct event and the policy key and entry in BTF so bpf2go generates
  * their Go types (the inner policy maps name only their sizes). */
 const struct event *unused_event_type __attribute__((unused));

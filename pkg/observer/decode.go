@@ -51,6 +51,7 @@ var dropReasons = map[uint8]flowpb.DropReason{
 	maps.ReasonUnknownInterface: flowpb.DropReason_NO_CONFIGURATION_AVAILABLE_TO_PERFORM_POLICY_DECISION,
 	maps.ReasonSvcNoBackend:     flowpb.DropReason_SERVICE_BACKEND_NOT_FOUND,
 	maps.ReasonNatFailed:        flowpb.DropReason_ERROR_WRITING_TO_PACKET,
+	maps.ReasonUnencrypted:      flowpb.DropReason_UNENCRYPTED_TRAFFIC, // Cilium's reason for its strict mode too
 }
 
 // DropReason is Hubble's drop reason for a datapath reason.

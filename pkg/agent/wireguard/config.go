@@ -17,7 +17,7 @@ type Config struct {
 	// EnableWireguard encrypts pod traffic between nodes.
 	EnableWireguard bool
 	// WireguardStrict drops pod traffic to a remote node's pod CIDR that
-	// would leave unencrypted (not built yet: refused).
+	// would leave unencrypted (in the datapath: bpf/lib/encrypt.h).
 	WireguardStrict bool
 	// WireguardEncryptNode encrypts the nodes' own traffic too (not
 	// built yet: refused).
@@ -39,7 +39,7 @@ func DefaultConfig() Config {
 func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.Bool("enable-wireguard", c.EnableWireguard,
 		"Encrypt pod traffic between nodes with WireGuard (the kernel's device, or the userspace implementation where the kernel has no module)")
-	fs.Bool("wireguard-strict", c.WireguardStrict, "Drop pod traffic to another node's pod CIDR that would leave unencrypted (not built yet)")
+	fs.Bool("wireguard-strict", c.WireguardStrict, "Drop pod traffic to another node's pod CIDR that would leave unencrypted (a route not through the WireGuard device, a node without a key)")
 	fs.Bool("wireguard-encrypt-node", c.WireguardEncryptNode, "Encrypt the nodes' own traffic between them too (not built yet)")
 	fs.Uint16("wireguard-port", c.WireguardPort, "UDP port of the WireGuard device, the same on every node")
 	fs.String("wireguard-device", c.WireguardDevice, "Name of the WireGuard device")
@@ -66,9 +66,6 @@ func (c Config) Validate(t tunnel.Config) error {
 	}
 	if t.Tunneling() {
 		errs = append(errs, fmt.Errorf("enable-wireguard: not built with routing-mode %s yet (docs/encryption.md); use %s", tunnel.ModeTunnel, tunnel.ModeNative))
-	}
-	if c.WireguardStrict {
-		errs = append(errs, errors.New("wireguard-strict: not built yet (docs/encryption.md)"))
 	}
 	if c.WireguardEncryptNode {
 		errs = append(errs, errors.New("wireguard-encrypt-node: not built yet (docs/encryption.md)"))

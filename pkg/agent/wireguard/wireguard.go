@@ -10,7 +10,10 @@
 // address, its allowed IPs the pod CIDRs the nodes table accepted for it.
 // The nodes cell routes the peers' pod CIDRs to the device
 // (nodes.EncryptionDevice), and the pods' MTU leaves room for the
-// encryption (agentendpoints.EncryptionOverhead).
+// encryption (agentendpoints.EncryptionOverhead). With --wireguard-strict
+// the reconciler also writes the datapath's strict mode maps: every other
+// node's pod CIDR, marked with whether that node is a peer, and the
+// device's ifindex; from_pod drops what would leave unencrypted.
 package wireguard
 
 import (
@@ -29,12 +32,15 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
+	"github.com/vishvananda/netlink"
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	dpwg "github.com/tendril-net/tendril/pkg/datapath/wireguard"
 	"github.com/tendril-net/tendril/pkg/datapath/wireguard/wgkey"
 	"github.com/tendril-net/tendril/pkg/health"
@@ -82,6 +88,20 @@ type Device interface {
 	Ensure(ctx context.Context) error
 }
 
+// StrictMaps are the datapath's strict mode maps as the reconciler writes
+// them (maps.EncryptMaps; a fake in the cell's tests).
+type StrictMaps interface {
+	SetDevice(ifindex int, strict bool) error
+	SyncCIDRs(want map[netip.Prefix]bool, prune bool) error
+}
+
+// Strict is what strict mode needs: the maps and the device's ifindex by
+// its name.
+type Strict struct {
+	Maps      StrictMaps
+	LinkIndex func(name string) (int, error)
+}
+
 // Encryption reconciles the device with the key and the nodes table.
 type Encryption struct {
 	cfg     Config
@@ -90,6 +110,8 @@ type Encryption struct {
 	db      *statedb.DB
 	peers   statedb.Table[*nodemanager.Peer]
 	log     *slog.Logger
+	// strict is set with --wireguard-strict.
+	strict *Strict
 
 	mu  sync.Mutex
 	key wgtypes.Key
@@ -152,6 +174,11 @@ func (e *Encryption) Reconcile(ctx context.Context) error {
 
 func (e *Encryption) reconcile(ctx context.Context) error {
 	if err := e.dev.Ensure(ctx); err != nil {
+		if e.strict != nil {
+			// No device: strict mode lets nothing for other nodes'
+			// pods out until there is one again.
+			err = errors.Join(err, e.strict.Maps.SetDevice(0, true))
+		}
 		return err
 	}
 	txn := e.db.ReadTxn()
@@ -159,7 +186,8 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 	e.mu.Lock()
 	key := e.key
 	e.mu.Unlock()
-	want, skipped := desiredPeers(statedb.Collect(e.peers.All(txn)), key.PublicKey(), e.cfg.WireguardPort)
+	all := statedb.Collect(e.peers.All(txn))
+	want, skipped := desiredPeers(all, key.PublicKey(), e.cfg.WireguardPort)
 	e.mu.Lock()
 	for n, why := range skipped {
 		if e.skipped[n] != why {
@@ -177,12 +205,55 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 	}
 	changed, err := dpwg.Configure(e.dev, e.cfg.WireguardDevice, key, int(e.cfg.WireguardPort), want)
 	if err != nil {
-		return err
+		return errors.Join(err, e.syncStrict(all, nil, initialized))
 	}
 	if changed {
 		e.log.Info("WireGuard peers set", "device", e.cfg.WireguardDevice, "peers", len(want), "nodes-synced", initialized)
 	}
+	return e.syncStrict(all, want, initialized)
+}
+
+// syncStrict writes strict mode's maps (nothing without strict mode):
+// every node's accepted pod CIDRs, marked as a peer's when the device
+// has that node as a peer (configured: nil when the configuration failed,
+// so no node counts as one), then the device's ifindex. Until the nodes
+// table is initialized nothing is removed: an entry left from before the
+// restart can only drop, never let something out in the clear.
+func (e *Encryption) syncStrict(all []*nodemanager.Peer, configured []dpwg.Peer, initialized bool) error {
+	if e.strict == nil {
+		return nil
+	}
+	cidrs := strictCIDRs(all, configured)
+	if err := e.strict.Maps.SyncCIDRs(cidrs, initialized); err != nil {
+		return fmt.Errorf("wireguard-strict: %w", err)
+	}
+	ifindex, err := e.strict.LinkIndex(e.cfg.WireguardDevice)
+	if err != nil {
+		return errors.Join(fmt.Errorf("wireguard-strict: device %s: %w", e.cfg.WireguardDevice, err),
+			e.strict.Maps.SetDevice(0, true))
+	}
+	if err := e.strict.Maps.SetDevice(ifindex, true); err != nil {
+		return fmt.Errorf("wireguard-strict: %w", err)
+	}
 	return nil
+}
+
+// strictCIDRs are the pod CIDRs that must leave encrypted: every node's
+// in the table, true when the node is one of the device's peers. A node
+// without a key (or with a malformed or duplicate one) is in it too,
+// false: under strict mode it gets nothing.
+func strictCIDRs(all []*nodemanager.Peer, configured []dpwg.Peer) map[netip.Prefix]bool {
+	isPeer := map[string]bool{}
+	for _, p := range configured {
+		isPeer[p.Node] = true
+	}
+	out := map[netip.Prefix]bool{}
+	for _, p := range all {
+		for _, c := range p.PodCIDRs {
+			out[c.Masked()] = isPeer[p.Name]
+		}
+	}
+	return out
 }
 
 // desiredPeers are the peers the nodes table gives: every node with a
@@ -323,9 +394,29 @@ type params struct {
 	DB        *statedb.DB
 	Nodes     statedb.Table[*nodemanager.Peer]
 	Metrics   *metrics.Server `optional:"true"`
+	// Loader is nil without the datapath (then no strict mode).
+	Loader *loader.Loader
 }
 
 func newCell(p params) (*Encryption, error) {
+	if p.Config.WireguardStrict && p.Loader == nil {
+		return nil, errors.New("wireguard-strict: needs the datapath (enable-datapath)")
+	}
+	if p.Loader != nil && !p.Config.WireguardStrict {
+		// The maps are pinned: a node that ran in strict mode before
+		// leaves it only when told so. After the loader's start hook
+		// (this constructor takes the loader): the maps are open.
+		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
+			m, err := maps.NewEncryptMaps(p.Loader.MapReplacements())
+			if err == nil {
+				err = errors.Join(m.SetDevice(0, false), m.SyncCIDRs(nil, true))
+			}
+			if err != nil {
+				return fmt.Errorf("wireguard: strict mode off: %w", err)
+			}
+			return nil
+		}})
+	}
 	if !p.Config.EnableWireguard {
 		return nil, nil
 	}
@@ -337,6 +428,18 @@ func newCell(p params) (*Encryption, error) {
 	}
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(hc cell.HookContext) error {
+			if p.Config.WireguardStrict {
+				m, err := maps.NewEncryptMaps(p.Loader.MapReplacements())
+				if err != nil {
+					return fmt.Errorf("wireguard-strict: %w", err)
+				}
+				// Written by the first reconcile, right after the
+				// start (before jobs run): after a restart the
+				// pinned maps hold what the last agent wrote
+				// meanwhile, so the traffic the device still
+				// carries is not cut.
+				e.strict = &Strict{Maps: m, LinkIndex: linkIndex}
+			}
 			// The device first (found running, or started), so the
 			// routes the nodes cell puts to it find it.
 			if err := dev.Ensure(hc); err != nil {
@@ -358,6 +461,16 @@ func newCell(p params) (*Encryption, error) {
 		p.Metrics.Registry.MustRegister(newCollector(e))
 	}
 	return e, nil
+}
+
+// linkIndex is the ifindex of the link named name, in the agent's
+// network namespace.
+func linkIndex(name string) (int, error) {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return 0, err
+	}
+	return l.Attrs().Index, nil
 }
 
 // userspaceDevice is the device through wgctrl, started as the agent's

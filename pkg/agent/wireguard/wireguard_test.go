@@ -18,11 +18,12 @@ import (
 
 // fakeDevice is a device in memory.
 type fakeDevice struct {
-	ensured int
-	dev     wgtypes.Device
+	ensured   int
+	ensureErr error
+	dev       wgtypes.Device
 }
 
-func (f *fakeDevice) Ensure(context.Context) error { f.ensured++; return nil }
+func (f *fakeDevice) Ensure(context.Context) error { f.ensured++; return f.ensureErr }
 
 func (f *fakeDevice) Device(string) (*wgtypes.Device, error) { d := f.dev; return &d, nil }
 
@@ -264,12 +265,12 @@ func TestConfigValidate(t *testing.T) {
 		c Config
 		t tunnel.Config
 	}{
-		"tunnel mode":        {on, tun},
-		"strict without":     {Config{WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
-		"port 0":             {Config{EnableWireguard: true, WireguardDevice: "x"}, native},
-		"long device name":   {Config{EnableWireguard: true, WireguardPort: 1, WireguardDevice: "a-name-too-long-for-linux"}, native},
-		"encrypt-node":       {Config{EnableWireguard: true, WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
-		"strict (not built)": {Config{EnableWireguard: true, WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
+		"tunnel mode":           {on, tun},
+		"strict without":        {Config{WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
+		"port 0":                {Config{EnableWireguard: true, WireguardDevice: "x"}, native},
+		"long device name":      {Config{EnableWireguard: true, WireguardPort: 1, WireguardDevice: "a-name-too-long-for-linux"}, native},
+		"encrypt-node":          {Config{EnableWireguard: true, WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
+		"strict in tunnel mode": {Config{EnableWireguard: true, WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, tun},
 	} {
 		if err := c.c.Validate(c.t); err == nil {
 			t.Errorf("%s: accepted", name)

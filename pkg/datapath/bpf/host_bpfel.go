@@ -64,6 +64,12 @@ type HostDsr4Key struct {
 	Pad         [3]uint8
 }
 
+type HostEncryptInfo struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Flags   uint32
+}
+
 type HostEndpointInfo struct {
 	_        structs.HostLayout
 	Ifindex  uint32
@@ -348,6 +354,8 @@ const (
 	HostMapTdrCt4V2              = "tdr_ct4_v2"
 	HostMapTdrCt6V2              = "tdr_ct6_v2"
 	HostMapTdrDsr4V1             = "tdr_dsr4_v1"
+	HostMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
+	HostMapTdrEncryptV1          = "tdr_encrypt_v1"
 	HostMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	HostMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	HostMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -448,6 +456,8 @@ type HostMapSpecs struct {
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
+	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
+	TdrEncryptV1      *ebpf.MapSpec `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -522,6 +532,8 @@ type HostMaps struct {
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
+	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
+	TdrEncryptV1      *ebpf.Map `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -561,6 +573,8 @@ func (m *HostMaps) Close() error {
 		m.TdrCt4V2,
 		m.TdrCt6V2,
 		m.TdrDsr4V1,
+		m.TdrEncryptCidrsV1,
+		m.TdrEncryptV1,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,

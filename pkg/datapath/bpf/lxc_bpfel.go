@@ -64,6 +64,12 @@ type LxcDsr4Key struct {
 	Pad         [3]uint8
 }
 
+type LxcEncryptInfo struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Flags   uint32
+}
+
 type LxcEndpointInfo struct {
 	_        structs.HostLayout
 	Ifindex  uint32
@@ -349,6 +355,8 @@ const (
 	LxcMapTdrCt4V2              = "tdr_ct4_v2"
 	LxcMapTdrCt6V2              = "tdr_ct6_v2"
 	LxcMapTdrDsr4V1             = "tdr_dsr4_v1"
+	LxcMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
+	LxcMapTdrEncryptV1          = "tdr_encrypt_v1"
 	LxcMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	LxcMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	LxcMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -445,6 +453,8 @@ type LxcMapSpecs struct {
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
+	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
+	TdrEncryptV1      *ebpf.MapSpec `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -515,6 +525,8 @@ type LxcMaps struct {
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
+	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
+	TdrEncryptV1      *ebpf.Map `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -553,6 +565,8 @@ func (m *LxcMaps) Close() error {
 		m.TdrCt4V2,
 		m.TdrCt6V2,
 		m.TdrDsr4V1,
+		m.TdrEncryptCidrsV1,
+		m.TdrEncryptV1,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,

@@ -64,6 +64,12 @@ type OverlayDsr4Key struct {
 	Pad         [3]uint8
 }
 
+type OverlayEncryptInfo struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Flags   uint32
+}
+
 type OverlayEndpointInfo struct {
 	_        structs.HostLayout
 	Ifindex  uint32
@@ -307,6 +313,8 @@ const (
 	OverlayMapTdrCt4V2              = "tdr_ct4_v2"
 	OverlayMapTdrCt6V2              = "tdr_ct6_v2"
 	OverlayMapTdrDsr4V1             = "tdr_dsr4_v1"
+	OverlayMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
+	OverlayMapTdrEncryptV1          = "tdr_encrypt_v1"
 	OverlayMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	OverlayMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	OverlayMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -403,6 +411,8 @@ type OverlayMapSpecs struct {
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
+	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
+	TdrEncryptV1      *ebpf.MapSpec `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -473,6 +483,8 @@ type OverlayMaps struct {
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
+	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
+	TdrEncryptV1      *ebpf.Map `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -511,6 +523,8 @@ func (m *OverlayMaps) Close() error {
 		m.TdrCt4V2,
 		m.TdrCt6V2,
 		m.TdrDsr4V1,
+		m.TdrEncryptCidrsV1,
+		m.TdrEncryptV1,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,

@@ -64,6 +64,12 @@ type SockDsr4Key struct {
 	Pad         [3]uint8
 }
 
+type SockEncryptInfo struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Flags   uint32
+}
+
 type SockEndpointInfo struct {
 	_        structs.HostLayout
 	Ifindex  uint32
@@ -307,6 +313,8 @@ const (
 	SockMapTdrCt4V2              = "tdr_ct4_v2"
 	SockMapTdrCt6V2              = "tdr_ct6_v2"
 	SockMapTdrDsr4V1             = "tdr_dsr4_v1"
+	SockMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
+	SockMapTdrEncryptV1          = "tdr_encrypt_v1"
 	SockMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
 	SockMapTdrEndpointIp6V1      = "tdr_endpoint_ip6_v1"
 	SockMapTdrEndpointsV2        = "tdr_endpoints_v2"
@@ -414,6 +422,8 @@ type SockMapSpecs struct {
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
+	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
+	TdrEncryptV1      *ebpf.MapSpec `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.MapSpec `ebpf:"tdr_endpoints_v2"`
@@ -483,6 +493,8 @@ type SockMaps struct {
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
+	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
+	TdrEncryptV1      *ebpf.Map `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
 	TdrEndpointIp6V1  *ebpf.Map `ebpf:"tdr_endpoint_ip6_v1"`
 	TdrEndpointsV2    *ebpf.Map `ebpf:"tdr_endpoints_v2"`
@@ -521,6 +533,8 @@ func (m *SockMaps) Close() error {
 		m.TdrCt4V2,
 		m.TdrCt6V2,
 		m.TdrDsr4V1,
+		m.TdrEncryptCidrsV1,
+		m.TdrEncryptV1,
 		m.TdrEndpointIp4V1,
 		m.TdrEndpointIp6V1,
 		m.TdrEndpointsV2,

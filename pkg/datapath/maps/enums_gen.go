@@ -105,6 +105,10 @@ const (
 	ReasonToOverlay         uint8 = 28 // REASON_TO_OVERLAY: Encapsulated to the node owning the destination
 	ReasonNoTunnelKey       uint8 = 29 // REASON_NO_TUNNEL_KEY: Overlay packet without tunnel metadata
 	ReasonTunnelNotANode    uint8 = 30 // REASON_TUNNEL_NOT_A_NODE: Overlay packet from an address of no known node
+	// WireGuard strict mode (lib/encrypt.h): a pod's packet for another
+	// node's pod CIDR whose peer has no key, or whose route does not go to
+	// the WireGuard device.
+	ReasonUnencrypted uint8 = 31 // REASON_UNENCRYPTED: Would leave the node unencrypted (WireGuard strict mode)
 )
 
 // ReasonNames describes every Reason constant, for the CLI, events and metrics.
@@ -141,6 +145,7 @@ func ReasonNames() map[uint8]string {
 		ReasonToOverlay:         "Encapsulated to the node owning the destination",
 		ReasonNoTunnelKey:       "Overlay packet without tunnel metadata",
 		ReasonTunnelNotANode:    "Overlay packet from an address of no known node",
+		ReasonUnencrypted:       "Would leave the node unencrypted (WireGuard strict mode)",
 	}
 }
 
@@ -149,6 +154,12 @@ func ReasonNames() map[uint8]string {
 // From REASON_* of bpf/lib/enums.h.
 const (
 	reasonMax = 32 // REASON_MAX
+)
+
+// Encryption flags (encrypt_info.flags).
+// From ENCRYPT_F_* of bpf/lib/enums.h.
+const (
+	EncryptFlagStrict uint32 = 0x01 // ENCRYPT_F_STRICT: --wireguard-strict: drop what would leave unencrypted
 )
 
 // Event types (event.type).

@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Tendril datapath: WireGuard strict mode (--wireguard-strict,
+ * docs/encryption.md). The agent routes the other nodes' pod CIDRs to
+ * the WireGuard device; strict mode makes sure that what a pod sends
+ * there does not leave the node another way (the route missing or
+ * replaced, the device gone, the peer without a key): from_pod drops it
+ * with REASON_UNENCRYPTED instead of handing it to the host stack. */
+#ifndef TDR_ENCRYPT_H
+#define TDR_ENCRYPT_H
+
+#include "maps.h"
+#include "pkt.h"
+#include "events.h"
+#include "ipcache.h"
+
+#define ENC_AF_INET 2
+#define ENC_AF_INET6 10
+
+/* encrypt_strict_check decides a pod's packet p for no local endpoint:
+ * 0 when it may go to the host stack (strict mode off, a destination in
+ * no other node's pod CIDR, or the FIB sends it to the WireGuard device
+ * of a peer with a key), REASON_UNENCRYPTED otherwise. */
+static __always_inline int encrypt_strict_check(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u32 zero = 0;
+	struct encrypt_info *cfg = bpf_map_lookup_elem(&tdr_encrypt_v1, &zero);
+	if (!cfg || !(cfg->flags & ENCRYPT_F_STRICT))
+		return 0;
+	struct ipcache_key k = {};
+	k.family = p->family;
+	k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
+	__builtin_memcpy(k.addr, __builtin_assume_aligned(p->daddr, 4), 16);
+	__u32 *peer = bpf_map_lookup_elem(&tdr_encrypt_cidrs_v1, &k);
+	if (!peer)
+		return 0;
+	__u32 dev = cfg->ifindex;
+	if (!*peer || !dev)
+		return REASON_UNENCRYPTED;
+	/* Where the host would send it: the same FIB the stack consults
+	 * after TC_ACT_OK. No neighbour is needed (the device has none), so
+	 * a missing one or a too-big packet still names the device. */
+	struct bpf_fib_lookup fib = {};
+	fib.l4_protocol = p->proto;
+	if (p->family == FAMILY_V6) {
+		fib.family = ENC_AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, p->saddr, 16);
+		__builtin_memcpy(fib.ipv6_dst, p->daddr, 16);
+	} else {
+		fib.family = ENC_AF_INET;
+		fib.ipv4_src = u32_at(p->saddr);
+		fib.ipv4_dst = u32_at(p->daddr);
+	}
+	fib.ifindex = skb->ifindex;
+	long r = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if ((r == BPF_FIB_LKUP_RET_SUCCESS || r == BPF_FIB_LKUP_RET_NO_NEIGH || r == BPF_FIB_LKUP_RET_FRAG_NEEDED) &&
+	    fib.ifindex == dev)
+		return 0;
+	return REASON_UNENCRYPTED;
+}
+
+/* encrypt_strict_drop is encrypt_strict_check for endpoint ep_id (of
+ * identity src_id), the drop reported (counted, an event: a flow) when it
+ * says so. Returns 1 when dropped. A global function: from_pod's paths do
+ * not multiply with it, and the FIB lookup's and the event's stack is its
+ * own, not added to from_pod's deepest call chain (policy's). */
+__attribute__((noinline)) int encrypt_strict_drop(struct __sk_buff *skb, const struct pkt *p, __u16 ep_id, __u32 src_id)
+{
+	if (!skb || !p)
+		return 0;
+	int r = encrypt_strict_check(skb, p);
+	if (!r)
+		return 0;
+	drop((__u8)r, DIR_EGRESS, ep_id, p, src_id, identity_of(p->family, p->daddr), 0);
+	return 1;
+}
+
+#endif

@@ -1,0 +1,130 @@
+package wireguard
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"net/netip"
+	"testing"
+
+	"github.com/tendril-net/tendril/pkg/nodemanager"
+)
+
+// fakeStrict is strict mode's maps in memory, with what was written.
+type fakeStrict struct {
+	ifindex int
+	strict  bool
+	cidrs   map[netip.Prefix]bool
+	writes  int
+}
+
+func (f *fakeStrict) SetDevice(ifindex int, strict bool) error {
+	f.ifindex, f.strict = ifindex, strict
+	return nil
+}
+
+func (f *fakeStrict) SyncCIDRs(want map[netip.Prefix]bool, prune bool) error {
+	if f.cidrs == nil {
+		f.cidrs = map[netip.Prefix]bool{}
+	}
+	for p, v := range want {
+		if cur, ok := f.cidrs[p]; !ok || cur != v {
+			f.cidrs[p] = v
+			f.writes++
+		}
+	}
+	if prune {
+		for p := range f.cidrs {
+			if _, ok := want[p]; !ok {
+				delete(f.cidrs, p)
+				f.writes++
+			}
+		}
+	}
+	return nil
+}
+
+func cidrs(kv ...any) map[netip.Prefix]bool {
+	out := map[netip.Prefix]bool{}
+	for i := 0; i < len(kv); i += 2 {
+		out[netip.MustParsePrefix(kv[i].(string))] = kv[i+1].(bool)
+	}
+	return out
+}
+
+// TestStrictMapWrites: with strict mode the reconciler writes every
+// node's pod CIDRs, a peer's as such and a node without a key (or with a
+// malformed or duplicate one) as no peer, and the device's ifindex with
+// the strict flag; until the nodes table is initialized it removes no
+// CIDR (a restart keeps what the last agent wrote), afterwards a gone
+// node's CIDRs go; a node losing its key is marked no peer; a device
+// whose ifindex cannot be read is written as none (everything for other
+// nodes' pods dropped), and so is one that cannot be ensured.
+func TestStrictMapWrites(t *testing.T) {
+	v := newEnv(t)
+	fs := &fakeStrict{cidrs: cidrs("10.244.9.0/24", true)} // left by the last agent
+	index := 42
+	var indexErr error
+	v.e.strict = &Strict{Maps: fs, LinkIndex: func(name string) (int, error) {
+		if name != DefaultConfig().WireguardDevice {
+			t.Errorf("ifindex of %q asked", name)
+		}
+		return index, indexErr
+	}}
+	kb, dup := pub(t), pub(t)
+	v.set(t,
+		peer("b", "192.168.1.2", "10.244.2.0/24", kb),
+		peer("nokey", "192.168.1.4", "10.244.4.0/24", ""),
+		&nodemanager.Peer{Name: "bad", IPs: []netip.Addr{netip.MustParseAddr("192.168.1.5")}, KeyError: "not base64",
+			PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.5.0/24")}},
+		peer("d1", "192.168.1.6", "10.244.6.0/24", dup),
+		peer("d2", "192.168.1.7", "fd00:7::/64", dup),
+	)
+	ctx := context.Background()
+	if err := v.e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := cidrs("10.244.2.0/24", true, "10.244.4.0/24", false, "10.244.5.0/24", false,
+		"10.244.6.0/24", false, "fd00:7::/64", false, "10.244.9.0/24", true)
+	if !maps.Equal(fs.cidrs, want) {
+		t.Fatalf("before the table is initialized: %v, want %v", fs.cidrs, want)
+	}
+	if fs.ifindex != 42 || !fs.strict {
+		t.Fatalf("device entry %d strict %v, want 42 true", fs.ifindex, fs.strict)
+	}
+
+	v.synced()
+	v.set(t, peer("b", "192.168.1.2", "10.244.2.0/24", ""), peer("nokey", "192.168.1.4", "10.244.4.0/24", ""))
+	if err := v.e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if want := cidrs("10.244.2.0/24", false, "10.244.4.0/24", false); !maps.Equal(fs.cidrs, want) {
+		t.Fatalf("initialized, b's key gone: %v, want %v", fs.cidrs, want)
+	}
+	writes := fs.writes
+	if err := v.e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if fs.writes != writes {
+		t.Errorf("an unchanged table wrote %d CIDR entries", fs.writes-writes)
+	}
+
+	indexErr = errors.New("no such link")
+	if err := v.e.Reconcile(ctx); err == nil {
+		t.Error("a device without an ifindex: no error")
+	}
+	if fs.ifindex != 0 || !fs.strict {
+		t.Errorf("device without an ifindex: entry %d strict %v, want 0 true", fs.ifindex, fs.strict)
+	}
+	indexErr = nil
+	if err := v.e.Reconcile(ctx); err != nil || fs.ifindex != 42 {
+		t.Fatalf("device back: %v, ifindex %d", err, fs.ifindex)
+	}
+	v.dev.ensureErr = errors.New("device process would not start")
+	if err := v.e.Reconcile(ctx); err == nil {
+		t.Error("a device that cannot be ensured: no error")
+	}
+	if fs.ifindex != 0 || !fs.strict {
+		t.Errorf("device not ensured: entry %d strict %v, want 0 true", fs.ifindex, fs.strict)
+	}
+}
