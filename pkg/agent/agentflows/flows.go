@@ -342,6 +342,12 @@ func New(p Params) (*Module, error) {
 	if !p.Config.Enable || p.Datapath == nil {
 		return nil, nil
 	}
+	// Validated here too: another module may need the flows (the proxies'
+	// L7 sink) before this module's own Invoke has checked the options,
+	// and an option's own error says more than the TLS files' below.
+	if err := p.Config.validate(); err != nil {
+		return nil, err
+	}
 	hc := p.Config
 	tlsCfg, err := hc.tlsConfig()
 	if err != nil {
