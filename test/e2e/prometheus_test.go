@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
@@ -80,10 +82,28 @@ func TestPrivilegedLabPrometheusDashboards(t *testing.T) {
 			return got.Status.Nodes["node1"].Enforcing, fmt.Errorf("%+v", got.Status.Nodes)
 		})
 	}
+	// A Service in front of the server: the service panels count
+	// connections to a frontend, which no other traffic here makes (the
+	// other tests' Services are not there when this one runs first).
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "prom-server"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "prom-server"},
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)}}},
+	}
+	created, err := e.cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frontend := created.Spec.ClusterIP + ":80"
+	eventually(t, "client1 answered through the Service", func() (bool, error) {
+		code, out := tendril(t, "probe", ns+"/client1", frontend, "--timeout", "1s")
+		return code == 0, fmt.Errorf("exit %d: %s", code, out)
+	})
 	traffic := func() {
-		probe(t, ns+"/client1", server, false)  // allowed by the policy
-		probe(t, ns+"/client2", server, false)  // dropped, naming it
-		probe(t, ns+"/client2", audited, false) // passes as AUDIT
+		probe(t, ns+"/client1", server, false)   // allowed by the policy
+		probe(t, ns+"/client1", frontend, false) // the same, through the Service
+		probe(t, ns+"/client2", server, false)   // dropped, naming it
+		probe(t, ns+"/client2", audited, false)  // passes as AUDIT
 	}
 	traffic()
 
