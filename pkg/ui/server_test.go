@@ -31,7 +31,10 @@ func uiOverDemo(t testing.TB, cfg Config) (*demoServer, *Server, *httptest.Serve
 		}
 	})
 	hs := httptest.NewServer(s.Handler())
-	t.Cleanup(hs.Close)
+	// A page's event stream stays open while its browser lives: close the
+	// connections first, or Close waits for them forever (a failed browser
+	// test hung its package until the go test timeout).
+	t.Cleanup(func() { hs.CloseClientConnections(); hs.Close() })
 	return demo, s, hs
 }
 
