@@ -9,7 +9,7 @@
  * is one whose inner source the ipcache names as another node's (a node
  * may send only for its own pods); the source's identity is the ipcache's
  * for the inner source, as in native routing, not the tunnel ID the
- * sending node set (overlay_inner_source says why); a packet for a local
+ * sending node set (overlay_source says why); a packet for a local
  * endpoint goes through that endpoint's ingress policy with it, its flow's
  * conntrack entry and a service reply's reverse NAT, as to_pod would, and
  * is delivered into the pod's namespace; a packet for the node itself
@@ -51,19 +51,36 @@ static __always_inline int tunnel_key_of(struct __sk_buff *skb, struct bpf_tunne
 	return -1;
 }
 
-/* overlay_source checks a decapsulated packet's outer source: the tunnel
- * ID the sending node set (0 or more), or -REASON_* to drop the packet: no
- * tunnel key, or an outer source (the key's remote) that is no known
- * node's address (the ipcache flags a peer's own addresses), since anyone
- * else who reaches the tunnel port could send as a node. A
- * global function: its key is not on the stack of from_overlay's call
- * chain through policy, which is near the 512 bytes. */
-__attribute__((noinline)) int overlay_source(struct __sk_buff *skb)
+/* overlay_source is the identity of a decapsulated packet's inner source
+ * p->saddr, or -REASON_* to drop the packet; the tunnel key is read once
+ * for both of its checks.
+ *
+ * The outer source (the key's remote) must be a known node's address (the
+ * ipcache flags a peer's own addresses): anyone else who reaches the
+ * tunnel port could send as a node (REASON_TUNNEL_NOT_A_NODE; no key:
+ * REASON_NO_TUNNEL_KEY).
+ *
+ * The inner source is judged by the ipcache, not by the tunnel ID: a node
+ * the ipcache trusts could otherwise put any identity in the VNI, a
+ * database's for a pod of its own, or any pod's for a source address of
+ * another node's pod. So: when the ipcache names an owner node for the
+ * inner source (a remote pod's entry), the outer source must be that node
+ * (else REASON_INVALID_SOURCE), and the identity is the entry's, which the
+ * agent admitted only for an endpoint the owner node may claim
+ * (pkg/nodemanager's claims); an address the ipcache gives no owner (the
+ * world, a node's own address, a pod not learnt yet) has the identity the
+ * ipcache gives it, as native routing would; this node's own pods and
+ * addresses (no owner either) are REASON_INVALID_SOURCE. The VNI differs
+ * from the entry only while an identity change travels, when native
+ * routing too decides on the ipcache's. ARP and NDP have no inner source
+ * to judge (0). A global function: its keys are not on the stack of
+ * from_overlay's call chain through policy, which is near the 512 bytes. */
+__attribute__((noinline)) int overlay_source(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct bpf_tunnel_key key = {};
 	struct ipcache_key k = {};
 
-	if (!skb)
+	if (!skb || !p)
 		return -REASON_NO_TUNNEL_KEY;
 	int v6 = tunnel_key_of(skb, &key);
 	if (v6 < 0)
@@ -78,42 +95,19 @@ __attribute__((noinline)) int overlay_source(struct __sk_buff *skb)
 		k.prefixlen = 32 + 32;
 		__builtin_memcpy(k.addr, &a, 4);
 	}
-	struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
-	if (!info || !(info->flags & IPCACHE_F_REMOTE_NODE))
+	struct ipcache_info *node = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+	if (!node || !(node->flags & IPCACHE_F_REMOTE_NODE))
 		return -REASON_TUNNEL_NOT_A_NODE;
-	return (int)(key.tunnel_id & TUNNEL_ID_MASK);
-}
+	if (p->arp || p->ndp)
+		return 0;
 
-/* overlay_inner_source is the identity of a decapsulated packet's inner
- * source p->saddr, or -REASON_* to drop the packet. The ipcache decides,
- * not the tunnel ID: a node the ipcache trusts as a node (overlay_source)
- * could otherwise put any identity in the VNI, a database's for a pod of
- * its own, or any pod's for a source address of another node's pod. So:
- * when the ipcache names an owner node for the inner source (a remote
- * pod's entry), the outer source must be that node (else
- * REASON_INVALID_SOURCE), and the identity is the entry's, which the
- * agent admitted only for an endpoint the owner node may claim
- * (pkg/nodemanager's claims); an address the ipcache gives no owner (the
- * world, a node's own address, a pod not learnt yet) has the identity the
- * ipcache gives it, as native routing would. The VNI differs from the
- * entry only while an identity change travels, when native routing too
- * decides on the ipcache's. A global function, as overlay_source. */
-__attribute__((noinline)) int overlay_inner_source(struct __sk_buff *skb, const struct pkt *p)
-{
-	struct bpf_tunnel_key key = {};
-	struct ipcache_key k = {};
-
-	if (!skb || !p)
-		return -REASON_MALFORMED;
-	int v6 = tunnel_key_of(skb, &key);
-	if (v6 < 0)
-		return -REASON_NO_TUNNEL_KEY;
-	k.family = p->family;
-	k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
-	__builtin_memcpy(k.addr, __builtin_assume_aligned(p->saddr, 4), 16);
 	/* This node's own pods and addresses never come from the overlay. */
 	if (endpoint_by_addr(p->family, p->saddr))
 		return -REASON_INVALID_SOURCE;
+	__builtin_memset(&k, 0, sizeof(k));
+	k.family = p->family;
+	k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
+	__builtin_memcpy(k.addr, __builtin_assume_aligned(p->saddr, 4), 16);
 	struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
 	if (!info)
 		return ID_WORLD;
@@ -154,23 +148,18 @@ int from_overlay(struct __sk_buff *skb)
 	struct pkt *p = &c.p;
 
 	__builtin_memset(p, 0, sizeof(*p));
-	int src = overlay_source(skb);
-	if (src < 0)
-		return drop((__u8)-src, DIR_INGRESS, 0, p, 0, 0, 0);
 	int reason = parse(skb, p);
 	if (reason)
 		return drop(reason, DIR_INGRESS, 0, p, 0, 0, 0);
+	int src = overlay_source(skb, p);
+	if (src < 0)
+		return drop((__u8)-src, DIR_INGRESS, 0, p, 0, 0, 0);
+	__u32 src_id = (__u32)src;
 	/* The inner frame carries the sending pod's MAC addresses: for the
 	 * host's stack it is this node's. */
 	bpf_skb_change_type(skb, PACKET_HOST_);
 	if (p->arp || p->ndp)
 		return TC_ACT_OK;
-	/* Checked for the node's own packets too: its stack must not take a
-	 * pod address from a node that does not own it either. */
-	src = overlay_inner_source(skb, p);
-	if (src < 0)
-		return drop((__u8)-src, DIR_INGRESS, 0, p, 0, 0, 0);
-	__u32 src_id = (__u32)src;
 	const struct endpoint_info *ep = endpoint_by_addr(p->family, p->daddr);
 	if (!ep)
 		return TC_ACT_OK; /* the node's own: its stack, its programs */

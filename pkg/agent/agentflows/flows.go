@@ -212,7 +212,6 @@ func (c Config) SocketPath(apiSocket string) string {
 // datapath's event reader) and serves them with the Hubble API from start
 // step 10 (registered by the agent's serve cell, before the API socket).
 var Cell = cell.Module("flows", "Flows observed from the datapath events and the Hubble API",
-	cell.Invoke(Config.validate),
 	cell.Invoke(func(*Module) {}),
 	cell.Config(DefaultConfig()),
 	cell.Provide(New, statusContribution, nodeEventsOf, traceMode, l7SinkOf),
@@ -339,14 +338,14 @@ type Params struct {
 // New builds the observer and the Hubble server; nil with flows off or
 // without the datapath.
 func New(p Params) (*Module, error) {
-	if !p.Config.Enable || p.Datapath == nil {
-		return nil, nil
-	}
-	// Validated here too: another module may need the flows (the proxies'
-	// L7 sink) before this module's own Invoke has checked the options,
-	// and an option's own error says more than the TLS files' below.
+	// Validated here, not by an Invoke of the module: another module may
+	// need the flows (the proxies' L7 sink) before this module's Invokes
+	// run, and an option's own error says more than the TLS files' below.
 	if err := p.Config.validate(); err != nil {
 		return nil, err
+	}
+	if !p.Config.Enable || p.Datapath == nil {
+		return nil, nil
 	}
 	hc := p.Config
 	tlsCfg, err := hc.tlsConfig()
