@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
@@ -299,22 +300,28 @@ func TestPrivilegedLabBGP(t *testing.T) {
 	// `tendril bgp peers`; the other session stays up.
 	const nowhere = "172.30.0.230"
 	ccs := e.k8.Tendril.TendrilV1alpha1().TendrilBGPClusterConfigs()
-	cc, err := ccs.Get(ctx, lab.BGPConfigName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
+	// The nodes write the cluster config's status while the test changes its
+	// spec, so every write retries on a conflict with a fresh read.
+	updatePeers := func(change func([]v1alpha1.BGPPeer) []v1alpha1.BGPPeer) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cc, err := ccs.Get(ctx, lab.BGPConfigName, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cc.Spec.Peers = change(cc.Spec.Peers)
+			_, err = ccs.Update(ctx, cc, metav1.UpdateOptions{})
+			return err
+		})
 	}
-	peersBefore := cc.Spec.Peers
-	cc.Spec.Peers = append(cc.Spec.Peers, v1alpha1.BGPPeer{Name: "nowhere", PeerAddress: nowhere, PeerASN: lab.BGPRouterASN, PeerConfigRef: lab.BGPConfigName})
-	if _, err := ccs.Update(ctx, cc, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	var peersBefore []v1alpha1.BGPPeer
+	if err := updatePeers(func(p []v1alpha1.BGPPeer) []v1alpha1.BGPPeer {
+		peersBefore = p
+		return append(append([]v1alpha1.BGPPeer(nil), p...), v1alpha1.BGPPeer{Name: "nowhere", PeerAddress: nowhere, PeerASN: lab.BGPRouterASN, PeerConfigRef: lab.BGPConfigName})
+	}); err != nil {
+		t.Fatalf("add the unreachable peer: %v", err)
 	}
 	restorePeers := func() {
-		cc, err := ccs.Get(ctx, lab.BGPConfigName, metav1.GetOptions{})
-		if err == nil {
-			cc.Spec.Peers = peersBefore
-			_, err = ccs.Update(ctx, cc, metav1.UpdateOptions{})
-		}
-		if err != nil {
+		if err := updatePeers(func([]v1alpha1.BGPPeer) []v1alpha1.BGPPeer { return peersBefore }); err != nil {
 			t.Errorf("restore the cluster config's peers: %v", err)
 		}
 	}
