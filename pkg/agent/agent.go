@@ -56,17 +56,21 @@ type Agent struct {
 // inspect.
 func New(extra ...cell.Cell) *Agent {
 	a := &Agent{}
-	all := append(cells(), extra...)
-	all = append(all,
+	all := append(cells(),
 		// What the command hands the core cell, read when the hive is
 		// populated.
 		cell.Provide(
 			func() *slog.LevelVar { return a.deps.LogLevel },
 			func() daemonapi.Flags { return daemonapi.Flags{Set: a.deps.Flags} },
 		),
-		cell.Invoke(func(s *lifecycle.Steps, h *health.Registry, o option.Agent, n option.LocalNode) {
+		// The one Invoke: building the group runs every cell's Invoked
+		// constructor, in the order of the cells (pkg/lifecycle.Invoked).
+		cell.Invoke(func(_ lifecycle.InvokedAll, s *lifecycle.Steps, h *health.Registry, o option.Agent, n option.LocalNode) {
 			a.steps, a.health, a.opts, a.node = s, h, o, n
 		}))
+	// The extra cells' Invokes run after the agent's: what they take is
+	// built in the cells' order first.
+	all = append(all, extra...)
 	opts := hive.DefaultOptions()
 	// TENDRIL_<FLAG> sets an option the command line does not (the
 	// command resolves the environment and the config directory into the

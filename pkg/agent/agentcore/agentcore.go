@@ -33,7 +33,7 @@ import (
 // register on. Its "config" step is the first. The command provides the
 // log level (*slog.LevelVar) and the resolved flags (daemonapi.Flags).
 var Cell = cell.Module("agent-core", "Configuration health bootstrap stats runtime options and shared services",
-	cell.Invoke(validate),
+	cell.Provide(validate),
 	cell.Config(option.DefaultAgent()),
 	cell.Config(server.DefaultConfig()),
 	cell.Config(metrics.DefaultConfig()),
@@ -47,8 +47,8 @@ var Cell = cell.Module("agent-core", "Configuration health bootstrap stats runti
 	),
 	// The job registry's own hook goes first, so jobs added by start
 	// steps start at once and stop before every step.
-	cell.Invoke(func(job.Registry) {}),
-	cell.Invoke(registerConfigStep),
+	cell.Provide(lifecycle.Build[job.Registry]),
+	cell.Provide(registerConfigStep),
 )
 
 // TablesCell provides the database (statedb.Cell) and its Inspector,
@@ -62,8 +62,8 @@ var TablesCell = cell.Group(
 
 // validate checks the agent's own options and the API server's; each
 // error names its option.
-func validate(a option.Agent, api server.Config) error {
-	return option.Invalid(errors.Join(a.Validate(), api.Validate()))
+func validate(a option.Agent, api server.Config) (lifecycle.Invoked, error) {
+	return lifecycle.Invoked{}, option.Invalid(errors.Join(a.Validate(), api.Validate()))
 }
 
 // localNode is the node's name: --node-name, else the host name.
@@ -77,7 +77,7 @@ func localNode(a option.Agent) (option.LocalNode, error) {
 // step writes pins, restores endpoints or takes sockets over, so that a
 // second agent on the same state dir stops here and disturbs nothing of
 // the first. The lock goes when this step stops (or the process exits).
-func registerConfigStep(lc cell.Lifecycle, steps *lifecycle.Steps, cfg option.Agent) {
+func registerConfigStep(lc cell.Lifecycle, steps *lifecycle.Steps, cfg option.Agent) lifecycle.Invoked {
 	var lock *lockfile.Lock
 	steps.Append(lc, "config", func(context.Context) error {
 		l, err := lockfile.Acquire(cfg.StateDir)
@@ -92,6 +92,7 @@ func registerConfigStep(lc cell.Lifecycle, steps *lifecycle.Steps, cfg option.Ag
 	}, func(context.Context) error {
 		return lock.Release()
 	})
+	return lifecycle.Invoked{}
 }
 
 // newRuntime holds the options PATCH /v1/config changes at run time; the

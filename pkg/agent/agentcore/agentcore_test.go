@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/lockfile"
 	"github.com/tendril-net/tendril/pkg/option"
 )
@@ -27,6 +28,7 @@ func newHive(t *testing.T, flags map[string]string, node *option.LocalNode) *hiv
 	t.Helper()
 	dir := t.TempDir()
 	h := hive.New(
+		lifecycle.InvokeAll,
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(func() *slog.LevelVar { return new(slog.LevelVar) }),

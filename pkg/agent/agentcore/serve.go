@@ -18,12 +18,12 @@ import (
 // server, and is start step 10: metrics, pprof, the Hubble API, then the
 // API served, once every subsystem is built and every handler registered.
 var ServeCell = cell.Module("serve", "Metrics pprof and the API socket",
-	cell.Invoke(registerServeSteps),
+	cell.Provide(registerServeSteps),
 	cell.Config(profiling.DefaultConfig()),
 )
 
 func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg profiling.Config, root cell.RootLogger, m *metrics.Server,
-	api *server.Server, handlers server.HandlersIn, flows *agentflows.Module) {
+	api *server.Server, handlers server.HandlersIn, flows *agentflows.Module) lifecycle.Invoked {
 	handlers.RegisterAll(api)
 	steps.Append(lc, "metrics", m.Start, m.Stop)
 	pprofServer := profiling.New(cfg, logging.For(root, "pprof"))
@@ -37,4 +37,5 @@ func registerServeSteps(lc cell.Lifecycle, steps *lifecycle.Steps, cfg profiling
 		}
 		return api.Serve()
 	}, api.Stop)
+	return lifecycle.Invoked{}
 }

@@ -48,8 +48,8 @@ import (
 // as objects of their own, so that what writes endpoints takes only those
 // (and tests can decorate them).
 var Cell = cell.Module("datapath", "The eBPF datapath maps programs events and ipcache",
-	cell.Invoke(Config.validate),
-	cell.Invoke(func(*Module) {}),
+	cell.Provide(lifecycle.Check(Config.validate)),
+	cell.Provide(lifecycle.Build[*Module]),
 	cell.Config(DefaultConfig()),
 	cell.Provide(New, ipcacheOf, policyCIDROf, kernelOf, loaderOf, statusContribution, apiHandlers, resolveAttachMode, attachmentsConfig),
 )
@@ -561,15 +561,15 @@ func (b policyCIDRBackend) Prefixes() ([]netip.Prefix, error) {
 // synced in earlier steps have made their claims, and a map entry no
 // claim backs is a leftover of a previous run.
 var RestoredCell = cell.Module("ipcache-restored", "Lets the ipcache prune once the agent has restored its state",
-	cell.Invoke(func(lc cell.Lifecycle, dp *Module) {
-		if dp == nil {
-			return
+	cell.Provide(func(lc cell.Lifecycle, dp *Module) lifecycle.Invoked {
+		if dp != nil {
+			lc.Append(cell.Hook{OnStart: func(cell.HookContext) error {
+				dp.ipcache.MarkRestored()
+				dp.policyCIDR.MarkRestored()
+				return nil
+			}})
 		}
-		lc.Append(cell.Hook{OnStart: func(cell.HookContext) error {
-			dp.ipcache.MarkRestored()
-			dp.policyCIDR.MarkRestored()
-			return nil
-		}})
+		return lifecycle.Invoked{}
 	}),
 )
 

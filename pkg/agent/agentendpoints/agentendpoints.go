@@ -46,8 +46,8 @@ import (
 // the pod CIDRs picked, IPAM started with every restored endpoint's
 // addresses re-reserved, the host device set up, and the CNI server ready.
 var Cell = cell.Module("endpoints", "Endpoint restore IPAM host networking and the CNI server",
-	cell.Invoke(Config.validate),
-	cell.Invoke(func(*Module) {}),
+	cell.Provide(lifecycle.Check(Config.validate)),
+	cell.Provide(lifecycle.Build[*Module]),
 	cell.Config(DefaultConfig()),
 	cell.Provide(New, statusContribution, apiHandlers, policyModelOf),
 )

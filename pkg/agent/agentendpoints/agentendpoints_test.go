@@ -30,6 +30,7 @@ func newHive(t *testing.T, flags map[string]string, mod **Module) *hive.Hive {
 	agent := option.DefaultAgent()
 	agent.StateDir = filepath.Join(t.TempDir(), "state")
 	h := hive.New(
+		lifecycle.InvokeAll,
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

@@ -56,7 +56,7 @@ type stepParams struct {
 // the realizer the endpoints' regeneration hook, and requeues the
 // endpoints whose identity is revoked.
 var RegenerationCell = cell.Module("regeneration", "Endpoint regeneration after restore and on policy changes",
-	cell.Invoke(registerRegeneration),
+	cell.Provide(registerRegeneration),
 )
 
 type regenerationParams struct {
@@ -68,7 +68,7 @@ type regenerationParams struct {
 	Identities identity.Allocator
 }
 
-func registerRegeneration(p stepParams, r regenerationParams) {
+func registerRegeneration(p stepParams, r regenerationParams) lifecycle.Invoked {
 	eps := r.Endpoints
 	if r.Realizer != nil {
 		eps.setRealizer(r.Realizer)
@@ -96,6 +96,7 @@ func registerRegeneration(p stepParams, r regenerationParams) {
 		r.Policy.Run(ctx, refresh)
 		return nil
 	}))
+	return lifecycle.Invoked{}
 }
 
 // setRealizer makes r the last step of every endpoint's regeneration

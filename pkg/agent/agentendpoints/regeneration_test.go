@@ -112,6 +112,7 @@ func TestRegenerationHandsTheRealizerItsInputs(t *testing.T) {
 	ids := &revocations{LocalAllocator: identity.NewLocalAllocator()}
 	var m *Module
 	h := hive.New(
+		lifecycle.InvokeAll,
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

@@ -36,6 +36,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
@@ -212,7 +213,7 @@ func (c Config) SocketPath(apiSocket string) string {
 // datapath's event reader) and serves them with the Hubble API from start
 // step 10 (registered by the agent's serve cell, before the API socket).
 var Cell = cell.Module("flows", "Flows observed from the datapath events and the Hubble API",
-	cell.Invoke(func(*Module) {}),
+	cell.Provide(lifecycle.Build[*Module]),
 	cell.Config(DefaultConfig()),
 	cell.Provide(New, statusContribution, nodeEventsOf, traceMode, l7SinkOf),
 	cell.ProvidePrivate(nodeOf),
@@ -338,9 +339,10 @@ type Params struct {
 // New builds the observer and the Hubble server; nil with flows off or
 // without the datapath.
 func New(p Params) (*Module, error) {
-	// Validated here, not by an Invoke of the module: another module may
-	// need the flows (the proxies' L7 sink) before this module's Invokes
-	// run, and an option's own error says more than the TLS files' below.
+	// Validated here, not by a lifecycle.Check of the module: another
+	// module may need the flows (the proxies' L7 sink) before the root
+	// Invoke reaches this module's part, and an option's own error says
+	// more than the TLS files' below.
 	if err := p.Config.validate(); err != nil {
 		return nil, err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/fqdn"
 	"github.com/tendril-net/tendril/pkg/fqdn/fqdnapi"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/observer"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/policy/api"
@@ -30,8 +31,8 @@ import (
 
 // Cell is the FQDN cache's cell.
 var Cell = cell.Module("fqdn", "The names the DNS proxy learned in policy and on the API",
-	cell.Invoke(Config.validate),
-	cell.Invoke(registerJobs),
+	cell.Provide(lifecycle.Check(Config.validate)),
+	cell.Provide(registerJobs),
 	cell.Config(DefaultConfig()),
 	cell.Provide(New, apiHandlers),
 )
@@ -187,9 +188,10 @@ type jobParams struct {
 	Health *health.Registry
 }
 
-func registerJobs(p jobParams, m *Manager) {
+func registerJobs(p jobParams, m *Manager) lifecycle.Invoked {
 	g := p.Jobs.NewGroup(p.Health.Scope("fqdn"), job.WithLogger(p.Log))
 	g.Add(job.Timer("fqdn-cache", m.tick, saveInterval))
+	return lifecycle.Invoked{}
 }
 
 func apiHandlers(m *Manager) server.HandlersOut {

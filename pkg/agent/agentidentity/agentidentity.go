@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/labels"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/option"
 )
@@ -26,7 +27,7 @@ import (
 // Cell provides the identity allocator, the identities table and the
 // identity label filter.
 var Cell = cell.Module("identity", "Identity allocator identities table and label filter",
-	cell.Invoke(Config.validate),
+	cell.Provide(lifecycle.Check(Config.validate)),
 	cell.Config(DefaultConfig()),
 	cell.Provide(NewAllocator, NewTable, NewLabelFilter, statusContribution, apiHandlers),
 )

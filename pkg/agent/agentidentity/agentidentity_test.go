@@ -18,6 +18,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity/identitytable"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/labels"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/option"
 )
 
@@ -36,6 +37,7 @@ func newHive(t *testing.T, k8s agentk8s.Config, flags map[string]string, b *buil
 	t.Helper()
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	h := hive.New(
+		lifecycle.InvokeAll,
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

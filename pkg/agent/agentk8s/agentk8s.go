@@ -64,7 +64,7 @@ import (
 // TendrilEndpoints).
 var Cell = cell.Module("k8s", "Kubernetes node write-back and watchers",
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
-	cell.Invoke(func(*Module) {}),
+	cell.Provide(lifecycle.Build[*Module]),
 	cell.Provide(New, statusContribution, policyStatusOf, endpointPublicationsOf),
 )
 

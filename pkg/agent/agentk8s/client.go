@@ -34,8 +34,8 @@ import (
 // reached, the CRDs installed; it also reads what the later steps need of
 // the cluster (this node's Node, pods' labels and named ports).
 var ClientCell = cell.Module("k8s-client", "Kubernetes clients CRDs and the read side of the caches",
-	cell.Invoke(Config.validate),
-	cell.Invoke(func(*Client) {}),
+	cell.Provide(lifecycle.Check(Config.validate)),
+	cell.Provide(lifecycle.Build[*Client]),
 	cell.Config(DefaultConfig()),
 	cell.Provide(NewClient),
 )

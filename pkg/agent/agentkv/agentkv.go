@@ -46,8 +46,8 @@ import (
 // Cell is the agent's kvstore: start step 7, after the endpoints are
 // restored and the Kubernetes watchers synced.
 var Cell = cell.Module("kvstore", "The etcd client identities and endpoint addresses in etcd",
-	cell.Invoke(validate),
-	cell.Invoke(func(*Module) {}),
+	cell.Provide(validate),
+	cell.Provide(lifecycle.Build[*Module]),
 	cell.Config(DefaultOptions()),
 	cell.Provide(New, statusContribution, endpointsOf, nodeIPOf, addressesOf),
 	cell.ProvidePrivate(configOf),
@@ -74,12 +74,12 @@ func (o Options) Flags(fs *pflag.FlagSet) {
 
 // validate checks the options and the one check across two cells'
 // options: identities in etcd need a kvstore.
-func validate(o Options, id agentidentity.Config) error {
+func validate(o Options, id agentidentity.Config) (lifecycle.Invoked, error) {
 	var errs []error
 	if id.AllocationMode == agentidentity.AllocationKVStore && !o.Enabled() {
 		errs = append(errs, fmt.Errorf("identity-allocation-mode kvstore: needs --kvstore (etcd with --kvstore-endpoints, or embedded)"))
 	}
-	return option.Invalid(errors.Join(append(errs, o.Validate())...))
+	return lifecycle.Invoked{}, option.Invalid(errors.Join(append(errs, o.Validate())...))
 }
 
 // Validate checks the values; each error names its option.

@@ -41,8 +41,8 @@ import (
 // step restores the rules imported through the API before the restart, so
 // restored endpoints regenerate to exactly what they enforced.
 var Cell = cell.Module("policy", "Policy repository resolution and the policy file",
-	cell.Invoke(Config.validate),
-	cell.Invoke(registerRestore),
+	cell.Provide(lifecycle.Check(Config.validate)),
+	cell.Provide(registerRestore),
 	cell.Config(DefaultConfig()),
 	cell.Provide(New, apiHandlers),
 )
@@ -263,10 +263,11 @@ type restoreParams struct {
 // registerRestore appends the "policy-restore" step and the policy file's
 // writer: it runs from after the restore until the step stops, with the
 // last change written.
-func registerRestore(p restoreParams, m *Module) {
+func registerRestore(p restoreParams, m *Module) lifecycle.Invoked {
 	p.Steps.Append(p.Lifecycle, "policy-restore", m.restore, nil)
 	p.Jobs.NewGroup(p.Health.Scope("policy-restore"), job.WithLogger(p.Log)).Add(job.OneShot("policy-file", func(ctx context.Context, _ cell.Health) error {
 		m.file.Run(ctx)
 		return nil
 	}))
+	return lifecycle.Invoked{}
 }

@@ -160,8 +160,8 @@ const lbDrainInterval = 5 * time.Second
 // by the Service and EndpointSlice watchers, and the reconciler writing
 // them into the LB maps.
 var Cell = cell.Module("services", "Services load-balanced by the datapath",
-	cell.Invoke(Config.validate),
-	cell.Invoke(func(*Module) {}),
+	cell.Provide(lifecycle.Check(Config.validate)),
+	cell.Provide(lifecycle.Build[*Module]),
 	cell.Config(DefaultConfig()),
 	cell.ProvidePrivate(loadbalancer.NewTables),
 	cell.Provide(New, readTables, statusContribution, apiHandlers, watchersOf, Config.LBSizes),

@@ -33,6 +33,7 @@ func TestTablesProvidedByType(t *testing.T) {
 		frontends statedb.Table[*loadbalancer.Frontend]
 	)
 	h := hive.New(
+		lifecycle.InvokeAll,
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

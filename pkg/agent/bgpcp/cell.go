@@ -31,6 +31,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/ipam"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -39,7 +40,7 @@ import (
 // Cell is the BGP control plane; it provides *ControlPlane (nil when
 // off).
 var Cell = cell.Module("bgp-control-plane", "Announces pod CIDRs and LoadBalancer addresses over BGP",
-	cell.Invoke(func(*ControlPlane) {}),
+	cell.Provide(lifecycle.Build[*ControlPlane]),
 	cell.Config(DefaultConfig()),
 	cell.Provide(newControlPlane, statusContribution, apiHandlers),
 )

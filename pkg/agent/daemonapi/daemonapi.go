@@ -30,7 +30,7 @@ import (
 
 // Cell registers the daemon handlers on the API server.
 var Cell = cell.Module("daemon-api", "The agent status configuration and debug info API",
-	cell.Invoke(register),
+	cell.Provide(register),
 )
 
 // settings are what the handlers read of the cells' options.
@@ -82,10 +82,11 @@ type Handlers struct {
 	contributions []status.Contribution
 }
 
-func register(p params) {
+func register(p params) lifecycle.Invoked {
 	set := settings{NodeName: p.Node.Name, AttachModeTC: p.Attach.Mode == loader.AttachTC, AttachModeNote: p.Attach.Note, MTU: p.Endpoints.MTU}
 	h := &Handlers{settings: set, flags: p.Flags.Set, addressing: p.Addressing, runtime: p.Runtime, health: p.Health, steps: p.Steps, contributions: p.Status.Contributions}
 	h.Register(p.API)
+	return lifecycle.Invoked{}
 }
 
 // Register serves the handlers on api.

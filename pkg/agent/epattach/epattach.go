@@ -26,6 +26,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/reconcile"
 )
@@ -387,7 +388,7 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*Endpoi
 // datapath's step (the cell is built after the datapath, whose kernel it
 // takes), so the maps are open when it writes them.
 var Cell = cell.Module("endpoints-table", "The endpoints table and the reconciler of their attachments",
-	cell.Invoke(func(*Table) {}),
+	cell.Provide(lifecycle.Build[*Table]),
 	cell.Provide(New),
 )
 

@@ -15,6 +15,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/l2announcer"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -25,11 +26,12 @@ import (
 // datapath's maps are open, and serves its status and NAT table on the
 // API. The datapath cell provides the *loader.Loader and the attach mode.
 var Cell = cell.Module("host-devices", "Host device programs masquerading pod traffic leaving the node",
-	cell.Invoke(Config.validate),
-	cell.Invoke(func(api *server.Server, m *Masquerade) {
+	cell.Provide(lifecycle.Check(Config.validate)),
+	cell.Provide(func(api *server.Server, m *Masquerade) lifecycle.Invoked {
 		if m != nil {
 			m.registerAPI(api)
 		}
+		return lifecycle.Invoked{}
 	}),
 	cell.Config(DefaultConfig()),
 	cell.Provide(newCell, statusContribution),

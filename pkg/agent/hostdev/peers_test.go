@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
 
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 )
 
@@ -25,6 +26,7 @@ func TestPeerCIDRsFollowTheNodesTable(t *testing.T) {
 		peers  statedb.Table[*nodemanager.Peer]
 	)
 	h := hive.New(
+		lifecycle.InvokeAll,
 		statedb.Cell,
 		cell.Module("nodes-test", "The nodes table under test",
 			cell.ProvidePrivate(nodemanager.NewTables),

@@ -32,7 +32,7 @@ import (
 // and world identities), kept current, and conntrack GC.
 var Cell = cell.Module("host-ips", "Host addresses in the ipcache and conntrack GC",
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
-	cell.Invoke(func(*Sync) {}),
+	cell.Provide(lifecycle.Build[*Sync]),
 	cell.Provide(New),
 )
 

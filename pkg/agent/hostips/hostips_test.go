@@ -27,6 +27,7 @@ func TestNilWithoutDatapath(t *testing.T) {
 		steps *lifecycle.Steps
 	)
 	h := hive.New(
+		lifecycle.InvokeAll,
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 )
 
@@ -23,8 +24,8 @@ import (
 // into campaigns and the table) and the table's reconciler (the
 // responder map). It provides the *Announcer (nil when off).
 var Cell = cell.Module("l2-announcements", "Answers ARP for service addresses admitted by a pool L2 announcement policy",
-	cell.Invoke(Config.validate),
-	cell.Invoke(func(*Announcer) {}),
+	cell.Provide(lifecycle.Check(Config.validate)),
+	cell.Provide(lifecycle.Build[*Announcer]),
 	cell.Config(DefaultConfig()),
 	cell.Provide(newCell, statusContribution, tableOf),
 )

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -27,8 +28,8 @@ import (
 // responder and the prober jobs and the node-health table; the API's
 // /v1/cluster/nodes in every mode.
 var Cell = cell.Module("node-health", "Probes the other nodes and answers their probes",
-	cell.Invoke(Config.validate),
-	cell.Invoke(func(*Checker) {}),
+	cell.Provide(lifecycle.Check(Config.validate)),
+	cell.Provide(lifecycle.Build[*Checker]),
 	cell.Config(DefaultConfig()),
 	cell.Provide(newChecker, tableOf, statusContribution, apiHandlers),
 )

@@ -15,6 +15,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/option"
 )
@@ -52,7 +53,7 @@ func world(client *agentk8s.Client, cache IPCache) cell.Cell {
 // start builds and starts the hive, stopped when the test ends.
 func start(t *testing.T, cells ...cell.Cell) {
 	t.Helper()
-	h := hive.New(cells...)
+	h := hive.New(append([]cell.Cell{lifecycle.InvokeAll}, cells...)...)
 	log := hivetest.Logger(t)
 	if err := h.Start(log, context.Background()); err != nil {
 		t.Fatal(err)

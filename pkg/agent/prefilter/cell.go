@@ -25,6 +25,7 @@ import (
 	dpprefilter "github.com/tendril-net/tendril/pkg/datapath/prefilter"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/prefilter"
@@ -34,7 +35,7 @@ import (
 // datapath), its API handlers (in every mode: they say when it is off),
 // its status section and metrics.
 var Cell = cell.Module("prefilter", "XDP prefilter dropping denied source CIDRs at the host devices",
-	cell.Invoke(func(*Prefilter) {}),
+	cell.Provide(lifecycle.Build[*Prefilter]),
 	cell.Config(DefaultConfig()),
 	cell.Provide(newCell, apiHandlers, statusContribution),
 )

@@ -29,6 +29,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	dpprefilter "github.com/tendril-net/tendril/pkg/datapath/prefilter"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/prefilter"
 	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/netlab"
@@ -279,7 +280,7 @@ func startList(t *testing.T, dp *dpprefilter.Datapath, dir string) *prefilter.Li
 	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var list *prefilter.List
-	h := hive.New(statedb.Cell, job.Cell,
+	h := hive.New(lifecycle.InvokeAll, statedb.Cell, job.Cell,
 		cell.Provide(func() cell.Health { hl, _ := cell.NewSimpleHealth(); return hl }),
 		cell.Module("prefilter-test", "prefilter under test",
 			cell.Invoke(func(db *statedb.DB, jobs job.Registry, hl cell.Health, id cell.FullModuleID) error {

@@ -36,7 +36,7 @@ import (
 // (step 7, after the kvstore, whose allocator must be synced first).
 var Cell = cell.Module("endpoint-realizer", "Endpoint identity ipcache policy map and programs",
 	// Invoke before Provide: one cycle check less (pkg/agent/cells.go).
-	cell.Invoke(func(*Realizer) {}),
+	cell.Provide(lifecycle.Build[*Realizer]),
 	cell.Provide(New),
 )
 

@@ -31,6 +31,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	dptunnel "github.com/tendril-net/tendril/pkg/datapath/tunnel"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/option"
 )
 
@@ -39,9 +40,10 @@ import (
 // endpoints (the MTU overhead) and the nodes cell (the device the pod
 // CIDR routes go to).
 var Cell = cell.Module("tunnel", "Routing mode native or tunnel with a VXLAN or Geneve overlay between nodes",
-	// Invokes, then the config, then the providers (pkg/agent/cells.go).
-	cell.Invoke(Config.validate),
-	cell.Invoke(func(*Tunnel) {}),
+	// What the root Invoke runs, then the config, then the providers
+	// (pkg/agent/cells.go).
+	cell.Provide(lifecycle.Check(Config.validate)),
+	cell.Provide(lifecycle.Build[*Tunnel]),
 	cell.Config(DefaultConfig()),
 	cell.Provide(newCell, mtuOverhead, routeDevice, statusContribution),
 )

@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	dptunnel "github.com/tendril-net/tendril/pkg/datapath/tunnel"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/option"
 	"github.com/tendril-net/tendril/pkg/status"
 )
@@ -130,6 +131,7 @@ type provided struct {
 
 func newHive(flags map[string]string, out *provided) *hive.Hive {
 	h := hive.New(
+		lifecycle.InvokeAll,
 		job.Cell,
 		cell.Provide(
 			func() option.Agent { return option.Agent{BPFRoot: "/nonexistent"} },

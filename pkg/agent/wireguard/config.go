@@ -8,6 +8,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/agent/tunnel"
 	dpwg "github.com/tendril-net/tendril/pkg/datapath/wireguard"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/option"
 )
 
@@ -46,7 +47,9 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 }
 
 // validate is Validate, marked as a configuration error.
-func (c Config) validate(t tunnel.Config) error { return option.Invalid(c.Validate(t)) }
+func (c Config) validate(t tunnel.Config) (lifecycle.Invoked, error) {
+	return lifecycle.Invoked{}, option.Invalid(c.Validate(t))
+}
 
 // Validate checks the values against each other and the routing mode;
 // each error names its option.

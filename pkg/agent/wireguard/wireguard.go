@@ -44,6 +44,7 @@ import (
 	dpwg "github.com/tendril-net/tendril/pkg/datapath/wireguard"
 	"github.com/tendril-net/tendril/pkg/datapath/wireguard/wgkey"
 	"github.com/tendril-net/tendril/pkg/health"
+	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/option"
@@ -53,8 +54,8 @@ import (
 // (*Encryption, nil with encryption off), the public key to publish, the
 // device the peers' pod CIDR routes go to, the MTU the encryption takes.
 var Cell = cell.Module("wireguard", "Transparent encryption between nodes with WireGuard",
-	cell.Invoke(Config.validate),
-	cell.Invoke(func(*Encryption) {}),
+	cell.Provide(Config.validate),
+	cell.Provide(lifecycle.Build[*Encryption]),
 	cell.Config(DefaultConfig()),
 	cell.Provide(newCell, publicKeys, routeDevice, mtuOverhead, statusContribution, apiHandlers),
 )
