@@ -327,10 +327,12 @@ func (s *Server) serviceMap(w http.ResponseWriter, r *http.Request) {
 }
 
 // FlowList is /api/flows's answer: the last Limit matching flows, oldest
-// first, and how many matched.
+// first, how many matched, and the cursor of the position after them: a
+// stream opened with after=Cursor starts where the list ended.
 type FlowList struct {
-	Flows   []Row `json:"flows"`
-	Matched int   `json:"matched"`
+	Flows   []Row  `json:"flows"`
+	Matched int    `json:"matched"`
+	Cursor  string `json:"cursor"`
 }
 
 func (s *Server) flows(w http.ResponseWriter, r *http.Request) {
@@ -338,12 +340,12 @@ func (s *Server) flows(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	flows := s.store.Flows(m)
+	flows, cursor := s.store.Snapshot(m)
 	limit := q.Limit
 	if limit == 0 {
 		limit = DefaultLimit
 	}
-	out := FlowList{Flows: []Row{}, Matched: len(flows)}
+	out := FlowList{Flows: []Row{}, Matched: len(flows), Cursor: cursor}
 	for _, f := range flows[max(0, len(flows)-limit):] {
 		out.Flows = append(out.Flows, RowOf(f))
 	}
@@ -352,12 +354,19 @@ func (s *Server) flows(w http.ResponseWriter, r *http.Request) {
 
 // StreamMessage is one message of /api/stream: the flows gathered since
 // the last one (at most maxStreamRows) and how many more were left out.
+// Its event id is the cursor of the position after them.
 type StreamMessage struct {
 	Flows   []Row  `json:"flows"`
 	Skipped uint64 `json:"skipped"`
 }
 
-// stream sends new matching flows as Server-Sent Events, batched.
+// stream sends matching flows as Server-Sent Events, batched: the new ones,
+// or with after=CURSOR (a flow list's) the ones since that list first, so
+// nothing that arrived between the list and the stream is missed. Each
+// message's id is the cursor after it; an EventSource reconnecting sends
+// the last one as Last-Event-ID, which takes the place of after, so the
+// reconnected stream neither repeats nor misses flows the store still
+// holds.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 	m, _, ok := s.matcher(w, r)
 	if !ok {
@@ -368,7 +377,15 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, errors.New("streaming unsupported"))
 		return
 	}
-	sub := s.store.Subscribe(m, 4*maxStreamRows)
+	from := r.URL.Query().Get("after")
+	if id := r.Header.Get("Last-Event-ID"); id != "" {
+		from = id
+	}
+	sub, err := s.store.Subscribe(m, 4*maxStreamRows, from)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
 	defer s.store.Unsubscribe(sub)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -379,18 +396,24 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 	defer tick.Stop()
 	var batch []*flowpb.Flow
 	var skipped, reported uint64
+	pos := sub.From // the cursor of the messages' ids
 	for {
 		select {
 		case <-r.Context().Done():
 			return
-		case f := <-sub.C:
+		case e := <-sub.C:
+			pos = e.Seq + 1
 			if len(batch) < maxStreamRows {
-				batch = append(batch, f)
+				batch = append(batch, e.Flow)
 			} else {
 				skipped++
 			}
 		case <-tick.C:
-			lost := s.store.Skipped(sub)
+			lost, scanned, idle := s.store.Progress(sub)
+			if idle {
+				// Everything matching before scanned was received.
+				pos = max(pos, scanned)
+			}
 			if len(batch) == 0 && skipped == 0 && lost == reported {
 				continue
 			}
@@ -402,7 +425,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				return
 			}
-			if _, err := fmt.Fprintf(w, "data: %s\n\n", data); err != nil {
+			if _, err := fmt.Fprintf(w, "id: %s\ndata: %s\n\n", s.store.Cursor(pos), data); err != nil {
 				return
 			}
 			flusher.Flush()
