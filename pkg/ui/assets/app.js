@@ -202,6 +202,8 @@ async function loadFlows() {
     state.rows = list.flows;
     let skipped = 0;
     const where = history ? " in the export files (" + list.files.length + " read" + (list.unreadable ? ", " + list.unreadable + " unreadable lines skipped" : "") + ")" : " held";
+    $("#flows-info").dataset.listed = String(list.matched);
+    $("#flows-info").dataset.followed = "0";
     renderRows(list.matched + " matching flows" + where + (list.matched > list.flows.length ? ", the last " + list.flows.length + " shown" : "") + (follow ? "; following" : ""));
     if (!follow) return;
     p.delete("limit");
@@ -214,6 +216,10 @@ async function loadFlows() {
     state.stream.onmessage = (ev) => {
       const msg = JSON.parse(ev.data);
       skipped += msg.skipped;
+      // What the stream accounted for (shown or skipped), for the page's
+      // benchmark to tell whether it keeps up.
+      const info = $("#flows-info").dataset;
+      info.followed = String(Number(info.followed || 0) + msg.flows.length + msg.skipped);
       state.rows = state.rows.concat(msg.flows).slice(-MAX_ROWS);
       renderRows("following: " + state.rows.length + " latest flows shown" + (skipped ? ", " + skipped + " too many to show skipped" : ""));
     };
