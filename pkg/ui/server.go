@@ -173,9 +173,18 @@ func DialTarget(server string) string {
 	return "passthrough:///" + server
 }
 
+// resumeOverlap is how far before the newest flow read a reconnection to
+// the relay asks again. The relay sends its nodes' flows in arrival order,
+// so when the connection breaks, flows the UI has not read yet may be
+// older than the newest it read (another node's, come later); those within
+// the overlap come on the reconnection, and the ones read already are
+// recognised and dropped. A node later than that loses its flows of the gap.
+const resumeOverlap = 5 * time.Second
+
 // ReadRelay follows the relay's flows into the store until ctx ends,
 // reconnecting after a failure. It first asks for as many past flows as the
-// store holds, then for new ones only.
+// store holds, then, after a failure, for those since resumeOverlap before
+// the newest read, each once.
 func (s *Server) ReadRelay(ctx context.Context) error {
 	creds := insecure.NewCredentials()
 	if s.cfg.RelayTLS != nil {
@@ -187,14 +196,15 @@ func (s *Server) ReadRelay(ctx context.Context) error {
 	}
 	defer conn.Close()
 	client := observerpb.NewObserverClient(conn)
-	var since time.Time
+	read := newReadSet(resumeOverlap)
 	for {
 		req := &observerpb.GetFlowsRequest{Follow: true, Number: uint64(s.cfg.Capacity)}
-		if !since.IsZero() {
-			// After a reconnection: what came since the last flow read.
-			req.Number, req.Since = 0, timestamppb.New(since.Add(time.Nanosecond))
+		if !read.newest.IsZero() {
+			// After a reconnection: what came since shortly before the
+			// newest flow read.
+			req.Number, req.Since = 0, timestamppb.New(read.newest.Add(-resumeOverlap))
 		}
-		err := s.follow(ctx, client, req, &since)
+		err := s.follow(ctx, client, req, read)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -208,7 +218,7 @@ func (s *Server) ReadRelay(ctx context.Context) error {
 	}
 }
 
-func (s *Server) follow(ctx context.Context, client observerpb.ObserverClient, req *observerpb.GetFlowsRequest, since *time.Time) error {
+func (s *Server) follow(ctx context.Context, client observerpb.ObserverClient, req *observerpb.GetFlowsRequest, read *readSet) error {
 	stream, err := client.GetFlows(ctx, req)
 	if err != nil {
 		return err
@@ -222,13 +232,61 @@ func (s *Server) follow(ctx context.Context, client observerpb.ObserverClient, r
 			}
 			return err
 		}
-		if f := resp.GetFlow(); f != nil {
+		if f := resp.GetFlow(); f != nil && read.first(f) {
 			s.store.Add(f)
-			if t := f.GetTime().AsTime(); t.After(*since) {
-				*since = t
-			}
 		}
 	}
+}
+
+// readSet remembers the flows read within window of the newest, so those
+// a reconnection's overlap sends again are recognised.
+type readSet struct {
+	window time.Duration
+	newest time.Time
+	recent map[string]time.Time
+	pruned time.Time
+}
+
+func newReadSet(window time.Duration) *readSet {
+	return &readSet{window: window, recent: map[string]time.Time{}}
+}
+
+// first reports whether f was not read before (within the window), and
+// remembers it.
+func (r *readSet) first(f *flowpb.Flow) bool {
+	t := f.GetTime().AsTime()
+	key := flowKey(f)
+	if _, dup := r.recent[key]; dup {
+		return false
+	}
+	if t.After(r.newest) {
+		r.newest = t
+	}
+	horizon := r.newest.Add(-r.window)
+	if !t.Before(horizon) {
+		r.recent[key] = t
+	}
+	// Forget what fell out of the window, once per window.
+	if r.pruned.Before(horizon) {
+		for k, at := range r.recent {
+			if at.Before(horizon) {
+				delete(r.recent, k)
+			}
+		}
+		r.pruned = r.newest
+	}
+	return true
+}
+
+// flowKey names a flow: its UUID (the agents' observers give every flow
+// one), else its node, time and addresses.
+func flowKey(f *flowpb.Flow) string {
+	if id := f.GetUuid(); id != "" {
+		return id
+	}
+	proto, sport, dport := protoPorts(f)
+	return fmt.Sprintf("%s %d %s:%d %s:%d %s %s", f.GetNodeName(), f.GetTime().AsTime().UnixNano(),
+		f.GetIP().GetSource(), sport, f.GetIP().GetDestination(), dport, proto, f.GetVerdict())
 }
 
 func (s *Server) setState(connected bool, err error) {
