@@ -15,6 +15,7 @@ import (
 	observerpb "github.com/cilium/cilium/api/v1/observer"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -22,6 +23,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/hubble"
 	"github.com/tendril-net/tendril/pkg/hubble/flowmetrics"
 	"github.com/tendril-net/tendril/pkg/observer"
+	"github.com/tendril-net/tendril/pkg/ui"
 )
 
 // observeOptions are `tendril observe`'s flags.
@@ -44,6 +46,10 @@ type observeOptions struct {
 	tcpFlags            []string
 	reply               []bool
 	dropReason          []string
+	// tls turns TLS on with no other TLS flag (the system's roots check
+	// the server), as hubble's --tls.
+	tls       bool
+	serverTLS ui.RelayTLS
 }
 
 func newObserveCommand(_ *Options) *cobra.Command {
@@ -53,7 +59,10 @@ func newObserveCommand(_ *Options) *cobra.Command {
 		Short: "Observe flows of a node's Hubble API (or a relay's), as `hubble observe` does",
 		Long: `Observe flows: drops with their reason, policy verdicts naming their policy, and
 forwarded traffic, from the Hubble API of a node (unix socket) or a relay (host:port).
-A flag without from-/to- matches either side (two filters, as hubble builds them).`,
+A flag without from-/to- matches either side (two filters, as hubble builds them).
+A relay serving TLS is read with --tls-ca-cert-files, and with --tls-client-cert-file
+and --tls-client-key-file when it requires a client certificate (mTLS); any TLS flag
+turns TLS on.`,
 		Args: cobra.NoArgs,
 		// The root's -o check is for the REST commands; observe has its
 		// own outputs.
@@ -98,6 +107,13 @@ A flag without from-/to- matches either side (two filters, as hubble builds them
 	f.StringSliceVar(&o.nodes, "node-name", nil, "Node name pattern (node-*)")
 	f.StringArrayVar(&o.tcpFlags, "tcp-flags", nil, "TCP flags the flow has, e.g. SYN or SYN,ACK (repeat for any of)")
 	f.BoolSliceVar(&o.reply, "is-reply", nil, "Replies (true) or not (false)")
+	// hubble observe's names for TLS to the relay (or a node's TCP
+	// listener); the same settings as tendril ui's --tls-relay-server-*.
+	f.BoolVar(&o.tls, "tls", false, "Connect to --server over TLS (any other --tls-* flag turns it on too)")
+	f.StringSliceVar(&o.serverTLS.CAFiles, "tls-ca-cert-files", nil, "PEM CAs of the server's certificate (the relay's --tls-relay-server-cert-file); default: the system's roots")
+	f.StringVar(&o.serverTLS.CertFile, "tls-client-cert-file", "", "PEM certificate to present to a server that requires one (the relay's --tls-relay-client-ca-files: mTLS)")
+	f.StringVar(&o.serverTLS.KeyFile, "tls-client-key-file", "", "PEM key of --tls-client-cert-file")
+	f.StringVar(&o.serverTLS.ServerName, "tls-server-name", "", "Name the server's certificate must carry (default: the host of --server)")
 	return cmd
 }
 
@@ -298,7 +314,15 @@ func (o *observeOptions) run(ctx context.Context, out, errOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient(dialTarget(o.server), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if o.tls || o.serverTLS.Enabled() {
+		tc, err := o.serverTLS.Config(o.server)
+		if err != nil {
+			return fmt.Errorf("TLS to %s: %w", o.server, err)
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(dialTarget(o.server), grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return fmt.Errorf("connect to %s: %w", o.server, err)
 	}

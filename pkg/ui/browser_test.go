@@ -1,8 +1,10 @@
 package ui
 
 import (
+	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,7 +30,11 @@ func TestBrowserServiceMapFlowsPolicy(t *testing.T) {
 	if err := ex.Close(); err != nil {
 		t.Fatal(err)
 	}
-	demo, s, hs := uiOverDemo(t, Config{StreamBatch: 50 * time.Millisecond, HistoryFiles: []string{history}})
+	// The page's next live stream request can be held at a gate, so the
+	// test can send flows between the list's answer and the stream's
+	// start, where the page once missed them.
+	gate := &streamGate{}
+	demo, s, hs := uiOverDemoWith(t, Config{StreamBatch: 50 * time.Millisecond, HistoryFiles: []string{history}}, gate.wrap)
 	for i := range 3 {
 		demo.round(t, time.Duration(i)*time.Second, uint16(40000+i))
 	}
@@ -54,6 +60,7 @@ func TestBrowserServiceMapFlowsPolicy(t *testing.T) {
 
 	// The flow table filtered by verdict: only drops (two a round), and a
 	// new round's drops arrive while following.
+	arrived, release := gate.hold("DROPPED")
 	uitest.Do(t, ctx, "the flow table filtered to drops",
 		chromedp.Click(`nav button[data-tab="flows"]`),
 		chromedp.SetValue(`select[name="verdict"]`, "DROPPED"),
@@ -61,23 +68,20 @@ func TestBrowserServiceMapFlowsPolicy(t *testing.T) {
 		uitest.Poll(`(() => { const rows = document.querySelectorAll('#flows tbody tr.flow');
 			return rows.length === 6 && Array.from(rows).every(r => r.dataset.verdict === 'DROPPED'); })()`),
 	)
-	// A round's drops arrive while following. The page opens its stream
-	// after the filtered list has answered, so a round sent in between can
-	// be missed (docs/roadmap.md): send rounds until one arrives.
-	followed := false
-	for i := range 5 {
-		demo.round(t, time.Duration(3+i)*time.Second, uint16(40003+i))
-		err := chromedp.Do(ctx, chromedp.Poll[chromedp.Void](`(() => { const rows = document.querySelectorAll('#flows tbody tr.flow');
-			return rows.length >= 8 && Array.from(rows).every(r => r.dataset.verdict === 'DROPPED'); })()`,
-			chromedp.WithPollingTimeout(10*time.Second)))
-		if err == nil {
-			followed = true
-			break
-		}
+	// A round sent after the list answered and before the stream started
+	// arrives in the table: the stream starts where the list ended.
+	select {
+	case <-arrived:
+	case <-time.After(45 * time.Second):
+		t.Fatal("the page opened no live stream")
 	}
-	if !followed {
-		uitest.Do(t, ctx, "the followed drops", uitest.Poll(`false`))
-	}
+	demo.round(t, 3*time.Second, 40003)
+	eventually(t, "the fourth round in the UI", func() bool { return s.Store().Len() == 40 })
+	close(release)
+	uitest.Do(t, ctx, "the followed drops",
+		uitest.Poll(`(() => { const rows = document.querySelectorAll('#flows tbody tr.flow');
+			return rows.length === 8 && Array.from(rows).every(r => r.dataset.verdict === 'DROPPED'); })()`),
+	)
 
 	// The export files: the seven earlier rounds' audit verdicts.
 	uitest.Do(t, ctx, "the history search",
@@ -108,4 +112,47 @@ func TestBrowserServiceMapFlowsPolicy(t *testing.T) {
 	if !strings.Contains(summary, "change verdict") || strings.HasPrefix(summary, "0 of") {
 		t.Errorf("what-if summary %q", summary)
 	}
+}
+
+// streamGate holds the next /api/stream request of a verdict until
+// released.
+type streamGate struct {
+	mu               sync.Mutex
+	verdict          string
+	arrived, release chan struct{}
+}
+
+// hold makes the gate hold the next stream request filtered to verdict
+// (the page's stream of the unfiltered table may come later than the
+// test arms the gate): arrived closes when it comes, and it proceeds when
+// release is closed.
+func (g *streamGate) hold(verdict string) (arrived, release chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.verdict, g.arrived, g.release = verdict, make(chan struct{}), make(chan struct{})
+	return g.arrived, g.release
+}
+
+func (g *streamGate) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/stream" {
+			g.mu.Lock()
+			arrived, release := g.arrived, g.release
+			if r.URL.Query().Get("verdict") == g.verdict {
+				g.arrived, g.release = nil, nil
+			} else {
+				arrived = nil
+			}
+			g.mu.Unlock()
+			if arrived != nil {
+				close(arrived)
+				select {
+				case <-release:
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -37,7 +37,7 @@ func (r RelayTLS) Enabled() bool {
 // every connection attempt.
 func (r RelayTLS) Config(relay string) (*tls.Config, error) {
 	if strings.HasPrefix(relay, "unix://") || strings.HasPrefix(relay, "/") {
-		return nil, fmt.Errorf("relay %s is a unix socket, which the relay serves without TLS", relay)
+		return nil, fmt.Errorf("%s is a unix socket, which the relay and the agents serve without TLS", relay)
 	}
 	cfg, err := hubbletls.Client{CAFiles: r.CAFiles, CertFile: r.CertFile, KeyFile: r.KeyFile}.Config()
 	if err != nil {

@@ -173,9 +173,18 @@ func DialTarget(server string) string {
 	return "passthrough:///" + server
 }
 
+// resumeOverlap is how far before the newest flow read a reconnection to
+// the relay asks again. The relay sends its nodes' flows in arrival order,
+// so when the connection breaks, flows the UI has not read yet may be
+// older than the newest it read (another node's, come later); those within
+// the overlap come on the reconnection, and the ones read already are
+// recognised and dropped. A node later than that loses its flows of the gap.
+const resumeOverlap = 5 * time.Second
+
 // ReadRelay follows the relay's flows into the store until ctx ends,
 // reconnecting after a failure. It first asks for as many past flows as the
-// store holds, then for new ones only.
+// store holds, then, after a failure, for those since resumeOverlap before
+// the newest read, each once.
 func (s *Server) ReadRelay(ctx context.Context) error {
 	creds := insecure.NewCredentials()
 	if s.cfg.RelayTLS != nil {
@@ -187,14 +196,15 @@ func (s *Server) ReadRelay(ctx context.Context) error {
 	}
 	defer conn.Close()
 	client := observerpb.NewObserverClient(conn)
-	var since time.Time
+	read := newReadSet(resumeOverlap)
 	for {
 		req := &observerpb.GetFlowsRequest{Follow: true, Number: uint64(s.cfg.Capacity)}
-		if !since.IsZero() {
-			// After a reconnection: what came since the last flow read.
-			req.Number, req.Since = 0, timestamppb.New(since.Add(time.Nanosecond))
+		if !read.newest.IsZero() {
+			// After a reconnection: what came since shortly before the
+			// newest flow read.
+			req.Number, req.Since = 0, timestamppb.New(read.newest.Add(-resumeOverlap))
 		}
-		err := s.follow(ctx, client, req, &since)
+		err := s.follow(ctx, client, req, read)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -208,7 +218,7 @@ func (s *Server) ReadRelay(ctx context.Context) error {
 	}
 }
 
-func (s *Server) follow(ctx context.Context, client observerpb.ObserverClient, req *observerpb.GetFlowsRequest, since *time.Time) error {
+func (s *Server) follow(ctx context.Context, client observerpb.ObserverClient, req *observerpb.GetFlowsRequest, read *readSet) error {
 	stream, err := client.GetFlows(ctx, req)
 	if err != nil {
 		return err
@@ -222,13 +232,61 @@ func (s *Server) follow(ctx context.Context, client observerpb.ObserverClient, r
 			}
 			return err
 		}
-		if f := resp.GetFlow(); f != nil {
+		if f := resp.GetFlow(); f != nil && read.first(f) {
 			s.store.Add(f)
-			if t := f.GetTime().AsTime(); t.After(*since) {
-				*since = t
-			}
 		}
 	}
+}
+
+// readSet remembers the flows read within window of the newest, so those
+// a reconnection's overlap sends again are recognised.
+type readSet struct {
+	window time.Duration
+	newest time.Time
+	recent map[string]time.Time
+	pruned time.Time
+}
+
+func newReadSet(window time.Duration) *readSet {
+	return &readSet{window: window, recent: map[string]time.Time{}}
+}
+
+// first reports whether f was not read before (within the window), and
+// remembers it.
+func (r *readSet) first(f *flowpb.Flow) bool {
+	t := f.GetTime().AsTime()
+	key := flowKey(f)
+	if _, dup := r.recent[key]; dup {
+		return false
+	}
+	if t.After(r.newest) {
+		r.newest = t
+	}
+	horizon := r.newest.Add(-r.window)
+	if !t.Before(horizon) {
+		r.recent[key] = t
+	}
+	// Forget what fell out of the window, once per window.
+	if r.pruned.Before(horizon) {
+		for k, at := range r.recent {
+			if at.Before(horizon) {
+				delete(r.recent, k)
+			}
+		}
+		r.pruned = r.newest
+	}
+	return true
+}
+
+// flowKey names a flow: its UUID (the agents' observers give every flow
+// one), else its node, time and addresses.
+func flowKey(f *flowpb.Flow) string {
+	if id := f.GetUuid(); id != "" {
+		return id
+	}
+	proto, sport, dport := protoPorts(f)
+	return fmt.Sprintf("%s %d %s:%d %s:%d %s %s", f.GetNodeName(), f.GetTime().AsTime().UnixNano(),
+		f.GetIP().GetSource(), sport, f.GetIP().GetDestination(), dport, proto, f.GetVerdict())
 }
 
 func (s *Server) setState(connected bool, err error) {
@@ -327,10 +385,12 @@ func (s *Server) serviceMap(w http.ResponseWriter, r *http.Request) {
 }
 
 // FlowList is /api/flows's answer: the last Limit matching flows, oldest
-// first, and how many matched.
+// first, how many matched, and the cursor of the position after them: a
+// stream opened with after=Cursor starts where the list ended.
 type FlowList struct {
-	Flows   []Row `json:"flows"`
-	Matched int   `json:"matched"`
+	Flows   []Row  `json:"flows"`
+	Matched int    `json:"matched"`
+	Cursor  string `json:"cursor"`
 }
 
 func (s *Server) flows(w http.ResponseWriter, r *http.Request) {
@@ -338,12 +398,12 @@ func (s *Server) flows(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	flows := s.store.Flows(m)
+	flows, cursor := s.store.Snapshot(m)
 	limit := q.Limit
 	if limit == 0 {
 		limit = DefaultLimit
 	}
-	out := FlowList{Flows: []Row{}, Matched: len(flows)}
+	out := FlowList{Flows: []Row{}, Matched: len(flows), Cursor: cursor}
 	for _, f := range flows[max(0, len(flows)-limit):] {
 		out.Flows = append(out.Flows, RowOf(f))
 	}
@@ -352,12 +412,19 @@ func (s *Server) flows(w http.ResponseWriter, r *http.Request) {
 
 // StreamMessage is one message of /api/stream: the flows gathered since
 // the last one (at most maxStreamRows) and how many more were left out.
+// Its event id is the cursor of the position after them.
 type StreamMessage struct {
 	Flows   []Row  `json:"flows"`
 	Skipped uint64 `json:"skipped"`
 }
 
-// stream sends new matching flows as Server-Sent Events, batched.
+// stream sends matching flows as Server-Sent Events, batched: the new ones,
+// or with after=CURSOR (a flow list's) the ones since that list first, so
+// nothing that arrived between the list and the stream is missed. Each
+// message's id is the cursor after it; an EventSource reconnecting sends
+// the last one as Last-Event-ID, which takes the place of after, so the
+// reconnected stream neither repeats nor misses flows the store still
+// holds.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 	m, _, ok := s.matcher(w, r)
 	if !ok {
@@ -368,7 +435,15 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, errors.New("streaming unsupported"))
 		return
 	}
-	sub := s.store.Subscribe(m, 4*maxStreamRows)
+	from := r.URL.Query().Get("after")
+	if id := r.Header.Get("Last-Event-ID"); id != "" {
+		from = id
+	}
+	sub, err := s.store.Subscribe(m, 4*maxStreamRows, from)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
 	defer s.store.Unsubscribe(sub)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -379,18 +454,24 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 	defer tick.Stop()
 	var batch []*flowpb.Flow
 	var skipped, reported uint64
+	pos := sub.From // the cursor of the messages' ids
 	for {
 		select {
 		case <-r.Context().Done():
 			return
-		case f := <-sub.C:
+		case e := <-sub.C:
+			pos = e.Seq + 1
 			if len(batch) < maxStreamRows {
-				batch = append(batch, f)
+				batch = append(batch, e.Flow)
 			} else {
 				skipped++
 			}
 		case <-tick.C:
-			lost := s.store.Skipped(sub)
+			lost, scanned, idle := s.store.Progress(sub)
+			if idle {
+				// Everything matching before scanned was received.
+				pos = max(pos, scanned)
+			}
 			if len(batch) == 0 && skipped == 0 && lost == reported {
 				continue
 			}
@@ -402,7 +483,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				return
 			}
-			if _, err := fmt.Fprintf(w, "data: %s\n\n", data); err != nil {
+			if _, err := fmt.Fprintf(w, "id: %s\ndata: %s\n\n", s.store.Cursor(pos), data); err != nil {
 				return
 			}
 			flusher.Flush()

@@ -18,6 +18,13 @@ import (
 // events, and serves it over HTTP.
 func uiOverDemo(t testing.TB, cfg Config) (*demoServer, *Server, *httptest.Server) {
 	t.Helper()
+	return uiOverDemoWith(t, cfg, nil)
+}
+
+// uiOverDemoWith is uiOverDemo with the UI's handler wrapped by wrap (when
+// not nil), for a test to hold a request.
+func uiOverDemoWith(t testing.TB, cfg Config, wrap func(http.Handler) http.Handler) (*demoServer, *Server, *httptest.Server) {
+	t.Helper()
 	demo := newDemoServer(t)
 	cfg.Relay = "unix://" + demo.socket
 	s := New(cfg, nil)
@@ -30,7 +37,11 @@ func uiOverDemo(t testing.TB, cfg Config) (*demoServer, *Server, *httptest.Serve
 			t.Errorf("read relay: %v", err)
 		}
 	})
-	hs := httptest.NewServer(s.Handler())
+	h := s.Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	hs := httptest.NewServer(h)
 	// A page's event stream stays open while its browser lives: close the
 	// connections first, or Close waits for them forever (a failed browser
 	// test hung its package until the go test timeout).

@@ -6,7 +6,7 @@
 const SVG = "http://www.w3.org/2000/svg";
 const $ = (sel) => document.querySelector(sel);
 // ?namespace=NS opens the page on that namespace (links, tests).
-const state = { ns: new URLSearchParams(location.search).get("namespace") || "", window: "", tab: "map", map: null, stream: null, rows: [], workload: "" };
+const state = { ns: new URLSearchParams(location.search).get("namespace") || "", window: "", tab: "map", map: null, stream: null, flowsGen: 0, rows: [], workload: "" };
 const MAX_ROWS = 500;
 
 function el(tag, attrs, ...children) {
@@ -191,24 +191,40 @@ function renderRows(note) {
 
 async function loadFlows() {
   if (state.stream) { state.stream.close(); state.stream = null; }
+  // A later query supersedes this one: its answer, if it comes last, must
+  // neither replace the table nor open a second stream.
+  const gen = ++state.flowsGen;
   const { params: p, follow, history } = flowQuery();
   p.set("limit", String(MAX_ROWS));
   try {
     const list = await getJSON((history ? "/api/history?" : "/api/flows?") + p);
+    if (gen !== state.flowsGen) return;
     state.rows = list.flows;
     let skipped = 0;
     const where = history ? " in the export files (" + list.files.length + " read" + (list.unreadable ? ", " + list.unreadable + " unreadable lines skipped" : "") + ")" : " held";
+    $("#flows-info").dataset.listed = String(list.matched);
+    $("#flows-info").dataset.followed = "0";
     renderRows(list.matched + " matching flows" + where + (list.matched > list.flows.length ? ", the last " + list.flows.length + " shown" : "") + (follow ? "; following" : ""));
     if (!follow) return;
     p.delete("limit");
+    // The stream starts where the list ended (its cursor): flows that
+    // arrived in between come first, none twice. On a reconnection
+    // EventSource sends the last message's id, which the server resumes
+    // from instead.
+    p.set("after", list.cursor);
     state.stream = new EventSource("/api/stream?" + p);
     state.stream.onmessage = (ev) => {
       const msg = JSON.parse(ev.data);
       skipped += msg.skipped;
+      // What the stream accounted for (shown or skipped), for the page's
+      // benchmark to tell whether it keeps up.
+      const info = $("#flows-info").dataset;
+      info.followed = String(Number(info.followed || 0) + msg.flows.length + msg.skipped);
       state.rows = state.rows.concat(msg.flows).slice(-MAX_ROWS);
       renderRows("following: " + state.rows.length + " latest flows shown" + (skipped ? ", " + skipped + " too many to show skipped" : ""));
     };
   } catch (e) {
+    if (gen !== state.flowsGen) return;
     $("#flows-info").textContent = "";
     $("#flows-info").append(el("span", { class: "error" }, e.message));
   }
@@ -281,7 +297,10 @@ function showTab(tab) {
   for (const s of document.querySelectorAll(".tab")) s.classList.toggle("active", s.id === "tab-" + tab);
   if (tab === "map" && state.map) drawMap(state.map);
   if (tab === "flows") loadFlows();
-  if (tab !== "flows" && state.stream) { state.stream.close(); state.stream = null; }
+  if (tab !== "flows") {
+    state.flowsGen++; // a list still on its way opens no stream
+    if (state.stream) { state.stream.close(); state.stream = null; }
+  }
   if (tab === "policy") refreshMap().then(loadPolicy);
 }
 

@@ -23,7 +23,7 @@ import (
 // fails the test. On failure the page's screenshot is written to the
 // test's artifact directory (go test -artifacts -outputdir DIR keeps it;
 // without -artifacts, under $TMPDIR/tendril-ui-artifacts).
-func Browser(t *testing.T) context.Context {
+func Browser(t testing.TB) context.Context {
 	t.Helper()
 	exe, err := exec.LookPath("chromium")
 	testutil.Require(t, err == nil, "no chromium on PATH (hack/install-deps.sh installs Debian's)")
@@ -67,7 +67,7 @@ func Browser(t *testing.T) context.Context {
 }
 
 // Do runs browser steps with a generous deadline.
-func Do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+func Do(t testing.TB, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
@@ -77,7 +77,7 @@ func Do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action
 }
 
 // Value runs one browser action that answers a value.
-func Value[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {
+func Value[T any](t testing.TB, ctx context.Context, what string, a chromedp.Action[T]) T {
 	t.Helper()
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
