@@ -19,8 +19,9 @@ NODES=${NODES:-2}
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 go build -o "$BIN/bgp-bench" ./bench/bgp
 T=$BIN/tendril
-trap '$T lab --name $LAB down >/dev/null 2>&1 || true' EXIT
+LOG=$(mktemp /tmp/tendril-bgpbench.XXXXXX)
+trap '$T lab --name $LAB down >/dev/null 2>&1 || true; rm -f "$LOG"' EXIT
 $T lab --name "$LAB" up --nodes "$NODES" --pods-per-node 0 --bgp --bin-dir "$BIN" \
-	--agent-arg=--pprof-serve-addr=127.0.0.1:6060 >"/tmp/tendril-bgpbench-$LAB.log" 2>&1 ||
-	{ cat "/tmp/tendril-bgpbench-$LAB.log"; exit 1; }
+	--agent-arg=--pprof-serve-addr=127.0.0.1:6060 >"$LOG" 2>&1 ||
+	{ cat "$LOG"; exit 1; }
 "$BIN/bgp-bench" -lab "$LAB" "$@"
