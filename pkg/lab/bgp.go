@@ -64,6 +64,8 @@ func (r *BGPRouter) Birdc(ctx context.Context, args ...string) (string, error) {
 var birdConf = template.Must(template.New("bird.conf").Parse(`# The lab's router (tendril lab up --bgp): written by the lab.
 router id {{.RouterID}};
 log stderr all;
+# Routes' times to the millisecond in show route (bench/bgp reads them).
+timeformat route iso long ms;
 
 protocol device {}
 

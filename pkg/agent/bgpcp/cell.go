@@ -50,12 +50,37 @@ type PodCIDRs func() []netip.Prefix
 
 // Timings of the control plane's job.
 const (
-	// settle batches a burst of changes into one pass.
+	// settle is the least time from a pass that wrote the node's status
+	// to the next pass: a burst of changes (each new address changes the
+	// count announced) reaches the speaker and the API server in batches,
+	// at most ten a second.
 	settle = 100 * time.Millisecond
+	// quietGap is the least time between two passes otherwise; passCost
+	// keeps passes to about a tenth of the job's time (a pass over a big
+	// cluster's Services is not free), up to settle.
+	quietGap = 10 * time.Millisecond
+	passCost = 10
 	// refresh: the sessions' state (status, metrics) is read again, and
 	// a failed pass retried, this often.
 	refresh = 5 * time.Second
 )
+
+// passGap is the least time from the start of a pass that took took (its
+// computation and the speaker's work, not the status write's wait for the
+// API server) to the start of the next: settle after a pass that wrote
+// the status, else ten times took within [quietGap, settle]. A change
+// after a quiet spell is applied at once: only the gap after the last
+// pass is waited for, not a fixed delay per change (the fixed 100 ms this
+// replaced held every new LoadBalancer address that long, and the pass
+// the Service's creation woke, which announced nothing, started it anew
+// just before LB-IPAM wrote the address; bench/bgp). It is never longer
+// than that fixed delay was.
+func passGap(took time.Duration, wroteStatus bool) time.Duration {
+	if wroteStatus {
+		return settle
+	}
+	return min(settle, max(quietGap, passCost*took))
+}
 
 type params struct {
 	cell.In
@@ -86,10 +111,18 @@ type ControlPlane struct {
 	secretsNamespace string
 	podCIDRs         PodCIDRs
 	speaker          *speaker.Speaker
-	metrics          *peerMetrics
+	// apply stands in for speaker in the passes when set (tests).
+	apply   applier
+	metrics *peerMetrics
 
 	mu   sync.Mutex
 	last Pass
+}
+
+// applier is what a pass needs of the speaker.
+type applier interface {
+	Apply(ctx context.Context, d bgp.Desired, routerID netip.Addr, allowed bgp.Allowed) (speaker.Applied, error)
+	PeerStates(ctx context.Context) ([]speaker.PeerState, error)
 }
 
 // Pass is the outcome of the last reconciliation, for the status section
@@ -169,6 +202,7 @@ func (cp *ControlPlane) run(ctx context.Context, h cell.Health) error {
 	defer ticker.Stop()
 	statuses := map[string]string{} // config → the status last written (JSON-ish key)
 	for {
+		start := time.Now()
 		txn := cp.db.ReadTxn()
 		svcs, svcWatch := cp.services.AllWatch(txn)
 		_, beWatch := cp.backends.AllWatch(txn)
@@ -180,16 +214,18 @@ func (cp *ControlPlane) run(ctx context.Context, h cell.Health) error {
 			}
 			return false
 		})
+		took := time.Since(start)
 		cp.metrics.update(pass)
 		if pass.Err != "" {
 			h.Degraded("BGP control plane", errors.New(pass.Err))
 		} else {
 			h.OK(cmpOr(pass.Waiting, "running"))
 		}
-		cp.writeStatuses(ctx, read(), pass, writeStatus, statuses)
+		wrote := cp.writeStatuses(ctx, read(), pass, writeStatus, statuses)
 		cp.mu.Lock()
 		cp.last = pass
 		cp.mu.Unlock()
+		gap := passGap(took, wrote)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -198,10 +234,12 @@ func (cp *ControlPlane) run(ctx context.Context, h cell.Health) error {
 		case <-changed:
 		case <-ticker.C:
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(settle):
+		if wait := gap - time.Since(start); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
 		}
 	}
 }
@@ -241,21 +279,27 @@ func (cp *ControlPlane) pass(ctx context.Context, s Snapshot, svcs []*loadbalanc
 		out.Err = "the node has no IPv4 address for a router ID"
 		d = bgp.Desired{}
 	}
-	applied, err := cp.speaker.Apply(ctx, d, s.RouterID, allowed)
+	var sp applier = cp.speaker
+	if cp.apply != nil {
+		sp = cp.apply
+	}
+	applied, err := sp.Apply(ctx, d, s.RouterID, allowed)
 	out.Applied = applied
 	if err != nil {
 		out.Err = err.Error()
 		cp.log.Warn("BGP control plane: apply", "error", err)
 	}
-	if out.Peers, err = cp.speaker.PeerStates(ctx); err != nil {
+	if out.Peers, err = sp.PeerStates(ctx); err != nil {
 		cp.log.Warn("BGP control plane: read the sessions", "error", err)
 	}
 	return out
 }
 
 // writeStatuses writes this node's entry in the status of the config it
-// runs (and removes it from those it no longer runs), when it changed.
-func (cp *ControlPlane) writeStatuses(ctx context.Context, s Snapshot, p Pass, write StatusWriter, last map[string]string) {
+// runs (and removes it from those it no longer runs), when it changed;
+// it reports whether it wrote (or tried to).
+func (cp *ControlPlane) writeStatuses(ctx context.Context, s Snapshot, p Pass, write StatusWriter, last map[string]string) bool {
+	wrote := false
 	for _, cc := range s.ClusterConfigs {
 		var st *v1alpha1.BGPNodeStatus
 		if cc.Name == p.Desired.Config {
@@ -267,12 +311,14 @@ func (cp *ControlPlane) writeStatuses(ctx context.Context, s Snapshot, p Pass, w
 		if last[cc.Name] == key {
 			continue
 		}
+		wrote = true
 		if err := write(ctx, cc.Name, st); err != nil {
 			cp.log.Warn("BGP control plane: write status", "config", cc.Name, "error", err)
 			continue
 		}
 		last[cc.Name] = key
 	}
+	return wrote
 }
 
 func hasNode(cc *v1alpha1.TendrilBGPClusterConfig, node string) bool {
