@@ -44,6 +44,10 @@ type observeOptions struct {
 	tcpFlags            []string
 	reply               []bool
 	dropReason          []string
+	httpStatus          []string
+	httpMethod          []string
+	httpPath, httpURL   []string
+	dnsQuery            []string
 }
 
 func newObserveCommand(_ *Options) *cobra.Command {
@@ -91,13 +95,18 @@ A flag without from-/to- matches either side (two filters, as hubble builds them
 	f.StringSliceVar(&o.port, "port", nil, "L4 port, either side")
 	f.StringSliceVar(&o.fromPort, "from-port", nil, "Source port")
 	f.StringSliceVar(&o.toPort, "to-port", nil, "Destination port")
-	f.StringSliceVar(&o.protocol, "protocol", nil, "tcp, udp, sctp, icmp, icmpv4, icmpv6")
+	f.StringSliceVar(&o.protocol, "protocol", nil, "tcp, udp, sctp, icmp, icmpv4, icmpv6, http, dns")
 	f.StringSliceVar(&o.verdict, "verdict", nil, "FORWARDED, DROPPED or AUDIT (what an audit-mode policy would have denied)")
 	f.StringSliceVar(&o.dropReason, "drop-reason", nil, "Drop reason (POLICY_DENIED, POLICY_DENY, ...)")
 	f.StringSliceVarP(&o.types, "type", "t", nil, "Event type: drop, trace, trace:to-endpoint, trace:from-endpoint, policy-verdict, trace-sock, l7")
 	f.StringSliceVar(&o.nodes, "node-name", nil, "Node name pattern (node-*)")
 	f.StringArrayVar(&o.tcpFlags, "tcp-flags", nil, "TCP flags the flow has, e.g. SYN or SYN,ACK (repeat for any of)")
 	f.BoolSliceVar(&o.reply, "is-reply", nil, "Replies (true) or not (false)")
+	f.StringSliceVar(&o.httpStatus, "http-status", nil, "HTTP status code (404) or its first digits and + (5+) of L7 flows")
+	f.StringSliceVar(&o.httpMethod, "http-method", nil, "HTTP method of L7 flows (GET)")
+	f.StringArrayVar(&o.httpPath, "http-path", nil, "Regular expression on the URL path of L7 flows (^/api/)")
+	f.StringArrayVar(&o.httpURL, "http-url", nil, "Regular expression on the URL of L7 flows")
+	f.StringArrayVar(&o.dnsQuery, "dns-query", nil, "Regular expression on the query of DNS L7 flows (world\\.example)")
 	return cmd
 }
 
@@ -187,6 +196,8 @@ func (o *observeOptions) filters() ([]*flowpb.FlowFilter, error) {
 		f.Protocol = o.protocol
 		f.NodeName = o.nodes
 		f.Reply = o.reply
+		f.HttpStatusCode, f.HttpMethod, f.HttpPath, f.HttpUrl = o.httpStatus, o.httpMethod, o.httpPath, o.httpURL
+		f.DnsQuery = o.dnsQuery
 	})
 	var common flowpb.FlowFilter
 	for _, v := range o.verdict {
