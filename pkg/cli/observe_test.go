@@ -295,7 +295,7 @@ func TestObserveL7Flows(t *testing.T) {
 		if !strings.Contains(lines[i], want) {
 			t.Errorf("line %d:\n%s\nlacks\n%s", i, lines[i], want)
 		}
-	}	// The L7 filters, through the server's GetFlows: each flag keeps
+	} // The L7 filters, through the server's GetFlows: each flag keeps
 	// exactly the flow with that record.
 	for _, c := range []struct {
 		args []string
