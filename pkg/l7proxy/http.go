@@ -113,6 +113,11 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 	// read without a bound (streamed, not held).
 	lim := &headerLimit{r: conn}
 	br := bufio.NewReader(lim)
+	// Answers are written through a buffer, flushed once each is
+	// written and whenever its body would wait on the upstream
+	// (flushBeforeWait): a small answer leaves in one write rather than
+	// one per header line, and a streamed one still leaves as it comes.
+	cw := bufio.NewWriter(conn)
 	for {
 		lim.n = MaxHeaderBytes + int64(br.Size())
 		req, err := http.ReadRequest(br)
@@ -147,7 +152,7 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 			resp.ContentLength = int64(len(body))
 			resp.Body = io.NopCloser(strings.NewReader(body))
 			p.emit(src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_DROPPED, "no http rule allows it")
-			if err := resp.Write(conn); err != nil || req.Close {
+			if err := writeResponse(cw, resp); err != nil || req.Close {
 				return
 			}
 			continue
@@ -173,12 +178,40 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 		}
 		reason := fmt.Sprintf("allowed by http rule %d %s", rule, describe(rules[rule]))
 		p.emit(src, conn, dst, req, resp.StatusCode, time.Since(start), flowpb.Verdict_FORWARDED, reason)
-		err = resp.Write(conn) // streams the body
+		resp.Body = &flushBeforeWait{ReadCloser: resp.Body, src: upReader, w: cw}
+		err = writeResponse(cw, resp) // streams the body
 		resp.Body.Close()
 		if err != nil || req.Close || resp.Close {
 			return
 		}
 	}
+}
+
+// writeResponse writes resp through w and flushes it.
+func writeResponse(w *bufio.Writer, resp *http.Response) error {
+	if err := resp.Write(w); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+// flushBeforeWait is an upstream answer's body that flushes what was
+// written to the client before a read that would wait on the upstream
+// (nothing left in src's buffer), so a streamed body is never held back
+// waiting for more.
+type flushBeforeWait struct {
+	io.ReadCloser
+	src *bufio.Reader
+	w   *bufio.Writer
+}
+
+func (f *flushBeforeWait) Read(p []byte) (int, error) {
+	if f.src.Buffered() == 0 && f.w.Buffered() > 0 {
+		if err := f.w.Flush(); err != nil {
+			return 0, err
+		}
+	}
+	return f.ReadCloser.Read(p)
 }
 
 func describe(r api.PortRuleHTTP) string {
