@@ -36,15 +36,20 @@ for round in $(seq "$ROUNDS"); do
 		l7=$(metric "BenchmarkHTTP/$c/l7" req/s "$dir/http.out")
 		p4=$(metric "BenchmarkHTTP/$c/l4" p99-µs "$dir/http.out")
 		p7=$(metric "BenchmarkHTTP/$c/l7" p99-µs "$dir/http.out")
-		line+=$(printf ' HTTP %s l4 %.0f req/s p99 %.0f µs, l7 %.0f req/s p99 %.0f µs (%.2fx req/s);' "$c" "$l4" "$p4" "$l7" "$p7" "$(echo "$l7 / $l4" | bc -l)")
+		c4=$(metric "BenchmarkHTTP/$c/l4" cpu-µs/req "$dir/http.out")
+		c7=$(metric "BenchmarkHTTP/$c/l7" cpu-µs/req "$dir/http.out")
+		line+=$(printf ' HTTP %s l4 %.0f req/s p99 %.0f µs %.1f CPU-µs/req, l7 %.0f req/s p99 %.0f µs %.1f CPU-µs/req (%.2fx req/s, %.2fx CPU);' \
+			"$c" "$l4" "$p4" "$c4" "$l7" "$p7" "$c7" "$(echo "$l7 / $l4" | bc -l)" "$(echo "$c7 / $c4" | bc -l)")
 	done
 	for u in coredns miekg; do
 		d50=$(metric "BenchmarkDNSLookup/$u/direct" p50-µs "$dir/dns.out")
 		d99=$(metric "BenchmarkDNSLookup/$u/direct" p99-µs "$dir/dns.out")
 		x50=$(metric "BenchmarkDNSLookup/$u/proxy" p50-µs "$dir/dns.out")
 		x99=$(metric "BenchmarkDNSLookup/$u/proxy" p99-µs "$dir/dns.out")
+		dc=$(metric "BenchmarkDNSLookup/$u/direct" cpu-µs/lookup "$dir/dns.out")
+		xc=$(metric "BenchmarkDNSLookup/$u/proxy" cpu-µs/lookup "$dir/dns.out")
 		[[ -n $d50 ]] || { line+=" DNS $u: skipped ($(grep -o 'no CoreDNS binary[^)]*' "$dir/dns.out" | head -1));"; continue; }
-		line+=$(printf ' DNS %s direct p50/p99 %.0f/%.0f µs, proxy %.0f/%.0f µs;' "$u" "$d50" "$d99" "$x50" "$x99")
+		line+=$(printf ' DNS %s direct p50/p99 %.0f/%.0f µs %.1f CPU-µs, proxy %.0f/%.0f µs %.1f CPU-µs;' "$u" "$d50" "$d99" "$dc" "$x50" "$x99" "$xc")
 	done
 	echo "$line"
 done
