@@ -157,23 +157,39 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 			}
 			continue
 		}
-		if upstream == nil {
+		dial := func() bool {
+			if upstream != nil {
+				upstream.Close()
+			}
 			upstream, err = p.cfg.Dial(dst)
 			if err != nil {
+				upstream = nil
 				p.cfg.Log.Info("HTTP proxy: cannot reach the original destination", "dst", dst, "error", err)
 				p.emit(src, conn, dst, req, http.StatusServiceUnavailable, time.Since(start), flowpb.Verdict_ERROR, "upstream: "+err.Error())
 				_ = (&http.Response{StatusCode: http.StatusServiceUnavailable, ProtoMajor: 1, ProtoMinor: 1, Close: true, Request: req}).Write(conn)
-				return
+				return false
 			}
 			upReader = bufio.NewReader(upstream)
+			return true
 		}
-		if err := req.Write(upstream); err != nil {
-			p.cfg.Log.Debug("HTTP proxy: write upstream", "dst", dst, "error", err)
+		reused := upstream != nil
+		if !reused && !dial() {
 			return
 		}
-		resp, err := http.ReadResponse(upReader, req)
+		resp, err := roundTrip(upstream, upReader, req)
+		if err != nil && reused && replayable(req) {
+			// The server may have closed the kept-alive connection
+			// between two requests (its idle timeout): a request it
+			// cannot have acted on goes again on a new connection, as
+			// net/http's client does.
+			p.cfg.Log.Debug("HTTP proxy: kept-alive upstream connection failed; redialing", "dst", dst, "error", err)
+			if !dial() {
+				return
+			}
+			resp, err = roundTrip(upstream, upReader, req)
+		}
 		if err != nil {
-			p.cfg.Log.Debug("HTTP proxy: read upstream", "dst", dst, "error", err)
+			p.cfg.Log.Debug("HTTP proxy: upstream exchange", "dst", dst, "error", err)
 			return
 		}
 		reason := fmt.Sprintf("allowed by http rule %d %s", rule, describe(rules[rule]))
@@ -185,6 +201,30 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 			return
 		}
 	}
+}
+
+// roundTrip sends req on an upstream connection and reads the answer's
+// head (its body is read as it is passed on).
+func roundTrip(up net.Conn, upReader *bufio.Reader, req *http.Request) (*http.Response, error) {
+	if err := req.Write(up); err != nil {
+		return nil, fmt.Errorf("write request: %w", err)
+	}
+	resp, err := http.ReadResponse(upReader, req)
+	if err != nil {
+		return nil, fmt.Errorf("read response: %w", err)
+	}
+	return resp, nil
+}
+
+// replayable reports whether req may be sent again after a failed
+// exchange: a method without side effects (RFC 9110's safe methods) and
+// no body (one already sent is gone).
+func replayable(req *http.Request) bool {
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return req.ContentLength == 0 && len(req.TransferEncoding) == 0
+	}
+	return false
 }
 
 // writeResponse writes resp through w and flushes it.
