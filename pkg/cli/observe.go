@@ -50,6 +50,10 @@ type observeOptions struct {
 	// the server), as hubble's --tls.
 	tls       bool
 	serverTLS ui.RelayTLS
+	httpStatus          []string
+	httpMethod          []string
+	httpPath, httpURL   []string
+	dnsQuery            []string
 }
 
 func newObserveCommand(_ *Options) *cobra.Command {
@@ -100,7 +104,7 @@ turns TLS on.`,
 	f.StringSliceVar(&o.port, "port", nil, "L4 port, either side")
 	f.StringSliceVar(&o.fromPort, "from-port", nil, "Source port")
 	f.StringSliceVar(&o.toPort, "to-port", nil, "Destination port")
-	f.StringSliceVar(&o.protocol, "protocol", nil, "tcp, udp, sctp, icmp, icmpv4, icmpv6")
+	f.StringSliceVar(&o.protocol, "protocol", nil, "tcp, udp, sctp, icmp, icmpv4, icmpv6, http, dns")
 	f.StringSliceVar(&o.verdict, "verdict", nil, "FORWARDED, DROPPED or AUDIT (what an audit-mode policy would have denied)")
 	f.StringSliceVar(&o.dropReason, "drop-reason", nil, "Drop reason (POLICY_DENIED, POLICY_DENY, ...)")
 	f.StringSliceVarP(&o.types, "type", "t", nil, "Event type: drop, trace, trace:to-endpoint, trace:from-endpoint, policy-verdict, trace-sock, l7")
@@ -114,6 +118,11 @@ turns TLS on.`,
 	f.StringVar(&o.serverTLS.CertFile, "tls-client-cert-file", "", "PEM certificate to present to a server that requires one (the relay's --tls-relay-client-ca-files: mTLS)")
 	f.StringVar(&o.serverTLS.KeyFile, "tls-client-key-file", "", "PEM key of --tls-client-cert-file")
 	f.StringVar(&o.serverTLS.ServerName, "tls-server-name", "", "Name the server's certificate must carry (default: the host of --server)")
+	f.StringSliceVar(&o.httpStatus, "http-status", nil, "HTTP status code (404) or its first digits and + (5+) of L7 flows")
+	f.StringSliceVar(&o.httpMethod, "http-method", nil, "HTTP method of L7 flows (GET)")
+	f.StringArrayVar(&o.httpPath, "http-path", nil, "Regular expression on the URL path of L7 flows (^/api/)")
+	f.StringArrayVar(&o.httpURL, "http-url", nil, "Regular expression on the URL of L7 flows")
+	f.StringArrayVar(&o.dnsQuery, "dns-query", nil, "Regular expression on the query of DNS L7 flows (world\\.example)")
 	return cmd
 }
 
@@ -203,6 +212,8 @@ func (o *observeOptions) filters() ([]*flowpb.FlowFilter, error) {
 		f.Protocol = o.protocol
 		f.NodeName = o.nodes
 		f.Reply = o.reply
+		f.HttpStatusCode, f.HttpMethod, f.HttpPath, f.HttpUrl = o.httpStatus, o.httpMethod, o.httpPath, o.httpURL
+		f.DnsQuery = o.dnsQuery
 	})
 	var common flowpb.FlowFilter
 	for _, v := range o.verdict {

@@ -295,5 +295,23 @@ func TestObserveL7Flows(t *testing.T) {
 		if !strings.Contains(lines[i], want) {
 			t.Errorf("line %d:\n%s\nlacks\n%s", i, lines[i], want)
 		}
+	} // The L7 filters, through the server's GetFlows: each flag keeps
+	// exactly the flow with that record.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--http-status", "4+"}, "POST http://db/healthz"},
+		{[]string{"--http-method", "post"}, "POST http://db/healthz"},
+		{[]string{"--http-path", "^/healthz$"}, "POST http://db/healthz"},
+		{[]string{"--http-url", "^http://db/"}, "POST http://db/healthz"},
+		{[]string{"--dns-query", `^world\.example\.$`}, "DNS world.example."},
+		{[]string{"--protocol", "dns"}, "DNS world.example."},
+		{[]string{"--protocol", "http", "--from-pod", "shop/"}, "POST http://db/healthz"},
+	} {
+		lines := observeLines(t, append([]string{"--server", "unix://" + sock, "--all"}, c.args...)...)
+		if len(lines) != 1 || !strings.Contains(lines[0], c.want) {
+			t.Errorf("observe %v: want one line with %q, got:\n%s", c.args, c.want, strings.Join(lines, "\n"))
+		}
 	}
 }

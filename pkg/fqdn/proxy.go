@@ -132,7 +132,10 @@ func (p *Proxy) forward(ctx context.Context, req *dns.Msg, dst netip.AddrPort, n
 	if !dst.IsValid() {
 		return nil, errors.New("no original destination")
 	}
-	c := &dns.Client{Net: "udp", Timeout: p.cfg.Timeout, UDPSize: dns.MaxMsgSize}
+	// No UDPSize: the client reads with the buffer the pod's query offers
+	// (its EDNS0 size, or 512 bytes), as large as any answer the upstream
+	// may send it; a fixed dns.MaxMsgSize cost a 64 KiB buffer a query.
+	c := &dns.Client{Net: "udp", Timeout: p.cfg.Timeout}
 	if network == "tcp" {
 		c.Net = "tcp"
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -327,4 +328,33 @@ func TestStockHubbleObserveL7(t *testing.T) {
 		}
 	}
 	t.Log(compact)
+	// The stock CLI's L7 filter flags, each keeping exactly its flows
+	// (hubble v1.18.8 has no flag for dns_query).
+	for _, c := range []struct {
+		args []string
+		want []string // what each flow's record names
+	}{
+		{[]string{"--http-status", "403"}, []string{"POST"}},
+		{[]string{"--http-status", "2+"}, []string{"GET"}},
+		{[]string{"--http-method", "get"}, []string{"GET"}},
+		{[]string{"--http-path", "^/health"}, []string{"GET", "POST"}},
+		{[]string{"--protocol", "dns"}, []string{"world.example.", "denied.example."}},
+		{[]string{"--not", "--http-status", "403", "--type", "l7"}, []string{"world.example.", "denied.example.", "GET"}},
+	} {
+		flows := jsonFlows(t, hubble(t, bin, n.sock, append([]string{"observe", "--last", "100", "-o", "json"}, c.args...)...))
+		var got []string
+		for _, f := range flows {
+			if h := f.GetL7().GetHttp(); h != nil {
+				got = append(got, h.GetMethod())
+			} else {
+				got = append(got, f.GetL7().GetDns().GetQuery())
+			}
+		}
+		// The two lookups run concurrently: their order is not fixed.
+		slices.Sort(got)
+		slices.Sort(c.want)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("hubble observe %v: %v, want %v", c.args, got, c.want)
+		}
+	}
 }

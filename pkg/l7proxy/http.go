@@ -113,6 +113,11 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 	// read without a bound (streamed, not held).
 	lim := &headerLimit{r: conn}
 	br := bufio.NewReader(lim)
+	// Answers are written through a buffer, flushed once each is
+	// written and whenever its body would wait on the upstream
+	// (flushBeforeWait): a small answer leaves in one write rather than
+	// one per header line, and a streamed one still leaves as it comes.
+	cw := bufio.NewWriter(conn)
 	for {
 		lim.n = MaxHeaderBytes + int64(br.Size())
 		req, err := http.ReadRequest(br)
@@ -147,38 +152,106 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 			resp.ContentLength = int64(len(body))
 			resp.Body = io.NopCloser(strings.NewReader(body))
 			p.emit(src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_DROPPED, "no http rule allows it")
-			if err := resp.Write(conn); err != nil || req.Close {
+			if err := writeResponse(cw, resp); err != nil || req.Close {
 				return
 			}
 			continue
 		}
-		if upstream == nil {
+		dial := func() bool {
+			if upstream != nil {
+				upstream.Close()
+			}
 			upstream, err = p.cfg.Dial(dst)
 			if err != nil {
+				upstream = nil
 				p.cfg.Log.Info("HTTP proxy: cannot reach the original destination", "dst", dst, "error", err)
 				p.emit(src, conn, dst, req, http.StatusServiceUnavailable, time.Since(start), flowpb.Verdict_ERROR, "upstream: "+err.Error())
 				_ = (&http.Response{StatusCode: http.StatusServiceUnavailable, ProtoMajor: 1, ProtoMinor: 1, Close: true, Request: req}).Write(conn)
-				return
+				return false
 			}
 			upReader = bufio.NewReader(upstream)
+			return true
 		}
-		if err := req.Write(upstream); err != nil {
-			p.cfg.Log.Debug("HTTP proxy: write upstream", "dst", dst, "error", err)
+		reused := upstream != nil
+		if !reused && !dial() {
 			return
 		}
-		resp, err := http.ReadResponse(upReader, req)
+		resp, err := roundTrip(upstream, upReader, req)
+		if err != nil && reused && replayable(req) {
+			// The server may have closed the kept-alive connection
+			// between two requests (its idle timeout): a request it
+			// cannot have acted on goes again on a new connection, as
+			// net/http's client does.
+			p.cfg.Log.Debug("HTTP proxy: kept-alive upstream connection failed; redialing", "dst", dst, "error", err)
+			if !dial() {
+				return
+			}
+			resp, err = roundTrip(upstream, upReader, req)
+		}
 		if err != nil {
-			p.cfg.Log.Debug("HTTP proxy: read upstream", "dst", dst, "error", err)
+			p.cfg.Log.Debug("HTTP proxy: upstream exchange", "dst", dst, "error", err)
 			return
 		}
 		reason := fmt.Sprintf("allowed by http rule %d %s", rule, describe(rules[rule]))
 		p.emit(src, conn, dst, req, resp.StatusCode, time.Since(start), flowpb.Verdict_FORWARDED, reason)
-		err = resp.Write(conn) // streams the body
+		resp.Body = &flushBeforeWait{ReadCloser: resp.Body, src: upReader, w: cw}
+		err = writeResponse(cw, resp) // streams the body
 		resp.Body.Close()
 		if err != nil || req.Close || resp.Close {
 			return
 		}
 	}
+}
+
+// roundTrip sends req on an upstream connection and reads the answer's
+// head (its body is read as it is passed on).
+func roundTrip(up net.Conn, upReader *bufio.Reader, req *http.Request) (*http.Response, error) {
+	if err := req.Write(up); err != nil {
+		return nil, fmt.Errorf("write request: %w", err)
+	}
+	resp, err := http.ReadResponse(upReader, req)
+	if err != nil {
+		return nil, fmt.Errorf("read response: %w", err)
+	}
+	return resp, nil
+}
+
+// replayable reports whether req may be sent again after a failed
+// exchange: a method without side effects (RFC 9110's safe methods) and
+// no body (one already sent is gone).
+func replayable(req *http.Request) bool {
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return req.ContentLength == 0 && len(req.TransferEncoding) == 0
+	}
+	return false
+}
+
+// writeResponse writes resp through w and flushes it.
+func writeResponse(w *bufio.Writer, resp *http.Response) error {
+	if err := resp.Write(w); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+// flushBeforeWait is an upstream answer's body that flushes what was
+// written to the client before a read that would wait on the upstream
+// (nothing left in src's buffer), so a streamed body is never held back
+// waiting for more.
+type flushBeforeWait struct {
+	io.ReadCloser
+	src *bufio.Reader
+	w   *bufio.Writer
+}
+
+func (f *flushBeforeWait) Read(p []byte) (int, error) {
+	if f.src.Buffered() == 0 && f.w.Buffered() > 0 {
+		if err := f.w.Flush(); err != nil {
+			return 0, err
+		}
+	}
+	return f.ReadCloser.Read(p)
 }
 
 func describe(r api.PortRuleHTTP) string {

@@ -101,7 +101,10 @@ func (s *State) CoreDNSKubeconfig() string { return filepath.Join(s.CoreDNSDir()
 
 // Corefile renders CoreDNS's configuration: the kubernetes plugin
 // authoritative for the cluster domain and the reverse zones, watching the
-// API server with kubeconfig. There is deliberately no forward plugin:
+// API server with kubeconfig; and the zone WorldZone, where WorldName
+// answers the world server's address (the hosts plugin; every other name
+// there gets SERVFAIL, the plugin having no SOA for an NXDOMAIN), so FQDN policy is tested against a real outside
+// address by name. There is deliberately no forward plugin:
 // the lab never sends traffic outside its own namespaces, so a name
 // outside the cluster gets SERVFAIL rather than a query to the machine's
 // resolver. No cache either: tests create a Service and resolve it at
@@ -123,8 +126,23 @@ func Corefile(kubeconfig string) string {
     }
     loadbalance
 }
-`, CoreDNSReadyPort, ClusterDomain, kc)
+%s.:53 {
+    errors
+    hosts {
+        %s %s
+        ttl %d
+    }
 }
+`, CoreDNSReadyPort, ClusterDomain, kc, WorldZone, WorldServerIP, WorldName, WorldNameTTL)
+}
+
+// WorldName is the world server's (WorldServerIP) name in the lab's DNS,
+// in WorldZone, answered with WorldNameTTL.
+const (
+	WorldZone    = "example"
+	WorldName    = "world." + WorldZone
+	WorldNameTTL = 30
+)
 
 // writeCoreDNSConfig writes the Corefile and CoreDNS's kubeconfig. CoreDNS
 // reaches the API server as a pod does: through the kubernetes Service

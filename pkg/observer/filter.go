@@ -104,6 +104,11 @@ func Compile(ff *flowpb.FlowFilter) (FilterFunc, error) {
 		add(tcpFlagsFilter(ff.GetTcpFlags())),
 		add(directionFilter(ff.GetTrafficDirection())),
 		add(ipVersionFilter(ff.GetIpVersion())),
+		add(httpStatusFilter(ff.GetHttpStatusCode())),
+		add(httpMethodFilter(ff.GetHttpMethod())),
+		add(httpPathFilter(ff.GetHttpPath())),
+		add(httpURLFilter(ff.GetHttpUrl())),
+		add(dnsQueryFilter(ff.GetDnsQuery())),
 	} {
 		if err != nil {
 			return nil, err
@@ -127,9 +132,8 @@ func unsupported(ff *flowpb.FlowFilter) error {
 		"source_workload": len(ff.GetSourceWorkload()) > 0, "destination_workload": len(ff.GetDestinationWorkload()) > 0,
 		"source_ip_xlated": len(ff.GetSourceIpXlated()) > 0, "source_cluster_name": len(ff.GetSourceClusterName()) > 0,
 		"destination_cluster_name": len(ff.GetDestinationClusterName()) > 0, "interface": len(ff.GetInterface()) > 0,
-		"http_status_code": len(ff.GetHttpStatusCode()) > 0, "http_method": len(ff.GetHttpMethod()) > 0,
-		"http_path": len(ff.GetHttpPath()) > 0, "http_url": len(ff.GetHttpUrl()) > 0, "http_header": len(ff.GetHttpHeader()) > 0,
-		"dns_query": len(ff.GetDnsQuery()) > 0, "node_labels": len(ff.GetNodeLabels()) > 0, "trace_id": len(ff.GetTraceId()) > 0,
+		// The HTTP proxy's flows carry no headers.
+		"http_header": len(ff.GetHttpHeader()) > 0, "node_labels": len(ff.GetNodeLabels()) > 0, "trace_id": len(ff.GetTraceId()) > 0,
 		"experimental.cel_expression": len(ff.GetExperimental().GetCelExpression()) > 0,
 	} {
 		if set {
@@ -310,11 +314,17 @@ func protocolFilter(values []string) (FilterFunc, error) {
 			want[v] = true
 		case "icmp":
 			want["icmpv4"], want["icmpv6"] = true, true
+		case "http", "dns":
+			// The proxies' L7 flows (their L4 protocol matches too).
+			want[v] = true
 		default:
-			return nil, fmt.Errorf("protocol filter %q: want tcp, udp, sctp, icmp, icmpv4 or icmpv6 (no L7 protocol is observed)", v)
+			return nil, fmt.Errorf("protocol filter %q: want tcp, udp, sctp, icmp, icmpv4, icmpv6, http or dns", v)
 		}
 	}
 	return func(f *flowpb.Flow) bool {
+		if (want["http"] && f.GetL7().GetHttp() != nil) || (want["dns"] && f.GetL7().GetDns() != nil) {
+			return true
+		}
 		l4 := f.GetL4()
 		switch {
 		case l4.GetTCP() != nil:

@@ -126,9 +126,9 @@ func TestFilters(t *testing.T) {
 
 func TestFiltersRejectWhatTheyCannotEvaluate(t *testing.T) {
 	for _, f := range []*flowpb.FlowFilter{
-		{HttpMethod: []string{"GET"}},
+		{HttpHeader: []*flowpb.HTTPHeader{{Key: "X-Token", Value: "abc"}}},
 		{SourceFqdn: []string{"example.com"}},
-		{Protocol: []string{"http"}},
+		{Protocol: []string{"kafka"}},
 		{SourcePort: []string{"http"}},
 		{SourceIp: []string{"10.0.0.300"}},
 		{SourceLabel: []string{"app in web"}},

@@ -2,9 +2,12 @@ package policy
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
 // TraceResult explains the verdict for one flow.
@@ -23,6 +26,21 @@ type TraceVerdict struct {
 	// Cookie is the rule whose entry decided (0: default deny or no
 	// enforcement).
 	Cookie uint32 `json:"cookie"`
+	// L7 are the application-level rules on the traced port for this
+	// peer, by rule: what the DNS or HTTP proxy checks after the L4
+	// verdict.
+	L7 []TraceL7 `json:"l7,omitempty"`
+}
+
+// TraceL7 is one rule's L7 rules on a traced port.
+type TraceL7 struct {
+	Rule uint32 `json:"rule"`
+	// DNS are the names (matchName) and patterns (matchPattern) that may
+	// be looked up.
+	DNS []string `json:"dns,omitempty"`
+	// HTTP are the allowed requests, each "METHOD PATH" and its host and
+	// headers when set.
+	HTTP []string `json:"http,omitempty"`
 }
 
 // traceIdentity stands for a traced endpoint that has no identity yet.
@@ -76,6 +94,7 @@ func (r *Repository) Trace(src, dst []string, proto uint8, port uint16, universe
 	res.Egress = TraceVerdict{Enforced: eg.EnforceEgress, Rules: eg.Rules, Allowed: true}
 	if eg.EnforceEgress {
 		res.Egress.Allowed, res.Egress.Cookie = eg.MapState.Allowed(Egress, dstPeer.ID, proto, port)
+		res.Egress.L7 = traceL7(eg.Rules, byID, true, dstPeer, proto, port)
 		line("Egress of the source: selected by %s", describeRules(eg.Rules, byID))
 		line("Egress of the source: %s", decision(res.Egress, byID))
 	} else {
@@ -85,6 +104,7 @@ func (r *Repository) Trace(src, dst []string, proto uint8, port uint16, universe
 	res.Ingress = TraceVerdict{Enforced: in.EnforceIngress, Rules: in.Rules, Allowed: true}
 	if in.EnforceIngress {
 		res.Ingress.Allowed, res.Ingress.Cookie = in.MapState.Allowed(Ingress, srcPeer.ID, proto, port)
+		res.Ingress.L7 = traceL7(in.Rules, byID, false, srcPeer, proto, port)
 		line("Ingress of the destination: selected by %s", describeRules(in.Rules, byID))
 		line("Ingress of the destination: %s", decision(res.Ingress, byID))
 	} else {
@@ -95,15 +115,129 @@ func (r *Repository) Trace(src, dst []string, proto uint8, port uint16, universe
 	return res
 }
 
-// decision words one direction's verdict with the rule behind it.
+// decision words one direction's verdict with the rule behind it, and the
+// L7 rules the proxies apply on top of an L4 allow.
 func decision(v TraceVerdict, byID map[uint32]StoredRule) string {
-	if v.Cookie == 0 {
-		if v.Allowed {
-			return "allowed"
-		}
-		return "denied by default deny (no selecting rule allows it)"
+	var out string
+	switch {
+	case v.Cookie == 0 && v.Allowed:
+		out = "allowed"
+	case v.Cookie == 0:
+		out = "denied by default deny (no selecting rule allows it)"
+	default:
+		out = fmt.Sprintf("%s by %s", verdictWord(v.Allowed), describeRule(v.Cookie, byID))
 	}
-	return fmt.Sprintf("%s by %s", verdictWord(v.Allowed), describeRule(v.Cookie, byID))
+	if len(v.L7) == 0 {
+		return out
+	}
+	if v.Allowed {
+		return out + ", L7: " + describeL7(v.L7)
+	}
+	if v.Cookie == 0 {
+		// Not a deny rule: the port's only allow carries HTTP rules,
+		// which the datapath opens only through the L7 proxy.
+		return out + "; the port's L7 rules, " + describeL7(v.L7) + ", allow it only through the L7 proxy"
+	}
+	return out
+}
+
+// traceL7 collects, from the rules in ids, the L7 rules of the sections of
+// one direction that select peer and cover proto/port.
+func traceL7(ids []uint32, byID map[uint32]StoredRule, egress bool, peer Peer, proto uint8, port uint16) []TraceL7 {
+	var out []TraceL7
+	for _, id := range ids {
+		s, ok := byID[id]
+		if !ok {
+			continue
+		}
+		var secs []section
+		if egress {
+			for _, e := range s.Rule.Egress {
+				secs = append(secs, egressSection(e))
+			}
+		} else {
+			for _, in := range s.Rule.Ingress {
+				secs = append(secs, ingressSection(in))
+			}
+		}
+		l7 := TraceL7{Rule: id}
+		for _, sec := range secs {
+			if !sec.wildcard() && !sec.peerMatches(peer, s.Namespace) {
+				continue
+			}
+			for _, pr := range sec.ports {
+				if pr.Rules == nil || !portRuleCovers(pr, proto, port) {
+					continue
+				}
+				for _, d := range pr.Rules.DNS {
+					name := d.MatchName
+					if name == "" {
+						name = d.MatchPattern
+					}
+					l7.DNS = append(l7.DNS, api.NormalizeName(name))
+				}
+				for _, h := range pr.Rules.HTTP {
+					l7.HTTP = append(l7.HTTP, describeHTTP(h))
+				}
+			}
+		}
+		if len(l7.DNS)+len(l7.HTTP) > 0 {
+			out = append(out, l7)
+		}
+	}
+	return out
+}
+
+// portRuleCovers reports whether one of pr's numbered ports (L7 rules are
+// never on named ports) covers proto/port.
+func portRuleCovers(pr api.PortRule, proto uint8, port uint16) bool {
+	for _, pp := range pr.Ports {
+		protos, from, to, err := pp.Parse()
+		if err != nil || !slices.Contains(protos, proto) {
+			continue
+		}
+		if from == 0 || (port >= from && port <= max(from, to)) {
+			return true
+		}
+	}
+	return false
+}
+
+// describeHTTP words an HTTP rule as the request it allows: "GET
+// /healthz", an unset method or path as "any".
+func describeHTTP(h api.PortRuleHTTP) string {
+	method, path := h.Method, h.Path
+	if method == "" {
+		method = "any method"
+	}
+	if path == "" {
+		path = "any path"
+	}
+	out := method + " " + path
+	if h.Host != "" {
+		out += " host " + h.Host
+	}
+	for _, hd := range h.Headers {
+		out += " header " + strconv.Quote(hd)
+	}
+	return out
+}
+
+// describeL7 words the L7 rules: "DNS names a.example, *.example (rule
+// 3)", "HTTP GET /healthz or POST /api (rule 4)".
+func describeL7(l7 []TraceL7) string {
+	parts := make([]string, 0, len(l7))
+	for _, r := range l7 {
+		var kinds []string
+		if len(r.DNS) > 0 {
+			kinds = append(kinds, "DNS names "+strings.Join(r.DNS, ", "))
+		}
+		if len(r.HTTP) > 0 {
+			kinds = append(kinds, "HTTP "+strings.Join(r.HTTP, " or "))
+		}
+		parts = append(parts, fmt.Sprintf("%s (rule %d)", strings.Join(kinds, "; "), r.Rule))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // describeRules names rules by ID, source and labels, so a trace shows

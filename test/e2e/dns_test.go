@@ -226,3 +226,35 @@ func TestPrivilegedServiceByPerPacketNAT(t *testing.T) {
 		t.Fatalf("node %s: a probe inside the node cgroup left no socket reverse NAT entry: the check above could not tell", node.Name)
 	}
 }
+
+// TestPrivilegedLabWorldName: the lab's name for the world, WorldName, is
+// answered by the cluster DNS (CoreDNS's hosts entry) with the world
+// server's address, and a pod on each node reaches the world server by
+// that name: through the search list over UDP (glibc and lab probe), and
+// over TCP. Another name of the zone resolves to nothing.
+func TestPrivilegedLabWorldName(t *testing.T) {
+	e := labUp(t)
+	if e.st.World == nil {
+		t.Fatal("the lab has no world")
+	}
+	for _, n := range e.st.Nodes {
+		ref := "default/" + e.labPodOn(t, n.Name).Name
+		t.Run(n.Name, func(t *testing.T) {
+			code, out := tendril(t, "exec", ref, "--", "getent", "ahostsv4", lab.WorldName)
+			if code != 0 || !strings.HasPrefix(out, lab.WorldServerIP+" ") {
+				t.Fatalf("getent ahostsv4 %s from %s: exit %d, want %s:\n%s", lab.WorldName, ref, code, lab.WorldServerIP, out)
+			}
+			for _, args := range [][]string{nil, {"--dns-tcp"}} {
+				code, out := tendril(t, append([]string{"probe", ref, fmt.Sprintf("%s:%d", lab.WorldName, lab.WorldServerPorts[0]), "--timeout", "2s"}, args...)...)
+				wantResolved := fmt.Sprintf("%s. is %s", lab.WorldName, lab.WorldServerIP)
+				if m := peerAnswer.FindStringSubmatch(out); code != 0 || !strings.Contains(out, wantResolved) || m == nil || m[1] != "world" {
+					t.Errorf("probe %s %s %v: exit %d, want %q and the world server's answer:\n%s", ref, lab.WorldName, args, code, wantResolved, out)
+				}
+			}
+			code, out = tendril(t, "probe", ref, "nothing."+lab.WorldZone+":80", "--timeout", "2s")
+			if code != 1 || strings.Contains(out, lab.WorldServerIP) {
+				t.Errorf("probe nothing.%s: exit %d, want 1 and no address:\n%s", lab.WorldZone, code, out)
+			}
+		})
+	}
+}
