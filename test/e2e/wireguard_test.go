@@ -389,4 +389,173 @@ func TestPrivilegedLabWireGuard(t *testing.T) {
 			t.Errorf("agents restarted: other -> backend:8080 exit %d, want 1 (denied)", c)
 		}
 	})
+	t.Run("strict mode", func(t *testing.T) {
+		wireguardStrictStep(t, name, e, ns, node1, node2, backend, pods)
+	})
+}
+
+// clearFrames counts the IPv4 frames of a capture from or to one of pods
+// (a pod's packet on the wire in the clear).
+func clearFrames(frames [][]byte, pods map[netip.Addr]string) int {
+	n := 0
+	for _, f := range frames {
+		if len(f) < 34 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+			continue
+		}
+		ip := f[14:]
+		if pods[netip.AddrFrom4([4]byte(ip[12:16]))] != "" || pods[netip.AddrFrom4([4]byte(ip[16:20]))] != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// nodeRun runs a command in a lab node's network namespace.
+func nodeRun(t *testing.T, n *lab.Node, args ...string) {
+	t.Helper()
+	out, err := exec.Command("nsenter", append([]string{"--net=" + lab.NetnsPath(n.Netns)}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v: %v\n%s", n.Name, args, err, out)
+	}
+}
+
+// reasonUnencrypted is strict mode's drop reason as `bpf metrics list`
+// names it.
+const reasonUnencrypted = "Would leave the node unencrypted (WireGuard strict mode)"
+
+// wireguardStrictStep: --wireguard-strict on the lab's real traffic,
+// frontend (node1) -> backend (node2). First, without strict mode, a
+// host route for the backend's address via node2 (a route replaced by
+// hand or by another daemon) sends the frontend's packets to it in the
+// clear (the capture sees them): what strict mode is for. With strict
+// mode (the agents restarted with it) the same route gets nothing
+// through: node1 drops the packets with the UNENCRYPTED reason (counted,
+// and a flow), none is on the wire; without the route traffic flows
+// again. Then node2's key is withheld (its agent down, the key cleared
+// from its TendrilNode): node1 removes the peer and drops the traffic
+// to node2's pods with the same reason, nothing in the clear; node2's
+// agent back, its key published again, the traffic resumes.
+func wireguardStrictStep(t *testing.T, name string, e *env, ns string, node1, node2 *lab.Node, backend *corev1.Pod, pods map[netip.Addr]string) {
+	ctx := context.Background()
+	addr := backend.Status.PodIP + ":8080"
+	relay := "unix://" + e.st.RelaySocket()
+	probeCaptured := func(t *testing.T) (int, [][]byte) {
+		t.Helper()
+		cap := startRawCapture(t, e.st.NetNetns, "node2")
+		c, _ := labProbe(t, name, ns+"/frontend", addr, false)
+		frames, err := cap.stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, frames
+	}
+	// dropped: the frontend gets nothing through, node1 counts the
+	// UNENCRYPTED drops, nothing of a pod is on the wire.
+	dropped := func(t *testing.T, what string) {
+		t.Helper()
+		before := datapathCount(t, *node1, reasonUnencrypted, "egress")
+		c, frames := probeCaptured(t)
+		after := datapathCount(t, *node1, reasonUnencrypted, "egress")
+		if c == 0 {
+			t.Errorf("%s: frontend -> backend:8080 got through (exit 0), want it dropped", what)
+		}
+		if after <= before {
+			t.Errorf("%s: node1 counted no UNENCRYPTED drop (%d before, %d after)", what, before, after)
+		}
+		if n := clearFrames(frames, pods); n > 0 {
+			t.Errorf("%s: %d frames of a pod in the clear on node2's bridge port", what, n)
+		}
+		t.Logf("%s: exit %d, %d UNENCRYPTED drops on node1, %d frames on the wire, none of a pod", what, c, after-before, len(frames))
+	}
+	flows := func(t *testing.T) {
+		t.Helper()
+		eventually(t, "an UNENCRYPTED_TRAFFIC drop flow frontend -> backend", func() (bool, error) {
+			out, err := runCLI(tendrilBin, "observe", "--server", relay, "--last", "1000", "-o", "json",
+				"--verdict", "DROPPED", "--from-pod", ns+"/frontend")
+			return err == nil && strings.Contains(out, "UNENCRYPTED_TRAFFIC") && strings.Contains(out, backend.Status.PodIP),
+				fmt.Errorf("%v: %s", err, out)
+		})
+	}
+	through := func(t *testing.T, what string) {
+		t.Helper()
+		eventually(t, what+": frontend -> backend:8080", func() (bool, error) {
+			c, _ := labProbe(t, name, ns+"/frontend", addr, false)
+			return c == 0, fmt.Errorf("exit %d", c)
+		})
+	}
+	hostRoute := []string{backend.Status.PodIP + "/32", "via", node2.Address}
+
+	// Without strict mode: the hand-made route leaks.
+	nodeRun(t, node1, append([]string{"ip", "route", "add"}, hostRoute...)...)
+	routed := true
+	t.Cleanup(func() {
+		if routed {
+			_ = exec.Command("nsenter", append([]string{"--net=" + lab.NetnsPath(node1.Netns), "ip", "route", "del"}, hostRoute...)...).Run()
+		}
+	})
+	c, frames := probeCaptured(t)
+	if c != 0 || clearFrames(frames, pods) == 0 {
+		t.Fatalf("without strict mode, a route via node2 for the backend: exit %d and %d frames of a pod in the clear, want 0 and some (else this step proves nothing)",
+			c, clearFrames(frames, pods))
+	}
+	t.Logf("without strict mode the hand-made route sent %d frames of the pods in the clear", clearFrames(frames, pods))
+
+	restartAgents(t, e, nil, "--wireguard-strict")
+	for _, n := range e.st.Nodes {
+		eventually(t, "strict mode on "+n.Name, func() (bool, error) {
+			o, err := runCLI(tendrilBin, "-H", n.Socket, "status")
+			return err == nil && strings.Contains(o, "Encryption"), fmt.Errorf("%v: %s", err, o)
+		})
+	}
+	t.Run("a route not through the device", func(t *testing.T) {
+		dropped(t, "strict mode, route via node2")
+		flows(t)
+		nodeRun(t, node1, append([]string{"ip", "route", "del"}, hostRoute...)...)
+		routed = false
+		through(t, "strict mode, the route removed")
+	})
+
+	t.Run("a peer without a key", func(t *testing.T) {
+		argv := killAgent(t, e.st, node2.Name)
+		started := false
+		t.Cleanup(func() {
+			if !started {
+				startAgent(t, e.st, node2.Name, argv)
+			}
+		})
+		tns := e.k8.Tendril.TendrilV1alpha1().TendrilNodes()
+		tn, err := tns.Get(ctx, node2.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := tn.Spec.Encryption.WireGuardPublicKey
+		tn.Spec.Encryption.WireGuardPublicKey = ""
+		if _, err := tns.Update(ctx, tn, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		wg, err := wgctrl.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer wg.Close()
+		eventually(t, "node1's device without node2's peer", func() (bool, error) {
+			d, err := wg.Device(lab.WireGuardDevice(name, 0))
+			if err != nil {
+				return false, err
+			}
+			return len(d.Peers) == 0, fmt.Errorf("%d peers", len(d.Peers))
+		})
+		if st, err := runCLI(tendrilBin, "-H", node1.Socket, "encrypt", "status"); err != nil || !strings.Contains(st, "no key published") {
+			t.Errorf("node1's encrypt status does not say node2 has no key: %v\n%s", err, st)
+		}
+		dropped(t, "strict mode, node2 without a key")
+
+		startAgent(t, e.st, node2.Name, argv)
+		started = true
+		eventually(t, "node2's key published again", func() (bool, error) {
+			tn, err := tns.Get(ctx, node2.Name, metav1.GetOptions{})
+			return err == nil && tn.Spec.Encryption.WireGuardPublicKey == key, fmt.Errorf("%v: key %q", err, tn.Spec.Encryption.WireGuardPublicKey)
+		})
+		through(t, "strict mode, node2's key back")
+	})
 }
