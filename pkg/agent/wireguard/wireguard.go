@@ -95,6 +95,12 @@ type StrictMaps interface {
 	SyncCIDRs(want map[netip.Prefix]bool, prune bool) error
 }
 
+// NodeRouter routes this node's traffic to the peers' node addresses
+// through the device (dpwg.NodeRoutes; a fake in the cell's tests).
+type NodeRouter interface {
+	Sync(addrs []netip.Addr, prune bool) (bool, error)
+}
+
 // Strict is what strict mode needs: the maps and the device's ifindex by
 // its name.
 type Strict struct {
@@ -112,6 +118,8 @@ type Encryption struct {
 	log     *slog.Logger
 	// strict is set with --wireguard-strict.
 	strict *Strict
+	// nodeRoutes is set with --wireguard-encrypt-node.
+	nodeRoutes NodeRouter
 
 	mu  sync.Mutex
 	key wgtypes.Key
@@ -203,14 +211,42 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 		}
 		want = keepUnknown(want, cur.Peers)
 	}
-	changed, err := dpwg.Configure(e.dev, e.cfg.WireguardDevice, key, int(e.cfg.WireguardPort), want)
+	mark := 0
+	if e.cfg.WireguardEncryptNode {
+		// The device's own datagrams carry the mark that keeps them
+		// out of the node routes (dpwg.NodeRoutes): set before any
+		// node route exists.
+		mark = dpwg.NodeMark
+	}
+	changed, err := dpwg.Configure(e.dev, e.cfg.WireguardDevice, key, int(e.cfg.WireguardPort), mark, want)
 	if err != nil {
 		return errors.Join(err, e.syncStrict(all, nil, initialized))
 	}
 	if changed {
 		e.log.Info("WireGuard peers set", "device", e.cfg.WireguardDevice, "peers", len(want), "nodes-synced", initialized)
 	}
-	return e.syncStrict(all, want, initialized)
+	return errors.Join(e.syncNodeRoutes(want, initialized), e.syncStrict(all, want, initialized))
+}
+
+// syncNodeRoutes routes this node's traffic to the configured peers' node
+// addresses through the device (nothing without --wireguard-encrypt-node).
+// Only peers set on the device get a route: a node without a key is
+// reached in the clear rather than not at all (the device would drop
+// what it has no peer for, and the agent's own traffic to that node with
+// it). Until the nodes table is initialized no route is removed, as no
+// peer is.
+func (e *Encryption) syncNodeRoutes(configured []dpwg.Peer, initialized bool) error {
+	if e.nodeRoutes == nil {
+		return nil
+	}
+	changed, err := e.nodeRoutes.Sync(dpwg.NodeAddresses(configured), initialized)
+	if changed {
+		e.log.Info("WireGuard node routes set", "device", e.cfg.WireguardDevice, "nodes", len(configured))
+	}
+	if err != nil {
+		return fmt.Errorf("wireguard-encrypt-node: %w", err)
+	}
+	return nil
 }
 
 // syncStrict writes strict mode's maps (nothing without strict mode):
@@ -311,7 +347,7 @@ func desiredPeers(all []*nodemanager.Peer, own wgtypes.Key, port uint16) ([]dpwg
 			allowed = append(allowed, netip.PrefixFrom(ip, ip.BitLen()))
 		}
 		out = append(out, dpwg.Peer{Node: p.Name, PublicKey: key, Endpoint: netip.AddrPortFrom(ep, port),
-			AllowedIPs: allowed})
+			AllowedIPs: allowed, Addresses: slices.Clone(p.IPs)})
 	}
 	return out, skipped
 }
@@ -417,6 +453,21 @@ func newCell(p params) (*Encryption, error) {
 			return nil
 		}})
 	}
+	if (p.Loader != nil || p.Config.EnableWireguard) && !p.Config.WireguardEncryptNode {
+		// The rule and the table stay when the agent stops: a node
+		// leaves node encryption only when told so.
+		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
+			h, err := netlink.NewHandle()
+			if err != nil {
+				return fmt.Errorf("wireguard: node encryption off: %w", err)
+			}
+			defer h.Close()
+			if err := (dpwg.NodeRoutes{Handle: h, Device: p.Config.WireguardDevice}).Remove(); err != nil {
+				return fmt.Errorf("wireguard: node encryption off: %w", err)
+			}
+			return nil
+		}})
+	}
 	if !p.Config.EnableWireguard {
 		return nil, nil
 	}
@@ -439,6 +490,13 @@ func newCell(p params) (*Encryption, error) {
 				// meanwhile, so the traffic the device still
 				// carries is not cut.
 				e.strict = &Strict{Maps: m, LinkIndex: linkIndex}
+			}
+			if p.Config.WireguardEncryptNode {
+				h, err := netlink.NewHandle()
+				if err != nil {
+					return fmt.Errorf("wireguard-encrypt-node: %w", err)
+				}
+				e.nodeRoutes = dpwg.NodeRoutes{Handle: h, Device: p.Config.WireguardDevice}
 			}
 			// The device first (found running, or started), so the
 			// routes the nodes cell puts to it find it.

@@ -261,6 +261,11 @@ func TestConfigValidate(t *testing.T) {
 	if err := DefaultConfig().Validate(native); err != nil {
 		t.Fatal(err)
 	}
+	node := on
+	node.WireguardEncryptNode = true
+	if err := node.Validate(native); err != nil {
+		t.Errorf("encrypt-node with encryption: %v", err)
+	}
 	for name, c := range map[string]struct {
 		c Config
 		t tunnel.Config
@@ -269,7 +274,7 @@ func TestConfigValidate(t *testing.T) {
 		"strict without":        {Config{WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
 		"port 0":                {Config{EnableWireguard: true, WireguardDevice: "x"}, native},
 		"long device name":      {Config{EnableWireguard: true, WireguardPort: 1, WireguardDevice: "a-name-too-long-for-linux"}, native},
-		"encrypt-node":          {Config{EnableWireguard: true, WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
+		"encrypt-node without":  {Config{WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
 		"strict in tunnel mode": {Config{EnableWireguard: true, WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, tun},
 	} {
 		if err := c.c.Validate(c.t); err == nil {

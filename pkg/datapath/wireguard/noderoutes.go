@@ -1,0 +1,220 @@
+package wireguard
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The node encryption's routing (--wireguard-encrypt-node): this node's
+// own traffic to a peer's node address goes through the device, except
+// the device's own datagrams, which go to that very address (the peer's
+// endpoint) and must take the underlay. The device marks its UDP socket
+// with NodeMark (the WireGuard fwmark); a policy routing rule sends every
+// packet without that mark to NodeTable, which holds one route per peer
+// node address to the device; the marked datagrams miss the rule and take
+// the main table as before. wg-quick keeps a full tunnel from looping the
+// same way.
+const (
+	// NodeMark is the device's firewall mark (its UDP socket's SO_MARK),
+	// tested under itself as mask. No Tendril program sets skb marks.
+	NodeMark = 0x5457
+	// NodeTable is the routing table of the routes to the peers' node
+	// addresses.
+	NodeTable = 0x5457
+	// NodeRulePriority is the rule's: after the local table's (0), so
+	// this node's own addresses stay local, before main's (32766).
+	NodeRulePriority = 90
+	// NodeRouteProtocol marks the table's routes as the agent's.
+	NodeRouteProtocol netlink.RouteProtocol = 0x57 // 'W'
+)
+
+// NodeRoutes keeps the rule and the table for a device, through a netlink
+// handle of the agent's network namespace.
+type NodeRoutes struct {
+	Handle *netlink.Handle
+	Device string
+}
+
+func (r NodeRoutes) rule(family int) *netlink.Rule {
+	rule := netlink.NewRule()
+	rule.Family = family
+	rule.Priority = NodeRulePriority
+	rule.Table = NodeTable
+	rule.Mark = NodeMark
+	mask := uint32(NodeMark)
+	rule.Mask = &mask
+	rule.Invert = true
+	return rule
+}
+
+// ensureRule adds the rule "not fwmark NodeMark lookup NodeTable" of a
+// family unless it is there.
+func (r NodeRoutes) ensureRule(family int) error {
+	rules, err := r.Handle.RuleListFiltered(family, &netlink.Rule{Table: NodeTable}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("list rules: %w", err)
+	}
+	for _, ru := range rules {
+		if ru.Priority == NodeRulePriority && ru.Invert && ru.Mark == NodeMark && ru.Mask != nil && *ru.Mask == NodeMark {
+			return nil
+		}
+	}
+	if err := r.Handle.RuleAdd(r.rule(family)); err != nil {
+		return fmt.Errorf("add rule not fwmark %#x lookup %d: %w", NodeMark, NodeTable, err)
+	}
+	return nil
+}
+
+// Sync makes the table hold exactly one route per address to the device
+// (nothing removed unless prune: before the agent knows every node, an
+// absent node proves nothing) and the rule of each family in use. Each
+// route names as its source the address the underlay would use to reach
+// that node (this node's own address there), so the inner packet's source
+// is an address the peer allows this node. It returns whether it changed
+// anything.
+func (r NodeRoutes) Sync(addrs []netip.Addr, prune bool) (bool, error) {
+	link, err := r.Handle.LinkByName(r.Device)
+	if err != nil {
+		return false, fmt.Errorf("node routes: device %s: %w", r.Device, err)
+	}
+	have, err := r.routes()
+	if err != nil {
+		return false, err
+	}
+	changed := false
+	want := map[netip.Prefix]bool{}
+	var errs []error
+	families := map[int]bool{}
+	for _, a := range addrs {
+		a = a.Unmap()
+		dst := netip.PrefixFrom(a, a.BitLen())
+		want[dst] = true
+		src, err := r.underlaySource(a)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		family := unix.AF_INET
+		if a.Is6() {
+			family = unix.AF_INET6
+		}
+		families[family] = true
+		if h, ok := have[dst]; ok && h.LinkIndex == link.Attrs().Index && h.Src.Equal(src.AsSlice()) {
+			continue
+		}
+		route := &netlink.Route{Dst: prefixIPNet(dst), LinkIndex: link.Attrs().Index, Src: src.AsSlice(),
+			Table: NodeTable, Protocol: NodeRouteProtocol, Scope: netlink.SCOPE_LINK}
+		if err := r.Handle.RouteReplace(route); err != nil {
+			errs = append(errs, fmt.Errorf("node route %s dev %s: %w", dst, r.Device, err))
+			continue
+		}
+		changed = true
+	}
+	// The rule after the routes: a rule over an empty table falls
+	// through to main, but its routes would be used at once.
+	for _, f := range []int{unix.AF_INET, unix.AF_INET6} {
+		if families[f] {
+			if err := r.ensureRule(f); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if prune {
+		for dst, h := range have {
+			if want[dst] {
+				continue
+			}
+			if err := r.Handle.RouteDel(&h); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("remove node route %s: %w", dst, err))
+				continue
+			}
+			changed = true
+		}
+	}
+	return changed, errors.Join(errs...)
+}
+
+// underlaySource is the source address the main table picks towards a,
+// asked with the device's mark (the path its datagrams take).
+func (r NodeRoutes) underlaySource(a netip.Addr) (netip.Addr, error) {
+	rs, err := r.Handle.RouteGetWithOptions(a.AsSlice(), &netlink.RouteGetOptions{Mark: NodeMark})
+	if err != nil || len(rs) == 0 {
+		return netip.Addr{}, fmt.Errorf("node route %s: no underlay route: %v", a, err)
+	}
+	src, ok := netip.AddrFromSlice(rs[0].Src)
+	if !ok {
+		return netip.Addr{}, fmt.Errorf("node route %s: the underlay route has no source address", a)
+	}
+	return src.Unmap(), nil
+}
+
+// routes are the table's routes, by destination.
+func (r NodeRoutes) routes() (map[netip.Prefix]netlink.Route, error) {
+	out := map[netip.Prefix]netlink.Route{}
+	rs, err := r.Handle.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: NodeTable}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("list node routes: %w", err)
+	}
+	for _, rt := range rs {
+		if rt.Dst == nil {
+			continue
+		}
+		a, ok := netip.AddrFromSlice(rt.Dst.IP)
+		if !ok {
+			continue
+		}
+		ones, _ := rt.Dst.Mask.Size()
+		out[netip.PrefixFrom(a.Unmap(), ones)] = rt
+	}
+	return out, nil
+}
+
+// Remove deletes the rules and the table's routes (node encryption off):
+// this node's traffic takes the main table again.
+func (r NodeRoutes) Remove() error {
+	var errs []error
+	for _, f := range []int{unix.AF_INET, unix.AF_INET6} {
+		rules, err := r.Handle.RuleListFiltered(f, &netlink.Rule{Table: NodeTable}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list rules: %w", err))
+			continue
+		}
+		for _, ru := range rules {
+			if err := r.Handle.RuleDel(&ru); err != nil {
+				errs = append(errs, fmt.Errorf("remove rule lookup %d: %w", NodeTable, err))
+			}
+		}
+	}
+	have, err := r.routes()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for dst, h := range have {
+		if err := r.Handle.RouteDel(&h); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("remove node route %s: %w", dst, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// NodeAddresses are the peers' node addresses to route through the device,
+// sorted, without duplicates.
+func NodeAddresses(peers []Peer) []netip.Addr {
+	var out []netip.Addr
+	for _, p := range peers {
+		out = append(out, p.Addresses...)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+func prefixIPNet(p netip.Prefix) *net.IPNet {
+	n := prefixNet(p)
+	return &n
+}
