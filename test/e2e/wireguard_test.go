@@ -6,10 +6,13 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -392,6 +395,22 @@ func TestPrivilegedLabWireGuard(t *testing.T) {
 	t.Run("strict mode", func(t *testing.T) {
 		wireguardStrictStep(t, name, e, ns, node1, node2, backend, pods)
 	})
+	t.Run("node encryption", func(t *testing.T) {
+		wireguardNodeStep(t, name, e, ns, node1, node2, backend)
+	})
+	// Last, with strict mode and node encryption on: every check of the
+	// connectivity test (pods, Services, DNS, policy, the world, NodePorts
+	// with remote backends, the L2 announcement).
+	t.Run("connectivity test", func(t *testing.T) {
+		out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name).CombinedOutput()
+		t.Logf("tendril connectivity test:\n%s", out)
+		if err != nil {
+			t.Fatalf("connectivity test with encryption: %v", err)
+		}
+		if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] {
+			t.Fatalf("no all-passed summary in the output")
+		}
+	})
 }
 
 // clearFrames counts the IPv4 frames of a capture from or to one of pods
@@ -557,5 +576,115 @@ func wireguardStrictStep(t *testing.T, name string, e *env, ns string, node1, no
 			return err == nil && tn.Spec.Encryption.WireGuardPublicKey == key, fmt.Errorf("%v: key %q", err, tn.Spec.Encryption.WireGuardPublicKey)
 		})
 		through(t, "strict mode, node2's key back")
+	})
+}
+
+// inNetns runs fn in a lab network namespace, on a locked thread of its
+// own (a socket made there stays in that namespace).
+func inNetns(t *testing.T, name string, fn func() error) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		leave, err := enterNetns(name)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer leave()
+		errc <- fn()
+	}()
+	if err := <-errc; err != nil {
+		t.Fatalf("in %s: %v", name, err)
+	}
+}
+
+// wireguardNodeStep: the agents restarted with --wireguard-encrypt-node.
+// Each node routes the other's address through its device (table 0x5457,
+// the rule skipping the device's own marked datagrams); a TCP connection
+// from node1's address to a server on node2's address echoes a marked
+// payload, and a capture on node2's bridge port sees neither the payload
+// nor the server's port, only WireGuard datagrams between the node
+// addresses; pods still reach each other and the agents' status has the
+// peer with a handshake.
+func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node2 *lab.Node, backend *corev1.Pod) {
+	restartAgents(t, e, nil, "--wireguard-encrypt-node")
+	for i, n := range []*lab.Node{node1, node2} {
+		other := []*lab.Node{node2, node1}[i]
+		eventually(t, n.Name+" routes "+other.Address+" through its device", func() (bool, error) {
+			out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "ip", "-4", "route", "show", "table", "21591").CombinedOutput()
+			return err == nil && strings.Contains(string(out), other.Address+" dev "+lab.WireGuardDevice(name, i)), fmt.Errorf("%v: %s", err, out)
+		})
+	}
+	n1, n2 := netip.MustParseAddr(node1.Address), netip.MustParseAddr(node2.Address)
+	const port = 5311
+	marker := []byte("tendril-node-encryption-marker")
+	var ln net.Listener
+	inNetns(t, node2.Netns, func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(n2, port).String())
+		return err
+	})
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	cap := startRawCapture(t, e.st.NetNetns, "node2")
+	var c net.Conn
+	inNetns(t, node1.Netns, func() (err error) {
+		c, err = net.DialTimeout("tcp", netip.AddrPortFrom(n2, port).String(), 30*time.Second)
+		return err
+	})
+	payload := bytes.Repeat(marker, 300)
+	go func() { _, _ = c.Write(payload) }()
+	got := make([]byte, len(payload))
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, readErr := io.ReadFull(c, got)
+	c.Close()
+	frames, err := cap.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if readErr != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("TCP %s -> %s:%d: %v", n1, n2, port, readErr)
+	}
+	wg := 0
+	for _, f := range frames {
+		if bytes.Contains(f, marker) {
+			t.Fatalf("the payload in the clear on node2's bridge port")
+		}
+		if len(f) < 34 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+			continue
+		}
+		ip := f[14:]
+		ihl := int(ip[0]&0xf) * 4
+		if (ip[9] != unix.IPPROTO_TCP && ip[9] != unix.IPPROTO_UDP) || len(ip) < ihl+4 {
+			continue
+		}
+		src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+		sp, dp := binary.BigEndian.Uint16(ip[ihl:]), binary.BigEndian.Uint16(ip[ihl+2:])
+		if sp == port || dp == port {
+			t.Errorf("the test server's packet %s:%d -> %s:%d in the clear", src, sp, dst, dp)
+		}
+		if ip[9] == unix.IPPROTO_UDP && sp == 51871 && dp == 51871 && ((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+			wg++
+		}
+	}
+	if wg == 0 {
+		t.Fatalf("no WireGuard datagram between %s and %s on node2's bridge port (%d frames)", n1, n2, len(frames))
+	}
+	t.Logf("node1 -> node2:%d: %d frames on node2's bridge port, %d WireGuard datagrams, none of the connection in the clear", port, len(frames), wg)
+
+	eventually(t, "frontend -> backend:8080 with node encryption", func() (bool, error) {
+		c, _ := labProbe(t, name, ns+"/frontend", backend.Status.PodIP+":8080", false)
+		return c == 0, fmt.Errorf("exit %d", c)
+	})
+	eventually(t, "node1's peer with a handshake", func() (bool, error) {
+		out, err := runCLI(tendrilBin, "-H", node1.Socket, "encrypt", "status")
+		return err == nil && strings.Contains(out, node2.Address+"/32") && !strings.Contains(out, "last handshake never"), fmt.Errorf("%v: %s", err, out)
 	})
 }

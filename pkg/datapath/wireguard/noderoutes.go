@@ -15,11 +15,15 @@ import (
 // own traffic to a peer's node address goes through the device, except
 // the device's own datagrams, which go to that very address (the peer's
 // endpoint) and must take the underlay. The device marks its UDP socket
-// with NodeMark (the WireGuard fwmark); a policy routing rule sends every
-// packet without that mark to NodeTable, which holds one route per peer
-// node address to the device; the marked datagrams miss the rule and take
-// the main table as before. wg-quick keeps a full tunnel from looping the
-// same way.
+// with NodeMark (the WireGuard fwmark); a first policy routing rule sends
+// marked packets to the main table as before, a second sends the rest of
+// what this node itself sends (iif lo: locally generated) to NodeTable,
+// which holds one route per peer node address to the device. Forwarded
+// packets (a pod's) take the main table: a remote backend's reply to a
+// NodePort's masqueraded source must come back on the underlay device,
+// where from_netdev translates it back (no program runs on the WireGuard
+// device); a pod's traffic to another node's address stays as without the
+// option (docs/encryption.md).
 const (
 	// NodeMark is the device's firewall mark (its UDP socket's SO_MARK),
 	// tested under itself as mask. No Tendril program sets skb marks.
@@ -27,9 +31,11 @@ const (
 	// NodeTable is the routing table of the routes to the peers' node
 	// addresses.
 	NodeTable = 0x5457
-	// NodeRulePriority is the rule's: after the local table's (0), so
-	// this node's own addresses stay local, before main's (32766).
-	NodeRulePriority = 90
+	// NodeMarkRulePriority and NodeRulePriority are the rules': after
+	// the local table's (0), so this node's own addresses stay local,
+	// before main's (32766).
+	NodeMarkRulePriority = 89
+	NodeRulePriority     = 90
 	// NodeRouteProtocol marks the table's routes as the agent's.
 	NodeRouteProtocol netlink.RouteProtocol = 0x57 // 'W'
 )
@@ -41,32 +47,55 @@ type NodeRoutes struct {
 	Device string
 }
 
-func (r NodeRoutes) rule(family int) *netlink.Rule {
-	rule := netlink.NewRule()
-	rule.Family = family
-	rule.Priority = NodeRulePriority
-	rule.Table = NodeTable
-	rule.Mark = NodeMark
+// rules are "fwmark NodeMark/NodeMark lookup main" and "iif lo lookup
+// NodeTable" of a family.
+func (r NodeRoutes) rules(family int) []*netlink.Rule {
+	mark := netlink.NewRule()
+	mark.Family = family
+	mark.Priority = NodeMarkRulePriority
+	mark.Table = unix.RT_TABLE_MAIN
+	mark.Mark = NodeMark
 	mask := uint32(NodeMark)
-	rule.Mask = &mask
-	rule.Invert = true
-	return rule
+	mark.Mask = &mask
+	local := netlink.NewRule()
+	local.Family = family
+	local.Priority = NodeRulePriority
+	local.Table = NodeTable
+	local.IifName = "lo"
+	return []*netlink.Rule{mark, local}
 }
 
-// ensureRule adds the rule "not fwmark NodeMark lookup NodeTable" of a
-// family unless it is there.
-func (r NodeRoutes) ensureRule(family int) error {
-	rules, err := r.Handle.RuleListFiltered(family, &netlink.Rule{Table: NodeTable}, netlink.RT_FILTER_TABLE)
+// isOurs tells the rules apart from others at the same priorities.
+func isOurs(ru netlink.Rule) bool {
+	switch ru.Priority {
+	case NodeMarkRulePriority:
+		return ru.Table == unix.RT_TABLE_MAIN && ru.Mark == NodeMark && ru.Mask != nil && *ru.Mask == NodeMark && !ru.Invert
+	case NodeRulePriority:
+		return ru.Table == NodeTable && ru.IifName == "lo" && !ru.Invert
+	}
+	return false
+}
+
+// ensureRules adds the rules of a family that are missing.
+func (r NodeRoutes) ensureRules(family int) error {
+	have, err := r.Handle.RuleList(family)
 	if err != nil {
 		return fmt.Errorf("list rules: %w", err)
 	}
-	for _, ru := range rules {
-		if ru.Priority == NodeRulePriority && ru.Invert && ru.Mark == NodeMark && ru.Mask != nil && *ru.Mask == NodeMark {
-			return nil
+	for _, want := range r.rules(family) {
+		found := false
+		for _, ru := range have {
+			if ru.Priority == want.Priority && isOurs(ru) {
+				found = true
+				break
+			}
 		}
-	}
-	if err := r.Handle.RuleAdd(r.rule(family)); err != nil {
-		return fmt.Errorf("add rule not fwmark %#x lookup %d: %w", NodeMark, NodeTable, err)
+		if found {
+			continue
+		}
+		if err := r.Handle.RuleAdd(want); err != nil {
+			return fmt.Errorf("add rule priority %d (table %d): %w", want.Priority, want.Table, err)
+		}
 	}
 	return nil
 }
@@ -116,11 +145,11 @@ func (r NodeRoutes) Sync(addrs []netip.Addr, prune bool) (bool, error) {
 		}
 		changed = true
 	}
-	// The rule after the routes: a rule over an empty table falls
+	// The rules after the routes: a rule over an empty table falls
 	// through to main, but its routes would be used at once.
 	for _, f := range []int{unix.AF_INET, unix.AF_INET6} {
 		if families[f] {
-			if err := r.ensureRule(f); err != nil {
+			if err := r.ensureRules(f); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -180,14 +209,17 @@ func (r NodeRoutes) routes() (map[netip.Prefix]netlink.Route, error) {
 func (r NodeRoutes) Remove() error {
 	var errs []error
 	for _, f := range []int{unix.AF_INET, unix.AF_INET6} {
-		rules, err := r.Handle.RuleListFiltered(f, &netlink.Rule{Table: NodeTable}, netlink.RT_FILTER_TABLE)
+		rules, err := r.Handle.RuleList(f)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("list rules: %w", err))
 			continue
 		}
 		for _, ru := range rules {
+			if !isOurs(ru) {
+				continue
+			}
 			if err := r.Handle.RuleDel(&ru); err != nil {
-				errs = append(errs, fmt.Errorf("remove rule lookup %d: %w", NodeTable, err))
+				errs = append(errs, fmt.Errorf("remove rule priority %d: %w", ru.Priority, err))
 			}
 		}
 	}
