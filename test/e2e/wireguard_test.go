@@ -688,3 +688,106 @@ func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node
 		return err == nil && strings.Contains(out, node2.Address+"/32") && !strings.Contains(out, "last handshake never"), fmt.Errorf("%v: %s", err, out)
 	})
 }
+
+// TestPrivilegedLabWireGuardTunnel: a lab in the tunnel routing mode with
+// --encryption wireguard. The peers' pod CIDRs stay routed to the tunnel
+// device, and the tunnel's datagrams to the other node go through the
+// WireGuard device (table 0x5458, rule "iif lo ipproto udp dport 8472");
+// the pods' MTU leaves room for both (1500 - 50 - 60); pods on two nodes
+// exchange TCP and UDP, and a capture on the receiving node's bridge port
+// sees no VXLAN datagram, no pod address, no probe port: only WireGuard
+// between the node addresses. A policy on the receiving pod admits the
+// allowed identity and denies another: the identity the VXLAN header
+// carries survives the encryption around it.
+func TestPrivilegedLabWireGuardTunnel(t *testing.T) {
+	labUp(t) // the binaries; the lab is this test's own
+	name, e := ownLab(t, "wgt", "--encryption", "wireguard", "--routing-mode", "tunnel")
+	ctx := context.Background()
+	for i, n := range e.st.Nodes {
+		out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "sh", "-c", "ip -4 route show proto 85; ip -4 route show table 21592").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: ip route: %v\n%s", n.Name, err, out)
+		}
+		if !strings.Contains(string(out), "dev tendril_vxlan") || !strings.Contains(string(out), "dev "+lab.WireGuardDevice(name, i)) {
+			t.Errorf("%s: want the pod CIDR route to tendril_vxlan and the other node's address to %s in table 21592:\n%s", n.Name, lab.WireGuardDevice(name, i), out)
+		}
+	}
+	const ns = "e2e-wgtunnel"
+	e.createNamespace(t, ns)
+	tcp8080 := corev1.ContainerPort{ContainerPort: 8080, Protocol: corev1.ProtocolTCP}
+	udp53 := corev1.ContainerPort{ContainerPort: 53, Protocol: corev1.ProtocolUDP}
+	e.createPod(t, ns, "backend", "node2", map[string]string{"app": "backend"}, tcp8080, udp53)
+	e.createPod(t, ns, "frontend", "node1", map[string]string{"app": "frontend"})
+	e.createPod(t, ns, "other", "node1", map[string]string{"app": "other"})
+	backend := e.waitReady(t, ns, "backend")
+	frontend := e.waitReady(t, ns, "frontend")
+	other := e.waitReady(t, ns, "other")
+	out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/other", "--", "ip", "-o", "link", "show", "dev", "eth0").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), " mtu 1390 ") {
+		t.Errorf("pod eth0, want MTU 1390 (1500 less VXLAN's 50 and WireGuard's 60): %v %s", err, out)
+	}
+	node1, _ := e.st.Node("node1")
+	node2, _ := e.st.Node("node2")
+	n1, n2 := netip.MustParseAddr(node1.Address), netip.MustParseAddr(node2.Address)
+	pods := map[netip.Addr]string{}
+	for _, p := range []*corev1.Pod{backend, frontend, other} {
+		pods[netip.MustParseAddr(p.Status.PodIP)] = p.Name
+	}
+
+	cap := startRawCapture(t, e.st.NetNetns, "node2")
+	tcp, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":8080", false)
+	udp, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":53", true)
+	frames, err := cap.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tcp != 0 || udp != 0 {
+		t.Fatalf("other -> backend across nodes: TCP exit %d, UDP exit %d, want 0 and 0", tcp, udp)
+	}
+	if n := clearFrames(frames, pods); n > 0 {
+		t.Errorf("%d frames of a pod in the clear", n)
+	}
+	wg, vxlan := 0, 0
+	for _, f := range frames {
+		if _, ok := parseVXLAN(f); ok {
+			vxlan++
+			continue
+		}
+		if len(f) < 34 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+			continue
+		}
+		ip := f[14:]
+		ihl := int(ip[0]&0xf) * 4
+		if ip[9] != unix.IPPROTO_UDP || len(ip) < ihl+4 {
+			continue
+		}
+		src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+		sp, dp := binary.BigEndian.Uint16(ip[ihl:]), binary.BigEndian.Uint16(ip[ihl+2:])
+		if sp == 8472 || dp == 8472 {
+			vxlan++
+		}
+		if sp == 51871 && dp == 51871 && ((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+			wg++
+		}
+	}
+	if vxlan > 0 || wg == 0 {
+		t.Fatalf("on node2's bridge port: %d VXLAN datagrams in the clear, %d WireGuard datagrams; want 0 and some (%d frames)", vxlan, wg, len(frames))
+	}
+	t.Logf("%d frames on node2's bridge port, %d WireGuard datagrams, no VXLAN, none of a pod", len(frames), wg)
+
+	pol := &v1alpha1.TendrilNetworkPolicy{}
+	if err := yaml.UnmarshalStrict([]byte(tunnelPolicyYAML), pol); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	addr := backend.Status.PodIP + ":8080"
+	eventually(t, "other -> backend:8080 denied", func() (bool, error) {
+		c, _ := labProbe(t, name, ns+"/other", addr, false)
+		return c == 1, fmt.Errorf("exit %d", c)
+	})
+	if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
+		t.Errorf("frontend -> backend:8080 exit %d, want 0 (allowed by its identity)", c)
+	}
+}

@@ -39,6 +39,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
+	"github.com/tendril-net/tendril/pkg/agent/tunnel"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	dpwg "github.com/tendril-net/tendril/pkg/datapath/wireguard"
@@ -59,8 +60,12 @@ var Cell = cell.Module("wireguard", "Transparent encryption between nodes with W
 	cell.Provide(newCell, publicKeys, routeDevice, mtuOverhead, statusContribution, apiHandlers),
 )
 
-func routeDevice(c Config) nodes.EncryptionDevice {
-	if !c.EnableWireguard {
+// routeDevice: the peers' pod CIDRs to the WireGuard device, in native
+// routing. In tunnel mode they stay on the tunnel device, and the
+// tunnel's datagrams to the other nodes go through the WireGuard device
+// (dpwg.TunnelRoutes).
+func routeDevice(c Config, t tunnel.Config) nodes.EncryptionDevice {
+	if !c.EnableWireguard || t.Tunneling() {
 		return ""
 	}
 	return nodes.EncryptionDevice(c.WireguardDevice)
@@ -120,6 +125,8 @@ type Encryption struct {
 	strict *Strict
 	// nodeRoutes is set with --wireguard-encrypt-node.
 	nodeRoutes NodeRouter
+	// tunnelRoutes is set in the tunnel routing mode.
+	tunnelRoutes NodeRouter
 
 	mu  sync.Mutex
 	key wgtypes.Key
@@ -212,7 +219,7 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 		want = keepUnknown(want, cur.Peers)
 	}
 	mark := 0
-	if e.cfg.WireguardEncryptNode {
+	if e.cfg.WireguardEncryptNode || e.tunnelRoutes != nil {
 		// The device's own datagrams carry the mark that keeps them
 		// out of the node routes (dpwg.NodeRoutes): set before any
 		// node route exists.
@@ -225,7 +232,32 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 	if changed {
 		e.log.Info("WireGuard peers set", "device", e.cfg.WireguardDevice, "peers", len(want), "nodes-synced", initialized)
 	}
-	return errors.Join(e.syncNodeRoutes(want, initialized), e.syncStrict(all, want, initialized))
+	return errors.Join(e.syncNodeRoutes(want, initialized), e.syncTunnelRoutes(all, initialized), e.syncStrict(all, want, initialized))
+}
+
+// syncTunnelRoutes sends the tunnel's datagrams to every other node's
+// address through the device (nothing outside tunnel mode). Every node of
+// the table, with a key or not: the device drops what it has no peer for,
+// so a node without a key gets no encapsulated pod traffic rather than
+// getting it in the clear. The rule selects only the tunnel's port, so
+// the rest of this node's traffic to that node is not cut.
+func (e *Encryption) syncTunnelRoutes(all []*nodemanager.Peer, initialized bool) error {
+	if e.tunnelRoutes == nil {
+		return nil
+	}
+	var addrs []netip.Addr
+	for _, p := range all {
+		addrs = append(addrs, p.IPs...)
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	changed, err := e.tunnelRoutes.Sync(slices.Compact(addrs), initialized)
+	if changed {
+		e.log.Info("WireGuard tunnel routes set", "device", e.cfg.WireguardDevice, "nodes", len(all))
+	}
+	if err != nil {
+		return fmt.Errorf("wireguard tunnel routes: %w", err)
+	}
+	return nil
 }
 
 // syncNodeRoutes routes this node's traffic to the configured peers' node
@@ -423,6 +455,7 @@ type params struct {
 	Config    Config
 	Agent     option.Agent
 	EPConfig  agentendpoints.Config
+	Tunnel    tunnel.Config
 	Log       *slog.Logger
 	Lifecycle cell.Lifecycle
 	Jobs      job.Registry
@@ -453,17 +486,25 @@ func newCell(p params) (*Encryption, error) {
 			return nil
 		}})
 	}
-	if (p.Loader != nil || p.Config.EnableWireguard) && !p.Config.WireguardEncryptNode {
-		// The rule and the table stay when the agent stops: a node
-		// leaves node encryption only when told so.
+	tunneling := p.Config.EnableWireguard && p.Tunnel.Tunneling()
+	if (p.Loader != nil || p.Config.EnableWireguard) && (!p.Config.WireguardEncryptNode || !tunneling) {
+		// The rules and the tables stay when the agent stops: a node
+		// leaves node encryption (or the tunnel's) only when told so.
 		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
 			h, err := netlink.NewHandle()
 			if err != nil {
-				return fmt.Errorf("wireguard: node encryption off: %w", err)
+				return fmt.Errorf("wireguard: routes off: %w", err)
 			}
 			defer h.Close()
-			if err := (dpwg.NodeRoutes{Handle: h, Device: p.Config.WireguardDevice}).Remove(); err != nil {
-				return fmt.Errorf("wireguard: node encryption off: %w", err)
+			if !p.Config.WireguardEncryptNode {
+				if err := (dpwg.NodeRoutes{Handle: h, Device: p.Config.WireguardDevice}).Remove(); err != nil {
+					return fmt.Errorf("wireguard: node encryption off: %w", err)
+				}
+			}
+			if !tunneling {
+				if err := dpwg.TunnelRoutes(h, p.Config.WireguardDevice, 1).Remove(); err != nil {
+					return fmt.Errorf("wireguard: tunnel encryption off: %w", err)
+				}
 			}
 			return nil
 		}})
@@ -491,12 +532,17 @@ func newCell(p params) (*Encryption, error) {
 				// carries is not cut.
 				e.strict = &Strict{Maps: m, LinkIndex: linkIndex}
 			}
-			if p.Config.WireguardEncryptNode {
+			if p.Config.WireguardEncryptNode || tunneling {
 				h, err := netlink.NewHandle()
 				if err != nil {
-					return fmt.Errorf("wireguard-encrypt-node: %w", err)
+					return fmt.Errorf("wireguard routes: %w", err)
 				}
-				e.nodeRoutes = dpwg.NodeRoutes{Handle: h, Device: p.Config.WireguardDevice}
+				if p.Config.WireguardEncryptNode {
+					e.nodeRoutes = dpwg.NodeRoutes{Handle: h, Device: p.Config.WireguardDevice}
+				}
+				if tunneling {
+					e.tunnelRoutes = dpwg.TunnelRoutes(h, p.Config.WireguardDevice, p.Tunnel.Port())
+				}
 			}
 			// The device first (found running, or started), so the
 			// routes the nodes cell puts to it find it.

@@ -261,6 +261,9 @@ func TestConfigValidate(t *testing.T) {
 	if err := DefaultConfig().Validate(native); err != nil {
 		t.Fatal(err)
 	}
+	if err := on.Validate(tun); err != nil {
+		t.Errorf("encryption in tunnel mode: %v", err)
+	}
 	node := on
 	node.WireguardEncryptNode = true
 	if err := node.Validate(native); err != nil {
@@ -270,7 +273,6 @@ func TestConfigValidate(t *testing.T) {
 		c Config
 		t tunnel.Config
 	}{
-		"tunnel mode":           {on, tun},
 		"strict without":        {Config{WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
 		"port 0":                {Config{EnableWireguard: true, WireguardDevice: "x"}, native},
 		"long device name":      {Config{EnableWireguard: true, WireguardPort: 1, WireguardDevice: "a-name-too-long-for-linux"}, native},

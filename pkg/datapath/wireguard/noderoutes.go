@@ -36,15 +36,41 @@ const (
 	// before main's (32766).
 	NodeMarkRulePriority = 89
 	NodeRulePriority     = 90
+	// TunnelTable and TunnelRulePriority are the tunnel routing mode's:
+	// the tunnel device's datagrams (UDP to the tunnel port, generated
+	// here) to every other node's address go through the WireGuard
+	// device (TunnelRoutes).
+	TunnelTable        = 0x5458
+	TunnelRulePriority = 88
 	// NodeRouteProtocol marks the table's routes as the agent's.
 	NodeRouteProtocol netlink.RouteProtocol = 0x57 // 'W'
 )
 
-// NodeRoutes keeps the rule and the table for a device, through a netlink
-// handle of the agent's network namespace.
+// NodeRoutes keeps the rules and a table for a device, through a netlink
+// handle of the agent's network namespace: NodeTable's for node
+// encryption (TunnelPort 0), TunnelTable's for the tunnel's datagrams
+// (TunnelRoutes).
 type NodeRoutes struct {
 	Handle *netlink.Handle
 	Device string
+	// TunnelPort, when set, makes these the tunnel's routes: the rule
+	// "iif lo ipproto udp dport TunnelPort lookup TunnelTable".
+	TunnelPort uint16
+}
+
+// TunnelRoutes are the routes that send the tunnel device's datagrams
+// (VXLAN or Geneve to port, from this node) to the other nodes through
+// the WireGuard device, so the encapsulated pod traffic leaves encrypted
+// (the tunnel routing mode with encryption).
+func TunnelRoutes(h *netlink.Handle, device string, port uint16) NodeRoutes {
+	return NodeRoutes{Handle: h, Device: device, TunnelPort: port}
+}
+
+func (r NodeRoutes) table() int {
+	if r.TunnelPort != 0 {
+		return TunnelTable
+	}
+	return NodeTable
 }
 
 // rules are "fwmark NodeMark/NodeMark lookup main" and "iif lo lookup
@@ -62,6 +88,12 @@ func (r NodeRoutes) rules(family int) []*netlink.Rule {
 	local.Priority = NodeRulePriority
 	local.Table = NodeTable
 	local.IifName = "lo"
+	if r.TunnelPort != 0 {
+		local.Priority = TunnelRulePriority
+		local.Table = TunnelTable
+		local.IPProto = unix.IPPROTO_UDP
+		local.Dport = netlink.NewRulePortRange(r.TunnelPort, r.TunnelPort)
+	}
 	return []*netlink.Rule{mark, local}
 }
 
@@ -72,6 +104,8 @@ func isOurs(ru netlink.Rule) bool {
 		return ru.Table == unix.RT_TABLE_MAIN && ru.Mark == NodeMark && ru.Mask != nil && *ru.Mask == NodeMark && !ru.Invert
 	case NodeRulePriority:
 		return ru.Table == NodeTable && ru.IifName == "lo" && !ru.Invert
+	case TunnelRulePriority:
+		return ru.Table == TunnelTable && ru.IifName == "lo" && !ru.Invert
 	}
 	return false
 }
@@ -138,7 +172,7 @@ func (r NodeRoutes) Sync(addrs []netip.Addr, prune bool) (bool, error) {
 			continue
 		}
 		route := &netlink.Route{Dst: prefixIPNet(dst), LinkIndex: link.Attrs().Index, Src: src.AsSlice(),
-			Table: NodeTable, Protocol: NodeRouteProtocol, Scope: netlink.SCOPE_LINK}
+			Table: r.table(), Protocol: NodeRouteProtocol, Scope: netlink.SCOPE_LINK}
 		if err := r.Handle.RouteReplace(route); err != nil {
 			errs = append(errs, fmt.Errorf("node route %s dev %s: %w", dst, r.Device, err))
 			continue
@@ -186,7 +220,7 @@ func (r NodeRoutes) underlaySource(a netip.Addr) (netip.Addr, error) {
 // routes are the table's routes, by destination.
 func (r NodeRoutes) routes() (map[netip.Prefix]netlink.Route, error) {
 	out := map[netip.Prefix]netlink.Route{}
-	rs, err := r.Handle.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: NodeTable}, netlink.RT_FILTER_TABLE)
+	rs, err := r.Handle.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: r.table()}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("list node routes: %w", err)
 	}
@@ -215,7 +249,10 @@ func (r NodeRoutes) Remove() error {
 			continue
 		}
 		for _, ru := range rules {
-			if !isOurs(ru) {
+			// The mark rule is shared by both tables' users: it goes
+			// when the other's rule is not there.
+			if !isOurs(ru) || (ru.Table != r.table() && ru.Priority != NodeMarkRulePriority) ||
+				(ru.Priority == NodeMarkRulePriority && r.otherRuleIn(rules)) {
 				continue
 			}
 			if err := r.Handle.RuleDel(&ru); err != nil {
@@ -233,6 +270,16 @@ func (r NodeRoutes) Remove() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// otherRuleIn tells whether the other table's rule is among rules.
+func (r NodeRoutes) otherRuleIn(rules []netlink.Rule) bool {
+	for _, ru := range rules {
+		if isOurs(ru) && ru.Priority != NodeMarkRulePriority && ru.Table != r.table() {
+			return true
+		}
+	}
+	return false
 }
 
 // NodeAddresses are the peers' node addresses to route through the device,
