@@ -182,3 +182,75 @@ func TestPrivilegedNodeRoutes(t *testing.T) {
 		t.Fatalf("without the node routes the same connection is not seen in the clear: the capture's check proves nothing")
 	}
 }
+
+// TestPrivilegedTunnelAndNodeRules: the tunnel's routes and node
+// encryption's in one namespace (a veth stands in for the device:
+// only the rules and tables are checked here, the traffic in the lab).
+// Each has its rule and table; the mark rule is one, shared; removing
+// the tunnel's keeps node encryption's rule and the mark rule, removing
+// both leaves none.
+func TestPrivilegedTunnelAndNodeRules(t *testing.T) {
+	testutil.Privileged(t)
+	_, h := newNS(t)
+	for _, name := range []string{"under", "wgdummy"} {
+		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []string{name, name + "p"} {
+			l, _ := h.LinkByName(n)
+			if err := h.LinkSetUp(l); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	under, _ := h.LinkByName("under")
+	if err := h.AddrAdd(under, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("192.168.79.1"), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	peer := []netip.Addr{netip.MustParseAddr("192.168.79.2")}
+	node := NodeRoutes{Handle: h, Device: "wgdummy"}
+	tun := TunnelRoutes(h, "wgdummy", 8472)
+	for _, r := range []NodeRoutes{node, tun} {
+		if _, err := r.Sync(peer, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ours := func() map[int]netlink.Rule {
+		rules, err := h.RuleList(unix.AF_INET)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int]netlink.Rule{}
+		for _, ru := range rules {
+			if isOurs(ru) {
+				out[ru.Priority] = ru
+			}
+		}
+		return out
+	}
+	got := ours()
+	if len(got) != 3 {
+		t.Fatalf("rules %v, want the tunnel's, the mark's and node encryption's", got)
+	}
+	if ru := got[TunnelRulePriority]; ru.Table != TunnelTable || ru.IPProto != unix.IPPROTO_UDP || ru.Dport == nil || ru.Dport.Start != 8472 {
+		t.Errorf("the tunnel's rule: %+v", ru)
+	}
+	for _, table := range []int{NodeTable, TunnelTable} {
+		rs, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+		if err != nil || len(rs) != 1 || rs[0].Dst.String() != "192.168.79.2/32" {
+			t.Errorf("table %d: %v (%v)", table, rs, err)
+		}
+	}
+	if err := tun.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if got := ours(); len(got) != 2 || got[NodeRulePriority].Table != NodeTable || got[NodeMarkRulePriority].Mark != NodeMark {
+		t.Fatalf("after the tunnel's Remove: %v, want node encryption's rule and the mark's", got)
+	}
+	if err := node.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if got := ours(); len(got) != 0 {
+		t.Fatalf("after both Removes: %v", got)
+	}
+}
