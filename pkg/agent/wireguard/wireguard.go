@@ -340,9 +340,20 @@ func strictCIDRs(all []*nodemanager.Peer, configured []dpwg.Peer) map[netip.Pref
 func desiredPeers(all []*nodemanager.Peer, own wgtypes.Key, port uint16) ([]dpwg.Peer, map[string]string) {
 	skipped := map[string]string{}
 	byKey := map[string][]string{}
+	// claims counts the nodes claiming each address: the addresses come
+	// from objects each node writes for itself, and one two nodes claim
+	// is given to neither (in the allowed IPs WireGuard would move it to
+	// whichever peer was set last; with node encryption this node's
+	// traffic to it would go to that one).
+	claims := map[netip.Addr]int{}
 	for _, p := range all {
 		if p.WireGuardKey != "" {
 			byKey[p.WireGuardKey] = append(byKey[p.WireGuardKey], p.Name)
+		}
+		ips := slices.Clone(p.IPs)
+		slices.SortFunc(ips, netip.Addr.Compare)
+		for _, ip := range slices.Compact(ips) {
+			claims[ip]++
 		}
 	}
 	var out []dpwg.Peer
@@ -375,11 +386,16 @@ func desiredPeers(all []*nodemanager.Peer, own wgtypes.Key, port uint16) ([]dpwg
 			continue
 		}
 		allowed := slices.Clone(p.PodCIDRs)
+		var addrs []netip.Addr
 		for _, ip := range p.IPs {
+			if claims[ip] > 1 {
+				continue
+			}
 			allowed = append(allowed, netip.PrefixFrom(ip, ip.BitLen()))
+			addrs = append(addrs, ip)
 		}
 		out = append(out, dpwg.Peer{Node: p.Name, PublicKey: key, Endpoint: netip.AddrPortFrom(ep, port),
-			AllowedIPs: allowed, Addresses: slices.Clone(p.IPs)})
+			AllowedIPs: allowed, Addresses: addrs})
 	}
 	return out, skipped
 }
