@@ -13,7 +13,11 @@
 // encryption (agentendpoints.EncryptionOverhead). With --wireguard-strict
 // the reconciler also writes the datapath's strict mode maps: every other
 // node's pod CIDR, marked with whether that node is a peer, and the
-// device's ifindex; from_pod drops what would leave unencrypted.
+// device's ifindex; from_pod drops what would leave unencrypted. With
+// --wireguard-encrypt-node it routes what this node sends to the peers'
+// addresses through the device (dpwg.NodeRoutes), and in the tunnel
+// routing mode the tunnel's datagrams (dpwg.TunnelRoutes): the device's
+// own datagrams carry a firewall mark that keeps them out of those routes.
 package wireguard
 
 import (
