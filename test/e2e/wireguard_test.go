@@ -6,10 +6,13 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -389,4 +392,402 @@ func TestPrivilegedLabWireGuard(t *testing.T) {
 			t.Errorf("agents restarted: other -> backend:8080 exit %d, want 1 (denied)", c)
 		}
 	})
+	t.Run("strict mode", func(t *testing.T) {
+		wireguardStrictStep(t, name, e, ns, node1, node2, backend, pods)
+	})
+	t.Run("node encryption", func(t *testing.T) {
+		wireguardNodeStep(t, name, e, ns, node1, node2, backend)
+	})
+	// Last, with strict mode and node encryption on: every check of the
+	// connectivity test (pods, Services, DNS, policy, the world, NodePorts
+	// with remote backends, the L2 announcement).
+	t.Run("connectivity test", func(t *testing.T) {
+		out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name).CombinedOutput()
+		t.Logf("tendril connectivity test:\n%s", out)
+		if err != nil {
+			t.Fatalf("connectivity test with encryption: %v", err)
+		}
+		if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] {
+			t.Fatalf("no all-passed summary in the output")
+		}
+	})
+}
+
+// clearFrames counts the IPv4 frames of a capture from or to one of pods
+// (a pod's packet on the wire in the clear).
+func clearFrames(frames [][]byte, pods map[netip.Addr]string) int {
+	n := 0
+	for _, f := range frames {
+		if len(f) < 34 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+			continue
+		}
+		ip := f[14:]
+		if pods[netip.AddrFrom4([4]byte(ip[12:16]))] != "" || pods[netip.AddrFrom4([4]byte(ip[16:20]))] != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// nodeRun runs a command in a lab node's network namespace.
+func nodeRun(t *testing.T, n *lab.Node, args ...string) {
+	t.Helper()
+	out, err := exec.Command("nsenter", append([]string{"--net=" + lab.NetnsPath(n.Netns)}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v: %v\n%s", n.Name, args, err, out)
+	}
+}
+
+// reasonUnencrypted is strict mode's drop reason as `bpf metrics list`
+// names it.
+const reasonUnencrypted = "Would leave the node unencrypted (WireGuard strict mode)"
+
+// wireguardStrictStep: --wireguard-strict on the lab's real traffic,
+// frontend (node1) -> backend (node2). First, without strict mode, a
+// host route for the backend's address via node2 (a route replaced by
+// hand or by another daemon) sends the frontend's packets to it in the
+// clear (the capture sees them): what strict mode is for. With strict
+// mode (the agents restarted with it) the same route gets nothing
+// through: node1 drops the packets with the UNENCRYPTED reason (counted,
+// and a flow), none is on the wire; without the route traffic flows
+// again. Then node2's key is withheld (its agent down, the key cleared
+// from its TendrilNode): node1 removes the peer and drops the traffic
+// to node2's pods with the same reason, nothing in the clear; node2's
+// agent back, its key published again, the traffic resumes.
+func wireguardStrictStep(t *testing.T, name string, e *env, ns string, node1, node2 *lab.Node, backend *corev1.Pod, pods map[netip.Addr]string) {
+	ctx := context.Background()
+	addr := backend.Status.PodIP + ":8080"
+	relay := "unix://" + e.st.RelaySocket()
+	probeCaptured := func(t *testing.T) (int, [][]byte) {
+		t.Helper()
+		cap := startRawCapture(t, e.st.NetNetns, "node2")
+		c, _ := labProbe(t, name, ns+"/frontend", addr, false)
+		frames, err := cap.stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, frames
+	}
+	// dropped: the frontend gets nothing through, node1 counts the
+	// UNENCRYPTED drops, nothing of a pod is on the wire.
+	dropped := func(t *testing.T, what string) {
+		t.Helper()
+		before := datapathCount(t, *node1, reasonUnencrypted, "egress")
+		c, frames := probeCaptured(t)
+		after := datapathCount(t, *node1, reasonUnencrypted, "egress")
+		if c == 0 {
+			t.Errorf("%s: frontend -> backend:8080 got through (exit 0), want it dropped", what)
+		}
+		if after <= before {
+			t.Errorf("%s: node1 counted no UNENCRYPTED drop (%d before, %d after)", what, before, after)
+		}
+		if n := clearFrames(frames, pods); n > 0 {
+			t.Errorf("%s: %d frames of a pod in the clear on node2's bridge port", what, n)
+		}
+		t.Logf("%s: exit %d, %d UNENCRYPTED drops on node1, %d frames on the wire, none of a pod", what, c, after-before, len(frames))
+	}
+	flows := func(t *testing.T) {
+		t.Helper()
+		eventually(t, "an UNENCRYPTED_TRAFFIC drop flow frontend -> backend", func() (bool, error) {
+			out, err := runCLI(tendrilBin, "observe", "--server", relay, "--last", "1000", "-o", "json",
+				"--verdict", "DROPPED", "--from-pod", ns+"/frontend")
+			return err == nil && strings.Contains(out, "UNENCRYPTED_TRAFFIC") && strings.Contains(out, backend.Status.PodIP),
+				fmt.Errorf("%v: %s", err, out)
+		})
+	}
+	through := func(t *testing.T, what string) {
+		t.Helper()
+		eventually(t, what+": frontend -> backend:8080", func() (bool, error) {
+			c, _ := labProbe(t, name, ns+"/frontend", addr, false)
+			return c == 0, fmt.Errorf("exit %d", c)
+		})
+	}
+	hostRoute := []string{backend.Status.PodIP + "/32", "via", node2.Address}
+
+	// Without strict mode: the hand-made route leaks.
+	nodeRun(t, node1, append([]string{"ip", "route", "add"}, hostRoute...)...)
+	routed := true
+	t.Cleanup(func() {
+		if routed {
+			_ = exec.Command("nsenter", append([]string{"--net=" + lab.NetnsPath(node1.Netns), "ip", "route", "del"}, hostRoute...)...).Run()
+		}
+	})
+	c, frames := probeCaptured(t)
+	if c != 0 || clearFrames(frames, pods) == 0 {
+		t.Fatalf("without strict mode, a route via node2 for the backend: exit %d and %d frames of a pod in the clear, want 0 and some (else this step proves nothing)",
+			c, clearFrames(frames, pods))
+	}
+	t.Logf("without strict mode the hand-made route sent %d frames of the pods in the clear", clearFrames(frames, pods))
+
+	restartAgents(t, e, nil, "--wireguard-strict")
+	for _, n := range e.st.Nodes {
+		eventually(t, "strict mode on "+n.Name, func() (bool, error) {
+			o, err := runCLI(tendrilBin, "-H", n.Socket, "status")
+			return err == nil && strings.Contains(o, "Encryption"), fmt.Errorf("%v: %s", err, o)
+		})
+	}
+	t.Run("a route not through the device", func(t *testing.T) {
+		dropped(t, "strict mode, route via node2")
+		flows(t)
+		nodeRun(t, node1, append([]string{"ip", "route", "del"}, hostRoute...)...)
+		routed = false
+		through(t, "strict mode, the route removed")
+	})
+
+	t.Run("a peer without a key", func(t *testing.T) {
+		argv := killAgent(t, e.st, node2.Name)
+		started := false
+		t.Cleanup(func() {
+			if !started {
+				startAgent(t, e.st, node2.Name, argv)
+			}
+		})
+		tns := e.k8.Tendril.TendrilV1alpha1().TendrilNodes()
+		tn, err := tns.Get(ctx, node2.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := tn.Spec.Encryption.WireGuardPublicKey
+		tn.Spec.Encryption.WireGuardPublicKey = ""
+		if _, err := tns.Update(ctx, tn, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		wg, err := wgctrl.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer wg.Close()
+		eventually(t, "node1's device without node2's peer", func() (bool, error) {
+			d, err := wg.Device(lab.WireGuardDevice(name, 0))
+			if err != nil {
+				return false, err
+			}
+			return len(d.Peers) == 0, fmt.Errorf("%d peers", len(d.Peers))
+		})
+		if st, err := runCLI(tendrilBin, "-H", node1.Socket, "encrypt", "status"); err != nil || !strings.Contains(st, "no key published") {
+			t.Errorf("node1's encrypt status does not say node2 has no key: %v\n%s", err, st)
+		}
+		dropped(t, "strict mode, node2 without a key")
+
+		startAgent(t, e.st, node2.Name, argv)
+		started = true
+		eventually(t, "node2's key published again", func() (bool, error) {
+			tn, err := tns.Get(ctx, node2.Name, metav1.GetOptions{})
+			return err == nil && tn.Spec.Encryption.WireGuardPublicKey == key, fmt.Errorf("%v: key %q", err, tn.Spec.Encryption.WireGuardPublicKey)
+		})
+		through(t, "strict mode, node2's key back")
+	})
+}
+
+// inNetns runs fn in a lab network namespace, on a locked thread of its
+// own (a socket made there stays in that namespace).
+func inNetns(t *testing.T, name string, fn func() error) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		leave, err := enterNetns(name)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer leave()
+		errc <- fn()
+	}()
+	if err := <-errc; err != nil {
+		t.Fatalf("in %s: %v", name, err)
+	}
+}
+
+// wireguardNodeStep: the agents restarted with --wireguard-encrypt-node.
+// Each node routes the other's address through its device (table 0x5457,
+// the rule skipping the device's own marked datagrams); a TCP connection
+// from node1's address to a server on node2's address echoes a marked
+// payload, and a capture on node2's bridge port sees neither the payload
+// nor the server's port, only WireGuard datagrams between the node
+// addresses; pods still reach each other and the agents' status has the
+// peer with a handshake.
+func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node2 *lab.Node, backend *corev1.Pod) {
+	restartAgents(t, e, nil, "--wireguard-encrypt-node")
+	for i, n := range []*lab.Node{node1, node2} {
+		other := []*lab.Node{node2, node1}[i]
+		eventually(t, n.Name+" routes "+other.Address+" through its device", func() (bool, error) {
+			out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "ip", "-4", "route", "show", "table", "21591").CombinedOutput()
+			return err == nil && strings.Contains(string(out), other.Address+" dev "+lab.WireGuardDevice(name, i)), fmt.Errorf("%v: %s", err, out)
+		})
+	}
+	n1, n2 := netip.MustParseAddr(node1.Address), netip.MustParseAddr(node2.Address)
+	const port = 5311
+	marker := []byte("tendril-node-encryption-marker")
+	var ln net.Listener
+	inNetns(t, node2.Netns, func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(n2, port).String())
+		return err
+	})
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	cap := startRawCapture(t, e.st.NetNetns, "node2")
+	var c net.Conn
+	inNetns(t, node1.Netns, func() (err error) {
+		c, err = net.DialTimeout("tcp", netip.AddrPortFrom(n2, port).String(), 30*time.Second)
+		return err
+	})
+	payload := bytes.Repeat(marker, 300)
+	go func() { _, _ = c.Write(payload) }()
+	got := make([]byte, len(payload))
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, readErr := io.ReadFull(c, got)
+	c.Close()
+	frames, err := cap.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if readErr != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("TCP %s -> %s:%d: %v", n1, n2, port, readErr)
+	}
+	wg := 0
+	for _, f := range frames {
+		if bytes.Contains(f, marker) {
+			t.Fatalf("the payload in the clear on node2's bridge port")
+		}
+		if len(f) < 34 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+			continue
+		}
+		ip := f[14:]
+		ihl := int(ip[0]&0xf) * 4
+		if (ip[9] != unix.IPPROTO_TCP && ip[9] != unix.IPPROTO_UDP) || len(ip) < ihl+4 {
+			continue
+		}
+		src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+		sp, dp := binary.BigEndian.Uint16(ip[ihl:]), binary.BigEndian.Uint16(ip[ihl+2:])
+		if sp == port || dp == port {
+			t.Errorf("the test server's packet %s:%d -> %s:%d in the clear", src, sp, dst, dp)
+		}
+		if ip[9] == unix.IPPROTO_UDP && sp == 51871 && dp == 51871 && ((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+			wg++
+		}
+	}
+	if wg == 0 {
+		t.Fatalf("no WireGuard datagram between %s and %s on node2's bridge port (%d frames)", n1, n2, len(frames))
+	}
+	t.Logf("node1 -> node2:%d: %d frames on node2's bridge port, %d WireGuard datagrams, none of the connection in the clear", port, len(frames), wg)
+
+	eventually(t, "frontend -> backend:8080 with node encryption", func() (bool, error) {
+		c, _ := labProbe(t, name, ns+"/frontend", backend.Status.PodIP+":8080", false)
+		return c == 0, fmt.Errorf("exit %d", c)
+	})
+	eventually(t, "node1's peer with a handshake", func() (bool, error) {
+		out, err := runCLI(tendrilBin, "-H", node1.Socket, "encrypt", "status")
+		return err == nil && strings.Contains(out, node2.Address+"/32") && !strings.Contains(out, "last handshake never"), fmt.Errorf("%v: %s", err, out)
+	})
+}
+
+// TestPrivilegedLabWireGuardTunnel: a lab in the tunnel routing mode with
+// --encryption wireguard. The peers' pod CIDRs stay routed to the tunnel
+// device, and the tunnel's datagrams to the other node go through the
+// WireGuard device (table 0x5458, rule "iif lo ipproto udp dport 8472");
+// the pods' MTU leaves room for both (1500 - 50 - 60); pods on two nodes
+// exchange TCP and UDP, and a capture on the receiving node's bridge port
+// sees no VXLAN datagram, no pod address, no probe port: only WireGuard
+// between the node addresses. A policy on the receiving pod admits the
+// allowed identity and denies another: the identity the VXLAN header
+// carries survives the encryption around it.
+func TestPrivilegedLabWireGuardTunnel(t *testing.T) {
+	labUp(t) // the binaries; the lab is this test's own
+	name, e := ownLab(t, "wgt", "--encryption", "wireguard", "--routing-mode", "tunnel")
+	ctx := context.Background()
+	for i, n := range e.st.Nodes {
+		out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "sh", "-c", "ip -4 route show proto 85; ip -4 route show table 21592").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: ip route: %v\n%s", n.Name, err, out)
+		}
+		if !strings.Contains(string(out), "dev tendril_vxlan") || !strings.Contains(string(out), "dev "+lab.WireGuardDevice(name, i)) {
+			t.Errorf("%s: want the pod CIDR route to tendril_vxlan and the other node's address to %s in table 21592:\n%s", n.Name, lab.WireGuardDevice(name, i), out)
+		}
+	}
+	const ns = "e2e-wgtunnel"
+	e.createNamespace(t, ns)
+	tcp8080 := corev1.ContainerPort{ContainerPort: 8080, Protocol: corev1.ProtocolTCP}
+	udp53 := corev1.ContainerPort{ContainerPort: 53, Protocol: corev1.ProtocolUDP}
+	e.createPod(t, ns, "backend", "node2", map[string]string{"app": "backend"}, tcp8080, udp53)
+	e.createPod(t, ns, "frontend", "node1", map[string]string{"app": "frontend"})
+	e.createPod(t, ns, "other", "node1", map[string]string{"app": "other"})
+	backend := e.waitReady(t, ns, "backend")
+	frontend := e.waitReady(t, ns, "frontend")
+	other := e.waitReady(t, ns, "other")
+	out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/other", "--", "ip", "-o", "link", "show", "dev", "eth0").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), " mtu 1390 ") {
+		t.Errorf("pod eth0, want MTU 1390 (1500 less VXLAN's 50 and WireGuard's 60): %v %s", err, out)
+	}
+	node1, _ := e.st.Node("node1")
+	node2, _ := e.st.Node("node2")
+	n1, n2 := netip.MustParseAddr(node1.Address), netip.MustParseAddr(node2.Address)
+	pods := map[netip.Addr]string{}
+	for _, p := range []*corev1.Pod{backend, frontend, other} {
+		pods[netip.MustParseAddr(p.Status.PodIP)] = p.Name
+	}
+
+	cap := startRawCapture(t, e.st.NetNetns, "node2")
+	tcp, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":8080", false)
+	udp, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":53", true)
+	frames, err := cap.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tcp != 0 || udp != 0 {
+		t.Fatalf("other -> backend across nodes: TCP exit %d, UDP exit %d, want 0 and 0", tcp, udp)
+	}
+	if n := clearFrames(frames, pods); n > 0 {
+		t.Errorf("%d frames of a pod in the clear", n)
+	}
+	wg, vxlan := 0, 0
+	for _, f := range frames {
+		if _, ok := parseVXLAN(f); ok {
+			vxlan++
+			continue
+		}
+		if len(f) < 34 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+			continue
+		}
+		ip := f[14:]
+		ihl := int(ip[0]&0xf) * 4
+		if ip[9] != unix.IPPROTO_UDP || len(ip) < ihl+4 {
+			continue
+		}
+		src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+		sp, dp := binary.BigEndian.Uint16(ip[ihl:]), binary.BigEndian.Uint16(ip[ihl+2:])
+		if sp == 8472 || dp == 8472 {
+			vxlan++
+		}
+		if sp == 51871 && dp == 51871 && ((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+			wg++
+		}
+	}
+	if vxlan > 0 || wg == 0 {
+		t.Fatalf("on node2's bridge port: %d VXLAN datagrams in the clear, %d WireGuard datagrams; want 0 and some (%d frames)", vxlan, wg, len(frames))
+	}
+	t.Logf("%d frames on node2's bridge port, %d WireGuard datagrams, no VXLAN, none of a pod", len(frames), wg)
+
+	pol := &v1alpha1.TendrilNetworkPolicy{}
+	if err := yaml.UnmarshalStrict([]byte(tunnelPolicyYAML), pol); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	addr := backend.Status.PodIP + ":8080"
+	eventually(t, "other -> backend:8080 denied", func() (bool, error) {
+		c, _ := labProbe(t, name, ns+"/other", addr, false)
+		return c == 1, fmt.Errorf("exit %d", c)
+	})
+	if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
+		t.Errorf("frontend -> backend:8080 exit %d, want 0 (allowed by its identity)", c)
+	}
 }

@@ -20,8 +20,9 @@ type Config struct {
 	// WireguardStrict drops pod traffic to a remote node's pod CIDR that
 	// would leave unencrypted (in the datapath: bpf/lib/encrypt.h).
 	WireguardStrict bool
-	// WireguardEncryptNode encrypts the nodes' own traffic too (not
-	// built yet: refused).
+	// WireguardEncryptNode encrypts the nodes' own traffic to each other
+	// too: the peers' node addresses routed through the device
+	// (dpwg.NodeRoutes).
 	WireguardEncryptNode bool
 	// WireguardPort is the device's UDP port, the same on every node.
 	WireguardPort uint16
@@ -41,7 +42,7 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.Bool("enable-wireguard", c.EnableWireguard,
 		"Encrypt pod traffic between nodes with WireGuard (the kernel's device, or the userspace implementation where the kernel has no module)")
 	fs.Bool("wireguard-strict", c.WireguardStrict, "Drop pod traffic to another node's pod CIDR that would leave unencrypted (a route not through the WireGuard device, a node without a key)")
-	fs.Bool("wireguard-encrypt-node", c.WireguardEncryptNode, "Encrypt the nodes' own traffic between them too (not built yet)")
+	fs.Bool("wireguard-encrypt-node", c.WireguardEncryptNode, "Encrypt the nodes' own traffic between them too (routed through the WireGuard device, except the device's own datagrams)")
 	fs.Uint16("wireguard-port", c.WireguardPort, "UDP port of the WireGuard device, the same on every node")
 	fs.String("wireguard-device", c.WireguardDevice, "Name of the WireGuard device")
 }
@@ -67,11 +68,11 @@ func (c Config) Validate(t tunnel.Config) error {
 		}
 		return errors.Join(errs...)
 	}
-	if t.Tunneling() {
-		errs = append(errs, fmt.Errorf("enable-wireguard: not built with routing-mode %s yet (docs/encryption.md); use %s", tunnel.ModeTunnel, tunnel.ModeNative))
-	}
-	if c.WireguardEncryptNode {
-		errs = append(errs, errors.New("wireguard-encrypt-node: not built yet (docs/encryption.md)"))
+	if t.Tunneling() && c.WireguardStrict {
+		// Its check asks the FIB whether a pod's packet leaves through
+		// the WireGuard device; in tunnel mode it leaves through the
+		// tunnel device, whose datagrams the device then carries.
+		errs = append(errs, fmt.Errorf("wireguard-strict: not built with routing-mode %s (docs/encryption.md); use %s", tunnel.ModeTunnel, tunnel.ModeNative))
 	}
 	return errors.Join(errs...)
 }

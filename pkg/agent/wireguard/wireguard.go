@@ -13,7 +13,11 @@
 // encryption (agentendpoints.EncryptionOverhead). With --wireguard-strict
 // the reconciler also writes the datapath's strict mode maps: every other
 // node's pod CIDR, marked with whether that node is a peer, and the
-// device's ifindex; from_pod drops what would leave unencrypted.
+// device's ifindex; from_pod drops what would leave unencrypted. With
+// --wireguard-encrypt-node it routes what this node sends to the peers'
+// addresses through the device (dpwg.NodeRoutes), and in the tunnel
+// routing mode the tunnel's datagrams (dpwg.TunnelRoutes): the device's
+// own datagrams carry a firewall mark that keeps them out of those routes.
 package wireguard
 
 import (
@@ -39,6 +43,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
+	"github.com/tendril-net/tendril/pkg/agent/tunnel"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	dpwg "github.com/tendril-net/tendril/pkg/datapath/wireguard"
@@ -60,8 +65,12 @@ var Cell = cell.Module("wireguard", "Transparent encryption between nodes with W
 	cell.Provide(newCell, publicKeys, routeDevice, mtuOverhead, statusContribution, apiHandlers),
 )
 
-func routeDevice(c Config) nodes.EncryptionDevice {
-	if !c.EnableWireguard {
+// routeDevice: the peers' pod CIDRs to the WireGuard device, in native
+// routing. In tunnel mode they stay on the tunnel device, and the
+// tunnel's datagrams to the other nodes go through the WireGuard device
+// (dpwg.TunnelRoutes).
+func routeDevice(c Config, t tunnel.Config) nodes.EncryptionDevice {
+	if !c.EnableWireguard || t.Tunneling() {
 		return ""
 	}
 	return nodes.EncryptionDevice(c.WireguardDevice)
@@ -96,6 +105,12 @@ type StrictMaps interface {
 	SyncCIDRs(want map[netip.Prefix]bool, prune bool) error
 }
 
+// NodeRouter routes this node's traffic to the peers' node addresses
+// through the device (dpwg.NodeRoutes; a fake in the cell's tests).
+type NodeRouter interface {
+	Sync(addrs []netip.Addr, prune bool) (bool, error)
+}
+
 // Strict is what strict mode needs: the maps and the device's ifindex by
 // its name.
 type Strict struct {
@@ -113,6 +128,10 @@ type Encryption struct {
 	log     *slog.Logger
 	// strict is set with --wireguard-strict.
 	strict *Strict
+	// nodeRoutes is set with --wireguard-encrypt-node.
+	nodeRoutes NodeRouter
+	// tunnelRoutes is set in the tunnel routing mode.
+	tunnelRoutes NodeRouter
 
 	mu  sync.Mutex
 	key wgtypes.Key
@@ -204,14 +223,67 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 		}
 		want = keepUnknown(want, cur.Peers)
 	}
-	changed, err := dpwg.Configure(e.dev, e.cfg.WireguardDevice, key, int(e.cfg.WireguardPort), want)
+	mark := 0
+	if e.cfg.WireguardEncryptNode || e.tunnelRoutes != nil {
+		// The device's own datagrams carry the mark that keeps them
+		// out of the node routes (dpwg.NodeRoutes): set before any
+		// node route exists.
+		mark = dpwg.NodeMark
+	}
+	changed, err := dpwg.Configure(e.dev, e.cfg.WireguardDevice, key, int(e.cfg.WireguardPort), mark, want)
 	if err != nil {
 		return errors.Join(err, e.syncStrict(all, nil, initialized))
 	}
 	if changed {
 		e.log.Info("WireGuard peers set", "device", e.cfg.WireguardDevice, "peers", len(want), "nodes-synced", initialized)
 	}
-	return e.syncStrict(all, want, initialized)
+	return errors.Join(e.syncNodeRoutes(want, initialized), e.syncTunnelRoutes(all, initialized), e.syncStrict(all, want, initialized))
+}
+
+// syncTunnelRoutes sends the tunnel's datagrams to every other node's
+// address through the device (nothing outside tunnel mode). Every node of
+// the table, with a key or not: the device drops what it has no peer for,
+// so a node without a key gets no encapsulated pod traffic rather than
+// getting it in the clear. The rule selects only the tunnel's port, so
+// the rest of this node's traffic to that node is not cut.
+func (e *Encryption) syncTunnelRoutes(all []*nodemanager.Peer, initialized bool) error {
+	if e.tunnelRoutes == nil {
+		return nil
+	}
+	var addrs []netip.Addr
+	for _, p := range all {
+		addrs = append(addrs, p.IPs...)
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	changed, err := e.tunnelRoutes.Sync(slices.Compact(addrs), initialized)
+	if changed {
+		e.log.Info("WireGuard tunnel routes set", "device", e.cfg.WireguardDevice, "nodes", len(all))
+	}
+	if err != nil {
+		return fmt.Errorf("wireguard tunnel routes: %w", err)
+	}
+	return nil
+}
+
+// syncNodeRoutes routes this node's traffic to the configured peers' node
+// addresses through the device (nothing without --wireguard-encrypt-node).
+// Only peers set on the device get a route: a node without a key is
+// reached in the clear rather than not at all (the device would drop
+// what it has no peer for, and the agent's own traffic to that node with
+// it). Until the nodes table is initialized no route is removed, as no
+// peer is.
+func (e *Encryption) syncNodeRoutes(configured []dpwg.Peer, initialized bool) error {
+	if e.nodeRoutes == nil {
+		return nil
+	}
+	changed, err := e.nodeRoutes.Sync(dpwg.NodeAddresses(configured), initialized)
+	if changed {
+		e.log.Info("WireGuard node routes set", "device", e.cfg.WireguardDevice, "nodes", len(configured))
+	}
+	if err != nil {
+		return fmt.Errorf("wireguard-encrypt-node: %w", err)
+	}
+	return nil
 }
 
 // syncStrict writes strict mode's maps (nothing without strict mode):
@@ -273,9 +345,20 @@ func strictCIDRs(all []*nodemanager.Peer, configured []dpwg.Peer) map[netip.Pref
 func desiredPeers(all []*nodemanager.Peer, own wgtypes.Key, port uint16) ([]dpwg.Peer, map[string]string) {
 	skipped := map[string]string{}
 	byKey := map[string][]string{}
+	// claims counts the nodes claiming each address: the addresses come
+	// from objects each node writes for itself, and one two nodes claim
+	// is given to neither (in the allowed IPs WireGuard would move it to
+	// whichever peer was set last; with node encryption this node's
+	// traffic to it would go to that one).
+	claims := map[netip.Addr]int{}
 	for _, p := range all {
 		if p.WireGuardKey != "" {
 			byKey[p.WireGuardKey] = append(byKey[p.WireGuardKey], p.Name)
+		}
+		ips := slices.Clone(p.IPs)
+		slices.SortFunc(ips, netip.Addr.Compare)
+		for _, ip := range slices.Compact(ips) {
+			claims[ip]++
 		}
 	}
 	var out []dpwg.Peer
@@ -308,11 +391,16 @@ func desiredPeers(all []*nodemanager.Peer, own wgtypes.Key, port uint16) ([]dpwg
 			continue
 		}
 		allowed := slices.Clone(p.PodCIDRs)
+		var addrs []netip.Addr
 		for _, ip := range p.IPs {
+			if claims[ip] > 1 {
+				continue
+			}
 			allowed = append(allowed, netip.PrefixFrom(ip, ip.BitLen()))
+			addrs = append(addrs, ip)
 		}
 		out = append(out, dpwg.Peer{Node: p.Name, PublicKey: key, Endpoint: netip.AddrPortFrom(ep, port),
-			AllowedIPs: allowed})
+			AllowedIPs: allowed, Addresses: addrs})
 	}
 	return out, skipped
 }
@@ -388,6 +476,7 @@ type params struct {
 	Config    Config
 	Agent     option.Agent
 	EPConfig  agentendpoints.Config
+	Tunnel    tunnel.Config
 	Log       *slog.Logger
 	Lifecycle cell.Lifecycle
 	Jobs      job.Registry
@@ -418,6 +507,29 @@ func newCell(p params) (*Encryption, error) {
 			return nil
 		}})
 	}
+	tunneling := p.Config.EnableWireguard && p.Tunnel.Tunneling()
+	if (p.Loader != nil || p.Config.EnableWireguard) && (!p.Config.WireguardEncryptNode || !tunneling) {
+		// The rules and the tables stay when the agent stops: a node
+		// leaves node encryption (or the tunnel's) only when told so.
+		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
+			h, err := netlink.NewHandle()
+			if err != nil {
+				return fmt.Errorf("wireguard: routes off: %w", err)
+			}
+			defer h.Close()
+			if !p.Config.WireguardEncryptNode {
+				if err := (dpwg.NodeRoutes{Handle: h, Device: p.Config.WireguardDevice}).Remove(); err != nil {
+					return fmt.Errorf("wireguard: node encryption off: %w", err)
+				}
+			}
+			if !tunneling {
+				if err := dpwg.TunnelRoutes(h, p.Config.WireguardDevice, 1).Remove(); err != nil {
+					return fmt.Errorf("wireguard: tunnel encryption off: %w", err)
+				}
+			}
+			return nil
+		}})
+	}
 	if !p.Config.EnableWireguard {
 		return nil, nil
 	}
@@ -440,6 +552,18 @@ func newCell(p params) (*Encryption, error) {
 				// meanwhile, so the traffic the device still
 				// carries is not cut.
 				e.strict = &Strict{Maps: m, LinkIndex: linkIndex}
+			}
+			if p.Config.WireguardEncryptNode || tunneling {
+				h, err := netlink.NewHandle()
+				if err != nil {
+					return fmt.Errorf("wireguard routes: %w", err)
+				}
+				if p.Config.WireguardEncryptNode {
+					e.nodeRoutes = dpwg.NodeRoutes{Handle: h, Device: p.Config.WireguardDevice}
+				}
+				if tunneling {
+					e.tunnelRoutes = dpwg.TunnelRoutes(h, p.Config.WireguardDevice, p.Tunnel.Port())
+				}
 			}
 			// The device first (found running, or started), so the
 			// routes the nodes cell puts to it find it.

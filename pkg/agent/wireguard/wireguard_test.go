@@ -2,10 +2,12 @@ package wireguard
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,6 +15,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/tendril-net/tendril/pkg/agent/tunnel"
+	dpwg "github.com/tendril-net/tendril/pkg/datapath/wireguard"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 )
 
@@ -33,6 +36,9 @@ func (f *fakeDevice) ConfigureDevice(_ string, cfg wgtypes.Config) error {
 	}
 	if cfg.ListenPort != nil {
 		f.dev.ListenPort = *cfg.ListenPort
+	}
+	if cfg.FirewallMark != nil {
+		f.dev.FirewallMark = *cfg.FirewallMark
 	}
 	for _, pc := range cfg.Peers {
 		i := -1
@@ -261,19 +267,67 @@ func TestConfigValidate(t *testing.T) {
 	if err := DefaultConfig().Validate(native); err != nil {
 		t.Fatal(err)
 	}
+	if err := on.Validate(tun); err != nil {
+		t.Errorf("encryption in tunnel mode: %v", err)
+	}
+	node := on
+	node.WireguardEncryptNode = true
+	if err := node.Validate(native); err != nil {
+		t.Errorf("encrypt-node with encryption: %v", err)
+	}
 	for name, c := range map[string]struct {
 		c Config
 		t tunnel.Config
 	}{
-		"tunnel mode":           {on, tun},
 		"strict without":        {Config{WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
 		"port 0":                {Config{EnableWireguard: true, WireguardDevice: "x"}, native},
 		"long device name":      {Config{EnableWireguard: true, WireguardPort: 1, WireguardDevice: "a-name-too-long-for-linux"}, native},
-		"encrypt-node":          {Config{EnableWireguard: true, WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
+		"encrypt-node without":  {Config{WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
 		"strict in tunnel mode": {Config{EnableWireguard: true, WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, tun},
 	} {
 		if err := c.c.Validate(c.t); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// fakeRouter records what the node routes were synced with.
+type fakeRouter struct{ addrs []netip.Addr }
+
+func (f *fakeRouter) Sync(addrs []netip.Addr, _ bool) (bool, error) {
+	f.addrs = slices.Clone(addrs)
+	return true, nil
+}
+
+// TestSharedAddressGivenToNoPeer: node addresses come from objects other
+// nodes' agents and kubelets write. An address two nodes claim is given
+// to neither: not in either's allowed IPs (WireGuard would move it to
+// whichever was set last) and not routed to the device with node
+// encryption (this node's traffic to it would go to whichever node won).
+func TestSharedAddressGivenToNoPeer(t *testing.T) {
+	v := newEnv(t)
+	v.e.cfg.WireguardEncryptNode = true
+	r := &fakeRouter{}
+	v.e.nodeRoutes = r
+	kb, kc := pub(t), pub(t)
+	b := peer("b", "192.168.1.2", "10.244.2.0/24", kb)
+	b.IPs = append(b.IPs, netip.MustParseAddr("192.168.1.9"))
+	c := peer("c", "192.168.1.3", "10.244.3.0/24", kc)
+	c.IPs = append(c.IPs, netip.MustParseAddr("192.168.1.9"))
+	v.set(t, b, c)
+	v.synced()
+	if err := v.e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := v.dev.peers()
+	want := map[string]string{kb: "192.168.1.2:51871 10.244.2.0/24,192.168.1.2/32", kc: "192.168.1.3:51871 10.244.3.0/24,192.168.1.3/32"}
+	if len(got) != 2 || got[kb] != want[kb] || got[kc] != want[kc] {
+		t.Errorf("peers %v, want %v", got, want)
+	}
+	if fmt.Sprint(r.addrs) != "[192.168.1.2 192.168.1.3]" {
+		t.Errorf("node routes to %v, want [192.168.1.2 192.168.1.3]", r.addrs)
+	}
+	if v.dev.dev.FirewallMark != dpwg.NodeMark {
+		t.Errorf("device's fwmark %#x, want %#x", v.dev.dev.FirewallMark, dpwg.NodeMark)
 	}
 }

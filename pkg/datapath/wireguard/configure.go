@@ -27,16 +27,22 @@ type Peer struct {
 	// are sent to it: its pod CIDRs (and its addresses with
 	// --wireguard-encrypt-node).
 	AllowedIPs []netip.Prefix
+	// Addresses are the node's own addresses (in AllowedIPs too): with
+	// --wireguard-encrypt-node this node's traffic to them is routed
+	// through the device (NodeRoutes).
+	Addresses []netip.Addr
 }
 
-// Configure makes device name hold key, port and exactly peers, by the
+// Configure makes device name hold key, port, the firewall mark of its
+// UDP socket (NodeMark with --wireguard-encrypt-node, else 0) and exactly
+// peers, by the
 // difference with what it holds: a peer whose key, endpoint and allowed
 // IPs are unchanged is not touched (its session and counters stay), a
 // changed one is updated in place (allowed IPs replaced), a peer no
 // longer wanted is removed. Replacing every peer each time would drop the
 // sessions and make every node handshake again. It returns whether it
 // changed anything.
-func Configure(c Client, name string, key wgtypes.Key, port int, peers []Peer) (bool, error) {
+func Configure(c Client, name string, key wgtypes.Key, port, mark int, peers []Peer) (bool, error) {
 	cur, err := c.Device(name)
 	if err != nil {
 		return false, fmt.Errorf("wireguard device %s: %w", name, err)
@@ -47,6 +53,9 @@ func Configure(c Client, name string, key wgtypes.Key, port int, peers []Peer) (
 	}
 	if cur.ListenPort != port {
 		cfg.ListenPort = &port
+	}
+	if cur.FirewallMark != mark {
+		cfg.FirewallMark = &mark
 	}
 	have := make(map[wgtypes.Key]wgtypes.Peer, len(cur.Peers))
 	for _, p := range cur.Peers {
@@ -70,7 +79,7 @@ func Configure(c Client, name string, key wgtypes.Key, port int, peers []Peer) (
 			cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true})
 		}
 	}
-	if cfg.PrivateKey == nil && cfg.ListenPort == nil && len(cfg.Peers) == 0 {
+	if cfg.PrivateKey == nil && cfg.ListenPort == nil && cfg.FirewallMark == nil && len(cfg.Peers) == 0 {
 		return false, nil
 	}
 	if err := c.ConfigureDevice(name, cfg); err != nil {

@@ -88,7 +88,7 @@ func TestConfigureByDifference(t *testing.T) {
 	p2 := Peer{Node: "n2", PublicKey: k2.PublicKey(), Endpoint: netip.MustParseAddrPort("192.168.1.2:51871"),
 		AllowedIPs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix("fd00:2::/64")}}
 	f := &fakeClient{}
-	changed, err := Configure(f, "wg", key, 51871, []Peer{p1, p2})
+	changed, err := Configure(f, "wg", key, 51871, 0, []Peer{p1, p2})
 	if err != nil || !changed {
 		t.Fatalf("first configure: %v %v", changed, err)
 	}
@@ -96,13 +96,13 @@ func TestConfigureByDifference(t *testing.T) {
 		t.Fatalf("device %+v", f.dev)
 	}
 	// Same again: nothing sent (sessions stay).
-	if changed, err := Configure(f, "wg", key, 51871, []Peer{p2, p1}); err != nil || changed {
+	if changed, err := Configure(f, "wg", key, 51871, 0, []Peer{p2, p1}); err != nil || changed {
 		t.Fatalf("unchanged peers reconfigured: %v %v (%+v)", changed, err, f.configs[len(f.configs)-1])
 	}
 	// n2 goes, n1's CIDR changes: n1 updated in place, n2 removed, only
 	// those two in the configuration.
 	p1.AllowedIPs = []netip.Prefix{netip.MustParsePrefix("10.244.9.0/24")}
-	if _, err := Configure(f, "wg", key, 51871, []Peer{p1}); err != nil {
+	if _, err := Configure(f, "wg", key, 51871, 0, []Peer{p1}); err != nil {
 		t.Fatal(err)
 	}
 	last := f.configs[len(f.configs)-1]
@@ -114,7 +114,7 @@ func TestConfigureByDifference(t *testing.T) {
 	}
 	// A new key: only the key is sent.
 	key2, _ := wgtypes.GeneratePrivateKey()
-	if _, err := Configure(f, "wg", key2, 51871, []Peer{p1}); err != nil {
+	if _, err := Configure(f, "wg", key2, 51871, 0, []Peer{p1}); err != nil {
 		t.Fatal(err)
 	}
 	if last := f.configs[len(f.configs)-1]; last.PrivateKey == nil || len(last.Peers) != 0 {
@@ -249,7 +249,7 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 			return err
 		})
 		t.Cleanup(func() { inNS(t, n.ns, func() error { return Stop(n.dev) }) })
-		if _, err := Configure(client, n.dev, n.key, DefaultPort, []Peer{n.peer}); err != nil {
+		if _, err := Configure(client, n.dev, n.key, DefaultPort, 0, []Peer{n.peer}); err != nil {
 			t.Fatal(err)
 		}
 		l, err := n.h.LinkByName(n.dev)
@@ -397,11 +397,11 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 	// agent's reconciler does when A's TendrilNode changes); the
 	// connection goes on, not reset.
 	newA, _ := wgtypes.GeneratePrivateKey()
-	if _, err := Configure(client, devA, newA, DefaultPort, []Peer{{Node: "b", PublicKey: keyB.PublicKey(),
+	if _, err := Configure(client, devA, newA, DefaultPort, 0, []Peer{{Node: "b", PublicKey: keyB.PublicKey(),
 		Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Configure(client, devB, keyB, DefaultPort, []Peer{{Node: "a", PublicKey: newA.PublicKey(),
+	if _, err := Configure(client, devB, keyB, DefaultPort, 0, []Peer{{Node: "a", PublicKey: newA.PublicKey(),
 		Endpoint: netip.AddrPortFrom(nodeA, DefaultPort), AllowedIPs: []netip.Prefix{cidrA}}}); err != nil {
 		t.Fatal(err)
 	}
