@@ -48,12 +48,12 @@ type observeOptions struct {
 	dropReason          []string
 	// tls turns TLS on with no other TLS flag (the system's roots check
 	// the server), as hubble's --tls.
-	tls       bool
-	serverTLS ui.RelayTLS
-	httpStatus          []string
-	httpMethod          []string
-	httpPath, httpURL   []string
-	dnsQuery            []string
+	tls               bool
+	serverTLS         ui.RelayTLS
+	httpStatus        []string
+	httpMethod        []string
+	httpPath, httpURL []string
+	dnsQuery          []string
 }
 
 func newObserveCommand(_ *Options) *cobra.Command {
