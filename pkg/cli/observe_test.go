@@ -136,9 +136,15 @@ func TestPrivilegedObserveCommand(t *testing.T) {
 			}
 		}
 	}
+	// The stored flows are L3/L4: an L7 protocol selects none of them,
+	// and a malformed L7 filter is refused, not turned into one that
+	// matches nothing.
+	if flows := parseJSONLines(t, observeLines(t, "--server", sock, "--all", "-o", "json", "--protocol", "http")); len(flows) != 0 {
+		t.Errorf("--protocol http selected %d L3/L4 flows", len(flows))
+	}
 	var out testutil.SyncBuffer
-	if err := runObserve(context.Background(), t, &out, "--server", sock, "--protocol", "http"); err == nil {
-		t.Error("an L7 protocol filter was accepted")
+	if err := runObserve(context.Background(), t, &out, "--server", sock, "--http-status", "abc"); err == nil {
+		t.Error("a malformed --http-status was accepted")
 	}
 
 	// --follow prints a flow made after it started, while it runs (the

@@ -19,7 +19,9 @@ type Invoked struct {
 }
 
 // InvokedAll is what the root Invoke takes: building it runs every cell's
-// Invoked constructor.
+// Invoked constructor. A hive other than the agent's (a cell's tests) lists
+// an Invoke of func(lifecycle.InvokedAll) {} first, so the cells' Invoked
+// constructors run before its other Invokes, as they do in the agent.
 type InvokedAll struct {
 	cell.In
 
@@ -27,12 +29,12 @@ type InvokedAll struct {
 }
 
 // Build is the constructor that makes the hive build a cell's object of
-// type T: cell.Provide(lifecycle.Build[*Module]).
+// type T: the module provides lifecycle.Build[*Module].
 func Build[T any](v T) Invoked { return Invoked{Value: v} }
 
 // Check is the constructor that validates a cell's config when the hive is
 // populated, before the constructors of the cells after it in the list:
-// cell.Provide(lifecycle.Check(Config.validate)).
+// the module provides lifecycle.Check(Config.validate).
 func Check[C any](validate func(C) error) func(C) (Invoked, error) {
 	return func(c C) (Invoked, error) {
 		if err := validate(c); err != nil {
@@ -41,8 +43,3 @@ func Check[C any](validate func(C) error) func(C) (Invoked, error) {
 		return Invoked{}, nil
 	}
 }
-
-// InvokeAll is the root Invoke for a hive other than the agent's (a cell's
-// tests): list it first, so the cells' Invoked constructors run before the
-// hive's other Invokes, as they do in the agent.
-var InvokeAll = cell.Invoke(func(InvokedAll) {})

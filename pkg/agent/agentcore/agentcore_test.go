@@ -28,7 +28,7 @@ func newHive(t *testing.T, flags map[string]string, node *option.LocalNode) *hiv
 	t.Helper()
 	dir := t.TempDir()
 	h := hive.New(
-		lifecycle.InvokeAll,
+		cell.Invoke(func(lifecycle.InvokedAll) {}),
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(func() *slog.LevelVar { return new(slog.LevelVar) }),

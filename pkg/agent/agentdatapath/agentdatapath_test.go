@@ -55,7 +55,7 @@ func newHive(t *testing.T, flags map[string]string, p *provided) *hive.Hive {
 func newHiveWith(t *testing.T, agent option.Agent, flags map[string]string, p *provided) *hive.Hive {
 	t.Helper()
 	h := hive.New(
-		lifecycle.InvokeAll,
+		cell.Invoke(func(lifecycle.InvokedAll) {}),
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

@@ -30,7 +30,7 @@ func newHive(t *testing.T, flags map[string]string, mod **Module) *hive.Hive {
 	agent := option.DefaultAgent()
 	agent.StateDir = filepath.Join(t.TempDir(), "state")
 	h := hive.New(
-		lifecycle.InvokeAll,
+		cell.Invoke(func(lifecycle.InvokedAll) {}),
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

@@ -112,7 +112,7 @@ func TestRegenerationHandsTheRealizerItsInputs(t *testing.T) {
 	ids := &revocations{LocalAllocator: identity.NewLocalAllocator()}
 	var m *Module
 	h := hive.New(
-		lifecycle.InvokeAll,
+		cell.Invoke(func(lifecycle.InvokedAll) {}),
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

@@ -37,7 +37,7 @@ func newHive(t *testing.T, k8s agentk8s.Config, flags map[string]string, b *buil
 	t.Helper()
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	h := hive.New(
-		lifecycle.InvokeAll,
+		cell.Invoke(func(lifecycle.InvokedAll) {}),
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

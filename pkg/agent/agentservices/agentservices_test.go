@@ -33,7 +33,7 @@ func TestTablesProvidedByType(t *testing.T) {
 		frontends statedb.Table[*loadbalancer.Frontend]
 	)
 	h := hive.New(
-		lifecycle.InvokeAll,
+		cell.Invoke(func(lifecycle.InvokedAll) {}),
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

@@ -93,7 +93,7 @@ func world(t *testing.T, attach agentdatapath.AttachMode) (cell.Cell, *health.Re
 
 func start(t *testing.T, cells ...cell.Cell) {
 	t.Helper()
-	h := hive.New(append([]cell.Cell{lifecycle.InvokeAll, statedb.Cell, job.Cell}, cells...)...)
+	h := hive.New(append([]cell.Cell{cell.Invoke(func(lifecycle.InvokedAll) {}), statedb.Cell, job.Cell}, cells...)...)
 	log := hivetest.Logger(t)
 	if err := h.Start(log, context.Background()); err != nil {
 		t.Fatal(err)

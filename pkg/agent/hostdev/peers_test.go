@@ -26,7 +26,7 @@ func TestPeerCIDRsFollowTheNodesTable(t *testing.T) {
 		peers  statedb.Table[*nodemanager.Peer]
 	)
 	h := hive.New(
-		lifecycle.InvokeAll,
+		cell.Invoke(func(lifecycle.InvokedAll) {}),
 		statedb.Cell,
 		cell.Module("nodes-test", "The nodes table under test",
 			cell.ProvidePrivate(nodemanager.NewTables),

@@ -27,7 +27,7 @@ func TestNilWithoutDatapath(t *testing.T) {
 		steps *lifecycle.Steps
 	)
 	h := hive.New(
-		lifecycle.InvokeAll,
+		cell.Invoke(func(lifecycle.InvokedAll) {}),
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

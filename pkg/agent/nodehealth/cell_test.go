@@ -59,7 +59,7 @@ type worldIn struct {
 func newHive(t *testing.T, flags map[string]string, w *world) *hive.Hive {
 	t.Helper()
 	h := hive.New(
-		lifecycle.InvokeAll,
+		cell.Invoke(func(lifecycle.InvokedAll) {}),
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(

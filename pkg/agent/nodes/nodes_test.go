@@ -53,7 +53,7 @@ func world(client *agentk8s.Client, cache IPCache) cell.Cell {
 // start builds and starts the hive, stopped when the test ends.
 func start(t *testing.T, cells ...cell.Cell) {
 	t.Helper()
-	h := hive.New(append([]cell.Cell{lifecycle.InvokeAll}, cells...)...)
+	h := hive.New(append([]cell.Cell{cell.Invoke(func(lifecycle.InvokedAll) {})}, cells...)...)
 	log := hivetest.Logger(t)
 	if err := h.Start(log, context.Background()); err != nil {
 		t.Fatal(err)

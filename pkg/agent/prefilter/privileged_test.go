@@ -280,7 +280,7 @@ func startList(t *testing.T, dp *dpprefilter.Datapath, dir string) *prefilter.Li
 	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var list *prefilter.List
-	h := hive.New(lifecycle.InvokeAll, statedb.Cell, job.Cell,
+	h := hive.New(cell.Invoke(func(lifecycle.InvokedAll) {}), statedb.Cell, job.Cell,
 		cell.Provide(func() cell.Health { hl, _ := cell.NewSimpleHealth(); return hl }),
 		cell.Module("prefilter-test", "prefilter under test",
 			cell.Invoke(func(db *statedb.DB, jobs job.Registry, hl cell.Health, id cell.FullModuleID) error {

@@ -142,7 +142,7 @@ func world(t *testing.T, rec *record, kern agentdatapath.Kernel) []cell.Cell {
 
 func start(t *testing.T, flags map[string]string, cells ...cell.Cell) {
 	t.Helper()
-	h := hive.New(append([]cell.Cell{lifecycle.InvokeAll}, cells...)...)
+	h := hive.New(append([]cell.Cell{cell.Invoke(func(lifecycle.InvokedAll) {})}, cells...)...)
 	for k, v := range flags {
 		h.Viper().Set(k, v)
 	}

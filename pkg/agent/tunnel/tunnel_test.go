@@ -131,7 +131,7 @@ type provided struct {
 
 func newHive(flags map[string]string, out *provided) *hive.Hive {
 	h := hive.New(
-		lifecycle.InvokeAll,
+		cell.Invoke(func(lifecycle.InvokedAll) {}),
 		job.Cell,
 		cell.Provide(
 			func() option.Agent { return option.Agent{BPFRoot: "/nonexistent"} },
