@@ -98,6 +98,12 @@ func (p *Module) regenerate(ctx context.Context, refresh func(*endpoint.Endpoint
 		}
 		cancel()
 	}
+	// The node's own policy, before the endpoints': a host policy's
+	// change applies however many endpoints there are.
+	if err := p.realizeHost(); err != nil {
+		p.log.Error("Apply the host firewall's policy; retried in 5s", "error", err)
+		time.AfterFunc(5*time.Second, p.TriggerRegeneration)
+	}
 	mgr := p.eps.Manager()
 	if mgr == nil || refresh == nil {
 		return
