@@ -12,7 +12,7 @@ func TestHostFirewallAlwaysAllowParsing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []policy.AlwaysAllowPort{{policy.Ingress, 6, 6443}, {policy.Egress, 6, 6443}, {policy.Ingress, 6, 10250}, {policy.Ingress, 6, 4240}, {policy.Egress, 6, 4240}}
+	want := []policy.AlwaysAllowPort{{Direction: policy.Ingress, Proto: 6, Port: 6443}, {Direction: policy.Egress, Proto: 6, Port: 6443}, {Direction: policy.Ingress, Proto: 6, Port: 10250}, {Direction: policy.Ingress, Proto: 6, Port: 4240}, {Direction: policy.Egress, Proto: 6, Port: 4240}}
 	if len(got) != len(want) {
 		t.Fatalf("defaults %+v, want %+v", got, want)
 	}

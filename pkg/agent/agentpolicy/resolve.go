@@ -576,9 +576,15 @@ func (p *Module) CIDRIdentityLabels(id identity.NumericIdentity) []string {
 
 // SelectingRules are the IDs of the rules that select a local endpoint,
 // as its last resolution found them; false before its first.
+//
+// Endpoint 0 is the host endpoint: the host policies selecting the node,
+// while the host firewall is on.
 func (p *Module) SelectingRules(epID uint16) ([]uint32, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if epID == maps.HostEndpointID {
+		return p.hostResult.Rules, p.hostCfg.enabled && p.hostKnown
+	}
 	res, ok := p.results[epID]
 	return res.Rules, ok
 }
