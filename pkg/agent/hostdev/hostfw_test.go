@@ -101,6 +101,18 @@ func TestPrivilegedHostFirewallIngress(t *testing.T) {
 		t.Fatalf("masquerade reply to %s, want %s", dst, ap(pod, 41000))
 	}
 
+	// IPv6 alike: the world to the node's IPv6 address on a port no entry
+	// allows is dropped; the node's own connection's reply gets in.
+	if ret, _ := n.ingress(frame6(client6, node6, protoTCP, 40003, 22, 0)); ret != tcActShot {
+		t.Fatalf("IPv6: world to the node under host policy: verdict %d, want drop", ret)
+	}
+	if ret, _ := n.egress(frame6(node6, world6, protoTCP, 50003, 443, 0)); ret != 0 {
+		t.Fatalf("IPv6: the node's own packet out: verdict %d", ret)
+	}
+	if ret, _ := n.ingress(frame6(world6, node6, protoTCP, 443, 50003, 0)); ret != 0 {
+		t.Fatalf("IPv6: reply to the node's own connection: verdict %d, want pass", ret)
+	}
+
 	// Off: nothing is checked.
 	setHostFirewall(t, n, 0)
 	if ret, _ := n.ingress(frame(world, node, protoTCP, 443, 50002, 0)); ret != 0 {
