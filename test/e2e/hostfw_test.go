@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -59,9 +60,10 @@ func worldHTTP(e *env, url string) error {
 // traffic from the lab's world to a NodePort of node1:
 //   - with --enable-host-firewall --host-firewall-audit on every agent the
 //     world still reaches the NodePort, and node1 counts each connection
-//     under the host policy (tendril_policy_audited_connections_total);
+//     under the host policy (tendril_policy_audited_connections_total) and
+//     reports AUDIT flows naming it;
 //   - with --enable-host-firewall alone the world is blocked from the
-//     NodePort, a pod of the cluster on node2 still reaches it, and the
+//     NodePort (DROPPED flows naming the policy), a pod of the cluster on node2 still reaches it, and the
 //     agent's health port stays open to the world (not named by the
 //     policy);
 //   - with the policy deleted the world reaches the NodePort again.
@@ -152,6 +154,16 @@ spec:
 	if v := hostMetric(t, node1.Socket, "tendril_host_firewall_enforced", map[string]string{"direction": "ingress"}); v != 0 {
 		t.Errorf("audit mode enforces ingress (%g)", v)
 	}
+	// ... and reported as AUDIT flows naming the policy.
+	relay := "unix://" + e.st.RelaySocket()
+	hostFlows := func(verdict string) string {
+		return runTendril(t, "observe", "--server", relay, "--last", "1000", "--verdict", verdict,
+			"--from-ip", e.st.World.ClientIP, "--to-ip", node1.Address)
+	}
+	eventually(t, "AUDIT flows of the world to node1 naming the host policy", func() (bool, error) {
+		out := hostFlows("AUDIT")
+		return strings.Contains(out, "e2e-host-fw"), fmt.Errorf("tendril observe --verdict AUDIT:\n%s", out)
+	})
 
 	// Enforced: the world is blocked from the NodePort.
 	restartAgents(t, e, argvs, "--enable-host-firewall")
@@ -162,6 +174,10 @@ spec:
 	eventually(t, "the world blocked from node1's NodePort", func() (bool, error) {
 		name, _, _, err := fromWorld(t, nodePort, false)
 		return err != nil, fmt.Errorf("the world still reaches the NodePort (answered by %q)", name)
+	})
+	eventually(t, "DROPPED flows of the world to node1 naming the host policy", func() (bool, error) {
+		out := hostFlows("DROPPED")
+		return strings.Contains(out, "e2e-host-fw"), fmt.Errorf("tendril observe --verdict DROPPED:\n%s", out)
 	})
 	// A pod of the cluster, on node2, still gets in.
 	from := node2Pod(t, e, node2.Name)
