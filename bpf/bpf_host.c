@@ -28,8 +28,13 @@
  * L2 announcements (arp.h): from_netdev answers the ARP requests for the
  * load-balancer and external addresses this node announces on the device.
  *
- * Everything else passes untouched: the host's own traffic, pods' traffic
- * within the cluster (docs/datapath.md). */
+ * The host firewall (hostfw.h): with host policies, the node's own
+ * traffic (to and from its addresses) is checked against the host
+ * endpoint's policy, in both programs, before any service translation.
+ *
+ * Everything else passes untouched: the host's own traffic without host
+ * policy, pods' traffic within the cluster (docs/datapath.md,
+ * docs/host-firewall.md). */
 #include "lib/common.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -44,6 +49,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/nodeport.h"
 #include "lib/icmperr.h"
 #include "lib/arp.h"
+#include "lib/hostfw.h"
 
 /* to_netdev6 and from_netdev6 are the IPv6 halves of the programs below,
  * global functions verified on their own. */
@@ -171,6 +177,9 @@ int to_netdev(struct __sk_buff *skb)
 	}
 	if (!masq_l4(&p))
 		return TC_ACT_OK;
+	/* The node's own packets leaving: its egress policy. */
+	if (hostfw(DIR_EGRESS, &p))
+		return TC_ACT_SHOT;
 	if (p.family == FAMILY_V6)
 		return to_netdev6(skb, &p);
 	return to_netdev4(skb, &p);
@@ -198,6 +207,10 @@ int from_netdev(struct __sk_buff *skb)
 		int r = from_netdev6(skb, &p);
 		if (r != FROM_NETDEV6_NO_MAPPING)
 			return r;
+		/* No reply of a NAT mapping: to the node, its ingress policy
+		 * decides first (a NodePort is a port of the node). */
+		if (hostfw(DIR_INGRESS, &p))
+			return TC_ACT_SHOT;
 		/* Not a reply: maybe a flow from outside to a service
 		 * frontend (nodeport.h). */
 		r = nodeport_in6(skb, &p);
@@ -215,8 +228,11 @@ int from_netdev(struct __sk_buff *skb)
 	nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, p.daddr, p.dport, p.saddr, p.sport, p.proto);
 	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
 	if (!m) {
-		/* Not a reply: maybe a new or known flow from outside to a
-		 * service frontend. */
+		/* Not a reply: to the node, its ingress policy decides first
+		 * (a NodePort is a port of the node); then maybe a new or
+		 * known flow from outside to a service frontend. */
+		if (hostfw(DIR_INGRESS, &p))
+			return TC_ACT_SHOT;
 		int np = nodeport_in(skb, &p);
 		if (np == NODEPORT_NEEDS_SNAT)
 			return nodeport_snat(skb, &p);

@@ -33,6 +33,7 @@ var wiring = cell.Provide(
 	as[agentpolicy.Datapath, *agentdatapath.Module],
 	as[agentpolicy.Endpoints, *agentendpoints.Module],
 	as[agentpolicy.NamedPorts, *agentk8s.Client],
+	as[agentpolicy.NodeLabels, *agentk8s.Client],
 	as[agentflows.Datapath, *agentdatapath.Module],
 	as[agentflows.Endpoints, *agentendpoints.Module],
 	as[agentflows.Policy, *agentpolicy.Module],

@@ -158,7 +158,9 @@ func (d *Decoder) Decode(ev loader.Event) (*flowpb.Flow, error) {
 		if ev.Reason == maps.ReasonPolicyDenyRule && ev.Cookie != 0 {
 			d.attachPolicy(f, ev, true)
 		}
-		if ev.Reason == maps.ReasonPolicyDenied && ev.EndpointID != 0 {
+		if ev.Reason == maps.ReasonPolicyDenied {
+			// Endpoint 0 is the host endpoint (the host firewall): its
+			// policy drops name the host policies selecting the node.
 			d.attachDefaultDeny(f, ev)
 		}
 	case maps.EventPolicyVerdict:

@@ -171,7 +171,26 @@ func (defaultDenyNode) DefaultDenyPolicies(ep uint16, ingress bool) []Policy {
 	if ep == 2 && ingress {
 		return []Policy{{Name: "db-ingress", Namespace: "data", Kind: "CiliumNetworkPolicy"}}
 	}
+	if ep == 0 && ingress {
+		return []Policy{{Name: "host-fw", Kind: "TendrilClusterwideNetworkPolicy"}}
+	}
 	return nil
+}
+
+// TestDecodeHostFirewallDropNamesHostPolicy: a policy drop of the host
+// endpoint (endpoint 0, the host firewall) names the host policy that
+// selects the node.
+func TestDecodeHostFirewallDropNamesHostPolicy(t *testing.T) {
+	d := &Decoder{Node: defaultDenyNode{}, Clock: fixedClock}
+	ev := dropEvent(webIP, dbIP, 30080, maps.ReasonPolicyDenied, 0)
+	ev.EndpointID = 0
+	f, err := d.Decode(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if by := f.GetIngressDeniedBy(); len(by) != 1 || by[0].GetName() != "host-fw" {
+		t.Errorf("host firewall drop: denied by %v, want host-fw", by)
+	}
 }
 
 // TestDecodeDefaultDenyNamesSelectingPolicy: a default-deny drop names the

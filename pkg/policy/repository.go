@@ -105,7 +105,7 @@ func (r *Repository) notify(rev uint64, listeners []func(uint64)) {
 // invalid.
 func (r *Repository) Add(rules api.Rules, namespace, source string, replace bool) (uint64, error) {
 	for i, rule := range rules {
-		if err := rule.Validate(); err != nil {
+		if err := validateRule(rule, namespace); err != nil {
 			return 0, fmt.Errorf("rule %d: %w", i, err)
 		}
 	}
@@ -122,11 +122,23 @@ func (r *Repository) Add(rules api.Rules, namespace, source string, replace bool
 	}), nil
 }
 
+// validateRule checks a rule and that it may live in namespace (host
+// policies only cluster-wide).
+func validateRule(rule *api.Rule, namespace string) error {
+	if rule == nil {
+		return fmt.Errorf("rule is nil")
+	}
+	if err := rule.Validate(); err != nil {
+		return err
+	}
+	return rule.ValidateScope(namespace)
+}
+
 // ReplaceSource replaces every rule of a source (a Kubernetes object) with
 // rules; no rules deletes them.
 func (r *Repository) ReplaceSource(source, namespace string, rules api.Rules) (uint64, error) {
 	for i, rule := range rules {
-		if err := rule.Validate(); err != nil {
+		if err := validateRule(rule, namespace); err != nil {
 			return 0, fmt.Errorf("%s rule %d: %w", source, i, err)
 		}
 	}
@@ -146,7 +158,7 @@ func (r *Repository) ReplaceByLabels(match []labels.Label, rules api.Rules, name
 		return 0, fmt.Errorf("replace rules of %s: no labels to match", source)
 	}
 	for i, rule := range rules {
-		if err := rule.Validate(); err != nil {
+		if err := validateRule(rule, namespace); err != nil {
 			return 0, fmt.Errorf("%s rule %d: %w", source, i, err)
 		}
 	}
@@ -166,7 +178,7 @@ func (r *Repository) ReplaceByLabels(match []labels.Label, rules api.Rules, name
 // file be written) with neither. Nothing changes when a rule is invalid.
 func (r *Repository) Import(rules api.Rules, namespace, source string, replaceSame bool, replaceMatching []labels.Label) (uint64, error) {
 	for i, rule := range rules {
-		if err := rule.Validate(); err != nil {
+		if err := validateRule(rule, namespace); err != nil {
 			return 0, fmt.Errorf("rule %d: %w", i, err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
 // Peer is a known identity: its labels, for a node-local CIDR identity its
@@ -48,6 +49,24 @@ type Endpoint struct {
 	Labels []string
 	// NamedPorts maps a container port name to its port and protocol.
 	NamedPorts map[string]NamedPort
+	// Host makes this the host endpoint (the node itself): Labels are
+	// the node's, and only host policies (nodeSelector) select it.
+	Host bool
+	// AuditAll treats every rule selecting the endpoint as audited (the
+	// host firewall's audit mode).
+	AuditAll bool
+	// AlwaysAllow are ports that stay open to any peer while a rule
+	// selecting the endpoint enforces their direction, unless one of
+	// those rules names the port (the host firewall's API server,
+	// agent health and kubelet ports).
+	AlwaysAllow []AlwaysAllowPort
+}
+
+// AlwaysAllowPort is one port of Endpoint.AlwaysAllow.
+type AlwaysAllowPort struct {
+	Direction uint8
+	Proto     uint8
+	Port      uint16
 }
 
 // NamedPort is a container port.
@@ -85,12 +104,21 @@ func namespaceOf(labels []string) string {
 // selects reports whether a stored rule selects an endpoint with the label
 // set set in namespace ns (the set is built once per resolution, not per
 // rule).
-func (s StoredRule) selects(set labelSet, ns string) bool {
+//
+// A host policy selects only the host endpoint (by its node labels), an
+// endpoint policy only the other endpoints.
+func (s StoredRule) selects(set labelSet, ns string, host bool) bool {
+	if host {
+		return s.Namespace == "" && s.Rule.NodeSelector != nil && matchesSet(s.Rule.NodeSelector, set)
+	}
 	if s.Namespace != "" && ns != s.Namespace {
 		return false
 	}
 	return s.Rule.EndpointSelector != nil && matchesSet(s.Rule.EndpointSelector, set)
 }
+
+// audited reports whether the rule counts as audited for ep.
+func (s StoredRule) audited(ep Endpoint) bool { return s.Rule.Audited() || ep.AuditAll }
 
 // Resolve computes an endpoint's policy from the repository's rules over
 // the universe of identities.
@@ -111,13 +139,13 @@ func (r *Repository) resolveViews(ep Endpoint, universe Universe, cache *Selecto
 	var epNS string
 	haveSet := false
 	for _, s := range rules {
-		if !s.Rule.Audited() {
+		if !s.audited(ep) {
 			continue
 		}
 		if !haveSet {
 			epSet, epNS, haveSet = newLabelSet(ep.Labels), namespaceOf(ep.Labels), true
 		}
-		if !s.selects(epSet, epNS) {
+		if !s.selects(epSet, epNS, ep.Host) {
 			continue
 		}
 		for dir, has := range [2]bool{len(s.Rule.Ingress)+len(s.Rule.IngressDeny) > 0, len(s.Rule.Egress)+len(s.Rule.EgressDeny) > 0} {
@@ -146,11 +174,13 @@ func (r *Repository) resolve(ep Endpoint, rules []StoredRule, rev uint64, univer
 	res := Result{MapState: MapState{}, Revision: rev}
 	var ingressRules, egressRules, ingressDefaultDeny, egressDefaultDeny bool
 	epSet, epNS := newLabelSet(ep.Labels), namespaceOf(ep.Labels)
+	var selected []*api.Rule
 	for _, s := range rules {
-		if (!withAudited && s.Rule.Audited()) || !s.selects(epSet, epNS) {
+		if (!withAudited && s.audited(ep)) || !s.selects(epSet, epNS, ep.Host) {
 			continue
 		}
 		res.Rules = append(res.Rules, s.ID)
+		selected = append(selected, s.Rule)
 		rule := s.Rule
 		dd := rule.EnableDefaultDeny
 		if len(rule.Ingress)+len(rule.IngressDeny) > 0 {
@@ -191,8 +221,60 @@ func (r *Repository) resolve(ep Endpoint, rules []StoredRule, rev uint64, univer
 		// the same key: deny wins) still applies.
 		res.MapState.merge(Key{Identity: identity.Host, Direction: Ingress}, Entry{})
 	}
+	for _, ap := range ep.AlwaysAllow {
+		enforced := ingressRules
+		if ap.Direction == Egress {
+			enforced = egressRules
+		}
+		if enforced && !namesPort(selected, ap) {
+			// Any identity, no rule's cookie: a deny of a rule (longer
+			// prefix, or the same key) still wins.
+			res.MapState.merge(Key{Direction: ap.Direction, Proto: ap.Proto, Port: ap.Port, PrefixLen: 16}, Entry{})
+		}
+	}
 	res.MapState.pruneCoveredAllows()
 	return res
+}
+
+// namesPort reports whether one of rules names port ap in a section of its
+// direction (allow or deny, as a number or inside a range): such a rule
+// takes the port over from the always-allowed defaults.
+func namesPort(rules []*api.Rule, ap AlwaysAllowPort) bool {
+	match := func(ports []api.PortRule) bool {
+		for _, pr := range ports {
+			for _, pp := range pr.Ports {
+				protos, from, to, err := pp.Parse()
+				if err != nil || from == 0 {
+					continue
+				}
+				if ap.Port < from || ap.Port > to {
+					continue
+				}
+				for _, p := range protos {
+					if p == ap.Proto {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+	for _, r := range rules {
+		if ap.Direction == Ingress {
+			for _, in := range append(append([]api.IngressRule(nil), r.Ingress...), r.IngressDeny...) {
+				if match(in.ToPorts) {
+					return true
+				}
+			}
+			continue
+		}
+		for _, eg := range append(append([]api.EgressRule(nil), r.Egress...), r.EgressDeny...) {
+			if match(eg.ToPorts) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (r *Repository) localhostAllowed() bool {

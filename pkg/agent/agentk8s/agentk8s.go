@@ -212,6 +212,9 @@ type Module struct {
 
 	mu     sync.Mutex
 	remote map[string][]netip.Addr
+	// localLabels are this node's labels as last seen (guarded by mu):
+	// a change re-resolves the host policies' nodeSelectors.
+	localLabels map[string]string
 
 	// status is this node's report on each Tendril policy object.
 	status *policystatus.Publisher
@@ -463,7 +466,10 @@ func (k *Module) startWatchers(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if _, err := w.Nodes.Subscribe(func(ev watchers.Event[*corev1.Node]) { k.onPeerChange(ev.Kind, ev.Key, k.nodesSynced) }); err != nil {
+	if _, err := w.Nodes.Subscribe(func(ev watchers.Event[*corev1.Node]) {
+		k.onLocalLabels(ev)
+		k.onPeerChange(ev.Kind, ev.Key, k.nodesSynced)
+	}); err != nil {
 		return err
 	}
 	if _, err := w.TendrilNodes.Subscribe(func(ev watchers.Event[*v1alpha1.TendrilNode]) {
@@ -714,4 +720,24 @@ func endpointPublicationsOf(k *Module) statedb.Table[*endpointpub.Desired] {
 		return nil
 	}
 	return k.publisher.Table()
+}
+
+// onLocalLabels asks for a policy pass when this node's labels change:
+// host policies select the node by them (docs/host-firewall.md). Other
+// updates of the Node (its status, every heartbeat) trigger nothing.
+func (k *Module) onLocalLabels(ev watchers.Event[*corev1.Node]) {
+	if ev.Key != k.settings.NodeName || ev.Kind == watchers.Synced {
+		return
+	}
+	var labels map[string]string
+	if ev.Object != nil && ev.Kind != watchers.Delete {
+		labels = ev.Object.Labels
+	}
+	k.mu.Lock()
+	changed := !maps.Equal(k.localLabels, labels)
+	k.localLabels = maps.Clone(labels)
+	k.mu.Unlock()
+	if changed && k.policy != nil {
+		k.policy.TriggerRegeneration()
+	}
 }

@@ -150,6 +150,23 @@ func (k *Client) SelectPodCIDRs(ctx context.Context) (node.Selection, error) {
 	return sel, nil
 }
 
+// NodeLabels are this node's labels, for host policies' nodeSelectors:
+// the Nodes watcher's cached object once it has one, else the Node read
+// at start (nil before either).
+func (k *Client) NodeLabels() map[string]string {
+	if w := k.watchers; w != nil && w.Nodes != nil {
+		if n, ok := w.Nodes.Get(k.settings.NodeName); ok && n != nil {
+			return n.Labels
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.nodeObj == nil {
+		return nil
+	}
+	return k.nodeObj.Labels
+}
+
 // localPodCIDRsAndAddresses are this node's selected pod CIDRs and its
 // Node's addresses (none before the Node was read): what other nodes'
 // pod CIDRs must not overlap or contain.

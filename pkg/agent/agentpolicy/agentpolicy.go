@@ -59,6 +59,16 @@ type Config struct {
 	// covers it (the kubelet's probes come from the node; the Helm
 	// chart sets it), "policy" treats the host identity like any other.
 	AllowLocalhost string `mapstructure:"allow-localhost"`
+	// EnableHostFirewall is --enable-host-firewall: host policies
+	// (nodeSelector) apply to this node's own traffic at its uplinks.
+	EnableHostFirewall bool `mapstructure:"enable-host-firewall"`
+	// HostFirewallAudit is --host-firewall-audit: every host policy is
+	// audited (what it would deny passes, counted and reported).
+	HostFirewallAudit bool `mapstructure:"host-firewall-audit"`
+	// HostFirewallAlwaysAllow is --host-firewall-always-allow: ports
+	// (direction/protocol/port) open to every peer while a host policy
+	// enforces their direction, unless one names them.
+	HostFirewallAlwaysAllow []string `mapstructure:"host-firewall-always-allow"`
 }
 
 // Values of --allow-localhost.
@@ -70,7 +80,8 @@ const (
 // DefaultConfig is the cell's default: deny rules end the flows they
 // cover.
 func DefaultConfig() Config {
-	return Config{RevokeEstablished: option.RevokeDeny, AllowLocalhost: AllowLocalhostPolicy}
+	return Config{RevokeEstablished: option.RevokeDeny, AllowLocalhost: AllowLocalhostPolicy,
+		HostFirewallAlwaysAllow: append([]string(nil), DefaultHostFirewallAlwaysAllow...)}
 }
 
 // Flags registers the cell's option, with c's value as default.
@@ -79,6 +90,12 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 		"Established flows a policy change ends: deny (those a deny rule covers), all (also those no allow admits any more) or none (they outlive it, as in Cilium)")
 	fs.String("allow-localhost", c.AllowLocalhost,
 		"Traffic from the node to its endpoints under ingress policy: always (allowed unless a deny rule covers it, as Cilium's default; the kubelet's probes need it) or policy (only what the rules allow)")
+	fs.Bool("enable-host-firewall", c.EnableHostFirewall,
+		"Enforce host policies (cluster-wide policies with a nodeSelector) on this node's own traffic at its uplinks (docs/host-firewall.md)")
+	fs.Bool("host-firewall-audit", c.HostFirewallAudit,
+		"Audit every host policy: what it would deny passes, counted and reported with an AUDIT verdict (try host policies without locking the node out)")
+	fs.StringSlice("host-firewall-always-allow", c.HostFirewallAlwaysAllow,
+		"Ports (direction/protocol/port) open to every peer while a host policy enforces their direction, unless a host policy names them: the API server, the kubelet, the agent's health")
 }
 
 func (c Config) validate() error {
@@ -88,7 +105,8 @@ func (c Config) validate() error {
 	default:
 		errAllow = fmt.Errorf("allow-localhost %q: must be always or policy", c.AllowLocalhost)
 	}
-	return option.Invalid(errors.Join(option.ValidateRevokeMode(c.RevokeEstablished), errAllow))
+	_, errPorts := parseAlwaysAllow(c.HostFirewallAlwaysAllow)
+	return option.Invalid(errors.Join(option.ValidateRevokeMode(c.RevokeEstablished), errAllow, errPorts))
 }
 
 // policyFile is the policy file's path in the state dir.
@@ -184,6 +202,16 @@ type Module struct {
 	namesApplied uint64
 	passDone     chan struct{}
 
+	// hostCfg is the host firewall's configuration; nodeLabels the
+	// node's labels (nil standalone). hostRealized is what the host
+	// endpoint's policy entries hold (hostKnown: read from the pinned
+	// map), hostResult its last resolution (guarded by mu).
+	hostCfg      hostFirewallConfig
+	nodeLabels   NodeLabels
+	hostRealized policy.MapState
+	hostKnown    bool
+	hostResult   policy.Result
+
 	// file keeps the rules imported through the API across restarts;
 	// its writer is a job started after the restore.
 	file *policyfile.File
@@ -208,6 +236,9 @@ type Params struct {
 	IPCache    *ipcache.IPCache
 	Endpoints  Endpoints
 	NamedPorts NamedPorts
+	// NodeLabels are the node's labels for host policies (nil
+	// standalone).
+	NodeLabels NodeLabels `optional:"true"`
 	Metrics    *metrics.Server
 	// MapEvents records the policy map's writes (nil: none).
 	MapEvents *mapevents.Registry `optional:"true"`
@@ -225,8 +256,14 @@ func New(p Params) *Module {
 		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
 		regen: make(chan struct{}, 1), passDone: make(chan struct{}),
 	}
+	alwaysAllow, _ := parseAlwaysAllow(p.Config.HostFirewallAlwaysAllow) // validated by the cell
+	m.hostCfg = hostFirewallConfig{enabled: p.Config.EnableHostFirewall, audit: p.Config.HostFirewallAudit, alwaysAllow: alwaysAllow}
+	m.nodeLabels = p.NodeLabels
 	if m.dp != nil {
 		p.Metrics.Registry.MustRegister(newAuditCollector(m))
+		if m.hostCfg.enabled {
+			p.Metrics.Registry.MustRegister(newHostFirewallCollector(m))
+		}
 	}
 	m.repo.SetAllowLocalhost(p.Config.AllowLocalhost == AllowLocalhostAlways)
 	if m.revokeMode == "" {

@@ -98,6 +98,12 @@ func (p *Module) regenerate(ctx context.Context, refresh func(*endpoint.Endpoint
 		}
 		cancel()
 	}
+	// The node's own policy, before the endpoints': a host policy's
+	// change applies however many endpoints there are.
+	if err := p.realizeHost(); err != nil {
+		p.log.Error("Apply the host firewall's policy; retried in 5s", "error", err)
+		time.AfterFunc(5*time.Second, p.TriggerRegeneration)
+	}
 	mgr := p.eps.Manager()
 	if mgr == nil || refresh == nil {
 		return
@@ -570,9 +576,15 @@ func (p *Module) CIDRIdentityLabels(id identity.NumericIdentity) []string {
 
 // SelectingRules are the IDs of the rules that select a local endpoint,
 // as its last resolution found them; false before its first.
+//
+// Endpoint 0 is the host endpoint: the host policies selecting the node,
+// while the host firewall is on.
 func (p *Module) SelectingRules(epID uint16) ([]uint32, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if epID == maps.HostEndpointID {
+		return p.hostResult.Rules, p.hostCfg.enabled && p.hostKnown
+	}
 	res, ok := p.results[epID]
 	return res.Rules, ok
 }

@@ -395,6 +395,7 @@ const (
 	HostVarMASQ_PORT_MAX         = "MASQ_PORT_MAX"
 	HostVarMASQ_PORT_MIN         = "MASQ_PORT_MIN"
 	HostVarNODEPORT_OFF          = "NODEPORT_OFF"
+	HostVarPOLICY_VERDICT_EVENTS = "POLICY_VERDICT_EVENTS"
 	HostVarTRACE_EVENTS          = "TRACE_EVENTS"
 	HostVarTRACE_EVERY_PACKET    = "TRACE_EVERY_PACKET"
 	HostVarUnusedEventType       = "unused_event_type"
@@ -501,6 +502,7 @@ type HostVariableSpecs struct {
 	MASQ_PORT_MAX         *ebpf.VariableSpec `ebpf:"MASQ_PORT_MAX"`
 	MASQ_PORT_MIN         *ebpf.VariableSpec `ebpf:"MASQ_PORT_MIN"`
 	NODEPORT_OFF          *ebpf.VariableSpec `ebpf:"NODEPORT_OFF"`
+	POLICY_VERDICT_EVENTS *ebpf.VariableSpec `ebpf:"POLICY_VERDICT_EVENTS"`
 	TRACE_EVENTS          *ebpf.VariableSpec `ebpf:"TRACE_EVENTS"`
 	TRACE_EVERY_PACKET    *ebpf.VariableSpec `ebpf:"TRACE_EVERY_PACKET"`
 	UnusedEventType       *ebpf.VariableSpec `ebpf:"unused_event_type"`
@@ -619,6 +621,7 @@ type HostVariables struct {
 	MASQ_PORT_MAX         *ebpf.Variable `ebpf:"MASQ_PORT_MAX"`
 	MASQ_PORT_MIN         *ebpf.Variable `ebpf:"MASQ_PORT_MIN"`
 	NODEPORT_OFF          *ebpf.Variable `ebpf:"NODEPORT_OFF"`
+	POLICY_VERDICT_EVENTS *ebpf.Variable `ebpf:"POLICY_VERDICT_EVENTS"`
 	TRACE_EVENTS          *ebpf.Variable `ebpf:"TRACE_EVENTS"`
 	TRACE_EVERY_PACKET    *ebpf.Variable `ebpf:"TRACE_EVERY_PACKET"`
 	UnusedEventType       *ebpf.Variable `ebpf:"unused_event_type"`

@@ -342,8 +342,15 @@ type SweepResult struct {
 // whether an endpoint ID still exists; nil keeps all). An entry that
 // names a live and a deleted endpoint stays, without the deleted one: a
 // new endpoint that reuses the ID and an address must not inherit it.
+//
+// The host firewall's side of a flow (HostFirewallCTID) is always live: the
+// host endpoint does not go away.
 func (m CTMap) DeleteExpired(now uint64, keep func(epID uint16) bool) (SweepResult, error) {
 	var res SweepResult
+	if keep != nil {
+		endpoint := keep
+		keep = func(id uint16) bool { return id == HostFirewallCTID || endpoint(id) }
+	}
 	// verdict: 0 keep, 1 delete, 2 clear slots (returned in v).
 	judge := func(v *bpf.LxcCtEntry) int {
 		res.Seen++

@@ -545,3 +545,29 @@ func TestPrivilegedCTRevoke(t *testing.T) {
 		t.Errorf("revoke of a missing entry = %v %v", ok, err)
 	}
 }
+
+// TestPrivilegedConntrackSweepKeepsHostFirewallFlows: the host firewall
+// names the node's side of the flows it admitted HostFirewallCTID, no
+// endpoint's ID; a sweep that keeps only live endpoints' flows keeps
+// those (deleted, the next reply of the node's own connection would be
+// checked as a new flow and denied under an ingress host policy).
+func TestPrivilegedConntrackSweepKeepsHostFirewallFlows(t *testing.T) {
+	m := newUnpinnedMaps(t)
+	ct := m.CTMap()
+	now := MonotonicNow()
+	node, world := netip.MustParseAddr("172.30.0.11"), netip.MustParseAddr("198.51.100.1")
+	host := CTEntry{Proto: 6, Src: node, SrcPort: 50000, Dst: world, DstPort: 443, SrcEndpoint: HostFirewallCTID, Expires: now + 1e12}
+	expired := CTEntry{Proto: 6, Src: node, SrcPort: 50001, Dst: world, DstPort: 443, SrcEndpoint: HostFirewallCTID, Expires: now - 1}
+	for _, e := range []CTEntry{host, expired} {
+		if err := ct.Upsert(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := ct.DeleteExpired(now, func(uint16) bool { return false })
+	if err != nil || res.Deleted != 1 {
+		t.Fatalf("sweep: %+v %v, want the expired entry deleted", res, err)
+	}
+	if got, ok, _ := ct.Lookup(host); !ok || got.SrcEndpoint != HostFirewallCTID {
+		t.Fatalf("the host firewall's live flow after a sweep: %+v %v", got, ok)
+	}
+}

@@ -238,9 +238,10 @@ func (r *Rule) Validate() error {
 		return errors.New("endpointSelector and nodeSelector are exclusive")
 	}
 	if r.NodeSelector != nil {
-		return errors.New("nodeSelector (host policies) is not supported yet")
-	}
-	if err := r.EndpointSelector.Validate("endpointSelector"); err != nil {
+		if err := r.validateHost(); err != nil {
+			return err
+		}
+	} else if err := r.EndpointSelector.Validate("endpointSelector"); err != nil {
 		return err
 	}
 	for i := range r.Ingress {
@@ -267,6 +268,52 @@ func (r *Rule) Validate() error {
 		if _, err := labels.New(l.Source, l.Key, l.Value); err != nil {
 			return fmt.Errorf("labels[%d]: %w", i, err)
 		}
+	}
+	return nil
+}
+
+// IsHostPolicy reports whether the rule is a host policy: it selects
+// nodes (the host endpoint, the node itself) by their labels instead of
+// endpoints. Only cluster-wide policies may be host policies.
+func (r *Rule) IsHostPolicy() bool { return r.NodeSelector != nil }
+
+// validateHost checks what a host policy may not hold: the node's own
+// traffic is not redirected to a proxy, so L7 rules and toFQDNs (learned
+// by the DNS proxy from pods' lookups) cannot apply to it.
+func (r *Rule) validateHost() error {
+	if err := r.NodeSelector.Validate("nodeSelector"); err != nil {
+		return err
+	}
+	for _, sec := range []struct {
+		name  string
+		ports func(i int) []PortRule
+		n     int
+	}{
+		{"ingress", func(i int) []PortRule { return r.Ingress[i].ToPorts }, len(r.Ingress)},
+		{"egress", func(i int) []PortRule { return r.Egress[i].ToPorts }, len(r.Egress)},
+	} {
+		for i := 0; i < sec.n; i++ {
+			for j, pr := range sec.ports(i) {
+				if pr.Rules != nil {
+					return fmt.Errorf("%s[%d].toPorts[%d].rules: L7 rules are not allowed in host policies (nodeSelector)", sec.name, i, j)
+				}
+			}
+		}
+	}
+	for i := range r.Egress {
+		if len(r.Egress[i].ToFQDNs) > 0 {
+			return fmt.Errorf("egress[%d].toFQDNs: not allowed in host policies (nodeSelector): the DNS proxy sees only pods' lookups", i)
+		}
+	}
+	return nil
+}
+
+// ValidateScope checks the rule for a policy of namespace ns ("" for a
+// cluster-wide policy): a host policy selects nodes, which belong to no
+// namespace.
+func (r *Rule) ValidateScope(ns string) error {
+	if r.IsHostPolicy() && ns != "" {
+		return fmt.Errorf("nodeSelector: host policies must be cluster-wide (a policy of namespace %q cannot select nodes)", ns)
 	}
 	return nil
 }

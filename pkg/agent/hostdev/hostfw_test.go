@@ -1,0 +1,188 @@
+package hostdev
+
+import (
+	"testing"
+
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+)
+
+// The host firewall in the host device programs (bpf/lib/hostfw.h), with
+// BPF_PROG_TEST_RUN on the node port tests' throw-away node: its uplink
+// holds the node address (identity host in the ipcache), npLocal is a
+// node port with a local backend.
+
+const (
+	tcActShot     = 2
+	hostRuleAllow = 41 // the cookie of the host policy's allow
+	hostRuleAudit = 43 // the audited rule's cookie
+)
+
+// hostPolicy writes one entry of the host endpoint's policy.
+func hostPolicy(t *testing.T, n *masqNode, dir uint8, id uint32, proto uint8, port uint16, v maps.PolicyValue) {
+	t.Helper()
+	k := maps.PolicyKey{EndpointID: maps.HostEndpointID, Direction: dir, Identity: id, Proto: proto, Port: port}
+	if port != 0 {
+		k.PortPrefixLen = 16
+	}
+	if err := n.l.Maps().PolicyMap().Upsert(k, v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setHostFirewall(t *testing.T, n *masqNode, flags uint8) {
+	t.Helper()
+	if err := n.l.Maps().EndpointMap().SetHostFirewall(flags); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPrivilegedHostFirewallIngress: a host policy that enforces ingress
+// and allows only the peer pods' identity drops the world's packet to a
+// node port of the node (counted as a policy drop), before any service
+// translation; once the port is allowed, the flow is translated to its
+// backend as without the firewall. A connection the node opens to the
+// world gets its reply in (conntrack), the same packet unsolicited does
+// not. A masqueraded pod flow's reply to the node address is the pod's
+// business and passes.
+func TestPrivilegedHostFirewallIngress(t *testing.T) {
+	n := newNodePortNode(t)
+	setHostFirewall(t, n, maps.FlagEnforceIngress)
+	hostPolicy(t, n, maps.DirIngress, idPeerPod, 0, 0, maps.PolicyValue{Cookie: hostRuleAllow})
+
+	denied := n.metric(maps.ReasonPolicyDenied, maps.DirIngress)
+	if ret, _ := n.ingress(frame(client, node, protoTCP, 40000, npLocal, 0)); ret != tcActShot {
+		t.Fatalf("world to node port %d under a host policy not allowing it: verdict %d, want drop", npLocal, ret)
+	}
+	if got := n.metric(maps.ReasonPolicyDenied, maps.DirIngress); got != denied+1 {
+		t.Fatalf("policy drops %d, want %d", got, denied+1)
+	}
+	if _, ok, _ := n.l.Maps().CTMap().Lookup(maps.CTEntry{Proto: protoTCP, Src: client, SrcPort: 40000, Dst: pod, DstPort: backendPort}); ok {
+		t.Fatal("a denied packet reached the service translation (conntrack to the backend)")
+	}
+	// The peer pods' identity may reach any port of the node.
+	if ret, _ := n.ingress(frame(peerPod, node, protoTCP, 40001, 22, 0)); ret != 0 {
+		t.Fatalf("allowed identity to the node: verdict %d", ret)
+	}
+
+	// Allowed for everyone: translated to the local backend.
+	hostPolicy(t, n, maps.DirIngress, 0, protoTCP, npLocal, maps.PolicyValue{Cookie: hostRuleAllow})
+	ret, out := n.ingress(frame(client, node, protoTCP, 40002, npLocal, 0))
+	if ret != 0 {
+		t.Fatalf("world to an allowed node port: verdict %d", ret)
+	}
+	if src, dst := tuple(out); src != ap(client, 40002) || dst != ap(pod, backendPort) {
+		t.Fatalf("allowed node port flow: %s -> %s, want %s -> %s", src, dst, ap(client, 40002), ap(pod, backendPort))
+	}
+
+	// The node's own connection to the world: its reply passes, the
+	// same packet without the connection does not.
+	if ret, _ := n.ingress(frame(world, node, protoTCP, 443, 50000, 0)); ret != tcActShot {
+		t.Fatalf("unsolicited packet from the world: verdict %d, want drop", ret)
+	}
+	if ret, _ := n.egress(frame(node, world, protoTCP, 50001, 443, 0)); ret != 0 {
+		t.Fatalf("the node's own packet out (egress not enforced): verdict %d", ret)
+	}
+	if ret, _ := n.ingress(frame(world, node, protoTCP, 443, 50001, 0)); ret != 0 {
+		t.Fatalf("reply to the node's own connection: verdict %d, want pass", ret)
+	}
+
+	// A pod's masqueraded flow: the reply to the node address is
+	// translated back to the pod, not checked against the host's policy.
+	n.fromPod(frame(pod, world, protoTCP, 41000, 80, 0))
+	ret, out = n.egress(frame(pod, world, protoTCP, 41000, 80, 0))
+	if ret != 0 {
+		t.Fatalf("masquerade: verdict %d", ret)
+	}
+	src, _ := tuple(out)
+	if ret, out = n.ingress(frame(world, node, protoTCP, 80, src.Port(), 0)); ret != 0 {
+		t.Fatalf("reply of a masqueraded pod flow under host policy: verdict %d, want pass", ret)
+	}
+	if _, dst := tuple(out); dst != ap(pod, 41000) {
+		t.Fatalf("masquerade reply to %s, want %s", dst, ap(pod, 41000))
+	}
+
+	// IPv6 alike: the world to the node's IPv6 address on a port no entry
+	// allows is dropped; the node's own connection's reply gets in.
+	if ret, _ := n.ingress(frame6(client6, node6, protoTCP, 40003, 22, 0)); ret != tcActShot {
+		t.Fatalf("IPv6: world to the node under host policy: verdict %d, want drop", ret)
+	}
+	if ret, _ := n.egress(frame6(node6, world6, protoTCP, 50003, 443, 0)); ret != 0 {
+		t.Fatalf("IPv6: the node's own packet out: verdict %d", ret)
+	}
+	if ret, _ := n.ingress(frame6(world6, node6, protoTCP, 443, 50003, 0)); ret != 0 {
+		t.Fatalf("IPv6: reply to the node's own connection: verdict %d, want pass", ret)
+	}
+
+	// Off: nothing is checked.
+	setHostFirewall(t, n, 0)
+	if ret, _ := n.ingress(frame(world, node, protoTCP, 443, 50002, 0)); ret != 0 {
+		t.Fatalf("host firewall off: verdict %d", ret)
+	}
+}
+
+// TestPrivilegedHostFirewallEgress: egress enforced, the node's packet to
+// a port its policy does not allow is dropped, to an allowed one passes;
+// the node's reply to a connection its ingress admitted passes whatever
+// the egress policy says.
+func TestPrivilegedHostFirewallEgress(t *testing.T) {
+	n := newNodePortNode(t)
+	setHostFirewall(t, n, maps.FlagEnforceEgress)
+	hostPolicy(t, n, maps.DirEgress, 0, protoTCP, 53, maps.PolicyValue{Cookie: hostRuleAllow})
+
+	if ret, _ := n.egress(frame(node, world, protoTCP, 50000, 443, 0)); ret != tcActShot {
+		t.Fatalf("node to a port its egress policy does not allow: verdict %d, want drop", ret)
+	}
+	if got := n.metric(maps.ReasonPolicyDenied, maps.DirEgress); got != 1 {
+		t.Fatalf("egress policy drops %d, want 1", got)
+	}
+	if ret, _ := n.egress(frame(node, world, protoTCP, 50001, 53, 0)); ret != 0 {
+		t.Fatalf("node to an allowed port: verdict %d", ret)
+	}
+	// Ingress is not enforced, but tracked: the reply of a connection
+	// to the node leaves.
+	if ret, _ := n.ingress(frame(world, node, protoTCP, 40000, 22, 0)); ret != 0 {
+		t.Fatalf("world to the node (ingress not enforced): verdict %d", ret)
+	}
+	if ret, _ := n.egress(frame(node, world, protoTCP, 22, 40000, 0)); ret != 0 {
+		t.Fatalf("the node's reply to an admitted connection: verdict %d, want pass", ret)
+	}
+	// A pod's packet leaving is not the host's.
+	n.fromPod(frame(pod, world, protoTCP, 41000, 443, 0))
+	if ret, _ := n.egress(frame(pod, world, protoTCP, 41000, 443, 0)); ret != 0 {
+		t.Fatalf("a pod's packet under host egress policy: verdict %d, want pass (masqueraded)", ret)
+	}
+}
+
+// TestPrivilegedHostFirewallAudit: in audit mode the world's packet to a
+// node port the audit view denies passes and is translated, and the
+// audited rule's counter counts the connection (once: its next packet is
+// a known flow).
+func TestPrivilegedHostFirewallAudit(t *testing.T) {
+	n := newNodePortNode(t)
+	setHostFirewall(t, n, maps.FlagAuditIngress)
+	// What the agent writes for a host policy in audit mode: the audit
+	// view allows the peer pods; nothing is enforced; the audit cookie
+	// names the rule for flows no entry allows.
+	hostPolicy(t, n, maps.DirIngress, idPeerPod, 0, 0, maps.PolicyValue{Cookie: hostRuleAudit, Flags: maps.PolicyFlagENone})
+	hostPolicy(t, n, maps.DirIngress, 0, maps.PolicyAuditCookieProto, 0, maps.PolicyValue{Cookie: hostRuleAudit, Flags: maps.PolicyFlagENone | maps.PolicyFlagANone})
+
+	for i := range 2 {
+		ret, out := n.ingress(frame(client, node, protoTCP, 40000, npLocal, 0))
+		if ret != 0 {
+			t.Fatalf("packet %d: audit mode dropped the world's packet to a node port (verdict %d)", i, ret)
+		}
+		if src, dst := tuple(out); dst != ap(pod, backendPort) {
+			t.Fatalf("packet %d: %s -> %s, want translated to %s", i, src, dst, ap(pod, backendPort))
+		}
+	}
+	counts, err := n.l.Maps().AuditMap().Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts[hostRuleAudit] != 1 {
+		t.Fatalf("audit counts %v, want 1 connection under rule %d", counts, hostRuleAudit)
+	}
+	if got := n.metric(maps.ReasonPolicyDenied, maps.DirIngress); got != 0 {
+		t.Fatalf("audit mode counted %d policy drops", got)
+	}
+}
