@@ -41,7 +41,7 @@ type SockCtEntry struct {
 	Flags    uint8
 	TcpFlags uint8
 	Revoked  uint8
-	Pad      uint8
+	Proxy    uint8
 	RevNat   uint32
 	Pad2     uint32
 }
