@@ -13,8 +13,8 @@
 #include "common.h"
 #include "pkt.h"
 
-/* The proxies' listening sockets, written by the agent (a socket leaves
- * the map when it closes: while no proxy listens there is none). */
+/* The proxies' UDP sockets, written by the agent (a socket leaves the map
+ * when it closes: while no proxy listens there is none). */
 struct {
 	__uint(type, BPF_MAP_TYPE_SOCKMAP);
 	__type(key, __u32);   /* PROXY_SOCKET_KEY */
@@ -23,39 +23,43 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_proxy_sockets_v1 SEC(".maps");
 
+/* The proxies' TCP listening ports (host byte order; 0: none), by
+ * PROXY_*, written by the agent: the listener is looked up by its port in
+ * the node's namespace (this kernel refuses TCP listeners in a sockmap
+ * from user space), and taken only when it is listening. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, PROXY_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_proxy_ports_v1 SEC(".maps");
+
 /* PROXY_SOCKET_KEY is the slot of proxy's socket for a protocol: TCP at
  * even keys, UDP at odd ones. */
 #define PROXY_SOCKET_KEY(proxy, proto) ((__u32)(proxy) * 2 + ((proto) == IPPROTO_UDP_ ? 1 : 0))
 
-/* proxy_redirect hands a packet of a flow sent to proxy to that proxy's
- * socket: a TCP packet of a connection the proxy already holds (or is
- * accepting) is only marked, the stack finds its socket; any other packet
- * is assigned to the proxy's listening socket. It returns TC_ACT_OK, or
- * -1 when no proxy socket can take the packet (the caller decides: the
- * proxy is not running). A global function, verified once. */
+/* proxy_redirect hands an IPv4 packet of a flow sent to proxy to that
+ * proxy's socket: a TCP packet of a connection the proxy already holds
+ * (or is accepting) is only marked, the stack finds its socket; a TCP
+ * packet opening one is assigned to the proxy's listener, a UDP packet to
+ * its socket. It returns TC_ACT_OK, or -1 when no proxy socket can take
+ * the packet (the caller decides: the proxy is not running). A global
+ * function, verified once. */
 __attribute__((noinline)) int proxy_redirect(struct __sk_buff *skb, const struct pkt *p, __u32 proxy)
 {
 	if (!skb || !p)
 		return -1;
-	if (p->proto != IPPROTO_TCP_ && p->proto != IPPROTO_UDP_)
+	if (p->family != FAMILY_V4)
 		return -1;
+	struct bpf_sock *sk;
 	if (p->proto == IPPROTO_TCP_) {
 		struct bpf_sock_tuple t = {};
-		__u32 len;
-		if (p->family == FAMILY_V4) {
-			__builtin_memcpy(&t.ipv4.saddr, p->saddr, 4);
-			__builtin_memcpy(&t.ipv4.daddr, p->daddr, 4);
-			t.ipv4.sport = p->sport;
-			t.ipv4.dport = p->dport;
-			len = sizeof(t.ipv4);
-		} else {
-			__builtin_memcpy(t.ipv6.saddr, p->saddr, 16);
-			__builtin_memcpy(t.ipv6.daddr, p->daddr, 16);
-			t.ipv6.sport = p->sport;
-			t.ipv6.dport = p->dport;
-			len = sizeof(t.ipv6);
-		}
-		struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+		__builtin_memcpy(&t.ipv4.saddr, p->saddr, 4);
+		__builtin_memcpy(&t.ipv4.daddr, p->daddr, 4);
+		t.ipv4.sport = p->sport;
+		t.ipv4.dport = p->dport;
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
 		if (sk) {
 			/* A listener matched by port alone is some host
 			 * service's, not the proxy's connection. */
@@ -66,11 +70,25 @@ __attribute__((noinline)) int proxy_redirect(struct __sk_buff *skb, const struct
 				return TC_ACT_OK;
 			}
 		}
-	}
-	__u32 key = PROXY_SOCKET_KEY(proxy, p->proto);
-	struct bpf_sock *sk = bpf_map_lookup_elem(&tdr_proxy_sockets_v1, &key);
-	if (!sk)
+		__u32 *port = bpf_map_lookup_elem(&tdr_proxy_ports_v1, &proxy);
+		if (!port || !*port || *port > 0xffff)
+			return -1;
+		t.ipv4.dport = bpf_htons((__u16)*port);
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		if (!sk)
+			return -1;
+		if (sk->state != BPF_TCP_LISTEN) {
+			bpf_sk_release(sk);
+			return -1;
+		}
+	} else if (p->proto == IPPROTO_UDP_) {
+		__u32 key = PROXY_SOCKET_KEY(proxy, IPPROTO_UDP_);
+		sk = bpf_map_lookup_elem(&tdr_proxy_sockets_v1, &key);
+		if (!sk)
+			return -1;
+	} else {
 		return -1;
+	}
 	long r = bpf_sk_assign(skb, sk, 0);
 	bpf_sk_release(sk);
 	if (r)
