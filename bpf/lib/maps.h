@@ -384,6 +384,29 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_encrypt_cidrs_v1 SEC(".maps");
 
+/* The L7 proxies' sockets and ports (see lib/proxy.h). */
+/* The proxies' UDP sockets, written by the agent (a socket leaves the map
+ * when it closes: while no proxy listens there is none). */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKMAP);
+	__type(key, __u32);   /* PROXY_SOCKET_KEY */
+	__type(value, __u64); /* the socket (its cookie when read) */
+	__uint(max_entries, PROXY_MAX * 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_proxy_sockets_v1 SEC(".maps");
+
+/* The proxies' TCP listening ports (host byte order; 0: none), by
+ * PROXY_*, written by the agent: the listener is looked up by its port in
+ * the node's namespace (this kernel refuses TCP listeners in a sockmap
+ * from user space), and taken only when it is listening. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, PROXY_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_proxy_ports_v1 SEC(".maps");
+
 /* Keep struct event and the policy key and entry in BTF so bpf2go generates
  * their Go types (the inner policy maps name only their sizes). */
 const struct event *unused_event_type __attribute__((unused));

@@ -12,28 +12,7 @@
 
 #include "common.h"
 #include "pkt.h"
-
-/* The proxies' UDP sockets, written by the agent (a socket leaves the map
- * when it closes: while no proxy listens there is none). */
-struct {
-	__uint(type, BPF_MAP_TYPE_SOCKMAP);
-	__type(key, __u32);   /* PROXY_SOCKET_KEY */
-	__type(value, __u64); /* the socket (its cookie when read) */
-	__uint(max_entries, PROXY_MAX * 2);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tdr_proxy_sockets_v1 SEC(".maps");
-
-/* The proxies' TCP listening ports (host byte order; 0: none), by
- * PROXY_*, written by the agent: the listener is looked up by its port in
- * the node's namespace (this kernel refuses TCP listeners in a sockmap
- * from user space), and taken only when it is listening. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, __u32);
-	__uint(max_entries, PROXY_MAX);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tdr_proxy_ports_v1 SEC(".maps");
+#include "maps.h"
 
 /* PROXY_SOCKET_KEY is the slot of proxy's socket for a protocol: TCP at
  * even keys, UDP at odd ones. */

@@ -385,6 +385,8 @@ const (
 	HostMapTdrNomasqV1           = "tdr_nomasq_v1"
 	HostMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	HostMapTdrPolicyV2           = "tdr_policy_v2"
+	HostMapTdrProxyPortsV1       = "tdr_proxy_ports_v1"
+	HostMapTdrProxySocketsV1     = "tdr_proxy_sockets_v1"
 	HostMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	HostMapTdrTunnelV1           = "tdr_tunnel_v1"
 	HostProgFromNetdev           = "from_netdev"
@@ -487,6 +489,8 @@ type HostMapSpecs struct {
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
+	TdrProxyPortsV1   *ebpf.MapSpec `ebpf:"tdr_proxy_ports_v1"`
+	TdrProxySocketsV1 *ebpf.MapSpec `ebpf:"tdr_proxy_sockets_v1"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
 	TdrTunnelV1       *ebpf.MapSpec `ebpf:"tdr_tunnel_v1"`
 }
@@ -563,6 +567,8 @@ type HostMaps struct {
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
+	TdrProxyPortsV1   *ebpf.Map `ebpf:"tdr_proxy_ports_v1"`
+	TdrProxySocketsV1 *ebpf.Map `ebpf:"tdr_proxy_sockets_v1"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
 	TdrTunnelV1       *ebpf.Map `ebpf:"tdr_tunnel_v1"`
 }
@@ -604,6 +610,8 @@ func (m *HostMaps) Close() error {
 		m.TdrNomasqV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
+		m.TdrProxyPortsV1,
+		m.TdrProxySocketsV1,
 		m.TdrRatelimitV2,
 		m.TdrTunnelV1,
 	)
