@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/hive/cell"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/agent/agentfqdn"
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/l7redirect"
@@ -34,7 +35,9 @@ type params struct {
 	Log       *slog.Logger
 	Lifecycle cell.Lifecycle
 	Steps     *lifecycle.Steps
-	Datapath  agentpolicy.Datapath `optional:"true"`
+	// Datapath is nil with --enable-datapath=false: no redirect, no
+	// proxies.
+	Datapath  *agentdatapath.Module `optional:"true"`
 	Endpoints agentpolicy.Endpoints
 	Policy    *agentpolicy.Module
 	FQDN      *agentfqdn.Manager
@@ -47,13 +50,16 @@ type proxies struct {
 }
 
 func register(p params) {
+	if p.Datapath == nil {
+		return
+	}
 	x := &proxies{p: p}
 	p.Steps.Append(p.Lifecycle, "l7-proxies", x.start, x.stop)
 }
 
 func (x *proxies) start(context.Context) error {
 	p := x.p
-	if p.Datapath == nil || p.Datapath.Maps() == nil {
+	if p.Datapath.Maps() == nil {
 		return nil
 	}
 	cfg := l7redirect.Config{
