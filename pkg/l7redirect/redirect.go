@@ -276,7 +276,15 @@ func (r *Redirect) serve() {
 		Flow: r.cfg.HTTPFlow,
 		Log:  r.log,
 	})
-	r.dnsSrv = &dns.Server{Listener: r.dnsTCP, Handler: r.dnsProxy}
+	tcpPort := uint16(r.dnsTCP.Addr().(*net.TCPAddr).Port)
+	r.dnsSrv = &dns.Server{Listener: r.dnsTCP, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
+		if addrPort(w.LocalAddr()).Port() == tcpPort {
+			// Sent to the listener directly (see direct).
+			_ = w.Close()
+			return
+		}
+		r.dnsProxy.ServeDNS(w, req)
+	})}
 	r.wg.Add(3)
 	go func() {
 		defer r.wg.Done()
@@ -331,6 +339,11 @@ func (r *Redirect) serveHTTP() {
 			// original destination (IP_TRANSPARENT).
 			dst := addrPort(c.LocalAddr())
 			dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+			if r.direct(dst, r.http) {
+				r.log.Debug("HTTP proxy: a connection to the proxy itself, not redirected", "src", c.RemoteAddr())
+				c.Close()
+				return
+			}
 			r.httpPx.ServeConn(c, l7proxy.Source{EndpointID: src.EndpointID, Identity: src.Identity}, dst)
 		}()
 	}
@@ -351,8 +364,8 @@ func (r *Redirect) serveUDP() {
 			continue
 		}
 		orig, ok := origDst(oob[:oobn])
-		if !ok {
-			r.log.Debug("DNS proxy: a datagram without its original destination", "src", from)
+		if !ok || r.direct(orig, nil) {
+			r.log.Debug("DNS proxy: a datagram not redirected by the datapath", "src", from)
 			continue
 		}
 		req := new(dns.Msg)
@@ -362,6 +375,19 @@ func (r *Redirect) serveUDP() {
 		w := &udpWriter{orig: orig, from: netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), inNS: r.cfg.InNodeNS}
 		go r.dnsProxy.ServeDNS(w, req)
 	}
+}
+
+// direct reports whether a flow's original destination is the proxy's
+// own port (the DNS proxy's when l is nil): the datapath redirects flows
+// to their policy's port, so this one was sent to the listener directly
+// (from anywhere that reaches the node's address, not through a pod's
+// from_pod and its anti-spoofing) and is not served.
+func (r *Redirect) direct(dst netip.AddrPort, l net.Listener) bool {
+	dnsPort, httpPort := r.Ports()
+	if l != nil {
+		return dst.Port() == httpPort
+	}
+	return dst.Port() == dnsPort
 }
 
 // origDst reads IP_ORIGDSTADDR from a datagram's control messages.

@@ -225,6 +225,26 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 		t.Errorf("%d DROPPED flows for the disallowed name, want 2", refused)
 	}
 
+	// A query or connection sent to the listeners directly, from no
+	// local endpoint (here the node itself), gets nothing. (The proxies
+	// also refuse a flow addressed to their own port whatever its source,
+	// Redirect.direct; this step does not isolate that check.)
+	dnsPort, httpPort := r.Ports()
+	for _, network := range []string{"udp", "tcp"} {
+		c := &dns.Client{Net: network, Timeout: time.Second}
+		if resp, _, err := c.Exchange(new(dns.Msg).SetQuestion("allowed.example.", dns.TypeA), fmt.Sprintf("127.0.0.1:%d", dnsPort)); err == nil {
+			t.Errorf("%s query sent to the DNS proxy directly was answered: %v", network, resp)
+		}
+	}
+	if c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", httpPort)); err == nil {
+		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: b\r\n\r\n")
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+			t.Errorf("a request sent to the HTTP proxy directly was answered %d", resp.StatusCode)
+		}
+		c.Close()
+	}
+
 	// HTTP: GET then POST on one connection.
 	var codes []int
 	if err := pa.Do(func() error {
