@@ -150,14 +150,13 @@ __attribute__((noinline)) int from_pod_flow(struct __sk_buff *skb, struct lxc_pk
 	/* The proxy this flow goes to (p->proxy): the one its allowing entry
 	 * names when new (policy wrote it), the one its entry remembers
 	 * after; the replies (and ICMP errors, fragments) go their way. A
-	 * flow to a proxy is not delivered directly: the proxy opens its own
-	 * connection. */
+	 * local destination's ingress policy still decides below, for the
+	 * pod's identity: the proxy's own connection reaches it as the
+	 * host's. */
 	if (ct_out != CT_NEW)
 		p->proxy = ct_out == CT_ESTABLISHED && e ? e->proxy : 0;
 	if (p->icmp_error || p->nonfirst_frag)
 		p->proxy = 0;
-	if (p->proxy)
-		direct = 0;
 	/* WireGuard strict mode: a packet for another node's pod that would
 	 * not go through the WireGuard device (or to a node without a key)
 	 * goes nowhere; before the flow's entry records it. */

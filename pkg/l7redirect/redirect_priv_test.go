@@ -283,6 +283,38 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 	}
 	mu.Unlock()
 
+	// b's ingress policy still decides for a: with b admitting only the
+	// host (whose address the proxy's own connection has), a's query is
+	// dropped before the proxy sees it, not let through as the host's.
+	bEP := loader.EndpointInfo{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4}, MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB}
+	bEP.EnforceIngress = true
+	if err := l.AttachEndpoint(bEP); err != nil {
+		t.Fatal(err)
+	}
+	// The node's address the proxy connects from is the host's.
+	if err := m.IPCacheMap().Upsert(netip.PrefixFrom(netlab.Router4, 32), maps.IPCacheEntry{Identity: 1}); err != nil {
+		t.Fatal(err)
+	}
+	hostKey := maps.PolicyKey{EndpointID: 2, Direction: maps.DirIngress, Identity: 1, Proto: 17, Port: 53, PortPrefixLen: 16}
+	if err := m.PolicyMap().Upsert(hostKey, maps.PolicyValue{Cookie: 10}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	before := len(serverNames)
+	mu.Unlock()
+	if resp, err := query("udp", "allowed.example."); err == nil {
+		t.Errorf("a reached b, whose ingress admits only the host, through the proxy: %v", resp)
+	}
+	mu.Lock()
+	if len(serverNames) != before {
+		t.Errorf("b's server got %v after b denied a", serverNames[before:])
+	}
+	mu.Unlock()
+	bEP.EnforceIngress = false
+	if err := l.AttachEndpoint(bEP); err != nil {
+		t.Fatal(err)
+	}
+
 	// The proxies stop (the agent is down): their sockets leave the
 	// datapath's map. DNS passes as its L4 allow says, straight to b,
 	// names unfiltered; the HTTP port is closed.
