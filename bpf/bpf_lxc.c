@@ -37,6 +37,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/lxc.h"
 #include "lib/overlay.h"
 #include "lib/encrypt.h"
+#include "lib/proxy.h"
 
 /* hairpin_from_pod handles a pod's packet to itself through a service
  * (nat: its reverse NAT ID, the packet already DNATed to the pod's own
@@ -96,6 +97,26 @@ __attribute__((noinline)) int hairpin_from_pod(struct __sk_buff *skb, struct pkt
 	return ret >= 0 ? ret : TC_ACT_OK;
 }
 
+/* to_proxy sends a packet of endpoint ep (to the local endpoint dst, or
+ * NULL) to the proxy p->proxy names: the verdict, or -1 when it passes
+ * as its L4 allow says. When no proxy listens (the agent is down or
+ * starting), DNS passes as its port's L4 allow says, so pods keep
+ * resolving (names unfiltered meanwhile; nothing is learned, so no new
+ * address becomes allowed); any other L7 port is closed until its proxy
+ * enforces it. A global function: its stack is not on from_pod_flow's,
+ * which the policy's call chain has no room for. */
+__attribute__((noinline)) int to_proxy(struct __sk_buff *skb, const struct pkt *p, const struct endpoint_info *ep,
+				       const struct endpoint_info *dst)
+{
+	if (!skb || !p || !ep)
+		return TC_ACT_SHOT;
+	if (proxy_redirect(skb, p, p->proxy) >= 0)
+		return TC_ACT_OK;
+	if (p->proxy == PROXY_DNS)
+		return -1;
+	return drop(REASON_POLICY_DENIED, DIR_EGRESS, ep->ep_id, p, ep->identity, dst ? dst->identity : 0, 0);
+}
+
 /* from_pod_flow decides a packet of endpoint ep whose flow has entry e
  * (NULL: none) and whose destination is the local endpoint dst (NULL: not
  * local): policy of a new flow for both endpoints, the entry's commit,
@@ -126,6 +147,16 @@ __attribute__((noinline)) int from_pod_flow(struct __sk_buff *skb, struct lxc_pk
 	int ct_out = ct_classify(e, f, p, ep_id, src_a);
 	if (admit(ep, DIR_EGRESS, p, ct_out, dst ? dst->identity : 0))
 		return TC_ACT_SHOT;
+	/* The proxy this flow goes to (p->proxy): the one its allowing entry
+	 * names when new (policy wrote it), the one its entry remembers
+	 * after; the replies (and ICMP errors, fragments) go their way. A
+	 * local destination's ingress policy still decides below, for the
+	 * pod's identity: the proxy's own connection reaches it as the
+	 * host's. */
+	if (ct_out != CT_NEW)
+		p->proxy = ct_out == CT_ESTABLISHED && e ? e->proxy : 0;
+	if (p->icmp_error || p->nonfirst_frag)
+		p->proxy = 0;
 	/* WireGuard strict mode: a packet for another node's pod that would
 	 * not go through the WireGuard device (or to a node without a key)
 	 * goes nowhere; before the flow's entry records it. */
@@ -146,10 +177,13 @@ __attribute__((noinline)) int from_pod_flow(struct __sk_buff *skb, struct lxc_pk
 		if (!e) {
 			__u16 other = direct ? dst->ep_id : 0;
 			__u8 remote = dst ? 0 : (src_a ? CT_F_B_NOT_LOCAL : CT_F_A_NOT_LOCAL);
-			ct_create(f, p, src_a ? ep_id : other, src_a ? other : ep_id, remote | (nat << CT_REV_NAT_SHIFT));
+			ct_create(f, p, src_a ? ep_id : other, src_a ? other : ep_id,
+				  remote | (nat << CT_REV_NAT_SHIFT) | ((__u32)p->proxy << CT_PROXY_SHIFT));
 		} else {
-			if (ct_out == CT_NEW)
+			if (ct_out == CT_NEW) {
 				ct_admit(e, src_a, ep_id);
+				e->proxy = p->proxy;
+			}
 			if (direct && ct_in == CT_NEW)
 				ct_admit(e, !src_a, dst->ep_id);
 			if (nat && e->rev_nat != nat)
@@ -159,6 +193,11 @@ __attribute__((noinline)) int from_pod_flow(struct __sk_buff *skb, struct lxc_pk
 	}
 	if (notable)
 		trace(ct_out, DIR_EGRESS, ep_id, p, ep->identity, dst ? dst->identity : 0);
+	if (p->proxy) {
+		int r = to_proxy(skb, p, ep, dst);
+		if (r >= 0)
+			return r;
+	}
 	if (!direct) {
 		/* Not a local endpoint's: in tunnel mode, to the owner node
 		 * through the overlay when the ipcache names one. */

@@ -221,6 +221,9 @@ static __always_inline int ct_is_reply(const struct ct_entry *e, const struct fl
 /* CT_REV_NAT_SHIFT: ct_create's not_local carries the flow's reverse NAT
  * ID above this bit (24 bits: IDs below LB_MAX_IDS). */
 #define CT_REV_NAT_SHIFT 8
+/* CT_PROXY_SHIFT: ct_create's not_local carries the flow's PROXY_* in
+ * bits 5-7 (below PROXY_MAX * 2). */
+#define CT_PROXY_SHIFT 5
 
 /* ct_create makes the entry of a new flow, naming the local endpoints
  * that admitted it on sides a and b. not_local holds the CT_F_*_NOT_LOCAL
@@ -241,6 +244,7 @@ __attribute__((noinline)) int ct_create(const struct flow *f, const struct pkt *
 	e.tcp_flags = p->tcp_flags;
 	e.flags = not_local & (CT_F_A_NOT_LOCAL | CT_F_B_NOT_LOCAL);
 	e.rev_nat = not_local >> CT_REV_NAT_SHIFT;
+	e.proxy = (not_local >> CT_PROXY_SHIFT) & 7;
 	if (f->src_is_a)
 		e.flags |= CT_F_A_STARTED;
 	if (p->proto == IPPROTO_TCP_ && (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))

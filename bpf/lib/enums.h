@@ -55,6 +55,25 @@
 #define CT_F_A_NOT_LOCAL 0x08
 #define CT_F_B_NOT_LOCAL 0x10
 
+/* The node's transparent proxies a policy entry sends a flow to
+ * (policy_entry.proxy, ct_entry.proxy): 0 none. The agent writes each
+ * proxy's listening sockets into tdr_proxy_sockets_v1 at PROXY_SOCKET_KEY
+ * (the proxy, the protocol), so an entry names the proxy, not its port.
+ * go:const Proxy PROXY_ uint8 */
+#define PROXY_NONE 0
+#define PROXY_DNS 1 /* DNS rules (toPorts.rules.dns), UDP and TCP */
+#define PROXY_HTTP 2 /* HTTP rules (toPorts.rules.http), TCP */
+#define PROXY_MAX 4
+
+/* The mark from_pod gives a packet it assigned to a proxy's socket: the
+ * agent's policy routing rule delivers packets with it locally (table
+ * PROXY_MARK_TABLE holds "local default dev lo"), whatever their
+ * destination, so they reach the socket with their destination intact.
+ * go:const ProxyMark PROXY_MARK_ uint32 */
+#define PROXY_MARK_VALUE 0x0200
+#define PROXY_MARK_MASK 0x0F00
+#define PROXY_MARK_TABLE 2005
+
 /* Conntrack entry revocations (ct_entry.revoked), by side of the key: the
  * agent revoked the side's endpoint's admission of the flow (a policy
  * change denies it, --policy-revoke-established). The endpoint is no

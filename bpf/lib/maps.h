@@ -88,8 +88,12 @@ static __always_inline __u32 policy_slot(__u16 ep_id, __u8 dir, __u8 any)
 
 struct policy_entry {
 	__u8 deny;
-	/* POLICY_MATCH_* of the entry's key, written by the agent (0 in
-	 * entries of earlier agents: none), reported in verdict events. */
+	/* POLICY_MATCH_* of the entry's key in the low nibble, written by
+	 * the agent (0 in entries of earlier agents: none), reported in
+	 * verdict events; in the high nibble, for an allow whose port has L7
+	 * rules, the PROXY_* (enums.h) the flow goes to (egress only; 0:
+	 * none). One byte with the match: the policy lookup copies it whole
+	 * (its stack is on the pod programs' deepest call chain). */
 	__u8 match;
 	__u8 flags; /* POLICY_F_* (enums.h); 0 without audited policy */
 	__u8 pad;
@@ -134,7 +138,9 @@ struct ct_entry {
 	__u8 flags;     /* CT_F_* (enums.h) */
 	__u8 tcp_flags; /* every TCP flag seen, ORed */
 	__u8 revoked;   /* CT_REVOKED_* (enums.h), written by the agent */
-	__u8 pad;
+	/* PROXY_* (enums.h) the flow's initiator's egress policy sent it
+	 * to, when from_pod admitted it: its later packets go there too. */
+	__u8 proxy;
 	/* Reverse NAT ID of a flow the pod programs translated to a service
 	 * backend (lbnat.h): its replies get the frontend back as their
 	 * source. 0: none. Layout v1 (tdr_ct4_v1) held it in 16 bits, which
@@ -377,6 +383,29 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_encrypt_cidrs_v1 SEC(".maps");
+
+/* The L7 proxies' sockets and ports (see lib/proxy.h). */
+/* The proxies' UDP sockets, written by the agent (a socket leaves the map
+ * when it closes: while no proxy listens there is none). */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKMAP);
+	__type(key, __u32);   /* PROXY_SOCKET_KEY */
+	__type(value, __u64); /* the socket (its cookie when read) */
+	__uint(max_entries, PROXY_MAX * 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_proxy_sockets_v1 SEC(".maps");
+
+/* The proxies' TCP listening ports (host byte order; 0: none), by
+ * PROXY_*, written by the agent: the listener is looked up by its port in
+ * the node's namespace (this kernel refuses TCP listeners in a sockmap
+ * from user space), and taken only when it is listening. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, PROXY_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_proxy_ports_v1 SEC(".maps");
 
 /* Keep struct event and the policy key and entry in BTF so bpf2go generates
  * their Go types (the inner policy maps name only their sizes). */

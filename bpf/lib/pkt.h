@@ -34,6 +34,10 @@ struct pkt {
 	__be16 dport;
 	/* The port policy sees: the destination port, or the ICMP type. */
 	__be16 pport;
+	/* PROXY_* from_pod sends the packet to (bpf_lxc.c). In what was
+	 * padding: kept in the caller's frame, not in from_pod_flow's,
+	 * whose stack the policy's call chain has no room for. */
+	__u8 proxy;
 	__u32 len;
 	/* End of the IP packet: Ethernet padding after it is not header. */
 	__u32 l3_end;
@@ -48,6 +52,7 @@ _Static_assert(__builtin_offsetof(struct pkt, saddr) % 4 == 0 && __builtin_offse
 		       __builtin_offsetof(struct pkt, in_saddr) % 4 == 0 &&
 		       __builtin_offsetof(struct pkt, in_daddr) % 4 == 0,
 	       "struct pkt's addresses must be 4-byte aligned");
+_Static_assert(sizeof(struct pkt) == 104, "struct pkt grew: the pod programs' stack has no room");
 
 /* skb_data and skb_data_end load the packet pointers with the context
  * register and a constant offset in one instruction. Written in C, clang

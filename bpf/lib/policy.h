@@ -25,8 +25,13 @@ volatile const __u8 POLICY_VERDICT_EVENTS = 0;
 struct verdicts {
 	int e, a;
 	__u32 e_cookie, a_cookie;
-	__u8 e_match; /* POLICY_MATCH_* of the enforced view's allowing entry */
+	/* The enforced view's allowing entry's match byte: its
+	 * POLICY_MATCH_* and PROXY_* (policy_entry.match). */
+	__u8 e_match;
 };
+
+#define VERDICT_MATCH(m) ((m) & 0x0f)
+#define VERDICT_PROXY(m) ((m) >> 4)
 
 /* a_denies: the audit view denies at entry pe (an entry without flags is
  * an enforced one the audit view shares). */
@@ -187,8 +192,9 @@ static __always_inline void peer_key(struct ipcache_key *k, const struct pkt *p,
 
 /* policy decides a new flow for endpoint ep, which enforces direction dir
  * or audits it (or both): 0 to pass, -1 when denied (counted and
- * reported). peer_id is the identity of the other side, or 0 to look it
- * up in the ipcache. A global function, verified on its own (see parse in
+ * reported). On egress, the PROXY_* the enforced view's allowing entry
+ * names goes into p->proxy (0: none). peer_id is the identity of the other side, or 0 to look it up in the
+ * ipcache. A global function, verified on its own (see parse in
  * parse.h). */
 __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, const struct pkt *p, __u32 peer_id)
 {
@@ -237,10 +243,14 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 	if (aud && v.a) {
 		__u32 cookie = v.a == REASON_POLICY_DENY_RULE ? v.a_cookie : audit_cookie(ep_id, dir);
 		audit_pass(p, (__u32)dir << 8 | (__u32)ep_id << 16, src_id, dst_id, cookie);
-		return 0;
+		goto out;
 	}
 	if (enf && POLICY_VERDICT_EVENTS)
-		emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_ALLOWED, v.e_cookie, v.e_match);
+		emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_ALLOWED, v.e_cookie, VERDICT_MATCH(v.e_match));
+out:
+	/* The pod programs' egress redirect reads it from the packet. */
+	if (enf && dir == DIR_EGRESS)
+		((struct pkt *)p)->proxy = VERDICT_PROXY(v.e_match);
 	return 0;
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentidentity"
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
 	"github.com/tendril-net/tendril/pkg/agent/agentkv"
+	"github.com/tendril-net/tendril/pkg/agent/agentl7"
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
 	"github.com/tendril-net/tendril/pkg/agent/agentservices"
 	"github.com/tendril-net/tendril/pkg/agent/bgpcp"
@@ -77,6 +78,7 @@ func cells() []cell.Cell {
 		hostips.Cell,
 		agentpolicy.Cell,
 		agentfqdn.Cell, // the names the DNS proxy learned: restored into policy before its first regeneration
+		agentl7.Cell,   // the DNS and HTTP proxies the datapath redirects L7 ports to
 		agentendpoints.RegenerationCell,
 		agentdatapath.RestoredCell,
 		cgroupmeta.Cell, // pods by cgroup ID: socket-LB flows name their client pod

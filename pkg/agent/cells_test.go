@@ -31,7 +31,7 @@ import (
 // seeds: every step, with Kubernetes, the datapath and a kvstore.
 var seedsOrder = []string{
 	"config", "k8s-client", "bpf-maps", "lb-restore", "endpoint-restore-ipam", "k8s-node-writeback", "k8s-watchers",
-	"kvstore", "identity-restore", "host-ips-ct-gc", "policy-restore", "regenerate-restored",
+	"kvstore", "identity-restore", "host-ips-ct-gc", "policy-restore", "l7-proxies", "regenerate-restored",
 	"policy-regeneration", "metrics", "pprof", "hubble", "api-server",
 }
 

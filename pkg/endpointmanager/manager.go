@@ -226,6 +226,19 @@ func (m *Manager) lookupLocked(id string) (*endpoint.Endpoint, error) {
 	return nil, fmt.Errorf("%w: unknown ID prefix %q", ErrInvalidID, prefix)
 }
 
+// LookupAddr finds the local endpoint holding addr (a copy): the L7
+// proxies name a redirected flow's sender by it.
+func (m *Manager) LookupAddr(addr netip.Addr) (*endpoint.Endpoint, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, ep := range m.endpoints {
+		if addr.IsValid() && (ep.IPv4 == addr || ep.IPv6 == addr) {
+			return ep.Clone(), true
+		}
+	}
+	return nil, false
+}
+
 // IsNewID reports whether id asks the agent to assign an ID ("0",
 // "cilium-local:0").
 func IsNewID(id string) bool {

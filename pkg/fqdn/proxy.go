@@ -39,6 +39,10 @@ type ProxyConfig struct {
 	Learned func(ctx context.Context, src Source, name string, ips []netip.Addr, ttl uint32) error
 	// OrigDst is the query's original destination: where it is forwarded.
 	OrigDst func(w dns.ResponseWriter) netip.AddrPort
+	// Dial opens the connection a query is forwarded on (nil: the
+	// default dialer): the redirect's owner dials from the node's
+	// network namespace.
+	Dial func(network, addr string) (net.Conn, error)
 	// Flow receives the proxy's L7 flows (nil: none).
 	Flow func(*flowpb.Flow)
 	// Timeout bounds one forwarded exchange.
@@ -139,7 +143,20 @@ func (p *Proxy) forward(ctx context.Context, req *dns.Msg, dst netip.AddrPort, n
 	if network == "tcp" {
 		c.Net = "tcp"
 	}
-	resp, _, err := c.ExchangeContext(ctx, req, dst.String())
+	var resp *dns.Msg
+	var err error
+	if p.cfg.Dial != nil {
+		var conn net.Conn
+		conn, err = p.cfg.Dial(c.Net, dst.String())
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", dst, err)
+		}
+		co := &dns.Conn{Conn: conn, UDPSize: c.UDPSize}
+		defer co.Close()
+		resp, _, err = c.ExchangeWithConnContext(ctx, req, co)
+	} else {
+		resp, _, err = c.ExchangeContext(ctx, req, dst.String())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("exchange with %s: %w", dst, err)
 	}

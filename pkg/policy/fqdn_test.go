@@ -9,8 +9,8 @@ import (
 
 // toFQDNs select only the CIDR identities learned for their names; a
 // toFQDNs section with ports is not an L4-only (any peer) section; a port
-// with DNS rules is open at L4 to the DNS server; a port with HTTP rules
-// stays closed until the L7 proxy enforces it.
+// with DNS rules or HTTP rules is open to the peer, through the proxy
+// (TestL7RedirectEntries).
 func TestFQDNSelection(t *testing.T) {
 	world := Peer{ID: identity.LocalScope | 10, Labels: []string{"cidr:192.0.2.10/32"}, CIDR: netip.MustParsePrefix("192.0.2.10/32"), Names: []string{"world.example."}}
 	api1 := Peer{ID: identity.LocalScope | 11, Labels: []string{"cidr:192.0.2.11/32"}, CIDR: netip.MustParsePrefix("192.0.2.11/32"), Names: []string{"api-1.example."}}
@@ -48,7 +48,7 @@ func TestFQDNSelection(t *testing.T) {
 			{"unrelated pod on the FQDN port", xb.ID, 6, 80, false},
 			{"the world on the FQDN port", identity.World, 6, 80, false},
 			{"DNS port open at L4", xb.ID, 17, 53, true},
-			{"HTTP-rule port closed until the proxy enforces it", xb.ID, 6, 8080, false},
+			{"HTTP-rule port open, through the proxy", xb.ID, 6, 8080, true},
 		} {
 			got, _ := res.MapState.Allowed(Egress, c.id, c.proto, c.port)
 			if got != c.want {

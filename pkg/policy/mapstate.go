@@ -10,6 +10,7 @@ import (
 	"sort"
 
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
 // Directions.
@@ -35,9 +36,34 @@ type Entry struct {
 	// Views is, for an endpoint under audited policy (see mergeAudit),
 	// what each view has at the key: 0 for a shared entry. One byte, so an
 	// entry stays 8 bytes (map states are large and built often).
-	Views  ViewFlags
+	Views ViewFlags
+	// Proxy is the node's proxy an allowed egress flow goes to (ProxyDNS,
+	// ProxyHTTP): the port has L7 rules, which Result.L7 holds. 0: none.
+	// In what was padding: the entry stays 8 bytes.
+	Proxy  uint8
 	Cookie uint32
 }
+
+// The node's proxies, as the datapath numbers them (PROXY_* in
+// bpf/lib/enums.h).
+const (
+	ProxyNone uint8 = 0
+	ProxyDNS  uint8 = 1
+	ProxyHTTP uint8 = 2
+)
+
+// L7Rules are the L7 rules of the allows at one key with a proxy: the
+// union of every section's, or, when an allow without L7 rules covers the
+// key too, every name or request (the policies' union: an L4 allow of the
+// peer and port lets everything through, the proxy only observes).
+type L7Rules struct {
+	DNS      []api.PortRuleDNS
+	HTTP     []api.PortRuleHTTP
+	AllowAll bool
+}
+
+// L7Map holds the L7 rules of an endpoint's entries that name a proxy.
+type L7Map map[Key]*L7Rules
 
 // ViewFlags say what the enforced and the audit view of an audited
 // endpoint have at a key; the values are the datapath's POLICY_F_*.
@@ -145,7 +171,7 @@ func mergeAudit(e, a MapState, audited [2]bool) MapState {
 	for k := range keys {
 		ev, eok := longest(e, eIdx, k)
 		av, aok := longest(a, aIdx, k)
-		ent := Entry{Deny: ev.Deny, Cookie: ev.Cookie}
+		ent := Entry{Deny: ev.Deny, Cookie: ev.Cookie, Proxy: ev.Proxy}
 		if !eok {
 			ent.Views |= EnforcedNone
 		}
@@ -167,9 +193,49 @@ func mergeAudit(e, a MapState, audited [2]bool) MapState {
 
 func (m MapState) merge(k Key, e Entry) {
 	if cur, ok := m[k]; ok && (cur.Deny || !e.Deny) {
-		return // deny wins; an allow does not replace an allow
+		// Deny wins; an allow does not replace an allow, except that an
+		// allow with a proxy and one without make one with the proxy
+		// (its L7 rules then allow all: see resolveL7).
+		if !cur.Deny && !e.Deny && cur.Proxy == ProxyNone && e.Proxy != ProxyNone {
+			cur.Proxy = e.Proxy
+			m[k] = cur
+		}
+		return
 	}
 	m[k] = e
+}
+
+// resolveL7 settles the L7 rules of the entries that name a proxy: an
+// allow without a proxy at the same key or covering it (the same identity
+// or any identity, a shorter port prefix) opens the port to everything,
+// so the proxy allows every name or request there (it still observes);
+// the rules of keys whose entry names no proxy (a deny won) are dropped.
+func (m MapState) resolveL7(l7 L7Map, plain map[Key]bool) {
+	for k, r := range l7 {
+		e, ok := m[k]
+		if !ok || e.Deny || e.Proxy == ProxyNone {
+			delete(l7, k)
+			continue
+		}
+		if plain[k] {
+			r.AllowAll = true
+			continue
+		}
+		for ck, ce := range m {
+			if ck == k || ce.Deny || ce.Proxy != ProxyNone || ce.Views.Has(EnforcedNone) {
+				continue
+			}
+			if ck.Identity != k.Identity && ck.Identity != 0 {
+				continue
+			}
+			c := ck
+			c.Identity = k.Identity
+			if c.covers(k) {
+				r.AllowAll = true
+				break
+			}
+		}
+	}
 }
 
 // pruneCoveredAllows removes allows that a deny of the same identity covers:

@@ -90,6 +90,17 @@ type Result struct {
 	// audit view denies a flow no rule allows.
 	AuditIngress, AuditEgress bool
 	AuditCookie               [2]uint32
+	// L7 holds the L7 rules of the MapState entries that name a proxy
+	// (egress only): what the proxy enforces for flows the datapath
+	// sent it by that entry.
+	L7 L7Map
+}
+
+// l7Acc gathers the L7 rules of a resolution's allows and the keys also
+// allowed without L7 rules.
+type l7Acc struct {
+	rules L7Map
+	plain map[Key]bool
 }
 
 func namespaceOf(labels []string) string {
@@ -172,6 +183,7 @@ func (r *Repository) resolveViews(ep Endpoint, universe Universe, cache *Selecto
 
 func (r *Repository) resolve(ep Endpoint, rules []StoredRule, rev uint64, universe Universe, cache *SelectorCache, withAudited bool) Result {
 	res := Result{MapState: MapState{}, Revision: rev}
+	acc := &l7Acc{rules: L7Map{}, plain: map[Key]bool{}}
 	var ingressRules, egressRules, ingressDefaultDeny, egressDefaultDeny bool
 	epSet, epNS := newLabelSet(ep.Labels), namespaceOf(ep.Labels)
 	var selected []*api.Rule
@@ -196,16 +208,16 @@ func (r *Repository) resolve(ep Endpoint, rules []StoredRule, rev uint64, univer
 			}
 		}
 		for i, in := range rule.Ingress {
-			res.MapState.add(ingressSection(in), Ingress, false, s, ep, universe, cache, i)
+			res.MapState.add(ingressSection(in), Ingress, false, s, ep, universe, cache, i, acc)
 		}
 		for i, in := range rule.IngressDeny {
-			res.MapState.add(ingressSection(in), Ingress, true, s, ep, universe, cache, i)
+			res.MapState.add(ingressSection(in), Ingress, true, s, ep, universe, cache, i, acc)
 		}
 		for i, eg := range rule.Egress {
-			res.MapState.add(egressSection(eg), Egress, false, s, ep, universe, cache, i)
+			res.MapState.add(egressSection(eg), Egress, false, s, ep, universe, cache, i, acc)
 		}
 		for i, eg := range rule.EgressDeny {
-			res.MapState.add(egressSection(eg), Egress, true, s, ep, universe, cache, i)
+			res.MapState.add(egressSection(eg), Egress, true, s, ep, universe, cache, i, acc)
 		}
 	}
 	res.EnforceIngress, res.EnforceEgress = ingressRules, egressRules
@@ -233,6 +245,10 @@ func (r *Repository) resolve(ep Endpoint, rules []StoredRule, rev uint64, univer
 		}
 	}
 	res.MapState.pruneCoveredAllows()
+	res.MapState.resolveL7(acc.rules, acc.plain)
+	if len(acc.rules) > 0 {
+		res.L7 = acc.rules
+	}
 	return res
 }
 
@@ -283,7 +299,7 @@ func (r *Repository) localhostAllowed() bool {
 	return r.allowLocalhost
 }
 
-func (m MapState) add(s section, dir uint8, deny bool, rule StoredRule, ep Endpoint, universe Universe, cache *SelectorCache, idx int) {
+func (m MapState) add(s section, dir uint8, deny bool, rule StoredRule, ep Endpoint, universe Universe, cache *SelectorCache, idx int, acc *l7Acc) {
 	// Named ports name the endpoint's own ports on ingress, the peer's on
 	// egress: those resolve per selected peer below.
 	peerNamed := dir == Egress && s.hasNamedPorts()
@@ -316,7 +332,29 @@ func (m MapState) add(s section, dir uint8, deny bool, rule StoredRule, ep Endpo
 		named = nil
 	}
 	put := func(id identity.NumericIdentity, pk portKey) {
-		m.merge(Key{Identity: id, Direction: dir, Proto: pk.proto, Port: pk.port, PrefixLen: pk.prefixLen}, Entry{Deny: deny, Cookie: rule.ID})
+		k := Key{Identity: id, Direction: dir, Proto: pk.proto, Port: pk.port, PrefixLen: pk.prefixLen}
+		e := Entry{Deny: deny, Cookie: rule.ID}
+		switch {
+		case pk.proxy == ProxyNone:
+			if !deny {
+				acc.plain[k] = true
+			}
+		case dir == Ingress:
+			// Ingress L7 rules: the datapath redirects egress only, so
+			// the port is not opened at all (fail closed) rather than
+			// opened to every request.
+			return
+		default:
+			e.Proxy = pk.proxy
+			r := acc.rules[k]
+			if r == nil {
+				r = &L7Rules{}
+				acc.rules[k] = r
+			}
+			r.DNS = append(r.DNS, pk.rules.DNS...)
+			r.HTTP = append(r.HTTP, pk.rules.HTTP...)
+		}
+		m.merge(k, e)
 	}
 	ports := s.portKeys(named)
 	for _, id := range ids {

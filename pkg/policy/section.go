@@ -157,6 +157,10 @@ type portKey struct {
 	proto     uint8
 	port      uint16
 	prefixLen uint8
+	// proxy and rules: the port's L7 rules and the proxy that enforces
+	// them (ProxyNone, nil: none).
+	proxy uint8
+	rules *api.L7Rules
 }
 
 // hasNamedPorts reports whether any of the section's ports is a name.
@@ -191,12 +195,16 @@ func (s section) expandPorts(named map[string]NamedPort, onlyNamed bool) []portK
 	}
 	var out []portKey
 	for _, pr := range s.ports {
-		if pr.Rules != nil && len(pr.Rules.HTTP) > 0 {
-			// HTTP rules are enforced by the node's L7 proxy, which the
-			// datapath does not redirect to yet: until it does, the
-			// port is not opened at all (fail closed), rather than
-			// opened to every request.
-			continue
+		// A port with L7 rules goes to the node's proxy for them
+		// (validation allows them only on single numbered ports).
+		var proxy uint8
+		if pr.Rules != nil {
+			switch {
+			case len(pr.Rules.HTTP) > 0:
+				proxy = ProxyHTTP
+			case len(pr.Rules.DNS) > 0:
+				proxy = ProxyDNS
+			}
 		}
 		if len(pr.Ports) == 0 && !onlyNamed {
 			out = append(out, portKey{})
@@ -210,7 +218,7 @@ func (s section) expandPorts(named map[string]NamedPort, onlyNamed bool) []portK
 				protos, _, _, _ := pp.Parse()
 				for _, proto := range protos {
 					if proto == np.Proto {
-						out = append(out, portKey{proto, np.Port, 16})
+						out = append(out, portKey{proto: proto, port: np.Port, prefixLen: 16})
 					}
 				}
 				continue
@@ -224,11 +232,15 @@ func (s section) expandPorts(named map[string]NamedPort, onlyNamed bool) []portK
 			}
 			for _, proto := range protos {
 				if from == 0 {
-					out = append(out, portKey{proto, 0, 0})
+					out = append(out, portKey{proto: proto})
 					continue
 				}
 				for _, r := range portRangePrefixes(from, to) {
-					out = append(out, portKey{proto, r.port, r.prefixLen})
+					pk := portKey{proto: proto, port: r.port, prefixLen: r.prefixLen}
+					if proxy != ProxyNone {
+						pk.proxy, pk.rules = proxy, pr.Rules
+					}
+					out = append(out, pk)
 				}
 			}
 		}
@@ -242,7 +254,7 @@ func (s section) expandPorts(named map[string]NamedPort, onlyNamed bool) []portK
 			if f.Family == "IPv6" {
 				proto = api.ProtoICMP6
 			}
-			out = append(out, portKey{proto, uint16(f.Type.Value), 16})
+			out = append(out, portKey{proto: proto, port: uint16(f.Type.Value), prefixLen: 16})
 		}
 	}
 	return out

@@ -409,7 +409,7 @@ func (p *Module) Realize(ctx context.Context, ep *endpoint.Endpoint, pm PolicyMa
 		}
 		cur = policy.MapState{}
 		for k, v := range pinned {
-			cur[policy.Key{Identity: identity.NumericIdentity(k.Identity), Direction: k.Direction, Proto: k.Proto, Port: k.Port, PrefixLen: k.PortPrefixLen}] = policy.Entry{Deny: v.Deny, Cookie: v.Cookie, Views: viewFlags(v.Flags)}
+			cur[policy.Key{Identity: identity.NumericIdentity(k.Identity), Direction: k.Direction, Proto: k.Proto, Port: k.Port, PrefixLen: k.PortPrefixLen}] = policy.Entry{Deny: v.Deny, Cookie: v.Cookie, Views: viewFlags(v.Flags), Proxy: v.Proxy}
 		}
 	}
 	// Ordered so that no state in between is more permissive than both
@@ -511,12 +511,55 @@ func (p *Module) restore(context.Context) error {
 
 // mapValue is an entry as the datapath holds it.
 func mapValue(e policy.Entry) maps.PolicyValue {
-	return maps.PolicyValue{Deny: e.Deny, Cookie: e.Cookie, Flags: uint8(e.Views)}
+	return maps.PolicyValue{Deny: e.Deny, Cookie: e.Cookie, Flags: uint8(e.Views), Proxy: e.Proxy}
 }
 
 // viewFlags reads an entry's view flags back from the datapath's.
 func viewFlags(f uint8) policy.ViewFlags {
 	return policy.ViewFlags(f) & (policy.EnforcedNone | policy.AuditNone | policy.AuditDeny)
+}
+
+// The proxies are the datapath's PROXY_* values: a mismatch fails the
+// build.
+var _ = [1]struct{}{}[policy.ProxyDNS^maps.ProxyDns|policy.ProxyHTTP^maps.ProxyHttp]
+
+// L7Rules are the L7 rules the proxy enforces for a flow endpoint epID
+// sent to dst over proto that the datapath redirected: those of the
+// endpoint's egress entry for the peer's identity (its longest ipcache
+// prefix), else for the prefix a rule names, else for any peer, at the
+// port (L7 rules are only on single ports). Nil: none (the proxy refuses).
+func (p *Module) L7Rules(epID uint16, dst netip.AddrPort, proto uint8) *policy.L7Rules {
+	p.mu.Lock()
+	res, ok := p.results[epID]
+	p.mu.Unlock()
+	if !ok || len(res.L7) == 0 {
+		return nil
+	}
+	ids := []identity.NumericIdentity{identity.World}
+	if p.ipcache != nil {
+		for bits := dst.Addr().BitLen(); bits >= 0; bits-- {
+			if e, ok := p.ipcache.Lookup(netip.PrefixFrom(dst.Addr(), bits).Masked()); ok {
+				ids[0] = e.Identity
+				break
+			}
+		}
+	}
+	if p.policyCIDR != nil {
+		for bits := dst.Addr().BitLen(); bits >= 0; bits-- {
+			if id, ok := p.policyCIDR.Lookup(netip.PrefixFrom(dst.Addr(), bits).Masked()); ok {
+				ids = append(ids, id)
+				break
+			}
+		}
+	}
+	ids = append(ids, 0)
+	for _, id := range ids {
+		k := policy.Key{Identity: id, Direction: policy.Egress, Proto: proto, Port: dst.Port(), PrefixLen: 16}
+		if r := res.L7[k]; r != nil {
+			return r
+		}
+	}
+	return nil
 }
 
 // The view flags are the datapath's POLICY_F_* values: a mismatch fails

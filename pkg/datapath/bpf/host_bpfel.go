@@ -41,7 +41,7 @@ type HostCtEntry struct {
 	Flags    uint8
 	TcpFlags uint8
 	Revoked  uint8
-	Pad      uint8
+	Proxy    uint8
 	RevNat   uint32
 	Pad2     uint32
 }
@@ -385,6 +385,8 @@ const (
 	HostMapTdrNomasqV1           = "tdr_nomasq_v1"
 	HostMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	HostMapTdrPolicyV2           = "tdr_policy_v2"
+	HostMapTdrProxyPortsV1       = "tdr_proxy_ports_v1"
+	HostMapTdrProxySocketsV1     = "tdr_proxy_sockets_v1"
 	HostMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	HostMapTdrTunnelV1           = "tdr_tunnel_v1"
 	HostProgFromNetdev           = "from_netdev"
@@ -488,6 +490,8 @@ type HostMapSpecs struct {
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
+	TdrProxyPortsV1   *ebpf.MapSpec `ebpf:"tdr_proxy_ports_v1"`
+	TdrProxySocketsV1 *ebpf.MapSpec `ebpf:"tdr_proxy_sockets_v1"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
 	TdrTunnelV1       *ebpf.MapSpec `ebpf:"tdr_tunnel_v1"`
 }
@@ -565,6 +569,8 @@ type HostMaps struct {
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
+	TdrProxyPortsV1   *ebpf.Map `ebpf:"tdr_proxy_ports_v1"`
+	TdrProxySocketsV1 *ebpf.Map `ebpf:"tdr_proxy_sockets_v1"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
 	TdrTunnelV1       *ebpf.Map `ebpf:"tdr_tunnel_v1"`
 }
@@ -606,6 +612,8 @@ func (m *HostMaps) Close() error {
 		m.TdrNomasqV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
+		m.TdrProxyPortsV1,
+		m.TdrProxySocketsV1,
 		m.TdrRatelimitV2,
 		m.TdrTunnelV1,
 	)

@@ -41,7 +41,7 @@ type LxcCtEntry struct {
 	Flags    uint8
 	TcpFlags uint8
 	Revoked  uint8
-	Pad      uint8
+	Proxy    uint8
 	RevNat   uint32
 	Pad2     uint32
 }
@@ -385,6 +385,8 @@ const (
 	LxcMapTdrNomasqV1           = "tdr_nomasq_v1"
 	LxcMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	LxcMapTdrPolicyV2           = "tdr_policy_v2"
+	LxcMapTdrProxyPortsV1       = "tdr_proxy_ports_v1"
+	LxcMapTdrProxySocketsV1     = "tdr_proxy_sockets_v1"
 	LxcMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	LxcMapTdrTunnelV1           = "tdr_tunnel_v1"
 	LxcProgFromPod              = "from_pod"
@@ -483,6 +485,8 @@ type LxcMapSpecs struct {
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
+	TdrProxyPortsV1   *ebpf.MapSpec `ebpf:"tdr_proxy_ports_v1"`
+	TdrProxySocketsV1 *ebpf.MapSpec `ebpf:"tdr_proxy_sockets_v1"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
 	TdrTunnelV1       *ebpf.MapSpec `ebpf:"tdr_tunnel_v1"`
 }
@@ -555,6 +559,8 @@ type LxcMaps struct {
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
+	TdrProxyPortsV1   *ebpf.Map `ebpf:"tdr_proxy_ports_v1"`
+	TdrProxySocketsV1 *ebpf.Map `ebpf:"tdr_proxy_sockets_v1"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
 	TdrTunnelV1       *ebpf.Map `ebpf:"tdr_tunnel_v1"`
 }
@@ -595,6 +601,8 @@ func (m *LxcMaps) Close() error {
 		m.TdrNomasqV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
+		m.TdrProxyPortsV1,
+		m.TdrProxySocketsV1,
 		m.TdrRatelimitV2,
 		m.TdrTunnelV1,
 	)

@@ -41,7 +41,7 @@ type OverlayCtEntry struct {
 	Flags    uint8
 	TcpFlags uint8
 	Revoked  uint8
-	Pad      uint8
+	Proxy    uint8
 	RevNat   uint32
 	Pad2     uint32
 }
@@ -343,6 +343,8 @@ const (
 	OverlayMapTdrNomasqV1           = "tdr_nomasq_v1"
 	OverlayMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	OverlayMapTdrPolicyV2           = "tdr_policy_v2"
+	OverlayMapTdrProxyPortsV1       = "tdr_proxy_ports_v1"
+	OverlayMapTdrProxySocketsV1     = "tdr_proxy_sockets_v1"
 	OverlayMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	OverlayMapTdrTunnelV1           = "tdr_tunnel_v1"
 	OverlayProgFromOverlay          = "from_overlay"
@@ -441,6 +443,8 @@ type OverlayMapSpecs struct {
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
+	TdrProxyPortsV1   *ebpf.MapSpec `ebpf:"tdr_proxy_ports_v1"`
+	TdrProxySocketsV1 *ebpf.MapSpec `ebpf:"tdr_proxy_sockets_v1"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
 	TdrTunnelV1       *ebpf.MapSpec `ebpf:"tdr_tunnel_v1"`
 }
@@ -513,6 +517,8 @@ type OverlayMaps struct {
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
+	TdrProxyPortsV1   *ebpf.Map `ebpf:"tdr_proxy_ports_v1"`
+	TdrProxySocketsV1 *ebpf.Map `ebpf:"tdr_proxy_sockets_v1"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
 	TdrTunnelV1       *ebpf.Map `ebpf:"tdr_tunnel_v1"`
 }
@@ -553,6 +559,8 @@ func (m *OverlayMaps) Close() error {
 		m.TdrNomasqV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
+		m.TdrProxyPortsV1,
+		m.TdrProxySocketsV1,
 		m.TdrRatelimitV2,
 		m.TdrTunnelV1,
 	)

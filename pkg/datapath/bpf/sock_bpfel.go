@@ -41,7 +41,7 @@ type SockCtEntry struct {
 	Flags    uint8
 	TcpFlags uint8
 	Revoked  uint8
-	Pad      uint8
+	Proxy    uint8
 	RevNat   uint32
 	Pad2     uint32
 }
@@ -343,6 +343,8 @@ const (
 	SockMapTdrNomasqV1           = "tdr_nomasq_v1"
 	SockMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	SockMapTdrPolicyV2           = "tdr_policy_v2"
+	SockMapTdrProxyPortsV1       = "tdr_proxy_ports_v1"
+	SockMapTdrProxySocketsV1     = "tdr_proxy_sockets_v1"
 	SockMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	SockMapTdrTunnelV1           = "tdr_tunnel_v1"
 	SockProgSockConnect4         = "sock_connect4"
@@ -452,6 +454,8 @@ type SockMapSpecs struct {
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
+	TdrProxyPortsV1   *ebpf.MapSpec `ebpf:"tdr_proxy_ports_v1"`
+	TdrProxySocketsV1 *ebpf.MapSpec `ebpf:"tdr_proxy_sockets_v1"`
 	TdrRatelimitV2    *ebpf.MapSpec `ebpf:"tdr_ratelimit_v2"`
 	TdrTunnelV1       *ebpf.MapSpec `ebpf:"tdr_tunnel_v1"`
 }
@@ -523,6 +527,8 @@ type SockMaps struct {
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
+	TdrProxyPortsV1   *ebpf.Map `ebpf:"tdr_proxy_ports_v1"`
+	TdrProxySocketsV1 *ebpf.Map `ebpf:"tdr_proxy_sockets_v1"`
 	TdrRatelimitV2    *ebpf.Map `ebpf:"tdr_ratelimit_v2"`
 	TdrTunnelV1       *ebpf.Map `ebpf:"tdr_tunnel_v1"`
 }
@@ -563,6 +569,8 @@ func (m *SockMaps) Close() error {
 		m.TdrNomasqV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
+		m.TdrProxyPortsV1,
+		m.TdrProxySocketsV1,
 		m.TdrRatelimitV2,
 		m.TdrTunnelV1,
 	)

@@ -44,6 +44,9 @@ type CTEntry struct {
 	// RevNAT is the reverse NAT ID of a flow the per-packet service NAT
 	// translated (Dst is then the backend); 0: not translated.
 	RevNAT uint32
+	// Proxy is the node's proxy (Proxy*) the flow's egress policy sent it
+	// to; 0: none.
+	Proxy uint8
 	// SrcRevoked and DstRevoked: the agent revoked the admission of the
 	// local endpoint on that side (Revoke); its policy checks every
 	// packet of the flow as new, and never admits it again.
@@ -142,7 +145,7 @@ func (e CTEntry) value() bpf.LxcCtEntry {
 
 // fromRaw orients a stored entry: the side that started the flow is Src.
 func fromRaw(proto uint8, a netip.Addr, aPort uint16, b netip.Addr, bPort uint16, v bpf.LxcCtEntry) CTEntry {
-	e := CTEntry{Proto: proto, Expires: v.Expires, Flags: v.Flags & (CTFlagSeenReply | CTFlagClosing), TCPFlags: v.TcpFlags, RevNAT: v.RevNat}
+	e := CTEntry{Proto: proto, Expires: v.Expires, Flags: v.Flags & (CTFlagSeenReply | CTFlagClosing), TCPFlags: v.TcpFlags, RevNAT: v.RevNat, Proxy: v.Proxy}
 	aStarted := v.Flags&CTFlagAStarted != 0
 	if (v.Flags&CTFlagANotLocal != 0 && aStarted) || (v.Flags&CTFlagBNotLocal != 0 && !aStarted) {
 		e.Flags |= CTFlagSrcNotLocal

@@ -55,6 +55,29 @@ const (
 	CTFlagBNotLocal uint8 = 0x10 // CT_F_B_NOT_LOCAL
 )
 
+// The node's transparent proxies a policy entry sends a flow to
+// (policy_entry.proxy, ct_entry.proxy): 0 none. The agent writes each
+// proxy's listening sockets into tdr_proxy_sockets_v1 at PROXY_SOCKET_KEY
+// (the proxy, the protocol), so an entry names the proxy, not its port.
+// From PROXY_* of bpf/lib/enums.h.
+const (
+	ProxyNone uint8 = 0 // PROXY_NONE
+	ProxyDns  uint8 = 1 // PROXY_DNS: DNS rules (toPorts.rules.dns), UDP and TCP
+	ProxyHttp uint8 = 2 // PROXY_HTTP: HTTP rules (toPorts.rules.http), TCP
+	ProxyMax  uint8 = 4 // PROXY_MAX
+)
+
+// The mark from_pod gives a packet it assigned to a proxy's socket: the
+// agent's policy routing rule delivers packets with it locally (table
+// PROXY_MARK_TABLE holds "local default dev lo"), whatever their
+// destination, so they reach the socket with their destination intact.
+// From PROXY_MARK_* of bpf/lib/enums.h.
+const (
+	ProxyMarkValue uint32 = 0x0200 // PROXY_MARK_VALUE
+	ProxyMarkMask  uint32 = 0x0F00 // PROXY_MARK_MASK
+	ProxyMarkTable uint32 = 2005   // PROXY_MARK_TABLE
+)
+
 // Conntrack entry revocations (ct_entry.revoked), by side of the key: the
 // agent revoked the side's endpoint's admission of the flow (a policy
 // change denies it, --policy-revoke-established). The endpoint is no

@@ -60,7 +60,18 @@ type PolicyValue struct {
 	// Flags (PolicyFlag*) say what the enforced and the audit view have at
 	// the key, for an endpoint under audited policy; 0 otherwise.
 	Flags uint8
+	// Proxy (Proxy*) is the node's proxy an allowed egress flow goes to:
+	// its port has L7 rules. 0: none. The datapath holds it in the high
+	// nibble of the entry's match byte (bpf/lib/maps.h).
+	Proxy uint8
 }
+
+// entryMatch is an entry's match byte: the key's match type and the
+// proxy.
+func entryMatch(k PolicyKey, v PolicyValue) uint8 { return k.MatchType() | v.Proxy<<4 }
+
+// entryProxy reads the proxy back from an entry's match byte.
+func entryProxy(match uint8) uint8 { return match >> 4 }
 
 // MatchType is what the key matches (PolicyMatch*), which the datapath
 // reports in the verdict events of the flows it allows.
@@ -218,7 +229,7 @@ func (m *PolicyMap) Upsert(k PolicyKey, v PolicyValue) error {
 	if err != nil {
 		return err
 	}
-	val := bpf.LxcPolicyEntry{Cookie: v.Cookie, Match: k.MatchType(), Flags: v.Flags}
+	val := bpf.LxcPolicyEntry{Cookie: v.Cookie, Match: entryMatch(k, v), Flags: v.Flags}
 	if v.Deny {
 		val.Deny = 1
 	}
@@ -267,7 +278,7 @@ func (m *PolicyMap) Lookup(k PolicyKey) (PolicyValue, bool, error) {
 	ok := false
 	err = m.iterateSlots([]uint32{k.slot()}, func(_ uint32, r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
 		if r == want {
-			found, ok = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie, Flags: v.Flags}, true
+			found, ok = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie, Flags: v.Flags, Proxy: entryProxy(v.Match)}, true
 			return false
 		}
 		return true
@@ -319,7 +330,7 @@ func (m *PolicyMap) Decide(ep uint16, dir uint8, identity uint32, proto uint8, p
 	}
 	for _, e := range []*bpf.LxcPolicyEntry{exact, anyID} {
 		if e != nil {
-			return PolicyValue{Cookie: e.Cookie}, true, nil
+			return PolicyValue{Cookie: e.Cookie, Proxy: entryProxy(e.Match)}, true, nil
 		}
 	}
 	return v, false, nil
@@ -396,7 +407,7 @@ func (m *PolicyMap) Iterate(fn func(PolicyKey, PolicyValue) bool) error {
 		return err
 	}
 	return m.iterateSlots(slots, func(slot uint32, r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
-		return fn(fromRawPolicyKey(slot, r), PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie, Flags: v.Flags})
+		return fn(fromRawPolicyKey(slot, r), PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie, Flags: v.Flags, Proxy: entryProxy(v.Match)})
 	})
 }
 
@@ -408,7 +419,7 @@ func (m *PolicyMap) DumpEndpoint(id uint16) (map[PolicyKey]PolicyValue, error) {
 		return nil, err
 	}
 	err = m.iterateSlots(slots, func(slot uint32, r bpf.LxcPolicyKey, v bpf.LxcPolicyEntry) bool {
-		out[fromRawPolicyKey(slot, r)] = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie, Flags: v.Flags}
+		out[fromRawPolicyKey(slot, r)] = PolicyValue{Deny: v.Deny != 0, Cookie: v.Cookie, Flags: v.Flags, Proxy: entryProxy(v.Match)}
 		return true
 	})
 	return out, err

@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Tendril datapath: the redirect of a pod's flow to one of the node's
+ * transparent proxies (the DNS proxy, the HTTP proxy), for flows whose
+ * egress policy entry names one (policy_entry.proxy, remembered in the
+ * flow's ct_entry.proxy). The packet keeps its addresses and ports: it is
+ * assigned to the proxy's socket (bpf_sk_assign) and marked so that the
+ * agent's routing rule delivers it locally, and the proxy reads the
+ * original destination from the socket (IP_TRANSPARENT: the accepted
+ * connection's local address, a datagram's IP_ORIGDSTADDR). */
+#ifndef TDR_PROXY_H
+#define TDR_PROXY_H
+
+#include "common.h"
+#include "pkt.h"
+#include "maps.h"
+
+/* PROXY_SOCKET_KEY is the slot of proxy's socket for a protocol: TCP at
+ * even keys, UDP at odd ones. */
+#define PROXY_SOCKET_KEY(proxy, proto) ((__u32)(proxy) * 2 + ((proto) == IPPROTO_UDP_ ? 1 : 0))
+
+/* proxy_redirect hands an IPv4 packet of a flow sent to proxy to that
+ * proxy's socket: a TCP packet of a connection the proxy already holds
+ * (or is accepting) is only marked, the stack finds its socket; a TCP
+ * packet opening one is assigned to the proxy's listener, a UDP packet to
+ * its socket. It returns TC_ACT_OK, or -1 when no proxy socket can take
+ * the packet (the caller decides: the proxy is not running). A global
+ * function, verified once. */
+__attribute__((noinline)) int proxy_redirect(struct __sk_buff *skb, const struct pkt *p, __u32 proxy)
+{
+	if (!skb || !p)
+		return -1;
+	if (p->family != FAMILY_V4)
+		return -1;
+	struct bpf_sock *sk;
+	if (p->proto == IPPROTO_TCP_) {
+		struct bpf_sock_tuple t = {};
+		__builtin_memcpy(&t.ipv4.saddr, p->saddr, 4);
+		__builtin_memcpy(&t.ipv4.daddr, p->daddr, 4);
+		t.ipv4.sport = p->sport;
+		t.ipv4.dport = p->dport;
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		if (sk) {
+			/* A listener matched by port alone is some host
+			 * service's, not the proxy's connection. */
+			int held = sk->state != BPF_TCP_LISTEN;
+			bpf_sk_release(sk);
+			if (held) {
+				skb->mark = PROXY_MARK_VALUE;
+				return TC_ACT_OK;
+			}
+		}
+		__u32 *port = bpf_map_lookup_elem(&tdr_proxy_ports_v1, &proxy);
+		if (!port || !*port || *port > 0xffff)
+			return -1;
+		t.ipv4.dport = bpf_htons((__u16)*port);
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		if (!sk)
+			return -1;
+		if (sk->state != BPF_TCP_LISTEN) {
+			bpf_sk_release(sk);
+			return -1;
+		}
+	} else if (p->proto == IPPROTO_UDP_) {
+		__u32 key = PROXY_SOCKET_KEY(proxy, IPPROTO_UDP_);
+		sk = bpf_map_lookup_elem(&tdr_proxy_sockets_v1, &key);
+		if (!sk)
+			return -1;
+	} else {
+		return -1;
+	}
+	long r = bpf_sk_assign(skb, sk, 0);
+	bpf_sk_release(sk);
+	if (r)
+		return -1;
+	skb->mark = PROXY_MARK_VALUE;
+	return TC_ACT_OK;
+}
+
+#endif

@@ -1,0 +1,497 @@
+// Package l7redirect is the node's side of the datapath's L7 redirect:
+// the transparent listeners of the DNS proxy (UDP and TCP) and of the HTTP
+// proxy, their sockets in the datapath's tdr_proxy_sockets_v1 (from_pod
+// assigns a redirected flow's packets to them, bpf/lib/proxy.h), and the
+// policy routing rule that delivers those packets locally whatever their
+// destination. Packets keep their addresses: a listener reads the flow's
+// original destination from the socket (IP_TRANSPARENT: an accepted
+// connection's local address, a datagram's IP_ORIGDSTADDR) and answers
+// from it, so the pod sees its peer answer.
+//
+// The proxies name the sender by its source address through the endpoint
+// table. That address is the pod's own: from_pod drops any packet whose
+// source is not its endpoint's address (anti-spoofing) before it redirects
+// anything, and only packets of from_pod reach these sockets (the mark and
+// the assignment are the datapath's).
+package l7redirect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	flowpb "github.com/cilium/cilium/api/v1/flow"
+	"github.com/cilium/ebpf"
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/tendril-net/tendril/pkg/datapath/bpf"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/fqdn"
+	"github.com/tendril-net/tendril/pkg/l7proxy"
+	"github.com/tendril-net/tendril/pkg/policy"
+	"github.com/tendril-net/tendril/pkg/policy/api"
+)
+
+// Sender is the local endpoint a redirected flow came from.
+type Sender struct {
+	EndpointID uint16
+	Identity   uint32
+}
+
+// Config is what the redirect asks of the agent.
+type Config struct {
+	// BPFRoot is the node's BPF root, where tdr_proxy_sockets_v1 is
+	// pinned.
+	BPFRoot string
+	// DNSPort and HTTPPort are the proxies' ports (0: any free one).
+	DNSPort, HTTPPort uint16
+	// Endpoint names the local endpoint sending from addr.
+	Endpoint func(addr netip.Addr) (Sender, bool)
+	// Rules are the L7 rules of the sender's egress entry that sent a
+	// flow to dst over proto to the proxy (nil: none, everything is
+	// refused).
+	Rules func(ep uint16, dst netip.AddrPort, proto uint8) *policy.L7Rules
+	// DNS is the DNS proxy's configuration as the FQDN cell gives it
+	// (Learned, Flow, Log); the rest is filled here.
+	DNS fqdn.ProxyConfig
+	// HTTPFlow receives the HTTP proxy's L7 flows (nil: none).
+	HTTPFlow func(*flowpb.Flow)
+	// InNodeNS runs fn where the proxies' own sockets (upstream
+	// connections, UDP answers) must be made: in the node's network
+	// namespace. Nil: the calling thread's (the agent runs in the node's).
+	InNodeNS func(fn func() error) error
+	Log      *slog.Logger
+}
+
+// Redirect is the running listeners.
+type Redirect struct {
+	cfg      Config
+	log      *slog.Logger
+	sockets  *ebpf.Map
+	ports    *ebpf.Map
+	dnsUDP   *net.UDPConn
+	dnsTCP   net.Listener
+	http     net.Listener
+	dnsSrv   *dns.Server
+	dnsProxy *fqdn.Proxy
+	httpPx   *l7proxy.HTTPProxy
+	wg       sync.WaitGroup
+}
+
+// Start opens the listeners in the calling thread's network namespace
+// (the node's), installs the routing rule, puts the sockets in the
+// datapath's map and serves until Close.
+func Start(cfg Config) (*Redirect, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.InNodeNS == nil {
+		cfg.InNodeNS = func(fn func() error) error { return fn() }
+	}
+	r := &Redirect{cfg: cfg, log: cfg.Log}
+	var err error
+	r.sockets, err = ebpf.LoadPinnedMap(filepath.Join(cfg.BPFRoot, bpf.LxcMapTdrProxySocketsV1), nil)
+	if err != nil {
+		return nil, fmt.Errorf("open the proxies' socket map under %s: %w", cfg.BPFRoot, err)
+	}
+	if err := r.listen(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	if err := InstallRoute(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	if err := r.putSocket(maps.ProxyDns, unix.IPPROTO_UDP, r.dnsUDP); err != nil {
+		r.Close()
+		return nil, err
+	}
+	// TCP listeners are found by their port (bpf/lib/proxy.h).
+	r.ports, err = ebpf.LoadPinnedMap(filepath.Join(cfg.BPFRoot, bpf.LxcMapTdrProxyPortsV1), nil)
+	if err != nil {
+		r.Close()
+		return nil, fmt.Errorf("open the proxies' port map under %s: %w", cfg.BPFRoot, err)
+	}
+	for proxy, l := range map[uint8]net.Listener{maps.ProxyDns: r.dnsTCP, maps.ProxyHttp: r.http} {
+		if err := r.ports.Update(uint32(proxy), uint32(l.Addr().(*net.TCPAddr).Port), ebpf.UpdateAny); err != nil {
+			r.Close()
+			return nil, fmt.Errorf("put the TCP port of proxy %d in the datapath's map: %w", proxy, err)
+		}
+	}
+	r.serve()
+	return r, nil
+}
+
+// SocketKey is the datapath's PROXY_SOCKET_KEY.
+func SocketKey(proxy, proto uint8) uint32 {
+	k := uint32(proxy) * 2
+	if proto == unix.IPPROTO_UDP {
+		k++
+	}
+	return k
+}
+
+func (r *Redirect) putSocket(proxy, proto uint8, c syscall.Conn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var uerr error
+	if err := raw.Control(func(fd uintptr) {
+		uerr = r.sockets.Update(SocketKey(proxy, proto), uint64(fd), ebpf.UpdateAny)
+	}); err != nil {
+		return err
+	}
+	if uerr != nil {
+		return fmt.Errorf("put the socket of proxy %d (protocol %d) in the datapath's map: %w", proxy, proto, uerr)
+	}
+	return nil
+}
+
+// transparent lets a socket take packets for any address and answer
+// from it (IP_TRANSPARENT), and a datagram socket read each packet's
+// original destination.
+func transparent(network string, udp bool) func(string, string, syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+			if serr == nil && udp {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_RECVORIGDSTADDR, 1)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("transparent %s socket: %w", network, serr)
+		}
+		return nil
+	}
+}
+
+func (r *Redirect) listen() error {
+	ctx := context.Background()
+	udp := net.ListenConfig{Control: transparent("udp4", true)}
+	tcp := net.ListenConfig{Control: transparent("tcp4", false)}
+	pc, err := udp.ListenPacket(ctx, "udp4", fmt.Sprintf("0.0.0.0:%d", r.cfg.DNSPort))
+	if err != nil {
+		return fmt.Errorf("DNS proxy UDP listener: %w", err)
+	}
+	r.dnsUDP = pc.(*net.UDPConn)
+	if r.dnsTCP, err = tcp.Listen(ctx, "tcp4", fmt.Sprintf("0.0.0.0:%d", r.cfg.DNSPort)); err != nil {
+		return fmt.Errorf("DNS proxy TCP listener: %w", err)
+	}
+	if r.http, err = tcp.Listen(ctx, "tcp4", fmt.Sprintf("0.0.0.0:%d", r.cfg.HTTPPort)); err != nil {
+		return fmt.Errorf("HTTP proxy listener: %w", err)
+	}
+	return nil
+}
+
+// Ports are the proxies' listening ports.
+func (r *Redirect) Ports() (dnsPort, httpPort uint16) {
+	return uint16(r.dnsUDP.LocalAddr().(*net.UDPAddr).Port), uint16(r.http.Addr().(*net.TCPAddr).Port)
+}
+
+// InstallRoute makes packets with the datapath's proxy mark local
+// deliveries (a rule to PROXY_MARK_TABLE, whose default route is local).
+// Idempotent.
+func InstallRoute() error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("proxy route: %w", err)
+	}
+	_, all, _ := net.ParseCIDR("0.0.0.0/0")
+	rt := &netlink.Route{Dst: all, LinkIndex: lo.Attrs().Index, Table: int(maps.ProxyMarkTable), Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST}
+	if err := netlink.RouteReplace(rt); err != nil {
+		return fmt.Errorf("proxy route in table %d: %w", maps.ProxyMarkTable, err)
+	}
+	rule := netlink.NewRule()
+	rule.Family = unix.AF_INET
+	rule.Mark = maps.ProxyMarkValue
+	mask := maps.ProxyMarkMask
+	rule.Mask = &mask
+	rule.Table = int(maps.ProxyMarkTable)
+	rule.Priority = 9
+	if err := netlink.RuleAdd(rule); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("proxy routing rule: %w", err)
+	}
+	return nil
+}
+
+func (r *Redirect) sender(addr netip.Addr) (Sender, bool) { return r.cfg.Endpoint(addr.Unmap()) }
+
+func (r *Redirect) serve() {
+	dcfg := r.cfg.DNS
+	if dcfg.Log == nil {
+		dcfg.Log = r.log
+	}
+	dcfg.Endpoint = func(a netip.Addr) (fqdn.Source, bool) {
+		s, ok := r.sender(a)
+		return fqdn.Source{EndpointID: s.EndpointID, Identity: s.Identity}, ok
+	}
+	dcfg.Rules = func(ep uint16, dst netip.AddrPort) []api.PortRuleDNS {
+		var out []api.PortRuleDNS
+		for _, proto := range []uint8{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			rules := r.cfg.Rules(ep, dst, proto)
+			if rules == nil {
+				continue
+			}
+			if rules.AllowAll {
+				return []api.PortRuleDNS{{MatchPattern: "*"}}
+			}
+			out = append(out, rules.DNS...)
+		}
+		return out
+	}
+	dcfg.OrigDst = func(w dns.ResponseWriter) netip.AddrPort {
+		if u, ok := w.(*udpWriter); ok {
+			return u.orig
+		}
+		return addrPort(w.LocalAddr())
+	}
+	dcfg.Dial = r.dial
+	r.dnsProxy = fqdn.NewProxy(dcfg)
+	r.httpPx = l7proxy.NewHTTP(l7proxy.Config{
+		Rules: func(src l7proxy.Source, dst netip.AddrPort) []api.PortRuleHTTP {
+			rules := r.cfg.Rules(src.EndpointID, dst, unix.IPPROTO_TCP)
+			if rules == nil {
+				return nil
+			}
+			if rules.AllowAll {
+				return []api.PortRuleHTTP{{}}
+			}
+			return rules.HTTP
+		},
+		Dial: func(dst netip.AddrPort) (net.Conn, error) { return r.dial("tcp", dst.String()) },
+		Flow: r.cfg.HTTPFlow,
+		Log:  r.log,
+	})
+	tcpPort := uint16(r.dnsTCP.Addr().(*net.TCPAddr).Port)
+	r.dnsSrv = &dns.Server{Listener: r.dnsTCP, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
+		if addrPort(w.LocalAddr()).Port() == tcpPort {
+			// Sent to the listener directly (see direct).
+			_ = w.Close()
+			return
+		}
+		r.dnsProxy.ServeDNS(w, req)
+	})}
+	r.wg.Add(3)
+	go func() {
+		defer r.wg.Done()
+		if err := r.dnsSrv.ActivateAndServe(); err != nil && !errors.Is(err, net.ErrClosed) {
+			r.log.Debug("DNS proxy TCP server stopped", "error", err)
+		}
+	}()
+	go func() {
+		defer r.wg.Done()
+		r.serveUDP()
+	}()
+	go func() {
+		defer r.wg.Done()
+		r.serveHTTP()
+	}()
+}
+
+// dial opens an upstream connection from the node's namespace.
+func (r *Redirect) dial(network, addr string) (c net.Conn, err error) {
+	err = r.cfg.InNodeNS(func() error {
+		c, err = net.DialTimeout(network, addr, 5*time.Second)
+		return err
+	})
+	return c, err
+}
+
+func addrPort(a net.Addr) netip.AddrPort {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		return a.AddrPort()
+	case *net.UDPAddr:
+		return a.AddrPort()
+	}
+	return netip.AddrPort{}
+}
+
+func (r *Redirect) serveHTTP() {
+	for {
+		c, err := r.http.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			src, ok := r.sender(addrPort(c.RemoteAddr()).Addr())
+			if !ok {
+				// Not a local endpoint's: nothing here may proxy it.
+				r.log.Debug("HTTP proxy: connection from no local endpoint", "src", c.RemoteAddr())
+				c.Close()
+				return
+			}
+			// The accepted socket's local address is the flow's
+			// original destination (IP_TRANSPARENT).
+			dst := addrPort(c.LocalAddr())
+			dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+			if r.direct(dst, r.http) {
+				r.log.Debug("HTTP proxy: a connection to the proxy itself, not redirected", "src", c.RemoteAddr())
+				c.Close()
+				return
+			}
+			r.httpPx.ServeConn(c, l7proxy.Source{EndpointID: src.EndpointID, Identity: src.Identity}, dst)
+		}()
+	}
+}
+
+// serveUDP reads redirected queries; each carries its original
+// destination (IP_ORIGDSTADDR), where it is forwarded and whence the
+// answer is sent.
+func (r *Redirect) serveUDP() {
+	buf := make([]byte, dns.MaxMsgSize)
+	oob := make([]byte, 256)
+	for {
+		n, oobn, _, from, err := r.dnsUDP.ReadMsgUDPAddrPort(buf, oob)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		orig, ok := origDst(oob[:oobn])
+		if !ok || r.direct(orig, nil) {
+			r.log.Debug("DNS proxy: a datagram not redirected by the datapath", "src", from)
+			continue
+		}
+		req := new(dns.Msg)
+		if err := req.Unpack(buf[:n]); err != nil {
+			continue
+		}
+		w := &udpWriter{orig: orig, from: netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), inNS: r.cfg.InNodeNS}
+		go r.dnsProxy.ServeDNS(w, req)
+	}
+}
+
+// direct reports whether a flow's original destination is the proxy's
+// own port (the DNS proxy's when l is nil): the datapath redirects flows
+// to their policy's port, so this one was sent to the listener directly
+// (from anywhere that reaches the node's address, not through a pod's
+// from_pod and its anti-spoofing) and is not served.
+func (r *Redirect) direct(dst netip.AddrPort, l net.Listener) bool {
+	dnsPort, httpPort := r.Ports()
+	if l != nil {
+		return dst.Port() == httpPort
+	}
+	return dst.Port() == dnsPort
+}
+
+// origDst reads IP_ORIGDSTADDR from a datagram's control messages.
+func origDst(oob []byte) (netip.AddrPort, bool) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return netip.AddrPort{}, false
+	}
+	for _, m := range msgs {
+		if m.Header.Level == unix.SOL_IP && m.Header.Type == unix.IP_ORIGDSTADDR && len(m.Data) >= unix.SizeofSockaddrInet4 {
+			port := uint16(m.Data[2])<<8 | uint16(m.Data[3])
+			a := netip.AddrFrom4([4]byte(m.Data[4:8]))
+			return netip.AddrPortFrom(a, port), true
+		}
+	}
+	return netip.AddrPort{}, false
+}
+
+// udpWriter answers one redirected query from its original destination:
+// a transparent socket bound to that address and port, so the pod's
+// socket (connected to the server) takes the answer.
+type udpWriter struct {
+	orig, from netip.AddrPort
+	inNS       func(func() error) error
+}
+
+func (w *udpWriter) LocalAddr() net.Addr  { return net.UDPAddrFromAddrPort(w.orig) }
+func (w *udpWriter) RemoteAddr() net.Addr { return net.UDPAddrFromAddrPort(w.from) }
+func (w *udpWriter) WriteMsg(m *dns.Msg) error {
+	b, err := m.Pack()
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+func (w *udpWriter) Write(b []byte) (int, error) {
+	var fd int
+	err := w.inNS(func() (err error) {
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("answer socket: %w", err)
+	}
+	defer unix.Close(fd)
+	for _, o := range []int{unix.IP_TRANSPARENT} {
+		if err := unix.SetsockoptInt(fd, unix.SOL_IP, o, 1); err != nil {
+			return 0, fmt.Errorf("answer socket: %w", err)
+		}
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		return 0, fmt.Errorf("answer socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: int(w.orig.Port()), Addr: w.orig.Addr().As4()}); err != nil {
+		return 0, fmt.Errorf("bind the answer to %s: %w", w.orig, err)
+	}
+	if err := unix.Sendto(fd, b, 0, &unix.SockaddrInet4{Port: int(w.from.Port()), Addr: w.from.Addr().As4()}); err != nil {
+		return 0, fmt.Errorf("answer %s: %w", w.from, err)
+	}
+	return len(b), nil
+}
+
+func (w *udpWriter) Close() error        { return nil }
+func (w *udpWriter) TsigStatus() error   { return nil }
+func (w *udpWriter) TsigTimersOnly(bool) {}
+func (w *udpWriter) Hijack()             {}
+
+// Close stops the listeners: their sockets leave the datapath's map as
+// they close (the datapath then falls back, see bpf_lxc.c's to_proxy).
+func (r *Redirect) Close() error {
+	var errs []error
+	if r.dnsSrv != nil {
+		_ = r.dnsSrv.Shutdown()
+	} else if r.dnsTCP != nil {
+		errs = append(errs, r.dnsTCP.Close())
+	}
+	for _, c := range []interface{ Close() error }{r.dnsUDP, r.http} {
+		if c != nil && !isNil(c) {
+			errs = append(errs, c.Close())
+		}
+	}
+	r.wg.Wait()
+	if r.ports != nil {
+		// No listener: the datapath falls back (a kill leaves the ports,
+		// and the datapath then finds no listener on them).
+		for _, proxy := range []uint8{maps.ProxyDns, maps.ProxyHttp} {
+			errs = append(errs, r.ports.Update(uint32(proxy), uint32(0), ebpf.UpdateAny))
+		}
+		r.ports.Close()
+	}
+	if r.sockets != nil {
+		r.sockets.Close()
+	}
+	return errors.Join(errs...)
+}
+
+func isNil(c interface{ Close() error }) bool {
+	switch v := c.(type) {
+	case *net.UDPConn:
+		return v == nil
+	case net.Listener:
+		return v == nil
+	}
+	return false
+}
