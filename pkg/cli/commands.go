@@ -24,6 +24,7 @@ func commandConstructors() []func(*Options) *cobra.Command {
 		newHealthCommand,
 		newBGPCommand,
 		newLRPCommand,
+		newPrefilterCommand,
 		newFQDNCommand,
 		newEncryptCommand,
 	}

@@ -1,6 +1,7 @@
 package prefilter
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -19,6 +21,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/bpffs"
+	"github.com/tendril-net/tendril/pkg/cli"
 	dpprefilter "github.com/tendril-net/tendril/pkg/datapath/prefilter"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
@@ -128,5 +131,47 @@ func TestPrivilegedStockCiliumDbgPrefilter(t *testing.T) {
 	}
 	if code, body := do(http.MethodGet, ""); code != http.StatusOK || !strings.Contains(body, `"revision":3`) || !strings.Contains(body, `"dropped"`) {
 		t.Errorf("GET after refused changes: %d %s", code, body)
+	}
+}
+
+// TestPrivilegedTendrilPrefilterCommand: `tendril prefilter update`,
+// `list` and `delete` drive the same handlers over real maps: the list
+// shows each CIDR as in the maps, the revision and the counters; a stale
+// --revision is refused with the reason and changes nothing; an update
+// without --cidr is refused before any request.
+func TestPrivilegedTendrilPrefilterCommand(t *testing.T) {
+	pf := openPrefilter(t, t.TempDir())
+	sock := serveAPI(t, pf)
+	run := func(args ...string) (string, error) {
+		t.Helper()
+		var out bytes.Buffer
+		cmd := cli.NewRootCommand()
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(append([]string{"-H", "unix://" + sock, "prefilter"}, args...))
+		err := cmd.Execute()
+		return out.String(), err
+	}
+	if out, err := run("update", "--cidr", "198.51.100.0/24", "--cidr", "2001:db8:bad::/48"); err != nil || !strings.Contains(out, "Denied 2 CIDRs; the list is at revision 2") {
+		t.Fatalf("tendril prefilter update: %v\n%s", err, out)
+	}
+	list, err := run("list")
+	if err != nil || !strings.Contains(list, "Revision: 2 (in the maps: 2)") || !strings.Contains(list, "Dropped:  IPv4 0 packets") ||
+		!regexp.MustCompile(`(?m)^198\.51\.100\.0/24 +yes$`).MatchString(list) || !regexp.MustCompile(`(?m)^2001:db8:bad::/48 +yes$`).MatchString(list) {
+		t.Fatalf("tendril prefilter list: %v\n%s", err, list)
+	}
+	if out, err := run("update", "--revision", "1", "--cidr", "203.0.113.0/24"); err == nil || !strings.Contains(err.Error(), "revision") {
+		t.Fatalf("update at a stale revision: %v\n%s", err, out)
+	}
+	if _, err := run("update"); err == nil || !strings.Contains(err.Error(), "no --cidr") {
+		t.Fatalf("update without --cidr: %v", err)
+	}
+	if out, err := run("delete", "--revision", "2", "--cidr", "198.51.100.0/24"); err != nil || !strings.Contains(out, "Removed 1 CIDRs; the list is at revision 3") {
+		t.Fatalf("tendril prefilter delete: %v\n%s", err, out)
+	}
+	js, err := run("list", "-o", "json")
+	var m models.Prefilter
+	if err != nil || json.Unmarshal([]byte(js), &m) != nil || m.Spec == nil || m.Spec.Revision != 3 || len(m.Spec.Deny) != 1 || m.Spec.Deny[0] != "2001:db8:bad::/48" {
+		t.Fatalf("tendril prefilter list -o json after delete (%v):\n%s", err, js)
 	}
 }
