@@ -44,7 +44,7 @@ var Cell = cell.Module("policy", "Policy repository resolution and the policy fi
 	cell.Provide(lifecycle.Check(Config.validate)),
 	cell.Provide(registerRestore),
 	cell.Config(DefaultConfig()),
-	cell.Provide(New, apiHandlers),
+	cell.Provide(New, apiHandlers, hostFirewallStatus),
 )
 
 // Config is the cell's option. (The enforcement mode is the agent's
