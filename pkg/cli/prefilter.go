@@ -9,20 +9,9 @@ import (
 
 	"github.com/cilium/cilium/api/v1/models"
 	"github.com/spf13/cobra"
-)
 
-// prefilterState is GET /v1/prefilter: Cilium's Prefilter model with the
-// agent's drop counters and devices beside it (docs/prefilter.md).
-type prefilterState struct {
-	models.Prefilter
-	Dropped *struct {
-		IPv4Packets uint64 `json:"ipv4-packets"`
-		IPv4Bytes   uint64 `json:"ipv4-bytes"`
-		IPv6Packets uint64 `json:"ipv6-packets"`
-		IPv6Bytes   uint64 `json:"ipv6-bytes"`
-	} `json:"dropped,omitempty"`
-	Devices []string `json:"devices,omitempty"`
-}
+	"github.com/tendril-net/tendril/pkg/prefilter"
+)
 
 // newPrefilterCommand reads and changes the XDP prefilter's deny list (as
 // `cilium-dbg prefilter` does, with the drop counters too).
@@ -34,7 +23,7 @@ func newPrefilterCommand(opts *Options) *cobra.Command {
 		Short:   "List the denied CIDRs, the revision the maps hold and the packets dropped",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var st prefilterState
+			var st prefilter.Model
 			if err := doGet(cmd.Context(), opts, "/prefilter", &st); err != nil {
 				return err
 			}
@@ -61,7 +50,7 @@ func newPrefilterCommand(opts *Options) *cobra.Command {
 					return err
 				}
 				spec := models.PrefilterSpec{Revision: revision, Deny: cidrs}
-				var st prefilterState
+				var st prefilter.Model
 				if err := cl.Do(cmd.Context(), method, "/prefilter", nil, nil, &spec, &st); err != nil {
 					return fmt.Errorf("%s %s: %w", verb, strings.Join(cidrs, ", "), err)
 				}
@@ -85,7 +74,7 @@ func newPrefilterCommand(opts *Options) *cobra.Command {
 
 // printPrefilter prints the revisions (asked and in the maps), the
 // devices, the counters and one line per CIDR.
-func printPrefilter(w io.Writer, st prefilterState) {
+func printPrefilter(w io.Writer, st prefilter.Model) {
 	var desired, realized int64
 	if st.Spec != nil {
 		desired = st.Spec.Revision

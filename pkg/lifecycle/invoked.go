@@ -36,10 +36,5 @@ func Build[T any](v T) Invoked { return Invoked{Value: v} }
 // populated, before the constructors of the cells after it in the list:
 // the module provides lifecycle.Check(Config.validate).
 func Check[C any](validate func(C) error) func(C) (Invoked, error) {
-	return func(c C) (Invoked, error) {
-		if err := validate(c); err != nil {
-			return Invoked{}, err
-		}
-		return Invoked{}, nil
-	}
+	return func(c C) (Invoked, error) { return Invoked{}, validate(c) }
 }

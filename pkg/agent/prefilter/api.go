@@ -70,32 +70,14 @@ func errOff() error {
 	return server.Errorf(http.StatusInternalServerError, "the XDP prefilter is off (--enable-xdp-prefilter)")
 }
 
-// Model is the Cilium v1 Prefilter with Tendril's drop counters beside
-// it (a client reading the spec's fields ignores them).
-type Model struct {
-	models.Prefilter
-	// Dropped are the packets dropped since the maps were created.
-	Dropped *Dropped `json:"dropped,omitempty"`
-	// Devices are the devices the program is attached to.
-	Devices []string `json:"devices,omitempty"`
-}
-
-// Dropped are the prefilter's drop counters.
-type Dropped struct {
-	IPv4Packets uint64 `json:"ipv4-packets"`
-	IPv4Bytes   uint64 `json:"ipv4-bytes"`
-	IPv6Packets uint64 `json:"ipv6-packets"`
-	IPv6Bytes   uint64 `json:"ipv6-bytes"`
-}
-
-func (pf *Prefilter) model() Model {
+func (pf *Prefilter) model() prefilter.Model {
 	desired, realized := pf.list.Get()
-	m := Model{Prefilter: models.Prefilter{
+	m := prefilter.Model{Prefilter: models.Prefilter{
 		Spec:   &models.PrefilterSpec{Revision: desired.Revision, Deny: desired.Deny},
 		Status: &models.PrefilterStatus{Realized: &models.PrefilterSpec{Revision: realized.Revision, Deny: realized.Deny}},
 	}, Devices: pf.devices}
 	if c, err := pf.dp.Counters(); err == nil {
-		m.Dropped = &Dropped{IPv4Packets: c.IPv4Packets, IPv4Bytes: c.IPv4Bytes, IPv6Packets: c.IPv6Packets, IPv6Bytes: c.IPv6Bytes}
+		m.Dropped = &prefilter.Dropped{IPv4Packets: c.IPv4Packets, IPv4Bytes: c.IPv4Bytes, IPv6Packets: c.IPv6Packets, IPv6Bytes: c.IPv6Bytes}
 	} else {
 		pf.log.Warn("Cannot read the prefilter's counters", "error", err)
 	}

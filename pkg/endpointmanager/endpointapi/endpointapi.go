@@ -178,7 +178,7 @@ func (h *Handlers) handleEndpointPut(w http.ResponseWriter, r *http.Request) err
 		// out during the synchronous build): it rolls its side back and
 		// never learns this endpoint's ID, so the endpoint must not stay
 		// behind holding the addresses.
-		h.deleteUnanswered(r, created, r.Context().Err())
+		h.deleteUnanswered(r, mgr, created, r.Context().Err())
 		return server.Errorf(http.StatusServiceUnavailable, "the client went away before endpoint %d was built; it was deleted", created.ID)
 	}
 	server.WriteJSON(w, http.StatusCreated, created.Model(h.NodeAddressing()))
@@ -187,20 +187,16 @@ func (h *Handlers) handleEndpointPut(w http.ResponseWriter, r *http.Request) err
 	// the answer's flush fails on a connection the client closed, and
 	// then nobody learned the ID either.
 	if err := http.NewResponseController(w).Flush(); err != nil {
-		h.deleteUnanswered(r, created, err)
+		h.deleteUnanswered(r, mgr, created, err)
 	}
 	return nil
 }
 
 // deleteUnanswered deletes an endpoint whose creator never got its answer.
-func (h *Handlers) deleteUnanswered(r *http.Request, created *endpoint.Endpoint, why error) {
-	mgr, err := h.Manager()
-	if err == nil {
-		h.Log.Warn("Endpoint created after its client went away; deleting it", "endpoint", created.ID,
-			"container", created.ContainerID, "error", why)
-		err = mgr.Delete(context.WithoutCancel(r.Context()), created.ID)
-	}
-	if err != nil && !errors.Is(err, endpointmanager.ErrNotFound) {
+func (h *Handlers) deleteUnanswered(r *http.Request, mgr *endpointmanager.Manager, created *endpoint.Endpoint, why error) {
+	h.Log.Warn("Endpoint created after its client went away; deleting it", "endpoint", created.ID,
+		"container", created.ContainerID, "error", why)
+	if err := mgr.Delete(context.WithoutCancel(r.Context()), created.ID); err != nil && !errors.Is(err, endpointmanager.ErrNotFound) {
 		h.Log.Error("Delete the endpoint of a client that went away", "endpoint", created.ID, "error", err)
 	}
 }
