@@ -91,6 +91,11 @@ type Manager struct {
 	retry     Retry
 	queue     *regenQueue
 	endpoints map[uint16]*endpoint.Endpoint
+	// byAddr finds an endpoint by one of its addresses: the L7 proxies ask
+	// it once per redirected flow, so a scan of every endpoint would cost
+	// O(endpoints) on the data path. An endpoint's addresses never change
+	// after Create, so the index follows endpoints' inserts and deletes.
+	byAddr map[netip.Addr]uint16
 	// policyRevision is the latest policy revision announced
 	// (SetPolicyRevision): every endpoint must realize it.
 	policyRevision uint64
@@ -130,7 +135,7 @@ func New(store *endpoint.Store, ipamAlloc *ipam.IPAM, log *slog.Logger) *Manager
 	}
 	m := &Manager{
 		log: log, store: store, ipam: ipamAlloc, now: time.Now,
-		regen: NopRegenerator{}, retry: DefaultRetry(), endpoints: map[uint16]*endpoint.Endpoint{}, nextID: 1,
+		regen: NopRegenerator{}, retry: DefaultRetry(), endpoints: map[uint16]*endpoint.Endpoint{}, byAddr: map[netip.Addr]uint16{}, nextID: 1,
 		regenLocks: map[uint16]*sync.Mutex{},
 	}
 	m.queue = newRegenQueue(func() time.Time { return m.now() })
@@ -226,17 +231,49 @@ func (m *Manager) lookupLocked(id string) (*endpoint.Endpoint, error) {
 	return nil, fmt.Errorf("%w: unknown ID prefix %q", ErrInvalidID, prefix)
 }
 
-// LookupAddr finds the local endpoint holding addr (a copy): the L7
-// proxies name a redirected flow's sender by it.
-func (m *Manager) LookupAddr(addr netip.Addr) (*endpoint.Endpoint, bool) {
+// AddrOwner is the local endpoint that holds an address, as the L7
+// proxies name a redirected flow's sender.
+type AddrOwner struct {
+	EndpointID uint16
+	Identity   uint32
+}
+
+// LookupAddr finds the local endpoint holding addr in constant time,
+// without copying the endpoint.
+func (m *Manager) LookupAddr(addr netip.Addr) (AddrOwner, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, ep := range m.endpoints {
-		if addr.IsValid() && (ep.IPv4 == addr || ep.IPv6 == addr) {
-			return ep.Clone(), true
+	id, ok := m.byAddr[addr.Unmap()]
+	if !ok {
+		return AddrOwner{}, false
+	}
+	ep := m.endpoints[id]
+	return AddrOwner{EndpointID: ep.ID, Identity: ep.Identity}, true
+}
+
+// insertLocked makes ep visible by its ID and its addresses.
+func (m *Manager) insertLocked(ep *endpoint.Endpoint) {
+	m.endpoints[ep.ID] = ep
+	for _, a := range []netip.Addr{ep.IPv4, ep.IPv6} {
+		if a.IsValid() {
+			m.byAddr[a.Unmap()] = ep.ID
 		}
 	}
-	return nil, false
+}
+
+// removeLocked undoes insertLocked. An address index entry is removed only
+// while it still names this endpoint.
+func (m *Manager) removeLocked(id uint16) {
+	ep, ok := m.endpoints[id]
+	if !ok {
+		return
+	}
+	delete(m.endpoints, id)
+	for _, a := range []netip.Addr{ep.IPv4, ep.IPv6} {
+		if a.IsValid() && m.byAddr[a.Unmap()] == id {
+			delete(m.byAddr, a.Unmap())
+		}
+	}
 }
 
 // IsNewID reports whether id asks the agent to assign an ID ("0",
@@ -300,8 +337,8 @@ func (m *Manager) Create(ctx context.Context, ep *endpoint.Endpoint, opts Create
 	// happen outside the lock so concurrent creates do not queue behind
 	// each other's fsyncs.
 	id := ep.ID
-	m.endpoints[id] = ep
-	c.addLocked(func() { delete(m.endpoints, id) })
+	m.insertLocked(ep)
+	c.addLocked(func() { m.removeLocked(id) })
 	snapshot := ep.Clone()
 	c.unlock()
 	if newMark {
@@ -565,7 +602,7 @@ func (m *Manager) Delete(ctx context.Context, id uint16) error {
 	m.queue.remove(id)
 	m.mu.Lock()
 	_ = ep.SetState(endpoint.StateDisconnected, "Endpoint deleted", m.now())
-	delete(m.endpoints, id)
+	m.removeLocked(id)
 	delete(m.regenLocks, id)
 	m.mu.Unlock()
 	m.log.Info("Endpoint deleted", "endpoint", id, "pod", work.PodKey())

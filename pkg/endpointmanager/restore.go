@@ -87,7 +87,7 @@ func (m *Manager) Restore(ctx context.Context, linkExists func(name string) (boo
 		ep.PolicyRevision, ep.DesiredPolicyRevision = 0, m.policyRevision
 		_ = ep.SetState(endpoint.StateRestoring, "Restored from disk after agent restart", m.now())
 		m.mu.Lock()
-		m.endpoints[ep.ID] = ep
+		m.insertLocked(ep)
 		m.mu.Unlock()
 		res.Restored = append(res.Restored, ep.ID)
 	}

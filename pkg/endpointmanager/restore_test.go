@@ -36,6 +36,11 @@ func TestRestoreTwentyEndpoints(t *testing.T) {
 		if want[ep.ID] != ep.IPv4 || ep.State != endpoint.StateRestoring {
 			t.Errorf("endpoint %d restored as %s/%s, want %s", ep.ID, ep.IPv4, ep.State, want[ep.ID])
 		}
+		// Restored endpoints are found by address (the L7 proxies name
+		// senders by it right after a restart).
+		if o, ok := g.mgr.LookupAddr(ep.IPv4); !ok || o.EndpointID != ep.ID {
+			t.Errorf("LookupAddr(%s) after restore = %+v, %v, want endpoint %d", ep.IPv4, o, ok, ep.ID)
+		}
 	}
 	if err := g.mgr.RegenerateRestored(context.Background()); err != nil {
 		t.Fatal(err)

@@ -69,11 +69,11 @@ func (x *proxies) start(context.Context) error {
 			if mgr == nil {
 				return l7redirect.Sender{}, false
 			}
-			ep, ok := mgr.LookupAddr(addr)
+			owner, ok := mgr.LookupAddr(addr)
 			if !ok {
 				return l7redirect.Sender{}, false
 			}
-			return l7redirect.Sender{EndpointID: ep.ID, Identity: ep.Identity}, true
+			return l7redirect.Sender{EndpointID: owner.EndpointID, Identity: owner.Identity}, true
 		},
 		Rules: p.Policy.L7Rules,
 		DNS:   p.FQDN.ProxyConfig(),
