@@ -1,12 +1,15 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -93,12 +96,16 @@ func TestPrivilegedLabHostFirewall(t *testing.T) {
 	svc, err := e.cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "hfw"},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "hfw"},
-			Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)}}},
+			Ports: []corev1.ServicePort{
+				{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)},
+				{Name: "iperf", Protocol: corev1.ProtocolTCP, Port: 5201, TargetPort: intstr.FromInt32(5201)},
+			}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	nodePort := fmt.Sprintf("%s:%d", node1.Address, svc.Spec.Ports[0].NodePort)
+	iperfPort := int(svc.Spec.Ports[1].NodePort)
 	reaches := func(what string) {
 		t.Helper()
 		eventually(t, what, func() (bool, error) {
@@ -189,6 +196,35 @@ spec:
 		t.Errorf("health port under host policy: %v", err)
 	}
 
+	// An established flow a policy change denies ends: the world is
+	// allowed in, streams to the NodePort, and a deny of the world lands
+	// mid-stream (--policy-revoke-established=deny, the default).
+	setHostPolicy := func(extra string) {
+		t.Helper()
+		cur, err := tcnp.Get(ctx, "e2e-host-fw", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := &v1alpha1.TendrilClusterwideNetworkPolicy{}
+		if err := yaml.UnmarshalStrict([]byte(doc+extra), next); err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec = next.Spec
+		if _, err := tcnp.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setHostPolicy("  - fromEntities: [world]\n")
+	reaches("the world reaching node1's NodePort once the host policy allows it")
+	deny := func() { setHostPolicy("  - fromEntities: [world]\n  ingressDeny:\n  - fromEntities: [world]\n") }
+	if err := iperfUntilDenied(t, ns+"/hfw-backend", node1.Address, iperfPort, deny); err != nil {
+		t.Errorf("the world's stream to node1 once a host policy denies the world: %v", err)
+	}
+	eventually(t, "the world blocked from node1's NodePort under the deny", func() (bool, error) {
+		name, _, _, err := fromWorld(t, nodePort, false)
+		return err != nil, fmt.Errorf("the world still reaches the NodePort (answered by %q)", name)
+	})
+
 	// The policy gone: the world gets in again.
 	if err := tcnp.Delete(ctx, "e2e-host-fw", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -201,4 +237,52 @@ func node2Pod(t *testing.T, e *env, node string) string {
 	t.Helper()
 	p := e.labPodOn(t, node)
 	return p.Namespace + "/" + p.Name
+}
+
+// iperfUntilDenied streams TCP from the world to addr:port (iperf3 for
+// 20 s, its server in the pod serverRef on 5201) and calls deny 3 s in.
+// The stream must have carried data and then stop: iperf3 gives up on
+// unacknowledged data after 3 s (--snd-timeout) and reports an error.
+// Without revocation the established flow would run its 20 s.
+func iperfUntilDenied(t *testing.T, serverRef, addr string, port int, deny func()) error {
+	t.Helper()
+	server := exec.Command(tendrilBin, "lab", "--name", labName, "exec", serverRef, "--", "iperf3", "-s", "-1", "-p", "5201")
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = server.Process.Kill(); _ = server.Wait() }()
+	time.Sleep(500 * time.Millisecond) // iperf3 -s listening
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	client := exec.CommandContext(ctx, tendrilBin, "lab", "--name", labName, "exec", lab.WorldRef, "--",
+		"iperf3", "-c", addr, "-p", strconv.Itoa(port), "-t", "20", "-b", "50M", "--snd-timeout", "3000", "-J")
+	client.Stdout, client.Stderr = &out, &out
+	if err := client.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	deny()
+	clientErr := client.Wait()
+	var ir struct {
+		Intervals []struct {
+			Sum struct {
+				Bytes int64 `json:"bytes"`
+			} `json:"sum"`
+		} `json:"intervals"`
+		Error string `json:"error"`
+	}
+	_ = json.Unmarshal(out.Bytes(), &ir)
+	var sent int64
+	for _, iv := range ir.Intervals {
+		sent += iv.Sum.Bytes
+	}
+	switch {
+	case clientErr == nil && ir.Error == "":
+		return fmt.Errorf("iperf3 ran its 20 s after the deny (%d intervals, %d bytes): the established flow was not ended", len(ir.Intervals), sent)
+	case sent == 0:
+		return fmt.Errorf("nothing streamed before the deny (%v / %q): %s", clientErr, ir.Error, out.String())
+	}
+	t.Logf("stream ended by the deny after %d intervals, %d bytes: %v / %q", len(ir.Intervals), sent, clientErr, ir.Error)
+	return nil
 }

@@ -209,8 +209,11 @@ type Module struct {
 	hostCfg      hostFirewallConfig
 	nodeLabels   NodeLabels
 	hostRealized policy.MapState
-	hostKnown    bool
-	hostResult   policy.Result
+	// hostRevoke is what the host policy took away since the node's
+	// established flows were last checked (revokeHostFlows).
+	hostRevoke revokeKind
+	hostKnown  bool
+	hostResult policy.Result
 
 	// file keeps the rules imported through the API across restarts;
 	// its writer is a job started after the restore.

@@ -165,10 +165,46 @@ func (p *Module) realizeHost() error {
 			return err
 		}
 	}
+	if err := p.revokeHostFlows(m, w, oldFlags, newFlags, res); err != nil {
+		return fmt.Errorf("host firewall: %w", err)
+	}
 	if w.writes > 0 || newFlags != oldFlags {
 		p.log.Info("Host firewall policy applied", "revision", res.Revision, "rules", len(res.Rules),
 			"enforce-ingress", res.EnforceIngress, "enforce-egress", res.EnforceEgress,
 			"audit-ingress", res.AuditIngress, "audit-egress", res.AuditEgress, "entries", len(want))
+	}
+	return nil
+}
+
+// revokeHostFlows ends the node's established flows the host policy just
+// realized no longer admits, as --policy-revoke-established says for pods
+// (revoke.go): the same walk, over the conntrack entries whose node side
+// the host firewall admitted. It runs once the entries and the flags
+// landed, so a flow ended here meets the new policy on its next packet.
+// What is pending survives a failed walk: the next pass repeats it.
+func (p *Module) revokeHostFlows(m *maps.Maps, w writeResult, oldFlags, newFlags uint8, res policy.Result) error {
+	pending := revokeFlags(w)
+	if began := newFlags &^ oldFlags; began&(maps.FlagEnforceIngress|maps.FlagEnforceEgress) != 0 {
+		pending |= revokeAllowGone
+	}
+	p.mu.Lock()
+	p.hostRevoke |= pending
+	pending = p.hostRevoke
+	p.mu.Unlock()
+	if !needsWalk(p.revokeMode, pending) {
+		return nil
+	}
+	side := revokeSide{ctID: maps.HostFirewallCTID, policyID: maps.HostEndpointID,
+		ingress: newFlags&maps.FlagEnforceIngress != 0, egress: newFlags&maps.FlagEnforceEgress != 0}
+	ended, err := revokeFlows(side, p.revokeMode, flowChecker{pm: m.PolicyMap(), ipc: m.IPCacheMap(), cidr: m.PolicyCIDRMap()}, m.CTMap())
+	if err != nil {
+		return fmt.Errorf("end the node's established flows its policy revokes: %w", err)
+	}
+	p.mu.Lock()
+	p.hostRevoke &^= pending
+	p.mu.Unlock()
+	if ended > 0 {
+		p.log.Info("Ended the node's established flows the host policy no longer admits", "flows", ended, "mode", p.revokeMode, "revision", res.Revision)
 	}
 	return nil
 }

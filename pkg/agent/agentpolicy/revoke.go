@@ -81,7 +81,7 @@ func (p *Module) RevokeEstablished(ep *endpoint.Endpoint) (int, error) {
 		return 0, nil
 	}
 	m := p.dp.Maps()
-	ended, err := revokeFlows(ep, p.revokeMode, flowChecker{pm: m.PolicyMap(), ipc: m.IPCacheMap(), cidr: m.PolicyCIDRMap()}, m.CTMap())
+	ended, err := revokeFlows(endpointSide(ep), p.revokeMode, flowChecker{pm: m.PolicyMap(), ipc: m.IPCacheMap(), cidr: m.PolicyCIDRMap()}, m.CTMap())
 	if err != nil {
 		return ended, fmt.Errorf("end the established flows of endpoint %d its policy revokes: %w", ep.ID, err)
 	}
@@ -157,26 +157,40 @@ type verdicter interface {
 	verdict(ep uint16, dir uint8, peer netip.Addr, proto uint8, port uint16) (deny, allowed bool, err error)
 }
 
-// revokeFlows revokes ep's admission of the flows it admitted in a
+// revokeSide is whose admissions a revocation walk ends: the ID that
+// names its side in conntrack entries, the ID its policy map entries are
+// under, and the directions it enforces. For a pod both IDs are its
+// endpoint ID; for the node (the host firewall) conntrack names it
+// maps.HostFirewallCTID and its policy is maps.HostEndpointID's.
+type revokeSide struct {
+	ctID, policyID  uint16
+	ingress, egress bool
+}
+
+func endpointSide(ep *endpoint.Endpoint) revokeSide {
+	return revokeSide{ctID: ep.ID, policyID: ep.ID, ingress: ep.EnforceIngress, egress: ep.EnforceEgress}
+}
+
+// revokeFlows revokes side's admission of the flows it admitted in a
 // direction it enforces that its policy now denies (mode deny: by a deny
 // entry; mode all: by a deny entry or for want of an allow): from their
 // next packet on its policy checks them as new, and drops them.
-func revokeFlows(ep *endpoint.Endpoint, mode string, check verdicter, ct flowTable) (int, error) {
+func revokeFlows(side revokeSide, mode string, check verdicter, ct flowTable) (int, error) {
 	var victims []maps.CTEntry
 	var walkErr error
 	err := ct.Iterate(func(e maps.CTEntry) bool {
-		dir, ok := e.Origin(ep.ID)
+		dir, ok := e.Origin(side.ctID)
 		if !ok {
 			return true
 		}
-		if (dir == maps.DirIngress && !ep.EnforceIngress) || (dir == maps.DirEgress && !ep.EnforceEgress) {
+		if (dir == maps.DirIngress && !side.ingress) || (dir == maps.DirEgress && !side.egress) {
 			return true
 		}
 		peer := e.Dst
 		if dir == maps.DirIngress {
 			peer = e.Src
 		}
-		deny, allowed, err := check.verdict(ep.ID, dir, peer, e.Proto, flowPort(e))
+		deny, allowed, err := check.verdict(side.policyID, dir, peer, e.Proto, flowPort(e))
 		if err != nil {
 			walkErr = err
 			return false
@@ -194,7 +208,7 @@ func revokeFlows(ep *endpoint.Endpoint, mode string, check verdicter, ct flowTab
 	}
 	ended := 0
 	for _, e := range victims {
-		ok, err := ct.Revoke(e, ep.ID)
+		ok, err := ct.Revoke(e, side.ctID)
 		if err != nil {
 			return ended, err
 		}

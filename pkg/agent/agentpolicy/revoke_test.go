@@ -14,10 +14,12 @@ import (
 type fakeVerdicts struct {
 	deny, allow map[netip.Addr]bool
 	asked       []netip.Addr
+	policyIDs   []uint16
 }
 
-func (f *fakeVerdicts) verdict(_ uint16, _ uint8, peer netip.Addr, _ uint8, _ uint16) (bool, bool, error) {
+func (f *fakeVerdicts) verdict(ep uint16, _ uint8, peer netip.Addr, _ uint8, _ uint16) (bool, bool, error) {
 	f.asked = append(f.asked, peer)
+	f.policyIDs = append(f.policyIDs, ep)
 	return f.deny[peer], f.allow[peer], nil
 }
 
@@ -25,6 +27,7 @@ func (f *fakeVerdicts) verdict(_ uint16, _ uint8, peer netip.Addr, _ uint8, _ ui
 type fakeFlows struct {
 	entries []maps.CTEntry
 	revoked []maps.CTEntry
+	ids     []uint16
 }
 
 func (f *fakeFlows) Iterate(fn func(maps.CTEntry) bool) error {
@@ -38,6 +41,7 @@ func (f *fakeFlows) Iterate(fn func(maps.CTEntry) bool) error {
 
 func (f *fakeFlows) Revoke(e maps.CTEntry, id uint16) (bool, error) {
 	f.revoked = append(f.revoked, e)
+	f.ids = append(f.ids, id)
 	return true, nil
 }
 
@@ -63,7 +67,7 @@ func TestRevokeFlows(t *testing.T) {
 	}{{option.RevokeDeny, []int{0}}, {option.RevokeAll, []int{0, 1}}} {
 		ct := &fakeFlows{entries: flows}
 		v.asked = nil
-		n, err := revokeFlows(ep, tc.mode, v, ct)
+		n, err := revokeFlows(endpointSide(ep), tc.mode, v, ct)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,6 +81,34 @@ func TestRevokeFlows(t *testing.T) {
 		if want := []netip.Addr{addr("10.0.0.1"), addr("10.0.0.2"), addr("10.0.0.3")}; !slices.Equal(v.asked, want) {
 			t.Errorf("%s: peers checked %v, want %v", tc.mode, v.asked, want)
 		}
+	}
+}
+
+// TestRevokeHostFlows: the node's side of a flow is the host firewall's
+// conntrack ID; its flows are decided by the host endpoint's policy
+// entries and revoked under the conntrack ID, never a pod's flows.
+func TestRevokeHostFlows(t *testing.T) {
+	addr := netip.MustParseAddr
+	node := addr("192.168.0.1")
+	flows := []maps.CTEntry{
+		{Proto: 6, Src: addr("203.0.113.1"), Dst: node, DstPort: 30080, DstEndpoint: maps.HostFirewallCTID},        // the world into the node, now denied
+		{Proto: 6, Src: addr("203.0.113.2"), Dst: node, DstPort: 30080, DstEndpoint: maps.HostFirewallCTID},        // still allowed
+		{Proto: 6, Src: node, Dst: addr("203.0.113.1"), DstPort: 443, SrcEndpoint: maps.HostFirewallCTID},          // egress: not enforced
+		{Proto: 6, Src: addr("203.0.113.1"), Dst: addr("10.0.0.5"), DstPort: 80, DstEndpoint: 5},                   // a pod's
+		{Proto: 6, Src: addr("203.0.113.1"), Dst: addr("10.0.0.5"), DstPort: 80, DstEndpoint: maps.HostEndpointID}, // no side named
+	}
+	v := &fakeVerdicts{deny: map[netip.Addr]bool{addr("203.0.113.1"): true}, allow: map[netip.Addr]bool{addr("203.0.113.2"): true}}
+	ct := &fakeFlows{entries: flows}
+	side := revokeSide{ctID: maps.HostFirewallCTID, policyID: maps.HostEndpointID, ingress: true}
+	n, err := revokeFlows(side, option.RevokeDeny, v, ct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || !slices.Equal(ct.revoked, flows[:1]) || !slices.Equal(ct.ids, []uint16{maps.HostFirewallCTID}) {
+		t.Errorf("ended %d %v under %v, want the first flow under %d", n, ct.revoked, ct.ids, maps.HostFirewallCTID)
+	}
+	if want := []uint16{maps.HostEndpointID, maps.HostEndpointID}; !slices.Equal(v.policyIDs, want) {
+		t.Errorf("decided under policy IDs %v, want %v", v.policyIDs, want)
 	}
 }
 

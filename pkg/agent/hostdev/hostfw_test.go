@@ -186,3 +186,47 @@ func TestPrivilegedHostFirewallAudit(t *testing.T) {
 		t.Fatalf("audit mode counted %d policy drops", got)
 	}
 }
+
+// TestPrivilegedHostFirewallRevokedFlow: a flow the host policy admitted
+// keeps passing as a known flow after its allow turned into a deny, until
+// the agent revokes the node's side of its conntrack entry
+// (agentpolicy's revokeHostFlows, under maps.HostFirewallCTID); from then
+// on each packet meets the policy as new and is dropped. The same flow's
+// entry for a pod's side would not be touched by it.
+func TestPrivilegedHostFirewallRevokedFlow(t *testing.T) {
+	n := newNodePortNode(t)
+	setHostFirewall(t, n, maps.FlagEnforceIngress)
+	hostPolicy(t, n, maps.DirIngress, 0, protoTCP, 22, maps.PolicyValue{Cookie: hostRuleAllow})
+	if ret, _ := n.ingress(frame(world, node, protoTCP, 40000, 22, 0)); ret != 0 {
+		t.Fatalf("world to an allowed port of the node: verdict %d", ret)
+	}
+	// The policy changes: the port is denied. The established flow still
+	// passes (policy is checked once per flow).
+	hostPolicy(t, n, maps.DirIngress, 0, protoTCP, 22, maps.PolicyValue{Cookie: hostRuleAllow, Deny: true})
+	if ret, _ := n.ingress(frame(world, node, protoTCP, 40000, 22, 0)); ret != 0 {
+		t.Fatalf("established flow before revocation: verdict %d, want pass", ret)
+	}
+	ct := n.l.Maps().CTMap()
+	flow := maps.CTEntry{Proto: protoTCP, Src: world, SrcPort: 40000, Dst: node, DstPort: 22}
+	if ok, err := ct.Revoke(flow, 7); err != nil || ok {
+		t.Fatalf("revoking a pod's side on the node's flow: %v, %v, want nothing revoked", ok, err)
+	}
+	if ok, err := ct.Revoke(flow, maps.HostFirewallCTID); err != nil || !ok {
+		t.Fatalf("revoking the node's side: %v, %v", ok, err)
+	}
+	drops := n.metric(maps.ReasonPolicyDenyRule, maps.DirIngress)
+	for i := range 2 {
+		if ret, _ := n.ingress(frame(world, node, protoTCP, 40000, 22, 0)); ret != tcActShot {
+			t.Fatalf("packet %d of the revoked flow: verdict %d, want drop", i, ret)
+		}
+	}
+	if got := n.metric(maps.ReasonPolicyDenyRule, maps.DirIngress); got != drops+2 {
+		t.Fatalf("deny-rule drops %d, want %d", got, drops+2)
+	}
+	// Allowed again: the flow passes, checked as new each packet (its
+	// admission stays revoked) yet let through by the allow.
+	hostPolicy(t, n, maps.DirIngress, 0, protoTCP, 22, maps.PolicyValue{Cookie: hostRuleAllow})
+	if ret, _ := n.ingress(frame(world, node, protoTCP, 40000, 22, 0)); ret != 0 {
+		t.Fatalf("revoked flow once allowed again: verdict %d", ret)
+	}
+}
