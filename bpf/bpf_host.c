@@ -176,7 +176,9 @@ int to_netdev(struct __sk_buff *skb)
 		return p.proto == IPPROTO_ICMP_ ? icmp_error_out4(skb, &p) : TC_ACT_OK;
 	}
 	if (!masq_l4(&p))
-		return TC_ACT_OK;
+		/* Not translated by anything here, but the node's own
+		 * packets of any protocol meet its egress policy. */
+		return !hostfw_exempt(&p) && hostfw(DIR_EGRESS, &p) ? TC_ACT_SHOT : TC_ACT_OK;
 	/* The node's own packets leaving: its egress policy. */
 	if (hostfw(DIR_EGRESS, &p))
 		return TC_ACT_SHOT;
@@ -200,7 +202,7 @@ int from_netdev(struct __sk_buff *skb)
 			return r == ICMP_ERR_NEEDS_REDIRECT ? icmp_err_redirect(skb, &p) : r;
 		}
 		if (!masq_l4(&p))
-			return TC_ACT_OK;
+			return !hostfw_exempt(&p) && hostfw(DIR_INGRESS, &p) ? TC_ACT_SHOT : TC_ACT_OK;
 		/* nodeport_in6 and nodeport_snat6 are called from here, not
 		 * from from_netdev6: from_netdev -> from_netdev6 ->
 		 * nodeport_in6 came to 576 bytes of stack, over the 512. */
@@ -223,7 +225,9 @@ int from_netdev(struct __sk_buff *skb)
 		return r == ICMP_ERR_NEEDS_REDIRECT ? icmp_err_redirect(skb, &p) : r;
 	}
 	if (!masq_l4(&p))
-		return TC_ACT_OK;
+		/* No translation applies; to the node, any protocol meets
+		 * its ingress policy. */
+		return !hostfw_exempt(&p) && hostfw(DIR_INGRESS, &p) ? TC_ACT_SHOT : TC_ACT_OK;
 	struct nat4_key k;
 	nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, p.daddr, p.dport, p.saddr, p.sport, p.proto);
 	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);

@@ -14,9 +14,15 @@
  * reply of a masqueraded or service flow (those are the pods', decided by
  * their own policy), before any service translation: a NodePort is a port
  * of the node. Egress: a packet from a node address, unless it belongs to
- * a NAT mapping (a service flow the node forwards with its address). TCP,
- * UDP and ICMP(v6) echo are checked (masq_l4); ICMP errors, neighbour
- * discovery, ARP, later fragments and other protocols pass.
+ * a NAT mapping (a service flow the node forwards with its address). Every
+ * IP protocol is checked (TCP, UDP, SCTP and ICMP(v6) by port or type, the
+ * others by their peer alone: an L3 rule admits them, a port rule does
+ * not), so a policy that enforces a direction leaves no protocol open.
+ * What passes unchecked (hostfw_exempt): ARP, ICMP errors (each quotes a
+ * flow; without them path MTU discovery breaks), ICMPv6 neighbour
+ * discovery and multicast listener messages (IPv6 does not work without
+ * them), and later fragments (no ports to decide on; the first fragment
+ * was decided, and the stack drops fragments it cannot reassemble).
  *
  * Both directions share conntrack (conntrack.h) with the marker
  * HOSTFW_CT_ID on the node's side of the key: a flow admitted one way has
@@ -67,6 +73,13 @@ static __always_inline int hostfw_nat_mapped(const struct pkt *p)
 	struct nat6_key k;
 	nat_key(&k, FAMILY_V6, NAT_DIR_INGRESS, p->saddr, p->sport, p->daddr, p->dport, p->proto);
 	return bpf_map_lookup_elem(&tdr_nat6_v1, &k) != NULL;
+}
+
+/* hostfw_exempt reports whether the packet passes the host firewall
+ * unchecked (see the top of this file). */
+static __always_inline int hostfw_exempt(const struct pkt *p)
+{
+	return p->nonfirst_frag || p->icmp_error || p->ndp || p->arp;
 }
 
 /* hostfw decides a packet at an uplink for the host endpoint, dir
