@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,7 +60,8 @@ spec:
 
 // dnsLoadEnv makes the test binary a DNS client instead of a test run
 // (started inside a pod's network namespace and its node's cgroup by
-// TestPrivilegedLabFQDNPolicy): "SERVER NAME WANT COUNT INTERVAL CONNECT".
+// TestPrivilegedLabFQDNPolicy): "SERVER NAME WANT COUNT INTERVAL CONNECT
+// DENIED".
 const dnsLoadEnv = "TDR_E2E_DNS_LOAD"
 
 // dnsLoadResult is what the DNS client prints.
@@ -71,7 +73,20 @@ type dnsLoadResult struct {
 	// Conns are the connections to CONNECT (one every fifth lookup),
 	// ConnsFailed those that got no answer.
 	Conns, ConnsFailed int
-	Errors             []string
+	// Refused are the tries of NAME answered REFUSED: the DNS proxy
+	// refusing a name the pod's rules allow.
+	Refused int
+	// DeniedLookups are the lookups of DENIED (a name no DNS rule allows,
+	// one try each, every fifth tick), DeniedAnswered those answered with
+	// an address (the proxy refuses them; only the datapath's fallback
+	// while no proxy listens lets them through), DeniedConnected the
+	// connections to such an address's port 443 that got through (the
+	// policy allows none).
+	DeniedLookups, DeniedAnswered, DeniedConnected int
+	// P50US and P99US are the latencies of the lookups answered at the
+	// first try, in microseconds.
+	P50US, P99US int64
+	Errors       []string
 }
 
 // runDNSLoad starts one lookup of NAME (an A query to SERVER over UDP,
@@ -79,14 +94,16 @@ type dnsLoadResult struct {
 // goroutine so a slow one does not delay the next; a lookup is tried 3
 // times with a 1 s timeout (a resolver's retries) and fails when no try
 // was answered with WANT. Every fifth tick it also connects to CONNECT
-// (TCP, the world server's answer within 2 s). Prints the result as JSON.
+// (TCP, the world server's answer within 2 s) and looks up DENIED once,
+// connecting to its answer's port 443 (CONNECT or DENIED "-": not
+// done). Prints the result as JSON.
 func runDNSLoad(spec string) int {
 	f := strings.Fields(spec)
-	if len(f) != 6 {
-		fmt.Fprintln(os.Stderr, "want SERVER NAME WANT COUNT INTERVAL CONNECT in", dnsLoadEnv, "got", spec)
+	if len(f) != 7 {
+		fmt.Fprintln(os.Stderr, "want SERVER NAME WANT COUNT INTERVAL CONNECT DENIED in", dnsLoadEnv, "got", spec)
 		return 2
 	}
-	server, name, want, connect := f[0], dns.Fqdn(f[1]), f[2], f[5]
+	server, name, want, connect, denied := f[0], dns.Fqdn(f[1]), f[2], f[5], dns.Fqdn(f[6])
 	count, err1 := strconv.Atoi(f[3])
 	interval, err2 := time.ParseDuration(f[4])
 	if err1 != nil || err2 != nil {
@@ -97,6 +114,7 @@ func runDNSLoad(spec string) int {
 		mu      sync.Mutex
 		res     dnsLoadResult
 		answers []time.Time
+		firsts  []time.Duration
 		wg      sync.WaitGroup
 	)
 	fail := func(what string) {
@@ -110,9 +128,14 @@ func runDNSLoad(spec string) int {
 		var last error
 		for try := 0; try < 3; try++ {
 			m := new(dns.Msg).SetQuestion(name, dns.TypeA)
-			in, _, err := c.Exchange(m, server)
+			in, rtt, err := c.Exchange(m, server)
 			if err == nil && in.Rcode != dns.RcodeSuccess {
 				err = fmt.Errorf("rcode %s", dns.RcodeToString[in.Rcode])
+				if in.Rcode == dns.RcodeRefused {
+					mu.Lock()
+					res.Refused++
+					mu.Unlock()
+				}
 			}
 			if err == nil {
 				err = fmt.Errorf("no %s in %v", want, in.Answer)
@@ -127,16 +150,47 @@ func runDNSLoad(spec string) int {
 				answers = append(answers, time.Now())
 				if try > 0 {
 					res.Retried++
+				} else {
+					firsts = append(firsts, rtt)
 				}
 				mu.Unlock()
 				return
 			}
 			last = err
+			mu.Lock()
+			fail(fmt.Sprintf("lookup try %d: %v", try, err))
+			mu.Unlock()
 		}
 		mu.Lock()
 		res.Failed++
-		fail("lookup: " + last.Error())
+		fail("lookup failed: " + last.Error())
 		mu.Unlock()
+	}
+	deniedLookup := func() {
+		defer wg.Done()
+		c := &dns.Client{Net: "udp", Timeout: time.Second}
+		in, _, err := c.Exchange(new(dns.Msg).SetQuestion(denied, dns.TypeA), server)
+		if err != nil || in.Rcode != dns.RcodeSuccess {
+			return
+		}
+		for _, rr := range in.Answer {
+			a, ok := rr.(*dns.A)
+			if !ok {
+				continue
+			}
+			mu.Lock()
+			res.DeniedAnswered++
+			mu.Unlock()
+			conn, err := net.DialTimeout("tcp", net.JoinHostPort(a.A.String(), "443"), time.Second)
+			if err == nil {
+				conn.Close()
+				mu.Lock()
+				res.DeniedConnected++
+				fail("connected to denied " + a.A.String())
+				mu.Unlock()
+			}
+			return
+		}
 	}
 	dial := func() {
 		defer wg.Done()
@@ -174,10 +228,15 @@ func runDNSLoad(spec string) int {
 		wg.Add(1)
 		res.Lookups++
 		go lookup()
-		if i%5 == 0 {
+		if i%5 == 0 && connect != "-" {
 			wg.Add(1)
 			res.Conns++
 			go dial()
+		}
+		if i%5 == 0 && denied != "-." {
+			wg.Add(1)
+			res.DeniedLookups++
+			go deniedLookup()
 		}
 	}
 	wg.Wait()
@@ -186,6 +245,10 @@ func runDNSLoad(spec string) int {
 		if g := answers[i].Sub(answers[i-1]).Milliseconds(); g > res.LongestGapMS {
 			res.LongestGapMS = g
 		}
+	}
+	slices.Sort(firsts)
+	if n := len(firsts); n > 0 {
+		res.P50US, res.P99US = firsts[n/2].Microseconds(), firsts[n*99/100].Microseconds()
 	}
 	_ = json.NewEncoder(os.Stdout).Encode(res)
 	return 0
@@ -315,37 +378,44 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 		})
 	})
 
+	t.Run("latency", func(t *testing.T) {
+		// The redirected pod against a pod of the same node under no
+		// policy (its queries go to CoreDNS directly), alternating.
+		plain := "default/" + e.labPodOn(t, node1.Name).Name
+		for round := range 2 {
+			for _, pod := range []string{client, plain} {
+				res := dnsLoad(t, pod, 250, "-", "-", nil)
+				t.Logf("round %d, %s: %d lookups at 50/s, %d failed, %d retried; first-try latency p50 %d µs, p99 %d µs", round, pod, res.Lookups, res.Failed, res.Retried, res.P50US, res.P99US)
+				if res.Failed != 0 {
+					t.Errorf("%s: %d lookups failed: %v", pod, res.Failed, res.Errors)
+				}
+			}
+		}
+	})
+
 	t.Run("kill-9", func(t *testing.T) {
-		self, err := os.Executable()
-		if err != nil {
-			t.Fatal(err)
-		}
 		const lookups = 750 // 15 s at 50/s
-		var out, errOut bytes.Buffer
-		load := exec.Command(tendrilBin, "lab", "--name", labName, "exec", client, "--", self)
-		load.Env = append(os.Environ(), fmt.Sprintf("%s=%s:53 %s %s %d 20ms %s", dnsLoadEnv, lab.ClusterDNSIP, lab.WorldName, lab.WorldServerIP, lookups, worldL4))
-		load.Stdout, load.Stderr = &out, &errOut
-		if err := load.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(3 * time.Second)
-		argv := killAgent(t, e.st, node1.Name)
-		killed := time.Now()
-		time.Sleep(2 * time.Second)
-		startAgent(t, e.st, node1.Name, argv)
-		waitAgentAPI(t, *node1)
-		t.Logf("agent of node1 killed and answering again in %s", time.Since(killed).Round(time.Millisecond))
-		if err := load.Wait(); err != nil {
-			t.Fatalf("DNS client: %v\n%s%s", err, out.String(), errOut.String())
-		}
-		var res dnsLoadResult
-		if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-			t.Fatalf("DNS client output: %v\n%s%s", err, out.String(), errOut.String())
-		}
-		t.Logf("across kill -9 and restart: %d lookups, %d failed, %d answered only on a retry, longest gap between answers %d ms; %d connections, %d failed; %v",
-			res.Lookups, res.Failed, res.Retried, res.LongestGapMS, res.Conns, res.ConnsFailed, res.Errors)
+		res := dnsLoad(t, client, lookups, worldL4, deniedName, func() {
+			time.Sleep(3 * time.Second)
+			argv := killAgent(t, e.st, node1.Name)
+			killed := time.Now()
+			time.Sleep(2 * time.Second)
+			started := time.Now()
+			startAgent(t, e.st, node1.Name, argv)
+			waitAgentAPI(t, *node1)
+			t.Logf("agent of node1 killed at %s, started at %s, API answering %s after the kill", killed.Format("15:04:05.000"), started.Format("15:04:05.000"), time.Since(killed).Round(time.Millisecond))
+		})
+		t.Logf("across kill -9 and restart: %d lookups, %d failed, %d answered only on a retry, %d tries REFUSED, longest gap between answers %d ms; %d connections, %d failed; %s: %d lookups, %d answered, %d connected; %v",
+			res.Lookups, res.Failed, res.Retried, res.Refused, res.LongestGapMS, res.Conns, res.ConnsFailed, deniedName, res.DeniedLookups, res.DeniedAnswered, res.DeniedConnected, res.Errors)
+		logAgentSteps(t, e.st, node1.Name)
 		if res.Lookups != lookups || res.Failed != 0 || res.ConnsFailed != 0 {
 			t.Errorf("%d of %d lookups and %d of %d connections failed across the agent's kill -9", res.Failed, res.Lookups, res.ConnsFailed, res.Conns)
+		}
+		if res.Refused != 0 {
+			t.Errorf("%s, which the pod's DNS rules allow, REFUSED %d times across the restart", lab.WorldName, res.Refused)
+		}
+		if res.DeniedConnected != 0 {
+			t.Errorf("%d connections to the addresses of %s, which no rule allows, got through", res.DeniedConnected, deniedName)
 		}
 		// The restarted proxy filters names again.
 		eventually(t, "denied.test refused after the restart", func() (bool, error) {
@@ -359,7 +429,13 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 
 	t.Run("cache-restored", func(t *testing.T) {
 		argv := killAgent(t, e.st, node1.Name)
-		startAgent(t, e.st, node1.Name, argv)
+		// Back with the DNS proxy on a fixed port (Cilium's flag).
+		startAgent(t, e.st, node1.Name, append(slices.Clone(argv), "--tofqdns-proxy-port", strconv.Itoa(fixedDNSProxyPort)))
+		t.Cleanup(func() {
+			killAgent(t, e.st, node1.Name)
+			startAgent(t, e.st, node1.Name, argv)
+			waitAgentAPI(t, *node1)
+		})
 		waitAgentAPI(t, *node1)
 		// No lookup since: only the restored cache can list it.
 		out := runTendril(t, "-H", "unix://"+node1.Socket, "fqdn", "cache", "list")
@@ -372,16 +448,90 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
+		// The proxy listens on the port given, and filters names.
+		for _, proto := range []string{"-Hlun", "-Hltn"} {
+			out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "ss", proto, fmt.Sprintf("sport = :%d", fixedDNSProxyPort)).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), fmt.Sprintf(":%d", fixedDNSProxyPort)) {
+				t.Errorf("ss %s on node1: nothing on port %d (%v):\n%s", proto, fixedDNSProxyPort, err, out)
+			}
+		}
+		eventually(t, "denied.test refused by the proxy on its fixed port", func() (bool, error) {
+			err := refused(client, "denied.test.")
+			return err == nil, err
+		})
 	})
 }
 
-// refused asks the cluster DNS, from inside pod (lab exec), for name and
-// reports an error unless the answer is REFUSED.
+// dnsLoad runs the test binary as a DNS client (runDNSLoad) in pod:
+// count lookups of the world's name at 50/s through the cluster DNS,
+// with connect and denied as runDNSLoad takes them; during runs while it
+// does (nil: nothing).
+func dnsLoad(t *testing.T, pod string, count int, connect, denied string, during func()) dnsLoadResult {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	load := exec.Command(tendrilBin, "lab", "--name", labName, "exec", pod, "--", self)
+	load.Env = append(os.Environ(), fmt.Sprintf("%s=%s:53 %s %s %d 20ms %s %s", dnsLoadEnv, lab.ClusterDNSIP, lab.WorldName, lab.WorldServerIP, count, connect, denied))
+	load.Stdout, load.Stderr = &out, &errOut
+	if err := load.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if during != nil {
+		during()
+	}
+	if err := load.Wait(); err != nil {
+		t.Fatalf("DNS client in %s: %v\n%s%s", pod, err, out.String(), errOut.String())
+	}
+	var res dnsLoadResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("DNS client output: %v\n%s%s", err, out.String(), errOut.String())
+	}
+	if res.Lookups != count {
+		t.Fatalf("DNS client in %s: %d lookups, want %d", pod, res.Lookups, count)
+	}
+	return res
+}
+
+// deniedName is a name the cluster DNS answers that the test's DNS rules
+// do not allow and whose address (the kubernetes Service) its policy
+// does not let the pod reach.
+const deniedName = "kubernetes.default.svc.cluster.local"
+
+// fixedDNSProxyPort is the --tofqdns-proxy-port the test gives node1's
+// agent.
+const fixedDNSProxyPort = 10053
+
+// logAgentSteps logs, from a node's agent log, the last lines naming the
+// start steps around the proxies (the hive logs each hook with its
+// duration) and the FQDN cache's restore.
+func logAgentSteps(t *testing.T, st *lab.State, node string) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(st.LogDir(), "agent-"+node+".log"))
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	lines := strings.Split(string(raw), "\n")
+	for _, pat := range []string{"Restored the FQDN cache", "l7-proxies", "L7 proxies", "regenerate-restored"} {
+		for i := len(lines) - 1; i >= 0; i-- {
+			if strings.Contains(lines[i], pat) {
+				t.Log(lines[i])
+				break
+			}
+		}
+	}
+}
+
+// refused asks the cluster DNS for name from inside pod and reports an
+// error unless the lookup fails with REFUSED: getent (glibc) must fail,
+// and the probe's resolver, whose error names the rcode, must say
+// REFUSED.
 func refused(pod, name string) error {
 	out, err := exec.Command(tendrilBin, "lab", "--name", labName, "exec", pod, "--",
 		"getent", "ahostsv4", name).CombinedOutput()
-	// getent cannot tell REFUSED from other failures: ask with the probe's
-	// resolver over TCP too, whose error names the rcode.
 	if err == nil {
 		return fmt.Errorf("getent ahostsv4 %s from %s answered: %s", name, pod, out)
 	}
