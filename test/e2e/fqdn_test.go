@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,6 +65,57 @@ spec:
 // TestPrivilegedLabFQDNPolicy): "SERVER NAME WANT COUNT INTERVAL CONNECT
 // DENIED".
 const dnsLoadEnv = "TDR_E2E_DNS_LOAD"
+
+// httpLoadEnv makes the test binary an HTTP client instead of a test run:
+// "URL COUNT", COUNT GETs of URL one after the other, each on a new
+// connection (the lab's world server closes after each answer).
+const httpLoadEnv = "TDR_E2E_HTTP_LOAD"
+
+// httpLoadResult is what the HTTP client prints.
+type httpLoadResult struct {
+	Requests, Failed int
+	PerSecond        float64
+	P50US, P99US     int64
+}
+
+// runHTTPLoad is the HTTP client of httpLoadEnv; it prints the result as
+// JSON.
+func runHTTPLoad(spec string) int {
+	f := strings.Fields(spec)
+	count, err := strconv.Atoi(f[len(f)-1])
+	if len(f) != 2 || err != nil {
+		fmt.Fprintln(os.Stderr, "want URL COUNT in", httpLoadEnv, "got", spec)
+		return 2
+	}
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	var res httpLoadResult
+	var lat []time.Duration
+	start := time.Now()
+	for range count {
+		t0 := time.Now()
+		res.Requests++
+		resp, err := c.Get(f[0])
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+		}
+		if err != nil {
+			res.Failed++
+			continue
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	res.PerSecond = float64(len(lat)) / time.Since(start).Seconds()
+	slices.Sort(lat)
+	if n := len(lat); n > 0 {
+		res.P50US, res.P99US = lat[n/2].Microseconds(), lat[n*99/100].Microseconds()
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(res)
+	return 0
+}
 
 // dnsLoadResult is what the DNS client prints.
 type dnsLoadResult struct {
@@ -321,8 +374,8 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 				t.Errorf("probe %s %v: exit %d, want %q and the world server's answer:\n%s", lab.WorldName, args, code, wantResolved, out)
 			}
 		}
-		// glibc, the name rooted (a REFUSED search-list name ends glibc's
-		// search: see docs/policy-l7.md).
+		// glibc, the name rooted: one query, not first the search list's
+		// names (which no DNS rule allows: refused).
 		if code, out := tendril(t, "exec", client, "--", "getent", "ahostsv4", lab.WorldName+"."); code != 0 || !strings.HasPrefix(out, lab.WorldServerIP+" ") {
 			t.Errorf("getent ahostsv4 %s.: exit %d:\n%s", lab.WorldName, code, out)
 		}
@@ -388,6 +441,34 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 				t.Logf("round %d, %s: %d lookups at 50/s, %d failed, %d retried; first-try latency p50 %d µs, p99 %d µs", round, pod, res.Lookups, res.Failed, res.Retried, res.P50US, res.P99US)
 				if res.Failed != 0 {
 					t.Errorf("%s: %d lookups failed: %v", pod, res.Failed, res.Errors)
+				}
+			}
+		}
+	})
+
+	t.Run("http-latency", func(t *testing.T) {
+		// The same world server and pod: port 80 through the HTTP proxy
+		// (its L7 rule allows GET /healthz), port 81 L4 only; alternating.
+		for round := range 2 {
+			for _, port := range []int{80, 81} {
+				url := fmt.Sprintf("http://%s:%d/healthz", lab.WorldServerIP, port)
+				self, err := os.Executable()
+				if err != nil {
+					t.Fatal(err)
+				}
+				cmd := exec.Command(tendrilBin, "lab", "--name", labName, "exec", client, "--", self)
+				cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d", httpLoadEnv, url, 300))
+				out, err := cmd.Output()
+				var res httpLoadResult
+				if err == nil {
+					err = json.Unmarshal(out, &res)
+				}
+				if err != nil {
+					t.Fatalf("HTTP client: %v\n%s", err, out)
+				}
+				t.Logf("round %d, port %d: %d requests, %d failed, %.0f/s, p50 %d µs, p99 %d µs", round, port, res.Requests, res.Failed, res.PerSecond, res.P50US, res.P99US)
+				if res.Failed != 0 {
+					t.Errorf("port %d: %d of %d requests failed", port, res.Failed, res.Requests)
 				}
 			}
 		}
