@@ -39,7 +39,7 @@ import (
 //
 //	config, k8s-client, bpf-maps, lb-restore, endpoint-restore-ipam, k8s-node-writeback,
 //	k8s-watchers, kvstore, identity-restore, host-ips-ct-gc, policy-restore,
-//	regenerate-restored, policy-regeneration, metrics, pprof, hubble, api-server
+//	regenerate-restored, policy-regeneration, l7-proxies, metrics, pprof, hubble, api-server
 //
 // No module has a cell.Invoke: what must run when the hive is populated
 // (a config's check, an object no other cell takes, a registration) is a
@@ -78,8 +78,12 @@ func cells() []cell.Cell {
 		hostips.Cell,
 		agentpolicy.Cell,
 		agentfqdn.Cell, // the names the DNS proxy learned: restored into policy before its first regeneration
-		agentl7.Cell,   // the DNS and HTTP proxies the datapath redirects L7 ports to
 		agentendpoints.RegenerationCell,
+		// The DNS and HTTP proxies the datapath redirects L7 ports to, once
+		// the restored endpoints have their policy (the proxies' rules):
+		// until then the datapath's fallback lets DNS through unfiltered,
+		// where a proxy without rules would refuse allowed names.
+		agentl7.Cell,
 		agentdatapath.RestoredCell,
 		cgroupmeta.Cell, // pods by cgroup ID: socket-LB flows name their client pod
 		agentflows.Cell,

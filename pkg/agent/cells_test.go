@@ -31,8 +31,14 @@ import (
 // seeds: every step, with Kubernetes, the datapath and a kvstore.
 var seedsOrder = []string{
 	"config", "k8s-client", "bpf-maps", "lb-restore", "endpoint-restore-ipam", "k8s-node-writeback", "k8s-watchers",
-	"kvstore", "identity-restore", "host-ips-ct-gc", "policy-restore", "l7-proxies", "regenerate-restored",
-	"policy-regeneration", "metrics", "pprof", "hubble", "api-server",
+	"kvstore", "identity-restore", "host-ips-ct-gc", "policy-restore", "regenerate-restored",
+	// The proxies after the restored endpoints' policy: a proxy started
+	// before it refused the names the pods' DNS rules allow (no resolved
+	// policy, no rules), where the datapath's fallback (no proxy
+	// listening) would have let them through; TestPrivilegedLabFQDNPolicy
+	// saw a REFUSED for an allowed name 14 ms after a restarted agent's
+	// proxies began to listen.
+	"policy-regeneration", "l7-proxies", "metrics", "pprof", "hubble", "api-server",
 }
 
 // TestStartOrder: the hive built from the cells (their dependencies and

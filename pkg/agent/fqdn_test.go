@@ -95,3 +95,26 @@ func TestFQDNProxyFlowsReachTheObserver(t *testing.T) {
 		t.Fatalf("flows seen after the proxy's flow: %q", s)
 	}
 }
+
+// --tofqdns-proxy-port reaches the FQDN cell, whose port the L7 cell
+// gives the DNS proxy (agentl7's redirectConfig); without it, 0 (a free
+// port at each start).
+func TestFQDNProxyPortFlag(t *testing.T) {
+	for flag, want := range map[string]uint16{"": 0, "10053": 10053} {
+		dir := t.TempDir()
+		extra := map[string]string{}
+		if flag != "" {
+			extra["tofqdns-proxy-port"] = flag
+		}
+		var mgr *agentfqdn.Manager
+		if _, err := newTestAgent(Deps{Log: testLogger(t)}, testFlags(dir, extra), cell.Invoke(func(m *agentfqdn.Manager) { mgr = m })); err != nil {
+			t.Fatal(err)
+		}
+		if got := mgr.ProxyPort(); got != want {
+			t.Errorf("--tofqdns-proxy-port %q: the DNS proxy's port %d, want %d", flag, got, want)
+		}
+	}
+	if _, err := newTestAgent(Deps{Log: testLogger(t)}, testFlags(t.TempDir(), map[string]string{"tofqdns-proxy-port": "65536"})); err == nil || !strings.Contains(err.Error(), "tofqdns-proxy-port") {
+		t.Errorf("--tofqdns-proxy-port 65536: %v, want an error naming the flag", err)
+	}
+}

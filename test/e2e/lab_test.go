@@ -54,6 +54,12 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(udpStreamEnv); spec != "" {
 		os.Exit(runUDPStream(spec))
 	}
+	if spec := os.Getenv(dnsLoadEnv); spec != "" {
+		os.Exit(runDNSLoad(spec))
+	}
+	if spec := os.Getenv(httpLoadEnv); spec != "" {
+		os.Exit(runHTTPLoad(spec))
+	}
 	binDir, err := os.MkdirTemp("", "tendril-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -44,6 +44,12 @@ type Config struct {
 	// that caches an answer longer than its TTL (many do) still reaches
 	// the address, and names outlive an agent restart.
 	MinTTL int `mapstructure:"tofqdns-min-ttl"`
+	// ProxyPort is --tofqdns-proxy-port (Cilium's name): the port the
+	// node's DNS proxy listens on, UDP and TCP; 0 takes a free one at
+	// each start. The datapath finds the proxy by its socket, not by
+	// this number; a fixed port is for what sits around the node
+	// (firewalls, monitoring) and keeps the port across restarts.
+	ProxyPort int `mapstructure:"tofqdns-proxy-port"`
 }
 
 // DefaultConfig is Cilium's default: an hour.
@@ -52,11 +58,15 @@ func DefaultConfig() Config { return Config{MinTTL: 3600} }
 // Flags implements cell.Flagger.
 func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.Int("tofqdns-min-ttl", c.MinTTL, "Seconds a name the DNS proxy learned stays allowed at least, whatever its TTL")
+	fs.Int("tofqdns-proxy-port", c.ProxyPort, "Port the DNS proxy listens on, UDP and TCP (0: a free port at each start)")
 }
 
 func (c Config) validate() error {
 	if c.MinTTL < 0 || c.MinTTL > 7*24*3600 {
 		return fmt.Errorf("tofqdns-min-ttl %d: want 0 to %d seconds", c.MinTTL, 7*24*3600)
+	}
+	if c.ProxyPort < 0 || c.ProxyPort > 65535 {
+		return fmt.Errorf("tofqdns-proxy-port %d: want 0 (a free port) to 65535", c.ProxyPort)
 	}
 	return nil
 }
@@ -71,6 +81,8 @@ type Manager struct {
 	cache    *fqdn.Cache
 	policy   *agentpolicy.Module
 	stateDir string
+	// proxyPort is --tofqdns-proxy-port.
+	proxyPort uint16
 	// flows takes the DNS proxy's L7 flows (the flows cell's observer).
 	flows observer.L7Sink
 
@@ -97,7 +109,7 @@ type params struct {
 // learned addresses: otherwise it would take them out of the pinned
 // policy maps that kept them allowed while the agent was down.
 func New(p params) *Manager {
-	m := &Manager{log: p.Log, cache: fqdn.NewCache(time.Duration(p.Config.MinTTL)*time.Second, nil), policy: p.Policy, stateDir: p.Agent.StateDir, flows: p.Flows}
+	m := &Manager{log: p.Log, cache: fqdn.NewCache(time.Duration(p.Config.MinTTL)*time.Second, nil), policy: p.Policy, stateDir: p.Agent.StateDir, proxyPort: uint16(p.Config.ProxyPort), flows: p.Flows}
 	n, err := m.cache.Restore(m.stateDir)
 	if err != nil {
 		m.log.Warn("FQDN cache not restored; names are learned again at the next lookups", "error", err)
@@ -120,6 +132,10 @@ func (m *Manager) ProxyConfig() fqdn.ProxyConfig {
 	}
 	return cfg
 }
+
+// ProxyPort is the port the DNS proxy is to listen on
+// (--tofqdns-proxy-port; 0: any free one).
+func (m *Manager) ProxyPort() uint16 { return m.proxyPort }
 
 // Cache is the cache.
 func (m *Manager) Cache() *fqdn.Cache { return m.cache }

@@ -12,11 +12,19 @@ import (
 	"github.com/tendril-net/tendril/pkg/fqdn"
 )
 
-// TestConfigValidate: --tofqdns-min-ttl within 0 to a week.
+// TestConfigValidate: --tofqdns-min-ttl within 0 to a week,
+// --tofqdns-proxy-port a port or 0.
 func TestConfigValidate(t *testing.T) {
 	for ttl, ok := range map[int]bool{0: true, 3600: true, 7 * 24 * 3600: true, -1: false, 7*24*3600 + 1: false} {
 		if err := (Config{MinTTL: ttl}).validate(); (err == nil) != ok {
 			t.Errorf("min TTL %d: %v", ttl, err)
+		}
+	}
+	for port, ok := range map[int]bool{0: true, 53: true, 65535: true, -1: false, 65536: false} {
+		c := DefaultConfig()
+		c.ProxyPort = port
+		if err := c.validate(); (err == nil) != ok {
+			t.Errorf("proxy port %d: %v", port, err)
 		}
 	}
 	if err := DefaultConfig().validate(); err != nil {

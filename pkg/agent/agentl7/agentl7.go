@@ -62,8 +62,28 @@ func (x *proxies) start(context.Context) error {
 	if p.Datapath.Maps() == nil {
 		return nil
 	}
+	cfg := redirectConfig(p)
+	r, err := l7redirect.Start(cfg)
+	if err != nil {
+		// Not fatal: without the proxies the datapath lets DNS pass as
+		// its L4 allow says and keeps other L7 ports closed.
+		p.Log.Warn("L7 proxies not running: DNS rules do not filter names and HTTP-rule ports stay closed", "error", err)
+		return nil
+	}
+	x.r = r
+	dnsPort, httpPort := r.Ports()
+	p.Log.Info("L7 proxies listening", "dns-port", dnsPort, "http-port", httpPort)
+	return nil
+}
+
+// redirectConfig is what the proxies get from the agent: senders from the
+// endpoint table, rules from the resolved policy, the DNS proxy's port
+// (--tofqdns-proxy-port) and hooks from the FQDN cell, flows into the
+// observer.
+func redirectConfig(p params) l7redirect.Config {
 	cfg := l7redirect.Config{
 		BPFRoot: p.Agent.BPFRoot,
+		DNSPort: p.FQDN.ProxyPort(),
 		Endpoint: func(addr netip.Addr) (l7redirect.Sender, bool) {
 			mgr := p.Endpoints.Manager()
 			if mgr == nil {
@@ -82,17 +102,7 @@ func (x *proxies) start(context.Context) error {
 	if p.Flows != nil {
 		cfg.HTTPFlow = p.Flows.PublishL7
 	}
-	r, err := l7redirect.Start(cfg)
-	if err != nil {
-		// Not fatal: without the proxies the datapath lets DNS pass as
-		// its L4 allow says and keeps other L7 ports closed.
-		p.Log.Warn("L7 proxies not running: DNS rules do not filter names and HTTP-rule ports stay closed", "error", err)
-		return nil
-	}
-	x.r = r
-	dnsPort, httpPort := r.Ports()
-	p.Log.Info("L7 proxies listening", "dns-port", dnsPort, "http-port", httpPort)
-	return nil
+	return cfg
 }
 
 func (x *proxies) stop(context.Context) error {
