@@ -101,7 +101,7 @@ type Device interface {
 // StrictMaps are the datapath's strict mode maps as the reconciler writes
 // them (maps.EncryptMaps; a fake in the cell's tests).
 type StrictMaps interface {
-	SetDevice(ifindex int, strict bool) error
+	SetDevice(ifindex int, strict bool, tunnelPort uint16) error
 	SyncCIDRs(want map[netip.Prefix]bool, prune bool) error
 }
 
@@ -112,10 +112,12 @@ type NodeRouter interface {
 }
 
 // Strict is what strict mode needs: the maps and the device's ifindex by
-// its name.
+// its name; in the tunnel routing mode the tunnel's UDP port (0 in native
+// routing).
 type Strict struct {
-	Maps      StrictMaps
-	LinkIndex func(name string) (int, error)
+	Maps       StrictMaps
+	LinkIndex  func(name string) (int, error)
+	TunnelPort uint16
 }
 
 // Encryption reconciles the device with the key and the nodes table.
@@ -209,7 +211,7 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 		if e.strict != nil {
 			// No device: strict mode lets nothing for other nodes'
 			// pods out until there is one again.
-			err = errors.Join(err, e.strict.Maps.SetDevice(0, true))
+			err = errors.Join(err, e.strict.Maps.SetDevice(0, true, e.strict.TunnelPort))
 		}
 		return err
 	}
@@ -327,9 +329,9 @@ func (e *Encryption) syncStrict(all []*nodemanager.Peer, configured []dpwg.Peer,
 	ifindex, err := e.strict.LinkIndex(e.cfg.WireguardDevice)
 	if err != nil {
 		return errors.Join(fmt.Errorf("wireguard-strict: device %s: %w", e.cfg.WireguardDevice, err),
-			e.strict.Maps.SetDevice(0, true))
+			e.strict.Maps.SetDevice(0, true, e.strict.TunnelPort))
 	}
-	if err := e.strict.Maps.SetDevice(ifindex, true); err != nil {
+	if err := e.strict.Maps.SetDevice(ifindex, true, e.strict.TunnelPort); err != nil {
 		return fmt.Errorf("wireguard-strict: %w", err)
 	}
 	return nil
@@ -559,7 +561,7 @@ func newCell(p params) (*Encryption, error) {
 		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
 			m, err := maps.NewEncryptMaps(p.Loader.MapReplacements())
 			if err == nil {
-				err = errors.Join(m.SetDevice(0, false), m.SyncCIDRs(nil, true))
+				err = errors.Join(m.SetDevice(0, false, 0), m.SyncCIDRs(nil, true))
 			}
 			if err != nil {
 				return fmt.Errorf("wireguard: strict mode off: %w", err)
@@ -618,6 +620,11 @@ func newCell(p params) (*Encryption, error) {
 				// meanwhile, so the traffic the device still
 				// carries is not cut.
 				e.strict = &Strict{Maps: m, LinkIndex: linkIndex}
+				if tunneling {
+					// The pods' packets leave as the tunnel's
+					// datagrams: strict mode checks their route.
+					e.strict.TunnelPort = p.Tunnel.Port()
+				}
 			}
 			if p.Config.WireguardEncryptNode || tunneling {
 				h, err := netlink.NewHandle()

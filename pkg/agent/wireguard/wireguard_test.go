@@ -270,6 +270,11 @@ func TestConfigValidate(t *testing.T) {
 	if err := on.Validate(tun); err != nil {
 		t.Errorf("encryption in tunnel mode: %v", err)
 	}
+	strict := on
+	strict.WireguardStrict = true
+	if err := strict.Validate(tun); err != nil {
+		t.Errorf("strict mode in tunnel mode: %v", err)
+	}
 	node := on
 	node.WireguardEncryptNode = true
 	if err := node.Validate(native); err != nil {
@@ -279,11 +284,10 @@ func TestConfigValidate(t *testing.T) {
 		c Config
 		t tunnel.Config
 	}{
-		"strict without":        {Config{WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
-		"port 0":                {Config{EnableWireguard: true, WireguardDevice: "x"}, native},
-		"long device name":      {Config{EnableWireguard: true, WireguardPort: 1, WireguardDevice: "a-name-too-long-for-linux"}, native},
-		"encrypt-node without":  {Config{WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
-		"strict in tunnel mode": {Config{EnableWireguard: true, WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, tun},
+		"strict without":       {Config{WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
+		"port 0":               {Config{EnableWireguard: true, WireguardDevice: "x"}, native},
+		"long device name":     {Config{EnableWireguard: true, WireguardPort: 1, WireguardDevice: "a-name-too-long-for-linux"}, native},
+		"encrypt-node without": {Config{WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
 	} {
 		if err := c.c.Validate(c.t); err == nil {
 			t.Errorf("%s: accepted", name)
