@@ -5,8 +5,10 @@
 # its own process per node), in the same run: two labs of two nodes side by
 # side, one iperf3 stream from pod-1 (node1) to pod-2 (node2) in each, the
 # two alternating round by round so that a noisy neighbour hits both. Also
-# the CPU seconds the two WireGuard device processes used per round. Needs
-# root, iperf3, jq, bc. Prints each round and the medians with the ratio.
+# the CPU seconds the two WireGuard device processes used per round, and new
+# connections per second pod-1 -> pod-2 (bench/nat/connrate: connect, send a
+# line, read the answer, close; one after the other). Needs root, iperf3,
+# jq, bc. Prints each round and the medians with the ratios.
 #
 #   bench/wireguard/run.sh                 # 5 rounds of 5 s
 #   ROUNDS=9 SECONDS_PER_ROUND=10 bench/wireguard/run.sh
@@ -15,7 +17,9 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-5}
 SECS=${SECONDS_PER_ROUND:-5}
 BIN=${BIN:-bin}
+CONNS=${CONNS:-400}
 [ -n "${SKIP_BUILD:-}" ] || make -s build k8s-binaries >/dev/null
+go build -o "$BIN/connrate" ./bench/nat/connrate
 T=$BIN/tendril
 CLEAR=wgbclr
 WG=wgbenc
@@ -49,8 +53,18 @@ gbps() {
 	wait $srv || true
 }
 
+# cps LAB: new TCP connections per second pod-1 -> pod-2:80, CONNS of them.
+cps() {
+	local lab=$1 ip
+	ip=$(pod_ip "$lab" pod-2)
+	$T lab --name "$lab" exec default/pod-1 -- "$PWD/$BIN/connrate" -addr "$ip:80" -n "$CONNS" -timeout 2s 2>/dev/null |
+		sed -n 's/.*conn_per_sec_before_failure=\([0-9.]*\).*/\1/p'
+}
+
 clr=()
 enc=()
+cclr=()
+cenc=()
 for round in $(seq "$ROUNDS"); do
 	c=$(gbps $CLEAR)
 	before=$(device_cpu)
@@ -60,9 +74,18 @@ for round in $(seq "$ROUNDS"); do
 		"$round" "$c" "$e" "$cpu" "$SECS"
 	clr+=("$c")
 	enc+=("$e")
+	cc=$(cps $CLEAR)
+	ce=$(cps $WG)
+	printf 'round %d: clear %s conn/s, wireguard (userspace) %s conn/s\n' "$round" "$cc" "$ce"
+	cclr+=("$cc")
+	cenc+=("$ce")
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 mc=$(median "${clr[@]}")
 me=$(median "${enc[@]}")
 printf 'pod-to-pod TCP across nodes, 1 stream, %d rounds of %d s: clear median %.2f Gbit/s, wireguard (userspace) median %.2f Gbit/s, ratio %.2f\n' \
 	"$ROUNDS" "$SECS" "$mc" "$me" "$(echo "$me / $mc" | bc -l)"
+mcc=$(median "${cclr[@]}")
+mce=$(median "${cenc[@]}")
+printf 'pod-to-pod new TCP connections across nodes, %d per round, %d rounds: clear median %.0f conn/s, wireguard (userspace) median %.0f conn/s, ratio %.2f\n' \
+	"$CONNS" "$ROUNDS" "$mcc" "$mce" "$(echo "$mce / $mcc" | bc -l)"

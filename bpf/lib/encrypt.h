@@ -15,11 +15,19 @@
 
 #define ENC_AF_INET 2
 #define ENC_AF_INET6 10
+/* lo: a FIB lookup "from" it is one for what the host itself sends. */
+#define ENC_LOOPBACK_IFINDEX 1
 
 /* encrypt_strict_check decides a pod's packet p for no local endpoint:
- * 0 when it may go to the host stack (strict mode off, a destination in
- * no other node's pod CIDR, or the FIB sends it to the WireGuard device
- * of a peer with a key), REASON_UNENCRYPTED otherwise. */
+ * 0 when it may go on (strict mode off, a destination in no other node's
+ * pod CIDR, or the FIB sends it to the WireGuard device of a peer with a
+ * key), REASON_UNENCRYPTED otherwise. In the tunnel routing mode (a
+ * tunnel port in the flags) the pod's packet leaves encapsulated, as a
+ * UDP datagram the host itself sends to the owner node's address (the
+ * ipcache's tunnel endpoint, the one the tunnel key will name): the FIB
+ * is asked about that datagram, as from lo (the tunnel's rule is "iif lo
+ * ipproto udp dport <port>"), so a missing rule or route, which would
+ * send it in the clear, drops the pod's packet instead. */
 static __always_inline int encrypt_strict_check(struct __sk_buff *skb, const struct pkt *p)
 {
 	__u32 zero = 0;
@@ -40,8 +48,22 @@ static __always_inline int encrypt_strict_check(struct __sk_buff *skb, const str
 	 * after TC_ACT_OK. No neighbour is needed (the device has none), so
 	 * a missing one or a too-big packet still names the device. */
 	struct bpf_fib_lookup fib = {};
-	fib.l4_protocol = p->proto;
-	if (p->family == FAMILY_V6) {
+	__u16 tport = cfg->flags >> ENCRYPT_TUNNEL_PORT_SHIFT;
+	if (tport) {
+		struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+		if (!info || !info->tunnel_family)
+			return REASON_UNENCRYPTED;
+		fib.l4_protocol = IPPROTO_UDP_;
+		fib.dport = bpf_htons(tport);
+		if (info->tunnel_family == FAMILY_V6) {
+			fib.family = ENC_AF_INET6;
+			__builtin_memcpy(fib.ipv6_dst, info->tunnel_ip, 16);
+		} else {
+			fib.family = ENC_AF_INET;
+			__builtin_memcpy(&fib.ipv4_dst, info->tunnel_ip, 4);
+		}
+		fib.ifindex = ENC_LOOPBACK_IFINDEX;
+	} else if (p->family == FAMILY_V6) {
 		fib.family = ENC_AF_INET6;
 		__builtin_memcpy(fib.ipv6_src, p->saddr, 16);
 		__builtin_memcpy(fib.ipv6_dst, p->daddr, 16);
@@ -50,7 +72,10 @@ static __always_inline int encrypt_strict_check(struct __sk_buff *skb, const str
 		fib.ipv4_src = u32_at(p->saddr);
 		fib.ipv4_dst = u32_at(p->daddr);
 	}
-	fib.ifindex = skb->ifindex;
+	if (!tport) {
+		fib.l4_protocol = p->proto;
+		fib.ifindex = skb->ifindex;
+	}
 	long r = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if ((r == BPF_FIB_LKUP_RET_SUCCESS || r == BPF_FIB_LKUP_RET_NO_NEIGH || r == BPF_FIB_LKUP_RET_FRAG_NEEDED) &&
 	    fib.ifindex == dev)

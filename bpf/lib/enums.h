@@ -135,6 +135,12 @@
  * go:const EncryptFlag ENCRYPT_F_ uint32 */
 #define ENCRYPT_F_STRICT 0x01 /* --wireguard-strict: drop what would leave unencrypted */
 
+/* encrypt_info.flags >> ENCRYPT_TUNNEL_PORT_SHIFT: the tunnel's UDP port
+ * in the tunnel routing mode (0: native routing); strict mode then checks
+ * where the encapsulated datagram would go.
+ * go:const Encrypt ENCRYPT_ uint32 */
+#define ENCRYPT_TUNNEL_PORT_SHIFT 16
+
 /* Event types (event.type).
  * go:const Event EVENT_ uint8 */
 #define EVENT_DROP 1

@@ -25,8 +25,8 @@ var (
 type reach map[string]bool // "x/a->y/b" → connected
 
 // measure probes every pod to every other pod's TCP port 80, from inside
-// the pods, many at once.
-func (e *env) measure(t *testing.T, ips map[string]string) reach {
+// the pods of lab, many at once.
+func (e *env) measure(t *testing.T, lab string, ips map[string]string) reach {
 	t.Helper()
 	out := reach{}
 	var mu sync.Mutex
@@ -42,7 +42,7 @@ func (e *env) measure(t *testing.T, ips map[string]string) reach {
 				defer wg.Done()
 				sem <- struct{}{}
 				defer func() { <-sem }()
-				cmd := exec.Command(tendrilBin, "lab", "--name", labName, "probe", "e2e"+from, ips[to]+":80", "--timeout", "1s")
+				cmd := exec.Command(tendrilBin, "lab", "--name", lab, "probe", "e2e"+from, ips[to]+":80", "--timeout", "1s")
 				err := cmd.Run()
 				code := cmd.ProcessState.ExitCode()
 				if err != nil && code != 1 {
@@ -97,7 +97,13 @@ func table(r reach) string {
 // one after another and compares the measured 9 × 9 reachability (real
 // TCP through both nodes' datapaths) with the expected one after each.
 func TestPrivilegedLabReachabilityMatrix(t *testing.T) {
-	e := labUp(t)
+	reachabilityMatrix(t, labUp(t), labName)
+}
+
+// reachabilityMatrix is the matrix on lab (e its env): the pods created in
+// namespaces e2ex, e2ey, e2ez, the policies applied one after another.
+// TestPrivilegedLabWireGuard runs it with encryption on.
+func reachabilityMatrix(t *testing.T, e *env, lab string) {
 	nodes := []string{"node1", "node2"}
 	ips := map[string]string{}
 	i := 0
@@ -229,7 +235,7 @@ func TestPrivilegedLabReachabilityMatrix(t *testing.T) {
 		// matrix settles on the expectation, or report the last one.
 		var got reach
 		eventually(t, s.name, func() (bool, error) {
-			got = e.measure(t, ips)
+			got = e.measure(t, lab, ips)
 			return fmt.Sprint(got) == fmt.Sprint(want), fmt.Errorf("matrix differs")
 		})
 		t.Logf("%s:\n%s", s.name, table(got))

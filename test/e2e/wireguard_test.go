@@ -143,7 +143,10 @@ func wireguardPids(t *testing.T, st *lab.State) map[string]string {
 // inner source address, which encryption leaves as it is); tendril status
 // shows the peer with a handshake; with both agents killed (SIGKILL) the
 // device processes live on and the traffic keeps flowing encrypted (and
-// the deny holds); the restarted agents find the same devices.
+// the deny holds); the restarted agents find the same devices. Then
+// strict mode, node encryption (node2 keeps the API server, on node1's
+// address, off its device), the policy matrix and the connectivity test,
+// all with encryption on.
 func TestPrivilegedLabWireGuard(t *testing.T) {
 	labUp(t) // the binaries; the WireGuard lab is this test's own
 	name, e := ownLab(t, "wg", "--encryption", "wireguard")
@@ -397,6 +400,12 @@ func TestPrivilegedLabWireGuard(t *testing.T) {
 	})
 	t.Run("node encryption", func(t *testing.T) {
 		wireguardNodeStep(t, name, e, ns, node1, node2, backend)
+	})
+	// The policy matrix (9 pods in 3 namespaces over both nodes, most
+	// pairs across nodes, Kubernetes NetworkPolicies one after another)
+	// with encryption and node encryption on.
+	t.Run("policy matrix", func(t *testing.T) {
+		reachabilityMatrix(t, e, name)
 	})
 	// Last, with strict mode and node encryption on: every check of the
 	// connectivity test (pods, Services, DNS, policy, the world, NodePorts
@@ -679,6 +688,48 @@ func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node
 	}
 	t.Logf("node1 -> node2:%d: %d frames on node2's bridge port, %d WireGuard datagrams, none of the connection in the clear", port, len(frames), wg)
 
+	// The API server advertises node1's address (the kubernetes
+	// Service's endpoint): node2 keeps it off node encryption, so its
+	// connections to the API server leave in the clear (they are TLS)
+	// and do not depend on the device; node1 (its own address) needs no
+	// exclusion.
+	apiPort := strconv.Itoa(e.st.APIPort)
+	eventually(t, "node2's rule keeping the API server off the device", func() (bool, error) {
+		out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node2.Netns), "ip", "-4", "rule", "show", "priority", "87").CombinedOutput()
+		s := string(out)
+		return err == nil && strings.Contains(s, "to "+node1.Address) && strings.Contains(s, "dport "+apiPort) && strings.Contains(s, "lookup main"),
+			fmt.Errorf("%v: %s", err, out)
+	})
+	if out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "ip", "-4", "rule", "show", "priority", "87").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Errorf("node1 (the API server's own node) has an exclusion rule: %v %s", err, out)
+	}
+	apiCap := startRawCapture(t, e.st.NetNetns, "node2")
+	inNetns(t, node2.Netns, func() error {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(node1.Address, apiPort), 30*time.Second)
+		if err != nil {
+			return fmt.Errorf("node2 -> the API server %s:%s: %w", node1.Address, apiPort, err)
+		}
+		return c.Close()
+	})
+	apiFrames, err := apiCap.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clearAPI := 0
+	for _, f := range apiFrames {
+		if len(f) < 34 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP || f[14+9] != unix.IPPROTO_TCP {
+			continue
+		}
+		ihl := int(f[14]&0xf) * 4
+		if len(f) >= 14+ihl+4 && strconv.Itoa(int(binary.BigEndian.Uint16(f[14+ihl+2:]))) == apiPort {
+			clearAPI++
+		}
+	}
+	if clearAPI == 0 {
+		t.Errorf("node2 -> the API server: no TCP to port %s in the clear on node2's bridge port: still through the device", apiPort)
+	}
+	t.Logf("node2 -> the API server %s:%s: %d TCP frames in the clear (excluded from node encryption)", node1.Address, apiPort, clearAPI)
+
 	eventually(t, "frontend -> backend:8080 with node encryption", func() (bool, error) {
 		c, _ := labProbe(t, name, ns+"/frontend", backend.Status.PodIP+":8080", false)
 		return c == 0, fmt.Errorf("exit %d", c)
@@ -698,7 +749,8 @@ func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node
 // sees no VXLAN datagram, no pod address, no probe port: only WireGuard
 // between the node addresses. A policy on the receiving pod admits the
 // allowed identity and denies another: the identity the VXLAN header
-// carries survives the encryption around it.
+// carries survives the encryption around it. Then strict mode on the
+// tunnel's traffic (wireguardTunnelStrictStep).
 func TestPrivilegedLabWireGuardTunnel(t *testing.T) {
 	labUp(t) // the binaries; the lab is this test's own
 	name, e := ownLab(t, "wgt", "--encryption", "wireguard", "--routing-mode", "tunnel")
@@ -790,4 +842,74 @@ func TestPrivilegedLabWireGuardTunnel(t *testing.T) {
 	if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
 		t.Errorf("frontend -> backend:8080 exit %d, want 0 (allowed by its identity)", c)
 	}
+	t.Run("strict mode", func(t *testing.T) {
+		wireguardTunnelStrictStep(t, name, e, ns, node1, backend)
+	})
+}
+
+// wireguardTunnelStrictStep: --wireguard-strict in the tunnel routing
+// mode, frontend (node1) -> backend (node2). A policy routing rule of
+// another daemon's ("iif lo ipproto udp dport 8472 lookup main", before
+// the tunnel's) sends node1's VXLAN datagrams to the underlay: without
+// strict mode the capture sees them in the clear (what the step guards
+// against); with strict mode (the agents restarted with it) from_pod
+// drops the frontend's packets as UNENCRYPTED (counted on node1, a flow),
+// nothing of the tunnel on the wire; the rule removed, traffic flows.
+func wireguardTunnelStrictStep(t *testing.T, name string, e *env, ns string, node1 *lab.Node, backend *corev1.Pod) {
+	addr := backend.Status.PodIP + ":8080"
+	probeCaptured := func(t *testing.T) (code, vxlan int) {
+		t.Helper()
+		cap := startRawCapture(t, e.st.NetNetns, "node2")
+		code, _ = labProbe(t, name, ns+"/frontend", addr, false)
+		frames, err := cap.stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range frames {
+			if _, ok := parseVXLAN(f); ok {
+				vxlan++
+			}
+		}
+		return code, vxlan
+	}
+	rule := []string{"priority", "80", "iif", "lo", "ipproto", "udp", "dport", "8472", "lookup", "main"}
+	nodeRun(t, node1, append([]string{"ip", "rule", "add"}, rule...)...)
+	ruled := true
+	t.Cleanup(func() {
+		if ruled {
+			_ = exec.Command("nsenter", append([]string{"--net=" + lab.NetnsPath(node1.Netns), "ip", "rule", "del"}, rule...)...).Run()
+		}
+	})
+	if c, vx := probeCaptured(t); c != 0 || vx == 0 {
+		t.Fatalf("without strict mode, the rule sending VXLAN to the underlay: exit %d, %d VXLAN datagrams in the clear; want 0 and some (else this step proves nothing)", c, vx)
+	} else {
+		t.Logf("without strict mode the rule sent %d VXLAN datagrams in the clear", vx)
+	}
+	restartAgents(t, e, nil, "--wireguard-strict")
+	for _, n := range e.st.Nodes {
+		eventually(t, "strict mode on "+n.Name, func() (bool, error) {
+			o, err := runCLI(tendrilBin, "-H", n.Socket, "status")
+			return err == nil && strings.Contains(o, "Encryption"), fmt.Errorf("%v: %s", err, o)
+		})
+	}
+	before := datapathCount(t, *node1, reasonUnencrypted, "egress")
+	c, vx := probeCaptured(t)
+	after := datapathCount(t, *node1, reasonUnencrypted, "egress")
+	if c == 0 || vx > 0 || after <= before {
+		t.Errorf("strict mode, the rule in place: exit %d, %d VXLAN datagrams in the clear, %d UNENCRYPTED drops on node1; want non-zero, 0 and some", c, vx, after-before)
+	}
+	t.Logf("strict mode, the rule in place: exit %d, %d UNENCRYPTED drops on node1, no VXLAN on the wire", c, after-before)
+	relay := "unix://" + e.st.RelaySocket()
+	eventually(t, "an UNENCRYPTED_TRAFFIC drop flow frontend -> backend", func() (bool, error) {
+		out, err := runCLI(tendrilBin, "observe", "--server", relay, "--last", "1000", "-o", "json",
+			"--verdict", "DROPPED", "--from-pod", ns+"/frontend")
+		return err == nil && strings.Contains(out, "UNENCRYPTED_TRAFFIC") && strings.Contains(out, backend.Status.PodIP),
+			fmt.Errorf("%v: %s", err, out)
+	})
+	nodeRun(t, node1, append([]string{"ip", "rule", "del"}, rule...)...)
+	ruled = false
+	eventually(t, "strict mode, the rule removed: frontend -> backend:8080", func() (bool, error) {
+		c, _ := labProbe(t, name, ns+"/frontend", addr, false)
+		return c == 0, fmt.Errorf("exit %d", c)
+	})
 }

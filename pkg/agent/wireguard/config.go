@@ -68,11 +68,5 @@ func (c Config) Validate(t tunnel.Config) error {
 		}
 		return errors.Join(errs...)
 	}
-	if t.Tunneling() && c.WireguardStrict {
-		// Its check asks the FIB whether a pod's packet leaves through
-		// the WireGuard device; in tunnel mode it leaves through the
-		// tunnel device, whose datagrams the device then carries.
-		errs = append(errs, fmt.Errorf("wireguard-strict: not built with routing-mode %s (docs/encryption.md); use %s", tunnel.ModeTunnel, tunnel.ModeNative))
-	}
 	return errors.Join(errs...)
 }

@@ -67,6 +67,14 @@ func (e *Encryption) StatusSection() ext.Section {
 	for _, n := range names {
 		add(n, "NOT A PEER: "+st.Skipped[n])
 	}
+	names = names[:0]
+	for n := range st.RefusedAddrs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		add(n, "ADDRESSES NOT ITS OWN: "+st.RefusedAddrs[n])
+	}
 	return sec
 }
 

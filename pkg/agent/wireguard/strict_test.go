@@ -12,14 +12,15 @@ import (
 
 // fakeStrict is strict mode's maps in memory, with what was written.
 type fakeStrict struct {
-	ifindex int
-	strict  bool
-	cidrs   map[netip.Prefix]bool
-	writes  int
+	ifindex    int
+	strict     bool
+	tunnelPort uint16
+	cidrs      map[netip.Prefix]bool
+	writes     int
 }
 
-func (f *fakeStrict) SetDevice(ifindex int, strict bool) error {
-	f.ifindex, f.strict = ifindex, strict
+func (f *fakeStrict) SetDevice(ifindex int, strict bool, tunnelPort uint16) error {
+	f.ifindex, f.strict, f.tunnelPort = ifindex, strict, tunnelPort
 	return nil
 }
 
@@ -126,5 +127,15 @@ func TestStrictMapWrites(t *testing.T) {
 	}
 	if fs.ifindex != 0 || !fs.strict {
 		t.Errorf("device not ensured: entry %d strict %v, want 0 true", fs.ifindex, fs.strict)
+	}
+	// In the tunnel routing mode the entry names the tunnel's port,
+	// whatever the device's state.
+	v.e.strict.TunnelPort = 8472
+	if err := v.e.Reconcile(ctx); err == nil || fs.ifindex != 0 || fs.tunnelPort != 8472 {
+		t.Errorf("tunnel mode, device not ensured: %v, entry %d port %d, want an error, 0 and 8472", err, fs.ifindex, fs.tunnelPort)
+	}
+	v.dev.ensureErr = nil
+	if err := v.e.Reconcile(ctx); err != nil || fs.ifindex != 42 || !fs.strict || fs.tunnelPort != 8472 {
+		t.Errorf("tunnel mode: %v, entry %d strict %v port %d, want 42 true 8472", err, fs.ifindex, fs.strict, fs.tunnelPort)
 	}
 }

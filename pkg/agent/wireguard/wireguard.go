@@ -101,21 +101,23 @@ type Device interface {
 // StrictMaps are the datapath's strict mode maps as the reconciler writes
 // them (maps.EncryptMaps; a fake in the cell's tests).
 type StrictMaps interface {
-	SetDevice(ifindex int, strict bool) error
+	SetDevice(ifindex int, strict bool, tunnelPort uint16) error
 	SyncCIDRs(want map[netip.Prefix]bool, prune bool) error
 }
 
 // NodeRouter routes this node's traffic to the peers' node addresses
 // through the device (dpwg.NodeRoutes; a fake in the cell's tests).
 type NodeRouter interface {
-	Sync(addrs []netip.Addr, prune bool) (bool, error)
+	Sync(addrs []netip.Addr, exclude []netip.AddrPort, prune bool) (bool, error)
 }
 
 // Strict is what strict mode needs: the maps and the device's ifindex by
-// its name.
+// its name; in the tunnel routing mode the tunnel's UDP port (0 in native
+// routing).
 type Strict struct {
-	Maps      StrictMaps
-	LinkIndex func(name string) (int, error)
+	Maps       StrictMaps
+	LinkIndex  func(name string) (int, error)
+	TunnelPort uint16
 }
 
 // Encryption reconciles the device with the key and the nodes table.
@@ -132,6 +134,15 @@ type Encryption struct {
 	nodeRoutes NodeRouter
 	// tunnelRoutes is set in the tunnel routing mode.
 	tunnelRoutes NodeRouter
+	// rules judge which of a node's addresses are its own
+	// (nodemanager.Rules.OwnAddresses): the same pools, service CIDRs
+	// and local pod CIDRs and addresses the nodes table judges pod CIDRs
+	// against.
+	rules nodemanager.Rules
+	// apiServers are the API server's addresses and ports (the
+	// kubernetes Service's endpoints; nil without Kubernetes): with node
+	// encryption they are left out of it when they sit on another node.
+	apiServers func() []netip.AddrPort
 
 	mu  sync.Mutex
 	key wgtypes.Key
@@ -139,7 +150,10 @@ type Encryption struct {
 	keyChanged chan struct{}
 	// skipped are the nodes left out of the peers, and why.
 	skipped map[string]string
-	lastErr error
+	// refusedAddrs are the addresses nodes claim that are not taken as
+	// theirs, by node.
+	refusedAddrs map[string]string
+	lastErr      error
 }
 
 // New builds the reconciler: the key is read from keyPath, or made.
@@ -197,7 +211,7 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 		if e.strict != nil {
 			// No device: strict mode lets nothing for other nodes'
 			// pods out until there is one again.
-			err = errors.Join(err, e.strict.Maps.SetDevice(0, true))
+			err = errors.Join(err, e.strict.Maps.SetDevice(0, true, e.strict.TunnelPort))
 		}
 		return err
 	}
@@ -207,14 +221,24 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 	key := e.key
 	e.mu.Unlock()
 	all := statedb.Collect(e.peers.All(txn))
-	want, skipped := desiredPeers(all, key.PublicKey(), e.cfg.WireguardPort)
+	want, skipped, refused := desiredPeers(all, key.PublicKey(), e.cfg.WireguardPort, e.rules)
+	refusedAddrs := map[string]string{}
+	for n, rs := range refused {
+		refusedAddrs[n] = joinRejections(rs)
+	}
 	e.mu.Lock()
 	for n, why := range skipped {
 		if e.skipped[n] != why {
 			e.log.Warn("Node left out of the WireGuard peers", "node", n, "reason", why)
 		}
 	}
+	for n, why := range refusedAddrs {
+		if e.refusedAddrs[n] != why {
+			e.log.Warn("Node addresses not given to its WireGuard peer", "node", n, "addresses", why)
+		}
+	}
 	e.skipped = skipped
+	e.refusedAddrs = refusedAddrs
 	e.mu.Unlock()
 	if !initialized {
 		cur, err := e.dev.Device(e.cfg.WireguardDevice)
@@ -255,7 +279,7 @@ func (e *Encryption) syncTunnelRoutes(all []*nodemanager.Peer, initialized bool)
 		addrs = append(addrs, p.IPs...)
 	}
 	slices.SortFunc(addrs, netip.Addr.Compare)
-	changed, err := e.tunnelRoutes.Sync(slices.Compact(addrs), initialized)
+	changed, err := e.tunnelRoutes.Sync(slices.Compact(addrs), nil, initialized)
 	if changed {
 		e.log.Info("WireGuard tunnel routes set", "device", e.cfg.WireguardDevice, "nodes", len(all))
 	}
@@ -276,9 +300,11 @@ func (e *Encryption) syncNodeRoutes(configured []dpwg.Peer, initialized bool) er
 	if e.nodeRoutes == nil {
 		return nil
 	}
-	changed, err := e.nodeRoutes.Sync(dpwg.NodeAddresses(configured), initialized)
+	addrs := dpwg.NodeAddresses(configured)
+	exclude := apiServerExclusions(e.apiServers, addrs)
+	changed, err := e.nodeRoutes.Sync(addrs, exclude, initialized)
 	if changed {
-		e.log.Info("WireGuard node routes set", "device", e.cfg.WireguardDevice, "nodes", len(configured))
+		e.log.Info("WireGuard node routes set", "device", e.cfg.WireguardDevice, "nodes", len(configured), "excluded", exclude)
 	}
 	if err != nil {
 		return fmt.Errorf("wireguard-encrypt-node: %w", err)
@@ -303,9 +329,9 @@ func (e *Encryption) syncStrict(all []*nodemanager.Peer, configured []dpwg.Peer,
 	ifindex, err := e.strict.LinkIndex(e.cfg.WireguardDevice)
 	if err != nil {
 		return errors.Join(fmt.Errorf("wireguard-strict: device %s: %w", e.cfg.WireguardDevice, err),
-			e.strict.Maps.SetDevice(0, true))
+			e.strict.Maps.SetDevice(0, true, e.strict.TunnelPort))
 	}
-	if err := e.strict.Maps.SetDevice(ifindex, true); err != nil {
+	if err := e.strict.Maps.SetDevice(ifindex, true, e.strict.TunnelPort); err != nil {
 		return fmt.Errorf("wireguard-strict: %w", err)
 	}
 	return nil
@@ -342,25 +368,23 @@ func strictCIDRs(all []*nodemanager.Peer, configured []dpwg.Peer) map[netip.Pref
 // an inner source its peer is not allowed. A key two
 // nodes publish is given to neither (WireGuard would merge them into one
 // peer and its allowed IPs), nor is this node's own key.
-func desiredPeers(all []*nodemanager.Peer, own wgtypes.Key, port uint16) ([]dpwg.Peer, map[string]string) {
+func desiredPeers(all []*nodemanager.Peer, own wgtypes.Key, port uint16, rules nodemanager.Rules) ([]dpwg.Peer, map[string]string, map[string][]nodemanager.AddressRejection) {
 	skipped := map[string]string{}
 	byKey := map[string][]string{}
-	// claims counts the nodes claiming each address: the addresses come
-	// from objects each node writes for itself, and one two nodes claim
-	// is given to neither (in the allowed IPs WireGuard would move it to
-	// whichever peer was set last; with node encryption this node's
-	// traffic to it would go to that one).
-	claims := map[netip.Addr]int{}
 	for _, p := range all {
 		if p.WireGuardKey != "" {
 			byKey[p.WireGuardKey] = append(byKey[p.WireGuardKey], p.Name)
 		}
-		ips := slices.Clone(p.IPs)
-		slices.SortFunc(ips, netip.Addr.Compare)
-		for _, ip := range slices.Compact(ips) {
-			claims[ip]++
-		}
 	}
+	// The addresses come from objects each node writes for itself: only
+	// those no one else owns go into the allowed IPs and the node routes
+	// (one two nodes claim: WireGuard would move it to whichever peer
+	// was set last, and with node encryption this node's traffic to it
+	// would go to that one; one of this node's pods or addresses, of
+	// another node's pods, of the pools or the services: that node could
+	// send as it and, with node encryption, receive this node's traffic
+	// to it).
+	ownAddrs, refused := rules.OwnAddresses(all)
 	var out []dpwg.Peer
 	for _, p := range all {
 		switch {
@@ -385,35 +409,69 @@ func desiredPeers(all []*nodemanager.Peer, own wgtypes.Key, port uint16) ([]dpwg
 			skipped[p.Name] = "malformed key: " + err.Error()
 			continue
 		}
-		ep, ok := endpoint(p)
+		ep, ok := endpoint(p, ownAddrs[p.Name])
 		if !ok {
-			skipped[p.Name] = "no node address"
+			skipped[p.Name] = "no node address of its own"
+			if len(refused[p.Name]) > 0 {
+				skipped[p.Name] += ": " + joinRejections(refused[p.Name])
+			}
 			continue
 		}
 		allowed := slices.Clone(p.PodCIDRs)
 		var addrs []netip.Addr
-		for _, ip := range p.IPs {
-			if claims[ip] > 1 {
-				continue
-			}
+		for _, ip := range ownAddrs[p.Name] {
 			allowed = append(allowed, netip.PrefixFrom(ip, ip.BitLen()))
 			addrs = append(addrs, ip)
 		}
 		out = append(out, dpwg.Peer{Node: p.Name, PublicKey: key, Endpoint: netip.AddrPortFrom(ep, port),
 			AllowedIPs: allowed, Addresses: addrs})
 	}
-	return out, skipped
+	return out, skipped, refused
 }
 
-func endpoint(p *nodemanager.Peer) (netip.Addr, bool) {
+// apiServerExclusions are the API server's addresses and ports that the
+// node routes would send through the device (it sits on another node):
+// they are left out, as Cilium leaves control-plane nodes out of node
+// encryption, so that this node reaches the API server, and learns the
+// keys there, even while the device cannot reach that node (a key not
+// yet known on either side, a rotation, the device being restarted).
+func apiServerExclusions(apiServers func() []netip.AddrPort, routed []netip.Addr) []netip.AddrPort {
+	if apiServers == nil {
+		return nil
+	}
+	var out []netip.AddrPort
+	for _, ap := range apiServers() {
+		ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		if slices.Contains(routed, ap.Addr()) {
+			out = append(out, ap)
+		}
+	}
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return slices.Compact(out)
+}
+
+func joinRejections(rs []nodemanager.AddressRejection) string {
+	var out string
+	for i, r := range rs {
+		if i > 0 {
+			out += ", "
+		}
+		out += r.String()
+	}
+	return out
+}
+
+// endpoint is where the peer's datagrams go: the first of the node's own
+// addresses (OwnAddresses) of its first pod CIDR's family, else its first.
+func endpoint(p *nodemanager.Peer, own []netip.Addr) (netip.Addr, bool) {
 	v4 := p.PodCIDRs[0].Addr().Is4()
-	for _, ip := range p.IPs {
+	for _, ip := range own {
 		if ip.Is4() == v4 {
 			return ip, true
 		}
 	}
-	if len(p.IPs) > 0 {
-		return p.IPs[0], true
+	if len(own) > 0 {
+		return own[0], true
 	}
 	return netip.Addr{}, false
 }
@@ -483,7 +541,11 @@ type params struct {
 	Health    *health.Registry
 	DB        *statedb.DB
 	Nodes     statedb.Table[*nodemanager.Peer]
-	Metrics   *metrics.Server `optional:"true"`
+	// K8s and Client give the rules a node's addresses are judged by
+	// and the API server's endpoints (Client is nil without Kubernetes).
+	K8s     agentk8s.Config
+	Client  *agentk8s.Client
+	Metrics *metrics.Server `optional:"true"`
 	// Loader is nil without the datapath (then no strict mode).
 	Loader *loader.Loader
 }
@@ -499,7 +561,7 @@ func newCell(p params) (*Encryption, error) {
 		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
 			m, err := maps.NewEncryptMaps(p.Loader.MapReplacements())
 			if err == nil {
-				err = errors.Join(m.SetDevice(0, false), m.SyncCIDRs(nil, true))
+				err = errors.Join(m.SetDevice(0, false, 0), m.SyncCIDRs(nil, true))
 			}
 			if err != nil {
 				return fmt.Errorf("wireguard: strict mode off: %w", err)
@@ -539,6 +601,12 @@ func newCell(p params) (*Encryption, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wireguard: %w", err)
 	}
+	if p.Client != nil {
+		if e.rules, err = agentk8s.PeerRules(p.K8s, p.Client); err != nil {
+			return nil, fmt.Errorf("wireguard: %w", err)
+		}
+		e.apiServers = p.Client.APIServerEndpoints
+	}
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(hc cell.HookContext) error {
 			if p.Config.WireguardStrict {
@@ -552,6 +620,11 @@ func newCell(p params) (*Encryption, error) {
 				// meanwhile, so the traffic the device still
 				// carries is not cut.
 				e.strict = &Strict{Maps: m, LinkIndex: linkIndex}
+				if tunneling {
+					// The pods' packets leave as the tunnel's
+					// datagrams: strict mode checks their route.
+					e.strict.TunnelPort = p.Tunnel.Port()
+				}
 			}
 			if p.Config.WireguardEncryptNode || tunneling {
 				h, err := netlink.NewHandle()
@@ -682,14 +755,17 @@ type State struct {
 	// Nodes names each peer's node by its key.
 	Nodes   map[wgtypes.Key]string
 	Skipped map[string]string
-	Err     error
+	// RefusedAddrs are the addresses nodes claim that are not given to
+	// their peers, by node.
+	RefusedAddrs map[string]string
+	Err          error
 }
 
 // State reads the device.
 func (e *Encryption) State() State {
 	e.mu.Lock()
 	st := State{Device: e.cfg.WireguardDevice, PublicKey: e.key.PublicKey().String(), Port: int(e.cfg.WireguardPort),
-		Skipped: e.skipped, Err: e.lastErr, Nodes: map[wgtypes.Key]string{}}
+		Skipped: e.skipped, RefusedAddrs: e.refusedAddrs, Err: e.lastErr, Nodes: map[wgtypes.Key]string{}}
 	e.mu.Unlock()
 	for p := range e.peers.All(e.db.ReadTxn()) {
 		if k, err := wgkey.ParsePublicKey(p.WireGuardKey); err == nil {

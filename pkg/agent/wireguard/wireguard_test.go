@@ -270,6 +270,11 @@ func TestConfigValidate(t *testing.T) {
 	if err := on.Validate(tun); err != nil {
 		t.Errorf("encryption in tunnel mode: %v", err)
 	}
+	strict := on
+	strict.WireguardStrict = true
+	if err := strict.Validate(tun); err != nil {
+		t.Errorf("strict mode in tunnel mode: %v", err)
+	}
 	node := on
 	node.WireguardEncryptNode = true
 	if err := node.Validate(native); err != nil {
@@ -279,11 +284,10 @@ func TestConfigValidate(t *testing.T) {
 		c Config
 		t tunnel.Config
 	}{
-		"strict without":        {Config{WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
-		"port 0":                {Config{EnableWireguard: true, WireguardDevice: "x"}, native},
-		"long device name":      {Config{EnableWireguard: true, WireguardPort: 1, WireguardDevice: "a-name-too-long-for-linux"}, native},
-		"encrypt-node without":  {Config{WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
-		"strict in tunnel mode": {Config{EnableWireguard: true, WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, tun},
+		"strict without":       {Config{WireguardStrict: true, WireguardPort: 1, WireguardDevice: "x"}, native},
+		"port 0":               {Config{EnableWireguard: true, WireguardDevice: "x"}, native},
+		"long device name":     {Config{EnableWireguard: true, WireguardPort: 1, WireguardDevice: "a-name-too-long-for-linux"}, native},
+		"encrypt-node without": {Config{WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
 	} {
 		if err := c.c.Validate(c.t); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -292,10 +296,14 @@ func TestConfigValidate(t *testing.T) {
 }
 
 // fakeRouter records what the node routes were synced with.
-type fakeRouter struct{ addrs []netip.Addr }
+type fakeRouter struct {
+	addrs   []netip.Addr
+	exclude []netip.AddrPort
+}
 
-func (f *fakeRouter) Sync(addrs []netip.Addr, _ bool) (bool, error) {
+func (f *fakeRouter) Sync(addrs []netip.Addr, exclude []netip.AddrPort, _ bool) (bool, error) {
 	f.addrs = slices.Clone(addrs)
+	f.exclude = slices.Clone(exclude)
 	return true, nil
 }
 
@@ -329,5 +337,91 @@ func TestSharedAddressGivenToNoPeer(t *testing.T) {
 	}
 	if v.dev.dev.FirewallMark != dpwg.NodeMark {
 		t.Errorf("device's fwmark %#x, want %#x", v.dev.dev.FirewallMark, dpwg.NodeMark)
+	}
+}
+
+// TestAddressNoNodeOwns: a node's addresses come from objects it writes
+// itself; one that is not its own (this node's address, an address
+// inside this node's or another node's pod CIDR, in the cluster pool
+// outside every pod CIDR, in the service CIDR, loopback) is neither an
+// allowed IP of its peer (the node could send as it) nor, with node
+// encryption, routed to the device (this node's traffic to it would go
+// to that node); it is reported. The node's endpoint is an address of its
+// own: a node whose only address is not gets no peer.
+func TestAddressNoNodeOwns(t *testing.T) {
+	v := newEnv(t)
+	v.e.cfg.WireguardEncryptNode = true
+	r := &fakeRouter{}
+	v.e.nodeRoutes = r
+	v.e.rules = nodemanager.Rules{
+		Pools:    []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+		Reserved: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")},
+		Local: func() ([]netip.Prefix, []netip.Addr) {
+			return []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, []netip.Addr{netip.MustParseAddr("192.168.1.1")}
+		},
+	}
+	kb, kc, kd := pub(t), pub(t), pub(t)
+	b := peer("b", "192.168.1.2", "10.244.2.0/24", kb)
+	for _, a := range []string{"192.168.1.1", "10.244.1.5", "10.244.3.7", "10.244.9.9", "10.96.0.10", "127.0.0.1", "10.244.2.1"} {
+		b.IPs = append(b.IPs, netip.MustParseAddr(a))
+	}
+	c := peer("c", "192.168.1.3", "10.244.3.0/24", kc)
+	// d's only address is this node's: no endpoint of its own.
+	d := peer("d", "192.168.1.1", "10.244.4.0/24", kd)
+	v.set(t, b, c, d)
+	v.synced()
+	if err := v.e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := v.dev.peers()
+	want := map[string]string{
+		// b's router IP (inside its own pod CIDR) is allowed: its pod
+		// CIDR is anyway.
+		kb: "192.168.1.2:51871 10.244.2.0/24,192.168.1.2/32,10.244.2.1/32",
+		kc: "192.168.1.3:51871 10.244.3.0/24,192.168.1.3/32",
+	}
+	if len(got) != 2 || got[kb] != want[kb] || got[kc] != want[kc] {
+		t.Errorf("peers %v, want %v", got, want)
+	}
+	if fmt.Sprint(r.addrs) != "[10.244.2.1 192.168.1.2 192.168.1.3]" {
+		t.Errorf("node routes to %v, want [10.244.2.1 192.168.1.2 192.168.1.3]", r.addrs)
+	}
+	st := v.e.State()
+	for _, reason := range []string{nodemanager.AddrReasonLocal, nodemanager.AddrReasonPodCIDR, nodemanager.AddrReasonPool,
+		nodemanager.AddrReasonService, nodemanager.AddrReasonNotUnicast} {
+		if !strings.Contains(st.RefusedAddrs["b"], reason) {
+			t.Errorf("b's refused addresses %q: no %s", st.RefusedAddrs["b"], reason)
+		}
+	}
+	if !strings.Contains(st.Skipped["d"], "no node address of its own") {
+		t.Errorf("d skipped as %q, want no node address of its own", st.Skipped["d"])
+	}
+}
+
+// TestAPIServerLeftOutOfNodeEncryption: with node encryption, the API
+// server's address and port are excluded from the routes to the device
+// when the address is another node's (routed to the device): this node
+// reaches the API server to learn keys whatever the device's state. An
+// API server on no peer's address needs no exclusion.
+func TestAPIServerLeftOutOfNodeEncryption(t *testing.T) {
+	v := newEnv(t)
+	v.e.cfg.WireguardEncryptNode = true
+	r := &fakeRouter{}
+	v.e.nodeRoutes = r
+	v.e.apiServers = func() []netip.AddrPort {
+		return []netip.AddrPort{netip.MustParseAddrPort("192.168.1.3:6443"), netip.MustParseAddrPort("172.16.0.1:443"),
+			netip.MustParseAddrPort("[::ffff:192.168.1.3]:6443")}
+	}
+	kb, kc := pub(t), pub(t)
+	v.set(t, peer("b", "192.168.1.2", "10.244.2.0/24", kb), peer("c", "192.168.1.3", "10.244.3.0/24", kc))
+	v.synced()
+	if err := v.e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(r.addrs) != "[192.168.1.2 192.168.1.3]" {
+		t.Errorf("node routes to %v, want [192.168.1.2 192.168.1.3]", r.addrs)
+	}
+	if fmt.Sprint(r.exclude) != "[192.168.1.3:6443]" {
+		t.Errorf("excluded %v, want [192.168.1.3:6443]", r.exclude)
 	}
 }

@@ -30,11 +30,13 @@ func NewEncryptMaps(byName map[string]*ebpf.Map) (EncryptMaps, error) {
 }
 
 // SetDevice writes the configuration entry: the WireGuard device (0:
-// none) and whether strict mode is on.
-func (m EncryptMaps) SetDevice(ifindex int, strict bool) error {
-	v := bpf.LxcEncryptInfo{Ifindex: uint32(ifindex)}
+// none), whether strict mode is on and, in the tunnel routing mode, the
+// tunnel's UDP port (0 in native routing): strict mode then checks where
+// the encapsulated datagram goes.
+func (m EncryptMaps) SetDevice(ifindex int, strict bool, tunnelPort uint16) error {
+	v := bpf.LxcEncryptInfo{Ifindex: uint32(ifindex), Flags: uint32(tunnelPort) << EncryptTunnelPortShift}
 	if strict {
-		v.Flags = EncryptFlagStrict
+		v.Flags |= EncryptFlagStrict
 	}
 	if err := m.Config.Put(uint32(0), &v); err != nil {
 		return fmt.Errorf("write %s: %w", bpf.LxcMapTdrEncryptV1, err)

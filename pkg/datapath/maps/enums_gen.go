@@ -185,6 +185,14 @@ const (
 	EncryptFlagStrict uint32 = 0x01 // ENCRYPT_F_STRICT: --wireguard-strict: drop what would leave unencrypted
 )
 
+// encrypt_info.flags >> ENCRYPT_TUNNEL_PORT_SHIFT: the tunnel's UDP port
+// in the tunnel routing mode (0: native routing); strict mode then checks
+// where the encapsulated datagram would go.
+// From ENCRYPT_* of bpf/lib/enums.h.
+const (
+	EncryptTunnelPortShift uint32 = 16 // ENCRYPT_TUNNEL_PORT_SHIFT
+)
+
 // Event types (event.type).
 // From EVENT_* of bpf/lib/enums.h.
 const (

@@ -36,6 +36,11 @@ const (
 	// before main's (32766).
 	NodeMarkRulePriority = 89
 	NodeRulePriority     = 90
+	// NodeExcludeRulePriority is the rules' that keep the API server's
+	// address and port, when it sits on another node, out of the node
+	// encryption ("iif lo to <addr> ipproto tcp dport <port> lookup
+	// main"), before the rule to NodeTable.
+	NodeExcludeRulePriority = 87
 	// TunnelTable and TunnelRulePriority are the tunnel routing mode's:
 	// the tunnel device's datagrams (UDP to the tunnel port, generated
 	// here) to every other node's address go through the WireGuard
@@ -106,6 +111,9 @@ func isOurs(ru netlink.Rule) bool {
 		return ru.Table == NodeTable && ru.IifName == "lo" && !ru.Invert
 	case TunnelRulePriority:
 		return ru.Table == TunnelTable && ru.IifName == "lo" && !ru.Invert
+	case NodeExcludeRulePriority:
+		return ru.Table == unix.RT_TABLE_MAIN && ru.IifName == "lo" && ru.Dst != nil && ru.IPProto == unix.IPPROTO_TCP &&
+			ru.Dport != nil && !ru.Invert
 	}
 	return false
 }
@@ -141,7 +149,12 @@ func (r NodeRoutes) ensureRules(family int) error {
 // that node (this node's own address there), so the inner packet's source
 // is an address the peer allows this node. It returns whether it changed
 // anything.
-func (r NodeRoutes) Sync(addrs []netip.Addr, prune bool) (bool, error) {
+//
+// exclude are TCP addresses and ports this node's traffic to which stays
+// off the device (the API server's on another node): a rule each, set
+// before the routes, so that the route to that node never takes them;
+// the ones not named any more are removed with prune.
+func (r NodeRoutes) Sync(addrs []netip.Addr, exclude []netip.AddrPort, prune bool) (bool, error) {
 	link, err := r.Handle.LinkByName(r.Device)
 	if err != nil {
 		return false, fmt.Errorf("node routes: device %s: %w", r.Device, err)
@@ -150,7 +163,10 @@ func (r NodeRoutes) Sync(addrs []netip.Addr, prune bool) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	changed := false
+	changed, err := r.syncExclusions(exclude, prune)
+	if err != nil {
+		return changed, err
+	}
 	want := map[netip.Prefix]bool{}
 	var errs []error
 	families := map[int]bool{}
@@ -195,6 +211,83 @@ func (r NodeRoutes) Sync(addrs []netip.Addr, prune bool) (bool, error) {
 			}
 			if err := r.Handle.RouteDel(&h); err != nil && !errors.Is(err, unix.ESRCH) {
 				errs = append(errs, fmt.Errorf("remove node route %s: %w", dst, err))
+				continue
+			}
+			changed = true
+		}
+	}
+	return changed, errors.Join(errs...)
+}
+
+// exclusionRule is "iif lo to ap's address ipproto tcp dport ap's port
+// lookup main".
+func exclusionRule(ap netip.AddrPort) *netlink.Rule {
+	ru := netlink.NewRule()
+	ru.Family = unix.AF_INET
+	if ap.Addr().Is6() {
+		ru.Family = unix.AF_INET6
+	}
+	ru.Priority = NodeExcludeRulePriority
+	ru.Table = unix.RT_TABLE_MAIN
+	ru.IifName = "lo"
+	ru.Dst = prefixIPNet(netip.PrefixFrom(ap.Addr(), ap.Addr().BitLen()))
+	ru.IPProto = unix.IPPROTO_TCP
+	ru.Dport = netlink.NewRulePortRange(ap.Port(), ap.Port())
+	return ru
+}
+
+// exclusionOf is the address and port an exclusion rule names.
+func exclusionOf(ru netlink.Rule) (netip.AddrPort, bool) {
+	a, ok := netip.AddrFromSlice(ru.Dst.IP)
+	if !ok || ru.Dport == nil {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(a.Unmap(), ru.Dport.Start), true
+}
+
+// syncExclusions adds the exclusion rules missing and, with prune,
+// removes those not in exclude (none in the tunnel's routes).
+func (r NodeRoutes) syncExclusions(exclude []netip.AddrPort, prune bool) (bool, error) {
+	if r.TunnelPort != 0 {
+		return false, nil
+	}
+	changed := false
+	have := map[netip.AddrPort]netlink.Rule{}
+	for _, f := range []int{unix.AF_INET, unix.AF_INET6} {
+		rules, err := r.Handle.RuleList(f)
+		if err != nil {
+			return false, fmt.Errorf("list rules: %w", err)
+		}
+		for _, ru := range rules {
+			if ru.Priority != NodeExcludeRulePriority || !isOurs(ru) {
+				continue
+			}
+			if ap, ok := exclusionOf(ru); ok {
+				have[ap] = ru
+			}
+		}
+	}
+	var errs []error
+	want := map[netip.AddrPort]bool{}
+	for _, ap := range exclude {
+		ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		want[ap] = true
+		if _, ok := have[ap]; ok {
+			continue
+		}
+		if err := r.Handle.RuleAdd(exclusionRule(ap)); err != nil {
+			errs = append(errs, fmt.Errorf("add the rule keeping %s off the device: %w", ap, err))
+			continue
+		}
+		changed = true
+	}
+	if prune {
+		for ap, ru := range have {
+			if want[ap] {
+				continue
+			}
+			if err := r.Handle.RuleDel(&ru); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("remove the rule keeping %s off the device: %w", ap, err))
 				continue
 			}
 			changed = true
@@ -251,7 +344,9 @@ func (r NodeRoutes) Remove() error {
 		for _, ru := range rules {
 			// The mark rule is shared by both tables' users: it goes
 			// when the other's rule is not there.
-			if !isOurs(ru) || (ru.Table != r.table() && ru.Priority != NodeMarkRulePriority) ||
+			// The exclusions are node encryption's.
+			exclusion := ru.Priority == NodeExcludeRulePriority && r.TunnelPort == 0
+			if !isOurs(ru) || (ru.Table != r.table() && ru.Priority != NodeMarkRulePriority && !exclusion) ||
 				(ru.Priority == NodeMarkRulePriority && r.otherRuleIn(rules)) {
 				continue
 			}
@@ -275,7 +370,7 @@ func (r NodeRoutes) Remove() error {
 // otherRuleIn tells whether the other table's rule is among rules.
 func (r NodeRoutes) otherRuleIn(rules []netlink.Rule) bool {
 	for _, ru := range rules {
-		if isOurs(ru) && ru.Priority != NodeMarkRulePriority && ru.Table != r.table() {
+		if isOurs(ru) && ru.Priority != NodeMarkRulePriority && ru.Priority != NodeExcludeRulePriority && ru.Table != r.table() {
 			return true
 		}
 	}

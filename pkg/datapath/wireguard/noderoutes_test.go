@@ -29,9 +29,12 @@ import (
 // marked payload: a capture on the link sees only UDP between the nodes
 // on the WireGuard port (the device's own datagrams to the very address
 // the routes send through the device do not loop), never the payload or
-// the TCP port. A second Sync changes nothing. Remove takes the rule and
-// the routes away, and the same connection is then seen in the clear: the
-// capture's check can fail.
+// the TCP port. A second Sync changes nothing. The API server's address
+// and port excluded (a rule of its own): the same connection is seen in
+// the clear, the rule kept by a Sync without prune, removed by one with
+// it (encrypted again; seen failing with the rule not added). Remove
+// takes the rules and the routes away, and the same connection is then
+// seen in the clear: the capture's check can fail.
 func TestPrivilegedNodeRoutes(t *testing.T) {
 	testutil.Privileged(t)
 	nsA, hA := newNS(t)
@@ -76,10 +79,10 @@ func TestPrivilegedNodeRoutes(t *testing.T) {
 		}
 		r := NodeRoutes{Handle: n.h, Device: n.dev}
 		routes[n.dev] = r
-		if changed, err := r.Sync(NodeAddresses([]Peer{n.peer}), true); err != nil || !changed {
+		if changed, err := r.Sync(NodeAddresses([]Peer{n.peer}), nil, true); err != nil || !changed {
 			t.Fatalf("sync %s: changed %v, %v", n.dev, changed, err)
 		}
-		if changed, err := r.Sync(NodeAddresses([]Peer{n.peer}), true); err != nil || changed {
+		if changed, err := r.Sync(NodeAddresses([]Peer{n.peer}), nil, true); err != nil || changed {
 			t.Fatalf("second sync %s: changed %v, %v; want nothing to do", n.dev, changed, err)
 		}
 	}
@@ -162,6 +165,36 @@ func TestPrivilegedNodeRoutes(t *testing.T) {
 	}
 	t.Logf("node to node: %d WireGuard datagrams, nothing in the clear", wg)
 
+	// The API server's address and port on node B: node A's connections
+	// to it stay off the device (its requests in the clear: it can reach
+	// the API server to learn keys whatever the device's state), the
+	// route to node B stays for the rest.
+	apiServer := netip.AddrPortFrom(nodeB, port)
+	rA := routes[devA]
+	if changed, err := rA.Sync([]netip.Addr{nodeB}, []netip.AddrPort{apiServer}, true); err != nil || !changed {
+		t.Fatalf("sync with the exclusion: changed %v, %v", changed, err)
+	}
+	if changed, err := rA.Sync([]netip.Addr{nodeB}, []netip.AddrPort{apiServer}, true); err != nil || changed {
+		t.Fatalf("second sync with the exclusion: changed %v, %v; want nothing to do", changed, err)
+	}
+	if inClear, _ := clear(echo(t)); inClear == 0 {
+		t.Fatalf("the excluded address and port: not seen in the clear, still through the device")
+	}
+	// Not pruned before the nodes are known; pruned after.
+	if changed, err := rA.Sync([]netip.Addr{nodeB}, nil, false); err != nil || changed {
+		t.Fatalf("sync without prune: changed %v, %v; want the exclusion kept", changed, err)
+	}
+	if changed, err := rA.Sync([]netip.Addr{nodeB}, nil, true); err != nil || !changed {
+		t.Fatalf("sync with prune: changed %v, %v; want the exclusion removed", changed, err)
+	}
+	if inClear, wg := clear(echo(t)); inClear != 0 || wg == 0 {
+		t.Fatalf("the exclusion removed: %d frames in the clear, %d WireGuard datagrams; want 0 and some", inClear, wg)
+	}
+	// Remove takes the exclusions too.
+	if _, err := rA.Sync([]netip.Addr{nodeB}, []netip.AddrPort{apiServer}, true); err != nil {
+		t.Fatal(err)
+	}
+
 	for _, r := range routes {
 		if err := r.Remove(); err != nil {
 			t.Fatal(err)
@@ -173,7 +206,7 @@ func TestPrivilegedNodeRoutes(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, ru := range rules {
-			if ru.Priority == NodeMarkRulePriority || ru.Priority == NodeRulePriority {
+			if ru.Priority == NodeMarkRulePriority || ru.Priority == NodeRulePriority || ru.Priority == NodeExcludeRulePriority {
 				t.Fatalf("rule after Remove: %v", ru)
 			}
 		}
@@ -211,7 +244,7 @@ func TestPrivilegedTunnelAndNodeRules(t *testing.T) {
 	node := NodeRoutes{Handle: h, Device: "wgdummy"}
 	tun := TunnelRoutes(h, "wgdummy", 8472)
 	for _, r := range []NodeRoutes{node, tun} {
-		if _, err := r.Sync(peer, true); err != nil {
+		if _, err := r.Sync(peer, nil, true); err != nil {
 			t.Fatal(err)
 		}
 	}

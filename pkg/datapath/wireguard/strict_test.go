@@ -16,8 +16,10 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/datapath/tunnel"
 	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/netlab"
 )
@@ -209,13 +211,13 @@ func TestPrivilegedStrictDecision(t *testing.T) {
 	// nothing changes, even in the clear and to a node without a key.
 	check("off, route in the clear", pod, remote, pass, 0)
 	check("off, node without a key", pod, keyless, pass, 0)
-	if err := em.SetDevice(wg.Attrs().Index, false); err != nil {
+	if err := em.SetDevice(wg.Attrs().Index, false, 0); err != nil {
 		t.Fatal(err)
 	}
 	check("off with the device known", pod, remote, pass, 0)
 
 	// On, but the device not known (not started yet, gone).
-	if err := em.SetDevice(0, true); err != nil {
+	if err := em.SetDevice(0, true, 0); err != nil {
 		t.Fatal(err)
 	}
 	check("on, no device", pod6, remote6, shot, 1)
@@ -235,7 +237,7 @@ func TestPrivilegedStrictDecision(t *testing.T) {
 		}
 		break
 	}
-	if err := em.SetDevice(wg.Attrs().Index, true); err != nil {
+	if err := em.SetDevice(wg.Attrs().Index, true, 0); err != nil {
 		t.Fatal(err)
 	}
 	check("on, route in the clear", pod, remote, shot, 2)
@@ -267,4 +269,113 @@ func runFrom(t *testing.T, prog *ebpf.Program, ifindex int, pkt []byte) uint32 {
 		t.Fatal(err)
 	}
 	return ret
+}
+
+// TestPrivilegedStrictTunnel runs from_pod (BPF_PROG_TEST_RUN) in the
+// tunnel routing mode with strict mode: the pod's packet for another
+// node's pod leaves encapsulated, as a UDP datagram this node sends to
+// the owner node's address, so strict mode asks the FIB about that
+// datagram (from lo, to the tunnel's port). With the tunnel's rule and
+// route to the WireGuard device (TunnelRoutes, a veth standing in for the
+// device) the packet is encapsulated (redirected to the tunnel device);
+// a node without a key, a destination the ipcache names no tunnel
+// endpoint for, and, once the tunnel's rule and route are removed (the
+// datagram would leave in the clear on the underlay), the same packet
+// are dropped as UNENCRYPTED. Seen failing with the check of the pod's
+// own destination (the native routing mode's), which drops the first
+// case too: the pod CIDR's route goes to the tunnel device, not the
+// WireGuard device.
+func TestPrivilegedStrictTunnel(t *testing.T) {
+	l := strictNode(t)
+	pod := netip.MustParseAddr("10.1.0.2")
+	remote := netip.MustParseAddr("10.2.0.5")   // node B's pod, B a peer
+	keyless := netip.MustParseAddr("10.4.0.5")  // node D's pod, D without a key
+	noTunnel := netip.MustParseAddr("10.5.0.5") // a peer's pod CIDR without a tunnel endpoint
+	nodeB, nodeD := netip.MustParseAddr("192.168.51.2"), netip.MustParseAddr("192.168.51.4")
+	ifPod := netlab.AddVeth(t, "tdrwgt0", "tdrwgtp0")
+	if err := l.AttachEndpoint(loader.EndpointInfo{ID: 1, IfIndex: ifPod, IfName: "tdrwgt0",
+		Addresses: []netip.Addr{pod}, Identity: 70001, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	wg := addLink(t, "tdrwgtdev", "10.99.1.1/32")
+	addLink(t, "tdrwgtund", "192.168.51.1/24")
+	nl, err := netlink.NewHandle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nl.Close()
+	tun, err := tunnel.EnsureDevice(nl, tunnel.VXLAN, tunnel.DefaultVXLANPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tunnel.SetDevice(l.MapReplacements()[bpf.OverlayMapTdrTunnelV1], tun.Attrs().Index); err != nil {
+		t.Fatal(err)
+	}
+	// The tunnel mode's pod CIDR routes go to the tunnel device.
+	for _, c := range []string{"10.2.0.0/24", "10.4.0.0/24", "10.5.0.0/24"} {
+		_, n, _ := net.ParseCIDR(c)
+		if err := netlink.RouteReplace(&netlink.Route{Dst: n, LinkIndex: tun.Attrs().Index}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for p, e := range map[string]maps.IPCacheEntry{
+		"10.2.0.0/24": {Identity: 9002, TunnelIP: nodeB},
+		"10.4.0.0/24": {Identity: 9004, TunnelIP: nodeD},
+		"10.5.0.0/24": {Identity: 9005},
+	} {
+		if err := l.Maps().IPCacheMap().Upsert(netip.MustParsePrefix(p), e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	em, err := maps.NewEncryptMaps(l.MapReplacements())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := em.SyncCIDRs(map[netip.Prefix]bool{
+		netip.MustParsePrefix("10.2.0.0/24"): true, netip.MustParsePrefix("10.4.0.0/24"): false,
+		netip.MustParsePrefix("10.5.0.0/24"): true,
+	}, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := em.SetDevice(wg.Attrs().Index, true, tunnel.DefaultVXLANPort); err != nil {
+		t.Fatal(err)
+	}
+	routes := TunnelRoutes(nl, "tdrwgtdev", tunnel.DefaultVXLANPort)
+	if _, err := routes.Sync([]netip.Addr{nodeB, nodeD}, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	from, _ := l.Programs()
+	drops := func() uint64 {
+		t.Helper()
+		row, err := l.Maps().MetricsMap().Lookup(maps.ReasonUnencrypted, maps.DirEgress)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return row.Packets
+	}
+	const (
+		shot     = 2 // TC_ACT_SHOT
+		redirect = 7 // TC_ACT_REDIRECT: to the tunnel device
+	)
+	check := func(what string, dst netip.Addr, want uint32, wantDrops uint64) {
+		t.Helper()
+		if got := runFrom(t, from, ifPod, udpFrame(pod, dst)); got != want {
+			t.Errorf("%s: verdict %d, want %d", what, got, want)
+		}
+		if got := drops(); got != wantDrops {
+			t.Errorf("%s: %d packets dropped as unencrypted, want %d", what, got, wantDrops)
+		}
+	}
+	check("the tunnel's datagrams through the device", remote, redirect, 0)
+	check("a node without a key", keyless, shot, 1)
+	check("no tunnel endpoint", noTunnel, shot, 2)
+	if err := routes.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	check("the tunnel's rule and route gone", remote, shot, 3)
+	// Strict mode off: encapsulated whatever the routes.
+	if err := em.SetDevice(wg.Attrs().Index, false, tunnel.DefaultVXLANPort); err != nil {
+		t.Fatal(err)
+	}
+	check("off", remote, redirect, 3)
 }

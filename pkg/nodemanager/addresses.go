@@ -1,0 +1,129 @@
+package nodemanager
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// Reasons a node's address is not taken as its own (OwnAddresses).
+const (
+	AddrReasonNotUnicast = "not-unicast"
+	AddrReasonLocal      = "this-node-address"
+	AddrReasonShared     = "claimed-by-several-nodes"
+	AddrReasonPodCIDR    = "inside-pod-cidr"
+	AddrReasonPool       = "inside-cluster-pool"
+	AddrReasonService    = "inside-service-cidr"
+)
+
+// AddressRejection is an address a node claims that is not taken as its
+// own, and why.
+type AddressRejection struct {
+	Addr           netip.Addr
+	Reason, Detail string
+}
+
+func (r AddressRejection) String() string {
+	return r.Addr.String() + " (" + r.Reason + ": " + r.Detail + ")"
+}
+
+// OwnAddresses splits each peer's addresses into those it may be trusted
+// to own and those it may not. A node's addresses come from objects that
+// node writes (its Node's status, its TendrilNode), so, as its pod CIDRs,
+// they are claims. What an address may be given for on their strength
+// (an allowed IP of the node's WireGuard peer: an inner source the node
+// may send from, and with node encryption the destination this node's
+// own traffic is encrypted to that node for) must not be what another
+// party owns. An address is refused when it is:
+//   - not a unicast address a node could hold (unspecified, loopback,
+//     multicast, link-local);
+//   - one of this node's own addresses (Rules.Local);
+//   - claimed by two nodes or more (each would draw the other's
+//     traffic; the nodes table cannot tell which one lies);
+//   - inside this node's pod CIDRs or another node's accepted pod CIDR
+//     (a pod's address: inside the claimant's own accepted pod CIDR it is
+//     its router IP, allowed anyway);
+//   - inside the cluster's pod pools or the service CIDRs (Rules.Pools,
+//     Rules.Reserved): pods' and services' addresses are no node's.
+//
+// What cannot be told from the objects: whether an address outside all
+// of these is the claimant's (a node claiming the address of a machine
+// outside the cluster). docs/encryption.md says what that can cost.
+func (r Rules) OwnAddresses(all []*Peer) (own map[string][]netip.Addr, refused map[string][]AddressRejection) {
+	var localCIDRs []netip.Prefix
+	var localAddrs []netip.Addr
+	if r.Local != nil {
+		localCIDRs, localAddrs = r.Local()
+	}
+	claims := map[netip.Addr][]string{}
+	for _, p := range all {
+		ips := slices.Clone(p.IPs)
+		slices.SortFunc(ips, netip.Addr.Compare)
+		for _, ip := range slices.Compact(ips) {
+			claims[ip.Unmap()] = append(claims[ip.Unmap()], p.Name)
+		}
+	}
+	own, refused = map[string][]netip.Addr{}, map[string][]AddressRejection{}
+	for _, p := range all {
+		seen := map[netip.Addr]bool{}
+		for _, ip := range p.IPs {
+			ip = ip.Unmap()
+			if seen[ip] {
+				continue
+			}
+			seen[ip] = true
+			reason, detail := r.judgeAddress(p, ip, all, claims[ip], localCIDRs, localAddrs)
+			if reason != "" {
+				refused[p.Name] = append(refused[p.Name], AddressRejection{Addr: ip, Reason: reason, Detail: detail})
+				continue
+			}
+			own[p.Name] = append(own[p.Name], ip)
+		}
+	}
+	return own, refused
+}
+
+func (r Rules) judgeAddress(p *Peer, ip netip.Addr, all []*Peer, claimants []string, localCIDRs []netip.Prefix, localAddrs []netip.Addr) (reason, detail string) {
+	switch {
+	case !ip.IsValid() || ip.IsUnspecified() || ip.IsLoopback() || ip.IsMulticast() ||
+		ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsInterfaceLocalMulticast():
+		return AddrReasonNotUnicast, "not a unicast address a node can hold"
+	case slices.Contains(localAddrs, ip):
+		return AddrReasonLocal, "an address of this node"
+	case len(claimants) > 1:
+		return AddrReasonShared, fmt.Sprintf("claimed by %d nodes %v", len(claimants), claimants)
+	}
+	for _, c := range p.PodCIDRs {
+		if c.Contains(ip) {
+			// The claimant's own router IP: its pod CIDR is its
+			// already.
+			return "", ""
+		}
+	}
+	for _, c := range localCIDRs {
+		if c.Contains(ip) {
+			return AddrReasonPodCIDR, "inside this node's pod CIDR " + c.String()
+		}
+	}
+	for _, o := range all {
+		if o.Name == p.Name {
+			continue
+		}
+		for _, c := range o.PodCIDRs {
+			if c.Contains(ip) {
+				return AddrReasonPodCIDR, fmt.Sprintf("inside the pod CIDR %s of node %s", c, o.Name)
+			}
+		}
+	}
+	for _, c := range r.Pools {
+		if c.Contains(ip) {
+			return AddrReasonPool, "inside the cluster pool " + c.String()
+		}
+	}
+	for _, c := range r.Reserved {
+		if c.Contains(ip) {
+			return AddrReasonService, "inside the service CIDR " + c.String()
+		}
+	}
+	return "", ""
+}
