@@ -102,6 +102,7 @@ func newCell(p cellParams) (*Masquerade, error) {
 	}
 	m.SetL2Announcements(st.L2Announcements)
 	m.SetAutoDevices(st.AutoDevices)
+	m.SetProcFS(p.Agent.ProcFS)
 	p.Metrics.Registry.MustRegister(newCollector(m))
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(ctx cell.HookContext) error { return m.Start(ctx) },

@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/vishvananda/netlink"
 
+	"github.com/tendril-net/tendril/pkg/datapath/linux"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
@@ -61,6 +62,10 @@ type Masquerade struct {
 	// none (a node of a cluster); off, nothing attaches to the machine's
 	// uplink unless asked (a standalone agent on a workstation).
 	autoDevices bool
+	// sysctl writes the node's network sysctls (under --procfs: an agent
+	// in a container reaches the node's /proc/sys/net through a mount of
+	// its own, its /proc/sys being read-only).
+	sysctl linux.Sysctl
 }
 
 // Device is a device the host programs are attached to, with the
@@ -115,6 +120,10 @@ func (m *Masquerade) SetL2Announcements(on bool) { m.l2 = on }
 // port: a standalone agent leaves the machine's uplink alone.
 func (m *Masquerade) SetAutoDevices(on bool) { m.autoDevices = on }
 
+// SetProcFS makes the node's sysctls be written under procfs/sys
+// (--procfs; called before Start).
+func (m *Masquerade) SetProcFS(procfs string) { m.sysctl.ProcFS = procfs }
+
 // DeviceNames are the devices the programs are attached to.
 func (m *Masquerade) DeviceNames() []string {
 	m.mu.Lock()
@@ -141,7 +150,7 @@ func (m *Masquerade) Start(ctx context.Context) error {
 	// The ports are reserved only where masquerade has a device to use
 	// them on.
 	if m.cfg.EnableMasquerade && len(devs) > 0 {
-		if err := reservePorts(m.portMin, m.portMax); err != nil {
+		if err := reservePorts(m.sysctl, m.portMin, m.portMax); err != nil {
 			m.log.Warn("Cannot reserve the masquerade ports from the host's ephemeral ports", "error", err)
 		}
 	}
@@ -412,9 +421,9 @@ func (m *Masquerade) Stop() {
 // reservePorts adds the range to the host's ip_local_reserved_ports (of
 // this network namespace), so the host's own connections never pick a
 // masquerade port as their ephemeral port.
-func reservePorts(min, max uint16) error {
-	const path = "/proc/sys/net/ipv4/ip_local_reserved_ports"
-	cur, err := os.ReadFile(path)
+func reservePorts(sc linux.Sysctl, min, max uint16) error {
+	key := []string{"net", "ipv4", "ip_local_reserved_ports"}
+	have, err := sc.Get(key...)
 	if err != nil {
 		return err
 	}
@@ -422,7 +431,6 @@ func reservePorts(min, max uint16) error {
 	if min == max {
 		r = strconv.Itoa(int(min))
 	}
-	have := strings.TrimSpace(string(cur))
 	for _, f := range strings.Split(have, ",") {
 		if f == r {
 			return nil
@@ -431,10 +439,7 @@ func reservePorts(min, max uint16) error {
 	if have != "" {
 		r = have + "," + r
 	}
-	if err := os.WriteFile(path, []byte(r), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return sc.Set(r, key...)
 }
 
 // detachPinned unpins every host device link under root.

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,6 +119,19 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 		"other client denied via the ClusterIP", "world to a LoadBalancer address on-link (L2 announcement), TCP: both servers"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the connectivity test's output lacks check %q", want)
+		}
+	}
+
+	// The agent, in an unprivileged container whose /proc/sys is
+	// read-only, reserves the masquerade ports in its node's network
+	// namespace through the chart's /host/proc/sys/net mount (--procfs).
+	for _, n := range st.Nodes {
+		out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "cat", "/proc/sys/net/ipv4/ip_local_reserved_ports").CombinedOutput()
+		if err != nil {
+			t.Fatalf("node %s: read ip_local_reserved_ports: %v: %s", n.Name, err, out)
+		}
+		if !slices.Contains(strings.Split(strings.TrimSpace(string(out)), ","), "61000-65535") {
+			t.Errorf("node %s: ip_local_reserved_ports %q lacks the masquerade range 61000-65535", n.Name, strings.TrimSpace(string(out)))
 		}
 	}
 
