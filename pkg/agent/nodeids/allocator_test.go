@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -130,7 +131,7 @@ func TestAllocatorRestoreRefusesBadFiles(t *testing.T) {
 func TestAllocatorExhausted(t *testing.T) {
 	a := NewAllocator()
 	for id := minID; id <= maxID; id++ {
-		a.ids["n"+string(rune('a'+id%26))+strings.Repeat("x", id/26)] = uint16(id)
+		a.ids["node-"+strconv.Itoa(id)] = uint16(id)
 	}
 	var nodes []Node
 	for name := range a.ids {
