@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/cilium/api/v1/models"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -40,6 +41,9 @@ func withRoutingMode(t *testing.T, argv []string, mode string) []string {
 //     stream between them (iperf3, 10 s) runs its whole time without an
 //     error while the client's node's agent, then the server's, is killed
 //     with SIGKILL and started again.
+//   - Node IDs: node1's agent gives node2 an ID (the stock cilium-dbg
+//     nodeid list), the same after node1's agent was killed and started
+//     again.
 //   - Native mode (the agents restarted with --routing-mode native): the
 //     route to the other node's pod CIDR via that node cannot be made
 //     (its gateway is not on-link: the routes table says so), and a pod's
@@ -94,6 +98,36 @@ func TestPrivilegedLabRoutedTopology(t *testing.T) {
 		}
 	})
 
+	dbg, err := exec.Command("../../hack/cilium-dbg.sh").Output()
+	if err != nil {
+		t.Fatalf("stock cilium-dbg not built: %v", err)
+	}
+	nodeIDs := func(t *testing.T, n lab.Node) map[string]int64 {
+		t.Helper()
+		out, err := exec.Command(strings.TrimSpace(string(dbg)), "-H", "unix://"+n.Socket, "nodeid", "list", "-o", "json").CombinedOutput()
+		if err != nil {
+			t.Fatalf("cilium-dbg nodeid list on %s: %v\n%s", n.Name, err, out)
+		}
+		var ids []*models.NodeID
+		if err := json.Unmarshal(out, &ids); err != nil {
+			t.Fatalf("cilium-dbg nodeid list -o json on %s: %v\n%s", n.Name, err, out)
+		}
+		m := map[string]int64{}
+		for _, id := range ids {
+			for _, ip := range id.Ips {
+				m[ip] = *id.ID
+			}
+		}
+		return m
+	}
+	var idsBefore map[string]int64
+	t.Run("node IDs", func(t *testing.T) {
+		idsBefore = nodeIDs(t, node1)
+		if len(idsBefore) != 1 || idsBefore[node2.Address] < 1 {
+			t.Fatalf("node1's node IDs %v, want node2's address %s with an ID from 1", idsBefore, node2.Address)
+		}
+	})
+
 	t.Run("tunnel: a TCP stream across kill -9 of each agent", func(t *testing.T) {
 		if _, err := exec.LookPath("iperf3"); err != nil {
 			t.Fatal("iperf3 is missing (hack/install-deps.sh installs it)")
@@ -101,6 +135,10 @@ func TestPrivilegedLabRoutedTopology(t *testing.T) {
 		for _, victim := range []lab.Node{node1, node2} {
 			r := podStreamAcrossAgentKill(t, e, name, ns+"/server", ns+"/client", server.Status.PodIP, victim)
 			t.Logf("iperf3 client -> server across kill -9 of %s's agent: %.1f s, %d MB, %d retransmits", victim.Name, r.Seconds, r.Bytes>>20, r.Retransmits)
+		}
+		// node1's agent was restarted: node2 keeps its ID.
+		if after := nodeIDs(t, node1); idsBefore != nil && after[node2.Address] != idsBefore[node2.Address] {
+			t.Errorf("node1's node IDs after its agent's restart %v, before %v", after, idsBefore)
 		}
 	})
 
