@@ -24,6 +24,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/l2announcer/l2wiring"
 	"github.com/tendril-net/tendril/pkg/agent/mapeventlog"
 	"github.com/tendril-net/tendril/pkg/agent/nodehealth"
+	"github.com/tendril-net/tendril/pkg/agent/nodeids"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/agent/prefilter"
 	"github.com/tendril-net/tendril/pkg/agent/realizer"
@@ -68,6 +69,7 @@ func cells() []cell.Cell {
 		agentendpoints.Cell,
 		nodes.Cell,     // the nodes and routes tables, written by agentk8s's node watchers
 		tunnel.Cell,    // the routing mode: native, or the VXLAN/Geneve overlay's device and programs
+		nodeids.Cell,   // the other nodes' IDs, kept across restarts (GET /v1/node/ids)
 		wireguard.Cell, // transparent encryption between nodes: the WireGuard device and its peers
 		nodehealth.Cell,
 		agentk8s.Cell,

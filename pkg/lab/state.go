@@ -75,6 +75,9 @@ type Node struct {
 	Netns string `json:"netns"`
 	// Address is the node's InternalIP on the lab bridge.
 	Address string `json:"address"`
+	// Gateway is the node's default gateway, the world's address in the
+	// node's subnet ("" in a lab made before topologies: WorldGateway).
+	Gateway string `json:"gateway,omitempty"`
 	// Socket is the agent's API socket.
 	Socket string `json:"socket"`
 	// StateDir is the agent's state directory.
@@ -117,6 +120,9 @@ type State struct {
 	IPAM string `json:"ipam,omitempty"`
 	// RoutingMode is the agents' --routing-mode ("": native).
 	RoutingMode string `json:"routingMode,omitempty"`
+	// Topology is the nodes' addressing: "" (TopologyFlat) or
+	// TopologyRouted (network.go).
+	Topology string `json:"topology,omitempty"`
 	// Encryption is "" or "wireguard" (the agents' --enable-wireguard).
 	Encryption string `json:"encryption,omitempty"`
 	// KVStorePort is the port of the lab's kvstore etcd on the machine's

@@ -117,8 +117,12 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 			}
 			return nil
 		})
-		fmt.Fprintf(out, "\nWORLD  %s: gateway %s on the bridge (the nodes' default route), server %s:%s tcp+udp %s, client %s; no route to the pod CIDRs\n",
-			w.Netns, w.Gateway, w.ServerIP, workload.FormatPorts(WorldServerPorts), server, w.ClientIP)
+		gateway := fmt.Sprintf("gateway %s on the bridge (the nodes' default route)", w.Gateway)
+		if st.Topology == TopologyRouted {
+			gateway = "the router between the node subnets, each node's gateway at .1 of its subnet (the nodes' default route)"
+		}
+		fmt.Fprintf(out, "\nWORLD  %s: %s, server %s:%s tcp+udp %s, client %s; no route to the pod CIDRs\n",
+			w.Netns, gateway, w.ServerIP, workload.FormatPorts(WorldServerPorts), server, w.ClientIP)
 	}
 	fmt.Fprintf(out, "\nHUBBLE RELAY  unix://%s (and %s:%d in %s): %s\n", st.RelaySocket(), st.Nodes[0].Address, RelayPort, st.Nodes[0].Netns, relay)
 	if p := st.Prometheus; p != nil {

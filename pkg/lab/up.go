@@ -63,6 +63,10 @@ type Config struct {
 	// bridge) or "tunnel" (VXLAN between the nodes; no node has a route
 	// to another's pod CIDR via the bridge).
 	RoutingMode string
+	// Topology is "" or TopologyFlat (the nodes share a subnet) or
+	// TopologyRouted (each node in its own subnet, the world routing
+	// between them; topology.go).
+	Topology string
 	// Prometheus runs Debian's prometheus scraping every agent, the
 	// operators and the relay (prometheus.go); the agents serve their
 	// metrics and every flow metric.
@@ -155,6 +159,14 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.RoutingMode != "" && cfg.RoutingMode != "native" && cfg.RoutingMode != "tunnel" {
 		return nil, fmt.Errorf("--routing-mode %q: must be native or tunnel", cfg.RoutingMode)
 	}
+	if err := ValidateTopology(cfg.Topology); err != nil {
+		return nil, err
+	}
+	if cfg.Topology == TopologyRouted && (cfg.BGP || cfg.Runtime == RuntimeContainerd) {
+		// BIRD peers with the nodes on one subnet (bgp.go), and the real
+		// nodes' network is set up by package realnode for it too.
+		return nil, fmt.Errorf("--topology %s: not with --bgp or --runtime %s", TopologyRouted, RuntimeContainerd)
+	}
 	if cfg.Encryption != "" && cfg.Encryption != "wireguard" {
 		return nil, fmt.Errorf("--encryption %q: must be wireguard (or none)", cfg.Encryption)
 	}
@@ -202,7 +214,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	}
 	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, CoreDNSBin: coreDNS,
 		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM, Runtime: cfg.Runtime, RoutingMode: cfg.RoutingMode,
-		Encryption: cfg.Encryption}
+		Encryption: cfg.Encryption, Topology: cfg.Topology}
 	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
 	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
 	for _, d := range []string{st.Dir, st.PidDir(), st.LogDir(), st.PodDir(), filepath.Join(st.Dir, "pki")} {
@@ -213,9 +225,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	for i := 1; i <= cfg.Nodes; i++ {
 		name := "node" + strconv.Itoa(i)
 		nodeDir := filepath.Join(st.Dir, "nodes", name)
+		addr, gw := nodeAddressing(cfg.Topology, i)
 		st.Nodes = append(st.Nodes, Node{
 			Name: name, Netns: NetnsPrefix(cfg.Name) + name,
-			Address:     NodeSubnetPrefix + strconv.Itoa(10+i),
+			Address: addr, Gateway: gw,
 			Socket:      filepath.Join(nodeDir, "agent.sock"),
 			StateDir:    filepath.Join(nodeDir, "state"),
 			BPFRoot:     filepath.Join(BPFDir(cfg.Name), name),
@@ -257,6 +270,11 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := createWorld(st.NetNetns, st.World); err != nil {
 		return st, err
 	}
+	if cfg.Topology == TopologyRouted {
+		if err := routeNodeSubnets(st.World, st.Nodes); err != nil {
+			return st, err
+		}
+	}
 	// Before the agents start: an agent's masquerade picks the device of
 	// the default route.
 	for _, n := range st.Nodes {
@@ -267,8 +285,13 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := st.Save(); err != nil {
 		return st, err
 	}
-	step(out, start, "network: bridge in %s, %d node namespaces on %s0/%d, the world (%s) behind %s",
-		st.NetNetns, len(st.Nodes), NodeSubnetPrefix, NodeSubnetBits, st.World.Netns, st.World.Gateway)
+	if cfg.Topology == TopologyRouted {
+		step(out, start, "network: bridge in %s, %d node namespaces each in its own subnet (%s%s.0/%d), routed by the world (%s)",
+			st.NetNetns, len(st.Nodes), routedSubnetPrefix, "N", NodeSubnetBits, st.World.Netns)
+	} else {
+		step(out, start, "network: bridge in %s, %d node namespaces on %s0/%d, the world (%s) behind %s",
+			st.NetNetns, len(st.Nodes), NodeSubnetPrefix, NodeSubnetBits, st.World.Netns, st.World.Gateway)
+	}
 
 	hubbleArgs, relayTLSArgs, err := hubblePKI(st)
 	if err == nil && cfg.Prometheus {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -136,11 +137,48 @@ func addNodeDefaultRoute(n Node) error {
 	if err != nil {
 		return fmt.Errorf("%s: eth0: %w", n.Netns, err)
 	}
-	r := &netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP(WorldGateway)}
+	r := &netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP(n.gateway())}
 	if err := h.RouteReplace(r); err != nil {
-		return fmt.Errorf("%s: default route via %s: %w", n.Netns, WorldGateway, err)
+		return fmt.Errorf("%s: default route via %s: %w", n.Netns, n.gateway(), err)
 	}
 	return nil
+}
+
+// routeNodeSubnets makes the world the routed topology's router: its
+// address in each node's subnet on its eth0 and IP forwarding on, with
+// ICMP redirects off (the subnets share the bridge, so the router would
+// otherwise tell a node to send to another node's address on-link,
+// which real routers between subnets never do). The world has no route
+// to the pod CIDRs: what a node sends there to another node's pod is
+// answered with ICMP unreachable or dropped.
+func routeNodeSubnets(w *World, nodes []Node) error {
+	h, err := handleAt(w.Netns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	eth0, err := h.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("%s: eth0: %w", w.Netns, err)
+	}
+	for _, n := range nodes {
+		gw := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(n.gateway()), Mask: net.CIDRMask(NodeSubnetBits, 32)}}
+		if err := h.AddrAdd(eth0, gw); err != nil {
+			return fmt.Errorf("%s: address %s on eth0: %w", w.Netns, n.gateway(), err)
+		}
+	}
+	return InNetns(NetnsPath(w.Netns), func() error {
+		for _, s := range []struct{ path, value string }{
+			{"/proc/sys/net/ipv4/ip_forward", "1"},
+			{"/proc/sys/net/ipv4/conf/all/send_redirects", "0"},
+			{"/proc/sys/net/ipv4/conf/eth0/send_redirects", "0"},
+		} {
+			if err := os.WriteFile(s.path, []byte(s.value), 0o644); err != nil {
+				return fmt.Errorf("%s: %s: %w", w.Netns, s.path, err)
+			}
+		}
+		return nil
+	})
 }
 
 // worldServerArgv runs the lab workload as the world's server, in the

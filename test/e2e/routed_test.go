@@ -1,0 +1,238 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/cilium/api/v1/models"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tendril-net/tendril/pkg/lab"
+)
+
+// withRoutingMode is an agent's command line with its --routing-mode
+// set to mode.
+func withRoutingMode(t *testing.T, argv []string, mode string) []string {
+	t.Helper()
+	out := slices.Clone(argv)
+	i := slices.Index(out, "--routing-mode")
+	if i < 0 || i+1 >= len(out) {
+		t.Fatalf("no --routing-mode in the agent's command line %q", argv)
+	}
+	out[i+1] = mode
+	return out
+}
+
+// TestPrivilegedLabRoutedTopology: a lab whose nodes sit in different
+// subnets (--topology routed), the world routing between them but not to
+// the pod CIDRs, as cloud VMs behind the provider's router.
+//   - The topology: each node's address in its own /24, the other node
+//     reached via the node's gateway, not on-link.
+//   - Tunnel mode: pods on the two nodes talk TCP across them; a TCP
+//     stream between them (iperf3, 10 s) runs its whole time without an
+//     error while the client's node's agent, then the server's, is killed
+//     with SIGKILL and started again.
+//   - Node IDs: node1's agent gives node2 an ID (the stock cilium-dbg
+//     nodeid list), the same after node1's agent was killed and started
+//     again.
+//   - Native mode (the agents restarted with --routing-mode native): the
+//     route to the other node's pod CIDR via that node cannot be made
+//     (its gateway is not on-link: the routes table says so), and a pod's
+//     TCP to the pod on the other node gets no answer (it goes to the
+//     router, which has no route to the pod CIDRs).
+//   - Back in tunnel mode, the pods talk again.
+func TestPrivilegedLabRoutedTopology(t *testing.T) {
+	labUp(t) // the binaries; the routed lab is this test's own
+	name, e := ownLab(t, "rt", "--topology", "routed", "--routing-mode", "tunnel")
+	ctx := context.Background()
+	node1, node2 := e.st.Nodes[0], e.st.Nodes[1]
+	if e.st.Topology != lab.TopologyRouted {
+		t.Fatalf("lab.json topology %q, want %s", e.st.Topology, lab.TopologyRouted)
+	}
+
+	t.Run("nodes in different subnets behind the router", func(t *testing.T) {
+		if node1.Address != "172.30.1.11" || node2.Address != "172.30.2.11" {
+			t.Fatalf("node addresses %s and %s, want 172.30.1.11 and 172.30.2.11", node1.Address, node2.Address)
+		}
+		out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "ip", "-4", "route", "get", node2.Address).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip route get: %v\n%s", err, out)
+		}
+		if !strings.Contains(string(out), "via "+node1.Gateway) {
+			t.Fatalf("node1 reaches node2 not via its gateway %s: %s", node1.Gateway, out)
+		}
+		// The router routes between the nodes: node1 pings node2.
+		if out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "ping", "-c", "1", "-W", "2", node2.Address).CombinedOutput(); err != nil {
+			t.Fatalf("node1 -> node2 through the router: %v\n%s", err, out)
+		}
+	})
+
+	const ns = "e2e-routed"
+	e.createNamespace(t, ns)
+	tcp8080 := corev1.ContainerPort{ContainerPort: 8080, Protocol: corev1.ProtocolTCP}
+	e.createPod(t, ns, "server", node2.Name, map[string]string{"app": "server"}, tcp8080)
+	e.createPod(t, ns, "client", node1.Name, map[string]string{"app": "client"})
+	server := e.waitReady(t, ns, "server")
+	client := e.waitReady(t, ns, "client")
+	addr := server.Status.PodIP + ":8080"
+	t.Logf("client %s on %s, server %s on %s", client.Status.PodIP, node1.Name, server.Status.PodIP, node2.Name)
+
+	t.Run("tunnel: pod to pod TCP across the subnets", func(t *testing.T) {
+		var out string
+		eventually(t, "an answer from the server pod", func() (bool, error) {
+			var code int
+			code, out = labProbe(t, name, ns+"/client", addr, false)
+			return code == 0, fmt.Errorf("exit %d", code)
+		})
+		if !strings.Contains(out, `"server"`) {
+			t.Fatalf("the answer is not the server pod's: %s", out)
+		}
+	})
+
+	dbg, err := exec.Command("../../hack/cilium-dbg.sh").Output()
+	if err != nil {
+		t.Fatalf("stock cilium-dbg not built: %v", err)
+	}
+	nodeIDs := func(t *testing.T, n lab.Node) map[string]int64 {
+		t.Helper()
+		out, err := exec.Command(strings.TrimSpace(string(dbg)), "-H", "unix://"+n.Socket, "nodeid", "list", "-o", "json").CombinedOutput()
+		if err != nil {
+			t.Fatalf("cilium-dbg nodeid list on %s: %v\n%s", n.Name, err, out)
+		}
+		var ids []*models.NodeID
+		if err := json.Unmarshal(out, &ids); err != nil {
+			t.Fatalf("cilium-dbg nodeid list -o json on %s: %v\n%s", n.Name, err, out)
+		}
+		m := map[string]int64{}
+		for _, id := range ids {
+			for _, ip := range id.Ips {
+				m[ip] = *id.ID
+			}
+		}
+		return m
+	}
+	var idsBefore map[string]int64
+	t.Run("node IDs", func(t *testing.T) {
+		idsBefore = nodeIDs(t, node1)
+		if len(idsBefore) != 1 || idsBefore[node2.Address] < 1 {
+			t.Fatalf("node1's node IDs %v, want node2's address %s with an ID from 1", idsBefore, node2.Address)
+		}
+	})
+
+	t.Run("tunnel: a TCP stream across kill -9 of each agent", func(t *testing.T) {
+		if _, err := exec.LookPath("iperf3"); err != nil {
+			t.Fatal("iperf3 is missing (hack/install-deps.sh installs it)")
+		}
+		for _, victim := range []lab.Node{node1, node2} {
+			r := podStreamAcrossAgentKill(t, e, name, ns+"/server", ns+"/client", server.Status.PodIP, victim)
+			t.Logf("iperf3 client -> server across kill -9 of %s's agent: %.1f s, %d MB, %d retransmits", victim.Name, r.Seconds, r.Bytes>>20, r.Retransmits)
+		}
+		// node1's agent was restarted: node2 keeps its ID.
+		if after := nodeIDs(t, node1); idsBefore != nil && after[node2.Address] != idsBefore[node2.Address] {
+			t.Errorf("node1's node IDs after its agent's restart %v, before %v", after, idsBefore)
+		}
+	})
+
+	node2CIDR := ""
+	if n, err := e.cs.CoreV1().Nodes().Get(ctx, node2.Name, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else {
+		node2CIDR = n.Spec.PodCIDR
+	}
+
+	var tunnelArgv map[string][]string
+	t.Run("native: no route to the other node's pods, no answer", func(t *testing.T) {
+		tunnelArgv = map[string][]string{}
+		for _, n := range e.st.Nodes {
+			argv := killAgent(t, e.st, n.Name)
+			tunnelArgv[n.Name] = argv
+			startAgent(t, e.st, n.Name, withRoutingMode(t, argv, "native"))
+		}
+		// Not waitAgentAPI: `tendril status` exits 1 here, with the
+		// failing route as its warning.
+		var dump string
+		eventually(t, "node1's route to "+node2CIDR+" tried in native mode", func() (bool, error) {
+			o, err := runCLI(tendrilBin, "-H", node1.Socket, "statedb", "dump", "routes")
+			dump = o
+			return err == nil && strings.Contains(o, node2CIDR) && strings.Contains(o, node2.Address) && strings.Contains(o, "network is unreachable"),
+				fmt.Errorf("%v: %s", err, o)
+		})
+		t.Logf("node1's routes table in native mode:\n%s", dump)
+		if out, err := runCLI(tendrilBin, "-H", node1.Socket, "status"); err == nil || !strings.Contains(out, "routes failing") {
+			t.Errorf("tendril status in native mode across the subnets: %v, want exit 1 with the failing route:\n%s", err, out)
+		}
+		out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "ip", "-4", "route", "show", node2CIDR).CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "" {
+			t.Errorf("node1 has a route to %s in native mode (%v): %s", node2CIDR, err, out)
+		}
+		out, _ = exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "ip", "-4", "route", "get", server.Status.PodIP).CombinedOutput()
+		t.Logf("node1: ip route get %s: %s", server.Status.PodIP, strings.TrimSpace(string(out)))
+		for i := 0; i < 3; i++ {
+			if code, out := labProbe(t, name, ns+"/client", addr, false); code == 0 {
+				t.Fatalf("native routing across the subnets answered: %s", out)
+			}
+		}
+	})
+
+	t.Run("tunnel again: the pods talk", func(t *testing.T) {
+		if tunnelArgv == nil {
+			t.Skip("the native step did not run")
+		}
+		restartAgents(t, e, tunnelArgv)
+		eventually(t, "an answer from the server pod", func() (bool, error) {
+			code, _ := labProbe(t, name, ns+"/client", addr, false)
+			return code == 0, fmt.Errorf("exit %d", code)
+		})
+	})
+}
+
+// podStreamAcrossAgentKill streams TCP from the pod clientRef to the
+// pod serverRef (serverIP:5201) for 10 s (iperf3) in lab name while
+// victim's agent is killed with SIGKILL 2 s in and started again a
+// second later; the stream must run its whole time without an error.
+func podStreamAcrossAgentKill(t *testing.T, e *env, name, serverRef, clientRef, serverIP string, victim lab.Node) iperfSum {
+	t.Helper()
+	server := exec.Command(tendrilBin, "lab", "--name", name, "exec", serverRef, "--", "iperf3", "-s", "-1", "-p", "5201")
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = server.Process.Kill(); _ = server.Wait() }()
+	time.Sleep(500 * time.Millisecond) // iperf3 -s listening
+	const seconds = 10
+	var out bytes.Buffer
+	client := exec.Command(tendrilBin, "lab", "--name", name, "exec", clientRef, "--",
+		"iperf3", "-c", serverIP, "-p", "5201", "-t", strconv.Itoa(seconds), "-b", "100M", "-J")
+	client.Stdout, client.Stderr = &out, &out
+	if err := client.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	argv := killAgent(t, e.st, victim.Name)
+	time.Sleep(time.Second)
+	startAgent(t, e.st, victim.Name, argv)
+	waitAgentAPI(t, victim)
+	clientErr := client.Wait()
+	var ir struct {
+		End struct {
+			SumSent iperfSum `json:"sum_sent"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &ir); err != nil || clientErr != nil || ir.Error != "" {
+		t.Fatalf("iperf3 %s -> %s across the kill of %s's agent: %v / %v / %q\n%s", clientRef, serverRef, victim.Name, clientErr, err, ir.Error, out.String())
+	}
+	r := ir.End.SumSent
+	if r.Seconds < seconds-0.5 || r.Bytes == 0 {
+		t.Errorf("stream broken across the kill of %s's agent: ran %.1f s of %d", victim.Name, r.Seconds, seconds)
+	}
+	return r
+}
