@@ -17,18 +17,12 @@
 // strings), so it is initialized before the heavy packages above, after
 // 1.9 of the 6.5 MB they allocate (GODEBUG=inittrace=1 shows the order).
 // Importing it from package main is enough to have its effect; Done ends
-// it, and so does a live heap of StartHeapLimit: past it the process is
-// no longer initializing but loading its data (the agent's Kubernetes
-// caches and services tables, before it is ready), which the start
-// target would let grow to five times what is live (issue 31: at 10,000
-// services most of the agent's resident memory was that headroom).
+// it.
 package startgc
 
 import (
 	"os"
-	"runtime"
 	"runtime/debug"
-	"runtime/metrics"
 	"strconv"
 	"strings"
 )
@@ -38,41 +32,11 @@ import (
 // before the next one.
 const StartPercent = 400
 
-// StartHeapLimit is the live heap (after a collection) up to which the
-// start target holds: about twice what the agent's initialization keeps.
-const StartHeapLimit = 40 << 20
-
 func init() {
 	// A higher GOGC, or GOGC=off, is the operator's and stays.
 	if configured := ConfiguredPercent(); configured >= 0 && configured < StartPercent {
 		debug.SetGCPercent(StartPercent)
-		afterNextGC(checkHeap)
 	}
-}
-
-// checkHeap runs after each collection while the start target holds: it
-// gives the configured target back once the live heap reaches
-// StartHeapLimit, and stops watching once the target is no longer the
-// start's (Done was called).
-func checkHeap() {
-	sample := []metrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/heap/live:bytes"}}
-	metrics.Read(sample)
-	if sample[0].Value.Kind() != metrics.KindUint64 || sample[0].Value.Uint64() != StartPercent {
-		return
-	}
-	if sample[1].Value.Kind() == metrics.KindUint64 && sample[1].Value.Uint64() >= StartHeapLimit {
-		Done()
-		return
-	}
-	afterNextGC(checkHeap)
-}
-
-// afterNextGC runs fn (on the finalizer goroutine) after the next garbage
-// collection: the finalizer of an object nothing references runs once a
-// collection has found it unreachable.
-func afterNextGC(fn func()) {
-	sentinel := new([16]byte)
-	runtime.SetFinalizer(sentinel, func(*[16]byte) { fn() })
 }
 
 // Done sets the collector's target back to the one GOGC configures.
