@@ -78,39 +78,31 @@ func keptMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
 // load-balancer algorithm annotation, the spec's addresses, ports and
 // policies, and the load-balancer ingress addresses. Dropped: the
 // selector, target ports, app protocols, IP family fields, conditions.
+// In place: what is kept is not copied.
 func stripService(s *corev1.Service) {
-	meta := keptMeta(&s.ObjectMeta)
-	meta.Labels = s.Labels
+	labels := s.Labels
+	var annotations map[string]string
 	if v, ok := s.Annotations[annotationLBAlgorithm]; ok {
-		meta.Annotations = map[string]string{annotationLBAlgorithm: v}
-	}
-	spec := corev1.ServiceSpec{
-		Type:                     s.Spec.Type,
-		ClusterIP:                s.Spec.ClusterIP,
-		ClusterIPs:               s.Spec.ClusterIPs,
-		ExternalIPs:              s.Spec.ExternalIPs,
-		SessionAffinity:          s.Spec.SessionAffinity,
-		SessionAffinityConfig:    s.Spec.SessionAffinityConfig,
-		LoadBalancerSourceRanges: s.Spec.LoadBalancerSourceRanges,
-		ExternalTrafficPolicy:    s.Spec.ExternalTrafficPolicy,
-		HealthCheckNodePort:      s.Spec.HealthCheckNodePort,
-		InternalTrafficPolicy:    s.Spec.InternalTrafficPolicy,
-		TrafficDistribution:      s.Spec.TrafficDistribution,
-	}
-	if len(s.Spec.Ports) > 0 {
-		spec.Ports = make([]corev1.ServicePort, len(s.Spec.Ports))
-		for i, p := range s.Spec.Ports {
-			spec.Ports[i] = corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port, NodePort: p.NodePort}
+		annotations = s.Annotations
+		if len(annotations) > 1 {
+			annotations = map[string]string{annotationLBAlgorithm: v}
 		}
 	}
-	var status corev1.ServiceStatus
-	if len(s.Status.LoadBalancer.Ingress) > 0 {
-		status.LoadBalancer.Ingress = make([]corev1.LoadBalancerIngress, len(s.Status.LoadBalancer.Ingress))
-		for i, in := range s.Status.LoadBalancer.Ingress {
-			status.LoadBalancer.Ingress[i] = corev1.LoadBalancerIngress{IP: in.IP, IPMode: in.IPMode}
-		}
+	s.ObjectMeta = keptMeta(&s.ObjectMeta)
+	s.Labels, s.Annotations = labels, annotations
+	s.Spec.Selector = nil
+	s.Spec.IPFamilies, s.Spec.IPFamilyPolicy = nil, nil
+	s.Spec.AllocateLoadBalancerNodePorts, s.Spec.LoadBalancerClass = nil, nil
+	s.Spec.ExternalName, s.Spec.LoadBalancerIP = "", ""
+	for i := range s.Spec.Ports {
+		p := &s.Spec.Ports[i]
+		*p = corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port, NodePort: p.NodePort}
 	}
-	*s = corev1.Service{TypeMeta: s.TypeMeta, ObjectMeta: meta, Spec: spec, Status: status}
+	for i := range s.Status.LoadBalancer.Ingress {
+		in := &s.Status.LoadBalancer.Ingress[i]
+		*in = corev1.LoadBalancerIngress{IP: in.IP, IPMode: in.IPMode}
+	}
+	s.Status.Conditions = nil
 }
 
 // stripEndpointSlice keeps what BackendsFrom reads: the service-name
@@ -119,34 +111,27 @@ func stripService(s *corev1.Service) {
 // kind, namespace, name and UID per endpoint), hostnames, the deprecated
 // topology, other labels, annotations, owner references. The node names,
 // zones and conditions each endpoint used to hold a copy of are shared.
+// In place: what is kept is not copied.
 func (t *transformer) stripEndpointSlice(es *discoveryv1.EndpointSlice) {
-	meta := keptMeta(&es.ObjectMeta)
-	if v, ok := es.Labels[discoveryv1.LabelServiceName]; ok {
-		meta.Labels = map[string]string{discoveryv1.LabelServiceName: v}
+	labels := es.Labels
+	if v, ok := labels[discoveryv1.LabelServiceName]; !ok {
+		labels = nil
+	} else if len(labels) > 1 {
+		labels = map[string]string{discoveryv1.LabelServiceName: v}
 	}
-	var eps []discoveryv1.Endpoint
-	if len(es.Endpoints) > 0 {
-		eps = make([]discoveryv1.Endpoint, len(es.Endpoints))
-		for i, ep := range es.Endpoints {
-			eps[i] = discoveryv1.Endpoint{
-				Addresses: ep.Addresses,
-				Conditions: discoveryv1.EndpointConditions{
-					Ready: t.sharedBool(ep.Conditions.Ready), Serving: t.sharedBool(ep.Conditions.Serving), Terminating: t.sharedBool(ep.Conditions.Terminating),
-				},
-				NodeName: t.sharedPtr(ep.NodeName),
-				Zone:     t.sharedPtr(ep.Zone),
-				Hints:    ep.Hints,
-			}
+	es.ObjectMeta = keptMeta(&es.ObjectMeta)
+	es.Labels = labels
+	for i := range es.Endpoints {
+		ep := &es.Endpoints[i]
+		ep.Conditions = discoveryv1.EndpointConditions{
+			Ready: t.sharedBool(ep.Conditions.Ready), Serving: t.sharedBool(ep.Conditions.Serving), Terminating: t.sharedBool(ep.Conditions.Terminating),
 		}
+		ep.NodeName, ep.Zone = t.sharedPtr(ep.NodeName), t.sharedPtr(ep.Zone)
+		ep.Hostname, ep.TargetRef, ep.DeprecatedTopology = nil, nil, nil
 	}
-	var ports []discoveryv1.EndpointPort
-	if len(es.Ports) > 0 {
-		ports = make([]discoveryv1.EndpointPort, len(es.Ports))
-		for i, p := range es.Ports {
-			ports[i] = discoveryv1.EndpointPort{Name: p.Name, Protocol: p.Protocol, Port: p.Port}
-		}
+	for i := range es.Ports {
+		es.Ports[i].AppProtocol = nil
 	}
-	*es = discoveryv1.EndpointSlice{TypeMeta: es.TypeMeta, ObjectMeta: meta, AddressType: es.AddressType, Endpoints: eps, Ports: ports}
 }
 
 // intern returns the canonical copy of s: the namespaces, node names and
