@@ -184,8 +184,31 @@ type Backend struct {
 	Ready, Serving, Terminating bool
 }
 
-func (b *Backend) key() string {
-	return b.Service.String() + "|" + b.Source + "|" + b.Addr.String() + "/" + ProtoName(b.Proto)
+// key is the backend's primary key: its service, source, address, port
+// and protocol, the address in binary (4 or 16 bytes). Every index of the
+// table holds a copy of it (a non-unique index's key ends in the
+// primary key), so it is kept short: 35 bytes for a typical
+// EndpointSlice backend instead of 47 as text. Names and sources hold no
+// NUL byte, so the three NULs delimit them and the address's length
+// tells its family.
+func (b *Backend) key() index.Key {
+	a := b.Addr.Addr()
+	alen := 16
+	if a.Is4() {
+		alen = 4
+	}
+	k := make([]byte, 0, len(b.Service.Namespace)+len(b.Service.Name)+len(b.Source)+3+alen+3)
+	k = append(append(k, b.Service.Namespace...), 0)
+	k = append(append(k, b.Service.Name...), 0)
+	k = append(append(k, b.Source...), 0)
+	if a.Is4() {
+		v4 := a.As4()
+		k = append(k, v4[:]...)
+	} else {
+		v6 := a.As16()
+		k = append(k, v6[:]...)
+	}
+	return append(k, byte(b.Addr.Port()>>8), byte(b.Addr.Port()), b.Proto)
 }
 
 // TableHeader implements statedb.TableWritable.
@@ -329,10 +352,13 @@ var (
 		},
 		FromKey: index.Bool,
 	}
-	BackendByKey = statedb.Index[*Backend, string]{
+	// BackendByKey is the primary index (Backend.key: service, source,
+	// address, port, protocol); its query key is a Backend with those
+	// fields set.
+	BackendByKey = statedb.Index[*Backend, *Backend]{
 		Name:       "key",
-		FromObject: func(b *Backend) index.KeySet { return index.NewKeySet(index.String(b.key())) },
-		FromKey:    index.String,
+		FromObject: func(b *Backend) index.KeySet { return index.NewKeySet(b.key()) },
+		FromKey:    (*Backend).key,
 		Unique:     true,
 	}
 	BackendByService = statedb.Index[*Backend, ServiceName]{

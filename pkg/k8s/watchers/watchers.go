@@ -59,12 +59,13 @@ type resourceState interface {
 // New builds the informers; nodeName limits the pod cache to this node's
 // pods. Nothing is listed until Start.
 func New(c *k8s.Clients, nodeName string, log *slog.Logger) *Watchers {
-	core := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(k8s.StripManagedFields))
-	local := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(k8s.StripManagedFields),
+	tr := newTransformer()
+	core := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(tr.Transform))
+	local := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(tr.Transform),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 		}))
-	td := tendrilinformers.NewSharedInformerFactoryWithOptions(c.Tendril, 0, tendrilinformers.WithTransform(k8s.StripManagedFields))
+	td := tendrilinformers.NewSharedInformerFactoryWithOptions(c.Tendril, 0, tendrilinformers.WithTransform(tr.Transform))
 	tv := td.Tendril().V1alpha1()
 
 	w := &Watchers{

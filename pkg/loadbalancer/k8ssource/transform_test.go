@@ -1,0 +1,141 @@
+package k8ssource
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+
+	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+)
+
+// fullService sets every field ServiceFrom reads to a value that changes
+// its result, and fields it does not read beside them.
+func fullService() *corev1.Service {
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	vip, proxy := corev1.LoadBalancerIPModeVIP, corev1.LoadBalancerIPModeProxy
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "u-1", ResourceVersion: "42",
+			CreationTimestamp: metav1.NewTime(time.Unix(1700000000, 0)),
+			Labels:            map[string]string{"app": "web", "tier": "front"},
+			Annotations:       map[string]string{AnnotationLBAlgorithm: "maglev", "other": "x"},
+			ManagedFields:     []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
+			OwnerReferences:   []metav1.OwnerReference{{Name: "owner"}}},
+		Spec: corev1.ServiceSpec{
+			Type:       corev1.ServiceTypeLoadBalancer,
+			ClusterIP:  "10.96.0.10",
+			ClusterIPs: []string{"10.96.0.10", "fd00::10"},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: 80, NodePort: 30080, TargetPort: intstr.FromInt32(8080), AppProtocol: ptr.To("http")},
+				{Name: "dns", Port: 53, NodePort: 30053, Protocol: corev1.ProtocolUDP},
+			},
+			Selector:                 map[string]string{"app": "web"},
+			ExternalIPs:              []string{"192.0.2.1"},
+			SessionAffinity:          corev1.ServiceAffinityClientIP,
+			SessionAffinityConfig:    &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](30)}},
+			LoadBalancerSourceRanges: []string{"198.51.100.0/24"},
+			ExternalTrafficPolicy:    corev1.ServiceExternalTrafficPolicyLocal,
+			HealthCheckNodePort:      32000,
+			InternalTrafficPolicy:    &local,
+			TrafficDistribution:      ptr.To(corev1.ServiceTrafficDistributionPreferClose),
+			IPFamilies:               []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol},
+		},
+		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{
+			{IP: "203.0.113.1", IPMode: &vip, Ports: []corev1.PortStatus{{Port: 80}}},
+			{IP: "203.0.113.2", IPMode: &proxy},
+			{Hostname: "lb.example.com"},
+		}}},
+	}
+}
+
+// fullSlice sets every field BackendsFrom reads (each condition set,
+// unset, true and false somewhere), and fields it does not read.
+func fullSlice() *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-abc", ResourceVersion: "7",
+			Labels:        map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
+			Annotations:   map[string]string{corev1.EndpointsLastChangeTriggerTime: "2026-11-29T00:00:00Z"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager"}}},
+		AddressType: discoveryv1.AddressTypeIPv6,
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"fd00::1"}, NodeName: ptr.To("a"), Zone: ptr.To("z1"), Hostname: ptr.To("h"),
+				TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "web-1", UID: "p-1"},
+				Hints:     &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "z1"}}, ForNodes: []discoveryv1.ForNode{{Name: "a"}}}},
+			{Addresses: []string{"fd00::2"}, NodeName: ptr.To("b"), Zone: ptr.To("z2"),
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}},
+			{Addresses: []string{"fd00::3"}, NodeName: ptr.To("a"),
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(false), Terminating: ptr.To(false)}},
+		},
+		Ports: []discoveryv1.EndpointPort{
+			{Name: ptr.To("http"), Port: ptr.To[int32](8080), AppProtocol: ptr.To("http")},
+			{Name: ptr.To("dns"), Port: ptr.To[int32](5353), Protocol: ptr.To(corev1.ProtocolUDP)},
+		},
+	}
+}
+
+// TestTransformKeepsWhatIsRead: the informers' transform (which strips the
+// cached Services and EndpointSlices to save memory) keeps every field the
+// source reads: the conversions of a transformed object equal those of
+// the original, and transforming again changes nothing.
+func TestTransformKeepsWhatIsRead(t *testing.T) {
+	transform := watchers.NewTransform()
+
+	svc := fullService()
+	want, ok, err := ServiceFrom(fullService(), false)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if len(want.LoadBalancerIPs) != 1 || want.HealthCheckNodePort == 0 || !want.Maglev || want.TrafficDistribution == "" {
+		t.Fatalf("the full service does not exercise every field: %+v", want)
+	}
+	for round := 1; round <= 2; round++ {
+		obj, err := transform(svc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc = obj.(*corev1.Service)
+		got, ok, err := ServiceFrom(svc, false)
+		if err != nil || !ok || !reflect.DeepEqual(got, want) {
+			t.Fatalf("round %d: ServiceFrom of the transformed service\n got %+v\nwant %+v (%v %v)", round, got, want, ok, err)
+		}
+		if key, _ := cache.MetaNamespaceKeyFunc(svc); key != "ns/web" || svc.ResourceVersion != "42" {
+			t.Fatalf("round %d: key %q, resource version %q", round, key, svc.ResourceVersion)
+		}
+	}
+	if svc.Spec.Selector != nil || svc.ManagedFields != nil || svc.Annotations["other"] != "" || svc.Spec.Ports[0].TargetPort != (intstr.IntOrString{}) {
+		t.Fatalf("unread fields kept: %+v", svc)
+	}
+
+	es := fullSlice()
+	wantName, wantBackends, ok := BackendsFrom(fullSlice())
+	if !ok || len(wantBackends) != 6 {
+		t.Fatalf("the full slice: %v %d backends", ok, len(wantBackends))
+	}
+	for round := 1; round <= 2; round++ {
+		obj, err := transform(es)
+		if err != nil {
+			t.Fatal(err)
+		}
+		es = obj.(*discoveryv1.EndpointSlice)
+		name, backends, ok := BackendsFrom(es)
+		if !ok || name != wantName || !reflect.DeepEqual(backends, wantBackends) {
+			t.Fatalf("round %d: BackendsFrom of the transformed slice\n got %v %+v\nwant %v %+v", round, name, backends, wantName, wantBackends)
+		}
+		if key, _ := cache.MetaNamespaceKeyFunc(es); key != "ns/web-abc" || es.Name != "web-abc" || es.ResourceVersion != "7" {
+			t.Fatalf("round %d: key %q, name %q, resource version %q", round, key, es.Name, es.ResourceVersion)
+		}
+	}
+	if ep := es.Endpoints[0]; ep.TargetRef != nil || ep.Hostname != nil || es.Annotations != nil || len(es.Labels) != 1 || es.Ports[0].AppProtocol != nil {
+		t.Fatalf("unread fields kept: %+v", es)
+	}
+	// The endpoints on node a share its name.
+	if es.Endpoints[0].NodeName != es.Endpoints[2].NodeName {
+		t.Fatal("endpoints of one node hold separate copies of its name")
+	}
+}
