@@ -670,9 +670,16 @@ func (b *bench) point(ctx context.Context, mode string) (result, error) {
 	rss, cpu1 := procStat(p.pid())
 	r.rssMiB, r.cpuPct = rss, 100*float64(cpu1-cpu0)/float64(b.steady)
 	if b.heapDir != "" {
-		if err := saveHeap(filepath.Join(b.heapDir, fmt.Sprintf("heap-%s-%d.pprof", mode, b.cl.nodes))); err != nil {
-			b.logf("heap profile: %v", err)
+		for _, q := range []string{"gc=1", "debug=1"} {
+			name := fmt.Sprintf("heap-%s-%d.pprof", mode, b.cl.nodes)
+			if q == "debug=1" {
+				name = fmt.Sprintf("heap-%s-%d.txt", mode, b.cl.nodes)
+			}
+			if err := saveHeap(filepath.Join(b.heapDir, name), q); err != nil {
+				b.logf("heap profile: %v", err)
+			}
 		}
+		b.logf("%s: %s", mode, memSummary(filepath.Join(b.heapDir, fmt.Sprintf("heap-%s-%d.txt", mode, b.cl.nodes)), p.pid()))
 	}
 
 	var w remoteWriter = crdWriter{b: b}
@@ -858,9 +865,36 @@ func (b *bench) operatorRSS(mode string) (float64, time.Duration, error) {
 	return rss, at.Sub(start), nil
 }
 
-// saveHeap writes the agent's heap profile (after a GC) to path; the
+// memSummary is the Go runtime's view of the agent's memory (from the
+// debug=1 heap profile's MemStats) beside the kernel's (VmRSS, VmHWM).
+func memSummary(path string, pid int) string {
+	bs, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var parts []string
+	for _, l := range strings.Split(string(bs), "\n") {
+		for _, k := range []string{"# HeapAlloc", "# HeapInuse", "# HeapIdle", "# HeapReleased", "# Sys", "# NextGC", "# Stack", "# MSpan"} {
+			if rest, ok := strings.CutPrefix(l, k+" = "); ok {
+				n, _ := strconv.ParseFloat(strings.Fields(rest)[0], 64)
+				parts = append(parts, fmt.Sprintf("%s %.0f MiB", strings.TrimPrefix(k, "# "), n/(1<<20)))
+			}
+		}
+	}
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		for _, l := range strings.Split(string(st), "\n") {
+			if strings.HasPrefix(l, "VmRSS:") || strings.HasPrefix(l, "VmHWM:") || strings.HasPrefix(l, "RssAnon:") || strings.HasPrefix(l, "RssFile:") {
+				parts = append(parts, strings.Join(strings.Fields(l), " "))
+			}
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// saveHeap writes the agent's heap profile (query: gc=1 for the profile
+// after a GC, debug=1 for the text form with MemStats) to path; the
 // connection is made in the node namespace.
-func saveHeap(path string) error {
+func saveHeap(path, query string) error {
 	var conn net.Conn
 	if err := inNetns(nsPath(nodeNS), func() (err error) {
 		conn, err = net.DialTimeout("tcp", agentPprof, 5*time.Second)
@@ -870,7 +904,7 @@ func saveHeap(path string) error {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(2 * time.Minute))
-	if _, err := fmt.Fprintf(conn, "GET /debug/pprof/heap?gc=1 HTTP/1.0\r\nHost: agent\r\n\r\n"); err != nil {
+	if _, err := fmt.Fprintf(conn, "GET /debug/pprof/heap?%s HTTP/1.0\r\nHost: agent\r\n\r\n", query); err != nil {
 		return err
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
