@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/tendril-net/tendril/pkg/agent/agentkv"
 	"github.com/tendril-net/tendril/pkg/identity"
@@ -468,4 +470,84 @@ func (w kvWriter) delPod(ctx context.Context, k int, _ []string) error {
 	_, ip := w.b.cl.newPod(k)
 	_, err := w.w.cli.Delete(ctx, agentkv.IPPrefix+ip.String())
 	return err
+}
+
+// watchFloor records when a plain watch of this process (the API server's
+// or etcd's, as the agent watches it) saw each new pod's address: what any
+// agent waits for before it can act.
+type watchFloor struct {
+	mu   sync.Mutex
+	seen map[string]time.Time
+	stop func()
+}
+
+func (f *watchFloor) record(ip string) {
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.seen[ip]; !ok {
+		f.seen[ip] = now
+	}
+}
+
+// at is when the watch saw ip, waiting up to wait for it.
+func (f *watchFloor) at(ip string, wait time.Duration) (time.Time, bool) {
+	for deadline := time.Now().Add(wait); ; time.Sleep(time.Millisecond) {
+		f.mu.Lock()
+		t, ok := f.seen[ip]
+		f.mu.Unlock()
+		if ok || time.Now().After(deadline) {
+			return t, ok
+		}
+	}
+}
+
+// startWatchFloor watches the new pods' namespace's TendrilEndpoints (crd)
+// or the kvstore's ipcache keys (kvstore) from now on.
+func (b *bench) startWatchFloor(ctx context.Context, mode string) (*watchFloor, error) {
+	f := &watchFloor{seen: map[string]time.Time{}}
+	ctx, cancel := context.WithCancel(ctx)
+	f.stop = cancel
+	if mode == "kvstore" {
+		w, err := newEtcdWriter(b.etcdURL)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		wc := w.cli.Watch(ctx, agentkv.IPPrefix, clientv3.WithPrefix())
+		go func() {
+			defer w.close()
+			for resp := range wc {
+				for _, ev := range resp.Events {
+					if ev.Type == clientv3.EventTypePut {
+						f.record(strings.TrimPrefix(string(ev.Kv.Key), agentkv.IPPrefix))
+					}
+				}
+			}
+		}()
+		return f, nil
+	}
+	tes := b.clients.Tendril.TendrilV1alpha1().TendrilEndpoints(b.cl.appNS(0))
+	l, err := tes.List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("list endpoints: %w", err)
+	}
+	w, err := tes.Watch(ctx, metav1.ListOptions{ResourceVersion: l.ResourceVersion})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("watch endpoints: %w", err)
+	}
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			if te, ok := ev.Object.(*v1alpha1.TendrilEndpoint); ok && ev.Type == watch.Added && te.Status.Networking != nil {
+				for _, a := range te.Status.Networking.Addressing {
+					f.record(a.IPv4)
+				}
+			}
+		}
+	}()
+	go func() { <-ctx.Done(); w.Stop() }()
+	return f, nil
 }
