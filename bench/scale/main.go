@@ -80,6 +80,10 @@ type bench struct {
 	churnFor   time.Duration
 	steady     time.Duration
 	heapDir    string
+	// api is the running agent's API; known, when the agent's identity
+	// API first knew each new pod's identity (0: not seen before the maps).
+	api   *client.Client
+	known []time.Duration
 	// nextPod numbers the pods made after the fill (cluster.newPod).
 	nextPod int
 }
@@ -613,6 +617,7 @@ func (b *bench) point(ctx context.Context, mode string) (result, error) {
 	if err != nil {
 		return r, err
 	}
+	b.api = api
 	m, err := maps.OpenPinned(p.bpfRoot, true)
 	if err != nil {
 		return r, err
@@ -703,6 +708,8 @@ func (b *bench) point(ctx context.Context, mode string) (result, error) {
 	r.newP50, r.newP99, r.newMax = percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 1)
 	r.ipcP50, r.ipcP99 = percentile(ipc, 0.5), percentile(ipc, 0.99)
 	r.floorP50, r.floorP99 = percentile(floor, 0.5), percentile(floor, 0.99)
+	b.logf("%s: identity known to the agent's API p50 %s p99 %s", mode, percentile(b.known, 0.5), percentile(b.known, 0.99))
+	b.known = nil
 	b.logf("%s: new remote pod in every selecting policy map p50 %s p99 %s (n=%d)", mode, r.newP50, r.newP99, r.newN)
 
 	// The same under churn.
@@ -741,8 +748,14 @@ func (b *bench) newRemotePods(ctx context.Context, w remoteWriter, m *maps.Maps,
 		if err := w.addPod(ctx, k, id, labels, true); err != nil {
 			return nil, nil, nil, fmt.Errorf("new pod %d: %w", k, err)
 		}
-		var inIPC time.Duration
+		var inIPC, known time.Duration
 		for {
+			if known == 0 && b.api != nil {
+				var out map[string]any
+				if err := b.api.Do(ctx, http.MethodGet, fmt.Sprintf("/identity/%d", id), nil, nil, nil, &out); err == nil {
+					known = time.Since(t0)
+				}
+			}
 			if inIPC == 0 {
 				if e, ok, err := m.IPCacheMap().LookupAddr(ip); err == nil && ok && e.Identity == uint32(id) {
 					inIPC = time.Since(t0)
@@ -757,6 +770,7 @@ func (b *bench) newRemotePods(ctx context.Context, w remoteWriter, m *maps.Maps,
 			}
 			if all && inIPC > 0 {
 				lat, ipc = append(lat, time.Since(t0)), append(ipc, inIPC)
+				b.known = append(b.known, known)
 				break
 			}
 			if time.Since(t0) > time.Minute {
@@ -844,6 +858,8 @@ func (b *bench) churn(ctx context.Context, w remoteWriter, m *maps.Maps, pods []
 	r.churnRSS, r.churnCPU = rss, 100*float64(cpu1-cpu0)/float64(elapsed)
 	r.churnFloorP50, r.churnFloorP99 = percentile(floor, 0.5), percentile(floor, 0.99)
 	r.churnAchieved = float64(ops) / elapsed.Seconds()
+	b.logf("%s churn: identity known to the agent's API p50 %s p99 %s", r.mode, percentile(b.known, 0.5), percentile(b.known, 0.99))
+	b.known = nil
 	b.logf("%s churn: %d create+delete in %s; new pod p50 %s p99 %s; RSS %.0f MiB CPU %.0f%%", r.mode, ops, elapsed.Round(time.Second), r.churnP50, r.churnP99, rss, r.churnCPU)
 	return nil
 }
