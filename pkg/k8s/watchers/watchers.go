@@ -65,7 +65,7 @@ func New(c *k8s.Clients, nodeName string, log *slog.Logger) *Watchers {
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 		}))
-	td := tendrilinformers.NewSharedInformerFactoryWithOptions(c.Tendril, 0, tendrilinformers.WithTransform(tr.Transform))
+	td := tendrilinformers.NewSharedInformerFactoryWithOptions(c.Tendril, 0, tendrilinformers.WithTransform(k8s.StripTendril))
 	tv := td.Tendril().V1alpha1()
 
 	w := &Watchers{
