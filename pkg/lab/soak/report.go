@@ -43,14 +43,14 @@ func (r *Result) Markdown(w io.Writer) {
 			strings.ReplaceAll(strings.Join(l.Examples, "; "), "|", "\\|"))
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| agent | RSS samples | first MiB | last MiB | max MiB | slope KiB/min | ± stderr | flat |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---|")
+	fmt.Fprintln(w, "| agent | RSS samples | first MiB | last MiB | max MiB | slope KiB/min | ± stderr | second half KiB/min | ± stderr | flat (second half) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 	for _, m := range r.Memory {
 		if m.Err != "" {
-			fmt.Fprintf(w, "| %s | %d | | | | | | %s |\n", m.Node, m.Samples, m.Err)
+			fmt.Fprintf(w, "| %s | %d | | | | | | | | %s |\n", m.Node, m.Samples, m.Err)
 			continue
 		}
-		fmt.Fprintf(w, "| %s | %d | %.1f | %.1f | %.1f | %+.1f | %.1f | %v |\n", m.Node, m.Samples,
-			float64(m.First)/1024, float64(m.Last)/1024, float64(m.Max)/1024, m.KiBPerMin, m.StdErr, m.Flat())
+		fmt.Fprintf(w, "| %s | %d | %.1f | %.1f | %.1f | %+.1f | %.1f | %+.1f | %.1f | %v |\n", m.Node, m.Samples,
+			float64(m.First)/1024, float64(m.Last)/1024, float64(m.Max)/1024, m.KiBPerMin, m.StdErr, m.LateKiBPerMin, m.LateStdErr, m.Flat())
 	}
 }

@@ -24,11 +24,16 @@ type Slope struct {
 	// KiBPerMin is the fitted slope and StdErr its standard error (the
 	// noise: a slope within about two of it is flat).
 	KiBPerMin, StdErr float64
-	Err               string
+	// LateKiBPerMin and LateStdErr fit the second half of the samples
+	// only: the heap grows to its working size early in a run, and a
+	// leak shows as a slope that goes on.
+	LateKiBPerMin, LateStdErr float64
+	Err                       string
 }
 
-// Flat says whether the slope is within twice its noise of zero.
-func (s Slope) Flat() bool { return math.Abs(s.KiBPerMin) <= 2*s.StdErr }
+// Flat says whether the second half's slope is within twice its noise of
+// zero.
+func (s Slope) Flat() bool { return math.Abs(s.LateKiBPerMin) <= 2*s.LateStdErr }
 
 // FitSlope fits y = a + b·t by least squares (t in minutes, y in KiB)
 // and returns b and its standard error.
@@ -151,6 +156,9 @@ func (r *rssSampler) slopes() []Slope {
 		}
 		var err error
 		s.KiBPerMin, s.StdErr, err = FitSlope(r.t[n.Name], ys)
+		if half := len(ys) / 2; err == nil && len(ys)-half >= 3 {
+			s.LateKiBPerMin, s.LateStdErr, _ = FitSlope(r.t[n.Name][half:], ys[half:])
+		}
 		if err != nil {
 			s.Err = err.Error()
 			if e := r.lastErr[n.Name]; e != nil {

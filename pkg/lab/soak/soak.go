@@ -31,8 +31,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/yaml"
 
-	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s"
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/lab/workload"
 )
@@ -93,7 +93,7 @@ type Allowance struct {
 // DefaultConfig is the bench's default run: an hour at 10 pods a second.
 func DefaultConfig() Config {
 	return Config{Namespace: "soak", Duration: time.Hour, Rate: 10, Probes: 3, SampleEvery: 10 * time.Second,
-		Settle: 6 * time.Minute, MaxInFlight: 200, Allow: Allowance{Goroutines: 25, FDs: 10}}
+		Settle: 6 * time.Minute, MaxInFlight: 64, Allow: Allowance{Goroutines: 25, FDs: 10}}
 }
 
 func (c *Config) validate() error {
@@ -158,13 +158,17 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	// The pod informer's and the sampler's goroutines end with the run.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	s := &soaker{cfg: cfg, ns: cfg.Namespace, ready: map[string]chan *corev1.Pod{}, ips: map[string]bool{}}
+	defer s.cleanup()
 	if err := s.setup(ctx); err != nil {
 		return nil, err
 	}
-	before, err := snapshot(ctx, cfg.Lab, cfg.Clients, s.ns, nil)
+	before, err := s.baseline(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("soak: snapshot before the churn: %w", err)
+		return nil, err
 	}
 	sampler := newRSSSampler(cfg.Lab, cfg.SampleEvery)
 	sctx, stopSampling := context.WithCancel(ctx)
@@ -206,6 +210,41 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return res, ctx.Err()
 		case <-time.After(5 * time.Second):
 		}
+	}
+}
+
+// baseline is the snapshot before the churn, once two in a row five
+// seconds apart agree: the servers' endpoints finish their regeneration
+// (links pinned, policy entries written) a moment after they run Ready.
+func (s *soaker) baseline(ctx context.Context) (*clusterSnap, error) {
+	prev, err := snapshot(ctx, s.cfg.Lab, s.cfg.Clients, s.ns, nil)
+	if err != nil {
+		return nil, fmt.Errorf("soak: snapshot before the churn: %w", err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(5 * time.Second):
+		}
+		cur, err := snapshot(ctx, s.cfg.Lab, s.cfg.Clients, s.ns, nil)
+		if err != nil {
+			return nil, fmt.Errorf("soak: snapshot before the churn: %w", err)
+		}
+		var moved []string
+		for _, c := range compare(prev, cur, s.cfg.Allow) {
+			if c.Leaked() {
+				moved = append(moved, fmt.Sprintf("%s %s %+d", c.Node, c.What, c.N))
+			}
+		}
+		if len(moved) == 0 {
+			return cur, nil
+		}
+		if time.Now().After(deadline) {
+			s.cfg.Log.Warn("soak: the lab did not settle before the churn; counting from the last snapshot", "moving", moved)
+			return cur, nil
+		}
+		prev = cur
 	}
 }
 
@@ -523,6 +562,20 @@ func (s *soaker) clientRecords() ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// cleanup removes the servers and the policies, so that the namespace
+// can hold the next run.
+func (s *soaker) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	zero := int64(0)
+	if err := s.cfg.Clients.Core.CoreV1().Pods(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
+		s.cfg.Log.Warn("soak: remove the pods", "error", err)
+	}
+	if err := s.cfg.Clients.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		s.cfg.Log.Warn("soak: remove the policies", "error", err)
+	}
 }
 
 // waitGone waits until no client pod is left in the API and in the lab's

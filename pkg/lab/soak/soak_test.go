@@ -19,10 +19,10 @@ func TestFitSlope(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := (Slope{KiBPerMin: b, StdErr: se}); !s.Flat() || se == 0 {
+	if s := (Slope{LateKiBPerMin: b, LateStdErr: se}); !s.Flat() || se == 0 {
 		t.Fatalf("noisy flat series: slope %g stderr %g, want flat with noise", b, se)
 	}
-	if s := (Slope{KiBPerMin: 50, StdErr: 1}); s.Flat() {
+	if s := (Slope{LateKiBPerMin: 50, LateStdErr: 1}); s.Flat() {
 		t.Fatal("a slope of 50 ± 1 is not flat")
 	}
 	if _, _, err := FitSlope([]float64{0, 1}, []float64{1, 2}); err == nil {
