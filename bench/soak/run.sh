@@ -19,13 +19,15 @@ if [ -z "${KEEP:-}" ]; then
 	trap '$T lab --name $LAB down >/dev/null 2>&1 || true' EXIT
 fi
 echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg), $(git rev-parse --short HEAD)"
-if ! $T lab --name "$LAB" status >/dev/null 2>&1; then
-	# The identity and endpoint GCs on short timing (Cilium's defaults
-	# keep an unused identity 15-45 minutes): at the end, an identity
-	# left is one the GC missed, not one within its grace period.
-	$T lab --name "$LAB" up --nodes 2 --pods-per-node 0 \
-		--operator-arg=--identity-gc-interval=10s --operator-arg=--identity-heartbeat-timeout=20s \
-		--operator-arg=--endpoint-gc-interval=10s >/tmp/tendril-soak-up.log 2>&1 ||
-		{ cat /tmp/tendril-soak-up.log; exit 1; }
-fi
+# Always a fresh lab of the soak's own name: a lab left by something
+# else (other GC timing, other pods) would count its grace periods as
+# leaks.
+$T lab --name "$LAB" down >/dev/null 2>&1 || true
+# The identity and endpoint GCs on short timing (Cilium's defaults
+# keep an unused identity 15-45 minutes): at the end, an identity left
+# is one the GC missed, not one within its grace period.
+$T lab --name "$LAB" up --nodes 2 --pods-per-node 0 \
+	--operator-arg=--identity-gc-interval=10s --operator-arg=--identity-heartbeat-timeout=20s \
+	--operator-arg=--endpoint-gc-interval=10s >/tmp/tendril-soak-up.log 2>&1 ||
+	{ cat /tmp/tendril-soak-up.log; exit 1; }
 bin/soak -lab "$LAB" "$@"
