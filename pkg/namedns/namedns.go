@@ -72,14 +72,29 @@ func InNetns(path string, fn func() error) error {
 	})
 }
 
-// onThrowawayThread runs fn on a locked OS thread that is never handed back
-// to the scheduler: fn may change the thread's namespaces, and the thread
-// dies with the goroutine instead of carrying them elsewhere.
+// onThrowawayThread runs fn on a locked OS thread: fn may change the
+// thread's network namespace. Afterwards the thread goes back to the
+// process's namespace and to the scheduler; only when that fails is it
+// left locked, to die with the goroutine instead of carrying the
+// namespace elsewhere. Returning it matters for the main thread: the
+// runtime cannot end that one, it parks it for good, and a main thread
+// parked inside a namespace makes /proc/<pid>/ns/net name it (`lab down`
+// then kills the process as one inside the lab) and keeps the namespace,
+// with its interfaces, alive after it is deleted.
 func onThrowawayThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- fmt.Errorf("the thread's network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
 		errc <- fn()
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
 	}()
 	return <-errc
 }

@@ -1,10 +1,14 @@
 package namedns
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -113,4 +117,48 @@ func TestPrivilegedDeleteUnderCover(t *testing.T) {
 	ipNetns(t, "exec", "other", "true")
 	ipNetns(t, "del", "other")
 	mustBeNamespace(t, "other", false)
+}
+
+// TestPrivilegedInNetnsLeavesTheMainThread: InNetns must not leave the
+// process's main thread in the namespace it entered. The runtime cannot
+// end the main thread as it ends other locked threads; it parks it for
+// good, still inside the namespace, and /proc/<pid>/ns/net (the main
+// thread's) then names that namespace: `tendril lab down` kills every
+// process "inside" a lab namespace, and a parked thread keeps a deleted
+// pod namespace (and its veth) alive. Many calls in parallel, so some run
+// on the main thread.
+func TestPrivilegedInNetnsLeavesTheMainThread(t *testing.T) {
+	testutil.Privileged(t)
+	name := fmt.Sprintf("tdrmain%d", os.Getpid())
+	if err := Create(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Delete(name) })
+	var want, inside unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", os.Getpid()), &want); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(Path(name), &inside); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 2000 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = InNetns(Path(name), func() error { time.Sleep(time.Millisecond); return nil })
+		}()
+	}
+	wg.Wait()
+	// Park-and-wedge happens as the goroutines exit; give the runtime a
+	// moment, then look at the main thread.
+	runtime.GC()
+	var got unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", os.Getpid()), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Ino != want.Ino {
+		t.Fatalf("the main thread is in another network namespace after InNetns (inode %d, the test's namespace is %d, the process's was %d)",
+			got.Ino, inside.Ino, want.Ino)
+	}
 }

@@ -1,0 +1,56 @@
+package soak
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// Markdown writes the result as the bench prints it (and
+// docs/benchmarks.md records it).
+func (r *Result) Markdown(w io.Writer) {
+	c := r.Churn
+	verdict := "PASS"
+	if !r.Passed() {
+		verdict = "FAIL"
+	}
+	fmt.Fprintf(w, "## Soak: %s\n\n", verdict)
+	rate := 0.0
+	if c.Elapsed > 0 {
+		rate = float64(c.Created) / c.Elapsed.Seconds()
+	}
+	fmt.Fprintf(w, "- lab %s, %d nodes; churn %s at %g pods/s asked (%.2f/s created): %d created, %d ready, %d deleted, %d failed\n",
+		r.Config.Lab.Name, len(r.Config.Lab.Nodes), c.Elapsed.Round(time.Second), r.Config.Rate, rate, c.Created, c.Ready, c.Deleted, c.Failed)
+	fmt.Fprintf(w, "- traffic: %d pods reached the server on the other node (%d probes each), %d never did; denied port: %d unanswered, %d answered\n",
+		c.AllowedOK, r.Config.Probes, c.AllowedFailed, c.DeniedOK, c.DeniedAnswered)
+	if c.FirstError != "" {
+		fmt.Fprintf(w, "- first error: %s\n", c.FirstError)
+	}
+	fmt.Fprintf(w, "- counts settled %s after the last pod was gone\n\n", r.SettledIn.Round(time.Second))
+	fmt.Fprintln(w, "| node | what | before | after | leaked | allowance | examples |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---|")
+	for _, l := range r.Leaks {
+		node := l.Node
+		if node == "" {
+			node = "cluster"
+		}
+		mark := ""
+		if l.Leaked() {
+			mark = " **LEAK**"
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %d%s | ±%d | %s |\n", node, l.What, l.Before, l.After, l.N, mark, l.Allowance,
+			strings.ReplaceAll(strings.Join(l.Examples, "; "), "|", "\\|"))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| agent | RSS samples | first MiB | last MiB | max MiB | slope KiB/min | ± stderr | second half KiB/min | ± stderr | flat (second half) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	for _, m := range r.Memory {
+		if m.Err != "" {
+			fmt.Fprintf(w, "| %s | %d | | | | | | | | %s |\n", m.Node, m.Samples, m.Err)
+			continue
+		}
+		fmt.Fprintf(w, "| %s | %d | %.1f | %.1f | %.1f | %+.1f | %.1f | %+.1f | %.1f | %v |\n", m.Node, m.Samples,
+			float64(m.First)/1024, float64(m.Last)/1024, float64(m.Max)/1024, m.KiBPerMin, m.StdErr, m.LateKiBPerMin, m.LateStdErr, m.Flat())
+	}
+}

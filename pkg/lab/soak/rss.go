@@ -1,0 +1,171 @@
+package soak
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tendril-net/tendril/pkg/lab"
+)
+
+// Slope is an agent's memory over the churn: RSS samples fitted by least
+// squares to a line.
+type Slope struct {
+	Node    string
+	Samples int
+	// First, Last, Max are RSS samples in KiB.
+	First, Last, Max int64
+	// KiBPerMin is the fitted slope and StdErr its standard error (the
+	// noise: a slope within about two of it is flat).
+	KiBPerMin, StdErr float64
+	// LateKiBPerMin and LateStdErr fit the second half of the samples
+	// only: the heap grows to its working size early in a run, and a
+	// leak shows as a slope that goes on.
+	LateKiBPerMin, LateStdErr float64
+	Err                       string
+}
+
+// Flat says whether the second half's slope is within twice its noise of
+// zero.
+func (s Slope) Flat() bool { return math.Abs(s.LateKiBPerMin) <= 2*s.LateStdErr }
+
+// FitSlope fits y = a + b·t by least squares (t in minutes, y in KiB)
+// and returns b and its standard error.
+func FitSlope(t, y []float64) (slope, stderr float64, err error) {
+	n := float64(len(t))
+	if len(t) != len(y) || len(t) < 3 {
+		return 0, 0, fmt.Errorf("fit: %d times and %d samples, need 3 or more of each", len(t), len(y))
+	}
+	var mt, my float64
+	for i := range t {
+		mt += t[i]
+		my += y[i]
+	}
+	mt /= n
+	my /= n
+	var sxx, sxy float64
+	for i := range t {
+		sxx += (t[i] - mt) * (t[i] - mt)
+		sxy += (t[i] - mt) * (y[i] - my)
+	}
+	if sxx == 0 {
+		return 0, 0, fmt.Errorf("fit: every sample at the same time")
+	}
+	slope = sxy / sxx
+	icept := my - slope*mt
+	var sse float64
+	for i := range t {
+		r := y[i] - (icept + slope*t[i])
+		sse += r * r
+	}
+	return slope, math.Sqrt(sse / (n - 2) / sxx), nil
+}
+
+// rssSampler samples every agent's VmRSS at a fixed interval.
+type rssSampler struct {
+	st    *lab.State
+	every time.Duration
+
+	mu      sync.Mutex
+	start   time.Time
+	t       map[string][]float64
+	kib     map[string][]float64
+	lastErr map[string]error
+}
+
+func newRSSSampler(st *lab.State, every time.Duration) *rssSampler {
+	return &rssSampler{st: st, every: every, t: map[string][]float64{}, kib: map[string][]float64{}, lastErr: map[string]error{}}
+}
+
+func (r *rssSampler) run(ctx context.Context) {
+	r.start = time.Now()
+	tick := time.NewTicker(r.every)
+	defer tick.Stop()
+	for {
+		r.sample()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (r *rssSampler) sample() {
+	procs, err := lab.ReadProcesses(r.st.PidDir())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, n := range r.st.Nodes {
+		if err != nil {
+			r.lastErr[n.Name] = err
+			continue
+		}
+		pid := 0
+		for _, p := range procs {
+			if p.Role == "agent-"+n.Name {
+				pid = p.PID
+			}
+		}
+		kib, err := vmRSS(pid)
+		if err != nil {
+			r.lastErr[n.Name] = err
+			continue
+		}
+		r.t[n.Name] = append(r.t[n.Name], time.Since(r.start).Minutes())
+		r.kib[n.Name] = append(r.kib[n.Name], float64(kib))
+	}
+}
+
+// vmRSS reads a process's resident set in KiB from /proc.
+func vmRSS(pid int) (int64, error) {
+	if pid <= 0 {
+		return 0, fmt.Errorf("no agent process")
+	}
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status has no VmRSS", pid)
+}
+
+func (r *rssSampler) slopes() []Slope {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Slope
+	for _, n := range r.st.Nodes {
+		ys := r.kib[n.Name]
+		s := Slope{Node: n.Name, Samples: len(ys)}
+		if len(ys) > 0 {
+			s.First, s.Last = int64(ys[0]), int64(ys[len(ys)-1])
+			for _, y := range ys {
+				s.Max = max(s.Max, int64(y))
+			}
+		}
+		var err error
+		s.KiBPerMin, s.StdErr, err = FitSlope(r.t[n.Name], ys)
+		if half := len(ys) / 2; err == nil && len(ys)-half >= 3 {
+			s.LateKiBPerMin, s.LateStdErr, _ = FitSlope(r.t[n.Name][half:], ys[half:])
+		}
+		if err != nil {
+			s.Err = err.Error()
+			if e := r.lastErr[n.Name]; e != nil {
+				s.Err += " (last sample: " + e.Error() + ")"
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
