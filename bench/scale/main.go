@@ -20,7 +20,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -31,15 +30,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
@@ -397,7 +393,7 @@ func (p *agentProc) pid() int { return p.cmd.Process.Pid }
 // address inside the node namespace.
 func forward(addr string) (net.Listener, error) {
 	var ln net.Listener
-	if err := inNetns(nsPath(nodeNS), func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
+	if err := namedns.InNetns(nsPath(nodeNS), func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
 		return nil, err
 	}
 	go func() {
@@ -419,41 +415,6 @@ func forward(addr string) (net.Listener, error) {
 		}
 	}()
 	return ln, nil
-}
-
-// inNetns runs fn on a locked thread in the namespace at path and
-// switches back (the thread must not end: see newNodeNS).
-func inNetns(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open netns %s: %w", path, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter netns %s: %w", path, err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("leave netns %s: %w", path, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
 }
 
 // localPod is one local pod: its app and, once added, its endpoint ID.
@@ -925,7 +886,7 @@ func memSummary(path string, pid int) string {
 // connection is made in the node namespace.
 func saveHeap(path, query string) error {
 	var conn net.Conn
-	if err := inNetns(nsPath(nodeNS), func() (err error) {
+	if err := namedns.InNetns(nsPath(nodeNS), func() (err error) {
 		conn, err = net.DialTimeout("tcp", agentPprof, 5*time.Second)
 		return err
 	}); err != nil {

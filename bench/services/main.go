@@ -24,7 +24,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,7 +36,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,7 +45,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -503,7 +500,7 @@ func newTopology() (*topology, error) {
 		reply byte
 	}{{fmt.Sprintf("0.0.0.0:%d", backendPort), '1'}, {fmt.Sprintf("%s:%d", changedIP, changedPort), '2'}} {
 		var ln net.Listener
-		err := inNetns(nsPath(backNS), func() (err error) { ln, err = net.Listen("tcp", l.addr); return err })
+		err := namedns.InNetns(nsPath(backNS), func() (err error) { ln, err = net.Listen("tcp", l.addr); return err })
 		if err != nil {
 			t.close()
 			return nil, fmt.Errorf("listen %s: %w", l.addr, err)
@@ -546,7 +543,7 @@ func (t *topology) close() {
 // same address inside the node namespace.
 func forwardAPI(apiAddr string) (net.Listener, error) {
 	var ln net.Listener
-	if err := inNetns(nsPath(nodeNS), func() (err error) { ln, err = net.Listen("tcp", apiAddr); return err }); err != nil {
+	if err := namedns.InNetns(nsPath(nodeNS), func() (err error) { ln, err = net.Listen("tcp", apiAddr); return err }); err != nil {
 		return nil, err
 	}
 	go func() {
@@ -785,47 +782,8 @@ func hookStats(bpfRoot string) func() float64 {
 	}
 }
 
-// inNetns runs fn on a locked thread switched into the namespace at path
-// and switches it back after. Unlike namedns.InNetns it does not end the
-// thread: a thread that ends kills the children it started (the control
-// plane's processes have a parent-death signal), and this process starts
-// many.
-func inNetns(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open netns %s: %w", path, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter netns %s: %w", path, err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			// Left locked: the runtime ends the thread with the goroutine.
-			errc <- errors.Join(ferr, fmt.Errorf("leave netns %s: %w", path, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
-
 // inClient runs fn on a thread in the client pod's namespace.
-func inClient(fn func() error) error { return inNetns(nsPath(clientNS), fn) }
+func inClient(fn func() error) error { return namedns.InNetns(nsPath(clientNS), fn) }
 
 func percentile(d []time.Duration, p float64) time.Duration {
 	if len(d) == 0 {
@@ -1152,7 +1110,7 @@ func countFrontends(root string) int {
 // the node namespace).
 func scrapeKubeProxy() string {
 	var body string
-	err := inNetns(nsPath(nodeNS), func() error {
+	err := namedns.InNetns(nsPath(nodeNS), func() error {
 		c, err := net.DialTimeout("tcp", "127.0.0.1:10249", 2*time.Second)
 		if err != nil {
 			return err
@@ -1303,7 +1261,7 @@ const agentPprof = "127.0.0.1:6060"
 // from here.
 func saveHeap(path string) error {
 	var conn net.Conn
-	if err := inNetns(nsPath(nodeNS), func() error {
+	if err := namedns.InNetns(nsPath(nodeNS), func() error {
 		var err error
 		conn, err = net.DialTimeout("tcp", agentPprof, 5*time.Second)
 		return err
