@@ -71,6 +71,67 @@ type IPCache struct {
 	// queue holds the claims made with UpsertQueued and DeleteQueued
 	// until its job writes them in batches.
 	queue *queue
+
+	// withdrawn holds the addresses whose effective claim, another node's
+	// endpoint or address, was withdrawn or replaced since the last
+	// TakeWithdrawnRemote (nil until TrackWithdrawnRemote): the conntrack
+	// sweep ends their flows, so that a pod given the address later
+	// never meets a flow admitted for the one before it.
+	withdrawnMu sync.Mutex
+	withdrawn   map[netip.Addr]struct{}
+}
+
+// maxWithdrawn bounds what is kept between two takes: past it, more
+// addresses are dropped (their flows expire by the conntrack timers).
+const maxWithdrawn = 1 << 16
+
+// TrackWithdrawnRemote starts recording the addresses (single-address
+// prefixes) whose effective claim came from another node (kvstore or
+// Kubernetes source) and was withdrawn, or replaced by another owner's
+// or another identity.
+func (c *IPCache) TrackWithdrawnRemote() {
+	c.withdrawnMu.Lock()
+	defer c.withdrawnMu.Unlock()
+	if c.withdrawn == nil {
+		c.withdrawn = map[netip.Addr]struct{}{}
+	}
+}
+
+// TakeWithdrawnRemote returns what was recorded since the last call and
+// forgets it.
+func (c *IPCache) TakeWithdrawnRemote() []netip.Addr {
+	c.withdrawnMu.Lock()
+	defer c.withdrawnMu.Unlock()
+	if len(c.withdrawn) == 0 {
+		return nil
+	}
+	out := make([]netip.Addr, 0, len(c.withdrawn))
+	for a := range c.withdrawn {
+		out = append(out, a)
+	}
+	clear(c.withdrawn)
+	return out
+}
+
+func (c *IPCache) noteWithdrawn(addrs []netip.Addr) {
+	c.withdrawnMu.Lock()
+	defer c.withdrawnMu.Unlock()
+	if c.withdrawn == nil {
+		return
+	}
+	for _, a := range addrs {
+		if len(c.withdrawn) >= maxWithdrawn {
+			return
+		}
+		c.withdrawn[a] = struct{}{}
+	}
+}
+
+// remoteHost reports whether a prefix's effective claim is another
+// node's, for one address.
+func remoteHost(p *PrefixClaims) bool {
+	src := p.Resolved.Source
+	return p.Prefix.IsSingleIP() && (src == SourceKVStore || src == SourceKubernetes)
 }
 
 // New creates the table, registers its reconciler on p.Jobs and holds the
@@ -199,6 +260,20 @@ func (c *IPCache) Delete(prefix netip.Prefix, src Source, owner Owner) error {
 type Writer struct {
 	c    *IPCache
 	wtxn statedb.WriteTxn
+	// withdrawn are the remote addresses this transaction took from
+	// their owner (see IPCache.TrackWithdrawnRemote).
+	withdrawn []netip.Addr
+}
+
+// noteChange records old's address when its remote claim stops being the
+// effective one as next (nil: the prefix is gone) replaces it.
+func (w *Writer) noteChange(old, next *PrefixClaims) {
+	if !remoteHost(old) {
+		return
+	}
+	if next == nil || next.Resolved.Owner != old.Resolved.Owner || next.Resolved.Identity != old.Resolved.Identity {
+		w.withdrawn = append(w.withdrawn, old.Prefix.Addr())
+	}
 }
 
 // Write runs fn with the table locked and commits its claims together, or
@@ -208,11 +283,15 @@ type Writer struct {
 // table's trees, so one per claim costs several times more.
 func (c *IPCache) Write(fn func(*Writer) error) error {
 	wtxn := c.db.WriteTxn(c.table)
-	if err := fn(&Writer{c: c, wtxn: wtxn}); err != nil {
+	w := &Writer{c: c, wtxn: wtxn}
+	if err := fn(w); err != nil {
 		wtxn.Abort()
 		return err
 	}
 	wtxn.Commit()
+	if len(w.withdrawn) > 0 {
+		c.noteWithdrawn(w.withdrawn)
+	}
 	return nil
 }
 
@@ -232,6 +311,9 @@ func (w *Writer) Upsert(prefix netip.Prefix, e Entry) error {
 	if _, _, err := w.c.table.Insert(w.wtxn, next); err != nil {
 		return fmt.Errorf("ipcache %s: %w", prefix, err)
 	}
+	if found {
+		w.noteChange(old, next)
+	}
 	return nil
 }
 
@@ -247,17 +329,20 @@ func (w *Writer) Delete(prefix netip.Prefix, src Source, owner Owner) error {
 		return nil
 	}
 	var err error
+	var next *PrefixClaims
 	if len(claims) == 0 {
 		_, _, err = w.c.table.Delete(w.wtxn, old)
 	} else {
-		next := *old
-		next.Claims = claims
-		setResolved(old, true, &next)
-		_, _, err = w.c.table.Insert(w.wtxn, &next)
+		n := *old
+		n.Claims = claims
+		setResolved(old, true, &n)
+		next = &n
+		_, _, err = w.c.table.Insert(w.wtxn, next)
 	}
 	if err != nil {
 		return fmt.Errorf("ipcache %s: %w", prefix, err)
 	}
+	w.noteChange(old, next)
 	return nil
 }
 

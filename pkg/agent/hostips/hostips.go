@@ -86,6 +86,12 @@ func New(p Params) *Sync {
 	}
 	m := &Sync{log: p.Log, dp: p.Datapath, eps: p.Endpoints, masq: p.Masquerade,
 		jobs: p.Jobs.NewGroup(p.Health.Scope("host-ips-ct-gc"), job.WithLogger(p.Log))}
+	// The flows of other nodes' pods that left are ended
+	// (sweepDepartedPeers): the ipcache records their withdrawn addresses
+	// from now.
+	if ipc := p.Datapath.IPCache(); ipc != nil {
+		ipc.TrackWithdrawnRemote()
+	}
 	p.Steps.Append(p.Lifecycle, "host-ips-ct-gc", m.syncHostIPs, nil)
 	m.jobs.Add(
 		job.OneShot("host-ips-ct-gc", func(ctx context.Context, _ cell.Health) error {
@@ -177,8 +183,10 @@ func (m *Sync) runLoops(ctx context.Context, addrUpdates chan netlink.AddrUpdate
 	interval := time.Minute
 	gc := time.NewTimer(interval)
 	host := time.NewTicker(time.Minute)
+	peers := time.NewTicker(peerSweepInterval)
 	defer gc.Stop()
 	defer host.Stop()
+	defer peers.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -202,6 +210,8 @@ func (m *Sync) runLoops(ctx context.Context, addrUpdates chan netlink.AddrUpdate
 			if err := m.writeHostIPs(); err != nil {
 				m.log.Warn("Refresh host IPs", "error", err)
 			}
+		case <-peers.C:
+			m.sweepDepartedPeers()
 		case <-gc.C:
 			seen, deleted := m.runCTGC()
 			interval = NextCTGCInterval(interval, seen, deleted, minInterval, maxInterval)
@@ -253,6 +263,38 @@ func NextCTGCInterval(cur time.Duration, seen, deleted int, min, max time.Durati
 		next = max
 	}
 	return next
+}
+
+// peerSweepInterval is how often the flows of other nodes' pods that
+// left are ended: a walk of the conntrack table, only when some left.
+const peerSweepInterval = 10 * time.Second
+
+// sweepDepartedPeers ends the flows of other nodes' pods that left (their
+// addresses withdrawn from the ipcache since the last sweep). Without it
+// such a flow lives until it expires (hours for an established TCP flow
+// whose end this node never saw), and a pod later given the address, on
+// the same ports, would meet a flow its peer's policy admitted for the
+// one before.
+func (m *Sync) sweepDepartedPeers() {
+	ipc := m.dp.IPCache()
+	if ipc == nil {
+		return
+	}
+	addrs := ipc.TakeWithdrawnRemote()
+	if len(addrs) == 0 {
+		return
+	}
+	gone := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		gone[a.Unmap()] = true
+	}
+	res, err := m.dp.Loader().Maps().CTMap().DeletePeerFlows(gone)
+	if err != nil {
+		m.log.Warn("Conntrack: end the flows of departed peers", "addresses", len(addrs), "error", err)
+	}
+	if res.Deleted > 0 {
+		m.log.Debug("Conntrack: ended the flows of departed peers", "addresses", len(addrs), "flows", res.Deleted)
+	}
 }
 
 func (m *Sync) runCTGC() (seen, deleted int) {

@@ -454,3 +454,36 @@ func updateExisting[K any](m *ebpf.Map, keys []K, values []bpf.LxcCtEntry) int {
 func (m CTMap) DeleteEndpoint(id uint16) (SweepResult, error) {
 	return m.DeleteExpired(0, func(ep uint16) bool { return ep != id })
 }
+
+// DeletePeerFlows deletes the entries whose side that names no local
+// endpoint has one of the addresses in gone: flows of other nodes' pods
+// that left (their addresses withdrawn from the ipcache). Until they
+// expire, such entries would admit a later pod given the same address on
+// the same ports as an established flow. Entries whose side with the
+// address is a local endpoint are not touched.
+func (m CTMap) DeletePeerFlows(gone map[netip.Addr]bool) (SweepResult, error) {
+	var res SweepResult
+	if len(gone) == 0 {
+		return res, nil
+	}
+	var victims []CTEntry
+	err := m.Iterate(func(e CTEntry) bool {
+		res.Seen++
+		if (e.SrcEndpoint == 0 && gone[e.Src.Unmap()]) || (e.DstEndpoint == 0 && gone[e.Dst.Unmap()]) {
+			victims = append(victims, e)
+		}
+		return true
+	})
+	if err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
+		return res, err
+	}
+	var errs []error
+	for _, e := range victims {
+		if err := m.Delete(e); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		res.Deleted++
+	}
+	return res, errors.Join(errs...)
+}

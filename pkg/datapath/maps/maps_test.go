@@ -571,3 +571,39 @@ func TestPrivilegedConntrackSweepKeepsHostFirewallFlows(t *testing.T) {
 		t.Fatalf("the host firewall's live flow after a sweep: %+v %v", got, ok)
 	}
 }
+
+// TestPrivilegedConntrackDeletePeerFlows: the flows of a remote pod that
+// left go (either direction, either family); a local endpoint's side
+// with the same address, and other peers' flows, stay.
+func TestPrivilegedConntrackDeletePeerFlows(t *testing.T) {
+	m := newUnpinnedMaps(t)
+	ct := m.CTMap()
+	now := MonotonicNow()
+	gone, other, local := netip.MustParseAddr("10.9.1.5"), netip.MustParseAddr("10.9.1.6"), netip.MustParseAddr("10.9.0.3")
+	gone6, local6 := netip.MustParseAddr("fd00:9:1::5"), netip.MustParseAddr("fd00:9::3")
+	entries := []CTEntry{
+		{Proto: 6, Src: gone, SrcPort: 32972, Dst: local, DstPort: 80, DstEndpoint: 4, Expires: now + 1e12},  // the gone pod's connection in
+		{Proto: 6, Src: local, SrcPort: 40000, Dst: gone, DstPort: 443, SrcEndpoint: 4, Expires: now + 1e12}, // the local pod's to it
+		{Proto: 17, Src: gone6, SrcPort: 5000, Dst: local6, DstPort: 53, DstEndpoint: 4, Expires: now + 1e12}, // IPv6
+		{Proto: 6, Src: other, SrcPort: 32972, Dst: local, DstPort: 80, DstEndpoint: 4, Expires: now + 1e12}, // another peer
+		{Proto: 6, Src: gone, SrcPort: 1, Dst: local, DstPort: 2, SrcEndpoint: 9, Expires: now + 1e12},       // gone's address, a local endpoint's side
+	}
+	for _, e := range entries {
+		if err := ct.Upsert(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := ct.DeletePeerFlows(map[netip.Addr]bool{gone: true, gone6: true})
+	if err != nil || res.Seen != 5 || res.Deleted != 3 {
+		t.Fatalf("sweep: %+v %v", res, err)
+	}
+	for i, e := range entries {
+		_, ok, err := ct.Lookup(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i >= 3; ok != want {
+			t.Errorf("entry %d (%s -> %s) present %v, want %v", i, e.Src, e.Dst, ok, want)
+		}
+	}
+}
