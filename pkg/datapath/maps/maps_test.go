@@ -582,11 +582,11 @@ func TestPrivilegedConntrackDeletePeerFlows(t *testing.T) {
 	gone, other, local := netip.MustParseAddr("10.9.1.5"), netip.MustParseAddr("10.9.1.6"), netip.MustParseAddr("10.9.0.3")
 	gone6, local6 := netip.MustParseAddr("fd00:9:1::5"), netip.MustParseAddr("fd00:9::3")
 	entries := []CTEntry{
-		{Proto: 6, Src: gone, SrcPort: 32972, Dst: local, DstPort: 80, DstEndpoint: 4, Expires: now + 1e12},  // the gone pod's connection in
-		{Proto: 6, Src: local, SrcPort: 40000, Dst: gone, DstPort: 443, SrcEndpoint: 4, Expires: now + 1e12}, // the local pod's to it
+		{Proto: 6, Src: gone, SrcPort: 32972, Dst: local, DstPort: 80, DstEndpoint: 4, Expires: now + 1e12},   // the gone pod's connection in
+		{Proto: 6, Src: local, SrcPort: 40000, Dst: gone, DstPort: 443, SrcEndpoint: 4, Expires: now + 1e12},  // the local pod's to it
 		{Proto: 17, Src: gone6, SrcPort: 5000, Dst: local6, DstPort: 53, DstEndpoint: 4, Expires: now + 1e12}, // IPv6
-		{Proto: 6, Src: other, SrcPort: 32972, Dst: local, DstPort: 80, DstEndpoint: 4, Expires: now + 1e12}, // another peer
-		{Proto: 6, Src: gone, SrcPort: 1, Dst: local, DstPort: 2, SrcEndpoint: 9, Expires: now + 1e12},       // gone's address, a local endpoint's side
+		{Proto: 6, Src: other, SrcPort: 32972, Dst: local, DstPort: 80, DstEndpoint: 4, Expires: now + 1e12},  // another peer
+		{Proto: 6, Src: gone, SrcPort: 1, Dst: local, DstPort: 2, SrcEndpoint: 9, Expires: now + 1e12},        // gone's address, a local endpoint's side
 	}
 	for _, e := range entries {
 		if err := ct.Upsert(e); err != nil {
