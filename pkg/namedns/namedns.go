@@ -91,10 +91,14 @@ func onThrowawayThread(fn func() error) error {
 			return
 		}
 		defer orig.Close()
-		errc <- fn()
+		err = fn()
+		// Back first, then answer: a caller that looks at the process's
+		// namespace (/proc/<pid>/ns/net is the main thread's) right after
+		// must not find this thread still inside.
 		if netns.Set(orig) == nil {
 			runtime.UnlockOSThread()
 		}
+		errc <- err
 	}()
 	return <-errc
 }
