@@ -389,34 +389,6 @@ func procStat(pid int) (rssMiB float64, cpu time.Duration) {
 // agentPID is the agent's own pid: nsenter execs it, so the same.
 func (p *agentProc) pid() int { return p.cmd.Process.Pid }
 
-// forward makes addr (on the host's loopback) reachable at the same
-// address inside the node namespace.
-func forward(addr string) (net.Listener, error) {
-	var ln net.Listener
-	if err := namedns.InNetns(nsPath(nodeNS), func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
-		return nil, err
-	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", addr)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
-				_, _ = io.Copy(c, up)
-			}()
-		}
-	}()
-	return ln, nil
-}
-
 // localPod is one local pod: its app and, once added, its endpoint ID.
 type localPod struct {
 	app  int
@@ -547,7 +519,7 @@ func (b *bench) point(ctx context.Context, mode string) (result, error) {
 		addrs = append(addrs, strings.TrimPrefix(b.etcdURL, "http://"))
 	}
 	for _, a := range addrs {
-		ln, err := forward(a)
+		ln, err := namedns.ForwardInto(nsPath(nodeNS), a)
 		if err != nil {
 			return r, fmt.Errorf("forward %s: %w", a, err)
 		}

@@ -539,34 +539,6 @@ func (t *topology) close() {
 	deleteNamespaces()
 }
 
-// forwardAPI makes the API server (on the host's loopback) reachable at the
-// same address inside the node namespace.
-func forwardAPI(apiAddr string) (net.Listener, error) {
-	var ln net.Listener
-	if err := namedns.InNetns(nsPath(nodeNS), func() (err error) { ln, err = net.Listen("tcp", apiAddr); return err }); err != nil {
-		return nil, err
-	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", apiAddr)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
-				_, _ = io.Copy(c, up)
-			}()
-		}
-	}()
-	return ln, nil
-}
-
 // proxy is a running tendril-agent or kube-proxy in the node namespace.
 type proxy struct {
 	cmd     *exec.Cmd
@@ -833,7 +805,7 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 		return r, err
 	}
 	defer topo.close()
-	fwd, err := forwardAPI(b.apiAddr)
+	fwd, err := namedns.ForwardInto(nsPath(nodeNS), b.apiAddr)
 	if err != nil {
 		return r, fmt.Errorf("forward the API server: %w", err)
 	}

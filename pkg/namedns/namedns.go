@@ -15,6 +15,8 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -344,4 +346,34 @@ func unescape(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// ForwardInto makes addr (a TCP address of this process's namespace)
+// reachable at the same address inside the network namespace at path: a
+// listener there whose connections are spliced to addr. Closing the
+// listener ends the forward (open connections run to their end).
+func ForwardInto(path, addr string) (net.Listener, error) {
+	var ln net.Listener
+	if err := InNetns(path, func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
+		return nil, err
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", addr)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
+	return ln, nil
 }

@@ -2,6 +2,8 @@ package namedns
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -160,5 +162,49 @@ func TestPrivilegedInNetnsLeavesTheMainThread(t *testing.T) {
 	if got.Ino != want.Ino {
 		t.Fatalf("the main thread is in another network namespace after InNetns (inode %d, the test's namespace is %d, the process's was %d)",
 			got.Ino, inside.Ino, want.Ino)
+	}
+}
+
+// TestPrivilegedForwardInto: a server on this namespace's loopback
+// answers a client inside another namespace at the same address.
+func TestPrivilegedForwardInto(t *testing.T) {
+	testutil.Privileged(t)
+	name := fmt.Sprintf("tdrfwd%d", os.Getpid())
+	if err := Create(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Delete(name) })
+	srv, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	go func() {
+		for {
+			c, err := srv.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("hello"))
+			_ = c.Close()
+		}
+	}()
+	fwd, err := ForwardInto(Path(name), srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fwd.Close()
+	var got []byte
+	err = InNetns(Path(name), func() error {
+		c, err := net.Dial("tcp", srv.Addr().String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		got, err = io.ReadAll(c)
+		return err
+	})
+	if err != nil || string(got) != "hello" {
+		t.Fatalf("through the forward: %q, %v", got, err)
 	}
 }
