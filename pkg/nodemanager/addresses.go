@@ -50,35 +50,68 @@ func (r AddressRejection) String() string {
 // of these is the claimant's (a node claiming the address of a machine
 // outside the cluster). docs/encryption.md says what that can cost.
 func (r Rules) OwnAddresses(all []*Peer) (own map[string][]netip.Addr, refused map[string][]AddressRejection) {
-	var localCIDRs []netip.Prefix
-	var localAddrs []netip.Addr
-	if r.Local != nil {
-		localCIDRs, localAddrs = r.Local()
-	}
-	claims := map[netip.Addr][]string{}
-	for _, p := range all {
-		ips := slices.Clone(p.IPs)
-		slices.SortFunc(ips, netip.Addr.Compare)
-		for _, ip := range slices.Compact(ips) {
-			claims[ip.Unmap()] = append(claims[ip.Unmap()], p.Name)
-		}
-	}
+	k := newChecker(r, all)
 	own, refused = map[string][]netip.Addr{}, map[string][]AddressRejection{}
 	for _, p := range all {
-		seen := map[netip.Addr]bool{}
-		for _, ip := range p.IPs {
-			ip = ip.Unmap()
-			if seen[ip] {
-				continue
-			}
-			seen[ip] = true
-			reason, detail := r.judgeAddress(p, ip, all, claims[ip], localCIDRs, localAddrs)
-			if reason != "" {
-				refused[p.Name] = append(refused[p.Name], AddressRejection{Addr: ip, Reason: reason, Detail: detail})
-				continue
-			}
-			own[p.Name] = append(own[p.Name], ip)
+		o, rj := k.ownAddresses(p)
+		if len(o) > 0 {
+			own[p.Name] = o
 		}
+		if len(rj) > 0 {
+			refused[p.Name] = rj
+		}
+	}
+	return own, refused
+}
+
+// nodeAddresses are p's addresses judged a node's (Peer.NodeIPs): its
+// own, and those refused only as claimed by several nodes; refused are
+// all the refusals.
+func (k *checker) nodeAddresses(p *Peer) (nodeIPs []netip.Addr, refused []AddressRejection) {
+	own, refused := k.ownAddresses(p)
+	for _, ip := range p.IPs {
+		ip = ip.Unmap()
+		if slices.Contains(nodeIPs, ip) {
+			continue
+		}
+		if slices.Contains(own, ip) || slices.ContainsFunc(refused, func(r AddressRejection) bool {
+			return r.Addr == ip && r.Reason == AddrReasonShared
+		}) {
+			nodeIPs = append(nodeIPs, ip)
+		}
+	}
+	return nodeIPs, refused
+}
+
+// ownAddresses judges p's addresses (OwnAddresses) against k's peers,
+// p's accepted pod CIDRs as they are in k.peers.
+func (k *checker) ownAddresses(p *Peer) (own []netip.Addr, refused []AddressRejection) {
+	if k.claims == nil {
+		k.claims = map[netip.Addr][]string{}
+		for _, q := range k.peers {
+			ips := slices.Clone(q.IPs)
+			for i := range ips {
+				ips[i] = ips[i].Unmap()
+			}
+			slices.SortFunc(ips, netip.Addr.Compare)
+			for _, ip := range slices.Compact(ips) {
+				k.claims[ip] = append(k.claims[ip], q.Name)
+			}
+		}
+	}
+	seen := map[netip.Addr]bool{}
+	for _, ip := range p.IPs {
+		ip = ip.Unmap()
+		if seen[ip] {
+			continue
+		}
+		seen[ip] = true
+		reason, detail := k.rules.judgeAddress(p, ip, k.peers, k.claims[ip], k.localCIDRs, k.localAddrs)
+		if reason != "" {
+			refused = append(refused, AddressRejection{Addr: ip, Reason: reason, Detail: detail})
+			continue
+		}
+		own = append(own, ip)
 	}
 	return own, refused
 }
@@ -90,14 +123,20 @@ func (r Rules) judgeAddress(p *Peer, ip netip.Addr, all []*Peer, claimants []str
 		return AddrReasonNotUnicast, "not a unicast address a node can hold"
 	case slices.Contains(localAddrs, ip):
 		return AddrReasonLocal, "an address of this node"
-	case len(claimants) > 1:
-		return AddrReasonShared, fmt.Sprintf("claimed by %d nodes %v", len(claimants), claimants)
+	}
+	// Shared is judged last: an address refused only as shared is still
+	// a node's (Peer.NodeIPs), so it must have passed everything else.
+	shared := func() (string, string) {
+		if len(claimants) > 1 {
+			return AddrReasonShared, fmt.Sprintf("claimed by %d nodes %v", len(claimants), claimants)
+		}
+		return "", ""
 	}
 	for _, c := range p.PodCIDRs {
 		if c.Contains(ip) {
 			// The claimant's own router IP: its pod CIDR is its
 			// already.
-			return "", ""
+			return shared()
 		}
 	}
 	for _, c := range localCIDRs {
@@ -125,5 +164,5 @@ func (r Rules) judgeAddress(p *Peer, ip netip.Addr, all []*Peer, claimants []str
 			return AddrReasonService, "inside the service CIDR " + c.String()
 		}
 	}
-	return "", ""
+	return shared()
 }

@@ -129,7 +129,11 @@ func newNodeView(peers []*Peer) *nodeView {
 	v := &nodeView{byName: map[string]*Peer{}, byIP: map[netip.Addr]*Peer{}, peers: peers}
 	for _, p := range peers {
 		v.byName[p.Name] = p
-		for _, ip := range p.IPs {
+		// Only the addresses judged a node's (NodeIPs): one a node
+		// claims inside another node's pod CIDR must neither refuse that
+		// pod's claim as "a node's address" nor pass as the claimant's
+		// host IP.
+		for _, ip := range p.NodeIPs {
 			v.byIP[ip] = p
 		}
 	}

@@ -150,6 +150,30 @@ func TestClaimGate(t *testing.T) {
 		got, want := cache.String(), "[10.9.3.21@tep/by-router-ip=5000 10.9.5.10@k/unknown=4321]"
 		return got == want, fmt.Sprintf("ipcache %s, want %s", got, want)
 	})
+
+	// A newer node claims an address inside c's pod CIDR as its own: c
+	// keeps the CIDR, and the address is no node's. The pod c has there
+	// is not refused as "a node's address" (before, any node could cut
+	// any pod off so), nor is the address that node's host IP.
+	mustUpsert(t, m, "x", []string{"10.9.3.30"}, "10.9.8.0/24")
+	eventually(t, func() (bool, string) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.view.byName["x"] != nil, "the gate has not seen node x"
+	})
+	g.Upsert(claim("10.9.3.30", 5001, "c", "", "k/pod-at-claimed"))
+	xHost := claim("10.9.8.10", 5002, "x", "", "k/x-host")
+	xHost.Entry.HostIP = netip.MustParseAddr("10.9.3.30")
+	g.Upsert(xHost)
+	eventually(t, func() (bool, string) {
+		got, want := cache.String(), "[10.9.3.21@tep/by-router-ip=5000 10.9.3.30@k/pod-at-claimed=5001 10.9.5.10@k/unknown=4321]"
+		return got == want, fmt.Sprintf("ipcache %s, want %s", got, want)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if reasons[ClaimReasonHostIP] != 2 || reasons[ClaimReasonNodeAddress] != 1 {
+		t.Errorf("rejections %v: want x's host IP refused, the pod's claim not", reasons)
+	}
 }
 
 // TestClaimWithoutNodesTable: with no nodes table (kvstore without

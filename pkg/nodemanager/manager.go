@@ -58,6 +58,9 @@ type Params struct {
 	// OnRejected, if set, is told of each pod CIDR a peer is newly
 	// refused for (after the transaction; the counter of rejections).
 	OnRejected func(node string, r Rejection)
+	// OnAddressRefused, if set, is told of each address a peer is newly
+	// refused as its own (RefusedIPs; the counter of refusals).
+	OnAddressRefused func(node string, r AddressRejection)
 	// Options beyond the defaults (backoff, prune interval), for tests;
 	// applied to both reconcilers.
 	Options []reconciler.Option
@@ -78,6 +81,8 @@ type Manager struct {
 	rules         Rules
 	log           *slog.Logger
 	onRejected    func(string, Rejection)
+	// onAddressRefused: Params.OnAddressRefused.
+	onAddressRefused func(string, AddressRejection)
 }
 
 // New registers the tables' reconcilers on p.Jobs (and the tables, unless
@@ -95,7 +100,7 @@ func New(p Params) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{local: p.LocalNode, db: p.DB, nodes: nodes, routes: routes, installRoutes: p.Routes != nil,
-		rules: p.Rules, log: p.Log, onRejected: p.OnRejected}
+		rules: p.Rules, log: p.Log, onRejected: p.OnRejected, onAddressRefused: p.OnAddressRefused}
 	rp := reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs, ModuleID: p.ModuleID}
 	// The claims live in the ipcache's own table, rebuilt at every start:
 	// nothing of a previous run to prune.
@@ -217,46 +222,95 @@ func (m *Manager) DeletePeer(name string) error {
 }
 
 // apply writes next (nil: the peer went), evaluates again every other
-// peer whose claims old or next touch, and recomputes the routes of every
-// pod CIDR whose owner may have changed. It returns the rejections that
-// are new.
+// peer whose claims old or next touch, judges again the addresses of
+// every peer whose verdict may have changed (NodeIPs: a shared address,
+// an address inside a pod CIDR that came or went), and recomputes the
+// routes of every pod CIDR whose owner or next hop may have changed. It
+// returns the rejections that are new.
 func (m *Manager) apply(wtxn statedb.WriteTxn, k *checker, old, next *Peer) ([]peerRejection, error) {
 	var affected []netip.Prefix
 	var rejected []peerRejection
+	// current are the peers as they will be; fresh are those of them not
+	// in the table yet (written at the end).
+	current := make([]*Peer, 0, len(k.peers))
+	fresh := map[string]bool{}
+	var touchedIPs []netip.Addr
+	var touchedCIDRs []netip.Prefix
 	if old != nil {
 		affected = append(affected, old.PodCIDRs...)
+		touchedIPs, touchedCIDRs = append(touchedIPs, old.IPs...), append(touchedCIDRs, old.PodCIDRs...)
 	}
 	if next != nil {
-		if _, _, err := m.nodes.Insert(wtxn, next); err != nil {
-			return nil, fmt.Errorf("node %s: %w", next.Name, err)
-		}
+		fresh[next.Name] = true
 		affected = append(affected, next.PodCIDRs...)
+		touchedIPs, touchedCIDRs = append(touchedIPs, next.IPs...), append(touchedCIDRs, next.PodCIDRs...)
 		rejected = append(rejected, newRejections(old, next)...)
 	}
 	for _, q := range k.peers {
 		if q == next || !(related(old, q) || related(next, q)) {
+			current = append(current, q)
 			continue
 		}
 		q2 := q.clone()
 		k.evaluate(q2)
 		if slices.Equal(q2.PodCIDRs, q.PodCIDRs) && slices.Equal(q2.Rejected, q.Rejected) {
+			current = append(current, q)
 			continue
 		}
 		if !slices.Equal(q2.PodCIDRs, q.PodCIDRs) {
 			q2.Status = reconciler.StatusPending()
+			touchedCIDRs = append(append(touchedCIDRs, q.PodCIDRs...), q2.PodCIDRs...)
 		}
-		if _, _, err := m.nodes.Insert(wtxn, q2); err != nil {
-			return nil, fmt.Errorf("node %s: %w", q2.Name, err)
-		}
+		current = append(current, q2)
+		fresh[q2.Name] = true
 		affected = append(append(affected, q.PodCIDRs...), q2.PodCIDRs...)
 		rejected = append(rejected, newRejections(q, q2)...)
+	}
+	// The addresses, against the peers' pod CIDRs as they now are.
+	ak := newChecker(m.rules, current)
+	for i, q := range current {
+		if !fresh[q.Name] && !addressTouched(q, touchedIPs, touchedCIDRs) {
+			continue
+		}
+		nodeIPs, refused := ak.nodeAddresses(q)
+		if slices.Equal(nodeIPs, q.NodeIPs) && slices.Equal(refused, q.RefusedIPs) {
+			continue
+		}
+		if !fresh[q.Name] {
+			q = q.clone()
+			current[i], fresh[q.Name] = q, true
+		}
+		var prev []AddressRejection
+		if o, _, found := m.nodes.Get(wtxn, PeerNameIndex.Query(q.Name)); found {
+			prev = o.RefusedIPs
+		}
+		if !slices.Equal(nodeIPs, q.NodeIPs) {
+			q.Status = reconciler.StatusPending()
+			affected = append(affected, q.PodCIDRs...)
+		}
+		q.NodeIPs, q.RefusedIPs = nodeIPs, refused
+		for _, r := range refused {
+			if !slices.Contains(prev, r) {
+				rejected = append(rejected, peerRejection{node: q.Name, addr: &r})
+			}
+		}
+	}
+	for _, q := range current {
+		if !fresh[q.Name] {
+			continue
+		}
+		if _, _, err := m.nodes.Insert(wtxn, q); err != nil {
+			return nil, fmt.Errorf("node %s: %w", q.Name, err)
+		}
 	}
 	return rejected, m.updateRoutes(wtxn, affected)
 }
 
+// peerRejection is a pod CIDR refused, or (addr set) an address.
 type peerRejection struct {
 	node string
 	r    Rejection
+	addr *AddressRejection
 }
 
 // newRejections are next's rejections old did not have.
@@ -270,9 +324,20 @@ func newRejections(old, next *Peer) []peerRejection {
 	return out
 }
 
-// reportRejected logs each new rejection and tells OnRejected.
+// reportRejected logs each new rejection and tells OnRejected (or
+// OnAddressRefused).
 func (m *Manager) reportRejected(rs []peerRejection) {
 	for _, r := range rs {
+		if r.addr != nil {
+			if m.log != nil {
+				m.log.Warn("Refused a node's address as its own: not claimed for it in the ipcache, routes or encryption",
+					"node", r.node, "address", r.addr.Addr, "reason", r.addr.Reason, "detail", r.addr.Detail)
+			}
+			if m.onAddressRefused != nil {
+				m.onAddressRefused(r.node, *r.addr)
+			}
+			continue
+		}
 		if m.log != nil {
 			m.log.Warn("Refused a node's pod CIDR: no route, no endpoints of the node in it",
 				"node", r.node, "podCIDR", r.r.CIDR, "reason", r.r.Reason, "detail", r.r.Detail)

@@ -33,8 +33,9 @@ type RouteBackend interface {
 	List() (map[netip.Prefix]netip.Addr, error)
 }
 
-// peerOps realize a peer: its addresses claimed as remote-node in the
-// ipcache, its own claims on addresses it no longer has withdrawn.
+// peerOps realize a peer: its node addresses (NodeIPs) claimed as
+// remote-node in the ipcache, its claims on addresses it no longer has
+// (or no longer owns) withdrawn.
 type peerOps struct {
 	cache IPCache
 
@@ -58,7 +59,7 @@ func (o *peerOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisio
 	defer o.mu.Unlock()
 	var kept []netip.Addr
 	for _, ip := range o.published[p.Name] {
-		if containsAddr(p.IPs, ip) {
+		if containsAddr(p.NodeIPs, ip) {
 			continue
 		}
 		if err := o.cache.DeleteRemoteNode(p.Name, ip); err != nil {
@@ -66,7 +67,11 @@ func (o *peerOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisio
 			kept = append(kept, ip) // withdrawn at the retry
 		}
 	}
-	for _, ip := range p.IPs {
+	// Only the addresses judged a node's: a pod's, a service's or this
+	// node's address claimed by a node would get the remote-node
+	// identity (and what policies allow remote-node) on that node's word
+	// alone.
+	for _, ip := range p.NodeIPs {
 		if err := o.cache.UpsertRemoteNode(p.Name, ip); err != nil {
 			errs = append(errs, fmt.Errorf("ipcache: remote node %s %s: %w", p.Name, ip, err))
 			continue

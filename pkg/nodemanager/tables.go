@@ -47,8 +47,21 @@ type Peer struct {
 	// Created is when the node's Node was created: of two nodes asking
 	// for overlapping pod CIDRs, the older gets them.
 	Created time.Time
-	// IPs are the node's addresses (InternalIP first).
+	// IPs are the node's addresses (InternalIP first), as it claims them.
 	IPs []netip.Addr
+	// NodeIPs are those of IPs judged a node's address (set by the
+	// Manager, Rules.OwnAddresses over the whole table): not a pod's,
+	// a service's, this node's or no node's at all. An address two nodes
+	// claim is in both's NodeIPs: it is a node's, only which one is
+	// unknown, which does not matter for its remote-node identity or a
+	// route to the claimant's pod CIDR via it (it does for encryption,
+	// which takes only the addresses refused for no reason). Only these
+	// are claimed as remote-node in the ipcache, are a route's next hop
+	// and may be the host IP of the node's endpoints. RefusedIPs are the
+	// addresses refused as the node's own, with the reason (shared ones
+	// included).
+	NodeIPs    []netip.Addr
+	RefusedIPs []AddressRejection
 	// PodCIDRs are the node's pod CIDRs that passed the checks (Rules;
 	// at most one per family): only these become routes and scope the
 	// node's endpoints' claims. Given to UpsertPeer, the requested ones.
@@ -69,9 +82,9 @@ type Peer struct {
 	Status reconciler.Status
 }
 
-// nextHop is the peer address of the CIDR's family.
+// nextHop is the peer's node address of the CIDR's family.
 func (p *Peer) nextHop(cidr netip.Prefix) (netip.Addr, bool) {
-	for _, ip := range p.IPs {
+	for _, ip := range p.NodeIPs {
 		if ip.Is4() == cidr.Addr().Is4() {
 			return ip, true
 		}
@@ -81,17 +94,18 @@ func (p *Peer) nextHop(cidr netip.Prefix) (netip.Addr, bool) {
 
 // sameSpec reports whether two versions of a peer want the same state.
 func (p *Peer) sameSpec(o *Peer) bool {
-	return p.Name == o.Name && slices.Equal(p.IPs, o.IPs) && slices.Equal(p.PodCIDRs, o.PodCIDRs)
+	return p.Name == o.Name && slices.Equal(p.IPs, o.IPs) && slices.Equal(p.PodCIDRs, o.PodCIDRs) &&
+		slices.Equal(p.NodeIPs, o.NodeIPs) && slices.Equal(p.RefusedIPs, o.RefusedIPs)
 }
 
 // TableHeader implements statedb.TableWritable (`tendril statedb dump`).
 func (p *Peer) TableHeader() []string {
-	return []string{"Name", "IPs", "PodCIDRs", "Rejected", "Status"}
+	return []string{"Name", "IPs", "PodCIDRs", "Rejected", "RefusedIPs", "Status"}
 }
 
 // TableRow implements statedb.TableWritable.
 func (p *Peer) TableRow() []string {
-	return []string{p.Name, joinStrings(p.IPs), joinStrings(p.PodCIDRs), joinStrings(p.Rejected), p.Status.String()}
+	return []string{p.Name, joinStrings(p.IPs), joinStrings(p.PodCIDRs), joinStrings(p.Rejected), joinStrings(p.RefusedIPs), p.Status.String()}
 }
 
 func (p *Peer) clone() *Peer {

@@ -57,6 +57,17 @@ const (
 	ReasonOtherNode    = "overlaps-other-node"
 )
 
+// inPools reports whether a lies inside the cluster pools (false when
+// none is known).
+func (r Rules) inPools(a netip.Addr) bool {
+	for _, p := range r.Pools {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
 func (r Rules) minPrefix(is4 bool) int {
 	if is4 {
 		return cmp.Or(r.MinPrefixIPv4, DefaultMinPrefixIPv4)
@@ -134,6 +145,9 @@ type checker struct {
 	// peers are every peer as requested (the table's objects, with the
 	// one being changed replaced).
 	peers []*Peer
+	// claims are the names of the peers claiming each address (unmapped),
+	// built at the first ownAddresses.
+	claims map[netip.Addr][]string
 }
 
 func newChecker(r Rules, peers []*Peer) *checker {
@@ -145,17 +159,32 @@ func newChecker(r Rules, peers []*Peer) *checker {
 }
 
 // acceptable reports whether q's requested CIDR c passes every check
-// that does not depend on a third node: a CIDR another node is refused
-// for on its own never blocks anyone.
+// that does not depend on a third node's CIDRs: a CIDR another node is
+// refused for on its own never blocks anyone.
+//
+// A CIDR holding an address another node claims is where one of the two
+// claims is false, and both come from objects a node writes: refusing
+// the CIDR whatever the claim would let any node take another's pod
+// CIDR away by claiming one address inside it. So the claim that loses
+// is the one that can be told false: with the cluster pools known, an
+// address inside them (a pod's, never a node's: OwnAddresses refuses
+// it); else the newer of the two nodes (before), as for overlapping
+// CIDRs, so every agent decides alike. The address then is refused as
+// that node's (inside another node's pod CIDR) wherever addresses are
+// trusted: the ipcache, routes, encryption.
 func (k *checker) acceptable(q *Peer, c netip.Prefix) (reason, detail string) {
 	if reason, detail = k.rules.own(c, k.localCIDRs, k.localAddrs); reason != "" {
 		return reason, detail
 	}
 	for _, p := range k.peers {
 		for _, a := range p.IPs {
-			if c.Contains(a) {
-				return ReasonNodeAddress, fmt.Sprintf("contains the address %s of node %s", a, p.Name)
+			if !c.Contains(a.Unmap()) {
+				continue
 			}
+			if p.Name != q.Name && (k.rules.inPools(a.Unmap()) || before(q, p)) {
+				continue
+			}
+			return ReasonNodeAddress, fmt.Sprintf("contains the address %s of node %s", a, p.Name)
 		}
 	}
 	return "", ""
@@ -232,8 +261,31 @@ func related(p, q *Peer) bool {
 	return false
 }
 
-// sameOutcome reports whether two evaluations of a peer want the same.
+// sameOutcome reports whether two evaluations of a peer want the same,
+// from what the node claims (its own addresses follow from those claims
+// and the other peers', so an unchanged claim changes no one's).
 func (p *Peer) sameOutcome(o *Peer) bool {
-	return p.sameSpec(o) && slices.Equal(p.Requested, o.Requested) && slices.Equal(p.Rejected, o.Rejected) &&
+	return p.Name == o.Name && slices.Equal(p.IPs, o.IPs) && slices.Equal(p.PodCIDRs, o.PodCIDRs) &&
+		slices.Equal(p.Requested, o.Requested) && slices.Equal(p.Rejected, o.Rejected) &&
 		p.Created.Equal(o.Created) && p.WireGuardKey == o.WireGuardKey && p.KeyError == o.KeyError
+}
+
+// addressTouched reports whether q's own addresses may change when the
+// peers claiming ips or holding cidrs change: q claims one of ips (a
+// shared address), or has an address inside one of cidrs.
+func addressTouched(q *Peer, ips []netip.Addr, cidrs []netip.Prefix) bool {
+	for _, a := range q.IPs {
+		a = a.Unmap()
+		for _, b := range ips {
+			if a == b.Unmap() {
+				return true
+			}
+		}
+		for _, c := range cidrs {
+			if c.Contains(a) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -15,25 +15,37 @@ import (
 )
 
 // startWithRules runs a Manager with the rules and a fake routing table,
-// recording what OnRejected is told.
+// recording what OnRejected and OnAddressRefused are told.
 func startWithRules(t *testing.T, rules Rules) (*Manager, *fakeRoutes, func() []string) {
+	m, backend, _, told := startWithRulesCache(t, rules)
+	return m, backend, told
+}
+
+// startWithRulesCache is startWithRules with a fake ipcache too.
+func startWithRulesCache(t *testing.T, rules Rules) (*Manager, *fakeRoutes, *fakeCache, func() []string) {
 	t.Helper()
 	backend := &fakeRoutes{routes: map[netip.Prefix]netip.Addr{}}
+	cache := newFakeCache()
 	var mu sync.Mutex
 	var told []string
 	var m *Manager
 	reconciletest.Start(t, "nodemanager-rules-test", func(d reconciletest.Deps) error {
 		var err error
 		m, err = New(Params{LocalNode: "a", DB: d.DB, Jobs: d.Jobs, Log: d.Log, ModuleID: d.ModuleID, Routes: backend,
-			Rules: rules, OnRejected: func(node string, r Rejection) {
+			IPCache: cache, Rules: rules, OnRejected: func(node string, r Rejection) {
 				mu.Lock()
 				told = append(told, node+" "+r.CIDR+" "+r.Reason)
+				mu.Unlock()
+			},
+			OnAddressRefused: func(node string, r AddressRejection) {
+				mu.Lock()
+				told = append(told, node+" address "+r.Addr.String()+" "+r.Reason)
 				mu.Unlock()
 			},
 			Options: []reconciler.Option{reconciler.WithRetry(10*time.Millisecond, 50*time.Millisecond)}})
 		return err
 	})
-	return m, backend, func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(told) }
+	return m, backend, cache, func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(told) }
 }
 
 func rejectedOf(m *Manager, name string) string {
@@ -90,28 +102,139 @@ func TestPodCIDRRules(t *testing.T) {
 	}
 }
 
-// TestPodCIDRContainingNodeAddress: a pod CIDR holding this node's or
-// another node's address would take that node's traffic.
+// TestPodCIDRContainingNodeAddress: a pod CIDR holding this node's
+// address, or an address of an older node, would take that node's
+// traffic: refused. A node claiming an address inside an older node's pod
+// CIDR does not take the CIDR away (before, one address claimed was
+// enough to cut any node's pods off): its address is refused instead,
+// never a remote-node claim or a next hop; when the older node goes, the
+// newer one's CIDR is accepted.
 func TestPodCIDRContainingNodeAddress(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	local := func() ([]netip.Prefix, []netip.Addr) { return nil, []netip.Addr{netip.MustParseAddr("10.50.0.1")} }
-	m, backend, _ := startWithRules(t, Rules{Local: local})
-	mustUpsert(t, m, "b", []string{"10.60.0.2"}, "10.50.0.0/24") // this node's address
-	mustUpsert(t, m, "c", []string{"10.60.0.3"}, "10.60.0.0/24") // its own and b's
-	mustUpsert(t, m, "d", []string{"10.61.0.4"}, "10.61.8.0/24") // fine
-	mustUpsert(t, m, "e", []string{"10.61.0.5"}, "10.70.0.0/24") // fine until a node moves in
-	for node, want := range map[string]string{"b": "10.50.0.0/24 " + ReasonNodeAddress, "c": "10.60.0.0/24 " + ReasonNodeAddress, "d": "", "e": ""} {
+	m, backend, cache, told := startWithRulesCache(t, Rules{Local: local})
+	up := func(name string, age time.Duration, ip string, cidrs ...string) {
+		t.Helper()
+		p := Peer{Name: name, Created: t0.Add(age), IPs: []netip.Addr{netip.MustParseAddr(ip)}}
+		for _, c := range cidrs {
+			p.PodCIDRs = append(p.PodCIDRs, netip.MustParsePrefix(c))
+		}
+		if err := m.UpsertPeer(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	up("b", 0, "10.60.0.2", "10.50.0.0/24") // this node's address
+	up("c", 0, "10.60.0.3", "10.60.0.0/24") // its own and b's (older by name)
+	up("d", 0, "10.61.0.4", "10.61.8.0/24") // fine
+	up("e", time.Hour, "10.61.0.5", "10.70.0.0/24")
+	up("f", 2*time.Hour, "10.70.0.9") // newer than e: its address is the false claim
+	up("g", 0, "10.71.0.9")           // older than h: h's CIDR is
+	up("h", 3*time.Hour, "10.61.0.8", "10.71.0.0/24")
+	for node, want := range map[string]string{"b": "10.50.0.0/24 " + ReasonNodeAddress, "c": "10.60.0.0/24 " + ReasonNodeAddress,
+		"d": "", "e": "", "f": "", "g": "", "h": "10.71.0.0/24 " + ReasonNodeAddress} {
 		if got := rejectedOf(m, node); got != want {
 			t.Errorf("%s: rejected %q, want %q", node, got, want)
 		}
 	}
-	mustUpsert(t, m, "f", []string{"10.70.0.9"})
-	if got, want := rejectedOf(m, "e"), "10.70.0.0/24 "+ReasonNodeAddress; got != want {
-		t.Errorf("e after node f took an address in its CIDR: rejected %q, want %q", got, want)
+	if got := refusedAddrsOf(m, "f"); got != "10.70.0.9 "+AddrReasonPodCIDR {
+		t.Errorf("f's address refused as %q, want %s", got, AddrReasonPodCIDR)
 	}
 	eventually(t, func() (bool, string) {
-		got, want := backend.String(), "[10.61.8.0/24 via 10.61.0.4]"
+		got, want := backend.String(), "[10.61.8.0/24 via 10.61.0.4 10.70.0.0/24 via 10.61.0.5]"
 		return got == want, fmt.Sprintf("routes %s, want %s", got, want)
 	})
+	eventually(t, func() (bool, string) {
+		got, want := cache.claims(), "[b=10.60.0.2 c=10.60.0.3 d=10.61.0.4 e=10.61.0.5 g=10.71.0.9 h=10.61.0.8]"
+		return got == want, fmt.Sprintf("remote-node claims %s, want %s (never f's)", got, want)
+	})
+	if !slices.Contains(told(), "f address 10.70.0.9 "+AddrReasonPodCIDR) {
+		t.Errorf("f's refused address not reported: %v", told())
+	}
+	// The older node goes: the newer one's CIDR is accepted.
+	if err := m.DeletePeer("g"); err != nil {
+		t.Fatal(err)
+	}
+	if got := rejectedOf(m, "h"); got != "" {
+		t.Errorf("h after g went: rejected %q", got)
+	}
+	eventually(t, func() (bool, string) {
+		got, want := backend.String(), "[10.61.8.0/24 via 10.61.0.4 10.70.0.0/24 via 10.61.0.5 10.71.0.0/24 via 10.61.0.8]"
+		return got == want, fmt.Sprintf("routes after g went %s, want %s", got, want)
+	})
+	// e goes: f's address is no pod's any more, and becomes a node's.
+	if err := m.DeletePeer("e"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() (bool, string) {
+		got, want := cache.claims(), "[b=10.60.0.2 c=10.60.0.3 d=10.61.0.4 f=10.70.0.9 h=10.61.0.8]"
+		return got == want, fmt.Sprintf("remote-node claims after e went %s, want %s", got, want)
+	})
+}
+
+// TestPoolSaysWhoseAddressClaimIsFalse: with the cluster pools known, an
+// address inside them is a pod's, never a node's: an older node claiming
+// one does not take a newer node's pod CIDR away, and its address is no
+// remote-node claim.
+func TestPoolSaysWhoseAddressClaimIsFalse(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m, backend, cache, _ := startWithRulesCache(t, Rules{Pools: []netip.Prefix{netip.MustParsePrefix("10.70.0.0/16")}})
+	for _, p := range []Peer{
+		{Name: "old", Created: t0, IPs: []netip.Addr{netip.MustParseAddr("172.31.0.1"), netip.MustParseAddr("10.70.5.9")}},
+		{Name: "new", Created: t0.Add(time.Hour), IPs: []netip.Addr{netip.MustParseAddr("172.31.0.2")},
+			PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.70.5.0/24")}},
+	} {
+		if err := m.UpsertPeer(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := rejectedOf(m, "new"); got != "" {
+		t.Errorf("new: rejected %q", got)
+	}
+	if got := refusedAddrsOf(m, "old"); got != "10.70.5.9 "+AddrReasonPodCIDR {
+		t.Errorf("old's refused addresses %q", got)
+	}
+	eventually(t, func() (bool, string) {
+		got, want := backend.String()+" "+cache.claims(), "[10.70.5.0/24 via 172.31.0.2] [new=172.31.0.2 old=172.31.0.1]"
+		return got == want, fmt.Sprintf("routes and claims %s, want %s", got, want)
+	})
+}
+
+// TestSharedAddressStaysANodeAddress: an address two nodes claim is a
+// node's either way (its remote-node identity and a route via it are
+// right whichever holds it): both keep it as a node address, and report
+// it refused as their own (encryption takes neither).
+func TestSharedAddressStaysANodeAddress(t *testing.T) {
+	m, _, cache, _ := startWithRulesCache(t, Rules{})
+	mustUpsert(t, m, "b", []string{"172.31.0.9"}, "10.9.2.0/24")
+	mustUpsert(t, m, "c", []string{"172.31.0.9"}, "10.9.3.0/24")
+	eventually(t, func() (bool, string) {
+		got, want := cache.claims(), "[b=172.31.0.9 c=172.31.0.9]"
+		return got == want, fmt.Sprintf("claims %s, want %s", got, want)
+	})
+	for _, n := range []string{"b", "c"} {
+		if got := refusedAddrsOf(m, n); got != "172.31.0.9 "+AddrReasonShared {
+			t.Errorf("%s's refused addresses %q", n, got)
+		}
+	}
+	if err := m.DeletePeer("c"); err != nil {
+		t.Fatal(err)
+	}
+	if got := refusedAddrsOf(m, "b"); got != "" {
+		t.Errorf("b's refused addresses after c went: %q", got)
+	}
+}
+
+func refusedAddrsOf(m *Manager, name string) string {
+	for _, p := range m.Peers() {
+		if p.Name == name {
+			var out []string
+			for _, r := range p.RefusedIPs {
+				out = append(out, r.Addr.String()+" "+r.Reason)
+			}
+			return strings.Join(out, "; ")
+		}
+	}
+	return "no node " + name
 }
 
 // TestOverlappingPodCIDRsOlderNodeWins: of two nodes asking for

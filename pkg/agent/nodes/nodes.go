@@ -136,14 +136,19 @@ func newManager(p Params) (*nodemanager.Manager, error) {
 		Namespace: "tendril", Subsystem: "node", Name: "pod_cidrs_rejected_total",
 		Help: "Pod CIDRs of other nodes refused (no route, no endpoint claims in them), by reason.",
 	}, []string{"reason"})
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tendril", Subsystem: "node", Name: "addresses_refused_total",
+		Help: "Addresses other nodes claim that are not taken as theirs (no remote-node claim, next hop or peer address), by reason.",
+	}, []string{"reason"})
 	if p.Metrics != nil {
-		p.Metrics.Registry.MustRegister(rejected)
+		p.Metrics.Registry.MustRegister(rejected, refused)
 	}
 	jobs := p.Jobs.NewGroup(p.Health.Scope("nodes"), job.WithLogger(p.Log))
 	m, err := nodemanager.New(nodemanager.Params{LocalNode: p.Node.Name, DB: p.DB, Jobs: jobs,
 		Log: logging.For(p.Root, "node-manager"), ModuleID: p.ModuleID, Routes: routes, IPCache: cache,
 		Rules: rules, Tables: p.Tables,
-		OnRejected: func(_ string, r nodemanager.Rejection) { rejected.WithLabelValues(r.Reason).Inc() }})
+		OnRejected:       func(_ string, r nodemanager.Rejection) { rejected.WithLabelValues(r.Reason).Inc() },
+		OnAddressRefused: func(_ string, r nodemanager.AddressRejection) { refused.WithLabelValues(r.Reason).Inc() }})
 	if err != nil {
 		return nil, err
 	}
