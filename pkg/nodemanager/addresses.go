@@ -51,6 +51,13 @@ func (r AddressRejection) String() string {
 // outside the cluster). docs/encryption.md says what that can cost.
 func (r Rules) OwnAddresses(all []*Peer) (own map[string][]netip.Addr, refused map[string][]AddressRejection) {
 	k := newChecker(r, all)
+	// Every peer is judged: index the claims once.
+	k.claims = map[netip.Addr][]string{}
+	for _, q := range all {
+		for _, ip := range uniqueAddrs(q.IPs) {
+			k.claims[ip] = append(k.claims[ip], q.Name)
+		}
+	}
 	own, refused = map[string][]netip.Addr{}, map[string][]AddressRejection{}
 	for _, p := range all {
 		o, rj := k.ownAddresses(p)
@@ -64,16 +71,46 @@ func (r Rules) OwnAddresses(all []*Peer) (own map[string][]netip.Addr, refused m
 	return own, refused
 }
 
+// uniqueAddrs are xs unmapped, each once, in order.
+func uniqueAddrs(xs []netip.Addr) []netip.Addr {
+	out := make([]netip.Addr, 0, len(xs))
+	for _, x := range xs {
+		if x = x.Unmap(); !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// claimants are the names of k's peers claiming each of p's addresses:
+// from the index when there is one, else one pass over the peers (the
+// node manager judges a few peers per change; an index of the whole
+// table would cost more than the pass).
+func (k *checker) claimants(p *Peer) map[netip.Addr][]string {
+	mine := uniqueAddrs(p.IPs)
+	out := make(map[netip.Addr][]string, len(mine))
+	if k.claims != nil {
+		for _, ip := range mine {
+			out[ip] = k.claims[ip]
+		}
+		return out
+	}
+	for _, q := range k.peers {
+		for _, ip := range q.IPs {
+			if ip = ip.Unmap(); slices.Contains(mine, ip) && !slices.Contains(out[ip], q.Name) {
+				out[ip] = append(out[ip], q.Name)
+			}
+		}
+	}
+	return out
+}
+
 // nodeAddresses are p's addresses judged a node's (Peer.NodeIPs): its
 // own, and those refused only as claimed by several nodes; refused are
 // all the refusals.
 func (k *checker) nodeAddresses(p *Peer) (nodeIPs []netip.Addr, refused []AddressRejection) {
 	own, refused := k.ownAddresses(p)
-	for _, ip := range p.IPs {
-		ip = ip.Unmap()
-		if slices.Contains(nodeIPs, ip) {
-			continue
-		}
+	for _, ip := range uniqueAddrs(p.IPs) {
 		if slices.Contains(own, ip) || slices.ContainsFunc(refused, func(r AddressRejection) bool {
 			return r.Addr == ip && r.Reason == AddrReasonShared
 		}) {
@@ -86,27 +123,9 @@ func (k *checker) nodeAddresses(p *Peer) (nodeIPs []netip.Addr, refused []Addres
 // ownAddresses judges p's addresses (OwnAddresses) against k's peers,
 // p's accepted pod CIDRs as they are in k.peers.
 func (k *checker) ownAddresses(p *Peer) (own []netip.Addr, refused []AddressRejection) {
-	if k.claims == nil {
-		k.claims = map[netip.Addr][]string{}
-		for _, q := range k.peers {
-			ips := slices.Clone(q.IPs)
-			for i := range ips {
-				ips[i] = ips[i].Unmap()
-			}
-			slices.SortFunc(ips, netip.Addr.Compare)
-			for _, ip := range slices.Compact(ips) {
-				k.claims[ip] = append(k.claims[ip], q.Name)
-			}
-		}
-	}
-	seen := map[netip.Addr]bool{}
-	for _, ip := range p.IPs {
-		ip = ip.Unmap()
-		if seen[ip] {
-			continue
-		}
-		seen[ip] = true
-		reason, detail := k.rules.judgeAddress(p, ip, k.peers, k.claims[ip], k.localCIDRs, k.localAddrs)
+	claims := k.claimants(p)
+	for _, ip := range uniqueAddrs(p.IPs) {
+		reason, detail := k.rules.judgeAddress(p, ip, k.peers, claims[ip], k.localCIDRs, k.localAddrs)
 		if reason != "" {
 			refused = append(refused, AddressRejection{Addr: ip, Reason: reason, Detail: detail})
 			continue

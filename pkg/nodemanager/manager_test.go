@@ -130,7 +130,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // startManager runs a Manager (statedb, jobs, both reconcilers with a
 // short backoff) in a hive of its own, stopped when the test ends.
 // initializers are registered before the start, as the agent does.
-func startManager(t *testing.T, routes RouteBackend, cache IPCache, initializers ...string) (*Manager, []func()) {
+func startManager(t testing.TB, routes RouteBackend, cache IPCache, initializers ...string) (*Manager, []func()) {
 	t.Helper()
 	var m *Manager
 	var dones []func()

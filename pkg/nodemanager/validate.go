@@ -145,8 +145,8 @@ type checker struct {
 	// peers are every peer as requested (the table's objects, with the
 	// one being changed replaced).
 	peers []*Peer
-	// claims are the names of the peers claiming each address (unmapped),
-	// built at the first ownAddresses.
+	// claims, when set, index the names of the peers claiming each
+	// address (unmapped): OwnAddresses, judging every peer, builds it.
 	claims map[netip.Addr][]string
 }
 
