@@ -218,6 +218,9 @@ func (b *Batch) SetBackends(name ServiceName, source string, backends []*Backend
 // reconciled again).
 func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 	want := map[FrontendKey]*Frontend{}
+	// kinds are the addresses' kinds (frontendAddr.typ): a cluster IP a
+	// local redirect serves keeps its cluster IP's claim (holds).
+	kinds := map[FrontendKey]string{}
 	if svc, _, ok := w.t.Services.Get(txn, ServiceByName.Query(name)); ok {
 		var backends []*Backend
 		for b := range w.t.Backends.List(txn, BackendByService.Query(name)) {
@@ -262,7 +265,7 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 			// external IP equal to a cluster IP): the first, by the
 			// order above, is the frontend.
 			if _, ok := want[f.Key]; !ok {
-				want[f.Key] = f
+				want[f.Key], kinds[f.Key] = f, fa.typ
 			}
 		}
 	}
@@ -279,12 +282,11 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 		old, _, ok := w.t.Frontends.Get(txn, FrontendByKey.Query(f.Key))
 		if ok && old.Service != name {
 			// The address and port belong to another service's frontend
-			// (an external or load-balancer address two services
-			// name): the one that had it first keeps it. A local
-			// redirect's address yields to any service's (a policy
-			// never takes a service's address, whichever came first).
+			// (an address two services name): the stronger claim holds
+			// it (holds), the same on every node and after every
+			// restart, whatever order the services came in.
 			w.contested[f.Key] = struct{}{}
-			if old.Type != FrontendLocalRedirect || f.Type == FrontendLocalRedirect {
+			if !w.holds(txn, kinds[f.Key], f.Service, old) {
 				continue
 			}
 		}
@@ -299,6 +301,57 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 	return w.handOver(txn, name, released)
 }
 
+// claimRank orders the kinds of address two services may both name, the
+// strongest first. A cluster IP and a node port are allocated by the API
+// server, unique: no other claim on them stands. A load-balancer address
+// (the status, written by a controller) or a pod's host port comes next;
+// spec.externalIPs, which anyone who may create a Service writes, after;
+// a local redirect policy's address yields to every service.
+func claimRank(kind string) int {
+	switch kind {
+	case FrontendClusterIP, FrontendNodePort:
+		return 0
+	case FrontendLoadBalancer, FrontendHostPort:
+		return 1
+	case FrontendExternalIP:
+		return 2
+	default: // FrontendLocalRedirect: an addressMatcher's address
+		return 3
+	}
+}
+
+// kindOf is the kind of address a frontend in the table serves: its type,
+// but a service's cluster IP served by a local redirect (serviceMatcher)
+// is still a cluster IP.
+func kindOf(f *Frontend) string {
+	if f.Type == FrontendLocalRedirect && !strings.HasPrefix(f.Service.Name, "lrp/") {
+		return FrontendClusterIP
+	}
+	return f.Type
+}
+
+// holds reports whether service name's claim on an address of kind beats
+// the frontend old of another service: the stronger kind (claimRank),
+// then the older service, then the smaller name. Before, the service seen
+// first kept the address, so after a restart a Service whose externalIPs
+// named another's cluster IP and port (kube-dns's) took it on every node
+// where it came first in the listing (namespace order). Rare: only an
+// address two services name.
+func (w *Writer) holds(txn statedb.ReadTxn, kind string, name ServiceName, old *Frontend) bool {
+	if a, b := claimRank(kind), claimRank(kindOf(old)); a != b {
+		return a < b
+	}
+	mine, _, ok1 := w.t.Services.Get(txn, ServiceByName.Query(name))
+	theirs, _, ok2 := w.t.Services.Get(txn, ServiceByName.Query(old.Service))
+	if ok1 && ok2 && !mine.Created.Equal(theirs.Created) {
+		return mine.Created.Before(theirs.Created)
+	}
+	if !ok2 {
+		return true // the holder is gone (its frontends go in the same transaction)
+	}
+	return name.String() < old.Service.String()
+}
+
 // handOver gives the frontends service name
 // released to another service that names the same address and port (and
 // was refused it while name held it). Rare (only a contested key), so a
@@ -311,28 +364,31 @@ func (w *Writer) handOver(txn statedb.WriteTxn, name ServiceName, released []Fro
 	if len(released) == 0 {
 		return nil
 	}
-	// Keys still refused to some service after the hand-over stay
-	// contested.
-	refused := map[FrontendKey]bool{}
+	// Every service naming a released key is computed again: each takes
+	// it if its claim beats the one holding it then (holds), so the
+	// strongest ends with it whatever the scan order. Keys still named by
+	// two services or more stay contested.
+	namers := map[FrontendKey]int{}
 	for svc := range w.t.Services.All(txn) {
 		if svc.Name == name {
 			continue
 		}
+		names := false
 		for _, fa := range w.frontendAddrs(svc) {
 			key := FrontendKey{Addr: fa.addr, Proto: fa.port.Proto}
 			if slices.Contains(released, key) {
-				if _, _, taken := w.t.Frontends.Get(txn, FrontendByKey.Query(key)); !taken {
-					if err := w.recompute(txn, svc.Name); err != nil {
-						return err
-					}
-					break
-				}
-				refused[key] = true
+				namers[key]++
+				names = true
+			}
+		}
+		if names {
+			if err := w.recompute(txn, svc.Name); err != nil {
+				return err
 			}
 		}
 	}
 	for _, k := range released {
-		if !refused[k] {
+		if namers[k] < 2 {
 			delete(w.contested, k)
 		}
 	}
@@ -380,13 +436,29 @@ func (w *Writer) frontendAddrs(svc *Service) []frontendAddr {
 			}
 		}
 		for _, a := range svc.ExternalIPs {
-			out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendExternalIP})
+			if servable(a) {
+				out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendExternalIP})
+			}
 		}
 		for _, a := range svc.LoadBalancerIPs {
-			out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendLoadBalancer})
+			if servable(a) {
+				out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendLoadBalancer})
+			}
 		}
 	}
 	return out
+}
+
+// servable reports whether an external or load-balancer address may be a
+// frontend: a unicast address a client could route to. Loopback would
+// make every connect() to 127.0.0.1 on the port, by any process of the
+// node (the socket LB), go to the service's backends; the unspecified,
+// multicast and link-local addresses are no one's to serve. The API
+// server refuses most of these in spec.externalIPs, not in the status,
+// and older API servers did not: checked here whatever wrote them.
+func servable(a netip.Addr) bool {
+	return a.IsValid() && !a.IsUnspecified() && !a.IsLoopback() && !a.IsMulticast() &&
+		!a.IsLinkLocalUnicast() && !a.IsLinkLocalMulticast() && !a.IsInterfaceLocalMulticast()
 }
 
 // rangesOfFamily are the source ranges of one family: a load-balancer

@@ -3,7 +3,9 @@ package loadbalancer
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/cilium/statedb"
 )
@@ -451,5 +453,110 @@ func TestWriterExternalIPHandOverThree(t *testing.T) {
 		if got := len(frontends(w)); got != want {
 			t.Fatalf("after deleting %s: %d frontends, want %d", n, got, want)
 		}
+	}
+}
+
+// TestWriterClusterIPBeatsExternalIP: a Service whose externalIPs name
+// another Service's cluster IP and port (kube-dns's) never takes it,
+// whatever order the two come in and however old it is. Before, the one
+// seen first kept the address: after a restart, a listing sorted by
+// namespace gave "default/evil" every pod's DNS on the node.
+func TestWriterClusterIPBeatsExternalIP(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	dnsIP := netip.MustParseAddr("10.96.0.10")
+	dns := &Service{Name: ServiceName{"kube-system", "kube-dns"}, Addresses: []netip.Addr{dnsIP}, Created: t0.Add(time.Hour),
+		Ports: []ServicePort{{Name: "dns", Port: 53, Proto: UDP}}}
+	evil := &Service{Name: ServiceName{"default", "evil"}, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.99")}, Created: t0,
+		Ports: []ServicePort{{Name: "dns", Port: 53, Proto: UDP}}, ExternalIPs: []netip.Addr{dnsIP}}
+	for _, order := range [][]*Service{{evil, dns}, {dns, evil}} {
+		w := newTestWriter(t)
+		for _, s := range order {
+			if err := w.UpsertService(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := frontends(w)["10.96.0.10:53/UDP"]; got == nil || got.Service != dns.Name || got.Type != FrontendClusterIP {
+			t.Fatalf("%s first: the cluster IP is %+v, want kube-dns's", order[0].Name, got)
+		}
+		// evil again (a resync, an update) does not take it either.
+		again := *evil
+		if err := w.UpsertService(&again); err != nil {
+			t.Fatal(err)
+		}
+		if got := frontends(w)["10.96.0.10:53/UDP"]; got.Service != dns.Name {
+			t.Fatalf("%s first, evil updated: the cluster IP is %s's", order[0].Name, got.Service)
+		}
+	}
+}
+
+// TestWriterOlderServiceKeepsExternalIP: of two services naming one
+// external IP and port, the older holds it whatever order they come in;
+// a load-balancer address beats an external IP; the holder letting go
+// hands it to the strongest of the rest.
+func TestWriterOlderServiceKeepsExternalIP(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	addr := netip.MustParseAddr("198.51.100.7")
+	mk := func(name string, age time.Duration, i byte) *Service {
+		return &Service{Name: ServiceName{"ns", name}, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, i})}, Created: t0.Add(age),
+			Ports: []ServicePort{{Name: "http", Port: 80, Proto: TCP}}, ExternalIPs: []netip.Addr{addr}}
+	}
+	older, newer := mk("zz-older", 0, 1), mk("aa-newer", time.Hour, 2)
+	lb := mk("lb", 2*time.Hour, 3)
+	lb.ExternalIPs, lb.LoadBalancerIPs = nil, []netip.Addr{addr}
+	for _, order := range [][]*Service{{newer, older, lb}, {lb, older, newer}, {older, lb, newer}} {
+		w := newTestWriter(t)
+		for _, s := range order[:2] {
+			if err := w.UpsertService(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		holder := func() ServiceName { return frontends(w)["198.51.100.7:80/TCP"].Service }
+		if order[0] != lb && order[1] != lb {
+			if got := holder(); got != older.Name {
+				t.Fatalf("order %s, %s: the external IP is %s's, want the older's", order[0].Name, order[1].Name, got)
+			}
+		}
+		if err := w.UpsertService(order[2]); err != nil {
+			t.Fatal(err)
+		}
+		if got := holder(); got != lb.Name {
+			t.Fatalf("order %s, %s, %s: the address is %s's, want the load-balancer's", order[0].Name, order[1].Name, order[2].Name, got)
+		}
+		if err := w.DeleteService(lb.Name); err != nil {
+			t.Fatal(err)
+		}
+		if got := holder(); got != older.Name {
+			t.Fatalf("after the load balancer went: %s's, want the older's", got)
+		}
+		if err := w.DeleteService(older.Name); err != nil {
+			t.Fatal(err)
+		}
+		if got := holder(); got != newer.Name {
+			t.Fatalf("after the older went: %s's, want the newer's", got)
+		}
+	}
+}
+
+// TestWriterUnservableExternalAddresses: loopback, unspecified, multicast
+// and link-local external or load-balancer addresses are no frontend (a
+// loopback one would send every connect() to 127.0.0.1 on the port, by
+// any process of the node, to the service).
+func TestWriterUnservableExternalAddresses(t *testing.T) {
+	w := newTestWriter(t)
+	bad := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1"), netip.MustParseAddr("0.0.0.0"),
+		netip.MustParseAddr("224.0.0.5"), netip.MustParseAddr("169.254.169.254"), netip.MustParseAddr("fe80::1")}
+	svc := &Service{Name: ServiceName{"ns", "s"}, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.5")},
+		Ports:       []ServicePort{{Name: "http", Port: 80, Proto: TCP}},
+		ExternalIPs: append(slices.Clone(bad), netip.MustParseAddr("198.51.100.9")), LoadBalancerIPs: bad}
+	if err := w.UpsertService(svc); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for k := range frontends(w) {
+		got = append(got, k)
+	}
+	slices.Sort(got)
+	if want := "[10.96.0.5:80/TCP 198.51.100.9:80/TCP]"; fmt.Sprint(got) != want {
+		t.Fatalf("frontends %v, want %s", got, want)
 	}
 }
