@@ -436,12 +436,12 @@ func (w *Writer) frontendAddrs(svc *Service) []frontendAddr {
 			}
 		}
 		for _, a := range svc.ExternalIPs {
-			if servable(a) {
+			if Servable(a) {
 				out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendExternalIP})
 			}
 		}
 		for _, a := range svc.LoadBalancerIPs {
-			if servable(a) {
+			if Servable(a) {
 				out = append(out, frontendAddr{netip.AddrPortFrom(a, p.Port), p, FrontendLoadBalancer})
 			}
 		}
@@ -449,14 +449,15 @@ func (w *Writer) frontendAddrs(svc *Service) []frontendAddr {
 	return out
 }
 
-// servable reports whether an external or load-balancer address may be a
-// frontend: a unicast address a client could route to. Loopback would
+// Servable reports whether an external or load-balancer address may be a
+// frontend, or an EndpointSlice's address a backend: a unicast address a
+// client could route to. Loopback would
 // make every connect() to 127.0.0.1 on the port, by any process of the
 // node (the socket LB), go to the service's backends; the unspecified,
 // multicast and link-local addresses are no one's to serve. The API
 // server refuses most of these in spec.externalIPs, not in the status,
 // and older API servers did not: checked here whatever wrote them.
-func servable(a netip.Addr) bool {
+func Servable(a netip.Addr) bool {
 	return a.IsValid() && !a.IsUnspecified() && !a.IsLoopback() && !a.IsMulticast() &&
 		!a.IsLinkLocalUnicast() && !a.IsLinkLocalMulticast() && !a.IsInterfaceLocalMulticast()
 }

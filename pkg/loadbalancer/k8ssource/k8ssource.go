@@ -168,7 +168,13 @@ func BackendsFrom(es *discoveryv1.EndpointSlice) (name loadbalancer.ServiceName,
 		}
 		for _, a := range ep.Addresses {
 			addr, err := netip.ParseAddr(a)
-			if err != nil {
+			if err != nil || !loadbalancer.Servable(addr.Unmap()) {
+				// Whoever may write an EndpointSlice (a selectorless
+				// Service's owner) names its addresses: a loopback
+				// backend would send a host process's connect() to a
+				// cluster IP (the socket LB) to the node's own
+				// 127.0.0.1 on that port. The API server refuses these
+				// too; checked here whatever wrote the object.
 				continue
 			}
 			for _, p := range es.Ports {

@@ -73,6 +73,12 @@ func TestBackendsFrom(t *testing.T) {
 	if b := bs[1]; b.Ready || !b.Serving || !b.Terminating {
 		t.Fatalf("terminating: %+v", b)
 	}
+	// Addresses no backend may have (a selectorless Service's owner
+	// writes them): loopback, unspecified, link-local, multicast.
+	es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{"127.0.0.1", "0.0.0.0", "169.254.169.254", "224.0.0.1", "::ffff:127.0.0.1"}})
+	if _, bs, _ := BackendsFrom(es); len(bs) != 2 {
+		t.Fatalf("backends %+v, want the two unicast ones only", bs)
+	}
 	es.Labels = nil
 	if _, _, ok := BackendsFrom(es); ok {
 		t.Fatal("a slice of no service must be skipped")
