@@ -352,6 +352,7 @@ func TestInvalidConfigIsRejected(t *testing.T) {
 		{"bad enforcement", map[string]string{"policy-enforcement": "x"}, "policy-enforcement"},
 		{"bad revoke mode", map[string]string{"policy-revoke-established": "some"}, "policy-revoke-established"},
 		{"bad log format", map[string]string{"log-format": "xml"}, "log-format"},
+		{"bad external IP range", map[string]string{"service-external-ip-cidrs": "198.51.100.0/33"}, "service-external-ip-cidrs"},
 		{"bad mtu", map[string]string{"mtu": "10"}, "mtu"},
 		{"bad attach mode", map[string]string{"datapath-attach-mode": "xdp"}, "datapath-attach-mode"},
 		// bpffs refuses dots in names; mkdir's EPERM read like a mount

@@ -73,6 +73,9 @@ type Config struct {
 	// any; default kube-system). serviceMatchers are allowed everywhere:
 	// they redirect only their own namespace's Service.
 	LRPAddressMatcherNamespaces []string `mapstructure:"lrp-address-matcher-namespaces"`
+	// ExternalIPCIDRs are the ranges a Service's spec.externalIPs may
+	// lie in (empty: any unicast address, as kube-proxy).
+	ExternalIPCIDRs []string `mapstructure:"service-external-ip-cidrs"`
 }
 
 // DefaultConfig are the services' defaults.
@@ -90,6 +93,7 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.Int("bpf-lb-map-max", c.LBMapMax, "Capacity of the BPF service, backend, reverse NAT and Maglev maps (0: 131072); a changed size carries the entries over at start")
 	fs.StringSlice("lrp-address-matcher-cidrs", c.LRPAddressMatcherCIDRs, "Ranges a local redirect policy's addressMatcher may redirect (empty: any unicast address); a policy naming another address is refused")
 	fs.StringSlice("lrp-address-matcher-namespaces", c.LRPAddressMatcherNamespaces, "Namespaces whose local redirect policies may use an addressMatcher, which redirects every pod of the node (*: any)")
+	fs.StringSlice("service-external-ip-cidrs", c.ExternalIPCIDRs, "Ranges a Service's externalIPs may lie in (empty: any unicast address, as kube-proxy); an external IP outside them is no frontend")
 	fs.Int("bpf-lb-slots-map-max", c.LBSlotsMapMax, "Capacity of the BPF backend slots map, the backends of all services together (0: 1048576)")
 }
 
@@ -108,6 +112,19 @@ func (c Config) NodePorts() (lo, hi uint16, err error) {
 // datapath, which creates the maps.
 func (c Config) LBSizes() maps.LBSizes {
 	return maps.LBSizes{MapMax: c.LBMapMax, SlotsMapMax: c.LBSlotsMapMax}
+}
+
+// ExternalIPPrefixes parses ExternalIPCIDRs.
+func (c Config) ExternalIPPrefixes() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range c.ExternalIPCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("service-external-ip-cidrs %q: %w", s, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // LRPAddressPrefixes parses LRPAddressMatcherCIDRs.
@@ -141,6 +158,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if _, err := c.LRPAddressPrefixes(); err != nil {
+		return err
+	}
+	if _, err := c.ExternalIPPrefixes(); err != nil {
 		return err
 	}
 	return nil
@@ -267,6 +287,11 @@ func New(p Params) (*Module, error) {
 			return nil, err
 		}
 		m.source.SetNodePortRange(lo, hi)
+		ext, err := p.Config.ExternalIPPrefixes()
+		if err != nil {
+			return nil, err
+		}
+		m.source.SetExternalIPRanges(ext)
 		cidrs, err := p.Config.LRPAddressPrefixes()
 		if err != nil {
 			return nil, err

@@ -211,6 +211,9 @@ type Source struct {
 	// nodePortMin and nodePortMax bound the node ports answered (the
 	// agent's --node-port-range; 0, 0: any).
 	nodePortMin, nodePortMax uint16
+	// externalIPRanges are the ranges a Service's externalIPs may lie in
+	// (--service-external-ip-cidrs; empty: any).
+	externalIPRanges []netip.Prefix
 
 	mu sync.Mutex
 	// sliceOwner remembers each slice's service, so a slice whose label
@@ -245,6 +248,32 @@ func NewSource(w *loadbalancer.Writer, defaultMaglev bool, log *slog.Logger) *So
 // flow.
 func (s *Source) SetNodePortRange(lo, hi uint16) {
 	s.nodePortMin, s.nodePortMax = lo, hi
+}
+
+// SetExternalIPRanges limits the external IPs answered to ranges (empty:
+// any, as kube-proxy): anyone who may create a Service writes its
+// spec.externalIPs, and an external IP draws the traffic every pod and
+// node sends to that address and port (CVE-2020-8554), so an operator
+// who knows which addresses are external lists them. Call before the
+// events flow.
+func (s *Source) SetExternalIPRanges(ranges []netip.Prefix) {
+	s.externalIPRanges = ranges
+}
+
+// clampExternalIPs drops the external IPs outside the ranges.
+func (s *Source) clampExternalIPs(key string, svc *loadbalancer.Service) {
+	if len(s.externalIPRanges) == 0 {
+		return
+	}
+	svc.ExternalIPs = slices.DeleteFunc(svc.ExternalIPs, func(a netip.Addr) bool {
+		for _, r := range s.externalIPRanges {
+			if r.Contains(a) {
+				return false
+			}
+		}
+		s.log.Warn("External IP outside --service-external-ip-cidrs left out", "service", key, "externalIP", a)
+		return true
+	})
 }
 
 // clampNodePorts drops the node ports outside the range.
@@ -333,6 +362,7 @@ func (s *Source) OnService(ev watchers.Event[*corev1.Service]) {
 			o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.DeleteService(name)) }
 		default:
 			s.clampNodePorts(ev.Key, svc)
+			s.clampExternalIPs(ev.Key, svc)
 			o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.UpsertService(svc)) }
 		}
 	}

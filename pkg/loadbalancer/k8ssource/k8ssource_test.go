@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -395,5 +396,37 @@ func TestHostPorts(t *testing.T) {
 	}
 	if n := tables.Backends.NumObjects(tables.DB.ReadTxn()); n != 0 {
 		t.Fatalf("%d backends left", n)
+	}
+}
+
+// TestSourceExternalIPRanges: with --service-external-ip-cidrs, an
+// external IP outside the ranges is no frontend (the one inside is); with
+// none set, every one is.
+func TestSourceExternalIPRanges(t *testing.T) {
+	ev := serviceEvent(0)
+	ev.Object.Spec.ExternalIPs = []string{"198.51.100.7", "10.244.1.9"}
+	for _, c := range []struct {
+		ranges []netip.Prefix
+		want   string
+	}{
+		{nil, "[10.244.1.9 10.96.0.1 198.51.100.7]"},
+		{[]netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, "[10.96.0.1 198.51.100.7]"},
+	} {
+		tables, err := loadbalancer.NewTables(statedb.New())
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := NewSource(loadbalancer.NewWriter(tables, "node-a"), false, slog.New(slog.DiscardHandler))
+		src.SetExternalIPRanges(c.ranges)
+		src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
+		src.OnService(ev)
+		var got []string
+		for f := range tables.Frontends.All(tables.DB.ReadTxn()) {
+			got = append(got, f.Key.Addr.Addr().String())
+		}
+		slices.Sort(got)
+		if fmt.Sprint(got) != c.want {
+			t.Errorf("ranges %v: frontends %v, want %s", c.ranges, got, c.want)
+		}
 	}
 }
