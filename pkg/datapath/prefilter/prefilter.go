@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 )
 
@@ -58,6 +59,12 @@ func Dir(root string) string { return filepath.Join(root, "prefilter") }
 // the node's BPF root (in Dir): a deny list an earlier run left is the
 // maps' content until the reconciler says otherwise.
 func Open(bpfRoot string, log *slog.Logger) (*Datapath, error) {
+	// The agent opens the prefilter while the hive is built, before the
+	// loader's start mounts bpffs: on a fresh machine nothing is mounted
+	// yet (the agent failed to start with --enable-xdp-prefilter there).
+	if _, err := bpffs.Prepare(bpfRoot); err != nil {
+		return nil, fmt.Errorf("prefilter: %w", err)
+	}
 	root := Dir(bpfRoot)
 	if err := os.MkdirAll(linksDir(root), 0o700); err != nil {
 		return nil, fmt.Errorf("prefilter: create %s: %w", linksDir(root), err)
