@@ -235,5 +235,6 @@ func related(p, q *Peer) bool {
 // sameOutcome reports whether two evaluations of a peer want the same.
 func (p *Peer) sameOutcome(o *Peer) bool {
 	return p.sameSpec(o) && slices.Equal(p.Requested, o.Requested) && slices.Equal(p.Rejected, o.Rejected) &&
-		p.Created.Equal(o.Created) && p.WireGuardKey == o.WireGuardKey && p.KeyError == o.KeyError
+		p.Created.Equal(o.Created) && p.WireGuardKey == o.WireGuardKey && p.KeyError == o.KeyError &&
+		slices.Equal(p.HealthIPs, o.HealthIPs)
 }
