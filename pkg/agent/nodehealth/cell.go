@@ -54,6 +54,8 @@ type params struct {
 
 	Config Config
 	Node   option.LocalNode
+	// Agent's state directory names the health endpoint's namespace.
+	Agent option.Agent `optional:"true"`
 	// Peers is the nodes cell's table: the nodes to probe.
 	Peers   statedb.Table[*nodemanager.Peer]
 	DB      *statedb.DB
@@ -86,7 +88,7 @@ func newChecker(p params) (*Checker, error) {
 
 	jobs := p.Jobs.NewGroup(p.Health.Scope("node-health"), job.WithLogger(p.Log))
 	if p.Config.EnableEndpointHealthChecking && p.Endpoints != nil && p.Endpoints.InstallsHostNetworking() {
-		c.endpoint = NewHealthEndpoint(p.Node.Name, p.Config.HealthPort, p.Endpoints, p.Log)
+		c.endpoint = NewHealthEndpoint(p.Node.Name, HealthNetnsName(p.Node.Name, p.Agent.StateDir), p.Config.HealthPort, p.Endpoints, p.Log)
 		// Retried: the endpoints' start step (IPAM, the CNI server) may
 		// not have run when the job starts.
 		jobs.Add(job.OneShot("health-endpoint", c.endpoint.Run,

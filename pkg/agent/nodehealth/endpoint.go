@@ -28,9 +28,16 @@ const (
 	HealthIfName      = "eth0"
 )
 
+// HealthNetnsPrefix starts the names of health endpoints' network
+// namespaces under /run/netns.
+const HealthNetnsPrefix = "tendril-health-"
+
 // HealthNetnsName is the name of the health endpoint's network namespace
-// under /run/netns: one per node (nodes of a lab share the directory).
-func HealthNetnsName(node string) string { return "tendril-health-" + node }
+// under /run/netns: one per agent (the node's name and a hash of its state
+// directory: labs on one machine share the directory and node names).
+func HealthNetnsName(node, stateDir string) string {
+	return namedns.AgentScoped(HealthNetnsPrefix, node, stateDir)
+}
 
 // EndpointWiring is what the health endpoint needs of the agent's
 // endpoints (pkg/agent/agentendpoints): its CNI ADD in-process and the
@@ -52,7 +59,9 @@ type EndpointWiring interface {
 // restarted agent finds them again (restored from disk) and adopts them
 // instead of wiring a second one.
 type HealthEndpoint struct {
-	Node   string
+	Node string
+	// Netns is the name of the endpoint's namespace (HealthNetnsName).
+	Netns  string
 	Port   uint16
 	Wiring EndpointWiring
 	Log    *slog.Logger
@@ -63,12 +72,12 @@ type HealthEndpoint struct {
 }
 
 // NewHealthEndpoint returns the endpoint, not yet made (Run makes it).
-func NewHealthEndpoint(node string, port uint16, wiring EndpointWiring, log *slog.Logger) *HealthEndpoint {
-	return &HealthEndpoint{Node: node, Port: port, Wiring: wiring, Log: log, changed: make(chan struct{})}
+func NewHealthEndpoint(node, netnsName string, port uint16, wiring EndpointWiring, log *slog.Logger) *HealthEndpoint {
+	return &HealthEndpoint{Node: node, Netns: netnsName, Port: port, Wiring: wiring, Log: log, changed: make(chan struct{})}
 }
 
 // NetnsPath is where the endpoint's namespace is mounted.
-func (h *HealthEndpoint) NetnsPath() string { return namedns.Path(HealthNetnsName(h.Node)) }
+func (h *HealthEndpoint) NetnsPath() string { return namedns.Path(h.Netns) }
 
 // HealthEndpointAddresses are the endpoint's addresses (invalid until it
 // is up) and a channel closed when they change: the TendrilNode
@@ -113,10 +122,10 @@ func (h *HealthEndpoint) Ensure(ctx context.Context) (ep *endpoint.Endpoint, ado
 		}
 	}
 	if !isNetns(path) {
-		if err := namedns.Delete(HealthNetnsName(h.Node)); err != nil {
+		if err := namedns.Delete(h.Netns); err != nil {
 			return nil, false, fmt.Errorf("remove stale health namespace: %w", err)
 		}
-		if err := namedns.Create(HealthNetnsName(h.Node)); err != nil {
+		if err := namedns.Create(h.Netns); err != nil {
 			return nil, false, fmt.Errorf("health endpoint: %w", err)
 		}
 	}

@@ -151,7 +151,6 @@ func TestPrivilegedHealthEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = namedns.Delete(HealthNetnsName(node))
 		_ = namedns.Delete(nodeName)
 	})
 	nodeNS, err := netns.GetFromPath(namedns.Path(nodeName))
@@ -160,6 +159,8 @@ func TestPrivilegedHealthEndpoint(t *testing.T) {
 	}
 	defer nodeNS.Close()
 	stateDir := filepath.Join(t.TempDir(), "endpoints")
+	healthNS := HealthNetnsName(node, stateDir)
+	t.Cleanup(func() { _ = namedns.Delete(healthNS) })
 	const port = 4240
 
 	icmp := func(ctx context.Context, ip netip.Addr) (d time.Duration, err error) {
@@ -182,7 +183,7 @@ func TestPrivilegedHealthEndpoint(t *testing.T) {
 	run := func(t *testing.T) (*agentRig, *HealthEndpoint, func()) {
 		t.Helper()
 		rig := newAgentRig(t, nodeNS, stateDir)
-		he := NewHealthEndpoint(node, port, rig, hivetest.Logger(t))
+		he := NewHealthEndpoint(node, healthNS, port, rig, hivetest.Logger(t))
 		_, _, changed := he.HealthEndpointAddresses()
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
@@ -231,7 +232,7 @@ func TestPrivilegedHealthEndpoint(t *testing.T) {
 	}
 	answers(t, v4)
 	eps := rig1.mgr.List()
-	if len(eps) != 1 || eps[0].NetNS != namedns.Path(HealthNetnsName(node)) {
+	if len(eps) != 1 || eps[0].NetNS != namedns.Path(healthNS) {
 		t.Fatalf("endpoints %+v, want the health endpoint in its namespace", eps)
 	}
 	first := eps[0].ID
@@ -277,7 +278,7 @@ func TestPrivilegedHealthEndpoint(t *testing.T) {
 	// The namespace gone, as after a reboot (the endpoint's state is on
 	// disk, its veth went with the namespace): the next start makes it
 	// again and the stale endpoint's address goes back to IPAM.
-	if err := namedns.Delete(HealthNetnsName(node)); err != nil {
+	if err := namedns.Delete(healthNS); err != nil {
 		t.Fatal(err)
 	}
 	tutil.Eventually(t, 10*time.Second, "the old endpoint's veth gone with its namespace", func() bool {
