@@ -66,7 +66,11 @@ func printHealth(w io.Writer, h nodehealth.HealthResponse) {
 					errs = append(errs, r.name+": "+r.res.Error)
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%s\t%s\n", n.Name, a.IP, reach(a.ICMP), reach(a.HTTP),
+			addr := a.IP.String()
+			if a.HealthEndpoint {
+				addr += " (endpoint)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%s\t%s\n", n.Name, addr, reach(a.ICMP), reach(a.HTTP),
 				latency(a.ICMP), latency(a.HTTP), strings.Join(errs, "; "))
 		}
 	}

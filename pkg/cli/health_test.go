@@ -26,6 +26,10 @@ func TestHealthCommand(t *testing.T) {
 			IP:   netip.MustParseAddr("172.31.0.2"),
 			ICMP: nodehealth.Result{Reachable: true, Latency: 210 * time.Microsecond, Probed: now},
 			HTTP: nodehealth.Result{Reachable: true, Latency: 1100 * time.Microsecond, Probed: now},
+		}, {
+			IP: netip.MustParseAddr("10.0.1.7"), HealthEndpoint: true,
+			ICMP: nodehealth.Result{Reachable: true, Latency: 300 * time.Microsecond, Probed: now},
+			HTTP: nodehealth.Result{Reachable: true, Latency: 1200 * time.Microsecond, Probed: now},
 		}}},
 		{Name: "node-c", Probed: true, Addresses: []nodehealth.Address{{
 			IP:   netip.MustParseAddr("172.31.0.3"),
@@ -64,12 +68,13 @@ func TestHealthCommand(t *testing.T) {
 	}
 	out := run()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 6 || lines[0] != "Node health from node-a (probed every 10s): 1/3 nodes reachable" {
+	if len(lines) != 7 || lines[0] != "Node health from node-a (probed every 10s): 1/3 nodes reachable" {
 		t.Fatalf("output:\n%s", out)
 	}
 	for i, want := range [][]string{
 		{"NODE", "ADDRESS", "ICMP", "HTTP", "LATENCY"},
 		{"node-b", "172.31.0.2", "ok", "ok", "210µs/1.1ms"},
+		{"node-b", "10.0.1.7 (endpoint)", "ok", "ok", "300µs/1.2ms"},
 		{"node-c", "172.31.0.3", "unreachable", "unreachable", "-/-", "icmp: no echo reply within 5s; http: GET /hello: no answer within 5s"},
 		{"node-d", "not probed yet"},
 	} {
@@ -79,7 +84,8 @@ func TestHealthCommand(t *testing.T) {
 			}
 		}
 	}
-	if js := run("-o", "json"); !strings.Contains(js, `"self": "node-a"`) || !strings.Contains(js, `"error": "no echo reply within 5s"`) {
+	if js := run("-o", "json"); !strings.Contains(js, `"self": "node-a"`) || !strings.Contains(js, `"error": "no echo reply within 5s"`) ||
+		!strings.Contains(js, `"health-endpoint": true`) {
 		t.Fatalf("-o json:\n%s", js)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/tendril-net/tendril/pkg/namedns"
 )
 
 // Down removes everything the named lab made, whether it came up fully,
@@ -68,6 +70,11 @@ func Down(name string, out io.Writer) error {
 	if len(names) > 0 {
 		fmt.Fprintf(out, "  removed %d network namespaces\n", len(names))
 	}
+	if n, err := deleteHealthNetns(dir); err != nil {
+		errs = append(errs, err)
+	} else if n > 0 {
+		fmt.Fprintf(out, "  removed %d health endpoint namespaces\n", n)
+	}
 
 	// After the processes: a cgroup with members cannot be removed. What
 	// is still inside (a probe, a lab exec command) is the lab's too.
@@ -107,4 +114,33 @@ func Down(name string, out io.Writer) error {
 	}
 	_ = os.Remove(RunRoot)
 	return errors.Join(errs...)
+}
+
+// deleteHealthNetns removes the health endpoints' namespaces the lab's
+// agents made (pkg/agent/nodehealth: named after the node and its state
+// directory, outside the lab's prefix since the agent does not know its
+// lab). Their veths went with the nodes' namespaces.
+func deleteHealthNetns(dir string) (int, error) {
+	nodes, err := os.ReadDir(filepath.Join(dir, "nodes"))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("list the lab's nodes: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, node := range nodes {
+		// nodehealth.HealthNetnsPrefix; the state directory as up.go gives it.
+		name := namedns.AgentScoped("tendril-health-", node.Name(), filepath.Join(dir, "nodes", node.Name(), "state"))
+		if _, err := os.Stat(namedns.Path(name)); err != nil {
+			continue
+		}
+		if err := DeleteNetns(name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
 }

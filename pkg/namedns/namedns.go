@@ -13,6 +13,8 @@ package namedns
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -32,6 +34,16 @@ const RunDir = "/run/netns"
 
 // Path is where the named namespace is mounted.
 func Path(name string) string { return filepath.Join(RunDir, name) }
+
+// AgentScoped is the name of a namespace an agent keeps for itself (its
+// health endpoint's): prefix, the node's name and a hash of the agent's
+// state directory, so that agents of different labs whose nodes have the
+// same names (node1, ...) on one machine never share one, and `lab down`
+// finds a lab node's by its state directory.
+func AgentScoped(prefix, node, stateDir string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(stateDir)))
+	return prefix + node + "-" + hex.EncodeToString(sum[:4])
+}
 
 // EnsureRunDir makes RunDir a shared mount of itself, as `ip netns add`
 // does before its first namespace, so that later mounts in it propagate

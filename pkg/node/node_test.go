@@ -185,13 +185,18 @@ func TestWriteBackRetriesThroughAPIServerRestart(t *testing.T) {
 		t.Fatalf("TendrilNode spec %+v", tn.Spec)
 	}
 
-	// A second run (agent restart with a new CIDR) updates the object.
+	// A second run (agent restart with a new CIDR, its health endpoint
+	// up) updates the object; the CRD takes the health address's type.
 	local.Selection.IPv4 = netip.MustParsePrefix("10.244.4.0/24")
+	local.HealthIPv4 = netip.MustParseAddr("10.244.4.7")
 	if err := w.Run(ctx, local); err != nil {
 		t.Fatal(err)
 	}
 	tn, err = c.Tendril.TendrilV1alpha1().TendrilNodes().Get(ctx, "wb-node", metav1.GetOptions{})
 	if err != nil || fmt.Sprint(tn.Spec.IPAM.PodCIDRs) != "[10.244.4.0/24]" {
 		t.Fatalf("after update: %v %+v", err, tn)
+	}
+	if last := tn.Spec.Addresses[len(tn.Spec.Addresses)-1]; last != (v1alpha1.NodeAddress{Type: v1alpha1.NodeAddressHealthIP, IP: "10.244.4.7"}) {
+		t.Fatalf("TendrilNode addresses %+v, want the health endpoint's last", tn.Spec.Addresses)
 	}
 }

@@ -32,6 +32,16 @@ type Local struct {
 	// WireGuardPublicKey is the node's WireGuard public key ("" with
 	// encryption off).
 	WireGuardPublicKey string
+	// HealthIPv4 and HealthIPv6 are the addresses of the node's health
+	// endpoint (pkg/agent/nodehealth), published as TendrilHealthIP;
+	// invalid while it has none.
+	HealthIPv4, HealthIPv6 netip.Addr
+}
+
+// HealthAddresses is the node's health endpoint's addresses as the
+// write-back publishes them, and a channel closed when they change.
+type HealthAddresses interface {
+	HealthEndpointAddresses() (v4, v6 netip.Addr, changed <-chan struct{})
 }
 
 // Writer publishes Local to the API server, retrying until it succeeds.
@@ -135,6 +145,11 @@ func (w *Writer) upsertTendrilNode(ctx context.Context, l Local) error {
 	}
 	if l.RouterIPv6.IsValid() {
 		spec.Addresses = append(spec.Addresses, v1alpha1.NodeAddress{Type: "TendrilInternalIP", IP: l.RouterIPv6.String()})
+	}
+	for _, ip := range []netip.Addr{l.HealthIPv4, l.HealthIPv6} {
+		if ip.IsValid() {
+			spec.Addresses = append(spec.Addresses, v1alpha1.NodeAddress{Type: v1alpha1.NodeAddressHealthIP, IP: ip.String()})
+		}
 	}
 	for _, p := range []netip.Prefix{l.Selection.IPv4, l.Selection.IPv6} {
 		if p.IsValid() {

@@ -166,7 +166,7 @@ func (m *Manager) UpsertPeer(p Peer) error {
 	if p.Name == m.local || p.Name == "" {
 		return nil
 	}
-	next := &Peer{Name: p.Name, Created: p.Created, IPs: slices.Clone(p.IPs), Requested: slices.Clone(p.PodCIDRs),
+	next := &Peer{Name: p.Name, Created: p.Created, IPs: slices.Clone(p.IPs), HealthIPs: slices.Clone(p.HealthIPs), Requested: slices.Clone(p.PodCIDRs),
 		Rejected: slices.Clone(p.Rejected), WireGuardKey: p.WireGuardKey, KeyError: p.KeyError, Status: reconciler.StatusPending()}
 	wtxn := m.db.WriteTxn(m.nodes, m.routes)
 	defer wtxn.Abort()

@@ -220,6 +220,42 @@ func TestPeerFromNodeAndTendrilNode(t *testing.T) {
 	}
 }
 
+// TestHealthEndpointIPs: a TendrilNode's TendrilHealthIP addresses are
+// read apart from the node's own (never a node address, even without
+// others), and a reader takes only those inside the node's accepted pod
+// CIDRs, not the CIDR's network address, one per family: a node cannot
+// make every agent probe an address outside its pods' range.
+func TestHealthEndpointIPs(t *testing.T) {
+	tn := &v1alpha1.TendrilNode{Spec: v1alpha1.NodeSpec{
+		IPAM: v1alpha1.IPAMSpec{PodCIDRs: []string{"10.244.1.0/24", "fd00:b::/112"}},
+		Addresses: []v1alpha1.NodeAddress{
+			{Type: "InternalIP", IP: "172.30.0.12"},
+			{Type: v1alpha1.NodeAddressHealthIP, IP: "172.30.0.13"}, // another node's address
+			{Type: v1alpha1.NodeAddressHealthIP, IP: "10.244.1.0"},  // the network address
+			{Type: v1alpha1.NodeAddressHealthIP, IP: "10.244.1.9"},
+			{Type: v1alpha1.NodeAddressHealthIP, IP: "10.244.1.10"}, // a second IPv4
+			{Type: v1alpha1.NodeAddressHealthIP, IP: "not-an-ip"},
+			{Type: v1alpha1.NodeAddressHealthIP, IP: "fd00:b::5"},
+		}}}
+	p := MergeTendrilNode(Peer{Name: "b"}, tn)
+	if fmt.Sprint(p.IPs) != "[172.30.0.12]" {
+		t.Fatalf("node addresses %v: a health address became one", p.IPs)
+	}
+	if got := fmt.Sprint(p.HealthEndpointIPs()); got != "[10.244.1.9 fd00:b::5]" {
+		t.Fatalf("accepted health addresses %s, want [10.244.1.9 fd00:b::5]", got)
+	}
+	// Only the accepted pod CIDRs count: with the IPv6 one refused, its
+	// health address goes too.
+	p.PodCIDRs = p.PodCIDRs[:1]
+	if got := fmt.Sprint(p.HealthEndpointIPs()); got != "[10.244.1.9]" {
+		t.Fatalf("accepted health addresses %s with the IPv6 pod CIDR refused", got)
+	}
+	p.PodCIDRs = nil
+	if got := p.HealthEndpointIPs(); len(got) != 0 {
+		t.Fatalf("health addresses %v without an accepted pod CIDR", got)
+	}
+}
+
 // TestPrivilegedRoutesToPeers runs the manager in a network namespace of
 // its own with a link on a 172.31.9.0/24 "node network": routes to peers'
 // pod CIDRs appear via their addresses, follow changes, disappear with the

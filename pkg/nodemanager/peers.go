@@ -61,12 +61,22 @@ func MergeTendrilNode(p Peer, tn *v1alpha1.TendrilNode) Peer {
 			p.WireGuardKey = k.String()
 		}
 	}
+	// The health endpoint's addresses: checked against the accepted pod
+	// CIDRs where they are used (Peer.HealthEndpointIPs).
+	for _, a := range tn.Spec.Addresses {
+		if a.Type != v1alpha1.NodeAddressHealthIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.IP); err == nil {
+			p.HealthIPs = append(p.HealthIPs, ip)
+		}
+	}
 	if len(tn.Spec.IPAM.PodCIDRs) > 0 {
 		p.PodCIDRs, p.Rejected = parseCIDRs(tn.Spec.IPAM.PodCIDRs)
 	}
 	if len(p.IPs) == 0 {
 		for _, a := range tn.Spec.Addresses {
-			if a.Type == "TendrilInternalIP" {
+			if a.Type == "TendrilInternalIP" || a.Type == v1alpha1.NodeAddressHealthIP {
 				continue
 			}
 			if ip, err := netip.ParseAddr(a.IP); err == nil {

@@ -71,6 +71,10 @@ type Peer struct {
 	// Rejected are the requested pod CIDRs refused, with the reason
 	// (malformed ones included).
 	Rejected []Rejection
+	// HealthIPs are the addresses of the node's health endpoint as its
+	// TendrilNode publishes them (TendrilHealthIP), unchecked: readers
+	// take them through HealthEndpointIPs.
+	HealthIPs []netip.Addr
 	// WireGuardKey is the node's WireGuard public key as its TendrilNode
 	// publishes it, checked (wgkey.ParsePublicKey): "" when it publishes
 	// none or a malformed one (then KeyError says why).
@@ -80,6 +84,29 @@ type Peer struct {
 	// Status is the reconciler's (the node's remote-node ipcache claims):
 	// pending, done, or error with message.
 	Status reconciler.Status
+}
+
+// HealthEndpointIPs are the published health endpoint addresses that lie
+// inside one of the node's accepted pod CIDRs (another node wrote them:
+// an address outside its own pods' range, the node's own, a service's or
+// any other, is not probed), at most one per family.
+func (p *Peer) HealthEndpointIPs() []netip.Addr {
+	var out []netip.Addr
+	var v4, v6 bool
+	for _, ip := range p.HealthIPs {
+		ip = ip.Unmap()
+		if (ip.Is4() && v4) || (ip.Is6() && v6) {
+			continue
+		}
+		for _, c := range p.PodCIDRs {
+			if c.Contains(ip) && ip != c.Masked().Addr() {
+				out = append(out, ip)
+				v4, v6 = v4 || ip.Is4(), v6 || ip.Is6()
+				break
+			}
+		}
+	}
+	return out
 }
 
 // nextHop is the peer's node address of the CIDR's family.

@@ -267,7 +267,8 @@ func related(p, q *Peer) bool {
 func (p *Peer) sameOutcome(o *Peer) bool {
 	return p.Name == o.Name && slices.Equal(p.IPs, o.IPs) && slices.Equal(p.PodCIDRs, o.PodCIDRs) &&
 		slices.Equal(p.Requested, o.Requested) && slices.Equal(p.Rejected, o.Rejected) &&
-		p.Created.Equal(o.Created) && p.WireGuardKey == o.WireGuardKey && p.KeyError == o.KeyError
+		p.Created.Equal(o.Created) && p.WireGuardKey == o.WireGuardKey && p.KeyError == o.KeyError &&
+		slices.Equal(p.HealthIPs, o.HealthIPs)
 }
 
 // addressTouched reports whether q's own addresses may change when the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -91,6 +92,9 @@ func writeCNIError(w http.ResponseWriter, e *cni.Error) {
 type cniEndpoints struct{ m *Module }
 
 func (c cniEndpoints) Create(ctx context.Context, ep *endpoint.Endpoint) (*endpoint.Endpoint, error) {
+	if health, _ := ctx.Value(healthKey{}).(bool); health {
+		ep.Labels = []string{HealthLabel}
+	}
 	return c.m.CreateEndpoint(ctx, ep)
 }
 
@@ -112,3 +116,45 @@ func (c cniEndpoints) Delete(ctx context.Context, id uint16) error {
 func (c cniEndpoints) List() []*endpoint.Endpoint { return c.m.mgr.List() }
 
 func (c cniEndpoints) IsNotFound(err error) bool { return errors.Is(err, endpointmanager.ErrNotFound) }
+
+// HealthLabel is the label of the node's health endpoint: the reserved
+// health identity (4), as Cilium's cilium-health endpoint has.
+const HealthLabel = "reserved:health"
+
+// healthKey marks the context of the health endpoint's ADD: only the
+// agent's own call (CreateHealthEndpoint) gets the reserved label, never a
+// CNI request.
+type healthKey struct{}
+
+// CreateHealthEndpoint wires the network namespace at netnsPath as a pod
+// through the CNI server's ADD (an address from this node's IPAM, the veth,
+// the routes, the endpoint built before it returns) under the attachment
+// containerID/ifname, labelled HealthLabel. An earlier endpoint of the same
+// attachment is replaced, its addresses released. It fails until the
+// endpoints' start step has run.
+func (m *Module) CreateHealthEndpoint(ctx context.Context, containerID, ifname, netnsPath string) (*endpoint.Endpoint, error) {
+	srv := m.cniServer()
+	if srv == nil {
+		return nil, errors.New("endpoints and IPAM are not started yet")
+	}
+	req := &cni.Request{ContainerID: containerID, IfName: ifname, Netns: netnsPath,
+		Config: []byte(`{"cniVersion":"1.0.0","name":"tendril-health","type":"tendril-cni"}`)}
+	if _, cerr := srv.Serve(context.WithValue(ctx, healthKey{}, true), cni.CommandAdd, req); cerr != nil {
+		return nil, fmt.Errorf("health endpoint ADD: %w", cerr)
+	}
+	return m.mgr.Lookup("cni-attachment-id:" + cni.AttachmentID(containerID, ifname))
+}
+
+// LookupEndpoint finds an endpoint by an ID of the Cilium API; an error
+// before the start step has built the manager.
+func (m *Module) LookupEndpoint(id string) (*endpoint.Endpoint, error) {
+	mgr, err := m.ManagerForAPI()
+	if err != nil {
+		return nil, err
+	}
+	return mgr.Lookup(id)
+}
+
+// InstallsHostNetworking is --install-host-networking: the agent wires
+// pods (host device, routes) in its namespace.
+func (m *Module) InstallsHostNetworking() bool { return m.cfg.InstallHostNetworking }

@@ -272,6 +272,9 @@ type Params struct {
 	// Keys is this node's encryption key to publish in its TendrilNode
 	// (pkg/agent/wireguard; nil with encryption off).
 	Keys PublicKeys `optional:"true"`
+	// Health is this node's health endpoint's addresses to publish
+	// (pkg/agent/nodehealth; nil without a health endpoint).
+	HealthEndpoint node.HealthAddresses `optional:"true"`
 }
 
 // PublicKeys is this node's public encryption key and a channel closed
@@ -318,17 +321,22 @@ func New(p Params) (*Module, error) {
 	k.jobs.Add(job.OneShot("node-writeback", func(ctx context.Context, _ cell.Health) error {
 		for {
 			l := k.local
-			var changed <-chan struct{}
+			var keyChanged, healthChanged <-chan struct{}
 			if p.Keys != nil {
-				l.WireGuardPublicKey, changed = p.Keys.WireGuardPublicKey()
+				l.WireGuardPublicKey, keyChanged = p.Keys.WireGuardPublicKey()
 			}
-			if err := k.client.writer.Run(ctx, l); err != nil || changed == nil {
+			if p.HealthEndpoint != nil {
+				l.HealthIPv4, l.HealthIPv6, healthChanged = p.HealthEndpoint.HealthEndpointAddresses()
+			}
+			if err := k.client.writer.Run(ctx, l); err != nil || (keyChanged == nil && healthChanged == nil) {
 				return err
 			}
+			// A nil channel never fires: only what can change is waited on.
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-changed:
+			case <-keyChanged:
+			case <-healthChanged:
 			}
 		}
 	}))

@@ -585,6 +585,12 @@ func (p *Module) Auditing(ep *endpoint.Endpoint) (ingress, egress bool) {
 // Enforcement decides, per direction, whether policy applies to ep: never,
 // always, or (default) only where a rule selects the endpoint.
 func (p *Module) Enforcement(ep *endpoint.Endpoint) (ingress, egress bool) {
+	if IsHealthEndpoint(ep) {
+		// The node's health endpoint answers the other nodes' probes in
+		// every mode, as Cilium's does; no rule selects a reserved
+		// identity that it does not name.
+		return false, false
+	}
 	switch p.runtime.Values().PolicyEnforcement {
 	case option.EnforcementNever:
 		return false, false
@@ -635,6 +641,12 @@ func (p *Module) SelectingRules(epID uint16) ([]uint32, bool) {
 // Universe is every identity policy can select right now (the policy
 // API's trace reads it).
 func (p *Module) Universe() policy.Universe { return p.universe() }
+
+// IsHealthEndpoint reports whether ep is the node's health endpoint (its
+// one label is reserved:health, given only by the agent itself).
+func IsHealthEndpoint(ep *endpoint.Endpoint) bool {
+	return len(ep.Labels) == 1 && ep.Labels[0] == identity.Health.String() && ep.PodName == ""
+}
 
 // EndpointLabels are the identity-relevant labels of an endpoint: its own,
 // plus its namespace as Kubernetes would give it.

@@ -214,5 +214,17 @@ func NodeElement(p *nodemanager.Peer) *models.NodeElement {
 			fam.AllocRange = cidr.String()
 		}
 	}
+	// The health endpoint's addresses that lie in those pod CIDRs (the
+	// node published them; Cilium's health-endpoint-address).
+	if health := p.HealthEndpointIPs(); len(health) > 0 {
+		n.HealthEndpointAddress = &models.NodeAddressing{IPV4: &models.NodeAddressingElement{}, IPV6: &models.NodeAddressingElement{}}
+		for _, ip := range health {
+			fam := n.HealthEndpointAddress.IPV4
+			if ip.Is6() {
+				fam = n.HealthEndpointAddress.IPV6
+			}
+			fam.Enabled, fam.IP = true, ip.String()
+		}
+	}
 	return n
 }

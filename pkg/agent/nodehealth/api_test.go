@@ -141,3 +141,21 @@ func TestNodeElementAllocRanges(t *testing.T) {
 		t.Fatalf("alloc range %q from refused or absent pod CIDRs", n.PrimaryAddress.IPV4.AllocRange)
 	}
 }
+
+// TestNodeElementHealthEndpointAddress: a node's health endpoint address
+// inside its accepted pod CIDR is its health-endpoint-address (Cilium's
+// field); one outside it, or none, gives no field.
+func TestNodeElementHealthEndpointAddress(t *testing.T) {
+	p := &nodemanager.Peer{Name: "node-b", IPs: []netip.Addr{netip.MustParseAddr("172.31.0.2")},
+		PodCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
+		HealthIPs: []netip.Addr{netip.MustParseAddr("10.244.1.7")}}
+	n := NodeElement(p)
+	if n.HealthEndpointAddress == nil || !n.HealthEndpointAddress.IPV4.Enabled || n.HealthEndpointAddress.IPV4.IP != "10.244.1.7" ||
+		n.HealthEndpointAddress.IPV6.Enabled {
+		t.Fatalf("health-endpoint-address %+v", n.HealthEndpointAddress)
+	}
+	p.HealthIPs = []netip.Addr{netip.MustParseAddr("172.31.0.3")}
+	if n := NodeElement(p); n.HealthEndpointAddress != nil {
+		t.Fatalf("health-endpoint-address %+v from an address outside the pod CIDR", n.HealthEndpointAddress)
+	}
+}

@@ -17,9 +17,11 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/metrics"
+	"github.com/tendril-net/tendril/pkg/node"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
 	"github.com/tendril-net/tendril/pkg/option"
 )
@@ -31,7 +33,7 @@ var Cell = cell.Module("node-health", "Probes the other nodes and answers their 
 	cell.Provide(lifecycle.Check(Config.validate)),
 	cell.Provide(lifecycle.Build[*Checker]),
 	cell.Config(DefaultConfig()),
-	cell.Provide(newChecker, tableOf, statusContribution, apiHandlers),
+	cell.Provide(newChecker, tableOf, healthAddresses, statusContribution, apiHandlers),
 )
 
 // Checker is the running node health checks: the table and the prober
@@ -43,6 +45,8 @@ type Checker struct {
 	table  statedb.RWTable[*Status]
 	peers  statedb.Table[*nodemanager.Peer]
 	prober *Prober
+	// endpoint is this node's health endpoint (nil without one).
+	endpoint *HealthEndpoint
 }
 
 type params struct {
@@ -50,6 +54,8 @@ type params struct {
 
 	Config Config
 	Node   option.LocalNode
+	// Agent's state directory names the health endpoint's namespace.
+	Agent option.Agent `optional:"true"`
 	// Peers is the nodes cell's table: the nodes to probe.
 	Peers   statedb.Table[*nodemanager.Peer]
 	DB      *statedb.DB
@@ -57,6 +63,8 @@ type params struct {
 	Jobs    job.Registry
 	Health  *health.Registry
 	Metrics *metrics.Server `optional:"true"`
+	// Endpoints wires the health endpoint like a pod (nil: no endpoint).
+	Endpoints *agentendpoints.Module `optional:"true"`
 }
 
 // newChecker registers the table and adds the responder's and the
@@ -79,6 +87,13 @@ func newChecker(p params) (*Checker, error) {
 	resp := &Responder{Node: p.Node.Name, Port: p.Config.HealthPort}
 
 	jobs := p.Jobs.NewGroup(p.Health.Scope("node-health"), job.WithLogger(p.Log))
+	if p.Config.EnableEndpointHealthChecking && p.Endpoints != nil && p.Endpoints.InstallsHostNetworking() {
+		c.endpoint = NewHealthEndpoint(p.Node.Name, HealthNetnsName(p.Node.Name, p.Agent.StateDir), p.Config.HealthPort, p.Endpoints, p.Log)
+		// Retried: the endpoints' start step (IPAM, the CNI server) may
+		// not have run when the job starts.
+		jobs.Add(job.OneShot("health-endpoint", c.endpoint.Run,
+			job.WithRetry(-1, &job.ExponentialBackoff{Min: time.Second, Max: 30 * time.Second})))
+	}
 	jobs.Add(
 		job.OneShot("health-responder", resp.Run, job.WithRetry(-1, &job.ExponentialBackoff{Min: time.Second, Max: 30 * time.Second})),
 		job.OneShot("health-prober", func(ctx context.Context, h cell.Health) error {
@@ -97,24 +112,35 @@ func tableOf(c *Checker) statedb.Table[*Status] {
 	return c.table
 }
 
+// healthAddresses is the health endpoint's addresses for the TendrilNode
+// write-back (nil without a health endpoint: a nil interface, not a nil
+// pointer in one).
+func healthAddresses(c *Checker) node.HealthAddresses {
+	if c == nil || c.endpoint == nil {
+		return nil
+	}
+	return c.endpoint
+}
+
 // connectivityMetrics are Cilium's node connectivity metrics, by the
-// primary address of each other node.
+// primary address of each other node (address_type="node") and by its
+// health endpoint's (address_type="endpoint").
 type connectivityMetrics struct {
 	self            string
 	status, latency *prometheus.GaugeVec
 }
 
 func newConnectivityMetrics(self string) *connectivityMetrics {
-	labels := []string{"source_node", "target_node", "type"}
+	labels := []string{"source_node", "target_node", "type", "address_type"}
 	return &connectivityMetrics{
 		self: self,
 		status: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "tendril", Name: "node_connectivity_status",
-			Help: "Whether another node's primary address answered the last probe of its type (icmp, http): 1 reachable, 0 not.",
+			Help: "Whether another node's primary address (address_type=node) or health endpoint (address_type=endpoint) answered the last probe of its type (icmp, http): 1 reachable, 0 not.",
 		}, labels),
 		latency: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "tendril", Name: "node_connectivity_latency_seconds",
-			Help: "Round trip of the last probe of its type (icmp, http) to another node's primary address that was answered (absent while it is not).",
+			Help: "Round trip of the last probe of its type (icmp, http) to another node's primary address or health endpoint that was answered (absent while it is not).",
 		}, labels),
 	}
 }
@@ -122,29 +148,32 @@ func newConnectivityMetrics(self string) *connectivityMetrics {
 // update follows the prober's writes.
 func (m *connectivityMetrics) update(written []*Status, deleted []string) {
 	for _, st := range written {
-		p, ok := st.Primary()
-		if !ok {
-			m.delete(st.Node)
-			continue
-		}
-		for typ, r := range map[string]Result{"icmp": p.ICMP, "http": p.HTTP} {
-			if r.Reachable {
-				m.status.WithLabelValues(m.self, st.Node, typ).Set(1)
-				m.latency.WithLabelValues(m.self, st.Node, typ).Set(r.Latency.Seconds())
-			} else {
-				m.status.WithLabelValues(m.self, st.Node, typ).Set(0)
-				m.latency.DeleteLabelValues(m.self, st.Node, typ)
+		for kind, get := range map[string]func() (Address, bool){"node": st.Primary, "endpoint": st.HealthEndpoint} {
+			a, ok := get()
+			if !ok {
+				m.delete(st.Node, kind)
+				continue
+			}
+			for typ, r := range map[string]Result{"icmp": a.ICMP, "http": a.HTTP} {
+				if r.Reachable {
+					m.status.WithLabelValues(m.self, st.Node, typ, kind).Set(1)
+					m.latency.WithLabelValues(m.self, st.Node, typ, kind).Set(r.Latency.Seconds())
+				} else {
+					m.status.WithLabelValues(m.self, st.Node, typ, kind).Set(0)
+					m.latency.DeleteLabelValues(m.self, st.Node, typ, kind)
+				}
 			}
 		}
 	}
 	for _, node := range deleted {
-		m.delete(node)
+		m.delete(node, "node")
+		m.delete(node, "endpoint")
 	}
 }
 
-func (m *connectivityMetrics) delete(node string) {
+func (m *connectivityMetrics) delete(node, kind string) {
 	for _, typ := range []string{"icmp", "http"} {
-		m.status.DeleteLabelValues(m.self, node, typ)
-		m.latency.DeleteLabelValues(m.self, node, typ)
+		m.status.DeleteLabelValues(m.self, node, typ, kind)
+		m.latency.DeleteLabelValues(m.self, node, typ, kind)
 	}
 }

@@ -111,7 +111,7 @@ func TestConfigDefaultsAndFlags(t *testing.T) {
 		want  Config
 	}{
 		{nil, Config{EnableHealthChecking: true, HealthCheckInterval: 10 * time.Second, HealthPort: 4240}},
-		{map[string]string{"enable-health-checking": "false", "health-check-interval": "3s", "health-port": "4241"},
+		{map[string]string{"enable-health-checking": "false", "health-check-interval": "3s", "health-port": "4241", "enable-endpoint-health-checking": "false"},
 			Config{EnableHealthChecking: false, HealthCheckInterval: 3 * time.Second, HealthPort: 4241}},
 	} {
 		var w world
@@ -192,11 +192,11 @@ func TestCellProbesOverLoopback(t *testing.T) {
 	}
 	for _, typ := range []string{"icmp", "http"} {
 		if v, ok := gauge(t, w.metrics, "tendril_node_connectivity_status", map[string]string{
-			"source_node": "node-a", "target_node": "node-lo", "type": typ}); !ok || v != 1 {
+			"source_node": "node-a", "target_node": "node-lo", "type": typ, "address_type": "node"}); !ok || v != 1 {
 			t.Fatalf("tendril_node_connectivity_status{type=%q} = %v (found %v), want 1", typ, v, ok)
 		}
 		if v, ok := gauge(t, w.metrics, "tendril_node_connectivity_latency_seconds", map[string]string{
-			"source_node": "node-a", "target_node": "node-lo", "type": typ}); !ok || v <= 0 {
+			"source_node": "node-a", "target_node": "node-lo", "type": typ, "address_type": "node"}); !ok || v <= 0 {
 			t.Fatalf("tendril_node_connectivity_latency_seconds{type=%q} = %v (found %v), want > 0", typ, v, ok)
 		}
 	}

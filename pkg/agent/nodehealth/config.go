@@ -22,6 +22,13 @@ type Config struct {
 	// HealthPort is the TCP port of the health responder on every node
 	// (GET /hello); the prober asks the other nodes' on the same port.
 	HealthPort uint16
+	// EnableEndpointHealthChecking makes this node's health endpoint (a
+	// pod-like namespace with an address of the pod CIDR, answering the
+	// probes) and probes the other nodes' (Cilium's flag of that name).
+	// Only with health checking and the agent's host networking on.
+	// Off by default until the lab's end-to-end step has run (Cilium's
+	// default is on): every agent with host networking would make one.
+	EnableEndpointHealthChecking bool
 }
 
 // DefaultConfig returns the defaults (Cilium's port).
@@ -35,6 +42,8 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 		"Probe every other node (ICMP echo and HTTP GET /hello on its health port) and answer their probes on the health port")
 	fs.Duration("health-check-interval", c.HealthCheckInterval, "How often every other node is probed; a probe times out before the next round")
 	fs.Uint16("health-port", c.HealthPort, "TCP port of the node health responder (HTTP GET /hello), on every address of the node")
+	fs.Bool("enable-endpoint-health-checking", c.EnableEndpointHealthChecking,
+		"Make this node's health endpoint (a namespace with an address of the pod CIDR answering the probes) and probe the other nodes' (needs --enable-health-checking and --install-host-networking)")
 }
 
 // minInterval keeps a round's timeout (half the interval) long enough

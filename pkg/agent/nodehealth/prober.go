@@ -60,11 +60,20 @@ func (p *Prober) Round(ctx context.Context) error {
 		out.Reachable, out.Latency = true, latency
 	}
 	for i, peer := range peers {
-		st := &Status{Node: peer.Name, Addresses: make([]Address, len(peer.IPs))}
+		// The node's addresses, then its health endpoint's (only those
+		// inside its accepted pod CIDRs: another node published them).
+		health := peer.HealthEndpointIPs()
+		st := &Status{Node: peer.Name, Addresses: make([]Address, 0, len(peer.IPs)+len(health))}
+		for _, ip := range peer.IPs {
+			st.Addresses = append(st.Addresses, Address{IP: ip})
+		}
+		for _, ip := range health {
+			st.Addresses = append(st.Addresses, Address{IP: ip, HealthEndpoint: true})
+		}
 		results[i] = st
-		for j, ip := range peer.IPs {
+		for j := range st.Addresses {
 			a := &st.Addresses[j]
-			a.IP = ip
+			ip := a.IP
 			if err := probeable(ip); err != nil {
 				now := p.Now()
 				a.ICMP = Result{Error: err.Error(), Probed: now}

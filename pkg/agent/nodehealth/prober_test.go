@@ -292,15 +292,15 @@ func TestMetricsFollowTheRounds(t *testing.T) {
 	r.upsert(t, "node-b", b1)
 	r.upsert(t, "node-c", c1)
 	r.round(t)
-	if got := testutil.ToFloat64(m.status.WithLabelValues("node-a", "node-b", "icmp")); got != 1 {
+	if got := testutil.ToFloat64(m.status.WithLabelValues("node-a", "node-b", "icmp", "node")); got != 1 {
 		t.Fatalf("node-b icmp status %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(m.latency.WithLabelValues("node-a", "node-b", "http")); got != 0.002 {
+	if got := testutil.ToFloat64(m.latency.WithLabelValues("node-a", "node-b", "http", "node")); got != 0.002 {
 		t.Fatalf("node-b http latency %v, want 0.002", got)
 	}
 	net.set(b1, false)
 	r.round(t)
-	if got := testutil.ToFloat64(m.status.WithLabelValues("node-a", "node-b", "http")); got != 0 {
+	if got := testutil.ToFloat64(m.status.WithLabelValues("node-a", "node-b", "http", "node")); got != 0 {
 		t.Fatalf("node-b http status %v while down, want 0", got)
 	}
 	if n := testutil.CollectAndCount(m.latency); n != 2 {
@@ -346,5 +346,61 @@ func TestNoProbeToNonUnicast(t *testing.T) {
 	}
 	if !seen[b1] || !st.Addresses[len(bad)].Reachable() {
 		t.Fatalf("the node's unicast address: probed %v, %+v", seen[b1], st.Addresses[len(bad)])
+	}
+}
+
+// TestHealthEndpointProbedInsideThePodCIDR: a node's published health
+// endpoint address is probed beside its own when it lies in the node's
+// accepted pod CIDR, shown as the endpoint's, and has its own series
+// (address_type="endpoint"); it does not decide the node's reachability.
+// One outside the pod CIDR (here: another node's address, which a node
+// could publish to make every agent probe it) is never probed.
+func TestHealthEndpointProbedInsideThePodCIDR(t *testing.T) {
+	ep := netip.MustParseAddr("10.0.1.7")
+	outside := c1
+	net := newFakeNet(b1, ep, outside)
+	r := newRig(t, net)
+	m := newConnectivityMetrics("node-a")
+	r.prober.Written = m.update
+	seen := map[netip.Addr]bool{}
+	var mu sync.Mutex
+	count := func(f ProbeFunc) ProbeFunc {
+		return func(ctx context.Context, ip netip.Addr) (time.Duration, error) {
+			mu.Lock()
+			seen[ip] = true
+			mu.Unlock()
+			return f(ctx, ip)
+		}
+	}
+	r.prober.ICMP, r.prober.HTTP = count(r.prober.ICMP), count(r.prober.HTTP)
+	w := r.db.WriteTxn(r.nodes)
+	if _, _, err := r.nodes.Insert(w, &nodemanager.Peer{Name: "node-b", IPs: []netip.Addr{b1},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24")}, HealthIPs: []netip.Addr{outside, ep}}); err != nil {
+		t.Fatal(err)
+	}
+	w.Commit()
+	r.round(t)
+	st, _ := r.status("node-b")
+	if len(st.Addresses) != 2 || st.Addresses[0].IP != b1 || st.Addresses[0].HealthEndpoint ||
+		st.Addresses[1].IP != ep || !st.Addresses[1].HealthEndpoint || !st.Addresses[1].Reachable() {
+		t.Fatalf("addresses %+v, want the node's then its health endpoint's, reachable", st.Addresses)
+	}
+	if seen[outside] {
+		t.Fatalf("%s (outside the pod CIDR) was probed", outside)
+	}
+	if got := testutil.ToFloat64(m.status.WithLabelValues("node-a", "node-b", "http", "endpoint")); got != 1 {
+		t.Fatalf("endpoint http status %v, want 1", got)
+	}
+	net.set(ep, false)
+	r.round(t)
+	st, _ = r.status("node-b")
+	if !st.Reachable() {
+		t.Fatal("the node is unreachable with only its health endpoint down")
+	}
+	if got := testutil.ToFloat64(m.status.WithLabelValues("node-a", "node-b", "icmp", "endpoint")); got != 0 {
+		t.Fatalf("endpoint icmp status %v while down, want 0", got)
+	}
+	if got := testutil.ToFloat64(m.status.WithLabelValues("node-a", "node-b", "icmp", "node")); got != 1 {
+		t.Fatalf("node icmp status %v, want 1", got)
 	}
 }

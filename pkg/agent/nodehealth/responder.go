@@ -47,6 +47,13 @@ func (r *Responder) Run(ctx context.Context, health cell.Health) error {
 	if r.Listening != nil {
 		r.Listening(ln.Addr())
 	}
+	health.OK("serving on " + ln.Addr().String())
+	return r.Serve(ctx, ln)
+}
+
+// Serve answers on ln until ctx ends (nil then) or serving fails; it
+// closes ln.
+func (r *Responder) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler: r.Handler(),
 		// Anyone who reaches the node reaches this port: bound what a
@@ -59,7 +66,6 @@ func (r *Responder) Run(ctx context.Context, health cell.Health) error {
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
-	health.OK("serving on " + ln.Addr().String())
 	select {
 	case err := <-done:
 		return fmt.Errorf("health responder: %w", err)

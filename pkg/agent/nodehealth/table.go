@@ -33,9 +33,21 @@ func (r Result) String() string {
 
 // Address is the outcome of the probes of one of a node's addresses.
 type Address struct {
-	IP   netip.Addr `json:"ip"`
-	ICMP Result     `json:"icmp"`
-	HTTP Result     `json:"http"`
+	IP netip.Addr `json:"ip"`
+	// HealthEndpoint: the address is the node's health endpoint's (a
+	// pod-like namespace of its pod CIDR), not one of the node's own.
+	HealthEndpoint bool   `json:"health-endpoint,omitempty"`
+	ICMP           Result `json:"icmp"`
+	HTTP           Result `json:"http"`
+}
+
+// Kind is "node" or "endpoint" (the health endpoint's address): the
+// metrics' address_type label.
+func (a Address) Kind() string {
+	if a.HealthEndpoint {
+		return "endpoint"
+	}
+	return "node"
 }
 
 // Reachable: both probes of the address succeeded.
@@ -53,10 +65,21 @@ type Status struct {
 // Primary is the result of the node's primary address (its first), the
 // one that says whether the node is reachable.
 func (s *Status) Primary() (Address, bool) {
-	if len(s.Addresses) == 0 {
+	if len(s.Addresses) == 0 || s.Addresses[0].HealthEndpoint {
 		return Address{}, false
 	}
 	return s.Addresses[0], true
+}
+
+// HealthEndpoint is the result of the node's health endpoint's first
+// address; false when the node publishes none that was accepted.
+func (s *Status) HealthEndpoint() (Address, bool) {
+	for _, a := range s.Addresses {
+		if a.HealthEndpoint {
+			return a, true
+		}
+	}
+	return Address{}, false
 }
 
 // Reachable: the node's primary address answers both probes.
@@ -73,7 +96,11 @@ func (s *Status) TableHeader() []string {
 func (s *Status) TableRow() []string {
 	var ips, icmp, http, probed []string
 	for _, a := range s.Addresses {
-		ips = append(ips, a.IP.String())
+		ip := a.IP.String()
+		if a.HealthEndpoint {
+			ip += " (health endpoint)"
+		}
+		ips = append(ips, ip)
 		icmp = append(icmp, a.ICMP.String())
 		http = append(http, a.HTTP.String())
 		probed = append(probed, a.ICMP.Probed.UTC().Format(time.RFC3339))

@@ -170,6 +170,9 @@ func (m *Realizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error 
 	var id identity.NumericIdentity
 	if len(labels) == 0 {
 		id = identity.Init
+	} else if agentpolicy.IsHealthEndpoint(ep) {
+		// The node's health endpoint: the reserved identity, no allocation.
+		id = identity.Health
 	} else {
 		m.mu.Lock()
 		cur, held := m.held[ep.ID]

@@ -298,13 +298,19 @@ type NodeEncryption struct {
 
 // NodeAddress is one address of a node.
 type NodeAddress struct {
-	// Type is InternalIP, ExternalIP or TendrilInternalIP (the router IP).
-	// +kubebuilder:validation:Enum=InternalIP;ExternalIP;TendrilInternalIP
+	// Type is InternalIP, ExternalIP, TendrilInternalIP (the router IP) or
+	// TendrilHealthIP (the address of the node's health endpoint, Cilium's
+	// health.ipv4/ipv6; readers accept it only inside the node's pod CIDR).
+	// +kubebuilder:validation:Enum=InternalIP;ExternalIP;TendrilInternalIP;TendrilHealthIP
 	Type string `json:"type"`
 	// IP is an IPv4 or IPv6 address.
 	// +kubebuilder:validation:MinLength=2
 	IP string `json:"ip"`
 }
+
+// NodeAddressHealthIP is the NodeAddress type of a node's health
+// endpoint address.
+const NodeAddressHealthIP = "TendrilHealthIP"
 
 // IPAMSpec lists the CIDRs the node allocates pod addresses from.
 type IPAMSpec struct {
