@@ -178,8 +178,9 @@ func newLabStatusCommand(name *string) *cobra.Command {
 }
 
 // labPod finds a running pod's record and moves this process into the
-// cgroup of the pod's node: what it then connects (or execs) is seen by
-// that node's socket load-balancing, like the pod's own workload.
+// cgroup of the pod's container, below its node's: what it then connects
+// (or execs) is seen by that node's socket load-balancing, like the pod's
+// own workload, and named as the pod's in flows.
 func labPod(name, ref string) (*lab.PodRecord, error) {
 	st, rec, err := findLabPod(name, ref)
 	if err != nil {

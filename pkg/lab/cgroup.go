@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Per-node cgroups: the lab's nodes share one machine, hence one cgroup
@@ -92,6 +94,68 @@ func checkNodeCgroup(dir string) error {
 	return nil
 }
 
+// PodCgroupsParent is the directory under a node's cgroup that holds its
+// pods' cgroups, the kubelet's cgroup root (cgroupfs driver).
+const PodCgroupsParent = "kubepods"
+
+// PodCgroupDir is where the lab kubelet runs a pod's container, laid out
+// under the node's cgroup as the kubelet's cgroupfs driver lays pods out:
+// kubepods/pod<uid>/<container> for a Guaranteed pod,
+// kubepods/<burstable|besteffort>/pod<uid>/<container> otherwise. The
+// agent's scan of --cgroup-root (pkg/cgroups) finds the pod by its UID
+// there, so a socket-LB connection's flow names the pod.
+func PodCgroupDir(nodeCgroup string, qos corev1.PodQOSClass, uid, container string) string {
+	parent := filepath.Join(nodeCgroup, PodCgroupsParent)
+	switch qos {
+	case corev1.PodQOSGuaranteed:
+	case corev1.PodQOSBurstable:
+		parent = filepath.Join(parent, "burstable")
+	default:
+		parent = filepath.Join(parent, "besteffort")
+	}
+	return filepath.Join(parent, "pod"+uid, container)
+}
+
+// checkLabCgroup refuses a path that is neither a node cgroup of the lab
+// layout nor a cgroup below one's pod cgroups (PodCgroupDir).
+func checkLabCgroup(dir string) error {
+	clean := filepath.Clean(dir)
+	if checkNodeCgroup(clean) == nil {
+		return nil
+	}
+	node, rest, ok := strings.Cut(clean, string(filepath.Separator)+PodCgroupsParent+string(filepath.Separator))
+	if ok && rest != "" && checkNodeCgroup(node) == nil {
+		return nil
+	}
+	return fmt.Errorf("cgroup %s is not a lab node's cgroup (<cgroup2>/%s/<lab>/<node>) nor one of its pods' (<node>/%s/…)", dir, CgroupSubdir, PodCgroupsParent)
+}
+
+// CreatePodCgroup makes a pod's container cgroup (PodCgroupDir) and its
+// parents.
+func CreatePodCgroup(dir string) error {
+	if err := checkLabCgroup(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create cgroup %s: %w", dir, err)
+	}
+	return nil
+}
+
+// RemovePodCgroup removes a pod's cgroup (the parent of its container's,
+// dir) with what is left in it; the kubepods/<qos> parents stay for the
+// node's other pods.
+func RemovePodCgroup(dir string) error {
+	if err := checkLabCgroup(dir); err != nil {
+		return err
+	}
+	pod := filepath.Dir(filepath.Clean(dir))
+	if !strings.HasPrefix(filepath.Base(pod), "pod") || checkLabCgroup(pod) != nil {
+		return fmt.Errorf("cgroup %s is not a pod's container cgroup", dir)
+	}
+	return removeCgroupTree(pod)
+}
+
 // CreateNodeCgroup makes a node's cgroup (and its parents).
 func CreateNodeCgroup(dir string) error {
 	if err := checkNodeCgroup(dir); err != nil {
@@ -104,9 +168,9 @@ func CreateNodeCgroup(dir string) error {
 }
 
 // EnterCgroup moves the calling process (every thread) into the cgroup
-// dir; what it starts afterwards starts there.
+// dir (a node's or one of its pods'); what it starts afterwards starts there.
 func EnterCgroup(dir string) error {
-	if err := checkNodeCgroup(dir); err != nil {
+	if err := checkLabCgroup(dir); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte("0"), 0); err != nil {
@@ -134,7 +198,7 @@ func EnterRootCgroup() error {
 // (syscall.SysProcAttr.UseCgroupFD): the child starts inside it, with no
 // moment in the parent's cgroup.
 func OpenCgroup(dir string) (*os.File, error) {
-	if err := checkNodeCgroup(dir); err != nil {
+	if err := checkLabCgroup(dir); err != nil {
 		return nil, err
 	}
 	f, err := os.Open(dir)
@@ -179,7 +243,7 @@ func removeLabCgroups(mount, name string) (int, error) {
 			continue // the cgroup's own interface files
 		}
 		dir := filepath.Join(labDir, e.Name())
-		if err := removeCgroup(dir); err != nil {
+		if err := removeCgroupTree(dir); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -191,6 +255,28 @@ func removeLabCgroups(mount, name string) (int, error) {
 	// Fails (ENOTEMPTY/EBUSY) while another lab has cgroups there: fine.
 	_ = syscall.Rmdir(filepath.Join(mount, CgroupSubdir))
 	return removed, errors.Join(errs...)
+}
+
+// removeCgroupTree removes the cgroups below dir, deepest first, then dir
+// itself (a cgroup with child cgroups cannot be removed: EBUSY).
+func removeCgroupTree(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list %s: %w", dir, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.IsDir() {
+			errs = append(errs, removeCgroupTree(filepath.Join(dir, e.Name())))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return removeCgroup(dir)
 }
 
 // removeCgroup kills the processes in dir and removes it once they are

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/tendril-net/tendril/pkg/cgroups"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -99,5 +102,106 @@ func TestPrivilegedNodeCgroupLifecycle(t *testing.T) {
 	}
 	if n, err := removeLabCgroups(mount, name); err != nil || n != 0 {
 		t.Fatalf("second removal: %d, %v", n, err)
+	}
+}
+
+func TestCheckLabCgroupAcceptsPodCgroups(t *testing.T) {
+	node := NodeCgroupDir("/sys/fs/cgroup/unified", "tdrlab", "node1")
+	for _, dir := range []string{node,
+		PodCgroupDir(node, corev1.PodQOSBestEffort, "0f0e", "abc"),
+		PodCgroupDir(node, corev1.PodQOSGuaranteed, "0f0e", "abc")} {
+		if err := checkLabCgroup(dir); err != nil {
+			t.Errorf("%s refused: %v", dir, err)
+		}
+	}
+	if got, want := PodCgroupDir(node, corev1.PodQOSBurstable, "u", "c"), node+"/kubepods/burstable/podu/c"; got != want {
+		t.Errorf("burstable: %s, want %s", got, want)
+	}
+	if got, want := PodCgroupDir(node, corev1.PodQOSGuaranteed, "u", "c"), node+"/kubepods/podu/c"; got != want {
+		t.Errorf("guaranteed: %s, want %s", got, want)
+	}
+	for _, dir := range []string{"/sys/fs/cgroup/unified/kubepods/besteffort/podu/c",
+		"/sys/fs/cgroup/unified/tendril-lab/tdrlab/kubepods/podu/c",
+		node + "/kubepods/../../../../x", node + "/other/podu"} {
+		if err := checkLabCgroup(dir); err == nil {
+			t.Errorf("%s accepted", dir)
+		}
+	}
+}
+
+// TestPrivilegedPodCgroupNamesItsPod starts a process into a pod's cgroup
+// below a node cgroup, as the lab kubelet starts workloads, and checks
+// that the agent's scan of the node cgroup (its --cgroup-root) names the
+// pod by the cgroup the process is in, and that the pod's removal and the
+// lab's leave nothing behind.
+func TestPrivilegedPodCgroupNamesItsPod(t *testing.T) {
+	testutil.Privileged(t)
+	mount, err := Cgroup2Mount()
+	testutil.Require(t, err == nil, fmt.Sprintf("cgroup2 mount: %v", err))
+	name := fmt.Sprintf("cgp%d", os.Getpid()%100000)
+	t.Cleanup(func() { _, _ = removeLabCgroups(mount, name) })
+	node := NodeCgroupDir(mount, name, "node1")
+	if err := CreateNodeCgroup(node); err != nil {
+		t.Fatal(err)
+	}
+	const uid = "5f1d8c1e-3a3b-4c7e-9b1a-0123456789ab"
+	start := func(dir string) *exec.Cmd {
+		t.Helper()
+		if err := CreatePodCgroup(dir); err != nil {
+			t.Fatal(err)
+		}
+		cgf, err := OpenCgroup(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cgf.Close()
+		cmd := exec.Command("sleep", "60")
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgf.Fd())}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = cmd.Wait() }()
+		return cmd
+	}
+	dir := PodCgroupDir(node, corev1.PodQOSBestEffort, uid, "c0ffee")
+	cmd := start(dir)
+	own, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, _ := filepath.Rel(mount, dir)
+	if !strings.Contains(string(own), "0::/"+rel+"\n") {
+		t.Fatalf("child's cgroups %q lack %q", own, rel)
+	}
+	id, err := cgroups.ID(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found, err := cgroups.Scan(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := false
+	for _, c := range found {
+		if c.ID == id && c.PodUID == uid && c.Container {
+			named = true
+		}
+	}
+	if !named {
+		t.Fatalf("scan of %s: %+v, no container cgroup %d of pod %s", node, found, id, uid)
+	}
+	if err := RemovePodCgroup(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Dir(dir)); !os.IsNotExist(err) {
+		t.Fatalf("pod cgroup still there: %v", err)
+	}
+	// A second pod left running: the lab's removal takes the whole tree.
+	start(PodCgroupDir(node, corev1.PodQOSGuaranteed, uid, "c0ffee"))
+	if n, err := removeLabCgroups(mount, name); err != nil || n != 1 {
+		t.Fatalf("removeLabCgroups: %d, %v", n, err)
+	}
+	if _, err := os.Stat(LabCgroupDir(mount, name)); !os.IsNotExist(err) {
+		t.Fatalf("lab cgroup still there: %v", err)
 	}
 }

@@ -233,6 +233,10 @@ type PodRecord struct {
 	// /etc/resolv.conf in a mount namespace of its own; "" for a pod that
 	// uses the machine's (dnsPolicy Default, as CoreDNS's own pods).
 	ResolvConf string `json:"resolvConf,omitempty"`
+	// Cgroup is the cgroup the pod's container runs in (PodCgroupDir,
+	// under its node's); "" for a pod of a lab made before pods had
+	// cgroups of their own, or of a real node.
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // NetnsFile is the path of the pod's network namespace.
@@ -335,9 +339,13 @@ func writeFileAtomic(path string, data []byte) error {
 	return nil
 }
 
-// PodCgroup is the cgroup of the node that runs the pod ("" for a lab
-// made before nodes had cgroups).
+// PodCgroup is the cgroup of the pod's container, or of the node that runs
+// the pod for a pod without one ("" for a lab made before nodes had
+// cgroups).
 func (s *State) PodCgroup(rec *PodRecord) (string, error) {
+	if rec.Cgroup != "" {
+		return rec.Cgroup, nil
+	}
 	n, err := s.Node(rec.Node)
 	if err != nil {
 		return "", fmt.Errorf("pod %s/%s: %w", rec.Namespace, rec.Name, err)
@@ -346,8 +354,10 @@ func (s *State) PodCgroup(rec *PodRecord) (string, error) {
 }
 
 // EnterPodCgroup moves the calling process into the cgroup of the pod's
-// node, so that its connections (and those of what it execs) go through
-// that node's socket load-balancing as the pod's own would.
+// container (below its node's), as `kubectl exec` joins the container's
+// cgroup: its connections (and those of what it execs) go through that
+// node's socket load-balancing as the pod's own would, and their flows
+// name the pod.
 func (s *State) EnterPodCgroup(rec *PodRecord) error {
 	cg, err := s.PodCgroup(rec)
 	if err != nil || cg == "" {

@@ -2,7 +2,9 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -25,7 +27,8 @@ import (
 // TestPrivilegedLabNodeCgroupsAndSocketLB checks the lab's per-node
 // cgroups end to end: each node's agent attaches socket load-balancing to
 // its node's cgroup (never the machine's root), the node's pod workloads
-// run inside it, `lab exec` runs there too, and a ClusterIP probed with
+// run below it, each in its pod's cgroup, `lab exec` runs in the pod's
+// cgroup too, and a ClusterIP probed with
 // `lab probe` is translated by the socket hooks of the pod's node (its
 // socket reverse NAT records the connect) and by no other node's.
 func TestPrivilegedLabNodeCgroupsAndSocketLB(t *testing.T) {
@@ -46,41 +49,42 @@ func TestPrivilegedLabNodeCgroupsAndSocketLB(t *testing.T) {
 			t.Fatalf("node %s: status does not show socket LB at %s (%v):\n%s", n.Name, n.Cgroup, err, out)
 		}
 		// The workloads of the node's pods (the lab workload, or CoreDNS
-		// for the cluster DNS pods), and nothing else, run there.
-		pids, err := os.ReadFile(filepath.Join(n.Cgroup, "cgroup.procs"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var running []string
-		for _, f := range strings.Fields(string(pids)) {
+		// for the cluster DNS pods), and nothing else, run there, each in
+		// its pod's own cgroup below the node's, named as the kubelet
+		// names it (kubepods/<qos>/pod<uid>/<container>).
+		running := map[string]string{} // pod name: its workload's cgroup
+		for f, dir := range pidsUnder(t, n.Cgroup) {
 			cmdline, err := os.ReadFile(filepath.Join("/proc", f, "cmdline"))
 			if err != nil {
 				continue // exited meanwhile
 			}
 			args := strings.Split(string(cmdline), "\x00")
 			if args[0] == e.st.CoreDNSBin {
-				running = append(running, "coredns-"+n.Name)
+				running["coredns-"+n.Name] = dir
 				continue
 			}
 			i := slices.Index(args, "--pod-name")
 			if !slices.Contains(args, "workload") || i < 0 || i+1 >= len(args) {
-				t.Errorf("node %s: process %s in the node's cgroup is no workload: %q", n.Name, f, args)
+				t.Errorf("node %s: process %s in the node's cgroup %s is no workload: %q", n.Name, f, dir, args)
 				continue
 			}
-			running = append(running, args[i+1])
+			running[args[i+1]] = dir
 		}
-		var want []string
+		var want []*lab.PodRecord
 		for i := 1; i <= 2*podsPerNode; i++ {
 			if rec, err := e.st.Pod("default", "pod-"+strconv.Itoa(i)); err == nil && rec.Node == n.Name {
-				want = append(want, rec.Name)
+				want = append(want, rec)
 			}
 		}
 		if rec, err := e.st.Pod(lab.DNSNamespace, "coredns-"+n.Name); err == nil && rec.Node == n.Name {
-			want = append(want, rec.Name)
+			want = append(want, rec)
 		}
 		for _, w := range want {
-			if !slices.Contains(running, w) {
-				t.Errorf("node %s: workload of %s not in the node's cgroup (there: %v)", n.Name, w, running)
+			if !strings.HasPrefix(w.Cgroup, n.Cgroup+"/kubepods/") || filepath.Base(filepath.Dir(w.Cgroup)) != "pod"+w.UID {
+				t.Errorf("node %s: pod %s's cgroup %q is not kubelet-shaped below the node's", n.Name, w.Name, w.Cgroup)
+			}
+			if got, ok := running[w.Name]; !ok || got != w.Cgroup {
+				t.Errorf("node %s: workload of %s not in its cgroup %s (there: %v)", n.Name, w.Name, w.Cgroup, running)
 			}
 		}
 	}
@@ -89,8 +93,7 @@ func TestPrivilegedLabNodeCgroupsAndSocketLB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, _ := e.st.Node(rec.Node)
-	rel := strings.TrimPrefix(node.Cgroup, mount)
+	rel := strings.TrimPrefix(rec.Cgroup, mount)
 	if code, out := tendril(t, "exec", "default/pod-1", "--", "cat", "/proc/self/cgroup"); code != 0 || !strings.Contains(out, "0::"+rel+"\n") {
 		t.Fatalf("lab exec: exit %d, not in %s:\n%s", code, rel, out)
 	}
@@ -138,6 +141,36 @@ func TestPrivilegedLabNodeCgroupsAndSocketLB(t *testing.T) {
 			t.Errorf("node %s: socket hooks translated %d connects to %s of another node's pod", n.Name, recorded, frontend)
 		}
 	}
+}
+
+// pidsUnder lists the processes in the cgroup dir and the cgroups below
+// it, each with its cgroup.
+func pidsUnder(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // a pod's cgroup removed meanwhile
+		}
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		procs, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		for _, pid := range strings.Fields(string(procs)) {
+			out[pid] = path
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("list the processes of cgroup %s: %v", dir, err)
+	}
+	return out
 }
 
 // socketRevNATFor counts the node's socket reverse NAT entries for

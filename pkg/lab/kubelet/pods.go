@@ -122,9 +122,12 @@ type podWorker struct {
 // sandbox is what runs for a pod: its namespace, CNI attachment and
 // workload.
 type sandbox struct {
-	att      attachment
-	netns    string
-	ips      []string
+	att   attachment
+	netns string
+	ips   []string
+	// cgroup is the container's cgroup (lab.PodCgroupDir) below the
+	// node's; "" when the node has none.
+	cgroup   string
 	workload *exec.Cmd
 	exited   chan struct{}
 	// stopping is set before teardown kills the workload, so its exit is
@@ -248,6 +251,15 @@ func (w *podWorker) setup(ctx context.Context, pod *corev1.Pod) error {
 			return fmt.Errorf("write the pod's resolv.conf: %w", err)
 		}
 	}
+	if node.Cgroup != "" {
+		// The pod's own cgroup, named as the kubelet names it, so the
+		// agent's cgroup scan finds the pod by its UID.
+		sb.cgroup = lab.PodCgroupDir(node.Cgroup, pod.Status.QOSClass, uid, sb.att.ContainerID)
+		if err := lab.CreatePodCgroup(sb.cgroup); err != nil {
+			return err
+		}
+		rec.Cgroup = sb.cgroup
+	}
 	tcp, udp := workloadPorts(pod)
 	if err := w.startWorkload(sb, pod, tcp, udp); err != nil {
 		return err
@@ -300,10 +312,11 @@ func (w *podWorker) startWorkload(sb *sandbox, pod *corev1.Pod, tcp, udp []int) 
 	}
 	// A session of its own: signals to the kubelet's group do not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if cg := w.m.node.Cgroup; cg != "" {
-		// Started straight into the node's cgroup (CLONE_INTO_CGROUP), where
-		// the node's agent attaches socket load-balancing: the pod's
-		// connections are translated by its own node, as on a real one.
+	if cg := sb.cgroup; cg != "" {
+		// Started straight into the pod's cgroup (CLONE_INTO_CGROUP), below
+		// the node's, where the node's agent attaches socket
+		// load-balancing: the pod's connections are translated by its own
+		// node, as on a real one.
 		cgf, err := lab.OpenCgroup(cg)
 		if err != nil {
 			pw.Close()
@@ -425,6 +438,11 @@ func (w *podWorker) teardown() {
 		}
 		w.log.Warn("CNI DEL failed, retrying", "error", err, "attempt", attempt)
 		time.Sleep(time.Duration(attempt) * 500 * time.Millisecond)
+	}
+	if sb.cgroup != "" {
+		if err := lab.RemovePodCgroup(sb.cgroup); err != nil {
+			w.log.Warn("Remove pod cgroup", "error", err)
+		}
 	}
 	if err := lab.DeleteNetns(sb.netns); err != nil {
 		w.log.Warn("Remove pod namespace", "error", err)
