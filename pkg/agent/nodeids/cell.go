@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -41,6 +42,9 @@ type NodeIDs struct {
 	alloc *Allocator
 	// dirty: the state file is behind the allocations (a save failed).
 	dirty bool
+	// passes counts the loop's passes (a test tells a quiet loop from a
+	// spinning one by it).
+	passes atomic.Uint64
 }
 
 type params struct {
@@ -82,11 +86,17 @@ func (n *NodeIDs) run(ctx context.Context, h cell.Health) error {
 		txn := n.db.ReadTxn()
 		peers, changed := n.peers.AllWatch(txn)
 		complete, initWatch := n.peers.Initialized(txn)
+		if complete {
+			// Initialized's channel is closed once the table is: waiting
+			// on it spun this loop (an idle agent at 60-90% of a core).
+			initWatch = nil
+		}
 		var nodes []Node
 		for p := range peers {
 			nodes = append(nodes, Node{Name: p.Name, IPs: p.IPs})
 		}
 		n.step(nodes, complete, h)
+		n.passes.Add(1)
 		if !n.dirty {
 			retry.Stop()
 		} else {

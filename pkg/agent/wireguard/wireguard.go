@@ -507,7 +507,12 @@ func (e *Encryption) run(ctx context.Context, h cell.Health) error {
 	defer t.Stop()
 	for {
 		_, watch := e.peers.AllWatch(e.db.ReadTxn())
-		_, initWatch := e.peers.Initialized(e.db.ReadTxn())
+		initialized, initWatch := e.peers.Initialized(e.db.ReadTxn())
+		if initialized {
+			// The channel stays closed once the table is initialized:
+			// waiting on it would reconcile in a loop without a pause.
+			initWatch = nil
+		}
 		if err := e.Reconcile(ctx); err != nil {
 			h.Degraded("reconcile", err)
 			e.log.Warn("WireGuard device not reconciled, will retry", "error", err)

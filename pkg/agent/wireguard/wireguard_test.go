@@ -9,8 +9,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -21,12 +24,12 @@ import (
 
 // fakeDevice is a device in memory.
 type fakeDevice struct {
-	ensured   int
+	ensured   atomic.Int64
 	ensureErr error
 	dev       wgtypes.Device
 }
 
-func (f *fakeDevice) Ensure(context.Context) error { f.ensured++; return f.ensureErr }
+func (f *fakeDevice) Ensure(context.Context) error { f.ensured.Add(1); return f.ensureErr }
 
 func (f *fakeDevice) Device(string) (*wgtypes.Device, error) { d := f.dev; return &d, nil }
 
@@ -423,5 +426,40 @@ func TestAPIServerLeftOutOfNodeEncryption(t *testing.T) {
 	}
 	if fmt.Sprint(r.exclude) != "[192.168.1.3:6443]" {
 		t.Errorf("excluded %v, want [192.168.1.3:6443]", r.exclude)
+	}
+}
+
+// quietHealth is a cell.Health that records nothing.
+type quietHealth struct{}
+
+func (quietHealth) OK(string)                     {}
+func (quietHealth) Stopped(string)                {}
+func (quietHealth) Degraded(string, error)        {}
+func (h quietHealth) NewScope(string) cell.Health { return h }
+func (quietHealth) Close()                        {}
+
+// TestRunWaitsOnceTheTableIsInitialized: with the nodes table
+// initialized and unchanged, the loop waits for a change or its recheck.
+// It waited on the table's initialization channel, which stays closed
+// once the table is, so it reconciled the device in a loop. Counted in
+// reconciliations (each ensures the device), not time.
+func TestRunWaitsOnceTheTableIsInitialized(t *testing.T) {
+	v := newEnv(t)
+	v.set(t, peer("b", "192.168.1.2", "10.244.2.0/24", pub(t)))
+	v.synced()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = v.e.run(ctx, quietHealth{}); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for deadline := time.Now().Add(10 * time.Second); v.dev.ensured.Load() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("never reconciled")
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	before := v.dev.ensured.Load()
+	time.Sleep(200 * time.Millisecond)
+	if n := v.dev.ensured.Load() - before; n > 2 {
+		t.Fatalf("%d reconciliations over an unchanged, initialized nodes table in 200 ms, want at most 2", n)
 	}
 }
