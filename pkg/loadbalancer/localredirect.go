@@ -48,11 +48,15 @@ type RedirectBackend struct {
 // AddressMatcher reports whether r redirects an address (not a service).
 func (r *LocalRedirect) AddressMatcher() bool { return r.Address.IsValid() }
 
+// redirectPrefix begins the services-table name of an addressMatcher's
+// frontend ("lrp/<policy>"), which no Service can have (a Service name
+// has no slash).
+const redirectPrefix = "lrp/"
+
 // ServiceName is the services-table name of an addressMatcher's frontend:
-// the policy's namespace and "lrp/<name>", which no Service can be named
-// (a Service name has no slash).
+// the policy's namespace and "lrp/<name>".
 func (r *LocalRedirect) ServiceName() ServiceName {
-	return ServiceName{Namespace: r.Name.Namespace, Name: "lrp/" + r.Name.Name}
+	return ServiceName{Namespace: r.Name.Namespace, Name: redirectPrefix + r.Name.Name}
 }
 
 // redirectsPort reports whether r redirects the service's port p.

@@ -259,7 +259,7 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 				}
 			}
 			if fa.typ == FrontendLocalRedirect {
-				f.Redirect = ServiceName{Namespace: name.Namespace, Name: strings.TrimPrefix(name.Name, "lrp/")}
+				f.Redirect = ServiceName{Namespace: name.Namespace, Name: strings.TrimPrefix(name.Name, redirectPrefix)}
 			}
 			// The same address and port twice in one service (an
 			// external IP equal to a cluster IP): the first, by the
@@ -324,7 +324,7 @@ func claimRank(kind string) int {
 // but a service's cluster IP served by a local redirect (serviceMatcher)
 // is still a cluster IP.
 func kindOf(f *Frontend) string {
-	if f.Type == FrontendLocalRedirect && !strings.HasPrefix(f.Service.Name, "lrp/") {
+	if f.Type == FrontendLocalRedirect && !strings.HasPrefix(f.Service.Name, redirectPrefix) {
 		return FrontendClusterIP
 	}
 	return f.Type

@@ -266,8 +266,9 @@ func (m *Manager) apply(wtxn statedb.WriteTxn, k *checker, old, next *Peer) ([]p
 		affected = append(append(affected, q.PodCIDRs...), q2.PodCIDRs...)
 		rejected = append(rejected, newRejections(q, q2)...)
 	}
-	// The addresses, against the peers' pod CIDRs as they now are.
-	ak := newChecker(m.rules, current)
+	// The addresses, against the peers' pod CIDRs as they now are (this
+	// node's own as k read them).
+	ak := &checker{rules: k.rules, localCIDRs: k.localCIDRs, localAddrs: k.localAddrs, peers: current}
 	for i, q := range current {
 		if !fresh[q.Name] && !addressTouched(q, touchedIPs, touchedCIDRs) {
 			continue
@@ -276,13 +277,15 @@ func (m *Manager) apply(wtxn statedb.WriteTxn, k *checker, old, next *Peer) ([]p
 		if slices.Equal(nodeIPs, q.NodeIPs) && slices.Equal(refused, q.RefusedIPs) {
 			continue
 		}
+		// The refusals already reported: a re-evaluated peer's clone
+		// carries them; next is new, its predecessor is old.
+		prev := q.RefusedIPs
+		if q == next && old != nil {
+			prev = old.RefusedIPs
+		}
 		if !fresh[q.Name] {
 			q = q.clone()
 			current[i], fresh[q.Name] = q, true
-		}
-		var prev []AddressRejection
-		if o, _, found := m.nodes.Get(wtxn, PeerNameIndex.Query(q.Name)); found {
-			prev = o.RefusedIPs
 		}
 		if !slices.Equal(nodeIPs, q.NodeIPs) {
 			q.Status = reconciler.StatusPending()

@@ -41,7 +41,7 @@ func TestPrivilegedLocalRedirectPerPacket(t *testing.T) {
 	apiAddr := strings.TrimPrefix(env.RESTConfig().Host, "https://")
 
 	n := newNode(t)
-	go forward(listenIn(t, n.netns, apiAddr), apiAddr)
+	forwardAPIServer(t, n.netns, apiAddr)
 	var nodeErr error
 	eventually(t, "the Node created", func() bool {
 		_, nodeErr = cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name},

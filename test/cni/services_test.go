@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/tendril-net/tendril/pkg/namedns"
 	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
@@ -121,27 +122,16 @@ func dialFrom(path, addr string) (net.Conn, error) {
 	return c, err
 }
 
-// forward copies every connection accepted on ln to target (dialed from
-// the test's own namespace): the node's agent reaches the API server,
-// which listens on the host's loopback only, at the same address inside
-// the node.
-func forward(ln net.Listener, target string) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				return
-			}
-			defer up.Close()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			_, _ = io.Copy(c, up)
-		}()
+// forwardAPIServer makes the API server, which listens on the host's
+// loopback only, reachable at the same address inside the node's
+// namespace (namedns.ForwardInto), for the test's lifetime.
+func forwardAPIServer(t *testing.T, netnsPath, addr string) {
+	t.Helper()
+	ln, err := namedns.ForwardInto(netnsPath, addr)
+	if err != nil {
+		t.Fatalf("forward %s into %s: %v", addr, netnsPath, err)
 	}
+	t.Cleanup(func() { ln.Close() })
 }
 
 // TestPrivilegedServiceTrafficPerPacket: a ClusterIP service written by
@@ -160,7 +150,7 @@ func TestPrivilegedServiceTrafficPerPacket(t *testing.T) {
 
 	// The node, as startNode builds it, with the API server forwarded in.
 	n := newNode(t)
-	go forward(listenIn(t, n.netns, apiAddr), apiAddr)
+	forwardAPIServer(t, n.netns, apiAddr)
 
 	// The API server may still be settling right after /readyz: retry.
 	var nodeErr error

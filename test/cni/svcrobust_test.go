@@ -159,7 +159,7 @@ func serviceNode(t *testing.T, ctx context.Context, podCIDR string) (*node, kube
 	cs := env.Clientset()
 	apiAddr := strings.TrimPrefix(env.RESTConfig().Host, "https://")
 	n := newNode(t)
-	go forward(listenIn(t, n.netns, apiAddr), apiAddr)
+	forwardAPIServer(t, n.netns, apiAddr)
 	eventually(t, "the Node created", func() bool {
 		_, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name},
 			Spec: corev1.NodeSpec{PodCIDRs: []string{podCIDR}}}, metav1.CreateOptions{})
