@@ -108,6 +108,14 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.StringSlice("k8s-service-cidr", c.ServiceCIDRs, "The cluster's service CIDRs: a node's pod CIDR overlapping one is refused")
 }
 
+// ClusterPools are the parsed --cluster-pool-ipv4-cidr and
+// --cluster-pool-ipv6-cidr (nil when unset): the ranges every pod address
+// of the cluster comes from. Validate has refused unparsable values.
+func (c Config) ClusterPools() []netip.Prefix {
+	r, _ := c.peerRules(nil)
+	return r.Pools
+}
+
 // peerRules are the checks on other nodes' pod CIDRs; local reads this
 // node's pod CIDRs and addresses.
 func (c Config) peerRules(local func() ([]netip.Prefix, []netip.Addr)) (nodemanager.Rules, error) {

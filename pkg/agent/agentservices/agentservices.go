@@ -184,6 +184,7 @@ var Cell = cell.Module("services", "Services load-balanced by the datapath",
 	cell.Provide(lifecycle.Build[*Module]),
 	cell.Config(DefaultConfig()),
 	cell.ProvidePrivate(loadbalancer.NewTables),
+	cell.ProvidePrivate(podPoolsOf),
 	cell.Provide(New, readTables, statusContribution, apiHandlers, watchersOf, Config.LBSizes),
 )
 
@@ -262,7 +263,9 @@ type Params struct {
 	DB        *statedb.DB
 	ModuleID  cell.FullModuleID
 	// Tables are the services tables (the cell's own, writable).
-	Tables   *loadbalancer.Tables
+	Tables *loadbalancer.Tables
+	// PodPools are the cluster's pod pools: no external IP inside them.
+	PodPools PodPools
 	Watchers Watchers              // nil in standalone mode
 	Datapath *agentdatapath.Module // nil without the datapath
 	// MapEvents records the LB maps' writes (nil: none).
@@ -292,6 +295,7 @@ func New(p Params) (*Module, error) {
 			return nil, err
 		}
 		m.source.SetExternalIPRanges(ext)
+		m.source.SetPodRanges(p.PodPools)
 		cidrs, err := p.Config.LRPAddressPrefixes()
 		if err != nil {
 			return nil, err

@@ -41,6 +41,7 @@ func TestTablesProvidedByType(t *testing.T) {
 			func() option.LocalNode { return option.LocalNode{Name: "node-a"} },
 			func() loader.TraceMode { return loader.TraceOff },
 			func() *agentk8s.Client { return nil },
+			func() agentk8s.Config { return agentk8s.DefaultConfig() },
 			func() *agentdatapath.Module { return nil },
 			health.NewRegistry,
 			lifecycle.NewSteps,

@@ -214,6 +214,9 @@ type Source struct {
 	// externalIPRanges are the ranges a Service's externalIPs may lie in
 	// (--service-external-ip-cidrs; empty: any).
 	externalIPRanges []netip.Prefix
+	// podRanges are the cluster's pod address pools: an external IP in
+	// them is no frontend, whatever externalIPRanges say.
+	podRanges []netip.Prefix
 
 	mu sync.Mutex
 	// sliceOwner remembers each slice's service, so a slice whose label
@@ -260,12 +263,35 @@ func (s *Source) SetExternalIPRanges(ranges []netip.Prefix) {
 	s.externalIPRanges = ranges
 }
 
-// clampExternalIPs drops the external IPs outside the ranges.
+// SetPodRanges names the cluster's pod address pools (the agent's
+// --cluster-pool-ipv4-cidr and --cluster-pool-ipv6-cidr): an external IP
+// inside them is left out. A pod's address is never external, and a
+// Service naming one as its external IP would take every connection
+// the node's pods and processes make to that pod on the port (the socket
+// LB translates external IPs for clients inside the cluster too): one
+// tenant's Service would capture another tenant's pod. Call before the
+// events flow.
+func (s *Source) SetPodRanges(pools []netip.Prefix) {
+	s.podRanges = pools
+}
+
+// clampExternalIPs drops the external IPs inside the pod ranges or
+// outside the external ranges.
 func (s *Source) clampExternalIPs(key string, svc *loadbalancer.Service) {
-	if len(s.externalIPRanges) == 0 {
+	if len(s.externalIPRanges) == 0 && len(s.podRanges) == 0 {
 		return
 	}
 	svc.ExternalIPs = slices.DeleteFunc(svc.ExternalIPs, func(a netip.Addr) bool {
+		a = a.Unmap()
+		for _, r := range s.podRanges {
+			if r.Contains(a) {
+				s.log.Warn("External IP inside the cluster's pod pools left out: it is a pod's address", "service", key, "externalIP", a, "pool", r)
+				return true
+			}
+		}
+		if len(s.externalIPRanges) == 0 {
+			return false
+		}
 		for _, r := range s.externalIPRanges {
 			if r.Contains(a) {
 				return false

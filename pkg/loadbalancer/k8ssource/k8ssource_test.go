@@ -401,16 +401,22 @@ func TestHostPorts(t *testing.T) {
 
 // TestSourceExternalIPRanges: with --service-external-ip-cidrs, an
 // external IP outside the ranges is no frontend (the one inside is); with
-// none set, every one is.
+// none set, every one is; one inside the cluster's pod pools never is.
 func TestSourceExternalIPRanges(t *testing.T) {
 	ev := serviceEvent(0)
 	ev.Object.Spec.ExternalIPs = []string{"198.51.100.7", "10.244.1.9"}
+	ev.Object.Spec.ExternalIPs = append(ev.Object.Spec.ExternalIPs, "fd00:10:244::9", "::ffff:10.244.2.3")
+	pools := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/48")}
 	for _, c := range []struct {
-		ranges []netip.Prefix
-		want   string
+		ranges, pools []netip.Prefix
+		want          string
 	}{
-		{nil, "[10.244.1.9 10.96.0.1 198.51.100.7]"},
-		{[]netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, "[10.96.0.1 198.51.100.7]"},
+		{nil, nil, "[10.244.1.9 10.244.2.3 10.96.0.1 198.51.100.7 fd00:10:244::9]"},
+		{[]netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, nil, "[10.96.0.1 198.51.100.7]"},
+		// A pod's address (a pool's) is never external, whatever the
+		// external ranges say; IPv4-mapped spellings included.
+		{nil, pools, "[10.96.0.1 198.51.100.7]"},
+		{[]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, pools, "[10.96.0.1]"},
 	} {
 		tables, err := loadbalancer.NewTables(statedb.New())
 		if err != nil {
@@ -418,6 +424,7 @@ func TestSourceExternalIPRanges(t *testing.T) {
 		}
 		src := NewSource(loadbalancer.NewWriter(tables, "node-a"), false, slog.New(slog.DiscardHandler))
 		src.SetExternalIPRanges(c.ranges)
+		src.SetPodRanges(c.pools)
 		src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
 		src.OnService(ev)
 		var got []string
@@ -426,7 +433,7 @@ func TestSourceExternalIPRanges(t *testing.T) {
 		}
 		slices.Sort(got)
 		if fmt.Sprint(got) != c.want {
-			t.Errorf("ranges %v: frontends %v, want %s", c.ranges, got, c.want)
+			t.Errorf("ranges %v, pools %v: frontends %v, want %s", c.ranges, c.pools, got, c.want)
 		}
 	}
 }
