@@ -48,7 +48,14 @@ func printHealth(w io.Writer, h nodehealth.HealthResponse) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
 	fmt.Fprintln(tw, "NODE\tADDRESS\tICMP\tHTTP\tLATENCY (ICMP/HTTP)\tERROR")
-	for _, n := range h.Nodes {
+	nodes := h.Nodes
+	if h.Local != nil {
+		// This node's own health endpoint, probed from the node.
+		local := *h.Local
+		local.Name += " (local)"
+		nodes = append([]nodehealth.NodeHealth{local}, nodes...)
+	}
+	for _, n := range nodes {
 		if !n.Probed {
 			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\tnot probed yet\n", n.Name)
 			continue

@@ -18,7 +18,8 @@ import (
 // TestHealthCommand: `tendril health` asks the agent's GET /v1/health
 // and prints a row per node and address with each probe's outcome, its
 // latency, and the errors of the probes that failed; a node not probed
-// yet says so; -o json prints the API's body.
+// yet says so; this node's own health endpoint comes first, marked
+// local; -o json prints the API's body.
 func TestHealthCommand(t *testing.T) {
 	now := time.Now()
 	resp := nodehealth.HealthResponse{Self: "node-a", Interval: "10s", Nodes: []nodehealth.NodeHealth{
@@ -37,7 +38,11 @@ func TestHealthCommand(t *testing.T) {
 			HTTP: nodehealth.Result{Error: "GET /hello: no answer within 5s", Probed: now},
 		}}},
 		{Name: "node-d", Addresses: []nodehealth.Address{}},
-	}}
+	}, Local: &nodehealth.NodeHealth{Name: "node-a", Reachable: true, Probed: true, Addresses: []nodehealth.Address{{
+		IP: netip.MustParseAddr("10.0.0.9"), HealthEndpoint: true,
+		ICMP: nodehealth.Result{Reachable: true, Latency: 90 * time.Microsecond, Probed: now},
+		HTTP: nodehealth.Result{Reachable: true, Latency: 800 * time.Microsecond, Probed: now},
+	}}}}
 	sock := filepath.Join(t.TempDir(), "tendril.sock")
 	srv, err := server.New(server.Config{Socket: sock}, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
@@ -68,11 +73,12 @@ func TestHealthCommand(t *testing.T) {
 	}
 	out := run()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 7 || lines[0] != "Node health from node-a (probed every 10s): 1/3 nodes reachable" {
+	if len(lines) != 8 || lines[0] != "Node health from node-a (probed every 10s): 1/3 nodes reachable" {
 		t.Fatalf("output:\n%s", out)
 	}
 	for i, want := range [][]string{
 		{"NODE", "ADDRESS", "ICMP", "HTTP", "LATENCY"},
+		{"node-a (local)", "10.0.0.9 (endpoint)", "ok", "ok", "90µs/800µs"},
 		{"node-b", "172.31.0.2", "ok", "ok", "210µs/1.1ms"},
 		{"node-b", "10.0.1.7 (endpoint)", "ok", "ok", "300µs/1.2ms"},
 		{"node-c", "172.31.0.3", "unreachable", "unreachable", "-/-", "icmp: no echo reply within 5s; http: GET /hello: no answer within 5s"},

@@ -27,6 +27,9 @@ type HealthResponse struct {
 	// Nodes are the other nodes of the nodes table, by name, each with
 	// the last round's results (none before its first probe).
 	Nodes []NodeHealth `json:"nodes"`
+	// Local is this node's own health endpoint, probed from the node
+	// (absent without one, or before its first probe).
+	Local *NodeHealth `json:"local,omitempty"`
 }
 
 // NodeHealth is one other node in GET /v1/health.
@@ -74,6 +77,10 @@ func (c *Checker) Health() HealthResponse {
 			nh.Probed, nh.Reachable, nh.Addresses = true, st.Reachable(), st.Addresses
 		}
 		out.Nodes = append(out.Nodes, nh)
+	}
+	if st, _, ok := c.table.Get(txn, StatusByNode.Query(c.node)); ok {
+		a, _ := st.HealthEndpoint()
+		out.Local = &NodeHealth{Name: c.node, Probed: true, Reachable: a.Reachable(), Addresses: st.Addresses}
 	}
 	return out
 }

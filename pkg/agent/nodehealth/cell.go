@@ -93,6 +93,7 @@ func newChecker(p params) (*Checker, error) {
 		// not have run when the job starts.
 		jobs.Add(job.OneShot("health-endpoint", c.endpoint.Run,
 			job.WithRetry(-1, &job.ExponentialBackoff{Min: time.Second, Max: 30 * time.Second})))
+		c.prober.Self, c.prober.Local = p.Node.Name, c.endpoint.Addresses
 	}
 	jobs.Add(
 		job.OneShot("health-responder", resp.Run, job.WithRetry(-1, &job.ExponentialBackoff{Min: time.Second, Max: 30 * time.Second})),

@@ -88,6 +88,18 @@ func (h *HealthEndpoint) HealthEndpointAddresses() (v4, v6 netip.Addr, changed <
 	return h.v4, h.v6, h.changed
 }
 
+// Addresses are the endpoint's addresses now (none before it is made).
+func (h *HealthEndpoint) Addresses() []netip.Addr {
+	v4, v6, _ := h.HealthEndpointAddresses()
+	var out []netip.Addr
+	for _, a := range []netip.Addr{v4, v6} {
+		if a.IsValid() {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 func (h *HealthEndpoint) setAddresses(v4, v6 netip.Addr) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

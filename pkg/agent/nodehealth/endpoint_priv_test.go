@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -25,6 +26,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/ipam"
 	"github.com/tendril-net/tendril/pkg/namedns"
+	"github.com/tendril-net/tendril/pkg/nodemanager"
 	tutil "github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -231,6 +233,25 @@ func TestPrivilegedHealthEndpoint(t *testing.T) {
 		t.Fatalf("health endpoint address %s, want one of %s", v4, podCIDR)
 	}
 	answers(t, v4)
+	// The prober's row of this node: its own endpoint, probed from the
+	// node's namespace by the real probes.
+	db := statedb.New()
+	peers, err := nodemanager.NewTables(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, err := NewTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prober := &Prober{DB: db, Table: table, Peers: peers.Nodes, ICMP: icmp, HTTP: httpProbe, Timeout: 5 * time.Second,
+		Now: time.Now, Log: hivetest.Logger(t), Self: node, Local: he1.Addresses}
+	if err := prober.Round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, ok := table.Get(db.ReadTxn(), StatusByNode.Query(node)); !ok || len(st.Addresses) != 1 || st.Addresses[0].IP != v4 || !st.Addresses[0].Reachable() {
+		t.Fatalf("the prober's row of this node: %+v (%v), want its endpoint %s reachable", st, ok, v4)
+	}
 	eps := rig1.mgr.List()
 	if len(eps) != 1 || eps[0].NetNS != namedns.Path(healthNS) {
 		t.Fatalf("endpoints %+v, want the health endpoint in its namespace", eps)

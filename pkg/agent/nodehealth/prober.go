@@ -35,6 +35,32 @@ type Prober struct {
 	// Written, if set, is told after each write what was written and
 	// which nodes' rows were deleted (the metrics follow it).
 	Written func(written []*Status, deleted []string)
+	// Self is this node's name, the row of its own health endpoint.
+	Self string
+	// Local, if set, gives this node's health endpoint's addresses (none
+	// while it has none): they are probed too, from the node through the
+	// datapath to the endpoint's namespace, as Cilium's health shows the
+	// local node's endpoint. Their row is named Self and has no node
+	// address (this node's own are not probed).
+	Local func() []netip.Addr
+}
+
+// localAddresses are this node's health endpoint's addresses now.
+func (p *Prober) localAddresses() []netip.Addr {
+	if p.Local == nil || p.Self == "" {
+		return nil
+	}
+	return p.Local()
+}
+
+// present reports whether node still has a row: a node of the nodes
+// table, or this node while its health endpoint has an address.
+func (p *Prober) present(txn statedb.ReadTxn, node string) bool {
+	if node == p.Self && p.Self != "" {
+		return len(p.localAddresses()) > 0
+	}
+	_, _, ok := p.Peers.Get(txn, nodemanager.PeerNameIndex.Query(node))
+	return ok
 }
 
 // Round probes every node in the nodes table at once and writes the
@@ -43,7 +69,7 @@ type Prober struct {
 // probes it cancelled say nothing of the nodes.
 func (p *Prober) Round(ctx context.Context) error {
 	peers := statedb.Collect(p.Peers.All(p.DB.ReadTxn()))
-	results := make([]*Status, len(peers))
+	results := make([]*Status, len(peers), len(peers)+1)
 	sem := make(chan struct{}, maxConcurrentProbes)
 	var wg sync.WaitGroup
 	probe := func(f ProbeFunc, ip netip.Addr, out *Result) {
@@ -71,6 +97,15 @@ func (p *Prober) Round(ctx context.Context) error {
 			st.Addresses = append(st.Addresses, Address{IP: ip, HealthEndpoint: true})
 		}
 		results[i] = st
+	}
+	if local := p.localAddresses(); len(local) > 0 {
+		st := &Status{Node: p.Self, Addresses: make([]Address, 0, len(local))}
+		for _, ip := range local {
+			st.Addresses = append(st.Addresses, Address{IP: ip, HealthEndpoint: true})
+		}
+		results = append(results, st)
+	}
+	for _, st := range results {
 		for j := range st.Addresses {
 			a := &st.Addresses[j]
 			ip := a.IP
@@ -124,7 +159,7 @@ func (p *Prober) write(results []*Status) {
 	written := results[:0:0]
 	for _, st := range results {
 		// A node that left during the round gets no row back.
-		if _, _, ok := p.Peers.Get(wtxn, nodemanager.PeerNameIndex.Query(st.Node)); !ok {
+		if !p.present(wtxn, st.Node) {
 			continue
 		}
 		if _, _, err := p.Table.Insert(wtxn, st); err != nil {
@@ -144,7 +179,7 @@ func (p *Prober) write(results []*Status) {
 func (p *Prober) deleteGone(wtxn statedb.WriteTxn) []string {
 	var deleted []string
 	for st := range p.Table.All(wtxn) {
-		if _, _, ok := p.Peers.Get(wtxn, nodemanager.PeerNameIndex.Query(st.Node)); ok {
+		if p.present(wtxn, st.Node) {
 			continue
 		}
 		if _, _, err := p.Table.Delete(wtxn, st); err != nil {
@@ -162,7 +197,7 @@ func (p *Prober) Prune() {
 	txn := p.DB.ReadTxn()
 	stale := false
 	for st := range p.Table.All(txn) {
-		if _, _, ok := p.Peers.Get(txn, nodemanager.PeerNameIndex.Query(st.Node)); !ok {
+		if !p.present(txn, st.Node) {
 			stale = true
 			break
 		}
@@ -206,11 +241,18 @@ func (p *Prober) Run(ctx context.Context, interval time.Duration, health cell.He
 func (p *Prober) summary() string {
 	txn := p.DB.ReadTxn()
 	n, m := 0, 0
+	local := ""
 	for st := range p.Table.All(txn) {
+		if st.Node == p.Self {
+			if a, ok := st.HealthEndpoint(); ok && !a.Reachable() {
+				local = "; this node's health endpoint unreachable"
+			}
+			continue
+		}
 		m++
 		if st.Reachable() {
 			n++
 		}
 	}
-	return fmt.Sprintf("%d/%d nodes reachable", n, m)
+	return fmt.Sprintf("%d/%d nodes reachable%s", n, m, local)
 }

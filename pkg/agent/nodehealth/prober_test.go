@@ -404,3 +404,94 @@ func TestHealthEndpointProbedInsideThePodCIDR(t *testing.T) {
 		t.Fatalf("node icmp status %v, want 1", got)
 	}
 }
+
+// TestLocalHealthEndpointProbed: this node's own health endpoint gets a
+// row of its own (named after this node, the endpoint's addresses only),
+// probed each round, kept while the endpoint has an address whatever the
+// nodes table holds, left out of the other nodes' count, and deleted once
+// the endpoint has none.
+func TestLocalHealthEndpointProbed(t *testing.T) {
+	ep := netip.MustParseAddr("10.0.0.9")
+	net := newFakeNet(b1, ep)
+	r := newRig(t, net)
+	var mu sync.Mutex
+	local := []netip.Addr{ep}
+	r.prober.Self = "node-a"
+	r.prober.Local = func() []netip.Addr {
+		mu.Lock()
+		defer mu.Unlock()
+		return local
+	}
+	r.upsert(t, "node-b", b1)
+	r.round(t)
+	st, ok := r.status("node-a")
+	if !ok || len(st.Addresses) != 1 || st.Addresses[0].IP != ep || !st.Addresses[0].HealthEndpoint || !st.Addresses[0].Reachable() {
+		t.Fatalf("this node's row %+v (%v), want its health endpoint %s, reachable", st, ok, ep)
+	}
+	if got := r.prober.summary(); got != "1/1 nodes reachable" {
+		t.Fatalf("summary %q, want this node left out of the count", got)
+	}
+	// Pruning after a change of the nodes table keeps it.
+	r.remove(t, "node-b")
+	r.prober.Prune()
+	if _, ok := r.status("node-a"); !ok {
+		t.Fatal("pruning the nodes that left deleted this node's row")
+	}
+	net.set(ep, false)
+	r.round(t)
+	if st, _ := r.status("node-a"); st.Addresses[0].Reachable() {
+		t.Fatal("the endpoint is down, its row says reachable")
+	}
+	if got := r.prober.summary(); !strings.Contains(got, "this node's health endpoint unreachable") {
+		t.Fatalf("summary %q does not say the local endpoint is unreachable", got)
+	}
+	mu.Lock()
+	local = nil
+	mu.Unlock()
+	r.round(t)
+	if _, ok := r.status("node-a"); ok {
+		t.Fatal("this node's row stays after its health endpoint went")
+	}
+	if !slices.Contains(r.deleted, "node-a") {
+		t.Fatalf("deleted %v, want node-a reported (its metrics go)", r.deleted)
+	}
+}
+
+// TestLocalEndpointInHealthAndStatus: GET /v1/health's body names this
+// node's own endpoint as local (not among the other nodes), and the
+// status section has a line for it, reachable or what failed.
+func TestLocalEndpointInHealthAndStatus(t *testing.T) {
+	ep := netip.MustParseAddr("10.0.0.9")
+	net := newFakeNet(b1, ep)
+	r := newRig(t, net)
+	r.prober.Self, r.prober.Local = "node-a", func() []netip.Addr { return []netip.Addr{ep} }
+	r.upsert(t, "node-b", b1)
+	r.round(t)
+	c := &Checker{cfg: DefaultConfig(), node: "node-a", db: r.db, table: r.prober.Table, peers: r.nodes, prober: r.prober}
+	h := c.Health()
+	if len(h.Nodes) != 1 || h.Nodes[0].Name != "node-b" {
+		t.Fatalf("nodes %+v, want node-b alone", h.Nodes)
+	}
+	if h.Local == nil || !h.Local.Reachable || len(h.Local.Addresses) != 1 || h.Local.Addresses[0].IP != ep {
+		t.Fatalf("local %+v, want the endpoint %s reachable", h.Local, ep)
+	}
+	line := func() string {
+		for _, l := range c.StatusSection().Lines {
+			if l.Key == "Local endpoint" {
+				return l.Value
+			}
+		}
+		return ""
+	}
+	if got := line(); got != ep.String()+" reachable" {
+		t.Fatalf("status line %q", got)
+	}
+	net.set(ep, false)
+	r.round(t)
+	if got := line(); !strings.HasPrefix(got, "unreachable: 10.0.0.9 icmp: ") {
+		t.Fatalf("status line %q, want what failed", got)
+	}
+	if h := c.Health(); h.Local == nil || h.Local.Reachable {
+		t.Fatalf("local %+v, want unreachable", h.Local)
+	}
+}

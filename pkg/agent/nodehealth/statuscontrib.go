@@ -43,6 +43,14 @@ func (c *Checker) StatusSection() ext.Section {
 	}
 	sec.Lines = append([]ext.Line{{Key: "Nodes", Value: fmt.Sprintf("%d/%d reachable (probed every %s on port %d)",
 		reachable, total, c.cfg.HealthCheckInterval, c.cfg.HealthPort)}}, lines...)
+	// This node's own health endpoint, probed from the node.
+	if st, _, ok := c.table.Get(txn, StatusByNode.Query(c.node)); ok {
+		if a, ok := st.HealthEndpoint(); ok && a.Reachable() {
+			sec.Lines = append(sec.Lines, ext.Line{Key: "Local endpoint", Value: a.IP.String() + " reachable"})
+		} else {
+			sec.Lines = append(sec.Lines, ext.Line{Key: "Local endpoint", Value: "unreachable: " + failures(st)})
+		}
+	}
 	return sec
 }
 
