@@ -135,7 +135,7 @@ type healthKey struct{}
 func (m *Module) CreateHealthEndpoint(ctx context.Context, containerID, ifname, netnsPath string) (*endpoint.Endpoint, error) {
 	srv := m.cniServer()
 	if srv == nil {
-		return nil, errors.New("endpoints and IPAM are not started yet")
+		return nil, ErrNotStarted
 	}
 	req := &cni.Request{ContainerID: containerID, IfName: ifname, Netns: netnsPath,
 		Config: []byte(`{"cniVersion":"1.0.0","name":"tendril-health","type":"tendril-cni"}`)}
@@ -145,14 +145,36 @@ func (m *Module) CreateHealthEndpoint(ctx context.Context, containerID, ifname, 
 	return m.mgr.Lookup("cni-attachment-id:" + cni.AttachmentID(containerID, ifname))
 }
 
-// LookupEndpoint finds an endpoint by an ID of the Cilium API; an error
-// before the start step has built the manager.
-func (m *Module) LookupEndpoint(id string) (*endpoint.Endpoint, error) {
-	mgr, err := m.ManagerForAPI()
-	if err != nil {
-		return nil, err
+// DeleteHealthEndpoint removes the endpoint CreateHealthEndpoint made
+// through the CNI server's DEL (its addresses released, its veth and
+// routes removed); nothing to remove is no error. It fails until the
+// endpoints' start step has run.
+func (m *Module) DeleteHealthEndpoint(ctx context.Context, containerID, ifname, netnsPath string) error {
+	srv := m.cniServer()
+	if srv == nil {
+		return ErrNotStarted
 	}
-	return mgr.Lookup(id)
+	req := &cni.Request{ContainerID: containerID, IfName: ifname, Netns: netnsPath,
+		Config: []byte(`{"cniVersion":"1.0.0","name":"tendril-health","type":"tendril-cni"}`)}
+	if _, cerr := srv.Serve(context.WithValue(ctx, healthKey{}, true), cni.CommandDel, req); cerr != nil {
+		return fmt.Errorf("health endpoint DEL: %w", cerr)
+	}
+	return nil
+}
+
+// ErrNotStarted is the error of the calls that need the endpoints' start
+// step (the restore, IPAM, the CNI server) before it has run.
+var ErrNotStarted = errors.New("endpoints and IPAM are not started yet")
+
+// LookupEndpoint finds an endpoint by an ID of the Cilium API;
+// ErrNotStarted before the start step has restored the endpoints and
+// serves the CNI server (read under its lock, which orders it after the
+// manager was built: a job may call this while the step runs).
+func (m *Module) LookupEndpoint(id string) (*endpoint.Endpoint, error) {
+	if m.cniServer() == nil {
+		return nil, ErrNotStarted
+	}
+	return m.mgr.Lookup(id)
 }
 
 // InstallsHostNetworking is --install-host-networking: the agent wires

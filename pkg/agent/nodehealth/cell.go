@@ -9,6 +9,7 @@ package nodehealth
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -70,6 +71,26 @@ type params struct {
 // newChecker registers the table and adds the responder's and the
 // prober's jobs (nil with health checking off).
 func newChecker(p params) (*Checker, error) {
+	endpointOn := p.Config.EnableHealthChecking && p.Config.EnableEndpointHealthChecking
+	if !endpointOn && p.Endpoints != nil && p.Endpoints.InstallsHostNetworking() {
+		// It waits for the endpoints' start step (the restore) without
+		// failing meanwhile: it runs on every agent with the endpoint off
+		// (the default), whose health must not read degraded at start.
+		jobs := p.Jobs.NewGroup(p.Health.Scope("health-endpoint-removal"), job.WithLogger(p.Log))
+		jobs.Add(job.OneShot("remove-health-endpoint", func(ctx context.Context, _ cell.Health) error {
+			for {
+				err := RemoveHealthEndpoint(ctx, p.Endpoints, HealthNetnsName(p.Node.Name, p.Agent.StateDir), p.Log)
+				if !errors.Is(err, agentendpoints.ErrNotStarted) {
+					return err
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		}, job.WithRetry(-1, &job.ExponentialBackoff{Min: time.Second, Max: 30 * time.Second})))
+	}
 	if !p.Config.EnableHealthChecking {
 		return nil, nil
 	}

@@ -47,8 +47,37 @@ type EndpointWiring interface {
 	// labelled reserved:health, replacing an earlier endpoint of the same
 	// attachment (its addresses released).
 	CreateHealthEndpoint(ctx context.Context, containerID, ifname, netnsPath string) (*endpoint.Endpoint, error)
+	// DeleteHealthEndpoint removes it again (CNI DEL: its addresses
+	// released); nothing to remove is no error.
+	DeleteHealthEndpoint(ctx context.Context, containerID, ifname, netnsPath string) error
 	// LookupEndpoint finds an endpoint by an ID of the Cilium API.
 	LookupEndpoint(id string) (*endpoint.Endpoint, error)
+}
+
+// RemoveHealthEndpoint removes the health endpoint an earlier run made
+// (with --enable-endpoint-health-checking on) and its namespace, now that
+// it is off: otherwise its address stays allocated and it stays in the
+// endpoint list until removed by hand. Nothing to remove is no error; an
+// error while the endpoints are not restored yet (retried).
+func RemoveHealthEndpoint(ctx context.Context, wiring EndpointWiring, netnsName string, log *slog.Logger) error {
+	id := "cni-attachment-id:" + cni.AttachmentID(HealthContainerID, HealthIfName)
+	ep, err := wiring.LookupEndpoint(id)
+	switch {
+	case errors.Is(err, endpointmanager.ErrNotFound):
+	case err != nil:
+		return fmt.Errorf("look up the health endpoint: %w", err)
+	default:
+		if err := wiring.DeleteHealthEndpoint(ctx, HealthContainerID, HealthIfName, ep.NetNS); err != nil {
+			return fmt.Errorf("remove the health endpoint %d: %w", ep.ID, err)
+		}
+		log.Info("Removed the health endpoint an earlier run made (--enable-endpoint-health-checking is off)", "endpoint", ep.ID, "ipv4", ep.IPv4, "ipv6", ep.IPv6)
+	}
+	if _, err := os.Stat(namedns.Path(netnsName)); err == nil {
+		if err := namedns.Delete(netnsName); err != nil {
+			return fmt.Errorf("remove the health endpoint's namespace: %w", err)
+		}
+	}
+	return nil
 }
 
 // HealthEndpoint is this node's health endpoint, after cilium-health's: a

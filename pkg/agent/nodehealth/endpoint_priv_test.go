@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -119,6 +120,16 @@ func (r *agentRig) CreateHealthEndpoint(ctx context.Context, containerID, ifname
 		return nil, cerr
 	}
 	return r.mgr.Lookup("cni-attachment-id:" + cni.AttachmentID(containerID, ifname))
+}
+
+// DeleteHealthEndpoint is agentendpoints.Module's: the in-process DEL.
+func (r *agentRig) DeleteHealthEndpoint(ctx context.Context, containerID, ifname, netnsPath string) error {
+	req := &cni.Request{ContainerID: containerID, IfName: ifname, Netns: netnsPath,
+		Config: []byte(`{"cniVersion":"1.0.0","name":"tendril-health","type":"tendril-cni"}`)}
+	if _, cerr := r.srv.Serve(ctx, cni.CommandDel, req); cerr != nil {
+		return cerr
+	}
+	return nil
 }
 
 func (r *agentRig) LookupEndpoint(id string) (*endpoint.Endpoint, error) { return r.mgr.Lookup(id) }
@@ -315,7 +326,6 @@ func TestPrivilegedHealthEndpoint(t *testing.T) {
 		return true
 	})
 	rig3, he3, stop3 := run(t)
-	defer stop3()
 	v4new, _, _ := he3.HealthEndpointAddresses()
 	answers(t, v4new)
 	if eps := rig3.mgr.List(); len(eps) != 1 {
@@ -323,5 +333,24 @@ func TestPrivilegedHealthEndpoint(t *testing.T) {
 	}
 	if a := allocated(rig3); len(a) != 1 {
 		t.Fatalf("after the namespace was lost: allocations %v, want the new endpoint's one", a)
+	}
+	stop3()
+
+	// The flag turned off: the next start removes the endpoint, its
+	// address and its namespace; a second removal finds nothing to do.
+	rig4 := newAgentRig(t, nodeNS, stateDir)
+	for range 2 {
+		if err := RemoveHealthEndpoint(context.Background(), rig4, healthNS, hivetest.Logger(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if eps := rig4.mgr.List(); len(eps) != 0 {
+		t.Fatalf("after the removal: endpoints %+v, want none", eps)
+	}
+	if a := allocated(rig4); len(a) != 0 {
+		t.Fatalf("after the removal: allocations %v, want none", a)
+	}
+	if _, err := os.Stat(namedns.Path(healthNS)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the health namespace is still there after the removal: %v", err)
 	}
 }
