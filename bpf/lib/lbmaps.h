@@ -246,6 +246,44 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb6_srcrange_v1 SEC(".maps");
 
+/* skipRedirectFromBackend (SVC_F_SKIP_BACKEND): a client (its network
+ * namespace cookie, bpf_get_netns_cookie) and a redirected frontend ->
+ * LB_SKIP_*: the policy's own backend pods are not redirected to
+ * themselves. Written by the agent from the frontends table. */
+struct lb4_skip_key {
+	__u64 netns_cookie;
+	__u8 addr[4];
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct lb6_skip_key {
+	__u64 netns_cookie;
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto;
+	__u8 pad[5];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb4_skip_key);
+	__type(value, __u8); /* LB_SKIP_* */
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_lb4_skip_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb6_skip_key);
+	__type(value, __u8); /* LB_SKIP_* */
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_lb6_skip_v1 SEC(".maps");
+
 /* LRU: as conntrack, a full table evicts the least recently used flows. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -255,11 +255,23 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 				// A serviceMatcher: this node's selected pods while
 				// it has any, else the service's own backends.
 				if local := lrp.backendsFor(p, svc.Ports, fa.addr.Addr().Is4()); len(local) > 0 {
+					if skip := lrp.skipClients(); len(skip) > 0 {
+						// The selected pods themselves reach the
+						// service's own backends.
+						f.SkipClients, f.SkipMode, f.Original = skip, SkipToOriginal, f.Backends
+					}
 					f.Backends, f.Type, f.Redirect = local, FrontendLocalRedirect, lrp.Name
 				}
 			}
 			if fa.typ == FrontendLocalRedirect {
 				f.Redirect = ServiceName{Namespace: name.Namespace, Name: strings.TrimPrefix(name.Name, redirectPrefix)}
+				if r, _, ok := w.t.Redirects.Get(txn, RedirectByName.Query(f.Redirect)); ok {
+					if skip := r.skipClients(); len(skip) > 0 {
+						// The selected pods themselves reach the
+						// address, untranslated.
+						f.SkipClients, f.SkipMode = skip, SkipPass
+					}
+				}
 			}
 			// The same address and port twice in one service (an
 			// external IP equal to a cluster IP): the first, by the

@@ -139,6 +139,15 @@ type OverlayLb4Key struct {
 	Pad   uint8
 }
 
+type OverlayLb4SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [4]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         uint8
+}
+
 type OverlayLb4SrcrangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -162,6 +171,15 @@ type OverlayLb6Key struct {
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type OverlayLb6SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [16]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         [5]uint8
 }
 
 type OverlayLb6SrcrangeKey struct {
@@ -327,9 +345,11 @@ const (
 	OverlayMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
 	OverlayMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	OverlayMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	OverlayMapTdrLb4SkipV1          = "tdr_lb4_skip_v1"
 	OverlayMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	OverlayMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	OverlayMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
+	OverlayMapTdrLb6SkipV1          = "tdr_lb6_skip_v1"
 	OverlayMapTdrLb6SrcrangeV1      = "tdr_lb6_srcrange_v1"
 	OverlayMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
 	OverlayMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
@@ -427,9 +447,11 @@ type OverlayMapSpecs struct {
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
@@ -501,9 +523,11 @@ type OverlayMaps struct {
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.Map `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.Map `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
@@ -543,9 +567,11 @@ func (m *OverlayMaps) Close() error {
 		m.TdrL2ResponderV4,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SkipV1,
 		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
+		m.TdrLb6SkipV1,
 		m.TdrLb6SrcrangeV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,

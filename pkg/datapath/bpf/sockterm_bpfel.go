@@ -31,6 +31,15 @@ type SockTermLb4Key struct {
 	Pad   uint8
 }
 
+type SockTermLb4SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [4]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         uint8
+}
+
 type SockTermLb4SrcrangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -54,6 +63,15 @@ type SockTermLb6Key struct {
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type SockTermLb6SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [16]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         [5]uint8
 }
 
 type SockTermLb6SrcrangeKey struct {
@@ -154,9 +172,11 @@ type SockTermLbTermKey struct {
 const (
 	SockTermMapTdrLb4FlowsV1     = "tdr_lb4_flows_v1"
 	SockTermMapTdrLb4ServicesV1  = "tdr_lb4_services_v1"
+	SockTermMapTdrLb4SkipV1      = "tdr_lb4_skip_v1"
 	SockTermMapTdrLb4SrcrangeV1  = "tdr_lb4_srcrange_v1"
 	SockTermMapTdrLb6FlowsV1     = "tdr_lb6_flows_v1"
 	SockTermMapTdrLb6ServicesV1  = "tdr_lb6_services_v1"
+	SockTermMapTdrLb6SkipV1      = "tdr_lb6_skip_v1"
 	SockTermMapTdrLb6SrcrangeV1  = "tdr_lb6_srcrange_v1"
 	SockTermMapTdrLbAffinityV1   = "tdr_lb_affinity_v1"
 	SockTermMapTdrLbBackendsV1   = "tdr_lb_backends_v1"
@@ -221,9 +241,11 @@ type SockTermProgramSpecs struct {
 type SockTermMapSpecs struct {
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
@@ -262,9 +284,11 @@ func (o *SockTermObjects) Close() error {
 type SockTermMaps struct {
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.Map `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.Map `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
@@ -279,9 +303,11 @@ func (m *SockTermMaps) Close() error {
 	return _SockTermClose(
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SkipV1,
 		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
+		m.TdrLb6SkipV1,
 		m.TdrLb6SrcrangeV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,
