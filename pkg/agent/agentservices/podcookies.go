@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/cilium/hive/cell"
+
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/lrpsource"
@@ -13,11 +15,19 @@ import (
 // registerPodCookies has the local redirect source told each pod
 // endpoint's network namespace cookie (skipRedirectFromBackend names the
 // backend pods by it). Without Kubernetes or endpoints, nothing.
-func registerPodCookies(m *Module, eps Endpoints, log *slog.Logger) lifecycle.Invoked {
-	if m.lrp != nil && eps != nil {
-		eps.Subscribe(newPodCookies(m.lrp, log).onEndpoint)
+func registerPodCookies(p podCookieParams) lifecycle.Invoked {
+	if p.Module.lrp != nil && p.Endpoints != nil {
+		p.Endpoints.Subscribe(newPodCookies(p.Module.lrp, p.Log).onEndpoint)
 	}
 	return lifecycle.Invoked{}
+}
+
+type podCookieParams struct {
+	cell.In
+
+	Module    *Module
+	Endpoints Endpoints `optional:"true"`
+	Log       *slog.Logger
 }
 
 // podCookies tells the local redirect source each pod endpoint's network

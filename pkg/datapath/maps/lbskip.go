@@ -63,8 +63,11 @@ func (m SkipMap) Delete(k SkipKey) error {
 }
 
 // Iterate calls fn with every entry of both families, until it returns
-// false.
+// false. Maps of a layout without them (nil) hold nothing.
 func (m SkipMap) Iterate(fn func(SkipKey, uint8) bool) error {
+	if m.v4 == nil || m.v6 == nil {
+		return nil
+	}
 	var k4 bpf.LxcLb4SkipKey
 	var mode uint8
 	it := m.v4.Iterate()
