@@ -79,24 +79,6 @@ static __always_inline void sock_xlate_event(__u8 family, __u8 proto, const __u8
 	emit(EVENT_SOCK_XLATE, REASON_FORWARDED, DIR_EGRESS, 0, &p, (__u32)cgroup, (__u32)(cgroup >> 32), VERDICT_ALLOWED, rev_nat_id, 0);
 }
 
-/* sock_pick_original chooses, at random, one of the original Service's
- * backends of a local redirect (SVC_F_SKIP_BACKEND: slots
- * count+1..count+local_count), for a client the redirect skips. NULL:
- * none. Affinity and Maglev are not applied to these clients. */
-static __always_inline const struct lb_backend *sock_pick_original(const struct lb_service *svc, __u32 *id)
-{
-	__u32 n = svc->local_count;
-
-	if (!n)
-		return NULL;
-	struct lb_slot_key k = {.svc_id = svc->svc_id, .slot = svc->count + bpf_get_prandom_u32() % n + 1};
-	__u32 *bid = bpf_map_lookup_elem(&tdr_lb_slots_v1, &k);
-	if (!bid)
-		return NULL;
-	*id = *bid;
-	return bpf_map_lookup_elem(&tdr_lb_backends_v1, bid);
-}
-
 /* sock_skip_mode is the LB_SKIP_* of the client (its network namespace)
  * for a frontend with SVC_F_SKIP_BACKEND (one of the redirect's own
  * backend pods), 0 when the client is redirected as any other. */
@@ -140,7 +122,7 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u8 conne
 	__u32 bid = 0;
 	const struct lb_backend *be;
 	if (skip == LB_SKIP_ORIGINAL)
-		be = sock_pick_original(svc, &bid);
+		be = lb_pick_original(svc, &bid);
 	else
 		be = lb_pick(svc, &ak, lb_hash_cookie(cookie), &bid);
 	if (!be || be->family != FAMILY_V4)
@@ -187,7 +169,7 @@ static __always_inline int sock6_xlate_fwd(struct bpf_sock_addr *ctx, __u8 conne
 	__u32 bid = 0;
 	const struct lb_backend *be;
 	if (skip == LB_SKIP_ORIGINAL)
-		be = sock_pick_original(svc, &bid);
+		be = lb_pick_original(svc, &bid);
 	else
 		be = lb_pick(svc, &ak, lb_hash_cookie(cookie), &bid);
 	if (!be || be->family != FAMILY_V6)

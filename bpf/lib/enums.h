@@ -230,7 +230,7 @@
  * redirected (the entry's value, LB_SKIP_*, says where it goes instead).
  * Redirects are internal, so local_count (otherwise externalTrafficPolicy
  * Local's) counts the original Service's backends, in slots
- * count+1..count+local_count. Socket LB only. */
+ * count+1..count+local_count. Socket LB (tdr_lb4/6_skip_v1) and per packet (tdr_lb_skipsrc_v1). */
 #define SVC_F_SKIP_BACKEND 0x80
 
 /* Where a skipped client of a local redirect goes (value of

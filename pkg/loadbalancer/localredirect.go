@@ -51,6 +51,22 @@ const (
 	SkipPass = "pass"
 )
 
+// skipAddrs are the addresses of r's backend pods of one family when r
+// skips them (sorted, unique).
+func (r *LocalRedirect) skipAddrs(v4 bool) []netip.Addr {
+	if !r.SkipFromBackend {
+		return nil
+	}
+	var out []netip.Addr
+	for _, b := range r.Backends {
+		if a := b.Addr.Addr().Unmap(); a.Is4() == v4 && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return out
+}
+
 // skipClients are the network namespace cookies of r's backend pods when
 // r skips them (sorted, unique; pods whose cookie is not known yet are
 // left out, and are redirected as any other client until it is).

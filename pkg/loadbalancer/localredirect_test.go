@@ -204,7 +204,7 @@ func TestLocalRedirectSkipFromBackendService(t *testing.T) {
 			t.Fatalf("%s: no frontend %s", what, key)
 		}
 		if want == 0 {
-			if len(f.SkipClients) != 0 || f.SkipMode != "" || len(f.Original) != 0 {
+			if len(f.SkipClients) != 0 || len(f.SkipAddrs) != 0 || f.SkipMode != "" || len(f.Original) != 0 {
 				t.Fatalf("%s: %s skips %v (%q, original %v), want none", what, key, f.SkipClients, f.SkipMode, f.Original)
 			}
 			return
@@ -246,11 +246,17 @@ func TestLocalRedirectSkipFromBackendService(t *testing.T) {
 		t.Fatal(err)
 	}
 	skipOf("flag on again", "10.96.0.10:53/UDP", 4242)
-	// The pod's namespace not known (no endpoint yet).
+	if f := frontends(w)["10.96.0.10:53/UDP"]; len(f.SkipAddrs) != 1 || f.SkipAddrs[0] != netip.MustParseAddr("10.0.0.7") {
+		t.Fatalf("per-packet skip addresses %v, want the cache pod's 10.0.0.7", f.SkipAddrs)
+	}
+	// The pod's namespace not known (no endpoint yet): the socket LB
+	// does not know it, the per-packet path still does by its address.
 	if err := w.UpsertLocalRedirect(withCookie(cacheRedirect("10.0.0.7:53"), 0)); err != nil {
 		t.Fatal(err)
 	}
-	skipOf("cookie unknown", "10.96.0.10:53/UDP", 0)
+	if f := frontends(w)["10.96.0.10:53/UDP"]; len(f.SkipClients) != 0 || len(f.SkipAddrs) != 1 || f.SkipMode != SkipToOriginal || len(f.Original) != 1 {
+		t.Fatalf("cookie unknown: %+v", f)
+	}
 	// The pod gone: no redirect, nothing to skip.
 	if err := w.UpsertLocalRedirect(withCookie(cacheRedirect(), 4242)); err != nil {
 		t.Fatal(err)
@@ -281,7 +287,7 @@ func TestLocalRedirectSkipFromBackendAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := frontends(w)["169.254.20.10:53/UDP"]
-	if f == nil || len(f.SkipClients) != 1 || f.SkipClients[0] != 77 || f.SkipMode != SkipPass || len(f.Original) != 0 {
+	if f == nil || len(f.SkipClients) != 1 || f.SkipClients[0] != 77 || len(f.SkipAddrs) != 1 || f.SkipMode != SkipPass || len(f.Original) != 0 {
 		t.Fatalf("address frontend %+v, want the cache skipped to the address itself", f)
 	}
 	off := *r
@@ -289,7 +295,7 @@ func TestLocalRedirectSkipFromBackendAddress(t *testing.T) {
 	if err := w.UpsertLocalRedirect(&off); err != nil {
 		t.Fatal(err)
 	}
-	if f := frontends(w)["169.254.20.10:53/UDP"]; f == nil || len(f.SkipClients) != 0 || f.SkipMode != "" {
+	if f := frontends(w)["169.254.20.10:53/UDP"]; f == nil || len(f.SkipClients) != 0 || len(f.SkipAddrs) != 0 || f.SkipMode != "" {
 		t.Fatalf("flag off: %+v", f)
 	}
 	if err := w.UpsertLocalRedirect(withCookie(r, 77)); err != nil {

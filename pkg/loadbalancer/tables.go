@@ -280,9 +280,12 @@ type Frontend struct {
 	// socket hooks do not redirect them (SkipMode says where they go
 	// instead). Sorted, no zero.
 	SkipClients []uint64
+	// SkipAddrs are the same pods' addresses (of the frontend's family):
+	// the per-packet translation names them by the packet's source.
+	SkipAddrs []netip.Addr
 	// SkipMode is SkipToOriginal (a serviceMatcher: the service's own
 	// backends, Original) or SkipPass (an addressMatcher: the address
-	// itself, untranslated); empty without SkipClients.
+	// itself, untranslated); empty without SkipClients and SkipAddrs.
 	SkipMode string
 	// Original are the service's own backends, as the frontend would
 	// have them without the redirect (SkipToOriginal).

@@ -241,6 +241,15 @@ type HostLbService struct {
 	AffinityTimeout uint32
 }
 
+type HostLbSkipsrcKey struct {
+	_        structs.HostLayout
+	Client   [16]uint8
+	Frontend [16]uint8
+	Port     uint16
+	Proto    uint8
+	Family   uint8
+}
+
 type HostLbSlotKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -396,6 +405,7 @@ const (
 	HostMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
 	HostMapTdrLbMaglevV1         = "tdr_lb_maglev_v1"
 	HostMapTdrLbRevnatV1         = "tdr_lb_revnat_v1"
+	HostMapTdrLbSkipsrcV1        = "tdr_lb_skipsrc_v1"
 	HostMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	HostMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	HostMapTdrMasqScratch        = "tdr_masq_scratch"
@@ -503,6 +513,7 @@ type HostMapSpecs struct {
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.MapSpec `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMasqScratch    *ebpf.MapSpec `ebpf:"tdr_masq_scratch"`
@@ -584,6 +595,7 @@ type HostMaps struct {
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.Map `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMasqScratch    *ebpf.Map `ebpf:"tdr_masq_scratch"`
@@ -629,6 +641,7 @@ func (m *HostMaps) Close() error {
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,
 		m.TdrLbRevnatV1,
+		m.TdrLbSkipsrcV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrMasqScratch,

@@ -265,6 +265,15 @@ type LxcLbService struct {
 	AffinityTimeout uint32
 }
 
+type LxcLbSkipsrcKey struct {
+	_        structs.HostLayout
+	Client   [16]uint8
+	Frontend [16]uint8
+	Port     uint16
+	Proto    uint8
+	Family   uint8
+}
+
 type LxcLbSlotKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -397,6 +406,7 @@ const (
 	LxcMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
 	LxcMapTdrLbMaglevV1         = "tdr_lb_maglev_v1"
 	LxcMapTdrLbRevnatV1         = "tdr_lb_revnat_v1"
+	LxcMapTdrLbSkipsrcV1        = "tdr_lb_skipsrc_v1"
 	LxcMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	LxcMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	LxcMapTdrMetricsV2          = "tdr_metrics_v2"
@@ -499,6 +509,7 @@ type LxcMapSpecs struct {
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.MapSpec `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
@@ -575,6 +586,7 @@ type LxcMaps struct {
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.Map `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
@@ -619,6 +631,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,
 		m.TdrLbRevnatV1,
+		m.TdrLbSkipsrcV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,

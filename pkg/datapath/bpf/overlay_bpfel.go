@@ -241,6 +241,15 @@ type OverlayLbService struct {
 	AffinityTimeout uint32
 }
 
+type OverlayLbSkipsrcKey struct {
+	_        structs.HostLayout
+	Client   [16]uint8
+	Frontend [16]uint8
+	Port     uint16
+	Proto    uint8
+	Family   uint8
+}
+
 type OverlayLbSlotKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -355,6 +364,7 @@ const (
 	OverlayMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
 	OverlayMapTdrLbMaglevV1         = "tdr_lb_maglev_v1"
 	OverlayMapTdrLbRevnatV1         = "tdr_lb_revnat_v1"
+	OverlayMapTdrLbSkipsrcV1        = "tdr_lb_skipsrc_v1"
 	OverlayMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	OverlayMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	OverlayMapTdrMetricsV2          = "tdr_metrics_v2"
@@ -457,6 +467,7 @@ type OverlayMapSpecs struct {
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.MapSpec `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
@@ -533,6 +544,7 @@ type OverlayMaps struct {
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.Map `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
@@ -577,6 +589,7 @@ func (m *OverlayMaps) Close() error {
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,
 		m.TdrLbRevnatV1,
+		m.TdrLbSkipsrcV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,

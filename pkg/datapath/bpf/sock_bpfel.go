@@ -241,6 +241,15 @@ type SockLbService struct {
 	AffinityTimeout uint32
 }
 
+type SockLbSkipsrcKey struct {
+	_        structs.HostLayout
+	Client   [16]uint8
+	Frontend [16]uint8
+	Port     uint16
+	Proto    uint8
+	Family   uint8
+}
+
 type SockLbSlotKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -355,6 +364,7 @@ const (
 	SockMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
 	SockMapTdrLbMaglevV1         = "tdr_lb_maglev_v1"
 	SockMapTdrLbRevnatV1         = "tdr_lb_revnat_v1"
+	SockMapTdrLbSkipsrcV1        = "tdr_lb_skipsrc_v1"
 	SockMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	SockMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	SockMapTdrMetricsV2          = "tdr_metrics_v2"
@@ -468,6 +478,7 @@ type SockMapSpecs struct {
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.MapSpec `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
@@ -543,6 +554,7 @@ type SockMaps struct {
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.Map `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
@@ -587,6 +599,7 @@ func (m *SockMaps) Close() error {
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,
 		m.TdrLbRevnatV1,
+		m.TdrLbSkipsrcV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,

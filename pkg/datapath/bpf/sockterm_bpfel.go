@@ -133,6 +133,15 @@ type SockTermLbService struct {
 	AffinityTimeout uint32
 }
 
+type SockTermLbSkipsrcKey struct {
+	_        structs.HostLayout
+	Client   [16]uint8
+	Frontend [16]uint8
+	Port     uint16
+	Proto    uint8
+	Family   uint8
+}
+
 type SockTermLbSlotKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -182,6 +191,7 @@ const (
 	SockTermMapTdrLbBackendsV1   = "tdr_lb_backends_v1"
 	SockTermMapTdrLbMaglevV1     = "tdr_lb_maglev_v1"
 	SockTermMapTdrLbRevnatV1     = "tdr_lb_revnat_v1"
+	SockTermMapTdrLbSkipsrcV1    = "tdr_lb_skipsrc_v1"
 	SockTermMapTdrLbSlotsV1      = "tdr_lb_slots_v1"
 	SockTermMapTdrLbSockRevnatV1 = "tdr_lb_sock_revnat_v1"
 	SockTermMapTdrLbTermTargets  = "tdr_lb_term_targets"
@@ -251,6 +261,7 @@ type SockTermMapSpecs struct {
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.MapSpec `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrLbTermTargets  *ebpf.MapSpec `ebpf:"tdr_lb_term_targets"`
@@ -294,6 +305,7 @@ type SockTermMaps struct {
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.Map `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrLbTermTargets  *ebpf.Map `ebpf:"tdr_lb_term_targets"`
@@ -313,6 +325,7 @@ func (m *SockTermMaps) Close() error {
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,
 		m.TdrLbRevnatV1,
+		m.TdrLbSkipsrcV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrLbTermTargets,

@@ -297,7 +297,7 @@ const (
 	// redirected (the entry's value, LB_SKIP_*, says where it goes instead).
 	// Redirects are internal, so local_count (otherwise externalTrafficPolicy
 	// Local's) counts the original Service's backends, in slots
-	// count+1..count+local_count. Socket LB only.
+	// count+1..count+local_count. Socket LB (tdr_lb4/6_skip_v1) and per packet (tdr_lb_skipsrc_v1).
 	SvcFlagSkipBackend uint8 = 0x80 // SVC_F_SKIP_BACKEND
 )
 

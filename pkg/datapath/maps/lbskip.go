@@ -93,3 +93,88 @@ func (m SkipMap) Iterate(fn func(SkipKey, uint8) bool) error {
 	}
 	return nil
 }
+
+// SkipSrcKey is a client of a local redirect frontend with
+// skipRedirectFromBackend as the per-packet translation sees it: the
+// backend pod's address.
+type SkipSrcKey struct {
+	Client   netip.Addr
+	Frontend Frontend
+}
+
+// SkipSrcMap is tdr_lb_skipsrc_v1: SkipSrcKey -> LBSkip*.
+type SkipSrcMap struct{ m *ebpf.Map }
+
+// SkipSrcMap is the typed per-packet skip map.
+func (m *LBMaps) SkipSrcMap() SkipSrcMap { return SkipSrcMap{m: m.SkipSrc} }
+
+func (m SkipSrcMap) key(k SkipSrcKey) (*bpf.LxcLbSkipsrcKey, error) {
+	if err := k.Frontend.validate(); err != nil {
+		return nil, err
+	}
+	c, f := k.Client.Unmap(), k.Frontend.Addr.Unmap()
+	if !c.IsValid() || c.Is4() != f.Is4() {
+		return nil, fmt.Errorf("skip entry %s %s: client not of the frontend's family", k.Client, k.Frontend)
+	}
+	out := &bpf.LxcLbSkipsrcKey{Port: Htons(k.Frontend.Port), Proto: k.Frontend.Proto, Family: FamilyV6}
+	if f.Is4() {
+		a, b := c.As4(), f.As4()
+		copy(out.Client[:], a[:])
+		copy(out.Frontend[:], b[:])
+		out.Family = FamilyV4
+	} else {
+		out.Client, out.Frontend = c.As16(), f.As16()
+	}
+	return out, nil
+}
+
+// Upsert says where client k goes instead of the redirect.
+func (m SkipSrcMap) Upsert(k SkipSrcKey, mode uint8) error {
+	if mode != LBSkipOriginal && mode != LBSkipPass {
+		return fmt.Errorf("skip entry %s %s: mode %d is not LB_SKIP_ORIGINAL or LB_SKIP_PASS", k.Client, k.Frontend, mode)
+	}
+	key, err := m.key(k)
+	if err != nil {
+		return err
+	}
+	if err := m.m.Put(key, mode); err != nil {
+		return fmt.Errorf("write skip entry %s %s: %w", k.Client, k.Frontend, err)
+	}
+	return nil
+}
+
+// Delete removes client k's entry; a missing one is fine.
+func (m SkipSrcMap) Delete(k SkipSrcKey) error {
+	key, err := m.key(k)
+	if err != nil {
+		return err
+	}
+	if err := ignoreMissing(m.m.Delete(key)); err != nil {
+		return fmt.Errorf("delete skip entry %s %s: %w", k.Client, k.Frontend, err)
+	}
+	return nil
+}
+
+// Iterate calls fn with every entry until it returns false. A layout
+// without the map (nil) holds nothing.
+func (m SkipSrcMap) Iterate(fn func(SkipSrcKey, uint8) bool) error {
+	if m.m == nil {
+		return nil
+	}
+	var k bpf.LxcLbSkipsrcKey
+	var mode uint8
+	it := m.m.Iterate()
+	for it.Next(&k, &mode) {
+		c, f := netip.AddrFrom16(k.Client), netip.AddrFrom16(k.Frontend)
+		if k.Family == FamilyV4 {
+			c, f = netip.AddrFrom4([4]byte(k.Client[:4])), netip.AddrFrom4([4]byte(k.Frontend[:4]))
+		}
+		if !fn(SkipSrcKey{Client: c, Frontend: Frontend{Addr: f, Port: Ntohs(k.Port), Proto: k.Proto}}, mode) {
+			return nil
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate per-packet skip entries: %w", err)
+	}
+	return nil
+}

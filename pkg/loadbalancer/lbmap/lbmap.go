@@ -34,6 +34,8 @@ type written struct {
 	// skips are the skipRedirectFromBackend entries written for the
 	// frontend: client netns cookie -> LBSkip* mode.
 	skips map[uint64]uint8
+	// skipSrcs are the per-packet path's: client address -> mode.
+	skipSrcs map[netip.Addr]uint8
 }
 
 // Ops are the reconciler's operations over the LB maps. Every method is
@@ -239,6 +241,20 @@ func (o *Ops) Restore() (Restored, error) {
 	})
 	if err != nil {
 		return r, fmt.Errorf("restore skip entries: %w", err)
+	}
+	err = o.maps.SkipSrcMap().Iterate(func(k maps.SkipSrcKey, mode uint8) bool {
+		fk := keyOf(k.Frontend)
+		if w, ok := o.state[fk]; ok {
+			if w.skipSrcs == nil {
+				w.skipSrcs = map[netip.Addr]uint8{}
+			}
+			w.skipSrcs[k.Client] = mode
+			o.state[fk] = w
+		}
+		return true
+	})
+	if err != nil {
+		return r, fmt.Errorf("restore per-packet skip entries: %w", err)
 	}
 	err = o.maps.RevNATMap().Iterate(func(id uint32, _ netip.AddrPort) bool {
 		if !o.usedIDs[id] {
@@ -454,8 +470,8 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 	// serviceMatcher the service's own active backends after the
 	// redirect's slots (a redirect is internal: the local scope of
 	// externalTrafficPolicy Local is free).
-	skips := map[uint64]uint8{}
-	if len(f.SkipClients) > 0 {
+	skips, skipSrcs := map[uint64]uint8{}, map[netip.Addr]uint8{}
+	if len(f.SkipClients) > 0 || len(f.SkipAddrs) > 0 {
 		s.Flags |= maps.SvcFlagSkipBackend
 		mode := maps.LBSkipPass
 		if f.SkipMode == loadbalancer.SkipToOriginal {
@@ -490,6 +506,9 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 		for _, c := range f.SkipClients {
 			skips[c] = mode
 		}
+		for _, a := range f.SkipAddrs {
+			skipSrcs[a.Unmap()] = mode
+		}
 	}
 	// The entries before the service entry whose flag makes the hooks
 	// read them.
@@ -498,6 +517,14 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 			continue
 		}
 		if err := o.maps.SkipMap().Upsert(maps.SkipKey{NetnsCookie: c, Frontend: frontendOf(f.Key)}, mode); err != nil {
+			return err
+		}
+	}
+	for a, mode := range skipSrcs {
+		if prev.skipSrcs[a] == mode {
+			continue
+		}
+		if err := o.maps.SkipSrcMap().Upsert(maps.SkipSrcKey{Client: a, Frontend: frontendOf(f.Key)}, mode); err != nil {
 			return err
 		}
 	}
@@ -568,13 +595,21 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 			delete(o.drainingBackends, id)
 		}
 	}
-	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev, ranges: ranges, skips: skips}
+	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev, ranges: ranges, skips: skips, skipSrcs: skipSrcs}
 	var errs []error
 	for c := range prev.skips {
 		if _, ok := skips[c]; ok {
 			continue
 		}
 		if err := o.maps.SkipMap().Delete(maps.SkipKey{NetnsCookie: c, Frontend: frontendOf(f.Key)}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for a := range prev.skipSrcs {
+		if _, ok := skipSrcs[a]; ok {
+			continue
+		}
+		if err := o.maps.SkipSrcMap().Delete(maps.SkipSrcKey{Client: a, Frontend: frontendOf(f.Key)}); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -623,6 +658,11 @@ func (o *Ops) deleteLocked(k loadbalancer.FrontendKey) error {
 	}
 	for c := range w.skips {
 		if err := o.maps.SkipMap().Delete(maps.SkipKey{NetnsCookie: c, Frontend: frontendOf(k)}); err != nil {
+			return fmt.Errorf("remove frontend %s: %w", k, err)
+		}
+	}
+	for a := range w.skipSrcs {
+		if err := o.maps.SkipSrcMap().Delete(maps.SkipSrcKey{Client: a, Frontend: frontendOf(k)}); err != nil {
 			return fmt.Errorf("remove frontend %s: %w", k, err)
 		}
 	}
@@ -746,6 +786,21 @@ func (o *Ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*loadba
 	}
 	for _, k := range staleSkips {
 		if err := o.maps.SkipMap().Delete(k); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var staleSrcs []maps.SkipSrcKey
+	err = o.maps.SkipSrcMap().Iterate(func(k maps.SkipSrcKey, _ uint8) bool {
+		if _, ok := o.state[keyOf(k.Frontend)].skipSrcs[k.Client]; !ok {
+			staleSrcs = append(staleSrcs, k)
+		}
+		return true
+	})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, k := range staleSrcs {
+		if err := o.maps.SkipSrcMap().Delete(k); err != nil {
 			errs = append(errs, err)
 		}
 	}

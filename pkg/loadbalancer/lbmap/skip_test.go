@@ -31,6 +31,17 @@ func skipsIn(t *testing.T, m *maps.LBMaps) map[string]uint8 {
 // prune deletes those of a frontend gone.
 func TestPrivilegedOpsSkipRedirectFromBackend(t *testing.T) {
 	m := newLBMaps(t)
+	srcs := func() map[string]uint8 {
+		t.Helper()
+		out := map[string]uint8{}
+		if err := m.SkipSrcMap().Iterate(func(k maps.SkipSrcKey, mode uint8) bool {
+			out[fmt.Sprintf("%s %s", k.Client, k.Frontend)] = mode
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
 	ctx := context.Background()
 	o := New(m, maglev.DefaultConfig(), quiet())
 	if _, err := o.Restore(); err != nil {
@@ -39,11 +50,13 @@ func TestPrivilegedOpsSkipRedirectFromBackend(t *testing.T) {
 	dns := fe("10.96.0.10:53", loadbalancer.UDP, act("10.0.0.7:53"))
 	dns.Type = loadbalancer.FrontendLocalRedirect
 	dns.SkipClients, dns.SkipMode = []uint64{11, 12}, loadbalancer.SkipToOriginal
+	dns.SkipAddrs = []netip.Addr{netip.MustParseAddr("10.0.0.7")}
 	dns.Original = []loadbalancer.FrontendBackend{act("10.0.1.5:53"), act("10.0.1.6:53"),
 		{Addr: netip.MustParseAddrPort("10.0.1.9:53"), Terminating: true}}
 	addr := fe("169.254.20.10:53", loadbalancer.UDP, act("10.0.0.7:53"))
 	addr.Type = loadbalancer.FrontendLocalRedirect
 	addr.SkipClients, addr.SkipMode = []uint64{11}, loadbalancer.SkipPass
+	addr.SkipAddrs = []netip.Addr{netip.MustParseAddr("10.0.0.7")}
 	for _, f := range []*loadbalancer.Frontend{dns, addr} {
 		if err := o.Update(ctx, nil, 0, f); err != nil {
 			t.Fatal(err)
@@ -71,6 +84,11 @@ func TestPrivilegedOpsSkipRedirectFromBackend(t *testing.T) {
 		t.Fatalf("skip entries %v, want %v", got, want)
 	}
 
+	wantSrcs := map[string]uint8{"10.0.0.7 10.96.0.10:53/17": maps.LBSkipOriginal, "10.0.0.7 169.254.20.10:53/17": maps.LBSkipPass}
+	if got := srcs(); fmt.Sprint(got) != fmt.Sprint(wantSrcs) {
+		t.Fatalf("per-packet skip entries %v, want %v", got, wantSrcs)
+	}
+
 	// Client 12 goes.
 	dns.SkipClients = []uint64{11}
 	if err := o.Update(ctx, nil, 0, dns); err != nil {
@@ -95,6 +113,9 @@ func TestPrivilegedOpsSkipRedirectFromBackend(t *testing.T) {
 	if got := skipsIn(t, m); len(got) != 1 || got["11 169.254.20.10:53/17"] != maps.LBSkipPass {
 		t.Fatalf("after the flag went: %v", got)
 	}
+	if got := srcs(); len(got) != 1 || got["10.0.0.7 169.254.20.10:53/17"] != maps.LBSkipPass {
+		t.Fatalf("per-packet, after the flag went: %v", got)
+	}
 	if s, _ := slotsOf(t, m, plain); s.Flags&maps.SvcFlagSkipBackend != 0 || s.LocalCount != 0 {
 		t.Fatalf("flag off: service %+v", s)
 	}
@@ -104,5 +125,8 @@ func TestPrivilegedOpsSkipRedirectFromBackend(t *testing.T) {
 	}
 	if got := skipsIn(t, m); len(got) != 0 {
 		t.Fatalf("after the prune: %v", got)
+	}
+	if got := srcs(); len(got) != 0 {
+		t.Fatalf("per-packet, after the prune: %v", got)
 	}
 }

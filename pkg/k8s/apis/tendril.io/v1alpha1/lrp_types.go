@@ -46,7 +46,8 @@ type LocalRedirectPolicySpec struct {
 	// themselves to the frontend is not redirected back to a local
 	// backend but goes where it would without the policy (a
 	// serviceMatcher's Service backends, an addressMatcher's address).
-	// Applied by the socket load-balancer.
+	// Applied by the socket load-balancer (the pods by their network
+	// namespaces) and the per-packet NAT (by their addresses).
 	// +optional
 	SkipRedirectFromBackend bool `json:"skipRedirectFromBackend,omitempty"`
 	// Description is free text.
