@@ -79,6 +79,29 @@ static __always_inline void sock_xlate_event(__u8 family, __u8 proto, const __u8
 	emit(EVENT_SOCK_XLATE, REASON_FORWARDED, DIR_EGRESS, 0, &p, (__u32)cgroup, (__u32)(cgroup >> 32), VERDICT_ALLOWED, rev_nat_id, 0);
 }
 
+/* sock_skip_mode is the LB_SKIP_* of the client (its network namespace)
+ * for a frontend with SVC_F_SKIP_BACKEND (one of the redirect's own
+ * backend pods), 0 when the client is redirected as any other. */
+static __always_inline __u8 sock4_skip_mode(struct bpf_sock_addr *ctx, const struct lb_service *svc, __u32 daddr, __be16 dport)
+{
+	if (!(svc->flags & SVC_F_SKIP_BACKEND))
+		return 0;
+	struct lb4_skip_key k = {.netns_cookie = bpf_get_netns_cookie(ctx), .port = dport, .proto = ctx->protocol};
+	__builtin_memcpy(k.addr, &daddr, 4);
+	const __u8 *mode = bpf_map_lookup_elem(&tdr_lb4_skip_v1, &k);
+	return mode ? *mode : 0;
+}
+
+static __always_inline __u8 sock6_skip_mode(struct bpf_sock_addr *ctx, const struct lb_service *svc, const __u32 *daddr, __be16 dport)
+{
+	if (!(svc->flags & SVC_F_SKIP_BACKEND))
+		return 0;
+	struct lb6_skip_key k = {.netns_cookie = bpf_get_netns_cookie(ctx), .port = dport, .proto = ctx->protocol};
+	__builtin_memcpy(k.addr, daddr, 16);
+	const __u8 *mode = bpf_map_lookup_elem(&tdr_lb6_skip_v1, &k);
+	return mode ? *mode : 0;
+}
+
 static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u8 connect)
 {
 	if (!sock_proto_ok(ctx))
@@ -89,11 +112,19 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u8 conne
 	if (!svc || (svc->flags & SVC_F_NO_SOCKET_LB))
 		return SYS_PROCEED;
 
+	__u8 skip = sock4_skip_mode(ctx, svc, daddr, dport);
+	if (skip == LB_SKIP_PASS)
+		return SYS_PROCEED;
+
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct lb_affinity_key ak;
 	sock_client(ctx, &ak);
 	__u32 bid = 0;
-	const struct lb_backend *be = lb_pick(svc, &ak, lb_hash_cookie(cookie), &bid);
+	const struct lb_backend *be;
+	if (skip == LB_SKIP_ORIGINAL)
+		be = lb_pick_original(svc, &bid);
+	else
+		be = lb_pick(svc, &ak, lb_hash_cookie(cookie), &bid);
 	if (!be || be->family != FAMILY_V4)
 		return sock_no_backend();
 
@@ -128,11 +159,19 @@ static __always_inline int sock6_xlate_fwd(struct bpf_sock_addr *ctx, __u8 conne
 	if (!svc || (svc->flags & SVC_F_NO_SOCKET_LB))
 		return SYS_PROCEED;
 
+	__u8 skip = sock6_skip_mode(ctx, svc, daddr, dport);
+	if (skip == LB_SKIP_PASS)
+		return SYS_PROCEED;
+
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct lb_affinity_key ak;
 	sock_client(ctx, &ak);
 	__u32 bid = 0;
-	const struct lb_backend *be = lb_pick(svc, &ak, lb_hash_cookie(cookie), &bid);
+	const struct lb_backend *be;
+	if (skip == LB_SKIP_ORIGINAL)
+		be = lb_pick_original(svc, &bid);
+	else
+		be = lb_pick(svc, &ak, lb_hash_cookie(cookie), &bid);
 	if (!be || be->family != FAMILY_V6)
 		return sock_no_backend();
 

@@ -224,6 +224,24 @@
 /* loadBalancerSourceRanges: only clients in the frontend's ranges
  * (tdr_lb4_srcrange_v1, tdr_lb6_srcrange_v1) are admitted from outside. */
 #define SVC_F_SOURCE_RANGES 0x40
+/* A local redirect with skipRedirectFromBackend: a client whose network
+ * namespace has an entry for the frontend in tdr_lb4_skip_v1 /
+ * tdr_lb6_skip_v1 (one of the policy's own backend pods) is not
+ * redirected (the entry's value, LB_SKIP_*, says where it goes instead).
+ * Redirects are internal, so local_count (otherwise externalTrafficPolicy
+ * Local's) counts the original Service's backends, in slots
+ * count+1..count+local_count. Socket LB (tdr_lb4/6_skip_v1) and per packet (tdr_lb_skipsrc_v1). */
+#define SVC_F_SKIP_BACKEND 0x80
+
+/* Where a skipped client of a local redirect goes (value of
+ * tdr_lb4_skip_v1 / tdr_lb6_skip_v1).
+ * go:const LBSkip LB_SKIP_ uint8 */
+/* To the Service's own backends (serviceMatcher): slots
+ * count+1..count+local_count; none: refused as a Service without
+ * backends. */
+#define LB_SKIP_ORIGINAL 1
+/* To the address itself, untranslated (addressMatcher). */
+#define LB_SKIP_PASS 2
 
 /* Backend states (lb_backend.state). Only active backends are in a
  * service's slots and Maglev table; a terminating or quarantined one is

@@ -127,4 +127,22 @@ static __always_inline const struct lb_backend *lb_pick(const struct lb_service 
 	return be;
 }
 
+/* lb_pick_original chooses, at random, one of the original Service's
+ * backends of a local redirect (SVC_F_SKIP_BACKEND: slots
+ * count+1..count+local_count), for a client the redirect skips. NULL:
+ * none. Affinity and Maglev are not applied to these clients. */
+static __always_inline const struct lb_backend *lb_pick_original(const struct lb_service *svc, __u32 *id)
+{
+	__u32 n = svc->local_count;
+
+	if (!n)
+		return NULL;
+	struct lb_slot_key k = {.svc_id = svc->svc_id, .slot = svc->count + bpf_get_prandom_u32() % n + 1};
+	__u32 *bid = bpf_map_lookup_elem(&tdr_lb_slots_v1, &k);
+	if (!bid)
+		return NULL;
+	*id = *bid;
+	return bpf_map_lookup_elem(&tdr_lb_backends_v1, bid);
+}
+
 #endif

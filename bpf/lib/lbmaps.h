@@ -246,6 +246,65 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_lb6_srcrange_v1 SEC(".maps");
 
+/* skipRedirectFromBackend (SVC_F_SKIP_BACKEND): a client (its network
+ * namespace cookie, bpf_get_netns_cookie) and a redirected frontend ->
+ * LB_SKIP_*: the policy's own backend pods are not redirected to
+ * themselves. Written by the agent from the frontends table. */
+struct lb4_skip_key {
+	__u64 netns_cookie;
+	__u8 addr[4];
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct lb6_skip_key {
+	__u64 netns_cookie;
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto;
+	__u8 pad[5];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb4_skip_key);
+	__type(value, __u8); /* LB_SKIP_* */
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_lb4_skip_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb6_skip_key);
+	__type(value, __u8); /* LB_SKIP_* */
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_lb6_skip_v1 SEC(".maps");
+
+/* The same for the per-packet translation (lbnat.h), where the client is
+ * the packet's source address (the pod programs check it against the
+ * endpoint): {client address, frontend address, port, proto, family} ->
+ * LB_SKIP_*. Both families in one map (IPv4 in the first four bytes). */
+struct lb_skipsrc_key {
+	__u8 client[16];
+	__u8 frontend[16];
+	__be16 port;
+	__u8 proto;
+	__u8 family;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_skipsrc_key);
+	__type(value, __u8); /* LB_SKIP_* */
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_lb_skipsrc_v1 SEC(".maps");
+
 /* LRU: as conntrack, a full table evicts the least recently used flows. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -118,6 +118,21 @@ __attribute__((noinline)) int lb_dnat(struct __sk_buff *skb, struct pkt *p)
 		fl = bpf_map_lookup_elem(&tdr_lb6_flows_v1, &fk.k6);
 	}
 
+	/* skipRedirectFromBackend: the redirect's own backend pods go to
+	 * the address itself (LB_SKIP_PASS) or the Service's own backends
+	 * (LB_SKIP_ORIGINAL). */
+	__u8 skip = 0;
+	if (svc->flags & SVC_F_SKIP_BACKEND) {
+		struct lb_skipsrc_key sk = {.port = p->dport, .proto = p->proto, .family = p->family};
+		__builtin_memcpy(sk.client, p->saddr, 16);
+		__builtin_memcpy(sk.frontend, p->daddr, 16);
+		const __u8 *mode = bpf_map_lookup_elem(&tdr_lb_skipsrc_v1, &sk);
+		if (mode)
+			skip = *mode;
+		if (skip == LB_SKIP_PASS)
+			return 0;
+	}
+
 	const struct lb_backend *be = NULL;
 	__u32 bid = 0;
 	/* A known flow keeps its backend while the backend exists, even
@@ -133,7 +148,10 @@ __attribute__((noinline)) int lb_dnat(struct __sk_buff *skb, struct pkt *p)
 	if (!be) {
 		struct lb_affinity_key ak = {.kind = p->family == FAMILY_V4 ? AFFINITY_BY_V4 : AFFINITY_BY_V6};
 		__builtin_memcpy(ak.client, p->saddr, 16);
-		be = lb_pick(svc, &ak, lb_hash_tuple(p), &bid);
+		if (skip == LB_SKIP_ORIGINAL)
+			be = lb_pick_original(svc, &bid);
+		else
+			be = lb_pick(svc, &ak, lb_hash_tuple(p), &bid);
 		if (!be || be->family != p->family)
 			return -REASON_SVC_NO_BACKEND;
 		struct lb_flow v = {.backend_id = bid, .rev_nat_id = svc->rev_nat_id};

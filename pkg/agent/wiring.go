@@ -10,6 +10,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
 	"github.com/tendril-net/tendril/pkg/agent/agentkv"
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
+	"github.com/tendril-net/tendril/pkg/agent/agentservices"
 	"github.com/tendril-net/tendril/pkg/agent/daemonapi"
 	"github.com/tendril-net/tendril/pkg/agent/epattach"
 	"github.com/tendril-net/tendril/pkg/agent/hostips"
@@ -28,6 +29,7 @@ var wiring = cell.Provide(
 	as[agentk8s.IPCache, *agentdatapath.Module],
 	as[agentk8s.Policy, *agentpolicy.Module],
 	as[hostips.Endpoints, *agentendpoints.Module],
+	as[agentservices.Endpoints, *agentendpoints.Module],
 	as[agentkv.IPCache, *agentdatapath.Module],
 	as[nodes.IPCache, *agentdatapath.Module],
 	as[agentpolicy.Datapath, *agentdatapath.Module],

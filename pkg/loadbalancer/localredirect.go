@@ -3,6 +3,8 @@ package loadbalancer
 import (
 	"fmt"
 	"net/netip"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/statedb"
@@ -35,6 +37,51 @@ type LocalRedirect struct {
 	// pod address and backend port; PortName is the backend port's
 	// name (see pairs).
 	Backends []RedirectBackend
+	// SkipFromBackend is spec.skipRedirectFromBackend: the selected pods'
+	// own traffic to the frontend is not redirected back to a local
+	// backend but goes where it would without the policy.
+	SkipFromBackend bool
+}
+
+// Where a client a redirect skips goes (Frontend.SkipMode).
+const (
+	// SkipToOriginal: the service's own backends (serviceMatcher).
+	SkipToOriginal = "original"
+	// SkipPass: the address itself, untranslated (addressMatcher).
+	SkipPass = "pass"
+)
+
+// skipAddrs are the addresses of r's backend pods of one family when r
+// skips them (sorted, unique).
+func (r *LocalRedirect) skipAddrs(v4 bool) []netip.Addr {
+	if !r.SkipFromBackend {
+		return nil
+	}
+	var out []netip.Addr
+	for _, b := range r.Backends {
+		if a := b.Addr.Addr().Unmap(); a.Is4() == v4 && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return out
+}
+
+// skipClients are the network namespace cookies of r's backend pods when
+// r skips them (sorted, unique; pods whose cookie is not known yet are
+// left out, and are redirected as any other client until it is).
+func (r *LocalRedirect) skipClients() []uint64 {
+	if !r.SkipFromBackend {
+		return nil
+	}
+	var out []uint64
+	for _, b := range r.Backends {
+		if b.NetnsCookie != 0 && !slices.Contains(out, b.NetnsCookie) {
+			out = append(out, b.NetnsCookie)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // RedirectBackend is one selected local pod on one backend port.
@@ -43,6 +90,9 @@ type RedirectBackend struct {
 	Addr     netip.AddrPort
 	Proto    uint8
 	PortName string
+	// NetnsCookie is the pod's network namespace cookie (SO_NETNS_COOKIE;
+	// 0: not known), which names it as a client of the socket hooks.
+	NetnsCookie uint64
 }
 
 // AddressMatcher reports whether r redirects an address (not a service).
@@ -101,7 +151,7 @@ func (r *LocalRedirect) backendsFor(p ServicePort, all []ServicePort, v4 bool) [
 
 // TableHeader implements statedb.TableWritable.
 func (r *LocalRedirect) TableHeader() []string {
-	return []string{"Name", "Frontend", "Ports", "Backends"}
+	return []string{"Name", "Frontend", "Ports", "Backends", "SkipFromBackend"}
 }
 
 // TableRow implements statedb.TableWritable.
@@ -117,7 +167,7 @@ func (r *LocalRedirect) TableRow() []string {
 	for _, b := range r.Backends {
 		bs = append(bs, fmt.Sprintf("%s(%s)", b.Addr, b.Pod))
 	}
-	return []string{r.Name.String(), fe, strings.Join(ports, ","), strings.Join(bs, ",")}
+	return []string{r.Name.String(), fe, strings.Join(ports, ","), strings.Join(bs, ","), strconv.FormatBool(r.SkipFromBackend)}
 }
 
 // Indexes of the local-redirects table.

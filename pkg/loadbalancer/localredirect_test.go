@@ -172,3 +172,139 @@ func TestLocalRedirectAddressMatcher(t *testing.T) {
 		t.Fatalf("frontends left: %v", frontends(w))
 	}
 }
+
+// withCookie is r with skipRedirectFromBackend and the cache pod's
+// network namespace cookie.
+func withCookie(r *LocalRedirect, cookie uint64) *LocalRedirect {
+	r.SkipFromBackend = true
+	for i := range r.Backends {
+		r.Backends[i].NetnsCookie = cookie
+	}
+	return r
+}
+
+// TestLocalRedirectSkipFromBackendService: with skipRedirectFromBackend, a
+// serviceMatcher's redirected frontends name the cache pod's network
+// namespace as a client to skip and keep the service's own backends for
+// it; they go with the flag off, the pod gone (no local backend, or its
+// cookie unknown) and the policy deleted.
+func TestLocalRedirectSkipFromBackendService(t *testing.T) {
+	w := newTestWriter(t)
+	svc := dnsService()
+	if err := w.UpsertService(svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetBackends(svc.Name, "s1", dnsBackends()); err != nil {
+		t.Fatal(err)
+	}
+	skipOf := func(what, key string, want uint64) {
+		t.Helper()
+		f := frontends(w)[key]
+		if f == nil {
+			t.Fatalf("%s: no frontend %s", what, key)
+		}
+		if want == 0 {
+			if len(f.SkipClients) != 0 || len(f.SkipAddrs) != 0 || f.SkipMode != "" || len(f.Original) != 0 {
+				t.Fatalf("%s: %s skips %v (%q, original %v), want none", what, key, f.SkipClients, f.SkipMode, f.Original)
+			}
+			return
+		}
+		if f.Type != FrontendLocalRedirect || len(f.SkipClients) != 1 || f.SkipClients[0] != want || f.SkipMode != SkipToOriginal {
+			t.Fatalf("%s: %s is %s skipping %v (%q), want LocalRedirect skipping [%d] to the original", what, key, f.Type, f.SkipClients, f.SkipMode, want)
+		}
+		if len(f.Original) != 1 || f.Original[0].Addr != netip.MustParseAddrPort("10.0.1.5:53") || !f.Original[0].Active {
+			t.Fatalf("%s: %s original backends %+v, want the service's 10.0.1.5:53", what, key, f.Original)
+		}
+	}
+	if err := w.UpsertLocalRedirect(withCookie(cacheRedirect("10.0.0.7:53"), 4242)); err != nil {
+		t.Fatal(err)
+	}
+	skipOf("skipping", "10.96.0.10:53/UDP", 4242)
+	skipOf("skipping", "10.96.0.10:53/TCP", 4242)
+
+	// The service's backends change: the skipped clients' follow.
+	moved := dnsBackends()
+	for _, b := range moved {
+		b.Addr = netip.MustParseAddrPort("10.0.1.6:53")
+	}
+	if err := w.SetBackends(svc.Name, "s1", moved); err != nil {
+		t.Fatal(err)
+	}
+	if f := frontends(w)["10.96.0.10:53/UDP"]; len(f.Original) != 1 || f.Original[0].Addr != netip.MustParseAddrPort("10.0.1.6:53") {
+		t.Fatalf("original backends did not follow the service's: %+v", f.Original)
+	}
+	if err := w.SetBackends(svc.Name, "s1", dnsBackends()); err != nil {
+		t.Fatal(err)
+	}
+
+	// The flag off.
+	if err := w.UpsertLocalRedirect(cacheRedirect("10.0.0.7:53")); err != nil {
+		t.Fatal(err)
+	}
+	skipOf("flag off", "10.96.0.10:53/UDP", 0)
+	if err := w.UpsertLocalRedirect(withCookie(cacheRedirect("10.0.0.7:53"), 4242)); err != nil {
+		t.Fatal(err)
+	}
+	skipOf("flag on again", "10.96.0.10:53/UDP", 4242)
+	if f := frontends(w)["10.96.0.10:53/UDP"]; len(f.SkipAddrs) != 1 || f.SkipAddrs[0] != netip.MustParseAddr("10.0.0.7") {
+		t.Fatalf("per-packet skip addresses %v, want the cache pod's 10.0.0.7", f.SkipAddrs)
+	}
+	// The pod's namespace not known (no endpoint yet): the socket LB
+	// does not know it, the per-packet path still does by its address.
+	if err := w.UpsertLocalRedirect(withCookie(cacheRedirect("10.0.0.7:53"), 0)); err != nil {
+		t.Fatal(err)
+	}
+	if f := frontends(w)["10.96.0.10:53/UDP"]; len(f.SkipClients) != 0 || len(f.SkipAddrs) != 1 || f.SkipMode != SkipToOriginal || len(f.Original) != 1 {
+		t.Fatalf("cookie unknown: %+v", f)
+	}
+	// The pod gone: no redirect, nothing to skip.
+	if err := w.UpsertLocalRedirect(withCookie(cacheRedirect(), 4242)); err != nil {
+		t.Fatal(err)
+	}
+	skipOf("pod gone", "10.96.0.10:53/UDP", 0)
+	if f := frontends(w)["10.96.0.10:53/UDP"]; f.Type != FrontendClusterIP {
+		t.Fatalf("pod gone: %s", f.Type)
+	}
+	if err := w.UpsertLocalRedirect(withCookie(cacheRedirect("10.0.0.7:53"), 4242)); err != nil {
+		t.Fatal(err)
+	}
+	skipOf("pod back", "10.96.0.10:53/UDP", 4242)
+	if err := w.DeleteLocalRedirect(ServiceName{Namespace: "kube-system", Name: "nodelocaldns"}); err != nil {
+		t.Fatal(err)
+	}
+	skipOf("policy deleted", "10.96.0.10:53/UDP", 0)
+}
+
+// TestLocalRedirectSkipFromBackendAddress: an addressMatcher's frontend
+// lets the cache pod reach the address itself (SkipPass), with no
+// backends of its own for it; the flag off or the policy deleted, none.
+func TestLocalRedirectSkipFromBackendAddress(t *testing.T) {
+	w := newTestWriter(t)
+	r := &LocalRedirect{Name: ServiceName{Namespace: "kube-system", Name: "cache"}, Address: netip.MustParseAddr("169.254.20.10"),
+		Ports:    []ServicePort{{Name: "dns", Port: 53, Proto: UDP}},
+		Backends: []RedirectBackend{{Pod: "kube-system/c", Addr: netip.MustParseAddrPort("10.0.0.7:53"), Proto: UDP, PortName: "dns"}}}
+	if err := w.UpsertLocalRedirect(withCookie(r, 77)); err != nil {
+		t.Fatal(err)
+	}
+	f := frontends(w)["169.254.20.10:53/UDP"]
+	if f == nil || len(f.SkipClients) != 1 || f.SkipClients[0] != 77 || len(f.SkipAddrs) != 1 || f.SkipMode != SkipPass || len(f.Original) != 0 {
+		t.Fatalf("address frontend %+v, want the cache skipped to the address itself", f)
+	}
+	off := *r
+	off.SkipFromBackend = false
+	if err := w.UpsertLocalRedirect(&off); err != nil {
+		t.Fatal(err)
+	}
+	if f := frontends(w)["169.254.20.10:53/UDP"]; f == nil || len(f.SkipClients) != 0 || len(f.SkipAddrs) != 0 || f.SkipMode != "" {
+		t.Fatalf("flag off: %+v", f)
+	}
+	if err := w.UpsertLocalRedirect(withCookie(r, 77)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.DeleteLocalRedirect(r.Name); err != nil {
+		t.Fatal(err)
+	}
+	if len(frontends(w)) != 0 {
+		t.Fatalf("frontends left: %v", frontends(w))
+	}
+}

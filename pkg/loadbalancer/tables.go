@@ -275,6 +275,21 @@ type Frontend struct {
 	// Redirect is the local redirect policy whose local backends the
 	// frontend has (Type FrontendLocalRedirect); zero otherwise.
 	Redirect ServiceName
+	// SkipClients are, for a redirect with skipRedirectFromBackend, the
+	// network namespace cookies of the policy's own backend pods: the
+	// socket hooks do not redirect them (SkipMode says where they go
+	// instead). Sorted, no zero.
+	SkipClients []uint64
+	// SkipAddrs are the same pods' addresses (of the frontend's family):
+	// the per-packet translation names them by the packet's source.
+	SkipAddrs []netip.Addr
+	// SkipMode is SkipToOriginal (a serviceMatcher: the service's own
+	// backends, Original) or SkipPass (an addressMatcher: the address
+	// itself, untranslated); empty without SkipClients and SkipAddrs.
+	SkipMode string
+	// Original are the service's own backends, as the frontend would
+	// have them without the redirect (SkipToOriginal).
+	Original []FrontendBackend
 
 	// Status is the BPF maps reconciler's.
 	Status reconciler.Status

@@ -255,11 +255,25 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 				// A serviceMatcher: this node's selected pods while
 				// it has any, else the service's own backends.
 				if local := lrp.backendsFor(p, svc.Ports, fa.addr.Addr().Is4()); len(local) > 0 {
+					skip, addrs := lrp.skipClients(), lrp.skipAddrs(fa.addr.Addr().Is4())
+					if len(skip) > 0 || len(addrs) > 0 {
+						// The selected pods themselves reach the
+						// service's own backends.
+						f.SkipClients, f.SkipAddrs, f.SkipMode, f.Original = skip, addrs, SkipToOriginal, f.Backends
+					}
 					f.Backends, f.Type, f.Redirect = local, FrontendLocalRedirect, lrp.Name
 				}
 			}
 			if fa.typ == FrontendLocalRedirect {
 				f.Redirect = ServiceName{Namespace: name.Namespace, Name: strings.TrimPrefix(name.Name, redirectPrefix)}
+				if r, _, ok := w.t.Redirects.Get(txn, RedirectByName.Query(f.Redirect)); ok {
+					skip, addrs := r.skipClients(), r.skipAddrs(fa.addr.Addr().Is4())
+					if len(skip) > 0 || len(addrs) > 0 {
+						// The selected pods themselves reach the
+						// address, untranslated.
+						f.SkipClients, f.SkipAddrs, f.SkipMode = skip, addrs, SkipPass
+					}
+				}
 			}
 			// The same address and port twice in one service (an
 			// external IP equal to a cluster IP): the first, by the

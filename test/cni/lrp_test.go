@@ -99,7 +99,9 @@ func TestPrivilegedLocalRedirectPerPacket(t *testing.T) {
 		Spec: v1alpha1.LocalRedirectPolicySpec{
 			RedirectFrontend: v1alpha1.RedirectFrontend{ServiceMatcher: &v1alpha1.LRPServiceMatcher{ServiceName: "kube-dns", Namespace: "default"}},
 			RedirectBackend: v1alpha1.RedirectBackend{LocalEndpointSelector: metav1.LabelSelector{MatchLabels: cacheLabels},
-				ToPorts: []v1alpha1.LRPPort{{Port: "8053", Protocol: "TCP"}}}}}
+				ToPorts: []v1alpha1.LRPPort{{Port: "8053", Protocol: "TCP"}}},
+			// The cache's own queries go to the Service's backend.
+			SkipRedirectFromBackend: true}}
 	eventually(t, "the policy created (the agent installs its CRD)", func() bool {
 		_, err := clients.Tendril.TendrilV1alpha1().TendrilLocalRedirectPolicies("default").Create(ctx, lrp, metav1.CreateOptions{})
 		return err == nil
@@ -121,9 +123,11 @@ func TestPrivilegedLocalRedirectPerPacket(t *testing.T) {
 			return false
 		}
 	}
-	ask := func() string {
+	var askFrom func(string) string
+	ask := func() string { return askFrom(clientPod.netns) }
+	askFrom = func(netns string) string {
 		t.Helper()
-		c, err := dialFrom(clientPod.netns, frontend)
+		c, err := dialFrom(netns, frontend)
 		if err != nil {
 			t.Fatalf("connect to %s from the client pod: %v\nagent log:\n%s", frontend, err, n.logs)
 		}
@@ -142,7 +146,23 @@ func TestPrivilegedLocalRedirectPerPacket(t *testing.T) {
 		if got := ask(); got != "cache" {
 			t.Fatalf("the ClusterIP reached %q, want the node-local cache", got)
 		}
+		// skipRedirectFromBackend, per packet: the cache pod's own
+		// connection (by its source address) reaches the Service's
+		// backend.
+		if got := askFrom(cachePod.netns); got != "cluster-dns" {
+			t.Fatalf("the cache pod's own connection to the ClusterIP reached %q, want the Service's backend", got)
+		}
 	}
+	// The flag off: the cache pod is redirected to itself (hairpin).
+	cur, err := clients.Tendril.TendrilV1alpha1().TendrilLocalRedirectPolicies("default").Get(ctx, lrp.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.SkipRedirectFromBackend = false
+	if _, err := clients.Tendril.TendrilV1alpha1().TendrilLocalRedirectPolicies("default").Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the cache pod redirected to itself with the flag off", func() bool { return askFrom(cachePod.netns) == "cache" })
 
 	if err := cs.CoreV1().Pods("default").Delete(ctx, "lrp-cache", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)

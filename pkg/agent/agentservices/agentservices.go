@@ -28,6 +28,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/datapath/socklb"
 	"github.com/tendril-net/tendril/pkg/datapath/sockterm"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/health"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -182,6 +183,10 @@ const lbDrainInterval = 5 * time.Second
 var Cell = cell.Module("services", "Services load-balanced by the datapath",
 	cell.Provide(lifecycle.Check(Config.validate)),
 	cell.Provide(lifecycle.Build[*Module]),
+	// After the module is built (its lb-restore step first, as before):
+	// a separate registration, so that the module itself does not depend
+	// on the endpoints, whose step would then come first.
+	cell.Provide(registerPodCookies),
 	cell.Config(DefaultConfig()),
 	cell.ProvidePrivate(loadbalancer.NewTables),
 	cell.ProvidePrivate(podPoolsOf),
@@ -270,6 +275,11 @@ type Params struct {
 	Datapath *agentdatapath.Module // nil without the datapath
 	// MapEvents records the LB maps' writes (nil: none).
 	MapEvents *mapevents.Registry `optional:"true"`
+}
+
+// Endpoints are the local endpoints' events (agentendpoints.Module).
+type Endpoints interface {
+	Subscribe(fn func(endpointmanager.Event))
 }
 
 // New builds the services module (the tables only, without Kubernetes

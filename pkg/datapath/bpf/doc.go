@@ -3,7 +3,7 @@
 // are committed so building Tendril needs no clang.
 package bpf
 
-//go:generate go tool bpf2go -cc clang -no-strip -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type endpoint_info -type ipcache_key -type ipcache_info -type policy_key -type policy_entry -type ct4_key -type ct6_key -type ct_entry -type metric_value -type event -type ratelimit -type lb4_key -type lb6_key -type lb_service -type lb_slot_key -type lb_backend -type lb_revnat -type lb_affinity_key -type lb_affinity -type lb_sock_key -type lb_sock_revnat -type lb4_flow_key -type lb6_flow_key -type lb_flow -type lb4_srcrange_key -type lb6_srcrange_key -type l2_responder_v4_key -type l2_responder_entry -type dsr4_key -type dsr4_entry -type tunnel_info -type encrypt_info Lxc ../../../bpf/bpf_lxc.c -- -I../../../bpf
+//go:generate go tool bpf2go -cc clang -no-strip -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type endpoint_info -type ipcache_key -type ipcache_info -type policy_key -type policy_entry -type ct4_key -type ct6_key -type ct_entry -type metric_value -type event -type ratelimit -type lb4_key -type lb6_key -type lb_service -type lb_slot_key -type lb_backend -type lb_revnat -type lb_affinity_key -type lb_affinity -type lb_sock_key -type lb_sock_revnat -type lb4_flow_key -type lb6_flow_key -type lb_flow -type lb4_srcrange_key -type lb6_srcrange_key -type lb4_skip_key -type lb6_skip_key -type lb_skipsrc_key -type l2_responder_v4_key -type l2_responder_entry -type dsr4_key -type dsr4_entry -type tunnel_info -type encrypt_info Lxc ../../../bpf/bpf_lxc.c -- -I../../../bpf
 
 // The socket-level load-balancer (bpf/bpf_sock.c): cgroup hooks that share
 // the pod programs' pinned maps (pkg/datapath/socklb loads and attaches it).

@@ -139,6 +139,15 @@ type HostLb4Key struct {
 	Pad   uint8
 }
 
+type HostLb4SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [4]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         uint8
+}
+
 type HostLb4SrcrangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -162,6 +171,15 @@ type HostLb6Key struct {
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type HostLb6SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [16]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         [5]uint8
 }
 
 type HostLb6SrcrangeKey struct {
@@ -221,6 +239,15 @@ type HostLbService struct {
 	Flags           uint8
 	LocalCount      uint8
 	AffinityTimeout uint32
+}
+
+type HostLbSkipsrcKey struct {
+	_        structs.HostLayout
+	Client   [16]uint8
+	Frontend [16]uint8
+	Port     uint16
+	Proto    uint8
+	Family   uint8
 }
 
 type HostLbSlotKey struct {
@@ -368,14 +395,17 @@ const (
 	HostMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
 	HostMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	HostMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	HostMapTdrLb4SkipV1          = "tdr_lb4_skip_v1"
 	HostMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	HostMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	HostMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
+	HostMapTdrLb6SkipV1          = "tdr_lb6_skip_v1"
 	HostMapTdrLb6SrcrangeV1      = "tdr_lb6_srcrange_v1"
 	HostMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
 	HostMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
 	HostMapTdrLbMaglevV1         = "tdr_lb_maglev_v1"
 	HostMapTdrLbRevnatV1         = "tdr_lb_revnat_v1"
+	HostMapTdrLbSkipsrcV1        = "tdr_lb_skipsrc_v1"
 	HostMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	HostMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	HostMapTdrMasqScratch        = "tdr_masq_scratch"
@@ -473,14 +503,17 @@ type HostMapSpecs struct {
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.MapSpec `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMasqScratch    *ebpf.MapSpec `ebpf:"tdr_masq_scratch"`
@@ -552,14 +585,17 @@ type HostMaps struct {
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.Map `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.Map `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.Map `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMasqScratch    *ebpf.Map `ebpf:"tdr_masq_scratch"`
@@ -595,14 +631,17 @@ func (m *HostMaps) Close() error {
 		m.TdrL2ResponderV4,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SkipV1,
 		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
+		m.TdrLb6SkipV1,
 		m.TdrLb6SrcrangeV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,
 		m.TdrLbRevnatV1,
+		m.TdrLbSkipsrcV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrMasqScratch,

@@ -163,6 +163,15 @@ type LxcLb4Key struct {
 	Pad   uint8
 }
 
+type LxcLb4SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [4]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         uint8
+}
+
 type LxcLb4SrcrangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -186,6 +195,15 @@ type LxcLb6Key struct {
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type LxcLb6SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [16]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         [5]uint8
 }
 
 type LxcLb6SrcrangeKey struct {
@@ -245,6 +263,15 @@ type LxcLbService struct {
 	Flags           uint8
 	LocalCount      uint8
 	AffinityTimeout uint32
+}
+
+type LxcLbSkipsrcKey struct {
+	_        structs.HostLayout
+	Client   [16]uint8
+	Frontend [16]uint8
+	Port     uint16
+	Proto    uint8
+	Family   uint8
 }
 
 type LxcLbSlotKey struct {
@@ -369,14 +396,17 @@ const (
 	LxcMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
 	LxcMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	LxcMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	LxcMapTdrLb4SkipV1          = "tdr_lb4_skip_v1"
 	LxcMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	LxcMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	LxcMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
+	LxcMapTdrLb6SkipV1          = "tdr_lb6_skip_v1"
 	LxcMapTdrLb6SrcrangeV1      = "tdr_lb6_srcrange_v1"
 	LxcMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
 	LxcMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
 	LxcMapTdrLbMaglevV1         = "tdr_lb_maglev_v1"
 	LxcMapTdrLbRevnatV1         = "tdr_lb_revnat_v1"
+	LxcMapTdrLbSkipsrcV1        = "tdr_lb_skipsrc_v1"
 	LxcMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	LxcMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	LxcMapTdrMetricsV2          = "tdr_metrics_v2"
@@ -469,14 +499,17 @@ type LxcMapSpecs struct {
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.MapSpec `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
@@ -543,14 +576,17 @@ type LxcMaps struct {
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.Map `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.Map `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.Map `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
@@ -585,14 +621,17 @@ func (m *LxcMaps) Close() error {
 		m.TdrL2ResponderV4,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SkipV1,
 		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
+		m.TdrLb6SkipV1,
 		m.TdrLb6SrcrangeV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,
 		m.TdrLbRevnatV1,
+		m.TdrLbSkipsrcV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,

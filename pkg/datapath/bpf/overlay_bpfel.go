@@ -139,6 +139,15 @@ type OverlayLb4Key struct {
 	Pad   uint8
 }
 
+type OverlayLb4SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [4]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         uint8
+}
+
 type OverlayLb4SrcrangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -162,6 +171,15 @@ type OverlayLb6Key struct {
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type OverlayLb6SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [16]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         [5]uint8
 }
 
 type OverlayLb6SrcrangeKey struct {
@@ -221,6 +239,15 @@ type OverlayLbService struct {
 	Flags           uint8
 	LocalCount      uint8
 	AffinityTimeout uint32
+}
+
+type OverlayLbSkipsrcKey struct {
+	_        structs.HostLayout
+	Client   [16]uint8
+	Frontend [16]uint8
+	Port     uint16
+	Proto    uint8
+	Family   uint8
 }
 
 type OverlayLbSlotKey struct {
@@ -327,14 +354,17 @@ const (
 	OverlayMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
 	OverlayMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	OverlayMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
+	OverlayMapTdrLb4SkipV1          = "tdr_lb4_skip_v1"
 	OverlayMapTdrLb4SrcrangeV1      = "tdr_lb4_srcrange_v1"
 	OverlayMapTdrLb6FlowsV1         = "tdr_lb6_flows_v1"
 	OverlayMapTdrLb6ServicesV1      = "tdr_lb6_services_v1"
+	OverlayMapTdrLb6SkipV1          = "tdr_lb6_skip_v1"
 	OverlayMapTdrLb6SrcrangeV1      = "tdr_lb6_srcrange_v1"
 	OverlayMapTdrLbAffinityV1       = "tdr_lb_affinity_v1"
 	OverlayMapTdrLbBackendsV1       = "tdr_lb_backends_v1"
 	OverlayMapTdrLbMaglevV1         = "tdr_lb_maglev_v1"
 	OverlayMapTdrLbRevnatV1         = "tdr_lb_revnat_v1"
+	OverlayMapTdrLbSkipsrcV1        = "tdr_lb_skipsrc_v1"
 	OverlayMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	OverlayMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
 	OverlayMapTdrMetricsV2          = "tdr_metrics_v2"
@@ -427,14 +457,17 @@ type OverlayMapSpecs struct {
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.MapSpec `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
@@ -501,14 +534,17 @@ type OverlayMaps struct {
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.Map `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.Map `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.Map `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
@@ -543,14 +579,17 @@ func (m *OverlayMaps) Close() error {
 		m.TdrL2ResponderV4,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SkipV1,
 		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
+		m.TdrLb6SkipV1,
 		m.TdrLb6SrcrangeV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,
 		m.TdrLbRevnatV1,
+		m.TdrLbSkipsrcV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrMetricsV2,

@@ -31,6 +31,15 @@ type SockTermLb4Key struct {
 	Pad   uint8
 }
 
+type SockTermLb4SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [4]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         uint8
+}
+
 type SockTermLb4SrcrangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -54,6 +63,15 @@ type SockTermLb6Key struct {
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type SockTermLb6SkipKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Addr        [16]uint8
+	Port        uint16
+	Proto       uint8
+	Pad         [5]uint8
 }
 
 type SockTermLb6SrcrangeKey struct {
@@ -115,6 +133,15 @@ type SockTermLbService struct {
 	AffinityTimeout uint32
 }
 
+type SockTermLbSkipsrcKey struct {
+	_        structs.HostLayout
+	Client   [16]uint8
+	Frontend [16]uint8
+	Port     uint16
+	Proto    uint8
+	Family   uint8
+}
+
 type SockTermLbSlotKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -154,14 +181,17 @@ type SockTermLbTermKey struct {
 const (
 	SockTermMapTdrLb4FlowsV1     = "tdr_lb4_flows_v1"
 	SockTermMapTdrLb4ServicesV1  = "tdr_lb4_services_v1"
+	SockTermMapTdrLb4SkipV1      = "tdr_lb4_skip_v1"
 	SockTermMapTdrLb4SrcrangeV1  = "tdr_lb4_srcrange_v1"
 	SockTermMapTdrLb6FlowsV1     = "tdr_lb6_flows_v1"
 	SockTermMapTdrLb6ServicesV1  = "tdr_lb6_services_v1"
+	SockTermMapTdrLb6SkipV1      = "tdr_lb6_skip_v1"
 	SockTermMapTdrLb6SrcrangeV1  = "tdr_lb6_srcrange_v1"
 	SockTermMapTdrLbAffinityV1   = "tdr_lb_affinity_v1"
 	SockTermMapTdrLbBackendsV1   = "tdr_lb_backends_v1"
 	SockTermMapTdrLbMaglevV1     = "tdr_lb_maglev_v1"
 	SockTermMapTdrLbRevnatV1     = "tdr_lb_revnat_v1"
+	SockTermMapTdrLbSkipsrcV1    = "tdr_lb_skipsrc_v1"
 	SockTermMapTdrLbSlotsV1      = "tdr_lb_slots_v1"
 	SockTermMapTdrLbSockRevnatV1 = "tdr_lb_sock_revnat_v1"
 	SockTermMapTdrLbTermTargets  = "tdr_lb_term_targets"
@@ -221,14 +251,17 @@ type SockTermProgramSpecs struct {
 type SockTermMapSpecs struct {
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.MapSpec `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.MapSpec `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.MapSpec `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.MapSpec `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.MapSpec `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.MapSpec `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrLbTermTargets  *ebpf.MapSpec `ebpf:"tdr_lb_term_targets"`
@@ -262,14 +295,17 @@ func (o *SockTermObjects) Close() error {
 type SockTermMaps struct {
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
+	TdrLb4SkipV1      *ebpf.Map `ebpf:"tdr_lb4_skip_v1"`
 	TdrLb4SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb4_srcrange_v1"`
 	TdrLb6FlowsV1     *ebpf.Map `ebpf:"tdr_lb6_flows_v1"`
 	TdrLb6ServicesV1  *ebpf.Map `ebpf:"tdr_lb6_services_v1"`
+	TdrLb6SkipV1      *ebpf.Map `ebpf:"tdr_lb6_skip_v1"`
 	TdrLb6SrcrangeV1  *ebpf.Map `ebpf:"tdr_lb6_srcrange_v1"`
 	TdrLbAffinityV1   *ebpf.Map `ebpf:"tdr_lb_affinity_v1"`
 	TdrLbBackendsV1   *ebpf.Map `ebpf:"tdr_lb_backends_v1"`
 	TdrLbMaglevV1     *ebpf.Map `ebpf:"tdr_lb_maglev_v1"`
 	TdrLbRevnatV1     *ebpf.Map `ebpf:"tdr_lb_revnat_v1"`
+	TdrLbSkipsrcV1    *ebpf.Map `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
 	TdrLbTermTargets  *ebpf.Map `ebpf:"tdr_lb_term_targets"`
@@ -279,14 +315,17 @@ func (m *SockTermMaps) Close() error {
 	return _SockTermClose(
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
+		m.TdrLb4SkipV1,
 		m.TdrLb4SrcrangeV1,
 		m.TdrLb6FlowsV1,
 		m.TdrLb6ServicesV1,
+		m.TdrLb6SkipV1,
 		m.TdrLb6SrcrangeV1,
 		m.TdrLbAffinityV1,
 		m.TdrLbBackendsV1,
 		m.TdrLbMaglevV1,
 		m.TdrLbRevnatV1,
+		m.TdrLbSkipsrcV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
 		m.TdrLbTermTargets,

@@ -291,6 +291,26 @@ const (
 	// loadBalancerSourceRanges: only clients in the frontend's ranges
 	// (tdr_lb4_srcrange_v1, tdr_lb6_srcrange_v1) are admitted from outside.
 	SvcFlagSourceRanges uint8 = 0x40 // SVC_F_SOURCE_RANGES
+	// A local redirect with skipRedirectFromBackend: a client whose network
+	// namespace has an entry for the frontend in tdr_lb4_skip_v1 /
+	// tdr_lb6_skip_v1 (one of the policy's own backend pods) is not
+	// redirected (the entry's value, LB_SKIP_*, says where it goes instead).
+	// Redirects are internal, so local_count (otherwise externalTrafficPolicy
+	// Local's) counts the original Service's backends, in slots
+	// count+1..count+local_count. Socket LB (tdr_lb4/6_skip_v1) and per packet (tdr_lb_skipsrc_v1).
+	SvcFlagSkipBackend uint8 = 0x80 // SVC_F_SKIP_BACKEND
+)
+
+// Where a skipped client of a local redirect goes (value of
+// tdr_lb4_skip_v1 / tdr_lb6_skip_v1).
+// From LB_SKIP_* of bpf/lib/enums.h.
+const (
+	// To the Service's own backends (serviceMatcher): slots
+	// count+1..count+local_count; none: refused as a Service without
+	// backends.
+	LBSkipOriginal uint8 = 1 // LB_SKIP_ORIGINAL
+	// To the address itself, untranslated (addressMatcher).
+	LBSkipPass uint8 = 2 // LB_SKIP_PASS
 )
 
 // Backend states (lb_backend.state). Only active backends are in a

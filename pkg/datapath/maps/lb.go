@@ -23,6 +23,9 @@ const (
 	LBMaglevMapName     = bpf.LxcMapTdrLbMaglevV1
 	LBSockRevNATMapName = bpf.LxcMapTdrLbSockRevnatV1
 	LB4SrcRangeMapName  = bpf.LxcMapTdrLb4SrcrangeV1
+	LB4SkipMapName      = bpf.LxcMapTdrLb4SkipV1
+	LB6SkipMapName      = bpf.LxcMapTdrLb6SkipV1
+	LBSkipSrcMapName    = bpf.LxcMapTdrLbSkipsrcV1
 	LB6SrcRangeMapName  = bpf.LxcMapTdrLb6SrcrangeV1
 )
 
@@ -46,20 +49,23 @@ type LBMaps struct {
 	SockRevNAT *ebpf.Map // (socket cookie, backend) -> frontend
 	SrcRange4  *ebpf.Map // (reverse NAT ID, IPv4 client prefix): loadBalancerSourceRanges
 	SrcRange6  *ebpf.Map // (reverse NAT ID, IPv6 client prefix)
+	Skip4      *ebpf.Map // (netns cookie, IPv4 frontend) -> LBSkip*: skipRedirectFromBackend
+	Skip6      *ebpf.Map // (netns cookie, IPv6 frontend) -> LBSkip*
+	SkipSrc    *ebpf.Map // (client address, frontend) -> LBSkip*: the per-packet path's
 }
 
 // LBFromObjects takes the load-balancing maps of the loaded pod object.
 func LBFromObjects(o *bpf.LxcMaps) *LBMaps {
 	return &LBMaps{Services4: o.TdrLb4ServicesV1, Services6: o.TdrLb6ServicesV1, Slots: o.TdrLbSlotsV1, Backends: o.TdrLbBackendsV1,
 		RevNAT: o.TdrLbRevnatV1, Affinity: o.TdrLbAffinityV1, Maglev: o.TdrLbMaglevV1, SockRevNAT: o.TdrLbSockRevnatV1,
-		SrcRange4: o.TdrLb4SrcrangeV1, SrcRange6: o.TdrLb6SrcrangeV1}
+		SrcRange4: o.TdrLb4SrcrangeV1, SrcRange6: o.TdrLb6SrcrangeV1, Skip4: o.TdrLb4SkipV1, Skip6: o.TdrLb6SkipV1, SkipSrc: o.TdrLbSkipsrcV1}
 }
 
 func (m *LBMaps) fields() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
 		LB4ServicesMapName: &m.Services4, LB6ServicesMapName: &m.Services6, LBSlotsMapName: &m.Slots, LBBackendsMapName: &m.Backends,
 		LBRevNATMapName: &m.RevNAT, LBAffinityMapName: &m.Affinity, LBMaglevMapName: &m.Maglev, LBSockRevNATMapName: &m.SockRevNAT,
-		LB4SrcRangeMapName: &m.SrcRange4, LB6SrcRangeMapName: &m.SrcRange6,
+		LB4SrcRangeMapName: &m.SrcRange4, LB6SrcRangeMapName: &m.SrcRange6, LB4SkipMapName: &m.Skip4, LB6SkipMapName: &m.Skip6, LBSkipSrcMapName: &m.SkipSrc,
 	}
 }
 

@@ -39,6 +39,9 @@ type helperRequest struct {
 	TCPServers []helperServer `json:"tcp_servers"`
 	UDPServers []helperServer `json:"udp_servers"`
 	Probes     []helperProbe  `json:"probes"`
+	// LoAddrs are addresses put on loopback first (an address a probe
+	// reaches untranslated).
+	LoAddrs []string `json:"lo_addrs,omitempty"`
 }
 
 type helperServer struct {
@@ -103,6 +106,16 @@ func helper(req helperRequest, out io.Writer) error {
 	}
 	if err := netlink.LinkSetUp(lo); err != nil {
 		return fmt.Errorf("set lo up: %w", err)
+	}
+	for _, a := range req.LoAddrs {
+		addr, err := netlink.ParseAddr(a)
+		if err != nil {
+			return fmt.Errorf("address %s: %w", a, err)
+		}
+		// A namespace the helper ran in before has it already.
+		if err := netlink.AddrAdd(lo, addr); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add %s to lo: %w", a, err)
+		}
 	}
 	for _, s := range req.TCPServers {
 		ln, err := net.Listen("tcp", s.Addr)
@@ -265,6 +278,14 @@ func probe(kind string, dst netip.AddrPort) (r helperResult) {
 // directory) and a new network namespace, and returns its results.
 func runHelper(t testing.TB, cgroup string, req helperRequest) [][]helperResult {
 	t.Helper()
+	return runHelperIn(t, cgroup, "", req)
+}
+
+// runHelperIn is runHelper in the network namespace at netnsPath (entered
+// with nsenter, a namespace the test made and knows the cookie of) instead
+// of a new one; "": a new one.
+func runHelperIn(t testing.TB, cgroup, netnsPath string, req helperRequest) [][]helperResult {
+	t.Helper()
 	b, err := json.Marshal(req)
 	if err != nil {
 		t.Fatal(err)
@@ -275,12 +296,17 @@ func runHelper(t testing.TB, cgroup string, req helperRequest) [][]helperResult 
 	}
 	defer cg.Close()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+string(b))
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  syscall.CLONE_NEWNET,
 		UseCgroupFD: true,
 		CgroupFD:    int(cg.Fd()),
 	}
+	if netnsPath != "" {
+		// nsenter starts in the cgroup and executes the helper there.
+		cmd = exec.Command("nsenter", "--net="+netnsPath, os.Args[0], "-test.run=^$")
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	}
+	cmd.Env = append(os.Environ(), helperEnv+"="+string(b))
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	done := make(chan struct{})

@@ -214,7 +214,8 @@ func cgroupID(path string) (uint64, error) {
 func (s *SockLB) Maps() *maps.LBMaps {
 	o := &s.objs.SockMaps
 	return &maps.LBMaps{Services4: o.TdrLb4ServicesV1, Services6: o.TdrLb6ServicesV1, Slots: o.TdrLbSlotsV1, Backends: o.TdrLbBackendsV1,
-		RevNAT: o.TdrLbRevnatV1, Affinity: o.TdrLbAffinityV1, Maglev: o.TdrLbMaglevV1, SockRevNAT: o.TdrLbSockRevnatV1}
+		RevNAT: o.TdrLbRevnatV1, Affinity: o.TdrLbAffinityV1, Maglev: o.TdrLbMaglevV1, SockRevNAT: o.TdrLbSockRevnatV1,
+		Skip4: o.TdrLb4SkipV1, Skip6: o.TdrLb6SkipV1, SkipSrc: o.TdrLbSkipsrcV1}
 }
 
 // Metrics returns the datapath counters map (the socket hooks count

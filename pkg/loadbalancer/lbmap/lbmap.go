@@ -31,6 +31,11 @@ type written struct {
 	// ranges are the source ranges written for the frontend
 	// (loadBalancerSourceRanges).
 	ranges []netip.Prefix
+	// skips are the skipRedirectFromBackend entries written for the
+	// frontend: client netns cookie -> LBSkip* mode.
+	skips map[uint64]uint8
+	// skipSrcs are the per-packet path's: client address -> mode.
+	skipSrcs map[netip.Addr]uint8
 }
 
 // Ops are the reconciler's operations over the LB maps. Every method is
@@ -219,6 +224,37 @@ func (o *Ops) Restore() (Restored, error) {
 			w.ranges = rs
 			o.state[k] = w
 		}
+	}
+	// Skip entries: a frontend's written ones are known again, so one of
+	// a pod gone while the agent was down goes at the next write (or at
+	// the prune, with its frontend).
+	err = o.maps.SkipMap().Iterate(func(k maps.SkipKey, mode uint8) bool {
+		fk := keyOf(k.Frontend)
+		if w, ok := o.state[fk]; ok {
+			if w.skips == nil {
+				w.skips = map[uint64]uint8{}
+			}
+			w.skips[k.NetnsCookie] = mode
+			o.state[fk] = w
+		}
+		return true
+	})
+	if err != nil {
+		return r, fmt.Errorf("restore skip entries: %w", err)
+	}
+	err = o.maps.SkipSrcMap().Iterate(func(k maps.SkipSrcKey, mode uint8) bool {
+		fk := keyOf(k.Frontend)
+		if w, ok := o.state[fk]; ok {
+			if w.skipSrcs == nil {
+				w.skipSrcs = map[netip.Addr]uint8{}
+			}
+			w.skipSrcs[k.Client] = mode
+			o.state[fk] = w
+		}
+		return true
+	})
+	if err != nil {
+		return r, fmt.Errorf("restore per-packet skip entries: %w", err)
 	}
 	err = o.maps.RevNATMap().Iterate(func(id uint32, _ netip.AddrPort) bool {
 		if !o.usedIDs[id] {
@@ -430,6 +466,68 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 		}
 	}
 	s := maps.Service{ID: svcID, RevNATID: revNAT}
+	// skipRedirectFromBackend: the clients' entries, and for a
+	// serviceMatcher the service's own active backends after the
+	// redirect's slots (a redirect is internal: the local scope of
+	// externalTrafficPolicy Local is free).
+	skips, skipSrcs := map[uint64]uint8{}, map[netip.Addr]uint8{}
+	if len(f.SkipClients) > 0 || len(f.SkipAddrs) > 0 {
+		s.Flags |= maps.SvcFlagSkipBackend
+		mode := maps.LBSkipPass
+		if f.SkipMode == loadbalancer.SkipToOriginal {
+			mode = maps.LBSkipOriginal
+			var orig []uint32
+			for _, b := range f.Original {
+				if !b.Active {
+					continue
+				}
+				id, err := o.backendIDLocked(b.Addr)
+				if err != nil {
+					return err
+				}
+				want := maps.Backend{Addr: b.Addr.Addr(), Port: b.Addr.Port(), State: maps.BackendStateActive}
+				if b.Terminating {
+					want.State = maps.BackendStateTerminating
+				}
+				if err := o.writeBackendLocked(id, want); err != nil {
+					return fmt.Errorf("frontend %s: %w", f.Key, err)
+				}
+				if !contains(ids, id) {
+					ids = append(ids, id)
+				}
+				orig = append(orig, id)
+			}
+			if len(orig) > 255 {
+				orig = orig[:255]
+			}
+			s.LocalCount = uint8(len(orig))
+			slots = append(slots, orig...)
+		}
+		for _, c := range f.SkipClients {
+			skips[c] = mode
+		}
+		for _, a := range f.SkipAddrs {
+			skipSrcs[a.Unmap()] = mode
+		}
+	}
+	// The entries before the service entry whose flag makes the hooks
+	// read them.
+	for c, mode := range skips {
+		if prev.skips[c] == mode {
+			continue
+		}
+		if err := o.maps.SkipMap().Upsert(maps.SkipKey{NetnsCookie: c, Frontend: frontendOf(f.Key)}, mode); err != nil {
+			return err
+		}
+	}
+	for a, mode := range skipSrcs {
+		if prev.skipSrcs[a] == mode {
+			continue
+		}
+		if err := o.maps.SkipSrcMap().Upsert(maps.SkipSrcKey{Client: a, Frontend: frontendOf(f.Key)}, mode); err != nil {
+			return err
+		}
+	}
 	if f.External() {
 		// Clients from outside reach it through the host programs.
 		s.Flags |= maps.SvcFlagExternal
@@ -497,8 +595,24 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f
 			delete(o.drainingBackends, id)
 		}
 	}
-	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev, ranges: ranges}
+	o.state[f.Key] = written{svc: s, backends: ids, maglev: f.Maglev, ranges: ranges, skips: skips, skipSrcs: skipSrcs}
 	var errs []error
+	for c := range prev.skips {
+		if _, ok := skips[c]; ok {
+			continue
+		}
+		if err := o.maps.SkipMap().Delete(maps.SkipKey{NetnsCookie: c, Frontend: frontendOf(f.Key)}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for a := range prev.skipSrcs {
+		if _, ok := skipSrcs[a]; ok {
+			continue
+		}
+		if err := o.maps.SkipSrcMap().Delete(maps.SkipSrcKey{Client: a, Frontend: frontendOf(f.Key)}); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	var removed []RemovedBackend
 	for _, id := range prev.backends {
 		if contains(ids, id) {
@@ -539,6 +653,16 @@ func (o *Ops) deleteLocked(k loadbalancer.FrontendKey) error {
 	}
 	if len(w.ranges) > 0 {
 		if err := o.maps.SrcRangeMap().Set(w.svc.RevNATID, nil, w.ranges); err != nil {
+			return fmt.Errorf("remove frontend %s: %w", k, err)
+		}
+	}
+	for c := range w.skips {
+		if err := o.maps.SkipMap().Delete(maps.SkipKey{NetnsCookie: c, Frontend: frontendOf(k)}); err != nil {
+			return fmt.Errorf("remove frontend %s: %w", k, err)
+		}
+	}
+	for a := range w.skipSrcs {
+		if err := o.maps.SkipSrcMap().Delete(maps.SkipSrcKey{Client: a, Frontend: frontendOf(k)}); err != nil {
 			return fmt.Errorf("remove frontend %s: %w", k, err)
 		}
 	}
@@ -645,6 +769,38 @@ func (o *Ops) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*loadba
 	}
 	for svc, n := range doomed {
 		if err := o.maps.SlotMap().Delete(svc, n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Skip entries of no frontend (written before a crash, or of a
+	// frontend deleted while the agent was down).
+	var staleSkips []maps.SkipKey
+	err = o.maps.SkipMap().Iterate(func(k maps.SkipKey, _ uint8) bool {
+		if _, ok := o.state[keyOf(k.Frontend)].skips[k.NetnsCookie]; !ok {
+			staleSkips = append(staleSkips, k)
+		}
+		return true
+	})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, k := range staleSkips {
+		if err := o.maps.SkipMap().Delete(k); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var staleSrcs []maps.SkipSrcKey
+	err = o.maps.SkipSrcMap().Iterate(func(k maps.SkipSrcKey, _ uint8) bool {
+		if _, ok := o.state[keyOf(k.Frontend)].skipSrcs[k.Client]; !ok {
+			staleSrcs = append(staleSrcs, k)
+		}
+		return true
+	})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, k := range staleSrcs {
+		if err := o.maps.SkipSrcMap().Delete(k); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -38,7 +38,7 @@ func newLBMaps(t testing.TB) *maps.LBMaps {
 	m := &maps.LBMaps{Services4: mk(maps.LB4ServicesMapName), Services6: mk(maps.LB6ServicesMapName), Slots: mk(maps.LBSlotsMapName),
 		Backends: mk(maps.LBBackendsMapName), RevNAT: mk(maps.LBRevNATMapName), Affinity: mk(maps.LBAffinityMapName),
 		Maglev: mk(maps.LBMaglevMapName), SockRevNAT: mk(maps.LBSockRevNATMapName), SrcRange4: mk(maps.LB4SrcRangeMapName),
-		SrcRange6: mk(maps.LB6SrcRangeMapName)}
+		SrcRange6: mk(maps.LB6SrcRangeMapName), Skip4: mk(maps.LB4SkipMapName), Skip6: mk(maps.LB6SkipMapName), SkipSrc: mk(maps.LBSkipSrcMapName)}
 	t.Cleanup(m.Close)
 	return m
 }

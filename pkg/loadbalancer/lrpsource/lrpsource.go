@@ -59,7 +59,7 @@ func (l Limits) namespaceAllowed(ns string) bool {
 // Parse checks a policy whole and translates it, within lim.
 func Parse(p *v1alpha1.TendrilLocalRedirectPolicy, lim Limits) (*Policy, error) {
 	name := loadbalancer.ServiceName{Namespace: p.Namespace, Name: p.Name}
-	r := &loadbalancer.LocalRedirect{Name: name, UID: string(p.UID)}
+	r := &loadbalancer.LocalRedirect{Name: name, UID: string(p.UID), SkipFromBackend: p.Spec.SkipRedirectFromBackend}
 	fe := p.Spec.RedirectFrontend
 	switch {
 	case fe.AddressMatcher != nil && fe.ServiceMatcher != nil:
@@ -271,6 +271,10 @@ type Source struct {
 	// applied are the backends last written per policy: a pod event
 	// that changes none of them writes nothing.
 	applied map[string][]loadbalancer.RedirectBackend
+	// cookies are this node's pods' network namespace cookies, by
+	// namespace/name (SetNetnsCookie): skipRedirectFromBackend names the
+	// backend pods by them.
+	cookies map[string]uint64
 	synced  map[string]bool
 	done    func()
 }
@@ -279,7 +283,7 @@ type Source struct {
 // initialized (no prune of the LB maps) until both kinds have synced.
 func New(w Writer, lim Limits, log *slog.Logger) *Source {
 	return &Source{w: w, log: log, limits: lim, policies: map[string]*Policy{}, rejected: map[string]string{},
-		pods: map[string]*corev1.Pod{}, applied: map[string][]loadbalancer.RedirectBackend{}, synced: map[string]bool{}, done: w.RegisterInitializer("k8s-local-redirects")}
+		pods: map[string]*corev1.Pod{}, cookies: map[string]uint64{}, applied: map[string][]loadbalancer.RedirectBackend{}, synced: map[string]bool{}, done: w.RegisterInitializer("k8s-local-redirects")}
 }
 
 // Rejected are the refused policies and why, by namespace/name.
@@ -363,6 +367,28 @@ func (s *Source) OnPod(ev watchers.Event[*corev1.Pod]) {
 	}
 }
 
+// SetNetnsCookie records pod's (namespace/name) network namespace cookie
+// (0: forget it, the pod's endpoint is gone) and rewrites the policies of
+// its namespace whose backends change by it.
+func (s *Source) SetNetnsCookie(pod string, cookie uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cookies[pod] == cookie {
+		return
+	}
+	if cookie == 0 {
+		delete(s.cookies, pod)
+	} else {
+		s.cookies[pod] = cookie
+	}
+	ns, _, _ := strings.Cut(pod, "/")
+	for key, p := range s.policies {
+		if p.Redirect.Name.Namespace == ns {
+			s.apply(key, p)
+		}
+	}
+}
+
 // apply writes policy p with the backends it selects now.
 func (s *Source) apply(key string, p *Policy) {
 	pods := make([]*corev1.Pod, 0, len(s.pods))
@@ -371,6 +397,9 @@ func (s *Source) apply(key string, p *Policy) {
 	}
 	r := *p.Redirect
 	r.Backends = p.Backends(pods)
+	for i := range r.Backends {
+		r.Backends[i].NetnsCookie = s.cookies[r.Backends[i].Pod]
+	}
 	if prev, ok := s.applied[key]; ok && slices.Equal(prev, r.Backends) {
 		return
 	}

@@ -231,3 +231,44 @@ func TestSourceSelectsLocalPodsOfItsNamespace(t *testing.T) {
 		t.Fatalf("rejected: %v", rej)
 	}
 }
+
+// TestSourceSkipRedirectFromBackend: the policy's flag reaches the
+// redirect, and each backend carries its pod's network namespace cookie
+// once the endpoint's is known (SetNetnsCookie), and loses it when it is
+// forgotten.
+func TestSourceSkipRedirectFromBackend(t *testing.T) {
+	w := newWriter(t)
+	s := New(w, Limits{}, slog.New(slog.DiscardHandler))
+	cache := map[string]string{"k8s-app": "node-local-dns"}
+	s.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Upsert, Key: "kube-system/cache", Object: pod("kube-system", "cache", "10.0.0.7", cache)})
+	p := svcPolicy("kube-system", "nodelocaldns")
+	p.Spec.SkipRedirectFromBackend = true
+	s.OnPolicy(watchers.Event[*v1alpha1.TendrilLocalRedirectPolicy]{Kind: watchers.Upsert, Key: "kube-system/nodelocaldns", Object: p})
+	cookies := func() []uint64 {
+		var out []uint64
+		for _, b := range redirectOf(t, w, "kube-system", "nodelocaldns").Backends {
+			out = append(out, b.NetnsCookie)
+		}
+		return out
+	}
+	if r := redirectOf(t, w, "kube-system", "nodelocaldns"); r == nil || !r.SkipFromBackend {
+		t.Fatalf("the flag did not reach the redirect: %+v", r)
+	}
+	if got := cookies(); len(got) != 2 || got[0] != 0 || got[1] != 0 {
+		t.Fatalf("cookies before the endpoint: %v, want none known", got)
+	}
+	s.SetNetnsCookie("kube-system/cache", 99)
+	s.SetNetnsCookie("tenant-a/other", 5)
+	if got := cookies(); len(got) != 2 || got[0] != 99 || got[1] != 99 {
+		t.Fatalf("cookies: %v, want 99 on each backend", got)
+	}
+	s.SetNetnsCookie("kube-system/cache", 0)
+	if got := cookies(); got[0] != 0 || got[1] != 0 {
+		t.Fatalf("cookies after the endpoint went: %v", got)
+	}
+	p.Spec.SkipRedirectFromBackend = false
+	s.OnPolicy(watchers.Event[*v1alpha1.TendrilLocalRedirectPolicy]{Kind: watchers.Upsert, Key: "kube-system/nodelocaldns", Object: p})
+	if r := redirectOf(t, w, "kube-system", "nodelocaldns"); r.SkipFromBackend {
+		t.Fatal("the flag stayed on")
+	}
+}

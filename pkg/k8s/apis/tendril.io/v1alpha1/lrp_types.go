@@ -42,6 +42,14 @@ type LocalRedirectPolicySpec struct {
 	RedirectFrontend RedirectFrontend `json:"redirectFrontend"`
 	// RedirectBackend selects the pods on the node it goes to.
 	RedirectBackend RedirectBackend `json:"redirectBackend"`
+	// SkipRedirectFromBackend: traffic from the selected backend pods
+	// themselves to the frontend is not redirected back to a local
+	// backend but goes where it would without the policy (a
+	// serviceMatcher's Service backends, an addressMatcher's address).
+	// Applied by the socket load-balancer (the pods by their network
+	// namespaces) and the per-packet NAT (by their addresses).
+	// +optional
+	SkipRedirectFromBackend bool `json:"skipRedirectFromBackend,omitempty"`
 	// Description is free text.
 	// +optional
 	Description string `json:"description,omitempty"`
