@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
@@ -70,12 +71,17 @@ func (m *LBMaps) fields() map[string]**ebpf.Map {
 }
 
 // OpenPinnedLB opens the load-balancing maps pinned under root (a node's
-// BPF root) without loading any program.
+// BPF root) without loading any program. The skipRedirectFromBackend maps
+// are left nil when absent: an agent of an earlier version, which did not
+// have them, may have pinned the rest.
 func OpenPinnedLB(root string, readOnly bool) (*LBMaps, error) {
 	m := &LBMaps{}
 	opts := &ebpf.LoadPinOptions{ReadOnly: readOnly}
 	for name, dst := range m.fields() {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(root, name), opts)
+		if err != nil && errors.Is(err, os.ErrNotExist) && (name == LB4SkipMapName || name == LB6SkipMapName || name == LBSkipSrcMapName) {
+			continue
+		}
 		if err != nil {
 			m.Close()
 			return nil, fmt.Errorf("open pinned map %s under %s: %w", name, root, err)

@@ -3,6 +3,7 @@ package maps
 import (
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -251,5 +252,26 @@ func TestPrivilegedLBMapsPinnedWithPodObject(t *testing.T) {
 	}
 	if b, ok, _ := pinned.BackendMap().Lookup(1); !ok || b.AddrPort() != netip.MustParseAddrPort("10.0.0.9:6443") {
 		t.Errorf("pinned backend = %+v, %v", b, ok)
+	}
+	if pinned.Skip4 == nil || pinned.SkipSrc == nil {
+		t.Error("the skip maps were pinned but not opened")
+	}
+	// An earlier agent's pins, without the skipRedirectFromBackend maps:
+	// the others still open.
+	for _, name := range []string{LB4SkipMapName, LB6SkipMapName, LBSkipSrcMapName} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	older, err := OpenPinnedLB(dir, true)
+	if err != nil {
+		t.Fatalf("pins without the skip maps: %v", err)
+	}
+	defer older.Close()
+	if older.Skip4 != nil {
+		t.Error("a skip map opened that is not pinned")
+	}
+	if s, ok, err := older.ServiceMap().Lookup(fe); err != nil || !ok || s.Count != 1 {
+		t.Errorf("pinned service without the skip maps = %+v, %v, %v", s, ok, err)
 	}
 }
