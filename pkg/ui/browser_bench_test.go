@@ -23,7 +23,9 @@ import (
 // b.N; accounted-fraction says whether its count is whole.
 func BenchmarkBrowserFollow(b *testing.B) {
 	ctx := uitest.Browser(b)
-	demo, s, hs := uiOverDemo(b, Config{Capacity: 200000})
+	// The store holds every flow of the run (the 40,000 first ones and
+	// 10,000 a second): the count the page must reach is read from it.
+	demo, s, hs := uiOverDemo(b, Config{Capacity: max(200000, 50000+b.N*10000)})
 	demo.round(b, 0, 40000)
 	for s.Store().Seen() < 10 {
 		time.Sleep(10 * time.Millisecond)
