@@ -137,7 +137,7 @@ fuzz:
 # output ("--- fuzz <package> <target>: rc=..., execs=..." per target and
 # "FAIL fuzz ..." for a failure).
 fuzz-short:
-	@hack/fuzz.sh $(FUZZTIME_SHORT)
+	@FUZZ_SHORT=1 hack/fuzz.sh $(FUZZTIME_SHORT)
 
 # Every BenchmarkPrivileged* once (b.N = 1), so the checks inside them run
 # in CI, and the kvstore benchmark whose etcd-binary case is published (it
