@@ -10,13 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
@@ -178,39 +178,12 @@ func TestPrivilegedLocalRedirectDNSCache(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	dns, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: ns},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
-			{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP}}}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := endpoint(clusterDNSIP, true, true, false)
-	at.NodeName = ptr.To("node-elsewhere")
-	for _, s := range []struct {
-		name, port string
-		proto      corev1.Protocol
-	}{{"kube-dns-udp", "dns", corev1.ProtocolUDP}, {"kube-dns-tcp", "dns-tcp", corev1.ProtocolTCP}} {
-		if _, err := cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(ns, s.name, "kube-dns", 53, s.proto, s.port, at), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dns := createKubeDNS(ctx, t, cs, ns, clusterDNSIP)
 	// The cache pods: one in the Service's namespace, and a tenant's with
 	// the same labels, which no policy of kube-dns's namespace selects.
 	cacheLabels := map[string]string{"k8s-app": "node-local-dns"}
-	mkPod := func(namespace, name, ip string) {
-		p, err := cs.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: cacheLabels},
-			Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
-			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
-		if _, err := cs.CoreV1().Pods(namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mkPod(ns, "cache", cacheIP)
-	mkPod(tenant, "cache", "10.244.33.66")
+	createReadyPod(ctx, t, cs, ns, "cache", nodeName, cacheIP, cacheLabels)
+	createReadyPod(ctx, t, cs, tenant, "cache", nodeName, "10.244.33.66", cacheLabels)
 
 	backend := v1alpha1.RedirectBackend{LocalEndpointSelector: metav1.LabelSelector{MatchLabels: cacheLabels},
 		ToPorts: []v1alpha1.LRPPort{lrpPort("53", "UDP", "dns"), lrpPort("53", "TCP", "dns-tcp")}}
@@ -289,44 +262,7 @@ func TestPrivilegedLocalRedirectDNSCache(t *testing.T) {
 	}
 
 	// A pod's DNS, through the socket LB.
-	cgf, err := os.Open(cg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cgf.Close()
-	req, _ := json.Marshal(lrpRequest{Servers: []string{cacheIP, clusterDNSIP}, Ask: net.JoinHostPort(dns.Spec.ClusterIP, "53")})
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), lrpHelperEnv+"="+string(req))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, UseCgroupFD: true, CgroupFD: int(cgf.Fd())}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		stdin.Close()
-		_ = cmd.Wait()
-	}()
-	dec := json.NewDecoder(stdout)
-	ask := func() lrpAnswer {
-		t.Helper()
-		if _, err := stdin.Write([]byte("ask\n")); err != nil {
-			t.Fatalf("ask: %v; stderr: %s", err, stderr.String())
-		}
-		var a lrpAnswer
-		if err := dec.Decode(&a); err != nil {
-			t.Fatalf("child's answer: %v; stderr: %s", err, stderr.String())
-		}
-		return a
-	}
+	ask := startLRPClient(t, cg, "", lrpRequest{Servers: []string{cacheIP, clusterDNSIP}, Ask: net.JoinHostPort(dns.Spec.ClusterIP, "53")})
 	if got := ask(); got.Err != "" || got.UDP != cacheIP || got.TCP != cacheIP {
 		t.Fatalf("with the cache pod on the node, the kube-dns ClusterIP should reach it: %+v", got)
 	}
@@ -404,4 +340,44 @@ func TestPrivilegedLocalRedirectDNSCache(t *testing.T) {
 		st := readFrontend(t, root, linkLocal)
 		return !st.found, fmt.Errorf("maps hold %+v", st)
 	})
+}
+
+// createKubeDNS creates the Service kube-dns of namespace ns (DNS over UDP
+// and TCP) with one ready backend at ip on another node, in an
+// EndpointSlice per protocol.
+func createKubeDNS(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns, ip string) *corev1.Service {
+	t.Helper()
+	dns, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: ns},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+			{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := endpoint(ip, true, true, false)
+	at.NodeName = ptr.To("node-elsewhere")
+	for _, s := range []struct {
+		name, port string
+		proto      corev1.Protocol
+	}{{"kube-dns-udp", "dns", corev1.ProtocolUDP}, {"kube-dns-tcp", "dns-tcp", corev1.ProtocolTCP}} {
+		if _, err := cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(ns, s.name, "kube-dns", 53, s.proto, s.port, at), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dns
+}
+
+// createReadyPod creates a pod on node, running and ready at ip (its
+// status written as the kubelet would).
+func createReadyPod(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns, name, node, ip string, labels map[string]string) {
+	t.Helper()
+	p, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	if _, err := cs.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/cilium/cilium/api/v1/models"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/k8s"
@@ -100,33 +99,9 @@ func TestPrivilegedLocalRedirectSkipFromBackend(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	dns, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: ns},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
-			{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP}}}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := endpoint(clusterDNSIP, true, true, false)
-	at.NodeName = ptr.To("node-elsewhere")
-	for _, s := range []struct {
-		name, port string
-		proto      corev1.Protocol
-	}{{"kube-dns-udp", "dns", corev1.ProtocolUDP}, {"kube-dns-tcp", "dns-tcp", corev1.ProtocolTCP}} {
-		if _, err := cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(ns, s.name, "kube-dns", 53, s.proto, s.port, at), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dns := createKubeDNS(ctx, t, cs, ns, clusterDNSIP)
 	cacheLabels := map[string]string{"k8s-app": "node-local-dns"}
-	p, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cache", Namespace: ns, Labels: cacheLabels},
-		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: cacheIP, PodIPs: []corev1.PodIP{{IP: cacheIP}},
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
-	if _, err := cs.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createReadyPod(ctx, t, cs, ns, "cache", nodeName, cacheIP, cacheLabels)
 
 	// The cache pod's network namespace, as its runtime would make it.
 	netnsName := "tdr-lrpskip-" + randHex()
