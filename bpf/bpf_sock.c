@@ -122,7 +122,7 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u8 conne
 	__u32 bid = 0;
 	const struct lb_backend *be;
 	if (skip == LB_SKIP_ORIGINAL)
-		be = lb_pick_original(svc, &bid);
+		be = lb_pick_original(svc, &ak, &bid);
 	else
 		be = lb_pick(svc, &ak, lb_hash_cookie(cookie), &bid);
 	if (!be || be->family != FAMILY_V4)
@@ -169,7 +169,7 @@ static __always_inline int sock6_xlate_fwd(struct bpf_sock_addr *ctx, __u8 conne
 	__u32 bid = 0;
 	const struct lb_backend *be;
 	if (skip == LB_SKIP_ORIGINAL)
-		be = lb_pick_original(svc, &bid);
+		be = lb_pick_original(svc, &ak, &bid);
 	else
 		be = lb_pick(svc, &ak, lb_hash_cookie(cookie), &bid);
 	if (!be || be->family != FAMILY_V6)

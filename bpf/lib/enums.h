@@ -264,6 +264,12 @@
 #define AFFINITY_BY_V4 4
 #define AFFINITY_BY_V6 6
 
+/* Or'ed into the kind: the affinity of a client a local redirect skips
+ * (skipRedirectFromBackend) to the original Service's backends, apart
+ * from the redirect's own.
+ * go:const Affinity AFFINITY_ uint8 */
+#define AFFINITY_ORIGINAL 0x80
+
 /* Directions of NAT entries (nat4_key.dir): the pod's tuple as it leaves
  * (egress, giving the node's address and port) and the node's tuple as a
  * reply arrives (ingress, giving the pod's).

@@ -83,26 +83,48 @@ static __always_inline __u32 lb_select_id(const struct lb_service *svc, __u32 ha
 	return id ? *id : 0;
 }
 
-/* lb_pick chooses the backend of a new flow of svc from a client (ak,
+/* lb_original_id is a random one of the original Service's backends of a
+ * local redirect (SVC_F_SKIP_BACKEND: slots count+1..count+local_count),
+ * for a client the redirect skips. 0: none. Maglev is not applied to
+ * them: a skipped client is a pod of the node, and Maglev's consistency
+ * across nodes is for clients from outside. */
+static __always_inline __u32 lb_original_id(const struct lb_service *svc)
+{
+	__u32 n = svc->local_count;
+
+	if (!n)
+		return 0;
+	struct lb_slot_key k = {.svc_id = svc->svc_id, .slot = svc->count + bpf_get_prandom_u32() % n + 1};
+	__u32 *bid = bpf_map_lookup_elem(&tdr_lb_slots_v1, &k);
+	return bid ? *bid : 0;
+}
+
+/* lb_pick_in chooses the backend of a new flow of svc from a client (ak,
  * its service ID filled in here): the client's affinity backend when the
  * service has affinity, the client used it within the timeout and it is
- * still active; otherwise lb_select_id's, recorded as the client's
- * affinity. Returns the backend and its ID in *id, or NULL when the
- * service has no backend (count 0, or a slot or table entry naming a
+ * still active; otherwise lb_select_id's (original: lb_original_id's),
+ * recorded as the client's affinity. A skipped client's affinity is kept
+ * apart from the redirected clients' (AFFINITY_ORIGINAL in the key's
+ * kind): a pod that stops being one of the redirect's backends must not
+ * follow an affinity to the original Service's backends, nor the other
+ * way round to itself. Returns the backend and its ID in *id, or NULL
+ * when there is no backend (no slot, or a slot or table entry naming a
  * backend that does not exist). */
-static __always_inline const struct lb_backend *lb_pick(const struct lb_service *svc, struct lb_affinity_key *ak,
-							 __u32 hash, __u32 *id)
+static __always_inline const struct lb_backend *lb_pick_in(const struct lb_service *svc, struct lb_affinity_key *ak,
+							    __u32 hash, __u32 *id, const __u8 original)
 {
 	const struct lb_backend *be = NULL;
 	__u8 affinity = svc->flags & SVC_F_AFFINITY;
 	__u64 now = 0;
 	__u32 bid = 0;
 
-	if (!svc->count)
+	if (original ? !svc->local_count : !svc->count)
 		return NULL;
 	if (affinity) {
 		now = bpf_ktime_get_coarse_ns();
 		ak->svc_id = svc->svc_id;
+		if (original)
+			ak->kind |= AFFINITY_ORIGINAL;
 		struct lb_affinity *a = bpf_map_lookup_elem(&tdr_lb_affinity_v1, ak);
 		if (a && now - a->last_used <= (__u64)svc->affinity_timeout * NSEC_PER_SEC) {
 			bid = a->backend_id;
@@ -112,7 +134,7 @@ static __always_inline const struct lb_backend *lb_pick(const struct lb_service 
 		}
 	}
 	if (!be) {
-		bid = lb_select_id(svc, hash);
+		bid = original ? lb_original_id(svc) : lb_select_id(svc, hash);
 		if (!bid)
 			return NULL;
 		be = bpf_map_lookup_elem(&tdr_lb_backends_v1, &bid);
@@ -127,22 +149,20 @@ static __always_inline const struct lb_backend *lb_pick(const struct lb_service 
 	return be;
 }
 
-/* lb_pick_original chooses, at random, one of the original Service's
- * backends of a local redirect (SVC_F_SKIP_BACKEND: slots
- * count+1..count+local_count), for a client the redirect skips. NULL:
- * none. Affinity and Maglev are not applied to these clients. */
-static __always_inline const struct lb_backend *lb_pick_original(const struct lb_service *svc, __u32 *id)
+/* lb_pick is lb_pick_in for a client the frontend's backends serve. */
+static __always_inline const struct lb_backend *lb_pick(const struct lb_service *svc, struct lb_affinity_key *ak,
+							 __u32 hash, __u32 *id)
 {
-	__u32 n = svc->local_count;
+	return lb_pick_in(svc, ak, hash, id, 0);
+}
 
-	if (!n)
-		return NULL;
-	struct lb_slot_key k = {.svc_id = svc->svc_id, .slot = svc->count + bpf_get_prandom_u32() % n + 1};
-	__u32 *bid = bpf_map_lookup_elem(&tdr_lb_slots_v1, &k);
-	if (!bid)
-		return NULL;
-	*id = *bid;
-	return bpf_map_lookup_elem(&tdr_lb_backends_v1, bid);
+/* lb_pick_original is lb_pick_in for a client a local redirect skips
+ * (LB_SKIP_ORIGINAL): the original Service's backends, with its session
+ * affinity. */
+static __always_inline const struct lb_backend *lb_pick_original(const struct lb_service *svc, struct lb_affinity_key *ak,
+								  __u32 *id)
+{
+	return lb_pick_in(svc, ak, 0, id, 1);
 }
 
 #endif

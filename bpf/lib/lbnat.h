@@ -149,7 +149,7 @@ __attribute__((noinline)) int lb_dnat(struct __sk_buff *skb, struct pkt *p)
 		struct lb_affinity_key ak = {.kind = p->family == FAMILY_V4 ? AFFINITY_BY_V4 : AFFINITY_BY_V6};
 		__builtin_memcpy(ak.client, p->saddr, 16);
 		if (skip == LB_SKIP_ORIGINAL)
-			be = lb_pick_original(svc, &bid);
+			be = lb_pick_original(svc, &ak, &bid);
 		else
 			be = lb_pick(svc, &ak, lb_hash_tuple(p), &bid);
 		if (!be || be->family != p->family)

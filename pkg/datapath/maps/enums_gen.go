@@ -348,6 +348,14 @@ const (
 	AffinityByV6    uint8 = 6 // AFFINITY_BY_V6
 )
 
+// Or'ed into the kind: the affinity of a client a local redirect skips
+// (skipRedirectFromBackend) to the original Service's backends, apart
+// from the redirect's own.
+// From AFFINITY_* of bpf/lib/enums.h.
+const (
+	AffinityOriginal uint8 = 0x80 // AFFINITY_ORIGINAL
+)
+
 // Directions of NAT entries (nat4_key.dir): the pod's tuple as it leaves
 // (egress, giving the node's address and port) and the node's tuple as a
 // reply arrives (ingress, giving the pod's).

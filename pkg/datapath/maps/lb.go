@@ -513,6 +513,10 @@ type AffinityKey struct {
 	Client      netip.Addr
 	NetnsCookie uint64
 	ServiceID   uint32
+	// Original: the client is one a local redirect skips
+	// (skipRedirectFromBackend), its affinity to the original Service's
+	// backends (AFFINITY_ORIGINAL).
+	Original bool
 }
 
 func (k AffinityKey) raw() bpf.LxcLbAffinityKey {
@@ -523,16 +527,19 @@ func (k AffinityKey) raw() bpf.LxcLbAffinityKey {
 		if fam == FamilyV6 {
 			r.Kind = AffinityByV6
 		}
-		return r
+	} else {
+		binary.NativeEndian.PutUint64(r.Client[:8], k.NetnsCookie)
+		r.Kind = AffinityByNetns
 	}
-	binary.NativeEndian.PutUint64(r.Client[:8], k.NetnsCookie)
-	r.Kind = AffinityByNetns
+	if k.Original {
+		r.Kind |= AffinityOriginal
+	}
 	return r
 }
 
 func fromRawAffinityKey(r bpf.LxcLbAffinityKey) AffinityKey {
-	k := AffinityKey{ServiceID: r.SvcId}
-	switch r.Kind {
+	k := AffinityKey{ServiceID: r.SvcId, Original: r.Kind&AffinityOriginal != 0}
+	switch r.Kind &^ AffinityOriginal {
 	case AffinityByV4:
 		k.Client = bytesAddr(FamilyV4, r.Client)
 	case AffinityByV6:

@@ -152,7 +152,10 @@ func TestPrivilegedLBServicesAndBackends(t *testing.T) {
 	ka := AffinityKey{Client: netip.MustParseAddr("10.0.3.4"), ServiceID: 7}
 	kb := AffinityKey{NetnsCookie: 0x1234567890, ServiceID: 7}
 	kc := AffinityKey{Client: netip.MustParseAddr("fd00:3::4"), ServiceID: 8}
-	for k, b := range map[AffinityKey]uint32{ka: 1, kb: 2, kc: 3} {
+	// A skipped client's affinity to the original backends is its own
+	// entry beside its affinity as a redirected client.
+	kd := AffinityKey{NetnsCookie: 0x1234567890, ServiceID: 7, Original: true}
+	for k, b := range map[AffinityKey]uint32{ka: 1, kb: 2, kc: 3, kd: 4} {
 		if err := am.Upsert(k, Affinity{BackendID: b, LastUsed: 42}); err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +165,10 @@ func TestPrivilegedLBServicesAndBackends(t *testing.T) {
 	}
 	keys := map[AffinityKey]bool{}
 	_ = am.Iterate(func(k AffinityKey, _ Affinity) bool { keys[k] = true; return true })
-	if !keys[ka] || !keys[kb] || !keys[kc] {
+	if a, ok, _ := am.Lookup(kd); !ok || a.BackendID != 4 {
+		t.Errorf("affinity to the original backends = %+v, %v", a, ok)
+	}
+	if !keys[ka] || !keys[kb] || !keys[kc] || !keys[kd] || len(keys) != 4 {
 		t.Errorf("iterated affinity keys %v", keys)
 	}
 	if n, err := am.DeleteMatching(7, 1); err != nil || n != 1 {

@@ -179,3 +179,83 @@ func TestPrivilegedSocketLBSkipRedirectFromBackend(t *testing.T) {
 		t.Fatalf("policies deleted: skip entries left %v", got)
 	}
 }
+
+// TestPrivilegedSocketLBSkipFollowsAffinity: with ClientIP session
+// affinity on the Service, a pod the local redirect skips keeps to one of
+// the Service's own backends (twenty connections, two backends: random
+// picks all agree once in 2^19), recorded apart from the redirected
+// clients' affinity (AFFINITY_ORIGINAL), while another pod is still
+// redirected to the cache.
+func TestPrivilegedSocketLBSkipFollowsAffinity(t *testing.T) {
+	e := setup(t)
+	name := filepath.Base(e.cgroup)
+	if err := namedns.Create(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := namedns.Delete(name); err != nil {
+			t.Error(err)
+		}
+	})
+	cacheNS := namedns.Path(name)
+	cookie, err := namedns.NetnsCookie(cacheNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newSkipChain(t, e)
+	svc := loadbalancer.ServiceName{Namespace: "kube-system", Name: "kube-dns"}
+	if err := c.w.UpsertService(&loadbalancer.Service{Name: svc, Type: "ClusterIP", Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports:    []loadbalancer.ServicePort{{Name: "dns-tcp", Port: 53, Proto: loadbalancer.TCP}},
+		Affinity: true, AffinityTimeout: 600}); err != nil {
+		t.Fatal(err)
+	}
+	up1, up2 := netip.MustParseAddrPort("127.0.0.1:5302"), netip.MustParseAddrPort("127.0.0.1:5303")
+	if err := c.w.SetBackends(svc, "slice", []*loadbalancer.Backend{
+		{Addr: up1, Proto: loadbalancer.TCP, PortName: "dns-tcp", NodeName: "node-b", Ready: true, Serving: true},
+		{Addr: up2, Proto: loadbalancer.TCP, PortName: "dns-tcp", NodeName: "node-c", Ready: true, Serving: true},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cache := netip.MustParseAddrPort("127.0.0.1:5301")
+	if err := c.w.UpsertLocalRedirect(&loadbalancer.LocalRedirect{Name: loadbalancer.ServiceName{Namespace: "kube-system", Name: "nodelocaldns"},
+		Service: svc, SkipFromBackend: true, Backends: []loadbalancer.RedirectBackend{
+			{Pod: "kube-system/cache", Addr: cache, Proto: loadbalancer.TCP, PortName: "dns-tcp", NetnsCookie: cookie}}}); err != nil {
+		t.Fatal(err)
+	}
+	c.sync(t)
+	req := helperRequest{
+		TCPServers: []helperServer{{cache.String(), "cache"}, {up1.String(), "up1"}, {up2.String(), "up2"}},
+		Probes:     []helperProbe{{Kind: "tcp", Dst: "10.96.0.10:53", Count: 20}},
+	}
+	answered := map[string]int{}
+	for n, r := range runHelperIn(t, e.cgroup, cacheNS, req)[0] {
+		checkOK(t, fmt.Sprintf("cache pod connection %d", n), r)
+		answered[r.Reply]++
+	}
+	if len(answered) != 1 || answered["cache"] > 0 {
+		t.Errorf("the skipped pod's 20 connections were answered by %v, want one of up1 and up2 for all", answered)
+	}
+	for n, r := range runHelper(t, e.cgroup, req)[0] {
+		checkOK(t, fmt.Sprintf("other pod connection %d", n), r)
+		if r.Reply != "cache" {
+			t.Errorf("other pod connection %d answered by %q, want the cache", n, r.Reply)
+		}
+	}
+	var original, redirected int
+	if err := e.maps.AffinityMap().Iterate(func(k maps.AffinityKey, _ maps.Affinity) bool {
+		if k.Original {
+			original++
+			if k.NetnsCookie != cookie {
+				t.Errorf("an affinity to the original backends of netns %d, want only the cache pod's (%d)", k.NetnsCookie, cookie)
+			}
+		} else {
+			redirected++
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if original != 1 || redirected != 1 {
+		t.Errorf("affinity entries: %d to the original backends, %d redirected; want 1 and 1", original, redirected)
+	}
+}
