@@ -235,6 +235,18 @@ type Source struct {
 	pendingPods []op
 	podsListed  bool
 	hostPorts   map[string]bool
+
+	// extMu guards what external IPs are judged against that changes
+	// with the Nodes, and the Services they were judged for.
+	extMu sync.Mutex
+	// nodePodCIDRs are each Node's spec.podCIDRs (the kube-controller-
+	// manager's allocations, which a node cannot change once set): pod
+	// ranges beside podRanges, known without the pools configured.
+	nodePodCIDRs map[string][]netip.Prefix
+	// withExternalIPs are the Services naming external IPs, before the
+	// external IPs were judged: judged again when a Node's pod CIDRs
+	// change.
+	withExternalIPs map[loadbalancer.ServiceName]*loadbalancer.Service
 }
 
 // NewSource returns a source writing through w; it marks the frontends
@@ -242,7 +254,8 @@ type Source struct {
 // zone and addresses) and this node's pods (host ports) have all synced.
 func NewSource(w *loadbalancer.Writer, defaultMaglev bool, log *slog.Logger) *Source {
 	return &Source{w: w, log: log, defaultMaglev: defaultMaglev, sliceOwner: map[string]loadbalancer.ServiceName{},
-		synced: map[string]bool{}, hostPorts: map[string]bool{}, done: w.RegisterInitializer("k8s-services")}
+		synced: map[string]bool{}, hostPorts: map[string]bool{}, done: w.RegisterInitializer("k8s-services"),
+		nodePodCIDRs: map[string][]netip.Prefix{}, withExternalIPs: map[loadbalancer.ServiceName]*loadbalancer.Service{}}
 }
 
 // SetNodePortRange limits the node ports answered to [lo, hi]: a service's
@@ -275,18 +288,29 @@ func (s *Source) SetPodRanges(pools []netip.Prefix) {
 	s.podRanges = pools
 }
 
-// clampExternalIPs drops the external IPs inside the pod ranges or
-// outside the external ranges.
-func (s *Source) clampExternalIPs(key string, svc *loadbalancer.Service) {
-	if len(s.externalIPRanges) == 0 && len(s.podRanges) == 0 {
-		return
+// judgedExternalIPs is svc with the external IPs inside the pod ranges
+// (the pools and every Node's pod CIDRs) or outside the external ranges
+// left out; svc itself is not changed. Called with extMu held.
+func (s *Source) judgedExternalIPs(svc *loadbalancer.Service) *loadbalancer.Service {
+	if len(svc.ExternalIPs) == 0 {
+		return svc
 	}
-	svc.ExternalIPs = slices.DeleteFunc(svc.ExternalIPs, func(a netip.Addr) bool {
+	key := svc.Name.String()
+	c := *svc
+	c.ExternalIPs = slices.DeleteFunc(slices.Clone(svc.ExternalIPs), func(a netip.Addr) bool {
 		a = a.Unmap()
 		for _, r := range s.podRanges {
 			if r.Contains(a) {
 				s.log.Warn("External IP inside the cluster's pod pools left out: it is a pod's address", "service", key, "externalIP", a, "pool", r)
 				return true
+			}
+		}
+		for node, cidrs := range s.nodePodCIDRs {
+			for _, r := range cidrs {
+				if r.Contains(a) {
+					s.log.Warn("External IP inside a node's pod CIDR left out: it is a pod's address", "service", key, "externalIP", a, "node", node, "podCIDR", r)
+					return true
+				}
 			}
 		}
 		if len(s.externalIPRanges) == 0 {
@@ -300,6 +324,70 @@ func (s *Source) clampExternalIPs(key string, svc *loadbalancer.Service) {
 		s.log.Warn("External IP outside --service-external-ip-cidrs left out", "service", key, "externalIP", a)
 		return true
 	})
+	return &c
+}
+
+// upsertJudged is the op writing svc with its external IPs judged when
+// the op runs (not when the event came: a Node's pod CIDR may arrive in
+// between), remembered for the next judgement.
+func (s *Source) upsertJudged(key string, svc *loadbalancer.Service) op {
+	return func(b *loadbalancer.Batch) {
+		s.extMu.Lock()
+		defer s.extMu.Unlock()
+		if len(svc.ExternalIPs) > 0 {
+			s.withExternalIPs[svc.Name] = svc
+		} else {
+			delete(s.withExternalIPs, svc.Name)
+		}
+		s.logErr("Write service", key, b.UpsertService(s.judgedExternalIPs(svc)))
+	}
+}
+
+// setNodePodCIDRs records node's pod CIDRs (none: the Node is gone) and,
+// when they changed, judges the Services' external IPs again. Services
+// not written yet (the initial listing) are judged when they are. The
+// lock order is the ops': the writer's batch, then extMu.
+func (s *Source) setNodePodCIDRs(node string, cidrs []netip.Prefix) {
+	s.extMu.Lock()
+	same := slices.Equal(s.nodePodCIDRs[node], cidrs)
+	s.extMu.Unlock()
+	if same {
+		// Most Node events are status updates.
+		return
+	}
+	err := s.w.Batch(func(b *loadbalancer.Batch) error {
+		s.extMu.Lock()
+		defer s.extMu.Unlock()
+		if len(cidrs) == 0 {
+			delete(s.nodePodCIDRs, node)
+		} else {
+			s.nodePodCIDRs[node] = cidrs
+		}
+		for _, svc := range s.withExternalIPs {
+			s.logErr("Write service", svc.Name.String(), b.UpsertService(s.judgedExternalIPs(svc)))
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Error("Judge the external IPs again after a node's pod CIDRs changed", "node", node, "error", err)
+	}
+}
+
+// podCIDRsOf are a Node's spec.podCIDRs that parse (the Node object is
+// the API server's, validated there).
+func podCIDRsOf(n *corev1.Node) []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range n.Spec.PodCIDRs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	if len(out) == 0 && n.Spec.PodCIDR != "" {
+		if p, err := netip.ParsePrefix(n.Spec.PodCIDR); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
 }
 
 // clampNodePorts drops the node ports outside the range.
@@ -377,22 +465,31 @@ func (s *Source) OnService(ev watchers.Event[*corev1.Service]) {
 	name := loadbalancer.ServiceName{Namespace: ev.Object.Namespace, Name: ev.Object.Name}
 	var o op
 	if ev.Kind == watchers.Delete {
-		o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.DeleteService(name)) }
+		o = s.deleteService(ev.Key, name)
 	} else {
 		svc, ok, cerr := ServiceFrom(ev.Object, s.defaultMaglev)
 		switch {
 		case cerr != nil:
 			s.log.Warn("Service not translated", "service", ev.Key, "error", cerr)
-			o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.DeleteService(name)) }
+			o = s.deleteService(ev.Key, name)
 		case !ok:
-			o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.DeleteService(name)) }
+			o = s.deleteService(ev.Key, name)
 		default:
 			s.clampNodePorts(ev.Key, svc)
-			s.clampExternalIPs(ev.Key, svc)
-			o = func(b *loadbalancer.Batch) { s.logErr("Write service", ev.Key, b.UpsertService(svc)) }
+			o = s.upsertJudged(ev.Key, svc)
 		}
 	}
 	s.apply(&s.pendingServices, s.servicesListed, o)
+}
+
+// deleteService is the op deleting a Service.
+func (s *Source) deleteService(key string, name loadbalancer.ServiceName) op {
+	return func(b *loadbalancer.Batch) {
+		s.extMu.Lock()
+		defer s.extMu.Unlock()
+		delete(s.withExternalIPs, name)
+		s.logErr("Write service", key, b.DeleteService(name))
+	}
 }
 
 func (s *Source) logErr(what, key string, err error) {
@@ -446,6 +543,11 @@ func (s *Source) OnNode(ev watchers.Event[*corev1.Node]) {
 		s.markSynced("nodes")
 		return
 	}
+	var cidrs []netip.Prefix
+	if ev.Kind != watchers.Delete {
+		cidrs = podCIDRsOf(ev.Object)
+	}
+	s.setNodePodCIDRs(ev.Object.Name, cidrs)
 	if ev.Object.Name != s.w.NodeName() {
 		return
 	}

@@ -437,3 +437,62 @@ func TestSourceExternalIPRanges(t *testing.T) {
 		}
 	}
 }
+
+// TestSourceExternalIPInNodePodCIDR: without the pools configured (the
+// kube-controller-manager's node CIDRs), an external IP inside any Node's
+// spec.podCIDRs is no frontend. It is judged again as the Nodes change:
+// left out once a Node's pod CIDR holds it, whether the Node comes before
+// or after the Service, and a frontend again once the Node is gone.
+func TestSourceExternalIPInNodePodCIDR(t *testing.T) {
+	tables, err := loadbalancer.NewTables(statedb.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := NewSource(loadbalancer.NewWriter(tables, "node-a"), false, slog.New(slog.DiscardHandler))
+	frontends := func() string {
+		var got []string
+		for f := range tables.Frontends.All(tables.DB.ReadTxn()) {
+			got = append(got, f.Key.Addr.Addr().String())
+		}
+		slices.Sort(got)
+		return fmt.Sprint(got)
+	}
+	node := func(kind watchers.EventKind, name string, cidrs ...string) watchers.Event[*corev1.Node] {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{PodCIDRs: cidrs}}
+		if len(cidrs) > 0 {
+			n.Spec.PodCIDR = cidrs[0]
+		}
+		return watchers.Event[*corev1.Node]{Kind: kind, Key: name, Object: n}
+	}
+	// Node b's pod CIDR is known before the Service.
+	src.OnNode(node(watchers.Upsert, "node-b", "10.244.2.0/24", "fd00:10:244:2::/64"))
+	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Synced})
+	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
+	ev := serviceEvent(0)
+	ev.Object.Spec.ExternalIPs = []string{"198.51.100.7", "10.244.1.9", "::ffff:10.244.2.3", "fd00:10:244:2::9"}
+	src.OnService(ev)
+	if got, want := frontends(), "[10.244.1.9 10.96.0.1 198.51.100.7]"; got != want {
+		t.Errorf("node b's pod CIDR known: frontends %s, want %s", got, want)
+	}
+	// Node a's pod CIDR, allocated after the Service was written.
+	src.OnNode(node(watchers.Upsert, "node-a", "10.244.1.0/24"))
+	if got, want := frontends(), "[10.96.0.1 198.51.100.7]"; got != want {
+		t.Errorf("node a's pod CIDR allocated: frontends %s, want %s", got, want)
+	}
+	// A status update changes nothing.
+	src.OnNode(node(watchers.Upsert, "node-a", "10.244.1.0/24"))
+	if got, want := frontends(), "[10.96.0.1 198.51.100.7]"; got != want {
+		t.Errorf("node a updated: frontends %s, want %s", got, want)
+	}
+	// Node b leaves the cluster: its range holds no pod any more.
+	src.OnNode(node(watchers.Delete, "node-b", "10.244.2.0/24", "fd00:10:244:2::/64"))
+	if got, want := frontends(), "[10.244.2.3 10.96.0.1 198.51.100.7 fd00:10:244:2::9]"; got != want {
+		t.Errorf("node b deleted: frontends %s, want %s", got, want)
+	}
+	// The Service deleted: nothing is judged for it again.
+	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Delete, Key: ev.Key, Object: ev.Object})
+	src.OnNode(node(watchers.Upsert, "node-c", "10.244.3.0/24"))
+	if got := frontends(); got != "[]" {
+		t.Errorf("service deleted, a node added: frontends %s, want none", got)
+	}
+}
