@@ -54,6 +54,27 @@ func (c *skipChain) sync(t *testing.T) {
 	}
 }
 
+// cacheNetns is the cache pod's network namespace (named after the
+// test's cgroup, unique per run; deleted when the test ends) and its
+// cookie, which the skip entries name.
+func cacheNetns(t *testing.T, e *env) (string, uint64) {
+	t.Helper()
+	name := filepath.Base(e.cgroup)
+	if err := namedns.Create(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := namedns.Delete(name); err != nil {
+			t.Error(err)
+		}
+	})
+	cookie, err := namedns.NetnsCookie(namedns.Path(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return namedns.Path(name), cookie
+}
+
 func skipEntries(t *testing.T, e *env) map[string]uint8 {
 	t.Helper()
 	out := map[string]uint8{}
@@ -75,20 +96,7 @@ func skipEntries(t *testing.T, e *env) map[string]uint8 {
 // again, and the skip entries are gone; the policy deleted, none is left.
 func TestPrivilegedSocketLBSkipRedirectFromBackend(t *testing.T) {
 	e := setup(t)
-	name := filepath.Base(e.cgroup) // unique per run
-	if err := namedns.Create(name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := namedns.Delete(name); err != nil {
-			t.Error(err)
-		}
-	})
-	cacheNS := namedns.Path(name)
-	cookie, err := namedns.NetnsCookie(cacheNS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cacheNS, cookie := cacheNetns(t, e)
 	c := newSkipChain(t, e)
 	kubeDNS := loadbalancer.ServiceName{Namespace: "kube-system", Name: "kube-dns"}
 	if err := c.w.UpsertService(&loadbalancer.Service{Name: kubeDNS, Type: "ClusterIP", Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
@@ -188,20 +196,7 @@ func TestPrivilegedSocketLBSkipRedirectFromBackend(t *testing.T) {
 // redirected to the cache.
 func TestPrivilegedSocketLBSkipFollowsAffinity(t *testing.T) {
 	e := setup(t)
-	name := filepath.Base(e.cgroup)
-	if err := namedns.Create(name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := namedns.Delete(name); err != nil {
-			t.Error(err)
-		}
-	})
-	cacheNS := namedns.Path(name)
-	cookie, err := namedns.NetnsCookie(cacheNS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cacheNS, cookie := cacheNetns(t, e)
 	c := newSkipChain(t, e)
 	svc := loadbalancer.ServiceName{Namespace: "kube-system", Name: "kube-dns"}
 	if err := c.w.UpsertService(&loadbalancer.Service{Name: svc, Type: "ClusterIP", Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
