@@ -348,7 +348,12 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			"--cgroup-root", n.Cgroup,
 			// The load-balancer addresses of the lab's pool answered
 			// on-link (its l2Announcements, lbpool.go).
-			"--enable-l2-announcements"}
+			"--enable-l2-announcements",
+			// Each node's health endpoint (a namespace with an address of
+			// its pod CIDR), probed by the other nodes through the
+			// datapath: `tendril health` shows pod-network reachability,
+			// not only the nodes' (docs/health.md).
+			"--enable-endpoint-health-checking"}
 		argv = append(argv, hubbleArgs[n.Name]...)
 		if cfg.Prometheus {
 			argv = append(argv, agentMetricsArgs(n)...)

@@ -385,6 +385,19 @@ func checkKVStoreClean(ctx context.Context, e *env, kv *clientv3.Client) (bool, 
 			running[ip.IP] = true
 		}
 	}
+	// The nodes' health endpoints are endpoints too (lab up turns them
+	// on), published in their TendrilNodes.
+	nodes, err := e.k8.Tendril.TendrilV1alpha1().TendrilNodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return false, err
+	}
+	for _, n := range nodes.Items {
+		for _, a := range n.Spec.Addresses {
+			if a.Type == v1alpha1.NodeAddressHealthIP {
+				running[a.IP] = true
+			}
+		}
+	}
 	resp, err := kv.Get(ctx, ipKeyPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return false, err

@@ -23,8 +23,9 @@ var answeredName = regexp.MustCompile(`answered "([a-z0-9-]+)`)
 // cache pod on node 1. A client on node 1 reaching the ClusterIP gets the
 // cache (TCP and UDP, socket LB; TCP per packet from outside the node's
 // cgroup), a client on node 2, which has no cache pod, gets the Service's
-// own pod; with the cache pod deleted, node 1's client falls back to the
-// Service.
+// own pod; with skipRedirectFromBackend the cache pod itself reaches the
+// Service's pod while node 1's client still gets the cache; with the cache
+// pod deleted, node 1's client falls back to the Service.
 func TestPrivilegedLabLocalRedirect(t *testing.T) {
 	e := labUp(t)
 	ctx := context.Background()
@@ -83,6 +84,29 @@ func TestPrivilegedLabLocalRedirect(t *testing.T) {
 			t.Fatalf("node 1's client answered by %q (%v), want the cache every time", got, err)
 		}
 	}
+
+	// The cache's own lookups go to itself without skipRedirectFromBackend
+	// (a node-local DNS cache would loop); with it, to the Service's pod
+	// on the other node, by socket and per packet, while node 1's other
+	// client is still redirected to the cache.
+	expect("the cache pod reaches itself without skipRedirectFromBackend", "cache", tcp, "cache")
+	cur, err := e.k8.Tendril.TendrilV1alpha1().TendrilLocalRedirectPolicies(ns).Get(ctx, lrp.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.SkipRedirectFromBackend = true
+	if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilLocalRedirectPolicies(ns).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("the cache pod reaches the Service's pod over TCP with skipRedirectFromBackend", "cache", tcp, "upstream")
+	expect("the cache pod reaches the Service's pod over UDP with skipRedirectFromBackend", "cache", udp, "upstream", "--udp")
+	expect("the cache pod reaches the Service's pod per packet with skipRedirectFromBackend", "cache", tcp, "upstream", "--outside-node-cgroup")
+	for range 5 {
+		if got, err := answeredBy("client-1", tcp); err != nil || got != "cache" {
+			t.Fatalf("with skipRedirectFromBackend node 1's client answered by %q (%v), want the cache every time", got, err)
+		}
+	}
+
 	zero := int64(0)
 	if err := e.cs.CoreV1().Pods(ns).Delete(ctx, "cache", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)

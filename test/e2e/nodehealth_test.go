@@ -33,6 +33,28 @@ func healthView(t *testing.T, node lab.Node, peer string) (reachable, probed boo
 	return false, false, fmt.Errorf("%s's health view has no %s: %s", node.Name, peer, out)
 }
 
+// healthEndpointView is the result of peer's health endpoint in node's
+// `tendril health -o json`; an error while it has none.
+func healthEndpointView(t *testing.T, node lab.Node, peer string) (nodehealth.Address, error) {
+	t.Helper()
+	out := runTendril(t, "-H", "unix://"+node.Socket, "health", "-o", "json")
+	var resp nodehealth.HealthResponse
+	if err := json.Unmarshal([]byte(out), &resp); err != nil {
+		return nodehealth.Address{}, fmt.Errorf("tendril health -o json on %s: %w\n%s", node.Name, err, out)
+	}
+	for _, n := range resp.Nodes {
+		if n.Name != peer {
+			continue
+		}
+		for _, a := range n.Addresses {
+			if a.HealthEndpoint {
+				return a, nil
+			}
+		}
+	}
+	return nodehealth.Address{}, fmt.Errorf("%s's health view has no health endpoint of %s: %s", node.Name, peer, out)
+}
+
 // setBridgePort sets the node's port on the lab bridge (the veth named
 // after the node, in the lab's network namespace) up or down: down cuts
 // the node off the lab network, as a pulled cable would.
@@ -83,6 +105,25 @@ func TestPrivilegedLabNodeHealth(t *testing.T) {
 		}
 	}
 	eventually(t, "both nodes reachable from each other", both(true))
+
+	// Each node's health endpoint (a namespace with an address of its pod
+	// CIDR, published in its TendrilNode) is probed by the other node
+	// through the datapath, both probes answered.
+	eventually(t, "each node's health endpoint reachable from the other", func() (bool, error) {
+		for _, v := range []struct {
+			from lab.Node
+			peer string
+		}{{n1, n2.Name}, {n2, n1.Name}} {
+			a, err := healthEndpointView(t, v.from, v.peer)
+			if err != nil {
+				return false, err
+			}
+			if !a.Reachable() {
+				return false, fmt.Errorf("%s sees %s's health endpoint %s: icmp %v, http %v", v.from.Name, v.peer, a.IP, a.ICMP, a.HTTP)
+			}
+		}
+		return true, nil
+	})
 
 	// The stock cilium-dbg lists the cluster's nodes from GET
 	// /v1/cluster/nodes: this node as itself, the other with its address.

@@ -26,8 +26,9 @@ type Config struct {
 	// pod-like namespace with an address of the pod CIDR, answering the
 	// probes) and probes the other nodes' (Cilium's flag of that name).
 	// Only with health checking and the agent's host networking on.
-	// Off by default until the lab's end-to-end step has run (Cilium's
-	// default is on): every agent with host networking would make one.
+	// Off by default (Cilium's default is on; the lab turns it on): the
+	// chart's agent container sees /var/run/netns host-to-container only,
+	// and that path has not run on a containerd node.
 	EnableEndpointHealthChecking bool
 }
 
