@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -125,6 +126,10 @@ func endpointAddrs(ep *models.Endpoint) (string, string) {
 	return strings.Join(v4, ","), strings.Join(v6, ",")
 }
 
+// healthEndpointLabel is the label of a node's health endpoint
+// (Cilium's reserved:health).
+const healthEndpointLabel = "reserved:health"
+
 func printEndpointTable(w io.Writer, eps []*models.Endpoint) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
@@ -138,6 +143,10 @@ func printEndpointTable(w io.Writer, eps []*models.Endpoint) {
 			}
 			if st.Identity != nil {
 				identity = st.Identity.ID
+				if pod == "" && slices.Contains(st.Identity.Labels, healthEndpointLabel) {
+					// The node's health endpoint: no pod, but not nothing.
+					pod = "(health endpoint)"
+				}
 			}
 			if st.State != nil {
 				state = string(*st.State)

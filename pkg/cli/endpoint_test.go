@@ -45,3 +45,17 @@ func TestPolicyRevisionColumn(t *testing.T) {
 		t.Fatalf("table:\n%s", out.String())
 	}
 }
+
+// TestEndpointTableNamesTheHealthEndpoint: the node's health endpoint (no
+// pod, labelled reserved:health, as the agent's API models it) is named
+// in the POD column; a pod's endpoint keeps its pod's name.
+func TestEndpointTableNamesTheHealthEndpoint(t *testing.T) {
+	health := &endpoint.Endpoint{ID: 1, State: endpoint.StateReady, Identity: 4, Labels: []string{healthEndpointLabel}}
+	pod := &endpoint.Endpoint{ID: 2, State: endpoint.StateReady, Identity: 9119, PodName: "pod-1", PodNamespace: "default", Labels: []string{"k8s:app=x"}}
+	var out bytes.Buffer
+	printEndpointTable(&out, []*models.Endpoint{health.Model(nil), pod.Model(nil)})
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[1], "(health endpoint)") || strings.Contains(lines[2], "health") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+}
