@@ -418,6 +418,11 @@ func (m *Module) start(context.Context) error {
 			return err
 		}
 		m.unsub = append(m.unsub, unsub)
+		// Their pod CIDRs: no external IP inside them.
+		if unsub, err = w.TendrilNodes.Subscribe(m.source.OnTendrilNode); err != nil {
+			return err
+		}
+		m.unsub = append(m.unsub, unsub)
 		// This node's pods: their hostPorts (no portmap plugin needed).
 		if unsub, err = w.Pods.Subscribe(m.source.OnPod); err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 )
@@ -251,7 +252,8 @@ type Source struct {
 
 // NewSource returns a source writing through w; it marks the frontends
 // table initialized once services, EndpointSlices, nodes (this node's
-// zone and addresses) and this node's pods (host ports) have all synced.
+// zone and addresses, every node's pod CIDRs), TendrilNodes (their pod
+// CIDRs) and this node's pods (host ports) have all synced.
 func NewSource(w *loadbalancer.Writer, defaultMaglev bool, log *slog.Logger) *Source {
 	return &Source{w: w, log: log, defaultMaglev: defaultMaglev, sliceOwner: map[string]loadbalancer.ServiceName{},
 		synced: map[string]bool{}, hostPorts: map[string]bool{}, done: w.RegisterInitializer("k8s-services"),
@@ -412,10 +414,10 @@ func (s *Source) markSynced(kind string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.synced[kind] = true
-	if s.synced["services"] && s.synced["endpointslices"] && s.synced["nodes"] && s.synced["pods"] && s.done != nil {
+	if s.synced["services"] && s.synced["endpointslices"] && s.synced["nodes"] && s.synced["tendrilnodes"] && s.synced["pods"] && s.done != nil {
 		s.done()
 		s.done = nil
-		s.log.Info("Services, EndpointSlices, nodes and pods synced; stale load-balancer entries may now be pruned")
+		s.log.Info("Services, EndpointSlices, nodes, TendrilNodes and pods synced; stale load-balancer entries may now be pruned")
 	}
 }
 
@@ -565,6 +567,28 @@ func (s *Source) OnNode(ev watchers.Event[*corev1.Node]) {
 	if err := s.w.SetNodeAddresses(addrs); err != nil {
 		s.log.Error("Write this node's addresses", "addresses", addrs, "error", err)
 	}
+}
+
+// OnTendrilNode handles a TendrilNode event: its spec.ipam.podCIDRs
+// (cluster-pool IPAM's allocations, or the Node's mirrored) are pod
+// ranges for the external IPs, as a Node's spec.podCIDRs are. A node
+// writes its own TendrilNode, so one could name a range that is not its
+// own: that takes external IPs in it away (they are left out), never
+// gives any.
+func (s *Source) OnTendrilNode(ev watchers.Event[*v1alpha1.TendrilNode]) {
+	if ev.Kind == watchers.Synced {
+		s.markSynced("tendrilnodes")
+		return
+	}
+	var cidrs []netip.Prefix
+	if ev.Kind != watchers.Delete {
+		for _, c := range ev.Object.Spec.IPAM.PodCIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				cidrs = append(cidrs, p.Masked())
+			}
+		}
+	}
+	s.setNodePodCIDRs("TendrilNode "+ev.Object.Name, cidrs)
 }
 
 // NodeAddresses are a node's InternalIP and ExternalIP addresses: those its

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/statedb"
 
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 )
@@ -148,6 +149,7 @@ func TestSourceTopologyHints(t *testing.T) {
 	}
 	src.OnNode(node("node-a", "z2"))
 	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Synced})
+	src.OnTendrilNode(watchers.Event[*v1alpha1.TendrilNode]{Kind: watchers.Synced})
 	if initialized() {
 		t.Fatal("initialized before this node's pods synced")
 	}
@@ -175,6 +177,7 @@ func syncedSource(t testing.TB, n int) (*Source, *loadbalancer.Tables) {
 	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
 	src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Synced})
 	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Synced})
+	src.OnTendrilNode(watchers.Event[*v1alpha1.TendrilNode]{Kind: watchers.Synced})
 	src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Synced})
 	return src, tables
 }
@@ -345,6 +348,7 @@ func TestHostPorts(t *testing.T) {
 		func() { src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced}) },
 		func() { src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Synced}) },
 		func() { src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Synced}) },
+		func() { src.OnTendrilNode(watchers.Event[*v1alpha1.TendrilNode]{Kind: watchers.Synced}) },
 	} {
 		k()
 	}
@@ -488,6 +492,20 @@ func TestSourceExternalIPInNodePodCIDR(t *testing.T) {
 	src.OnNode(node(watchers.Delete, "node-b", "10.244.2.0/24", "fd00:10:244:2::/64"))
 	if got, want := frontends(), "[10.244.2.3 10.96.0.1 198.51.100.7 fd00:10:244:2::9]"; got != want {
 		t.Errorf("node b deleted: frontends %s, want %s", got, want)
+	}
+	// Cluster-pool IPAM: the operator's allocation in a TendrilNode (no
+	// Node podCIDR), the pools not given to the agent.
+	tnode := func(kind watchers.EventKind, name string, cidrs ...string) watchers.Event[*v1alpha1.TendrilNode] {
+		return watchers.Event[*v1alpha1.TendrilNode]{Kind: kind, Key: name, Object: &v1alpha1.TendrilNode{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: v1alpha1.NodeSpec{IPAM: v1alpha1.IPAMSpec{PodCIDRs: cidrs}}}}
+	}
+	src.OnTendrilNode(tnode(watchers.Upsert, "node-b", "10.244.2.0/24"))
+	if got, want := frontends(), "[10.96.0.1 198.51.100.7 fd00:10:244:2::9]"; got != want {
+		t.Errorf("node b's TendrilNode pod CIDR: frontends %s, want %s", got, want)
+	}
+	src.OnTendrilNode(tnode(watchers.Delete, "node-b", "10.244.2.0/24"))
+	if got, want := frontends(), "[10.244.2.3 10.96.0.1 198.51.100.7 fd00:10:244:2::9]"; got != want {
+		t.Errorf("node b's TendrilNode deleted: frontends %s, want %s", got, want)
 	}
 	// The Service deleted: nothing is judged for it again.
 	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Delete, Key: ev.Key, Object: ev.Object})
