@@ -4,7 +4,11 @@
 # (one per mode, names of their own), one iperf3 stream from pod-1 (node1)
 # to pod-2 (node2) in each, the modes alternating round by round so that a
 # noisy neighbour hits both. Needs root and iperf3. Prints each round and
-# the median per mode with the tunnel/native ratio.
+# the median per mode with the tunnel/native ratio. Each round also runs
+# the machine's floor (kernel-ref.sh): the same path of namespaces and
+# veths without Tendril, routed natively and through the kernel's own
+# VXLAN devices, whose vxlan/native ratio no eBPF datapath on this machine
+# can beat.
 #
 #   bench/tunnel/run.sh                 # 5 rounds of 5 s
 #   ROUNDS=9 SECONDS_PER_ROUND=10 bench/tunnel/run.sh
@@ -17,7 +21,9 @@ BIN=${BIN:-bin}
 T=$BIN/tendril
 NATIVE=tunbnat
 TUNNEL=tunbtun
-trap '$T lab --name $NATIVE down >/dev/null 2>&1 || true; $T lab --name $TUNNEL down >/dev/null 2>&1 || true' EXIT
+REF=bench/tunnel/kernel-ref.sh
+trap '$T lab --name $NATIVE down >/dev/null 2>&1 || true; $T lab --name $TUNNEL down >/dev/null 2>&1 || true; $REF down' EXIT
+$REF up
 echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 $T lab --name $NATIVE up --nodes 2 --pods-per-node 1 --bin-dir "$BIN" >/tmp/tendril-tunbench-native.log 2>&1 ||
 	{ cat /tmp/tendril-tunbench-native.log; exit 1; }
@@ -44,15 +50,25 @@ for lab in $NATIVE $TUNNEL; do
 done
 nat=()
 tun=()
+knat=()
+kvx=()
 for round in $(seq "$ROUNDS"); do
 	n=$(gbps $NATIVE)
 	u=$(gbps $TUNNEL)
-	printf 'round %d: native %.2f Gbit/s, tunnel (vxlan) %.2f Gbit/s\n' "$round" "$n" "$u"
+	kn=$($REF gbps native "$SECS")
+	kv=$($REF gbps vxlan "$SECS")
+	printf 'round %d: native %.2f Gbit/s, tunnel (vxlan) %.2f Gbit/s; kernel only: native %.2f, vxlan %.2f Gbit/s\n' "$round" "$n" "$u" "$kn" "$kv"
 	nat+=("$n")
 	tun+=("$u")
+	knat+=("$kn")
+	kvx+=("$kv")
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 mn=$(median "${nat[@]}")
 mu=$(median "${tun[@]}")
+mkn=$(median "${knat[@]}")
+mkv=$(median "${kvx[@]}")
 printf 'pod-to-pod TCP across nodes, 1 stream, %d rounds of %d s: native median %.2f Gbit/s, tunnel median %.2f Gbit/s, tunnel/native %.2f\n' \
 	"$ROUNDS" "$SECS" "$mn" "$mu" "$(echo "$mu / $mn" | bc -l)"
+printf 'the floor, kernel only (no eBPF, same namespaces and veths): native median %.2f Gbit/s, vxlan median %.2f Gbit/s, vxlan/native %.2f\n' \
+	"$mkn" "$mkv" "$(echo "$mkv / $mkn" | bc -l)"
