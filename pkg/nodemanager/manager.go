@@ -36,6 +36,11 @@ import (
 // leaves the new node's claim in place.
 type IPCache interface {
 	UpsertRemoteNode(node string, ip netip.Addr) error
+	// UpsertRemoteHealth maps a peer's health endpoint address to the
+	// health identity on that node (hostIP: its address of the family,
+	// the tunnel's remote), as that node's claim.
+	UpsertRemoteHealth(node string, ip, hostIP netip.Addr) error
+	// DeleteRemoteNode withdraws node's claim on ip (either kind).
 	DeleteRemoteNode(node string, ip netip.Addr) error
 }
 

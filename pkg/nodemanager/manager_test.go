@@ -46,10 +46,25 @@ func (f *fakeCache) UpsertRemoteNode(node string, ip netip.Addr) error {
 	return nil
 }
 
+func (f *fakeCache) UpsertRemoteHealth(node string, ip, host netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail {
+		return errors.New("map full")
+	}
+	f.ips[node+"="+ip.String()+"(health via "+host.String()+")"] = true
+	return nil
+}
+
 func (f *fakeCache) DeleteRemoteNode(node string, ip netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.ips, node+"="+ip.String())
+	for c := range f.ips {
+		if strings.HasPrefix(c, node+"="+ip.String()+"(health") {
+			delete(f.ips, c)
+		}
+	}
 	return nil
 }
 
@@ -593,4 +608,40 @@ func TestWireGuardKeyFromTendrilNode(t *testing.T) {
 	if ps := m.Peers(); len(ps) != 1 || ps[0].WireGuardKey != "" || ps[0].KeyError == "" {
 		t.Fatalf("after a malformed key, peers %+v", ps)
 	}
+}
+
+// TestHealthEndpointClaims: a peer's health endpoint address inside its
+// accepted pod CIDR is claimed in the ipcache as the health identity on
+// that node (its address of the family: the tunnel's remote); one outside
+// its pod CIDR is not; a changed or withdrawn address's claim goes.
+func TestHealthEndpointClaims(t *testing.T) {
+	cache := newFakeCache()
+	m, _ := startManager(t, nil, cache)
+	upsert := func(health ...string) {
+		t.Helper()
+		p := Peer{Name: "b", IPs: []netip.Addr{netip.MustParseAddr("172.31.9.2")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.2.0/24")}}
+		for _, h := range health {
+			p.HealthIPs = append(p.HealthIPs, netip.MustParseAddr(h))
+		}
+		if err := m.UpsertPeer(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect := func(what, want string) {
+		t.Helper()
+		eventually(t, func() (bool, string) {
+			got := cache.claims()
+			return got == want, fmt.Sprintf("%s: claims %s, want %s", what, got, want)
+		})
+	}
+	upsert("10.9.2.2", "10.9.3.2")
+	expect("health endpoint published", "[b=10.9.2.2(health via 172.31.9.2) b=172.31.9.2]")
+	upsert("10.9.2.5")
+	expect("health endpoint moved", "[b=10.9.2.5(health via 172.31.9.2) b=172.31.9.2]")
+	upsert()
+	expect("health endpoint withdrawn", "[b=172.31.9.2]")
+	if err := m.DeletePeer("b"); err != nil {
+		t.Fatal(err)
+	}
+	expect("node gone", "[]")
 }

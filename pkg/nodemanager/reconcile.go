@@ -34,8 +34,10 @@ type RouteBackend interface {
 }
 
 // peerOps realize a peer: its node addresses (NodeIPs) claimed as
-// remote-node in the ipcache, its claims on addresses it no longer has
-// (or no longer owns) withdrawn.
+// remote-node in the ipcache, its health endpoint's addresses (those
+// inside its accepted pod CIDRs) as the health identity on that node (so
+// the tunnel knows where they are), its claims on addresses it no longer
+// has (or no longer owns) withdrawn.
 type peerOps struct {
 	cache IPCache
 
@@ -57,9 +59,15 @@ func (o *peerOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisio
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	health := map[netip.Addr]netip.Addr{} // address: its node's address
+	for _, ip := range p.HealthEndpointIPs() {
+		if host, ok := p.nextHop(netip.PrefixFrom(ip, ip.BitLen())); ok && !containsAddr(p.NodeIPs, ip) {
+			health[ip] = host
+		}
+	}
 	var kept []netip.Addr
 	for _, ip := range o.published[p.Name] {
-		if containsAddr(p.NodeIPs, ip) {
+		if _, ok := health[ip]; ok || containsAddr(p.NodeIPs, ip) {
 			continue
 		}
 		if err := o.cache.DeleteRemoteNode(p.Name, ip); err != nil {
@@ -74,6 +82,13 @@ func (o *peerOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisio
 	for _, ip := range p.NodeIPs {
 		if err := o.cache.UpsertRemoteNode(p.Name, ip); err != nil {
 			errs = append(errs, fmt.Errorf("ipcache: remote node %s %s: %w", p.Name, ip, err))
+			continue
+		}
+		kept = append(kept, ip)
+	}
+	for ip, host := range health {
+		if err := o.cache.UpsertRemoteHealth(p.Name, ip, host); err != nil {
+			errs = append(errs, fmt.Errorf("ipcache: health endpoint of node %s %s: %w", p.Name, ip, err))
 			continue
 		}
 		kept = append(kept, ip)

@@ -55,6 +55,27 @@ func healthEndpointView(t *testing.T, node lab.Node, peer string) (nodehealth.Ad
 	return nodehealth.Address{}, fmt.Errorf("%s's health view has no health endpoint of %s: %s", node.Name, peer, out)
 }
 
+// healthEndpointsReachable waits until each node sees the other's health
+// endpoint reachable, both probes answered.
+func healthEndpointsReachable(t *testing.T, n1, n2 lab.Node) {
+	t.Helper()
+	eventually(t, "each node's health endpoint reachable from the other", func() (bool, error) {
+		for _, v := range []struct {
+			from lab.Node
+			peer string
+		}{{n1, n2.Name}, {n2, n1.Name}} {
+			a, err := healthEndpointView(t, v.from, v.peer)
+			if err != nil {
+				return false, err
+			}
+			if !a.Reachable() {
+				return false, fmt.Errorf("%s sees %s's health endpoint %s: icmp %v, http %v", v.from.Name, v.peer, a.IP, a.ICMP, a.HTTP)
+			}
+		}
+		return true, nil
+	})
+}
+
 // setBridgePort sets the node's port on the lab bridge (the veth named
 // after the node, in the lab's network namespace) up or down: down cuts
 // the node off the lab network, as a pulled cable would.
@@ -109,21 +130,7 @@ func TestPrivilegedLabNodeHealth(t *testing.T) {
 	// Each node's health endpoint (a namespace with an address of its pod
 	// CIDR, published in its TendrilNode) is probed by the other node
 	// through the datapath, both probes answered.
-	eventually(t, "each node's health endpoint reachable from the other", func() (bool, error) {
-		for _, v := range []struct {
-			from lab.Node
-			peer string
-		}{{n1, n2.Name}, {n2, n1.Name}} {
-			a, err := healthEndpointView(t, v.from, v.peer)
-			if err != nil {
-				return false, err
-			}
-			if !a.Reachable() {
-				return false, fmt.Errorf("%s sees %s's health endpoint %s: icmp %v, http %v", v.from.Name, v.peer, a.IP, a.ICMP, a.HTTP)
-			}
-		}
-		return true, nil
-	})
+	healthEndpointsReachable(t, n1, n2)
 
 	// The stock cilium-dbg lists the cluster's nodes from GET
 	// /v1/cluster/nodes: this node as itself, the other with its address.

@@ -196,6 +196,14 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		}
 	})
 
+	// The health endpoints (lab up turns them on): each node's prober, in
+	// the node's namespace, reaches the other node's endpoint address in
+	// its pod CIDR through the tunnel (the host's own traffic to a remote
+	// pod, to_overlay), both probes answered.
+	t.Run("each node's health endpoint through the tunnel", func(t *testing.T) {
+		healthEndpointsReachable(t, e.st.Nodes[0], e.st.Nodes[1])
+	})
+
 	t.Run("TCP and UDP across nodes, VXLAN with the identity", func(t *testing.T) {
 		cap := startRawCapture(t, e.st.NetNetns, "node2")
 		tcp, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":8080", false)

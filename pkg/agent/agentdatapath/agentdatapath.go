@@ -674,6 +674,14 @@ func (m *Module) UpsertRemoteNode(node string, ip netip.Addr) error {
 		ipcache.Entry{Identity: identity.RemoteNode, Source: ipcache.SourceKubernetes, Owner: ipcache.OwnerNode(node)})
 }
 
+// UpsertRemoteHealth maps a peer node's health endpoint address to the
+// health identity on that node (hostIP, the tunnel's remote), as that
+// node's claim.
+func (m *Module) UpsertRemoteHealth(node string, ip, hostIP netip.Addr) error {
+	return m.ipcache.Upsert(netip.PrefixFrom(ip, ip.BitLen()),
+		ipcache.Entry{Identity: identity.Health, HostIP: hostIP, Source: ipcache.SourceKubernetes, Owner: ipcache.OwnerNode(node)})
+}
+
 // DeleteRemoteNode withdraws a peer node's claim on an address.
 func (m *Module) DeleteRemoteNode(node string, ip netip.Addr) error {
 	return m.ipcache.Delete(netip.PrefixFrom(ip, ip.BitLen()), ipcache.SourceKubernetes, ipcache.OwnerNode(node))

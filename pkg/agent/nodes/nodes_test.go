@@ -28,6 +28,11 @@ func (c claims) UpsertRemoteNode(node string, ip netip.Addr) error {
 	return nil
 }
 
+func (c claims) UpsertRemoteHealth(node string, ip, _ netip.Addr) error {
+	c <- node + "=" + ip.String() + "(health)"
+	return nil
+}
+
 func (c claims) DeleteRemoteNode(string, netip.Addr) error { return nil }
 
 // world is what the cell takes from the rest of the agent: the
