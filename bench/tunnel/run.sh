@@ -4,7 +4,8 @@
 # (one per mode, names of their own), one iperf3 stream from pod-1 (node1)
 # to pod-2 (node2) in each, the modes alternating round by round so that a
 # noisy neighbour hits both. Needs root and iperf3. Prints each round and
-# the median per mode with the tunnel/native ratio. Each round also runs
+# the median per mode with the tunnel/native ratio, and new TCP
+# connections per second in each (bench/nat/connrate). Each round also runs
 # the machine's floor (kernel-ref.sh): the same path of namespaces and
 # veths without Tendril, routed natively and through the kernel's own
 # VXLAN devices, whose vxlan/native ratio no eBPF datapath on this machine
@@ -17,7 +18,9 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-5}
 SECS=${SECONDS_PER_ROUND:-5}
 BIN=${BIN:-bin}
+CONNS=${CONNS:-400}
 [ -n "${SKIP_BUILD:-}" ] || make -s build k8s-binaries >/dev/null
+go build -o "$BIN/connrate" ./bench/nat/connrate
 T=$BIN/tendril
 NATIVE=tunbnat
 TUNNEL=tunbtun
@@ -45,6 +48,16 @@ gbps() {
 	wait $srv || true
 }
 
+# cps LAB: new TCP connections per second pod-1 -> pod-2:80 (the lab
+# workload's port; bench/nat/connrate: connect, send, read the answer,
+# close), CONNS of them.
+cps() {
+	local lab=$1 ip
+	ip=$(pod_ip "$lab" pod-2)
+	$T lab --name "$lab" exec default/pod-1 -- "$PWD/$BIN/connrate" -addr "$ip:80" -n "$CONNS" -timeout 2s 2>/dev/null |
+		sed -n 's/.*conn_per_sec_before_failure=\([0-9.]*\).*/\1/p'
+}
+
 for lab in $NATIVE $TUNNEL; do
 	echo "# $lab: pod-1 $(pod_ip $lab pod-1), pod-2 $(pod_ip $lab pod-2)"
 done
@@ -52,12 +65,19 @@ nat=()
 tun=()
 knat=()
 kvx=()
+cnat=()
+ctun=()
 for round in $(seq "$ROUNDS"); do
 	n=$(gbps $NATIVE)
 	u=$(gbps $TUNNEL)
 	kn=$($REF gbps native "$SECS")
 	kv=$($REF gbps vxlan "$SECS")
-	printf 'round %d: native %.2f Gbit/s, tunnel (vxlan) %.2f Gbit/s; kernel only: native %.2f, vxlan %.2f Gbit/s\n' "$round" "$n" "$u" "$kn" "$kv"
+	cn=$(cps $NATIVE)
+	cu=$(cps $TUNNEL)
+	printf 'round %d: native %.2f Gbit/s %.0f conn/s, tunnel (vxlan) %.2f Gbit/s %.0f conn/s; kernel only: native %.2f, vxlan %.2f Gbit/s\n' \
+		"$round" "$n" "$cn" "$u" "$cu" "$kn" "$kv"
+	cnat+=("$cn")
+	ctun+=("$cu")
 	nat+=("$n")
 	tun+=("$u")
 	knat+=("$kn")
@@ -70,5 +90,9 @@ mkn=$(median "${knat[@]}")
 mkv=$(median "${kvx[@]}")
 printf 'pod-to-pod TCP across nodes, 1 stream, %d rounds of %d s: native median %.2f Gbit/s, tunnel median %.2f Gbit/s, tunnel/native %.2f\n' \
 	"$ROUNDS" "$SECS" "$mn" "$mu" "$(echo "$mu / $mn" | bc -l)"
+mcn=$(median "${cnat[@]}")
+mcu=$(median "${ctun[@]}")
+printf 'new TCP connections pod to pod across nodes, %d a round: native median %.0f conn/s, tunnel median %.0f conn/s, tunnel/native %.2f\n' \
+	"$CONNS" "$mcn" "$mcu" "$(echo "$mcu / $mcn" | bc -l)"
 printf 'the floor, kernel only (no eBPF, same namespaces and veths): native median %.2f Gbit/s, vxlan median %.2f Gbit/s, vxlan/native %.2f\n' \
 	"$mkn" "$mkv" "$(echo "$mkv / $mkn" | bc -l)"
