@@ -376,16 +376,19 @@ func (s *Source) setNodePodCIDRs(node string, cidrs []netip.Prefix) {
 }
 
 // podCIDRsOf are a Node's spec.podCIDRs that parse (the Node object is
-// the API server's, validated there).
+// the API server's, validated there), else its spec.podCIDR.
 func podCIDRsOf(n *corev1.Node) []netip.Prefix {
-	var out []netip.Prefix
-	for _, c := range n.Spec.PodCIDRs {
-		if p, err := netip.ParsePrefix(c); err == nil {
-			out = append(out, p.Masked())
-		}
+	if out := parsePrefixes(n.Spec.PodCIDRs); len(out) > 0 {
+		return out
 	}
-	if len(out) == 0 && n.Spec.PodCIDR != "" {
-		if p, err := netip.ParsePrefix(n.Spec.PodCIDR); err == nil {
+	return parsePrefixes([]string{n.Spec.PodCIDR})
+}
+
+// parsePrefixes are the prefixes of cidrs that parse, masked.
+func parsePrefixes(cidrs []string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil {
 			out = append(out, p.Masked())
 		}
 	}
@@ -582,11 +585,7 @@ func (s *Source) OnTendrilNode(ev watchers.Event[*v1alpha1.TendrilNode]) {
 	}
 	var cidrs []netip.Prefix
 	if ev.Kind != watchers.Delete {
-		for _, c := range ev.Object.Spec.IPAM.PodCIDRs {
-			if p, err := netip.ParsePrefix(c); err == nil {
-				cidrs = append(cidrs, p.Masked())
-			}
-		}
+		cidrs = parsePrefixes(ev.Object.Spec.IPAM.PodCIDRs)
 	}
 	s.setNodePodCIDRs("TendrilNode "+ev.Object.Name, cidrs)
 }
