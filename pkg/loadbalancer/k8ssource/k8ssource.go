@@ -352,6 +352,13 @@ func (s *Source) upsertJudged(key string, svc *loadbalancer.Service) op {
 func (s *Source) setNodePodCIDRs(node string, cidrs []netip.Prefix) {
 	s.extMu.Lock()
 	same := slices.Equal(s.nodePodCIDRs[node], cidrs)
+	if !same && len(s.withExternalIPs) == 0 {
+		// No Service to judge again (the common case, and every Node
+		// of the initial listing): no write transaction per Node. An
+		// op running later judges with these.
+		s.recordPodCIDRsLocked(node, cidrs)
+		same = true
+	}
 	s.extMu.Unlock()
 	if same {
 		// Most Node events are status updates.
@@ -360,11 +367,7 @@ func (s *Source) setNodePodCIDRs(node string, cidrs []netip.Prefix) {
 	err := s.w.Batch(func(b *loadbalancer.Batch) error {
 		s.extMu.Lock()
 		defer s.extMu.Unlock()
-		if len(cidrs) == 0 {
-			delete(s.nodePodCIDRs, node)
-		} else {
-			s.nodePodCIDRs[node] = cidrs
-		}
+		s.recordPodCIDRsLocked(node, cidrs)
 		for _, svc := range s.withExternalIPs {
 			s.logErr("Write service", svc.Name.String(), b.UpsertService(s.judgedExternalIPs(svc)))
 		}
@@ -372,6 +375,15 @@ func (s *Source) setNodePodCIDRs(node string, cidrs []netip.Prefix) {
 	})
 	if err != nil {
 		s.log.Error("Judge the external IPs again after a node's pod CIDRs changed", "node", node, "error", err)
+	}
+}
+
+// recordPodCIDRsLocked sets node's pod CIDRs (none: forgets the node).
+func (s *Source) recordPodCIDRsLocked(node string, cidrs []netip.Prefix) {
+	if len(cidrs) == 0 {
+		delete(s.nodePodCIDRs, node)
+	} else {
+		s.nodePodCIDRs[node] = cidrs
 	}
 }
 
