@@ -194,6 +194,9 @@ func (b *Batch) DeleteService(name ServiceName) error {
 }
 
 // SetBackends replaces what source lists for service name in the batch.
+// The table holds the given Backends themselves (the informer's cache of
+// EndpointSlices shares them: k8sslice), so they are not changed: one
+// whose service or source differs is copied.
 func (b *Batch) SetBackends(name ServiceName, source string, backends []*Backend) error {
 	t := b.w.t
 	for old := range t.Backends.List(b.txn, BackendByService.Query(name)) {
@@ -204,7 +207,11 @@ func (b *Batch) SetBackends(name ServiceName, source string, backends []*Backend
 		}
 	}
 	for _, be := range backends {
-		be.Service, be.Source = name, source
+		if be.Service != name || be.Source != source {
+			c := *be
+			c.Service, c.Source = name, source
+			be = &c
+		}
 		if _, _, err := t.Backends.Insert(b.txn, be); err != nil {
 			return fmt.Errorf("insert backend %s of %s: %w", be.Addr, name, err)
 		}

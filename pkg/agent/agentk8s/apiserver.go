@@ -3,7 +3,7 @@ package agentk8s
 import (
 	"net/netip"
 
-	discoveryv1 "k8s.io/api/discovery/v1"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
 )
 
 // APIServerEndpoints are the API server's addresses and ports as the API
@@ -23,22 +23,11 @@ func (k *Client) APIServerEndpoints() []netip.AddrPort {
 }
 
 // endpointsOf are a slice's ready addresses with each of its ports.
-func endpointsOf(s *discoveryv1.EndpointSlice) []netip.AddrPort {
+func endpointsOf(s *k8sslice.Slice) []netip.AddrPort {
 	var out []netip.AddrPort
-	for _, ep := range s.Endpoints {
-		if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
-			continue
-		}
-		for _, a := range ep.Addresses {
-			ip, err := netip.ParseAddr(a)
-			if err != nil {
-				continue
-			}
-			for _, p := range s.Ports {
-				if p.Port != nil && *p.Port > 0 && *p.Port < 65536 {
-					out = append(out, netip.AddrPortFrom(ip.Unmap(), uint16(*p.Port)))
-				}
-			}
+	for _, b := range s.Backends {
+		if b.Ready && b.Addr.Port() != 0 {
+			out = append(out, b.Addr)
 		}
 	}
 	return out

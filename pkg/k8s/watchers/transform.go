@@ -1,7 +1,6 @@
 package watchers
 
 import (
-	"sync"
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
@@ -9,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tendril-net/tendril/pkg/k8s"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
 )
 
 // annotationLBAlgorithm is the one annotation of a Service the agent reads
@@ -16,45 +16,27 @@ import (
 // package).
 const annotationLBAlgorithm = "service.tendril.io/lb-algorithm"
 
-// transformer is the informers' transform (Transform) with the pointers
-// it shares between objects.
-type transformer struct {
-	// yes and no are the canonical condition values.
-	yes, no *bool
-	mu      sync.Mutex
-	// ptrs are shared pointers to node names and zones; bounded (cleared
-	// when full) so that names of nodes long gone do not accumulate.
-	ptrs map[string]*string
-}
-
-// maxSharedPtrs bounds transformer.ptrs: more distinct node names and
-// zones than this only share less.
-const maxSharedPtrs = 1 << 14
-
-// NewTransform returns the informers' transform (see transformer.Transform),
-// with its own shared pointers.
-func NewTransform() func(any) (any, error) { return newTransformer().Transform }
-
-func newTransformer() *transformer {
-	yes, no := true, false
-	return &transformer{yes: &yes, no: &no, ptrs: map[string]*string{}}
-}
+// NewTransform returns the informers' transform (see Transform).
+func NewTransform() func(any) (any, error) { return Transform }
 
 // Transform is the informers' transform: every object loses its
-// managedFields, and Services and EndpointSlices keep only what the
-// agent reads of them (k8ssource.ServiceFrom and BackendsFrom, which are
-// their only readers: the caches are there for the load-balancer source).
-// At 100,000 Services of 10 endpoints the informer caches held 264 MiB of
+// managedFields, Services keep only what the agent reads of them
+// (k8ssource.ServiceFrom, their only reader: the cache is there for the
+// load-balancer source), and an EndpointSlice becomes the backends of its
+// service (k8sslice.Slice), which the backends table then shares. At
+// 100,000 Services of 10 endpoints the informer caches held 264 MiB of
 // EndpointSlices alone (docs/benchmarks.md, "Memory (issue 31)"). It
-// mutates the object in place (client-go hands a transform the decoded
+// changes a Service in place (client-go hands a transform the decoded
 // object before anyone else sees it) and is idempotent.
-func (t *transformer) Transform(obj any) (any, error) {
+func Transform(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
 		stripService(o)
 		return o, nil
 	case *discoveryv1.EndpointSlice:
-		t.stripEndpointSlice(o)
+		return k8sslice.From(o), nil
+	case *k8sslice.Slice:
+		// Already converted (a transform must be idempotent).
 		return o, nil
 	}
 	return k8s.StripManagedFields(obj)
@@ -105,35 +87,6 @@ func stripService(s *corev1.Service) {
 	s.Status.Conditions = nil
 }
 
-// stripEndpointSlice keeps what BackendsFrom reads: the service-name
-// label, the address type, the ports, and each endpoint's addresses,
-// conditions, node, zone and hints. Dropped: target references (a pod's
-// kind, namespace, name and UID per endpoint), hostnames, the deprecated
-// topology, other labels, annotations, owner references. The node names,
-// zones and conditions each endpoint used to hold a copy of are shared.
-// In place: what is kept is not copied.
-func (t *transformer) stripEndpointSlice(es *discoveryv1.EndpointSlice) {
-	labels := es.Labels
-	if v, ok := labels[discoveryv1.LabelServiceName]; !ok {
-		labels = nil
-	} else if len(labels) > 1 {
-		labels = map[string]string{discoveryv1.LabelServiceName: v}
-	}
-	es.ObjectMeta = keptMeta(&es.ObjectMeta)
-	es.Labels = labels
-	for i := range es.Endpoints {
-		ep := &es.Endpoints[i]
-		ep.Conditions = discoveryv1.EndpointConditions{
-			Ready: t.sharedBool(ep.Conditions.Ready), Serving: t.sharedBool(ep.Conditions.Serving), Terminating: t.sharedBool(ep.Conditions.Terminating),
-		}
-		ep.NodeName, ep.Zone = t.sharedPtr(ep.NodeName), t.sharedPtr(ep.Zone)
-		ep.Hostname, ep.TargetRef, ep.DeprecatedTopology = nil, nil, nil
-	}
-	for i := range es.Ports {
-		es.Ports[i].AppProtocol = nil
-	}
-}
-
 // intern returns the canonical copy of s: the namespaces, node names and
 // zones of many objects share one. The unique package drops a value once
 // nothing holds it, so names of nodes long gone do not accumulate.
@@ -142,36 +95,4 @@ func intern(s string) string {
 		return ""
 	}
 	return unique.Make(s).Value()
-}
-
-// sharedPtr is a pointer to the canonical copy of *p: the endpoints on one
-// node share one pointer and one string.
-func (t *transformer) sharedPtr(p *string) *string {
-	if p == nil {
-		return nil
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if q, ok := t.ptrs[*p]; ok {
-		return q
-	}
-	if len(t.ptrs) >= maxSharedPtrs {
-		clear(t.ptrs)
-	}
-	s := intern(*p)
-	t.ptrs[s] = &s
-	return &s
-}
-
-// sharedBool is a pointer to a canonical true or false (nil stays nil:
-// an unset condition has its own meaning). Nothing writes through the
-// cache's objects (the informer's contract), so they may share it.
-func (t *transformer) sharedBool(p *bool) *bool {
-	switch {
-	case p == nil:
-		return nil
-	case *p:
-		return t.yes
-	}
-	return t.no
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -19,15 +18,18 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	tendrilinformers "github.com/tendril-net/tendril/pkg/k8s/client/informers/externalversions"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
 )
 
 // Watchers are the agent's caches, one Resource per kind.
 type Watchers struct {
-	Pods            *Resource[*corev1.Pod]
-	Namespaces      *Resource[*corev1.Namespace]
-	Nodes           *Resource[*corev1.Node]
-	Services        *Resource[*corev1.Service]
-	EndpointSlices  *Resource[*discoveryv1.EndpointSlice]
+	Pods       *Resource[*corev1.Pod]
+	Namespaces *Resource[*corev1.Namespace]
+	Nodes      *Resource[*corev1.Node]
+	Services   *Resource[*corev1.Service]
+	// EndpointSlices are cached as their services' backends (k8sslice):
+	// the load-balancer source reads nothing else of them.
+	EndpointSlices  *Resource[*k8sslice.Slice]
 	NetworkPolicies *Resource[*networkingv1.NetworkPolicy]
 
 	TendrilNetworkPolicies            *Resource[*v1alpha1.TendrilNetworkPolicy]
@@ -59,9 +61,8 @@ type resourceState interface {
 // New builds the informers; nodeName limits the pod cache to this node's
 // pods. Nothing is listed until Start.
 func New(c *k8s.Clients, nodeName string, log *slog.Logger) *Watchers {
-	tr := newTransformer()
-	core := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(tr.Transform))
-	local := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(tr.Transform),
+	core := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(Transform))
+	local := informers.NewSharedInformerFactoryWithOptions(c.Core, 0, informers.WithTransform(Transform),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 		}))
@@ -73,7 +74,7 @@ func New(c *k8s.Clients, nodeName string, log *slog.Logger) *Watchers {
 		Namespaces:      newResource[*corev1.Namespace]("namespaces", core.Core().V1().Namespaces().Informer()),
 		Nodes:           newResource[*corev1.Node]("nodes", core.Core().V1().Nodes().Informer()),
 		Services:        newResource[*corev1.Service]("services", core.Core().V1().Services().Informer()),
-		EndpointSlices:  newResource[*discoveryv1.EndpointSlice]("endpointslices", core.Discovery().V1().EndpointSlices().Informer()),
+		EndpointSlices:  newResource[*k8sslice.Slice]("endpointslices", core.Discovery().V1().EndpointSlices().Informer()),
 		NetworkPolicies: newResource[*networkingv1.NetworkPolicy]("networkpolicies", core.Networking().V1().NetworkPolicies().Informer()),
 
 		TendrilNetworkPolicies:            newResource[*v1alpha1.TendrilNetworkPolicy](v1alpha1.ResourceNetworkPolicies, tv.TendrilNetworkPolicies().Informer()),

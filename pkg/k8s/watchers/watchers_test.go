@@ -20,6 +20,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
@@ -130,7 +131,7 @@ func TestWatchersAgainstAPIServer(t *testing.T) {
 		pods := &recorder[*corev1.Pod]{}
 		nodes := &recorder[*corev1.Node]{}
 		svcs := &recorder[*corev1.Service]{}
-		slices := &recorder[*discoveryv1.EndpointSlice]{}
+		slices := &recorder[*k8sslice.Slice]{}
 		nps := &recorder[*networkingv1.NetworkPolicy]{}
 		tnps := &recorder[*v1alpha1.TendrilNetworkPolicy]{}
 		tcnps := &recorder[*v1alpha1.TendrilClusterwideNetworkPolicy]{}
@@ -186,9 +187,22 @@ func TestWatchersAgainstAPIServer(t *testing.T) {
 			}, func() error { return patchLabels(ctx, cs.CoreV1().RESTClient().Patch, "services", ns, "s1") },
 				func() error { return cs.CoreV1().Services(ns).Delete(ctx, "s1", metav1.DeleteOptions{}) }, svcs},
 			{"w/es1", func() error {
-				_, err := cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "es1", Namespace: ns},
-					AddressType: discoveryv1.AddressTypeIPv4}, metav1.CreateOptions{})
-				return err
+				port, ready := int32(8080), true
+				_, err := cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "es1", Namespace: ns,
+					Labels: map[string]string{discoveryv1.LabelServiceName: "s1"}},
+					AddressType: discoveryv1.AddressTypeIPv4,
+					Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.7"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+					Ports:       []discoveryv1.EndpointPort{{Port: &port}}}, metav1.CreateOptions{})
+				if err != nil {
+					return err
+				}
+				// The cache holds the slice as its service's backends.
+				eventually(t, "es1 cached as backends", func() bool {
+					sl, ok := w.EndpointSlices.Get("w/es1")
+					return ok && sl.OK && sl.Service.String() == "w/s1" && len(sl.Backends) == 1 &&
+						sl.Backends[0].Addr.String() == "10.244.0.7:8080" && sl.Backends[0].Source == "es1" && sl.ResourceVersion != ""
+				})
+				return nil
 			}, func() error {
 				return patchLabels(ctx, cs.DiscoveryV1().RESTClient().Patch, "endpointslices", ns, "es1")
 			},

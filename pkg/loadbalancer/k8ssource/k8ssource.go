@@ -14,11 +14,11 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
 )
 
 // AnnotationLBAlgorithm picks a service's backend selection: "maglev" or
@@ -131,77 +131,6 @@ func protoOf(p corev1.Protocol) (uint8, error) {
 		return loadbalancer.TCP, nil
 	}
 	return loadbalancer.ParseProto(string(p))
-}
-
-// BackendsFrom converts an EndpointSlice into the backends of its service
-// (label kubernetes.io/service-name); ok is false for a slice of no
-// service or of an address type other than IPv4/IPv6.
-func BackendsFrom(es *discoveryv1.EndpointSlice) (name loadbalancer.ServiceName, backends []*loadbalancer.Backend, ok bool) {
-	svc := es.Labels[discoveryv1.LabelServiceName]
-	if svc == "" || (es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6) {
-		return name, nil, false
-	}
-	name = loadbalancer.ServiceName{Namespace: es.Namespace, Name: svc}
-	for _, ep := range es.Endpoints {
-		// Unset conditions mean ready and serving (the API's documented
-		// default), not terminating.
-		ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
-		serving := ready
-		if ep.Conditions.Serving != nil {
-			serving = *ep.Conditions.Serving
-		}
-		terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
-		var nodeName, zone string
-		if ep.NodeName != nil {
-			nodeName = *ep.NodeName
-		}
-		if ep.Zone != nil {
-			zone = *ep.Zone
-		}
-		var forZones, forNodes []string
-		if ep.Hints != nil {
-			for _, z := range ep.Hints.ForZones {
-				forZones = append(forZones, z.Name)
-			}
-			for _, n := range ep.Hints.ForNodes {
-				forNodes = append(forNodes, n.Name)
-			}
-		}
-		for _, a := range ep.Addresses {
-			addr, err := netip.ParseAddr(a)
-			if err != nil || !loadbalancer.Servable(addr.Unmap()) {
-				// Whoever may write an EndpointSlice (a selectorless
-				// Service's owner) names its addresses: a loopback
-				// backend would send a host process's connect() to a
-				// cluster IP (the socket LB) to the node's own
-				// 127.0.0.1 on that port. The API server refuses these
-				// too; checked here whatever wrote the object.
-				continue
-			}
-			for _, p := range es.Ports {
-				if p.Port == nil {
-					continue
-				}
-				var proto corev1.Protocol
-				if p.Protocol != nil {
-					proto = *p.Protocol
-				}
-				l4, err := protoOf(proto)
-				if err != nil {
-					continue
-				}
-				var portName string
-				if p.Name != nil {
-					portName = *p.Name
-				}
-				backends = append(backends, &loadbalancer.Backend{
-					Addr: netip.AddrPortFrom(addr.Unmap(), uint16(*p.Port)), Proto: l4, PortName: portName,
-					NodeName: nodeName, Zone: zone, ForZones: forZones, ForNodes: forNodes, Ready: ready, Serving: serving, Terminating: terminating,
-				})
-			}
-		}
-	}
-	return name, backends, true
 }
 
 // Source feeds the tables from the watchers' events.
@@ -515,8 +444,10 @@ func (s *Source) logErr(what, key string, err error) {
 	}
 }
 
-// OnEndpointSlice handles an EndpointSlice event.
-func (s *Source) OnEndpointSlice(ev watchers.Event[*discoveryv1.EndpointSlice]) {
+// OnEndpointSlice handles an EndpointSlice event: the informer caches
+// each slice as its backends (k8sslice.Slice), which the backends table
+// then holds too.
+func (s *Source) OnEndpointSlice(ev watchers.Event[*k8sslice.Slice]) {
 	if ev.Kind == watchers.Synced {
 		s.write(s.pendingSlices)
 		s.pendingSlices, s.slicesListed = nil, true
@@ -527,7 +458,7 @@ func (s *Source) OnEndpointSlice(ev watchers.Event[*discoveryv1.EndpointSlice]) 
 	prev, hadPrev := s.sliceOwner[ev.Key]
 	s.mu.Unlock()
 	source := ev.Object.Name
-	name, backends, ok := BackendsFrom(ev.Object)
+	name, backends, ok := ev.Object.Service, ev.Object.Backends, ev.Object.OK
 	if ev.Kind == watchers.Delete {
 		ok = false
 	}

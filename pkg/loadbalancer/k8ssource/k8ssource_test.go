@@ -18,6 +18,7 @@ import (
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
 )
 
 func TestServiceFrom(t *testing.T) {
@@ -51,39 +52,6 @@ func TestServiceFrom(t *testing.T) {
 		if _, ok, err := ServiceFrom(&corev1.Service{Spec: spec}, false); ok || err != nil {
 			t.Errorf("%s: ok %v err %v, want skipped", name, ok, err)
 		}
-	}
-}
-
-func TestBackendsFrom(t *testing.T) {
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: "web-abc", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints: []discoveryv1.Endpoint{
-			{Addresses: []string{"10.0.0.1"}, NodeName: ptr.To("a"), Zone: ptr.To("z1"), Hints: &discoveryv1.EndpointHints{
-				ForZones: []discoveryv1.ForZone{{Name: "z1"}}, ForNodes: []discoveryv1.ForNode{{Name: "a"}}}},
-			{Addresses: []string{"10.0.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}},
-		},
-		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}},
-	}
-	name, bs, ok := BackendsFrom(es)
-	if !ok || name != (loadbalancer.ServiceName{Namespace: "ns", Name: "web"}) || len(bs) != 2 {
-		t.Fatalf("%v %v %+v", ok, name, bs)
-	}
-	if b := bs[0]; !b.Ready || !b.Serving || b.Terminating || b.NodeName != "a" || b.Zone != "z1" || fmt.Sprint(b.ForZones, b.ForNodes) != "[z1] [a]" || b.Proto != loadbalancer.TCP || b.PortName != "http" {
-		t.Fatalf("unset conditions: %+v", b)
-	}
-	if b := bs[1]; b.Ready || !b.Serving || !b.Terminating {
-		t.Fatalf("terminating: %+v", b)
-	}
-	// Addresses no backend may have (a selectorless Service's owner
-	// writes them): loopback, unspecified, link-local, multicast.
-	es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{"127.0.0.1", "0.0.0.0", "169.254.169.254", "224.0.0.1", "::ffff:127.0.0.1"}})
-	if _, bs, _ := BackendsFrom(es); len(bs) != 2 {
-		t.Fatalf("backends %+v, want the two unicast ones only", bs)
-	}
-	es.Labels = nil
-	if _, _, ok := BackendsFrom(es); ok {
-		t.Fatal("a slice of no service must be skipped")
 	}
 }
 
@@ -122,9 +90,9 @@ func TestSourceTopologyHints(t *testing.T) {
 		AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{hint("10.0.0.1", "z1"), hint("10.0.0.2", "z2")},
 		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}}}
 	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Upsert, Key: "ns/web", Object: svc})
-	src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Upsert, Key: "ns/web-1", Object: es})
+	src.OnEndpointSlice(watchers.Event[*k8sslice.Slice]{Kind: watchers.Upsert, Key: "ns/web-1", Object: k8sslice.From(es)})
 	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
-	src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Synced})
+	src.OnEndpointSlice(watchers.Event[*k8sslice.Slice]{Kind: watchers.Synced})
 	if initialized() {
 		t.Fatal("initialized before the nodes synced")
 	}
@@ -175,7 +143,7 @@ func syncedSource(t testing.TB, n int) (*Source, *loadbalancer.Tables) {
 		src.OnEndpointSlice(sliceEvent(i, 1))
 	}
 	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
-	src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Synced})
+	src.OnEndpointSlice(watchers.Event[*k8sslice.Slice]{Kind: watchers.Synced})
 	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Synced})
 	src.OnTendrilNode(watchers.Event[*v1alpha1.TendrilNode]{Kind: watchers.Synced})
 	src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Synced})
@@ -191,7 +159,7 @@ func serviceEvent(i int) watchers.Event[*corev1.Service] {
 }
 
 // sliceEvent is service i's slice with ten backends 10.244.<gen>.1..10.
-func sliceEvent(i, gen int) watchers.Event[*discoveryv1.EndpointSlice] {
+func sliceEvent(i, gen int) watchers.Event[*k8sslice.Slice] {
 	name := fmt.Sprintf("svc-%d", i)
 	es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name + "-1",
 		Labels: map[string]string{discoveryv1.LabelServiceName: name}},
@@ -199,7 +167,7 @@ func sliceEvent(i, gen int) watchers.Event[*discoveryv1.EndpointSlice] {
 	for j := 1; j <= 10; j++ {
 		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.244.%d.%d", gen, j)}})
 	}
-	return watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Upsert, Key: "ns/" + es.Name, Object: es}
+	return watchers.Event[*k8sslice.Slice]{Kind: watchers.Upsert, Key: "ns/" + es.Name, Object: k8sslice.From(es)}
 }
 
 func frontendBackends(t testing.TB, tables *loadbalancer.Tables, ip string) []string {
@@ -258,7 +226,7 @@ func TestSourceChangesAfterSync(t *testing.T) {
 // help).
 func BenchmarkSourceBurstAfterSync(b *testing.B) {
 	src, tables := syncedSource(b, 10000)
-	events := make([][]watchers.Event[*discoveryv1.EndpointSlice], 2)
+	events := make([][]watchers.Event[*k8sslice.Slice], 2)
 	for g := range events {
 		for i := 0; i < 1000; i++ {
 			events[g] = append(events[g], sliceEvent(i*10, 2+g))
@@ -319,7 +287,7 @@ func TestServiceFromLoadBalancer(t *testing.T) {
 	src := NewSource(loadbalancer.NewWriter(tables, "node-a"), false, slog.New(slog.DiscardHandler))
 	src.SetNodePortRange(30000, 32767)
 	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
-	src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Synced})
+	src.OnEndpointSlice(watchers.Event[*k8sslice.Slice]{Kind: watchers.Synced})
 	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Upsert, Key: "ns/web", Object: s})
 	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Upsert, Key: "node-a", Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "172.30.0.11"}, {Type: corev1.NodeHostName, Address: "node-a"}}}}})
@@ -346,7 +314,7 @@ func TestHostPorts(t *testing.T) {
 	src := NewSource(loadbalancer.NewWriter(tables, "node-a"), false, slog.New(slog.DiscardHandler))
 	for _, k := range []func(){
 		func() { src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced}) },
-		func() { src.OnEndpointSlice(watchers.Event[*discoveryv1.EndpointSlice]{Kind: watchers.Synced}) },
+		func() { src.OnEndpointSlice(watchers.Event[*k8sslice.Slice]{Kind: watchers.Synced}) },
 		func() { src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Synced}) },
 		func() { src.OnTendrilNode(watchers.Event[*v1alpha1.TendrilNode]{Kind: watchers.Synced}) },
 	} {

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 	"time"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
 )
 
 // fullService sets every field ServiceFrom reads to a value that changes
@@ -54,7 +56,7 @@ func fullService() *corev1.Service {
 	}
 }
 
-// fullSlice sets every field BackendsFrom reads (each condition set,
+// fullSlice sets every field k8sslice.From reads (each condition set,
 // unset, true and false somewhere), and fields it does not read.
 func fullSlice() *discoveryv1.EndpointSlice {
 	return &discoveryv1.EndpointSlice{
@@ -112,30 +114,41 @@ func TestTransformKeepsWhatIsRead(t *testing.T) {
 		t.Fatalf("unread fields kept: %+v", svc)
 	}
 
-	es := fullSlice()
-	wantName, wantBackends, ok := BackendsFrom(fullSlice())
-	if !ok || len(wantBackends) != 6 {
-		t.Fatalf("the full slice: %v %d backends", ok, len(wantBackends))
+	// A slice becomes its backends: what the source reads of it, the
+	// same as converting the slice itself, and converting again changes
+	// nothing.
+	wantSlice := k8sslice.From(fullSlice())
+	if !wantSlice.OK || len(wantSlice.Backends) != 6 {
+		t.Fatalf("the full slice: %v %d backends", wantSlice.OK, len(wantSlice.Backends))
 	}
+	var obj any = fullSlice()
 	for round := 1; round <= 2; round++ {
-		obj, err := transform(es)
-		if err != nil {
+		var err error
+		if obj, err = transform(obj); err != nil {
 			t.Fatal(err)
 		}
-		es = obj.(*discoveryv1.EndpointSlice)
-		name, backends, ok := BackendsFrom(es)
-		if !ok || name != wantName || !reflect.DeepEqual(backends, wantBackends) {
-			t.Fatalf("round %d: BackendsFrom of the transformed slice\n got %v %+v\nwant %v %+v", round, name, backends, wantName, wantBackends)
+		sl, ok := obj.(*k8sslice.Slice)
+		if !ok {
+			t.Fatalf("round %d: the transform made a %T", round, obj)
 		}
-		if key, _ := cache.MetaNamespaceKeyFunc(es); key != "ns/web-abc" || es.Name != "web-abc" || es.ResourceVersion != "7" {
-			t.Fatalf("round %d: key %q, name %q, resource version %q", round, key, es.Name, es.ResourceVersion)
+		if !sl.OK || sl.Service != wantSlice.Service || !reflect.DeepEqual(sl.Backends, wantSlice.Backends) {
+			t.Fatalf("round %d: the transformed slice\n got %v %+v\nwant %v %+v", round, sl.Service, sl.Backends, wantSlice.Service, wantSlice.Backends)
+		}
+		if key, _ := cache.MetaNamespaceKeyFunc(sl); key != "ns/web-abc" || sl.Name != "web-abc" || sl.ResourceVersion != "7" {
+			t.Fatalf("round %d: key %q, name %q, resource version %q", round, key, sl.Name, sl.ResourceVersion)
+		}
+		if sl.Labels != nil || sl.Annotations != nil || sl.ManagedFields != nil || sl.OwnerReferences != nil {
+			t.Fatalf("round %d: metadata kept: %+v", round, sl.ObjectMeta)
 		}
 	}
-	if ep := es.Endpoints[0]; ep.TargetRef != nil || ep.Hostname != nil || es.Annotations != nil || len(es.Labels) != 1 || es.Ports[0].AppProtocol != nil {
-		t.Fatalf("unread fields kept: %+v", es)
+	// The endpoints on node a share its name's bytes.
+	bs := obj.(*k8sslice.Slice).Backends
+	if unsafe.StringData(bs[0].NodeName) != unsafe.StringData(bs[4].NodeName) || bs[4].NodeName != "a" {
+		t.Fatal("backends of one node hold separate copies of its name")
 	}
-	// The endpoints on node a share its name.
-	if es.Endpoints[0].NodeName != es.Endpoints[2].NodeName {
-		t.Fatal("endpoints of one node hold separate copies of its name")
+	// A copy for the cache's readers is equal and separate.
+	c := obj.(*k8sslice.Slice).DeepCopyObject().(*k8sslice.Slice)
+	if !reflect.DeepEqual(c, obj) || &c.Backends[0] == &bs[0] {
+		t.Fatal("DeepCopyObject")
 	}
 }

@@ -1,0 +1,150 @@
+// Package k8sslice converts an EndpointSlice into the backends of its
+// service: the form the agent's informer caches a slice in. The load-
+// balancer source reads nothing of a slice but these backends (and its
+// key), so the cache holds them instead of the decoded object, and the
+// backends table holds the same Backend values: a slice costs its
+// backends once, not its JSON-shaped object beside them (docs/benchmarks.md,
+// "Memory (issue 31)").
+package k8sslice
+
+import (
+	"net/netip"
+	"unique"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/tendril-net/tendril/pkg/loadbalancer"
+)
+
+// Slice is an EndpointSlice as the agent caches it: its key and resource
+// version (the informer's), and the backends of its service. It is a
+// runtime.Object so that an informer's store holds it in place of the
+// slice. Nothing may change a Slice or its backends once made: the
+// informer's readers and the backends table share them.
+type Slice struct {
+	metav1.TypeMeta
+	// ObjectMeta holds the name, namespace and resource version only.
+	metav1.ObjectMeta
+	// Service is the service the slice lists backends of (its
+	// kubernetes.io/service-name label); valid only if OK.
+	Service loadbalancer.ServiceName
+	// OK is false for a slice of no service or of an address type
+	// other than IPv4 or IPv6: it lists no backends of any service.
+	OK bool
+	// Backends are its addresses with each of its ports, Service and
+	// Source (the slice's name) set.
+	Backends []*loadbalancer.Backend
+}
+
+// DeepCopyObject implements runtime.Object. The backends are shared: they
+// are never changed once made (see Slice).
+func (s *Slice) DeepCopyObject() runtime.Object {
+	if s == nil {
+		return nil
+	}
+	c := *s
+	s.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	c.Backends = append([]*loadbalancer.Backend(nil), s.Backends...)
+	return &c
+}
+
+// From converts an EndpointSlice into its cached form. Addresses no
+// backend may have (loopback, unspecified, link-local, multicast) are
+// left out, so are ports without a number or with a protocol the datapath
+// does not balance. Names are interned: the backends on one node share
+// its name's bytes.
+func From(es *discoveryv1.EndpointSlice) *Slice {
+	s := &Slice{
+		TypeMeta:   metav1.TypeMeta{Kind: "EndpointSlice", APIVersion: "discovery.k8s.io/v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: es.Name, Namespace: intern(es.Namespace), ResourceVersion: es.ResourceVersion, UID: es.UID},
+	}
+	svc := es.Labels[discoveryv1.LabelServiceName]
+	if svc == "" || (es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6) {
+		return s
+	}
+	s.OK = true
+	s.Service = loadbalancer.ServiceName{Namespace: s.Namespace, Name: svc}
+	for _, ep := range es.Endpoints {
+		// Unset conditions mean ready and serving (the API's documented
+		// default), not terminating.
+		ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
+		serving := ready
+		if ep.Conditions.Serving != nil {
+			serving = *ep.Conditions.Serving
+		}
+		terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
+		var nodeName, zone string
+		if ep.NodeName != nil {
+			nodeName = intern(*ep.NodeName)
+		}
+		if ep.Zone != nil {
+			zone = intern(*ep.Zone)
+		}
+		var forZones, forNodes []string
+		if ep.Hints != nil {
+			for _, z := range ep.Hints.ForZones {
+				forZones = append(forZones, intern(z.Name))
+			}
+			for _, n := range ep.Hints.ForNodes {
+				forNodes = append(forNodes, intern(n.Name))
+			}
+		}
+		for _, a := range ep.Addresses {
+			addr, err := netip.ParseAddr(a)
+			if err != nil || !loadbalancer.Servable(addr.Unmap()) {
+				// Whoever may write an EndpointSlice (a selectorless
+				// Service's owner) names its addresses: a loopback
+				// backend would send a host process's connect() to a
+				// cluster IP (the socket LB) to the node's own
+				// 127.0.0.1 on that port. The API server refuses these
+				// too; checked here whatever wrote the object.
+				continue
+			}
+			for _, p := range es.Ports {
+				if p.Port == nil {
+					continue
+				}
+				var proto corev1.Protocol
+				if p.Protocol != nil {
+					proto = *p.Protocol
+				}
+				l4, err := protoOf(proto)
+				if err != nil {
+					continue
+				}
+				var portName string
+				if p.Name != nil {
+					portName = intern(*p.Name)
+				}
+				s.Backends = append(s.Backends, &loadbalancer.Backend{
+					Service: s.Service, Source: s.Name,
+					Addr: netip.AddrPortFrom(addr.Unmap(), uint16(*p.Port)), Proto: l4, PortName: portName,
+					NodeName: nodeName, Zone: zone, ForZones: forZones, ForNodes: forNodes, Ready: ready, Serving: serving, Terminating: terminating,
+				})
+			}
+		}
+	}
+	return s
+}
+
+// protoOf maps a Kubernetes protocol to the datapath's ("" is TCP).
+func protoOf(p corev1.Protocol) (uint8, error) {
+	if p == "" {
+		return loadbalancer.TCP, nil
+	}
+	return loadbalancer.ParseProto(string(p))
+}
+
+// intern returns the canonical copy of s: the namespaces, node names,
+// zones and port names of many slices share one. The unique package drops
+// a value once nothing holds it, so names of nodes long gone do not
+// accumulate.
+func intern(s string) string {
+	if s == "" {
+		return ""
+	}
+	return unique.Make(s).Value()
+}
