@@ -13,9 +13,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/tendril-net/tendril/pkg/k8s"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 )
 
@@ -25,9 +25,8 @@ import (
 // slice. Nothing may change a Slice or its backends once made: the
 // informer's readers and the backends table share them.
 type Slice struct {
-	metav1.TypeMeta
-	// ObjectMeta holds the name, namespace and resource version only.
-	metav1.ObjectMeta
+	// SlimMeta: the name, namespace and resource version.
+	k8s.SlimMeta
 	// Service is the service the slice lists backends of (its
 	// kubernetes.io/service-name label); valid only if OK.
 	Service loadbalancer.ServiceName
@@ -46,7 +45,6 @@ func (s *Slice) DeepCopyObject() runtime.Object {
 		return nil
 	}
 	c := *s
-	s.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
 	c.Backends = append([]*loadbalancer.Backend(nil), s.Backends...)
 	return &c
 }
@@ -57,10 +55,7 @@ func (s *Slice) DeepCopyObject() runtime.Object {
 // does not balance. Names are interned: the backends on one node share
 // its name's bytes.
 func From(es *discoveryv1.EndpointSlice) *Slice {
-	s := &Slice{
-		TypeMeta:   metav1.TypeMeta{Kind: "EndpointSlice", APIVersion: "discovery.k8s.io/v1"},
-		ObjectMeta: metav1.ObjectMeta{Name: es.Name, Namespace: intern(es.Namespace), ResourceVersion: es.ResourceVersion, UID: es.UID},
-	}
+	s := &Slice{SlimMeta: k8s.SlimMeta{Name: es.Name, Namespace: intern(es.Namespace), ResourceVersion: es.ResourceVersion}}
 	svc := es.Labels[discoveryv1.LabelServiceName]
 	if svc == "" || (es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6) {
 		return s

@@ -137,9 +137,6 @@ func TestTransformKeepsWhatIsRead(t *testing.T) {
 		if key, _ := cache.MetaNamespaceKeyFunc(sl); key != "ns/web-abc" || sl.Name != "web-abc" || sl.ResourceVersion != "7" {
 			t.Fatalf("round %d: key %q, name %q, resource version %q", round, key, sl.Name, sl.ResourceVersion)
 		}
-		if sl.Labels != nil || sl.Annotations != nil || sl.ManagedFields != nil || sl.OwnerReferences != nil {
-			t.Fatalf("round %d: metadata kept: %+v", round, sl.ObjectMeta)
-		}
 	}
 	// The endpoints on node a share its name's bytes.
 	bs := obj.(*k8sslice.Slice).Backends
