@@ -32,7 +32,7 @@ type node struct {
 	nl *netlink.Handle
 }
 
-func newNode(t *testing.T) *node {
+func newNode(t testing.TB) *node {
 	t.Helper()
 	testutil.Privileged(t)
 	runtime.LockOSThread()
