@@ -10,7 +10,8 @@ import (
 // protocol (including names whose text would run together), so that no
 // backend replaces another in the table; equal fields give equal keys; a
 // typical EndpointSlice backend's key is short (it is stored in each of
-// the table's three indexes).
+// the table's indexes); a service's backends are found by the key's
+// prefix.
 func TestBackendKey(t *testing.T) {
 	base := Backend{Service: ServiceName{Namespace: "bench", Name: "svc-01234"}, Source: "svc-01234-1",
 		Addr: netip.MustParseAddrPort("10.245.0.1:8080"), Proto: TCP}
@@ -65,7 +66,30 @@ func TestBackendKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := w.t.Backends.NumObjects(w.t.DB.ReadTxn()); n != len(variants) {
+	txn := w.t.DB.ReadTxn()
+	if n := w.t.Backends.NumObjects(txn); n != len(variants) {
 		t.Fatalf("%d backend rows, want %d", n, len(variants))
+	}
+	// A service's backends by the prefix of their keys: every source's,
+	// and none of a service whose name or namespace starts the same
+	// (bench/svc-0123 against bench/svc-01234 and svc-01234s).
+	for name, want := range map[ServiceName]int{
+		{Namespace: "bench", Name: "svc-01234"}:  len(variants) - 3,
+		{Namespace: "bench", Name: "svc-0123"}:   1,
+		{Namespace: "bench", Name: "svc-01234s"}: 1,
+		{Namespace: "other", Name: "svc-01234"}:  1,
+		{Namespace: "bench", Name: "svc"}:        0,
+		{Namespace: "ben", Name: "ch"}:           0,
+	} {
+		n := 0
+		for b := range ServiceBackends(txn, w.t.Backends, name) {
+			if b.Service != name {
+				t.Fatalf("backends of %s: %+v", name, b)
+			}
+			n++
+		}
+		if n != want {
+			t.Fatalf("backends of %s: %d, want %d", name, n, want)
+		}
 	}
 }

@@ -199,7 +199,7 @@ func (b *Batch) DeleteService(name ServiceName) error {
 // whose service or source differs is copied.
 func (b *Batch) SetBackends(name ServiceName, source string, backends []*Backend) error {
 	t := b.w.t
-	for old := range t.Backends.List(b.txn, BackendByService.Query(name)) {
+	for old := range ServiceBackends(b.txn, t.Backends, name) {
 		if old.Source == source {
 			if _, _, err := t.Backends.Delete(b.txn, old); err != nil {
 				return fmt.Errorf("delete backend %s of %s: %w", old.Addr, name, err)
@@ -230,7 +230,7 @@ func (w *Writer) recompute(txn statedb.WriteTxn, name ServiceName) error {
 	kinds := map[FrontendKey]string{}
 	if svc, _, ok := w.t.Services.Get(txn, ServiceByName.Query(name)); ok {
 		var backends []*Backend
-		for b := range w.t.Backends.List(txn, BackendByService.Query(name)) {
+		for b := range ServiceBackends(txn, w.t.Backends, name) {
 			backends = append(backends, b)
 		}
 		lrp := w.redirect(txn, name)

@@ -207,7 +207,7 @@ func (cp *ControlPlane) run(ctx context.Context, h cell.Health) error {
 		svcs, svcWatch := cp.services.AllWatch(txn)
 		_, beWatch := cp.backends.AllWatch(txn)
 		pass := cp.pass(ctx, read(), statedb.Collect(svcs), func(n loadbalancer.ServiceName) bool {
-			for b := range cp.backends.List(txn, loadbalancer.BackendByService.Query(n)) {
+			for b := range loadbalancer.ServiceBackends(txn, cp.backends, n) {
 				if b.NodeName == cp.node && b.Ready && !b.Terminating {
 					return true
 				}

@@ -184,7 +184,7 @@ func (r *runner) Run(ctx context.Context) error {
 			readDevs = err != nil
 		}
 		wants, refused := Wants(r.node, statedb.Collect(svcs), func(n loadbalancer.ServiceName) []*loadbalancer.Backend {
-			return statedb.Collect(r.svc.Backends.List(txn, loadbalancer.BackendByService.Query(n)))
+			return statedb.Collect(loadbalancer.ServiceBackends(txn, r.svc.Backends, n))
 		}, devs, readCluster())
 		r.a.Sync(ctx, wants)
 		reported = r.reportNew(refused, reported, report)

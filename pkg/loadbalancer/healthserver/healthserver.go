@@ -158,7 +158,7 @@ func (s *Server) Ports() map[uint16]loadbalancer.ServiceName {
 func (s *Server) LocalBackends(name loadbalancer.ServiceName) int {
 	txn := s.tables.DB.ReadTxn()
 	seen := map[string]bool{}
-	for b := range s.tables.Backends.List(txn, loadbalancer.BackendByService.Query(name)) {
+	for b := range loadbalancer.ServiceBackends(txn, s.tables.Backends, name) {
 		if b.NodeName == s.nodeName && b.Ready && !b.Terminating {
 			seen[b.Addr.Addr().String()] = true
 		}
