@@ -17,6 +17,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/ipcache"
+	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/endpointpub"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
@@ -74,7 +75,7 @@ func (c publisherClient) Delete(ctx context.Context, ns, name string) error {
 func (c publisherClient) List(context.Context) ([]v1alpha1.TendrilEndpoint, error) {
 	var out []v1alpha1.TendrilEndpoint
 	for _, tep := range c.k.client.watchers.TendrilEndpoints.List() {
-		out = append(out, *tep)
+		out = append(out, tep.TendrilEndpoint())
 	}
 	return out, nil
 }
@@ -150,7 +151,7 @@ func (k *Module) endpointStatus(ep *endpoint.Endpoint) v1alpha1.EndpointStatus {
 // onRemoteEndpoint puts other nodes' pod addresses into the ipcache with
 // their identities; this node's own endpoints are skipped (the local
 // endpoint is the better source for its addresses).
-func (k *Module) onRemoteEndpoint(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
+func (k *Module) onRemoteEndpoint(ev watchers.Event[*k8s.CachedEndpoint]) {
 	if ev.Kind == watchers.Synced {
 		// The listing's claims are queued before this: the ipcache's
 		// prune waits until they are in, and until the gate judged them
@@ -235,7 +236,7 @@ type remoteNamedPorts struct {
 
 // recordRemotePorts keeps other nodes' named ports per endpoint; a change
 // triggers a policy regeneration when it may change egress named ports.
-func (k *Module) recordRemotePorts(ev watchers.Event[*v1alpha1.TendrilEndpoint]) {
+func (k *Module) recordRemotePorts(ev watchers.Event[*k8s.CachedEndpoint]) {
 	st := ev.Object.Status
 	var rp remoteNamedPorts
 	var id identity.NumericIdentity

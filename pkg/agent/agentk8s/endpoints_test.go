@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/policy"
@@ -22,7 +23,7 @@ func TestRemoteNamedPorts(t *testing.T) {
 		Identity:   &v1alpha1.EndpointIdentity{ID: 4242},
 		NamedPorts: []v1alpha1.NamedPort{{Name: "sql", Port: 5432, Protocol: "TCP"}, {Name: "dns", Port: 53, Protocol: "UDP"}},
 	}}
-	k.recordRemotePorts(watchers.Event[*v1alpha1.TendrilEndpoint]{Kind: watchers.Upsert, Key: "x/db", Object: tep})
+	k.recordRemotePorts(watchers.Event[*k8s.CachedEndpoint]{Kind: watchers.Upsert, Key: "x/db", Object: k8s.NewCachedEndpoint(tep)})
 	out := map[identity.NumericIdentity]map[string]policy.NamedPort{}
 	k.client.AddRemoteNamedPorts(out)
 	if got := fmt.Sprint(out); got != "map[4242:map[dns:{53 17} sql:{5432 6}]]" {
@@ -31,7 +32,7 @@ func TestRemoteNamedPorts(t *testing.T) {
 	if pol.triggers == 0 {
 		t.Fatal("no regeneration triggered")
 	}
-	k.recordRemotePorts(watchers.Event[*v1alpha1.TendrilEndpoint]{Kind: watchers.Delete, Key: "x/db", Object: tep})
+	k.recordRemotePorts(watchers.Event[*k8s.CachedEndpoint]{Kind: watchers.Delete, Key: "x/db", Object: k8s.NewCachedEndpoint(tep)})
 	out = map[identity.NumericIdentity]map[string]policy.NamedPort{}
 	k.client.AddRemoteNamedPorts(out)
 	if len(out) != 0 {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tendril-net/tendril/pkg/identity"
+	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/policy"
@@ -27,7 +28,7 @@ func FuzzTendrilEndpoint(f *testing.F) {
 		}
 		k := &Module{policy: &triggerCounter{}, client: &Client{}, log: slog.New(slog.DiscardHandler)}
 		key := tep.Namespace + "/" + tep.Name
-		k.recordRemotePorts(watchers.Event[*v1alpha1.TendrilEndpoint]{Kind: watchers.Upsert, Key: key, Object: &tep})
+		k.recordRemotePorts(watchers.Event[*k8s.CachedEndpoint]{Kind: watchers.Upsert, Key: key, Object: k8s.NewCachedEndpoint(&tep)})
 		out := map[identity.NumericIdentity]map[string]policy.NamedPort{}
 		k.client.AddRemoteNamedPorts(out)
 		protos := map[string]uint8{"": 6, "TCP": 6, "UDP": 17, "SCTP": 132}
@@ -46,7 +47,7 @@ func FuzzTendrilEndpoint(f *testing.F) {
 				}
 			}
 		}
-		k.recordRemotePorts(watchers.Event[*v1alpha1.TendrilEndpoint]{Kind: watchers.Delete, Key: key, Object: &tep})
+		k.recordRemotePorts(watchers.Event[*k8s.CachedEndpoint]{Kind: watchers.Delete, Key: key, Object: k8s.NewCachedEndpoint(&tep)})
 		out = map[identity.NumericIdentity]map[string]policy.NamedPort{}
 		k.client.AddRemoteNamedPorts(out)
 		if len(out) != 0 {

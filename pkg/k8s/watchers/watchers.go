@@ -35,8 +35,9 @@ type Watchers struct {
 	TendrilNetworkPolicies            *Resource[*v1alpha1.TendrilNetworkPolicy]
 	TendrilClusterwideNetworkPolicies *Resource[*v1alpha1.TendrilClusterwideNetworkPolicy]
 	TendrilIdentities                 *Resource[*v1alpha1.TendrilIdentity]
-	TendrilEndpoints                  *Resource[*v1alpha1.TendrilEndpoint]
-	TendrilNodes                      *Resource[*v1alpha1.TendrilNode]
+	// TendrilEndpoints are cached as their status (k8s.CachedEndpoint).
+	TendrilEndpoints *Resource[*k8s.CachedEndpoint]
+	TendrilNodes     *Resource[*v1alpha1.TendrilNode]
 	// TendrilLoadBalancerIPPools: their l2Announcements say which
 	// addresses the node may announce.
 	TendrilLoadBalancerIPPools *Resource[*v1alpha1.TendrilLoadBalancerIPPool]
@@ -80,7 +81,7 @@ func New(c *k8s.Clients, nodeName string, log *slog.Logger) *Watchers {
 		TendrilNetworkPolicies:            newResource[*v1alpha1.TendrilNetworkPolicy](v1alpha1.ResourceNetworkPolicies, tv.TendrilNetworkPolicies().Informer()),
 		TendrilClusterwideNetworkPolicies: newResource[*v1alpha1.TendrilClusterwideNetworkPolicy](v1alpha1.ResourceClusterwideNetworkPolicies, tv.TendrilClusterwideNetworkPolicies().Informer()),
 		TendrilIdentities:                 newResource[*v1alpha1.TendrilIdentity](v1alpha1.ResourceIdentities, tv.TendrilIdentities().Informer()),
-		TendrilEndpoints:                  newResource[*v1alpha1.TendrilEndpoint](v1alpha1.ResourceEndpoints, tv.TendrilEndpoints().Informer()),
+		TendrilEndpoints:                  newResource[*k8s.CachedEndpoint](v1alpha1.ResourceEndpoints, tv.TendrilEndpoints().Informer()),
 		TendrilNodes:                      newResource[*v1alpha1.TendrilNode](v1alpha1.ResourceNodes, tv.TendrilNodes().Informer()),
 		TendrilLoadBalancerIPPools:        newResource[*v1alpha1.TendrilLoadBalancerIPPool](v1alpha1.ResourceLoadBalancerIPPools, tv.TendrilLoadBalancerIPPools().Informer()),
 		TendrilLocalRedirectPolicies:      newResource[*v1alpha1.TendrilLocalRedirectPolicy](v1alpha1.ResourceLocalRedirectPolicies, tv.TendrilLocalRedirectPolicies().Informer()),

@@ -136,7 +136,7 @@ func TestWatchersAgainstAPIServer(t *testing.T) {
 		tnps := &recorder[*v1alpha1.TendrilNetworkPolicy]{}
 		tcnps := &recorder[*v1alpha1.TendrilClusterwideNetworkPolicy]{}
 		tids := &recorder[*v1alpha1.TendrilIdentity]{}
-		teps := &recorder[*v1alpha1.TendrilEndpoint]{}
+		teps := &recorder[*k8s.CachedEndpoint]{}
 		tns := &recorder[*v1alpha1.TendrilNode]{}
 		for _, err := range []error{
 			sub(w.Pods, pods), sub(w.Nodes, nodes), sub(w.Services, svcs), sub(w.EndpointSlices, slices),
