@@ -195,7 +195,7 @@ func (b *Batch) DeleteService(name ServiceName) error {
 
 // SetBackends replaces what source lists for service name in the batch.
 // The table holds the given Backends themselves (the informer's cache of
-// EndpointSlices shares them: k8sslice), so they are not changed: one
+// EndpointSlices shares them: k8scache), so they are not changed: one
 // whose service or source differs is copied.
 func (b *Batch) SetBackends(name ServiceName, source string, backends []*Backend) error {
 	t := b.w.t

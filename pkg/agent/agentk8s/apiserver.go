@@ -3,7 +3,7 @@ package agentk8s
 import (
 	"net/netip"
 
-	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8scache"
 )
 
 // APIServerEndpoints are the API server's addresses and ports as the API
@@ -23,7 +23,7 @@ func (k *Client) APIServerEndpoints() []netip.AddrPort {
 }
 
 // endpointsOf are a slice's ready addresses with each of its ports.
-func endpointsOf(s *k8sslice.Slice) []netip.AddrPort {
+func endpointsOf(s *k8scache.Slice) []netip.AddrPort {
 	var out []netip.AddrPort
 	for _, b := range s.Backends {
 		if b.Ready && b.Addr.Port() != 0 {

@@ -18,7 +18,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	tendrilinformers "github.com/tendril-net/tendril/pkg/k8s/client/informers/externalversions"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8scache"
 )
 
 // Watchers are the agent's caches, one Resource per kind.
@@ -26,10 +26,11 @@ type Watchers struct {
 	Pods       *Resource[*corev1.Pod]
 	Namespaces *Resource[*corev1.Namespace]
 	Nodes      *Resource[*corev1.Node]
-	Services   *Resource[*corev1.Service]
-	// EndpointSlices are cached as their services' backends (k8sslice):
+	// Services are cached as their conversions (k8scache.Service).
+	Services *Resource[*k8scache.Service]
+	// EndpointSlices are cached as their services' backends (k8scache):
 	// the load-balancer source reads nothing else of them.
-	EndpointSlices  *Resource[*k8sslice.Slice]
+	EndpointSlices  *Resource[*k8scache.Slice]
 	NetworkPolicies *Resource[*networkingv1.NetworkPolicy]
 
 	TendrilNetworkPolicies            *Resource[*v1alpha1.TendrilNetworkPolicy]
@@ -74,8 +75,8 @@ func New(c *k8s.Clients, nodeName string, log *slog.Logger) *Watchers {
 		Pods:            newResource[*corev1.Pod]("pods", local.Core().V1().Pods().Informer()),
 		Namespaces:      newResource[*corev1.Namespace]("namespaces", core.Core().V1().Namespaces().Informer()),
 		Nodes:           newResource[*corev1.Node]("nodes", core.Core().V1().Nodes().Informer()),
-		Services:        newResource[*corev1.Service]("services", core.Core().V1().Services().Informer()),
-		EndpointSlices:  newResource[*k8sslice.Slice]("endpointslices", core.Discovery().V1().EndpointSlices().Informer()),
+		Services:        newResource[*k8scache.Service]("services", core.Core().V1().Services().Informer()),
+		EndpointSlices:  newResource[*k8scache.Slice]("endpointslices", core.Discovery().V1().EndpointSlices().Informer()),
 		NetworkPolicies: newResource[*networkingv1.NetworkPolicy]("networkpolicies", core.Networking().V1().NetworkPolicies().Informer()),
 
 		TendrilNetworkPolicies:            newResource[*v1alpha1.TendrilNetworkPolicy](v1alpha1.ResourceNetworkPolicies, tv.TendrilNetworkPolicies().Informer()),

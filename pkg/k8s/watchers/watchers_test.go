@@ -20,7 +20,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/crdinstall"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8scache"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 	"github.com/tendril-net/tendril/pkg/testutil/k8senv"
 )
@@ -130,8 +130,8 @@ func TestWatchersAgainstAPIServer(t *testing.T) {
 
 		pods := &recorder[*corev1.Pod]{}
 		nodes := &recorder[*corev1.Node]{}
-		svcs := &recorder[*corev1.Service]{}
-		slices := &recorder[*k8sslice.Slice]{}
+		svcs := &recorder[*k8scache.Service]{}
+		slices := &recorder[*k8scache.Slice]{}
 		nps := &recorder[*networkingv1.NetworkPolicy]{}
 		tnps := &recorder[*v1alpha1.TendrilNetworkPolicy]{}
 		tcnps := &recorder[*v1alpha1.TendrilClusterwideNetworkPolicy]{}

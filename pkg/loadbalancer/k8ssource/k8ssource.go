@@ -18,119 +18,16 @@ import (
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8scache"
 )
 
 // AnnotationLBAlgorithm picks a service's backend selection: "maglev" or
 // "random" (the node's default otherwise).
-const AnnotationLBAlgorithm = "service.tendril.io/lb-algorithm"
+const AnnotationLBAlgorithm = k8scache.AnnotationLBAlgorithm
 
-// Default ClientIP affinity timeout (Kubernetes' default, 3 hours).
-const defaultAffinityTimeout = 10800
-
-// ServiceFrom converts a Service; ok is false for services without
-// frontends here (headless, ExternalName, no cluster IP).
-func ServiceFrom(s *corev1.Service, defaultMaglev bool) (svc *loadbalancer.Service, ok bool, err error) {
-	if s.Spec.Type == corev1.ServiceTypeExternalName {
-		return nil, false, nil
-	}
-	out := &loadbalancer.Service{Name: loadbalancer.ServiceName{Namespace: s.Namespace, Name: s.Name}, Type: string(s.Spec.Type),
-		InternalTrafficPolicy: loadbalancer.TrafficPolicyCluster, Maglev: defaultMaglev,
-		Labels: s.Labels, UID: string(s.UID), Created: s.CreationTimestamp.Time}
-	if out.Type == "" {
-		out.Type = string(corev1.ServiceTypeClusterIP)
-	}
-	ips := s.Spec.ClusterIPs
-	if len(ips) == 0 && s.Spec.ClusterIP != "" {
-		ips = []string{s.Spec.ClusterIP}
-	}
-	for _, ip := range ips {
-		if ip == "" || ip == corev1.ClusterIPNone {
-			continue
-		}
-		a, err := netip.ParseAddr(ip)
-		if err != nil {
-			return nil, false, fmt.Errorf("service %s: cluster IP %q: %w", out.Name, ip, err)
-		}
-		out.Addresses = append(out.Addresses, a.Unmap())
-	}
-	if len(out.Addresses) == 0 {
-		return nil, false, nil
-	}
-	for _, p := range s.Spec.Ports {
-		proto, err := protoOf(p.Protocol)
-		if err != nil {
-			return nil, false, fmt.Errorf("service %s port %q: %w", out.Name, p.Name, err)
-		}
-		sp := loadbalancer.ServicePort{Name: p.Name, Port: uint16(p.Port), Proto: proto}
-		if s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer {
-			sp.NodePort = uint16(p.NodePort)
-		}
-		out.Ports = append(out.Ports, sp)
-	}
-	for _, ip := range s.Spec.ExternalIPs {
-		a, err := netip.ParseAddr(ip)
-		if err != nil {
-			return nil, false, fmt.Errorf("service %s: external IP %q: %w", out.Name, ip, err)
-		}
-		out.ExternalIPs = append(out.ExternalIPs, a.Unmap())
-	}
-	if s.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		for _, in := range s.Status.LoadBalancer.Ingress {
-			if in.IP == "" {
-				continue // a hostname: nothing to answer on here
-			}
-			if in.IPMode != nil && *in.IPMode == corev1.LoadBalancerIPModeProxy {
-				// The load-balancer proxies to the node ports: its
-				// address is not ours to answer on.
-				continue
-			}
-			a, err := netip.ParseAddr(in.IP)
-			if err != nil {
-				return nil, false, fmt.Errorf("service %s: load-balancer ingress %q: %w", out.Name, in.IP, err)
-			}
-			out.LoadBalancerIPs = append(out.LoadBalancerIPs, a.Unmap())
-		}
-		for _, r := range s.Spec.LoadBalancerSourceRanges {
-			pfx, err := netip.ParsePrefix(strings.TrimSpace(r))
-			if err != nil {
-				return nil, false, fmt.Errorf("service %s: loadBalancerSourceRanges %q: %w", out.Name, r, err)
-			}
-			out.SourceRanges = append(out.SourceRanges, pfx.Masked())
-		}
-	}
-	out.ExternalTrafficPolicy = loadbalancer.TrafficPolicyCluster
-	if s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal &&
-		(s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer) {
-		out.ExternalTrafficPolicy = loadbalancer.TrafficPolicyLocal
-		out.HealthCheckNodePort = uint16(s.Spec.HealthCheckNodePort)
-	}
-	if s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
-		out.Affinity, out.AffinityTimeout = true, defaultAffinityTimeout
-		if c := s.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
-			out.AffinityTimeout = uint32(*c.ClientIP.TimeoutSeconds)
-		}
-	}
-	if p := s.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
-		out.InternalTrafficPolicy = loadbalancer.TrafficPolicyLocal
-	}
-	if td := s.Spec.TrafficDistribution; td != nil {
-		out.TrafficDistribution = *td
-	}
-	switch strings.ToLower(s.Annotations[AnnotationLBAlgorithm]) {
-	case "maglev":
-		out.Maglev = true
-	case "random":
-		out.Maglev = false
-	}
-	return out, true, nil
-}
-
-func protoOf(p corev1.Protocol) (uint8, error) {
-	if p == "" {
-		return loadbalancer.TCP, nil
-	}
-	return loadbalancer.ParseProto(string(p))
+// ServiceFrom converts a Service (k8scache.ServiceFrom).
+func ServiceFrom(s *corev1.Service, defaultMaglev bool) (*loadbalancer.Service, bool, error) {
+	return k8scache.ServiceFrom(s, defaultMaglev)
 }
 
 // Source feeds the tables from the watchers' events.
@@ -337,6 +234,20 @@ func parsePrefixes(cidrs []string) []netip.Prefix {
 }
 
 // clampNodePorts drops the node ports outside the range.
+// nodePortsOutOfRange tells whether clampNodePorts would change svc.
+func (s *Source) nodePortsOutOfRange(svc *loadbalancer.Service) bool {
+	if s.nodePortMax == 0 {
+		return false
+	}
+	out := func(p uint16) bool { return p != 0 && (p < s.nodePortMin || p > s.nodePortMax) }
+	for _, p := range svc.Ports {
+		if out(p.NodePort) {
+			return true
+		}
+	}
+	return out(svc.HealthCheckNodePort)
+}
+
 func (s *Source) clampNodePorts(key string, svc *loadbalancer.Service) {
 	if s.nodePortMax == 0 {
 		return
@@ -401,7 +312,7 @@ func (s *Source) write(ops []op) {
 }
 
 // OnService handles a Service event.
-func (s *Source) OnService(ev watchers.Event[*corev1.Service]) {
+func (s *Source) OnService(ev watchers.Event[*k8scache.Service]) {
 	if ev.Kind == watchers.Synced {
 		s.write(s.pendingServices)
 		s.pendingServices, s.servicesListed = nil, true
@@ -410,22 +321,37 @@ func (s *Source) OnService(ev watchers.Event[*corev1.Service]) {
 	}
 	name := loadbalancer.ServiceName{Namespace: ev.Object.Namespace, Name: ev.Object.Name}
 	var o op
-	if ev.Kind == watchers.Delete {
+	switch c := ev.Object; {
+	case ev.Kind == watchers.Delete:
 		o = s.deleteService(ev.Key, name)
-	} else {
-		svc, ok, cerr := ServiceFrom(ev.Object, s.defaultMaglev)
-		switch {
-		case cerr != nil:
-			s.log.Warn("Service not translated", "service", ev.Key, "error", cerr)
-			o = s.deleteService(ev.Key, name)
-		case !ok:
-			o = s.deleteService(ev.Key, name)
-		default:
-			s.clampNodePorts(ev.Key, svc)
-			o = s.upsertJudged(ev.Key, svc)
-		}
+	case c.Err != nil:
+		s.log.Warn("Service not translated", "service", ev.Key, "error", c.Err)
+		o = s.deleteService(ev.Key, name)
+	case c.Service == nil:
+		o = s.deleteService(ev.Key, name)
+	default:
+		o = s.upsertJudged(ev.Key, s.withNodeSettings(ev.Key, c))
 	}
 	s.apply(&s.pendingServices, s.servicesListed, o)
+}
+
+// withNodeSettings is the cached conversion with this node's settings
+// applied: the default backend selection, node ports out of range left
+// out. Usually none changes it, and the services table holds the cache's
+// object itself; otherwise a copy (the cache's is shared).
+func (s *Source) withNodeSettings(key string, c *k8scache.Service) *loadbalancer.Service {
+	svc := c.Service
+	maglev := !c.MaglevSet && s.defaultMaglev
+	if !maglev && !s.nodePortsOutOfRange(svc) {
+		return svc
+	}
+	cp := *svc
+	cp.Ports = slices.Clone(svc.Ports)
+	if maglev {
+		cp.Maglev = true
+	}
+	s.clampNodePorts(key, &cp)
+	return &cp
 }
 
 // deleteService is the op deleting a Service.
@@ -445,9 +371,9 @@ func (s *Source) logErr(what, key string, err error) {
 }
 
 // OnEndpointSlice handles an EndpointSlice event: the informer caches
-// each slice as its backends (k8sslice.Slice), which the backends table
+// each slice as its backends (k8scache.Slice), which the backends table
 // then holds too.
-func (s *Source) OnEndpointSlice(ev watchers.Event[*k8sslice.Slice]) {
+func (s *Source) OnEndpointSlice(ev watchers.Event[*k8scache.Slice]) {
 	if ev.Kind == watchers.Synced {
 		s.write(s.pendingSlices)
 		s.pendingSlices, s.slicesListed = nil, true
@@ -585,7 +511,7 @@ func HostPortsFrom(pod *corev1.Pod, nodeName string) (svc *loadbalancer.Service,
 			if cp.HostPort == 0 {
 				continue
 			}
-			proto, err := protoOf(cp.Protocol)
+			proto, err := k8scache.ProtoOf(cp.Protocol)
 			if err != nil {
 				continue
 			}

@@ -18,7 +18,7 @@ import (
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8scache"
 )
 
 func TestServiceFrom(t *testing.T) {
@@ -89,10 +89,10 @@ func TestSourceTopologyHints(t *testing.T) {
 	es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 		AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{hint("10.0.0.1", "z1"), hint("10.0.0.2", "z2")},
 		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}}}
-	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Upsert, Key: "ns/web", Object: svc})
-	src.OnEndpointSlice(watchers.Event[*k8sslice.Slice]{Kind: watchers.Upsert, Key: "ns/web-1", Object: k8sslice.From(es)})
-	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
-	src.OnEndpointSlice(watchers.Event[*k8sslice.Slice]{Kind: watchers.Synced})
+	onService(src, watchers.Event[*corev1.Service]{Kind: watchers.Upsert, Key: "ns/web", Object: svc})
+	src.OnEndpointSlice(watchers.Event[*k8scache.Slice]{Kind: watchers.Upsert, Key: "ns/web-1", Object: k8scache.SliceFrom(es)})
+	onService(src, watchers.Event[*corev1.Service]{Kind: watchers.Synced})
+	src.OnEndpointSlice(watchers.Event[*k8scache.Slice]{Kind: watchers.Synced})
 	if initialized() {
 		t.Fatal("initialized before the nodes synced")
 	}
@@ -139,11 +139,11 @@ func syncedSource(t testing.TB, n int) (*Source, *loadbalancer.Tables) {
 	}
 	src := NewSource(loadbalancer.NewWriter(tables, "node-a"), false, slog.New(slog.DiscardHandler))
 	for i := 0; i < n; i++ {
-		src.OnService(serviceEvent(i))
+		onService(src, serviceEvent(i))
 		src.OnEndpointSlice(sliceEvent(i, 1))
 	}
-	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
-	src.OnEndpointSlice(watchers.Event[*k8sslice.Slice]{Kind: watchers.Synced})
+	onService(src, watchers.Event[*corev1.Service]{Kind: watchers.Synced})
+	src.OnEndpointSlice(watchers.Event[*k8scache.Slice]{Kind: watchers.Synced})
 	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Synced})
 	src.OnTendrilNode(watchers.Event[*v1alpha1.TendrilNode]{Kind: watchers.Synced})
 	src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Synced})
@@ -159,7 +159,7 @@ func serviceEvent(i int) watchers.Event[*corev1.Service] {
 }
 
 // sliceEvent is service i's slice with ten backends 10.244.<gen>.1..10.
-func sliceEvent(i, gen int) watchers.Event[*k8sslice.Slice] {
+func sliceEvent(i, gen int) watchers.Event[*k8scache.Slice] {
 	name := fmt.Sprintf("svc-%d", i)
 	es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name + "-1",
 		Labels: map[string]string{discoveryv1.LabelServiceName: name}},
@@ -167,7 +167,7 @@ func sliceEvent(i, gen int) watchers.Event[*k8sslice.Slice] {
 	for j := 1; j <= 10; j++ {
 		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.244.%d.%d", gen, j)}})
 	}
-	return watchers.Event[*k8sslice.Slice]{Kind: watchers.Upsert, Key: "ns/" + es.Name, Object: k8sslice.From(es)}
+	return watchers.Event[*k8scache.Slice]{Kind: watchers.Upsert, Key: "ns/" + es.Name, Object: k8scache.SliceFrom(es)}
 }
 
 func frontendBackends(t testing.TB, tables *loadbalancer.Tables, ip string) []string {
@@ -198,8 +198,8 @@ func TestSourceChangesAfterSync(t *testing.T) {
 	}
 	del := serviceEvent(5)
 	del.Kind = watchers.Delete
-	src.OnService(serviceEvent(5))
-	src.OnService(del)
+	onService(src, serviceEvent(5))
+	onService(src, del)
 	for i := 0; i < 20; i++ {
 		ip := fmt.Sprintf("10.96.0.%d", 1+i)
 		got := frontendBackends(t, tables, ip)
@@ -226,7 +226,7 @@ func TestSourceChangesAfterSync(t *testing.T) {
 // help).
 func BenchmarkSourceBurstAfterSync(b *testing.B) {
 	src, tables := syncedSource(b, 10000)
-	events := make([][]watchers.Event[*k8sslice.Slice], 2)
+	events := make([][]watchers.Event[*k8scache.Slice], 2)
 	for g := range events {
 		for i := 0; i < 1000; i++ {
 			events[g] = append(events[g], sliceEvent(i*10, 2+g))
@@ -286,9 +286,9 @@ func TestServiceFromLoadBalancer(t *testing.T) {
 	}
 	src := NewSource(loadbalancer.NewWriter(tables, "node-a"), false, slog.New(slog.DiscardHandler))
 	src.SetNodePortRange(30000, 32767)
-	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
-	src.OnEndpointSlice(watchers.Event[*k8sslice.Slice]{Kind: watchers.Synced})
-	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Upsert, Key: "ns/web", Object: s})
+	onService(src, watchers.Event[*corev1.Service]{Kind: watchers.Synced})
+	src.OnEndpointSlice(watchers.Event[*k8scache.Slice]{Kind: watchers.Synced})
+	onService(src, watchers.Event[*corev1.Service]{Kind: watchers.Upsert, Key: "ns/web", Object: s})
 	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Upsert, Key: "node-a", Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "172.30.0.11"}, {Type: corev1.NodeHostName, Address: "node-a"}}}}})
 	var keys []string
@@ -313,8 +313,8 @@ func TestHostPorts(t *testing.T) {
 	}
 	src := NewSource(loadbalancer.NewWriter(tables, "node-a"), false, slog.New(slog.DiscardHandler))
 	for _, k := range []func(){
-		func() { src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced}) },
-		func() { src.OnEndpointSlice(watchers.Event[*k8sslice.Slice]{Kind: watchers.Synced}) },
+		func() { onService(src, watchers.Event[*corev1.Service]{Kind: watchers.Synced}) },
+		func() { src.OnEndpointSlice(watchers.Event[*k8scache.Slice]{Kind: watchers.Synced}) },
 		func() { src.OnPod(watchers.Event[*corev1.Pod]{Kind: watchers.Synced}) },
 		func() { src.OnTendrilNode(watchers.Event[*v1alpha1.TendrilNode]{Kind: watchers.Synced}) },
 	} {
@@ -397,8 +397,8 @@ func TestSourceExternalIPRanges(t *testing.T) {
 		src := NewSource(loadbalancer.NewWriter(tables, "node-a"), false, slog.New(slog.DiscardHandler))
 		src.SetExternalIPRanges(c.ranges)
 		src.SetPodRanges(c.pools)
-		src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
-		src.OnService(ev)
+		onService(src, watchers.Event[*corev1.Service]{Kind: watchers.Synced})
+		onService(src, ev)
 		var got []string
 		for f := range tables.Frontends.All(tables.DB.ReadTxn()) {
 			got = append(got, f.Key.Addr.Addr().String())
@@ -439,10 +439,10 @@ func TestSourceExternalIPInNodePodCIDR(t *testing.T) {
 	// Node b's pod CIDR is known before the Service.
 	src.OnNode(node(watchers.Upsert, "node-b", "10.244.2.0/24", "fd00:10:244:2::/64"))
 	src.OnNode(watchers.Event[*corev1.Node]{Kind: watchers.Synced})
-	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Synced})
+	onService(src, watchers.Event[*corev1.Service]{Kind: watchers.Synced})
 	ev := serviceEvent(0)
 	ev.Object.Spec.ExternalIPs = []string{"198.51.100.7", "10.244.1.9", "::ffff:10.244.2.3", "fd00:10:244:2::9"}
-	src.OnService(ev)
+	onService(src, ev)
 	if got, want := frontends(), "[10.244.1.9 10.96.0.1 198.51.100.7]"; got != want {
 		t.Errorf("node b's pod CIDR known: frontends %s, want %s", got, want)
 	}
@@ -476,9 +476,19 @@ func TestSourceExternalIPInNodePodCIDR(t *testing.T) {
 		t.Errorf("node b's TendrilNode deleted: frontends %s, want %s", got, want)
 	}
 	// The Service deleted: nothing is judged for it again.
-	src.OnService(watchers.Event[*corev1.Service]{Kind: watchers.Delete, Key: ev.Key, Object: ev.Object})
+	onService(src, watchers.Event[*corev1.Service]{Kind: watchers.Delete, Key: ev.Key, Object: ev.Object})
 	src.OnNode(node(watchers.Upsert, "node-c", "10.244.3.0/24"))
 	if got := frontends(); got != "[]" {
 		t.Errorf("service deleted, a node added: frontends %s, want none", got)
 	}
+}
+
+// onService hands src a Service event as the informer does: the Service
+// converted by the cache's transform (k8scache.CachedServiceFrom).
+func onService(src *Source, ev watchers.Event[*corev1.Service]) {
+	out := watchers.Event[*k8scache.Service]{Kind: ev.Kind, Key: ev.Key}
+	if ev.Object != nil {
+		out.Object = k8scache.CachedServiceFrom(ev.Object)
+	}
+	src.OnService(out)
 }

@@ -12,9 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+	"log/slog"
 
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
-	"github.com/tendril-net/tendril/pkg/loadbalancer/k8sslice"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/k8scache"
 )
 
 // fullService sets every field ServiceFrom reads to a value that changes
@@ -56,7 +57,7 @@ func fullService() *corev1.Service {
 	}
 }
 
-// fullSlice sets every field k8sslice.From reads (each condition set,
+// fullSlice sets every field k8scache.From reads (each condition set,
 // unset, true and false somewhere), and fields it does not read.
 func fullSlice() *discoveryv1.EndpointSlice {
 	return &discoveryv1.EndpointSlice{
@@ -81,14 +82,14 @@ func fullSlice() *discoveryv1.EndpointSlice {
 	}
 }
 
-// TestTransformKeepsWhatIsRead: the informers' transform (which strips the
-// cached Services and EndpointSlices to save memory) keeps every field the
-// source reads: the conversions of a transformed object equal those of
-// the original, and transforming again changes nothing.
+// TestTransformKeepsWhatIsRead: the informers' transform (which caches
+// Services and EndpointSlices as their conversions to save memory) keeps
+// every field the source reads: what the source writes for a transformed
+// object equals the conversion of the original, and transforming again
+// changes nothing.
 func TestTransformKeepsWhatIsRead(t *testing.T) {
 	transform := watchers.NewTransform()
 
-	svc := fullService()
 	want, ok, err := ServiceFrom(fullService(), false)
 	if err != nil || !ok {
 		t.Fatal(ok, err)
@@ -96,28 +97,49 @@ func TestTransformKeepsWhatIsRead(t *testing.T) {
 	if len(want.LoadBalancerIPs) != 1 || want.HealthCheckNodePort == 0 || !want.Maglev || want.TrafficDistribution == "" {
 		t.Fatalf("the full service does not exercise every field: %+v", want)
 	}
+	var svcObj any = fullService()
 	for round := 1; round <= 2; round++ {
-		obj, err := transform(svc)
-		if err != nil {
+		if svcObj, err = transform(svcObj); err != nil {
 			t.Fatal(err)
 		}
-		svc = obj.(*corev1.Service)
-		got, ok, err := ServiceFrom(svc, false)
-		if err != nil || !ok || !reflect.DeepEqual(got, want) {
-			t.Fatalf("round %d: ServiceFrom of the transformed service\n got %+v\nwant %+v (%v %v)", round, got, want, ok, err)
+		c, ok := svcObj.(*k8scache.Service)
+		if !ok {
+			t.Fatalf("round %d: the transform made a %T", round, svcObj)
 		}
-		if key, _ := cache.MetaNamespaceKeyFunc(svc); key != "ns/web" || svc.ResourceVersion != "42" {
-			t.Fatalf("round %d: key %q, resource version %q", round, key, svc.ResourceVersion)
+		if c.Err != nil || c.Service == nil || !reflect.DeepEqual(c.Service, want) || !c.MaglevSet {
+			t.Fatalf("round %d: the transformed service\n got %+v (%v)\nwant %+v", round, c.Service, c.Err, want)
+		}
+		if key, _ := cache.MetaNamespaceKeyFunc(c); key != "ns/web" || c.ResourceVersion != "42" {
+			t.Fatalf("round %d: key %q, resource version %q", round, key, c.ResourceVersion)
 		}
 	}
-	if svc.Spec.Selector != nil || svc.ManagedFields != nil || svc.Annotations["other"] != "" || svc.Spec.Ports[0].TargetPort != (intstr.IntOrString{}) {
-		t.Fatalf("unread fields kept: %+v", svc)
+	// The source writes the cache's conversion itself when the node's
+	// settings leave it as it is, a copy with them applied otherwise,
+	// never changing the cache's.
+	c := svcObj.(*k8scache.Service)
+	src := &Source{}
+	if got := src.withNodeSettings("ns/web", c); got != c.Service {
+		t.Fatal("a copy where the cache's conversion would do")
+	}
+	plain := fullService()
+	plain.Annotations = nil
+	pc := k8scache.CachedServiceFrom(plain)
+	src.defaultMaglev = true
+	if got := src.withNodeSettings("ns/web", pc); got == pc.Service || !got.Maglev || pc.Service.Maglev {
+		t.Fatalf("the node's default Maglev: got %+v, cache %+v", got, pc.Service)
+	}
+	src.defaultMaglev, src.nodePortMin, src.nodePortMax = false, 30000, 30060
+	src.log = slog.New(slog.DiscardHandler)
+	got := src.withNodeSettings("ns/web", c)
+	if got == c.Service || got.Ports[0].NodePort != 0 || got.Ports[1].NodePort != 30053 || got.HealthCheckNodePort != 0 ||
+		c.Service.Ports[0].NodePort != 30080 || c.Service.HealthCheckNodePort != 32000 {
+		t.Fatalf("node ports out of range: got %+v, cache %+v", got, c.Service)
 	}
 
 	// A slice becomes its backends: what the source reads of it, the
 	// same as converting the slice itself, and converting again changes
 	// nothing.
-	wantSlice := k8sslice.From(fullSlice())
+	wantSlice := k8scache.SliceFrom(fullSlice())
 	if !wantSlice.OK || len(wantSlice.Backends) != 6 {
 		t.Fatalf("the full slice: %v %d backends", wantSlice.OK, len(wantSlice.Backends))
 	}
@@ -127,7 +149,7 @@ func TestTransformKeepsWhatIsRead(t *testing.T) {
 		if obj, err = transform(obj); err != nil {
 			t.Fatal(err)
 		}
-		sl, ok := obj.(*k8sslice.Slice)
+		sl, ok := obj.(*k8scache.Slice)
 		if !ok {
 			t.Fatalf("round %d: the transform made a %T", round, obj)
 		}
@@ -139,13 +161,13 @@ func TestTransformKeepsWhatIsRead(t *testing.T) {
 		}
 	}
 	// The endpoints on node a share its name's bytes.
-	bs := obj.(*k8sslice.Slice).Backends
+	bs := obj.(*k8scache.Slice).Backends
 	if unsafe.StringData(bs[0].NodeName) != unsafe.StringData(bs[4].NodeName) || bs[4].NodeName != "a" {
 		t.Fatal("backends of one node hold separate copies of its name")
 	}
 	// A copy for the cache's readers is equal and separate.
-	c := obj.(*k8sslice.Slice).DeepCopyObject().(*k8sslice.Slice)
-	if !reflect.DeepEqual(c, obj) || &c.Backends[0] == &bs[0] {
+	sc := obj.(*k8scache.Slice).DeepCopyObject().(*k8scache.Slice)
+	if !reflect.DeepEqual(sc, obj) || &sc.Backends[0] == &bs[0] {
 		t.Fatal("DeepCopyObject")
 	}
 }

@@ -1,4 +1,4 @@
-package k8sslice
+package k8scache
 
 import (
 	"fmt"
@@ -11,11 +11,11 @@ import (
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 )
 
-// TestFrom: an EndpointSlice's backends, each address with each port,
+// TestSliceFrom: an EndpointSlice's backends, each address with each port,
 // with its conditions (unset ones mean ready and serving), node, zone and
 // hints; addresses no backend may have are left out; a slice of no
 // service lists none.
-func TestFrom(t *testing.T) {
+func TestSliceFrom(t *testing.T) {
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: "web-abc", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
@@ -26,7 +26,7 @@ func TestFrom(t *testing.T) {
 		},
 		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}},
 	}
-	sl := From(es)
+	sl := SliceFrom(es)
 	name, bs, ok := sl.Service, sl.Backends, sl.OK
 	if !ok || name != (loadbalancer.ServiceName{Namespace: "ns", Name: "web"}) || len(bs) != 2 {
 		t.Fatalf("%v %v %+v", ok, name, bs)
@@ -40,11 +40,11 @@ func TestFrom(t *testing.T) {
 	// Addresses no backend may have (a selectorless Service's owner
 	// writes them): loopback, unspecified, link-local, multicast.
 	es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{"127.0.0.1", "0.0.0.0", "169.254.169.254", "224.0.0.1", "::ffff:127.0.0.1"}})
-	if bs := From(es).Backends; len(bs) != 2 {
+	if bs := SliceFrom(es).Backends; len(bs) != 2 {
 		t.Fatalf("backends %+v, want the two unicast ones only", bs)
 	}
 	es.Labels = nil
-	if sl := From(es); sl.OK || len(sl.Backends) != 0 {
+	if sl := SliceFrom(es); sl.OK || len(sl.Backends) != 0 {
 		t.Fatal("a slice of no service must be skipped")
 	}
 }

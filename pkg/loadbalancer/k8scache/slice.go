@@ -1,11 +1,11 @@
-// Package k8sslice converts an EndpointSlice into the backends of its
-// service: the form the agent's informer caches a slice in. The load-
-// balancer source reads nothing of a slice but these backends (and its
-// key), so the cache holds them instead of the decoded object, and the
-// backends table holds the same Backend values: a slice costs its
-// backends once, not its JSON-shaped object beside them (docs/benchmarks.md,
-// "Memory (issue 31)").
-package k8sslice
+// Package k8scache converts Services and EndpointSlices into the forms
+// the agent's informers cache them in: a Service as its services-table
+// row, an EndpointSlice as the backends of its service. The load-balancer
+// source reads nothing else of them, so the caches hold the conversions
+// instead of the decoded objects, and the tables hold the same values: a
+// Service or slice costs its rows once, not its API object beside them
+// (docs/benchmarks.md, "Memory (issue 31)").
+package k8scache
 
 import (
 	"net/netip"
@@ -49,12 +49,12 @@ func (s *Slice) DeepCopyObject() runtime.Object {
 	return &c
 }
 
-// From converts an EndpointSlice into its cached form. Addresses no
+// SliceFrom converts an EndpointSlice into its cached form. Addresses no
 // backend may have (loopback, unspecified, link-local, multicast) are
 // left out, so are ports without a number or with a protocol the datapath
 // does not balance. Names are interned: the backends on one node share
 // its name's bytes.
-func From(es *discoveryv1.EndpointSlice) *Slice {
+func SliceFrom(es *discoveryv1.EndpointSlice) *Slice {
 	s := &Slice{SlimMeta: k8s.SlimMeta{Name: es.Name, Namespace: intern(es.Namespace), ResourceVersion: es.ResourceVersion}}
 	svc := es.Labels[discoveryv1.LabelServiceName]
 	if svc == "" || (es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6) {
@@ -106,7 +106,7 @@ func From(es *discoveryv1.EndpointSlice) *Slice {
 				if p.Protocol != nil {
 					proto = *p.Protocol
 				}
-				l4, err := protoOf(proto)
+				l4, err := ProtoOf(proto)
 				if err != nil {
 					continue
 				}
@@ -125,8 +125,8 @@ func From(es *discoveryv1.EndpointSlice) *Slice {
 	return s
 }
 
-// protoOf maps a Kubernetes protocol to the datapath's ("" is TCP).
-func protoOf(p corev1.Protocol) (uint8, error) {
+// ProtoOf maps a Kubernetes protocol to the datapath's ("" is TCP).
+func ProtoOf(p corev1.Protocol) (uint8, error) {
 	if p == "" {
 		return loadbalancer.TCP, nil
 	}
