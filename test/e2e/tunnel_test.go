@@ -26,6 +26,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // ownLab brings up a lab of its own, named after the suite's lab with
@@ -427,20 +428,7 @@ func forgedVXLAN(vni uint32, src, dst netip.Addr) []byte {
 	copy(eth[6:12], []byte{2, 0, 0, 0, 0, 2})
 	binary.BigEndian.PutUint16(eth[12:], unix.ETH_P_IP)
 	ip := eth[14:]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], 40)
-	ip[8], ip[9] = 64, unix.IPPROTO_TCP
-	s4, d4 := src.As4(), dst.As4()
-	copy(ip[12:], s4[:])
-	copy(ip[16:], d4[:])
-	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	copy(ip, testutil.IPv4Header(src, dst, unix.IPPROTO_TCP, 64, 20))
 	tcp := ip[20:]
 	binary.BigEndian.PutUint16(tcp[0:], 40001)
 	binary.BigEndian.PutUint16(tcp[2:], 8080)

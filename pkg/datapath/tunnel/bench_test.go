@@ -44,6 +44,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/netlab"
 )
 
@@ -385,22 +386,7 @@ func ipHeader(src, dst netip.Addr, proto, ttl uint8, l4len int) []byte {
 	eth := []byte{2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0, 0}
 	if src.Is4() {
 		binary.BigEndian.PutUint16(eth[12:], 0x0800)
-		ip := make([]byte, 20)
-		ip[0] = 0x45
-		binary.BigEndian.PutUint16(ip[2:], uint16(20+l4len))
-		ip[8], ip[9] = ttl, proto
-		s, d := src.As4(), dst.As4()
-		copy(ip[12:], s[:])
-		copy(ip[16:], d[:])
-		var sum uint32
-		for i := 0; i < 20; i += 2 {
-			sum += uint32(binary.BigEndian.Uint16(ip[i:]))
-		}
-		for sum > 0xffff {
-			sum = sum&0xffff + sum>>16
-		}
-		binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
-		return append(eth, ip...)
+		return append(eth, testutil.IPv4Header(src, dst, proto, ttl, l4len)...)
 	}
 	binary.BigEndian.PutUint16(eth[12:], 0x86DD)
 	ip := make([]byte, 40)

@@ -72,20 +72,7 @@ func frame(src, dst netip.Addr) []byte {
 	copy(b[6:12], []byte{2, 0, 0, 0, 0, 2})
 	binary.BigEndian.PutUint16(b[12:], 0x0800)
 	ip := b[14:]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], 20+8+18)
-	ip[8], ip[9] = 64, 17
-	s, d := src.As4(), dst.As4()
-	copy(ip[12:], s[:])
-	copy(ip[16:], d[:])
-	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	copy(ip, testutil.IPv4Header(src, dst, 17, 64, 8+18))
 	udp := ip[20:]
 	binary.BigEndian.PutUint16(udp[0:], 40000)
 	binary.BigEndian.PutUint16(udp[2:], 5201)

@@ -300,22 +300,7 @@ func Frame(p Packet) []byte {
 	}
 	binary.BigEndian.PutUint16(l4[0:], p.Sport)
 	binary.BigEndian.PutUint16(l4[2:], p.Dport)
-	ip := make([]byte, 20)
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(l4)))
-	ip[8] = 64
-	ip[9] = p.Proto
-	s, d := p.Src.As4(), p.Dst.As4()
-	copy(ip[12:16], s[:])
-	copy(ip[16:20], d[:])
-	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	ip := testutil.IPv4Header(p.Src, p.Dst, p.Proto, 64, len(l4))
 	eth := []byte{2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00}
 	frame := append(append(eth, ip...), l4...)
 	for len(frame) < 60 {

@@ -126,8 +126,6 @@ func algorithmOf(s *corev1.Service) (set, maglev bool) {
 	return false, false
 }
 
-
-
 // Service is a Service as the agent caches it: its key and resource
 // version, and its conversion (ServiceFrom) with the random selection
 // unless its annotation picks Maglev. The source writes Service itself to
