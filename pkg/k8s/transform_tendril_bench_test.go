@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 // BenchmarkCachedEndpointMemory: the heap an informer cache of 50,000
@@ -50,7 +51,7 @@ func BenchmarkCachedEndpointMemory(b *testing.B) {
 	}{{"before", before}, {"cached-endpoint", StripTendril}} {
 		b.Run(tr.name, func(b *testing.B) {
 			for range b.N {
-				start := heapAlloc()
+				start := testutil.HeapAfterGC()
 				cache := make([]any, 0, n)
 				for _, e := range encoded {
 					tep := &v1alpha1.TendrilEndpoint{}
@@ -60,16 +61,9 @@ func BenchmarkCachedEndpointMemory(b *testing.B) {
 					o, _ := tr.fn(tep)
 					cache = append(cache, o)
 				}
-				b.ReportMetric(float64(heapAlloc()-start)/(1<<20), "heap-MiB")
+				b.ReportMetric(float64(testutil.HeapAfterGC()-start)/(1<<20), "heap-MiB")
 				runtime.KeepAlive(cache)
 			}
 		})
 	}
-}
-
-func heapAlloc() uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
 }

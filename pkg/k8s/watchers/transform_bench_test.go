@@ -12,6 +12,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
 	"github.com/tendril-net/tendril/pkg/loadbalancer/k8scache"
+	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
 func ptrTo[T any](v T) *T { return &v }
@@ -81,7 +82,7 @@ func BenchmarkCacheMemory(b *testing.B) {
 		}{{"before", func(o any) (any, error) { return o, nil }}, {"transform", NewTransform()}} {
 			b.Run(shape+"/"+tr.name, func(b *testing.B) {
 				for range b.N {
-					before := heapAlloc()
+					before := testutil.HeapAfterGC()
 					cache := make([]any, 0, 2*n)
 					var table [][]*loadbalancer.Backend
 					var rows []*loadbalancer.Service
@@ -106,7 +107,7 @@ func BenchmarkCacheMemory(b *testing.B) {
 							rows = append(rows, svc)
 						}
 					}
-					b.ReportMetric(float64(heapAlloc()-before)/(1<<20), "heap-MiB")
+					b.ReportMetric(float64(testutil.HeapAfterGC()-before)/(1<<20), "heap-MiB")
 					runtime.KeepAlive(cache)
 					runtime.KeepAlive(table)
 					runtime.KeepAlive(rows)
@@ -114,11 +115,4 @@ func BenchmarkCacheMemory(b *testing.B) {
 			})
 		}
 	}
-}
-
-func heapAlloc() uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
 }
