@@ -42,14 +42,14 @@ type CachedEndpoint struct {
 // state and the namespace are interned (shared by the endpoints of a node,
 // of a namespace).
 func NewCachedEndpoint(tep *v1alpha1.TendrilEndpoint) *CachedEndpoint {
-	e := &CachedEndpoint{SlimMeta: SlimMeta{Name: tep.Name, Namespace: intern(tep.Namespace), ResourceVersion: tep.ResourceVersion},
+	e := &CachedEndpoint{SlimMeta: SlimMeta{Name: tep.Name, Namespace: Intern(tep.Namespace), ResourceVersion: tep.ResourceVersion},
 		Status: tep.Status}
-	e.Status.State = intern(e.Status.State)
+	e.Status.State = Intern(e.Status.State)
 	if id := tep.Status.Identity; id != nil {
 		e.Status.Identity = &v1alpha1.EndpointIdentity{ID: id.ID}
 	}
 	if n := tep.Status.Networking; n != nil {
-		e.Status.Networking = &v1alpha1.EndpointNetworking{Addressing: n.Addressing, NodeIP: intern(n.NodeIP)}
+		e.Status.Networking = &v1alpha1.EndpointNetworking{Addressing: n.Addressing, NodeIP: Intern(n.NodeIP)}
 	}
 	return e
 }
@@ -73,9 +73,11 @@ func (e *CachedEndpoint) DeepCopyObject() runtime.Object {
 	return c
 }
 
-// intern returns the canonical copy of s: many cached objects share one.
-// The unique package drops a value once nothing holds it.
-func intern(s string) string {
+// Intern returns the canonical copy of s: many cached objects share one
+// (namespaces, node names and addresses, zones). The unique package drops
+// a value once nothing holds it, so names of nodes long gone do not
+// accumulate.
+func Intern(s string) string {
 	if s == "" {
 		return ""
 	}

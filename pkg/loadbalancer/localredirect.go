@@ -228,7 +228,7 @@ func (b *Batch) UpsertLocalRedirect(r *LocalRedirect) error {
 	var backends []*Backend
 	for _, p := range r.Ports {
 		for _, fb := range r.backendsFor(p, r.Ports, r.Address.Unmap().Is4()) {
-			backends = append(backends, &Backend{Addr: fb.Addr, Proto: p.Proto, PortName: p.Name, NodeName: b.w.nodeName,
+			backends = append(backends, &Backend{Service: name, Source: "lrp", Addr: fb.Addr, Proto: p.Proto, PortName: p.Name, NodeName: b.w.nodeName,
 				Ready: true, Serving: true})
 		}
 	}

@@ -159,7 +159,7 @@ func (s *Service) DeepCopyObject() runtime.Object {
 
 // CachedServiceFrom converts a Service into its cached form.
 func CachedServiceFrom(s *corev1.Service) *Service {
-	c := &Service{SlimMeta: k8s.SlimMeta{Name: s.Name, Namespace: intern(s.Namespace), ResourceVersion: s.ResourceVersion}}
+	c := &Service{SlimMeta: k8s.SlimMeta{Name: s.Name, Namespace: k8s.Intern(s.Namespace), ResourceVersion: s.ResourceVersion}}
 	svc, ok, err := ServiceFrom(s, false)
 	switch {
 	case err != nil:

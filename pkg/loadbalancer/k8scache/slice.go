@@ -9,7 +9,6 @@ package k8scache
 
 import (
 	"net/netip"
-	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -55,7 +54,7 @@ func (s *Slice) DeepCopyObject() runtime.Object {
 // does not balance. Names are interned: the backends on one node share
 // its name's bytes.
 func SliceFrom(es *discoveryv1.EndpointSlice) *Slice {
-	s := &Slice{SlimMeta: k8s.SlimMeta{Name: es.Name, Namespace: intern(es.Namespace), ResourceVersion: es.ResourceVersion}}
+	s := &Slice{SlimMeta: k8s.SlimMeta{Name: es.Name, Namespace: k8s.Intern(es.Namespace), ResourceVersion: es.ResourceVersion}}
 	svc := es.Labels[discoveryv1.LabelServiceName]
 	if svc == "" || (es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6) {
 		return s
@@ -73,18 +72,18 @@ func SliceFrom(es *discoveryv1.EndpointSlice) *Slice {
 		terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
 		var nodeName, zone string
 		if ep.NodeName != nil {
-			nodeName = intern(*ep.NodeName)
+			nodeName = k8s.Intern(*ep.NodeName)
 		}
 		if ep.Zone != nil {
-			zone = intern(*ep.Zone)
+			zone = k8s.Intern(*ep.Zone)
 		}
 		var forZones, forNodes []string
 		if ep.Hints != nil {
 			for _, z := range ep.Hints.ForZones {
-				forZones = append(forZones, intern(z.Name))
+				forZones = append(forZones, k8s.Intern(z.Name))
 			}
 			for _, n := range ep.Hints.ForNodes {
-				forNodes = append(forNodes, intern(n.Name))
+				forNodes = append(forNodes, k8s.Intern(n.Name))
 			}
 		}
 		for _, a := range ep.Addresses {
@@ -112,7 +111,7 @@ func SliceFrom(es *discoveryv1.EndpointSlice) *Slice {
 				}
 				var portName string
 				if p.Name != nil {
-					portName = intern(*p.Name)
+					portName = k8s.Intern(*p.Name)
 				}
 				s.Backends = append(s.Backends, &loadbalancer.Backend{
 					Service: s.Service, Source: s.Name,
@@ -131,15 +130,4 @@ func ProtoOf(p corev1.Protocol) (uint8, error) {
 		return loadbalancer.TCP, nil
 	}
 	return loadbalancer.ParseProto(string(p))
-}
-
-// intern returns the canonical copy of s: the namespaces, node names,
-// zones and port names of many slices share one. The unique package drops
-// a value once nothing holds it, so names of nodes long gone do not
-// accumulate.
-func intern(s string) string {
-	if s == "" {
-		return ""
-	}
-	return unique.Make(s).Value()
 }

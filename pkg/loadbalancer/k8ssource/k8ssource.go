@@ -481,6 +481,9 @@ func HostPortName(namespace, pod string) loadbalancer.ServiceName {
 	return loadbalancer.ServiceName{Namespace: namespace, Name: "pod/" + pod}
 }
 
+// hostPortSource is the backends' source of a pod's host ports.
+const hostPortSource = "pod"
+
 // HostPortsFrom converts a pod's containers' hostPorts into a service of
 // type HostPort and its backends (the pod's addresses on the container
 // ports), as the portmap plugin would map them; ok is false for a pod with
@@ -521,7 +524,7 @@ func HostPortsFrom(pod *corev1.Pod, nodeName string) (svc *loadbalancer.Service,
 				svc.ExternalIPs = append(svc.ExternalIPs, ip.Unmap())
 			}
 			for _, a := range podIPs {
-				backends = append(backends, &loadbalancer.Backend{Addr: netip.AddrPortFrom(a, uint16(cp.ContainerPort)), Proto: proto, PortName: name,
+				backends = append(backends, &loadbalancer.Backend{Service: svc.Name, Source: hostPortSource, Addr: netip.AddrPortFrom(a, uint16(cp.ContainerPort)), Proto: proto, PortName: name,
 					NodeName: nodeName, Ready: true, Serving: true})
 			}
 		}
@@ -562,10 +565,10 @@ func (s *Source) OnPod(ev watchers.Event[*corev1.Pod]) {
 	s.apply(&s.pendingPods, s.podsListed, func(b *loadbalancer.Batch) {
 		if !ok {
 			s.logErr("Remove pod host ports", ev.Key, b.DeleteService(svcName))
-			s.logErr("Remove pod host ports", ev.Key, b.SetBackends(svcName, "pod", nil))
+			s.logErr("Remove pod host ports", ev.Key, b.SetBackends(svcName, hostPortSource, nil))
 			return
 		}
 		s.logErr("Write pod host ports", ev.Key, b.UpsertService(svc))
-		s.logErr("Write pod host ports", ev.Key, b.SetBackends(svcName, "pod", backends))
+		s.logErr("Write pod host ports", ev.Key, b.SetBackends(svcName, hostPortSource, backends))
 	})
 }
