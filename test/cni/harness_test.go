@@ -384,7 +384,11 @@ func (n *node) runAgent(t testing.TB, agentArgs ...string) {
 	}
 	args := []string{"--net=" + n.netns, agentBin,
 		"--state-dir", filepath.Join(n.dir, "state"), "--socket", n.socket,
-		"--bpf-root", n.bpfRoot, "--prometheus-serve-addr", "", "--node-name", n.name}
+		"--bpf-root", n.bpfRoot, "--prometheus-serve-addr", "", "--node-name", n.name,
+		// The health endpoint (on by default) is one more endpoint, veth
+		// and allocation beside the pods these tests count; it has tests
+		// of its own (pkg/agent/nodehealth, test/e2e).
+		"--enable-endpoint-health-checking=false"}
 	args = append(args, strings.Fields(os.Getenv("TENDRIL_TEST_AGENT_ARGS"))...)
 	args = append(args, agentArgs...)
 	cmd := exec.Command("nsenter", args...)

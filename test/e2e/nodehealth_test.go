@@ -42,15 +42,8 @@ func healthEndpointView(t *testing.T, node lab.Node, peer string) (nodehealth.Ad
 	if err := json.Unmarshal([]byte(out), &resp); err != nil {
 		return nodehealth.Address{}, fmt.Errorf("tendril health -o json on %s: %w\n%s", node.Name, err, out)
 	}
-	for _, n := range resp.Nodes {
-		if n.Name != peer {
-			continue
-		}
-		for _, a := range n.Addresses {
-			if a.HealthEndpoint {
-				return a, nil
-			}
-		}
+	if a, ok := resp.HealthEndpoint(peer); ok {
+		return a, nil
 	}
 	return nodehealth.Address{}, fmt.Errorf("%s's health view has no health endpoint of %s: %s", node.Name, peer, out)
 }

@@ -42,6 +42,22 @@ type NodeHealth struct {
 	Addresses []Address `json:"addresses"`
 }
 
+// HealthEndpoint is node's health endpoint result in r (false while the
+// view has none: not published yet, or not accepted).
+func (r HealthResponse) HealthEndpoint(node string) (Address, bool) {
+	for _, n := range r.Nodes {
+		if n.Name != node {
+			continue
+		}
+		for _, a := range n.Addresses {
+			if a.HealthEndpoint {
+				return a, true
+			}
+		}
+	}
+	return Address{}, false
+}
+
 type apiParams struct {
 	cell.In
 

@@ -74,8 +74,8 @@ func newChecker(p params) (*Checker, error) {
 	endpointOn := p.Config.EnableHealthChecking && p.Config.EnableEndpointHealthChecking
 	if !endpointOn && p.Endpoints != nil && p.Endpoints.InstallsHostNetworking() {
 		// It waits for the endpoints' start step (the restore) without
-		// failing meanwhile: it runs on every agent with the endpoint off
-		// (the default), whose health must not read degraded at start.
+		// failing meanwhile: it runs on every agent with the endpoint
+		// turned off, whose health must not read degraded at start.
 		jobs := p.Jobs.NewGroup(p.Health.Scope("health-endpoint-removal"), job.WithLogger(p.Log))
 		jobs.Add(job.OneShot("remove-health-endpoint", func(ctx context.Context, _ cell.Health) error {
 			for {

@@ -103,14 +103,15 @@ func TestInvalidConfigRefused(t *testing.T) {
 	}
 }
 
-// TestConfigDefaultsAndFlags: the defaults are Cilium's (on, port 4240)
-// with a 10 s interval, and each flag reaches the config.
+// TestConfigDefaultsAndFlags: the defaults are Cilium's (on, the health
+// endpoint on, port 4240) with a 10 s interval, and each flag reaches the
+// config.
 func TestConfigDefaultsAndFlags(t *testing.T) {
 	for _, c := range []struct {
 		flags map[string]string
 		want  Config
 	}{
-		{nil, Config{EnableHealthChecking: true, HealthCheckInterval: 10 * time.Second, HealthPort: 4240}},
+		{nil, Config{EnableHealthChecking: true, HealthCheckInterval: 10 * time.Second, HealthPort: 4240, EnableEndpointHealthChecking: true}},
 		{map[string]string{"enable-health-checking": "false", "health-check-interval": "3s", "health-port": "4241", "enable-endpoint-health-checking": "false"},
 			Config{EnableHealthChecking: false, HealthCheckInterval: 3 * time.Second, HealthPort: 4241}},
 	} {

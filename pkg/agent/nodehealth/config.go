@@ -26,15 +26,16 @@ type Config struct {
 	// pod-like namespace with an address of the pod CIDR, answering the
 	// probes) and probes the other nodes' (Cilium's flag of that name).
 	// Only with health checking and the agent's host networking on.
-	// Off by default (Cilium's default is on; the lab turns it on): the
-	// chart's agent container sees /var/run/netns host-to-container only,
-	// and that path has not run on a containerd node.
+	// On by default, as Cilium's. In the chart's unprivileged container
+	// /var/run/netns is mounted host-to-container, so the namespace's
+	// bind mount lives in the container's mount namespace: a container
+	// restart loses it and the restarted agent makes the endpoint again.
 	EnableEndpointHealthChecking bool
 }
 
 // DefaultConfig returns the defaults (Cilium's port).
 func DefaultConfig() Config {
-	return Config{EnableHealthChecking: true, HealthCheckInterval: 10 * time.Second, HealthPort: 4240}
+	return Config{EnableHealthChecking: true, HealthCheckInterval: 10 * time.Second, HealthPort: 4240, EnableEndpointHealthChecking: true}
 }
 
 // Flags registers the options, with c's values as defaults.

@@ -10,10 +10,12 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/vishvananda/netlink"
 
+	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/cni"
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/endpointmanager"
@@ -222,6 +224,17 @@ func isNetns(path string) bool {
 // namespace stay when the agent stops: the next agent adopts them.
 func (h *HealthEndpoint) Run(ctx context.Context, health cell.Health) error {
 	ep, adopted, err := h.Ensure(ctx)
+	// Until the endpoints' start step (the restore) has run it waits
+	// without failing: on by default, the endpoint must not make every
+	// agent's health read degraded while it starts.
+	for errors.Is(err, agentendpoints.ErrNotStarted) {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+		ep, adopted, err = h.Ensure(ctx)
+	}
 	if err != nil {
 		health.Degraded("health endpoint not made", err)
 		return err

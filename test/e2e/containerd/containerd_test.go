@@ -122,6 +122,11 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 		}
 	}
 
+	// The health endpoint (on by default) works from the chart's
+	// unprivileged container: made in the node's namespace, published,
+	// probed across nodes.
+	healthEndpointsReachable(t, st, tendril)
+
 	// The agent, in an unprivileged container whose /proc/sys is
 	// read-only, reserves the masquerade ports in its node's network
 	// namespace through the chart's /host/proc/sys/net mount (--procfs).

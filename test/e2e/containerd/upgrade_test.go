@@ -233,6 +233,10 @@ func upgradeUnderTraffic(t *testing.T, st *lab.State, tendril, imagesDir string)
 	if s := streamOut.String(); strings.Contains(s, "Connection reset") || strings.Contains(s, "unable to") || strings.Contains(s, "error") {
 		t.Errorf("the stream broke")
 	}
+	// The restarted containers lost their health endpoints' namespaces
+	// (mounted in the old containers' mount namespaces): each agent made
+	// its endpoint again, and the other nodes probe it.
+	healthEndpointsReachable(t, st, tendril)
 }
 
 // waitRolledOut waits for every agent pod to run the upgraded image,
