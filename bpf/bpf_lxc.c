@@ -117,6 +117,22 @@ __attribute__((noinline)) int to_proxy(struct __sk_buff *skb, const struct pkt *
 	return drop(REASON_POLICY_DENIED, DIR_EGRESS, ep->ep_id, p, ep->identity, dst ? dst->identity : 0, 0);
 }
 
+/* to_remote sends endpoint ep's packet c->p for no local endpoint on its way off the node: in tunnel mode to
+ * the owner node through the overlay when the ipcache names one; with
+ * node encryption to a peer's own address through the WireGuard device
+ * (or nowhere, in strict mode, when it would leave in the clear). The
+ * verdict, or -1 to leave it to the host stack. A global function: its
+ * stack is not on from_pod_flow's, which has no room left. */
+__attribute__((noinline)) int to_remote(struct __sk_buff *skb, const struct lxc_pkt *c, const struct endpoint_info *ep)
+{
+	if (!skb || !c || !ep)
+		return -1;
+	int r = tunnel_encap(skb, &c->p, ep->identity);
+	if (r >= 0)
+		return r;
+	return encrypt_node(skb, &c->p, ep->ep_id, ep->identity);
+}
+
 /* from_pod_flow decides a packet of endpoint ep whose flow has entry e
  * (NULL: none) and whose destination is the local endpoint dst (NULL: not
  * local): policy of a new flow for both endpoints, the entry's commit,
@@ -157,9 +173,10 @@ __attribute__((noinline)) int from_pod_flow(struct __sk_buff *skb, struct lxc_pk
 		p->proxy = ct_out == CT_ESTABLISHED && e ? e->proxy : 0;
 	if (p->icmp_error || p->nonfirst_frag)
 		p->proxy = 0;
-	/* WireGuard strict mode: a packet for another node's pod that would
-	 * not go through the WireGuard device (or to a node without a key)
-	 * goes nowhere; before the flow's entry records it. */
+	/* WireGuard strict mode: a packet for another node's pod (or, with
+	 * node encryption, another node's address) that would not go
+	 * through the WireGuard device (or to a node without a key) goes
+	 * nowhere; before the flow's entry records it. */
 	if (!dst && encrypt_strict_drop(skb, p, ep_id, ep->identity))
 		return TC_ACT_SHOT;
 	int ct_in = CT_ESTABLISHED;
@@ -170,7 +187,8 @@ __attribute__((noinline)) int from_pod_flow(struct __sk_buff *skb, struct lxc_pk
 	}
 	/* Whether this packet is worth a trace event is decided before its
 	 * entry records it (a new flag, a first reply). */
-	int notable = trace_notable(e, p, ct_out, e && ct_is_reply(e, f));
+	p->reply = e && ct_is_reply(e, f);
+	int notable = trace_notable(e, p, ct_out, p->reply);
 	/* The flow's entry changes only once every check passed. ICMP errors
 	 * and fragments are not flows of their own. */
 	if (!p->icmp_error && !p->nonfirst_frag) {
@@ -202,7 +220,7 @@ __attribute__((noinline)) int from_pod_flow(struct __sk_buff *skb, struct lxc_pk
 		/* Not a local endpoint's: in tunnel mode, to the owner node
 		 * through the overlay when the ipcache names one. */
 		if (!dst) {
-			int r = tunnel_encap(skb, p, ep->identity);
+			int r = to_remote(skb, c, ep);
 			if (r >= 0)
 				return r;
 		}

@@ -1,10 +1,14 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Tendril datapath: WireGuard strict mode (--wireguard-strict,
- * docs/encryption.md). The agent routes the other nodes' pod CIDRs to
+/* Tendril datapath: WireGuard strict mode (--wireguard-strict) and the
+ * pods' part of node encryption (--wireguard-encrypt-node),
+ * docs/encryption.md. The agent routes the other nodes' pod CIDRs to
  * the WireGuard device; strict mode makes sure that what a pod sends
  * there does not leave the node another way (the route missing or
  * replaced, the device gone, the peer without a key): from_pod drops it
- * with REASON_UNENCRYPTED instead of handing it to the host stack. */
+ * with REASON_UNENCRYPTED instead of handing it to the host stack. With
+ * node encryption a pod's packets to a peer's own address are redirected
+ * to the device (the node routes serve only what the host itself sends:
+ * their rule is "iif lo"). */
 #ifndef TDR_ENCRYPT_H
 #define TDR_ENCRYPT_H
 
@@ -42,7 +46,11 @@ static __always_inline int encrypt_strict_check(struct __sk_buff *skb, const str
 	if (!peer)
 		return 0;
 	__u32 dev = cfg->ifindex;
-	if (!*peer || !dev)
+	/* A node's own address (node encryption): encrypt_node decides,
+	 * once the flow's entry tells a reply from what the pod starts. */
+	if (*peer & ENCRYPT_DST_NODE)
+		return 0;
+	if (!(*peer & ENCRYPT_DST_PEER) || !dev)
 		return REASON_UNENCRYPTED;
 	/* Where the host would send it: the same FIB the stack consults
 	 * after TC_ACT_OK. No neighbour is needed (the device has none), so
@@ -97,6 +105,49 @@ __attribute__((noinline)) int encrypt_strict_drop(struct __sk_buff *skb, const s
 		return 0;
 	drop((__u8)r, DIR_EGRESS, ep_id, p, src_id, identity_of(p->family, p->daddr), 0);
 	return 1;
+}
+
+/* encrypt_node decides a pod's packet p for no local endpoint (of
+ * endpoint ep_id, identity src_id) with node encryption: when its
+ * destination is the own address of a node that is a peer, it goes to
+ * the WireGuard device (bpf_redirect: the verdict). The device encrypts
+ * it for the peer whose allowed IPs hold that address (the agent writes
+ * the address only when the nodes table judged it that node's own,
+ * nodemanager.Rules.OwnAddresses), and the peer accepts the pod's
+ * address as inner source (its pod CIDR). With strict mode, one to a
+ * node that is no peer, or with no device known, is dropped as
+ * REASON_UNENCRYPTED (TC_ACT_SHOT) instead of leaving in the clear.
+ * -1 leaves it to the host stack: node encryption off, no node's
+ * address, and a reply (p->reply: against its flow's first packet). A
+ * reply is a backend's answer to a NodePort client that the other node
+ * masqueraded to its own address, which must arrive on that node's
+ * underlay device, where from_netdev translates it back (arriving on its
+ * WireGuard device it would be lost), or the answer to a connection the
+ * other node's host opened to the pod: both go as before. A global
+ * function: called after the flow's entry is written (the reply is told
+ * from it), off from_pod_flow's stack. */
+__attribute__((noinline)) int encrypt_node(struct __sk_buff *skb, const struct pkt *p, __u16 ep_id, __u32 src_id)
+{
+	if (!skb || !p || p->reply)
+		return -1;
+	__u32 zero = 0;
+	struct encrypt_info *cfg = bpf_map_lookup_elem(&tdr_encrypt_v1, &zero);
+	if (!cfg || !(cfg->flags & ENCRYPT_F_NODE))
+		return -1;
+	struct ipcache_key k = {};
+	k.family = p->family;
+	k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
+	__builtin_memcpy(k.addr, __builtin_assume_aligned(p->daddr, 4), 16);
+	__u32 *dst = bpf_map_lookup_elem(&tdr_encrypt_cidrs_v1, &k);
+	if (!dst || !(*dst & ENCRYPT_DST_NODE))
+		return -1;
+	__u32 dev = cfg->ifindex;
+	if ((*dst & ENCRYPT_DST_PEER) && dev)
+		return bpf_redirect(dev, 0);
+	if (!(cfg->flags & ENCRYPT_F_STRICT))
+		return -1;
+	drop(REASON_UNENCRYPTED, DIR_EGRESS, ep_id, p, src_id, identity_of(p->family, p->daddr), 0);
+	return TC_ACT_SHOT;
 }
 
 #endif

@@ -134,6 +134,12 @@
 /* Encryption flags (encrypt_info.flags).
  * go:const EncryptFlag ENCRYPT_F_ uint32 */
 #define ENCRYPT_F_STRICT 0x01 /* --wireguard-strict: drop what would leave unencrypted */
+#define ENCRYPT_F_NODE 0x02   /* --wireguard-encrypt-node: a pod's packets to a peer's node address go to the device */
+
+/* The values of tdr_encrypt_cidrs_v1 (bits).
+ * go:const EncryptDst ENCRYPT_DST_ uint32 */
+#define ENCRYPT_DST_PEER 0x01 /* the destination's node is a peer of the device (a valid key) */
+#define ENCRYPT_DST_NODE 0x02 /* a node's own address (node encryption), not a pod CIDR */
 
 /* encrypt_info.flags >> ENCRYPT_TUNNEL_PORT_SHIFT: the tunnel's UDP port
  * in the tunnel routing mode (0: native routing); strict mode then checks

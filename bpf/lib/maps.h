@@ -353,10 +353,11 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_tunnel_v1 SEC(".maps");
 
-/* WireGuard strict mode (docs/encryption.md, lib/encrypt.h). One entry,
- * written by the agent's wireguard cell: the WireGuard device's ifindex
- * and ENCRYPT_F_STRICT. Without the flag (strict mode off, encryption
- * off, no agent yet) from_pod does not look further. */
+/* WireGuard strict mode and node encryption (docs/encryption.md,
+ * lib/encrypt.h). One entry, written by the agent's wireguard cell: the
+ * WireGuard device's ifindex, ENCRYPT_F_STRICT and ENCRYPT_F_NODE.
+ * Without a flag (both off, encryption off, no agent yet) from_pod does
+ * not look further. */
 struct encrypt_info {
 	__u32 ifindex; /* the WireGuard device, 0: none (yet) */
 	__u32 flags;   /* ENCRYPT_F_* */
@@ -371,10 +372,12 @@ struct {
 } tdr_encrypt_v1 SEC(".maps");
 
 /* The destinations that must leave encrypted: every other node's pod
- * CIDRs (the nodes table's), each with 1 when that node is a peer of the
- * device (a valid key of its own) and 0 when it is not (no key, a
- * malformed or duplicate one): under strict mode nothing reaches a node
- * that is no peer. Written by the wireguard cell. */
+ * CIDRs (the nodes table's), each with ENCRYPT_DST_PEER when that node is
+ * a peer of the device (a valid key of its own) and without when it is
+ * not (no key, a malformed or duplicate one): under strict mode nothing
+ * reaches a node that is no peer. With node encryption also the peers'
+ * own addresses (full-length prefixes, ENCRYPT_DST_NODE). Written by the
+ * wireguard cell. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__type(key, struct ipcache_key);

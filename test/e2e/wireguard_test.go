@@ -29,6 +29,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/lab/workload"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -399,7 +400,7 @@ func TestPrivilegedLabWireGuard(t *testing.T) {
 		wireguardStrictStep(t, name, e, ns, node1, node2, backend, pods)
 	})
 	t.Run("node encryption", func(t *testing.T) {
-		wireguardNodeStep(t, name, e, ns, node1, node2, backend)
+		wireguardNodeStep(t, name, e, ns, node1, node2, backend, pods)
 	})
 	// The policy matrix (9 pods in 3 namespaces over both nodes, most
 	// pairs across nodes, Kubernetes NetworkPolicies one after another)
@@ -420,6 +421,75 @@ func TestPrivilegedLabWireGuard(t *testing.T) {
 			t.Fatalf("no all-passed summary in the output")
 		}
 	})
+}
+
+// echoServer serves a TCP echo on addr in a lab node's network namespace
+// until the test ends.
+func echoServer(t *testing.T, netnsName string, addr netip.AddrPort) {
+	t.Helper()
+	var ln net.Listener
+	inNetns(t, netnsName, func() (err error) {
+		ln, err = net.Listen("tcp", addr.String())
+		return err
+	})
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+}
+
+// podToNodeCaptured probes n2:port (the other node's own address) from
+// pod with a capture on node2's bridge port: the probe's exit code, the
+// frames of the connection in the clear (a pod's address, the port, or
+// the probe's payload) and the WireGuard datagrams between n1 and n2.
+func podToNodeCaptured(t *testing.T, name string, e *env, pod string, pods map[netip.Addr]string, n1, n2 netip.Addr, port uint16) (code, clear, wg int) {
+	t.Helper()
+	cap := startRawCapture(t, e.st.NetNetns, "node2")
+	code, _ = labProbe(t, name, pod, netip.AddrPortFrom(n2, port).String(), false)
+	frames, err := cap.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clear = clearFrames(frames, pods)
+	for _, f := range frames {
+		if bytes.Contains(f, []byte(workload.ProbeRequest)) {
+			clear++
+			continue
+		}
+		src, sp, dst, dp, proto, ok := l4Of(f)
+		if !ok {
+			continue
+		}
+		if sp == port || dp == port {
+			clear++
+		}
+		if proto == unix.IPPROTO_UDP && sp == 51871 && dp == 51871 && ((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+			wg++
+		}
+	}
+	t.Logf("%s -> %s:%d: exit %d, %d frames on node2's bridge port, %d of the connection in the clear, %d WireGuard datagrams",
+		pod, n2, port, code, len(frames), clear, wg)
+	return code, clear, wg
+}
+
+// l4Of reads an IPv4 TCP or UDP frame's addresses, ports and protocol.
+func l4Of(f []byte) (src netip.Addr, sport uint16, dst netip.Addr, dport uint16, proto byte, ok bool) {
+	if len(f) < 34 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+		return
+	}
+	ip := f[14:]
+	ihl := int(ip[0]&0xf) * 4
+	if (ip[9] != unix.IPPROTO_TCP && ip[9] != unix.IPPROTO_UDP) || len(ip) < ihl+4 {
+		return
+	}
+	return netip.AddrFrom4([4]byte(ip[12:16])), binary.BigEndian.Uint16(ip[ihl:]),
+		netip.AddrFrom4([4]byte(ip[16:20])), binary.BigEndian.Uint16(ip[ihl+2:]), ip[9], true
 }
 
 // clearFrames counts the IPv4 frames of a capture from or to one of pods
@@ -607,15 +677,32 @@ func inNetns(t *testing.T, name string, fn func() error) {
 	}
 }
 
-// wireguardNodeStep: the agents restarted with --wireguard-encrypt-node.
-// Each node routes the other's address through its device (table 0x5457,
-// the rule skipping the device's own marked datagrams); a TCP connection
-// from node1's address to a server on node2's address echoes a marked
-// payload, and a capture on node2's bridge port sees neither the payload
-// nor the server's port, only WireGuard datagrams between the node
-// addresses; pods still reach each other and the agents' status has the
+// wireguardNodeStep: the agents restarted with --wireguard-encrypt-node
+// (strict mode still on from the step before). Each node routes the
+// other's address through its device (table 0x5457, the rule skipping
+// the device's own marked datagrams); a TCP connection from node1's
+// address to a server on node2's address echoes a marked payload, and a
+// capture on node2's bridge port sees neither the payload nor the
+// server's port, only WireGuard datagrams between the node addresses;
+// the frontend pod (node1) reaches the same server on node2's address,
+// and the capture sees no pod address, no server port and no probe
+// payload, only WireGuard datagrams (before the restart, without node
+// encryption, the same probe is seen in the clear: what the step guards
+// against); pods still reach each other and the agents' status has the
 // peer with a handshake.
-func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node2 *lab.Node, backend *corev1.Pod) {
+func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node2 *lab.Node, backend *corev1.Pod, pods map[netip.Addr]string) {
+	n1, n2 := netip.MustParseAddr(node1.Address), netip.MustParseAddr(node2.Address)
+	const port = 5311
+	marker := []byte("tendril-node-encryption-marker")
+	echoServer(t, node2.Netns, netip.AddrPortFrom(n2, port))
+	podToNode := func(t *testing.T) (code, clear, wg int) {
+		t.Helper()
+		return podToNodeCaptured(t, name, e, ns+"/frontend", pods, n1, n2, port)
+	}
+	if code, clear, _ := podToNode(t); code != 0 || clear == 0 {
+		t.Fatalf("without node encryption, frontend -> node2's address: exit %d, %d frames in the clear, want 0 and some (else the step proves nothing)", code, clear)
+	}
+
 	restartAgents(t, e, nil, "--wireguard-encrypt-node")
 	for i, n := range []*lab.Node{node1, node2} {
 		other := []*lab.Node{node2, node1}[i]
@@ -624,24 +711,6 @@ func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node
 			return err == nil && strings.Contains(string(out), other.Address+" dev "+lab.WireGuardDevice(name, i)), fmt.Errorf("%v: %s", err, out)
 		})
 	}
-	n1, n2 := netip.MustParseAddr(node1.Address), netip.MustParseAddr(node2.Address)
-	const port = 5311
-	marker := []byte("tendril-node-encryption-marker")
-	var ln net.Listener
-	inNetns(t, node2.Netns, func() (err error) {
-		ln, err = net.Listen("tcp", netip.AddrPortFrom(n2, port).String())
-		return err
-	})
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
 	cap := startRawCapture(t, e.st.NetNetns, "node2")
 	var c net.Conn
 	inNetns(t, node1.Netns, func() (err error) {
@@ -729,6 +798,17 @@ func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node
 		t.Errorf("node2 -> the API server: no TCP to port %s in the clear on node2's bridge port: still through the device", apiPort)
 	}
 	t.Logf("node2 -> the API server %s:%s: %d TCP frames in the clear (excluded from node encryption)", node1.Address, apiPort, clearAPI)
+
+	// A pod's connection to the other node's own address: from_pod
+	// sends it to the device (the node routes serve only the host's own
+	// traffic).
+	eventually(t, "frontend -> node2's address through the device", func() (bool, error) {
+		code, clear, wg := podToNode(t)
+		if clear > 0 {
+			t.Fatalf("frontend -> node2's address: %d frames of the connection in the clear with node encryption", clear)
+		}
+		return code == 0 && wg > 0, fmt.Errorf("exit %d, %d WireGuard datagrams", code, wg)
+	})
 
 	eventually(t, "frontend -> backend:8080 with node encryption", func() (bool, error) {
 		c, _ := labProbe(t, name, ns+"/frontend", backend.Status.PodIP+":8080", false)
@@ -844,6 +924,123 @@ func TestPrivilegedLabWireGuardTunnel(t *testing.T) {
 	}
 	t.Run("strict mode", func(t *testing.T) {
 		wireguardTunnelStrictStep(t, name, e, ns, node1, backend)
+	})
+	t.Run("strict mode and node encryption", func(t *testing.T) {
+		wireguardTunnelNodeStep(t, name, e, ns, node1, node2, backend, pods)
+	})
+}
+
+// wireguardTunnelNodeStep: strict mode (on from the step before) and
+// --wireguard-encrypt-node together in the tunnel routing mode, the
+// agents restarted with both. Each node keeps the tunnel's table (21592)
+// and gains the node table (21591), both to its device; frontend (node1)
+// -> backend (node2) flows with no VXLAN and no pod address on node2's
+// bridge port, only WireGuard; node1's own TCP connection to a server on
+// node2's address and the frontend's connection to the same server are
+// seen only as WireGuard (no server port, no payload, no pod address);
+// another daemon's rule sending VXLAN to the underlay still gets the
+// frontend's packets dropped as UNENCRYPTED, none on the wire, and with
+// the rule gone traffic flows.
+func wireguardTunnelNodeStep(t *testing.T, name string, e *env, ns string, node1, node2 *lab.Node, backend *corev1.Pod, pods map[netip.Addr]string) {
+	n1, n2 := netip.MustParseAddr(node1.Address), netip.MustParseAddr(node2.Address)
+	const port = 5312
+	echoServer(t, node2.Netns, netip.AddrPortFrom(n2, port))
+	restartAgents(t, e, nil, "--wireguard-encrypt-node")
+	for i, n := range []*lab.Node{node1, node2} {
+		other := []*lab.Node{node2, node1}[i]
+		dev := lab.WireGuardDevice(name, i)
+		eventually(t, n.Name+" routes "+other.Address+" through its device in both tables", func() (bool, error) {
+			out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "sh", "-c",
+				"ip -4 route show table 21591; echo --; ip -4 route show table 21592").CombinedOutput()
+			node, tunnel, _ := strings.Cut(string(out), "--")
+			return err == nil && strings.Contains(node, other.Address+" dev "+dev) && strings.Contains(tunnel, other.Address+" dev "+dev),
+				fmt.Errorf("%v: %s", err, out)
+		})
+	}
+	// wireOnly captures node2's bridge port while fn runs: the frames in
+	// the clear (VXLAN, a pod's address, the test server's port) and the
+	// WireGuard datagrams between the nodes.
+	wireOnly := func(t *testing.T, what string, fn func()) {
+		t.Helper()
+		cap := startRawCapture(t, e.st.NetNetns, "node2")
+		fn()
+		frames, err := cap.stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		clear, wg := clearFrames(frames, pods), 0
+		for _, f := range frames {
+			src, sp, dst, dp, proto, ok := l4Of(f)
+			if !ok {
+				continue
+			}
+			if _, vx := parseVXLAN(f); vx || sp == port || dp == port {
+				clear++
+			}
+			if proto == unix.IPPROTO_UDP && sp == 51871 && dp == 51871 && ((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+				wg++
+			}
+		}
+		if clear > 0 || wg == 0 {
+			t.Errorf("%s: %d frames in the clear (VXLAN, a pod's, port %d), %d WireGuard datagrams on node2's bridge port; want 0 and some", what, clear, port, wg)
+		}
+		t.Logf("%s: %d frames on node2's bridge port, %d WireGuard datagrams, none in the clear", what, len(frames), wg)
+	}
+	addr := backend.Status.PodIP + ":8080"
+	eventually(t, "frontend -> backend:8080 with strict mode and node encryption", func() (bool, error) {
+		c, _ := labProbe(t, name, ns+"/frontend", addr, false)
+		return c == 0, fmt.Errorf("exit %d", c)
+	})
+	wireOnly(t, "frontend -> backend:8080", func() {
+		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
+			t.Errorf("frontend -> backend:8080: exit %d", c)
+		}
+	})
+	wireOnly(t, "node1 -> node2's address", func() {
+		inNetns(t, node1.Netns, func() error {
+			_, err := workload.Probe(context.Background(), netip.AddrPortFrom(n2, port).String(), false, 5*time.Second)
+			return err
+		})
+	})
+	eventually(t, "frontend -> node2's address through the device", func() (bool, error) {
+		code, clear, wg := podToNodeCaptured(t, name, e, ns+"/frontend", pods, n1, n2, port)
+		if clear > 0 {
+			t.Fatalf("frontend -> node2's address: %d frames of the connection in the clear", clear)
+		}
+		return code == 0 && wg > 0, fmt.Errorf("exit %d, %d WireGuard datagrams", code, wg)
+	})
+
+	rule := []string{"priority", "80", "iif", "lo", "ipproto", "udp", "dport", "8472", "lookup", "main"}
+	nodeRun(t, node1, append([]string{"ip", "rule", "add"}, rule...)...)
+	ruled := true
+	t.Cleanup(func() {
+		if ruled {
+			_ = exec.Command("nsenter", append([]string{"--net=" + lab.NetnsPath(node1.Netns), "ip", "rule", "del"}, rule...)...).Run()
+		}
+	})
+	before := datapathCount(t, *node1, reasonUnencrypted, "egress")
+	cap := startRawCapture(t, e.st.NetNetns, "node2")
+	c, _ := labProbe(t, name, ns+"/frontend", addr, false)
+	frames, err := cap.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := datapathCount(t, *node1, reasonUnencrypted, "egress")
+	vx := 0
+	for _, f := range frames {
+		if _, ok := parseVXLAN(f); ok {
+			vx++
+		}
+	}
+	if c == 0 || vx > 0 || after <= before {
+		t.Errorf("strict mode and node encryption, another daemon's rule: exit %d, %d VXLAN datagrams in the clear, %d UNENCRYPTED drops on node1; want non-zero, 0 and some", c, vx, after-before)
+	}
+	t.Logf("strict mode and node encryption, another daemon's rule: exit %d, %d UNENCRYPTED drops on node1, no VXLAN on the wire", c, after-before)
+	nodeRun(t, node1, append([]string{"ip", "rule", "del"}, rule...)...)
+	ruled = false
+	eventually(t, "the rule removed: frontend -> backend:8080", func() (bool, error) {
+		c, _ := labProbe(t, name, ns+"/frontend", addr, false)
+		return c == 0, fmt.Errorf("exit %d", c)
 	})
 }
 

@@ -14,13 +14,36 @@ import (
 type fakeStrict struct {
 	ifindex    int
 	strict     bool
+	node       bool
 	tunnelPort uint16
 	cidrs      map[netip.Prefix]bool
+	addrs      map[netip.Addr]bool
 	writes     int
 }
 
-func (f *fakeStrict) SetDevice(ifindex int, strict bool, tunnelPort uint16) error {
-	f.ifindex, f.strict, f.tunnelPort = ifindex, strict, tunnelPort
+func (f *fakeStrict) SetDevice(ifindex int, strict, node bool, tunnelPort uint16) error {
+	f.ifindex, f.strict, f.node, f.tunnelPort = ifindex, strict, node, tunnelPort
+	return nil
+}
+
+func (f *fakeStrict) SyncNodeAddrs(want map[netip.Addr]bool, prune bool) error {
+	if f.addrs == nil {
+		f.addrs = map[netip.Addr]bool{}
+	}
+	for a, v := range want {
+		if cur, ok := f.addrs[a]; !ok || cur != v {
+			f.addrs[a] = v
+			f.writes++
+		}
+	}
+	if prune {
+		for a := range f.addrs {
+			if _, ok := want[a]; !ok {
+				delete(f.addrs, a)
+				f.writes++
+			}
+		}
+	}
 	return nil
 }
 
@@ -63,6 +86,7 @@ func cidrs(kv ...any) map[netip.Prefix]bool {
 // nodes' pods dropped), and so is one that cannot be ensured.
 func TestStrictMapWrites(t *testing.T) {
 	v := newEnv(t)
+	v.e.cfg.WireguardStrict = true
 	fs := &fakeStrict{cidrs: cidrs("10.244.9.0/24", true)} // left by the last agent
 	index := 42
 	var indexErr error
@@ -90,8 +114,11 @@ func TestStrictMapWrites(t *testing.T) {
 	if !maps.Equal(fs.cidrs, want) {
 		t.Fatalf("before the table is initialized: %v, want %v", fs.cidrs, want)
 	}
-	if fs.ifindex != 42 || !fs.strict {
-		t.Fatalf("device entry %d strict %v, want 42 true", fs.ifindex, fs.strict)
+	if fs.ifindex != 42 || !fs.strict || fs.node {
+		t.Fatalf("device entry %d strict %v node %v, want 42 true false", fs.ifindex, fs.strict, fs.node)
+	}
+	if len(fs.addrs) != 0 {
+		t.Fatalf("node addresses written without node encryption: %v", fs.addrs)
 	}
 
 	v.synced()
@@ -137,5 +164,72 @@ func TestStrictMapWrites(t *testing.T) {
 	v.dev.ensureErr = nil
 	if err := v.e.Reconcile(ctx); err != nil || fs.ifindex != 42 || !fs.strict || fs.tunnelPort != 8472 {
 		t.Errorf("tunnel mode: %v, entry %d strict %v port %d, want 42 true 8472", err, fs.ifindex, fs.strict, fs.tunnelPort)
+	}
+}
+
+func addrs(kv ...any) map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	for i := 0; i < len(kv); i += 2 {
+		out[netip.MustParseAddr(kv[i].(string))] = kv[i+1].(bool)
+	}
+	return out
+}
+
+// TestNodeAddrMapWrites: with node encryption the reconciler writes the
+// peers' own addresses as a peer's (from_pod sends a pod's packets to them
+// to the device) and the node flag, and no pod CIDR without strict mode;
+// an address two nodes claim is written for neither (OwnAddresses refuses
+// it); a node without a key gets no entry (its address is reached in the
+// clear) unless strict mode is on too, then it is written as no peer's
+// (dropped); node encryption off again removes every address once the
+// table is initialized.
+func TestNodeAddrMapWrites(t *testing.T) {
+	v := newEnv(t)
+	v.e.cfg.WireguardEncryptNode = true
+	fs := &fakeStrict{}
+	v.e.strict = &Strict{Maps: fs, LinkIndex: func(string) (int, error) { return 42, nil }}
+	kb, kc := pub(t), pub(t)
+	shared := &nodemanager.Peer{Name: "c", WireGuardKey: kc,
+		IPs:      []netip.Addr{netip.MustParseAddr("192.168.1.3"), netip.MustParseAddr("192.168.1.99")},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24")}}
+	other := &nodemanager.Peer{Name: "e", IPs: []netip.Addr{netip.MustParseAddr("192.168.1.99")},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.7.0/24")}}
+	v.set(t,
+		peer("b", "192.168.1.2", "10.244.2.0/24", kb),
+		shared, other,
+		peer("nokey", "192.168.1.4", "10.244.4.0/24", ""),
+	)
+	v.synced()
+	ctx := context.Background()
+	if err := v.e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if want := addrs("192.168.1.2", true, "192.168.1.3", true); !maps.Equal(fs.addrs, want) {
+		t.Fatalf("node encryption: %v, want %v", fs.addrs, want)
+	}
+	if len(fs.cidrs) != 0 {
+		t.Fatalf("pod CIDRs written without strict mode: %v", fs.cidrs)
+	}
+	if fs.ifindex != 42 || fs.strict || !fs.node {
+		t.Fatalf("device entry %d strict %v node %v, want 42 false true", fs.ifindex, fs.strict, fs.node)
+	}
+
+	v.e.cfg.WireguardStrict = true
+	if err := v.e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if want := addrs("192.168.1.2", true, "192.168.1.3", true, "192.168.1.4", false); !maps.Equal(fs.addrs, want) {
+		t.Fatalf("strict mode too: %v, want %v", fs.addrs, want)
+	}
+	if !fs.strict || !fs.node || !fs.cidrs[netip.MustParsePrefix("10.244.2.0/24")] {
+		t.Fatalf("strict mode too: strict %v node %v cidrs %v", fs.strict, fs.node, fs.cidrs)
+	}
+
+	v.e.cfg.WireguardStrict, v.e.cfg.WireguardEncryptNode = false, false
+	if err := v.e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(fs.addrs) != 0 || len(fs.cidrs) != 0 || fs.strict || fs.node {
+		t.Fatalf("both off: addrs %v cidrs %v strict %v node %v", fs.addrs, fs.cidrs, fs.strict, fs.node)
 	}
 }

@@ -15,7 +15,9 @@
 // node's pod CIDR, marked with whether that node is a peer, and the
 // device's ifindex; from_pod drops what would leave unencrypted. With
 // --wireguard-encrypt-node it routes what this node sends to the peers'
-// addresses through the device (dpwg.NodeRoutes), and in the tunnel
+// addresses through the device (dpwg.NodeRoutes) and writes those
+// addresses to the same maps, so that from_pod sends the pods' packets to
+// them to the device (the routes serve only the host's own), and in the tunnel
 // routing mode the tunnel's datagrams (dpwg.TunnelRoutes): the device's
 // own datagrams carry a firewall mark that keeps them out of those routes.
 package wireguard
@@ -98,11 +100,13 @@ type Device interface {
 	Ensure(ctx context.Context) error
 }
 
-// StrictMaps are the datapath's strict mode maps as the reconciler writes
-// them (maps.EncryptMaps; a fake in the cell's tests).
+// StrictMaps are the datapath's strict mode and node encryption maps as
+// the reconciler writes them (maps.EncryptMaps; a fake in the cell's
+// tests).
 type StrictMaps interface {
-	SetDevice(ifindex int, strict bool, tunnelPort uint16) error
+	SetDevice(ifindex int, strict, node bool, tunnelPort uint16) error
 	SyncCIDRs(want map[netip.Prefix]bool, prune bool) error
+	SyncNodeAddrs(want map[netip.Addr]bool, prune bool) error
 }
 
 // NodeRouter routes this node's traffic to the peers' node addresses
@@ -111,9 +115,9 @@ type NodeRouter interface {
 	Sync(addrs []netip.Addr, exclude []netip.AddrPort, prune bool) (bool, error)
 }
 
-// Strict is what strict mode needs: the maps and the device's ifindex by
-// its name; in the tunnel routing mode the tunnel's UDP port (0 in native
-// routing).
+// Strict is what the datapath's part of strict mode and of node
+// encryption needs: the maps and the device's ifindex by its name; in the
+// tunnel routing mode the tunnel's UDP port (0 in native routing).
 type Strict struct {
 	Maps       StrictMaps
 	LinkIndex  func(name string) (int, error)
@@ -128,7 +132,8 @@ type Encryption struct {
 	db      *statedb.DB
 	peers   statedb.Table[*nodemanager.Peer]
 	log     *slog.Logger
-	// strict is set with --wireguard-strict.
+	// strict is set with --wireguard-strict or --wireguard-encrypt-node
+	// (and the datapath).
 	strict *Strict
 	// nodeRoutes is set with --wireguard-encrypt-node.
 	nodeRoutes NodeRouter
@@ -211,7 +216,7 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 		if e.strict != nil {
 			// No device: strict mode lets nothing for other nodes'
 			// pods out until there is one again.
-			err = errors.Join(err, e.strict.Maps.SetDevice(0, true, e.strict.TunnelPort))
+			err = errors.Join(err, e.strict.Maps.SetDevice(0, e.cfg.WireguardStrict, e.cfg.WireguardEncryptNode, e.strict.TunnelPort))
 		}
 		return err
 	}
@@ -312,29 +317,78 @@ func (e *Encryption) syncNodeRoutes(configured []dpwg.Peer, initialized bool) er
 	return nil
 }
 
-// syncStrict writes strict mode's maps (nothing without strict mode):
-// every node's accepted pod CIDRs, marked as a peer's when the device
-// has that node as a peer (configured: nil when the configuration failed,
-// so no node counts as one), then the device's ifindex. Until the nodes
-// table is initialized nothing is removed: an entry left from before the
-// restart can only drop, never let something out in the clear.
+// syncStrict writes strict mode's and node encryption's maps (nothing
+// without either): every node's accepted pod CIDRs, marked as a peer's
+// when the device has that node as a peer (configured: nil when the
+// configuration failed, so no node counts as one); with node encryption
+// the peers' own addresses (those OwnAddresses accepted: the ones the
+// device has as their allowed IPs) marked as a peer's, and with strict
+// mode too the other nodes' own addresses marked as no peer's (a pod
+// gets nothing through to them); then the device's ifindex and flags.
+// Until the nodes table is initialized nothing is removed: an entry left
+// from before the restart can only drop or send to the device, never let
+// something out in the clear.
 func (e *Encryption) syncStrict(all []*nodemanager.Peer, configured []dpwg.Peer, initialized bool) error {
 	if e.strict == nil {
 		return nil
 	}
-	cidrs := strictCIDRs(all, configured)
+	cidrs := map[netip.Prefix]bool{}
+	if e.cfg.WireguardStrict {
+		cidrs = strictCIDRs(all, configured)
+	}
 	if err := e.strict.Maps.SyncCIDRs(cidrs, initialized); err != nil {
 		return fmt.Errorf("wireguard-strict: %w", err)
 	}
+	addrs := map[netip.Addr]bool{}
+	if e.cfg.WireguardEncryptNode {
+		addrs = nodeAddrs(all, configured, e.rules, e.cfg.WireguardStrict)
+	}
+	if err := e.strict.Maps.SyncNodeAddrs(addrs, initialized); err != nil {
+		return fmt.Errorf("wireguard-encrypt-node: %w", err)
+	}
+	strict, node := e.cfg.WireguardStrict, e.cfg.WireguardEncryptNode
 	ifindex, err := e.strict.LinkIndex(e.cfg.WireguardDevice)
 	if err != nil {
 		return errors.Join(fmt.Errorf("wireguard-strict: device %s: %w", e.cfg.WireguardDevice, err),
-			e.strict.Maps.SetDevice(0, true, e.strict.TunnelPort))
+			e.strict.Maps.SetDevice(0, strict, node, e.strict.TunnelPort))
 	}
-	if err := e.strict.Maps.SetDevice(ifindex, true, e.strict.TunnelPort); err != nil {
+	if err := e.strict.Maps.SetDevice(ifindex, strict, node, e.strict.TunnelPort); err != nil {
 		return fmt.Errorf("wireguard-strict: %w", err)
 	}
 	return nil
+}
+
+// nodeAddrs are the node addresses from_pod sends to the device (node
+// encryption): the configured peers' own addresses (the device has them
+// as their allowed IPs, so they were judged that node's own by
+// OwnAddresses), true. With strict mode also the own addresses of the
+// nodes that are no peer (no key, a malformed or duplicate one), false:
+// what a pod starts towards them is dropped instead of leaving in the
+// clear. An address OwnAddresses refuses is in neither.
+func nodeAddrs(all []*nodemanager.Peer, configured []dpwg.Peer, rules nodemanager.Rules, strict bool) map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	isPeer := map[string]bool{}
+	for _, p := range configured {
+		isPeer[p.Node] = true
+		for _, a := range p.Addresses {
+			out[a] = true
+		}
+	}
+	if !strict {
+		return out
+	}
+	own, _ := rules.OwnAddresses(all)
+	for _, p := range all {
+		if isPeer[p.Name] {
+			continue
+		}
+		for _, a := range own[p.Name] {
+			if _, ok := out[a]; !ok {
+				out[a] = false
+			}
+		}
+	}
+	return out
 }
 
 // strictCIDRs are the pod CIDRs that must leave encrypted: every node's
@@ -559,14 +613,16 @@ func newCell(p params) (*Encryption, error) {
 	if p.Config.WireguardStrict && p.Loader == nil {
 		return nil, errors.New("wireguard-strict: needs the datapath (enable-datapath)")
 	}
-	if p.Loader != nil && !p.Config.WireguardStrict {
-		// The maps are pinned: a node that ran in strict mode before
-		// leaves it only when told so. After the loader's start hook
-		// (this constructor takes the loader): the maps are open.
+	datapathOn := p.Config.EnableWireguard && (p.Config.WireguardStrict || p.Config.WireguardEncryptNode)
+	if p.Loader != nil && !datapathOn {
+		// The maps are pinned: a node that ran in strict mode (or
+		// with node encryption) before leaves it only when told so.
+		// After the loader's start hook (this constructor takes the
+		// loader): the maps are open.
 		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
 			m, err := maps.NewEncryptMaps(p.Loader.MapReplacements())
 			if err == nil {
-				err = errors.Join(m.SetDevice(0, false, 0), m.SyncCIDRs(nil, true))
+				err = errors.Join(m.SetDevice(0, false, false, 0), m.SyncCIDRs(nil, true), m.SyncNodeAddrs(nil, true))
 			}
 			if err != nil {
 				return fmt.Errorf("wireguard: strict mode off: %w", err)
@@ -614,7 +670,7 @@ func newCell(p params) (*Encryption, error) {
 	}
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(hc cell.HookContext) error {
-			if p.Config.WireguardStrict {
+			if datapathOn && p.Loader != nil {
 				m, err := maps.NewEncryptMaps(p.Loader.MapReplacements())
 				if err != nil {
 					return fmt.Errorf("wireguard-strict: %w", err)

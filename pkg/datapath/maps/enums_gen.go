@@ -183,6 +183,14 @@ const (
 // From ENCRYPT_F_* of bpf/lib/enums.h.
 const (
 	EncryptFlagStrict uint32 = 0x01 // ENCRYPT_F_STRICT: --wireguard-strict: drop what would leave unencrypted
+	EncryptFlagNode   uint32 = 0x02 // ENCRYPT_F_NODE: --wireguard-encrypt-node: a pod's packets to a peer's node address go to the device
+)
+
+// The values of tdr_encrypt_cidrs_v1 (bits).
+// From ENCRYPT_DST_* of bpf/lib/enums.h.
+const (
+	EncryptDstPeer uint32 = 0x01 // ENCRYPT_DST_PEER: the destination's node is a peer of the device (a valid key)
+	EncryptDstNode uint32 = 0x02 // ENCRYPT_DST_NODE: a node's own address (node encryption), not a pod CIDR
 )
 
 // encrypt_info.flags >> ENCRYPT_TUNNEL_PORT_SHIFT: the tunnel's UDP port
