@@ -303,11 +303,13 @@ func (w *Writer) Upsert(prefix netip.Prefix, e Entry) error {
 	prefix = prefix.Masked()
 	old, _, found := w.c.table.Get(w.wtxn, PrefixIndex.Query(prefix))
 	next := &PrefixClaims{Prefix: prefix}
+	var claims []Claim
 	if found {
 		*next = *old
+		claims = old.Claims()
 	}
-	next.Claims = withClaim(next.Claims, e)
-	setResolved(old, found, next)
+	next.setClaims(withClaim(claims, e))
+	setPending(old, found, next)
 	if _, _, err := w.c.table.Insert(w.wtxn, next); err != nil {
 		return fmt.Errorf("ipcache %s: %w", prefix, err)
 	}
@@ -324,7 +326,7 @@ func (w *Writer) Delete(prefix netip.Prefix, src Source, owner Owner) error {
 	if !found {
 		return nil
 	}
-	claims, had := withoutClaim(old.Claims, src, owner)
+	claims, had := withoutClaim(old.Claims(), src, owner)
 	if !had {
 		return nil
 	}
@@ -334,8 +336,8 @@ func (w *Writer) Delete(prefix netip.Prefix, src Source, owner Owner) error {
 		_, _, err = w.c.table.Delete(w.wtxn, old)
 	} else {
 		n := *old
-		n.Claims = claims
-		setResolved(old, true, &n)
+		n.setClaims(claims)
+		setPending(old, true, &n)
 		next = &n
 		_, _, err = w.c.table.Insert(w.wtxn, next)
 	}
@@ -346,11 +348,10 @@ func (w *Writer) Delete(prefix netip.Prefix, src Source, owner Owner) error {
 	return nil
 }
 
-// setResolved sets next's resolved entry and marks it pending when that
-// entry changed (or is new); otherwise it keeps old's status, so the
-// reconciler does not rewrite an unchanged entry.
-func setResolved(old *PrefixClaims, found bool, next *PrefixClaims) {
-	next.Resolved = next.Claims[0].Entry
+// setPending marks next pending when its resolved entry changed (or is
+// new); otherwise it keeps old's status, so the reconciler does not
+// rewrite an unchanged entry.
+func setPending(old *PrefixClaims, found bool, next *PrefixClaims) {
 	if !found || old.Resolved != next.Resolved {
 		next.Status = reconciler.StatusPending()
 	}
@@ -363,8 +364,9 @@ func (c *IPCache) Claims(prefix netip.Prefix) []Entry {
 	if !found {
 		return nil
 	}
-	out := make([]Entry, len(obj.Claims))
-	for i, cl := range obj.Claims {
+	claims := obj.Claims()
+	out := make([]Entry, len(claims))
+	for i, cl := range claims {
 		out[i] = cl.Entry
 	}
 	return out

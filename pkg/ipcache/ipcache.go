@@ -26,8 +26,10 @@ import (
 	"github.com/tendril-net/tendril/pkg/identity"
 )
 
-// Source is the kind of origin of a claim; a higher value wins.
-type Source int
+// Source is the kind of origin of a claim; a higher value wins. One byte:
+// it sits beside the identity in an Entry, of which the agent holds one
+// per remote pod.
+type Source uint8
 
 // Sources, lowest precedence first.
 const (
@@ -107,12 +109,14 @@ func OwnerKVStore(key string) Owner { return Owner("kvstore/" + key) }
 // OwnerPolicyCIDR is the claim of a prefix that policy rules select.
 func OwnerPolicyCIDR(prefix netip.Prefix) Owner { return Owner("policy-cidr/" + prefix.String()) }
 
-// Entry is one owner's claim on a prefix.
+// Entry is one owner's claim on a prefix. Its fields are ordered for size
+// (the identity and the source share a word: 80 bytes), as the agent holds
+// one per address it knows.
 type Entry struct {
 	Identity identity.NumericIdentity
+	Source   Source
 	// HostIP is the node that owns the prefix (unset: this node or none).
 	HostIP netip.Addr `json:",omitzero"`
-	Source Source
 	// Owner is the object the claim comes from; required.
 	Owner Owner
 	// Name and Namespace say which pod the claim is about, for display.

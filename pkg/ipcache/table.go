@@ -2,6 +2,8 @@ package ipcache
 
 import (
 	"cmp"
+	"encoding/json"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -24,16 +26,72 @@ type Claim struct {
 
 // PrefixClaims is the table's object: every claim on one prefix, the
 // resolved (effective) entry, and whether the backend holds it. Objects
-// are immutable once in the table: a change is a new object.
+// are immutable once in the table: a change is a new object. The
+// effective claim is held inline (Resolved, Seq) and only the others in
+// a slice: almost every prefix has one claim (a pod's address), and one
+// object per prefix, not an object and a slice, is what the agent holds
+// for each of 50,000 remote pods.
 type PrefixClaims struct {
 	Prefix netip.Prefix
-	// Claims are sorted effective first: by source, highest first, then
-	// most recent first. Never empty: a prefix without claims is deleted.
-	Claims []Claim
-	// Resolved is the entry the backend should hold (Claims[0]).
+	// Resolved is the effective claim's entry: the one the backend
+	// should hold.
 	Resolved Entry
+	// Seq is the effective claim's order (Claim.Seq).
+	Seq uint64
+	// Shadowed are the other claims, effective first: by source, highest
+	// first, then most recent first. Nil when the prefix has one claim.
+	Shadowed []Claim
 	// Status is the reconciler's: pending, done, or error with message.
 	Status reconciler.Status
+}
+
+// Claims returns every claim on the prefix, the effective one first (a
+// new slice: the object is not changed through it).
+func (p *PrefixClaims) Claims() []Claim {
+	out := make([]Claim, 0, 1+len(p.Shadowed))
+	out = append(out, Claim{Entry: p.Resolved, Seq: p.Seq})
+	return append(out, p.Shadowed...)
+}
+
+// setClaims holds claims (sorted, effective first, not empty) in p: the
+// first inline, the rest in a slice of their own (a sub-slice would keep
+// the first one's copy alive as well).
+func (p *PrefixClaims) setClaims(claims []Claim) {
+	p.Resolved, p.Seq = claims[0].Entry, claims[0].Seq
+	p.Shadowed = nil
+	if len(claims) > 1 {
+		p.Shadowed = slices.Clone(claims[1:])
+	}
+}
+
+// prefixClaimsJSON is the dump's form (`tendril statedb dump`, the
+// agent's statedb API): every claim in one list, as before the effective
+// one was held apart.
+type prefixClaimsJSON struct {
+	Prefix   netip.Prefix
+	Claims   []Claim
+	Resolved Entry
+	Status   reconciler.Status
+}
+
+// MarshalJSON writes the claims as one list, effective first.
+func (p *PrefixClaims) MarshalJSON() ([]byte, error) {
+	return json.Marshal(prefixClaimsJSON{Prefix: p.Prefix, Claims: p.Claims(), Resolved: p.Resolved, Status: p.Status})
+}
+
+// UnmarshalJSON reads what MarshalJSON wrote (a remote reader of the
+// table).
+func (p *PrefixClaims) UnmarshalJSON(b []byte) error {
+	var j prefixClaimsJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	if len(j.Claims) == 0 {
+		return fmt.Errorf("ipcache %s: no claims", j.Prefix)
+	}
+	*p = PrefixClaims{Prefix: j.Prefix, Status: j.Status}
+	p.setClaims(j.Claims)
+	return nil
 }
 
 // PrefixIndex is the primary index: one object per prefix.
@@ -63,8 +121,9 @@ func (p *PrefixClaims) TableRow() []string {
 	if p.Resolved.HostIP.IsValid() {
 		host = p.Resolved.HostIP.String()
 	}
-	others := make([]string, 0, len(p.Claims))
-	for _, c := range p.Claims {
+	claims := p.Claims()
+	others := make([]string, 0, len(claims))
+	for _, c := range claims {
 		others = append(others, c.Source.String()+":"+string(c.Owner)+"="+strconv.FormatUint(uint64(c.Identity), 10))
 	}
 	return []string{p.Prefix.String(), strconv.FormatUint(uint64(p.Resolved.Identity), 10), p.Resolved.Source.String(),

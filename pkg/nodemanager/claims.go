@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+	"unique"
 
 	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,18 +49,57 @@ const (
 	ClaimReasonOutside     = "outside-node-pod-cidrs"
 )
 
-type claimKey struct {
-	src   ipcache.Source
-	owner ipcache.Owner
-	ip    netip.Addr
+// claimReason is a refusal's reason as the gate holds it (one byte);
+// claimReasons names each (the constants above), 0 accepting.
+type claimReason uint8
+
+var claimReasons = [...]string{"", ClaimReasonIdentity, ClaimReasonUnknownNode, ClaimReasonHostIP, ClaimReasonNodeAddress, ClaimReasonOutside}
+
+func reasonCode(reason string) claimReason {
+	for i, r := range claimReasons {
+		if r == reason {
+			return claimReason(i)
+		}
+	}
+	panic("nodemanager: unknown claim reason " + reason)
 }
 
+// ownerKey is an owner's claims in a source: an object another node
+// wrote (a TendrilEndpoint, a kvstore key).
+type ownerKey struct {
+	src   ipcache.Source
+	owner ipcache.Owner
+}
+
+// heldClaim is one claim as the gate holds it: only what judging it again
+// and making its ipcache entry need (the owner and source are its map
+// key; the identity narrowed, as one out of range is never held), 128
+// bytes where the Claim it comes from takes 184. An owner's claims are a
+// list through next: one address is the common case, and costs no slice.
 type heldClaim struct {
-	Claim
-	// accepted: the claim is in the ipcache. reason: why not ("" while
+	ip, nodeIP, hostIP netip.Addr
+	// node names the publishing node (kvstore), interned: the 50 or so
+	// pods of a node share it.
+	node            unique.Handle[string]
+	name, namespace string
+	next            *heldClaim
+	identity        identity.NumericIdentity
+	// accepted: the claim is in the ipcache. reason: why not (0 while
 	// the nodes are not known yet).
+	reason   claimReason
 	accepted bool
-	reason   string
+}
+
+func (h *heldClaim) nodeName() string {
+	if h.node == (unique.Handle[string]{}) {
+		return ""
+	}
+	return h.node.Value()
+}
+
+// entry is the ipcache entry of an accepted claim.
+func (h *heldClaim) entry(k ownerKey) ipcache.Entry {
+	return ipcache.Entry{Identity: h.identity, Source: k.src, Owner: k.owner, HostIP: h.hostIP, Name: h.name, Namespace: h.namespace}
 }
 
 // ClaimGate stands between the sources of other nodes' endpoints and the
@@ -82,8 +122,9 @@ type ClaimGate struct {
 	// settle batches bursts of node changes (start-up) into one pass.
 	settle time.Duration
 
-	mu     sync.Mutex
-	claims map[claimKey]*heldClaim
+	mu sync.Mutex
+	// claims are the claims held, accepted or not, by owner.
+	claims map[ownerKey]*heldClaim
 	// view is the nodes as last read; ready once the nodes table's
 	// sources have synced (at once when there is no source of nodes).
 	view  *nodeView
@@ -112,7 +153,7 @@ type ClaimGateParams struct {
 // NewClaimGate returns a gate; Run follows the nodes table.
 func NewClaimGate(p ClaimGateParams) *ClaimGate {
 	return &ClaimGate{db: p.DB, nodes: p.Nodes, noNodes: p.NoNodes, cache: p.Cache, log: p.Log, onRejected: p.OnRejected, settle: 50 * time.Millisecond,
-		claims: map[claimKey]*heldClaim{}}
+		claims: map[ownerKey]*heldClaim{}}
 }
 
 // nodeView indexes the peers for judging claims.
@@ -167,11 +208,9 @@ func CheckIdentity(id int64) (identity.NumericIdentity, error) {
 	return identity.NumericIdentity(id), nil
 }
 
-// judge says why v refuses c ("" accepts it).
-func (v *nodeView) judge(c Claim) (reason, detail string) {
-	if _, err := CheckIdentity(c.Identity); err != nil {
-		return ClaimReasonIdentity, err.Error()
-	}
+// judge says why v refuses h ("" accepts it); h's identity is a cluster
+// one (checked when the claim came).
+func (v *nodeView) judge(h *heldClaim) (reason, detail string) {
 	if v.none {
 		// kvstore without Kubernetes: no node registry to tie the
 		// address to, so the identity is all that can be checked; the
@@ -180,25 +219,26 @@ func (v *nodeView) judge(c Claim) (reason, detail string) {
 		return "", ""
 	}
 	var p *Peer
+	node := h.nodeName()
 	switch {
-	case c.Node != "":
-		p = v.byName[c.Node]
-	case c.NodeIP.IsValid():
-		p = v.nodeOfIP(c.NodeIP)
+	case node != "":
+		p = v.byName[node]
+	case h.nodeIP.IsValid():
+		p = v.nodeOfIP(h.nodeIP)
 	}
 	if p == nil {
-		return ClaimReasonUnknownNode, fmt.Sprintf("no known node %s%s", c.Node, ipString(c.NodeIP))
+		return ClaimReasonUnknownNode, fmt.Sprintf("no known node %s%s", node, ipString(h.nodeIP))
 	}
-	if h := c.Entry.HostIP; h.IsValid() && v.byIP[h] != p && v.nodeOfIP(h) != p {
-		return ClaimReasonHostIP, fmt.Sprintf("host IP %s is not an address of node %s", h, p.Name)
+	if hip := h.hostIP; hip.IsValid() && v.byIP[hip] != p && v.nodeOfIP(hip) != p {
+		return ClaimReasonHostIP, fmt.Sprintf("host IP %s is not an address of node %s", hip, p.Name)
 	}
-	if owner := v.byIP[c.IP]; owner != nil {
+	if owner := v.byIP[h.ip]; owner != nil {
 		// A node's own address (and a host-network pod's, which is the
 		// same) carries remote-node, claimed by the node itself.
 		return ClaimReasonNodeAddress, "the address of node " + owner.Name
 	}
 	for _, cidr := range p.PodCIDRs {
-		if cidr.Contains(c.IP) {
+		if cidr.Contains(h.ip) {
 			return "", ""
 		}
 	}
@@ -214,88 +254,137 @@ func ipString(ip netip.Addr) string {
 
 // Upsert takes a claim (a new or changed object): it reaches the ipcache
 // if it passes, and is held otherwise. Short: the ipcache write is
-// queued.
+// queued. A claim whose identity another node may not claim is refused
+// at once and not held (no node change makes it valid); the claim its
+// owner made on the address before is withdrawn.
 func (g *ClaimGate) Upsert(c Claim) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	k := claimKey{src: c.Entry.Source, owner: c.Entry.Owner, ip: c.IP}
+	k := ownerKey{src: c.Entry.Source, owner: c.Entry.Owner}
+	id, err := CheckIdentity(c.Identity)
+	if err != nil {
+		if h := g.unlinkLocked(k, c.IP); h != nil {
+			g.withdrawLocked(k, h)
+		}
+		g.refuseLocked(k, c.IP, c.Identity, c.Node, c.NodeIP, ClaimReasonIdentity, err.Error())
+		return
+	}
 	h := g.claims[k]
+	for h != nil && h.ip != c.IP {
+		h = h.next
+	}
 	if h == nil {
-		h = &heldClaim{}
+		h = &heldClaim{ip: c.IP, next: g.claims[k]}
 		g.claims[k] = h
 	}
-	prevReason := h.reason
-	h.Claim = c
-	g.judgeLocked(h, prevReason, true)
+	h.nodeIP, h.hostIP, h.identity = c.NodeIP, c.Entry.HostIP, id
+	h.node = unique.Handle[string]{}
+	if c.Node != "" {
+		h.node = unique.Make(c.Node)
+	}
+	h.name, h.namespace = c.Entry.Name, c.Entry.Namespace
+	g.judgeLocked(k, h, h.reason, true)
+}
+
+// unlinkLocked takes owner k's claim on ip out of the held claims.
+func (g *ClaimGate) unlinkLocked(k ownerKey, ip netip.Addr) *heldClaim {
+	var prev *heldClaim
+	for h := g.claims[k]; h != nil; prev, h = h, h.next {
+		if h.ip != ip {
+			continue
+		}
+		switch {
+		case prev != nil:
+			prev.next = h.next
+		case h.next != nil:
+			g.claims[k] = h.next
+		default:
+			delete(g.claims, k)
+		}
+		h.next = nil
+		return h
+	}
+	return nil
 }
 
 // Delete drops a claim, withdrawing it from the ipcache if it was there.
 func (g *ClaimGate) Delete(ip netip.Addr, src ipcache.Source, owner ipcache.Owner) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	k := claimKey{src: src, owner: owner, ip: ip}
-	h := g.claims[k]
-	delete(g.claims, k)
-	if h == nil || !h.accepted {
-		return
+	k := ownerKey{src: src, owner: owner}
+	if h := g.unlinkLocked(k, ip); h != nil {
+		g.withdrawLocked(k, h)
 	}
-	if err := g.cache.DeleteRemoteEndpoint(ip, src, owner); err != nil {
-		g.log.Warn("ipcache: withdraw a remote claim", "ip", ip, "owner", owner, "error", err)
+}
+
+// Retain drops owner's claims in src on the addresses keep refuses (an
+// object that no longer lists them, or is gone: keep refusing all),
+// withdrawing them from the ipcache: a source that replaces an object's
+// claims keeps no list of its own of what the object claimed before.
+func (g *ClaimGate) Retain(src ipcache.Source, owner ipcache.Owner, keep func(netip.Addr) bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := ownerKey{src: src, owner: owner}
+	var drop []netip.Addr
+	for h := g.claims[k]; h != nil; h = h.next {
+		if !keep(h.ip) {
+			drop = append(drop, h.ip)
+		}
+	}
+	for _, ip := range drop {
+		g.withdrawLocked(k, g.unlinkLocked(k, ip))
 	}
 }
 
 // judgeLocked decides h against the current view and makes the ipcache
 // follow; changed: the claim itself changed (an accepted one is written
 // again). A refusal is logged and counted when its reason is new.
-func (g *ClaimGate) judgeLocked(h *heldClaim, prevReason string, changed bool) {
-	var reason, detail string
-	switch {
-	case g.ready:
-		reason, detail = g.view.judge(h.Claim)
-	default:
-		// The nodes are not all known yet: only the identity is judged;
-		// the rest waits for the nodes' initial listing.
-		if _, err := CheckIdentity(h.Identity); err != nil {
-			reason, detail = ClaimReasonIdentity, err.Error()
-		} else {
-			h.reason = ""
-			g.withdrawLocked(h)
-			return
-		}
+func (g *ClaimGate) judgeLocked(k ownerKey, h *heldClaim, prev claimReason, changed bool) {
+	if !g.ready {
+		// The nodes are not all known yet: the claim waits for the
+		// nodes' initial listing (its identity was judged already).
+		h.reason = 0
+		g.withdrawLocked(k, h)
+		return
 	}
+	reason, detail := g.view.judge(h)
 	if reason != "" {
-		h.reason = reason
-		g.withdrawLocked(h)
-		if reason != prevReason || changed {
-			g.log.Warn("Refused another node's endpoint claim: not in the ipcache",
-				"source", h.Entry.Source, "owner", h.Entry.Owner, "ip", h.IP, "identity", h.Identity,
-				"node", h.Node, "nodeIP", ipString(h.NodeIP), "reason", reason, "detail", detail)
-			if g.onRejected != nil {
-				g.onRejected(reason)
-			}
+		code := reasonCode(reason)
+		h.reason = code
+		g.withdrawLocked(k, h)
+		if code != prev || changed {
+			g.refuseLocked(k, h.ip, int64(h.identity), h.nodeName(), h.nodeIP, reason, detail)
 		}
 		return
 	}
-	h.reason = ""
+	h.reason = 0
 	if h.accepted && !changed {
 		return
 	}
-	e := h.Entry
-	e.Identity = identity.NumericIdentity(h.Identity)
-	if err := g.cache.UpsertRemoteEndpoint(h.IP, e); err != nil {
-		g.log.Warn("ipcache: remote claim", "ip", h.IP, "owner", e.Owner, "error", err)
+	if err := g.cache.UpsertRemoteEndpoint(h.ip, h.entry(k)); err != nil {
+		g.log.Warn("ipcache: remote claim", "ip", h.ip, "owner", k.owner, "error", err)
 		return
 	}
 	h.accepted = true
 }
 
-func (g *ClaimGate) withdrawLocked(h *heldClaim) {
+// refuseLocked logs and counts a refusal.
+func (g *ClaimGate) refuseLocked(k ownerKey, ip netip.Addr, id int64, node string, nodeIP netip.Addr, reason, detail string) {
+	g.log.Warn("Refused another node's endpoint claim: not in the ipcache",
+		"source", k.src, "owner", k.owner, "ip", ip, "identity", id,
+		"node", node, "nodeIP", ipString(nodeIP), "reason", reason, "detail", detail)
+	if g.onRejected != nil {
+		g.onRejected(reason)
+	}
+}
+
+func (g *ClaimGate) withdrawLocked(k ownerKey, h *heldClaim) {
 	if !h.accepted {
 		return
 	}
 	h.accepted = false
-	if err := g.cache.DeleteRemoteEndpoint(h.IP, h.Entry.Source, h.Entry.Owner); err != nil {
-		g.log.Warn("ipcache: withdraw a remote claim", "ip", h.IP, "owner", h.Entry.Owner, "error", err)
+	if err := g.cache.DeleteRemoteEndpoint(h.ip, k.src, k.owner); err != nil {
+		g.log.Warn("ipcache: withdraw a remote claim", "ip", h.ip, "owner", k.owner, "error", err)
 	}
 }
 
@@ -366,8 +455,10 @@ func (g *ClaimGate) setView(v *nodeView, ready bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.view, g.ready = v, ready
-	for _, h := range g.claims {
-		g.judgeLocked(h, h.reason, false)
+	for k, first := range g.claims {
+		for h := first; h != nil; h = h.next {
+			g.judgeLocked(k, h, h.reason, false)
+		}
 	}
 	if ready {
 		for _, done := range g.synced {

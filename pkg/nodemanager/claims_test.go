@@ -180,12 +180,17 @@ func TestClaimGate(t *testing.T) {
 // Kubernetes) a claim is judged on its identity alone: a cluster identity
 // passes, a reserved one does not.
 func TestClaimWithoutNodesTable(t *testing.T) {
-	v := &nodeView{none: true}
-	if reason, detail := v.judge(claim("10.9.2.10", 4321, "b", "", "k/good")); reason != "" {
-		t.Fatalf("a cluster identity refused without a nodes table: %s (%s)", reason, detail)
+	cache := &remoteCache{claims: map[string]string{}}
+	var reasons []string
+	g := NewClaimGate(ClaimGateParams{NoNodes: true, Cache: cache, Log: quiet(), OnRejected: func(r string) { reasons = append(reasons, r) }})
+	g.setView(&nodeView{none: true}, true)
+	g.Upsert(claim("10.9.2.10", 4321, "b", "", "k/good"))
+	g.Upsert(claim("10.9.2.11", int64(identity.Host), "b", "", "k/reserved"))
+	if got, want := cache.String(), "[10.9.2.10@k/good=4321]"; got != want {
+		t.Fatalf("ipcache %s, want %s", got, want)
 	}
-	if reason, _ := v.judge(claim("10.9.2.11", int64(identity.Host), "b", "", "k/reserved")); reason != ClaimReasonIdentity {
-		t.Fatalf("a reserved identity: reason %q, want %q", reason, ClaimReasonIdentity)
+	if fmt.Sprint(reasons) != "["+ClaimReasonIdentity+"]" {
+		t.Fatalf("rejections %v, want the reserved identity's", reasons)
 	}
 }
 
@@ -230,5 +235,77 @@ func TestClaimGateNoNodeSource(t *testing.T) {
 				t.Fatalf("rejections %v, want %v", got, tt.reasons)
 			}
 		})
+	}
+}
+
+// TestClaimGateOwnerClaims: the gate holds an owner's claims (a
+// dual-stack pod's two addresses) as one list: Retain withdraws those the
+// object no longer lists and keeps the rest, Delete takes one address
+// and leaves the owner's others, and a claim refused for its identity
+// withdraws what its owner claimed on the address before. Every step is
+// judged against the node's pod CIDRs as a single claim is.
+func TestClaimGateOwnerClaims(t *testing.T) {
+	m, _ := startManager(t, nil, nil)
+	mustUpsert(t, m, "b", []string{"172.31.9.2"}, "10.9.2.0/24", "fd00:9:2::/64")
+	cache := &remoteCache{claims: map[string]string{}}
+	var mu sync.Mutex
+	var reasons []string
+	g := NewClaimGate(ClaimGateParams{DB: m.db, Nodes: m.nodes, Cache: cache, Log: quiet(), OnRejected: func(r string) {
+		mu.Lock()
+		reasons = append(reasons, r)
+		mu.Unlock()
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan struct{})
+	go func() { _ = g.Run(ctx); close(runDone) }()
+	t.Cleanup(func() { cancel(); <-runDone })
+	synced := make(chan struct{})
+	g.Synced(func() { close(synced) })
+	<-synced
+	eventually(t, func() (bool, string) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.view.byName["b"] != nil, "the gate has not seen node b"
+	})
+	for _, ip := range []string{"10.9.2.10", "fd00:9:2::10", "10.9.3.10"} {
+		g.Upsert(claim(ip, 4321, "", "172.31.9.2", "tep/x/pod"))
+	}
+	want := "[10.9.2.10@tep/x/pod=4321 fd00:9:2::10@tep/x/pod=4321]"
+	if got := cache.String(); got != want {
+		t.Fatalf("ipcache %s, want %s (the address outside b's CIDRs refused)", got, want)
+	}
+	// The object now lists its IPv4 address only (and the refused one).
+	v4, out := netip.MustParseAddr("10.9.2.10"), netip.MustParseAddr("10.9.3.10")
+	g.Retain(ipcache.SourceKVStore, "tep/x/pod", func(ip netip.Addr) bool { return ip == v4 || ip == out })
+	if got, want := cache.String(), "[10.9.2.10@tep/x/pod=4321]"; got != want {
+		t.Fatalf("after Retain: ipcache %s, want %s", got, want)
+	}
+	// Another owner's claim stays when this one's go.
+	g.Upsert(claim("10.9.2.11", 4321, "", "172.31.9.2", "tep/x/other"))
+	g.Delete(out, ipcache.SourceKVStore, "tep/x/pod")
+	if got, want := cache.String(), "[10.9.2.10@tep/x/pod=4321 10.9.2.11@tep/x/other=4321]"; got != want {
+		t.Fatalf("after Delete of the refused address: ipcache %s, want %s", got, want)
+	}
+	// The owner's claim changed to an identity another node may not
+	// claim: refused, and the claim it made before is withdrawn.
+	g.Upsert(claim("10.9.2.12", 4321, "", "172.31.9.2", "tep/x/pod"))
+	g.Upsert(claim("10.9.2.12", 1<<32+300, "", "172.31.9.2", "tep/x/pod"))
+	if got, want := cache.String(), "[10.9.2.10@tep/x/pod=4321 10.9.2.11@tep/x/other=4321]"; got != want {
+		t.Fatalf("after a truncation-bait identity: ipcache %s, want %s", got, want)
+	}
+	g.Retain(ipcache.SourceKVStore, "tep/x/pod", func(netip.Addr) bool { return false })
+	if got, want := cache.String(), "[10.9.2.11@tep/x/other=4321]"; got != want {
+		t.Fatalf("after the object went: ipcache %s, want %s", got, want)
+	}
+	g.mu.Lock()
+	held := len(g.claims)
+	g.mu.Unlock()
+	if held != 1 {
+		t.Fatalf("the gate holds %d owners, want 1", held)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(reasons) != fmt.Sprint([]string{ClaimReasonOutside, ClaimReasonIdentity}) {
+		t.Fatalf("rejections %v", reasons)
 	}
 }

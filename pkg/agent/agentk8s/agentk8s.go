@@ -218,8 +218,7 @@ type Module struct {
 	// the operator found a pool exhausted for a family the node lacks.
 	poolHealth cell.Health
 
-	mu     sync.Mutex
-	remote map[string][]netip.Addr
+	mu sync.Mutex
 	// localLabels are this node's labels as last seen (guarded by mu):
 	// a change re-resolves the host policies' nodeSelectors.
 	localLabels map[string]string

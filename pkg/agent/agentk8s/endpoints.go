@@ -164,31 +164,38 @@ func (k *Module) onRemoteEndpoint(ev watchers.Event[*k8s.CachedEndpoint]) {
 	if k.ipcache == nil {
 		return
 	}
-	st := ev.Object.Status
-	if st.Networking == nil || st.Networking.NodeIP == k.NodeIP() {
+	nodeIP := k.NodeIP()
+	if st := ev.Object.Status; st.Networking == nil || st.Networking.NodeIP == nodeIP {
 		return
 	}
-	var ips []netip.Addr
-	for _, p := range st.Networking.Addressing {
-		for _, s := range []string{p.IPv4, p.IPv6} {
-			if ip, err := netip.ParseAddr(s); err == nil {
-				ips = append(ips, ip)
+	k.recordRemotePorts(ev)
+	k.claimRemote(ev, nodeIP, k.isLocalAddress)
+}
+
+// claimRemote hands the gate the claims of another node's TendrilEndpoint
+// (localNodeIP: this node's address, whose objects are skipped; isLocal:
+// an address of a local endpoint, which the local claim covers). The gate
+// holds each object's claims by owner, so nothing is kept here: the
+// object's addresses no longer listed are withdrawn from what the gate
+// holds for it.
+func (k *Module) claimRemote(ev watchers.Event[*k8s.CachedEndpoint], localNodeIP string, isLocal func(netip.Addr) bool) {
+	st := ev.Object.Status
+	if st.Networking == nil || st.Networking.NodeIP == localNodeIP {
+		return
+	}
+	// One address per family in a pair, one pair in the common case: a
+	// fixed array keeps the usual one or two off the heap.
+	var buf [2]netip.Addr
+	ips := buf[:0]
+	if ev.Kind != watchers.Delete && st.Identity != nil && st.Identity.ID != 0 {
+		for _, p := range st.Networking.Addressing {
+			for _, s := range []string{p.IPv4, p.IPv6} {
+				if ip, err := netip.ParseAddr(s); err == nil {
+					ips = append(ips, ip)
+				}
 			}
 		}
 	}
-	k.recordRemotePorts(ev)
-	k.mu.Lock()
-	if k.remote == nil {
-		k.remote = map[string][]netip.Addr{}
-	}
-	old := k.remote[ev.Key]
-	if ev.Kind == watchers.Delete || st.Identity == nil || st.Identity.ID == 0 {
-		delete(k.remote, ev.Key)
-		ips = nil
-	} else {
-		k.remote[ev.Key] = ips
-	}
-	k.mu.Unlock()
 	// The claims are this object's own: another object claiming one of
 	// these addresses (the pod that reuses it) keeps its claim when this
 	// one goes. They pass the gate: a cluster-scope identity, addresses
@@ -196,25 +203,19 @@ func (k *Module) onRemoteEndpoint(ev watchers.Event[*k8s.CachedEndpoint]) {
 	ns, name, _ := strings.Cut(ev.Key, "/")
 	owner := ipcache.OwnerTendrilEndpoint(ns, name)
 	nodeIP, _ := netip.ParseAddr(st.Networking.NodeIP)
-	keep := map[netip.Addr]bool{}
 	for _, ip := range ips {
-		keep[ip] = true
-		if k.isLocalAddress(ip) {
+		if isLocal(ip) {
 			continue
 		}
 		k.gate.Upsert(nodemanager.Claim{IP: ip, Identity: st.Identity.ID, NodeIP: nodeIP,
 			Entry: ipcache.Entry{Source: ipcache.SourceKubernetes, Owner: owner, Name: ev.Object.Name,
 				Namespace: ev.Object.Namespace, HostIP: nodeIP}})
 	}
-	for _, ip := range old {
-		if keep[ip] {
-			continue
-		}
-		// Withdrawn even when the address is local now: the local claim
-		// wins anyway, and a claim left behind would resurface when the
-		// local endpoint goes.
-		k.gate.Delete(ip, ipcache.SourceKubernetes, owner)
-	}
+	// Withdrawn even when the address is local now: the local claim wins
+	// anyway, and a claim left behind would resurface when the local
+	// endpoint goes. An address still listed keeps its claim (a local one
+	// included, as before).
+	k.gate.Retain(ipcache.SourceKubernetes, owner, func(ip netip.Addr) bool { return slices.Contains(ips, ip) })
 }
 
 func (k *Module) isLocalAddress(ip netip.Addr) bool {
