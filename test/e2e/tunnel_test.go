@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -504,6 +505,26 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		}
 		if c, _ := labProbe(t, name, ns+"/other", addr, false); c != 1 {
 			t.Errorf("agents restarted: other -> backend:8080 exit %d, want 1 (denied)", c)
+		}
+	})
+
+	// The connectivity test in tunnel mode with dual stack: its IPv6
+	// phase (pods across nodes, ClusterIP, masquerade, NodePort from the
+	// world) runs beside the IPv4 checks.
+	t.Run("connectivity test, dual stack", func(t *testing.T) {
+		out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name).CombinedOutput()
+		t.Logf("tendril connectivity test:\n%s", out)
+		if err != nil {
+			t.Fatalf("connectivity test in tunnel mode with dual stack: %v", err)
+		}
+		for _, want := range []string{"IPv6 pod to pod, other node, UDP", "IPv6 ClusterIP, other node, TCP, balances over both",
+			"IPv6 pod to world leaves with node 2's IPv6 address, UDP", "IPv6 world to NodePort, externalTrafficPolicy Cluster, node 1, TCP: local and remote servers"} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("output lacks check %q", want)
+			}
+		}
+		if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] {
+			t.Errorf("no all-passed summary in the output")
 		}
 	})
 
