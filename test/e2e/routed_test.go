@@ -151,8 +151,9 @@ func TestPrivilegedLabRoutedTopology(t *testing.T) {
 	var idsBefore map[string]int64
 	t.Run("node IDs", func(t *testing.T) {
 		idsBefore = nodeIDs(t, node1)
-		if len(idsBefore) != 1 || idsBefore[node2.Address] < 1 {
-			t.Fatalf("node1's node IDs %v, want node2's address %s with an ID from 1", idsBefore, node2.Address)
+		// The lab is dual stack: node2's two addresses, one ID.
+		if len(idsBefore) != 2 || idsBefore[node2.Address] < 1 || idsBefore[node2.Address6] != idsBefore[node2.Address] {
+			t.Fatalf("node1's node IDs %v, want node2's addresses %s and %s with one ID from 1", idsBefore, node2.Address, node2.Address6)
 		}
 	})
 
@@ -235,7 +236,12 @@ func podStreamAcrossAgentKill(t *testing.T, e *env, name, serverRef, clientRef, 
 		t.Fatal(err)
 	}
 	defer func() { _ = server.Process.Kill(); _ = server.Wait() }()
-	time.Sleep(500 * time.Millisecond) // iperf3 -s listening
+	// iperf3 -s listening (on a loaded machine it takes more than a
+	// moment).
+	eventually(t, "iperf3 -s listening in "+serverRef, func() (bool, error) {
+		out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", serverRef, "--", "ss", "-Hltn", "sport = :5201").CombinedOutput()
+		return err == nil && strings.TrimSpace(string(out)) != "", fmt.Errorf("%v: %s", err, out)
+	})
 	const seconds = 10
 	var out bytes.Buffer
 	client := exec.Command(tendrilBin, "lab", "--name", name, "exec", clientRef, "--",
