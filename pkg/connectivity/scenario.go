@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,7 +52,11 @@ type Config struct {
 	// empty for the lab kubelet, which runs its own workload.
 	WorkloadImage string
 	Keep          bool
-	Settle        time.Duration
+	// Phases, when set, runs only the phases whose title contains it
+	// (the pods and Services are deployed all the same); a filter that
+	// matches no phase is an error, not a pass.
+	Phases string
+	Settle time.Duration
 	// DenyProbes is how many probes in a row a denied check needs dropped
 	// (Runner.DenyProbes).
 	DenyProbes int
@@ -349,6 +354,12 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 		phases[0].checks = append(phases[0].checks,
 			check("pod to API server, other node", from(podServerOther), cfg.APIServer, "tcp-connect", true),
 			check("pod to API server, same node", from(podClient), cfg.APIServer, "tcp-connect", true))
+	}
+	if cfg.Phases != "" {
+		phases = slices.DeleteFunc(phases, func(ph phase) bool { return !strings.Contains(ph.title, cfg.Phases) })
+		if len(phases) == 0 {
+			return nil, fmt.Errorf("--phases %q: no phase of this cluster's test has it in its title", cfg.Phases)
+		}
 	}
 	total := 0
 	for _, ph := range phases {

@@ -508,11 +508,12 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		}
 	})
 
-	// The connectivity test in tunnel mode with dual stack: its IPv6
-	// phase (pods across nodes, ClusterIP, masquerade, NodePort from the
-	// world) runs beside the IPv4 checks.
+	// The connectivity test's IPv6 phase in tunnel mode with dual stack
+	// (pods across nodes, ClusterIP, masquerade, NodePort from the
+	// world): its IPv4 phases run in the suite's lab already, and all of
+	// them here would add minutes to CI.
 	t.Run("connectivity test, dual stack", func(t *testing.T) {
-		out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name).CombinedOutput()
+		out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name, "--phases", "IPv6").CombinedOutput()
 		t.Logf("tendril connectivity test:\n%s", out)
 		if err != nil {
 			t.Fatalf("connectivity test in tunnel mode with dual stack: %v", err)
@@ -523,7 +524,7 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 				t.Errorf("output lacks check %q", want)
 			}
 		}
-		if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] {
+		if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] || m[1] != "9" {
 			t.Errorf("no all-passed summary in the output")
 		}
 	})
