@@ -69,6 +69,7 @@ any check failed. Needs root (probes run inside the pods' network namespaces).`,
 	}
 	test.Flags().StringVar(&labName, "lab", labName, "Lab to test (env TENDRIL_LAB)")
 	test.Flags().StringVar(&cfg.Namespace, "namespace", cfg.Namespace, "Namespace of the test's pods and policies (recreated)")
+	test.Flags().StringVar(&cfg.Phases, "phases", cfg.Phases, "Run only the phases whose title contains this text (e.g. IPv6); empty: all")
 	test.Flags().BoolVar(&cfg.Keep, "keep", cfg.Keep, "Leave the test namespace in place afterwards")
 	test.Flags().DurationVar(&cfg.Settle, "settle", cfg.Settle, "How long a check may retry until policy has reached the nodes")
 	test.Flags().IntVar(&cfg.DenyProbes, "deny-probes", cfg.DenyProbes, "How many probes in a row a denied check needs dropped; once one is, any that gets through fails the check")

@@ -110,6 +110,7 @@ func newLabUpCommand(name *string) *cobra.Command {
 	cmd.Flags().StringVar(&cfg.IPAM, "ipam", cfg.IPAM, "cluster-pool: the operators allocate node pod CIDRs from "+lab.ClusterPoolCIDR+" and the agents take them (needs --operators)")
 	cmd.Flags().StringVar(&cfg.RoutingMode, "routing-mode", "", "The agents' --routing-mode: native (routes to the other nodes' pod CIDRs via them) or tunnel (VXLAN between the nodes, no pod CIDR route via the lab bridge)")
 	cmd.Flags().StringVar(&cfg.Topology, "topology", "", "flat (the default: the nodes share one subnet on the lab bridge) or routed (each node in its own subnet 172.30.N.0/24, the world routing between them but not to the pod CIDRs, as cloud VMs in different subnets: native routing cannot route the pod CIDRs there, the tunnel can)")
+	cmd.Flags().StringVar(&cfg.IPFamily, "ip-family", lab.IPFamilyIPv4, "ipv4 or dual: with dual every node, pod and the world get an IPv6 address too (nodes on "+lab.NodeSubnet6Prefix+"/64, pod CIDRs from "+lab.ClusterCIDR6+", services in "+lab.ServiceCIDR6+"); the tunnel carries IPv6 pod traffic over the nodes' IPv4 addresses")
 	cmd.Flags().StringVar(&cfg.Encryption, "encryption", "", "wireguard: the agents encrypt pod traffic between the nodes (--enable-wireguard; the userspace device where the kernel has no WireGuard module)")
 	cmd.Flags().BoolVar(&cfg.KVStore, "kvstore", false, "Run an etcd as Tendril's kvstore: agents and operators allocate identities there (--identity-allocation-mode kvstore) and the agents publish their endpoints' ipcache keys")
 	cmd.Flags().BoolVar(&cfg.BGP, "bgp", false, "Run a BGP router (BIRD) in the world that every node's agent peers with (--enable-bgp-control-plane): the nodes announce their pod CIDRs and the load-balancer addresses of Services labelled "+lab.BGPServiceLabel+"=true, from the pool "+lab.BGPPoolCIDR+", which the world reaches through the learned routes")
@@ -202,7 +203,11 @@ func worldRecord(name string) (*lab.PodRecord, error) {
 	if st.World == nil {
 		return nil, fmt.Errorf("lab %s has no world (made by an older lab up)", name)
 	}
-	return &lab.PodRecord{Name: lab.WorldRef, Netns: st.World.Netns, IPs: []string{st.World.ClientIP}}, nil
+	ips := []string{st.World.ClientIP}
+	if st.World.ClientIP6 != "" {
+		ips = append(ips, st.World.ClientIP6)
+	}
+	return &lab.PodRecord{Name: lab.WorldRef, Netns: st.World.Netns, IPs: ips}, nil
 }
 
 // findLabPod finds a running pod's record and its lab.
@@ -313,6 +318,13 @@ func newLabProbeCommand(name *string) *cobra.Command {
 					return broken(err)
 				}
 				source = net.ParseIP(rec.IPs[0])
+				// An IPv6 target is dialled from the world's IPv6 client
+				// (a dual-stack lab's).
+				if host, _, serr := net.SplitHostPort(args[1]); serr == nil && len(rec.IPs) > 1 {
+					if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+						source = net.ParseIP(rec.IPs[1])
+					}
+				}
 				outside = true
 			} else if st, rec, err = findLabPod(*name, args[0]); err != nil {
 				return broken(err)

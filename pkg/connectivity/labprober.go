@@ -28,6 +28,10 @@ func LabConfig(st *lab.State, cfg Config) (Config, error) {
 	cfg.APIServer = fmt.Sprintf("%s:%d", st.Nodes[0].Address, st.APIPort)
 	if st.World != nil {
 		cfg.World = st.World.ServerIP
+		cfg.World6 = st.World.ServerIP6
+	}
+	if st.Dual() {
+		cfg.NodeIPs6 = [2]string{st.Nodes[0].Address6, st.Nodes[1].Address6}
 	}
 	cfg.WorkloadImage = st.WorkloadImage
 	return cfg, nil

@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,6 +31,9 @@ type Config struct {
 	// addresses (for pod-to-host checks).
 	Nodes   [2]string
 	NodeIPs [2]string
+	// NodeIPs6 are the nodes' IPv6 addresses in a dual-stack cluster;
+	// empty skips the IPv6 checks.
+	NodeIPs6 [2]string
 	// APIServer is the API server's address as pods reach it (the
 	// kubernetes Service's endpoint); empty skips the check.
 	APIServer string
@@ -40,12 +44,19 @@ type Config struct {
 	// UDP 81 with "<name> from <source address>:<port>" (the lab's world
 	// server); empty skips the masquerade checks.
 	World string
+	// World6 is the same server's IPv6 address (dual stack); empty skips
+	// the IPv6 masquerade check.
+	World6 string
 	// WorkloadImage is the image of the test's pods on real nodes (the
 	// lab's State.WorkloadImage, imported into every node's containerd);
 	// empty for the lab kubelet, which runs its own workload.
 	WorkloadImage string
 	Keep          bool
-	Settle        time.Duration
+	// Phases, when set, runs only the phases whose title contains it
+	// (the pods and Services are deployed all the same); a filter that
+	// matches no phase is an error, not a pass.
+	Phases string
+	Settle time.Duration
 	// DenyProbes is how many probes in a row a denied check needs dropped
 	// (Runner.DenyProbes).
 	DenyProbes int
@@ -136,22 +147,29 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			return nil, err
 		}
 	}
-	ips := map[string]string{}
+	dual := cfg.NodeIPs6[0] != ""
+	ips, ips6 := map[string]string{}, map[string]string{}
 	for name := range pods {
-		ip, err := waitReady(ctx, c, ns, name, cfg.ReadyWait)
+		ip, ip6, err := waitReady(ctx, c, ns, name, cfg.ReadyWait)
 		if err != nil {
 			return nil, err
 		}
-		ips[name] = ip
+		if dual && ip6 == "" {
+			return nil, fmt.Errorf("pod %s/%s has no IPv6 address in a dual-stack cluster", ns, name)
+		}
+		ips[name], ips6[name] = ip, ip6
 	}
 	fmt.Fprintf(out, "Pods ready after %s\n", time.Since(begin).Round(time.Millisecond))
-	clusterIPs := map[string]string{}
+	clusterIPs, clusterIPs6 := map[string]string{}, map[string]string{}
 	for _, name := range []string{svcServers, svcAffinity, svcLocal} {
-		ip, err := createService(ctx, c, ns, name)
+		ip, ip6, err := createService(ctx, c, ns, name)
 		if err != nil {
 			return nil, err
 		}
-		clusterIPs[name] = ip
+		if dual && ip6 == "" {
+			return nil, fmt.Errorf("service %s/%s (PreferDualStack) got no IPv6 ClusterIP: has the API server an IPv6 service CIDR?", ns, name)
+		}
+		clusterIPs[name], clusterIPs6[name] = ip, ip6
 		if err := waitEndpoints(ctx, c, ns, name, 2, cfg.ReadyWait); err != nil {
 			return nil, err
 		}
@@ -329,10 +347,19 @@ func Test(ctx context.Context, c *k8s.Clients, prober Prober, cfg Config, out io
 			worldNP("world to a LoadBalancer address on-link (L2 announcement), TCP: both servers", net.JoinHostPort(lbAddr, "80"), "tcp", servers, true),
 		}})
 	}
+	if dual {
+		phases = append(phases, ipv6Phase(cfg, ns, ips6, clusterIPs6, clusterNodePorts))
+	}
 	if cfg.APIServer != "" {
 		phases[0].checks = append(phases[0].checks,
 			check("pod to API server, other node", from(podServerOther), cfg.APIServer, "tcp-connect", true),
 			check("pod to API server, same node", from(podClient), cfg.APIServer, "tcp-connect", true))
+	}
+	if cfg.Phases != "" {
+		phases = slices.DeleteFunc(phases, func(ph phase) bool { return !strings.Contains(ph.title, cfg.Phases) })
+		if len(phases) == 0 {
+			return nil, fmt.Errorf("--phases %q: no phase of this cluster's test has it in its title", cfg.Phases)
+		}
 	}
 	total := 0
 	for _, ph := range phases {
@@ -384,23 +411,30 @@ func createPod(ctx context.Context, c *k8s.Clients, ns, name, node, app, image s
 	return nil
 }
 
-func waitReady(ctx context.Context, c *k8s.Clients, ns, name string, wait time.Duration) (string, error) {
+// waitReady waits for the pod to be ready and returns its address and,
+// in a dual-stack cluster, its IPv6 address (status.podIPs).
+func waitReady(ctx context.Context, c *k8s.Clients, ns, name string, wait time.Duration) (ip, ip6 string, err error) {
 	deadline := time.Now().Add(wait)
 	for {
 		p, err := c.Core.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err == nil && p.Status.PodIP != "" && p.Status.Phase == corev1.PodRunning {
 			for _, cond := range p.Status.Conditions {
 				if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
-					return p.Status.PodIP, nil
+					for _, a := range p.Status.PodIPs {
+						if ip := net.ParseIP(a.IP); ip != nil && ip.To4() == nil {
+							ip6 = a.IP
+						}
+					}
+					return p.Status.PodIP, ip6, nil
 				}
 			}
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("pod %s/%s not ready after %s (last error: %v)", ns, name, wait, err)
+			return "", "", fmt.Errorf("pod %s/%s not ready after %s (last error: %v)", ns, name, wait, err)
 		}
 		select {
 		case <-ctx.Done():
-			return "", ctx.Err()
+			return "", "", ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -461,13 +495,20 @@ func check(name, from, to, proto string, allowed bool) Check {
 	return Check{Name: name, From: from, To: to, Proto: proto, Allowed: allowed}
 }
 
+// preferDualStack gives a Service a ClusterIP of each family where the
+// cluster has service CIDRs of both (one elsewhere).
+var preferDualStack = corev1.IPFamilyPolicyPreferDualStack
+
 // createService creates one of the test's Services in front of the
-// servers and returns its ClusterIP.
-func createService(ctx context.Context, c *k8s.Clients, ns, name string) (string, error) {
+// servers and returns its ClusterIP and, in a dual-stack cluster, its
+// IPv6 ClusterIP.
+func createService(ctx context.Context, c *k8s.Clients, ns, name string) (ip, ip6 string, err error) {
+	policy := preferDualStack
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.ServiceSpec{
-			Selector: map[string]string{"app": "server"},
+			Selector:       map[string]string{"app": "server"},
+			IPFamilyPolicy: &policy,
 			Ports: []corev1.ServicePort{
 				{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)},
 				{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 81, TargetPort: intstr.FromInt32(81)},
@@ -483,21 +524,28 @@ func createService(ctx context.Context, c *k8s.Clients, ns, name string) (string
 	}
 	got, err := c.Core.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
-		return "", fmt.Errorf("create service %s/%s: %w", ns, name, err)
+		return "", "", fmt.Errorf("create service %s/%s: %w", ns, name, err)
 	}
 	if got.Spec.ClusterIP == "" || got.Spec.ClusterIP == corev1.ClusterIPNone {
-		return "", fmt.Errorf("service %s/%s got no ClusterIP", ns, name)
+		return "", "", fmt.Errorf("service %s/%s got no ClusterIP", ns, name)
 	}
-	return got.Spec.ClusterIP, nil
+	for _, a := range got.Spec.ClusterIPs {
+		if ip := net.ParseIP(a); ip != nil && ip.To4() == nil {
+			ip6 = a
+		}
+	}
+	return got.Spec.ClusterIP, ip6, nil
 }
 
 // createNodePortService creates a NodePort Service with the external
 // traffic policy in front of the servers and returns its node port per
 // port.
 func createNodePortService(ctx context.Context, c *k8s.Clients, ns, name string, etp corev1.ServiceExternalTrafficPolicy) (map[int]int32, error) {
+	policy := preferDualStack
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.ServiceSpec{
+			IPFamilyPolicy:        &policy,
 			Type:                  corev1.ServiceTypeNodePort,
 			ExternalTrafficPolicy: etp,
 			Selector:              map[string]string{"app": "server"},
@@ -589,4 +637,35 @@ func waitEndpoints(ctx context.Context, c *k8s.Clients, ns, name string, want in
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// ipv6Phase is the checks of a dual-stack cluster in IPv6: pods across
+// the nodes, a Service's IPv6 ClusterIP, a pod's traffic to the world's
+// IPv6 address masqueraded to its node's IPv6 address, and the world at a
+// node port of a node's IPv6 address. It runs after the policies are
+// deleted.
+func ipv6Phase(cfg Config, ns string, ips6, clusterIPs6 map[string]string, clusterNodePorts map[int]int32) phase {
+	from := func(pod string) string { return ns + "/" + pod }
+	to := func(ip string, port int) string { return net.JoinHostPort(ip, strconv.Itoa(port)) }
+	servers := []string{podServerSame, podServerOther}
+	checks := []Check{
+		check("IPv6 pod to pod, other node, TCP", from(podClient), to(ips6[podServerOther], 80), "tcp", true),
+		check("IPv6 pod to pod, other node, UDP", from(podClient), to(ips6[podServerOther], 81), "udp", true),
+		check("IPv6 pod to pod, other node, ICMPv6", from(podClient), ips6[podServerOther], "icmp", true),
+		check("IPv6 pod to host, other node", from(podClient), cfg.NodeIPs6[1], "icmp", true),
+		{Name: "IPv6 ClusterIP, other node, TCP, balances over both", From: from(podRemoteClient), To: to(clusterIPs6[svcServers], 80), Proto: "tcp",
+			Allowed: true, Backends: servers, Repeat: spreadProbes, Spread: true},
+		{Name: "IPv6 ClusterIP, other node, UDP", From: from(podRemoteClient), To: to(clusterIPs6[svcServers], 81), Proto: "udp",
+			Allowed: true, Backends: servers},
+	}
+	if cfg.World6 != "" {
+		checks = append(checks,
+			Check{Name: "IPv6 pod to world leaves with node 1's IPv6 address, TCP", From: from(podClient), To: to(cfg.World6, 80), Proto: "tcp",
+				Allowed: true, AnswerPrefix: "world from [" + cfg.NodeIPs6[0] + "]:"},
+			Check{Name: "IPv6 pod to world leaves with node 2's IPv6 address, UDP", From: from(podRemoteClient), To: to(cfg.World6, 81), Proto: "udp",
+				Allowed: true, AnswerPrefix: "world from [" + cfg.NodeIPs6[1] + "]:"},
+			Check{Name: "IPv6 world to NodePort, externalTrafficPolicy Cluster, node 1, TCP: local and remote servers", From: lab.WorldRef,
+				To: to(cfg.NodeIPs6[0], int(clusterNodePorts[80])), Proto: "tcp", Allowed: true, Backends: servers, Repeat: spreadProbes, Spread: true})
+	}
+	return phase{"IPv6 (dual stack): pods across nodes, ClusterIP, masquerade, NodePort from the world", nil, checks}
 }

@@ -111,8 +111,13 @@ type Spec struct {
 	// ServiceAccount admission plugin on (the controller makes the default
 	// ServiceAccounts that plugin insists on).
 	ControllerManager bool
-	// ClusterCIDR is what node IPAM splits into a /24 per node.
+	// ClusterCIDR is what node IPAM splits into a /24 per node: one
+	// prefix, or an IPv4 and an IPv6 one separated by a comma (dual
+	// stack: each Node gets a pod CIDR of each family, the IPv6 one of
+	// NodeCIDRMaskSizeIPv6 bits).
 	ClusterCIDR string
+	// NodeCIDRMaskSizeIPv6 is the IPv6 pod CIDR's size per node (0: 64).
+	NodeCIDRMaskSizeIPv6 int
 	// ExtraControllers are kube-controller-manager controllers to run
 	// besides the default set (ControllerManagerArgs): a lab of real
 	// kubelets needs the workload controllers (daemonset, deployment,
@@ -126,7 +131,8 @@ type Spec struct {
 	AdvertiseAddress string
 	// ServiceCIDR is the service network (empty: ServiceCIDR, a /16). It
 	// must contain KubernetesSvcIP; a benchmark of 100,000 services needs
-	// more than a /16.
+	// more than a /16. An IPv4 and an IPv6 prefix separated by a comma
+	// make the services dual stack.
 	ServiceCIDR string
 }
 
@@ -214,15 +220,23 @@ func (s *Spec) ControllerManagerArgs(kubeconfig string) []string {
 	if cidr == "" {
 		cidr = "10.244.0.0/16"
 	}
-	return []string{
+	masks := []string{"--node-cidr-mask-size", "24"}
+	if strings.Contains(cidr, ",") {
+		v6 := s.NodeCIDRMaskSizeIPv6
+		if v6 == 0 {
+			v6 = 64
+		}
+		masks = []string{"--node-cidr-mask-size-ipv4", "24", "--node-cidr-mask-size-ipv6", strconv.Itoa(v6)}
+	}
+	return append([]string{
 		"--kubeconfig", kubeconfig, "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
 		"--controllers", strings.Join(append([]string{"endpointslice", "namespace", "serviceaccount", "serviceaccount-token", "nodeipam", "garbagecollector"}, s.ExtraControllers...), ","),
-		"--allocate-node-cidrs=true", "--cluster-cidr", cidr, "--node-cidr-mask-size", "24",
+		"--allocate-node-cidrs=true", "--cluster-cidr", cidr,
 		"--service-cluster-ip-range", s.serviceCIDR(),
 		"--service-account-private-key-file", s.PKI.SAKey, "--root-ca-file", s.PKI.CA,
 		"--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(s.ControllerManagerPort),
 		"--use-service-account-credentials=false",
-	}
+	}, masks...)
 }
 
 // WriteKubeconfig writes an admin kubeconfig for server (the API server's

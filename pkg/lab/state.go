@@ -78,6 +78,10 @@ type Node struct {
 	// Gateway is the node's default gateway, the world's address in the
 	// node's subnet ("" in a lab made before topologies: WorldGateway).
 	Gateway string `json:"gateway,omitempty"`
+	// Address6 and Gateway6 are the node's IPv6 address and gateway in a
+	// dual-stack lab (IPFamilyDual; empty otherwise).
+	Address6 string `json:"address6,omitempty"`
+	Gateway6 string `json:"gateway6,omitempty"`
 	// Socket is the agent's API socket.
 	Socket string `json:"socket"`
 	// StateDir is the agent's state directory.
@@ -123,6 +127,9 @@ type State struct {
 	// Topology is the nodes' addressing: "" (TopologyFlat) or
 	// TopologyRouted (network.go).
 	Topology string `json:"topology,omitempty"`
+	// IPFamily is "" or IPFamilyIPv4 (the lab is IPv4 only) or
+	// IPFamilyDual (dualstack.go).
+	IPFamily string `json:"ipFamily,omitempty"`
 	// Encryption is "" or "wireguard" (the agents' --enable-wireguard).
 	Encryption string `json:"encryption,omitempty"`
 	// KVStorePort is the port of the lab's kvstore etcd on the machine's

@@ -92,7 +92,11 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 			}
 			cancel()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, cmp.Or(strings.Join(podCIDRs[n.Name], ","), "none yet"), agent+notes[n.Name], n.Socket)
+		addr := n.Address
+		if n.Address6 != "" {
+			addr += "," + n.Address6
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, addr, cmp.Or(strings.Join(podCIDRs[n.Name], ","), "none yet"), agent+notes[n.Name], n.Socket)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

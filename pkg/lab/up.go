@@ -71,6 +71,10 @@ type Config struct {
 	// operators and the relay (prometheus.go); the agents serve their
 	// metrics and every flow metric.
 	Prometheus bool
+	// IPFamily is "" or IPFamilyIPv4 (an IPv4-only lab) or IPFamilyDual
+	// (every node, pod and the world with an IPv6 address too, the pod
+	// and service CIDRs of both families; dualstack.go).
+	IPFamily string
 	// Encryption is "" (none) or "wireguard": the agents encrypt pod
 	// traffic between the nodes (--enable-wireguard), each node's device
 	// named by WireGuardDevice.
@@ -167,6 +171,14 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		// nodes' network is set up by package realnode for it too.
 		return nil, fmt.Errorf("--topology %s: not with --bgp or --runtime %s", TopologyRouted, RuntimeContainerd)
 	}
+	if err := ValidateIPFamily(cfg.IPFamily); err != nil {
+		return nil, err
+	}
+	if cfg.IPFamily == IPFamilyDual && (cfg.Runtime == RuntimeContainerd || cfg.IPAM != "" || cfg.BGP) {
+		// The real nodes' network (package realnode), the operators' pod
+		// CIDR pools and BIRD's sessions are IPv4 only.
+		return nil, fmt.Errorf("--ip-family %s: not with --runtime %s, --ipam or --bgp", IPFamilyDual, RuntimeContainerd)
+	}
 	if cfg.Encryption != "" && cfg.Encryption != "wireguard" {
 		return nil, fmt.Errorf("--encryption %q: must be wireguard (or none)", cfg.Encryption)
 	}
@@ -214,7 +226,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	}
 	st := &State{Name: cfg.Name, Dir: Dir(cfg.Name), BinDir: cfg.BinDir, K8sBinDir: k8sBin, CoreDNSBin: coreDNS,
 		NetNetns: NetnsPrefix(cfg.Name) + "net", IPAM: cfg.IPAM, Runtime: cfg.Runtime, RoutingMode: cfg.RoutingMode,
-		Encryption: cfg.Encryption, Topology: cfg.Topology}
+		Encryption: cfg.Encryption, Topology: cfg.Topology, IPFamily: cfg.IPFamily}
 	st.Kubeconfig = filepath.Join(st.Dir, "kubeconfig")
 	st.NodeKubeconfig = filepath.Join(st.Dir, "kubeconfig-node")
 	for _, d := range []string{st.Dir, st.PidDir(), st.LogDir(), st.PodDir(), filepath.Join(st.Dir, "pki")} {
@@ -235,6 +247,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			CNICacheDir: filepath.Join(nodeDir, "cni-cache"),
 			Cgroup:      NodeCgroupDir(cgMount, cfg.Name, name),
 		})
+		if st.Dual() {
+			st.Nodes[i-1].Address6, st.Nodes[i-1].Gateway6 = nodeAddressing6(cfg.Topology, i)
+		}
 		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
 			return nil, err
 		}
@@ -270,6 +285,17 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := createWorld(st.NetNetns, st.World); err != nil {
 		return st, err
 	}
+	if st.Dual() {
+		st.World.ServerIP6, st.World.ClientIP6 = WorldServerIP6, WorldClientIP6
+		if err := addWorldIPv6(st.World, st.Nodes); err != nil {
+			return st, err
+		}
+		for _, n := range st.Nodes {
+			if err := addNodeIPv6(n); err != nil {
+				return st, err
+			}
+		}
+	}
 	if cfg.Topology == TopologyRouted {
 		if err := routeNodeSubnets(st.World, st.Nodes); err != nil {
 			return st, err
@@ -291,6 +317,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	} else {
 		step(out, start, "network: bridge in %s, %d node namespaces on %s0/%d, the world (%s) behind %s",
 			st.NetNetns, len(st.Nodes), NodeSubnetPrefix, NodeSubnetBits, st.World.Netns, st.World.Gateway)
+	}
+	if st.Dual() {
+		step(out, start, "dual stack: node1 at %s, pod CIDRs of %s, services in %s", st.Nodes[0].Address6, ClusterCIDR6, ServiceCIDR6)
 	}
 
 	hubbleArgs, relayTLSArgs, err := hubblePKI(st)
@@ -344,7 +373,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		argv := []string{"nsenter", "--net=" + NetnsPath(n.Netns), filepath.Join(st.BinDir, "tendril-agent"),
 			"--node-name", n.Name, "--kubeconfig", st.NodeKubeconfig,
 			"--state-dir", n.StateDir, "--socket", n.Socket, "--bpf-root", n.BPFRoot,
-			"--ipv6-range", "none", "--prometheus-serve-addr", "",
+			"--prometheus-serve-addr", "",
 			"--cgroup-root", n.Cgroup,
 			// The load-balancer addresses of the lab's pool answered
 			// on-link (its l2Announcements, lbpool.go).
@@ -354,6 +383,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			// datapath: `tendril health` shows pod-network reachability,
 			// not only the nodes' (docs/health.md).
 			"--enable-endpoint-health-checking"}
+		if !st.Dual() {
+			argv = append(argv, "--ipv6-range", "none")
+		}
 		argv = append(argv, hubbleArgs[n.Name]...)
 		if cfg.Prometheus {
 			argv = append(argv, agentMetricsArgs(n)...)
@@ -479,6 +511,13 @@ func startControlPlane(ctx context.Context, st *State, exited map[string]<-chan 
 	// forwards <its node address>:<API port> to it, so pods reach the
 	// kubernetes Service's endpoint through node1.
 	spec := controlplane.Spec{Dir: st.Dir, ControllerManager: true, ClusterCIDR: ClusterCIDR, AdvertiseAddress: st.Nodes[0].Address}
+	if st.Dual() {
+		// Node IPAM gives each Node a pod CIDR of each family; a
+		// PreferDualStack Service gets a ClusterIP of each.
+		spec.ClusterCIDR += "," + ClusterCIDR6
+		spec.NodeCIDRMaskSizeIPv6 = podCIDR6Bits
+		spec.ServiceCIDR = controlplane.ServiceCIDR + "," + ServiceCIDR6
+	}
 	if st.Runtime == RuntimeContainerd {
 		spec.ExtraControllers = realNodeControllers()
 	}

@@ -51,6 +51,10 @@ type World struct {
 	Gateway  string `json:"gateway"`
 	ServerIP string `json:"serverIP"`
 	ClientIP string `json:"clientIP"`
+	// ServerIP6 and ClientIP6 are the server's and the client's IPv6
+	// addresses in a dual-stack lab (empty otherwise).
+	ServerIP6 string `json:"serverIP6,omitempty"`
+	ClientIP6 string `json:"clientIP6,omitempty"`
 }
 
 // WorldNetns names the lab's world namespace.
@@ -181,31 +185,41 @@ func routeNodeSubnets(w *World, nodes []Node) error {
 	})
 }
 
-// worldServerArgv runs the lab workload as the world's server, in the
-// world namespace, answering with the peer it sees.
-func worldServerArgv(st *State) []string {
+// worldServerArgv runs the lab workload as the world's server at address,
+// in the world namespace, answering with the peer it sees.
+func worldServerArgv(st *State, address string) []string {
 	ports := workload.FormatPorts(WorldServerPorts)
 	return []string{"nsenter", "--net=" + NetnsPath(st.World.Netns), filepath.Join(st.BinDir, "tendril"), "lab", "workload",
-		"--pod-name", worldServerName, "--tcp", ports, "--udp", ports, "--report-peer", "--address", st.World.ServerIP}
+		"--pod-name", worldServerName, "--tcp", ports, "--udp", ports, "--report-peer", "--address", address}
 }
 
-// startWorldServer starts the world's server and waits until it answers
-// from inside the world.
+// startWorldServer starts the world's server (one per address: its IPv4
+// one and, in a dual-stack lab, its IPv6 one) and waits until each
+// answers from inside the world.
 func startWorldServer(ctx context.Context, st *State, exited map[string]<-chan error) error {
-	role := "world-server"
-	cmd, _, err := StartDetached(st.PidDir(), role, filepath.Join(st.LogDir(), role+".log"), worldServerArgv(st))
-	if err != nil {
-		return err
+	servers := []struct{ role, address string }{{"world-server", st.World.ServerIP}}
+	if st.World.ServerIP6 != "" {
+		servers = append(servers, struct{ role, address string }{"world-server6", st.World.ServerIP6})
 	}
-	exited[role] = watchExit(cmd)
-	target := net.JoinHostPort(st.World.ServerIP, fmt.Sprint(WorldServerPorts[0]))
-	return poll(ctx, "the world server at "+target, 20*time.Second, st, exited, func() (bool, error) {
-		var answered bool
-		err := InNetns(NetnsPath(st.World.Netns), func() error {
-			_, perr := workload.Probe(ctx, target, false, time.Second)
-			answered = perr == nil
-			return nil
+	for _, s := range servers {
+		cmd, _, err := StartDetached(st.PidDir(), s.role, filepath.Join(st.LogDir(), s.role+".log"), worldServerArgv(st, s.address))
+		if err != nil {
+			return err
+		}
+		exited[s.role] = watchExit(cmd)
+		target := net.JoinHostPort(s.address, fmt.Sprint(WorldServerPorts[0]))
+		err = poll(ctx, "the world server at "+target, 20*time.Second, st, exited, func() (bool, error) {
+			var answered bool
+			err := InNetns(NetnsPath(st.World.Netns), func() error {
+				_, perr := workload.Probe(ctx, target, false, time.Second)
+				answered = perr == nil
+				return nil
+			})
+			return answered, err
 		})
-		return answered, err
-	})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

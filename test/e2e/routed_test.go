@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -50,9 +51,13 @@ func withRoutingMode(t *testing.T, argv []string, mode string) []string {
 //     TCP to the pod on the other node gets no answer (it goes to the
 //     router, which has no route to the pod CIDRs).
 //   - Back in tunnel mode, the pods talk again.
+//
+// The lab is dual stack: each node has an IPv6 address in its own /64
+// too, routed by the world; the pods talk IPv6 TCP and UDP across the
+// subnets through the tunnel (VXLAN over the nodes' IPv4 addresses).
 func TestPrivilegedLabRoutedTopology(t *testing.T) {
 	labUp(t) // the binaries; the routed lab is this test's own
-	name, e := ownLab(t, "rt", "--topology", "routed", "--routing-mode", "tunnel")
+	name, e := ownLab(t, "rt", "--topology", "routed", "--routing-mode", "tunnel", "--ip-family", "dual")
 	ctx := context.Background()
 	node1, node2 := e.st.Nodes[0], e.st.Nodes[1]
 	if e.st.Topology != lab.TopologyRouted {
@@ -79,7 +84,8 @@ func TestPrivilegedLabRoutedTopology(t *testing.T) {
 	const ns = "e2e-routed"
 	e.createNamespace(t, ns)
 	tcp8080 := corev1.ContainerPort{ContainerPort: 8080, Protocol: corev1.ProtocolTCP}
-	e.createPod(t, ns, "server", node2.Name, map[string]string{"app": "server"}, tcp8080)
+	udp53 := corev1.ContainerPort{ContainerPort: 53, Protocol: corev1.ProtocolUDP}
+	e.createPod(t, ns, "server", node2.Name, map[string]string{"app": "server"}, tcp8080, udp53)
 	e.createPod(t, ns, "client", node1.Name, map[string]string{"app": "client"})
 	server := e.waitReady(t, ns, "server")
 	client := e.waitReady(t, ns, "client")
@@ -95,6 +101,28 @@ func TestPrivilegedLabRoutedTopology(t *testing.T) {
 		})
 		if !strings.Contains(out, `"server"`) {
 			t.Fatalf("the answer is not the server pod's: %s", out)
+		}
+	})
+
+	t.Run("tunnel: IPv6 pod to pod TCP and UDP across the subnets", func(t *testing.T) {
+		if node1.Address6 != "fd00:172:30:1::11" || node2.Address6 != "fd00:172:30:2::11" {
+			t.Fatalf("node IPv6 addresses %s and %s, want fd00:172:30:1::11 and fd00:172:30:2::11", node1.Address6, node2.Address6)
+		}
+		// The router routes IPv6 between the nodes' subnets too.
+		if out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "ping", "-c", "1", "-W", "2", node2.Address6).CombinedOutput(); err != nil {
+			t.Fatalf("node1 -> node2 over IPv6 through the router: %v\n%s", err, out)
+		}
+		server6 := podIPv6(t, server).String()
+		for _, udp := range []bool{false, true} {
+			port := "8080"
+			if udp {
+				port = "53"
+			}
+			addr6 := net.JoinHostPort(server6, port)
+			eventually(t, "an answer from the server pod at "+addr6, func() (bool, error) {
+				code, out := labProbe(t, name, ns+"/client", addr6, udp)
+				return code == 0 && strings.Contains(out, `"server"`), fmt.Errorf("exit %d: %s", code, out)
+			})
 		}
 	})
 
@@ -123,8 +151,9 @@ func TestPrivilegedLabRoutedTopology(t *testing.T) {
 	var idsBefore map[string]int64
 	t.Run("node IDs", func(t *testing.T) {
 		idsBefore = nodeIDs(t, node1)
-		if len(idsBefore) != 1 || idsBefore[node2.Address] < 1 {
-			t.Fatalf("node1's node IDs %v, want node2's address %s with an ID from 1", idsBefore, node2.Address)
+		// The lab is dual stack: node2's two addresses, one ID.
+		if len(idsBefore) != 2 || idsBefore[node2.Address] < 1 || idsBefore[node2.Address6] != idsBefore[node2.Address] {
+			t.Fatalf("node1's node IDs %v, want node2's addresses %s and %s with one ID from 1", idsBefore, node2.Address, node2.Address6)
 		}
 	})
 
@@ -207,7 +236,12 @@ func podStreamAcrossAgentKill(t *testing.T, e *env, name, serverRef, clientRef, 
 		t.Fatal(err)
 	}
 	defer func() { _ = server.Process.Kill(); _ = server.Wait() }()
-	time.Sleep(500 * time.Millisecond) // iperf3 -s listening
+	// iperf3 -s listening (on a loaded machine it takes more than a
+	// moment).
+	eventually(t, "iperf3 -s listening in "+serverRef, func() (bool, error) {
+		out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", serverRef, "--", "ss", "-Hltn", "sport = :5201").CombinedOutput()
+		return err == nil && strings.TrimSpace(string(out)) != "", fmt.Errorf("%v: %s", err, out)
+	})
 	const seconds = 10
 	var out bytes.Buffer
 	client := exec.Command(tendrilBin, "lab", "--name", name, "exec", clientRef, "--",

@@ -9,7 +9,10 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -67,7 +70,7 @@ type vxlanFrame struct {
 }
 
 // parseVXLAN reads an Ethernet frame of IPv4/UDP to port 8472 carrying
-// VXLAN with an inner IPv4 packet.
+// VXLAN with an inner IPv4 or IPv6 packet.
 func parseVXLAN(f []byte) (vxlanFrame, bool) {
 	if len(f) < 14+20 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
 		return vxlanFrame{}, false
@@ -87,11 +90,17 @@ func parseVXLAN(f []byte) (vxlanFrame, bool) {
 	}
 	vni := uint32(vx[4])<<16 | uint32(vx[5])<<8 | uint32(vx[6])
 	inner := vx[8:]
-	if binary.BigEndian.Uint16(inner[12:]) != unix.ETH_P_IP {
-		return vxlanFrame{}, false
-	}
 	in := inner[14:]
-	return vxlanFrame{vni: vni, src: netip.AddrFrom4([4]byte(in[12:16])), dst: netip.AddrFrom4([4]byte(in[16:20]))}, true
+	switch binary.BigEndian.Uint16(inner[12:]) {
+	case unix.ETH_P_IP:
+		return vxlanFrame{vni: vni, src: netip.AddrFrom4([4]byte(in[12:16])), dst: netip.AddrFrom4([4]byte(in[16:20]))}, true
+	case unix.ETH_P_IPV6:
+		if len(in) < 40 {
+			return vxlanFrame{}, false
+		}
+		return vxlanFrame{vni: vni, src: netip.AddrFrom16([16]byte(in[8:24])), dst: netip.AddrFrom16([16]byte(in[24:40]))}, true
+	}
+	return vxlanFrame{}, false
 }
 
 // labProbe is probe for the lab name.
@@ -144,22 +153,36 @@ spec:
 // keeps denying, and after their restart it still does. A forged VXLAN
 // packet from an address of no node (the lab's world) is dropped whatever
 // identity its VNI claims.
+//
+// The lab is dual stack (--ip-family dual): each of these runs in IPv6
+// too, the IPv6 pod packets carried by VXLAN over the nodes' IPv4
+// addresses; a PreferDualStack Service's IPv6 ClusterIP and its node
+// port at node1's IPv6 address answer; a pod's IPv6 traffic to the world
+// is masqueraded to its node's IPv6 address. Last, the agents restarted
+// in --routing-mode native route each other's IPv6 pod CIDR via the
+// peer's IPv6 address, and pods talk IPv6 TCP and UDP across the nodes.
 func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	labUp(t) // the binaries; the tunnel lab is this test's own
-	name, e := ownLab(t, "tun", "--routing-mode", "tunnel")
+	name, e := ownLab(t, "tun", "--routing-mode", "tunnel", "--ip-family", "dual")
 	ctx := context.Background()
 
 	t.Run("no pod CIDR route via the bridge", func(t *testing.T) {
 		for _, n := range e.st.Nodes {
-			out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "ip", "-4", "route", "show", "proto", "85").CombinedOutput()
-			if err != nil {
-				t.Fatalf("%s: ip route: %v\n%s", n.Name, err, out)
-			}
-			routes := strings.TrimSpace(string(out))
-			if routes == "" || strings.Contains(routes, " via ") || !strings.Contains(routes, "dev tendril_vxlan") {
-				t.Errorf("%s: the routes to the other node's pod CIDR, want them to tendril_vxlan only:\n%s", n.Name, routes)
+			for _, family := range []string{"-4", "-6"} {
+				out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(n.Netns), "ip", family, "route", "show", "proto", "85").CombinedOutput()
+				if err != nil {
+					t.Fatalf("%s: ip route: %v\n%s", n.Name, err, out)
+				}
+				routes := strings.TrimSpace(string(out))
+				if routes == "" || strings.Contains(routes, " via ") || !strings.Contains(routes, "dev tendril_vxlan") {
+					t.Errorf("%s: the %s routes to the other node's pod CIDR, want them to tendril_vxlan only:\n%s", n.Name, family, routes)
+				}
 			}
 		}
+	})
+
+	t.Run("dual stack: the Nodes and TendrilNodes", func(t *testing.T) {
+		dualStackNodes(t, e)
 	})
 
 	const ns = "e2e-tunnel"
@@ -170,8 +193,10 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	e.createPod(t, ns, "frontend", "node1", map[string]string{"app": "frontend"})
 	e.createPod(t, ns, "other", "node1", map[string]string{"app": "other"})
 	backend := e.waitReady(t, ns, "backend")
-	e.waitReady(t, ns, "frontend")
+	frontend := e.waitReady(t, ns, "frontend")
 	other := e.waitReady(t, ns, "other")
+	// Each pod has an address of each family (the lab is dual stack).
+	backend6, frontend6, other6 := podIPv6(t, backend), podIPv6(t, frontend), podIPv6(t, other)
 	var otherID uint32
 	eventually(t, "the identity of "+ns+"/other", func() (bool, error) {
 		tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(ctx, "other", metav1.GetOptions{})
@@ -238,10 +263,56 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		t.Logf("%d VXLAN frames other -> backend, VNI %d", seen, otherID)
 	})
 
+	t.Run("IPv6 TCP and UDP across nodes, VXLAN over IPv4 with the identity", func(t *testing.T) {
+		cap := startRawCapture(t, e.st.NetNetns, "node2")
+		tcp, out := labProbe(t, name, ns+"/other", net.JoinHostPort(backend6.String(), "8080"), false)
+		udp, _ := labProbe(t, name, ns+"/other", net.JoinHostPort(backend6.String(), "53"), true)
+		raw, err := cap.stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tcp != 0 || udp != 0 {
+			t.Fatalf("other -> backend over IPv6 across nodes: TCP exit %d, UDP exit %d, want 0 and 0", tcp, udp)
+		}
+		if !strings.Contains(out, `answered "backend"`) {
+			t.Errorf("IPv6 %s answered by another than backend: %s", backend6, out)
+		}
+		seen := 0
+		for _, f := range raw {
+			if v, ok := parseVXLAN(f); ok && v.src == other6 && v.dst == backend6 {
+				seen++
+				if v.vni != otherID {
+					t.Errorf("VXLAN frame %s -> %s with VNI %d, want the source's identity %d", v.src, v.dst, v.vni, otherID)
+				}
+			}
+		}
+		if seen == 0 {
+			t.Fatalf("no VXLAN frame (IPv4 underlay) carrying IPv6 %s -> %s at node2's bridge port", other6, backend6)
+		}
+		t.Logf("%d VXLAN frames over IPv4 carrying IPv6 other -> backend, VNI %d", seen, otherID)
+	})
+
+	t.Run("IPv6 to the world masqueraded to the node's IPv6 address", func(t *testing.T) {
+		node1, err := e.st.Node("node1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, out := labProbe(t, name, ns+"/frontend", net.JoinHostPort(e.st.World.ServerIP6, "80"), false)
+		if code != 0 {
+			t.Fatalf("frontend -> the world's IPv6 server: exit %d: %s", code, out)
+		}
+		if want := "world from [" + node1.Address6 + "]:"; !strings.Contains(out, want) {
+			t.Errorf("the world saw another source than node1's IPv6 address (want %q): %s", want, out)
+		}
+		if strings.Contains(out, frontend6.String()) {
+			t.Errorf("the world saw the pod's own IPv6 address: %s", out)
+		}
+	})
+
 	t.Run("ClusterIP to a backend on the other node", func(t *testing.T) {
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: "backend", Namespace: ns},
-			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "backend"},
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "backend"}, IPFamilyPolicy: &preferDualStack,
 				Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 9090, TargetPort: intstr.FromInt32(8080)}}},
 		}
 		created, err := e.cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
@@ -257,24 +328,29 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 			for _, s := range sl.Items {
 				n += len(s.Endpoints)
 			}
-			return n == 1, fmt.Errorf("%d endpoints", n)
+			return n == 2, fmt.Errorf("%d endpoints, want one of each family", n)
 		})
-		addr := created.Spec.ClusterIP + ":9090"
-		var out string
-		eventually(t, "an answer at the ClusterIP", func() (bool, error) {
-			var code int
-			code, out = labProbe(t, name, ns+"/frontend", addr, false)
-			return code == 0, fmt.Errorf("exit %d", code)
-		})
-		if !strings.Contains(out, `answered "backend"`) {
-			t.Errorf("ClusterIP %s answered by another than backend: %s", addr, out)
+		if len(created.Spec.ClusterIPs) != 2 {
+			t.Fatalf("PreferDualStack Service's ClusterIPs %v, want one of each family", created.Spec.ClusterIPs)
+		}
+		for _, ip := range created.Spec.ClusterIPs {
+			addr := net.JoinHostPort(ip, "9090")
+			var out string
+			eventually(t, "an answer at the ClusterIP "+ip, func() (bool, error) {
+				var code int
+				code, out = labProbe(t, name, ns+"/frontend", addr, false)
+				return code == 0, fmt.Errorf("exit %d", code)
+			})
+			if !strings.Contains(out, `answered "backend"`) {
+				t.Errorf("ClusterIP %s answered by another than backend: %s", addr, out)
+			}
 		}
 	})
 
 	t.Run("NodePort from the world to a backend on the other node", func(t *testing.T) {
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: "backend-np", Namespace: ns},
-			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "backend"},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "backend"}, IPFamilyPolicy: &preferDualStack,
 				Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 9091, TargetPort: intstr.FromInt32(8080)}}},
 		}
 		created, err := e.cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
@@ -287,12 +363,15 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		}
 		// node1's address: the backend is on node2, reached through
 		// the tunnel (the route to its pod CIDR is tendril_vxlan's).
-		addr := fmt.Sprintf("%s:%d", node1.Address, created.Spec.Ports[0].NodePort)
-		var answer string
-		eventually(t, "an answer at "+addr+" from the world", func() (bool, error) {
-			answer, err = dialFrom(e.st.World.Netns, addr)
-			return err == nil && strings.Contains(answer, "backend"), fmt.Errorf("%v: %q", err, answer)
-		})
+		// The world dials node1's IPv6 address from its IPv6 address.
+		port := strconv.Itoa(int(created.Spec.Ports[0].NodePort))
+		for _, addr := range []string{net.JoinHostPort(node1.Address, port), net.JoinHostPort(node1.Address6, port)} {
+			var answer string
+			eventually(t, "an answer at "+addr+" from the world", func() (bool, error) {
+				answer, err = dialFrom(e.st.World.Netns, addr)
+				return err == nil && strings.Contains(answer, "backend"), fmt.Errorf("%v: %q", err, answer)
+			})
+		}
 	})
 
 	t.Run("policy on the receiving pod", func(t *testing.T) {
@@ -318,6 +397,19 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		}
 		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
 			t.Errorf("frontend -> backend:8080 exit %d, want 0 (allowed by its identity)", c)
+		}
+		// The same policy on the backend's IPv6 address: the peers are
+		// IPv6 pods of the other node, known by their identity.
+		addr6 := net.JoinHostPort(backend6.String(), "8080")
+		before = datapathCount(t, *node2, "Policy denied", "ingress")
+		if c, _ := labProbe(t, name, ns+"/other", addr6, false); c != 1 {
+			t.Errorf("other -> [backend]:8080 over IPv6 exit %d, want 1 (denied)", c)
+		}
+		if after := datapathCount(t, *node2, "Policy denied", "ingress"); after <= before {
+			t.Errorf("node2 counted no ingress policy drop for IPv6 (%d before, %d after)", before, after)
+		}
+		if c, _ := labProbe(t, name, ns+"/frontend", addr6, false); c != 0 {
+			t.Errorf("frontend -> [backend]:8080 over IPv6 exit %d, want 0 (allowed by its identity)", c)
 		}
 	})
 
@@ -415,6 +507,137 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 			t.Errorf("agents restarted: other -> backend:8080 exit %d, want 1 (denied)", c)
 		}
 	})
+
+	// The connectivity test's IPv6 phase in tunnel mode with dual stack
+	// (pods across nodes, ClusterIP, masquerade, NodePort from the
+	// world): its IPv4 phases run in the suite's lab already, and all of
+	// them here would add minutes to CI.
+	t.Run("connectivity test, dual stack", func(t *testing.T) {
+		out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name, "--phases", "IPv6").CombinedOutput()
+		t.Logf("tendril connectivity test:\n%s", out)
+		if err != nil {
+			t.Fatalf("connectivity test in tunnel mode with dual stack: %v", err)
+		}
+		for _, want := range []string{"IPv6 pod to pod, other node, UDP", "IPv6 ClusterIP, other node, TCP, balances over both",
+			"IPv6 pod to world leaves with node 2's IPv6 address, UDP", "IPv6 world to NodePort, externalTrafficPolicy Cluster, node 1, TCP: local and remote servers"} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("output lacks check %q", want)
+			}
+		}
+		if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] || m[1] != "9" {
+			t.Errorf("no all-passed summary in the output")
+		}
+	})
+
+	t.Run("native mode: IPv6 pod CIDRs routed via the peers' IPv6 addresses", func(t *testing.T) {
+		// The policy goes (UDP is not in it); the agents come back in
+		// native routing on the flat lab network.
+		if err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(ctx, "allow-frontend", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		restartAgents(t, e, nil, "--routing-mode", "native")
+		node1, node2 := e.st.Nodes[0], e.st.Nodes[1]
+		n2, err := e.cs.CoreV1().Nodes().Get(ctx, node2.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cidr6 := ""
+		for _, c := range n2.Spec.PodCIDRs {
+			if netip.MustParsePrefix(c).Addr().Is6() {
+				cidr6 = c
+			}
+		}
+		want := cidr6 + " via " + node2.Address6 + " dev eth0"
+		eventually(t, "node1's route "+want, func() (bool, error) {
+			out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "ip", "-6", "route", "show", "proto", "85").CombinedOutput()
+			return err == nil && strings.Contains(string(out), want), fmt.Errorf("%v: %s", err, out)
+		})
+		for _, c := range []struct {
+			port string
+			udp  bool
+		}{{"8080", false}, {"53", true}} {
+			addr := net.JoinHostPort(backend6.String(), c.port)
+			eventually(t, "other -> "+addr+" in native mode", func() (bool, error) {
+				code, out := labProbe(t, name, ns+"/other", addr, c.udp)
+				return code == 0 && strings.Contains(out, `answered "backend"`), fmt.Errorf("exit %d: %s", code, out)
+			})
+		}
+		if c, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":8080", false); c != 0 {
+			t.Errorf("native mode: other -> backend:8080 over IPv4 exit %d, want 0", c)
+		}
+	})
+}
+
+// preferDualStack is a Service's ipFamilyPolicy for a ClusterIP of each
+// family (the lab's API server has an IPv6 service CIDR when dual).
+var preferDualStack = corev1.IPFamilyPolicyPreferDualStack
+
+// podIPv6 is a pod's IPv6 address (Pod status.podIPs).
+func podIPv6(t *testing.T, p *corev1.Pod) netip.Addr {
+	t.Helper()
+	var v4, v6 int
+	var ip6 netip.Addr
+	for _, ip := range p.Status.PodIPs {
+		a, err := netip.ParseAddr(ip.IP)
+		if err != nil {
+			t.Fatalf("pod %s/%s podIPs %v: %v", p.Namespace, p.Name, p.Status.PodIPs, err)
+		}
+		if a.Is4() {
+			v4++
+		} else {
+			v6++
+			ip6 = a
+		}
+	}
+	if v4 != 1 || v6 != 1 {
+		t.Fatalf("pod %s/%s podIPs %v, want one IPv4 and one IPv6 address", p.Namespace, p.Name, p.Status.PodIPs)
+	}
+	return ip6
+}
+
+// dualStackNodes checks a dual-stack lab's Nodes and TendrilNodes: each
+// with an InternalIP and a pod CIDR of each family, the TendrilNode
+// carrying the same.
+func dualStackNodes(t *testing.T, e *env) {
+	t.Helper()
+	ctx := context.Background()
+	for _, n := range e.st.Nodes {
+		if n.Address6 == "" {
+			t.Fatalf("lab.json: node %s has no IPv6 address (not a dual-stack lab)", n.Name)
+		}
+		obj, err := e.cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var addrs []string
+		for _, a := range obj.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP {
+				addrs = append(addrs, a.Address)
+			}
+		}
+		if len(addrs) != 2 || addrs[0] != n.Address || addrs[1] != n.Address6 {
+			t.Errorf("node %s InternalIPs %v, want %s and %s", n.Name, addrs, n.Address, n.Address6)
+		}
+		if len(obj.Spec.PodCIDRs) != 2 || !netip.MustParsePrefix(obj.Spec.PodCIDRs[1]).Addr().Is6() {
+			t.Errorf("node %s podCIDRs %v, want an IPv4 and an IPv6 one", n.Name, obj.Spec.PodCIDRs)
+		}
+		eventually(t, "the TendrilNode of "+n.Name+" with both families", func() (bool, error) {
+			tn, err := e.k8.Tendril.TendrilV1alpha1().TendrilNodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			has := func(ip string) bool {
+				for _, a := range tn.Spec.Addresses {
+					if a.Type == "InternalIP" && a.IP == ip {
+						return true
+					}
+				}
+				return false
+			}
+			ok := has(n.Address) && has(n.Address6) && slices.Equal(tn.Spec.IPAM.PodCIDRs, obj.Spec.PodCIDRs)
+			return ok, fmt.Errorf("addresses %v, pod CIDRs %v", tn.Spec.Addresses, tn.Spec.IPAM.PodCIDRs)
+		})
+	}
 }
 
 // forgedVXLAN is a VXLAN packet (its UDP payload) with VNI vni carrying a

@@ -65,10 +65,13 @@ func registerNode(ctx context.Context, cs kubernetes.Interface, st *lab.State, n
 
 func setNodeStatus(obj *corev1.Node, n *lab.Node) {
 	now := metav1.Now()
-	obj.Status.Addresses = []corev1.NodeAddress{
-		{Type: corev1.NodeInternalIP, Address: n.Address},
-		{Type: corev1.NodeHostName, Address: n.Name},
+	obj.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.Address}}
+	if n.Address6 != "" {
+		// A dual-stack lab: the peers route this node's IPv6 pod CIDR
+		// via its IPv6 address.
+		obj.Status.Addresses = append(obj.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: n.Address6})
 	}
+	obj.Status.Addresses = append(obj.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeHostName, Address: n.Name})
 	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
 		Message: "tendril lab kubelet is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now}
 	replaced := false
