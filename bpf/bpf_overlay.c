@@ -13,7 +13,11 @@
  * endpoint goes through that endpoint's ingress policy with it, its flow's
  * conntrack entry and a service reply's reverse NAT, as to_pod would, and
  * is delivered into the pod's namespace; a packet for the node itself
- * goes to the host stack.
+ * goes to the host stack. With --bpf-lb-mode=dsr (LB_DSR), a request
+ * another node sent on to a local backend by direct server return has its
+ * frontend recorded from the IPv4 option (nodeport_dsr_recv, as
+ * from_netdev does in native routing), so the backend's reply leaves this
+ * node's uplink with the frontend as its source, straight to the client.
  *
  * to_overlay (tcx egress): a packet the host stack routed to the device
  * (a route to another node's pod CIDR: the node's own traffic to pods,
@@ -35,6 +39,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/policy.h"
 #include "lib/lbnat.h"
 #include "lib/lxc.h"
+#include "lib/nodeport_dsr.h"
 #include "lib/overlay.h"
 
 #define PACKET_HOST_ 0
@@ -160,6 +165,10 @@ int from_overlay(struct __sk_buff *skb)
 	bpf_skb_change_type(skb, PACKET_HOST_);
 	if (p->arp || p->ndp)
 		return TC_ACT_OK;
+	/* A DSR request for a backend here (the option rides inside the
+	 * overlay): only packets with IPv4 options pay the look. */
+	if (LB_DSR && p->family == FAMILY_V4 && p->l4_off > ETH_HLEN + 20 && (p->proto == IPPROTO_TCP_ || p->proto == IPPROTO_UDP_))
+		nodeport_dsr_recv(skb, p);
 	const struct endpoint_info *ep = endpoint_by_addr(p->family, p->daddr);
 	if (!ep)
 		return TC_ACT_OK; /* the node's own: its stack, its programs */

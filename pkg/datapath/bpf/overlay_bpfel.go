@@ -274,6 +274,47 @@ type OverlayLbSockRevnat struct {
 	RevNatId uint32
 }
 
+type OverlayMasqScratch struct {
+	_ structs.HostLayout
+	R struct {
+		_          structs.HostLayout
+		Pod        [16]uint8
+		Remote     [16]uint8
+		Node       [16]uint8
+		PodPort    uint16
+		RemotePort uint16
+		Proto      uint8
+		Flags      uint8
+		Port       uint16
+		Now        uint64
+	}
+	Fwd struct {
+		_  structs.HostLayout
+		K4 OverlayNat4Key
+		_  [24]byte
+	}
+	Rev struct {
+		_  structs.HostLayout
+		K4 OverlayNat4Key
+		_  [24]byte
+	}
+	Old struct {
+		_  structs.HostLayout
+		K4 OverlayNat4Key
+		_  [24]byte
+	}
+	Val struct {
+		_  structs.HostLayout
+		E4 OverlayNat4Entry
+		_  [16]byte
+	}
+	Reuse        uint16
+	ReusePodPort uint16
+	ReusePod     [16]uint8
+	_            [4]byte
+	ReuseCreated uint64
+}
+
 type OverlayMetricValue struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -367,6 +408,7 @@ const (
 	OverlayMapTdrLbSkipsrcV1        = "tdr_lb_skipsrc_v1"
 	OverlayMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	OverlayMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
+	OverlayMapTdrMasqScratch        = "tdr_masq_scratch"
 	OverlayMapTdrMetricsV2          = "tdr_metrics_v2"
 	OverlayMapTdrNat4V1             = "tdr_nat4_v1"
 	OverlayMapTdrNat6V1             = "tdr_nat6_v1"
@@ -381,6 +423,9 @@ const (
 	OverlayProgToOverlay            = "to_overlay"
 	OverlayVarEVENTS_BURST          = "EVENTS_BURST"
 	OverlayVarEVENTS_PER_SEC        = "EVENTS_PER_SEC"
+	OverlayVarLB_DSR                = "LB_DSR"
+	OverlayVarMASQ_PORT_MAX         = "MASQ_PORT_MAX"
+	OverlayVarMASQ_PORT_MIN         = "MASQ_PORT_MIN"
 	OverlayVarPOLICY_VERDICT_EVENTS = "POLICY_VERDICT_EVENTS"
 	OverlayVarTRACE_EVENTS          = "TRACE_EVENTS"
 	OverlayVarTRACE_EVERY_PACKET    = "TRACE_EVERY_PACKET"
@@ -470,6 +515,7 @@ type OverlayMapSpecs struct {
 	TdrLbSkipsrcV1    *ebpf.MapSpec `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
+	TdrMasqScratch    *ebpf.MapSpec `ebpf:"tdr_masq_scratch"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.MapSpec `ebpf:"tdr_nat6_v1"`
@@ -488,6 +534,9 @@ type OverlayMapSpecs struct {
 type OverlayVariableSpecs struct {
 	EVENTS_BURST          *ebpf.VariableSpec `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.VariableSpec `ebpf:"EVENTS_PER_SEC"`
+	LB_DSR                *ebpf.VariableSpec `ebpf:"LB_DSR"`
+	MASQ_PORT_MAX         *ebpf.VariableSpec `ebpf:"MASQ_PORT_MAX"`
+	MASQ_PORT_MIN         *ebpf.VariableSpec `ebpf:"MASQ_PORT_MIN"`
 	POLICY_VERDICT_EVENTS *ebpf.VariableSpec `ebpf:"POLICY_VERDICT_EVENTS"`
 	TRACE_EVENTS          *ebpf.VariableSpec `ebpf:"TRACE_EVENTS"`
 	TRACE_EVERY_PACKET    *ebpf.VariableSpec `ebpf:"TRACE_EVERY_PACKET"`
@@ -547,6 +596,7 @@ type OverlayMaps struct {
 	TdrLbSkipsrcV1    *ebpf.Map `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
+	TdrMasqScratch    *ebpf.Map `ebpf:"tdr_masq_scratch"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.Map `ebpf:"tdr_nat6_v1"`
@@ -592,6 +642,7 @@ func (m *OverlayMaps) Close() error {
 		m.TdrLbSkipsrcV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
+		m.TdrMasqScratch,
 		m.TdrMetricsV2,
 		m.TdrNat4V1,
 		m.TdrNat6V1,
@@ -611,6 +662,9 @@ func (m *OverlayMaps) Close() error {
 type OverlayVariables struct {
 	EVENTS_BURST          *ebpf.Variable `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.Variable `ebpf:"EVENTS_PER_SEC"`
+	LB_DSR                *ebpf.Variable `ebpf:"LB_DSR"`
+	MASQ_PORT_MAX         *ebpf.Variable `ebpf:"MASQ_PORT_MAX"`
+	MASQ_PORT_MIN         *ebpf.Variable `ebpf:"MASQ_PORT_MIN"`
 	POLICY_VERDICT_EVENTS *ebpf.Variable `ebpf:"POLICY_VERDICT_EVENTS"`
 	TRACE_EVENTS          *ebpf.Variable `ebpf:"TRACE_EVENTS"`
 	TRACE_EVERY_PACKET    *ebpf.Variable `ebpf:"TRACE_EVERY_PACKET"`

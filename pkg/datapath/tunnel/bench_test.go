@@ -127,7 +127,7 @@ func newBenchNode(b *testing.B, tunnel bool) *benchNode {
 	if err := SetDevice(tunMap, n.tunIf); err != nil {
 		b.Fatal(err)
 	}
-	if n.overlay, err = Load(n.l.MapReplacements(), ""); err != nil {
+	if n.overlay, err = Load(n.l.MapReplacements(), "", false); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = n.overlay.Close() })

@@ -172,11 +172,24 @@ type Programs struct {
 
 // Load loads bpf/bpf_overlay.c's programs with the pod programs' maps
 // (maps: loader.MapReplacements; nil in a test, which pins its own under
-// bpfRoot).
-func Load(maps map[string]*ebpf.Map, bpfRoot string) (*Programs, error) {
+// bpfRoot). dsr is --bpf-lb-mode=dsr: from_overlay then records the
+// frontend of a DSR request another node sent on through the overlay, as
+// the host device programs do in native routing (LB_DSR, the same flag).
+func Load(maps map[string]*ebpf.Map, bpfRoot string, dsr bool) (*Programs, error) {
 	spec, err := bpf.LoadOverlay()
 	if err != nil {
 		return nil, fmt.Errorf("load overlay programs' spec: %w", err)
+	}
+	var lbDSR uint8
+	if dsr {
+		lbDSR = 1
+	}
+	v, ok := spec.Variables["LB_DSR"]
+	if !ok {
+		return nil, fmt.Errorf("overlay programs: no LB_DSR variable")
+	}
+	if err := v.Set(lbDSR); err != nil {
+		return nil, fmt.Errorf("overlay programs: set LB_DSR: %w", err)
 	}
 	var objs struct {
 		From *ebpf.Program `ebpf:"from_overlay"`
