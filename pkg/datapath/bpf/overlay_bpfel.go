@@ -413,12 +413,14 @@ const (
 	OverlayMapTdrNat4V1             = "tdr_nat4_v1"
 	OverlayMapTdrNat6V1             = "tdr_nat6_v1"
 	OverlayMapTdrNomasqV1           = "tdr_nomasq_v1"
+	OverlayMapTdrOverlayCallsV1     = "tdr_overlay_calls_v1"
 	OverlayMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	OverlayMapTdrPolicyV2           = "tdr_policy_v2"
 	OverlayMapTdrProxyPortsV1       = "tdr_proxy_ports_v1"
 	OverlayMapTdrProxySocketsV1     = "tdr_proxy_sockets_v1"
 	OverlayMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	OverlayMapTdrTunnelV1           = "tdr_tunnel_v1"
+	OverlayProgFromGeneve           = "from_geneve"
 	OverlayProgFromOverlay          = "from_overlay"
 	OverlayProgToOverlay            = "to_overlay"
 	OverlayVarEVENTS_BURST          = "EVENTS_BURST"
@@ -476,6 +478,7 @@ type OverlaySpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type OverlayProgramSpecs struct {
+	FromGeneve  *ebpf.ProgramSpec `ebpf:"from_geneve"`
 	FromOverlay *ebpf.ProgramSpec `ebpf:"from_overlay"`
 	ToOverlay   *ebpf.ProgramSpec `ebpf:"to_overlay"`
 }
@@ -520,6 +523,7 @@ type OverlayMapSpecs struct {
 	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.MapSpec `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
+	TdrOverlayCallsV1 *ebpf.MapSpec `ebpf:"tdr_overlay_calls_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrProxyPortsV1   *ebpf.MapSpec `ebpf:"tdr_proxy_ports_v1"`
@@ -601,6 +605,7 @@ type OverlayMaps struct {
 	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.Map `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
+	TdrOverlayCallsV1 *ebpf.Map `ebpf:"tdr_overlay_calls_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrProxyPortsV1   *ebpf.Map `ebpf:"tdr_proxy_ports_v1"`
@@ -647,6 +652,7 @@ func (m *OverlayMaps) Close() error {
 		m.TdrNat4V1,
 		m.TdrNat6V1,
 		m.TdrNomasqV1,
+		m.TdrOverlayCallsV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrProxyPortsV1,
@@ -677,12 +683,14 @@ type OverlayVariables struct {
 //
 // It can be passed to LoadOverlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type OverlayPrograms struct {
+	FromGeneve  *ebpf.Program `ebpf:"from_geneve"`
 	FromOverlay *ebpf.Program `ebpf:"from_overlay"`
 	ToOverlay   *ebpf.Program `ebpf:"to_overlay"`
 }
 
 func (p *OverlayPrograms) Close() error {
 	return _OverlayClose(
+		p.FromGeneve,
 		p.FromOverlay,
 		p.ToOverlay,
 	)
