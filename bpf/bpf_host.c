@@ -50,6 +50,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/icmperr.h"
 #include "lib/arp.h"
 #include "lib/hostfw.h"
+#include "lib/geneve.h"
 
 /* to_netdev6 and from_netdev6 are the IPv6 halves of the programs below,
  * global functions verified on their own. */
@@ -219,6 +220,14 @@ int from_netdev(struct __sk_buff *skb)
 		if (r == NODEPORT_NEEDS_SNAT)
 			return nodeport_snat6(skb, &p);
 		return r >= 0 ? r : TC_ACT_OK;
+	}
+	/* Geneve in eBPF (lib/geneve.h): the overlay's packets from other
+	 * nodes, before any translation or host policy (the overlay's
+	 * checks and the pod's policy decide them). */
+	if (p.proto == IPPROTO_UDP_ && p.dport == bpf_htons(GENEVE_PORT) && geneve_bpf()) {
+		int r = geneve_decap(skb, &p);
+		if (r >= 0)
+			return r;
 	}
 	if (p.icmp_error && p.proto == IPPROTO_ICMP_ && !p.nonfirst_frag) {
 		int r = icmp_error_in4(skb, &p);

@@ -13,7 +13,11 @@
  * endpoint goes through that endpoint's ingress policy with it, its flow's
  * conntrack entry and a service reply's reverse NAT, as to_pod would, and
  * is delivered into the pod's namespace; a packet for the node itself
- * goes to the host stack.
+ * goes to the host stack. With --bpf-lb-mode=dsr (LB_DSR), a request
+ * another node sent on to a local backend by direct server return has its
+ * frontend recorded from the IPv4 option (nodeport_dsr_recv, as
+ * from_netdev does in native routing), so the backend's reply leaves this
+ * node's uplink with the frontend as its source, straight to the client.
  *
  * to_overlay (tcx egress): a packet the host stack routed to the device
  * (a route to another node's pod CIDR: the node's own traffic to pods,
@@ -35,6 +39,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/policy.h"
 #include "lib/lbnat.h"
 #include "lib/lxc.h"
+#include "lib/nodeport_dsr.h"
 #include "lib/overlay.h"
 
 #define PACKET_HOST_ 0
@@ -82,9 +87,17 @@ __attribute__((noinline)) int overlay_source(struct __sk_buff *skb, const struct
 
 	if (!skb || !p)
 		return -REASON_NO_TUNNEL_KEY;
-	int v6 = tunnel_key_of(skb, &key);
-	if (v6 < 0)
-		return -REASON_NO_TUNNEL_KEY;
+	int v6;
+	if (skb->cb[GENEVE_CB_MARK] == GENEVE_CB_MAGIC) {
+		/* From from_netdev's Geneve decapsulation (lib/geneve.h):
+		 * the outer source in cb, an IPv4 underlay. */
+		v6 = 0;
+		key.remote_ipv4 = bpf_ntohl(skb->cb[GENEVE_CB_OUTER]);
+	} else {
+		v6 = tunnel_key_of(skb, &key);
+		if (v6 < 0)
+			return -REASON_NO_TUNNEL_KEY;
+	}
 	if (v6) {
 		k.family = FAMILY_V6;
 		k.prefixlen = 32 + 128;
@@ -141,8 +154,8 @@ __attribute__((noinline)) int has_tunnel_key(struct __sk_buff *skb)
 	return tunnel_key_of(skb, &key) >= 0;
 }
 
-SEC("tcx/ingress")
-int from_overlay(struct __sk_buff *skb)
+/* overlay_in decides a decapsulated packet (from_overlay, from_geneve). */
+static __always_inline int overlay_in(struct __sk_buff *skb)
 {
 	struct lxc_pkt c;
 	struct pkt *p = &c.p;
@@ -160,6 +173,10 @@ int from_overlay(struct __sk_buff *skb)
 	bpf_skb_change_type(skb, PACKET_HOST_);
 	if (p->arp || p->ndp)
 		return TC_ACT_OK;
+	/* A DSR request for a backend here (the option rides inside the
+	 * overlay): only packets with IPv4 options pay the look. */
+	if (LB_DSR && p->family == FAMILY_V4 && p->l4_off > ETH_HLEN + 20 && (p->proto == IPPROTO_TCP_ || p->proto == IPPROTO_UDP_))
+		nodeport_dsr_recv(skb, p);
 	const struct endpoint_info *ep = endpoint_by_addr(p->family, p->daddr);
 	if (!ep)
 		return TC_ACT_OK; /* the node's own: its stack, its programs */
@@ -177,6 +194,26 @@ int from_overlay(struct __sk_buff *skb)
 	 * decided here, once. TTL expiring: the host answers it. */
 	ret = deliver_direct(skb, p, &me);
 	return ret >= 0 ? ret : TC_ACT_OK;
+}
+
+SEC("tcx/ingress")
+int from_overlay(struct __sk_buff *skb)
+{
+	/* A device's packet: its tunnel key, not cb, names the outer
+	 * source (cb may hold anything here). */
+	skb->cb[GENEVE_CB_MARK] = 0;
+	return overlay_in(skb);
+}
+
+/* from_geneve: a packet from_netdev decapsulated from Geneve (lib/geneve.h),
+ * reached only by its tail call (tdr_overlay_calls_v1), never attached:
+ * the outer source and the VNI are in cb, set by geneve_decap. */
+SEC("tcx/ingress") /* the host's from_netdev's type: a tail call needs it */
+int from_geneve(struct __sk_buff *skb)
+{
+	if (skb->cb[GENEVE_CB_MARK] != GENEVE_CB_MAGIC)
+		return TC_ACT_SHOT;
+	return overlay_in(skb);
 }
 
 SEC("tcx/egress")

@@ -342,8 +342,13 @@ struct {
  * the host's routes. */
 struct tunnel_info {
 	__u32 ifindex; /* the overlay device (tendril_vxlan), 0: native */
-	__u32 flags;   /* reserved, 0 */
+	__u32 flags;   /* TUNNEL_F_* */
 };
+
+/* TUNNEL_F_GENEVE_BPF: Geneve built and stripped in eBPF (lib/geneve.h),
+ * no device: from_pod encapsulates itself (ifindex unused), from_netdev
+ * decapsulates. */
+#define TUNNEL_F_GENEVE_BPF 1
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -352,6 +357,18 @@ struct {
 	__uint(max_entries, 1);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_tunnel_v1 SEC(".maps");
+
+/* The overlay's programs the host device programs tail-call: slot 0 is
+ * from_geneve (bpf_overlay.c), which decides a packet from_netdev
+ * decapsulated from Geneve (lib/geneve.h). Written by the agent's tunnel
+ * cell; empty, the packet is dropped. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(__u32));
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_overlay_calls_v1 SEC(".maps");
 
 /* WireGuard strict mode and node encryption (docs/encryption.md,
  * lib/encrypt.h). One entry, written by the agent's wireguard cell: the

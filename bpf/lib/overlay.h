@@ -18,6 +18,8 @@
 /* A VNI is 24 bits: identities of the cluster scope fit; local-scope
  * ones (CIDR identities, ID_LOCAL_SCOPE and up) are never a pod's. */
 #define TUNNEL_ID_MASK 0xffffffU
+
+#include "geneve.h"
 #define TUNNEL_TTL 64
 
 
@@ -68,9 +70,16 @@ __attribute__((noinline)) int tunnel_set_key(struct __sk_buff *skb, const struct
 /* tunnel_encap sends a pod's packet for another node's pod through the
  * overlay: its key set, redirected to the device. Returns the verdict, or
  * -1 to leave the packet to the host stack (native routing, no owner
- * node, an identity the key cannot carry). */
+ * node, an identity the key cannot carry). With TUNNEL_F_GENEVE_BPF the
+ * headers are pushed here (geneve_encap) and no device is involved. */
 static __always_inline int tunnel_encap(struct __sk_buff *skb, const struct pkt *p, __u32 src_id)
 {
+	if (geneve_bpf()) {
+		int r = geneve_encap(skb, p, src_id);
+		if (r == -2)
+			return drop(REASON_NO_TUNNEL_KEY, DIR_EGRESS, 0, p, src_id, 0, 0);
+		return r;
+	}
 	__u32 ifindex = tunnel_device();
 	if (!ifindex)
 		return -1;

@@ -477,6 +477,17 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		})
 	})
 
+	// DSR in tunnel mode: the agents restarted with --bpf-lb-mode=dsr (and
+	// left so for the rest of the test: nothing below depends on the LB
+	// mode), the world reaches node1's node port whose backend is on
+	// node2. node1 writes the frontend in the IPv4 option of the request,
+	// which travels inside VXLAN; node2's from_overlay records it and the
+	// backend's reply leaves node2's uplink with node1's address and node
+	// port as its source, straight to the client.
+	t.Run("NodePort by DSR through the tunnel", func(t *testing.T) {
+		tunnelDSR(t, e, name, ns)
+	})
+
 	t.Run("agents killed and restarted", func(t *testing.T) {
 		addr := backend.Status.PodIP + ":8080"
 		argvs := map[string][]string{}
@@ -637,6 +648,77 @@ func dualStackNodes(t *testing.T, e *env) {
 			ok := has(n.Address) && has(n.Address6) && slices.Equal(tn.Spec.IPAM.PodCIDRs, obj.Spec.PodCIDRs)
 			return ok, fmt.Errorf("addresses %v, pod CIDRs %v", tn.Spec.Addresses, tn.Spec.IPAM.PodCIDRs)
 		})
+	}
+}
+
+// tunnelDSR is TestPrivilegedLabTunnelVXLAN's DSR step (see there): the
+// backend sees the client's own address, the client's connected socket
+// gets its answers from node1's node port (TCP and UDP), node1 counts no
+// reply (they never pass through it) while node2 gives each its frontend.
+func tunnelDSR(t *testing.T, e *env, name, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	restartAgents(t, e, nil, "--bpf-lb-mode=dsr")
+	node1, node2 := e.st.Nodes[0], e.st.Nodes[1]
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "dsr-backend", Labels: map[string]string{"app": "tundsr"}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{"kubernetes.io/hostname": node2.Name},
+			Containers:   []corev1.Container{{Name: "main", Image: "lab", Args: []string{"--report-peer"}}},
+		},
+	}
+	if _, err := e.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitReady(t, ns, "dsr-backend")
+	svc, err := e.cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "tundsr"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "tundsr"},
+			Ports: []corev1.ServicePort{
+				{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)},
+				{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 81, TargetPort: intstr.FromInt32(81)},
+			}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := map[bool]string{}
+	for _, p := range svc.Spec.Ports {
+		addrs[p.Protocol == corev1.ProtocolUDP] = fmt.Sprintf("%s:%d", node1.Address, p.NodePort)
+	}
+	probe := func(udp bool) (who, src, port string, err error) {
+		code, out := labProbe(t, name, lab.WorldRef, addrs[udp], udp)
+		m := peerAnswer.FindStringSubmatch(out)
+		if code != 0 || m == nil {
+			return "", "", "", fmt.Errorf("world -> %s udp=%v: exit %d: %s", addrs[udp], udp, code, strings.TrimSpace(out))
+		}
+		return m[1], m[2], m[3], nil
+	}
+	for _, udp := range []bool{false, true} {
+		eventually(t, "node1's node port to answer the world by DSR", func() (bool, error) {
+			_, _, _, err := probe(udp)
+			return err == nil, err
+		})
+	}
+	viaNode1 := datapathCount(t, node1, reasonNodePortReply, "egress")
+	repliesNode2 := datapathCount(t, node2, reasonNodePortReply, "egress")
+	const probes = 3
+	for _, udp := range []bool{false, true} {
+		for range probes {
+			who, src, _, err := probe(udp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if who != "dsr-backend" || src != e.st.World.ClientIP {
+				t.Fatalf("world -> %s udp=%v: answered by %s seeing %s, want dsr-backend seeing the client %s", addrs[udp], udp, who, src, e.st.World.ClientIP)
+			}
+		}
+	}
+	if got := datapathCount(t, node1, reasonNodePortReply, "egress"); got != viaNode1 {
+		t.Errorf("node1 translated %d replies, want none (DSR: they leave node2 straight to the client)", got-viaNode1)
+	}
+	if got := datapathCount(t, node2, reasonNodePortReply, "egress") - repliesNode2; got < 2*probes {
+		t.Errorf("node2 gave %d replies the frontend's source, want at least %d", got, 2*probes)
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/agent/hostdev"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
@@ -144,6 +145,9 @@ type params struct {
 	Lifecycle cell.Lifecycle
 	Jobs      job.Registry
 	Health    *health.Registry
+	// Devices has --bpf-lb-mode: the overlay records DSR requests
+	// (from_overlay) in DSR mode.
+	Devices hostdev.Config
 	// Loader is nil without the datapath: then there is no tunnel.
 	Loader *loader.Loader
 }
@@ -155,7 +159,11 @@ func newCell(p params) (*Tunnel, error) {
 	if p.Loader == nil {
 		return nil, nil
 	}
-	k := &netKernel{loader: p.Loader, linksDir: filepath.Join(p.Agent.BPFRoot, "links")}
+	dsr, err := p.Devices.DSR()
+	if err != nil {
+		return nil, err
+	}
+	k := &netKernel{loader: p.Loader, linksDir: filepath.Join(p.Agent.BPFRoot, "links"), dsr: dsr}
 	t := New(p.Config, k, p.Log)
 	// After the datapath's maps are open (the loader's hook is appended
 	// first: this constructor takes the loader): the first pod packet
@@ -188,6 +196,7 @@ func newCell(p params) (*Tunnel, error) {
 type netKernel struct {
 	loader   *loader.Loader
 	linksDir string
+	dsr      bool // --bpf-lb-mode=dsr
 	nl       *netlink.Handle
 	progs    *dptunnel.Programs
 }
@@ -227,7 +236,7 @@ func (k *netKernel) RemoveDevices(keep string) error {
 
 func (k *netKernel) Attach(ifindex int) error {
 	if k.progs == nil {
-		progs, err := dptunnel.Load(k.loader.MapReplacements(), "")
+		progs, err := dptunnel.Load(k.loader.MapReplacements(), "", k.dsr)
 		if err != nil {
 			return err
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tendril-net/tendril/api/v1/ext"
 	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
+	"github.com/tendril-net/tendril/pkg/agent/hostdev"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	dptunnel "github.com/tendril-net/tendril/pkg/datapath/tunnel"
@@ -136,6 +137,7 @@ func newHive(flags map[string]string, out *provided) *hive.Hive {
 		cell.Provide(
 			func() option.Agent { return option.Agent{BPFRoot: "/nonexistent"} },
 			func() *loader.Loader { return nil },
+			func() hostdev.Config { return hostdev.Config{LBMode: hostdev.LBModeSNAT} },
 			health.NewRegistry,
 		),
 		Cell,

@@ -413,6 +413,7 @@ const (
 	HostMapTdrNat4V1             = "tdr_nat4_v1"
 	HostMapTdrNat6V1             = "tdr_nat6_v1"
 	HostMapTdrNomasqV1           = "tdr_nomasq_v1"
+	HostMapTdrOverlayCallsV1     = "tdr_overlay_calls_v1"
 	HostMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	HostMapTdrPolicyV2           = "tdr_policy_v2"
 	HostMapTdrProxyPortsV1       = "tdr_proxy_ports_v1"
@@ -521,6 +522,7 @@ type HostMapSpecs struct {
 	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.MapSpec `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
+	TdrOverlayCallsV1 *ebpf.MapSpec `ebpf:"tdr_overlay_calls_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrProxyPortsV1   *ebpf.MapSpec `ebpf:"tdr_proxy_ports_v1"`
@@ -603,6 +605,7 @@ type HostMaps struct {
 	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.Map `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
+	TdrOverlayCallsV1 *ebpf.Map `ebpf:"tdr_overlay_calls_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrProxyPortsV1   *ebpf.Map `ebpf:"tdr_proxy_ports_v1"`
@@ -649,6 +652,7 @@ func (m *HostMaps) Close() error {
 		m.TdrNat4V1,
 		m.TdrNat6V1,
 		m.TdrNomasqV1,
+		m.TdrOverlayCallsV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrProxyPortsV1,

@@ -413,6 +413,7 @@ const (
 	LxcMapTdrNat4V1             = "tdr_nat4_v1"
 	LxcMapTdrNat6V1             = "tdr_nat6_v1"
 	LxcMapTdrNomasqV1           = "tdr_nomasq_v1"
+	LxcMapTdrOverlayCallsV1     = "tdr_overlay_calls_v1"
 	LxcMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	LxcMapTdrPolicyV2           = "tdr_policy_v2"
 	LxcMapTdrProxyPortsV1       = "tdr_proxy_ports_v1"
@@ -516,6 +517,7 @@ type LxcMapSpecs struct {
 	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.MapSpec `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
+	TdrOverlayCallsV1 *ebpf.MapSpec `ebpf:"tdr_overlay_calls_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrProxyPortsV1   *ebpf.MapSpec `ebpf:"tdr_proxy_ports_v1"`
@@ -593,6 +595,7 @@ type LxcMaps struct {
 	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.Map `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
+	TdrOverlayCallsV1 *ebpf.Map `ebpf:"tdr_overlay_calls_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrProxyPortsV1   *ebpf.Map `ebpf:"tdr_proxy_ports_v1"`
@@ -638,6 +641,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrNat4V1,
 		m.TdrNat6V1,
 		m.TdrNomasqV1,
+		m.TdrOverlayCallsV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrProxyPortsV1,

@@ -274,6 +274,47 @@ type OverlayLbSockRevnat struct {
 	RevNatId uint32
 }
 
+type OverlayMasqScratch struct {
+	_ structs.HostLayout
+	R struct {
+		_          structs.HostLayout
+		Pod        [16]uint8
+		Remote     [16]uint8
+		Node       [16]uint8
+		PodPort    uint16
+		RemotePort uint16
+		Proto      uint8
+		Flags      uint8
+		Port       uint16
+		Now        uint64
+	}
+	Fwd struct {
+		_  structs.HostLayout
+		K4 OverlayNat4Key
+		_  [24]byte
+	}
+	Rev struct {
+		_  structs.HostLayout
+		K4 OverlayNat4Key
+		_  [24]byte
+	}
+	Old struct {
+		_  structs.HostLayout
+		K4 OverlayNat4Key
+		_  [24]byte
+	}
+	Val struct {
+		_  structs.HostLayout
+		E4 OverlayNat4Entry
+		_  [16]byte
+	}
+	Reuse        uint16
+	ReusePodPort uint16
+	ReusePod     [16]uint8
+	_            [4]byte
+	ReuseCreated uint64
+}
+
 type OverlayMetricValue struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -367,20 +408,26 @@ const (
 	OverlayMapTdrLbSkipsrcV1        = "tdr_lb_skipsrc_v1"
 	OverlayMapTdrLbSlotsV1          = "tdr_lb_slots_v1"
 	OverlayMapTdrLbSockRevnatV1     = "tdr_lb_sock_revnat_v1"
+	OverlayMapTdrMasqScratch        = "tdr_masq_scratch"
 	OverlayMapTdrMetricsV2          = "tdr_metrics_v2"
 	OverlayMapTdrNat4V1             = "tdr_nat4_v1"
 	OverlayMapTdrNat6V1             = "tdr_nat6_v1"
 	OverlayMapTdrNomasqV1           = "tdr_nomasq_v1"
+	OverlayMapTdrOverlayCallsV1     = "tdr_overlay_calls_v1"
 	OverlayMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	OverlayMapTdrPolicyV2           = "tdr_policy_v2"
 	OverlayMapTdrProxyPortsV1       = "tdr_proxy_ports_v1"
 	OverlayMapTdrProxySocketsV1     = "tdr_proxy_sockets_v1"
 	OverlayMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	OverlayMapTdrTunnelV1           = "tdr_tunnel_v1"
+	OverlayProgFromGeneve           = "from_geneve"
 	OverlayProgFromOverlay          = "from_overlay"
 	OverlayProgToOverlay            = "to_overlay"
 	OverlayVarEVENTS_BURST          = "EVENTS_BURST"
 	OverlayVarEVENTS_PER_SEC        = "EVENTS_PER_SEC"
+	OverlayVarLB_DSR                = "LB_DSR"
+	OverlayVarMASQ_PORT_MAX         = "MASQ_PORT_MAX"
+	OverlayVarMASQ_PORT_MIN         = "MASQ_PORT_MIN"
 	OverlayVarPOLICY_VERDICT_EVENTS = "POLICY_VERDICT_EVENTS"
 	OverlayVarTRACE_EVENTS          = "TRACE_EVENTS"
 	OverlayVarTRACE_EVERY_PACKET    = "TRACE_EVERY_PACKET"
@@ -431,6 +478,7 @@ type OverlaySpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type OverlayProgramSpecs struct {
+	FromGeneve  *ebpf.ProgramSpec `ebpf:"from_geneve"`
 	FromOverlay *ebpf.ProgramSpec `ebpf:"from_overlay"`
 	ToOverlay   *ebpf.ProgramSpec `ebpf:"to_overlay"`
 }
@@ -470,10 +518,12 @@ type OverlayMapSpecs struct {
 	TdrLbSkipsrcV1    *ebpf.MapSpec `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.MapSpec `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.MapSpec `ebpf:"tdr_lb_sock_revnat_v1"`
+	TdrMasqScratch    *ebpf.MapSpec `ebpf:"tdr_masq_scratch"`
 	TdrMetricsV2      *ebpf.MapSpec `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.MapSpec `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
+	TdrOverlayCallsV1 *ebpf.MapSpec `ebpf:"tdr_overlay_calls_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrProxyPortsV1   *ebpf.MapSpec `ebpf:"tdr_proxy_ports_v1"`
@@ -488,6 +538,9 @@ type OverlayMapSpecs struct {
 type OverlayVariableSpecs struct {
 	EVENTS_BURST          *ebpf.VariableSpec `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.VariableSpec `ebpf:"EVENTS_PER_SEC"`
+	LB_DSR                *ebpf.VariableSpec `ebpf:"LB_DSR"`
+	MASQ_PORT_MAX         *ebpf.VariableSpec `ebpf:"MASQ_PORT_MAX"`
+	MASQ_PORT_MIN         *ebpf.VariableSpec `ebpf:"MASQ_PORT_MIN"`
 	POLICY_VERDICT_EVENTS *ebpf.VariableSpec `ebpf:"POLICY_VERDICT_EVENTS"`
 	TRACE_EVENTS          *ebpf.VariableSpec `ebpf:"TRACE_EVENTS"`
 	TRACE_EVERY_PACKET    *ebpf.VariableSpec `ebpf:"TRACE_EVERY_PACKET"`
@@ -547,10 +600,12 @@ type OverlayMaps struct {
 	TdrLbSkipsrcV1    *ebpf.Map `ebpf:"tdr_lb_skipsrc_v1"`
 	TdrLbSlotsV1      *ebpf.Map `ebpf:"tdr_lb_slots_v1"`
 	TdrLbSockRevnatV1 *ebpf.Map `ebpf:"tdr_lb_sock_revnat_v1"`
+	TdrMasqScratch    *ebpf.Map `ebpf:"tdr_masq_scratch"`
 	TdrMetricsV2      *ebpf.Map `ebpf:"tdr_metrics_v2"`
 	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.Map `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
+	TdrOverlayCallsV1 *ebpf.Map `ebpf:"tdr_overlay_calls_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrProxyPortsV1   *ebpf.Map `ebpf:"tdr_proxy_ports_v1"`
@@ -592,10 +647,12 @@ func (m *OverlayMaps) Close() error {
 		m.TdrLbSkipsrcV1,
 		m.TdrLbSlotsV1,
 		m.TdrLbSockRevnatV1,
+		m.TdrMasqScratch,
 		m.TdrMetricsV2,
 		m.TdrNat4V1,
 		m.TdrNat6V1,
 		m.TdrNomasqV1,
+		m.TdrOverlayCallsV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrProxyPortsV1,
@@ -611,6 +668,9 @@ func (m *OverlayMaps) Close() error {
 type OverlayVariables struct {
 	EVENTS_BURST          *ebpf.Variable `ebpf:"EVENTS_BURST"`
 	EVENTS_PER_SEC        *ebpf.Variable `ebpf:"EVENTS_PER_SEC"`
+	LB_DSR                *ebpf.Variable `ebpf:"LB_DSR"`
+	MASQ_PORT_MAX         *ebpf.Variable `ebpf:"MASQ_PORT_MAX"`
+	MASQ_PORT_MIN         *ebpf.Variable `ebpf:"MASQ_PORT_MIN"`
 	POLICY_VERDICT_EVENTS *ebpf.Variable `ebpf:"POLICY_VERDICT_EVENTS"`
 	TRACE_EVENTS          *ebpf.Variable `ebpf:"TRACE_EVENTS"`
 	TRACE_EVERY_PACKET    *ebpf.Variable `ebpf:"TRACE_EVERY_PACKET"`
@@ -623,12 +683,14 @@ type OverlayVariables struct {
 //
 // It can be passed to LoadOverlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type OverlayPrograms struct {
+	FromGeneve  *ebpf.Program `ebpf:"from_geneve"`
 	FromOverlay *ebpf.Program `ebpf:"from_overlay"`
 	ToOverlay   *ebpf.Program `ebpf:"to_overlay"`
 }
 
 func (p *OverlayPrograms) Close() error {
 	return _OverlayClose(
+		p.FromGeneve,
 		p.FromOverlay,
 		p.ToOverlay,
 	)

@@ -371,6 +371,7 @@ const (
 	SockMapTdrNat4V1             = "tdr_nat4_v1"
 	SockMapTdrNat6V1             = "tdr_nat6_v1"
 	SockMapTdrNomasqV1           = "tdr_nomasq_v1"
+	SockMapTdrOverlayCallsV1     = "tdr_overlay_calls_v1"
 	SockMapTdrPolicyCidrV1       = "tdr_policy_cidr_v1"
 	SockMapTdrPolicyV2           = "tdr_policy_v2"
 	SockMapTdrProxyPortsV1       = "tdr_proxy_ports_v1"
@@ -485,6 +486,7 @@ type SockMapSpecs struct {
 	TdrNat4V1         *ebpf.MapSpec `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.MapSpec `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.MapSpec `ebpf:"tdr_nomasq_v1"`
+	TdrOverlayCallsV1 *ebpf.MapSpec `ebpf:"tdr_overlay_calls_v1"`
 	TdrPolicyCidrV1   *ebpf.MapSpec `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.MapSpec `ebpf:"tdr_policy_v2"`
 	TdrProxyPortsV1   *ebpf.MapSpec `ebpf:"tdr_proxy_ports_v1"`
@@ -561,6 +563,7 @@ type SockMaps struct {
 	TdrNat4V1         *ebpf.Map `ebpf:"tdr_nat4_v1"`
 	TdrNat6V1         *ebpf.Map `ebpf:"tdr_nat6_v1"`
 	TdrNomasqV1       *ebpf.Map `ebpf:"tdr_nomasq_v1"`
+	TdrOverlayCallsV1 *ebpf.Map `ebpf:"tdr_overlay_calls_v1"`
 	TdrPolicyCidrV1   *ebpf.Map `ebpf:"tdr_policy_cidr_v1"`
 	TdrPolicyV2       *ebpf.Map `ebpf:"tdr_policy_v2"`
 	TdrProxyPortsV1   *ebpf.Map `ebpf:"tdr_proxy_ports_v1"`
@@ -606,6 +609,7 @@ func (m *SockMaps) Close() error {
 		m.TdrNat4V1,
 		m.TdrNat6V1,
 		m.TdrNomasqV1,
+		m.TdrOverlayCallsV1,
 		m.TdrPolicyCidrV1,
 		m.TdrPolicyV2,
 		m.TdrProxyPortsV1,

@@ -75,7 +75,7 @@ type benchNode struct {
 	overlay                              *Programs
 }
 
-func newBenchNode(b *testing.B, tunnel bool) *benchNode {
+func newBenchNode(b testing.TB, tunnel bool) *benchNode {
 	b.Helper()
 	n := &benchNode{node: newNode(b)}
 	n.ifA = netlab.AddVeth(b, "tdrbpod0", "tdrbpodp0")
@@ -127,7 +127,7 @@ func newBenchNode(b *testing.B, tunnel bool) *benchNode {
 	if err := SetDevice(tunMap, n.tunIf); err != nil {
 		b.Fatal(err)
 	}
-	if n.overlay, err = Load(n.l.MapReplacements(), ""); err != nil {
+	if n.overlay, err = Load(n.l.MapReplacements(), "", false); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = n.overlay.Close() })
@@ -137,7 +137,7 @@ func newBenchNode(b *testing.B, tunnel bool) *benchNode {
 // loadHost loads bpf/bpf_host.c's programs with the pod programs' maps,
 // as pkg/agent/hostdev does (its defaults: masquerade ports 61000-65535,
 // NodePort on, no DSR).
-func (n *benchNode) loadHost(b *testing.B) {
+func (n *benchNode) loadHost(b testing.TB) {
 	spec, err := bpf.LoadHost()
 	if err != nil {
 		b.Fatal(err)

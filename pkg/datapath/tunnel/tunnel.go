@@ -156,6 +156,28 @@ func SetDevice(m *ebpf.Map, ifindex int) error {
 	return nil
 }
 
+// tunnelFlagGeneveBPF is TUNNEL_F_GENEVE_BPF (bpf/lib/maps.h).
+const tunnelFlagGeneveBPF = 1
+
+// SetGeneveBPF turns on Geneve in eBPF (bpf/lib/geneve.h): from_geneve
+// goes into the host programs' tail-call slot (calls: the pod programs'
+// tdr_overlay_calls_v1) first, then tdr_tunnel_v1 (tun) asks from_pod to
+// encapsulate and from_netdev to decapsulate, so no decapsulated packet
+// finds the slot empty.
+func SetGeneveBPF(tun, calls *ebpf.Map, p *Programs) error {
+	if tun == nil || calls == nil || p == nil || p.Geneve == nil {
+		return fmt.Errorf("geneve in eBPF: maps or program not loaded")
+	}
+	if err := calls.Put(uint32(0), p.Geneve); err != nil {
+		return fmt.Errorf("write %s: %w", bpf.OverlayMapTdrOverlayCallsV1, err)
+	}
+	v := bpf.LxcTunnelInfo{Flags: tunnelFlagGeneveBPF}
+	if err := tun.Put(uint32(0), &v); err != nil {
+		return fmt.Errorf("write %s: %w", bpf.OverlayMapTdrTunnelV1, err)
+	}
+	return nil
+}
+
 // Device reads the tdr_tunnel_v1 entry (0: native routing).
 func Device(m *ebpf.Map) (int, error) {
 	var v bpf.LxcTunnelInfo
@@ -165,22 +187,37 @@ func Device(m *ebpf.Map) (int, error) {
 	return int(v.Ifindex), nil
 }
 
-// Programs are the loaded overlay programs.
+// Programs are the loaded overlay programs: From and To for the tunnel
+// device, Geneve for the host programs' tail call (Geneve in eBPF).
 type Programs struct {
-	From, To *ebpf.Program
+	From, To, Geneve *ebpf.Program
 }
 
 // Load loads bpf/bpf_overlay.c's programs with the pod programs' maps
 // (maps: loader.MapReplacements; nil in a test, which pins its own under
-// bpfRoot).
-func Load(maps map[string]*ebpf.Map, bpfRoot string) (*Programs, error) {
+// bpfRoot). dsr is --bpf-lb-mode=dsr: from_overlay then records the
+// frontend of a DSR request another node sent on through the overlay, as
+// the host device programs do in native routing (LB_DSR, the same flag).
+func Load(maps map[string]*ebpf.Map, bpfRoot string, dsr bool) (*Programs, error) {
 	spec, err := bpf.LoadOverlay()
 	if err != nil {
 		return nil, fmt.Errorf("load overlay programs' spec: %w", err)
 	}
+	var lbDSR uint8
+	if dsr {
+		lbDSR = 1
+	}
+	v, ok := spec.Variables["LB_DSR"]
+	if !ok {
+		return nil, fmt.Errorf("overlay programs: no LB_DSR variable")
+	}
+	if err := v.Set(lbDSR); err != nil {
+		return nil, fmt.Errorf("overlay programs: set LB_DSR: %w", err)
+	}
 	var objs struct {
-		From *ebpf.Program `ebpf:"from_overlay"`
-		To   *ebpf.Program `ebpf:"to_overlay"`
+		From   *ebpf.Program `ebpf:"from_overlay"`
+		To     *ebpf.Program `ebpf:"to_overlay"`
+		Geneve *ebpf.Program `ebpf:"from_geneve"`
 	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: bpfRoot}, MapReplacements: maps}
 	if err := spec.LoadAndAssign(&objs, opts); err != nil {
@@ -190,12 +227,12 @@ func Load(maps map[string]*ebpf.Map, bpfRoot string) (*Programs, error) {
 		}
 		return nil, fmt.Errorf("load overlay programs: %w", err)
 	}
-	return &Programs{From: objs.From, To: objs.To}, nil
+	return &Programs{From: objs.From, To: objs.To, Geneve: objs.Geneve}, nil
 }
 
 // Close releases the programs (their attachments stay).
 func (p *Programs) Close() error {
-	return errors.Join(p.From.Close(), p.To.Close())
+	return errors.Join(p.From.Close(), p.To.Close(), p.Geneve.Close())
 }
 
 // linkNames are the pinned links' names under the links directory,

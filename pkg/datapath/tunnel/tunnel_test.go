@@ -264,7 +264,7 @@ func TestPrivilegedOverlayAttach(t *testing.T) {
 		return count
 	}
 	for round := range 2 {
-		p, err := Load(n.l.MapReplacements(), "")
+		p, err := Load(n.l.MapReplacements(), "", false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -285,7 +285,7 @@ func TestPrivilegedOverlayAttach(t *testing.T) {
 	if moved.Attrs().Index == dev.Attrs().Index {
 		t.Fatal("a device of another port was kept")
 	}
-	p, err := Load(n.l.MapReplacements(), "")
+	p, err := Load(n.l.MapReplacements(), "", false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Tendril datapath: Geneve built and stripped in eBPF, without a kernel
+ * Geneve device (docs/routing.md, "Geneve in eBPF"). tdr_tunnel_v1's
+ * TUNNEL_F_GENEVE_BPF turns it on.
+ *
+ * Sending (geneve_encap, from from_pod): the packet for another node's
+ * pod gets outer Ethernet, IPv4, UDP (to 6081) and Geneve headers pushed
+ * in front of its own Ethernet frame (bpf_skb_adjust_room with the
+ * encapsulation flags, so the kernel's GSO segments an encapsulated TCP
+ * super-packet as it would a UDP tunnel's), the source's identity in the
+ * VNI, and leaves by a FIB lookup towards the owner node (its source the
+ * FIB's for that route) out of the underlay device.
+ *
+ * Receiving (geneve_decap, from the host device's from_netdev): Geneve on
+ * UDP 6081 to an address of this node is stripped down to the inner IP
+ * packet behind the outer Ethernet header, and handed by tail call to
+ * the overlay program from_geneve (bpf_overlay.c), which runs what
+ * from_overlay runs on a device's packet: the outer source must be a
+ * known node, the inner source that node's, the identity the ipcache's,
+ * the pod's ingress policy, delivery. The outer source and the VNI ride
+ * in skb->cb, which a tail call keeps and nothing else can set for a
+ * program only reached by one.
+ *
+ * IPv4 underlay only: an owner node with an IPv6 underlay address is left
+ * to the host (as an identity the VNI cannot carry). No Geneve option is
+ * sent; received options are skipped, a critical one (the C bit) drops
+ * the packet, as RFC 8926 asks of a receiver that knows none. */
+#ifndef TDR_GENEVE_H
+#define TDR_GENEVE_H
+
+#include "maps.h"
+#include "pkt.h"
+#include "events.h"
+#include "ipcache.h"
+
+#define GENEVE_PORT 6081
+#define GENEVE_HLEN 8
+#define GENEVE_PROTO_ETH 0x6558 /* Transparent Ethernet Bridging */
+/* Outer IPv4 20, UDP 8, Geneve 8, inner Ethernet 14: what is pushed
+ * after the outer Ethernet header (the overhead the pods' MTU leaves). */
+#define GENEVE_ENCAP_LEN (20 + 8 + GENEVE_HLEN + ETH_HLEN)
+/* skb->cb[GENEVE_CB_MARK] holds this while a decapsulated packet is
+ * handed to from_geneve. */
+#define GENEVE_CB_OUTER 0
+#define GENEVE_CB_VNI 1
+#define GENEVE_CB_MARK 2
+#define GENEVE_CB_MAGIC 0x47454e56U /* "GENV" */
+#define GENEVE_TTL 64
+
+#ifndef AF_INET_
+#define AF_INET_ 2
+#endif
+/* The decapsulation flags of bpf_skb_adjust_room (Linux 6.3), newer than
+ * the uapi headers of the build machine: the inner packet's family, so
+ * the kernel clears the skb's encapsulation state. */
+#ifndef BPF_F_ADJ_ROOM_DECAP_L3_IPV4
+#define BPF_F_ADJ_ROOM_DECAP_L3_IPV4 (1ULL << 7)
+#define BPF_F_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
+#endif
+#ifndef TUNNEL_ID_MASK
+#define TUNNEL_ID_MASK 0xffffffU /* a VNI's 24 bits (overlay.h) */
+#endif
+
+/* geneve_bpf: tdr_tunnel_v1 asks for Geneve in eBPF. */
+static __always_inline int geneve_bpf(void)
+{
+	__u32 zero = 0;
+	struct tunnel_info *t = bpf_map_lookup_elem(&tdr_tunnel_v1, &zero);
+	return t && (t->flags & TUNNEL_F_GENEVE_BPF);
+}
+
+/* geneve_csum16 folds a bpf_csum_diff sum into the Internet checksum. */
+static __always_inline __u16 geneve_csum16(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+/* geneve_encap encapsulates p (sent by identity src_id) to the node the
+ * ipcache names as the owner of its destination and sends it there.
+ * Returns the verdict; -1 for a packet left untouched to the host (no
+ * owner node, an IPv6 underlay, an identity the VNI cannot carry, no
+ * route to the node); -2 when the packet was changed but not wholly
+ * (the caller drops it). A global function. */
+__attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct pkt *p, __u32 src_id)
+{
+	if (!skb || !p)
+		return -1;
+	struct ipcache_key k = {};
+	k.family = p->family;
+	k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
+	__builtin_memcpy(k.addr, __builtin_assume_aligned(p->daddr, 4), 16);
+	struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+	if (!info || info->tunnel_family != FAMILY_V4 || (src_id & ~TUNNEL_ID_MASK))
+		return -1;
+	__u32 remote;
+	__builtin_memcpy(&remote, info->tunnel_ip, 4);
+
+	/* The underlay's route to the node: device, next hop, and the source
+	 * address the node would use on it. */
+	struct bpf_fib_lookup fib = {};
+	fib.family = AF_INET_;
+	fib.l4_protocol = IPPROTO_UDP_;
+	fib.ipv4_dst = remote;
+	fib.ifindex = skb->ifindex;
+	long r = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC);
+	if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return -1;
+
+	__u8 eth[ETH_HLEN];
+	if (bpf_skb_load_bytes(skb, 0, eth, ETH_HLEN))
+		return -1;
+	__u32 inner_len = skb->len;
+	/* The UDP source port from the inner flow's hash, so the underlay
+	 * spreads flows (what the kernel's tunnel devices do). */
+	__u16 sport = 49152 | (bpf_get_hash_recalc(skb) & 0x3fff);
+	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
+		      BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
+	if (bpf_skb_adjust_room(skb, GENEVE_ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags))
+		return -1;
+
+	/* Outer IPv4, UDP, Geneve, inner Ethernet, built on the stack and
+	 * written at once behind the outer Ethernet header. */
+	__u8 h[GENEVE_ENCAP_LEN] __attribute__((aligned(4))) = {};
+	__u16 tot = inner_len - ETH_HLEN + GENEVE_ENCAP_LEN;
+	h[0] = 0x45;
+	h[2] = tot >> 8;
+	h[3] = tot & 0xff;
+	h[8] = GENEVE_TTL;
+	h[9] = IPPROTO_UDP_;
+	__builtin_memcpy(&h[12], &fib.ipv4_src, 4);
+	__builtin_memcpy(&h[16], &remote, 4);
+	__u16 csum = geneve_csum16(bpf_csum_diff(NULL, 0, (__be32 *)h, 20, 0));
+	__builtin_memcpy(&h[10], &csum, 2);
+	__u8 *u = &h[20];
+	u[0] = sport >> 8;
+	u[1] = sport & 0xff;
+	u[2] = GENEVE_PORT >> 8;
+	u[3] = GENEVE_PORT & 0xff;
+	u[4] = (tot - 20) >> 8;
+	u[5] = (tot - 20) & 0xff;
+	/* UDP checksum 0: allowed over IPv4, and what the kernel's tunnels
+	 * send by default. */
+	__u8 *g = &h[28];
+	g[2] = GENEVE_PROTO_ETH >> 8;
+	g[3] = GENEVE_PROTO_ETH & 0xff;
+	g[4] = src_id >> 16;
+	g[5] = src_id >> 8;
+	g[6] = src_id;
+	__builtin_memcpy(&h[36], eth, ETH_HLEN);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, h, sizeof(h), 0))
+		return -2;
+	__u8 oeth[ETH_HLEN] = {};
+	__builtin_memcpy(&oeth[0], fib.dmac, ETH_ALEN);
+	__builtin_memcpy(&oeth[ETH_ALEN], fib.smac, ETH_ALEN);
+	oeth[12] = 0x08;
+	if (bpf_skb_store_bytes(skb, 0, oeth, ETH_HLEN, 0))
+		return -2;
+	count(REASON_TO_OVERLAY, DIR_EGRESS, p->len);
+	if (r == BPF_FIB_LKUP_RET_SUCCESS)
+		return bpf_redirect(fib.ifindex, 0);
+	struct bpf_redir_neigh nh = {.nh_family = AF_INET_, .ipv4_nh = fib.ipv4_dst};
+	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+}
+
+/* geneve_decap takes a packet p (outer IPv4, UDP to GENEVE_PORT) that
+ * reached the host device: Geneve to an address of this node is stripped
+ * and handed to from_geneve (tail call, tdr_overlay_calls_v1), which
+ * decides it; anything else it leaves to the host (-1). Returns the
+ * verdict or -1. A global function. */
+__attribute__((noinline)) int geneve_decap(struct __sk_buff *skb, const struct pkt *p)
+{
+	if (!skb || !p)
+		return -1;
+	if (p->nonfirst_frag || identity_of(FAMILY_V4, p->daddr) != ID_HOST)
+		return -1;
+	__u32 off = p->l4_off + 8;
+	__u8 g[GENEVE_HLEN];
+	if (off > 0xff || bpf_skb_load_bytes(skb, off, g, GENEVE_HLEN))
+		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
+	/* Version 0, no critical option, an Ethernet frame inside. */
+	if ((g[0] >> 6) || (g[1] & 0x40) || g[2] != (GENEVE_PROTO_ETH >> 8) || g[3] != (GENEVE_PROTO_ETH & 0xff))
+		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
+	__u32 inner = off + GENEVE_HLEN + (g[0] & 0x3f) * 4; /* the inner Ethernet header */
+	__u8 proto[2];
+	if (bpf_skb_load_bytes(skb, inner + 12, proto, 2))
+		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
+	__u64 flags;
+	if (proto[0] == 0x08 && proto[1] == 0x00)
+		flags = BPF_F_ADJ_ROOM_DECAP_L3_IPV4;
+	else if (proto[0] == 0x86 && proto[1] == 0xdd)
+		flags = BPF_F_ADJ_ROOM_DECAP_L3_IPV6;
+	else
+		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
+	__u32 outer = u32_at(p->saddr);
+	__u32 vni = ((__u32)g[4] << 16) | ((__u32)g[5] << 8) | g[6];
+	/* Everything between the outer Ethernet header and the inner IP
+	 * packet goes; the outer Ethernet header stays, its type the
+	 * inner's. */
+	if (bpf_skb_adjust_room(skb, -(__s32)inner, BPF_ADJ_ROOM_MAC, flags))
+		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
+	if (bpf_skb_store_bytes(skb, 12, proto, 2, 0))
+		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
+	skb->cb[GENEVE_CB_OUTER] = outer;
+	skb->cb[GENEVE_CB_VNI] = vni;
+	skb->cb[GENEVE_CB_MARK] = GENEVE_CB_MAGIC;
+	bpf_tail_call(skb, &tdr_overlay_calls_v1, 0);
+	/* No overlay program (the agent has not put it there): fail closed. */
+	skb->cb[GENEVE_CB_MARK] = 0;
+	return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
+}
+
+#endif

@@ -1,0 +1,199 @@
+package tunnel
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+
+	"github.com/tendril-net/tendril/pkg/datapath/bpf"
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
+)
+
+const (
+	tcActShot   = 2
+	genevePort  = 6081
+	geneveEncap = 20 + 8 + 8 + 14 // outer IPv4, UDP, Geneve, inner Ethernet
+)
+
+// newGeneveNode is a bench node (pod A, the uplink with the host
+// programs) in Geneve-in-eBPF mode: the uplink has the node's address
+// (192.168.50.1/24, so the FIB routes the peer node 192.168.50.2 out of
+// it), forwarding is on (the FIB lookup from a pod's ingress is a
+// forwarding one), from_geneve sits in the host programs' tail-call slot
+// and tdr_tunnel_v1 has TUNNEL_F_GENEVE_BPF.
+func newGeneveNode(t *testing.T) *benchNode {
+	t.Helper()
+	n := newBenchNode(t, false)
+	up, err := netlink.LinkByIndex(n.uplink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := netlink.ParseAddr(nodeAddr.String() + "/24")
+	if err := netlink.AddrAdd(up, a); err != nil {
+		t.Fatal(err)
+	}
+	// /proc/sys/net is the opening thread's namespace: the test's, locked.
+	if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n.overlay, err = Load(n.l.MapReplacements(), "", false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.overlay.Close() })
+	r := n.l.MapReplacements()
+	if err := SetGeneveBPF(r[bpf.OverlayMapTdrTunnelV1], r[bpf.OverlayMapTdrOverlayCallsV1], n.overlay); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// runOut runs prog on pkt as if it came in on ifindex: the verdict and
+// the packet as the program left it.
+func runOut(t *testing.T, prog *ebpf.Program, ifindex int, pkt []byte) (uint32, []byte) {
+	t.Helper()
+	var ctx struct{ Fields [11]uint32 }
+	ctx.Fields[10] = uint32(ifindex)
+	out := make([]byte, len(pkt)+256)
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: out, Context: ctx}
+	ret, err := prog.Run(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ret, opts.DataOut
+}
+
+// geneveFrame is the Geneve packet (IPv4 underlay, UDP 6081, VNI vni,
+// with opts as its options) from src to dst carrying inner (an Ethernet
+// frame).
+func geneveFrame(src, dst netip.Addr, vni uint32, opts []byte, inner []byte) []byte {
+	udp := make([]byte, 8+8, 8+8+len(opts)+len(inner))
+	binary.BigEndian.PutUint16(udp[0:], 51234)
+	binary.BigEndian.PutUint16(udp[2:], genevePort)
+	binary.BigEndian.PutUint16(udp[4:], uint16(8+8+len(opts)+len(inner)))
+	udp[8] = byte(len(opts) / 4)
+	binary.BigEndian.PutUint16(udp[10:], 0x6558)
+	binary.BigEndian.PutUint32(udp[12:], vni<<8)
+	udp = append(append(udp, opts...), inner...)
+	return append(ipHeader(src, dst, 17, 64, len(udp)), udp...)
+}
+
+func ipv4Checksum(h []byte) uint16 {
+	var s uint32
+	for i := 0; i < len(h); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}
+
+// TestPrivilegedGeneveBPF runs Geneve built and stripped in eBPF
+// (bpf/lib/geneve.h) under BPF_PROG_TEST_RUN, IPv4 and IPv6 inside:
+//   - from_pod on pod A's packet for another node's pod redirects it with
+//     outer Ethernet/IPv4 (the node's address to the owner node, a valid
+//     header checksum, TTL 64)/UDP 6081/Geneve (version 0, Ethernet
+//     inside, A's identity as the VNI) pushed in front of the pod's own
+//     frame, unchanged;
+//   - from_netdev on the owner node's Geneve packet to pod A strips it to
+//     the inner IP packet behind the outer Ethernet header (its type the
+//     inner's) and from_geneve (tail call) delivers it into the pod
+//     (redirect), options skipped;
+//   - dropped: Geneve from an address of no node (counted as such), an
+//     inner source of this node's own pod, a critical option, and with
+//     the tail-call slot empty.
+func TestPrivilegedGeneveBPF(t *testing.T) {
+	n := newGeneveNode(t)
+	for _, f := range benchFamilies {
+		// No t.Run: the test's goroutine is the one locked in the
+		// namespace the context's ifindex is resolved in.
+		func() {
+			in := tcpFrame(f.pod, f.remote, 40000, benchPort)
+			v, out := runOut(t, n.fromPod, n.ifA, in)
+			if v != tcActRedirect {
+				t.Fatalf(f.name+": from_pod verdict %d, want redirect (%d)", v, tcActRedirect)
+			}
+			if len(out) != len(in)+geneveEncap {
+				t.Fatalf("encapsulated %d bytes, want %d + %d", len(out), len(in), geneveEncap)
+			}
+			if et := binary.BigEndian.Uint16(out[12:]); et != 0x0800 {
+				t.Errorf("outer Ethernet type %#x, want IPv4", et)
+			}
+			ip := out[14:34]
+			src, _ := netip.AddrFromSlice(ip[12:16])
+			dst, _ := netip.AddrFromSlice(ip[16:20])
+			if ip[0] != 0x45 || ip[9] != 17 || ip[8] != 64 || src != nodeAddr || dst != peerNode ||
+				int(binary.BigEndian.Uint16(ip[2:])) != len(out)-14 || ipv4Checksum(ip) != 0 {
+				t.Errorf("outer IPv4 header % x: want 45, UDP, TTL 64, %s -> %s, length %d, a valid checksum", ip, nodeAddr, peerNode, len(out)-14)
+			}
+			udp := out[34:42]
+			if binary.BigEndian.Uint16(udp[2:]) != genevePort || int(binary.BigEndian.Uint16(udp[4:])) != len(out)-34 ||
+				binary.BigEndian.Uint16(udp[0:]) < 49152 {
+				t.Errorf("outer UDP header % x: want an ephemeral source port, to %d, length %d", udp, genevePort, len(out)-34)
+			}
+			g := out[42:50]
+			if g[0] != 0 || g[1] != 0 || binary.BigEndian.Uint16(g[2:]) != 0x6558 || binary.BigEndian.Uint32(g[4:])>>8 != idA {
+				t.Errorf("Geneve header % x: want version 0, no options, Ethernet inside, VNI %d", g, idA)
+			}
+			if !bytes.Equal(out[50:], in) {
+				t.Errorf("inner frame changed:\n got % x\nwant % x", out[50:], in)
+			}
+		}()
+		func() {
+			inner := tcpFrame(f.remote, f.pod, benchPort, 40000)
+			// An option of some class (not critical): skipped.
+			opt := []byte{0x01, 0x4b, 0x7f, 0x01, 1, 2, 3, 4}
+			pkt := geneveFrame(peerNode, nodeAddr, idRemote, opt, inner)
+			v, out := runOut(t, n.fromNetdev, n.uplink, pkt)
+			if v != tcActRedirect {
+				t.Fatalf(f.name+": from_netdev verdict %d, want redirect into the pod (%d)", v, tcActRedirect)
+			}
+			// The addresses are the pod's (direct delivery sets them).
+			if !bytes.Equal(out[12:14], inner[12:14]) {
+				t.Errorf("Ethernet header % x, want the inner packet's type % x", out[:14], inner[12:14])
+			}
+			// from_geneve's direct delivery takes one off the TTL or hop
+			// limit and fixes the checksum: the rest is the inner packet.
+			got, want := append([]byte(nil), out[14:]...), append([]byte(nil), inner[14:]...)
+			if f.pod.Is4() {
+				got[8], got[10], got[11], want[10], want[11] = want[8], 0, 0, 0, 0
+			} else {
+				got[7] = want[7]
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("decapsulated packet:\n got % x\nwant % x", out[14:], inner[14:])
+			}
+		}()
+	}
+	{
+		notANode := n.counter(30, maps.DirIngress) // REASON_TUNNEL_NOT_A_NODE
+		before := notANode()
+		stranger := netip.MustParseAddr("192.168.50.9")
+		if v, _ := runOut(t, n.fromNetdev, n.uplink, geneveFrame(stranger, nodeAddr, idRemote, nil, tcpFrame(remotePod, podA, benchPort, 40000))); v != tcActShot {
+			t.Errorf("Geneve from %s (no node): verdict %d, want drop", stranger, v)
+		}
+		if notANode() != before+1 {
+			t.Errorf("Geneve from no node: counted %d, want 1", notANode()-before)
+		}
+		if v, _ := runOut(t, n.fromNetdev, n.uplink, geneveFrame(peerNode, nodeAddr, idRemote, nil, tcpFrame(podA, podA, benchPort, 40000))); v != tcActShot {
+			t.Errorf("Geneve with this node's pod as inner source: verdict %d, want drop", v)
+		}
+		crit := geneveFrame(peerNode, nodeAddr, idRemote, nil, tcpFrame(remotePod, podA, benchPort, 40000))
+		crit[14+20+8+1] |= 0x40
+		if v, _ := runOut(t, n.fromNetdev, n.uplink, crit); v != tcActShot {
+			t.Errorf("Geneve with the critical-options bit: verdict %d, want drop", v)
+		}
+		calls := n.l.MapReplacements()[bpf.OverlayMapTdrOverlayCallsV1]
+		if err := calls.Delete(uint32(0)); err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := runOut(t, n.fromNetdev, n.uplink, geneveFrame(peerNode, nodeAddr, idRemote, nil, tcpFrame(remotePod, podA, benchPort, 40000))); v != tcActShot {
+			t.Errorf("Geneve with no overlay program to take it: verdict %d, want drop", v)
+		}
+	}
+}
