@@ -88,29 +88,52 @@ __attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct p
 {
 	if (!skb || !p)
 		return -1;
-	struct ipcache_key k = {};
-	k.family = p->family;
-	k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
-	__builtin_memcpy(k.addr, __builtin_assume_aligned(p->daddr, 4), 16);
-	struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+	/* Scoped blocks, so that the compiler can lay the lookup's key and
+	 * the FIB request over the header buffer below: this function sits
+	 * under from_pod and from_pod_flow, whose stacks with it must stay
+	 * within the verifier's 512 bytes. */
+	struct ipcache_info *info;
+	{
+		struct ipcache_key k = {};
+		k.family = p->family;
+		k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
+		__builtin_memcpy(k.addr, __builtin_assume_aligned(p->daddr, 4), 16);
+		info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+	}
 	if (!info || info->tunnel_family != FAMILY_V4 || (src_id & ~TUNNEL_ID_MASK))
 		return -1;
 	__u32 remote;
 	__builtin_memcpy(&remote, info->tunnel_ip, 4);
 
 	/* The underlay's route to the node: device, next hop, and the source
-	 * address the node would use on it. */
-	struct bpf_fib_lookup fib = {};
-	fib.family = AF_INET_;
-	fib.l4_protocol = IPPROTO_UDP_;
-	fib.ipv4_dst = remote;
-	fib.ifindex = skb->ifindex;
-	long r = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC);
-	if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
-		return -1;
+	 * address the node would use on it; the outer Ethernet header from
+	 * its MACs. */
+	__u32 saddr, ifindex, nexthop;
+	int resolved;
+	__u8 oeth[ETH_HLEN] = {};
+	{
+		struct bpf_fib_lookup fib = {};
+		fib.family = AF_INET_;
+		fib.l4_protocol = IPPROTO_UDP_;
+		fib.ipv4_dst = remote;
+		fib.ifindex = skb->ifindex;
+		long r = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC);
+		if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
+			return -1;
+		resolved = r == BPF_FIB_LKUP_RET_SUCCESS;
+		saddr = fib.ipv4_src;
+		ifindex = fib.ifindex;
+		nexthop = fib.ipv4_dst;
+		__builtin_memcpy(&oeth[0], fib.dmac, ETH_ALEN);
+		__builtin_memcpy(&oeth[ETH_ALEN], fib.smac, ETH_ALEN);
+	}
+	oeth[12] = 0x08;
 
-	__u8 eth[ETH_HLEN];
-	if (bpf_skb_load_bytes(skb, 0, eth, ETH_HLEN))
+	/* Outer IPv4, UDP, Geneve, inner Ethernet (the pod's header, read
+	 * before the room is made), written at once behind the outer
+	 * Ethernet header. */
+	__u8 h[GENEVE_ENCAP_LEN] __attribute__((aligned(4))) = {};
+	if (bpf_skb_load_bytes(skb, 0, &h[36], ETH_HLEN))
 		return -1;
 	__u32 inner_len = skb->len;
 	/* The UDP source port from the inner flow's hash, so the underlay
@@ -121,16 +144,13 @@ __attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct p
 	if (bpf_skb_adjust_room(skb, GENEVE_ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags))
 		return -1;
 
-	/* Outer IPv4, UDP, Geneve, inner Ethernet, built on the stack and
-	 * written at once behind the outer Ethernet header. */
-	__u8 h[GENEVE_ENCAP_LEN] __attribute__((aligned(4))) = {};
 	__u16 tot = inner_len - ETH_HLEN + GENEVE_ENCAP_LEN;
 	h[0] = 0x45;
 	h[2] = tot >> 8;
 	h[3] = tot & 0xff;
 	h[8] = GENEVE_TTL;
 	h[9] = IPPROTO_UDP_;
-	__builtin_memcpy(&h[12], &fib.ipv4_src, 4);
+	__builtin_memcpy(&h[12], &saddr, 4);
 	__builtin_memcpy(&h[16], &remote, 4);
 	__u16 csum = geneve_csum16(bpf_csum_diff(NULL, 0, (__be32 *)h, 20, 0));
 	__builtin_memcpy(&h[10], &csum, 2);
@@ -149,20 +169,15 @@ __attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct p
 	g[4] = src_id >> 16;
 	g[5] = src_id >> 8;
 	g[6] = src_id;
-	__builtin_memcpy(&h[36], eth, ETH_HLEN);
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, h, sizeof(h), 0))
 		return -2;
-	__u8 oeth[ETH_HLEN] = {};
-	__builtin_memcpy(&oeth[0], fib.dmac, ETH_ALEN);
-	__builtin_memcpy(&oeth[ETH_ALEN], fib.smac, ETH_ALEN);
-	oeth[12] = 0x08;
 	if (bpf_skb_store_bytes(skb, 0, oeth, ETH_HLEN, 0))
 		return -2;
 	count(REASON_TO_OVERLAY, DIR_EGRESS, p->len);
-	if (r == BPF_FIB_LKUP_RET_SUCCESS)
-		return bpf_redirect(fib.ifindex, 0);
-	struct bpf_redir_neigh nh = {.nh_family = AF_INET_, .ipv4_nh = fib.ipv4_dst};
-	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	if (resolved)
+		return bpf_redirect(ifindex, 0);
+	struct bpf_redir_neigh nh = {.nh_family = AF_INET_, .ipv4_nh = nexthop};
+	return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
 }
 
 /* geneve_decap takes a packet p (outer IPv4, UDP to GENEVE_PORT) that
