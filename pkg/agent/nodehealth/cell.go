@@ -9,7 +9,6 @@ package nodehealth
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -78,17 +77,9 @@ func newChecker(p params) (*Checker, error) {
 		// turned off, whose health must not read degraded at start.
 		jobs := p.Jobs.NewGroup(p.Health.Scope("health-endpoint-removal"), job.WithLogger(p.Log))
 		jobs.Add(job.OneShot("remove-health-endpoint", func(ctx context.Context, _ cell.Health) error {
-			for {
-				err := RemoveHealthEndpoint(ctx, p.Endpoints, HealthNetnsName(p.Node.Name, p.Agent.StateDir), p.Log)
-				if !errors.Is(err, agentendpoints.ErrNotStarted) {
-					return err
-				}
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(200 * time.Millisecond):
-				}
-			}
+			return untilStarted(ctx, func() error {
+				return RemoveHealthEndpoint(ctx, p.Endpoints, HealthNetnsName(p.Node.Name, p.Agent.StateDir), p.Log)
+			})
 		}, job.WithRetry(-1, &job.ExponentialBackoff{Min: time.Second, Max: 30 * time.Second})))
 	}
 	if !p.Config.EnableHealthChecking {

@@ -219,21 +219,37 @@ func isNetns(path string) bool {
 	return err == nil
 }
 
-// Run makes (or adopts) the endpoint, publishes its addresses and serves
-// the responder inside its namespace until ctx ends. The endpoint and its
-// namespace stay when the agent stops: the next agent adopts them.
-func (h *HealthEndpoint) Run(ctx context.Context, health cell.Health) error {
-	ep, adopted, err := h.Ensure(ctx)
-	// Until the endpoints' start step (the restore) has run it waits
-	// without failing: on by default, the endpoint must not make every
-	// agent's health read degraded while it starts.
-	for errors.Is(err, agentendpoints.ErrNotStarted) {
+// untilStarted runs f until it returns something other than the
+// endpoints' ErrNotStarted, looking again every 200 ms without failing
+// meanwhile (the restore runs at every start); nil when ctx ends first.
+func untilStarted(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if !errors.Is(err, agentendpoints.ErrNotStarted) {
+			return err
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(200 * time.Millisecond):
 		}
+	}
+}
+
+// Run makes (or adopts) the endpoint, publishes its addresses and serves
+// the responder inside its namespace until ctx ends. The endpoint and its
+// namespace stay when the agent stops: the next agent adopts them.
+func (h *HealthEndpoint) Run(ctx context.Context, health cell.Health) error {
+	var ep *endpoint.Endpoint
+	var adopted bool
+	// On by default, the endpoint must not make every agent's health
+	// read degraded while the restore runs.
+	err := untilStarted(ctx, func() (err error) {
 		ep, adopted, err = h.Ensure(ctx)
+		return err
+	})
+	if err == nil && ep == nil { // stopped while waiting
+		return nil
 	}
 	if err != nil {
 		health.Degraded("health endpoint not made", err)

@@ -172,14 +172,7 @@ func TestPrivilegedStrictDecision(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = events.Close() })
-	drops := func() uint64 {
-		t.Helper()
-		row, err := l.Maps().MetricsMap().Lookup(maps.ReasonUnencrypted, maps.DirEgress)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return row.Packets
-	}
+	drops := func() uint64 { return unencryptedDrops(t, l) }
 	const (
 		pass = 0 // TC_ACT_OK: the host routes it
 		shot = 2 // TC_ACT_SHOT
@@ -332,14 +325,7 @@ func TestPrivilegedStrictTunnel(t *testing.T) {
 		t.Fatal(err)
 	}
 	from, _ := l.Programs()
-	drops := func() uint64 {
-		t.Helper()
-		row, err := l.Maps().MetricsMap().Lookup(maps.ReasonUnencrypted, maps.DirEgress)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return row.Packets
-	}
+	drops := func() uint64 { return unencryptedDrops(t, l) }
 	const (
 		shot     = 2 // TC_ACT_SHOT
 		redirect = 7 // TC_ACT_REDIRECT: to the tunnel device
@@ -411,14 +397,7 @@ func TestPrivilegedNodeEncryptFromPod(t *testing.T) {
 		t.Fatalf("ReadCIDRs() = %v, %v: the node addresses are no pod CIDRs", got, err)
 	}
 	from, to := l.Programs()
-	drops := func() uint64 {
-		t.Helper()
-		row, err := l.Maps().MetricsMap().Lookup(maps.ReasonUnencrypted, maps.DirEgress)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return row.Packets
-	}
+	drops := func() uint64 { return unencryptedDrops(t, l) }
 	const (
 		pass     = 0 // TC_ACT_OK: the host routes it
 		shot     = 2 // TC_ACT_SHOT
@@ -507,4 +486,14 @@ func TestPrivilegedNodeEncryptFromPod(t *testing.T) {
 		t.Fatalf("ReadCIDRs() after the node addresses went = %v, %v", got, err)
 	}
 	check("strict, the address removed", nodeB, pass, 2)
+}
+
+// unencryptedDrops is the egress UNENCRYPTED drop counter of l's metrics.
+func unencryptedDrops(t *testing.T, l *loader.Loader) uint64 {
+	t.Helper()
+	row, err := l.Maps().MetricsMap().Lookup(maps.ReasonUnencrypted, maps.DirEgress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return row.Packets
 }
