@@ -3,12 +3,14 @@ package tunnel
 import (
 	"bytes"
 	"encoding/binary"
+	"net"
 	"net/netip"
 	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
@@ -195,5 +197,87 @@ func TestPrivilegedGeneveBPF(t *testing.T) {
 		if v, _ := runOut(t, n.fromNetdev, n.uplink, geneveFrame(peerNode, nodeAddr, idRemote, nil, tcpFrame(remotePod, podA, benchPort, 40000))); v != tcActShot {
 			t.Errorf("Geneve with no overlay program to take it: verdict %d, want drop", v)
 		}
+	}
+}
+
+// TestPrivilegedGeneveCarrier: the carrier of Geneve in eBPF and
+// to_overlay on it, the host's own packets to other nodes' pods (the
+// routes to their pod CIDRs go to the carrier):
+//   - GeneveModule answers without an error and leaves no probe device;
+//     EnsureCarrier makes tendril_geneve an ifb, up, without ARP, its MTU
+//     1450, and keeps it on a second call;
+//   - to_overlay run as the carrier's egress on the node's packet to a
+//     remote pod (IPv4 and IPv6 inside) redirects it with outer
+//     Ethernet/IPv4 (the node's address to the owner node)/UDP 6081/
+//     Geneve (the host's identity, 1, as the VNI) in front of the frame,
+//     unchanged, and counts it as sent to the overlay;
+//   - dropped: a packet for an address of no owner node, ARP.
+func TestPrivilegedGeneveCarrier(t *testing.T) {
+	n := newGeneveNode(t)
+	if _, err := GeneveModule(n.nl); err != nil {
+		t.Fatalf("probe for the Geneve module: %v", err)
+	}
+	if _, err := n.nl.LinkByName(probeName); err == nil {
+		t.Errorf("the probe device %s was left", probeName)
+	}
+	if _, err := EnsureCarrier(n.nl); err != nil {
+		t.Fatal(err)
+	}
+	carrier, err := n.nl.LinkByName("tendril_geneve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := carrier.Attrs()
+	if _, ok := carrier.(*netlink.Ifb); !ok || a.Name != "tendril_geneve" || a.MTU != 1450 || a.Flags&net.FlagUp == 0 || a.RawFlags&unix.IFF_NOARP == 0 {
+		t.Errorf("carrier %s of kind %s, MTU %d, flags %v: want tendril_geneve, ifb, 1450, up, no ARP", a.Name, carrier.Type(), a.MTU, a.Flags)
+	}
+	again, err := EnsureCarrier(n.nl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Attrs().Index != a.Index {
+		t.Errorf("second EnsureCarrier: ifindex %d, want the same %d", again.Attrs().Index, a.Index)
+	}
+	sent := n.counter(maps.ReasonToOverlay, maps.DirEgress)
+	for _, f := range []struct {
+		name         string
+		host, remote netip.Addr
+	}{{"IPv4", nodeAddr, remotePod}, {"IPv6", nodeAddr6, remote6}} {
+		before := sent()
+		in := tcpFrame(f.host, f.remote, 40000, benchPort)
+		v, out := runOut(t, n.overlay.To, a.Index, in)
+		if v != tcActRedirect {
+			t.Fatalf("%s: to_overlay on the carrier: verdict %d, want redirect (%d)", f.name, v, tcActRedirect)
+		}
+		if len(out) != len(in)+geneveEncap {
+			t.Fatalf("%s: encapsulated %d bytes, want %d + %d", f.name, len(out), len(in), geneveEncap)
+		}
+		ip := out[14:34]
+		src, _ := netip.AddrFromSlice(ip[12:16])
+		dst, _ := netip.AddrFromSlice(ip[16:20])
+		if binary.BigEndian.Uint16(out[12:]) != 0x0800 || ip[0] != 0x45 || ip[9] != 17 || src != nodeAddr || dst != peerNode || ipv4Checksum(ip) != 0 {
+			t.Errorf("%s: outer header % x: want IPv4/UDP %s -> %s, a valid checksum", f.name, out[:34], nodeAddr, peerNode)
+		}
+		if binary.BigEndian.Uint16(out[36:]) != genevePort {
+			t.Errorf("%s: outer UDP to %d, want %d", f.name, binary.BigEndian.Uint16(out[36:]), genevePort)
+		}
+		if g := out[42:50]; binary.BigEndian.Uint16(g[2:]) != 0x6558 || binary.BigEndian.Uint32(g[4:])>>8 != 1 {
+			t.Errorf("%s: Geneve header % x: want Ethernet inside, VNI 1 (the host)", f.name, g)
+		}
+		if !bytes.Equal(out[50:], in) {
+			t.Errorf("%s: inner frame changed:\n got % x\nwant % x", f.name, out[50:], in)
+		}
+		if sent() != before+1 {
+			t.Errorf("%s: counted %d as sent to the overlay, want 1", f.name, sent()-before)
+		}
+	}
+	if v, _ := runOut(t, n.overlay.To, a.Index, tcpFrame(nodeAddr, world, 40000, benchPort)); v != tcActShot {
+		t.Errorf("host packet to %s (no owner node): verdict %d, want drop", world, v)
+	}
+	arp := make([]byte, 14+28)
+	copy(arp, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 1, 0x08, 0x06})
+	copy(arp[14:], []byte{0, 1, 8, 0, 6, 4, 0, 1})
+	if v, _ := runOut(t, n.overlay.To, a.Index, arp); v != tcActShot {
+		t.Errorf("ARP on the carrier: verdict %d, want drop", v)
 	}
 }
