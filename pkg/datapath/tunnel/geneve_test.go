@@ -211,7 +211,11 @@ func TestPrivilegedGeneveBPF(t *testing.T) {
 //     Ethernet/IPv4 (the node's address to the owner node)/UDP 6081/
 //     Geneve (the host's identity, 1, as the VNI) in front of the frame,
 //     unchanged, and counts it as sent to the overlay;
-//   - dropped: a packet for an address of no owner node, ARP.
+//   - dropped: a packet for an address of no owner node, ARP;
+//   - the kernel's path: with the programs attached to the carrier (TCX)
+//     and a route to the peer's pod CIDR on it, a UDP datagram the node
+//     sends from a socket to a remote pod leaves the uplink as Geneve to
+//     the owner node (read on the uplink's peer), the datagram inside.
 func TestPrivilegedGeneveCarrier(t *testing.T) {
 	n := newGeneveNode(t)
 	if _, err := GeneveModule(n.nl); err != nil {
@@ -280,4 +284,84 @@ func TestPrivilegedGeneveCarrier(t *testing.T) {
 	if v, _ := runOut(t, n.overlay.To, a.Index, arp); v != tcActShot {
 		t.Errorf("ARP on the carrier: verdict %d, want drop", v)
 	}
+	carrierSends(t, n, a.Index)
 }
+
+// carrierSends attaches the overlay programs to the carrier, routes the
+// peer's pod CIDR to it, sends a UDP datagram from a socket of the node
+// to a remote pod and reads what leaves the uplink (on its peer).
+func carrierSends(t *testing.T, n *benchNode, carrier int) {
+	t.Helper()
+	root, err := os.MkdirTemp("/sys/fs/bpf", "tendril-carrier-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Detach(root); _ = os.RemoveAll(root) })
+	if err := n.overlay.Attach(carrier, root); err != nil {
+		t.Fatal(err)
+	}
+	peer, err := n.nl.LinkByName("tdrbupp0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.nl.LinkSetUp(peer); err != nil {
+		t.Fatal(err)
+	}
+	// The owner node's MAC known: the FIB lookup resolves it.
+	if err := n.nl.NeighSet(&netlink.Neigh{LinkIndex: n.uplink, State: netlink.NUD_PERMANENT, IP: peerNode.AsSlice(),
+		HardwareAddr: peer.Attrs().HardwareAddr}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.nl.RouteReplace(&netlink.Route{LinkIndex: carrier, Scope: netlink.SCOPE_LINK,
+		Dst: &net.IPNet{IP: net.IP{10, 2, 0, 0}, Mask: net.CIDRMask(24, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ps)
+	if err := unix.Bind(ps, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: peer.Attrs().Index}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetsockoptTimeval(ps, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2}); err != nil {
+		t.Fatal(err)
+	}
+	us, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(us)
+	payload := []byte("from the node to a remote pod")
+	if err := unix.Sendto(us, payload, 0, &unix.SockaddrInet4{Port: 5201, Addr: remotePod.As4()}); err != nil {
+		t.Fatalf("send to %s: %v", remotePod, err)
+	}
+	buf := make([]byte, 2048)
+	for {
+		k, _, err := unix.Recvfrom(ps, buf, 0)
+		if err != nil {
+			t.Fatalf("no Geneve packet left the uplink: %v", err)
+		}
+		f := buf[:k]
+		if k < 50+14+20+8 || binary.BigEndian.Uint16(f[12:]) != 0x0800 || f[23] != 17 || binary.BigEndian.Uint16(f[36:]) != genevePort {
+			continue // the peer's own IPv6 chatter
+		}
+		src, _ := netip.AddrFromSlice(f[26:30])
+		dst, _ := netip.AddrFromSlice(f[30:34])
+		inner := f[50:]
+		isrc, _ := netip.AddrFromSlice(inner[26:30])
+		idst, _ := netip.AddrFromSlice(inner[30:34])
+		if src != nodeAddr || dst != peerNode || !bytes.Equal(f[0:6], peer.Attrs().HardwareAddr) {
+			t.Errorf("outer %s -> %s to MAC % x: want %s -> %s to the peer's MAC", src, dst, f[0:6], nodeAddr, peerNode)
+		}
+		if binary.BigEndian.Uint32(f[46:])>>8 != 1 {
+			t.Errorf("VNI %d, want 1 (the host)", binary.BigEndian.Uint32(f[46:])>>8)
+		}
+		if isrc != nodeAddr || idst != remotePod || binary.BigEndian.Uint16(inner[36:]) != 5201 || !bytes.Equal(inner[42:], payload) {
+			t.Errorf("inner %s -> %s port %d payload %q: want %s -> %s port 5201 %q", isrc, idst, binary.BigEndian.Uint16(inner[36:]), inner[42:], nodeAddr, remotePod, payload)
+		}
+		return
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
