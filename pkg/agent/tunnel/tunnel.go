@@ -194,6 +194,12 @@ func (t *Tunnel) useGeneveBPF() (bool, error) {
 			t.log.Info("The kernel has no Geneve module: Geneve is built and stripped in eBPF", "carrier", t.cfg.Device())
 		}
 	}
+	if *t.geneveBPF && t.cfg.Port() != dptunnel.DefaultGenevePort {
+		// The programs match and send UDP 6081 only (GENEVE_PORT): a
+		// node on another port would neither reach nor hear its peers.
+		return true, fmt.Errorf("tunnel-port %d: Geneve in eBPF (the kernel has no Geneve module) uses UDP %d only",
+			t.cfg.Port(), dptunnel.DefaultGenevePort)
+	}
 	return *t.geneveBPF, nil
 }
 

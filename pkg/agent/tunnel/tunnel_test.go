@@ -166,6 +166,24 @@ func TestReconcileGeneveBPF(t *testing.T) {
 	expect(t, "tried again", k.take(), "carrier", "attach 8", "geneve bpf on", "remove but tendril_geneve")
 }
 
+// TestReconcileGeneveBPFPort: Geneve in eBPF sends and matches UDP 6081
+// only: another --tunnel-port is refused (no carrier, no flag) rather
+// than run on a port the programs do not use.
+func TestReconcileGeneveBPFPort(t *testing.T) {
+	k := &fakeKernel{ifindex: 4}
+	tun := New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve", TunnelPort: 7000}, k, slog.New(slog.DiscardHandler))
+	err := tun.Reconcile()
+	if err == nil || !strings.Contains(err.Error(), "tunnel-port 7000") {
+		t.Fatalf("--tunnel-port 7000 with Geneve in eBPF: %v, want an error naming it", err)
+	}
+	expect(t, "refused", k.take(), "probe geneve")
+	k.module = true
+	if err := New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve", TunnelPort: 7000}, k, slog.New(slog.DiscardHandler)).Reconcile(); err != nil {
+		t.Fatalf("--tunnel-port 7000 with the kernel's Geneve: %v", err)
+	}
+	expect(t, "kernel device", k.take(), "probe geneve", "ensure geneve 7000", "attach 4", "set 4", "clear call", "remove but tendril_geneve")
+}
+
 // TestReconcileGeneveBPFSwitchBack: a node that ran Geneve in eBPF and is
 // restarted with VXLAN or native routing turns the flag off (SetDevice
 // writes the entry without it) before it empties the tail-call slot, and
