@@ -59,6 +59,14 @@ func mtuOverhead(c Config) agentendpoints.MTUOverhead {
 
 func routeDevice(c Config) nodes.RouteDevice { return nodes.RouteDevice(c.Device()) }
 
+// Encrypted is true when WireGuard wraps the tunnel's datagrams (the
+// wireguard cell provides it): they are routed to the WireGuard device by
+// a rule on the tunnel port for locally sent datagrams, which the kernel's
+// tunnel devices send. Geneve in eBPF redirects its datagrams out of the
+// underlay by its own FIB lookup, past that rule: they would leave in the
+// clear, so the cell refuses to run it encrypted.
+type Encrypted bool
+
 // Kernel is what the reconciler does to the kernel (netKernel; a fake in
 // the cell's tests).
 type Kernel interface {
@@ -101,6 +109,8 @@ type Tunnel struct {
 	// kernel has no Geneve module); nil until the first tunnel round
 	// with Geneve has probed the kernel.
 	geneveBPF *bool
+	// encrypted: WireGuard wraps the tunnel (Encrypted).
+	encrypted bool
 }
 
 // New builds the reconciler of cfg over kernel.
@@ -194,6 +204,9 @@ func (t *Tunnel) useGeneveBPF() (bool, error) {
 			t.log.Info("The kernel has no Geneve module: Geneve is built and stripped in eBPF", "carrier", t.cfg.Device())
 		}
 	}
+	if *t.geneveBPF && t.encrypted {
+		return true, fmt.Errorf("tunnel-protocol geneve: Geneve in eBPF (the kernel has no Geneve module) does not go through WireGuard; with enable-wireguard use vxlan")
+	}
 	if *t.geneveBPF && t.cfg.Port() != dptunnel.DefaultGenevePort {
 		// The programs match and send UDP 6081 only (GENEVE_PORT): a
 		// node on another port would neither reach nor hear its peers.
@@ -233,6 +246,9 @@ type params struct {
 	Devices hostdev.Config
 	// Loader is nil without the datapath: then there is no tunnel.
 	Loader *loader.Loader
+	// Encrypted: WireGuard wraps the tunnel (absent without the
+	// wireguard cell).
+	Encrypted Encrypted `optional:"true"`
 }
 
 // recheck is how often the device is checked (created again when gone).
@@ -248,6 +264,7 @@ func newCell(p params) (*Tunnel, error) {
 	}
 	k := &netKernel{loader: p.Loader, linksDir: filepath.Join(p.Agent.BPFRoot, "links"), dsr: dsr}
 	t := New(p.Config, k, p.Log)
+	t.encrypted = bool(p.Encrypted)
 	// After the datapath's maps are open (the loader's hook is appended
 	// first: this constructor takes the loader): the first pod packet
 	// that could go through the overlay finds the device ready.

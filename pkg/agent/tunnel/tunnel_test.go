@@ -184,6 +184,26 @@ func TestReconcileGeneveBPFPort(t *testing.T) {
 	expect(t, "kernel device", k.take(), "probe geneve", "ensure geneve 7000", "attach 4", "set 4", "clear call", "remove but tendril_geneve")
 }
 
+// TestReconcileGeneveBPFEncrypted: with WireGuard wrapping the tunnel,
+// Geneve in eBPF is refused (its datagrams would pass the WireGuard
+// device by), with no carrier and no flag; the kernel's Geneve device
+// (whose datagrams the rule sends to WireGuard) is not.
+func TestReconcileGeneveBPFEncrypted(t *testing.T) {
+	k := &fakeKernel{ifindex: 4}
+	tun := New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve"}, k, slog.New(slog.DiscardHandler))
+	tun.encrypted = true
+	if err := tun.Reconcile(); err == nil || !strings.Contains(err.Error(), "WireGuard") {
+		t.Fatalf("Geneve in eBPF with WireGuard: %v, want an error naming WireGuard", err)
+	}
+	expect(t, "refused", k.take(), "probe geneve")
+	k.module = true
+	tun = New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve"}, k, slog.New(slog.DiscardHandler))
+	tun.encrypted = true
+	if err := tun.Reconcile(); err != nil {
+		t.Fatalf("the kernel's Geneve with WireGuard: %v", err)
+	}
+}
+
 // TestReconcileGeneveBPFSwitchBack: a node that ran Geneve in eBPF and is
 // restarted with VXLAN or native routing turns the flag off (SetDevice
 // writes the entry without it) before it empties the tail-call slot, and
