@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -285,6 +286,67 @@ func TestPrivilegedGeneveCarrier(t *testing.T) {
 		t.Errorf("ARP on the carrier: verdict %d, want drop", v)
 	}
 	carrierSends(t, n, a.Index)
+	hostReceives(t, n)
+}
+
+// hostReceives attaches from_netdev to the uplink, sends a Geneve packet
+// with a remote pod's UDP datagram for the node into the uplink (from its
+// peer) and reads the datagram from a socket of the node.
+func hostReceives(t *testing.T, n *benchNode) {
+	t.Helper()
+	lk, err := link.AttachTCX(link.TCXOptions{Interface: n.uplink, Program: n.fromNetdev, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Close()
+	up, err := n.nl.LinkByIndex(n.uplink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := n.nl.LinkByName("tdrbupp0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	us, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(us)
+	if err := unix.Bind(us, &unix.SockaddrInet4{Port: 5202, Addr: nodeAddr.As4()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetsockoptTimeval(us, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2}); err != nil {
+		t.Fatal(err)
+	}
+	payload := []byte("from a remote pod to the node")
+	udp := make([]byte, 8, 8+len(payload))
+	binary.BigEndian.PutUint16(udp[0:], 40000)
+	binary.BigEndian.PutUint16(udp[2:], 5202)
+	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
+	udp = append(udp, payload...)
+	inner := append(ipHeader(remotePod, nodeAddr, 17, 64, len(udp)), udp...)
+	pkt := geneveFrame(peerNode, nodeAddr, idRemote, nil, inner)
+	copy(pkt[0:6], up.Attrs().HardwareAddr)
+	copy(pkt[6:12], peer.Attrs().HardwareAddr)
+	ps, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ps)
+	to := &unix.SockaddrLinklayer{Ifindex: peer.Attrs().Index, Halen: 6}
+	copy(to.Addr[:], up.Attrs().HardwareAddr)
+	if err := unix.Sendto(ps, pkt, 0, to); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 256)
+	k, from, err := unix.Recvfrom(us, buf, 0)
+	if err != nil {
+		t.Fatalf("the node's socket got no datagram from the Geneve packet: %v", err)
+	}
+	src, _ := from.(*unix.SockaddrInet4)
+	if src == nil || netip.AddrFrom4(src.Addr) != remotePod || src.Port != 40000 || !bytes.Equal(buf[:k], payload) {
+		t.Errorf("the node read %q from %+v, want %q from %s:40000", buf[:k], from, payload, remotePod)
+	}
 }
 
 // carrierSends attaches the overlay programs to the carrier, routes the
