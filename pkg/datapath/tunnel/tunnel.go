@@ -154,18 +154,30 @@ func EnsureCarrier(nl *netlink.Handle) (netlink.Link, error) {
 	return l, nil
 }
 
-// probeName is the Geneve device GeneveModule creates and deletes.
-const probeName = "tendril_gprobe"
+// probeName and probePort are the Geneve device GeneveModule creates and
+// deletes. The port is not Geneve's: the kernel allows one external
+// Geneve device per port, and the node's own tendril_geneve (or another
+// owner's) may hold 6081. The probe is never set up, so it opens no
+// socket on it.
+const (
+	probeName        = "tendril_gprobe"
+	probePort uint16 = 1
+)
 
-// GeneveModule reports whether the kernel can create a Geneve device: it
-// creates one in external mode (never set up, so no UDP socket is opened)
-// and deletes it. A kernel without the module answers EOPNOTSUPP ("Unknown
-// device type"): false. Another error is returned.
+// GeneveModule reports whether the kernel can create a Geneve device: a
+// tendril_geneve of kind geneve says so; else it creates one in external
+// mode and deletes it. A kernel without the module answers EOPNOTSUPP
+// ("Unknown device type"): false. Another error is returned.
 func GeneveModule(nl *netlink.Handle) (bool, error) {
+	if l, err := nl.LinkByName(DeviceName(Geneve)); err == nil {
+		if _, ok := l.(*netlink.Geneve); ok {
+			return true, nil
+		}
+	}
 	if l, err := nl.LinkByName(probeName); err == nil {
 		_ = nl.LinkDel(l)
 	}
-	err := nl.LinkAdd(&netlink.Geneve{LinkAttrs: netlink.LinkAttrs{Name: probeName}, FlowBased: true, Dport: DefaultGenevePort})
+	err := nl.LinkAdd(&netlink.Geneve{LinkAttrs: netlink.LinkAttrs{Name: probeName}, FlowBased: true, Dport: probePort})
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		return false, nil
 	}
