@@ -24,7 +24,10 @@
  * NodePort to a remote backend) has no tunnel key yet; it gets one from
  * the ipcache as from_pod's packets do, its identity the source's (a
  * local endpoint's, else the ipcache's: the host's). A packet from_pod
- * redirected has its key and passes. */
+ * redirected has its key and passes. With Geneve in eBPF
+ * (TUNNEL_F_GENEVE_BPF) the device is an ifb carrier with no tunnel of
+ * its own, and to_overlay pushes the Geneve headers itself (geneve_encap,
+ * lib/geneve.h) and redirects the packet out of the underlay. */
 #include "lib/common.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -220,8 +223,9 @@ SEC("tcx/egress")
 int to_overlay(struct __sk_buff *skb)
 {
 	struct pkt pk;
+	int geneve = geneve_bpf();
 
-	if (has_tunnel_key(skb))
+	if (!geneve && has_tunnel_key(skb))
 		return TC_ACT_OK; /* from_pod set it */
 	__builtin_memset(&pk, 0, sizeof(pk));
 	int reason = parse(skb, &pk);
@@ -231,6 +235,17 @@ int to_overlay(struct __sk_buff *skb)
 		return TC_ACT_SHOT; /* the overlay has no neighbours */
 	const struct endpoint_info *ep = endpoint_by_addr(pk.family, pk.saddr);
 	__u32 id = ep ? ep->identity : identity_of(pk.family, pk.saddr);
+	if (geneve) {
+		/* Geneve in eBPF: the device is a carrier without a tunnel of
+		 * its own (pkg/datapath/tunnel's EnsureCarrier); the headers
+		 * are pushed here and the packet leaves by the underlay. What
+		 * cannot be encapsulated (no owner node, no route to it) is
+		 * dropped: the carrier would drop it anyway. */
+		int r = geneve_encap(skb, &pk, id);
+		if (r < 0)
+			return drop(REASON_NO_TUNNEL_KEY, DIR_EGRESS, 0, &pk, id, 0, 0);
+		return r;
+	}
 	if (tunnel_set_key(skb, &pk, id))
 		return drop(REASON_NO_TUNNEL_KEY, DIR_EGRESS, 0, &pk, id, 0, 0);
 	count(REASON_TO_OVERLAY, DIR_EGRESS, pk.len);

@@ -63,6 +63,10 @@ type Config struct {
 	// bridge) or "tunnel" (VXLAN between the nodes; no node has a route
 	// to another's pod CIDR via the bridge).
 	RoutingMode string
+	// TunnelProtocol is the agents' --tunnel-protocol in tunnel mode: ""
+	// (the agent's default, VXLAN), "vxlan" or "geneve" (on a kernel
+	// without the Geneve module, the agents build Geneve in eBPF).
+	TunnelProtocol string
 	// Topology is "" or TopologyFlat (the nodes share a subnet) or
 	// TopologyRouted (each node in its own subnet, the world routing
 	// between them; topology.go).
@@ -162,6 +166,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	}
 	if cfg.RoutingMode != "" && cfg.RoutingMode != "native" && cfg.RoutingMode != "tunnel" {
 		return nil, fmt.Errorf("--routing-mode %q: must be native or tunnel", cfg.RoutingMode)
+	}
+	if cfg.TunnelProtocol != "" && (cfg.RoutingMode != "tunnel" || (cfg.TunnelProtocol != "vxlan" && cfg.TunnelProtocol != "geneve")) {
+		return nil, fmt.Errorf("--tunnel-protocol %q: must be vxlan or geneve, with --routing-mode tunnel", cfg.TunnelProtocol)
 	}
 	if err := ValidateTopology(cfg.Topology); err != nil {
 		return nil, err
@@ -398,6 +405,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 		if cfg.RoutingMode != "" {
 			argv = append(argv, "--routing-mode", cfg.RoutingMode)
+		}
+		if cfg.TunnelProtocol != "" {
+			argv = append(argv, "--tunnel-protocol", cfg.TunnelProtocol)
 		}
 		if cfg.Encryption == "wireguard" {
 			argv = append(argv, "--enable-wireguard", "--wireguard-device", WireGuardDevice(cfg.Name, i))

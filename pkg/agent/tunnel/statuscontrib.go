@@ -43,6 +43,8 @@ func routingSection(c Config, t *Tunnel) ext.Section {
 	switch {
 	case t == nil:
 		dev = "none (no datapath)"
+	case t.Device() != 0 && t.GeneveBPF():
+		dev = fmt.Sprintf("%s (ifindex %d), a carrier: Geneve built and stripped in eBPF (the kernel has no Geneve module)", c.Device(), t.Device())
 	case t.Device() != 0:
 		dev = fmt.Sprintf("%s (ifindex %d)", c.Device(), t.Device())
 	}

@@ -26,10 +26,12 @@ import (
 )
 
 // fakeKernel records the reconciler's calls in order; ifindex is the
-// device EnsureDevice reports, fail the call that fails once.
+// device EnsureDevice or EnsureCarrier reports, module whether the kernel
+// has Geneve, fail the call that fails once.
 type fakeKernel struct {
 	calls   []string
 	ifindex int
+	module  bool
 	fail    string
 }
 
@@ -48,6 +50,20 @@ func (k *fakeKernel) EnsureDevice(p dptunnel.Protocol, port uint16) (int, error)
 	}
 	return k.ifindex, nil
 }
+func (k *fakeKernel) GeneveModule() (bool, error) {
+	if err := k.do("probe geneve"); err != nil {
+		return false, err
+	}
+	return k.module, nil
+}
+func (k *fakeKernel) EnsureCarrier() (int, error) {
+	if err := k.do("carrier"); err != nil {
+		return 0, err
+	}
+	return k.ifindex, nil
+}
+func (k *fakeKernel) SetGeneveBPF() error             { return k.do("geneve bpf on") }
+func (k *fakeKernel) ClearGeneveCall() error          { return k.do("clear call") }
 func (k *fakeKernel) RemoveDevices(keep string) error { return k.do("remove but " + keep) }
 func (k *fakeKernel) Attach(ifindex int) error        { return k.do(fmt.Sprintf("attach %d", ifindex)) }
 func (k *fakeKernel) Detach() error                   { return k.do("detach") }
@@ -77,7 +93,7 @@ func TestReconcileTunnel(t *testing.T) {
 	if err := tun.Reconcile(); err != nil {
 		t.Fatal(err)
 	}
-	expect(t, "first round", k.take(), "ensure vxlan 8472", "attach 5", "set 5", "remove but tendril_vxlan")
+	expect(t, "first round", k.take(), "ensure vxlan 8472", "attach 5", "set 5", "clear call", "remove but tendril_vxlan")
 	if tun.Device() != 5 {
 		t.Errorf("device %d, want 5", tun.Device())
 	}
@@ -89,25 +105,124 @@ func TestReconcileTunnel(t *testing.T) {
 	if err := tun.Reconcile(); err != nil {
 		t.Fatal(err)
 	}
-	expect(t, "device created again", k.take(), "ensure vxlan 8472", "attach 9", "set 9", "remove but tendril_vxlan")
+	expect(t, "device created again", k.take(), "ensure vxlan 8472", "attach 9", "set 9", "clear call", "remove but tendril_vxlan")
 }
 
 // TestReconcileAttachFailure: programs that fail to attach leave from_pod
 // pointing where it was (nowhere at first); the next round tries again.
+// The kernel has the Geneve module: its device, probed once.
 func TestReconcileAttachFailure(t *testing.T) {
-	k := &fakeKernel{ifindex: 5, fail: "attach"}
+	k := &fakeKernel{ifindex: 5, module: true, fail: "attach"}
 	tun := New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve"}, k, slog.New(slog.DiscardHandler))
 	if err := tun.Reconcile(); err == nil {
 		t.Fatal("a failed attach reconciled")
 	}
-	expect(t, "failed round", k.take(), "ensure geneve 6081", "attach 5")
+	expect(t, "failed round", k.take(), "probe geneve", "ensure geneve 6081", "attach 5")
 	if tun.Device() != 0 {
 		t.Errorf("device %d after a failed attach, want 0", tun.Device())
 	}
 	if err := tun.Reconcile(); err != nil {
 		t.Fatal(err)
 	}
-	expect(t, "next round", k.take(), "ensure geneve 6081", "attach 5", "set 5", "remove but tendril_geneve")
+	expect(t, "next round", k.take(), "ensure geneve 6081", "attach 5", "set 5", "clear call", "remove but tendril_geneve")
+	if tun.GeneveBPF() {
+		t.Error("Geneve in eBPF on a kernel with the Geneve module")
+	}
+}
+
+// TestReconcileGeneveBPF: on a kernel without the Geneve module (probed
+// once, a failed probe tried again), --tunnel-protocol geneve keeps the
+// carrier instead of a device, attaches the programs to it and then
+// turns Geneve in eBPF on (slot and flag), never pointing from_pod at a
+// device; the VXLAN device goes. A round with the carrier in place only
+// checks; a carrier created again gets the programs and the flag again;
+// a failed SetGeneveBPF is tried again the next round.
+func TestReconcileGeneveBPF(t *testing.T) {
+	k := &fakeKernel{ifindex: 4, fail: "probe"}
+	tun := New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve"}, k, slog.New(slog.DiscardHandler))
+	if err := tun.Reconcile(); err == nil {
+		t.Fatal("a failed probe reconciled")
+	}
+	expect(t, "failed probe", k.take(), "probe geneve")
+	if err := tun.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "first round", k.take(), "probe geneve", "carrier", "attach 4", "geneve bpf on", "remove but tendril_geneve")
+	if tun.Device() != 4 || !tun.GeneveBPF() {
+		t.Errorf("device %d, Geneve in eBPF %v; want 4, true", tun.Device(), tun.GeneveBPF())
+	}
+	if err := tun.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "carrier in place", k.take(), "carrier", "remove but tendril_geneve")
+	k.ifindex, k.fail = 8, "geneve bpf"
+	if err := tun.Reconcile(); err == nil {
+		t.Fatal("a failed SetGeneveBPF reconciled")
+	}
+	expect(t, "carrier created again, flag refused", k.take(), "carrier", "attach 8", "geneve bpf on")
+	if err := tun.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "tried again", k.take(), "carrier", "attach 8", "geneve bpf on", "remove but tendril_geneve")
+}
+
+// TestReconcileGeneveBPFPort: Geneve in eBPF sends and matches UDP 6081
+// only: another --tunnel-port is refused (no carrier, no flag) rather
+// than run on a port the programs do not use.
+func TestReconcileGeneveBPFPort(t *testing.T) {
+	k := &fakeKernel{ifindex: 4}
+	tun := New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve", TunnelPort: 7000}, k, slog.New(slog.DiscardHandler))
+	err := tun.Reconcile()
+	if err == nil || !strings.Contains(err.Error(), "tunnel-port 7000") {
+		t.Fatalf("--tunnel-port 7000 with Geneve in eBPF: %v, want an error naming it", err)
+	}
+	expect(t, "refused", k.take(), "probe geneve")
+	k.module = true
+	if err := New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve", TunnelPort: 7000}, k, slog.New(slog.DiscardHandler)).Reconcile(); err != nil {
+		t.Fatalf("--tunnel-port 7000 with the kernel's Geneve: %v", err)
+	}
+	expect(t, "kernel device", k.take(), "probe geneve", "ensure geneve 7000", "attach 4", "set 4", "clear call", "remove but tendril_geneve")
+}
+
+// TestReconcileGeneveBPFEncrypted: with WireGuard wrapping the tunnel,
+// Geneve in eBPF is refused (its datagrams would pass the WireGuard
+// device by), with no carrier and no flag; the kernel's Geneve device
+// (whose datagrams the rule sends to WireGuard) is not.
+func TestReconcileGeneveBPFEncrypted(t *testing.T) {
+	k := &fakeKernel{ifindex: 4}
+	tun := New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve"}, k, slog.New(slog.DiscardHandler))
+	tun.encrypted = true
+	if err := tun.Reconcile(); err == nil || !strings.Contains(err.Error(), "WireGuard") {
+		t.Fatalf("Geneve in eBPF with WireGuard: %v, want an error naming WireGuard", err)
+	}
+	expect(t, "refused", k.take(), "probe geneve")
+	k.module = true
+	tun = New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve"}, k, slog.New(slog.DiscardHandler))
+	tun.encrypted = true
+	if err := tun.Reconcile(); err != nil {
+		t.Fatalf("the kernel's Geneve with WireGuard: %v", err)
+	}
+}
+
+// TestReconcileGeneveBPFSwitchBack: a node that ran Geneve in eBPF and is
+// restarted with VXLAN or native routing turns the flag off (SetDevice
+// writes the entry without it) before it empties the tail-call slot, and
+// removes the carrier.
+func TestReconcileGeneveBPFSwitchBack(t *testing.T) {
+	k := &fakeKernel{ifindex: 4}
+	if err := New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve"}, k, slog.New(slog.DiscardHandler)).Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	k.take()
+	k.ifindex = 6
+	if err := New(Config{RoutingMode: ModeTunnel, TunnelProtocol: "vxlan"}, k, slog.New(slog.DiscardHandler)).Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "to VXLAN", k.take(), "ensure vxlan 8472", "attach 6", "set 6", "clear call", "remove but tendril_vxlan")
+	if err := New(DefaultConfig(), k, slog.New(slog.DiscardHandler)).Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "to native", k.take(), "set 0", "clear call", "detach", "remove but ")
 }
 
 // TestReconcileNative: from_pod stops redirecting before the programs and
@@ -118,7 +233,7 @@ func TestReconcileNative(t *testing.T) {
 	if err := tun.Reconcile(); err != nil {
 		t.Fatal(err)
 	}
-	expect(t, "native", k.take(), "set 0", "detach", "remove but ")
+	expect(t, "native", k.take(), "set 0", "clear call", "detach", "remove but ")
 }
 
 type provided struct {
@@ -206,6 +321,14 @@ func TestRoutingSectionDevice(t *testing.T) {
 	}
 	if got := routingSection(c, nil).Lines[1].Value; !strings.HasPrefix(got, "none") {
 		t.Errorf("without the datapath: device %q", got)
+	}
+	g := Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve"}
+	gtun := New(g, &fakeKernel{ifindex: 3}, slog.Default())
+	if err := gtun.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if got := routingSection(g, gtun).Lines[1].Value; !strings.HasPrefix(got, "tendril_geneve (ifindex 3), a carrier: Geneve built and stripped in eBPF") {
+		t.Errorf("Geneve in eBPF: device %q", got)
 	}
 }
 

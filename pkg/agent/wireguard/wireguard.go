@@ -64,8 +64,13 @@ var Cell = cell.Module("wireguard", "Transparent encryption between nodes with W
 	cell.Provide(Config.validate),
 	cell.Provide(lifecycle.Build[*Encryption]),
 	cell.Config(DefaultConfig()),
-	cell.Provide(newCell, publicKeys, routeDevice, mtuOverhead, statusContribution, apiHandlers),
+	cell.Provide(newCell, publicKeys, routeDevice, tunnelEncrypted, mtuOverhead, statusContribution, apiHandlers),
 )
+
+// tunnelEncrypted tells the tunnel cell that the tunnel's datagrams must
+// go through WireGuard (Geneve in eBPF refuses to run then: it sends its
+// datagrams past the routes that take them to the device).
+func tunnelEncrypted(c Config) tunnel.Encrypted { return tunnel.Encrypted(c.EnableWireguard) }
 
 // routeDevice: the peers' pod CIDRs to the WireGuard device, in native
 // routing. In tunnel mode they stay on the tunnel device, and the

@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/datapath/bpf"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
@@ -53,7 +54,8 @@ func DeviceName(p Protocol) string {
 	return "tendril_vxlan"
 }
 
-// deviceNames are every tunnel device Tendril creates.
+// deviceNames are every tunnel device Tendril creates (tendril_geneve is
+// the kernel's Geneve device or Geneve in eBPF's carrier).
 var deviceNames = [...]string{"tendril_vxlan", "tendril_geneve"}
 
 // EnsureDevice creates the tunnel device of protocol p on UDP port port,
@@ -111,6 +113,85 @@ func up(nl *netlink.Handle, l netlink.Link) error {
 	return nil
 }
 
+// CarrierMTU is the carrier's MTU (EnsureCarrier): what the kernel gives
+// its own Geneve device over an IPv4 underlay of 1500 bytes, so the host's
+// packets leave room for the headers geneve_encap pushes.
+const CarrierMTU = 1500 - 20 - 8 - 8 - 14
+
+// EnsureCarrier creates (or keeps) the carrier of Geneve in eBPF: a
+// device named as the Geneve device (tendril_geneve, so the routes to the
+// peers' pod CIDRs go to it whichever Geneve the node runs) of kind ifb,
+// up, without ARP, its MTU CarrierMTU. It has no tunnel: its egress
+// program (to_overlay) encapsulates what the host stack routes to it and
+// redirects it out of the underlay; what the program does not redirect
+// reaches the ifb's transmit, which drops a packet no tc action sent it
+// (the kernel has no dummy module here, and ifb is the device that drops
+// what it is given). A tendril_geneve of another kind (a kernel Geneve
+// device of an earlier run) is replaced. It returns the device.
+func EnsureCarrier(nl *netlink.Handle) (netlink.Link, error) {
+	name := DeviceName(Geneve)
+	if l, err := nl.LinkByName(name); err == nil {
+		if _, ok := l.(*netlink.Ifb); ok && l.Attrs().MTU == CarrierMTU {
+			if err := up(nl, l); err != nil {
+				return nil, err
+			}
+			return l, nil
+		}
+		if err := nl.LinkDel(l); err != nil {
+			return nil, fmt.Errorf("replace %s with the Geneve carrier: %w", name, err)
+		}
+	}
+	if err := nl.LinkAdd(&netlink.Ifb{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: CarrierMTU}}); err != nil {
+		return nil, fmt.Errorf("create the Geneve carrier %s (ifb): %w", name, err)
+	}
+	l, err := nl.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("read the Geneve carrier %s: %w", name, err)
+	}
+	if err := up(nl, l); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// probeName and probePort are the Geneve device GeneveModule creates and
+// deletes. The port is not Geneve's: the kernel allows one external
+// Geneve device per port, and the node's own tendril_geneve (or another
+// owner's) may hold 6081. The probe is never set up, so it opens no
+// socket on it.
+const (
+	probeName        = "tendril_gprobe"
+	probePort uint16 = 1
+)
+
+// GeneveModule reports whether the kernel can create a Geneve device: a
+// tendril_geneve of kind geneve says so; else it creates one in external
+// mode and deletes it. A kernel without the module answers EOPNOTSUPP
+// ("Unknown device type"): false. Another error is returned.
+func GeneveModule(nl *netlink.Handle) (bool, error) {
+	if l, err := nl.LinkByName(DeviceName(Geneve)); err == nil {
+		if _, ok := l.(*netlink.Geneve); ok {
+			return true, nil
+		}
+	}
+	if l, err := nl.LinkByName(probeName); err == nil {
+		_ = nl.LinkDel(l)
+	}
+	err := nl.LinkAdd(&netlink.Geneve{LinkAttrs: netlink.LinkAttrs{Name: probeName}, FlowBased: true, Dport: probePort})
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("probe for the kernel's Geneve module: %w", err)
+	}
+	if l, err := nl.LinkByName(probeName); err == nil {
+		if err := nl.LinkDel(l); err != nil {
+			return true, fmt.Errorf("delete the Geneve probe device: %w", err)
+		}
+	}
+	return true, nil
+}
+
 // matches: l is the device EnsureDevice would create.
 func matches(l netlink.Link, p Protocol, port uint16) bool {
 	switch d := l.(type) {
@@ -143,7 +224,8 @@ func RemoveDevices(nl *netlink.Handle, keep string) error {
 }
 
 // SetDevice writes the pod programs' tdr_tunnel_v1 entry: from_pod
-// redirects to ifindex (0: native routing, no redirect). m is the map of
+// redirects to ifindex (0: native routing, no redirect), and Geneve in
+// eBPF (TUNNEL_F_GENEVE_BPF) is off. m is the map of
 // that name among the pod programs' maps (loader.MapReplacements).
 func SetDevice(m *ebpf.Map, ifindex int) error {
 	if m == nil {
@@ -176,6 +258,29 @@ func SetGeneveBPF(tun, calls *ebpf.Map, p *Programs) error {
 		return fmt.Errorf("write %s: %w", bpf.OverlayMapTdrTunnelV1, err)
 	}
 	return nil
+}
+
+// ClearGeneveCall empties the host programs' tail-call slot of Geneve
+// in eBPF (a node back on VXLAN or native routing; write tdr_tunnel_v1
+// first, so from_netdev no longer decapsulates). An empty slot is not an
+// error.
+func ClearGeneveCall(calls *ebpf.Map) error {
+	if calls == nil {
+		return fmt.Errorf("tail-call map %s not loaded", bpf.OverlayMapTdrOverlayCallsV1)
+	}
+	if err := calls.Delete(uint32(0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("clear %s: %w", bpf.OverlayMapTdrOverlayCallsV1, err)
+	}
+	return nil
+}
+
+// GeneveBPF reads whether tdr_tunnel_v1 has TUNNEL_F_GENEVE_BPF.
+func GeneveBPF(m *ebpf.Map) (bool, error) {
+	var v bpf.LxcTunnelInfo
+	if err := m.Lookup(uint32(0), &v); err != nil {
+		return false, fmt.Errorf("read %s: %w", bpf.OverlayMapTdrTunnelV1, err)
+	}
+	return v.Flags&tunnelFlagGeneveBPF != 0, nil
 }
 
 // Device reads the tdr_tunnel_v1 entry (0: native routing).
