@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -16,7 +17,9 @@ import (
 	"github.com/cilium/cilium/api/v1/models"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
+	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
 )
 
@@ -51,6 +54,11 @@ func withRoutingMode(t *testing.T, argv []string, mode string) []string {
 //     TCP to the pod on the other node gets no answer (it goes to the
 //     router, which has no route to the pod CIDRs).
 //   - Back in tunnel mode, the pods talk again.
+//   - Geneve built in eBPF (the agents restarted with --tunnel-protocol
+//     geneve; this kernel has no Geneve module): TCP and UDP over both
+//     families, only Geneve on the wire with the client's identity in
+//     the VNI, the health endpoints, a policy telling two clients on one
+//     node apart.
 //
 // The lab is dual stack: each node has an IPv6 address in its own /64
 // too, routed by the world; the pods talk IPv6 TCP and UDP across the
@@ -223,6 +231,130 @@ func TestPrivilegedLabRoutedTopology(t *testing.T) {
 			return code == 0, fmt.Errorf("exit %d", code)
 		})
 	})
+
+	// Geneve built and stripped in eBPF (the kernel has no Geneve
+	// module): the agents restarted with --tunnel-protocol geneve, the
+	// pods talk across the subnets over both families, the identity rides
+	// in the VNI (a policy on the server tells two clients on the same
+	// node apart), the health endpoints answer (the host's own packets
+	// through the carrier), and the router's port of node2 sees Geneve on
+	// UDP 6081 between the node addresses and no VXLAN.
+	t.Run("Geneve in eBPF: TCP and UDP over both families, the identity in the VNI, health", func(t *testing.T) {
+		e.createPod(t, ns, "other", node1.Name, map[string]string{"app": "other"})
+		other := e.waitReady(t, ns, "other")
+		clientID := endpointIdentity(t, e, ns, "client")
+		restartAgents(t, e, nil, "--tunnel-protocol", "geneve")
+		for _, n := range []lab.Node{node1, node2} {
+			eventually(t, n.Name+"'s status names the eBPF Geneve carrier", func() (bool, error) {
+				out, err := runCLI(tendrilBin, "-H", n.Socket, "status")
+				return err == nil && strings.Contains(out, "Geneve built and stripped in eBPF"), fmt.Errorf("%v: %s", err, out)
+			})
+		}
+		server6 := podIPv6(t, server).String()
+		eventually(t, "an answer from the server pod through Geneve", func() (bool, error) {
+			code, _ := labProbe(t, name, ns+"/client", addr, false)
+			return code == 0, fmt.Errorf("exit %d", code)
+		})
+		cap := startRawCapture(t, e.st.NetNetns, "node2")
+		var failed []string
+		for _, a := range []string{addr, net.JoinHostPort(server6, "8080")} {
+			if code, out := labProbe(t, name, ns+"/client", a, false); code != 0 || !strings.Contains(out, `"server"`) {
+				failed = append(failed, fmt.Sprintf("TCP %s: exit %d %s", a, code, out))
+			}
+		}
+		for _, a := range []string{server.Status.PodIP + ":53", net.JoinHostPort(server6, "53")} {
+			if code, out := labProbe(t, name, ns+"/client", a, true); code != 0 || !strings.Contains(out, `"server"`) {
+				failed = append(failed, fmt.Sprintf("UDP %s: exit %d %s", a, code, out))
+			}
+		}
+		raw, err := cap.stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(failed) > 0 {
+			t.Fatalf("client -> server through Geneve:\n%s", strings.Join(failed, "\n"))
+		}
+		src4, dst4 := netip.MustParseAddr(client.Status.PodIP), netip.MustParseAddr(server.Status.PodIP)
+		src6, dst6 := podIPv6(t, client), podIPv6(t, server)
+		geneve, vxlan := map[string]int{}, 0
+		for _, f := range raw {
+			if _, ok := parseVXLAN(f); ok {
+				vxlan++
+			}
+			g, ok := parseGeneve(f)
+			if !ok {
+				continue
+			}
+			if (g.src == src4 && g.dst == dst4) || (g.src == src6 && g.dst == dst6) {
+				geneve[g.src.String()]++
+				if g.vni != clientID {
+					t.Errorf("Geneve frame %s -> %s with VNI %d, want the client's identity %d", g.src, g.dst, g.vni, clientID)
+				}
+			}
+		}
+		if geneve[src4.String()] == 0 || geneve[src6.String()] == 0 || vxlan != 0 {
+			t.Fatalf("at node2's port: Geneve frames client -> server by inner source %v, VXLAN frames %d; want both families in Geneve, no VXLAN", geneve, vxlan)
+		}
+		t.Logf("Geneve frames client -> server at node2's port: %v, VNI %d", geneve, clientID)
+
+		healthEndpointsReachable(t, node1, node2)
+
+		pol := &v1alpha1.TendrilNetworkPolicy{}
+		if err := yaml.UnmarshalStrict([]byte(genevePolicyYAML), pol); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		before := datapathCount(t, node2, "Policy denied", "ingress")
+		eventually(t, "other -> server:8080 denied by the server's policy", func() (bool, error) {
+			c, _ := labProbe(t, name, ns+"/other", addr, false)
+			return c == 1, fmt.Errorf("exit %d", c)
+		})
+		if after := datapathCount(t, node2, "Policy denied", "ingress"); after <= before {
+			t.Errorf("node2 counted no ingress policy drop (%d before, %d after): the deny was not the receiving pod's policy", before, after)
+		}
+		if c, _ := labProbe(t, name, ns+"/client", addr, false); c != 0 {
+			t.Errorf("client -> server:8080 through Geneve exit %d, want 0 (allowed by the identity in the VNI)", c)
+		}
+		t.Logf("other (%s) denied, client allowed through Geneve", other.Status.PodIP)
+	})
+}
+
+// genevePolicyYAML admits the client alone to the routed test's server's
+// TCP 8080.
+const genevePolicyYAML = `
+apiVersion: tendril.io/v1alpha1
+kind: TendrilNetworkPolicy
+metadata:
+  name: allow-client
+spec:
+  endpointSelector:
+    matchLabels: {app: server}
+  ingress:
+  - fromEndpoints:
+    - matchLabels: {app: client}
+    toPorts:
+    - ports: [{port: "8080", protocol: TCP}]
+`
+
+// endpointIdentity is the identity of the pod ns/name's TendrilEndpoint,
+// once it has one.
+func endpointIdentity(t *testing.T, e *env, ns, name string) uint32 {
+	t.Helper()
+	var id uint32
+	eventually(t, "the identity of "+ns+"/"+name, func() (bool, error) {
+		tep, err := e.k8.Tendril.TendrilV1alpha1().TendrilEndpoints(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if tep.Status.Identity == nil || tep.Status.Identity.ID == 0 {
+			return false, fmt.Errorf("no identity yet")
+		}
+		id = uint32(tep.Status.Identity.ID)
+		return true, nil
+	})
+	return id
 }
 
 // podStreamAcrossAgentKill streams TCP from the pod clientRef to the

@@ -63,33 +63,36 @@ func ownLab(t *testing.T, suffix string, extra ...string) (string, *env) {
 	return name, &env{st: st, cs: c.Core, k8: c}
 }
 
-// vxlanFrame is what a capture saw of one VXLAN packet on the underlay.
+// vxlanFrame is what a capture saw of one VXLAN or Geneve packet on the
+// underlay.
 type vxlanFrame struct {
 	vni      uint32
-	src, dst netip.Addr // the inner IPv4 packet's
+	src, dst netip.Addr // the inner IPv4 or IPv6 packet's
 }
 
-// parseVXLAN reads an Ethernet frame of IPv4/UDP to port 8472 carrying
-// VXLAN with an inner IPv4 or IPv6 packet.
-func parseVXLAN(f []byte) (vxlanFrame, bool) {
+// udpPayloadTo is the payload of an Ethernet frame of IPv4/UDP to port.
+func udpPayloadTo(f []byte, port uint16) ([]byte, bool) {
 	if len(f) < 14+20 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
-		return vxlanFrame{}, false
+		return nil, false
 	}
 	ip := f[14:]
 	ihl := int(ip[0]&0xf) * 4
-	if ip[9] != unix.IPPROTO_UDP || len(ip) < ihl+8+8+14+20 {
-		return vxlanFrame{}, false
+	if ip[9] != unix.IPPROTO_UDP || len(ip) < ihl+8 {
+		return nil, false
 	}
 	udp := ip[ihl:]
-	if binary.BigEndian.Uint16(udp[2:]) != 8472 {
+	if binary.BigEndian.Uint16(udp[2:]) != port {
+		return nil, false
+	}
+	return udp[8:], true
+}
+
+// innerFrame reads the addresses of the IPv4 or IPv6 packet in the
+// Ethernet frame inner, with the tunnel's VNI.
+func innerFrame(vni uint32, inner []byte) (vxlanFrame, bool) {
+	if len(inner) < 14+20 {
 		return vxlanFrame{}, false
 	}
-	vx := udp[8:]
-	if vx[0]&0x08 == 0 { // the VNI flag
-		return vxlanFrame{}, false
-	}
-	vni := uint32(vx[4])<<16 | uint32(vx[5])<<8 | uint32(vx[6])
-	inner := vx[8:]
 	in := inner[14:]
 	switch binary.BigEndian.Uint16(inner[12:]) {
 	case unix.ETH_P_IP:
@@ -101,6 +104,31 @@ func parseVXLAN(f []byte) (vxlanFrame, bool) {
 		return vxlanFrame{vni: vni, src: netip.AddrFrom16([16]byte(in[8:24])), dst: netip.AddrFrom16([16]byte(in[24:40]))}, true
 	}
 	return vxlanFrame{}, false
+}
+
+// parseVXLAN reads an Ethernet frame of IPv4/UDP to port 8472 carrying
+// VXLAN with an inner IPv4 or IPv6 packet.
+func parseVXLAN(f []byte) (vxlanFrame, bool) {
+	vx, ok := udpPayloadTo(f, 8472)
+	if !ok || len(vx) < 8 || vx[0]&0x08 == 0 { // the VNI flag
+		return vxlanFrame{}, false
+	}
+	return innerFrame(uint32(vx[4])<<16|uint32(vx[5])<<8|uint32(vx[6]), vx[8:])
+}
+
+// parseGeneve reads an Ethernet frame of IPv4/UDP to port 6081 carrying
+// Geneve (version 0, protocol Transparent Ethernet Bridging) with an
+// inner IPv4 or IPv6 packet, past the options its length field counts.
+func parseGeneve(f []byte) (vxlanFrame, bool) {
+	g, ok := udpPayloadTo(f, 6081)
+	if !ok || len(g) < 8 || g[0]>>6 != 0 || binary.BigEndian.Uint16(g[2:]) != 0x6558 {
+		return vxlanFrame{}, false
+	}
+	hlen := 8 + int(g[0]&0x3f)*4
+	if len(g) < hlen {
+		return vxlanFrame{}, false
+	}
+	return innerFrame(uint32(g[4])<<16|uint32(g[5])<<8|uint32(g[6]), g[hlen:])
 }
 
 // labProbe is probe for the lab name.
