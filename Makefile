@@ -112,14 +112,10 @@ RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/i
 	./pkg/agent/nodes/ ./pkg/reconcile/
 
 test: deps verify-generated verify-helm lint build k8s-binaries coredns
-	@echo "==> go test (full log in .test-output.log), then go test -race on the packages that hold concurrency"
+	@echo "==> go test in two lanes side by side (test/e2e then fuzz-short; the other packages then the race run and bench-smoke), full log in .test-output.log"
 	@tb=$$(date +%s); $(GO) test -count=1 -exec /bin/true ./... > /dev/null 2>&1; \
-		t0=$$(date +%s); TENDRIL_BIN_DIR=$(BIN) $(GO) test -p 1 -v -count=1 -timeout 50m ./... > $(CURDIR)/.test-output.log 2>&1; \
-		status=$$?; t1=$$(date +%s); \
-		$(GO) test -race -v -count=1 -timeout 20m $(RACE_PACKAGES) >> $(CURDIR)/.test-output.log 2>&1 || status=1; t2=$$(date +%s); \
-		$(MAKE) --no-print-directory bench-smoke >> $(CURDIR)/.test-output.log 2>&1 || status=1; t3=$$(date +%s); \
-		$(MAKE) --no-print-directory fuzz-short >> $(CURDIR)/.test-output.log 2>&1 || status=1; t4=$$(date +%s); \
-		echo "==> phases: $${TENDRIL_CI_START:+prerequisites $$((tb-TENDRIL_CI_START)) s, }test binaries built $$((t0-tb)) s, go test $$((t1-t0)) s, race $$((t2-t1)) s, bench-smoke $$((t3-t2)) s, fuzz-short $$((t4-t3)) s"; \
+		t0=$$(date +%s); echo "==> test binaries built in $$((t0-tb)) s$${TENDRIL_CI_START:+, prerequisites $$((tb-TENDRIL_CI_START)) s}"; \
+		GO=$(GO) BIN_DIR=$(BIN) RACE_PACKAGES="$(RACE_PACKAGES)" hack/test-lanes.sh $(CURDIR)/.test-output.log; status=$$?; \
 		hack/test-summary.sh $(CURDIR)/.test-output.log; \
 		if [ $$status -ne 0 ]; then echo "==> failures in detail:"; grep -B2 -A30 -E '^\s*--- FAIL' $(CURDIR)/.test-output.log | head -400; fi; \
 		exit $$status
