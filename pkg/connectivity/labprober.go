@@ -34,6 +34,11 @@ func LabConfig(st *lab.State, cfg Config) (Config, error) {
 		cfg.NodeIPs6 = [2]string{st.Nodes[0].Address6, st.Nodes[1].Address6}
 	}
 	cfg.WorkloadImage = st.WorkloadImage
+	// In the routed topology the world reaches each node through a
+	// subnet of its own: no address is on-link with every node, so an
+	// L2-announced load-balancer address has no segment to be announced
+	// on (such clusters announce by BGP, which that topology lacks).
+	cfg.NoSharedL2 = st.Topology == lab.TopologyRouted
 	return cfg, nil
 }
 

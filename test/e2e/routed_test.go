@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -179,6 +180,32 @@ func TestPrivilegedLabRoutedTopology(t *testing.T) {
 		}
 	})
 
+	// The whole connectivity test in tunnel mode across the subnets,
+	// both families (the lab is dual stack): pods across nodes,
+	// Services, DNS, policy, masquerade, NodePort and the world.
+	t.Run("tunnel: the connectivity test across the subnets, dual stack", func(t *testing.T) {
+		out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name).CombinedOutput()
+		t.Logf("tendril connectivity test:\n%s", out)
+		if err != nil {
+			t.Fatalf("connectivity test in tunnel mode across the subnets: %v", err)
+		}
+		// 59 IPv4 checks and 9 IPv6 ones, less the L2 announcement's: the
+		// world shares no segment with the nodes here.
+		m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out))
+		if m == nil || m[1] != m[2] || m[1] != "67" {
+			t.Fatalf("no all-passed summary of 67 checks in the output")
+		}
+		if !strings.Contains(string(out), "share no L2 segment") {
+			t.Errorf("the output does not say why the L2 announcement check is left out")
+		}
+		for _, want := range []string{"pod to pod, other node, TCP", "other client denied, other node", "ClusterIP, other node, UDP",
+			"IPv6 pod to pod, other node, UDP", "IPv6 world to NodePort, externalTrafficPolicy Cluster, node 1, TCP: local and remote servers"} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("output lacks check %q", want)
+			}
+		}
+	})
+
 	node2CIDR := ""
 	if n, err := e.cs.CoreV1().Nodes().Get(ctx, node2.Name, metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
@@ -318,6 +345,15 @@ func TestPrivilegedLabRoutedTopology(t *testing.T) {
 			t.Errorf("client -> server:8080 through Geneve exit %d, want 0 (allowed by the identity in the VNI)", c)
 		}
 		t.Logf("other (%s) denied, client allowed through Geneve", other.Status.PodIP)
+	})
+
+	// DSR through the eBPF Geneve (the agents restarted once more with
+	// --bpf-lb-mode=dsr, Geneve kept): the world's request to node1's
+	// node port reaches the backend on node2 inside Geneve with the
+	// frontend in its IPv4 option, and the answer leaves node2 straight to
+	// the client with the frontend's address, through the router.
+	t.Run("Geneve in eBPF: NodePort by DSR across the subnets", func(t *testing.T) {
+		tunnelDSR(t, e, name, ns)
 	})
 }
 
