@@ -162,9 +162,14 @@ spec:
 // too, the IPv6 pod packets carried by VXLAN over the nodes' IPv4
 // addresses; a PreferDualStack Service's IPv6 ClusterIP and its node
 // port at node1's IPv6 address answer; a pod's IPv6 traffic to the world
-// is masqueraded to its node's IPv6 address. Last, the agents restarted
+// is masqueraded to its node's IPv6 address; the x/y/z policy matrix
+// runs on the pods' IPv6 addresses; an IPv6 TCP stream and UDP loop
+// between pods on the two nodes lose nothing across kill -9 of both
+// agents, while a denied pod never connects. Last, the agents restarted
 // in --routing-mode native route each other's IPv6 pod CIDR via the
-// peer's IPv6 address, and pods talk IPv6 TCP and UDP across the nodes.
+// peer's IPv6 address, pods talk IPv6 TCP and UDP across the nodes, the
+// world reaches a NodePort at each node's IPv6 address, and the IPv6
+// matrix runs again.
 func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	labUp(t) // the binaries; the tunnel lab is this test's own
 	name, e := ownLab(t, "tun", "--routing-mode", "tunnel", "--ip-family", "dual")
