@@ -168,8 +168,7 @@ spec:
 // agents, while a denied pod never connects. Last, the agents restarted
 // in --routing-mode native route each other's IPv6 pod CIDR via the
 // peer's IPv6 address, pods talk IPv6 TCP and UDP across the nodes, the
-// world reaches a NodePort at each node's IPv6 address, and the IPv6
-// matrix runs again.
+// world reaches a NodePort at each node's IPv6 address.
 func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	labUp(t) // the binaries; the tunnel lab is this test's own
 	name, e := ownLab(t, "tun", "--routing-mode", "tunnel", "--ip-family", "dual")
@@ -425,12 +424,10 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	// The upstream netpol suite's x/y/z matrix (matrix_test.go) on the
 	// pods' IPv6 addresses: 9 pods over both nodes, most pairs through
 	// the tunnel, Kubernetes NetworkPolicies by labels, namespaces and
-	// IPv6 ipBlocks. The pods stay for the native mode's run below.
-	var matrix6 map[string]string
+	// IPv6 ipBlocks. (Run again in native mode once by hand, not here:
+	// it would add as much CI time again; see docs/routing.md.)
 	t.Run("policy matrix over IPv6 through the tunnel", func(t *testing.T) {
-		ips := matrixPodsUp(t, e, true)
-		matrixSteps(t, e, name, ips)
-		matrix6 = ips
+		matrixSteps(t, e, name, matrixPodsUp(t, e, true))
 	})
 
 	t.Run("VXLAN from an address of no node is dropped", func(t *testing.T) {
@@ -624,12 +621,6 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		}
 	})
 
-	t.Run("native mode: policy matrix over IPv6", func(t *testing.T) {
-		if matrix6 == nil {
-			t.Fatal("the matrix's pods were not made (its tunnel-mode step did not run)")
-		}
-		matrixSteps(t, e, name, matrix6)
-	})
 }
 
 // ipv6AcrossAgentKills: between pods on the two nodes over IPv6, an
