@@ -620,7 +620,6 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 			})
 		}
 	})
-
 }
 
 // ipv6AcrossAgentKills: between pods on the two nodes over IPv6, an
