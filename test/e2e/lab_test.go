@@ -54,6 +54,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(udpStreamEnv); spec != "" {
 		os.Exit(runUDPStream(spec))
 	}
+	if spec := os.Getenv(probeManyEnv); spec != "" {
+		os.Exit(runProbeMany(spec))
+	}
 	if spec := os.Getenv(dnsLoadEnv); spec != "" {
 		os.Exit(runDNSLoad(spec))
 	}

@@ -1,18 +1,26 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	networkingv1client "k8s.io/client-go/kubernetes/typed/networking/v1"
+
+	"github.com/tendril-net/tendril/pkg/lab/workload"
 )
 
 // matrixPods are the upstream netpol suite's model: namespaces x, y, z,
@@ -24,35 +32,78 @@ var (
 
 type reach map[string]bool // "x/a->y/b" → connected
 
+// probeManyEnv makes the test binary, started inside a pod by `tendril
+// lab exec` (so in the pod's network namespace and cgroup, as `lab probe`
+// runs), probe several TCP addresses at once: one process per source pod
+// and measurement instead of one `lab probe` per pair, which on a
+// loaded machine made a matrix of 72 probes take most of a minute.
+const probeManyEnv = "TDR_E2E_PROBE_MANY"
+
+// runProbeMany probes each address of spec (space-separated HOST:PORTs)
+// as `lab probe` does (connect, ask, an answer within 1 s) and prints
+// whether each answered, as a JSON array in their order.
+func runProbeMany(spec string) int {
+	addrs := strings.Fields(spec)
+	answered := make([]bool, len(addrs))
+	var wg sync.WaitGroup
+	for i, addr := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := workload.ProbeFrom(context.Background(), nil, addr, false, time.Second)
+			answered[i] = err == nil
+		}()
+	}
+	wg.Wait()
+	if err := json.NewEncoder(os.Stdout).Encode(answered); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	return 0
+}
+
 // measure probes every pod to every other pod's TCP port 80, from inside
-// the pods of lab, many at once.
+// the pods of lab: each source pod's probes at once (runProbeMany), a
+// few sources at a time.
 func (e *env) measure(t *testing.T, lab string, ips map[string]string) reach {
 	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
 	out := reach{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 12)
+	sem := make(chan struct{}, 3)
 	for _, from := range podNames() {
+		var targets, addrs []string
 		for _, to := range podNames() {
-			if from == to {
-				continue // a pod's traffic to itself never leaves it
+			if from != to { // a pod's traffic to itself never leaves it
+				targets = append(targets, to)
+				addrs = append(addrs, net.JoinHostPort(ips[to], "80"))
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				sem <- struct{}{}
-				defer func() { <-sem }()
-				cmd := exec.Command(tendrilBin, "lab", "--name", lab, "probe", "e2e"+from, ips[to]+":80", "--timeout", "1s")
-				err := cmd.Run()
-				code := cmd.ProcessState.ExitCode()
-				if err != nil && code != 1 {
-					t.Errorf("probe %s -> %s: could not probe (exit %d): %v", from, to, code, err)
-				}
-				mu.Lock()
-				out[from+"->"+to] = code == 0
-				mu.Unlock()
-			}()
 		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			cmd := exec.Command(tendrilBin, "lab", "--name", lab, "exec", "e2e"+from, "--", self)
+			cmd.Env = append(os.Environ(), probeManyEnv+"="+strings.Join(addrs, " "))
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			var answered []bool
+			if err := cmd.Run(); err != nil {
+				t.Errorf("probes from %s: could not probe: %v\n%s", from, err, stderr.String())
+			} else if err := json.Unmarshal(stdout.Bytes(), &answered); err != nil || len(answered) != len(targets) {
+				t.Errorf("probes from %s: output %q (%v)", from, stdout.String(), err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for i, to := range targets {
+				out[from+"->"+to] = i < len(answered) && answered[i]
+			}
+		}()
 	}
 	wg.Wait()
 	return out
@@ -100,10 +151,18 @@ func TestPrivilegedLabReachabilityMatrix(t *testing.T) {
 	reachabilityMatrix(t, labUp(t), labName)
 }
 
-// reachabilityMatrix is the matrix on lab (e its env): the pods created in
-// namespaces e2ex, e2ey, e2ez, the policies applied one after another.
-// TestPrivilegedLabWireGuard runs it with encryption on.
+// reachabilityMatrix is the matrix on lab (e its env) over IPv4: the pods
+// created in namespaces e2ex, e2ey, e2ez, the policies applied one after
+// another. TestPrivilegedLabWireGuard runs it with encryption on.
 func reachabilityMatrix(t *testing.T, e *env, lab string) {
+	matrixSteps(t, e, lab, matrixPodsUp(t, e, false))
+}
+
+// matrixPodsUp creates the matrix's namespaces and pods, alternating over
+// node1 and node2, and returns each pod's address of one family (IPv6:
+// a dual-stack lab's second address, status.podIPs).
+func matrixPodsUp(t *testing.T, e *env, ipv6 bool) map[string]string {
+	t.Helper()
 	nodes := []string{"node1", "node2"}
 	ips := map[string]string{}
 	i := 0
@@ -116,8 +175,25 @@ func reachabilityMatrix(t *testing.T, e *env, lab string) {
 	}
 	for _, ns := range matrixNS {
 		for _, p := range matrixPods {
-			ips[ns+"/"+p] = e.waitReady(t, "e2e"+ns, p).Status.PodIP
+			pod := e.waitReady(t, "e2e"+ns, p)
+			ips[ns+"/"+p] = pod.Status.PodIP
+			if ipv6 {
+				ips[ns+"/"+p] = podIPv6(t, pod).String()
+			}
 		}
+	}
+	return ips
+}
+
+// matrixSteps applies the policies one after another to the pods at ips
+// (one family) and measures the matrix after each; it leaves no policy.
+// The "block" of the CIDR cases is the pod CIDR a node has of the
+// family (/24 of IPv4, /64 of IPv6), so its except and overlap cases
+// mean the same in both.
+func matrixSteps(t *testing.T, e *env, lab string, ips map[string]string) {
+	block := 24
+	if netip.MustParseAddr(ips["x/b"]).Is6() {
+		block = 64
 	}
 	ctx := context.Background()
 	np := e.cs.NetworkingV1()
@@ -182,23 +258,23 @@ func reachabilityMatrix(t *testing.T, e *env, lab string) {
 		}, func(string, string) bool { return true }},
 		// The upstream suite's CIDR cases as upstream writes them: blocks
 		// built from pod addresses select those pods.
-		{"should allow egress access to server in CIDR block (y/b's /32)", func() error {
+		{"should allow egress access to server in CIDR block (y/b's own /32 or /128)", func() error {
 			return createEgressBlock(ctx, np, "e2ex", "allow-client-a-via-cidr-egress-rule", "a", hostCIDR(ips["y/b"]), nil)
 		}, func(from, to string) bool { return from != "x/a" || to == "y/b" }},
-		{"should enforce except clause while egress access to server in CIDR block (x/b's /24 except x/b)", func() error {
+		{"should enforce except clause while egress access to server in CIDR block (x/b's node's pod CIDR, /24 or /64, except x/b)", func() error {
 			if err := np.NetworkPolicies("e2ex").Delete(ctx, "allow-client-a-via-cidr-egress-rule", metav1.DeleteOptions{}); err != nil {
 				return err
 			}
-			return createEgressBlock(ctx, np, "e2ex", "deny-client-a-via-except-cidr-egress-rule", "a", blockCIDR(ips["x/b"], 24), []string{hostCIDR(ips["x/b"])})
+			return createEgressBlock(ctx, np, "e2ex", "deny-client-a-via-except-cidr-egress-rule", "a", blockCIDR(ips["x/b"], block), []string{hostCIDR(ips["x/b"])})
 		}, func(from, to string) bool {
-			return from != "x/a" || (to != "x/b" && netip.MustParsePrefix(blockCIDR(ips["x/b"], 24)).Contains(netip.MustParseAddr(ips[to])))
+			return from != "x/a" || (to != "x/b" && netip.MustParsePrefix(blockCIDR(ips["x/b"], block)).Contains(netip.MustParseAddr(ips[to])))
 		}},
 		{"should ensure an IP overlapping both IPBlock.CIDR and IPBlock.Except is allowed", func() error {
 			return createEgressBlock(ctx, np, "e2ex", "allow-client-a-via-cidr-egress-rule", "a", hostCIDR(ips["x/b"]), nil)
 		}, func(from, to string) bool {
-			return from != "x/a" || netip.MustParsePrefix(blockCIDR(ips["x/b"], 24)).Contains(netip.MustParseAddr(ips[to]))
+			return from != "x/a" || netip.MustParsePrefix(blockCIDR(ips["x/b"], block)).Contains(netip.MustParseAddr(ips[to]))
 		}},
-		{"ingress from an ipBlock (y/b's /32) selects the pod", func() error {
+		{"ingress from an ipBlock (y/b's own /32 or /128) selects the pod", func() error {
 			for _, name := range []string{"allow-client-a-via-cidr-egress-rule", "deny-client-a-via-except-cidr-egress-rule"} {
 				if err := np.NetworkPolicies("e2ex").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 					return err
@@ -236,7 +312,14 @@ func reachabilityMatrix(t *testing.T, e *env, lab string) {
 		var got reach
 		eventually(t, s.name, func() (bool, error) {
 			got = e.measure(t, lab, ips)
-			return fmt.Sprint(got) == fmt.Sprint(want), fmt.Errorf("matrix differs")
+			var wrong []string
+			for k, w := range want {
+				if got[k] != w {
+					wrong = append(wrong, fmt.Sprintf("%s connected=%v, want %v", k, got[k], w))
+				}
+			}
+			sort.Strings(wrong)
+			return len(wrong) == 0, fmt.Errorf("matrix differs in %d cells: %s\n%s", len(wrong), strings.Join(wrong, "; "), table(got))
 		})
 		t.Logf("%s:\n%s", s.name, table(got))
 	}

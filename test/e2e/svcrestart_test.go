@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
@@ -42,7 +43,9 @@ type udpStreamResult struct {
 // runUDPStream sends count requests to addr, one every interval, each on a
 // new connected socket (so each is translated at connect by whatever the
 // node's maps hold then), waits up to 500 ms for each answer, and prints
-// the result as JSON.
+// the result as JSON. SIGINT ends it early (after the request under
+// way), with the result so far: a test that cannot know how long its
+// disturbance lasts runs it until then.
 func runUDPStream(spec string) int {
 	f := strings.Fields(spec)
 	if len(f) != 3 {
@@ -56,12 +59,19 @@ func runUDPStream(spec string) int {
 		fmt.Fprintln(os.Stderr, "bad", udpStreamEnv, spec, err1, err2)
 		return 2
 	}
+	interrupted := make(chan os.Signal, 1)
+	signal.Notify(interrupted, os.Interrupt)
 	res := udpStreamResult{Pods: map[string]int{}}
 	gap := 0
 	next := time.Now()
 	buf := make([]byte, 256)
+requests:
 	for i := 0; i < count; i++ {
-		time.Sleep(time.Until(next))
+		select {
+		case <-interrupted:
+			break requests
+		case <-time.After(time.Until(next)):
+		}
 		next = next.Add(interval)
 		res.Sent++
 		answered := func() bool {

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -14,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -152,7 +155,8 @@ func labProbe(t *testing.T, name, from, addr string, udp bool) (int, string) {
 	return code, out.String()
 }
 
-// tunnelPolicyYAML admits the frontend alone to the backend's TCP 8080.
+// tunnelPolicyYAML admits the frontend alone to the backend's TCP 8080,
+// TCP 5201 (iperf3) and UDP 53 (the lab workload's answer).
 const tunnelPolicyYAML = `
 apiVersion: tendril.io/v1alpha1
 kind: TendrilNetworkPolicy
@@ -165,7 +169,7 @@ spec:
   - fromEndpoints:
     - matchLabels: {app: frontend}
     toPorts:
-    - ports: [{port: "8080", protocol: TCP}]
+    - ports: [{port: "8080", protocol: TCP}, {port: "5201", protocol: TCP}, {port: "53", protocol: UDP}]
 `
 
 // TestPrivilegedLabTunnelVXLAN: a lab in the tunnel routing mode. No node
@@ -186,9 +190,13 @@ spec:
 // too, the IPv6 pod packets carried by VXLAN over the nodes' IPv4
 // addresses; a PreferDualStack Service's IPv6 ClusterIP and its node
 // port at node1's IPv6 address answer; a pod's IPv6 traffic to the world
-// is masqueraded to its node's IPv6 address. Last, the agents restarted
+// is masqueraded to its node's IPv6 address; the x/y/z policy matrix
+// runs on the pods' IPv6 addresses; an IPv6 TCP stream and UDP loop
+// between pods on the two nodes lose nothing across kill -9 of both
+// agents, while a denied pod never connects. Last, the agents restarted
 // in --routing-mode native route each other's IPv6 pod CIDR via the
-// peer's IPv6 address, and pods talk IPv6 TCP and UDP across the nodes.
+// peer's IPv6 address, pods talk IPv6 TCP and UDP across the nodes, the
+// world reaches a NodePort at each node's IPv6 address.
 func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	labUp(t) // the binaries; the tunnel lab is this test's own
 	name, e := ownLab(t, "tun", "--routing-mode", "tunnel", "--ip-family", "dual")
@@ -441,6 +449,15 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		}
 	})
 
+	// The upstream netpol suite's x/y/z matrix (matrix_test.go) on the
+	// pods' IPv6 addresses: 9 pods over both nodes, most pairs through
+	// the tunnel, Kubernetes NetworkPolicies by labels, namespaces and
+	// IPv6 ipBlocks. (Run again in native mode once by hand, not here:
+	// it would add as much CI time again; see docs/routing.md.)
+	t.Run("policy matrix over IPv6 through the tunnel", func(t *testing.T) {
+		matrixSteps(t, e, name, matrixPodsUp(t, e, true))
+	})
+
 	t.Run("VXLAN from an address of no node is dropped", func(t *testing.T) {
 		// A forged packet from the world's namespace to node2's tunnel
 		// port, claiming the allowed frontend's identity in the VNI.
@@ -547,6 +564,10 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		}
 	})
 
+	t.Run("IPv6 across kill -9 of both agents", func(t *testing.T) {
+		ipv6AcrossAgentKills(t, e, name, ns, backend6)
+	})
+
 	// The connectivity test's IPv6 phase in tunnel mode with dual stack
 	// (pods across nodes, ClusterIP, masquerade, NodePort from the
 	// world): its IPv4 phases run in the suite's lab already, and all of
@@ -605,6 +626,185 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 			t.Errorf("native mode: other -> backend:8080 over IPv4 exit %d, want 0", c)
 		}
 	})
+
+	// NodePort over IPv6 in native mode: the world's IPv6 client dials
+	// backend-np's node port at node1's IPv6 address (the backend on
+	// node2, reached by the native IPv6 route) and at node2's (the
+	// backend local). The agents still run --bpf-lb-mode=dsr from the
+	// DSR step, which is IPv4 only: an IPv6 frontend is translated with
+	// SNAT, as in the default mode.
+	t.Run("native mode: NodePort at each node's IPv6 address from the world", func(t *testing.T) {
+		svc, err := e.cs.CoreV1().Services(ns).Get(ctx, "backend-np", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := strconv.Itoa(int(svc.Spec.Ports[0].NodePort))
+		for _, n := range e.st.Nodes {
+			addr := net.JoinHostPort(n.Address6, port)
+			var answer string
+			eventually(t, "an answer at "+addr+" from the world in native mode", func() (bool, error) {
+				answer, err = dialFrom(e.st.World.Netns, addr)
+				return err == nil && strings.Contains(answer, "backend"), fmt.Errorf("%v: %q", err, answer)
+			})
+		}
+	})
+}
+
+// ipv6AcrossAgentKills: between pods on the two nodes over IPv6, an
+// iperf3 TCP stream from frontend (node1) to the backend's port 5201
+// (node2), a UDP request loop from frontend to the backend's UDP 53 (one
+// every 10 ms, each on a new socket: a new flow each), and, from other
+// (node1), a TCP connection attempt to the backend's 8080 every 200 ms,
+// which the backend's policy denies. Two seconds after the stream's data
+// connection is up, both agents are
+// killed with SIGKILL and started again a second later; all three run
+// until 3 s after both agents answer again (the agents' restart, which
+// swaps their programs into the pinned links and rewrites the maps, is
+// inside the window however long it takes), then the stream and the
+// loop are interrupted (SIGINT). The stream ran the whole time without
+// an error, every UDP request was answered, and other never connected
+// (each attempt counted as a policy drop on node2, whose counters are
+// pinned maps).
+func ipv6AcrossAgentKills(t *testing.T, e *env, name, ns string, backend6 netip.Addr) {
+	t.Helper()
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		t.Fatal("iperf3 is missing (hack/install-deps.sh installs it)")
+	}
+	node2, err := e.st.Node("node2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/backend", "--", "iperf3", "-s", "-1", "-p", "5201")
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = server.Process.Kill(); _ = server.Wait() }()
+	eventually(t, "iperf3 -s listening in the backend", func() (bool, error) {
+		out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/backend", "--", "ss", "-Hltn", "sport = :5201").CombinedOutput()
+		return err == nil && strings.TrimSpace(string(out)) != "", fmt.Errorf("%v: %s", err, out)
+	})
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	denied0 := datapathCount(t, *node2, "Policy denied", "ingress")
+
+	// Both run until interrupted: at most 120 s (the test fails then).
+	const requests = 12000
+	var iperfOut, udpOut, udpErr bytes.Buffer
+	// `lab exec` execs nsenter, which execs the command: the signal
+	// below reaches iperf3 and the UDP client themselves.
+	iperf := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/frontend", "--",
+		"iperf3", "-c", backend6.String(), "-p", "5201", "-t", "120", "-b", "100M", "-J")
+	iperf.Stdout, iperf.Stderr = &iperfOut, &iperfOut
+	udp := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/frontend", "--", self)
+	udp.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d 10ms", udpStreamEnv, net.JoinHostPort(backend6.String(), "53"), requests))
+	udp.Stdout, udp.Stderr = &udpOut, &udpErr
+	if err := iperf.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = iperf.Process.Kill() }() // after a failure below; else it is gone
+	if err := udp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = udp.Process.Kill() }()
+	// The denied pod's attempts, until the stream ends.
+	stop := make(chan struct{})
+	var stopOnce sync.Once
+	stopAttempts := func() { stopOnce.Do(func() { close(stop) }) }
+	defer stopAttempts()
+	type attempts struct{ tried, connected, failed int }
+	deniedRes := make(chan attempts, 1)
+	go func() {
+		var a attempts
+		for {
+			select {
+			case <-stop:
+				deniedRes <- a
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			cmd := exec.Command(tendrilBin, "lab", "--name", name, "probe", ns+"/other", net.JoinHostPort(backend6.String(), "8080"), "--timeout", "1s")
+			_ = cmd.Run()
+			a.tried++
+			switch cmd.ProcessState.ExitCode() {
+			case 0:
+				a.connected++
+			case 1:
+			default:
+				a.failed++
+			}
+		}
+	}()
+
+	// The stream's data connection is up (iperf3's control connection
+	// and its data connection, both established at the server) before
+	// the kill: on a loaded machine iperf3 takes seconds to get there.
+	eventually(t, "iperf3's data connection established", func() (bool, error) {
+		out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/backend", "--", "ss", "-Htn", "state", "established", "sport = :5201").CombinedOutput()
+		return err == nil && len(strings.Split(strings.TrimSpace(string(out)), "\n")) >= 2, fmt.Errorf("%v: %s", err, out)
+	})
+	time.Sleep(2 * time.Second)
+	argvs := map[string][]string{}
+	killed := time.Now()
+	for _, n := range e.st.Nodes {
+		argvs[n.Name] = killAgent(t, e.st, n.Name)
+	}
+	time.Sleep(time.Second)
+	for _, n := range e.st.Nodes {
+		startAgent(t, e.st, n.Name, argvs[n.Name])
+	}
+	for _, n := range e.st.Nodes {
+		waitAgentAPI(t, n)
+	}
+	t.Logf("both agents killed and back in %s", time.Since(killed).Round(time.Millisecond))
+	time.Sleep(3 * time.Second)
+	window := time.Since(killed)
+	_ = iperf.Process.Signal(os.Interrupt)
+	_ = udp.Process.Signal(os.Interrupt)
+	iperfErr := iperf.Wait()
+	udpWaitErr := udp.Wait()
+	stopAttempts()
+	denied := <-deniedRes
+
+	var ir struct {
+		End struct {
+			SumSent iperfSum `json:"sum_sent"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	// iperf3 ends an interrupted client with this error (exit 1) and
+	// its summary so far; any other error is the stream's.
+	const interrupted = "interrupt - the client has terminated"
+	if err := json.Unmarshal(iperfOut.Bytes(), &ir); err != nil || ir.Error != interrupted {
+		t.Errorf("iperf3 frontend -> [%s]:5201 across the agents' kill -9: %v / %v / %q\n%s", backend6, iperfErr, err, ir.Error, iperfOut.String())
+	} else if r := ir.End.SumSent; r.Seconds < window.Seconds()+1.5 || r.Bytes == 0 {
+		// It was sending 2 s before the kill, and until the interrupt.
+		t.Errorf("IPv6 stream broken across the agents' kill -9: it sent for %.1f s, the kill to the interrupt took %.1f s", r.Seconds, window.Seconds())
+	} else {
+		t.Logf("iperf3 over IPv6 across kill -9 of both agents: %.1f s, %d MB, %d retransmits", r.Seconds, r.Bytes>>20, r.Retransmits)
+	}
+
+	var res udpStreamResult
+	if udpWaitErr != nil {
+		t.Errorf("UDP client: %v\n%s%s", udpWaitErr, udpOut.String(), udpErr.String())
+	} else if err := json.Unmarshal(udpOut.Bytes(), &res); err != nil {
+		t.Errorf("UDP client output: %v\n%s%s", err, udpOut.String(), udpErr.String())
+	} else {
+		t.Logf("UDP to [%s]:53 across kill -9 of both agents: %d sent, %d answered, gaps %v, answered by %v", backend6, res.Sent, res.Answered, res.Gaps, res.Pods)
+		if res.Sent < 100 || res.Answered != res.Sent || res.Pods["backend"] != res.Sent {
+			t.Errorf("UDP requests lost across the agents' kill -9: %d of %d answered (by %v)", res.Answered, res.Sent, res.Pods)
+		}
+	}
+
+	drops := datapathCount(t, *node2, "Policy denied", "ingress") - denied0
+	t.Logf("other -> [%s]:8080 during it: %d attempts, %d connected, %d could not probe; node2 counted %d ingress policy drops", backend6, denied.tried, denied.connected, denied.failed, drops)
+	if denied.connected != 0 || denied.failed != 0 || denied.tried < 5 {
+		t.Errorf("the denied pod: %d attempts, %d connected, %d could not probe; want at least 5 attempts, none connected", denied.tried, denied.connected, denied.failed)
+	}
+	if drops < uint64(denied.tried) {
+		t.Errorf("node2 counted %d ingress policy drops for %d denied attempts: not each refused by the policy", drops, denied.tried)
+	}
 }
 
 // preferDualStack is a Service's ipFamilyPolicy for a ClusterIP of each
