@@ -494,12 +494,9 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 		if code, out := curl("POST", "/healthz"); code != 0 || out != "403" {
 			t.Errorf("POST /healthz to web: exit %d, code %q, want 403", code, out)
 		}
-		// Two requests on one kept-alive connection (curl reuses it).
-		code, out := tendril(t, "exec", client, "--", "curl", "-sS", "-m", "5", "-o", "/dev/null", "-o", "/dev/null", "-w", "%{http_code} %{num_connects}\n",
-			webURL+"/healthz", webURL+"/healthz")
-		if lines := strings.Fields(out); code != 0 || len(lines) != 4 || lines[0] != "200" || lines[2] != "200" || lines[1] != "1" || lines[3] != "0" {
-			t.Errorf("two GETs on one connection: exit %d, %q, want 200 with one connect, then 200 with none", code, out)
-		}
+		// Keep-alive is not checked here: the lab workload closes each
+		// connection after its answer (TestPrivilegedIngressRedirectRealTraffic
+		// checks it, pkg/l7redirect).
 		plain := "default/" + e.labPodOn(t, node1.Name).Name
 		if c := probe(t, plain, web.Status.PodIP+":80", false); c != 1 {
 			t.Errorf("%s (not the client's identity) -> web:80: exit %d, want 1", plain, c)
