@@ -114,6 +114,8 @@ __attribute__((noinline)) int to_proxy(struct __sk_buff *skb, const struct pkt *
 		return TC_ACT_OK;
 	if (p->proxy == PROXY_DNS)
 		return -1;
+	if (p->proxy == PROXY_HTTP_INGRESS && dst)
+		return drop(REASON_POLICY_DENIED, DIR_INGRESS, dst->ep_id, p, ep->identity, dst->identity, 0);
 	return drop(REASON_POLICY_DENIED, DIR_EGRESS, ep->ep_id, p, ep->identity, dst ? dst->identity : 0, 0);
 }
 
@@ -168,7 +170,11 @@ __attribute__((noinline)) int from_pod_flow(struct __sk_buff *skb, struct lxc_pk
 	 * after; the replies (and ICMP errors, fragments) go their way. A
 	 * local destination's ingress policy still decides below, for the
 	 * pod's identity: the proxy's own connection reaches it as the
-	 * host's. */
+	 * host's. When that ingress entry names the HTTP proxy (and the
+	 * egress none), the flow goes to the proxy's ingress listener
+	 * (PROXY_HTTP_INGRESS): this is the tc ingress hook where a packet
+	 * to a local pod can be assigned to a socket, and the flow's entry
+	 * names this endpoint as its source for the proxy. */
 	if (ct_out != CT_NEW)
 		p->proxy = ct_out == CT_ESTABLISHED && e ? e->proxy : 0;
 	if (p->icmp_error || p->nonfirst_frag)

@@ -63,6 +63,12 @@
 #define PROXY_NONE 0
 #define PROXY_DNS 1 /* DNS rules (toPorts.rules.dns), UDP and TCP */
 #define PROXY_HTTP 2 /* HTTP rules (toPorts.rules.http), TCP */
+/* HTTP rules on the destination's ingress: a policy entry names
+ * PROXY_HTTP in either direction; a flow redirected for its destination's
+ * ingress entry records this one, whose listener (its own port in
+ * tdr_proxy_ports_v1) applies the destination's ingress rules to the
+ * source the conntrack entry names. */
+#define PROXY_HTTP_INGRESS 3
 #define PROXY_MAX 4
 
 /* The mark from_pod gives a packet it assigned to a proxy's socket: the
@@ -71,6 +77,13 @@
  * destination, so they reach the socket with their destination intact.
  * go:const ProxyMark PROXY_MARK_ uint32 */
 #define PROXY_MARK_VALUE 0x0200
+/* The mark (SO_MARK) of the ingress HTTP proxy's own connections to the
+ * pods it serves: to_pod admits their flows without the pod's ingress
+ * policy (the proxy admitted each request for the original peer; the
+ * policy would see the node). Only the node's root sets marks: a pod's
+ * packets lose theirs crossing its veth. Not PROXY_MARK_VALUE, so not
+ * delivered locally by the proxy's routing rule. */
+#define PROXY_MARK_UPSTREAM 0x0300
 #define PROXY_MARK_MASK 0x0F00
 #define PROXY_MARK_TABLE 2005
 

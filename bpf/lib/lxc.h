@@ -81,8 +81,17 @@ static __always_inline int to_pod_flow(struct __sk_buff *skb, struct lxc_pkt *c,
 	__u16 ep_id = ep->ep_id;
 	__u8 is_a = ep_is_a(f, DIR_INGRESS, p);
 	int ct = ct_classify(e, f, p, ep_id, is_a);
-	if (admit(ep, DIR_INGRESS, p, ct, peer_id))
+	/* The ingress HTTP proxy's own connection to this pod: the proxy
+	 * admitted the request for its original source. */
+	int from_proxy = ct == CT_NEW && (skb->mark & PROXY_MARK_MASK) == PROXY_MARK_UPSTREAM;
+	if (!from_proxy && admit(ep, DIR_INGRESS, p, ct, peer_id))
 		return TC_ACT_SHOT;
+	/* HTTP rules on this port: the flow must go through the HTTP proxy,
+	 * which needs a packet it can assign at a tc ingress hook (from_pod
+	 * of a local source does it). Here (a packet the node routed to the
+	 * pod, or one from the tunnel) it cannot: the port stays closed. */
+	if (p->proxy == PROXY_HTTP_INGRESS)
+		return drop(REASON_POLICY_DENIED, DIR_INGRESS, ep_id, p, peer_id, ep->identity, 0);
 	int notable = trace_notable(e, p, ct, e && ct_is_reply(e, f));
 	if (!p->icmp_error && !p->nonfirst_frag) {
 		if (!e) {

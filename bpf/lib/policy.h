@@ -248,9 +248,14 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 	if (enf && POLICY_VERDICT_EVENTS)
 		emit(EVENT_POLICY_VERDICT, REASON_FORWARDED, dir, ep_id, p, src_id, dst_id, VERDICT_ALLOWED, v.e_cookie, VERDICT_MATCH(v.e_match));
 out:
-	/* The pod programs' egress redirect reads it from the packet. */
+	/* The pod programs' redirect reads it from the packet. An ingress
+	 * entry's HTTP proxy is PROXY_HTTP_INGRESS, unless the source's
+	 * egress already sends the flow to a proxy (that proxy also applies
+	 * the destination's ingress rules, pkg/l7redirect). */
 	if (enf && dir == DIR_EGRESS)
 		((struct pkt *)p)->proxy = VERDICT_PROXY(v.e_match);
+	else if (enf && VERDICT_PROXY(v.e_match) == PROXY_HTTP && !p->proxy)
+		((struct pkt *)p)->proxy = PROXY_HTTP_INGRESS;
 	return 0;
 }
 

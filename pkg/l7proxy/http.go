@@ -28,10 +28,16 @@ import (
 	"github.com/tendril-net/tendril/pkg/policy/api"
 )
 
-// Source is the local endpoint a redirected connection came from.
+// Source is the peer a redirected connection came from: a local endpoint
+// (egress), or the peer of a local endpoint's ingress, whose identity is
+// the datapath's (EndpointID then the local endpoint it came from, 0 for
+// none).
 type Source struct {
 	EndpointID uint16
 	Identity   uint32
+	// Addr is the peer's address (for rules naming CIDRs); unset when
+	// the rules do not need it.
+	Addr netip.Addr
 }
 
 // Config is what the proxy asks of the agent.
@@ -42,7 +48,10 @@ type Config struct {
 	Dial func(dst netip.AddrPort) (net.Conn, error)
 	// Flow receives one L7 flow per request (nil: none).
 	Flow func(*flowpb.Flow)
-	Log  *slog.Logger
+	// Ingress: the proxy enforces the destination's ingress rules (its
+	// flows say so); otherwise the source's egress rules.
+	Ingress bool
+	Log     *slog.Logger
 }
 
 // HTTPProxy serves redirected HTTP connections.
@@ -280,6 +289,10 @@ func (p *HTTPProxy) emit(src Source, conn net.Conn, dst netip.AddrPort, req *htt
 	}
 	if verdict == flowpb.Verdict_DROPPED {
 		f.DropReasonDesc = flowpb.DropReason_POLICY_DENIED
+	}
+	f.TrafficDirection = flowpb.TrafficDirection_EGRESS
+	if p.cfg.Ingress {
+		f.TrafficDirection = flowpb.TrafficDirection_INGRESS
 	}
 	p.cfg.Flow(f)
 }

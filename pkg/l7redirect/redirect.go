@@ -13,6 +13,15 @@
 // source is not its endpoint's address (anti-spoofing) before it redirects
 // anything, and only packets of from_pod reach these sockets (the mark and
 // the assignment are the datapath's).
+//
+// Ingress: a third listener takes the flows the datapath sent to the HTTP
+// proxy for their destination's ingress rules (PROXY_HTTP_INGRESS). Its
+// peer is the endpoint the flow's conntrack entry names as the one whose
+// from_pod admitted and redirected it (the datapath's view, checked against
+// the address's owner); the rules are the destination endpoint's ingress
+// rules for that peer's identity; the upstream connection carries
+// PROXY_MARK_UPSTREAM, so the pod's to_pod does not ask its ingress policy
+// again (it would see the node) nor send it back to the proxy.
 package l7redirect
 
 import (
@@ -60,6 +69,10 @@ type Config struct {
 	// flow to dst over proto to the proxy (nil: none, everything is
 	// refused).
 	Rules func(ep uint16, dst netip.AddrPort, proto uint8) *policy.L7Rules
+	// IngressRules are the HTTP rules of local endpoint ep's ingress
+	// entry for peer src (its identity, its address) at port (nil: none,
+	// everything is refused).
+	IngressRules func(ep uint16, src uint32, srcAddr netip.Addr, port uint16) *policy.L7Rules
 	// DNS is the DNS proxy's configuration as the FQDN cell gives it
 	// (Learned, Flow, Log); the rest is filled here.
 	DNS fqdn.ProxyConfig
@@ -81,9 +94,13 @@ type Redirect struct {
 	dnsUDP   *net.UDPConn
 	dnsTCP   net.Listener
 	http     net.Listener
+	httpIn   net.Listener
+	ct       maps.CTMap
+	ctMaps   []*ebpf.Map
 	dnsSrv   *dns.Server
 	dnsProxy *fqdn.Proxy
 	httpPx   *l7proxy.HTTPProxy
+	httpInPx *l7proxy.HTTPProxy
 	wg       sync.WaitGroup
 }
 
@@ -121,7 +138,18 @@ func Start(cfg Config) (*Redirect, error) {
 		r.Close()
 		return nil, fmt.Errorf("open the proxies' port map under %s: %w", cfg.BPFRoot, err)
 	}
-	for proxy, l := range map[uint8]net.Listener{maps.ProxyDns: r.dnsTCP, maps.ProxyHttp: r.http} {
+	// The ingress listener names its peer from the flow's conntrack
+	// entry.
+	for _, name := range []string{bpf.LxcMapTdrCt4V2, bpf.LxcMapTdrCt6V2} {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(cfg.BPFRoot, name), nil)
+		if err != nil {
+			r.Close()
+			return nil, fmt.Errorf("open the conntrack map %s under %s: %w", name, cfg.BPFRoot, err)
+		}
+		r.ctMaps = append(r.ctMaps, m)
+	}
+	r.ct = maps.CTMapOf(r.ctMaps[0], r.ctMaps[1])
+	for proxy, l := range map[uint8]net.Listener{maps.ProxyDns: r.dnsTCP, maps.ProxyHttp: r.http, maps.ProxyHttpIngress: r.httpIn} {
 		if err := r.ports.Update(uint32(proxy), uint32(l.Addr().(*net.TCPAddr).Port), ebpf.UpdateAny); err != nil {
 			r.Close()
 			return nil, fmt.Errorf("put the TCP port of proxy %d in the datapath's map: %w", proxy, err)
@@ -193,6 +221,9 @@ func (r *Redirect) listen() error {
 	}
 	if r.http, err = tcp.Listen(ctx, "tcp4", fmt.Sprintf("0.0.0.0:%d", r.cfg.HTTPPort)); err != nil {
 		return fmt.Errorf("HTTP proxy listener: %w", err)
+	}
+	if r.httpIn, err = tcp.Listen(ctx, "tcp4", "0.0.0.0:0"); err != nil {
+		return fmt.Errorf("ingress HTTP proxy listener: %w", err)
 	}
 	return nil
 }
@@ -276,6 +307,26 @@ func (r *Redirect) serve() {
 		Flow: r.cfg.HTTPFlow,
 		Log:  r.log,
 	})
+	r.httpInPx = l7proxy.NewHTTP(l7proxy.Config{
+		Rules: func(src l7proxy.Source, dst netip.AddrPort) []api.PortRuleHTTP {
+			to, ok := r.sender(dst.Addr())
+			if !ok || r.cfg.IngressRules == nil {
+				return nil
+			}
+			rules := r.cfg.IngressRules(to.EndpointID, src.Identity, src.Addr, dst.Port())
+			if rules == nil {
+				return nil
+			}
+			if rules.AllowAll {
+				return []api.PortRuleHTTP{{}}
+			}
+			return rules.HTTP
+		},
+		Dial:    r.dialUpstream,
+		Flow:    r.cfg.HTTPFlow,
+		Ingress: true,
+		Log:     r.log,
+	})
 	tcpPort := uint16(r.dnsTCP.Addr().(*net.TCPAddr).Port)
 	r.dnsSrv = &dns.Server{Listener: r.dnsTCP, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
 		if addrPort(w.LocalAddr()).Port() == tcpPort {
@@ -285,7 +336,11 @@ func (r *Redirect) serve() {
 		}
 		r.dnsProxy.ServeDNS(w, req)
 	})}
-	r.wg.Add(3)
+	r.wg.Add(4)
+	go func() {
+		defer r.wg.Done()
+		r.serveHTTPIngress()
+	}()
 	go func() {
 		defer r.wg.Done()
 		if err := r.dnsSrv.ActivateAndServe(); err != nil && !errors.Is(err, net.ErrClosed) {
@@ -309,6 +364,75 @@ func (r *Redirect) dial(network, addr string) (c net.Conn, err error) {
 		return err
 	})
 	return c, err
+}
+
+// dialUpstream opens the ingress proxy's connection to the pod it serves,
+// from the node's namespace, marked PROXY_MARK_UPSTREAM (SO_MARK): the
+// pod's to_pod admits it without its ingress policy.
+func (r *Redirect) dialUpstream(dst netip.AddrPort) (c net.Conn, err error) {
+	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, raw syscall.RawConn) error {
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(maps.ProxyMarkUpstream))
+		}); err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("mark the ingress proxy's upstream socket: %w", serr)
+		}
+		return nil
+	}}
+	err = r.cfg.InNodeNS(func() error {
+		c, err = d.Dial("tcp", dst.String())
+		return err
+	})
+	return c, err
+}
+
+// ingressPeer names the peer of a connection the datapath sent to the
+// ingress listener: the endpoint the flow's conntrack entry names as its
+// source (the one whose from_pod admitted and redirected it), which must
+// still own the source address, towards a local endpoint that admitted it
+// on the other side. False for anything else (a connection made to the
+// listener directly, a flow no redirect recorded).
+func (r *Redirect) ingressPeer(src, dst netip.AddrPort) (Sender, bool) {
+	e, ok, err := r.ct.Lookup(maps.CTEntry{Proto: unix.IPPROTO_TCP, Src: src.Addr(), SrcPort: src.Port(), Dst: dst.Addr(), DstPort: dst.Port()})
+	if err != nil || !ok {
+		return Sender{}, false
+	}
+	if e.Proxy != maps.ProxyHttpIngress || e.Src != src.Addr() || e.SrcPort != src.Port() || e.SrcEndpoint == 0 || e.DstEndpoint == 0 {
+		return Sender{}, false
+	}
+	from, ok := r.sender(src.Addr())
+	if !ok || from.EndpointID != e.SrcEndpoint {
+		return Sender{}, false
+	}
+	if to, ok := r.sender(dst.Addr()); !ok || to.EndpointID != e.DstEndpoint {
+		return Sender{}, false
+	}
+	return from, true
+}
+
+func (r *Redirect) serveHTTPIngress() {
+	for {
+		c, err := r.httpIn.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			src := addrPort(c.RemoteAddr())
+			src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+			dst := addrPort(c.LocalAddr())
+			dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+			peer, ok := r.ingressPeer(src, dst)
+			if !ok {
+				r.log.Debug("Ingress HTTP proxy: a connection the datapath did not redirect", "src", src, "dst", dst)
+				c.Close()
+				return
+			}
+			r.httpInPx.ServeConn(c, l7proxy.Source{EndpointID: peer.EndpointID, Identity: peer.Identity, Addr: src.Addr()}, dst)
+		}()
+	}
 }
 
 func addrPort(a net.Addr) netip.AddrPort {
@@ -466,7 +590,7 @@ func (r *Redirect) Close() error {
 	} else if r.dnsTCP != nil {
 		errs = append(errs, r.dnsTCP.Close())
 	}
-	for _, c := range []interface{ Close() error }{r.dnsUDP, r.http} {
+	for _, c := range []interface{ Close() error }{r.dnsUDP, r.http, r.httpIn} {
 		if c != nil && !isNil(c) {
 			errs = append(errs, c.Close())
 		}
@@ -475,13 +599,16 @@ func (r *Redirect) Close() error {
 	if r.ports != nil {
 		// No listener: the datapath falls back (a kill leaves the ports,
 		// and the datapath then finds no listener on them).
-		for _, proxy := range []uint8{maps.ProxyDns, maps.ProxyHttp} {
+		for _, proxy := range []uint8{maps.ProxyDns, maps.ProxyHttp, maps.ProxyHttpIngress} {
 			errs = append(errs, r.ports.Update(uint32(proxy), uint32(0), ebpf.UpdateAny))
 		}
 		r.ports.Close()
 	}
 	if r.sockets != nil {
 		r.sockets.Close()
+	}
+	for _, m := range r.ctMaps {
+		m.Close()
 	}
 	return errors.Join(errs...)
 }

@@ -37,8 +37,9 @@ type Entry struct {
 	// what each view has at the key: 0 for a shared entry. One byte, so an
 	// entry stays 8 bytes (map states are large and built often).
 	Views ViewFlags
-	// Proxy is the node's proxy an allowed egress flow goes to (ProxyDNS,
-	// ProxyHTTP): the port has L7 rules, which Result.L7 holds. 0: none.
+	// Proxy is the node's proxy an allowed flow goes to (ProxyDNS on
+	// egress, ProxyHTTP): the port has L7 rules, which Result.L7 holds.
+	// 0: none.
 	// In what was padding: the entry stays 8 bytes.
 	Proxy  uint8
 	Cookie uint32

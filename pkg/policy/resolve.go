@@ -339,12 +339,15 @@ func (m MapState) add(s section, dir uint8, deny bool, rule StoredRule, ep Endpo
 			if !deny {
 				acc.plain[k] = true
 			}
-		case dir == Ingress:
-			// Ingress L7 rules: the datapath redirects egress only, so
-			// the port is not opened at all (fail closed) rather than
-			// opened to every request.
+		case dir == Ingress && ep.Host:
+			// The host endpoint's programs redirect nothing to the
+			// proxies: the port is not opened at all (fail closed)
+			// rather than opened to every request.
 			return
 		default:
+			// Egress, or a pod's ingress: the pod programs send the
+			// flow to the proxy (on ingress, bpf_lxc's from_pod of a
+			// local source; any other path drops it, lib/lxc.h).
 			e.Proxy = pk.proxy
 			r := acc.rules[k]
 			if r == nil {

@@ -60,6 +60,38 @@ spec:
         http: [{method: GET, path: /healthz}]
 `
 
+// webPolicyYAML: HTTP rules on the ingress of the pod web (port 80, GET
+// /healthz from the client only), and the client's egress to it (L4).
+const webPolicyYAML = `
+apiVersion: tendril.io/v1alpha1
+kind: TendrilNetworkPolicy
+metadata:
+  name: e2e-fqdn-web
+spec:
+  endpointSelector:
+    matchLabels: {app: fqdn-web}
+  ingress:
+  - fromEndpoints: [{matchLabels: {app: fqdn-client}}]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+      rules:
+        http: [{method: GET, path: /healthz}]
+`
+
+const clientToWebYAML = `
+apiVersion: tendril.io/v1alpha1
+kind: TendrilNetworkPolicy
+metadata:
+  name: e2e-fqdn-client-web
+spec:
+  endpointSelector:
+    matchLabels: {app: fqdn-client}
+  egress:
+  - toEndpoints: [{matchLabels: {app: fqdn-web}}]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+`
+
 // dnsLoadEnv makes the test binary a DNS client instead of a test run
 // (started inside a pod's network namespace and its node's cgroup by
 // TestPrivilegedLabFQDNPolicy): "SERVER NAME WANT COUNT INTERVAL CONNECT
@@ -424,6 +456,72 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 				case h.GetMethod() == "GET" && h.GetCode() == 200 && f.GetVerdict() == flowpb.Verdict_FORWARDED && strings.Contains(f.GetSummary(), `"/healthz"`):
 					allowed = true
 				case h.GetMethod() == "POST" && h.GetCode() == 403 && f.GetVerdict() == flowpb.Verdict_DROPPED && strings.Contains(f.GetSummary(), "no http rule"):
+					denied = true
+				}
+			}
+			return allowed && denied, fmt.Errorf("allowed %v, denied %v", allowed, denied)
+		})
+	})
+
+	t.Run("ingress-http", func(t *testing.T) {
+		// HTTP rules on a pod's own port: the client on the same node goes
+		// through node1's HTTP proxy (its from_pod assigns the flow); a
+		// pod of the same node without the client's identity, and any pod
+		// of another node (not built: dropped), cannot connect.
+		e.createPod(t, ns, "web", node1.Name, map[string]string{"app": "fqdn-web"})
+		web := e.waitReady(t, ns, "web")
+		for _, doc := range []string{webPolicyYAML, clientToWebYAML} {
+			p := &v1alpha1.TendrilNetworkPolicy{}
+			if err := yaml.UnmarshalStrict([]byte(doc), p); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{})
+			})
+		}
+		webURL := "http://" + web.Status.PodIP
+		curl := func(method, path string) (int, string) {
+			code, out := tendril(t, "exec", client, "--", "curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", "-X", method, webURL+path)
+			return code, strings.TrimSpace(out)
+		}
+		eventually(t, "GET /healthz to web answered 200 through the ingress proxy", func() (bool, error) {
+			code, out := curl("GET", "/healthz")
+			return code == 0 && out == "200", fmt.Errorf("exit %d, %q", code, out)
+		})
+		if code, out := curl("POST", "/healthz"); code != 0 || out != "403" {
+			t.Errorf("POST /healthz to web: exit %d, code %q, want 403", code, out)
+		}
+		// Keep-alive is not checked here: the lab workload closes each
+		// connection after its answer (TestPrivilegedIngressRedirectRealTraffic
+		// checks it, pkg/l7redirect).
+		plain := "default/" + e.labPodOn(t, node1.Name).Name
+		if c := probe(t, plain, web.Status.PodIP+":80", false); c != 1 {
+			t.Errorf("%s (not the client's identity) -> web:80: exit %d, want 1", plain, c)
+		}
+		for _, n := range e.st.Nodes {
+			if n.Name == node1.Name {
+				continue
+			}
+			other := "default/" + e.labPodOn(t, n.Name).Name
+			if c := probe(t, other, web.Status.PodIP+":80", false); c != 1 {
+				t.Errorf("%s on %s -> web:80: exit %d, want 1 (another node's source is not redirected: closed)", other, n.Name, c)
+			}
+			break
+		}
+		eventually(t, "ingress HTTP flows: GET /healthz naming the rule, POST denied", func() (bool, error) {
+			var allowed, denied bool
+			for _, f := range l7Flows() {
+				h := f.GetL7().GetHttp()
+				if h == nil || f.GetTrafficDirection() != flowpb.TrafficDirection_INGRESS || f.GetIP().GetDestination() != web.Status.PodIP {
+					continue
+				}
+				switch {
+				case h.GetMethod() == "GET" && h.GetCode() == 200 && f.GetVerdict() == flowpb.Verdict_FORWARDED && strings.Contains(f.GetSummary(), `"/healthz"`):
+					allowed = true
+				case h.GetMethod() == "POST" && h.GetCode() == 403 && f.GetVerdict() == flowpb.Verdict_DROPPED:
 					denied = true
 				}
 			}

@@ -13,14 +13,17 @@ import (
 	"net/netip"
 
 	"github.com/cilium/hive/cell"
+	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/agent/agentfqdn"
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
+	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/l7redirect"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/observer"
 	"github.com/tendril-net/tendril/pkg/option"
+	"github.com/tendril-net/tendril/pkg/policy"
 )
 
 // Cell runs the proxies the datapath redirects L7 ports to.
@@ -96,8 +99,11 @@ func redirectConfig(p params) l7redirect.Config {
 			return l7redirect.Sender{EndpointID: owner.EndpointID, Identity: owner.Identity}, true
 		},
 		Rules: p.Policy.L7Rules,
-		DNS:   p.FQDN.ProxyConfig(),
-		Log:   p.Log,
+		IngressRules: func(ep uint16, src uint32, srcAddr netip.Addr, port uint16) *policy.L7Rules {
+			return p.Policy.L7IngressRules(ep, identity.NumericIdentity(src), srcAddr, port, unix.IPPROTO_TCP)
+		},
+		DNS: p.FQDN.ProxyConfig(),
+		Log: p.Log,
 	}
 	if p.Flows != nil {
 		cfg.HTTPFlow = p.Flows.PublishL7

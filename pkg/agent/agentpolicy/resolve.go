@@ -657,3 +657,34 @@ func EndpointLabels(ep *endpoint.Endpoint) []string {
 	}
 	return endpoint.SortedLabels(labels)
 }
+
+// L7IngressRules are the HTTP rules the ingress proxy enforces for a flow
+// from src (its identity as the datapath admitted it, and its address) to
+// local endpoint epID's port over proto: those of the endpoint's ingress
+// entry for src's identity, else for the prefix a rule names that holds
+// src's address, else for any peer. Nil: none (the proxy refuses).
+func (p *Module) L7IngressRules(epID uint16, src identity.NumericIdentity, srcAddr netip.Addr, port uint16, proto uint8) *policy.L7Rules {
+	p.mu.Lock()
+	res, ok := p.results[epID]
+	p.mu.Unlock()
+	if !ok || len(res.L7) == 0 {
+		return nil
+	}
+	ids := []identity.NumericIdentity{src}
+	if p.policyCIDR != nil {
+		for bits := srcAddr.BitLen(); bits >= 0; bits-- {
+			if id, ok := p.policyCIDR.Lookup(netip.PrefixFrom(srcAddr, bits).Masked()); ok {
+				ids = append(ids, id)
+				break
+			}
+		}
+	}
+	ids = append(ids, 0)
+	for _, id := range ids {
+		k := policy.Key{Identity: id, Direction: policy.Ingress, Proto: proto, Port: port, PrefixLen: 16}
+		if r := res.L7[k]; r != nil {
+			return r
+		}
+	}
+	return nil
+}

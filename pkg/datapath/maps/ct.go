@@ -82,6 +82,11 @@ func MonotonicNow() uint64 {
 // CTMap is the conntrack table: one LRU hash per address family.
 type CTMap struct{ v4, v6 *ebpf.Map }
 
+// CTMapOf is the conntrack table held in the maps v4 (tdr_ct4_v2) and v6
+// (tdr_ct6_v2), opened by the caller (the pinned maps, for a reader outside
+// the datapath cell).
+func CTMapOf(v4, v6 *ebpf.Map) CTMap { return CTMap{v4: v4, v6: v6} }
+
 // srcIsA is the datapath's canonical order: side a of the key is the lower
 // (address, port), addresses and then ports compared as big-endian
 // numbers; a tie puts the source on side a.

@@ -64,7 +64,13 @@ const (
 	ProxyNone uint8 = 0 // PROXY_NONE
 	ProxyDns  uint8 = 1 // PROXY_DNS: DNS rules (toPorts.rules.dns), UDP and TCP
 	ProxyHttp uint8 = 2 // PROXY_HTTP: HTTP rules (toPorts.rules.http), TCP
-	ProxyMax  uint8 = 4 // PROXY_MAX
+	// HTTP rules on the destination's ingress: a policy entry names
+	// PROXY_HTTP in either direction; a flow redirected for its destination's
+	// ingress entry records this one, whose listener (its own port in
+	// tdr_proxy_ports_v1) applies the destination's ingress rules to the
+	// source the conntrack entry names.
+	ProxyHttpIngress uint8 = 3 // PROXY_HTTP_INGRESS
+	ProxyMax         uint8 = 4 // PROXY_MAX
 )
 
 // The mark from_pod gives a packet it assigned to a proxy's socket: the
@@ -74,8 +80,15 @@ const (
 // From PROXY_MARK_* of bpf/lib/enums.h.
 const (
 	ProxyMarkValue uint32 = 0x0200 // PROXY_MARK_VALUE
-	ProxyMarkMask  uint32 = 0x0F00 // PROXY_MARK_MASK
-	ProxyMarkTable uint32 = 2005   // PROXY_MARK_TABLE
+	// The mark (SO_MARK) of the ingress HTTP proxy's own connections to the
+	// pods it serves: to_pod admits their flows without the pod's ingress
+	// policy (the proxy admitted each request for the original peer; the
+	// policy would see the node). Only the node's root sets marks: a pod's
+	// packets lose theirs crossing its veth. Not PROXY_MARK_VALUE, so not
+	// delivered locally by the proxy's routing rule.
+	ProxyMarkUpstream uint32 = 0x0300 // PROXY_MARK_UPSTREAM
+	ProxyMarkMask     uint32 = 0x0F00 // PROXY_MARK_MASK
+	ProxyMarkTable    uint32 = 2005   // PROXY_MARK_TABLE
 )
 
 // Conntrack entry revocations (ct_entry.revoked), by side of the key: the
