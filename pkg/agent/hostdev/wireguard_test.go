@@ -176,7 +176,7 @@ func checkWireGuardReply(t *testing.T, n *masqNode, f ipFamily, gateway netip.Ad
 		}
 		if got == nil {
 			t.Logf("frames seen: %x", seen())
-			for r := range 64 {
+			for r := range 32 { // REASON_MAX
 				for d := range 2 {
 					if c := n.metric(uint8(r), uint8(d)); c != 0 {
 						t.Logf("metric reason %d dir %d: %d", r, d, c)
