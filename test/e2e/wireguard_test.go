@@ -878,7 +878,10 @@ func newReplyProbes(t *testing.T, name string, e *env, node1, node2 *lab.Node) *
 		nodePort: net.JoinHostPort(node1.Address, strconv.Itoa(int(svc.Spec.Ports[0].NodePort)))}
 	eventually(t, "the world answered through node1's NodePort", func() (bool, error) {
 		code, out := labProbe(t, name, lab.WorldRef, r.nodePort, false)
-		return code == 0, fmt.Errorf("exit %d: %s", code, out)
+		if code == 0 {
+			return true, nil
+		}
+		return false, fmt.Errorf("exit %d: %s", code, out)
 	})
 	return r
 }
