@@ -135,6 +135,7 @@ func checkWireGuardReply(t *testing.T, n *masqNode, f ipFamily, gateway netip.Ad
 	}
 	defer sock.Close()
 
+	written := 0
 	for _, proto := range []uint8{protoTCP, protoUDP} {
 		// The client's request, through from_netdev on the uplink: the
 		// mapping to the backend on the other node.
@@ -187,13 +188,15 @@ func checkWireGuardReply(t *testing.T, n *masqNode, f ipFamily, gateway netip.Ad
 				proto, ap(f.node, npRemote), ap(f.client, 40000))
 		}
 		t.Logf("proto %d: the reply left the uplink translated after %d write(s)", proto, writes)
+		written += writes
 		if !bytes.Equal(got[0:6], gatewayMAC) {
 			t.Errorf("proto %d: reply's destination MAC %x, want the gateway's %s", proto, got[0:6], gatewayMAC)
 		}
 		f.checkSums(t, "reply from the WireGuard device", got)
 	}
-	if got := n.metric(maps.ReasonNodeportReply, maps.DirEgress); got != 2 {
-		t.Fatalf("replies translated %d, want 2", got)
+	// A reply written again may have its first copy translated late.
+	if got := n.metric(maps.ReasonNodeportReply, maps.DirEgress); got < 2 || got > uint64(written) {
+		t.Fatalf("replies translated %d, want 2 to %d (the replies written)", got, written)
 	}
 
 	// A packet of no mapping (a pod's answer to this node's host, say)
