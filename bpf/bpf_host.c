@@ -34,7 +34,12 @@
  *
  * Everything else passes untouched: the host's own traffic without host
  * policy, pods' traffic within the cluster (docs/datapath.md,
- * docs/host-firewall.md). */
+ * docs/host-firewall.md).
+ *
+ * from_wireguard (ingress of the WireGuard device, docs/encryption.md):
+ * with node encryption a remote backend's reply to a NodePort client
+ * arrives decrypted on the device instead of the underlay; it gets the
+ * same reverse translation as from_netdev gives it there. */
 #include "lib/common.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -115,6 +120,28 @@ __attribute__((noinline)) int from_netdev6(struct __sk_buff *skb, struct pkt *p)
 		__builtin_memcpy(p->daddr, pod, 16);
 		p->dport = port;
 		return nodeport_reply6(skb, p);
+	}
+	count(REASON_MASQ_REPLY, DIR_INGRESS, p->len);
+	return TC_ACT_OK;
+}
+
+/* nat_reply4 translates an IPv4 reply of the NAT mapping m back (p: the
+ * parsed packet): the pod's address and port as destination; a remote
+ * backend's reply to an outside client goes on to nodeport_reply. The
+ * verdict. from_netdev's and from_wireguard's. */
+static __always_inline int nat_reply4(struct __sk_buff *skb, struct pkt *p, const struct nat4_entry *m)
+{
+	__u8 pod[4];
+	__builtin_memcpy(pod, m->addr, 4);
+	__be16 port = m->port;
+	__u8 flags = m->flags;
+	if (masq_rewrite(skb, p, FAMILY_V4, 1, pod, port))
+		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+	if (flags & NAT_F_NODEPORT) {
+		/* A remote backend's reply to an outside client. */
+		__builtin_memcpy(p->daddr, pod, 4);
+		p->dport = port;
+		return nodeport_reply(skb, p);
 	}
 	count(REASON_MASQ_REPLY, DIR_INGRESS, p->len);
 	return TC_ACT_OK;
@@ -251,18 +278,85 @@ int from_netdev(struct __sk_buff *skb)
 			return nodeport_snat(skb, &p);
 		return np >= 0 ? np : TC_ACT_OK;
 	}
-	__u8 pod[4];
-	__builtin_memcpy(pod, m->addr, 4);
-	__be16 port = m->port;
-	__u8 flags = m->flags;
-	if (masq_rewrite(skb, &p, FAMILY_V4, 1, pod, port))
-		return drop(REASON_MASQ_FAILED, DIR_INGRESS, 0, &p, 0, 0, 0);
-	if (flags & NAT_F_NODEPORT) {
-		/* A remote backend's reply to an outside client. */
-		__builtin_memcpy(p.daddr, pod, 4);
-		p.dport = port;
-		return nodeport_reply(skb, &p);
+	return nat_reply4(skb, &p, m);
+}
+
+/* wg_mapped_reply reports whether the packet at the start of skb (an IP
+ * packet without link-layer header: the WireGuard device's) is the reply
+ * of a NAT mapping, TCP or UDP: its Ethernet type then, 0 otherwise. A
+ * look at the IP and L4 headers only, so the device's other packets (the
+ * pods' traffic between nodes) pass as they came, untouched. A global
+ * function: its header copies are off from_wireguard's stack. */
+__attribute__((noinline)) int wg_mapped_reply(struct __sk_buff *skb)
+{
+	if (!skb)
+		return 0;
+	__u8 h[40] __attribute__((aligned(4)));
+	__be16 ports[2];
+	if (bpf_skb_load_bytes(skb, 0, h, 20))
+		return 0;
+	if ((h[0] >> 4) == 4) {
+		__u32 ihl = (__u32)(h[0] & 0xf) * 4;
+		/* A later fragment has no ports to map by. */
+		if (ihl < 20 || ((((__u16)h[6] << 8) | h[7]) & 0x1fff) || (h[9] != IPPROTO_TCP_ && h[9] != IPPROTO_UDP_))
+			return 0;
+		if (bpf_skb_load_bytes(skb, ihl, ports, 4))
+			return 0;
+		struct nat4_key k;
+		nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, &h[16], ports[1], &h[12], ports[0], h[9]);
+		return bpf_map_lookup_elem(&tdr_nat4_v1, &k) ? ETH_P_IP : 0;
 	}
-	count(REASON_MASQ_REPLY, DIR_INGRESS, p.len);
-	return TC_ACT_OK;
+	/* IPv6: the L4 header right after the fixed one (a packet with
+	 * extension headers is left to the host). */
+	if ((h[0] >> 4) != 6 || bpf_skb_load_bytes(skb, 0, h, 40) || (h[6] != IPPROTO_TCP_ && h[6] != IPPROTO_UDP_))
+		return 0;
+	if (bpf_skb_load_bytes(skb, 40, ports, 4))
+		return 0;
+	struct nat6_key k;
+	nat_key(&k, FAMILY_V6, NAT_DIR_INGRESS, &h[24], ports[1], &h[8], ports[0], h[6]);
+	return bpf_map_lookup_elem(&tdr_nat6_v1, &k) ? ETH_P_IPV6 : 0;
+}
+
+/* from_wireguard, at the WireGuard device's ingress: the reverse
+ * translation of from_netdev for the replies of its NAT mappings. With
+ * node encryption (lib/encrypt.h) a backend on another node answers a
+ * NodePort client this node masqueraded to its own address through that
+ * node's WireGuard device; the answer arrives here decrypted, where
+ * from_netdev, on the underlay, never sees it. It gets the client back as
+ * destination and the frontend as source, and goes out to the client as
+ * from_netdev sends it (nodeport_reply: a FIB lookup and a redirect).
+ *
+ * The device is an L3 device: its packets start with the IP header, and
+ * every header offset of the shared code counts an Ethernet header
+ * first. A mapped reply gets one pushed in front (bpf_skb_change_head,
+ * made for an L3 packet bound for an L2 device), with the packet's type,
+ * and the same code runs on it; the redirect to the underlay then writes
+ * the next hop's addresses into it. Anything else (every pod packet the
+ * device delivers, the host's own traffic) passes unchanged: this program
+ * is no host firewall and no service frontend (docs/encryption.md). */
+SEC("tcx/ingress")
+int from_wireguard(struct __sk_buff *skb)
+{
+	int eth_type = wg_mapped_reply(skb);
+	if (!eth_type)
+		return TC_ACT_OK;
+	if (bpf_skb_change_head(skb, ETH_HLEN, 0))
+		return TC_ACT_SHOT;
+	__be16 proto = bpf_htons((__u16)eth_type);
+	if (bpf_skb_store_bytes(skb, 12, &proto, 2, 0))
+		return TC_ACT_SHOT;
+	struct pkt p = {};
+	if (parse(skb, &p) || !masq_l4(&p))
+		return TC_ACT_SHOT;
+	if (p.family == FAMILY_V6) {
+		int r = from_netdev6(skb, &p);
+		/* Gone since the look (the GC): nothing to send it to. */
+		return r == FROM_NETDEV6_NO_MAPPING ? TC_ACT_SHOT : r;
+	}
+	struct nat4_key k;
+	nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, p.daddr, p.dport, p.saddr, p.sport, p.proto);
+	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
+	if (!m)
+		return TC_ACT_SHOT;
+	return nat_reply4(skb, &p, m);
 }

@@ -46,10 +46,17 @@ static __always_inline int encrypt_strict_check(struct __sk_buff *skb, const str
 	if (!peer)
 		return 0;
 	__u32 dev = cfg->ifindex;
-	/* A node's own address (node encryption): encrypt_node decides,
-	 * once the flow's entry tells a reply from what the pod starts. */
-	if (*peer & ENCRYPT_DST_NODE)
-		return 0;
+	/* A node's own address (node encryption): encrypt_node redirects
+	 * every packet to a peer's address to the device, replies too, so
+	 * what cannot go there (a node without a key, no device known)
+	 * would leave in the clear. Decided here, before the flow's entry is
+	 * written, as for the pod CIDRs; without node encryption a node's
+	 * address is none of strict mode's business. */
+	if (*peer & ENCRYPT_DST_NODE) {
+		if (!(cfg->flags & ENCRYPT_F_NODE))
+			return 0;
+		return (*peer & ENCRYPT_DST_PEER) && dev ? 0 : REASON_UNENCRYPTED;
+	}
 	if (!(*peer & ENCRYPT_DST_PEER) || !dev)
 		return REASON_UNENCRYPTED;
 	/* Where the host would send it: the same FIB the stack consults
@@ -114,21 +121,20 @@ __attribute__((noinline)) int encrypt_strict_drop(struct __sk_buff *skb, const s
  * it for the peer whose allowed IPs hold that address (the agent writes
  * the address only when the nodes table judged it that node's own,
  * nodemanager.Rules.OwnAddresses), and the peer accepts the pod's
- * address as inner source (its pod CIDR). With strict mode, one to a
- * node that is no peer, or with no device known, is dropped as
- * REASON_UNENCRYPTED (TC_ACT_SHOT) instead of leaving in the clear.
- * -1 leaves it to the host stack: node encryption off, no node's
- * address, and a reply (p->reply: against its flow's first packet). A
- * reply is a backend's answer to a NodePort client that the other node
- * masqueraded to its own address, which must arrive on that node's
- * underlay device, where from_netdev translates it back (arriving on its
- * WireGuard device it would be lost), or the answer to a connection the
- * other node's host opened to the pod: both go as before. A global
- * function: called after the flow's entry is written (the reply is told
- * from it), off from_pod_flow's stack. */
+ * address as inner source (its pod CIDR). Replies go the same way: a
+ * backend's answer to a NodePort client that the other node masqueraded
+ * to its own address arrives there on the WireGuard device, whose
+ * from_wireguard (bpf_host.c) translates it back as from_netdev does on
+ * the underlay; the answer to a connection the other node's host opened
+ * reaches its socket from the device. With strict mode, a packet to a
+ * node that is no peer, or with no device known, was dropped by
+ * encrypt_strict_check already; dropped here as REASON_UNENCRYPTED
+ * (TC_ACT_SHOT) too should the maps have changed in between. -1 leaves
+ * it to the host stack: node encryption off, no node's address. A global
+ * function: off from_pod_flow's stack. */
 __attribute__((noinline)) int encrypt_node(struct __sk_buff *skb, const struct pkt *p, __u16 ep_id, __u32 src_id)
 {
-	if (!skb || !p || p->reply)
+	if (!skb || !p)
 		return -1;
 	__u32 zero = 0;
 	struct encrypt_info *cfg = bpf_map_lookup_elem(&tdr_encrypt_v1, &zero);

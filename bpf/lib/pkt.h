@@ -39,8 +39,7 @@ struct pkt {
 	 * whose stack the policy's call chain has no room for. */
 	__u8 proxy;
 	/* from_pod_flow: the packet goes against its flow's first one (a
-	 * reply), for node encryption (lib/encrypt.h). In what was padding,
-	 * as proxy. */
+	 * reply), for its trace decision. In what was padding, as proxy. */
 	__u8 reply;
 	__u32 len;
 	/* End of the IP packet: Ethernet padding after it is not header. */

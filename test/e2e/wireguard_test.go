@@ -24,6 +24,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
@@ -702,6 +703,14 @@ func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node
 	if code, clear, _ := podToNode(t); code != 0 || clear == 0 {
 		t.Fatalf("without node encryption, frontend -> node2's address: exit %d, %d frames in the clear, want 0 and some (else the step proves nothing)", code, clear)
 	}
+	// Replies to connections node1's address holds: a NodePort of node1
+	// whose backend is on node2 (node1 masquerades the world's request to
+	// its own address), and node1's host connecting to that pod. Without
+	// node encryption the backend's replies leave node2 in the clear.
+	replies := newReplyProbes(t, name, e, node1, node2)
+	if clear, _ := replies.run(t, "without node encryption"); clear == 0 {
+		t.Fatalf("without node encryption the backend's replies to node1 were not seen in the clear: the step proves nothing")
+	}
 
 	restartAgents(t, e, nil, "--wireguard-encrypt-node")
 	for i, n := range []*lab.Node{node1, node2} {
@@ -810,6 +819,16 @@ func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node
 		return code == 0 && wg > 0, fmt.Errorf("exit %d, %d WireGuard datagrams", code, wg)
 	})
 
+	// The backend's replies to node1's address go through node2's device
+	// too, and node1's from_wireguard translates the NodePort's back.
+	eventually(t, "the backend's replies to node1 through the device", func() (bool, error) {
+		clear, wg := replies.run(t, "with node encryption")
+		if clear > 0 {
+			t.Fatalf("with node encryption %d frames of the backend's replies to node1 in the clear", clear)
+		}
+		return wg > 0, fmt.Errorf("%d WireGuard datagrams", wg)
+	})
+
 	eventually(t, "frontend -> backend:8080 with node encryption", func() (bool, error) {
 		c, _ := labProbe(t, name, ns+"/frontend", backend.Status.PodIP+":8080", false)
 		return c == 0, fmt.Errorf("exit %d", c)
@@ -818,6 +837,107 @@ func wireguardNodeStep(t *testing.T, name string, e *env, ns string, node1, node
 		out, err := runCLI(tendrilBin, "-H", node1.Socket, "encrypt", "status")
 		return err == nil && strings.Contains(out, node2.Address+"/32") && !strings.Contains(out, "last handshake never"), fmt.Errorf("%v: %s", err, out)
 	})
+}
+
+// replyProbes are the node encryption step's connections whose replies
+// go to node1's own address: the world to node1's NodePort whose backend
+// (npwg-backend) is on node2, and node1's host to that pod.
+type replyProbes struct {
+	name         string
+	e            *env
+	node1, node2 *lab.Node
+	backend      netip.Addr
+	nodePort     string
+}
+
+func newReplyProbes(t *testing.T, name string, e *env, node1, node2 *lab.Node) *replyProbes {
+	t.Helper()
+	ctx := context.Background()
+	const ns = "e2e-wgreply"
+	e.createNamespace(t, ns)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "npwg-backend", Labels: map[string]string{"app": "npwg"}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{"kubernetes.io/hostname": node2.Name},
+			Containers:   []corev1.Container{{Name: "main", Image: "lab", Args: []string{"--report-peer"}}},
+		},
+	}
+	if _, err := e.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ready := e.waitReady(t, ns, "npwg-backend")
+	svc, err := e.cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "npwg"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "npwg"},
+			Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replyProbes{name: name, e: e, node1: node1, node2: node2, backend: netip.MustParseAddr(ready.Status.PodIP),
+		nodePort: net.JoinHostPort(node1.Address, strconv.Itoa(int(svc.Spec.Ports[0].NodePort)))}
+	eventually(t, "the world answered through node1's NodePort", func() (bool, error) {
+		code, out := labProbe(t, name, lab.WorldRef, r.nodePort, false)
+		if code == 0 {
+			return true, nil
+		}
+		return false, fmt.Errorf("exit %d: %s", code, out)
+	})
+	return r
+}
+
+// run probes both with a capture on node2's bridge port: the frames from
+// the backend in the clear, and the WireGuard datagrams between the
+// nodes. Each probe must be answered by the backend: the NodePort's seeing
+// node1's address (node1 masqueraded the world's request), the host's
+// connection seeing node1's address too.
+func (r *replyProbes) run(t *testing.T, what string) (clear, wg int) {
+	t.Helper()
+	n1, n2 := netip.MustParseAddr(r.node1.Address), netip.MustParseAddr(r.node2.Address)
+	cap := startRawCapture(t, r.e.st.NetNetns, "node2")
+	code, out := labProbe(t, r.name, lab.WorldRef, r.nodePort, false)
+	m := peerAnswer.FindStringSubmatch(out)
+	var hostAnswer string
+	inNetns(t, r.node1.Netns, func() error {
+		// From node1's own address (the source the kernel would pick
+		// for the device's route depends on the devices' order).
+		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: n1.AsSlice()}}
+		c, err := d.Dial("tcp", netip.AddrPortFrom(r.backend, 80).String())
+		if err != nil {
+			return fmt.Errorf("node1's host -> %s:80: %w", r.backend, err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte(workload.ProbeRequest)); err != nil {
+			return err
+		}
+		b, err := io.ReadAll(io.LimitReader(c, 200))
+		hostAnswer = string(b)
+		if len(b) == 0 {
+			return fmt.Errorf("node1's host -> %s:80: no answer: %w", r.backend, err)
+		}
+		return nil
+	})
+	frames, err := cap.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 || m == nil || m[1] != "npwg-backend" || m[2] != r.node1.Address {
+		t.Fatalf("%s: world -> %s: exit %d: %s (want npwg-backend seeing node1's %s)", what, r.nodePort, code, out, r.node1.Address)
+	}
+	if !strings.HasPrefix(hostAnswer, "npwg-backend from "+r.node1.Address+":") {
+		t.Fatalf("%s: node1's host -> %s:80 answered %q, want npwg-backend seeing node1's %s", what, r.backend, hostAnswer, r.node1.Address)
+	}
+	clear = clearFrames(frames, map[netip.Addr]string{r.backend: "npwg-backend"})
+	for _, f := range frames {
+		if src, sp, dst, dp, proto, ok := l4Of(f); ok && proto == unix.IPPROTO_UDP && sp == 51871 && dp == 51871 &&
+			((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+			wg++
+		}
+	}
+	t.Logf("%s: the world -> %s and node1's host -> %s:80 answered; on node2's bridge port %d frames, %d from or to the backend in the clear, %d WireGuard datagrams",
+		what, r.nodePort, r.backend, len(frames), clear, wg)
+	return clear, wg
 }
 
 // TestPrivilegedLabWireGuardTunnel: a lab in the tunnel routing mode with

@@ -29,10 +29,14 @@ import (
 )
 
 // Directions of an attachment: ingress runs from_netdev (replies coming
-// in), egress to_netdev (pod traffic leaving).
+// in), egress to_netdev (pod traffic leaving). The WireGuard device's
+// attachment (AttachWireGuard) is an ingress one of its own kind: it runs
+// from_wireguard, and the devices' bookkeeping (DetachOthers,
+// removeFilters) does not see it.
 const (
-	dirIngress = "ingress"
-	dirEgress  = "egress"
+	dirIngress   = "ingress"
+	dirEgress    = "egress"
+	dirWireGuard = "wireguard"
 )
 
 var directions = [...]string{dirIngress, dirEgress}
@@ -73,6 +77,7 @@ type Programs struct {
 	mu       sync.Mutex
 	toNetdev *ebpf.Program
 	fromNet  *ebpf.Program
+	fromWG   *ebpf.Program
 	nl       *netlink.Handle
 	// links are the TCX links this process holds, by attachment name;
 	// filters the tc filters, by attachment name.
@@ -122,14 +127,25 @@ func Load(opts Options, log *slog.Logger) (*Programs, error) {
 	var from struct {
 		P *ebpf.Program `ebpf:"from_netdev"`
 	}
+	var fromWG struct {
+		P *ebpf.Program `ebpf:"from_wireguard"`
+	}
 	var wg sync.WaitGroup
-	var toErr, fromErr error
-	wg.Add(2)
+	var toErr, fromErr, wgErr error
+	wg.Add(3)
 	go func() { defer wg.Done(); toErr = spec.Copy().LoadAndAssign(&to, copts) }()
 	go func() { defer wg.Done(); fromErr = spec.Copy().LoadAndAssign(&from, copts) }()
+	go func() { defer wg.Done(); wgErr = spec.Copy().LoadAndAssign(&fromWG, copts) }()
 	wg.Wait()
-	if err := errors.Join(toErr, fromErr); err != nil {
-		for _, p := range []*ebpf.Program{to.P, from.P} {
+	closeAll := func() {
+		for _, p := range []*ebpf.Program{to.P, from.P, fromWG.P} {
+			if p != nil {
+				p.Close()
+			}
+		}
+	}
+	if err := errors.Join(toErr, fromErr, wgErr); err != nil {
+		for _, p := range []*ebpf.Program{to.P, from.P, fromWG.P} {
 			if p != nil {
 				p.Close()
 			}
@@ -141,17 +157,15 @@ func Load(opts Options, log *slog.Logger) (*Programs, error) {
 		return nil, fmt.Errorf("load host device programs: %w", err)
 	}
 	if err := os.MkdirAll(linksDir(opts.BPFRoot), 0o750); err != nil {
-		to.P.Close()
-		from.P.Close()
+		closeAll()
 		return nil, fmt.Errorf("create links directory: %w", err)
 	}
 	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
-		to.P.Close()
-		from.P.Close()
+		closeAll()
 		return nil, fmt.Errorf("open netlink handle: %w", err)
 	}
-	return &Programs{opts: opts, log: log, toNetdev: to.P, fromNet: from.P, nl: nl,
+	return &Programs{opts: opts, log: log, toNetdev: to.P, fromNet: from.P, fromWG: fromWG.P, nl: nl,
 		links: map[string]link.Link{}, filters: map[string]bool{}}, nil
 }
 
@@ -178,8 +192,11 @@ func parseAttachmentName(name string) (int, string, bool) {
 }
 
 func (p *Programs) prog(dir string) *ebpf.Program {
-	if dir == dirIngress {
+	switch dir {
+	case dirIngress:
 		return p.fromNet
+	case dirWireGuard:
+		return p.fromWG
 	}
 	return p.toNetdev
 }
@@ -246,6 +263,67 @@ func (p *Programs) Check(ifindex int) (reattached bool, err error) {
 		}
 	}
 	return reattached, nil
+}
+
+// AttachWireGuard gives the WireGuard device (ifindex) from_wireguard at
+// its ingress, in the attach mode: with node encryption a remote backend's
+// reply to a NodePort client arrives there, decrypted, and needs the
+// reverse translation from_netdev gives it on the underlay
+// (docs/encryption.md). An attachment already in place is left as it is;
+// the ones of a former device (the device process started again makes a
+// new device, with another index) are removed. Reports whether it
+// attached anything.
+func (p *Programs) AttachWireGuard(ifindex int) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	name := attachmentName(ifindex, dirWireGuard)
+	attached := false
+	if p.opts.AttachMode == loader.AttachTC {
+		if !p.holdsFilter(ifindex, dirWireGuard) {
+			if err := p.attachTC(ifindex, dirWireGuard); err != nil {
+				return false, err
+			}
+			attached = true
+		}
+		if err := p.dropLink(name); err != nil {
+			return attached, err
+		}
+	} else {
+		lk, ok := p.links[name]
+		at := 0
+		if ok {
+			var err error
+			if at, err = loader.TCXIfindex(lk); err != nil {
+				return false, fmt.Errorf("read link %s: %w", name, err)
+			}
+		}
+		if at != ifindex {
+			if err := p.attachTCX(ifindex, dirWireGuard); err != nil {
+				return false, err
+			}
+			attached = true
+		}
+		if err := p.deleteFilter(ifindex, dirWireGuard); err != nil {
+			return attached, err
+		}
+	}
+	entries, err := os.ReadDir(linksDir(p.opts.BPFRoot))
+	if err != nil {
+		return attached, fmt.Errorf("read pinned links: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if isWireGuardAttachment(e.Name()) && e.Name() != name {
+			errs = append(errs, p.dropLink(e.Name()))
+		}
+	}
+	return attached, errors.Join(errs...)
+}
+
+// isWireGuardAttachment reports whether a pinned link's name is a
+// WireGuard device's (AttachWireGuard).
+func isWireGuardAttachment(name string) bool {
+	return strings.HasPrefix(name, "dev") && strings.HasSuffix(name, "-"+dirWireGuard)
 }
 
 // holdsFilter reports whether the kernel has Tendril's filter in its slot
@@ -315,9 +393,9 @@ func (p *Programs) attachTCX(ifindex int, dir string) error {
 }
 
 func (p *Programs) filter(ifindex int, dir string, fd int) *netlink.BpfFilter {
-	parent := uint32(netlink.HANDLE_MIN_EGRESS)
-	if dir == dirIngress {
-		parent = netlink.HANDLE_MIN_INGRESS
+	parent := uint32(netlink.HANDLE_MIN_INGRESS)
+	if dir == dirEgress {
+		parent = netlink.HANDLE_MIN_EGRESS
 	}
 	return &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{LinkIndex: ifindex, Parent: parent, Handle: tcHandle, Priority: tcPriority, Protocol: unix.ETH_P_ALL},
@@ -527,4 +605,5 @@ func (p *Programs) Close() {
 	}
 	p.toNetdev.Close()
 	p.fromNet.Close()
+	p.fromWG.Close()
 }

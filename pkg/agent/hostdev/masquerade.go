@@ -386,6 +386,28 @@ func (m *Masquerade) CheckAttachments() {
 	}
 }
 
+// AttachWireGuard gives the WireGuard device its program (see
+// Programs.AttachWireGuard); nothing without the host programs (no NAT
+// mapping is made then, so none has replies to translate back).
+func (m *Masquerade) AttachWireGuard(ifindex int) error {
+	if m == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.prog == nil {
+		return nil
+	}
+	attached, err := m.prog.AttachWireGuard(ifindex)
+	if attached {
+		m.log.Info("WireGuard device given the NodePort reverse translation", "ifindex", ifindex, "attach-mode", m.mode)
+	}
+	if err != nil {
+		return fmt.Errorf("attach from_wireguard to device %d: %w", ifindex, err)
+	}
+	return nil
+}
+
 // CollectNAT deletes the NAT entries and DSR records of flows conntrack
 // no longer has: the agent's conntrack GC calls it after each sweep.
 func (m *Masquerade) CollectNAT() (maps.NATSweep, error) {
@@ -453,7 +475,7 @@ func detachPinned(root string, log *slog.Logger) error {
 	}
 	var errs []error
 	for _, e := range entries {
-		if _, _, ok := parseAttachmentName(e.Name()); !ok {
+		if _, _, ok := parseAttachmentName(e.Name()); !ok && !isWireGuardAttachment(e.Name()) {
 			continue
 		}
 		if err := os.Remove(filepath.Join(linksDir(root), e.Name())); err != nil {

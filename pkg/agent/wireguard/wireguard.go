@@ -44,6 +44,7 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/agent/agentendpoints"
 	"github.com/tendril-net/tendril/pkg/agent/agentk8s"
+	"github.com/tendril-net/tendril/pkg/agent/hostdev"
 	"github.com/tendril-net/tendril/pkg/agent/nodes"
 	"github.com/tendril-net/tendril/pkg/agent/tunnel"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
@@ -120,6 +121,13 @@ type NodeRouter interface {
 	Sync(addrs []netip.Addr, exclude []netip.AddrPort, prune bool) (bool, error)
 }
 
+// ReplyTranslation gives the WireGuard device the host programs'
+// reverse translation of NodePort replies (hostdev.Masquerade's
+// AttachWireGuard; a fake in the cell's tests).
+type ReplyTranslation interface {
+	AttachWireGuard(ifindex int) error
+}
+
 // Strict is what the datapath's part of strict mode and of node
 // encryption needs: the maps and the device's ifindex by its name; in the
 // tunnel routing mode the tunnel's UDP port (0 in native routing).
@@ -142,6 +150,12 @@ type Encryption struct {
 	strict *Strict
 	// nodeRoutes is set with --wireguard-encrypt-node.
 	nodeRoutes NodeRouter
+	// replies is set with the datapath: the device's ingress gets
+	// from_wireguard, which translates back the replies other nodes'
+	// backends send through their devices (their node encryption).
+	// linkIndex finds the device's ifindex by its name.
+	replies   ReplyTranslation
+	linkIndex func(name string) (int, error)
 	// tunnelRoutes is set in the tunnel routing mode.
 	tunnelRoutes NodeRouter
 	// rules judge which of a node's addresses are its own
@@ -271,7 +285,23 @@ func (e *Encryption) reconcile(ctx context.Context) error {
 	if changed {
 		e.log.Info("WireGuard peers set", "device", e.cfg.WireguardDevice, "peers", len(want), "nodes-synced", initialized)
 	}
-	return errors.Join(e.syncNodeRoutes(want, initialized), e.syncTunnelRoutes(all, initialized), e.syncStrict(all, want, initialized))
+	return errors.Join(e.syncReplies(), e.syncNodeRoutes(want, initialized), e.syncTunnelRoutes(all, initialized), e.syncStrict(all, want, initialized))
+}
+
+// syncReplies gives the device's ingress from_wireguard (nothing without
+// the datapath). Whatever this node's own flags: a peer with node
+// encryption sends its backends' replies to this node's NodePort clients
+// through its device, and they arrive here. At every reconcile, so a
+// device started again (a new ifindex) gets it within one.
+func (e *Encryption) syncReplies() error {
+	if e.replies == nil {
+		return nil
+	}
+	ifindex, err := e.linkIndex(e.cfg.WireguardDevice)
+	if err != nil {
+		return fmt.Errorf("wireguard device %s: %w", e.cfg.WireguardDevice, err)
+	}
+	return e.replies.AttachWireGuard(ifindex)
 }
 
 // syncTunnelRoutes sends the tunnel's datagrams to every other node's
@@ -612,6 +642,9 @@ type params struct {
 	Metrics *metrics.Server `optional:"true"`
 	// Loader is nil without the datapath (then no strict mode).
 	Loader *loader.Loader
+	// Masq holds the host device programs (nil without the datapath):
+	// from_wireguard comes from it.
+	Masq *hostdev.Masquerade `optional:"true"`
 }
 
 func newCell(p params) (*Encryption, error) {
@@ -691,6 +724,9 @@ func newCell(p params) (*Encryption, error) {
 					// datagrams: strict mode checks their route.
 					e.strict.TunnelPort = p.Tunnel.Port()
 				}
+			}
+			if p.Masq != nil {
+				e.replies, e.linkIndex = p.Masq, linkIndex
 			}
 			if p.Config.WireguardEncryptNode || tunneling {
 				h, err := netlink.NewHandle()

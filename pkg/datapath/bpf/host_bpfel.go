@@ -421,6 +421,7 @@ const (
 	HostMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	HostMapTdrTunnelV1           = "tdr_tunnel_v1"
 	HostProgFromNetdev           = "from_netdev"
+	HostProgFromWireguard        = "from_wireguard"
 	HostProgToNetdev             = "to_netdev"
 	HostVarEVENTS_BURST          = "EVENTS_BURST"
 	HostVarEVENTS_PER_SEC        = "EVENTS_PER_SEC"
@@ -478,8 +479,9 @@ type HostSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type HostProgramSpecs struct {
-	FromNetdev *ebpf.ProgramSpec `ebpf:"from_netdev"`
-	ToNetdev   *ebpf.ProgramSpec `ebpf:"to_netdev"`
+	FromNetdev    *ebpf.ProgramSpec `ebpf:"from_netdev"`
+	FromWireguard *ebpf.ProgramSpec `ebpf:"from_wireguard"`
+	ToNetdev      *ebpf.ProgramSpec `ebpf:"to_netdev"`
 }
 
 // HostMapSpecs contains maps before they are loaded into the kernel.
@@ -684,13 +686,15 @@ type HostVariables struct {
 //
 // It can be passed to LoadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type HostPrograms struct {
-	FromNetdev *ebpf.Program `ebpf:"from_netdev"`
-	ToNetdev   *ebpf.Program `ebpf:"to_netdev"`
+	FromNetdev    *ebpf.Program `ebpf:"from_netdev"`
+	FromWireguard *ebpf.Program `ebpf:"from_wireguard"`
+	ToNetdev      *ebpf.Program `ebpf:"to_netdev"`
 }
 
 func (p *HostPrograms) Close() error {
 	return _HostClose(
 		p.FromNetdev,
+		p.FromWireguard,
 		p.ToNetdev,
 	)
 }

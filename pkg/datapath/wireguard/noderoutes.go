@@ -19,11 +19,10 @@ import (
 // marked packets to the main table as before, a second sends the rest of
 // what this node itself sends (iif lo: locally generated) to NodeTable,
 // which holds one route per peer node address to the device. Forwarded
-// packets (a pod's) take the main table: a remote backend's reply to a
-// NodePort's masqueraded source must come back on the underlay device,
-// where from_netdev translates it back (no program runs on the WireGuard
-// device); a pod's traffic to another node's address stays as without the
-// option (docs/encryption.md).
+// packets (a pod's) take the main table: from_pod itself sends a pod's
+// packets to another node's address to the device (lib/encrypt.h), and
+// the other node's from_wireguard translates a NodePort reply among them
+// back (docs/encryption.md).
 const (
 	// NodeMark is the device's firewall mark (its UDP socket's SO_MARK),
 	// tested under itself as mask. No Tendril program sets skb marks.

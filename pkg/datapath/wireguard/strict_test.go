@@ -358,14 +358,14 @@ func TestPrivilegedStrictTunnel(t *testing.T) {
 // (--wireguard-encrypt-node): the node routes serve only what the host
 // itself sends (their rule is "iif lo"), so without the datapath a pod's
 // packets to a peer's address left in the clear. With the node flag and
-// the peer's address in the map, what the pod starts is redirected to
-// the WireGuard device (a veth stands in for it); a reply (the pod
-// answering a connection that node opened: to_pod saw its first packet)
-// is left to the host stack, as is a node without a key, an address in
-// no map entry, and everything while the device is not known. Strict
-// mode too: a node without a key, or no device, drops what the pod
-// starts as UNENCRYPTED; replies still go on. Seen failing on the old
-// object (no redirect: verdict 0 where 7 is wanted).
+// the peer's address in the map, what the pod starts and its replies (the
+// pod answering a connection that node opened: to_pod saw its first
+// packet) are redirected to the WireGuard device (a veth stands in for
+// it); a node without a key, an address in no map entry, and everything
+// while the device is not known are left to the host stack. Strict mode
+// too: a node without a key, or no device, drops what the pod starts and
+// its replies as UNENCRYPTED. Seen failing on the object before replies
+// were redirected (verdict 0 for the reply to a peer's address, 7 wanted).
 func TestPrivilegedNodeEncryptFromPod(t *testing.T) {
 	l := strictNode(t)
 	pod := netip.MustParseAddr("10.1.0.2")
@@ -422,7 +422,7 @@ func TestPrivilegedNodeEncryptFromPod(t *testing.T) {
 	}
 	// reply has dst open a flow to the pod (to_pod sees its first
 	// packet), then runs from_pod on the pod's answer.
-	reply := func(what string, dst netip.Addr, want uint32) {
+	reply := func(what string, dst netip.Addr, want uint32, wantDrops uint64) {
 		t.Helper()
 		port++
 		in := udpFrame(dst, pod)
@@ -435,6 +435,9 @@ func TestPrivilegedNodeEncryptFromPod(t *testing.T) {
 		binary.BigEndian.PutUint16(out[14+20:], port)
 		if got := runFrom(t, from, ifPod, out); got != want {
 			t.Errorf("%s: verdict %d, want %d", what, got, want)
+		}
+		if got := drops(); got != wantDrops {
+			t.Errorf("%s: %d packets dropped as unencrypted, want %d", what, got, wantDrops)
 		}
 	}
 
@@ -449,7 +452,10 @@ func TestPrivilegedNodeEncryptFromPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("on, a peer's address", nodeB, redirect, 0)
-	reply("on, a reply to a peer's address", nodeB, pass)
+	// Replies too: the peer's from_wireguard translates a NodePort
+	// reply back, a host's socket takes the rest.
+	reply("on, a reply to a peer's address", nodeB, redirect, 0)
+	reply("on, a reply to a node without a key", nodeD, pass, 0)
 	check("on, a node without a key", nodeD, pass, 0)
 	check("on, no node's address", outside, pass, 0)
 	check("on, a peer's pod (the route's business)", remotePod, pass, 0)
@@ -468,15 +474,15 @@ func TestPrivilegedNodeEncryptFromPod(t *testing.T) {
 	}
 	check("strict, a peer's address", nodeB, redirect, 1)
 	check("strict, a node without a key", nodeD, shot, 2)
-	reply("strict, a reply to a node without a key", nodeD, pass)
-	reply("strict, a reply to a peer's address", nodeB, pass)
-	check("strict, no node's address", outside, pass, 2)
+	reply("strict, a reply to a node without a key", nodeD, shot, 3)
+	reply("strict, a reply to a peer's address", nodeB, redirect, 3)
+	check("strict, no node's address", outside, pass, 3)
 	// The tunnel routing mode: the node's address has no tunnel
 	// endpoint, the pod's packet still goes to the device.
 	if err := em.SetDevice(wg.Attrs().Index, true, true, tunnel.DefaultVXLANPort); err != nil {
 		t.Fatal(err)
 	}
-	check("strict, tunnel mode, a peer's address", nodeB, redirect, 2)
+	check("strict, tunnel mode, a peer's address", nodeB, redirect, 3)
 
 	// The address gone from the map (node encryption turned off).
 	if err := em.SyncNodeAddrs(nil, true); err != nil {
@@ -485,7 +491,7 @@ func TestPrivilegedNodeEncryptFromPod(t *testing.T) {
 	if got, err := em.ReadCIDRs(); err != nil || len(got) != 1 {
 		t.Fatalf("ReadCIDRs() after the node addresses went = %v, %v", got, err)
 	}
-	check("strict, the address removed", nodeB, pass, 2)
+	check("strict, the address removed", nodeB, pass, 3)
 }
 
 // unencryptedDrops is the egress UNENCRYPTED drop counter of l's metrics.
