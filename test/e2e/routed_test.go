@@ -49,6 +49,8 @@ func withRoutingMode(t *testing.T, argv []string, mode string) []string {
 //   - Node IDs: node1's agent gives node2 an ID (the stock cilium-dbg
 //     nodeid list), the same after node1's agent was killed and started
 //     again.
+//   - The whole connectivity test (both families) and the x/y/z policy
+//     matrix in tunnel mode across the subnets.
 //   - Native mode (the agents restarted with --routing-mode native): the
 //     route to the other node's pod CIDR via that node cannot be made
 //     (its gateway is not on-link: the routes table says so), and a pod's
@@ -204,6 +206,12 @@ func TestPrivilegedLabRoutedTopology(t *testing.T) {
 				t.Errorf("output lacks check %q", want)
 			}
 		}
+	})
+
+	// The upstream netpol suite's x/y/z matrix in tunnel mode across the
+	// subnets (IPv4; its IPv6 run is TestPrivilegedLabTunnelVXLAN's).
+	t.Run("tunnel: the policy matrix (x, y, z) across the subnets", func(t *testing.T) {
+		reachabilityMatrix(t, e, name)
 	})
 
 	node2CIDR := ""
