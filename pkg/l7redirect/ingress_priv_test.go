@@ -2,16 +2,12 @@ package l7redirect
 
 import (
 	"bufio"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -40,37 +36,8 @@ import (
 // closed, a cannot connect either (fail closed).
 func TestPrivilegedIngressRedirectRealTraffic(t *testing.T) {
 	testutil.Privileged(t)
-	node, err := netlab.NewNode("tdrl7i")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = node.Close() })
-	leave, err := node.Enter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(leave)
-	b8 := make([]byte, 4)
-	_, _ = rand.Read(b8)
-	root := filepath.Join("/sys/fs/bpf", "tendril-l7itest-"+hex.EncodeToString(b8))
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	pa, err := node.AddPod("a", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pb, err := node.AddPod("b", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := node.AddPod("c", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := loader.New(loader.Config{BPFRoot: root, DirectDelivery: true}, nil)
-	t.Cleanup(func() { _ = l.Close() })
-	if err := l.Start(); err != nil {
-		t.Fatal(err)
-	}
+	node, l, root, pods := redirectNode(t, "tdrl7i", "a", "b", "c")
+	pa, pb, pc := pods[0], pods[1], pods[2]
 	m := l.Maps()
 	const idA, idB, idC = 3201, 3202, 3203
 	for p, id := range map[netip.Addr]uint32{pa.IPv4: idA, pb.IPv4: idB, pc.IPv4: idC} {

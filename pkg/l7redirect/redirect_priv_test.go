@@ -3,16 +3,12 @@ package l7redirect
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"github.com/tendril-net/tendril/pkg/fqdn"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -39,33 +35,8 @@ import (
 // falls back to the L4 allow (answered by b directly) and HTTP is closed.
 func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 	testutil.Privileged(t)
-	node, err := netlab.NewNode("tdrl7")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = node.Close() })
-	leave, err := node.Enter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(leave)
-	b8 := make([]byte, 4)
-	_, _ = rand.Read(b8)
-	root := filepath.Join("/sys/fs/bpf", "tendril-l7test-"+hex.EncodeToString(b8))
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	pa, err := node.AddPod("a", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pb, err := node.AddPod("b", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := loader.New(loader.Config{BPFRoot: root, DirectDelivery: true}, nil)
-	t.Cleanup(func() { _ = l.Close() })
-	if err := l.Start(); err != nil {
-		t.Fatal(err)
-	}
+	node, l, root, pods := redirectNode(t, "tdrl7", "a", "b")
+	pa, pb := pods[0], pods[1]
 	m := l.Maps()
 	const idA, idB = 3101, 3102
 	for p, id := range map[netip.Addr]uint32{pa.IPv4: idA, pb.IPv4: idB} {
