@@ -6,8 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/testutil/rawcap"
 )
 
 // from_wireguard on a real TUN device, the kind of device the userspace
@@ -62,51 +61,12 @@ func openTUN(t *testing.T, name string) (*os.File, int) {
 // gives those seen so far.
 func captureFrames(t *testing.T, dev string) func() [][]byte {
 	t.Helper()
-	// ETH_P_ALL in network byte order, as the socket calls want it.
-	proto := uint16(unix.ETH_P_ALL)<<8 | uint16(unix.ETH_P_ALL)>>8
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(proto))
+	c, err := rawcap.Start(dev)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ifi, err := net.InterfaceByName(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifi.Index}); err != nil {
-		t.Fatal(err)
-	}
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000})
-	var mu sync.Mutex
-	var frames [][]byte
-	done, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		buf := make([]byte, 65536)
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			n, _, err := unix.Recvfrom(fd, buf, 0)
-			if err != nil {
-				continue
-			}
-			mu.Lock()
-			frames = append(frames, bytes.Clone(buf[:n]))
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		close(done)
-		<-stopped
-		unix.Close(fd)
-	})
-	return func() [][]byte {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(frames)
-	}
+	t.Cleanup(func() { c.Stop() })
+	return c.Frames
 }
 
 // checkWireGuardReply is TestPrivilegedNodePortReplyFromWireGuard of family

@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/tendril-net/tendril/pkg/testutil"
+	"github.com/tendril-net/tendril/pkg/testutil/rawcap"
 )
 
 // serveEnv makes the test binary a device process (Spawn runs it).
@@ -436,50 +436,10 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 // called, which returns them.
 func capture(t *testing.T, ns netns.NsHandle, dev string) func() [][]byte {
 	t.Helper()
-	var fd int
-	inNS(t, ns, func() error {
-		var err error
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
-		if err != nil {
-			return err
-		}
-		ifi, err := net.InterfaceByName(dev)
-		if err != nil {
-			return err
-		}
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index})
+	var c *rawcap.Capture
+	inNS(t, ns, func() (err error) {
+		c, err = rawcap.Start(dev)
+		return err
 	})
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000})
-	var mu sync.Mutex
-	var frames [][]byte
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		buf := make([]byte, 65536)
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			n, _, err := unix.Recvfrom(fd, buf, 0)
-			if err != nil {
-				continue
-			}
-			mu.Lock()
-			frames = append(frames, bytes.Clone(buf[:n]))
-			mu.Unlock()
-		}
-	}()
-	return func() [][]byte {
-		close(done)
-		<-stopped
-		unix.Close(fd)
-		mu.Lock()
-		defer mu.Unlock()
-		return frames
-	}
+	return c.Stop
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
