@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -49,20 +47,7 @@ import (
 // counts the drop's reason.
 func TestPrivilegedNodePortIPv6World(t *testing.T) {
 	testutil.Privileged(t)
-	node, err := netlab.NewNode("tdrnp6")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = node.Close() })
-	leave, err := node.Enter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(leave)
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	root := filepath.Join("/sys/fs/bpf", "tendril-np6world-"+hex.EncodeToString(b))
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	node, root := netlab.EnterNode(t, "tdrnp6", "np6world")
 	be, err := node.AddPod("be", 0)
 	if err != nil {
 		t.Fatal(err)

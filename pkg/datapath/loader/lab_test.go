@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -34,19 +32,7 @@ type labPod struct{ *netlab.Pod }
 
 func newPodLab(t *testing.T) *podLab {
 	testutil.Privileged(t)
-	node, err := netlab.NewNode("tdrlab")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = node.Close() })
-	leave, err := node.Enter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(leave)
-	root := filepath.Join("/sys/fs/bpf", "tendril-labtest-"+randHex())
-	// Pinned links and maps outlive the namespaces unless removed.
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	node, root := netlab.EnterNode(t, "tdrlab", "labtest")
 	return &podLab{t: t, node: node, root: root}
 }
 

@@ -15,7 +15,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"testing"
 
@@ -277,4 +279,26 @@ func AddVeth(t testing.TB, name, peer string) int {
 		t.Fatal(err)
 	}
 	return l.Attrs().Index
+}
+
+// EnterNode creates a node (NewNode) whose namespace the calling
+// goroutine's thread enters until the test ends, and names a bpffs
+// directory for the test's pins, /sys/fs/bpf/tendril-<pinName>-<random>,
+// removed when the test ends (pinned links and maps outlive the
+// namespaces otherwise).
+func EnterNode(t testing.TB, prefix, pinName string) (node *Node, pinRoot string) {
+	t.Helper()
+	node, err := NewNode(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Close() })
+	leave, err := node.Enter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(leave)
+	pinRoot = filepath.Join("/sys/fs/bpf", "tendril-"+pinName+"-"+randomSuffix())
+	t.Cleanup(func() { _ = os.RemoveAll(pinRoot) })
+	return node, pinRoot
 }
