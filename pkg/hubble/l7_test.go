@@ -263,12 +263,12 @@ tendril_hubble_dns_responses_total{ips_returned="0",qtypes="A",rcode="REFUSED"} 
 tendril_hubble_dns_responses_total{ips_returned="1",qtypes="A",rcode="NOERROR"} 1
 # HELP tendril_hubble_http_requests_total HTTP requests the HTTP proxy saw, by method, protocol and reporter (client: egress, server: ingress).
 # TYPE tendril_hubble_http_requests_total counter
-tendril_hubble_http_requests_total{method="GET",protocol="HTTP/1.1",reporter="unknown"} 1
-tendril_hubble_http_requests_total{method="POST",protocol="HTTP/1.1",reporter="unknown"} 1
+tendril_hubble_http_requests_total{method="GET",protocol="HTTP/1.1",reporter="client"} 1
+tendril_hubble_http_requests_total{method="POST",protocol="HTTP/1.1",reporter="client"} 1
 # HELP tendril_hubble_http_responses_total HTTP responses, by request method, status code and reporter (a request the proxy denied counts with status 403).
 # TYPE tendril_hubble_http_responses_total counter
-tendril_hubble_http_responses_total{method="GET",reporter="unknown",status="200"} 1
-tendril_hubble_http_responses_total{method="POST",reporter="unknown",status="403"} 1
+tendril_hubble_http_responses_total{method="GET",reporter="client",status="200"} 1
+tendril_hubble_http_responses_total{method="POST",reporter="client",status="403"} 1
 # HELP tendril_hubble_flows_processed_total Flows decoded, by event type, sub-type (observation point of traces) and verdict.
 # TYPE tendril_hubble_flows_processed_total counter
 tendril_hubble_flows_processed_total{subtype="dns",type="l7",verdict="DROPPED"} 1
