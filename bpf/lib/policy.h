@@ -250,8 +250,9 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 out:
 	/* The pod programs' redirect reads it from the packet. An ingress
 	 * entry's HTTP proxy is PROXY_HTTP_INGRESS, unless the source's
-	 * egress already sends the flow to a proxy (that proxy also applies
-	 * the destination's ingress rules, pkg/l7redirect). */
+	 * egress already sends the flow to a proxy: that proxy reaches the
+	 * destination as the node, and the destination's ingress HTTP rules
+	 * are not applied to the flow (docs/policy-l7.md, not built). */
 	if (enf && dir == DIR_EGRESS)
 		((struct pkt *)p)->proxy = VERDICT_PROXY(v.e_match);
 	else if (enf && VERDICT_PROXY(v.e_match) == PROXY_HTTP && !p->proxy)

@@ -111,16 +111,7 @@ func TestPrivilegedIngressRedirectRealTraffic(t *testing.T) {
 		},
 		InNodeNS: func(fn func() error) error { return linux.InNetNS(node.NS, fn) },
 	}
-	r, err := Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			_ = r.Close()
-		}
-	})
+	r, closeProxies := startRedirect(t, cfg)
 
 	// a: GET, POST, GET on one connection.
 	var codes []int
@@ -233,8 +224,7 @@ func TestPrivilegedIngressRedirectRealTraffic(t *testing.T) {
 	}
 
 	// No proxy (the agent is down): the port is closed to a too.
-	closed = true
-	if err := r.Close(); err != nil {
+	if err := closeProxies(); err != nil {
 		t.Fatal(err)
 	}
 	refusedFrom(pa, "no proxy enforces its rules")

@@ -30,3 +30,23 @@ func redirectNode(t *testing.T, prefix string, names ...string) (*netlab.Node, *
 	}
 	return node, l, root, pods
 }
+
+// startRedirect starts the proxies of cfg; closeProxies closes them (the
+// agent going down), else they close when the test ends.
+func startRedirect(t *testing.T, cfg Config) (r *Redirect, closeProxies func() error) {
+	t.Helper()
+	r, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = r.Close()
+		}
+	})
+	return r, func() error {
+		closed = true
+		return r.Close()
+	}
+}

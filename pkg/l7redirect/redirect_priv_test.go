@@ -139,16 +139,7 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 		// the agent's are (it runs there).
 		InNodeNS: func(fn func() error) error { return linux.InNetNS(node.NS, fn) },
 	}
-	r, err := Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			_ = r.Close()
-		}
-	})
+	r, closeProxies := startRedirect(t, cfg)
 
 	query := func(network, name string) (*dns.Msg, error) {
 		var resp *dns.Msg
@@ -289,8 +280,7 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 	// The proxies stop (the agent is down): their sockets leave the
 	// datapath's map. DNS passes as its L4 allow says, straight to b,
 	// names unfiltered; the HTTP port is closed.
-	closed = true
-	if err := r.Close(); err != nil {
+	if err := closeProxies(); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := query("udp", "denied.example.")

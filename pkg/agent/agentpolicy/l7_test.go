@@ -42,3 +42,38 @@ func TestL7RulesLookup(t *testing.T) {
 		}
 	}
 }
+
+// TestL7IngressRulesLookup: the ingress proxy gets the rules of the
+// destination's ingress entry for the peer's identity, else any peer's;
+// an egress entry at the same port is not an ingress one.
+func TestL7IngressRulesLookup(t *testing.T) {
+	peerRules := &policy.L7Rules{HTTP: []api.PortRuleHTTP{{Method: "GET", Path: "/ok"}}}
+	anyRules := &policy.L7Rules{HTTP: []api.PortRuleHTTP{{Method: "HEAD"}}}
+	egressRules := &policy.L7Rules{HTTP: []api.PortRuleHTTP{{Method: "POST"}}}
+	key := func(dir uint8, id identity.NumericIdentity, port uint16) policy.Key {
+		return policy.Key{Identity: id, Direction: dir, Proto: 6, Port: port, PrefixLen: 16}
+	}
+	m := &Module{results: map[uint16]policy.Result{2: {L7: policy.L7Map{
+		key(policy.Ingress, 1000, 8080): peerRules,
+		key(policy.Ingress, 0, 8081):    anyRules,
+		key(policy.Egress, 1000, 8082):  egressRules,
+	}}}}
+	src := netip.MustParseAddr("10.0.0.1")
+	for _, c := range []struct {
+		name string
+		ep   uint16
+		peer identity.NumericIdentity
+		port uint16
+		want *policy.L7Rules
+	}{
+		{"the peer's identity", 2, 1000, 8080, peerRules},
+		{"another identity", 2, 1001, 8080, nil},
+		{"any peer", 2, 1001, 8081, anyRules},
+		{"an egress entry", 2, 1000, 8082, nil},
+		{"another endpoint", 3, 1000, 8080, nil},
+	} {
+		if got := m.L7IngressRules(c.ep, c.peer, src, c.port, 6); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+}

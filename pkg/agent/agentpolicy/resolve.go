@@ -529,24 +529,41 @@ var _ = [1]struct{}{}[policy.ProxyDNS^maps.ProxyDns|policy.ProxyHTTP^maps.ProxyH
 // prefix), else for the prefix a rule names, else for any peer, at the
 // port (L7 rules are only on single ports). Nil: none (the proxy refuses).
 func (p *Module) L7Rules(epID uint16, dst netip.AddrPort, proto uint8) *policy.L7Rules {
+	peer := identity.World
+	if p.ipcache != nil {
+		for bits := dst.Addr().BitLen(); bits >= 0; bits-- {
+			if e, ok := p.ipcache.Lookup(netip.PrefixFrom(dst.Addr(), bits).Masked()); ok {
+				peer = e.Identity
+				break
+			}
+		}
+	}
+	return p.l7RulesFor(epID, policy.Egress, peer, dst.Addr(), dst.Port(), proto)
+}
+
+// L7IngressRules are the HTTP rules the ingress proxy enforces for a flow
+// from src (its identity as the datapath admitted it, and its address) to
+// local endpoint epID's port over proto: those of the endpoint's ingress
+// entry for src's identity, else for the prefix a rule names that holds
+// src's address, else for any peer. Nil: none (the proxy refuses).
+func (p *Module) L7IngressRules(epID uint16, src identity.NumericIdentity, srcAddr netip.Addr, port uint16, proto uint8) *policy.L7Rules {
+	return p.l7RulesFor(epID, policy.Ingress, src, srcAddr, port, proto)
+}
+
+// l7RulesFor looks up endpoint epID's L7 rules in direction dir at port
+// over proto: for the peer's identity, else for the longest prefix a rule
+// names that holds the peer's address, else for any peer.
+func (p *Module) l7RulesFor(epID uint16, dir uint8, peer identity.NumericIdentity, peerAddr netip.Addr, port uint16, proto uint8) *policy.L7Rules {
 	p.mu.Lock()
 	res, ok := p.results[epID]
 	p.mu.Unlock()
 	if !ok || len(res.L7) == 0 {
 		return nil
 	}
-	ids := []identity.NumericIdentity{identity.World}
-	if p.ipcache != nil {
-		for bits := dst.Addr().BitLen(); bits >= 0; bits-- {
-			if e, ok := p.ipcache.Lookup(netip.PrefixFrom(dst.Addr(), bits).Masked()); ok {
-				ids[0] = e.Identity
-				break
-			}
-		}
-	}
-	if p.policyCIDR != nil {
-		for bits := dst.Addr().BitLen(); bits >= 0; bits-- {
-			if id, ok := p.policyCIDR.Lookup(netip.PrefixFrom(dst.Addr(), bits).Masked()); ok {
+	ids := []identity.NumericIdentity{peer}
+	if p.policyCIDR != nil && peerAddr.IsValid() {
+		for bits := peerAddr.BitLen(); bits >= 0; bits-- {
+			if id, ok := p.policyCIDR.Lookup(netip.PrefixFrom(peerAddr, bits).Masked()); ok {
 				ids = append(ids, id)
 				break
 			}
@@ -554,7 +571,7 @@ func (p *Module) L7Rules(epID uint16, dst netip.AddrPort, proto uint8) *policy.L
 	}
 	ids = append(ids, 0)
 	for _, id := range ids {
-		k := policy.Key{Identity: id, Direction: policy.Egress, Proto: proto, Port: dst.Port(), PrefixLen: 16}
+		k := policy.Key{Identity: id, Direction: dir, Proto: proto, Port: port, PrefixLen: 16}
 		if r := res.L7[k]; r != nil {
 			return r
 		}
@@ -656,35 +673,4 @@ func EndpointLabels(ep *endpoint.Endpoint) []string {
 		labels = append(labels, "k8s:io.kubernetes.pod.namespace="+ep.PodNamespace)
 	}
 	return endpoint.SortedLabels(labels)
-}
-
-// L7IngressRules are the HTTP rules the ingress proxy enforces for a flow
-// from src (its identity as the datapath admitted it, and its address) to
-// local endpoint epID's port over proto: those of the endpoint's ingress
-// entry for src's identity, else for the prefix a rule names that holds
-// src's address, else for any peer. Nil: none (the proxy refuses).
-func (p *Module) L7IngressRules(epID uint16, src identity.NumericIdentity, srcAddr netip.Addr, port uint16, proto uint8) *policy.L7Rules {
-	p.mu.Lock()
-	res, ok := p.results[epID]
-	p.mu.Unlock()
-	if !ok || len(res.L7) == 0 {
-		return nil
-	}
-	ids := []identity.NumericIdentity{src}
-	if p.policyCIDR != nil {
-		for bits := srcAddr.BitLen(); bits >= 0; bits-- {
-			if id, ok := p.policyCIDR.Lookup(netip.PrefixFrom(srcAddr, bits).Masked()); ok {
-				ids = append(ids, id)
-				break
-			}
-		}
-	}
-	ids = append(ids, 0)
-	for _, id := range ids {
-		k := policy.Key{Identity: id, Direction: policy.Ingress, Proto: proto, Port: port, PrefixLen: 16}
-		if r := res.L7[k]; r != nil {
-			return r
-		}
-	}
-	return nil
 }

@@ -145,11 +145,7 @@ func Load(opts Options, log *slog.Logger) (*Programs, error) {
 		}
 	}
 	if err := errors.Join(toErr, fromErr, wgErr); err != nil {
-		for _, p := range []*ebpf.Program{to.P, from.P, fromWG.P} {
-			if p != nil {
-				p.Close()
-			}
-		}
+		closeAll()
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
 			return nil, fmt.Errorf("load host device programs: %w\n%+v", err, verr)
@@ -306,6 +302,11 @@ func (p *Programs) AttachWireGuard(ifindex int) (bool, error) {
 		if err := p.deleteFilter(ifindex, dirWireGuard); err != nil {
 			return attached, err
 		}
+	}
+	if !attached {
+		// Nothing new: a former device's links went when this one's
+		// attachment was made (the cell calls this at every reconcile).
+		return false, nil
 	}
 	entries, err := os.ReadDir(linksDir(p.opts.BPFRoot))
 	if err != nil {

@@ -274,15 +274,6 @@ func ClearGeneveCall(calls *ebpf.Map) error {
 	return nil
 }
 
-// GeneveBPF reads whether tdr_tunnel_v1 has TUNNEL_F_GENEVE_BPF.
-func GeneveBPF(m *ebpf.Map) (bool, error) {
-	var v bpf.LxcTunnelInfo
-	if err := m.Lookup(uint32(0), &v); err != nil {
-		return false, fmt.Errorf("read %s: %w", bpf.OverlayMapTdrTunnelV1, err)
-	}
-	return v.Flags&tunnelFlagGeneveBPF != 0, nil
-}
-
 // Device reads the tdr_tunnel_v1 entry (0: native routing).
 func Device(m *ebpf.Map) (int, error) {
 	var v bpf.LxcTunnelInfo
