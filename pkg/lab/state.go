@@ -8,6 +8,7 @@
 package lab
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -58,6 +59,28 @@ func ValidateName(name string) error {
 
 // Dir is the lab's directory.
 func Dir(name string) string { return filepath.Join(RunRoot, name) }
+
+// CmdlineNamesDir reports whether a process's command line (as read from
+// /proc/PID/cmdline: arguments separated by NUL bytes) names dir or a path
+// under it. A plain substring test would not do: lab "tdre2e"'s directory is
+// a prefix of lab "tdre2ecd"'s, and the two run side by side in CI.
+func CmdlineNamesDir(cmdline []byte, dir string) bool {
+	dir = filepath.Clean(dir)
+	for arg := range bytes.SplitSeq(cmdline, []byte{0}) {
+		for i := bytes.Index(arg, []byte(dir)); i >= 0; {
+			end := i + len(dir)
+			if end == len(arg) || arg[end] == '/' {
+				return true
+			}
+			next := bytes.Index(arg[end:], []byte(dir))
+			if next < 0 {
+				break
+			}
+			i = end + next
+		}
+	}
+	return false
+}
 
 // BPFDir holds the pinned BPF objects of every node of the lab.
 func BPFDir(name string) string { return filepath.Join(BPFRoot, name) }

@@ -75,3 +75,24 @@ func TestProcessStartNamesThisProcess(t *testing.T) {
 		t.Error("a different start time matched: a recycled PID would be killed")
 	}
 }
+
+func TestCmdlineNamesDir(t *testing.T) {
+	dir := "/var/run/tendril-lab/tdre2e"
+	for _, tc := range []struct {
+		cmdline string
+		want    bool
+	}{
+		{"kubelet\x00--root-dir=/var/run/tendril-lab/tdre2e/nodes/node1\x00", true},
+		{"agent\x00/var/run/tendril-lab/tdre2e\x00", true},
+		{"agent\x00/var/run/tendril-lab/tdre2e", true},
+		// Another lab whose name starts with this one's.
+		{"containerd-shim\x00-address\x00/var/run/tendril-lab/tdre2ecd/nodes/node2/containerd.sock\x00", false},
+		// Both in one argument: the second names it.
+		{"x\x00/var/run/tendril-lab/tdre2ecd:/var/run/tendril-lab/tdre2e/y\x00", true},
+		{"sleep\x00100\x00", false},
+	} {
+		if got := CmdlineNamesDir([]byte(tc.cmdline), dir); got != tc.want {
+			t.Errorf("CmdlineNamesDir(%q) = %v, want %v", tc.cmdline, got, tc.want)
+		}
+	}
+}

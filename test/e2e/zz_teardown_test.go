@@ -55,7 +55,7 @@ func TestPrivilegedLabDown(t *testing.T) {
 	entries, _ := os.ReadDir("/proc")
 	for _, ent := range entries {
 		cmdline, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmdline, []byte(lab.Dir(labName))) {
+		if err == nil && lab.CmdlineNamesDir(cmdline, lab.Dir(labName)) {
 			t.Errorf("process %s still runs: %s", ent.Name(), bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
 		}
 	}

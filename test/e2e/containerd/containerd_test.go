@@ -174,7 +174,7 @@ func checkNothingLeft(t *testing.T, st *lab.State, procs []lab.Process) {
 	entries, _ := os.ReadDir("/proc")
 	for _, ent := range entries {
 		cmdline, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmdline, []byte(st.Dir)) {
+		if err == nil && lab.CmdlineNamesDir(cmdline, st.Dir) {
 			t.Errorf("process %s still runs: %s", ent.Name(), bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
 		}
 	}
