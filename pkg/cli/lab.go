@@ -122,8 +122,9 @@ func newLabUpCommand(name *string) *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.Prometheus, "prometheus", false, "Run Debian's prometheus (in the machine's namespace, on a free loopback port) scraping every agent (with every flow metric), the operators and the relay; dashboards in install/grafana")
 	cmd.Flags().StringArrayVar(&cfg.OperatorArgs, "operator-arg", nil, "Extra flag for every tendril-operator, repeatable (e.g. --operator-arg=--identity-gc-interval=10s)")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "Extra flag for every node's tendril-agent, repeatable (e.g. --agent-arg=--datapath-attach-mode=tc)")
-	cmd.Flags().StringVar(&cfg.Runtime, "runtime", "", "containerd: run each node as the upstream kubelet and containerd (hack/node-binaries.sh builds them), with the images of make images imported (work in progress: docs/containerd-lab-status.md)")
+	cmd.Flags().StringVar(&cfg.Runtime, "runtime", "", "containerd: run each node as the upstream kubelet and containerd (hack/node-binaries.sh builds them), with the images of make images imported (docs/install.md)")
 	cmd.Flags().StringVar(&cfg.ImagesDir, "images-dir", "", "Image archives of make images, for --runtime containerd (default: ../_output/images from the bin dir)")
+	cmd.Flags().StringVar(&cfg.ChartDir, "chart-dir", "", "The Helm chart --runtime containerd installs (default: deploy/helm/tendril of the tree tendril was built from); e.g. a previous release's, to try helm upgrade from it")
 	return cmd
 }
 
