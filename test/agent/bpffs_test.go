@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tendril-net/tendril/pkg/bpffs"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -15,10 +16,16 @@ import (
 // has no bpffs at /sys/fs/bpf (a pod without the chart's bpffs mount; here
 // a mount namespace of its own with /sys/fs/bpf unmounted, and a network
 // namespace of its own) still starts its datapath, and both its log and
-// `tendril status` say that the pinned state will not outlive its mount.
+// `tendril status` say that the pinned state will not outlive its mount;
+// its health is Degraded (`status --brief`, the chart's probes, fails).
 // The same agent with the machine's bpffs says nothing of the kind.
 func TestPrivilegedAgentNamesMissingBPFFS(t *testing.T) {
 	testutil.Privileged(t)
+	// The machine's bpffs (a fresh machine has none until something
+	// mounts it, as lab up does).
+	if _, err := bpffs.EnsureMounted(); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name    string
 		unmount bool
@@ -48,15 +55,18 @@ exec "$@"`
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() {
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-			})
-			p := &agentProc{cmd: cmd, socket: sock, stderr: &stderr}
-			p.waitServing(t)
+			t.Cleanup(func() { _ = cmd.Process.Kill() })
+			// Not waitServing: without bpffs the agent serves, unhealthy.
+			exited := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(exited) }()
 			var out string
-			deadline := time.Now().Add(30 * time.Second)
+			deadline := time.Now().Add(60 * time.Second)
 			for time.Now().Before(deadline) {
+				select {
+				case <-exited:
+					t.Fatalf("agent exited: %s", stderr.String())
+				default:
+				}
 				out, _, _ = runCLI(t, sock, "status")
 				if strings.Contains(out, "bpf root") {
 					break
@@ -72,6 +82,13 @@ exec "$@"`
 			}
 			if got := strings.Contains(stderr.String(), "bpffs was not mounted"); got != tc.unmount {
 				t.Errorf("log names the missing bpffs: %v, want %v:\n%s", got, tc.unmount, stderr.String())
+			}
+			// The bpffs health module is Degraded without the node's
+			// bpffs, so `status --brief` (the chart's probes) fails and
+			// names it; with it there is no such module.
+			brief, briefErr, code := runCLI(t, sock, "status", "--brief")
+			if got := strings.Contains(brief+briefErr, "bpffs: "+said); got != tc.unmount || (tc.unmount && code == 0) {
+				t.Errorf("status --brief names the missing bpffs: %v (exit %d), want %v:\n%s%s", got, code, tc.unmount, brief, briefErr)
 			}
 		})
 	}

@@ -166,6 +166,7 @@ func loaderConfig(c Config, mode AttachMode, s settings) loader.Config {
 // the datapath is disabled (--enable-datapath=false).
 type Module struct {
 	log    *slog.Logger
+	health *health.Registry
 	loader *loader.Loader
 	jobs   job.Group
 	// kernel is what an endpoint's regeneration writes in the kernel: the
@@ -234,6 +235,7 @@ func New(p Params) (*Module, error) {
 	set := settings{BPFRoot: p.Agent.BPFRoot, TraceEvents: p.Trace, LBSizes: p.LBSizes}
 	m := &Module{
 		log:      p.Log,
+		health:   p.Health,
 		settings: set,
 		loader:   loader.New(loaderConfig(p.Config, p.Attach, set), p.Log),
 		jobs:     p.Jobs.NewGroup(p.Health.Scope("bpf-maps"), job.WithLogger(p.Log)),
@@ -365,6 +367,13 @@ func (m *Module) SetCTGCInterval(interval time.Duration) {
 func (m *Module) start(context.Context) error {
 	if err := m.loader.Start(); err != nil {
 		return err
+	}
+	if m.loader.MountedBPFFS() && m.health != nil {
+		// The datapath runs, but on state that dies with this process's
+		// mount (in a pod: the container's own): not healthy, so the
+		// chart's probes keep the pod unready until the node's bpffs is
+		// mounted and the agent restarted.
+		m.health.Reporter(BPFFSHealthModule).Degraded(bpffsMissing)
 	}
 	er, err := m.loader.NewEventReader()
 	if err != nil {
@@ -573,13 +582,21 @@ var RestoredCell = cell.Module("ipcache-restored", "Lets the ipcache prune once 
 	}),
 )
 
+// BPFFSHealthModule is the health module that is Degraded while the
+// datapath runs on a bpffs the agent had to mount itself.
+const BPFFSHealthModule = "bpffs"
+
+// bpffsMissing says so in `tendril status` (its Datapath section, and the
+// bpffs module's health, which the chart's probes read).
+const bpffsMissing = "was not mounted at /sys/fs/bpf: the agent mounted one, and the pinned maps and links last only as long as that mount; in a container, mount the node's /sys/fs/bpf into the pod and restart it (docs/install.md)"
+
 // StatusSection is the datapath part of `tendril status`.
 func (m *Module) StatusSection() ext.Section {
 	st := m.loader.Status()
 	sec := ext.Section{Title: "Datapath"}
 	sec.Lines = append(sec.Lines, ext.Line{Key: "bpf root", Value: st.BPFRoot})
 	if st.MountedBPFFS {
-		sec.Lines = append(sec.Lines, ext.Line{Key: "bpffs", Value: "was not mounted at /sys/fs/bpf: the agent mounted one, and the pinned maps and links last only as long as that mount; in a container, mount the node's /sys/fs/bpf into the pod (docs/install.md)"})
+		sec.Lines = append(sec.Lines, ext.Line{Key: "bpffs", Value: bpffsMissing})
 	}
 	mode := attachModeDescription(st.AttachMode)
 	if st.DeferTCX {
