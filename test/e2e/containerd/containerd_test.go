@@ -140,6 +140,9 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 		}
 	}
 
+	t.Run("Hubble over TLS", func(t *testing.T) { hubbleOverTLS(t, st) })
+	t.Run("bpffs taken away from an agent pod", func(t *testing.T) { bpffsTakenAway(t, st, tendril) })
+
 	if t.Run("helm upgrade under traffic", func(t *testing.T) { upgradeUnderTraffic(t, st, tendril, imagesDir) }) {
 		// The upgrade's pods, one per node, are the traffic the datapath
 		// must keep forwarding once the release is gone.
