@@ -252,10 +252,13 @@ func upContainerd(ctx context.Context, cfg Config, st *State, cs kubernetes.Inte
 	if err := st.Save(); err != nil {
 		return err
 	}
+	if err := createHubbleTLSSecrets(ctx, cs, st); err != nil {
+		return err
+	}
 	if err := installChart(ctx, cfg, st, out); err != nil {
 		return err
 	}
-	step(out, start, "helm install tendril (chart %s, images %s) into %s", cmp.Or(cfg.ChartDir, chartDir()), tag, ChartNamespace)
+	step(out, start, "helm install tendril (chart %s, images %s) into %s; Hubble over mTLS, the lab's CA and a client certificate in %s", cmp.Or(cfg.ChartDir, chartDir()), tag, ChartNamespace, st.HubbleTLSDir())
 	if err := waitAgentPods(ctx, cs, st, exited); err != nil {
 		return err
 	}
@@ -338,7 +341,9 @@ func chartDir() string { return filepath.Join(repoRoot(), "deploy", "helm", "ten
 // (never pulled), the API server through each node's proxy (the agent
 // and operator run on the host network before pod networking exists),
 // each node's own cgroup (bound at one path in every node's mount
-// namespace), Hubble without TLS (no certificates are made here yet).
+// namespace), Hubble with TLS between the relay and the agents (the
+// chart's default) and at the relay for its clients, from the Secrets of
+// createHubbleTLSSecrets.
 func chartValues(st *State, tag string) []string {
 	operators := min(len(st.Nodes), 2)
 	return []string{
@@ -347,7 +352,8 @@ func chartValues(st *State, tag string) []string {
 		"k8sServiceHost=127.0.0.1",
 		"k8sServicePort=" + strconv.Itoa(NodeAPIPort),
 		"agent.cgroupRoot=" + agentCgroupPath(st),
-		"hubble.tls.enabled=false",
+		"hubble.tls.enabled=true",
+		"hubble.relay.tls.server.enabled=true",
 		"operator.replicas=" + strconv.Itoa(operators),
 		// The lab network is IPv4 only (as the default lab's agents).
 		"agent.extraConfig.ipv6-range=none",

@@ -81,6 +81,12 @@ type Config struct {
 	// checked in the kernel and attached again when something else
 	// removed them (0: never).
 	AttachmentCheckInterval time.Duration `mapstructure:"datapath-attachment-check-interval"`
+	// RequireNodeBPFFS reports the datapath Degraded when the agent found
+	// no bpffs at /sys/fs/bpf and had to mount one: in a pod, that mount
+	// is the container's and dies with it, and so would every pin. The
+	// chart turns it on, so its probes keep such a pod unready; an agent
+	// run on the node itself mounts the node's bpffs and is healthy.
+	RequireNodeBPFFS bool `mapstructure:"require-node-bpffs"`
 }
 
 // DefaultConfig are the datapath's defaults.
@@ -95,6 +101,7 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.Bool("policy-verdict-events", c.PolicyVerdictEvents, "Report allowed new flows as policy verdict events (drops are always reported)")
 	fs.Bool("direct-delivery", c.DirectDelivery, "Deliver packets between local pods straight into the receiving pod (bpf_redirect_peer), bypassing the host stack")
 	fs.String("datapath-attach-mode", c.AttachMode, "How the eBPF programs attach to pod veths: tcx (BPF links) or tc (clsact qdisc + cls_bpf filters: no RCU grace period per attach, faster pod creation; the filters are not owned). Switching across restarts keeps every endpoint attached")
+	fs.Bool("require-node-bpffs", c.RequireNodeBPFFS, "Report the datapath Degraded (status --brief fails) when no bpffs was mounted at /sys/fs/bpf and the agent had to mount one: in a container that mount, and every pinned map and link, dies with it (the chart turns it on)")
 	fs.Duration("datapath-attachment-check-interval", c.AttachmentCheckInterval, "How often each endpoint's programs are checked in the kernel and attached again when something else removed them (a deleted tc filter or clsact qdisc, a detached TCX link): until then the pod is not policed. 0 turns the check off")
 	fs.Bool("datapath-defer-tcx", c.DeferTCX, "In tcx mode, attach a new pod with tc filters first and move it to TCX links once no pod has been attached for 500 ms: pod creation without TCX's RCU wait, policed from the first packet (the switch has no gap)")
 }
@@ -166,8 +173,11 @@ func loaderConfig(c Config, mode AttachMode, s settings) loader.Config {
 // the datapath is disabled (--enable-datapath=false).
 type Module struct {
 	log    *slog.Logger
-	loader *loader.Loader
-	jobs   job.Group
+	health *health.Registry
+	// requireNodeBPFFS: Config.RequireNodeBPFFS.
+	requireNodeBPFFS bool
+	loader           *loader.Loader
+	jobs             job.Group
 	// kernel is what an endpoint's regeneration writes in the kernel: the
 	// loader's maps and programs.
 	kernel   Kernel
@@ -233,10 +243,12 @@ func New(p Params) (*Module, error) {
 	}
 	set := settings{BPFRoot: p.Agent.BPFRoot, TraceEvents: p.Trace, LBSizes: p.LBSizes}
 	m := &Module{
-		log:      p.Log,
-		settings: set,
-		loader:   loader.New(loaderConfig(p.Config, p.Attach, set), p.Log),
-		jobs:     p.Jobs.NewGroup(p.Health.Scope("bpf-maps"), job.WithLogger(p.Log)),
+		log:              p.Log,
+		health:           p.Health,
+		requireNodeBPFFS: p.Config.RequireNodeBPFFS,
+		settings:         set,
+		loader:           loader.New(loaderConfig(p.Config, p.Attach, set), p.Log),
+		jobs:             p.Jobs.NewGroup(p.Health.Scope("bpf-maps"), job.WithLogger(p.Log)),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "datapath", Name: "events_total",
 			Help: "Events read from the datapath's ring buffer, by type and reason."}, []string{"type", "reason"}),
 		ctDeleted:  prometheus.NewCounter(prometheus.CounterOpts{Namespace: "tendril", Subsystem: "ct_gc", Name: "deleted_total", Help: "Conntrack entries deleted by the GC."}),
@@ -365,6 +377,13 @@ func (m *Module) SetCTGCInterval(interval time.Duration) {
 func (m *Module) start(context.Context) error {
 	if err := m.loader.Start(); err != nil {
 		return err
+	}
+	if m.loader.MountedBPFFS() && m.requireNodeBPFFS && m.health != nil {
+		// The datapath runs, but on state that dies with this process's
+		// mount (in a pod: the container's own): not healthy, so the
+		// chart's probes keep the pod unready until the node's bpffs is
+		// mounted and the agent restarted.
+		m.health.Reporter(BPFFSHealthModule).Degraded(bpffsMissing)
 	}
 	er, err := m.loader.NewEventReader()
 	if err != nil {
@@ -573,13 +592,21 @@ var RestoredCell = cell.Module("ipcache-restored", "Lets the ipcache prune once 
 	}),
 )
 
+// BPFFSHealthModule is the health module that is Degraded while the
+// datapath runs on a bpffs the agent had to mount itself.
+const BPFFSHealthModule = "bpffs"
+
+// bpffsMissing says so in `tendril status` (its Datapath section, and the
+// bpffs module's health, which the chart's probes read).
+const bpffsMissing = "was not mounted at /sys/fs/bpf: the agent mounted one, and the pinned maps and links last only as long as that mount; in a container, mount the node's /sys/fs/bpf into the pod and restart it (docs/install.md)"
+
 // StatusSection is the datapath part of `tendril status`.
 func (m *Module) StatusSection() ext.Section {
 	st := m.loader.Status()
 	sec := ext.Section{Title: "Datapath"}
 	sec.Lines = append(sec.Lines, ext.Line{Key: "bpf root", Value: st.BPFRoot})
 	if st.MountedBPFFS {
-		sec.Lines = append(sec.Lines, ext.Line{Key: "bpffs", Value: "was not mounted at /sys/fs/bpf: the agent mounted one, and the pinned maps and links last only as long as that mount; in a container, mount the node's /sys/fs/bpf into the pod (docs/install.md)"})
+		sec.Lines = append(sec.Lines, ext.Line{Key: "bpffs", Value: bpffsMissing})
 	}
 	mode := attachModeDescription(st.AttachMode)
 	if st.DeferTCX {

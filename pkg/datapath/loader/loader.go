@@ -651,6 +651,13 @@ type Status struct {
 	MountedBPFFS bool `json:"mounted-bpffs,omitempty"`
 }
 
+// MountedBPFFS says Start found no bpffs at /sys/fs/bpf and mounted one.
+func (l *Loader) MountedBPFFS() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mountedBPFFS
+}
+
 // Status counts links and map entries.
 func (l *Loader) Status() Status {
 	l.mu.Lock()

@@ -189,6 +189,9 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 		}
 	}
 
+	t.Run("Hubble over TLS", func(t *testing.T) { hubbleOverTLS(t, st) })
+	t.Run("bpffs taken away from an agent pod", func(t *testing.T) { bpffsTakenAway(t, st, tendril) })
+
 	// The upgrade's pods, one per node, are the traffic the datapath must
 	// keep forwarding once the release is gone.
 	t.Run("helm uninstall leaves what install.md says", func(t *testing.T) {
