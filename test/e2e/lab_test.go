@@ -29,6 +29,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/binaries"
+	"github.com/tendril-net/tendril/pkg/testutil/netpolmatrix"
 )
 
 // labName keeps the tests' lab apart from one a person runs (tdrlab);
@@ -54,9 +55,7 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(udpStreamEnv); spec != "" {
 		os.Exit(runUDPStream(spec))
 	}
-	if spec := os.Getenv(probeManyEnv); spec != "" {
-		os.Exit(runProbeMany(spec))
-	}
+	netpolmatrix.RunProberIfAsked()
 	if spec := os.Getenv(dnsLoadEnv); spec != "" {
 		os.Exit(runDNSLoad(spec))
 	}
@@ -192,8 +191,9 @@ func eventually(t *testing.T, what string, cond func() (bool, error)) {
 	}
 }
 
-func (e *env) createPod(t *testing.T, ns, name, node string, labels map[string]string, ports ...corev1.ContainerPort) {
-	t.Helper()
+// labPod is a pod the lab kubelet runs (the workload answering on TCP
+// and UDP 80 and 81), on node when one is named.
+func labPod(ns, name, node string, labels map[string]string, ports ...corev1.ContainerPort) *corev1.Pod {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
 		Spec: corev1.PodSpec{
@@ -203,6 +203,12 @@ func (e *env) createPod(t *testing.T, ns, name, node string, labels map[string]s
 	if node != "" {
 		pod.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": node}
 	}
+	return pod
+}
+
+func (e *env) createPod(t *testing.T, ns, name, node string, labels map[string]string, ports ...corev1.ContainerPort) {
+	t.Helper()
+	pod := labPod(ns, name, node, labels, ports...)
 	if _, err := e.cs.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create pod %s/%s: %v", ns, name, err)
 	}

@@ -33,6 +33,7 @@ import (
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/testutil"
+	"github.com/tendril-net/tendril/pkg/testutil/netpolmatrix"
 )
 
 // ownLab brings up a lab of its own, named after the suite's lab with
@@ -462,7 +463,8 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	// IPv6 ipBlocks. (Run again in native mode once by hand, not here:
 	// it would add as much CI time again; see docs/routing.md.)
 	t.Run("policy matrix over IPv6 through the tunnel", func(t *testing.T) {
-		matrixSteps(t, e, name, matrixPodsUp(t, e, true))
+		l := matrixLab(e, name)
+		netpolmatrix.Steps(t, l, netpolmatrix.PodsUp(t, l, true))
 	})
 
 	t.Run("VXLAN from an address of no node is dropped", func(t *testing.T) {

@@ -23,11 +23,15 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/tendril-net/tendril/pkg/images"
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/lab/realnode"
 	"github.com/tendril-net/tendril/pkg/testutil"
 	"github.com/tendril-net/tendril/pkg/testutil/binaries"
+	"github.com/tendril-net/tendril/pkg/testutil/netpolmatrix"
 )
 
 // labName keeps the test's lab apart from a person's and from the e2e
@@ -112,6 +116,13 @@ func buildPreviousRelease(t *testing.T) (chartDir, imagesDir string) {
 	return filepath.Join(src, "deploy", "helm", "tendril"), imagesDir
 }
 
+// TestMain: the test binary is also the policy matrix's prober, started
+// inside a pod.
+func TestMain(m *testing.M) {
+	netpolmatrix.RunProberIfAsked()
+	os.Exit(m.Run())
+}
+
 // TestPrivilegedLabContainerdConnectivity brings up a two-node lab of
 // real nodes with the previous release installed, upgrades it with helm
 // to the tree under test under traffic, runs the connectivity test
@@ -189,6 +200,23 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 		}
 	}
 
+	// The x/y/z NetworkPolicy matrix, unchanged, on pods that are
+	// containers of the workload image on the real nodes.
+	t.Run("policy matrix (x, y, z) on real pods", func(t *testing.T) {
+		cs, err := st.Clientset()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var nodes []string
+		for _, n := range st.Nodes {
+			nodes = append(nodes, n.Name)
+		}
+		netpolmatrix.Run(t, netpolmatrix.Lab{Name: st.Name, Tendril: tendril, Clientset: cs, Nodes: nodes,
+			Pod: func(ns, name, node string, labels map[string]string) *corev1.Pod {
+				return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
+					Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{lab.WorkloadContainer(st.WorkloadImage)}}}
+			}})
+	})
 	t.Run("Hubble over TLS", func(t *testing.T) { hubbleOverTLS(t, st) })
 	t.Run("bpffs taken away from an agent pod", func(t *testing.T) { bpffsTakenAway(t, st, tendril) })
 
