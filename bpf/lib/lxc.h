@@ -88,8 +88,10 @@ static __always_inline int to_pod_flow(struct __sk_buff *skb, struct lxc_pkt *c,
 		return TC_ACT_SHOT;
 	/* HTTP rules on this port: the flow must go through the HTTP proxy,
 	 * which needs a packet it can assign at a tc ingress hook (from_pod
-	 * of a local source does it). Here (a packet the node routed to the
-	 * pod, or one from the tunnel) it cannot: the port stays closed. */
+	 * of a local source, from_netdev or from_overlay for another node's,
+	 * lib/l7ingress.h). One that reaches here passed none that could (the
+	 * node itself, a device without the host programs, no direct
+	 * delivery, IPv6, no proxy listening): the port stays closed. */
 	if (p->proxy == PROXY_HTTP_INGRESS)
 		return drop(REASON_POLICY_DENIED, DIR_INGRESS, ep_id, p, peer_id, ep->identity, 0);
 	int notable = trace_notable(e, p, ct, e && ct_is_reply(e, f));
