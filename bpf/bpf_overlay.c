@@ -193,16 +193,21 @@ static __always_inline int overlay_in(struct __sk_buff *skb)
 	c.nat = 0;
 	flow_of(&c.f, p);
 	struct ct_entry *e = p->nonfirst_frag ? NULL : ct_find(&c.f, p);
-	/* A new TCP flow, or one sent to the ingress HTTP proxy: the pod's
-	 * ingress HTTP rules go through the proxy, handed its socket here
-	 * (a tc ingress hook, lib/l7ingress.h) with src_id recorded. Other
-	 * established packets pay nothing more. */
-	if (p->proto == IPPROTO_TCP_ && (!e || e->proxy == PROXY_HTTP_INGRESS)) {
-		int l7 = l7ingress_remote(skb, p, src_id);
-		if (l7 != L7INGRESS_PASS)
+	/* A flow the pod's ingress sent to the HTTP proxy: its packets go
+	 * to the proxy's socket again (lib/l7ingress.h); other established
+	 * packets pay nothing more. */
+	if (e && e->proxy == PROXY_HTTP_INGRESS && p->proto == IPPROTO_TCP_ && p->family == FAMILY_V4) {
+		int l7 = l7ingress_known(skb, p, me.ep_id, me.identity);
+		if (l7 != L7INGRESS_PASS && l7 != L7INGRESS_NEW)
 			return l7;
 	}
-	int ret = to_pod_flow(skb, &c, &me, e, src_id);
+	/* A new flow the pod's ingress admits through the HTTP proxy goes
+	 * to its ingress listener, from here: a tc ingress hook, where
+	 * bpf_sk_assign works (to_pod's tcx egress is not), with src_id,
+	 * decided above, recorded for the proxy. */
+	int ret = to_pod_flow(skb, &c, &me, e, src_id, 1);
+	if (ret == TO_POD_L7INGRESS)
+		return l7ingress_admitted(skb, p, me.ep_id, me.identity, src_id);
 	if (ret != TC_ACT_OK)
 		return ret;
 	/* The pod's to_pod does not run after this: its ingress was

@@ -12,12 +12,15 @@
  * so it cannot; the node-level hooks that see the packet first are tc ingress
  * hooks: from_netdev on the node's device (native routing; the host would
  * route the packet on to the pod's veth) and from_overlay on the tunnel
- * device (tunnel mode; it delivers to the pod itself). Both call
- * l7ingress_remote below with the source's identity as the datapath knows
- * it (the ipcache's for the inner source; from_overlay checks it against
- * the node the tunnel came from), which records it in the flow's
- * conntrack entry (ct_entry.src_identity): the proxy takes the peer's
- * identity from there, never from the address alone. */
+ * device (tunnel mode; it delivers to the pod itself). from_netdev calls
+ * l7ingress_remote below (the pod's to_pod would decide the flow later:
+ * it looks at the policy first); from_overlay decides the pod's ingress
+ * itself (to_pod_flow) and calls l7ingress_known and l7ingress_admitted.
+ * The source's identity is the datapath's (the ipcache's for the inner
+ * source; from_overlay checks it against the node the tunnel came from)
+ * and goes into the flow's conntrack entry (ct_entry.src_identity): the
+ * proxy takes the peer's identity from there, never from the address
+ * alone. IPv4 only, as the egress redirect. */
 #ifndef TDR_L7INGRESS_H
 #define TDR_L7INGRESS_H
 
@@ -132,6 +135,22 @@ __attribute__((noinline)) int l7ingress_known(struct __sk_buff *skb, const struc
 	return drop(REASON_POLICY_DENIED, DIR_INGRESS, (__u16)ep_id, p, peer, ep_identity, 0);
 }
 
+/* l7ingress_admitted sends the first packet of a new flow local endpoint
+ * ep_id (identity ep_identity) admitted from src_id through the HTTP proxy
+ * to the proxy's ingress listener, and records the flow; with no listener
+ * (the agent is down) the packet is dropped: HTTP has no L4 fallback. A
+ * global function. */
+__attribute__((noinline)) int l7ingress_admitted(struct __sk_buff *skb, const struct pkt *p, __u32 ep_id, __u32 ep_identity,
+						 __u32 src_id)
+{
+	if (!skb || !p)
+		return TC_ACT_SHOT;
+	if (proxy_redirect(skb, p, PROXY_HTTP_INGRESS) < 0)
+		return drop(REASON_POLICY_DENIED, DIR_INGRESS, (__u16)ep_id, p, src_id, ep_identity, 0);
+	ct_create_l7ingress(p, ep_id, src_id);
+	return TC_ACT_OK;
+}
+
 /* l7ingress_remote decides an IPv4 TCP packet from another node to a local
  * endpoint whose ingress sends it to the HTTP proxy, at a tc ingress hook.
  * src_id is the source's identity (0: the ipcache's for its address).
@@ -174,11 +193,8 @@ __attribute__((noinline)) int l7ingress_remote(struct __sk_buff *skb, struct pkt
 		/* An audited view passed it (policy() then names no proxy):
 		 * to_pod decides it as before. */
 		return L7INGRESS_PASS;
-	if (proxy_redirect(skb, p, PROXY_HTTP_INGRESS) < 0)
-		return drop(REASON_POLICY_DENIED, DIR_INGRESS, ep_id, p, src_id, ep->identity, 0);
 	count(REASON_FORWARDED, DIR_INGRESS, p->len);
-	ct_create_l7ingress(p, ep_id, src_id);
-	return TC_ACT_OK;
+	return l7ingress_admitted(skb, p, ep_id, ep->identity, src_id);
 }
 
 #endif
