@@ -9,12 +9,16 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -23,6 +27,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/linux"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/datapath/tunnel"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 	"github.com/tendril-net/tendril/pkg/testutil"
@@ -32,7 +37,9 @@ import (
 // (native routing): a second namespace stands for the other node, wired to
 // this node's device by a veth pair, and sends from remote pod addresses
 // (10.78.0.0/24, routed through it) that the ipcache gives identities of
-// their own. The node's device runs the host programs (from_netdev). Pod
+// their own: in native routing the node's device runs the host programs
+// (from_netdev); in tunnel mode the other node sends through VXLAN to the
+// node's tendril_vxlan, which runs from_overlay. Pod
 // b's ingress entry for remote client a's identity on TCP 8080 names the
 // HTTP proxy (GET only); client d's identity has no entry.
 //
@@ -46,11 +53,22 @@ import (
 // b's to_pod dropped a's SYN and the first request failed.
 func TestPrivilegedIngressRedirectRemoteNode(t *testing.T) {
 	testutil.Privileged(t)
+	t.Run("native", func(t *testing.T) { testIngressRemote(t, false) })
+	t.Run("vxlan", func(t *testing.T) { testIngressRemote(t, true) })
+}
+
+// testIngressRemote is TestPrivilegedIngressRedirectRemoteNode in native
+// routing (the node's device eth1 runs from_netdev) or tunnel mode (the
+// other node sends through a VXLAN device to the node's tendril_vxlan,
+// which runs from_overlay; its VNI is ignored there, the identity is the
+// ipcache's for the inner source, whose owner must be the outer source).
+func testIngressRemote(t *testing.T, vxlan bool) {
 	node, l, root, pods := redirectNode(t, "tdrl7r", "b")
 	pb := pods[0]
 	m := l.Maps()
 	remoteA, remoteD := netip.MustParseAddr("10.78.0.10"), netip.MustParseAddr("10.78.0.11")
-	const idA, idB, idD = 3301, 3302, 3304
+	peerNode := netip.MustParseAddr("192.168.78.2")
+	const idA, idB, idD, idPeerNode = 3301, 3302, 3304, 6
 
 	// The other node: a namespace behind this node's device eth1.
 	peerName := node.Name + "-peer"
@@ -70,28 +88,70 @@ func TestPrivilegedIngressRedirectRemoteNode(t *testing.T) {
 	run("-n", node.Name, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", peerName)
 	run("-n", node.Name, "addr", "add", "192.168.78.1/24", "dev", "eth1")
 	run("-n", node.Name, "link", "set", "eth1", "up")
-	run("-n", node.Name, "route", "add", "10.78.0.0/24", "via", "192.168.78.2", "dev", "eth1")
-	run("-n", peerName, "addr", "add", "192.168.78.2/24", "dev", "eth0")
-	run("-n", peerName, "addr", "add", remoteA.String()+"/32", "dev", "eth0")
-	run("-n", peerName, "addr", "add", remoteD.String()+"/32", "dev", "eth0")
+	run("-n", peerName, "addr", "add", peerNode.String()+"/24", "dev", "eth0")
 	run("-n", peerName, "link", "set", "eth0", "up")
 	run("-n", peerName, "link", "set", "lo", "up")
-	run("-n", peerName, "route", "add", "10.77.0.0/24", "via", "192.168.78.1", "dev", "eth0")
-	dev, err := netlink.LinkByName("eth1")
-	if err != nil {
-		t.Fatal(err)
+	if !vxlan {
+		run("-n", node.Name, "route", "add", "10.78.0.0/24", "via", peerNode.String(), "dev", "eth1")
+		run("-n", peerName, "addr", "add", remoteA.String()+"/32", "dev", "eth0")
+		run("-n", peerName, "addr", "add", remoteD.String()+"/32", "dev", "eth0")
+		run("-n", peerName, "route", "add", "10.77.0.0/24", "via", "192.168.78.1", "dev", "eth0")
+		dev, err := netlink.LinkByName("eth1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		host, err := hostdev.Load(hostdev.Options{BPFRoot: root, PortMin: 61000, PortMax: 61999, Maps: l.MapReplacements()}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(host.Close)
+		if err := host.Attach(dev.Attrs().Index); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = host.Detach(dev.Attrs().Index) })
+	} else {
+		dev, err := tunnel.EnsureDevice(node.Handle, tunnel.VXLAN, tunnel.DefaultVXLANPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		progs, err := tunnel.Load(l.MapReplacements(), root, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = progs.Close() })
+		links := filepath.Join(root, "links")
+		if err := progs.Attach(dev.Attrs().Index, links); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tunnel.Detach(links) })
+		run("-n", node.Name, "route", "add", "10.78.0.0/24", "dev", dev.Attrs().Name)
+		// The other node's VXLAN device: b's replies come with b's
+		// identity as VNI (to_overlay), so that is the device's. The
+		// node's device has no ARP and addresses its frames to its own
+		// MAC (from_overlay makes a frame the host's); the other node
+		// takes them as its host's too (hostFrames).
+		run("-n", peerName, "link", "add", "vx0", "type", "vxlan", "id", fmt.Sprint(idB), "remote", "192.168.78.1",
+			"local", peerNode.String(), "dstport", fmt.Sprint(tunnel.DefaultVXLANPort), "dev", "eth0")
+		run("-n", peerName, "link", "set", "vx0", "arp", "off")
+		hostFrames(t, peerNS, "vx0")
+		run("-n", peerName, "addr", "add", remoteA.String()+"/32", "dev", "vx0")
+		run("-n", peerName, "addr", "add", remoteD.String()+"/32", "dev", "vx0")
+		run("-n", peerName, "link", "set", "vx0", "up")
+		run("-n", peerName, "route", "add", "10.77.0.0/24", "dev", "vx0")
+		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(peerNode, 32), maps.IPCacheEntry{Identity: idPeerNode, Flags: maps.IPCacheFlagRemoteNode}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	host, err := hostdev.Load(hostdev.Options{BPFRoot: root, PortMin: 61000, PortMax: 61999, Maps: l.MapReplacements()}, nil)
-	if err != nil {
-		t.Fatal(err)
+	var tunnelIP netip.Addr
+	if vxlan {
+		tunnelIP = peerNode
 	}
-	t.Cleanup(host.Close)
-	if err := host.Attach(dev.Attrs().Index); err != nil {
-		t.Fatal(err)
+	for p, id := range map[netip.Addr]uint32{remoteA: idA, remoteD: idD} {
+		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(p, 32), maps.IPCacheEntry{Identity: id, TunnelIP: tunnelIP}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	t.Cleanup(func() { _ = host.Detach(dev.Attrs().Index) })
-
-	for p, id := range map[netip.Addr]uint32{remoteA: idA, pb.IPv4: idB, remoteD: idD} {
+	for p, id := range map[netip.Addr]uint32{pb.IPv4: idB} {
 		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(p, 32), maps.IPCacheEntry{Identity: id}); err != nil {
 			t.Fatal(err)
 		}
@@ -281,4 +341,40 @@ func TestPrivilegedIngressRedirectRemoteNode(t *testing.T) {
 		t.Errorf("b's server got %v after the proxies closed", methods)
 	}
 	mu.Unlock()
+}
+
+// hostFrames attaches to device name in namespace ns, at tcx ingress, a
+// program that makes every frame the host's (bpf_skb_change_type
+// PACKET_HOST): the test's other node, which runs no Tendril program,
+// takes the frames the node's tunnel device addresses to its own MAC.
+func hostFrames(t *testing.T, ns netns.NsHandle, name string) {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.SchedCLS,
+		Instructions: asm.Instructions{
+			asm.Mov.Imm(asm.R2, 0), // PACKET_HOST
+			asm.FnSkbChangeType.Call(),
+			asm.Mov.Imm(asm.R0, 0), // TC_ACT_OK
+			asm.Return(),
+		},
+		License: "GPL",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = prog.Close() })
+	if err := linux.InNetNS(ns, func() error {
+		dev, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		l, err := link.AttachTCX(link.TCXOptions{Interface: dev.Attrs().Index, Program: prog, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		return nil
+	}); err != nil {
+		t.Fatalf("attach to %s: %v", name, err)
+	}
 }
