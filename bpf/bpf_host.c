@@ -32,6 +32,11 @@
  * traffic (to and from its addresses) is checked against the host
  * endpoint's policy, in both programs, before any service translation.
  *
+ * A local pod's ingress HTTP rules (l7ingress.h): from_netdev hands a
+ * flow from another node that the pod's ingress sends to the HTTP proxy
+ * to the proxy's ingress listener, with the source's identity in its
+ * conntrack entry.
+ *
  * Everything else passes untouched: the host's own traffic without host
  * policy, pods' traffic within the cluster (docs/datapath.md,
  * docs/host-firewall.md).
@@ -56,6 +61,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/arp.h"
 #include "lib/hostfw.h"
 #include "lib/geneve.h"
+#include "lib/l7ingress.h"
 
 /* to_netdev6 and from_netdev6 are the IPv6 halves of the programs below,
  * global functions verified on their own. */
@@ -268,6 +274,14 @@ int from_netdev(struct __sk_buff *skb)
 	nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, p.daddr, p.dport, p.saddr, p.sport, p.proto);
 	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
 	if (!m) {
+		/* A local pod's ingress HTTP rules for a flow from another
+		 * node (native routing): only here, at tc ingress, can the
+		 * flow be handed to the proxy's socket (lib/l7ingress.h). */
+		if (p.proto == IPPROTO_TCP_) {
+			int l7 = l7ingress_remote(skb, &p, 0);
+			if (l7 != L7INGRESS_PASS)
+				return l7;
+		}
 		/* Not a reply: to the node, its ingress policy decides first
 		 * (a NodePort is a port of the node); then maybe a new or
 		 * known flow from outside to a service frontend. */

@@ -333,5 +333,5 @@ int to_pod(struct __sk_buff *skb)
 	c.nat = 0;
 	flow_of(&c.f, p);
 	struct ct_entry *e = p->nonfirst_frag ? NULL : ct_find(&c.f, p);
-	return to_pod_flow(skb, &c, &me, e, 0);
+	return to_pod_flow(skb, &c, &me, e, 0, 0);
 }

@@ -12,7 +12,9 @@
  * sending node set (overlay_source says why); a packet for a local
  * endpoint goes through that endpoint's ingress policy with it, its flow's
  * conntrack entry and a service reply's reverse NAT, as to_pod would, and
- * is delivered into the pod's namespace; a packet for the node itself
+ * is delivered into the pod's namespace (a flow the endpoint's ingress
+ * sends to the HTTP proxy goes to the proxy's ingress listener instead,
+ * lib/l7ingress.h, with the identity decided here); a packet for the node itself
  * goes to the host stack. With --bpf-lb-mode=dsr (LB_DSR), a request
  * another node sent on to a local backend by direct server return has its
  * frontend recorded from the IPv4 option (nodeport_dsr_recv, as
@@ -44,6 +46,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/lxc.h"
 #include "lib/nodeport_dsr.h"
 #include "lib/overlay.h"
+#include "lib/l7ingress.h"
 
 #define PACKET_HOST_ 0
 
@@ -190,7 +193,21 @@ static __always_inline int overlay_in(struct __sk_buff *skb)
 	c.nat = 0;
 	flow_of(&c.f, p);
 	struct ct_entry *e = p->nonfirst_frag ? NULL : ct_find(&c.f, p);
-	int ret = to_pod_flow(skb, &c, &me, e, src_id);
+	/* A flow the pod's ingress sent to the HTTP proxy: its packets go
+	 * to the proxy's socket again (lib/l7ingress.h); other established
+	 * packets pay nothing more. */
+	if (e && e->proxy == PROXY_HTTP_INGRESS && p->proto == IPPROTO_TCP_ && p->family == FAMILY_V4) {
+		int l7 = l7ingress_known(skb, p, me.ep_id, me.identity);
+		if (l7 != L7INGRESS_PASS && l7 != L7INGRESS_NEW)
+			return l7;
+	}
+	/* A new flow the pod's ingress admits through the HTTP proxy goes
+	 * to its ingress listener, from here: a tc ingress hook, where
+	 * bpf_sk_assign works (to_pod's tcx egress is not), with src_id,
+	 * decided above, recorded for the proxy. */
+	int ret = to_pod_flow(skb, &c, &me, e, src_id, 1);
+	if (ret == TO_POD_L7INGRESS)
+		return l7ingress_admitted(skb, p, me.ep_id, me.identity, src_id);
 	if (ret != TC_ACT_OK)
 		return ret;
 	/* The pod's to_pod does not run after this: its ingress was

@@ -63,18 +63,25 @@ struct lxc_pkt {
 	__u32 nat;
 };
 
+/* to_pod_flow's answer, when its caller can hand the packet to a socket
+ * (l7_here: a tc ingress hook, from_overlay), for a new flow the
+ * endpoint's ingress admitted through the HTTP proxy: the caller sends it
+ * there (l7ingress_admitted, lib/l7ingress.h). Not a TC verdict. */
+#define TO_POD_L7INGRESS 1005
+
 /* to_pod_flow decides a packet delivered to endpoint ep whose flow has
  * entry e (NULL: none): the endpoint's ingress policy of a new flow, the
  * entry's commit, the reverse NAT of a service's reply, the trace event.
  * peer_id is the source's identity, 0 to look it up in the ipcache (the
- * overlay's from_overlay passes the one the tunnel key carried).
- * Returns the program's verdict. Inlined: as a global function (verified
+ * overlay's from_overlay passes the one the tunnel key carried). l7_here:
+ * the caller can assign a socket (see TO_POD_L7INGRESS).
+ * Returns the program's verdict, or TO_POD_L7INGRESS. Inlined: as a global function (verified
  * once, as from_pod_flow is) its call cost to_pod 8-10 ns per packet
  * (120 -> 130 ns, BenchmarkPrivilegedToPodEstablished); to_pod passes a
  * stack copy of its endpoint instead, which keeps the verifier's paths
  * few (11,730 instructions against 10,203 called; 14,394 at e3050e0). */
 static __always_inline int to_pod_flow(struct __sk_buff *skb, struct lxc_pkt *c, const struct endpoint_info *ep,
-				       struct ct_entry *e, __u32 peer_id)
+				       struct ct_entry *e, __u32 peer_id, int l7_here)
 {
 	struct pkt *p = &c->p;
 	const struct flow *f = &c->f;
@@ -88,10 +95,15 @@ static __always_inline int to_pod_flow(struct __sk_buff *skb, struct lxc_pkt *c,
 		return TC_ACT_SHOT;
 	/* HTTP rules on this port: the flow must go through the HTTP proxy,
 	 * which needs a packet it can assign at a tc ingress hook (from_pod
-	 * of a local source does it). Here (a packet the node routed to the
-	 * pod, or one from the tunnel) it cannot: the port stays closed. */
-	if (p->proxy == PROXY_HTTP_INGRESS)
+	 * of a local source, from_netdev or from_overlay for another node's,
+	 * lib/l7ingress.h). One that reaches here passed none that could (the
+	 * node itself, a device without the host programs, no direct
+	 * delivery, IPv6, no proxy listening): the port stays closed. */
+	if (p->proxy == PROXY_HTTP_INGRESS) {
+		if (l7_here)
+			return TO_POD_L7INGRESS;
 		return drop(REASON_POLICY_DENIED, DIR_INGRESS, ep_id, p, peer_id, ep->identity, 0);
+	}
 	int notable = trace_notable(e, p, ct, e && ct_is_reply(e, f));
 	if (!p->icmp_error && !p->nonfirst_frag) {
 		if (!e) {

@@ -147,7 +147,12 @@ struct ct_entry {
 	 * capped a node at 65,535 frontends; v2 widens it (IDs below
 	 * LB_MAX_IDS) and the agent carries v1 entries over at start. */
 	__u32 rev_nat;
-	__u32 pad2;
+	/* The identity of a remote source as the datapath gave it, for a
+	 * flow from another node that a local endpoint's ingress sent to the
+	 * HTTP proxy (proxy PROXY_HTTP_INGRESS, lib/l7ingress.h): the proxy
+	 * applies the endpoint's rules for it. 0 otherwise. Padding before:
+	 * an earlier agent's entries read 0. */
+	__u32 src_identity;
 };
 
 struct metric_value {

@@ -18,7 +18,8 @@
 // proxy for their destination's ingress rules (PROXY_HTTP_INGRESS). Its
 // peer is the endpoint the flow's conntrack entry names as the one whose
 // from_pod admitted and redirected it (the datapath's view, checked against
-// the address's owner); the rules are the destination endpoint's ingress
+// the address's owner), or for a source on another node the identity the
+// entry holds (from_netdev or from_overlay recorded it); the rules are the destination endpoint's ingress
 // rules for that peer's identity; the upstream connection carries
 // PROXY_MARK_UPSTREAM, so the pod's to_pod does not ask its ingress policy
 // again (it would see the node) nor send it back to the proxy.
@@ -390,24 +391,40 @@ func (r *Redirect) dialUpstream(dst netip.AddrPort) (c net.Conn, err error) {
 }
 
 // ingressPeer names the peer of a connection the datapath sent to the
-// ingress listener: the endpoint the flow's conntrack entry names as its
-// source (the one whose from_pod admitted and redirected it), which must
-// still own the source address, towards a local endpoint that admitted it
-// on the other side. False for anything else (a connection made to the
-// listener directly, a flow no redirect recorded).
+// ingress listener, from the flow's conntrack entry, which must name the
+// ingress proxy, the connecting side as the flow's source and, as the
+// destination, the local endpoint that still owns dst and admitted it:
+//
+//   - a local source (its from_pod redirected the flow): the endpoint the
+//     entry names on its side, which must still own the address; its
+//     identity is the endpoint's;
+//   - a source on another node (from_netdev or from_overlay redirected
+//     it, bpf/lib/l7ingress.h): the entry marks the source not local and
+//     holds the identity the datapath gave it (the ipcache's, checked
+//     against the tunnel's node in tunnel mode); no local endpoint may own
+//     the address. The identity is never derived from the address here.
+//
+// False for anything else (a connection made to the listener directly, a
+// flow no redirect recorded).
 func (r *Redirect) ingressPeer(src, dst netip.AddrPort) (Sender, bool) {
 	e, ok, err := r.ct.Lookup(maps.CTEntry{Proto: unix.IPPROTO_TCP, Src: src.Addr(), SrcPort: src.Port(), Dst: dst.Addr(), DstPort: dst.Port()})
 	if err != nil || !ok {
 		return Sender{}, false
 	}
-	if e.Proxy != maps.ProxyHttpIngress || e.Src != src.Addr() || e.SrcPort != src.Port() || e.SrcEndpoint == 0 || e.DstEndpoint == 0 {
-		return Sender{}, false
-	}
-	from, ok := r.sender(src.Addr())
-	if !ok || from.EndpointID != e.SrcEndpoint {
+	if e.Proxy != maps.ProxyHttpIngress || e.Src != src.Addr() || e.SrcPort != src.Port() || e.DstEndpoint == 0 {
 		return Sender{}, false
 	}
 	if to, ok := r.sender(dst.Addr()); !ok || to.EndpointID != e.DstEndpoint {
+		return Sender{}, false
+	}
+	from, local := r.sender(src.Addr())
+	if e.SrcEndpoint == 0 {
+		if local || e.Flags&maps.CTFlagSrcNotLocal == 0 || e.SrcIdentity == 0 {
+			return Sender{}, false
+		}
+		return Sender{Identity: e.SrcIdentity}, true
+	}
+	if !local || from.EndpointID != e.SrcEndpoint {
 		return Sender{}, false
 	}
 	return from, true

@@ -466,8 +466,8 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 	t.Run("ingress-http", func(t *testing.T) {
 		// HTTP rules on a pod's own port: the client on the same node goes
 		// through node1's HTTP proxy (its from_pod assigns the flow); a
-		// pod of the same node without the client's identity, and any pod
-		// of another node (not built: dropped), cannot connect.
+		// pod of the same node without the client's identity, and one of
+		// another node without it, cannot connect.
 		e.createPod(t, ns, "web", node1.Name, map[string]string{"app": "fqdn-web"})
 		web := e.waitReady(t, ns, "web")
 		for _, doc := range []string{webPolicyYAML, clientToWebYAML} {
@@ -507,11 +507,70 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 			}
 			other := "default/" + e.labPodOn(t, n.Name).Name
 			if c := probe(t, other, web.Status.PodIP+":80", false); c != 1 {
-				t.Errorf("%s on %s -> web:80: exit %d, want 1 (another node's source is not redirected: closed)", other, n.Name, c)
+				t.Errorf("%s on %s -> web:80: exit %d, want 1 (not the client's identity)", other, n.Name, c)
 			}
 			break
 		}
 		eventually(t, "ingress HTTP flows: GET /healthz naming the rule, POST denied", func() (bool, error) {
+			var allowed, denied bool
+			for _, f := range l7Flows() {
+				h := f.GetL7().GetHttp()
+				if h == nil || f.GetTrafficDirection() != flowpb.TrafficDirection_INGRESS || f.GetIP().GetDestination() != web.Status.PodIP {
+					continue
+				}
+				switch {
+				case h.GetMethod() == "GET" && h.GetCode() == 200 && f.GetVerdict() == flowpb.Verdict_FORWARDED && strings.Contains(f.GetSummary(), `"/healthz"`):
+					allowed = true
+				case h.GetMethod() == "POST" && h.GetCode() == 403 && f.GetVerdict() == flowpb.Verdict_DROPPED:
+					denied = true
+				}
+			}
+			return allowed && denied, fmt.Errorf("allowed %v, denied %v", allowed, denied)
+		})
+	})
+
+	t.Run("ingress-http-remote", func(t *testing.T) {
+		// The same rules on a pod of node2, the client on node1 (native
+		// routing): node2's from_netdev hands the client's flow to node2's
+		// ingress HTTP proxy, which takes the client's identity from the
+		// flow's conntrack entry (bpf/lib/l7ingress.h). GET 200, POST 403
+		// with INGRESS flows (the GET's naming the rule); a pod of node1
+		// without the client's identity cannot connect.
+		node2, err := e.st.Node("node2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.createPod(t, ns, "web2", node2.Name, map[string]string{"app": "fqdn-web"})
+		web := e.waitReady(t, ns, "web2")
+		for _, doc := range []string{webPolicyYAML, clientToWebYAML} {
+			p := &v1alpha1.TendrilNetworkPolicy{}
+			if err := yaml.UnmarshalStrict([]byte(doc), p); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{})
+			})
+		}
+		webURL := "http://" + web.Status.PodIP
+		curl := func(method, path string) (int, string) {
+			code, out := tendril(t, "exec", client, "--", "curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", "-X", method, webURL+path)
+			return code, strings.TrimSpace(out)
+		}
+		eventually(t, "GET /healthz to web2 on node2 answered 200 through node2's ingress proxy", func() (bool, error) {
+			code, out := curl("GET", "/healthz")
+			return code == 0 && out == "200", fmt.Errorf("exit %d, %q", code, out)
+		})
+		if code, out := curl("POST", "/healthz"); code != 0 || out != "403" {
+			t.Errorf("POST /healthz to web2: exit %d, code %q, want 403", code, out)
+		}
+		plain := "default/" + e.labPodOn(t, node1.Name).Name
+		if c := probe(t, plain, web.Status.PodIP+":80", false); c != 1 {
+			t.Errorf("%s on node1 (not the client's identity) -> web2:80: exit %d, want 1", plain, c)
+		}
+		eventually(t, "node2's ingress HTTP flows: GET /healthz naming the rule, POST denied", func() (bool, error) {
 			var allowed, denied bool
 			for _, f := range l7Flows() {
 				h := f.GetL7().GetHttp()

@@ -173,6 +173,25 @@ spec:
     - ports: [{port: "8080", protocol: TCP}, {port: "5201", protocol: TCP}, {port: "53", protocol: UDP}]
 `
 
+// tunnelHTTPPolicyYAML: HTTP rules on the backend's port 80 for the
+// frontend (GET /healthz).
+const tunnelHTTPPolicyYAML = `
+apiVersion: tendril.io/v1alpha1
+kind: TendrilNetworkPolicy
+metadata:
+  name: backend-http
+spec:
+  endpointSelector:
+    matchLabels: {app: backend}
+  ingress:
+  - fromEndpoints:
+    - matchLabels: {app: frontend}
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+      rules:
+        http: [{method: GET, path: /healthz}]
+`
+
 // TestPrivilegedLabTunnelVXLAN: a lab in the tunnel routing mode. No node
 // routes another's pod CIDR via the lab bridge (the routes go to
 // tendril_vxlan); the pods' MTU is 50 bytes less; pods on two nodes reach
@@ -226,7 +245,9 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	e.createNamespace(t, ns)
 	tcp8080 := corev1.ContainerPort{ContainerPort: 8080, Protocol: corev1.ProtocolTCP}
 	udp53 := corev1.ContainerPort{ContainerPort: 53, Protocol: corev1.ProtocolUDP}
-	e.createPod(t, ns, "backend", "node2", map[string]string{"app": "backend"}, tcp8080, udp53)
+	// 80: the ingress HTTP rules' port (the workload answers HTTP on each).
+	tcp80 := corev1.ContainerPort{ContainerPort: 80, Protocol: corev1.ProtocolTCP}
+	e.createPod(t, ns, "backend", "node2", map[string]string{"app": "backend"}, tcp8080, udp53, tcp80)
 	e.createPod(t, ns, "frontend", "node1", map[string]string{"app": "frontend"})
 	e.createPod(t, ns, "other", "node1", map[string]string{"app": "other"})
 	backend := e.waitReady(t, ns, "backend")
@@ -454,6 +475,38 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		}
 		if c, _ := labProbe(t, name, ns+"/frontend", addr6, false); c != 0 {
 			t.Errorf("frontend -> [backend]:8080 over IPv6 exit %d, want 0 (allowed by its identity)", c)
+		}
+	})
+
+	// HTTP rules on the backend's port 80 for the frontend, which is on
+	// the other node: node2's from_overlay hands the flow to node2's
+	// ingress HTTP proxy with the identity it gave the inner source
+	// (bpf/lib/l7ingress.h).
+	t.Run("ingress HTTP rules for a client on the other node", func(t *testing.T) {
+		pol := &v1alpha1.TendrilNetworkPolicy{}
+		if err := yaml.UnmarshalStrict([]byte(tunnelHTTPPolicyYAML), pol); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), pol.Name, metav1.DeleteOptions{})
+		})
+		curl := func(method string) (string, error) {
+			out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/frontend", "--", "curl", "-sS", "-m", "3", "-o", "/dev/null",
+				"-w", "%{http_code}", "-X", method, "http://"+backend.Status.PodIP+"/healthz").CombinedOutput()
+			return strings.TrimSpace(string(out)), err
+		}
+		eventually(t, "frontend GET /healthz to backend on node2 answered 200 through node2's ingress proxy", func() (bool, error) {
+			out, err := curl("GET")
+			return err == nil && out == "200", fmt.Errorf("%q, %v", out, err)
+		})
+		if out, err := curl("POST"); err != nil || out != "403" {
+			t.Errorf("frontend POST /healthz to backend: %q, %v, want 403", out, err)
+		}
+		if c, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":80", false); c != 1 {
+			t.Errorf("other -> backend:80 exit %d, want 1 (not the frontend's identity)", c)
 		}
 	})
 

@@ -34,16 +34,16 @@ type OverlayCt6Key struct {
 }
 
 type OverlayCtEntry struct {
-	_        structs.HostLayout
-	Expires  uint64
-	EpA      uint16
-	EpB      uint16
-	Flags    uint8
-	TcpFlags uint8
-	Revoked  uint8
-	Proxy    uint8
-	RevNat   uint32
-	Pad2     uint32
+	_           structs.HostLayout
+	Expires     uint64
+	EpA         uint16
+	EpB         uint16
+	Flags       uint8
+	TcpFlags    uint8
+	Revoked     uint8
+	Proxy       uint8
+	RevNat      uint32
+	SrcIdentity uint32
 }
 
 type OverlayDsr4Entry struct {

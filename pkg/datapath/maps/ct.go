@@ -45,8 +45,12 @@ type CTEntry struct {
 	// translated (Dst is then the backend); 0: not translated.
 	RevNAT uint32
 	// Proxy is the node's proxy (Proxy*) the flow's egress policy sent it
-	// to; 0: none.
+	// to (ProxyHttpIngress: the destination's ingress); 0: none.
 	Proxy uint8
+	// SrcIdentity is the identity the datapath gave a remote Src whose
+	// flow a local Dst's ingress sent to the HTTP proxy (from_netdev,
+	// from_overlay: bpf/lib/l7ingress.h); 0 otherwise.
+	SrcIdentity uint32
 	// SrcRevoked and DstRevoked: the agent revoked the admission of the
 	// local endpoint on that side (Revoke); its policy checks every
 	// packet of the flow as new, and never admits it again.
@@ -123,7 +127,7 @@ func (e CTEntry) key6() bpf.LxcCt6Key {
 
 func (e CTEntry) value() bpf.LxcCtEntry {
 	_, _, aEP, _, _, bEP := e.sides()
-	v := bpf.LxcCtEntry{Expires: e.Expires, EpA: aEP, EpB: bEP, Flags: e.Flags & (CTFlagSeenReply | CTFlagClosing), TcpFlags: e.TCPFlags, RevNat: e.RevNAT}
+	v := bpf.LxcCtEntry{Expires: e.Expires, EpA: aEP, EpB: bEP, Flags: e.Flags & (CTFlagSeenReply | CTFlagClosing), TcpFlags: e.TCPFlags, RevNat: e.RevNAT, Proxy: e.Proxy, SrcIdentity: e.SrcIdentity}
 	srcFlag, dstFlag := CTFlagBNotLocal, CTFlagANotLocal
 	if e.srcIsA() {
 		v.Flags |= CTFlagAStarted
@@ -150,7 +154,7 @@ func (e CTEntry) value() bpf.LxcCtEntry {
 
 // fromRaw orients a stored entry: the side that started the flow is Src.
 func fromRaw(proto uint8, a netip.Addr, aPort uint16, b netip.Addr, bPort uint16, v bpf.LxcCtEntry) CTEntry {
-	e := CTEntry{Proto: proto, Expires: v.Expires, Flags: v.Flags & (CTFlagSeenReply | CTFlagClosing), TCPFlags: v.TcpFlags, RevNAT: v.RevNat, Proxy: v.Proxy}
+	e := CTEntry{Proto: proto, Expires: v.Expires, Flags: v.Flags & (CTFlagSeenReply | CTFlagClosing), TCPFlags: v.TcpFlags, RevNAT: v.RevNat, Proxy: v.Proxy, SrcIdentity: v.SrcIdentity}
 	aStarted := v.Flags&CTFlagAStarted != 0
 	if (v.Flags&CTFlagANotLocal != 0 && aStarted) || (v.Flags&CTFlagBNotLocal != 0 && !aStarted) {
 		e.Flags |= CTFlagSrcNotLocal

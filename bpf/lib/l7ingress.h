@@ -1,0 +1,202 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Tendril datapath: a local pod's ingress HTTP rules for flows that come
+ * from another node (docs/policy-l7.md, "Ingress").
+ *
+ * Such a flow must reach the HTTP proxy's ingress listener before the
+ * pod: the proxy applies the pod's HTTP rules, then opens its own
+ * connection to it. Handing a packet to a socket (bpf_sk_assign) works
+ * only at a tc *ingress* hook: bpf_sk_assign answers -EOPNOTSUPP unless
+ * skb_at_tc_ingress (net/core/filter.c; the assigned socket is stolen on
+ * the receive path), and -ENETUNREACH for a socket of another namespace
+ * than the device's. The pod's own to_pod runs at tcx egress of its veth,
+ * so it cannot; the node-level hooks that see the packet first are tc ingress
+ * hooks: from_netdev on the node's device (native routing; the host would
+ * route the packet on to the pod's veth) and from_overlay on the tunnel
+ * device (tunnel mode; it delivers to the pod itself). from_netdev calls
+ * l7ingress_remote below (the pod's to_pod would decide the flow later:
+ * it looks at the policy first); from_overlay decides the pod's ingress
+ * itself (to_pod_flow) and calls l7ingress_known and l7ingress_admitted.
+ * The source's identity is the datapath's (the ipcache's for the inner
+ * source; from_overlay checks it against the node the tunnel came from)
+ * and goes into the flow's conntrack entry (ct_entry.src_identity): the
+ * proxy takes the peer's identity from there, never from the address
+ * alone. IPv4 only, as the egress redirect. */
+#ifndef TDR_L7INGRESS_H
+#define TDR_L7INGRESS_H
+
+#include "maps.h"
+#include "pkt.h"
+#include "events.h"
+#include "endpoint.h"
+#include "ipcache.h"
+#include "conntrack.h"
+#include "policy.h"
+#include "proxy.h"
+
+/* l7ingress_remote's answer for a packet it leaves to the caller's usual
+ * path (not a TC verdict). */
+#define L7INGRESS_PASS 1003
+
+/* l7ingress_peer is the identity of the source of a new flow to local
+ * endpoint ep (src_id, or the ipcache's for its address when 0) when the
+ * endpoint's enforced ingress view allows it at the packet's port through
+ * the HTTP proxy (for that identity, else for the prefix a rule names that
+ * holds the source), else 0. A look at the policy without events: the
+ * verdict itself is policy()'s, in l7ingress_remote, or to_pod's when the
+ * flow does not go to the proxy. A global function: its keys and verdicts
+ * are off the stack of l7ingress_remote's call of policy(). */
+__attribute__((noinline)) int l7ingress_peer(const struct endpoint_info *ep, const struct pkt *p, __u32 src_id)
+{
+	struct verdicts v = {};
+	struct ipcache_key k = {};
+
+	if (!ep || !p)
+		return 0;
+	__u32 what = (__u32)ep->ep_id << 16 | (__u32)DIR_INGRESS << 8;
+	peer_key(&k, p, DIR_INGRESS);
+	if (!src_id) {
+		struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+		src_id = info ? info->identity : ID_WORLD;
+	}
+	policy_lookup(what, src_id, p, &v);
+	if (!v.e && VERDICT_PROXY(v.e_match) == PROXY_HTTP)
+		return (int)src_id;
+	if (v.e == REASON_POLICY_DENY_RULE || !in_cluster_peer(src_id))
+		return 0;
+	__u32 *cidr = bpf_map_lookup_elem(&tdr_policy_cidr_v1, &k);
+	if (!cidr || !*cidr)
+		return 0;
+	__builtin_memset(&v, 0, sizeof(v));
+	policy_lookup(what, *cidr, p, &v);
+	return !v.e && VERDICT_PROXY(v.e_match) == PROXY_HTTP ? (int)src_id : 0;
+}
+
+/* l7ingress_remote's answer from l7ingress_known for a packet of no flow
+ * the endpoint admitted. */
+#define L7INGRESS_NEW 1004
+
+/* ct_create_l7ingress makes the entry of a new flow from a remote source
+ * of identity src_id that local endpoint ep_id admitted through the
+ * ingress HTTP proxy: the endpoint named on its side, the other side not
+ * local, the proxy, and the source's identity for the proxy to read. A
+ * global function with its own flow key (ct_create takes five arguments
+ * and has no room for the identity). */
+__attribute__((noinline)) int ct_create_l7ingress(const struct pkt *p, __u32 ep_id, __u32 src_id)
+{
+	struct flow f;
+	struct ct_entry e = {};
+
+	if (!p)
+		return 0;
+	flow_of(&f, p);
+	if (ep_is_a(&f, DIR_INGRESS, p)) {
+		e.ep_a = (__u16)ep_id;
+		e.flags = CT_F_B_NOT_LOCAL;
+	} else {
+		e.ep_b = (__u16)ep_id;
+		e.flags = CT_F_A_NOT_LOCAL;
+	}
+	if (f.src_is_a)
+		e.flags |= CT_F_A_STARTED;
+	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		e.flags |= CT_F_CLOSING;
+	e.tcp_flags = p->tcp_flags;
+	e.proxy = PROXY_HTTP_INGRESS;
+	e.src_identity = src_id;
+	e.expires = p->now + ct_lifetime(p, e.flags);
+	return bpf_map_update_elem(&tdr_ct4_v2, &f.k4, &e, BPF_ANY);
+}
+
+/* l7ingress_known decides a packet to local endpoint ep_id (identity
+ * ep_identity) by its flow's entry: L7INGRESS_NEW when the endpoint has
+ * not admitted the flow; for an established flow sent to the ingress
+ * proxy, the packet goes to the proxy's socket again (dropped when none
+ * holds it); anything else is L7INGRESS_PASS. A global function: its flow
+ * key is off the stack of l7ingress_remote's call of policy(). */
+__attribute__((noinline)) int l7ingress_known(struct __sk_buff *skb, const struct pkt *p, __u32 ep_id, __u32 ep_identity)
+{
+	struct flow f;
+
+	if (!skb || !p)
+		return L7INGRESS_PASS;
+	flow_of(&f, p);
+	struct ct_entry *e = ct_find(&f, p);
+	int ct = ct_classify(e, &f, p, (__u16)ep_id, ep_is_a(&f, DIR_INGRESS, p));
+	if (ct == CT_NEW)
+		return L7INGRESS_NEW;
+	if (ct != CT_ESTABLISHED || !e || e->proxy != PROXY_HTTP_INGRESS)
+		return L7INGRESS_PASS;
+	__u32 peer = e->src_identity;
+	ct_update(e, &f, p);
+	if (proxy_redirect(skb, p, PROXY_HTTP_INGRESS) >= 0) {
+		count(CT_ESTABLISHED, DIR_INGRESS, p->len); /* CT_x equals REASON_CT_x */
+		return TC_ACT_OK;
+	}
+	return drop(REASON_POLICY_DENIED, DIR_INGRESS, (__u16)ep_id, p, peer, ep_identity, 0);
+}
+
+/* l7ingress_admitted sends the first packet of a new flow local endpoint
+ * ep_id (identity ep_identity) admitted from src_id through the HTTP proxy
+ * to the proxy's ingress listener, and records the flow; with no listener
+ * (the agent is down) the packet is dropped: HTTP has no L4 fallback. A
+ * global function. */
+__attribute__((noinline)) int l7ingress_admitted(struct __sk_buff *skb, const struct pkt *p, __u32 ep_id, __u32 ep_identity,
+						 __u32 src_id)
+{
+	if (!skb || !p)
+		return TC_ACT_SHOT;
+	if (proxy_redirect(skb, p, PROXY_HTTP_INGRESS) < 0)
+		return drop(REASON_POLICY_DENIED, DIR_INGRESS, (__u16)ep_id, p, src_id, ep_identity, 0);
+	ct_create_l7ingress(p, ep_id, src_id);
+	return TC_ACT_OK;
+}
+
+/* l7ingress_remote decides an IPv4 TCP packet from another node to a local
+ * endpoint whose ingress sends it to the HTTP proxy, at a tc ingress hook.
+ * src_id is the source's identity (0: the ipcache's for its address).
+ *
+ * - A packet of a flow it sent to the proxy (the entry names the
+ *   endpoint, PROXY_HTTP_INGRESS, and the packet goes the flow's way) goes
+ *   to the proxy's socket again; with no proxy it is dropped.
+ * - A new flow the endpoint's enforced ingress allows only through the
+ *   HTTP proxy: the policy decides it here (events included: to_pod never
+ *   sees it), the SYN is assigned to the ingress listener, and the entry
+ *   records the endpoint, the proxy and src_id. No listener (the agent is
+ *   down): dropped, the port stays closed (HTTP has no L4 fallback).
+ *
+ * Anything else is L7INGRESS_PASS: the caller's usual path, where the
+ * endpoint's to_pod_flow decides it. A global function, verified once;
+ * its frame holds no key (from_netdev -> l7ingress_remote -> policy ->
+ * policy_lookup must fit in 512 bytes). */
+__attribute__((noinline)) int l7ingress_remote(struct __sk_buff *skb, struct pkt *p, __u32 src_id)
+{
+	if (!skb || !p)
+		return L7INGRESS_PASS;
+	if (p->family != FAMILY_V4 || p->proto != IPPROTO_TCP_ || p->icmp_error || p->nonfirst_frag)
+		return L7INGRESS_PASS;
+	const struct endpoint_info *ep = endpoint_by_addr(FAMILY_V4, p->daddr);
+	if (!ep)
+		return L7INGRESS_PASS;
+	/* Only an endpoint enforcing ingress has entries naming the proxy:
+	 * the others' packets pay no conntrack lookup here. */
+	if (!enforced(ep, DIR_INGRESS))
+		return L7INGRESS_PASS;
+	__u16 ep_id = ep->ep_id;
+	int r = l7ingress_known(skb, p, ep_id, ep->identity);
+	if (r != L7INGRESS_NEW)
+		return r;
+	src_id = (__u32)l7ingress_peer(ep, p, src_id);
+	if (!src_id)
+		return L7INGRESS_PASS;
+	p->proxy = 0;
+	if (policy(ep, DIR_INGRESS, p, src_id))
+		return TC_ACT_SHOT;
+	if (p->proxy != PROXY_HTTP_INGRESS)
+		/* An audited view passed it (policy() then names no proxy):
+		 * to_pod decides it as before. */
+		return L7INGRESS_PASS;
+	count(REASON_FORWARDED, DIR_INGRESS, p->len);
+	return l7ingress_admitted(skb, p, ep_id, ep->identity, src_id);
+}
+
+#endif
