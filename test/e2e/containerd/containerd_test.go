@@ -234,6 +234,50 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 		t.Fatalf("lab down: %v\n%s", err, out)
 	}
 	checkNothingLeft(t, st, procs)
+
+	t.Run("the same images in the lab's default mode", func(t *testing.T) { defaultLabFromImages(t, tendril, imagesDir) })
+}
+
+// defaultLabFromImages runs the lab's default mode (its own kubelet, pods
+// as namespaces) on the binaries the images carry: tendril-agent,
+// tendril-cni and tendril from the agent image, tendril-operator from the
+// operator's, extracted as a runtime would; the connectivity test must
+// pass on them. The lab's own commands (lab up, its kubelets' side) are
+// the tree's tendril, since the image's is built without the source tree
+// the lab reads its scripts from.
+func defaultLabFromImages(t *testing.T, tendril, imagesDir string) {
+	root := t.TempDir()
+	for _, name := range []string{"agent", "operator"} {
+		a, err := images.ReadArchive(filepath.Join(imagesDir, name+".tar"), t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := images.ExtractFiles(a.Image, root); err != nil {
+			t.Fatal(err)
+		}
+	}
+	binDir := filepath.Join(root, images.BinDir)
+	name := labName + "img"
+	if len(name) > 12 {
+		name = name[:12]
+	}
+	down := func() { _ = exec.Command(tendril, "lab", "down", "--name", name).Run() }
+	t.Cleanup(down)
+	begin := time.Now()
+	out, err := exec.Command(tendril, "lab", "up", "--name", name, "--nodes", "2", "--pods-per-node", "1", "--bin-dir", binDir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab up on the images' binaries: %v\n%s", err, out)
+	}
+	t.Logf("lab up on the images' binaries in %s", time.Since(begin).Round(time.Millisecond))
+	begin = time.Now()
+	out, err = exec.Command(tendril, "connectivity", "test", "--lab", name).CombinedOutput()
+	t.Logf("tendril connectivity test (%s):\n%s", time.Since(begin).Round(time.Millisecond), out)
+	if err != nil {
+		t.Errorf("connectivity test: %v", err)
+	}
+	if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] {
+		t.Errorf("no all-passed summary in the connectivity test's output")
+	}
 }
 
 // checkNothingLeft fails for anything of the lab that `lab down` left:
