@@ -244,6 +244,8 @@ int from_netdev(struct __sk_buff *skb)
 		/* Not a reply: maybe a flow from outside to a service
 		 * frontend (nodeport.h). */
 		r = nodeport_in6(skb, &p);
+		if (r == NODEPORT_DSR_GENEVE)
+			r = nodeport_dsr_geneve(skb, &p);
 		if (r == NODEPORT_NEEDS_SNAT)
 			return nodeport_snat6(skb, &p);
 		return r >= 0 ? r : TC_ACT_OK;
@@ -274,6 +276,8 @@ int from_netdev(struct __sk_buff *skb)
 		if (hostfw(DIR_INGRESS, &p))
 			return TC_ACT_SHOT;
 		int np = nodeport_in(skb, &p);
+		if (np == NODEPORT_DSR_GENEVE)
+			np = nodeport_dsr_geneve(skb, &p);
 		if (np == NODEPORT_NEEDS_SNAT)
 			return nodeport_snat(skb, &p);
 		return np >= 0 ? np : TC_ACT_OK;

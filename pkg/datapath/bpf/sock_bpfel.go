@@ -64,6 +64,24 @@ type SockDsr4Key struct {
 	Pad         [3]uint8
 }
 
+type SockDsr6Entry struct {
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Port    uint16
+	Pad     [6]uint8
+	Created uint64
+}
+
+type SockDsr6Key struct {
+	_           structs.HostLayout
+	Client      [16]uint8
+	Backend     [16]uint8
+	ClientPort  uint16
+	BackendPort uint16
+	Proto       uint8
+	Pad         [3]uint8
+}
+
 type SockEncryptInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -340,6 +358,7 @@ const (
 	SockMapTdrCt4V2              = "tdr_ct4_v2"
 	SockMapTdrCt6V2              = "tdr_ct6_v2"
 	SockMapTdrDsr4V1             = "tdr_dsr4_v1"
+	SockMapTdrDsr6V1             = "tdr_dsr6_v1"
 	SockMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
 	SockMapTdrEncryptV1          = "tdr_encrypt_v1"
 	SockMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
@@ -455,6 +474,7 @@ type SockMapSpecs struct {
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
+	TdrDsr6V1         *ebpf.MapSpec `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
 	TdrEncryptV1      *ebpf.MapSpec `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
@@ -532,6 +552,7 @@ type SockMaps struct {
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
+	TdrDsr6V1         *ebpf.Map `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
 	TdrEncryptV1      *ebpf.Map `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
@@ -578,6 +599,7 @@ func (m *SockMaps) Close() error {
 		m.TdrCt4V2,
 		m.TdrCt6V2,
 		m.TdrDsr4V1,
+		m.TdrDsr6V1,
 		m.TdrEncryptCidrsV1,
 		m.TdrEncryptV1,
 		m.TdrEndpointIp4V1,
