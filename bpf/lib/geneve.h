@@ -75,32 +75,15 @@
 #define GENEVE_OPT_TYPE_CRIT 0x80
 #define GENEVE_OPT_TYPE_DSR (GENEVE_OPT_TYPE_CRIT | 0x01)
 #define GENEVE_OPT_DSR4_LEN 12
-#define GENEVE_OPT_DSR6_LEN 24
+#define GENEVE_OPT_DSR6_LEN 24 /* GENEVE_DSR_SCRATCH_LEN, maps.h */
 /* The Geneve header's critical-options-present bit (its second byte). */
 #define GENEVE_F_CRIT 0x40
 /* How many options geneve_decap walks (a verifier bound): more than the
  * one a node of ours sends. */
 #define GENEVE_MAX_OPTS 8
 
-/* geneve_dsr_scratch is one packet's DSR option in its wire format
- * (len bytes of opt: 0, GENEVE_OPT_DSR4_LEN or GENEVE_OPT_DSR6_LEN), in
- * a per-CPU slot between two steps of one program run: nodeport_in's
- * choice and the encapsulation (nodeport_dsr_geneve), or geneve_decap
- * and the overlay program it tail-calls. Never read across packets: the
- * writer of a run is its reader's only source (cb says so on receipt). */
-struct geneve_dsr_scratch {
-	__u8 len;
-	__u8 pad[3];
-	__u8 opt[GENEVE_OPT_DSR6_LEN];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, struct geneve_dsr_scratch);
-	__uint(max_entries, 1);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tdr_geneve_dsr_v1 SEC(".maps");
+/* struct geneve_dsr_scratch and tdr_geneve_dsr_v1 are in maps.h (every
+ * object shares the pinned maps). */
 #define GENEVE_TTL 64
 
 #ifndef AF_INET_

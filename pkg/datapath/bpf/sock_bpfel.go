@@ -101,6 +101,13 @@ type SockEndpointInfo struct {
 	Ipv6     [16]uint8
 }
 
+type SockGeneveDsrScratch struct {
+	_   structs.HostLayout
+	Len uint8
+	Pad [3]uint8
+	Opt [24]uint8
+}
+
 type SockHostdevInfo struct {
 	_     structs.HostLayout
 	Flags uint8
@@ -368,6 +375,7 @@ const (
 	SockMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
 	SockMapTdrEventsLostV1       = "tdr_events_lost_v1"
 	SockMapTdrEventsV1           = "tdr_events_v1"
+	SockMapTdrGeneveDsrV1        = "tdr_geneve_dsr_v1"
 	SockMapTdrHostdevV1          = "tdr_hostdev_v1"
 	SockMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	SockMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
@@ -484,6 +492,7 @@ type SockMapSpecs struct {
 	TdrEpIfindexV1    *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.MapSpec `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
+	TdrGeneveDsrV1    *ebpf.MapSpec `ebpf:"tdr_geneve_dsr_v1"`
 	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
@@ -562,6 +571,7 @@ type SockMaps struct {
 	TdrEpIfindexV1    *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.Map `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
+	TdrGeneveDsrV1    *ebpf.Map `ebpf:"tdr_geneve_dsr_v1"`
 	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
@@ -609,6 +619,7 @@ func (m *SockMaps) Close() error {
 		m.TdrEpIfindexV1,
 		m.TdrEventsLostV1,
 		m.TdrEventsV1,
+		m.TdrGeneveDsrV1,
 		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
 		m.TdrL2ResponderV4,
