@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -19,9 +20,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/net/icmp"
 
 	"github.com/tendril-net/tendril/pkg/lab"
 	"github.com/tendril-net/tendril/pkg/lab/kubelet"
+	"github.com/tendril-net/tendril/pkg/lab/pingstream"
 	"github.com/tendril-net/tendril/pkg/lab/workload"
 )
 
@@ -54,6 +57,7 @@ answers with the pod's name. Needs root. See docs/lab.md.`,
 		newLabStatusCommand(&name),
 		newLabExecCommand(&name),
 		newLabProbeCommand(&name),
+		newLabPingCommand(&name),
 		newLabKubeletCommand(&name),
 		newLabNodeProxyCommand(&name),
 		newLabMetricsForwardCommand(&name),
@@ -118,8 +122,9 @@ func newLabUpCommand(name *string) *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.Prometheus, "prometheus", false, "Run Debian's prometheus (in the machine's namespace, on a free loopback port) scraping every agent (with every flow metric), the operators and the relay; dashboards in install/grafana")
 	cmd.Flags().StringArrayVar(&cfg.OperatorArgs, "operator-arg", nil, "Extra flag for every tendril-operator, repeatable (e.g. --operator-arg=--identity-gc-interval=10s)")
 	cmd.Flags().StringArrayVar(&cfg.AgentArgs, "agent-arg", nil, "Extra flag for every node's tendril-agent, repeatable (e.g. --agent-arg=--datapath-attach-mode=tc)")
-	cmd.Flags().StringVar(&cfg.Runtime, "runtime", "", "containerd: run each node as the upstream kubelet and containerd (hack/node-binaries.sh builds them), with the images of make images imported (work in progress: docs/containerd-lab-status.md)")
+	cmd.Flags().StringVar(&cfg.Runtime, "runtime", "", "containerd: run each node as the upstream kubelet and containerd (hack/node-binaries.sh builds them), with the images of make images imported (docs/install.md)")
 	cmd.Flags().StringVar(&cfg.ImagesDir, "images-dir", "", "Image archives of make images, for --runtime containerd (default: ../_output/images from the bin dir)")
+	cmd.Flags().StringVar(&cfg.ChartDir, "chart-dir", "", "The Helm chart --runtime containerd installs (default: deploy/helm/tendril of the tree tendril was built from); e.g. a previous release's, to try helm upgrade from it")
 	return cmd
 }
 
@@ -413,6 +418,68 @@ func newLabProbeCommand(name *string) *cobra.Command {
 	cmd.Flags().BoolVar(&useTLS, "tls", false, "TLS handshake verified against the lab's CA for HOST; the answer is the server certificate's common name")
 	cmd.Flags().BoolVar(&outside, "outside-node-cgroup", false, "Probe from the machine's root cgroup, not the pod node's: Services are then translated per packet, not by socket load-balancing")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Second, "How long to wait for the connection and the answer")
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return broken(err) })
+	return cmd
+}
+
+func newLabPingCommand(name *string) *cobra.Command {
+	var interval, duration, wait time.Duration
+	var count int
+	broken := func(err error) error { return &ExitError{Code: probeBroken, Msg: "cannot ping: " + err.Error()} }
+	cmd := &cobra.Command{
+		Use:   "ping NS/POD ADDRESS [--interval 10ms] [--count N] [--duration D]",
+		Short: "Send ICMP echo requests from inside a pod on a fixed schedule until interrupted, --count or --duration; print ping's summary line, the rate and the longest gap between replies (exit 0 none lost, 1 some lost, 2+ could not ping)",
+		Long: `Unlike ping -i, the requests keep to an absolute schedule: a late wake-up is
+caught up, so the rate asked is the rate sent (iputils ping sends about 56 a
+second on this machine when asked for 100). For traffic checks across restarts
+and upgrades.`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 2 {
+				return broken(fmt.Errorf("want NS/POD ADDRESS, got %d arguments", len(args)))
+			}
+			if _, err := netip.ParseAddr(args[1]); err != nil {
+				return broken(fmt.Errorf("%q: want an IP address: %w", args[1], err))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if os.Geteuid() != 0 {
+				return broken(errors.New("needs root (a raw ICMP socket in the pod's network namespace)"))
+			}
+			if interval <= 0 || count < 0 || duration < 0 || wait < 0 {
+				return broken(fmt.Errorf("--interval must be positive, --count, --duration and --wait not negative"))
+			}
+			dst := netip.MustParseAddr(args[1])
+			_, rec, err := findLabPod(*name, args[0])
+			if err != nil {
+				return broken(err)
+			}
+			var conn *icmp.PacketConn
+			if err := lab.InNetns(rec.NetnsFile(), func() (err error) { conn, err = pingstream.Listen(dst); return err }); err != nil {
+				return broken(err)
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			if duration > 0 {
+				var stop context.CancelFunc
+				ctx, stop = context.WithTimeout(ctx, duration)
+				defer stop()
+			}
+			st, err := pingstream.Run(ctx, conn, pingstream.Config{Dst: dst, Interval: interval, Count: count, Wait: wait})
+			fmt.Fprint(cmd.OutOrStdout(), st.Summary())
+			if err != nil {
+				return broken(err)
+			}
+			if st.Received < st.Sent {
+				return &ExitError{Code: probeNoAnswer, Msg: fmt.Sprintf("%s -> %s: %d of %d requests lost", args[0], dst, st.Sent-st.Received, st.Sent)}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&interval, "interval", 10*time.Millisecond, "Time between two requests")
+	cmd.Flags().IntVar(&count, "count", 0, "Stop after this many requests (0: until interrupted or --duration)")
+	cmd.Flags().DurationVar(&duration, "duration", 0, "Stop sending after this long (0: until interrupted or --count)")
+	cmd.Flags().DurationVar(&wait, "wait", time.Second, "How long to wait for the last replies once sending stops")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return broken(err) })
 	return cmd
 }

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -254,7 +255,7 @@ func upContainerd(ctx context.Context, cfg Config, st *State, cs kubernetes.Inte
 	if err := installChart(ctx, cfg, st, out); err != nil {
 		return err
 	}
-	step(out, start, "helm install tendril (chart %s) into %s", chartDir(), ChartNamespace)
+	step(out, start, "helm install tendril (chart %s, images %s) into %s", cmp.Or(cfg.ChartDir, chartDir()), tag, ChartNamespace)
 	if err := waitAgentPods(ctx, cs, st, exited); err != nil {
 		return err
 	}
@@ -386,7 +387,7 @@ func installChart(ctx context.Context, cfg Config, st *State, out io.Writer) err
 	if err != nil {
 		return fmt.Errorf("helm (hack/helm.sh): %w", err)
 	}
-	argv := []string{"install", "tendril", chartDir(), "--namespace", ChartNamespace, "--kubeconfig", st.Kubeconfig}
+	argv := []string{"install", "tendril", cmp.Or(cfg.ChartDir, chartDir()), "--namespace", ChartNamespace, "--kubeconfig", st.Kubeconfig}
 	for _, v := range chartValues(st, tag) {
 		argv = append(argv, "--set", v)
 	}

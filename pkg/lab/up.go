@@ -55,6 +55,10 @@ type Config struct {
 	// ImagesDir holds the image archives of `make images` (the
 	// containerd runtime imports them into every node).
 	ImagesDir string
+	// ChartDir is the Helm chart the containerd runtime installs
+	// (default: deploy/helm/tendril of the tree the lab was built from);
+	// another release's chart, to test `helm upgrade` from it.
+	ChartDir string
 	// BGP runs a BGP router (BIRD) in the world that every node's agent
 	// peers with (bgp.go); needs Operators > 0 (LB-IPAM and the CRDs).
 	BGP bool
@@ -198,6 +202,13 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if _, err := imageArchives(cfg.ImagesDir); err != nil {
 			return nil, err
 		}
+		if cfg.ChartDir != "" {
+			if _, err := os.Stat(filepath.Join(cfg.ChartDir, "Chart.yaml")); err != nil {
+				return nil, fmt.Errorf("--chart-dir %s: no Helm chart there: %w", cfg.ChartDir, err)
+			}
+		}
+	} else if cfg.ChartDir != "" {
+		return nil, fmt.Errorf("--chart-dir is for --runtime %s", RuntimeContainerd)
 	}
 	for _, b := range binaries {
 		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {

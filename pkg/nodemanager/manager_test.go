@@ -645,3 +645,86 @@ func TestHealthEndpointClaims(t *testing.T) {
 	}
 	expect("node gone", "[]")
 }
+
+// TestPrivilegedDeviceRouteSource: a route to a peer's pod CIDR through
+// the tunnel's (or the encryption's) device carries as its source the
+// address this node reaches the peer's node from, in both families. The
+// device has no address; without the source, IPv6's selection took the
+// longest matching prefix, the router address in this node's own pod
+// CIDR (on another device), which no other node knows.
+func TestPrivilegedDeviceRouteSource(t *testing.T) {
+	testutil.Privileged(t)
+	nl := routeTestNetns(t, "tdr-nm-src")
+	// Veth pairs (this kernel has no dummy module), both ends up for a
+	// carrier.
+	add := func(name string, addrs ...string) {
+		t.Helper()
+		if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+			t.Fatal(err)
+		}
+		peer, err := nl.LinkByName(name + "p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nl.LinkSetUp(peer); err != nil {
+			t.Fatal(err)
+		}
+		link, err := nl.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range addrs {
+			addr, _ := netlink.ParseAddr(a)
+			addr.Flags = unix.IFA_F_NODAD
+			if err := nl.AddrAdd(link, addr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := nl.LinkSetUp(link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The underlay, the host device with the router addresses of this
+	// node's pod CIDRs, and the tunnel device (no address).
+	add("eth0", "172.31.7.11/24", "fd00:172:31::11/64")
+	add("host0", "10.7.1.1/32", "fd00:10:7:1::1/128")
+	add("tun0")
+
+	backend := NetlinkRoutes{Handle: func() *netlink.Handle { return nl }, Device: "tun0"}
+	for _, c := range []struct{ dst, via, pod, wantSrc string }{
+		{"10.7.0.0/24", "172.31.7.12", "10.7.0.2", "172.31.7.11"},
+		{"fd00:10:7::/64", "fd00:172:31::12", "fd00:10:7::2", "fd00:172:31::11"},
+	} {
+		if err := backend.Replace(netip.MustParsePrefix(c.dst), netip.MustParseAddr(c.via)); err != nil {
+			t.Fatal(err)
+		}
+		rs, err := nl.RouteGet(net.ParseIP(c.pod))
+		if err != nil || len(rs) == 0 {
+			t.Fatalf("route get %s: %v", c.pod, err)
+		}
+		tun, _ := nl.LinkByName("tun0")
+		if rs[0].LinkIndex != tun.Attrs().Index {
+			t.Errorf("route to %s: link %d, want tun0 (%d)", c.pod, rs[0].LinkIndex, tun.Attrs().Index)
+		}
+		if got := rs[0].Src.String(); got != c.wantSrc {
+			t.Errorf("route to %s: source %s, want %s (the address towards the peer's node %s)", c.pod, got, c.wantSrc, c.via)
+		}
+	}
+	// No route to the peer's node: no route to its pods either (an
+	// error, retried by the reconciler), never one with no source.
+	if err := nl.RouteDel(&netlink.Route{Dst: prefixNet(netip.MustParsePrefix("fd00:172:31::/64")), LinkIndex: mustLinkIndex(t, nl, "eth0")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := backend.Replace(netip.MustParsePrefix("fd00:10:8::/64"), netip.MustParseAddr("fd00:172:31::13")); err == nil {
+		t.Errorf("a route to a pod CIDR whose node has no route was installed")
+	}
+}
+
+func mustLinkIndex(t *testing.T, nl *netlink.Handle, name string) int {
+	t.Helper()
+	l, err := nl.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Attrs().Index
+}

@@ -192,11 +192,39 @@ func (n NetlinkRoutes) Replace(dst netip.Prefix, via netip.Addr) error {
 			return fmt.Errorf("route %s to device %s: %w", dst, n.Device, err)
 		}
 		r.Gw, r.LinkIndex, r.Scope = nil, l.Attrs().Index, netlink.SCOPE_LINK
+		// The host's own packets to the peer's pods leave from the
+		// address this node reaches the peer's node with: the address
+		// the peer knows as this node's. The device has no address of
+		// its own, so without one IPv6's source selection took the
+		// longest matching prefix, the router address inside this
+		// node's pod CIDR, which no other node knows: the peer dropped
+		// the replies (no tunnel endpoint for it), and the IPv6 health
+		// probes to its health endpoint failed.
+		src, err := n.sourceTowards(via)
+		if err != nil {
+			return fmt.Errorf("route %s to device %s: %w", dst, n.Device, err)
+		}
+		r.Src = src.AsSlice()
 	}
 	if err := n.Handle().RouteReplace(r); err != nil {
 		return fmt.Errorf("route %s via %s: %w", dst, via, err)
 	}
 	return nil
+}
+
+// sourceTowards is the source address the kernel picks for a packet to
+// addr (the peer's node address) by the underlay's routes.
+func (n NetlinkRoutes) sourceTowards(addr netip.Addr) (netip.Addr, error) {
+	routes, err := n.Handle().RouteGet(net.IP(addr.AsSlice()))
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("source address towards %s: %w", addr, err)
+	}
+	for _, r := range routes {
+		if src, ok := netip.AddrFromSlice(r.Src); ok && src.IsValid() && !src.IsUnspecified() {
+			return src.Unmap(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("source address towards %s: the kernel names none", addr)
 }
 
 // Delete implements RouteBackend.

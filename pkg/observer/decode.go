@@ -52,6 +52,25 @@ var dropReasons = map[uint8]flowpb.DropReason{
 	maps.ReasonSvcNoBackend:     flowpb.DropReason_SERVICE_BACKEND_NOT_FOUND,
 	maps.ReasonNatFailed:        flowpb.DropReason_ERROR_WRITING_TO_PACKET,
 	maps.ReasonUnencrypted:      flowpb.DropReason_UNENCRYPTED_TRAFFIC, // Cilium's reason for its strict mode too
+	// Cilium drops on an exhausted or full SNAT table, and on a failed
+	// rewrite, with these.
+	maps.ReasonMasqNoPort:    flowpb.DropReason_NO_MAPPING_FOR_NAT_MASQUERADE,
+	maps.ReasonMasqTableFull: flowpb.DropReason_NO_MAPPING_FOR_NAT_MASQUERADE,
+	maps.ReasonMasqFailed:    flowpb.DropReason_ERROR_WRITING_TO_PACKET,
+	// externalTrafficPolicy Local without a local backend: Cilium's
+	// "no service" drop, as for a service without backends.
+	maps.ReasonSvcNoLocalBackend: flowpb.DropReason_SERVICE_BACKEND_NOT_FOUND,
+	maps.ReasonSourceRangeDenied: flowpb.DropReason_DENIED_BY_LB_SRC_RANGE_CHECK,
+	maps.ReasonNodeportNoRoute:   flowpb.DropReason_FIB_LOOKUP_FAILED,
+	// The tunnel: a packet for the overlay with no node owning its
+	// destination (sent), or one that arrived without tunnel metadata;
+	// one from an address of no known node.
+	maps.ReasonNoTunnelKey:    flowpb.DropReason_NO_TUNNEL_OR_ENCAPSULATION_ENDPOINT,
+	maps.ReasonTunnelNotANode: flowpb.DropReason_UNKNOWN_SENDER,
+	// ReasonDsrMtuExceeded has no counterpart in Hubble's list (Cilium
+	// sends an ICMP "fragmentation needed" instead): DROP_REASON_UNKNOWN,
+	// the flow's drop_reason field keeping it apart is the datapath's
+	// metric (tendril bpf metrics).
 }
 
 // DropReason is Hubble's drop reason for a datapath reason.

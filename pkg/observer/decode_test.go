@@ -269,3 +269,20 @@ func TestDecodeSocketTranslationNamesClientPod(t *testing.T) {
 		t.Errorf("unknown cgroup: source %v", f.GetSource())
 	}
 }
+
+// TestEveryDropReasonHasHubbleReason: each reason the datapath drops with
+// reaches Hubble as a reason of its list, not DROP_REASON_UNKNOWN (a drop
+// of the tunnel's showed as unknown in `tendril observe`), but the one
+// with no counterpart. The reasons from ReasonPolicyDenied on are drops,
+// but ReasonToOverlay.
+func TestEveryDropReasonHasHubbleReason(t *testing.T) {
+	names := maps.ReasonNames()
+	for r := maps.ReasonPolicyDenied; int(r) < len(names); r++ {
+		if r == maps.ReasonToOverlay || r == maps.ReasonDsrMtuExceeded {
+			continue
+		}
+		if got := DropReason(r); got == flowpb.DropReason_DROP_REASON_UNKNOWN {
+			t.Errorf("drop reason %d (%s) reaches Hubble as %s", r, names[r], got)
+		}
+	}
+}

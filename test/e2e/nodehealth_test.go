@@ -69,6 +69,49 @@ func healthEndpointsReachable(t *testing.T, n1, n2 lab.Node) {
 	})
 }
 
+// healthIPv6Reachable waits until each node sees the other's IPv6
+// addresses answer both probes (ICMPv6 echo and HTTP on the health port):
+// the node's own IPv6 address and its health endpoint's. The IPv4 rows are
+// what the other checks look at; this is the dual-stack lab's.
+func healthIPv6Reachable(t *testing.T, n1, n2 lab.Node) {
+	t.Helper()
+	eventually(t, "each node's IPv6 node and health endpoint addresses reachable from the other", func() (bool, error) {
+		for _, v := range []struct {
+			from lab.Node
+			peer string
+		}{{n1, n2.Name}, {n2, n1.Name}} {
+			out := runTendril(t, "-H", "unix://"+v.from.Socket, "health", "-o", "json")
+			var resp nodehealth.HealthResponse
+			if err := json.Unmarshal([]byte(out), &resp); err != nil {
+				return false, fmt.Errorf("tendril health -o json on %s: %w\n%s", v.from.Name, err, out)
+			}
+			var node, endpoint bool
+			for _, n := range resp.Nodes {
+				if n.Name != v.peer {
+					continue
+				}
+				for _, a := range n.Addresses {
+					if !a.IP.Is6() || a.IP.Is4In6() {
+						continue
+					}
+					if !a.Reachable() {
+						return false, fmt.Errorf("%s sees %s's %s %s: icmp %v, http %v", v.from.Name, v.peer, a.Kind(), a.IP, a.ICMP, a.HTTP)
+					}
+					if a.HealthEndpoint {
+						endpoint = true
+					} else {
+						node = true
+					}
+				}
+			}
+			if !node || !endpoint {
+				return false, fmt.Errorf("%s's view of %s has an IPv6 node address %v, an IPv6 health endpoint %v: %s", v.from.Name, v.peer, node, endpoint, out)
+			}
+		}
+		return true, nil
+	})
+}
+
 // setBridgePort sets the node's port on the lab bridge (the veth named
 // after the node, in the lab's network namespace) up or down: down cuts
 // the node off the lab network, as a pulled cable would.

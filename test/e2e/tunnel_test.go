@@ -266,6 +266,13 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		healthEndpointsReachable(t, e.st.Nodes[0], e.st.Nodes[1])
 	})
 
+	// The lab is dual stack: the probes run over IPv6 too, to the peer's
+	// IPv6 node address (the underlay) and to its health endpoint's IPv6
+	// address in its pod CIDR (through the tunnel).
+	t.Run("IPv6 health probes between the nodes", func(t *testing.T) {
+		healthIPv6Reachable(t, e.st.Nodes[0], e.st.Nodes[1])
+	})
+
 	t.Run("TCP and UDP across nodes, VXLAN with the identity", func(t *testing.T) {
 		cap := startRawCapture(t, e.st.NetNetns, "node2")
 		tcp, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":8080", false)

@@ -71,13 +71,56 @@ func buildLab(t *testing.T) (binDir, imagesDir string) {
 	return binDir, imagesDir
 }
 
+// previousReleaseTag tags the previous release's images.
+const previousReleaseTag = "previous"
+
+// buildPreviousRelease extracts the tree of the previous release (the
+// commit hack/previous-release names, from this clone's history) and
+// builds its images there as `make images` would, tagged
+// previousReleaseTag: what a cluster runs before it upgrades. Its chart is
+// the one the lab installs first.
+func buildPreviousRelease(t *testing.T) (chartDir, imagesDir string) {
+	root := moduleRoot(t)
+	data, err := os.ReadFile(filepath.Join(root, "hack", "previous-release"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var commit string
+	for line := range strings.Lines(string(data)) {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			commit = line
+		}
+	}
+	if !regexp.MustCompile(`^[0-9a-f]{40}$`).MatchString(commit) {
+		t.Fatalf("hack/previous-release: want a full commit hash, got %q", commit)
+	}
+	begin := time.Now()
+	src, imagesDir := t.TempDir(), t.TempDir()
+	archive := filepath.Join(t.TempDir(), "src.tar")
+	if out, err := exec.Command("git", "-C", root, "archive", "--format=tar", "-o", archive, commit).CombinedOutput(); err != nil {
+		t.Fatalf("git archive of the previous release %s (is it in this clone's history?): %v\n%s", commit, err, out)
+	}
+	if out, err := exec.Command("tar", "-xf", archive, "-C", src).CombinedOutput(); err != nil {
+		t.Fatalf("extract the previous release: %v\n%s", err, out)
+	}
+	cmd := exec.Command("go", "run", "./hack/images", "--out", imagesDir, "--version", previousReleaseTag, "--revision", commit)
+	cmd.Dir = src
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the previous release's images (go run ./hack/images in %s): %v\n%s", commit, err, out)
+	}
+	t.Logf("the previous release %s: tree and images built in %s", commit[:12], time.Since(begin).Round(time.Millisecond))
+	return filepath.Join(src, "deploy", "helm", "tendril"), imagesDir
+}
+
 // TestPrivilegedLabContainerdConnectivity brings up a two-node lab of
-// real nodes, runs the connectivity test against it (every check must
-// pass), and takes it down: no process, mount, cgroup or network
-// namespace of the lab may be left.
+// real nodes with the previous release installed, upgrades it with helm
+// to the tree under test under traffic, runs the connectivity test
+// against it (every check must pass), and takes it down: no process,
+// mount, cgroup or network namespace of the lab may be left.
 func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 	testutil.Privileged(t)
 	binDir, imagesDir := buildLab(t)
+	prevChart, prevImages := buildPreviousRelease(t)
 	tendril := filepath.Join(binDir, "tendril")
 	down := func() (string, error) {
 		out, err := exec.Command(tendril, "lab", "down", "--name", labName).CombinedOutput()
@@ -93,7 +136,7 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 	defer cancel()
 	begin := time.Now()
 	out, err := exec.CommandContext(ctx, tendril, "lab", "up", "--name", labName, "--runtime", lab.RuntimeContainerd,
-		"--nodes", "2", "--pods-per-node", "1", "--bin-dir", binDir, "--images-dir", imagesDir).CombinedOutput()
+		"--nodes", "2", "--pods-per-node", "1", "--bin-dir", binDir, "--images-dir", prevImages, "--chart-dir", prevChart).CombinedOutput()
 	t.Logf("tendril lab up --runtime containerd (%s):\n%s", time.Since(begin).Round(time.Millisecond), out)
 	if err != nil {
 		t.Fatalf("lab up: %v", err)
@@ -102,8 +145,14 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Runtime != lab.RuntimeContainerd || st.WorkloadImage != images.DefaultRepository+"/workload:e2e" {
+	if st.Runtime != lab.RuntimeContainerd || st.WorkloadImage != images.DefaultRepository+"/workload:"+previousReleaseTag {
 		t.Fatalf("lab state: runtime %q, workload image %q", st.Runtime, st.WorkloadImage)
+	}
+
+	// From the previous release to this tree's images and chart, under
+	// traffic; everything after runs on the upgraded release.
+	if !t.Run("helm upgrade from the previous release under traffic", func(t *testing.T) { upgradeUnderTraffic(t, st, tendril, imagesDir, "e2e") }) {
+		t.FailNow()
 	}
 
 	begin = time.Now()
@@ -140,13 +189,11 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 		}
 	}
 
-	if t.Run("helm upgrade under traffic", func(t *testing.T) { upgradeUnderTraffic(t, st, tendril, imagesDir) }) {
-		// The upgrade's pods, one per node, are the traffic the datapath
-		// must keep forwarding once the release is gone.
-		t.Run("helm uninstall leaves what install.md says", func(t *testing.T) {
-			uninstallLeavesWhatTheDocsSay(t, st, tendril, "upgrade-server", "upgrade-client")
-		})
-	}
+	// The upgrade's pods, one per node, are the traffic the datapath must
+	// keep forwarding once the release is gone.
+	t.Run("helm uninstall leaves what install.md says", func(t *testing.T) {
+		uninstallLeavesWhatTheDocsSay(t, st, tendril, "upgrade-server", "upgrade-client")
+	})
 
 	procs, err := lab.ReadProcesses(st.PidDir())
 	if err != nil || len(procs) == 0 {
