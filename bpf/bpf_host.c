@@ -74,12 +74,13 @@ __attribute__((noinline)) int to_netdev6(struct __sk_buff *skb, struct pkt *p)
 		return TC_ACT_OK;
 	__u32 ifindex = skb->ifindex;
 	const struct hostdev_info *dev = bpf_map_lookup_elem(&tdr_hostdev_v1, &ifindex);
-	if (!dev || !(dev->flags & HOSTDEV_F_MASQ_V6))
+	if (!dev)
 		return TC_ACT_OK;
 	/* A local backend's reply to an outside client: the frontend as
-	 * source (as to_netdev4). */
+	 * source (as to_netdev4, also without IPv6 masquerade on the device:
+	 * a DSR flow's reply through Geneve, say). */
 	int rev;
-	if (!masq_needed6(p)) {
+	if (!(dev->flags & HOSTDEV_F_MASQ_V6) || !masq_needed6(p)) {
 		rev = nodeport_rev_out(skb, p, FAMILY_V6);
 		return rev < 0 ? drop((__u8)-rev, DIR_EGRESS, ep->ep_id, p, ep->identity, 0, 0) : TC_ACT_OK;
 	}
@@ -250,6 +251,8 @@ int from_netdev(struct __sk_buff *skb)
 		/* Not a reply: maybe a flow from outside to a service
 		 * frontend (nodeport.h). */
 		r = nodeport_in6(skb, &p);
+		if (r == NODEPORT_DSR_GENEVE)
+			r = nodeport_dsr_geneve(skb, &p);
 		if (r == NODEPORT_NEEDS_SNAT)
 			return nodeport_snat6(skb, &p);
 		return r >= 0 ? r : TC_ACT_OK;
@@ -288,6 +291,8 @@ int from_netdev(struct __sk_buff *skb)
 		if (hostfw(DIR_INGRESS, &p))
 			return TC_ACT_SHOT;
 		int np = nodeport_in(skb, &p);
+		if (np == NODEPORT_DSR_GENEVE)
+			np = nodeport_dsr_geneve(skb, &p);
 		if (np == NODEPORT_NEEDS_SNAT)
 			return nodeport_snat(skb, &p);
 		return np >= 0 ? np : TC_ACT_OK;

@@ -18,8 +18,10 @@
  * goes to the host stack. With --bpf-lb-mode=dsr (LB_DSR), a request
  * another node sent on to a local backend by direct server return has its
  * frontend recorded from the IPv4 option (nodeport_dsr_recv, as
- * from_netdev does in native routing), so the backend's reply leaves this
- * node's uplink with the frontend as its source, straight to the client.
+ * from_netdev does in native routing) or, through Geneve in eBPF, from
+ * the Geneve DSR option (geneve_dsr_recv, IPv4 and IPv6), so the
+ * backend's reply leaves this node's uplink with the frontend as its
+ * source, straight to the client.
  *
  * to_overlay (tcx egress): a packet the host stack routed to the device
  * (a route to another node's pod CIDR: the node's own traffic to pods,
@@ -183,6 +185,9 @@ static __always_inline int overlay_in(struct __sk_buff *skb)
 	 * overlay): only packets with IPv4 options pay the look. */
 	if (LB_DSR && p->family == FAMILY_V4 && p->l4_off > ETH_HLEN + 20 && (p->proto == IPPROTO_TCP_ || p->proto == IPPROTO_UDP_))
 		nodeport_dsr_recv(skb, p);
+	/* Or in the Geneve DSR option, either family (lib/geneve.h). */
+	if (LB_DSR && skb->cb[GENEVE_CB_MARK] == GENEVE_CB_MAGIC && skb->cb[GENEVE_CB_DSR] == GENEVE_CB_DSR_MAGIC)
+		geneve_dsr_recv(p);
 	const struct endpoint_info *ep = endpoint_by_addr(p->family, p->daddr);
 	if (!ep)
 		return TC_ACT_OK; /* the node's own: its stack, its programs */

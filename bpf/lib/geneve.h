@@ -22,9 +22,26 @@
  * program only reached by one.
  *
  * IPv4 underlay only: an owner node with an IPv6 underlay address is left
- * to the host (as an identity the VNI cannot carry). No Geneve option is
- * sent; received options are skipped, a critical one (the C bit) drops
- * the packet, as RFC 8926 asks of a receiver that knows none. */
+ * to the host (as an identity the VNI cannot carry).
+ *
+ * One option is known, the DSR option (GENEVE_OPT_CLASS_DSR,
+ * GENEVE_OPT_TYPE_DSR, after Cilium's scheme: its class and type, one
+ * type for both families told apart by the length): a NodePort request
+ * sent on to another node's backend by direct server return carries the
+ * service frontend (address and port) in it, IPv4 or IPv6, instead of an
+ * IPv4 option in the inner packet (nodeport_dsr.h). It is critical: a
+ * receiver that cannot honour it must drop the packet (RFC 8926), since
+ * the backend's replies would leave with the wrong source. geneve_decap
+ * walks the options (at most GENEVE_MAX_OPTS, each checked against the
+ * options' length and the packet): a malformed one (its length past the
+ * options' end or the packet's, a DSR option of another length), an
+ * unknown critical one, or a critical bit over more options than it
+ * walks drops the packet (REASON_MALFORMED; the tunnel is a node's, and
+ * a node that sends a broken header sends nothing we can trust in it);
+ * an unknown option without the critical bit is skipped. A DSR option
+ * is left for from_geneve in tdr_geneve_dsr_v1 (a per-CPU scratch: the
+ * tail call runs on the same CPU, before any other packet), flagged in
+ * skb->cb[GENEVE_CB_DSR]. */
 #ifndef TDR_GENEVE_H
 #define TDR_GENEVE_H
 
@@ -45,6 +62,28 @@
 #define GENEVE_CB_VNI 1
 #define GENEVE_CB_MARK 2
 #define GENEVE_CB_MAGIC 0x47454e56U /* "GENV" */
+/* skb->cb[GENEVE_CB_DSR] holds this when tdr_geneve_dsr_v1 holds the
+ * DSR option of the packet handed to from_geneve. */
+#define GENEVE_CB_DSR 3
+#define GENEVE_CB_DSR_MAGIC 0x44535230U /* "DSR0" */
+
+/* The DSR option: class 0x014b and type 0x81 (critical, 1) as Cilium's,
+ * 4 bytes of option header, then the frontend's address (4 or 16 bytes),
+ * its port and two bytes of padding, all in network byte order:
+ * 12 bytes over IPv4 (length field 2), 24 over IPv6 (length field 5). */
+#define GENEVE_OPT_CLASS_DSR 0x014b
+#define GENEVE_OPT_TYPE_CRIT 0x80
+#define GENEVE_OPT_TYPE_DSR (GENEVE_OPT_TYPE_CRIT | 0x01)
+#define GENEVE_OPT_DSR4_LEN 12
+#define GENEVE_OPT_DSR6_LEN 24 /* GENEVE_DSR_SCRATCH_LEN, maps.h */
+/* The Geneve header's critical-options-present bit (its second byte). */
+#define GENEVE_F_CRIT 0x40
+/* How many options geneve_decap walks (a verifier bound): more than the
+ * one a node of ours sends. */
+#define GENEVE_MAX_OPTS 8
+
+/* struct geneve_dsr_scratch and tdr_geneve_dsr_v1 are in maps.h (every
+ * object shares the pinned maps). */
 #define GENEVE_TTL 64
 
 #ifndef AF_INET_
@@ -78,16 +117,20 @@ static __always_inline __u16 geneve_csum16(__s64 sum)
 	return (__u16)~s;
 }
 
-/* geneve_encap encapsulates p (sent by identity src_id) to the node the
- * ipcache names as the owner of its destination and sends it there.
- * Returns the verdict; -1 for a packet left untouched to the host (no
- * owner node, an IPv6 underlay, an identity the VNI cannot carry, no
- * route to the node); -2 when the packet was changed but not wholly
- * (the caller drops it). A global function. */
-__attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct pkt *p, __u32 src_id)
+/* geneve_encap_with encapsulates p (sent by identity src_id) to the node
+ * the ipcache names as the owner of its destination and sends it there,
+ * with opt's DSR option when opt is given (its len not 0; NULL: no
+ * option). Returns the verdict; -1 for a packet left untouched to the
+ * host (no owner node, an IPv6 underlay, an identity the VNI cannot
+ * carry, no route to the node); -3 for one untouched because, with the
+ * option, it would not fit the route's MTU; -2 when the packet was
+ * changed but not wholly (the caller drops it). Always inlined into two
+ * global functions: geneve_encap (no option: opt a constant NULL, so its
+ * code and stack are gone) under from_pod, whose call chain has no 32
+ * bytes of stack to spare, and geneve_encap_dsr under from_netdev. */
+static __always_inline int geneve_encap_with(struct __sk_buff *skb, const struct pkt *p, __u32 src_id,
+					     const struct geneve_dsr_scratch *opt)
 {
-	if (!skb || !p)
-		return -1;
 	/* Scoped blocks, so that the compiler can lay the lookup's key and
 	 * the FIB request over the header buffer below: this function sits
 	 * under from_pod and from_pod_flow, whose stacks with it must stay
@@ -104,6 +147,11 @@ __attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct p
 		return -1;
 	__u32 remote;
 	__builtin_memcpy(&remote, info->tunnel_ip, 4);
+	__u32 olen = 0;
+	if (opt && opt->len == GENEVE_OPT_DSR4_LEN)
+		olen = GENEVE_OPT_DSR4_LEN;
+	else if (opt && opt->len == GENEVE_OPT_DSR6_LEN)
+		olen = GENEVE_OPT_DSR6_LEN;
 
 	/* The underlay's route to the node: device, next hop, and the source
 	 * address the node would use on it; the outer Ethernet header from
@@ -117,7 +165,15 @@ __attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct p
 		fib.l4_protocol = IPPROTO_UDP_;
 		fib.ipv4_dst = remote;
 		fib.ifindex = skb->ifindex;
+		/* A packet with the DSR option (a SYN, a UDP datagram) must
+		 * fit the route whole: the FIB checks the length against the
+		 * route's MTU. Without it the length is not checked (the
+		 * pods' MTU leaves room for the headers). */
+		if (olen)
+			fib.tot_len = skb->len - ETH_HLEN + GENEVE_ENCAP_LEN + olen;
 		long r = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC);
+		if (r == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+			return -3;
 		if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
 			return -1;
 		resolved = r == BPF_FIB_LKUP_RET_SUCCESS;
@@ -141,10 +197,10 @@ __attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct p
 	__u16 sport = 49152 | (bpf_get_hash_recalc(skb) & 0x3fff);
 	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
 		      BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
-	if (bpf_skb_adjust_room(skb, GENEVE_ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags))
+	if (bpf_skb_adjust_room(skb, GENEVE_ENCAP_LEN + olen, BPF_ADJ_ROOM_MAC, flags))
 		return -1;
 
-	__u16 tot = inner_len - ETH_HLEN + GENEVE_ENCAP_LEN;
+	__u16 tot = inner_len - ETH_HLEN + GENEVE_ENCAP_LEN + olen;
 	h[0] = 0x45;
 	h[2] = tot >> 8;
 	h[3] = tot & 0xff;
@@ -169,8 +225,20 @@ __attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct p
 	g[4] = src_id >> 16;
 	g[5] = src_id >> 8;
 	g[6] = src_id;
-	if (bpf_skb_store_bytes(skb, ETH_HLEN, h, sizeof(h), 0))
+	if (olen && opt) {
+		/* The option (critical: the C bit) between the Geneve header
+		 * and the inner Ethernet header: three stores. */
+		g[0] = olen / 4;
+		g[1] = GENEVE_F_CRIT;
+		if (bpf_skb_store_bytes(skb, ETH_HLEN, h, 36, 0) ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN + 36 + olen, &h[36], ETH_HLEN, 0))
+			return -2;
+		if (olen == GENEVE_OPT_DSR6_LEN ? bpf_skb_store_bytes(skb, ETH_HLEN + 36, opt->opt, GENEVE_OPT_DSR6_LEN, 0)
+						: bpf_skb_store_bytes(skb, ETH_HLEN + 36, opt->opt, GENEVE_OPT_DSR4_LEN, 0))
+			return -2;
+	} else if (bpf_skb_store_bytes(skb, ETH_HLEN, h, sizeof(h), 0)) {
 		return -2;
+	}
 	if (bpf_skb_store_bytes(skb, 0, oeth, ETH_HLEN, 0))
 		return -2;
 	count(REASON_TO_OVERLAY, DIR_EGRESS, p->len);
@@ -178,6 +246,75 @@ __attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct p
 		return bpf_redirect(ifindex, 0);
 	struct bpf_redir_neigh nh = {.nh_family = AF_INET_, .ipv4_nh = nexthop};
 	return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
+}
+
+/* geneve_encap is geneve_encap_with without an option: the pods' and
+ * the overlay's packets. A global function. */
+__attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct pkt *p, __u32 src_id)
+{
+	if (!skb || !p)
+		return -1;
+	return geneve_encap_with(skb, p, src_id, NULL);
+}
+
+/* geneve_encap_dsr is geneve_encap_with with the DSR option opt (NULL or
+ * empty: none), for nodeport_dsr_geneve. A global function. */
+__attribute__((noinline)) int geneve_encap_dsr(struct __sk_buff *skb, const struct pkt *p, __u32 src_id,
+					       const struct geneve_dsr_scratch *opt)
+{
+	if (!skb || !p)
+		return -1;
+	return geneve_encap_with(skb, p, src_id, opt);
+}
+
+/* geneve_opts walks the options of a Geneve header (olen bytes at off,
+ * crit: the header's critical bit) and leaves a DSR option in
+ * tdr_geneve_dsr_v1. Returns 1 when it did, 0 for none, -1 for options
+ * the packet must be dropped for (see the top of this file). A global
+ * function: the loop is verified once, off geneve_decap's stack. */
+__attribute__((noinline)) int geneve_opts(struct __sk_buff *skb, __u32 off, __u32 olen, __u32 crit)
+{
+	__u32 zero = 0;
+	__u32 o = 0;
+	int found = 0;
+
+	if (!skb || olen > 252)
+		return -1;
+	struct geneve_dsr_scratch *s = bpf_map_lookup_elem(&tdr_geneve_dsr_v1, &zero);
+	if (!s)
+		return -1;
+	s->len = 0;
+	for (int i = 0; i < GENEVE_MAX_OPTS; i++) {
+		if (o >= olen)
+			break;
+		__u8 oh[4];
+		if (bpf_skb_load_bytes(skb, off + o, oh, 4))
+			return -1; /* past the packet's end */
+		__u32 l = 4 + (__u32)(oh[3] & 0x1f) * 4;
+		if (o + l > olen)
+			return -1; /* past the options' end */
+		if (oh[0] == (GENEVE_OPT_CLASS_DSR >> 8) && oh[1] == (GENEVE_OPT_CLASS_DSR & 0xff) &&
+		    oh[2] == GENEVE_OPT_TYPE_DSR) {
+			int r;
+			if (l == GENEVE_OPT_DSR4_LEN)
+				r = bpf_skb_load_bytes(skb, off + o, s->opt, GENEVE_OPT_DSR4_LEN);
+			else if (l == GENEVE_OPT_DSR6_LEN)
+				r = bpf_skb_load_bytes(skb, off + o, s->opt, GENEVE_OPT_DSR6_LEN);
+			else
+				return -1;
+			if (r)
+				return -1;
+			s->len = l;
+			found = 1;
+		} else if (oh[2] & GENEVE_OPT_TYPE_CRIT) {
+			return -1; /* a critical option this node does not know */
+		}
+		o += l;
+	}
+	/* Options left unread: one of them may be critical. */
+	if (o < olen && crit)
+		return -1;
+	return found;
 }
 
 /* geneve_decap takes a packet p (outer IPv4, UDP to GENEVE_PORT) that
@@ -195,10 +332,17 @@ __attribute__((noinline)) int geneve_decap(struct __sk_buff *skb, const struct p
 	__u8 g[GENEVE_HLEN];
 	if (off > 0xff || bpf_skb_load_bytes(skb, off, g, GENEVE_HLEN))
 		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
-	/* Version 0, no critical option, an Ethernet frame inside. */
-	if ((g[0] >> 6) || (g[1] & 0x40) || g[2] != (GENEVE_PROTO_ETH >> 8) || g[3] != (GENEVE_PROTO_ETH & 0xff))
+	/* Version 0, an Ethernet frame inside. */
+	if ((g[0] >> 6) || g[2] != (GENEVE_PROTO_ETH >> 8) || g[3] != (GENEVE_PROTO_ETH & 0xff))
 		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
-	__u32 inner = off + GENEVE_HLEN + (g[0] & 0x3f) * 4; /* the inner Ethernet header */
+	__u32 olen = (g[0] & 0x3f) * 4;
+	int dsr = 0;
+	if (olen) {
+		dsr = geneve_opts(skb, off + GENEVE_HLEN, olen, g[1] & GENEVE_F_CRIT);
+		if (dsr < 0)
+			return drop(REASON_MALFORMED, DIR_INGRESS, 0, p, 0, 0, 0);
+	}
+	__u32 inner = off + GENEVE_HLEN + olen; /* the inner Ethernet header */
 	__u8 proto[2];
 	if (bpf_skb_load_bytes(skb, inner + 12, proto, 2))
 		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
@@ -221,6 +365,7 @@ __attribute__((noinline)) int geneve_decap(struct __sk_buff *skb, const struct p
 	skb->cb[GENEVE_CB_OUTER] = outer;
 	skb->cb[GENEVE_CB_VNI] = vni;
 	skb->cb[GENEVE_CB_MARK] = GENEVE_CB_MAGIC;
+	skb->cb[GENEVE_CB_DSR] = dsr ? GENEVE_CB_DSR_MAGIC : 0;
 	bpf_tail_call(skb, &tdr_overlay_calls_v1, 0);
 	/* No overlay program (the agent has not put it there): fail closed. */
 	skb->cb[GENEVE_CB_MARK] = 0;

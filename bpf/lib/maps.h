@@ -375,6 +375,29 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_overlay_calls_v1 SEC(".maps");
 
+/* The longest Geneve DSR option (IPv6). */
+#define GENEVE_DSR_SCRATCH_LEN 24
+
+/* geneve_dsr_scratch is one packet's Geneve DSR option (lib/geneve.h) in
+ * its wire format (len bytes of opt: 0, 12 over IPv4 or 24 over IPv6), in
+ * a per-CPU slot between two steps of one program run: nodeport_in's
+ * choice and the encapsulation (nodeport_dsr_geneve), or geneve_decap
+ * and the overlay program it tail-calls. Never read across packets: the
+ * writer of a run is its reader's only source (cb says so on receipt). */
+struct geneve_dsr_scratch {
+	__u8 len;
+	__u8 pad[3];
+	__u8 opt[GENEVE_DSR_SCRATCH_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct geneve_dsr_scratch);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_geneve_dsr_v1 SEC(".maps");
+
 /* WireGuard strict mode and node encryption (docs/encryption.md,
  * lib/encrypt.h). One entry, written by the agent's wireguard cell: the
  * WireGuard device's ifindex, ENCRYPT_F_STRICT and ENCRYPT_F_NODE.

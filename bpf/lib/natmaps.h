@@ -143,4 +143,31 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_dsr4_v1 SEC(".maps");
 
+/* The IPv6 record of direct server return, read from the Geneve DSR
+ * option (geneve.h: IPv6 has no counterpart of the IPv4 option here, so
+ * IPv6 DSR exists only through Geneve). Kept as tdr_dsr4_v1. */
+struct dsr6_key {
+	__u8 client[16];
+	__u8 backend[16];
+	__be16 client_port;
+	__be16 backend_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct dsr6_entry {
+	__u8 addr[16];
+	__be16 port;
+	__u8 pad[6];
+	__u64 created;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct dsr6_key);
+	__type(value, struct dsr6_entry);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_dsr6_v1 SEC(".maps");
+
 #endif

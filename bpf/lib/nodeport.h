@@ -20,9 +20,10 @@
  *   here, gets the client as destination (NAT table) and the frontend as
  *   source (conntrack's reverse NAT ID), and goes back out the same way.
  * - a backend on another node, with direct server return
- *   (--bpf-lb-mode=dsr, LB_DSR; IPv4 only): the client's source is kept
- *   and the frontend travels to the backend's node in an IPv4 option
- *   (nodeport_dsr.h).
+ *   (--bpf-lb-mode=dsr, LB_DSR): the client's source is kept and the
+ *   frontend travels to the backend's node in an IPv4 option, or in a
+ *   Geneve option when Geneve in eBPF reaches that node (either family;
+ *   nodeport_dsr.h).
  *
  * The conntrack entry of client <-> backend is what the agent's GC keeps
  * the NAT mapping by (pkg/datapath/maps CollectNAT). A known flow finds
@@ -51,6 +52,9 @@
  * backend: nodeport_snat must send it on (not a TC verdict). The value
  * of nodeport_dsr's, which nodeport_in passes on. */
 #define NODEPORT_NEEDS_SNAT DSR_NEEDS_SNAT
+/* nodeport_in's answer for a DSR packet to a backend reached through
+ * Geneve in eBPF: nodeport_dsr_geneve must send it. */
+#define NODEPORT_DSR_GENEVE DSR_NEEDS_GENEVE
 
 /* NODEPORT_OFF: 1 with --enable-node-port=false (the programs attached
  * for masquerade only): requests from outside are left to the host, over
@@ -235,6 +239,10 @@ static __always_inline int nodeport_in_family(struct __sk_buff *skb, struct pkt 
 	count(REASON_NODEPORT, DIR_INGRESS, p->len);
 	if (local)
 		return TC_ACT_OK;
+	/* DSR through Geneve in eBPF, either family: the frontend in a
+	 * Geneve option (nodeport_dsr_geneve_prep, nodeport_dsr_geneve). */
+	if (LB_DSR && nodeport_dsr_geneve_prep(p, family == FAMILY_V4 ? &fk4 : NULL, family == FAMILY_V6 ? &fk6 : NULL))
+		return NODEPORT_DSR_GENEVE;
 	if (family == FAMILY_V4 && LB_DSR)
 		return nodeport_dsr(skb, p, u32_at(fk4.daddr), fk4.dport);
 	return NODEPORT_NEEDS_SNAT;
@@ -345,8 +353,8 @@ __attribute__((noinline)) int nodeport_reply6(struct __sk_buff *skb, struct pkt 
 /* nodeport_rev_out gives a local backend's reply to an outside client
  * (leaving through the device, p from a local endpoint) the frontend as
  * its source, before masquerade would translate it: a flow this node
- * translated (conntrack's reverse NAT ID), or, over IPv4, another node's
- * DSR flow. Returns 1 when it did, 0 for a packet of no such flow, or
+ * translated (conntrack's reverse NAT ID), or another node's DSR flow
+ * (over IPv6 only through Geneve: tdr_dsr6_v1). Returns 1 when it did, 0 for a packet of no such flow, or
  * minus a drop reason. */
 static __always_inline int nodeport_rev_out(struct __sk_buff *skb, struct pkt *p, const __u8 family)
 {
@@ -356,7 +364,7 @@ static __always_inline int nodeport_rev_out(struct __sk_buff *skb, struct pkt *p
 	flow_of(&f, p);
 	struct ct_entry *e = ct_find(&f, p);
 	if (!e || !e->rev_nat || !ct_is_reply(e, &f))
-		return family == FAMILY_V4 && LB_DSR ? nodeport_dsr_rev(skb, p) : 0;
+		return !LB_DSR ? 0 : family == FAMILY_V4 ? nodeport_dsr_rev(skb, p) : nodeport_dsr_rev6(skb, p);
 	int r = lb_rev_snat(skb, p, e->rev_nat);
 	if (r < 0)
 		return r;

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Tendril datapath: direct server return for services from outside
- * (--bpf-lb-mode=dsr, LB_DSR), IPv4 only: the frontend travels to the
- * backend's node in an IPv4 option, which IPv6 has no counterpart of here.
- * Both sides are in this file:
+ * (--bpf-lb-mode=dsr, LB_DSR). The frontend travels to the backend's node
+ * in an IPv4 option of the packet, or, when the backend's node is reached
+ * through Geneve in eBPF (geneve.h), in a Geneve option of either family:
+ * IPv6 DSR exists only that way (IPv6 has no counterpart of the IPv4
+ * option here; VXLAN has no options). Both sides are in this file:
  *
  * - the node the client's packet reaches (nodeport_in, nodeport.h, for a
  *   backend on another node): the client's source is kept and the
@@ -20,10 +22,14 @@
 #include "nat.h"
 #include "events.h"
 #include "fib.h"
+#include "geneve.h"
 
 /* nodeport_dsr's answer for a packet DSR cannot carry: it goes the SNAT
  * way (nodeport.h's NODEPORT_NEEDS_SNAT is this value; not a TC verdict). */
 #define DSR_NEEDS_SNAT 1000
+/* nodeport_in's answer for a DSR packet to a backend reached through
+ * Geneve in eBPF: nodeport_dsr_geneve must send it (not a TC verdict). */
+#define DSR_NEEDS_GENEVE 1001
 
 /* LB_DSR: 1 with --bpf-lb-mode=dsr, set by the agent at load. Both sides
  * of direct server return follow it: a node in snat mode neither writes
@@ -160,6 +166,23 @@ __attribute__((noinline)) int nodeport_dsr(struct __sk_buff *skb, struct pkt *p,
 	return ret;
 }
 
+/* nodeport_dsr_record4 records the frontend v (its addr and port; created
+ * set) of the DSR flow of p, when p's destination is a local endpoint.
+ * Returns 1 when it did, else 0. */
+static __always_inline int nodeport_dsr_record4(const struct pkt *p, const struct dsr4_entry *v)
+{
+	if (!endpoint_by_addr(FAMILY_V4, p->daddr))
+		return 0;
+	struct dsr4_key k = {.client_port = p->sport, .backend_port = p->dport, .proto = p->proto};
+	__builtin_memcpy(k.client, p->saddr, 4);
+	__builtin_memcpy(k.backend, p->daddr, 4);
+	/* Written when new or changed only: every UDP datagram carries it. */
+	struct dsr4_entry *cur = bpf_map_lookup_elem(&tdr_dsr4_v1, &k);
+	if (!cur || u32_at(cur->addr) != u32_at(v->addr) || cur->port != v->port)
+		bpf_map_update_elem(&tdr_dsr4_v1, &k, v, BPF_ANY);
+	return 1;
+}
+
 /* nodeport_dsr_recv, on a backend's node, records the frontend a DSR
  * packet (one with the option first among its IPv4 options) carries for
  * its flow, when the destination is a local endpoint. The packet goes
@@ -174,16 +197,55 @@ static __always_inline int nodeport_dsr_recv(struct __sk_buff *skb, const struct
 	struct dsr4_entry v = {.created = p->now};
 	__builtin_memcpy(&v.port, &o[2], 2);
 	__builtin_memcpy(v.addr, &o[4], 4);
-	if (!endpoint_by_addr(FAMILY_V4, p->daddr))
+	return nodeport_dsr_record4(p, &v);
+}
+
+/* nodeport_dsr_record6 is nodeport_dsr_record4 for IPv6 (tdr_dsr6_v1),
+ * the frontend fe (16 bytes) and fe_port. */
+static __always_inline int nodeport_dsr_record6(const struct pkt *p, const __u8 *fe, __be16 fe_port)
+{
+	if (!endpoint_by_addr(FAMILY_V6, p->daddr))
 		return 0;
-	struct dsr4_key k = {.client_port = p->sport, .backend_port = p->dport, .proto = p->proto};
-	__builtin_memcpy(k.client, p->saddr, 4);
-	__builtin_memcpy(k.backend, p->daddr, 4);
-	/* Written when new or changed only: every UDP datagram carries it. */
-	struct dsr4_entry *cur = bpf_map_lookup_elem(&tdr_dsr4_v1, &k);
-	if (!cur || u32_at(cur->addr) != u32_at(v.addr) || cur->port != v.port)
-		bpf_map_update_elem(&tdr_dsr4_v1, &k, &v, BPF_ANY);
+	struct dsr6_entry v = {.created = p->now, .port = fe_port};
+	__builtin_memcpy(v.addr, fe, 16);
+	struct dsr6_key k = {.client_port = p->sport, .backend_port = p->dport, .proto = p->proto};
+	__builtin_memcpy(k.client, p->saddr, 16);
+	__builtin_memcpy(k.backend, p->daddr, 16);
+	struct dsr6_entry *cur = bpf_map_lookup_elem(&tdr_dsr6_v1, &k);
+	if (!cur || cur->port != v.port || u32_at(&cur->addr[0]) != u32_at(&v.addr[0]) ||
+	    u32_at(&cur->addr[4]) != u32_at(&v.addr[4]) || u32_at(&cur->addr[8]) != u32_at(&v.addr[8]) ||
+	    u32_at(&cur->addr[12]) != u32_at(&v.addr[12]))
+		bpf_map_update_elem(&tdr_dsr6_v1, &k, &v, BPF_ANY);
 	return 1;
+}
+
+/* geneve_dsr_recv, on a backend's node, records the frontend of the
+ * Geneve DSR option geneve_decap left in tdr_geneve_dsr_v1 for the
+ * decapsulated packet p (from_geneve, cb said so): the option's family
+ * must be the packet's. Returns 1 when recorded, else 0. A global
+ * function: its keys are not on overlay_in's stack. */
+__attribute__((noinline)) int geneve_dsr_recv(const struct pkt *p)
+{
+	__u32 zero = 0;
+
+	if (!p || (p->proto != IPPROTO_TCP_ && p->proto != IPPROTO_UDP_))
+		return 0;
+	struct geneve_dsr_scratch *s = bpf_map_lookup_elem(&tdr_geneve_dsr_v1, &zero);
+	if (!s)
+		return 0;
+	/* opt: the option header (4), the address, the port. */
+	if (s->len == GENEVE_OPT_DSR4_LEN && p->family == FAMILY_V4) {
+		struct dsr4_entry v = {.created = p->now};
+		__builtin_memcpy(v.addr, &s->opt[4], 4);
+		__builtin_memcpy(&v.port, &s->opt[8], 2);
+		return nodeport_dsr_record4(p, &v);
+	}
+	if (s->len == GENEVE_OPT_DSR6_LEN && p->family == FAMILY_V6) {
+		__be16 port;
+		__builtin_memcpy(&port, &s->opt[20], 2);
+		return nodeport_dsr_record6(p, &s->opt[4], port);
+	}
+	return 0;
 }
 
 /* nodeport_dsr_rev gives a backend's reply to a DSR flow's client
@@ -207,6 +269,117 @@ static __always_inline int nodeport_dsr_rev(struct __sk_buff *skb, struct pkt *p
 	p->sport = port;
 	count(REASON_NODEPORT_REPLY, DIR_EGRESS, p->len);
 	return 1;
+}
+
+/* nodeport_dsr_rev6 is nodeport_dsr_rev for IPv6 (tdr_dsr6_v1): a
+ * global function, its key off to_netdev6's stack. */
+__attribute__((noinline)) int nodeport_dsr_rev6(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return 0;
+	struct dsr6_key k = {.client_port = p->dport, .backend_port = p->sport, .proto = p->proto};
+	__builtin_memcpy(k.client, p->daddr, 16);
+	__builtin_memcpy(k.backend, p->saddr, 16);
+	struct dsr6_entry *e = bpf_map_lookup_elem(&tdr_dsr6_v1, &k);
+	if (!e)
+		return 0;
+	__u8 fe[16] __attribute__((aligned(4)));
+	__builtin_memcpy(fe, e->addr, 16);
+	__be16 port = e->port;
+	if (nat_rewrite(skb, p, 0, fe, port))
+		return -REASON_NAT_FAILED;
+	__builtin_memcpy(p->saddr, fe, 16);
+	p->sport = port;
+	count(REASON_NODEPORT_REPLY, DIR_EGRESS, p->len);
+	return 1;
+}
+
+/* nodeport_dsr_geneve_prep decides, in nodeport_in for a packet it
+ * translated to another node's backend (p: DNATed; fk4 or fk6, by p's
+ * family, the flow key with the frontend as destination), whether DSR
+ * goes through Geneve in eBPF: the backend's owner node is reached by it
+ * (an IPv4 underlay) and the client is outside the cluster (as
+ * nodeport_dsr_client). If so, it writes the DSR option into
+ * tdr_geneve_dsr_v1 for nodeport_dsr_geneve, for a TCP SYN and every UDP
+ * datagram (as the IPv4 option: the packets that may start the flow at
+ * the backend's node), an empty one for the rest, and returns 1; else 0.
+ * A global function: its ipcache key is not on nodeport_in's stack. */
+__attribute__((noinline)) int nodeport_dsr_geneve_prep(const struct pkt *p, const struct lb4_flow_key *fk4,
+						       const struct lb6_flow_key *fk6)
+{
+	__u32 zero = 0;
+
+	if (!p || !geneve_bpf())
+		return 0;
+	if (in_cluster_peer(identity_of(p->family, p->saddr)))
+		return 0;
+	struct ipcache_key k = {};
+	k.family = p->family;
+	k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
+	__builtin_memcpy(k.addr, __builtin_assume_aligned(p->daddr, 4), 16);
+	struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+	if (!info || info->tunnel_family != FAMILY_V4)
+		return 0;
+	struct geneve_dsr_scratch *s = bpf_map_lookup_elem(&tdr_geneve_dsr_v1, &zero);
+	if (!s)
+		return 0;
+	s->len = 0;
+	if (p->proto != IPPROTO_UDP_ && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+		return 1;
+	s->opt[0] = GENEVE_OPT_CLASS_DSR >> 8;
+	s->opt[1] = GENEVE_OPT_CLASS_DSR & 0xff;
+	s->opt[2] = GENEVE_OPT_TYPE_DSR;
+	if (p->family == FAMILY_V6) {
+		if (!fk6)
+			return 0;
+		s->opt[3] = (GENEVE_OPT_DSR6_LEN - 4) / 4;
+		__builtin_memcpy(&s->opt[4], fk6->daddr, 16);
+		__builtin_memcpy(&s->opt[20], &fk6->dport, 2);
+		s->opt[22] = 0;
+		s->opt[23] = 0;
+		s->len = GENEVE_OPT_DSR6_LEN;
+		return 1;
+	}
+	if (!fk4)
+		return 0;
+	s->opt[3] = (GENEVE_OPT_DSR4_LEN - 4) / 4;
+	__builtin_memcpy(&s->opt[4], fk4->daddr, 4);
+	__builtin_memcpy(&s->opt[8], &fk4->dport, 2);
+	s->opt[10] = 0;
+	s->opt[11] = 0;
+	s->len = GENEVE_OPT_DSR4_LEN;
+	return 1;
+}
+
+/* nodeport_dsr_geneve sends a DSR packet nodeport_dsr_geneve_prep chose
+ * (p: DNATed to another node's backend, the client's source kept) to the
+ * backend's node in Geneve, with the option it prepared, the client's
+ * identity (the world's) in the VNI. An option that would push a UDP
+ * datagram over the route's MTU sends it the SNAT way instead
+ * (DSR_NEEDS_SNAT), a TCP SYN is dropped (REASON_DSR_MTU_EXCEEDED), as
+ * nodeport_dsr does with the IPv4 option. Returns the verdict or
+ * DSR_NEEDS_SNAT. A global function, called by from_netdev itself: its
+ * stack and geneve_encap_dsr's are not added to nodeport_in's. */
+__attribute__((noinline)) int nodeport_dsr_geneve(struct __sk_buff *skb, struct pkt *p)
+{
+	__u32 zero = 0;
+
+	if (!skb || !p)
+		return TC_ACT_OK;
+	struct geneve_dsr_scratch *s = bpf_map_lookup_elem(&tdr_geneve_dsr_v1, &zero);
+	if (!s)
+		return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+	int r = geneve_encap_dsr(skb, p, identity_of(p->family, p->saddr), s->len ? s : NULL);
+	if (r >= 0)
+		return r;
+	if (r == -3) {
+		if (p->proto == IPPROTO_UDP_)
+			return DSR_NEEDS_SNAT;
+		return drop(REASON_DSR_MTU_EXCEEDED, DIR_INGRESS, 0, p, 0, 0, 0);
+	}
+	if (r == -1)
+		return drop(REASON_NODEPORT_NO_ROUTE, DIR_INGRESS, 0, p, 0, 0, 0);
+	return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
 }
 
 #endif

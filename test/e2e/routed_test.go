@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -16,8 +17,10 @@ import (
 	"time"
 
 	"github.com/cilium/cilium/api/v1/models"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
@@ -358,10 +361,12 @@ func TestPrivilegedLabRoutedTopology(t *testing.T) {
 	// DSR through the eBPF Geneve (the agents restarted once more with
 	// --bpf-lb-mode=dsr, Geneve kept): the world's request to node1's
 	// node port reaches the backend on node2 inside Geneve with the
-	// frontend in its IPv4 option, and the answer leaves node2 straight to
-	// the client with the frontend's address, through the router.
-	t.Run("Geneve in eBPF: NodePort by DSR across the subnets", func(t *testing.T) {
+	// frontend in a Geneve option (IPv4 and IPv6), and the answer leaves
+	// node2 straight to the client with the frontend's address, through
+	// the router.
+	t.Run("Geneve in eBPF: NodePort by DSR across the subnets, both families", func(t *testing.T) {
 		tunnelDSR(t, e, name, ns)
+		geneveDSR(t, e, name, ns)
 	})
 }
 
@@ -446,4 +451,205 @@ func podStreamAcrossAgentKill(t *testing.T, e *env, name, serverRef, clientRef, 
 		t.Errorf("stream broken across the kill of %s's agent: ran %.1f s of %d", victim.Name, r.Seconds, seconds)
 	}
 	return r
+}
+
+// peerAnswerAny is peerAnswer for either family (an IPv6 peer in
+// brackets).
+var peerAnswerAny = regexp.MustCompile(`answered "([a-z0-9-]+) from \[?([0-9a-f.:]+?)\]?:([0-9]+)"`)
+
+// geneveDSROption reads the DSR option (class 0x014b, type 0x81) of a
+// Geneve frame on the underlay: the frontend it carries (invalid when it
+// has none), and the inner Ethernet frame.
+func geneveDSROption(f []byte) (fe netip.AddrPort, inner []byte, ok bool) {
+	g, ok := udpPayloadTo(f, 6081)
+	if !ok || len(g) < 8 {
+		return fe, nil, false
+	}
+	hlen := 8 + int(g[0]&0x3f)*4
+	if len(g) < hlen {
+		return fe, nil, false
+	}
+	for opts := g[8:hlen]; len(opts) >= 4; {
+		l := 4 + int(opts[3]&0x1f)*4
+		if l > len(opts) {
+			break
+		}
+		if binary.BigEndian.Uint16(opts) == 0x014b && opts[2] == 0x81 {
+			switch l {
+			case 12:
+				fe = netip.AddrPortFrom(netip.AddrFrom4([4]byte(opts[4:8])), binary.BigEndian.Uint16(opts[8:]))
+			case 24:
+				fe = netip.AddrPortFrom(netip.AddrFrom16([16]byte(opts[4:20])), binary.BigEndian.Uint16(opts[20:]))
+			}
+		}
+		opts = opts[l:]
+	}
+	return fe, g[hlen:], true
+}
+
+// plainTuple reads the addresses and L4 protocol of an Ethernet frame of
+// IPv4 or IPv6 (no extension headers), and for IPv4 its header length.
+func plainTuple(f []byte) (src, dst netip.Addr, proto uint8, ihl int, ok bool) {
+	if len(f) < 14+40 {
+		return src, dst, 0, 0, false
+	}
+	ip := f[14:]
+	switch binary.BigEndian.Uint16(f[12:]) {
+	case unix.ETH_P_IP:
+		return netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20])), ip[9], int(ip[0]&0xf) * 4, true
+	case unix.ETH_P_IPV6:
+		return netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40])), ip[6], 40, true
+	}
+	return src, dst, 0, 0, false
+}
+
+// geneveDSR is the routed test's DSR step over both families, after
+// tunnelDSR (agents in dsr mode, the backend dsr-backend on node2): a
+// dual-stack NodePort to that backend, probed from the world at node1's
+// IPv4 and IPv6 addresses (TCP and UDP, a connected socket: an answer
+// from any other source is not read), while the router's port of node2
+// is captured. Each answer comes from the backend, which saw the
+// client's own address; node1 translates no reply, node2 gives each its
+// frontend. On the wire: the requests to the backend in Geneve, each SYN
+// and datagram with the DSR option naming node1's address of its family
+// and the node port, no inner packet with an IPv4 option; the answers
+// leave node2 as plain packets from node1's address to the client.
+func geneveDSR(t *testing.T, e *env, name, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	node1, node2 := e.st.Nodes[0], e.st.Nodes[1]
+	backend, err := e.cs.CoreV1().Pods(ns).Get(ctx, "dsr-backend", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	be4, be6 := netip.MustParseAddr(backend.Status.PodIP), podIPv6(t, backend)
+	svc, err := e.cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "tundsr-dual"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "tundsr"}, IPFamilyPolicy: &preferDualStack,
+			Ports: []corev1.ServicePort{
+				{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)},
+				{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 81, TargetPort: intstr.FromInt32(81)},
+			}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodePort := map[bool]uint16{}
+	for _, p := range svc.Spec.Ports {
+		nodePort[p.Protocol == corev1.ProtocolUDP] = uint16(p.NodePort)
+	}
+	type family struct {
+		name           string
+		frontend       netip.Addr
+		client, beAddr netip.Addr
+	}
+	fams := []family{
+		{"IPv4", netip.MustParseAddr(node1.Address), netip.MustParseAddr(e.st.World.ClientIP), be4},
+		{"IPv6", netip.MustParseAddr(node1.Address6), netip.MustParseAddr(e.st.World.ClientIP6), be6},
+	}
+	probe := func(f family, udp bool) error {
+		addr := netip.AddrPortFrom(f.frontend, nodePort[udp]).String()
+		code, out := labProbe(t, name, lab.WorldRef, addr, udp)
+		m := peerAnswerAny.FindStringSubmatch(out)
+		if code != 0 || m == nil {
+			return fmt.Errorf("world -> %s udp=%v: exit %d: %s", addr, udp, code, strings.TrimSpace(out))
+		}
+		if m[1] != "dsr-backend" || m[2] != f.client.String() {
+			return fmt.Errorf("world -> %s udp=%v: answered by %s seeing %s, want dsr-backend seeing the client %s", addr, udp, m[1], m[2], f.client)
+		}
+		return nil
+	}
+	for _, f := range fams {
+		for _, udp := range []bool{false, true} {
+			eventually(t, f.name+" node port of node1 to answer the world by DSR", func() (bool, error) {
+				err := probe(f, udp)
+				return err == nil, err
+			})
+		}
+	}
+	viaNode1 := datapathCount(t, node1, reasonNodePortReply, "egress")
+	repliesNode2 := datapathCount(t, node2, reasonNodePortReply, "egress")
+	cap := startRawCapture(t, e.st.NetNetns, "node2")
+	const probes = 3
+	var failed []string
+	for _, f := range fams {
+		for _, udp := range []bool{false, true} {
+			for range probes {
+				if err := probe(f, udp); err != nil {
+					failed = append(failed, err.Error())
+				}
+			}
+		}
+	}
+	raw, err := cap.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(failed) > 0 {
+		t.Fatalf("NodePort by DSR through Geneve:\n%s", strings.Join(failed, "\n"))
+	}
+	if got := datapathCount(t, node1, reasonNodePortReply, "egress"); got != viaNode1 {
+		t.Errorf("node1 translated %d replies, want none (DSR: they leave node2 straight to the client)", got-viaNode1)
+	}
+	if got := datapathCount(t, node2, reasonNodePortReply, "egress") - repliesNode2; got < 4*probes {
+		t.Errorf("node2 gave %d replies the frontend's source, want at least %d", got, 4*probes)
+	}
+	// What the router's port of node2 carried.
+	withOpt := map[string]int{} // "IPv4 TCP": requests whose option names the frontend
+	badOpt := []string{}        // options naming anything else
+	ipv4Opts := 0               // inner IPv4 requests with an IP option
+	answers := map[string]int{} // plain answers node1's address -> the client
+	for _, fr := range raw {
+		if fe, inner, ok := geneveDSROption(fr); ok {
+			src, dst, proto, ihl, ok := plainTuple(inner)
+			if !ok {
+				continue
+			}
+			for _, f := range fams {
+				if src != f.client || dst != f.beAddr {
+					continue
+				}
+				if f.client.Is4() && ihl != 20 {
+					ipv4Opts++
+				}
+				if !fe.IsValid() {
+					continue
+				}
+				want := netip.AddrPortFrom(f.frontend, nodePort[proto == unix.IPPROTO_UDP])
+				key := f.name + map[uint8]string{unix.IPPROTO_TCP: " TCP", unix.IPPROTO_UDP: " UDP"}[proto]
+				if fe != want {
+					badOpt = append(badOpt, fmt.Sprintf("%s: option names %s, want %s", key, fe, want))
+					continue
+				}
+				withOpt[key]++
+			}
+			continue
+		}
+		src, dst, _, _, ok := plainTuple(fr)
+		if !ok {
+			continue
+		}
+		for _, f := range fams {
+			if src == f.frontend && dst == f.client {
+				answers[f.name]++
+			}
+		}
+	}
+	t.Logf("at node2's port: requests with the Geneve DSR option %v, answers from node1's address leaving node2 %v, inner IPv4 options %d", withOpt, answers, ipv4Opts)
+	if len(badOpt) > 0 {
+		t.Errorf("Geneve DSR options with the wrong frontend:\n%s", strings.Join(badOpt, "\n"))
+	}
+	if ipv4Opts != 0 {
+		t.Errorf("%d inner IPv4 requests carried an IP option, want none through Geneve", ipv4Opts)
+	}
+	for _, k := range []string{"IPv4 TCP", "IPv4 UDP", "IPv6 TCP", "IPv6 UDP"} {
+		if withOpt[k] < probes {
+			t.Errorf("%s: %d requests with the Geneve DSR option naming node1's node port, want at least %d (a SYN or a datagram each)", k, withOpt[k], probes)
+		}
+	}
+	for _, f := range fams {
+		if answers[f.name] < 2*probes {
+			t.Errorf("%s: %d answers from %s to the client leaving node2, want at least %d (straight from the backend's node)", f.name, answers[f.name], f.frontend, 2*probes)
+		}
+	}
 }

@@ -64,6 +64,24 @@ type HostDsr4Key struct {
 	Pad         [3]uint8
 }
 
+type HostDsr6Entry struct {
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Port    uint16
+	Pad     [6]uint8
+	Created uint64
+}
+
+type HostDsr6Key struct {
+	_           structs.HostLayout
+	Client      [16]uint8
+	Backend     [16]uint8
+	ClientPort  uint16
+	BackendPort uint16
+	Proto       uint8
+	Pad         [3]uint8
+}
+
 type HostEncryptInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -81,6 +99,13 @@ type HostEndpointInfo struct {
 	HostMac  [6]uint8
 	Ipv4     [4]uint8
 	Ipv6     [16]uint8
+}
+
+type HostGeneveDsrScratch struct {
+	_   structs.HostLayout
+	Len uint8
+	Pad [3]uint8
+	Opt [24]uint8
 }
 
 type HostHostdevInfo struct {
@@ -381,6 +406,7 @@ const (
 	HostMapTdrCt4V2              = "tdr_ct4_v2"
 	HostMapTdrCt6V2              = "tdr_ct6_v2"
 	HostMapTdrDsr4V1             = "tdr_dsr4_v1"
+	HostMapTdrDsr6V1             = "tdr_dsr6_v1"
 	HostMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
 	HostMapTdrEncryptV1          = "tdr_encrypt_v1"
 	HostMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
@@ -390,6 +416,7 @@ const (
 	HostMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
 	HostMapTdrEventsLostV1       = "tdr_events_lost_v1"
 	HostMapTdrEventsV1           = "tdr_events_v1"
+	HostMapTdrGeneveDsrV1        = "tdr_geneve_dsr_v1"
 	HostMapTdrHostdevV1          = "tdr_hostdev_v1"
 	HostMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	HostMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
@@ -492,6 +519,7 @@ type HostMapSpecs struct {
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
+	TdrDsr6V1         *ebpf.MapSpec `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
 	TdrEncryptV1      *ebpf.MapSpec `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
@@ -501,6 +529,7 @@ type HostMapSpecs struct {
 	TdrEpIfindexV1    *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.MapSpec `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
+	TdrGeneveDsrV1    *ebpf.MapSpec `ebpf:"tdr_geneve_dsr_v1"`
 	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
@@ -575,6 +604,7 @@ type HostMaps struct {
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
+	TdrDsr6V1         *ebpf.Map `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
 	TdrEncryptV1      *ebpf.Map `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
@@ -584,6 +614,7 @@ type HostMaps struct {
 	TdrEpIfindexV1    *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.Map `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
+	TdrGeneveDsrV1    *ebpf.Map `ebpf:"tdr_geneve_dsr_v1"`
 	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
@@ -622,6 +653,7 @@ func (m *HostMaps) Close() error {
 		m.TdrCt4V2,
 		m.TdrCt6V2,
 		m.TdrDsr4V1,
+		m.TdrDsr6V1,
 		m.TdrEncryptCidrsV1,
 		m.TdrEncryptV1,
 		m.TdrEndpointIp4V1,
@@ -631,6 +663,7 @@ func (m *HostMaps) Close() error {
 		m.TdrEpIfindexV1,
 		m.TdrEventsLostV1,
 		m.TdrEventsV1,
+		m.TdrGeneveDsrV1,
 		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
 		m.TdrL2ResponderV4,

@@ -64,6 +64,24 @@ type LxcDsr4Key struct {
 	Pad         [3]uint8
 }
 
+type LxcDsr6Entry struct {
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Port    uint16
+	Pad     [6]uint8
+	Created uint64
+}
+
+type LxcDsr6Key struct {
+	_           structs.HostLayout
+	Client      [16]uint8
+	Backend     [16]uint8
+	ClientPort  uint16
+	BackendPort uint16
+	Proto       uint8
+	Pad         [3]uint8
+}
+
 type LxcEncryptInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -105,6 +123,13 @@ type LxcEvent struct {
 	Obs         uint8
 	Match       uint8
 	Pad         uint8
+}
+
+type LxcGeneveDsrScratch struct {
+	_   structs.HostLayout
+	Len uint8
+	Pad [3]uint8
+	Opt [24]uint8
 }
 
 type LxcHostdevInfo struct {
@@ -382,6 +407,7 @@ const (
 	LxcMapTdrCt4V2              = "tdr_ct4_v2"
 	LxcMapTdrCt6V2              = "tdr_ct6_v2"
 	LxcMapTdrDsr4V1             = "tdr_dsr4_v1"
+	LxcMapTdrDsr6V1             = "tdr_dsr6_v1"
 	LxcMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
 	LxcMapTdrEncryptV1          = "tdr_encrypt_v1"
 	LxcMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
@@ -391,6 +417,7 @@ const (
 	LxcMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
 	LxcMapTdrEventsLostV1       = "tdr_events_lost_v1"
 	LxcMapTdrEventsV1           = "tdr_events_v1"
+	LxcMapTdrGeneveDsrV1        = "tdr_geneve_dsr_v1"
 	LxcMapTdrHostdevV1          = "tdr_hostdev_v1"
 	LxcMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	LxcMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
@@ -486,6 +513,7 @@ type LxcMapSpecs struct {
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
+	TdrDsr6V1         *ebpf.MapSpec `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
 	TdrEncryptV1      *ebpf.MapSpec `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
@@ -495,6 +523,7 @@ type LxcMapSpecs struct {
 	TdrEpIfindexV1    *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.MapSpec `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
+	TdrGeneveDsrV1    *ebpf.MapSpec `ebpf:"tdr_geneve_dsr_v1"`
 	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
@@ -564,6 +593,7 @@ type LxcMaps struct {
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
+	TdrDsr6V1         *ebpf.Map `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
 	TdrEncryptV1      *ebpf.Map `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
@@ -573,6 +603,7 @@ type LxcMaps struct {
 	TdrEpIfindexV1    *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.Map `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
+	TdrGeneveDsrV1    *ebpf.Map `ebpf:"tdr_geneve_dsr_v1"`
 	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
@@ -610,6 +641,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrCt4V2,
 		m.TdrCt6V2,
 		m.TdrDsr4V1,
+		m.TdrDsr6V1,
 		m.TdrEncryptCidrsV1,
 		m.TdrEncryptV1,
 		m.TdrEndpointIp4V1,
@@ -619,6 +651,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrEpIfindexV1,
 		m.TdrEventsLostV1,
 		m.TdrEventsV1,
+		m.TdrGeneveDsrV1,
 		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
 		m.TdrL2ResponderV4,

@@ -64,6 +64,24 @@ type SockDsr4Key struct {
 	Pad         [3]uint8
 }
 
+type SockDsr6Entry struct {
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Port    uint16
+	Pad     [6]uint8
+	Created uint64
+}
+
+type SockDsr6Key struct {
+	_           structs.HostLayout
+	Client      [16]uint8
+	Backend     [16]uint8
+	ClientPort  uint16
+	BackendPort uint16
+	Proto       uint8
+	Pad         [3]uint8
+}
+
 type SockEncryptInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -81,6 +99,13 @@ type SockEndpointInfo struct {
 	HostMac  [6]uint8
 	Ipv4     [4]uint8
 	Ipv6     [16]uint8
+}
+
+type SockGeneveDsrScratch struct {
+	_   structs.HostLayout
+	Len uint8
+	Pad [3]uint8
+	Opt [24]uint8
 }
 
 type SockHostdevInfo struct {
@@ -340,6 +365,7 @@ const (
 	SockMapTdrCt4V2              = "tdr_ct4_v2"
 	SockMapTdrCt6V2              = "tdr_ct6_v2"
 	SockMapTdrDsr4V1             = "tdr_dsr4_v1"
+	SockMapTdrDsr6V1             = "tdr_dsr6_v1"
 	SockMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
 	SockMapTdrEncryptV1          = "tdr_encrypt_v1"
 	SockMapTdrEndpointIp4V1      = "tdr_endpoint_ip4_v1"
@@ -349,6 +375,7 @@ const (
 	SockMapTdrEpIfindexV1        = "tdr_ep_ifindex_v1"
 	SockMapTdrEventsLostV1       = "tdr_events_lost_v1"
 	SockMapTdrEventsV1           = "tdr_events_v1"
+	SockMapTdrGeneveDsrV1        = "tdr_geneve_dsr_v1"
 	SockMapTdrHostdevV1          = "tdr_hostdev_v1"
 	SockMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	SockMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
@@ -455,6 +482,7 @@ type SockMapSpecs struct {
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
+	TdrDsr6V1         *ebpf.MapSpec `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
 	TdrEncryptV1      *ebpf.MapSpec `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.MapSpec `ebpf:"tdr_endpoint_ip4_v1"`
@@ -464,6 +492,7 @@ type SockMapSpecs struct {
 	TdrEpIfindexV1    *ebpf.MapSpec `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.MapSpec `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.MapSpec `ebpf:"tdr_events_v1"`
+	TdrGeneveDsrV1    *ebpf.MapSpec `ebpf:"tdr_geneve_dsr_v1"`
 	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
@@ -532,6 +561,7 @@ type SockMaps struct {
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
+	TdrDsr6V1         *ebpf.Map `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
 	TdrEncryptV1      *ebpf.Map `ebpf:"tdr_encrypt_v1"`
 	TdrEndpointIp4V1  *ebpf.Map `ebpf:"tdr_endpoint_ip4_v1"`
@@ -541,6 +571,7 @@ type SockMaps struct {
 	TdrEpIfindexV1    *ebpf.Map `ebpf:"tdr_ep_ifindex_v1"`
 	TdrEventsLostV1   *ebpf.Map `ebpf:"tdr_events_lost_v1"`
 	TdrEventsV1       *ebpf.Map `ebpf:"tdr_events_v1"`
+	TdrGeneveDsrV1    *ebpf.Map `ebpf:"tdr_geneve_dsr_v1"`
 	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
@@ -578,6 +609,7 @@ func (m *SockMaps) Close() error {
 		m.TdrCt4V2,
 		m.TdrCt6V2,
 		m.TdrDsr4V1,
+		m.TdrDsr6V1,
 		m.TdrEncryptCidrsV1,
 		m.TdrEncryptV1,
 		m.TdrEndpointIp4V1,
@@ -587,6 +619,7 @@ func (m *SockMaps) Close() error {
 		m.TdrEpIfindexV1,
 		m.TdrEventsLostV1,
 		m.TdrEventsV1,
+		m.TdrGeneveDsrV1,
 		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
 		m.TdrL2ResponderV4,

@@ -29,11 +29,13 @@ type NATMaps struct {
 	// DSR4 is the record of flows other nodes send here by direct
 	// server return (dsr.go).
 	DSR4 *ebpf.Map
+	// DSR6 is its IPv6 counterpart (the Geneve DSR option's flows).
+	DSR6 *ebpf.Map
 }
 
 // NATFromObjects takes the masquerade maps of loaded objects.
 func NATFromObjects(o *bpf.LxcMaps) *NATMaps {
-	return &NATMaps{NAT4: o.TdrNat4V1, NAT6: o.TdrNat6V1, NoMasq: o.TdrNomasqV1, HostDev: o.TdrHostdevV1, DSR4: o.TdrDsr4V1}
+	return &NATMaps{NAT4: o.TdrNat4V1, NAT6: o.TdrNat6V1, NoMasq: o.TdrNomasqV1, HostDev: o.TdrHostdevV1, DSR4: o.TdrDsr4V1, DSR6: o.TdrDsr6V1}
 }
 
 // OpenPinnedNAT opens the masquerade maps pinned under root (the CLI reads
@@ -41,7 +43,7 @@ func NATFromObjects(o *bpf.LxcMaps) *NATMaps {
 func OpenPinnedNAT(root string, readOnly bool) (*NATMaps, error) {
 	m := &NATMaps{}
 	opts := &ebpf.LoadPinOptions{ReadOnly: readOnly}
-	for name, dst := range map[string]**ebpf.Map{NAT4MapName: &m.NAT4, NAT6MapName: &m.NAT6, NoMasqMapName: &m.NoMasq, HostDevMapName: &m.HostDev, DSR4MapName: &m.DSR4} {
+	for name, dst := range map[string]**ebpf.Map{NAT4MapName: &m.NAT4, NAT6MapName: &m.NAT6, NoMasqMapName: &m.NoMasq, HostDevMapName: &m.HostDev, DSR4MapName: &m.DSR4, DSR6MapName: &m.DSR6} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(root, name), opts)
 		if err != nil {
 			m.Close()
@@ -54,7 +56,7 @@ func OpenPinnedNAT(root string, readOnly bool) (*NATMaps, error) {
 
 // Close releases the handles (pins stay).
 func (m *NATMaps) Close() {
-	for _, mp := range []*ebpf.Map{m.NAT4, m.NAT6, m.NoMasq, m.HostDev, m.DSR4} {
+	for _, mp := range []*ebpf.Map{m.NAT4, m.NAT6, m.NoMasq, m.HostDev, m.DSR4, m.DSR6} {
 		if mp != nil {
 			mp.Close()
 		}
@@ -151,7 +153,7 @@ type NATMap struct{ m4, m6 *ebpf.Map }
 func (m *NATMaps) NATMap() NATMap { return NATMap{m4: m.NAT4, m6: m.NAT6} }
 
 // DSRMap is the record of DSR flows to this node's backends.
-func (m *NATMaps) DSRMap() DSRMap { return NewDSRMap(m.DSR4) }
+func (m *NATMaps) DSRMap() DSRMap { return NewDSRMap(m.DSR4, m.DSR6) }
 
 func (t NATMap) put(k natKey, v natValue) error {
 	if k.Local.Is4() {

@@ -137,12 +137,15 @@ func newBenchNode(b testing.TB, tunnel bool) *benchNode {
 // loadHost loads bpf/bpf_host.c's programs with the pod programs' maps,
 // as pkg/agent/hostdev does (its defaults: masquerade ports 61000-65535,
 // NodePort on, no DSR).
-func (n *benchNode) loadHost(b testing.TB) {
+func (n *benchNode) loadHost(b testing.TB) { n.loadHostLB(b, 0) }
+
+// loadHostLB is loadHost with LB_DSR set to dsr (1: --bpf-lb-mode=dsr).
+func (n *benchNode) loadHostLB(b testing.TB, dsr uint8) {
 	spec, err := bpf.LoadHost()
 	if err != nil {
 		b.Fatal(err)
 	}
-	for name, v := range map[string]any{"MASQ_PORT_MIN": uint16(61000), "MASQ_PORT_MAX": uint16(65535), "LB_DSR": uint8(0), "NODEPORT_OFF": uint8(0)} {
+	for name, v := range map[string]any{"MASQ_PORT_MIN": uint16(61000), "MASQ_PORT_MAX": uint16(65535), "LB_DSR": dsr, "NODEPORT_OFF": uint8(0)} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			b.Fatalf("set %s: %v", name, err)
 		}

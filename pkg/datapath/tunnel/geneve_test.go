@@ -108,8 +108,8 @@ func ipv4Checksum(h []byte) uint16 {
 //     inner's) and from_geneve (tail call) delivers it into the pod
 //     (redirect), options skipped;
 //   - dropped: Geneve from an address of no node (counted as such), an
-//     inner source of this node's own pod, a critical option, and with
-//     the tail-call slot empty.
+//     inner source of this node's own pod, a critical option of no known
+//     type, and with the tail-call slot empty.
 func TestPrivilegedGeneveBPF(t *testing.T) {
 	n := newGeneveNode(t)
 	for _, f := range benchFamilies {
@@ -186,10 +186,10 @@ func TestPrivilegedGeneveBPF(t *testing.T) {
 		if v, _ := runOut(t, n.fromNetdev, n.uplink, geneveFrame(peerNode, nodeAddr, idRemote, nil, tcpFrame(podA, podA, benchPort, 40000))); v != tcActShot {
 			t.Errorf("Geneve with this node's pod as inner source: verdict %d, want drop", v)
 		}
-		crit := geneveFrame(peerNode, nodeAddr, idRemote, nil, tcpFrame(remotePod, podA, benchPort, 40000))
+		crit := geneveFrame(peerNode, nodeAddr, idRemote, []byte{0x01, 0x4b, 0xff, 0x01, 1, 2, 3, 4}, tcpFrame(remotePod, podA, benchPort, 40000))
 		crit[14+20+8+1] |= 0x40
 		if v, _ := runOut(t, n.fromNetdev, n.uplink, crit); v != tcActShot {
-			t.Errorf("Geneve with the critical-options bit: verdict %d, want drop", v)
+			t.Errorf("Geneve with a critical option of no known type: verdict %d, want drop", v)
 		}
 		calls := n.l.MapReplacements()[bpf.OverlayMapTdrOverlayCallsV1]
 		if err := calls.Delete(uint32(0)); err != nil {
