@@ -112,7 +112,7 @@ RACE_PACKAGES := ./pkg/endpointmanager/ ./pkg/endpoint/ ./pkg/policy/... ./pkg/i
 	./pkg/agent/nodes/ ./pkg/reconcile/
 
 test: deps verify-generated verify-helm lint build k8s-binaries coredns
-	@echo "==> go test in two lanes side by side (test/e2e then fuzz-short; the other packages then the race run and bench-smoke), full log in .test-output.log"
+	@echo "==> go test in two lanes side by side (test/e2e, test/e2e/containerd, then fuzz-short; the other packages then the race run and bench-smoke), full log in .test-output.log"
 	@tb=$$(date +%s); $(GO) test -count=1 -exec /bin/true ./... > /dev/null 2>&1; \
 		t0=$$(date +%s); echo "==> test binaries built in $$((t0-tb)) s$${TENDRIL_CI_START:+, prerequisites $$((tb-TENDRIL_CI_START)) s}"; \
 		GO=$(GO) BIN_DIR=$(BIN) RACE_PACKAGES="$(RACE_PACKAGES)" hack/test-lanes.sh $(CURDIR)/.test-output.log; status=$$?; \
