@@ -99,6 +99,13 @@ func buildPreviousRelease(t *testing.T) (chartDir, imagesDir string) {
 		t.Fatalf("hack/previous-release: want a full commit hash, got %q", commit)
 	}
 	begin := time.Now()
+	// A shallow clone may lack the commit: fetch it from the clone's
+	// origin (the repository it was cloned from) before giving up.
+	if exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").Run() != nil {
+		if out, err := exec.Command("git", "-C", root, "fetch", "--quiet", "--depth=1", "origin", commit).CombinedOutput(); err != nil {
+			t.Fatalf("the previous release %s is not in this clone's history, and fetching it from origin failed: %v\n%s", commit, err, out)
+		}
+	}
 	src, imagesDir := t.TempDir(), t.TempDir()
 	archive := filepath.Join(t.TempDir(), "src.tar")
 	if out, err := exec.Command("git", "-C", root, "archive", "--format=tar", "-o", archive, commit).CombinedOutput(); err != nil {
