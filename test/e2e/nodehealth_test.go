@@ -16,14 +16,25 @@ import (
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
-// healthView is `tendril health -o json` on a node's agent: whether it
-// sees peer reachable (both probes on its primary address) and probed.
-func healthView(t *testing.T, node lab.Node, peer string) (reachable, probed bool, err error) {
+// healthResponse is `tendril health -o json` on a node's agent, and the
+// output it was read from (for messages).
+func healthResponse(t *testing.T, node lab.Node) (nodehealth.HealthResponse, string, error) {
 	t.Helper()
 	out := runTendril(t, "-H", "unix://"+node.Socket, "health", "-o", "json")
 	var resp nodehealth.HealthResponse
 	if err := json.Unmarshal([]byte(out), &resp); err != nil {
-		return false, false, fmt.Errorf("tendril health -o json on %s: %w\n%s", node.Name, err, out)
+		return resp, out, fmt.Errorf("tendril health -o json on %s: %w\n%s", node.Name, err, out)
+	}
+	return resp, out, nil
+}
+
+// healthView is `tendril health -o json` on a node's agent: whether it
+// sees peer reachable (both probes on its primary address) and probed.
+func healthView(t *testing.T, node lab.Node, peer string) (reachable, probed bool, err error) {
+	t.Helper()
+	resp, out, err := healthResponse(t, node)
+	if err != nil {
+		return false, false, err
 	}
 	for _, n := range resp.Nodes {
 		if n.Name == peer {
@@ -37,10 +48,9 @@ func healthView(t *testing.T, node lab.Node, peer string) (reachable, probed boo
 // `tendril health -o json`; an error while it has none.
 func healthEndpointView(t *testing.T, node lab.Node, peer string) (nodehealth.Address, error) {
 	t.Helper()
-	out := runTendril(t, "-H", "unix://"+node.Socket, "health", "-o", "json")
-	var resp nodehealth.HealthResponse
-	if err := json.Unmarshal([]byte(out), &resp); err != nil {
-		return nodehealth.Address{}, fmt.Errorf("tendril health -o json on %s: %w\n%s", node.Name, err, out)
+	resp, out, err := healthResponse(t, node)
+	if err != nil {
+		return nodehealth.Address{}, err
 	}
 	if a, ok := resp.HealthEndpoint(peer); ok {
 		return a, nil
@@ -80,10 +90,9 @@ func healthIPv6Reachable(t *testing.T, n1, n2 lab.Node) {
 			from lab.Node
 			peer string
 		}{{n1, n2.Name}, {n2, n1.Name}} {
-			out := runTendril(t, "-H", "unix://"+v.from.Socket, "health", "-o", "json")
-			var resp nodehealth.HealthResponse
-			if err := json.Unmarshal([]byte(out), &resp); err != nil {
-				return false, fmt.Errorf("tendril health -o json on %s: %w\n%s", v.from.Name, err, out)
+			resp, out, err := healthResponse(t, v.from)
+			if err != nil {
+				return false, err
 			}
 			var node, endpoint bool
 			for _, n := range resp.Nodes {
