@@ -37,6 +37,12 @@
  * verdict and counted per rule. */
 #define EP_AUDIT_INGRESS 0x20
 #define EP_AUDIT_EGRESS 0x40
+/* The endpoint's enforced ingress has entries naming the HTTP proxy: only
+ * then does from_netdev look up a packet's flow from another node for the
+ * ingress proxy (lib/l7ingress.h), so other pods' packets do not pay that
+ * conntrack lookup. Set after the entries are written (a flow meeting the
+ * entry before the flag goes to to_pod, which drops it: fail closed). */
+#define EP_L7_INGRESS 0x80
 
 /* ipcache flags (ipcache_info.flags).
  * go:const IPCacheFlag IPCACHE_F_ uint8 */

@@ -177,9 +177,10 @@ __attribute__((noinline)) int l7ingress_remote(struct __sk_buff *skb, struct pkt
 	const struct endpoint_info *ep = endpoint_by_addr(FAMILY_V4, p->daddr);
 	if (!ep)
 		return L7INGRESS_PASS;
-	/* Only an endpoint enforcing ingress has entries naming the proxy:
-	 * the others' packets pay no conntrack lookup here. */
-	if (!enforced(ep, DIR_INGRESS))
+	/* Only an endpoint enforcing ingress with entries naming the proxy
+	 * (EP_L7_INGRESS, set by the agent) sends flows there: the others'
+	 * packets pay no conntrack lookup here. */
+	if (!(ep->flags & EP_L7_INGRESS) || !enforced(ep, DIR_INGRESS))
 		return L7INGRESS_PASS;
 	__u16 ep_id = ep->ep_id;
 	int r = l7ingress_known(skb, p, ep_id, ep->identity);

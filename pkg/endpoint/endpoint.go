@@ -120,6 +120,9 @@ type Endpoint struct {
 	// in that direction (what it would deny passes, reported as AUDIT).
 	AuditIngress bool `json:"audit-ingress,omitempty"`
 	AuditEgress  bool `json:"audit-egress,omitempty"`
+	// L7Ingress: an ingress allow names the HTTP proxy, so flows from
+	// other nodes are looked up for it (the datapath's EP_L7_INGRESS).
+	L7Ingress bool `json:"l7-ingress,omitempty"`
 
 	State   State      `json:"state"`
 	Log     []LogEntry `json:"log,omitempty"`

@@ -156,8 +156,9 @@ func testIngressRemote(t *testing.T, vxlan bool) {
 			t.Fatal(err)
 		}
 	}
-	if err := l.AttachEndpoint(loader.EndpointInfo{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4},
-		MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB, EnforceIngress: true}); err != nil {
+	bEP := loader.EndpointInfo{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4},
+		MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB, EnforceIngress: true, L7Ingress: true}
+	if err := l.AttachEndpoint(bEP); err != nil {
 		t.Fatal(err)
 	}
 	k := maps.PolicyKey{EndpointID: 2, Direction: maps.DirIngress, Identity: idA, Proto: 6, Port: 8080, PortPrefixLen: 16}
@@ -330,6 +331,27 @@ func testIngressRemote(t *testing.T, vxlan bool) {
 		t.Errorf("the proxy was asked about %v: d's connection reached it", asked[1:])
 	}
 	mu.Unlock()
+
+	if !vxlan {
+		// Without EP_L7_INGRESS (the agent has not yet flagged b, or
+		// b's HTTP rules went) from_netdev does not look at the flow:
+		// to_pod meets an entry naming the proxy and drops it, so the
+		// port stays closed rather than open to every request.
+		bEP.L7Ingress = false
+		if err := l.WriteEndpoint(bEP); err != nil {
+			t.Fatal(err)
+		}
+		refusedFrom(remoteA, "b is not flagged for the ingress proxy: to_pod drops the flow")
+		mu.Lock()
+		if len(asked) != 1 || fmt.Sprint(methods) != "[GET GET]" {
+			t.Errorf("without the flag the proxy was asked %v and b's server got %v", asked, methods)
+		}
+		mu.Unlock()
+		bEP.L7Ingress = true
+		if err := l.WriteEndpoint(bEP); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// No proxy (the agent is down): the port is closed to a too.
 	if err := closeProxies(); err != nil {

@@ -54,3 +54,33 @@ func TestL7RedirectEntries(t *testing.T) {
 	// Host policies cannot hold L7 rules (validation); the host
 	// endpoint's resolution would not open such a port either.
 }
+
+// IngressProxied (the datapath's EP_L7_INGRESS) holds only for an endpoint
+// whose ingress allows name a proxy: egress L7 rules, plain ingress
+// allows and denies do not make its packets from other nodes pay the
+// ingress proxy's lookup.
+func TestIngressProxied(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		rules string
+		want  bool
+	}{
+		{"ingress HTTP rules", `[{"endpointSelector":{"matchLabels":{"app":"a"}},"ingress":[
+		  {"fromEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"81","protocol":"TCP"}],"rules":{"http":[{"method":"GET"}]}}]}]}]`, true},
+		{"egress HTTP rules only", `[{"endpointSelector":{"matchLabels":{"app":"a"}},"egress":[
+		  {"toEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}],"rules":{"http":[{"method":"GET"}]}}]}]}]`, false},
+		{"plain ingress allow", `[{"endpointSelector":{"matchLabels":{"app":"a"}},"ingress":[
+		  {"fromEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"81","protocol":"TCP"}]}]}]}]`, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			repo := NewRepository()
+			if _, err := repo.Add(mustRules(t, c.rules), "x", "t", false); err != nil {
+				t.Fatal(err)
+			}
+			res := repo.Resolve(Endpoint{Labels: xa.Labels}, universe())
+			if got := res.MapState.IngressProxied(); got != c.want {
+				t.Errorf("IngressProxied = %v, want %v (map state %v)", got, c.want, res.MapState)
+			}
+		})
+	}
+}

@@ -86,6 +86,18 @@ func (v ViewFlags) Has(f ViewFlags) bool { return v&f == f }
 // MapState is an endpoint's desired policy map content.
 type MapState map[Key]Entry
 
+// IngressProxied reports whether an ingress allow of m names a proxy: the
+// endpoint's flows from other nodes must then be looked up for the
+// ingress proxy (the datapath's EP_L7_INGRESS).
+func (m MapState) IngressProxied() bool {
+	for k, e := range m {
+		if k.Direction == Ingress && !e.Deny && e.Proxy != ProxyNone {
+			return true
+		}
+	}
+	return false
+}
+
 // covers reports whether (proto, port prefix) a contains b.
 func (a Key) covers(b Key) bool {
 	if a.Identity != b.Identity || a.Direction != b.Direction {

@@ -99,8 +99,9 @@ spec:
 const dnsLoadEnv = "TDR_E2E_DNS_LOAD"
 
 // httpLoadEnv makes the test binary an HTTP client instead of a test run:
-// "URL COUNT", COUNT GETs of URL one after the other, each on a new
-// connection (the lab's world server closes after each answer).
+// "URL COUNT [new|keepalive [CLIENTS]]", COUNT GETs of URL one after the
+// other, each on a new connection, or with "keepalive" on one kept-alive
+// connection; CLIENTS clients side by side share the COUNT.
 const httpLoadEnv = "TDR_E2E_HTTP_LOAD"
 
 // httpLoadResult is what the HTTP client prints.
@@ -114,32 +115,62 @@ type httpLoadResult struct {
 // JSON.
 func runHTTPLoad(spec string) int {
 	f := strings.Fields(spec)
+	keepAlive, clients := false, 1
+	if len(f) >= 3 && (f[2] == "keepalive" || f[2] == "new") {
+		keepAlive = f[2] == "keepalive"
+		if len(f) == 4 {
+			n, err := strconv.Atoi(f[3])
+			if err != nil || n < 1 {
+				fmt.Fprintln(os.Stderr, "bad CLIENTS in", httpLoadEnv, "got", spec)
+				return 2
+			}
+			clients, f = n, f[:3]
+		}
+		f = f[:2]
+	}
 	count, err := strconv.Atoi(f[len(f)-1])
 	if len(f) != 2 || err != nil {
-		fmt.Fprintln(os.Stderr, "want URL COUNT in", httpLoadEnv, "got", spec)
+		fmt.Fprintln(os.Stderr, "want URL COUNT [new|keepalive [CLIENTS]] in", httpLoadEnv, "got", spec)
 		return 2
 	}
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	// Each client its own connection(s), COUNT requests in all.
+	var mu sync.Mutex
 	var res httpLoadResult
 	var lat []time.Duration
+	var wg sync.WaitGroup
 	start := time.Now()
-	for range count {
-		t0 := time.Now()
-		res.Requests++
-		resp, err := c.Get(f[0])
-		if err == nil {
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if err == nil && resp.StatusCode != http.StatusOK {
-				err = fmt.Errorf("status %d", resp.StatusCode)
+	for i := range clients {
+		n := count / clients
+		if i < count%clients {
+			n++
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 1}}
+			for range n {
+				t0 := time.Now()
+				resp, err := c.Get(f[0])
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
+				}
+				d := time.Since(t0)
+				mu.Lock()
+				res.Requests++
+				if err != nil {
+					res.Failed++
+				} else {
+					lat = append(lat, d)
+				}
+				mu.Unlock()
 			}
-		}
-		if err != nil {
-			res.Failed++
-			continue
-		}
-		lat = append(lat, time.Since(t0))
+		}()
 	}
+	wg.Wait()
 	res.PerSecond = float64(len(lat)) / time.Since(start).Seconds()
 	slices.Sort(lat)
 	if n := len(lat); n > 0 {
@@ -605,16 +636,26 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 
 	t.Run("http-latency", func(t *testing.T) {
 		// The same world server and pod: port 80 through the HTTP proxy
-		// (its L7 rule allows GET /healthz), port 81 L4 only; alternating.
+		// (its L7 rule allows GET /healthz), port 81 L4 only; alternating;
+		// a new connection a request, then all on one kept-alive
+		// connection (the proxy keeps its upstream connection too).
 		for round := range 2 {
-			for _, port := range []int{80, 81} {
+			for _, load := range []struct {
+				port int
+				mode string
+			}{{80, "new"}, {81, "new"}, {80, "keepalive"}, {81, "keepalive"}, {80, "keepalive 8"}, {81, "keepalive 8"}} {
+				port := load.port
+				requests := 300
+				if strings.Contains(load.mode, " ") {
+					requests = 1600 // 8 clients, 200 each
+				}
 				url := fmt.Sprintf("http://%s:%d/healthz", lab.WorldServerIP, port)
 				self, err := os.Executable()
 				if err != nil {
 					t.Fatal(err)
 				}
 				cmd := exec.Command(tendrilBin, "lab", "--name", labName, "exec", client, "--", self)
-				cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d", httpLoadEnv, url, 300))
+				cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %s", httpLoadEnv, url, requests, load.mode))
 				out, err := cmd.Output()
 				var res httpLoadResult
 				if err == nil {
@@ -623,7 +664,7 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 				if err != nil {
 					t.Fatalf("HTTP client: %v\n%s", err, out)
 				}
-				t.Logf("round %d, port %d: %d requests, %d failed, %.0f/s, p50 %d µs, p99 %d µs", round, port, res.Requests, res.Failed, res.PerSecond, res.P50US, res.P99US)
+				t.Logf("round %d, port %d, %s connection: %d requests, %d failed, %.0f/s, p50 %d µs, p99 %d µs", round, port, load.mode, res.Requests, res.Failed, res.PerSecond, res.P50US, res.P99US)
 				if res.Failed != 0 {
 					t.Errorf("port %d: %d of %d requests failed", port, res.Failed, res.Requests)
 				}

@@ -528,9 +528,17 @@ var _ = [1]struct{}{}[policy.ProxyDNS^maps.ProxyDns|policy.ProxyHTTP^maps.ProxyH
 // endpoint's egress entry for the peer's identity (its longest ipcache
 // prefix), else for the prefix a rule names, else for any peer, at the
 // port (L7 rules are only on single ports). Nil: none (the proxy refuses).
+//
+// The peer's identity is the datapath's first: the kernel's ipcache map is
+// what chose the entry that redirected the flow, and right after an agent
+// restart it holds the previous run's entries while the agent's own table
+// still waits for its sources to sync (a restarted DNS proxy refused an
+// allowed name for a remote CoreDNS pod that way).
 func (p *Module) L7Rules(epID uint16, dst netip.AddrPort, proto uint8) *policy.L7Rules {
 	peer := identity.World
-	if p.ipcache != nil {
+	if id, ok := p.datapathIdentity(dst.Addr()); ok {
+		peer = id
+	} else if p.ipcache != nil {
 		for bits := dst.Addr().BitLen(); bits >= 0; bits-- {
 			if e, ok := p.ipcache.Lookup(netip.PrefixFrom(dst.Addr(), bits).Masked()); ok {
 				peer = e.Identity
@@ -539,6 +547,23 @@ func (p *Module) L7Rules(epID uint16, dst netip.AddrPort, proto uint8) *policy.L
 		}
 	}
 	return p.l7RulesFor(epID, policy.Egress, peer, dst.Addr(), dst.Port(), proto)
+}
+
+// datapathIdentity is the identity the datapath's ipcache map gives addr
+// (its longest prefix), when the datapath is up and holds one.
+func (p *Module) datapathIdentity(addr netip.Addr) (identity.NumericIdentity, bool) {
+	if p.dp == nil {
+		return 0, false
+	}
+	m := p.dp.Maps()
+	if m == nil {
+		return 0, false
+	}
+	e, ok, err := m.IPCacheMap().LookupAddr(addr)
+	if err != nil || !ok {
+		return 0, false
+	}
+	return identity.NumericIdentity(e.Identity), true
 }
 
 // L7IngressRules are the HTTP rules the ingress proxy enforces for a flow
@@ -597,6 +622,17 @@ func (p *Module) Auditing(ep *endpoint.Endpoint) (ingress, egress bool) {
 		res = p.resolve(ep)
 	}
 	return res.AuditIngress, res.AuditEgress
+}
+
+// IngressProxied is whether ep's resolved ingress sends flows to the HTTP
+// proxy (an ingress allow with HTTP rules): the endpoint's EP_L7_INGRESS.
+// Without a resolution yet: no, and a flow from another node meets to_pod,
+// which drops a flow whose entry names the proxy (fail closed).
+func (p *Module) IngressProxied(ep *endpoint.Endpoint) bool {
+	p.mu.Lock()
+	res, ok := p.results[ep.ID]
+	p.mu.Unlock()
+	return ok && res.MapState.IngressProxied()
 }
 
 // Enforcement decides, per direction, whether policy applies to ep: never,

@@ -221,6 +221,7 @@ func (m *Realizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error 
 	ingress, egress := m.policy.Enforcement(ep)
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
 	ep.AuditIngress, ep.AuditEgress = m.policy.Auditing(ep)
+	ep.L7Ingress = m.policy.IngressProxied(ep)
 	if ep.HostIfIndex == 0 {
 		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
 	}
@@ -251,9 +252,12 @@ func (m *Realizer) RefreshPolicy(ep *endpoint.Endpoint) error {
 	}
 	ingress, egress := m.policy.Enforcement(ep)
 	auditIn, auditEg := m.policy.Auditing(ep)
-	if ingress != ep.EnforceIngress || egress != ep.EnforceEgress || auditIn != ep.AuditIngress || auditEg != ep.AuditEgress {
+	l7In := m.policy.IngressProxied(ep)
+	if ingress != ep.EnforceIngress || egress != ep.EnforceEgress || auditIn != ep.AuditIngress || auditEg != ep.AuditEgress ||
+		l7In != ep.L7Ingress {
 		ep.EnforceIngress, ep.EnforceEgress = ingress, egress
 		ep.AuditIngress, ep.AuditEgress = auditIn, auditEg
+		ep.L7Ingress = l7In
 		if err := m.attach.Upsert(agentdatapath.EndpointInfo(ep), ep.PodNamespace, ep.PodName); err != nil {
 			return err
 		}

@@ -97,6 +97,8 @@ type EndpointInfo struct {
 	// endpoint in that direction (what it would deny passes, reported).
 	AuditIngress bool
 	AuditEgress  bool
+	// L7Ingress: an ingress allow names the HTTP proxy (EP_L7_INGRESS).
+	L7Ingress bool
 }
 
 // Loader is the node's datapath.
@@ -382,6 +384,9 @@ func (l *Loader) endpoint(ep EndpointInfo) (maps.Endpoint, error) {
 	}
 	if ep.AuditEgress {
 		e.Flags |= maps.FlagAuditEgress
+	}
+	if ep.L7Ingress {
+		e.Flags |= maps.FlagL7Ingress
 	}
 	// Direct delivery rewrites the frame as the host would route it, so it
 	// needs both MACs of the destination's veth pair.

@@ -32,6 +32,12 @@ const (
 	// verdict and counted per rule.
 	FlagAuditIngress uint8 = 0x20 // EP_AUDIT_INGRESS
 	FlagAuditEgress  uint8 = 0x40 // EP_AUDIT_EGRESS
+	// The endpoint's enforced ingress has entries naming the HTTP proxy: only
+	// then does from_netdev look up a packet's flow from another node for the
+	// ingress proxy (lib/l7ingress.h), so other pods' packets do not pay that
+	// conntrack lookup. Set after the entries are written (a flow meeting the
+	// entry before the flag goes to to_pod, which drops it: fail closed).
+	FlagL7Ingress uint8 = 0x80 // EP_L7_INGRESS
 )
 
 // ipcache flags (ipcache_info.flags).

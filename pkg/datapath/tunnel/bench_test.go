@@ -80,9 +80,7 @@ func newBenchNode(b testing.TB, tunnel bool) *benchNode {
 	n := &benchNode{node: newNode(b)}
 	n.ifA = netlab.AddVeth(b, "tdrbpod0", "tdrbpodp0")
 	n.uplink = netlab.AddVeth(b, "tdrbup0", "tdrbupp0")
-	if err := n.l.AttachEndpoint(loader.EndpointInfo{ID: 1, IfIndex: n.ifA, IfName: "tdrbpod0", Addresses: []netip.Addr{podA, podA6},
-		Identity: idA, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, HostMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2},
-		EnforceIngress: true, EnforceEgress: true}); err != nil {
+	if err := n.l.AttachEndpoint(n.endpointA(false)); err != nil {
 		b.Fatal(err)
 	}
 	m := n.l.Maps()
@@ -132,6 +130,14 @@ func newBenchNode(b testing.TB, tunnel bool) *benchNode {
 	}
 	b.Cleanup(func() { _ = n.overlay.Close() })
 	return n
+}
+
+// endpointA is pod A's endpoint; l7Ingress flags it as having ingress
+// entries that name the HTTP proxy (EP_L7_INGRESS).
+func (n *benchNode) endpointA(l7Ingress bool) loader.EndpointInfo {
+	return loader.EndpointInfo{ID: 1, IfIndex: n.ifA, IfName: "tdrbpod0", Addresses: []netip.Addr{podA, podA6},
+		Identity: idA, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, HostMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2},
+		EnforceIngress: true, EnforceEgress: true, L7Ingress: l7Ingress}
 }
 
 // loadHost loads bpf/bpf_host.c's programs with the pod programs' maps,
@@ -469,11 +475,20 @@ func BenchmarkPrivilegedEncap(b *testing.B) {
 // packet counted so, and its TTL down by one per run, checked).
 func BenchmarkPrivilegedDecap(b *testing.B) {
 	for _, fam := range benchFamilies {
-		for _, mode := range []string{"native", "tunnel"} {
+		// native-l7ingress: pod A flagged EP_L7_INGRESS (it has ingress
+		// HTTP rules), so from_netdev looks up each packet's flow for
+		// the ingress proxy; plain native: A enforces ingress without
+		// them and pays no lookup.
+		for _, mode := range []string{"native", "native-l7ingress", "tunnel"} {
 			b.Run(fam.name+"/"+mode, func(b *testing.B) {
 				n := newBenchNode(b, mode == "tunnel")
+				if mode == "native-l7ingress" {
+					if err := n.l.WriteEndpoint(n.endpointA(true)); err != nil {
+						b.Fatal(err)
+					}
+				}
 				inner := tcpFrame(fam.remote, fam.pod, 40000, benchPort)
-				if mode == "native" {
+				if mode != "tunnel" {
 					benchPath(b, []step{
 						{name: "from_netdev", prog: n.fromNetdev, ifindex: n.uplink, frame: inner, verdict: tcActOK},
 						{name: "to_pod", prog: n.toPod, ifindex: n.ifA, frame: inner, verdict: tcActOK},

@@ -13,8 +13,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -115,24 +117,63 @@ func (s *Server) acceptLoop(l net.Listener) {
 }
 
 // answerTCP waits briefly for the client's first line: an HTTP request gets
-// an HTTP answer, anything else (or silence) the bare name.
+// an HTTP answer, anything else (or silence) the bare name. An HTTP/1.1
+// request that does not ask to close keeps the connection for the next
+// one (idle up to tcpIdle), so a kept-alive client or proxy measures
+// requests, not connections; HTTP/1.0 and "Connection: close" get one
+// answer and the close, as before.
 func (s *Server) answerTCP(c net.Conn) {
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(tcpIdle))
 	_ = c.SetReadDeadline(time.Now().Add(time.Second))
-	line, _ := bufio.NewReader(c).ReadString('\n')
+	lr := bufio.NewReader(c)
+	line, _ := lr.ReadString('\n')
 	_ = c.SetReadDeadline(time.Time{})
-	for _, m := range []string{"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "OPTIONS ", "PATCH "} {
-		if strings.HasPrefix(line, m) {
-			body := s.answer(c.RemoteAddr())
-			fmt.Fprintf(c, "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", len(body))
-			if m != "HEAD " {
-				_, _ = c.Write([]byte(body))
-			}
+	if !isHTTPMethod(line) {
+		_, _ = c.Write([]byte(s.answer(c.RemoteAddr())))
+		return
+	}
+	// The first line was read off the connection (a probe's line may be
+	// all it sends): the request reader starts with it, then what lr
+	// buffered beyond it.
+	br := bufio.NewReader(io.MultiReader(strings.NewReader(line), lr))
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
 			return
 		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		_ = req.Body.Close()
+		body := s.answer(c.RemoteAddr())
+		keep := req.ProtoAtLeast(1, 1) && !req.Close
+		head := "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+		if keep {
+			head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
+		}
+		var out bytes.Buffer
+		fmt.Fprintf(&out, head, len(body))
+		if req.Method != http.MethodHead {
+			out.WriteString(body)
+		}
+		if _, err := c.Write(out.Bytes()); err != nil || !keep {
+			return
+		}
+		_ = c.SetDeadline(time.Now().Add(tcpIdle))
 	}
-	_, _ = c.Write([]byte(s.answer(c.RemoteAddr())))
+}
+
+// tcpIdle is how long a connection may wait for its next request.
+const tcpIdle = 5 * time.Second
+
+// isHTTPMethod reports whether a connection's first bytes start an HTTP
+// request.
+func isHTTPMethod(first string) bool {
+	for _, m := range []string{"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "OPTIONS ", "PATCH "} {
+		if strings.HasPrefix(first, m) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) udpLoop(pc net.PacketConn) {

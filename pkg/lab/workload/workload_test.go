@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -59,12 +60,41 @@ func TestServerAndProbe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: x\r\n\r\n")
 	resp, _ := io.ReadAll(bufio.NewReader(c))
 	c.Close()
 	if !strings.HasPrefix(string(resp), "HTTP/1.0 200 OK") || !strings.HasSuffix(string(resp), "\r\n\r\nweb-1\n") {
-		t.Errorf("HTTP answer %q", resp)
+		t.Errorf("HTTP/1.0 answer %q", resp)
 	}
+	// HTTP/1.1 keeps the connection: three requests (one with a body, one
+	// HEAD) on one, then "Connection: close" ends it.
+	c, err = net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\nPOST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhiHEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+	br := bufio.NewReader(c)
+	for i, method := range []string{"GET", "POST", "HEAD"} {
+		r, err := http.ReadResponse(br, &http.Request{Method: method})
+		if err != nil {
+			t.Fatalf("kept-alive answer %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		want := "web-1\n"
+		if method == "HEAD" {
+			want = ""
+		}
+		if r.StatusCode != 200 || r.ProtoMinor != 1 || r.Close || string(b) != want {
+			t.Errorf("kept-alive %s: %s %s close=%v body %q", method, r.Proto, r.Status, r.Close, b)
+		}
+	}
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	if rest, _ := io.ReadAll(br); !strings.HasSuffix(string(rest), "Connection: close\r\n\r\nweb-1\n") {
+		t.Errorf("answer to Connection: close %q, want the answer then the close", rest)
+	}
+	c.Close()
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
