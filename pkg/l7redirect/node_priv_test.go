@@ -3,8 +3,6 @@ package l7redirect
 import (
 	"testing"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/testutil/netlab"
 )
@@ -13,18 +11,10 @@ import (
 // prefix that the test's thread enters, pods named names at the node's
 // addresses 0, 1, ..., and a started loader with direct delivery pinning
 // under a bpffs directory of its own (returned as root), all undone when
-// the test ends. The node's loopback is up, as a node's is: the kernel
-// refuses the IPv6 local route to a loopback that is down (InstallRoute).
+// the test ends.
 func redirectNode(t *testing.T, prefix string, names ...string) (*netlab.Node, *loader.Loader, string, []*netlab.Pod) {
 	t.Helper()
 	node, root := netlab.EnterNode(t, prefix, prefix+"-test")
-	lo, err := netlink.LinkByName("lo")
-	if err == nil {
-		err = netlink.LinkSetUp(lo)
-	}
-	if err != nil {
-		t.Fatalf("the node's loopback up: %v", err)
-	}
 	var pods []*netlab.Pod
 	for i, name := range names {
 		p, err := node.AddPod(name, i)

@@ -259,11 +259,19 @@ func (r *Redirect) Ports() (dnsPort, httpPort uint16) {
 // InstallRoute makes packets with the datapath's proxy mark local
 // deliveries, in both families: a rule to PROXY_MARK_TABLE, whose default
 // route (0.0.0.0/0, ::/0) is local. A node without IPv6 (the kernel
-// refuses the family) gets the IPv4 ones only. Idempotent.
+// refuses the family) gets the IPv4 ones only. The loopback is set up
+// when it is down (a bare network namespace's is): the kernel refuses an
+// IPv6 route through a device that is down (ENETDOWN), where it takes the
+// IPv4 one. Idempotent.
 func InstallRoute() error {
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("proxy route: %w", err)
+	}
+	if lo.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return fmt.Errorf("proxy route: set the loopback up: %w", err)
+		}
 	}
 	for _, fam := range []struct {
 		family int
