@@ -259,7 +259,8 @@ func (r *Redirect) Ports() (dnsPort, httpPort uint16) {
 // InstallRoute makes packets with the datapath's proxy mark local
 // deliveries, in both families: a rule to PROXY_MARK_TABLE, whose default
 // route (0.0.0.0/0, ::/0) is local. A node without IPv6 (the kernel
-// refuses the family) gets the IPv4 ones only. The loopback is set up
+// refuses the family, or IPv6 is disabled on the loopback: EACCES) gets
+// the IPv4 ones only. The loopback is set up
 // when it is down (a bare network namespace's is): the kernel refuses an
 // IPv6 route through a device that is down (ENETDOWN), where it takes the
 // IPv4 one. Idempotent.
@@ -280,7 +281,7 @@ func InstallRoute() error {
 		_, all, _ := net.ParseCIDR(fam.all)
 		rt := &netlink.Route{Dst: all, LinkIndex: lo.Attrs().Index, Table: int(maps.ProxyMarkTable), Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST}
 		if err := netlink.RouteReplace(rt); err != nil {
-			if fam.family == unix.AF_INET6 && errors.Is(err, unix.EAFNOSUPPORT) {
+			if fam.family == unix.AF_INET6 && (errors.Is(err, unix.EAFNOSUPPORT) || errors.Is(err, unix.EACCES)) {
 				return nil
 			}
 			return fmt.Errorf("proxy route %s in table %d: %w", fam.all, maps.ProxyMarkTable, err)
