@@ -244,6 +244,13 @@ int from_netdev(struct __sk_buff *skb)
 		int r = from_netdev6(skb, &p);
 		if (r != FROM_NETDEV6_NO_MAPPING)
 			return r;
+		/* A local pod's ingress HTTP rules for a flow from another
+		 * node, as for IPv4 below (lib/l7ingress.h). */
+		if (p.proto == IPPROTO_TCP_) {
+			r = l7ingress_remote(skb, &p, 0);
+			if (r != L7INGRESS_PASS)
+				return r;
+		}
 		/* No reply of a NAT mapping: to the node, its ingress policy
 		 * decides first (a NodePort is a port of the node). */
 		if (hostfw(DIR_INGRESS, &p))

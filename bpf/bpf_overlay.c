@@ -201,7 +201,7 @@ static __always_inline int overlay_in(struct __sk_buff *skb)
 	/* A flow the pod's ingress sent to the HTTP proxy: its packets go
 	 * to the proxy's socket again (lib/l7ingress.h); other established
 	 * packets pay nothing more. */
-	if (e && e->proxy == PROXY_HTTP_INGRESS && p->proto == IPPROTO_TCP_ && p->family == FAMILY_V4) {
+	if (e && e->proxy == PROXY_HTTP_INGRESS && p->proto == IPPROTO_TCP_) {
 		int l7 = l7ingress_known(skb, p, me.ep_id, me.identity);
 		if (l7 != L7INGRESS_PASS && l7 != L7INGRESS_NEW)
 			return l7;

@@ -20,7 +20,7 @@
  * source; from_overlay checks it against the node the tunnel came from)
  * and goes into the flow's conntrack entry (ct_entry.src_identity): the
  * proxy takes the peer's identity from there, never from the address
- * alone. IPv4 only, as the egress redirect. */
+ * alone. IPv4 and IPv6, as the egress redirect. */
 #ifndef TDR_L7INGRESS_H
 #define TDR_L7INGRESS_H
 
@@ -104,7 +104,9 @@ __attribute__((noinline)) int ct_create_l7ingress(const struct pkt *p, __u32 ep_
 	e.proxy = PROXY_HTTP_INGRESS;
 	e.src_identity = src_id;
 	e.expires = p->now + ct_lifetime(p, e.flags);
-	return bpf_map_update_elem(&tdr_ct4_v2, &f.k4, &e, BPF_ANY);
+	if (p->family == FAMILY_V4)
+		return bpf_map_update_elem(&tdr_ct4_v2, &f.k4, &e, BPF_ANY);
+	return bpf_map_update_elem(&tdr_ct6_v2, &f.k6, &e, BPF_ANY);
 }
 
 /* l7ingress_known decides a packet to local endpoint ep_id (identity
@@ -151,7 +153,7 @@ __attribute__((noinline)) int l7ingress_admitted(struct __sk_buff *skb, const st
 	return TC_ACT_OK;
 }
 
-/* l7ingress_remote decides an IPv4 TCP packet from another node to a local
+/* l7ingress_remote decides a TCP packet (IPv4 or IPv6) from another node to a local
  * endpoint whose ingress sends it to the HTTP proxy, at a tc ingress hook.
  * src_id is the source's identity (0: the ipcache's for its address).
  *
@@ -172,9 +174,10 @@ __attribute__((noinline)) int l7ingress_remote(struct __sk_buff *skb, struct pkt
 {
 	if (!skb || !p)
 		return L7INGRESS_PASS;
-	if (p->family != FAMILY_V4 || p->proto != IPPROTO_TCP_ || p->icmp_error || p->nonfirst_frag)
+	if ((p->family != FAMILY_V4 && p->family != FAMILY_V6) || p->proto != IPPROTO_TCP_ || p->icmp_error ||
+	    p->nonfirst_frag)
 		return L7INGRESS_PASS;
-	const struct endpoint_info *ep = endpoint_by_addr(FAMILY_V4, p->daddr);
+	const struct endpoint_info *ep = endpoint_by_addr(p->family, p->daddr);
 	if (!ep)
 		return L7INGRESS_PASS;
 	/* Only an endpoint enforcing ingress with entries naming the proxy

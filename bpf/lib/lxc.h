@@ -98,7 +98,7 @@ static __always_inline int to_pod_flow(struct __sk_buff *skb, struct lxc_pkt *c,
 	 * of a local source, from_netdev or from_overlay for another node's,
 	 * lib/l7ingress.h). One that reaches here passed none that could (the
 	 * node itself, a device without the host programs, no direct
-	 * delivery, IPv6, no proxy listening): the port stays closed. */
+	 * delivery, no proxy listening): the port stays closed. */
 	if (p->proxy == PROXY_HTTP_INGRESS) {
 		if (l7_here)
 			return TO_POD_L7INGRESS;

@@ -6,7 +6,8 @@
  * assigned to the proxy's socket (bpf_sk_assign) and marked so that the
  * agent's routing rule delivers it locally, and the proxy reads the
  * original destination from the socket (IP_TRANSPARENT: the accepted
- * connection's local address, a datagram's IP_ORIGDSTADDR). */
+ * connection's local address, a datagram's IP_ORIGDSTADDR or
+ * IPV6_ORIGDSTADDR). IPv4 and IPv6. */
 #ifndef TDR_PROXY_H
 #define TDR_PROXY_H
 
@@ -18,27 +19,47 @@
  * even keys, UDP at odd ones. */
 #define PROXY_SOCKET_KEY(proxy, proto) ((__u32)(proxy) * 2 + ((proto) == IPPROTO_UDP_ ? 1 : 0))
 
-/* proxy_redirect hands an IPv4 packet of a flow sent to proxy to that
- * proxy's socket: a TCP packet of a connection the proxy already holds
- * (or is accepting) is only marked, the stack finds its socket; a TCP
- * packet opening one is assigned to the proxy's listener, a UDP packet to
- * its socket. It returns TC_ACT_OK, or -1 when no proxy socket can take
- * the packet (the caller decides: the proxy is not running). A global
- * function, verified once. */
+/* PROXY_AF_INET6: AF_INET6, as struct bpf_sock's family has it. */
+#define PROXY_AF_INET6 10
+
+/* proxy_redirect hands a packet of a flow sent to proxy to that proxy's
+ * socket: a TCP packet of a connection the proxy already holds (or is
+ * accepting) is only marked, the stack finds its socket; a TCP packet
+ * opening one is assigned to the proxy's listener, a UDP packet to its
+ * socket. Either family: the agent's sockets are dual-stack (bound to
+ * [::] without IPV6_V6ONLY), so one listener per port takes both, and an
+ * IPv4 packet assigned to one is received as by a socket lookup (the
+ * kernel's own lookup hands IPv4 flows to such sockets too). An IPv6
+ * packet never goes to an IPv4-only socket (an agent on a node without
+ * IPv6): bpf_sk_assign does not check the family, the IPv6 receive path
+ * would take it. It returns TC_ACT_OK, or -1 when no proxy socket can
+ * take the packet (the caller decides: the proxy is not running). A
+ * global function, verified once. */
 __attribute__((noinline)) int proxy_redirect(struct __sk_buff *skb, const struct pkt *p, __u32 proxy)
 {
 	if (!skb || !p)
 		return -1;
-	if (p->family != FAMILY_V4)
+	int v6 = p->family == FAMILY_V6;
+	if (!v6 && p->family != FAMILY_V4)
 		return -1;
 	struct bpf_sock *sk;
 	if (p->proto == IPPROTO_TCP_) {
 		struct bpf_sock_tuple t = {};
-		__builtin_memcpy(&t.ipv4.saddr, p->saddr, 4);
-		__builtin_memcpy(&t.ipv4.daddr, p->daddr, 4);
-		t.ipv4.sport = p->sport;
-		t.ipv4.dport = p->dport;
-		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		__u32 len;
+		if (v6) {
+			__builtin_memcpy(t.ipv6.saddr, p->saddr, 16);
+			__builtin_memcpy(t.ipv6.daddr, p->daddr, 16);
+			t.ipv6.sport = p->sport;
+			t.ipv6.dport = p->dport;
+			len = sizeof(t.ipv6);
+		} else {
+			__builtin_memcpy(&t.ipv4.saddr, p->saddr, 4);
+			__builtin_memcpy(&t.ipv4.daddr, p->daddr, 4);
+			t.ipv4.sport = p->sport;
+			t.ipv4.dport = p->dport;
+			len = sizeof(t.ipv4);
+		}
+		sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
 		if (sk) {
 			/* A listener matched by port alone is some host
 			 * service's, not the proxy's connection. */
@@ -52,8 +73,11 @@ __attribute__((noinline)) int proxy_redirect(struct __sk_buff *skb, const struct
 		__u32 *port = bpf_map_lookup_elem(&tdr_proxy_ports_v1, &proxy);
 		if (!port || !*port || *port > 0xffff)
 			return -1;
-		t.ipv4.dport = bpf_htons((__u16)*port);
-		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		if (v6)
+			t.ipv6.dport = bpf_htons((__u16)*port);
+		else
+			t.ipv4.dport = bpf_htons((__u16)*port);
+		sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
 		if (!sk)
 			return -1;
 		if (sk->state != BPF_TCP_LISTEN) {
@@ -65,6 +89,10 @@ __attribute__((noinline)) int proxy_redirect(struct __sk_buff *skb, const struct
 		sk = bpf_map_lookup_elem(&tdr_proxy_sockets_v1, &key);
 		if (!sk)
 			return -1;
+		if (v6 && sk->family != PROXY_AF_INET6) {
+			bpf_sk_release(sk);
+			return -1;
+		}
 	} else {
 		return -1;
 	}

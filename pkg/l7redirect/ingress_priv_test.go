@@ -33,22 +33,29 @@ import (
 // not drop it), and the flows name a's identity, the direction and the
 // rule. c cannot connect. A connection to the ingress listener that the
 // datapath did not redirect is closed unanswered. With the proxies
-// closed, a cannot connect either (fail closed).
+// closed, a cannot connect either (fail closed). Subtests IPv4 and IPv6:
+// dual-stack pods, the traffic of one family.
 func TestPrivilegedIngressRedirectRealTraffic(t *testing.T) {
 	testutil.Privileged(t)
+	t.Run("IPv4", func(t *testing.T) { testIngressRedirectRealTraffic(t, false) })
+	t.Run("IPv6", func(t *testing.T) { testIngressRedirectRealTraffic(t, true) })
+}
+
+func testIngressRedirectRealTraffic(t *testing.T, v6 bool) {
 	node, l, root, pods := redirectNode(t, "tdrl7i", "a", "b", "c")
 	pa, pb, pc := pods[0], pods[1], pods[2]
+	addrA, addrB, addrC := podAddr(pa, v6), podAddr(pb, v6), podAddr(pc, v6)
 	m := l.Maps()
 	const idA, idB, idC = 3201, 3202, 3203
-	for p, id := range map[netip.Addr]uint32{pa.IPv4: idA, pb.IPv4: idB, pc.IPv4: idC} {
-		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(p, 32), maps.IPCacheEntry{Identity: id}); err != nil {
+	for p, id := range map[netip.Addr]uint32{addrA: idA, addrB: idB, addrC: idC} {
+		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(p, p.BitLen()), maps.IPCacheEntry{Identity: id}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, ep := range []loader.EndpointInfo{
-		{ID: 1, IfIndex: pa.HostIfIndex, IfName: pa.HostIf, Addresses: []netip.Addr{pa.IPv4}, MAC: pa.MAC, HostMAC: pa.HostMAC, Identity: idA},
-		{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4}, MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB, EnforceIngress: true},
-		{ID: 3, IfIndex: pc.HostIfIndex, IfName: pc.HostIf, Addresses: []netip.Addr{pc.IPv4}, MAC: pc.MAC, HostMAC: pc.HostMAC, Identity: idC},
+		{ID: 1, IfIndex: pa.HostIfIndex, IfName: pa.HostIf, Addresses: []netip.Addr{pa.IPv4, pa.IPv6}, MAC: pa.MAC, HostMAC: pa.HostMAC, Identity: idA},
+		{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4, pb.IPv6}, MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB, EnforceIngress: true},
+		{ID: 3, IfIndex: pc.HostIfIndex, IfName: pc.HostIf, Addresses: []netip.Addr{pc.IPv4, pc.IPv6}, MAC: pc.MAC, HostMAC: pc.HostMAC, Identity: idC},
 	} {
 		if err := l.AttachEndpoint(ep); err != nil {
 			t.Fatal(err)
@@ -66,7 +73,7 @@ func TestPrivilegedIngressRedirectRealTraffic(t *testing.T) {
 	remotes := map[string]bool{}
 	var httpL net.Listener
 	if err := pb.Do(func() (err error) {
-		httpL, err = net.Listen("tcp4", pb.IPv4.String()+":8080")
+		httpL, err = net.Listen("tcp", net.JoinHostPort(addrB.String(), "8080"))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -84,7 +91,7 @@ func TestPrivilegedIngressRedirectRealTraffic(t *testing.T) {
 
 	var flows []*flowpb.Flow
 	var asked []string
-	senders := map[netip.Addr]Sender{pa.IPv4: {1, idA}, pb.IPv4: {2, idB}, pc.IPv4: {3, idC}}
+	senders := map[netip.Addr]Sender{pa.IPv4: {1, idA}, pb.IPv4: {2, idB}, pc.IPv4: {3, idC}, pa.IPv6: {1, idA}, pb.IPv6: {2, idB}, pc.IPv6: {3, idC}}
 	rule := api.PortRuleHTTP{Method: "GET", Path: "/ok.*"}
 	cfg := Config{
 		BPFRoot: root,
@@ -117,7 +124,7 @@ func TestPrivilegedIngressRedirectRealTraffic(t *testing.T) {
 	var codes []int
 	var bodies []string
 	if err := pa.Do(func() error {
-		c, err := net.DialTimeout("tcp4", pb.IPv4.String()+":8080", 5*time.Second)
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(addrB.String(), "8080"), 5*time.Second)
 		if err != nil {
 			return err
 		}
@@ -158,12 +165,12 @@ func TestPrivilegedIngressRedirectRealTraffic(t *testing.T) {
 	if len(remotes) != 1 {
 		t.Errorf("b's server saw connections from %v, want one kept-alive upstream connection", remotes)
 	}
-	if len(asked) != 1 || asked[0] != fmt.Sprintf("2<-%d@%s:8080", idA, pa.IPv4) {
+	if len(asked) != 1 || asked[0] != fmt.Sprintf("2<-%d@%s:8080", idA, addrA) {
 		t.Errorf("the proxy asked for rules %v, want once, b's ingress for a's identity from the datapath", asked)
 	}
 	var allowed, denied int
 	for _, f := range flows {
-		if f.GetTrafficDirection() != flowpb.TrafficDirection_INGRESS || f.GetSource().GetIdentity() != idA || f.GetIP().GetDestination() != pb.IPv4.String() {
+		if f.GetTrafficDirection() != flowpb.TrafficDirection_INGRESS || f.GetSource().GetIdentity() != idA || f.GetIP().GetDestination() != addrB.String() {
 			t.Errorf("flow %v: want ingress, from a's identity %d, to b", f, idA)
 			continue
 		}
@@ -190,7 +197,7 @@ func TestPrivilegedIngressRedirectRealTraffic(t *testing.T) {
 	refusedFrom := func(p *netlab.Pod, why string) {
 		t.Helper()
 		if err := p.Do(func() error {
-			c, err := net.DialTimeout("tcp4", pb.IPv4.String()+":8080", 2*time.Second)
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(addrB.String(), "8080"), 2*time.Second)
 			if err == nil {
 				c.Close()
 				return fmt.Errorf("%s connected to b's 8080 (%s)", p.Name, why)
@@ -214,7 +221,7 @@ func TestPrivilegedIngressRedirectRealTraffic(t *testing.T) {
 		port != uint32(r.httpIn.Addr().(*net.TCPAddr).Port) {
 		t.Fatalf("the ingress listener's port in the datapath's map: %d, %v", port, err)
 	}
-	if c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+	if c, err := net.Dial("tcp", net.JoinHostPort(loopback(v6), fmt.Sprint(port))); err == nil {
 		_, _ = io.WriteString(c, "GET /ok HTTP/1.1\r\nHost: b\r\n\r\n")
 		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
 		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {

@@ -50,11 +50,15 @@ import (
 // endpoint at a's address), and the flows are INGRESS with a's identity
 // and name the rule. d cannot connect. With the proxies closed, a cannot
 // connect either (fail closed). Before from_netdev redirected such flows,
-// b's to_pod dropped a's SYN and the first request failed.
+// b's to_pod dropped a's SYN and the first request failed. The _IPv6
+// subtests do the same over IPv6 (remote pods in fd00:78::/64; the other
+// node's own address, the underlay, stays IPv4).
 func TestPrivilegedIngressRedirectRemoteNode(t *testing.T) {
 	testutil.Privileged(t)
-	t.Run("native", func(t *testing.T) { testIngressRemote(t, false) })
-	t.Run("vxlan", func(t *testing.T) { testIngressRemote(t, true) })
+	t.Run("native", func(t *testing.T) { testIngressRemote(t, false, false) })
+	t.Run("vxlan", func(t *testing.T) { testIngressRemote(t, true, false) })
+	t.Run("native_IPv6", func(t *testing.T) { testIngressRemote(t, false, true) })
+	t.Run("vxlan_IPv6", func(t *testing.T) { testIngressRemote(t, true, true) })
 }
 
 // testIngressRemote is TestPrivilegedIngressRedirectRemoteNode in native
@@ -62,11 +66,20 @@ func TestPrivilegedIngressRedirectRemoteNode(t *testing.T) {
 // other node sends through a VXLAN device to the node's tendril_vxlan,
 // which runs from_overlay; its VNI is ignored there, the identity is the
 // ipcache's for the inner source, whose owner must be the outer source).
-func testIngressRemote(t *testing.T, vxlan bool) {
+// v6: the pods' traffic is IPv6.
+func testIngressRemote(t *testing.T, vxlan, v6 bool) {
 	node, l, root, pods := redirectNode(t, "tdrl7r", "b")
 	pb := pods[0]
+	addrB := podAddr(pb, v6)
 	m := l.Maps()
 	remoteA, remoteD := netip.MustParseAddr("10.78.0.10"), netip.MustParseAddr("10.78.0.11")
+	// ip's arguments for the remote pods' addresses and prefix, this
+	// node's pods' prefix, and the other node's next hop (native).
+	remoteBits, remoteNet, localNet, family := "/32", "10.78.0.0/24", "10.77.0.0/24", "-4"
+	if v6 {
+		remoteA, remoteD = netip.MustParseAddr("fd00:78::10"), netip.MustParseAddr("fd00:78::11")
+		remoteBits, remoteNet, localNet, family = "/128", "fd00:78::/64", "fd00:77::/64", "-6"
+	}
 	peerNode := netip.MustParseAddr("192.168.78.2")
 	const idA, idB, idD, idPeerNode = 3301, 3302, 3304, 6
 
@@ -92,10 +105,16 @@ func testIngressRemote(t *testing.T, vxlan bool) {
 	run("-n", peerName, "link", "set", "eth0", "up")
 	run("-n", peerName, "link", "set", "lo", "up")
 	if !vxlan {
-		run("-n", node.Name, "route", "add", "10.78.0.0/24", "via", peerNode.String(), "dev", "eth1")
-		run("-n", peerName, "addr", "add", remoteA.String()+"/32", "dev", "eth0")
-		run("-n", peerName, "addr", "add", remoteD.String()+"/32", "dev", "eth0")
-		run("-n", peerName, "route", "add", "10.77.0.0/24", "via", "192.168.78.1", "dev", "eth0")
+		nodeHop, peerHop := "192.168.78.1", peerNode.String()
+		if v6 {
+			nodeHop, peerHop = "fd00:1:78::1", "fd00:1:78::2"
+			run("-n", node.Name, "addr", "add", nodeHop+"/64", "dev", "eth1", "nodad")
+			run("-n", peerName, "addr", "add", peerHop+"/64", "dev", "eth0", "nodad")
+		}
+		run("-n", node.Name, family, "route", "add", remoteNet, "via", peerHop, "dev", "eth1")
+		run("-n", peerName, "addr", "add", remoteA.String()+remoteBits, "dev", "eth0", "nodad")
+		run("-n", peerName, "addr", "add", remoteD.String()+remoteBits, "dev", "eth0", "nodad")
+		run("-n", peerName, family, "route", "add", localNet, "via", nodeHop, "dev", "eth0")
 		dev, err := netlink.LinkByName("eth1")
 		if err != nil {
 			t.Fatal(err)
@@ -124,7 +143,7 @@ func testIngressRemote(t *testing.T, vxlan bool) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = tunnel.Detach(links) })
-		run("-n", node.Name, "route", "add", "10.78.0.0/24", "dev", dev.Attrs().Name)
+		run("-n", node.Name, family, "route", "add", remoteNet, "dev", dev.Attrs().Name)
 		// The other node's VXLAN device: b's replies come with b's
 		// identity as VNI (to_overlay), so that is the device's. The
 		// node's device has no ARP and addresses its frames to its own
@@ -134,10 +153,10 @@ func testIngressRemote(t *testing.T, vxlan bool) {
 			"local", peerNode.String(), "dstport", fmt.Sprint(tunnel.DefaultVXLANPort), "dev", "eth0")
 		run("-n", peerName, "link", "set", "vx0", "arp", "off")
 		hostFrames(t, peerNS, "vx0")
-		run("-n", peerName, "addr", "add", remoteA.String()+"/32", "dev", "vx0")
-		run("-n", peerName, "addr", "add", remoteD.String()+"/32", "dev", "vx0")
+		run("-n", peerName, "addr", "add", remoteA.String()+remoteBits, "dev", "vx0", "nodad")
+		run("-n", peerName, "addr", "add", remoteD.String()+remoteBits, "dev", "vx0", "nodad")
 		run("-n", peerName, "link", "set", "vx0", "up")
-		run("-n", peerName, "route", "add", "10.77.0.0/24", "dev", "vx0")
+		run("-n", peerName, family, "route", "add", localNet, "dev", "vx0")
 		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(peerNode, 32), maps.IPCacheEntry{Identity: idPeerNode, Flags: maps.IPCacheFlagRemoteNode}); err != nil {
 			t.Fatal(err)
 		}
@@ -147,16 +166,16 @@ func testIngressRemote(t *testing.T, vxlan bool) {
 		tunnelIP = peerNode
 	}
 	for p, id := range map[netip.Addr]uint32{remoteA: idA, remoteD: idD} {
-		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(p, 32), maps.IPCacheEntry{Identity: id, TunnelIP: tunnelIP}); err != nil {
+		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(p, p.BitLen()), maps.IPCacheEntry{Identity: id, TunnelIP: tunnelIP}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for p, id := range map[netip.Addr]uint32{pb.IPv4: idB} {
-		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(p, 32), maps.IPCacheEntry{Identity: id}); err != nil {
+	for p, id := range map[netip.Addr]uint32{addrB: idB} {
+		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(p, p.BitLen()), maps.IPCacheEntry{Identity: id}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	bEP := loader.EndpointInfo{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4},
+	bEP := loader.EndpointInfo{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4, pb.IPv6},
 		MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB, EnforceIngress: true, L7Ingress: true}
 	if err := l.AttachEndpoint(bEP); err != nil {
 		t.Fatal(err)
@@ -171,7 +190,7 @@ func testIngressRemote(t *testing.T, vxlan bool) {
 	remotes := map[string]bool{}
 	var httpL net.Listener
 	if err := pb.Do(func() (err error) {
-		httpL, err = net.Listen("tcp4", pb.IPv4.String()+":8080")
+		httpL, err = net.Listen("tcp", net.JoinHostPort(addrB.String(), "8080"))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -196,7 +215,7 @@ func testIngressRemote(t *testing.T, vxlan bool) {
 		// Only b is a local endpoint: the remote clients' identities
 		// can come from the datapath alone.
 		Endpoint: func(addr netip.Addr) (Sender, bool) {
-			if addr == pb.IPv4 {
+			if addr == pb.IPv4 || addr == pb.IPv6 {
 				return Sender{2, idB}, true
 			}
 			return Sender{}, false
@@ -225,7 +244,7 @@ func testIngressRemote(t *testing.T, vxlan bool) {
 		var c net.Conn
 		err := linux.InNetNS(peerNS, func() (err error) {
 			d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: src.AsSlice()}}
-			c, err = d.Dial("tcp4", pb.IPv4.String()+":8080")
+			c, err = d.Dial("tcp", net.JoinHostPort(addrB.String(), "8080"))
 			return err
 		})
 		return c, err
@@ -263,7 +282,7 @@ func testIngressRemote(t *testing.T, vxlan bool) {
 		}
 		// The flow's entry as the datapath wrote it, while the
 		// connection is open.
-		e, ok, err := r.ct.Lookup(maps.CTEntry{Proto: unix.IPPROTO_TCP, Src: remoteA, SrcPort: srcPort, Dst: pb.IPv4, DstPort: 8080})
+		e, ok, err := r.ct.Lookup(maps.CTEntry{Proto: unix.IPPROTO_TCP, Src: remoteA, SrcPort: srcPort, Dst: addrB, DstPort: 8080})
 		if err != nil || !ok {
 			return fmt.Errorf("no conntrack entry for a's flow (%v)", err)
 		}
@@ -294,7 +313,7 @@ func testIngressRemote(t *testing.T, vxlan bool) {
 	var allowed, denied int
 	for _, f := range flows {
 		if f.GetTrafficDirection() != flowpb.TrafficDirection_INGRESS || f.GetSource().GetIdentity() != idA ||
-			f.GetIP().GetSource() != remoteA.String() || f.GetIP().GetDestination() != pb.IPv4.String() {
+			f.GetIP().GetSource() != remoteA.String() || f.GetIP().GetDestination() != addrB.String() {
 			t.Errorf("flow %v: want ingress, from a (%s, identity %d), to b", f, remoteA, idA)
 			continue
 		}

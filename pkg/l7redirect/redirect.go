@@ -8,6 +8,13 @@
 // connection's local address, a datagram's IP_ORIGDSTADDR) and answers
 // from it, so the pod sees its peer answer.
 //
+// Both families: each listener is one dual-stack socket (bound to [::]
+// without IPV6_V6ONLY, IPV6_TRANSPARENT), which takes IPv4 flows as
+// IPv4-mapped addresses too, so the datapath has one socket per proxy and
+// protocol to assign either family's packets to; the routing rule is
+// installed for both. On a node without IPv6 the sockets are IPv4 only
+// (the datapath then assigns no IPv6 packet to them).
+//
 // The proxies name the sender by its source address through the endpoint
 // table. That address is the pod's own: from_pod drops any packet whose
 // source is not its endpoint's address (anti-spoofing) before it redirects
@@ -33,6 +40,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -187,15 +195,26 @@ func (r *Redirect) putSocket(proxy, proto uint8, c syscall.Conn) error {
 }
 
 // transparent lets a socket take packets for any address and answer
-// from it (IP_TRANSPARENT), and a datagram socket read each packet's
-// original destination.
+// from it (IP_TRANSPARENT, IPV6_TRANSPARENT for an IPv6 socket: the same
+// flag), and a datagram socket read each packet's original destination
+// (a dual-stack socket gets IP_ORIGDSTADDR for an IPv4 datagram and
+// IPV6_ORIGDSTADDR for an IPv6 one, so it asks for both). network is
+// the socket's as Go made it ("tcp6" for a dual-stack one).
 func transparent(network string, udp bool) func(string, string, syscall.RawConn) error {
-	return func(_, _ string, c syscall.RawConn) error {
+	return func(ctlNetwork, _ string, c syscall.RawConn) error {
+		v6 := strings.HasSuffix(ctlNetwork, "6")
 		var serr error
 		err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+			if v6 {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1)
+			} else {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+			}
 			if serr == nil && udp {
 				serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_RECVORIGDSTADDR, 1)
+			}
+			if serr == nil && udp && v6 {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_RECVORIGDSTADDR, 1)
 			}
 		})
 		if err != nil {
@@ -208,22 +227,25 @@ func transparent(network string, udp bool) func(string, string, syscall.RawConn)
 	}
 }
 
+// listen opens the listeners on the wildcard address: Go makes each a
+// dual-stack IPv6 socket (IPV6_V6ONLY off) where the node has IPv6, an
+// IPv4 one where it has not.
 func (r *Redirect) listen() error {
 	ctx := context.Background()
-	udp := net.ListenConfig{Control: transparent("udp4", true)}
-	tcp := net.ListenConfig{Control: transparent("tcp4", false)}
-	pc, err := udp.ListenPacket(ctx, "udp4", fmt.Sprintf("0.0.0.0:%d", r.cfg.DNSPort))
+	udp := net.ListenConfig{Control: transparent("udp", true)}
+	tcp := net.ListenConfig{Control: transparent("tcp", false)}
+	pc, err := udp.ListenPacket(ctx, "udp", fmt.Sprintf(":%d", r.cfg.DNSPort))
 	if err != nil {
 		return fmt.Errorf("DNS proxy UDP listener: %w", err)
 	}
 	r.dnsUDP = pc.(*net.UDPConn)
-	if r.dnsTCP, err = tcp.Listen(ctx, "tcp4", fmt.Sprintf("0.0.0.0:%d", r.cfg.DNSPort)); err != nil {
+	if r.dnsTCP, err = tcp.Listen(ctx, "tcp", fmt.Sprintf(":%d", r.cfg.DNSPort)); err != nil {
 		return fmt.Errorf("DNS proxy TCP listener: %w", err)
 	}
-	if r.http, err = tcp.Listen(ctx, "tcp4", fmt.Sprintf("0.0.0.0:%d", r.cfg.HTTPPort)); err != nil {
+	if r.http, err = tcp.Listen(ctx, "tcp", fmt.Sprintf(":%d", r.cfg.HTTPPort)); err != nil {
 		return fmt.Errorf("HTTP proxy listener: %w", err)
 	}
-	if r.httpIn, err = tcp.Listen(ctx, "tcp4", "0.0.0.0:0"); err != nil {
+	if r.httpIn, err = tcp.Listen(ctx, "tcp", ":0"); err != nil {
 		return fmt.Errorf("ingress HTTP proxy listener: %w", err)
 	}
 	return nil
@@ -235,27 +257,45 @@ func (r *Redirect) Ports() (dnsPort, httpPort uint16) {
 }
 
 // InstallRoute makes packets with the datapath's proxy mark local
-// deliveries (a rule to PROXY_MARK_TABLE, whose default route is local).
-// Idempotent.
+// deliveries, in both families: a rule to PROXY_MARK_TABLE, whose default
+// route (0.0.0.0/0, ::/0) is local. A node without IPv6 (the kernel
+// refuses the family, or IPv6 is disabled on the loopback: EACCES) gets
+// the IPv4 ones only. The loopback is set up
+// when it is down (a bare network namespace's is): the kernel refuses an
+// IPv6 route through a device that is down (ENETDOWN), where it takes the
+// IPv4 one. Idempotent.
 func InstallRoute() error {
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("proxy route: %w", err)
 	}
-	_, all, _ := net.ParseCIDR("0.0.0.0/0")
-	rt := &netlink.Route{Dst: all, LinkIndex: lo.Attrs().Index, Table: int(maps.ProxyMarkTable), Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST}
-	if err := netlink.RouteReplace(rt); err != nil {
-		return fmt.Errorf("proxy route in table %d: %w", maps.ProxyMarkTable, err)
+	if lo.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return fmt.Errorf("proxy route: set the loopback up: %w", err)
+		}
 	}
-	rule := netlink.NewRule()
-	rule.Family = unix.AF_INET
-	rule.Mark = maps.ProxyMarkValue
-	mask := maps.ProxyMarkMask
-	rule.Mask = &mask
-	rule.Table = int(maps.ProxyMarkTable)
-	rule.Priority = 9
-	if err := netlink.RuleAdd(rule); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("proxy routing rule: %w", err)
+	for _, fam := range []struct {
+		family int
+		all    string
+	}{{unix.AF_INET, "0.0.0.0/0"}, {unix.AF_INET6, "::/0"}} {
+		_, all, _ := net.ParseCIDR(fam.all)
+		rt := &netlink.Route{Dst: all, LinkIndex: lo.Attrs().Index, Table: int(maps.ProxyMarkTable), Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST}
+		if err := netlink.RouteReplace(rt); err != nil {
+			if fam.family == unix.AF_INET6 && (errors.Is(err, unix.EAFNOSUPPORT) || errors.Is(err, unix.EACCES)) {
+				return nil
+			}
+			return fmt.Errorf("proxy route %s in table %d: %w", fam.all, maps.ProxyMarkTable, err)
+		}
+		rule := netlink.NewRule()
+		rule.Family = fam.family
+		rule.Mark = maps.ProxyMarkValue
+		mask := maps.ProxyMarkMask
+		rule.Mask = &mask
+		rule.Table = int(maps.ProxyMarkTable)
+		rule.Priority = 9
+		if err := netlink.RuleAdd(rule); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("proxy routing rule (family %d): %w", fam.family, err)
+		}
 	}
 	return nil
 }
@@ -452,14 +492,19 @@ func (r *Redirect) serveHTTPIngress() {
 	}
 }
 
+// addrPort is a socket address with an IPv4-mapped address unmapped (a
+// dual-stack socket's IPv4 peers and local addresses are mapped).
 func addrPort(a net.Addr) netip.AddrPort {
+	var ap netip.AddrPort
 	switch a := a.(type) {
 	case *net.TCPAddr:
-		return a.AddrPort()
+		ap = a.AddrPort()
 	case *net.UDPAddr:
-		return a.AddrPort()
+		ap = a.AddrPort()
+	default:
+		return netip.AddrPort{}
 	}
-	return netip.AddrPort{}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
 func (r *Redirect) serveHTTP() {
@@ -531,16 +576,23 @@ func (r *Redirect) direct(dst netip.AddrPort, l net.Listener) bool {
 	return dst.Port() == dnsPort
 }
 
-// origDst reads IP_ORIGDSTADDR from a datagram's control messages.
+// origDst reads IP_ORIGDSTADDR (an IPv4 datagram) or IPV6_ORIGDSTADDR
+// (an IPv6 one) from a datagram's control messages: a sockaddr_in or
+// sockaddr_in6, the port in network order at offset 2.
 func origDst(oob []byte) (netip.AddrPort, bool) {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
 		return netip.AddrPort{}, false
 	}
 	for _, m := range msgs {
-		if m.Header.Level == unix.SOL_IP && m.Header.Type == unix.IP_ORIGDSTADDR && len(m.Data) >= unix.SizeofSockaddrInet4 {
+		switch {
+		case m.Header.Level == unix.SOL_IP && m.Header.Type == unix.IP_ORIGDSTADDR && len(m.Data) >= unix.SizeofSockaddrInet4:
 			port := uint16(m.Data[2])<<8 | uint16(m.Data[3])
 			a := netip.AddrFrom4([4]byte(m.Data[4:8]))
+			return netip.AddrPortFrom(a, port), true
+		case m.Header.Level == unix.SOL_IPV6 && m.Header.Type == unix.IPV6_ORIGDSTADDR && len(m.Data) >= unix.SizeofSockaddrInet6:
+			port := uint16(m.Data[2])<<8 | uint16(m.Data[3])
+			a := netip.AddrFrom16([16]byte(m.Data[8:24])).Unmap()
 			return netip.AddrPortFrom(a, port), true
 		}
 	}
@@ -567,27 +619,39 @@ func (w *udpWriter) WriteMsg(m *dns.Msg) error {
 }
 
 func (w *udpWriter) Write(b []byte) (int, error) {
+	v4 := w.orig.Addr().Is4()
+	if v4 != w.from.Addr().Is4() {
+		return 0, fmt.Errorf("answer %s from %s: the families differ", w.from, w.orig)
+	}
+	family, level, opt := unix.AF_INET6, unix.SOL_IPV6, unix.IPV6_TRANSPARENT
+	var local, peer unix.Sockaddr
+	if v4 {
+		family, level, opt = unix.AF_INET, unix.SOL_IP, unix.IP_TRANSPARENT
+		local = &unix.SockaddrInet4{Port: int(w.orig.Port()), Addr: w.orig.Addr().As4()}
+		peer = &unix.SockaddrInet4{Port: int(w.from.Port()), Addr: w.from.Addr().As4()}
+	} else {
+		local = &unix.SockaddrInet6{Port: int(w.orig.Port()), Addr: w.orig.Addr().As16()}
+		peer = &unix.SockaddrInet6{Port: int(w.from.Port()), Addr: w.from.Addr().As16()}
+	}
 	var fd int
 	err := w.inNS(func() (err error) {
-		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		fd, err = unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("answer socket: %w", err)
 	}
 	defer unix.Close(fd)
-	for _, o := range []int{unix.IP_TRANSPARENT} {
-		if err := unix.SetsockoptInt(fd, unix.SOL_IP, o, 1); err != nil {
-			return 0, fmt.Errorf("answer socket: %w", err)
-		}
+	if err := unix.SetsockoptInt(fd, level, opt, 1); err != nil {
+		return 0, fmt.Errorf("answer socket: %w", err)
 	}
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
 		return 0, fmt.Errorf("answer socket: %w", err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: int(w.orig.Port()), Addr: w.orig.Addr().As4()}); err != nil {
+	if err := unix.Bind(fd, local); err != nil {
 		return 0, fmt.Errorf("bind the answer to %s: %w", w.orig, err)
 	}
-	if err := unix.Sendto(fd, b, 0, &unix.SockaddrInet4{Port: int(w.from.Port()), Addr: w.from.Addr().As4()}); err != nil {
+	if err := unix.Sendto(fd, b, 0, peer); err != nil {
 		return 0, fmt.Errorf("answer %s: %w", w.from, err)
 	}
 	return len(b), nil

@@ -33,20 +33,45 @@ import (
 // disallowed one REFUSED with a flow and never reaches b; GET passes,
 // POST gets 403 on the same connection. With the proxies closed, DNS
 // falls back to the L4 allow (answered by b directly) and HTTP is closed.
+// Subtests IPv4 and IPv6: the pods are dual-stack, the traffic of one
+// family (over IPv6 the DNS questions are AAAA, and their answers are
+// learned).
 func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 	testutil.Privileged(t)
+	t.Run("IPv4", func(t *testing.T) { testRedirectRealTraffic(t, false) })
+	t.Run("IPv6", func(t *testing.T) { testRedirectRealTraffic(t, true) })
+}
+
+// podAddr is p's address of the test's family.
+func podAddr(p *netlab.Pod, v6 bool) netip.Addr {
+	if v6 {
+		return p.IPv6
+	}
+	return p.IPv4
+}
+
+// loopback is the node's loopback address of the test's family.
+func loopback(v6 bool) string {
+	if v6 {
+		return "::1"
+	}
+	return "127.0.0.1"
+}
+
+func testRedirectRealTraffic(t *testing.T, v6 bool) {
 	node, l, root, pods := redirectNode(t, "tdrl7", "a", "b")
 	pa, pb := pods[0], pods[1]
+	addrA, addrB := podAddr(pa, v6), podAddr(pb, v6)
 	m := l.Maps()
 	const idA, idB = 3101, 3102
-	for p, id := range map[netip.Addr]uint32{pa.IPv4: idA, pb.IPv4: idB} {
-		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(p, 32), maps.IPCacheEntry{Identity: id}); err != nil {
+	for p, id := range map[netip.Addr]uint32{addrA: idA, addrB: idB} {
+		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(p, p.BitLen()), maps.IPCacheEntry{Identity: id}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, ep := range []loader.EndpointInfo{
-		{ID: 1, IfIndex: pa.HostIfIndex, IfName: pa.HostIf, Addresses: []netip.Addr{pa.IPv4}, MAC: pa.MAC, HostMAC: pa.HostMAC, Identity: idA, EnforceEgress: true},
-		{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4}, MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB},
+		{ID: 1, IfIndex: pa.HostIfIndex, IfName: pa.HostIf, Addresses: []netip.Addr{pa.IPv4, pa.IPv6}, MAC: pa.MAC, HostMAC: pa.HostMAC, Identity: idA, EnforceEgress: true},
+		{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4, pb.IPv6}, MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB},
 	} {
 		if err := l.AttachEndpoint(ep); err != nil {
 			t.Fatal(err)
@@ -63,8 +88,12 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 		}
 	}
 
-	// b: a DNS server answering every A question with 192.0.2.7, and an
-	// HTTP server; each counts what reached it.
+	// b: a DNS server answering every A question with 192.0.2.7 (AAAA:
+	// 2001:db8::7), and an HTTP server; each counts what reached it.
+	qtype, answerAddr := dns.TypeA, "192.0.2.7"
+	if v6 {
+		qtype, answerAddr = dns.TypeAAAA, "2001:db8::7"
+	}
 	var mu sync.Mutex
 	var serverNames []string
 	var httpMethods []string
@@ -73,20 +102,20 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 		serverNames = append(serverNames, req.Question[0].Name)
 		mu.Unlock()
 		resp := new(dns.Msg).SetReply(req)
-		rr, _ := dns.NewRR(req.Question[0].Name + " 30 IN A 192.0.2.7")
+		rr, _ := dns.NewRR(req.Question[0].Name + " 30 IN " + dns.TypeToString[qtype] + " " + answerAddr)
 		resp.Answer = append(resp.Answer, rr)
 		_ = w.WriteMsg(resp)
 	})
 	var udpConn net.PacketConn
 	var tcpL, httpL net.Listener
 	if err := pb.Do(func() (err error) {
-		if udpConn, err = net.ListenPacket("udp4", pb.IPv4.String()+":53"); err != nil {
+		if udpConn, err = net.ListenPacket("udp", net.JoinHostPort(addrB.String(), "53")); err != nil {
 			return err
 		}
-		if tcpL, err = net.Listen("tcp4", pb.IPv4.String()+":53"); err != nil {
+		if tcpL, err = net.Listen("tcp", net.JoinHostPort(addrB.String(), "53")); err != nil {
 			return err
 		}
-		httpL, err = net.Listen("tcp4", pb.IPv4.String()+":80")
+		httpL, err = net.Listen("tcp", net.JoinHostPort(addrB.String(), "80"))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -112,13 +141,13 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 		BPFRoot: root,
 		Log:     slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Endpoint: func(addr netip.Addr) (Sender, bool) {
-			if addr == pa.IPv4 {
+			if addr == pa.IPv4 || addr == pa.IPv6 {
 				return Sender{EndpointID: 1, Identity: idA}, true
 			}
 			return Sender{}, false
 		},
 		Rules: func(ep uint16, dst netip.AddrPort, proto uint8) *policy.L7Rules {
-			if ep != 1 || dst.Addr() != pb.IPv4 {
+			if ep != 1 || dst.Addr() != addrB {
 				return nil
 			}
 			switch dst.Port() {
@@ -145,7 +174,7 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 		var resp *dns.Msg
 		err := pa.Do(func() (err error) {
 			c := &dns.Client{Net: network, Timeout: 5 * time.Second}
-			resp, _, err = c.Exchange(new(dns.Msg).SetQuestion(name, dns.TypeA), pb.IPv4.String()+":53")
+			resp, _, err = c.Exchange(new(dns.Msg).SetQuestion(name, qtype), net.JoinHostPort(addrB.String(), "53"))
 			return err
 		})
 		return resp, err
@@ -158,7 +187,7 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 			mu.Unlock()
 			t.Fatalf("%s query for an allowed name: %v", network, err)
 		}
-		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 || !strings.Contains(resp.Answer[0].String(), "192.0.2.7") {
+		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 || !strings.Contains(resp.Answer[0].String(), answerAddr) {
 			t.Fatalf("%s query for an allowed name: answer %v", network, resp)
 		}
 		resp, err = query(network, "denied.example.")
@@ -173,8 +202,8 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 	if len(serverNames) != 2 || serverNames[0] != "allowed.example." || serverNames[1] != "allowed.example." {
 		t.Errorf("b's DNS server got %v, want the allowed name twice (UDP, TCP) and never the disallowed one", serverNames)
 	}
-	if len(learned) != 2 {
-		t.Errorf("the proxy learned %v, want the allowed name's address twice", learned)
+	if want := "allowed.example.=[" + answerAddr + "]"; len(learned) != 2 || learned[0] != want || learned[1] != want {
+		t.Errorf("the proxy learned %v, want %s twice", learned, want)
 	}
 	refused := 0
 	for _, f := range flows {
@@ -194,11 +223,11 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 	dnsPort, httpPort := r.Ports()
 	for _, network := range []string{"udp", "tcp"} {
 		c := &dns.Client{Net: network, Timeout: time.Second}
-		if resp, _, err := c.Exchange(new(dns.Msg).SetQuestion("allowed.example.", dns.TypeA), fmt.Sprintf("127.0.0.1:%d", dnsPort)); err == nil {
+		if resp, _, err := c.Exchange(new(dns.Msg).SetQuestion("allowed.example.", qtype), net.JoinHostPort(loopback(v6), fmt.Sprint(dnsPort))); err == nil {
 			t.Errorf("%s query sent to the DNS proxy directly was answered: %v", network, resp)
 		}
 	}
-	if c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", httpPort)); err == nil {
+	if c, err := net.Dial("tcp", net.JoinHostPort(loopback(v6), fmt.Sprint(httpPort))); err == nil {
 		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: b\r\n\r\n")
 		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
 		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
@@ -210,7 +239,7 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 	// HTTP: GET then POST on one connection.
 	var codes []int
 	if err := pa.Do(func() error {
-		c, err := net.DialTimeout("tcp4", pb.IPv4.String()+":80", 5*time.Second)
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(addrB.String(), "80"), 5*time.Second)
 		if err != nil {
 			return err
 		}
@@ -248,13 +277,17 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 	// b's ingress policy still decides for a: with b admitting only the
 	// host (whose address the proxy's own connection has), a's query is
 	// dropped before the proxy sees it, not let through as the host's.
-	bEP := loader.EndpointInfo{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4}, MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB}
+	bEP := loader.EndpointInfo{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4, pb.IPv6}, MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB}
 	bEP.EnforceIngress = true
 	if err := l.AttachEndpoint(bEP); err != nil {
 		t.Fatal(err)
 	}
 	// The node's address the proxy connects from is the host's.
-	if err := m.IPCacheMap().Upsert(netip.PrefixFrom(netlab.Router4, 32), maps.IPCacheEntry{Identity: 1}); err != nil {
+	router := netlab.Router4
+	if v6 {
+		router = netlab.Router6
+	}
+	if err := m.IPCacheMap().Upsert(netip.PrefixFrom(router, router.BitLen()), maps.IPCacheEntry{Identity: 1}); err != nil {
 		t.Fatal(err)
 	}
 	hostKey := maps.PolicyKey{EndpointID: 2, Direction: maps.DirIngress, Identity: 1, Proto: 17, Port: 53, PortPrefixLen: 16}
@@ -293,7 +326,7 @@ func TestPrivilegedRedirectRealTraffic(t *testing.T) {
 	}
 	mu.Unlock()
 	if err := pa.Do(func() error {
-		c, err := net.DialTimeout("tcp4", pb.IPv4.String()+":80", 2*time.Second)
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(addrB.String(), "80"), 2*time.Second)
 		if err == nil {
 			c.Close()
 			return fmt.Errorf("connected to b's HTTP port with no proxy to enforce its rules")

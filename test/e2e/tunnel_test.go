@@ -481,7 +481,7 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 	// HTTP rules on the backend's port 80 for the frontend, which is on
 	// the other node: node2's from_overlay hands the flow to node2's
 	// ingress HTTP proxy with the identity it gave the inner source
-	// (bpf/lib/l7ingress.h).
+	// (bpf/lib/l7ingress.h), over IPv4 and over IPv6.
 	t.Run("ingress HTTP rules for a client on the other node", func(t *testing.T) {
 		pol := &v1alpha1.TendrilNetworkPolicy{}
 		if err := yaml.UnmarshalStrict([]byte(tunnelHTTPPolicyYAML), pol); err != nil {
@@ -493,20 +493,25 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		t.Cleanup(func() {
 			_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), pol.Name, metav1.DeleteOptions{})
 		})
-		curl := func(method string) (string, error) {
-			out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/frontend", "--", "curl", "-sS", "-m", "3", "-o", "/dev/null",
-				"-w", "%{http_code}", "-X", method, "http://"+backend.Status.PodIP+"/healthz").CombinedOutput()
+		// host: the backend's address of one family, as a URL has it.
+		curl := func(method, host string) (string, error) {
+			out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/frontend", "--", "curl", "-sS", "-g", "-m", "3", "-o", "/dev/null",
+				"-w", "%{http_code}", "-X", method, "http://"+host+"/healthz").CombinedOutput()
 			return strings.TrimSpace(string(out)), err
 		}
-		eventually(t, "frontend GET /healthz to backend on node2 answered 200 through node2's ingress proxy", func() (bool, error) {
-			out, err := curl("GET")
-			return err == nil && out == "200", fmt.Errorf("%q, %v", out, err)
-		})
-		if out, err := curl("POST"); err != nil || out != "403" {
-			t.Errorf("frontend POST /healthz to backend: %q, %v, want 403", out, err)
-		}
-		if c, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":80", false); c != 1 {
-			t.Errorf("other -> backend:80 exit %d, want 1 (not the frontend's identity)", c)
+		// IPv4, then IPv6 (the lab is dual stack): node2's from_overlay
+		// hands either family's flow to the proxy's dual-stack listener.
+		for _, host := range []string{backend.Status.PodIP, "[" + backend6.String() + "]"} {
+			eventually(t, "frontend GET /healthz to backend "+host+" on node2 answered 200 through node2's ingress proxy", func() (bool, error) {
+				out, err := curl("GET", host)
+				return err == nil && out == "200", fmt.Errorf("%q, %v", out, err)
+			})
+			if out, err := curl("POST", host); err != nil || out != "403" {
+				t.Errorf("frontend POST /healthz to backend %s: %q, %v, want 403", host, out, err)
+			}
+			if c, _ := labProbe(t, name, ns+"/other", host+":80", false); c != 1 {
+				t.Errorf("other -> backend %s:80 exit %d, want 1 (not the frontend's identity)", host, c)
+			}
 		}
 	})
 
