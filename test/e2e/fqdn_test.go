@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -72,6 +73,25 @@ spec:
     matchLabels: {app: fqdn-web}
   ingress:
   - fromEndpoints: [{matchLabels: {app: fqdn-client}}]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+      rules:
+        http: [{method: GET, path: /healthz}]
+`
+
+// webFromHostYAML: HTTP rules on web's port 80 for the node itself (GET
+// /healthz), which reaches the ingress proxy through the hairpin device
+// (docs/policy-l7.md, "The node as a source").
+const webFromHostYAML = `
+apiVersion: tendril.io/v1alpha1
+kind: TendrilNetworkPolicy
+metadata:
+  name: e2e-fqdn-web-host
+spec:
+  endpointSelector:
+    matchLabels: {app: fqdn-web}
+  ingress:
+  - fromEntities: [host]
     toPorts:
     - ports: [{port: "80", protocol: TCP}]
       rules:
@@ -516,6 +536,62 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 			for _, f := range l7Flows() {
 				h := f.GetL7().GetHttp()
 				if h == nil || f.GetTrafficDirection() != flowpb.TrafficDirection_INGRESS || f.GetIP().GetDestination() != web.Status.PodIP {
+					continue
+				}
+				switch {
+				case h.GetMethod() == "GET" && h.GetCode() == 200 && f.GetVerdict() == flowpb.Verdict_FORWARDED && strings.Contains(f.GetSummary(), `"/healthz"`):
+					allowed = true
+				case h.GetMethod() == "POST" && h.GetCode() == 403 && f.GetVerdict() == flowpb.Verdict_DROPPED:
+					denied = true
+				}
+			}
+			return allowed && denied, fmt.Errorf("allowed %v, denied %v", allowed, denied)
+		})
+
+		// The node itself (curl in node1's namespace): no rule admits the
+		// host yet, so nothing connects; with HTTP rules for the host on
+		// port 80, node1's to_pod sends the flow through the hairpin device
+		// to the ingress proxy: GET 200, POST 403, INGRESS flows from the
+		// host identity. With the objects from before the hairpin, to_pod
+		// dropped the node's SYN and the GET timed out.
+		nodeCurl := func(method, path string) (int, string) {
+			out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "curl", "-sS", "-m", "3", "-o", "/dev/null",
+				"-w", "%{http_code}", "-X", method, webURL+path).CombinedOutput()
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			return code, strings.TrimSpace(string(out))
+		}
+		if code, out := nodeCurl("GET", "/healthz"); code == 0 || strings.HasSuffix(out, "200") {
+			t.Errorf("node1 -> web:80 before any rule admits the host: exit %d, %q, want a failed connection", code, out)
+		}
+		p := &v1alpha1.TendrilNetworkPolicy{}
+		if err := yaml.UnmarshalStrict([]byte(webFromHostYAML), p); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{})
+		})
+		eventually(t, "GET /healthz from node1 to web answered 200 through the hairpin and the ingress proxy", func() (bool, error) {
+			code, out := nodeCurl("GET", "/healthz")
+			return code == 0 && out == "200", fmt.Errorf("exit %d, %q", code, out)
+		})
+		if code, out := nodeCurl("POST", "/healthz"); code != 0 || out != "403" {
+			t.Errorf("POST /healthz from node1 to web: exit %d, code %q, want 403", code, out)
+		}
+		eventually(t, "ingress HTTP flows from the host: GET /healthz naming the rule, POST denied", func() (bool, error) {
+			var allowed, denied bool
+			for _, f := range l7Flows() {
+				h := f.GetL7().GetHttp()
+				if h == nil || f.GetTrafficDirection() != flowpb.TrafficDirection_INGRESS || f.GetIP().GetDestination() != web.Status.PodIP ||
+					f.GetSource().GetIdentity() != 1 {
 					continue
 				}
 				switch {
