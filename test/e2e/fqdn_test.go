@@ -98,6 +98,29 @@ spec:
         http: [{method: GET, path: /healthz}]
 `
 
+// clientToWebHTTPYAML: the client's egress to web's port 80 with HTTP rules
+// of its own: GET /healthz only with the header X-Egress: yes, and POST
+// /healthz. With webPolicyYAML (GET /healthz on web's ingress) the flow has
+// both egress and ingress HTTP rules, which the egress proxy applies
+// together (docs/policy-l7.md, "Egress and ingress rules on one flow").
+const clientToWebHTTPYAML = `
+apiVersion: tendril.io/v1alpha1
+kind: TendrilNetworkPolicy
+metadata:
+  name: e2e-fqdn-client-web
+spec:
+  endpointSelector:
+    matchLabels: {app: fqdn-client}
+  egress:
+  - toEndpoints: [{matchLabels: {app: fqdn-web}}]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+      rules:
+        http:
+        - {method: GET, path: /healthz, headers: ["X-Egress: yes"]}
+        - {method: POST, path: /healthz}
+`
+
 const clientToWebYAML = `
 apiVersion: tendril.io/v1alpha1
 kind: TendrilNetworkPolicy
@@ -546,6 +569,69 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 				}
 			}
 			return allowed && denied, fmt.Errorf("allowed %v, denied %v", allowed, denied)
+		})
+
+		// Both rule sets on one flow: the client's egress to web gets HTTP
+		// rules of its own (replacing its L4 allow). node1's egress proxy
+		// applies them with web's ingress rules: GET /healthz with the
+		// header both allow (200), without it only the egress denies
+		// (403), POST only the ingress denies (403); the flows name the
+		// side. The proxy's marked upstream reaches web, whose policy does
+		// not admit the node.
+		{
+			pc := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns)
+			cur, err := pc.Get(ctx, "e2e-fqdn-client-web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := &v1alpha1.TendrilNetworkPolicy{}
+			if err := yaml.UnmarshalStrict([]byte(clientToWebHTTPYAML), p); err != nil {
+				t.Fatal(err)
+			}
+			cur.Spec = p.Spec
+			if _, err := pc.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		curlH := func(method, path string, header ...string) (int, string) {
+			args := []string{"exec", client, "--", "curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", "-X", method}
+			for _, h := range header {
+				args = append(args, "-H", h)
+			}
+			code, out := tendril(t, append(args, webURL+path)...)
+			return code, strings.TrimSpace(out)
+		}
+		eventually(t, "GET /healthz with X-Egress to web answered 200 through both rule sets", func() (bool, error) {
+			code, out := curlH("GET", "/healthz", "X-Egress: yes")
+			return code == 0 && out == "200", fmt.Errorf("exit %d, %q", code, out)
+		})
+		if code, out := curlH("GET", "/healthz"); code != 0 || out != "403" {
+			t.Errorf("GET /healthz without X-Egress (the egress denies): exit %d, code %q, want 403", code, out)
+		}
+		if code, out := curlH("POST", "/healthz", "X-Egress: yes"); code != 0 || out != "403" {
+			t.Errorf("POST /healthz (the ingress denies): exit %d, code %q, want 403", code, out)
+		}
+		eventually(t, "flows of both rule sets: INGRESS and EGRESS for the GET, the side of each denial", func() (bool, error) {
+			var inAllowed, outAllowed, inDenied, outDenied bool
+			for _, f := range l7Flows() {
+				h := f.GetL7().GetHttp()
+				if h == nil || f.GetIP().GetDestination() != web.Status.PodIP {
+					continue
+				}
+				sum, dir, v := f.GetSummary(), f.GetTrafficDirection(), f.GetVerdict()
+				switch {
+				case dir == flowpb.TrafficDirection_INGRESS && v == flowpb.Verdict_FORWARDED && h.GetCode() == 200 && strings.Contains(sum, "destination's ingress http rule"):
+					inAllowed = true
+				case dir == flowpb.TrafficDirection_EGRESS && v == flowpb.Verdict_FORWARDED && h.GetCode() == 200 && strings.Contains(sum, "X-Egress"):
+					outAllowed = true
+				case dir == flowpb.TrafficDirection_INGRESS && v == flowpb.Verdict_DROPPED && h.GetMethod() == "POST" && strings.Contains(sum, "destination's ingress"):
+					inDenied = true
+				case dir == flowpb.TrafficDirection_EGRESS && v == flowpb.Verdict_DROPPED && h.GetMethod() == "GET" && strings.Contains(sum, "source's egress"):
+					outDenied = true
+				}
+			}
+			return inAllowed && outAllowed && inDenied && outDenied, fmt.Errorf("ingress allowed %v, egress allowed %v, ingress denied %v, egress denied %v",
+				inAllowed, outAllowed, inDenied, outDenied)
 		})
 
 		// The node itself (curl in node1's namespace): no rule admits the
