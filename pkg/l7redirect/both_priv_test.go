@@ -233,3 +233,84 @@ func httpOnOneConn(addr string, reqs ...string) (codes []int, bodies []string, e
 	}
 	return codes, bodies, nil
 }
+
+// Egress HTTP rules towards a local pod that enforces ingress at L4 only:
+// a's egress entry for b's 8080 names the HTTP proxy, b's ingress entry for
+// a's identity names none, and b admits nothing else (not the node). The
+// egress proxy's upstream is marked, since the flow's conntrack entry
+// names b as having admitted a's flow, so b's to_pod does not decide it
+// again for the node: GET (the egress rule) is answered 200 by b, POST gets
+// 403 from the proxy, and b's ingress rules are never asked for. Before
+// this change the proxy's unmarked connection was dropped by b's policy.
+func TestPrivilegedEgressHTTPRulesToIngressL4(t *testing.T) {
+	testutil.Privileged(t)
+	node, l, root, pods := redirectNode(t, "tdrl7e", "a", "b")
+	pa, pb := pods[0], pods[1]
+	m := l.Maps()
+	const idA, idB = 3501, 3502
+	for p, id := range map[netip.Addr]uint32{pa.IPv4: idA, pb.IPv4: idB} {
+		if err := m.IPCacheMap().Upsert(netip.PrefixFrom(p, 32), maps.IPCacheEntry{Identity: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ep := range []loader.EndpointInfo{
+		{ID: 1, IfIndex: pa.HostIfIndex, IfName: pa.HostIf, Addresses: []netip.Addr{pa.IPv4}, MAC: pa.MAC, HostMAC: pa.HostMAC, Identity: idA, EnforceEgress: true},
+		{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4}, MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB, EnforceIngress: true},
+	} {
+		if err := l.AttachEndpoint(ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, v := range map[maps.PolicyKey]maps.PolicyValue{
+		{EndpointID: 1, Direction: maps.DirEgress, Identity: idB, Proto: 6, Port: 8080, PortPrefixLen: 16}:  {Cookie: 41, Proxy: maps.ProxyHttp},
+		{EndpointID: 2, Direction: maps.DirIngress, Identity: idA, Proto: 6, Port: 8080, PortPrefixLen: 16}: {Cookie: 42},
+	} {
+		if err := m.PolicyMap().Upsert(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var methods, asked []string
+	serveHTTPIn(t, pb.Do, pb.IPv4.String()+":8080", func(r *http.Request) {
+		mu.Lock()
+		methods = append(methods, r.Method)
+		mu.Unlock()
+	})
+	startRedirect(t, Config{
+		BPFRoot: root,
+		Log:     slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Endpoint: func(addr netip.Addr) (Sender, bool) {
+			s, ok := map[netip.Addr]Sender{pa.IPv4: {1, idA}, pb.IPv4: {2, idB}}[addr]
+			return s, ok
+		},
+		Rules: func(ep uint16, dst netip.AddrPort, proto uint8) *policy.L7Rules {
+			if ep != 1 || dst != netip.AddrPortFrom(pb.IPv4, 8080) || proto != 6 {
+				return nil
+			}
+			return &policy.L7Rules{HTTP: []api.PortRuleHTTP{{Method: "GET"}}}
+		},
+		IngressRules: func(ep uint16, src uint32, srcAddr netip.Addr, port uint16) *policy.L7Rules {
+			mu.Lock()
+			asked = append(asked, fmt.Sprintf("%d<-%d", ep, src))
+			mu.Unlock()
+			return nil
+		},
+		DNS:      fqdnConfig(&mu, new([]string), new([]*flowpb.Flow)),
+		InNodeNS: func(fn func() error) error { return linux.InNetNS(node.NS, fn) },
+	})
+	var codes []int
+	if err := pa.Do(func() (err error) {
+		codes, _, err = httpOnOneConn(pb.IPv4.String()+":8080", "GET /", "POST /", "GET /")
+		return err
+	}); err != nil {
+		t.Fatalf("a's HTTP to b's 8080 through the egress proxy: %v", err)
+	}
+	if fmt.Sprint(codes) != "[200 403 200]" {
+		t.Errorf("GET, POST, GET answered %v, want [200 403 200]", codes)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(methods) != "[GET GET]" || len(asked) != 0 {
+		t.Errorf("b's server got %v and the proxy asked for ingress rules %v, want [GET GET] and none", methods, asked)
+	}
+}
