@@ -38,6 +38,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/overlay.h"
 #include "lib/encrypt.h"
 #include "lib/proxy.h"
+#include "lib/l7ingress.h"
 
 /* hairpin_from_pod handles a pod's packet to itself through a service
  * (nat: its reverse NAT ID, the packet already DNATed to the pod's own
@@ -334,4 +335,32 @@ int to_pod(struct __sk_buff *skb)
 	flow_of(&c.f, p);
 	struct ct_entry *e = p->nonfirst_frag ? NULL : ct_find(&c.f, p);
 	return to_pod_flow(skb, &c, &me, e, 0, 0);
+}
+
+/* l7_hairpin runs at tcx ingress of the hairpin device (tendril_host):
+ * to_pod redirects there the packets of a flow of the node itself to a
+ * port with ingress HTTP rules (l7ingress_hairpin, lib/l7ingress.h),
+ * marked PROXY_MARK_HAIRPIN with the endpoint's ID; this is a tc ingress
+ * hook, where they can be assigned to the ingress HTTP proxy's socket.
+ * Nothing else that arrives here is touched. With no proxy listening the
+ * packet is dropped (HTTP has no L4 fallback). */
+SEC("tcx/ingress")
+int l7_hairpin(struct __sk_buff *skb)
+{
+	struct pkt p;
+	__u32 mark = skb->mark;
+
+	if ((mark & PROXY_MARK_MASK) != PROXY_MARK_HAIRPIN)
+		return TC_ACT_OK;
+	__u16 ep_id = (__u16)(mark >> 16);
+	__builtin_memset(&p, 0, sizeof(p));
+	int reason = parse(skb, &p);
+	if (reason)
+		return drop(reason, DIR_INGRESS, ep_id, &p, 0, 0, 0);
+	/* The frame still carries the pod's MAC: the stack would take it as
+	 * another host's and drop it (PACKET_OTHERHOST). */
+	bpf_skb_change_type(skb, 0 /* PACKET_HOST */);
+	if (proxy_redirect(skb, &p, PROXY_HTTP_INGRESS) < 0)
+		return drop(REASON_POLICY_DENIED, DIR_INGRESS, ep_id, &p, 0, 0, 0);
+	return TC_ACT_OK;
 }

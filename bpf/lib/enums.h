@@ -76,6 +76,14 @@
  * source the conntrack entry names. */
 #define PROXY_HTTP_INGRESS 3
 #define PROXY_MAX 4
+/* A flow whose source's egress entry and whose local destination's
+ * ingress entry both name the HTTP proxy: it goes to the (egress) HTTP
+ * proxy's listener, which applies both rule sets and reaches the
+ * destination marked PROXY_MARK_UPSTREAM (docs/policy-l7.md, "Egress and
+ * ingress rules on one flow"). Not a listener of its own (beyond
+ * PROXY_MAX: proxy_redirect takes PROXY_HTTP's); it fits the three bits
+ * ct_create keeps. */
+#define PROXY_HTTP_BOTH 4
 
 /* The mark from_pod gives a packet it assigned to a proxy's socket: the
  * agent's policy routing rule delivers packets with it locally (table
@@ -90,6 +98,14 @@
  * packets lose theirs crossing its veth. Not PROXY_MARK_VALUE, so not
  * delivered locally by the proxy's routing rule. */
 #define PROXY_MARK_UPSTREAM 0x0300
+/* The mark to_pod gives a packet of a source that is no local endpoint
+ * (the node itself) for a port with ingress HTTP rules, as it redirects
+ * the packet to the ingress of the hairpin device (tendril_host), whose
+ * l7_hairpin program assigns it to the ingress HTTP proxy (to_pod runs at
+ * tcx egress, where bpf_sk_assign cannot). The endpoint's ID rides in the
+ * mark's upper 16 bits for the drop event. A packet that comes back to
+ * to_pod with it (no program took it) is dropped: the port stays closed. */
+#define PROXY_MARK_HAIRPIN 0x0400
 #define PROXY_MARK_MASK 0x0F00
 #define PROXY_MARK_TABLE 2005
 

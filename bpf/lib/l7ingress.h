@@ -153,6 +153,70 @@ __attribute__((noinline)) int l7ingress_admitted(struct __sk_buff *skb, const st
 	return TC_ACT_OK;
 }
 
+/* l7ingress_hairpin sends a packet to local endpoint ep_id (identity
+ * ep_identity) whose ingress sent its flow to the HTTP proxy from to_pod,
+ * which runs at tcx egress of the pod's veth and cannot assign it to a
+ * socket: the packet is marked PROXY_MARK_HAIRPIN (with ep_id) and
+ * redirected to the ingress of the hairpin device (tdr_l7_hairpin_v1),
+ * where l7_hairpin (bpf_lxc.c) assigns it to the ingress listener, as
+ * Cilium's to-container sends such packets to cilium_host. The source
+ * is the node itself (or a remote source that came through a device
+ * without the host programs): no local endpoint may own its address (a
+ * local pod's flows go to the proxy from its from_pod, whose entry this
+ * one must not replace).
+ *
+ * e: the flow's entry when the flow is established (NULL: a new flow the
+ * endpoint's ingress just allowed through the HTTP proxy, whose entry is
+ * made here with the source's identity, the ipcache's, for the proxy to
+ * read). An established packet against the flow (a reply: the proxy
+ * answers from its own socket, these never come here) is left to the
+ * caller (L7INGRESS_PASS). Without a hairpin device, for a packet that
+ * came back from it untaken (no l7_hairpin program), or anything but IPv4
+ * TCP, the packet is dropped: the port stays closed. A global function:
+ * to_pod's verification pays a call. */
+__attribute__((noinline)) int l7ingress_hairpin(struct __sk_buff *skb, const struct pkt *p, struct ct_entry *e, __u32 ep_id,
+						__u32 ep_identity)
+{
+	struct flow f;
+	__u32 peer = 0;
+
+	if (!skb || !p)
+		return TC_ACT_SHOT;
+	flow_of(&f, p);
+	if (e) {
+		if (ct_is_reply(e, &f))
+			return L7INGRESS_PASS;
+		peer = e->src_identity;
+	} else {
+		struct ipcache_key k = {};
+		peer_key(&k, p, DIR_INGRESS);
+		struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+		peer = info ? info->identity : ID_WORLD;
+	}
+	if ((skb->mark & PROXY_MARK_MASK) == PROXY_MARK_HAIRPIN)
+		goto closed;
+	if (p->family != FAMILY_V4 || p->proto != IPPROTO_TCP_ || p->icmp_error || p->nonfirst_frag)
+		goto closed;
+	__u32 zero = 0;
+	__u32 *ifindex = bpf_map_lookup_elem(&tdr_l7_hairpin_v1, &zero);
+	if (!ifindex || !*ifindex)
+		goto closed;
+	__u32 dev = *ifindex;
+	if (e) {
+		ct_update(e, &f, p);
+		count(CT_ESTABLISHED, DIR_INGRESS, p->len); /* CT_x equals REASON_CT_x */
+	} else {
+		if (endpoint_by_addr(FAMILY_V4, p->saddr))
+			goto closed;
+		if (ct_create_l7ingress(p, ep_id, peer))
+			goto closed;
+	}
+	skb->mark = PROXY_MARK_HAIRPIN | ep_id << 16;
+	return bpf_redirect(dev, BPF_F_INGRESS);
+closed:
+	return drop(REASON_POLICY_DENIED, DIR_INGRESS, (__u16)ep_id, p, peer, ep_identity, 0);
+}
+
 /* l7ingress_remote decides a TCP packet (IPv4 or IPv6) from another node to a local
  * endpoint whose ingress sends it to the HTTP proxy, at a tc ingress hook.
  * src_id is the source's identity (0: the ipcache's for its address).

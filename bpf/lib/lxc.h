@@ -13,6 +13,7 @@
 #include "conntrack.h"
 #include "policy.h"
 #include "lbnat.h"
+#include "l7ingress.h"
 
 /* deliver_direct rewrites the frame as the host would route it (MACs of
  * the destination's veth pair, TTL / hop limit down by one) and redirects
@@ -88,6 +89,13 @@ static __always_inline int to_pod_flow(struct __sk_buff *skb, struct lxc_pkt *c,
 	__u16 ep_id = ep->ep_id;
 	__u8 is_a = ep_is_a(f, DIR_INGRESS, p);
 	int ct = ct_classify(e, f, p, ep_id, is_a);
+	/* A flow of the node that to_pod sent to the ingress HTTP proxy
+	 * through the hairpin device: its later packets go there too. */
+	if (!l7_here && ct == CT_ESTABLISHED && e && e->proxy == PROXY_HTTP_INGRESS) {
+		int r = l7ingress_hairpin(skb, p, e, ep_id, ep->identity);
+		if (r != L7INGRESS_PASS)
+			return r;
+	}
 	/* The ingress HTTP proxy's own connection to this pod: the proxy
 	 * admitted the request for its original source. */
 	int from_proxy = ct == CT_NEW && (skb->mark & PROXY_MARK_MASK) == PROXY_MARK_UPSTREAM;
@@ -96,13 +104,15 @@ static __always_inline int to_pod_flow(struct __sk_buff *skb, struct lxc_pkt *c,
 	/* HTTP rules on this port: the flow must go through the HTTP proxy,
 	 * which needs a packet it can assign at a tc ingress hook (from_pod
 	 * of a local source, from_netdev or from_overlay for another node's,
-	 * lib/l7ingress.h). One that reaches here passed none that could (the
-	 * node itself, a device without the host programs, no direct
-	 * delivery, no proxy listening): the port stays closed. */
+	 * lib/l7ingress.h). One that reaches to_pod passed none that could
+	 * (the node itself, a device without the host programs): it goes to
+	 * the proxy through the hairpin device (l7ingress_hairpin), or is
+	 * dropped there (a local pod without direct delivery, a pod talking
+	 * to itself, IPv6, no hairpin device): the port stays closed. */
 	if (p->proxy == PROXY_HTTP_INGRESS) {
 		if (l7_here)
 			return TO_POD_L7INGRESS;
-		return drop(REASON_POLICY_DENIED, DIR_INGRESS, ep_id, p, peer_id, ep->identity, 0);
+		return l7ingress_hairpin(skb, p, NULL, ep_id, ep->identity);
 	}
 	int notable = trace_notable(e, p, ct, e && ct_is_reply(e, f));
 	if (!p->icmp_error && !p->nonfirst_frag) {

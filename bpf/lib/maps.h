@@ -455,6 +455,19 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_proxy_ports_v1 SEC(".maps");
 
+/* The ifindex of the hairpin device (key 0; 0: none), written by the
+ * agent once the l7_hairpin program is attached to it: to_pod sends a
+ * flow of the node itself to a port with ingress HTTP rules there, where
+ * a tc ingress hook can assign it to the ingress HTTP proxy
+ * (lib/l7ingress.h, l7ingress_hairpin). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_l7_hairpin_v1 SEC(".maps");
+
 /* Keep struct event and the policy key and entry in BTF so bpf2go generates
  * their Go types (the inner policy maps name only their sizes). */
 const struct event *unused_event_type __attribute__((unused));

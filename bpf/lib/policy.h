@@ -250,13 +250,16 @@ __attribute__((noinline)) int policy(const struct endpoint_info *ep, __u32 dir, 
 out:
 	/* The pod programs' redirect reads it from the packet. An ingress
 	 * entry's HTTP proxy is PROXY_HTTP_INGRESS, unless the source's
-	 * egress already sends the flow to a proxy: that proxy reaches the
-	 * destination as the node, and the destination's ingress HTTP rules
-	 * are not applied to the flow (docs/policy-l7.md, not built). */
+	 * egress already sends the flow to a proxy: when that is the HTTP
+	 * proxy, it applies the destination's ingress HTTP rules as well
+	 * (PROXY_HTTP_BOTH, docs/policy-l7.md "Egress and ingress rules on
+	 * one flow"); the DNS proxy's flows keep their proxy. */
 	if (enf && dir == DIR_EGRESS)
 		((struct pkt *)p)->proxy = VERDICT_PROXY(v.e_match);
 	else if (enf && VERDICT_PROXY(v.e_match) == PROXY_HTTP && !p->proxy)
 		((struct pkt *)p)->proxy = PROXY_HTTP_INGRESS;
+	else if (enf && VERDICT_PROXY(v.e_match) == PROXY_HTTP && p->proxy == PROXY_HTTP)
+		((struct pkt *)p)->proxy = PROXY_HTTP_BOTH;
 	return 0;
 }
 

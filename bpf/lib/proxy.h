@@ -42,6 +42,9 @@ __attribute__((noinline)) int proxy_redirect(struct __sk_buff *skb, const struct
 	int v6 = p->family == FAMILY_V6;
 	if (!v6 && p->family != FAMILY_V4)
 		return -1;
+	/* Both sides' HTTP rules: the egress HTTP proxy applies them. */
+	if (proxy == PROXY_HTTP_BOTH)
+		proxy = PROXY_HTTP;
 	struct bpf_sock *sk;
 	if (p->proto == IPPROTO_TCP_) {
 		struct bpf_sock_tuple t = {};

@@ -95,20 +95,83 @@ func (l *headerLimit) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// ServeConn proxies one client connection from src, originally to dst,
-// until either side closes it. It closes conn.
-func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
-	defer conn.Close()
-	rules := p.cfg.Rules(src, dst)
+// Both is what the egress proxy needs for a connection whose flow its
+// local destination's ingress sends to the HTTP proxy too
+// (docs/policy-l7.md, "Egress and ingress rules on one flow"): one proxy
+// applies both rule sets, a request passing only when an egress rule of
+// the source and an ingress rule of the destination allow it.
+type Both struct {
+	// IngressRules are the destination's ingress HTTP rules for the
+	// source (nil: none allow).
+	IngressRules []api.PortRuleHTTP
+}
+
+// ConnOptions are what one connection needs beyond the proxy's Config.
+type ConnOptions struct {
+	// Both, when set, makes the destination's ingress rules apply too.
+	Both *Both
+	// Dial, when set, replaces Config.Dial for this connection's
+	// upstream (the egress proxy's marked connection to a local
+	// destination that admitted the flow).
+	Dial func(dst netip.AddrPort) (net.Conn, error)
+}
+
+// compile compiles rules; one that does not compile allows nothing.
+func (p *HTTPProxy) compile(rules []api.PortRuleHTTP) []*Matcher {
 	matchers := make([]*Matcher, 0, len(rules))
 	for i, r := range rules {
 		m, err := Compile(r)
 		if err != nil {
 			// Validated with the policy: not expected; the rule allows nothing.
 			p.cfg.Log.Warn("HTTP rule does not compile; it allows nothing", "rule", i, "error", err)
-			continue
+			m = nil
 		}
 		matchers = append(matchers, m)
+	}
+	return matchers
+}
+
+// firstMatch is the index of the first matcher that allows req, or -1.
+func firstMatch(matchers []*Matcher, req *http.Request) int {
+	for i, m := range matchers {
+		if m != nil && m.Matches(req) {
+			return i
+		}
+	}
+	return -1
+}
+
+// ServeConn proxies one client connection from src, originally to dst,
+// until either side closes it. It closes conn.
+func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
+	p.ServeConnWith(conn, src, dst, ConnOptions{})
+}
+
+// ServeConnWith is ServeConn with a connection's options.
+func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort, opts ConnOptions) {
+	defer conn.Close()
+	rules := p.cfg.Rules(src, dst)
+	matchers := p.compile(rules)
+	var inRules []api.PortRuleHTTP
+	var inMatchers []*Matcher
+	if opts.Both != nil {
+		inRules = opts.Both.IngressRules
+		inMatchers = p.compile(inRules)
+	}
+	dialUp := p.cfg.Dial
+	if opts.Dial != nil {
+		dialUp = opts.Dial
+	}
+	// The flows' directions: this proxy's own, and with Both the
+	// destination's ingress as well (as Cilium shows a request its
+	// egress and its ingress proxy both passed: one flow each).
+	own, other := flowpb.TrafficDirection_EGRESS, flowpb.TrafficDirection_INGRESS
+	if p.cfg.Ingress {
+		own = flowpb.TrafficDirection_INGRESS
+	}
+	denied := "no http rule allows it"
+	if opts.Both != nil {
+		denied = "no http rule of the source's egress allows it"
 	}
 	var upstream net.Conn
 	var upReader *bufio.Reader
@@ -143,14 +206,12 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 			return
 		}
 		start := time.Now()
-		rule := -1
-		for i, m := range matchers {
-			if m.Matches(req) {
-				rule = i
-				break
-			}
+		rule := firstMatch(matchers, req)
+		inRule := -1
+		if rule >= 0 && opts.Both != nil {
+			inRule = firstMatch(inMatchers, req)
 		}
-		if rule < 0 {
+		if rule < 0 || (opts.Both != nil && inRule < 0) {
 			// The body is drained so the next request on the connection
 			// can be read (keep-alive survives a denial).
 			_, _ = io.Copy(io.Discard, req.Body)
@@ -160,7 +221,17 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 			body := "Access denied\n"
 			resp.ContentLength = int64(len(body))
 			resp.Body = io.NopCloser(strings.NewReader(body))
-			p.emit(src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_DROPPED, "no http rule allows it")
+			if rule < 0 {
+				p.emit(own, src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_DROPPED, denied)
+			} else {
+				// The source's egress let it through; the destination's
+				// ingress answered 403 (Cilium: the ingress proxy's
+				// denial, then the egress proxy's flow of that answer).
+				p.emit(other, src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_DROPPED,
+					"no http rule of the destination's ingress allows it")
+				p.emit(own, src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_FORWARDED,
+					fmt.Sprintf("allowed by http rule %d %s", rule, describe(rules[rule])))
+			}
 			if err := writeResponse(cw, resp); err != nil || req.Close {
 				return
 			}
@@ -170,11 +241,11 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 			if upstream != nil {
 				upstream.Close()
 			}
-			upstream, err = p.cfg.Dial(dst)
+			upstream, err = dialUp(dst)
 			if err != nil {
 				upstream = nil
 				p.cfg.Log.Info("HTTP proxy: cannot reach the original destination", "dst", dst, "error", err)
-				p.emit(src, conn, dst, req, http.StatusServiceUnavailable, time.Since(start), flowpb.Verdict_ERROR, "upstream: "+err.Error())
+				p.emit(own, src, conn, dst, req, http.StatusServiceUnavailable, time.Since(start), flowpb.Verdict_ERROR, "upstream: "+err.Error())
 				_ = (&http.Response{StatusCode: http.StatusServiceUnavailable, ProtoMajor: 1, ProtoMinor: 1, Close: true, Request: req}).Write(conn)
 				return false
 			}
@@ -201,8 +272,12 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 			p.cfg.Log.Debug("HTTP proxy: upstream exchange", "dst", dst, "error", err)
 			return
 		}
+		if opts.Both != nil {
+			p.emit(other, src, conn, dst, req, resp.StatusCode, time.Since(start), flowpb.Verdict_FORWARDED,
+				fmt.Sprintf("allowed by the destination's ingress http rule %d %s", inRule, describe(inRules[inRule])))
+		}
 		reason := fmt.Sprintf("allowed by http rule %d %s", rule, describe(rules[rule]))
-		p.emit(src, conn, dst, req, resp.StatusCode, time.Since(start), flowpb.Verdict_FORWARDED, reason)
+		p.emit(own, src, conn, dst, req, resp.StatusCode, time.Since(start), flowpb.Verdict_FORWARDED, reason)
 		resp.Body = &flushBeforeWait{ReadCloser: resp.Body, src: upReader, w: cw}
 		err = writeResponse(cw, resp) // streams the body
 		resp.Body.Close()
@@ -267,8 +342,8 @@ func describe(r api.PortRuleHTTP) string {
 	return fmt.Sprintf("{method: %q, path: %q, host: %q, headers: %q}", r.Method, r.Path, r.Host, r.Headers)
 }
 
-// emit records the request's flow.
-func (p *HTTPProxy) emit(src Source, conn net.Conn, dst netip.AddrPort, req *http.Request, code int, latency time.Duration, verdict flowpb.Verdict, reason string) {
+// emit records the request's flow in direction dir.
+func (p *HTTPProxy) emit(dir flowpb.TrafficDirection, src Source, conn net.Conn, dst netip.AddrPort, req *http.Request, code int, latency time.Duration, verdict flowpb.Verdict, reason string) {
 	if p.cfg.Flow == nil {
 		return
 	}
@@ -290,9 +365,6 @@ func (p *HTTPProxy) emit(src Source, conn net.Conn, dst netip.AddrPort, req *htt
 	if verdict == flowpb.Verdict_DROPPED {
 		f.DropReasonDesc = flowpb.DropReason_POLICY_DENIED
 	}
-	f.TrafficDirection = flowpb.TrafficDirection_EGRESS
-	if p.cfg.Ingress {
-		f.TrafficDirection = flowpb.TrafficDirection_INGRESS
-	}
+	f.TrafficDirection = dir
 	p.cfg.Flow(f)
 }

@@ -407,9 +407,10 @@ func (r *Redirect) dial(network, addr string) (c net.Conn, err error) {
 	return c, err
 }
 
-// dialUpstream opens the ingress proxy's connection to the pod it serves,
-// from the node's namespace, marked PROXY_MARK_UPSTREAM (SO_MARK): the
-// pod's to_pod admits it without its ingress policy.
+// dialUpstream opens the ingress proxy's connection to the pod it serves
+// (or the egress proxy's to a local pod that admitted the flow, see
+// egressOptions), from the node's namespace, marked PROXY_MARK_UPSTREAM
+// (SO_MARK): the pod's to_pod admits it without its ingress policy.
 func (r *Redirect) dialUpstream(dst netip.AddrPort) (c net.Conn, err error) {
 	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, raw syscall.RawConn) error {
 		var serr error
@@ -468,6 +469,52 @@ func (r *Redirect) ingressPeer(src, dst netip.AddrPort) (Sender, bool) {
 		return Sender{}, false
 	}
 	return from, true
+}
+
+// egressOptions are what the egress HTTP proxy needs for a flow from
+// local endpoint from (at src) to dst beyond the source's egress rules,
+// from the flow's conntrack entry (the datapath's record of what it
+// decided in the source's from_pod, bpf/bpf_lxc.c from_pod_flow):
+//
+//   - when the entry names the local endpoint that owns dst as having
+//     admitted the flow (its ingress policy allowed the source's identity
+//     at L3/L4), the upstream connection is marked PROXY_MARK_UPSTREAM, as
+//     the ingress proxy's: the destination's to_pod does not decide it
+//     again for the node (--allow-localhost=policy would drop it);
+//   - when the entry also says that the destination's ingress entry named
+//     the HTTP proxy (PROXY_HTTP_BOTH), the destination's ingress HTTP
+//     rules for the source's identity apply as well (a request passes
+//     only when both allow it; nil rules allow nothing).
+//
+// Anything else (a remote destination, a destination that did not admit
+// the flow, no entry): the source's egress rules alone, and an unmarked
+// upstream that the destination's policy decides as the node's.
+func (r *Redirect) egressOptions(src netip.AddrPort, from Sender, dst netip.AddrPort) l7proxy.ConnOptions {
+	to, ok := r.sender(dst.Addr())
+	if !ok {
+		return l7proxy.ConnOptions{}
+	}
+	e, ok, err := r.ct.Lookup(maps.CTEntry{Proto: unix.IPPROTO_TCP, Src: src.Addr(), SrcPort: src.Port(), Dst: dst.Addr(), DstPort: dst.Port()})
+	if err != nil || !ok || e.Src != src.Addr() || e.SrcPort != src.Port() ||
+		e.SrcEndpoint != from.EndpointID || e.DstEndpoint != to.EndpointID {
+		return l7proxy.ConnOptions{}
+	}
+	switch e.Proxy {
+	case maps.ProxyHttp:
+		return l7proxy.ConnOptions{Dial: r.dialUpstream}
+	case maps.ProxyHttpBoth:
+		both := &l7proxy.Both{}
+		if r.cfg.IngressRules != nil {
+			if rules := r.cfg.IngressRules(to.EndpointID, from.Identity, src.Addr(), dst.Port()); rules != nil {
+				both.IngressRules = rules.HTTP
+				if rules.AllowAll {
+					both.IngressRules = []api.PortRuleHTTP{{}}
+				}
+			}
+		}
+		return l7proxy.ConnOptions{Both: both, Dial: r.dialUpstream}
+	}
+	return l7proxy.ConnOptions{}
 }
 
 func (r *Redirect) serveHTTPIngress() {
@@ -530,7 +577,9 @@ func (r *Redirect) serveHTTP() {
 				c.Close()
 				return
 			}
-			r.httpPx.ServeConn(c, l7proxy.Source{EndpointID: src.EndpointID, Identity: src.Identity}, dst)
+			from := addrPort(c.RemoteAddr())
+			from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+			r.httpPx.ServeConnWith(c, l7proxy.Source{EndpointID: src.EndpointID, Identity: src.Identity}, dst, r.egressOptions(from, src, dst))
 		}()
 	}
 }

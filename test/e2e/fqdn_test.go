@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -76,6 +77,48 @@ spec:
     - ports: [{port: "80", protocol: TCP}]
       rules:
         http: [{method: GET, path: /healthz}]
+`
+
+// webFromHostYAML: HTTP rules on web's port 80 for the node itself (GET
+// /healthz), which reaches the ingress proxy through the hairpin device
+// (docs/policy-l7.md, "The node as a source").
+const webFromHostYAML = `
+apiVersion: tendril.io/v1alpha1
+kind: TendrilNetworkPolicy
+metadata:
+  name: e2e-fqdn-web-host
+spec:
+  endpointSelector:
+    matchLabels: {app: fqdn-web}
+  ingress:
+  - fromEntities: [host]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+      rules:
+        http: [{method: GET, path: /healthz}]
+`
+
+// clientToWebHTTPYAML: the client's egress to web's port 80 with HTTP rules
+// of its own: GET /healthz only with the header X-Egress: yes, and POST
+// /healthz. With webPolicyYAML (GET /healthz on web's ingress) the flow has
+// both egress and ingress HTTP rules, which the egress proxy applies
+// together (docs/policy-l7.md, "Egress and ingress rules on one flow").
+const clientToWebHTTPYAML = `
+apiVersion: tendril.io/v1alpha1
+kind: TendrilNetworkPolicy
+metadata:
+  name: e2e-fqdn-client-web
+spec:
+  endpointSelector:
+    matchLabels: {app: fqdn-client}
+  egress:
+  - toEndpoints: [{matchLabels: {app: fqdn-web}}]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+      rules:
+        http:
+        - {method: GET, path: /healthz, headers: ["X-Egress: yes"]}
+        - {method: POST, path: /healthz}
 `
 
 const clientToWebYAML = `
@@ -547,6 +590,125 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 			for _, f := range l7Flows() {
 				h := f.GetL7().GetHttp()
 				if h == nil || f.GetTrafficDirection() != flowpb.TrafficDirection_INGRESS || f.GetIP().GetDestination() != web.Status.PodIP {
+					continue
+				}
+				switch {
+				case h.GetMethod() == "GET" && h.GetCode() == 200 && f.GetVerdict() == flowpb.Verdict_FORWARDED && strings.Contains(f.GetSummary(), `"/healthz"`):
+					allowed = true
+				case h.GetMethod() == "POST" && h.GetCode() == 403 && f.GetVerdict() == flowpb.Verdict_DROPPED:
+					denied = true
+				}
+			}
+			return allowed && denied, fmt.Errorf("allowed %v, denied %v", allowed, denied)
+		})
+
+		// Both rule sets on one flow: the client's egress to web gets HTTP
+		// rules of its own (replacing its L4 allow). node1's egress proxy
+		// applies them with web's ingress rules: GET /healthz with the
+		// header both allow (200), without it only the egress denies
+		// (403), POST only the ingress denies (403); the flows name the
+		// side. The proxy's marked upstream reaches web, whose policy does
+		// not admit the node.
+		{
+			pc := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns)
+			cur, err := pc.Get(ctx, "e2e-fqdn-client-web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := &v1alpha1.TendrilNetworkPolicy{}
+			if err := yaml.UnmarshalStrict([]byte(clientToWebHTTPYAML), p); err != nil {
+				t.Fatal(err)
+			}
+			cur.Spec = p.Spec
+			if _, err := pc.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		curlH := func(method, path string, header ...string) (int, string) {
+			args := []string{"exec", client, "--", "curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", "-X", method}
+			for _, h := range header {
+				args = append(args, "-H", h)
+			}
+			code, out := tendril(t, append(args, webURL+path)...)
+			return code, strings.TrimSpace(out)
+		}
+		eventually(t, "GET /healthz with X-Egress to web answered 200 through both rule sets", func() (bool, error) {
+			code, out := curlH("GET", "/healthz", "X-Egress: yes")
+			return code == 0 && out == "200", fmt.Errorf("exit %d, %q", code, out)
+		})
+		if code, out := curlH("GET", "/healthz"); code != 0 || out != "403" {
+			t.Errorf("GET /healthz without X-Egress (the egress denies): exit %d, code %q, want 403", code, out)
+		}
+		if code, out := curlH("POST", "/healthz", "X-Egress: yes"); code != 0 || out != "403" {
+			t.Errorf("POST /healthz (the ingress denies): exit %d, code %q, want 403", code, out)
+		}
+		eventually(t, "flows of both rule sets: INGRESS and EGRESS for the GET, the side of each denial", func() (bool, error) {
+			var inAllowed, outAllowed, inDenied, outDenied bool
+			for _, f := range l7Flows() {
+				h := f.GetL7().GetHttp()
+				if h == nil || f.GetIP().GetDestination() != web.Status.PodIP {
+					continue
+				}
+				sum, dir, v := f.GetSummary(), f.GetTrafficDirection(), f.GetVerdict()
+				switch {
+				case dir == flowpb.TrafficDirection_INGRESS && v == flowpb.Verdict_FORWARDED && h.GetCode() == 200 && strings.Contains(sum, "destination's ingress http rule"):
+					inAllowed = true
+				case dir == flowpb.TrafficDirection_EGRESS && v == flowpb.Verdict_FORWARDED && h.GetCode() == 200 && strings.Contains(sum, "X-Egress"):
+					outAllowed = true
+				case dir == flowpb.TrafficDirection_INGRESS && v == flowpb.Verdict_DROPPED && h.GetMethod() == "POST" && strings.Contains(sum, "destination's ingress"):
+					inDenied = true
+				case dir == flowpb.TrafficDirection_EGRESS && v == flowpb.Verdict_DROPPED && h.GetMethod() == "GET" && strings.Contains(sum, "source's egress"):
+					outDenied = true
+				}
+			}
+			return inAllowed && outAllowed && inDenied && outDenied, fmt.Errorf("ingress allowed %v, egress allowed %v, ingress denied %v, egress denied %v",
+				inAllowed, outAllowed, inDenied, outDenied)
+		})
+
+		// The node itself (curl in node1's namespace): no rule admits the
+		// host yet, so nothing connects; with HTTP rules for the host on
+		// port 80, node1's to_pod sends the flow through the hairpin device
+		// to the ingress proxy: GET 200, POST 403, INGRESS flows from the
+		// host identity. With the objects from before the hairpin, to_pod
+		// dropped the node's SYN and the GET timed out.
+		nodeCurl := func(method, path string) (int, string) {
+			out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "curl", "-sS", "-m", "3", "-o", "/dev/null",
+				"-w", "%{http_code}", "-X", method, webURL+path).CombinedOutput()
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			return code, strings.TrimSpace(string(out))
+		}
+		if code, out := nodeCurl("GET", "/healthz"); code == 0 || strings.HasSuffix(out, "200") {
+			t.Errorf("node1 -> web:80 before any rule admits the host: exit %d, %q, want a failed connection", code, out)
+		}
+		p := &v1alpha1.TendrilNetworkPolicy{}
+		if err := yaml.UnmarshalStrict([]byte(webFromHostYAML), p); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{})
+		})
+		eventually(t, "GET /healthz from node1 to web answered 200 through the hairpin and the ingress proxy", func() (bool, error) {
+			code, out := nodeCurl("GET", "/healthz")
+			return code == 0 && out == "200", fmt.Errorf("exit %d, %q", code, out)
+		})
+		if code, out := nodeCurl("POST", "/healthz"); code != 0 || out != "403" {
+			t.Errorf("POST /healthz from node1 to web: exit %d, code %q, want 403", code, out)
+		}
+		eventually(t, "ingress HTTP flows from the host: GET /healthz naming the rule, POST denied", func() (bool, error) {
+			var allowed, denied bool
+			for _, f := range l7Flows() {
+				h := f.GetL7().GetHttp()
+				if h == nil || f.GetTrafficDirection() != flowpb.TrafficDirection_INGRESS || f.GetIP().GetDestination() != web.Status.PodIP ||
+					f.GetSource().GetIdentity() != 1 {
 					continue
 				}
 				switch {

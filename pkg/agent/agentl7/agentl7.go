@@ -9,15 +9,18 @@ package agentl7
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/netip"
 
 	"github.com/cilium/hive/cell"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/tendril-net/tendril/pkg/agent/agentdatapath"
 	"github.com/tendril-net/tendril/pkg/agent/agentfqdn"
 	"github.com/tendril-net/tendril/pkg/agent/agentpolicy"
+	"github.com/tendril-net/tendril/pkg/datapath/linux"
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/l7redirect"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
@@ -50,6 +53,8 @@ type params struct {
 type proxies struct {
 	p params
 	r *l7redirect.Redirect
+	// unhairpin detaches the L7 hairpin (nil: not attached).
+	unhairpin func() error
 }
 
 func register(p params) lifecycle.Invoked {
@@ -76,7 +81,31 @@ func (x *proxies) start(context.Context) error {
 	x.r = r
 	dnsPort, httpPort := r.Ports()
 	p.Log.Info("L7 proxies listening", "dns-port", dnsPort, "http-port", httpPort)
+	x.attachHairpin()
 	return nil
+}
+
+// attachHairpin puts the datapath's L7 hairpin on the host device
+// (docs/policy-l7.md, "The node as a source"): the node's own flows to a
+// pod's port with ingress HTTP rules then reach the ingress proxy. Not
+// fatal: without it those flows stay closed, as before.
+func (x *proxies) attachHairpin() {
+	p := x.p
+	ld := p.Datapath.Loader()
+	if ld == nil {
+		return
+	}
+	dev, err := netlink.LinkByName(linux.HostDeviceName)
+	if err != nil {
+		p.Log.Warn("L7 hairpin not attached: the node's own flows to ports with ingress HTTP rules stay closed", "device", linux.HostDeviceName, "error", err)
+		return
+	}
+	detach, err := ld.AttachL7Hairpin(dev.Attrs().Index)
+	if err != nil {
+		p.Log.Warn("L7 hairpin not attached: the node's own flows to ports with ingress HTTP rules stay closed", "device", linux.HostDeviceName, "error", err)
+		return
+	}
+	x.unhairpin = detach
 }
 
 // redirectConfig is what the proxies get from the agent: senders from the
@@ -112,8 +141,13 @@ func redirectConfig(p params) l7redirect.Config {
 }
 
 func (x *proxies) stop(context.Context) error {
-	if x.r == nil {
-		return nil
+	var errs []error
+	if x.unhairpin != nil {
+		errs = append(errs, x.unhairpin())
+		x.unhairpin = nil
 	}
-	return x.r.Close()
+	if x.r != nil {
+		errs = append(errs, x.r.Close())
+	}
+	return errors.Join(errs...)
 }

@@ -420,6 +420,7 @@ const (
 	HostMapTdrHostdevV1          = "tdr_hostdev_v1"
 	HostMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	HostMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
+	HostMapTdrL7HairpinV1        = "tdr_l7_hairpin_v1"
 	HostMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	HostMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
 	HostMapTdrLb4SkipV1          = "tdr_lb4_skip_v1"
@@ -533,6 +534,7 @@ type HostMapSpecs struct {
 	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
+	TdrL7HairpinV1    *ebpf.MapSpec `ebpf:"tdr_l7_hairpin_v1"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb4_skip_v1"`
@@ -618,6 +620,7 @@ type HostMaps struct {
 	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
+	TdrL7HairpinV1    *ebpf.Map `ebpf:"tdr_l7_hairpin_v1"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SkipV1      *ebpf.Map `ebpf:"tdr_lb4_skip_v1"`
@@ -667,6 +670,7 @@ func (m *HostMaps) Close() error {
 		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
 		m.TdrL2ResponderV4,
+		m.TdrL7HairpinV1,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
 		m.TdrLb4SkipV1,

@@ -421,6 +421,7 @@ const (
 	LxcMapTdrHostdevV1          = "tdr_hostdev_v1"
 	LxcMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	LxcMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
+	LxcMapTdrL7HairpinV1        = "tdr_l7_hairpin_v1"
 	LxcMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	LxcMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
 	LxcMapTdrLb4SkipV1          = "tdr_lb4_skip_v1"
@@ -448,6 +449,7 @@ const (
 	LxcMapTdrRatelimitV2        = "tdr_ratelimit_v2"
 	LxcMapTdrTunnelV1           = "tdr_tunnel_v1"
 	LxcProgFromPod              = "from_pod"
+	LxcProgL7Hairpin            = "l7_hairpin"
 	LxcProgToPod                = "to_pod"
 	LxcVarEVENTS_BURST          = "EVENTS_BURST"
 	LxcVarEVENTS_PER_SEC        = "EVENTS_PER_SEC"
@@ -501,8 +503,9 @@ type LxcSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LxcProgramSpecs struct {
-	FromPod *ebpf.ProgramSpec `ebpf:"from_pod"`
-	ToPod   *ebpf.ProgramSpec `ebpf:"to_pod"`
+	FromPod   *ebpf.ProgramSpec `ebpf:"from_pod"`
+	L7Hairpin *ebpf.ProgramSpec `ebpf:"l7_hairpin"`
+	ToPod     *ebpf.ProgramSpec `ebpf:"to_pod"`
 }
 
 // LxcMapSpecs contains maps before they are loaded into the kernel.
@@ -527,6 +530,7 @@ type LxcMapSpecs struct {
 	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
+	TdrL7HairpinV1    *ebpf.MapSpec `ebpf:"tdr_l7_hairpin_v1"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb4_skip_v1"`
@@ -607,6 +611,7 @@ type LxcMaps struct {
 	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
+	TdrL7HairpinV1    *ebpf.Map `ebpf:"tdr_l7_hairpin_v1"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SkipV1      *ebpf.Map `ebpf:"tdr_lb4_skip_v1"`
@@ -655,6 +660,7 @@ func (m *LxcMaps) Close() error {
 		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
 		m.TdrL2ResponderV4,
+		m.TdrL7HairpinV1,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
 		m.TdrLb4SkipV1,
@@ -702,13 +708,15 @@ type LxcVariables struct {
 //
 // It can be passed to LoadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LxcPrograms struct {
-	FromPod *ebpf.Program `ebpf:"from_pod"`
-	ToPod   *ebpf.Program `ebpf:"to_pod"`
+	FromPod   *ebpf.Program `ebpf:"from_pod"`
+	L7Hairpin *ebpf.Program `ebpf:"l7_hairpin"`
+	ToPod     *ebpf.Program `ebpf:"to_pod"`
 }
 
 func (p *LxcPrograms) Close() error {
 	return _LxcClose(
 		p.FromPod,
+		p.L7Hairpin,
 		p.ToPod,
 	)
 }

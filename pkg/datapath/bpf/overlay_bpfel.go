@@ -420,6 +420,7 @@ const (
 	OverlayMapTdrHostdevV1          = "tdr_hostdev_v1"
 	OverlayMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	OverlayMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
+	OverlayMapTdrL7HairpinV1        = "tdr_l7_hairpin_v1"
 	OverlayMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	OverlayMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
 	OverlayMapTdrLb4SkipV1          = "tdr_lb4_skip_v1"
@@ -532,6 +533,7 @@ type OverlayMapSpecs struct {
 	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
+	TdrL7HairpinV1    *ebpf.MapSpec `ebpf:"tdr_l7_hairpin_v1"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb4_skip_v1"`
@@ -616,6 +618,7 @@ type OverlayMaps struct {
 	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
+	TdrL7HairpinV1    *ebpf.Map `ebpf:"tdr_l7_hairpin_v1"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SkipV1      *ebpf.Map `ebpf:"tdr_lb4_skip_v1"`
@@ -665,6 +668,7 @@ func (m *OverlayMaps) Close() error {
 		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
 		m.TdrL2ResponderV4,
+		m.TdrL7HairpinV1,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
 		m.TdrLb4SkipV1,

@@ -379,6 +379,7 @@ const (
 	SockMapTdrHostdevV1          = "tdr_hostdev_v1"
 	SockMapTdrIpcacheV2          = "tdr_ipcache_v2"
 	SockMapTdrL2ResponderV4      = "tdr_l2_responder_v4"
+	SockMapTdrL7HairpinV1        = "tdr_l7_hairpin_v1"
 	SockMapTdrLb4FlowsV1         = "tdr_lb4_flows_v1"
 	SockMapTdrLb4ServicesV1      = "tdr_lb4_services_v1"
 	SockMapTdrLb4SkipV1          = "tdr_lb4_skip_v1"
@@ -496,6 +497,7 @@ type SockMapSpecs struct {
 	TdrHostdevV1      *ebpf.MapSpec `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.MapSpec `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.MapSpec `ebpf:"tdr_l2_responder_v4"`
+	TdrL7HairpinV1    *ebpf.MapSpec `ebpf:"tdr_l7_hairpin_v1"`
 	TdrLb4FlowsV1     *ebpf.MapSpec `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.MapSpec `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SkipV1      *ebpf.MapSpec `ebpf:"tdr_lb4_skip_v1"`
@@ -575,6 +577,7 @@ type SockMaps struct {
 	TdrHostdevV1      *ebpf.Map `ebpf:"tdr_hostdev_v1"`
 	TdrIpcacheV2      *ebpf.Map `ebpf:"tdr_ipcache_v2"`
 	TdrL2ResponderV4  *ebpf.Map `ebpf:"tdr_l2_responder_v4"`
+	TdrL7HairpinV1    *ebpf.Map `ebpf:"tdr_l7_hairpin_v1"`
 	TdrLb4FlowsV1     *ebpf.Map `ebpf:"tdr_lb4_flows_v1"`
 	TdrLb4ServicesV1  *ebpf.Map `ebpf:"tdr_lb4_services_v1"`
 	TdrLb4SkipV1      *ebpf.Map `ebpf:"tdr_lb4_skip_v1"`
@@ -623,6 +626,7 @@ func (m *SockMaps) Close() error {
 		m.TdrHostdevV1,
 		m.TdrIpcacheV2,
 		m.TdrL2ResponderV4,
+		m.TdrL7HairpinV1,
 		m.TdrLb4FlowsV1,
 		m.TdrLb4ServicesV1,
 		m.TdrLb4SkipV1,

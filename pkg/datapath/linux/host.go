@@ -90,6 +90,16 @@ func (h *Host) EnsureHostDevice(routerV4, routerV6 net.IP) (netlink.Link, error)
 			return nil, err
 		}
 	}
+	// The device is the L7 hairpin's too (docs/policy-l7.md, "The node as
+	// a source"): to_pod sends the node's own packets to a pod's port with
+	// ingress HTTP rules to its ingress, for the proxy. Their source is a
+	// local address, which the kernel drops as martian on a device that
+	// does not accept local sources.
+	if routerV4 != nil {
+		if err := h.sysctl.Set("1", "net", "ipv4", "conf", HostDeviceName, "accept_local"); err != nil {
+			return nil, err
+		}
+	}
 	want := map[string]bool{}
 	for _, ip := range []net.IP{routerV4, routerV6} {
 		if ip == nil {

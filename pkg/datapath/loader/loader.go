@@ -108,6 +108,9 @@ type Loader struct {
 
 	mu   sync.Mutex
 	objs bpf.LxcObjects
+	// spec is the pod object as Start loaded it (its variables set), for
+	// the programs loaded on demand (l7_hairpin).
+	spec *ebpf.CollectionSpec
 	// mountedBPFFS: Start found no bpffs at /sys/fs/bpf and mounted one.
 	mountedBPFFS bool
 	maps         *maps.Maps
@@ -219,6 +222,7 @@ func (l *Loader) Start() error {
 		return fmt.Errorf("load datapath: %w", err)
 	}
 	loaded = true
+	l.spec = spec
 	l.maps = maps.FromObjects(&l.objs.LxcMaps)
 	l.carryResized(resized)
 	l.migrateLegacy(legacy)

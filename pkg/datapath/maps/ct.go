@@ -45,7 +45,9 @@ type CTEntry struct {
 	// translated (Dst is then the backend); 0: not translated.
 	RevNAT uint32
 	// Proxy is the node's proxy (Proxy*) the flow's egress policy sent it
-	// to (ProxyHttpIngress: the destination's ingress); 0: none.
+	// to (ProxyHttpIngress: the destination's ingress; ProxyHttpBoth: the
+	// HTTP proxy for both the source's egress and the destination's
+	// ingress rules); 0: none.
 	Proxy uint8
 	// SrcIdentity is the identity the datapath gave a remote Src whose
 	// flow a local Dst's ingress sent to the HTTP proxy (from_netdev,

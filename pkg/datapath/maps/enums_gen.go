@@ -77,6 +77,14 @@ const (
 	// source the conntrack entry names.
 	ProxyHttpIngress uint8 = 3 // PROXY_HTTP_INGRESS
 	ProxyMax         uint8 = 4 // PROXY_MAX
+	// A flow whose source's egress entry and whose local destination's
+	// ingress entry both name the HTTP proxy: it goes to the (egress) HTTP
+	// proxy's listener, which applies both rule sets and reaches the
+	// destination marked PROXY_MARK_UPSTREAM (docs/policy-l7.md, "Egress and
+	// ingress rules on one flow"). Not a listener of its own (beyond
+	// PROXY_MAX: proxy_redirect takes PROXY_HTTP's); it fits the three bits
+	// ct_create keeps.
+	ProxyHttpBoth uint8 = 4 // PROXY_HTTP_BOTH
 )
 
 // The mark from_pod gives a packet it assigned to a proxy's socket: the
@@ -93,8 +101,16 @@ const (
 	// packets lose theirs crossing its veth. Not PROXY_MARK_VALUE, so not
 	// delivered locally by the proxy's routing rule.
 	ProxyMarkUpstream uint32 = 0x0300 // PROXY_MARK_UPSTREAM
-	ProxyMarkMask     uint32 = 0x0F00 // PROXY_MARK_MASK
-	ProxyMarkTable    uint32 = 2005   // PROXY_MARK_TABLE
+	// The mark to_pod gives a packet of a source that is no local endpoint
+	// (the node itself) for a port with ingress HTTP rules, as it redirects
+	// the packet to the ingress of the hairpin device (tendril_host), whose
+	// l7_hairpin program assigns it to the ingress HTTP proxy (to_pod runs at
+	// tcx egress, where bpf_sk_assign cannot). The endpoint's ID rides in the
+	// mark's upper 16 bits for the drop event. A packet that comes back to
+	// to_pod with it (no program took it) is dropped: the port stays closed.
+	ProxyMarkHairpin uint32 = 0x0400 // PROXY_MARK_HAIRPIN
+	ProxyMarkMask    uint32 = 0x0F00 // PROXY_MARK_MASK
+	ProxyMarkTable   uint32 = 2005   // PROXY_MARK_TABLE
 )
 
 // Conntrack entry revocations (ct_entry.revoked), by side of the key: the
