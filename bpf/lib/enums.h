@@ -90,6 +90,13 @@
  * packets lose theirs crossing its veth. Not PROXY_MARK_VALUE, so not
  * delivered locally by the proxy's routing rule. */
 #define PROXY_MARK_UPSTREAM 0x0300
+/* The mark (SO_MARK) of the egress HTTP proxy's upstream connections,
+ * which leave from the client pod's own address and port (lib/proxy.h):
+ * a local destination's to_pod delivers their packets as packets of the
+ * client's flow, which its ingress admitted for the client's identity,
+ * without touching the flow's entry (the client's connection owns it).
+ * Not 0x0400: WireGuard's device mark has that nibble. */
+#define PROXY_MARK_EGRESS_UPSTREAM 0x0500
 #define PROXY_MARK_MASK 0x0F00
 #define PROXY_MARK_TABLE 2005
 

@@ -44,8 +44,10 @@ type Source struct {
 type Config struct {
 	// Rules are the HTTP rules of src's policy for dst (nil: none allow).
 	Rules func(src Source, dst netip.AddrPort) []api.PortRuleHTTP
-	// Dial connects to the original destination.
-	Dial func(dst netip.AddrPort) (net.Conn, error)
+	// Dial connects to the original destination for the client
+	// connection from client (its peer's address and port: the egress
+	// proxy's upstream connection keeps them, see pkg/l7redirect).
+	Dial func(client, dst netip.AddrPort) (net.Conn, error)
 	// Flow receives one L7 flow per request (nil: none).
 	Flow func(*flowpb.Flow)
 	// Ingress: the proxy enforces the destination's ingress rules (its
@@ -60,7 +62,7 @@ type HTTPProxy struct{ cfg Config }
 // NewHTTP returns the proxy.
 func NewHTTP(cfg Config) *HTTPProxy {
 	if cfg.Dial == nil {
-		cfg.Dial = func(dst netip.AddrPort) (net.Conn, error) {
+		cfg.Dial = func(_, dst netip.AddrPort) (net.Conn, error) {
 			return net.DialTimeout("tcp", dst.String(), 10*time.Second)
 		}
 	}
@@ -110,6 +112,8 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 		}
 		matchers = append(matchers, m)
 	}
+	client, _ := netip.ParseAddrPort(conn.RemoteAddr().String())
+	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
 	var upstream net.Conn
 	var upReader *bufio.Reader
 	defer func() {
@@ -170,7 +174,7 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 			if upstream != nil {
 				upstream.Close()
 			}
-			upstream, err = p.cfg.Dial(dst)
+			upstream, err = p.cfg.Dial(client, dst)
 			if err != nil {
 				upstream = nil
 				p.cfg.Log.Info("HTTP proxy: cannot reach the original destination", "dst", dst, "error", err)

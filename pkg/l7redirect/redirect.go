@@ -304,7 +304,7 @@ func (r *Redirect) serve() {
 			}
 			return rules.HTTP
 		},
-		Dial: func(dst netip.AddrPort) (net.Conn, error) { return r.dial("tcp", dst.String()) },
+		Dial: r.dialAs,
 		Flow: r.cfg.HTTPFlow,
 		Log:  r.log,
 	})
@@ -323,7 +323,7 @@ func (r *Redirect) serve() {
 			}
 			return rules.HTTP
 		},
-		Dial:    r.dialUpstream,
+		Dial:    func(_, dst netip.AddrPort) (net.Conn, error) { return r.dialUpstream(dst) },
 		Flow:    r.cfg.HTTPFlow,
 		Ingress: true,
 		Log:     r.log,
@@ -365,6 +365,66 @@ func (r *Redirect) dial(network, addr string) (c net.Conn, err error) {
 		return err
 	})
 	return c, err
+}
+
+// dialAs opens the HTTP proxy's upstream connection for a pod's
+// redirected connection from client (the pod's address and port) to dst,
+// from the pod's own address and port: the same tuple as the pod's flow.
+// The destination (its node's ipcache, the tunnel key to_overlay sets from
+// the local endpoint, a local pod's to_pod) sees the pod and its identity,
+// not the node, and the flow's conntrack entry is the pod's: its replies
+// are steered to this socket by the datapath (bpf/lib/proxy.h).
+//
+// The socket is IP_TRANSPARENT (bound to an address the node does not
+// have), SO_REUSEADDR (a pod's kernel gives one port to connections to
+// different destinations, and their upstream sockets must each bind it)
+// and marked PROXY_MARK_EGRESS_UPSTREAM: a local destination's to_pod
+// delivers its packets under the client's flow without letting them close
+// or replace it.
+// The pod's tuple cannot collide with another of the pod's flows (its own
+// kernel made it unique) nor with the accepted socket of the pod's
+// connection (whose local side is dst: the node's table keys it the other
+// way round). It can still be taken here: a redial while the closed
+// upstream connection's TIME_WAIT holds the tuple. Then the connection
+// leaves from the node's address, as before the pod's address was kept
+// (another port of the pod's address would be a tuple without the pod's
+// conntrack entry, whose replies the datapath would not find the socket
+// for), and it is logged.
+func (r *Redirect) dialAs(client, dst netip.AddrPort) (net.Conn, error) {
+	if !client.Addr().Is4() || client.Port() == 0 {
+		return r.dial("tcp", dst.String())
+	}
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(client), Control: func(_, _ string, raw syscall.RawConn) error {
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+			if serr == nil {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+			}
+			if serr == nil {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(maps.ProxyMarkEgressUpstream))
+			}
+		}); err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("transparent upstream socket: %w", serr)
+		}
+		return nil
+	}}
+	var c net.Conn
+	err := r.cfg.InNodeNS(func() (err error) {
+		c, err = d.Dial("tcp4", dst.String())
+		return err
+	})
+	if err == nil {
+		return c, nil
+	}
+	if !errors.Is(err, unix.EADDRINUSE) && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		return nil, fmt.Errorf("upstream connection from %s to %s: %w", client, dst, err)
+	}
+	r.log.Info("HTTP proxy: the client's tuple is taken upstream; connecting from the node's address", "client", client, "dst", dst, "error", err)
+	return r.dial("tcp", dst.String())
 }
 
 // dialUpstream opens the ingress proxy's connection to the pod it serves,

@@ -93,8 +93,15 @@ const (
 	// packets lose theirs crossing its veth. Not PROXY_MARK_VALUE, so not
 	// delivered locally by the proxy's routing rule.
 	ProxyMarkUpstream uint32 = 0x0300 // PROXY_MARK_UPSTREAM
-	ProxyMarkMask     uint32 = 0x0F00 // PROXY_MARK_MASK
-	ProxyMarkTable    uint32 = 2005   // PROXY_MARK_TABLE
+	// The mark (SO_MARK) of the egress HTTP proxy's upstream connections,
+	// which leave from the client pod's own address and port (lib/proxy.h):
+	// a local destination's to_pod delivers their packets as packets of the
+	// client's flow, which its ingress admitted for the client's identity,
+	// without touching the flow's entry (the client's connection owns it).
+	// Not 0x0400: WireGuard's device mark has that nibble.
+	ProxyMarkEgressUpstream uint32 = 0x0500 // PROXY_MARK_EGRESS_UPSTREAM
+	ProxyMarkMask           uint32 = 0x0F00 // PROXY_MARK_MASK
+	ProxyMarkTable          uint32 = 2005   // PROXY_MARK_TABLE
 )
 
 // Conntrack entry revocations (ct_entry.revoked), by side of the key: the
