@@ -44,6 +44,15 @@
  * entry before the flag goes to to_pod, which drops it: fail closed). */
 #define EP_L7_INGRESS 0x80
 
+/* More endpoint flags (endpoint_info.flags2).
+ * go:const Flag2 EP2_ uint8 */
+/* The endpoint's enforced egress has entries naming a proxy: only then do
+ * from_netdev and a masquerade reply look up a packet's flow from another
+ * node for the HTTP proxy's upstream connection, which keeps the pod's
+ * address (lib/proxy.h), so other pods' packets do not pay that conntrack
+ * lookup. */
+#define EP2_L7_EGRESS 0x01
+
 /* ipcache flags (ipcache_info.flags).
  * go:const IPCacheFlag IPCACHE_F_ uint8 */
 #define IPCACHE_F_REMOTE_NODE 0x01 /* the prefix is a peer node's own address */

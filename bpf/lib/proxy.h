@@ -127,18 +127,17 @@ __attribute__((noinline)) int proxy_upstream_sk(struct __sk_buff *skb, const str
 /* proxy_upstream_reply: proxy_upstream_sk for a packet to a local
  * endpoint ep arriving from another node (from_netdev, after a
  * masquerade mapping's reverse translation too) when it is a reply of a
- * flow the endpoint's egress sent to the HTTP proxy. Only an endpoint
- * enforcing egress can have such flows (an entry naming a proxy is an
- * egress rule of its own): the others' packets pay nothing here, the
- * endpoint's pay one conntrack lookup. TC_ACT_OK or -1 (the caller's
- * usual path). A global function. */
+ * flow the endpoint's egress sent to the HTTP proxy. Only an endpoint the
+ * agent flagged EP2_L7_EGRESS (its enforced egress names a proxy) pays
+ * the conntrack lookup; the others' packets pay a flag test. TC_ACT_OK or
+ * -1 (the caller's usual path). A global function. */
 __attribute__((noinline)) int proxy_upstream_reply(struct __sk_buff *skb, const struct pkt *p, const struct endpoint_info *ep)
 {
 	struct flow f;
 
 	if (!skb || !p || !ep)
 		return -1;
-	if (!enforced(ep, DIR_EGRESS) || p->family != FAMILY_V4 || p->proto != IPPROTO_TCP_ || p->icmp_error ||
+	if (!(ep->flags2 & EP2_L7_EGRESS) || !enforced(ep, DIR_EGRESS) || p->family != FAMILY_V4 || p->proto != IPPROTO_TCP_ || p->icmp_error ||
 	    p->nonfirst_frag)
 		return -1;
 	flow_of(&f, p);

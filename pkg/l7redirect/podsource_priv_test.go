@@ -165,7 +165,7 @@ func testPodSource(t *testing.T, mode string) {
 	}
 	// b enforces ingress and admits a on 80 (not the host).
 	for _, ep := range []loader.EndpointInfo{
-		{ID: 1, IfIndex: pa.HostIfIndex, IfName: pa.HostIf, Addresses: []netip.Addr{pa.IPv4}, MAC: pa.MAC, HostMAC: pa.HostMAC, Identity: idA, EnforceEgress: true},
+		{ID: 1, IfIndex: pa.HostIfIndex, IfName: pa.HostIf, Addresses: []netip.Addr{pa.IPv4}, MAC: pa.MAC, HostMAC: pa.HostMAC, Identity: idA, EnforceEgress: true, L7Egress: true},
 		{ID: 2, IfIndex: pb.HostIfIndex, IfName: pb.HostIf, Addresses: []netip.Addr{pb.IPv4}, MAC: pb.MAC, HostMAC: pb.HostMAC, Identity: idB, EnforceIngress: true},
 	} {
 		if err := l.AttachEndpoint(ep); err != nil {

@@ -40,6 +40,17 @@ const (
 	FlagL7Ingress uint8 = 0x80 // EP_L7_INGRESS
 )
 
+// More endpoint flags (endpoint_info.flags2).
+// From EP2_* of bpf/lib/enums.h.
+const (
+	// The endpoint's enforced egress has entries naming a proxy: only then do
+	// from_netdev and a masquerade reply look up a packet's flow from another
+	// node for the HTTP proxy's upstream connection, which keeps the pod's
+	// address (lib/proxy.h), so other pods' packets do not pay that conntrack
+	// lookup.
+	Flag2L7Egress uint8 = 0x01 // EP2_L7_EGRESS
+)
+
 // ipcache flags (ipcache_info.flags).
 // From IPCACHE_F_* of bpf/lib/enums.h.
 const (
