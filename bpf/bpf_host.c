@@ -151,6 +151,18 @@ static __always_inline int nat_reply4(struct __sk_buff *skb, struct pkt *p, cons
 		return nodeport_reply(skb, p);
 	}
 	count(REASON_MASQ_REPLY, DIR_INGRESS, p->len);
+	/* A reply to the HTTP proxy's upstream connection that left with a
+	 * pod's address, masqueraded like the pod's own (lib/proxy.h): to
+	 * the proxy's socket, not the pod. */
+	if (p->proto == IPPROTO_TCP_) {
+		const struct endpoint_info *ep = endpoint_by_addr(FAMILY_V4, pod);
+		if (ep) {
+			__builtin_memcpy(p->daddr, pod, 4);
+			p->dport = port;
+			if (proxy_upstream_reply(skb, p, ep) >= 0)
+				return TC_ACT_OK;
+		}
+	}
 	return TC_ACT_OK;
 }
 

@@ -195,6 +195,16 @@ __attribute__((noinline)) int from_pod_flow(struct __sk_buff *skb, struct lxc_pk
 	/* Whether this packet is worth a trace event is decided before its
 	 * entry records it (a new flag, a first reply). */
 	p->reply = e && ct_is_reply(e, f);
+	/* This pod's reply to a local client's flow that the client's egress
+	 * sent to the HTTP proxy: the proxy's upstream connection holds the
+	 * client's tuple (lib/proxy.h), so the reply goes to its socket in
+	 * the host, not to the client; before the entry's update, which is
+	 * the client's connection's (the upstream's FIN would close it). */
+	if (e && e->proxy == PROXY_HTTP && p->reply) {
+		int r = proxy_upstream_sk(skb, p);
+		if (r >= 0)
+			return r;
+	}
 	int notable = trace_notable(e, p, ct_out, p->reply);
 	/* The flow's entry changes only once every check passed. ICMP errors
 	 * and fragments are not flows of their own. */
@@ -331,6 +341,13 @@ int to_pod(struct __sk_buff *skb)
 	 * aligned: six moves) is one. */
 	struct endpoint_info me __attribute__((aligned(8)));
 	__builtin_memcpy(&me, __builtin_assume_aligned(ep, 8), sizeof(me));
+	/* The egress HTTP proxy's upstream connection for a local client's
+	 * flow, from the client's own tuple (lib/proxy.h). */
+	if ((skb->mark & PROXY_MARK_MASK) == PROXY_MARK_EGRESS_UPSTREAM) {
+		int r = proxy_upstream_to_pod(p, &me);
+		if (r >= 0)
+			return r;
+	}
 	c.nat = 0;
 	flow_of(&c.f, p);
 	struct ct_entry *e = p->nonfirst_frag ? NULL : ct_find(&c.f, p);

@@ -210,6 +210,14 @@ static __always_inline int overlay_in(struct __sk_buff *skb)
 	 * to its ingress listener, from here: a tc ingress hook, where
 	 * bpf_sk_assign works (to_pod's tcx egress is not), with src_id,
 	 * decided above, recorded for the proxy. */
+	/* The reply to a flow the pod's egress sent to the HTTP proxy, whose
+	 * upstream connection left with the pod's address (lib/proxy.h):
+	 * to the proxy's socket in the host. */
+	if (e && e->proxy == PROXY_HTTP && ct_is_reply(e, &c.f)) {
+		int r = proxy_upstream_sk(skb, p);
+		if (r >= 0)
+			return r;
+	}
 	int ret = to_pod_flow(skb, &c, &me, e, src_id, 1);
 	if (ret == TO_POD_L7INGRESS)
 		return l7ingress_admitted(skb, p, me.ep_id, me.identity, src_id);

@@ -44,6 +44,15 @@
  * entry before the flag goes to to_pod, which drops it: fail closed). */
 #define EP_L7_INGRESS 0x80
 
+/* More endpoint flags (endpoint_info.flags2).
+ * go:const Flag2 EP2_ uint8 */
+/* The endpoint's enforced egress has entries naming a proxy: only then do
+ * from_netdev and a masquerade reply look up a packet's flow from another
+ * node for the HTTP proxy's upstream connection, which keeps the pod's
+ * address (lib/proxy.h), so other pods' packets do not pay that conntrack
+ * lookup. */
+#define EP2_L7_EGRESS 0x01
+
 /* ipcache flags (ipcache_info.flags).
  * go:const IPCacheFlag IPCACHE_F_ uint8 */
 #define IPCACHE_F_REMOTE_NODE 0x01 /* the prefix is a peer node's own address */
@@ -104,8 +113,17 @@
  * l7_hairpin program assigns it to the ingress HTTP proxy (to_pod runs at
  * tcx egress, where bpf_sk_assign cannot). The endpoint's ID rides in the
  * mark's upper 16 bits for the drop event. A packet that comes back to
- * to_pod with it (no program took it) is dropped: the port stays closed. */
+ * to_pod with it (no program took it) is dropped: the port stays closed.
+ * WireGuard's device mark (0x5457) has the same nibble: its datagrams
+ * leave by the uplink and never meet to_pod or the hairpin device. */
 #define PROXY_MARK_HAIRPIN 0x0400
+/* The mark (SO_MARK) of the egress HTTP proxy's upstream connections,
+ * which leave from the client pod's own address and port (lib/proxy.h):
+ * a local destination's to_pod delivers their packets as packets of the
+ * client's flow, which its ingress admitted for the client's identity,
+ * without touching the flow's entry (the client's connection owns it).
+ */
+#define PROXY_MARK_EGRESS_UPSTREAM 0x0500
 #define PROXY_MARK_MASK 0x0F00
 #define PROXY_MARK_TABLE 2005
 

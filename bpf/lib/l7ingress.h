@@ -71,6 +71,40 @@ __attribute__((noinline)) int l7ingress_peer(const struct endpoint_info *ep, con
 	return !v.e && VERDICT_PROXY(v.e_match) == PROXY_HTTP ? (int)src_id : 0;
 }
 
+/* proxy_upstream_to_pod delivers a packet of the egress HTTP proxy's
+ * upstream connection (PROXY_MARK_EGRESS_UPSTREAM, lib/proxy.h) to local
+ * endpoint ep when the flow's entry (the client pod's, same tuple) names
+ * the HTTP proxy and the endpoint admitted the flow: TC_ACT_OK, else -1
+ * (the usual path: the endpoint's ingress policy for the source's
+ * identity, the client's by its address). A connection the endpoint's
+ * ingress admits only through the HTTP proxy (its own HTTP rules for the
+ * client) is dropped: the egress proxy does not apply them (not built),
+ * and from_pod admitted the flow for the ingress proxy, which the egress
+ * one took instead. Only a SYN pays that policy look. The entry is read as it is, not updated: the
+ * upstream connection's FIN or RST must not close the client's flow, nor
+ * its SYN (a new connection after the server closed the kept-alive one)
+ * replace the entry of a closing flow, as ct_find would have it; either
+ * would leave the replies without the entry that steers them. A global
+ * function. */
+__attribute__((noinline)) int proxy_upstream_to_pod(const struct pkt *p, const struct endpoint_info *ep)
+{
+	struct flow f;
+
+	if (!p || !ep || p->family != FAMILY_V4 || p->proto != IPPROTO_TCP_ || p->icmp_error || p->nonfirst_frag)
+		return -1;
+	__u16 ep_id = ep->ep_id;
+	if ((p->tcp_flags & TCP_FLAG_SYN) && enforced(ep, DIR_INGRESS) && l7ingress_peer(ep, p, 0))
+		return drop(REASON_POLICY_DENIED, DIR_INGRESS, ep_id, p, 0, ep->identity, 0);
+	flow_of(&f, p);
+	struct ct_entry *e = bpf_map_lookup_elem(&tdr_ct4_v2, &f.k4);
+	if (!e || e->expires <= p->now || e->proxy != PROXY_HTTP)
+		return -1;
+	if (ct_classify(e, &f, p, ep_id, ep_is_a(&f, DIR_INGRESS, p)) != CT_ESTABLISHED)
+		return -1;
+	count(REASON_CT_ESTABLISHED, DIR_INGRESS, p->len);
+	return TC_ACT_OK;
+}
+
 /* l7ingress_remote's answer from l7ingress_known for a packet of no flow
  * the endpoint admitted. */
 #define L7INGRESS_NEW 1004
@@ -244,6 +278,10 @@ __attribute__((noinline)) int l7ingress_remote(struct __sk_buff *skb, struct pkt
 	const struct endpoint_info *ep = endpoint_by_addr(p->family, p->daddr);
 	if (!ep)
 		return L7INGRESS_PASS;
+	/* A reply to the HTTP proxy's upstream connection that left with the
+	 * pod's address (lib/proxy.h): to the proxy's socket, not the pod. */
+	if (proxy_upstream_reply(skb, p, ep) >= 0)
+		return TC_ACT_OK;
 	/* Only an endpoint enforcing ingress with entries naming the proxy
 	 * (EP_L7_INGRESS, set by the agent) sends flows there: the others'
 	 * packets pay no conntrack lookup here. */

@@ -33,7 +33,9 @@ struct endpoint_info {
 	__u32 identity;
 	__u16 ep_id;
 	__u8 flags; /* EP_* (enums.h) */
-	__u8 pad;
+	/* EP2_* (enums.h): EP_* has no bit left. Was padding: an earlier
+	 * agent's entries read 0. */
+	__u8 flags2;
 	__u8 mac[ETH_ALEN];      /* the pod's interface */
 	__u8 host_mac[ETH_ALEN]; /* the host-side veth */
 	__u8 ipv4[4];

@@ -123,6 +123,10 @@ type Endpoint struct {
 	// L7Ingress: an ingress allow names the HTTP proxy, so flows from
 	// other nodes are looked up for it (the datapath's EP_L7_INGRESS).
 	L7Ingress bool `json:"l7-ingress,omitempty"`
+	// L7Egress: an egress allow names a proxy, so replies from other
+	// nodes are looked up for the HTTP proxy's upstream connection (the
+	// datapath's EP2_L7_EGRESS).
+	L7Egress bool `json:"l7-egress,omitempty"`
 
 	State   State      `json:"state"`
 	Log     []LogEntry `json:"log,omitempty"`

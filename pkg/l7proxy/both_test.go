@@ -37,7 +37,7 @@ func TestHTTPProxyBothRuleSets(t *testing.T) {
 		Rules: func(Source, netip.AddrPort) []api.PortRuleHTTP {
 			return []api.PortRuleHTTP{{Path: "("}, {Path: "/both"}, {Path: "/egress-only"}}
 		},
-		Dial: func(netip.AddrPort) (net.Conn, error) { return nil, fmt.Errorf("the proxy's own Dial was used") },
+		Dial: func(_, _ netip.AddrPort) (net.Conn, error) { return nil, fmt.Errorf("the proxy's own Dial was used") },
 		Flow: func(f *flowpb.Flow) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -58,7 +58,7 @@ func TestHTTPProxyBothRuleSets(t *testing.T) {
 			}
 			p.ServeConnWith(c, Source{EndpointID: 7, Identity: 4242}, upAddr, ConnOptions{
 				Both: &Both{IngressRules: ingress},
-				Dial: func(dst netip.AddrPort) (net.Conn, error) {
+				Dial: func(_, dst netip.AddrPort) (net.Conn, error) {
 					dials.Add(1)
 					return net.Dial("tcp", dst.String())
 				},

@@ -44,8 +44,10 @@ type Source struct {
 type Config struct {
 	// Rules are the HTTP rules of src's policy for dst (nil: none allow).
 	Rules func(src Source, dst netip.AddrPort) []api.PortRuleHTTP
-	// Dial connects to the original destination.
-	Dial func(dst netip.AddrPort) (net.Conn, error)
+	// Dial connects to the original destination for the client
+	// connection from client (its peer's address and port: the egress
+	// proxy's upstream connection keeps them, see pkg/l7redirect).
+	Dial func(client, dst netip.AddrPort) (net.Conn, error)
 	// Flow receives one L7 flow per request (nil: none).
 	Flow func(*flowpb.Flow)
 	// Ingress: the proxy enforces the destination's ingress rules (its
@@ -60,7 +62,7 @@ type HTTPProxy struct{ cfg Config }
 // NewHTTP returns the proxy.
 func NewHTTP(cfg Config) *HTTPProxy {
 	if cfg.Dial == nil {
-		cfg.Dial = func(dst netip.AddrPort) (net.Conn, error) {
+		cfg.Dial = func(_, dst netip.AddrPort) (net.Conn, error) {
 			return net.DialTimeout("tcp", dst.String(), 10*time.Second)
 		}
 	}
@@ -111,9 +113,9 @@ type ConnOptions struct {
 	// Both, when set, makes the destination's ingress rules apply too.
 	Both *Both
 	// Dial, when set, replaces Config.Dial for this connection's
-	// upstream (the egress proxy's marked connection to a local
-	// destination that admitted the flow).
-	Dial func(dst netip.AddrPort) (net.Conn, error)
+	// upstream (the egress proxy's marked connection from the node to a
+	// local destination whose ingress HTTP rules it applies too).
+	Dial func(client, dst netip.AddrPort) (net.Conn, error)
 }
 
 // compile compiles rules; one that does not compile allows nothing.
@@ -173,6 +175,8 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 	if opts.Both != nil {
 		denied = "no http rule of the source's egress allows it"
 	}
+	client, _ := netip.ParseAddrPort(conn.RemoteAddr().String())
+	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
 	var upstream net.Conn
 	var upReader *bufio.Reader
 	defer func() {
@@ -241,7 +245,7 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 			if upstream != nil {
 				upstream.Close()
 			}
-			upstream, err = dialUp(dst)
+			upstream, err = dialUp(client, dst)
 			if err != nil {
 				upstream = nil
 				p.cfg.Log.Info("HTTP proxy: cannot reach the original destination", "dst", dst, "error", err)

@@ -344,7 +344,7 @@ func (r *Redirect) serve() {
 			}
 			return rules.HTTP
 		},
-		Dial: func(dst netip.AddrPort) (net.Conn, error) { return r.dial("tcp", dst.String()) },
+		Dial: r.dialAs,
 		Flow: r.cfg.HTTPFlow,
 		Log:  r.log,
 	})
@@ -363,7 +363,7 @@ func (r *Redirect) serve() {
 			}
 			return rules.HTTP
 		},
-		Dial:    r.dialUpstream,
+		Dial:    func(_, dst netip.AddrPort) (net.Conn, error) { return r.dialUpstream(dst) },
 		Flow:    r.cfg.HTTPFlow,
 		Ingress: true,
 		Log:     r.log,
@@ -407,10 +407,71 @@ func (r *Redirect) dial(network, addr string) (c net.Conn, err error) {
 	return c, err
 }
 
+// dialAs opens the HTTP proxy's upstream connection for a pod's
+// redirected connection from client (the pod's address and port) to dst,
+// from the pod's own address and port: the same tuple as the pod's flow.
+// The destination (its node's ipcache, the tunnel key to_overlay sets from
+// the local endpoint, a local pod's to_pod) sees the pod and its identity,
+// not the node, and the flow's conntrack entry is the pod's: its replies
+// are steered to this socket by the datapath (bpf/lib/proxy.h).
+//
+// The socket is IP_TRANSPARENT (bound to an address the node does not
+// have), SO_REUSEADDR (a pod's kernel gives one port to connections to
+// different destinations, and their upstream sockets must each bind it)
+// and marked PROXY_MARK_EGRESS_UPSTREAM: a local destination's to_pod
+// delivers its packets under the client's flow without letting them close
+// or replace it.
+// The pod's tuple cannot collide with another of the pod's flows (its own
+// kernel made it unique) nor with the accepted socket of the pod's
+// connection (whose local side is dst: the node's table keys it the other
+// way round). It can still be taken here: a redial while the closed
+// upstream connection's TIME_WAIT holds the tuple. Then the connection
+// leaves from the node's address, as before the pod's address was kept
+// (another port of the pod's address would be a tuple without the pod's
+// conntrack entry, whose replies the datapath would not find the socket
+// for), and it is logged.
+func (r *Redirect) dialAs(client, dst netip.AddrPort) (net.Conn, error) {
+	if !client.Addr().Is4() || client.Port() == 0 {
+		return r.dial("tcp", dst.String())
+	}
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(client), Control: func(_, _ string, raw syscall.RawConn) error {
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+			if serr == nil {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+			}
+			if serr == nil {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(maps.ProxyMarkEgressUpstream))
+			}
+		}); err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("transparent upstream socket: %w", serr)
+		}
+		return nil
+	}}
+	var c net.Conn
+	err := r.cfg.InNodeNS(func() (err error) {
+		c, err = d.Dial("tcp4", dst.String())
+		return err
+	})
+	if err == nil {
+		return c, nil
+	}
+	if !errors.Is(err, unix.EADDRINUSE) && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		return nil, fmt.Errorf("upstream connection from %s to %s: %w", client, dst, err)
+	}
+	r.log.Info("HTTP proxy: the client's tuple is taken upstream; connecting from the node's address", "client", client, "dst", dst, "error", err)
+	return r.dial("tcp", dst.String())
+}
+
 // dialUpstream opens the ingress proxy's connection to the pod it serves
-// (or the egress proxy's to a local pod that admitted the flow, see
-// egressOptions), from the node's namespace, marked PROXY_MARK_UPSTREAM
-// (SO_MARK): the pod's to_pod admits it without its ingress policy.
+// (or the egress proxy's to a local pod whose ingress HTTP rules it applies
+// too, see egressOptions), from the node's namespace, marked
+// PROXY_MARK_UPSTREAM (SO_MARK): the pod's to_pod admits it without its
+// ingress policy.
 func (r *Redirect) dialUpstream(dst netip.AddrPort) (c net.Conn, err error) {
 	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, raw syscall.RawConn) error {
 		var serr error
@@ -474,21 +535,19 @@ func (r *Redirect) ingressPeer(src, dst netip.AddrPort) (Sender, bool) {
 // egressOptions are what the egress HTTP proxy needs for a flow from
 // local endpoint from (at src) to dst beyond the source's egress rules,
 // from the flow's conntrack entry (the datapath's record of what it
-// decided in the source's from_pod, bpf/bpf_lxc.c from_pod_flow):
+// decided in the source's from_pod, bpf/bpf_lxc.c from_pod_flow): when
+// the entry names the local endpoint that owns dst as having admitted the
+// flow (its ingress policy allowed the source's identity at L3/L4) and
+// says that the destination's ingress entry named the HTTP proxy too
+// (PROXY_HTTP_BOTH), the destination's ingress HTTP rules for the source's
+// identity apply as well (a request passes only when both allow it; nil
+// rules allow nothing), and the upstream connection leaves from the node
+// marked PROXY_MARK_UPSTREAM, as the ingress proxy's: the destination's
+// to_pod does not decide it again for the node.
 //
-//   - when the entry names the local endpoint that owns dst as having
-//     admitted the flow (its ingress policy allowed the source's identity
-//     at L3/L4), the upstream connection is marked PROXY_MARK_UPSTREAM, as
-//     the ingress proxy's: the destination's to_pod does not decide it
-//     again for the node (--allow-localhost=policy would drop it);
-//   - when the entry also says that the destination's ingress entry named
-//     the HTTP proxy (PROXY_HTTP_BOTH), the destination's ingress HTTP
-//     rules for the source's identity apply as well (a request passes
-//     only when both allow it; nil rules allow nothing).
-//
-// Anything else (a remote destination, a destination that did not admit
-// the flow, no entry): the source's egress rules alone, and an unmarked
-// upstream that the destination's policy decides as the node's.
+// Anything else: the source's egress rules alone, and the upstream
+// connection from the pod's own address and port (dialAs), which the
+// destination's policy decides for the pod's identity.
 func (r *Redirect) egressOptions(src netip.AddrPort, from Sender, dst netip.AddrPort) l7proxy.ConnOptions {
 	to, ok := r.sender(dst.Addr())
 	if !ok {
@@ -500,8 +559,6 @@ func (r *Redirect) egressOptions(src netip.AddrPort, from Sender, dst netip.Addr
 		return l7proxy.ConnOptions{}
 	}
 	switch e.Proxy {
-	case maps.ProxyHttp:
-		return l7proxy.ConnOptions{Dial: r.dialUpstream}
 	case maps.ProxyHttpBoth:
 		both := &l7proxy.Both{}
 		if r.cfg.IngressRules != nil {
@@ -512,7 +569,7 @@ func (r *Redirect) egressOptions(src netip.AddrPort, from Sender, dst netip.Addr
 				}
 			}
 		}
-		return l7proxy.ConnOptions{Both: both, Dial: r.dialUpstream}
+		return l7proxy.ConnOptions{Both: both, Dial: func(_, dst netip.AddrPort) (net.Conn, error) { return r.dialUpstream(dst) }}
 	}
 	return l7proxy.ConnOptions{}
 }

@@ -84,3 +84,35 @@ func TestIngressProxied(t *testing.T) {
 		})
 	}
 }
+
+// EgressProxied (the datapath's EP2_L7_EGRESS) holds only for an endpoint
+// whose egress allows name a proxy (DNS or HTTP rules): ingress L7 rules
+// and plain egress allows do not make its packets from other nodes pay the
+// lookup for the HTTP proxy's upstream connection.
+func TestEgressProxied(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		rules string
+		want  bool
+	}{
+		{"egress HTTP rules", `[{"endpointSelector":{"matchLabels":{"app":"a"}},"egress":[
+		  {"toEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}],"rules":{"http":[{"method":"GET"}]}}]}]}]`, true},
+		{"egress DNS rules", `[{"endpointSelector":{"matchLabels":{"app":"a"}},"egress":[
+		  {"toEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"53","protocol":"ANY"}],"rules":{"dns":[{"matchPattern":"*"}]}}]}]}]`, true},
+		{"ingress HTTP rules only", `[{"endpointSelector":{"matchLabels":{"app":"a"}},"ingress":[
+		  {"fromEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"81","protocol":"TCP"}],"rules":{"http":[{"method":"GET"}]}}]}]}]`, false},
+		{"plain egress allow", `[{"endpointSelector":{"matchLabels":{"app":"a"}},"egress":[
+		  {"toEndpoints":[{"matchLabels":{"app":"b"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}]}]`, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			repo := NewRepository()
+			if _, err := repo.Add(mustRules(t, c.rules), "x", "t", false); err != nil {
+				t.Fatal(err)
+			}
+			res := repo.Resolve(Endpoint{Labels: xa.Labels}, universe())
+			if got := res.MapState.EgressProxied(); got != c.want {
+				t.Errorf("EgressProxied = %v, want %v (map state %v)", got, c.want, res.MapState)
+			}
+		})
+	}
+}

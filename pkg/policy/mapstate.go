@@ -98,6 +98,18 @@ func (m MapState) IngressProxied() bool {
 	return false
 }
 
+// EgressProxied reports whether an egress allow of m names a proxy: the
+// replies of the endpoint's flows from other nodes must then be looked up
+// for the HTTP proxy's upstream connection (the datapath's EP2_L7_EGRESS).
+func (m MapState) EgressProxied() bool {
+	for k, e := range m {
+		if k.Direction == Egress && !e.Deny && e.Proxy != ProxyNone {
+			return true
+		}
+	}
+	return false
+}
+
 // covers reports whether (proto, port prefix) a contains b.
 func (a Key) covers(b Key) bool {
 	if a.Identity != b.Identity || a.Direction != b.Direction {

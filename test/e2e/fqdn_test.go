@@ -135,6 +135,39 @@ spec:
     - ports: [{port: "80", protocol: TCP}]
 `
 
+// web3PolicyYAML admits only the FQDN client at web3's port 80, at L4;
+// clientToWeb3YAML sends the client's flows there through the HTTP proxy
+// (TestPrivilegedLabFQDNPolicy/egress-http-remote-identity).
+const web3PolicyYAML = `
+apiVersion: tendril.io/v1alpha1
+kind: TendrilNetworkPolicy
+metadata:
+  name: e2e-fqdn-web3
+spec:
+  endpointSelector:
+    matchLabels: {app: fqdn-web3}
+  ingress:
+  - fromEndpoints: [{matchLabels: {app: fqdn-client}}]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+`
+
+const clientToWeb3YAML = `
+apiVersion: tendril.io/v1alpha1
+kind: TendrilNetworkPolicy
+metadata:
+  name: e2e-fqdn-client-web3
+spec:
+  endpointSelector:
+    matchLabels: {app: fqdn-client}
+  egress:
+  - toEndpoints: [{matchLabels: {app: fqdn-web3}}]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+      rules:
+        http: [{method: GET, path: /healthz}]
+`
+
 // dnsLoadEnv makes the test binary a DNS client instead of a test run
 // (started inside a pod's network namespace and its node's cgroup by
 // TestPrivilegedLabFQDNPolicy): "SERVER NAME WANT COUNT INTERVAL CONNECT
@@ -778,6 +811,61 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 				}
 			}
 			return allowed && denied, fmt.Errorf("allowed %v, denied %v", allowed, denied)
+		})
+	})
+
+	t.Run("egress-http-remote-identity", func(t *testing.T) {
+		// The client's egress HTTP rules towards a pod of node2 whose
+		// ingress admits only the client's labels (L4, no HTTP rules):
+		// node1's HTTP proxy connects from the client's own address and
+		// port (docs/policy-l7.md, "The pod's identity upstream"), so
+		// node2 sees the client's identity, not node1's. GET 200 through
+		// node1's egress proxy, POST 403 there; a pod of node1 without the
+		// client's identity cannot connect. With the proxy connecting from
+		// node1's address, node2 dropped it and the GET timed out.
+		node2, err := e.st.Node("node2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.createPod(t, ns, "web3", node2.Name, map[string]string{"app": "fqdn-web3"})
+		web := e.waitReady(t, ns, "web3")
+		for _, doc := range []string{web3PolicyYAML, clientToWeb3YAML} {
+			p := &v1alpha1.TendrilNetworkPolicy{}
+			if err := yaml.UnmarshalStrict([]byte(doc), p); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{})
+			})
+		}
+		webURL := "http://" + web.Status.PodIP
+		curl := func(method, path string) (int, string) {
+			code, out := tendril(t, "exec", client, "--", "curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", "-X", method, webURL+path)
+			return code, strings.TrimSpace(out)
+		}
+		eventually(t, "GET /healthz to web3 on node2 answered 200 through node1's egress proxy, as the client", func() (bool, error) {
+			code, out := curl("GET", "/healthz")
+			return code == 0 && out == "200", fmt.Errorf("exit %d, %q", code, out)
+		})
+		if code, out := curl("POST", "/healthz"); code != 0 || out != "403" {
+			t.Errorf("POST /healthz to web3: exit %d, code %q, want 403 from node1's egress proxy", code, out)
+		}
+		plain := "default/" + e.labPodOn(t, node1.Name).Name
+		if c := probe(t, plain, web.Status.PodIP+":80", false); c != 1 {
+			t.Errorf("%s on node1 (not the client's identity) -> web3:80: exit %d, want 1", plain, c)
+		}
+		eventually(t, "node1's egress HTTP flow of the GET to web3", func() (bool, error) {
+			for _, f := range l7Flows() {
+				h := f.GetL7().GetHttp()
+				if h != nil && f.GetTrafficDirection() == flowpb.TrafficDirection_EGRESS && f.GetIP().GetDestination() == web.Status.PodIP &&
+					h.GetMethod() == "GET" && h.GetCode() == 200 && f.GetVerdict() == flowpb.Verdict_FORWARDED {
+					return true, nil
+				}
+			}
+			return false, fmt.Errorf("none yet")
 		})
 	})
 

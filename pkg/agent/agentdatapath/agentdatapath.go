@@ -479,7 +479,7 @@ func EndpointInfo(ep *endpoint.Endpoint) loader.EndpointInfo {
 	return loader.EndpointInfo{
 		ID: ep.ID, IfIndex: ep.HostIfIndex, IfName: ep.HostIfName, Addresses: ep.Addresses(),
 		MAC: mac, HostMAC: hostMAC, Identity: ep.Identity, EnforceIngress: ep.EnforceIngress, EnforceEgress: ep.EnforceEgress,
-		AuditIngress: ep.AuditIngress, AuditEgress: ep.AuditEgress, L7Ingress: ep.L7Ingress,
+		AuditIngress: ep.AuditIngress, AuditEgress: ep.AuditEgress, L7Ingress: ep.L7Ingress, L7Egress: ep.L7Egress,
 	}
 }
 

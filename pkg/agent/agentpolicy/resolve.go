@@ -635,6 +635,18 @@ func (p *Module) IngressProxied(ep *endpoint.Endpoint) bool {
 	return ok && res.MapState.IngressProxied()
 }
 
+// EgressProxied is whether ep's resolved egress sends flows to a proxy (an
+// egress allow with DNS or HTTP rules): the endpoint's EP2_L7_EGRESS, so
+// replies from other nodes are looked up for the HTTP proxy's upstream
+// connection. Without a resolution yet: no (no flow is sent to a proxy
+// either).
+func (p *Module) EgressProxied(ep *endpoint.Endpoint) bool {
+	p.mu.Lock()
+	res, ok := p.results[ep.ID]
+	p.mu.Unlock()
+	return ok && res.MapState.EgressProxied()
+}
+
 // Enforcement decides, per direction, whether policy applies to ep: never,
 // always, or (default) only where a rule selects the endpoint.
 func (p *Module) Enforcement(ep *endpoint.Endpoint) (ingress, egress bool) {

@@ -56,7 +56,7 @@ func (e *Endpoint) sameSpec(o *Endpoint) bool {
 	return a.ID == b.ID && a.IfIndex == b.IfIndex && a.IfName == b.IfName && slices.Equal(a.Addresses, b.Addresses) &&
 		bytes.Equal(a.MAC, b.MAC) && bytes.Equal(a.HostMAC, b.HostMAC) && a.Identity == b.Identity &&
 		a.EnforceIngress == b.EnforceIngress && a.EnforceEgress == b.EnforceEgress &&
-		a.AuditIngress == b.AuditIngress && a.AuditEgress == b.AuditEgress && a.L7Ingress == b.L7Ingress &&
+		a.AuditIngress == b.AuditIngress && a.AuditEgress == b.AuditEgress && a.L7Ingress == b.L7Ingress && a.L7Egress == b.L7Egress &&
 		e.Namespace == o.Namespace && e.Pod == o.Pod && e.Restored == o.Restored
 }
 
@@ -79,7 +79,7 @@ func (e *Endpoint) TableRow() []string {
 	for _, f := range []struct {
 		on   bool
 		name string
-	}{{e.EnforceIngress, "enforce-ingress"}, {e.EnforceEgress, "enforce-egress"}, {e.AuditIngress, "audit-ingress"}, {e.AuditEgress, "audit-egress"}, {e.L7Ingress, "l7-ingress"}} {
+	}{{e.EnforceIngress, "enforce-ingress"}, {e.EnforceEgress, "enforce-egress"}, {e.AuditIngress, "audit-ingress"}, {e.AuditEgress, "audit-egress"}, {e.L7Ingress, "l7-ingress"}, {e.L7Egress, "l7-egress"}} {
 		if f.on {
 			policy = append(policy, f.name)
 		}

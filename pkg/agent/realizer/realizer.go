@@ -222,6 +222,7 @@ func (m *Realizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error 
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
 	ep.AuditIngress, ep.AuditEgress = m.policy.Auditing(ep)
 	ep.L7Ingress = m.policy.IngressProxied(ep)
+	ep.L7Egress = m.policy.EgressProxied(ep)
 	if ep.HostIfIndex == 0 {
 		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
 	}
@@ -252,12 +253,12 @@ func (m *Realizer) RefreshPolicy(ep *endpoint.Endpoint) error {
 	}
 	ingress, egress := m.policy.Enforcement(ep)
 	auditIn, auditEg := m.policy.Auditing(ep)
-	l7In := m.policy.IngressProxied(ep)
+	l7In, l7Eg := m.policy.IngressProxied(ep), m.policy.EgressProxied(ep)
 	if ingress != ep.EnforceIngress || egress != ep.EnforceEgress || auditIn != ep.AuditIngress || auditEg != ep.AuditEgress ||
-		l7In != ep.L7Ingress {
+		l7In != ep.L7Ingress || l7Eg != ep.L7Egress {
 		ep.EnforceIngress, ep.EnforceEgress = ingress, egress
 		ep.AuditIngress, ep.AuditEgress = auditIn, auditEg
-		ep.L7Ingress = l7In
+		ep.L7Ingress, ep.L7Egress = l7In, l7Eg
 		if err := m.attach.Upsert(agentdatapath.EndpointInfo(ep), ep.PodNamespace, ep.PodName); err != nil {
 			return err
 		}

@@ -94,7 +94,7 @@ type SockEndpointInfo struct {
 	Identity uint32
 	EpId     uint16
 	Flags    uint8
-	Pad      uint8
+	Flags2   uint8
 	Mac      [6]uint8
 	HostMac  [6]uint8
 	Ipv4     [4]uint8

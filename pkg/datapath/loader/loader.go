@@ -99,6 +99,8 @@ type EndpointInfo struct {
 	AuditEgress  bool
 	// L7Ingress: an ingress allow names the HTTP proxy (EP_L7_INGRESS).
 	L7Ingress bool
+	// L7Egress: an egress allow names a proxy (EP2_L7_EGRESS).
+	L7Egress bool
 }
 
 // Loader is the node's datapath.
@@ -391,6 +393,9 @@ func (l *Loader) endpoint(ep EndpointInfo) (maps.Endpoint, error) {
 	}
 	if ep.L7Ingress {
 		e.Flags |= maps.FlagL7Ingress
+	}
+	if ep.L7Egress {
+		e.Flags2 |= maps.Flag2L7Egress
 	}
 	// Direct delivery rewrites the frame as the host would route it, so it
 	// needs both MACs of the destination's veth pair.

@@ -20,7 +20,9 @@ type Endpoint struct {
 	Identity uint32
 	// Flags holds FlagEnforce*, FlagDeliverDirect (it needs MAC and
 	// HostMAC); FlagHasIPv4/6 follow the addresses.
-	Flags   uint8
+	Flags uint8
+	// Flags2 holds Flag2* (Flag2L7Egress).
+	Flags2  uint8
 	MAC     net.HardwareAddr // the pod's interface
 	HostMAC net.HardwareAddr // the host-side veth
 	IPv4    netip.Addr
@@ -54,7 +56,7 @@ func (m EndpointMap) addrMap(ip netip.Addr) (*ebpf.Map, any) {
 }
 
 func (e Endpoint) raw() (bpf.LxcEndpointInfo, error) {
-	v := bpf.LxcEndpointInfo{Ifindex: e.IfIndex, Identity: e.Identity, EpId: e.ID, Flags: e.Flags &^ (FlagHasIPv4 | FlagHasIPv6)}
+	v := bpf.LxcEndpointInfo{Ifindex: e.IfIndex, Identity: e.Identity, EpId: e.ID, Flags: e.Flags &^ (FlagHasIPv4 | FlagHasIPv6), Flags2: e.Flags2}
 	if e.IPv4.IsValid() {
 		if !e.IPv4.Unmap().Is4() {
 			return v, fmt.Errorf("endpoint %d: IPv4 %s is not an IPv4 address", e.ID, e.IPv4)
@@ -78,7 +80,7 @@ func (e Endpoint) raw() (bpf.LxcEndpointInfo, error) {
 }
 
 func fromRawEndpoint(v bpf.LxcEndpointInfo) Endpoint {
-	e := Endpoint{ID: v.EpId, IfIndex: v.Ifindex, Identity: v.Identity, Flags: v.Flags}
+	e := Endpoint{ID: v.EpId, IfIndex: v.Ifindex, Identity: v.Identity, Flags: v.Flags, Flags2: v.Flags2}
 	if v.Flags&FlagHasIPv4 != 0 {
 		e.IPv4 = netip.AddrFrom4(v.Ipv4)
 	}

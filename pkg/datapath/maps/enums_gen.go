@@ -40,6 +40,17 @@ const (
 	FlagL7Ingress uint8 = 0x80 // EP_L7_INGRESS
 )
 
+// More endpoint flags (endpoint_info.flags2).
+// From EP2_* of bpf/lib/enums.h.
+const (
+	// The endpoint's enforced egress has entries naming a proxy: only then do
+	// from_netdev and a masquerade reply look up a packet's flow from another
+	// node for the HTTP proxy's upstream connection, which keeps the pod's
+	// address (lib/proxy.h), so other pods' packets do not pay that conntrack
+	// lookup.
+	Flag2L7Egress uint8 = 0x01 // EP2_L7_EGRESS
+)
+
 // ipcache flags (ipcache_info.flags).
 // From IPCACHE_F_* of bpf/lib/enums.h.
 const (
@@ -108,9 +119,17 @@ const (
 	// tcx egress, where bpf_sk_assign cannot). The endpoint's ID rides in the
 	// mark's upper 16 bits for the drop event. A packet that comes back to
 	// to_pod with it (no program took it) is dropped: the port stays closed.
+	// WireGuard's device mark (0x5457) has the same nibble: its datagrams
+	// leave by the uplink and never meet to_pod or the hairpin device.
 	ProxyMarkHairpin uint32 = 0x0400 // PROXY_MARK_HAIRPIN
-	ProxyMarkMask    uint32 = 0x0F00 // PROXY_MARK_MASK
-	ProxyMarkTable   uint32 = 2005   // PROXY_MARK_TABLE
+	// The mark (SO_MARK) of the egress HTTP proxy's upstream connections,
+	// which leave from the client pod's own address and port (lib/proxy.h):
+	// a local destination's to_pod delivers their packets as packets of the
+	// client's flow, which its ingress admitted for the client's identity,
+	// without touching the flow's entry (the client's connection owns it).
+	ProxyMarkEgressUpstream uint32 = 0x0500 // PROXY_MARK_EGRESS_UPSTREAM
+	ProxyMarkMask           uint32 = 0x0F00 // PROXY_MARK_MASK
+	ProxyMarkTable          uint32 = 2005   // PROXY_MARK_TABLE
 )
 
 // Conntrack entry revocations (ct_entry.revoked), by side of the key: the

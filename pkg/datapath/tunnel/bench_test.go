@@ -477,13 +477,23 @@ func BenchmarkPrivilegedDecap(b *testing.B) {
 	for _, fam := range benchFamilies {
 		// native-l7ingress: pod A flagged EP_L7_INGRESS (it has ingress
 		// HTTP rules), so from_netdev looks up each packet's flow for
-		// the ingress proxy; plain native: A enforces ingress without
-		// them and pays no lookup.
-		for _, mode := range []string{"native", "native-l7ingress", "tunnel"} {
+		// the ingress proxy; native-l7egress: A flagged EP2_L7_EGRESS
+		// (egress rules naming a proxy), so from_netdev looks up each
+		// packet's flow for the HTTP proxy's upstream connection; plain
+		// native: A enforces ingress and egress without them and pays no
+		// lookup.
+		for _, mode := range []string{"native", "native-l7ingress", "native-l7egress", "tunnel"} {
 			b.Run(fam.name+"/"+mode, func(b *testing.B) {
 				n := newBenchNode(b, mode == "tunnel")
 				if mode == "native-l7ingress" {
 					if err := n.l.WriteEndpoint(n.endpointA(true)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if mode == "native-l7egress" {
+					ep := n.endpointA(false)
+					ep.L7Egress = true
+					if err := n.l.WriteEndpoint(ep); err != nil {
 						b.Fatal(err)
 					}
 				}
