@@ -50,8 +50,8 @@ import (
 //     decides it (with the node's address upstream, b's to_pod dropped the
 //     proxy's connection). b's replies go back to the proxy's socket from
 //     b's from_pod, not to a. When b's ingress admits a only through the
-//     HTTP proxy (b's own HTTP rules), the egress proxy's connection is
-//     dropped at b's to_pod: nothing applies those rules to it yet.
+//     HTTP proxy (b's own HTTP rules), the flow is PROXY_HTTP_BOTH and the
+//     egress proxy applies b's rules too (none here: 403).
 //   - native: the server is on another node (a namespace behind the node's
 //     device eth1, which runs the host programs with masquerade on), routed;
 //     it admits only a's address, which the other node's ipcache would give
@@ -339,9 +339,10 @@ func testPodSource(t *testing.T, mode string) {
 	}
 	if mode == "local" {
 		// b's ingress admits a only through the HTTP proxy (its own HTTP
-		// rules): the egress proxy, which took the flow, does not apply
-		// them, so its connection is dropped at b's to_pod (fail closed,
-		// as the node's connection was under --allow-localhost=policy).
+		// rules): the flow is PROXY_HTTP_BOTH, and the egress proxy,
+		// which took it, applies b's ingress rules too. This test's
+		// IngressRules give none, so nothing passes: 403 from the
+		// proxy, b's server never asked.
 		if err := m.PolicyMap().Upsert(ingress, maps.PolicyValue{Cookie: 22, Proxy: maps.ProxyHttp}); err != nil {
 			t.Fatal(err)
 		}
@@ -367,7 +368,7 @@ func testPodSource(t *testing.T, mode string) {
 			return nil
 		})
 		srv.mu.Lock()
-		if code == http.StatusOK || len(srv.methods) != before {
+		if code != http.StatusForbidden || len(srv.methods) != before {
 			t.Errorf("with b's own HTTP rules for a, a's GET was answered %d (%v) and the server got %v", code, err, srv.methods[before:])
 		}
 	}
@@ -380,8 +381,15 @@ func testPodSource(t *testing.T, mode string) {
 			allowed++
 		}
 	}
-	if allowed != 3 {
-		t.Errorf("%d forwarded egress flows from a, want 3", allowed)
+	// Three requests a's egress rules allowed, and in local mode the
+	// fourth: a's egress allowed it, b's ingress denied it (its own
+	// INGRESS flow says so).
+	wantAllowed := 3
+	if mode == "local" {
+		wantAllowed = 4
+	}
+	if allowed != wantAllowed {
+		t.Errorf("%d forwarded egress flows from a, want %d", allowed, wantAllowed)
 	}
 }
 
