@@ -28,6 +28,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if and .Values.hubble.relay.enabled (not .Values.hubble.enabled) -}}
 {{- fail "hubble.relay.enabled needs hubble.enabled" -}}
 {{- end -}}
+{{- if and (not .Values.encryption.enabled) (or .Values.encryption.strictMode.enabled .Values.encryption.nodeEncryption) -}}
+{{- fail "encryption.strictMode.enabled and encryption.nodeEncryption need encryption.enabled" -}}
+{{- end -}}
 {{- if and .Values.ui.enabled (not (and .Values.hubble.enabled .Values.hubble.relay.enabled)) -}}
 {{- fail "ui.enabled needs hubble.enabled and hubble.relay.enabled (the UI reads the relay)" -}}
 {{- end -}}
