@@ -173,11 +173,13 @@ func TestPrivilegedLabContainerdWireGuard(t *testing.T) {
 		before := agentPodOn(t, cs, n2.Name)
 		restarts := agentRestarts(before)
 		ifindex := func() string {
-			out, err := inNode(n2, "cat", "/sys/class/net/tendril_wg/ifindex")
-			if err != nil {
+			// ip, not /sys/class/net: nsenter keeps the machine's sysfs.
+			out, err := inNode(n2, "ip", "-o", "link", "show", "dev", "tendril_wg")
+			idx, _, ok := strings.Cut(out, ":")
+			if err != nil || !ok {
 				t.Fatalf("node2's tendril_wg: %v: %s", err, out)
 			}
-			return strings.TrimSpace(out)
+			return idx
 		}
 		oldIndex := ifindex()
 		caps := captureBridgePorts(t, st)
