@@ -36,14 +36,16 @@ const wgPort = 51871
 // encryption on (encryption.enabled, through `lab up --encryption
 // wireguard`) on two real kubelet+containerd nodes: pods on the two nodes
 // exchange TCP and a capture on both nodes' bridge ports sees only
-// WireGuard datagrams between the node addresses; then node2's agent
-// process is killed (SIGKILL: its container exits, the runtime kills the
-// device process with it, the kubelet starts the container again) under a
-// ping every 10 ms from node2's pod to node1's: the TUN device persists,
-// so its routes stay and no packet of a pod leaves in the clear while no
-// process reads it (the capture runs throughout); the new agent starts a
-// device process on the same link, configures it, and the traffic flows
-// encrypted again. The losses of the gap are logged, not judged.
+// WireGuard datagrams between the node addresses. Then, each under a ping
+// every 10 ms from node2's pod to node1's with both bridge ports
+// captured: node2's agent process is killed (SIGKILL: its container
+// exits, the runtime kills the device process with it, the kubelet starts
+// the container again); helm upgrade turns strict mode on (both agent pods
+// replaced one by one); node2's agent is killed again. The TUN devices
+// persist, so their routes stay and no packet of a pod leaves in the
+// clear while no process reads them; the new agent starts a device
+// process on the same link and configures it, and the traffic flows
+// encrypted again. The pings lost in the gap are logged, not judged.
 func TestPrivilegedLabContainerdWireGuard(t *testing.T) {
 	testutil.Privileged(t)
 	binDir, imagesDir := buildLab(t)
@@ -168,20 +170,26 @@ func TestPrivilegedLabContainerdWireGuard(t *testing.T) {
 		t.Logf("%d WireGuard datagrams between the nodes, no frame of a pod", wg)
 	})
 
-	t.Run("the agent container restarted under traffic", func(t *testing.T) {
-		agentPID, devicePID := agentProcesses(t, n2)
-		before := agentPodOn(t, cs, n2.Name)
-		restarts := agentRestarts(before)
-		ifindex := func() string {
-			// ip, not /sys/class/net: nsenter keeps the machine's sysfs.
-			out, err := inNode(n2, "ip", "-o", "link", "show", "dev", "tendril_wg")
-			idx, _, ok := strings.Cut(out, ":")
-			if err != nil || !ok {
-				t.Fatalf("node2's tendril_wg: %v: %s", err, out)
-			}
-			return idx
+	ifindex := func(t *testing.T, n lab.Node) string {
+		t.Helper()
+		// ip, not /sys/class/net: nsenter keeps the machine's sysfs.
+		out, err := inNode(n, "ip", "-o", "link", "show", "dev", "tendril_wg")
+		idx, _, ok := strings.Cut(out, ":")
+		if err != nil || !ok {
+			t.Fatalf("%s's tendril_wg: %v: %s", n.Name, err, out)
 		}
-		oldIndex := ifindex()
+		return idx
+	}
+	// underTraffic runs restart while node2's pod pings node1's every 10
+	// ms and both bridge ports are captured: no frame of a pod may be on
+	// the wire, the devices keep their ifindex (the same persistent
+	// links), and traffic flows through them again after. The pings lost
+	// are logged, not judged.
+	underTraffic := func(t *testing.T, restart func(t *testing.T)) {
+		oldIndex := map[string]string{}
+		for _, n := range st.Nodes {
+			oldIndex[n.Name] = ifindex(t, n)
+		}
 		caps := captureBridgePorts(t, st)
 		pingOut := &testutil.SyncBuffer{}
 		ping := exec.Command(tendril, "lab", "ping", "--name", name, "default/"+clientPod, podIPs[server], "--interval", "10ms")
@@ -190,7 +198,52 @@ func TestPrivilegedLabContainerdWireGuard(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(2 * time.Second)
-		killed := time.Now()
+		begin := time.Now()
+		restart(t)
+		restarted := time.Since(begin)
+		poll(t, "traffic through the devices again", func() (bool, error) { err := probe(); return err == nil, err })
+		flowing := time.Since(begin)
+		time.Sleep(2 * time.Second)
+		_ = ping.Process.Signal(syscall.SIGINT)
+		_ = ping.Wait()
+		frames := caps()
+		t.Logf("restarted and Ready after %s, a probe through after %s", restarted.Round(time.Millisecond), flowing.Round(time.Millisecond))
+		t.Logf("ping across the restart:\n%s", pingOut.String())
+		if m := regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`).FindStringSubmatch(pingOut.String()); m == nil || m[1] == "0" {
+			t.Errorf("no ping summary")
+		} else {
+			sent, got := atoi(m[1]), atoi(m[2])
+			t.Logf("pings: %d sent, %d answered, %d lost", sent, got, sent-got)
+			if got == 0 {
+				t.Errorf("no ping answered")
+			}
+		}
+		wg, clear := wire(t, frames)
+		t.Logf("%d frames on the bridge ports, %d WireGuard datagrams between the nodes, %d of a pod", len(frames), wg, len(clear))
+		if len(clear) > 0 {
+			t.Errorf("%d frames of a pod in the clear on the bridge ports: %s", len(clear), strings.Join(clear[:min(len(clear), 10)], "; "))
+		}
+		for _, n := range st.Nodes {
+			if idx := ifindex(t, n); idx != oldIndex[n.Name] {
+				t.Errorf("%s's tendril_wg ifindex %s, was %s: the device was made again", n.Name, idx, oldIndex[n.Name])
+			}
+		}
+		out, err := inNode(n2, tendril, "-H", "unix://"+client.DefaultSocket, "encrypt", "status")
+		t.Logf("node2's encrypt status after:\n%s", out)
+		if err != nil {
+			t.Fatalf("encrypt status: %v", err)
+		}
+		if !strings.Contains(out, n1.Address) {
+			t.Errorf("node2's encrypt status has no peer at %s", n1.Address)
+		}
+	}
+	// killAgent kills node2's agent process: its container exits (the
+	// runtime kills the device process with it) and the kubelet starts it
+	// again in the same pod.
+	killAgent := func(t *testing.T) {
+		agentPID, devicePID := agentProcesses(t, n2)
+		before := agentPodOn(t, cs, n2.Name)
+		restarts := agentRestarts(before)
 		if err := syscall.Kill(agentPID, syscall.SIGKILL); err != nil {
 			t.Fatalf("kill node2's agent (pid %d): %v", agentPID, err)
 		}
@@ -198,35 +251,6 @@ func TestPrivilegedLabContainerdWireGuard(t *testing.T) {
 			p := agentPodOn(t, cs, n2.Name)
 			return p.UID == before.UID && agentRestarts(p) > restarts && lab.PodReady(p), fmt.Errorf("restarts %d, ready %v", agentRestarts(p), lab.PodReady(p))
 		})
-		ready := time.Since(killed)
-		// Until the device has its peer again and a probe goes through.
-		poll(t, "traffic through node2's device again", func() (bool, error) { err := probe(); return err == nil, err })
-		flowing := time.Since(killed)
-		time.Sleep(2 * time.Second)
-		_ = ping.Process.Signal(syscall.SIGINT)
-		_ = ping.Wait()
-		frames := caps()
-		t.Logf("node2's agent killed: its container restarted and Ready after %s, a probe through after %s", ready.Round(time.Millisecond), flowing.Round(time.Millisecond))
-		t.Logf("ping across the restart:\n%s", pingOut.String())
-		if m := regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`).FindStringSubmatch(pingOut.String()); m == nil || m[1] == "0" {
-			t.Errorf("no ping summary")
-		} else {
-			sent, got := atoi(m[1]), atoi(m[2])
-			t.Logf("pings: %d sent, %d answered, %d lost across the agent container's restart", sent, got, sent-got)
-			if got == 0 {
-				t.Errorf("no ping answered")
-			}
-		}
-		wg, clear := wire(t, frames)
-		if len(clear) > 0 {
-			t.Errorf("%d frames of a pod in the clear on the bridge ports during the restart: %s", len(clear), strings.Join(clear[:min(len(clear), 10)], "; "))
-		}
-		t.Logf("%d frames on the bridge ports during the restart, %d WireGuard datagrams between the nodes, none of a pod", len(frames), wg)
-
-		// The same link (persistent), a new device process.
-		if idx := ifindex(); idx != oldIndex {
-			t.Errorf("node2's tendril_wg ifindex %s, was %s: the device was made again", idx, oldIndex)
-		}
 		newAgent, newDevice := agentProcesses(t, n2)
 		if newAgent == agentPID {
 			t.Errorf("node2's agent process %d not replaced", agentPID)
@@ -234,17 +258,32 @@ func TestPrivilegedLabContainerdWireGuard(t *testing.T) {
 		if syscall.Kill(devicePID, 0) == nil && newDevice == devicePID {
 			t.Logf("the device process %d outlived the agent container", devicePID)
 		} else {
-			t.Logf("the device process %d died with the agent container; the new agent started %d on the same link", devicePID, newDevice)
+			t.Logf("the device process %d died with the agent container; the new agent started %d", devicePID, newDevice)
 		}
-		out, err := inNode(n2, tendril, "-H", "unix://"+client.DefaultSocket, "encrypt", "status")
-		t.Logf("node2's encrypt status after the restart:\n%s", out)
-		if err != nil {
-			t.Fatalf("encrypt status: %v", err)
-		}
-		if !strings.Contains(out, n1.Address) {
-			t.Errorf("node2's encrypt status has no peer at %s", n1.Address)
+	}
+
+	t.Run("the agent container restarted under traffic", func(t *testing.T) { underTraffic(t, killAgent) })
+	// The chart's strict mode, rolled out under traffic: each agent pod is
+	// deleted and made again, one node at a time.
+	t.Run("helm upgrade to strict mode under traffic", func(t *testing.T) {
+		underTraffic(t, func(t *testing.T) {
+			helm, err := exec.Command(filepath.Join(moduleRoot(t), "hack", "helm.sh")).Output()
+			if err != nil {
+				t.Fatalf("hack/helm.sh: %v", err)
+			}
+			out, err := exec.Command(strings.TrimSpace(string(helm)), "upgrade", "tendril", filepath.Join(moduleRoot(t), "deploy", "helm", "tendril"),
+				"--namespace", lab.ChartNamespace, "--kubeconfig", st.Kubeconfig, "--reuse-values", "--set", "encryption.strictMode.enabled=true").CombinedOutput()
+			if err != nil {
+				t.Fatalf("helm upgrade: %v\n%s", err, out)
+			}
+			waitRolledOut(t, cs, "e2e")
+		})
+		cm, err := cs.CoreV1().ConfigMaps(lab.ChartNamespace).Get(ctx, "tendril-config", metav1.GetOptions{})
+		if err != nil || cm.Data["wireguard-strict"] != "true" {
+			t.Fatalf("the agents' wireguard-strict after the upgrade: %q (%v)", cm.Data["wireguard-strict"], err)
 		}
 	})
+	t.Run("the agent container restarted under traffic, strict mode", func(t *testing.T) { underTraffic(t, killAgent) })
 }
 
 func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
