@@ -343,7 +343,7 @@ func chartDir() string { return filepath.Join(repoRoot(), "deploy", "helm", "ten
 // each node's own cgroup (bound at one path in every node's mount
 // namespace), Hubble with TLS between the relay and the agents (the
 // chart's default) and at the relay for its clients, from the Secrets of
-// createHubbleTLSSecrets.
+// createHubbleTLSSecrets; with --encryption wireguard, encryption.enabled.
 func chartValues(st *State, tag string) []string {
 	operators := min(len(st.Nodes), 2)
 	values := []string{
