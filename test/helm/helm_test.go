@@ -412,7 +412,8 @@ func (a *applier) dryRun(t *testing.T, o *unstructured.Unstructured) error {
 // (the device's UAPI socket directory, so a restarted container finds the
 // device process it starts again); without them neither flag nor mount;
 // strict mode or node encryption without encryption, and a type other
-// than wireguard, fail the render.
+// than wireguard, fail the render; no encryption values at all (a release
+// upgraded with --reuse-values from a chart without them) renders.
 func TestEncryptionValues(t *testing.T) {
 	hostPaths := func(objs []*unstructured.Unstructured) (flags map[string]string, mounts map[string]string) {
 		t.Helper()
@@ -479,6 +480,14 @@ func TestEncryptionValues(t *testing.T) {
 	flags, mounts = hostPaths(decode(t, data))
 	if len(flags) != 0 || mounts["/dev/net/tun"] != "" || mounts["/var/run/wireguard"] != "" {
 		t.Errorf("default values: WireGuard options %v, host paths %v", flags, mounts)
+	}
+	// A release upgraded with --reuse-values from a chart without
+	// encryption values has no .Values.encryption at all.
+	if data, err = render(t, "--set", "encryption=null"); err != nil {
+		t.Fatalf("without encryption values: %v", err)
+	}
+	if flags, mounts = hostPaths(decode(t, data)); len(flags) != 0 || mounts["/dev/net/tun"] != "" {
+		t.Errorf("without encryption values: WireGuard options %v, host paths %v", flags, mounts)
 	}
 	for _, set := range []string{"encryption.strictMode.enabled=true", "encryption.nodeEncryption=true", "encryption.type=ipsec", "encryption.wireguard.port=0"} {
 		if _, err := render(t, "--set", set); err == nil {
