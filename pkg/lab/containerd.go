@@ -343,10 +343,10 @@ func chartDir() string { return filepath.Join(repoRoot(), "deploy", "helm", "ten
 // each node's own cgroup (bound at one path in every node's mount
 // namespace), Hubble with TLS between the relay and the agents (the
 // chart's default) and at the relay for its clients, from the Secrets of
-// createHubbleTLSSecrets.
+// createHubbleTLSSecrets; with --encryption wireguard, encryption.enabled.
 func chartValues(st *State, tag string) []string {
 	operators := min(len(st.Nodes), 2)
-	return []string{
+	values := []string{
 		"image.tag=" + tag,
 		"image.pullPolicy=Never",
 		"k8sServiceHost=127.0.0.1",
@@ -361,6 +361,14 @@ func chartValues(st *State, tag string) []string {
 		// (lbpool.go), as the default lab's agents do.
 		"l2Announcements.enabled=true",
 	}
+	if st.Encryption == "wireguard" {
+		// Through the chart's values, as an operator would: the device
+		// keeps the default name on every node (the TUN device is in
+		// the node's network namespace, its socket in the node's own
+		// /var/run/wireguard).
+		values = append(values, "encryption.enabled=true")
+	}
+	return values
 }
 
 // imageTag is the tag of the agent image among the archives (make images

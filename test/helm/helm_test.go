@@ -12,9 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -403,4 +405,93 @@ func (a *applier) dryRun(t *testing.T, o *unstructured.Unstructured) error {
 	}
 	_, err = ri.Create(ctx, o, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
 	return err
+}
+
+// TestEncryptionValues: encryption.* become the agent's WireGuard flags,
+// and the agent pod gets the node's /dev/net/tun and /var/run/wireguard
+// (the device's UAPI socket directory, so a restarted container finds the
+// device process it starts again); without them neither flag nor mount;
+// strict mode or node encryption without encryption, and a type other
+// than wireguard, fail the render; no encryption values at all (a release
+// upgraded with --reuse-values from a chart without them) renders.
+func TestEncryptionValues(t *testing.T) {
+	hostPaths := func(objs []*unstructured.Unstructured) (flags map[string]string, mounts map[string]string) {
+		t.Helper()
+		cm := find(t, objs, "ConfigMap", "tendril-config")
+		data, _, _ := unstructured.NestedStringMap(cm.Object, "data")
+		flags = map[string]string{}
+		for k, v := range data {
+			if strings.HasPrefix(k, "wireguard-") || k == "enable-wireguard" {
+				flags[k] = v
+			}
+		}
+		ds := find(t, objs, "DaemonSet", "tendril-agent")
+		volumes, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+		paths := map[string]string{}
+		for _, v := range volumes {
+			v := v.(map[string]any)
+			if p, ok, _ := unstructured.NestedString(v, "hostPath", "path"); ok {
+				typ, _, _ := unstructured.NestedString(v, "hostPath", "type")
+				paths[v["name"].(string)] = p + " " + typ
+			}
+		}
+		containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+		mounts = map[string]string{}
+		for _, m := range containers[0].(map[string]any)["volumeMounts"].([]any) {
+			m := m.(map[string]any)
+			if p, ok := paths[m["name"].(string)]; ok {
+				mounts[m["mountPath"].(string)] = p
+			}
+		}
+		return flags, mounts
+	}
+	data, err := render(t, "-f", "../../deploy/helm/values/wireguard.yaml", "--set", "encryption.wireguard.port=51999")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags, mounts := hostPaths(decode(t, data))
+	want := map[string]string{"enable-wireguard": "true", "wireguard-port": "51999", "wireguard-strict": "true", "wireguard-encrypt-node": "true"}
+	if !maps.Equal(flags, want) {
+		t.Errorf("agent options %v, want %v", flags, want)
+	}
+	if mounts["/dev/net/tun"] != "/dev/net/tun CharDevice" || mounts["/var/run/wireguard"] != "/var/run/wireguard DirectoryOrCreate" {
+		t.Errorf("agent container's host paths %v lack /dev/net/tun or /var/run/wireguard", mounts)
+	}
+	// The agent's securityContext has NET_ADMIN (the TUN device, its
+	// routes) by default.
+	if data, err = render(t, "--set", "encryption.enabled=true"); err != nil {
+		t.Fatal(err)
+	}
+	objs := decode(t, data)
+	flags, _ = hostPaths(objs)
+	if want := map[string]string{"enable-wireguard": "true", "wireguard-port": "51871", "wireguard-strict": "false", "wireguard-encrypt-node": "false"}; !maps.Equal(flags, want) {
+		t.Errorf("encryption.enabled alone: agent options %v, want %v", flags, want)
+	}
+	ds := find(t, objs, "DaemonSet", "tendril-agent")
+	containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	caps, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "securityContext", "capabilities", "add")
+	if !slices.Contains(caps, "NET_ADMIN") {
+		t.Errorf("agent capabilities %v lack NET_ADMIN", caps)
+	}
+
+	if data, err = render(t); err != nil {
+		t.Fatal(err)
+	}
+	flags, mounts = hostPaths(decode(t, data))
+	if len(flags) != 0 || mounts["/dev/net/tun"] != "" || mounts["/var/run/wireguard"] != "" {
+		t.Errorf("default values: WireGuard options %v, host paths %v", flags, mounts)
+	}
+	// A release upgraded with --reuse-values from a chart without
+	// encryption values has no .Values.encryption at all.
+	if data, err = render(t, "--set", "encryption=null"); err != nil {
+		t.Fatalf("without encryption values: %v", err)
+	}
+	if flags, mounts = hostPaths(decode(t, data)); len(flags) != 0 || mounts["/dev/net/tun"] != "" {
+		t.Errorf("without encryption values: WireGuard options %v, host paths %v", flags, mounts)
+	}
+	for _, set := range []string{"encryption.strictMode.enabled=true", "encryption.nodeEncryption=true", "encryption.type=ipsec", "encryption.wireguard.port=0"} {
+		if _, err := render(t, "--set", set); err == nil {
+			t.Errorf("--set %s rendered", set)
+		}
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/device"
 	"golang.zx2c4.com/wireguard/ipc"
@@ -46,6 +47,16 @@ const ServeSubcommand = "wireguard-device"
 // (Spawn): the device, its keys and peers outlive the agent, as the pinned
 // datapath does, so pod traffic stays encrypted and flowing while the
 // agent restarts.
+//
+// The TUN device is made persistent (TUNSETPERSIST): when this process
+// dies (a container runtime kills every process of the agent's container
+// when it restarts it) the link stays, with its ifindex and the routes
+// to it, and the kernel drops what is routed to it while no process reads
+// it, rather than the routes going with the link and the pods' packets
+// following the underlay's routes in the clear. The next Serve of the same
+// name attaches to that link (TUNSETIFF on an existing persistent device)
+// with a new key-less device the agent configures again. Deleting the link
+// (Stop) still ends the process and the device.
 func Serve(name string, mtu int, log *slog.Logger) error {
 	uapiFile, err := ipc.UAPIOpen(name)
 	if err != nil {
@@ -57,6 +68,11 @@ func Serve(name string, mtu int, log *slog.Logger) error {
 	if err != nil {
 		uapiFile.Close()
 		return fmt.Errorf("wireguard device %s: create TUN: %w", name, err)
+	}
+	if err := setPersist(tdev.File()); err != nil {
+		uapiFile.Close()
+		tdev.Close()
+		return fmt.Errorf("wireguard device %s: %w", name, err)
 	}
 	dev := device.NewDevice(tdev, conn.NewDefaultBind(), &device.Logger{
 		Verbosef: func(string, ...any) {},
@@ -88,6 +104,24 @@ func Serve(name string, mtu int, log *slog.Logger) error {
 		log.Info("WireGuard device stopping", "device", name, "signal", s.String())
 	case <-dev.Wait():
 		log.Info("WireGuard device closed", "device", name)
+	}
+	return nil
+}
+
+// setPersist marks the TUN device of f persistent. Through the raw
+// connection: File.Fd would switch the descriptor to blocking mode under
+// the device's poller.
+func setPersist(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("TUN descriptor: %w", err)
+	}
+	var ioErr error
+	if err := rc.Control(func(fd uintptr) { ioErr = unix.IoctlSetInt(int(fd), unix.TUNSETPERSIST, 1) }); err != nil {
+		return fmt.Errorf("TUN descriptor: %w", err)
+	}
+	if ioErr != nil {
+		return fmt.Errorf("TUNSETPERSIST: %w", ioErr)
 	}
 	return nil
 }

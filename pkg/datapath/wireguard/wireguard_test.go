@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -424,6 +425,75 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 		}
 		return nil
 	})
+
+	// The device's process killed (as a container runtime kills every
+	// process of a restarted agent container): the persistent TUN link
+	// stays with its ifindex and the route to it, so pod A's packets for
+	// pod B are dropped there, none leaves on the link in the clear. A
+	// new process attaches to the same link; configured again (its key
+	// and peer lived in the dead process), the same TCP connection goes
+	// on.
+	lA, err := hA.LinkByName(devA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pids[devA], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, "the killed device process to be reaped", func() bool {
+		return syscall.Kill(pids[devA], 0) != nil
+	})
+	gap := capture(t, nsA, "link")
+	l, err := hA.LinkByName(devA)
+	if err != nil {
+		t.Fatalf("device %s gone with its process: %v", devA, err)
+	}
+	if l.Attrs().Index != lA.Attrs().Index {
+		t.Fatalf("device %s after its process died: ifindex %d, was %d", devA, l.Attrs().Index, lA.Attrs().Index)
+	}
+	routes, err := hA.RouteList(l, netlink.FAMILY_V4)
+	if err != nil || !slices.ContainsFunc(routes, func(r netlink.Route) bool { return r.Dst != nil && r.Dst.String() == cidrB.String() }) {
+		t.Fatalf("route %s to %s gone with the process: %v %v", cidrB, devA, routes, err)
+	}
+	inNS(t, nsA, func() error {
+		if Running(c2, devA) {
+			return fmt.Errorf("device %s answers wgctrl with no process", devA)
+		}
+		return nil
+	})
+	// Pod A writes while no process reads the device: queued in its
+	// socket, retransmitted, dropped at the device.
+	go func() { _, _ = tc.Write(payload) }()
+	time.Sleep(2 * time.Second)
+	inNS(t, nsA, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		pid, err := Spawn(ctx, c2, devA, []string{"/usr/bin/env", serveEnv + "=" + devA, os.Args[0]}, logPath)
+		pids[devA] = pid
+		return err
+	})
+	if l, err := hA.LinkByName(devA); err != nil || l.Attrs().Index != lA.Attrs().Index {
+		t.Fatalf("the new process made another device: %v", err)
+	}
+	if _, err := Configure(c2, devA, newA, DefaultPort, 0, []Peer{{Node: "b", PublicKey: keyB.PublicKey(),
+		Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}}); err != nil {
+		t.Fatal(err)
+	}
+	echoed := make([]byte, len(payload))
+	if _, err := io.ReadFull(tc, echoed); err != nil || !bytes.Equal(echoed, payload) {
+		t.Fatalf("tcp echo across the device process's restart: %v", err)
+	}
+	for _, f := range gap() {
+		if bytes.Contains(f, marker) {
+			t.Fatalf("payload in the clear on the link while the device had no process")
+		}
+		if len(f) >= 34 && binary.BigEndian.Uint16(f[12:14]) == unix.ETH_P_IP {
+			if src, _ := netip.AddrFromSlice(f[26:30]); cidrA.Contains(src) || cidrB.Contains(src) {
+				t.Fatalf("a pod's packet (%s) on the link while the device had no process", src)
+			}
+		}
+	}
+
 	// Stop ends the process.
 	inNS(t, nsA, func() error { return Stop(devA) })
 	// Spawn's waiter reaps it: then it is gone.

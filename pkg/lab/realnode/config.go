@@ -71,6 +71,7 @@ func (n Node) CNIConfDir() string         { return filepath.Join(n.Dir, "cni", "
 func (n Node) MountNamespace() string     { return filepath.Join(n.Dir, "mntns") }
 func (n Node) TendrilRunDir() string      { return filepath.Join(n.Dir, "tendril-run") }
 func (n Node) NetnsDir() string           { return filepath.Join(n.Dir, "netns") }
+func (n Node) WireGuardRunDir() string    { return filepath.Join(n.Dir, "wireguard") }
 func (n Node) SysctlDir() string          { return filepath.Join(n.Dir, "sysctl") }
 func (n Node) ContainerdEndpoint() string { return "unix://" + n.ContainerdSocket() }
 

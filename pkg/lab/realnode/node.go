@@ -91,6 +91,10 @@ func (n Node) hostPaths() map[string]string {
 		"/etc/cni/net.d":   n.CNIConfDir(),
 		"/var/run/tendril": n.TendrilRunDir(),
 		"/var/run/netns":   n.NetnsDir(),
+		// The userspace WireGuard devices' UAPI sockets (the chart's
+		// hostPath with encryption on): one device name on every node,
+		// each node's socket its own.
+		"/var/run/wireguard": n.WireGuardRunDir(),
 		// The shims' sockets (/run/containerd/s/<hash>) and fifos: a
 		// killed shim leaves its socket behind, in the node's directory
 		// rather than the machine's.
@@ -111,7 +115,7 @@ func (n Node) hostPaths() map[string]string {
 func Prepare(ctx context.Context, n Node, b Binaries, clientCAFile string) error {
 	for _, d := range []string{n.ContainerdRoot(), n.ContainerdState(), n.RuncRoot(), n.KubeletDir(),
 		n.PodLogsDir(), n.CNIBinDir(), n.CNIConfDir(), n.SysctlDir(), n.shimDir(),
-		n.TendrilRunDir(), n.NetnsDir(), filepath.Join(n.Dir, "run-containerd")} {
+		n.TendrilRunDir(), n.NetnsDir(), n.WireGuardRunDir(), filepath.Join(n.Dir, "run-containerd")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
