@@ -479,6 +479,30 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 	e.waitReady(t, ns, "client")
 	client := ns + "/client"
 	worldL4 := fmt.Sprintf("%s:81", lab.WorldServerIP)
+	// applyPolicies creates the policies of docs in ns until t ends.
+	applyPolicies := func(t *testing.T, docs ...string) {
+		t.Helper()
+		for _, doc := range docs {
+			p := &v1alpha1.TendrilNetworkPolicy{}
+			if err := yaml.UnmarshalStrict([]byte(doc), p); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{})
+			})
+		}
+	}
+	// clientCurl is an HTTP request from the client pod to base+path:
+	// curl's exit code and the HTTP status it printed.
+	clientCurl := func(t *testing.T, base string) func(method, path string) (int, string) {
+		return func(method, path string) (int, string) {
+			code, out := tendril(t, "exec", client, "--", "curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", "-X", method, base+path)
+			return code, strings.TrimSpace(out)
+		}
+	}
 	if c := probe(t, client, worldL4, false); c != 0 {
 		t.Fatalf("before the policy: %s -> %s exit %d, want 0", client, worldL4, c)
 	}
@@ -577,23 +601,9 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 		// another node without it, cannot connect.
 		e.createPod(t, ns, "web", node1.Name, map[string]string{"app": "fqdn-web"})
 		web := e.waitReady(t, ns, "web")
-		for _, doc := range []string{webPolicyYAML, clientToWebYAML} {
-			p := &v1alpha1.TendrilNetworkPolicy{}
-			if err := yaml.UnmarshalStrict([]byte(doc), p); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{})
-			})
-		}
+		applyPolicies(t, webPolicyYAML, clientToWebYAML)
 		webURL := "http://" + web.Status.PodIP
-		curl := func(method, path string) (int, string) {
-			code, out := tendril(t, "exec", client, "--", "curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", "-X", method, webURL+path)
-			return code, strings.TrimSpace(out)
-		}
+		curl := clientCurl(t, webURL)
 		eventually(t, "GET /healthz to web answered 200 through the ingress proxy", func() (bool, error) {
 			code, out := curl("GET", "/healthz")
 			return code == 0 && out == "200", fmt.Errorf("exit %d, %q", code, out)
@@ -719,16 +729,7 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 		if code, out := nodeCurl("GET", "/healthz"); code == 0 || strings.HasSuffix(out, "200") {
 			t.Errorf("node1 -> web:80 before any rule admits the host: exit %d, %q, want a failed connection", code, out)
 		}
-		p := &v1alpha1.TendrilNetworkPolicy{}
-		if err := yaml.UnmarshalStrict([]byte(webFromHostYAML), p); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{})
-		})
+		applyPolicies(t, webFromHostYAML)
 		eventually(t, "GET /healthz from node1 to web answered 200 through the hairpin and the ingress proxy", func() (bool, error) {
 			code, out := nodeCurl("GET", "/healthz")
 			return code == 0 && out == "200", fmt.Errorf("exit %d, %q", code, out)
@@ -768,23 +769,9 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 		}
 		e.createPod(t, ns, "web2", node2.Name, map[string]string{"app": "fqdn-web"})
 		web := e.waitReady(t, ns, "web2")
-		for _, doc := range []string{webPolicyYAML, clientToWebYAML} {
-			p := &v1alpha1.TendrilNetworkPolicy{}
-			if err := yaml.UnmarshalStrict([]byte(doc), p); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{})
-			})
-		}
+		applyPolicies(t, webPolicyYAML, clientToWebYAML)
 		webURL := "http://" + web.Status.PodIP
-		curl := func(method, path string) (int, string) {
-			code, out := tendril(t, "exec", client, "--", "curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", "-X", method, webURL+path)
-			return code, strings.TrimSpace(out)
-		}
+		curl := clientCurl(t, webURL)
 		eventually(t, "GET /healthz to web2 on node2 answered 200 through node2's ingress proxy", func() (bool, error) {
 			code, out := curl("GET", "/healthz")
 			return code == 0 && out == "200", fmt.Errorf("exit %d, %q", code, out)
@@ -829,23 +816,9 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 		}
 		e.createPod(t, ns, "web3", node2.Name, map[string]string{"app": "fqdn-web3"})
 		web := e.waitReady(t, ns, "web3")
-		for _, doc := range []string{web3PolicyYAML, clientToWeb3YAML} {
-			p := &v1alpha1.TendrilNetworkPolicy{}
-			if err := yaml.UnmarshalStrict([]byte(doc), p); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				_ = e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{})
-			})
-		}
+		applyPolicies(t, web3PolicyYAML, clientToWeb3YAML)
 		webURL := "http://" + web.Status.PodIP
-		curl := func(method, path string) (int, string) {
-			code, out := tendril(t, "exec", client, "--", "curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", "-X", method, webURL+path)
-			return code, strings.TrimSpace(out)
-		}
+		curl := clientCurl(t, webURL)
 		eventually(t, "GET /healthz to web3 on node2 answered 200 through node1's egress proxy, as the client", func() (bool, error) {
 			code, out := curl("GET", "/healthz")
 			return code == 0 && out == "200", fmt.Errorf("exit %d, %q", code, out)
