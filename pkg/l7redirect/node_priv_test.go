@@ -12,7 +12,7 @@ import (
 // addresses 0, 1, ..., and a started loader with direct delivery pinning
 // under a bpffs directory of its own (returned as root), all undone when
 // the test ends.
-func redirectNode(t *testing.T, prefix string, names ...string) (*netlab.Node, *loader.Loader, string, []*netlab.Pod) {
+func redirectNode(t testing.TB, prefix string, names ...string) (*netlab.Node, *loader.Loader, string, []*netlab.Pod) {
 	t.Helper()
 	node, root := netlab.EnterNode(t, prefix, prefix+"-test")
 	var pods []*netlab.Pod
