@@ -154,11 +154,14 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 	defer conn.Close()
 	rules := p.cfg.Rules(src, dst)
 	matchers := p.compile(rules)
+	allowedBy := ruleReasons("allowed by http rule", rules)
 	var inRules []api.PortRuleHTTP
 	var inMatchers []*Matcher
+	var inAllowedBy []string
 	if opts.Both != nil {
 		inRules = opts.Both.IngressRules
 		inMatchers = p.compile(inRules)
+		inAllowedBy = ruleReasons("allowed by the destination's ingress http rule", inRules)
 	}
 	dialUp := p.cfg.Dial
 	if opts.Dial != nil {
@@ -234,7 +237,7 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 				p.emit(other, src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_DROPPED,
 					"no http rule of the destination's ingress allows it")
 				p.emit(own, src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_FORWARDED,
-					fmt.Sprintf("allowed by http rule %d %s", rule, describe(rules[rule])))
+					allowedBy[rule])
 			}
 			if err := writeResponse(cw, resp); err != nil || req.Close {
 				return
@@ -278,10 +281,9 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 		}
 		if opts.Both != nil {
 			p.emit(other, src, conn, dst, req, resp.StatusCode, time.Since(start), flowpb.Verdict_FORWARDED,
-				fmt.Sprintf("allowed by the destination's ingress http rule %d %s", inRule, describe(inRules[inRule])))
+				inAllowedBy[inRule])
 		}
-		reason := fmt.Sprintf("allowed by http rule %d %s", rule, describe(rules[rule]))
-		p.emit(own, src, conn, dst, req, resp.StatusCode, time.Since(start), flowpb.Verdict_FORWARDED, reason)
+		p.emit(own, src, conn, dst, req, resp.StatusCode, time.Since(start), flowpb.Verdict_FORWARDED, allowedBy[rule])
 		resp.Body = &flushBeforeWait{ReadCloser: resp.Body, src: upReader, w: cw}
 		err = writeResponse(cw, resp) // streams the body
 		resp.Body.Close()
@@ -340,6 +342,17 @@ func (f *flushBeforeWait) Read(p []byte) (int, error) {
 		}
 	}
 	return f.ReadCloser.Read(p)
+}
+
+// ruleReasons are the flows' summaries naming each of rules ("PREFIX i
+// {method: ...}"), made once a connection: formatting them for every
+// request showed in the agent's profile under kept-alive load.
+func ruleReasons(prefix string, rules []api.PortRuleHTTP) []string {
+	r := make([]string, len(rules))
+	for i, rule := range rules {
+		r[i] = fmt.Sprintf("%s %d %s", prefix, i, describe(rule))
+	}
+	return r
 }
 
 func describe(r api.PortRuleHTTP) string {
