@@ -80,6 +80,19 @@ func (c *Capture) Stop() [][]byte {
 	c.once.Do(func() {
 		close(c.done)
 		<-c.stopped
+		// Frames the kernel queued that the reader had not taken yet
+		// (it may lag behind a busy machine's traffic) are seen too:
+		// the socket is drained before it closes.
+		buf := make([]byte, 65536)
+		for {
+			n, _, err := unix.Recvfrom(c.fd, buf, unix.MSG_DONTWAIT)
+			if err != nil {
+				break
+			}
+			c.mu.Lock()
+			c.frames = append(c.frames, bytes.Clone(buf[:n]))
+			c.mu.Unlock()
+		}
 		unix.Close(c.fd)
 	})
 	return c.Frames()
