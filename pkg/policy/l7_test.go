@@ -55,7 +55,7 @@ func TestL7RedirectEntries(t *testing.T) {
 	// endpoint's resolution would not open such a port either.
 }
 
-// IngressProxied (the datapath's EP_L7_INGRESS) holds only for an endpoint
+// Proxied's ingress half (the datapath's EP_L7_INGRESS) holds only for an endpoint
 // whose ingress allows name a proxy: egress L7 rules, plain ingress
 // allows and denies do not make its packets from other nodes pay the
 // ingress proxy's lookup.
@@ -78,14 +78,14 @@ func TestIngressProxied(t *testing.T) {
 				t.Fatal(err)
 			}
 			res := repo.Resolve(Endpoint{Labels: xa.Labels}, universe())
-			if got := res.MapState.IngressProxied(); got != c.want {
-				t.Errorf("IngressProxied = %v, want %v (map state %v)", got, c.want, res.MapState)
+			if got, _ := res.MapState.Proxied(); got != c.want {
+				t.Errorf("ingress proxied = %v, want %v (map state %v)", got, c.want, res.MapState)
 			}
 		})
 	}
 }
 
-// EgressProxied (the datapath's EP2_L7_EGRESS) holds only for an endpoint
+// Proxied's egress half (the datapath's EP2_L7_EGRESS) holds only for an endpoint
 // whose egress allows name a proxy (DNS or HTTP rules): ingress L7 rules
 // and plain egress allows do not make its packets from other nodes pay the
 // lookup for the HTTP proxy's upstream connection.
@@ -110,8 +110,8 @@ func TestEgressProxied(t *testing.T) {
 				t.Fatal(err)
 			}
 			res := repo.Resolve(Endpoint{Labels: xa.Labels}, universe())
-			if got := res.MapState.EgressProxied(); got != c.want {
-				t.Errorf("EgressProxied = %v, want %v (map state %v)", got, c.want, res.MapState)
+			if _, got := res.MapState.Proxied(); got != c.want {
+				t.Errorf("egress proxied = %v, want %v (map state %v)", got, c.want, res.MapState)
 			}
 		})
 	}

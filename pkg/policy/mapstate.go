@@ -86,28 +86,26 @@ func (v ViewFlags) Has(f ViewFlags) bool { return v&f == f }
 // MapState is an endpoint's desired policy map content.
 type MapState map[Key]Entry
 
-// IngressProxied reports whether an ingress allow of m names a proxy: the
-// endpoint's flows from other nodes must then be looked up for the
-// ingress proxy (the datapath's EP_L7_INGRESS).
-func (m MapState) IngressProxied() bool {
+// Proxied reports, per direction, whether an allow of m names a proxy:
+// ingress, the endpoint's flows from other nodes must be looked up for the
+// ingress proxy (the datapath's EP_L7_INGRESS); egress, the replies of its
+// flows from other nodes must be looked up for the HTTP proxy's upstream
+// connection (EP2_L7_EGRESS). One pass over the map for both.
+func (m MapState) Proxied() (ingress, egress bool) {
 	for k, e := range m {
-		if k.Direction == Ingress && !e.Deny && e.Proxy != ProxyNone {
-			return true
+		if e.Deny || e.Proxy == ProxyNone {
+			continue
+		}
+		if k.Direction == Ingress {
+			ingress = true
+		} else {
+			egress = true
+		}
+		if ingress && egress {
+			break
 		}
 	}
-	return false
-}
-
-// EgressProxied reports whether an egress allow of m names a proxy: the
-// replies of the endpoint's flows from other nodes must then be looked up
-// for the HTTP proxy's upstream connection (the datapath's EP2_L7_EGRESS).
-func (m MapState) EgressProxied() bool {
-	for k, e := range m {
-		if k.Direction == Egress && !e.Deny && e.Proxy != ProxyNone {
-			return true
-		}
-	}
-	return false
+	return ingress, egress
 }
 
 // covers reports whether (proto, port prefix) a contains b.

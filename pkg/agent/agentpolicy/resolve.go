@@ -624,27 +624,20 @@ func (p *Module) Auditing(ep *endpoint.Endpoint) (ingress, egress bool) {
 	return res.AuditIngress, res.AuditEgress
 }
 
-// IngressProxied is whether ep's resolved ingress sends flows to the HTTP
-// proxy (an ingress allow with HTTP rules): the endpoint's EP_L7_INGRESS.
-// Without a resolution yet: no, and a flow from another node meets to_pod,
-// which drops a flow whose entry names the proxy (fail closed).
-func (p *Module) IngressProxied(ep *endpoint.Endpoint) bool {
+// Proxied is, per direction, whether ep's resolved policy sends flows to
+// a proxy: the endpoint's EP_L7_INGRESS (an ingress allow with HTTP rules)
+// and EP2_L7_EGRESS (an egress allow with DNS or HTTP rules). Without a
+// resolution yet: neither; a flow from another node then meets to_pod,
+// which drops a flow whose entry names the proxy (fail closed), and no
+// flow is sent to a proxy on egress.
+func (p *Module) Proxied(ep *endpoint.Endpoint) (ingress, egress bool) {
 	p.mu.Lock()
 	res, ok := p.results[ep.ID]
 	p.mu.Unlock()
-	return ok && res.MapState.IngressProxied()
-}
-
-// EgressProxied is whether ep's resolved egress sends flows to a proxy (an
-// egress allow with DNS or HTTP rules): the endpoint's EP2_L7_EGRESS, so
-// replies from other nodes are looked up for the HTTP proxy's upstream
-// connection. Without a resolution yet: no (no flow is sent to a proxy
-// either).
-func (p *Module) EgressProxied(ep *endpoint.Endpoint) bool {
-	p.mu.Lock()
-	res, ok := p.results[ep.ID]
-	p.mu.Unlock()
-	return ok && res.MapState.EgressProxied()
+	if !ok {
+		return false, false
+	}
+	return res.MapState.Proxied()
 }
 
 // Enforcement decides, per direction, whether policy applies to ep: never,

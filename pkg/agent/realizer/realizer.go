@@ -221,8 +221,7 @@ func (m *Realizer) Regenerate(ctx context.Context, ep *endpoint.Endpoint) error 
 	ingress, egress := m.policy.Enforcement(ep)
 	ep.EnforceIngress, ep.EnforceEgress = ingress, egress
 	ep.AuditIngress, ep.AuditEgress = m.policy.Auditing(ep)
-	ep.L7Ingress = m.policy.IngressProxied(ep)
-	ep.L7Egress = m.policy.EgressProxied(ep)
+	ep.L7Ingress, ep.L7Egress = m.policy.Proxied(ep)
 	if ep.HostIfIndex == 0 {
 		return fmt.Errorf("endpoint %d has no host interface index", ep.ID)
 	}
@@ -253,7 +252,7 @@ func (m *Realizer) RefreshPolicy(ep *endpoint.Endpoint) error {
 	}
 	ingress, egress := m.policy.Enforcement(ep)
 	auditIn, auditEg := m.policy.Auditing(ep)
-	l7In, l7Eg := m.policy.IngressProxied(ep), m.policy.EgressProxied(ep)
+	l7In, l7Eg := m.policy.Proxied(ep)
 	if ingress != ep.EnforceIngress || egress != ep.EnforceEgress || auditIn != ep.AuditIngress || auditEg != ep.AuditEgress ||
 		l7In != ep.L7Ingress || l7Eg != ep.L7Egress {
 		ep.EnforceIngress, ep.EnforceEgress = ingress, egress
