@@ -663,6 +663,14 @@ func wireguardStrictStep(t *testing.T, name string, e *env, ns string, node1, no
 // own (a socket made there stays in that namespace).
 func inNetns(t *testing.T, name string, fn func() error) {
 	t.Helper()
+	if err := runInNetns(name, fn); err != nil {
+		t.Fatalf("in %s: %v", name, err)
+	}
+}
+
+// runInNetns runs fn on a thread of its own in the lab's network
+// namespace name, and returns fn's error or the one of entering it.
+func runInNetns(name string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		leave, err := enterNetns(name)
@@ -673,9 +681,7 @@ func inNetns(t *testing.T, name string, fn func() error) {
 		defer leave()
 		errc <- fn()
 	}()
-	if err := <-errc; err != nil {
-		t.Fatalf("in %s: %v", name, err)
-	}
+	return <-errc
 }
 
 // wireguardNodeStep: the agents restarted with --wireguard-encrypt-node
@@ -1077,47 +1083,52 @@ func wireguardTunnelNodeStep(t *testing.T, name string, e *env, ns string, node1
 				fmt.Errorf("%v: %s", err, out)
 		})
 	}
-	// wireOnly captures node2's bridge port while fn runs: the frames in
-	// the clear (VXLAN, a pod's address, the test server's port) and the
-	// WireGuard datagrams between the nodes.
-	wireOnly := func(t *testing.T, what string, fn func()) {
+	// wireOnly captures node2's bridge port while fn runs, until fn
+	// succeeds with WireGuard datagrams seen: a frame in the clear (VXLAN,
+	// a pod's address, the test server's port) fails the test at once; a
+	// probe that timed out (CI's load: the probes wait 1 s) is tried again.
+	wireOnly := func(t *testing.T, what string, fn func() error) {
 		t.Helper()
-		cap := startRawCapture(t, e.st.NetNetns, "node2")
-		fn()
-		frames, err := cap.stop()
-		if err != nil {
-			t.Fatal(err)
-		}
-		clear, wg := clearFrames(frames, pods), 0
-		for _, f := range frames {
-			src, sp, dst, dp, proto, ok := l4Of(f)
-			if !ok {
-				continue
+		eventually(t, what+" through the device, nothing in the clear", func() (bool, error) {
+			cap := startRawCapture(t, e.st.NetNetns, "node2")
+			ferr := fn()
+			frames, err := cap.stop()
+			if err != nil {
+				t.Fatal(err)
 			}
-			if _, vx := parseVXLAN(f); vx || sp == port || dp == port {
-				clear++
+			clear, wg := clearFrames(frames, pods), 0
+			for _, f := range frames {
+				src, sp, dst, dp, proto, ok := l4Of(f)
+				if !ok {
+					continue
+				}
+				if _, vx := parseVXLAN(f); vx || sp == port || dp == port {
+					clear++
+				}
+				if proto == unix.IPPROTO_UDP && sp == 51871 && dp == 51871 && ((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+					wg++
+				}
 			}
-			if proto == unix.IPPROTO_UDP && sp == 51871 && dp == 51871 && ((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
-				wg++
+			if clear > 0 {
+				t.Fatalf("%s: %d frames in the clear (VXLAN, a pod's, port %d) on node2's bridge port, want 0", what, clear, port)
 			}
-		}
-		if clear > 0 || wg == 0 {
-			t.Errorf("%s: %d frames in the clear (VXLAN, a pod's, port %d), %d WireGuard datagrams on node2's bridge port; want 0 and some", what, clear, port, wg)
-		}
-		t.Logf("%s: %d frames on node2's bridge port, %d WireGuard datagrams, none in the clear", what, len(frames), wg)
+			t.Logf("%s: %d frames on node2's bridge port, %d WireGuard datagrams, none in the clear (%v)", what, len(frames), wg, ferr)
+			return ferr == nil && wg > 0, fmt.Errorf("%v, %d WireGuard datagrams", ferr, wg)
+		})
 	}
 	addr := backend.Status.PodIP + ":8080"
 	eventually(t, "frontend -> backend:8080 with strict mode and node encryption", func() (bool, error) {
 		c, _ := labProbe(t, name, ns+"/frontend", addr, false)
 		return c == 0, fmt.Errorf("exit %d", c)
 	})
-	wireOnly(t, "frontend -> backend:8080", func() {
+	wireOnly(t, "frontend -> backend:8080", func() error {
 		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
-			t.Errorf("frontend -> backend:8080: exit %d", c)
+			return fmt.Errorf("exit %d", c)
 		}
+		return nil
 	})
-	wireOnly(t, "node1 -> node2's address", func() {
-		inNetns(t, node1.Netns, func() error {
+	wireOnly(t, "node1 -> node2's address", func() error {
+		return runInNetns(node1.Netns, func() error {
 			_, err := workload.Probe(context.Background(), netip.AddrPortFrom(n2, port).String(), false, 5*time.Second)
 			return err
 		})
