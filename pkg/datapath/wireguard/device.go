@@ -190,6 +190,38 @@ func Spawn(ctx context.Context, client *wgctrl.Client, name string, argv []strin
 	}
 }
 
+// WaitRunning waits until the device name answers wgctrl and its link
+// is in this network namespace (a device another process serves, such as
+// the chart's wireguard-device container).
+func WaitRunning(ctx context.Context, client *wgctrl.Client, name string) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for !Running(client, name) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wireguard device %s: no process serves it: %w", name, ctx.Err())
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// SetMTU sets the device's link MTU when it differs (the userspace
+// device follows its link's MTU changes).
+func SetMTU(name string, mtu int) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("wireguard device %s: %w", name, err)
+	}
+	if l.Attrs().MTU == mtu {
+		return nil
+	}
+	if err := netlink.LinkSetMTU(l, mtu); err != nil {
+		return fmt.Errorf("wireguard device %s: set MTU %d: %w", name, mtu, err)
+	}
+	return nil
+}
+
 // Stop closes the device name: a userspace device's process ends when its
 // UAPI socket's device is closed, which deleting the TUN link does.
 func Stop(name string) error {

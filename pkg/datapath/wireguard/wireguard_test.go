@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -512,4 +514,53 @@ func capture(t *testing.T, ns netns.NsHandle, dev string) func() [][]byte {
 		return err
 	})
 	return c.Stop
+}
+
+// TestPrivilegedWaitRunning: a device another process serves (the chart's
+// wireguard-device container): WaitRunning gives up with an error while
+// no process serves the name, returns once one does, and SetMTU sets the
+// link's MTU the device was made with (1420 here) to the agent's.
+func TestPrivilegedWaitRunning(t *testing.T) {
+	testutil.Privileged(t)
+	ns, h := newNS(t)
+	client, err := wgctrl.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	const dev = "tdwgtestW"
+	inNS(t, ns, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		if err := WaitRunning(ctx, client, dev); err == nil {
+			return errors.New("WaitRunning returned with no device served")
+		}
+		return nil
+	})
+	cmd := exec.Command("nsenter", "--net=/proc/self/fd/3", "/usr/bin/env", serveEnv+"="+dev, os.Args[0])
+	nsFile := os.NewFile(uintptr(ns), "netns")
+	cmd.ExtraFiles = []*os.File{nsFile}
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		inNS(t, ns, func() error { return Stop(dev) })
+		_ = cmd.Wait()
+	})
+	inNS(t, ns, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := WaitRunning(ctx, client, dev); err != nil {
+			return err
+		}
+		return SetMTU(dev, 1330)
+	})
+	l, err := h.LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Attrs().MTU != 1330 {
+		t.Errorf("%s MTU %d, want 1330", dev, l.Attrs().MTU)
+	}
 }
