@@ -477,11 +477,23 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 	if l, err := hA.LinkByName(devA); err != nil || l.Attrs().Index != lA.Attrs().Index {
 		t.Fatalf("the new process made another device: %v", err)
 	}
-	if _, err := Configure(c2, devA, newA, DefaultPort, 0, []Peer{{Node: "b", PublicKey: keyB.PublicKey(),
-		Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}}); err != nil {
+	// The new process restored what the dead one saved (its key, port
+	// and peer): the agent's next reconcile finds nothing to change, and
+	// the connection goes on before it.
+	echoed := make([]byte, len(payload))
+	if err := tc.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	echoed := make([]byte, len(payload))
+	if _, err := io.ReadFull(tc, echoed); err != nil || !bytes.Equal(echoed, payload) {
+		t.Fatalf("tcp echo across the device process's restart, before any configuration: %v", err)
+	}
+	if changed, err := Configure(c2, devA, newA, DefaultPort, 0, []Peer{{Node: "b", PublicKey: keyB.PublicKey(),
+		Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}}); err != nil || changed {
+		t.Fatalf("configuring the restored device: changed %v, %v; want nothing to change", changed, err)
+	}
+	if _, err := tc.Write(payload); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := io.ReadFull(tc, echoed); err != nil || !bytes.Equal(echoed, payload) {
 		t.Fatalf("tcp echo across the device process's restart: %v", err)
 	}
@@ -496,8 +508,12 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 		}
 	}
 
-	// Stop ends the process.
+	// Stop ends the process, and removes the saved configuration (it
+	// holds the private key).
 	inNS(t, nsA, func() error { return Stop(devA) })
+	if _, err := os.Stat(StatePath(devA)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s after Stop: %v, want it removed", StatePath(devA), err)
+	}
 	// Spawn's waiter reaps it: then it is gone.
 	testutil.Eventually(t, 30*time.Second, "the device process to end", func() bool {
 		return syscall.Kill(pids[devA], 0) != nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -190,6 +192,10 @@ func TestPrivilegedLabContainerdWireGuard(t *testing.T) {
 		for _, n := range st.Nodes {
 			oldIndex[n.Name] = ifindex(t, n)
 		}
+		counts := map[string]map[string]uint64{}
+		for _, n := range st.Nodes {
+			counts[n.Name] = datapathCounts(t, tendril, inNode, n)
+		}
 		caps := captureBridgePorts(t, st)
 		pingOut := &testutil.SyncBuffer{}
 		ping := exec.Command(tendril, "lab", "ping", "--name", name, "default/"+clientPod, podIPs[server], "--interval", "10ms")
@@ -220,6 +226,18 @@ func TestPrivilegedLabContainerdWireGuard(t *testing.T) {
 			if maxLost >= 0 && sent-got > maxLost {
 				t.Errorf("%d of %d pings lost, want at most %d", sent-got, sent, maxLost)
 			}
+		}
+		// What the datapaths counted meanwhile (drops by reason among
+		// them): where a lost ping went.
+		for _, n := range st.Nodes {
+			var changed []string
+			for k, v := range datapathCounts(t, tendril, inNode, n) {
+				if d := v - counts[n.Name][k]; d > 0 {
+					changed = append(changed, fmt.Sprintf("%s +%d", k, d))
+				}
+			}
+			slices.Sort(changed)
+			t.Logf("%s's datapath counted: %s", n.Name, strings.Join(changed, "; "))
 		}
 		wg, clear := wire(t, frames)
 		t.Logf("%d frames on the bridge ports, %d WireGuard datagrams between the nodes, %d of a pod", len(frames), wg, len(clear))
@@ -295,6 +313,28 @@ func TestPrivilegedLabContainerdWireGuard(t *testing.T) {
 }
 
 func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
+
+// datapathCounts is the node's datapath counters (`tendril bpf metrics
+// list` in its mount namespace) by "reason (direction)".
+func datapathCounts(t *testing.T, tendril string, inNode func(lab.Node, ...string) (string, error), n lab.Node) map[string]uint64 {
+	t.Helper()
+	out, err := inNode(n, tendril, "bpf", "metrics", "list", "-o", "json")
+	if err != nil {
+		t.Fatalf("%s: bpf metrics list: %v\n%s", n.Name, err, out)
+	}
+	var rows []struct {
+		Reason, Direction string
+		Packets           uint64
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("%s: bpf metrics list: %v\n%s", n.Name, err, out)
+	}
+	m := map[string]uint64{}
+	for _, r := range rows {
+		m[r.Reason+" ("+r.Direction+")"] += r.Packets
+	}
+	return m
+}
 
 // agentRestarts is the restart count of p's agent container.
 func agentRestarts(p *corev1.Pod) int32 {
