@@ -412,16 +412,21 @@ func TestPrivilegedLabWireGuard(t *testing.T) {
 	// Last, with strict mode and node encryption on: every check of the
 	// connectivity test (pods, Services, DNS, policy, the world, NodePorts
 	// with remote backends, the L2 announcement).
-	t.Run("connectivity test", func(t *testing.T) {
-		out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name).CombinedOutput()
-		t.Logf("tendril connectivity test:\n%s", out)
-		if err != nil {
-			t.Fatalf("connectivity test with encryption: %v", err)
-		}
-		if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] {
-			t.Fatalf("no all-passed summary in the output")
-		}
-	})
+	t.Run("connectivity test", func(t *testing.T) { connectivityAllPassed(t, name, "with encryption") })
+}
+
+// connectivityAllPassed runs `tendril connectivity test` against the lab
+// name: it must exit 0 with every check passed.
+func connectivityAllPassed(t *testing.T, name, what string) {
+	t.Helper()
+	out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name).CombinedOutput()
+	t.Logf("tendril connectivity test:\n%s", out)
+	if err != nil {
+		t.Fatalf("connectivity test %s: %v", what, err)
+	}
+	if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] {
+		t.Fatalf("no all-passed summary in the output")
+	}
 }
 
 // echoServer serves a TCP echo on addr in a lab node's network namespace
@@ -956,7 +961,9 @@ func (r *replyProbes) run(t *testing.T, what string) (clear, wg int) {
 // between the node addresses. A policy on the receiving pod admits the
 // allowed identity and denies another: the identity the VXLAN header
 // carries survives the encryption around it. Then strict mode on the
-// tunnel's traffic (wireguardTunnelStrictStep).
+// tunnel's traffic (wireguardTunnelStrictStep), strict mode with node
+// encryption (wireguardTunnelNodeStep), and with both on the policy
+// matrix and the connectivity test.
 func TestPrivilegedLabWireGuardTunnel(t *testing.T) {
 	labUp(t) // the binaries; the lab is this test's own
 	name, e := ownLab(t, "wgt", "--encryption", "wireguard", "--routing-mode", "tunnel")
@@ -1054,6 +1061,13 @@ func TestPrivilegedLabWireGuardTunnel(t *testing.T) {
 	t.Run("strict mode and node encryption", func(t *testing.T) {
 		wireguardTunnelNodeStep(t, name, e, ns, node1, node2, backend, pods)
 	})
+	// With strict mode and node encryption on in the tunnel mode: the
+	// policy matrix (most pairs across the nodes) and every check of the
+	// connectivity test.
+	t.Run("policy matrix", func(t *testing.T) {
+		reachabilityMatrix(t, e, name)
+	})
+	t.Run("connectivity test", func(t *testing.T) { connectivityAllPassed(t, name, "with encryption in the tunnel mode") })
 }
 
 // wireguardTunnelNodeStep: strict mode (on from the step before) and
