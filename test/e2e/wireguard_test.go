@@ -183,8 +183,8 @@ func TestPrivilegedLabWireGuard(t *testing.T) {
 		if err != nil {
 			t.Fatalf("lab exec: %v\n%s", err, out)
 		}
-		if !strings.Contains(string(out), " mtu 1440 ") {
-			t.Errorf("pod eth0, want MTU 1440 (1500 less WireGuard's 60): %s", out)
+		if !strings.Contains(string(out), " mtu 1420 ") {
+			t.Errorf("pod eth0, want MTU 1420 (1500 less WireGuard's 80): %s", out)
 		}
 	})
 
@@ -498,16 +498,21 @@ func l4Of(f []byte) (src netip.Addr, sport uint16, dst netip.Addr, dport uint16,
 		netip.AddrFrom4([4]byte(ip[16:20])), binary.BigEndian.Uint16(ip[ihl+2:]), ip[9], true
 }
 
-// clearFrames counts the IPv4 frames of a capture from or to one of pods
-// (a pod's packet on the wire in the clear).
+// clearFrames counts the frames of a capture from or to one of pods, of
+// either family (a pod's packet on the wire in the clear).
 func clearFrames(frames [][]byte, pods map[netip.Addr]string) int {
 	n := 0
 	for _, f := range frames {
-		if len(f) < 34 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+		var src, dst netip.Addr
+		switch {
+		case len(f) >= 34 && binary.BigEndian.Uint16(f[12:]) == unix.ETH_P_IP:
+			src, dst = netip.AddrFrom4([4]byte(f[26:30])), netip.AddrFrom4([4]byte(f[30:34]))
+		case len(f) >= 54 && binary.BigEndian.Uint16(f[12:]) == unix.ETH_P_IPV6:
+			src, dst = netip.AddrFrom16([16]byte(f[22:38])), netip.AddrFrom16([16]byte(f[38:54]))
+		default:
 			continue
 		}
-		ip := f[14:]
-		if pods[netip.AddrFrom4([4]byte(ip[12:16]))] != "" || pods[netip.AddrFrom4([4]byte(ip[16:20]))] != "" {
+		if pods[src] != "" || pods[dst] != "" {
 			n++
 		}
 	}
@@ -988,8 +993,8 @@ func TestPrivilegedLabWireGuardTunnel(t *testing.T) {
 	frontend := e.waitReady(t, ns, "frontend")
 	other := e.waitReady(t, ns, "other")
 	out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/other", "--", "ip", "-o", "link", "show", "dev", "eth0").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), " mtu 1390 ") {
-		t.Errorf("pod eth0, want MTU 1390 (1500 less VXLAN's 50 and WireGuard's 60): %v %s", err, out)
+	if err != nil || !strings.Contains(string(out), " mtu 1370 ") {
+		t.Errorf("pod eth0, want MTU 1370 (1500 less VXLAN's 50 and WireGuard's 80): %v %s", err, out)
 	}
 	node1, _ := e.st.Node("node1")
 	node2, _ := e.st.Node("node2")
@@ -1253,5 +1258,84 @@ func wireguardTunnelStrictStep(t *testing.T, name string, e *env, ns string, nod
 	eventually(t, "strict mode, the rule removed: frontend -> backend:8080", func() (bool, error) {
 		c, _ := labProbe(t, name, ns+"/frontend", addr, false)
 		return c == 0, fmt.Errorf("exit %d", c)
+	})
+}
+
+// TestPrivilegedLabWireGuardDualStack: a dual-stack lab (--ip-family
+// dual, IPv4 underlay) with --encryption wireguard. Each peer's allowed
+// IPs hold the other node's IPv6 pod CIDR too, and that CIDR is routed to
+// the device: a client on node1 reaches a server on node2 over IPv6 (TCP,
+// UDP, ICMP) while a capture on node2's bridge port sees no frame of a
+// pod of either family, only WireGuard datagrams between the nodes' IPv4
+// addresses (IPv6 inside IPv4 UDP). Then the connectivity test's IPv6
+// phase (pods across nodes, ClusterIP, masquerade, NodePort from the
+// world) with encryption on.
+func TestPrivilegedLabWireGuardDualStack(t *testing.T) {
+	labUp(t) // the binaries; the lab is this test's own
+	name, e := ownLab(t, "wgd", "--encryption", "wireguard", "--ip-family", "dual")
+	const ns = "e2e-wgdual"
+	e.createNamespace(t, ns)
+	e.createPod(t, ns, "server", "node2", map[string]string{"app": "server"})
+	e.createPod(t, ns, "client", "node1", map[string]string{"app": "client"})
+	server := e.waitReady(t, ns, "server")
+	client := e.waitReady(t, ns, "client")
+	node1, _ := e.st.Node("node1")
+	node2, _ := e.st.Node("node2")
+	n1, n2 := netip.MustParseAddr(node1.Address), netip.MustParseAddr(node2.Address)
+	pods := map[netip.Addr]string{}
+	var server6 netip.Addr
+	for _, p := range []*corev1.Pod{server, client} {
+		for _, ip := range p.Status.PodIPs {
+			a := netip.MustParseAddr(ip.IP)
+			pods[a] = p.Name
+			if p == server && a.Is6() {
+				server6 = a
+			}
+		}
+	}
+	if !server6.IsValid() {
+		t.Fatalf("server pod has no IPv6 address: %v", server.Status.PodIPs)
+	}
+	out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "ip", "-6", "route", "show", "dev", lab.WireGuardDevice(name, 0)).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "fd00:10:244:1::/64") {
+		t.Errorf("node1: want node2's IPv6 pod CIDR routed to its device: %v\n%s", err, out)
+	}
+	addr := netip.AddrPortFrom(server6, 80).String()
+	eventually(t, "client -> server over IPv6", func() (bool, error) {
+		c, _ := labProbe(t, name, ns+"/client", addr, false)
+		return c == 0, fmt.Errorf("exit %d", c)
+	})
+	cap := startRawCapture(t, e.st.NetNetns, "node2")
+	tcp, _ := labProbe(t, name, ns+"/client", addr, false)
+	udp, _ := labProbe(t, name, ns+"/client", addr, true)
+	pingOut, pingErr := exec.Command(tendrilBin, "lab", "--name", name, "ping", ns+"/client", server6.String(), "--count", "20").CombinedOutput()
+	frames, err := cap.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tcp != 0 || udp != 0 || pingErr != nil {
+		t.Fatalf("client -> server over IPv6 across nodes: TCP exit %d, UDP exit %d, ping %v: %s", tcp, udp, pingErr, pingOut)
+	}
+	wg := 0
+	for _, f := range frames {
+		if src, sp, dst, dp, proto, ok := l4Of(f); ok && proto == unix.IPPROTO_UDP && sp == 51871 && dp == 51871 &&
+			((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+			wg++
+		}
+	}
+	if clear := clearFrames(frames, pods); clear > 0 || wg == 0 {
+		t.Fatalf("%d frames of a pod in the clear on node2's bridge port, %d WireGuard datagrams; want 0 and some", clear, wg)
+	}
+	t.Logf("IPv6 TCP, UDP and 20 pings across the nodes: %d frames on node2's bridge port, %d WireGuard datagrams, none of a pod", len(frames), wg)
+
+	t.Run("connectivity test, IPv6", func(t *testing.T) {
+		out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name, "--phases", "IPv6").CombinedOutput()
+		t.Logf("tendril connectivity test:\n%s", out)
+		if err != nil {
+			t.Fatalf("connectivity test's IPv6 phase with encryption: %v", err)
+		}
+		if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] || m[1] != "9" {
+			t.Errorf("no all-passed summary of 9 checks in the output")
+		}
 	})
 }

@@ -35,9 +35,15 @@ const (
 	DefaultPort   = 51871
 )
 
-// Overhead is what WireGuard adds to an IPv4 packet: outer IPv4 20, UDP
-// 8, the data message's header 16 and its authentication tag 16.
-const Overhead = 60
+// Overhead is what WireGuard adds to a packet, for an outer header of
+// either family: outer IPv6 40 (IPv4's 20), UDP 8, the data message's
+// header 16 and its authentication tag 16. The larger one because a
+// node's peers may be reached over either family (a peer's endpoint is
+// an address of its first pod CIDR's family): with IPv4's 60 a full-sized
+// packet to a peer over IPv6 is 20 bytes too long for the link, and the
+// device's datagrams are not fragmented (TestPrivilegedEncryptedIPv6 saw
+// a TCP stream stall). Cilium reserves the same 80.
+const Overhead = 80
 
 // ServeSubcommand is the agent's hidden subcommand that runs Serve.
 const ServeSubcommand = "wireguard-device"
