@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -386,5 +387,27 @@ func BenchmarkLookupAddr(b *testing.B) {
 		if _, ok := f.mgr.LookupAddr(addrs[i%len(addrs)]); !ok {
 			b.Fatal("not found")
 		}
+	}
+}
+
+// LookupNames gives a flow's view of an endpoint: its pod and labels, the
+// labels a copy the manager's later changes do not touch.
+func TestLookupNames(t *testing.T) {
+	f := newFixture(t, t.TempDir())
+	ep := f.createPod(t, 1)
+	if _, err := f.mgr.SetLabels(ep.ID, []string{"k8s:app=web", "k8s:tier=front"}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := f.mgr.LookupNames(ep.ID)
+	if !ok || got.ID != ep.ID || got.Identity != ep.Identity || got.PodNamespace != "ns" || got.PodName != "pod-1" ||
+		!slices.Equal(got.Labels, []string{"k8s:app=web", "k8s:tier=front"}) {
+		t.Fatalf("LookupNames(%d) = %+v, %v", ep.ID, got, ok)
+	}
+	got.Labels[0] = "changed"
+	if again, _ := f.mgr.LookupNames(ep.ID); again.Labels[0] != "k8s:app=web" {
+		t.Errorf("the caller's labels are the manager's: %v", again.Labels)
+	}
+	if _, ok := f.mgr.LookupNames(ep.ID + 1); ok {
+		t.Error("LookupNames of an unknown ID found one")
 	}
 }
