@@ -411,3 +411,38 @@ func TestLookupNames(t *testing.T) {
 		t.Error("LookupNames of an unknown ID found one")
 	}
 }
+
+// BenchmarkFlowEndpoint: what naming a flow's local endpoint costs, by
+// its ID, on an endpoint with labels and a full log (a pod that has
+// regenerated a few times): Lookup (a copy of the whole endpoint, what
+// the flows used) against LookupNames.
+func BenchmarkFlowEndpoint(b *testing.B) {
+	f := newFixture(b, b.TempDir())
+	ep := f.createPod(b, 1)
+	labels := []string{"k8s:app=web", "k8s:io.kubernetes.pod.namespace=ns", "k8s:io.cilium.k8s.policy.serviceaccount=default", "k8s:tier=front"}
+	if _, err := f.mgr.SetLabels(ep.ID, labels, "bench"); err != nil {
+		b.Fatal(err)
+	}
+	for i := range 40 {
+		f.mgr.Requeue(ep.ID, fmt.Sprintf("bench %d", i))
+	}
+	id := strconv.Itoa(int(ep.ID))
+	b.Run("Lookup", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			got, err := f.mgr.Lookup(id)
+			if err != nil || len(got.Labels) != len(labels) {
+				b.Fatal(got, err)
+			}
+		}
+	})
+	b.Run("LookupNames", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			got, ok := f.mgr.LookupNames(ep.ID)
+			if !ok || len(got.Labels) != len(labels) {
+				b.Fatal(got, ok)
+			}
+		}
+	})
+}
