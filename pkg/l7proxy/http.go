@@ -208,7 +208,7 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 	// (flushBeforeWait): a small answer leaves in one write rather than
 	// one per header line, and a streamed one still leaves as it comes.
 	cw := bufio.NewWriter(conn)
-	body := &flushBeforeWait{w: cw}
+	answer := &flushBeforeWait{w: cw}
 	// dial (re)connects the upstream for req; false when it cannot
 	// (the client was answered 503 and the request's flow emitted).
 	dial := func(req *http.Request, start time.Time) bool {
@@ -226,7 +226,7 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 		}
 		if upReader == nil {
 			upReader, upWriter = bufio.NewReader(upstream), bufio.NewWriter(upstream)
-			body.src = upReader
+			answer.src = upReader
 		} else {
 			upReader.Reset(upstream)
 			upWriter.Reset(upstream)
@@ -303,11 +303,11 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 			fl.emit(other, req, resp.StatusCode, start, flowpb.Verdict_FORWARDED, inAllowedBy[inRule])
 		}
 		fl.emit(own, req, resp.StatusCode, start, flowpb.Verdict_FORWARDED, allowedBy[rule])
-		body.ReadCloser = resp.Body
-		resp.Body = body
+		answer.ReadCloser = resp.Body
+		resp.Body = answer
 		err = writeResponse(cw, resp) // streams the body
 		resp.Body.Close()
-		body.ReadCloser = nil
+		answer.ReadCloser = nil
 		if err != nil || req.Close || resp.Close {
 			return
 		}
