@@ -46,6 +46,14 @@ type OverlayCtEntry struct {
 	SrcIdentity uint32
 }
 
+type OverlayDnsfbKey struct {
+	_    structs.HostLayout
+	EpId uint16
+	Kind uint8
+	Pad  [5]uint8
+	Hash uint64
+}
+
 type OverlayDsr4Entry struct {
 	_       structs.HostLayout
 	Addr    [4]uint8
@@ -405,6 +413,7 @@ const (
 	OverlayMapTdrAuditV1            = "tdr_audit_v1"
 	OverlayMapTdrCt4V2              = "tdr_ct4_v2"
 	OverlayMapTdrCt6V2              = "tdr_ct6_v2"
+	OverlayMapTdrDnsFallbackV1      = "tdr_dns_fallback_v1"
 	OverlayMapTdrDsr4V1             = "tdr_dsr4_v1"
 	OverlayMapTdrDsr6V1             = "tdr_dsr6_v1"
 	OverlayMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
@@ -518,6 +527,7 @@ type OverlayMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
+	TdrDnsFallbackV1  *ebpf.MapSpec `ebpf:"tdr_dns_fallback_v1"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.MapSpec `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -603,6 +613,7 @@ type OverlayMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
+	TdrDnsFallbackV1  *ebpf.Map `ebpf:"tdr_dns_fallback_v1"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.Map `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -653,6 +664,7 @@ func (m *OverlayMaps) Close() error {
 		m.TdrAuditV1,
 		m.TdrCt4V2,
 		m.TdrCt6V2,
+		m.TdrDnsFallbackV1,
 		m.TdrDsr4V1,
 		m.TdrDsr6V1,
 		m.TdrEncryptCidrsV1,
