@@ -215,6 +215,15 @@ type Module struct {
 	hostKnown  bool
 	hostResult policy.Result
 
+	// dnsfb is what the DNS fallback map holds per endpoint (guarded by
+	// mu; dnsfbLoaded: read back from the pinned map), dnsfbAllLogged
+	// the patterns last logged as beyond it per endpoint (logged once),
+	// dnsfbMap a map a test gives (nil: the datapath's).
+	dnsfb          map[uint16]dnsfbSet
+	dnsfbLoaded    bool
+	dnsfbAllLogged map[uint16]string
+	dnsfbMap       DNSFallbackMap
+
 	// file keeps the rules imported through the API across restarts;
 	// its writer is a job started after the restore.
 	file *policyfile.File
@@ -258,6 +267,7 @@ func New(p Params) *Module {
 		revokeMode: p.Config.RevokeEstablished, revoke: map[uint16]revokeKind{}, enforced: map[uint16][2]bool{},
 		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
 		regen: make(chan struct{}, 1), passDone: make(chan struct{}),
+		dnsfb: map[uint16]dnsfbSet{}, dnsfbAllLogged: map[uint16]string{},
 	}
 	alwaysAllow, _ := parseAlwaysAllow(p.Config.HostFirewallAlwaysAllow) // validated by the cell
 	m.hostCfg = hostFirewallConfig{enabled: p.Config.EnableHostFirewall, audit: p.Config.HostFirewallAudit, alwaysAllow: alwaysAllow}
