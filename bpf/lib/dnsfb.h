@@ -23,27 +23,12 @@
 #define DNS_HDR_LEN 12
 /* A name in wire format is at most 255 bytes (RFC 1035 3.1). */
 #define DNSFB_NAME_MAX 255
-/* The header, the longest name and QTYPE/QCLASS, rounded up to 8. */
-#define DNSFB_BUF 272
 /* The shortest query read: header, a one-byte name, QTYPE, QCLASS. */
 #define DNSFB_MIN (DNS_HDR_LEN + 1 + 4)
 _Static_assert(DNSFB_BUF - DNSFB_MIN == 0xff, "dns_fallback's read length is DNSFB_MIN + a byte");
 
 #define DNSFB_FNV_OFFSET 0xcbf29ce484222325ULL
 #define DNSFB_FNV_PRIME 0x100000001b3ULL
-
-/* The query's DNS message up to its question: a per-CPU buffer, since
- * from_pod's call chain has no stack room for 272 bytes. */
-struct dnsfb_buf {
-	__u8 b[DNSFB_BUF];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, struct dnsfb_buf);
-	__uint(max_entries, 1);
-} tdr_dnsfb_scratch SEC(".maps");
 
 static __always_inline int dnsfb_has(__u16 ep_id, __u8 kind, __u64 hash)
 {

@@ -457,6 +457,24 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_dns_fallback_v1 SEC(".maps");
 
+/* The DNS fallback's copy of a query's DNS message up to its question
+ * (the header, the longest name and QTYPE/QCLASS, rounded up to 8): a
+ * per-CPU buffer, since from_pod's call chain has no stack room for it.
+ * Declared here, not pinned, so that every object that takes the pod
+ * programs' maps by name (the host programs) has it. */
+#define DNSFB_BUF 272
+
+struct dnsfb_buf {
+	__u8 b[DNSFB_BUF];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct dnsfb_buf);
+	__uint(max_entries, 1);
+} tdr_dnsfb_scratch SEC(".maps");
+
 /* The L7 proxies' sockets and ports (see lib/proxy.h). */
 /* The proxies' UDP sockets, written by the agent (a socket leaves the map
  * when it closes: while no proxy listens there is none). */

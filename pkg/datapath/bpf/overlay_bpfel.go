@@ -46,6 +46,11 @@ type OverlayCtEntry struct {
 	SrcIdentity uint32
 }
 
+type OverlayDnsfbBuf struct {
+	_ structs.HostLayout
+	B [272]uint8
+}
+
 type OverlayDnsfbKey struct {
 	_    structs.HostLayout
 	EpId uint16
@@ -414,6 +419,7 @@ const (
 	OverlayMapTdrCt4V2              = "tdr_ct4_v2"
 	OverlayMapTdrCt6V2              = "tdr_ct6_v2"
 	OverlayMapTdrDnsFallbackV1      = "tdr_dns_fallback_v1"
+	OverlayMapTdrDnsfbScratch       = "tdr_dnsfb_scratch"
 	OverlayMapTdrDsr4V1             = "tdr_dsr4_v1"
 	OverlayMapTdrDsr6V1             = "tdr_dsr6_v1"
 	OverlayMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
@@ -528,6 +534,7 @@ type OverlayMapSpecs struct {
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
 	TdrDnsFallbackV1  *ebpf.MapSpec `ebpf:"tdr_dns_fallback_v1"`
+	TdrDnsfbScratch   *ebpf.MapSpec `ebpf:"tdr_dnsfb_scratch"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.MapSpec `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -614,6 +621,7 @@ type OverlayMaps struct {
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
 	TdrDnsFallbackV1  *ebpf.Map `ebpf:"tdr_dns_fallback_v1"`
+	TdrDnsfbScratch   *ebpf.Map `ebpf:"tdr_dnsfb_scratch"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.Map `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -665,6 +673,7 @@ func (m *OverlayMaps) Close() error {
 		m.TdrCt4V2,
 		m.TdrCt6V2,
 		m.TdrDnsFallbackV1,
+		m.TdrDnsfbScratch,
 		m.TdrDsr4V1,
 		m.TdrDsr6V1,
 		m.TdrEncryptCidrsV1,
