@@ -120,7 +120,7 @@ func TestPrivilegedFromPodDNSFallback(t *testing.T) {
 			t.Errorf("denied %s: UDP header %x", name, udp)
 		case binary.BigEndian.Uint16(msg[0:]) != 0x1234 || msg[2] != 0x81 || msg[3] != 5 || !bytes.Equal(msg[4:12], []byte{0, 1, 0, 0, 0, 0, 0, 0}):
 			t.Errorf("denied %s: DNS header %x, want the query's ID, QR RD, REFUSED, one question", name, msg[:12])
-		case !bytes.Equal(msg[12:], in[42:42+len(w)+16][12:]):
+		case !bytes.Equal(msg[12:], in[42 : 42+len(w)+16][12:]):
 			t.Errorf("denied %s: question %x, want the query's", name, msg[12:])
 		}
 	}
