@@ -216,11 +216,11 @@ type Module struct {
 	hostResult policy.Result
 
 	// dnsfb is what the DNS fallback map holds per endpoint (guarded by
-	// mu; dnsfbLoaded: read back from the pinned map), dnsfbAllLogged
-	// the patterns last logged as beyond it per endpoint (logged once),
-	// dnsfbMap a map a test gives (nil: the datapath's).
+	// mu; read back from the pinned map at the endpoint's first
+	// realization), dnsfbAllLogged the patterns last logged as beyond it
+	// per endpoint (logged once), dnsfbMap a map a test gives (nil: the
+	// datapath's).
 	dnsfb          map[uint16]dnsfbSet
-	dnsfbLoaded    bool
 	dnsfbAllLogged map[uint16]string
 	dnsfbMap       DNSFallbackMap
 

@@ -20,7 +20,7 @@ var _ = [1]struct{}{}[dnsfallback.KindName^maps.DNSFallbackName|dnsfallback.Kind
 // DNSFallbackMap is the datapath's DNS fallback map (tdr_dns_fallback_v1)
 // as the realization writes it.
 type DNSFallbackMap interface {
-	Dump() (map[uint16][]maps.DNSFallbackKey, error)
+	DumpEndpoint(id uint16) ([]maps.DNSFallbackKey, error)
 	Put(maps.DNSFallbackKey) error
 	Delete(maps.DNSFallbackKey) error
 }
@@ -81,29 +81,24 @@ func dnsFallbackWant(epID uint16, res policy.Result, never bool) (want dnsfbSet,
 	return want, nil
 }
 
-// dnsfbCurrent is what the map holds for epID: the last write, or after a
-// restart what the pinned map kept (read once for every endpoint).
-// Called with p.mu held.
+// dnsfbCurrent is what the map holds for epID: the last write, or on the
+// endpoint's first realization in this run what the pinned map holds for
+// it (after a restart, the previous run's entries; the loader's purge of
+// an endpoint that was not restored deletes its entries, so an ID used
+// again starts from what is really there). Called with p.mu held.
 func (p *Module) dnsfbCurrent(dm DNSFallbackMap, epID uint16) (dnsfbSet, error) {
-	if !p.dnsfbLoaded {
-		all, err := dm.Dump()
-		if err != nil {
-			return nil, fmt.Errorf("read the DNS fallback map: %w", err)
-		}
-		for id, keys := range all {
-			s := dnsfbSet{}
-			for _, k := range keys {
-				s[k] = struct{}{}
-			}
-			p.dnsfb[id] = s
-		}
-		p.dnsfbLoaded = true
+	if cur, ok := p.dnsfb[epID]; ok {
+		return cur, nil
 	}
-	cur := p.dnsfb[epID]
-	if cur == nil {
-		cur = dnsfbSet{}
-		p.dnsfb[epID] = cur
+	keys, err := dm.DumpEndpoint(epID)
+	if err != nil {
+		return nil, fmt.Errorf("read the DNS fallback map: %w", err)
 	}
+	cur := dnsfbSet{}
+	for _, k := range keys {
+		cur[k] = struct{}{}
+	}
+	p.dnsfb[epID] = cur
 	return cur, nil
 }
 

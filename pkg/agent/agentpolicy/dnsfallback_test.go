@@ -18,10 +18,12 @@ type fakeDNSFallbackMap struct {
 	states  []map[bpfmaps.DNSFallbackKey]struct{}
 }
 
-func (f *fakeDNSFallbackMap) Dump() (map[uint16][]bpfmaps.DNSFallbackKey, error) {
-	out := map[uint16][]bpfmaps.DNSFallbackKey{}
+func (f *fakeDNSFallbackMap) DumpEndpoint(id uint16) ([]bpfmaps.DNSFallbackKey, error) {
+	var out []bpfmaps.DNSFallbackKey
 	for k := range f.entries {
-		out[k.EndpointID] = append(out[k.EndpointID], k)
+		if k.EndpointID == id {
+			out = append(out, k)
+		}
 	}
 	return out, nil
 }

@@ -81,7 +81,8 @@ func dnsFallbackNode(t testing.TB, fallback bool) *testNode {
 // trimmed, a valid IP header checksum) or is dropped (IPv6); so are TCP,
 // a response, a message of another opcode and a compressed name. Without
 // the filter marker everything passes (an agent that never wrote the
-// map), and the "all names" marker lets every name pass.
+// map), and the "all names" marker lets every name pass. The loader's
+// purge of the endpoint removes its entries.
 func TestPrivilegedFromPodDNSFallback(t *testing.T) {
 	n := dnsFallbackNode(t, true)
 	from, _ := n.l.Programs()
@@ -163,6 +164,23 @@ func TestPrivilegedFromPodDNSFallback(t *testing.T) {
 	}
 	if got := n.fromPod(n.ifidx, query(podA, remote, 33001, dnsQuery(1, 0x0100, "denied.example", nil))); got != actOK {
 		t.Errorf("no filter marker: denied name verdict %d, want pass", got)
+	}
+
+	// The purge of an endpoint that was not restored takes its names
+	// and leaves another endpoint's.
+	other := maps.DNSFallbackKey{EndpointID: 2, Kind: maps.DNSFallbackFilter}
+	if err := fb.Put(other); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.l.PurgeEndpoint(1); err != nil {
+		t.Fatal(err)
+	}
+	all1, err := fb.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all1[1]) != 0 || len(all1[2]) != 1 {
+		t.Errorf("after purging endpoint 1: %v, want only endpoint 2's marker", all1)
 	}
 }
 

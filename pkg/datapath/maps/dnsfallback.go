@@ -75,3 +75,35 @@ func (d DNSFallbackMap) Dump() (map[uint16][]DNSFallbackKey, error) {
 	}
 	return out, nil
 }
+
+// DumpEndpoint reads endpoint id's entries (a walk over the whole map: it
+// is keyed by hash, not by endpoint).
+func (d DNSFallbackMap) DumpEndpoint(id uint16) ([]DNSFallbackKey, error) {
+	all, err := d.Dump()
+	if err != nil {
+		return nil, err
+	}
+	return all[id], nil
+}
+
+// DeleteEndpoint removes endpoint id's entries, its filter marker first
+// (so that no moment filters with part of its names).
+func (d DNSFallbackMap) DeleteEndpoint(id uint16) error {
+	keys, err := d.DumpEndpoint(id)
+	if err != nil {
+		return err
+	}
+	marker := DNSFallbackKey{EndpointID: id, Kind: DNSFallbackFilter}
+	if err := d.Delete(marker); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if k == marker {
+			continue
+		}
+		if err := d.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
