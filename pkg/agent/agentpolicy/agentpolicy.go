@@ -215,11 +215,13 @@ type Module struct {
 	hostKnown  bool
 	hostResult policy.Result
 
-	// dnsfb is what the DNS fallback map holds per endpoint (guarded by
-	// mu; read back from the pinned map at the endpoint's first
-	// realization), dnsfbAllLogged the patterns last logged as beyond it
-	// per endpoint (logged once), dnsfbMap a map a test gives (nil: the
-	// datapath's).
+	// dnsfb is what the DNS fallback map holds per endpoint (read back
+	// from the pinned map at the endpoint's first realization),
+	// dnsfbAllLogged the patterns last logged as beyond it per endpoint
+	// (logged once), both guarded by dnsfbMu (its own: the map's writes
+	// and walks do not hold up the proxies' rule lookups under mu);
+	// dnsfbMap a map a test gives (nil: the datapath's).
+	dnsfbMu        sync.Mutex
 	dnsfb          map[uint16]dnsfbSet
 	dnsfbAllLogged map[uint16]string
 	dnsfbMap       DNSFallbackMap

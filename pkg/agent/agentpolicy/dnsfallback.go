@@ -85,7 +85,7 @@ func dnsFallbackWant(epID uint16, res policy.Result, never bool) (want dnsfbSet,
 // endpoint's first realization in this run what the pinned map holds for
 // it (after a restart, the previous run's entries; the loader's purge of
 // an endpoint that was not restored deletes its entries, so an ID used
-// again starts from what is really there). Called with p.mu held.
+// again starts from what is really there). Called with p.dnsfbMu held.
 func (p *Module) dnsfbCurrent(dm DNSFallbackMap, epID uint16) (dnsfbSet, error) {
 	if cur, ok := p.dnsfb[epID]; ok {
 		return cur, nil
@@ -117,8 +117,8 @@ func (p *Module) realizeDNSFallback(epID uint16, res policy.Result) error {
 		return nil
 	}
 	want, unexpressed := dnsFallbackWant(epID, res, p.runtime.Values().PolicyEnforcement == option.EnforcementNever)
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.dnsfbMu.Lock()
+	defer p.dnsfbMu.Unlock()
 	cur, err := p.dnsfbCurrent(dm, epID)
 	if err != nil {
 		return err
@@ -198,8 +198,8 @@ func (p *Module) removeDNSFallback(epID uint16) error {
 	if dm == nil {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.dnsfbMu.Lock()
+	defer p.dnsfbMu.Unlock()
 	cur, err := p.dnsfbCurrent(dm, epID)
 	if err != nil {
 		return err
