@@ -53,6 +53,9 @@ var dropReasons = map[uint8]flowpb.DropReason{
 	maps.ReasonSvcNoBackend:     flowpb.DropReason_SERVICE_BACKEND_NOT_FOUND,
 	maps.ReasonNatFailed:        flowpb.DropReason_ERROR_WRITING_TO_PACKET,
 	maps.ReasonUnencrypted:      flowpb.DropReason_UNENCRYPTED_TRAFFIC, // Cilium's reason for its strict mode too
+	// The DNS fallback's denied name: policy, as the proxy's REFUSED
+	// is (the flow's summary names the datapath's reason).
+	maps.ReasonDnsNameDenied: flowpb.DropReason_POLICY_DENIED,
 	// Cilium drops on an exhausted or full SNAT table, and on a failed
 	// rewrite, with these.
 	maps.ReasonMasqNoPort:    flowpb.DropReason_NO_MAPPING_FOR_NAT_MASQUERADE,
