@@ -612,8 +612,9 @@ func TestWireGuardKeyFromTendrilNode(t *testing.T) {
 
 // TestHealthEndpointClaims: a peer's health endpoint address inside its
 // accepted pod CIDR is claimed in the ipcache as the health identity on
-// that node (its address of the family: the tunnel's remote); one outside
-// its pod CIDR is not; a changed or withdrawn address's claim goes.
+// that node (its primary address, of either family: the tunnel's remote,
+// as for its pods); one outside its pod CIDR is not; a changed or
+// withdrawn address's claim goes.
 func TestHealthEndpointClaims(t *testing.T) {
 	cache := newFakeCache()
 	m, _ := startManager(t, nil, cache)
@@ -640,6 +641,15 @@ func TestHealthEndpointClaims(t *testing.T) {
 	expect("health endpoint moved", "[b=10.9.2.5(health via 172.31.9.2) b=172.31.9.2]")
 	upsert()
 	expect("health endpoint withdrawn", "[b=172.31.9.2]")
+	// Dual stack: the IPv6 health address names the node's primary
+	// (IPv4) address too.
+	dual := Peer{Name: "b", IPs: []netip.Addr{netip.MustParseAddr("172.31.9.2"), netip.MustParseAddr("fd00:31::2")},
+		PodCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.9.2.0/24"), netip.MustParsePrefix("fd00:9:2::/64")},
+		HealthIPs: []netip.Addr{netip.MustParseAddr("10.9.2.2"), netip.MustParseAddr("fd00:9:2::2")}}
+	if err := m.UpsertPeer(dual); err != nil {
+		t.Fatal(err)
+	}
+	expect("dual stack", "[b=10.9.2.2(health via 172.31.9.2) b=172.31.9.2 b=fd00:31::2 b=fd00:9:2::2(health via 172.31.9.2)]")
 	if err := m.DeletePeer("b"); err != nil {
 		t.Fatal(err)
 	}

@@ -60,9 +60,11 @@ func (o *peerOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisio
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	health := map[netip.Addr]netip.Addr{} // address: its node's address
-	for _, ip := range p.HealthEndpointIPs() {
-		if host, ok := p.nextHop(netip.PrefixFrom(ip, ip.BitLen())); ok && !containsAddr(p.NodeIPs, ip) {
-			health[ip] = host
+	if host, ok := p.primaryNodeIP(); ok {
+		for _, ip := range p.HealthEndpointIPs() {
+			if !containsAddr(p.NodeIPs, ip) {
+				health[ip] = host
+			}
 		}
 	}
 	var kept []netip.Addr

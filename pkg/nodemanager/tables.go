@@ -109,6 +109,21 @@ func (p *Peer) HealthEndpointIPs() []netip.Addr {
 	return out
 }
 
+// primaryNodeIP is the node's first address judged its own (InternalIP
+// first): the host IP its health endpoint's addresses name, of both
+// families, as its pods' do (their TendrilEndpoints' status names the
+// node's primary address). In the tunnel mode that is the outer address
+// both ways: a pod's packet to the IPv6 health endpoint encapsulated to
+// the node's IPv6 address (the family's next hop, as before) arrived from
+// an outer source the receiver's ipcache did not give the pod, and was
+// dropped as an invalid source, while the node's own probes passed.
+func (p *Peer) primaryNodeIP() (netip.Addr, bool) {
+	if len(p.NodeIPs) == 0 {
+		return netip.Addr{}, false
+	}
+	return p.NodeIPs[0], true
+}
+
 // nextHop is the peer's node address of the CIDR's family.
 func (p *Peer) nextHop(cidr netip.Prefix) (netip.Addr, bool) {
 	for _, ip := range p.NodeIPs {

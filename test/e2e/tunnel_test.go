@@ -295,6 +295,34 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 		healthIPv6Reachable(t, e.st.Nodes[0], e.st.Nodes[1])
 	})
 
+	// A pod, not only the node's prober, reaches the other node's IPv6
+	// health endpoint through the tunnel: the health address names the
+	// node's primary address as its tunnel endpoint, as its pods do, so
+	// the pod's packet arrives from the outer source the receiver's
+	// ipcache gives the pod (when it named the node's IPv6 address, node2
+	// dropped the pod's packets as an invalid source).
+	t.Run("a pod to the other node's IPv6 health endpoint", func(t *testing.T) {
+		var target netip.Addr
+		resp, out, err := healthResponse(t, e.st.Nodes[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range resp.Nodes {
+			for _, a := range n.Addresses {
+				if n.Name == "node2" && a.HealthEndpoint && a.IP.Is6() && !a.IP.Is4In6() {
+					target = a.IP
+				}
+			}
+		}
+		if !target.IsValid() {
+			t.Fatalf("node1's health view has no IPv6 health endpoint of node2:\n%s", out)
+		}
+		eventually(t, ns+"/other pings node2's health endpoint "+target.String(), func() (bool, error) {
+			out, err := exec.Command(tendrilBin, "lab", "--name", name, "ping", ns+"/other", target.String(), "--count", "5").CombinedOutput()
+			return err == nil, fmt.Errorf("%v: %s", err, out)
+		})
+	})
+
 	t.Run("TCP and UDP across nodes, VXLAN with the identity", func(t *testing.T) {
 		cap := startRawCapture(t, e.st.NetNetns, "node2")
 		tcp, _ := labProbe(t, name, ns+"/other", backend.Status.PodIP+":8080", false)
