@@ -321,24 +321,31 @@ int from_netdev(struct __sk_buff *skb)
 	return nat_reply4(skb, &p, m);
 }
 
-/* wg_nat_reply gives a reply of a NAT mapping that arrived through the
- * WireGuard device (an IP packet of Ethernet type eth_type without
- * link-layer header) the reverse translation of from_netdev: an Ethernet
- * header is pushed in front (bpf_skb_change_head, made for an L3 packet
- * bound for an L2 device), with the packet's type, so that the shared
- * code, whose every header offset counts an Ethernet header first, runs
- * on it as it does on the underlay's; the redirect to the underlay then
- * writes the next hop's addresses into it. p is parsed again, at the new
- * offsets. */
-static __always_inline int wg_nat_reply(struct __sk_buff *skb, struct pkt *p, __u16 eth_type)
+/* wg_push_eth puts an Ethernet header in front of a packet the WireGuard
+ * device delivered (an IP packet of family p->family without link-layer
+ * header; bpf_skb_change_head is the helper made for an L3 packet bound
+ * for an L2 device), with the packet's type, and parses it again into p:
+ * the shared translation code, whose every header offset counts an
+ * Ethernet header first, then runs on it as on the underlay's, and the
+ * redirect to the underlay writes the next hop's addresses into it. Only
+ * for a packet that leaves by that redirect (or is dropped): the device's
+ * stack takes no link-layer header. 0, or -1 when it failed. */
+static __always_inline int wg_push_eth(struct __sk_buff *skb, struct pkt *p)
 {
-	if (bpf_skb_change_head(skb, ETH_HLEN, 0))
-		return TC_ACT_SHOT;
-	__be16 proto = bpf_htons(eth_type);
-	if (bpf_skb_store_bytes(skb, 12, &proto, 2, 0))
-		return TC_ACT_SHOT;
+	__be16 proto = bpf_htons(p->family == FAMILY_V6 ? ETH_P_IPV6 : ETH_P_IP);
+
+	if (bpf_skb_change_head(skb, ETH_HLEN, 0) || bpf_skb_store_bytes(skb, 12, &proto, 2, 0))
+		return -1;
 	*p = (struct pkt){};
-	if (parse(skb, p) || !masq_l4(p))
+	return parse(skb, p) ? -1 : 0;
+}
+
+/* wg_nat_reply gives a reply of a NAT mapping that arrived through the
+ * WireGuard device the reverse translation of from_netdev (wg_push_eth
+ * first). */
+static __always_inline int wg_nat_reply(struct __sk_buff *skb, struct pkt *p)
+{
+	if (wg_push_eth(skb, p) || !masq_l4(p))
 		return TC_ACT_SHOT;
 	if (p->family == FAMILY_V6) {
 		int r = from_netdev6(skb, p);
@@ -351,6 +358,48 @@ static __always_inline int wg_nat_reply(struct __sk_buff *skb, struct pkt *p, __
 	if (!m)
 		return TC_ACT_SHOT;
 	return nat_reply4(skb, p, m);
+}
+
+/* wg_icmp_err_nodeport reports whether the parsed packet is an ICMP(v6)
+ * error about a service flow this node sent on to a remote backend: sent
+ * to the address the quoted packet left with, which one of this node's
+ * NAT mappings of a NodePort flow names (what the backend's node says
+ * when the backend's port is closed, or a router between the nodes when
+ * the packet does not fit). A global function, as wg_mapped. */
+__attribute__((noinline)) int wg_icmp_err_nodeport(const struct pkt *p)
+{
+	if (!p || !p->icmp_error || p->nonfirst_frag)
+		return 0;
+	if (p->family == FAMILY_V6) {
+		if (p->proto != IPPROTO_ICMPV6_ || !addr_eq(p->in_saddr, p->daddr, FAMILY_V6))
+			return 0;
+		struct nat6_key k;
+		nat_key(&k, FAMILY_V6, NAT_DIR_INGRESS, p->in_saddr, p->in_sport, p->in_daddr, p->in_dport, p->in_proto);
+		const struct nat6_entry *m = bpf_map_lookup_elem(&tdr_nat6_v1, &k);
+		return m && (m->flags & NAT_F_NODEPORT);
+	}
+	if (p->proto != IPPROTO_ICMP_ || !addr_eq(p->in_saddr, p->daddr, FAMILY_V4))
+		return 0;
+	struct nat4_key k;
+	nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, p->in_saddr, p->in_sport, p->in_daddr, p->in_dport, p->in_proto);
+	const struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
+	return m && (m->flags & NAT_F_NODEPORT);
+}
+
+/* wg_icmp_error translates an ICMP(v6) error wg_icmp_err_nodeport
+ * accepted as from_netdev does on the underlay (icmperr.h): sent back to
+ * the client, from the frontend, quoting the client's packet. */
+static __always_inline int wg_icmp_error(struct __sk_buff *skb, struct pkt *p)
+{
+	if (wg_push_eth(skb, p) || !p->icmp_error)
+		return TC_ACT_SHOT;
+	int r = p->family == FAMILY_V6 ? icmp_error_in6(skb, p) : icmp_error_in4(skb, p);
+	if (r == ICMP_ERR_NEEDS_REDIRECT)
+		return icmp_err_redirect(skb, p);
+	/* Not sent on (the flow's conntrack entry went since the look):
+	 * with the header pushed the device's stack cannot take it, and no
+	 * socket of this node waits for an error about a service flow. */
+	return r == TC_ACT_OK ? TC_ACT_SHOT : r;
 }
 
 /* wg_mapped reports whether the parsed packet is the reply of a NAT
@@ -381,7 +430,9 @@ __attribute__((noinline)) int wg_mapped(const struct pkt *p)
  *   masqueraded to its own address through that node's WireGuard device;
  *   the answer arrives here, where from_netdev never sees it. It gets the
  *   client back as destination and the frontend as source, and goes out
- *   to the client as from_netdev sends it (wg_nat_reply).
+ *   to the client as from_netdev sends it (wg_nat_reply). An ICMP error
+ *   about such a flow (the backend's port closed, a router between the
+ *   nodes) goes back to the client the same way (wg_icmp_error).
  * - The host firewall (hostfw.h): another node's or its pods' packet to
  *   this node's own addresses (node encryption sends those through the
  *   device) meets the host endpoint's ingress policy as it would in the
@@ -401,7 +452,9 @@ int from_wireguard(struct __sk_buff *skb)
 	if (parse_l3(skb, &p))
 		return TC_ACT_OK;
 	if (masq_l4(&p) && wg_mapped(&p))
-		return wg_nat_reply(skb, &p, p.family == FAMILY_V6 ? ETH_P_IPV6 : ETH_P_IP);
+		return wg_nat_reply(skb, &p);
+	if (p.icmp_error && wg_icmp_err_nodeport(&p))
+		return wg_icmp_error(skb, &p);
 	return !hostfw_exempt(&p) && hostfw(DIR_INGRESS, &p) ? TC_ACT_SHOT : TC_ACT_OK;
 }
 

@@ -1,6 +1,7 @@
 package hostdev
 
 import (
+	"bytes"
 	"net"
 	"net/netip"
 	"testing"
@@ -231,5 +232,45 @@ func TestPrivilegedHostFirewallOnWireGuardDevice(t *testing.T) {
 	_ = denied.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 	if _, from, err := denied.ReadFromUDPAddrPort(buf); err == nil {
 		t.Fatalf("the denied port's socket got a datagram from %s", from)
+	}
+}
+
+// TestPrivilegedNodePortICMPErrorFromWireGuard: with node encryption the
+// remote backend's node sends its ICMP error about a NodePort flow node1
+// sent on (from node1's address and a masquerade port) to node1's address
+// through the WireGuard device. from_wireguard sends it back to the
+// client as from_netdev does on the underlay: from the frontend, quoting
+// the client's packet to the frontend, every checksum right, counted;
+// IPv4 and IPv6. An error about no mapping passes unchanged to the host.
+func TestPrivilegedNodePortICMPErrorFromWireGuard(t *testing.T) {
+	n := newNodePort6Node(t)
+
+	ret, fwd := n.ingress(frame(client, node, protoUDP, 40000, npRemote, 0))
+	if ret != 7 {
+		t.Fatalf("IPv4 to the remote backend: verdict %d", ret)
+	}
+	ret, got := n.run(n.h.fromWG, n.uplink, l3(icmpError(peerPod, node, fwd)))
+	if ret != 7 {
+		t.Fatalf("IPv4 error about the remote backend's flow through the device: verdict %d, want redirect to the client", ret)
+	}
+	checkICMPError(t, "IPv4 error to the client", got, node, client, ap(client, 40000), ap(node, npRemote))
+
+	ret, fwd = n.ingress(frame6(client6, node6, protoUDP, 40000, npRemote, 0))
+	if ret != 7 {
+		t.Fatalf("IPv6 to the remote backend: verdict %d", ret)
+	}
+	ret, got = n.run(n.h.fromWG, n.uplink, l3(icmpError6(peerPod6, node6, 1, fwd)))
+	if ret != 7 {
+		t.Fatalf("IPv6 error about the remote backend's flow through the device: verdict %d, want redirect to the client", ret)
+	}
+	checkICMPError(t, "IPv6 error to the client", got, node6, client6, ap(client6, 40000), ap(node6, npRemote))
+	if got := n.metric(maps.ReasonNodeportICMPError, maps.DirIngress); got != 2 {
+		t.Fatalf("service ICMP errors counted %d, want 2", got)
+	}
+
+	// An error about a flow of no service: untouched, to the host.
+	e := l3(icmpError(peerPod, node, frame(node, peerPod, protoUDP, 30999, 40000, 0)))
+	if ret, g := n.run(n.h.fromWG, n.uplink, e); ret != 0 || !bytes.Equal(g, e) {
+		t.Fatalf("error about no service flow: verdict %d, changed %v", ret, !bytes.Equal(g, e))
 	}
 }
