@@ -2,11 +2,13 @@ package hostdev
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
 
@@ -163,29 +165,17 @@ func TestPrivilegedHostFirewallToWireGuard(t *testing.T) {
 
 // TestPrivilegedHostFirewallOnWireGuardDevice: the same on a real TUN
 // device (the userspace WireGuard's kind), its programs attached by
-// AttachWireGuard: a peer pod's UDP datagram written into the device, as
-// the device delivers it decrypted, to a node port the host policy does
-// not allow is dropped (the policy drop counter moves, the host socket on
-// that port gets nothing of it); to the allowed port it reaches the host
-// socket. Both attachments are in place and attaching again changes
-// nothing.
+// AttachWireGuard, in both attach modes (TCX links, tc filters): a peer
+// pod's UDP datagram written into the device, as the device delivers it
+// decrypted, to a node port the host policy does not allow is dropped
+// (the policy drop counter moves, the host socket on that port gets
+// nothing of it); to the allowed port it reaches the host socket. Both
+// attachments (ingress and egress) are in place and attaching again
+// changes nothing.
 func TestPrivilegedHostFirewallOnWireGuardDevice(t *testing.T) {
 	n := newNodePortNode(t)
-	tun, tunIf := openTUN(t, "tdrwg0")
-	if attached, err := n.h.AttachWireGuard(tunIf); err != nil || !attached {
-		t.Fatalf("AttachWireGuard(%d) = %v, %v; want attached", tunIf, attached, err)
-	}
-	if attached, err := n.h.AttachWireGuard(tunIf); err != nil || attached {
-		t.Fatalf("AttachWireGuard(%d) again = %v, %v; want left as it is", tunIf, attached, err)
-	}
-	for _, dir := range wireGuardDirections {
-		if _, ok := n.h.links[attachmentName(tunIf, dir)]; !ok {
-			t.Fatalf("no %s link on the device", dir)
-		}
-	}
 	setHostFirewall(t, n, maps.FlagEnforceIngress)
 	hostPolicy(t, n, maps.DirIngress, idPeerPod, protoUDP, 5555, maps.PolicyValue{Cookie: hostRuleAllow})
-
 	listen := func(port uint16) *net.UDPConn {
 		s, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(node, port)))
 		if err != nil {
@@ -196,42 +186,72 @@ func TestPrivilegedHostFirewallOnWireGuardDevice(t *testing.T) {
 	}
 	allowed, denied := listen(5555), listen(5556)
 
-	// Denied: written until the drop is counted (a device just created
-	// can lose its first packet, see checkWireGuardReply).
-	drops := n.metric(maps.ReasonPolicyDenied, maps.DirIngress)
-	for deadline := time.Now().Add(10 * time.Second); n.metric(maps.ReasonPolicyDenied, maps.DirIngress) == drops; {
-		if time.Now().After(deadline) {
-			t.Fatal("a datagram to a port the host policy does not allow, written into the device, was never counted as a policy drop")
-		}
-		if _, err := tun.Write(l3(frame(peerPod, node, protoUDP, 40000, 5556, 0))); err != nil {
-			t.Fatalf("write to the TUN device: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-
-	// Allowed: reaches the host socket.
-	buf := make([]byte, 100)
-	var got bool
-	for deadline := time.Now().Add(10 * time.Second); !got && time.Now().Before(deadline); {
-		if _, err := tun.Write(l3(frame(peerPod, node, protoUDP, 40001, 5555, 0))); err != nil {
-			t.Fatalf("write to the TUN device: %v", err)
-		}
-		_ = allowed.SetReadDeadline(time.Now().Add(time.Second))
-		if _, from, err := allowed.ReadFromUDPAddrPort(buf); err == nil {
-			if from != ap(peerPod, 40001) {
-				t.Fatalf("allowed port's socket got a datagram from %s, want %s", from, ap(peerPod, 40001))
+	// A loop, not subtests: the test node is this goroutine's locked
+	// thread's network namespace.
+	for i, mode := range []loader.AttachMode{loader.AttachTCX, loader.AttachTC} {
+		h := n.h
+		if mode == loader.AttachTC {
+			var err error
+			h, err = Load(Options{BPFRoot: n.root, AttachMode: mode, PortMin: 61000, PortMax: 61009, Maps: n.l.MapReplacements()}, nil)
+			if err != nil {
+				t.Fatal(err)
 			}
-			got = true
+			t.Cleanup(h.Close)
 		}
-	}
-	if !got {
-		t.Fatal("a datagram to the allowed port, written into the device, never reached the host socket")
-	}
-	// By now the denied datagrams, written before, would have been
-	// delivered had they passed.
-	_ = denied.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-	if _, from, err := denied.ReadFromUDPAddrPort(buf); err == nil {
-		t.Fatalf("the denied port's socket got a datagram from %s", from)
+		tun, tunIf := openTUN(t, fmt.Sprintf("tdrwg%d", i))
+		if attached, err := h.AttachWireGuard(tunIf); err != nil || !attached {
+			t.Fatalf("%s: AttachWireGuard(%d) = %v, %v; want attached", mode, tunIf, attached, err)
+		}
+		if attached, err := h.AttachWireGuard(tunIf); err != nil || attached {
+			t.Fatalf("%s: AttachWireGuard(%d) again = %v, %v; want left as it is", mode, tunIf, attached, err)
+		}
+		for _, dir := range wireGuardDirections {
+			_, link := h.links[attachmentName(tunIf, dir)]
+			if mode == loader.AttachTC {
+				link = h.holdsFilter(tunIf, dir)
+			}
+			if !link {
+				t.Fatalf("%s: no %s attachment on the device", mode, dir)
+			}
+		}
+
+		// Denied: written until the drop is counted (a device just
+		// created can lose its first packet, see checkWireGuardReply).
+		drops := n.metric(maps.ReasonPolicyDenied, maps.DirIngress)
+		for deadline := time.Now().Add(10 * time.Second); n.metric(maps.ReasonPolicyDenied, maps.DirIngress) == drops; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: a datagram to a port the host policy does not allow, written into the device, was never counted as a policy drop", mode)
+			}
+			if _, err := tun.Write(l3(frame(peerPod, node, protoUDP, 40000, 5556, 0))); err != nil {
+				t.Fatalf("write to the TUN device: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+
+		// Allowed: reaches the host socket.
+		buf := make([]byte, 100)
+		var got bool
+		for deadline := time.Now().Add(10 * time.Second); !got && time.Now().Before(deadline); {
+			if _, err := tun.Write(l3(frame(peerPod, node, protoUDP, 40001, 5555, 0))); err != nil {
+				t.Fatalf("write to the TUN device: %v", err)
+			}
+			_ = allowed.SetReadDeadline(time.Now().Add(time.Second))
+			if _, from, err := allowed.ReadFromUDPAddrPort(buf); err == nil {
+				if from != ap(peerPod, 40001) {
+					t.Fatalf("%s: allowed port's socket got a datagram from %s, want %s", mode, from, ap(peerPod, 40001))
+				}
+				got = true
+			}
+		}
+		if !got {
+			t.Fatalf("%s: a datagram to the allowed port, written into the device, never reached the host socket", mode)
+		}
+		// By now the denied datagrams, written before, would have been
+		// delivered had they passed.
+		_ = denied.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, from, err := denied.ReadFromUDPAddrPort(buf); err == nil {
+			t.Fatalf("%s: the denied port's socket got a datagram from %s", mode, from)
+		}
 	}
 }
 
