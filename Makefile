@@ -117,7 +117,7 @@ test: deps verify-generated verify-helm lint build k8s-binaries coredns
 		t0=$$(date +%s); echo "==> test binaries built in $$((t0-tb)) s$${TENDRIL_CI_START:+, prerequisites $$((tb-TENDRIL_CI_START)) s}"; \
 		GO=$(GO) BIN_DIR=$(BIN) RACE_PACKAGES="$(RACE_PACKAGES)" hack/test-lanes.sh $(CURDIR)/.test-output.log; status=$$?; \
 		hack/test-summary.sh $(CURDIR)/.test-output.log; \
-		if [ $$status -ne 0 ]; then echo "==> failures in detail:"; grep -B2 -A30 -E '^\s*--- FAIL' $(CURDIR)/.test-output.log | head -400; fi; \
+		if [ $$status -ne 0 ]; then echo "==> failures in detail:"; hack/test-failures.sh $(CURDIR)/.test-output.log | head -600; fi; \
 		exit $$status
 
 test-unit:

@@ -38,6 +38,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #include "lib/overlay.h"
 #include "lib/encrypt.h"
 #include "lib/proxy.h"
+#include "lib/dnsfb.h"
 #include "lib/l7ingress.h"
 
 /* hairpin_from_pod handles a pod's packet to itself through a service
@@ -101,11 +102,12 @@ __attribute__((noinline)) int hairpin_from_pod(struct __sk_buff *skb, struct pkt
 /* to_proxy sends a packet of endpoint ep (to the local endpoint dst, or
  * NULL) to the proxy p->proxy names: the verdict, or -1 when it passes
  * as its L4 allow says. When no proxy listens (the agent is down or
- * starting), DNS passes as its port's L4 allow says, so pods keep
- * resolving (names unfiltered meanwhile; nothing is learned, so no new
- * address becomes allowed); any other L7 port is closed until its proxy
- * enforces it. A global function: its stack is not on from_pod_flow's,
- * which the policy's call chain has no room for. */
+ * starting), a DNS query meets the DNS fallback (lib/dnsfb.h): an
+ * allowed name passes as its port's L4 allow says, so pods keep resolving
+ * (nothing is learned, so no new address becomes allowed), a denied one
+ * is answered REFUSED or dropped; any other L7 port is closed until its
+ * proxy enforces it. A global function: its stack is not on
+ * from_pod_flow's, which the policy's call chain has no room for. */
 __attribute__((noinline)) int to_proxy(struct __sk_buff *skb, const struct pkt *p, const struct endpoint_info *ep,
 				       const struct endpoint_info *dst)
 {
@@ -114,7 +116,7 @@ __attribute__((noinline)) int to_proxy(struct __sk_buff *skb, const struct pkt *
 	if (proxy_redirect(skb, p, p->proxy) >= 0)
 		return TC_ACT_OK;
 	if (p->proxy == PROXY_DNS)
-		return -1;
+		return dns_fallback(skb, p, ep, dst ? dst->identity : 0);
 	if (p->proxy == PROXY_HTTP_INGRESS && dst)
 		return drop(REASON_POLICY_DENIED, DIR_INGRESS, dst->ep_id, p, ep->identity, dst->identity, 0);
 	return drop(REASON_POLICY_DENIED, DIR_EGRESS, ep->ep_id, p, ep->identity, dst ? dst->identity : 0, 0);

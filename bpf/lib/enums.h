@@ -178,11 +178,22 @@
  * node's pod CIDR whose peer has no key, or whose route does not go to
  * the WireGuard device. */
 #define REASON_UNENCRYPTED 31 /* Would leave the node unencrypted (WireGuard strict mode) */
+/* The DNS fallback (lib/dnsfb.h): while no DNS proxy listens, a query
+ * for a name the endpoint's DNS rules do not allow is answered REFUSED by
+ * the datapath (IPv4 UDP) or dropped (IPv6, TCP). */
+#define REASON_DNS_NAME_DENIED 32 /* DNS name denied (proxy down) */
 
 /* Reasons are below REASON_MAX: tdr_metrics_v2 holds REASON_MAX * 2
  * counters.
  * go:const reason REASON_ */
-#define REASON_MAX 32
+#define REASON_MAX 33
+
+/* Kinds of tdr_dns_fallback_v1's entries (dnsfb_key.kind, lib/dnsfb.h).
+ * go:const DNSFallback DNSFB_KIND_ uint8 */
+#define DNSFB_KIND_NAME 1   /* a name allowed exactly (hash of the name) */
+#define DNSFB_KIND_SUFFIX 2 /* *.rest: any first label (hash of the rest) */
+#define DNSFB_KIND_ALL 3    /* every name passes (hash 0): a rule the map cannot express */
+#define DNSFB_KIND_FILTER 4 /* the endpoint's names are in: filter (hash 0) */
 
 /* Encryption flags (encrypt_info.flags).
  * go:const EncryptFlag ENCRYPT_F_ uint32 */

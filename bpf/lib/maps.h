@@ -434,6 +434,47 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_encrypt_cidrs_v1 SEC(".maps");
 
+/* The DNS fallback's allowed names (lib/dnsfb.h), written by the agent
+ * from each endpoint's DNS rules: while no DNS proxy listens, a UDP query
+ * of a PROXY_DNS flow passes only when its name (or the name after its
+ * first label) is here for the endpoint. hash is the 64-bit FNV-1a of the
+ * lowercased wire-format name (length octets and the final zero
+ * included); hash 0 with DNSFB_KIND_FILTER or DNSFB_KIND_ALL is the
+ * endpoint's marker. Pinned: it filters while the agent is down. */
+struct dnsfb_key {
+	__u16 ep_id;
+	__u8 kind; /* DNSFB_KIND_* */
+	__u8 pad[5];
+	__u64 hash;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct dnsfb_key);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tdr_dns_fallback_v1 SEC(".maps");
+
+/* The DNS fallback's copy of a query's DNS message up to its question
+ * (the header, the longest name and QTYPE/QCLASS, rounded up to 8): a
+ * per-CPU buffer, since from_pod's call chain has no stack room for it.
+ * Declared here, not pinned, so that every object that takes the pod
+ * programs' maps by name (the host programs) has it. */
+#define DNSFB_BUF 272
+
+struct dnsfb_buf {
+	__u8 b[DNSFB_BUF];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct dnsfb_buf);
+	__uint(max_entries, 1);
+} tdr_dnsfb_scratch SEC(".maps");
+
 /* The L7 proxies' sockets and ports (see lib/proxy.h). */
 /* The proxies' UDP sockets, written by the agent (a socket leaves the map
  * when it closes: while no proxy listens there is none). */

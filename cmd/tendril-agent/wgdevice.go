@@ -26,6 +26,6 @@ func wireguardDeviceCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", wireguard.DefaultDevice, "Device name")
-	cmd.Flags().IntVar(&mtu, "mtu", 1440, "Device MTU")
+	cmd.Flags().IntVar(&mtu, "mtu", 1500-wireguard.Overhead, "Device MTU (the agent sets its own)")
 	return cmd
 }

@@ -251,6 +251,29 @@ func (m *Manager) LookupAddr(addr netip.Addr) (AddrOwner, bool) {
 	return AddrOwner{EndpointID: ep.ID, Identity: ep.Identity}, true
 }
 
+// Names is what a flow shows of a local endpoint.
+type Names struct {
+	ID                    uint16
+	Identity              uint32
+	PodNamespace, PodName string
+	// Labels are a copy: the caller may keep them.
+	Labels []string
+}
+
+// LookupNames is the endpoint of an ID as flows name it: every flow
+// asks, so it copies its labels and nothing else (Lookup copies the
+// whole endpoint with its log).
+func (m *Manager) LookupNames(id uint16) (Names, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ep, ok := m.endpoints[id]
+	if !ok {
+		return Names{}, false
+	}
+	return Names{ID: ep.ID, Identity: ep.Identity, PodNamespace: ep.PodNamespace, PodName: ep.PodName,
+		Labels: slices.Clone(ep.Labels)}, true
+}
+
 // insertLocked makes ep visible by its ID and its addresses.
 func (m *Manager) insertLocked(ep *endpoint.Endpoint) {
 	m.endpoints[ep.ID] = ep

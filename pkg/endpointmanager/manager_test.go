@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -387,4 +388,61 @@ func BenchmarkLookupAddr(b *testing.B) {
 			b.Fatal("not found")
 		}
 	}
+}
+
+// LookupNames gives a flow's view of an endpoint: its pod and labels, the
+// labels a copy the manager's later changes do not touch.
+func TestLookupNames(t *testing.T) {
+	f := newFixture(t, t.TempDir())
+	ep := f.createPod(t, 1)
+	if _, err := f.mgr.SetLabels(ep.ID, []string{"k8s:app=web", "k8s:tier=front"}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := f.mgr.LookupNames(ep.ID)
+	if !ok || got.ID != ep.ID || got.Identity != ep.Identity || got.PodNamespace != "ns" || got.PodName != "pod-1" ||
+		!slices.Equal(got.Labels, []string{"k8s:app=web", "k8s:tier=front"}) {
+		t.Fatalf("LookupNames(%d) = %+v, %v", ep.ID, got, ok)
+	}
+	got.Labels[0] = "changed"
+	if again, _ := f.mgr.LookupNames(ep.ID); again.Labels[0] != "k8s:app=web" {
+		t.Errorf("the caller's labels are the manager's: %v", again.Labels)
+	}
+	if _, ok := f.mgr.LookupNames(ep.ID + 1); ok {
+		t.Error("LookupNames of an unknown ID found one")
+	}
+}
+
+// BenchmarkFlowEndpoint: what naming a flow's local endpoint costs, by
+// its ID, on an endpoint with labels and a full log (a pod that has
+// regenerated a few times): Lookup (a copy of the whole endpoint, what
+// the flows used) against LookupNames.
+func BenchmarkFlowEndpoint(b *testing.B) {
+	f := newFixture(b, b.TempDir())
+	ep := f.createPod(b, 1)
+	labels := []string{"k8s:app=web", "k8s:io.kubernetes.pod.namespace=ns", "k8s:io.cilium.k8s.policy.serviceaccount=default", "k8s:tier=front"}
+	if _, err := f.mgr.SetLabels(ep.ID, labels, "bench"); err != nil {
+		b.Fatal(err)
+	}
+	for i := range 40 {
+		f.mgr.Requeue(ep.ID, fmt.Sprintf("bench %d", i))
+	}
+	id := strconv.Itoa(int(ep.ID))
+	b.Run("Lookup", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			got, err := f.mgr.Lookup(id)
+			if err != nil || len(got.Labels) != len(labels) {
+				b.Fatal(got, err)
+			}
+		}
+	})
+	b.Run("LookupNames", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			got, ok := f.mgr.LookupNames(ep.ID)
+			if !ok || len(got.Labels) != len(labels) {
+				b.Fatal(got, ok)
+			}
+		}
+	})
 }

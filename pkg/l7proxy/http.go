@@ -150,18 +150,24 @@ func (p *HTTPProxy) ServeConn(conn net.Conn, src Source, dst netip.AddrPort) {
 }
 
 // ServeConnWith is ServeConn with a connection's options.
+//
+// What a request costs the proxy is paid per request under kept-alive
+// load (the agent's profile: flow emission and socket calls), so what is
+// the same for every request of a connection is made once: the rules'
+// matchers and the flows' summaries, the flows' addresses and ports, the
+// upstream's read and write buffers.
 func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort, opts ConnOptions) {
 	defer conn.Close()
 	rules := p.cfg.Rules(src, dst)
 	matchers := p.compile(rules)
-	allowedBy := ruleReasons("allowed by http rule", rules)
+	allowedBy := ruleReasons("HTTP allowed by http rule", rules)
 	var inRules []api.PortRuleHTTP
 	var inMatchers []*Matcher
 	var inAllowedBy []string
 	if opts.Both != nil {
 		inRules = opts.Both.IngressRules
 		inMatchers = p.compile(inRules)
-		inAllowedBy = ruleReasons("allowed by the destination's ingress http rule", inRules)
+		inAllowedBy = ruleReasons("HTTP allowed by the destination's ingress http rule", inRules)
 	}
 	dialUp := p.cfg.Dial
 	if opts.Dial != nil {
@@ -174,14 +180,19 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 	if p.cfg.Ingress {
 		own = flowpb.TrafficDirection_INGRESS
 	}
-	denied := "no http rule allows it"
+	denied := "HTTP no http rule allows it"
 	if opts.Both != nil {
-		denied = "no http rule of the source's egress allows it"
+		denied = "HTTP no http rule of the source's egress allows it"
 	}
 	client, _ := netip.ParseAddrPort(conn.RemoteAddr().String())
 	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
+	fl := p.newConnFlows(src, client, dst)
 	var upstream net.Conn
+	// The upstream's buffers live as long as the client connection (a
+	// redial resets them): net/http's Request.Write would otherwise
+	// allocate a 4 KiB writer for every request.
 	var upReader *bufio.Reader
+	var upWriter *bufio.Writer
 	defer func() {
 		if upstream != nil {
 			upstream.Close()
@@ -197,6 +208,31 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 	// (flushBeforeWait): a small answer leaves in one write rather than
 	// one per header line, and a streamed one still leaves as it comes.
 	cw := bufio.NewWriter(conn)
+	answer := &flushBeforeWait{w: cw}
+	// dial (re)connects the upstream for req; false when it cannot
+	// (the client was answered 503 and the request's flow emitted).
+	dial := func(req *http.Request, start time.Time) bool {
+		if upstream != nil {
+			upstream.Close()
+		}
+		var err error
+		upstream, err = dialUp(client, dst)
+		if err != nil {
+			upstream = nil
+			p.cfg.Log.Info("HTTP proxy: cannot reach the original destination", "dst", dst, "error", err)
+			fl.emit(own, req, http.StatusServiceUnavailable, start, flowpb.Verdict_ERROR, "HTTP upstream: "+err.Error())
+			_ = (&http.Response{StatusCode: http.StatusServiceUnavailable, ProtoMajor: 1, ProtoMinor: 1, Close: true, Request: req}).Write(conn)
+			return false
+		}
+		if upReader == nil {
+			upReader, upWriter = bufio.NewReader(upstream), bufio.NewWriter(upstream)
+			answer.src = upReader
+		} else {
+			upReader.Reset(upstream)
+			upWriter.Reset(upstream)
+		}
+		return true
+	}
 	for {
 		lim.n = MaxHeaderBytes + int64(br.Size())
 		req, err := http.ReadRequest(br)
@@ -229,64 +265,49 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 			resp.ContentLength = int64(len(body))
 			resp.Body = io.NopCloser(strings.NewReader(body))
 			if rule < 0 {
-				p.emit(own, src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_DROPPED, denied)
+				fl.emit(own, req, http.StatusForbidden, start, flowpb.Verdict_DROPPED, denied)
 			} else {
 				// The source's egress let it through; the destination's
 				// ingress answered 403 (Cilium: the ingress proxy's
 				// denial, then the egress proxy's flow of that answer).
-				p.emit(other, src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_DROPPED,
-					"no http rule of the destination's ingress allows it")
-				p.emit(own, src, conn, dst, req, http.StatusForbidden, time.Since(start), flowpb.Verdict_FORWARDED,
-					allowedBy[rule])
+				fl.emit(other, req, http.StatusForbidden, start, flowpb.Verdict_DROPPED,
+					"HTTP no http rule of the destination's ingress allows it")
+				fl.emit(own, req, http.StatusForbidden, start, flowpb.Verdict_FORWARDED, allowedBy[rule])
 			}
 			if err := writeResponse(cw, resp); err != nil || req.Close {
 				return
 			}
 			continue
 		}
-		dial := func() bool {
-			if upstream != nil {
-				upstream.Close()
-			}
-			upstream, err = dialUp(client, dst)
-			if err != nil {
-				upstream = nil
-				p.cfg.Log.Info("HTTP proxy: cannot reach the original destination", "dst", dst, "error", err)
-				p.emit(own, src, conn, dst, req, http.StatusServiceUnavailable, time.Since(start), flowpb.Verdict_ERROR, "upstream: "+err.Error())
-				_ = (&http.Response{StatusCode: http.StatusServiceUnavailable, ProtoMajor: 1, ProtoMinor: 1, Close: true, Request: req}).Write(conn)
-				return false
-			}
-			upReader = bufio.NewReader(upstream)
-			return true
-		}
 		reused := upstream != nil
-		if !reused && !dial() {
+		if !reused && !dial(req, start) {
 			return
 		}
-		resp, err := roundTrip(upstream, upReader, req)
+		resp, err := roundTrip(upWriter, upReader, req)
 		if err != nil && reused && replayable(req) {
 			// The server may have closed the kept-alive connection
 			// between two requests (its idle timeout): a request it
 			// cannot have acted on goes again on a new connection, as
 			// net/http's client does.
 			p.cfg.Log.Debug("HTTP proxy: kept-alive upstream connection failed; redialing", "dst", dst, "error", err)
-			if !dial() {
+			if !dial(req, start) {
 				return
 			}
-			resp, err = roundTrip(upstream, upReader, req)
+			resp, err = roundTrip(upWriter, upReader, req)
 		}
 		if err != nil {
 			p.cfg.Log.Debug("HTTP proxy: upstream exchange", "dst", dst, "error", err)
 			return
 		}
 		if opts.Both != nil {
-			p.emit(other, src, conn, dst, req, resp.StatusCode, time.Since(start), flowpb.Verdict_FORWARDED,
-				inAllowedBy[inRule])
+			fl.emit(other, req, resp.StatusCode, start, flowpb.Verdict_FORWARDED, inAllowedBy[inRule])
 		}
-		p.emit(own, src, conn, dst, req, resp.StatusCode, time.Since(start), flowpb.Verdict_FORWARDED, allowedBy[rule])
-		resp.Body = &flushBeforeWait{ReadCloser: resp.Body, src: upReader, w: cw}
+		fl.emit(own, req, resp.StatusCode, start, flowpb.Verdict_FORWARDED, allowedBy[rule])
+		answer.ReadCloser = resp.Body
+		resp.Body = answer
 		err = writeResponse(cw, resp) // streams the body
 		resp.Body.Close()
+		answer.ReadCloser = nil
 		if err != nil || req.Close || resp.Close {
 			return
 		}
@@ -295,8 +316,14 @@ func (p *HTTPProxy) ServeConnWith(conn net.Conn, src Source, dst netip.AddrPort,
 
 // roundTrip sends req on an upstream connection and reads the answer's
 // head (its body is read as it is passed on).
-func roundTrip(up net.Conn, upReader *bufio.Reader, req *http.Request) (*http.Response, error) {
+func roundTrip(up *bufio.Writer, upReader *bufio.Reader, req *http.Request) (*http.Response, error) {
+	// Given a *bufio.Writer, Request.Write uses it (and flushes after
+	// each chunk of a chunked body, as with its own) but leaves the
+	// last flush to the caller.
 	if err := req.Write(up); err != nil {
+		return nil, fmt.Errorf("write request: %w", err)
+	}
+	if err := up.Flush(); err != nil {
 		return nil, fmt.Errorf("write request: %w", err)
 	}
 	resp, err := http.ReadResponse(upReader, req)
@@ -359,29 +386,71 @@ func describe(r api.PortRuleHTTP) string {
 	return fmt.Sprintf("{method: %q, path: %q, host: %q, headers: %q}", r.Method, r.Path, r.Host, r.Headers)
 }
 
-// emit records the request's flow in direction dir.
-func (p *HTTPProxy) emit(dir flowpb.TrafficDirection, src Source, conn net.Conn, dst netip.AddrPort, req *http.Request, code int, latency time.Duration, verdict flowpb.Verdict, reason string) {
-	if p.cfg.Flow == nil {
+// connFlows builds the L7 flows of one client connection: what is the
+// same for each of its requests (addresses, ports, the source) is made
+// once, so a request's flow costs one allocation and its URL.
+type connFlows struct {
+	sink             func(*flowpb.Flow)
+	srcIP, dstIP     string
+	srcPort, dstPort uint32
+	epID, identity   uint32
+}
+
+func (p *HTTPProxy) newConnFlows(src Source, client, dst netip.AddrPort) *connFlows {
+	return &connFlows{sink: p.cfg.Flow, srcIP: client.Addr().String(), dstIP: dst.Addr().String(),
+		srcPort: uint32(client.Port()), dstPort: uint32(dst.Port()), epID: uint32(src.EndpointID), identity: src.Identity}
+}
+
+// flowParts are a flow and the messages it points to, allocated
+// together: one allocation a flow rather than eleven. The sink owns the
+// flow, and with it all of them.
+type flowParts struct {
+	flow   flowpb.Flow
+	time   timestamppb.Timestamp
+	ip     flowpb.IP
+	l4     flowpb.Layer4
+	l4TCP  flowpb.Layer4_TCP
+	tcp    flowpb.TCP
+	source flowpb.Endpoint
+	event  flowpb.CiliumEventType
+	l7     flowpb.Layer7
+	l7HTTP flowpb.Layer7_Http
+	http   flowpb.HTTP
+}
+
+// emit records the request's flow in direction dir: its latency from
+// start, summary "HTTP <reason>".
+func (c *connFlows) emit(dir flowpb.TrafficDirection, req *http.Request, code int, start time.Time, verdict flowpb.Verdict, summary string) {
+	if c.sink == nil {
 		return
 	}
-	s, _ := netip.ParseAddrPort(conn.RemoteAddr().String())
+	now := time.Now()
 	u := *req.URL
 	u.Scheme, u.Host = "http", req.Host
-	f := &flowpb.Flow{
-		Time:      timestamppb.Now(),
-		Type:      flowpb.FlowType_L7,
-		Verdict:   verdict,
-		IP:        &flowpb.IP{Source: s.Addr().Unmap().String(), Destination: dst.Addr().String()},
-		L4:        &flowpb.Layer4{Protocol: &flowpb.Layer4_TCP{TCP: &flowpb.TCP{SourcePort: uint32(s.Port()), DestinationPort: uint32(dst.Port())}}},
-		Source:    &flowpb.Endpoint{ID: uint32(src.EndpointID), Identity: src.Identity},
-		EventType: &flowpb.CiliumEventType{Type: 129}, // MessageTypeAccessLog
-		Summary:   "HTTP " + reason,
-		L7: &flowpb.Layer7{Type: flowpb.L7FlowType_RESPONSE, LatencyNs: uint64(latency),
-			Record: &flowpb.Layer7_Http{Http: &flowpb.HTTP{Code: uint32(code), Method: req.Method, Url: u.String(), Protocol: req.Proto}}},
-	}
+	x := &flowParts{}
+	f := &x.flow
+	x.time.Seconds, x.time.Nanos = now.Unix(), int32(now.Nanosecond())
+	f.Time = &x.time
+	f.Type = flowpb.FlowType_L7
+	f.Verdict = verdict
+	x.ip.Source, x.ip.Destination = c.srcIP, c.dstIP
+	f.IP = &x.ip
+	x.tcp.SourcePort, x.tcp.DestinationPort = c.srcPort, c.dstPort
+	x.l4TCP.TCP = &x.tcp
+	x.l4.Protocol = &x.l4TCP
+	f.L4 = &x.l4
+	x.source.ID, x.source.Identity = c.epID, c.identity
+	f.Source = &x.source
+	x.event.Type = 129 // MessageTypeAccessLog
+	f.EventType = &x.event
+	f.Summary = summary
+	x.http.Code, x.http.Method, x.http.Url, x.http.Protocol = uint32(code), req.Method, u.String(), req.Proto
+	x.l7HTTP.Http = &x.http
+	x.l7.Type, x.l7.LatencyNs, x.l7.Record = flowpb.L7FlowType_RESPONSE, uint64(now.Sub(start)), &x.l7HTTP
+	f.L7 = &x.l7
 	if verdict == flowpb.Verdict_DROPPED {
 		f.DropReasonDesc = flowpb.DropReason_POLICY_DENIED
 	}
 	f.TrafficDirection = dir
-	p.cfg.Flow(f)
+	c.sink(f)
 }

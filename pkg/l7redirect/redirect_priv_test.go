@@ -21,6 +21,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/datapath/linux"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
+	"github.com/tendril-net/tendril/pkg/fqdn/dnsfallback"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
 	"github.com/tendril-net/tendril/pkg/testutil"
@@ -32,7 +33,10 @@ import (
 // proxy. An allowed name is answered by b's server through the proxy, a
 // disallowed one REFUSED with a flow and never reaches b; GET passes,
 // POST gets 403 on the same connection. With the proxies closed, DNS
-// falls back to the L4 allow (answered by b directly) and HTTP is closed.
+// falls back to the L4 allow (answered by b directly) while a has no DNS
+// fallback entries; with them, an allowed name (and a *.rest pattern's)
+// is answered by b, a denied one never reaches b (REFUSED by the
+// datapath over IPv4); HTTP is closed.
 // Subtests IPv4 and IPv6: the pods are dual-stack, the traffic of one
 // family (over IPv6 the DNS questions are AAAA, and their answers are
 // learned).
@@ -311,20 +315,83 @@ func testRedirectRealTraffic(t *testing.T, v6 bool) {
 	}
 
 	// The proxies stop (the agent is down): their sockets leave the
-	// datapath's map. DNS passes as its L4 allow says, straight to b,
-	// names unfiltered; the HTTP port is closed.
+	// datapath's map. With no fallback entries for a (an agent that never
+	// wrote them), DNS passes as its L4 allow says, straight to b, names
+	// unfiltered.
 	if err := closeProxies(); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := query("udp", "denied.example.")
 	if err != nil || resp.Rcode != dns.RcodeSuccess {
-		t.Fatalf("with no proxy, a query goes to b directly: %v, %v", resp, err)
+		t.Fatalf("with no proxy and no fallback entries, a query goes to b directly: %v, %v", resp, err)
 	}
 	mu.Lock()
 	if n := len(serverNames); serverNames[n-1] != "denied.example." {
 		t.Errorf("b did not answer the query itself: %v", serverNames)
 	}
 	mu.Unlock()
+
+	// a's DNS fallback entries, as the agent writes them from its rules
+	// (the Go hash; the datapath computes its own over the query: mixed
+	// case names below check that the two agree): an allowed name and a
+	// *.rest pattern pass to b, a denied name never reaches b and is
+	// answered REFUSED by the datapath (IPv4) or not at all (IPv6), TCP
+	// is dropped while a's names are filtered.
+	names := dnsfallback.Compile([]api.PortRuleDNS{{MatchName: "Allowed.Example."}, {MatchPattern: "*.example.ORG"}}, false)
+	fb := m.DNSFallbackMap()
+	for e := range names.Entries {
+		if err := fb.Put(maps.DNSFallbackKey{EndpointID: 1, Kind: e.Kind, Hash: e.Hash}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fb.Put(maps.DNSFallbackKey{EndpointID: 1, Kind: maps.DNSFallbackFilter}); err != nil {
+		t.Fatal(err)
+	}
+	deniedBefore, err := m.MetricsMap().Lookup(maps.ReasonDnsNameDenied, maps.DirEgress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"ALLOWED.example.", "Any.Example.org."} {
+		resp, err := query("udp", name)
+		if err != nil || resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+			t.Fatalf("fallback: an allowed name %s is not answered by b: %v, %v", name, resp, err)
+		}
+		mu.Lock()
+		if n := len(serverNames); serverNames[n-1] != name {
+			t.Errorf("fallback: b did not answer %s itself: %v", name, serverNames)
+		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	before = len(serverNames)
+	mu.Unlock()
+	for _, name := range []string{"denied.example.", "a.b.example.org.", "example.org."} {
+		resp, err := queryTimeout(pa, "udp", name, qtype, addrB, 2*time.Second)
+		switch {
+		case !v6 && (err != nil || resp.Rcode != dns.RcodeRefused || resp.Question[0].Name != name || len(resp.Answer) != 0):
+			t.Errorf("fallback: a denied name %s over IPv4: %v, %v; want the datapath's REFUSED", name, resp, err)
+		case v6 && err == nil:
+			t.Errorf("fallback: a denied name %s over IPv6 was answered: %v", name, resp)
+		}
+	}
+	if _, err := queryTimeout(pa, "tcp", "allowed.example.", qtype, addrB, 2*time.Second); err == nil {
+		t.Error("fallback: a TCP query passed while a's names are filtered")
+	}
+	mu.Lock()
+	if len(serverNames) != before {
+		t.Errorf("fallback: b's server got %v, denied names or TCP", serverNames[before:])
+	}
+	mu.Unlock()
+	deniedAfter, err := m.MetricsMap().Lookup(maps.ReasonDnsNameDenied, maps.DirEgress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three denied names and at least the TCP query's SYN.
+	if got := deniedAfter.Packets - deniedBefore.Packets; got < 4 {
+		t.Errorf("fallback: %d packets counted as %s, want 4 or more", got, maps.ReasonName(maps.ReasonDnsNameDenied))
+	}
+
+	// The HTTP port is closed.
 	if err := pa.Do(func() error {
 		c, err := net.DialTimeout("tcp", net.JoinHostPort(addrB.String(), "80"), 2*time.Second)
 		if err == nil {
@@ -335,6 +402,17 @@ func testRedirectRealTraffic(t *testing.T, v6 bool) {
 	}); err != nil {
 		t.Error(err)
 	}
+}
+
+// queryTimeout asks the DNS server at addr:53 from pod p for name.
+func queryTimeout(p *netlab.Pod, network, name string, qtype uint16, addr netip.Addr, timeout time.Duration) (*dns.Msg, error) {
+	var resp *dns.Msg
+	err := p.Do(func() (err error) {
+		c := &dns.Client{Net: network, Timeout: timeout}
+		resp, _, err = c.Exchange(new(dns.Msg).SetQuestion(name, qtype), net.JoinHostPort(addr.String(), "53"))
+		return err
+	})
+	return resp, err
 }
 
 func fqdnConfig(mu *sync.Mutex, learned *[]string, flows *[]*flowpb.Flow) fqdn.ProxyConfig {

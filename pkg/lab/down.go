@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	dpwg "github.com/tendril-net/tendril/pkg/datapath/wireguard"
 	"github.com/tendril-net/tendril/pkg/namedns"
 )
 
@@ -95,12 +96,15 @@ func Down(name string, out io.Writer) error {
 			fmt.Fprintf(out, "  removed pinned BPF objects under %s\n", BPFDir(name))
 		}
 	}
-	// The userspace WireGuard devices' control sockets (their processes,
-	// inside the nodes' namespaces, were killed above and could not
-	// remove them).
+	// The userspace WireGuard devices' control sockets and saved
+	// configurations (their processes, inside the nodes' namespaces, were
+	// killed above and could not remove them; a configuration holds a
+	// private key).
 	if st, err := LoadState(name); err == nil && st.Encryption == "wireguard" {
 		for i := range st.Nodes {
-			_ = os.Remove(filepath.Join("/var/run/wireguard", WireGuardDevice(name, i)+".sock"))
+			dev := WireGuardDevice(name, i)
+			_ = os.Remove(filepath.Join(dpwg.StateDir, dev+".sock"))
+			_ = os.Remove(dpwg.StatePath(dev))
 		}
 	}
 	// The parent directories go when no other lab uses them.

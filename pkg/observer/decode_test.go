@@ -1,7 +1,9 @@
 package observer
 
 import (
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -284,5 +286,22 @@ func TestEveryDropReasonHasHubbleReason(t *testing.T) {
 		if got := DropReason(r); got == flowpb.DropReason_DROP_REASON_UNKNOWN {
 			t.Errorf("drop reason %d (%s) reaches Hubble as %s", r, names[r], got)
 		}
+	}
+}
+
+// formatUUID gives what the five %x of fmt gave, for bytes of every value.
+func TestFormatUUID(t *testing.T) {
+	for seed := range 64 {
+		var b [16]byte
+		for i := range b {
+			b[i] = byte(seed*16 + i*37)
+		}
+		want := fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+		if got := formatUUID(b); got != want {
+			t.Fatalf("formatUUID(%x) = %q, want %q", b, got, want)
+		}
+	}
+	if u := newUUID(); len(u) != 36 || u[14] != '4' || !strings.ContainsRune("89ab", rune(u[19])) {
+		t.Errorf("newUUID() = %q: not a version 4 UUID", u)
 	}
 }

@@ -239,3 +239,36 @@ func TestRunFeedsTheRingAndStops(t *testing.T) {
 		t.Fatalf("seen %d, decode errors %d", o.Ring().Seen(), o.DecodeErrors())
 	}
 }
+
+// The ring's wake channel: open until the next write after Bounds handed
+// it out, closed by that write, and a fresh open one from the next Bounds.
+func TestRingWakesAtTheNextWrite(t *testing.T) {
+	r := NewRing(4)
+	closed := func(c <-chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	r.Write(&flowpb.Flow{}) // nobody waits: no channel to close
+	_, _, w1 := r.Bounds()
+	_, _, w2 := r.Bounds()
+	if closed(w1) || w1 != w2 {
+		t.Fatal("Bounds before a write: want one open channel")
+	}
+	r.Write(&flowpb.Flow{})
+	if !closed(w1) {
+		t.Fatal("the write did not close the channel Bounds handed out")
+	}
+	r.Write(&flowpb.Flow{}) // no new waiter: nothing to close twice
+	_, next, w3 := r.Bounds()
+	if closed(w3) || next != 3 {
+		t.Fatalf("after the writes: next %d, channel closed %v", next, closed(w3))
+	}
+	r.Write(&flowpb.Flow{})
+	if !closed(w3) {
+		t.Fatal("the next write did not close the new channel")
+	}
+}

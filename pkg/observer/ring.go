@@ -18,8 +18,12 @@ type Ring struct {
 	mu   sync.Mutex
 	buf  []*flowpb.Flow
 	next uint64 // sequence number of the next flow written
-	// wake is closed (and replaced) at each write: followers wait on it.
-	wake chan struct{}
+	// wake is closed (and replaced) at the first write after Bounds
+	// handed it out: followers wait on it. Without one (woken is set)
+	// a write neither closes nor allocates a channel: every flow is
+	// written, few are followed.
+	wake  chan struct{}
+	woken bool
 }
 
 // NewRing returns a ring of capacity flows (DefaultRingCapacity when
@@ -28,7 +32,7 @@ func NewRing(capacity int) *Ring {
 	if capacity <= 0 {
 		capacity = DefaultRingCapacity
 	}
-	return &Ring{buf: make([]*flowpb.Flow, capacity), wake: make(chan struct{})}
+	return &Ring{buf: make([]*flowpb.Flow, capacity), woken: true}
 }
 
 // Write adds a flow, overwriting the oldest when full. The ring keeps the
@@ -37,8 +41,10 @@ func (r *Ring) Write(f *flowpb.Flow) {
 	r.mu.Lock()
 	r.buf[r.next%uint64(len(r.buf))] = f
 	r.next++
-	close(r.wake)
-	r.wake = make(chan struct{})
+	if !r.woken {
+		close(r.wake)
+		r.woken = true
+	}
 	r.mu.Unlock()
 }
 
@@ -67,6 +73,10 @@ func (r *Ring) Bounds() (oldest, next uint64, wake <-chan struct{}) {
 	oldest = 0
 	if r.next > uint64(len(r.buf)) {
 		oldest = r.next - uint64(len(r.buf))
+	}
+	if r.woken {
+		r.wake = make(chan struct{})
+		r.woken = false
 	}
 	return oldest, r.next, r.wake
 }

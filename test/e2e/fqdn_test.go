@@ -270,8 +270,8 @@ type dnsLoadResult struct {
 	Refused int
 	// DeniedLookups are the lookups of DENIED (a name no DNS rule allows,
 	// one try each, every fifth tick), DeniedAnswered those answered with
-	// an address (the proxy refuses them; only the datapath's fallback
-	// while no proxy listens lets them through), DeniedConnected the
+	// an address (the proxy refuses them, and while no proxy listens the
+	// datapath's DNS fallback does), DeniedConnected the
 	// connections to such an address's port 443 that got through (the
 	// policy allows none).
 	DeniedLookups, DeniedAnswered, DeniedConnected int
@@ -918,6 +918,11 @@ func TestPrivilegedLabFQDNPolicy(t *testing.T) {
 		}
 		if res.DeniedConnected != 0 {
 			t.Errorf("%d connections to the addresses of %s, which no rule allows, got through", res.DeniedConnected, deniedName)
+		}
+		// While no proxy listens the datapath's DNS fallback filters the
+		// names (docs/policy-l7.md, "No proxy listening").
+		if res.DeniedLookups == 0 || res.DeniedAnswered != 0 {
+			t.Errorf("%s, which no DNS rule allows, answered with an address %d times of %d lookups across the kill -9", deniedName, res.DeniedAnswered, res.DeniedLookups)
 		}
 		// The restarted proxy filters names again.
 		eventually(t, "denied.test refused after the restart", func() (bool, error) {

@@ -183,8 +183,8 @@ func TestPrivilegedLabWireGuard(t *testing.T) {
 		if err != nil {
 			t.Fatalf("lab exec: %v\n%s", err, out)
 		}
-		if !strings.Contains(string(out), " mtu 1440 ") {
-			t.Errorf("pod eth0, want MTU 1440 (1500 less WireGuard's 60): %s", out)
+		if !strings.Contains(string(out), " mtu 1420 ") {
+			t.Errorf("pod eth0, want MTU 1420 (1500 less WireGuard's 80): %s", out)
 		}
 	})
 
@@ -412,16 +412,21 @@ func TestPrivilegedLabWireGuard(t *testing.T) {
 	// Last, with strict mode and node encryption on: every check of the
 	// connectivity test (pods, Services, DNS, policy, the world, NodePorts
 	// with remote backends, the L2 announcement).
-	t.Run("connectivity test", func(t *testing.T) {
-		out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name).CombinedOutput()
-		t.Logf("tendril connectivity test:\n%s", out)
-		if err != nil {
-			t.Fatalf("connectivity test with encryption: %v", err)
-		}
-		if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] {
-			t.Fatalf("no all-passed summary in the output")
-		}
-	})
+	t.Run("connectivity test", func(t *testing.T) { connectivityAllPassed(t, name, "with encryption") })
+}
+
+// connectivityAllPassed runs `tendril connectivity test` against the lab
+// name: it must exit 0 with every check passed.
+func connectivityAllPassed(t *testing.T, name, what string) {
+	t.Helper()
+	out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name).CombinedOutput()
+	t.Logf("tendril connectivity test:\n%s", out)
+	if err != nil {
+		t.Fatalf("connectivity test %s: %v", what, err)
+	}
+	if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] {
+		t.Fatalf("no all-passed summary in the output")
+	}
 }
 
 // echoServer serves a TCP echo on addr in a lab node's network namespace
@@ -493,16 +498,21 @@ func l4Of(f []byte) (src netip.Addr, sport uint16, dst netip.Addr, dport uint16,
 		netip.AddrFrom4([4]byte(ip[16:20])), binary.BigEndian.Uint16(ip[ihl+2:]), ip[9], true
 }
 
-// clearFrames counts the IPv4 frames of a capture from or to one of pods
-// (a pod's packet on the wire in the clear).
+// clearFrames counts the frames of a capture from or to one of pods, of
+// either family (a pod's packet on the wire in the clear).
 func clearFrames(frames [][]byte, pods map[netip.Addr]string) int {
 	n := 0
 	for _, f := range frames {
-		if len(f) < 34 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
+		var src, dst netip.Addr
+		switch {
+		case len(f) >= 34 && binary.BigEndian.Uint16(f[12:]) == unix.ETH_P_IP:
+			src, dst = netip.AddrFrom4([4]byte(f[26:30])), netip.AddrFrom4([4]byte(f[30:34]))
+		case len(f) >= 54 && binary.BigEndian.Uint16(f[12:]) == unix.ETH_P_IPV6:
+			src, dst = netip.AddrFrom16([16]byte(f[22:38])), netip.AddrFrom16([16]byte(f[38:54]))
+		default:
 			continue
 		}
-		ip := f[14:]
-		if pods[netip.AddrFrom4([4]byte(ip[12:16]))] != "" || pods[netip.AddrFrom4([4]byte(ip[16:20]))] != "" {
+		if pods[src] != "" || pods[dst] != "" {
 			n++
 		}
 	}
@@ -663,6 +673,14 @@ func wireguardStrictStep(t *testing.T, name string, e *env, ns string, node1, no
 // own (a socket made there stays in that namespace).
 func inNetns(t *testing.T, name string, fn func() error) {
 	t.Helper()
+	if err := runInNetns(name, fn); err != nil {
+		t.Fatalf("in %s: %v", name, err)
+	}
+}
+
+// runInNetns runs fn on a thread of its own in the lab's network
+// namespace name, and returns fn's error or the one of entering it.
+func runInNetns(name string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		leave, err := enterNetns(name)
@@ -673,9 +691,7 @@ func inNetns(t *testing.T, name string, fn func() error) {
 		defer leave()
 		errc <- fn()
 	}()
-	if err := <-errc; err != nil {
-		t.Fatalf("in %s: %v", name, err)
-	}
+	return <-errc
 }
 
 // wireguardNodeStep: the agents restarted with --wireguard-encrypt-node
@@ -950,7 +966,9 @@ func (r *replyProbes) run(t *testing.T, what string) (clear, wg int) {
 // between the node addresses. A policy on the receiving pod admits the
 // allowed identity and denies another: the identity the VXLAN header
 // carries survives the encryption around it. Then strict mode on the
-// tunnel's traffic (wireguardTunnelStrictStep).
+// tunnel's traffic (wireguardTunnelStrictStep), strict mode with node
+// encryption (wireguardTunnelNodeStep), and with both on the policy
+// matrix and the connectivity test.
 func TestPrivilegedLabWireGuardTunnel(t *testing.T) {
 	labUp(t) // the binaries; the lab is this test's own
 	name, e := ownLab(t, "wgt", "--encryption", "wireguard", "--routing-mode", "tunnel")
@@ -975,8 +993,8 @@ func TestPrivilegedLabWireGuardTunnel(t *testing.T) {
 	frontend := e.waitReady(t, ns, "frontend")
 	other := e.waitReady(t, ns, "other")
 	out, err := exec.Command(tendrilBin, "lab", "--name", name, "exec", ns+"/other", "--", "ip", "-o", "link", "show", "dev", "eth0").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), " mtu 1390 ") {
-		t.Errorf("pod eth0, want MTU 1390 (1500 less VXLAN's 50 and WireGuard's 60): %v %s", err, out)
+	if err != nil || !strings.Contains(string(out), " mtu 1370 ") {
+		t.Errorf("pod eth0, want MTU 1370 (1500 less VXLAN's 50 and WireGuard's 80): %v %s", err, out)
 	}
 	node1, _ := e.st.Node("node1")
 	node2, _ := e.st.Node("node2")
@@ -1048,6 +1066,13 @@ func TestPrivilegedLabWireGuardTunnel(t *testing.T) {
 	t.Run("strict mode and node encryption", func(t *testing.T) {
 		wireguardTunnelNodeStep(t, name, e, ns, node1, node2, backend, pods)
 	})
+	// With strict mode and node encryption on in the tunnel mode: the
+	// policy matrix (most pairs across the nodes) and every check of the
+	// connectivity test.
+	t.Run("policy matrix", func(t *testing.T) {
+		reachabilityMatrix(t, e, name)
+	})
+	t.Run("connectivity test", func(t *testing.T) { connectivityAllPassed(t, name, "with encryption in the tunnel mode") })
 }
 
 // wireguardTunnelNodeStep: strict mode (on from the step before) and
@@ -1077,47 +1102,52 @@ func wireguardTunnelNodeStep(t *testing.T, name string, e *env, ns string, node1
 				fmt.Errorf("%v: %s", err, out)
 		})
 	}
-	// wireOnly captures node2's bridge port while fn runs: the frames in
-	// the clear (VXLAN, a pod's address, the test server's port) and the
-	// WireGuard datagrams between the nodes.
-	wireOnly := func(t *testing.T, what string, fn func()) {
+	// wireOnly captures node2's bridge port while fn runs, until fn
+	// succeeds with WireGuard datagrams seen: a frame in the clear (VXLAN,
+	// a pod's address, the test server's port) fails the test at once; a
+	// probe that timed out (CI's load: the probes wait 1 s) is tried again.
+	wireOnly := func(t *testing.T, what string, fn func() error) {
 		t.Helper()
-		cap := startRawCapture(t, e.st.NetNetns, "node2")
-		fn()
-		frames, err := cap.stop()
-		if err != nil {
-			t.Fatal(err)
-		}
-		clear, wg := clearFrames(frames, pods), 0
-		for _, f := range frames {
-			src, sp, dst, dp, proto, ok := l4Of(f)
-			if !ok {
-				continue
+		eventually(t, what+" through the device, nothing in the clear", func() (bool, error) {
+			cap := startRawCapture(t, e.st.NetNetns, "node2")
+			ferr := fn()
+			frames, err := cap.stop()
+			if err != nil {
+				t.Fatal(err)
 			}
-			if _, vx := parseVXLAN(f); vx || sp == port || dp == port {
-				clear++
+			clear, wg := clearFrames(frames, pods), 0
+			for _, f := range frames {
+				src, sp, dst, dp, proto, ok := l4Of(f)
+				if !ok {
+					continue
+				}
+				if _, vx := parseVXLAN(f); vx || sp == port || dp == port {
+					clear++
+				}
+				if proto == unix.IPPROTO_UDP && sp == 51871 && dp == 51871 && ((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+					wg++
+				}
 			}
-			if proto == unix.IPPROTO_UDP && sp == 51871 && dp == 51871 && ((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
-				wg++
+			if clear > 0 {
+				t.Fatalf("%s: %d frames in the clear (VXLAN, a pod's, port %d) on node2's bridge port, want 0", what, clear, port)
 			}
-		}
-		if clear > 0 || wg == 0 {
-			t.Errorf("%s: %d frames in the clear (VXLAN, a pod's, port %d), %d WireGuard datagrams on node2's bridge port; want 0 and some", what, clear, port, wg)
-		}
-		t.Logf("%s: %d frames on node2's bridge port, %d WireGuard datagrams, none in the clear", what, len(frames), wg)
+			t.Logf("%s: %d frames on node2's bridge port, %d WireGuard datagrams, none in the clear (%v)", what, len(frames), wg, ferr)
+			return ferr == nil && wg > 0, fmt.Errorf("%v, %d WireGuard datagrams", ferr, wg)
+		})
 	}
 	addr := backend.Status.PodIP + ":8080"
 	eventually(t, "frontend -> backend:8080 with strict mode and node encryption", func() (bool, error) {
 		c, _ := labProbe(t, name, ns+"/frontend", addr, false)
 		return c == 0, fmt.Errorf("exit %d", c)
 	})
-	wireOnly(t, "frontend -> backend:8080", func() {
+	wireOnly(t, "frontend -> backend:8080", func() error {
 		if c, _ := labProbe(t, name, ns+"/frontend", addr, false); c != 0 {
-			t.Errorf("frontend -> backend:8080: exit %d", c)
+			return fmt.Errorf("exit %d", c)
 		}
+		return nil
 	})
-	wireOnly(t, "node1 -> node2's address", func() {
-		inNetns(t, node1.Netns, func() error {
+	wireOnly(t, "node1 -> node2's address", func() error {
+		return runInNetns(node1.Netns, func() error {
 			_, err := workload.Probe(context.Background(), netip.AddrPortFrom(n2, port).String(), false, 5*time.Second)
 			return err
 		})
@@ -1228,5 +1258,84 @@ func wireguardTunnelStrictStep(t *testing.T, name string, e *env, ns string, nod
 	eventually(t, "strict mode, the rule removed: frontend -> backend:8080", func() (bool, error) {
 		c, _ := labProbe(t, name, ns+"/frontend", addr, false)
 		return c == 0, fmt.Errorf("exit %d", c)
+	})
+}
+
+// TestPrivilegedLabWireGuardDualStack: a dual-stack lab (--ip-family
+// dual, IPv4 underlay) with --encryption wireguard. Each peer's allowed
+// IPs hold the other node's IPv6 pod CIDR too, and that CIDR is routed to
+// the device: a client on node1 reaches a server on node2 over IPv6 (TCP,
+// UDP, ICMP) while a capture on node2's bridge port sees no frame of a
+// pod of either family, only WireGuard datagrams between the nodes' IPv4
+// addresses (IPv6 inside IPv4 UDP). Then the connectivity test's IPv6
+// phase (pods across nodes, ClusterIP, masquerade, NodePort from the
+// world) with encryption on.
+func TestPrivilegedLabWireGuardDualStack(t *testing.T) {
+	labUp(t) // the binaries; the lab is this test's own
+	name, e := ownLab(t, "wgd", "--encryption", "wireguard", "--ip-family", "dual")
+	const ns = "e2e-wgdual"
+	e.createNamespace(t, ns)
+	e.createPod(t, ns, "server", "node2", map[string]string{"app": "server"})
+	e.createPod(t, ns, "client", "node1", map[string]string{"app": "client"})
+	server := e.waitReady(t, ns, "server")
+	client := e.waitReady(t, ns, "client")
+	node1, _ := e.st.Node("node1")
+	node2, _ := e.st.Node("node2")
+	n1, n2 := netip.MustParseAddr(node1.Address), netip.MustParseAddr(node2.Address)
+	pods := map[netip.Addr]string{}
+	var server6 netip.Addr
+	for _, p := range []*corev1.Pod{server, client} {
+		for _, ip := range p.Status.PodIPs {
+			a := netip.MustParseAddr(ip.IP)
+			pods[a] = p.Name
+			if p == server && a.Is6() {
+				server6 = a
+			}
+		}
+	}
+	if !server6.IsValid() {
+		t.Fatalf("server pod has no IPv6 address: %v", server.Status.PodIPs)
+	}
+	out, err := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "ip", "-6", "route", "show", "dev", lab.WireGuardDevice(name, 0)).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "fd00:10:244:1::/64") {
+		t.Errorf("node1: want node2's IPv6 pod CIDR routed to its device: %v\n%s", err, out)
+	}
+	addr := netip.AddrPortFrom(server6, 80).String()
+	eventually(t, "client -> server over IPv6", func() (bool, error) {
+		c, _ := labProbe(t, name, ns+"/client", addr, false)
+		return c == 0, fmt.Errorf("exit %d", c)
+	})
+	cap := startRawCapture(t, e.st.NetNetns, "node2")
+	tcp, _ := labProbe(t, name, ns+"/client", addr, false)
+	udp, _ := labProbe(t, name, ns+"/client", addr, true)
+	pingOut, pingErr := exec.Command(tendrilBin, "lab", "--name", name, "ping", ns+"/client", server6.String(), "--count", "20").CombinedOutput()
+	frames, err := cap.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tcp != 0 || udp != 0 || pingErr != nil {
+		t.Fatalf("client -> server over IPv6 across nodes: TCP exit %d, UDP exit %d, ping %v: %s", tcp, udp, pingErr, pingOut)
+	}
+	wg := 0
+	for _, f := range frames {
+		if src, sp, dst, dp, proto, ok := l4Of(f); ok && proto == unix.IPPROTO_UDP && sp == 51871 && dp == 51871 &&
+			((src == n1 && dst == n2) || (src == n2 && dst == n1)) {
+			wg++
+		}
+	}
+	if clear := clearFrames(frames, pods); clear > 0 || wg == 0 {
+		t.Fatalf("%d frames of a pod in the clear on node2's bridge port, %d WireGuard datagrams; want 0 and some", clear, wg)
+	}
+	t.Logf("IPv6 TCP, UDP and 20 pings across the nodes: %d frames on node2's bridge port, %d WireGuard datagrams, none of a pod", len(frames), wg)
+
+	t.Run("connectivity test, IPv6", func(t *testing.T) {
+		out, err := exec.Command(tendrilBin, "connectivity", "test", "--lab", name, "--phases", "IPv6").CombinedOutput()
+		t.Logf("tendril connectivity test:\n%s", out)
+		if err != nil {
+			t.Fatalf("connectivity test's IPv6 phase with encryption: %v", err)
+		}
+		if m := regexp.MustCompile(`(\d+) checks: (\d+) passed, 0 failed`).FindStringSubmatch(string(out)); m == nil || m[1] != m[2] || m[1] != "9" {
+			t.Errorf("no all-passed summary of 9 checks in the output")
+		}
 	})
 }

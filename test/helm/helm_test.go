@@ -450,7 +450,7 @@ func TestEncryptionValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	flags, mounts := hostPaths(decode(t, data))
-	want := map[string]string{"enable-wireguard": "true", "wireguard-port": "51999", "wireguard-strict": "true", "wireguard-encrypt-node": "true"}
+	want := map[string]string{"enable-wireguard": "true", "wireguard-port": "51999", "wireguard-strict": "true", "wireguard-encrypt-node": "true", "wireguard-device-external": "true"}
 	if !maps.Equal(flags, want) {
 		t.Errorf("agent options %v, want %v", flags, want)
 	}
@@ -464,7 +464,7 @@ func TestEncryptionValues(t *testing.T) {
 	}
 	objs := decode(t, data)
 	flags, _ = hostPaths(objs)
-	if want := map[string]string{"enable-wireguard": "true", "wireguard-port": "51871", "wireguard-strict": "false", "wireguard-encrypt-node": "false"}; !maps.Equal(flags, want) {
+	if want := map[string]string{"enable-wireguard": "true", "wireguard-port": "51871", "wireguard-strict": "false", "wireguard-encrypt-node": "false", "wireguard-device-external": "true"}; !maps.Equal(flags, want) {
 		t.Errorf("encryption.enabled alone: agent options %v, want %v", flags, want)
 	}
 	ds := find(t, objs, "DaemonSet", "tendril-agent")
@@ -473,13 +473,35 @@ func TestEncryptionValues(t *testing.T) {
 	if !slices.Contains(caps, "NET_ADMIN") {
 		t.Errorf("agent capabilities %v lack NET_ADMIN", caps)
 	}
+	// The device in a container of its own (it outlives a restart of the
+	// agent's): the agent's image, the device subcommand, NET_ADMIN, the
+	// TUN device and the UAPI socket's directory.
+	if len(containers) != 2 {
+		t.Fatalf("agent pod: %d containers, want the agent and wireguard-device", len(containers))
+	}
+	dev := containers[1].(map[string]any)
+	cmd, _, _ := unstructured.NestedStringSlice(dev, "command")
+	devCaps, _, _ := unstructured.NestedStringSlice(dev, "securityContext", "capabilities", "add")
+	var devMounts []string
+	for _, m := range dev["volumeMounts"].([]any) {
+		devMounts = append(devMounts, m.(map[string]any)["mountPath"].(string))
+	}
+	if dev["name"] != "wireguard-device" || dev["image"] != containers[0].(map[string]any)["image"] || !slices.Equal(cmd, []string{"/usr/local/bin/tendril-agent", "wireguard-device", "--name=tendril_wg"}) ||
+		!slices.Equal(devCaps, []string{"NET_ADMIN"}) || !slices.Equal(devMounts, []string{"/dev/net/tun", "/var/run/wireguard"}) {
+		t.Errorf("the device container: name %v, image %v (agent's %v), command %v, capabilities %v, mounts %v", dev["name"], dev["image"], containers[0].(map[string]any)["image"], cmd, devCaps, devMounts)
+	}
 
 	if data, err = render(t); err != nil {
 		t.Fatal(err)
 	}
-	flags, mounts = hostPaths(decode(t, data))
+	objs = decode(t, data)
+	flags, mounts = hostPaths(objs)
 	if len(flags) != 0 || mounts["/dev/net/tun"] != "" || mounts["/var/run/wireguard"] != "" {
 		t.Errorf("default values: WireGuard options %v, host paths %v", flags, mounts)
+	}
+	ds = find(t, objs, "DaemonSet", "tendril-agent")
+	if containers, _, _ = unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers"); len(containers) != 1 {
+		t.Errorf("default values: %d containers in the agent pod, want 1", len(containers))
 	}
 	// A release upgraded with --reuse-values from a chart without
 	// encryption values has no .Values.encryption at all.

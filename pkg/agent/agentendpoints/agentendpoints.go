@@ -411,6 +411,15 @@ func (m *Module) Relabel(ns, name string, labels []string) {
 // Manager is the endpoint manager; nil before the start step builds it.
 func (m *Module) Manager() *endpointmanager.Manager { return m.mgr }
 
+// LookupNames is a local endpoint as flows name it; false before the
+// start step builds the manager.
+func (m *Module) LookupNames(id uint16) (endpointmanager.Names, bool) {
+	if m.mgr == nil {
+		return endpointmanager.Names{}, false
+	}
+	return m.mgr.LookupNames(id)
+}
+
 // IPAM is the node's address allocator; nil before the start step.
 func (m *Module) IPAM() *ipam.IPAM { return m.ipam }
 

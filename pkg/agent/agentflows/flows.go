@@ -28,7 +28,7 @@ import (
 	"github.com/tendril-net/tendril/api/v1/server"
 	"github.com/tendril-net/tendril/pkg/agent/cgroupmeta"
 	"github.com/tendril-net/tendril/pkg/datapath/loader"
-	"github.com/tendril-net/tendril/pkg/endpoint"
+	"github.com/tendril-net/tendril/pkg/endpointmanager"
 	"github.com/tendril-net/tendril/pkg/hubble"
 	"github.com/tendril-net/tendril/pkg/hubble/flowmetrics"
 	"github.com/tendril-net/tendril/pkg/hubble/hubbletls"
@@ -264,10 +264,10 @@ type Datapath interface {
 	EventsLost() (loader.EventsLost, error)
 }
 
-// Endpoints finds a local endpoint by ID (an error before the endpoint
-// manager exists).
+// Endpoints finds a local endpoint by ID (false before the endpoint
+// manager exists), as flows name it.
 type Endpoints interface {
-	Lookup(id string) (*endpoint.Endpoint, error)
+	LookupNames(id uint16) (endpointmanager.Names, bool)
 }
 
 // Policy is the policy as the flows name it.
@@ -569,8 +569,8 @@ func (k *nodeKnowledge) IdentityLabels(id uint32) []string {
 
 // EndpointByID is a local endpoint from the endpoint manager.
 func (k *nodeKnowledge) EndpointByID(id uint16) (observer.Endpoint, bool) {
-	ep, err := k.eps.Lookup(strconv.Itoa(int(id)))
-	if err != nil { // unknown, or the manager is not started yet
+	ep, ok := k.eps.LookupNames(id)
+	if !ok { // unknown, or the manager is not started yet
 		return observer.Endpoint{}, false
 	}
 	return observer.Endpoint{ID: uint32(ep.ID), Identity: ep.Identity, Namespace: ep.PodNamespace, PodName: ep.PodName, Labels: ep.Labels}, true

@@ -215,6 +215,17 @@ type Module struct {
 	hostKnown  bool
 	hostResult policy.Result
 
+	// dnsfb is what the DNS fallback map holds per endpoint (read back
+	// from the pinned map at the endpoint's first realization),
+	// dnsfbAllLogged the patterns last logged as beyond it per endpoint
+	// (logged once), both guarded by dnsfbMu (its own: the map's writes
+	// and walks do not hold up the proxies' rule lookups under mu);
+	// dnsfbMap a map a test gives (nil: the datapath's).
+	dnsfbMu        sync.Mutex
+	dnsfb          map[uint16]dnsfbSet
+	dnsfbAllLogged map[uint16]string
+	dnsfbMap       DNSFallbackMap
+
 	// file keeps the rules imported through the API across restarts;
 	// its writer is a job started after the restore.
 	file *policyfile.File
@@ -258,6 +269,7 @@ func New(p Params) *Module {
 		revokeMode: p.Config.RevokeEstablished, revoke: map[uint16]revokeKind{}, enforced: map[uint16][2]bool{},
 		cidrIDs: map[netip.Prefix]identity.NumericIdentity{}, nextCIDR: 1, cache: policy.NewSelectorCache(),
 		regen: make(chan struct{}, 1), passDone: make(chan struct{}),
+		dnsfb: map[uint16]dnsfbSet{}, dnsfbAllLogged: map[uint16]string{},
 	}
 	alwaysAllow, _ := parseAlwaysAllow(p.Config.HostFirewallAlwaysAllow) // validated by the cell
 	m.hostCfg = hostFirewallConfig{enabled: p.Config.EnableHostFirewall, audit: p.Config.HostFirewallAudit, alwaysAllow: alwaysAllow}

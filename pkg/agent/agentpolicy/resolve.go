@@ -430,6 +430,11 @@ func (p *Module) Realize(ctx context.Context, ep *endpoint.Endpoint, pm PolicyMa
 	if w.err != nil {
 		return fmt.Errorf("realize policy revision %d of endpoint %d: %w", res.Revision, ep.ID, w.err)
 	}
+	// The DNS fallback's names, from the same resolution, before the
+	// endpoint's flags and programs (the realizer writes those after).
+	if err := p.realizeDNSFallback(ep.ID, res); err != nil {
+		return fmt.Errorf("realize policy revision %d of endpoint %d: %w", res.Revision, ep.ID, err)
+	}
 	ep.PolicyRevision = res.Revision
 	if w.writes > 0 {
 		p.log.Debug("Policy map updated", "endpoint", ep.ID, "revision", res.Revision, "writes", w.writes, "entries", len(want))
@@ -440,6 +445,9 @@ func (p *Module) Realize(ctx context.Context, ep *endpoint.Endpoint, pm PolicyMa
 // Remove deletes ep's entries from the policy map.
 func (p *Module) Remove(ep *endpoint.Endpoint, pm PolicyMap) error {
 	pm = recordPolicyMap(pm, p.mapEvents)
+	if err := p.removeDNSFallback(ep.ID); err != nil {
+		return err
+	}
 	if err := pm.DeleteEndpoint(ep.ID); err != nil {
 		return fmt.Errorf("remove the policy of endpoint %d: %w", ep.ID, err)
 	}

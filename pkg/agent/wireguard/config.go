@@ -30,6 +30,11 @@ type Config struct {
 	// control socket is /var/run/wireguard/<name>.sock, one per file
 	// system: agents sharing one (the lab's nodes) need a name each.
 	WireguardDevice string
+	// WireguardDeviceExternal: the userspace device runs in a process
+	// the agent does not start (the chart's wireguard-device container,
+	// which the runtime does not restart with the agent's), so the agent
+	// waits for it to answer instead of spawning one.
+	WireguardDeviceExternal bool
 }
 
 // DefaultConfig: off, Cilium's port.
@@ -45,6 +50,8 @@ func (c Config) Flags(fs *pflag.FlagSet) {
 	fs.Bool("wireguard-encrypt-node", c.WireguardEncryptNode, "Encrypt the nodes' own traffic between them too (routed through the WireGuard device, except the device's own datagrams)")
 	fs.Uint16("wireguard-port", c.WireguardPort, "UDP port of the WireGuard device, the same on every node")
 	fs.String("wireguard-device", c.WireguardDevice, "Name of the WireGuard device")
+	fs.Bool("wireguard-device-external", c.WireguardDeviceExternal,
+		"The userspace WireGuard device is run by another process (the chart's wireguard-device container): wait for it to answer instead of starting one")
 }
 
 // validate is Validate, marked as a configuration error.
@@ -63,8 +70,8 @@ func (c Config) Validate(t tunnel.Config) error {
 		errs = append(errs, fmt.Errorf("wireguard-device %q: must be 1 to 15 characters (a Linux interface name)", c.WireguardDevice))
 	}
 	if !c.EnableWireguard {
-		if c.WireguardStrict || c.WireguardEncryptNode {
-			errs = append(errs, errors.New("wireguard-strict and wireguard-encrypt-node need enable-wireguard"))
+		if c.WireguardStrict || c.WireguardEncryptNode || c.WireguardDeviceExternal {
+			errs = append(errs, errors.New("wireguard-strict, wireguard-encrypt-node and wireguard-device-external need enable-wireguard"))
 		}
 		return errors.Join(errs...)
 	}

@@ -695,7 +695,7 @@ func newCell(p params) (*Encryption, error) {
 		return nil, nil
 	}
 	dev := &userspaceDevice{name: p.Config.WireguardDevice, mtu: p.EPConfig.MTU - dpwg.Overhead,
-		logPath: filepath.Join(p.Agent.StateDir, "wireguard-device.log"), log: p.Log}
+		external: p.Config.WireguardDeviceExternal, logPath: filepath.Join(p.Agent.StateDir, "wireguard-device.log"), log: p.Log}
 	e, err := New(p.Config, filepath.Join(p.Agent.StateDir, wgkey.KeyFile), dev, p.DB, p.Nodes, p.Log)
 	if err != nil {
 		return nil, fmt.Errorf("wireguard: %w", err)
@@ -777,10 +777,13 @@ func linkIndex(name string) (int, error) {
 // own binary in a process of its own (dpwg.Spawn) when not found running.
 // A kernel device would be driven by the same wgctrl calls.
 type userspaceDevice struct {
-	name    string
-	mtu     int
-	logPath string
-	log     *slog.Logger
+	name string
+	mtu  int
+	// external: another process serves the device (waited for, never
+	// spawned).
+	external bool
+	logPath  string
+	log      *slog.Logger
 
 	mu     sync.Mutex
 	client *wgctrl.Client
@@ -804,20 +807,36 @@ func (d *userspaceDevice) Ensure(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if dpwg.Running(c, d.name) {
-		return nil
+	switch {
+	case dpwg.Running(c, d.name):
+	case d.external:
+		// The device container starts beside the agent's: wait for it.
+		// A process of our own would hold the name and the container's
+		// would fail; and ours would die with the agent's container.
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		if err := dpwg.WaitRunning(ctx, c, d.name); err != nil {
+			return err
+		}
+		d.log.Info("WireGuard device found (userspace, run by another process)", "device", d.name)
+	default:
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("wireguard device: own binary: %w", err)
+		}
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		pid, err := dpwg.Spawn(ctx, c, d.name, []string{exe, dpwg.ServeSubcommand, "--name", d.name, "--mtu", strconv.Itoa(d.mtu)}, d.logPath)
+		if err != nil {
+			return err
+		}
+		d.log.Info("WireGuard device started (userspace, its own process)", "device", d.name, "pid", pid, "mtu", d.mtu)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("wireguard device: own binary: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	pid, err := dpwg.Spawn(ctx, c, d.name, []string{exe, dpwg.ServeSubcommand, "--name", d.name, "--mtu", strconv.Itoa(d.mtu)}, d.logPath)
-	if err != nil {
+	// A device found running was made by someone else's flags (the
+	// device container's, an agent with another MTU): the MTU is ours.
+	if err := dpwg.SetMTU(d.name, d.mtu); err != nil {
 		return err
 	}
-	d.log.Info("WireGuard device started (userspace, its own process)", "device", d.name, "pid", pid, "mtu", d.mtu)
 	return nil
 }
 

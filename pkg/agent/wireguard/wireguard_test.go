@@ -283,6 +283,11 @@ func TestConfigValidate(t *testing.T) {
 	if err := node.Validate(native); err != nil {
 		t.Errorf("encrypt-node with encryption: %v", err)
 	}
+	external := on
+	external.WireguardDeviceExternal = true
+	if err := external.Validate(native); err != nil {
+		t.Errorf("an external device with encryption: %v", err)
+	}
 	for name, c := range map[string]struct {
 		c Config
 		t tunnel.Config
@@ -291,6 +296,7 @@ func TestConfigValidate(t *testing.T) {
 		"port 0":               {Config{EnableWireguard: true, WireguardDevice: "x"}, native},
 		"long device name":     {Config{EnableWireguard: true, WireguardPort: 1, WireguardDevice: "a-name-too-long-for-linux"}, native},
 		"encrypt-node without": {Config{WireguardEncryptNode: true, WireguardPort: 1, WireguardDevice: "x"}, native},
+		"external without":     {Config{WireguardDeviceExternal: true, WireguardPort: 1, WireguardDevice: "x"}, native},
 	} {
 		if err := c.c.Validate(c.t); err == nil {
 			t.Errorf("%s: accepted", name)

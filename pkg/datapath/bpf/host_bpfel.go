@@ -46,6 +46,19 @@ type HostCtEntry struct {
 	SrcIdentity uint32
 }
 
+type HostDnsfbBuf struct {
+	_ structs.HostLayout
+	B [272]uint8
+}
+
+type HostDnsfbKey struct {
+	_    structs.HostLayout
+	EpId uint16
+	Kind uint8
+	Pad  [5]uint8
+	Hash uint64
+}
+
 type HostDsr4Entry struct {
 	_       structs.HostLayout
 	Addr    [4]uint8
@@ -405,6 +418,8 @@ const (
 	HostMapTdrAuditV1            = "tdr_audit_v1"
 	HostMapTdrCt4V2              = "tdr_ct4_v2"
 	HostMapTdrCt6V2              = "tdr_ct6_v2"
+	HostMapTdrDnsFallbackV1      = "tdr_dns_fallback_v1"
+	HostMapTdrDnsfbScratch       = "tdr_dnsfb_scratch"
 	HostMapTdrDsr4V1             = "tdr_dsr4_v1"
 	HostMapTdrDsr6V1             = "tdr_dsr6_v1"
 	HostMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
@@ -521,6 +536,8 @@ type HostMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
+	TdrDnsFallbackV1  *ebpf.MapSpec `ebpf:"tdr_dns_fallback_v1"`
+	TdrDnsfbScratch   *ebpf.MapSpec `ebpf:"tdr_dnsfb_scratch"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.MapSpec `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -607,6 +624,8 @@ type HostMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
+	TdrDnsFallbackV1  *ebpf.Map `ebpf:"tdr_dns_fallback_v1"`
+	TdrDnsfbScratch   *ebpf.Map `ebpf:"tdr_dnsfb_scratch"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.Map `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -657,6 +676,8 @@ func (m *HostMaps) Close() error {
 		m.TdrAuditV1,
 		m.TdrCt4V2,
 		m.TdrCt6V2,
+		m.TdrDnsFallbackV1,
+		m.TdrDnsfbScratch,
 		m.TdrDsr4V1,
 		m.TdrDsr6V1,
 		m.TdrEncryptCidrsV1,

@@ -46,6 +46,19 @@ type LxcCtEntry struct {
 	SrcIdentity uint32
 }
 
+type LxcDnsfbBuf struct {
+	_ structs.HostLayout
+	B [272]uint8
+}
+
+type LxcDnsfbKey struct {
+	_    structs.HostLayout
+	EpId uint16
+	Kind uint8
+	Pad  [5]uint8
+	Hash uint64
+}
+
 type LxcDsr4Entry struct {
 	_       structs.HostLayout
 	Addr    [4]uint8
@@ -406,6 +419,8 @@ const (
 	LxcMapTdrAuditV1            = "tdr_audit_v1"
 	LxcMapTdrCt4V2              = "tdr_ct4_v2"
 	LxcMapTdrCt6V2              = "tdr_ct6_v2"
+	LxcMapTdrDnsFallbackV1      = "tdr_dns_fallback_v1"
+	LxcMapTdrDnsfbScratch       = "tdr_dnsfb_scratch"
 	LxcMapTdrDsr4V1             = "tdr_dsr4_v1"
 	LxcMapTdrDsr6V1             = "tdr_dsr6_v1"
 	LxcMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
@@ -515,6 +530,8 @@ type LxcMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
+	TdrDnsFallbackV1  *ebpf.MapSpec `ebpf:"tdr_dns_fallback_v1"`
+	TdrDnsfbScratch   *ebpf.MapSpec `ebpf:"tdr_dnsfb_scratch"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.MapSpec `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -596,6 +613,8 @@ type LxcMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
+	TdrDnsFallbackV1  *ebpf.Map `ebpf:"tdr_dns_fallback_v1"`
+	TdrDnsfbScratch   *ebpf.Map `ebpf:"tdr_dnsfb_scratch"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.Map `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -645,6 +664,8 @@ func (m *LxcMaps) Close() error {
 		m.TdrAuditV1,
 		m.TdrCt4V2,
 		m.TdrCt6V2,
+		m.TdrDnsFallbackV1,
+		m.TdrDnsfbScratch,
 		m.TdrDsr4V1,
 		m.TdrDsr6V1,
 		m.TdrEncryptCidrsV1,

@@ -46,6 +46,19 @@ type OverlayCtEntry struct {
 	SrcIdentity uint32
 }
 
+type OverlayDnsfbBuf struct {
+	_ structs.HostLayout
+	B [272]uint8
+}
+
+type OverlayDnsfbKey struct {
+	_    structs.HostLayout
+	EpId uint16
+	Kind uint8
+	Pad  [5]uint8
+	Hash uint64
+}
+
 type OverlayDsr4Entry struct {
 	_       structs.HostLayout
 	Addr    [4]uint8
@@ -405,6 +418,8 @@ const (
 	OverlayMapTdrAuditV1            = "tdr_audit_v1"
 	OverlayMapTdrCt4V2              = "tdr_ct4_v2"
 	OverlayMapTdrCt6V2              = "tdr_ct6_v2"
+	OverlayMapTdrDnsFallbackV1      = "tdr_dns_fallback_v1"
+	OverlayMapTdrDnsfbScratch       = "tdr_dnsfb_scratch"
 	OverlayMapTdrDsr4V1             = "tdr_dsr4_v1"
 	OverlayMapTdrDsr6V1             = "tdr_dsr6_v1"
 	OverlayMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
@@ -518,6 +533,8 @@ type OverlayMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
+	TdrDnsFallbackV1  *ebpf.MapSpec `ebpf:"tdr_dns_fallback_v1"`
+	TdrDnsfbScratch   *ebpf.MapSpec `ebpf:"tdr_dnsfb_scratch"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.MapSpec `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -603,6 +620,8 @@ type OverlayMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
+	TdrDnsFallbackV1  *ebpf.Map `ebpf:"tdr_dns_fallback_v1"`
+	TdrDnsfbScratch   *ebpf.Map `ebpf:"tdr_dnsfb_scratch"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.Map `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -653,6 +672,8 @@ func (m *OverlayMaps) Close() error {
 		m.TdrAuditV1,
 		m.TdrCt4V2,
 		m.TdrCt6V2,
+		m.TdrDnsFallbackV1,
+		m.TdrDnsfbScratch,
 		m.TdrDsr4V1,
 		m.TdrDsr6V1,
 		m.TdrEncryptCidrsV1,

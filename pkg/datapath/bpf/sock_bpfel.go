@@ -46,6 +46,19 @@ type SockCtEntry struct {
 	SrcIdentity uint32
 }
 
+type SockDnsfbBuf struct {
+	_ structs.HostLayout
+	B [272]uint8
+}
+
+type SockDnsfbKey struct {
+	_    structs.HostLayout
+	EpId uint16
+	Kind uint8
+	Pad  [5]uint8
+	Hash uint64
+}
+
 type SockDsr4Entry struct {
 	_       structs.HostLayout
 	Addr    [4]uint8
@@ -364,6 +377,8 @@ const (
 	SockMapTdrAuditV1            = "tdr_audit_v1"
 	SockMapTdrCt4V2              = "tdr_ct4_v2"
 	SockMapTdrCt6V2              = "tdr_ct6_v2"
+	SockMapTdrDnsFallbackV1      = "tdr_dns_fallback_v1"
+	SockMapTdrDnsfbScratch       = "tdr_dnsfb_scratch"
 	SockMapTdrDsr4V1             = "tdr_dsr4_v1"
 	SockMapTdrDsr6V1             = "tdr_dsr6_v1"
 	SockMapTdrEncryptCidrsV1     = "tdr_encrypt_cidrs_v1"
@@ -482,6 +497,8 @@ type SockMapSpecs struct {
 	TdrAuditV1        *ebpf.MapSpec `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.MapSpec `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.MapSpec `ebpf:"tdr_ct6_v2"`
+	TdrDnsFallbackV1  *ebpf.MapSpec `ebpf:"tdr_dns_fallback_v1"`
+	TdrDnsfbScratch   *ebpf.MapSpec `ebpf:"tdr_dnsfb_scratch"`
 	TdrDsr4V1         *ebpf.MapSpec `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.MapSpec `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.MapSpec `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -562,6 +579,8 @@ type SockMaps struct {
 	TdrAuditV1        *ebpf.Map `ebpf:"tdr_audit_v1"`
 	TdrCt4V2          *ebpf.Map `ebpf:"tdr_ct4_v2"`
 	TdrCt6V2          *ebpf.Map `ebpf:"tdr_ct6_v2"`
+	TdrDnsFallbackV1  *ebpf.Map `ebpf:"tdr_dns_fallback_v1"`
+	TdrDnsfbScratch   *ebpf.Map `ebpf:"tdr_dnsfb_scratch"`
 	TdrDsr4V1         *ebpf.Map `ebpf:"tdr_dsr4_v1"`
 	TdrDsr6V1         *ebpf.Map `ebpf:"tdr_dsr6_v1"`
 	TdrEncryptCidrsV1 *ebpf.Map `ebpf:"tdr_encrypt_cidrs_v1"`
@@ -611,6 +630,8 @@ func (m *SockMaps) Close() error {
 		m.TdrAuditV1,
 		m.TdrCt4V2,
 		m.TdrCt6V2,
+		m.TdrDnsFallbackV1,
+		m.TdrDnsfbScratch,
 		m.TdrDsr4V1,
 		m.TdrDsr6V1,
 		m.TdrEncryptCidrsV1,

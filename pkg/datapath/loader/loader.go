@@ -583,8 +583,12 @@ func (l *Loader) PurgeEndpoint(id uint16) (keptPrograms bool, err error) {
 	defer l.mu.Unlock()
 	var errs []error
 	if l.maps != nil {
-		// Its policy entries too: nothing realizes them any more.
+		// Its policy entries and DNS fallback names too: nothing
+		// realizes them any more.
 		errs = append(errs, l.maps.EndpointMap().Purge(id), l.maps.PolicyMap().DeleteEndpoint(id))
+		if l.maps.DNSFallback != nil {
+			errs = append(errs, l.maps.DNSFallbackMap().DeleteEndpoint(id))
+		}
 	}
 	delete(l.written, id)
 	if l.onLiveInterfaceLocked(id) {

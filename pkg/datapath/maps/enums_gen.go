@@ -186,6 +186,10 @@ const (
 	// node's pod CIDR whose peer has no key, or whose route does not go to
 	// the WireGuard device.
 	ReasonUnencrypted uint8 = 31 // REASON_UNENCRYPTED: Would leave the node unencrypted (WireGuard strict mode)
+	// The DNS fallback (lib/dnsfb.h): while no DNS proxy listens, a query
+	// for a name the endpoint's DNS rules do not allow is answered REFUSED by
+	// the datapath (IPv4 UDP) or dropped (IPv6, TCP).
+	ReasonDnsNameDenied uint8 = 32 // REASON_DNS_NAME_DENIED: DNS name denied (proxy down)
 )
 
 // ReasonNames describes every Reason constant, for the CLI, events and metrics.
@@ -223,6 +227,7 @@ func ReasonNames() map[uint8]string {
 		ReasonNoTunnelKey:       "Overlay packet without tunnel metadata",
 		ReasonTunnelNotANode:    "Overlay packet from an address of no known node",
 		ReasonUnencrypted:       "Would leave the node unencrypted (WireGuard strict mode)",
+		ReasonDnsNameDenied:     "DNS name denied (proxy down)",
 	}
 }
 
@@ -230,7 +235,16 @@ func ReasonNames() map[uint8]string {
 // counters.
 // From REASON_* of bpf/lib/enums.h.
 const (
-	reasonMax = 32 // REASON_MAX
+	reasonMax = 33 // REASON_MAX
+)
+
+// Kinds of tdr_dns_fallback_v1's entries (dnsfb_key.kind, lib/dnsfb.h).
+// From DNSFB_KIND_* of bpf/lib/enums.h.
+const (
+	DNSFallbackName   uint8 = 1 // DNSFB_KIND_NAME: a name allowed exactly (hash of the name)
+	DNSFallbackSuffix uint8 = 2 // DNSFB_KIND_SUFFIX: *.rest: any first label (hash of the rest)
+	DNSFallbackAll    uint8 = 3 // DNSFB_KIND_ALL: every name passes (hash 0): a rule the map cannot express
+	DNSFallbackFilter uint8 = 4 // DNSFB_KIND_FILTER: the endpoint's names are in: filter (hash 0)
 )
 
 // Encryption flags (encrypt_info.flags).

@@ -16,8 +16,8 @@ func TestCTViewFlagsDistinctFromStored(t *testing.T) {
 // the datapath drops with it.
 func TestReasons(t *testing.T) {
 	names := ReasonNames()
-	if len(names) != 32 {
-		t.Fatalf("%d reasons, want 32", len(names))
+	if len(names) != 33 {
+		t.Fatalf("%d reasons, want 33", len(names))
 	}
 	for r, name := range names {
 		if r >= reasonMax {
@@ -32,7 +32,7 @@ func TestReasons(t *testing.T) {
 		ReasonPolicyDenied: true, ReasonMalformed: true, ReasonUnknownInterface: true, ReasonSvcNoBackend: true, ReasonNatFailed: true,
 		ReasonMasqueraded: false, ReasonMasqReply: false, ReasonMasqNoPort: true, ReasonMasqTableFull: true, ReasonMasqFailed: true,
 		ReasonNodeport: false, ReasonNodeportReply: false, ReasonNodeportICMPError: false, ReasonSvcNoLocalBackend: true, ReasonSourceRangeDenied: true, ReasonNodeportNoRoute: true,
-		ReasonDsrMtuExceeded: true, ReasonToOverlay: false, ReasonNoTunnelKey: true, ReasonTunnelNotANode: true, ReasonUnencrypted: true,
+		ReasonDsrMtuExceeded: true, ReasonToOverlay: false, ReasonNoTunnelKey: true, ReasonTunnelNotANode: true, ReasonUnencrypted: true, ReasonDnsNameDenied: true,
 	} {
 		if IsDrop(r) != drop {
 			t.Errorf("IsDrop(%s) = %v, want %v", ReasonName(r), !drop, drop)

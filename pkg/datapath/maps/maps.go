@@ -73,6 +73,9 @@ type Maps struct {
 	// L2Resp is the L2 announcements' ARP responder map (nil when opened
 	// with OpenPinned).
 	L2Resp *ebpf.Map
+	// DNSFallback is the DNS fallback's allowed names (nil when opened
+	// with OpenPinned).
+	DNSFallback *ebpf.Map
 
 	policyOnce sync.Once
 	policy     *PolicyMap
@@ -84,7 +87,7 @@ func FromObjects(o *bpf.LxcMaps) *Maps {
 		Endpoints: o.TdrEndpointsV2, EndpointsIfx: o.TdrEpIfindexV1, EndpointsID: o.TdrEpIdV1,
 		EndpointsIP4: o.TdrEndpointIp4V1, EndpointsIP6: o.TdrEndpointIp6V1, IPCache: o.TdrIpcacheV2, PolicyCIDR: o.TdrPolicyCidrV1, Policy: o.TdrPolicyV2, Audit: o.TdrAuditV1,
 		CT4: o.TdrCt4V2, CT6: o.TdrCt6V2, Metrics: o.TdrMetricsV2, Events: o.TdrEventsV1,
-		LB: LBFromObjects(o), NAT: NATFromObjects(o), L2Resp: o.TdrL2ResponderV4,
+		LB: LBFromObjects(o), NAT: NATFromObjects(o), L2Resp: o.TdrL2ResponderV4, DNSFallback: o.TdrDnsFallbackV1,
 	}
 }
 

@@ -14,6 +14,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -32,9 +35,15 @@ const (
 	DefaultPort   = 51871
 )
 
-// Overhead is what WireGuard adds to an IPv4 packet: outer IPv4 20, UDP
-// 8, the data message's header 16 and its authentication tag 16.
-const Overhead = 60
+// Overhead is what WireGuard adds to a packet, for an outer header of
+// either family: outer IPv6 40 (IPv4's 20), UDP 8, the data message's
+// header 16 and its authentication tag 16. The larger one because a
+// node's peers may be reached over either family (a peer's endpoint is
+// an address of its first pod CIDR's family): with IPv4's 60 a full-sized
+// packet to a peer over IPv6 is 20 bytes too long for the link, and the
+// device's datagrams are not fragmented (TestPrivilegedEncryptedIPv6 saw
+// a TCP stream stall). Cilium reserves the same 80.
+const Overhead = 80
 
 // ServeSubcommand is the agent's hidden subcommand that runs Serve.
 const ServeSubcommand = "wireguard-device"
@@ -55,8 +64,9 @@ const ServeSubcommand = "wireguard-device"
 // it, rather than the routes going with the link and the pods' packets
 // following the underlay's routes in the clear. The next Serve of the same
 // name attaches to that link (TUNSETIFF on an existing persistent device)
-// with a new key-less device the agent configures again. Deleting the link
-// (Stop) still ends the process and the device.
+// with the configuration the last process saved (StatePath: key, port,
+// peers), so traffic flows again before the agent has configured it.
+// Deleting the link (Stop) still ends the process and the device.
 func Serve(name string, mtu int, log *slog.Logger) error {
 	uapiFile, err := ipc.UAPIOpen(name)
 	if err != nil {
@@ -87,13 +97,18 @@ func Serve(name string, mtu int, log *slog.Logger) error {
 	if err := linkUp(name); err != nil {
 		return err
 	}
+	st := &deviceState{path: StatePath(name), dev: dev, log: log}
+	st.restore()
 	go func() {
 		for {
 			c, err := uapi.Accept()
 			if err != nil {
 				return
 			}
-			go dev.IpcHandle(c)
+			go func() {
+				dev.IpcHandle(c)
+				st.save()
+			}()
 		}
 	}()
 	log.Info("WireGuard device serving", "device", name, "mtu", mtu, "pid", os.Getpid())
@@ -106,6 +121,109 @@ func Serve(name string, mtu int, log *slog.Logger) error {
 		log.Info("WireGuard device closed", "device", name)
 	}
 	return nil
+}
+
+// StateDir is where the userspace devices keep their UAPI sockets and
+// their saved configuration (golang.zx2c4.com/wireguard/ipc's directory).
+const StateDir = "/var/run/wireguard"
+
+// StatePath is where the device name's process saves its configuration:
+// its private key, port, mark and peers, readable by root alone (the key
+// is as secret as the agent's key file).
+func StatePath(name string) string { return filepath.Join(StateDir, name+".conf") }
+
+// deviceState saves a device's configuration after each UAPI exchange
+// and restores it when a process starts on the same name: a device
+// process that ends (its container restarted, the agent's pod replaced in
+// an upgrade) comes back with its key and peers, and pod traffic between
+// the nodes flows again before any agent has configured it; the agent's
+// reconciler then finds nothing to change (Configure diffs). The agent
+// still owns the configuration: what it sets is what is saved.
+type deviceState struct {
+	path string
+	dev  *device.Device
+	log  *slog.Logger
+
+	mu   sync.Mutex
+	last string
+}
+
+// settable reports whether a UAPI get key is one a set takes back (the
+// counters and handshake times are the device's own).
+func settable(key string) bool {
+	switch key {
+	case "private_key", "listen_port", "fwmark", "public_key", "preshared_key", "endpoint",
+		"persistent_keepalive_interval", "allowed_ip", "protocol_version":
+		return true
+	}
+	return false
+}
+
+func (s *deviceState) save() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cfg, err := s.dev.IpcGet()
+	if err != nil {
+		s.log.Warn("Cannot read the WireGuard device's configuration to save it", "path", s.path, "error", err)
+		return
+	}
+	var b strings.Builder
+	for line := range strings.Lines(cfg) {
+		if k, _, ok := strings.Cut(line, "="); ok && settable(k) {
+			b.WriteString(line)
+		}
+	}
+	if b.String() == s.last {
+		return
+	}
+	if err := writeFileAtomic(s.path, []byte(b.String()), 0o600); err != nil {
+		s.log.Warn("Cannot save the WireGuard device's configuration", "path", s.path, "error", err)
+		return
+	}
+	s.last = b.String()
+}
+
+func (s *deviceState) restore() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, err := os.ReadFile(s.path)
+	if errors.Is(err, os.ErrNotExist) || len(b) == 0 {
+		return
+	}
+	if err != nil {
+		s.log.Warn("Cannot read the WireGuard device's saved configuration", "path", s.path, "error", err)
+		return
+	}
+	if err := s.dev.IpcSet(string(b)); err != nil {
+		// The agent configures the device anyway: a start without the
+		// saved state costs a gap, not correctness.
+		s.log.Warn("Cannot restore the WireGuard device's saved configuration", "path", s.path, "error", err)
+		return
+	}
+	s.last = string(b)
+	s.log.Info("WireGuard device configuration restored", "path", s.path)
+}
+
+// writeFileAtomic writes data to path through a temporary file renamed
+// over it, so a reader never sees half a configuration.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
 
 // setPersist marks the TUN device of f persistent. Through the raw
@@ -190,6 +308,38 @@ func Spawn(ctx context.Context, client *wgctrl.Client, name string, argv []strin
 	}
 }
 
+// WaitRunning waits until the device name answers wgctrl and its link
+// is in this network namespace (a device another process serves, such as
+// the chart's wireguard-device container).
+func WaitRunning(ctx context.Context, client *wgctrl.Client, name string) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for !Running(client, name) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wireguard device %s: no process serves it: %w", name, ctx.Err())
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// SetMTU sets the device's link MTU when it differs (the userspace
+// device follows its link's MTU changes).
+func SetMTU(name string, mtu int) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("wireguard device %s: %w", name, err)
+	}
+	if l.Attrs().MTU == mtu {
+		return nil
+	}
+	if err := netlink.LinkSetMTU(l, mtu); err != nil {
+		return fmt.Errorf("wireguard device %s: set MTU %d: %w", name, mtu, err)
+	}
+	return nil
+}
+
 // Stop closes the device name: a userspace device's process ends when its
 // UAPI socket's device is closed, which deleting the TUN link does.
 func Stop(name string) error {
@@ -203,6 +353,11 @@ func Stop(name string) error {
 	}
 	if err := netlink.LinkDel(l); err != nil {
 		return fmt.Errorf("delete wireguard device %s: %w", name, err)
+	}
+	// The saved configuration holds the private key: it goes with the
+	// device.
+	if err := os.Remove(StatePath(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("wireguard device %s: %w", name, err)
 	}
 	return nil
 }

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -180,7 +182,9 @@ func veth(t *testing.T, ha *netlink.Handle, a string, addrA netip.Prefix, hb *ne
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := x.h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: x.addr.Addr().AsSlice(), Mask: net.CIDRMask(x.addr.Bits(), 32)}}); err != nil {
+		// IPv6 without duplicate address detection: usable at once.
+		if err := x.h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: x.addr.Addr().AsSlice(), Mask: net.CIDRMask(x.addr.Bits(), x.addr.Addr().BitLen())},
+			Flags: unix.IFA_F_NODAD}); err != nil {
 			t.Fatal(err)
 		}
 		if err := x.h.LinkSetUp(l); err != nil {
@@ -475,11 +479,23 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 	if l, err := hA.LinkByName(devA); err != nil || l.Attrs().Index != lA.Attrs().Index {
 		t.Fatalf("the new process made another device: %v", err)
 	}
-	if _, err := Configure(c2, devA, newA, DefaultPort, 0, []Peer{{Node: "b", PublicKey: keyB.PublicKey(),
-		Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}}); err != nil {
+	// The new process restored what the dead one saved (its key, port
+	// and peer): the agent's next reconcile finds nothing to change, and
+	// the connection goes on before it.
+	echoed := make([]byte, len(payload))
+	if err := tc.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	echoed := make([]byte, len(payload))
+	if _, err := io.ReadFull(tc, echoed); err != nil || !bytes.Equal(echoed, payload) {
+		t.Fatalf("tcp echo across the device process's restart, before any configuration: %v", err)
+	}
+	if changed, err := Configure(c2, devA, newA, DefaultPort, 0, []Peer{{Node: "b", PublicKey: keyB.PublicKey(),
+		Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}}); err != nil || changed {
+		t.Fatalf("configuring the restored device: changed %v, %v; want nothing to change", changed, err)
+	}
+	if _, err := tc.Write(payload); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := io.ReadFull(tc, echoed); err != nil || !bytes.Equal(echoed, payload) {
 		t.Fatalf("tcp echo across the device process's restart: %v", err)
 	}
@@ -494,8 +510,12 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 		}
 	}
 
-	// Stop ends the process.
+	// Stop ends the process, and removes the saved configuration (it
+	// holds the private key).
 	inNS(t, nsA, func() error { return Stop(devA) })
+	if _, err := os.Stat(StatePath(devA)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s after Stop: %v, want it removed", StatePath(devA), err)
+	}
 	// Spawn's waiter reaps it: then it is gone.
 	testutil.Eventually(t, 30*time.Second, "the device process to end", func() bool {
 		return syscall.Kill(pids[devA], 0) != nil
@@ -512,4 +532,190 @@ func capture(t *testing.T, ns netns.NsHandle, dev string) func() [][]byte {
 		return err
 	})
 	return c.Stop
+}
+
+// TestPrivilegedWaitRunning: a device another process serves (the chart's
+// wireguard-device container): WaitRunning gives up with an error while
+// no process serves the name, returns once one does, and SetMTU sets the
+// link's MTU the device was made with (1420 here) to the agent's.
+func TestPrivilegedWaitRunning(t *testing.T) {
+	testutil.Privileged(t)
+	ns, h := newNS(t)
+	client, err := wgctrl.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	const dev = "tdwgtestW"
+	inNS(t, ns, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		if err := WaitRunning(ctx, client, dev); err == nil {
+			return errors.New("WaitRunning returned with no device served")
+		}
+		return nil
+	})
+	cmd := exec.Command("nsenter", "--net=/proc/self/fd/3", "/usr/bin/env", serveEnv+"="+dev, os.Args[0])
+	nsFile := os.NewFile(uintptr(ns), "netns")
+	cmd.ExtraFiles = []*os.File{nsFile}
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		inNS(t, ns, func() error { return Stop(dev) })
+		_ = cmd.Wait()
+	})
+	inNS(t, ns, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := WaitRunning(ctx, client, dev); err != nil {
+			return err
+		}
+		return SetMTU(dev, 1330)
+	})
+	l, err := h.LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Attrs().MTU != 1330 {
+		t.Errorf("%s MTU %d, want 1330", dev, l.Attrs().MTU)
+	}
+}
+
+// TestPrivilegedEncryptedIPv6: the device over an IPv6 underlay carrying
+// IPv6 pods' traffic (the lab's nodes talk IPv4, so this is where the
+// IPv6 underlay runs): two nodes with only IPv6 addresses on their link,
+// peers at each other's [address]:port, each pod's /64 routed to the
+// device. A TCP stream from pod A to pod B's echo server comes back
+// whole, and a capture on node A's link sees only UDP over IPv6 between
+// the node addresses on the WireGuard port: no pod address, no payload.
+// The device's MTU (1500 less Overhead) leaves room for the IPv6 outer
+// header: the stream's full-sized segments arrive without fragments.
+func TestPrivilegedEncryptedIPv6(t *testing.T) {
+	testutil.Privileged(t)
+	nsA, hA := newNS(t)
+	nsB, hB := newNS(t)
+	podA, hPA := newNS(t)
+	podB, hPB := newNS(t)
+	nodeA, nodeB := netip.MustParseAddr("fd00:77::1"), netip.MustParseAddr("fd00:77::2")
+	cidrA, cidrB := netip.MustParsePrefix("fd00:201:1::/64"), netip.MustParsePrefix("fd00:201:2::/64")
+	ipA, ipB := netip.MustParseAddr("fd00:201:1::2"), netip.MustParseAddr("fd00:201:2::2")
+	veth(t, hA, "link", netip.PrefixFrom(nodeA, 64), hB, nsB, "link", netip.PrefixFrom(nodeB, 64))
+	veth(t, hA, "poda", netip.MustParsePrefix("fd00:201:1::1/64"), hPA, podA, "eth0", netip.PrefixFrom(ipA, 64))
+	veth(t, hB, "podb", netip.MustParsePrefix("fd00:201:2::1/64"), hPB, podB, "eth0", netip.PrefixFrom(ipB, 64))
+	for _, p := range []struct {
+		h  *netlink.Handle
+		gw string
+	}{{hPA, "fd00:201:1::1"}, {hPB, "fd00:201:2::1"}} {
+		if err := p.h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, Gw: net.ParseIP(p.gw)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ns := range []netns.NsHandle{nsA, nsB} {
+		inNS(t, ns, func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0) })
+	}
+	client, err := wgctrl.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	devA, devB := "tdwgtest6A", "tdwgtest6B"
+	keyA, _ := wgtypes.GeneratePrivateKey()
+	keyB, _ := wgtypes.GeneratePrivateKey()
+	logPath := filepath.Join(t.TempDir(), "device.log")
+	for _, n := range []struct {
+		ns       netns.NsHandle
+		h        *netlink.Handle
+		dev      string
+		key      wgtypes.Key
+		peer     Peer
+		peerCIDR netip.Prefix
+	}{
+		{nsA, hA, devA, keyA, Peer{Node: "b", PublicKey: keyB.PublicKey(), Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}, cidrB},
+		{nsB, hB, devB, keyB, Peer{Node: "a", PublicKey: keyA.PublicKey(), Endpoint: netip.AddrPortFrom(nodeA, DefaultPort), AllowedIPs: []netip.Prefix{cidrA}}, cidrA},
+	} {
+		inNS(t, n.ns, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_, err := Spawn(ctx, client, n.dev, []string{"/usr/bin/env", serveEnv + "=" + n.dev, os.Args[0]}, logPath)
+			if err != nil {
+				return err
+			}
+			return SetMTU(n.dev, 1500-Overhead)
+		})
+		t.Cleanup(func() { inNS(t, n.ns, func() error { return Stop(n.dev) }) })
+		if _, err := Configure(client, n.dev, n.key, DefaultPort, 0, []Peer{n.peer}); err != nil {
+			t.Fatal(err)
+		}
+		l, err := n.h.LinkByName(n.dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: n.peerCIDR.Addr().AsSlice(), Mask: net.CIDRMask(64, 128)}, LinkIndex: l.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	frames := capture(t, nsA, "link")
+	marker := []byte("tendril-wireguard-ipv6-cleartext-marker")
+	var ln net.Listener
+	inNS(t, podB, func() error {
+		var err error
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(ipB, 5001).String())
+		return err
+	})
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.Copy(c, c)
+	}()
+	payload := bytes.Repeat(marker, 2000)
+	var tc net.Conn
+	inNS(t, podA, func() error {
+		var err error
+		tc, err = net.DialTimeout("tcp", netip.AddrPortFrom(ipB, 5001).String(), 30*time.Second)
+		return err
+	})
+	defer tc.Close()
+	if err := tc.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = tc.Write(payload) }()
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(tc, got); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("tcp echo over the IPv6 underlay: %v", err)
+	}
+	wg, fragments := 0, 0
+	all := frames()
+	for _, f := range all {
+		if bytes.Contains(f, marker) {
+			t.Fatal("payload in the clear on the link")
+		}
+		if len(f) < 58 || binary.BigEndian.Uint16(f[12:14]) != unix.ETH_P_IPV6 {
+			continue
+		}
+		src, _ := netip.AddrFromSlice(f[22:38])
+		dst, _ := netip.AddrFromSlice(f[38:54])
+		if cidrA.Contains(src) || cidrA.Contains(dst) || cidrB.Contains(src) || cidrB.Contains(dst) {
+			t.Fatalf("a pod's packet %s -> %s on the link", src, dst)
+		}
+		switch f[20] {
+		case unix.IPPROTO_FRAGMENT:
+			fragments++
+		case unix.IPPROTO_UDP:
+			if binary.BigEndian.Uint16(f[54:56]) == DefaultPort && binary.BigEndian.Uint16(f[56:58]) == DefaultPort &&
+				((src == nodeA && dst == nodeB) || (src == nodeB && dst == nodeA)) {
+				wg++
+			}
+		}
+	}
+	if wg == 0 || fragments > 0 {
+		t.Fatalf("%d frames on the link: %d WireGuard datagrams over IPv6 between the nodes, %d fragments; want some and none", len(all), wg, fragments)
+	}
+	t.Logf("%d frames on the link, %d WireGuard datagrams over IPv6 between the nodes, no fragment, nothing of a pod", len(all), wg)
 }
