@@ -41,10 +41,12 @@
  * policy, pods' traffic within the cluster (docs/datapath.md,
  * docs/host-firewall.md).
  *
- * from_wireguard (ingress of the WireGuard device, docs/encryption.md):
- * with node encryption a remote backend's reply to a NodePort client
- * arrives decrypted on the device instead of the underlay; it gets the
- * same reverse translation as from_netdev gives it there. */
+ * from_wireguard and to_wireguard (ingress and egress of the WireGuard
+ * device, docs/encryption.md): with node encryption a remote backend's
+ * reply to a NodePort client arrives decrypted on the device instead of
+ * the underlay; it gets the same reverse translation as from_netdev gives
+ * it there. The node's own traffic through the device meets the host
+ * firewall, both ways, as on the underlay. */
 #include "lib/common.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -319,82 +321,156 @@ int from_netdev(struct __sk_buff *skb)
 	return nat_reply4(skb, &p, m);
 }
 
-/* wg_mapped_reply reports whether the packet at the start of skb (an IP
- * packet without link-layer header: the WireGuard device's) is the reply
- * of a NAT mapping, TCP or UDP: its Ethernet type then, 0 otherwise. A
- * look at the IP and L4 headers only, so the device's other packets (the
- * pods' traffic between nodes) pass as they came, untouched. A global
- * function: its header copies are off from_wireguard's stack. */
-__attribute__((noinline)) int wg_mapped_reply(struct __sk_buff *skb)
+/* wg_push_eth puts an Ethernet header in front of a packet the WireGuard
+ * device delivered (an IP packet of family p->family without link-layer
+ * header; bpf_skb_change_head is the helper made for an L3 packet bound
+ * for an L2 device), with the packet's type, and parses it again into p:
+ * the shared translation code, whose every header offset counts an
+ * Ethernet header first, then runs on it as on the underlay's, and the
+ * redirect to the underlay writes the next hop's addresses into it. Only
+ * for a packet that leaves by that redirect (or is dropped): the device's
+ * stack takes no link-layer header. 0, or -1 when it failed. */
+static __always_inline int wg_push_eth(struct __sk_buff *skb, struct pkt *p)
 {
-	if (!skb)
-		return 0;
-	__u8 h[40] __attribute__((aligned(4)));
-	__be16 ports[2];
-	if (bpf_skb_load_bytes(skb, 0, h, 20))
-		return 0;
-	if ((h[0] >> 4) == 4) {
-		__u32 ihl = (__u32)(h[0] & 0xf) * 4;
-		/* A later fragment has no ports to map by. */
-		if (ihl < 20 || ((((__u16)h[6] << 8) | h[7]) & 0x1fff) || (h[9] != IPPROTO_TCP_ && h[9] != IPPROTO_UDP_))
-			return 0;
-		if (bpf_skb_load_bytes(skb, ihl, ports, 4))
-			return 0;
-		struct nat4_key k;
-		nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, &h[16], ports[1], &h[12], ports[0], h[9]);
-		return bpf_map_lookup_elem(&tdr_nat4_v1, &k) ? ETH_P_IP : 0;
-	}
-	/* IPv6: the L4 header right after the fixed one (a packet with
-	 * extension headers is left to the host). */
-	if ((h[0] >> 4) != 6 || bpf_skb_load_bytes(skb, 0, h, 40) || (h[6] != IPPROTO_TCP_ && h[6] != IPPROTO_UDP_))
-		return 0;
-	if (bpf_skb_load_bytes(skb, 40, ports, 4))
-		return 0;
-	struct nat6_key k;
-	nat_key(&k, FAMILY_V6, NAT_DIR_INGRESS, &h[24], ports[1], &h[8], ports[0], h[6]);
-	return bpf_map_lookup_elem(&tdr_nat6_v1, &k) ? ETH_P_IPV6 : 0;
+	__be16 proto = bpf_htons(p->family == FAMILY_V6 ? ETH_P_IPV6 : ETH_P_IP);
+
+	if (bpf_skb_change_head(skb, ETH_HLEN, 0) || bpf_skb_store_bytes(skb, 12, &proto, 2, 0))
+		return -1;
+	*p = (struct pkt){};
+	return parse(skb, p) ? -1 : 0;
 }
 
-/* from_wireguard, at the WireGuard device's ingress: the reverse
- * translation of from_netdev for the replies of its NAT mappings. With
- * node encryption (lib/encrypt.h) a backend on another node answers a
- * NodePort client this node masqueraded to its own address through that
- * node's WireGuard device; the answer arrives here decrypted, where
- * from_netdev, on the underlay, never sees it. It gets the client back as
- * destination and the frontend as source, and goes out to the client as
- * from_netdev sends it (nodeport_reply: a FIB lookup and a redirect).
- *
- * The device is an L3 device: its packets start with the IP header, and
- * every header offset of the shared code counts an Ethernet header
- * first. A mapped reply gets one pushed in front (bpf_skb_change_head,
- * made for an L3 packet bound for an L2 device), with the packet's type,
- * and the same code runs on it; the redirect to the underlay then writes
- * the next hop's addresses into it. Anything else (every pod packet the
- * device delivers, the host's own traffic) passes unchanged: this program
- * is no host firewall and no service frontend (docs/encryption.md). */
-SEC("tcx/ingress")
-int from_wireguard(struct __sk_buff *skb)
+/* wg_nat_reply gives a reply of a NAT mapping that arrived through the
+ * WireGuard device the reverse translation of from_netdev (wg_push_eth
+ * first). */
+static __always_inline int wg_nat_reply(struct __sk_buff *skb, struct pkt *p)
 {
-	int eth_type = wg_mapped_reply(skb);
-	if (!eth_type)
-		return TC_ACT_OK;
-	if (bpf_skb_change_head(skb, ETH_HLEN, 0))
+	if (wg_push_eth(skb, p) || !masq_l4(p))
 		return TC_ACT_SHOT;
-	__be16 proto = bpf_htons((__u16)eth_type);
-	if (bpf_skb_store_bytes(skb, 12, &proto, 2, 0))
-		return TC_ACT_SHOT;
-	struct pkt p = {};
-	if (parse(skb, &p) || !masq_l4(&p))
-		return TC_ACT_SHOT;
-	if (p.family == FAMILY_V6) {
-		int r = from_netdev6(skb, &p);
+	if (p->family == FAMILY_V6) {
+		int r = from_netdev6(skb, p);
 		/* Gone since the look (the GC): nothing to send it to. */
 		return r == FROM_NETDEV6_NO_MAPPING ? TC_ACT_SHOT : r;
 	}
 	struct nat4_key k;
-	nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, p.daddr, p.dport, p.saddr, p.sport, p.proto);
+	nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, p->daddr, p->dport, p->saddr, p->sport, p->proto);
 	struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
 	if (!m)
 		return TC_ACT_SHOT;
-	return nat_reply4(skb, &p, m);
+	return nat_reply4(skb, p, m);
+}
+
+/* wg_icmp_err_nodeport reports whether the parsed packet is an ICMP(v6)
+ * error about a service flow this node sent on to a remote backend: sent
+ * to the address the quoted packet left with, which one of this node's
+ * NAT mappings of a NodePort flow names (what the backend's node says
+ * when the backend's port is closed, or a router between the nodes when
+ * the packet does not fit). A global function, as wg_mapped. */
+__attribute__((noinline)) int wg_icmp_err_nodeport(const struct pkt *p)
+{
+	if (!p || !p->icmp_error || p->nonfirst_frag)
+		return 0;
+	if (p->family == FAMILY_V6) {
+		if (p->proto != IPPROTO_ICMPV6_ || !addr_eq(p->in_saddr, p->daddr, FAMILY_V6))
+			return 0;
+		struct nat6_key k;
+		nat_key(&k, FAMILY_V6, NAT_DIR_INGRESS, p->in_saddr, p->in_sport, p->in_daddr, p->in_dport, p->in_proto);
+		const struct nat6_entry *m = bpf_map_lookup_elem(&tdr_nat6_v1, &k);
+		return m && (m->flags & NAT_F_NODEPORT);
+	}
+	if (p->proto != IPPROTO_ICMP_ || !addr_eq(p->in_saddr, p->daddr, FAMILY_V4))
+		return 0;
+	struct nat4_key k;
+	nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, p->in_saddr, p->in_sport, p->in_daddr, p->in_dport, p->in_proto);
+	const struct nat4_entry *m = bpf_map_lookup_elem(&tdr_nat4_v1, &k);
+	return m && (m->flags & NAT_F_NODEPORT);
+}
+
+/* wg_icmp_error translates an ICMP(v6) error wg_icmp_err_nodeport
+ * accepted as from_netdev does on the underlay (icmperr.h): sent back to
+ * the client, from the frontend, quoting the client's packet. */
+static __always_inline int wg_icmp_error(struct __sk_buff *skb, struct pkt *p)
+{
+	if (wg_push_eth(skb, p) || !p->icmp_error)
+		return TC_ACT_SHOT;
+	int r = p->family == FAMILY_V6 ? icmp_error_in6(skb, p) : icmp_error_in4(skb, p);
+	if (r == ICMP_ERR_NEEDS_REDIRECT)
+		return icmp_err_redirect(skb, p);
+	/* Not sent on (the flow's conntrack entry went since the look):
+	 * with the header pushed the device's stack cannot take it, and no
+	 * socket of this node waits for an error about a service flow. */
+	return r == TC_ACT_OK ? TC_ACT_SHOT : r;
+}
+
+/* wg_mapped reports whether the parsed packet is the reply of a NAT
+ * mapping (the look from_netdev makes first). A global function: its key
+ * is off from_wireguard's stack, which the translation's call chain needs
+ * whole. */
+__attribute__((noinline)) int wg_mapped(const struct pkt *p)
+{
+	if (!p)
+		return 0;
+	if (p->family == FAMILY_V6) {
+		struct nat6_key k;
+		nat_key(&k, FAMILY_V6, NAT_DIR_INGRESS, p->daddr, p->dport, p->saddr, p->sport, p->proto);
+		return bpf_map_lookup_elem(&tdr_nat6_v1, &k) != NULL;
+	}
+	struct nat4_key k;
+	nat_key(&k, FAMILY_V4, NAT_DIR_INGRESS, p->daddr, p->dport, p->saddr, p->sport, p->proto);
+	return bpf_map_lookup_elem(&tdr_nat4_v1, &k) != NULL;
+}
+
+/* from_wireguard, at the WireGuard device's ingress: what from_netdev
+ * does on the underlay, for what arrives through the device decrypted
+ * (docs/encryption.md). The device is an L3 device: its packets start
+ * with the IP header (parse_l3).
+ *
+ * - The replies of NAT mappings: with node encryption (lib/encrypt.h) a
+ *   backend on another node answers a NodePort client this node
+ *   masqueraded to its own address through that node's WireGuard device;
+ *   the answer arrives here, where from_netdev never sees it. It gets the
+ *   client back as destination and the frontend as source, and goes out
+ *   to the client as from_netdev sends it (wg_nat_reply). An ICMP error
+ *   about such a flow (the backend's port closed, a router between the
+ *   nodes) goes back to the client the same way (wg_icmp_error).
+ * - The host firewall (hostfw.h): another node's or its pods' packet to
+ *   this node's own addresses (node encryption sends those through the
+ *   device) meets the host endpoint's ingress policy as it would in the
+ *   clear on the underlay: same conntrack, drop reason and events, the
+ *   source's identity from the ipcache. Without this an encrypting
+ *   cluster's nodes were less protected than a clear one's.
+ *
+ * Everything else passes unchanged: every pod-bound packet the device
+ * delivers (the pod's own policy decides it at to_pod), the node's
+ * traffic without host policy. No service frontend: a pod's service
+ * flow is translated at its source, before it is encrypted. */
+SEC("tcx/ingress")
+int from_wireguard(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+
+	if (parse_l3(skb, &p))
+		return TC_ACT_OK;
+	if (masq_l4(&p) && wg_mapped(&p))
+		return wg_nat_reply(skb, &p);
+	if (p.icmp_error && wg_icmp_err_nodeport(&p))
+		return wg_icmp_error(skb, &p);
+	return !hostfw_exempt(&p) && hostfw(DIR_INGRESS, &p) ? TC_ACT_SHOT : TC_ACT_OK;
+}
+
+/* to_wireguard, at the WireGuard device's egress: the host firewall's
+ * egress half for what the node itself sends through the device (node
+ * encryption: its traffic to the other nodes' addresses), as to_netdev
+ * checks it on the underlay, where only the encrypted datagrams are seen
+ * now. It also writes the conntrack entries of the node's own connections
+ * through the device, so that their replies pass from_wireguard's ingress
+ * policy. The pods' packets are no host's: hostfw passes them. */
+SEC("tcx/egress")
+int to_wireguard(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+
+	if (parse_l3(skb, &p) || hostfw_exempt(&p))
+		return TC_ACT_OK;
+	return hostfw(DIR_EGRESS, &p) ? TC_ACT_SHOT : TC_ACT_OK;
 }

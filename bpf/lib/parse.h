@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Tendril datapath: the packet parser: Ethernet, IPv4, IPv6 with its
- * extension headers, the L4 ports or ICMP type, and the packet an ICMP
- * error quotes. */
+/* Tendril datapath: the packet parser: Ethernet (or no link-layer header
+ * at all: parse_l3), IPv4, IPv6 with its extension headers, the L4 ports
+ * or ICMP type, and the packet an ICMP error quotes. */
 #ifndef TDR_PARSE_H
 #define TDR_PARSE_H
 
@@ -124,64 +124,45 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pkt
 	return REASON_FORWARDED;
 }
 
-/* parse fills p from the packet; it returns REASON_FORWARDED, or a reason
- * to drop. ARP sets p->arp and passes as is.
- *
- * parse, ct_create (conntrack.h), policy (policy.h) and deliver_direct
- * (bpf_lxc.c) are global functions: the verifier checks each once, on its
- * own, instead of every path through the header parser times every path
- * through two endpoints' checks, which exceeds its budget when everything
- * is inlined. After a call the caller knows nothing of what the callee
- * wrote into struct pkt, which also keeps the caller's states few. The
- * calls cost a few ns. */
-__attribute__((noinline)) int parse(struct __sk_buff *skb, struct pkt *p)
+/* parse_ip reads the IP packet at offset l2 (the link-layer header's
+ * length, a constant at each caller: the compiler folds it into the
+ * offsets, so the Ethernet parse costs what it did before the device
+ * without one came) of family eth_proto (an Ethernet type). */
+static __always_inline int parse_ip(struct __sk_buff *skb, struct pkt *p, const __u32 l2, __be16 eth_proto)
 {
-	if (!skb || !p)
-		return REASON_MALFORMED;
-	p->now = bpf_ktime_get_coarse_ns();
-	p->len = skb->len;
-	p->l3_end = skb->len;
-	__u8 *eth = hdr(skb, p, 0, ETH_HLEN);
-	if (!eth)
-		return REASON_TRUNCATED;
-	__be16 eth_proto = be16_at(&eth[12]);
-	if (eth_proto == bpf_htons(ETH_P_ARP)) {
-		p->arp = 1;
-		return REASON_FORWARDED;
-	}
 	if (eth_proto == bpf_htons(ETH_P_IP)) {
-		__u8 *h = hdr(skb, p, ETH_HLEN, 20);
+		__u8 *h = hdr(skb, p, l2, 20);
 		if (!h)
 			return REASON_TRUNCATED;
 		__u8 ihl = h[0] & 0xf;
 		if ((h[0] >> 4) != 4 || ihl < 5)
 			return REASON_MALFORMED;
 		__u16 tot = ((__u16)h[2] << 8) | h[3];
-		if (tot < (__u16)ihl * 4 || ETH_HLEN + (__u32)tot > skb->len)
+		if (tot < (__u16)ihl * 4 || l2 + (__u32)tot > skb->len)
 			return REASON_TRUNCATED;
 		p->family = FAMILY_V4;
-		p->l3_end = ETH_HLEN + tot;
+		p->l3_end = l2 + tot;
 		p->proto = h[9];
 		p->nonfirst_frag = ((((__u16)h[6] << 8) | h[7]) & 0x1fff) != 0;
 		__builtin_memcpy(p->saddr, &h[12], 4);
 		__builtin_memcpy(p->daddr, &h[16], 4);
-		return parse_l4(skb, ETH_HLEN + (__u32)ihl * 4, p);
+		return parse_l4(skb, l2 + (__u32)ihl * 4, p);
 	}
 	if (eth_proto == bpf_htons(ETH_P_IPV6)) {
-		__u8 *h = hdr(skb, p, ETH_HLEN, 40);
+		__u8 *h = hdr(skb, p, l2, 40);
 		if (!h)
 			return REASON_TRUNCATED;
 		if ((h[0] >> 4) != 6)
 			return REASON_MALFORMED;
 		__u16 plen = ((__u16)h[4] << 8) | h[5];
-		if (ETH_HLEN + 40 + (__u32)plen > skb->len)
+		if (l2 + 40 + (__u32)plen > skb->len)
 			return REASON_TRUNCATED;
 		p->family = FAMILY_V6;
-		p->l3_end = ETH_HLEN + 40 + plen;
+		p->l3_end = l2 + 40 + plen;
 		__builtin_memcpy(p->saddr, &h[8], 16);
 		__builtin_memcpy(p->daddr, &h[24], 16);
 		__u8 next = h[6];
-		__u32 off = ETH_HLEN + 40;
+		__u32 off = l2 + 40;
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
 			if (off > MAX_HDR_OFFSET)
@@ -209,6 +190,59 @@ __attribute__((noinline)) int parse(struct __sk_buff *skb, struct pkt *p)
 		p->proto = next;
 		return parse_l4(skb, off, p);
 	}
+	return REASON_UNKNOWN_L3;
+}
+
+/* parse fills p from the packet; it returns REASON_FORWARDED, or a reason
+ * to drop. ARP sets p->arp and passes as is.
+ *
+ * parse, ct_create (conntrack.h), policy (policy.h) and deliver_direct
+ * (bpf_lxc.c) are global functions: the verifier checks each once, on its
+ * own, instead of every path through the header parser times every path
+ * through two endpoints' checks, which exceeds its budget when everything
+ * is inlined. After a call the caller knows nothing of what the callee
+ * wrote into struct pkt, which also keeps the caller's states few. The
+ * calls cost a few ns. */
+__attribute__((noinline)) int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return REASON_MALFORMED;
+	p->now = bpf_ktime_get_coarse_ns();
+	p->len = skb->len;
+	p->l3_end = skb->len;
+	__u8 *eth = hdr(skb, p, 0, ETH_HLEN);
+	if (!eth)
+		return REASON_TRUNCATED;
+	__be16 eth_proto = be16_at(&eth[12]);
+	if (eth_proto == bpf_htons(ETH_P_ARP)) {
+		p->arp = 1;
+		return REASON_FORWARDED;
+	}
+	return parse_ip(skb, p, ETH_HLEN, eth_proto);
+}
+
+/* parse_l3 is parse for a device without link-layer header (the
+ * userspace WireGuard's TUN device): the IP header at offset 0, so every
+ * offset in p (l4_off, l3_end) counts from it. The family is the IP
+ * header's version: what the TUN driver itself sets skb->protocol from
+ * (IFF_NO_PI), and unlike skb->protocol also right in BPF_PROG_TEST_RUN,
+ * which takes every frame for Ethernet. Only readers of p may follow it:
+ * the rewriting code (nat.h, nodeport.h) writes at Ethernet offsets. */
+__attribute__((noinline)) int parse_l3(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p)
+		return REASON_MALFORMED;
+	p->now = bpf_ktime_get_coarse_ns();
+	p->len = skb->len;
+	p->l3_end = skb->len;
+	__u8 *v = hdr(skb, p, 0, 1);
+	if (!v)
+		return REASON_TRUNCATED;
+	__u8 version = v[0] >> 4;
+	if (version == 4)
+		return parse_ip(skb, p, 0, bpf_htons(ETH_P_IP));
+	if (version == 6)
+		return parse_ip(skb, p, 0, bpf_htons(ETH_P_IPV6));
 	return REASON_UNKNOWN_L3;
 }
 

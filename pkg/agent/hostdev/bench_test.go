@@ -7,6 +7,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/tendril-net/tendril/pkg/datapath/maps"
 )
 
 // Per-packet cost of the host device programs with BPF_PROG_TEST_RUN: the
@@ -206,11 +208,19 @@ func BenchmarkPrivilegedNodePortDSR(b *testing.B) {
 // reports the program's own run time per packet.
 func benchHostPacket(b *testing.B, n *masqNode, ingress bool, f []byte, verdict uint32) {
 	b.Helper()
-	to, from := n.h.toNetdev, n.h.fromNet
-	prog, ifindex := from, n.uplink
+	prog := n.h.fromNet
 	if !ingress {
-		prog = to
+		prog = n.h.toNetdev
 	}
+	benchProgPacket(b, n, prog, f, verdict)
+}
+
+// benchProgPacket runs prog (one of the host programs, at the test
+// node's uplink) on f b.N times, each expected to return verdict, and
+// reports the program's own run time per packet.
+func benchProgPacket(b *testing.B, n *masqNode, prog *ebpf.Program, f []byte, verdict uint32) {
+	b.Helper()
+	ifindex := n.uplink
 	// The flow's first packet (its state made) before the runs.
 	n.run(prog, ifindex, append([]byte(nil), f...))
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
@@ -241,5 +251,36 @@ func benchHostPacket(b *testing.B, n *masqNode, ingress bool, f []byte, verdict 
 	}
 	if runs := after.RunCount - before.RunCount; runs > 0 {
 		b.ReportMetric(float64(after.Runtime-before.Runtime)/float64(runs), "bpf-ns/packet")
+	}
+}
+
+// BenchmarkPrivilegedFromWireGuard: from_wireguard's per-packet cost on
+// what the WireGuard device delivers (IP packets without link-layer
+// header): an established flow's packet to a local pod (the common case:
+// pod traffic between nodes), and a packet to the node itself without
+// host firewall and under a host policy that admits it (a known flow).
+func BenchmarkPrivilegedFromWireGuard(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		fw    bool
+		frame []byte
+	}{
+		{"PodBound", false, frame(peerPod, pod, protoTCP, 40000, backendPort, 0)[14:]},
+		{"ToNode", false, frame(peerPod, node, protoTCP, 40000, 22, 0)[14:]},
+		{"ToNodeHostFirewall", true, frame(peerPod, node, protoTCP, 40000, 22, 0)[14:]},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			n := newNodePortNode(b)
+			if c.fw {
+				if err := n.l.Maps().EndpointMap().SetHostFirewall(maps.FlagEnforceIngress); err != nil {
+					b.Fatal(err)
+				}
+				k := maps.PolicyKey{EndpointID: maps.HostEndpointID, Direction: maps.DirIngress, Identity: idPeerPod}
+				if err := n.l.Maps().PolicyMap().Upsert(k, maps.PolicyValue{Cookie: 41}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			benchProgPacket(b, n, n.h.fromWG, c.frame, 0)
+		})
 	}
 }

@@ -30,14 +30,21 @@ import (
 
 // Directions of an attachment: ingress runs from_netdev (replies coming
 // in), egress to_netdev (pod traffic leaving). The WireGuard device's
-// attachment (AttachWireGuard) is an ingress one of its own kind: it runs
-// from_wireguard, and the devices' bookkeeping (DetachOthers,
-// removeFilters) does not see it.
+// attachments (AttachWireGuard) are of their own kinds: ingress runs
+// from_wireguard, egress to_wireguard, and the devices' bookkeeping
+// (DetachOthers, removeFilters) does not see them.
 const (
-	dirIngress   = "ingress"
-	dirEgress    = "egress"
-	dirWireGuard = "wireguard"
+	dirIngress         = "ingress"
+	dirEgress          = "egress"
+	dirWireGuard       = "wireguard"
+	dirWireGuardEgress = "wireguard_egress"
 )
+
+// wireGuardDirections are the WireGuard device's attachments.
+var wireGuardDirections = [...]string{dirWireGuard, dirWireGuardEgress}
+
+// isEgress reports whether an attachment of dir is at a device's egress.
+func isEgress(dir string) bool { return dir == dirEgress || dir == dirWireGuardEgress }
 
 var directions = [...]string{dirIngress, dirEgress}
 
@@ -78,6 +85,7 @@ type Programs struct {
 	toNetdev *ebpf.Program
 	fromNet  *ebpf.Program
 	fromWG   *ebpf.Program
+	toWG     *ebpf.Program
 	nl       *netlink.Handle
 	// links are the TCX links this process holds, by attachment name;
 	// filters the tc filters, by attachment name.
@@ -130,21 +138,25 @@ func Load(opts Options, log *slog.Logger) (*Programs, error) {
 	var fromWG struct {
 		P *ebpf.Program `ebpf:"from_wireguard"`
 	}
+	var toWG struct {
+		P *ebpf.Program `ebpf:"to_wireguard"`
+	}
 	var wg sync.WaitGroup
-	var toErr, fromErr, wgErr error
-	wg.Add(3)
+	var toErr, fromErr, wgErr, toWGErr error
+	wg.Add(4)
 	go func() { defer wg.Done(); toErr = spec.Copy().LoadAndAssign(&to, copts) }()
 	go func() { defer wg.Done(); fromErr = spec.Copy().LoadAndAssign(&from, copts) }()
 	go func() { defer wg.Done(); wgErr = spec.Copy().LoadAndAssign(&fromWG, copts) }()
+	go func() { defer wg.Done(); toWGErr = spec.Copy().LoadAndAssign(&toWG, copts) }()
 	wg.Wait()
 	closeAll := func() {
-		for _, p := range []*ebpf.Program{to.P, from.P, fromWG.P} {
+		for _, p := range []*ebpf.Program{to.P, from.P, fromWG.P, toWG.P} {
 			if p != nil {
 				p.Close()
 			}
 		}
 	}
-	if err := errors.Join(toErr, fromErr, wgErr); err != nil {
+	if err := errors.Join(toErr, fromErr, wgErr, toWGErr); err != nil {
 		closeAll()
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
@@ -161,7 +173,7 @@ func Load(opts Options, log *slog.Logger) (*Programs, error) {
 		closeAll()
 		return nil, fmt.Errorf("open netlink handle: %w", err)
 	}
-	return &Programs{opts: opts, log: log, toNetdev: to.P, fromNet: from.P, fromWG: fromWG.P, nl: nl,
+	return &Programs{opts: opts, log: log, toNetdev: to.P, fromNet: from.P, fromWG: fromWG.P, toWG: toWG.P, nl: nl,
 		links: map[string]link.Link{}, filters: map[string]bool{}}, nil
 }
 
@@ -193,6 +205,8 @@ func (p *Programs) prog(dir string) *ebpf.Program {
 		return p.fromNet
 	case dirWireGuard:
 		return p.fromWG
+	case dirWireGuardEgress:
+		return p.toWG
 	}
 	return p.toNetdev
 }
@@ -262,9 +276,11 @@ func (p *Programs) Check(ifindex int) (reattached bool, err error) {
 }
 
 // AttachWireGuard gives the WireGuard device (ifindex) from_wireguard at
-// its ingress, in the attach mode: with node encryption a remote backend's
-// reply to a NodePort client arrives there, decrypted, and needs the
-// reverse translation from_netdev gives it on the underlay
+// its ingress and to_wireguard at its egress, in the attach mode: with
+// node encryption a remote backend's reply to a NodePort client arrives
+// there, decrypted, and needs the reverse translation from_netdev gives it
+// on the underlay, and the node's own traffic with the other nodes goes
+// through the device, where the host firewall checks it both ways
 // (docs/encryption.md). An attachment already in place is left as it is;
 // the ones of a former device (the device process started again makes a
 // new device, with another index) are removed. Reports whether it
@@ -272,40 +288,20 @@ func (p *Programs) Check(ifindex int) (reattached bool, err error) {
 func (p *Programs) AttachWireGuard(ifindex int) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	name := attachmentName(ifindex, dirWireGuard)
 	attached := false
-	if p.opts.AttachMode == loader.AttachTC {
-		if !p.holdsFilter(ifindex, dirWireGuard) {
-			if err := p.attachTC(ifindex, dirWireGuard); err != nil {
-				return false, err
-			}
-			attached = true
-		}
-		if err := p.dropLink(name); err != nil {
-			return attached, err
-		}
-	} else {
-		lk, ok := p.links[name]
-		at := 0
-		if ok {
-			var err error
-			if at, err = loader.TCXIfindex(lk); err != nil {
-				return false, fmt.Errorf("read link %s: %w", name, err)
-			}
-		}
-		if at != ifindex {
-			if err := p.attachTCX(ifindex, dirWireGuard); err != nil {
-				return false, err
-			}
-			attached = true
-		}
-		if err := p.deleteFilter(ifindex, dirWireGuard); err != nil {
+	names := map[string]bool{}
+	for _, dir := range wireGuardDirections {
+		name := attachmentName(ifindex, dir)
+		names[name] = true
+		did, err := p.attachWireGuard(ifindex, dir)
+		attached = attached || did
+		if err != nil {
 			return attached, err
 		}
 	}
 	if !attached {
 		// Nothing new: a former device's links went when this one's
-		// attachment was made (the cell calls this at every reconcile).
+		// attachments were made (the cell calls this at every reconcile).
 		return false, nil
 	}
 	entries, err := os.ReadDir(linksDir(p.opts.BPFRoot))
@@ -314,17 +310,56 @@ func (p *Programs) AttachWireGuard(ifindex int) (bool, error) {
 	}
 	var errs []error
 	for _, e := range entries {
-		if isWireGuardAttachment(e.Name()) && e.Name() != name {
+		if isWireGuardAttachment(e.Name()) && !names[e.Name()] {
 			errs = append(errs, p.dropLink(e.Name()))
 		}
 	}
 	return attached, errors.Join(errs...)
 }
 
+// attachWireGuard makes one of the WireGuard device's attachments (dir)
+// unless it is in place; it reports whether it attached. p.mu is held.
+func (p *Programs) attachWireGuard(ifindex int, dir string) (bool, error) {
+	name := attachmentName(ifindex, dir)
+	attached := false
+	if p.opts.AttachMode == loader.AttachTC {
+		if !p.holdsFilter(ifindex, dir) {
+			if err := p.attachTC(ifindex, dir); err != nil {
+				return false, err
+			}
+			attached = true
+		}
+		return attached, p.dropLink(name)
+	}
+	lk, ok := p.links[name]
+	at := 0
+	if ok {
+		var err error
+		if at, err = loader.TCXIfindex(lk); err != nil {
+			return false, fmt.Errorf("read link %s: %w", name, err)
+		}
+	}
+	if at != ifindex {
+		if err := p.attachTCX(ifindex, dir); err != nil {
+			return false, err
+		}
+		attached = true
+	}
+	return attached, p.deleteFilter(ifindex, dir)
+}
+
 // isWireGuardAttachment reports whether a pinned link's name is a
 // WireGuard device's (AttachWireGuard).
 func isWireGuardAttachment(name string) bool {
-	return strings.HasPrefix(name, "dev") && strings.HasSuffix(name, "-"+dirWireGuard)
+	if !strings.HasPrefix(name, "dev") {
+		return false
+	}
+	for _, dir := range wireGuardDirections {
+		if strings.HasSuffix(name, "-"+dir) {
+			return true
+		}
+	}
+	return false
 }
 
 // holdsFilter reports whether the kernel has Tendril's filter in its slot
@@ -377,7 +412,7 @@ func (p *Programs) attachTCX(ifindex int, dir string) error {
 		lk.Close()
 	}
 	attach := ebpf.AttachTCXIngress
-	if dir == dirEgress {
+	if isEgress(dir) {
 		attach = ebpf.AttachTCXEgress
 	}
 	lk, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: p.prog(dir), Attach: attach})
@@ -395,7 +430,7 @@ func (p *Programs) attachTCX(ifindex int, dir string) error {
 
 func (p *Programs) filter(ifindex int, dir string, fd int) *netlink.BpfFilter {
 	parent := uint32(netlink.HANDLE_MIN_INGRESS)
-	if dir == dirEgress {
+	if isEgress(dir) {
 		parent = netlink.HANDLE_MIN_EGRESS
 	}
 	return &netlink.BpfFilter{
@@ -607,4 +642,5 @@ func (p *Programs) Close() {
 	p.toNetdev.Close()
 	p.fromNet.Close()
 	p.fromWG.Close()
+	p.toWG.Close()
 }

@@ -386,9 +386,10 @@ func (m *Masquerade) CheckAttachments() {
 	}
 }
 
-// AttachWireGuard gives the WireGuard device its program (see
+// AttachWireGuard gives the WireGuard device its programs (see
 // Programs.AttachWireGuard); nothing without the host programs (no NAT
-// mapping is made then, so none has replies to translate back).
+// mapping is made then, so none has replies to translate back, and no
+// uplink enforces the host firewall either).
 func (m *Masquerade) AttachWireGuard(ifindex int) error {
 	if m == nil {
 		return nil
@@ -400,10 +401,10 @@ func (m *Masquerade) AttachWireGuard(ifindex int) error {
 	}
 	attached, err := m.prog.AttachWireGuard(ifindex)
 	if attached {
-		m.log.Info("WireGuard device given the NodePort reverse translation", "ifindex", ifindex, "attach-mode", m.mode)
+		m.log.Info("WireGuard device given its programs (NodePort reverse translation, host firewall)", "ifindex", ifindex, "attach-mode", m.mode)
 	}
 	if err != nil {
-		return fmt.Errorf("attach from_wireguard to device %d: %w", ifindex, err)
+		return fmt.Errorf("attach the WireGuard programs to device %d: %w", ifindex, err)
 	}
 	return nil
 }

@@ -466,6 +466,7 @@ const (
 	HostProgFromNetdev           = "from_netdev"
 	HostProgFromWireguard        = "from_wireguard"
 	HostProgToNetdev             = "to_netdev"
+	HostProgToWireguard          = "to_wireguard"
 	HostVarEVENTS_BURST          = "EVENTS_BURST"
 	HostVarEVENTS_PER_SEC        = "EVENTS_PER_SEC"
 	HostVarLB_DSR                = "LB_DSR"
@@ -525,6 +526,7 @@ type HostProgramSpecs struct {
 	FromNetdev    *ebpf.ProgramSpec `ebpf:"from_netdev"`
 	FromWireguard *ebpf.ProgramSpec `ebpf:"from_wireguard"`
 	ToNetdev      *ebpf.ProgramSpec `ebpf:"to_netdev"`
+	ToWireguard   *ebpf.ProgramSpec `ebpf:"to_wireguard"`
 }
 
 // HostMapSpecs contains maps before they are loaded into the kernel.
@@ -747,6 +749,7 @@ type HostPrograms struct {
 	FromNetdev    *ebpf.Program `ebpf:"from_netdev"`
 	FromWireguard *ebpf.Program `ebpf:"from_wireguard"`
 	ToNetdev      *ebpf.Program `ebpf:"to_netdev"`
+	ToWireguard   *ebpf.Program `ebpf:"to_wireguard"`
 }
 
 func (p *HostPrograms) Close() error {
@@ -754,6 +757,7 @@ func (p *HostPrograms) Close() error {
 		p.FromNetdev,
 		p.FromWireguard,
 		p.ToNetdev,
+		p.ToWireguard,
 	)
 }
 
