@@ -34,7 +34,7 @@ const serveEnv = "TDR_WG_TEST_SERVE"
 
 func TestMain(m *testing.M) {
 	if name := os.Getenv(serveEnv); name != "" {
-		if err := Serve(name, 1420, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+		if err := Serve(name, 1500-Overhead, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -203,27 +203,9 @@ func veth(t *testing.T, ha *netlink.Handle, a string, addrA netip.Prefix, hb *ne
 // with Stop.
 func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 	testutil.Privileged(t)
-	nsA, hA := newNS(t)
-	nsB, hB := newNS(t)
-	podA, hPA := newNS(t)
-	podB, hPB := newNS(t)
-	nodeA, nodeB := netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("192.168.77.2")
-	cidrA, cidrB := netip.MustParsePrefix("10.201.1.0/24"), netip.MustParsePrefix("10.201.2.0/24")
-	ipA, ipB := netip.MustParseAddr("10.201.1.2"), netip.MustParseAddr("10.201.2.2")
-	veth(t, hA, "link", netip.PrefixFrom(nodeA, 24), hB, nsB, "link", netip.PrefixFrom(nodeB, 24))
-	veth(t, hA, "poda", netip.MustParsePrefix("10.201.1.1/24"), hPA, podA, "eth0", netip.PrefixFrom(ipA, 24))
-	veth(t, hB, "podb", netip.MustParsePrefix("10.201.2.1/24"), hPB, podB, "eth0", netip.PrefixFrom(ipB, 24))
-	for _, p := range []struct {
-		h  *netlink.Handle
-		gw string
-	}{{hPA, "10.201.1.1"}, {hPB, "10.201.2.1"}} {
-		if err := p.h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}, Gw: net.ParseIP(p.gw)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, ns := range []netns.NsHandle{nsA, nsB} {
-		inNS(t, ns, func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0) })
-	}
+	tp := newTopology(t, false)
+	nsA, hA, nsB, hB, podA, podB := tp.nsA, tp.hA, tp.nsB, tp.hB, tp.podA, tp.podB
+	nodeA, nodeB, cidrA, cidrB, ipB := tp.nodeA, tp.nodeB, tp.cidrA, tp.cidrB, tp.ipB
 
 	client, err := wgctrl.New()
 	if err != nil {
@@ -234,37 +216,9 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 	keyA, _ := wgtypes.GeneratePrivateKey()
 	keyB, _ := wgtypes.GeneratePrivateKey()
 	logPath := filepath.Join(t.TempDir(), "device.log")
-	pids := map[string]int{}
-	for _, n := range []struct {
-		ns       netns.NsHandle
-		h        *netlink.Handle
-		dev      string
-		key      wgtypes.Key
-		peer     Peer
-		peerCIDR netip.Prefix
-	}{
-		{nsA, hA, devA, keyA, Peer{Node: "b", PublicKey: keyB.PublicKey(), Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}, cidrB},
-		{nsB, hB, devB, keyB, Peer{Node: "a", PublicKey: keyA.PublicKey(), Endpoint: netip.AddrPortFrom(nodeA, DefaultPort), AllowedIPs: []netip.Prefix{cidrA}}, cidrA},
-	} {
-		inNS(t, n.ns, func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			pid, err := Spawn(ctx, client, n.dev, []string{"/usr/bin/env", serveEnv + "=" + n.dev, os.Args[0]}, logPath)
-			pids[n.dev] = pid
-			return err
-		})
-		t.Cleanup(func() { inNS(t, n.ns, func() error { return Stop(n.dev) }) })
-		if _, err := Configure(client, n.dev, n.key, DefaultPort, 0, []Peer{n.peer}); err != nil {
-			t.Fatal(err)
-		}
-		l, err := n.h.LinkByName(n.dev)
-		if err != nil {
-			t.Fatalf("device %s not in the node's namespace: %v", n.dev, err)
-		}
-		if err := n.h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: n.peerCIDR.Addr().AsSlice(), Mask: net.CIDRMask(24, 32)}, LinkIndex: l.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pids := startDevices(t, client, logPath,
+		wgNode{nsA, hA, devA, keyA, Peer{Node: "b", PublicKey: keyB.PublicKey(), Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}},
+		wgNode{nsB, hB, devB, keyB, Peer{Node: "a", PublicKey: keyA.PublicKey(), Endpoint: netip.AddrPortFrom(nodeA, DefaultPort), AllowedIPs: []netip.Prefix{cidrA}}})
 
 	// The capture on node A's end of the link: both directions.
 	frames := capture(t, nsA, "link")
@@ -590,31 +544,14 @@ func TestPrivilegedWaitRunning(t *testing.T) {
 // device. A TCP stream from pod A to pod B's echo server comes back
 // whole, and a capture on node A's link sees only UDP over IPv6 between
 // the node addresses on the WireGuard port: no pod address, no payload.
-// The device's MTU (1500 less Overhead) leaves room for the IPv6 outer
-// header: the stream's full-sized segments arrive without fragments.
+// The device's MTU (1500 less Overhead, TestMain's) leaves room for the
+// IPv6 outer header: the stream's full-sized segments arrive without
+// fragments.
 func TestPrivilegedEncryptedIPv6(t *testing.T) {
 	testutil.Privileged(t)
-	nsA, hA := newNS(t)
-	nsB, hB := newNS(t)
-	podA, hPA := newNS(t)
-	podB, hPB := newNS(t)
-	nodeA, nodeB := netip.MustParseAddr("fd00:77::1"), netip.MustParseAddr("fd00:77::2")
-	cidrA, cidrB := netip.MustParsePrefix("fd00:201:1::/64"), netip.MustParsePrefix("fd00:201:2::/64")
-	ipA, ipB := netip.MustParseAddr("fd00:201:1::2"), netip.MustParseAddr("fd00:201:2::2")
-	veth(t, hA, "link", netip.PrefixFrom(nodeA, 64), hB, nsB, "link", netip.PrefixFrom(nodeB, 64))
-	veth(t, hA, "poda", netip.MustParsePrefix("fd00:201:1::1/64"), hPA, podA, "eth0", netip.PrefixFrom(ipA, 64))
-	veth(t, hB, "podb", netip.MustParsePrefix("fd00:201:2::1/64"), hPB, podB, "eth0", netip.PrefixFrom(ipB, 64))
-	for _, p := range []struct {
-		h  *netlink.Handle
-		gw string
-	}{{hPA, "fd00:201:1::1"}, {hPB, "fd00:201:2::1"}} {
-		if err := p.h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, Gw: net.ParseIP(p.gw)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, ns := range []netns.NsHandle{nsA, nsB} {
-		inNS(t, ns, func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0) })
-	}
+	tp := newTopology(t, true)
+	nsA, hA, nsB, hB, podA, podB := tp.nsA, tp.hA, tp.nsB, tp.hB, tp.podA, tp.podB
+	nodeA, nodeB, cidrA, cidrB, ipB := tp.nodeA, tp.nodeB, tp.cidrA, tp.cidrB, tp.ipB
 	client, err := wgctrl.New()
 	if err != nil {
 		t.Fatal(err)
@@ -623,39 +560,9 @@ func TestPrivilegedEncryptedIPv6(t *testing.T) {
 	devA, devB := "tdwgtest6A", "tdwgtest6B"
 	keyA, _ := wgtypes.GeneratePrivateKey()
 	keyB, _ := wgtypes.GeneratePrivateKey()
-	logPath := filepath.Join(t.TempDir(), "device.log")
-	for _, n := range []struct {
-		ns       netns.NsHandle
-		h        *netlink.Handle
-		dev      string
-		key      wgtypes.Key
-		peer     Peer
-		peerCIDR netip.Prefix
-	}{
-		{nsA, hA, devA, keyA, Peer{Node: "b", PublicKey: keyB.PublicKey(), Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}, cidrB},
-		{nsB, hB, devB, keyB, Peer{Node: "a", PublicKey: keyA.PublicKey(), Endpoint: netip.AddrPortFrom(nodeA, DefaultPort), AllowedIPs: []netip.Prefix{cidrA}}, cidrA},
-	} {
-		inNS(t, n.ns, func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			_, err := Spawn(ctx, client, n.dev, []string{"/usr/bin/env", serveEnv + "=" + n.dev, os.Args[0]}, logPath)
-			if err != nil {
-				return err
-			}
-			return SetMTU(n.dev, 1500-Overhead)
-		})
-		t.Cleanup(func() { inNS(t, n.ns, func() error { return Stop(n.dev) }) })
-		if _, err := Configure(client, n.dev, n.key, DefaultPort, 0, []Peer{n.peer}); err != nil {
-			t.Fatal(err)
-		}
-		l, err := n.h.LinkByName(n.dev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := n.h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: n.peerCIDR.Addr().AsSlice(), Mask: net.CIDRMask(64, 128)}, LinkIndex: l.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	startDevices(t, client, filepath.Join(t.TempDir(), "device.log"),
+		wgNode{nsA, hA, devA, keyA, Peer{Node: "b", PublicKey: keyB.PublicKey(), Endpoint: netip.AddrPortFrom(nodeB, DefaultPort), AllowedIPs: []netip.Prefix{cidrB}}},
+		wgNode{nsB, hB, devB, keyB, Peer{Node: "a", PublicKey: keyA.PublicKey(), Endpoint: netip.AddrPortFrom(nodeA, DefaultPort), AllowedIPs: []netip.Prefix{cidrA}}})
 
 	frames := capture(t, nsA, "link")
 	marker := []byte("tendril-wireguard-ipv6-cleartext-marker")
@@ -718,4 +625,101 @@ func TestPrivilegedEncryptedIPv6(t *testing.T) {
 		t.Fatalf("%d frames on the link: %d WireGuard datagrams over IPv6 between the nodes, %d fragments; want some and none", len(all), wg, fragments)
 	}
 	t.Logf("%d frames on the link, %d WireGuard datagrams over IPv6 between the nodes, no fragment, nothing of a pod", len(all), wg)
+}
+
+// wgNode is one node of a two-node test: its namespace, the device's
+// name and key, and its one peer (whose allowed IPs are routed to the
+// device).
+type wgNode struct {
+	ns   netns.NsHandle
+	h    *netlink.Handle
+	dev  string
+	key  wgtypes.Key
+	peer Peer
+}
+
+// startDevices starts each node's device process in its namespace
+// (stopped at the end of the test), configures its key and peer, and
+// routes the peer's allowed IPs to the device; it returns the processes'
+// pids by device.
+func startDevices(t *testing.T, client *wgctrl.Client, logPath string, nodes ...wgNode) map[string]int {
+	t.Helper()
+	pids := map[string]int{}
+	for _, n := range nodes {
+		inNS(t, n.ns, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			pid, err := Spawn(ctx, client, n.dev, []string{"/usr/bin/env", serveEnv + "=" + n.dev, os.Args[0]}, logPath)
+			pids[n.dev] = pid
+			return err
+		})
+		t.Cleanup(func() { inNS(t, n.ns, func() error { return Stop(n.dev) }) })
+		if _, err := Configure(client, n.dev, n.key, DefaultPort, 0, []Peer{n.peer}); err != nil {
+			t.Fatal(err)
+		}
+		l, err := n.h.LinkByName(n.dev)
+		if err != nil {
+			t.Fatalf("device %s not in the node's namespace: %v", n.dev, err)
+		}
+		for _, c := range n.peer.AllowedIPs {
+			if err := n.h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: c.Addr().AsSlice(), Mask: net.CIDRMask(c.Bits(), c.Addr().BitLen())},
+				LinkIndex: l.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return pids
+}
+
+// topology is two nodes on one link, each with a pod behind a veth whose
+// node side is the pod's gateway (the first address of its CIDR), and
+// forwarding on.
+type topology struct {
+	nsA, nsB, podA, podB netns.NsHandle
+	hA, hB               *netlink.Handle
+	nodeA, nodeB         netip.Addr
+	cidrA, cidrB         netip.Prefix
+	ipA, ipB             netip.Addr
+}
+
+// newTopology builds a topology of one family: IPv4 (192.168.77.0/24
+// between the nodes, pods in 10.201.1.0/24 and 10.201.2.0/24) or IPv6
+// (fd00:77::/64, pods in fd00:201:1::/64 and fd00:201:2::/64).
+func newTopology(t *testing.T, v6 bool) topology {
+	t.Helper()
+	tp := topology{
+		nodeA: netip.MustParseAddr("192.168.77.1"), nodeB: netip.MustParseAddr("192.168.77.2"),
+		cidrA: netip.MustParsePrefix("10.201.1.0/24"), cidrB: netip.MustParsePrefix("10.201.2.0/24"),
+	}
+	link, forward, any := 24, "/proc/sys/net/ipv4/ip_forward", net.IPv4zero.To4()
+	if v6 {
+		tp.nodeA, tp.nodeB = netip.MustParseAddr("fd00:77::1"), netip.MustParseAddr("fd00:77::2")
+		tp.cidrA, tp.cidrB = netip.MustParsePrefix("fd00:201:1::/64"), netip.MustParsePrefix("fd00:201:2::/64")
+		link, forward, any = 64, "/proc/sys/net/ipv6/conf/all/forwarding", net.IPv6zero
+	}
+	tp.ipA, tp.ipB = tp.cidrA.Addr().Next().Next(), tp.cidrB.Addr().Next().Next()
+	var hPA, hPB *netlink.Handle
+	tp.nsA, tp.hA = newNS(t)
+	tp.nsB, tp.hB = newNS(t)
+	tp.podA, hPA = newNS(t)
+	tp.podB, hPB = newNS(t)
+	veth(t, tp.hA, "link", netip.PrefixFrom(tp.nodeA, link), tp.hB, tp.nsB, "link", netip.PrefixFrom(tp.nodeB, link))
+	for _, p := range []struct {
+		h     *netlink.Handle
+		node  string
+		hPod  *netlink.Handle
+		pod   netns.NsHandle
+		cidr  netip.Prefix
+		podIP netip.Addr
+	}{{tp.hA, "poda", hPA, tp.podA, tp.cidrA, tp.ipA}, {tp.hB, "podb", hPB, tp.podB, tp.cidrB, tp.ipB}} {
+		gw := p.cidr.Addr().Next()
+		veth(t, p.h, p.node, netip.PrefixFrom(gw, p.cidr.Bits()), p.hPod, p.pod, "eth0", netip.PrefixFrom(p.podIP, p.cidr.Bits()))
+		if err := p.hPod.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: any, Mask: net.CIDRMask(0, 8*len(any))}, Gw: gw.AsSlice()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ns := range []netns.NsHandle{tp.nsA, tp.nsB} {
+		inNS(t, ns, func() error { return os.WriteFile(forward, []byte("1"), 0) })
+	}
+	return tp
 }
