@@ -225,32 +225,8 @@ func TestPrivilegedEncryptedBetweenNodes(t *testing.T) {
 	marker := []byte("tendril-wireguard-cleartext-marker")
 
 	// TCP: pod A sends to pod B, which echoes.
-	var ln net.Listener
-	inNS(t, podB, func() error {
-		var err error
-		ln, err = net.Listen("tcp", netip.AddrPortFrom(ipB, 5001).String())
-		return err
-	})
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_, _ = io.Copy(c, c)
-	}()
 	payload := bytes.Repeat(marker, 2000)
-	var tc net.Conn
-	inNS(t, podA, func() error {
-		var err error
-		tc, err = net.DialTimeout("tcp", netip.AddrPortFrom(ipB, 5001).String(), 30*time.Second)
-		if err != nil {
-			return fmt.Errorf("tcp pod to pod: %w", err)
-		}
-		return nil
-	})
-	defer tc.Close()
+	tc := echoConn(t, podA, podB, ipB)
 	// The connection's socket stays in pod A's namespace: it is used
 	// from any thread.
 	echo := func(what string) {
@@ -566,29 +542,8 @@ func TestPrivilegedEncryptedIPv6(t *testing.T) {
 
 	frames := capture(t, nsA, "link")
 	marker := []byte("tendril-wireguard-ipv6-cleartext-marker")
-	var ln net.Listener
-	inNS(t, podB, func() error {
-		var err error
-		ln, err = net.Listen("tcp", netip.AddrPortFrom(ipB, 5001).String())
-		return err
-	})
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_, _ = io.Copy(c, c)
-	}()
 	payload := bytes.Repeat(marker, 2000)
-	var tc net.Conn
-	inNS(t, podA, func() error {
-		var err error
-		tc, err = net.DialTimeout("tcp", netip.AddrPortFrom(ipB, 5001).String(), 30*time.Second)
-		return err
-	})
-	defer tc.Close()
+	tc := echoConn(t, podA, podB, ipB)
 	if err := tc.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -722,4 +677,38 @@ func newTopology(t *testing.T, v6 bool) topology {
 		inNS(t, ns, func() error { return os.WriteFile(forward, []byte("1"), 0) })
 	}
 	return tp
+}
+
+// echoConn starts a TCP echo server in the namespace server at addr:5001
+// and returns a connection to it from the namespace client (closed at the
+// end of the test; its socket stays in client's namespace, usable from
+// any thread).
+func echoConn(t *testing.T, client, server netns.NsHandle, addr netip.Addr) net.Conn {
+	t.Helper()
+	var ln net.Listener
+	inNS(t, server, func() error {
+		var err error
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(addr, 5001).String())
+		return err
+	})
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.Copy(c, c)
+	}()
+	var tc net.Conn
+	inNS(t, client, func() error {
+		var err error
+		tc, err = net.DialTimeout("tcp", netip.AddrPortFrom(addr, 5001).String(), 30*time.Second)
+		if err != nil {
+			return fmt.Errorf("tcp pod to pod: %w", err)
+		}
+		return nil
+	})
+	t.Cleanup(func() { tc.Close() })
+	return tc
 }
