@@ -240,9 +240,10 @@ SEC("tcx/ingress")
 int from_netdev(struct __sk_buff *skb)
 {
 	struct pkt p = {};
+	int unparsed = parse(skb, &p);
 
-	if (parse(skb, &p))
-		return TC_ACT_OK;
+	if (unparsed)
+		return hostfw_unparsed(unparsed, &p);
 	if (p.arp)
 		return arp_respond(skb);
 	if (p.family == FAMILY_V6) {
@@ -448,9 +449,10 @@ SEC("tcx/ingress")
 int from_wireguard(struct __sk_buff *skb)
 {
 	struct pkt p = {};
+	int unparsed = parse_l3(skb, &p);
 
-	if (parse_l3(skb, &p))
-		return TC_ACT_OK;
+	if (unparsed)
+		return hostfw_unparsed(unparsed, &p);
 	if (masq_l4(&p) && wg_mapped(&p))
 		return wg_nat_reply(skb, &p);
 	if (p.icmp_error && wg_icmp_err_nodeport(&p))

@@ -82,6 +82,27 @@ static __always_inline int hostfw_exempt(const struct pkt *p)
 	return p->nonfirst_frag || p->icmp_error || p->ndp || p->arp;
 }
 
+/* hostfw_unparsed decides a packet the parser refused with reason, at
+ * an ingress the host firewall guards (an uplink, the WireGuard device):
+ * an IP packet it could not read (REASON_MALFORMED: say an IPv6 packet
+ * with more extension headers than the parser walks, its TCP header behind
+ * them; REASON_TRUNCATED: say a first fragment too short to hold its L4
+ * header) is dropped and counted with that reason while the host endpoint
+ * enforces ingress, since no policy can be decided on it and the stack
+ * would deliver it to the node's sockets; before, it passed unchecked.
+ * Anything else passes as before: a frame of no IP family (the host's
+ * business: LLDP, ...) and everything while ingress is not enforced. */
+static __always_inline int hostfw_unparsed(int reason, const struct pkt *p)
+{
+	if (reason != REASON_MALFORMED && reason != REASON_TRUNCATED)
+		return TC_ACT_OK;
+	const struct endpoint_info *h = hostfw_ep();
+	if (!h || !enforced(h, DIR_INGRESS))
+		return TC_ACT_OK;
+	count((__u8)reason, DIR_INGRESS, p->len);
+	return TC_ACT_SHOT;
+}
+
 /* hostfw decides a packet at an uplink for the host endpoint, dir
  * DIR_INGRESS (arriving) or DIR_EGRESS (leaving): 0 to pass (not the
  * node's own traffic, a known flow, or admitted), -1 when its policy

@@ -288,3 +288,87 @@ func TestPrivilegedHostFirewallEveryProtocol(t *testing.T) {
 		t.Errorf("GRE reply from the world to the node's flow: verdict %d, want pass (conntrack)", ret)
 	}
 }
+
+// withExtHeaders returns the IPv6 frame f (Ethernet first) with n
+// destination-options headers (8 bytes each, PadN) between its IPv6
+// header and its L4 header.
+func withExtHeaders(f []byte, n int) []byte {
+	const ip6 = 14
+	next := f[ip6+6]
+	out := append([]byte{}, f[:ip6+40]...)
+	out[ip6+6] = 60 // destination options
+	for i := 0; i < n; i++ {
+		nh := byte(60)
+		if i == n-1 {
+			nh = next
+		}
+		out = append(out, nh, 0, 1, 4, 0, 0, 0, 0)
+	}
+	out = append(out, f[ip6+40:]...)
+	plen := binary.BigEndian.Uint16(f[ip6+4:]) + uint16(8*n)
+	binary.BigEndian.PutUint16(out[ip6+4:], plen)
+	return out
+}
+
+// TestPrivilegedHostFirewallUnparsed: a packet the parser cannot read
+// cannot be judged by the host policy, so while ingress is enforced it is
+// dropped and counted with the parser's reason, at the uplink and at the
+// WireGuard device: an IPv6 packet whose TCP header sits behind five
+// extension headers (the parser walks four) to a port the policy does not
+// allow, and an IPv4 first fragment too short to hold its TCP header.
+// Before, both passed unchecked to the stack, which delivers them. With
+// the host firewall off they pass, as does a frame of no IP family.
+func TestPrivilegedHostFirewallUnparsed(t *testing.T) {
+	n := newNodePortNode(t)
+	setHostFirewall(t, n, maps.FlagEnforceIngress)
+	hostPolicy(t, n, maps.DirIngress, idPeerPod, 0, 0, maps.PolicyValue{Cookie: hostRuleAllow})
+
+	deep := withExtHeaders(frame6(client6, node6, protoTCP, 40010, 22, 0), 5)
+	malformed := n.metric(maps.ReasonMalformed, maps.DirIngress)
+	if ret, _ := n.ingress(deep); ret != tcActShot {
+		t.Fatalf("IPv6 to the node's TCP 22 behind 5 extension headers: verdict %d, want drop", ret)
+	}
+	if got := n.metric(maps.ReasonMalformed, maps.DirIngress); got != malformed+1 {
+		t.Fatalf("malformed drops %d, want %d", got, malformed+1)
+	}
+	if ret := n.fromWireGuard(l3(deep)); ret != tcActShot {
+		t.Fatalf("the same through the WireGuard device: verdict %d, want drop", ret)
+	}
+	if got := n.metric(maps.ReasonMalformed, maps.DirIngress); got != malformed+2 {
+		t.Fatalf("malformed drops %d, want %d", got, malformed+2)
+	}
+	// Four extension headers are parsed: the policy decides (TCP 22 is
+	// not allowed for the world).
+	denied := n.metric(maps.ReasonPolicyDenied, maps.DirIngress)
+	if ret, _ := n.ingress(withExtHeaders(frame6(client6, node6, protoTCP, 40011, 22, 0), 4)); ret != tcActShot {
+		t.Fatalf("IPv6 behind 4 extension headers: verdict %d, want drop", ret)
+	}
+	if got := n.metric(maps.ReasonPolicyDenied, maps.DirIngress); got != denied+1 {
+		t.Fatalf("IPv6 behind 4 extension headers: policy drops %d, want %d", got, denied+1)
+	}
+
+	// An IPv4 first fragment (more fragments) cut 8 bytes into its TCP
+	// header.
+	tiny := append([]byte{}, frame(client, node, protoTCP, 40012, 22, 0)[:14+20+8]...)
+	binary.BigEndian.PutUint16(tiny[14+2:], 28)
+	tiny[14+6] |= 0x20 // more fragments; offset 0 (the IP checksum is not checked here)
+	truncated := n.metric(maps.ReasonTruncated, maps.DirIngress)
+	if ret, _ := n.ingress(tiny); ret != tcActShot {
+		t.Fatalf("IPv4 first fragment without its TCP header: verdict %d, want drop", ret)
+	}
+	if got := n.metric(maps.ReasonTruncated, maps.DirIngress); got != truncated+1 {
+		t.Fatalf("truncated drops %d, want %d", got, truncated+1)
+	}
+
+	// Not an IP packet: the host's business.
+	lldp := append([]byte{}, frame(client, node, protoTCP, 40013, 22, 0)...)
+	binary.BigEndian.PutUint16(lldp[12:], 0x88cc)
+	if ret, _ := n.ingress(lldp); ret != 0 {
+		t.Fatalf("an LLDP frame: verdict %d, want pass", ret)
+	}
+
+	setHostFirewall(t, n, 0)
+	if ret, _ := n.ingress(deep); ret != 0 {
+		t.Fatalf("host firewall off: IPv6 behind 5 extension headers: verdict %d, want pass", ret)
+	}
+}
