@@ -99,7 +99,7 @@ func publicKeys(e *Encryption) agentk8s.PublicKeys {
 }
 
 // Device is the WireGuard device as the reconciler drives it
-// (userspaceDevice; a fake in the cell's tests).
+// (wgDevice; a fake in the cell's tests).
 type Device interface {
 	dpwg.Client
 	// Ensure finds the device running, or starts it.
@@ -694,7 +694,7 @@ func newCell(p params) (*Encryption, error) {
 	if !p.Config.EnableWireguard {
 		return nil, nil
 	}
-	dev := &userspaceDevice{name: p.Config.WireguardDevice, mtu: p.EPConfig.MTU - dpwg.Overhead,
+	dev := &wgDevice{name: p.Config.WireguardDevice, mtu: p.EPConfig.MTU - dpwg.Overhead,
 		external: p.Config.WireguardDeviceExternal, logPath: filepath.Join(p.Agent.StateDir, "wireguard-device.log"), log: p.Log}
 	e, err := New(p.Config, filepath.Join(p.Agent.StateDir, wgkey.KeyFile), dev, p.DB, p.Nodes, p.Log)
 	if err != nil {
@@ -773,10 +773,12 @@ func linkIndex(name string) (int, error) {
 	return l.Attrs().Index, nil
 }
 
-// userspaceDevice is the device through wgctrl, started as the agent's
-// own binary in a process of its own (dpwg.Spawn) when not found running.
-// A kernel device would be driven by the same wgctrl calls.
-type userspaceDevice struct {
+// wgDevice is the device through wgctrl: found running (a kernel device,
+// or a userspace one's process), waited for (external), or made: the
+// kernel's where it has the module (dpwg.CreateKernel), else the agent's
+// own binary in a process of its own (dpwg.Spawn). Both kinds are driven
+// by the same wgctrl calls.
+type wgDevice struct {
 	name string
 	mtu  int
 	// external: another process serves the device (waited for, never
@@ -789,7 +791,7 @@ type userspaceDevice struct {
 	client *wgctrl.Client
 }
 
-func (d *userspaceDevice) wg() (*wgctrl.Client, error) {
+func (d *wgDevice) wg() (*wgctrl.Client, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.client == nil {
@@ -802,7 +804,7 @@ func (d *userspaceDevice) wg() (*wgctrl.Client, error) {
 	return d.client, nil
 }
 
-func (d *userspaceDevice) Ensure(ctx context.Context) error {
+func (d *wgDevice) Ensure(ctx context.Context) error {
 	c, err := d.wg()
 	if err != nil {
 		return err
@@ -818,8 +820,18 @@ func (d *userspaceDevice) Ensure(ctx context.Context) error {
 		if err := dpwg.WaitRunning(ctx, c, d.name); err != nil {
 			return err
 		}
-		d.log.Info("WireGuard device found (userspace, run by another process)", "device", d.name)
+		d.log.Info("WireGuard device found (run by another process, or the kernel's)", "device", d.name)
 	default:
+		// The kernel's device where it has the module: no process to
+		// keep alive; else the userspace one in a process of its own.
+		kernel, err := dpwg.CreateKernel(d.name, d.mtu)
+		if err != nil {
+			return err
+		}
+		if kernel {
+			d.log.Info("WireGuard device made in the kernel", "device", d.name, "mtu", d.mtu)
+			break
+		}
 		exe, err := os.Executable()
 		if err != nil {
 			return fmt.Errorf("wireguard device: own binary: %w", err)
@@ -840,7 +852,7 @@ func (d *userspaceDevice) Ensure(ctx context.Context) error {
 	return nil
 }
 
-func (d *userspaceDevice) Device(name string) (*wgtypes.Device, error) {
+func (d *wgDevice) Device(name string) (*wgtypes.Device, error) {
 	c, err := d.wg()
 	if err != nil {
 		return nil, err
@@ -848,7 +860,7 @@ func (d *userspaceDevice) Device(name string) (*wgtypes.Device, error) {
 	return c.Device(name)
 }
 
-func (d *userspaceDevice) ConfigureDevice(name string, cfg wgtypes.Config) error {
+func (d *wgDevice) ConfigureDevice(name string, cfg wgtypes.Config) error {
 	c, err := d.wg()
 	if err != nil {
 		return err
@@ -856,7 +868,7 @@ func (d *userspaceDevice) ConfigureDevice(name string, cfg wgtypes.Config) error
 	return c.ConfigureDevice(name, cfg)
 }
 
-func (d *userspaceDevice) close() error {
+func (d *wgDevice) close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.client == nil {

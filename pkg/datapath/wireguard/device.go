@@ -48,7 +48,9 @@ const Overhead = 80
 // ServeSubcommand is the agent's hidden subcommand that runs Serve.
 const ServeSubcommand = "wireguard-device"
 
-// Serve runs the userspace WireGuard device name in this process until
+// Serve runs the WireGuard device name: the kernel's where it has the
+// module (CreateKernel; then it only waits for SIGTERM/SIGINT, the device
+// needing no process), else the userspace device, in this process until
 // the device is closed (over its UAPI socket) or SIGTERM/SIGINT: it
 // creates the TUN device with mtu, brings it up, and answers the UAPI
 // socket /var/run/wireguard/<name>.sock, which wgctrl (the agent) speaks.
@@ -68,6 +70,18 @@ const ServeSubcommand = "wireguard-device"
 // peers), so traffic flows again before the agent has configured it.
 // Deleting the link (Stop) still ends the process and the device.
 func Serve(name string, mtu int, log *slog.Logger) error {
+	if kernel, err := CreateKernel(name, mtu); err != nil {
+		return err
+	} else if kernel {
+		// Nothing to serve: the kernel holds the device. Wait for the
+		// end as a userspace device would (the device stays: deleting
+		// the link is Stop's).
+		log.Info("WireGuard device made in the kernel (no userspace device to run)", "device", name, "mtu", mtu)
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+		<-sigs
+		return nil
+	}
 	uapiFile, err := ipc.UAPIOpen(name)
 	if err != nil {
 		// Another process serves the device already (or the directory is
@@ -308,6 +322,37 @@ func Spawn(ctx context.Context, client *wgctrl.Client, name string, argv []strin
 	}
 }
 
+// CreateKernel makes name a kernel WireGuard device (link kind
+// "wireguard") with mtu and brings it up, where the kernel has the
+// module: such a device has no process, outlives the agent by itself and
+// is configured by the same wgctrl calls (generic netlink). It returns
+// false, and no error, when the kernel has no WireGuard (EOPNOTSUPP: the
+// link kind is unknown, as on this project's test machine) or the name is
+// taken (a userspace device's persistent TUN link from an earlier run,
+// which the userspace device attaches to): the caller runs the userspace
+// implementation then. A kernel device of that name already there (an
+// earlier run's) counts as made.
+func CreateKernel(name string, mtu int) (bool, error) {
+	err := netlink.LinkAdd(&netlink.Wireguard{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: mtu}})
+	if errors.Is(err, unix.EEXIST) {
+		// A kernel device from an earlier run is ours again; a TUN link
+		// is the userspace device's.
+		if l, lerr := netlink.LinkByName(name); lerr == nil && l.Type() == "wireguard" {
+			err = nil
+		}
+	}
+	switch {
+	case errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EEXIST):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("kernel wireguard device %s: %w", name, err)
+	}
+	if err := linkUp(name); err != nil {
+		return true, err
+	}
+	return true, nil
+}
+
 // WaitRunning waits until the device name answers wgctrl and its link
 // is in this network namespace (a device another process serves, such as
 // the chart's wireguard-device container).
@@ -343,6 +388,11 @@ func SetMTU(name string, mtu int) error {
 // Stop closes the device name: a userspace device's process ends when its
 // UAPI socket's device is closed, which deleting the TUN link does.
 func Stop(name string) error {
+	// The saved configuration holds the private key: it goes with the
+	// device, also when the link is gone already.
+	if err := os.Remove(StatePath(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("wireguard device %s: %w", name, err)
+	}
 	l, err := netlink.LinkByName(name)
 	var nf netlink.LinkNotFoundError
 	if errors.As(err, &nf) {
@@ -353,11 +403,6 @@ func Stop(name string) error {
 	}
 	if err := netlink.LinkDel(l); err != nil {
 		return fmt.Errorf("delete wireguard device %s: %w", name, err)
-	}
-	// The saved configuration holds the private key: it goes with the
-	// device.
-	if err := os.Remove(StatePath(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("wireguard device %s: %w", name, err)
 	}
 	return nil
 }

@@ -601,6 +601,18 @@ func startDevices(t *testing.T, client *wgctrl.Client, logPath string, nodes ...
 	t.Helper()
 	pids := map[string]int{}
 	for _, n := range nodes {
+		// The cleanup first: a device process a failed start left alive
+		// would hold the name's socket for the next run.
+		t.Cleanup(func() {
+			inNS(t, n.ns, func() error { return Stop(n.dev) })
+			// Only while the pid is still that device's process (a
+			// reaped one's pid may be another process's by now).
+			if pid := pids[n.dev]; pid > 0 {
+				if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid)); err == nil && bytes.Contains(env, []byte(serveEnv+"="+n.dev+"\x00")) {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		})
 		inNS(t, n.ns, func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -608,7 +620,6 @@ func startDevices(t *testing.T, client *wgctrl.Client, logPath string, nodes ...
 			pids[n.dev] = pid
 			return err
 		})
-		t.Cleanup(func() { inNS(t, n.ns, func() error { return Stop(n.dev) }) })
 		if _, err := Configure(client, n.dev, n.key, DefaultPort, 0, []Peer{n.peer}); err != nil {
 			t.Fatal(err)
 		}
@@ -711,4 +722,60 @@ func echoConn(t *testing.T, client, server netns.NsHandle, addr netip.Addr) net.
 	})
 	t.Cleanup(func() { tc.Close() })
 	return tc
+}
+
+// TestPrivilegedCreateKernel: the kernel's WireGuard where it has the
+// module, else false with no error and nothing made, so the caller runs
+// the userspace device; a link of another kind already holding the name
+// (a userspace device's persistent TUN) is left to it. This machine's
+// kernel has no WireGuard module: the kernel branch (a "wireguard" link,
+// configured by wgctrl over generic netlink) runs only where it has one.
+func TestPrivilegedCreateKernel(t *testing.T) {
+	testutil.Privileged(t)
+	ns, h := newNS(t)
+	client, err := wgctrl.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	inNS(t, ns, func() error {
+		made, err := CreateKernel("tdwgk", 1420)
+		if err != nil {
+			return err
+		}
+		l, lerr := netlink.LinkByName("tdwgk")
+		if made {
+			t.Log("the kernel has WireGuard: a kernel device was made")
+			if lerr != nil || l.Type() != "wireguard" || l.Attrs().MTU != 1420 {
+				return fmt.Errorf("kernel device: %v %v", l, lerr)
+			}
+			if _, err := client.Device("tdwgk"); err != nil {
+				return fmt.Errorf("wgctrl on the kernel device: %w", err)
+			}
+			if again, err := CreateKernel("tdwgk", 1420); err != nil || !again {
+				return fmt.Errorf("the kernel device made again: %v, %v; want it taken as made", again, err)
+			}
+			return Stop("tdwgk")
+		}
+		t.Log("the kernel has no WireGuard: the userspace device's turn")
+		if lerr == nil {
+			return fmt.Errorf("no kernel WireGuard, yet a link %s (%s) was made", l.Attrs().Name, l.Type())
+		}
+		return nil
+	})
+	// A TUN link holds the name: not taken for a kernel device.
+	inNS(t, ns, func() error {
+		tun := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: "tdwgk"}, Mode: netlink.TUNTAP_MODE_TUN, Flags: netlink.TUNTAP_NO_PI}
+		if err := netlink.LinkAdd(tun); err != nil {
+			return err
+		}
+		made, err := CreateKernel("tdwgk", 1420)
+		if err != nil || made {
+			return fmt.Errorf("name held by a TUN link: made %v, %v; want false, nil", made, err)
+		}
+		return nil
+	})
+	if l, err := h.LinkByName("tdwgk"); err != nil || l.Type() != "tuntap" {
+		t.Fatalf("the TUN link after CreateKernel: %v %v", l, err)
+	}
 }
