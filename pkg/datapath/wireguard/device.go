@@ -77,9 +77,7 @@ func Serve(name string, mtu int, log *slog.Logger) error {
 		// end as a userspace device would (the device stays: deleting
 		// the link is Stop's).
 		log.Info("WireGuard device made in the kernel (no userspace device to run)", "device", name, "mtu", mtu)
-		sigs := make(chan os.Signal, 1)
-		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-		<-sigs
+		<-stopSignals()
 		return nil
 	}
 	uapiFile, err := ipc.UAPIOpen(name)
@@ -126,10 +124,8 @@ func Serve(name string, mtu int, log *slog.Logger) error {
 		}
 	}()
 	log.Info("WireGuard device serving", "device", name, "mtu", mtu, "pid", os.Getpid())
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	select {
-	case s := <-sigs:
+	case s := <-stopSignals():
 		log.Info("WireGuard device stopping", "device", name, "signal", s.String())
 	case <-dev.Wait():
 		log.Info("WireGuard device closed", "device", name)
@@ -238,6 +234,14 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// stopSignals delivers SIGTERM or SIGINT: the end of a device process,
+// whichever kind of device it keeps.
+func stopSignals() <-chan os.Signal {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	return sigs
 }
 
 // setPersist marks the TUN device of f persistent. Through the raw

@@ -486,7 +486,15 @@ func TestPrivilegedWaitRunning(t *testing.T) {
 		return nil
 	})
 	cmd := exec.Command("nsenter", "--net=/proc/self/fd/3", "/usr/bin/env", serveEnv+"="+dev, os.Args[0])
-	nsFile := os.NewFile(uintptr(ns), "netns")
+	// A duplicate of the handle's descriptor: an os.File owns its
+	// descriptor and closes it when collected, which would close the
+	// handle's number under whatever test reuses it next.
+	dup, err := unix.Dup(int(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsFile := os.NewFile(uintptr(dup), "netns")
+	defer nsFile.Close()
 	cmd.ExtraFiles = []*os.File{nsFile}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
