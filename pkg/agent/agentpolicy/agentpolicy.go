@@ -225,6 +225,10 @@ type Module struct {
 	dnsfb          map[uint16]dnsfbSet
 	dnsfbAllLogged map[uint16]string
 	dnsfbMap       DNSFallbackMap
+	// dnsfbPinned is the one walk of the pinned map, by endpoint, that
+	// endpoints not yet realized in this run take their entries from
+	// (nil until the first one needs it): see dnsfbCurrent.
+	dnsfbPinned map[uint16][]maps.DNSFallbackKey
 
 	// file keeps the rules imported through the API across restarts;
 	// its writer is a job started after the restore.

@@ -20,7 +20,10 @@ var _ = [1]struct{}{}[dnsfallback.KindName^maps.DNSFallbackName|dnsfallback.Kind
 // DNSFallbackMap is the datapath's DNS fallback map (tdr_dns_fallback_v1)
 // as the realization writes it.
 type DNSFallbackMap interface {
-	DumpEndpoint(id uint16) ([]maps.DNSFallbackKey, error)
+	// Dump reads every entry, by endpoint (one walk of the whole map).
+	Dump() (map[uint16][]maps.DNSFallbackKey, error)
+	// Has looks one entry up.
+	Has(maps.DNSFallbackKey) (bool, error)
 	Put(maps.DNSFallbackKey) error
 	Delete(maps.DNSFallbackKey) error
 }
@@ -83,21 +86,44 @@ func dnsFallbackWant(epID uint16, res policy.Result, never bool) (want dnsfbSet,
 
 // dnsfbCurrent is what the map holds for epID: the last write, or on the
 // endpoint's first realization in this run what the pinned map holds for
-// it (after a restart, the previous run's entries; the loader's purge of
-// an endpoint that was not restored deletes its entries, so an ID used
-// again starts from what is really there). Called with p.dnsfbMu held.
+// it (after a restart, the previous run's entries). Called with p.dnsfbMu
+// held.
+//
+// The map is keyed by hash, not by endpoint, so reading one endpoint's
+// entries is a walk over all of them; a walk per endpoint made a restart
+// O(endpoints × entries). The first miss walks the map once and keeps
+// what it found by endpoint (dnsfbPinned); each endpoint's first
+// realization takes its part and looks each entry up again before
+// trusting it: the loader's purge of an endpoint that was not restored
+// may have deleted its entries since the walk, and a stale "filter
+// marker present" would leave a reused ID's names unfiltered. Nothing
+// else adds entries (the previous run is gone, and this module writes
+// through the cache), so an entry missing from the walk is not there.
 func (p *Module) dnsfbCurrent(dm DNSFallbackMap, epID uint16) (dnsfbSet, error) {
 	if cur, ok := p.dnsfb[epID]; ok {
 		return cur, nil
 	}
-	keys, err := dm.DumpEndpoint(epID)
-	if err != nil {
-		return nil, fmt.Errorf("read the DNS fallback map: %w", err)
+	if p.dnsfbPinned == nil {
+		all, err := dm.Dump()
+		if err != nil {
+			return nil, fmt.Errorf("read the DNS fallback map: %w", err)
+		}
+		if all == nil {
+			all = map[uint16][]maps.DNSFallbackKey{}
+		}
+		p.dnsfbPinned = all
 	}
 	cur := dnsfbSet{}
-	for _, k := range keys {
-		cur[k] = struct{}{}
+	for _, k := range p.dnsfbPinned[epID] {
+		ok, err := dm.Has(k)
+		if err != nil {
+			return nil, fmt.Errorf("read the DNS fallback map: %w", err)
+		}
+		if ok {
+			cur[k] = struct{}{}
+		}
 	}
+	delete(p.dnsfbPinned, epID)
 	p.dnsfb[epID] = cur
 	return cur, nil
 }

@@ -16,16 +16,21 @@ import (
 type fakeDNSFallbackMap struct {
 	entries map[bpfmaps.DNSFallbackKey]struct{}
 	states  []map[bpfmaps.DNSFallbackKey]struct{}
+	dumps   int // walks of the whole map
 }
 
-func (f *fakeDNSFallbackMap) DumpEndpoint(id uint16) ([]bpfmaps.DNSFallbackKey, error) {
-	var out []bpfmaps.DNSFallbackKey
+func (f *fakeDNSFallbackMap) Dump() (map[uint16][]bpfmaps.DNSFallbackKey, error) {
+	f.dumps++
+	out := map[uint16][]bpfmaps.DNSFallbackKey{}
 	for k := range f.entries {
-		if k.EndpointID == id {
-			out = append(out, k)
-		}
+		out[k.EndpointID] = append(out[k.EndpointID], k)
 	}
 	return out, nil
+}
+
+func (f *fakeDNSFallbackMap) Has(k bpfmaps.DNSFallbackKey) (bool, error) {
+	_, ok := f.entries[k]
+	return ok, nil
 }
 
 func (f *fakeDNSFallbackMap) Put(k bpfmaps.DNSFallbackKey) error {
@@ -138,6 +143,64 @@ func TestRealizeDNSFallback(t *testing.T) {
 	}
 	if len(fm.entries) != 0 {
 		t.Errorf("entries left after the endpoint's removal: %v", fm.entries)
+	}
+}
+
+// TestDNSFallbackRestartWalksOnce: after a restart, the first
+// realization of many endpoints walks the pinned map once (not once per
+// endpoint), each keeps its pinned entries without a rewrite, and an
+// endpoint whose entries went after the walk (the loader's purge of an
+// endpoint that was not restored, its ID then reused) gets its entries
+// and filter marker written, not taken as present from the stale walk.
+func TestDNSFallbackRestartWalksOnce(t *testing.T) {
+	fm := &fakeDNSFallbackMap{entries: map[bpfmaps.DNSFallbackKey]struct{}{}}
+	m := newTestModule(t)
+	m.dnsfb, m.dnsfbAllLogged, m.dnsfbMap = map[uint16]dnsfbSet{}, map[uint16]string{}, fm
+	setRules(t, m, dnsRule(`{"matchName":"a.example"}`))
+	const n = 50
+	eps := make([]*endpoint.Endpoint, n)
+	for i := range eps {
+		eps[i] = &endpoint.Endpoint{ID: uint16(100 + i), Labels: []string{"k8s:app=web"}}
+		if err := m.Realize(t.Context(), eps[i], newFakePolicyMap(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(fm.entries) != 2*n {
+		t.Fatalf("%d entries, want %d (a name and the filter marker each)", len(fm.entries), 2*n)
+	}
+
+	m2 := newTestModule(t)
+	m2.dnsfb, m2.dnsfbAllLogged, m2.dnsfbMap = map[uint16]dnsfbSet{}, map[uint16]string{}, fm
+	setRules(t, m2, dnsRule(`{"matchName":"a.example"}`))
+	fm.dumps, fm.states = 0, nil
+	// The first endpoint's realization walks the map...
+	if err := m2.Realize(t.Context(), eps[0], newFakePolicyMap(0)); err != nil {
+		t.Fatal(err)
+	}
+	// ...then the loader purges the last one's entries, as for an
+	// endpoint that was not restored, and its ID comes back.
+	gone := eps[n-1].ID
+	for k := range fm.entries {
+		if k.EndpointID == gone {
+			delete(fm.entries, k)
+		}
+	}
+	for _, ep := range eps[1:] {
+		if err := m2.Realize(t.Context(), ep, newFakePolicyMap(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fm.dumps != 1 {
+		t.Errorf("%d walks of the pinned map for %d endpoints, want 1", fm.dumps, n)
+	}
+	if len(fm.states) != 2 {
+		t.Errorf("%d writes, want 2 (the purged endpoint's name and marker; the rest kept as pinned)", len(fm.states))
+	}
+	for _, ep := range eps {
+		if fallbackPasses(fm.entries, ep.ID, "b.example") || !fallbackPasses(fm.entries, ep.ID, "a.example") {
+			t.Errorf("endpoint %d: b.example passes %v, a.example %v; want false, true",
+				ep.ID, fallbackPasses(fm.entries, ep.ID, "b.example"), fallbackPasses(fm.entries, ep.ID, "a.example"))
+		}
 	}
 }
 

@@ -182,6 +182,13 @@ func TestPrivilegedFromPodDNSFallback(t *testing.T) {
 	if len(all1[1]) != 0 || len(all1[2]) != 1 {
 		t.Errorf("after purging endpoint 1: %v, want only endpoint 2's marker", all1)
 	}
+	// Has: the point lookup the agent checks a walk's entries with.
+	if ok, err := fb.Has(other); err != nil || !ok {
+		t.Errorf("Has(endpoint 2's marker) = %v, %v; want true", ok, err)
+	}
+	if ok, err := fb.Has(maps.DNSFallbackKey{EndpointID: 1, Kind: maps.DNSFallbackFilter}); err != nil || ok {
+		t.Errorf("Has(purged endpoint 1's marker) = %v, %v; want false", ok, err)
+	}
 }
 
 // BenchmarkPrivilegedFromPodDNSFallback: from_pod's time for an

@@ -58,6 +58,22 @@ func (d DNSFallbackMap) Delete(k DNSFallbackKey) error {
 	return nil
 }
 
+// Has reports whether entry k is in the map.
+func (d DNSFallbackMap) Has(k DNSFallbackKey) (bool, error) {
+	if d.m == nil {
+		return false, errors.New("dns fallback map not open")
+	}
+	raw := k.raw()
+	var v uint8
+	if err := d.m.Lookup(&raw, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("look up %s entry %+v: %w", DNSFallbackMapName, k, err)
+	}
+	return true, nil
+}
+
 // Dump reads every entry, by endpoint.
 func (d DNSFallbackMap) Dump() (map[uint16][]DNSFallbackKey, error) {
 	if d.m == nil {
