@@ -29,8 +29,21 @@ func (s *State) EnvExports() (string, error) {
 		}
 		fmt.Fprintf(&b, "export TENDRIL_SOCK_%s=unix://%s\n", strings.ToUpper(n.Name), n.Socket)
 	}
-	fmt.Fprintf(&b, "export TENDRIL_HUBBLE_SERVER=unix://%s\n", s.RelaySocket())
-	fmt.Fprintf(&b, "export HUBBLE_SERVER=unix://%s\n", s.RelaySocket())
+	if s.Runtime == RuntimeContainerd {
+		// The chart's relay is a pod serving TLS inside the lab's
+		// networks, not a socket of the lab's: the client certificate
+		// and the names hubble checks, and where to reach it from.
+		ca, cert, key := s.HubbleClientTLS()
+		fmt.Fprintf(&b, "export HUBBLE_TLS=true HUBBLE_TLS_SERVER_NAME=%s\n", RelayTLSServerName)
+		fmt.Fprintf(&b, "export HUBBLE_TLS_CA_CERT_FILES=%s HUBBLE_TLS_CLIENT_CERT_FILE=%s HUBBLE_TLS_CLIENT_KEY_FILE=%s\n", ca, cert, key)
+		if len(s.Nodes) > 0 {
+			fmt.Fprintf(&b, "# the relay: port 4245 of the %s pod (kubectl -n %s get pods -o wide), from a node's network namespace: nsenter --net=%s hubble --server <pod IP>:4245 observe\n",
+				"app.kubernetes.io/name=tendril-relay", ChartNamespace, NetnsPath(s.Nodes[0].Netns))
+		}
+	} else {
+		fmt.Fprintf(&b, "export TENDRIL_HUBBLE_SERVER=unix://%s\n", s.RelaySocket())
+		fmt.Fprintf(&b, "export HUBBLE_SERVER=unix://%s\n", s.RelaySocket())
+	}
 	if u := s.UIURL(); u != "" {
 		fmt.Fprintf(&b, "export TENDRIL_UI=%s\n", u)
 	}

@@ -48,3 +48,34 @@ func TestEnvExportsWithoutKubectl(t *testing.T) {
 		t.Errorf("env:\n%s", env)
 	}
 }
+
+// TestEnvExportsContainerd: on real nodes the agents' sockets are the
+// chart's, under each node's bound /var/run/tendril, and hubble gets the
+// relay's TLS settings, not the own-kubelet lab's relay socket (which a
+// containerd lab does not have).
+func TestEnvExportsContainerd(t *testing.T) {
+	dir := t.TempDir()
+	nodeDir := filepath.Join(dir, "nodes", "node1")
+	st := &State{Name: "t", Dir: dir, K8sBinDir: t.TempDir(), Kubeconfig: "/k", Runtime: RuntimeContainerd,
+		Nodes: []Node{{Name: "node1", Netns: "tdr-t-node1", Socket: agentSocket(RuntimeContainerd, nodeDir)}}}
+	env, err := st.EnvExports()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "export TENDRIL_SOCK=unix://" + filepath.Join(nodeDir, "tendril-run", "tendril.sock") + "\n"
+	if !strings.Contains(env, want) {
+		t.Errorf("env lacks %q:\n%s", want, env)
+	}
+	ca, _, _ := st.HubbleClientTLS()
+	for _, w := range []string{"HUBBLE_TLS=true", "HUBBLE_TLS_CA_CERT_FILES=" + ca, "HUBBLE_TLS_SERVER_NAME=" + RelayTLSServerName} {
+		if !strings.Contains(env, w) {
+			t.Errorf("env lacks %q:\n%s", w, env)
+		}
+	}
+	if strings.Contains(env, st.RelaySocket()) {
+		t.Errorf("env names the own-kubelet lab's relay socket:\n%s", env)
+	}
+	if _, err := exec.Command("bash", "-n", "-c", env).CombinedOutput(); err != nil {
+		t.Errorf("env is not valid shell: %v\n%s", err, env)
+	}
+}

@@ -101,14 +101,6 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	relay := "not answering"
-	if rs, err := RelayStatus(ctx, st); err == nil {
-		relay = fmt.Sprintf("%d/%d nodes connected", rs.GetNumConnectedNodes().GetValue(),
-			rs.GetNumConnectedNodes().GetValue()+rs.GetNumUnavailableNodes().GetValue())
-		if len(rs.GetUnavailableNodes()) > 0 {
-			relay += ", unavailable: " + strings.Join(rs.GetUnavailableNodes(), ", ")
-		}
-	}
 	if st.KVStorePort != 0 {
 		fmt.Fprintf(out, "\nKVSTORE  etcd %s (in each node: %s), identities allocated there\n", st.KVStoreURL(), NodeKVStoreURL())
 	}
@@ -128,7 +120,19 @@ func Summary(ctx context.Context, st *State, cs kubernetes.Interface, out io.Wri
 		fmt.Fprintf(out, "\nWORLD  %s: %s, server %s:%s tcp+udp %s, client %s; no route to the pod CIDRs\n",
 			w.Netns, gateway, w.ServerIP, workload.FormatPorts(WorldServerPorts), server, w.ClientIP)
 	}
-	fmt.Fprintf(out, "\nHUBBLE RELAY  unix://%s (and %s:%d in %s): %s\n", st.RelaySocket(), st.Nodes[0].Address, RelayPort, st.Nodes[0].Netns, relay)
+	if st.Runtime == RuntimeContainerd {
+		fmt.Fprintf(out, "\nHUBBLE RELAY  the chart's relay pod, port 4245 over TLS, from the nodes' networks (`tendril lab env` sets the client certificate)\n")
+	} else {
+		relay := "not answering"
+		if rs, err := RelayStatus(ctx, st); err == nil {
+			relay = fmt.Sprintf("%d/%d nodes connected", rs.GetNumConnectedNodes().GetValue(),
+				rs.GetNumConnectedNodes().GetValue()+rs.GetNumUnavailableNodes().GetValue())
+			if len(rs.GetUnavailableNodes()) > 0 {
+				relay += ", unavailable: " + strings.Join(rs.GetUnavailableNodes(), ", ")
+			}
+		}
+		fmt.Fprintf(out, "\nHUBBLE RELAY  unix://%s (and %s:%d in %s): %s\n", st.RelaySocket(), st.Nodes[0].Address, RelayPort, st.Nodes[0].Netns, relay)
+	}
 	if p := st.Prometheus; p != nil {
 		up, err := PrometheusTargetsUp(&http.Client{Timeout: 2 * time.Second}, p)
 		state := fmt.Sprintf("%d/%d targets up", up, len(p.Targets))

@@ -23,6 +23,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/freeport"
+	"github.com/tendril-net/tendril/pkg/lab/realnode"
 	"github.com/tendril-net/tendril/pkg/lab/workload"
 )
 
@@ -259,7 +260,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		st.Nodes = append(st.Nodes, Node{
 			Name: name, Netns: NetnsPrefix(cfg.Name) + name,
 			Address: addr, Gateway: gw,
-			Socket:      filepath.Join(nodeDir, "agent.sock"),
+			Socket:      agentSocket(cfg.Runtime, nodeDir),
 			StateDir:    filepath.Join(nodeDir, "state"),
 			BPFRoot:     filepath.Join(BPFDir(cfg.Name), name),
 			CNICacheDir: filepath.Join(nodeDir, "cni-cache"),
@@ -708,6 +709,17 @@ func waitNodesRegistered(ctx context.Context, cs kubernetes.Interface, st *State
 		}
 		return true, nil
 	})
+}
+
+// agentSocket is where, seen from the machine, node nodeDir's agent
+// serves its API: the lab's own agent's socket, or on a real node
+// (containerd) the chart's agent's default socket in the node's
+// /var/run/tendril, which is bound from a directory of the lab's.
+func agentSocket(runtime, nodeDir string) string {
+	if runtime == RuntimeContainerd {
+		return filepath.Join(realnode.Node{Dir: nodeDir}.TendrilRunDir(), filepath.Base(client.DefaultSocket))
+	}
+	return filepath.Join(nodeDir, "agent.sock")
 }
 
 func waitAgent(ctx context.Context, st *State, n Node, exited <-chan error) error {
