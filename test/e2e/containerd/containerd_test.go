@@ -189,6 +189,18 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 		}
 	}
 
+	// lab status and lab env name the chart's agents' sockets (the
+	// nodes' bound /var/run/tendril): the status answers through them,
+	// and the CLI reaches node2's agent by the exported socket.
+	out, err = exec.Command(tendril, "lab", "status", "--name", labName).CombinedOutput()
+	if err != nil || strings.Count(string(out), "serving") != len(st.Nodes) || !strings.Contains(string(out), "tendril-run/tendril.sock") {
+		t.Errorf("lab status: %v: want every node's agent serving at its tendril-run socket:\n%s", err, out)
+	}
+	out, err = exec.Command("bash", "-c", `eval "$("$0" lab env --name "$1")" && "$0" -H "$TENDRIL_SOCK_NODE2" status`, tendril, labName).CombinedOutput()
+	if err != nil {
+		t.Errorf("tendril status through lab env's TENDRIL_SOCK_NODE2: %v\n%s", err, out)
+	}
+
 	// The health endpoint (on by default) works from the chart's
 	// unprivileged container: made in the node's namespace, published,
 	// probed across nodes.
