@@ -57,7 +57,7 @@ func newGeneveNode(t testing.TB) *benchNode {
 
 // runOut runs prog on pkt as if it came in on ifindex: the verdict and
 // the packet as the program left it.
-func runOut(t *testing.T, prog *ebpf.Program, ifindex int, pkt []byte) (uint32, []byte) {
+func runOut(t testing.TB, prog *ebpf.Program, ifindex int, pkt []byte) (uint32, []byte) {
 	t.Helper()
 	var ctx struct{ Fields [11]uint32 }
 	ctx.Fields[10] = uint32(ifindex)
