@@ -44,6 +44,13 @@ var underlay6Families = []struct {
 func newGeneve6Node(t testing.TB) *benchNode {
 	t.Helper()
 	n := newGeneveNode(t)
+	addUnderlay6(t, n)
+	return n
+}
+
+// addUnderlay6 gives node n the IPv6 underlay of newGeneve6Node.
+func addUnderlay6(t testing.TB, n *benchNode) {
+	t.Helper()
 	up, err := netlink.LinkByIndex(n.uplink)
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +73,6 @@ func newGeneve6Node(t testing.TB) *benchNode {
 			t.Fatal(err)
 		}
 	}
-	return n
 }
 
 // geneve6Frame is geneveFrame over an IPv6 underlay (UDP checksum 0).
@@ -256,4 +262,42 @@ func benchOnce(b *testing.B, prog *ebpf.Program, ifindex int, frame []byte, verd
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(st1.Runtime-st0.Runtime)/float64(st1.RunCount-st0.RunCount), "ns/packet")
+}
+
+// TestPrivilegedGeneveDSRIPv6Underlay: a DSR request another node sent
+// over the IPv6 underlay (Geneve DSR option, either family inside) is
+// delivered into pod A with its frontend recorded (the option's flag
+// rides in cb's mark beside the outer IPv6 source), and A's reply leaves
+// with the frontend as its source, as over IPv4 (TestPrivilegedGeneveDSR).
+func TestPrivilegedGeneveDSRIPv6Underlay(t *testing.T) {
+	n := newGeneveDSRNode(t)
+	addUnderlay6(t, n)
+	for _, f := range dsrFamilies {
+		pfe := netip.AddrPortFrom(f.pfe, dsrFEPort)
+		for _, proto := range []uint8{6, 17} {
+			what := f.name + map[uint8]string{6: " TCP", 17: " UDP"}[proto]
+			client := netip.AddrPortFrom(f.client, 42000+uint16(proto))
+			inner := l4Frame(f.client, f.pod, proto, 0x02, client.Port(), benchPort)
+			pkt := geneve6Frame(peerNode6, nodeUnder6, worldID, padded(dsrOption(pfe)), inner)
+			pkt[14+40+8+1] |= 0x40
+			v, out := runOut(t, n.fromNetdev, n.uplink, pkt)
+			if v != tcActRedirect {
+				t.Fatalf("%s: from_netdev on the Geneve DSR request over IPv6: verdict %d, want redirect into the pod", what, v)
+			}
+			if _, dst := innerTuple(out); dst != netip.AddrPortFrom(f.pod, benchPort) {
+				t.Fatalf("%s: delivered to %s", what, dst)
+			}
+			got, ok := dsrRecord(t, n, proto, client, netip.AddrPortFrom(f.pod, benchPort))
+			if !ok || got != pfe {
+				t.Fatalf("%s: recorded frontend %s (found %v), want %s", what, got, ok, pfe)
+			}
+			reply := l4Frame(f.pod, f.client, proto, 0x12, benchPort, client.Port())
+			if v, out = runOut(t, n.toNetdev, n.uplink, reply); v != 0 {
+				t.Fatalf("%s: to_netdev on the reply: verdict %d, want pass", what, v)
+			}
+			if src, dst := innerTuple(out); src != pfe || dst != client {
+				t.Errorf("%s: reply %s -> %s, want %s -> %s", what, src, dst, pfe, client)
+			}
+		}
+	}
 }
