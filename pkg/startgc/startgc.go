@@ -3,8 +3,8 @@
 // ready.
 //
 // A Go process starts with a 4 MB heap goal: the agent's package
-// initialization (client-go's scheme, the embedded etcd server's packages,
-// the API models' validators) and the building of its hive allocate far
+// initialization (client-go's scheme, the etcd client's packages, the API
+// models' validators) and the building of its hive allocate far
 // more, so that with the default target the collector ran three or four
 // times before the agent served, each cycle with its stop-the-world pauses,
 // its write barrier and its assists slowing the one goroutine that
@@ -39,9 +39,15 @@ func init() {
 	}
 }
 
-// Done sets the collector's target back to the one GOGC configures.
+// Done sets the collector's target back to the one GOGC configures and
+// returns what the start left free to the kernel: the start's heap peak
+// (grown to five times the live heap under StartPercent, and the caches'
+// initial listings decoded) is mostly garbage by now, and the runtime's
+// scavenger would otherwise keep it resident up to the new heap goal.
+// One forced collection, once per process.
 func Done() {
 	debug.SetGCPercent(ConfiguredPercent())
+	debug.FreeOSMemory()
 }
 
 // ConfiguredPercent is the target the Go runtime reads from GOGC: -1 for
