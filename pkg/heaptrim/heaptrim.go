@@ -12,8 +12,9 @@
 // not yet returned are both a quarter of the heap and at least MinIdle,
 // and the process allocated less than QuietRate per second since the last
 // check, calls debug.FreeOSMemory: one forced collection and every free
-// page returned. It does so at most once per MinGap, so a busy agent is
-// not collected over and over; while the agent allocates it does nothing.
+// page returned, and the binary's read-only pages unmapped. It does so at
+// most once per MinGap, so a busy agent is not collected over and over;
+// while the agent allocates it does nothing.
 package heaptrim
 
 import (
@@ -24,6 +25,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tendril-net/tendril/pkg/binpages"
 )
 
 // Stats is what a decision needs, in bytes.
@@ -73,12 +76,20 @@ type Trimmer struct {
 
 // New is a Trimmer on the process's runtime.
 func New(cfg Config, log *slog.Logger) *Trimmer {
-	return &Trimmer{Config: cfg, Log: log, Now: time.Now, Read: ReadRuntime, Release: debug.FreeOSMemory,
+	return &Trimmer{Config: cfg, Log: log, Now: time.Now, Read: ReadRuntime, Release: release,
 		releases: prometheus.NewCounter(prometheus.CounterOpts{Name: "tendril_heaptrim_releases_total",
 			Help: "Times the idle Go heap was returned to the kernel after allocation went quiet"}),
 		released: prometheus.NewCounter(prometheus.CounterOpts{Name: "tendril_heaptrim_released_bytes_total",
 			Help: "Idle Go heap bytes (resident, not yet returned) found at each release"}),
 	}
+}
+
+// release returns the idle heap and unmaps the binary's read-only pages
+// (pkg/binpages: what a burst ran and will not run again leaves the
+// resident set; the agent's steady work maps its own pages back).
+func release() {
+	debug.FreeOSMemory()
+	_, _ = binpages.Release()
 }
 
 // Collectors are the Trimmer's metrics, to register.
