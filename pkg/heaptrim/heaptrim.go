@@ -8,8 +8,9 @@
 // (plus about 10 %), so after a burst an idle agent keeps about twice its
 // live heap resident for as long as it stays idle: at 10,000 Services that
 // was ≈ 100 MiB of RSS holding nothing (docs/benchmarks.md, "Memory
-// (issue 31)"). A Trimmer checks every Interval and, when the idle spans
-// not yet returned are both a quarter of the heap and at least MinIdle,
+// (issue 31)"). A Trimmer checks every Interval and, when what a
+// collection would give back (the resident heap less what was live at the
+// last collection) is both a quarter of the heap and at least MinIdle,
 // and the process allocated less than QuietRate per second since the last
 // check, calls debug.FreeOSMemory: one forced collection and every free
 // page returned, and the binary's read-only pages unmapped. It does so at
@@ -31,10 +32,15 @@ import (
 
 // Stats is what a decision needs, in bytes.
 type Stats struct {
-	// Idle is the heap's free spans still resident (not returned).
+	// Idle is what a collection and a release would return: the
+	// resident heap less the live heap of the last collection. An idle
+	// process may not have collected since its peak, so its garbage
+	// still counts as objects, not free spans: free spans alone would
+	// never cross the threshold (a first version read only those and
+	// never fired in the services benchmark).
 	Idle uint64
-	// Heap is the heap's resident total: objects, the unused parts of
-	// their spans, and Idle.
+	// Heap is the heap's resident total: objects (live and dead), the
+	// unused parts of their spans, and the free spans not returned.
 	Heap uint64
 	// Allocated is the bytes allocated since the process started.
 	Allocated uint64
@@ -154,6 +160,7 @@ var runtimeNames = []string{
 	"/memory/classes/heap/objects:bytes", // live and not yet swept objects
 	"/memory/classes/heap/unused:bytes",  // the rest of their spans
 	"/gc/heap/allocs:bytes",              // cumulative
+	"/gc/heap/live:bytes",                // marked live by the last collection
 }
 
 // ReadRuntime reads Stats from runtime/metrics.
@@ -169,6 +176,10 @@ func ReadRuntime() Stats {
 		}
 		return samples[i].Value.Uint64()
 	}
-	free := v(0)
-	return Stats{Idle: free, Heap: free + v(1) + v(2), Allocated: v(3)}
+	heap, live := v(0)+v(1)+v(2), v(4)
+	idle := uint64(0)
+	if heap > live {
+		idle = heap - live
+	}
+	return Stats{Idle: idle, Heap: heap, Allocated: v(3)}
 }

@@ -1,6 +1,7 @@
 package heaptrim
 
 import (
+	"runtime/debug"
 	"testing"
 	"time"
 )
@@ -87,6 +88,9 @@ func TestThresholds(t *testing.T) {
 	}
 }
 
+// garbage keeps the compiler from dropping the test's allocations.
+var garbage []byte
+
 // TestReadRuntime: the runtime's metrics are all known to this Go, and
 // the heap holds what was just allocated.
 func TestReadRuntime(t *testing.T) {
@@ -94,6 +98,17 @@ func TestReadRuntime(t *testing.T) {
 	s := ReadRuntime()
 	if s.Heap < 8*mib || s.Allocated < 8*mib || s.Idle > s.Heap {
 		t.Fatalf("implausible runtime stats %+v", s)
+	}
+	// Garbage counts as idle before any collection frees it (none runs
+	// meanwhile: GOGC off for the test).
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	debug.FreeOSMemory() // a collection, and the free spans returned: not resident, not idle
+	before := ReadRuntime().Idle
+	for i := 0; i < 64; i++ {
+		garbage = make([]byte, mib)
+	}
+	if after := ReadRuntime().Idle; after < before+32*mib {
+		t.Fatalf("64 MiB of garbage: idle %d → %d MiB", before>>20, after>>20)
 	}
 	keep[0] = 1
 	_ = keep[len(keep)-1]
