@@ -41,6 +41,10 @@ func Start(dev string) (*Capture, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("capture on %s: bind: %w", dev, err)
 	}
+	// A receive buffer of 8 MiB (forced: the tests run as root), so a
+	// burst of GSO frames (up to 64 KiB each) is not dropped before the
+	// reader takes it; best effort, the default stays if refused.
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20)
 	// A read timeout, so the reader sees Stop within a tenth of a second.
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000})
 	c := &Capture{fd: fd, done: make(chan struct{}), stopped: make(chan struct{})}
