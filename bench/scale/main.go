@@ -1039,9 +1039,13 @@ func report(rs []result, b *bench) {
 		if r.liveMiB > 0 {
 			live = fmt.Sprintf("%.0f MiB", r.liveMiB)
 		}
-		fmt.Printf("| %s | %s | %s | %s | %s | %s (local pods added by %s) | %.0f MiB | %.0f / %.0f / %.0f MiB | %s | %.1f%% | %s / %s / %s (%d) | %s / %s | %s / %s | %.0f MiB |\n", r.mode, r.agent,
+		op := "—"
+		if r.opRSS > 0 {
+			op = fmt.Sprintf("%.0f MiB", r.opRSS)
+		}
+		fmt.Printf("| %s | %s | %s | %s | %s | %s (local pods added by %s) | %.0f MiB | %.0f / %.0f / %.0f MiB | %s | %.1f%% | %s / %s / %s (%d) | %s / %s | %s / %s | %s |\n", r.mode, r.agent,
 			ms(r.synced), ms(r.ipcache), ms(r.idents), ms(r.policy), ms(r.cniDone), r.rssMiB, r.mem.Anon, r.mem.File, r.mem.HWM, live, r.cpuPct,
-			ms(r.newP50), ms(r.newP99), ms(r.newMax), r.newN, ms(r.ipcP50), ms(r.ipcP99), ms(r.floorP50), ms(r.floorP99), r.opRSS)
+			ms(r.newP50), ms(r.newP99), ms(r.newMax), r.newN, ms(r.ipcP50), ms(r.ipcP99), ms(r.floorP50), ms(r.floorP99), op)
 	}
 	if b.churnFor > 0 {
 		fmt.Printf("\nUnder churn (%d pods/s created and as many deleted, %s):\n\n", b.churnRate, b.churnFor)
