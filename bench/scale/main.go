@@ -68,14 +68,23 @@ type bench struct {
 	workers    int
 	direct     bool
 	agentBin   string
-	cniBin     string
-	opBin      string
-	local      int
-	newPods    int
-	churnRate  int
-	churnFor   time.Duration
-	steady     time.Duration
-	heapDir    string
+	// agents are the agent binaries measured in each mode, one after the
+	// other against the same filled cluster (-agents; default: -agent).
+	agents []agentBinary
+	// settle is a quiet pause between every policy map being full and the
+	// steady window whose end is the memory reading: the agent's heaptrim
+	// returns the idle heap only after allocation has been quiet for a
+	// while, at most once every 2 min, so a reading right after the sync
+	// would miss it.
+	settle    time.Duration
+	cniBin    string
+	opBin     string
+	local     int
+	newPods   int
+	churnRate int
+	churnFor  time.Duration
+	steady    time.Duration
+	heapDir   string
 	// api is the running agent's API; known, when the agent's identity
 	// API first knew each new pod's identity (0: not seen before the maps).
 	api   *client.Client
@@ -86,9 +95,30 @@ type bench struct {
 
 func (b *bench) logf(format string, args ...any) { log.Printf(format, args...) }
 
+// agentBinary is one agent binary under test and its label in the report.
+type agentBinary struct{ label, path string }
+
+// parseAgents reads -agents: label=path pairs, comma-separated.
+func parseAgents(s string) ([]agentBinary, error) {
+	var out []agentBinary
+	for _, f := range strings.Split(s, ",") {
+		label, path, ok := strings.Cut(strings.TrimSpace(f), "=")
+		if !ok || label == "" || path == "" {
+			return nil, fmt.Errorf("-agents: %q is not label=path", f)
+		}
+		out = append(out, agentBinary{label: label, path: path})
+	}
+	return out, nil
+}
+
 // result is one identity mode's numbers.
 type result struct {
-	mode                            string
+	mode  string
+	agent string // the agentBinary's label
+	mem   procMem
+	// liveMiB is the agent's heap in use after a forced GC, read after
+	// the memory reading (0: not read).
+	liveMiB                         float64
 	synced, ipcache, idents, policy time.Duration
 	cniDone                         time.Duration
 	rssMiB, cpuPct                  float64
@@ -124,10 +154,19 @@ func main() {
 	flag.BoolVar(&b.direct, "direct", true, "write TendrilEndpoints into the API server's etcd (fill.go says why) instead of creating them")
 	flag.IntVar(&b.workers, "workers", 16, "concurrent creates while filling")
 	flag.StringVar(&b.agentBin, "agent", "bin/tendril-agent", "tendril-agent binary")
+	agents := flag.String("agents", "", "label=path,... agent binaries measured one after the other in each mode against the same cluster (e.g. old=/tmp/old-agent,new=bin/tendril-agent); empty: -agent")
+	flag.DurationVar(&b.settle, "settle", 150*time.Second, "quiet pause after every policy map is full, before the steady window and the memory reading (the agent returns idle heap only after a quiet spell)")
 	flag.StringVar(&b.cniBin, "cni", "bin/tendril-cni", "tendril-cni binary")
 	flag.StringVar(&b.opBin, "operator", "bin/tendril-operator", "tendril-operator binary (empty: not measured)")
 	flag.StringVar(&b.heapDir, "heap-profiles", "", "directory for a heap profile of the agent per mode (steady state)")
 	flag.Parse()
+	b.agents = []agentBinary{{label: "", path: b.agentBin}}
+	if *agents != "" {
+		var err error
+		if b.agents, err = parseAgents(*agents); err != nil {
+			log.Fatal(err)
+		}
+	}
 	if err := b.cl.validate(); err != nil {
 		log.Fatal(err)
 	}
@@ -185,12 +224,17 @@ func (b *bench) run(modes []string) error {
 		if err != nil {
 			return err
 		}
-		r, err := b.point(ctx, mode)
-		if err != nil {
-			b.logf("%s: %v", mode, err)
-			r.err = firstLine(err.Error())
+		for _, a := range b.agents {
+			r, err := b.point(ctx, mode, a)
+			if err != nil {
+				b.logf("%s %s: %v", mode, a.label, err)
+				r.err = firstLine(err.Error())
+			} else {
+				b.logf("%s %s: RSS %.0f MiB (%s), live heap %.1f MiB, every policy map full %s, new remote pod p99 %s",
+					mode, a.label, r.rssMiB, r.mem, r.liveMiB, ms(r.policy), ms(r.newP99))
+			}
+			results = append(results, r)
 		}
-		results = append(results, r)
 	}
 	report(results, b)
 	return nil
@@ -326,14 +370,14 @@ func startProc(ns string, args []string, marks map[string]chan time.Time, logs *
 	return cmd, exited, nil
 }
 
-func (b *bench) startAgent(mode string) (*agentProc, error) {
+func (b *bench) startAgent(mode, bin string) (*agentProc, error) {
 	dir, err := os.MkdirTemp("", "tdrsc-")
 	if err != nil {
 		return nil, err
 	}
 	p := &agentProc{mode: mode, dir: dir, synced: make(chan time.Time, 1), ready: make(chan time.Time, 1), logs: &tail{},
 		bpfRoot: "/sys/fs/bpf/" + filepath.Base(dir), socket: filepath.Join(dir, "agent.sock")}
-	args := []string{b.agentBin, "--kubeconfig", b.kubeconfig, "--node-name", localNode,
+	args := []string{bin, "--kubeconfig", b.kubeconfig, "--node-name", localNode,
 		"--state-dir", filepath.Join(dir, "state"), "--socket", p.socket, "--bpf-root", p.bpfRoot,
 		"--enable-datapath=true", "--install-host-networking=false", "--prometheus-serve-addr=",
 		"--enable-health-checking=false", "--ipv6-range", "none", "--identity-allocation-mode", mode,
@@ -360,6 +404,48 @@ func (p *agentProc) stop() {
 	_ = p.cmd.Wait()
 	_ = os.RemoveAll(p.bpfRoot)
 	_ = os.RemoveAll(p.dir)
+}
+
+// procMem is a process's memory from /proc/PID/status, in MiB: the
+// resident set, its anonymous part (heap, stacks), its file-backed part
+// (the binary's pages the process touched) and the resident set's peak.
+type procMem struct {
+	RSS, Anon, File, HWM float64
+}
+
+func (m procMem) String() string {
+	return fmt.Sprintf("anon %.0f file %.0f peak %.0f MiB", m.Anon, m.File, m.HWM)
+}
+
+func readProcMem(pid int) procMem {
+	var m procMem
+	bs, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return m
+	}
+	for _, l := range strings.Split(string(bs), "\n") {
+		k, rest, ok := strings.Cut(l, ":")
+		f := strings.Fields(rest)
+		if !ok || len(f) == 0 {
+			continue
+		}
+		kb, err := strconv.Atoi(f[0])
+		if err != nil {
+			continue
+		}
+		v := float64(kb) / 1024
+		switch k {
+		case "VmRSS":
+			m.RSS = v
+		case "RssAnon":
+			m.Anon = v
+		case "RssFile":
+			m.File = v
+		case "VmHWM":
+			m.HWM = v
+		}
+	}
+	return m
 }
 
 // procStat is a process's RSS (MiB) and CPU time so far.
@@ -507,8 +593,8 @@ func tables(ctx context.Context, api *client.Client) (map[string]int, error) {
 	return out, nil
 }
 
-func (b *bench) point(ctx context.Context, mode string) (result, error) {
-	r := result{mode: mode}
+func (b *bench) point(ctx context.Context, mode string, a agentBinary) (result, error) {
+	r := result{mode: mode, agent: a.label}
 	if err := newNodeNS(); err != nil {
 		return r, err
 	}
@@ -525,7 +611,7 @@ func (b *bench) point(ctx context.Context, mode string) (result, error) {
 		}
 		defer ln.Close()
 	}
-	p, err := b.startAgent(mode)
+	p, err := b.startAgent(mode, a.path)
 	if err != nil {
 		return r, err
 	}
@@ -605,22 +691,34 @@ func (b *bench) point(ctx context.Context, mode string) (result, error) {
 	}
 	b.logf("%s: synced %s, ipcache %s, identities %s, policy maps %s", mode, r.synced, r.ipcache, r.idents, r.policy)
 
-	// Steady state.
+	// Steady state, after the settle.
+	time.Sleep(b.settle)
 	_, cpu0 := procStat(p.pid())
 	time.Sleep(b.steady)
-	rss, cpu1 := procStat(p.pid())
-	r.rssMiB, r.cpuPct = rss, 100*float64(cpu1-cpu0)/float64(b.steady)
+	r.mem = readProcMem(p.pid())
+	_, cpu1 := procStat(p.pid())
+	r.rssMiB, r.cpuPct = r.mem.RSS, 100*float64(cpu1-cpu0)/float64(b.steady)
+	// After the reading: the forced GC would otherwise shrink it.
+	if live, err := liveHeapMiB(); err != nil {
+		b.logf("live heap: %v", err)
+	} else {
+		r.liveMiB = live
+	}
 	if b.heapDir != "" {
+		tag := mode
+		if a.label != "" {
+			tag += "-" + a.label
+		}
 		for _, q := range []string{"gc=1", "debug=1"} {
-			name := fmt.Sprintf("heap-%s-%d.pprof", mode, b.cl.nodes)
+			name := fmt.Sprintf("heap-%s-%d.pprof", tag, b.cl.nodes)
 			if q == "debug=1" {
-				name = fmt.Sprintf("heap-%s-%d.txt", mode, b.cl.nodes)
+				name = fmt.Sprintf("heap-%s-%d.txt", tag, b.cl.nodes)
 			}
 			if err := saveHeap(filepath.Join(b.heapDir, name), q); err != nil {
 				b.logf("heap profile: %v", err)
 			}
 		}
-		b.logf("%s: %s", mode, memSummary(filepath.Join(b.heapDir, fmt.Sprintf("heap-%s-%d.txt", mode, b.cl.nodes)), p.pid()))
+		b.logf("%s: %s", tag, memSummary(filepath.Join(b.heapDir, fmt.Sprintf("heap-%s-%d.txt", tag, b.cl.nodes)), p.pid()))
 	}
 
 	var w remoteWriter = crdWriter{b: b}
@@ -854,34 +952,62 @@ func memSummary(path string, pid int) string {
 }
 
 // saveHeap writes the agent's heap profile (query: gc=1 for the profile
-// after a GC, debug=1 for the text form with MemStats) to path; the
-// connection is made in the node namespace.
+// after a GC, debug=1 for the text form with MemStats) to path.
 func saveHeap(path, query string) error {
+	body, err := agentPprofGet("/debug/pprof/heap?" + query)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, body, 0o644)
+}
+
+// liveHeapMiB is the agent's heap in use after a forced GC: HeapAlloc of
+// the runtime.MemStats that the text heap profile ends with.
+func liveHeapMiB() (float64, error) {
+	body, err := agentPprofGet("/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(body), "\n") {
+		if rest, ok := strings.CutPrefix(l, "# HeapAlloc = "); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(rest), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("HeapAlloc %q: %w", rest, err)
+			}
+			return float64(n) / (1 << 20), nil
+		}
+	}
+	return 0, fmt.Errorf("no HeapAlloc in the agent's heap profile")
+}
+
+// agentPprofGet fetches path from the agent's pprof server; the
+// connection is made in the node namespace, HTTP runs over it from here.
+func agentPprofGet(path string) ([]byte, error) {
 	var conn net.Conn
 	if err := namedns.InNetns(nsPath(nodeNS), func() (err error) {
 		conn, err = net.DialTimeout("tcp", agentPprof, 5*time.Second)
 		return err
 	}); err != nil {
-		return fmt.Errorf("dial the agent's pprof: %w", err)
+		return nil, fmt.Errorf("dial the agent's pprof: %w", err)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(2 * time.Minute))
-	if _, err := fmt.Fprintf(conn, "GET /debug/pprof/heap?%s HTTP/1.0\r\nHost: agent\r\n\r\n", query); err != nil {
-		return err
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: agent\r\n\r\n", path); err != nil {
+		return nil, err
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
-		return fmt.Errorf("read the heap profile: %w", err)
+		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("heap profile: %s", resp.Status)
+		return nil, fmt.Errorf("%s: %s", path, resp.Status)
 	}
-	return os.WriteFile(path, body, 0o644)
+	return body, nil
 }
 
 func percentile(d []time.Duration, p float64) time.Duration {
@@ -901,26 +1027,35 @@ func ms(d time.Duration) string {
 }
 
 func report(rs []result, b *bench) {
-	fmt.Println("| identity mode | caches synced | ipcache map full | identities table full | every local policy map full | agent RSS (steady) | agent CPU (steady) | new remote pod in every selecting policy map p50 / p99 / max (n) | in the ipcache map p50 / p99 | a plain watch saw it p50 / p99 | operator RSS |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Printf("Memory read %s after every policy map was full (settle %s, then the steady window).\n\n", b.settle+b.steady, b.settle)
+	fmt.Println("| identity mode | agent | caches synced | ipcache map full | identities table full | every local policy map full | agent RSS (steady) | RssAnon / RssFile / VmHWM | live heap (after a GC) | agent CPU (steady) | new remote pod in every selecting policy map p50 / p99 / max (n) | in the ipcache map p50 / p99 | a plain watch saw it p50 / p99 | operator RSS |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rs {
 		if r.err != "" {
-			fmt.Printf("| %s | failed: %s ||||||||||\n", r.mode, r.err)
+			fmt.Printf("| %s | %s | failed: %s ||||||||||||\n", r.mode, r.agent, r.err)
 			continue
 		}
-		fmt.Printf("| %s | %s | %s | %s | %s (local pods added by %s) | %.0f MiB | %.1f%% | %s / %s / %s (%d) | %s / %s | %s / %s | %.0f MiB |\n", r.mode,
-			ms(r.synced), ms(r.ipcache), ms(r.idents), ms(r.policy), ms(r.cniDone), r.rssMiB, r.cpuPct,
-			ms(r.newP50), ms(r.newP99), ms(r.newMax), r.newN, ms(r.ipcP50), ms(r.ipcP99), ms(r.floorP50), ms(r.floorP99), r.opRSS)
+		live := "—"
+		if r.liveMiB > 0 {
+			live = fmt.Sprintf("%.0f MiB", r.liveMiB)
+		}
+		op := "—"
+		if r.opRSS > 0 {
+			op = fmt.Sprintf("%.0f MiB", r.opRSS)
+		}
+		fmt.Printf("| %s | %s | %s | %s | %s | %s (local pods added by %s) | %.0f MiB | %.0f / %.0f / %.0f MiB | %s | %.1f%% | %s / %s / %s (%d) | %s / %s | %s / %s | %s |\n", r.mode, r.agent,
+			ms(r.synced), ms(r.ipcache), ms(r.idents), ms(r.policy), ms(r.cniDone), r.rssMiB, r.mem.Anon, r.mem.File, r.mem.HWM, live, r.cpuPct,
+			ms(r.newP50), ms(r.newP99), ms(r.newMax), r.newN, ms(r.ipcP50), ms(r.ipcP99), ms(r.floorP50), ms(r.floorP99), op)
 	}
 	if b.churnFor > 0 {
 		fmt.Printf("\nUnder churn (%d pods/s created and as many deleted, %s):\n\n", b.churnRate, b.churnFor)
-		fmt.Println("| identity mode | create+delete pairs done (per s) | new remote pod in every selecting policy map p50 / p99 / max (n) | a plain watch saw it p50 / p99 | agent RSS at the end | agent CPU |")
-		fmt.Println("|---|---|---|---|---|---|")
+		fmt.Println("| identity mode | agent | create+delete pairs done (per s) | new remote pod in every selecting policy map p50 / p99 / max (n) | a plain watch saw it p50 / p99 | agent RSS at the end | agent CPU |")
+		fmt.Println("|---|---|---|---|---|---|---|")
 		for _, r := range rs {
 			if r.err != "" {
 				continue
 			}
-			fmt.Printf("| %s | %d (%.1f/s) | %s / %s / %s (%d) | %s / %s | %.0f MiB | %.1f%% |\n", r.mode, r.churnOps, r.churnAchieved,
+			fmt.Printf("| %s | %s | %d (%.1f/s) | %s / %s / %s (%d) | %s / %s | %.0f MiB | %.1f%% |\n", r.mode, r.agent, r.churnOps, r.churnAchieved,
 				ms(r.churnP50), ms(r.churnP99), ms(r.churnMax), r.churnN, ms(r.churnFloorP50), ms(r.churnFloorP99), r.churnRSS, r.churnCPU)
 		}
 	}

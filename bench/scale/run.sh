@@ -5,7 +5,9 @@
 # identity mode, and tendril-operator on the same data. Builds what it
 # needs and prints Markdown for docs/benchmarks.md. Flags go to
 # bench/scale (-nodes, -pods, -apps, -services, -policies, -local,
-# -new-pods, -churn-rate, -churn, -modes, -heap-profiles).
+# -new-pods, -churn-rate, -churn, -modes, -heap-profiles, -settle, -agents:
+# e.g. -agents old=/tmp/old-agent,new=bin/tendril-agent measures two
+# agent binaries one after the other in each mode against the same cluster).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 hack/install-deps.sh >/dev/null
