@@ -386,6 +386,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 		step(out, start, "BGP: BIRD in %s at %s (AS %d) peering with every node (AS %d); pool %s: %s, routed", st.World.Netns,
 			st.World.Gateway, BGPRouterASN, BGPNodeASN, BGPPoolName, BGPPoolCIDR)
+		if st.Dual() {
+			step(out, start, "BGP dual stack: IPv6 sessions to %s (BIRD's <node>_v6); pool %s: %s too", BGPRouter6(st), BGPPoolName, BGPPoolCIDR6)
+		}
 	}
 	for i, n := range st.Nodes {
 		argv := []string{"nsenter", "--net=" + NetnsPath(n.Netns), filepath.Join(st.BinDir, "tendril-agent"),
