@@ -37,13 +37,13 @@ const (
 	BGPRouterASN = 65000
 	BGPNodeASN   = 65001
 	// BGPPoolName serves the Services with the label BGPServiceLabel=true.
-	BGPPoolName     = "lab-bgp"
-	BGPPoolCIDR     = "192.0.2.240/28"
+	BGPPoolName = "lab-bgp"
+	BGPPoolCIDR = "192.0.2.240/28"
 	// BGPPoolCIDR6 is the pool's IPv6 block in a dual-stack lab
 	// (documentation addresses, RFC 3849, apart from the world's
 	// 2001:db8:100::/64 ones): a dual-stack Service gets an address of
 	// each block, announced over the IPv6 sessions.
-	BGPPoolCIDR6 = "2001:db8:240::/124"
+	BGPPoolCIDR6    = "2001:db8:240::/124"
 	BGPServiceLabel = "tendril.io/lab-bgp"
 	// BGPConfigName names the TendrilBGPClusterConfig, the
 	// TendrilBGPPeerConfig and the TendrilBGPAdvertisement.
