@@ -28,13 +28,22 @@ import (
 // the router learned (BIRD exports the pool's routes to the world's
 // kernel, merging equal paths of several nodes into one ECMP route). The
 // pod CIDRs stay in the router's table only: the world keeps having no
-// route to the pods (world.go).
+// route to the pods (world.go). In a dual-stack lab (--ip-family dual)
+// every node has a second session, over IPv6 (BIRD's protocol
+// <node>_v6, the router at WorldGateway6), for the IPv6 family: the
+// nodes' IPv6 pod CIDRs and the pool's IPv6 addresses (BGPPoolCIDR6),
+// exported to the world's kernel as the IPv4 ones are.
 const (
 	BGPRouterASN = 65000
 	BGPNodeASN   = 65001
 	// BGPPoolName serves the Services with the label BGPServiceLabel=true.
-	BGPPoolName     = "lab-bgp"
-	BGPPoolCIDR     = "192.0.2.240/28"
+	BGPPoolName = "lab-bgp"
+	BGPPoolCIDR = "192.0.2.240/28"
+	// BGPPoolCIDR6 is the pool's IPv6 block in a dual-stack lab
+	// (documentation addresses, RFC 3849, apart from the world's
+	// 2001:db8:100::/64 ones): a dual-stack Service gets an address of
+	// each block, announced over the IPv6 sessions.
+	BGPPoolCIDR6    = "2001:db8:240::/124"
 	BGPServiceLabel = "tendril.io/lab-bgp"
 	// BGPConfigName names the TendrilBGPClusterConfig, the
 	// TendrilBGPPeerConfig and the TendrilBGPAdvertisement.
@@ -93,7 +102,52 @@ template bgp tnode {
 protocol bgp {{.Name}} from tnode {
 	neighbor {{.Address}} as {{$.NodeASN}};
 }
-{{end}}`))
+{{end}}
+{{- if .Router6}}
+# Dual stack: the IPv6 family over a session of its own per node, to the
+# router's IPv6 address on the bridge.
+protocol kernel kernel6 {
+	ipv6 {
+		import none;
+		export where net ~ [ {{.Pool6}}{128,128} ];
+	};
+	merge paths on;
+}
+
+template bgp tnode6 {
+	local {{.Router6}} as {{.RouterASN}};
+	passive on;
+	graceful restart on;
+	ipv6 {
+		import all;
+		export none;
+	};
+}
+{{range .Nodes}}
+protocol bgp {{.Name}}_v6 from tnode6 {
+	neighbor {{.Address6}} as {{$.NodeASN}};
+}
+{{end}}
+{{- end}}`))
+
+// BGPRouter6 is the router's IPv6 address the nodes peer with in a
+// dual-stack lab ("" otherwise): the world's on the bridge.
+func BGPRouter6(st *State) string {
+	if !st.Dual() {
+		return ""
+	}
+	return WorldGateway6
+}
+
+// birdConfig is the router's bird.conf for the lab.
+func birdConfig(st *State) ([]byte, error) {
+	var conf bytes.Buffer
+	if err := birdConf.Execute(&conf, map[string]any{"RouterID": st.World.Gateway, "RouterASN": BGPRouterASN, "NodeASN": BGPNodeASN,
+		"Pool": BGPPoolCIDR, "Nodes": st.Nodes, "Router6": BGPRouter6(st), "Pool6": BGPPoolCIDR6}); err != nil {
+		return nil, fmt.Errorf("bird.conf: %w", err)
+	}
+	return conf.Bytes(), nil
+}
 
 // startBGPRouter writes bird.conf and runs BIRD in the world namespace
 // until `birdc show status` answers.
@@ -106,12 +160,11 @@ func startBGPRouter(ctx context.Context, st *State, exited map[string]<-chan err
 		return err
 	}
 	r := &BGPRouter{Config: filepath.Join(dir, "bird.conf"), Socket: filepath.Join(dir, "bird.ctl"), ASN: BGPRouterASN}
-	var conf bytes.Buffer
-	if err := birdConf.Execute(&conf, map[string]any{"RouterID": st.World.Gateway, "RouterASN": BGPRouterASN, "NodeASN": BGPNodeASN,
-		"Pool": BGPPoolCIDR, "Nodes": st.Nodes}); err != nil {
-		return fmt.Errorf("bird.conf: %w", err)
+	conf, err := birdConfig(st)
+	if err != nil {
+		return err
 	}
-	if err := os.WriteFile(r.Config, conf.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(r.Config, conf, 0o644); err != nil {
 		return err
 	}
 	role := "bird"
@@ -145,8 +198,14 @@ func createBGPObjects(ctx context.Context, st *State) error {
 	v := tc.TendrilV1alpha1()
 	sel := &metav1.LabelSelector{MatchLabels: map[string]string{BGPServiceLabel: "true"}}
 	meta := metav1.ObjectMeta{Name: BGPConfigName, Labels: map[string]string{"tendril.io/lab": "bgp"}}
+	blocks := []v1alpha1.LoadBalancerIPBlock{{CIDR: BGPPoolCIDR}}
+	peers := []v1alpha1.BGPPeer{{Name: "world-router", PeerAddress: st.World.Gateway, PeerASN: BGPRouterASN, PeerConfigRef: BGPConfigName}}
+	if r6 := BGPRouter6(st); r6 != "" {
+		blocks = append(blocks, v1alpha1.LoadBalancerIPBlock{CIDR: BGPPoolCIDR6})
+		peers = append(peers, v1alpha1.BGPPeer{Name: "world-router-v6", PeerAddress: r6, PeerASN: BGPRouterASN, PeerConfigRef: BGPConfigName})
+	}
 	pool := &v1alpha1.TendrilLoadBalancerIPPool{ObjectMeta: metav1.ObjectMeta{Name: BGPPoolName},
-		Spec: v1alpha1.LoadBalancerIPPoolSpec{Blocks: []v1alpha1.LoadBalancerIPBlock{{CIDR: BGPPoolCIDR}}, ServiceSelector: sel}}
+		Spec: v1alpha1.LoadBalancerIPPoolSpec{Blocks: blocks, ServiceSelector: sel}}
 	hold, keepalive, retry, restart := int32(9), int32(3), int32(1), int32(BGPRestartTime)
 	pc := &v1alpha1.TendrilBGPPeerConfig{ObjectMeta: meta, Spec: v1alpha1.BGPPeerConfigSpec{
 		Timers:          &v1alpha1.BGPTimers{HoldTimeSeconds: &hold, KeepAliveTimeSeconds: &keepalive, ConnectRetryTimeSeconds: &retry},
@@ -157,7 +216,7 @@ func createBGPObjects(ctx context.Context, st *State) error {
 			Addresses: []string{v1alpha1.BGPServiceAddressLoadBalancerIP}}},
 	}}}
 	cc := &v1alpha1.TendrilBGPClusterConfig{ObjectMeta: meta, Spec: v1alpha1.BGPClusterConfigSpec{LocalASN: BGPNodeASN,
-		Peers:                 []v1alpha1.BGPPeer{{Name: "world-router", PeerAddress: st.World.Gateway, PeerASN: BGPRouterASN, PeerConfigRef: BGPConfigName}},
+		Peers:                 peers,
 		AdvertisementSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tendril.io/lab": "bgp"}}}}
 	for _, create := range []struct {
 		what string

@@ -8,6 +8,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/tendril-net/tendril/pkg/controlplane"
 )
 
 // IP families of a lab (lab up --ip-family). With IPFamilyDual every node,
@@ -140,4 +142,12 @@ func addWorldIPv6(w *World, nodes []Node) error {
 		}
 		return nil
 	})
+}
+
+// serviceCIDRs are the API server's service CIDRs, comma-separated.
+func serviceCIDRs(st *State) string {
+	if st.Dual() {
+		return controlplane.ServiceCIDR + "," + ServiceCIDR6
+	}
+	return controlplane.ServiceCIDR
 }

@@ -19,6 +19,25 @@ import (
 // pod address shows which IPAM gave it.
 const ClusterPoolCIDR = "10.245.0.0/16"
 
+// ClusterPoolCIDR6 is the IPv6 pool of a dual-stack lab (--ip-family
+// dual), cut into a /64 per node (ClusterPoolMaskSize6), apart from
+// ClusterCIDR6 as ClusterPoolCIDR is from ClusterCIDR.
+const (
+	ClusterPoolCIDR6     = "fd00:10:245::/56"
+	ClusterPoolMaskSize6 = 64
+)
+
+// clusterPoolArgs are the cluster-pool options of the lab's operators
+// and agents: the pools of the lab's families (the agents check their own
+// CIDRs and their peers' against them and wait for a CIDR of each).
+func clusterPoolArgs(st *State) []string {
+	args := []string{"--cluster-pool-ipv4-cidr", ClusterPoolCIDR}
+	if st.Dual() {
+		args = append(args, "--cluster-pool-ipv6-cidr", ClusterPoolCIDR6)
+	}
+	return args
+}
+
 // operatorLease is the Lease tendril-operator elects its leader on.
 const operatorLease = "tendril-operator-resource-lock"
 
@@ -46,7 +65,11 @@ func startOperators(ctx context.Context, cfg Config, st *State, cs kubernetes.In
 		argv := []string{filepath.Join(st.BinDir, "tendril-operator"), "--kubeconfig", st.Kubeconfig,
 			"--operator-id", st.Name + "-" + role, "--operator-api-serve-addr", apiAddr}
 		if cfg.IPAM == "cluster-pool" {
-			argv = append(argv, "--ipam", "cluster-pool", "--cluster-pool-ipv4-cidr", ClusterPoolCIDR, "--cluster-pool-ipv4-mask-size", "24")
+			argv = append(argv, "--ipam", "cluster-pool", "--cluster-pool-ipv4-mask-size", "24")
+			argv = append(argv, clusterPoolArgs(st)...)
+			if st.Dual() {
+				argv = append(argv, "--cluster-pool-ipv6-mask-size", strconv.Itoa(ClusterPoolMaskSize6))
+			}
 		}
 		if st.KVStorePort != 0 {
 			argv = append(argv, "--kvstore", "etcd", "--kvstore-endpoints", st.KVStoreURL(), "--identity-allocation-mode", "kvstore")

@@ -186,10 +186,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := ValidateIPFamily(cfg.IPFamily); err != nil {
 		return nil, err
 	}
-	if cfg.IPFamily == IPFamilyDual && (cfg.Runtime == RuntimeContainerd || cfg.IPAM != "" || cfg.BGP) {
-		// The real nodes' network (package realnode), the operators' pod
-		// CIDR pools and BIRD's sessions are IPv4 only.
-		return nil, fmt.Errorf("--ip-family %s: not with --runtime %s, --ipam or --bgp", IPFamilyDual, RuntimeContainerd)
+	if cfg.IPFamily == IPFamilyDual && cfg.Runtime == RuntimeContainerd {
+		// The real nodes' network (package realnode) is IPv4 only.
+		return nil, fmt.Errorf("--ip-family %s: not with --runtime %s", IPFamilyDual, RuntimeContainerd)
 	}
 	if cfg.Encryption != "" && cfg.Encryption != "wireguard" {
 		return nil, fmt.Errorf("--encryption %q: must be wireguard (or none)", cfg.Encryption)
@@ -387,6 +386,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 		step(out, start, "BGP: BIRD in %s at %s (AS %d) peering with every node (AS %d); pool %s: %s, routed", st.World.Netns,
 			st.World.Gateway, BGPRouterASN, BGPNodeASN, BGPPoolName, BGPPoolCIDR)
+		if st.Dual() {
+			step(out, start, "BGP dual stack: IPv6 sessions to %s (BIRD's <node>_v6); pool %s: %s too", BGPRouter6(st), BGPPoolName, BGPPoolCIDR6)
+		}
 	}
 	for i, n := range st.Nodes {
 		argv := []string{"nsenter", "--net=" + NetnsPath(n.Netns), filepath.Join(st.BinDir, "tendril-agent"),
@@ -414,6 +416,8 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 		if cfg.IPAM == "cluster-pool" {
 			argv = append(argv, "--ipam", "cluster-pool")
+			argv = append(argv, clusterPoolArgs(st)...)
+			argv = append(argv, "--k8s-service-cidr", serviceCIDRs(st))
 		}
 		if cfg.RoutingMode != "" {
 			argv = append(argv, "--routing-mode", cfg.RoutingMode)
@@ -538,7 +542,7 @@ func startControlPlane(ctx context.Context, st *State, exited map[string]<-chan 
 		// PreferDualStack Service gets a ClusterIP of each.
 		spec.ClusterCIDR += "," + ClusterCIDR6
 		spec.NodeCIDRMaskSizeIPv6 = podCIDR6Bits
-		spec.ServiceCIDR = controlplane.ServiceCIDR + "," + ServiceCIDR6
+		spec.ServiceCIDR = serviceCIDRs(st)
 	}
 	if st.Runtime == RuntimeContainerd {
 		spec.ExtraControllers = realNodeControllers()

@@ -19,19 +19,47 @@ import (
 // (TendrilNode.spec.ipam.podCIDRs). It comes before every other source.
 const SourceClusterPool CIDRSource = "cluster-pool"
 
+// ClusterPoolWant is what an agent waits for in its TendrilNode's pod
+// CIDRs.
+type ClusterPoolWant struct {
+	// IPv4 and IPv6: wait until a CIDR of the family is there (the
+	// operator has a pool of it). Neither: the first CIDRs written do.
+	IPv4, IPv6 bool
+	// Check, when set, judges the CIDRs once they are there (every one,
+	// as written): an error ends the wait, since the operator never moves
+	// a CIDR it wrote.
+	Check func([]netip.Prefix) error
+}
+
 // WaitForClusterPoolCIDRs waits (retrying with backoff, a log line per
 // attempt) until this node's TendrilNode has pod CIDRs from the
-// operator's cluster pools, and selects them. The operator never moves a
-// CIDR once written, so a restarted agent gets the same ones. A value
-// that does not parse is an error, not a fallback.
-func WaitForClusterPoolCIDRs(ctx context.Context, c tendrilclient.Interface, name string, log *slog.Logger) (Selection, error) {
+// operator's cluster pools, of each family want asks for, checks and
+// selects them. The operator never moves a CIDR once written, so a
+// restarted agent gets the same ones. A value that does not parse, or a
+// second CIDR of one family, is an error, not a fallback.
+func WaitForClusterPoolCIDRs(ctx context.Context, c tendrilclient.Interface, name string, want ClusterPoolWant, log *slog.Logger) (Selection, error) {
 	backoff := wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 10 * time.Second}
 	for attempt := 1; ; attempt++ {
 		tn, err := c.TendrilV1alpha1().TendrilNodes().Get(ctx, name, metav1.GetOptions{})
 		if err == nil && len(tn.Spec.IPAM.PodCIDRs) > 0 {
-			return selectClusterPool(name, tn.Spec.IPAM.PodCIDRs)
-		}
-		if err == nil {
+			cidrs, perr := parseClusterPool(name, tn.Spec.IPAM.PodCIDRs)
+			if perr != nil {
+				return Selection{}, perr
+			}
+			missing := missingFamilies(cidrs, want)
+			if missing == "" {
+				if want.Check != nil {
+					if cerr := want.Check(cidrs); cerr != nil {
+						return Selection{}, fmt.Errorf("TendrilNode %s spec.ipam.podCIDRs %v: %w", name, tn.Spec.IPAM.PodCIDRs, cerr)
+					}
+				}
+				return selectClusterPool(name, cidrs)
+			}
+			err = fmt.Errorf("TendrilNode %s has pod CIDRs %v but no %s one yet", name, tn.Spec.IPAM.PodCIDRs, missing)
+			if ok, msg := ClusterPoolState(tn); !ok && msg != "" {
+				err = fmt.Errorf("%w: %s", err, msg)
+			}
+		} else if err == nil {
 			if ok, msg := ClusterPoolState(tn); !ok && msg != "" {
 				err = fmt.Errorf("TendrilNode %s has no pod CIDRs: %s", name, msg)
 			} else {
@@ -49,6 +77,28 @@ func WaitForClusterPoolCIDRs(ctx context.Context, c tendrilclient.Interface, nam
 		case <-time.After(d):
 		}
 	}
+}
+
+// missingFamilies names the families want asks for that cidrs lack ("IPv4",
+// "IPv6", "IPv4 or IPv6"; "" when none is missing).
+func missingFamilies(cidrs []netip.Prefix, want ClusterPoolWant) string {
+	var has4, has6 bool
+	for _, p := range cidrs {
+		if p.Addr().Is4() {
+			has4 = true
+		} else {
+			has6 = true
+		}
+	}
+	switch {
+	case want.IPv4 && !has4 && want.IPv6 && !has6:
+		return "IPv4 or IPv6"
+	case want.IPv4 && !has4:
+		return "IPv4"
+	case want.IPv6 && !has6:
+		return "IPv6"
+	}
+	return ""
 }
 
 // ClusterPoolState reads the operator's PodCIDRsAllocated condition on a
@@ -70,18 +120,34 @@ func ClusterPoolState(tn *v1alpha1.TendrilNode) (ok bool, msg string) {
 	return c.Status != metav1.ConditionFalse, msg + ", since " + c.LastTransitionTime.UTC().Format(time.RFC3339)
 }
 
-func selectClusterPool(name string, cidrs []string) (Selection, error) {
-	var sel Selection
+// parseClusterPool parses a TendrilNode's pod CIDRs.
+func parseClusterPool(name string, cidrs []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
 	for _, s := range cidrs {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			return Selection{}, fmt.Errorf("TendrilNode %s spec.ipam.podCIDRs %q: %w", name, s, err)
+			return nil, fmt.Errorf("TendrilNode %s spec.ipam.podCIDRs %q: %w", name, s, err)
 		}
-		if p.Addr().Is4() && !sel.IPv4.IsValid() {
-			sel.IPv4, sel.IPv4From = p.Masked(), SourceClusterPool
-		} else if p.Addr().Is6() && !sel.IPv6.IsValid() {
-			sel.IPv6, sel.IPv6From = p.Masked(), SourceClusterPool
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// selectClusterPool makes the selection of one CIDR per family; a second
+// of a family is an error (which one would the pods' addresses come from,
+// and which would the other nodes route here?).
+func selectClusterPool(name string, cidrs []netip.Prefix) (Selection, error) {
+	var sel Selection
+	for _, p := range cidrs {
+		first := &sel.IPv6
+		from := &sel.IPv6From
+		if p.Addr().Is4() {
+			first, from = &sel.IPv4, &sel.IPv4From
 		}
+		if first.IsValid() {
+			return Selection{}, fmt.Errorf("TendrilNode %s spec.ipam.podCIDRs: %s is a second pod CIDR of its family beside %s (one per family)", name, p, *first)
+		}
+		*first, *from = p, SourceClusterPool
 	}
 	if !sel.IPv4.IsValid() {
 		sel.IPv4From = SourceNone

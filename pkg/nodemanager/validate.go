@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 )
 
 // Default shortest pod CIDR a peer may claim per family: a node's pod
@@ -49,6 +50,7 @@ const (
 	ReasonMalformed    = "malformed"
 	ReasonDefaultRoute = "default-route"
 	ReasonTooShort     = "too-short"
+	ReasonTooLong      = "too-long"
 	ReasonFamilyTwice  = "second-of-family"
 	ReasonOutsidePool  = "outside-cluster-pool"
 	ReasonReserved     = "overlaps-service-cidr"
@@ -289,4 +291,55 @@ func addressTouched(q *Peer, ips []netip.Addr, cidrs []netip.Prefix) bool {
 		}
 	}
 	return false
+}
+
+// Longest pod CIDR a node may be given per family: it must hold the
+// node's router address and a pod at least (an IPv4 /31 or /32 has no
+// address to spare).
+const (
+	MaxPrefixIPv4 = 30
+	MaxPrefixIPv6 = 126
+)
+
+// CheckOwn checks this node's own pod CIDRs before the agent uses them
+// (with --ipam cluster-pool they come from the TendrilNode, an object
+// others write too): each no shorter than the minimum and no longer than
+// MaxPrefixIPv4/IPv6, inside the cluster pool of its family when the
+// rules know one, overlapping no service CIDR and holding none of this
+// node's addresses; and at most one CIDR per family, since the endpoints'
+// IPAM takes one per family and another node would route a second one
+// nowhere. The error names every CIDR refused and why.
+func (r Rules) CheckOwn(cidrs []netip.Prefix, nodeAddrs []netip.Addr) error {
+	var errs []string
+	var have4, have6 netip.Prefix
+	for _, c := range cidrs {
+		if !c.IsValid() {
+			errs = append(errs, fmt.Sprintf("%v (%s: not a prefix)", c, ReasonMalformed))
+			continue
+		}
+		c = c.Masked()
+		is4 := c.Addr().Is4()
+		reason, detail := r.own(c, nil, nodeAddrs)
+		if reason == "" {
+			if max := map[bool]int{true: MaxPrefixIPv4, false: MaxPrefixIPv6}[is4]; c.Bits() > max {
+				reason, detail = ReasonTooLong, fmt.Sprintf("longer than /%d: no room for the router address and pods", max)
+			}
+		}
+		first := &have6
+		if is4 {
+			first = &have4
+		}
+		if reason == "" && first.IsValid() {
+			reason, detail = ReasonFamilyTwice, fmt.Sprintf("a second pod CIDR of its family beside %s (one per family)", first)
+		}
+		if reason != "" {
+			errs = append(errs, Rejection{CIDR: c.String(), Reason: reason, Detail: detail}.String())
+			continue
+		}
+		*first = c
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("this node's pod CIDRs refused: %s", strings.Join(errs, "; "))
+	}
+	return nil
 }

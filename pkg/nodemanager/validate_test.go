@@ -298,3 +298,62 @@ func TestRulesValidate(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestCheckOwn: this node's own pod CIDRs pass when sane, inside the
+// pools, clear of the service CIDRs and the node's addresses, one per
+// family; each failure names the CIDR and its reason.
+func TestCheckOwn(t *testing.T) {
+	pfx := func(ss ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range ss {
+			out = append(out, netip.MustParsePrefix(s))
+		}
+		return out
+	}
+	rules := Rules{Pools: pfx("10.245.0.0/16", "fd00:10:245::/56"), Reserved: pfx("10.96.0.0/12", "fd00:10:96::/112")}
+	addrs := []netip.Addr{netip.MustParseAddr("172.30.0.11"), netip.MustParseAddr("fd00:172:30::11")}
+	for _, tc := range []struct {
+		name  string
+		rules Rules
+		cidrs []netip.Prefix
+		want  string // "" passes, else a piece of the error
+	}{
+		{"dual", rules, pfx("10.245.1.0/24", "fd00:10:245:1::/64"), ""},
+		{"ipv4 only", rules, pfx("10.245.1.0/24"), ""},
+		{"ipv6 only", rules, pfx("fd00:10:245:2::/64"), ""},
+		{"no pools known", Rules{}, pfx("10.1.0.0/24", "fd00:1::/64"), ""},
+		{"default route", rules, pfx("0.0.0.0/0"), ReasonDefaultRoute},
+		{"too short", rules, pfx("10.0.0.0/9"), "10.0.0.0/9 (" + ReasonTooShort},
+		{"too short v6", rules, pfx("fd00::/40"), ReasonTooShort},
+		{"too long", rules, pfx("10.245.1.0/31"), "10.245.1.0/31 (" + ReasonTooLong},
+		{"too long v6", rules, pfx("fd00:10:245::/127"), ReasonTooLong},
+		{"outside the v4 pool", rules, pfx("10.246.0.0/24", "fd00:10:245:1::/64"), "10.246.0.0/24 (" + ReasonOutsidePool},
+		{"outside the v6 pool", rules, pfx("10.245.1.0/24", "fd00:10:246::/64"), "fd00:10:246::/64 (" + ReasonOutsidePool},
+		{"v6 pool only known", Rules{Pools: pfx("fd00:10:245::/56")}, pfx("10.9.0.0/24", "fd00:10:245:1::/64"), ""},
+		{"service CIDR", Rules{Reserved: rules.Reserved}, pfx("10.96.0.0/24"), ReasonReserved},
+		{"service CIDR v6", Rules{Reserved: rules.Reserved}, pfx("fd00:10:96::/120"), ReasonReserved},
+		{"node address", Rules{}, pfx("172.30.0.0/24"), "172.30.0.0/24 (" + ReasonNodeAddress},
+		{"node address v6", Rules{}, pfx("fd00:172:30::/64"), ReasonNodeAddress},
+		{"second of v4", rules, pfx("10.245.1.0/24", "fd00:10:245:1::/64", "10.245.2.0/24"),
+			"10.245.2.0/24 (" + ReasonFamilyTwice + ": a second pod CIDR of its family beside 10.245.1.0/24"},
+		{"second of v6", rules, pfx("fd00:10:245:1::/64", "fd00:10:245:2::/64"), "fd00:10:245:2::/64 (" + ReasonFamilyTwice},
+		{"invalid", rules, []netip.Prefix{{}}, ReasonMalformed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.rules.CheckOwn(tc.cidrs, addrs)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && err == nil:
+				t.Fatalf("passed, want %q", tc.want)
+			case tc.want != "" && !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("error %q lacks %q", err, tc.want)
+			}
+		})
+	}
+	// Every refusal is named, not only the first.
+	err := rules.CheckOwn(pfx("10.246.0.0/24", "fd00:10:96::/120"), addrs)
+	if err == nil || !strings.Contains(err.Error(), ReasonOutsidePool) || !strings.Contains(err.Error(), "fd00:10:96::/120") {
+		t.Fatalf("two refusals: %v", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -450,5 +451,114 @@ func TestPrivilegedLabBGP(t *testing.T) {
 	eventually(t, "the world's kernel to drop "+addr, func() (bool, error) {
 		out, err := exec.Command("nsenter", world, "ip", "route", "show", addr).CombinedOutput()
 		return err == nil && strings.TrimSpace(string(out)) == "", fmt.Errorf("%v: %q", err, out)
+	})
+}
+
+// TestPrivilegedLabBGPDualStack: a dual-stack lab with --bgp. Every
+// node has a second session with the router, over IPv6 (BIRD's
+// <node>_v6, to lab.BGPRouter6), which carries the IPv6 family:
+//   - each node's IPv6 pod CIDR reaches the router with the node's IPv6
+//     address as next hop;
+//   - a dual-stack LoadBalancer Service gets an address of each of the
+//     BGP pool's blocks (lab.BGPPoolCIDR, lab.BGPPoolCIDR6); the IPv6 one
+//     is in the router's table from every node and in the world's kernel
+//     as an ECMP route;
+//   - the world reaches the service at its IPv6 address through it.
+func TestPrivilegedLabBGPDualStack(t *testing.T) {
+	testutil.Privileged(t)
+	testutil.Require(t, labErr == nil, "no binaries for the lab")
+	name, e := ownLab(t, "bgd", "--operators", "1", "--bgp", "--ip-family", "dual")
+	if e.st.BGP == nil || !e.st.Dual() {
+		t.Fatal("the lab runs no BGP router, or is not dual stack")
+	}
+	ctx := context.Background()
+	var nodeAddrs6 []string
+	for _, n := range e.st.Nodes {
+		nodeAddrs6 = append(nodeAddrs6, n.Address6)
+	}
+	for _, n := range e.st.Nodes {
+		proto := n.Name + "_v6"
+		eventually(t, "the router's session "+proto+" to be established", func() (bool, error) {
+			out, err := e.st.BGP.Birdc(ctx, "show", "protocols", proto)
+			return err == nil && strings.Contains(out, "Established"), fmt.Errorf("%v: %s", err, out)
+		})
+		node, err := e.cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cidr := range node.Spec.PodCIDRs {
+			if !strings.Contains(cidr, ":") {
+				continue
+			}
+			eventually(t, fmt.Sprintf("the router to learn %s's IPv6 pod CIDR %s", n.Name, cidr), func() (bool, error) {
+				return true, viaAll(birdRoute(t, e, cidr), n.Address6)
+			})
+		}
+	}
+
+	const ns = "e2e-bgp6"
+	e.createNamespace(t, ns)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bgp6-backend", Labels: map[string]string{"app": "bgp6"}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{"kubernetes.io/hostname": e.st.Nodes[0].Name},
+			Containers:   []corev1.Container{{Name: "main", Image: "lab", Args: []string{"--report-peer"}}},
+		},
+	}
+	if _, err := e.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitReady(t, ns, "bgp6-backend")
+	const addr4, addr6 = "192.0.2.242", "2001:db8:240::2"
+	policy := corev1.IPFamilyPolicyRequireDualStack
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "bgp6", Labels: map[string]string{lab.BGPServiceLabel: "true"},
+			Annotations: map[string]string{"lbipam.tendril.io/ips": addr4 + "," + addr6}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "bgp6"},
+			IPFamilyPolicy: &policy, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol},
+			Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(80)}}},
+	}
+	if _, err := e.cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "LB-IPAM to give "+addr4+" and "+addr6, func() (bool, error) {
+		s, err := e.cs.CoreV1().Services(ns).Get(ctx, "bgp6", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		var got []string
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			got = append(got, in.IP)
+		}
+		return strings.Join(got, ",") == addr4+","+addr6, fmt.Errorf("ingress %v", got)
+	})
+	eventually(t, "the router to learn "+addr6+" from every node", func() (bool, error) {
+		return true, viaAll(birdRoute(t, e, addr6+"/128"), nodeAddrs6...)
+	})
+	world := "--net=" + lab.NetnsPath(e.st.World.Netns)
+	eventually(t, "the world's kernel to route "+addr6+" to the nodes", func() (bool, error) {
+		out, err := exec.Command("nsenter", world, "ip", "-6", "route", "show", addr6).CombinedOutput()
+		if err != nil {
+			return false, fmt.Errorf("%v: %s", err, out)
+		}
+		for _, a := range nodeAddrs6 {
+			if !strings.Contains(string(out), "via "+a) {
+				return false, fmt.Errorf("world route %q lacks next hop %s", out, a)
+			}
+		}
+		return true, nil
+	})
+	answered := regexp.MustCompile(`answered "bgp6-backend from `)
+	eventually(t, "the world to reach the service at "+addr6, func() (bool, error) {
+		code, out := labProbe(t, name, lab.WorldRef, net.JoinHostPort(addr6, "80"), false)
+		return code == 0 && answered.MatchString(out), fmt.Errorf("exit %d: %s", code, out)
+	})
+	// The IPv4 address still goes over the IPv4 sessions.
+	var nodeAddrs []string
+	for _, n := range e.st.Nodes {
+		nodeAddrs = append(nodeAddrs, n.Address)
+	}
+	eventually(t, "the router to learn "+addr4+" from every node", func() (bool, error) {
+		return true, viaAll(birdRoute(t, e, addr4+"/32"), nodeAddrs...)
 	})
 }

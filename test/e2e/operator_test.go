@@ -162,6 +162,90 @@ func TestPrivilegedLabOperatorClusterPool(t *testing.T) {
 	poolExhaustedInAgentStatus(t, name, st, c)
 }
 
+// TestPrivilegedLabOperatorClusterPoolDual: a dual-stack lab (--ip-family
+// dual) with --ipam cluster-pool. The operator gives each node an IPv4
+// /24 of lab.ClusterPoolCIDR and an IPv6 /64 of lab.ClusterPoolCIDR6,
+// disjoint; each agent selects both from its TendrilNode (not the Node's
+// podCIDRs, which kube-controller-manager cuts from other ranges); each
+// pod has an address of each family inside its node's CIDRs; and pods on
+// the two nodes reach each other over IPv6.
+func TestPrivilegedLabOperatorClusterPoolDual(t *testing.T) {
+	testutil.Privileged(t)
+	testutil.Require(t, labErr == nil, "no binaries for the lab")
+	name, st, c := operatorLab(t, "opd", "tendril-operator: 1 replicas", "the operator",
+		"--operators", "1", "--ipam", "cluster-pool", "--ip-family", "dual")
+	ctx := context.Background()
+
+	pool4, pool6 := netip.MustParsePrefix(lab.ClusterPoolCIDR), netip.MustParsePrefix(lab.ClusterPoolCIDR6)
+	cidrs4, cidrs6 := map[string]netip.Prefix{}, map[string]netip.Prefix{}
+	for _, n := range st.Nodes {
+		tn, err := c.Tendril.TendrilV1alpha1().TendrilNodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil || len(tn.Spec.IPAM.PodCIDRs) != 2 {
+			t.Fatalf("TendrilNode %s: want an IPv4 and an IPv6 pod CIDR: %v %v", n.Name, tn, err)
+		}
+		for _, s := range tn.Spec.IPAM.PodCIDRs {
+			p := netip.MustParsePrefix(s)
+			pool, bits, cidrs := pool4, 24, cidrs4
+			if p.Addr().Is6() {
+				pool, bits, cidrs = pool6, lab.ClusterPoolMaskSize6, cidrs6
+			}
+			if !pool.Contains(p.Addr()) || p.Bits() != bits {
+				t.Fatalf("node %s CIDR %s is not a /%d of %s", n.Name, p, bits, pool)
+			}
+			for other, q := range cidrs {
+				if q.Overlaps(p) {
+					t.Fatalf("nodes %s and %s overlap: %s %s", other, n.Name, q, p)
+				}
+			}
+			if _, twice := cidrs[n.Name]; twice {
+				t.Fatalf("node %s has two CIDRs of a family: %v", n.Name, tn.Spec.IPAM.PodCIDRs)
+			}
+			cidrs[n.Name] = p
+		}
+	}
+	// Each agent selected both from the cluster pool.
+	selected := regexp.MustCompile(`"Pod CIDRs selected".* ipv4=(\S+) ipv4-from=(\S+) ipv6=(\S+) ipv6-from=(\S+)`)
+	for _, n := range st.Nodes {
+		b, err := os.ReadFile(filepath.Join(st.LogDir(), "agent-"+n.Name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := selected.FindStringSubmatch(string(b))
+		if m == nil || m[1] != cidrs4[n.Name].String() || m[2] != "cluster-pool" || m[3] != cidrs6[n.Name].String() || m[4] != "cluster-pool" {
+			t.Fatalf("agent of %s selected %q, want %s and %s from cluster-pool", n.Name, m, cidrs4[n.Name], cidrs6[n.Name])
+		}
+	}
+	pods, err := c.Core.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	if err != nil || len(pods.Items) != 2 {
+		t.Fatalf("pods %v %v", pods, err)
+	}
+	ip6 := map[string]netip.Addr{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		ip, six := netip.MustParseAddr(p.Status.PodIP), podIPv6(t, p)
+		if !cidrs4[p.Spec.NodeName].Contains(ip) || !cidrs6[p.Spec.NodeName].Contains(six) {
+			t.Fatalf("pod %s on %s has %s and %s, outside the node's %s and %s", p.Name, p.Spec.NodeName, ip, six,
+				cidrs4[p.Spec.NodeName], cidrs6[p.Spec.NodeName])
+		}
+		ip6[p.Spec.NodeName] = six
+	}
+	if len(ip6) != 2 {
+		t.Fatalf("the lab's two pods are not on two nodes: %v", ip6)
+	}
+	// IPv6 pod to pod across the nodes, both ways.
+	for _, p := range pods.Items {
+		for node, target := range ip6 {
+			if node == p.Spec.NodeName {
+				continue
+			}
+			eventually(t, p.Name+" pings "+target.String()+" on "+node, func() (bool, error) {
+				out, err := exec.Command(tendrilBin, "lab", "--name", name, "ping", "default/"+p.Name, target.String(), "--count", "3").CombinedOutput()
+				return err == nil, fmt.Errorf("%v: %s", err, out)
+			})
+		}
+	}
+}
+
 // poolExhaustedInAgentStatus restarts the surviving operator with an
 // IPv6 pool that holds one node CIDR: one node gets it, the other's
 // TendrilNode gets PodCIDRsAllocated=False, and that node's agent says so

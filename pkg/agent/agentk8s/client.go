@@ -135,7 +135,7 @@ func (k *Client) SelectPodCIDRs(ctx context.Context) (node.Selection, error) {
 	}
 	var sel node.Selection
 	if k.settings.IPAM == "cluster-pool" {
-		sel, err = node.WaitForClusterPoolCIDRs(ctx, k.clients.Tendril, k.settings.NodeName, k.log)
+		sel, err = node.WaitForClusterPoolCIDRs(ctx, k.clients.Tendril, k.settings.NodeName, k.clusterPoolWant(n), k.log)
 	} else {
 		auto4, auto6 := agentendpoints.AutoPodCIDRs(k.settings.NodeName)
 		sel, err = node.SelectPodCIDRs(n, node.Ranges{IPv4: k.settings.IPv4Range, IPv6: k.settings.IPv6Range, AutoIPv4: auto4, AutoIPv6: auto6})
@@ -148,6 +148,23 @@ func (k *Client) SelectPodCIDRs(ctx context.Context) (node.Selection, error) {
 	k.mu.Unlock()
 	k.log.Info("Pod CIDRs selected", "ipv4", sel.IPv4, "ipv4-from", sel.IPv4From, "ipv6", sel.IPv6, "ipv6-from", sel.IPv6From)
 	return sel, nil
+}
+
+// clusterPoolWant is what this node waits for in its TendrilNode: a
+// CIDR of each family whose cluster pool the agent is told (the operator
+// allocates both in one write, but one pool may be exhausted for a
+// while), checked against the rules before use: the pools, the service
+// CIDRs, the Node's addresses.
+func (k *Client) clusterPoolWant(n *corev1.Node) node.ClusterPoolWant {
+	rules, _ := k.cfg.peerRules(nil)
+	var addrs []netip.Addr
+	for _, a := range node.AddressesOf(n) {
+		if ip, err := netip.ParseAddr(a.IP); err == nil {
+			addrs = append(addrs, ip)
+		}
+	}
+	return node.ClusterPoolWant{IPv4: len(k.cfg.ClusterPoolIPv4) > 0, IPv6: len(k.cfg.ClusterPoolIPv6) > 0,
+		Check: func(cidrs []netip.Prefix) error { return rules.CheckOwn(cidrs, addrs) }}
 }
 
 // NodeLabels are this node's labels, for host policies' nodeSelectors:
