@@ -185,6 +185,10 @@ static __always_inline int overlay_in(struct __sk_buff *skb)
 	 * overlay): only packets with IPv4 options pay the look. */
 	if (LB_DSR && p->family == FAMILY_V4 && p->l4_off > ETH_HLEN + 20 && (p->proto == IPPROTO_TCP_ || p->proto == IPPROTO_UDP_))
 		nodeport_dsr_recv(skb, p);
+	/* Over IPv6, in the DSR extension header (nodeport_dsr6_recv, which
+	 * takes it off). */
+	if (LB_DSR && p->family == FAMILY_V6 && p->l4_off > ETH_HLEN + DSR6_IPV6_HLEN)
+		nodeport_dsr6_recv(skb, p);
 	/* Or in the Geneve DSR option, either family (lib/geneve.h). */
 	if (LB_DSR && skb->cb[GENEVE_CB_MARK] == GENEVE_CB_MAGIC && skb->cb[GENEVE_CB_DSR] == GENEVE_CB_DSR_MAGIC)
 		geneve_dsr_recv(p);

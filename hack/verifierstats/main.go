@@ -38,13 +38,13 @@ func main() {
 	trace := flag.String("trace", "per-connection", "trace events: off, per-connection (the agent's default) or all")
 	verdicts := flag.Bool("verdicts", true, "policy verdict events (the agent's default: on)")
 	profile := flag.Int("profile", 0, "print the N source lines the verifier walked most, and the instructions per subprogram")
-	object := flag.String("object", "lxc", "object: lxc (bpf_lxc.c), host, sock or sockterm")
+	object := flag.String("object", "lxc", "object: lxc (bpf_lxc.c), host, sock, sockterm or overlay")
 	progs := flag.String("progs", "", "programs to load (default: all of the object's)")
 	consts := flag.String("const", "", "more one-byte constants to set, NAME=V[,NAME=V] (LB_DSR=1: the DSR paths)")
 	flag.Parse()
 
 	load, ok := map[string]func() (*ebpf.CollectionSpec, error){
-		"lxc": bpf.LoadLxc, "host": bpf.LoadHost, "sock": bpf.LoadSock, "sockterm": bpf.LoadSockTerm,
+		"lxc": bpf.LoadLxc, "host": bpf.LoadHost, "sock": bpf.LoadSock, "sockterm": bpf.LoadSockTerm, "overlay": bpf.LoadOverlay,
 	}[*object]
 	if !ok {
 		check(fmt.Errorf("unknown object %q", *object))
