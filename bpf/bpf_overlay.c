@@ -18,7 +18,8 @@
  * goes to the host stack. With --bpf-lb-mode=dsr (LB_DSR), a request
  * another node sent on to a local backend by direct server return has its
  * frontend recorded from the IPv4 option (nodeport_dsr_recv, as
- * from_netdev does in native routing) or, through Geneve in eBPF, from
+ * from_netdev does in native routing), the IPv6 extension header
+ * (nodeport_dsr6_recv, which removes it) or, through Geneve in eBPF, from
  * the Geneve DSR option (geneve_dsr_recv, IPv4 and IPv6), so the
  * backend's reply leaves this node's uplink with the frontend as its
  * source, straight to the client.

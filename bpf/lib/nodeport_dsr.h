@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Tendril datapath: direct server return for services from outside
  * (--bpf-lb-mode=dsr, LB_DSR). The frontend travels to the backend's node
- * in an IPv4 option of the packet, or, when the backend's node is reached
- * through Geneve in eBPF (geneve.h), in a Geneve option of either family:
- * IPv6 DSR exists only that way (IPv6 has no counterpart of the IPv4
- * option here; VXLAN has no options). Both sides are in this file:
+ * in an IPv4 option of the packet or an IPv6 Destination Options extension
+ * header (nodeport_dsr6, below), both inside the overlay through VXLAN,
+ * or, when the backend's node is reached through Geneve in eBPF (geneve.h),
+ * in a Geneve option of either family. Both sides are in this file:
  *
  * - the node the client's packet reaches (nodeport_in, nodeport.h, for a
  *   backend on another node): the client's source is kept and the
