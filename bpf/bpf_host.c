@@ -283,6 +283,8 @@ int from_netdev(struct __sk_buff *skb)
 		r = nodeport_in6(skb, &p);
 		if (r == NODEPORT_DSR_GENEVE)
 			r = nodeport_dsr_geneve(skb, &p);
+		else if (r == NODEPORT_DSR6)
+			r = nodeport_dsr6(skb, &p);
 		if (r == NODEPORT_NEEDS_SNAT)
 			return nodeport_snat6(skb, &p);
 		return r >= 0 ? r : TC_ACT_OK;

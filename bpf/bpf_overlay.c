@@ -18,7 +18,8 @@
  * goes to the host stack. With --bpf-lb-mode=dsr (LB_DSR), a request
  * another node sent on to a local backend by direct server return has its
  * frontend recorded from the IPv4 option (nodeport_dsr_recv, as
- * from_netdev does in native routing) or, through Geneve in eBPF, from
+ * from_netdev does in native routing), the IPv6 extension header
+ * (nodeport_dsr6_recv, which removes it) or, through Geneve in eBPF, from
  * the Geneve DSR option (geneve_dsr_recv, IPv4 and IPv6), so the
  * backend's reply leaves this node's uplink with the frontend as its
  * source, straight to the client.
@@ -193,6 +194,10 @@ static __always_inline int overlay_in(struct __sk_buff *skb)
 	 * overlay): only packets with IPv4 options pay the look. */
 	if (LB_DSR && p->family == FAMILY_V4 && p->l4_off > ETH_HLEN + 20 && (p->proto == IPPROTO_TCP_ || p->proto == IPPROTO_UDP_))
 		nodeport_dsr_recv(skb, p);
+	/* Over IPv6, in the DSR extension header (nodeport_dsr6_recv, which
+	 * takes it off). */
+	if (LB_DSR && p->family == FAMILY_V6 && p->l4_off > ETH_HLEN + DSR6_IPV6_HLEN)
+		nodeport_dsr6_recv(skb, p);
 	/* Or in the Geneve DSR option, either family (lib/geneve.h). */
 	if (LB_DSR && geneve_cb_dsr(skb))
 		geneve_dsr_recv(p);

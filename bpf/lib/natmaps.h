@@ -143,9 +143,9 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tdr_dsr4_v1 SEC(".maps");
 
-/* The IPv6 record of direct server return, read from the Geneve DSR
- * option (geneve.h: IPv6 has no counterpart of the IPv4 option here, so
- * IPv6 DSR exists only through Geneve). Kept as tdr_dsr4_v1. */
+/* The IPv6 record of direct server return, read from the IPv6 DSR
+ * extension header (nodeport_dsr.h) or the Geneve DSR option (geneve.h).
+ * Kept as tdr_dsr4_v1. */
 struct dsr6_key {
 	__u8 client[16];
 	__u8 backend[16];

@@ -22,8 +22,8 @@
  * - a backend on another node, with direct server return
  *   (--bpf-lb-mode=dsr, LB_DSR): the client's source is kept and the
  *   frontend travels to the backend's node in an IPv4 option, or in a
- *   Geneve option when Geneve in eBPF reaches that node (either family;
- *   nodeport_dsr.h).
+ *   Geneve option when Geneve in eBPF reaches that node (either family),
+ *   or over IPv6 in a Destination Options extension header (nodeport_dsr.h).
  *
  * The conntrack entry of client <-> backend is what the agent's GC keeps
  * the NAT mapping by (pkg/datapath/maps CollectNAT). A known flow finds
@@ -55,6 +55,10 @@
 /* nodeport_in's answer for a DSR packet to a backend reached through
  * Geneve in eBPF: nodeport_dsr_geneve must send it. */
 #define NODEPORT_DSR_GENEVE DSR_NEEDS_GENEVE
+/* nodeport_in6's answer for a DSR packet to another node's backend over
+ * IPv6 (not through Geneve): nodeport_dsr6 must send it, the frontend in
+ * p->in_daddr and p->in_dport. */
+#define NODEPORT_DSR6 DSR_NEEDS_EXT6
 
 /* NODEPORT_OFF: 1 with --enable-node-port=false (the programs attached
  * for masquerade only): requests from outside are left to the host, over
@@ -211,6 +215,10 @@ static __always_inline int nodeport_in_family(struct __sk_buff *skb, struct pkt 
 	 * IPv4 options pay the look. */
 	if (family == FAMILY_V4 && LB_DSR && p->l4_off > ETH_HLEN + 20 && nodeport_dsr_recv(skb, p))
 		return TC_ACT_OK;
+	/* Over IPv6, in the DSR extension header: only packets with
+	 * extension headers pay the look. */
+	if (family == FAMILY_V6 && LB_DSR && p->l4_off > ETH_HLEN + DSR6_IPV6_HLEN && nodeport_dsr6_recv(skb, p))
+		return TC_ACT_OK;
 	/* Each family's key and backend address, sized for it; the other
 	 * family's go unused, and the compiler drops them. */
 	struct lb4_flow_key fk4 = {};
@@ -245,11 +253,21 @@ static __always_inline int nodeport_in_family(struct __sk_buff *skb, struct pkt 
 		return NODEPORT_DSR_GENEVE;
 	if (family == FAMILY_V4 && LB_DSR)
 		return nodeport_dsr(skb, p, u32_at(fk4.daddr), fk4.dport);
+	if (family == FAMILY_V6 && LB_DSR) {
+		/* nodeport_dsr6 runs from from_netdev: its chain (the Packet
+		 * Too Big's) on top of this one's is over the 512 bytes. The
+		 * frontend goes with p, in the fields of the tuple as the
+		 * client sent it (those of an ICMP error's quote, none here). */
+		__builtin_memcpy(p->in_daddr, fk6.daddr, 16);
+		p->in_dport = fk6.dport;
+		return NODEPORT_DSR6;
+	}
 	return NODEPORT_NEEDS_SNAT;
 }
 
 /* nodeport_in and nodeport_in6 return the verdict, NODEPORT_NEEDS_SNAT
- * for a packet to another node's backend (nodeport_snat's), or -1 for a
+ * for a packet to another node's backend (nodeport_snat's),
+ * NODEPORT_DSR_GENEVE or NODEPORT_DSR6 (DSR), or -1 for a
  * packet that is none of their business (unchanged). Global functions:
  * verified once, on their own. */
 __attribute__((noinline)) int nodeport_in(struct __sk_buff *skb, struct pkt *p)
@@ -354,8 +372,8 @@ __attribute__((noinline)) int nodeport_reply6(struct __sk_buff *skb, struct pkt 
  * (leaving through the device, p from a local endpoint) the frontend as
  * its source, before masquerade would translate it: a flow this node
  * translated (conntrack's reverse NAT ID), or another node's DSR flow
- * (over IPv6 only through Geneve: tdr_dsr6_v1). Returns 1 when it did, 0 for a packet of no such flow, or
- * minus a drop reason. */
+ * (tdr_dsr4_v1, tdr_dsr6_v1). Returns 1 when it did, 0 for a packet of no
+ * such flow, or minus a drop reason. */
 static __always_inline int nodeport_rev_out(struct __sk_buff *skb, struct pkt *p, const __u8 family)
 {
 	if (p->proto != IPPROTO_TCP_ && p->proto != IPPROTO_UDP_)

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Tendril datapath: direct server return for services from outside
  * (--bpf-lb-mode=dsr, LB_DSR). The frontend travels to the backend's node
- * in an IPv4 option of the packet, or, when the backend's node is reached
- * through Geneve in eBPF (geneve.h), in a Geneve option of either family:
- * IPv6 DSR exists only that way (IPv6 has no counterpart of the IPv4
- * option here; VXLAN has no options). Both sides are in this file:
+ * in an IPv4 option of the packet or an IPv6 Destination Options extension
+ * header (nodeport_dsr6, below), both inside the overlay through VXLAN,
+ * or, when the backend's node is reached through Geneve in eBPF (geneve.h),
+ * in a Geneve option of either family. Both sides are in this file:
  *
  * - the node the client's packet reaches (nodeport_in, nodeport.h, for a
  *   backend on another node): the client's source is kept and the
@@ -30,6 +30,9 @@
 /* nodeport_in's answer for a DSR packet to a backend reached through
  * Geneve in eBPF: nodeport_dsr_geneve must send it (not a TC verdict). */
 #define DSR_NEEDS_GENEVE 1001
+/* nodeport_in6's answer for an IPv6 DSR packet to another node's backend
+ * (not through Geneve): nodeport_dsr6 must send it (not a TC verdict). */
+#define DSR_NEEDS_EXT6 1003
 
 /* LB_DSR: 1 with --bpf-lb-mode=dsr, set by the agent at load. Both sides
  * of direct server return follow it: a node in snat mode neither writes
@@ -383,6 +386,252 @@ __attribute__((noinline)) int nodeport_dsr_geneve(struct __sk_buff *skb, struct 
 	if (r == -1)
 		return drop(REASON_NODEPORT_NO_ROUTE, DIR_INGRESS, 0, p, 0, 0, 0);
 	return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+}
+
+/* IPv6 DSR in native routing and through the kernel's VXLAN device
+ * (dsrDispatch=opt in Cilium's terms). The frontend travels in a
+ * Destination Options extension header (next header 60) inserted right
+ * after the fixed IPv6 header, DSR6_EXT_LEN bytes: its next header, its
+ * length (2: three 8-byte units past the first), one option of type 0x1b
+ * (Cilium's; the two high bits 00: a node that does not know it skips
+ * it) and length 20 carrying the frontend's port and address (network
+ * byte order), then two Pad1 bytes. Only the destination address
+ * changes in the fixed header, as in nodeport_dsr's IPv4 path; IPv6 has
+ * no header checksum, and the TCP/UDP pseudo-header has the upper-layer
+ * length and protocol, which the extension header leaves alone. */
+#define DSR6_NEXTHDR_DEST 60
+#define DSR6_OPT_TYPE 0x1b
+#define DSR6_OPT_LEN 20
+#define DSR6_EXT_LEN 24
+#define DSR6_IPV6_HLEN 40
+/* The IPv6 minimum MTU: an ICMPv6 error is at most this long. */
+#define DSR6_MIN_MTU 1280
+/* How much of the client's packet the Packet Too Big quotes: its
+ * headers, all the client needs to find its socket (a SYN is below it). */
+#define DSR6_PTB_QUOTE 128
+
+/* nodeport_dsr6_client is nodeport_dsr_client for IPv6: a global
+ * function, its ipcache key off nodeport_dsr6's stack. */
+__attribute__((noinline)) int nodeport_dsr6_client(const struct pkt *p)
+{
+	if (!p)
+		return 0;
+	return !in_cluster_peer(identity_of(FAMILY_V6, p->saddr));
+}
+
+/* nodeport_dsr6_mtu returns 0 when the packet, DSR6_EXT_LEN bytes
+ * longer, still fits the MTU of the route to its destination, else that
+ * MTU (the FIB's). A lookup that fails otherwise (no route) returns 0:
+ * fib_redirect6 then says so. A global function: the lookup's stack is
+ * not nodeport_dsr6's. */
+__attribute__((noinline)) int nodeport_dsr6_mtu(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct bpf_fib_lookup fib = {};
+
+	if (!skb || !p)
+		return 0;
+	fib.family = AF_INET6_;
+	fib.l4_protocol = p->proto;
+	__builtin_memcpy(fib.ipv6_src, p->saddr, 16);
+	__builtin_memcpy(fib.ipv6_dst, p->daddr, 16);
+	fib.ifindex = skb->ifindex;
+	fib.tot_len = p->l3_end - ETH_HLEN + DSR6_EXT_LEN;
+	if (bpf_fib_lookup(skb, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return 0;
+	/* The kernel reports the route's MTU on this answer (5.14+); an
+	 * older one leaves tot_len's value there: the minimum then. */
+	int mtu = fib.mtu_result;
+	if (mtu < DSR6_MIN_MTU || mtu >= p->l3_end - ETH_HLEN + DSR6_EXT_LEN)
+		mtu = DSR6_MIN_MTU + DSR6_EXT_LEN;
+	return mtu;
+}
+
+/* dsr6_csum_fold folds a bpf_csum_diff sum into the Internet checksum. */
+static __always_inline __u16 dsr6_csum_fold(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+/* nodeport_dsr6_ptb answers a client's packet that the DSR extension
+ * header would push over the route's MTU (mtu) with an ICMPv6 Packet Too
+ * Big, from the frontend (p->in_daddr, nodeport_dsr6's), announcing mtu - DSR6_EXT_LEN, so
+ * that the client sends smaller packets: the packet p (DNATed to the
+ * backend) gets the frontend back as destination, is cut to at most
+ * DSR6_PTB_QUOTE bytes (a multiple of 8) and quoted behind a new IPv6 and ICMPv6 header,
+ * and goes back out of the device it came in by, to the hop it came
+ * from (the Ethernet addresses swapped). Counted as a drop of the
+ * client's packet (REASON_DSR_MTU_EXCEEDED). Returns the verdict. A
+ * global function. */
+__attribute__((noinline)) int nodeport_dsr6_ptb(struct __sk_buff *skb, struct pkt *p, __u32 mtu)
+{
+	__u8 h[48] __attribute__((aligned(4))) = {};
+	__u8 buf[8] __attribute__((aligned(4)));
+	__u8 mac[12];
+
+	if (!skb || !p)
+		return TC_ACT_SHOT;
+	drop(REASON_DSR_MTU_EXCEEDED, DIR_INGRESS, 0, p, 0, 0, 0);
+	__u8 fe[16] __attribute__((aligned(4)));
+	__builtin_memcpy(fe, p->in_daddr, 16);
+	if (nat_rewrite(skb, p, 1, fe, p->in_dport))
+		return TC_ACT_SHOT;
+	__u32 q = p->l3_end - ETH_HLEN;
+	if (q > DSR6_PTB_QUOTE)
+		q = DSR6_PTB_QUOTE;
+	q &= ~7U;
+	if (q < DSR6_IPV6_HLEN + 8 || bpf_skb_load_bytes(skb, 0, mac, 12))
+		return TC_ACT_SHOT;
+	if (bpf_skb_change_tail(skb, ETH_HLEN + q, 0) || bpf_skb_adjust_room(skb, 48, BPF_ADJ_ROOM_MAC, 0))
+		return TC_ACT_SHOT;
+	__u32 plen = 8 + q;
+	h[0] = 0x60;
+	h[4] = plen >> 8;
+	h[5] = plen & 0xff;
+	h[6] = IPPROTO_ICMPV6_;
+	h[7] = 64;
+	__builtin_memcpy(&h[8], fe, 16);
+	__builtin_memcpy(&h[24], p->saddr, 16);
+	h[40] = 2; /* Packet Too Big, code 0 */
+	__be32 m = bpf_htonl(mtu - DSR6_EXT_LEN);
+	__builtin_memcpy(&h[44], &m, 4);
+	/* The pseudo-header (addresses, length, next header), the ICMPv6
+	 * header, then the quote, 8 bytes at a time (q is a multiple). */
+	__be32 lw[2] = {bpf_htonl(plen), bpf_htonl(IPPROTO_ICMPV6_)};
+	__s64 sum = bpf_csum_diff(NULL, 0, (__be32 *)&h[8], 40, 0);
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	sum = bpf_csum_diff(NULL, 0, lw, 8, (__wsum)sum);
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	for (__u32 off = 0; off < DSR6_PTB_QUOTE; off += 8) {
+		if (off >= q)
+			break;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + 48 + off, buf, 8))
+			return TC_ACT_SHOT;
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)buf, 8, (__wsum)sum);
+		if (sum < 0)
+			return TC_ACT_SHOT;
+	}
+	__u16 c = dsr6_csum_fold(sum);
+	__builtin_memcpy(&h[42], &c, 2);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, h, 48, 0) || bpf_skb_store_bytes(skb, 0, &mac[6], 6, 0) ||
+	    bpf_skb_store_bytes(skb, 6, &mac[0], 6, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* nodeport_dsr6_ext inserts the DSR extension header (frontend fe, in
+ * network byte order, and fe_port) after the fixed IPv6 header, where
+ * bpf_skb_adjust_room's network-layer room goes: the header's next
+ * header becomes the packet's, the packet's DSR6_NEXTHDR_DEST, its
+ * payload length DSR6_EXT_LEN more. p follows the move. Returns 0, 1
+ * when the packet is unchanged (no room could be made), or -1 when it
+ * was not wholly rewritten. */
+static __always_inline int nodeport_dsr6_ext(struct __sk_buff *skb, struct pkt *p, const __u8 *fe, __be16 fe_port)
+{
+	__u8 *h = hdr(skb, p, ETH_HLEN + 4, 4);
+	if (!h)
+		return 1;
+	__u16 plen = (((__u16)h[0] << 8) | h[1]) + DSR6_EXT_LEN;
+	__u8 w[4] = {plen >> 8, plen & 0xff, DSR6_NEXTHDR_DEST, h[3]};
+	__u8 x[DSR6_EXT_LEN] __attribute__((aligned(4))) = {h[2], DSR6_EXT_LEN / 8 - 1, DSR6_OPT_TYPE, DSR6_OPT_LEN};
+	__builtin_memcpy(&x[4], &fe_port, 2);
+	__builtin_memcpy(&x[6], fe, 16);
+	if (bpf_skb_adjust_room(skb, DSR6_EXT_LEN, BPF_ADJ_ROOM_NET, 0))
+		return 1;
+	p->l3_end += DSR6_EXT_LEN;
+	p->l4_off += DSR6_EXT_LEN;
+	p->len += DSR6_EXT_LEN;
+	if (bpf_skb_store_bytes(skb, ETH_HLEN + DSR6_IPV6_HLEN, x, DSR6_EXT_LEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + 4, w, 4, 0))
+		return -1;
+	return 0;
+}
+
+/* nodeport_dsr6 is nodeport_dsr for IPv6 (nodeport_in6 left the
+ * frontend in p->in_daddr and p->in_dport): the frontend rides in the DSR extension header on a
+ * TCP SYN and on every UDP datagram. Where it cannot:
+ * - a packet that already has extension headers (the DSR header would
+ *   have to go behind a hop-by-hop header, and past what the parser
+ *   walks): a UDP datagram goes the SNAT way, a TCP SYN is dropped
+ *   (REASON_NAT_FAILED);
+ * - over the route's MTU: a UDP datagram goes the SNAT way (delivered,
+ *   as the IPv4 path does), a TCP SYN is answered with a Packet Too Big
+ *   (nodeport_dsr6_ptb): the client's next try is small enough.
+ * Returns the verdict or DSR_NEEDS_SNAT. A global function, called by
+ * from_netdev itself (as nodeport_dsr_geneve). */
+__attribute__((noinline)) int nodeport_dsr6(struct __sk_buff *skb, struct pkt *p)
+{
+	if (!skb || !p || p->family != FAMILY_V6)
+		return TC_ACT_OK;
+	if (!nodeport_dsr6_client(p))
+		return DSR_NEEDS_SNAT;
+	int udp = p->proto == IPPROTO_UDP_;
+	if (udp || (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+		if (p->l4_off != ETH_HLEN + DSR6_IPV6_HLEN) {
+			if (udp)
+				return DSR_NEEDS_SNAT;
+			return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+		}
+		int mtu = nodeport_dsr6_mtu(skb, p);
+		if (mtu > 0) {
+			if (udp)
+				return DSR_NEEDS_SNAT;
+			return nodeport_dsr6_ptb(skb, p, mtu);
+		}
+		int r = nodeport_dsr6_ext(skb, p, p->in_daddr, p->in_dport);
+		if (r == 1 && udp)
+			return DSR_NEEDS_SNAT;
+		if (r)
+			return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
+	}
+	int ret = fib_redirect6(skb, p);
+	if (ret < 0)
+		return drop(REASON_NODEPORT_NO_ROUTE, DIR_INGRESS, 0, p, 0, 0, 0);
+	return ret;
+}
+
+/* nodeport_dsr6_recv, on a backend's node, records the frontend the DSR
+ * extension header (right after the fixed IPv6 header) carries for the
+ * packet's flow, when the destination is a local endpoint, and removes
+ * the header: the pod gets the client's packet as the client sent it but
+ * for the destination. Returns 1 for a DSR packet it recorded, else 0 (a
+ * packet with the header for no local endpoint keeps it). p follows the
+ * move. A global function (from_netdev's nodeport_in6, overlay_in). */
+__attribute__((noinline)) int nodeport_dsr6_recv(struct __sk_buff *skb, struct pkt *p)
+{
+	__u8 fe[16] __attribute__((aligned(4)));
+	__be16 port;
+
+	if (!skb || !p || p->family != FAMILY_V6 || (p->proto != IPPROTO_TCP_ && p->proto != IPPROTO_UDP_))
+		return 0;
+	__u8 *h = hdr(skb, p, ETH_HLEN + 4, DSR6_IPV6_HLEN - 4 + DSR6_EXT_LEN);
+	if (!h || h[2] != DSR6_NEXTHDR_DEST)
+		return 0;
+	__u8 *x = h + DSR6_IPV6_HLEN - 4;
+	if (x[1] != DSR6_EXT_LEN / 8 - 1 || x[2] != DSR6_OPT_TYPE || x[3] != DSR6_OPT_LEN)
+		return 0;
+	__u16 plen = (((__u16)h[0] << 8) | h[1]);
+	if (plen < DSR6_EXT_LEN)
+		return 0;
+	plen -= DSR6_EXT_LEN;
+	__u8 w[4] = {plen >> 8, plen & 0xff, x[0], h[3]};
+	__builtin_memcpy(&port, &x[4], 2);
+	__builtin_memcpy(fe, &x[6], 16);
+	if (!nodeport_dsr_record6(p, fe, port))
+		return 0;
+	/* Unchanged when no room is taken: the pod's stack skips the
+	 * option it does not know (its type says so). */
+	if (bpf_skb_adjust_room(skb, -DSR6_EXT_LEN, BPF_ADJ_ROOM_NET, 0))
+		return 1;
+	p->l3_end -= DSR6_EXT_LEN;
+	p->l4_off -= DSR6_EXT_LEN;
+	p->len -= DSR6_EXT_LEN;
+	bpf_skb_store_bytes(skb, ETH_HLEN + 4, w, 4, 0);
+	return 1;
 }
 
 #endif

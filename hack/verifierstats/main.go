@@ -7,7 +7,7 @@
 // instruction log: where the states do not prune, the same lines are
 // walked over and over.
 //
-//	go run ./hack/verifierstats [-object lxc] [-trace=per-connection] [-verdicts] [-profile 25]
+//	go run ./hack/verifierstats [-object lxc] [-trace=per-connection] [-verdicts] [-const LB_DSR=1] [-profile 25]
 //
 // It needs root (BPF_PROG_LOAD); maps are created unpinned and freed on
 // exit. VSTATS_DUMP=dir writes each program's verifier log to dir.
@@ -38,12 +38,13 @@ func main() {
 	trace := flag.String("trace", "per-connection", "trace events: off, per-connection (the agent's default) or all")
 	verdicts := flag.Bool("verdicts", true, "policy verdict events (the agent's default: on)")
 	profile := flag.Int("profile", 0, "print the N source lines the verifier walked most, and the instructions per subprogram")
-	object := flag.String("object", "lxc", "object: lxc (bpf_lxc.c), host, sock or sockterm")
+	object := flag.String("object", "lxc", "object: lxc (bpf_lxc.c), host, sock, sockterm or overlay")
 	progs := flag.String("progs", "", "programs to load (default: all of the object's)")
+	consts := flag.String("const", "", "more one-byte constants to set, NAME=V[,NAME=V] (LB_DSR=1: the DSR paths)")
 	flag.Parse()
 
 	load, ok := map[string]func() (*ebpf.CollectionSpec, error){
-		"lxc": bpf.LoadLxc, "host": bpf.LoadHost, "sock": bpf.LoadSock, "sockterm": bpf.LoadSockTerm,
+		"lxc": bpf.LoadLxc, "host": bpf.LoadHost, "sock": bpf.LoadSock, "sockterm": bpf.LoadSockTerm, "overlay": bpf.LoadOverlay,
 	}[*object]
 	if !ok {
 		check(fmt.Errorf("unknown object %q", *object))
@@ -68,6 +69,20 @@ func main() {
 	set("TRACE_EVENTS", b2u(*trace != "off"))
 	set("TRACE_EVERY_PACKET", b2u(*trace == "all"))
 	set("POLICY_VERDICT_EVENTS", b2u(*verdicts))
+	for _, kv := range strings.Split(*consts, ",") {
+		if kv == "" {
+			continue
+		}
+		name, v, ok := strings.Cut(kv, "=")
+		n, err := strconv.ParseUint(v, 10, 8)
+		if !ok || err != nil {
+			check(fmt.Errorf("-const %q: want NAME=V, V 0-255", kv))
+		}
+		if _, ok := spec.Variables[name]; !ok {
+			check(fmt.Errorf("-const: the object has no constant %s", name))
+		}
+		set(name, uint8(n))
+	}
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
 	}

@@ -2,6 +2,8 @@ package hostdev
 
 import (
 	"bytes"
+	"encoding/binary"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -169,32 +171,54 @@ func BenchmarkPrivilegedLoadHostPrograms(b *testing.B) {
 // remote backend (snat: NAT entry, SNAT, FIB redirect; dsr: FIB redirect
 // only), a SYN (dsr: the option inserted after an MTU check), and the
 // reply (snat: back through this node; dsr: on the backend's node, the
-// record's frontend as source as it leaves).
+// record's frontend as source as it leaves). The IPv6 cases: the DSR
+// extension header (nodeport_dsr6) on the node of newNodePort6Node.
 func BenchmarkPrivilegedNodePortDSR(b *testing.B) {
 	ack := func() []byte { return withTCPFlags(frame(client, node, protoTCP, 40000, npRemote, 0), 0x10) }
+	ack6 := func() []byte {
+		f := frame6(client6, node6, protoTCP, 40000, npRemote, 0)
+		f[54+13] = 0x10
+		f[54+16], f[54+17] = 0, 0
+		binary.BigEndian.PutUint16(f[54+16:], ^l4Sum6(f))
+		return f
+	}
 	for _, c := range []struct {
 		name    string
 		dsr     bool
 		ingress bool
 		frame   func(n *masqNode) []byte
 		verdict uint32
+		v6      bool
 	}{
-		{"SNATSegment", false, true, func(*masqNode) []byte { return ack() }, 7},
-		{"DSRSegment", true, true, func(*masqNode) []byte { return ack() }, 7},
-		{"SNATSyn", false, true, func(*masqNode) []byte { return frame(client, node, protoTCP, 40000, npRemote, 0) }, 7},
-		{"DSRSyn", true, true, func(*masqNode) []byte { return frame(client, node, protoTCP, 40000, npRemote, 0) }, 7},
+		{"SNATSegment", false, true, func(*masqNode) []byte { return ack() }, 7, false},
+		{"DSRSegment", true, true, func(*masqNode) []byte { return ack() }, 7, false},
+		{"SNATSyn", false, true, func(*masqNode) []byte { return frame(client, node, protoTCP, 40000, npRemote, 0) }, 7, false},
+		{"DSRSyn", true, true, func(*masqNode) []byte { return frame(client, node, protoTCP, 40000, npRemote, 0) }, 7, false},
 		{"SNATReply", false, true, func(n *masqNode) []byte {
 			_, out := n.ingress(ack())
 			src, _ := tuple(out)
 			return frame(peerPod, node, protoTCP, backendPort, src.Port(), 0)
-		}, 7},
+		}, 7, false},
 		{"DSRBackendReply", true, false, func(n *masqNode) []byte {
 			n.ingress(withOption(frame(client, pod, protoTCP, 40000, backendPort, 0), dsrOpt(ap(peerNode, npRemote))))
 			return frame(pod, client, protoTCP, backendPort, 40000, 0)
-		}, 0},
+		}, 0, false},
+		{"IPv6/SNATSegment", false, true, func(*masqNode) []byte { return ack6() }, 7, true},
+		{"IPv6/DSRSegment", true, true, func(*masqNode) []byte { return ack6() }, 7, true},
+		{"IPv6/SNATSyn", false, true, func(*masqNode) []byte { return frame6(client6, node6, protoTCP, 40000, npRemote, 0) }, 7, true},
+		{"IPv6/DSRSyn", true, true, func(*masqNode) []byte { return frame6(client6, node6, protoTCP, 40000, npRemote, 0) }, 7, true},
+		{"IPv6/DSRBackendReply", true, false, func(n *masqNode) []byte {
+			n.ingress(withExt6(frame6(client6, pod6, protoTCP, 40000, backendPort, 0), netip.AddrPortFrom(peerNode6, npRemote)))
+			return frame6(pod6, client6, protoTCP, backendPort, 40000, 0)
+		}, 0, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			n := newNodePortNode(b)
+			var n *masqNode
+			if c.v6 {
+				n = newNodePort6Node(b)
+			} else {
+				n = newNodePortNode(b)
+			}
 			if c.dsr {
 				n.loadDSR()
 			}

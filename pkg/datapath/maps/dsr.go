@@ -12,7 +12,8 @@ import (
 // DSR4MapName and DSR6MapName are the backend node's records of
 // direct-server-return flows (bpf/lib/natmaps.h, written by
 // bpf/lib/nodeport_dsr.h): IPv4 flows (from the IPv4 option or the
-// Geneve DSR option) and IPv6 flows (from the Geneve DSR option only).
+// Geneve DSR option) and IPv6 flows (from the IPv6 DSR extension header or
+// the Geneve DSR option).
 const (
 	DSR4MapName = bpf.LxcMapTdrDsr4V1
 	DSR6MapName = bpf.LxcMapTdrDsr6V1

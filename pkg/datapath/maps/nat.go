@@ -29,7 +29,8 @@ type NATMaps struct {
 	// DSR4 is the record of flows other nodes send here by direct
 	// server return (dsr.go).
 	DSR4 *ebpf.Map
-	// DSR6 is its IPv6 counterpart (the Geneve DSR option's flows).
+	// DSR6 is its IPv6 counterpart (the extension header's and the Geneve
+	// DSR option's flows).
 	DSR6 *ebpf.Map
 }
 
