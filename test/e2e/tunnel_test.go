@@ -743,6 +743,39 @@ func TestPrivilegedLabTunnelVXLAN(t *testing.T) {
 			})
 		}
 	})
+
+	// The tunnel mode's kill -9 step again in native routing: the IPv6
+	// stream, the UDP loop and the denied pod's attempts cross the flat
+	// lab network by the native IPv6 routes (which the agents' kill
+	// leaves in place, proto 85, and their restart keeps). The native
+	// step above deleted the policy: it comes back first, and is applied
+	// (the other pod refused over IPv6) before the kill.
+	t.Run("native mode: IPv6 across kill -9 of both agents", func(t *testing.T) {
+		pol := &v1alpha1.TendrilNetworkPolicy{}
+		if err := yaml.UnmarshalStrict([]byte(tunnelPolicyYAML), pol); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.k8.Tendril.TendrilV1alpha1().TendrilNetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		addr6 := net.JoinHostPort(backend6.String(), "8080")
+		eventually(t, "other -> "+addr6+" denied again in native mode", func() (bool, error) {
+			c, _ := labProbe(t, name, ns+"/other", addr6, false)
+			return c == 1, fmt.Errorf("exit %d", c)
+		})
+		node1 := e.st.Nodes[0]
+		route := func() string {
+			out, _ := exec.Command("nsenter", "--net="+lab.NetnsPath(node1.Netns), "ip", "-6", "route", "show", "proto", "85").CombinedOutput()
+			return string(out)
+		}
+		if r := route(); strings.Contains(r, "tendril_vxlan") || !strings.Contains(r, " via ") {
+			t.Fatalf("node1's IPv6 routes are not native ones before the kill:\n%s", r)
+		}
+		ipv6AcrossAgentKills(t, e, name, ns, backend6)
+		if r := route(); strings.Contains(r, "tendril_vxlan") || !strings.Contains(r, " via ") {
+			t.Errorf("node1's IPv6 routes are not native ones after the restart:\n%s", r)
+		}
+	})
 }
 
 // ipv6AcrossAgentKills: between pods on the two nodes over IPv6, an
