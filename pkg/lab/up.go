@@ -186,10 +186,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := ValidateIPFamily(cfg.IPFamily); err != nil {
 		return nil, err
 	}
-	if cfg.IPFamily == IPFamilyDual && (cfg.Runtime == RuntimeContainerd || cfg.IPAM != "" || cfg.BGP) {
-		// The real nodes' network (package realnode), the operators' pod
-		// CIDR pools and BIRD's sessions are IPv4 only.
-		return nil, fmt.Errorf("--ip-family %s: not with --runtime %s, --ipam or --bgp", IPFamilyDual, RuntimeContainerd)
+	if cfg.IPFamily == IPFamilyDual && (cfg.IPAM != "" || cfg.BGP) {
+		// The operators' pod CIDR pools and BIRD's sessions are IPv4
+		// only.
+		return nil, fmt.Errorf("--ip-family %s: not with --ipam or --bgp", IPFamilyDual)
 	}
 	if cfg.Encryption != "" && cfg.Encryption != "wireguard" {
 		return nil, fmt.Errorf("--encryption %q: must be wireguard (or none)", cfg.Encryption)
