@@ -246,6 +246,14 @@ int from_netdev(struct __sk_buff *skb)
 		return hostfw_unparsed(unparsed, &p);
 	if (p.arp)
 		return arp_respond(skb);
+	/* Geneve in eBPF (lib/geneve.h): the overlay's packets from other
+	 * nodes (an IPv4 or IPv6 underlay), before any translation or host policy (the overlay's
+	 * checks and the pod's policy decide them). */
+	if (p.proto == IPPROTO_UDP_ && p.dport == bpf_htons(GENEVE_PORT) && geneve_bpf()) {
+		int r = geneve_decap(skb, &p);
+		if (r >= 0)
+			return r;
+	}
 	if (p.family == FAMILY_V6) {
 		if (p.icmp_error && p.proto == IPPROTO_ICMPV6_ && !p.nonfirst_frag) {
 			int r = icmp_error_in6(skb, &p);
@@ -278,14 +286,6 @@ int from_netdev(struct __sk_buff *skb)
 		if (r == NODEPORT_NEEDS_SNAT)
 			return nodeport_snat6(skb, &p);
 		return r >= 0 ? r : TC_ACT_OK;
-	}
-	/* Geneve in eBPF (lib/geneve.h): the overlay's packets from other
-	 * nodes, before any translation or host policy (the overlay's
-	 * checks and the pod's policy decide them). */
-	if (p.proto == IPPROTO_UDP_ && p.dport == bpf_htons(GENEVE_PORT) && geneve_bpf()) {
-		int r = geneve_decap(skb, &p);
-		if (r >= 0)
-			return r;
 	}
 	if (p.icmp_error && p.proto == IPPROTO_ICMP_ && !p.nonfirst_frag) {
 		int r = icmp_error_in4(skb, &p);

@@ -96,11 +96,19 @@ __attribute__((noinline)) int overlay_source(struct __sk_buff *skb, const struct
 	if (!skb || !p)
 		return -REASON_NO_TUNNEL_KEY;
 	int v6;
-	if (skb->cb[GENEVE_CB_MARK] == GENEVE_CB_MAGIC) {
+	__u32 mark = skb->cb[GENEVE_CB_MARK];
+	if (mark == GENEVE_CB_MAGIC) {
 		/* From from_netdev's Geneve decapsulation (lib/geneve.h):
 		 * the outer source in cb, an IPv4 underlay. */
 		v6 = 0;
 		key.remote_ipv4 = bpf_ntohl(skb->cb[GENEVE_CB_OUTER]);
+	} else if (mark == GENEVE_CB_MAGIC6 || mark == GENEVE_CB_MAGIC6_DSR) {
+		/* The same over an IPv6 underlay: four words of cb. */
+		v6 = 1;
+		key.remote_ipv6[0] = skb->cb[GENEVE_CB_OUTER];
+		key.remote_ipv6[1] = skb->cb[GENEVE_CB_OUTER6_1];
+		key.remote_ipv6[2] = skb->cb[GENEVE_CB_OUTER6_2];
+		key.remote_ipv6[3] = skb->cb[GENEVE_CB_OUTER6_3];
 	} else {
 		v6 = tunnel_key_of(skb, &key);
 		if (v6 < 0)
@@ -186,7 +194,7 @@ static __always_inline int overlay_in(struct __sk_buff *skb)
 	if (LB_DSR && p->family == FAMILY_V4 && p->l4_off > ETH_HLEN + 20 && (p->proto == IPPROTO_TCP_ || p->proto == IPPROTO_UDP_))
 		nodeport_dsr_recv(skb, p);
 	/* Or in the Geneve DSR option, either family (lib/geneve.h). */
-	if (LB_DSR && skb->cb[GENEVE_CB_MARK] == GENEVE_CB_MAGIC && skb->cb[GENEVE_CB_DSR] == GENEVE_CB_DSR_MAGIC)
+	if (LB_DSR && geneve_cb_dsr(skb))
 		geneve_dsr_recv(p);
 	const struct endpoint_info *ep = endpoint_by_addr(p->family, p->daddr);
 	if (!ep)
@@ -244,7 +252,7 @@ int from_overlay(struct __sk_buff *skb)
 SEC("tcx/ingress") /* the host's from_netdev's type: a tail call needs it */
 int from_geneve(struct __sk_buff *skb)
 {
-	if (skb->cb[GENEVE_CB_MARK] != GENEVE_CB_MAGIC)
+	if (!geneve_cb_marked(skb))
 		return TC_ACT_SHOT;
 	return overlay_in(skb);
 }
@@ -271,7 +279,7 @@ int to_overlay(struct __sk_buff *skb)
 		 * are pushed here and the packet leaves by the underlay. What
 		 * cannot be encapsulated (no owner node, no route to it) is
 		 * dropped: the carrier would drop it anyway. */
-		int r = geneve_encap(skb, &pk, id);
+		int r = geneve_encap_v(skb, &pk, id);
 		if (r < 0)
 			return drop(REASON_NO_TUNNEL_KEY, DIR_EGRESS, 0, &pk, id, 0, 0);
 		return r;

@@ -101,6 +101,9 @@ type config struct {
 	// heapDir receives a heap profile of the agent at each point
 	// (empty: none; the agent then serves no pprof).
 	heapDir string
+	// settle is a pause before the memory reading, so that what the
+	// runtime returns to the kernel after the work is not counted.
+	settle time.Duration
 }
 
 func main() {
@@ -120,6 +123,7 @@ func main() {
 	flag.IntVar(&c.workers, "workers", 32, "concurrent creates while filling the API server")
 	flag.IntVar(&c.directAbove, "direct-above", 0, "write Services past this count into the API server's etcd instead of creating them (kube-apiserver's ClusterIP allocation is O(Services) per create); 0: never")
 	flag.StringVar(&c.heapDir, "heap-profiles", "", "directory for a heap profile of the agent at each point (the agent serves pprof in the node namespace)")
+	flag.DurationVar(&c.settle, "settle", 0, "pause before each point's memory reading (RSS, RssAnon, RssFile, VmHWM)")
 	flag.DurationVar(&c.readyLimit, "ready-limit", 5*time.Minute, "how long a proxy may take until every service answers")
 	flag.Parse()
 	for _, s := range strings.Split(sizes, ",") {
@@ -168,11 +172,16 @@ type result struct {
 	floorP50, floorP99 time.Duration
 	// hookNs is the connect4 hook's mean run time per call during the
 	// connects (kernel BPF statistics; tendril only).
-	hookNs              float64
-	failed              int
-	ready               time.Duration // start until every service answered
-	syncToMaps          time.Duration // tendril: caches synced until the maps hold every frontend
-	rssMiB              float64
+	hookNs     float64
+	failed     int
+	ready      time.Duration // start until every service answered
+	syncToMaps time.Duration // tendril: caches synced until the maps hold every frontend
+	rssMiB     float64
+	// mem is the agent's (or kube-proxy's) /proc status memory lines at
+	// the reading; liveMiB the agent's live heap after a forced GC
+	// (0: not read, -heap-profiles unset).
+	mem                 procMem
+	liveMiB             float64
 	changeP50, change99 time.Duration
 	changeN             int
 	// watchP50/P99: when a plain watch saw the same changes.
@@ -264,7 +273,7 @@ func run(c config) error {
 				gaveUp[mode] = true
 				continue
 			}
-			log.Printf("%s %d: p50 %s p99 %s ready %s rss %.0f MiB", mode, size, r.p50, r.p99, r.ready, r.rssMiB)
+			log.Printf("%s %d: p50 %s p99 %s ready %s rss %.0f MiB (%s) live heap %.1f MiB", mode, size, r.p50, r.p99, r.ready, r.rssMiB, r.mem, r.liveMiB)
 			results = append(results, r)
 		}
 	}
@@ -665,18 +674,47 @@ func (p *proxy) stop() {
 	_ = os.RemoveAll(p.dir)
 }
 
-func (p *proxy) rssMiB() float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+// procMem is a process's memory from /proc/PID/status, in MiB: the
+// resident set, its anonymous part (heap, stacks), its file-backed part
+// (the binary's text, rodata and pclntab pages the process touched) and
+// the resident set's peak.
+type procMem struct {
+	RSS, Anon, File, HWM float64
+}
+
+func (m procMem) String() string {
+	return fmt.Sprintf("anon %.0f file %.0f peak %.0f MiB", m.Anon, m.File, m.HWM)
+}
+
+func readProcMem(pid int) procMem {
+	var m procMem
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0
+		return m
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, _ := strconv.Atoi(strings.Fields(rest)[0])
-			return float64(kb) / 1024
+		k, rest, ok := strings.Cut(l, ":")
+		f := strings.Fields(rest)
+		if !ok || len(f) == 0 {
+			continue
+		}
+		kb, err := strconv.Atoi(f[0])
+		if err != nil {
+			continue
+		}
+		v := float64(kb) / 1024
+		switch k {
+		case "VmRSS":
+			m.RSS = v
+		case "RssAnon":
+			m.Anon = v
+		case "RssFile":
+			m.File = v
+		case "VmHWM":
+			m.HWM = v
 		}
 	}
-	return 0
+	return m
 }
 
 // connect opens one TCP connection from the client namespace (a socket made
@@ -889,10 +927,19 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 			return r, err
 		}
 	}
-	r.rssMiB = p.rssMiB()
+	if b.c.settle > 0 {
+		time.Sleep(b.c.settle)
+	}
+	r.mem = readProcMem(p.cmd.Process.Pid)
+	r.rssMiB = r.mem.RSS
 	if isTendril(mode) && b.c.heapDir != "" {
 		if err := saveHeap(filepath.Join(b.c.heapDir, fmt.Sprintf("heap-%s-%d.pprof", mode, size))); err != nil {
 			log.Printf("heap profile: %v", err)
+		}
+		if live, err := liveHeapMiB(); err != nil {
+			log.Printf("live heap: %v", err)
+		} else {
+			r.liveMiB = live
 		}
 	}
 	// Move the changed services back for the next mode.
@@ -1162,11 +1209,11 @@ func histogram(body, name string) string {
 
 func report(rs []result, c config) {
 	fmt.Println()
-	fmt.Println("| services | mode | connect p50 | connect p99 | pod->pod connect p50 / p99 (floor) | connect4 hook ns/call | failed | ready after start | caches synced -> maps | RSS MiB |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| services | mode | connect p50 | connect p99 | pod->pod connect p50 / p99 (floor) | connect4 hook ns/call | failed | ready after start | caches synced -> maps | RSS MiB | RssAnon / RssFile / VmHWM MiB | live heap MiB |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rs {
 		if r.err != "" {
-			fmt.Printf("| %d | %s | failed: %s |||||||||\n", r.size, r.mode, r.err)
+			fmt.Printf("| %d | %s | failed: %s |||||||||||\n", r.size, r.mode, r.err)
 			continue
 		}
 		s2m := "—"
@@ -1177,8 +1224,12 @@ func report(rs []result, c config) {
 		if r.hookNs > 0 {
 			hook = fmt.Sprintf("%.0f", r.hookNs)
 		}
-		fmt.Printf("| %d | %s | %s | %s | %s / %s | %s | %d | %s | %s | %.0f |\n", r.size, r.mode, us(r.p50), us(r.p99), us(r.floorP50), us(r.floorP99),
-			hook, r.failed, r.ready.Round(time.Millisecond), s2m, r.rssMiB)
+		live := "—"
+		if r.liveMiB > 0 {
+			live = fmt.Sprintf("%.1f", r.liveMiB)
+		}
+		fmt.Printf("| %d | %s | %s | %s | %s / %s | %s | %d | %s | %s | %.0f | %.0f / %.0f / %.0f | %s |\n", r.size, r.mode, us(r.p50), us(r.p99), us(r.floorP50), us(r.floorP99),
+			hook, r.failed, r.ready.Round(time.Millisecond), s2m, r.rssMiB, r.mem.Anon, r.mem.File, r.mem.HWM, live)
 	}
 	fmt.Println()
 	for _, r := range rs {
@@ -1228,34 +1279,61 @@ func us(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/1e3)
 // agentPprof is where the agent serves pprof, in the node's namespace.
 const agentPprof = "127.0.0.1:6060"
 
-// saveHeap writes the agent's heap profile (after a GC: gc=1) to path. The
-// connection is made on a thread in the node namespace; HTTP runs over it
-// from here.
+// saveHeap writes the agent's heap profile (after a GC: gc=1) to path.
 func saveHeap(path string) error {
+	body, err := agentPprofGet("/debug/pprof/heap?gc=1")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, body, 0o644)
+}
+
+// liveHeapMiB is the agent's heap in use after a forced GC: HeapAlloc of
+// the runtime.MemStats that the text heap profile ends with.
+func liveHeapMiB() (float64, error) {
+	body, err := agentPprofGet("/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(body), "\n") {
+		if rest, ok := strings.CutPrefix(l, "# HeapAlloc = "); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(rest), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("HeapAlloc %q: %w", rest, err)
+			}
+			return float64(n) / (1 << 20), nil
+		}
+	}
+	return 0, fmt.Errorf("no HeapAlloc in the agent's heap profile")
+}
+
+// agentPprofGet fetches path from the agent's pprof server. The connection
+// is made on a thread in the node namespace; HTTP runs over it from here.
+func agentPprofGet(path string) ([]byte, error) {
 	var conn net.Conn
 	if err := namedns.InNetns(nsPath(nodeNS), func() error {
 		var err error
 		conn, err = net.DialTimeout("tcp", agentPprof, 5*time.Second)
 		return err
 	}); err != nil {
-		return fmt.Errorf("dial the agent's pprof: %w", err)
+		return nil, fmt.Errorf("dial the agent's pprof: %w", err)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(2 * time.Minute))
-	if _, err := fmt.Fprintf(conn, "GET /debug/pprof/heap?gc=1 HTTP/1.0\r\nHost: agent\r\n\r\n"); err != nil {
-		return err
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: agent\r\n\r\n", path); err != nil {
+		return nil, err
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
-		return fmt.Errorf("read the heap profile: %w", err)
+		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("heap profile: %s", resp.Status)
+		return nil, fmt.Errorf("%s: %s", path, resp.Status)
 	}
-	return os.WriteFile(path, body, 0o644)
+	return body, nil
 }

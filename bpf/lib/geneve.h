@@ -12,7 +12,7 @@
  * FIB's for that route) out of the underlay device.
  *
  * Receiving (geneve_decap, from the host device's from_netdev): Geneve on
- * UDP 6081 to an address of this node is stripped down to the inner IP
+ * UDP 6081 (over IPv4 or IPv6) to an address of this node is stripped down to the inner IP
  * packet behind the outer Ethernet header, and handed by tail call to
  * the overlay program from_geneve (bpf_overlay.c), which runs what
  * from_overlay runs on a device's packet: the outer source must be a
@@ -21,8 +21,18 @@
  * in skb->cb, which a tail call keeps and nothing else can set for a
  * program only reached by one.
  *
- * IPv4 underlay only: an owner node with an IPv6 underlay address is left
- * to the host (as an identity the VNI cannot carry).
+ * Either underlay: the owner node's tunnel address (the ipcache's) picks
+ * an outer IPv4 or IPv6 header (40 bytes: GENEVE_ENCAP6_LEN), the FIB
+ * lookup's source of that family. The outer UDP checksum is 0 over both.
+ * RFC 8200 wants one over IPv6, but RFC 6935/6936 let tunnels send 0;
+ * geneve_decap, at tc ingress before the host's UDP, takes it, and a
+ * kernel Geneve peer takes it with udp6zerocsumrx. A checksum is not an
+ * option here anyway: a GSO packet is segmented after this program with
+ * the one outer UDP header copied into every segment (SKB_GSO_UDP_TUNNEL,
+ * what bpf_skb_adjust_room sets), and the inner checksum of a pod's
+ * packet is mostly not filled in yet (CHECKSUM_PARTIAL), so a sum taken
+ * now would be wrong (docs/routing.md, "IPv6 underlay"). Receiving, the
+ * outer IPv6 source rides in four words of cb (GENEVE_CB_MAGIC6*).
  *
  * One option is known, the DSR option (GENEVE_OPT_CLASS_DSR,
  * GENEVE_OPT_TYPE_DSR, after Cilium's scheme: its class and type, one
@@ -56,6 +66,11 @@
 /* Outer IPv4 20, UDP 8, Geneve 8, inner Ethernet 14: what is pushed
  * after the outer Ethernet header (the overhead the pods' MTU leaves). */
 #define GENEVE_ENCAP_LEN (20 + 8 + GENEVE_HLEN + ETH_HLEN)
+/* The same over an IPv6 underlay: outer IPv6 40 instead of 20. */
+#define GENEVE_ENCAP6_LEN (40 + 8 + GENEVE_HLEN + ETH_HLEN)
+/* geneve_encap_with's return for an owner node on an IPv6 underlay:
+ * geneve_encap6_with's packet. */
+#define GENEVE_UNDERLAY6 (-4)
 /* skb->cb[GENEVE_CB_MARK] holds this while a decapsulated packet is
  * handed to from_geneve. */
 #define GENEVE_CB_OUTER 0
@@ -66,6 +81,28 @@
  * DSR option of the packet handed to from_geneve. */
 #define GENEVE_CB_DSR 3
 #define GENEVE_CB_DSR_MAGIC 0x44535230U /* "DSR0" */
+/* An IPv6 underlay's outer source takes four words: cb[GENEVE_CB_OUTER]
+ * and these three, the mark one of the two below (without and with a
+ * DSR option in tdr_geneve_dsr_v1). */
+#define GENEVE_CB_OUTER6_1 1
+#define GENEVE_CB_OUTER6_2 3
+#define GENEVE_CB_OUTER6_3 4
+#define GENEVE_CB_MAGIC6 0x47454e36U     /* "GEN6" */
+#define GENEVE_CB_MAGIC6_DSR 0x47364453U /* "G6DS" */
+
+/* geneve_cb_marked: cb's mark says a packet geneve_decap handed over. */
+static __always_inline int geneve_cb_marked(const struct __sk_buff *skb)
+{
+	__u32 m = skb->cb[GENEVE_CB_MARK];
+	return m == GENEVE_CB_MAGIC || m == GENEVE_CB_MAGIC6 || m == GENEVE_CB_MAGIC6_DSR;
+}
+
+/* geneve_cb_dsr: geneve_decap left a DSR option in tdr_geneve_dsr_v1. */
+static __always_inline int geneve_cb_dsr(const struct __sk_buff *skb)
+{
+	__u32 m = skb->cb[GENEVE_CB_MARK];
+	return (m == GENEVE_CB_MAGIC && skb->cb[GENEVE_CB_DSR] == GENEVE_CB_DSR_MAGIC) || m == GENEVE_CB_MAGIC6_DSR;
+}
 
 /* The DSR option: class 0x014b and type 0x81 (critical, 1) as Cilium's,
  * 4 bytes of option header, then the frontend's address (4 or 16 bytes),
@@ -88,6 +125,9 @@
 
 #ifndef AF_INET_
 #define AF_INET_ 2
+#endif
+#ifndef AF_INET6_
+#define AF_INET6_ 10
 #endif
 /* The decapsulation flags of bpf_skb_adjust_room (Linux 6.3), newer than
  * the uapi headers of the build machine: the inner packet's family, so
@@ -143,7 +183,11 @@ static __always_inline int geneve_encap_with(struct __sk_buff *skb, const struct
 		__builtin_memcpy(k.addr, __builtin_assume_aligned(p->daddr, 4), 16);
 		info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
 	}
-	if (!info || info->tunnel_family != FAMILY_V4 || (src_id & ~TUNNEL_ID_MASK))
+	if (!info || (src_id & ~TUNNEL_ID_MASK))
+		return -1;
+	if (info->tunnel_family == FAMILY_V6)
+		return GENEVE_UNDERLAY6; /* geneve_encap6_with's */
+	if (info->tunnel_family != FAMILY_V4)
 		return -1;
 	__u32 remote;
 	__builtin_memcpy(&remote, info->tunnel_ip, 4);
@@ -248,6 +292,123 @@ static __always_inline int geneve_encap_with(struct __sk_buff *skb, const struct
 	return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
 }
 
+/* geneve_encap6_with is geneve_encap_with over an IPv6 underlay: the
+ * owner node's tunnel address is IPv6, the outer header IPv6 (40 bytes,
+ * GENEVE_ENCAP6_LEN), the FIB's IPv6 source. A function of its own, so
+ * the IPv4 path is what it was (one comparison more) and the callers call
+ * it beside geneve_encap, not under it: the stack of from_pod's chain
+ * has room for one of the two, not for both. Same returns. */
+static __always_inline int geneve_encap6_with(struct __sk_buff *skb, const struct pkt *p, __u32 src_id,
+					      const struct geneve_dsr_scratch *opt)
+{
+	struct ipcache_info *info;
+	{
+		struct ipcache_key k = {};
+		k.family = p->family;
+		k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
+		__builtin_memcpy(k.addr, __builtin_assume_aligned(p->daddr, 4), 16);
+		info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
+	}
+	if (!info || info->tunnel_family != FAMILY_V6 || (src_id & ~TUNNEL_ID_MASK))
+		return -1;
+	__u32 olen = 0;
+	if (opt && opt->len == GENEVE_OPT_DSR4_LEN)
+		olen = GENEVE_OPT_DSR4_LEN;
+	else if (opt && opt->len == GENEVE_OPT_DSR6_LEN)
+		olen = GENEVE_OPT_DSR6_LEN;
+
+	/* The FIB request stays whole to the end: its answer (source,
+	 * next hop, MACs) is written into the packet from it, and no header
+	 * buffer is built on a stack that has no room for one (the headers
+	 * go into the packet by direct access). */
+	struct bpf_fib_lookup fib = {};
+	fib.family = AF_INET6_;
+	fib.l4_protocol = IPPROTO_UDP_;
+	__builtin_memcpy(fib.ipv6_dst, info->tunnel_ip, 16);
+	fib.ifindex = skb->ifindex;
+	if (olen)
+		fib.tot_len = skb->len - ETH_HLEN + GENEVE_ENCAP6_LEN + olen;
+	long r = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC);
+	if (r == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return -3;
+	if (r != BPF_FIB_LKUP_RET_SUCCESS && r != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return -1;
+
+	__u32 inner_len = skb->len;
+	__u16 sport = 49152 | (bpf_get_hash_recalc(skb) & 0x3fff);
+	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
+		      BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
+	if (bpf_skb_adjust_room(skb, GENEVE_ENCAP6_LEN + olen, BPF_ADJ_ROOM_MAC, flags))
+		return -1;
+	/* The room is behind the pod's Ethernet header, which stays at the
+	 * front (BPF_ADJ_ROOM_MAC) and is in the linear part with it. */
+	__u32 lin = ETH_HLEN + GENEVE_ENCAP6_LEN + GENEVE_OPT_DSR6_LEN;
+	__u8 *d = (__u8 *)(long)skb->data;
+	if (d + lin > (__u8 *)(long)skb->data_end) {
+		if (bpf_skb_pull_data(skb, lin))
+			return -2;
+		d = (__u8 *)(long)skb->data;
+		if (d + lin > (__u8 *)(long)skb->data_end)
+			return -2;
+	}
+	/* The inner Ethernet header: the pod's, copied from the front to
+	 * behind the Geneve header and its option. */
+	__u8 *ie = d + ETH_HLEN + 56;
+	if (olen == GENEVE_OPT_DSR6_LEN)
+		ie += GENEVE_OPT_DSR6_LEN;
+	else if (olen)
+		ie += GENEVE_OPT_DSR4_LEN;
+	__builtin_memcpy(ie, d, ETH_HLEN);
+	/* Outer Ethernet. */
+	__builtin_memcpy(d, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(d + ETH_ALEN, fib.smac, ETH_ALEN);
+	d[12] = 0x86;
+	d[13] = 0xdd;
+	/* The payload (and UDP) length: UDP, Geneve, option, the inner
+	 * frame. */
+	__u16 ulen = inner_len + 8 + GENEVE_HLEN + olen;
+	__u8 *ip = d + ETH_HLEN;
+	ip[0] = 0x60;
+	ip[1] = 0;
+	ip[2] = 0;
+	ip[3] = 0;
+	ip[4] = ulen >> 8;
+	ip[5] = ulen & 0xff;
+	ip[6] = IPPROTO_UDP_;
+	ip[7] = GENEVE_TTL;
+	__builtin_memcpy(&ip[8], fib.ipv6_src, 16);
+	__builtin_memcpy(&ip[24], info->tunnel_ip, 16);
+	__u8 *u = ip + 40;
+	u[0] = sport >> 8;
+	u[1] = sport & 0xff;
+	u[2] = GENEVE_PORT >> 8;
+	u[3] = GENEVE_PORT & 0xff;
+	u[4] = ulen >> 8;
+	u[5] = ulen & 0xff;
+	/* UDP checksum 0 (the top of this file says why). */
+	u[6] = 0;
+	u[7] = 0;
+	__u8 *g = ip + 48;
+	g[0] = olen / 4;
+	g[1] = olen ? GENEVE_F_CRIT : 0;
+	g[2] = GENEVE_PROTO_ETH >> 8;
+	g[3] = GENEVE_PROTO_ETH & 0xff;
+	g[4] = src_id >> 16;
+	g[5] = src_id >> 8;
+	g[6] = src_id;
+	g[7] = 0;
+	if (opt && olen == GENEVE_OPT_DSR6_LEN)
+		__builtin_memcpy(g + GENEVE_HLEN, opt->opt, GENEVE_OPT_DSR6_LEN);
+	else if (opt && olen)
+		__builtin_memcpy(g + GENEVE_HLEN, opt->opt, GENEVE_OPT_DSR4_LEN);
+	count(REASON_TO_OVERLAY, DIR_EGRESS, p->len);
+	if (r == BPF_FIB_LKUP_RET_SUCCESS)
+		return bpf_redirect(fib.ifindex, 0);
+	struct bpf_redir_neigh nh = {.nh_family = AF_INET6_};
+	__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, 16);
+	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+}
+
 /* geneve_encap is geneve_encap_with without an option: the pods' and
  * the overlay's packets. A global function. */
 __attribute__((noinline)) int geneve_encap(struct __sk_buff *skb, const struct pkt *p, __u32 src_id)
@@ -265,6 +426,35 @@ __attribute__((noinline)) int geneve_encap_dsr(struct __sk_buff *skb, const stru
 	if (!skb || !p)
 		return -1;
 	return geneve_encap_with(skb, p, src_id, opt);
+}
+
+/* geneve_encap6 and geneve_encap6_dsr are geneve_encap and
+ * geneve_encap_dsr over an IPv6 underlay, called when those returned
+ * GENEVE_UNDERLAY6 (geneve_encap_v: both in turn). Global functions. */
+__attribute__((noinline)) int geneve_encap6(struct __sk_buff *skb, const struct pkt *p, __u32 src_id)
+{
+	if (!skb || !p)
+		return -1;
+	return geneve_encap6_with(skb, p, src_id, NULL);
+}
+
+__attribute__((noinline)) int geneve_encap6_dsr(struct __sk_buff *skb, const struct pkt *p, __u32 src_id,
+						const struct geneve_dsr_scratch *opt)
+{
+	if (!skb || !p)
+		return -1;
+	return geneve_encap6_with(skb, p, src_id, opt);
+}
+
+/* geneve_encap_v encapsulates over the owner node's underlay, either
+ * family: geneve_encap, then geneve_encap6 for an IPv6 one (siblings:
+ * their stacks are not added up). geneve_encap's returns. */
+static __always_inline int geneve_encap_v(struct __sk_buff *skb, const struct pkt *p, __u32 src_id)
+{
+	int r = geneve_encap(skb, p, src_id);
+	if (r == GENEVE_UNDERLAY6)
+		r = geneve_encap6(skb, p, src_id);
+	return r;
 }
 
 /* geneve_opts walks the options of a Geneve header (olen bytes at off,
@@ -317,7 +507,7 @@ __attribute__((noinline)) int geneve_opts(struct __sk_buff *skb, __u32 off, __u3
 	return found;
 }
 
-/* geneve_decap takes a packet p (outer IPv4, UDP to GENEVE_PORT) that
+/* geneve_decap takes a packet p (outer IPv4 or IPv6, UDP to GENEVE_PORT) that
  * reached the host device: Geneve to an address of this node is stripped
  * and handed to from_geneve (tail call, tdr_overlay_calls_v1), which
  * decides it; anything else it leaves to the host (-1). Returns the
@@ -326,7 +516,7 @@ __attribute__((noinline)) int geneve_decap(struct __sk_buff *skb, const struct p
 {
 	if (!skb || !p)
 		return -1;
-	if (p->nonfirst_frag || identity_of(FAMILY_V4, p->daddr) != ID_HOST)
+	if (p->nonfirst_frag || identity_of(p->family, p->daddr) != ID_HOST)
 		return -1;
 	__u32 off = p->l4_off + 8;
 	__u8 g[GENEVE_HLEN];
@@ -353,7 +543,6 @@ __attribute__((noinline)) int geneve_decap(struct __sk_buff *skb, const struct p
 		flags = BPF_F_ADJ_ROOM_DECAP_L3_IPV6;
 	else
 		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
-	__u32 outer = u32_at(p->saddr);
 	__u32 vni = ((__u32)g[4] << 16) | ((__u32)g[5] << 8) | g[6];
 	/* Everything between the outer Ethernet header and the inner IP
 	 * packet goes; the outer Ethernet header stays, its type the
@@ -362,10 +551,22 @@ __attribute__((noinline)) int geneve_decap(struct __sk_buff *skb, const struct p
 		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
 	if (bpf_skb_store_bytes(skb, 12, proto, 2, 0))
 		return drop(REASON_NO_TUNNEL_KEY, DIR_INGRESS, 0, p, 0, 0, 0);
-	skb->cb[GENEVE_CB_OUTER] = outer;
-	skb->cb[GENEVE_CB_VNI] = vni;
-	skb->cb[GENEVE_CB_MARK] = GENEVE_CB_MAGIC;
-	skb->cb[GENEVE_CB_DSR] = dsr ? GENEVE_CB_DSR_MAGIC : 0;
+	if (p->family == FAMILY_V6) {
+		/* The outer IPv6 source in four words of cb, the DSR flag
+		 * in the mark (the VNI is not kept: the receiver decides on
+		 * its ipcache). */
+		const __u32 *a = __builtin_assume_aligned(p->saddr, 4);
+		skb->cb[GENEVE_CB_OUTER] = a[0];
+		skb->cb[GENEVE_CB_OUTER6_1] = a[1];
+		skb->cb[GENEVE_CB_OUTER6_2] = a[2];
+		skb->cb[GENEVE_CB_OUTER6_3] = a[3];
+		skb->cb[GENEVE_CB_MARK] = dsr ? GENEVE_CB_MAGIC6_DSR : GENEVE_CB_MAGIC6;
+	} else {
+		skb->cb[GENEVE_CB_OUTER] = u32_at(p->saddr);
+		skb->cb[GENEVE_CB_VNI] = vni;
+		skb->cb[GENEVE_CB_MARK] = GENEVE_CB_MAGIC;
+		skb->cb[GENEVE_CB_DSR] = dsr ? GENEVE_CB_DSR_MAGIC : 0;
+	}
 	bpf_tail_call(skb, &tdr_overlay_calls_v1, 0);
 	/* No overlay program (the agent has not put it there): fail closed. */
 	skb->cb[GENEVE_CB_MARK] = 0;

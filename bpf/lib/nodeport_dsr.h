@@ -298,7 +298,7 @@ __attribute__((noinline)) int nodeport_dsr_rev6(struct __sk_buff *skb, struct pk
  * translated to another node's backend (p: DNATed; fk4 or fk6, by p's
  * family, the flow key with the frontend as destination), whether DSR
  * goes through Geneve in eBPF: the backend's owner node is reached by it
- * (an IPv4 underlay) and the client is outside the cluster (as
+ * (an IPv4 or IPv6 underlay) and the client is outside the cluster (as
  * nodeport_dsr_client). If so, it writes the DSR option into
  * tdr_geneve_dsr_v1 for nodeport_dsr_geneve, for a TCP SYN and every UDP
  * datagram (as the IPv4 option: the packets that may start the flow at
@@ -318,7 +318,7 @@ __attribute__((noinline)) int nodeport_dsr_geneve_prep(const struct pkt *p, cons
 	k.prefixlen = 32 + (p->family == FAMILY_V4 ? 32 : 128);
 	__builtin_memcpy(k.addr, __builtin_assume_aligned(p->daddr, 4), 16);
 	struct ipcache_info *info = bpf_map_lookup_elem(&tdr_ipcache_v2, &k);
-	if (!info || info->tunnel_family != FAMILY_V4)
+	if (!info || (info->tunnel_family != FAMILY_V4 && info->tunnel_family != FAMILY_V6))
 		return 0;
 	struct geneve_dsr_scratch *s = bpf_map_lookup_elem(&tdr_geneve_dsr_v1, &zero);
 	if (!s)
@@ -369,7 +369,10 @@ __attribute__((noinline)) int nodeport_dsr_geneve(struct __sk_buff *skb, struct 
 	struct geneve_dsr_scratch *s = bpf_map_lookup_elem(&tdr_geneve_dsr_v1, &zero);
 	if (!s)
 		return drop(REASON_NAT_FAILED, DIR_INGRESS, 0, p, 0, 0, 0);
-	int r = geneve_encap_dsr(skb, p, identity_of(p->family, p->saddr), s->len ? s : NULL);
+	__u32 id = identity_of(p->family, p->saddr);
+	int r = geneve_encap_dsr(skb, p, id, s->len ? s : NULL);
+	if (r == GENEVE_UNDERLAY6)
+		r = geneve_encap6_dsr(skb, p, id, s->len ? s : NULL);
 	if (r >= 0)
 		return r;
 	if (r == -3) {

@@ -75,7 +75,7 @@ __attribute__((noinline)) int tunnel_set_key(struct __sk_buff *skb, const struct
 static __always_inline int tunnel_encap(struct __sk_buff *skb, const struct pkt *p, __u32 src_id)
 {
 	if (geneve_bpf()) {
-		int r = geneve_encap(skb, p, src_id);
+		int r = geneve_encap_v(skb, p, src_id);
 		if (r == -2)
 			return drop(REASON_NO_TUNNEL_KEY, DIR_EGRESS, 0, p, src_id, 0, 0);
 		return r;

@@ -54,7 +54,8 @@ func TestStartOrder(t *testing.T) {
 			return map[string]string{
 				"kubeconfig":               writeKubeconfig(t), // the API server is reached only when the step starts
 				"enable-datapath":          "true",
-				"kvstore":                  agentkv.ModeEmbedded,
+				"kvstore":                  agentkv.ModeEtcd,
+				"kvstore-endpoints":        "http://127.0.0.1:1", // never dialled: the kvstore step does not run
 				"identity-allocation-mode": agentidentity.AllocationKVStore,
 			}
 		}, seedsOrder},
@@ -119,7 +120,8 @@ func TestEveryTableIsTyped(t *testing.T) {
 	flags := map[string]string{
 		"kubeconfig":               writeKubeconfig(t),
 		"enable-datapath":          "true",
-		"kvstore":                  agentkv.ModeEmbedded,
+		"kvstore":                  agentkv.ModeEtcd,
+		"kvstore-endpoints":        "http://127.0.0.1:1", // never dialled: the kvstore step does not run
 		"identity-allocation-mode": agentidentity.AllocationKVStore,
 		"enable-l2-announcements":  "true",
 		"enable-xdp-prefilter":     "true",

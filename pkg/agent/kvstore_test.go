@@ -22,18 +22,29 @@ import (
 	"github.com/tendril-net/tendril/pkg/endpoint"
 	"github.com/tendril-net/tendril/pkg/identity/kvalloc"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/kvstore/kvembed"
 	"github.com/tendril-net/tendril/pkg/testutil/etcdproc"
 )
 
-// TestEmbeddedKVStoreIdentities runs the agent with an embedded etcd and
-// kvstore identity allocation: an identity another node writes into etcd
-// shows in the agent's /v1/identity, and status reports the kvstore.
-func TestEmbeddedKVStoreIdentities(t *testing.T) {
-	a, c := startAgent(t, map[string]string{"kvstore": agentkv.ModeEmbedded, "identity-allocation-mode": agentidentity.AllocationKVStore})
+// TestKVStoreIdentities runs the agent against an etcd on a unix socket
+// (in the test's process) with kvstore identity allocation: an identity
+// another node writes into etcd shows in the agent's /v1/identity, and
+// status reports the kvstore.
+func TestKVStoreIdentities(t *testing.T) {
+	dir := t.TempDir()
+	socket := "unix://" + filepath.Join(dir, "etcd.sock")
+	srv, err := kvembed.Start(context.Background(), kvembed.Config{Dir: filepath.Join(dir, "etcd"), ClientURL: socket, UnsafeNoFsync: true}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered first, so it runs after the agent's stop.
+	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
+	_, c := startAgent(t, map[string]string{"kvstore": agentkv.ModeEtcd, "kvstore-endpoints": socket,
+		"identity-allocation-mode": agentidentity.AllocationKVStore})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	kcfg := kvstore.DefaultConfig()
-	kcfg.Endpoints = []string{"unix://" + filepath.Join(a.opts.StateDir, "etcd.sock")}
+	kcfg.Endpoints = srv.Endpoints()
 	kc, err := kvstore.Connect(ctx, kcfg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +119,8 @@ func TestKVStoreConfigValidation(t *testing.T) {
 	}{
 		{"kvstore allocation without kvstore", map[string]string{"identity-allocation-mode": agentidentity.AllocationKVStore}, "needs --kvstore"},
 		{"etcd without endpoints", map[string]string{"kvstore": agentkv.ModeEtcd}, "kvstore-endpoints"},
-		{"unknown kvstore", map[string]string{"kvstore": "consul"}, "must be empty, etcd or embedded"},
+		{"unknown kvstore", map[string]string{"kvstore": "consul"}, "must be empty or etcd"},
+		{"embedded etcd", map[string]string{"kvstore": agentkv.ModeEmbedded}, "no longer runs an etcd server"},
 		{"unknown allocation mode", map[string]string{"identity-allocation-mode": "random"}, "must be crd, kvstore or local"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/ipcache"
 	"github.com/tendril-net/tendril/pkg/ipcache/ipcachetest"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/kvstore/kvembed"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
@@ -161,7 +162,7 @@ func BenchmarkPrivilegedKVStoreToMap(b *testing.B) {
 	defer os.RemoveAll(dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	srv, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: dir}, quiet)
+	srv, err := kvembed.Start(ctx, kvembed.Config{Dir: dir}, quiet)
 	if err != nil {
 		b.Fatal(err)
 	}

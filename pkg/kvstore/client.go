@@ -2,7 +2,9 @@
 // status, key operations optionally bound to a session lease, a
 // list-then-watch event stream that survives compaction and reconnects,
 // sessions renewed when their lease is lost, distributed locks, a shared
-// store that keeps a node's keys written, and an embedded etcd server.
+// store that keeps a node's keys written. The in-process etcd server for
+// tests and labs is pkg/kvstore/kvembed, outside this package so that the
+// agent, which links this one, does not link etcd's server.
 // See docs/kvstore.md for the key layout and the semantics.
 package kvstore
 
@@ -22,6 +24,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
+
+	"github.com/tendril-net/tendril/pkg/kvstore/etcdlog"
 )
 
 // Key layout conventions (see docs/kvstore.md).
@@ -131,7 +135,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Client, error)
 		Password:             opts.password,
 		DialKeepAliveTime:    opts.keepaliveHeartbeat,
 		DialKeepAliveTimeout: opts.keepaliveTimeout,
-		Logger:               newZapLogger(log.With("component", "etcd-client"), nil),
+		Logger:               etcdlog.New(log.With("component", "etcd-client"), nil),
 		// gRPC's default reconnect backoff grows to two minutes: after an
 		// etcd restart the client would stay away long after etcd is back.
 		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tendril-net/tendril/pkg/kvstore/kvembed"
 )
 
 // TestEmbeddedUnixSocket serves clients on a unix socket only.
@@ -13,7 +15,7 @@ func TestEmbeddedUnixSocket(t *testing.T) {
 	dir := t.TempDir()
 	socket := "unix://" + filepath.Join(dir, "etcd.sock")
 	ctx := testContext(t, 60*time.Second)
-	e, err := StartEmbedded(ctx, EmbeddedConfig{Dir: filepath.Join(dir, "data"), ClientURL: socket, UnsafeNoFsync: true}, testLog(t))
+	e, err := kvembed.Start(ctx, kvembed.Config{Dir: filepath.Join(dir, "data"), ClientURL: socket, UnsafeNoFsync: true}, testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,16 +61,16 @@ func TestEmbeddedKeepsDataAcrossRestart(t *testing.T) {
 func TestEmbeddedConfigErrors(t *testing.T) {
 	ctx := testContext(t, 30*time.Second)
 	for _, tt := range []struct {
-		cfg  EmbeddedConfig
+		cfg  kvembed.Config
 		want string
 	}{
-		{EmbeddedConfig{}, "no data directory"},
-		{EmbeddedConfig{Dir: t.TempDir(), ClientURL: "https://127.0.0.1:0"}, "want http://host:port or unix"},
-		{EmbeddedConfig{Dir: t.TempDir(), ClientURL: "unix://relative.sock"}, "must be absolute"},
+		{kvembed.Config{}, "no data directory"},
+		{kvembed.Config{Dir: t.TempDir(), ClientURL: "https://127.0.0.1:0"}, "want http://host:port or unix"},
+		{kvembed.Config{Dir: t.TempDir(), ClientURL: "unix://relative.sock"}, "must be absolute"},
 	} {
-		_, err := StartEmbedded(ctx, tt.cfg, testLog(t))
+		_, err := kvembed.Start(ctx, tt.cfg, testLog(t))
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("StartEmbedded(%+v) = %v, want %q", tt.cfg, err, tt.want)
+			t.Errorf("kvembed.Start(%+v) = %v, want %q", tt.cfg, err, tt.want)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tendril-net/tendril/pkg/kvstore/kvembed"
 	"github.com/tendril-net/tendril/pkg/testutil/etcdproc"
 )
 
@@ -65,9 +66,9 @@ type testServer interface {
 
 // embeddedServer is an in-process etcd.
 type embeddedServer struct {
-	cfg EmbeddedConfig
+	cfg kvembed.Config
 	log *slog.Logger
-	e   *Embedded
+	e   *kvembed.Server
 }
 
 // newEmbeddedServer starts an embedded etcd without fsync: tests check
@@ -77,7 +78,7 @@ func newEmbeddedServer(t testing.TB) *embeddedServer {
 }
 
 func newEmbeddedServerFsync(t testing.TB, fsync bool) *embeddedServer {
-	s := &embeddedServer{cfg: EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: !fsync}, log: testLog(t)}
+	s := &embeddedServer{cfg: kvembed.Config{Dir: t.TempDir(), UnsafeNoFsync: !fsync}, log: testLog(t)}
 	s.Start(t)
 	t.Cleanup(func() {
 		if s.e != nil {
@@ -91,7 +92,7 @@ func (s *embeddedServer) Endpoints() []string { return s.e.Endpoints() }
 
 func (s *embeddedServer) Start(t testing.TB) {
 	t.Helper()
-	e, err := StartEmbedded(testContext(t, 30*time.Second), s.cfg, s.log)
+	e, err := kvembed.Start(testContext(t, 30*time.Second), s.cfg, s.log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package operator
 import (
 	"context"
 	"fmt"
+	"github.com/tendril-net/tendril/pkg/kvstore/kvembed"
 	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"io"
 	"log/slog"
@@ -26,7 +27,6 @@ import (
 
 	v1alpha1 "github.com/tendril-net/tendril/pkg/k8s/apis/tendril.io/v1alpha1"
 	tendrilclient "github.com/tendril-net/tendril/pkg/k8s/client/clientset/versioned"
-	"github.com/tendril-net/tendril/pkg/kvstore"
 	"github.com/tendril-net/tendril/pkg/operator/apiserver"
 	"github.com/tendril-net/tendril/pkg/operator/kvstoreclient"
 	"github.com/tendril-net/tendril/pkg/operator/kvsync"
@@ -361,7 +361,7 @@ func TestOperatorWithKVStore(t *testing.T) {
 	e := env.Need(t)
 	newNamespace(t, e, "with-kvstore")
 	ctx := context.Background()
-	etcd, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true}, slog.New(slog.DiscardHandler))
+	etcd, err := kvembed.Start(ctx, kvembed.Config{Dir: t.TempDir(), UnsafeNoFsync: true}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,8 @@
 // ready.
 //
 // A Go process starts with a 4 MB heap goal: the agent's package
-// initialization (client-go's scheme, the embedded etcd server's packages,
-// the API models' validators) and the building of its hive allocate far
+// initialization (client-go's scheme, the etcd client's packages, the API
+// models' validators) and the building of its hive allocate far
 // more, so that with the default target the collector ran three or four
 // times before the agent served, each cycle with its stop-the-world pauses,
 // its write barrier and its assists slowing the one goroutine that
@@ -13,8 +13,8 @@
 //
 // The package's init sets the start target. Go initializes, among the
 // packages whose dependencies are initialized, the first by import path;
-// this one depends on four standard packages (runtime/debug, os, strconv,
-// strings), so it is initialized before the heavy packages above, after
+// this one depends on five standard packages (runtime/debug, os, strconv,
+// strings, syscall, the last through pkg/binpages), so it is initialized before the heavy packages above, after
 // 1.9 of the 6.5 MB they allocate (GODEBUG=inittrace=1 shows the order).
 // Importing it from package main is enough to have its effect; Done ends
 // it.
@@ -25,6 +25,8 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+
+	"github.com/tendril-net/tendril/pkg/binpages"
 )
 
 // StartPercent is the collector's target (GOGC) while the process starts:
@@ -39,9 +41,20 @@ func init() {
 	}
 }
 
-// Done sets the collector's target back to the one GOGC configures.
+// Done sets the collector's target back to the one GOGC configures and
+// returns what the start left free to the kernel: the start's heap peak
+// (grown to five times the live heap under StartPercent, and the caches'
+// initial listings decoded) is mostly garbage by now, and the runtime's
+// scavenger would otherwise keep it resident up to the new heap goal.
+// One forced collection, once per process. The pages of the binary that
+// the start touched (init functions, every cell's constructor) are
+// unmapped too (pkg/binpages); what the agent runs afterwards maps its own
+// pages back. Neither can fail in a way the caller could act on: a
+// process without /proc keeps its pages mapped.
 func Done() {
 	debug.SetGCPercent(ConfiguredPercent())
+	debug.FreeOSMemory()
+	_, _ = binpages.Release()
 }
 
 // ConfiguredPercent is the target the Go runtime reads from GOGC: -1 for

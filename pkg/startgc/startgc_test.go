@@ -17,6 +17,9 @@ func currentPercent() int {
 // binary to StartPercent (unless its GOGC is higher or off), and Done
 // puts back the configured one.
 func TestInitAndDone(t *testing.T) {
+	// Put back init's target for the next run (-count > 1).
+	before := currentPercent()
+	t.Cleanup(func() { debug.SetGCPercent(before) })
 	configured := ConfiguredPercent()
 	want := StartPercent
 	if configured < 0 || configured >= StartPercent {

@@ -2,6 +2,7 @@ package cni_test
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -13,19 +14,30 @@ import (
 	"github.com/cilium/cilium/api/v1/models"
 
 	"github.com/tendril-net/tendril/pkg/dbinspect"
+	"github.com/tendril-net/tendril/pkg/kvstore/kvembed"
 	"github.com/tendril-net/tendril/pkg/testutil"
 )
 
-// TestPrivilegedRemoteEndpointViaKVStore: two nodes share an etcd (node A's
-// embedded one, reached by node B over its unix socket) with kvstore
-// identity allocation. A pod on A gets a cluster identity; B learns the
+// TestPrivilegedRemoteEndpointViaKVStore: two nodes share an etcd (run in
+// the test's process on a unix socket; the agent runs none itself) with
+// kvstore identity allocation. A pod on A gets a cluster identity; B learns the
 // pod's address with that identity in its BPF ipcache. When the pod goes,
 // B forgets it.
 func TestPrivilegedRemoteEndpointViaKVStore(t *testing.T) {
 	testutil.Privileged(t)
-	a := startNode(t, "--ipv6-range", "none", "--ipv4-range", "10.77.1.0/24", "--kvstore", "embedded", "--identity-allocation-mode", "kvstore")
+	etcdDir := t.TempDir()
+	socket := "unix://" + filepath.Join(etcdDir, "etcd.sock")
+	srv, err := kvembed.Start(context.Background(), kvembed.Config{Dir: filepath.Join(etcdDir, "data"), ClientURL: socket, UnsafeNoFsync: true},
+		slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered first, so it runs after both agents stop.
+	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
+	a := startNode(t, "--ipv6-range", "none", "--ipv4-range", "10.77.1.0/24", "--kvstore", "etcd",
+		"--kvstore-endpoints", socket, "--identity-allocation-mode", "kvstore")
 	b := startNode(t, "--ipv6-range", "none", "--ipv4-range", "10.77.2.0/24", "--kvstore", "etcd",
-		"--kvstore-endpoints", "unix://"+filepath.Join(a.dir, "state", "etcd.sock"), "--identity-allocation-mode", "kvstore")
+		"--kvstore-endpoints", socket, "--identity-allocation-mode", "kvstore")
 	list := a.confList("tendril-cni", "1.1.0", nil)
 	pod := a.newPod("web")
 	res := a.mustAdd(list, pod)

@@ -1,5 +1,4 @@
-// Package agentkv is the agent's kvstore cell: the etcd client (or an
-// embedded etcd under the state directory), the kvstore identity
+// Package agentkv is the agent's kvstore cell: the etcd client, the kvstore identity
 // allocator's watch, this node's endpoint addresses published in etcd
 // (the kvstore-addresses table and its reconciler, pkg/ipcache/kvpublisher)
 // and other nodes' addresses read into the ipcache as the kvstore source.
@@ -12,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -55,7 +53,9 @@ var Cell = cell.Module("kvstore", "The etcd client identities and endpoint addre
 
 // Options are the kvstore's flags.
 type Options struct {
-	// Mode is "" (none), etcd or embedded.
+	// Mode is "" (none) or etcd. "embedded" (an etcd server inside the
+	// agent) is refused: the server is not linked into the agent
+	// (pkg/kvstore/kvembed, for tests and labs).
 	Mode string `mapstructure:"kvstore"`
 	// Client is the client's configuration (endpoints, TLS, timeouts).
 	Client kvstore.Config `mapstructure:",squash"`
@@ -66,7 +66,7 @@ func DefaultOptions() Options { return Options{Client: kvstore.DefaultConfig()} 
 
 // Flags registers the kvstore's flags, with o's values as defaults.
 func (o Options) Flags(fs *pflag.FlagSet) {
-	fs.String("kvstore", o.Mode, "kvstore: empty (none), etcd (see --kvstore-endpoints) or embedded (etcd inside the agent, data under --state-dir)")
+	fs.String("kvstore", o.Mode, "kvstore: empty (none) or etcd (see --kvstore-endpoints)")
 	// The client's flags bind to this copy of o, which only gives them
 	// their defaults: the hive decodes the values into Options.
 	o.Client.Flags(fs)
@@ -77,7 +77,7 @@ func (o Options) Flags(fs *pflag.FlagSet) {
 func validate(o Options, id agentidentity.Config) (lifecycle.Invoked, error) {
 	var errs []error
 	if id.AllocationMode == agentidentity.AllocationKVStore && !o.Enabled() {
-		errs = append(errs, fmt.Errorf("identity-allocation-mode kvstore: needs --kvstore (etcd with --kvstore-endpoints, or embedded)"))
+		errs = append(errs, fmt.Errorf("identity-allocation-mode kvstore: needs --kvstore etcd with --kvstore-endpoints"))
 	}
 	return lifecycle.Invoked{}, option.Invalid(errors.Join(append(errs, o.Validate())...))
 }
@@ -85,13 +85,15 @@ func validate(o Options, id agentidentity.Config) (lifecycle.Invoked, error) {
 // Validate checks the values; each error names its option.
 func (o Options) Validate() error {
 	switch o.Mode {
-	case ModeNone, ModeEmbedded:
+	case ModeNone:
+	case ModeEmbedded:
+		return fmt.Errorf("kvstore embedded: the agent no longer runs an etcd server in its process; run etcd beside it and use --kvstore etcd --kvstore-endpoints")
 	case ModeEtcd:
 		if len(o.Client.Endpoints) == 0 {
 			return fmt.Errorf("kvstore etcd: --kvstore-endpoints is empty")
 		}
 	default:
-		return fmt.Errorf("kvstore %q: must be empty, etcd or embedded", o.Mode)
+		return fmt.Errorf("kvstore %q: must be empty or etcd", o.Mode)
 	}
 	return nil
 }
@@ -103,8 +105,6 @@ func (o Options) Enabled() bool { return o.Mode != ModeNone || len(o.Client.Endp
 // the other cells' (configOf).
 type Config struct {
 	Options
-	// StateDir holds the embedded etcd's data and socket.
-	StateDir string
 	// NodeName names this node in the published addresses.
 	NodeName string
 	// IdentityAllocationMode is shown in the status.
@@ -112,7 +112,7 @@ type Config struct {
 }
 
 func configOf(o Options, a option.Agent, n option.LocalNode, id agentidentity.Config) Config {
-	return Config{Options: o, StateDir: a.StateDir, NodeName: n.Name, IdentityAllocationMode: id.AllocationMode}
+	return Config{Options: o, NodeName: n.Name, IdentityAllocationMode: id.AllocationMode}
 }
 
 // Endpoints is the local endpoints as the cell reads them: the endpoint
@@ -154,9 +154,8 @@ type Module struct {
 	// (nil without the datapath).
 	gate *nodemanager.ClaimGate
 
-	embedded *kvstore.Embedded
-	client   *kvstore.Client
-	ipStore  *kvstore.SharedStore
+	client  *kvstore.Client
+	ipStore *kvstore.SharedStore
 	// allocCancel ends the identity allocator's watch, which runs during
 	// the start step already (the step waits for its sync); allocDone
 	// joins it.
@@ -256,23 +255,15 @@ func (m *Module) Publisher() *kvpublisher.Publisher { return m.ipPub }
 
 // Modes.
 const (
-	ModeNone     = ""
-	ModeEtcd     = "etcd"
+	ModeNone = ""
+	ModeEtcd = "etcd"
+	// ModeEmbedded is refused (Validate says why); named so that the
+	// refusal is explicit rather than "unknown mode".
 	ModeEmbedded = "embedded"
 )
 
 func (m *Module) start(ctx context.Context) error {
 	cfg := m.cfg.Client
-	if m.cfg.Mode == ModeEmbedded {
-		dir := filepath.Join(m.cfg.StateDir, "etcd")
-		e, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: dir,
-			ClientURL: "unix://" + filepath.Join(m.cfg.StateDir, "etcd.sock")}, logging.For(m.root, "embedded-etcd"))
-		if err != nil {
-			return fmt.Errorf("embedded etcd: %w", err)
-		}
-		m.embedded = e
-		cfg.Endpoints = e.Endpoints()
-	}
 	c, err := kvstore.Connect(ctx, cfg, m.log)
 	if err != nil {
 		return fmt.Errorf("kvstore %v: %w", cfg.Endpoints, err)
@@ -311,13 +302,6 @@ func (m *Module) stop(ctx context.Context) error {
 	if m.allocDone != nil {
 		<-m.allocDone
 	}
-	if m.embedded != nil {
-		stopCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		defer cancel()
-		if serr := m.embedded.Stop(stopCtx); err == nil {
-			err = serr
-		}
-	}
 	return err
 }
 
@@ -332,9 +316,6 @@ func (m *Module) StatusSection() ext.Section {
 		ext.Line{Key: "State", Value: fmt.Sprintf("%s since %s", st.State, st.Since.Format(time.RFC3339))},
 		ext.Line{Key: "Endpoint", Value: st.Endpoint},
 		ext.Line{Key: "Message", Value: st.Message})
-	if m.embedded != nil {
-		s.Lines = append(s.Lines, ext.Line{Key: "Mode", Value: "embedded etcd under the state directory"})
-	}
 	s.Lines = append(s.Lines, ext.Line{Key: "Identity allocation", Value: m.cfg.IdentityAllocationMode})
 	if m.ipPub != nil {
 		s.Lines = append(s.Lines, ext.Line{Key: "Endpoint addresses", Value: publisherStatus(m.ipPub.Status(), time.Now())})

@@ -87,10 +87,11 @@ func (c Config) Device() string {
 	return tunnel.DeviceName(c.Protocol())
 }
 
-// Overhead is what the encapsulation adds to a pod's packet (0 native).
-func (c Config) Overhead() int {
+// Overhead is what the encapsulation adds to a pod's packet (0 native),
+// over an IPv6 underlay when underlay6.
+func (c Config) Overhead(underlay6 bool) int {
 	if !c.Tunneling() {
 		return 0
 	}
-	return tunnel.Overhead(c.Protocol())
+	return tunnel.Overhead(c.Protocol(), underlay6)
 }

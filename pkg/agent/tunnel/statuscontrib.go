@@ -17,9 +17,9 @@ const statusOrder = 35
 // and the Cilium v1 status's routing field (what `cilium-dbg status`
 // prints as "Routing"). t is nil without the datapath: the mode is still
 // what the nodes cell routes by.
-func statusContribution(c Config, t *Tunnel) status.Out {
+func statusContribution(c Config, t *Tunnel, u Underlay6) status.Out {
 	return status.Provide(status.Contribution{Order: statusOrder,
-		Section: status.Always(func() ext.Section { return routingSection(c, t) }),
+		Section: status.Always(func() ext.Section { return routingSection(c, t, u) }),
 		Model: func(resp *ext.StatusResponse) {
 			resp.Routing = &models.Routing{InterHostRoutingMode: "Native", IntraHostRoutingMode: "BPF"}
 			if c.Tunneling() {
@@ -31,14 +31,18 @@ func statusContribution(c Config, t *Tunnel) status.Out {
 
 // routingSection says how pod traffic reaches other nodes and, in tunnel
 // mode, on which device it leaves.
-func routingSection(c Config, t *Tunnel) ext.Section {
+func routingSection(c Config, t *Tunnel, u Underlay6) ext.Section {
 	sec := ext.Section{Title: "Routing"}
 	if !c.Tunneling() {
 		sec.Lines = []ext.Line{{Key: "Mode", Value: "native (each peer's pod CIDR routed via the peer)"}}
 		return sec
 	}
-	sec.Lines = []ext.Line{{Key: "Mode", Value: fmt.Sprintf("tunnel (%s on UDP %d, identity from the ipcache, pod MTU -%d)",
-		c.TunnelProtocol, c.Port(), c.Overhead())}}
+	under := "IPv4"
+	if u {
+		under = "IPv6"
+	}
+	sec.Lines = []ext.Line{{Key: "Mode", Value: fmt.Sprintf("tunnel (%s on UDP %d over an %s underlay, identity from the ipcache, pod MTU -%d)",
+		c.TunnelProtocol, c.Port(), under, c.Overhead(bool(u)))}}
 	dev := "not created yet"
 	switch {
 	case t == nil:

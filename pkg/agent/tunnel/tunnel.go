@@ -50,11 +50,11 @@ var Cell = cell.Module("tunnel", "Routing mode native or tunnel with a VXLAN or 
 	cell.Provide(lifecycle.Check(Config.validate)),
 	cell.Provide(lifecycle.Build[*Tunnel]),
 	cell.Config(DefaultConfig()),
-	cell.Provide(newCell, mtuOverhead, routeDevice, statusContribution),
+	cell.Provide(newCell, underlay, mtuOverhead, routeDevice, statusContribution),
 )
 
-func mtuOverhead(c Config) agentendpoints.MTUOverhead {
-	return agentendpoints.MTUOverhead(c.Overhead())
+func mtuOverhead(c Config, u Underlay6) agentendpoints.MTUOverhead {
+	return agentendpoints.MTUOverhead(c.Overhead(bool(u)))
 }
 
 func routeDevice(c Config) nodes.RouteDevice { return nodes.RouteDevice(c.Device()) }
@@ -249,6 +249,8 @@ type params struct {
 	// Encrypted: WireGuard wraps the tunnel (absent without the
 	// wireguard cell).
 	Encrypted Encrypted `optional:"true"`
+	// Underlay6: the node's underlay is IPv6 (the carrier's MTU).
+	Underlay6 Underlay6
 }
 
 // recheck is how often the device is checked (created again when gone).
@@ -262,7 +264,7 @@ func newCell(p params) (*Tunnel, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &netKernel{loader: p.Loader, linksDir: filepath.Join(p.Agent.BPFRoot, "links"), dsr: dsr}
+	k := &netKernel{loader: p.Loader, linksDir: filepath.Join(p.Agent.BPFRoot, "links"), dsr: dsr, underlay6: bool(p.Underlay6)}
 	t := New(p.Config, k, p.Log)
 	t.encrypted = bool(p.Encrypted)
 	// After the datapath's maps are open (the loader's hook is appended
@@ -297,8 +299,10 @@ type netKernel struct {
 	loader   *loader.Loader
 	linksDir string
 	dsr      bool // --bpf-lb-mode=dsr
-	nl       *netlink.Handle
-	progs    *dptunnel.Programs
+	// underlay6: the node's underlay is IPv6 (Underlay6).
+	underlay6 bool
+	nl        *netlink.Handle
+	progs     *dptunnel.Programs
 }
 
 // handle opens the netlink handle at the first use (at start, not while
@@ -339,7 +343,7 @@ func (k *netKernel) EnsureCarrier() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	l, err := dptunnel.EnsureCarrier(nl)
+	l, err := dptunnel.EnsureCarrier(nl, k.underlay6)
 	if err != nil {
 		return 0, err
 	}

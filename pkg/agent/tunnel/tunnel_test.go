@@ -310,16 +310,16 @@ func TestRoutingSectionDevice(t *testing.T) {
 	c := Config{RoutingMode: ModeTunnel, TunnelProtocol: "vxlan"}
 	k := &fakeKernel{ifindex: 7}
 	tun := New(c, k, slog.Default())
-	if got := routingSection(c, tun).Lines[1].Value; got != "not created yet" {
+	if got := routingSection(c, tun, false).Lines[1].Value; got != "not created yet" {
 		t.Errorf("before the first round: device %q", got)
 	}
 	if err := tun.Reconcile(); err != nil {
 		t.Fatal(err)
 	}
-	if got := routingSection(c, tun).Lines[1].Value; got != "tendril_vxlan (ifindex 7)" {
+	if got := routingSection(c, tun, false).Lines[1].Value; got != "tendril_vxlan (ifindex 7)" {
 		t.Errorf("after a round: device %q", got)
 	}
-	if got := routingSection(c, nil).Lines[1].Value; !strings.HasPrefix(got, "none") {
+	if got := routingSection(c, nil, false).Lines[1].Value; !strings.HasPrefix(got, "none") {
 		t.Errorf("without the datapath: device %q", got)
 	}
 	g := Config{RoutingMode: ModeTunnel, TunnelProtocol: "geneve"}
@@ -327,7 +327,7 @@ func TestRoutingSectionDevice(t *testing.T) {
 	if err := gtun.Reconcile(); err != nil {
 		t.Fatal(err)
 	}
-	if got := routingSection(g, gtun).Lines[1].Value; !strings.HasPrefix(got, "tendril_geneve (ifindex 3), a carrier: Geneve built and stripped in eBPF") {
+	if got := routingSection(g, gtun, false).Lines[1].Value; !strings.HasPrefix(got, "tendril_geneve (ifindex 3), a carrier: Geneve built and stripped in eBPF") {
 		t.Errorf("Geneve in eBPF: device %q", got)
 	}
 }

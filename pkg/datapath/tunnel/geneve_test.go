@@ -29,7 +29,7 @@ const (
 // it), forwarding is on (the FIB lookup from a pod's ingress is a
 // forwarding one), from_geneve sits in the host programs' tail-call slot
 // and tdr_tunnel_v1 has TUNNEL_F_GENEVE_BPF.
-func newGeneveNode(t *testing.T) *benchNode {
+func newGeneveNode(t testing.TB) *benchNode {
 	t.Helper()
 	n := newBenchNode(t, false)
 	up, err := netlink.LinkByIndex(n.uplink)
@@ -57,7 +57,7 @@ func newGeneveNode(t *testing.T) *benchNode {
 
 // runOut runs prog on pkt as if it came in on ifindex: the verdict and
 // the packet as the program left it.
-func runOut(t *testing.T, prog *ebpf.Program, ifindex int, pkt []byte) (uint32, []byte) {
+func runOut(t testing.TB, prog *ebpf.Program, ifindex int, pkt []byte) (uint32, []byte) {
 	t.Helper()
 	var ctx struct{ Fields [11]uint32 }
 	ctx.Fields[10] = uint32(ifindex)
@@ -225,7 +225,7 @@ func TestPrivilegedGeneveCarrier(t *testing.T) {
 	if _, err := n.nl.LinkByName(probeName); err == nil {
 		t.Errorf("the probe device %s was left", probeName)
 	}
-	if _, err := EnsureCarrier(n.nl); err != nil {
+	if _, err := EnsureCarrier(n.nl, false); err != nil {
 		t.Fatal(err)
 	}
 	carrier, err := n.nl.LinkByName("tendril_geneve")
@@ -236,7 +236,7 @@ func TestPrivilegedGeneveCarrier(t *testing.T) {
 	if _, ok := carrier.(*netlink.Ifb); !ok || a.Name != "tendril_geneve" || a.MTU != 1450 || a.Flags&net.FlagUp == 0 || a.RawFlags&unix.IFF_NOARP == 0 {
 		t.Errorf("carrier %s of kind %s, MTU %d, flags %v: want tendril_geneve, ifb, 1450, up, no ARP", a.Name, carrier.Type(), a.MTU, a.Flags)
 	}
-	again, err := EnsureCarrier(n.nl)
+	again, err := EnsureCarrier(n.nl, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,11 +40,16 @@ const (
 	DefaultGenevePort uint16 = 6081
 )
 
-// Overhead is the bytes the encapsulation adds to a packet over an IPv4
-// underlay: outer IPv4 (20), UDP (8), the VXLAN or Geneve base header (8)
+// Overhead is the bytes the encapsulation adds to a packet: outer IPv4
+// (20; IPv6, 40, when underlay6), UDP (8), the VXLAN or Geneve base header (8)
 // and the inner Ethernet header (14). The pods' MTU is lowered by it.
 // Tendril sets no Geneve option, so Geneve's is VXLAN's.
-func Overhead(Protocol) int { return 20 + 8 + 8 + 14 }
+func Overhead(_ Protocol, underlay6 bool) int {
+	if underlay6 {
+		return 40 + 8 + 8 + 14
+	}
+	return 20 + 8 + 8 + 14
+}
 
 // DeviceName is the node's tunnel device of protocol p.
 func DeviceName(p Protocol) string {
@@ -114,24 +119,26 @@ func up(nl *netlink.Handle, l netlink.Link) error {
 }
 
 // CarrierMTU is the carrier's MTU (EnsureCarrier): what the kernel gives
-// its own Geneve device over an IPv4 underlay of 1500 bytes, so the host's
-// packets leave room for the headers geneve_encap pushes.
-const CarrierMTU = 1500 - 20 - 8 - 8 - 14
+// its own Geneve device over an underlay of 1500 bytes, so the host's
+// packets leave room for the headers geneve_encap pushes: 1450 over IPv4,
+// 1430 over IPv6 (underlay6).
+func CarrierMTU(underlay6 bool) int { return 1500 - Overhead(Geneve, underlay6) }
 
 // EnsureCarrier creates (or keeps) the carrier of Geneve in eBPF: a
 // device named as the Geneve device (tendril_geneve, so the routes to the
 // peers' pod CIDRs go to it whichever Geneve the node runs) of kind ifb,
-// up, without ARP, its MTU CarrierMTU. It has no tunnel: its egress
+// up, without ARP, its MTU CarrierMTU(underlay6). It has no tunnel: its egress
 // program (to_overlay) encapsulates what the host stack routes to it and
 // redirects it out of the underlay; what the program does not redirect
 // reaches the ifb's transmit, which drops a packet no tc action sent it
 // (the kernel has no dummy module here, and ifb is the device that drops
 // what it is given). A tendril_geneve of another kind (a kernel Geneve
 // device of an earlier run) is replaced. It returns the device.
-func EnsureCarrier(nl *netlink.Handle) (netlink.Link, error) {
+func EnsureCarrier(nl *netlink.Handle, underlay6 bool) (netlink.Link, error) {
 	name := DeviceName(Geneve)
+	mtu := CarrierMTU(underlay6)
 	if l, err := nl.LinkByName(name); err == nil {
-		if _, ok := l.(*netlink.Ifb); ok && l.Attrs().MTU == CarrierMTU {
+		if _, ok := l.(*netlink.Ifb); ok && l.Attrs().MTU == mtu {
 			if err := up(nl, l); err != nil {
 				return nil, err
 			}
@@ -141,7 +148,7 @@ func EnsureCarrier(nl *netlink.Handle) (netlink.Link, error) {
 			return nil, fmt.Errorf("replace %s with the Geneve carrier: %w", name, err)
 		}
 	}
-	if err := nl.LinkAdd(&netlink.Ifb{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: CarrierMTU}}); err != nil {
+	if err := nl.LinkAdd(&netlink.Ifb{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: mtu}}); err != nil {
 		return nil, fmt.Errorf("create the Geneve carrier %s (ifb): %w", name, err)
 	}
 	l, err := nl.LinkByName(name)

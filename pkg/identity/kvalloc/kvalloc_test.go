@@ -16,10 +16,11 @@ import (
 
 	"github.com/tendril-net/tendril/pkg/identity"
 	"github.com/tendril-net/tendril/pkg/kvstore"
+	"github.com/tendril-net/tendril/pkg/kvstore/kvembed"
 )
 
 var (
-	server   *kvstore.Embedded
+	server   *kvembed.Server
 	startErr error
 )
 
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		startErr = err
 	} else {
-		server, startErr = kvstore.StartEmbedded(context.Background(), kvstore.EmbeddedConfig{Dir: dir, UnsafeNoFsync: true}, quiet())
+		server, startErr = kvembed.Start(context.Background(), kvembed.Config{Dir: dir, UnsafeNoFsync: true}, quiet())
 	}
 	code := m.Run()
 	if server != nil {

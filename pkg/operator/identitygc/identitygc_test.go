@@ -3,6 +3,7 @@ package identitygc
 import (
 	"context"
 	"fmt"
+	"github.com/tendril-net/tendril/pkg/kvstore/kvembed"
 	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"os"
 	"strconv"
@@ -223,7 +224,7 @@ func TestCRDChurn(t *testing.T) {
 // key that is gone, and after the churn every master and index key goes.
 func TestKVStoreChurn(t *testing.T) {
 	dir := t.TempDir()
-	srv, err := kvstore.StartEmbedded(context.Background(), kvstore.EmbeddedConfig{Dir: dir, UnsafeNoFsync: true}, operatortest.Quiet())
+	srv, err := kvembed.Start(context.Background(), kvembed.Config{Dir: dir, UnsafeNoFsync: true}, operatortest.Quiet())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package kvsync
 import (
 	"context"
 	"encoding/json"
+	"github.com/tendril-net/tendril/pkg/kvstore/kvembed"
 	"github.com/tendril-net/tendril/pkg/operator/operatortest"
 	"os"
 	"testing"
@@ -39,7 +40,7 @@ func TestSyncServicesAndNodes(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	srv, err := kvstore.StartEmbedded(ctx, kvstore.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true}, operatortest.Quiet())
+	srv, err := kvembed.Start(ctx, kvembed.Config{Dir: t.TempDir(), UnsafeNoFsync: true}, operatortest.Quiet())
 	if err != nil {
 		t.Fatal(err)
 	}

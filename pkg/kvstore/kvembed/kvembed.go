@@ -1,4 +1,8 @@
-package kvstore
+// Package kvembed runs a single-member etcd server in the calling process,
+// for tests, benchmarks and standalone labs. It is a package of its own so
+// that only they link etcd's server (about 10 MB of the binary): the agent
+// talks to an etcd it does not run (docs/kvstore.md).
+package kvembed
 
 import (
 	"context"
@@ -10,10 +14,12 @@ import (
 	"sync/atomic"
 
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/tendril-net/tendril/pkg/kvstore/etcdlog"
 )
 
-// EmbeddedConfig configures an in-process etcd server.
-type EmbeddedConfig struct {
+// Config configures an in-process etcd server.
+type Config struct {
 	// Dir holds the data (required). Starting again on the same Dir
 	// resumes the same data, revisions and leases.
 	Dir string
@@ -26,18 +32,18 @@ type EmbeddedConfig struct {
 	UnsafeNoFsync bool
 }
 
-// Embedded is a single-member etcd running in this process, for
+// Server is a single-member etcd running in this process, for
 // standalone labs and tests.
-type Embedded struct {
+type Server struct {
 	etcd      *embed.Etcd
 	endpoints []string
 	log       *slog.Logger
 	quiet     *atomic.Bool
 }
 
-// StartEmbedded starts etcd and waits until it serves clients (or ctx
+// Start starts etcd and waits until it serves clients (or ctx
 // ends).
-func StartEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*Embedded, error) {
+func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	if cfg.Dir == "" {
 		return nil, fmt.Errorf("embedded etcd: no data directory")
 	}
@@ -76,7 +82,7 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
 	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
 	quiet := new(atomic.Bool)
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newZapLogger(log.With("component", "etcd-server"), quiet))
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdlog.New(log.With("component", "etcd-server"), quiet))
 
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
@@ -96,17 +102,17 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 		endpoint = "http://" + e.Clients[0].Addr().String()
 	}
 	log.Info("Embedded etcd ready", "dir", cfg.Dir, "endpoint", endpoint)
-	return &Embedded{etcd: e, endpoints: []string{endpoint}, log: log, quiet: quiet}, nil
+	return &Server{etcd: e, endpoints: []string{endpoint}, log: log, quiet: quiet}, nil
 }
 
-// Endpoints are the client URLs to put in Config.Endpoints.
-func (e *Embedded) Endpoints() []string { return append([]string(nil), e.endpoints...) }
+// Endpoints are the client URLs to put in kvstore.Config.Endpoints.
+func (e *Server) Endpoints() []string { return append([]string(nil), e.endpoints...) }
 
 // Stop shuts the server down and waits until it has (ctx bounds the wait).
 // Connected clients see the connection drop. etcd lets open client streams
 // (watches) finish for up to about 7 s before it cuts them: close clients
 // first for a quick stop.
-func (e *Embedded) Stop(ctx context.Context) error {
+func (e *Server) Stop(ctx context.Context) error {
 	e.quiet.Store(true)
 	stopped := make(chan struct{})
 	go func() {

@@ -1,4 +1,6 @@
-package kvstore
+// Package etcdlog gives the etcd client and server, which log through zap,
+// a zap logger writing to log/slog.
+package etcdlog
 
 import (
 	"context"
@@ -9,13 +11,13 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// newZapLogger gives the etcd client and server (which log through zap) a
+// New gives the etcd client and server (which log through zap) a
 // logger that writes to log. Their messages go one level down (warn to
 // debug, error to warn): they are mostly retries that this package
 // reports itself, with context, when they matter. While quiet is set (an
 // embedded server shutting down, when failing accepts are expected) every
 // message is debug.
-func newZapLogger(log *slog.Logger, quiet *atomic.Bool) *zap.Logger {
+func New(log *slog.Logger, quiet *atomic.Bool) *zap.Logger {
 	if quiet == nil {
 		quiet = new(atomic.Bool)
 	}
