@@ -72,6 +72,7 @@ func realNode(st *State, n Node, cgMount string) realnode.Node {
 		Dir:             filepath.Join(st.Dir, "nodes", n.Name),
 		NetnsPath:       NetnsPath(n.Netns),
 		Address:         n.Address,
+		Address6:        n.Address6,
 		Kubeconfig:      st.NodeKubeconfig,
 		CgroupRoot:      realNodeCgroupRoot(st.Name, n.Name),
 		BPFDir:          n.BPFRoot,
@@ -344,6 +345,9 @@ func chartDir() string { return filepath.Join(repoRoot(), "deploy", "helm", "ten
 // namespace), Hubble with TLS between the relay and the agents (the
 // chart's default) and at the relay for its clients, from the Secrets of
 // createHubbleTLSSecrets; with --encryption wireguard, encryption.enabled.
+// In a dual-stack lab the agents take the IPv6 pod CIDR each Node has
+// beside its IPv4 one (their default ipv6-range, auto, defers to the
+// Node's podCIDRs); otherwise IPv6 is off.
 func chartValues(st *State, tag string) []string {
 	operators := min(len(st.Nodes), 2)
 	values := []string{
@@ -355,11 +359,13 @@ func chartValues(st *State, tag string) []string {
 		"hubble.tls.enabled=true",
 		"hubble.relay.tls.server.enabled=true",
 		"operator.replicas=" + strconv.Itoa(operators),
-		// The lab network is IPv4 only (as the default lab's agents).
-		"agent.extraConfig.ipv6-range=none",
 		// The load-balancer addresses of the lab's pool answered on-link
 		// (lbpool.go), as the default lab's agents do.
 		"l2Announcements.enabled=true",
+	}
+	if !st.Dual() {
+		// The lab network is IPv4 only (as the default lab's agents).
+		values = append(values, "agent.extraConfig.ipv6-range=none")
 	}
 	if st.Encryption == "wireguard" {
 		// Through the chart's values, as an operator would: the device

@@ -186,10 +186,6 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := ValidateIPFamily(cfg.IPFamily); err != nil {
 		return nil, err
 	}
-	if cfg.IPFamily == IPFamilyDual && cfg.Runtime == RuntimeContainerd {
-		// The real nodes' network (package realnode) is IPv4 only.
-		return nil, fmt.Errorf("--ip-family %s: not with --runtime %s", IPFamilyDual, RuntimeContainerd)
-	}
 	if cfg.Encryption != "" && cfg.Encryption != "wireguard" {
 		return nil, fmt.Errorf("--encryption %q: must be wireguard (or none)", cfg.Encryption)
 	}

@@ -29,6 +29,9 @@ type Node struct {
 	NetnsPath string
 	// Address is the node's InternalIP.
 	Address string
+	// Address6 is the node's IPv6 InternalIP in a dual-stack lab (empty
+	// otherwise): the kubelet registers the Node with both, IPv4 first.
+	Address6 string
 	// Kubeconfig reaches the API server from inside the node's network
 	// namespace.
 	Kubeconfig string
@@ -197,9 +200,18 @@ func KubeletArgs(n Node) []string {
 		"--root-dir", n.KubeletDir(),
 		"--cert-dir", filepath.Join(n.KubeletDir(), "pki"),
 		"--hostname-override", n.Name,
-		"--node-ip", n.Address,
+		"--node-ip", n.nodeIPs(),
 		"--v", "2",
 	}
+}
+
+// nodeIPs is the kubelet's --node-ip: the IPv4 address, and the IPv6 one
+// after it in a dual-stack lab (the first family is the Node's primary).
+func (n Node) nodeIPs() string {
+	if n.Address6 == "" {
+		return n.Address
+	}
+	return n.Address + "," + n.Address6
 }
 
 // ContainerdArgs is containerd's command line (after the binary).

@@ -107,6 +107,10 @@ func TestKubeletConfigYAML(t *testing.T) {
 			t.Errorf("kubelet args %q lack %q", args, w)
 		}
 	}
+	n.Address6 = "fd00:172:30::11"
+	if args := strings.Join(KubeletArgs(n), " "); !strings.Contains(args, "--node-ip 172.30.0.11,fd00:172:30::11 ") {
+		t.Errorf("dual stack: kubelet args %q lack both node IPs, IPv4 first", args)
+	}
 }
 
 func TestParseHierarchies(t *testing.T) {
