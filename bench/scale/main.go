@@ -37,6 +37,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/internal/procmem"
 	"github.com/tendril-net/tendril/pkg/client"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/dbinspect"
@@ -115,7 +116,7 @@ func parseAgents(s string) ([]agentBinary, error) {
 type result struct {
 	mode  string
 	agent string // the agentBinary's label
-	mem   procMem
+	mem   procmem.Mem
 	// liveMiB is the agent's heap in use after a forced GC, read after
 	// the memory reading (0: not read).
 	liveMiB                         float64
@@ -406,48 +407,6 @@ func (p *agentProc) stop() {
 	_ = os.RemoveAll(p.dir)
 }
 
-// procMem is a process's memory from /proc/PID/status, in MiB: the
-// resident set, its anonymous part (heap, stacks), its file-backed part
-// (the binary's pages the process touched) and the resident set's peak.
-type procMem struct {
-	RSS, Anon, File, HWM float64
-}
-
-func (m procMem) String() string {
-	return fmt.Sprintf("anon %.0f file %.0f peak %.0f MiB", m.Anon, m.File, m.HWM)
-}
-
-func readProcMem(pid int) procMem {
-	var m procMem
-	bs, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return m
-	}
-	for _, l := range strings.Split(string(bs), "\n") {
-		k, rest, ok := strings.Cut(l, ":")
-		f := strings.Fields(rest)
-		if !ok || len(f) == 0 {
-			continue
-		}
-		kb, err := strconv.Atoi(f[0])
-		if err != nil {
-			continue
-		}
-		v := float64(kb) / 1024
-		switch k {
-		case "VmRSS":
-			m.RSS = v
-		case "RssAnon":
-			m.Anon = v
-		case "RssFile":
-			m.File = v
-		case "VmHWM":
-			m.HWM = v
-		}
-	}
-	return m
-}
-
 // procStat is a process's RSS (MiB) and CPU time so far.
 func procStat(pid int) (rssMiB float64, cpu time.Duration) {
 	if bs, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
@@ -695,7 +654,7 @@ func (b *bench) point(ctx context.Context, mode string, a agentBinary) (result, 
 	time.Sleep(b.settle)
 	_, cpu0 := procStat(p.pid())
 	time.Sleep(b.steady)
-	r.mem = readProcMem(p.pid())
+	r.mem = procmem.Read(p.pid())
 	_, cpu1 := procStat(p.pid())
 	r.rssMiB, r.cpuPct = r.mem.RSS, 100*float64(cpu1-cpu0)/float64(b.steady)
 	// After the reading: the forced GC would otherwise shrink it.

@@ -53,6 +53,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tendril-net/tendril/bench/internal/procmem"
 	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/datapath/maps"
 	"github.com/tendril-net/tendril/pkg/namedns"
@@ -180,7 +181,7 @@ type result struct {
 	// mem is the agent's (or kube-proxy's) /proc status memory lines at
 	// the reading; liveMiB the agent's live heap after a forced GC
 	// (0: not read, -heap-profiles unset).
-	mem                 procMem
+	mem                 procmem.Mem
 	liveMiB             float64
 	changeP50, change99 time.Duration
 	changeN             int
@@ -674,49 +675,6 @@ func (p *proxy) stop() {
 	_ = os.RemoveAll(p.dir)
 }
 
-// procMem is a process's memory from /proc/PID/status, in MiB: the
-// resident set, its anonymous part (heap, stacks), its file-backed part
-// (the binary's text, rodata and pclntab pages the process touched) and
-// the resident set's peak.
-type procMem struct {
-	RSS, Anon, File, HWM float64
-}
-
-func (m procMem) String() string {
-	return fmt.Sprintf("anon %.0f file %.0f peak %.0f MiB", m.Anon, m.File, m.HWM)
-}
-
-func readProcMem(pid int) procMem {
-	var m procMem
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return m
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		k, rest, ok := strings.Cut(l, ":")
-		f := strings.Fields(rest)
-		if !ok || len(f) == 0 {
-			continue
-		}
-		kb, err := strconv.Atoi(f[0])
-		if err != nil {
-			continue
-		}
-		v := float64(kb) / 1024
-		switch k {
-		case "VmRSS":
-			m.RSS = v
-		case "RssAnon":
-			m.Anon = v
-		case "RssFile":
-			m.File = v
-		case "VmHWM":
-			m.HWM = v
-		}
-	}
-	return m
-}
-
 // connect opens one TCP connection from the client namespace (a socket made
 // there before) and returns the connect time and the backend's byte.
 func connect(dst netip.AddrPort, read bool) (time.Duration, byte, error) {
@@ -930,7 +888,7 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 	if b.c.settle > 0 {
 		time.Sleep(b.c.settle)
 	}
-	r.mem = readProcMem(p.cmd.Process.Pid)
+	r.mem = procmem.Read(p.cmd.Process.Pid)
 	r.rssMiB = r.mem.RSS
 	if isTendril(mode) && b.c.heapDir != "" {
 		if err := saveHeap(filepath.Join(b.c.heapDir, fmt.Sprintf("heap-%s-%d.pprof", mode, size))); err != nil {
