@@ -1246,23 +1246,13 @@ func saveHeap(path string) error {
 	return os.WriteFile(path, body, 0o644)
 }
 
-// liveHeapMiB is the agent's heap in use after a forced GC: HeapAlloc of
-// the runtime.MemStats that the text heap profile ends with.
+// liveHeapMiB is the agent's heap in use after a forced GC.
 func liveHeapMiB() (float64, error) {
 	body, err := agentPprofGet("/debug/pprof/heap?gc=1&debug=1")
 	if err != nil {
 		return 0, err
 	}
-	for _, l := range strings.Split(string(body), "\n") {
-		if rest, ok := strings.CutPrefix(l, "# HeapAlloc = "); ok {
-			n, err := strconv.ParseUint(strings.TrimSpace(rest), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("HeapAlloc %q: %w", rest, err)
-			}
-			return float64(n) / (1 << 20), nil
-		}
-	}
-	return 0, fmt.Errorf("no HeapAlloc in the agent's heap profile")
+	return procmem.HeapAllocMiB(body)
 }
 
 // agentPprofGet fetches path from the agent's pprof server. The connection

@@ -321,8 +321,12 @@ func (r Rules) CheckOwn(cidrs []netip.Prefix, nodeAddrs []netip.Addr) error {
 		is4 := c.Addr().Is4()
 		reason, detail := r.own(c, nil, nodeAddrs)
 		if reason == "" {
-			if max := map[bool]int{true: MaxPrefixIPv4, false: MaxPrefixIPv6}[is4]; c.Bits() > max {
-				reason, detail = ReasonTooLong, fmt.Sprintf("longer than /%d: no room for the router address and pods", max)
+			longest := MaxPrefixIPv6
+			if is4 {
+				longest = MaxPrefixIPv4
+			}
+			if c.Bits() > longest {
+				reason, detail = ReasonTooLong, fmt.Sprintf("longer than /%d: no room for the router address and pods", longest)
 			}
 		}
 		first := &have6

@@ -1,8 +1,9 @@
-// Package procmem reads a process's memory from /proc/PID/status for the
-// benchmarks that report an agent's memory (bench/services, bench/scale):
+// Package procmem reads a process's memory for the benchmarks that report
+// an agent's memory (bench/services, bench/scale): from /proc/PID/status
 // the resident set, its anonymous part (heap, stacks), its file-backed
 // part (the binary's text, rodata and pclntab pages the process touched)
-// and the resident set's peak, in MiB.
+// and the resident set's peak, in MiB; and the Go heap's live bytes from
+// a text heap profile.
 package procmem
 
 import (
@@ -58,4 +59,20 @@ func Parse(status string) Mem {
 		}
 	}
 	return m
+}
+
+// HeapAllocMiB is HeapAlloc of the runtime.MemStats that a text heap
+// profile (pprof's /debug/pprof/heap?debug=1; with gc=1, the live heap
+// after a forced collection) ends with.
+func HeapAllocMiB(profile []byte) (float64, error) {
+	for _, l := range strings.Split(string(profile), "\n") {
+		if rest, ok := strings.CutPrefix(l, "# HeapAlloc = "); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(rest), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("HeapAlloc %q: %w", rest, err)
+			}
+			return float64(n) / (1 << 20), nil
+		}
+	}
+	return 0, fmt.Errorf("no HeapAlloc in the heap profile")
 }

@@ -21,3 +21,16 @@ func TestReadSelf(t *testing.T) {
 		t.Fatal("Read of no process is not zero")
 	}
 }
+
+func TestHeapAllocMiB(t *testing.T) {
+	got, err := HeapAllocMiB([]byte("heap profile: 1: 2 [3: 4] @ heap/1048576\n\n# runtime.MemStats\n# Alloc = 1\n# HeapAlloc = 104857600\n# Sys = 3\n"))
+	if err != nil || got != 100 {
+		t.Fatalf("HeapAllocMiB = %v, %v; want 100", got, err)
+	}
+	if _, err := HeapAllocMiB([]byte("# Sys = 3\n")); err == nil {
+		t.Fatal("no error for a profile without HeapAlloc")
+	}
+	if _, err := HeapAllocMiB([]byte("# HeapAlloc = x\n")); err == nil {
+		t.Fatal("no error for a malformed HeapAlloc")
+	}
+}

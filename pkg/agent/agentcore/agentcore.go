@@ -74,11 +74,6 @@ func localNode(a option.Agent) (option.LocalNode, error) {
 	return n, option.Invalid(err)
 }
 
-// registerConfigStep is start step 1: the configuration is resolved
-// already; create the directory the agent owns and lock it, before any
-// step writes pins, restores endpoints or takes sockets over, so that a
-// second agent on the same state dir stops here and disturbs nothing of
-// the first. The lock goes when this step stops (or the process exits).
 // startHeapTrim adds the job that returns the idle Go heap to the kernel
 // once allocation is quiet (pkg/heaptrim: after the start and after a
 // burst such as a resync, about half of an idle agent's RSS is freed heap
@@ -92,6 +87,11 @@ func startHeapTrim(jobs job.Registry, h *health.Registry, m *metrics.Server, roo
 	return lifecycle.Invoked{}
 }
 
+// registerConfigStep is start step 1: the configuration is resolved
+// already; create the directory the agent owns and lock it, before any
+// step writes pins, restores endpoints or takes sockets over, so that a
+// second agent on the same state dir stops here and disturbs nothing of
+// the first. The lock goes when this step stops (or the process exits).
 func registerConfigStep(lc cell.Lifecycle, steps *lifecycle.Steps, cfg option.Agent) lifecycle.Invoked {
 	var lock *lockfile.Lock
 	steps.Append(lc, "config", func(context.Context) error {
