@@ -183,6 +183,8 @@ type result struct {
 	// (0: not read, -heap-profiles unset).
 	mem                 procmem.Mem
 	liveMiB             float64
+	// heap is the runtime's breakdown of its memory at that reading.
+	heap procmem.Heap
 	changeP50, change99 time.Duration
 	changeN             int
 	// watchP50/P99: when a plain watch saw the same changes.
@@ -274,7 +276,7 @@ func run(c config) error {
 				gaveUp[mode] = true
 				continue
 			}
-			log.Printf("%s %d: p50 %s p99 %s ready %s rss %.0f MiB (%s) live heap %.1f MiB", mode, size, r.p50, r.p99, r.ready, r.rssMiB, r.mem, r.liveMiB)
+			log.Printf("%s %d: p50 %s p99 %s ready %s rss %.0f MiB (%s) heap: %s", mode, size, r.p50, r.p99, r.ready, r.rssMiB, r.mem, r.heap)
 			results = append(results, r)
 		}
 	}
@@ -894,10 +896,10 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 		if err := saveHeap(filepath.Join(b.c.heapDir, fmt.Sprintf("heap-%s-%d.pprof", mode, size))); err != nil {
 			log.Printf("heap profile: %v", err)
 		}
-		if live, err := liveHeapMiB(); err != nil {
+		if h, err := agentHeap(); err != nil {
 			log.Printf("live heap: %v", err)
 		} else {
-			r.liveMiB = live
+			r.liveMiB, r.heap = h.Live, h
 		}
 	}
 	// Move the changed services back for the next mode.
@@ -1191,6 +1193,11 @@ func report(rs []result, c config) {
 	}
 	fmt.Println()
 	for _, r := range rs {
+		if r.heap.Live > 0 {
+			fmt.Printf("- %s at %d services, the runtime's account after a forced GC: %s\n", r.mode, r.size, r.heap)
+		}
+	}
+	for _, r := range rs {
 		if c.changesAt[r.size] && r.size != c.programSize && r.err == "" {
 			fmt.Printf("- one change realized at %d services, %s: p50 %s / p99 %s (%d); a plain watch saw it after p50 %s / p99 %s\n", r.size, r.mode,
 				r.changeP50.Round(10*time.Microsecond), r.change99.Round(10*time.Microsecond), r.changeN,
@@ -1246,13 +1253,14 @@ func saveHeap(path string) error {
 	return os.WriteFile(path, body, 0o644)
 }
 
-// liveHeapMiB is the agent's heap in use after a forced GC.
-func liveHeapMiB() (float64, error) {
+// agentHeap is the runtime's account of the agent's memory after a
+// forced GC (its live heap, the spans holding it, stacks, metadata).
+func agentHeap() (procmem.Heap, error) {
 	body, err := agentPprofGet("/debug/pprof/heap?gc=1&debug=1")
 	if err != nil {
-		return 0, err
+		return procmem.Heap{}, err
 	}
-	return procmem.HeapAllocMiB(body)
+	return procmem.ParseHeap(body)
 }
 
 // agentPprofGet fetches path from the agent's pprof server. The connection

@@ -76,3 +76,67 @@ func HeapAllocMiB(profile []byte) (float64, error) {
 	}
 	return 0, fmt.Errorf("no HeapAlloc in the heap profile")
 }
+
+// Heap is the Go runtime's own account of its memory, from the
+// runtime.MemStats that a text heap profile ends with, in MiB: what of
+// the anonymous resident set is live objects, what is the unused room of
+// the spans that hold them (fragmentation: a collection cannot return a
+// span with one live object left), stacks, the runtime's metadata and
+// free heap not yet returned to the kernel.
+type Heap struct {
+	// Live is HeapAlloc (after gc=1, the live objects).
+	Live float64
+	// Spans is HeapInuse: the spans holding live objects.
+	Spans float64
+	// Stacks is StackInuse.
+	Stacks float64
+	// Metadata is MSpanInuse + MCacheInuse + GCSys + OtherSys + BuckHashSys.
+	Metadata float64
+	// Unreturned is HeapIdle - HeapReleased: free spans the process
+	// still holds.
+	Unreturned float64
+}
+
+func (h Heap) String() string {
+	return fmt.Sprintf("live %.1f, spans %.1f (unused room %.1f), stacks %.1f, runtime metadata %.1f, free not returned %.1f MiB",
+		h.Live, h.Spans, h.Spans-h.Live, h.Stacks, h.Metadata, h.Unreturned)
+}
+
+// ParseHeap reads Heap from a text heap profile (debug=1).
+func ParseHeap(profile []byte) (Heap, error) {
+	v := map[string]uint64{}
+	for _, l := range strings.Split(string(profile), "\n") {
+		rest, ok := strings.CutPrefix(l, "# ")
+		if !ok {
+			continue
+		}
+		k, val, ok := strings.Cut(rest, " = ")
+		if !ok {
+			continue
+		}
+		// "Stack = inuse / sys", "MSpan = inuse / sys", "MCache = ...":
+		// the first figure is what is in use.
+		f := strings.Fields(val)
+		if len(f) == 0 {
+			continue
+		}
+		n, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		v[k] = n
+	}
+	for _, k := range []string{"HeapAlloc", "HeapInuse", "HeapIdle", "HeapReleased", "Stack", "MSpan", "GCSys", "OtherSys"} {
+		if _, ok := v[k]; !ok {
+			return Heap{}, fmt.Errorf("no %s in the heap profile", k)
+		}
+	}
+	mib := func(n uint64) float64 { return float64(n) / (1 << 20) }
+	return Heap{
+		Live:       mib(v["HeapAlloc"]),
+		Spans:      mib(v["HeapInuse"]),
+		Stacks:     mib(v["Stack"]),
+		Metadata:   mib(v["MSpan"] + v["MCache"] + v["GCSys"] + v["OtherSys"] + v["BuckHashSys"]),
+		Unreturned: mib(v["HeapIdle"] - v["HeapReleased"]),
+	}, nil
+}
