@@ -144,7 +144,7 @@ func (r *LocalRedirect) backendsFor(p ServicePort, all []ServicePort, v4 bool) [
 		if !single && b.PortName != p.Name {
 			continue
 		}
-		out = append(out, FrontendBackend{Addr: b.Addr, Active: true, Local: true})
+		out = append(out, FrontendBackend{Backend: &Backend{Addr: b.Addr}, Active: true, Local: true})
 	}
 	return out
 }

@@ -510,11 +510,25 @@ func (s *Service) hasNodePorts() bool {
 	return false
 }
 
-// sameFrontend compares everything but the status.
+// sameFrontend compares everything but the status. Of a backend, what a
+// frontend reads of it counts (address, node, zone and the frontend's
+// flags): a new row of the same backend (its slice replaced, a condition
+// changed that the flags already tell) leaves the frontend as it is.
 func sameFrontend(a, b *Frontend) bool {
+	if !sameBackends(a.Backends, b.Backends) || !sameBackends(a.Original, b.Original) {
+		return false
+	}
 	x, y := *a, *b
 	x.Status, y.Status = reconciler.Status{}, reconciler.Status{}
+	x.Backends, y.Backends, x.Original, y.Original = nil, nil, nil, nil
 	return reflect.DeepEqual(x, y)
+}
+
+func sameBackends(a, b []FrontendBackend) bool {
+	return slices.EqualFunc(a, b, func(x, y FrontendBackend) bool {
+		return x.Addr == y.Addr && x.NodeName == y.NodeName && x.Zone == y.Zone &&
+			x.Terminating == y.Terminating && x.Active == y.Active && x.Local == y.Local
+	})
 }
 
 // selectBackends picks the backends of port p of the given family: ready
@@ -547,7 +561,7 @@ func (w *Writer) selectBackends(svc *Service, p ServicePort, v4 bool, all []*Bac
 	ready := make([]FrontendBackend, 0, len(byAddr))
 	var draining []FrontendBackend
 	for _, b := range byAddr {
-		fb := FrontendBackend{Addr: b.Addr, NodeName: b.NodeName, Zone: b.Zone, Local: b.NodeName != "" && b.NodeName == w.nodeName}
+		fb := FrontendBackend{Backend: b, Local: b.NodeName != "" && b.NodeName == w.nodeName}
 		switch {
 		case b.Ready && !b.Terminating:
 			fb.Active = true
@@ -592,7 +606,9 @@ func (w *Writer) topology(svc *Service, ready []FrontendBackend, byAddr map[neti
 	hints := make([]Hints, len(ready))
 	for i, fb := range ready {
 		b := byAddr[fb.Addr]
-		hints[i] = Hints{ForNodes: b.ForNodes, ForZones: b.ForZones}
+		if b.Hints != nil {
+			hints[i] = *b.Hints
+		}
 	}
 	mode := TopologyMode(hints, w.nodeName, w.nodeZone)
 	if mode == TopologyNone {

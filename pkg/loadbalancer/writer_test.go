@@ -144,7 +144,7 @@ func TestWriterTopologyHints(t *testing.T) {
 	}
 	hinted := func(addr string, zones ...string) *Backend {
 		b := be(addr, true, true, false, "n")
-		b.ForZones = zones
+		b.Hints = &Hints{ForZones: zones}
 		return b
 	}
 	set := func(bs ...*Backend) {
@@ -198,7 +198,7 @@ func TestWriterTopologyHints(t *testing.T) {
 	// zone hints point.
 	onNode := func(addr, node string, zones ...string) *Backend {
 		b := hinted(addr, zones...)
-		b.ForNodes = []string{node}
+		b.Hints.ForNodes = []string{node}
 		return b
 	}
 	set(onNode("10.0.0.1:8080", "node-b", "z1"), onNode("10.0.0.2:8080", "node-a", "z2"))

@@ -33,7 +33,7 @@ func TestPrivilegedServiceFlowOutlivesBackendAndService(t *testing.T) {
 	frontend := func(backends ...netip.AddrPort) *loadbalancer.Frontend {
 		f := &loadbalancer.Frontend{Key: loadbalancer.FrontendKey{Addr: fe, Proto: loadbalancer.TCP}, Service: loadbalancer.ServiceName{Namespace: "ns", Name: "s"}}
 		for _, b := range backends {
-			f.Backends = append(f.Backends, loadbalancer.FrontendBackend{Addr: b, Active: true})
+			f.Backends = append(f.Backends, loadbalancer.FrontendBackend{Backend: &loadbalancer.Backend{Addr: b}, Active: true})
 		}
 		return f
 	}
@@ -79,7 +79,7 @@ func TestPrivilegedServiceFlowOutlivesBackendAndService(t *testing.T) {
 	dnsFE := netip.MustParseAddrPort("10.96.0.53:53")
 	dns := func(b netip.AddrPort) *loadbalancer.Frontend {
 		return &loadbalancer.Frontend{Key: loadbalancer.FrontendKey{Addr: dnsFE, Proto: loadbalancer.UDP}, Service: loadbalancer.ServiceName{Namespace: "ns", Name: "dns"},
-			Backends: []loadbalancer.FrontendBackend{{Addr: b, Active: true}}}
+			Backends: []loadbalancer.FrontendBackend{{Backend: &loadbalancer.Backend{Addr: b}, Active: true}}}
 	}
 	query := func() netip.AddrPort {
 		t.Helper()

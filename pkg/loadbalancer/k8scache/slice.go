@@ -77,13 +77,15 @@ func SliceFrom(es *discoveryv1.EndpointSlice) *Slice {
 		if ep.Zone != nil {
 			zone = k8s.Intern(*ep.Zone)
 		}
-		var forZones, forNodes []string
-		if ep.Hints != nil {
+		// One Hints for all of the endpoint's addresses and ports.
+		var hints *loadbalancer.Hints
+		if ep.Hints != nil && len(ep.Hints.ForZones)+len(ep.Hints.ForNodes) > 0 {
+			hints = &loadbalancer.Hints{}
 			for _, z := range ep.Hints.ForZones {
-				forZones = append(forZones, k8s.Intern(z.Name))
+				hints.ForZones = append(hints.ForZones, k8s.Intern(z.Name))
 			}
 			for _, n := range ep.Hints.ForNodes {
-				forNodes = append(forNodes, k8s.Intern(n.Name))
+				hints.ForNodes = append(hints.ForNodes, k8s.Intern(n.Name))
 			}
 		}
 		for _, a := range ep.Addresses {
@@ -116,7 +118,7 @@ func SliceFrom(es *discoveryv1.EndpointSlice) *Slice {
 				s.Backends = append(s.Backends, &loadbalancer.Backend{
 					Service: s.Service, Source: s.Name,
 					Addr: netip.AddrPortFrom(addr.Unmap(), uint16(*p.Port)), Proto: l4, PortName: portName,
-					NodeName: nodeName, Zone: zone, ForZones: forZones, ForNodes: forNodes, Ready: ready, Serving: serving, Terminating: terminating,
+					NodeName: nodeName, Zone: zone, Hints: hints, Ready: ready, Serving: serving, Terminating: terminating,
 				})
 			}
 		}

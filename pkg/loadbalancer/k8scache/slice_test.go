@@ -31,7 +31,7 @@ func TestSliceFrom(t *testing.T) {
 	if !ok || name != (loadbalancer.ServiceName{Namespace: "ns", Name: "web"}) || len(bs) != 2 {
 		t.Fatalf("%v %v %+v", ok, name, bs)
 	}
-	if b := bs[0]; !b.Ready || !b.Serving || b.Terminating || b.NodeName != "a" || b.Zone != "z1" || fmt.Sprint(b.ForZones, b.ForNodes) != "[z1] [a]" || b.Proto != loadbalancer.TCP || b.PortName != "http" || b.Service != name || b.Source != "web-abc" {
+	if b := bs[0]; !b.Ready || !b.Serving || b.Terminating || b.NodeName != "a" || b.Zone != "z1" || b.Hints == nil || fmt.Sprint(b.Hints.ForZones, b.Hints.ForNodes) != "[z1] [a]" || b.Proto != loadbalancer.TCP || b.PortName != "http" || b.Service != name || b.Source != "web-abc" {
 		t.Fatalf("unset conditions: %+v", b)
 	}
 	if b := bs[1]; b.Ready || !b.Serving || !b.Terminating {

@@ -51,7 +51,7 @@ func fe(addr string, proto uint8, backends ...loadbalancer.FrontendBackend) *loa
 }
 
 func act(addr string) loadbalancer.FrontendBackend {
-	return loadbalancer.FrontendBackend{Addr: netip.MustParseAddrPort(addr), Active: true}
+	return loadbalancer.FrontendBackend{Backend: &loadbalancer.Backend{Addr: netip.MustParseAddrPort(addr)}, Active: true}
 }
 
 func slotsOf(t *testing.T, m *maps.LBMaps, f *loadbalancer.Frontend) (maps.Service, []netip.AddrPort) {
@@ -87,7 +87,7 @@ func TestPrivilegedOpsWriteRestorePrune(t *testing.T) {
 		t.Fatal(err)
 	}
 	web := fe("10.96.0.10:80", loadbalancer.TCP, act("10.0.0.1:8080"), act("10.0.0.2:8080"),
-		loadbalancer.FrontendBackend{Addr: netip.MustParseAddrPort("10.0.0.3:8080"), Terminating: true})
+		loadbalancer.FrontendBackend{Backend: &loadbalancer.Backend{Addr: netip.MustParseAddrPort("10.0.0.3:8080")}, Terminating: true})
 	web.Affinity, web.AffinityTimeout = true, 30
 	dns := fe("10.96.0.53:53", loadbalancer.UDP, act("10.0.0.1:8080"))
 	dns.Maglev = true
@@ -207,7 +207,7 @@ func TestPrivilegedBackendLeavesAndReturnsAcrossRestart(t *testing.T) {
 	if _, err := o.Restore(); err != nil {
 		t.Fatal(err)
 	}
-	term := loadbalancer.FrontendBackend{Addr: netip.MustParseAddrPort("10.0.0.2:80"), Terminating: true, Active: true}
+	term := loadbalancer.FrontendBackend{Backend: &loadbalancer.Backend{Addr: netip.MustParseAddrPort("10.0.0.2:80")}, Terminating: true, Active: true}
 	steps := []*loadbalancer.Frontend{
 		fe("10.96.0.1:80", loadbalancer.TCP, act("10.0.0.1:80"), act("10.0.0.2:80")),
 		fe("10.96.0.1:80", loadbalancer.TCP, term),

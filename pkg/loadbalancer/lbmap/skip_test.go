@@ -52,7 +52,7 @@ func TestPrivilegedOpsSkipRedirectFromBackend(t *testing.T) {
 	dns.SkipClients, dns.SkipMode = []uint64{11, 12}, loadbalancer.SkipToOriginal
 	dns.SkipAddrs = []netip.Addr{netip.MustParseAddr("10.0.0.7")}
 	dns.Original = []loadbalancer.FrontendBackend{act("10.0.1.5:53"), act("10.0.1.6:53"),
-		{Addr: netip.MustParseAddrPort("10.0.1.9:53"), Terminating: true}}
+		{Backend: &loadbalancer.Backend{Addr: netip.MustParseAddrPort("10.0.1.9:53")}, Terminating: true}}
 	addr := fe("169.254.20.10:53", loadbalancer.UDP, act("10.0.0.7:53"))
 	addr.Type = loadbalancer.FrontendLocalRedirect
 	addr.SkipClients, addr.SkipMode = []uint64{11}, loadbalancer.SkipPass
