@@ -181,10 +181,10 @@ type result struct {
 	// mem is the agent's (or kube-proxy's) /proc status memory lines at
 	// the reading; liveMiB the agent's live heap after a forced GC
 	// (0: not read, -heap-profiles unset).
-	mem                 procmem.Mem
-	liveMiB             float64
+	mem     procmem.Mem
+	liveMiB float64
 	// heap is the runtime's breakdown of its memory at that reading.
-	heap procmem.Heap
+	heap                procmem.Heap
 	changeP50, change99 time.Duration
 	changeN             int
 	// watchP50/P99: when a plain watch saw the same changes.
