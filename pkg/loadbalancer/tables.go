@@ -202,6 +202,13 @@ func (b *Backend) key() index.Key {
 	k = append(append(k, b.Service.Namespace...), keyDelim)
 	k = append(append(k, b.Service.Name...), keyDelim)
 	k = append(append(k, b.Source...), keyDelim)
+	return appendAddrPort(k, a, b.Addr.Port(), b.Proto)
+}
+
+// appendAddrPort appends a in binary (4 bytes for IPv4, 16 for IPv6, an
+// IPv4-mapped address as 16: callers unmap it where the two are one),
+// the port (big endian) and the protocol.
+func appendAddrPort(k []byte, a netip.Addr, port uint16, proto uint8) []byte {
 	if a.Is4() {
 		v4 := a.As4()
 		k = append(k, v4[:]...)
@@ -209,7 +216,7 @@ func (b *Backend) key() index.Key {
 		v6 := a.As16()
 		k = append(k, v6[:]...)
 	}
-	return append(k, byte(b.Addr.Port()>>8), byte(b.Addr.Port()), b.Proto)
+	return append(k, byte(port>>8), byte(port), proto)
 }
 
 // TableHeader implements statedb.TableWritable.
@@ -435,16 +442,7 @@ var (
 // backend row, and the As16 form's ten zero bytes cost two each in
 // statedb's non-unique key encoding.
 func addrKey(k FrontendKey) index.Key {
-	a := k.Addr.Addr().Unmap()
-	out := make([]byte, 0, 19)
-	if a.Is4() {
-		v4 := a.As4()
-		out = append(out, v4[:]...)
-	} else {
-		v6 := a.As16()
-		out = append(out, v6[:]...)
-	}
-	return append(out, byte(k.Addr.Port()>>8), byte(k.Addr.Port()), k.Proto)
+	return appendAddrPort(make([]byte, 0, 19), k.Addr.Addr().Unmap(), k.Addr.Port(), k.Proto)
 }
 
 // Tables are the services, backends and frontends tables, and the local
