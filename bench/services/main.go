@@ -179,11 +179,10 @@ type result struct {
 	syncToMaps time.Duration // tendril: caches synced until the maps hold every frontend
 	rssMiB     float64
 	// mem is the agent's (or kube-proxy's) /proc status memory lines at
-	// the reading; liveMiB the agent's live heap after a forced GC
-	// (0: not read, -heap-profiles unset).
-	mem     procmem.Mem
-	liveMiB float64
-	// heap is the runtime's breakdown of its memory at that reading.
+	// the reading; heap the runtime's account of the agent's memory after
+	// a forced GC, its live heap among it (zero: not read, -heap-profiles
+	// unset).
+	mem                 procmem.Mem
 	heap                procmem.Heap
 	changeP50, change99 time.Duration
 	changeN             int
@@ -899,7 +898,7 @@ func (b *bench) point(ctx context.Context, size int, mode string) (result, error
 		if h, err := agentHeap(); err != nil {
 			log.Printf("live heap: %v", err)
 		} else {
-			r.liveMiB, r.heap = h.Live, h
+			r.heap = h
 		}
 	}
 	// Move the changed services back for the next mode.
@@ -1185,8 +1184,8 @@ func report(rs []result, c config) {
 			hook = fmt.Sprintf("%.0f", r.hookNs)
 		}
 		live := "—"
-		if r.liveMiB > 0 {
-			live = fmt.Sprintf("%.1f", r.liveMiB)
+		if r.heap.Live > 0 {
+			live = fmt.Sprintf("%.1f", r.heap.Live)
 		}
 		fmt.Printf("| %d | %s | %s | %s | %s / %s | %s | %d | %s | %s | %.0f | %.0f / %.0f / %.0f | %s |\n", r.size, r.mode, us(r.p50), us(r.p99), us(r.floorP50), us(r.floorP99),
 			hook, r.failed, r.ready.Round(time.Millisecond), s2m, r.rssMiB, r.mem.Anon, r.mem.File, r.mem.HWM, live)

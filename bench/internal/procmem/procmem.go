@@ -65,16 +65,50 @@ func Parse(status string) Mem {
 // profile (pprof's /debug/pprof/heap?debug=1; with gc=1, the live heap
 // after a forced collection) ends with.
 func HeapAllocMiB(profile []byte) (float64, error) {
+	v, err := memStats(profile, "HeapAlloc")
+	if err != nil {
+		return 0, err
+	}
+	return mib(v["HeapAlloc"]), nil
+}
+
+func mib(n uint64) float64 { return float64(n) / (1 << 20) }
+
+// memStats reads the "# Name = value" lines of a text heap profile's
+// MemStats ("Stack = inuse / sys" and the like: the first figure, what is
+// in use) and fails unless every one of want is there and a number.
+func memStats(profile []byte, want ...string) (map[string]uint64, error) {
+	v := map[string]uint64{}
+	bad := map[string]string{}
 	for _, l := range strings.Split(string(profile), "\n") {
-		if rest, ok := strings.CutPrefix(l, "# HeapAlloc = "); ok {
-			n, err := strconv.ParseUint(strings.TrimSpace(rest), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("HeapAlloc %q: %w", rest, err)
+		rest, ok := strings.CutPrefix(l, "# ")
+		if !ok {
+			continue
+		}
+		k, val, ok := strings.Cut(rest, " = ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(val)
+		if len(f) == 0 {
+			continue
+		}
+		n, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			bad[k] = val
+			continue
+		}
+		v[k] = n
+	}
+	for _, k := range want {
+		if _, ok := v[k]; !ok {
+			if val, ok := bad[k]; ok {
+				return nil, fmt.Errorf("%s %q in the heap profile: not a number", k, val)
 			}
-			return float64(n) / (1 << 20), nil
+			return nil, fmt.Errorf("no %s in the heap profile", k)
 		}
 	}
-	return 0, fmt.Errorf("no HeapAlloc in the heap profile")
+	return v, nil
 }
 
 // Heap is the Go runtime's own account of its memory, from the
@@ -104,34 +138,10 @@ func (h Heap) String() string {
 
 // ParseHeap reads Heap from a text heap profile (debug=1).
 func ParseHeap(profile []byte) (Heap, error) {
-	v := map[string]uint64{}
-	for _, l := range strings.Split(string(profile), "\n") {
-		rest, ok := strings.CutPrefix(l, "# ")
-		if !ok {
-			continue
-		}
-		k, val, ok := strings.Cut(rest, " = ")
-		if !ok {
-			continue
-		}
-		// "Stack = inuse / sys", "MSpan = inuse / sys", "MCache = ...":
-		// the first figure is what is in use.
-		f := strings.Fields(val)
-		if len(f) == 0 {
-			continue
-		}
-		n, err := strconv.ParseUint(f[0], 10, 64)
-		if err != nil {
-			continue
-		}
-		v[k] = n
+	v, err := memStats(profile, "HeapAlloc", "HeapInuse", "HeapIdle", "HeapReleased", "Stack", "MSpan", "GCSys", "OtherSys")
+	if err != nil {
+		return Heap{}, err
 	}
-	for _, k := range []string{"HeapAlloc", "HeapInuse", "HeapIdle", "HeapReleased", "Stack", "MSpan", "GCSys", "OtherSys"} {
-		if _, ok := v[k]; !ok {
-			return Heap{}, fmt.Errorf("no %s in the heap profile", k)
-		}
-	}
-	mib := func(n uint64) float64 { return float64(n) / (1 << 20) }
 	return Heap{
 		Live:       mib(v["HeapAlloc"]),
 		Spans:      mib(v["HeapInuse"]),
