@@ -143,13 +143,18 @@ func TestKVStoreInUseIdentitySurvivesLeaseExpiry(t *testing.T) {
 	o.partitionUntilCollected(t, ident.ID, labels)
 
 	o.proxy.Resume()
-	operatortest.WaitFor(t, "node-a to restore the identity and its reference", time.Minute, func() bool {
+	// The restore writes the master key, the reference, then the index
+	// key, in that order: wait for all three.
+	index := kvalloc.LabelsPrefix + kvalloc.LabelsHash(key)
+	want := strconv.Itoa(int(ident.ID))
+	operatortest.WaitFor(t, "node-a to restore the identity, its reference and its index key", time.Minute, func() bool {
 		m, mFound := o.get(t, master)
 		v, vFound := o.get(t, vk)
-		return mFound && m == key && vFound && v == strconv.Itoa(int(ident.ID))
+		_, xFound := o.get(t, index)
+		return mFound && m == key && vFound && v == want && xFound
 	})
-	if x, found := o.get(t, kvalloc.LabelsPrefix+kvalloc.LabelsHash(key)); !found || x != strconv.Itoa(int(ident.ID)) {
-		t.Fatalf("index key %q (found %v), want %d", x, found, ident.ID)
+	if x, _ := o.get(t, index); x != want {
+		t.Fatalf("index key %q, want %s", x, want)
 	}
 	// In use again: the GC unmarks it and keeps it past any grace.
 	for range 2 {
