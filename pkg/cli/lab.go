@@ -549,43 +549,20 @@ func newLabNodeProxyCommand(name *string) *cobra.Command {
 }
 
 func newLabWorkloadCommand() *cobra.Command {
-	var podName, tcp, udp string
-	var readyFD int
-	var reportPeer bool
-	var address string
-	cmd := &cobra.Command{
+	return &cobra.Command{
 		Use:    "workload --pod-name NAME --tcp PORTS --udp PORTS",
 		Short:  "A lab pod's server: answers every TCP connection and UDP datagram with the pod's name",
+		Long:   "The same server as the tendril-workload binary, which the lab's kubelet starts per pod (flags: --pod-name, --tcp, --udp, --ready-fd, --address, --report-peer).",
 		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			s := &workload.Server{Name: podName, ReportPeer: reportPeer, Address: address, Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))}
-			var err error
-			if s.TCPPorts, err = workload.ParsePorts(tcp); err != nil {
-				return fmt.Errorf("--tcp: %w", err)
-			}
-			if s.UDPPorts, err = workload.ParsePorts(udp); err != nil {
-				return fmt.Errorf("--udp: %w", err)
-			}
+		// The flags are the workload package's, parsed there, so that
+		// this command and tendril-workload cannot drift apart.
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := signalContext(cmd)
 			defer cancel()
-			return s.Serve(ctx, func() {
-				if readyFD <= 0 {
-					return
-				}
-				f := os.NewFile(uintptr(readyFD), "ready")
-				_, _ = f.WriteString("ready\n")
-				_ = f.Close()
-			})
+			return workload.RunCommand(ctx, "tendril lab workload", args, cmd.ErrOrStderr())
 		},
 	}
-	cmd.Flags().StringVar(&podName, "pod-name", "", "The name to answer with")
-	cmd.Flags().StringVar(&tcp, "tcp", "", "TCP ports, comma-separated")
-	cmd.Flags().StringVar(&udp, "udp", "", "UDP ports, comma-separated")
-	cmd.Flags().IntVar(&readyFD, "ready-fd", 0, "File descriptor to write a line to once every port listens")
-	cmd.Flags().StringVar(&address, "address", "", "Listen on this address only (default: every address)")
-	cmd.Flags().BoolVar(&reportPeer, "report-peer", false, "Answer with the name and the source address and port the connection came from (the lab's world server)")
-	return cmd
 }
 
 // validDNSName accepts what a pod might look up: labels of letters,

@@ -45,7 +45,7 @@ func TestImages(t *testing.T) {
 		"agent":    {[]string{"/usr/local/bin/tendril-agent"}, []string{"tendril", "tendril-agent", "tendril-cni"}},
 		"operator": {[]string{"/usr/local/bin/tendril-operator"}, []string{"tendril-operator"}},
 		"relay":    {[]string{"/usr/local/bin/tendril", "relay"}, []string{"tendril"}},
-		"workload": {[]string{"/usr/local/bin/tendril", "lab", "workload"}, []string{"tendril"}},
+		"workload": {[]string{"/usr/local/bin/tendril-workload"}, []string{"tendril-workload"}},
 	}
 	if len(res) != len(want) {
 		t.Fatalf("%d images, want %d", len(res), len(want))

@@ -11,7 +11,7 @@ import (
 )
 
 // Binaries are the static binaries the images are made of.
-var Binaries = []string{"tendril", "tendril-agent", "tendril-cni", "tendril-operator"}
+var Binaries = []string{"tendril", "tendril-agent", "tendril-cni", "tendril-operator", "tendril-workload"}
 
 // BinDir is where the binaries live inside every image.
 const BinDir = "/usr/local/bin"
@@ -40,9 +40,10 @@ type Meta struct {
 //     the CNI install and uninstall);
 //   - operator: tendril-operator;
 //   - relay: `tendril relay` (the relay is a subcommand of the CLI);
-//   - workload: `tendril lab workload`, the server the lab's pods run (it
+//   - workload: tendril-workload, the server the lab's pods run (it
 //     answers each TCP connection and UDP datagram with the pod's name;
-//     the connectivity test's probes talk to it).
+//     the connectivity test's probes talk to it). Its own small binary,
+//     not the CLI: every pod runs one.
 func Specs(binDir string, m Meta) []Spec {
 	bin := func(name string) File {
 		return File{Path: BinDir + "/" + name, Source: filepath.Join(binDir, name), Mode: 0o755}
@@ -71,8 +72,8 @@ func Specs(binDir string, m Meta) []Spec {
 			bin("tendril-operator")),
 		spec("relay", "tendril relay", []string{BinDir + "/tendril", "relay"},
 			bin("tendril")),
-		spec("workload", "tendril lab workload", []string{BinDir + "/tendril", "lab", "workload"},
-			bin("tendril")),
+		spec("workload", "tendril-workload", []string{BinDir + "/tendril-workload"},
+			bin("tendril-workload")),
 	}
 }
 

@@ -532,8 +532,8 @@ func workloadPod(name, image string) *corev1.Pod {
 }
 
 // WorkloadContainer is the workload as a real container (image: the
-// workload image of `make images`, never pulled): its entrypoint (tendril
-// lab workload) answers on 80 and 81, TCP and UDP, with its pod's name
+// workload image of `make images`, never pulled): its entrypoint
+// (tendril-workload) answers on 80 and 81, TCP and UDP, with its pod's name
 // (as the lab kubelet's pods do), Ready once it accepts on 80.
 func WorkloadContainer(image string) corev1.Container {
 	var ports []corev1.ContainerPort

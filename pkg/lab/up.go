@@ -32,7 +32,7 @@ type Config struct {
 	Name        string
 	Nodes       int
 	PodsPerNode int
-	// BinDir holds tendril, tendril-agent and tendril-cni.
+	// BinDir holds tendril, tendril-agent, tendril-cni and tendril-workload.
 	BinDir string
 	// AgentArgs are extra flags for every node's tendril-agent (e.g.
 	// --datapath-attach-mode=tc); the lab's own flags come first, so a
@@ -192,7 +192,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := PrepareHost(out); err != nil {
 		return nil, err
 	}
-	binaries := []string{"tendril", "tendril-agent", "tendril-cni"}
+	binaries := []string{"tendril", "tendril-agent", "tendril-cni", WorkloadBinary}
 	if cfg.Runtime == RuntimeContainerd {
 		binaries = append(binaries, PauseBinary)
 		if _, err := imageArchives(cfg.ImagesDir); err != nil {

@@ -185,11 +185,16 @@ func routeNodeSubnets(w *World, nodes []Node) error {
 	})
 }
 
+// WorkloadBinary is a lab pod's server (cmd/tendril-workload), beside
+// tendril in the bin dir: the lab's kubelet starts one per pod and the
+// world runs it as its server.
+const WorkloadBinary = "tendril-workload"
+
 // worldServerArgv runs the lab workload as the world's server at address,
 // in the world namespace, answering with the peer it sees.
 func worldServerArgv(st *State, address string) []string {
 	ports := workload.FormatPorts(WorldServerPorts)
-	return []string{"nsenter", "--net=" + NetnsPath(st.World.Netns), filepath.Join(st.BinDir, "tendril"), "lab", "workload",
+	return []string{"nsenter", "--net=" + NetnsPath(st.World.Netns), filepath.Join(st.BinDir, WorkloadBinary),
 		"--pod-name", worldServerName, "--tcp", ports, "--udp", ports, "--report-peer", "--address", address}
 }
 

@@ -103,7 +103,7 @@ func startLab(dir string) (*env, error) {
 		return nil, err
 	}
 	b := binaries.NewBuilder(dir)
-	for _, name := range []string{"tendril", "tendril-agent", "tendril-cni", "tendril-operator"} {
+	for _, name := range []string{"tendril", "tendril-agent", "tendril-cni", "tendril-operator", lab.WorkloadBinary} {
 		p, err := b.Build(name)
 		if err != nil {
 			return nil, err

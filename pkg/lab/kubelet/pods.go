@@ -274,7 +274,7 @@ func (w *podWorker) setup(ctx context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
-// startWorkload runs `tendril lab workload` in the pod's namespace and
+// startWorkload runs tendril-workload in the pod's namespace and
 // waits until it listens on every port: it writes a line to the pipe it
 // gets as fd 3 once all its sockets are bound.
 func (w *podWorker) startWorkload(sb *sandbox, pod *corev1.Pod, tcp, udp []int) error {
@@ -291,7 +291,7 @@ func (w *podWorker) startWorkload(sb *sandbox, pod *corev1.Pod, tcp, udp []int) 
 	}
 	defer pr.Close()
 	coreDNS := isCoreDNS(pod)
-	argv := []string{"nsenter", "--net=" + lab.NetnsPath(sb.netns), filepath.Join(st.BinDir, "tendril"), "lab", "workload",
+	argv := []string{"nsenter", "--net=" + lab.NetnsPath(sb.netns), filepath.Join(st.BinDir, lab.WorkloadBinary),
 		"--pod-name", pod.Name, "--tcp", workload.FormatPorts(tcp), "--udp", workload.FormatPorts(udp), "--ready-fd", "3"}
 	// A lab pod whose container asks for it answers with the address it
 	// sees the client from too (tests of source NAT and its absence).

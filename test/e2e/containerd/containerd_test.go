@@ -45,13 +45,13 @@ func moduleRoot(t *testing.T) string {
 
 // buildLab builds what `lab up --runtime containerd` runs from this
 // checkout: the lab's binaries (tendril, tendril-agent, tendril-cni,
-// tendril-pause) and the image archives of `make images`. The control
+// tendril-pause, tendril-workload) and the image archives of `make images`. The control
 // plane and node binaries lab up builds itself when missing
 // (hack/k8s-binaries.sh, hack/node-binaries.sh).
 func buildLab(t *testing.T) (binDir, imagesDir string) {
 	binDir, imagesDir = t.TempDir(), t.TempDir()
 	b := binaries.NewBuilder(binDir)
-	for _, name := range []string{"tendril", "tendril-agent", "tendril-cni", lab.PauseBinary} {
+	for _, name := range []string{"tendril", "tendril-agent", "tendril-cni", lab.PauseBinary, lab.WorkloadBinary} {
 		p, err := b.Build(name)
 		if err != nil {
 			t.Fatal(err)
