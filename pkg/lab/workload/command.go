@@ -19,6 +19,11 @@ import (
 func RunCommand(ctx context.Context, name string, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: %s --pod-name NAME --tcp PORTS --udp PORTS [--address ADDR] [--report-peer] [--ready-fd FD]\n\n"+
+			"A lab pod's server: answers every TCP connection and UDP datagram with the pod's name.\n\nFlags:\n", name)
+		fs.PrintDefaults()
+	}
 	podName := fs.String("pod-name", "", "The name to answer with")
 	tcp := fs.String("tcp", "", "TCP ports, comma-separated")
 	udp := fs.String("udp", "", "UDP ports, comma-separated")

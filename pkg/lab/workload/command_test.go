@@ -27,6 +27,18 @@ func TestRunCommandFlags(t *testing.T) {
 	}
 }
 
+// TestRunCommandHelp: --help prints the usage (what an image's
+// entrypoint check looks for) and is no error.
+func TestRunCommandHelp(t *testing.T) {
+	var out strings.Builder
+	if err := RunCommand(context.Background(), "tendril-workload", []string{"--help"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "Usage: tendril-workload --pod-name NAME") || !strings.Contains(out.String(), "-report-peer") {
+		t.Errorf("usage:\n%s", out.String())
+	}
+}
+
 // TestRunCommandServesAndReportsReady: the command line of the lab's
 // kubelet (--ready-fd 3 there; here a pipe's descriptor) gets a
 // server that says ready once it listens, answers with --pod-name and the
