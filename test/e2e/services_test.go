@@ -64,7 +64,7 @@ func TestPrivilegedLabNodeCgroupsAndSocketLB(t *testing.T) {
 				continue
 			}
 			i := slices.Index(args, "--pod-name")
-			if !slices.Contains(args, "workload") || i < 0 || i+1 >= len(args) {
+			if filepath.Base(args[0]) != lab.WorkloadBinary || i < 0 || i+1 >= len(args) {
 				t.Errorf("node %s: process %s in the node's cgroup %s is no workload: %q", n.Name, f, dir, args)
 				continue
 			}
