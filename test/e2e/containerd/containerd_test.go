@@ -260,13 +260,14 @@ func TestPrivilegedLabContainerdConnectivity(t *testing.T) {
 // defaultLabFromImages runs the lab's default mode (its own kubelet, pods
 // as namespaces) on the binaries the images carry: tendril-agent,
 // tendril-cni and tendril from the agent image, tendril-operator from the
-// operator's, extracted as a runtime would; the connectivity test must
+// operator's, tendril-workload from the workload image, extracted as a
+// runtime would; the connectivity test must
 // pass on them. The lab's own commands (lab up, its kubelets' side) are
 // the tree's tendril, since the image's is built without the source tree
 // the lab reads its scripts from.
 func defaultLabFromImages(t *testing.T, tendril, imagesDir string) {
 	root := t.TempDir()
-	for _, name := range []string{"agent", "operator"} {
+	for _, name := range []string{"agent", "operator", "workload"} {
 		a, err := images.ReadArchive(filepath.Join(imagesDir, name+".tar"), t.TempDir())
 		if err != nil {
 			t.Fatal(err)
