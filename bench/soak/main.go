@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/tendril-net/tendril/pkg/controlplane"
 	"github.com/tendril-net/tendril/pkg/k8s"
@@ -32,14 +33,16 @@ func main() {
 	flag.IntVar(&cfg.MaxInFlight, "max-in-flight", cfg.MaxInFlight, "Most pods alive at once")
 	flag.IntVar(&cfg.Allow.Goroutines, "allow-goroutines", cfg.Allow.Goroutines, "Agent goroutines allowed above the start")
 	flag.IntVar(&cfg.Allow.FDs, "allow-fds", cfg.Allow.FDs, "Agent file descriptors allowed above the start")
+	heapEvery := flag.Duration("heap-every", 5*time.Minute, "Interval of the agents' live-heap readings (pprof after a forced GC; 0: none)")
+	heapDir := flag.String("heap-profiles", "", "Directory for a heap profile of each agent at each live-heap reading (compare two with go tool pprof -base)")
 	flag.Parse()
-	if err := run(*name, cfg); err != nil {
+	if err := run(*name, cfg, *heapEvery, *heapDir); err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(1)
 	}
 }
 
-func run(name string, cfg soak.Config) error {
+func run(name string, cfg soak.Config, heapEvery time.Duration, heapDir string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	st, err := lab.LoadState(name)
@@ -56,9 +59,29 @@ func run(name string, cfg soak.Config) error {
 	}
 	cfg.Lab, cfg.Clients = st, cl
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if heapDir != "" {
+		if err := os.MkdirAll(heapDir, 0o755); err != nil {
+			return err
+		}
+	}
+	var heaps *heapSampler
+	hctx, stopHeaps := context.WithCancel(ctx)
+	heapsDone := make(chan struct{})
+	if heapEvery > 0 {
+		heaps = &heapSampler{st: st, every: heapEvery, dir: heapDir, samples: map[string][]heapSample{}, errs: map[string]error{}}
+		go func() { defer close(heapsDone); heaps.run(hctx) }()
+	} else {
+		close(heapsDone)
+	}
 	res, err := soak.Run(ctx, cfg)
+	stopHeaps()
+	<-heapsDone
 	if res != nil {
 		res.Markdown(os.Stdout)
+	}
+	if heaps != nil {
+		fmt.Println()
+		heaps.markdown(os.Stdout, cfg.Duration)
 	}
 	if err != nil {
 		return err

@@ -9,6 +9,11 @@
 #   bench/soak/run.sh                  # one hour
 #   bench/soak/run.sh -duration 10m
 #   KEEP=1 bench/soak/run.sh -duration 2m   # leave the lab up after
+#   bench/soak/run.sh -heap-profiles /tmp/soak-heaps   # keep each reading's profile
+#
+# Every agent serves pprof in its node's namespace: the soak reads each
+# one's live heap after a forced GC every -heap-every (5m), so a rising
+# RSS can be told apart from a leak.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 LAB=${LAB:-soak}
@@ -28,6 +33,7 @@ $T lab --name "$LAB" down >/dev/null 2>&1 || true
 # is one the GC missed, not one within its grace period.
 $T lab --name "$LAB" up --nodes 2 --pods-per-node 0 \
 	--operator-arg=--identity-gc-interval=10s --operator-arg=--identity-heartbeat-timeout=20s \
-	--operator-arg=--endpoint-gc-interval=10s >/tmp/tendril-soak-up.log 2>&1 ||
+	--operator-arg=--endpoint-gc-interval=10s \
+	--agent-arg=--pprof-serve-addr=127.0.0.1:6060 >/tmp/tendril-soak-up.log 2>&1 ||
 	{ cat /tmp/tendril-soak-up.log; exit 1; }
 bin/soak -lab "$LAB" "$@"

@@ -360,8 +360,9 @@ func nameKey(n ServiceName) index.Key { return index.String(n.String()) }
 // (the API server's names are DNS labels, and JSON decodes to valid
 // UTF-8), so no name runs into the next. Not NUL: statedb escapes each
 // NUL (and 0x01) of a key into two bytes when it copies the primary key
-// into a non-unique index's key (BackendByAddr), which put the address
-// index's keys in the 80-byte size class instead of 48.
+// into a non-unique index's key, so any such index over the table would
+// hold longer keys (the address index that was one went from the 48-byte
+// size class to 80 with NULs).
 const keyDelim = 0xff
 
 // servicePrefix is how every backend key of service n starts (see
@@ -424,26 +425,7 @@ var (
 		FromObject: func(f *Frontend) index.KeySet { return index.NewKeySet(nameKey(f.Service)) },
 		FromKey:    nameKey,
 	}
-	// BackendByAddr finds the backends at an address, port and protocol
-	// (of every service that lists it): flows name the service of a
-	// backend address by it without scanning the frontends.
-	BackendByAddr = statedb.Index[*Backend, FrontendKey]{
-		Name: "address",
-		FromObject: func(b *Backend) index.KeySet {
-			return index.NewKeySet(addrKey(FrontendKey{Addr: b.Addr, Proto: b.Proto}))
-		},
-		FromKey: addrKey,
-	}
 )
-
-// addrKey is a compact binary key of an address, port and protocol: the
-// address in 4 bytes for IPv4 (an IPv4-mapped IPv6 address the same as
-// its IPv4 one), 16 for IPv6, so 7 or 19 bytes; a copy is stored once per
-// backend row, and the As16 form's ten zero bytes cost two each in
-// statedb's non-unique key encoding.
-func addrKey(k FrontendKey) index.Key {
-	return appendAddrPort(make([]byte, 0, 19), k.Addr.Addr().Unmap(), k.Addr.Port(), k.Proto)
-}
 
 // Tables are the services, backends and frontends tables, and the local
 // redirect policies that change frontends.
@@ -462,7 +444,7 @@ func NewTables(db *statedb.DB) (*Tables, error) {
 	if t.Services, err = statedb.NewTable(db, "services", ServiceByName, ServiceByHealthCheck); err != nil {
 		return nil, fmt.Errorf("services table: %w", err)
 	}
-	if t.Backends, err = statedb.NewTable(db, "backends", BackendByKey, BackendByAddr); err != nil {
+	if t.Backends, err = statedb.NewTable(db, "backends", BackendByKey); err != nil {
 		return nil, fmt.Errorf("backends table: %w", err)
 	}
 	if t.Frontends, err = statedb.NewTable(db, "frontends", FrontendByKey, FrontendByService); err != nil {

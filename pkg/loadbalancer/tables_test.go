@@ -2,8 +2,6 @@ package loadbalancer
 
 import (
 	"net/netip"
-	"strconv"
-	"strings"
 	"testing"
 )
 
@@ -96,43 +94,3 @@ func TestBackendKey(t *testing.T) {
 	}
 }
 
-// TestBackendByAddr: the address index finds every service's backends at
-// an address, port and protocol, an IPv4 address the same as its
-// IPv4-mapped form, and nothing at another port, protocol or family; its
-// IPv4 key is 7 bytes.
-func TestBackendByAddr(t *testing.T) {
-	w := newTestWriter(t)
-	a := ServiceName{Namespace: "ns", Name: "a"}
-	b := ServiceName{Namespace: "ns", Name: "b"}
-	at := func(svc ServiceName, addr string, proto uint8) *Backend {
-		return &Backend{Service: svc, Source: svc.Name + "-1", Addr: netip.MustParseAddrPort(addr), Proto: proto}
-	}
-	if err := w.SetBackends(a, "a-1", []*Backend{at(a, "10.0.0.1:80", TCP), at(a, "[fd00::1]:80", TCP)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.SetBackends(b, "b-1", []*Backend{at(b, "10.0.0.1:80", TCP), at(b, "10.0.0.1:80", UDP)}); err != nil {
-		t.Fatal(err)
-	}
-	txn := w.t.DB.ReadTxn()
-	for q, want := range map[string]int{
-		"10.0.0.1:80/6": 2, "[::ffff:10.0.0.1]:80/6": 2, "10.0.0.1:80/17": 1, "10.0.0.1:81/6": 0,
-		"[fd00::1]:80/6": 1, "[::1]:80/6": 0, "10.0.0.2:80/6": 0,
-	} {
-		addr, proto, _ := strings.Cut(q, "/")
-		p, _ := strconv.Atoi(proto)
-		key := FrontendKey{Addr: netip.MustParseAddrPort(addr), Proto: uint8(p)}
-		n := 0
-		for be := range w.t.Backends.List(txn, BackendByAddr.Query(key)) {
-			if be.Addr.Addr().Unmap() != key.Addr.Addr().Unmap() || be.Addr.Port() != key.Addr.Port() || be.Proto != key.Proto {
-				t.Fatalf("%s found %+v", q, be)
-			}
-			n++
-		}
-		if n != want {
-			t.Fatalf("%s: %d backends, want %d", q, n, want)
-		}
-	}
-	if n := len(addrKey(FrontendKey{Addr: netip.MustParseAddrPort("10.0.0.1:80"), Proto: TCP})); n != 7 {
-		t.Fatalf("IPv4 address key: %d bytes, want 7", n)
-	}
-}

@@ -38,6 +38,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/k8s/watchers"
 	"github.com/tendril-net/tendril/pkg/lifecycle"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/backendaddrs"
 	"github.com/tendril-net/tendril/pkg/logging"
 	"github.com/tendril-net/tendril/pkg/metrics"
 	"github.com/tendril-net/tendril/pkg/nodemanager"
@@ -308,6 +309,14 @@ type Module struct {
 	clusterName string
 	tls         bool
 	unsubscribe func()
+
+	// backends names the service of a backend address for the flows,
+	// kept by a follower of the backends table from Start to Stop.
+	db             *statedb.DB
+	backendsTbl    statedb.Table[*loadbalancer.Backend]
+	backends       *backendaddrs.Index
+	stopFollowing  context.CancelFunc
+	followingEnded chan struct{}
 }
 
 // Params are the cell's dependencies.
@@ -368,7 +377,7 @@ func New(p Params) (*Module, error) {
 	}
 	repo := p.Policy.Repository()
 	know := &nodeKnowledge{node: p.Node.Name, identities: p.Identities, eps: p.Endpoints, ipcache: p.IPCache, repo: repo, cidrLabels: p.Policy.CIDRIdentityLabels}
-	know.services = &serviceKnowledge{db: p.DB, frontends: p.Frontends, backends: p.Backends}
+	know.services = &serviceKnowledge{db: p.DB, frontends: p.Frontends, backends: backendaddrs.New()}
 	know.selecting, know.defaultDeny = p.Policy.SelectingRules, &defaultDenying{repo: repo}
 	know.cgroups = p.Cgroups
 	mx := p.Config.MetricsExport
@@ -404,6 +413,9 @@ func New(p Params) (*Module, error) {
 		lost:        p.Datapath.EventsLost,
 		metricNames: mx.Metrics,
 		export:      export,
+		db:          p.DB,
+		backendsTbl: p.Backends,
+		backends:    know.services.backends,
 	}
 	p.Metrics.Registry.MustRegister(newFlowsCollector(obs))
 	// The datapath's event reader feeds the observer; it is set before the
@@ -419,8 +431,12 @@ func New(p Params) (*Module, error) {
 // follows the Node objects into the Peer service's set, and opens the
 // export file first, so the flows served are exported too.
 func (m *Module) Start(context.Context) error {
+	if err := m.followBackends(); err != nil {
+		return err
+	}
 	if m.export != nil {
 		if err := m.export.start(m); err != nil {
+			m.stopFollowingBackends()
 			return err
 		}
 	}
@@ -428,9 +444,34 @@ func (m *Module) Start(context.Context) error {
 		if m.export != nil {
 			_ = m.export.stop()
 		}
+		m.stopFollowingBackends()
 		return err
 	}
 	return nil
+}
+
+// followBackends keeps the backend address index in step with the
+// backends table until Stop.
+func (m *Module) followBackends() error {
+	f, err := backendaddrs.NewFollower(m.backends, m.db, m.backendsTbl)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.stopFollowing, m.followingEnded = cancel, make(chan struct{})
+	go func() {
+		defer close(m.followingEnded)
+		f.Run(ctx)
+	}()
+	return nil
+}
+
+func (m *Module) stopFollowingBackends() {
+	if m.stopFollowing != nil {
+		m.stopFollowing()
+		<-m.followingEnded
+		m.stopFollowing = nil
+	}
 }
 
 // startServing follows the nodes (for the Peer service) and serves.
@@ -472,6 +513,7 @@ func (m *Module) Stop(context.Context) error {
 	if m.unsubscribe != nil {
 		m.unsubscribe()
 	}
+	m.stopFollowingBackends()
 	m.server.Stop()
 	if m.export != nil {
 		return m.export.stop()

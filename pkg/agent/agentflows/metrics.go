@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/pkg/hubble/exporter"
 	"github.com/tendril-net/tendril/pkg/hubble/flowmetrics"
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/backendaddrs"
 	"github.com/tendril-net/tendril/pkg/observer"
 	"github.com/tendril-net/tendril/pkg/policy"
 )
@@ -219,15 +220,16 @@ func (m *Module) HubbleModel() *models.HubbleStatus {
 
 // serviceKnowledge names services from the load balancer's tables: a
 // frontend by its address, else the service of a backend at that address
-// (a backend shared by several services names the first by name). Both are
-// index lookups in the current snapshot, so a changed service costs the
-// flows nothing: a copy of every frontend and backend rebuilt on each
-// change was O(all backends) per change (a million entries at 100,000
-// services of 10 backends).
+// (a backend shared by several services names the first by name). The
+// frontend is an index lookup in the current snapshot and the backend one
+// in the backend address index that follows the backends table, so a
+// changed service costs the flows nothing: a copy of every frontend and
+// backend rebuilt on each change was O(all backends) per change (a
+// million entries at 100,000 services of 10 backends).
 type serviceKnowledge struct {
 	db        *statedb.DB
 	frontends statedb.Table[*loadbalancer.Frontend]
-	backends  statedb.Table[*loadbalancer.Backend]
+	backends  *backendaddrs.Index
 }
 
 func (k *serviceKnowledge) ServiceByAddr(a netip.AddrPort, proto uint8) (observer.Service, bool) {
@@ -235,12 +237,11 @@ func (k *serviceKnowledge) ServiceByAddr(a netip.AddrPort, proto uint8) (observe
 		return observer.Service{}, false
 	}
 	key := loadbalancer.FrontendKey{Addr: a, Proto: proto}
-	txn := k.db.ReadTxn()
-	if f, _, ok := k.frontends.Get(txn, loadbalancer.FrontendByKey.Query(key)); ok {
+	if f, _, ok := k.frontends.Get(k.db.ReadTxn(), loadbalancer.FrontendByKey.Query(key)); ok {
 		return observer.Service{Namespace: f.Service.Namespace, Name: f.Service.Name}, true
 	}
-	for b := range k.backends.List(txn, loadbalancer.BackendByAddr.Query(key)) {
-		return observer.Service{Namespace: b.Service.Namespace, Name: b.Service.Name}, true
+	if s, ok := k.backends.ServiceOf(a, proto); ok {
+		return observer.Service{Namespace: s.Namespace, Name: s.Name}, true
 	}
 	return observer.Service{}, false
 }

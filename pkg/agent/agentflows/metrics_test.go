@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/tendril-net/tendril/pkg/loadbalancer"
+	"github.com/tendril-net/tendril/pkg/loadbalancer/backendaddrs"
 	"github.com/tendril-net/tendril/pkg/observer"
 	"github.com/tendril-net/tendril/pkg/policy"
 	"github.com/tendril-net/tendril/pkg/policy/api"
@@ -55,6 +56,19 @@ func TestMetricsConfigValidate(t *testing.T) {
 	}
 }
 
+// followedKnowledge names services from tables, its backend address
+// index brought up to date by each call of step.
+func followedKnowledge(t testing.TB, tables *loadbalancer.Tables) (*nodeKnowledge, func()) {
+	t.Helper()
+	x := backendaddrs.New()
+	f, err := backendaddrs.NewFollower(x, tables.DB, tables.Backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &nodeKnowledge{services: &serviceKnowledge{db: tables.DB, frontends: tables.Frontends, backends: x}}
+	return k, func() { f.Step(tables.DB.ReadTxn()) }
+}
+
 // TestServiceKnowledge: a flow's address names the service of its
 // frontend or, after the socket load balancer translated it, of its
 // backend; the next lookup sees a changed table.
@@ -73,7 +87,8 @@ func TestServiceKnowledge(t *testing.T) {
 	if err := w.SetBackends(name, "s1", []*loadbalancer.Backend{{Addr: netip.MustParseAddrPort("10.0.0.5:8080"), Proto: loadbalancer.TCP, PortName: "http", Ready: true, Serving: true}}); err != nil {
 		t.Fatal(err)
 	}
-	k := &nodeKnowledge{services: &serviceKnowledge{db: tables.DB, frontends: tables.Frontends, backends: tables.Backends}}
+	k, step := followedKnowledge(t, tables)
+	step()
 	for _, tc := range []struct {
 		addr  string
 		proto uint8
@@ -104,12 +119,14 @@ func TestServiceKnowledge(t *testing.T) {
 	if err := w.SetBackends(other, "s2", []*loadbalancer.Backend{{Addr: netip.MustParseAddrPort("10.0.0.5:8080"), Proto: loadbalancer.TCP, PortName: "http", Ready: true, Serving: true}}); err != nil {
 		t.Fatal(err)
 	}
+	step()
 	if s, _ := k.ServiceByAddr(netip.MustParseAddrPort("10.0.0.5:8080"), loadbalancer.TCP); s.Name != "api" {
 		t.Errorf("shared backend named %v, want shop/api (first by name)", s)
 	}
 	if err := w.SetBackends(other, "s2", nil); err != nil {
 		t.Fatal(err)
 	}
+	step()
 	if s, _ := k.ServiceByAddr(netip.MustParseAddrPort("10.0.0.5:8080"), loadbalancer.TCP); s.Name != "web" {
 		t.Errorf("backend named %v after shop/api dropped it, want shop/web", s)
 	}
@@ -224,7 +241,8 @@ func BenchmarkServiceByAddrAfterChange(b *testing.B) {
 			pod = pod.Next()
 		}
 	}
-	k := &nodeKnowledge{services: &serviceKnowledge{db: tables.DB, frontends: tables.Frontends, backends: tables.Backends}}
+	k, step := followedKnowledge(b, tables)
+	step()
 	changed := loadbalancer.ServiceName{Namespace: "bench", Name: "svc-0"}
 	lookup := netip.AddrPortFrom(netip.MustParseAddr("10.1.0.50"), 8080) // a backend of svc-5
 	if s, ok := k.ServiceByAddr(lookup, loadbalancer.TCP); !ok || s.Name != "svc-5" {
@@ -238,6 +256,7 @@ func BenchmarkServiceByAddrAfterChange(b *testing.B) {
 		if err := w.SetBackends(changed, "s1", backends(moved)); err != nil {
 			b.Fatal(err)
 		}
+		step()
 		changeNs += time.Since(t0)
 		if _, ok := k.ServiceByAddr(lookup, loadbalancer.TCP); !ok {
 			b.Fatal("lookup failed")

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/tendril-net/tendril/bench/internal/procmem"
+	"github.com/tendril-net/tendril/pkg/lab"
+	"github.com/tendril-net/tendril/pkg/lab/soak"
+)
+
+// agentPprof is where run.sh has every agent serve pprof, in its node's
+// network namespace.
+const agentPprof = "127.0.0.1:6060"
+
+// heapSample is one reading of one agent: the runtime's account after a
+// forced collection beside the kernel's.
+type heapSample struct {
+	at   time.Duration
+	heap procmem.Heap
+	mem  procmem.Mem
+}
+
+// heapSampler reads every agent's live heap at a fixed interval and, with
+// a directory, saves a heap profile at each reading: RSS alone cannot
+// tell a leak (live objects that keep growing) from a heap that settles
+// into more spans or pages of the binary touched late, and two profiles
+// of one agent compared with `go tool pprof -base` name what grew.
+type heapSampler struct {
+	st    *lab.State
+	every time.Duration
+	dir   string
+
+	mu      sync.Mutex
+	samples map[string][]heapSample
+	errs    map[string]error
+}
+
+func (h *heapSampler) run(ctx context.Context) {
+	start := time.Now()
+	tick := time.NewTicker(h.every)
+	defer tick.Stop()
+	for {
+		for _, n := range h.st.Nodes {
+			s, err := h.read(n, time.Since(start))
+			h.mu.Lock()
+			if err != nil {
+				h.errs[n.Name] = err
+			} else {
+				h.samples[n.Name] = append(h.samples[n.Name], s)
+			}
+			h.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (h *heapSampler) read(n lab.Node, at time.Duration) (heapSample, error) {
+	text, err := pprofGet(n.Netns, "/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		return heapSample{}, err
+	}
+	heap, err := procmem.ParseHeap(text)
+	if err != nil {
+		return heapSample{}, fmt.Errorf("agent %s: %w", n.Name, err)
+	}
+	s := heapSample{at: at, heap: heap}
+	if pid, err := agentPID(h.st, n.Name); err == nil {
+		s.mem = procmem.Read(pid)
+	}
+	if h.dir != "" {
+		// The binary profile right after the text one: the GC just ran,
+		// so it holds the same live objects without forcing another.
+		prof, err := pprofGet(n.Netns, "/debug/pprof/heap")
+		if err != nil {
+			return s, err
+		}
+		name := fmt.Sprintf("heap-%s-%03dm.pprof", n.Name, int(at.Minutes()))
+		if err := os.WriteFile(filepath.Join(h.dir, name), prof, 0o644); err != nil {
+			return s, fmt.Errorf("save %s: %w", name, err)
+		}
+	}
+	return s, nil
+}
+
+func agentPID(st *lab.State, node string) (int, error) {
+	procs, err := lab.ReadProcesses(st.PidDir())
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range procs {
+		if p.Role == "agent-"+node {
+			return p.PID, nil
+		}
+	}
+	return 0, fmt.Errorf("no agent process for node %s", node)
+}
+
+// markdown prints each agent's readings and the live heap's slope over
+// the readings taken during the churn (the settle after it frees the
+// churn's last objects and would pull a fit down).
+func (h *heapSampler) markdown(w io.Writer, churn time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	fmt.Fprintln(w, "| agent | minute | live heap MiB | spans MiB | stacks MiB | runtime metadata MiB | free not returned MiB | RssAnon MiB | RssFile MiB |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, n := range h.st.Nodes {
+		for _, s := range h.samples[n.Name] {
+			fmt.Fprintf(w, "| %s | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", n.Name, s.at.Minutes(),
+				s.heap.Live, s.heap.Spans, s.heap.Stacks, s.heap.Metadata, s.heap.Unreturned, s.mem.Anon, s.mem.File)
+		}
+	}
+	fmt.Fprintln(w)
+	for _, n := range h.st.Nodes {
+		var t, live, anon []float64
+		for _, s := range h.samples[n.Name] {
+			if s.at <= churn {
+				t = append(t, s.at.Minutes())
+				live = append(live, s.heap.Live*1024)
+				anon = append(anon, s.mem.Anon*1024)
+			}
+		}
+		half := len(t) / 2
+		ls, le, err := soak.FitSlope(t[half:], live[half:])
+		if err != nil {
+			fmt.Fprintf(w, "- %s: live heap slope not fitted: %v\n", n.Name, err)
+			continue
+		}
+		as, ae, _ := soak.FitSlope(t[half:], anon[half:])
+		fmt.Fprintf(w, "- %s, second half of the churn: live heap %+.1f ± %.1f KiB/min, RssAnon %+.1f ± %.1f KiB/min\n", n.Name, ls, le, as, ae)
+	}
+	for node, err := range h.errs {
+		fmt.Fprintf(w, "- %s: last heap reading error: %v\n", node, err)
+	}
+}
+
+// pprofGet fetches path from the agent's pprof server in netns: the
+// connection is made on a thread inside the namespace, HTTP runs over it
+// from here.
+func pprofGet(netns, path string) ([]byte, error) {
+	var conn net.Conn
+	if err := lab.InNetns(lab.NetnsPath(netns), func() error {
+		var err error
+		conn, err = net.DialTimeout("tcp", agentPprof, 5*time.Second)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("dial the agent's pprof in %s: %w", netns, err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Minute))
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: agent\r\n\r\n", path); err != nil {
+		return nil, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", path, resp.Status)
+	}
+	return body, nil
+}
