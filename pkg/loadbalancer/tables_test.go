@@ -93,4 +93,3 @@ func TestBackendKey(t *testing.T) {
 		}
 	}
 }
-
