@@ -22,10 +22,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -925,34 +923,10 @@ func liveHeapMiB() (float64, error) {
 	return procmem.HeapAllocMiB(body)
 }
 
-// agentPprofGet fetches path from the agent's pprof server; the
-// connection is made in the node namespace, HTTP runs over it from here.
+// agentPprofGet fetches path from the agent's pprof server in the node
+// namespace.
 func agentPprofGet(path string) ([]byte, error) {
-	var conn net.Conn
-	if err := namedns.InNetns(nsPath(nodeNS), func() (err error) {
-		conn, err = net.DialTimeout("tcp", agentPprof, 5*time.Second)
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("dial the agent's pprof: %w", err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Minute))
-	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: agent\r\n\r\n", path); err != nil {
-		return nil, err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", path, resp.Status)
-	}
-	return body, nil
+	return procmem.PprofGet(nsPath(nodeNS), agentPprof, path)
 }
 
 func percentile(d []time.Duration, p float64) time.Duration {

@@ -31,7 +31,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -1262,33 +1261,8 @@ func agentHeap() (procmem.Heap, error) {
 	return procmem.ParseHeap(body)
 }
 
-// agentPprofGet fetches path from the agent's pprof server. The connection
-// is made on a thread in the node namespace; HTTP runs over it from here.
+// agentPprofGet fetches path from the agent's pprof server in the node
+// namespace.
 func agentPprofGet(path string) ([]byte, error) {
-	var conn net.Conn
-	if err := namedns.InNetns(nsPath(nodeNS), func() error {
-		var err error
-		conn, err = net.DialTimeout("tcp", agentPprof, 5*time.Second)
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("dial the agent's pprof: %w", err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Minute))
-	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: agent\r\n\r\n", path); err != nil {
-		return nil, err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", path, resp.Status)
-	}
-	return body, nil
+	return procmem.PprofGet(nsPath(nodeNS), agentPprof, path)
 }

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -68,7 +65,7 @@ func (h *heapSampler) run(ctx context.Context) {
 }
 
 func (h *heapSampler) read(n lab.Node, at time.Duration) (heapSample, error) {
-	text, err := pprofGet(n.Netns, "/debug/pprof/heap?gc=1&debug=1")
+	text, err := procmem.PprofGet(lab.NetnsPath(n.Netns), agentPprof, "/debug/pprof/heap?gc=1&debug=1")
 	if err != nil {
 		return heapSample{}, err
 	}
@@ -83,7 +80,7 @@ func (h *heapSampler) read(n lab.Node, at time.Duration) (heapSample, error) {
 	if h.dir != "" {
 		// The binary profile right after the text one: the GC just ran,
 		// so it holds the same live objects without forcing another.
-		prof, err := pprofGet(n.Netns, "/debug/pprof/heap")
+		prof, err := procmem.PprofGet(lab.NetnsPath(n.Netns), agentPprof, "/debug/pprof/heap")
 		if err != nil {
 			return s, err
 		}
@@ -144,36 +141,4 @@ func (h *heapSampler) markdown(w io.Writer, churn time.Duration) {
 	for node, err := range h.errs {
 		fmt.Fprintf(w, "- %s: last heap reading error: %v\n", node, err)
 	}
-}
-
-// pprofGet fetches path from the agent's pprof server in netns: the
-// connection is made on a thread inside the namespace, HTTP runs over it
-// from here.
-func pprofGet(netns, path string) ([]byte, error) {
-	var conn net.Conn
-	if err := lab.InNetns(lab.NetnsPath(netns), func() error {
-		var err error
-		conn, err = net.DialTimeout("tcp", agentPprof, 5*time.Second)
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("dial the agent's pprof in %s: %w", netns, err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(time.Minute))
-	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: agent\r\n\r\n", path); err != nil {
-		return nil, err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", path, resp.Status)
-	}
-	return body, nil
 }
