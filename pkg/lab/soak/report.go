@@ -53,4 +53,16 @@ func (r *Result) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "| %s | %d | %.1f | %.1f | %.1f | %+.1f | %.1f | %+.1f | %.1f | %v |\n", m.Node, m.Samples,
 			float64(m.First)/1024, float64(m.Last)/1024, float64(m.Max)/1024, m.KiBPerMin, m.StdErr, m.LateKiBPerMin, m.LateStdErr, m.Flat())
 	}
+	fmt.Fprintln(w)
+	// The second half's RSS slope split into its parts: RssAnon is what
+	// a leak grows; RssFile is the binary's own pages mapped back.
+	fmt.Fprintln(w, "| agent | RssAnon last MiB | RssAnon second half KiB/min | ± stderr | anon flat | RssFile last MiB | RssFile second half KiB/min | ± stderr |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---|---:|---:|---:|")
+	for _, m := range r.Memory {
+		if m.Err != "" {
+			continue
+		}
+		fmt.Fprintf(w, "| %s | %.1f | %+.1f | %.1f | %v | %.1f | %+.1f | %.1f |\n", m.Node, float64(m.LastAnon)/1024,
+			m.AnonLateKiBPerMin, m.AnonLateStdErr, m.AnonFlat(), float64(m.LastFile)/1024, m.FileLateKiBPerMin, m.FileLateStdErr)
+	}
 }

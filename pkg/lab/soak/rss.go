@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"strconv"
@@ -28,12 +29,24 @@ type Slope struct {
 	// only: the heap grows to its working size early in a run, and a
 	// leak shows as a slope that goes on.
 	LateKiBPerMin, LateStdErr float64
-	Err                       string
+	// Anon and File split the second half's slope into RssAnon (the
+	// heap, stacks: what a leak grows) and RssFile (pages of the agent's
+	// own binary, mapped back as code runs that had not run since the
+	// start released them: clean, reclaimable page cache, bounded by the
+	// binary's read-only mappings), and LastAnon, LastFile are the last
+	// samples of each in KiB.
+	AnonLateKiBPerMin, AnonLateStdErr float64
+	FileLateKiBPerMin, FileLateStdErr float64
+	LastAnon, LastFile                int64
+	Err                               string
 }
 
-// Flat says whether the second half's slope is within twice its noise of
-// zero.
+// Flat says whether the second half's RSS slope is within twice its
+// noise of zero.
 func (s Slope) Flat() bool { return math.Abs(s.LateKiBPerMin) <= 2*s.LateStdErr }
+
+// AnonFlat says the same of the anonymous part alone.
+func (s Slope) AnonFlat() bool { return math.Abs(s.AnonLateKiBPerMin) <= 2*s.AnonLateStdErr }
 
 // FitSlope fits y = a + b·t by least squares (t in minutes, y in KiB)
 // and returns b and its standard error.
@@ -72,15 +85,17 @@ type rssSampler struct {
 	st    *lab.State
 	every time.Duration
 
-	mu      sync.Mutex
-	start   time.Time
-	t       map[string][]float64
-	kib     map[string][]float64
-	lastErr map[string]error
+	mu    sync.Mutex
+	start time.Time
+	t     map[string][]float64
+	// kib, anon and file are VmRSS, RssAnon and RssFile samples.
+	kib, anon, file map[string][]float64
+	lastErr         map[string]error
 }
 
 func newRSSSampler(st *lab.State, every time.Duration) *rssSampler {
-	return &rssSampler{st: st, every: every, t: map[string][]float64{}, kib: map[string][]float64{}, lastErr: map[string]error{}}
+	return &rssSampler{st: st, every: every, t: map[string][]float64{}, kib: map[string][]float64{},
+		anon: map[string][]float64{}, file: map[string][]float64{}, lastErr: map[string]error{}}
 }
 
 func (r *rssSampler) run(ctx context.Context) {
@@ -112,33 +127,64 @@ func (r *rssSampler) sample() {
 				pid = p.PID
 			}
 		}
-		kib, err := vmRSS(pid)
+		m, err := residentKiB(pid)
 		if err != nil {
 			r.lastErr[n.Name] = err
 			continue
 		}
 		r.t[n.Name] = append(r.t[n.Name], time.Since(r.start).Minutes())
-		r.kib[n.Name] = append(r.kib[n.Name], float64(kib))
+		r.kib[n.Name] = append(r.kib[n.Name], float64(m.rss))
+		r.anon[n.Name] = append(r.anon[n.Name], float64(m.anon))
+		r.file[n.Name] = append(r.file[n.Name], float64(m.file))
 	}
 }
 
-// vmRSS reads a process's resident set in KiB from /proc.
-func vmRSS(pid int) (int64, error) {
+// resident is a process's resident set and its anonymous and
+// file-backed parts, in KiB.
+type resident struct{ rss, anon, file int64 }
+
+// residentKiB reads pid's resident set from /proc.
+func residentKiB(pid int) (resident, error) {
 	if pid <= 0 {
-		return 0, fmt.Errorf("no agent process")
+		return resident{}, fmt.Errorf("no agent process")
 	}
 	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return 0, err
+		return resident{}, err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	return parseResident(f, pid)
+}
+
+func parseResident(r io.Reader, pid int) (resident, error) {
+	var m resident
+	found := 0
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		var dst *int64
+		switch k {
+		case "VmRSS":
+			dst = &m.rss
+		case "RssAnon":
+			dst = &m.anon
+		case "RssFile":
+			dst = &m.file
 		}
+		if !ok || dst == nil {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			return resident{}, fmt.Errorf("/proc/%d/status: %s: %w", pid, k, err)
+		}
+		*dst = n
+		found++
 	}
-	return 0, fmt.Errorf("/proc/%d/status has no VmRSS", pid)
+	if found != 3 {
+		return resident{}, fmt.Errorf("/proc/%d/status lacks VmRSS, RssAnon or RssFile", pid)
+	}
+	return m, sc.Err()
 }
 
 func (r *rssSampler) slopes() []Slope {
@@ -157,7 +203,13 @@ func (r *rssSampler) slopes() []Slope {
 		var err error
 		s.KiBPerMin, s.StdErr, err = FitSlope(r.t[n.Name], ys)
 		if half := len(ys) / 2; err == nil && len(ys)-half >= 3 {
-			s.LateKiBPerMin, s.LateStdErr, _ = FitSlope(r.t[n.Name][half:], ys[half:])
+			t := r.t[n.Name][half:]
+			s.LateKiBPerMin, s.LateStdErr, _ = FitSlope(t, ys[half:])
+			s.AnonLateKiBPerMin, s.AnonLateStdErr, _ = FitSlope(t, r.anon[n.Name][half:])
+			s.FileLateKiBPerMin, s.FileLateStdErr, _ = FitSlope(t, r.file[n.Name][half:])
+		}
+		if k := len(r.anon[n.Name]); k > 0 {
+			s.LastAnon, s.LastFile = int64(r.anon[n.Name][k-1]), int64(r.file[n.Name][k-1])
 		}
 		if err != nil {
 			s.Err = err.Error()

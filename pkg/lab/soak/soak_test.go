@@ -2,6 +2,7 @@ package soak
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -67,5 +68,21 @@ func TestCompare(t *testing.T) {
 	}
 	if len(leaked) != len(want) {
 		t.Errorf("leaked %v, want only %v", leaked, want)
+	}
+}
+
+// TestParseResident: the three resident-set lines of /proc/PID/status,
+// in KiB; a status without one of them is an error, not a zero.
+func TestParseResident(t *testing.T) {
+	status := "Name:\ttendril-agent\nVmHWM:\t  102568 kB\nVmRSS:\t  100548 kB\nRssAnon:\t   46652 kB\nRssFile:\t   53896 kB\nRssShmem:\t       0 kB\n"
+	m, err := parseResident(strings.NewReader(status), 1)
+	if err != nil || m != (resident{rss: 100548, anon: 46652, file: 53896}) {
+		t.Fatalf("parse: %+v, %v", m, err)
+	}
+	if _, err := parseResident(strings.NewReader("VmRSS:\t 1 kB\nRssAnon:\t 1 kB\n"), 1); err == nil {
+		t.Fatal("no RssFile: want an error")
+	}
+	if s := (Slope{AnonLateKiBPerMin: 3, AnonLateStdErr: 2, LateKiBPerMin: 50, LateStdErr: 1}); !s.AnonFlat() || s.Flat() {
+		t.Fatal("anon 3 ± 2 is flat, RSS 50 ± 1 is not")
 	}
 }
