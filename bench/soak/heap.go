@@ -74,8 +74,8 @@ func (h *heapSampler) read(n lab.Node, at time.Duration) (heapSample, error) {
 		return heapSample{}, fmt.Errorf("agent %s: %w", n.Name, err)
 	}
 	s := heapSample{at: at, heap: heap}
-	if pid, err := agentPID(h.st, n.Name); err == nil {
-		s.mem = procmem.Read(pid)
+	if procs, err := lab.ReadProcesses(h.st.PidDir()); err == nil {
+		s.mem = procmem.Read(soak.AgentPID(procs, n.Name))
 	}
 	if h.dir != "" {
 		// The binary profile right after the text one: the GC just ran,
@@ -92,22 +92,10 @@ func (h *heapSampler) read(n lab.Node, at time.Duration) (heapSample, error) {
 	return s, nil
 }
 
-func agentPID(st *lab.State, node string) (int, error) {
-	procs, err := lab.ReadProcesses(st.PidDir())
-	if err != nil {
-		return 0, err
-	}
-	for _, p := range procs {
-		if p.Role == "agent-"+node {
-			return p.PID, nil
-		}
-	}
-	return 0, fmt.Errorf("no agent process for node %s", node)
-}
-
 // markdown prints each agent's readings and the live heap's slope over
 // the readings taken during the churn (the settle after it frees the
-// churn's last objects and would pull a fit down).
+// churn's last objects and would pull a fit down); the soak's own report
+// fits RssAnon and RssFile from its denser samples.
 func (h *heapSampler) markdown(w io.Writer, churn time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -121,12 +109,11 @@ func (h *heapSampler) markdown(w io.Writer, churn time.Duration) {
 	}
 	fmt.Fprintln(w)
 	for _, n := range h.st.Nodes {
-		var t, live, anon []float64
+		var t, live []float64
 		for _, s := range h.samples[n.Name] {
 			if s.at <= churn {
 				t = append(t, s.at.Minutes())
 				live = append(live, s.heap.Live*1024)
-				anon = append(anon, s.mem.Anon*1024)
 			}
 		}
 		half := len(t) / 2
@@ -135,8 +122,7 @@ func (h *heapSampler) markdown(w io.Writer, churn time.Duration) {
 			fmt.Fprintf(w, "- %s: live heap slope not fitted: %v\n", n.Name, err)
 			continue
 		}
-		as, ae, _ := soak.FitSlope(t[half:], anon[half:])
-		fmt.Fprintf(w, "- %s, second half of the churn: live heap %+.1f ± %.1f KiB/min, RssAnon %+.1f ± %.1f KiB/min\n", n.Name, ls, le, as, ae)
+		fmt.Fprintf(w, "- %s, second half of the churn: live heap %+.1f ± %.1f KiB/min\n", n.Name, ls, le)
 	}
 	for node, err := range h.errs {
 		fmt.Fprintf(w, "- %s: last heap reading error: %v\n", node, err)

@@ -111,12 +111,7 @@ func snapshot(ctx context.Context, st *lab.State, cl *k8s.Clients, ns string, ch
 		return nil, fmt.Errorf("lab processes: %w", err)
 	}
 	for _, n := range st.Nodes {
-		pid := 0
-		for _, p := range procs {
-			if p.Role == "agent-"+n.Name {
-				pid = p.PID
-			}
-		}
+		pid := AgentPID(procs, n.Name)
 		if pid == 0 {
 			return nil, fmt.Errorf("no agent process recorded for %s", n.Name)
 		}

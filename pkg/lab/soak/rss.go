@@ -121,13 +121,7 @@ func (r *rssSampler) sample() {
 			r.lastErr[n.Name] = err
 			continue
 		}
-		pid := 0
-		for _, p := range procs {
-			if p.Role == "agent-"+n.Name {
-				pid = p.PID
-			}
-		}
-		m, err := residentKiB(pid)
+		m, err := residentKiB(AgentPID(procs, n.Name))
 		if err != nil {
 			r.lastErr[n.Name] = err
 			continue
@@ -137,6 +131,18 @@ func (r *rssSampler) sample() {
 		r.anon[n.Name] = append(r.anon[n.Name], float64(m.anon))
 		r.file[n.Name] = append(r.file[n.Name], float64(m.file))
 	}
+}
+
+// AgentPID is the pid the lab recorded for node's agent among procs
+// (lab.ReadProcesses), 0 when there is none.
+func AgentPID(procs []lab.Process, node string) int {
+	pid := 0
+	for _, p := range procs {
+		if p.Role == "agent-"+node {
+			pid = p.PID
+		}
+	}
+	return pid
 }
 
 // resident is a process's resident set and its anonymous and
