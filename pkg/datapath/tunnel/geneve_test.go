@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -369,6 +370,10 @@ func carrierSends(t *testing.T, n *benchNode, carrier int) {
 	if err := n.nl.LinkSetUp(peer); err != nil {
 		t.Fatal(err)
 	}
+	// Until the kernel's link watcher has seen both ends' carrier the
+	// uplink's qdisc is noop, which drops what is redirected to it: CI
+	// under load lost the one datagram that way.
+	waitOperUp(t, n, n.uplink, peer.Attrs().Index)
 	// The owner node's MAC known: the FIB lookup resolves it.
 	if err := n.nl.NeighSet(&netlink.Neigh{LinkIndex: n.uplink, State: netlink.NUD_PERMANENT, IP: peerNode.AsSlice(),
 		HardwareAddr: peer.Attrs().HardwareAddr}); err != nil {
@@ -423,6 +428,27 @@ func carrierSends(t *testing.T, n *benchNode, carrier int) {
 			t.Errorf("inner %s -> %s port %d payload %q: want %s -> %s port 5201 %q", isrc, idst, binary.BigEndian.Uint16(inner[36:]), inner[42:], nodeAddr, remotePod, payload)
 		}
 		return
+	}
+}
+
+// waitOperUp waits up to 10 s for each link's operational state to be up.
+func waitOperUp(t *testing.T, n *benchNode, indexes ...int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, i := range indexes {
+		for {
+			l, err := n.nl.LinkByIndex(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Attrs().OperState == netlink.OperUp {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("link %s is %s after 10 s, want up", l.Attrs().Name, l.Attrs().OperState)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 }
 

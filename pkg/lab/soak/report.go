@@ -65,4 +65,50 @@ func (r *Result) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "| %s | %.1f | %+.1f | %.1f | %v | %.1f | %+.1f | %.1f |\n", m.Node, float64(m.LastAnon)/1024,
 			m.AnonLateKiBPerMin, m.AnonLateStdErr, m.AnonFlat(), float64(m.LastFile)/1024, m.FileLateKiBPerMin, m.FileLateStdErr)
 	}
+	r.cpuMarkdown(w)
+}
+
+// cpuMarkdown writes the churn's CPU by process group, and the rate the
+// lab could reach with Tendril's share of it made free when the CPUs
+// were the bound.
+func (r *Result) cpuMarkdown(w io.Writer) {
+	u := r.CPU
+	capacity := float64(u.CPUs) * u.Elapsed
+	if u.Err != "" || capacity <= 0 || u.Busy <= 0 {
+		fmt.Fprintf(w, "\nCPU over the churn: not measured %s\n", u.Err)
+		return
+	}
+	pct := func(s float64) float64 { return 100 * s / capacity }
+	tendril := u.TendrilSeconds()
+	fmt.Fprintf(w, "\nCPU over the churn: %d CPUs × %.0f s, busy %.0f s (%.1f %%); the processes seen at the samples %.0f s, the rest (processes that lived between two samples, the kernel's packet work) %.0f s.\n\n",
+		u.CPUs, u.Elapsed, u.Busy, pct(u.Busy), u.Attributed(), u.Busy-u.Attributed())
+	fmt.Fprintln(w, "| processes | CPU s | % of the CPUs | Tendril's |")
+	fmt.Fprintln(w, "|---|---:|---:|---|")
+	shown := 0.0
+	for i, g := range u.Groups {
+		if i >= 12 {
+			fmt.Fprintf(w, "| %d others | %.1f | %.1f | |\n", len(u.Groups)-i, u.Attributed()-shown, pct(u.Attributed()-shown))
+			break
+		}
+		shown += g.Seconds
+		mark := ""
+		if g.Tendril {
+			mark = "yes"
+		}
+		fmt.Fprintf(w, "| %s | %.1f | %.1f | %s |\n", g.Group, g.Seconds, pct(g.Seconds), mark)
+	}
+	c := r.Churn
+	if c.Elapsed <= 0 || tendril >= u.Busy {
+		return
+	}
+	rate := float64(c.Created) / c.Elapsed.Seconds()
+	fmt.Fprintf(w, "\nTendril's own processes took %.1f %% of the busy time. ", 100*tendril/u.Busy)
+	if u.Busy < 0.9*capacity {
+		fmt.Fprintf(w, "The CPUs were not the bound (busy %.0f %%).\n", pct(u.Busy))
+		return
+	}
+	// CPU per pod is what bounds the rate: without Tendril's share each
+	// pod costs (busy - Tendril's) / created, and the CPUs hold capacity.
+	fmt.Fprintf(w, "The CPUs were the bound: with that share free the same lab would churn at most %.2f pods/s (%.2f × %.0f CPU s / %.0f), this machine's floor for the harness.\n",
+		rate*capacity/(u.Busy-tendril), rate, capacity, u.Busy-tendril)
 }

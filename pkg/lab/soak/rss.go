@@ -91,11 +91,13 @@ type rssSampler struct {
 	// kib, anon and file are VmRSS, RssAnon and RssFile samples.
 	kib, anon, file map[string][]float64
 	lastErr         map[string]error
+	// cpu accounts every process's CPU at the same samples.
+	cpu *cpuAccount
 }
 
 func newRSSSampler(st *lab.State, every time.Duration) *rssSampler {
 	return &rssSampler{st: st, every: every, t: map[string][]float64{}, kib: map[string][]float64{},
-		anon: map[string][]float64{}, file: map[string][]float64{}, lastErr: map[string]error{}}
+		anon: map[string][]float64{}, file: map[string][]float64{}, lastErr: map[string]error{}, cpu: newCPUAccount()}
 }
 
 func (r *rssSampler) run(ctx context.Context) {
@@ -114,6 +116,7 @@ func (r *rssSampler) run(ctx context.Context) {
 
 func (r *rssSampler) sample() {
 	procs, err := lab.ReadProcesses(r.st.PidDir())
+	r.cpu.sample(procs)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, n := range r.st.Nodes {

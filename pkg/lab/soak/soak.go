@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -134,6 +135,8 @@ type Result struct {
 	Leaks []Count
 	// Memory is each agent's RSS fit over the churn.
 	Memory []Slope
+	// CPU is the machine's CPU over the churn, by process group.
+	CPU CPUUse
 	// SettledIn is how long after the last pod was gone the counts took
 	// to reach zero (or the Settle bound when they did not).
 	SettledIn time.Duration
@@ -177,7 +180,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	churnErr := s.churn(ctx)
 	stopSampling()
 	<-samplingDone
-	res := &Result{Config: cfg, Churn: s.stats(), Memory: sampler.slopes()}
+	st := s.stats()
+	res := &Result{Config: cfg, Churn: st, Memory: sampler.slopes(), CPU: sampler.cpu.use(runtime.NumCPU())}
 	if churnErr != nil {
 		return res, churnErr
 	}
