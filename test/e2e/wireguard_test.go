@@ -647,6 +647,14 @@ func wireguardStrictStep(t *testing.T, name string, e *env, ns string, node1, no
 			t.Fatal(err)
 		}
 		defer wg.Close()
+		// CI once saw frontend -> backend unanswered for the whole wait
+		// after node2's key came back, under load: the devices' peers at
+		// that point say which side's handshake is missing.
+		t.Cleanup(func() {
+			if t.Failed() {
+				logWireGuardPeers(t, wg, name, len(e.st.Nodes))
+			}
+		})
 		eventually(t, "node1's device without node2's peer", func() (bool, error) {
 			d, err := wg.Device(lab.WireGuardDevice(name, 0))
 			if err != nil {
@@ -667,6 +675,25 @@ func wireguardStrictStep(t *testing.T, name string, e *env, ns string, node1, no
 		})
 		through(t, "strict mode, node2's key back")
 	})
+}
+
+// logWireGuardPeers logs each lab node's WireGuard device: its port and
+// every peer's key, endpoint, allowed IPs, last handshake and bytes.
+func logWireGuardPeers(t *testing.T, wg *wgctrl.Client, name string, nodes int) {
+	t.Helper()
+	for i := range nodes {
+		dev := lab.WireGuardDevice(name, i)
+		d, err := wg.Device(dev)
+		if err != nil {
+			t.Logf("device %s: %v", dev, err)
+			continue
+		}
+		t.Logf("device %s: key %s, port %d, %d peers", dev, d.PublicKey, d.ListenPort, len(d.Peers))
+		for _, p := range d.Peers {
+			t.Logf("  peer %s endpoint %v allowed %v last handshake %s, rx %d tx %d bytes", p.PublicKey, p.Endpoint, p.AllowedIPs,
+				p.LastHandshakeTime.Format(time.RFC3339Nano), p.ReceiveBytes, p.TransmitBytes)
+		}
+	}
 }
 
 // inNetns runs fn in a lab network namespace, on a locked thread of its
