@@ -159,6 +159,12 @@ func main() {
 	flag.StringVar(&b.opBin, "operator", "bin/tendril-operator", "tendril-operator binary (empty: not measured)")
 	flag.StringVar(&b.heapDir, "heap-profiles", "", "directory for a heap profile of the agent per mode (steady state)")
 	flag.Parse()
+	// A missing directory would lose every profile of a run an hour long.
+	if b.heapDir != "" {
+		if err := os.MkdirAll(b.heapDir, 0o755); err != nil {
+			log.Fatal(err)
+		}
+	}
 	b.agents = []agentBinary{{label: "", path: b.agentBin}}
 	if *agents != "" {
 		var err error

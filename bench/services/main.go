@@ -126,6 +126,12 @@ func main() {
 	flag.DurationVar(&c.settle, "settle", 0, "pause before each point's memory reading (RSS, RssAnon, RssFile, VmHWM)")
 	flag.DurationVar(&c.readyLimit, "ready-limit", 5*time.Minute, "how long a proxy may take until every service answers")
 	flag.Parse()
+	// A missing directory would lose every profile of a run an hour long.
+	if c.heapDir != "" {
+		if err := os.MkdirAll(c.heapDir, 0o755); err != nil {
+			log.Fatal(err)
+		}
+	}
 	for _, s := range strings.Split(sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {
