@@ -143,6 +143,17 @@ func (a *cpuAccount) sample(roles []lab.Process) {
 	a.busy = busy
 	a.t1 = time.Now()
 	a.sampled = true
+	// Only the processes of this sample are kept: an hour of churn
+	// starts hundreds of thousands of short ones.
+	seenNow := make(map[procKey]bool, len(a.last))
+	defer func() {
+		for k := range a.last {
+			if !seenNow[k] {
+				delete(a.last, k)
+				delete(a.group, k)
+			}
+		}
+	}()
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -153,6 +164,7 @@ func (a *cpuAccount) sample(roles []lab.Process) {
 			continue // gone since the listing
 		}
 		k := procKey{pid, start}
+		seenNow[k] = true
 		prev, seen := a.last[k]
 		a.last[k] = cpu
 		if !seen {
